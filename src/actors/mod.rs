@@ -1,0 +1,1 @@
+//! Actors (DESIGN.md section 3). (to be written)

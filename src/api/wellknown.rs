@@ -1,0 +1,116 @@
+//! Every well-known label, annotation, taint key and finalizer in one place, so that a typo
+//! cannot split one concept into two strings.
+
+// ---- Karpenter (karpenter.sh) ----
+pub const KARPENTER_GROUP: &str = "karpenter.sh";
+pub const NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
+pub const CAPACITY_TYPE_LABEL: &str = "karpenter.sh/capacity-type";
+pub const REGISTERED_LABEL: &str = "karpenter.sh/registered";
+pub const INITIALIZED_LABEL: &str = "karpenter.sh/initialized";
+pub const NODECLASS_LABEL_PREFIX: &str = "karpenter.cluster.x-k8s.io/";
+pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
+pub const NODEPOOL_HASH_VERSION_ANNOTATION: &str = "karpenter.sh/nodepool-hash-version";
+/// Version of our hashing scheme; bump when the hashed fields change so drift is not flagged
+/// on every node after an upgrade.
+pub const NODEPOOL_HASH_VERSION: &str = "v3";
+pub const TERMINATION_FINALIZER: &str = "karpenter.sh/termination";
+pub const UNREGISTERED_TAINT_KEY: &str = "karpenter.sh/unregistered";
+pub const DISRUPTED_TAINT_KEY: &str = "karpenter.sh/disrupted";
+
+pub const CAPACITY_TYPE_ON_DEMAND: &str = "on-demand";
+pub const CAPACITY_TYPE_SPOT: &str = "spot";
+pub const CAPACITY_TYPE_RESERVED: &str = "reserved";
+
+// ---- Kubernetes well-known labels ----
+pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
+pub const INSTANCE_TYPE_LABEL_BETA: &str = "beta.kubernetes.io/instance-type";
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub const ZONE_LABEL_BETA: &str = "failure-domain.beta.kubernetes.io/zone";
+pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+pub const ARCH_LABEL: &str = "kubernetes.io/arch";
+pub const OS_LABEL: &str = "kubernetes.io/os";
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+pub const WINDOWS_BUILD_LABEL: &str = "node.kubernetes.io/windows-build";
+
+// ---- Kubernetes taints that mean "not ready yet" (ephemeral, ignored for initialization) ----
+pub const NOT_READY_TAINT_KEY: &str = "node.kubernetes.io/not-ready";
+pub const UNREACHABLE_TAINT_KEY: &str = "node.kubernetes.io/unreachable";
+pub const UNINITIALIZED_TAINT_KEY: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+pub const EPHEMERAL_TAINT_KEYS: [&str; 4] = [
+    NOT_READY_TAINT_KEY,
+    UNREACHABLE_TAINT_KEY,
+    UNINITIALIZED_TAINT_KEY,
+    UNREGISTERED_TAINT_KEY,
+];
+
+// ---- ClusterAPINodeClass ----
+pub const NODECLASS_GROUP: &str = "karpenter.cluster.x-k8s.io";
+pub const NODECLASS_KIND: &str = "ClusterAPINodeClass";
+
+// ---- Cluster API ----
+pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+pub const SET_NAME_LABEL: &str = "cluster.x-k8s.io/set-name";
+pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
+/// Membership label on MachineDeployments (and the Machines we bind) used by the Go provider.
+pub const MEMBER_LABEL: &str = "node.cluster.x-k8s.io/karpenter-member";
+/// Annotation on a NodeClaim naming its Machine as `<namespace>/<name>`.
+pub const MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/machine";
+/// Annotation on a Machine naming the NodeClaim bound to it (the other half of invariant 1).
+pub const NODECLAIM_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/nodeclaim";
+/// Annotation on a NodeClaim naming the MachineDeployment it waits on, written before the
+/// replica write so a restarted controller can account for the pending replica (invariant 4).
+pub const MACHINE_DEPLOYMENT_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/machine-deployment";
+pub const MIN_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
+pub const MAX_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
+pub const PRICE_ANNOTATION: &str = "cluster.x-k8s.io/machine-current-price";
+
+// ---- Scale-from-zero annotations (Cluster Autoscaler's convention) ----
+pub const CAPACITY_ANNOTATION_PREFIX: &str = "capacity.cluster-autoscaler.kubernetes.io/";
+pub const CPU_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/cpu";
+pub const MEMORY_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/memory";
+pub const EPHEMERAL_DISK_ANNOTATION: &str =
+    "capacity.cluster-autoscaler.kubernetes.io/ephemeral-disk";
+pub const MAX_PODS_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/maxPods";
+pub const GPU_TYPE_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/gpu-type";
+pub const GPU_COUNT_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/gpu-count";
+pub const LABELS_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/labels";
+pub const TAINTS_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/taints";
+/// Cluster Autoscaler's default when maxPods is not annotated.
+pub const DEFAULT_MAX_PODS: i64 = 110;
+
+/// Label domains Cluster API propagates from a Machine to its Node.
+pub const CAPI_PROPAGATED_DOMAINS: [&str; 3] = [
+    "node-role.kubernetes.io",
+    "node-restriction.kubernetes.io",
+    "node.cluster.x-k8s.io",
+];
+
+/// True when `key`'s prefix is `domain` or a subdomain of it.
+pub fn key_in_domain(key: &str, domain: &str) -> bool {
+    let prefix = key.split_once('/').map(|(p, _)| p).unwrap_or(key);
+    prefix == domain || prefix.ends_with(&format!(".{domain}"))
+}
+
+/// True when Cluster API propagates this Machine label to the Node.
+pub fn capi_propagates(key: &str) -> bool {
+    CAPI_PROPAGATED_DOMAINS
+        .iter()
+        .any(|d| key_in_domain(key, d))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn domains_include_subdomains() {
+        assert!(capi_propagates("node-role.kubernetes.io/worker"));
+        assert!(capi_propagates("node.cluster.x-k8s.io"));
+        assert!(capi_propagates("foo.node.cluster.x-k8s.io/bar"));
+        assert!(!capi_propagates("xnode.cluster.x-k8s.io/bar"));
+        assert!(!capi_propagates("kubernetes.io/arch"));
+    }
+}

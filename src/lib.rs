@@ -1,0 +1,12 @@
+//! karpenter-capi: just-in-time nodes for Cluster API clusters, with Karpenter's API.
+//!
+//! The map of this crate is `DESIGN.md`: `api` (Karpenter-facing types), `capi` (the Cluster API
+//! model), `scheduling` (pure bin-packing), `actors` (behaviour), `state` (indexes fed by watches),
+//! `sim` (the embedded simulated cluster).
+
+pub mod actors;
+pub mod api;
+pub mod capi;
+pub mod scheduling;
+pub mod sim;
+pub mod state;

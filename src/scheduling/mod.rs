@@ -1,0 +1,1 @@
+//! Pure bin-packing (to be written).

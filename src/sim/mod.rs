@@ -1,0 +1,1 @@
+//! The simulated cluster (DESIGN.md section 6). (to be written)

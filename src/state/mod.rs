@@ -1,0 +1,1 @@
+//! Indexes fed by watches (to be written).
