@@ -1,1 +1,115 @@
-//! Actors (DESIGN.md section 3). (to be written)
+//! The behaviour, as actors (DESIGN.md section 3). Watches feed `state/` and route changes to the
+//! actor that waits; actors own in-flight state and side effects; decisions are pure functions
+//! (`scaler::plan`, `catalog::offerings`).
+//!
+//! ```text
+//! Supervisor   --Start/ClaimChanged--> NodeClaimActor (one per claim)
+//! NodeClaimActor --Resolve--> Catalog, --RequestMachine/CancelRequest/ReleaseMachine--> Scaler(md)
+//! Scaler       --MachineBound/RequestRejected--> NodeClaimActor
+//! CapiWatcher  --Poke--> Scaler(md), --Kick--> NodeClaimActor (Machine changed or gone)
+//! NodeWatcher  --Kick--> NodeClaimActor (Node changed)
+//! ```
+
+pub mod capi_watcher;
+pub mod catalog;
+pub mod controller;
+pub mod events;
+pub mod node_watcher;
+pub mod nodeclaim;
+pub mod patch;
+pub mod router;
+pub mod scaler;
+pub mod supervisor;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::capi::version::CapiVersion;
+use crate::metrics::Metrics;
+use crate::state::State;
+
+pub use controller::{Controller, ControllerHandle};
+
+/// Controller settings that actors read.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Claim created -> Machine has a provider ID (a NodeClass may override it).
+    pub create_timeout: Duration,
+    /// Provider ID set -> Node registered.
+    pub registration_timeout: Duration,
+    /// How long an offering that failed stays unavailable.
+    pub unavailable_offering_ttl: Duration,
+    /// Only Cluster API objects in this namespace (None: all).
+    pub capi_namespace: Option<String>,
+    /// Only MachineDeployments of this cluster (label cluster.x-k8s.io/cluster-name).
+    pub cluster_name: Option<String>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            create_timeout: Duration::from_secs(300),
+            registration_timeout: Duration::from_secs(900),
+            unavailable_offering_ttl: Duration::from_secs(180),
+            capi_namespace: None,
+            cluster_name: None,
+        }
+    }
+}
+
+/// What every actor shares: the two clients, the indexes, metrics, settings and the router.
+/// Clients must be created on the System thread that runs the actors (a kube Client is bound to
+/// the runtime it was built on).
+pub struct Shared {
+    pub workload: kube::Client,
+    pub management: kube::Client,
+    pub capi_version: CapiVersion,
+    pub state: State,
+    pub metrics: Arc<Metrics>,
+    pub settings: Settings,
+    pub router: router::Router,
+    pub events: events::Events,
+}
+
+/// Errors of the actors' API calls, with the object they were about.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{verb} {kind} {name}: {source}")]
+    Api { verb: &'static str, kind: &'static str, name: String, source: kube::Error },
+    #[error("building a patch for {kind} {name}: {source}")]
+    Patch { kind: &'static str, name: String, source: serde_json::Error },
+    #[error("reading {kind} {name}: {source}")]
+    Model { kind: &'static str, name: String, source: crate::capi::model::ModelError },
+}
+
+impl Error {
+    /// A lost compare-and-swap: the object changed under us (409), or a JSON patch `test` failed
+    /// (422 on kube-apiserver). Either way: re-read and re-plan, never overwrite.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 409 || s.code == 422)
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 404)
+    }
+}
+
+/// Run `fut`, counting an API error by verb and resource on failure.
+pub(crate) fn api_err(
+    metrics: &Metrics,
+    verb: &'static str,
+    kind: &'static str,
+    name: &str,
+) -> impl FnOnce(kube::Error) -> Error {
+    let name = name.to_string();
+    move |source| {
+        let code = match &source {
+            kube::Error::Api(s) => s.code,
+            _ => 0,
+        };
+        if code != 409 && code != 404 {
+            metrics.api_error(verb, kind);
+        }
+        Error::Api { verb, kind, name, source }
+    }
+}

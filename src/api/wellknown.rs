@@ -114,3 +114,8 @@ mod tests {
         assert!(!capi_propagates("kubernetes.io/arch"));
     }
 }
+
+/// Annotation on a MachineDeployment: how many of its replicas this controller added and has not
+/// yet removed. Written in the same compare-and-swap patch as `spec.replicas`, so that a restarted
+/// controller knows which replicas are its own (invariants 2 and 4).
+pub const MANAGED_REPLICAS_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/managed-replicas";

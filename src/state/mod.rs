@@ -1,1 +1,49 @@
-//! Indexes fed by watches (to be written).
+//! Read-mostly indexes fed by watches, shared by the actors (the linkerd policy-controller
+//! shape: watches write, everyone reads, nobody calls the API to answer a question the index
+//! already knows). They mirror the API and make no decisions.
+
+pub mod claims;
+pub mod machines;
+pub mod nodes;
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+pub use claims::Claims;
+pub use machines::{MachineDeployments, Machines};
+pub use nodes::Nodes;
+
+/// All indexes, cheap to clone.
+#[derive(Clone, Default)]
+pub struct State {
+    pub machines: Arc<RwLock<Machines>>,
+    pub deployments: Arc<RwLock<MachineDeployments>>,
+    pub claims: Arc<RwLock<Claims>>,
+    pub nodes: Arc<RwLock<Nodes>>,
+}
+
+/// Kubernetes resourceVersions are opaque, but every real server (and ours) uses integers; use
+/// them to refuse going backwards when a write response and a watch event race.
+pub fn newer_or_equal(candidate: Option<&str>, current: Option<&str>) -> bool {
+    match (
+        candidate.and_then(|v| v.parse::<u64>().ok()),
+        current.and_then(|v| v.parse::<u64>().ok()),
+    ) {
+        (Some(a), Some(b)) => a >= b,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_versions_compare_numerically() {
+        assert!(newer_or_equal(Some("10"), Some("9")));
+        assert!(!newer_or_equal(Some("9"), Some("10")));
+        assert!(newer_or_equal(Some("x"), Some("10")));
+        assert!(newer_or_equal(Some("1"), None));
+    }
+}

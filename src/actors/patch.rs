@@ -1,0 +1,93 @@
+//! JSON patches with a compare-and-swap guard. Every write that must not clobber a concurrent
+//! writer starts with a `test` of the value it was computed from, so a lost race is a clean
+//! conflict (re-read, re-plan) rather than a silent overwrite.
+
+use serde_json::{Value, json};
+
+/// Escape a map key for a JSON pointer (`/` and `~` are special).
+pub fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct JsonPatch {
+    ops: Vec<Value>,
+}
+
+impl JsonPatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Guard the whole patch on the object's resourceVersion.
+    pub fn guarded(resource_version: Option<&str>) -> Self {
+        let mut p = Self::new();
+        if let Some(rv) = resource_version {
+            p.test("/metadata/resourceVersion", json!(rv));
+        }
+        p
+    }
+
+    pub fn test(&mut self, path: &str, value: Value) -> &mut Self {
+        self.ops.push(json!({"op": "test", "path": path, "value": value}));
+        self
+    }
+
+    /// `add` replaces an existing member, so it doubles as "set".
+    pub fn set(&mut self, path: &str, value: Value) -> &mut Self {
+        self.ops.push(json!({"op": "add", "path": path, "value": value}));
+        self
+    }
+
+    pub fn remove(&mut self, path: &str) -> &mut Self {
+        self.ops.push(json!({"op": "remove", "path": path}));
+        self
+    }
+
+    /// Set `key` in the string map at `map_path` (e.g. `/metadata/labels`), creating the map
+    /// when the object has none (a JSON patch cannot add into a missing parent). `map_exists`
+    /// says whether the object (as last read, which the guard pins) has a non-empty map there.
+    pub fn set_entry(&mut self, map_exists: bool, map_path: &str, key: &str, value: &str) -> &mut Self {
+        if map_exists || self.created(map_path) {
+            self.set(&format!("{map_path}/{}", escape(key)), json!(value))
+        } else {
+            self.set(map_path, json!({ key: value }))
+        }
+    }
+
+    fn created(&self, map_path: &str) -> bool {
+        self.ops.iter().any(|op| op["op"] == "add" && op["path"] == map_path)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.iter().all(|op| op["op"] == "test")
+    }
+
+    pub fn into_patch(self) -> Result<kube::api::Patch<()>, serde_json::Error> {
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(self.ops))?;
+        Ok(kube::api::Patch::Json(patch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_pointer_keys() {
+        assert_eq!(escape("cluster.x-k8s.io/delete-machine"), "cluster.x-k8s.io~1delete-machine");
+        assert_eq!(escape("a~b"), "a~0b");
+    }
+
+    #[test]
+    fn set_entry_creates_a_missing_map_once() {
+        let mut p = JsonPatch::guarded(Some("7"));
+        p.set_entry(false, "/metadata/annotations", "a/b", "1");
+        p.set_entry(false, "/metadata/annotations", "c", "2");
+        let ops = serde_json::to_value(&p.ops).unwrap();
+        assert_eq!(ops[0]["op"], "test");
+        assert_eq!(ops[1], json!({"op": "add", "path": "/metadata/annotations", "value": {"a/b": "1"}}));
+        assert_eq!(ops[2], json!({"op": "add", "path": "/metadata/annotations/c", "value": "2"}));
+        assert!(p.into_patch().is_ok());
+    }
+}

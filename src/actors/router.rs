@@ -1,0 +1,58 @@
+//! Who waits for what: the addresses of the per-claim and per-MachineDeployment actors, so that
+//! watches can deliver a change straight to the one actor that cares.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::Addr;
+use parking_lot::RwLock;
+
+use super::nodeclaim::NodeClaimActor;
+use super::scaler::Scaler;
+
+#[derive(Clone, Default)]
+pub struct Router {
+    claims: Arc<RwLock<HashMap<String, Addr<NodeClaimActor>>>>,
+    scalers: Arc<RwLock<HashMap<String, Addr<Scaler>>>>,
+}
+
+impl Router {
+    pub fn claim(&self, name: &str) -> Option<Addr<NodeClaimActor>> {
+        self.claims.read().get(name).filter(|a| a.connected()).cloned()
+    }
+
+    pub fn add_claim(&self, name: String, addr: Addr<NodeClaimActor>) {
+        self.claims.write().insert(name, addr);
+    }
+
+    pub fn remove_claim(&self, name: &str) -> Option<Addr<NodeClaimActor>> {
+        self.claims.write().remove(name)
+    }
+
+    pub fn claim_names(&self) -> Vec<String> {
+        self.claims.read().keys().cloned().collect()
+    }
+
+    pub fn scaler(&self, md_key: &str) -> Option<Addr<Scaler>> {
+        self.scalers.read().get(md_key).filter(|a| a.connected()).cloned()
+    }
+
+    /// The Scaler of a MachineDeployment, started on first use. Must be called from the actor
+    /// System's thread (actors start on the current arbiter).
+    pub fn scaler_or_start(&self, md_key: &str, start: impl FnOnce() -> Addr<Scaler>) -> Addr<Scaler> {
+        if let Some(a) = self.scaler(md_key) {
+            return a;
+        }
+        let mut scalers = self.scalers.write();
+        if let Some(a) = scalers.get(md_key).filter(|a| a.connected()) {
+            return a.clone();
+        }
+        let addr = start();
+        scalers.insert(md_key.to_string(), addr.clone());
+        addr
+    }
+
+    pub fn scalers(&self) -> Vec<(String, Addr<Scaler>)> {
+        self.scalers.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+}

@@ -1,0 +1,261 @@
+//! The command line: `run` (the controller), `simulate` (the embedded cluster), `crds`, `version`.
+//! Every `run` flag has an environment twin named as in Karpenter and the Go Cluster API provider,
+//! so existing Helm values and manifests carry over.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Go-style duration ("90s", "5m", "1h30m") for flags, so values read like Karpenter's.
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    crate::api::duration::parse(s).map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "karpenter-capi",
+    version,
+    about = "Just-in-time nodes for Cluster API clusters, with Karpenter's NodePool and NodeClaim API",
+    long_about = "karpenter-capi turns pending pods into right-sized nodes by scaling Cluster API \
+                  MachineDeployments, and removes them again when they are empty, drifted or expired.\n\n\
+                  Try it without a cluster: `karpenter-capi simulate` starts an embedded simulated \
+                  cluster (API server, Cluster API, kubelets and scheduler) and runs the controller on it."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller against a real cluster (in-cluster config or KUBECONFIG).
+    Run(Box<RunArgs>),
+    /// Start the embedded simulated cluster and run the controller on it.
+    Simulate(SimulateArgs),
+    /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass) as YAML.
+    Crds(CrdsArgs),
+    /// Print the version.
+    Version,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CapiVersionArg {
+    V1beta1,
+    V1beta2,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PreferencePolicy {
+    /// Try preferred node affinity as required first, then relax it.
+    Respect,
+    /// Ignore preferred node affinity entirely.
+    Ignore,
+}
+
+/// Logging flags, shared by `run` and `simulate`.
+#[derive(Clone, Debug, Args)]
+pub struct LogArgs {
+    /// Log level or tracing filter (error, warn, info, debug, or e.g. "karpenter_capi=debug,kube=info").
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+    /// Log format: text for people, json for log pipelines.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Controller tuning shared by `run` and `simulate`, so the simulation runs the same code paths
+/// with the same knobs.
+#[derive(Clone, Debug, Args)]
+pub struct ControllerArgs {
+    /// How long a NodeClaim may wait, from creation, for its Machine's provider ID before it is
+    /// deleted and its offering marked unavailable. Raise it for slow providers (vSphere, bare
+    /// metal). A ClusterAPINodeClass's spec.createTimeout overrides it.
+    #[arg(long, env = "CREATE_TIMEOUT", default_value = "5m", value_parser = duration_arg)]
+    pub create_timeout: Duration,
+    /// How long a launched NodeClaim may wait for its Node to register.
+    #[arg(long, env = "REGISTRATION_TIMEOUT", default_value = "15m", value_parser = duration_arg)]
+    pub registration_timeout: Duration,
+    /// How long an offering that failed or timed out stays unavailable to new NodeClaims.
+    #[arg(long, env = "UNAVAILABLE_OFFERING_TTL", default_value = "3m", value_parser = duration_arg)]
+    pub unavailable_offering_ttl: Duration,
+    /// A provisioning batch ends after this long without a new pending pod.
+    #[arg(long, env = "BATCH_IDLE_DURATION", default_value = "1s", value_parser = duration_arg)]
+    pub batch_idle_duration: Duration,
+    /// A provisioning batch never lasts longer than this.
+    #[arg(long, env = "BATCH_MAX_DURATION", default_value = "10s", value_parser = duration_arg)]
+    pub batch_max_duration: Duration,
+    /// Whether preferred node affinity is tried as required before being relaxed.
+    #[arg(long, env = "PREFERENCE_POLICY", value_enum, default_value = "respect")]
+    pub preference_policy: PreferencePolicy,
+}
+
+/// Where the Cluster API objects live. With none of these set, the workload cluster is used
+/// ("joined" topology). Names follow the Go provider's flags.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ClusterApiArgs {
+    /// Kubeconfig file of the management cluster holding Machines and MachineDeployments.
+    #[arg(long, env = "CLUSTER_API_KUBECONFIG")]
+    pub cluster_api_kubeconfig: Option<PathBuf>,
+    /// URL of the management cluster's API server (with --cluster-api-token).
+    #[arg(long, env = "CLUSTER_API_URL")]
+    pub cluster_api_url: Option<String>,
+    /// Bearer token for the management cluster.
+    #[arg(long, env = "CLUSTER_API_TOKEN", hide_env_values = true)]
+    pub cluster_api_token: Option<String>,
+    /// Base64 PEM CA bundle for the management cluster's API server.
+    #[arg(long, env = "CLUSTER_API_CERTIFICATE_AUTHORITY_DATA", hide_env_values = true)]
+    pub cluster_api_certificate_authority_data: Option<String>,
+    /// Skip TLS verification of the management cluster (testing only).
+    #[arg(long, env = "CLUSTER_API_SKIP_TLS_VERIFY", default_value_t = false)]
+    pub cluster_api_skip_tls_verify: bool,
+    /// Only consider Cluster API objects in this namespace (default: all namespaces).
+    #[arg(long, env = "CLUSTER_API_NAMESPACE")]
+    pub cluster_api_namespace: Option<String>,
+    /// Only consider MachineDeployments of this Cluster (cluster.x-k8s.io/cluster-name label).
+    #[arg(long, env = "CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
+    /// Force a Cluster API version instead of discovering it (v1beta2 is preferred when served).
+    #[arg(long, env = "CLUSTER_API_VERSION", value_enum)]
+    pub cluster_api_version: Option<CapiVersionArg>,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct RunArgs {
+    /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster_api: ClusterApiArgs,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// Port of the Prometheus /metrics endpoint.
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
+    pub metrics_port: u16,
+    /// Port of the /healthz and /readyz endpoints.
+    #[arg(long, env = "HEALTH_PROBE_PORT", default_value_t = 8081)]
+    pub health_probe_port: u16,
+    /// Client-side limit on API requests per second to each cluster.
+    #[arg(long, env = "KUBE_CLIENT_QPS", default_value_t = 200)]
+    pub kube_client_qps: u32,
+    /// Burst allowed above the QPS limit.
+    #[arg(long, env = "KUBE_CLIENT_BURST", default_value_t = 300)]
+    pub kube_client_burst: u32,
+    /// Run without leader election (only safe with a single replica).
+    #[arg(long, env = "DISABLE_LEADER_ELECTION", default_value_t = false)]
+    pub disable_leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LEADER_ELECTION_NAME", default_value = "karpenter-capi-leader-election")]
+    pub leader_election_name: String,
+    /// Namespace of the leader-election Lease (default: the pod's namespace, else kube-system).
+    #[arg(long, env = "LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Pending pods become NodeClaims, Machines and Nodes (the full product).
+    Default,
+    /// NodeClaims created directly, as Karpenter's provisioner writes them: the launch path alone.
+    Launch,
+    /// Pending pods from Deployments through the provisioner.
+    Pods,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct SimulateArgs {
+    /// Which scenario to run.
+    #[arg(long, value_enum, default_value = "default")]
+    pub scenario: Scenario,
+    /// NodeClaims to create (launch scenario).
+    #[arg(long, default_value_t = 100)]
+    pub claims: usize,
+    /// Pending pods to create (pods scenario).
+    #[arg(long, default_value_t = 200)]
+    pub pods: usize,
+    /// Deployments the pods belong to (pods scenario).
+    #[arg(long, default_value_t = 5)]
+    pub deployments: usize,
+    /// MachineDeployments in the simulated cluster.
+    #[arg(long, default_value_t = 3)]
+    pub machine_deployments: usize,
+    /// Simulated provider delay before a Machine gets its provider ID, in seconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub provider_delay: f64,
+    /// Uniform jitter added to the provider delay, in seconds.
+    #[arg(long, default_value_t = 0.0)]
+    pub jitter: f64,
+    /// Fraction of Machines that never get a provider ID (a stuck provider).
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_fraction: f64,
+    /// The controller's create timeout, in seconds (see `run --create-timeout`).
+    #[arg(long)]
+    pub create_timeout: Option<f64>,
+    /// Which Cluster API version the simulated cluster serves.
+    #[arg(long, value_enum, default_value = "v1beta2")]
+    pub cluster_api_version: CapiVersionArg,
+    /// Print the report as text or as one JSON object.
+    #[arg(long, value_enum, default_value = "text")]
+    pub report: ReportFormat,
+    /// Give up waiting for the scenario to settle after this many seconds.
+    #[arg(long, default_value_t = 300)]
+    pub deadline: u64,
+    /// Seed for the simulated cluster's randomness (jitter, failures, names).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct CrdsArgs {
+    /// Write one file per CRD into this directory instead of printing them.
+    #[arg(long)]
+    pub output_dir: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_defaults_match_karpenter() {
+        let cli = Cli::try_parse_from(["karpenter-capi", "run"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert_eq!(run.metrics_port, 8080);
+        assert_eq!(run.health_probe_port, 8081);
+        assert_eq!(run.controller.create_timeout, Duration::from_secs(300));
+        assert_eq!(run.controller.registration_timeout, Duration::from_secs(900));
+        assert_eq!(run.controller.batch_idle_duration, Duration::from_secs(1));
+        assert_eq!(run.controller.batch_max_duration, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn create_timeout_accepts_go_durations_and_rejects_garbage() {
+        let cli = Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "20m"]).unwrap();
+        let Command::Run(run) = cli.command else { panic!("expected run") };
+        assert_eq!(run.controller.create_timeout, Duration::from_secs(1200));
+        let err = Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "soon"]).unwrap_err();
+        assert!(err.to_string().contains("--create-timeout"), "{err}");
+    }
+}

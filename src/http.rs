@@ -1,0 +1,108 @@
+//! The controller's HTTP endpoints: `/metrics` on the metrics port, `/healthz` and `/readyz` on
+//! the health-probe port (Karpenter's defaults 8080 and 8081). One tiny hyper server serves both;
+//! they are separate listeners so a NetworkPolicy can expose metrics without probes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+}
+
+/// Liveness and readiness as seen by the probes. `ready` turns true once the caches have synced;
+/// a replica that is not the leader is still ready (it watches and can take over).
+#[derive(Default)]
+pub struct Health {
+    pub ready: AtomicBool,
+    pub leader: AtomicBool,
+}
+
+impl Health {
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+}
+
+/// Bind both listeners now (so a port conflict fails start-up loudly), then serve on the current
+/// runtime. Returns the bound addresses (useful when a port of 0 was asked for).
+pub async fn serve(
+    metrics_addr: SocketAddr,
+    health_addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+) -> Result<(SocketAddr, SocketAddr), Error> {
+    let m = bind(metrics_addr).await?;
+    let h = bind(health_addr).await?;
+    let bound = (local(&m, metrics_addr), local(&h, health_addr));
+    tokio::spawn(accept_loop(m, Some(metrics), health.clone()));
+    tokio::spawn(accept_loop(h, None, health));
+    Ok(bound)
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
+    TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })
+}
+
+fn local(l: &TcpListener, fallback: SocketAddr) -> SocketAddr {
+    l.local_addr().unwrap_or(fallback)
+}
+
+async fn accept_loop(listener: TcpListener, metrics: Option<Arc<Metrics>>, health: Arc<Health>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed on the metrics/health listener");
+                continue;
+            }
+        };
+        let (metrics, health) = (metrics.clone(), health.clone());
+        tokio::spawn(async move {
+            let svc = service_fn(move |req| {
+                let out = route(&req, metrics.as_deref(), &health);
+                async move { Ok::<_, std::convert::Infallible>(out) }
+            });
+            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
+                tracing::debug!(error = %e, "metrics/health connection ended with an error");
+            }
+        });
+    }
+}
+
+fn route(req: &Request<Incoming>, metrics: Option<&Metrics>, health: &Health) -> Response<Full<Bytes>> {
+    match (req.uri().path(), metrics) {
+        ("/metrics", Some(metrics)) => reply(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            metrics.encode(),
+        ),
+        ("/healthz" | "/livez", _) => reply(StatusCode::OK, "text/plain", "ok".into()),
+        ("/readyz", _) if health.ready.load(Ordering::Acquire) => {
+            reply(StatusCode::OK, "text/plain", "ok".into())
+        }
+        ("/readyz", _) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "caches not synced".into()),
+        _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
+    }
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
+    resp
+}

@@ -1,0 +1,244 @@
+//! Every metric in one place. Names follow Karpenter's where the meaning is the same (so existing
+//! dashboards keep working) and add the Cluster API ones under `karpenter_capi_`.
+//!
+//! Counters are registered without the `_total` suffix: prometheus-client appends it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub nodepool: String,
+    pub machine_deployment: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CreatedLabels {
+    pub reason: String,
+    pub nodepool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MdLabels {
+    pub machine_deployment: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    pub machine_deployment: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub method: String,
+    pub error: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiErrorLabels {
+    pub verb: String,
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub decision: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodePoolLabels {
+    pub nodepool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UsageLabels {
+    pub nodepool: String,
+    pub resource_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Latency buckets from 5 ms to about 40 min: claims wait seconds on fast providers and many
+/// minutes on slow ones (vSphere), and both ends matter.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 20))
+}
+
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 12))
+}
+
+/// All metrics of one controller instance. Cheap to share behind an `Arc`.
+pub struct Metrics {
+    registry: Registry,
+    // NodeClaim lifecycle (Karpenter's names, plus the MachineDeployment).
+    pub nodeclaims_created: Family<CreatedLabels, Counter>,
+    pub nodeclaims_launched: Family<PoolLabels, Counter>,
+    pub nodeclaims_registered: Family<PoolLabels, Counter>,
+    pub nodeclaims_initialized: Family<PoolLabels, Counter>,
+    pub nodeclaims_terminated: Family<PoolLabels, Counter>,
+    pub nodeclaims_disrupted: Family<CreatedLabels, Counter>,
+    pub nodes_created: Family<NodePoolLabels, Counter>,
+    pub nodes_terminated: Family<NodePoolLabels, Counter>,
+    // Cluster API specifics.
+    pub create_timeouts: Family<PoolLabels, Counter>,
+    pub registration_timeouts: Family<PoolLabels, Counter>,
+    pub claim_launch_seconds: HistogramFamily<MdLabels>,
+    pub provider_id_to_claim_seconds: HistogramFamily<MdLabels>,
+    pub claim_initialized_seconds: HistogramFamily<MdLabels>,
+    pub binding_seconds: HistogramFamily<MdLabels>,
+    pub replica_write_seconds: HistogramFamily<MdLabels>,
+    pub replica_write_batch: HistogramFamily<MdLabels>,
+    pub replica_writes: Family<WriteLabels, Counter>,
+    pub scaler_queue_depth: Family<MdLabels, Gauge>,
+    pub api_errors: Family<ApiErrorLabels, Counter>,
+    // Karpenter's cloud-provider view of the same work.
+    pub cloudprovider_duration: HistogramFamily<MethodLabels>,
+    pub cloudprovider_errors: Family<ErrorLabels, Counter>,
+    // Provisioning and disruption.
+    pub scheduling_duration: Histogram,
+    pub pods_startup_duration: Histogram,
+    pub unschedulable_pods: Gauge,
+    pub scheduler_queue_depth: Gauge,
+    pub ignored_pods: Gauge,
+    pub nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub disruption_decisions: Family<DecisionLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::default();
+        let m = Self {
+            nodeclaims_created: Family::default(),
+            nodeclaims_launched: Family::default(),
+            nodeclaims_registered: Family::default(),
+            nodeclaims_initialized: Family::default(),
+            nodeclaims_terminated: Family::default(),
+            nodeclaims_disrupted: Family::default(),
+            nodes_created: Family::default(),
+            nodes_terminated: Family::default(),
+            create_timeouts: Family::default(),
+            registration_timeouts: Family::default(),
+            claim_launch_seconds: Family::new_with_constructor(latency_histogram),
+            provider_id_to_claim_seconds: Family::new_with_constructor(latency_histogram),
+            claim_initialized_seconds: Family::new_with_constructor(latency_histogram),
+            binding_seconds: Family::new_with_constructor(latency_histogram),
+            replica_write_seconds: Family::new_with_constructor(latency_histogram),
+            replica_write_batch: Family::new_with_constructor(batch_histogram),
+            replica_writes: Family::default(),
+            scaler_queue_depth: Family::default(),
+            api_errors: Family::default(),
+            cloudprovider_duration: Family::new_with_constructor(latency_histogram),
+            cloudprovider_errors: Family::default(),
+            scheduling_duration: latency_histogram(),
+            pods_startup_duration: latency_histogram(),
+            unschedulable_pods: Gauge::default(),
+            scheduler_queue_depth: Gauge::default(),
+            ignored_pods: Gauge::default(),
+            nodepools_usage: Family::default(),
+            nodepools_limit: Family::default(),
+            disruption_decisions: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register("karpenter_nodeclaims_created", "NodeClaims created, by reason and nodepool", m.nodeclaims_created.clone());
+        r.register("karpenter_nodeclaims_launched", "NodeClaims whose Machine got a provider ID", m.nodeclaims_launched.clone());
+        r.register("karpenter_nodeclaims_registered", "NodeClaims whose Node registered", m.nodeclaims_registered.clone());
+        r.register("karpenter_nodeclaims_initialized", "NodeClaims whose Node initialized", m.nodeclaims_initialized.clone());
+        r.register("karpenter_nodeclaims_terminated", "NodeClaims terminated", m.nodeclaims_terminated.clone());
+        r.register("karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason", m.nodeclaims_disrupted.clone());
+        r.register("karpenter_nodes_created", "Nodes registered by NodeClaims", m.nodes_created.clone());
+        r.register("karpenter_nodes_terminated", "Nodes deleted by NodeClaims", m.nodes_terminated.clone());
+        r.register("karpenter_capi_nodeclaims_create_timeouts", "NodeClaims deleted because their Machine got no provider ID within the create timeout", m.create_timeouts.clone());
+        r.register("karpenter_capi_nodeclaims_registration_timeouts", "NodeClaims deleted because no Node registered within the registration timeout", m.registration_timeouts.clone());
+        r.register("karpenter_capi_nodeclaim_launch_duration_seconds", "NodeClaim created to Launched (Machine has a provider ID)", m.claim_launch_seconds.clone());
+        r.register("karpenter_capi_provider_id_to_claim_duration_seconds", "Machine provider ID observed to NodeClaim status updated", m.provider_id_to_claim_seconds.clone());
+        r.register("karpenter_capi_nodeclaim_initialization_duration_seconds", "NodeClaim created to Initialized", m.claim_initialized_seconds.clone());
+        r.register("karpenter_capi_machine_binding_duration_seconds", "Machine request queued to Machine bound to its NodeClaim", m.binding_seconds.clone());
+        r.register("karpenter_capi_replica_write_duration_seconds", "Latency of one compare-and-swap write of a MachineDeployment's replicas", m.replica_write_seconds.clone());
+        r.register("karpenter_capi_replica_write_batch_size", "Machine requests covered by one replica write", m.replica_write_batch.clone());
+        r.register("karpenter_capi_replica_writes", "Replica writes by result (ok, conflict, error)", m.replica_writes.clone());
+        r.register("karpenter_capi_scaler_queue_depth", "Machine requests waiting in a MachineDeployment's scaler", m.scaler_queue_depth.clone());
+        r.register("karpenter_capi_api_errors", "Kubernetes API errors by verb and resource", m.api_errors.clone());
+        r.register("karpenter_cloudprovider_duration_seconds", "Duration of cloud provider operations (create, delete, get)", m.cloudprovider_duration.clone());
+        r.register("karpenter_cloudprovider_errors", "Cloud provider errors by method and error", m.cloudprovider_errors.clone());
+        r.register("karpenter_scheduler_scheduling_duration_seconds", "Duration of one scheduling solve", m.scheduling_duration.clone());
+        r.register("karpenter_pods_startup_duration_seconds", "Pod created to running on a provisioned node", m.pods_startup_duration.clone());
+        r.register("karpenter_scheduler_unschedulable_pods_count", "Pods the last solve could not place", m.unschedulable_pods.clone());
+        r.register("karpenter_scheduler_queue_depth", "Provisionable pods waiting for the next solve", m.scheduler_queue_depth.clone());
+        r.register("karpenter_ignored_pod_count", "Pending pods ignored by the provisioner", m.ignored_pods.clone());
+        r.register("karpenter_nodepools_usage", "Resources used by each NodePool's nodes", m.nodepools_usage.clone());
+        r.register("karpenter_nodepools_limit", "Resource limits of each NodePool", m.nodepools_limit.clone());
+        r.register("karpenter_voluntary_disruption_decisions", "Disruption decisions by decision and reason", m.disruption_decisions.clone());
+        let info = Info::new(BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() });
+        r.register("karpenter_build", "Build information", info);
+        Arc::new(Self { registry, ..m })
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an error here would be a bug in the encoder.
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    pub fn md(md: &str) -> MdLabels {
+        MdLabels { machine_deployment: md.to_string() }
+    }
+
+    pub fn pool(nodepool: &str, md: &str) -> PoolLabels {
+        PoolLabels { nodepool: nodepool.to_string(), machine_deployment: md.to_string() }
+    }
+
+    pub fn observe(h: &HistogramFamily<MdLabels>, md: &str, d: Duration) {
+        h.get_or_create(&Self::md(md)).observe(d.as_secs_f64());
+    }
+
+    pub fn api_error(&self, verb: &str, resource: &str) {
+        self.api_errors
+            .get_or_create(&ApiErrorLabels { verb: verb.to_string(), resource: resource.to_string() })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_karpenter_names() {
+        let m = Metrics::new();
+        m.nodeclaims_created
+            .get_or_create(&CreatedLabels { reason: "provisioning".into(), nodepool: "default".into() })
+            .inc();
+        Metrics::observe(&m.claim_launch_seconds, "ns/md-a", Duration::from_millis(120));
+        let text = m.encode();
+        assert!(text.contains("karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"} 1"), "{text}");
+        assert!(text.contains("karpenter_capi_nodeclaim_launch_duration_seconds_count{machine_deployment=\"ns/md-a\"} 1"), "{text}");
+        assert!(text.contains("karpenter_build_info"), "{text}");
+    }
+}

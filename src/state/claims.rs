@@ -1,0 +1,112 @@
+//! NodeClaims of the workload cluster: by name, by provider ID, and the claims that recorded a
+//! MachineDeployment but have no Machine yet (what each Scaler owes, rebuilt from the API).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use kube::ResourceExt;
+
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::wellknown::{MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION};
+
+/// The MachineDeployment (`ns/name`) a claim recorded before asking for a replica.
+pub fn recorded_deployment(c: &NodeClaim) -> Option<&str> {
+    c.annotations().get(MACHINE_DEPLOYMENT_ANNOTATION).map(String::as_str).filter(|s| !s.is_empty())
+}
+
+/// The Machine (`ns/name`) a claim says it is bound to.
+pub fn recorded_machine(c: &NodeClaim) -> Option<&str> {
+    c.annotations().get(MACHINE_ANNOTATION).map(String::as_str).filter(|s| !s.is_empty())
+}
+
+pub fn provider_id(c: &NodeClaim) -> Option<&str> {
+    c.status.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|s| !s.is_empty())
+}
+
+#[derive(Default)]
+pub struct Claims {
+    by_name: HashMap<String, Arc<NodeClaim>>,
+    waiting_by_md: HashMap<String, BTreeSet<String>>,
+    by_provider_id: HashMap<String, String>,
+    synced: bool,
+}
+
+impl Claims {
+    pub fn get(&self, name: &str) -> Option<Arc<NodeClaim>> {
+        self.by_name.get(name).cloned()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<NodeClaim>> {
+        self.by_name.values()
+    }
+
+    /// Live claims that recorded this MachineDeployment and have no Machine yet.
+    pub fn waiting_on(&self, md_key: &str) -> BTreeSet<String> {
+        self.waiting_by_md.get(md_key).cloned().unwrap_or_default()
+    }
+
+    pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<NodeClaim>> {
+        self.by_provider_id.get(provider_id).and_then(|n| self.by_name.get(n).cloned())
+    }
+
+    pub fn apply(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+        let name = c.name_any();
+        let old = self.remove(&name);
+        if c.metadata.deletion_timestamp.is_none() && recorded_machine(&c).is_none() {
+            if let Some(md) = recorded_deployment(&c) {
+                self.waiting_by_md.entry(md.to_string()).or_default().insert(name.clone());
+            }
+        }
+        if let Some(pid) = provider_id(&c) {
+            self.by_provider_id.insert(pid.to_string(), name.clone());
+        }
+        self.by_name.insert(name, Arc::new(c));
+        old
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<Arc<NodeClaim>> {
+        let old = self.by_name.remove(name)?;
+        if let Some(md) = recorded_deployment(&old) {
+            if let Some(set) = self.waiting_by_md.get_mut(md) {
+                set.remove(name);
+                if set.is_empty() {
+                    self.waiting_by_md.remove(md);
+                }
+            }
+        }
+        if let Some(pid) = provider_id(&old) {
+            if self.by_provider_id.get(pid).map(String::as_str) == Some(name) {
+                self.by_provider_id.remove(pid);
+            }
+        }
+        Some(old)
+    }
+
+    pub fn replace_all(&mut self, claims: Vec<NodeClaim>) -> Vec<Arc<NodeClaim>> {
+        let mut old = std::mem::take(&mut self.by_name);
+        self.waiting_by_md.clear();
+        self.by_provider_id.clear();
+        for c in claims {
+            old.remove(&c.name_any());
+            self.apply(c);
+        }
+        self.synced = true;
+        old.into_values().collect()
+    }
+}

@@ -1,0 +1,194 @@
+//! Machines and MachineDeployments of the management cluster, indexed the ways the actors ask:
+//! by MachineDeployment, by the NodeClaim a Machine is bound to, and by provider ID.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::api::wellknown::NODECLAIM_ANNOTATION;
+use crate::capi::model::{Machine, MachineDeployment};
+
+/// `namespace/name`, the one way this crate names a namespaced Cluster API object.
+pub fn key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
+
+/// The NodeClaim a Machine is bound to, from the durable annotation (invariant 1).
+pub fn bound_claim(m: &Machine) -> Option<&str> {
+    m.annotations.get(NODECLAIM_ANNOTATION).map(String::as_str).filter(|c| !c.is_empty())
+}
+
+/// The MachineDeployment key of a Machine, when it belongs to one.
+pub fn deployment_key(m: &Machine) -> Option<String> {
+    m.deployment_name.as_deref().map(|md| key(&m.namespace, md))
+}
+
+#[derive(Default)]
+pub struct Machines {
+    by_key: HashMap<String, Arc<Machine>>,
+    by_md: HashMap<String, BTreeSet<String>>,
+    /// claim name -> machine keys naming it (more than one is an invariant violation).
+    by_claim: HashMap<String, BTreeSet<String>>,
+    by_provider_id: HashMap<String, String>,
+    synced: bool,
+}
+
+impl Machines {
+    pub fn get(&self, key: &str) -> Option<Arc<Machine>> {
+        self.by_key.get(key).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Machine>> {
+        self.by_key.values()
+    }
+
+    /// Machines of one MachineDeployment, oldest first (ties by name), so FIFO binding is stable.
+    pub fn of_deployment(&self, md_key: &str) -> Vec<Arc<Machine>> {
+        let mut out: Vec<_> = self
+            .by_md
+            .get(md_key)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.by_key.get(k).cloned())
+            .collect();
+        out.sort_by(|a, b| a.creation_timestamp.cmp(&b.creation_timestamp).then_with(|| a.name.cmp(&b.name)));
+        out
+    }
+
+    /// The Machine bound to a claim, if exactly one is; `Err` lists them when several are.
+    pub fn bound_to(&self, claim: &str) -> Result<Option<Arc<Machine>>, Vec<String>> {
+        let Some(keys) = self.by_claim.get(claim) else { return Ok(None) };
+        match keys.len() {
+            0 => Ok(None),
+            1 => Ok(keys.iter().next().and_then(|k| self.by_key.get(k).cloned())),
+            _ => Err(keys.iter().cloned().collect()),
+        }
+    }
+
+    pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<Machine>> {
+        self.by_provider_id.get(provider_id).and_then(|k| self.by_key.get(k).cloned())
+    }
+
+    /// Apply one watched object; returns the previous version.
+    pub fn apply(&mut self, m: Machine) -> Option<Arc<Machine>> {
+        let k = key(&m.namespace, &m.name);
+        let old = self.remove(&k);
+        if let Some(md) = deployment_key(&m) {
+            self.by_md.entry(md).or_default().insert(k.clone());
+        }
+        if let Some(claim) = bound_claim(&m) {
+            self.by_claim.entry(claim.to_string()).or_default().insert(k.clone());
+        }
+        if let Some(pid) = m.provider_id.as_deref() {
+            self.by_provider_id.insert(pid.to_string(), k.clone());
+        }
+        self.by_key.insert(k, Arc::new(m));
+        old
+    }
+
+    pub fn remove(&mut self, k: &str) -> Option<Arc<Machine>> {
+        let old = self.by_key.remove(k)?;
+        if let Some(md) = deployment_key(&old) {
+            prune(&mut self.by_md, &md, k);
+        }
+        if let Some(claim) = bound_claim(&old) {
+            prune(&mut self.by_claim, claim, k);
+        }
+        if let Some(pid) = old.provider_id.as_deref() {
+            if self.by_provider_id.get(pid).map(String::as_str) == Some(k) {
+                self.by_provider_id.remove(pid);
+            }
+        }
+        Some(old)
+    }
+
+    /// Replace everything after a (re-)list; returns the keys that disappeared.
+    pub fn replace_all(&mut self, machines: Vec<Machine>) -> Vec<Arc<Machine>> {
+        let mut old = std::mem::take(&mut self.by_key);
+        self.by_md.clear();
+        self.by_claim.clear();
+        self.by_provider_id.clear();
+        for m in machines {
+            old.remove(&key(&m.namespace, &m.name));
+            self.apply(m);
+        }
+        self.synced = true;
+        old.into_values().collect()
+    }
+
+    /// Machines named by two claims or claims naming two Machines (invariant 1 violations).
+    pub fn double_bound(&self) -> BTreeMap<String, Vec<String>> {
+        self.by_claim
+            .iter()
+            .filter(|(_, ms)| ms.len() > 1)
+            .map(|(c, ms)| (c.clone(), ms.iter().cloned().collect()))
+            .collect()
+    }
+}
+
+fn prune(index: &mut HashMap<String, BTreeSet<String>>, bucket: &str, k: &str) {
+    if let Some(set) = index.get_mut(bucket) {
+        set.remove(k);
+        if set.is_empty() {
+            index.remove(bucket);
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct MachineDeployments {
+    by_key: HashMap<String, Arc<MachineDeployment>>,
+    synced: bool,
+}
+
+impl MachineDeployments {
+    pub fn get(&self, key: &str) -> Option<Arc<MachineDeployment>> {
+        self.by_key.get(key).cloned()
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Arc<MachineDeployment>> {
+        self.by_key.values()
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Apply a watched or written object unless it is older than what we hold.
+    pub fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
+        let k = key(&md.namespace, &md.name);
+        if let Some(cur) = self.by_key.get(&k) {
+            if !super::newer_or_equal(md.resource_version.as_deref(), cur.resource_version.as_deref()) {
+                return cur.clone();
+            }
+        }
+        let md = Arc::new(md);
+        self.by_key.insert(k, md.clone());
+        md
+    }
+
+    pub fn remove(&mut self, k: &str) -> Option<Arc<MachineDeployment>> {
+        self.by_key.remove(k)
+    }
+
+    pub fn replace_all(&mut self, mds: Vec<MachineDeployment>) -> Vec<Arc<MachineDeployment>> {
+        let mut old = std::mem::take(&mut self.by_key);
+        for md in mds {
+            old.remove(&key(&md.namespace, &md.name));
+            self.apply(md);
+        }
+        self.synced = true;
+        old.into_values().collect()
+    }
+}
