@@ -752,14 +752,21 @@ mod tests {
 
     #[test]
     fn rejects_invalid_inputs_with_typed_errors() {
-        assert!(matches!("".parse::<Quantity>(), Err(QuantityError::Empty { .. })));
-        for bad in ["1.2.3", "--1", "+-1", ".", "-", "+", "abc", " 1", "Ki", "e3"] {
+        assert!(matches!(
+            "".parse::<Quantity>(),
+            Err(QuantityError::Empty { .. })
+        ));
+        for bad in [
+            "1.2.3", "--1", "+-1", ".", "-", "+", "abc", " 1", "Ki", "e3",
+        ] {
             match bad.parse::<Quantity>() {
                 Err(QuantityError::BadNumber { input }) => assert_eq!(input, bad),
                 other => panic!("{bad:?}: {other:?}"),
             }
         }
-        for bad in ["1Qi", "1e", "1e1.5", "1ki", "1K", "1mi", "1ee3", "1e+", "1Gi1", "1 "] {
+        for bad in [
+            "1Qi", "1e", "1e1.5", "1ki", "1K", "1mi", "1ee3", "1e+", "1Gi1", "1 ",
+        ] {
             match bad.parse::<Quantity>() {
                 Err(QuantityError::BadSuffix { input, .. }) => assert_eq!(input, bad),
                 other => panic!("{bad:?}: {other:?}"),
@@ -837,7 +844,10 @@ mod tests {
         assert_eq!(Quantity::from_nanos(i128::MIN).checked_sub(q("1n")), None);
         assert_eq!(q("1Ki").checked_sub(q("24")), Some(q("1000")));
         assert_eq!(q("100m").saturating_mul(3), q("300m"));
-        assert_eq!([q("1"), q("2"), q("3")].into_iter().sum::<Quantity>(), q("6"));
+        assert_eq!(
+            [q("1"), q("2"), q("3")].into_iter().sum::<Quantity>(),
+            q("6")
+        );
     }
 
     #[test]
@@ -866,10 +876,7 @@ mod tests {
     }
 
     fn res(entries: &[(&str, &str)]) -> Resources {
-        entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), q(v)))
-            .collect()
+        entries.iter().map(|(k, v)| (k.to_string(), q(v))).collect()
     }
 
     #[test]
