@@ -394,7 +394,10 @@ impl fmt::Display for Quantity {
         let sign = if self.nanos < 0 { "-" } else { "" };
         let magnitude = self.nanos.unsigned_abs();
         let nanos = NANOS as u128;
-        if self.format == Format::BinarySi && magnitude % nanos == 0 && magnitude / nanos >= 1024 {
+        if self.format == Format::BinarySi
+            && magnitude.is_multiple_of(nanos)
+            && magnitude / nanos >= 1024
+        {
             let (mantissa, suffix) = binary_mantissa(magnitude / nanos);
             return write!(f, "{sign}{mantissa}{suffix}");
         }
@@ -414,7 +417,7 @@ impl fmt::Display for Quantity {
 fn binary_mantissa(mut units: u128) -> (u128, &'static str) {
     const SUFFIXES: [&str; 7] = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     let mut index = 0;
-    while index + 1 < SUFFIXES.len() && units % 1024 == 0 {
+    while index + 1 < SUFFIXES.len() && units.is_multiple_of(1024) {
         units /= 1024;
         index += 1;
     }
@@ -424,7 +427,7 @@ fn binary_mantissa(mut units: u128) -> (u128, &'static str) {
 /// Mantissa and base-10 exponent (a multiple of 3 in -9..=18) of a non-zero nano magnitude.
 fn decimal_mantissa(mut nanos: u128) -> (u128, i32) {
     let mut exponent = -9;
-    while exponent < 18 && nanos % 1000 == 0 {
+    while exponent < 18 && nanos.is_multiple_of(1000) {
         nanos /= 1000;
         exponent += 3;
     }

@@ -101,20 +101,6 @@ pub fn capi_propagates(key: &str) -> bool {
         .any(|d| key_in_domain(key, d))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn domains_include_subdomains() {
-        assert!(capi_propagates("node-role.kubernetes.io/worker"));
-        assert!(capi_propagates("node.cluster.x-k8s.io"));
-        assert!(capi_propagates("foo.node.cluster.x-k8s.io/bar"));
-        assert!(!capi_propagates("xnode.cluster.x-k8s.io/bar"));
-        assert!(!capi_propagates("kubernetes.io/arch"));
-    }
-}
-
 // ---- Resource names (added for src/capi) ----
 pub const RESOURCE_CPU: &str = "cpu";
 pub const RESOURCE_MEMORY: &str = "memory";
@@ -129,3 +115,17 @@ pub const DEFAULT_OS: &str = "linux";
 /// Controller owner-reference kinds in the Cluster API ownership chain.
 pub const MACHINE_SET_KIND: &str = "MachineSet";
 pub const MACHINE_DEPLOYMENT_KIND: &str = "MachineDeployment";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn domains_include_subdomains() {
+        assert!(capi_propagates("node-role.kubernetes.io/worker"));
+        assert!(capi_propagates("node.cluster.x-k8s.io"));
+        assert!(capi_propagates("foo.node.cluster.x-k8s.io/bar"));
+        assert!(!capi_propagates("xnode.cluster.x-k8s.io/bar"));
+        assert!(!capi_propagates("kubernetes.io/arch"));
+    }
+}
