@@ -101,6 +101,21 @@ pub fn capi_propagates(key: &str) -> bool {
         .any(|d| key_in_domain(key, d))
 }
 
+// ---- Resource names (added for src/capi) ----
+pub const RESOURCE_CPU: &str = "cpu";
+pub const RESOURCE_MEMORY: &str = "memory";
+pub const RESOURCE_EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+pub const RESOURCE_PODS: &str = "pods";
+/// The extended resource the NVIDIA device plugin registers; where a scale-from-zero GPU count
+/// goes when the gpu-type annotation names a model rather than a resource.
+pub const NVIDIA_GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// Architecture and OS assumed when neither the template nor the annotations say.
+pub const DEFAULT_ARCH: &str = "amd64";
+pub const DEFAULT_OS: &str = "linux";
+/// Controller owner-reference kinds in the Cluster API ownership chain.
+pub const MACHINE_SET_KIND: &str = "MachineSet";
+pub const MACHINE_DEPLOYMENT_KIND: &str = "MachineDeployment";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,9 +1,20 @@
-//! The Cluster API model: one internal Machine / MachineDeployment model read from v1beta1 or
-//! v1beta2, scale-from-zero annotations, infrastructure template capacity, provider IDs and
-//! version discovery.
+//! The Cluster API model: one internal Machine / MachineSet / MachineDeployment model read from
+//! v1beta1 or v1beta2, scale-from-zero annotations, infrastructure template capacity, provider
+//! IDs, version discovery and the patches the controller writes.
 
 pub mod annotations;
+mod json;
 pub mod model;
+pub mod patch;
 pub mod provider_id;
 pub mod template;
 pub mod version;
+
+pub use annotations::{AnnotationError, AnnotationErrors, ScaleFromZero, Taint, TaintEffect};
+pub use model::{
+    DeletionOrder, InfrastructureRef, LabelSelector, Machine, MachineDeployment, MachinePhase,
+    MachineSet, ModelError,
+};
+pub use provider_id::ProviderId;
+pub use template::{NodeShape, TemplateCapacity};
+pub use version::CapiVersion;

@@ -1,1 +1,574 @@
-//! (to be written)
+//! One internal model of Machines, MachineSets and MachineDeployments, read from either
+//! `cluster.x-k8s.io/v1beta1` or `v1beta2` JSON. The rest of the controller never sees which
+//! version the management cluster speaks, except through the `version` field kept for writes.
+//!
+//! Where the versions differ (REFERENCE.md section 6):
+//! - `infrastructureRef`: v1beta1 `apiVersion` (split into group and version) vs v1beta2
+//!   `apiGroup` (version left to discovery);
+//! - failure reason/message: v1beta1 `status.failure*` vs v1beta2
+//!   `status.deprecated.v1beta1.failure*`;
+//! - deletion order: v1beta1 `spec.strategy.rollingUpdate.deletePolicy` vs v1beta2
+//!   `spec.deletion.order`.
+//!
+//! Everything else (`status.nodeRef.name`, `spec.providerID`, `spec.replicas`, `status.phase`,
+//! metadata) sits at the same path in both.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use jiff::Timestamp;
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::api::wellknown::{
+    CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_KIND, MACHINE_SET_KIND,
+};
+pub use crate::capi::json::ModelError;
+use crate::capi::json::Reader;
+use crate::capi::provider_id::ProviderId;
+use crate::capi::version::CapiVersion;
+
+/// `status.phase` of a Machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MachinePhase {
+    Pending,
+    Provisioning,
+    Provisioned,
+    Running,
+    Deleting,
+    Deleted,
+    Failed,
+    Unknown,
+}
+
+impl MachinePhase {
+    /// An absent phase means the Machine controller has not reconciled it yet: Pending. A phase
+    /// this code does not know is Unknown rather than an error, so a newer Cluster API cannot
+    /// break reading.
+    fn parse(phase: Option<&str>) -> MachinePhase {
+        match phase {
+            None => MachinePhase::Pending,
+            Some("Pending") => MachinePhase::Pending,
+            Some("Provisioning") => MachinePhase::Provisioning,
+            Some("Provisioned") => MachinePhase::Provisioned,
+            Some("Running") => MachinePhase::Running,
+            Some("Deleting") => MachinePhase::Deleting,
+            Some("Deleted") => MachinePhase::Deleted,
+            Some("Failed") => MachinePhase::Failed,
+            Some(_) => MachinePhase::Unknown,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachinePhase::Pending => "Pending",
+            MachinePhase::Provisioning => "Provisioning",
+            MachinePhase::Provisioned => "Provisioned",
+            MachinePhase::Running => "Running",
+            MachinePhase::Deleting => "Deleting",
+            MachinePhase::Deleted => "Deleted",
+            MachinePhase::Failed => "Failed",
+            MachinePhase::Unknown => "Unknown",
+        }
+    }
+}
+
+impl fmt::Display for MachinePhase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Reference to an infrastructure object (machine or machine template).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InfrastructureRef {
+    pub api_group: String,
+    pub kind: String,
+    pub name: String,
+    /// Known only from v1beta1 references; v1beta2 leaves it to discovery.
+    pub version: Option<String>,
+}
+
+/// How a MachineSet picks Machines to delete when scaled down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeletionOrder {
+    Random,
+    Newest,
+    Oldest,
+}
+
+impl DeletionOrder {
+    fn parse(s: &str) -> Option<DeletionOrder> {
+        match s {
+            "Random" => Some(DeletionOrder::Random),
+            "Newest" => Some(DeletionOrder::Newest),
+            "Oldest" => Some(DeletionOrder::Oldest),
+            _ => None,
+        }
+    }
+}
+
+/// `In`, `NotIn`, `Exists`, `DoesNotExist` of a label selector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SelectorRequirement {
+    pub key: String,
+    pub operator: SelectorOperator,
+    pub values: Vec<String>,
+}
+
+/// A Kubernetes label selector (`matchLabels` and `matchExpressions`, ANDed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LabelSelector {
+    pub match_labels: BTreeMap<String, String>,
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+impl LabelSelector {
+    /// True when `labels` satisfy every term. An empty selector matches everything.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let labels_match = self
+            .match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v));
+        labels_match
+            && self.match_expressions.iter().all(|r| {
+                let value = labels.get(&r.key);
+                match r.operator {
+                    SelectorOperator::In => value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOperator::NotIn => !value.is_some_and(|v| r.values.contains(v)),
+                    SelectorOperator::Exists => value.is_some(),
+                    SelectorOperator::DoesNotExist => value.is_none(),
+                }
+            })
+    }
+
+    /// The selector in the API's query syntax (`a=b,c in (d,e),!f`), for list and watch calls.
+    pub fn to_query(&self) -> String {
+        let mut terms: Vec<String> = self
+            .match_labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        for r in &self.match_expressions {
+            terms.push(match r.operator {
+                SelectorOperator::In => format!("{} in ({})", r.key, r.values.join(",")),
+                SelectorOperator::NotIn => format!("{} notin ({})", r.key, r.values.join(",")),
+                SelectorOperator::Exists => r.key.clone(),
+                SelectorOperator::DoesNotExist => format!("!{}", r.key),
+            });
+        }
+        terms.join(",")
+    }
+
+    fn read(reader: &Reader<'_>, path: &str) -> Result<LabelSelector, ModelError> {
+        let match_labels = reader.string_map(&format!("{path}.matchLabels"))?;
+        let mut match_expressions = Vec::new();
+        let list_path = format!("{path}.matchExpressions");
+        for (i, item) in reader.array(&list_path)?.iter().enumerate() {
+            let field = |name: &str| format!("{list_path}[{i}].{name}");
+            let key = reader
+                .member_str(item, &field("key"))?
+                .ok_or_else(|| reader.missing(&field("key")))?;
+            let op_text = reader
+                .member_str(item, &field("operator"))?
+                .ok_or_else(|| reader.missing(&field("operator")))?;
+            let operator = match op_text.as_str() {
+                "In" => SelectorOperator::In,
+                "NotIn" => SelectorOperator::NotIn,
+                "Exists" => SelectorOperator::Exists,
+                "DoesNotExist" => SelectorOperator::DoesNotExist,
+                other => {
+                    return Err(
+                        reader.invalid(&field("operator"), format!("unknown operator {other:?}"))
+                    );
+                }
+            };
+            let values = match item.get("values") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(vs)) => vs
+                    .iter()
+                    .enumerate()
+                    .map(|(j, v)| {
+                        v.as_str().map(str::to_string).ok_or_else(|| {
+                            reader.wrong(&field(&format!("values[{j}]")), "a string")
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err(reader.wrong(&field("values"), "a list of strings")),
+            };
+            let needs_values = matches!(operator, SelectorOperator::In | SelectorOperator::NotIn);
+            if needs_values == values.is_empty() {
+                let why = if needs_values {
+                    format!("operator {op_text} needs at least one value")
+                } else {
+                    format!("operator {op_text} takes no values")
+                };
+                return Err(reader.invalid(&field("values"), why));
+            }
+            match_expressions.push(SelectorRequirement {
+                key,
+                operator,
+                values,
+            });
+        }
+        Ok(LabelSelector {
+            match_labels,
+            match_expressions,
+        })
+    }
+}
+
+/// Metadata every Cluster API object carries.
+struct Meta {
+    name: String,
+    namespace: String,
+    uid: String,
+    resource_version: String,
+    generation: Option<i64>,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+    creation_timestamp: Option<Timestamp>,
+    deletion_timestamp: Option<Timestamp>,
+}
+
+fn read_meta(r: &Reader<'_>) -> Result<Meta, ModelError> {
+    Ok(Meta {
+        name: r.req_str("metadata.name")?,
+        namespace: r.req_str("metadata.namespace")?,
+        uid: r.req_str("metadata.uid")?,
+        resource_version: r.req_str("metadata.resourceVersion")?,
+        generation: r.opt_i64("metadata.generation")?,
+        labels: r.string_map("metadata.labels")?,
+        annotations: r.string_map("metadata.annotations")?,
+        creation_timestamp: r.opt_time("metadata.creationTimestamp")?,
+        deletion_timestamp: r.opt_time("metadata.deletionTimestamp")?,
+    })
+}
+
+/// The name of the controller owner of `kind`, if any.
+fn controller_owner(r: &Reader<'_>, kind: &str) -> Result<Option<String>, ModelError> {
+    let path = "metadata.ownerReferences";
+    for (i, owner) in r.array(path)?.iter().enumerate() {
+        let field = |name: &str| format!("{path}[{i}].{name}");
+        if !owner.is_object() {
+            return Err(r.wrong(&format!("{path}[{i}]"), "an object"));
+        }
+        let controller = match owner.get("controller") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(r.wrong(&field("controller"), "a boolean")),
+        };
+        let owner_kind = r.member_str(owner, &field("kind"))?;
+        if controller && owner_kind.as_deref() == Some(kind) {
+            return r
+                .member_str(owner, &field("name"))?
+                .map(Some)
+                .ok_or_else(|| r.missing(&field("name")));
+        }
+    }
+    Ok(None)
+}
+
+fn read_infrastructure_ref(
+    r: &Reader<'_>,
+    path: &str,
+    version: CapiVersion,
+) -> Result<InfrastructureRef, ModelError> {
+    if r.get(path).is_none() {
+        return Err(r.missing(path));
+    }
+    let kind = r.req_str(&format!("{path}.kind"))?;
+    let name = r.req_str(&format!("{path}.name"))?;
+    let (api_group, ref_version) = match version {
+        CapiVersion::V1Beta1 => {
+            let field = format!("{path}.apiVersion");
+            let api_version = r.req_str(&field)?;
+            match api_version.rsplit_once('/') {
+                Some((group, v)) if !group.is_empty() && !v.is_empty() => {
+                    (group.to_string(), Some(v.to_string()))
+                }
+                Some(_) => {
+                    return Err(r.invalid(&field, format!("malformed apiVersion {api_version:?}")));
+                }
+                // The core group has no group part ("v1").
+                None => (String::new(), Some(api_version)),
+            }
+        }
+        CapiVersion::V1Beta2 => (r.req_str(&format!("{path}.apiGroup"))?, None),
+    };
+    Ok(InfrastructureRef {
+        api_group,
+        kind,
+        name,
+        version: ref_version,
+    })
+}
+
+/// A Cluster API Machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Machine {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub generation: Option<i64>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub creation_timestamp: Option<Timestamp>,
+    pub deletion_timestamp: Option<Timestamp>,
+    /// The controller owner of kind MachineSet.
+    pub machine_set_name: Option<String>,
+    /// From the `cluster.x-k8s.io/deployment-name` label.
+    pub deployment_name: Option<String>,
+    pub cluster_name: String,
+    /// `spec.providerID`; an empty string is `None`.
+    pub provider_id: Option<String>,
+    /// `status.nodeRef.name`.
+    pub node_ref: Option<String>,
+    pub phase: MachinePhase,
+    pub failure_reason: Option<String>,
+    pub failure_message: Option<String>,
+    pub infrastructure_ref: InfrastructureRef,
+    pub version: CapiVersion,
+}
+
+impl Machine {
+    pub fn from_value(value: &Value, version: CapiVersion) -> Result<Machine, ModelError> {
+        let r = Reader::new("Machine", value);
+        let meta = read_meta(&r)?;
+        let failure_root = match version {
+            CapiVersion::V1Beta1 => "status",
+            CapiVersion::V1Beta2 => "status.deprecated.v1beta1",
+        };
+        let phase = r.opt_str("status.phase")?;
+        Ok(Machine {
+            machine_set_name: controller_owner(&r, MACHINE_SET_KIND)?,
+            deployment_name: meta.labels.get(DEPLOYMENT_NAME_LABEL).cloned(),
+            cluster_name: r.req_str("spec.clusterName")?,
+            provider_id: r.opt_str("spec.providerID")?,
+            node_ref: r.opt_str("status.nodeRef.name")?,
+            phase: MachinePhase::parse(phase.as_deref()),
+            failure_reason: r.opt_str(&format!("{failure_root}.failureReason"))?,
+            failure_message: r.opt_str(&format!("{failure_root}.failureMessage"))?,
+            infrastructure_ref: read_infrastructure_ref(&r, "spec.infrastructureRef", version)?,
+            version,
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            generation: meta.generation,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            creation_timestamp: meta.creation_timestamp,
+            deletion_timestamp: meta.deletion_timestamp,
+        })
+    }
+
+    pub fn from_dynamic(
+        object: &DynamicObject,
+        version: CapiVersion,
+    ) -> Result<Machine, ModelError> {
+        Self::from_value(&dynamic_to_value("Machine", object)?, version)
+    }
+
+    /// `namespace/name`, the form the NodeClaim's machine annotation uses.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Deletion requested (deletionTimestamp set) or the Machine says it is going away.
+    pub fn is_deleting(&self) -> bool {
+        self.deletion_timestamp.is_some()
+            || matches!(self.phase, MachinePhase::Deleting | MachinePhase::Deleted)
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.phase == MachinePhase::Failed || self.failure_reason.is_some()
+    }
+
+    pub fn provider(&self) -> Option<ProviderId> {
+        self.provider_id.as_deref().and_then(ProviderId::new)
+    }
+
+    /// The cluster this Machine belongs to by label, falling back to `spec.clusterName`.
+    pub fn cluster_label(&self) -> &str {
+        self.labels
+            .get(CLUSTER_NAME_LABEL)
+            .map(String::as_str)
+            .unwrap_or(&self.cluster_name)
+    }
+}
+
+/// A Cluster API MachineDeployment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineDeployment {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub resource_version: String,
+    pub generation: Option<i64>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub creation_timestamp: Option<Timestamp>,
+    pub deletion_timestamp: Option<Timestamp>,
+    /// `spec.replicas`; absent means the API server has not defaulted it (Cluster API defaults
+    /// to 1, or to the min-size annotation when autoscaling).
+    pub spec_replicas: Option<i32>,
+    pub status_replicas: Option<i32>,
+    pub ready_replicas: Option<i32>,
+    pub available_replicas: Option<i32>,
+    pub observed_generation: Option<i64>,
+    pub selector: LabelSelector,
+    /// `status.selector`, the scale subresource's selector string.
+    pub status_selector: Option<String>,
+    pub template_labels: BTreeMap<String, String>,
+    pub template_annotations: BTreeMap<String, String>,
+    pub infrastructure_ref: InfrastructureRef,
+    pub cluster_name: String,
+    pub deletion_order: Option<DeletionOrder>,
+    pub paused: bool,
+    pub version: CapiVersion,
+}
+
+impl MachineDeployment {
+    pub fn from_value(
+        value: &Value,
+        version: CapiVersion,
+    ) -> Result<MachineDeployment, ModelError> {
+        let r = Reader::new("MachineDeployment", value);
+        let meta = read_meta(&r)?;
+        let order_path = match version {
+            CapiVersion::V1Beta1 => "spec.strategy.rollingUpdate.deletePolicy",
+            CapiVersion::V1Beta2 => "spec.deletion.order",
+        };
+        let deletion_order = match r.opt_str(order_path)? {
+            None => None,
+            Some(s) => Some(DeletionOrder::parse(&s).ok_or_else(|| {
+                r.invalid(order_path, format!("{s:?} is not Random, Newest or Oldest"))
+            })?),
+        };
+        if r.get("spec.selector").is_none() {
+            return Err(r.missing("spec.selector"));
+        }
+        Ok(MachineDeployment {
+            spec_replicas: r.opt_i32("spec.replicas")?,
+            status_replicas: r.opt_i32("status.replicas")?,
+            ready_replicas: r.opt_i32("status.readyReplicas")?,
+            available_replicas: r.opt_i32("status.availableReplicas")?,
+            observed_generation: r.opt_i64("status.observedGeneration")?,
+            selector: LabelSelector::read(&r, "spec.selector")?,
+            status_selector: r.opt_str("status.selector")?,
+            template_labels: r.string_map("spec.template.metadata.labels")?,
+            template_annotations: r.string_map("spec.template.metadata.annotations")?,
+            infrastructure_ref: read_infrastructure_ref(
+                &r,
+                "spec.template.spec.infrastructureRef",
+                version,
+            )?,
+            cluster_name: r.req_str("spec.clusterName")?,
+            deletion_order,
+            paused: r.opt_bool("spec.paused")?.unwrap_or(false),
+            version,
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            generation: meta.generation,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            creation_timestamp: meta.creation_timestamp,
+            deletion_timestamp: meta.deletion_timestamp,
+        })
+    }
+
+    pub fn from_dynamic(
+        object: &DynamicObject,
+        version: CapiVersion,
+    ) -> Result<MachineDeployment, ModelError> {
+        Self::from_value(&dynamic_to_value("MachineDeployment", object)?, version)
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    pub fn is_deleting(&self) -> bool {
+        self.deletion_timestamp.is_some()
+    }
+}
+
+/// A Cluster API MachineSet: only what is needed to walk Machine -> MachineDeployment and to
+/// read scale-from-zero annotations placed on it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineSet {
+    pub name: String,
+    pub namespace: String,
+    pub uid: String,
+    pub resource_version: String,
+    /// The controller owner of kind MachineDeployment, else the deployment-name label.
+    pub deployment_name: Option<String>,
+    pub cluster_name: String,
+    pub replicas: Option<i32>,
+    pub status_replicas: Option<i32>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub deletion_timestamp: Option<Timestamp>,
+    pub version: CapiVersion,
+}
+
+impl MachineSet {
+    pub fn from_value(value: &Value, version: CapiVersion) -> Result<MachineSet, ModelError> {
+        let r = Reader::new("MachineSet", value);
+        let meta = read_meta(&r)?;
+        let deployment_name = match controller_owner(&r, MACHINE_DEPLOYMENT_KIND)? {
+            Some(name) => Some(name),
+            None => meta.labels.get(DEPLOYMENT_NAME_LABEL).cloned(),
+        };
+        Ok(MachineSet {
+            deployment_name,
+            cluster_name: r.req_str("spec.clusterName")?,
+            replicas: r.opt_i32("spec.replicas")?,
+            status_replicas: r.opt_i32("status.replicas")?,
+            version,
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            deletion_timestamp: meta.deletion_timestamp,
+        })
+    }
+
+    pub fn from_dynamic(
+        object: &DynamicObject,
+        version: CapiVersion,
+    ) -> Result<MachineSet, ModelError> {
+        Self::from_value(&dynamic_to_value("MachineSet", object)?, version)
+    }
+
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+fn dynamic_to_value(kind: &str, object: &DynamicObject) -> Result<Value, ModelError> {
+    serde_json::to_value(object).map_err(|e| ModelError::Serialize {
+        object: format!(
+            "{kind} {}/{}",
+            object.metadata.namespace.as_deref().unwrap_or("?"),
+            object.metadata.name.as_deref().unwrap_or("?")
+        ),
+        reason: e.to_string(),
+    })
+}
