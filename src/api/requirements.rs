@@ -1,1 +1,1 @@
-//! (to be written)
+//! (in progress)
