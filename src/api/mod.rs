@@ -3,6 +3,7 @@
 
 pub mod conditions;
 pub mod crds;
+pub mod cron;
 pub mod duration;
 pub mod nodeclaim;
 pub mod nodeclass;
