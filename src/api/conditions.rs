@@ -209,7 +209,8 @@ pub fn set_root_ready(
         }
     }
     match blocking {
-        None => set(conditions, 
+        None => set(
+            conditions,
             READY,
             ConditionStatus::True,
             READY,
@@ -217,9 +218,15 @@ pub fn set_root_ready(
             observed_generation,
             now,
         ),
-        Some((status, reason, message)) => {
-            set(conditions, READY, status, &reason, &message, observed_generation, now)
-        }
+        Some((status, reason, message)) => set(
+            conditions,
+            READY,
+            status,
+            &reason,
+            &message,
+            observed_generation,
+            now,
+        ),
     }
 }
 
@@ -229,7 +236,12 @@ pub fn set_nodeclaim_ready(
     observed_generation: Option<i64>,
     now: Timestamp,
 ) -> bool {
-    set_root_ready(conditions, &NODECLAIM_READY_DEPENDENTS, observed_generation, now)
+    set_root_ready(
+        conditions,
+        &NODECLAIM_READY_DEPENDENTS,
+        observed_generation,
+        now,
+    )
 }
 
 /// NodePool `Ready` = `ValidationSucceeded` ∧ `NodeClassReady`.
@@ -238,7 +250,12 @@ pub fn set_nodepool_ready(
     observed_generation: Option<i64>,
     now: Timestamp,
 ) -> bool {
-    set_root_ready(conditions, &NODEPOOL_READY_DEPENDENTS, observed_generation, now)
+    set_root_ready(
+        conditions,
+        &NODEPOOL_READY_DEPENDENTS,
+        observed_generation,
+        now,
+    )
 }
 
 #[cfg(test)]
@@ -253,11 +270,38 @@ mod tests {
     #[test]
     fn set_moves_transition_time_only_on_status_change() {
         let mut cs = Vec::new();
-        assert!(set(&mut cs, LAUNCHED, False, "Pending", "waiting", Some(1), t(10)));
-        assert!(set(&mut cs, LAUNCHED, False, "Pending", "still waiting", Some(1), t(20)));
-        assert_eq!(get(&cs, LAUNCHED).unwrap().last_transition_time, Time(t(10)));
+        assert!(set(
+            &mut cs,
+            LAUNCHED,
+            False,
+            "Pending",
+            "waiting",
+            Some(1),
+            t(10)
+        ));
+        assert!(set(
+            &mut cs,
+            LAUNCHED,
+            False,
+            "Pending",
+            "still waiting",
+            Some(1),
+            t(20)
+        ));
+        assert_eq!(
+            get(&cs, LAUNCHED).unwrap().last_transition_time,
+            Time(t(10))
+        );
         assert_eq!(get(&cs, LAUNCHED).unwrap().message, "still waiting");
-        assert!(!set(&mut cs, LAUNCHED, False, "Pending", "still waiting", Some(1), t(25)));
+        assert!(!set(
+            &mut cs,
+            LAUNCHED,
+            False,
+            "Pending",
+            "still waiting",
+            Some(1),
+            t(25)
+        ));
         assert!(set(&mut cs, LAUNCHED, True, "", "", Some(2), t(30)));
         let c = get(&cs, LAUNCHED).unwrap();
         assert_eq!(c.last_transition_time, Time(t(30)));
@@ -276,8 +320,24 @@ mod tests {
         set_nodeclaim_ready(&mut cs, None, t(1));
         assert_eq!(get(&cs, READY).unwrap().status, Unknown);
         set(&mut cs, LAUNCHED, True, "", "", None, t(2));
-        set(&mut cs, REGISTERED, Unknown, "AwaitingNode", "no node yet", None, t(2));
-        set(&mut cs, INITIALIZED, False, "NotReady", "node not ready", None, t(2));
+        set(
+            &mut cs,
+            REGISTERED,
+            Unknown,
+            "AwaitingNode",
+            "no node yet",
+            None,
+            t(2),
+        );
+        set(
+            &mut cs,
+            INITIALIZED,
+            False,
+            "NotReady",
+            "node not ready",
+            None,
+            t(2),
+        );
         set_nodeclaim_ready(&mut cs, None, t(3));
         let ready = get(&cs, READY).unwrap();
         assert_eq!(ready.status, False, "a False dependent wins over Unknown");
@@ -301,7 +361,15 @@ mod tests {
         set(&mut cs, NODE_CLASS_READY, True, "", "", Some(3), t(2));
         set_nodepool_ready(&mut cs, Some(3), t(2));
         assert!(is_true(&cs, READY));
-        set(&mut cs, VALIDATION_SUCCEEDED, False, "Invalid", "bad", Some(4), t(3));
+        set(
+            &mut cs,
+            VALIDATION_SUCCEEDED,
+            False,
+            "Invalid",
+            "bad",
+            Some(4),
+            t(3),
+        );
         set_nodepool_ready(&mut cs, Some(4), t(3));
         assert_eq!(get(&cs, READY).unwrap().status, False);
         assert_eq!(get(&cs, READY).unwrap().reason, "Invalid");
@@ -309,7 +377,8 @@ mod tests {
 
     #[test]
     fn condition_serde_matches_upstream_shape() {
-        let json = r#"{"type":"Ready","status":"True","lastTransitionTime":"2024-01-01T00:00:00Z"}"#;
+        let json =
+            r#"{"type":"Ready","status":"True","lastTransitionTime":"2024-01-01T00:00:00Z"}"#;
         let c: Condition = serde_json::from_str(json).unwrap();
         assert!(c.is_true());
         assert_eq!(c.reason, "");

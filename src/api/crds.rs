@@ -28,7 +28,36 @@ pub enum Error {
 
 /// Every CRD this project serves, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![NodePool::crd(), NodeClaim::crd(), ClusterAPINodeClass::crd()]
+    vec![
+        NodePool::crd(),
+        NodeClaim::crd(),
+        ClusterAPINodeClass::crd(),
+    ]
+    .into_iter()
+    .map(tidy)
+    .collect()
+}
+
+/// Removes the `null` that schemars lists among the values of an optional enum: the field is
+/// already `nullable`, and the API server would otherwise have to accept `null` as a value.
+fn tidy(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::Array(values)) = m.get_mut("enum") {
+                    values.retain(|x| !x.is_null());
+                }
+                m.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    walk(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
 }
 
 /// The file name a CRD is written to: `<group>_<plural>.yaml`, as upstream names them.
@@ -102,6 +131,3 @@ mod tests {
         assert_eq!(written, each[1].1);
     }
 }
-#[cfg(test)]
-#[test]
-fn tmp_dump() { std::fs::write("/tmp/api-crds.yaml", render_yaml().unwrap()).unwrap(); }

@@ -40,11 +40,36 @@ struct Field {
 }
 
 const FIELDS: [Field; 5] = [
-    Field { name: "minute", min: 0, max: 59, names: &[] },
-    Field { name: "hour", min: 0, max: 23, names: &[] },
-    Field { name: "day of month", min: 1, max: 31, names: &[] },
-    Field { name: "month", min: 1, max: 12, names: &MONTHS },
-    Field { name: "day of week", min: 0, max: 6, names: &WEEKDAYS },
+    Field {
+        name: "minute",
+        min: 0,
+        max: 59,
+        names: &[],
+    },
+    Field {
+        name: "hour",
+        min: 0,
+        max: 23,
+        names: &[],
+    },
+    Field {
+        name: "day of month",
+        min: 1,
+        max: 31,
+        names: &[],
+    },
+    Field {
+        name: "month",
+        min: 1,
+        max: 12,
+        names: &MONTHS,
+    },
+    Field {
+        name: "day of week",
+        min: 0,
+        max: 6,
+        names: &WEEKDAYS,
+    },
 ];
 
 /// Parses a schedule; the error says which field is wrong and why.
@@ -75,7 +100,8 @@ pub fn parse(schedule: &str) -> Result<CronSchedule, Error> {
     }
     let mut bits = [0u64; 5];
     for ((text, field), out) in parts.iter().zip(FIELDS.iter()).zip(bits.iter_mut()) {
-        *out = parse_field(text, field).map_err(|e| fail(format!("{} field {text:?}: {e}", field.name)))?;
+        *out = parse_field(text, field)
+            .map_err(|e| fail(format!("{} field {text:?}: {e}", field.name)))?;
     }
     let restricted = |t: &str| t != "*" && t != "?";
     Ok(CronSchedule {
@@ -94,7 +120,9 @@ fn parse_field(text: &str, field: &Field) -> Result<u64, String> {
     for item in text.split(',') {
         let (range, step) = match item.split_once('/') {
             Some((r, s)) => {
-                let step: u32 = s.parse().map_err(|_| format!("step {s:?} is not a number"))?;
+                let step: u32 = s
+                    .parse()
+                    .map_err(|_| format!("step {s:?} is not a number"))?;
                 if step == 0 {
                     return Err("step must be at least 1".to_string());
                 }
@@ -244,7 +272,10 @@ mod tests {
     #[test]
     fn civil_fields() {
         let c = Civil::from_unix(FRI_1030);
-        assert_eq!((c.month, c.day, c.weekday, c.hour, c.minute), (3, 15, 5, 10, 30));
+        assert_eq!(
+            (c.month, c.day, c.weekday, c.hour, c.minute),
+            (3, 15, 5, 10, 30)
+        );
         let epoch = Civil::from_unix(0);
         assert_eq!((epoch.month, epoch.day, epoch.weekday), (1, 1, 4));
     }
@@ -252,9 +283,21 @@ mod tests {
     #[test]
     fn accepts_valid_schedules() {
         for s in [
-            "@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually",
-            "* * * * *", "0 9 * * 1-5", "*/15 * * * *", "0 0 1,15 * *", "0 22 * * SUN",
-            "30 2 * JAN-MAR mon", "5/10 * ? * *", "0 0 31 12 6",
+            "@hourly",
+            "@daily",
+            "@midnight",
+            "@weekly",
+            "@monthly",
+            "@yearly",
+            "@annually",
+            "* * * * *",
+            "0 9 * * 1-5",
+            "*/15 * * * *",
+            "0 0 1,15 * *",
+            "0 22 * * SUN",
+            "30 2 * JAN-MAR mon",
+            "5/10 * ? * *",
+            "0 0 31 12 6",
         ] {
             assert!(parse(s).is_ok(), "{s}: {:?}", parse(s));
         }
@@ -290,11 +333,20 @@ mod tests {
         assert!(weekdays_9.fires_at(nine));
         assert!(!weekdays_9.fires_at(nine + 60));
         assert!(!weekdays_9.fires_at(nine + 86_400), "Saturday");
-        assert_eq!(weekdays_9.last_fire_within(FRI_1030, Duration::from_secs(7200)), Some(nine));
+        assert_eq!(
+            weekdays_9.last_fire_within(FRI_1030, Duration::from_secs(7200)),
+            Some(nine)
+        );
         assert!(weekdays_9.is_active(FRI_1030, Duration::from_secs(2 * 3600)));
         assert!(!weekdays_9.is_active(FRI_1030, Duration::from_secs(3600)));
-        assert!(!weekdays_9.is_active(nine + 3600, Duration::from_secs(3600)), "end is exclusive");
-        assert!(weekdays_9.is_active(nine, Duration::from_secs(60)), "start is inclusive");
+        assert!(
+            !weekdays_9.is_active(nine + 3600, Duration::from_secs(3600)),
+            "end is exclusive"
+        );
+        assert!(
+            weekdays_9.is_active(nine, Duration::from_secs(60)),
+            "start is inclusive"
+        );
         // Sunday noon: the last firing was Friday 09:00, 51 hours back.
         let sun_noon = nine + 2 * 86_400 + 3 * 3600;
         assert!(weekdays_9.is_active(sun_noon, Duration::from_secs(52 * 3600)));

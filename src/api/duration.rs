@@ -55,7 +55,9 @@ pub fn parse(text: &str) -> Result<Duration, Error> {
     }
     let mut total_nanos: u128 = 0;
     while !rest.is_empty() {
-        let int_len = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let int_len = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let (int_part, after_int) = rest.split_at(int_len);
         let (frac_part, after_num) = match after_int.strip_prefix('.') {
             Some(f) => {
@@ -98,7 +100,8 @@ pub fn parse(text: &str) -> Result<Duration, Error> {
         total_nanos = total_nanos.checked_add(nanos).ok_or_else(overflow)?;
         rest = next;
     }
-    let secs = u64::try_from(total_nanos / 1_000_000_000).map_err(|_| Error::Overflow(text.into()))?;
+    let secs =
+        u64::try_from(total_nanos / 1_000_000_000).map_err(|_| Error::Overflow(text.into()))?;
     // The remainder is below 1e9 so it always fits.
     let sub = (total_nanos % 1_000_000_000) as u32;
     Ok(Duration::new(secs, sub))
@@ -191,7 +194,9 @@ impl Serialize for GoDuration {
 impl<'de> Deserialize<'de> for GoDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = Cow::<str>::deserialize(d)?;
-        parse(&text).map(GoDuration).map_err(serde::de::Error::custom)
+        parse(&text)
+            .map(GoDuration)
+            .map_err(serde::de::Error::custom)
     }
 }
 

@@ -61,7 +61,10 @@ impl Operator {
 
     /// True for the integer comparison operators.
     pub fn is_numeric(&self) -> bool {
-        matches!(self, Operator::Gt | Operator::Lt | Operator::Gte | Operator::Lte)
+        matches!(
+            self,
+            Operator::Gt | Operator::Lt | Operator::Gte | Operator::Lte
+        )
     }
 }
 
@@ -181,12 +184,12 @@ pub struct ResourceRequirements {
 pub struct NodeClaimSpec {
     /// Taints applied to the NodeClaim's node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    #[schemars(transform = taints_schema)]
     pub taints: Option<Vec<Taint>>,
     /// Taints applied at startup and expected to be removed by a DaemonSet; pods need not
     /// tolerate them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    #[schemars(transform = taints_schema)]
     pub startup_taints: Option<Vec<Taint>>,
     /// Requirements that constrain the node's properties.
     #[schemars(length(max = 100), transform = requirements_cel)]
@@ -203,6 +206,32 @@ pub struct NodeClaimSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = "720h"))]
     pub expire_after: Option<NillableDuration>,
+}
+
+/// Upstream's taint list schema: atomic list, known effects, key and value syntax.
+pub(crate) fn taints_schema(schema: &mut schemars::Schema) {
+    schema.insert("x-kubernetes-list-type".into(), "atomic".into());
+    let qualified = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*(\/))?([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$";
+    let Some(props) = schema
+        .get_mut("items")
+        .and_then(|i| i.get_mut("properties"))
+        .and_then(|p| p.as_object_mut())
+    else {
+        return;
+    };
+    if let Some(effect) = props.get_mut("effect").and_then(|e| e.as_object_mut()) {
+        effect.insert(
+            "enum".into(),
+            serde_json::json!(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        );
+    }
+    if let Some(key) = props.get_mut("key").and_then(|e| e.as_object_mut()) {
+        key.insert("minLength".into(), 1.into());
+        key.insert("pattern".into(), qualified.into());
+    }
+    if let Some(value) = props.get_mut("value").and_then(|e| e.as_object_mut()) {
+        value.insert("pattern".into(), qualified.into());
+    }
 }
 
 /// Adds the CEL rules upstream puts on requirement lists (enforced again in `validation`).
@@ -235,7 +264,11 @@ pub struct NodeClaimStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     /// The cloud provider's ID for the instance (the Machine's providerID).
-    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub provider_id: Option<String>,
     /// Image the node was launched with.
     #[serde(default, rename = "imageID", skip_serializing_if = "Option::is_none")]

@@ -12,6 +12,7 @@ use super::conditions::Condition;
 use super::duration::{GoDuration, NillableDuration};
 use super::nodeclaim::{
     NodeClassReference, NodeSelectorRequirementWithMinValues, ResourceList, requirements_cel,
+    taints_schema,
 };
 
 /// Default `expireAfter` when a template leaves it out.
@@ -32,7 +33,10 @@ pub const DEFAULT_BUDGET_NODES: &str = "10%";
     derive = "PartialEq",
     derive = "Default",
     doc = "NodePool is the Schema for the NodePools API",
-    scale(spec_replicas_path = ".spec.replicas", status_replicas_path = ".status.nodes"),
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.nodes"
+    ),
     printcolumn = r#"{"name":"NodeClass","type":"string","jsonPath":".spec.template.spec.nodeClassRef.name"}"#,
     printcolumn = r#"{"name":"Nodes","type":"string","jsonPath":".status.nodes"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
@@ -133,11 +137,11 @@ fn label_value_schema(schema: &mut schemars::Schema) {
 pub struct NodeClaimTemplateSpec {
     /// Taints applied to every node of the pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    #[schemars(transform = taints_schema)]
     pub taints: Option<Vec<Taint>>,
     /// Taints present at startup and removed by a DaemonSet; pods need not tolerate them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    #[schemars(transform = taints_schema)]
     pub startup_taints: Option<Vec<Taint>>,
     /// Requirements applied to every node.
     #[schemars(length(max = 100), transform = nodepool_requirements_cel)]
@@ -342,7 +346,9 @@ pub fn nodepool_hash(np: &NodePool) -> String {
 pub fn fnv1a64(bytes: &[u8]) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
-    bytes.iter().fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
+    bytes
+        .iter()
+        .fold(OFFSET, |h, b| (h ^ u64::from(*b)).wrapping_mul(PRIME))
 }
 
 fn is_empty(v: &serde_json::Value) -> bool {
@@ -413,17 +419,29 @@ mod tests {
         assert!(h.parse::<u64>().is_ok(), "decimal: {h}");
 
         let mut reqs = base.clone();
-        reqs.spec.template.spec.requirements.push(NodeSelectorRequirementWithMinValues::new(
-            "topology.kubernetes.io/zone",
-            Operator::In,
-            &["a"],
-        ));
+        reqs.spec
+            .template
+            .spec
+            .requirements
+            .push(NodeSelectorRequirementWithMinValues::new(
+                "topology.kubernetes.io/zone",
+                Operator::In,
+                &["a"],
+            ));
         reqs.spec.template.spec.requirements[0].values = Some(vec!["arm64".into()]);
-        assert_eq!(nodepool_hash(&reqs), h, "requirement-only changes keep the hash");
+        assert_eq!(
+            nodepool_hash(&reqs),
+            h,
+            "requirement-only changes keep the hash"
+        );
 
         let mut weight = base.clone();
         weight.spec.weight = Some(50);
-        assert_eq!(nodepool_hash(&weight), h, "fields outside the template keep the hash");
+        assert_eq!(
+            nodepool_hash(&weight),
+            h,
+            "fields outside the template keep the hash"
+        );
 
         let mut empty_labels = base.clone();
         empty_labels.spec.template.metadata = Some(TemplateMetadata {
@@ -464,7 +482,10 @@ mod tests {
         let np = pool();
         assert_eq!(np.weight(), 0);
         let d = np.disruption();
-        assert_eq!(d.consolidation_policy(), ConsolidationPolicy::WhenEmptyOrUnderutilized);
+        assert_eq!(
+            d.consolidation_policy(),
+            ConsolidationPolicy::WhenEmptyOrUnderutilized
+        );
         assert_eq!(d.consolidate_after(), NillableDuration::from_secs(0));
         assert_eq!(d.budgets().len(), 1);
         assert_eq!(d.budgets()[0].nodes, "10%");

@@ -22,7 +22,9 @@ pub enum Error {
         operator: Operator,
         count: usize,
     },
-    #[error("requirement on {key:?}: operator {operator} needs exactly one integer value, got {got:?}")]
+    #[error(
+        "requirement on {key:?}: operator {operator} needs exactly one integer value, got {got:?}"
+    )]
     NotOneInteger {
         key: String,
         operator: Operator,
@@ -45,7 +47,9 @@ pub struct Incompatibility {
 
 /// minValues not met: fewer distinct values remain for `key` than required.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("minValues requirement not met for key {key:?}: needs {required} distinct values, {available} available")]
+#[error(
+    "minValues requirement not met for key {key:?}: needs {required} distinct values, {available} available"
+)]
 pub struct MinValuesError {
     pub key: String,
     pub required: usize,
@@ -83,7 +87,10 @@ impl Requirement {
         match operator {
             Operator::In => {
                 if values.is_empty() {
-                    return Err(Error::MissingValues { key: key_s, operator });
+                    return Err(Error::MissingValues {
+                        key: key_s,
+                        operator,
+                    });
                 }
                 r.complement = false;
                 r.values = values.iter().cloned().collect();
@@ -549,7 +556,10 @@ impl Requirements {
 
     /// Checks every minValues: `available(key)` says how many distinct values of `key` remain
     /// among the candidate instance types.
-    pub fn check_min_values(&self, available: impl Fn(&str) -> usize) -> Result<(), MinValuesError> {
+    pub fn check_min_values(
+        &self,
+        available: impl Fn(&str) -> usize,
+    ) -> Result<(), MinValuesError> {
         for r in self.by_key.values() {
             if let Some(required) = r.min_values {
                 let have = available(&r.key);
@@ -593,7 +603,9 @@ mod tests {
             (Lte, &["1.5"], "exactly one integer"),
         ];
         for (op, values, want) in bad {
-            let err = Requirement::new("k", *op, &s(values)).unwrap_err().to_string();
+            let err = Requirement::new("k", *op, &s(values))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{op} {values:?}: {err}");
             assert!(err.contains("\"k\""), "names the key: {err}");
         }
@@ -631,7 +643,12 @@ mod tests {
             (k(In, &["a", "b"]), k(In, &["b", "c"]), "In [\"b\"]", 1),
             (k(In, &["a"]), k(In, &["b"]), "In []", 0),
             (k(In, &["a", "b"]), k(NotIn, &["a"]), "In [\"b\"]", 1),
-            (k(NotIn, &["a"]), k(NotIn, &["b"]), "NotIn [\"a\", \"b\"]", usize::MAX),
+            (
+                k(NotIn, &["a"]),
+                k(NotIn, &["b"]),
+                "NotIn [\"a\", \"b\"]",
+                usize::MAX,
+            ),
             (k(Exists, &[]), k(NotIn, &["a"]), "Exists", usize::MAX),
             (k(Exists, &[]), k(In, &["a"]), "In [\"a\"]", 1),
             (k(DoesNotExist, &[]), k(In, &["a"]), "In []", 0),
@@ -640,8 +657,18 @@ mod tests {
             (k(Gte, &["2"]), k(Lte, &["2"]), ">= 2 and <= 2", 1),
             (k(Gt, &["5"]), k(Lt, &["3"]), "In []", 0),
             (k(Gt, &["2"]), k(In, &["1", "3", "x"]), "In [\"3\"]", 1),
-            (k(Gt, &["2"]), k(NotIn, &["4"]), ">= 3 NotIn [\"4\"]", usize::MAX),
-            (k(Gte, &["1"]), k(Lte, &["3"]).intersect(&k(NotIn, &["2"])), ">= 1 and <= 3 NotIn [\"2\"]", 2),
+            (
+                k(Gt, &["2"]),
+                k(NotIn, &["4"]),
+                ">= 3 NotIn [\"4\"]",
+                usize::MAX,
+            ),
+            (
+                k(Gte, &["1"]),
+                k(Lte, &["3"]).intersect(&k(NotIn, &["2"])),
+                ">= 1 and <= 3 NotIn [\"2\"]",
+                2,
+            ),
         ];
         for (a, b, want, len) in cases {
             let ab = a.intersect(&b);
@@ -658,7 +685,10 @@ mod tests {
         assert_eq!(a.intersect(&b).min_values(), Some(2));
     }
 
-    fn reqs(list: &[(&str, Operator, &[&str])]) -> Requirements {
+    /// Requirements written as (key, operator, values) rows.
+    type Spec<'a> = &'a [(&'a str, Operator, &'a [&'a str])];
+
+    fn reqs(list: Spec) -> Requirements {
         let crd: Vec<_> = list
             .iter()
             .map(|(key, op, v)| NodeSelectorRequirementWithMinValues::new(key, *op, v))
@@ -669,21 +699,45 @@ mod tests {
     #[test]
     fn compatibility() {
         // (left, right, compatible)
-        type Row<'a> = (&'a [(&'a str, Operator, &'a [&'a str])], &'a [(&'a str, Operator, &'a [&'a str])], bool);
+        type Row<'a> = (Spec<'a>, Spec<'a>, bool);
         let cases: &[Row] = &[
-            (&[("arch", In, &["amd64"])], &[("arch", In, &["amd64", "arm64"])], true),
-            (&[("arch", In, &["amd64"])], &[("arch", In, &["arm64"])], false),
+            (
+                &[("arch", In, &["amd64"])],
+                &[("arch", In, &["amd64", "arm64"])],
+                true,
+            ),
+            (
+                &[("arch", In, &["amd64"])],
+                &[("arch", In, &["arm64"])],
+                false,
+            ),
             (&[("arch", In, &["amd64"])], &[("zone", In, &["a"])], true),
             (&[("arch", In, &["amd64"])], &[], true),
-            (&[("gpu", DoesNotExist, &[])], &[("gpu", In, &["a100"])], false),
-            (&[("gpu", DoesNotExist, &[])], &[("gpu", Exists, &[])], false),
-            (&[("gpu", DoesNotExist, &[])], &[("gpu", NotIn, &["a100"])], true),
+            (
+                &[("gpu", DoesNotExist, &[])],
+                &[("gpu", In, &["a100"])],
+                false,
+            ),
+            (
+                &[("gpu", DoesNotExist, &[])],
+                &[("gpu", Exists, &[])],
+                false,
+            ),
+            (
+                &[("gpu", DoesNotExist, &[])],
+                &[("gpu", NotIn, &["a100"])],
+                true,
+            ),
             (&[("gpu", NotIn, &["a"])], &[("gpu", NotIn, &["b"])], true),
             (&[("gpu", NotIn, &["a"])], &[("gpu", In, &["a"])], false),
             (&[("cpu", Gt, &["4"])], &[("cpu", In, &["8"])], true),
             (&[("cpu", Gt, &["4"])], &[("cpu", Lt, &["5"])], false),
             (&[("cpu", Gte, &["4"])], &[("cpu", Lte, &["4"])], true),
-            (&[("a", In, &["1"]), ("b", In, &["x"])], &[("a", In, &["1"]), ("b", In, &["y"])], false),
+            (
+                &[("a", In, &["1"]), ("b", In, &["x"])],
+                &[("a", In, &["1"]), ("b", In, &["y"])],
+                false,
+            ),
         ];
         for (l, r, ok) in cases {
             let (l, r) = (reqs(l), reqs(r));
@@ -705,7 +759,7 @@ mod tests {
         ]
         .into();
         // (requirements, matches)
-        let cases: &[(&[(&str, Operator, &[&str])], bool)] = &[
+        let cases: &[(Spec, bool)] = &[
             (&[], true),
             (&[("arch", In, &["amd64"])], true),
             (&[("arch", In, &["arm64"])], false),
@@ -726,14 +780,17 @@ mod tests {
         }
         assert!(Requirements::from_labels(&labels).matches_labels(&labels));
         let from = Requirements::from_labels(&labels);
-        assert_eq!(from.values("arch").unwrap().iter().collect::<Vec<_>>(), ["amd64"]);
+        assert_eq!(
+            from.values("arch").unwrap().iter().collect::<Vec<_>>(),
+            ["amd64"]
+        );
         assert!(from.has("cpu") && !from.has("zone"));
         assert_eq!(from.get("cpu").unwrap().operator(), In);
     }
 
     #[test]
     fn node_selector_round_trip() {
-        let cases: &[&[(&str, Operator, &[&str])]] = &[
+        let cases: &[Spec] = &[
             &[("a", In, &["x", "y"])],
             &[("a", NotIn, &["x"])],
             &[("a", Exists, &[])],
@@ -760,7 +817,8 @@ mod tests {
         }
         let mut with_min = NodeSelectorRequirementWithMinValues::new("t", In, &["a", "b"]);
         with_min.min_values = Some(2);
-        let r = Requirements::from_node_selector_requirements(std::slice::from_ref(&with_min)).unwrap();
+        let r =
+            Requirements::from_node_selector_requirements(std::slice::from_ref(&with_min)).unwrap();
         assert_eq!(r.to_node_selector_requirements(), vec![with_min]);
     }
 
@@ -772,7 +830,10 @@ mod tests {
         ];
         crd[0].min_values = Some(2);
         let r = Requirements::from_node_selector_requirements(&crd).unwrap();
-        assert!(r.check_min_values(|k| if k == "type" { 2 } else { 0 }).is_ok());
+        assert!(
+            r.check_min_values(|k| if k == "type" { 2 } else { 0 })
+                .is_ok()
+        );
         let err = r.check_min_values(|_| 1).unwrap_err();
         assert_eq!(
             err,
@@ -796,13 +857,19 @@ mod tests {
             operator: "In".into(),
             values: Some(vec!["amd64".into()]),
         }];
-        assert!(Requirements::from_pod_node_selector(&pod).unwrap().has("arch"));
+        assert!(
+            Requirements::from_pod_node_selector(&pod)
+                .unwrap()
+                .has("arch")
+        );
         let bad = vec![NodeSelectorRequirement {
             key: "arch".into(),
             operator: "Near".into(),
             values: None,
         }];
-        let err = Requirements::from_pod_node_selector(&bad).unwrap_err().to_string();
+        let err = Requirements::from_pod_node_selector(&bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("Near") && err.contains("arch"), "{err}");
     }
 }

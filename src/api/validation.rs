@@ -10,7 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::cron;
 use super::duration::{GoDuration, NillableDuration};
-use super::nodeclaim::{NodeClaim, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator};
+use super::nodeclaim::{
+    NodeClaim, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
+};
 use super::nodeclass::ClusterAPINodeClass;
 use super::nodepool::{Budget, NodePool};
 use super::wellknown::{CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, KARPENTER_GROUP, NODEPOOL_LABEL};
@@ -90,38 +92,74 @@ pub fn validate_nodepool(np: &NodePool) -> Result<(), ValidationErrors> {
         check_labels(&mut errs, "spec.template.metadata.labels", labels);
     }
     let ts = &tmpl.spec;
-    check_requirements(&mut errs, "spec.template.spec.requirements", &ts.requirements, Owner::NodePool);
+    check_requirements(
+        &mut errs,
+        "spec.template.spec.requirements",
+        &ts.requirements,
+        Owner::NodePool,
+    );
     check_taints(&mut errs, "spec.template.spec.taints", ts.taints.as_deref());
-    check_taints(&mut errs, "spec.template.spec.startupTaints", ts.startup_taints.as_deref());
-    check_node_class_ref(&mut errs, "spec.template.spec.nodeClassRef", &ts.node_class_ref);
-    check_go_duration(&mut errs, "spec.template.spec.terminationGracePeriod", ts.termination_grace_period);
+    check_taints(
+        &mut errs,
+        "spec.template.spec.startupTaints",
+        ts.startup_taints.as_deref(),
+    );
+    check_node_class_ref(
+        &mut errs,
+        "spec.template.spec.nodeClassRef",
+        &ts.node_class_ref,
+    );
+    check_go_duration(
+        &mut errs,
+        "spec.template.spec.terminationGracePeriod",
+        ts.termination_grace_period,
+    );
     check_nillable(&mut errs, "spec.template.spec.expireAfter", ts.expire_after);
 
     if let Some(w) = spec.weight
         && !(1..=100).contains(&w)
     {
-        errs.push("spec.weight", format!("weight {w} must be between 1 and 100"));
+        errs.push(
+            "spec.weight",
+            format!("weight {w} must be between 1 and 100"),
+        );
     }
     if let Some(r) = spec.replicas {
         if r < 0 {
-            errs.push("spec.replicas", format!("replicas {r} must not be negative"));
+            errs.push(
+                "spec.replicas",
+                format!("replicas {r} must not be negative"),
+            );
         }
         if spec.weight.is_some() {
-            errs.push("spec.weight", "'weight' is not supported on static NodePools");
+            errs.push(
+                "spec.weight",
+                "'weight' is not supported on static NodePools",
+            );
         }
         if let Some(limits) = &spec.limits
             && limits.keys().any(|k| k != "nodes")
         {
-            errs.push("spec.limits", "only 'limits.nodes' is supported on static NodePools");
+            errs.push(
+                "spec.limits",
+                "only 'limits.nodes' is supported on static NodePools",
+            );
         }
     }
     if let Some(d) = &spec.disruption {
-        check_nillable(&mut errs, "spec.disruption.consolidateAfter", d.consolidate_after);
+        check_nillable(
+            &mut errs,
+            "spec.disruption.consolidateAfter",
+            d.consolidate_after,
+        );
         if let Some(budgets) = &d.budgets {
             if budgets.len() > MAX_BUDGETS {
                 errs.push(
                     "spec.disruption.budgets",
-                    format!("at most {MAX_BUDGETS} budgets are allowed, got {}", budgets.len()),
+                    format!(
+                        "at most {MAX_BUDGETS} budgets are allowed, got {}",
+                        budgets.len()
+                    ),
                 );
             }
             for (i, b) in budgets.iter().enumerate() {
@@ -135,11 +173,24 @@ pub fn validate_nodepool(np: &NodePool) -> Result<(), ValidationErrors> {
 pub fn validate_nodeclaim(nc: &NodeClaim) -> Result<(), ValidationErrors> {
     let mut errs = ValidationErrors::default();
     let spec = &nc.spec;
-    check_requirements(&mut errs, "spec.requirements", &spec.requirements, Owner::NodeClaim);
+    check_requirements(
+        &mut errs,
+        "spec.requirements",
+        &spec.requirements,
+        Owner::NodeClaim,
+    );
     check_taints(&mut errs, "spec.taints", spec.taints.as_deref());
-    check_taints(&mut errs, "spec.startupTaints", spec.startup_taints.as_deref());
+    check_taints(
+        &mut errs,
+        "spec.startupTaints",
+        spec.startup_taints.as_deref(),
+    );
     check_node_class_ref(&mut errs, "spec.nodeClassRef", &spec.node_class_ref);
-    check_go_duration(&mut errs, "spec.terminationGracePeriod", spec.termination_grace_period);
+    check_go_duration(
+        &mut errs,
+        "spec.terminationGracePeriod",
+        spec.termination_grace_period,
+    );
     check_nillable(&mut errs, "spec.expireAfter", spec.expire_after);
     errs.into_result()
 }
@@ -166,7 +217,10 @@ fn check_requirements(
     if reqs.len() > MAX_REQUIREMENTS {
         errs.push(
             path,
-            format!("at most {MAX_REQUIREMENTS} requirements are allowed, got {}", reqs.len()),
+            format!(
+                "at most {MAX_REQUIREMENTS} requirements are allowed, got {}",
+                reqs.len()
+            ),
         );
     }
     for (i, r) in reqs.iter().enumerate() {
@@ -198,7 +252,10 @@ fn check_operator_values(errs: &mut ValidationErrors, path: &str, op: Operator, 
             errs.push(path, "operator In needs at least one value");
         }
         Operator::Exists | Operator::DoesNotExist if !values.is_empty() => {
-            errs.push(path, format!("operator {op} takes no values, got {}", values.len()));
+            errs.push(
+                path,
+                format!("operator {op} takes no values, got {}", values.len()),
+            );
         }
         Operator::Gt | Operator::Lt | Operator::Gte | Operator::Lte => {
             let ok = matches!(values, [v] if v.parse::<i64>().is_ok_and(|n| n >= 0));
@@ -228,7 +285,10 @@ fn check_label_key(errs: &mut ValidationErrors, path: &str, key: &str, owner: Ow
     }
     let domain = key.split('/').next().unwrap_or(key);
     if domain.ends_with(KARPENTER_GROUP) && key != CAPACITY_TYPE_LABEL && key != NODEPOOL_LABEL {
-        errs.push(path, format!("label domain \"karpenter.sh\" is restricted (key {key:?})"));
+        errs.push(
+            path,
+            format!("label domain \"karpenter.sh\" is restricted (key {key:?})"),
+        );
     }
     if key == NODEPOOL_LABEL && owner == Owner::NodePool {
         errs.push(path, "label \"karpenter.sh/nodepool\" is restricted");
@@ -240,7 +300,13 @@ fn check_label_key(errs: &mut ValidationErrors, path: &str, key: &str, owner: Ow
 
 fn check_labels(errs: &mut ValidationErrors, path: &str, labels: &BTreeMap<String, String>) {
     if labels.len() > MAX_LABELS {
-        errs.push(path, format!("at most {MAX_LABELS} labels are allowed, got {}", labels.len()));
+        errs.push(
+            path,
+            format!(
+                "at most {MAX_LABELS} labels are allowed, got {}",
+                labels.len()
+            ),
+        );
     }
     for (k, v) in labels {
         let p = format!("{path}[{k:?}]");
@@ -267,7 +333,11 @@ fn check_taints(errs: &mut ValidationErrors, path: &str, taints: Option<&[Taint]
         if !EFFECTS.contains(&t.effect.as_str()) {
             errs.push(
                 format!("{p}.effect"),
-                format!("taint effect {:?} must be one of {}", t.effect, EFFECTS.join(", ")),
+                format!(
+                    "taint effect {:?} must be one of {}",
+                    t.effect,
+                    EFFECTS.join(", ")
+                ),
             );
         }
     }
@@ -292,7 +362,10 @@ fn check_go_duration(errs: &mut ValidationErrors, path: &str, d: Option<GoDurati
     if let Some(d) = d
         && d.0.subsec_nanos() != 0
     {
-        errs.push(path, format!("duration {d} must be a whole number of seconds"));
+        errs.push(
+            path,
+            format!("duration {d} must be a whole number of seconds"),
+        );
     }
 }
 
@@ -313,8 +386,14 @@ fn check_budget(errs: &mut ValidationErrors, path: &str, b: &Budget) {
         );
     }
     match (&b.schedule, &b.duration) {
-        (Some(_), None) => errs.push(format!("{path}.duration"), "'schedule' must be set with 'duration'"),
-        (None, Some(_)) => errs.push(format!("{path}.schedule"), "'schedule' must be set with 'duration'"),
+        (Some(_), None) => errs.push(
+            format!("{path}.duration"),
+            "'schedule' must be set with 'duration'",
+        ),
+        (None, Some(_)) => errs.push(
+            format!("{path}.schedule"),
+            "'schedule' must be set with 'duration'",
+        ),
         _ => {}
     }
     if let Some(s) = &b.schedule
@@ -333,7 +412,10 @@ fn check_budget(errs: &mut ValidationErrors, path: &str, b: &Budget) {
     let mut seen = BTreeSet::new();
     for (j, r) in b.reasons.iter().flatten().enumerate() {
         if !seen.insert(*r) {
-            errs.push(format!("{path}.reasons[{j}]"), format!("duplicate reason {}", r.as_str()));
+            errs.push(
+                format!("{path}.reasons[{j}]"),
+                format!("duplicate reason {}", r.as_str()),
+            );
         }
     }
 }
@@ -393,7 +475,8 @@ pub fn qualified_name(key: &str) -> Result<(), String> {
             && p.split('.').all(|l| {
                 !l.is_empty()
                     && l.len() <= 63
-                    && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && l.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                     && !l.starts_with('-')
                     && !l.ends_with('-')
             });
@@ -430,7 +513,11 @@ fn name_chars_ok(s: &str) -> bool {
     let bytes = s.as_bytes();
     match (bytes.first(), bytes.last()) {
         (Some(&f), Some(&l)) => {
-            alnum(f) && alnum(l) && bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.')
+            alnum(f)
+                && alnum(l)
+                && bytes
+                    .iter()
+                    .all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.')
         }
         _ => false,
     }
@@ -442,10 +529,25 @@ mod tests {
 
     #[test]
     fn names_and_values() {
-        for ok in ["a", "kubernetes.io/arch", "node.cluster.x-k8s.io", "a.b/c_d.e-f", "A9"] {
+        for ok in [
+            "a",
+            "kubernetes.io/arch",
+            "node.cluster.x-k8s.io",
+            "a.b/c_d.e-f",
+            "A9",
+        ] {
             assert!(qualified_name(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "/a", "a/", "-a", "a-", "UPPER.io/a", "a b", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "/a",
+            "a/",
+            "-a",
+            "a-",
+            "UPPER.io/a",
+            "a b",
+            &"x".repeat(64),
+        ] {
             assert!(qualified_name(bad).is_err(), "{bad}");
         }
         assert!(label_value("").is_ok());
