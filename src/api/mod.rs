@@ -3,6 +3,7 @@
 
 pub mod conditions;
 pub mod crds;
+pub mod cron;
 pub mod duration;
 pub mod nodeclaim;
 pub mod nodeclass;
@@ -11,3 +12,16 @@ pub mod requirements;
 pub mod resources;
 pub mod validation;
 pub mod wellknown;
+
+pub use conditions::{Condition, ConditionStatus};
+pub use duration::{GoDuration, NillableDuration};
+pub use nodeclaim::{
+    NodeClaim, NodeClaimSpec, NodeClaimStatus, NodeClassReference,
+    NodeSelectorRequirementWithMinValues, Operator,
+};
+pub use nodeclass::{ClusterAPINodeClass, ClusterAPINodeClassSpec, ClusterAPINodeClassStatus};
+pub use nodepool::{
+    Budget, Disruption, NodeClaimTemplate, NodePool, NodePoolSpec, NodePoolStatus, nodepool_hash,
+};
+pub use requirements::{Requirement, Requirements};
+pub use validation::{ValidationErrors, validate_nodeclaim, validate_nodeclass, validate_nodepool};

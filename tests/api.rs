@@ -1,0 +1,703 @@
+//! The Karpenter-facing API against upstream: manifests round-trip, our CRDs carry every
+//! upstream property, deploy/crds is current, and validation names the bad field.
+
+use std::collections::BTreeMap;
+
+use karpenter_capi::api::crds;
+use karpenter_capi::api::nodeclaim::{NodeClaim, NodeSelectorRequirementWithMinValues, Operator};
+use karpenter_capi::api::nodeclass::ClusterAPINodeClass;
+use karpenter_capi::api::nodepool::{Budget, NodePool};
+use karpenter_capi::api::validation::{validate_nodeclaim, validate_nodeclass, validate_nodepool};
+use serde_json::Value;
+
+const UPSTREAM: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/upstream");
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"))
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap()
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Records every place where `want` has something `got` lacks or differs on.
+fn subset_diffs(want: &Value, got: &Value, path: &str, diffs: &mut Vec<String>) {
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            for (k, wv) in w {
+                match g.get(k) {
+                    Some(gv) => subset_diffs(wv, gv, &format!("{path}.{k}"), diffs),
+                    None => diffs.push(format!("{path}.{k}: missing")),
+                }
+            }
+        }
+        (Value::Array(w), Value::Array(g)) => {
+            if w.len() != g.len() {
+                diffs.push(format!("{path}: {} items, got {}", w.len(), g.len()));
+            }
+            for (i, (wv, gv)) in w.iter().zip(g).enumerate() {
+                subset_diffs(wv, gv, &format!("{path}[{i}]"), diffs);
+            }
+        }
+        // Quantities are int-or-string: 4 and "4" are the same value.
+        (Value::Number(n), Value::String(s)) if n.to_string() == *s => {}
+        (w, g) if w == g => {}
+        (w, g) => diffs.push(format!("{path}: want {w}, got {g}")),
+    }
+}
+
+fn assert_round_trips<T>(doc: &Value, exact: bool)
+where
+    T: serde::de::DeserializeOwned + serde::Serialize,
+{
+    let typed: T = serde_json::from_value(doc.clone()).unwrap_or_else(|e| panic!("{e}: {doc}"));
+    let back = serde_json::to_value(&typed).unwrap();
+    let mut diffs = Vec::new();
+    subset_diffs(doc, &back, "", &mut diffs);
+    assert!(
+        diffs.is_empty(),
+        "fields lost in round trip:\n{}",
+        diffs.join("\n")
+    );
+    if exact {
+        let mut extra = Vec::new();
+        subset_diffs(&back, doc, "", &mut extra);
+        assert!(
+            extra.is_empty(),
+            "fields invented in round trip:\n{}",
+            extra.join("\n")
+        );
+    }
+}
+
+#[test]
+fn upstream_examples_round_trip() {
+    let mut seen = BTreeMap::new();
+    for entry in std::fs::read_dir(format!("{UPSTREAM}/examples")).unwrap() {
+        let path = entry.unwrap().path();
+        for doc in yaml_docs(&read(&path.display().to_string())) {
+            let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+            match kind.as_str() {
+                "NodePool" => {
+                    assert_round_trips::<NodePool>(&doc, true);
+                    let np: NodePool = serde_json::from_value(doc.clone()).unwrap();
+                    validate_nodepool(&np).unwrap();
+                }
+                "NodeClaim" => assert_round_trips::<NodeClaim>(&doc, true),
+                "ClusterAPINodeClass" => {
+                    assert_round_trips::<ClusterAPINodeClass>(&doc, true);
+                    let nc: ClusterAPINodeClass = serde_json::from_value(doc.clone()).unwrap();
+                    validate_nodeclass(&nc).unwrap();
+                }
+                _ => continue,
+            }
+            *seen.entry(kind).or_insert(0) += 1;
+        }
+    }
+    assert!(
+        seen.contains_key("NodePool") && seen.contains_key("ClusterAPINodeClass"),
+        "{seen:?}"
+    );
+}
+
+const FULL_NODEPOOL: &str = r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: full
+  labels: {team: infra}
+spec:
+  template:
+    metadata:
+      labels: {tier: batch, karpenter.sh/capacity-type: on-demand}
+      annotations: {example.com/owner: infra}
+    spec:
+      requirements:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64], minValues: 2}
+        - {key: karpenter.sh/capacity-type, operator: NotIn, values: [spot]}
+        - {key: example.com/cpu, operator: Gt, values: ["3"]}
+        - {key: example.com/mem, operator: Lte, values: ["64"]}
+        - {key: example.com/gpu, operator: DoesNotExist}
+        - {key: topology.kubernetes.io/zone, operator: Exists}
+      taints:
+        - {key: dedicated, value: batch, effect: NoSchedule, timeAdded: "2024-01-02T03:04:05Z"}
+      startupTaints:
+        - {key: example.com/agent-not-ready, effect: NoExecute}
+      nodeClassRef: {group: karpenter.cluster.x-k8s.io, kind: ClusterAPINodeClass, name: default}
+      terminationGracePeriod: 48h
+      expireAfter: Never
+  disruption:
+    consolidationPolicy: WhenEmpty
+    consolidateAfter: 1h30m
+    budgets:
+      - {nodes: "10%"}
+      - {nodes: "0", schedule: "0 9 * * mon-fri", duration: 8h, reasons: [Underutilized, Drifted]}
+  limits: {cpu: "1000", memory: 1000Gi, nodes: "50"}
+  weight: 50
+status:
+  resources: {cpu: "12", memory: 48Gi, nodes: "3"}
+  nodes: 3
+  nodeClassObservedGeneration: 4
+  conditions:
+    - {type: Ready, status: "True", reason: Ready, message: "", observedGeneration: 2, lastTransitionTime: "2024-01-02T03:04:05Z"}
+    - {type: ValidationSucceeded, status: "False", reason: Invalid, message: bad, lastTransitionTime: "2024-01-02T03:04:05Z"}
+"#;
+
+const FULL_NODECLAIM: &str = r#"
+apiVersion: karpenter.sh/v1
+kind: NodeClaim
+metadata:
+  name: full-abcde
+  labels: {karpenter.sh/nodepool: full}
+  annotations: {cluster.x-k8s.io/machine: default/md-0-abc}
+spec:
+  requirements:
+    - {key: node.kubernetes.io/instance-type, operator: In, values: [small, large], minValues: 1}
+    - {key: karpenter.sh/nodepool, operator: In, values: [full]}
+    - {key: karpenter.sh/capacity-type, operator: In, values: [on-demand]}
+  resources:
+    requests: {cpu: 1500m, memory: 2Gi, pods: "3"}
+  taints:
+    - {key: dedicated, value: batch, effect: NoSchedule}
+  startupTaints:
+    - {key: example.com/agent-not-ready, effect: NoSchedule}
+  nodeClassRef: {group: karpenter.cluster.x-k8s.io, kind: ClusterAPINodeClass, name: default}
+  terminationGracePeriod: 30m
+  expireAfter: 720h
+status:
+  nodeName: node-1
+  providerID: "aws:///us-east-1a/i-0abc"
+  imageID: ami-123
+  capacity: {cpu: "4", memory: 16Gi, pods: "110"}
+  allocatable: {cpu: 3900m, memory: 15Gi, pods: "110"}
+  lastPodEventTime: "2024-01-02T03:04:05Z"
+  conditions:
+    - {type: Launched, status: "True", reason: Launched, message: "", lastTransitionTime: "2024-01-02T03:04:05Z"}
+    - {type: Ready, status: Unknown, reason: AwaitingNode, message: waiting, observedGeneration: 1, lastTransitionTime: "2024-01-02T03:04:05Z"}
+"#;
+
+const FULL_NODECLASS: &str = r#"
+apiVersion: karpenter.cluster.x-k8s.io/v1alpha1
+kind: ClusterAPINodeClass
+metadata: {name: default}
+spec:
+  scalableResourceSelector:
+    matchLabels: {node.cluster.x-k8s.io/pool: workers}
+    matchExpressions:
+      - {key: example.com/tier, operator: In, values: [a, b]}
+  createTimeout: 10m
+status:
+  conditions:
+    - {type: Ready, status: "True", reason: Ready, message: "", lastTransitionTime: "2024-01-02T03:04:05Z"}
+"#;
+
+#[test]
+fn full_manifests_round_trip_exactly_and_validate() {
+    let np_doc = &yaml_docs(FULL_NODEPOOL)[0];
+    assert_round_trips::<NodePool>(np_doc, true);
+    let np: NodePool = serde_json::from_value(np_doc.clone()).unwrap();
+    validate_nodepool(&np).unwrap();
+
+    let nc_doc = &yaml_docs(FULL_NODECLAIM)[0];
+    assert_round_trips::<NodeClaim>(nc_doc, true);
+    let nc: NodeClaim = serde_json::from_value(nc_doc.clone()).unwrap();
+    validate_nodeclaim(&nc).unwrap();
+    assert_eq!(
+        nc.status.as_ref().unwrap().provider_id.as_deref(),
+        Some("aws:///us-east-1a/i-0abc")
+    );
+
+    let class_doc = &yaml_docs(FULL_NODECLASS)[0];
+    assert_round_trips::<ClusterAPINodeClass>(class_doc, true);
+    let class: ClusterAPINodeClass = serde_json::from_value(class_doc.clone()).unwrap();
+    validate_nodeclass(&class).unwrap();
+    assert_eq!(
+        class.create_timeout(),
+        Some(std::time::Duration::from_secs(600))
+    );
+}
+
+/// Every property path under spec and status with its `type` (None where upstream gives none).
+fn schema_paths(schema: &Value, path: &str, out: &mut BTreeMap<String, Option<String>>) {
+    out.insert(
+        path.to_string(),
+        schema.get("type").and_then(Value::as_str).map(String::from),
+    );
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            schema_paths(v, &format!("{path}.{k}"), out);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        schema_paths(items, &format!("{path}[]"), out);
+    }
+    if let Some(extra) = schema.get("additionalProperties").filter(|v| v.is_object()) {
+        schema_paths(extra, &format!("{path}{{}}"), out);
+    }
+}
+
+fn version_schema_paths(crd: &Value) -> BTreeMap<String, Option<String>> {
+    let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    let mut out = BTreeMap::new();
+    for top in ["spec", "status"] {
+        if let Some(s) = root.get(top) {
+            schema_paths(s, top, &mut out);
+        }
+    }
+    out
+}
+
+fn column_signature(crd: &Value) -> Vec<String> {
+    crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array()
+        .map(|cols| {
+            cols.iter()
+                .map(|c| {
+                    format!(
+                        "{} {} {} {}",
+                        c["name"], c["type"], c["jsonPath"], c["priority"]
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn our_crds_carry_every_upstream_property() {
+    let ours: BTreeMap<String, Value> = crds::all()
+        .into_iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap(),
+                serde_json::to_value(c).unwrap(),
+            )
+        })
+        .collect();
+    for file in [
+        "karpenter.sh_nodepools.yaml",
+        "karpenter.sh_nodeclaims.yaml",
+        "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
+    ] {
+        let upstream = yaml_docs(&read(&format!("{UPSTREAM}/crds/{file}"))).remove(0);
+        let name = upstream["metadata"]["name"].as_str().unwrap();
+        let mine = ours.get(name).unwrap_or_else(|| panic!("no CRD {name}"));
+
+        let theirs = version_schema_paths(&upstream);
+        let have = version_schema_paths(mine);
+        let problems: Vec<String> = theirs
+            .iter()
+            .filter_map(|(path, ty)| match (have.get(path), ty) {
+                (None, _) => Some(format!("missing {path}")),
+                (Some(got), Some(want)) if got.as_ref() != Some(want) => {
+                    Some(format!("{path}: type {want}, ours {got:?}"))
+                }
+                _ => None,
+            })
+            .collect();
+        assert!(problems.is_empty(), "{file}:\n{}", problems.join("\n"));
+        assert!(
+            theirs.len() > 5,
+            "{file}: walked only {} paths",
+            theirs.len()
+        );
+
+        for field in ["scope", "group"] {
+            assert_eq!(
+                mine["spec"][field], upstream["spec"][field],
+                "{file} {field}"
+            );
+        }
+        for field in ["kind", "plural", "singular", "shortNames", "categories"] {
+            assert_eq!(
+                mine["spec"]["names"][field], upstream["spec"]["names"][field],
+                "{file} names.{field}"
+            );
+        }
+        let (mv, uv) = (
+            &mine["spec"]["versions"][0],
+            &upstream["spec"]["versions"][0],
+        );
+        for field in ["name", "served", "storage", "subresources"] {
+            assert_eq!(mv[field], uv[field], "{file} versions[0].{field}");
+        }
+        assert_eq!(
+            column_signature(mine),
+            column_signature(&upstream),
+            "{file} printer columns"
+        );
+    }
+}
+
+#[test]
+fn deploy_crds_match_generated_output() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/crds");
+    if std::env::var("UPDATE_CRDS").is_ok_and(|v| v == "1") {
+        crds::write_dir(&dir).unwrap();
+    }
+    for (name, yaml) in crds::render_each().unwrap() {
+        let path = dir.join(&name);
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == yaml,
+            "{} is out of date with the Rust types: run `cargo run -- crds --output-dir deploy/crds` \
+             (or `UPDATE_CRDS=1 cargo test --test api`)",
+            path.display()
+        );
+    }
+    let all = crds::render_yaml().unwrap();
+    let docs = yaml_docs(&all);
+    assert_eq!(docs.len(), 3);
+    assert!(docs.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
+}
+
+fn valid_pool() -> NodePool {
+    serde_json::from_value(yaml_docs(FULL_NODEPOOL).remove(0)).unwrap()
+}
+
+fn req(key: &str, op: Operator, values: &[&str]) -> NodeSelectorRequirementWithMinValues {
+    NodeSelectorRequirementWithMinValues::new(key, op, values)
+}
+
+#[test]
+fn validation_names_the_field_for_each_rule() {
+    type Mutate = fn(&mut NodePool);
+    let cases: Vec<(&str, Mutate, &str, &str)> = vec![
+        (
+            "In without values",
+            |np| np.spec.template.spec.requirements[2] = req("a.io/b", Operator::In, &[]),
+            "spec.template.spec.requirements[2].values",
+            "operator In needs at least one value",
+        ),
+        (
+            "Gt without an integer",
+            |np| np.spec.template.spec.requirements[2] = req("a.io/b", Operator::Gt, &["x"]),
+            "spec.template.spec.requirements[2].values",
+            "operator Gt needs exactly one integer",
+        ),
+        (
+            "Lt with two values",
+            |np| np.spec.template.spec.requirements[2] = req("a.io/b", Operator::Lt, &["1", "2"]),
+            "spec.template.spec.requirements[2].values",
+            "operator Lt needs exactly one integer",
+        ),
+        (
+            "Gte negative",
+            |np| np.spec.template.spec.requirements[2] = req("a.io/b", Operator::Gte, &["-1"]),
+            "spec.template.spec.requirements[2].values",
+            "operator Gte needs exactly one integer value >= 0",
+        ),
+        (
+            "Exists with values",
+            |np| np.spec.template.spec.requirements[5] = req("a.io/b", Operator::Exists, &["x"]),
+            "spec.template.spec.requirements[5].values",
+            "operator Exists takes no values",
+        ),
+        (
+            "DoesNotExist with values",
+            |np| {
+                np.spec.template.spec.requirements[4] =
+                    req("a.io/b", Operator::DoesNotExist, &["x"])
+            },
+            "spec.template.spec.requirements[4].values",
+            "operator DoesNotExist takes no values",
+        ),
+        (
+            "minValues above values",
+            |np| np.spec.template.spec.requirements[0].min_values = Some(3),
+            "spec.template.spec.requirements[0].minValues",
+            "minValues 3 needs at least that many values",
+        ),
+        (
+            "minValues out of range",
+            |np| np.spec.template.spec.requirements[0].min_values = Some(0),
+            "spec.template.spec.requirements[0].minValues",
+            "between 1 and 50",
+        ),
+        (
+            "bad requirement value",
+            |np| np.spec.template.spec.requirements[0].values = Some(vec!["a b".into()]),
+            "spec.template.spec.requirements[0].values[0]",
+            "must be at most 63 characters",
+        ),
+        (
+            "karpenter.sh requirement key",
+            |np| np.spec.template.spec.requirements[1].key = "karpenter.sh/foo".into(),
+            "spec.template.spec.requirements[1].key",
+            "label domain \"karpenter.sh\" is restricted",
+        ),
+        (
+            "karpenter.sh subdomain requirement key",
+            |np| np.spec.template.spec.requirements[1].key = "x.karpenter.sh/foo".into(),
+            "spec.template.spec.requirements[1].key",
+            "label domain \"karpenter.sh\" is restricted",
+        ),
+        (
+            "nodepool requirement key",
+            |np| np.spec.template.spec.requirements[1].key = "karpenter.sh/nodepool".into(),
+            "spec.template.spec.requirements[1].key",
+            "label \"karpenter.sh/nodepool\" is restricted",
+        ),
+        (
+            "hostname requirement key",
+            |np| np.spec.template.spec.requirements[1].key = "kubernetes.io/hostname".into(),
+            "spec.template.spec.requirements[1].key",
+            "label \"kubernetes.io/hostname\" is restricted",
+        ),
+        (
+            "malformed requirement key",
+            |np| np.spec.template.spec.requirements[1].key = "Bad_Prefix/x".into(),
+            "spec.template.spec.requirements[1].key",
+            "lowercase DNS subdomain",
+        ),
+        (
+            "karpenter.sh template label",
+            |np| label(np, "karpenter.sh/registered"),
+            "spec.template.metadata.labels[\"karpenter.sh/registered\"]",
+            "label domain \"karpenter.sh\" is restricted",
+        ),
+        (
+            "nodepool template label",
+            |np| label(np, "karpenter.sh/nodepool"),
+            "spec.template.metadata.labels[\"karpenter.sh/nodepool\"]",
+            "label \"karpenter.sh/nodepool\" is restricted",
+        ),
+        (
+            "hostname template label",
+            |np| label(np, "kubernetes.io/hostname"),
+            "spec.template.metadata.labels[\"kubernetes.io/hostname\"]",
+            "label \"kubernetes.io/hostname\" is restricted",
+        ),
+        (
+            "taint effect",
+            |np| np.spec.template.spec.taints.as_mut().unwrap()[0].effect = "Sometimes".into(),
+            "spec.template.spec.taints[0].effect",
+            "must be one of NoSchedule, PreferNoSchedule, NoExecute",
+        ),
+        (
+            "startup taint key",
+            |np| np.spec.template.spec.startup_taints.as_mut().unwrap()[0].key = String::new(),
+            "spec.template.spec.startupTaints[0].key",
+            "may not be empty",
+        ),
+        (
+            "nodeClassRef name",
+            |np| np.spec.template.spec.node_class_ref.name = String::new(),
+            "spec.template.spec.nodeClassRef.name",
+            "name may not be empty",
+        ),
+        (
+            "nodeClassRef group with version",
+            |np| np.spec.template.spec.node_class_ref.group = "a.io/v1".into(),
+            "spec.template.spec.nodeClassRef.group",
+            "without a version",
+        ),
+        (
+            "weight too high",
+            |np| np.spec.weight = Some(101),
+            "spec.weight",
+            "weight 101 must be between 1 and 100",
+        ),
+        (
+            "weight zero",
+            |np| np.spec.weight = Some(0),
+            "spec.weight",
+            "must be between 1 and 100",
+        ),
+        (
+            "budget nodes",
+            |np| budget(np).nodes = "110%".into(),
+            "spec.disruption.budgets[1].nodes",
+            "must be a count",
+        ),
+        (
+            "budget schedule syntax",
+            |np| budget(np).schedule = Some("0 25 * * *".into()),
+            "spec.disruption.budgets[1].schedule",
+            "hour field",
+        ),
+        (
+            "budget schedule macro",
+            |np| budget(np).schedule = Some("@every 1h".into()),
+            "spec.disruption.budgets[1].schedule",
+            "unknown macro",
+        ),
+        (
+            "budget schedule without duration",
+            |np| budget(np).duration = None,
+            "spec.disruption.budgets[1].duration",
+            "'schedule' must be set with 'duration'",
+        ),
+        (
+            "budget duration without schedule",
+            |np| budget(np).schedule = None,
+            "spec.disruption.budgets[1].schedule",
+            "'schedule' must be set with 'duration'",
+        ),
+        (
+            "budget duration seconds",
+            |np| budget(np).duration = Some("90s".parse().unwrap()),
+            "spec.disruption.budgets[1].duration",
+            "whole minutes or hours",
+        ),
+        (
+            "budget duplicate reason",
+            |np| {
+                budget(np)
+                    .reasons
+                    .as_mut()
+                    .unwrap()
+                    .push(karpenter_capi::api::nodepool::DisruptionReason::Drifted)
+            },
+            "spec.disruption.budgets[1].reasons[2]",
+            "duplicate reason Drifted",
+        ),
+        (
+            "consolidateAfter sub-second",
+            |np| {
+                np.spec.disruption.as_mut().unwrap().consolidate_after =
+                    Some("1.5s".parse().unwrap())
+            },
+            "spec.disruption.consolidateAfter",
+            "whole number of seconds",
+        ),
+        (
+            "expireAfter sub-second",
+            |np| np.spec.template.spec.expire_after = Some("500ms".parse().unwrap()),
+            "spec.template.spec.expireAfter",
+            "whole number of seconds",
+        ),
+        (
+            "terminationGracePeriod sub-second",
+            |np| np.spec.template.spec.termination_grace_period = Some("10.5s".parse().unwrap()),
+            "spec.template.spec.terminationGracePeriod",
+            "whole number of seconds",
+        ),
+        (
+            "static pool with weight",
+            |np| np.spec.replicas = Some(3),
+            "spec.weight",
+            "'weight' is not supported on static NodePools",
+        ),
+        (
+            "static pool with cpu limit",
+            |np| {
+                np.spec.replicas = Some(3);
+                np.spec.weight = None;
+            },
+            "spec.limits",
+            "only 'limits.nodes' is supported on static NodePools",
+        ),
+        (
+            "negative replicas",
+            |np| {
+                np.spec.replicas = Some(-1);
+                np.spec.weight = None;
+                np.spec.limits = None;
+            },
+            "spec.replicas",
+            "must not be negative",
+        ),
+    ];
+    validate_nodepool(&valid_pool()).expect("the base case is valid");
+    for (name, mutate, field, message) in cases {
+        let mut np = valid_pool();
+        mutate(&mut np);
+        let errs = validate_nodepool(&np).expect_err(name);
+        let text = errs.to_string();
+        assert!(errs.has_field(field), "{name}: no error on {field}: {text}");
+        assert!(text.contains(&format!("{field}: ")), "{name}: {text}");
+        let on_field: Vec<_> = errs.errors.iter().filter(|e| e.field == field).collect();
+        assert!(
+            on_field.iter().any(|e| e.message.contains(message)),
+            "{name}: want {message:?} on {field}, got {text}"
+        );
+    }
+}
+
+fn label(np: &mut NodePool, key: &str) {
+    np.spec
+        .template
+        .metadata
+        .get_or_insert_default()
+        .labels
+        .get_or_insert_default()
+        .insert(key.to_string(), "x".to_string());
+}
+
+fn budget(np: &mut NodePool) -> &mut Budget {
+    &mut np
+        .spec
+        .disruption
+        .as_mut()
+        .unwrap()
+        .budgets
+        .as_mut()
+        .unwrap()[1]
+}
+
+#[test]
+fn validation_of_nodeclaims_and_nodeclasses() {
+    let nc: NodeClaim = serde_json::from_value(yaml_docs(FULL_NODECLAIM).remove(0)).unwrap();
+    // NodeClaims may carry karpenter.sh/nodepool, but never the hostname.
+    validate_nodeclaim(&nc).unwrap();
+    let mut bad = nc.clone();
+    bad.spec.requirements[1].key = "kubernetes.io/hostname".into();
+    bad.spec.requirements[2] = req("a.io/b", Operator::In, &[]);
+    let errs = validate_nodeclaim(&bad).unwrap_err();
+    assert!(errs.has_field("spec.requirements[1].key"), "{errs}");
+    assert!(errs.has_field("spec.requirements[2].values"), "{errs}");
+    assert_eq!(errs.errors.len(), 2, "all errors reported: {errs}");
+
+    let class: ClusterAPINodeClass =
+        serde_json::from_value(yaml_docs(FULL_NODECLASS).remove(0)).unwrap();
+    let mut bad = class.clone();
+    let sel = bad.spec.scalable_resource_selector.as_mut().unwrap();
+    sel.match_expressions.as_mut().unwrap()[0].values = None;
+    let errs = validate_nodeclass(&bad).unwrap_err();
+    assert!(
+        errs.has_field("spec.scalableResourceSelector.matchExpressions[0].values"),
+        "{errs}"
+    );
+    let mut bad = class.clone();
+    bad.spec
+        .scalable_resource_selector
+        .as_mut()
+        .unwrap()
+        .match_expressions
+        .as_mut()
+        .unwrap()[0]
+        .operator = "Gt".into();
+    let errs = validate_nodeclass(&bad).unwrap_err();
+    assert!(
+        errs.has_field("spec.scalableResourceSelector.matchExpressions[0].operator"),
+        "{errs}"
+    );
+    let mut bad = class;
+    bad.spec.create_timeout = Some("0s".parse().unwrap());
+    assert!(
+        validate_nodeclass(&bad)
+            .unwrap_err()
+            .has_field("spec.createTimeout")
+    );
+}
+
+#[test]
+fn bad_durations_and_enums_fail_to_decode_with_the_value() {
+    let mut doc = yaml_docs(FULL_NODEPOOL).remove(0);
+    doc["spec"]["template"]["spec"]["terminationGracePeriod"] = "Never".into();
+    let err = serde_json::from_value::<NodePool>(doc)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Never"), "{err}");
+    let mut doc = yaml_docs(FULL_NODEPOOL).remove(0);
+    doc["spec"]["template"]["spec"]["requirements"][0]["operator"] = "Near".into();
+    let err = serde_json::from_value::<NodePool>(doc)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("Near"), "{err}");
+}
