@@ -1,1 +1,5 @@
-//! Pure bin-packing (to be written).
+//! Pure bin-packing: pods x NodePools x instance types -> new NodeClaims (no I/O).
+
+pub mod instance_type;
+
+pub use instance_type::{InstanceType, Offering};
