@@ -110,7 +110,11 @@ pub struct ClusterApiArgs {
     #[arg(long, env = "CLUSTER_API_TOKEN", hide_env_values = true)]
     pub cluster_api_token: Option<String>,
     /// Base64 PEM CA bundle for the management cluster's API server.
-    #[arg(long, env = "CLUSTER_API_CERTIFICATE_AUTHORITY_DATA", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "CLUSTER_API_CERTIFICATE_AUTHORITY_DATA",
+        hide_env_values = true
+    )]
     pub cluster_api_certificate_authority_data: Option<String>,
     /// Skip TLS verification of the management cluster (testing only).
     #[arg(long, env = "CLUSTER_API_SKIP_TLS_VERIFY", default_value_t = false)]
@@ -153,7 +157,11 @@ pub struct RunArgs {
     #[arg(long, env = "DISABLE_LEADER_ELECTION", default_value_t = false)]
     pub disable_leader_election: bool,
     /// Name of the leader-election Lease.
-    #[arg(long, env = "LEADER_ELECTION_NAME", default_value = "karpenter-capi-leader-election")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_NAME",
+        default_value = "karpenter-capi-leader-election"
+    )]
     pub leader_election_name: String,
     /// Namespace of the leader-election Lease (default: the pod's namespace, else kube-system).
     #[arg(long, env = "LEADER_ELECTION_NAMESPACE")]
@@ -241,21 +249,30 @@ mod tests {
     #[test]
     fn run_defaults_match_karpenter() {
         let cli = Cli::try_parse_from(["karpenter-capi", "run"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
+        let Command::Run(run) = cli.command else {
+            panic!("expected run")
+        };
         assert_eq!(run.metrics_port, 8080);
         assert_eq!(run.health_probe_port, 8081);
         assert_eq!(run.controller.create_timeout, Duration::from_secs(300));
-        assert_eq!(run.controller.registration_timeout, Duration::from_secs(900));
+        assert_eq!(
+            run.controller.registration_timeout,
+            Duration::from_secs(900)
+        );
         assert_eq!(run.controller.batch_idle_duration, Duration::from_secs(1));
         assert_eq!(run.controller.batch_max_duration, Duration::from_secs(10));
     }
 
     #[test]
     fn create_timeout_accepts_go_durations_and_rejects_garbage() {
-        let cli = Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "20m"]).unwrap();
-        let Command::Run(run) = cli.command else { panic!("expected run") };
+        let cli =
+            Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "20m"]).unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("expected run")
+        };
         assert_eq!(run.controller.create_timeout, Duration::from_secs(1200));
-        let err = Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "soon"]).unwrap_err();
+        let err =
+            Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "soon"]).unwrap_err();
         assert!(err.to_string().contains("--create-timeout"), "{err}");
     }
 }

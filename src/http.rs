@@ -20,7 +20,10 @@ use crate::metrics::Metrics;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Liveness and readiness as seen by the probes. `ready` turns true once the caches have synced;
@@ -54,7 +57,9 @@ pub async fn serve(
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
-    TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })
 }
 
 fn local(l: &TcpListener, fallback: SocketAddr) -> SocketAddr {
@@ -76,14 +81,21 @@ async fn accept_loop(listener: TcpListener, metrics: Option<Arc<Metrics>>, healt
                 let out = route(&req, metrics.as_deref(), &health);
                 async move { Ok::<_, std::convert::Infallible>(out) }
             });
-            if let Err(e) = http1::Builder::new().serve_connection(TokioIo::new(stream), svc).await {
+            if let Err(e) = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await
+            {
                 tracing::debug!(error = %e, "metrics/health connection ended with an error");
             }
         });
     }
 }
 
-fn route(req: &Request<Incoming>, metrics: Option<&Metrics>, health: &Health) -> Response<Full<Bytes>> {
+fn route(
+    req: &Request<Incoming>,
+    metrics: Option<&Metrics>,
+    health: &Health,
+) -> Response<Full<Bytes>> {
     match (req.uri().path(), metrics) {
         ("/metrics", Some(metrics)) => reply(
             StatusCode::OK,
@@ -94,7 +106,11 @@ fn route(req: &Request<Incoming>, metrics: Option<&Metrics>, health: &Health) ->
         ("/readyz", _) if health.ready.load(Ordering::Acquire) => {
             reply(StatusCode::OK, "text/plain", "ok".into())
         }
-        ("/readyz", _) => reply(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "caches not synced".into()),
+        ("/readyz", _) => reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "caches not synced".into(),
+        ),
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
     }
 }
@@ -102,7 +118,9 @@ fn route(req: &Request<Incoming>, metrics: Option<&Metrics>, health: &Health) ->
 fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
     resp
 }

@@ -13,9 +13,17 @@ use tokio::sync::watch;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("leader-election Lease {namespace}/{name}: {source}")]
-    Api { namespace: String, name: String, source: kube::Error },
+    Api {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
     #[error("lost the leader-election Lease {namespace}/{name}: not renewed within {deadline:?}")]
-    Lost { namespace: String, name: String, deadline: Duration },
+    Lost {
+        namespace: String,
+        name: String,
+        deadline: Duration,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -47,12 +55,20 @@ pub fn default_identity() -> String {
     let host = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "karpenter-capi".to_string());
-    format!("{host}_{:08x}", rand::random::<u32>())
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{host}_{}_{nanos:08x}", std::process::id())
 }
 
 /// Campaign until elected, then renew. `leader` turns true on election. Returns `Err(Lost)`
 /// when leadership is lost; the caller exits.
-pub async fn run(client: kube::Client, cfg: Config, leader: watch::Sender<bool>) -> Result<(), Error> {
+pub async fn run(
+    client: kube::Client,
+    cfg: Config,
+    leader: watch::Sender<bool>,
+) -> Result<(), Error> {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut last_renew = tokio::time::Instant::now();
     loop {
@@ -82,11 +98,22 @@ pub async fn run(client: kube::Client, cfg: Config, leader: watch::Sender<bool>)
 
 /// One round: true when we hold the lease afterwards. All writes are compare-and-swap on the
 /// Lease's resourceVersion, so two candidates can never both win.
-async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &Config, now: jiff::Timestamp) -> Result<bool, Error> {
-    let err = |source| Error::Api { namespace: cfg.namespace.clone(), name: cfg.name.clone(), source };
+async fn try_acquire_or_renew(
+    api: &Api<Lease>,
+    cfg: &Config,
+    now: jiff::Timestamp,
+) -> Result<bool, Error> {
+    let err = |source| Error::Api {
+        namespace: cfg.namespace.clone(),
+        name: cfg.name.clone(),
+        source,
+    };
     let Some(mut lease) = api.get_opt(&cfg.name).await.map_err(err)? else {
         let lease = Lease {
-            metadata: ObjectMeta { name: Some(cfg.name.clone()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some(cfg.name.clone()),
+                ..Default::default()
+            },
             spec: Some(held_spec(cfg, now, now, 0)),
         };
         return match api.create(&PostParams::default(), &lease).await {
@@ -100,7 +127,11 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &Config, now: jiff::Timesta
     if !ours && !expired(&spec, now) {
         return Ok(false);
     }
-    let acquired = if ours { spec.acquire_time.map(|t| t.0).unwrap_or(now) } else { now };
+    let acquired = if ours {
+        spec.acquire_time.map(|t| t.0).unwrap_or(now)
+    } else {
+        now
+    };
     let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!ours);
     lease.spec = Some(held_spec(cfg, acquired, now, transitions));
     match api.replace(&cfg.name, &PostParams::default(), &lease).await {
@@ -110,7 +141,12 @@ async fn try_acquire_or_renew(api: &Api<Lease>, cfg: &Config, now: jiff::Timesta
     }
 }
 
-fn held_spec(cfg: &Config, acquired: jiff::Timestamp, now: jiff::Timestamp, transitions: i32) -> LeaseSpec {
+fn held_spec(
+    cfg: &Config,
+    acquired: jiff::Timestamp,
+    now: jiff::Timestamp,
+    transitions: i32,
+) -> LeaseSpec {
     LeaseSpec {
         holder_identity: Some(cfg.identity.clone()),
         lease_duration_seconds: Some(i32::try_from(cfg.lease_duration.as_secs()).unwrap_or(15)),
@@ -123,12 +159,19 @@ fn held_spec(cfg: &Config, acquired: jiff::Timestamp, now: jiff::Timestamp, tran
 
 /// A lease with no holder, no renew time or a renew time older than its duration is free.
 fn expired(spec: &LeaseSpec, now: jiff::Timestamp) -> bool {
-    let (Some(holder), Some(renew)) = (&spec.holder_identity, &spec.renew_time) else { return true };
+    let (Some(holder), Some(renew)) = (&spec.holder_identity, &spec.renew_time) else {
+        return true;
+    };
     if holder.is_empty() {
         return true;
     }
-    let duration = jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    renew.0.checked_add(duration).map(|until| until < now).unwrap_or(true)
+    let duration =
+        jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
+    renew
+        .0
+        .checked_add(duration)
+        .map(|until| until < now)
+        .unwrap_or(true)
 }
 
 #[cfg(test)]
@@ -139,7 +182,9 @@ mod tests {
         let now = jiff::Timestamp::now();
         LeaseSpec {
             holder_identity: Some(holder.into()),
-            renew_time: Some(MicroTime(now - jiff::SignedDuration::from_secs(renewed_secs_ago))),
+            renew_time: Some(MicroTime(
+                now - jiff::SignedDuration::from_secs(renewed_secs_ago),
+            )),
             lease_duration_seconds: Some(15),
             ..Default::default()
         }

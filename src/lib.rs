@@ -7,6 +7,10 @@
 pub mod actors;
 pub mod api;
 pub mod capi;
+pub mod cli;
+pub mod http;
+pub mod leader;
+pub mod metrics;
 pub mod scheduling;
 pub mod sim;
 pub mod state;

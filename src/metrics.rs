@@ -162,36 +162,154 @@ impl Metrics {
             registry: Registry::default(),
         };
         let r = &mut registry;
-        r.register("karpenter_nodeclaims_created", "NodeClaims created, by reason and nodepool", m.nodeclaims_created.clone());
-        r.register("karpenter_nodeclaims_launched", "NodeClaims whose Machine got a provider ID", m.nodeclaims_launched.clone());
-        r.register("karpenter_nodeclaims_registered", "NodeClaims whose Node registered", m.nodeclaims_registered.clone());
-        r.register("karpenter_nodeclaims_initialized", "NodeClaims whose Node initialized", m.nodeclaims_initialized.clone());
-        r.register("karpenter_nodeclaims_terminated", "NodeClaims terminated", m.nodeclaims_terminated.clone());
-        r.register("karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason", m.nodeclaims_disrupted.clone());
-        r.register("karpenter_nodes_created", "Nodes registered by NodeClaims", m.nodes_created.clone());
-        r.register("karpenter_nodes_terminated", "Nodes deleted by NodeClaims", m.nodes_terminated.clone());
-        r.register("karpenter_capi_nodeclaims_create_timeouts", "NodeClaims deleted because their Machine got no provider ID within the create timeout", m.create_timeouts.clone());
-        r.register("karpenter_capi_nodeclaims_registration_timeouts", "NodeClaims deleted because no Node registered within the registration timeout", m.registration_timeouts.clone());
-        r.register("karpenter_capi_nodeclaim_launch_duration_seconds", "NodeClaim created to Launched (Machine has a provider ID)", m.claim_launch_seconds.clone());
-        r.register("karpenter_capi_provider_id_to_claim_duration_seconds", "Machine provider ID observed to NodeClaim status updated", m.provider_id_to_claim_seconds.clone());
-        r.register("karpenter_capi_nodeclaim_initialization_duration_seconds", "NodeClaim created to Initialized", m.claim_initialized_seconds.clone());
-        r.register("karpenter_capi_machine_binding_duration_seconds", "Machine request queued to Machine bound to its NodeClaim", m.binding_seconds.clone());
-        r.register("karpenter_capi_replica_write_duration_seconds", "Latency of one compare-and-swap write of a MachineDeployment's replicas", m.replica_write_seconds.clone());
-        r.register("karpenter_capi_replica_write_batch_size", "Machine requests covered by one replica write", m.replica_write_batch.clone());
-        r.register("karpenter_capi_replica_writes", "Replica writes by result (ok, conflict, error)", m.replica_writes.clone());
-        r.register("karpenter_capi_scaler_queue_depth", "Machine requests waiting in a MachineDeployment's scaler", m.scaler_queue_depth.clone());
-        r.register("karpenter_capi_api_errors", "Kubernetes API errors by verb and resource", m.api_errors.clone());
-        r.register("karpenter_cloudprovider_duration_seconds", "Duration of cloud provider operations (create, delete, get)", m.cloudprovider_duration.clone());
-        r.register("karpenter_cloudprovider_errors", "Cloud provider errors by method and error", m.cloudprovider_errors.clone());
-        r.register("karpenter_scheduler_scheduling_duration_seconds", "Duration of one scheduling solve", m.scheduling_duration.clone());
-        r.register("karpenter_pods_startup_duration_seconds", "Pod created to running on a provisioned node", m.pods_startup_duration.clone());
-        r.register("karpenter_scheduler_unschedulable_pods_count", "Pods the last solve could not place", m.unschedulable_pods.clone());
-        r.register("karpenter_scheduler_queue_depth", "Provisionable pods waiting for the next solve", m.scheduler_queue_depth.clone());
-        r.register("karpenter_ignored_pod_count", "Pending pods ignored by the provisioner", m.ignored_pods.clone());
-        r.register("karpenter_nodepools_usage", "Resources used by each NodePool's nodes", m.nodepools_usage.clone());
-        r.register("karpenter_nodepools_limit", "Resource limits of each NodePool", m.nodepools_limit.clone());
-        r.register("karpenter_voluntary_disruption_decisions", "Disruption decisions by decision and reason", m.disruption_decisions.clone());
-        let info = Info::new(BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() });
+        r.register(
+            "karpenter_nodeclaims_created",
+            "NodeClaims created, by reason and nodepool",
+            m.nodeclaims_created.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_launched",
+            "NodeClaims whose Machine got a provider ID",
+            m.nodeclaims_launched.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_registered",
+            "NodeClaims whose Node registered",
+            m.nodeclaims_registered.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_initialized",
+            "NodeClaims whose Node initialized",
+            m.nodeclaims_initialized.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_terminated",
+            "NodeClaims terminated",
+            m.nodeclaims_terminated.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_disrupted",
+            "NodeClaims disrupted, by reason",
+            m.nodeclaims_disrupted.clone(),
+        );
+        r.register(
+            "karpenter_nodes_created",
+            "Nodes registered by NodeClaims",
+            m.nodes_created.clone(),
+        );
+        r.register(
+            "karpenter_nodes_terminated",
+            "Nodes deleted by NodeClaims",
+            m.nodes_terminated.clone(),
+        );
+        r.register(
+            "karpenter_capi_nodeclaims_create_timeouts",
+            "NodeClaims deleted because their Machine got no provider ID within the create timeout",
+            m.create_timeouts.clone(),
+        );
+        r.register(
+            "karpenter_capi_nodeclaims_registration_timeouts",
+            "NodeClaims deleted because no Node registered within the registration timeout",
+            m.registration_timeouts.clone(),
+        );
+        r.register(
+            "karpenter_capi_nodeclaim_launch_duration_seconds",
+            "NodeClaim created to Launched (Machine has a provider ID)",
+            m.claim_launch_seconds.clone(),
+        );
+        r.register(
+            "karpenter_capi_provider_id_to_claim_duration_seconds",
+            "Machine provider ID observed to NodeClaim status updated",
+            m.provider_id_to_claim_seconds.clone(),
+        );
+        r.register(
+            "karpenter_capi_nodeclaim_initialization_duration_seconds",
+            "NodeClaim created to Initialized",
+            m.claim_initialized_seconds.clone(),
+        );
+        r.register(
+            "karpenter_capi_machine_binding_duration_seconds",
+            "Machine request queued to Machine bound to its NodeClaim",
+            m.binding_seconds.clone(),
+        );
+        r.register(
+            "karpenter_capi_replica_write_duration_seconds",
+            "Latency of one compare-and-swap write of a MachineDeployment's replicas",
+            m.replica_write_seconds.clone(),
+        );
+        r.register(
+            "karpenter_capi_replica_write_batch_size",
+            "Machine requests covered by one replica write",
+            m.replica_write_batch.clone(),
+        );
+        r.register(
+            "karpenter_capi_replica_writes",
+            "Replica writes by result (ok, conflict, error)",
+            m.replica_writes.clone(),
+        );
+        r.register(
+            "karpenter_capi_scaler_queue_depth",
+            "Machine requests waiting in a MachineDeployment's scaler",
+            m.scaler_queue_depth.clone(),
+        );
+        r.register(
+            "karpenter_capi_api_errors",
+            "Kubernetes API errors by verb and resource",
+            m.api_errors.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_duration_seconds",
+            "Duration of cloud provider operations (create, delete, get)",
+            m.cloudprovider_duration.clone(),
+        );
+        r.register(
+            "karpenter_cloudprovider_errors",
+            "Cloud provider errors by method and error",
+            m.cloudprovider_errors.clone(),
+        );
+        r.register(
+            "karpenter_scheduler_scheduling_duration_seconds",
+            "Duration of one scheduling solve",
+            m.scheduling_duration.clone(),
+        );
+        r.register(
+            "karpenter_pods_startup_duration_seconds",
+            "Pod created to running on a provisioned node",
+            m.pods_startup_duration.clone(),
+        );
+        r.register(
+            "karpenter_scheduler_unschedulable_pods_count",
+            "Pods the last solve could not place",
+            m.unschedulable_pods.clone(),
+        );
+        r.register(
+            "karpenter_scheduler_queue_depth",
+            "Provisionable pods waiting for the next solve",
+            m.scheduler_queue_depth.clone(),
+        );
+        r.register(
+            "karpenter_ignored_pod_count",
+            "Pending pods ignored by the provisioner",
+            m.ignored_pods.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_usage",
+            "Resources used by each NodePool's nodes",
+            m.nodepools_usage.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_limit",
+            "Resource limits of each NodePool",
+            m.nodepools_limit.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_decisions",
+            "Disruption decisions by decision and reason",
+            m.disruption_decisions.clone(),
+        );
+        let info = Info::new(BuildLabels {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        });
         r.register("karpenter_build", "Build information", info);
         Arc::new(Self { registry, ..m })
     }
@@ -207,11 +325,16 @@ impl Metrics {
     }
 
     pub fn md(md: &str) -> MdLabels {
-        MdLabels { machine_deployment: md.to_string() }
+        MdLabels {
+            machine_deployment: md.to_string(),
+        }
     }
 
     pub fn pool(nodepool: &str, md: &str) -> PoolLabels {
-        PoolLabels { nodepool: nodepool.to_string(), machine_deployment: md.to_string() }
+        PoolLabels {
+            nodepool: nodepool.to_string(),
+            machine_deployment: md.to_string(),
+        }
     }
 
     pub fn observe(h: &HistogramFamily<MdLabels>, md: &str, d: Duration) {
@@ -220,7 +343,10 @@ impl Metrics {
 
     pub fn api_error(&self, verb: &str, resource: &str) {
         self.api_errors
-            .get_or_create(&ApiErrorLabels { verb: verb.to_string(), resource: resource.to_string() })
+            .get_or_create(&ApiErrorLabels {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+            })
             .inc();
     }
 }
@@ -233,11 +359,23 @@ mod tests {
     fn exposes_karpenter_names() {
         let m = Metrics::new();
         m.nodeclaims_created
-            .get_or_create(&CreatedLabels { reason: "provisioning".into(), nodepool: "default".into() })
+            .get_or_create(&CreatedLabels {
+                reason: "provisioning".into(),
+                nodepool: "default".into(),
+            })
             .inc();
-        Metrics::observe(&m.claim_launch_seconds, "ns/md-a", Duration::from_millis(120));
+        Metrics::observe(
+            &m.claim_launch_seconds,
+            "ns/md-a",
+            Duration::from_millis(120),
+        );
         let text = m.encode();
-        assert!(text.contains("karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"} 1"), "{text}");
+        assert!(
+            text.contains(
+                "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"} 1"
+            ),
+            "{text}"
+        );
         assert!(text.contains("karpenter_capi_nodeclaim_launch_duration_seconds_count{machine_deployment=\"ns/md-a\"} 1"), "{text}");
         assert!(text.contains("karpenter_build_info"), "{text}");
     }

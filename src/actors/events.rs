@@ -12,8 +12,13 @@ pub struct Events {
 
 impl Events {
     pub fn new(client: kube::Client, instance: String) -> Self {
-        let reporter = Reporter { controller: "karpenter-capi".into(), instance: Some(instance) };
-        Self { recorder: Recorder::new(client, reporter) }
+        let reporter = Reporter {
+            controller: "karpenter-capi".into(),
+            instance: Some(instance),
+        };
+        Self {
+            recorder: Recorder::new(client, reporter),
+        }
     }
 
     pub fn normal(&self, object: ObjectReference, reason: &str, note: String) {
@@ -26,7 +31,13 @@ impl Events {
 
     fn publish(&self, object: ObjectReference, type_: EventType, reason: &str, note: String) {
         let recorder = self.recorder.clone();
-        let ev = Event { type_, reason: reason.to_string(), note: Some(note), action: reason.to_string(), secondary: None };
+        let ev = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: reason.to_string(),
+            secondary: None,
+        };
         actix::spawn(async move {
             if let Err(e) = recorder.publish(&ev, &object).await {
                 tracing::debug!(error = %e, object = ?object.name, reason = %ev.reason, "could not publish event");

@@ -69,17 +69,34 @@ pub struct Shared {
     pub settings: Settings,
     pub router: router::Router,
     pub events: events::Events,
+    pub catalog: catalog::CatalogView,
+    /// Signalled whenever a watch finishes a (re-)list, so start-up can wait for warm caches
+    /// without polling.
+    pub synced: Arc<tokio::sync::Notify>,
 }
 
 /// Errors of the actors' API calls, with the object they were about.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{verb} {kind} {name}: {source}")]
-    Api { verb: &'static str, kind: &'static str, name: String, source: kube::Error },
+    Api {
+        verb: &'static str,
+        kind: &'static str,
+        name: String,
+        source: kube::Error,
+    },
     #[error("building a patch for {kind} {name}: {source}")]
-    Patch { kind: &'static str, name: String, source: serde_json::Error },
+    Patch {
+        kind: &'static str,
+        name: String,
+        source: serde_json::Error,
+    },
     #[error("reading {kind} {name}: {source}")]
-    Model { kind: &'static str, name: String, source: crate::capi::model::ModelError },
+    Model {
+        kind: &'static str,
+        name: String,
+        source: crate::capi::model::ModelError,
+    },
 }
 
 impl Error {
@@ -95,12 +112,12 @@ impl Error {
 }
 
 /// Run `fut`, counting an API error by verb and resource on failure.
-pub(crate) fn api_err(
-    metrics: &Metrics,
+pub(crate) fn api_err<'a>(
+    metrics: &'a Metrics,
     verb: &'static str,
     kind: &'static str,
     name: &str,
-) -> impl FnOnce(kube::Error) -> Error {
+) -> impl FnOnce(kube::Error) -> Error + 'a {
     let name = name.to_string();
     move |source| {
         let code = match &source {
@@ -110,6 +127,34 @@ pub(crate) fn api_err(
         if code != 409 && code != 404 {
             metrics.api_error(verb, kind);
         }
-        Error::Api { verb, kind, name, source }
+        Error::Api {
+            verb,
+            kind,
+            name,
+            source,
+        }
     }
 }
+
+/// Stop any of the long-lived actors.
+#[derive(actix::Message)]
+#[rtype(result = "()")]
+pub struct StopActor;
+
+macro_rules! stoppable {
+    ($($t:ty),*) => {$(
+        impl actix::Handler<StopActor> for $t {
+            type Result = ();
+            fn handle(&mut self, _: StopActor, ctx: &mut Self::Context) {
+                use actix::ActorContext;
+                ctx.stop();
+            }
+        }
+    )*};
+}
+stoppable!(
+    supervisor::Supervisor,
+    capi_watcher::CapiWatcher,
+    node_watcher::NodeWatcher,
+    catalog::Catalog
+);

@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
-use super::catalog::{Offering, ResolveError};
+use super::catalog::{Choice, ResolveError};
 use super::patch::{JsonPatch, escape};
 use super::scaler::{self, CancelRequest, Rejection, ReleaseMachine, RequestMachine, Scaler};
 use super::{Error, Shared, api_err};
@@ -111,7 +111,10 @@ impl NodeClaimActor {
 
     fn apply(&mut self, out: Outcome, ctx: &mut Context<Self>) {
         if let Some(claim) = out.claim {
-            if crate::state::newer_or_equal(claim.resource_version().as_deref(), self.claim.resource_version().as_deref()) {
+            if crate::state::newer_or_equal(
+                claim.resource_version().as_deref(),
+                self.claim.resource_version().as_deref(),
+            ) {
                 self.shared.state.claims.write().apply((*claim).clone());
                 self.claim = claim;
             }
@@ -166,7 +169,10 @@ impl Handler<Kick> for NodeClaimActor {
 impl Handler<ClaimChanged> for NodeClaimActor {
     type Result = ();
     fn handle(&mut self, msg: ClaimChanged, ctx: &mut Self::Context) {
-        if crate::state::newer_or_equal(msg.0.resource_version().as_deref(), self.claim.resource_version().as_deref()) {
+        if crate::state::newer_or_equal(
+            msg.0.resource_version().as_deref(),
+            self.claim.resource_version().as_deref(),
+        ) {
             self.claim = msg.0;
         }
         self.kick(ctx);
@@ -188,11 +194,16 @@ impl Handler<RequestRejected> for NodeClaimActor {
         self.excluded.insert(msg.machine_deployment.clone());
         self.requested = None;
         if msg.why == Rejection::AtMaxSize {
-            self.shared.catalog.mark_unavailable(&msg.machine_deployment, self.shared.settings.unavailable_offering_ttl);
+            self.shared.catalog.mark_unavailable(
+                &msg.machine_deployment,
+                self.shared.settings.unavailable_offering_ttl,
+            );
         }
         // Forget the recorded MachineDeployment so the next reconcile resolves again.
         let claim = Arc::make_mut(&mut self.claim);
-        claim.annotations_mut().remove(MACHINE_DEPLOYMENT_ANNOTATION);
+        claim
+            .annotations_mut()
+            .remove(MACHINE_DEPLOYMENT_ANNOTATION);
         self.kick(ctx);
     }
 }
@@ -213,12 +224,6 @@ struct Outcome {
     wake_in: Option<Duration>,
     error: Option<Error>,
     done: bool,
-}
-
-impl Outcome {
-    fn wait(claim: Arc<NodeClaim>, wake_in: Option<Duration>) -> Self {
-        Self { claim: Some(claim), wake_in, ..Default::default() }
-    }
 }
 
 /// One reconcile, detached from the actor (it owns copies of what it needs).
@@ -304,7 +309,11 @@ impl Step {
 
     async fn reread(&self) -> Result<Option<Arc<NodeClaim>>, Error> {
         let name = self.name();
-        self.api().get_opt(&name).await.map(|c| c.map(Arc::new)).map_err(api_err(&self.shared.metrics, "get", "nodeclaims", &name))
+        self.api()
+            .get_opt(&name)
+            .await
+            .map(|c| c.map(Arc::new))
+            .map_err(api_err(&self.shared.metrics, "get", "nodeclaims", &name))
     }
 
     /// Decide and take the next step.
@@ -313,7 +322,10 @@ impl Step {
         if c.metadata.deletion_timestamp.is_some() {
             return self.terminate().await;
         }
-        let Some(md) = recorded_deployment(&c).map(str::to_string).filter(|_| has_finalizer(&c)) else {
+        let Some(md) = recorded_deployment(&c)
+            .map(str::to_string)
+            .filter(|_| has_finalizer(&c))
+        else {
             return self.launch_decision().await;
         };
         let bound = self.shared.state.machines.read().bound_to(&self.name());
@@ -324,7 +336,11 @@ impl Step {
                 self.shared.events.warning(
                     object_ref(&c),
                     "MultipleMachines",
-                    format!("Machines {} all name NodeClaim {}; leaving it for an operator", many.join(", "), self.name()),
+                    format!(
+                        "Machines {} all name NodeClaim {}; leaving it for an operator",
+                        many.join(", "),
+                        self.name()
+                    ),
                 );
                 return Ok(Next::Wait(None));
             }
@@ -339,13 +355,16 @@ impl Step {
                 if self.requested.as_deref() == Some(md.as_str()) {
                     return Ok(Next::Wait(Some(left)));
                 }
-                self.scaler(&md).do_send(RequestMachine { claim: self.name() });
+                self.scaler(&md)
+                    .do_send(RequestMachine { claim: self.name() });
                 return Ok(Next::Requested(md, Some(left)));
             }
             return self.create_timeout(&md, None).await;
         };
         if machine.deletion_timestamp.is_some() {
-            return self.machine_gone(machine_key(&machine.namespace, &machine.name)).await;
+            return self
+                .machine_gone(machine_key(&machine.namespace, &machine.name))
+                .await;
         }
         let mk = machine_key(&machine.namespace, &machine.name);
         if recorded_machine(&c) != Some(mk.as_str()) {
@@ -379,15 +398,26 @@ impl Step {
     fn scaler(&self, md: &str) -> Addr<Scaler> {
         let shared = self.shared.clone();
         let key = md.to_string();
-        self.shared.router.scaler_or_start(md, move || Scaler::new(key, shared).start())
+        self.shared
+            .router
+            .scaler_or_start(md, move || Scaler::new(key, shared).start())
     }
 
     fn nodepool(&self) -> String {
-        self.claim.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default()
+        self.claim
+            .labels()
+            .get(NODEPOOL_LABEL)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn created(&self) -> Timestamp {
-        self.claim.metadata.creation_timestamp.as_ref().map(|t| t.0).unwrap_or_else(Timestamp::now)
+        self.claim
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .unwrap_or_else(Timestamp::now)
     }
 
     fn create_timeout_setting(&self) -> Duration {
@@ -403,7 +433,8 @@ impl Step {
     }
 
     fn registration_deadline_left(&self) -> Option<Duration> {
-        let launched = condition_time(&self.claim, conditions::LAUNCHED).unwrap_or_else(Timestamp::now);
+        let launched =
+            condition_time(&self.claim, conditions::LAUNCHED).unwrap_or_else(Timestamp::now);
         left_until(launched, self.shared.settings.registration_timeout)
     }
 
@@ -422,7 +453,12 @@ impl Step {
         }
         p.set("/metadata/finalizers", json!(finalizers));
         let has_annotations = !c.annotations().is_empty();
-        p.set_entry(has_annotations, "/metadata/annotations", MACHINE_DEPLOYMENT_ANNOTATION, &offering.machine_deployment);
+        p.set_entry(
+            has_annotations,
+            "/metadata/annotations",
+            MACHINE_DEPLOYMENT_ANNOTATION,
+            &offering.machine_deployment,
+        );
         let has_labels = !c.labels().is_empty();
         for (k, v) in offering.node_labels() {
             if c.labels().get(&k) != Some(&v) {
@@ -433,13 +469,15 @@ impl Step {
         self.shared
             .metrics
             .cloudprovider_duration
-            .get_or_create(&crate::metrics::MethodLabels { method: "Create".into() })
+            .get_or_create(&crate::metrics::MethodLabels {
+                method: "Create".into(),
+            })
             .observe(0.0);
         tracing::info!(nodeclaim = %self.name(), machine_deployment = %offering.machine_deployment, instance_type = %offering.instance_type, price = offering.price, "offering chosen");
         Ok(Next::Continue(updated))
     }
 
-    fn resolve(&self) -> Result<Offering, ResolveError> {
+    fn resolve(&self) -> Result<Choice, ResolveError> {
         let spec = &self.claim.spec;
         let reqs = Requirements::from_node_selector_requirements(&spec.requirements)
             .map_err(|e| ResolveError::Invalid(format!("spec.requirements: {e}")))?;
@@ -451,7 +489,9 @@ impl Step {
             .transpose()
             .map_err(|e| ResolveError::Invalid(format!("spec.resources.requests: {e}")))?
             .unwrap_or_default();
-        self.shared.catalog.resolve(&spec.node_class_ref.name, &reqs, &requests, &self.excluded)
+        self.shared
+            .catalog
+            .resolve(&spec.node_class_ref.name, &reqs, &requests, &self.excluded)
     }
 
     /// Karpenter's rule: a launch that cannot be satisfied deletes the claim, so the provisioner
@@ -459,11 +499,18 @@ impl Step {
     async fn insufficient_capacity(&mut self, e: ResolveError) -> Result<Next, Error> {
         let c = self.claim.clone();
         tracing::warn!(nodeclaim = %self.name(), error = %e, "no offering can launch this claim; deleting it");
-        self.shared.events.warning(object_ref(&c), e.reason(), format!("Cannot launch NodeClaim {}: {e}; deleting it", self.name()));
+        self.shared.events.warning(
+            object_ref(&c),
+            e.reason(),
+            format!("Cannot launch NodeClaim {}: {e}; deleting it", self.name()),
+        );
         self.shared
             .metrics
             .cloudprovider_errors
-            .get_or_create(&crate::metrics::ErrorLabels { method: "Create".into(), error: e.reason().into() })
+            .get_or_create(&crate::metrics::ErrorLabels {
+                method: "Create".into(),
+                error: e.reason().into(),
+            })
             .inc();
         self.delete_claim().await?;
         Ok(Next::Wait(None))
@@ -472,7 +519,12 @@ impl Step {
     async fn record_machine(&mut self, mk: &str) -> Result<Next, Error> {
         let c = self.claim.clone();
         let mut p = JsonPatch::guarded(c.resource_version().as_deref());
-        p.set_entry(!c.annotations().is_empty(), "/metadata/annotations", MACHINE_ANNOTATION, mk);
+        p.set_entry(
+            !c.annotations().is_empty(),
+            "/metadata/annotations",
+            MACHINE_ANNOTATION,
+            mk,
+        );
         Ok(Next::Continue(self.patch_claim(p, false).await?))
     }
 
@@ -488,16 +540,32 @@ impl Step {
             status.allocatable = Some(o.allocatable.to_k8s());
         }
         let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(&mut conds, conditions::LAUNCHED, ConditionStatus::True, "Launched", "", c.metadata.generation, now);
+        conditions::set(
+            &mut conds,
+            conditions::LAUNCHED,
+            ConditionStatus::True,
+            "Launched",
+            "",
+            c.metadata.generation,
+            now,
+        );
         conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
         status.conditions = Some(conds);
-        let updated = self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null)).await?;
+        let updated = self
+            .patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .await?;
 
         let m = &self.shared.metrics;
         let labels = Metrics::pool(&self.nodepool(), md);
         m.nodeclaims_launched.get_or_create(&labels).inc();
         Metrics::observe(&m.claim_launch_seconds, md, since(self.created()));
-        if let Some(seen) = self.shared.state.machines.read().provider_id_seen(&machine_key(&machine.namespace, &machine.name)) {
+        if let Some(seen) = self
+            .shared
+            .state
+            .machines
+            .read()
+            .provider_id_seen(&machine_key(&machine.namespace, &machine.name))
+        {
             Metrics::observe(&m.provider_id_to_claim_seconds, md, seen.elapsed());
         }
         tracing::info!(nodeclaim = %self.name(), machine = %machine.name, provider_id = %pid, machine_deployment = %md, "launched");
@@ -512,7 +580,11 @@ impl Step {
         if !node_registered(node, &c) {
             let p = registration_patch(node, &c);
             let api: Api<Node> = Api::all(self.shared.workload.clone());
-            let patch = p.into_patch().map_err(|source| Error::Patch { kind: "Node", name: node_name.clone(), source })?;
+            let patch = p.into_patch().map_err(|source| Error::Patch {
+                kind: "Node",
+                name: node_name.clone(),
+                source,
+            })?;
             let updated = api
                 .patch(&node_name, &PatchParams::default(), &patch)
                 .await
@@ -523,13 +595,33 @@ impl Step {
         let mut status = c.status.clone().unwrap_or_default();
         status.node_name = Some(node_name.clone());
         let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(&mut conds, conditions::REGISTERED, ConditionStatus::True, "Registered", "", c.metadata.generation, now);
+        conditions::set(
+            &mut conds,
+            conditions::REGISTERED,
+            ConditionStatus::True,
+            "Registered",
+            "",
+            c.metadata.generation,
+            now,
+        );
         conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
         status.conditions = Some(conds);
-        let updated = self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null)).await?;
+        let updated = self
+            .patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .await?;
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
-        self.shared.metrics.nodeclaims_registered.get_or_create(&Metrics::pool(&self.nodepool(), &md)).inc();
-        self.shared.metrics.nodes_created.get_or_create(&NodePoolLabels { nodepool: self.nodepool() }).inc();
+        self.shared
+            .metrics
+            .nodeclaims_registered
+            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
+            .inc();
+        self.shared
+            .metrics
+            .nodes_created
+            .get_or_create(&NodePoolLabels {
+                nodepool: self.nodepool(),
+            })
+            .inc();
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
         Ok(Next::Continue(updated))
     }
@@ -545,9 +637,18 @@ impl Step {
         let node_name = node.name_any();
         if node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true") {
             let mut p = JsonPatch::new();
-            p.set_entry(!node.labels().is_empty(), "/metadata/labels", INITIALIZED_LABEL, "true");
+            p.set_entry(
+                !node.labels().is_empty(),
+                "/metadata/labels",
+                INITIALIZED_LABEL,
+                "true",
+            );
             let api: Api<Node> = Api::all(self.shared.workload.clone());
-            let patch = p.into_patch().map_err(|source| Error::Patch { kind: "Node", name: node_name.clone(), source })?;
+            let patch = p.into_patch().map_err(|source| Error::Patch {
+                kind: "Node",
+                name: node_name.clone(),
+                source,
+            })?;
             let updated = api
                 .patch(&node_name, &PatchParams::default(), &patch)
                 .await
@@ -557,12 +658,24 @@ impl Step {
         let now = Timestamp::now();
         let mut status = c.status.clone().unwrap_or_default();
         let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(&mut conds, conditions::INITIALIZED, ConditionStatus::True, "Initialized", "", c.metadata.generation, now);
+        conditions::set(
+            &mut conds,
+            conditions::INITIALIZED,
+            ConditionStatus::True,
+            "Initialized",
+            "",
+            c.metadata.generation,
+            now,
+        );
         conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
         status.conditions = Some(conds);
-        let updated = self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null)).await?;
+        let updated = self
+            .patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .await?;
         let m = &self.shared.metrics;
-        m.nodeclaims_initialized.get_or_create(&Metrics::pool(&self.nodepool(), md)).inc();
+        m.nodeclaims_initialized
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
         Metrics::observe(&m.claim_initialized_seconds, md, since(self.created()));
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "initialized");
         Ok(Next::Continue(updated))
@@ -571,8 +684,14 @@ impl Step {
     async fn create_timeout(&mut self, md: &str, machine: Option<&Machine>) -> Result<Next, Error> {
         let c = self.claim.clone();
         let timeout = self.create_timeout_setting();
-        self.shared.metrics.create_timeouts.get_or_create(&Metrics::pool(&self.nodepool(), md)).inc();
-        self.shared.catalog.mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
+        self.shared
+            .metrics
+            .create_timeouts
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
+        self.shared
+            .catalog
+            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
         let what = match machine {
             Some(m) => format!("Machine {}/{} got no provider ID", m.namespace, m.name),
             None => "no Machine was created".to_string(),
@@ -593,8 +712,14 @@ impl Step {
 
     async fn registration_timeout(&mut self, md: &str) -> Result<Next, Error> {
         let c = self.claim.clone();
-        self.shared.metrics.registration_timeouts.get_or_create(&Metrics::pool(&self.nodepool(), md)).inc();
-        self.shared.catalog.mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
+        self.shared
+            .metrics
+            .registration_timeouts
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
+        self.shared
+            .catalog
+            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
         self.shared.events.warning(
             object_ref(&c),
             "RegistrationTimeout",
@@ -614,7 +739,10 @@ impl Step {
         self.shared.events.warning(
             object_ref(&c),
             "MachineDeleted",
-            format!("Machine {machine} no longer exists; deleting NodeClaim {}", self.name()),
+            format!(
+                "Machine {machine} no longer exists; deleting NodeClaim {}",
+                self.name()
+            ),
         );
         self.delete_claim().await?;
         Ok(Next::Wait(None))
@@ -634,26 +762,44 @@ impl Step {
         if let Ok(Some(machine)) = bound {
             if machine.deletion_timestamp.is_none() {
                 if let Some(md) = crate::state::machines::deployment_key(&machine) {
-                    self.scaler(&md).do_send(ReleaseMachine { machine: machine_key(&machine.namespace, &machine.name) });
+                    self.scaler(&md).do_send(ReleaseMachine {
+                        machine: machine_key(&machine.namespace, &machine.name),
+                    });
                 }
             }
             return Ok(Next::Wait(Some(Duration::from_secs(30))));
         }
         if let Some(md) = recorded_deployment(&c) {
             // Make sure no bind for us is in flight before we let go (else it would orphan a Machine).
-            if self.scaler(md).send(CancelRequest { claim: self.name() }).await.is_err() {
+            if self
+                .scaler(md)
+                .send(CancelRequest { claim: self.name() })
+                .await
+                .is_err()
+            {
                 return Ok(Next::Wait(Some(Duration::from_secs(1))));
             }
-            if matches!(self.shared.state.machines.read().bound_to(&self.name()), Ok(Some(_))) {
+            if matches!(
+                self.shared.state.machines.read().bound_to(&self.name()),
+                Ok(Some(_))
+            ) {
                 return Ok(Next::Wait(Some(Duration::ZERO)));
             }
         }
         let mut p = JsonPatch::guarded(c.resource_version().as_deref());
-        let finalizers: Vec<&String> = c.finalizers().iter().filter(|f| *f != TERMINATION_FINALIZER).collect();
+        let finalizers: Vec<&String> = c
+            .finalizers()
+            .iter()
+            .filter(|f| *f != TERMINATION_FINALIZER)
+            .collect();
         p.set("/metadata/finalizers", json!(finalizers));
         self.patch_claim(p, false).await?;
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
-        self.shared.metrics.nodeclaims_terminated.get_or_create(&Metrics::pool(&self.nodepool(), &md)).inc();
+        self.shared
+            .metrics
+            .nodeclaims_terminated
+            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
+            .inc();
         tracing::info!(nodeclaim = %self.name(), "terminated");
         Ok(Next::Done)
     }
@@ -662,7 +808,13 @@ impl Step {
         let nodes = self.shared.state.nodes.read();
         provider_id(&self.claim)
             .and_then(|pid| nodes.by_provider_id(pid))
-            .or_else(|| self.claim.status.as_ref().and_then(|s| s.node_name.as_deref()).and_then(|n| nodes.get(n)))
+            .or_else(|| {
+                self.claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .and_then(|n| nodes.get(n))
+            })
     }
 
     /// Delete the Node and release our finalizer on it. Draining before that is the
@@ -676,13 +828,27 @@ impl Step {
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
                 Err(e) => return Err(api_err(&self.shared.metrics, "delete", "nodes", &name)(e)),
             }
-            self.shared.metrics.nodes_terminated.get_or_create(&NodePoolLabels { nodepool: self.nodepool() }).inc();
+            self.shared
+                .metrics
+                .nodes_terminated
+                .get_or_create(&NodePoolLabels {
+                    nodepool: self.nodepool(),
+                })
+                .inc();
         }
         if node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER) {
             let mut p = JsonPatch::guarded(node.resource_version().as_deref());
-            let rest: Vec<&String> = node.finalizers().iter().filter(|f| *f != TERMINATION_FINALIZER).collect();
+            let rest: Vec<&String> = node
+                .finalizers()
+                .iter()
+                .filter(|f| *f != TERMINATION_FINALIZER)
+                .collect();
             p.set("/metadata/finalizers", json!(rest));
-            let patch = p.into_patch().map_err(|source| Error::Patch { kind: "Node", name: name.clone(), source })?;
+            let patch = p.into_patch().map_err(|source| Error::Patch {
+                kind: "Node",
+                name: name.clone(),
+                source,
+            })?;
             match api.patch(&name, &PatchParams::default(), &patch).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
@@ -703,14 +869,20 @@ impl Step {
 
     async fn patch_claim(&self, p: JsonPatch, status: bool) -> Result<Arc<NodeClaim>, Error> {
         let name = self.name();
-        let patch = p.into_patch().map_err(|source| Error::Patch { kind: "NodeClaim", name: name.clone(), source })?;
+        let patch = p.into_patch().map_err(|source| Error::Patch {
+            kind: "NodeClaim",
+            name: name.clone(),
+            source,
+        })?;
         let api = self.api();
         let r = if status {
-            api.patch_status(&name, &PatchParams::default(), &patch).await
+            api.patch_status(&name, &PatchParams::default(), &patch)
+                .await
         } else {
             api.patch(&name, &PatchParams::default(), &patch).await
         };
-        r.map(Arc::new).map_err(api_err(&self.shared.metrics, "patch", "nodeclaims", &name))
+        r.map(Arc::new)
+            .map_err(api_err(&self.shared.metrics, "patch", "nodeclaims", &name))
     }
 
     /// Replace the status, guarded by the resourceVersion we computed it from.
@@ -726,12 +898,18 @@ fn has_finalizer(c: &NodeClaim) -> bool {
 }
 
 fn is_true(c: &NodeClaim, type_: &str) -> bool {
-    c.status.as_ref().and_then(|s| s.conditions.as_deref()).map(|cs| conditions::is_true(cs, type_)).unwrap_or(false)
+    c.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .map(|cs| conditions::is_true(cs, type_))
+        .unwrap_or(false)
 }
 
 fn condition_time(c: &NodeClaim, type_: &str) -> Option<Timestamp> {
     let cs = c.status.as_ref()?.conditions.as_deref()?;
-    conditions::get(cs, type_).filter(|c| c.is_true()).map(|c| c.last_transition_time.0)
+    conditions::get(cs, type_)
+        .filter(|c| c.is_true())
+        .map(|c| c.last_transition_time.0)
 }
 
 fn since(t: Timestamp) -> Duration {
@@ -770,7 +948,12 @@ fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
         .into_iter()
         .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
         .collect();
-    let wanted = c.spec.taints.iter().flatten().chain(c.spec.startup_taints.iter().flatten());
+    let wanted = c
+        .spec
+        .taints
+        .iter()
+        .flatten()
+        .chain(c.spec.startup_taints.iter().flatten());
     for t in wanted {
         if !taints.iter().any(|have| same_taint(have, t)) {
             taints.push(t.clone());
@@ -782,11 +965,20 @@ fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
 /// True when the Node already carries everything registration writes.
 fn node_registered(node: &Node, c: &NodeClaim) -> bool {
     let labels = node.labels();
-    let has_taint = |key: &str| node.spec.as_ref().and_then(|s| s.taints.as_ref()).map(|ts| ts.iter().any(|t| t.key == key)).unwrap_or(false);
+    let has_taint = |key: &str| {
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| ts.iter().any(|t| t.key == key))
+            .unwrap_or(false)
+    };
     labels.get(REGISTERED_LABEL).map(String::as_str) == Some("true")
         && !has_taint(UNREGISTERED_TAINT_KEY)
         && node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
-        && node.owner_references().iter().any(|o| Some(&o.uid) == c.metadata.uid.as_ref())
+        && node
+            .owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == c.metadata.uid.as_ref())
 }
 
 fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
@@ -799,7 +991,9 @@ fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
     }
     let has_annotations = !node.annotations().is_empty();
     for (k, v) in c.annotations() {
-        if k == "kubectl.kubernetes.io/last-applied-configuration" || node.annotations().get(k) == Some(v) {
+        if k == "kubectl.kubernetes.io/last-applied-configuration"
+            || node.annotations().get(k) == Some(v)
+        {
             continue;
         }
         p.set_entry(has_annotations, "/metadata/annotations", k, v);
@@ -813,14 +1007,16 @@ fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
     let mut owners = node.owner_references().to_vec();
     if let Some(uid) = &c.metadata.uid {
         if !owners.iter().any(|o| &o.uid == uid) {
-            owners.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: NodeClaim::api_version(&()).to_string(),
-                kind: NodeClaim::kind(&()).to_string(),
-                name: c.name_any(),
-                uid: uid.clone(),
-                block_owner_deletion: Some(true),
-                controller: None,
-            });
+            owners.push(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: NodeClaim::api_version(&()).to_string(),
+                    kind: NodeClaim::kind(&()).to_string(),
+                    name: c.name_any(),
+                    uid: uid.clone(),
+                    block_owner_deletion: Some(true),
+                    controller: None,
+                },
+            );
         }
     }
     p.set("/metadata/ownerReferences", json!(owners));
@@ -840,17 +1036,32 @@ fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), &'static str> {
     if !ready {
         return Err("node not Ready");
     }
-    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
-    if taints.iter().any(|t| EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str())) {
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
+    if taints
+        .iter()
+        .any(|t| EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
+    {
         return Err("ephemeral taint present");
     }
-    if c.spec.startup_taints.iter().flatten().any(|st| taints.iter().any(|t| same_taint(t, st))) {
+    if c.spec
+        .startup_taints
+        .iter()
+        .flatten()
+        .any(|st| taints.iter().any(|t| same_taint(t, st)))
+    {
         return Err("startup taint present");
     }
     let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
     let requests = c.spec.resources.as_ref().and_then(|r| r.requests.as_ref());
     for name in requests.into_iter().flat_map(|r| r.keys()) {
-        if matches!(name.as_str(), "cpu" | "memory" | "pods" | "ephemeral-storage") {
+        if matches!(
+            name.as_str(),
+            "cpu" | "memory" | "pods" | "ephemeral-storage"
+        ) {
             continue;
         }
         let have = allocatable
@@ -867,7 +1078,10 @@ fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), &'static str> {
 
 #[allow(dead_code)]
 fn created_labels(reason: &str, nodepool: &str) -> CreatedLabels {
-    CreatedLabels { reason: reason.into(), nodepool: nodepool.into() }
+    CreatedLabels {
+        reason: reason.into(),
+        nodepool: nodepool.into(),
+    }
 }
 
 #[allow(dead_code)]

@@ -29,13 +29,15 @@ impl JsonPatch {
     }
 
     pub fn test(&mut self, path: &str, value: Value) -> &mut Self {
-        self.ops.push(json!({"op": "test", "path": path, "value": value}));
+        self.ops
+            .push(json!({"op": "test", "path": path, "value": value}));
         self
     }
 
     /// `add` replaces an existing member, so it doubles as "set".
     pub fn set(&mut self, path: &str, value: Value) -> &mut Self {
-        self.ops.push(json!({"op": "add", "path": path, "value": value}));
+        self.ops
+            .push(json!({"op": "add", "path": path, "value": value}));
         self
     }
 
@@ -47,7 +49,13 @@ impl JsonPatch {
     /// Set `key` in the string map at `map_path` (e.g. `/metadata/labels`), creating the map
     /// when the object has none (a JSON patch cannot add into a missing parent). `map_exists`
     /// says whether the object (as last read, which the guard pins) has a non-empty map there.
-    pub fn set_entry(&mut self, map_exists: bool, map_path: &str, key: &str, value: &str) -> &mut Self {
+    pub fn set_entry(
+        &mut self,
+        map_exists: bool,
+        map_path: &str,
+        key: &str,
+        value: &str,
+    ) -> &mut Self {
         if map_exists || self.created(map_path) {
             self.set(&format!("{map_path}/{}", escape(key)), json!(value))
         } else {
@@ -56,7 +64,9 @@ impl JsonPatch {
     }
 
     fn created(&self, map_path: &str) -> bool {
-        self.ops.iter().any(|op| op["op"] == "add" && op["path"] == map_path)
+        self.ops
+            .iter()
+            .any(|op| op["op"] == "add" && op["path"] == map_path)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -75,7 +85,10 @@ mod tests {
 
     #[test]
     fn escapes_pointer_keys() {
-        assert_eq!(escape("cluster.x-k8s.io/delete-machine"), "cluster.x-k8s.io~1delete-machine");
+        assert_eq!(
+            escape("cluster.x-k8s.io/delete-machine"),
+            "cluster.x-k8s.io~1delete-machine"
+        );
         assert_eq!(escape("a~b"), "a~0b");
     }
 
@@ -86,8 +99,14 @@ mod tests {
         p.set_entry(false, "/metadata/annotations", "c", "2");
         let ops = serde_json::to_value(&p.ops).unwrap();
         assert_eq!(ops[0]["op"], "test");
-        assert_eq!(ops[1], json!({"op": "add", "path": "/metadata/annotations", "value": {"a/b": "1"}}));
-        assert_eq!(ops[2], json!({"op": "add", "path": "/metadata/annotations/c", "value": "2"}));
+        assert_eq!(
+            ops[1],
+            json!({"op": "add", "path": "/metadata/annotations", "value": {"a/b": "1"}})
+        );
+        assert_eq!(
+            ops[2],
+            json!({"op": "add", "path": "/metadata/annotations/c", "value": "2"})
+        );
         assert!(p.into_patch().is_ok());
     }
 }

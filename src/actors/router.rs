@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix::Addr;
+use actix::{Addr, Recipient};
 use parking_lot::RwLock;
 
+use super::catalog::Rebuild;
 use super::nodeclaim::NodeClaimActor;
 use super::scaler::Scaler;
 
@@ -14,11 +15,16 @@ use super::scaler::Scaler;
 pub struct Router {
     claims: Arc<RwLock<HashMap<String, Addr<NodeClaimActor>>>>,
     scalers: Arc<RwLock<HashMap<String, Addr<Scaler>>>>,
+    catalog: Arc<RwLock<Option<Recipient<Rebuild>>>>,
 }
 
 impl Router {
     pub fn claim(&self, name: &str) -> Option<Addr<NodeClaimActor>> {
-        self.claims.read().get(name).filter(|a| a.connected()).cloned()
+        self.claims
+            .read()
+            .get(name)
+            .filter(|a| a.connected())
+            .cloned()
     }
 
     pub fn add_claim(&self, name: String, addr: Addr<NodeClaimActor>) {
@@ -34,12 +40,20 @@ impl Router {
     }
 
     pub fn scaler(&self, md_key: &str) -> Option<Addr<Scaler>> {
-        self.scalers.read().get(md_key).filter(|a| a.connected()).cloned()
+        self.scalers
+            .read()
+            .get(md_key)
+            .filter(|a| a.connected())
+            .cloned()
     }
 
     /// The Scaler of a MachineDeployment, started on first use. Must be called from the actor
     /// System's thread (actors start on the current arbiter).
-    pub fn scaler_or_start(&self, md_key: &str, start: impl FnOnce() -> Addr<Scaler>) -> Addr<Scaler> {
+    pub fn scaler_or_start(
+        &self,
+        md_key: &str,
+        start: impl FnOnce() -> Addr<Scaler>,
+    ) -> Addr<Scaler> {
         if let Some(a) = self.scaler(md_key) {
             return a;
         }
@@ -53,6 +67,21 @@ impl Router {
     }
 
     pub fn scalers(&self) -> Vec<(String, Addr<Scaler>)> {
-        self.scalers.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.scalers
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    pub fn set_catalog(&self, r: Recipient<Rebuild>) {
+        *self.catalog.write() = Some(r);
+    }
+
+    /// Tell the Catalog (if it runs here) that MachineDeployments changed.
+    pub fn catalog_changed(&self) {
+        if let Some(r) = self.catalog.read().as_ref() {
+            r.do_send(Rebuild);
+        }
     }
 }

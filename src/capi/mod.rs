@@ -5,6 +5,7 @@
 pub mod annotations;
 mod json;
 pub mod model;
+pub mod offerings;
 pub mod patch;
 pub mod provider_id;
 pub mod template;

@@ -226,6 +226,53 @@ impl LabelSelector {
     }
 }
 
+/// A core LabelSelector (e.g. a ClusterAPINodeClass's `spec.scalableResourceSelector`) in the
+/// model's form; a bad operator or value count is an error naming the expression.
+impl TryFrom<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> for LabelSelector {
+    type Error = String;
+
+    fn try_from(
+        s: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    ) -> Result<Self, String> {
+        let mut match_expressions = Vec::new();
+        for (i, e) in s.match_expressions.iter().flatten().enumerate() {
+            let operator = match e.operator.as_str() {
+                "In" => SelectorOperator::In,
+                "NotIn" => SelectorOperator::NotIn,
+                "Exists" => SelectorOperator::Exists,
+                "DoesNotExist" => SelectorOperator::DoesNotExist,
+                other => {
+                    return Err(format!(
+                        "matchExpressions[{i}].operator: unknown operator {other:?}"
+                    ));
+                }
+            };
+            let values = e.values.clone().unwrap_or_default();
+            let needs_values = matches!(operator, SelectorOperator::In | SelectorOperator::NotIn);
+            if needs_values == values.is_empty() {
+                return Err(format!(
+                    "matchExpressions[{i}].values: operator {} {}",
+                    e.operator,
+                    if needs_values {
+                        "needs at least one value"
+                    } else {
+                        "takes no values"
+                    }
+                ));
+            }
+            match_expressions.push(SelectorRequirement {
+                key: e.key.clone(),
+                operator,
+                values,
+            });
+        }
+        Ok(LabelSelector {
+            match_labels: s.match_labels.clone().unwrap_or_default(),
+            match_expressions,
+        })
+    }
+}
+
 /// Metadata every Cluster API object carries.
 struct Meta {
     name: String,

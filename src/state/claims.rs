@@ -11,16 +11,25 @@ use crate::api::wellknown::{MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION};
 
 /// The MachineDeployment (`ns/name`) a claim recorded before asking for a replica.
 pub fn recorded_deployment(c: &NodeClaim) -> Option<&str> {
-    c.annotations().get(MACHINE_DEPLOYMENT_ANNOTATION).map(String::as_str).filter(|s| !s.is_empty())
+    c.annotations()
+        .get(MACHINE_DEPLOYMENT_ANNOTATION)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 /// The Machine (`ns/name`) a claim says it is bound to.
 pub fn recorded_machine(c: &NodeClaim) -> Option<&str> {
-    c.annotations().get(MACHINE_ANNOTATION).map(String::as_str).filter(|s| !s.is_empty())
+    c.annotations()
+        .get(MACHINE_ANNOTATION)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
 }
 
 pub fn provider_id(c: &NodeClaim) -> Option<&str> {
-    c.status.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|s| !s.is_empty())
+    c.status
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .filter(|s| !s.is_empty())
 }
 
 #[derive(Default)]
@@ -62,7 +71,9 @@ impl Claims {
     }
 
     pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<NodeClaim>> {
-        self.by_provider_id.get(provider_id).and_then(|n| self.by_name.get(n).cloned())
+        self.by_provider_id
+            .get(provider_id)
+            .and_then(|n| self.by_name.get(n).cloned())
     }
 
     pub fn apply(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
@@ -70,7 +81,10 @@ impl Claims {
         let old = self.remove(&name);
         if c.metadata.deletion_timestamp.is_none() && recorded_machine(&c).is_none() {
             if let Some(md) = recorded_deployment(&c) {
-                self.waiting_by_md.entry(md.to_string()).or_default().insert(name.clone());
+                self.waiting_by_md
+                    .entry(md.to_string())
+                    .or_default()
+                    .insert(name.clone());
             }
         }
         if let Some(pid) = provider_id(&c) {

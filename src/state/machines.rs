@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::api::wellknown::NODECLAIM_ANNOTATION;
 use crate::capi::model::{Machine, MachineDeployment};
@@ -14,7 +15,10 @@ pub fn key(namespace: &str, name: &str) -> String {
 
 /// The NodeClaim a Machine is bound to, from the durable annotation (invariant 1).
 pub fn bound_claim(m: &Machine) -> Option<&str> {
-    m.annotations.get(NODECLAIM_ANNOTATION).map(String::as_str).filter(|c| !c.is_empty())
+    m.annotations
+        .get(NODECLAIM_ANNOTATION)
+        .map(String::as_str)
+        .filter(|c| !c.is_empty())
 }
 
 /// The MachineDeployment key of a Machine, when it belongs to one.
@@ -29,10 +33,16 @@ pub struct Machines {
     /// claim name -> machine keys naming it (more than one is an invariant violation).
     by_claim: HashMap<String, BTreeSet<String>>,
     by_provider_id: HashMap<String, String>,
+    /// When each Machine's provider ID was first observed (for the provider-ID-to-claim metric).
+    provider_id_seen: HashMap<String, Instant>,
     synced: bool,
 }
 
 impl Machines {
+    pub fn provider_id_seen(&self, key: &str) -> Option<Instant> {
+        self.provider_id_seen.get(key).copied()
+    }
+
     pub fn get(&self, key: &str) -> Option<Arc<Machine>> {
         self.by_key.get(key).cloned()
     }
@@ -62,13 +72,19 @@ impl Machines {
             .flatten()
             .filter_map(|k| self.by_key.get(k).cloned())
             .collect();
-        out.sort_by(|a, b| a.creation_timestamp.cmp(&b.creation_timestamp).then_with(|| a.name.cmp(&b.name)));
+        out.sort_by(|a, b| {
+            a.creation_timestamp
+                .cmp(&b.creation_timestamp)
+                .then_with(|| a.name.cmp(&b.name))
+        });
         out
     }
 
     /// The Machine bound to a claim, if exactly one is; `Err` lists them when several are.
     pub fn bound_to(&self, claim: &str) -> Result<Option<Arc<Machine>>, Vec<String>> {
-        let Some(keys) = self.by_claim.get(claim) else { return Ok(None) };
+        let Some(keys) = self.by_claim.get(claim) else {
+            return Ok(None);
+        };
         match keys.len() {
             0 => Ok(None),
             1 => Ok(keys.iter().next().and_then(|k| self.by_key.get(k).cloned())),
@@ -77,18 +93,34 @@ impl Machines {
     }
 
     pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<Machine>> {
-        self.by_provider_id.get(provider_id).and_then(|k| self.by_key.get(k).cloned())
+        self.by_provider_id
+            .get(provider_id)
+            .and_then(|k| self.by_key.get(k).cloned())
     }
 
-    /// Apply one watched object; returns the previous version.
+    /// Apply one watched or written object unless it is older than what we hold (a write
+    /// response and a watch event may arrive in either order); returns the previous version.
     pub fn apply(&mut self, m: Machine) -> Option<Arc<Machine>> {
         let k = key(&m.namespace, &m.name);
+        if let Some(cur) = self.by_key.get(&k) {
+            if !super::newer_or_equal(Some(&m.resource_version), Some(&cur.resource_version)) {
+                return Some(cur.clone());
+            }
+        }
+        if m.provider_id.is_some() {
+            self.provider_id_seen
+                .entry(k.clone())
+                .or_insert_with(Instant::now);
+        }
         let old = self.remove(&k);
         if let Some(md) = deployment_key(&m) {
             self.by_md.entry(md).or_default().insert(k.clone());
         }
         if let Some(claim) = bound_claim(&m) {
-            self.by_claim.entry(claim.to_string()).or_default().insert(k.clone());
+            self.by_claim
+                .entry(claim.to_string())
+                .or_default()
+                .insert(k.clone());
         }
         if let Some(pid) = m.provider_id.as_deref() {
             self.by_provider_id.insert(pid.to_string(), k.clone());
@@ -99,6 +131,10 @@ impl Machines {
 
     pub fn remove(&mut self, k: &str) -> Option<Arc<Machine>> {
         let old = self.by_key.remove(k)?;
+        if self.by_key.len() < self.provider_id_seen.len() {
+            self.provider_id_seen
+                .retain(|key, _| key == k || self.by_key.contains_key(key));
+        }
         if let Some(md) = deployment_key(&old) {
             prune(&mut self.by_md, &md, k);
         }
@@ -169,7 +205,7 @@ impl MachineDeployments {
     pub fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
         let k = key(&md.namespace, &md.name);
         if let Some(cur) = self.by_key.get(&k) {
-            if !super::newer_or_equal(md.resource_version.as_deref(), cur.resource_version.as_deref()) {
+            if !super::newer_or_equal(Some(&md.resource_version), Some(&cur.resource_version)) {
                 return cur.clone();
             }
         }

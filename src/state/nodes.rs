@@ -8,7 +8,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 pub fn provider_id(n: &Node) -> Option<&str> {
-    n.spec.as_ref().and_then(|s| s.provider_id.as_deref()).filter(|s| !s.is_empty())
+    n.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .filter(|s| !s.is_empty())
 }
 
 #[derive(Default)]
@@ -24,7 +27,9 @@ impl Nodes {
     }
 
     pub fn by_provider_id(&self, pid: &str) -> Option<Arc<Node>> {
-        self.by_provider_id.get(pid).and_then(|n| self.by_name.get(n).cloned())
+        self.by_provider_id
+            .get(pid)
+            .and_then(|n| self.by_name.get(n).cloned())
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Arc<Node>> {

@@ -20,7 +20,9 @@ use self::plan::{MachineView, ReplicaWrite, Snapshot};
 use super::nodeclaim::{MachineBound, RequestRejected};
 use super::patch::JsonPatch;
 use super::{Error, Shared, api_err};
-use crate::api::wellknown::{DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL, NODECLAIM_ANNOTATION};
+use crate::api::wellknown::{
+    DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL, NODECLAIM_ANNOTATION,
+};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::{annotations, version};
 use crate::metrics::{Metrics, WriteLabels};
@@ -77,7 +79,11 @@ pub fn marked_by_us(m: &Machine) -> bool {
 
 /// The replicas this controller owns, from the MachineDeployment's annotation.
 pub fn managed_replicas(md: &MachineDeployment) -> i32 {
-    md.annotations.get(MANAGED_REPLICAS_ANNOTATION).and_then(|v| v.trim().parse::<i32>().ok()).unwrap_or(0).max(0)
+    md.annotations
+        .get(MANAGED_REPLICAS_ANNOTATION)
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .unwrap_or(0)
+        .max(0)
 }
 
 pub struct Scaler {
@@ -183,7 +189,10 @@ impl Scaler {
             waiting: &inputs.waiting,
         };
         let plan = plan::plan(&snapshot);
-        self.metrics().scaler_queue_depth.get_or_create(&Metrics::md(&self.md)).set(inputs.waiting.len() as i64);
+        self.metrics()
+            .scaler_queue_depth
+            .get_or_create(&Metrics::md(&self.md))
+            .set(inputs.waiting.len() as i64);
 
         for (claim, machine) in plan.bind {
             self.bind(claim, machine, ctx);
@@ -208,15 +217,27 @@ impl Scaler {
             return None;
         }
         let sizes = annotations::parse(&md.annotations).ok();
-        let min_size = sizes.as_ref().and_then(|s| s.min_size).map(|v| v as i32).unwrap_or(0);
+        let min_size = sizes
+            .as_ref()
+            .and_then(|s| s.min_size)
+            .map(|v| v as i32)
+            .unwrap_or(0);
         let max_size = sizes.as_ref().and_then(|s| s.max_size).map(|v| v as i32);
 
         let machines = self.shared.state.machines.read();
         let all = machines.of_deployment(&self.md);
-        let live_keys: HashSet<String> =
-            all.iter().filter(|m| m.deletion_timestamp.is_none()).map(|m| key(&m.namespace, &m.name)).collect();
+        let live_keys: HashSet<String> = all
+            .iter()
+            .filter(|m| m.deletion_timestamp.is_none())
+            .map(|m| key(&m.namespace, &m.name))
+            .collect();
         self.decremented.retain(|k| live_keys.contains(k));
-        self.binding.retain(|mk, _| machines.get(mk).map(|m| bound_claim(&m).is_none()).unwrap_or(false));
+        self.binding.retain(|mk, _| {
+            machines
+                .get(mk)
+                .map(|m| bound_claim(&m).is_none())
+                .unwrap_or(false)
+        });
 
         let views: Vec<MachineView> = all
             .iter()
@@ -224,7 +245,9 @@ impl Scaler {
             .map(|m| (key(&m.namespace, &m.name), m))
             .filter(|(k, _)| !self.decremented.contains(k))
             .map(|(k, m)| MachineView {
-                bound_to: bound_claim(m).map(str::to_string).or_else(|| self.binding.get(&k).cloned()),
+                bound_to: bound_claim(m)
+                    .map(str::to_string)
+                    .or_else(|| self.binding.get(&k).cloned()),
                 marked: marked_by_us(m),
                 key: k,
             })
@@ -235,7 +258,10 @@ impl Scaler {
         self.asked.retain(|(c, _)| match claims.get(c) {
             // Not in the index yet (its write is newer than our watch): keep asking.
             None => !claims.synced() || true,
-            Some(cl) => cl.metadata.deletion_timestamp.is_none() && recorded_deployment(&cl) == Some(self.md.as_str()),
+            Some(cl) => {
+                cl.metadata.deletion_timestamp.is_none()
+                    && recorded_deployment(&cl) == Some(self.md.as_str())
+            }
         });
         waiting.extend(self.asked.iter().map(|(c, _)| c.clone()));
         let bound_now: HashSet<&str> = views.iter().filter_map(|v| v.bound_to.as_deref()).collect();
@@ -244,8 +270,21 @@ impl Scaler {
             .filter(|c| !self.rejected.contains(c) && !bound_now.contains(c.as_str()))
             .filter(|c| matches!(machines.bound_to(c), Ok(None)))
             .collect();
-        waiting.sort_by_cached_key(|c| (claims.get(c).and_then(|cl| cl.metadata.creation_timestamp.clone()), c.clone()));
-        Some(Inputs { md, machines: views, waiting, min_size, max_size })
+        waiting.sort_by_cached_key(|c| {
+            (
+                claims
+                    .get(c)
+                    .and_then(|cl| cl.metadata.creation_timestamp.clone()),
+                c.clone(),
+            )
+        });
+        Some(Inputs {
+            md,
+            machines: views,
+            waiting,
+            min_size,
+            max_size,
+        })
     }
 
     fn reject_all(&mut self, why: Rejection) {
@@ -259,7 +298,10 @@ impl Scaler {
         self.asked.retain(|(c, _)| c != claim);
         self.rejected.insert(claim.to_string());
         if let Some(addr) = self.shared.router.claim(claim) {
-            addr.do_send(RequestRejected { machine_deployment: self.md.clone(), why });
+            addr.do_send(RequestRejected {
+                machine_deployment: self.md.clone(),
+                why,
+            });
         }
     }
 
@@ -285,17 +327,33 @@ impl Scaler {
         if self.binding.contains_key(&machine_key) {
             return;
         }
-        let Some(machine) = self.shared.state.machines.read().get(&machine_key) else { return };
+        let Some(machine) = self.shared.state.machines.read().get(&machine_key) else {
+            return;
+        };
         self.binding.insert(machine_key.clone(), claim.clone());
-        let asked_at = self.asked.iter().find(|(c, _)| c == &claim).map(|(_, t)| *t);
+        let asked_at = self
+            .asked
+            .iter()
+            .find(|(c, _)| c == &claim)
+            .map(|(_, t)| *t);
         self.asked.retain(|(c, _)| c != &claim);
 
         let api = self.machine_api(&machine.namespace);
         let shared = self.shared.clone();
         let fut = async move {
-            let mut p = JsonPatch::guarded(machine.resource_version.as_deref());
-            p.set_entry(!machine.annotations.is_empty(), "/metadata/annotations", NODECLAIM_ANNOTATION, &claim);
-            p.set_entry(!machine.labels.is_empty(), "/metadata/labels", MEMBER_LABEL, "");
+            let mut p = JsonPatch::guarded(Some(machine.resource_version.as_str()));
+            p.set_entry(
+                !machine.annotations.is_empty(),
+                "/metadata/annotations",
+                NODECLAIM_ANNOTATION,
+                &claim,
+            );
+            p.set_entry(
+                !machine.labels.is_empty(),
+                "/metadata/labels",
+                MEMBER_LABEL,
+                "",
+            );
             let result = patch_machine(&shared, &api, &machine.name, p).await;
             (claim, machine, result)
         };
@@ -330,15 +388,25 @@ impl Scaler {
 
     /// Mark a Machine of ours for deletion (step one of a release; the decrement follows).
     fn release(&mut self, machine_key: String, ctx: &mut Context<Self>) {
-        let Some(machine) = self.shared.state.machines.read().get(&machine_key) else { return };
-        if marked_by_us(&machine) || machine.deletion_timestamp.is_some() || !self.releasing.insert(machine_key.clone()) {
+        let Some(machine) = self.shared.state.machines.read().get(&machine_key) else {
+            return;
+        };
+        if marked_by_us(&machine)
+            || machine.deletion_timestamp.is_some()
+            || !self.releasing.insert(machine_key.clone())
+        {
             return;
         }
         let api = self.machine_api(&machine.namespace);
         let shared = self.shared.clone();
         let fut = async move {
-            let mut p = JsonPatch::guarded(machine.resource_version.as_deref());
-            p.set_entry(!machine.annotations.is_empty(), "/metadata/annotations", DELETE_MACHINE_ANNOTATION, DELETE_MACHINE_VALUE);
+            let mut p = JsonPatch::guarded(Some(machine.resource_version.as_str()));
+            p.set_entry(
+                !machine.annotations.is_empty(),
+                "/metadata/annotations",
+                DELETE_MACHINE_ANNOTATION,
+                DELETE_MACHINE_VALUE,
+            );
             let result = patch_machine(&shared, &api, &machine.name, p).await;
             (machine, result)
         };
@@ -382,16 +450,41 @@ impl Scaler {
             };
             p.set("/spec/replicas", json!(w2.to));
             if let Some(v) = md.annotations.get(MANAGED_REPLICAS_ANNOTATION) {
-                p.test(&format!("/metadata/annotations/{}", super::patch::escape(MANAGED_REPLICAS_ANNOTATION)), json!(v));
+                p.test(
+                    &format!(
+                        "/metadata/annotations/{}",
+                        super::patch::escape(MANAGED_REPLICAS_ANNOTATION)
+                    ),
+                    json!(v),
+                );
             }
-            p.set_entry(!md.annotations.is_empty(), "/metadata/annotations", MANAGED_REPLICAS_ANNOTATION, &w2.managed_to.to_string());
-            let patch = p.into_patch().map_err(|source| Error::Patch { kind: "MachineDeployment", name: md.name.clone(), source })?;
+            p.set_entry(
+                !md.annotations.is_empty(),
+                "/metadata/annotations",
+                MANAGED_REPLICAS_ANNOTATION,
+                &w2.managed_to.to_string(),
+            );
+            let patch = p.into_patch().map_err(|source| Error::Patch {
+                kind: "MachineDeployment",
+                name: md.name.clone(),
+                source,
+            })?;
             let obj = api
                 .patch(&md.name, &PatchParams::default(), &patch)
                 .await
-                .map_err(api_err(&shared.metrics, "patch", "machinedeployments", &md.name))?;
-            MachineDeployment::from_dynamic(&obj, shared.capi_version)
-                .map_err(|source| Error::Model { kind: "MachineDeployment", name: md.name.clone(), source })
+                .map_err(api_err(
+                    &shared.metrics,
+                    "patch",
+                    "machinedeployments",
+                    &md.name,
+                ))?;
+            MachineDeployment::from_dynamic(&obj, shared.capi_version).map_err(|source| {
+                Error::Model {
+                    kind: "MachineDeployment",
+                    name: md.name.clone(),
+                    source,
+                }
+            })
         };
         ctx.spawn(fut.into_actor(self).map(move |result, act, ctx| {
             act.writing = false;
@@ -430,7 +523,9 @@ impl Scaler {
     /// Below min-size a Machine cannot be removed by lowering replicas; delete it and let its
     /// MachineSet replace it as baseline capacity.
     fn delete_machine(&mut self, machine_key: String, ctx: &mut Context<Self>) {
-        let Some((ns, name)) = machine_key.split_once('/') else { return };
+        let Some((ns, name)) = machine_key.split_once('/') else {
+            return;
+        };
         let api = self.machine_api(ns);
         let name = name.to_string();
         let metrics = self.shared.metrics.clone();
@@ -450,7 +545,9 @@ impl Scaler {
     }
 
     fn refresh_deployment(&mut self, ctx: &mut Context<Self>) {
-        let Some((ns, name)) = self.md.split_once('/') else { return };
+        let Some((ns, name)) = self.md.split_once('/') else {
+            return;
+        };
         let api = self.md_api(ns);
         let name = name.to_string();
         let v = self.shared.capi_version;
@@ -483,8 +580,17 @@ impl Scaler {
         let mk = key(&machine.namespace, &machine.name);
         ctx.spawn(
             async move {
-                let obj = api.get(&machine.name).await.map_err(api_err(&metrics, "get", "machines", &machine.name))?;
-                Machine::from_dynamic(&obj, v).map_err(|source| Error::Model { kind: "Machine", name: machine.name.clone(), source })
+                let obj = api.get(&machine.name).await.map_err(api_err(
+                    &metrics,
+                    "get",
+                    "machines",
+                    &machine.name,
+                ))?;
+                Machine::from_dynamic(&obj, v).map_err(|source| Error::Model {
+                    kind: "Machine",
+                    name: machine.name.clone(),
+                    source,
+                })
             }
             .into_actor(self)
             .map(move |r, act, ctx| {
@@ -518,11 +624,36 @@ impl Scaler {
     }
 }
 
-async fn patch_machine(shared: &Shared, api: &Api<DynamicObject>, name: &str, p: JsonPatch) -> Result<Machine, Error> {
-    let patch = p.into_patch().map_err(|source| Error::Patch { kind: "Machine", name: name.to_string(), source })?;
+async fn patch_machine(
+    shared: &Shared,
+    api: &Api<DynamicObject>,
+    name: &str,
+    p: JsonPatch,
+) -> Result<Machine, Error> {
+    let patch = p.into_patch().map_err(|source| Error::Patch {
+        kind: "Machine",
+        name: name.to_string(),
+        source,
+    })?;
     let obj = api
         .patch(name, &PatchParams::default(), &patch)
         .await
         .map_err(api_err(&shared.metrics, "patch", "machines", name))?;
-    Machine::from_dynamic(&obj, shared.capi_version).map_err(|source| Error::Model { kind: "Machine", name: name.to_string(), source })
+    Machine::from_dynamic(&obj, shared.capi_version).map_err(|source| Error::Model {
+        kind: "Machine",
+        name: name.to_string(),
+        source,
+    })
+}
+
+/// Stop the Scaler (controller shutdown).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+impl Handler<Stop> for Scaler {
+    type Result = ();
+    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
+        ctx.stop();
+    }
 }

@@ -67,12 +67,21 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
     let mut plan = Plan::default();
     let baseline = (s.spec_replicas - s.managed).max(0);
     let bound = s.machines.iter().filter(|m| m.bound_to.is_some()).count() as i32;
-    let marked: Vec<&MachineView> = s.machines.iter().filter(|m| m.marked && m.bound_to.is_none()).collect();
-    let unbound: Vec<&MachineView> = s.machines.iter().filter(|m| m.bound_to.is_none() && !m.marked).collect();
+    let marked: Vec<&MachineView> = s
+        .machines
+        .iter()
+        .filter(|m| m.marked && m.bound_to.is_none())
+        .collect();
+    let unbound: Vec<&MachineView> = s
+        .machines
+        .iter()
+        .filter(|m| m.bound_to.is_none() && !m.marked)
+        .collect();
 
     // Ours among the unbound are the newest ones beyond the baseline count.
     let live = s.machines.len() as i32;
-    let ours_unbound = (live - baseline - bound - marked.len() as i32).clamp(0, unbound.len() as i32) as usize;
+    let ours_unbound =
+        (live - baseline - bound - marked.len() as i32).clamp(0, unbound.len() as i32) as usize;
     let eligible = &unbound[unbound.len() - ours_unbound..];
 
     // FIFO: the oldest waiting claim gets the oldest eligible Machine.
@@ -108,7 +117,12 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
         return plan;
     }
 
-    let to_decrement: Vec<String> = s.machines.iter().filter(|m| m.marked).map(|m| m.key.clone()).collect();
+    let to_decrement: Vec<String> = s
+        .machines
+        .iter()
+        .filter(|m| m.marked)
+        .map(|m| m.key.clone())
+        .collect();
     if !to_decrement.is_empty() {
         let k = to_decrement.len() as i32;
         let to = (s.spec_replicas - k).max(s.min_size).min(s.spec_replicas);
@@ -130,7 +144,12 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
         // newest spare Machines of ours; a replica whose Machine has not appeared yet is released
         // when it does (never lower replicas blindly).
         let surplus = (s.managed - desired) as usize;
-        plan.release = spare.iter().rev().take(surplus).map(|m| m.key.clone()).collect();
+        plan.release = spare
+            .iter()
+            .rev()
+            .take(surplus)
+            .map(|m| m.key.clone())
+            .collect();
     }
     plan
 }
@@ -152,32 +171,59 @@ mod tests {
     use super::*;
 
     fn m(key: &str, bound: Option<&str>, marked: bool) -> MachineView {
-        MachineView { key: key.into(), bound_to: bound.map(Into::into), marked }
+        MachineView {
+            key: key.into(),
+            bound_to: bound.map(Into::into),
+            marked,
+        }
     }
 
     fn waiting(names: &[&str]) -> Vec<String> {
         names.iter().map(|s| s.to_string()).collect()
     }
 
-    fn snap<'a>(spec: i32, managed: i32, machines: &'a [MachineView], waiting: &'a [String]) -> Snapshot<'a> {
-        Snapshot { spec_replicas: spec, managed, min_size: 0, max_size: None, machines, waiting }
+    fn snap<'a>(
+        spec: i32,
+        managed: i32,
+        machines: &'a [MachineView],
+        waiting: &'a [String],
+    ) -> Snapshot<'a> {
+        Snapshot {
+            spec_replicas: spec,
+            managed,
+            min_size: 0,
+            max_size: None,
+            machines,
+            waiting,
+        }
     }
 
     #[test]
     fn one_write_covers_every_waiting_claim() {
         let w = waiting(&["a", "b", "c"]);
         let p = plan(&snap(0, 0, &[], &w));
-        assert_eq!(p.write.as_ref().map(|w| (w.from, w.to, w.managed_to)), Some((0, 3, 3)));
+        assert_eq!(
+            p.write.as_ref().map(|w| (w.from, w.to, w.managed_to)),
+            Some((0, 3, 3))
+        );
         assert!(p.bind.is_empty());
     }
 
     #[test]
     fn machines_bind_fifo_and_baseline_is_never_taken() {
         // Two baseline Machines (old), then two of ours.
-        let ms = [m("base-1", None, false), m("base-2", None, false), m("new-1", None, false), m("new-2", None, false)];
+        let ms = [
+            m("base-1", None, false),
+            m("base-2", None, false),
+            m("new-1", None, false),
+            m("new-2", None, false),
+        ];
         let w = waiting(&["a", "b", "c"]);
         let p = plan(&snap(5, 3, &ms, &w));
-        assert_eq!(p.bind, vec![("a".into(), "new-1".into()), ("b".into(), "new-2".into())]);
+        assert_eq!(
+            p.bind,
+            vec![("a".into(), "new-1".into()), ("b".into(), "new-2".into())]
+        );
         assert_eq!(p.write, None, "the third replica is already written");
     }
 
@@ -203,7 +249,11 @@ mod tests {
 
     #[test]
     fn marked_machines_are_decremented_in_one_write() {
-        let ms = [m("x", Some("a"), true), m("y", Some("b"), true), m("z", Some("c"), false)];
+        let ms = [
+            m("x", Some("a"), true),
+            m("y", Some("b"), true),
+            m("z", Some("c"), false),
+        ];
         let p = plan(&snap(3, 3, &ms, &[]));
         let w = p.write.unwrap();
         assert_eq!((w.from, w.to, w.managed_to), (3, 1, 1));
@@ -246,6 +296,9 @@ mod tests {
     #[test]
     fn double_binding_is_detected() {
         let ms = [m("x", Some("a"), false), m("y", Some("a"), false)];
-        assert_eq!(claims_bound_twice(&ms).into_iter().collect::<Vec<_>>(), vec!["a".to_string()]);
+        assert_eq!(
+            claims_bound_twice(&ms).into_iter().collect::<Vec<_>>(),
+            vec!["a".to_string()]
+        );
     }
 }

@@ -1,0 +1,193 @@
+//! One watch on Machines and one on MachineDeployments (management cluster). Each change updates
+//! the indexes and is routed to the actor that waits: the MachineDeployment's Scaler, the claim
+//! bound to the Machine, the Catalog. A dropped watch re-lists; after a re-list every Scaler and
+//! claim actor reconciles from the fresh state.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::Shared;
+use super::nodeclaim::Kick;
+use super::scaler::Poke;
+use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::version;
+use crate::state::machines::{bound_claim, deployment_key};
+
+pub enum CapiEvent {
+    Machine(Result<watcher::Event<DynamicObject>, watcher::Error>),
+    Deployment(Result<watcher::Event<DynamicObject>, watcher::Error>),
+}
+
+impl Message for CapiEvent {
+    type Result = ();
+}
+
+pub struct CapiWatcher {
+    shared: Arc<Shared>,
+    machine_buffer: Vec<Machine>,
+    md_buffer: Vec<MachineDeployment>,
+}
+
+impl CapiWatcher {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            machine_buffer: Vec::new(),
+            md_buffer: Vec::new(),
+        }
+    }
+
+    fn api(&self, ar: &kube::discovery::ApiResource) -> Api<DynamicObject> {
+        let client = self.shared.management.clone();
+        match &self.shared.settings.capi_namespace {
+            Some(ns) => Api::namespaced_with(client, ns, ar),
+            None => Api::all_with(client, ar),
+        }
+    }
+
+    fn config(&self) -> watcher::Config {
+        let cfg = watcher::Config::default();
+        match &self.shared.settings.cluster_name {
+            Some(c) => cfg.labels(&format!(
+                "{}={c}",
+                crate::api::wellknown::CLUSTER_NAME_LABEL
+            )),
+            None => cfg,
+        }
+    }
+
+    fn route_machine(&self, m: &Machine) {
+        if let Some(md) = deployment_key(m) {
+            if let Some(s) = self.shared.router.scaler(&md) {
+                s.do_send(Poke);
+            }
+        }
+        if let Some(claim) = bound_claim(m) {
+            if let Some(a) = self.shared.router.claim(claim) {
+                a.do_send(Kick);
+            }
+        }
+    }
+
+    fn everyone_reconciles(&self) {
+        for (_, s) in self.shared.router.scalers() {
+            s.do_send(Poke);
+        }
+        for name in self.shared.router.claim_names() {
+            if let Some(a) = self.shared.router.claim(&name) {
+                a.do_send(Kick);
+            }
+        }
+        self.shared.router.catalog_changed();
+        self.shared.synced.notify_waiters();
+    }
+
+    fn on_machine(&mut self, ev: watcher::Event<DynamicObject>) {
+        let v = self.shared.capi_version;
+        match ev {
+            watcher::Event::Init => self.machine_buffer.clear(),
+            watcher::Event::InitApply(o) => match Machine::from_dynamic(&o, v) {
+                Ok(m) => self.machine_buffer.push(m),
+                Err(e) => tracing::warn!(error = %e, "ignoring malformed Machine"),
+            },
+            watcher::Event::InitDone => {
+                let fresh = std::mem::take(&mut self.machine_buffer);
+                self.shared.state.machines.write().replace_all(fresh);
+                self.everyone_reconciles();
+            }
+            watcher::Event::Apply(o) => match Machine::from_dynamic(&o, v) {
+                Ok(m) => {
+                    let old = self.shared.state.machines.write().apply(m.clone());
+                    if let Some(old) = old.filter(|o| bound_claim(o) != bound_claim(&m)) {
+                        self.route_machine(&old);
+                    }
+                    self.route_machine(&m);
+                }
+                Err(e) => tracing::warn!(error = %e, "ignoring malformed Machine"),
+            },
+            watcher::Event::Delete(o) => {
+                let key = format!(
+                    "{}/{}",
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    o.metadata.name.clone().unwrap_or_default()
+                );
+                if let Some(old) = self.shared.state.machines.write().remove(&key) {
+                    self.route_machine(&old);
+                }
+            }
+        }
+    }
+
+    fn on_deployment(&mut self, ev: watcher::Event<DynamicObject>) {
+        let v = self.shared.capi_version;
+        match ev {
+            watcher::Event::Init => self.md_buffer.clear(),
+            watcher::Event::InitApply(o) => match MachineDeployment::from_dynamic(&o, v) {
+                Ok(md) => self.md_buffer.push(md),
+                Err(e) => tracing::warn!(error = %e, "ignoring malformed MachineDeployment"),
+            },
+            watcher::Event::InitDone => {
+                let fresh = std::mem::take(&mut self.md_buffer);
+                self.shared.state.deployments.write().replace_all(fresh);
+                self.everyone_reconciles();
+            }
+            watcher::Event::Apply(o) => match MachineDeployment::from_dynamic(&o, v) {
+                Ok(md) => {
+                    let key = md.key();
+                    self.shared.state.deployments.write().apply(md);
+                    if let Some(s) = self.shared.router.scaler(&key) {
+                        s.do_send(Poke);
+                    }
+                    self.shared.router.catalog_changed();
+                }
+                Err(e) => tracing::warn!(error = %e, "ignoring malformed MachineDeployment"),
+            },
+            watcher::Event::Delete(o) => {
+                let key = format!(
+                    "{}/{}",
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    o.metadata.name.clone().unwrap_or_default()
+                );
+                self.shared.state.deployments.write().remove(&key);
+                if let Some(s) = self.shared.router.scaler(&key) {
+                    s.do_send(Poke);
+                }
+                self.shared.router.catalog_changed();
+            }
+        }
+    }
+}
+
+impl Actor for CapiWatcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let v = self.shared.capi_version;
+        let machines = watcher(self.api(&version::machine_resource(v)), self.config())
+            .default_backoff()
+            .map(CapiEvent::Machine);
+        let mds = watcher(
+            self.api(&version::machine_deployment_resource(v)),
+            self.config(),
+        )
+        .default_backoff()
+        .map(CapiEvent::Deployment);
+        ctx.add_stream(futures::stream::select(machines, mds));
+    }
+}
+
+impl StreamHandler<CapiEvent> for CapiWatcher {
+    fn handle(&mut self, ev: CapiEvent, _: &mut Self::Context) {
+        match ev {
+            CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
+            CapiEvent::Deployment(Ok(ev)) => self.on_deployment(ev),
+            CapiEvent::Machine(Err(e)) | CapiEvent::Deployment(Err(e)) => {
+                tracing::warn!(error = %e, "Cluster API watch failed; it will re-list");
+            }
+        }
+    }
+}

@@ -1,0 +1,566 @@
+//! The instance-type catalog. The Catalog actor watches ClusterAPINodeClasses, reads
+//! infrastructure templates, rebuilds each NodeClass's instance types when a MachineDeployment or
+//! NodeClass changes (never on a timer) and publishes them as an immutable snapshot in a
+//! `CatalogView`; claims and the provisioner read that view directly, like any other index.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use futures::StreamExt;
+use jiff::Timestamp;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use parking_lot::RwLock;
+use serde_json::json;
+
+use super::Shared;
+use crate::api::conditions::{self, ConditionStatus};
+use crate::api::nodeclass::ClusterAPINodeClass;
+use crate::api::requirements::Requirements;
+use crate::api::resources::Resources;
+use crate::capi::model::{LabelSelector, MachineDeployment};
+use crate::capi::offerings::{self, Context as OfferingContext};
+use crate::capi::template::TemplateCapacity;
+use crate::capi::version;
+use crate::scheduling::InstanceType;
+
+/// The offering a claim launches from, with what its node will look like.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub machine_deployment: String,
+    pub instance_type: String,
+    pub zone: Option<String>,
+    pub capacity_type: String,
+    pub price: f64,
+    pub capacity: Resources,
+    pub allocatable: Resources,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl Choice {
+    /// The labels Karpenter writes on a claim at launch: the well-known ones of the offering.
+    pub fn node_labels(&self) -> Vec<(String, String)> {
+        use crate::api::wellknown::*;
+        [
+            INSTANCE_TYPE_LABEL,
+            ZONE_LABEL,
+            CAPACITY_TYPE_LABEL,
+            ARCH_LABEL,
+            OS_LABEL,
+        ]
+        .iter()
+        .filter_map(|k| self.labels.get(*k).map(|v| (k.to_string(), v.clone())))
+        .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("ClusterAPINodeClass {0} not found")]
+    NodeClassNotFound(String),
+    #[error("ClusterAPINodeClass {name} is not ready: {message}")]
+    NodeClassNotReady { name: String, message: String },
+    #[error("invalid NodeClaim: {0}")]
+    Invalid(String),
+    #[error("no available offering of ClusterAPINodeClass {nodeclass} is compatible: {details}")]
+    NoCompatibleOffering { nodeclass: String, details: String },
+}
+
+impl ResolveError {
+    /// Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ResolveError::NodeClassNotFound(_) => "NodeClassNotFound",
+            ResolveError::NodeClassNotReady { .. } => "NodeClassNotReady",
+            ResolveError::Invalid(_) => "InvalidNodeClaim",
+            ResolveError::NoCompatibleOffering { .. } => "InsufficientCapacity",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    catalog: Arc<offerings::Catalog>,
+    create_timeout: Option<Duration>,
+    ready: Result<(), String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_nodeclass: HashMap<String, Entry>,
+    unavailable: HashMap<String, Instant>,
+}
+
+/// Read side of the catalog, shared by every actor.
+#[derive(Clone, Default)]
+pub struct CatalogView {
+    inner: Arc<RwLock<Inner>>,
+}
+
+impl CatalogView {
+    pub fn mark_unavailable(&self, md: &str, ttl: Duration) {
+        self.inner
+            .write()
+            .unavailable
+            .insert(md.to_string(), Instant::now() + ttl);
+    }
+
+    pub fn is_unavailable(&self, md: &str) -> bool {
+        self.inner
+            .read()
+            .unavailable
+            .get(md)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    pub fn create_timeout(&self, nodeclass: &str) -> Option<Duration> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .get(nodeclass)
+            .and_then(|e| e.create_timeout)
+    }
+
+    pub fn instance_types(&self, nodeclass: &str) -> Vec<InstanceType> {
+        let inner = self.inner.read();
+        let Some(e) = inner.by_nodeclass.get(nodeclass) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut types = e.catalog.instance_types.clone();
+        for o in types.iter_mut().flat_map(|t| t.offerings.iter_mut()) {
+            if inner
+                .unavailable
+                .get(&o.machine_deployment)
+                .is_some_and(|until| *until > now)
+            {
+                o.available = false;
+            }
+        }
+        types
+    }
+
+    pub fn nodeclass_ready(&self, nodeclass: &str) -> Option<Result<(), String>> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .get(nodeclass)
+            .map(|e| e.ready.clone())
+    }
+
+    /// The offering backed by a MachineDeployment (any NodeClass), for a claim's status.
+    pub fn offering(&self, md: &str) -> Option<Choice> {
+        let inner = self.inner.read();
+        inner
+            .by_nodeclass
+            .values()
+            .flat_map(|e| e.catalog.instance_types.iter())
+            .find_map(|t| {
+                t.offerings
+                    .iter()
+                    .find(|o| o.machine_deployment == md)
+                    .map(|o| choice(t, o))
+            })
+    }
+
+    /// The cheapest available offering compatible with the claim; ties go to the least-loaded
+    /// MachineDeployment.
+    pub fn resolve(
+        &self,
+        nodeclass: &str,
+        reqs: &Requirements,
+        requests: &Resources,
+        excluded: &HashSet<String>,
+    ) -> Result<Choice, ResolveError> {
+        let inner = self.inner.read();
+        let Some(entry) = inner.by_nodeclass.get(nodeclass) else {
+            return Err(ResolveError::NodeClassNotFound(nodeclass.to_string()));
+        };
+        if let Err(message) = &entry.ready {
+            if entry.catalog.instance_types.is_empty() {
+                return Err(ResolveError::NodeClassNotReady {
+                    name: nodeclass.to_string(),
+                    message: message.clone(),
+                });
+            }
+        }
+        let now = Instant::now();
+        let (mut incompatible, mut too_small, mut unavailable) = (0, 0, 0);
+        let mut best: Option<(f64, f64, &InstanceType, &crate::scheduling::Offering)> = None;
+        for t in &entry.catalog.instance_types {
+            if !requests.fits(&t.allocatable()) {
+                too_small += t.offerings.len();
+                continue;
+            }
+            for o in &t.offerings {
+                if Requirements::from_labels(&o.labels)
+                    .compatible(reqs)
+                    .is_err()
+                {
+                    incompatible += 1;
+                    continue;
+                }
+                let marked = inner
+                    .unavailable
+                    .get(&o.machine_deployment)
+                    .is_some_and(|u| *u > now);
+                if !o.available || marked || excluded.contains(&o.machine_deployment) {
+                    unavailable += 1;
+                    continue;
+                }
+                let load = match o.max_size {
+                    Some(max) if max > 0 => f64::from(o.replicas) / f64::from(max),
+                    _ => f64::from(o.replicas),
+                };
+                let better = match &best {
+                    None => true,
+                    Some((p, l, _, bo)) => {
+                        (o.price, load, &o.machine_deployment) < (*p, *l, &bo.machine_deployment)
+                    }
+                };
+                if better {
+                    best = Some((o.price, load, t, o));
+                }
+            }
+        }
+        match best {
+            Some((_, _, t, o)) => Ok(choice(t, o)),
+            None => Err(ResolveError::NoCompatibleOffering {
+                nodeclass: nodeclass.to_string(),
+                details: format!(
+                    "{incompatible} offerings incompatible with the requirements, {too_small} too small for the requests, {unavailable} unavailable (max-size reached or recently failed)"
+                ),
+            }),
+        }
+    }
+
+    fn publish(&self, nodeclass: String, entry: Entry) {
+        self.inner.write().by_nodeclass.insert(nodeclass, entry);
+    }
+
+    fn retain(&self, names: &HashSet<String>) {
+        self.inner
+            .write()
+            .by_nodeclass
+            .retain(|k, _| names.contains(k));
+    }
+}
+
+fn choice(t: &InstanceType, o: &crate::scheduling::Offering) -> Choice {
+    Choice {
+        machine_deployment: o.machine_deployment.clone(),
+        instance_type: t.name.clone(),
+        zone: o.zone.clone(),
+        capacity_type: o.capacity_type.clone(),
+        price: o.price,
+        capacity: t.capacity.clone(),
+        allocatable: t.allocatable(),
+        labels: o.labels.clone(),
+    }
+}
+
+/// MachineDeployments changed: rebuild (coalesced).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Rebuild;
+
+/// Wait until the first rebuild after the NodeClass list has synced.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct Synced;
+
+pub struct Catalog {
+    shared: Arc<Shared>,
+    nodeclasses: HashMap<String, Arc<ClusterAPINodeClass>>,
+    templates: HashMap<String, (String, TemplateCapacity)>,
+    fetching: HashSet<String>,
+    rebuild_scheduled: bool,
+    synced: bool,
+    /// Hook for whoever wants to know the catalog changed (the provisioner).
+    pub on_change: Option<Recipient<Rebuild>>,
+}
+
+impl Catalog {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            nodeclasses: HashMap::new(),
+            templates: HashMap::new(),
+            fetching: HashSet::new(),
+            rebuild_scheduled: false,
+            synced: false,
+            on_change: None,
+        }
+    }
+
+    fn schedule_rebuild(&mut self, ctx: &mut Context<Self>) {
+        if self.rebuild_scheduled {
+            return;
+        }
+        self.rebuild_scheduled = true;
+        // A short coalescing delay: a burst of MachineDeployment status updates is one rebuild.
+        ctx.run_later(Duration::from_millis(20), |act, ctx| {
+            act.rebuild_scheduled = false;
+            act.rebuild(ctx);
+        });
+    }
+
+    fn rebuild(&mut self, ctx: &mut Context<Self>) {
+        let mds: Vec<Arc<MachineDeployment>> = self
+            .shared
+            .state
+            .deployments
+            .read()
+            .all()
+            .cloned()
+            .collect();
+        self.fetch_missing_templates(&mds, ctx);
+        let templates: HashMap<String, TemplateCapacity> = self
+            .templates
+            .iter()
+            .map(|(k, (_, t))| (k.clone(), t.clone()))
+            .collect();
+        let view = self.shared.catalog.clone();
+        let unavailable = |md: &str| view.is_unavailable(md);
+        let cx = OfferingContext {
+            templates: &templates,
+            unavailable: &unavailable,
+        };
+        let names: HashSet<String> = self.nodeclasses.keys().cloned().collect();
+        for (name, nc) in &self.nodeclasses {
+            let selector = nc
+                .spec
+                .scalable_resource_selector
+                .as_ref()
+                .map(LabelSelector::try_from);
+            let (catalog, ready) = match selector.transpose() {
+                Err(e) => (
+                    offerings::Catalog::default(),
+                    Err(format!("spec.scalableResourceSelector: {e}")),
+                ),
+                Ok(sel) => {
+                    let c = offerings::build(sel.as_ref(), &mds, &cx);
+                    let ready = readiness(&c);
+                    (c, ready)
+                }
+            };
+            self.update_status(nc, &catalog, &ready, ctx);
+            self.shared.catalog.publish(
+                name.clone(),
+                Entry {
+                    catalog: Arc::new(catalog),
+                    create_timeout: nc.create_timeout(),
+                    ready,
+                },
+            );
+        }
+        self.shared.catalog.retain(&names);
+        if let Some(r) = &self.on_change {
+            r.do_send(Rebuild);
+        }
+    }
+
+    /// Read each MachineDeployment's infrastructure template once (and again when the
+    /// reference changes); a template that cannot be read leaves the annotations in charge.
+    fn fetch_missing_templates(&mut self, mds: &[Arc<MachineDeployment>], ctx: &mut Context<Self>) {
+        for md in mds {
+            let key = md.key();
+            let r = &md.infrastructure_ref;
+            let ref_id = format!(
+                "{}/{}/{}/{}",
+                r.api_group,
+                r.version.clone().unwrap_or_default(),
+                r.kind,
+                r.name
+            );
+            if self
+                .templates
+                .get(&key)
+                .is_some_and(|(id, _)| *id == ref_id)
+                || !self.fetching.insert(key.clone())
+            {
+                continue;
+            }
+            let client = self.shared.management.clone();
+            let (group, kind, name, ns) = (
+                r.api_group.clone(),
+                r.kind.clone(),
+                r.name.clone(),
+                md.namespace.clone(),
+            );
+            let pinned = r.version.clone();
+            let fut = async move {
+                let ver = match pinned {
+                    Some(v) => v,
+                    None => version::infrastructure_version(&client, &group)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                };
+                let ar = version::infrastructure_template_resource(&group, &ver, &kind);
+                let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &ar);
+                let obj = api.get(&name).await.map_err(|e| e.to_string())?;
+                TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
+            };
+            ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
+                act.fetching.remove(&key);
+                match r {
+                    Ok(t) => {
+                        act.templates.insert(key, (ref_id, t));
+                        act.schedule_rebuild(ctx);
+                    }
+                    Err(e) => {
+                        tracing::debug!(machine_deployment = %key, error = %e, "infrastructure template not readable; using annotations only");
+                        act.templates.insert(key, (ref_id, TemplateCapacity::default()));
+                    }
+                }
+            }));
+        }
+    }
+
+    /// ClusterAPINodeClass status: Ready with what it resolves to, or why not.
+    fn update_status(
+        &self,
+        nc: &ClusterAPINodeClass,
+        catalog: &offerings::Catalog,
+        ready: &Result<(), String>,
+        ctx: &mut Context<Self>,
+    ) {
+        let (status, reason, message) = match ready {
+            Ok(()) => (
+                ConditionStatus::True,
+                "Ready",
+                format!(
+                    "Resolved {} MachineDeployments into {} instance types",
+                    catalog.deployments.len(),
+                    catalog.instance_types.len()
+                ),
+            ),
+            Err(m) => (ConditionStatus::False, not_ready_reason(catalog), m.clone()),
+        };
+        let mut conds = nc
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let changed = conditions::set(
+            &mut conds,
+            conditions::READY,
+            status,
+            reason,
+            &message,
+            nc.metadata.generation,
+            Timestamp::now(),
+        );
+        if !changed {
+            return;
+        }
+        if status == ConditionStatus::False {
+            self.shared
+                .events
+                .warning(nc.object_ref(&()), reason, message.clone());
+        }
+        let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
+        let name = nc.name_any();
+        let body = json!({"status": {"conditions": conds}});
+        ctx.spawn(
+            async move {
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .map(|_| ())
+            }
+            .into_actor(self)
+            .map(|r, _, _| {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "updating ClusterAPINodeClass status failed");
+                }
+            }),
+        );
+    }
+}
+
+fn readiness(c: &offerings::Catalog) -> Result<(), String> {
+    if c.deployments.is_empty() {
+        let mut m = "selects no usable MachineDeployment (a MachineDeployment needs the node.cluster.x-k8s.io/karpenter-member label and must match spec.scalableResourceSelector)".to_string();
+        if !c.problems.is_empty() {
+            m.push_str(": ");
+            m.push_str(&c.problems.join("; "));
+        }
+        return Err(m);
+    }
+    if !c.problems.is_empty() {
+        // Usable, but say what was left out: Ready stays True and the Event carries the detail.
+        tracing::warn!(problems = ?c.problems, "some MachineDeployments were left out of the catalog");
+    }
+    Ok(())
+}
+
+fn not_ready_reason(c: &offerings::Catalog) -> &'static str {
+    if c.problems.is_empty() {
+        "NoMachineDeployments"
+    } else {
+        "InvalidMachineDeployments"
+    }
+}
+
+impl Actor for Catalog {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
+        ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
+    }
+}
+
+impl StreamHandler<Result<watcher::Event<ClusterAPINodeClass>, watcher::Error>> for Catalog {
+    fn handle(
+        &mut self,
+        ev: Result<watcher::Event<ClusterAPINodeClass>, watcher::Error>,
+        ctx: &mut Self::Context,
+    ) {
+        match ev {
+            Ok(watcher::Event::Apply(nc)) | Ok(watcher::Event::InitApply(nc)) => {
+                self.nodeclasses.insert(nc.name_any(), Arc::new(nc));
+            }
+            Ok(watcher::Event::Delete(nc)) => {
+                self.nodeclasses.remove(&nc.name_any());
+            }
+            Ok(watcher::Event::Init) => self.nodeclasses.clear(),
+            Ok(watcher::Event::InitDone) => self.synced = true,
+            Err(e) => {
+                tracing::warn!(error = %e, "ClusterAPINodeClass watch failed; retrying");
+                return;
+            }
+        }
+        if self.synced {
+            self.schedule_rebuild(ctx);
+        }
+    }
+}
+
+impl Handler<Rebuild> for Catalog {
+    type Result = ();
+    fn handle(&mut self, _: Rebuild, ctx: &mut Self::Context) {
+        if self.synced {
+            self.schedule_rebuild(ctx);
+        }
+    }
+}
+
+impl Handler<Synced> for Catalog {
+    type Result = bool;
+    fn handle(&mut self, _: Synced, ctx: &mut Self::Context) -> bool {
+        if self.synced && !self.rebuild_scheduled {
+            self.rebuild(ctx);
+        }
+        self.synced
+    }
+}
+
+#[allow(unused)]
+fn _stream_ext_used<S: futures::Stream>(s: S) -> futures::stream::Fuse<S> {
+    s.fuse()
+}

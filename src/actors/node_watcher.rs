@@ -1,0 +1,90 @@
+//! One watch on Nodes (workload cluster). Each change updates the node index and is routed, by
+//! provider ID, to the claim that waits for it (registration, initialization, termination).
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::Shared;
+use super::nodeclaim::Kick;
+use crate::state::machines::bound_claim;
+use crate::state::nodes::provider_id;
+
+pub struct NodeWatcher {
+    shared: Arc<Shared>,
+    buffer: Vec<Node>,
+}
+
+impl NodeWatcher {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            buffer: Vec::new(),
+        }
+    }
+
+    fn route(&self, n: &Node) {
+        let Some(pid) = provider_id(n) else { return };
+        let claim = self
+            .shared
+            .state
+            .claims
+            .read()
+            .by_provider_id(pid)
+            .map(|c| c.name_any())
+            .or_else(|| {
+                self.shared
+                    .state
+                    .machines
+                    .read()
+                    .by_provider_id(pid)
+                    .and_then(|m| bound_claim(&m).map(str::to_string))
+            });
+        if let Some(a) = claim.and_then(|c| self.shared.router.claim(&c)) {
+            a.do_send(Kick);
+        }
+    }
+}
+
+impl Actor for NodeWatcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let api: Api<Node> = Api::all(self.shared.workload.clone());
+        ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
+    }
+}
+
+impl StreamHandler<Result<watcher::Event<Node>, watcher::Error>> for NodeWatcher {
+    fn handle(&mut self, ev: Result<watcher::Event<Node>, watcher::Error>, _: &mut Self::Context) {
+        match ev {
+            Ok(watcher::Event::Init) => self.buffer.clear(),
+            Ok(watcher::Event::InitApply(n)) => self.buffer.push(n),
+            Ok(watcher::Event::InitDone) => {
+                let fresh = std::mem::take(&mut self.buffer);
+                let gone = self.shared.state.nodes.write().replace_all(fresh);
+                for n in gone {
+                    self.route(&n);
+                }
+                let all: Vec<_> = self.shared.state.nodes.read().all().cloned().collect();
+                for n in all {
+                    self.route(&n);
+                }
+                self.shared.synced.notify_waiters();
+            }
+            Ok(watcher::Event::Apply(n)) => {
+                self.shared.state.nodes.write().apply(n.clone());
+                self.route(&n);
+            }
+            Ok(watcher::Event::Delete(n)) => {
+                self.shared.state.nodes.write().remove(&n.name_any());
+                self.route(&n);
+            }
+            Err(e) => tracing::warn!(error = %e, "Node watch failed; it will re-list"),
+        }
+    }
+}

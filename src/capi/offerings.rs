@@ -1,0 +1,355 @@
+//! Instance types from MachineDeployments (DESIGN.md section 5), as a pure function of the
+//! MachineDeployments, their infrastructure templates and a NodeClass's selector.
+//!
+//! One MachineDeployment is one offering. MachineDeployments that share an instance-type label
+//! form one instance type with one offering each; without the label the MachineDeployment's name
+//! stands in. A MachineDeployment whose annotations are malformed is left out and reported, so
+//! one bad object never hides the others.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use crate::api::Operator;
+use crate::api::requirements::{Requirement, Requirements};
+use crate::api::resources::Resources;
+use crate::api::wellknown::*;
+use crate::capi::annotations;
+use crate::capi::model::{LabelSelector, MachineDeployment};
+use crate::capi::template::{self, TemplateCapacity};
+use crate::scheduling::{InstanceType, Offering};
+
+/// What one NodeClass resolves to.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    pub instance_types: Vec<InstanceType>,
+    /// `namespace/name` of every MachineDeployment that became an offering.
+    pub deployments: Vec<String>,
+    /// One line per MachineDeployment that was selected but left out, naming it and why.
+    pub problems: Vec<String>,
+}
+
+/// Inputs for one MachineDeployment besides the object itself.
+pub struct Context<'a> {
+    /// Infrastructure template capacity by MachineDeployment key, where it could be read.
+    pub templates: &'a HashMap<String, TemplateCapacity>,
+    /// MachineDeployments temporarily unavailable (a launch failed or timed out recently).
+    pub unavailable: &'a dyn Fn(&str) -> bool,
+}
+
+/// True when a MachineDeployment is a member and the NodeClass's selector picks it.
+pub fn selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> bool {
+    md.labels.contains_key(MEMBER_LABEL)
+        && md.deletion_timestamp.is_none()
+        && selector.is_none_or(|s| s.matches(&md.labels))
+}
+
+pub fn build(
+    selector: Option<&LabelSelector>,
+    mds: &[Arc<MachineDeployment>],
+    cx: &Context<'_>,
+) -> Catalog {
+    let mut catalog = Catalog::default();
+    let mut by_type: BTreeMap<String, Vec<(Resources, Offering)>> = BTreeMap::new();
+    let mut sorted: Vec<&Arc<MachineDeployment>> =
+        mds.iter().filter(|md| selected(md, selector)).collect();
+    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    for md in sorted {
+        match offering(md, cx) {
+            Ok((name, capacity, o)) => {
+                catalog.deployments.push(o.machine_deployment.clone());
+                by_type.entry(name).or_default().push((capacity, o));
+            }
+            Err(problem) => catalog.problems.push(format!(
+                "MachineDeployment {}/{}: {problem}",
+                md.namespace, md.name
+            )),
+        }
+    }
+    catalog.instance_types = by_type
+        .into_iter()
+        .map(|(name, offerings)| instance_type(name, offerings))
+        .collect();
+    catalog
+}
+
+/// One MachineDeployment as (instance type name, capacity, offering), or why it cannot be one.
+fn offering(
+    md: &MachineDeployment,
+    cx: &Context<'_>,
+) -> Result<(String, Resources, Offering), String> {
+    let key = md.key();
+    let sfz =
+        annotations::parse(&md.annotations).map_err(|e| format!("malformed annotation: {e}"))?;
+    let shape = template::merge(cx.templates.get(&key), &sfz);
+    for needed in ["cpu", "memory"] {
+        if shape.capacity.get(needed).is_zero() {
+            return Err(format!(
+                "no {needed} capacity: set the {CAPACITY_ANNOTATION_PREFIX}{needed} annotation or publish status.capacity on the infrastructure template"
+            ));
+        }
+    }
+    // Labels the node will carry: propagated template labels, then the labels annotation.
+    let mut labels: BTreeMap<String, String> = md
+        .template_labels
+        .iter()
+        .filter(|(k, _)| capi_propagates(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.extend(shape.labels.clone());
+    let name = labels
+        .get(INSTANCE_TYPE_LABEL)
+        .cloned()
+        .unwrap_or_else(|| md.name.clone());
+    labels.insert(INSTANCE_TYPE_LABEL.to_string(), name.clone());
+    let capacity_type = labels
+        .get(CAPACITY_TYPE_LABEL)
+        .cloned()
+        .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string());
+    labels.insert(CAPACITY_TYPE_LABEL.to_string(), capacity_type.clone());
+    let replicas = md.spec_replicas.unwrap_or(0);
+    let below_max = sfz.max_size.is_none_or(|max| replicas < max);
+    let o = Offering {
+        machine_deployment: key.clone(),
+        zone: labels.get(ZONE_LABEL).cloned(),
+        capacity_type,
+        price: sfz.price.unwrap_or(0.0),
+        available: below_max && !(cx.unavailable)(&key),
+        labels,
+        taints: shape.taints.iter().map(|t| t.to_k8s()).collect(),
+        replicas,
+        max_size: sfz.max_size,
+    };
+    Ok((name, shape.capacity, o))
+}
+
+/// Merge the offerings of one instance type. Capacity is the smallest each resource is offered
+/// with, so a pod that fits the type fits every offering of it.
+fn instance_type(name: String, offerings: Vec<(Resources, Offering)>) -> InstanceType {
+    let mut capacity: Option<Resources> = None;
+    for (c, _) in &offerings {
+        capacity = Some(match capacity {
+            None => c.clone(),
+            Some(acc) => min_each(&acc, c),
+        });
+    }
+    let offerings: Vec<Offering> = offerings.into_iter().map(|(_, o)| o).collect();
+    InstanceType {
+        requirements: type_requirements(&offerings),
+        name,
+        capacity: capacity.unwrap_or_default(),
+        overhead: Resources::default(),
+        offerings,
+    }
+}
+
+fn min_each(a: &Resources, b: &Resources) -> Resources {
+    let keys: BTreeSet<&str> = a
+        .iter()
+        .map(|(k, _)| k)
+        .chain(b.iter().map(|(k, _)| k))
+        .collect();
+    let mut out = Resources::default();
+    for k in keys {
+        out.set(k, a.get(k).min(b.get(k)));
+    }
+    out
+}
+
+/// Labels every offering shares become `In [v]`; zone and capacity type list every value.
+fn type_requirements(offerings: &[Offering]) -> Requirements {
+    let mut shared: Option<BTreeMap<String, String>> = None;
+    for o in offerings {
+        shared = Some(match shared {
+            None => o.labels.clone(),
+            Some(acc) => acc
+                .into_iter()
+                .filter(|(k, v)| o.labels.get(k) == Some(v))
+                .collect(),
+        });
+    }
+    let mut shared = shared.unwrap_or_default();
+    shared.remove(ZONE_LABEL);
+    shared.remove(CAPACITY_TYPE_LABEL);
+    let mut reqs = Requirements::from_labels(&shared);
+    for (key, values) in [
+        (
+            ZONE_LABEL,
+            offerings
+                .iter()
+                .filter_map(|o| o.zone.clone())
+                .collect::<BTreeSet<_>>(),
+        ),
+        (
+            CAPACITY_TYPE_LABEL,
+            offerings
+                .iter()
+                .map(|o| o.capacity_type.clone())
+                .collect::<BTreeSet<_>>(),
+        ),
+    ] {
+        if values.is_empty() {
+            continue;
+        }
+        let values: Vec<String> = values.into_iter().collect();
+        if let Ok(r) = Requirement::new(key, Operator::In, &values) {
+            reqs.add(r);
+        }
+    }
+    reqs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capi::version::CapiVersion;
+    use serde_json::json;
+
+    fn md(name: &str, annotations: serde_json::Value, member: bool) -> Arc<MachineDeployment> {
+        let mut labels = json!({});
+        if member {
+            labels = json!({ MEMBER_LABEL: "" });
+        }
+        let v = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1",
+            "kind": "MachineDeployment",
+            "metadata": {"name": name, "namespace": "default", "uid": name, "resourceVersion": "1",
+                          "labels": labels, "annotations": annotations},
+            "spec": {"clusterName": "c", "replicas": 0,
+                     "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": name}},
+                     "template": {"metadata": {"labels": {"node.cluster.x-k8s.io": "workload-target"}},
+                                  "spec": {"clusterName": "c", "bootstrap": {"dataSecretName": "x"},
+                                           "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1", "kind": "DevMachineTemplate", "name": name}}}}
+        });
+        Arc::new(MachineDeployment::from_value(&v, CapiVersion::V1Beta1).unwrap())
+    }
+
+    fn sized(cpu: &str, mem: &str, labels: &str, price: &str) -> serde_json::Value {
+        json!({
+            CPU_ANNOTATION: cpu, MEMORY_ANNOTATION: mem, LABELS_ANNOTATION: labels,
+            PRICE_ANNOTATION: price, MAX_SIZE_ANNOTATION: "10",
+        })
+    }
+
+    fn build_all(mds: &[Arc<MachineDeployment>]) -> Catalog {
+        let templates = HashMap::new();
+        let never = |_: &str| false;
+        build(
+            None,
+            mds,
+            &Context {
+                templates: &templates,
+                unavailable: &never,
+            },
+        )
+    }
+
+    #[test]
+    fn shared_instance_type_label_makes_one_type_with_two_offerings() {
+        let mds = [
+            md(
+                "a",
+                sized(
+                    "2",
+                    "4Gi",
+                    "node.kubernetes.io/instance-type=m,topology.kubernetes.io/zone=z1",
+                    "0.5",
+                ),
+                true,
+            ),
+            md(
+                "b",
+                sized(
+                    "2",
+                    "4Gi",
+                    "node.kubernetes.io/instance-type=m,topology.kubernetes.io/zone=z2",
+                    "0.4",
+                ),
+                true,
+            ),
+            md("c", sized("8", "32Gi", "", "2"), true),
+        ];
+        let cat = build_all(&mds);
+        assert!(cat.problems.is_empty(), "{:?}", cat.problems);
+        let names: Vec<_> = cat.instance_types.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, vec!["c", "m"]);
+        let m = &cat.instance_types[1];
+        assert_eq!(m.offerings.len(), 2);
+        let zones = m.requirements.values(ZONE_LABEL).unwrap();
+        assert_eq!(
+            zones.iter().cloned().collect::<Vec<_>>(),
+            vec!["z1".to_string(), "z2".to_string()]
+        );
+        assert_eq!(
+            m.offerings[0]
+                .labels
+                .get(CAPACITY_TYPE_LABEL)
+                .map(String::as_str),
+            Some("on-demand")
+        );
+        assert_eq!(
+            m.offerings[0]
+                .labels
+                .get("node.cluster.x-k8s.io")
+                .map(String::as_str),
+            Some("workload-target")
+        );
+        assert_eq!(
+            m.cheapest(&Requirements::default())
+                .map(|o| o.machine_deployment.as_str()),
+            Some("default/b")
+        );
+    }
+
+    #[test]
+    fn malformed_annotation_is_reported_and_others_survive() {
+        let mds = [
+            md("bad", sized("two", "4Gi", "", "1"), true),
+            md("good", sized("2", "4Gi", "", "1"), true),
+        ];
+        let cat = build_all(&mds);
+        assert_eq!(cat.instance_types.len(), 1);
+        assert_eq!(cat.problems.len(), 1);
+        assert!(
+            cat.problems[0].contains("default/bad") && cat.problems[0].contains(CPU_ANNOTATION),
+            "{}",
+            cat.problems[0]
+        );
+    }
+
+    #[test]
+    fn non_members_and_missing_capacity_are_left_out() {
+        let mds = [
+            md("other", sized("2", "4Gi", "", "1"), false),
+            md("empty", json!({}), true),
+        ];
+        let cat = build_all(&mds);
+        assert!(cat.instance_types.is_empty());
+        assert_eq!(cat.problems.len(), 1, "{:?}", cat.problems);
+        assert!(cat.problems[0].contains("no cpu capacity"));
+    }
+
+    #[test]
+    fn max_size_and_marks_make_offerings_unavailable() {
+        let full = md(
+            "full",
+            json!({CPU_ANNOTATION: "2", MEMORY_ANNOTATION: "4Gi", MAX_SIZE_ANNOTATION: "0"}),
+            true,
+        );
+        let marked = md("marked", sized("2", "4Gi", "", "1"), true);
+        let templates = HashMap::new();
+        let unavailable = |k: &str| k == "default/marked";
+        let cat = build(
+            None,
+            &[full, marked],
+            &Context {
+                templates: &templates,
+                unavailable: &unavailable,
+            },
+        );
+        assert!(
+            cat.instance_types
+                .iter()
+                .all(|t| t.offerings.iter().all(|o| !o.available))
+        );
+    }
+}
