@@ -2,5 +2,6 @@
 
 // ---- stand-ins and scenarios (H4) ----
 pub mod capi;
+pub mod kubelet;
 pub mod quantity;
 pub mod standin;
