@@ -4,4 +4,5 @@
 pub mod capi;
 pub mod kubelet;
 pub mod quantity;
+pub mod scheduler;
 pub mod standin;
