@@ -130,16 +130,19 @@ impl SimCluster {
             ServedVersions::V1beta2 => CapiVersions::V1Beta2,
             ServedVersions::Both => CapiVersions::Both,
         };
-        let server = SimServer::start(SimConfig {
-            capi_versions: served,
-            extra_resources: vec![infra_template_def()],
-            ..SimConfig::default()
-        })
+        let server = SimServer::start(
+            SimConfig {
+                served_capi_versions: served,
+                seed: cfg.seed,
+                ..SimConfig::default()
+            }
+            .with_infrastructure_templates(),
+        )
         .await?;
-        let client = server.client()?;
+        let client = server.client();
         let (trigger, shutdown) = shutdown_pair();
         let mut tasks = capi::spawn(
-            server.client()?,
+            server.client(),
             CapiConfig {
                 version: cfg.capi_version,
                 provider_delay: cfg.provider_delay,
@@ -152,7 +155,7 @@ impl SimCluster {
             shutdown.clone(),
         );
         tasks.extend(kubelet::spawn(
-            server.client()?,
+            server.client(),
             KubeletConfig {
                 version: cfg.capi_version,
                 node_ready_delay: cfg.node_ready_delay,
@@ -161,7 +164,7 @@ impl SimCluster {
         ));
         let binds = if cfg.scheduler {
             let (log, t) = scheduler::spawn(
-                server.client()?,
+                server.client(),
                 SchedulerConfig {
                     debounce: cfg.scheduler_debounce,
                 },
@@ -190,7 +193,7 @@ impl SimCluster {
     /// A client built fresh on the caller's runtime (a Client dies with the runtime it was
     /// built on, so a controller on another thread needs its own).
     pub fn new_client(&self) -> Result<Client, Error> {
-        Ok(self.server.client()?)
+        Ok(self.server.client())
     }
 
     pub fn kubeconfig_path(&self) -> &Path {
@@ -219,14 +222,14 @@ impl SimCluster {
     }
 
     /// Stops the stand-ins, waits for them, then stops the server.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.trigger.trigger();
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             if let Err(err) = task.await {
                 tracing::warn!(error = %err, "stand-in task ended abnormally");
             }
         }
-        self.server.shutdown().await;
+        self.server.shutdown();
     }
 
     // ---- seeding ----
@@ -459,15 +462,4 @@ pub fn infra_template_resource() -> ApiResource {
         &GroupVersionKind::gvk(INFRA_GROUP, INFRA_VERSION, INFRA_TEMPLATE_KIND),
         "devmachinetemplates",
     )
-}
-
-fn infra_template_def() -> super::registry::ResourceDef {
-    super::registry::ResourceDef::custom(
-        INFRA_GROUP,
-        &[INFRA_VERSION, "v1beta1"],
-        INFRA_TEMPLATE_KIND,
-        "devmachinetemplates",
-        true,
-    )
-    .with_status()
 }
