@@ -47,7 +47,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
@@ -67,7 +70,8 @@ fn seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
             (MEMORY_ANNOTATION.into(), "16Gi".into()),
             (
                 LABELS_ANNOTATION.into(),
-                "topology.kubernetes.io/zone=us-east-1b,node.kubernetes.io/instance-type=m-4".into(),
+                "topology.kubernetes.io/zone=us-east-1b,node.kubernetes.io/instance-type=m-4"
+                    .into(),
             ),
         ]),
         ..Default::default()
@@ -76,12 +80,6 @@ fn seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
 
 async fn machines(cluster: &SimCluster, md: &str) -> Vec<DynamicObject> {
     cluster.machines_of(NS, md).await.unwrap()
-}
-
-fn live(ms: Vec<DynamicObject>) -> Vec<DynamicObject> {
-    ms.into_iter()
-        .filter(|m| m.metadata.deletion_timestamp.is_none())
-        .collect()
 }
 
 fn node_ref(m: &DynamicObject) -> Option<&str> {
@@ -108,7 +106,10 @@ async fn running(cluster: &SimCluster, md: &str, n: usize) -> Vec<DynamicObject>
 }
 
 async fn node(cluster: &SimCluster, name: &str) -> Option<Node> {
-    Api::<Node>::all(cluster.client()).get_opt(name).await.unwrap()
+    Api::<Node>::all(cluster.client())
+        .get_opt(name)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +129,10 @@ async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
     let set = &set_list[0];
     assert!(set.name_any().starts_with("md-a-") && set.name_any().len() == "md-a-".len() + 5);
     let owner = &set.owner_references()[0];
-    assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("MachineDeployment", md.uid().unwrap().as_str(), Some(true)));
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("MachineDeployment", md.uid().unwrap().as_str(), Some(true))
+    );
     assert_eq!(set.labels()[DEPLOYMENT_NAME_LABEL], "md-a");
     assert_eq!(set.labels()[CLUSTER_NAME_LABEL], CLUSTER_NAME);
     assert_eq!(set.data["spec"]["replicas"], 3);
@@ -141,20 +145,45 @@ async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
         assert!(labels.contains_key("node-role.kubernetes.io/worker"));
         assert!(m.name_any().starts_with(&format!("{}-", set.name_any())));
         let owner = &m.owner_references()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("MachineSet", set.uid().unwrap().as_str(), Some(true)));
-        assert!(m.finalizers().iter().any(|f| f == "machine.cluster.x-k8s.io"));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("MachineSet", set.uid().unwrap().as_str(), Some(true))
+        );
+        assert!(
+            m.finalizers()
+                .iter()
+                .any(|f| f == "machine.cluster.x-k8s.io")
+        );
         assert_eq!(m.data["spec"]["clusterName"], CLUSTER_NAME);
         assert_eq!(m.data["spec"]["version"], "v1.33.0");
-        assert_eq!(m.data["spec"]["infrastructureRef"]["apiGroup"], "infrastructure.cluster.x-k8s.io");
-        assert!(m.data["spec"]["infrastructureRef"].get("apiVersion").is_none());
-        assert_eq!(m.data["spec"]["bootstrap"]["configRef"]["kind"], "KubeadmConfigTemplate");
+        assert_eq!(
+            m.data["spec"]["infrastructureRef"]["apiGroup"],
+            "infrastructure.cluster.x-k8s.io"
+        );
+        assert!(
+            m.data["spec"]["infrastructureRef"]
+                .get("apiVersion")
+                .is_none()
+        );
+        assert_eq!(
+            m.data["spec"]["bootstrap"]["configRef"]["kind"],
+            "KubeadmConfigTemplate"
+        );
         assert_eq!(m.data["status"]["nodeRef"], json!({"name": m.name_any()}));
-        assert_eq!(provider_id(m), Some(format!("kubemark://{}", m.name_any()).as_str()));
+        assert_eq!(
+            provider_id(m),
+            Some(format!("kubemark://{}", m.name_any()).as_str())
+        );
 
         let n = node(&cluster, &m.name_any()).await.expect("node exists");
         let spec = n.spec.clone().unwrap();
         assert_eq!(spec.provider_id.as_deref(), provider_id(m));
-        assert!(spec.taints.unwrap_or_default().iter().any(|t| t.key == UNREGISTERED_TAINT_KEY && t.effect == "NoExecute"));
+        assert!(
+            spec.taints
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == UNREGISTERED_TAINT_KEY && t.effect == "NoExecute")
+        );
         let capacity = n.status.clone().unwrap().capacity.unwrap();
         assert_eq!(capacity["cpu"].0, "4");
         assert_eq!(capacity["memory"].0, "16Gi");
@@ -168,14 +197,21 @@ async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
         assert!(!nl.contains_key("app.example.com/not-propagated"));
     }
     for m in &ms {
-        eventually("node ready", || async { node(&cluster, &m.name_any()).await.filter(node_ready) }).await;
+        eventually("node ready", || async {
+            node(&cluster, &m.name_any()).await.filter(node_ready)
+        })
+        .await;
     }
     // The MachineDeployment reports its Machines.
-    let mds: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine_deployment());
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client(),
+        NS,
+        &CapiVersion::V1beta2.machine_deployment(),
+    );
     eventually("md status", || async {
         let md = mds.get("md-a").await.unwrap();
-        (md.data["status"]["replicas"] == 3 && md.data["status"]["readyReplicas"] == 3).then_some(())
+        (md.data["status"]["replicas"] == 3 && md.data["status"]["readyReplicas"] == 3)
+            .then_some(())
     })
     .await;
     cluster.shutdown().await;
@@ -195,13 +231,26 @@ async fn v1beta1_shapes_references_and_node_ref() {
         .unwrap();
     let ms = running(&cluster, "md-b", 1).await;
     let m = &ms[0];
-    assert_eq!(m.types.as_ref().unwrap().api_version, "cluster.x-k8s.io/v1beta1");
+    assert_eq!(
+        m.types.as_ref().unwrap().api_version,
+        "cluster.x-k8s.io/v1beta1"
+    );
     let infra = &m.data["spec"]["infrastructureRef"];
-    assert_eq!(infra["apiVersion"], "infrastructure.cluster.x-k8s.io/v1beta2");
+    assert_eq!(
+        infra["apiVersion"],
+        "infrastructure.cluster.x-k8s.io/v1beta2"
+    );
     assert_eq!(infra["kind"], "DevMachine");
     assert!(infra.get("apiGroup").is_none());
     let nr = &m.data["status"]["nodeRef"];
-    assert_eq!((nr["apiVersion"].as_str(), nr["kind"].as_str(), nr["name"].as_str()), (Some("v1"), Some("Node"), Some(m.name_any().as_str())));
+    assert_eq!(
+        (
+            nr["apiVersion"].as_str(),
+            nr["kind"].as_str(),
+            nr["name"].as_str()
+        ),
+        (Some("v1"), Some("Node"), Some(m.name_any().as_str()))
+    );
     let n = node(&cluster, &m.name_any()).await.unwrap();
     assert_eq!(nr["uid"].as_str(), n.metadata.uid.as_deref());
     let pid = provider_id(m).unwrap();
@@ -218,26 +267,44 @@ async fn scale_down_removes_the_annotated_machine() {
         .unwrap();
     let ms = running(&cluster, "md-c", 3).await;
     // Not the oldest: the annotation, not age, must decide.
-    let victim = ms.iter().max_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0)).unwrap().name_any();
+    let victim = ms
+        .iter()
+        .max_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0))
+        .unwrap()
+        .name_any();
     let api: Api<DynamicObject> =
         Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
-    merge_patch(&api, &victim, &json!({"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}))
+    merge_patch(
+        &api,
+        &victim,
+        &json!({"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}),
+    )
+    .await
+    .unwrap();
+    cluster
+        .scale_machine_deployment(NS, "md-c", 2)
         .await
         .unwrap();
-    cluster.scale_machine_deployment(NS, "md-c", 2).await.unwrap();
 
     let left = eventually("victim gone", || async {
         let ms = machines(&cluster, "md-c").await;
         (ms.len() == 2 && ms.iter().all(|m| m.name_any() != victim)).then_some(ms)
     })
     .await;
-    let before: Vec<String> = ms.iter().map(|m| m.name_any()).filter(|n| *n != victim).collect();
+    let before: Vec<String> = ms
+        .iter()
+        .map(|m| m.name_any())
+        .filter(|n| *n != victim)
+        .collect();
     let mut after: Vec<String> = left.iter().map(|m| m.name_any()).collect();
     after.sort();
     let mut before = before;
     before.sort();
     assert_eq!(before, after, "exactly the annotated Machine went");
-    eventually("victim's node gone", || async { node(&cluster, &victim).await.is_none().then_some(()) }).await;
+    eventually("victim's node gone", || async {
+        node(&cluster, &victim).await.is_none().then_some(())
+    })
+    .await;
     cluster.shutdown().await;
 }
 
@@ -256,23 +323,38 @@ async fn scale_down_removes_provisioning_machines_first() {
         .unwrap();
     let ms = eventually("3 provisioning machines", || async {
         let ms = machines(&cluster, "md-d").await;
-        (ms.len() == 3 && ms.iter().all(|m| str_at(&m.data, &["status", "phase"]) == Some("Provisioning"))).then_some(ms)
+        (ms.len() == 3
+            && ms
+                .iter()
+                .all(|m| str_at(&m.data, &["status", "phase"]) == Some("Provisioning")))
+        .then_some(ms)
     })
     .await;
     // The oldest gets a provider ID by hand, then a Node and nodeRef from the kubelet stand-in.
-    let keeper = ms.iter().min_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0)).unwrap().name_any();
+    let keeper = ms
+        .iter()
+        .min_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0))
+        .unwrap()
+        .name_any();
     let api: Api<DynamicObject> =
         Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
-    merge_patch(&api, &keeper, &json!({"spec": {"providerID": format!("kubemark://{keeper}")}}))
-        .await
-        .unwrap();
+    merge_patch(
+        &api,
+        &keeper,
+        &json!({"spec": {"providerID": format!("kubemark://{keeper}")}}),
+    )
+    .await
+    .unwrap();
     eventually("keeper has a node", || async {
         let m = api.get(&keeper).await.unwrap();
         node_ref(&m).map(|_| ())
     })
     .await;
 
-    cluster.scale_machine_deployment(NS, "md-d", 1).await.unwrap();
+    cluster
+        .scale_machine_deployment(NS, "md-d", 1)
+        .await
+        .unwrap();
     let left = eventually("two machines gone", || async {
         let ms = machines(&cluster, "md-d").await;
         (ms.len() == 1).then_some(ms)
@@ -298,7 +380,11 @@ async fn stuck_provider_leaves_machines_without_provider_id() {
         .unwrap();
     eventually("2 provisioning machines", || async {
         let ms = machines(&cluster, "md-e").await;
-        (ms.len() == 2 && ms.iter().all(|m| str_at(&m.data, &["status", "phase"]) == Some("Provisioning"))).then_some(())
+        (ms.len() == 2
+            && ms
+                .iter()
+                .all(|m| str_at(&m.data, &["status", "phase"]) == Some("Provisioning")))
+        .then_some(())
     })
     .await;
     // Far longer than the provider delay: a healthy provider would have finished by now.
@@ -330,16 +416,28 @@ async fn directly_deleted_machine_is_replaced() {
     let names: Vec<String> = after.iter().map(|m| m.name_any()).collect();
     assert!(!names.contains(&gone), "{names:?}");
     assert!(names.contains(&ms[1].name_any()));
-    eventually("deleted machine's node gone", || async { node(&cluster, &gone).await.is_none().then_some(()) }).await;
+    eventually("deleted machine's node gone", || async {
+        node(&cluster, &gone).await.is_none().then_some(())
+    })
+    .await;
     // Replicas were not touched.
-    let mds: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine_deployment());
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client(),
+        NS,
+        &CapiVersion::V1beta2.machine_deployment(),
+    );
     assert_eq!(mds.get("md-f").await.unwrap().data["spec"]["replicas"], 2);
     cluster.shutdown().await;
 }
 
 fn pod_scheduled(p: &Pod) -> Option<(String, Option<String>, Option<String>)> {
-    p.status.as_ref()?.conditions.as_ref()?.iter().find(|c| c.type_ == "PodScheduled").map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,43 +449,113 @@ async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
     cluster.create_machine_deployment_from(&s).await.unwrap();
     let ms = running(&cluster, "md-g", 1).await;
     let node_name = ms[0].name_any();
-    eventually("node ready", || async { node(&cluster, &node_name).await.filter(node_ready) }).await;
+    eventually("node ready", || async {
+        node(&cluster, &node_name).await.filter(node_ready)
+    })
+    .await;
 
     let tolerate = vec![json!({"key": UNREGISTERED_TAINT_KEY, "operator": "Exists"})];
-    let fitting = PodShape { tolerations: tolerate.clone(), ..PodShape::new("1", "1Gi") };
-    let too_big = PodShape { tolerations: tolerate, ..PodShape::new("4", "1Gi") };
+    let fitting = PodShape {
+        tolerations: tolerate.clone(),
+        ..PodShape::new("1", "1Gi")
+    };
+    let too_big = PodShape {
+        tolerations: tolerate,
+        ..PodShape::new("4", "1Gi")
+    };
     let intolerant = PodShape::new("100m", "100Mi");
     cluster.create_pods(NS, "fits", 1, &fitting).await.unwrap();
     cluster.create_pods(NS, "big", 1, &too_big).await.unwrap();
-    cluster.create_pods(NS, "needs-registration", 1, &intolerant).await.unwrap();
+    cluster
+        .create_pods(NS, "needs-registration", 1, &intolerant)
+        .await
+        .unwrap();
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), NS);
     let bound = eventually("fitting pod bound", || async {
-        pods.get("fits-0").await.unwrap().spec.and_then(|s| s.node_name)
+        pods.get("fits-0")
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.node_name)
     })
     .await;
     assert_eq!(bound, node_name);
-    let big = eventually("big pod unschedulable", || async { pod_scheduled(&pods.get("big-0").await.unwrap()) }).await;
-    assert_eq!((big.0.as_str(), big.1.as_deref()), ("False", Some("Unschedulable")));
+    let big = eventually("big pod unschedulable", || async {
+        pod_scheduled(&pods.get("big-0").await.unwrap())
+    })
+    .await;
+    assert_eq!(
+        (big.0.as_str(), big.1.as_deref()),
+        ("False", Some("Unschedulable"))
+    );
     assert!(big.2.unwrap_or_default().contains("Insufficient cpu"));
     let waiting = eventually("intolerant pod unschedulable", || async {
         pod_scheduled(&pods.get("needs-registration-0").await.unwrap())
     })
     .await;
     assert_eq!(waiting.1.as_deref(), Some("Unschedulable"));
-    assert!(waiting.2.unwrap_or_default().contains(UNREGISTERED_TAINT_KEY));
-    assert!(pods.get("needs-registration-0").await.unwrap().spec.unwrap().node_name.is_none());
+    assert!(
+        waiting
+            .2
+            .unwrap_or_default()
+            .contains(UNREGISTERED_TAINT_KEY)
+    );
+    assert!(
+        pods.get("needs-registration-0")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .is_none()
+    );
 
     // Registration (normally the controller) removes the taint: the pod binds.
     let nodes: Api<Node> = Api::all(cluster.client());
-    merge_patch(&nodes, &node_name, &json!({"spec": {"taints": []}})).await.unwrap();
+    merge_patch(&nodes, &node_name, &json!({"spec": {"taints": []}}))
+        .await
+        .unwrap();
     let bound = eventually("pod bound after registration", || async {
-        pods.get("needs-registration-0").await.unwrap().spec.and_then(|s| s.node_name)
+        pods.get("needs-registration-0")
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.node_name)
     })
     .await;
     assert_eq!(bound, node_name);
-    assert!(pods.get("big-0").await.unwrap().spec.unwrap().node_name.is_none());
+    assert!(
+        pods.get("big-0")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .is_none()
+    );
     let names: Vec<String> = cluster.bindings().iter().map(|b| b.name.clone()).collect();
     assert_eq!(names, ["fits-0", "needs-registration-0"]);
     cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_scenario_seeds_and_leaves_pods_pending_without_a_controller() {
+    use karpenter_capi::sim::scenario::{ScenarioConfig, run_default};
+    let summary = run_default(ScenarioConfig {
+        cluster: fast(CapiVersion::V1beta2),
+        pods: 3,
+        settle: Duration::from_millis(300),
+        progress: false,
+    })
+    .await
+    .unwrap();
+    assert_eq!(summary.machine_deployments, 3);
+    assert_eq!(summary.machines, 0);
+    assert_eq!(summary.pods, 3);
+    assert_eq!(summary.pods_bound, 0);
+    assert!(summary.api_writes > 0);
+    assert!(!summary.controller);
+    let json: serde_json::Value = serde_json::from_str(&summary.to_json()).unwrap();
+    assert_eq!(json["pods"], 3);
 }

@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::standin::{
-    GaveUp, Shutdown, SimRng, WorkQueue, at, delete_quietly, is_not_found, merge_patch, merge_status, retry, spawn_watch,
-    str_at,
+    GaveUp, Shutdown, SimRng, WorkQueue, at, delete_quietly, is_not_found, merge_patch,
+    merge_status, retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{
     CAPI_GROUP, CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
@@ -83,7 +83,9 @@ impl std::str::FromStr for CapiVersion {
         match s {
             "v1beta1" => Ok(Self::V1beta1),
             "v1beta2" => Ok(Self::V1beta2),
-            other => Err(format!("unknown Cluster API version {other:?} (v1beta1 or v1beta2)")),
+            other => Err(format!(
+                "unknown Cluster API version {other:?} (v1beta1 or v1beta2)"
+            )),
         }
     }
 }
@@ -257,7 +259,8 @@ impl Inner {
             }
             return;
         }
-        let has_provider_id = str_at(&machine.data, &["spec", "providerID"]).is_some_and(|p| !p.is_empty());
+        let has_provider_id =
+            str_at(&machine.data, &["spec", "providerID"]).is_some_and(|p| !p.is_empty());
         if !has_provider_id && self.provisioning.lock().insert(uid) {
             let me = self.clone();
             tokio::spawn(async move { me.provision(ns, machine).await });
@@ -288,7 +291,11 @@ impl Inner {
         let Some(md) = mds.get_opt(name).await? else {
             // Garbage-collect what the deleted MachineDeployment owned.
             for ms in sets_api.list(&by_label).await?.items {
-                ignore_not_found(sets_api.delete(&ms.name_any(), &DeleteParams::default()).await)?;
+                ignore_not_found(
+                    sets_api
+                        .delete(&ms.name_any(), &DeleteParams::default())
+                        .await,
+                )?;
             }
             return Ok(());
         };
@@ -313,18 +320,18 @@ impl Inner {
                 if at(&ms.data, &["spec", "replicas"]).and_then(Value::as_i64) != Some(replicas) {
                     let patch = json!({"spec": {"replicas": replicas}});
                     sets_api
-                        .patch(&ms.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+                        .patch(
+                            &ms.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
                         .await?;
                 }
             }
         }
 
         // Status counts the Machines themselves, so it is right even mid-scale.
-        let machines = self
-            .api(&v.machine(), ns)
-            .list(&by_label)
-            .await?
-            .items;
+        let machines = self.api(&v.machine(), ns).list(&by_label).await?.items;
         let live: Vec<&DynamicObject> = machines
             .iter()
             .filter(|m| m.metadata.deletion_timestamp.is_none())
@@ -363,15 +370,16 @@ impl Inner {
         let name = format!("{md_name}-{}", self.rng.suffix());
         let cluster = str_at(&md.data, &["spec", "clusterName"]).unwrap_or_default();
         let hash = self.rng.suffix();
-        let mut template = at(&md.data, &["spec", "template"]).cloned().unwrap_or(json!({}));
+        let mut template = at(&md.data, &["spec", "template"])
+            .cloned()
+            .unwrap_or(json!({}));
         let mut template_labels = string_map(at(&template, &["metadata", "labels"]));
         template_labels.insert(TEMPLATE_HASH_LABEL.into(), hash.clone());
         template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), md_name.clone());
         template_labels.insert(CLUSTER_NAME_LABEL.into(), cluster.to_string());
         template["metadata"]["labels"] = json!(template_labels);
 
-        let mut match_labels =
-            string_map(at(&md.data, &["spec", "selector", "matchLabels"]));
+        let mut match_labels = string_map(at(&md.data, &["spec", "selector", "matchLabels"]));
         match_labels.insert(TEMPLATE_HASH_LABEL.into(), hash);
         // The MachineSet inherits the MD's annotations (scale-from-zero ones included), as
         // Cluster API does, so readers may look at either object.
@@ -410,7 +418,11 @@ impl Inner {
         let by_label = ListParams::default().labels(&format!("{SET_NAME_LABEL}={name}"));
         let Some(ms) = sets_api.get_opt(name).await? else {
             for m in machines_api.list(&by_label).await?.items {
-                ignore_not_found(machines_api.delete(&m.name_any(), &DeleteParams::default()).await)?;
+                ignore_not_found(
+                    machines_api
+                        .delete(&m.name_any(), &DeleteParams::default())
+                        .await,
+                )?;
             }
             return Ok(());
         };
@@ -476,7 +488,9 @@ impl Inner {
         let v = self.cfg.version;
         let ms_name = ms.name_any();
         let name = format!("{ms_name}-{}", self.rng.suffix());
-        let template = at(&ms.data, &["spec", "template"]).cloned().unwrap_or(json!({}));
+        let template = at(&ms.data, &["spec", "template"])
+            .cloned()
+            .unwrap_or(json!({}));
         let mut labels = string_map(at(&template, &["metadata", "labels"]));
         let cluster = str_at(&ms.data, &["spec", "clusterName"]).unwrap_or_default();
         labels.insert(SET_NAME_LABEL.into(), ms_name.clone());
@@ -488,7 +502,10 @@ impl Inner {
         let mut spec = at(&template, &["spec"]).cloned().unwrap_or(json!({}));
         spec["clusterName"] = json!(cluster);
         // The infrastructure provider clones the template into a Machine-specific object.
-        if let Some(infra) = spec.get_mut("infrastructureRef").and_then(Value::as_object_mut) {
+        if let Some(infra) = spec
+            .get_mut("infrastructureRef")
+            .and_then(Value::as_object_mut)
+        {
             if let Some(kind) = infra.get("kind").and_then(Value::as_str) {
                 let kind = kind.strip_suffix("Template").unwrap_or(kind).to_string();
                 infra.insert("kind".into(), json!(kind));
@@ -510,12 +527,6 @@ impl Inner {
         }));
         // A name clash with a random suffix fails this pass; the retry draws another name.
         api.create(&PostParams::default(), &body).await?;
-        let status = json!({"status": {"phase": "Pending"}});
-        ignore_not_found(
-            merge_status(&api, &name, &status)
-                .await
-                .map(|_| ()),
-        )?;
         tracing::debug!(ms = %ms_name, machine = %name, "created Machine");
         Ok(())
     }
@@ -537,9 +548,13 @@ impl Inner {
         if changed {
             let patch = json!({"status": status});
             ignore_not_found(
-                api.patch_status(&obj.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map(|_| ()),
+                api.patch_status(
+                    &obj.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map(|_| ()),
             )?;
         }
         Ok(())
@@ -550,6 +565,18 @@ impl Inner {
     async fn provision(self: Arc<Self>, ns: String, machine: DynamicObject) {
         let name = machine.name_any();
         let api = self.api(&self.cfg.version.machine(), &ns);
+        // Phases go Pending -> Provisioning in this one task, so no other writer can reorder them.
+        if str_at(&machine.data, &["status", "phase"]).is_none() {
+            let pending = json!({"status": {"phase": "Pending"}});
+            if retry("machine pending", &self.shutdown, || {
+                merge_status(&api, &name, &pending)
+            })
+            .await
+            .is_err()
+            {
+                return;
+            }
+        }
         let mut status = json!({"status": {"phase": "Provisioning"}});
         if self.cfg.version == CapiVersion::V1beta1 {
             status["status"]["bootstrapReady"] = json!(true);
@@ -588,14 +615,34 @@ impl Inner {
         {
             return;
         }
-        let mut status = json!({"status": {"phase": "Provisioned"}});
-        if self.cfg.version == CapiVersion::V1beta1 {
-            status["status"]["infrastructureReady"] = json!(true);
-        } else {
-            status["status"]["initialization"]["infrastructureProvisioned"] = json!(true);
-        }
-        let _ = retry("machine provisioned", &self.shutdown, || {
-            merge_status(&api, &name, &status)
+        // The kubelet stand-in may already have set nodeRef and phase Running; a read-modify-
+        // write with the resourceVersion as precondition keeps that later phase.
+        let v1beta1 = self.cfg.version == CapiVersion::V1beta1;
+        let _ = retry("machine provisioned", &self.shutdown, || async {
+            let mut m = api.get(&name).await?;
+            let mut status = m
+                .data
+                .get("status")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            if !status.contains_key("nodeRef") {
+                status.insert("phase".into(), json!("Provisioned"));
+            }
+            if v1beta1 {
+                status.insert("infrastructureReady".into(), json!(true));
+            } else {
+                let init = status.entry("initialization").or_insert_with(|| json!({}));
+                if let Some(init) = init.as_object_mut() {
+                    init.insert("infrastructureProvisioned".into(), json!(true));
+                }
+            }
+            if let Some(data) = m.data.as_object_mut() {
+                data.insert("status".into(), Value::Object(status));
+            }
+            api.replace_status(&name, &PostParams::default(), &m)
+                .await
+                .map(|_| ())
         })
         .await;
         tracing::debug!(machine = %name, %provider_id, "provider ID set");
@@ -788,14 +835,19 @@ mod tests {
         ];
         ms.sort_by_key(deletion_rank);
         let order: Vec<String> = ms.iter().map(|m| m.name_any()).collect();
-        assert_eq!(order, ["marked", "provisioning", "old-running", "new-running"]);
+        assert_eq!(
+            order,
+            ["marked", "provisioning", "old-running", "new-running"]
+        );
     }
 
     #[test]
     fn replicas_default_to_min_size_then_one() {
         let md = dynamic(json!({"metadata": {"name": "a"}, "spec": {}}));
         assert_eq!(desired_md_replicas(&md), 1);
-        let md = dynamic(json!({"metadata": {"name": "a", "annotations": {MIN_SIZE_ANNOTATION: "3"}}, "spec": {}}));
+        let md = dynamic(
+            json!({"metadata": {"name": "a", "annotations": {MIN_SIZE_ANNOTATION: "3"}}, "spec": {}}),
+        );
         assert_eq!(desired_md_replicas(&md), 3);
         let md = dynamic(json!({"metadata": {"name": "a"}, "spec": {"replicas": 0}}));
         assert_eq!(desired_md_replicas(&md), 0);
@@ -805,11 +857,20 @@ mod tests {
     fn provider_ids_follow_style() {
         let m = machine("m-1", "2026-01-01T00:00:00Z", false, false);
         let rng = SimRng::new(3);
-        assert_eq!(provider_id(ProviderIdStyle::Kubemark, &rng, &m), "kubemark://m-1");
+        assert_eq!(
+            provider_id(ProviderIdStyle::Kubemark, &rng, &m),
+            "kubemark://m-1"
+        );
         let aws = provider_id(ProviderIdStyle::Aws, &rng, &m);
         let prefix = "aws:///us-east-1a/i-";
-        assert!(aws.starts_with(prefix) && aws.len() == prefix.len() + 17, "{aws}");
+        assert!(
+            aws.starts_with(prefix) && aws.len() == prefix.len() + 17,
+            "{aws}"
+        );
         let vs = provider_id(ProviderIdStyle::Vsphere, &rng, &m);
-        assert!(vs.starts_with("vsphere://") && vs.len() == "vsphere://".len() + 36, "{vs}");
+        assert!(
+            vs.starts_with("vsphere://") && vs.len() == "vsphere://".len() + 36,
+            "{vs}"
+        );
     }
 }

@@ -260,18 +260,32 @@ impl SimCluster {
         seed: &MachineDeploymentSeed,
     ) -> Result<DynamicObject, Error> {
         let v = self.cfg.capi_version;
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &seed.namespace, &v.machine_deployment());
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &seed.namespace,
+            &v.machine_deployment(),
+        );
         let md = machine_deployment(v, seed);
         api.create(&PostParams::default(), &md)
             .await
-            .map_err(kube_err(format!("create MachineDeployment {}/{}", seed.namespace, seed.name)))
+            .map_err(kube_err(format!(
+                "create MachineDeployment {}/{}",
+                seed.namespace, seed.name
+            )))
     }
 
     /// Sets a MachineDeployment's spec.replicas (as a user or the controller would).
-    pub async fn scale_machine_deployment(&self, ns: &str, name: &str, replicas: i64) -> Result<(), Error> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), ns, &self.cfg.capi_version.machine_deployment());
+    pub async fn scale_machine_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: i64,
+    ) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            ns,
+            &self.cfg.capi_version.machine_deployment(),
+        );
         super::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
             .await
             .map_err(kube_err(format!("scale MachineDeployment {ns}/{name}")))
@@ -307,7 +321,13 @@ impl SimCluster {
 
     /// `count` pods named `<prefix>-<i>` requesting `cpu`/`memory`, with an optional
     /// nodeSelector and tolerations (pod spec fragments as JSON).
-    pub async fn create_pods(&self, ns: &str, prefix: &str, count: usize, shape: &PodShape) -> Result<(), Error> {
+    pub async fn create_pods(
+        &self,
+        ns: &str,
+        prefix: &str,
+        count: usize,
+        shape: &PodShape,
+    ) -> Result<(), Error> {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         for i in 0..count {
             let pod = shape.pod(&format!("{prefix}-{i}"), ns, None);
@@ -320,7 +340,13 @@ impl SimCluster {
 
     /// A Deployment and its `replicas` pods (owned by it). There is no ReplicaSet controller in
     /// the simulated cluster: the pods are created once, here.
-    pub async fn create_deployment(&self, ns: &str, name: &str, replicas: usize, shape: &PodShape) -> Result<(), Error> {
+    pub async fn create_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: usize,
+        shape: &PodShape,
+    ) -> Result<(), Error> {
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
         let template = shape.pod(name, ns, None);
         let body = json!({
@@ -332,8 +358,9 @@ impl SimCluster {
                 "template": {"metadata": {"labels": {"app": name}}, "spec": template.spec},
             },
         });
-        let deployment: Deployment = serde_json::from_value(body)
-            .map_err(|e| kube_err(format!("build Deployment {ns}/{name}"))(kube::Error::SerdeError(e)))?;
+        let deployment: Deployment = serde_json::from_value(body).map_err(|e| {
+            kube_err(format!("build Deployment {ns}/{name}"))(kube::Error::SerdeError(e))
+        })?;
         let created = deployments
             .create(&PostParams::default(), &deployment)
             .await
@@ -417,7 +444,10 @@ impl PodShape {
 /// A MachineDeployment body in `v`'s shape (after the upstream kubemark example and CRDs).
 pub fn machine_deployment(v: CapiVersion, seed: &MachineDeploymentSeed) -> DynamicObject {
     let name = &seed.name;
-    let template_name = seed.infrastructure_template.clone().unwrap_or_else(|| name.clone());
+    let template_name = seed
+        .infrastructure_template
+        .clone()
+        .unwrap_or_else(|| name.clone());
     let mut template_labels = seed.template_labels.clone();
     template_labels.insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
     template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), name.clone());

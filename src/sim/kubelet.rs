@@ -19,8 +19,7 @@ use tokio::task::JoinHandle;
 use super::capi::{CapiVersion, string_map};
 use super::quantity::parse_milli;
 use super::standin::{
-    Shutdown, WorkQueue, at, delete_quietly, merge_patch, merge_status, retry, spawn_watch,
-    str_at,
+    Shutdown, WorkQueue, at, delete_quietly, merge_patch, merge_status, retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{
     ARCH_LABEL, CLUSTER_NAME_LABEL, CPU_ANNOTATION, DEFAULT_MAX_PODS, DEPLOYMENT_NAME_LABEL,
@@ -194,7 +193,9 @@ impl Inner {
         labels
             .entry(ARCH_LABEL.into())
             .or_insert_with(|| shape.arch.clone());
-        labels.entry(OS_LABEL.into()).or_insert_with(|| shape.os.clone());
+        labels
+            .entry(OS_LABEL.into())
+            .or_insert_with(|| shape.os.clone());
         let mut taints = vec![json!({"key": UNREGISTERED_TAINT_KEY, "effect": "NoExecute"})];
         taints.extend(shape.taints.iter().cloned());
         let mut annotations = BTreeMap::from([
@@ -218,8 +219,9 @@ impl Inner {
             Err(kube::Error::Api(s)) if s.code == 409 => nodes.get(&name).await?,
             Err(err) => return Err(err),
         };
-        let kubelet_version =
-            str_at(&machine.data, &["spec", "version"]).unwrap_or("v1.33.0").to_string();
+        let kubelet_version = str_at(&machine.data, &["spec", "version"])
+            .unwrap_or("v1.33.0")
+            .to_string();
         let status = json!({"status": {
             "capacity": shape.capacity,
             "allocatable": shape.capacity,
@@ -254,7 +256,12 @@ impl Inner {
         if missing.is_empty() {
             return Ok(());
         }
-        merge_patch(nodes, &node.name_any(), &json!({"metadata": {"labels": missing}})).await
+        merge_patch(
+            nodes,
+            &node.name_any(),
+            &json!({"metadata": {"labels": missing}}),
+        )
+        .await
     }
 
     async fn become_ready(self: Arc<Self>, name: String) {
@@ -263,7 +270,10 @@ impl Inner {
             let patch = json!({"status": {
                 "conditions": [condition("True", "KubeletReady", "kubelet is posting ready status")],
             }});
-            let _ = retry("node ready", &self.shutdown, || merge_status(&nodes, &name, &patch)).await;
+            let _ = retry("node ready", &self.shutdown, || {
+                merge_status(&nodes, &name, &patch)
+            })
+            .await;
             tracing::debug!(node = %name, "node Ready");
         }
         self.readying.lock().remove(&name);
@@ -283,7 +293,10 @@ impl Inner {
             Err(_) => return,
         };
         if node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid) {
-            let _ = retry("node delete", &self.shutdown, || delete_quietly(&nodes, &name)).await;
+            let _ = retry("node delete", &self.shutdown, || {
+                delete_quietly(&nodes, &name)
+            })
+            .await;
         }
     }
 
@@ -307,7 +320,10 @@ impl Inner {
             None => None,
         };
         let empty = BTreeMap::new();
-        NodeShape::from_sources(md.as_ref().map(|m| m.annotations()).unwrap_or(&empty), template.as_ref())
+        NodeShape::from_sources(
+            md.as_ref().map(|m| m.annotations()).unwrap_or(&empty),
+            template.as_ref(),
+        )
     }
 
     /// The MachineDeployment's infrastructure template, for `status.capacity` and
@@ -452,7 +468,9 @@ pub fn node_ready(node: &Node) -> bool {
 }
 
 fn condition(status: &str, reason: &str, message: &str) -> Value {
-    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     json!({
         "type": "Ready", "status": status, "reason": reason, "message": message,
         "lastHeartbeatTime": now, "lastTransitionTime": now,
@@ -484,7 +502,10 @@ mod tests {
                 LABELS_ANNOTATION.to_string(),
                 "kubernetes.io/arch=arm64,topology.kubernetes.io/zone=z1".to_string(),
             ),
-            (TAINTS_ANNOTATION.to_string(), "gpu=true:NoSchedule,bad:Nope,dedicated:NoExecute".to_string()),
+            (
+                TAINTS_ANNOTATION.to_string(),
+                "gpu=true:NoSchedule,bad:Nope,dedicated:NoExecute".to_string(),
+            ),
         ]);
         let template = json!({"status": {"capacity": {"cpu": "2", "memory": "8Gi"}, "nodeInfo": {"operatingSystem": "linux"}}});
         let shape = NodeShape::from_sources(&annotations, Some(&template));

@@ -30,7 +30,9 @@ pub fn parse_milli(s: &str) -> Option<i128> {
         "Ei" => (2, 60),
         other => {
             // Decimal exponent form: 1e3, 1E3.
-            let digits = other.strip_prefix('e').or_else(|| other.strip_prefix('E'))?;
+            let digits = other
+                .strip_prefix('e')
+                .or_else(|| other.strip_prefix('E'))?;
             let exp: u32 = digits.parse().ok()?;
             (10, exp)
         }
@@ -68,7 +70,11 @@ fn scaled(mantissa: i128, scale: u32, multiplier: i128) -> Option<i128> {
     };
     let divisor = 10i128.checked_pow(scale)?;
     let q = numerator.div_euclid(divisor);
-    Some(if numerator.rem_euclid(divisor) == 0 { q } else { q + 1 })
+    Some(if numerator.rem_euclid(divisor) == 0 {
+        q
+    } else {
+        q + 1
+    })
 }
 
 #[cfg(test)]

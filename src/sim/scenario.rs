@@ -10,9 +10,9 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
 use kube::api::{ListParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::Api;
 use serde::Serialize;
 use serde_json::json;
 
@@ -63,9 +63,30 @@ pub struct Size {
 }
 
 pub const SIZES: [Size; 3] = [
-    Size { name: "sim-small", cpu: "2", memory: "4Gi", price: "0.10", zone: "us-east-1a", max_size: 20 },
-    Size { name: "sim-medium", cpu: "4", memory: "16Gi", price: "0.25", zone: "us-east-1b", max_size: 10 },
-    Size { name: "sim-large", cpu: "8", memory: "32Gi", price: "0.55", zone: "us-east-1c", max_size: 5 },
+    Size {
+        name: "sim-small",
+        cpu: "2",
+        memory: "4Gi",
+        price: "0.10",
+        zone: "us-east-1a",
+        max_size: 20,
+    },
+    Size {
+        name: "sim-medium",
+        cpu: "4",
+        memory: "16Gi",
+        price: "0.25",
+        zone: "us-east-1b",
+        max_size: 10,
+    },
+    Size {
+        name: "sim-large",
+        cpu: "8",
+        memory: "32Gi",
+        price: "0.55",
+        zone: "us-east-1c",
+        max_size: 5,
+    },
 ];
 
 /// What the run produced, measured from the API server.
@@ -96,9 +117,21 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "simulated cluster (Cluster API {})", self.capi_version)?;
         writeln!(f, "  machine deployments  {}", self.machine_deployments)?;
-        writeln!(f, "  machines             {} ({} with a provider ID)", self.machines, self.machines_with_provider_id)?;
-        writeln!(f, "  nodes                {} ({} ready)", self.nodes, self.nodes_ready)?;
-        writeln!(f, "  pods                 {} ({} bound, {} unschedulable)", self.pods, self.pods_bound, self.pods_unschedulable)?;
+        writeln!(
+            f,
+            "  machines             {} ({} with a provider ID)",
+            self.machines, self.machines_with_provider_id
+        )?;
+        writeln!(
+            f,
+            "  nodes                {} ({} ready)",
+            self.nodes, self.nodes_ready
+        )?;
+        writeln!(
+            f,
+            "  pods                 {} ({} bound, {} unschedulable)",
+            self.pods, self.pods_bound, self.pods_unschedulable
+        )?;
         writeln!(f, "  API writes           {}", self.api_writes)?;
         writeln!(f, "  elapsed              {} ms", self.elapsed_ms)?;
         for note in &self.notes {
@@ -127,7 +160,12 @@ pub async fn run_default(cfg: ScenarioConfig) -> Result<Summary, Error> {
         SIZES.len()
     ));
     cluster
-        .create_deployment(NAMESPACE, "inflate", cfg.pods, &PodShape::new("500m", "1Gi"))
+        .create_deployment(
+            NAMESPACE,
+            "inflate",
+            cfg.pods,
+            &PodShape::new("500m", "1Gi"),
+        )
         .await?;
     say(format!("created {} pending pods (500m, 1Gi)", cfg.pods));
     say("no controller is wired into `simulate` yet: pods stay pending".to_string());
@@ -180,7 +218,10 @@ pub async fn seed_default(cluster: &SimCluster) -> Result<(), Error> {
                 namespace: NAMESPACE.into(),
                 replicas: 0,
                 labels: BTreeMap::from([(MEMBER_LABEL.to_string(), String::new())]),
-                template_labels: BTreeMap::from([(WORKLOAD_LABEL.to_string(), WORKLOAD_VALUE.to_string())]),
+                template_labels: BTreeMap::from([(
+                    WORKLOAD_LABEL.to_string(),
+                    WORKLOAD_VALUE.to_string(),
+                )]),
                 annotations,
                 ..Default::default()
             })
@@ -239,7 +280,11 @@ async fn create_cluster_scoped(
         .await
         .map(|_| ())
         .map_err(|source| Error::Kube {
-            what: format!("create {} {}", ar.kind, obj.metadata.name.unwrap_or_default()),
+            what: format!(
+                "create {} {}",
+                ar.kind,
+                obj.metadata.name.unwrap_or_default()
+            ),
             source,
         })
 }
@@ -279,7 +324,9 @@ pub async fn summarise(cluster: &SimCluster) -> Result<Summary, Error> {
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|cs| {
                 cs.iter().any(|c| {
-                    c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
                 })
             })
     };
@@ -292,7 +339,10 @@ pub async fn summarise(cluster: &SimCluster) -> Result<Summary, Error> {
             .filter(|m| super::standin::str_at(&m.data, &["spec", "providerID"]).is_some())
             .count(),
         nodes: nodes.len(),
-        nodes_ready: nodes.iter().filter(|n| super::kubelet::node_ready(n)).count(),
+        nodes_ready: nodes
+            .iter()
+            .filter(|n| super::kubelet::node_ready(n))
+            .count(),
         pods: pods.len(),
         pods_bound: pods
             .iter()
@@ -319,7 +369,10 @@ mod tests {
             ..Default::default()
         };
         let text = s.to_string();
-        assert!(text.contains("Cluster API v1beta2") && text.contains("note: n"), "{text}");
+        assert!(
+            text.contains("Cluster API v1beta2") && text.contains("note: n"),
+            "{text}"
+        );
         let json: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
         assert_eq!(json["pods"], 3);
     }

@@ -168,14 +168,23 @@ impl Inner {
                 None => {}
             }
         }
-        pending.sort_by_key(|p| (p.metadata.creation_timestamp.clone().map(|t| t.0), p.name_any()));
+        pending.sort_by_key(|p| {
+            (
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.name_any(),
+            )
+        });
 
         let mut candidates: Vec<&Arc<Node>> = nodes
             .iter()
             .filter(|n| {
                 node_ready(n)
                     && n.metadata.deletion_timestamp.is_none()
-                    && !n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+                    && !n
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.unschedulable)
+                        .unwrap_or(false)
             })
             .collect();
         candidates.sort_by_key(|n| n.name_any());
@@ -290,12 +299,15 @@ impl Inner {
             .iter()
             .filter_map(|c| serde_json::to_value(c).ok())
             .collect();
-        let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
         conditions.push(json!({
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": message, "lastTransitionTime": now,
         }));
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
         let patch = json!({"status": {"conditions": conditions, "phase": "Pending"}});
         match merge_status(&api, &pod.name_any(), &patch).await {
             Ok(()) => {}
@@ -382,7 +394,10 @@ pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i1
     let terms = spec
         .and_then(|s| s.affinity.as_ref())
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
         .map(|r| r.node_selector_terms.as_slice());
     if let Some(terms) = terms {
         let name = node.name_any();
@@ -390,24 +405,35 @@ pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i1
             let exprs = t.match_expressions.as_deref().unwrap_or_default();
             let fields = t.match_fields.as_deref().unwrap_or_default();
             (!exprs.is_empty() || !fields.is_empty())
-                && exprs.iter().all(|e| requirement_matches(e, labels.get(&e.key)))
-                && fields.iter().all(|f| {
-                    f.key == "metadata.name" && requirement_matches(f, Some(&name))
-                })
+                && exprs
+                    .iter()
+                    .all(|e| requirement_matches(e, labels.get(&e.key)))
+                && fields
+                    .iter()
+                    .all(|f| f.key == "metadata.name" && requirement_matches(f, Some(&name)))
         });
         if !any {
             return Err("node(s) didn't match Pod's node affinity/selector".into());
         }
     }
-    let tolerations = spec.and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
-    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    let tolerations = spec
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
     if let Some(t) = taints
         .iter()
         .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
         .find(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
     {
         let value = t.value.as_deref().unwrap_or_default();
-        return Err(format!("node(s) had untolerated taint {{{}: {value}}}", t.key));
+        return Err(format!(
+            "node(s) had untolerated taint {{{}: {value}}}",
+            t.key
+        ));
     }
     let allocatable = node
         .status
@@ -460,11 +486,18 @@ fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) ->
 }
 
 fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
-    if tol.effect.as_deref().is_some_and(|e| !e.is_empty() && e != taint.effect) {
+    if tol
+        .effect
+        .as_deref()
+        .is_some_and(|e| !e.is_empty() && e != taint.effect)
+    {
         return false;
     }
     match tol.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => tol.key.as_deref().is_none_or(|k| k.is_empty() || k == taint.key),
+        "Exists" => tol
+            .key
+            .as_deref()
+            .is_none_or(|k| k.is_empty() || k == taint.key),
         _ => {
             tol.key.as_deref() == Some(taint.key.as_str())
                 && tol.value.as_deref().unwrap_or_default()
@@ -551,18 +584,32 @@ mod tests {
             let r = pod_requests(&p);
             fits(&p, &r, &n, &Usage::default()).is_ok()
         };
-        let affinity = |expr: Value| {
-            json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}})
-        };
-        assert!(with(json!({"containers": [], "nodeSelector": {"zone": "a"}})));
-        assert!(!with(json!({"containers": [], "nodeSelector": {"zone": "b"}})));
-        assert!(with(affinity(json!({"key": "zone", "operator": "In", "values": ["a", "b"]}))));
-        assert!(!with(affinity(json!({"key": "zone", "operator": "NotIn", "values": ["a"]}))));
+        let affinity = |expr: Value| json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}});
+        assert!(with(
+            json!({"containers": [], "nodeSelector": {"zone": "a"}})
+        ));
+        assert!(!with(
+            json!({"containers": [], "nodeSelector": {"zone": "b"}})
+        ));
+        assert!(with(affinity(
+            json!({"key": "zone", "operator": "In", "values": ["a", "b"]})
+        )));
+        assert!(!with(affinity(
+            json!({"key": "zone", "operator": "NotIn", "values": ["a"]})
+        )));
         assert!(with(affinity(json!({"key": "zone", "operator": "Exists"}))));
-        assert!(with(affinity(json!({"key": "gpu", "operator": "DoesNotExist"}))));
-        assert!(with(affinity(json!({"key": "gen", "operator": "Gt", "values": ["4"]}))));
-        assert!(!with(affinity(json!({"key": "gen", "operator": "Lt", "values": ["5"]}))));
-        assert!(!with(affinity(json!({"key": "zone", "operator": "Gt", "values": ["1"]}))));
+        assert!(with(affinity(
+            json!({"key": "gpu", "operator": "DoesNotExist"})
+        )));
+        assert!(with(affinity(
+            json!({"key": "gen", "operator": "Gt", "values": ["4"]})
+        )));
+        assert!(!with(affinity(
+            json!({"key": "gen", "operator": "Lt", "values": ["5"]})
+        )));
+        assert!(!with(affinity(
+            json!({"key": "zone", "operator": "Gt", "values": ["1"]})
+        )));
     }
 
     #[test]

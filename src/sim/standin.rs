@@ -14,8 +14,8 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::watcher::{self, watcher};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, watcher};
 use parking_lot::Mutex;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -263,7 +263,10 @@ impl SimRng {
         if jitter.is_zero() {
             return base;
         }
-        let extra = self.0.lock().random_range(0..=jitter.as_micros().min(u64::MAX as u128) as u64);
+        let extra = self
+            .0
+            .lock()
+            .random_range(0..=jitter.as_micros().min(u64::MAX as u128) as u64);
         base + Duration::from_micros(extra)
     }
 
