@@ -451,7 +451,7 @@ impl Inner {
                 self.create_machine(&ms, &machines_api).await?;
             }
         } else if missing < 0 {
-            live.sort_by(|a, b| deletion_rank(a).cmp(&deletion_rank(b)));
+            live.sort_by_key(|m| deletion_rank(m));
             for victim in live.iter().take(missing.unsigned_abs() as usize) {
                 tracing::info!(ms = name, machine = %victim.name_any(), "scaling down: deleting Machine");
                 ignore_not_found(
