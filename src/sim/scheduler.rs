@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::PostParams;
 use kube::runtime::reflector::{self, Store};
 use kube::{Api, Client, ResourceExt};
@@ -151,6 +152,7 @@ impl Inner {
         let recent = self.recent.lock().clone();
 
         let mut usage: HashMap<String, Usage> = HashMap::new();
+        let mut placed = Placed::default();
         let mut pending = Vec::new();
         for pod in &pods {
             if is_terminal(pod) {
@@ -163,7 +165,13 @@ impl Inner {
                 .and_then(|s| s.node_name.clone())
                 .or_else(|| recent.get(&uid).cloned());
             match node {
-                Some(node) => usage.entry(node).or_default().add(&pod_requests(pod)),
+                Some(node) => {
+                    usage
+                        .entry(node.clone())
+                        .or_default()
+                        .add(&pod_requests(pod));
+                    placed.add(&node, pod);
+                }
                 None if wants_us(pod) => pending.push(pod.clone()),
                 None => {}
             }
@@ -189,6 +197,10 @@ impl Inner {
             .collect();
         candidates.sort_by_key(|n| n.name_any());
         let not_ready = nodes.len() - candidates.len();
+        let node_labels: HashMap<String, BTreeMap<String, String>> = nodes
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
 
         for pod in pending {
             let requests = pod_requests(&pod);
@@ -196,7 +208,14 @@ impl Inner {
             let mut best: Option<(&Arc<Node>, i128)> = None;
             for node in &candidates {
                 let used = usage.get(&node.name_any()).cloned().unwrap_or_default();
-                match fits(&pod, &requests, node, &used) {
+                let fit = fits(&pod, &requests, node, &used).and_then(|free| {
+                    if anti_affinity_ok(&pod, node, &node_labels, &placed) {
+                        Ok(free)
+                    } else {
+                        Err("node(s) didn't match pod anti-affinity rules".to_string())
+                    }
+                });
+                match fit {
                     Ok(free_cpu) => {
                         // Least-allocated first, like kube-scheduler's default scoring.
                         if best.is_none_or(|(_, f)| free_cpu > f) {
@@ -213,6 +232,7 @@ impl Inner {
                 Some((node, _)) => {
                     if self.bind(&pod, &node.name_any()).await {
                         usage.entry(node.name_any()).or_default().add(&requests);
+                        placed.add(&node.name_any(), &pod);
                     }
                 }
                 None => self.mark_unschedulable(&pod, nodes.len(), &reasons).await,
@@ -460,6 +480,93 @@ pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i1
     Ok(alloc("cpu") - used.get("cpu") - requests.get("cpu"))
 }
 
+/// Namespace and labels of the pods on each node (bound, or bound by us in this pass).
+#[derive(Debug, Default)]
+pub struct Placed(HashMap<String, Vec<(String, BTreeMap<String, String>)>>);
+
+impl Placed {
+    pub fn add(&mut self, node: &str, pod: &Pod) {
+        self.0
+            .entry(node.to_string())
+            .or_default()
+            .push((pod.namespace().unwrap_or_default(), pod.labels().clone()));
+    }
+}
+
+/// Required pod anti-affinity of the incoming pod: no matching pod may run in the same
+/// topology domain (node label `topologyKey`) as `node`. The reverse direction (existing pods'
+/// anti-affinity against the incoming pod) is not simulated.
+pub fn anti_affinity_ok(
+    pod: &Pod,
+    node: &Node,
+    node_labels: &HashMap<String, BTreeMap<String, String>>,
+    placed: &Placed,
+) -> bool {
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_deref()
+        })
+        .unwrap_or_default();
+    let own_ns = pod.namespace().unwrap_or_default();
+    terms.iter().all(|term| {
+        // A node without the topology key is its own domain of nothing: the term holds.
+        let Some(domain) = node.labels().get(&term.topology_key) else {
+            return true;
+        };
+        let all_namespaces = term
+            .namespace_selector
+            .as_ref()
+            .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none());
+        let namespaces = term.namespaces.clone().unwrap_or_default();
+        let in_scope = |ns: &str| {
+            all_namespaces
+                || if namespaces.is_empty() {
+                    ns == own_ns
+                } else {
+                    namespaces.iter().any(|n| n == ns)
+                }
+        };
+        !placed.0.iter().any(|(other, pods)| {
+            node_labels
+                .get(other)
+                .and_then(|l| l.get(&term.topology_key))
+                == Some(domain)
+                && pods.iter().any(|(ns, labels)| {
+                    in_scope(ns) && selector_matches(term.label_selector.as_ref(), labels)
+                })
+        })
+    })
+}
+
+/// A LabelSelector against labels; an absent selector matches nothing (affinity semantics).
+fn selector_matches(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    let Some(selector) = selector else {
+        return false;
+    };
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
+}
+
 fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {
     let values = req.values.as_deref().unwrap_or_default();
     let int = |s: &str| s.trim().parse::<i64>().ok();
@@ -610,6 +717,34 @@ mod tests {
         assert!(!with(affinity(
             json!({"key": "zone", "operator": "Gt", "values": ["1"]})
         )));
+    }
+
+    #[test]
+    fn required_anti_affinity_spreads_over_hostnames() {
+        let mut a = node(json!({"kubernetes.io/hostname": "a"}), json!([]), "4");
+        a.metadata.name = Some("a".into());
+        let mut b = node(json!({"kubernetes.io/hostname": "b"}), json!([]), "4");
+        b.metadata.name = Some("b".into());
+        let labels: HashMap<String, BTreeMap<String, String>> = [&a, &b]
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
+        let spread: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "d", "labels": {"app": "x"}},
+            "spec": {"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}}}
+            ]}}},
+        }))
+        .unwrap();
+        let mut placed = Placed::default();
+        assert!(anti_affinity_ok(&spread, &a, &labels, &placed));
+        placed.add("a", &spread);
+        assert!(!anti_affinity_ok(&spread, &a, &labels, &placed));
+        assert!(anti_affinity_ok(&spread, &b, &labels, &placed));
+        // Another namespace is out of scope by default.
+        let mut other = spread.clone();
+        other.metadata.namespace = Some("elsewhere".into());
+        assert!(anti_affinity_ok(&other, &a, &labels, &placed));
     }
 
     #[test]
