@@ -1,6 +1,6 @@
 //! Scheduler stand-in: binds pending pods to Ready, schedulable Nodes they fit on (requests,
-//! nodeSelector, required node affinity, NoSchedule/NoExecute taints) through `pods/binding`,
-//! and marks the rest `PodScheduled=False, reason Unschedulable` — the signal Karpenter's
+//! nodeSelector, required node affinity, required pod anti-affinity, NoSchedule/NoExecute
+//! taints) through `pods/binding`, and marks the rest `PodScheduled=False, reason Unschedulable` — the signal Karpenter's
 //! provisioner acts on. Event driven on pod and node changes, with a short debounce so a burst
 //! of events becomes one pass.
 
@@ -482,7 +482,10 @@ pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i1
 
 /// Namespace and labels of the pods on each node (bound, or bound by us in this pass).
 #[derive(Debug, Default)]
-pub struct Placed(HashMap<String, Vec<(String, BTreeMap<String, String>)>>);
+pub struct Placed(HashMap<String, Vec<PlacedPod>>);
+
+/// A placed pod's namespace and labels.
+type PlacedPod = (String, BTreeMap<String, String>);
 
 impl Placed {
     pub fn add(&mut self, node: &str, pod: &Pod) {
