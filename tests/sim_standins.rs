@@ -225,10 +225,19 @@ async fn v1beta1_shapes_references_and_node_ref() {
     })
     .await
     .unwrap();
+    // No cpu annotation: the infrastructure template's status.capacity fills the gap, while
+    // the memory annotation still wins over the template.
     cluster
-        .create_machine_deployment_from(&seed("md-b", 1))
+        .create_machine_template(
+            NS,
+            "md-b",
+            BTreeMap::from([("cpu".into(), "8".into()), ("memory".into(), "32Gi".into())]),
+        )
         .await
         .unwrap();
+    let mut s = seed("md-b", 1);
+    s.annotations.remove(CPU_ANNOTATION);
+    cluster.create_machine_deployment_from(&s).await.unwrap();
     let ms = running(&cluster, "md-b", 1).await;
     let m = &ms[0];
     assert_eq!(
@@ -253,6 +262,9 @@ async fn v1beta1_shapes_references_and_node_ref() {
     );
     let n = node(&cluster, &m.name_any()).await.unwrap();
     assert_eq!(nr["uid"].as_str(), n.metadata.uid.as_deref());
+    let capacity = n.status.clone().unwrap().capacity.unwrap();
+    assert_eq!(capacity["cpu"].0, "8");
+    assert_eq!(capacity["memory"].0, "16Gi");
     let pid = provider_id(m).unwrap();
     assert!(pid.starts_with("aws:///us-east-1a/i-"), "{pid}");
     cluster.shutdown().await;
@@ -445,7 +457,16 @@ async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
     let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
     let mut s = seed("md-g", 1);
     s.annotations.insert(CPU_ANNOTATION.into(), "2".into());
-    s.annotations.insert(MEMORY_ANNOTATION.into(), "4Gi".into());
+    // Memory from the template, found through a v1beta2 apiGroup-only reference.
+    s.annotations.remove(MEMORY_ANNOTATION);
+    cluster
+        .create_machine_template(
+            NS,
+            "md-g",
+            BTreeMap::from([("memory".into(), "4Gi".into())]),
+        )
+        .await
+        .unwrap();
     cluster.create_machine_deployment_from(&s).await.unwrap();
     let ms = running(&cluster, "md-g", 1).await;
     let node_name = ms[0].name_any();
@@ -453,6 +474,8 @@ async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
         node(&cluster, &node_name).await.filter(node_ready)
     })
     .await;
+    let ready = node(&cluster, &node_name).await.unwrap();
+    assert_eq!(ready.status.unwrap().capacity.unwrap()["memory"].0, "4Gi");
 
     let tolerate = vec![json!({"key": UNREGISTERED_TAINT_KEY, "operator": "Exists"})];
     let fitting = PodShape {
