@@ -582,3 +582,37 @@ async fn default_scenario_seeds_and_leaves_pods_pending_without_a_controller() {
     let json: serde_json::Value = serde_json::from_str(&summary.to_json()).unwrap();
     assert_eq!(json["pods"], 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stand_ins_converge_through_errors_conflicts_and_watch_cuts() {
+    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let faults = cluster.server().faults();
+    for resource in ["machines", "machinesets", "machinedeployments", "nodes"] {
+        faults.set_error_rate(resource, 0.2);
+        faults.set_conflict_rate(resource, 0.2);
+    }
+    faults.set_watch_cut_every(Some(Duration::from_millis(300)));
+    cluster
+        .create_machine_deployment_from(&seed("md-h", 3))
+        .await
+        .unwrap();
+    // The test's own reads go through the same faulty server: retry them.
+    let ms = eventually("3 running machines under faults", || async {
+        let ms = cluster.machines_of(NS, "md-h").await.ok()?;
+        (ms.len() == 3 && ms.iter().all(|m| node_ref(m).is_some())).then_some(ms)
+    })
+    .await;
+    faults.clear();
+    // No duplicates were created along the way: exactly 3 Machines and 3 Nodes exist.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(machines(&cluster, "md-h").await.len(), 3);
+    let nodes = karpenter_capi::sim::kubelet::sim_nodes(&cluster.client())
+        .await
+        .unwrap();
+    let mut node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+    let mut machine_names: Vec<String> = ms.iter().map(|m| m.name_any()).collect();
+    node_names.sort();
+    machine_names.sort();
+    assert_eq!(node_names, machine_names);
+    cluster.shutdown().await;
+}
