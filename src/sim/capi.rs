@@ -274,9 +274,10 @@ impl Inner {
         };
         if let Err(err) = result {
             tracing::warn!(?work, error = %err, "cluster api stand-in: reconcile failed, requeueing");
-            let me_queue = &self.queue;
+            // A short pause so a persistent error does not spin; other keys wait meanwhile,
+            // which is fine for a simulator and keeps reconciles strictly one at a time.
             if self.shutdown.sleep(Duration::from_millis(50)).await {
-                me_queue.push(work);
+                self.queue.push(work);
             }
         }
     }
@@ -370,14 +371,18 @@ impl Inner {
         let name = format!("{md_name}-{}", self.rng.suffix());
         let cluster = str_at(&md.data, &["spec", "clusterName"]).unwrap_or_default();
         let hash = self.rng.suffix();
-        let mut template = at(&md.data, &["spec", "template"])
-            .cloned()
-            .unwrap_or(json!({}));
-        let mut template_labels = string_map(at(&template, &["metadata", "labels"]));
+        let source = at(&md.data, &["spec", "template"]);
+        let mut template_labels = string_map(source.and_then(|t| at(t, &["metadata", "labels"])));
         template_labels.insert(TEMPLATE_HASH_LABEL.into(), hash.clone());
         template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), md_name.clone());
         template_labels.insert(CLUSTER_NAME_LABEL.into(), cluster.to_string());
-        template["metadata"]["labels"] = json!(template_labels);
+        // Rebuilt field by field: a malformed template (not an object) must not panic us.
+        let mut metadata = object(source.and_then(|t| t.get("metadata")));
+        metadata.insert("labels".into(), json!(template_labels));
+        let template = json!({
+            "metadata": metadata,
+            "spec": object(source.and_then(|t| t.get("spec"))),
+        });
 
         let mut match_labels = string_map(at(&md.data, &["spec", "selector", "matchLabels"]));
         match_labels.insert(TEMPLATE_HASH_LABEL.into(), hash);
@@ -499,8 +504,8 @@ impl Inner {
             labels.insert(DEPLOYMENT_NAME_LABEL.into(), md.clone());
         }
         let annotations = string_map(at(&template, &["metadata", "annotations"]));
-        let mut spec = at(&template, &["spec"]).cloned().unwrap_or(json!({}));
-        spec["clusterName"] = json!(cluster);
+        let mut spec = object(template.get("spec"));
+        spec.insert("clusterName".into(), json!(cluster));
         // The infrastructure provider clones the template into a Machine-specific object.
         if let Some(infra) = spec
             .get_mut("infrastructureRef")
@@ -774,6 +779,11 @@ fn selector_string(obj: &DynamicObject) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// `v` as a JSON object, or an empty one when absent or of another type.
+fn object(v: Option<&Value>) -> serde_json::Map<String, Value> {
+    v.and_then(Value::as_object).cloned().unwrap_or_default()
 }
 
 pub(crate) fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
