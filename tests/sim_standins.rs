@@ -267,6 +267,22 @@ async fn v1beta1_shapes_references_and_node_ref() {
     assert_eq!(capacity["memory"].0, "16Gi");
     let pid = provider_id(m).unwrap();
     assert!(pid.starts_with("aws:///us-east-1a/i-"), "{pid}");
+    // A propagated label added to the Machine later (as the controller's binding does)
+    // reaches the Node.
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta1.machine());
+    merge_patch(
+        &api,
+        &m.name_any(),
+        &json!({"metadata": {"labels": {MEMBER_LABEL: "bound"}}}),
+    )
+    .await
+    .unwrap();
+    eventually("member label on the node", || async {
+        let n = node(&cluster, &m.name_any()).await?;
+        (n.labels().get(MEMBER_LABEL).map(String::as_str) == Some("bound")).then_some(())
+    })
+    .await;
     cluster.shutdown().await;
 }
 
