@@ -1,0 +1,886 @@
+//! Cluster API stand-in: MachineDeployment -> MachineSet -> Machines, a provider that assigns
+//! provider IDs after a delay (with jitter and stuck Machines), MachineSet scale-down order and
+//! Machine deletion behind the `machine.cluster.x-k8s.io` finalizer (REFERENCE.md section 6).
+//!
+//! One reconcile worker handles MachineDeployments and MachineSets one at a time, reading fresh
+//! state from the API server on every pass: a reconcile never acts on a stale cache, so it
+//! never creates a Machine twice. Per-Machine provider work (the delay, the provider ID, the
+//! deletion) runs in its own small task so a slow provider never blocks the worker.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher::Event;
+use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use super::standin::{
+    GaveUp, Shutdown, SimRng, WorkQueue, at, delete_quietly, is_not_found, merge_patch,
+    merge_status, retry, spawn_watch, str_at,
+};
+use crate::api::wellknown::{
+    CAPI_GROUP, CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
+    MIN_SIZE_ANNOTATION, SET_NAME_LABEL, ZONE_LABEL,
+};
+
+/// Finalizer Cluster API puts on every Machine.
+pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
+/// Label tying a MachineSet and its Machines to one template revision.
+pub const TEMPLATE_HASH_LABEL: &str = "machine-template-hash";
+
+/// The served Cluster API version the stand-in speaks (kept local to the simulator; the
+/// controller's own `crate::capi::version` discovers it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CapiVersion {
+    V1beta1,
+    #[default]
+    V1beta2,
+}
+
+impl CapiVersion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1beta1 => "v1beta1",
+            Self::V1beta2 => "v1beta2",
+        }
+    }
+
+    pub fn api_version(self) -> String {
+        format!("{CAPI_GROUP}/{}", self.as_str())
+    }
+
+    fn resource(self, kind: &str, plural: &str) -> ApiResource {
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(CAPI_GROUP, self.as_str(), kind),
+            plural,
+        )
+    }
+
+    pub fn machine_deployment(self) -> ApiResource {
+        self.resource("MachineDeployment", "machinedeployments")
+    }
+
+    pub fn machine_set(self) -> ApiResource {
+        self.resource("MachineSet", "machinesets")
+    }
+
+    pub fn machine(self) -> ApiResource {
+        self.resource("Machine", "machines")
+    }
+}
+
+impl std::str::FromStr for CapiVersion {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "v1beta1" => Ok(Self::V1beta1),
+            "v1beta2" => Ok(Self::V1beta2),
+            other => Err(format!(
+                "unknown Cluster API version {other:?} (v1beta1 or v1beta2)"
+            )),
+        }
+    }
+}
+
+/// How the simulated infrastructure provider spells provider IDs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProviderIdStyle {
+    /// `kubemark://<machine>`
+    #[default]
+    Kubemark,
+    /// `aws:///<zone>/i-<17 hex>`
+    Aws,
+    /// `vsphere://<uuid>`
+    Vsphere,
+}
+
+#[derive(Clone, Debug)]
+pub struct CapiConfig {
+    pub version: CapiVersion,
+    /// Time from Machine creation to provider ID (before jitter).
+    pub provider_delay: Duration,
+    /// Uniform extra delay in `[0, jitter]`.
+    pub jitter: Duration,
+    /// Fraction of Machines the provider never finishes (stuck in Provisioning).
+    pub fail_fraction: f64,
+    /// Time from a Machine's deletionTimestamp to deleting its Node and releasing the finalizer.
+    pub node_delete_delay: Duration,
+    pub provider_id_style: ProviderIdStyle,
+    pub seed: u64,
+}
+
+impl Default for CapiConfig {
+    fn default() -> Self {
+        Self {
+            version: CapiVersion::default(),
+            provider_delay: Duration::from_millis(200),
+            jitter: Duration::from_millis(100),
+            fail_fraction: 0.0,
+            node_delete_delay: Duration::from_millis(50),
+            provider_id_style: ProviderIdStyle::default(),
+            seed: 1,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Work {
+    Deployment { ns: String, name: String },
+    Set { ns: String, name: String },
+}
+
+struct Inner {
+    client: Client,
+    cfg: CapiConfig,
+    rng: SimRng,
+    queue: WorkQueue<Work>,
+    /// Machines (by uid) whose provider task has started, so a Machine is provisioned once.
+    provisioning: Mutex<HashSet<String>>,
+    /// Machines (by uid) whose deletion task has started.
+    deleting: Mutex<HashSet<String>>,
+    shutdown: Shutdown,
+}
+
+/// Starts the Cluster API stand-in on the current runtime; every task stops on `shutdown`.
+pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
+    let inner = Arc::new(Inner {
+        rng: SimRng::new(cfg.seed),
+        client,
+        cfg,
+        queue: WorkQueue::default(),
+        provisioning: Mutex::new(HashSet::new()),
+        deleting: Mutex::new(HashSet::new()),
+        shutdown,
+    });
+    let v = inner.cfg.version;
+    let mut tasks = Vec::new();
+
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "machinedeployments",
+        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine_deployment()),
+        inner.shutdown.clone(),
+        move |event| {
+            if let Some(md) = applied_or_deleted(event) {
+                me.queue.push(Work::Deployment {
+                    ns: md.namespace().unwrap_or_default(),
+                    name: md.name_any(),
+                });
+            }
+        },
+    ));
+
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "machinesets",
+        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine_set()),
+        inner.shutdown.clone(),
+        move |event| {
+            if let Some(ms) = applied_or_deleted(event) {
+                let ns = ms.namespace().unwrap_or_default();
+                me.queue.push(Work::Set {
+                    ns: ns.clone(),
+                    name: ms.name_any(),
+                });
+                if let Some(md) = ms.labels().get(DEPLOYMENT_NAME_LABEL) {
+                    me.queue.push(Work::Deployment {
+                        ns,
+                        name: md.clone(),
+                    });
+                }
+            }
+        },
+    ));
+
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "machines",
+        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine()),
+        inner.shutdown.clone(),
+        move |event| me.on_machine_event(event),
+    ));
+
+    let me = inner.clone();
+    tasks.push(tokio::spawn(async move {
+        while let Some(work) = me.queue.pop(&me.shutdown).await {
+            me.reconcile(work).await;
+        }
+    }));
+    tasks
+}
+
+/// The objects of an event that may need a reconcile (a relist re-delivers everything).
+fn applied_or_deleted<K>(event: Event<K>) -> Option<K> {
+    match event {
+        Event::Apply(o) | Event::InitApply(o) | Event::Delete(o) => Some(o),
+        Event::Init | Event::InitDone => None,
+    }
+}
+
+impl Inner {
+    fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, ar)
+    }
+
+    fn on_machine_event(self: &Arc<Self>, event: Event<DynamicObject>) {
+        let (machine, deleted) = match event {
+            Event::Apply(m) | Event::InitApply(m) => (m, false),
+            Event::Delete(m) => (m, true),
+            Event::Init | Event::InitDone => return,
+        };
+        let ns = machine.namespace().unwrap_or_default();
+        if let Some(set) = machine.labels().get(SET_NAME_LABEL) {
+            self.queue.push(Work::Set {
+                ns: ns.clone(),
+                name: set.clone(),
+            });
+        }
+        let uid = machine.uid().unwrap_or_default();
+        if deleted {
+            self.provisioning.lock().remove(&uid);
+            self.deleting.lock().remove(&uid);
+            return;
+        }
+        if machine.metadata.deletion_timestamp.is_some() {
+            if machine.finalizers().iter().any(|f| f == MACHINE_FINALIZER)
+                && self.deleting.lock().insert(uid)
+            {
+                let me = self.clone();
+                tokio::spawn(async move { me.delete_machine(ns, machine.name_any()).await });
+            }
+            return;
+        }
+        let has_provider_id =
+            str_at(&machine.data, &["spec", "providerID"]).is_some_and(|p| !p.is_empty());
+        if !has_provider_id && self.provisioning.lock().insert(uid) {
+            let me = self.clone();
+            tokio::spawn(async move { me.provision(ns, machine).await });
+        }
+    }
+
+    async fn reconcile(&self, work: Work) {
+        let result = match &work {
+            Work::Deployment { ns, name } => self.reconcile_deployment(ns, name).await,
+            Work::Set { ns, name } => self.reconcile_set(ns, name).await,
+        };
+        if let Err(err) = result {
+            tracing::warn!(?work, error = %err, "cluster api stand-in: reconcile failed, requeueing");
+            // A short pause so a persistent error does not spin; other keys wait meanwhile,
+            // which is fine for a simulator and keeps reconciles strictly one at a time.
+            if self.shutdown.sleep(Duration::from_millis(50)).await {
+                self.queue.push(work);
+            }
+        }
+    }
+
+    // ---- MachineDeployment ----
+
+    async fn reconcile_deployment(&self, ns: &str, name: &str) -> Result<(), kube::Error> {
+        let v = self.cfg.version;
+        let mds = self.api(&v.machine_deployment(), ns);
+        let sets_api = self.api(&v.machine_set(), ns);
+        let by_label = ListParams::default().labels(&format!("{DEPLOYMENT_NAME_LABEL}={name}"));
+        let Some(md) = mds.get_opt(name).await? else {
+            // Garbage-collect what the deleted MachineDeployment owned.
+            for ms in sets_api.list(&by_label).await?.items {
+                ignore_not_found(
+                    sets_api
+                        .delete(&ms.name_any(), &DeleteParams::default())
+                        .await,
+                )?;
+            }
+            return Ok(());
+        };
+        let md_uid = md.uid().unwrap_or_default();
+        let mut sets: Vec<DynamicObject> = sets_api
+            .list(&by_label)
+            .await?
+            .items
+            .into_iter()
+            .filter(|ms| controller_uid(ms).as_deref() == Some(md_uid.as_str()))
+            .collect();
+        sets.sort_by_key(|ms| ms.metadata.creation_timestamp.clone().map(|t| t.0));
+
+        let replicas = desired_md_replicas(&md);
+        match sets.first() {
+            None => {
+                let ms = self.new_machine_set(&md, replicas);
+                let ms = sets_api.create(&PostParams::default(), &ms).await?;
+                tracing::info!(md = name, ms = %ms.name_any(), replicas, "created MachineSet");
+            }
+            Some(ms) => {
+                if at(&ms.data, &["spec", "replicas"]).and_then(Value::as_i64) != Some(replicas) {
+                    let patch = json!({"spec": {"replicas": replicas}});
+                    sets_api
+                        .patch(
+                            &ms.name_any(),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
+                        .await?;
+                }
+            }
+        }
+
+        // Status counts the Machines themselves, so it is right even mid-scale.
+        let machines = self.api(&v.machine(), ns).list(&by_label).await?.items;
+        let live: Vec<&DynamicObject> = machines
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .collect();
+        let ready = live.iter().filter(|m| has_node_ref(m)).count() as i64;
+        let count = live.len() as i64;
+        let selector = selector_string(&md);
+        let phase = if count < replicas {
+            "ScalingUp"
+        } else if count > replicas {
+            "ScalingDown"
+        } else {
+            "Running"
+        };
+        let mut status = json!({
+            "replicas": count,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "selector": selector,
+            "phase": phase,
+            "observedGeneration": md.metadata.generation.unwrap_or(0),
+        });
+        match v {
+            CapiVersion::V1beta1 => {
+                status["updatedReplicas"] = json!(count);
+                status["unavailableReplicas"] = json!((count - ready).max(0));
+            }
+            CapiVersion::V1beta2 => status["upToDateReplicas"] = json!(count),
+        }
+        self.write_status_if_changed(&mds, &md, status).await
+    }
+
+    fn new_machine_set(&self, md: &DynamicObject, replicas: i64) -> DynamicObject {
+        let v = self.cfg.version;
+        let md_name = md.name_any();
+        let name = format!("{md_name}-{}", self.rng.suffix());
+        let cluster = str_at(&md.data, &["spec", "clusterName"]).unwrap_or_default();
+        let hash = self.rng.suffix();
+        let source = at(&md.data, &["spec", "template"]);
+        let mut template_labels = string_map(source.and_then(|t| at(t, &["metadata", "labels"])));
+        template_labels.insert(TEMPLATE_HASH_LABEL.into(), hash.clone());
+        template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), md_name.clone());
+        template_labels.insert(CLUSTER_NAME_LABEL.into(), cluster.to_string());
+        // Rebuilt field by field: a malformed template (not an object) must not panic us.
+        let mut metadata = object(source.and_then(|t| t.get("metadata")));
+        metadata.insert("labels".into(), json!(template_labels));
+        let template = json!({
+            "metadata": metadata,
+            "spec": object(source.and_then(|t| t.get("spec"))),
+        });
+
+        let mut match_labels = string_map(at(&md.data, &["spec", "selector", "matchLabels"]));
+        match_labels.insert(TEMPLATE_HASH_LABEL.into(), hash);
+        // The MachineSet inherits the MD's annotations (scale-from-zero ones included), as
+        // Cluster API does, so readers may look at either object.
+        let annotations: BTreeMap<String, String> = md
+            .annotations()
+            .iter()
+            .filter(|(k, _)| !k.starts_with("kubectl.kubernetes.io/"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let body = json!({
+            "apiVersion": v.api_version(),
+            "kind": "MachineSet",
+            "metadata": {
+                "name": name,
+                "namespace": md.namespace(),
+                "labels": template_labels,
+                "annotations": annotations,
+                "ownerReferences": [owner_ref(v, "MachineDeployment", md)],
+            },
+            "spec": {
+                "clusterName": cluster,
+                "replicas": replicas,
+                "selector": {"matchLabels": match_labels},
+                "template": template,
+            },
+        });
+        dynamic(body)
+    }
+
+    // ---- MachineSet ----
+
+    async fn reconcile_set(&self, ns: &str, name: &str) -> Result<(), kube::Error> {
+        let v = self.cfg.version;
+        let sets_api = self.api(&v.machine_set(), ns);
+        let machines_api = self.api(&v.machine(), ns);
+        let by_label = ListParams::default().labels(&format!("{SET_NAME_LABEL}={name}"));
+        let Some(ms) = sets_api.get_opt(name).await? else {
+            for m in machines_api.list(&by_label).await?.items {
+                ignore_not_found(
+                    machines_api
+                        .delete(&m.name_any(), &DeleteParams::default())
+                        .await,
+                )?;
+            }
+            return Ok(());
+        };
+        if ms.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let ms_uid = ms.uid().unwrap_or_default();
+        let machines: Vec<DynamicObject> = machines_api
+            .list(&by_label)
+            .await?
+            .items
+            .into_iter()
+            .filter(|m| controller_uid(m).as_deref() == Some(ms_uid.as_str()))
+            .collect();
+        let mut live: Vec<&DynamicObject> = machines
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .collect();
+        let replicas = at(&ms.data, &["spec", "replicas"])
+            .and_then(Value::as_i64)
+            .unwrap_or(1)
+            .max(0);
+        let missing = replicas - live.len() as i64;
+        if missing > 0 {
+            for _ in 0..missing {
+                self.create_machine(&ms, &machines_api).await?;
+            }
+        } else if missing < 0 {
+            live.sort_by_key(|m| deletion_rank(m));
+            for victim in live.iter().take(missing.unsigned_abs() as usize) {
+                tracing::info!(ms = name, machine = %victim.name_any(), "scaling down: deleting Machine");
+                ignore_not_found(
+                    machines_api
+                        .delete(&victim.name_any(), &DeleteParams::default())
+                        .await,
+                )?;
+            }
+        }
+
+        // Status reports what was observed; our own creates and deletes trigger the next pass,
+        // which reports the new count.
+        let observed = live.len() as i64;
+        let ready = live.iter().filter(|m| has_node_ref(m)).count() as i64;
+        let mut status = json!({
+            "replicas": observed,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "selector": selector_string(&ms),
+            "observedGeneration": ms.metadata.generation.unwrap_or(0),
+        });
+        match v {
+            CapiVersion::V1beta1 => status["fullyLabeledReplicas"] = json!(observed),
+            CapiVersion::V1beta2 => status["upToDateReplicas"] = json!(observed),
+        }
+        self.write_status_if_changed(&sets_api, &ms, status).await
+    }
+
+    async fn create_machine(
+        &self,
+        ms: &DynamicObject,
+        api: &Api<DynamicObject>,
+    ) -> Result<(), kube::Error> {
+        let v = self.cfg.version;
+        let ms_name = ms.name_any();
+        let name = format!("{ms_name}-{}", self.rng.suffix());
+        let template = at(&ms.data, &["spec", "template"])
+            .cloned()
+            .unwrap_or(json!({}));
+        let mut labels = string_map(at(&template, &["metadata", "labels"]));
+        let cluster = str_at(&ms.data, &["spec", "clusterName"]).unwrap_or_default();
+        labels.insert(SET_NAME_LABEL.into(), ms_name.clone());
+        labels.insert(CLUSTER_NAME_LABEL.into(), cluster.to_string());
+        if let Some(md) = ms.labels().get(DEPLOYMENT_NAME_LABEL) {
+            labels.insert(DEPLOYMENT_NAME_LABEL.into(), md.clone());
+        }
+        let annotations = string_map(at(&template, &["metadata", "annotations"]));
+        let mut spec = object(template.get("spec"));
+        spec.insert("clusterName".into(), json!(cluster));
+        // The infrastructure provider clones the template into a Machine-specific object.
+        if let Some(infra) = spec
+            .get_mut("infrastructureRef")
+            .and_then(Value::as_object_mut)
+        {
+            if let Some(kind) = infra.get("kind").and_then(Value::as_str) {
+                let kind = kind.strip_suffix("Template").unwrap_or(kind).to_string();
+                infra.insert("kind".into(), json!(kind));
+            }
+            infra.insert("name".into(), json!(name));
+        }
+        let body = dynamic(json!({
+            "apiVersion": v.api_version(),
+            "kind": "Machine",
+            "metadata": {
+                "name": name,
+                "namespace": ms.namespace(),
+                "labels": labels,
+                "annotations": annotations,
+                "finalizers": [MACHINE_FINALIZER],
+                "ownerReferences": [owner_ref(v, "MachineSet", ms)],
+            },
+            "spec": spec,
+        }));
+        // A name clash with a random suffix fails this pass; the retry draws another name.
+        api.create(&PostParams::default(), &body).await?;
+        tracing::debug!(ms = %ms_name, machine = %name, "created Machine");
+        Ok(())
+    }
+
+    /// Writes `status` when it differs from what is stored, so a reconcile triggered by our
+    /// own write converges instead of looping.
+    async fn write_status_if_changed(
+        &self,
+        api: &Api<DynamicObject>,
+        obj: &DynamicObject,
+        status: Value,
+    ) -> Result<(), kube::Error> {
+        let current = obj.data.get("status").cloned().unwrap_or(json!({}));
+        let changed = status
+            .as_object()
+            .into_iter()
+            .flatten()
+            .any(|(k, v)| current.get(k) != Some(v));
+        if changed {
+            let patch = json!({"status": status});
+            ignore_not_found(
+                api.patch_status(
+                    &obj.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map(|_| ()),
+            )?;
+        }
+        Ok(())
+    }
+
+    // ---- per-Machine provider work ----
+
+    async fn provision(self: Arc<Self>, ns: String, machine: DynamicObject) {
+        let name = machine.name_any();
+        let api = self.api(&self.cfg.version.machine(), &ns);
+        // Phases go Pending -> Provisioning in this one task, so no other writer can reorder them.
+        if str_at(&machine.data, &["status", "phase"]).is_none() {
+            let pending = json!({"status": {"phase": "Pending"}});
+            if retry("machine pending", &self.shutdown, || {
+                merge_status(&api, &name, &pending)
+            })
+            .await
+            .is_err()
+            {
+                return;
+            }
+        }
+        let mut status = json!({"status": {"phase": "Provisioning"}});
+        if self.cfg.version == CapiVersion::V1beta1 {
+            status["status"]["bootstrapReady"] = json!(true);
+        } else {
+            status["status"]["initialization"] = json!({"bootstrapDataSecretCreated": true});
+        }
+        let write = retry("machine provisioning", &self.shutdown, || {
+            merge_status(&api, &name, &status)
+        })
+        .await;
+        if write.is_err() {
+            return;
+        }
+        if self.rng.chance(self.cfg.fail_fraction) {
+            tracing::info!(machine = %name, "simulated provider: this Machine never gets a providerID");
+            return;
+        }
+        let delay = self.rng.delay(self.cfg.provider_delay, self.cfg.jitter);
+        if !self.shutdown.sleep(delay).await {
+            return;
+        }
+        let provider_id = provider_id(self.cfg.provider_id_style, &self.rng, &machine);
+        let fresh = match retry("machine get", &self.shutdown, || api.get(&name)).await {
+            Ok(m) => m,
+            Err(_) => return,
+        };
+        if fresh.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        let spec = json!({"spec": {"providerID": provider_id}});
+        if retry("machine providerID", &self.shutdown, || {
+            merge_patch(&api, &name, &spec)
+        })
+        .await
+        .is_err()
+        {
+            return;
+        }
+        // The kubelet stand-in may already have set nodeRef and phase Running; a read-modify-
+        // write with the resourceVersion as precondition keeps that later phase.
+        let v1beta1 = self.cfg.version == CapiVersion::V1beta1;
+        let _ = retry("machine provisioned", &self.shutdown, || async {
+            let mut m = api.get(&name).await?;
+            let mut status = m
+                .data
+                .get("status")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            if !status.contains_key("nodeRef") {
+                status.insert("phase".into(), json!("Provisioned"));
+            }
+            if v1beta1 {
+                status.insert("infrastructureReady".into(), json!(true));
+            } else {
+                let init = status.entry("initialization").or_insert_with(|| json!({}));
+                if let Some(init) = init.as_object_mut() {
+                    init.insert("infrastructureProvisioned".into(), json!(true));
+                }
+            }
+            if let Some(data) = m.data.as_object_mut() {
+                data.insert("status".into(), Value::Object(status));
+            }
+            api.replace_status(&name, &PostParams::default(), &m)
+                .await
+                .map(|_| ())
+        })
+        .await;
+        tracing::debug!(machine = %name, %provider_id, "provider ID set");
+    }
+
+    async fn delete_machine(self: Arc<Self>, ns: String, name: String) {
+        let api = self.api(&self.cfg.version.machine(), &ns);
+        let deleting = json!({"status": {"phase": "Deleting"}});
+        if retry("machine deleting", &self.shutdown, || {
+            merge_status(&api, &name, &deleting)
+        })
+        .await
+        .is_err()
+        {
+            return;
+        }
+        if !self.shutdown.sleep(self.cfg.node_delete_delay).await {
+            return;
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let machine = match retry("machine get", &self.shutdown, || api.get(&name)).await {
+            Ok(m) => m,
+            Err(_) => return,
+        };
+        if let Some(node) = str_at(&machine.data, &["status", "nodeRef", "name"]) {
+            let deleted = retry("node delete", &self.shutdown, || {
+                delete_quietly(&nodes, node)
+            })
+            .await;
+            if deleted == Err(GaveUp::Shutdown) {
+                return;
+            }
+        }
+        // Remove only our finalizer, with the resourceVersion as precondition (409 => re-read).
+        let _ = retry("machine finalizer", &self.shutdown, || async {
+            let mut m = api.get(&name).await?;
+            let before = m.finalizers().len();
+            m.finalizers_mut().retain(|f| f != MACHINE_FINALIZER);
+            if m.finalizers().len() != before {
+                api.replace(&name, &PostParams::default(), &m).await?;
+            }
+            Ok(())
+        })
+        .await;
+        tracing::debug!(machine = %name, "Machine finalizer removed");
+    }
+}
+
+/// A provider ID in the configured provider's spelling.
+pub fn provider_id(style: ProviderIdStyle, rng: &SimRng, machine: &DynamicObject) -> String {
+    match style {
+        ProviderIdStyle::Kubemark => format!("kubemark://{}", machine.name_any()),
+        ProviderIdStyle::Aws => {
+            let zone = str_at(&machine.data, &["spec", "failureDomain"])
+                .map(str::to_string)
+                .or_else(|| machine.labels().get(ZONE_LABEL).cloned())
+                .unwrap_or_else(|| "us-east-1a".to_string());
+            format!("aws:///{zone}/i-{}", rng.hex(17))
+        }
+        ProviderIdStyle::Vsphere => {
+            let h = rng.hex(32);
+            format!(
+                "vsphere://{}-{}-4{}-a{}-{}",
+                &h[0..8],
+                &h[8..12],
+                &h[13..16],
+                &h[17..20],
+                &h[20..32]
+            )
+        }
+    }
+}
+
+/// Scale-down order inside one MachineSet (REFERENCE.md section 6): Machines marked with the
+/// delete-machine annotation, then Machines without a Node (still provisioning), then the oldest.
+fn deletion_rank(m: &DynamicObject) -> (u8, Option<jiff::Timestamp>, String) {
+    let rank = if m.annotations().contains_key(DELETE_MACHINE_ANNOTATION) {
+        0
+    } else if !has_node_ref(m) {
+        1
+    } else {
+        2
+    };
+    (
+        rank,
+        m.metadata.creation_timestamp.clone().map(|t| t.0),
+        m.name_any(),
+    )
+}
+
+fn has_node_ref(m: &DynamicObject) -> bool {
+    str_at(&m.data, &["status", "nodeRef", "name"]).is_some_and(|n| !n.is_empty())
+}
+
+/// spec.replicas as Cluster API defaults it: absent means the autoscaler min-size, else 1.
+fn desired_md_replicas(md: &DynamicObject) -> i64 {
+    if let Some(r) = at(&md.data, &["spec", "replicas"]).and_then(Value::as_i64) {
+        return r.max(0);
+    }
+    md.annotations()
+        .get(MIN_SIZE_ANNOTATION)
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .map(|n| n.max(0))
+        .unwrap_or(1)
+}
+
+fn controller_uid(obj: &DynamicObject) -> Option<String> {
+    obj.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+}
+
+fn owner_ref(v: CapiVersion, kind: &str, owner: &DynamicObject) -> Value {
+    json!({
+        "apiVersion": v.api_version(),
+        "kind": kind,
+        "name": owner.name_any(),
+        "uid": owner.uid().unwrap_or_default(),
+        "controller": true,
+        "blockOwnerDeletion": true,
+    })
+}
+
+/// `spec.selector.matchLabels` as the `k=v,k2=v2` string the scale subresource reports.
+fn selector_string(obj: &DynamicObject) -> String {
+    string_map(at(&obj.data, &["spec", "selector", "matchLabels"]))
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `v` as a JSON object, or an empty one when absent or of another type.
+fn object(v: Option<&Value>) -> serde_json::Map<String, Value> {
+    v.and_then(Value::as_object).cloned().unwrap_or_default()
+}
+
+pub(crate) fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {
+    v.and_then(Value::as_object)
+        .map(|o| {
+            o.iter()
+                .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A DynamicObject from a full JSON body (apiVersion, kind, metadata, spec, ...).
+pub(crate) fn dynamic(body: Value) -> DynamicObject {
+    // DynamicObject flattens everything but metadata and types into `data`; a body we built
+    // ourselves always fits, and the fallback keeps this total anyway.
+    serde_json::from_value(body.clone()).unwrap_or_else(|_| DynamicObject {
+        types: None,
+        metadata: Default::default(),
+        data: body,
+    })
+}
+
+fn ignore_not_found(r: Result<impl Sized, kube::Error>) -> Result<(), kube::Error> {
+    match r {
+        Ok(_) => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(name: &str, created: &str, annotated: bool, node: bool) -> DynamicObject {
+        let mut body = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {"name": name, "creationTimestamp": created},
+            "spec": {},
+        });
+        if annotated {
+            body["metadata"]["annotations"] = json!({DELETE_MACHINE_ANNOTATION: ""});
+        }
+        if node {
+            body["status"] = json!({"nodeRef": {"name": name}});
+        }
+        dynamic(body)
+    }
+
+    #[test]
+    fn scale_down_prefers_annotated_then_provisioning_then_oldest() {
+        let mut ms = [
+            machine("old-running", "2026-01-01T00:00:00Z", false, true),
+            machine("new-running", "2026-01-03T00:00:00Z", false, true),
+            machine("provisioning", "2026-01-04T00:00:00Z", false, false),
+            machine("marked", "2026-01-05T00:00:00Z", true, true),
+        ];
+        ms.sort_by_key(deletion_rank);
+        let order: Vec<String> = ms.iter().map(|m| m.name_any()).collect();
+        assert_eq!(
+            order,
+            ["marked", "provisioning", "old-running", "new-running"]
+        );
+    }
+
+    #[test]
+    fn replicas_default_to_min_size_then_one() {
+        let md = dynamic(json!({"metadata": {"name": "a"}, "spec": {}}));
+        assert_eq!(desired_md_replicas(&md), 1);
+        let md = dynamic(
+            json!({"metadata": {"name": "a", "annotations": {MIN_SIZE_ANNOTATION: "3"}}, "spec": {}}),
+        );
+        assert_eq!(desired_md_replicas(&md), 3);
+        let md = dynamic(json!({"metadata": {"name": "a"}, "spec": {"replicas": 0}}));
+        assert_eq!(desired_md_replicas(&md), 0);
+    }
+
+    #[test]
+    fn provider_ids_follow_style() {
+        let m = machine("m-1", "2026-01-01T00:00:00Z", false, false);
+        let rng = SimRng::new(3);
+        assert_eq!(
+            provider_id(ProviderIdStyle::Kubemark, &rng, &m),
+            "kubemark://m-1"
+        );
+        let aws = provider_id(ProviderIdStyle::Aws, &rng, &m);
+        let prefix = "aws:///us-east-1a/i-";
+        assert!(
+            aws.starts_with(prefix) && aws.len() == prefix.len() + 17,
+            "{aws}"
+        );
+        let vs = provider_id(ProviderIdStyle::Vsphere, &rng, &m);
+        assert!(
+            vs.starts_with("vsphere://") && vs.len() == "vsphere://".len() + 36,
+            "{vs}"
+        );
+    }
+}

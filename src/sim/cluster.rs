@@ -1,0 +1,495 @@
+//! `SimCluster`: the in-process API server plus the Cluster API, kubelet and scheduler
+//! stand-ins, and helpers to seed it with MachineDeployments, infrastructure templates and pods.
+//! Tests, benchmarks and the `simulate` command start one of these and point the controller
+//! at `client()` / `kubeconfig_path()`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, Client};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use super::capi::{self, CapiConfig, CapiVersion, ProviderIdStyle, dynamic};
+use super::kubelet::{self, KubeletConfig};
+use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
+use super::standin::{ShutdownTrigger, shutdown_pair};
+use super::{CapiVersions, SimConfig, SimError, SimServer};
+use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
+
+/// Cluster name every seeded Cluster API object belongs to.
+pub const CLUSTER_NAME: &str = "sim";
+/// Infrastructure group and kind of the seeded machine templates (Cluster API's in-memory
+/// "Dev" provider, whose template carries `status.capacity`).
+pub const INFRA_GROUP: &str = "infrastructure.cluster.x-k8s.io";
+pub const INFRA_VERSION: &str = "v1beta2";
+pub const INFRA_TEMPLATE_KIND: &str = "DevMachineTemplate";
+pub const BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("simulated API server: {0}")]
+    Server(#[from] SimError),
+    #[error("simulated cluster: {what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Kube { what, source }
+}
+
+/// Which Cluster API versions the simulated server serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServedVersions {
+    V1beta1,
+    V1beta2,
+    #[default]
+    Both,
+}
+
+#[derive(Clone, Debug)]
+pub struct SimClusterConfig {
+    /// The version the stand-ins (and the seeding helpers) write.
+    pub capi_version: CapiVersion,
+    /// The versions the server serves (must include `capi_version`).
+    pub served: ServedVersions,
+    pub provider_delay: Duration,
+    pub jitter: Duration,
+    pub fail_fraction: f64,
+    pub node_ready_delay: Duration,
+    pub node_delete_delay: Duration,
+    pub provider_id_style: ProviderIdStyle,
+    pub seed: u64,
+    /// Run the scheduler stand-in (off when a test wants to drive pod binding itself).
+    pub scheduler: bool,
+    pub scheduler_debounce: Duration,
+}
+
+impl Default for SimClusterConfig {
+    fn default() -> Self {
+        let capi = CapiConfig::default();
+        Self {
+            capi_version: CapiVersion::default(),
+            served: ServedVersions::default(),
+            provider_delay: capi.provider_delay,
+            jitter: capi.jitter,
+            fail_fraction: capi.fail_fraction,
+            node_ready_delay: KubeletConfig::default().node_ready_delay,
+            node_delete_delay: capi.node_delete_delay,
+            provider_id_style: capi.provider_id_style,
+            seed: capi.seed,
+            scheduler: true,
+            scheduler_debounce: SchedulerConfig::default().debounce,
+        }
+    }
+}
+
+/// What a seeded MachineDeployment looks like.
+#[derive(Clone, Debug, Default)]
+pub struct MachineDeploymentSeed {
+    pub name: String,
+    pub namespace: String,
+    pub replicas: i64,
+    /// On the MachineDeployment itself (e.g. the karpenter-member label).
+    pub labels: BTreeMap<String, String>,
+    /// On the Machine template (propagated to Machines, and some of them to Nodes).
+    pub template_labels: BTreeMap<String, String>,
+    /// Scale-from-zero, size and price annotations.
+    pub annotations: BTreeMap<String, String>,
+    /// The infrastructure template it points at (defaults to the MD's name).
+    pub infrastructure_template: Option<String>,
+    pub kubernetes_version: Option<String>,
+}
+
+pub struct SimCluster {
+    server: SimServer,
+    client: Client,
+    cfg: SimClusterConfig,
+    trigger: ShutdownTrigger,
+    tasks: Vec<JoinHandle<()>>,
+    binds: BindLog,
+}
+
+impl SimCluster {
+    /// Starts the API server and the stand-ins on the current runtime.
+    pub async fn start(cfg: SimClusterConfig) -> Result<Self, Error> {
+        let served = match cfg.served {
+            ServedVersions::V1beta1 => CapiVersions::V1Beta1,
+            ServedVersions::V1beta2 => CapiVersions::V1Beta2,
+            ServedVersions::Both => CapiVersions::Both,
+        };
+        let server = SimServer::start(
+            SimConfig {
+                served_capi_versions: served,
+                seed: cfg.seed,
+                ..SimConfig::default()
+            }
+            .with_infrastructure_templates(),
+        )
+        .await?;
+        let client = server.client();
+        let (trigger, shutdown) = shutdown_pair();
+        let mut tasks = capi::spawn(
+            server.client(),
+            CapiConfig {
+                version: cfg.capi_version,
+                provider_delay: cfg.provider_delay,
+                jitter: cfg.jitter,
+                fail_fraction: cfg.fail_fraction,
+                node_delete_delay: cfg.node_delete_delay,
+                provider_id_style: cfg.provider_id_style,
+                seed: cfg.seed,
+            },
+            shutdown.clone(),
+        );
+        tasks.extend(kubelet::spawn(
+            server.client(),
+            KubeletConfig {
+                version: cfg.capi_version,
+                node_ready_delay: cfg.node_ready_delay,
+            },
+            shutdown.clone(),
+        ));
+        let binds = if cfg.scheduler {
+            let (log, t) = scheduler::spawn(
+                server.client(),
+                SchedulerConfig {
+                    debounce: cfg.scheduler_debounce,
+                },
+                shutdown,
+            );
+            tasks.extend(t);
+            log
+        } else {
+            BindLog::default()
+        };
+        Ok(Self {
+            server,
+            client,
+            cfg,
+            trigger,
+            tasks,
+            binds,
+        })
+    }
+
+    /// A client for this cluster, built on the current runtime.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// A client built fresh on the caller's runtime (a Client dies with the runtime it was
+    /// built on, so a controller on another thread needs its own).
+    pub fn new_client(&self) -> Result<Client, Error> {
+        Ok(self.server.client())
+    }
+
+    pub fn kubeconfig_path(&self) -> &Path {
+        self.server.kubeconfig_path()
+    }
+
+    pub fn server(&self) -> &SimServer {
+        &self.server
+    }
+
+    pub fn stats(&self) -> super::Stats {
+        self.server.stats()
+    }
+
+    pub fn capi_version(&self) -> CapiVersion {
+        self.cfg.capi_version
+    }
+
+    pub fn config(&self) -> &SimClusterConfig {
+        &self.cfg
+    }
+
+    /// Pods the scheduler stand-in bound, in order, with the time of each binding.
+    pub fn bindings(&self) -> Vec<BindRecord> {
+        self.binds.records()
+    }
+
+    /// Stops the stand-ins, waits for them, then stops the server.
+    pub async fn shutdown(mut self) {
+        self.trigger.trigger();
+        for task in std::mem::take(&mut self.tasks) {
+            if let Err(err) = task.await {
+                tracing::warn!(error = %err, "stand-in task ended abnormally");
+            }
+        }
+        self.server.shutdown();
+    }
+
+    // ---- seeding ----
+
+    /// A MachineDeployment of the configured version with `labels` on the MD, the given
+    /// annotations and replicas, and a matching DevMachineTemplate named after it.
+    pub async fn create_machine_deployment(
+        &self,
+        name: &str,
+        ns: &str,
+        annotations: BTreeMap<String, String>,
+        labels: BTreeMap<String, String>,
+        replicas: i64,
+    ) -> Result<DynamicObject, Error> {
+        self.create_machine_deployment_from(&MachineDeploymentSeed {
+            name: name.into(),
+            namespace: ns.into(),
+            replicas,
+            labels,
+            annotations,
+            ..Default::default()
+        })
+        .await
+    }
+
+    pub async fn create_machine_deployment_from(
+        &self,
+        seed: &MachineDeploymentSeed,
+    ) -> Result<DynamicObject, Error> {
+        let v = self.cfg.capi_version;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &seed.namespace,
+            &v.machine_deployment(),
+        );
+        let md = machine_deployment(v, seed);
+        api.create(&PostParams::default(), &md)
+            .await
+            .map_err(kube_err(format!(
+                "create MachineDeployment {}/{}",
+                seed.namespace, seed.name
+            )))
+    }
+
+    /// Sets a MachineDeployment's spec.replicas (as a user or the controller would).
+    pub async fn scale_machine_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: i64,
+    ) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            ns,
+            &self.cfg.capi_version.machine_deployment(),
+        );
+        super::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
+            .await
+            .map_err(kube_err(format!("scale MachineDeployment {ns}/{name}")))
+    }
+
+    /// A DevMachineTemplate whose `status.capacity` is `capacity` (resource -> quantity).
+    pub async fn create_machine_template(
+        &self,
+        ns: &str,
+        name: &str,
+        capacity: BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        let ar = infra_template_resource();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
+        let body = dynamic(json!({
+            "apiVersion": ar.api_version,
+            "kind": INFRA_TEMPLATE_KIND,
+            "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_NAME_LABEL: CLUSTER_NAME}},
+            "spec": {"template": {"spec": {"backend": {"inMemory": {}}}}},
+        }));
+        let what = format!("create {INFRA_TEMPLATE_KIND} {ns}/{name}");
+        api.create(&PostParams::default(), &body)
+            .await
+            .map_err(kube_err(what.clone()))?;
+        let status = json!({"status": {
+            "capacity": capacity,
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
+        }});
+        super::standin::merge_status(&api, name, &status)
+            .await
+            .map_err(kube_err(what))
+    }
+
+    /// `count` pods named `<prefix>-<i>` requesting `cpu`/`memory`, with an optional
+    /// nodeSelector and tolerations (pod spec fragments as JSON).
+    pub async fn create_pods(
+        &self,
+        ns: &str,
+        prefix: &str,
+        count: usize,
+        shape: &PodShape,
+    ) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        for i in 0..count {
+            let pod = shape.pod(&format!("{prefix}-{i}"), ns, None);
+            api.create(&PostParams::default(), &pod)
+                .await
+                .map_err(kube_err(format!("create Pod {ns}/{prefix}-{i}")))?;
+        }
+        Ok(())
+    }
+
+    /// A Deployment and its `replicas` pods (owned by it). There is no ReplicaSet controller in
+    /// the simulated cluster: the pods are created once, here.
+    pub async fn create_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: usize,
+        shape: &PodShape,
+    ) -> Result<(), Error> {
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
+        let template = shape.pod(name, ns, None);
+        let body = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": template.spec},
+            },
+        });
+        let deployment: Deployment = serde_json::from_value(body).map_err(|e| {
+            kube_err(format!("build Deployment {ns}/{name}"))(kube::Error::SerdeError(e))
+        })?;
+        let created = deployments
+            .create(&PostParams::default(), &deployment)
+            .await
+            .map_err(kube_err(format!("create Deployment {ns}/{name}")))?;
+        let owner = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+            "uid": created.metadata.uid.unwrap_or_default(), "controller": true,
+        });
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        for i in 0..replicas {
+            let pod = shape.pod(&format!("{name}-{i}"), ns, Some(owner.clone()));
+            pods.create(&PostParams::default(), &pod)
+                .await
+                .map_err(kube_err(format!("create Pod {ns}/{name}-{i}")))?;
+        }
+        Ok(())
+    }
+
+    /// Machines of a MachineDeployment (every namespace when `ns` is None).
+    pub async fn machines_of(&self, ns: &str, md: &str) -> Result<Vec<DynamicObject>, Error> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &self.cfg.capi_version.machine());
+        Ok(api
+            .list(&ListParams::default().labels(&format!("{DEPLOYMENT_NAME_LABEL}={md}")))
+            .await
+            .map_err(kube_err(format!("list Machines of {ns}/{md}")))?
+            .items)
+    }
+}
+
+/// Requests and placement constraints of seeded pods.
+#[derive(Clone, Debug, Default)]
+pub struct PodShape {
+    pub cpu: String,
+    pub memory: String,
+    pub labels: BTreeMap<String, String>,
+    pub node_selector: BTreeMap<String, String>,
+    /// Raw `tolerations` list.
+    pub tolerations: Vec<Value>,
+    /// Raw `affinity` object.
+    pub affinity: Option<Value>,
+}
+
+impl PodShape {
+    pub fn new(cpu: &str, memory: &str) -> Self {
+        Self {
+            cpu: cpu.into(),
+            memory: memory.into(),
+            ..Default::default()
+        }
+    }
+
+    fn pod(&self, name: &str, ns: &str, owner: Option<Value>) -> Pod {
+        let mut body = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": self.labels},
+            "spec": {
+                "containers": [{
+                    "name": "app", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": self.cpu, "memory": self.memory}},
+                }],
+                "terminationGracePeriodSeconds": 0,
+            },
+        });
+        if !self.node_selector.is_empty() {
+            body["spec"]["nodeSelector"] = json!(self.node_selector);
+        }
+        if !self.tolerations.is_empty() {
+            body["spec"]["tolerations"] = json!(self.tolerations);
+        }
+        if let Some(a) = &self.affinity {
+            body["spec"]["affinity"] = a.clone();
+        }
+        if let Some(o) = owner {
+            body["metadata"]["ownerReferences"] = json!([o]);
+        }
+        serde_json::from_value(body).unwrap_or_default()
+    }
+}
+
+/// A MachineDeployment body in `v`'s shape (after the upstream kubemark example and CRDs).
+pub fn machine_deployment(v: CapiVersion, seed: &MachineDeploymentSeed) -> DynamicObject {
+    let name = &seed.name;
+    let template_name = seed
+        .infrastructure_template
+        .clone()
+        .unwrap_or_else(|| name.clone());
+    let mut template_labels = seed.template_labels.clone();
+    template_labels.insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
+    template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), name.clone());
+    let (bootstrap_ref, infra_ref) = match v {
+        CapiVersion::V1beta1 => (
+            json!({"apiVersion": format!("{BOOTSTRAP_GROUP}/v1beta1"), "kind": "KubeadmConfigTemplate", "name": name}),
+            json!({"apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"), "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
+        ),
+        CapiVersion::V1beta2 => (
+            json!({"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfigTemplate", "name": name}),
+            json!({"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
+        ),
+    };
+    dynamic(json!({
+        "apiVersion": v.api_version(),
+        "kind": "MachineDeployment",
+        "metadata": {
+            "name": name,
+            "namespace": seed.namespace,
+            "labels": seed.labels,
+            "annotations": seed.annotations,
+        },
+        "spec": {
+            "clusterName": CLUSTER_NAME,
+            "replicas": seed.replicas,
+            "selector": {"matchLabels": {CLUSTER_NAME_LABEL: CLUSTER_NAME, DEPLOYMENT_NAME_LABEL: name}},
+            "template": {
+                "metadata": {"labels": template_labels},
+                "spec": {
+                    "bootstrap": {"configRef": bootstrap_ref},
+                    "clusterName": CLUSTER_NAME,
+                    "infrastructureRef": infra_ref,
+                    "version": seed.kubernetes_version.clone().unwrap_or_else(|| "v1.33.0".into()),
+                },
+            },
+        },
+    }))
+}
+
+pub fn infra_template_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(INFRA_GROUP, INFRA_VERSION, INFRA_TEMPLATE_KIND),
+        "devmachinetemplates",
+    )
+}

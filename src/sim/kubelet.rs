@@ -1,0 +1,526 @@
+//! Kubelet stand-in: every Machine with a provider ID gets a Node that registers the way a real
+//! kubelet plus Cluster API would make it look — provider ID, propagated Machine labels, the
+//! MachineDeployment's scale-from-zero capacity and labels, the `karpenter.sh/unregistered`
+//! taint, `Ready=False` and then `Ready=True` after a delay. The Machine gets its `nodeRef`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{ListParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher::Event;
+use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+use super::capi::{CapiVersion, string_map};
+use super::quantity::parse_milli;
+use super::standin::{
+    Shutdown, WorkQueue, at, delete_quietly, merge_patch, merge_status, retry, spawn_watch, str_at,
+};
+use crate::api::wellknown::{
+    ARCH_LABEL, CLUSTER_NAME_LABEL, CPU_ANNOTATION, DEFAULT_MAX_PODS, DEPLOYMENT_NAME_LABEL,
+    EPHEMERAL_DISK_ANNOTATION, GPU_COUNT_ANNOTATION, HOSTNAME_LABEL, LABELS_ANNOTATION,
+    MAX_PODS_ANNOTATION, MEMORY_ANNOTATION, OS_LABEL, TAINTS_ANNOTATION, UNREGISTERED_TAINT_KEY,
+    capi_propagates,
+};
+
+/// Marks Nodes this stand-in registered (so it never touches anybody else's Nodes).
+pub const SIM_NODE_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/kubelet";
+/// Cluster API's annotations on a Node naming its Machine.
+pub const NODE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/machine";
+pub const NODE_CLUSTER_NAMESPACE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-namespace";
+
+#[derive(Clone, Debug)]
+pub struct KubeletConfig {
+    pub version: CapiVersion,
+    /// Time from Node creation to `Ready=True`.
+    pub node_ready_delay: Duration,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self {
+            version: CapiVersion::default(),
+            node_ready_delay: Duration::from_millis(100),
+        }
+    }
+}
+
+struct Inner {
+    client: Client,
+    cfg: KubeletConfig,
+    queue: WorkQueue<(String, String)>,
+    /// Nodes whose "become Ready" timer is running.
+    readying: Mutex<HashSet<String>>,
+    shutdown: Shutdown,
+}
+
+/// Starts the kubelet stand-in on the current runtime; every task stops on `shutdown`.
+pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
+    let inner = Arc::new(Inner {
+        client,
+        cfg,
+        queue: WorkQueue::default(),
+        readying: Mutex::new(HashSet::new()),
+        shutdown,
+    });
+    let mut tasks = Vec::new();
+
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "machines (kubelet)",
+        Api::<DynamicObject>::all_with(inner.client.clone(), &inner.cfg.version.machine()),
+        inner.shutdown.clone(),
+        move |event| me.on_machine_event(event),
+    ));
+
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "nodes (kubelet)",
+        Api::<Node>::all(inner.client.clone()),
+        inner.shutdown.clone(),
+        move |event| {
+            if let Event::Apply(node) | Event::InitApply(node) = event {
+                me.on_node(node);
+            }
+        },
+    ));
+
+    let me = inner.clone();
+    tasks.push(tokio::spawn(async move {
+        while let Some((ns, name)) = me.queue.pop(&me.shutdown).await {
+            if let Err(err) = me.register(&ns, &name).await {
+                tracing::warn!(machine = %name, error = %err, "kubelet stand-in: registration failed, requeueing");
+                if me.shutdown.sleep(Duration::from_millis(50)).await {
+                    me.queue.push((ns, name));
+                }
+            }
+        }
+    }));
+    tasks
+}
+
+impl Inner {
+    fn on_machine_event(self: &Arc<Self>, event: Event<DynamicObject>) {
+        match event {
+            Event::Apply(m) | Event::InitApply(m) => {
+                if m.metadata.deletion_timestamp.is_none() && provider_id(&m).is_some() {
+                    self.queue
+                        .push((m.namespace().unwrap_or_default(), m.name_any()));
+                }
+            }
+            Event::Delete(m) => {
+                let me = self.clone();
+                tokio::spawn(async move { me.forget_machine(m).await });
+            }
+            Event::Init | Event::InitDone => {}
+        }
+    }
+
+    fn on_node(self: &Arc<Self>, node: Node) {
+        let ours = node.annotations().contains_key(SIM_NODE_ANNOTATION);
+        if !ours || node.metadata.deletion_timestamp.is_some() || node_ready(&node) {
+            return;
+        }
+        let name = node.name_any();
+        if self.readying.lock().insert(name.clone()) {
+            let me = self.clone();
+            tokio::spawn(async move { me.become_ready(name).await });
+        }
+    }
+
+    /// Ensures the Node of Machine `ns/name` exists, carries the propagated labels, and that
+    /// the Machine points at it.
+    async fn register(&self, ns: &str, name: &str) -> Result<(), kube::Error> {
+        let machines = Api::<DynamicObject>::namespaced_with(
+            self.client.clone(),
+            ns,
+            &self.cfg.version.machine(),
+        );
+        let Some(machine) = machines.get_opt(name).await? else {
+            return Ok(());
+        };
+        let Some(pid) = provider_id(&machine) else {
+            return Ok(());
+        };
+        if machine.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = match nodes.get_opt(name).await? {
+            Some(node) => {
+                self.sync_labels(&nodes, &machine, &node).await?;
+                node
+            }
+            None => self.create_node(&nodes, &machine, pid).await?,
+        };
+        if str_at(&machine.data, &["status", "nodeRef", "name"]).is_none() {
+            let node_ref = match self.cfg.version {
+                CapiVersion::V1beta1 => json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "name": node.name_any(), "uid": node.uid().unwrap_or_default(),
+                }),
+                CapiVersion::V1beta2 => json!({"name": node.name_any()}),
+            };
+            let patch = json!({"status": {"nodeRef": node_ref, "phase": "Running"}});
+            merge_status(&machines, name, &patch).await?;
+            tracing::debug!(machine = %name, "nodeRef set");
+        }
+        Ok(())
+    }
+
+    async fn create_node(
+        &self,
+        nodes: &Api<Node>,
+        machine: &DynamicObject,
+        pid: &str,
+    ) -> Result<Node, kube::Error> {
+        let name = machine.name_any();
+        let ns = machine.namespace().unwrap_or_default();
+        let shape = self.shape_of(machine).await;
+        let mut labels: BTreeMap<String, String> = machine
+            .labels()
+            .iter()
+            .filter(|(k, _)| capi_propagates(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.extend(shape.labels.clone());
+        labels.insert(HOSTNAME_LABEL.into(), name.clone());
+        labels
+            .entry(ARCH_LABEL.into())
+            .or_insert_with(|| shape.arch.clone());
+        labels
+            .entry(OS_LABEL.into())
+            .or_insert_with(|| shape.os.clone());
+        let mut taints = vec![json!({"key": UNREGISTERED_TAINT_KEY, "effect": "NoExecute"})];
+        taints.extend(shape.taints.iter().cloned());
+        let mut annotations = BTreeMap::from([
+            (SIM_NODE_ANNOTATION.to_string(), "true".to_string()),
+            (NODE_MACHINE_ANNOTATION.to_string(), name.clone()),
+            (NODE_CLUSTER_NAMESPACE_ANNOTATION.to_string(), ns),
+        ]);
+        if let Some(cluster) = machine.labels().get(CLUSTER_NAME_LABEL) {
+            annotations.insert("cluster.x-k8s.io/cluster-name".into(), cluster.clone());
+        }
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": labels, "annotations": annotations},
+            "spec": {"providerID": pid, "taints": taints},
+        });
+        let node: Node = serde_json::from_value(body).map_err(kube::Error::SerdeError)?;
+        let created = match nodes.create(&PostParams::default(), &node).await {
+            Ok(n) => n,
+            // Created by an earlier attempt whose response got lost.
+            Err(kube::Error::Api(s)) if s.code == 409 => nodes.get(&name).await?,
+            Err(err) => return Err(err),
+        };
+        let kubelet_version = str_at(&machine.data, &["spec", "version"])
+            .unwrap_or("v1.33.0")
+            .to_string();
+        let status = json!({"status": {
+            "capacity": shape.capacity,
+            "allocatable": shape.capacity,
+            "conditions": [condition("False", "KubeletNotReady", "container runtime starting")],
+            "nodeInfo": {
+                "architecture": shape.arch, "operatingSystem": shape.os,
+                "kubeletVersion": kubelet_version, "kubeProxyVersion": kubelet_version,
+                "machineID": "", "systemUUID": "", "bootID": "", "kernelVersion": "",
+                "osImage": "", "containerRuntimeVersion": "",
+            },
+            "addresses": [{"type": "Hostname", "address": name}],
+            "phase": "Running",
+        }});
+        merge_status(nodes, &name, &status).await?;
+        tracing::debug!(node = %name, provider_id = pid, "node registered");
+        Ok(created)
+    }
+
+    /// Cluster API keeps propagated Machine labels in sync on the Node (the controller's
+    /// member label arrives after the Node exists).
+    async fn sync_labels(
+        &self,
+        nodes: &Api<Node>,
+        machine: &DynamicObject,
+        node: &Node,
+    ) -> Result<(), kube::Error> {
+        let missing: BTreeMap<&String, &String> = machine
+            .labels()
+            .iter()
+            .filter(|(k, v)| capi_propagates(k) && node.labels().get(*k) != Some(*v))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        merge_patch(
+            nodes,
+            &node.name_any(),
+            &json!({"metadata": {"labels": missing}}),
+        )
+        .await
+    }
+
+    async fn become_ready(self: Arc<Self>, name: String) {
+        if self.shutdown.sleep(self.cfg.node_ready_delay).await {
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            let patch = json!({"status": {
+                "conditions": [condition("True", "KubeletReady", "kubelet is posting ready status")],
+            }});
+            let _ = retry("node ready", &self.shutdown, || {
+                merge_status(&nodes, &name, &patch)
+            })
+            .await;
+            tracing::debug!(node = %name, "node Ready");
+        }
+        self.readying.lock().remove(&name);
+    }
+
+    /// The Machine is gone: its Node goes too (only the Node we registered for it).
+    async fn forget_machine(self: Arc<Self>, machine: DynamicObject) {
+        let Some(pid) = provider_id(&machine) else {
+            return;
+        };
+        let name = str_at(&machine.data, &["status", "nodeRef", "name"])
+            .map(str::to_string)
+            .unwrap_or_else(|| machine.name_any());
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node = match retry("node get", &self.shutdown, || nodes.get(&name)).await {
+            Ok(n) => n,
+            Err(_) => return,
+        };
+        if node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid) {
+            let _ = retry("node delete", &self.shutdown, || {
+                delete_quietly(&nodes, &name)
+            })
+            .await;
+        }
+    }
+
+    /// Capacity, labels, taints and platform for the Machine's MachineDeployment.
+    async fn shape_of(&self, machine: &DynamicObject) -> NodeShape {
+        let ns = machine.namespace().unwrap_or_default();
+        let md = match machine.labels().get(DEPLOYMENT_NAME_LABEL) {
+            Some(md) => Api::<DynamicObject>::namespaced_with(
+                self.client.clone(),
+                &ns,
+                &self.cfg.version.machine_deployment(),
+            )
+            .get_opt(md)
+            .await
+            .ok()
+            .flatten(),
+            None => None,
+        };
+        let template = match &md {
+            Some(md) => self.infrastructure_template(md, &ns).await,
+            None => None,
+        };
+        let empty = BTreeMap::new();
+        NodeShape::from_sources(
+            md.as_ref().map(|m| m.annotations()).unwrap_or(&empty),
+            template.as_ref(),
+        )
+    }
+
+    /// The MachineDeployment's infrastructure template, for `status.capacity` and
+    /// `status.nodeInfo` when annotations leave gaps.
+    async fn infrastructure_template(&self, md: &DynamicObject, ns: &str) -> Option<Value> {
+        let r = at(&md.data, &["spec", "template", "spec", "infrastructureRef"])?;
+        let kind = r.get("kind")?.as_str()?;
+        let name = r.get("name")?.as_str()?;
+        let plural = format!("{}s", kind.to_lowercase());
+        // v1beta1 refs name the version; v1beta2 refs name only the group, so try the
+        // versions infrastructure providers serve today, newest first.
+        let candidates: Vec<(String, String)> = match (r.get("apiVersion"), r.get("apiGroup")) {
+            (Some(av), _) => {
+                let av = av.as_str()?;
+                let (g, v) = av.split_once('/').unwrap_or(("", av));
+                vec![(g.to_string(), v.to_string())]
+            }
+            (None, Some(g)) => ["v1beta2", "v1beta1", "v1alpha1"]
+                .iter()
+                .map(|v| (g.as_str().unwrap_or_default().to_string(), v.to_string()))
+                .collect(),
+            (None, None) => return None,
+        };
+        for (group, version) in candidates {
+            let ar = ApiResource::from_gvk_with_plural(
+                &GroupVersionKind::gvk(&group, &version, kind),
+                &plural,
+            );
+            let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
+            if let Ok(Some(t)) = api.get_opt(name).await {
+                return Some(t.data);
+            }
+        }
+        None
+    }
+}
+
+/// What a Node of one MachineDeployment looks like.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeShape {
+    pub capacity: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Value>,
+    pub arch: String,
+    pub os: String,
+}
+
+impl NodeShape {
+    /// Scale-from-zero annotations win over the template's `status.capacity`/`status.nodeInfo`;
+    /// malformed values are skipped with a warning (bad input never panics).
+    pub fn from_sources(annotations: &BTreeMap<String, String>, template: Option<&Value>) -> Self {
+        let mut capacity = string_map(template.and_then(|t| at(t, &["status", "capacity"])));
+        let mut set = |resource: &str, annotation: &str| {
+            if let Some(q) = annotations.get(annotation) {
+                if parse_milli(q).is_some() {
+                    capacity.insert(resource.to_string(), q.trim().to_string());
+                } else {
+                    tracing::warn!(annotation, value = %q, "kubelet stand-in: ignoring malformed quantity");
+                }
+            }
+        };
+        set("cpu", CPU_ANNOTATION);
+        set("memory", MEMORY_ANNOTATION);
+        set("ephemeral-storage", EPHEMERAL_DISK_ANNOTATION);
+        set("pods", MAX_PODS_ANNOTATION);
+        set("nvidia.com/gpu", GPU_COUNT_ANNOTATION);
+        capacity
+            .entry("pods".into())
+            .or_insert_with(|| DEFAULT_MAX_PODS.to_string());
+
+        let labels = annotations
+            .get(LABELS_ANNOTATION)
+            .map(|s| parse_labels(s))
+            .unwrap_or_default();
+        let taints = annotations
+            .get(TAINTS_ANNOTATION)
+            .map(|s| parse_taints(s))
+            .unwrap_or_default();
+        let info = |field: &str, default: &str| {
+            template
+                .and_then(|t| str_at(t, &["status", "nodeInfo", field]))
+                .unwrap_or(default)
+                .to_string()
+        };
+        let arch = labels
+            .get(ARCH_LABEL)
+            .cloned()
+            .unwrap_or_else(|| info("architecture", "amd64"));
+        let os = labels
+            .get(OS_LABEL)
+            .cloned()
+            .unwrap_or_else(|| info("operatingSystem", "linux"));
+        Self {
+            capacity,
+            labels,
+            taints,
+            arch,
+            os,
+        }
+    }
+}
+
+/// `k=v,k2=v2` (entries without `=` are skipped).
+pub fn parse_labels(s: &str) -> BTreeMap<String, String> {
+    s.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+/// `k=v:Effect,k2:Effect` as Node taints (entries with an unknown effect are skipped).
+pub fn parse_taints(s: &str) -> Vec<Value> {
+    s.split(',')
+        .filter_map(|t| {
+            let (kv, effect) = t.trim().rsplit_once(':')?;
+            if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+                return None;
+            }
+            let (key, value) = kv.split_once('=').unwrap_or((kv, ""));
+            if key.is_empty() {
+                return None;
+            }
+            let mut taint = json!({"key": key, "effect": effect});
+            if !value.is_empty() {
+                taint["value"] = json!(value);
+            }
+            Some(taint)
+        })
+        .collect()
+}
+
+fn provider_id(m: &DynamicObject) -> Option<&str> {
+    str_at(&m.data, &["spec", "providerID"]).filter(|p| !p.is_empty())
+}
+
+pub fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn condition(status: &str, reason: &str, message: &str) -> Value {
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    json!({
+        "type": "Ready", "status": status, "reason": reason, "message": message,
+        "lastHeartbeatTime": now, "lastTransitionTime": now,
+    })
+}
+
+/// Nodes this stand-in registered, by name (for tests and reports).
+pub async fn sim_nodes(client: &Client) -> Result<Vec<Node>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    Ok(nodes
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|n| n.annotations().contains_key(SIM_NODE_ANNOTATION))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_prefers_annotations_over_template() {
+        let annotations = BTreeMap::from([
+            (CPU_ANNOTATION.to_string(), "4".to_string()),
+            (MEMORY_ANNOTATION.to_string(), "not-a-quantity".to_string()),
+            (
+                LABELS_ANNOTATION.to_string(),
+                "kubernetes.io/arch=arm64,topology.kubernetes.io/zone=z1".to_string(),
+            ),
+            (
+                TAINTS_ANNOTATION.to_string(),
+                "gpu=true:NoSchedule,bad:Nope,dedicated:NoExecute".to_string(),
+            ),
+        ]);
+        let template = json!({"status": {"capacity": {"cpu": "2", "memory": "8Gi"}, "nodeInfo": {"operatingSystem": "linux"}}});
+        let shape = NodeShape::from_sources(&annotations, Some(&template));
+        assert_eq!(shape.capacity["cpu"], "4");
+        assert_eq!(shape.capacity["memory"], "8Gi");
+        assert_eq!(shape.capacity["pods"], "110");
+        assert_eq!(shape.arch, "arm64");
+        assert_eq!(shape.os, "linux");
+        assert_eq!(shape.labels["topology.kubernetes.io/zone"], "z1");
+        assert_eq!(
+            shape.taints,
+            vec![
+                json!({"key": "gpu", "value": "true", "effect": "NoSchedule"}),
+                json!({"key": "dedicated", "effect": "NoExecute"}),
+            ]
+        );
+    }
+}

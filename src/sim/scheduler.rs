@@ -1,0 +1,773 @@
+//! Scheduler stand-in: binds pending pods to Ready, schedulable Nodes they fit on (requests,
+//! nodeSelector, required node affinity, required pod anti-affinity, NoSchedule/NoExecute
+//! taints) through `pods/binding`, and marks the rest `PodScheduled=False, reason Unschedulable` — the signal Karpenter's
+//! provisioner acts on. Event driven on pod and node changes, with a short debounce so a burst
+//! of events becomes one pass.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Taint, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::PostParams;
+use kube::runtime::reflector::{self, Store};
+use kube::{Api, Client, ResourceExt};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::kubelet::node_ready;
+use super::quantity::parse_milli;
+use super::standin::{Shutdown, is_conflict, is_not_found, merge_status, spawn_watch};
+
+pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
+
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Quiet time after an event before a pass runs, so bursts coalesce.
+    pub debounce: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            debounce: Duration::from_millis(20),
+        }
+    }
+}
+
+/// One pod bound by the stand-in.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BindRecord {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    pub bound_at: jiff::Timestamp,
+}
+
+/// Every binding the stand-in made, in order (the API server's write log has them too).
+#[derive(Clone, Debug, Default)]
+pub struct BindLog(Arc<Mutex<Vec<BindRecord>>>);
+
+impl BindLog {
+    pub fn records(&self) -> Vec<BindRecord> {
+        self.0.lock().clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().is_empty()
+    }
+}
+
+struct Inner {
+    client: Client,
+    cfg: SchedulerConfig,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    wake: Notify,
+    log: BindLog,
+    /// Pods bound by us that the pod cache may not show as bound yet (uid -> node).
+    recent: Mutex<HashMap<String, String>>,
+    retry: AtomicBool,
+    shutdown: Shutdown,
+}
+
+/// Starts the scheduler stand-in on the current runtime; every task stops on `shutdown`.
+pub fn spawn(
+    client: Client,
+    cfg: SchedulerConfig,
+    shutdown: Shutdown,
+) -> (BindLog, Vec<JoinHandle<()>>) {
+    let (pods, mut pod_writer) = reflector::store::<Pod>();
+    let (nodes, mut node_writer) = reflector::store::<Node>();
+    let inner = Arc::new(Inner {
+        client: client.clone(),
+        cfg,
+        pods,
+        nodes,
+        wake: Notify::new(),
+        log: BindLog::default(),
+        recent: Mutex::new(HashMap::new()),
+        retry: AtomicBool::new(false),
+        shutdown: shutdown.clone(),
+    });
+    let mut tasks = Vec::new();
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "pods (scheduler)",
+        Api::<Pod>::all(client.clone()),
+        shutdown.clone(),
+        move |event| {
+            pod_writer.apply_watcher_event(&event);
+            me.wake.notify_one();
+        },
+    ));
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "nodes (scheduler)",
+        Api::<Node>::all(client),
+        shutdown,
+        move |event| {
+            node_writer.apply_watcher_event(&event);
+            me.wake.notify_one();
+        },
+    ));
+    let me = inner.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut stop = me.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = me.wake.notified() => {}
+                _ = stop.wait() => break,
+            }
+            if !me.shutdown.sleep(me.cfg.debounce).await {
+                break;
+            }
+            me.pass().await;
+            // A failed write is retried after a pause, even if nothing else changes.
+            if me.retry.swap(false, Ordering::Relaxed) {
+                if !me.shutdown.sleep(Duration::from_millis(200)).await {
+                    break;
+                }
+                me.wake.notify_one();
+            }
+        }
+    }));
+    (inner.log.clone(), tasks)
+}
+
+impl Inner {
+    async fn pass(&self) {
+        let pods = self.pods.state();
+        let nodes = self.nodes.state();
+        self.forget_settled(&pods);
+        let recent = self.recent.lock().clone();
+
+        let mut usage: HashMap<String, Usage> = HashMap::new();
+        let mut placed = Placed::default();
+        let mut pending = Vec::new();
+        for pod in &pods {
+            if is_terminal(pod) {
+                continue;
+            }
+            let uid = pod.uid().unwrap_or_default();
+            let node = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .or_else(|| recent.get(&uid).cloned());
+            match node {
+                Some(node) => {
+                    usage
+                        .entry(node.clone())
+                        .or_default()
+                        .add(&pod_requests(pod));
+                    placed.add(&node, pod);
+                }
+                None if wants_us(pod) => pending.push(pod.clone()),
+                None => {}
+            }
+        }
+        pending.sort_by_key(|p| {
+            (
+                p.metadata.creation_timestamp.clone().map(|t| t.0),
+                p.name_any(),
+            )
+        });
+
+        let mut candidates: Vec<&Arc<Node>> = nodes
+            .iter()
+            .filter(|n| {
+                node_ready(n)
+                    && n.metadata.deletion_timestamp.is_none()
+                    && !n
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.unschedulable)
+                        .unwrap_or(false)
+            })
+            .collect();
+        candidates.sort_by_key(|n| n.name_any());
+        let not_ready = nodes.len() - candidates.len();
+        let node_labels: HashMap<String, BTreeMap<String, String>> = nodes
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
+
+        for pod in pending {
+            let requests = pod_requests(&pod);
+            let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+            let mut best: Option<(&Arc<Node>, i128)> = None;
+            for node in &candidates {
+                let used = usage.get(&node.name_any()).cloned().unwrap_or_default();
+                let fit = fits(&pod, &requests, node, &used).and_then(|free| {
+                    if anti_affinity_ok(&pod, node, &node_labels, &placed) {
+                        Ok(free)
+                    } else {
+                        Err("node(s) didn't match pod anti-affinity rules".to_string())
+                    }
+                });
+                match fit {
+                    Ok(free_cpu) => {
+                        // Least-allocated first, like kube-scheduler's default scoring.
+                        if best.is_none_or(|(_, f)| free_cpu > f) {
+                            best = Some((node, free_cpu));
+                        }
+                    }
+                    Err(reason) => *reasons.entry(reason).or_default() += 1,
+                }
+            }
+            if not_ready > 0 {
+                reasons.insert("node(s) were not ready".into(), not_ready);
+            }
+            match best {
+                Some((node, _)) => {
+                    if self.bind(&pod, &node.name_any()).await {
+                        usage.entry(node.name_any()).or_default().add(&requests);
+                        placed.add(&node.name_any(), &pod);
+                    }
+                }
+                None => self.mark_unschedulable(&pod, nodes.len(), &reasons).await,
+            }
+        }
+    }
+
+    /// Drops pods from `recent` once the cache shows them bound (or gone).
+    fn forget_settled(&self, pods: &[Arc<Pod>]) {
+        let mut recent = self.recent.lock();
+        if recent.is_empty() {
+            return;
+        }
+        let unsettled: HashMap<String, ()> = pods
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
+            .map(|p| (p.uid().unwrap_or_default(), ()))
+            .collect();
+        recent.retain(|uid, _| unsettled.contains_key(uid));
+    }
+
+    async fn bind(&self, pod: &Pod, node: &str) -> bool {
+        let ns = pod.namespace().unwrap_or_default();
+        let name = pod.name_any();
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let binding = json!({
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        });
+        let result: Result<serde_json::Value, kube::Error> = api
+            .create_subresource("binding", &name, &PostParams::default(), &binding)
+            .await;
+        match result {
+            Ok(_) => {
+                self.recent
+                    .lock()
+                    .insert(pod.uid().unwrap_or_default(), node.to_string());
+                self.log.0.lock().push(BindRecord {
+                    namespace: ns,
+                    name,
+                    node: node.to_string(),
+                    bound_at: jiff::Timestamp::now(),
+                });
+                true
+            }
+            // Already bound (by an earlier attempt) or gone: the cache catches up.
+            Err(err) if is_conflict(&err) || is_not_found(&err) => false,
+            Err(err) => {
+                tracing::warn!(pod = %name, node, error = %err, "scheduler stand-in: bind failed, retrying");
+                self.retry_later();
+                false
+            }
+        }
+    }
+
+    async fn mark_unschedulable(&self, pod: &Pod, total: usize, reasons: &BTreeMap<String, usize>) {
+        let detail = reasons
+            .iter()
+            .map(|(r, n)| format!("{n} {r}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let message = if detail.is_empty() {
+            format!("0/{total} nodes are available.")
+        } else {
+            format!("0/{total} nodes are available: {detail}.")
+        };
+        let mut conditions = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let current = conditions.iter().find(|c| c.type_ == "PodScheduled");
+        if current.is_some_and(|c| {
+            c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+                && c.message.as_deref() == Some(message.as_str())
+        }) {
+            return;
+        }
+        conditions.retain(|c| c.type_ != "PodScheduled");
+        let mut conditions: Vec<serde_json::Value> = conditions
+            .iter()
+            .filter_map(|c| serde_json::to_value(c).ok())
+            .collect();
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        conditions.push(json!({
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message, "lastTransitionTime": now,
+        }));
+        let api: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let patch = json!({"status": {"conditions": conditions, "phase": "Pending"}});
+        match merge_status(&api, &pod.name_any(), &patch).await {
+            Ok(()) => {}
+            Err(err) if is_not_found(&err) => {}
+            Err(err) => {
+                tracing::warn!(pod = %pod.name_any(), error = %err, "scheduler stand-in: status write failed, retrying");
+                self.retry_later();
+            }
+        }
+    }
+
+    /// A failed write is retried by a later pass, after a short pause.
+    fn retry_later(&self) {
+        self.retry.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Resource amounts in milli-units, by resource name ("pods" counts pods).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage(BTreeMap<String, i128>);
+
+impl Usage {
+    fn add(&mut self, other: &Usage) {
+        for (k, v) in &other.0 {
+            *self.0.entry(k.clone()).or_default() += v;
+        }
+    }
+
+    fn get(&self, k: &str) -> i128 {
+        self.0.get(k).copied().unwrap_or(0)
+    }
+}
+
+/// What a pod asks for: max(sum of containers, largest init container) plus overhead, plus one
+/// pod slot. Limits stand in for missing requests, as the API server defaults them.
+pub fn pod_requests(pod: &Pod) -> Usage {
+    let mut total = Usage::default();
+    let Some(spec) = pod.spec.as_ref() else {
+        return total;
+    };
+    let container_requests = |c: &k8s_openapi::api::core::v1::Container| -> Usage {
+        let mut u = Usage::default();
+        if let Some(r) = c.resources.as_ref() {
+            let limits = r.limits.clone().unwrap_or_default();
+            let mut requests = r.requests.clone().unwrap_or_default();
+            for (k, v) in limits {
+                requests.entry(k).or_insert(v);
+            }
+            for (k, q) in requests {
+                if let Some(v) = parse_milli(&q.0) {
+                    u.0.insert(k, v);
+                }
+            }
+        }
+        u
+    };
+    for c in &spec.containers {
+        total.add(&container_requests(c));
+    }
+    for c in spec.init_containers.iter().flatten() {
+        for (k, v) in container_requests(c).0 {
+            let e = total.0.entry(k).or_default();
+            *e = (*e).max(v);
+        }
+    }
+    for (k, q) in spec.overhead.iter().flatten() {
+        if let Some(v) = parse_milli(&q.0) {
+            *total.0.entry(k.clone()).or_default() += v;
+        }
+    }
+    total.0.insert("pods".into(), 1000);
+    total
+}
+
+/// Ok(free cpu after placing) when `pod` fits `node`, else the kube-scheduler style reason.
+pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i128, String> {
+    let labels = node.labels();
+    let spec = pod.spec.as_ref();
+    if let Some(selector) = spec.and_then(|s| s.node_selector.as_ref())
+        && selector.iter().any(|(k, v)| labels.get(k) != Some(v))
+    {
+        return Err("node(s) didn't match Pod's node affinity/selector".into());
+    }
+    let terms = spec
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice());
+    if let Some(terms) = terms {
+        let name = node.name_any();
+        let any = terms.iter().any(|t| {
+            let exprs = t.match_expressions.as_deref().unwrap_or_default();
+            let fields = t.match_fields.as_deref().unwrap_or_default();
+            (!exprs.is_empty() || !fields.is_empty())
+                && exprs
+                    .iter()
+                    .all(|e| requirement_matches(e, labels.get(&e.key)))
+                && fields
+                    .iter()
+                    .all(|f| f.key == "metadata.name" && requirement_matches(f, Some(&name)))
+        });
+        if !any {
+            return Err("node(s) didn't match Pod's node affinity/selector".into());
+        }
+    }
+    let tolerations = spec
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
+    if let Some(t) = taints
+        .iter()
+        .filter(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+        .find(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+    {
+        let value = t.value.as_deref().unwrap_or_default();
+        return Err(format!(
+            "node(s) had untolerated taint {{{}: {value}}}",
+            t.key
+        ));
+    }
+    let allocatable = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
+    let alloc = |k: &str| -> i128 {
+        allocatable
+            .and_then(|a| a.get(k))
+            .and_then(|q| parse_milli(&q.0))
+            .unwrap_or(0)
+    };
+    for (resource, want) in &requests.0 {
+        if *want <= 0 {
+            continue;
+        }
+        if alloc(resource) - used.get(resource) < *want {
+            return Err(if resource == "pods" {
+                "Too many pods".to_string()
+            } else {
+                format!("Insufficient {resource}")
+            });
+        }
+    }
+    Ok(alloc("cpu") - used.get("cpu") - requests.get("cpu"))
+}
+
+/// Namespace and labels of the pods on each node (bound, or bound by us in this pass).
+#[derive(Debug, Default)]
+pub struct Placed(HashMap<String, Vec<PlacedPod>>);
+
+/// A placed pod's namespace and labels.
+type PlacedPod = (String, BTreeMap<String, String>);
+
+impl Placed {
+    pub fn add(&mut self, node: &str, pod: &Pod) {
+        self.0
+            .entry(node.to_string())
+            .or_default()
+            .push((pod.namespace().unwrap_or_default(), pod.labels().clone()));
+    }
+}
+
+/// Required pod anti-affinity of the incoming pod: no matching pod may run in the same
+/// topology domain (node label `topologyKey`) as `node`. The reverse direction (existing pods'
+/// anti-affinity against the incoming pod) is not simulated.
+pub fn anti_affinity_ok(
+    pod: &Pod,
+    node: &Node,
+    node_labels: &HashMap<String, BTreeMap<String, String>>,
+    placed: &Placed,
+) -> bool {
+    let terms = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_deref()
+        })
+        .unwrap_or_default();
+    let own_ns = pod.namespace().unwrap_or_default();
+    terms.iter().all(|term| {
+        // A node without the topology key is its own domain of nothing: the term holds.
+        let Some(domain) = node.labels().get(&term.topology_key) else {
+            return true;
+        };
+        let all_namespaces = term
+            .namespace_selector
+            .as_ref()
+            .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none());
+        let namespaces = term.namespaces.clone().unwrap_or_default();
+        let in_scope = |ns: &str| {
+            all_namespaces
+                || if namespaces.is_empty() {
+                    ns == own_ns
+                } else {
+                    namespaces.iter().any(|n| n == ns)
+                }
+        };
+        !placed.0.iter().any(|(other, pods)| {
+            node_labels
+                .get(other)
+                .and_then(|l| l.get(&term.topology_key))
+                == Some(domain)
+                && pods.iter().any(|(ns, labels)| {
+                    in_scope(ns) && selector_matches(term.label_selector.as_ref(), labels)
+                })
+        })
+    })
+}
+
+/// A LabelSelector against labels; an absent selector matches nothing (affinity semantics).
+fn selector_matches(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
+    let Some(selector) = selector else {
+        return false;
+    };
+    let by_labels = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let by_expressions = selector.match_expressions.iter().flatten().all(|e| {
+        let values = e.values.as_deref().unwrap_or_default();
+        let value = labels.get(&e.key);
+        match e.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    by_labels && by_expressions
+}
+
+fn requirement_matches(req: &NodeSelectorRequirement, value: Option<&String>) -> bool {
+    let values = req.values.as_deref().unwrap_or_default();
+    let int = |s: &str| s.trim().parse::<i64>().ok();
+    match req.operator.as_str() {
+        "In" => value.is_some_and(|v| values.contains(v)),
+        "NotIn" => value.is_none_or(|v| !values.contains(v)),
+        "Exists" => value.is_some(),
+        "DoesNotExist" => value.is_none(),
+        "Gt" | "Lt" => {
+            let (Some(have), Some(bound)) = (
+                value.and_then(|v| int(v)),
+                values.first().and_then(|b| int(b)),
+            ) else {
+                return false;
+            };
+            if req.operator == "Gt" {
+                have > bound
+            } else {
+                have < bound
+            }
+        }
+        _ => false,
+    }
+}
+
+fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
+    if tol
+        .effect
+        .as_deref()
+        .is_some_and(|e| !e.is_empty() && e != taint.effect)
+    {
+        return false;
+    }
+    match tol.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => tol
+            .key
+            .as_deref()
+            .is_none_or(|k| k.is_empty() || k == taint.key),
+        _ => {
+            tol.key.as_deref() == Some(taint.key.as_str())
+                && tol.value.as_deref().unwrap_or_default()
+                    == taint.value.as_deref().unwrap_or_default()
+        }
+    }
+}
+
+fn is_terminal(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+        || pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed")
+}
+
+fn wants_us(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.scheduler_name.as_deref())
+        .is_none_or(|n| n == DEFAULT_SCHEDULER_NAME)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn pod(spec: Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
+    }
+
+    fn node(labels: Value, taints: Value, cpu: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": labels},
+            "spec": {"taints": taints},
+            "status": {"allocatable": {"cpu": cpu, "memory": "4Gi", "pods": "2"}},
+        }))
+        .unwrap()
+    }
+
+    fn container(cpu: &str) -> Value {
+        json!([{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}])
+    }
+
+    #[test]
+    fn requests_sum_containers_and_respect_init_and_limits() {
+        let p = pod(json!({
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "500m"}}},
+                {"name": "b", "resources": {"limits": {"cpu": "250m", "memory": "1Gi"}}},
+            ],
+            "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2"}}}],
+        }));
+        let r = pod_requests(&p);
+        assert_eq!(r.get("cpu"), 2000);
+        assert_eq!(r.get("memory"), (1i128 << 30) * 1000);
+        assert_eq!(r.get("pods"), 1000);
+    }
+
+    #[test]
+    fn fit_checks_resources_and_pod_slots() {
+        let n = node(json!({}), json!([]), "2");
+        let p = pod(json!({"containers": container("1500m")}));
+        let r = pod_requests(&p);
+        assert_eq!(fits(&p, &r, &n, &Usage::default()), Ok(500));
+        let mut used = Usage::default();
+        used.add(&r);
+        assert_eq!(fits(&p, &r, &n, &used), Err("Insufficient cpu".into()));
+        let small = pod(json!({"containers": container("1m")}));
+        let rs = pod_requests(&small);
+        let mut two = Usage::default();
+        two.add(&rs);
+        two.add(&rs);
+        assert_eq!(fits(&small, &rs, &n, &two), Err("Too many pods".into()));
+    }
+
+    #[test]
+    fn selector_and_affinity_operators() {
+        let n = node(json!({"zone": "a", "gen": "5"}), json!([]), "4");
+        let with = |spec: Value| {
+            let p = pod(spec);
+            let r = pod_requests(&p);
+            fits(&p, &r, &n, &Usage::default()).is_ok()
+        };
+        let affinity = |expr: Value| json!({"containers": [], "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}});
+        assert!(with(
+            json!({"containers": [], "nodeSelector": {"zone": "a"}})
+        ));
+        assert!(!with(
+            json!({"containers": [], "nodeSelector": {"zone": "b"}})
+        ));
+        assert!(with(affinity(
+            json!({"key": "zone", "operator": "In", "values": ["a", "b"]})
+        )));
+        assert!(!with(affinity(
+            json!({"key": "zone", "operator": "NotIn", "values": ["a"]})
+        )));
+        assert!(with(affinity(json!({"key": "zone", "operator": "Exists"}))));
+        assert!(with(affinity(
+            json!({"key": "gpu", "operator": "DoesNotExist"})
+        )));
+        assert!(with(affinity(
+            json!({"key": "gen", "operator": "Gt", "values": ["4"]})
+        )));
+        assert!(!with(affinity(
+            json!({"key": "gen", "operator": "Lt", "values": ["5"]})
+        )));
+        assert!(!with(affinity(
+            json!({"key": "zone", "operator": "Gt", "values": ["1"]})
+        )));
+    }
+
+    #[test]
+    fn required_anti_affinity_spreads_over_hostnames() {
+        let mut a = node(json!({"kubernetes.io/hostname": "a"}), json!([]), "4");
+        a.metadata.name = Some("a".into());
+        let mut b = node(json!({"kubernetes.io/hostname": "b"}), json!([]), "4");
+        b.metadata.name = Some("b".into());
+        let labels: HashMap<String, BTreeMap<String, String>> = [&a, &b]
+            .iter()
+            .map(|n| (n.name_any(), n.labels().clone()))
+            .collect();
+        let spread: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "d", "labels": {"app": "x"}},
+            "spec": {"containers": [], "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "x"}}}
+            ]}}},
+        }))
+        .unwrap();
+        let mut placed = Placed::default();
+        assert!(anti_affinity_ok(&spread, &a, &labels, &placed));
+        placed.add("a", &spread);
+        assert!(!anti_affinity_ok(&spread, &a, &labels, &placed));
+        assert!(anti_affinity_ok(&spread, &b, &labels, &placed));
+        // Another namespace is out of scope by default.
+        let mut other = spread.clone();
+        other.metadata.namespace = Some("elsewhere".into());
+        assert!(anti_affinity_ok(&other, &a, &labels, &placed));
+    }
+
+    #[test]
+    fn taints_need_tolerations() {
+        let n = node(
+            json!({}),
+            json!([{"key": "karpenter.sh/unregistered", "effect": "NoExecute"}, {"key": "soft", "effect": "PreferNoSchedule"}]),
+            "4",
+        );
+        let check = |tolerations: Value| {
+            let p = pod(json!({"containers": [], "tolerations": tolerations}));
+            let r = pod_requests(&p);
+            fits(&p, &r, &n, &Usage::default())
+        };
+        assert_eq!(
+            check(json!([])),
+            Err("node(s) had untolerated taint {karpenter.sh/unregistered: }".into())
+        );
+        assert!(check(json!([{"key": "karpenter.sh/unregistered", "operator": "Exists"}])).is_ok());
+        assert!(check(json!([{"operator": "Exists"}])).is_ok());
+        assert!(check(json!([{"key": "karpenter.sh/unregistered", "operator": "Exists", "effect": "NoSchedule"}])).is_err());
+    }
+}

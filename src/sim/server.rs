@@ -1,0 +1,724 @@
+//! The HTTP front: routes Kubernetes API paths to the store, applies faults, counts requests,
+//! and renders objects and errors the way kube-apiserver does.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+
+use super::discovery;
+use super::errors::ApiError;
+use super::eviction;
+use super::faults::Faults;
+use super::patch::{self, PatchError};
+use super::registry::{Registry, ResourceDef};
+use super::selectors::{FieldSelector, LabelSelector};
+use super::stats::Stats;
+use super::store::{DeleteOpts, Part, Store};
+use super::watch::{self, WatchRequest};
+
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// What every request handler shares.
+pub struct Shared {
+    pub store: Arc<Store>,
+    pub registry: Arc<Registry>,
+    pub stats: Stats,
+    pub faults: Arc<Faults>,
+    pub address: String,
+    pub bookmark_interval: Duration,
+}
+
+/// Sets `apiVersion` and `kind` to the version being served (all versions share one storage).
+pub fn stamp(obj: &mut Value, def: &ResourceDef, version: &str) {
+    if let Some(o) = obj.as_object_mut() {
+        o.insert("apiVersion".into(), json!(def.api_version(version)));
+        o.insert("kind".into(), json!(def.kind));
+    }
+}
+
+fn json_response(code: u16, body: &Value) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())).boxed_unsync());
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn error_response(err: &ApiError) -> Response<Body> {
+    json_response(err.code, &err.to_status())
+}
+
+/// The parsed query string (percent-decoded).
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(q: Option<&str>) -> Self {
+        Self(
+            q.unwrap_or_default()
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                    (percent_decode(k), percent_decode(v))
+                })
+                .collect(),
+        )
+    }
+
+    fn get(&self, k: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, k: &str) -> bool {
+        matches!(self.get(k), Some("1" | "true"))
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&c) = bytes.get(i) {
+        match c {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A request for a resource, after routing.
+struct Target {
+    def: ResourceDef,
+    version: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+impl Target {
+    fn ns(&self) -> &str {
+        self.namespace.as_deref().unwrap_or_default()
+    }
+
+    fn sub(&self) -> &str {
+        self.sub.as_deref().unwrap_or_default()
+    }
+}
+
+/// Entry point for one HTTP request.
+pub async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let path = req.uri().path().to_string();
+    let query = Query::parse(req.uri().query());
+    let segs: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(percent_decode)
+        .collect();
+    let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let accept = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|h| h.to_str().ok())
+        .map(String::from);
+
+    let (group, version, rest) = match segs.as_slice() {
+        ["version"] => return Ok(json_response(200, &discovery::version())),
+        ["healthz" | "readyz" | "livez"] => {
+            return Ok(Response::new(
+                Full::new(Bytes::from_static(b"ok")).boxed_unsync(),
+            ));
+        }
+        ["api"] | ["apis"] | ["api", "v1"] | ["apis", _] | ["apis", _, _] => {
+            return Ok(discovery_response(&shared, &segs, accept.as_deref()));
+        }
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Ok(error_response(&ApiError::no_route())),
+    };
+    let Some(target) = route(&shared.registry, group, version, rest) else {
+        return Ok(error_response(&ApiError::no_route()));
+    };
+    let outcome = match serve(&shared, &req, &target, &query).await {
+        Ok(o) => o,
+        Err(e) => ServeOutcome::Done(error_response(&e)),
+    };
+    Ok(resp_with_body(outcome, req, &shared, &target, &query).await)
+}
+
+// `serve` needs the body, which consumes the request; split so routing errors stay cheap.
+async fn resp_with_body(
+    first: ServeOutcome,
+    req: Request<Incoming>,
+    shared: &Arc<Shared>,
+    target: &Target,
+    query: &Query,
+) -> Response<Body> {
+    match first {
+        ServeOutcome::Done(r) => r,
+        ServeOutcome::NeedsBody(verb) => {
+            let content_type = req
+                .headers()
+                .get(hyper::header::CONTENT_TYPE)
+                .and_then(|h| h.to_str().ok())
+                .map(|s| s.split(';').next().unwrap_or_default().trim().to_string())
+                .unwrap_or_default();
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    return error_response(&ApiError::bad_request(format!(
+                        "reading the request body: {e}"
+                    )));
+                }
+            };
+            match write(shared, target, query, verb, &content_type, &body) {
+                Ok((code, v)) => json_response(code, &v),
+                Err(e) => error_response(&e),
+            }
+        }
+    }
+}
+
+fn discovery_response(shared: &Shared, segs: &[&str], accept: Option<&str>) -> Response<Body> {
+    if !discovery::accepts_plain_json(accept) {
+        return error_response(&ApiError::not_acceptable(
+            "only unaggregated discovery (application/json) is served",
+        ));
+    }
+    let doc = match segs {
+        ["api"] => Some(discovery::core_versions(&shared.address)),
+        ["api", "v1"] => discovery::resource_list(&shared.registry, "", "v1"),
+        ["apis"] => Some(discovery::group_list(&shared.registry)),
+        ["apis", g] => discovery::group(&shared.registry, g),
+        ["apis", g, v] => discovery::resource_list(&shared.registry, g, v),
+        _ => None,
+    };
+    match doc {
+        Some(d) => json_response(200, &d),
+        None => error_response(&ApiError::no_route()),
+    }
+}
+
+fn route(registry: &Registry, group: &str, version: &str, rest: &[&str]) -> Option<Target> {
+    let namespaced_form = match rest {
+        ["namespaces", ns, plural, tail @ ..] if tail.len() <= 2 => registry
+            .lookup(group, version, plural)
+            .filter(|d| d.namespaced)
+            .map(|d| (d, Some(*ns), tail)),
+        _ => None,
+    };
+    let (def, ns, tail) = match namespaced_form {
+        Some(found) => found,
+        None => {
+            let (plural, tail) = rest.split_first()?;
+            if tail.len() > 2 {
+                return None;
+            }
+            (registry.lookup(group, version, plural)?, None, tail)
+        }
+    };
+    let name = tail.first().map(|s| s.to_string());
+    let sub = tail.get(1).map(|s| s.to_string());
+    if let Some(s) = &sub {
+        let known =
+            (s == "status" && def.status) || (s == "scale" && def.scale) || def.actions.contains(s);
+        if !known {
+            return None;
+        }
+    }
+    // A cluster-scoped kind has no namespace in its path; a namespaced kind needs one except to
+    // list or watch across namespaces.
+    if !def.namespaced && ns.is_some() || def.namespaced && ns.is_none() && name.is_some() {
+        return None;
+    }
+    Some(Target {
+        def: def.clone(),
+        version: version.to_string(),
+        namespace: ns.map(String::from),
+        name,
+        sub,
+    })
+}
+
+enum ServeOutcome {
+    Done(Response<Body>),
+    NeedsBody(&'static str),
+}
+
+fn verb_of(method: &Method, target: &Target, query: &Query) -> Result<&'static str, ApiError> {
+    Ok(match (method, target.name.is_some()) {
+        (&Method::GET, false) if query.flag("watch") => "watch",
+        (&Method::GET, false) => "list",
+        (&Method::GET, true) => "get",
+        (&Method::POST, false) if target.sub.is_none() => "create",
+        (&Method::POST, true) if target.def.actions.contains(&target.sub().to_string()) => "create",
+        (&Method::PUT, true) => "update",
+        (&Method::PATCH, true) => "patch",
+        (&Method::DELETE, true) if target.sub.is_none() => "delete",
+        (m, _) => {
+            return Err(ApiError::method_not_allowed(format!(
+                "{m} is not supported on this path"
+            )));
+        }
+    })
+}
+
+async fn serve(
+    shared: &Arc<Shared>,
+    req: &Request<Incoming>,
+    target: &Target,
+    query: &Query,
+) -> Result<ServeOutcome, ApiError> {
+    let verb = verb_of(req.method(), target, query)?;
+    shared
+        .stats
+        .count_request(verb, &target.def.plural, target.sub());
+    let decision = shared
+        .faults
+        .decide(&target.def.plural, matches!(verb, "update" | "patch"));
+    if !decision.latency.is_zero() {
+        tokio::time::sleep(decision.latency).await;
+    }
+    match decision.error {
+        Some(500) => return Err(ApiError::internal("injected fault: internal error")),
+        Some(_) => {
+            return Err(ApiError::unavailable(
+                "injected fault: the server is currently unable to handle the request",
+            ));
+        }
+        None => {}
+    }
+    if decision.conflict {
+        let name = target.name.clone().unwrap_or_default();
+        shared.store.lock().touch(&target.def, target.ns(), &name);
+        return Err(ApiError::conflict(
+            &target.def.group,
+            &target.def.plural,
+            &name,
+        ));
+    }
+    match verb {
+        "get" => get(shared, target).map(|v| ServeOutcome::Done(json_response(200, &v))),
+        "list" => list(shared, target, query).map(|v| ServeOutcome::Done(json_response(200, &v))),
+        "watch" => start_watch(shared, target, query).map(ServeOutcome::Done),
+        other => Ok(ServeOutcome::NeedsBody(other)),
+    }
+}
+
+fn rendered(mut obj: Value, target: &Target) -> Value {
+    stamp(&mut obj, &target.def, &target.version);
+    obj
+}
+
+fn current(shared: &Shared, target: &Target) -> Result<Value, ApiError> {
+    let name = target.name.as_deref().unwrap_or_default();
+    let inner = shared.store.lock();
+    inner
+        .get(&target.def, target.ns(), name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&target.def.group, &target.def.plural, name))
+}
+
+fn get(shared: &Shared, target: &Target) -> Result<Value, ApiError> {
+    let obj = current(shared, target)?;
+    Ok(match target.sub() {
+        "scale" => scale_of(&obj),
+        _ => rendered(obj, target),
+    })
+}
+
+fn selectors(target: &Target, query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or_default())
+        .map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").unwrap_or_default(),
+        &target.def.selectable_fields,
+    )
+    .map_err(ApiError::bad_request)?;
+    Ok((labels, fields))
+}
+
+fn list(shared: &Shared, target: &Target, query: &Query) -> Result<Value, ApiError> {
+    let (labels, fields) = selectors(target, query)?;
+    let limit = match query.get("limit") {
+        None | Some("") | Some("0") => None,
+        Some(l) => Some(
+            l.parse::<usize>()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit {l:?}")))?,
+        ),
+    };
+    let inner = shared.store.lock();
+    let (list_rv, after) = match query.get("continue").filter(|c| !c.is_empty()) {
+        None => (inner.rv(), None),
+        Some(token) => {
+            let (rv, key) = decode_continue(token)?;
+            if inner.is_expired(rv) {
+                return Err(ApiError::expired(
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                ));
+            }
+            (rv, Some(key))
+        }
+    };
+    let (items, next) = inner.list_page(
+        &target.def,
+        target.namespace.as_deref(),
+        &labels,
+        &fields,
+        after.as_ref(),
+        limit,
+    );
+    drop(inner);
+    let items: Vec<Value> = items.into_iter().map(|o| rendered(o, target)).collect();
+    let mut meta = json!({"resourceVersion": list_rv.to_string()});
+    if let Some(k) = next {
+        meta["continue"] = json!(encode_continue(list_rv, &k));
+    }
+    Ok(json!({
+        "apiVersion": target.def.api_version(&target.version),
+        "kind": format!("{}List", target.def.kind),
+        "metadata": meta,
+        "items": items,
+    }))
+}
+
+fn encode_continue(rv: u64, (ns, name): &(String, String)) -> String {
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    format!("{rv}-{}-{}", hex(ns), hex(name))
+}
+
+fn decode_continue(token: &str) -> Result<(u64, (String, String)), ApiError> {
+    let bad = || ApiError::bad_request(format!("invalid continue token {token:?}"));
+    let unhex = |s: &str| -> Option<String> {
+        let bytes: Option<Vec<u8>> = (0..s.len())
+            .step_by(2)
+            .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+            .collect();
+        bytes.and_then(|b| String::from_utf8(b).ok())
+    };
+    let mut parts = token.split('-');
+    let rv = parts.next().and_then(|r| r.parse().ok()).ok_or_else(bad)?;
+    let ns = parts.next().and_then(unhex).ok_or_else(bad)?;
+    let name = parts.next().and_then(unhex).ok_or_else(bad)?;
+    Ok((rv, (ns, name)))
+}
+
+fn start_watch(
+    shared: &Arc<Shared>,
+    target: &Target,
+    query: &Query,
+) -> Result<Response<Body>, ApiError> {
+    let (labels, fields) = selectors(target, query)?;
+    let send_initial_events = query.flag("sendInitialEvents");
+    let from = if send_initial_events {
+        None
+    } else {
+        watch::parse_from(query.get("resourceVersion"))?
+    };
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .map(Duration::from_secs);
+    let req = WatchRequest {
+        def: target.def.clone(),
+        version: target.version.clone(),
+        namespace: target.namespace.clone(),
+        labels,
+        fields,
+        from,
+        bookmarks: query.flag("allowWatchBookmarks"),
+        send_initial_events,
+        timeout,
+        bookmark_interval: shared.bookmark_interval,
+    };
+    let rx = watch::start(&shared.store, req, shared.faults.subscribe_cuts());
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, Infallible>(Frame::data(b)), rx))
+    });
+    let mut resp = Response::new(BodyExt::boxed_unsync(StreamBody::new(stream)));
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+/// Create, update, patch, delete and the pod actions; returns (HTTP code, body).
+fn write(
+    shared: &Shared,
+    target: &Target,
+    query: &Query,
+    verb: &str,
+    content_type: &str,
+    body: &Bytes,
+) -> Result<(u16, Value), ApiError> {
+    let def = &target.def;
+    let ns = target.ns();
+    let name = target.name.clone().unwrap_or_default();
+    let (code, obj) = match (verb, target.sub()) {
+        ("create", "binding") => {
+            let b = parse_body(body)?;
+            let mut inner = shared.store.lock();
+            (201, eviction::bind(&mut inner, def, ns, &name, &b)?)
+        }
+        ("create", "eviction") => {
+            let b = parse_body(body)?;
+            let pdbs = shared
+                .registry
+                .lookup("policy", "v1", "poddisruptionbudgets")
+                .cloned();
+            let mut inner = shared.store.lock();
+            (
+                201,
+                eviction::evict(&mut inner, def, pdbs.as_ref(), ns, &name, &b)?,
+            )
+        }
+        ("create", _) => {
+            let obj = parse_body(body)?;
+            if let Some(body_ns) = obj.pointer("/metadata/namespace").and_then(Value::as_str)
+                && def.namespaced
+                && !body_ns.is_empty()
+                && body_ns != ns
+            {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            let created = shared.store.lock().create(def, ns, obj)?;
+            (201, rendered(created, target))
+        }
+        ("update", "scale") => (200, update_scale(shared, target, parse_body(body)?)?),
+        ("update", sub) => {
+            let part = if sub == "status" {
+                Part::Status
+            } else {
+                Part::Main
+            };
+            let updated = shared
+                .store
+                .lock()
+                .update(def, ns, &name, parse_body(body)?, part)?;
+            (200, rendered(updated, target))
+        }
+        ("patch", sub) => {
+            let p = parse_body(body)?;
+            (200, patch_object(shared, target, sub, content_type, &p)?)
+        }
+        ("delete", _) => {
+            let opts = delete_opts(query, &parse_body(body)?);
+            let gone = shared.store.lock().delete(def, ns, &name, &opts)?;
+            (200, rendered(gone, target))
+        }
+        _ => {
+            return Err(ApiError::method_not_allowed(format!(
+                "{verb} is not supported on this path"
+            )));
+        }
+    };
+    let written_name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .map(String::from)
+        .unwrap_or(name);
+    shared
+        .stats
+        .record_write(verb, &def.plural, target.sub(), ns, &written_name);
+    Ok((code, obj))
+}
+
+fn delete_opts(query: &Query, body: &Value) -> DeleteOpts {
+    let policy = body
+        .get("propagationPolicy")
+        .and_then(Value::as_str)
+        .or_else(|| query.get("propagationPolicy"));
+    let orphan_flag = body
+        .get("orphanDependents")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    DeleteOpts {
+        uid: body
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(String::from),
+        resource_version: body
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(String::from),
+        orphan: policy == Some("Orphan") || orphan_flag,
+    }
+}
+
+fn apply_patch(
+    def: &ResourceDef,
+    content_type: &str,
+    doc: &Value,
+    p: &Value,
+) -> Result<Value, ApiError> {
+    let to_api = |e: PatchError| match e {
+        PatchError::Malformed(m) => ApiError::bad_request(m),
+        PatchError::Failed(m) => ApiError::invalid(m),
+    };
+    match content_type {
+        "application/merge-patch+json" => {
+            let mut out = doc.clone();
+            patch::merge_patch(&mut out, p);
+            Ok(out)
+        }
+        "application/json-patch+json" => patch::json_patch(doc, p).map_err(to_api),
+        "application/strategic-merge-patch+json" if def.builtin => {
+            let mut out = doc.clone();
+            patch::strategic_merge(&mut out, p).map_err(to_api)?;
+            Ok(out)
+        }
+        "application/strategic-merge-patch+json" => Err(ApiError::unsupported_media_type(format!(
+            "strategic merge patch is not supported for {}/{}, Kind={}: use merge patch or JSON patch",
+            def.group,
+            def.preferred_version(),
+            def.kind
+        ))),
+        other => Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json{} (got {other:?})",
+            if def.builtin {
+                ", application/strategic-merge-patch+json"
+            } else {
+                ""
+            }
+        ))),
+    }
+}
+
+fn patch_object(
+    shared: &Shared,
+    target: &Target,
+    sub: &str,
+    content_type: &str,
+    p: &Value,
+) -> Result<Value, ApiError> {
+    let def = &target.def;
+    let name = target.name.clone().unwrap_or_default();
+    if sub == "scale" {
+        let scale = scale_of(&current(shared, target)?);
+        let patched = apply_patch(def, content_type, &scale, p)?;
+        return update_scale(shared, target, patched);
+    }
+    let mut inner = shared.store.lock();
+    let cur = inner
+        .get(def, target.ns(), &name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
+    let patched = apply_patch(def, content_type, &rendered(cur, target), p)?;
+    let part = if sub == "status" {
+        Part::Status
+    } else {
+        Part::Main
+    };
+    let updated = inner.update(def, target.ns(), &name, patched, part)?;
+    Ok(rendered(updated, target))
+}
+
+/// The autoscaling/v1 Scale view of an object with a scale subresource.
+fn scale_of(obj: &Value) -> Value {
+    let meta = obj.get("metadata").cloned().unwrap_or_default();
+    let pick = |f: &str| meta.get(f).cloned().unwrap_or(Value::Null);
+    let selector = match obj.pointer("/status/selector") {
+        Some(Value::String(s)) => s.clone(),
+        _ => obj
+            .pointer("/spec/selector/matchLabels")
+            .and_then(Value::as_object)
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default(),
+    };
+    let mut scale_meta = json!({
+        "name": pick("name"), "uid": pick("uid"), "resourceVersion": pick("resourceVersion"),
+        "creationTimestamp": pick("creationTimestamp"),
+    });
+    if let Some(ns) = meta.get("namespace") {
+        scale_meta["namespace"] = ns.clone();
+    }
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": scale_meta,
+        "spec": {"replicas": obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(0)},
+        "status": {
+            "replicas": obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0),
+            "selector": selector,
+        }
+    })
+}
+
+fn update_scale(shared: &Shared, target: &Target, scale: Value) -> Result<Value, ApiError> {
+    let def = &target.def;
+    let name = target.name.clone().unwrap_or_default();
+    let replicas = scale
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .filter(|r| *r >= 0)
+        .ok_or_else(|| ApiError::invalid(format!("Scale.autoscaling \"{name}\" is invalid: spec.replicas: Invalid value: must be greater than or equal to 0")))?;
+    let mut inner = shared.store.lock();
+    let cur = inner
+        .get(def, target.ns(), &name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
+    let mut new = cur;
+    if let Some(rv) = scale.pointer("/metadata/resourceVersion") {
+        super::store::set_meta(&mut new, "resourceVersion", rv.clone());
+    }
+    match new.get_mut("spec").and_then(Value::as_object_mut) {
+        Some(spec) => {
+            spec.insert("replicas".into(), json!(replicas));
+        }
+        None => {
+            if let Some(o) = new.as_object_mut() {
+                o.insert("spec".into(), json!({"replicas": replicas}));
+            }
+        }
+    }
+    let updated = inner.update(def, target.ns(), &name, new, Part::Main)?;
+    Ok(scale_of(&updated))
+}

@@ -1,0 +1,136 @@
+//! What the server measured: every request by (verb, resource, subresource), and a timestamped log
+//! of every successful write. Reports read these, so the controller never reports on itself.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// One successful write (create, update, patch, delete) as the server saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WriteRecord {
+    /// Milliseconds since the server started.
+    pub at_ms: u64,
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestCount {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub count: u64,
+}
+
+/// A serialisable copy of everything measured so far.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsSnapshot {
+    pub elapsed_ms: u64,
+    pub requests: Vec<RequestCount>,
+    pub writes: Vec<WriteRecord>,
+}
+
+type RequestKey = (String, String, String);
+
+#[derive(Debug)]
+struct Inner {
+    requests: BTreeMap<RequestKey, u64>,
+    writes: Vec<WriteRecord>,
+}
+
+/// A cheap handle onto the server's counters (clones share them).
+#[derive(Debug, Clone)]
+pub struct Stats {
+    started: Instant,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Stats {
+    pub(crate) fn new() -> Self {
+        Self {
+            started: Instant::now(),
+            inner: Arc::new(Mutex::new(Inner {
+                requests: BTreeMap::new(),
+                writes: Vec::new(),
+            })),
+        }
+    }
+
+    pub(crate) fn count_request(&self, verb: &str, resource: &str, subresource: &str) {
+        let key = (
+            verb.to_string(),
+            resource.to_string(),
+            subresource.to_string(),
+        );
+        *self.inner.lock().requests.entry(key).or_default() += 1;
+    }
+
+    pub(crate) fn record_write(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+        namespace: &str,
+        name: &str,
+    ) {
+        let at_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.inner.lock().writes.push(WriteRecord {
+            at_ms,
+            verb: verb.into(),
+            resource: resource.into(),
+            subresource: subresource.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        });
+    }
+
+    /// Requests counted for (verb, resource plural, subresource; "" for the main resource).
+    pub fn requests(&self, verb: &str, resource: &str, subresource: &str) -> u64 {
+        let key = (
+            verb.to_string(),
+            resource.to_string(),
+            subresource.to_string(),
+        );
+        self.inner.lock().requests.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Successful writes to a resource plural and subresource ("" for the main resource).
+    pub fn writes_for(&self, resource: &str, subresource: &str) -> Vec<WriteRecord> {
+        self.inner
+            .lock()
+            .writes
+            .iter()
+            .filter(|w| w.resource == resource && w.subresource == subresource)
+            .cloned()
+            .collect()
+    }
+
+    /// Every successful write, in order.
+    pub fn writes(&self) -> Vec<WriteRecord> {
+        self.inner.lock().writes.clone()
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let inner = self.inner.lock();
+        StatsSnapshot {
+            elapsed_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+            requests: inner
+                .requests
+                .iter()
+                .map(|((verb, resource, subresource), count)| RequestCount {
+                    verb: verb.clone(),
+                    resource: resource.clone(),
+                    subresource: subresource.clone(),
+                    count: *count,
+                })
+                .collect(),
+            writes: inner.writes.clone(),
+        }
+    }
+}

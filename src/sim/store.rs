@@ -1,0 +1,822 @@
+//! The object store: one lock over ordered maps, one global resourceVersion counter, a bounded
+//! history of change events for watch resumption, and a broadcast channel feeding live watches.
+//! All API semantics that touch stored state (create, update, delete with finalizers, garbage
+//! collection) live here, so the HTTP layer only translates.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, MutexGuard};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use super::errors::ApiError;
+use super::registry::{Registry, ResourceDef};
+use super::selectors::{FieldSelector, LabelSelector};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change, as kept in history and broadcast to watches.
+#[derive(Debug)]
+pub struct StoredEvent {
+    pub rv: u64,
+    pub key: String,
+    pub namespace: String,
+    pub kind: EventKind,
+    pub object: Arc<Value>,
+    /// The object before a modification, so a selector-filtered watch can turn a change that
+    /// leaves its selector into DELETED and one that enters it into ADDED.
+    pub prev: Option<Arc<Value>>,
+}
+
+/// Which part of an object a write addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Main,
+    Status,
+}
+
+/// DeleteOptions that matter here.
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOpts {
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub orphan: bool,
+}
+
+type ObjKey = (String, String);
+
+/// Where a watch starts.
+pub enum WatchStart {
+    /// Initial ADDED events for current objects, then live events.
+    Snapshot(Vec<Arc<Value>>),
+    /// Events from history after the requested resourceVersion, then live events.
+    History(Vec<Arc<StoredEvent>>),
+}
+
+/// The state behind the lock; `pub(crate)` so multi-object operations (eviction) stay atomic.
+pub(crate) struct Inner {
+    registry: Arc<Registry>,
+    objects: BTreeMap<String, BTreeMap<ObjKey, Value>>,
+    /// uid -> (storage key, namespace, name) of every live object.
+    uids: HashMap<String, (String, String, String)>,
+    rv: u64,
+    history: VecDeque<Arc<StoredEvent>>,
+    history_size: usize,
+    /// The newest resourceVersion no longer in history: watching from below it is 410 Expired.
+    compacted: u64,
+    rng: StdRng,
+    events: broadcast::Sender<Arc<StoredEvent>>,
+}
+
+/// The simulated cluster's storage. Reads through it bypass HTTP (for tests and reports).
+pub struct Store {
+    inner: Mutex<Inner>,
+    registry: Arc<Registry>,
+    events: broadcast::Sender<Arc<StoredEvent>>,
+}
+
+impl Store {
+    pub(crate) fn new(
+        registry: Arc<Registry>,
+        history_size: usize,
+        watch_buffer: usize,
+        seed: u64,
+    ) -> Self {
+        let (events, _) = broadcast::channel(watch_buffer.max(16));
+        let inner = Inner {
+            registry: registry.clone(),
+            objects: BTreeMap::new(),
+            uids: HashMap::new(),
+            rv: 0,
+            history: VecDeque::new(),
+            history_size: history_size.max(1),
+            compacted: 0,
+            rng: StdRng::seed_from_u64(seed),
+            events: events.clone(),
+        };
+        let store = Self {
+            inner: Mutex::new(inner),
+            registry,
+            events,
+        };
+        if let Some(ns) = store.registry.by_name("namespaces").cloned() {
+            let mut inner = store.lock();
+            for name in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+                // Cannot fail: the namespace store is empty and the names are valid.
+                let _ = inner.create(&ns, "", json!({"metadata": {"name": name}}));
+            }
+        }
+        store
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock()
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The current global resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// One object by resource (`plural` or `plural.group`), namespace ("" when cluster-scoped) and name.
+    pub fn get(&self, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        let def = self.registry.by_name(resource)?;
+        let inner = self.lock();
+        inner.get(def, namespace, name).cloned()
+    }
+
+    /// Every object of a resource, in one namespace or (None) all.
+    pub fn list(&self, resource: &str, namespace: Option<&str>) -> Vec<Value> {
+        let Some(def) = self.registry.by_name(resource) else {
+            return Vec::new();
+        };
+        let inner = self.lock();
+        inner.iter(def, namespace).map(|(_, v)| v.clone()).collect()
+    }
+
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
+        self.events.subscribe()
+    }
+}
+
+impl Inner {
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    pub fn get(&self, def: &ResourceDef, ns: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .get(&def.storage_key())?
+            .get(&(ns.to_string(), name.to_string()))
+    }
+
+    pub fn iter<'a>(
+        &'a self,
+        def: &ResourceDef,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjKey, &'a Value)> + 'a {
+        self.objects
+            .get(&def.storage_key())
+            .into_iter()
+            .flat_map(|m| m.iter())
+            .filter(move |((n, _), _)| ns.is_none_or(|want| want == n))
+    }
+
+    /// A page of a filtered list: items, and the key to continue after when more remain.
+    pub fn list_page(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+        after: Option<&ObjKey>,
+        limit: Option<usize>,
+    ) -> (Vec<Value>, Option<ObjKey>) {
+        let mut items = Vec::new();
+        let mut matching = self
+            .iter(def, ns)
+            .filter(|(k, _)| after.is_none_or(|a| *k > a))
+            .filter(|(_, v)| labels.matches_object(v) && fields.matches(v));
+        for (k, v) in matching.by_ref() {
+            items.push(v.clone());
+            if limit.is_some_and(|l| items.len() >= l) {
+                return (items, Some(k.clone()));
+            }
+        }
+        (items, None)
+    }
+
+    /// Whether continuing from `rv` is still possible (continue tokens expire with history).
+    pub fn is_expired(&self, rv: u64) -> bool {
+        rv < self.compacted
+    }
+
+    /// Starts a watch: the events it must replay, taken under the same lock as the subscription
+    /// so nothing is missed or duplicated between them.
+    pub fn watch_from(
+        &self,
+        def: &ResourceDef,
+        ns: Option<&str>,
+        from: Option<u64>,
+        subscribe: impl FnOnce() -> broadcast::Receiver<Arc<StoredEvent>>,
+    ) -> Result<(WatchStart, broadcast::Receiver<Arc<StoredEvent>>, u64), ApiError> {
+        let key = def.storage_key();
+        let start = match from {
+            None => WatchStart::Snapshot(
+                self.iter(def, ns)
+                    .map(|(_, v)| Arc::new(v.clone()))
+                    .collect(),
+            ),
+            Some(rv) if rv < self.compacted => {
+                return Err(ApiError::expired(format!(
+                    "too old resource version: {rv} ({})",
+                    self.compacted + 1
+                )));
+            }
+            Some(rv) => WatchStart::History(
+                self.history
+                    .iter()
+                    .filter(|e| e.rv > rv && e.key == key && ns.is_none_or(|n| n == e.namespace))
+                    .cloned()
+                    .collect(),
+            ),
+        };
+        Ok((start, subscribe(), self.rv))
+    }
+
+    fn random_suffix(&mut self) -> String {
+        const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+        (0..5)
+            .map(|_| char::from(ALPHABET[self.rng.random_range(0..ALPHABET.len())]))
+            .collect()
+    }
+
+    fn new_uid(&mut self) -> String {
+        let b: [u8; 16] = self.rng.random();
+        let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        format!(
+            "{}-{}-4{}-a{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[13..16],
+            &h[17..20],
+            &h[20..32]
+        )
+    }
+
+    /// Records a change: next resourceVersion, history (trimmed), broadcast.
+    fn commit(
+        &mut self,
+        key: &str,
+        ns: &str,
+        kind: EventKind,
+        object: Value,
+        prev: Option<Value>,
+    ) -> Value {
+        self.rv += 1;
+        let mut object = object;
+        set_meta(&mut object, "resourceVersion", json!(self.rv.to_string()));
+        let event = Arc::new(StoredEvent {
+            rv: self.rv,
+            key: key.to_string(),
+            namespace: ns.to_string(),
+            kind,
+            object: Arc::new(object.clone()),
+            prev: prev.map(Arc::new),
+        });
+        self.history.push_back(event.clone());
+        while self.history.len() > self.history_size {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        // No receivers is fine: nobody is watching.
+        let _ = self.events.send(event);
+        object
+    }
+
+    pub fn create(
+        &mut self,
+        def: &ResourceDef,
+        ns: &str,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
+            return Err(ApiError::invalid(format!(
+                "{} in version \"{}\" cannot be handled: metadata is required",
+                def.kind,
+                def.preferred_version()
+            )));
+        };
+        if meta
+            .get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+        {
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
+        let mut name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let generate = meta
+            .get("generateName")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if name.is_empty() && generate.is_empty() {
+            return Err(ApiError::invalid(format!(
+                "{} \"\" is invalid: metadata.name: Required value: name or generateName is required",
+                def.kind
+            )));
+        }
+        if def.namespaced {
+            if self.get_ns(ns).is_none() {
+                return Err(ApiError::not_found("", "namespaces", ns));
+            }
+        }
+        let key = def.storage_key();
+        if name.is_empty() {
+            name = loop {
+                let candidate = format!("{generate}{}", self.random_suffix());
+                if self.get(def, ns, &candidate).is_none() {
+                    break candidate;
+                }
+            };
+        } else if self.get(def, ns, &name).is_some() {
+            return Err(ApiError::already_exists(&def.group, &def.plural, &name));
+        }
+        let uid = self.new_uid();
+        let meta = obj
+            .get_mut("metadata")
+            .and_then(Value::as_object_mut)
+            .ok_or_else(|| ApiError::internal("metadata vanished"))?;
+        meta.insert("name".into(), json!(name));
+        if def.namespaced {
+            meta.insert("namespace".into(), json!(ns));
+        } else {
+            meta.remove("namespace");
+        }
+        meta.insert("uid".into(), json!(uid));
+        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        meta.remove("deletionTimestamp");
+        meta.remove("deletionGracePeriodSeconds");
+        if def.tracks_generation() {
+            meta.insert("generation".into(), json!(1));
+        } else {
+            meta.remove("generation");
+        }
+        prepare_status_on_create(def, &mut obj);
+        let stored = self.commit(&key, ns, EventKind::Added, obj, None);
+        self.objects
+            .entry(key.clone())
+            .or_default()
+            .insert((ns.to_string(), name.clone()), stored.clone());
+        self.uids.insert(uid, (key, ns.to_string(), name));
+        Ok(stored)
+    }
+
+    fn get_ns(&self, ns: &str) -> Option<&Value> {
+        self.objects
+            .get("/namespaces")?
+            .get(&(String::new(), ns.to_string()))
+    }
+
+    /// PUT semantics: `new` replaces the object (main part or status), with a resourceVersion
+    /// precondition when `new` carries one.
+    pub fn update(
+        &mut self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        new: Value,
+        part: Part,
+    ) -> Result<Value, ApiError> {
+        let old = self
+            .get(def, ns, name)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        let want_rv = new
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if !want_rv.is_empty()
+            && Some(want_rv)
+                != old
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+        {
+            return Err(ApiError::conflict(&def.group, &def.plural, name));
+        }
+        if let Some(body_name) = new.pointer("/metadata/name").and_then(Value::as_str)
+            && body_name != name
+        {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({name})"
+            )));
+        }
+        let merged = merge_for_update(def, &old, new, part);
+        self.write(def, ns, name, old, merged)
+    }
+
+    /// Stores `merged` over `old` (a no-op when nothing changed), removing the object when it is
+    /// being deleted and its last finalizer went.
+    fn write(
+        &mut self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        old: Value,
+        mut merged: Value,
+    ) -> Result<Value, ApiError> {
+        let key = def.storage_key();
+        set_meta(
+            &mut merged,
+            "resourceVersion",
+            old.pointer("/metadata/resourceVersion")
+                .cloned()
+                .unwrap_or(json!("")),
+        );
+        if merged == old {
+            return Ok(old);
+        }
+        if is_deleting(&merged) && finalizers(&merged).is_empty() {
+            return Ok(self.remove(&key, ns, name, merged));
+        }
+        let stored = self.commit(&key, ns, EventKind::Modified, merged, Some(old));
+        if let Some(m) = self.objects.get_mut(&key) {
+            m.insert((ns.to_string(), name.to_string()), stored.clone());
+        }
+        Ok(stored)
+    }
+
+    /// A write by a phantom concurrent writer: bumps the object's resourceVersion (fault injection).
+    pub fn touch(&mut self, def: &ResourceDef, ns: &str, name: &str) {
+        let Some(old) = self.get(def, ns, name).cloned() else {
+            return;
+        };
+        let key = def.storage_key();
+        let stored = self.commit(&key, ns, EventKind::Modified, old.clone(), Some(old));
+        if let Some(m) = self.objects.get_mut(&key) {
+            m.insert((ns.to_string(), name.to_string()), stored);
+        }
+    }
+
+    pub fn delete(
+        &mut self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        opts: &DeleteOpts,
+    ) -> Result<Value, ApiError> {
+        let old = self
+            .get(def, ns, name)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        let meta_str = |f: &str| {
+            old.pointer(&format!("/metadata/{f}"))
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        if let Some(uid) = &opts.uid
+            && *uid != meta_str("uid")
+        {
+            return Err(ApiError::conflict_with(
+                &def.group,
+                &def.plural,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    meta_str("uid")
+                ),
+            ));
+        }
+        if let Some(rv) = &opts.resource_version
+            && *rv != meta_str("resourceVersion")
+        {
+            return Err(ApiError::conflict_with(
+                &def.group,
+                &def.plural,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                    meta_str("resourceVersion")
+                ),
+            ));
+        }
+        if opts.orphan {
+            self.orphan_dependents(&meta_str("uid"));
+        }
+        if is_deleting(&old) {
+            return Ok(old);
+        }
+        let key = def.storage_key();
+        if finalizers(&old).is_empty() {
+            return Ok(self.remove(&key, ns, name, old));
+        }
+        let mut marked = old.clone();
+        set_meta(&mut marked, "deletionTimestamp", json!(now_rfc3339()));
+        set_meta(&mut marked, "deletionGracePeriodSeconds", json!(0));
+        if def.tracks_generation() {
+            let g = old
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            set_meta(&mut marked, "generation", json!(g + 1));
+        }
+        let stored = self.commit(&key, ns, EventKind::Modified, marked, Some(old));
+        if let Some(m) = self.objects.get_mut(&key) {
+            m.insert((ns.to_string(), name.to_string()), stored.clone());
+        }
+        Ok(stored)
+    }
+
+    /// Removes an object for good (DELETED event), then garbage-collects what it owned.
+    fn remove(&mut self, key: &str, ns: &str, name: &str, last: Value) -> Value {
+        if let Some(m) = self.objects.get_mut(key) {
+            m.remove(&(ns.to_string(), name.to_string()));
+        }
+        let uid = last
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        self.uids.remove(&uid);
+        let prev = last.clone();
+        let gone = self.commit(key, ns, EventKind::Deleted, last, Some(prev));
+        if key == "/namespaces" {
+            self.delete_namespace_contents(name);
+        }
+        self.collect_dependents(&uid);
+        gone
+    }
+
+    fn delete_namespace_contents(&mut self, ns: &str) {
+        let registry = self.registry.clone();
+        for def in registry.all().iter().filter(|d| d.namespaced) {
+            let names: Vec<String> = self
+                .iter(def, Some(ns))
+                .map(|((_, n), _)| n.clone())
+                .collect();
+            for name in names {
+                let _ = self.delete(def, ns, &name, &DeleteOpts::default());
+            }
+        }
+    }
+
+    /// Background propagation: dependents whose every owner is gone are deleted; dependents that
+    /// still have a live owner lose only the reference to the removed one.
+    fn collect_dependents(&mut self, owner_uid: &str) {
+        if owner_uid.is_empty() {
+            return;
+        }
+        let registry = self.registry.clone();
+        for (def, ns, name) in self.dependents_of(owner_uid, &registry) {
+            let Some(obj) = self.get(def, &ns, &name).cloned() else {
+                continue;
+            };
+            let others_alive = owner_refs(&obj).iter().any(|r| {
+                let uid = r.get("uid").and_then(Value::as_str).unwrap_or_default();
+                uid != owner_uid && self.uids.contains_key(uid)
+            });
+            if others_alive {
+                let _ = self.strip_owner(def, &ns, &name, owner_uid);
+            } else {
+                let _ = self.delete(def, &ns, &name, &DeleteOpts::default());
+            }
+        }
+    }
+
+    fn orphan_dependents(&mut self, owner_uid: &str) {
+        let registry = self.registry.clone();
+        for (def, ns, name) in self.dependents_of(owner_uid, &registry) {
+            let _ = self.strip_owner(def, &ns, &name, owner_uid);
+        }
+    }
+
+    fn dependents_of<'r>(
+        &self,
+        owner_uid: &str,
+        registry: &'r Registry,
+    ) -> Vec<(&'r ResourceDef, String, String)> {
+        let mut out = Vec::new();
+        for def in registry.all() {
+            for ((ns, name), obj) in self.iter(def, None) {
+                if owner_refs(obj)
+                    .iter()
+                    .any(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))
+                {
+                    out.push((def, ns.clone(), name.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    fn strip_owner(
+        &mut self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        owner_uid: &str,
+    ) -> Result<Value, ApiError> {
+        let old = self
+            .get(def, ns, name)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
+        let mut new = old.clone();
+        if let Some(refs) = new
+            .pointer_mut("/metadata/ownerReferences")
+            .and_then(Value::as_array_mut)
+        {
+            refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner_uid));
+        }
+        self.write(def, ns, name, old, new)
+    }
+}
+
+fn owner_refs(obj: &Value) -> Vec<Value> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+pub fn finalizers(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|f| {
+            f.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn is_deleting(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+pub fn set_meta(obj: &mut Value, field: &str, value: Value) {
+    if !obj.get("metadata").is_some_and(Value::is_object)
+        && let Some(o) = obj.as_object_mut()
+    {
+        o.insert("metadata".into(), Value::Object(Map::new()));
+    }
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert(field.into(), value);
+    }
+}
+
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// What a create keeps of `status`: custom resources with a status subresource drop it, pods
+/// start Pending, namespaces Active; other built-ins (nodes) keep what the creator sent.
+fn prepare_status_on_create(def: &ResourceDef, obj: &mut Value) {
+    let Some(o) = obj.as_object_mut() else { return };
+    match (def.builtin, def.plural.as_str()) {
+        (true, "pods") if def.group.is_empty() => {
+            o.insert("status".into(), json!({"phase": "Pending"}));
+        }
+        (true, "namespaces") if def.group.is_empty() => {
+            o.insert("status".into(), json!({"phase": "Active"}));
+        }
+        (false, _) if def.status => {
+            o.remove("status");
+        }
+        _ => {}
+    }
+}
+
+/// The object a PUT produces: the main resource never changes status (when a status subresource
+/// exists), the status subresource changes only status; server-owned metadata is kept; the
+/// generation moves when anything outside metadata and status changed.
+pub fn merge_for_update(def: &ResourceDef, old: &Value, new: Value, part: Part) -> Value {
+    let mut merged = match part {
+        Part::Status => {
+            let mut m = old.clone();
+            if let Some(o) = m.as_object_mut() {
+                match new.get("status") {
+                    Some(s) => o.insert("status".into(), s.clone()),
+                    None => o.remove("status"),
+                };
+            }
+            m
+        }
+        Part::Main => {
+            let mut m = new;
+            if def.status
+                && let Some(o) = m.as_object_mut()
+            {
+                match old.get("status") {
+                    Some(s) => o.insert("status".into(), s.clone()),
+                    None => o.remove("status"),
+                };
+            }
+            m
+        }
+    };
+    for field in [
+        "name",
+        "namespace",
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "generation",
+    ] {
+        match old.pointer(&format!("/metadata/{field}")) {
+            Some(v) => set_meta(&mut merged, field, v.clone()),
+            None => {
+                if let Some(meta) = merged.get_mut("metadata").and_then(Value::as_object_mut) {
+                    meta.remove(field);
+                }
+            }
+        }
+    }
+    if def.tracks_generation() && spec_changed(old, &merged) {
+        let g = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        set_meta(&mut merged, "generation", json!(g + 1));
+    }
+    merged
+}
+
+fn spec_changed(old: &Value, new: &Value) -> bool {
+    let strip = |v: &Value| -> Map<String, Value> {
+        let mut m = v.as_object().cloned().unwrap_or_default();
+        for k in ["metadata", "status", "apiVersion", "kind"] {
+            m.remove(k);
+        }
+        m
+    };
+    strip(old) != strip(new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::registry::CapiVersions;
+
+    fn store() -> (Store, Arc<Registry>) {
+        let reg = Arc::new(Registry::new(CapiVersions::Both, vec![]).unwrap());
+        (Store::new(reg.clone(), 100, 100, 1), reg)
+    }
+
+    #[test]
+    fn owner_gone_collects_dependents_unless_another_owner_lives() {
+        let (s, reg) = store();
+        let cm = reg.by_name("configmaps").unwrap().clone();
+        let mut inner = s.lock();
+        let a = inner
+            .create(&cm, "default", json!({"metadata": {"name": "a"}}))
+            .unwrap();
+        let b = inner
+            .create(&cm, "default", json!({"metadata": {"name": "b"}}))
+            .unwrap();
+        let uid = |v: &Value| v["metadata"]["uid"].as_str().unwrap().to_string();
+        let r = |u: String| json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": u});
+        inner
+            .create(
+                &cm,
+                "default",
+                json!({"metadata": {"name": "only-a", "ownerReferences": [r(uid(&a))]}}),
+            )
+            .unwrap();
+        inner
+            .create(
+                &cm,
+                "default",
+                json!({"metadata": {"name": "both", "ownerReferences": [r(uid(&a)), r(uid(&b))]}}),
+            )
+            .unwrap();
+        inner
+            .delete(&cm, "default", "a", &DeleteOpts::default())
+            .unwrap();
+        assert!(inner.get(&cm, "default", "only-a").is_none());
+        let both = inner.get(&cm, "default", "both").unwrap();
+        assert_eq!(
+            both["metadata"]["ownerReferences"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn namespaced_create_needs_the_namespace() {
+        let (s, reg) = store();
+        let cm = reg.by_name("configmaps").unwrap().clone();
+        let err = s
+            .lock()
+            .create(&cm, "nope", json!({"metadata": {"name": "a"}}))
+            .unwrap_err();
+        assert_eq!(err.code, 404);
+        assert_eq!(err.message, "namespaces \"nope\" not found");
+    }
+}

@@ -1,0 +1,188 @@
+//! Watch streams: newline-delimited JSON WatchEvents over a chunked response. A watch replays
+//! what it must (a snapshot or history after a resourceVersion), then follows the broadcast of
+//! live changes. A watch that falls behind the broadcast buffer is closed (the client re-lists),
+//! so a slow watcher never holds up a writer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+
+use super::errors::ApiError;
+use super::registry::ResourceDef;
+use super::selectors::{FieldSelector, LabelSelector};
+use super::store::{EventKind, Store, StoredEvent, WatchStart};
+
+/// What a client asked of a watch.
+pub struct WatchRequest {
+    pub def: ResourceDef,
+    pub version: String,
+    pub namespace: Option<String>,
+    pub labels: LabelSelector,
+    pub fields: FieldSelector,
+    /// None: start from a snapshot of current objects ("" or "0").
+    pub from: Option<u64>,
+    pub bookmarks: bool,
+    pub send_initial_events: bool,
+    pub timeout: Option<Duration>,
+    pub bookmark_interval: Duration,
+}
+
+/// Starts a watch and returns the channel its body is read from. An expired resourceVersion is
+/// reported in-stream as an ERROR event with a 410 Status, as kube-apiserver does.
+pub fn start(
+    store: &Arc<Store>,
+    req: WatchRequest,
+    cuts: tokio::sync::watch::Receiver<u64>,
+) -> mpsc::Receiver<Bytes> {
+    let (tx, rx) = mpsc::channel::<Bytes>(256);
+    let started = {
+        let inner = store.lock();
+        inner.watch_from(&req.def, req.namespace.as_deref(), req.from, || {
+            store.subscribe()
+        })
+    };
+    tokio::spawn(async move {
+        match started {
+            Ok((start, live, rv)) => run(req, start, live, rv, tx, cuts).await,
+            Err(err) => {
+                let _ = tx
+                    .send(line(&json!({"type": "ERROR", "object": err.to_status()})))
+                    .await;
+            }
+        }
+    });
+    rx
+}
+
+async fn run(
+    req: WatchRequest,
+    start: WatchStart,
+    mut live: broadcast::Receiver<Arc<StoredEvent>>,
+    mut last_rv: u64,
+    tx: mpsc::Sender<Bytes>,
+    mut cuts: tokio::sync::watch::Receiver<u64>,
+) {
+    let key = req.def.storage_key();
+    let initial: Vec<Bytes> = match start {
+        WatchStart::Snapshot(objects) => objects
+            .iter()
+            .filter(|o| req.labels.matches_object(o) && req.fields.matches(o))
+            .map(|o| event_line(&req, "ADDED", o))
+            .collect(),
+        WatchStart::History(events) => events.iter().filter_map(|e| translate(&req, e)).collect(),
+    };
+    for l in initial {
+        if tx.send(l).await.is_err() {
+            return;
+        }
+    }
+    if req.bookmarks
+        && tx
+            .send(bookmark(&req, last_rv, req.send_initial_events))
+            .await
+            .is_err()
+    {
+        return;
+    }
+    cuts.mark_unchanged();
+    let deadline = req.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut ticker = tokio::time::interval(req.bookmark_interval.max(Duration::from_millis(10)));
+    ticker.tick().await;
+    loop {
+        let timeout = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ev = live.recv() => match ev {
+                Ok(ev) => {
+                    if ev.rv <= last_rv {
+                        continue;
+                    }
+                    last_rv = ev.rv;
+                    if ev.key != key {
+                        continue;
+                    }
+                    if let Some(l) = translate(&req, &ev)
+                        && tx.send(l).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                // Lagged or closed: end the stream so the client re-lists.
+                Err(_) => return,
+            },
+            _ = ticker.tick(), if req.bookmarks => {
+                if tx.send(bookmark(&req, last_rv, false)).await.is_err() {
+                    return;
+                }
+            }
+            _ = timeout => return,
+            _ = cuts.changed() => return,
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+/// The event a watcher sees for a stored change, honouring namespace and selectors (an object
+/// leaving the selection is DELETED for this watcher, one entering it ADDED).
+fn translate(req: &WatchRequest, ev: &StoredEvent) -> Option<Bytes> {
+    if req.namespace.as_deref().is_some_and(|n| n != ev.namespace) {
+        return None;
+    }
+    let selects = |o: &Value| req.labels.matches_object(o) && req.fields.matches(o);
+    let now = selects(&ev.object);
+    let kind = match ev.kind {
+        EventKind::Added => now.then_some("ADDED"),
+        EventKind::Deleted => now.then_some("DELETED"),
+        EventKind::Modified => {
+            let before = ev.prev.as_deref().is_some_and(selects);
+            match (before, now) {
+                (true, true) => Some("MODIFIED"),
+                (false, true) => Some("ADDED"),
+                (true, false) => Some("DELETED"),
+                (false, false) => None,
+            }
+        }
+    }?;
+    Some(event_line(req, kind, &ev.object))
+}
+
+fn event_line(req: &WatchRequest, kind: &str, obj: &Value) -> Bytes {
+    let mut obj = obj.clone();
+    super::server::stamp(&mut obj, &req.def, &req.version);
+    line(&json!({"type": kind, "object": obj}))
+}
+
+fn bookmark(req: &WatchRequest, rv: u64, initial_end: bool) -> Bytes {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    line(&json!({
+        "type": "BOOKMARK",
+        "object": {"kind": req.def.kind, "apiVersion": req.def.api_version(&req.version), "metadata": meta}
+    }))
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push('\n');
+    Bytes::from(s)
+}
+
+/// Parses a resourceVersion query value: "" and "0" mean "from a snapshot".
+pub fn parse_from(rv: Option<&str>) -> Result<Option<u64>, ApiError> {
+    match rv {
+        None | Some("") | Some("0") => Ok(None),
+        Some(s) => s
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}"))),
+    }
+}

@@ -1,0 +1,634 @@
+//! The simulated cluster's stand-ins (Cluster API, kubelet, scheduler) against the in-process
+//! API server: MachineDeployment -> MachineSet -> Machines -> Nodes, scale-down order, stuck
+//! providers, replacement of deleted Machines, both Cluster API versions, and pod binding.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use karpenter_capi::api::wellknown::{
+    CLUSTER_NAME_LABEL, CPU_ANNOTATION, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
+    LABELS_ANNOTATION, MEMBER_LABEL, MEMORY_ANNOTATION, SET_NAME_LABEL, UNREGISTERED_TAINT_KEY,
+};
+use karpenter_capi::sim::capi::CapiVersion;
+use karpenter_capi::sim::cluster::{
+    CLUSTER_NAME, MachineDeploymentSeed, PodShape, SimCluster, SimClusterConfig,
+};
+use karpenter_capi::sim::kubelet::node_ready;
+use karpenter_capi::sim::standin::{merge_patch, str_at};
+use kube::api::{DeleteParams, ListParams};
+use kube::core::DynamicObject;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "default";
+
+fn fast(version: CapiVersion) -> SimClusterConfig {
+    SimClusterConfig {
+        capi_version: version,
+        provider_delay: Duration::from_millis(30),
+        jitter: Duration::from_millis(20),
+        node_ready_delay: Duration::from_millis(30),
+        node_delete_delay: Duration::from_millis(10),
+        ..SimClusterConfig::default()
+    }
+}
+
+/// Polls `check` until it returns Some, failing the test after a generous deadline (the
+/// deadline only guards against hangs; nothing here asserts on durations).
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
+    MachineDeploymentSeed {
+        name: name.into(),
+        namespace: NS.into(),
+        replicas,
+        labels: BTreeMap::from([(MEMBER_LABEL.into(), String::new())]),
+        template_labels: BTreeMap::from([
+            ("node-role.kubernetes.io/worker".into(), String::new()),
+            ("app.example.com/not-propagated".into(), "x".into()),
+        ]),
+        annotations: BTreeMap::from([
+            (CPU_ANNOTATION.into(), "4".into()),
+            (MEMORY_ANNOTATION.into(), "16Gi".into()),
+            (
+                LABELS_ANNOTATION.into(),
+                "topology.kubernetes.io/zone=us-east-1b,node.kubernetes.io/instance-type=m-4"
+                    .into(),
+            ),
+        ]),
+        ..Default::default()
+    }
+}
+
+async fn machines(cluster: &SimCluster, md: &str) -> Vec<DynamicObject> {
+    cluster.machines_of(NS, md).await.unwrap()
+}
+
+fn node_ref(m: &DynamicObject) -> Option<&str> {
+    str_at(&m.data, &["status", "nodeRef", "name"])
+}
+
+fn provider_id(m: &DynamicObject) -> Option<&str> {
+    str_at(&m.data, &["spec", "providerID"])
+}
+
+/// Waits until `md` has exactly `n` live Machines, all with a Node, and returns them.
+async fn running(cluster: &SimCluster, md: &str, n: usize) -> Vec<DynamicObject> {
+    eventually(&format!("{n} running machines of {md}"), || async {
+        let ms = machines(cluster, md).await;
+        let all_running = ms.len() == n
+            && ms.iter().all(|m| {
+                m.metadata.deletion_timestamp.is_none()
+                    && node_ref(m).is_some()
+                    && str_at(&m.data, &["status", "phase"]) == Some("Running")
+            });
+        all_running.then_some(ms)
+    })
+    .await
+}
+
+async fn node(cluster: &SimCluster, name: &str) -> Option<Node> {
+    Api::<Node>::all(cluster.client())
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
+    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let md = cluster
+        .create_machine_deployment_from(&seed("md-a", 3))
+        .await
+        .unwrap();
+    let ms = running(&cluster, "md-a", 3).await;
+
+    // One MachineSet, controlled by the MachineDeployment.
+    let sets: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine_set());
+    let set_list = sets.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(set_list.len(), 1);
+    let set = &set_list[0];
+    assert!(set.name_any().starts_with("md-a-") && set.name_any().len() == "md-a-".len() + 5);
+    let owner = &set.owner_references()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+        ("MachineDeployment", md.uid().unwrap().as_str(), Some(true))
+    );
+    assert_eq!(set.labels()[DEPLOYMENT_NAME_LABEL], "md-a");
+    assert_eq!(set.labels()[CLUSTER_NAME_LABEL], CLUSTER_NAME);
+    assert_eq!(set.data["spec"]["replicas"], 3);
+
+    for m in &ms {
+        let labels = m.labels();
+        assert_eq!(labels[SET_NAME_LABEL], set.name_any());
+        assert_eq!(labels[DEPLOYMENT_NAME_LABEL], "md-a");
+        assert_eq!(labels[CLUSTER_NAME_LABEL], CLUSTER_NAME);
+        assert!(labels.contains_key("node-role.kubernetes.io/worker"));
+        assert!(m.name_any().starts_with(&format!("{}-", set.name_any())));
+        let owner = &m.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("MachineSet", set.uid().unwrap().as_str(), Some(true))
+        );
+        assert!(
+            m.finalizers()
+                .iter()
+                .any(|f| f == "machine.cluster.x-k8s.io")
+        );
+        assert_eq!(m.data["spec"]["clusterName"], CLUSTER_NAME);
+        assert_eq!(m.data["spec"]["version"], "v1.33.0");
+        assert_eq!(
+            m.data["spec"]["infrastructureRef"]["apiGroup"],
+            "infrastructure.cluster.x-k8s.io"
+        );
+        assert!(
+            m.data["spec"]["infrastructureRef"]
+                .get("apiVersion")
+                .is_none()
+        );
+        assert_eq!(
+            m.data["spec"]["bootstrap"]["configRef"]["kind"],
+            "KubeadmConfigTemplate"
+        );
+        assert_eq!(m.data["status"]["nodeRef"], json!({"name": m.name_any()}));
+        assert_eq!(
+            provider_id(m),
+            Some(format!("kubemark://{}", m.name_any()).as_str())
+        );
+
+        let n = node(&cluster, &m.name_any()).await.expect("node exists");
+        let spec = n.spec.clone().unwrap();
+        assert_eq!(spec.provider_id.as_deref(), provider_id(m));
+        assert!(
+            spec.taints
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == UNREGISTERED_TAINT_KEY && t.effect == "NoExecute")
+        );
+        let capacity = n.status.clone().unwrap().capacity.unwrap();
+        assert_eq!(capacity["cpu"].0, "4");
+        assert_eq!(capacity["memory"].0, "16Gi");
+        assert_eq!(capacity["pods"].0, "110");
+        let nl = n.labels();
+        assert_eq!(nl["topology.kubernetes.io/zone"], "us-east-1b");
+        assert_eq!(nl["node.kubernetes.io/instance-type"], "m-4");
+        assert_eq!(nl["kubernetes.io/hostname"], m.name_any());
+        assert_eq!(nl["kubernetes.io/arch"], "amd64");
+        assert!(nl.contains_key("node-role.kubernetes.io/worker"));
+        assert!(!nl.contains_key("app.example.com/not-propagated"));
+    }
+    for m in &ms {
+        eventually("node ready", || async {
+            node(&cluster, &m.name_any()).await.filter(node_ready)
+        })
+        .await;
+    }
+    // The MachineDeployment reports its Machines.
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client(),
+        NS,
+        &CapiVersion::V1beta2.machine_deployment(),
+    );
+    eventually("md status", || async {
+        let md = mds.get("md-a").await.unwrap();
+        (md.data["status"]["replicas"] == 3 && md.data["status"]["readyReplicas"] == 3)
+            .then_some(())
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1beta1_shapes_references_and_node_ref() {
+    let cluster = SimCluster::start(SimClusterConfig {
+        provider_id_style: karpenter_capi::sim::capi::ProviderIdStyle::Aws,
+        ..fast(CapiVersion::V1beta1)
+    })
+    .await
+    .unwrap();
+    // No cpu annotation: the infrastructure template's status.capacity fills the gap, while
+    // the memory annotation still wins over the template.
+    cluster
+        .create_machine_template(
+            NS,
+            "md-b",
+            BTreeMap::from([("cpu".into(), "8".into()), ("memory".into(), "32Gi".into())]),
+        )
+        .await
+        .unwrap();
+    let mut s = seed("md-b", 1);
+    s.annotations.remove(CPU_ANNOTATION);
+    cluster.create_machine_deployment_from(&s).await.unwrap();
+    let ms = running(&cluster, "md-b", 1).await;
+    let m = &ms[0];
+    assert_eq!(
+        m.types.as_ref().unwrap().api_version,
+        "cluster.x-k8s.io/v1beta1"
+    );
+    let infra = &m.data["spec"]["infrastructureRef"];
+    assert_eq!(
+        infra["apiVersion"],
+        "infrastructure.cluster.x-k8s.io/v1beta2"
+    );
+    assert_eq!(infra["kind"], "DevMachine");
+    assert!(infra.get("apiGroup").is_none());
+    let nr = &m.data["status"]["nodeRef"];
+    assert_eq!(
+        (
+            nr["apiVersion"].as_str(),
+            nr["kind"].as_str(),
+            nr["name"].as_str()
+        ),
+        (Some("v1"), Some("Node"), Some(m.name_any().as_str()))
+    );
+    let n = node(&cluster, &m.name_any()).await.unwrap();
+    assert_eq!(nr["uid"].as_str(), n.metadata.uid.as_deref());
+    let capacity = n.status.clone().unwrap().capacity.unwrap();
+    assert_eq!(capacity["cpu"].0, "8");
+    assert_eq!(capacity["memory"].0, "16Gi");
+    let pid = provider_id(m).unwrap();
+    assert!(pid.starts_with("aws:///us-east-1a/i-"), "{pid}");
+    // A propagated label added to the Machine later (as the controller's binding does)
+    // reaches the Node.
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta1.machine());
+    merge_patch(
+        &api,
+        &m.name_any(),
+        &json!({"metadata": {"labels": {MEMBER_LABEL: "bound"}}}),
+    )
+    .await
+    .unwrap();
+    eventually("member label on the node", || async {
+        let n = node(&cluster, &m.name_any()).await?;
+        (n.labels().get(MEMBER_LABEL).map(String::as_str) == Some("bound")).then_some(())
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_removes_the_annotated_machine() {
+    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    cluster
+        .create_machine_deployment_from(&seed("md-c", 3))
+        .await
+        .unwrap();
+    let ms = running(&cluster, "md-c", 3).await;
+    // Not the oldest: the annotation, not age, must decide.
+    let victim = ms
+        .iter()
+        .max_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0))
+        .unwrap()
+        .name_any();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
+    merge_patch(
+        &api,
+        &victim,
+        &json!({"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}),
+    )
+    .await
+    .unwrap();
+    cluster
+        .scale_machine_deployment(NS, "md-c", 2)
+        .await
+        .unwrap();
+
+    let left = eventually("victim gone", || async {
+        let ms = machines(&cluster, "md-c").await;
+        (ms.len() == 2 && ms.iter().all(|m| m.name_any() != victim)).then_some(ms)
+    })
+    .await;
+    let before: Vec<String> = ms
+        .iter()
+        .map(|m| m.name_any())
+        .filter(|n| *n != victim)
+        .collect();
+    let mut after: Vec<String> = left.iter().map(|m| m.name_any()).collect();
+    after.sort();
+    let mut before = before;
+    before.sort();
+    assert_eq!(before, after, "exactly the annotated Machine went");
+    eventually("victim's node gone", || async {
+        node(&cluster, &victim).await.is_none().then_some(())
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_removes_provisioning_machines_first() {
+    // A provider so slow that nothing finishes on its own; the test plays provider for one Machine.
+    let cluster = SimCluster::start(SimClusterConfig {
+        provider_delay: Duration::from_secs(3600),
+        ..fast(CapiVersion::V1beta2)
+    })
+    .await
+    .unwrap();
+    cluster
+        .create_machine_deployment_from(&seed("md-d", 3))
+        .await
+        .unwrap();
+    let ms = eventually("3 provisioning machines", || async {
+        let ms = machines(&cluster, "md-d").await;
+        (ms.len() == 3
+            && ms
+                .iter()
+                .all(|m| str_at(&m.data, &["status", "phase"]) == Some("Provisioning")))
+        .then_some(ms)
+    })
+    .await;
+    // The oldest gets a provider ID by hand, then a Node and nodeRef from the kubelet stand-in.
+    let keeper = ms
+        .iter()
+        .min_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0))
+        .unwrap()
+        .name_any();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
+    merge_patch(
+        &api,
+        &keeper,
+        &json!({"spec": {"providerID": format!("kubemark://{keeper}")}}),
+    )
+    .await
+    .unwrap();
+    eventually("keeper has a node", || async {
+        let m = api.get(&keeper).await.unwrap();
+        node_ref(&m).map(|_| ())
+    })
+    .await;
+
+    cluster
+        .scale_machine_deployment(NS, "md-d", 1)
+        .await
+        .unwrap();
+    let left = eventually("two machines gone", || async {
+        let ms = machines(&cluster, "md-d").await;
+        (ms.len() == 1).then_some(ms)
+    })
+    .await;
+    assert_eq!(left[0].name_any(), keeper, "the Machine with a Node stays");
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_provider_leaves_machines_without_provider_id() {
+    let cluster = SimCluster::start(SimClusterConfig {
+        fail_fraction: 1.0,
+        provider_delay: Duration::from_millis(1),
+        jitter: Duration::ZERO,
+        ..fast(CapiVersion::V1beta2)
+    })
+    .await
+    .unwrap();
+    cluster
+        .create_machine_deployment_from(&seed("md-e", 2))
+        .await
+        .unwrap();
+    eventually("2 provisioning machines", || async {
+        let ms = machines(&cluster, "md-e").await;
+        (ms.len() == 2
+            && ms
+                .iter()
+                .all(|m| str_at(&m.data, &["status", "phase"]) == Some("Provisioning")))
+        .then_some(())
+    })
+    .await;
+    // Far longer than the provider delay: a healthy provider would have finished by now.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ms = machines(&cluster, "md-e").await;
+    assert_eq!(ms.len(), 2);
+    for m in &ms {
+        assert_eq!(provider_id(m), None);
+        assert_eq!(str_at(&m.data, &["status", "phase"]), Some("Provisioning"));
+        assert!(node(&cluster, &m.name_any()).await.is_none());
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directly_deleted_machine_is_replaced() {
+    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    cluster
+        .create_machine_deployment_from(&seed("md-f", 2))
+        .await
+        .unwrap();
+    let ms = running(&cluster, "md-f", 2).await;
+    let gone = ms[0].name_any();
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
+    api.delete(&gone, &DeleteParams::default()).await.unwrap();
+
+    let after = running(&cluster, "md-f", 2).await;
+    let names: Vec<String> = after.iter().map(|m| m.name_any()).collect();
+    assert!(!names.contains(&gone), "{names:?}");
+    assert!(names.contains(&ms[1].name_any()));
+    eventually("deleted machine's node gone", || async {
+        node(&cluster, &gone).await.is_none().then_some(())
+    })
+    .await;
+    // Replicas were not touched.
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client(),
+        NS,
+        &CapiVersion::V1beta2.machine_deployment(),
+    );
+    assert_eq!(mds.get("md-f").await.unwrap().data["spec"]["replicas"], 2);
+    cluster.shutdown().await;
+}
+
+fn pod_scheduled(p: &Pod) -> Option<(String, Option<String>, Option<String>)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
+    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let mut s = seed("md-g", 1);
+    s.annotations.insert(CPU_ANNOTATION.into(), "2".into());
+    // Memory from the template, found through a v1beta2 apiGroup-only reference.
+    s.annotations.remove(MEMORY_ANNOTATION);
+    cluster
+        .create_machine_template(
+            NS,
+            "md-g",
+            BTreeMap::from([("memory".into(), "4Gi".into())]),
+        )
+        .await
+        .unwrap();
+    cluster.create_machine_deployment_from(&s).await.unwrap();
+    let ms = running(&cluster, "md-g", 1).await;
+    let node_name = ms[0].name_any();
+    eventually("node ready", || async {
+        node(&cluster, &node_name).await.filter(node_ready)
+    })
+    .await;
+    let ready = node(&cluster, &node_name).await.unwrap();
+    assert_eq!(ready.status.unwrap().capacity.unwrap()["memory"].0, "4Gi");
+
+    let tolerate = vec![json!({"key": UNREGISTERED_TAINT_KEY, "operator": "Exists"})];
+    let fitting = PodShape {
+        tolerations: tolerate.clone(),
+        ..PodShape::new("1", "1Gi")
+    };
+    let too_big = PodShape {
+        tolerations: tolerate,
+        ..PodShape::new("4", "1Gi")
+    };
+    let intolerant = PodShape::new("100m", "100Mi");
+    cluster.create_pods(NS, "fits", 1, &fitting).await.unwrap();
+    cluster.create_pods(NS, "big", 1, &too_big).await.unwrap();
+    cluster
+        .create_pods(NS, "needs-registration", 1, &intolerant)
+        .await
+        .unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), NS);
+    let bound = eventually("fitting pod bound", || async {
+        pods.get("fits-0")
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.node_name)
+    })
+    .await;
+    assert_eq!(bound, node_name);
+    let big = eventually("big pod unschedulable", || async {
+        pod_scheduled(&pods.get("big-0").await.unwrap())
+    })
+    .await;
+    assert_eq!(
+        (big.0.as_str(), big.1.as_deref()),
+        ("False", Some("Unschedulable"))
+    );
+    assert!(big.2.unwrap_or_default().contains("Insufficient cpu"));
+    let waiting = eventually("intolerant pod unschedulable", || async {
+        pod_scheduled(&pods.get("needs-registration-0").await.unwrap())
+    })
+    .await;
+    assert_eq!(waiting.1.as_deref(), Some("Unschedulable"));
+    assert!(
+        waiting
+            .2
+            .unwrap_or_default()
+            .contains(UNREGISTERED_TAINT_KEY)
+    );
+    assert!(
+        pods.get("needs-registration-0")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .is_none()
+    );
+
+    // Registration (normally the controller) removes the taint: the pod binds.
+    let nodes: Api<Node> = Api::all(cluster.client());
+    merge_patch(&nodes, &node_name, &json!({"spec": {"taints": []}}))
+        .await
+        .unwrap();
+    let bound = eventually("pod bound after registration", || async {
+        pods.get("needs-registration-0")
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.node_name)
+    })
+    .await;
+    assert_eq!(bound, node_name);
+    assert!(
+        pods.get("big-0")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .is_none()
+    );
+    let names: Vec<String> = cluster.bindings().iter().map(|b| b.name.clone()).collect();
+    assert_eq!(names, ["fits-0", "needs-registration-0"]);
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_scenario_seeds_and_leaves_pods_pending_without_a_controller() {
+    use karpenter_capi::sim::scenario::{ScenarioConfig, run_default};
+    let summary = run_default(ScenarioConfig {
+        cluster: fast(CapiVersion::V1beta2),
+        pods: 3,
+        settle: Duration::from_millis(300),
+        progress: false,
+    })
+    .await
+    .unwrap();
+    assert_eq!(summary.machine_deployments, 3);
+    assert_eq!(summary.machines, 0);
+    assert_eq!(summary.pods, 3);
+    assert_eq!(summary.pods_bound, 0);
+    assert!(summary.api_writes > 0);
+    assert!(!summary.controller);
+    let json: serde_json::Value = serde_json::from_str(&summary.to_json()).unwrap();
+    assert_eq!(json["pods"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stand_ins_converge_through_errors_conflicts_and_watch_cuts() {
+    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let faults = cluster.server().faults();
+    for resource in ["machines", "machinesets", "machinedeployments", "nodes"] {
+        faults.set_error_rate(resource, 0.2);
+        faults.set_conflict_rate(resource, 0.2);
+    }
+    faults.set_watch_cut_every(Some(Duration::from_millis(300)));
+    cluster
+        .create_machine_deployment_from(&seed("md-h", 3))
+        .await
+        .unwrap();
+    // The test's own reads go through the same faulty server: retry them.
+    let ms = eventually("3 running machines under faults", || async {
+        let ms = cluster.machines_of(NS, "md-h").await.ok()?;
+        (ms.len() == 3 && ms.iter().all(|m| node_ref(m).is_some())).then_some(ms)
+    })
+    .await;
+    faults.clear();
+    // No duplicates were created along the way: exactly 3 Machines and 3 Nodes exist.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(machines(&cluster, "md-h").await.len(), 3);
+    let nodes = karpenter_capi::sim::kubelet::sim_nodes(&cluster.client())
+        .await
+        .unwrap();
+    let mut node_names: Vec<String> = nodes.iter().map(|n| n.name_any()).collect();
+    let mut machine_names: Vec<String> = ms.iter().map(|m| m.name_any()).collect();
+    node_names.sort();
+    machine_names.sort();
+    assert_eq!(node_names, machine_names);
+    cluster.shutdown().await;
+}
