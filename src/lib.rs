@@ -6,6 +6,7 @@
 
 pub mod actors;
 pub mod api;
+pub mod app;
 pub mod capi;
 pub mod cli;
 pub mod http;
@@ -13,4 +14,5 @@ pub mod leader;
 pub mod metrics;
 pub mod scheduling;
 pub mod sim;
+pub mod simulate;
 pub mod state;

@@ -1,1 +1,55 @@
-fn main() {}
+//! `karpenter-capi`: parse the command line and run it.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use karpenter_capi::cli::{Cli, Command};
+use karpenter_capi::{api, app, simulate};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Version => {
+            println!("karpenter-capi {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Crds(args) => match args.output_dir {
+            Some(dir) => report(
+                api::crds::write_dir(&dir).map(|_| eprintln!("wrote CRDs to {}", dir.display())),
+            ),
+            None => report(api::crds::render_yaml().map(|y| print!("{y}"))),
+        },
+        Command::Run(args) => {
+            if let Err(e) = app::init_logging(&args.log) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            let system = actix::System::new();
+            report(system.block_on(app::run(*args)))
+        }
+        Command::Simulate(args) => {
+            if let Err(e) = app::init_logging(&args.log) {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+            match simulate::run(args) {
+                Ok(ok) if ok => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::from(1),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}
+
+fn report<E: std::fmt::Display>(r: Result<(), E>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

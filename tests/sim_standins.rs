@@ -114,7 +114,7 @@ async fn node(cluster: &SimCluster, name: &str) -> Option<Node> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
-    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
     let md = cluster
         .create_machine_deployment_from(&seed("md-a", 3))
         .await
@@ -123,7 +123,7 @@ async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
 
     // One MachineSet, controlled by the MachineDeployment.
     let sets: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine_set());
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1Beta2.machine_set());
     let set_list = sets.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(set_list.len(), 1);
     let set = &set_list[0];
@@ -206,7 +206,7 @@ async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
     let mds: Api<DynamicObject> = Api::namespaced_with(
         cluster.client(),
         NS,
-        &CapiVersion::V1beta2.machine_deployment(),
+        &CapiVersion::V1Beta2.machine_deployment(),
     );
     eventually("md status", || async {
         let md = mds.get("md-a").await.unwrap();
@@ -221,7 +221,7 @@ async fn scale_up_builds_the_owner_chain_and_ready_nodes_v1beta2() {
 async fn v1beta1_shapes_references_and_node_ref() {
     let cluster = SimCluster::start(SimClusterConfig {
         provider_id_style: karpenter_capi::sim::capi::ProviderIdStyle::Aws,
-        ..fast(CapiVersion::V1beta1)
+        ..fast(CapiVersion::V1Beta1)
     })
     .await
     .unwrap();
@@ -270,7 +270,7 @@ async fn v1beta1_shapes_references_and_node_ref() {
     // A propagated label added to the Machine later (as the controller's binding does)
     // reaches the Node.
     let api: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta1.machine());
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1Beta1.machine());
     merge_patch(
         &api,
         &m.name_any(),
@@ -288,7 +288,7 @@ async fn v1beta1_shapes_references_and_node_ref() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_down_removes_the_annotated_machine() {
-    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
     cluster
         .create_machine_deployment_from(&seed("md-c", 3))
         .await
@@ -301,7 +301,7 @@ async fn scale_down_removes_the_annotated_machine() {
         .unwrap()
         .name_any();
     let api: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1Beta2.machine());
     merge_patch(
         &api,
         &victim,
@@ -341,7 +341,7 @@ async fn scale_down_removes_provisioning_machines_first() {
     // A provider so slow that nothing finishes on its own; the test plays provider for one Machine.
     let cluster = SimCluster::start(SimClusterConfig {
         provider_delay: Duration::from_secs(3600),
-        ..fast(CapiVersion::V1beta2)
+        ..fast(CapiVersion::V1Beta2)
     })
     .await
     .unwrap();
@@ -365,7 +365,7 @@ async fn scale_down_removes_provisioning_machines_first() {
         .unwrap()
         .name_any();
     let api: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1Beta2.machine());
     merge_patch(
         &api,
         &keeper,
@@ -398,7 +398,7 @@ async fn stuck_provider_leaves_machines_without_provider_id() {
         fail_fraction: 1.0,
         provider_delay: Duration::from_millis(1),
         jitter: Duration::ZERO,
-        ..fast(CapiVersion::V1beta2)
+        ..fast(CapiVersion::V1Beta2)
     })
     .await
     .unwrap();
@@ -429,7 +429,7 @@ async fn stuck_provider_leaves_machines_without_provider_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn directly_deleted_machine_is_replaced() {
-    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
     cluster
         .create_machine_deployment_from(&seed("md-f", 2))
         .await
@@ -437,7 +437,7 @@ async fn directly_deleted_machine_is_replaced() {
     let ms = running(&cluster, "md-f", 2).await;
     let gone = ms[0].name_any();
     let api: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1beta2.machine());
+        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1Beta2.machine());
     api.delete(&gone, &DeleteParams::default()).await.unwrap();
 
     let after = running(&cluster, "md-f", 2).await;
@@ -452,7 +452,7 @@ async fn directly_deleted_machine_is_replaced() {
     let mds: Api<DynamicObject> = Api::namespaced_with(
         cluster.client(),
         NS,
-        &CapiVersion::V1beta2.machine_deployment(),
+        &CapiVersion::V1Beta2.machine_deployment(),
     );
     assert_eq!(mds.get("md-f").await.unwrap().data["spec"]["replicas"], 2);
     cluster.shutdown().await;
@@ -470,7 +470,7 @@ fn pod_scheduled(p: &Pod) -> Option<(String, Option<String>, Option<String>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
-    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
     let mut s = seed("md-g", 1);
     s.annotations.insert(CPU_ANNOTATION.into(), "2".into());
     // Memory from the template, found through a v1beta2 apiGroup-only reference.
@@ -582,7 +582,7 @@ async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
 async fn default_scenario_seeds_and_leaves_pods_pending_without_a_controller() {
     use karpenter_capi::sim::scenario::{ScenarioConfig, run_default};
     let summary = run_default(ScenarioConfig {
-        cluster: fast(CapiVersion::V1beta2),
+        cluster: fast(CapiVersion::V1Beta2),
         pods: 3,
         settle: Duration::from_millis(300),
         progress: false,
@@ -601,7 +601,7 @@ async fn default_scenario_seeds_and_leaves_pods_pending_without_a_controller() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stand_ins_converge_through_errors_conflicts_and_watch_cuts() {
-    let cluster = SimCluster::start(fast(CapiVersion::V1beta2)).await.unwrap();
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
     let faults = cluster.server().faults();
     for resource in ["machines", "machinesets", "machinedeployments", "nodes"] {
         faults.set_error_rate(resource, 0.2);

@@ -9,9 +9,23 @@ use kube::discovery::ApiResource;
 use crate::api::wellknown::CAPI_GROUP;
 
 /// The Cluster API versions this controller reads and writes. Both map to one internal model.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum CapiVersion {
     V1Beta1,
+    #[default]
     V1Beta2,
 }
 
@@ -34,6 +48,18 @@ pub enum Error {
 
 impl CapiVersion {
     /// Newest first: the order discovery prefers.
+    pub fn machine(self) -> ApiResource {
+        machine_resource(self)
+    }
+
+    pub fn machine_set(self) -> ApiResource {
+        machine_set_resource(self)
+    }
+
+    pub fn machine_deployment(self) -> ApiResource {
+        machine_deployment_resource(self)
+    }
+
     pub const ALL: [CapiVersion; 2] = [CapiVersion::V1Beta2, CapiVersion::V1Beta1];
 
     pub fn as_str(self) -> &'static str {

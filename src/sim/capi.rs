@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
@@ -26,8 +26,8 @@ use super::standin::{
     merge_status, retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{
-    CAPI_GROUP, CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
-    MIN_SIZE_ANNOTATION, SET_NAME_LABEL, ZONE_LABEL,
+    CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, MIN_SIZE_ANNOTATION,
+    SET_NAME_LABEL, ZONE_LABEL,
 };
 
 /// Finalizer Cluster API puts on every Machine.
@@ -35,60 +35,7 @@ pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
 /// Label tying a MachineSet and its Machines to one template revision.
 pub const TEMPLATE_HASH_LABEL: &str = "machine-template-hash";
 
-/// The served Cluster API version the stand-in speaks (kept local to the simulator; the
-/// controller's own `crate::capi::version` discovers it).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CapiVersion {
-    V1beta1,
-    #[default]
-    V1beta2,
-}
-
-impl CapiVersion {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::V1beta1 => "v1beta1",
-            Self::V1beta2 => "v1beta2",
-        }
-    }
-
-    pub fn api_version(self) -> String {
-        format!("{CAPI_GROUP}/{}", self.as_str())
-    }
-
-    fn resource(self, kind: &str, plural: &str) -> ApiResource {
-        ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(CAPI_GROUP, self.as_str(), kind),
-            plural,
-        )
-    }
-
-    pub fn machine_deployment(self) -> ApiResource {
-        self.resource("MachineDeployment", "machinedeployments")
-    }
-
-    pub fn machine_set(self) -> ApiResource {
-        self.resource("MachineSet", "machinesets")
-    }
-
-    pub fn machine(self) -> ApiResource {
-        self.resource("Machine", "machines")
-    }
-}
-
-impl std::str::FromStr for CapiVersion {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "v1beta1" => Ok(Self::V1beta1),
-            "v1beta2" => Ok(Self::V1beta2),
-            other => Err(format!(
-                "unknown Cluster API version {other:?} (v1beta1 or v1beta2)"
-            )),
-        }
-    }
-}
+pub use crate::capi::version::CapiVersion;
 
 /// How the simulated infrastructure provider spells provider IDs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,6 +63,8 @@ pub struct CapiConfig {
     pub node_delete_delay: Duration,
     pub provider_id_style: ProviderIdStyle,
     pub seed: u64,
+    /// Where to record "provider-id-set" milestones (the server's clock).
+    pub stats: Option<crate::sim::Stats>,
 }
 
 impl Default for CapiConfig {
@@ -128,6 +77,7 @@ impl Default for CapiConfig {
             node_delete_delay: Duration::from_millis(50),
             provider_id_style: ProviderIdStyle::default(),
             seed: 1,
+            stats: None,
         }
     }
 }
@@ -356,11 +306,11 @@ impl Inner {
             "observedGeneration": md.metadata.generation.unwrap_or(0),
         });
         match v {
-            CapiVersion::V1beta1 => {
+            CapiVersion::V1Beta1 => {
                 status["updatedReplicas"] = json!(count);
                 status["unavailableReplicas"] = json!((count - ready).max(0));
             }
-            CapiVersion::V1beta2 => status["upToDateReplicas"] = json!(count),
+            CapiVersion::V1Beta2 => status["upToDateReplicas"] = json!(count),
         }
         self.write_status_if_changed(&mds, &md, status).await
     }
@@ -479,8 +429,8 @@ impl Inner {
             "observedGeneration": ms.metadata.generation.unwrap_or(0),
         });
         match v {
-            CapiVersion::V1beta1 => status["fullyLabeledReplicas"] = json!(observed),
-            CapiVersion::V1beta2 => status["upToDateReplicas"] = json!(observed),
+            CapiVersion::V1Beta1 => status["fullyLabeledReplicas"] = json!(observed),
+            CapiVersion::V1Beta2 => status["upToDateReplicas"] = json!(observed),
         }
         self.write_status_if_changed(&sets_api, &ms, status).await
     }
@@ -583,7 +533,7 @@ impl Inner {
             }
         }
         let mut status = json!({"status": {"phase": "Provisioning"}});
-        if self.cfg.version == CapiVersion::V1beta1 {
+        if self.cfg.version == CapiVersion::V1Beta1 {
             status["status"]["bootstrapReady"] = json!(true);
         } else {
             status["status"]["initialization"] = json!({"bootstrapDataSecretCreated": true});
@@ -622,7 +572,7 @@ impl Inner {
         }
         // The kubelet stand-in may already have set nodeRef and phase Running; a read-modify-
         // write with the resourceVersion as precondition keeps that later phase.
-        let v1beta1 = self.cfg.version == CapiVersion::V1beta1;
+        let v1beta1 = self.cfg.version == CapiVersion::V1Beta1;
         let _ = retry("machine provisioned", &self.shutdown, || async {
             let mut m = api.get(&name).await?;
             let mut status = m
@@ -650,6 +600,9 @@ impl Inner {
                 .map(|_| ())
         })
         .await;
+        if let Some(stats) = &self.cfg.stats {
+            stats.milestone(PROVIDER_ID_SET, &ns_of(&machine), &name);
+        }
         tracing::debug!(machine = %name, %provider_id, "provider ID set");
     }
 
@@ -697,6 +650,13 @@ impl Inner {
 }
 
 /// A provider ID in the configured provider's spelling.
+/// Milestone recorded when the simulated provider sets a Machine's provider ID.
+pub const PROVIDER_ID_SET: &str = "provider-id-set";
+
+fn ns_of(o: &DynamicObject) -> String {
+    o.metadata.namespace.clone().unwrap_or_default()
+}
+
 pub fn provider_id(style: ProviderIdStyle, rng: &SimRng, machine: &DynamicObject) -> String {
     match style {
         ProviderIdStyle::Kubemark => format!("kubemark://{}", machine.name_any()),

@@ -151,6 +151,7 @@ impl SimCluster {
                 node_delete_delay: cfg.node_delete_delay,
                 provider_id_style: cfg.provider_id_style,
                 seed: cfg.seed,
+                stats: Some(server.stats()),
             },
             shutdown.clone(),
         );
@@ -452,11 +453,11 @@ pub fn machine_deployment(v: CapiVersion, seed: &MachineDeploymentSeed) -> Dynam
     template_labels.insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
     template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), name.clone());
     let (bootstrap_ref, infra_ref) = match v {
-        CapiVersion::V1beta1 => (
+        CapiVersion::V1Beta1 => (
             json!({"apiVersion": format!("{BOOTSTRAP_GROUP}/v1beta1"), "kind": "KubeadmConfigTemplate", "name": name}),
             json!({"apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"), "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
         ),
-        CapiVersion::V1beta2 => (
+        CapiVersion::V1Beta2 => (
             json!({"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfigTemplate", "name": name}),
             json!({"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
         ),

@@ -160,11 +160,11 @@ impl Inner {
         };
         if str_at(&machine.data, &["status", "nodeRef", "name"]).is_none() {
             let node_ref = match self.cfg.version {
-                CapiVersion::V1beta1 => json!({
+                CapiVersion::V1Beta1 => json!({
                     "apiVersion": "v1", "kind": "Node",
                     "name": node.name_any(), "uid": node.uid().unwrap_or_default(),
                 }),
-                CapiVersion::V1beta2 => json!({"name": node.name_any()}),
+                CapiVersion::V1Beta2 => json!({"name": node.name_any()}),
             };
             let patch = json!({"status": {"nodeRef": node_ref, "phase": "Running"}});
             merge_status(&machines, name, &patch).await?;

@@ -28,7 +28,7 @@ pub use faults::{FaultRule, Faults};
 pub use patch::{PatchError, json_patch, merge_patch, strategic_merge};
 pub use registry::{CapiVersions, Registry, ResourceDef};
 pub use selectors::{FieldSelector, LabelSelector};
-pub use stats::{RequestCount, Stats, StatsSnapshot, WriteRecord};
+pub use stats::{Milestone, RequestCount, Stats, StatsSnapshot, WriteRecord};
 pub use store::Store;
 
 /// How to start the simulated server.

@@ -192,6 +192,12 @@ async fn resp_with_body(
                 .and_then(|h| h.to_str().ok())
                 .map(|s| s.split(';').next().unwrap_or_default().trim().to_string())
                 .unwrap_or_default();
+            let agent = req
+                .headers()
+                .get(hyper::header::USER_AGENT)
+                .and_then(|h| h.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
             let body = match req.into_body().collect().await {
                 Ok(b) => b.to_bytes(),
                 Err(e) => {
@@ -200,7 +206,7 @@ async fn resp_with_body(
                     )));
                 }
             };
-            match write(shared, target, query, verb, &content_type, &body) {
+            match write(shared, target, query, verb, &content_type, &body, &agent) {
                 Ok((code, v)) => json_response(code, &v),
                 Err(e) => error_response(&e),
             }
@@ -491,6 +497,7 @@ fn write(
     verb: &str,
     content_type: &str,
     body: &Bytes,
+    agent: &str,
 ) -> Result<(u16, Value), ApiError> {
     let def = &target.def;
     let ns = target.ns();
@@ -562,7 +569,7 @@ fn write(
         .unwrap_or(name);
     shared
         .stats
-        .record_write(verb, &def.plural, target.sub(), ns, &written_name);
+        .record_write(verb, &def.plural, target.sub(), ns, &written_name, agent);
     Ok((code, obj))
 }
 

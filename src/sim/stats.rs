@@ -18,6 +18,8 @@ pub struct WriteRecord {
     pub subresource: String,
     pub namespace: String,
     pub name: String,
+    /// The client's User-Agent, so reports can tell the controller's writes from the rest.
+    pub agent: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,10 +40,21 @@ pub struct StatsSnapshot {
 
 type RequestKey = (String, String, String);
 
+/// Something a stand-in did that no API write shows on its own (e.g. "the provider finished
+/// this Machine"), timed on the same clock as the writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Milestone {
+    pub at_ms: u64,
+    pub what: String,
+    pub namespace: String,
+    pub name: String,
+}
+
 #[derive(Debug)]
 struct Inner {
     requests: BTreeMap<RequestKey, u64>,
     writes: Vec<WriteRecord>,
+    milestones: Vec<Milestone>,
 }
 
 /// A cheap handle onto the server's counters (clones share them).
@@ -58,6 +71,7 @@ impl Stats {
             inner: Arc::new(Mutex::new(Inner {
                 requests: BTreeMap::new(),
                 writes: Vec::new(),
+                milestones: Vec::new(),
             })),
         }
     }
@@ -78,6 +92,7 @@ impl Stats {
         subresource: &str,
         namespace: &str,
         name: &str,
+        agent: &str,
     ) {
         let at_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.inner.lock().writes.push(WriteRecord {
@@ -87,6 +102,7 @@ impl Stats {
             subresource: subresource.into(),
             namespace: namespace.into(),
             name: name.into(),
+            agent: agent.into(),
         });
     }
 
@@ -107,6 +123,32 @@ impl Stats {
             .writes
             .iter()
             .filter(|w| w.resource == resource && w.subresource == subresource)
+            .cloned()
+            .collect()
+    }
+
+    /// Milliseconds since the server started (the clock of every record).
+    pub fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Record a stand-in's milestone.
+    pub fn milestone(&self, what: &str, namespace: &str, name: &str) {
+        let at_ms = self.now_ms();
+        self.inner.lock().milestones.push(Milestone {
+            at_ms,
+            what: what.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        });
+    }
+
+    pub fn milestones(&self, what: &str) -> Vec<Milestone> {
+        self.inner
+            .lock()
+            .milestones
+            .iter()
+            .filter(|m| m.what == what)
             .cloned()
             .collect()
     }

@@ -1,0 +1,373 @@
+//! The launch scenario: NodeClaims created directly, shaped as Karpenter's provisioner writes
+//! them, spread over MachineDeployments; the report says how many launched, how many Machines
+//! were created and bound, how many writes it took, and how long each step took.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, stream};
+use kube::ResourceExt;
+use kube::api::{Api, ObjectMeta, PostParams};
+use serde_json::{Value, json};
+
+use super::invariants;
+use super::observer::Observer;
+use super::report::{ApiCounts, ClaimCounts, Latencies, MachineCounts, Percentiles, Report};
+use super::{BackgroundSim, Error, cluster_config, sim_settings, start_controller};
+use crate::api::nodeclaim::{
+    NodeClaim, NodeClaimSpec, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
+    ResourceRequirements,
+};
+use crate::api::nodeclass::{ClusterAPINodeClass, ClusterAPINodeClassSpec};
+use crate::api::nodepool::NodePool;
+use crate::api::wellknown::*;
+use crate::app::USER_AGENT;
+use crate::cli::SimulateArgs;
+use crate::metrics::Metrics;
+use crate::sim::capi::PROVIDER_ID_SET;
+use crate::sim::cluster::{MachineDeploymentSeed, SimCluster};
+
+pub const NAMESPACE: &str = "default";
+pub const NODEPOOL: &str = "default";
+pub const NODECLASS: &str = "default";
+
+/// The instance type served by MachineDeployment `i`.
+pub fn instance_type(i: usize) -> String {
+    format!("sim-{i}")
+}
+
+/// MachineDeployment `i`: 4 CPUs / 16Gi, zone `sim-zone-{i % 3}`, price rising with `i`.
+pub fn seed_of(i: usize, max_size: usize) -> MachineDeploymentSeed {
+    let labels = format!(
+        "{INSTANCE_TYPE_LABEL}={},{ZONE_LABEL}=sim-zone-{},{ARCH_LABEL}=amd64,{OS_LABEL}=linux,{CAPACITY_TYPE_LABEL}=on-demand",
+        instance_type(i),
+        i % 3
+    );
+    MachineDeploymentSeed {
+        name: format!("md-{i}"),
+        namespace: NAMESPACE.into(),
+        replicas: 0,
+        labels: BTreeMap::from([(MEMBER_LABEL.to_string(), String::new())]),
+        template_labels: BTreeMap::from([(
+            "node.cluster.x-k8s.io/pool".to_string(),
+            format!("md-{i}"),
+        )]),
+        annotations: BTreeMap::from([
+            (CPU_ANNOTATION.to_string(), "4".to_string()),
+            (MEMORY_ANNOTATION.to_string(), "16Gi".to_string()),
+            (MAX_PODS_ANNOTATION.to_string(), "110".to_string()),
+            (LABELS_ANNOTATION.to_string(), labels),
+            (
+                PRICE_ANNOTATION.to_string(),
+                format!("{:.2}", 0.2 + 0.01 * i as f64),
+            ),
+            (MIN_SIZE_ANNOTATION.to_string(), "0".to_string()),
+            (MAX_SIZE_ANNOTATION.to_string(), max_size.to_string()),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// A NodeClass selecting every member MachineDeployment, and a NodePool using it.
+pub async fn seed_nodeclass_and_pool(client: kube::Client) -> Result<NodePool, Error> {
+    let kube = |what: &str| {
+        let what = what.to_string();
+        move |source| Error::Kube { what, source }
+    };
+    let ncs: Api<ClusterAPINodeClass> = Api::all(client.clone());
+    let nc = ClusterAPINodeClass::new(NODECLASS, ClusterAPINodeClassSpec::default());
+    ncs.create(&PostParams::default(), &nc)
+        .await
+        .map_err(kube("creating the ClusterAPINodeClass"))?;
+    let pools: Api<NodePool> = Api::all(client);
+    let np: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": NODEPOOL},
+        "spec": {"template": {"spec": {
+            "requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]}],
+            "nodeClassRef": {"group": NODECLASS_GROUP, "kind": NODECLASS_KIND, "name": NODECLASS}
+        }}}
+    }))
+    .map_err(|e| Error::Client(format!("building the NodePool: {e}")))?;
+    pools
+        .create(&PostParams::default(), &np)
+        .await
+        .map_err(kube("creating the NodePool"))
+}
+
+/// A NodeClaim as Karpenter's provisioner writes it, for one instance type.
+pub fn claim_for(pool: &NodePool, instance_type: &str) -> NodeClaim {
+    let req = |key: &str, values: &[&str]| {
+        NodeSelectorRequirementWithMinValues::new(key, Operator::In, values)
+    };
+    let owner = k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "karpenter.sh/v1".into(),
+        kind: "NodePool".into(),
+        name: pool.name_any(),
+        uid: pool.metadata.uid.clone().unwrap_or_default(),
+        block_owner_deletion: Some(true),
+        controller: None,
+    };
+    NodeClaim {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", pool.name_any())),
+            labels: Some(BTreeMap::from([(
+                NODEPOOL_LABEL.to_string(),
+                pool.name_any(),
+            )])),
+            owner_references: Some(vec![owner]),
+            ..Default::default()
+        },
+        spec: NodeClaimSpec {
+            requirements: vec![
+                req(NODEPOOL_LABEL, &[&pool.name_any()]),
+                req(INSTANCE_TYPE_LABEL, &[instance_type]),
+                req(CAPACITY_TYPE_LABEL, &[CAPACITY_TYPE_ON_DEMAND]),
+            ],
+            resources: Some(ResourceRequirements {
+                requests: Some(BTreeMap::from([
+                    (
+                        "cpu".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+                    ),
+                    (
+                        "memory".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+                    ),
+                    (
+                        "pods".to_string(),
+                        k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+                    ),
+                ])),
+            }),
+            node_class_ref: NodeClassReference {
+                group: NODECLASS_GROUP.into(),
+                kind: NODECLASS_KIND.into(),
+                name: NODECLASS.into(),
+            },
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+/// Create `n` claims spread round-robin over `mds` instance types, 32 at a time.
+pub async fn create_claims(
+    client: kube::Client,
+    pool: &NodePool,
+    n: usize,
+    mds: usize,
+) -> Result<Vec<String>, Error> {
+    let api: Api<NodeClaim> = Api::all(client);
+    let mds = mds.max(1);
+    let results: Vec<Result<NodeClaim, kube::Error>> = stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            let claim = claim_for(pool, &instance_type(i % mds));
+            async move { api.create(&PostParams::default(), &claim).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    results
+        .into_iter()
+        .map(|r| {
+            r.map(|c| c.name_any()).map_err(|source| Error::Kube {
+                what: "creating a NodeClaim".into(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// True once nothing is in flight: every claim initialized or gone, no Machine deleting, and every
+/// managed MachineDeployment's replicas equal to its Machines.
+pub fn quiet(cluster: &SimCluster) -> bool {
+    let store = cluster.server().store();
+    let claims_settled = store.list("nodeclaims", None).iter().all(|c| {
+        let conds = c
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        conds
+            .iter()
+            .any(|x| x["type"] == "Initialized" && x["status"] == "True")
+    });
+    let machines = store.list("machines", None);
+    let none_deleting = machines.iter().all(|m| {
+        m.pointer("/metadata/deletionTimestamp")
+            .is_none_or(Value::is_null)
+    });
+    let replicas_match = store.list("machinedeployments", None).iter().all(|md| {
+        let name = md
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let replicas = md
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let live = machines
+            .iter()
+            .filter(|m| {
+                m.pointer(&format!(
+                    "/metadata/labels/{}",
+                    DEPLOYMENT_NAME_LABEL.replace('/', "~1")
+                ))
+                .and_then(Value::as_str)
+                    == Some(name)
+            })
+            .count() as i64;
+        replicas == live
+    });
+    claims_settled && none_deleting && replicas_match
+}
+
+/// Wait (polling the in-process store, not the API) until `quiet` holds twice in a row.
+pub async fn settle(sim: &BackgroundSim, deadline: Duration) -> Result<(), Error> {
+    let start = Instant::now();
+    let mut streak = 0;
+    while streak < 2 {
+        if start.elapsed() > deadline {
+            return Err(Error::Deadline(deadline));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        streak = if quiet(sim.cluster()) { streak + 1 } else { 0 };
+    }
+    Ok(())
+}
+
+/// Everything the report needs, read from the simulated cluster after the scenario.
+pub fn measure(
+    sim: &BackgroundSim,
+    observer: &Observer,
+    requested: usize,
+    since_ms: u64,
+    scenario: &str,
+) -> Report {
+    let cluster = sim.cluster();
+    let stats = cluster.stats();
+    let writes: Vec<_> = stats
+        .writes()
+        .into_iter()
+        .filter(|w| w.at_ms >= since_ms)
+        .collect();
+    let controller_writes = writes.iter().filter(|w| w.agent == USER_AGENT).count();
+    let replica_writes = writes
+        .iter()
+        .filter(|w| {
+            w.agent == USER_AGENT
+                && w.resource == "machinedeployments"
+                && matches!(w.verb.as_str(), "patch" | "update")
+        })
+        .count();
+    let machines_created = writes
+        .iter()
+        .filter(|w| w.resource == "machines" && w.verb == "create")
+        .count();
+    let created_at: BTreeMap<&str, u64> = writes
+        .iter()
+        .filter(|w| w.resource == "nodeclaims" && w.verb == "create" && w.subresource.is_empty())
+        .map(|w| (w.name.as_str(), w.at_ms))
+        .collect();
+    let provider_at: BTreeMap<String, u64> = stats
+        .milestones(PROVIDER_ID_SET)
+        .into_iter()
+        .map(|m| (format!("{}/{}", m.namespace, m.name), m.at_ms))
+        .collect();
+
+    let times = observer.snapshot();
+    let mut counts = ClaimCounts {
+        requested,
+        ..Default::default()
+    };
+    let (mut to_launched, mut to_initialized, mut pid_to_claim) =
+        (Vec::new(), Vec::new(), Vec::new());
+    for (name, t) in &times {
+        let created = created_at.get(name.as_str()).copied().or(t.created_ms);
+        counts.launched += usize::from(t.launched_ms.is_some());
+        counts.registered += usize::from(t.registered_ms.is_some());
+        counts.initialized += usize::from(t.initialized_ms.is_some());
+        counts.deleted += usize::from(t.deleted_ms.is_some());
+        counts.timed_out += usize::from(t.deleted_ms.is_some() && t.launched_ms.is_none());
+        if let (Some(c), Some(l)) = (created, t.launched_ms) {
+            to_launched.push(l.saturating_sub(c) as f64);
+        }
+        if let (Some(c), Some(i)) = (created, t.initialized_ms) {
+            to_initialized.push(i.saturating_sub(c) as f64);
+        }
+        if let (Some(m), Some(l)) = (
+            t.machine.as_ref().and_then(|m| provider_at.get(m)),
+            t.launched_ms,
+        ) {
+            pid_to_claim.push(l.saturating_sub(*m) as f64);
+        }
+    }
+    let inv = invariants::check(cluster.server().store(), cluster.capi_version());
+    Report {
+        scenario: scenario.into(),
+        claims: counts,
+        machines: MachineCounts {
+            created: machines_created,
+            bound: inv.bound,
+            leaked: inv.leaked,
+            double_bound: inv.double_bound,
+        },
+        api: ApiCounts {
+            writes: controller_writes,
+            replica_writes,
+            writes_per_claim: if requested == 0 {
+                0.0
+            } else {
+                controller_writes as f64 / requested as f64
+            },
+        },
+        latency_ms: Latencies {
+            provider_id_to_claim: Percentiles::of(pid_to_claim),
+            claim_to_launched: Percentiles::of(to_launched),
+            claim_to_initialized: Percentiles::of(to_initialized),
+        },
+        invariants_ok: inv.ok(),
+        problems: inv.problems,
+        elapsed_ms: stats.now_ms().saturating_sub(since_ms),
+    }
+}
+
+/// `simulate --scenario launch`.
+pub async fn run(args: &SimulateArgs) -> Result<Report, Error> {
+    let sim = BackgroundSim::start(cluster_config(args)).await?;
+    eprintln!(
+        "simulated cluster up; watch it with: kubectl --kubeconfig {} get nodeclaims,nodes",
+        sim.kubeconfig().display()
+    );
+    let mds = args.machine_deployments.max(1);
+    let max_size = args.claims.max(1);
+    let pool = sim
+        .run(move |c| async move {
+            for i in 0..mds {
+                c.create_machine_deployment_from(&seed_of(i, max_size))
+                    .await?;
+            }
+            seed_nodeclass_and_pool(c.client()).await
+        })
+        .await??;
+    let observer = Observer::default();
+    {
+        let o = observer.clone();
+        sim.spawn(move |c| o.run(c.client(), c.stats()));
+    }
+    let create_timeout = args.create_timeout.map(Duration::from_secs_f64);
+    let _controller = start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?;
+    let since = sim.cluster().stats().now_ms();
+    let n = args.claims;
+    eprintln!("creating {n} NodeClaims over {mds} MachineDeployments");
+    let pool = Arc::new(pool);
+    let p = pool.clone();
+    sim.run(move |c| async move { create_claims(c.client(), &p, n, mds).await })
+        .await??;
+    eprintln!("waiting for the cluster to settle");
+    settle(&sim, Duration::from_secs(args.deadline)).await?;
+    Ok(measure(&sim, &observer, n, since, "launch"))
+}

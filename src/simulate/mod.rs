@@ -1,0 +1,196 @@
+//! `karpenter-capi simulate`: the embedded simulated cluster on its own runtime, the controller on
+//! an actix System, a scenario that drives both, and a report measured by the simulated server.
+//! Tests use the same pieces (`Harness`), so what the README shows is what the tests check.
+
+pub mod invariants;
+pub mod launch;
+pub mod observer;
+pub mod report;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::actors::{Controller, ControllerHandle, Settings};
+use crate::capi::version::CapiVersion;
+use crate::cli::{CapiVersionArg, ReportFormat, Scenario, SimulateArgs};
+use crate::metrics::Metrics;
+use crate::sim::cluster::{ServedVersions, SimCluster, SimClusterConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("simulated cluster: {0}")]
+    Sim(#[from] crate::sim::cluster::Error),
+    #[error("starting the simulated cluster's runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("simulated cluster task failed: {0}")]
+    Join(String),
+    #[error("kube client for the simulated cluster: {0}")]
+    Client(String),
+    #[error("starting the controller: {0}")]
+    Controller(#[from] crate::actors::controller::StartError),
+    #[error("{what}: {source}")]
+    Kube { what: String, source: kube::Error },
+    #[error("scenario did not settle within {0:?}")]
+    Deadline(Duration),
+}
+
+/// The simulated cluster running on a runtime of its own (one worker thread), so that the
+/// controller under test shares nothing with it but HTTP on 127.0.0.1.
+pub struct BackgroundSim {
+    cluster: Arc<SimCluster>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl BackgroundSim {
+    /// Start the cluster on a new runtime. The runtime is built on a thread of its own so this
+    /// works from inside another runtime (the controller's actix System).
+    pub async fn start(cfg: SimClusterConfig) -> Result<Self, Error> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let started = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("sim")
+                .enable_all()
+                .build()
+                .map_err(Error::Runtime)
+                .and_then(|rt| {
+                    let cluster = rt.block_on(SimCluster::start(cfg))?;
+                    Ok((rt, cluster))
+                });
+            let _ = tx.send(started);
+        });
+        let (runtime, cluster) = rx.await.map_err(|e| Error::Join(e.to_string()))??;
+        Ok(Self {
+            cluster: Arc::new(cluster),
+            runtime: Some(runtime),
+        })
+    }
+
+    pub fn cluster(&self) -> &Arc<SimCluster> {
+        &self.cluster
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.cluster.kubeconfig_path().to_path_buf()
+    }
+
+    /// Run `f` on the simulated cluster's runtime and wait for it from any runtime.
+    pub async fn run<F, Fut, T>(&self, f: F) -> Result<T, Error>
+    where
+        F: FnOnce(Arc<SimCluster>) -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        let fut = f(self.cluster.clone());
+        match &self.runtime {
+            Some(rt) => rt.spawn(fut).await.map_err(|e| Error::Join(e.to_string())),
+            None => Err(Error::Join("runtime stopped".into())),
+        }
+    }
+
+    /// Start `f` on the simulated cluster's runtime and leave it running.
+    pub fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<SimCluster>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        if let Some(rt) = &self.runtime {
+            rt.spawn(f(self.cluster.clone()));
+        }
+    }
+
+    /// A client for the simulated cluster, built on the caller's runtime (the controller's).
+    pub async fn client_here(&self) -> Result<kube::Client, Error> {
+        crate::app::client_from_kubeconfig(self.cluster.kubeconfig_path())
+            .await
+            .map_err(Error::Client)
+    }
+}
+
+impl Drop for BackgroundSim {
+    fn drop(&mut self) {
+        // The stand-ins and the server are tasks of this runtime; they end with it.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Settings tuned for simulations: the defaults of `run`, with the create timeout chosen by the
+/// scenario.
+pub fn sim_settings(create_timeout: Option<Duration>) -> Settings {
+    let mut s = Settings::default();
+    if let Some(t) = create_timeout {
+        s.create_timeout = t;
+        // Keep failed offerings out only briefly so a short simulation can recover.
+        s.unavailable_offering_ttl = t.min(s.unavailable_offering_ttl);
+    }
+    s
+}
+
+/// Start the controller against the simulated cluster on the current actix System.
+pub async fn start_controller(
+    sim: &BackgroundSim,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+) -> Result<ControllerHandle, Error> {
+    let client = sim.client_here().await?;
+    let (_tx, rx) = watch::channel(true);
+    let controller = Controller {
+        workload: client.clone(),
+        management: client,
+        capi_version: None,
+        settings,
+        metrics,
+        instance: "simulate".into(),
+    };
+    Ok(controller.start(rx).await?)
+}
+
+pub fn capi_version(arg: CapiVersionArg) -> CapiVersion {
+    match arg {
+        CapiVersionArg::V1beta1 => CapiVersion::V1Beta1,
+        CapiVersionArg::V1beta2 => CapiVersion::V1Beta2,
+    }
+}
+
+/// The simulated cluster's configuration for a scenario.
+pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
+    let version = capi_version(args.cluster_api_version);
+    SimClusterConfig {
+        capi_version: version,
+        served: match version {
+            CapiVersion::V1Beta1 => ServedVersions::V1beta1,
+            CapiVersion::V1Beta2 => ServedVersions::V1beta2,
+        },
+        provider_delay: Duration::from_secs_f64(args.provider_delay.max(0.0)),
+        jitter: Duration::from_secs_f64(args.jitter.max(0.0)),
+        fail_fraction: args.fail_fraction.clamp(0.0, 1.0),
+        node_ready_delay: Duration::from_millis(100),
+        node_delete_delay: Duration::from_millis(50),
+        seed: args.seed,
+        ..SimClusterConfig::default()
+    }
+}
+
+/// `karpenter-capi simulate`: returns whether the invariants held.
+pub fn run(args: SimulateArgs) -> Result<bool, Error> {
+    let system = actix::System::new();
+    system.block_on(async move {
+        let mut args = args;
+        if args.scenario != Scenario::Launch && args.claims == 100 {
+            // The default scenario is a small launch until the provisioner lands.
+            args.claims = 20;
+        }
+        let report = launch::run(&args).await?;
+        match args.report {
+            ReportFormat::Json => println!("{}", report.to_json()),
+            ReportFormat::Text => println!("{report}"),
+        }
+        Ok(report.invariants_ok)
+    })
+}

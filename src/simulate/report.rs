@@ -1,0 +1,145 @@
+//! The `simulate` report: counts and latencies measured by the simulated cluster (its write log,
+//! its stand-ins' milestones and its NodeClaim observer), plus the invariant check.
+
+use std::fmt;
+
+use serde::Serialize;
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p99: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples` (milliseconds); zeros when there are none.
+    pub fn of(mut samples: Vec<f64>) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        samples.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            let rank = ((p / 100.0) * samples.len() as f64).ceil() as usize;
+            samples[rank.clamp(1, samples.len()) - 1]
+        };
+        Self {
+            p50: at(50.0),
+            p99: at(99.0),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ClaimCounts {
+    pub requested: usize,
+    pub launched: usize,
+    pub registered: usize,
+    pub initialized: usize,
+    pub timed_out: usize,
+    pub deleted: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct MachineCounts {
+    pub created: usize,
+    pub bound: usize,
+    pub leaked: usize,
+    pub double_bound: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ApiCounts {
+    /// Writes made by the controller (told apart by its user agent).
+    pub writes: usize,
+    /// Writes of MachineDeployment replicas.
+    pub replica_writes: usize,
+    pub writes_per_claim: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latencies {
+    pub provider_id_to_claim: Percentiles,
+    pub claim_to_launched: Percentiles,
+    pub claim_to_initialized: Percentiles,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub claims: ClaimCounts,
+    pub machines: MachineCounts,
+    pub api: ApiCounts,
+    pub latency_ms: Latencies,
+    pub invariants_ok: bool,
+    pub problems: Vec<String>,
+    pub elapsed_ms: u64,
+}
+
+impl Report {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.claims;
+        let m = &self.machines;
+        let l = &self.latency_ms;
+        writeln!(
+            f,
+            "scenario {} finished in {:.1}s",
+            self.scenario,
+            self.elapsed_ms as f64 / 1000.0
+        )?;
+        writeln!(
+            f,
+            "  claims:   {} requested, {} launched, {} registered, {} initialized, {} timed out, {} deleted",
+            c.requested, c.launched, c.registered, c.initialized, c.timed_out, c.deleted
+        )?;
+        writeln!(
+            f,
+            "  machines: {} created, {} bound, {} leaked, {} double-bound",
+            m.created, m.bound, m.leaked, m.double_bound
+        )?;
+        writeln!(
+            f,
+            "  api:      {} controller writes ({:.2} per claim), {} replica writes",
+            self.api.writes, self.api.writes_per_claim, self.api.replica_writes
+        )?;
+        writeln!(
+            f,
+            "  latency:  provider ID -> claim p50 {:.0} ms p99 {:.0} ms; claim -> launched p50 {:.0} ms p99 {:.0} ms; claim -> initialized p50 {:.0} ms p99 {:.0} ms",
+            l.provider_id_to_claim.p50,
+            l.provider_id_to_claim.p99,
+            l.claim_to_launched.p50,
+            l.claim_to_launched.p99,
+            l.claim_to_initialized.p50,
+            l.claim_to_initialized.p99
+        )?;
+        write!(
+            f,
+            "  invariants: {}",
+            if self.invariants_ok { "ok" } else { "VIOLATED" }
+        )?;
+        for p in &self.problems {
+            write!(f, "\n    - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let p = Percentiles::of((1..=100).map(f64::from).collect());
+        assert_eq!((p.p50, p.p99), (50.0, 99.0));
+        let one = Percentiles::of(vec![7.0]);
+        assert_eq!((one.p50, one.p99), (7.0, 7.0));
+        let none = Percentiles::of(vec![]);
+        assert_eq!((none.p50, none.p99), (0.0, 0.0));
+    }
+}
