@@ -280,6 +280,8 @@ pub struct Catalog {
     fetching: HashSet<String>,
     rebuild_scheduled: bool,
     synced: bool,
+    /// A catalog has been published since the NodeClass list synced.
+    built: bool,
     /// Hook for whoever wants to know the catalog changed (the provisioner).
     pub on_change: Option<Recipient<Rebuild>>,
 }
@@ -293,6 +295,7 @@ impl Catalog {
             fetching: HashSet::new(),
             rebuild_scheduled: false,
             synced: false,
+            built: false,
             on_change: None,
         }
     }
@@ -359,6 +362,7 @@ impl Catalog {
             );
         }
         self.shared.catalog.retain(&names);
+        self.built = self.synced;
         if let Some(r) = &self.on_change {
             r.do_send(Rebuild);
         }
@@ -553,10 +557,10 @@ impl Handler<Rebuild> for Catalog {
 impl Handler<Synced> for Catalog {
     type Result = bool;
     fn handle(&mut self, _: Synced, ctx: &mut Self::Context) -> bool {
-        if self.synced && !self.rebuild_scheduled {
+        if self.synced && !self.built {
             self.rebuild(ctx);
         }
-        self.synced
+        self.built
     }
 }
 

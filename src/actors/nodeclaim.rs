@@ -234,6 +234,9 @@ struct Step {
     requested: Option<String>,
 }
 
+/// How often a claim whose NodeClass is missing or not ready tries again.
+const LAUNCH_RETRY: Duration = Duration::from_secs(10);
+
 /// How many steps one reconcile may take before yielding (each step is at most one write).
 const MAX_STEPS: usize = 10;
 
@@ -258,10 +261,12 @@ impl Step {
                     out.claim = Some(c);
                 }
                 Ok(Next::Wait(d)) => {
+                    out.claim = Some(self.claim.clone());
                     out.wake_in = d;
                     return out;
                 }
                 Ok(Next::Requested(md, d)) => {
+                    out.claim = Some(self.claim.clone());
                     out.requested = Some(md);
                     out.wake_in = d;
                     return out;
@@ -444,7 +449,18 @@ impl Step {
         let c = self.claim.clone();
         let offering = match self.resolve() {
             Ok(o) => o,
-            Err(e) => return self.insufficient_capacity(e).await,
+            Err(e @ ResolveError::NoCompatibleOffering { .. }) => {
+                return self.insufficient_capacity(e).await;
+            }
+            Err(e @ ResolveError::Invalid(_)) => {
+                return self.launch_blocked(e, ConditionStatus::False, None).await;
+            }
+            // The NodeClass may appear or become ready: retry, as Karpenter does for launch errors.
+            Err(e) => {
+                return self
+                    .launch_blocked(e, ConditionStatus::Unknown, Some(LAUNCH_RETRY))
+                    .await;
+            }
         };
         let mut p = JsonPatch::guarded(c.resource_version().as_deref());
         let mut finalizers = c.finalizers().to_vec();
@@ -492,6 +508,45 @@ impl Step {
         self.shared
             .catalog
             .resolve(&spec.node_class_ref.name, &reqs, &requests, &self.excluded)
+    }
+
+    /// A launch that cannot start yet (or ever): say why in `Launched` and an Event, once.
+    async fn launch_blocked(
+        &mut self,
+        e: ResolveError,
+        status: ConditionStatus,
+        retry: Option<Duration>,
+    ) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        let message = e.to_string();
+        let mut st = c.status.clone().unwrap_or_default();
+        let mut conds = st.conditions.take().unwrap_or_default();
+        let now = Timestamp::now();
+        let changed = conditions::set(
+            &mut conds,
+            conditions::LAUNCHED,
+            status,
+            e.reason(),
+            &message,
+            c.metadata.generation,
+            now,
+        );
+        if !changed {
+            return Ok(Next::Wait(retry));
+        }
+        tracing::warn!(nodeclaim = %self.name(), error = %e, "cannot launch yet");
+        self.shared.events.warning(
+            object_ref(&c),
+            e.reason(),
+            format!("Cannot launch NodeClaim {}: {message}", self.name()),
+        );
+        conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
+        st.conditions = Some(conds);
+        let updated = self
+            .patch_status(serde_json::to_value(&st).unwrap_or(Value::Null))
+            .await?;
+        self.claim = updated.clone();
+        Ok(Next::Wait(retry))
     }
 
     /// Karpenter's rule: a launch that cannot be satisfied deletes the claim, so the provisioner

@@ -1,0 +1,427 @@
+//! The launch path end to end against the simulated cluster: NodeClaims become Machines, Nodes
+//! and initialized claims; concurrency, timeouts, max-size, deletion, restarts and both Cluster
+//! API versions. Every test ends with the DESIGN.md section 4 invariants.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use serde_json::Value;
+
+use karpenter_capi::actors::ControllerHandle;
+use karpenter_capi::api::nodeclaim::NodeClaim;
+use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::api::wellknown::*;
+use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::metrics::Metrics;
+use karpenter_capi::sim::cluster::{MachineDeploymentSeed, ServedVersions, SimClusterConfig};
+use karpenter_capi::simulate::launch::{
+    self, create_claims, seed_nodeclass_and_pool, seed_of, settle,
+};
+use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
+
+const SETTLE: Duration = Duration::from_secs(120);
+
+fn cluster(version: CapiVersion) -> SimClusterConfig {
+    SimClusterConfig {
+        capi_version: version,
+        served: match version {
+            CapiVersion::V1Beta1 => ServedVersions::V1beta1,
+            CapiVersion::V1Beta2 => ServedVersions::V1beta2,
+        },
+        provider_delay: Duration::from_millis(50),
+        jitter: Duration::from_millis(50),
+        node_ready_delay: Duration::from_millis(50),
+        node_delete_delay: Duration::from_millis(20),
+        ..SimClusterConfig::default()
+    }
+}
+
+struct Env {
+    sim: BackgroundSim,
+    pool: NodePool,
+    controller: Option<ControllerHandle>,
+    metrics: std::sync::Arc<Metrics>,
+}
+
+async fn env(
+    cfg: SimClusterConfig,
+    seeds: Vec<MachineDeploymentSeed>,
+    create_timeout: Option<Duration>,
+) -> Env {
+    let sim = BackgroundSim::start(cfg).await.expect("simulated cluster");
+    let pool = sim
+        .run(move |c| async move {
+            for s in &seeds {
+                c.create_machine_deployment_from(s)
+                    .await
+                    .expect("seed MachineDeployment");
+            }
+            seed_nodeclass_and_pool(c.client())
+                .await
+                .expect("seed NodeClass and NodePool")
+        })
+        .await
+        .expect("seeding");
+    let metrics = Metrics::new();
+    let controller = start_controller(&sim, sim_settings(create_timeout), metrics.clone())
+        .await
+        .expect("controller");
+    Env {
+        sim,
+        pool,
+        controller: Some(controller),
+        metrics,
+    }
+}
+
+impl Env {
+    async fn claims(&self, n: usize, mds: usize) -> Vec<String> {
+        let pool = self.pool.clone();
+        self.sim
+            .run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    async fn settle(&self) {
+        settle(&self.sim, SETTLE)
+            .await
+            .expect("the cluster settles");
+    }
+
+    fn store_list(&self, resource: &str) -> Vec<Value> {
+        self.sim.cluster().server().store().list(resource, None)
+    }
+
+    fn invariants_hold(&self) -> invariants::Invariants {
+        let inv = invariants::check(
+            self.sim.cluster().server().store(),
+            self.sim.cluster().capi_version(),
+        );
+        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
+        inv
+    }
+
+    fn replicas(&self, md: &str) -> i64 {
+        self.store_list("machinedeployments")
+            .iter()
+            .find(|m| m["metadata"]["name"] == md)
+            .and_then(|m| m.pointer("/spec/replicas").and_then(Value::as_i64))
+            .unwrap_or(-1)
+    }
+
+    fn machines_of(&self, md: &str) -> Vec<Value> {
+        self.store_list("machines")
+            .into_iter()
+            .filter(|m| m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] == md)
+            .collect()
+    }
+
+    fn controller_writes(&self, resource: &str) -> usize {
+        let agent = karpenter_capi::app::USER_AGENT;
+        self.sim
+            .cluster()
+            .stats()
+            .writes()
+            .iter()
+            .filter(|w| w.agent == agent && w.resource == resource)
+            .count()
+    }
+}
+
+fn condition(c: &Value, ty: &str) -> bool {
+    c.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|x| x["type"] == ty && x["status"] == "True"))
+}
+
+async fn one_claim_end_to_end(version: CapiVersion) {
+    let env = env(cluster(version), vec![seed_of(0, 10)], None).await;
+    let names = env.claims(1, 1).await;
+    env.settle().await;
+
+    let claims = env.store_list("nodeclaims");
+    assert_eq!(claims.len(), 1);
+    let claim = &claims[0];
+    assert_eq!(claim["metadata"]["name"], names[0].as_str());
+    for ty in ["Launched", "Registered", "Initialized", "Ready"] {
+        assert!(condition(claim, ty), "{ty} not True: {claim:#}");
+    }
+    let machine_ref = claim["metadata"]["annotations"][MACHINE_ANNOTATION]
+        .as_str()
+        .expect("claim names its Machine");
+    let machines = env.machines_of("md-0");
+    assert_eq!(machines.len(), 1);
+    let m = &machines[0];
+    assert_eq!(
+        format!("default/{}", m["metadata"]["name"].as_str().unwrap()),
+        machine_ref
+    );
+    assert_eq!(
+        m["metadata"]["annotations"][NODECLAIM_ANNOTATION],
+        names[0].as_str()
+    );
+    assert_eq!(claim["status"]["providerID"], m["spec"]["providerID"]);
+    assert_eq!(claim["metadata"]["labels"][INSTANCE_TYPE_LABEL], "sim-0");
+    assert_eq!(claim["metadata"]["labels"][ZONE_LABEL], "sim-zone-0");
+    assert_eq!(claim["status"]["capacity"]["cpu"], "4");
+    assert!(
+        claim["metadata"]["finalizers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f == TERMINATION_FINALIZER)
+    );
+
+    let node_name = claim["status"]["nodeName"].as_str().expect("nodeName set");
+    let client = env.sim.client_here().await.unwrap();
+    let node = Api::<Node>::all(client).get(node_name).await.unwrap();
+    let labels = node.labels();
+    assert_eq!(
+        labels.get(REGISTERED_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        labels.get(INITIALIZED_LABEL).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        labels.get(NODEPOOL_LABEL).map(String::as_str),
+        Some("default")
+    );
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    assert!(
+        !taints.iter().any(|t| t.key == UNREGISTERED_TAINT_KEY),
+        "unregistered taint removed"
+    );
+    assert!(node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER));
+    assert!(
+        node.owner_references()
+            .iter()
+            .any(|o| o.kind == "NodeClaim" && o.name == names[0])
+    );
+    assert_eq!(env.replicas("md-0"), 1);
+    env.invariants_hold();
+
+    let text = env.metrics.encode();
+    assert!(text.contains("karpenter_nodeclaims_initialized_total{nodepool=\"default\",machine_deployment=\"default/md-0\"} 1"), "{text}");
+}
+
+#[actix::test]
+async fn one_claim_end_to_end_v1beta2() {
+    one_claim_end_to_end(CapiVersion::V1Beta2).await;
+}
+
+#[actix::test]
+async fn one_claim_end_to_end_v1beta1() {
+    one_claim_end_to_end(CapiVersion::V1Beta1).await;
+}
+
+#[actix::test]
+async fn two_hundred_concurrent_claims_on_one_machine_deployment() {
+    let env = env(cluster(CapiVersion::V1Beta2), vec![seed_of(0, 1000)], None).await;
+    env.claims(200, 1).await;
+    env.settle().await;
+    let machines = env.machines_of("md-0");
+    assert_eq!(machines.len(), 200);
+    assert_eq!(env.replicas("md-0"), 200);
+    let bound: BTreeSet<&str> = machines
+        .iter()
+        .filter_map(|m| m["metadata"]["annotations"][NODECLAIM_ANNOTATION].as_str())
+        .collect();
+    assert_eq!(bound.len(), 200, "every Machine bound to a different claim");
+    let inv = env.invariants_hold();
+    assert_eq!(inv.bound, 200);
+    let replica_writes = env.controller_writes("machinedeployments");
+    assert!(
+        replica_writes * 4 <= 200,
+        "replica writes are batched: {replica_writes} writes for 200 claims"
+    );
+}
+
+#[actix::test]
+async fn a_thousand_claims_over_ten_machine_deployments() {
+    let seeds = (0..10).map(|i| seed_of(i, 1000)).collect();
+    let env = env(cluster(CapiVersion::V1Beta2), seeds, None).await;
+    env.claims(1000, 10).await;
+    env.settle().await;
+    for i in 0..10 {
+        let md = format!("md-{i}");
+        assert_eq!(env.machines_of(&md).len(), 100, "{md}");
+        assert_eq!(env.replicas(&md), 100, "{md}");
+    }
+    let inv = env.invariants_hold();
+    assert_eq!(inv.bound, 1000);
+}
+
+#[actix::test]
+async fn slow_provider_times_claims_out_without_leaking() {
+    let mut cfg = cluster(CapiVersion::V1Beta2);
+    cfg.fail_fraction = 0.3;
+    cfg.seed = 7;
+    let env = env(cfg, vec![seed_of(0, 1000)], Some(Duration::from_secs(3))).await;
+    env.claims(30, 1).await;
+    env.settle().await;
+    let claims = env.store_list("nodeclaims");
+    assert!(
+        claims.len() < 30,
+        "some claims timed out and were deleted ({} left)",
+        claims.len()
+    );
+    assert!(!claims.is_empty());
+    let live = env.machines_of("md-0").len() as i64;
+    assert_eq!(
+        env.replicas("md-0"),
+        live,
+        "replicas back to the live Machines"
+    );
+    assert_eq!(
+        live as usize,
+        claims.len(),
+        "every live Machine belongs to a live claim"
+    );
+    env.invariants_hold();
+    let text = env.metrics.encode();
+    assert!(
+        text.contains("karpenter_capi_nodeclaims_create_timeouts_total"),
+        "{text}"
+    );
+}
+
+#[actix::test]
+async fn max_size_moves_claims_to_the_next_offering() {
+    // md-0 is cheapest but holds 3; md-1 serves the same instance type at a higher price.
+    let mut cheap = seed_of(0, 3);
+    let mut dear = seed_of(1, 100);
+    let labels =
+        format!("{INSTANCE_TYPE_LABEL}=shared,{ZONE_LABEL}=z,{ARCH_LABEL}=amd64,{OS_LABEL}=linux");
+    cheap
+        .annotations
+        .insert(LABELS_ANNOTATION.into(), labels.clone());
+    dear.annotations.insert(LABELS_ANNOTATION.into(), labels);
+    let env = env(cluster(CapiVersion::V1Beta2), vec![cheap, dear], None).await;
+    let pool = env.pool.clone();
+    env.sim
+        .run(move |c| async move {
+            let api: Api<NodeClaim> = Api::all(c.client());
+            for _ in 0..6 {
+                api.create(&Default::default(), &launch::claim_for(&pool, "shared"))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await
+        .unwrap();
+    env.settle().await;
+    assert_eq!(
+        env.replicas("md-0"),
+        3,
+        "the cheap MachineDeployment is filled to its max-size"
+    );
+    assert_eq!(env.replicas("md-1"), 3, "the rest go to the next offering");
+    assert_eq!(env.store_list("nodeclaims").len(), 6);
+    env.invariants_hold();
+}
+
+#[actix::test]
+async fn deleting_a_claim_removes_only_its_machine() {
+    let env = env(cluster(CapiVersion::V1Beta2), vec![seed_of(0, 10)], None).await;
+    let names = env.claims(3, 1).await;
+    env.settle().await;
+    let victim = names[1].clone();
+    let victim_machine = env
+        .store_list("nodeclaims")
+        .iter()
+        .find(|c| c["metadata"]["name"] == victim.as_str())
+        .and_then(|c| {
+            c["metadata"]["annotations"][MACHINE_ANNOTATION]
+                .as_str()
+                .map(str::to_string)
+        })
+        .unwrap();
+    let others: BTreeSet<String> = env
+        .machines_of("md-0")
+        .iter()
+        .map(|m| format!("default/{}", m["metadata"]["name"].as_str().unwrap()))
+        .filter(|k| *k != victim_machine)
+        .collect();
+    let client = env.sim.client_here().await.unwrap();
+    Api::<NodeClaim>::all(client.clone())
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.settle().await;
+    let left: BTreeSet<String> = env
+        .machines_of("md-0")
+        .iter()
+        .map(|m| format!("default/{}", m["metadata"]["name"].as_str().unwrap()))
+        .collect();
+    assert_eq!(left, others, "only the deleted claim's Machine went");
+    assert_eq!(env.replicas("md-0"), 2);
+    assert!(
+        !env.store_list("nodeclaims")
+            .iter()
+            .any(|c| c["metadata"]["name"] == victim.as_str())
+    );
+    // The release went through the annotation, never a blind decrement.
+    let marked = env
+        .sim
+        .cluster()
+        .stats()
+        .writes()
+        .iter()
+        .filter(|w| {
+            w.agent == karpenter_capi::app::USER_AGENT
+                && w.resource == "machines"
+                && format!("default/{}", w.name) == victim_machine
+        })
+        .count();
+    assert!(
+        marked >= 2,
+        "bound, then annotated for deletion ({marked} writes)"
+    );
+    env.invariants_hold();
+}
+
+#[actix::test]
+async fn restart_in_the_middle_of_a_burst_neither_duplicates_nor_loses() {
+    let mut env = env(
+        cluster(CapiVersion::V1Beta2),
+        vec![seed_of(0, 1000), seed_of(1, 1000)],
+        None,
+    )
+    .await;
+    let pool = env.pool.clone();
+    let creating = env
+        .sim
+        .run(move |c| async move { create_claims(c.client(), &pool, 120, 2).await });
+    // Kill the controller while claims are still being created and launched.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if let Some(c) = env.controller.take() {
+        c.stop();
+    }
+    creating.await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    env.controller = Some(
+        start_controller(&env.sim, sim_settings(None), Metrics::new())
+            .await
+            .unwrap(),
+    );
+    env.settle().await;
+    let mut per_md = BTreeMap::new();
+    for md in ["md-0", "md-1"] {
+        per_md.insert(md, (env.machines_of(md).len(), env.replicas(md)));
+    }
+    assert_eq!(per_md["md-0"], (60, 60), "{per_md:?}");
+    assert_eq!(per_md["md-1"], (60, 60), "{per_md:?}");
+    let inv = env.invariants_hold();
+    assert_eq!(inv.bound, 120);
+}
