@@ -154,22 +154,28 @@ impl SimServer {
         })
     }
 
-    /// A new client for this server, bound to the caller's runtime.
-    pub fn client(&self) -> kube::Client {
+    /// The kube client configuration for this server, as `Config::new` makes it: like a client
+    /// built from a kubeconfig, it retries 429, 503 and 504 answers with backoff.
+    pub fn kube_config(&self) -> kube::Config {
         let uri: hyper::Uri = match self.url.parse() {
             Ok(u) => u,
             // The URL is built from a SocketAddr, so it always parses.
             Err(_) => hyper::Uri::from_static("http://127.0.0.1"),
         };
-        let config = kube::Config::new(uri);
-        match kube::Client::try_from(config) {
-            Ok(c) => c,
-            // Building a plain-HTTP client without TLS settings cannot fail; keep a clear message if it ever does.
-            Err(e) => panic!(
-                "simulated API server: cannot build a kube client for {}: {e}",
-                self.url
-            ),
-        }
+        kube::Config::new(uri)
+    }
+
+    /// A new client for this server, bound to the caller's runtime (build one per runtime).
+    pub fn client(&self) -> kube::Client {
+        client_from(self.kube_config(), &self.url)
+    }
+
+    /// A new client that surfaces 429/503 at once instead of retrying them (kube retries them
+    /// by default for up to minutes), for tests that assert on those answers.
+    pub fn client_without_retries(&self) -> kube::Client {
+        let mut config = self.kube_config();
+        config.default_retry = false;
+        client_from(config, &self.url)
     }
 
     pub fn url(&self) -> &str {
@@ -213,6 +219,15 @@ impl Drop for SimServer {
     fn drop(&mut self) {
         self.shutdown();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn client_from(config: kube::Config, url: &str) -> kube::Client {
+    match kube::Client::try_from(config) {
+        Ok(c) => c,
+        // A plain-HTTP config with no TLS or auth settings cannot fail to build; if kube ever
+        // changes that, say which server it was.
+        Err(e) => panic!("simulated API server: cannot build a kube client for {url}: {e}"),
     }
 }
 

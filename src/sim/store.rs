@@ -3,7 +3,7 @@
 //! All API semantics that touch stored state (create, update, delete with finalizers, garbage
 //! collection) live here, so the HTTP layer only translates.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -67,6 +67,8 @@ pub(crate) struct Inner {
     objects: BTreeMap<String, BTreeMap<ObjKey, Value>>,
     /// uid -> (storage key, namespace, name) of every live object.
     uids: HashMap<String, (String, String, String)>,
+    /// owner uid -> (storage key, namespace, name) of objects whose ownerReferences name it.
+    dependents: HashMap<String, BTreeSet<(String, String, String)>>,
     rv: u64,
     history: VecDeque<Arc<StoredEvent>>,
     history_size: usize,
@@ -95,6 +97,7 @@ impl Store {
             registry: registry.clone(),
             objects: BTreeMap::new(),
             uids: HashMap::new(),
+            dependents: HashMap::new(),
             rv: 0,
             history: VecDeque::new(),
             history_size: history_size.max(1),
@@ -268,6 +271,7 @@ impl Inner {
         self.rv += 1;
         let mut object = object;
         set_meta(&mut object, "resourceVersion", json!(self.rv.to_string()));
+        self.index_owners(key, ns, kind, &object, prev.as_ref());
         let event = Arc::new(StoredEvent {
             rv: self.rv,
             key: key.to_string(),
@@ -325,10 +329,8 @@ impl Inner {
                 def.kind
             )));
         }
-        if def.namespaced {
-            if self.get_ns(ns).is_none() {
-                return Err(ApiError::not_found("", "namespaces", ns));
-            }
+        if def.namespaced && self.get_ns(ns).is_none() {
+            return Err(ApiError::not_found("", "namespaces", ns));
         }
         let key = def.storage_key();
         if name.is_empty() {
@@ -590,23 +592,51 @@ impl Inner {
         }
     }
 
+    fn index_owners(
+        &mut self,
+        key: &str,
+        ns: &str,
+        kind: EventKind,
+        object: &Value,
+        prev: Option<&Value>,
+    ) {
+        let name = object
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let entry = (key.to_string(), ns.to_string(), name.to_string());
+        for uid in prev.map(owner_uids).unwrap_or_default() {
+            if let Some(set) = self.dependents.get_mut(&uid) {
+                set.remove(&entry);
+                if set.is_empty() {
+                    self.dependents.remove(&uid);
+                }
+            }
+        }
+        if kind != EventKind::Deleted {
+            for uid in owner_uids(object) {
+                self.dependents
+                    .entry(uid)
+                    .or_default()
+                    .insert(entry.clone());
+            }
+        }
+    }
+
     fn dependents_of<'r>(
         &self,
         owner_uid: &str,
         registry: &'r Registry,
     ) -> Vec<(&'r ResourceDef, String, String)> {
-        let mut out = Vec::new();
-        for def in registry.all() {
-            for ((ns, name), obj) in self.iter(def, None) {
-                if owner_refs(obj)
-                    .iter()
-                    .any(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))
-                {
-                    out.push((def, ns.clone(), name.clone()));
-                }
-            }
-        }
-        out
+        let Some(set) = self.dependents.get(owner_uid) else {
+            return Vec::new();
+        };
+        set.iter()
+            .filter_map(|(key, ns, name)| {
+                let def = registry.all().iter().find(|d| d.storage_key() == *key)?;
+                Some((def, ns.clone(), name.clone()))
+            })
+            .collect()
     }
 
     fn strip_owner(
@@ -629,6 +659,14 @@ impl Inner {
         }
         self.write(def, ns, name, old, new)
     }
+}
+
+fn owner_uids(obj: &Value) -> Vec<String> {
+    owner_refs(obj)
+        .iter()
+        .filter_map(|r| r.get("uid").and_then(Value::as_str))
+        .map(String::from)
+        .collect()
 }
 
 fn owner_refs(obj: &Value) -> Vec<Value> {

@@ -98,7 +98,12 @@ async fn run(
                 None => std::future::pending().await,
             }
         };
+        // Biased: a cut or a hang-up that already happened wins over events committed after it.
         tokio::select! {
+            biased;
+            _ = cuts.changed() => return,
+            _ = tx.closed() => return,
+            _ = timeout => return,
             ev = live.recv() => match ev {
                 Ok(ev) => {
                     if ev.rv <= last_rv {
@@ -122,9 +127,6 @@ async fn run(
                     return;
                 }
             }
-            _ = timeout => return,
-            _ = cuts.changed() => return,
-            _ = tx.closed() => return,
         }
     }
 }
