@@ -197,10 +197,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
 
     match election {
         Some(task) => tokio::select! {
-            r = task => match r {
-                Ok(Err(e)) => return Err(e.into()),
-                Ok(Ok(())) | Err(_) => {}
-            },
+            r = task => if let Ok(Err(e)) = r { return Err(e.into()) },
             _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
         },
         None => {

@@ -61,15 +61,15 @@ impl CapiWatcher {
     }
 
     fn route_machine(&self, m: &Machine) {
-        if let Some(md) = deployment_key(m) {
-            if let Some(s) = self.shared.router.scaler(&md) {
-                s.do_send(Poke);
-            }
+        if let Some(md) = deployment_key(m)
+            && let Some(s) = self.shared.router.scaler(&md)
+        {
+            s.do_send(Poke);
         }
-        if let Some(claim) = bound_claim(m) {
-            if let Some(a) = self.shared.router.claim(claim) {
-                a.do_send(Kick);
-            }
+        if let Some(claim) = bound_claim(m)
+            && let Some(a) = self.shared.router.claim(claim)
+        {
+            a.do_send(Kick);
         }
     }
 

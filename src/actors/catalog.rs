@@ -180,13 +180,13 @@ impl CatalogView {
         let Some(entry) = inner.by_nodeclass.get(nodeclass) else {
             return Err(ResolveError::NodeClassNotFound(nodeclass.to_string()));
         };
-        if let Err(message) = &entry.ready {
-            if entry.catalog.instance_types.is_empty() {
-                return Err(ResolveError::NodeClassNotReady {
-                    name: nodeclass.to_string(),
-                    message: message.clone(),
-                });
-            }
+        if let Err(message) = &entry.ready
+            && entry.catalog.instance_types.is_empty()
+        {
+            return Err(ResolveError::NodeClassNotReady {
+                name: nodeclass.to_string(),
+                message: message.clone(),
+            });
         }
         let now = Instant::now();
         let (mut incompatible, mut too_small, mut unavailable) = (0, 0, 0);

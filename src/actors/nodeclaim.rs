@@ -110,14 +110,14 @@ impl NodeClaimActor {
     }
 
     fn apply(&mut self, out: Outcome, ctx: &mut Context<Self>) {
-        if let Some(claim) = out.claim {
-            if crate::state::newer_or_equal(
+        if let Some(claim) = out.claim
+            && crate::state::newer_or_equal(
                 claim.resource_version().as_deref(),
                 self.claim.resource_version().as_deref(),
-            ) {
-                self.shared.state.claims.write().apply((*claim).clone());
-                self.claim = claim;
-            }
+            )
+        {
+            self.shared.state.claims.write().apply((*claim).clone());
+            self.claim = claim;
         }
         if let Some(md) = out.requested {
             self.requested = Some(md);
@@ -351,10 +351,10 @@ impl Step {
             }
         };
         let Some(machine) = machine else {
-            if let Some(recorded) = recorded_machine(&c) {
-                if self.shared.state.machines.read().synced() {
-                    return self.machine_gone(recorded.to_string()).await;
-                }
+            if let Some(recorded) = recorded_machine(&c)
+                && self.shared.state.machines.read().synced()
+            {
+                return self.machine_gone(recorded.to_string()).await;
             }
             if let Some(left) = self.create_deadline_left() {
                 if self.requested.as_deref() == Some(md.as_str()) {
@@ -815,12 +815,12 @@ impl Step {
         }
         let bound = self.shared.state.machines.read().bound_to(&self.name());
         if let Ok(Some(machine)) = bound {
-            if machine.deletion_timestamp.is_none() {
-                if let Some(md) = crate::state::machines::deployment_key(&machine) {
-                    self.scaler(&md).do_send(ReleaseMachine {
-                        machine: machine_key(&machine.namespace, &machine.name),
-                    });
-                }
+            if machine.deletion_timestamp.is_none()
+                && let Some(md) = crate::state::machines::deployment_key(&machine)
+            {
+                self.scaler(&md).do_send(ReleaseMachine {
+                    machine: machine_key(&machine.namespace, &machine.name),
+                });
             }
             return Ok(Next::Wait(Some(Duration::from_secs(30))));
         }
@@ -1060,19 +1060,19 @@ fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
     }
     p.set("/metadata/finalizers", json!(finalizers));
     let mut owners = node.owner_references().to_vec();
-    if let Some(uid) = &c.metadata.uid {
-        if !owners.iter().any(|o| &o.uid == uid) {
-            owners.push(
-                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                    api_version: NodeClaim::api_version(&()).to_string(),
-                    kind: NodeClaim::kind(&()).to_string(),
-                    name: c.name_any(),
-                    uid: uid.clone(),
-                    block_owner_deletion: Some(true),
-                    controller: None,
-                },
-            );
-        }
+    if let Some(uid) = &c.metadata.uid
+        && !owners.iter().any(|o| &o.uid == uid)
+    {
+        owners.push(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: NodeClaim::api_version(&()).to_string(),
+                kind: NodeClaim::kind(&()).to_string(),
+                name: c.name_any(),
+                uid: uid.clone(),
+                block_owner_deletion: Some(true),
+                controller: None,
+            },
+        );
     }
     p.set("/metadata/ownerReferences", json!(owners));
     let _ = escape; // keys are escaped inside set_entry

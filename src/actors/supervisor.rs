@@ -112,10 +112,10 @@ impl StreamHandler<Result<watcher::Event<NodeClaim>, watcher::Error>> for Superv
             Ok(watcher::Event::Apply(c)) => {
                 let c = Arc::new(c);
                 let old = self.shared.state.claims.write().apply((*c).clone());
-                if let Some(old) = old {
-                    if recorded_deployment(&old) != recorded_deployment(&c) {
-                        self.poke_scaler_of(&old);
-                    }
+                if let Some(old) = old
+                    && recorded_deployment(&old) != recorded_deployment(&c)
+                {
+                    self.poke_scaler_of(&old);
                 }
                 self.poke_scaler_of(&c);
                 self.deliver(c);

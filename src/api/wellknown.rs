@@ -116,6 +116,11 @@ pub const DEFAULT_OS: &str = "linux";
 pub const MACHINE_SET_KIND: &str = "MachineSet";
 pub const MACHINE_DEPLOYMENT_KIND: &str = "MachineDeployment";
 
+/// Annotation on a MachineDeployment: how many of its replicas this controller added and has not
+/// yet removed. Written in the same compare-and-swap patch as `spec.replicas`, so that a restarted
+/// controller knows which replicas are its own (invariants 2 and 4).
+pub const MANAGED_REPLICAS_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/managed-replicas";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,8 +134,3 @@ mod tests {
         assert!(!capi_propagates("kubernetes.io/arch"));
     }
 }
-
-/// Annotation on a MachineDeployment: how many of its replicas this controller added and has not
-/// yet removed. Written in the same compare-and-swap patch as `spec.replicas`, so that a restarted
-/// controller knows which replicas are its own (invariants 2 and 4).
-pub const MANAGED_REPLICAS_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/managed-replicas";

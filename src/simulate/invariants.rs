@@ -105,13 +105,13 @@ pub fn check(store: &Store, version: CapiVersion) -> Invariants {
         let Some(m) = machines.iter().find(|m| m.key() == *machine) else {
             continue;
         };
-        if let Some(c) = cs.first() {
-            if bound_claim(m) != Some(*c) {
-                inv.problems.push(format!(
-                    "NodeClaim {c} names Machine {machine}, which names {:?}",
-                    bound_claim(m)
-                ));
-            }
+        if let Some(c) = cs.first()
+            && bound_claim(m) != Some(*c)
+        {
+            inv.problems.push(format!(
+                "NodeClaim {c} names Machine {machine}, which names {:?}",
+                bound_claim(m)
+            ));
         }
     }
 

@@ -79,13 +79,14 @@ impl Claims {
     pub fn apply(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
         let name = c.name_any();
         let old = self.remove(&name);
-        if c.metadata.deletion_timestamp.is_none() && recorded_machine(&c).is_none() {
-            if let Some(md) = recorded_deployment(&c) {
-                self.waiting_by_md
-                    .entry(md.to_string())
-                    .or_default()
-                    .insert(name.clone());
-            }
+        if c.metadata.deletion_timestamp.is_none()
+            && recorded_machine(&c).is_none()
+            && let Some(md) = recorded_deployment(&c)
+        {
+            self.waiting_by_md
+                .entry(md.to_string())
+                .or_default()
+                .insert(name.clone());
         }
         if let Some(pid) = provider_id(&c) {
             self.by_provider_id.insert(pid.to_string(), name.clone());
@@ -96,18 +97,18 @@ impl Claims {
 
     pub fn remove(&mut self, name: &str) -> Option<Arc<NodeClaim>> {
         let old = self.by_name.remove(name)?;
-        if let Some(md) = recorded_deployment(&old) {
-            if let Some(set) = self.waiting_by_md.get_mut(md) {
-                set.remove(name);
-                if set.is_empty() {
-                    self.waiting_by_md.remove(md);
-                }
+        if let Some(md) = recorded_deployment(&old)
+            && let Some(set) = self.waiting_by_md.get_mut(md)
+        {
+            set.remove(name);
+            if set.is_empty() {
+                self.waiting_by_md.remove(md);
             }
         }
-        if let Some(pid) = provider_id(&old) {
-            if self.by_provider_id.get(pid).map(String::as_str) == Some(name) {
-                self.by_provider_id.remove(pid);
-            }
+        if let Some(pid) = provider_id(&old)
+            && self.by_provider_id.get(pid).map(String::as_str) == Some(name)
+        {
+            self.by_provider_id.remove(pid);
         }
         Some(old)
     }

@@ -102,10 +102,10 @@ impl Machines {
     /// response and a watch event may arrive in either order); returns the previous version.
     pub fn apply(&mut self, m: Machine) -> Option<Arc<Machine>> {
         let k = key(&m.namespace, &m.name);
-        if let Some(cur) = self.by_key.get(&k) {
-            if !super::newer_or_equal(Some(&m.resource_version), Some(&cur.resource_version)) {
-                return Some(cur.clone());
-            }
+        if let Some(cur) = self.by_key.get(&k)
+            && !super::newer_or_equal(Some(&m.resource_version), Some(&cur.resource_version))
+        {
+            return Some(cur.clone());
         }
         if m.provider_id.is_some() {
             self.provider_id_seen
@@ -141,10 +141,10 @@ impl Machines {
         if let Some(claim) = bound_claim(&old) {
             prune(&mut self.by_claim, claim, k);
         }
-        if let Some(pid) = old.provider_id.as_deref() {
-            if self.by_provider_id.get(pid).map(String::as_str) == Some(k) {
-                self.by_provider_id.remove(pid);
-            }
+        if let Some(pid) = old.provider_id.as_deref()
+            && self.by_provider_id.get(pid).map(String::as_str) == Some(k)
+        {
+            self.by_provider_id.remove(pid);
         }
         Some(old)
     }
@@ -204,10 +204,10 @@ impl MachineDeployments {
     /// Apply a watched or written object unless it is older than what we hold.
     pub fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
         let k = key(&md.namespace, &md.name);
-        if let Some(cur) = self.by_key.get(&k) {
-            if !super::newer_or_equal(Some(&md.resource_version), Some(&cur.resource_version)) {
-                return cur.clone();
-            }
+        if let Some(cur) = self.by_key.get(&k)
+            && !super::newer_or_equal(Some(&md.resource_version), Some(&cur.resource_version))
+        {
+            return cur.clone();
         }
         let md = Arc::new(md);
         self.by_key.insert(k, md.clone());

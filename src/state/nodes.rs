@@ -60,10 +60,10 @@ impl Nodes {
 
     pub fn remove(&mut self, name: &str) -> Option<Arc<Node>> {
         let old = self.by_name.remove(name)?;
-        if let Some(pid) = provider_id(&old) {
-            if self.by_provider_id.get(pid).map(String::as_str) == Some(name) {
-                self.by_provider_id.remove(pid);
-            }
+        if let Some(pid) = provider_id(&old)
+            && self.by_provider_id.get(pid).map(String::as_str) == Some(name)
+        {
+            self.by_provider_id.remove(pid);
         }
         Some(old)
     }

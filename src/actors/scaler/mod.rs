@@ -203,10 +203,10 @@ impl Scaler {
         for machine in plan.release {
             self.release(machine, ctx);
         }
-        if let Some(write) = plan.write {
-            if !self.writing {
-                self.write(inputs.md, write, plan.delete_directly, ctx);
-            }
+        if let Some(write) = plan.write
+            && !self.writing
+        {
+            self.write(inputs.md, write, plan.delete_directly, ctx);
         }
     }
 
@@ -217,12 +217,8 @@ impl Scaler {
             return None;
         }
         let sizes = annotations::parse(&md.annotations).ok();
-        let min_size = sizes
-            .as_ref()
-            .and_then(|s| s.min_size)
-            .map(|v| v as i32)
-            .unwrap_or(0);
-        let max_size = sizes.as_ref().and_then(|s| s.max_size).map(|v| v as i32);
+        let min_size = sizes.as_ref().and_then(|s| s.min_size).unwrap_or(0);
+        let max_size = sizes.as_ref().and_then(|s| s.max_size);
 
         let machines = self.shared.state.machines.read();
         let all = machines.of_deployment(&self.md);
@@ -257,7 +253,7 @@ impl Scaler {
         let mut waiting: BTreeSet<String> = claims.waiting_on(&self.md);
         self.asked.retain(|(c, _)| match claims.get(c) {
             // Not in the index yet (its write is newer than our watch): keep asking.
-            None => !claims.synced() || true,
+            None => true,
             Some(cl) => {
                 cl.metadata.deletion_timestamp.is_none()
                     && recorded_deployment(&cl) == Some(self.md.as_str())
@@ -530,17 +526,21 @@ impl Scaler {
         let name = name.to_string();
         let metrics = self.shared.metrics.clone();
         ctx.spawn(
-            async move { api.delete(&name, &DeleteParams::default()).await.map_err(api_err(&metrics, "delete", "machines", &name)) }
-                .into_actor(self)
-                .map(move |r, act, ctx| {
-                    if let Err(e) = r {
-                        if !e.is_not_found() {
-                            tracing::warn!(machine = %machine_key, error = %e, "deleting machine failed");
-                            act.decremented.remove(&machine_key);
-                            act.retry_later(ctx);
-                        }
-                    }
-                }),
+            async move {
+                api.delete(&name, &DeleteParams::default())
+                    .await
+                    .map_err(api_err(&metrics, "delete", "machines", &name))
+            }
+            .into_actor(self)
+            .map(move |r, act, ctx| {
+                if let Err(e) = r
+                    && !e.is_not_found()
+                {
+                    tracing::warn!(machine = %machine_key, error = %e, "deleting machine failed");
+                    act.decremented.remove(&machine_key);
+                    act.retry_later(ctx);
+                }
+            }),
         );
     }
 
