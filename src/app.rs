@@ -80,25 +80,54 @@ pub fn with_user_agent(mut config: kube::Config) -> kube::Config {
     config
 }
 
+/// Client-side limits (`KUBE_CLIENT_QPS`, `KUBE_CLIENT_BURST`); qps 0 means unlimited.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub qps: u32,
+    pub burst: u32,
+}
+
+impl Limits {
+    pub const UNLIMITED: Limits = Limits { qps: 0, burst: 0 };
+}
+
+/// A client from a config: our user agent, and the rate limit in front of the HTTP stack.
+pub fn build_client(config: kube::Config, limits: Limits) -> Result<kube::Client, kube::Error> {
+    let builder = kube::client::ClientBuilder::try_from(with_user_agent(config))?;
+    Ok(builder
+        .with_layer(&crate::ratelimit::RateLimitLayer::new(
+            limits.qps,
+            limits.burst,
+        ))
+        .build())
+}
+
 /// A client from a kubeconfig file.
-pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client, String> {
+pub async fn client_from_kubeconfig(path: &Path, limits: Limits) -> Result<kube::Client, String> {
     let kc = Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    kube::Client::try_from(with_user_agent(config)).map_err(|e| e.to_string())
+    build_client(config, limits).map_err(|e| e.to_string())
+}
+
+fn limits(args: &RunArgs) -> Limits {
+    Limits {
+        qps: args.kube_client_qps,
+        burst: args.kube_client_burst,
+    }
 }
 
 async fn workload_client(args: &RunArgs) -> Result<kube::Client, Error> {
     match &args.kubeconfig {
-        Some(path) => client_from_kubeconfig(path)
+        Some(path) => client_from_kubeconfig(path, limits(args))
             .await
             .map_err(Error::WorkloadConfig),
         None => {
             let config = kube::Config::infer()
                 .await
                 .map_err(|e| Error::WorkloadConfig(e.to_string()))?;
-            Ok(kube::Client::try_from(with_user_agent(config))?)
+            Ok(build_client(config, limits(args))?)
         }
     }
 }
@@ -108,9 +137,10 @@ async fn workload_client(args: &RunArgs) -> Result<kube::Client, Error> {
 async fn management_client(
     args: &ClusterApiArgs,
     workload: &kube::Client,
+    limits: Limits,
 ) -> Result<kube::Client, Error> {
     if let Some(path) = &args.cluster_api_kubeconfig {
-        return client_from_kubeconfig(path)
+        return client_from_kubeconfig(path, limits)
             .await
             .map_err(|message| Error::ManagementConfig {
                 flag: "--cluster-api-kubeconfig",
@@ -148,7 +178,7 @@ async fn management_client(
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .map_err(|e| err(e.to_string()))?;
-    Ok(kube::Client::try_from(with_user_agent(config))?)
+    Ok(build_client(config, limits)?)
 }
 
 /// `karpenter-capi run`: returns when the process should exit.
@@ -156,7 +186,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
     let workload = workload_client(&args).await?;
-    let management = management_client(&args.cluster_api, &workload).await?;
+    let management = management_client(&args.cluster_api, &workload, limits(&args)).await?;
     let (metrics_addr, health_addr) = http::serve(
         SocketAddr::from(([0, 0, 0, 0], args.metrics_port)),
         SocketAddr::from(([0, 0, 0, 0], args.health_probe_port)),

@@ -124,3 +124,38 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
     );
     resp
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_and_probes() {
+        let metrics = Metrics::new();
+        let health = Arc::new(Health::default());
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let (m, h) = serve(any, any, metrics, health.clone()).await.unwrap();
+        assert!(get(m, "/metrics").await.contains("karpenter_build_info"));
+        assert!(get(h, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(h, "/readyz").await.starts_with("HTTP/1.1 503"));
+        health.set_ready();
+        assert!(get(h, "/readyz").await.starts_with("HTTP/1.1 200"));
+        assert!(
+            get(h, "/metrics").await.starts_with("HTTP/1.1 404"),
+            "metrics only on the metrics port"
+        );
+    }
+}

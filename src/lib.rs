@@ -12,6 +12,7 @@ pub mod cli;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod ratelimit;
 pub mod scheduling;
 pub mod sim;
 pub mod simulate;

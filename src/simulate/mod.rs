@@ -105,9 +105,12 @@ impl BackgroundSim {
 
     /// A client for the simulated cluster, built on the caller's runtime (the controller's).
     pub async fn client_here(&self) -> Result<kube::Client, Error> {
-        crate::app::client_from_kubeconfig(self.cluster.kubeconfig_path())
-            .await
-            .map_err(Error::Client)
+        crate::app::client_from_kubeconfig(
+            self.cluster.kubeconfig_path(),
+            crate::app::Limits::UNLIMITED,
+        )
+        .await
+        .map_err(Error::Client)
     }
 }
 
