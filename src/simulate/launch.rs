@@ -227,16 +227,63 @@ pub fn quiet(cluster: &SimCluster) -> bool {
 
 /// Wait (polling the in-process store, not the API) until `quiet` holds twice in a row.
 pub async fn settle(sim: &BackgroundSim, deadline: Duration) -> Result<(), Error> {
+    settle_with_progress(sim, deadline, false).await
+}
+
+/// `settle`, printing one progress line a second on stderr when asked.
+pub async fn settle_with_progress(
+    sim: &BackgroundSim,
+    deadline: Duration,
+    progress: bool,
+) -> Result<(), Error> {
     let start = Instant::now();
     let mut streak = 0;
+    let mut last_print = Instant::now();
     while streak < 2 {
         if start.elapsed() > deadline {
             return Err(Error::Deadline(deadline));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         streak = if quiet(sim.cluster()) { streak + 1 } else { 0 };
+        if progress && last_print.elapsed() >= Duration::from_secs(1) {
+            last_print = Instant::now();
+            eprintln!(
+                "  {:>5.1}s  {}",
+                start.elapsed().as_secs_f64(),
+                progress_line(sim.cluster())
+            );
+        }
     }
     Ok(())
+}
+
+/// One line of what the simulated cluster holds right now.
+pub fn progress_line(cluster: &SimCluster) -> String {
+    let store = cluster.server().store();
+    let claims = store.list("nodeclaims", None);
+    let with = |ty: &str| {
+        claims
+            .iter()
+            .filter(|c| {
+                c.pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|cs| cs.iter().any(|x| x["type"] == ty && x["status"] == "True"))
+            })
+            .count()
+    };
+    let machines = store.list("machines", None).len();
+    let nodes = store.list("nodes", None).len();
+    let pending = store
+        .list("pods", None)
+        .iter()
+        .filter(|p| p.pointer("/spec/nodeName").is_none_or(Value::is_null))
+        .count();
+    format!(
+        "claims {} (launched {}, initialized {}), machines {machines}, nodes {nodes}, pending pods {pending}",
+        claims.len(),
+        with("Launched"),
+        with("Initialized")
+    )
 }
 
 /// Everything the report needs, read from the simulated cluster after the scenario.
@@ -368,6 +415,6 @@ pub async fn run(args: &SimulateArgs) -> Result<Report, Error> {
     sim.run(move |c| async move { create_claims(c.client(), &p, n, mds).await })
         .await??;
     eprintln!("waiting for the cluster to settle");
-    settle(&sim, Duration::from_secs(args.deadline)).await?;
+    settle_with_progress(&sim, Duration::from_secs(args.deadline), true).await?;
     Ok(measure(&sim, &observer, n, since, "launch"))
 }
