@@ -10,7 +10,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
 use super::nodeclaim::{ClaimChanged, NodeClaimActor, Stop};
-use super::scaler::Poke;
+use super::scaler::{CancelRequest, Poke};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::state::claims::recorded_deployment;
@@ -68,11 +68,17 @@ impl Supervisor {
         }
     }
 
+    /// The claim left the API (normally after its actor removed the finalizer; possibly forced
+    /// by someone else). Its Scaler forgets any request it still holds for it.
     fn gone(&self, c: &NodeClaim) {
         if let Some(a) = self.shared.router.remove_claim(&c.name_any()) {
             a.do_send(Stop);
         }
-        self.poke_scaler_of(c);
+        if let Some(s) = recorded_deployment(c).and_then(|md| self.shared.router.scaler(md)) {
+            s.do_send(CancelRequest {
+                claim: c.name_any(),
+            });
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 pub mod claims;
 pub mod machines;
 pub mod nodes;
+pub mod pods;
 
 use std::sync::Arc;
 
@@ -13,6 +14,7 @@ use parking_lot::RwLock;
 pub use claims::Claims;
 pub use machines::{MachineDeployments, Machines};
 pub use nodes::Nodes;
+pub use pods::Pods;
 
 /// All indexes, cheap to clone.
 #[derive(Clone, Default)]
@@ -21,6 +23,7 @@ pub struct State {
     pub deployments: Arc<RwLock<MachineDeployments>>,
     pub claims: Arc<RwLock<Claims>>,
     pub nodes: Arc<RwLock<Nodes>>,
+    pub pods: Arc<RwLock<Pods>>,
 }
 
 /// Kubernetes resourceVersions are opaque, but every real server (and ours) uses integers; use
