@@ -1,0 +1,996 @@
+//! Deployment artifacts against the code: every YAML file parses, the chart's CRDs are the
+//! generated ones, RBAC grants exactly what the controller calls (no less, no more), the
+//! Deployment is hardened and probed on the ports the binary serves, every env var it sets is a
+//! real `run` flag twin with a value the real parser accepts, and the Helm templates only use
+//! values that exist. Helm itself is not needed (it is used, lightly, when it is on PATH).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use clap::CommandFactory;
+use karpenter_capi::cli::Cli;
+use serde_json::Value;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const MANIFESTS: &str = "deploy/manifests";
+const CHART: &str = "deploy/helm/karpenter-capi";
+const NAMESPACE: &str = "karpenter-capi";
+const SERVICE_ACCOUNT: &str = "karpenter-capi";
+const LEASE: &str = "karpenter-capi-leader-election";
+
+// ---------------------------------------------------------------------------------------------
+// What the controller calls. KEEP THIS TABLE IN STEP WITH THE CODE: when an actor starts using a
+// new resource or verb (grep for `Api::all`, `Api::namespaced`, `watcher(`, `.get(`, `.get_opt(`,
+// `.create(`, `.patch(`, `.patch_status(`, `.replace(`, `.delete(`, the event Recorder), add the
+// row here, then the rule in deploy/manifests and the chart; when a planned row gets its code,
+// turn `Planned` into `Code`. The tests below fail until RBAC matches this table exactly.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    /// Workload cluster, cluster-wide (ClusterRole).
+    Workload,
+    /// Workload cluster, the controller's own namespace (Role): the leader-election Lease.
+    LeaderNamespace,
+    /// The cluster holding the Cluster API objects (management-rbac.yaml).
+    Management,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Use {
+    /// Called today, from this code.
+    Code(#[allow(dead_code)] &'static str),
+    /// Required by an actor DESIGN.md section 3 describes and the code does not have yet.
+    Planned(#[allow(dead_code)] &'static str),
+}
+
+struct Need {
+    scope: Scope,
+    group: &'static str,
+    /// A resource, or `*suffix` for a family RBAC must list one by one (infrastructure templates).
+    resource: &'static str,
+    verbs: &'static [&'static str],
+    #[allow(dead_code)]
+    by: Use,
+}
+
+const fn need(
+    scope: Scope,
+    group: &'static str,
+    resource: &'static str,
+    verbs: &'static [&'static str],
+    by: Use,
+) -> Need {
+    Need {
+        scope,
+        group,
+        resource,
+        verbs,
+        by,
+    }
+}
+
+use Scope::{LeaderNamespace, Management, Workload};
+use Use::{Code, Planned};
+
+#[rustfmt::skip]
+const NEEDS: &[Need] = &[
+    need(Workload, "", "nodes", &["list", "watch"], Code("actors/node_watcher.rs watcher")),
+    need(Workload, "", "nodes", &["patch", "delete"], Code("actors/nodeclaim.rs register, initialize, delete_node")),
+    need(Workload, "", "pods", &["get", "list", "watch"], Planned("provisioner, terminator")),
+    need(Workload, "", "pods/eviction", &["create"], Planned("terminator drain")),
+    need(Workload, "policy", "poddisruptionbudgets", &["get", "list", "watch"], Planned("disruption")),
+    need(Workload, "apps", "daemonsets", &["get", "list", "watch"], Planned("provisioner daemon overhead")),
+    need(Workload, "karpenter.sh", "nodeclaims", &["list", "watch"], Code("actors/supervisor.rs watcher")),
+    need(Workload, "karpenter.sh", "nodeclaims", &["get", "patch", "delete"], Code("actors/nodeclaim.rs reread, patch_claim, delete_claim")),
+    need(Workload, "karpenter.sh", "nodeclaims", &["create"], Planned("provisioner")),
+    need(Workload, "karpenter.sh", "nodeclaims/status", &["patch"], Code("actors/nodeclaim.rs patch_status")),
+    need(Workload, "karpenter.sh", "nodepools", &["get", "list", "watch"], Planned("provisioner, disruption")),
+    need(Workload, "karpenter.sh", "nodepools/status", &["patch"], Planned("nodepool status")),
+    need(Workload, "karpenter.cluster.x-k8s.io", "clusterapinodeclasses", &["list", "watch"], Code("actors/catalog.rs watcher")),
+    need(Workload, "karpenter.cluster.x-k8s.io", "clusterapinodeclasses/status", &["patch"], Code("actors/catalog.rs Ready condition")),
+    need(Workload, "events.k8s.io", "events", &["create", "patch"], Code("actors/events.rs kube Recorder")),
+    need(LeaderNamespace, "coordination.k8s.io", "leases", &["get", "create", "update"], Code("leader.rs get_opt, create, replace")),
+    need(Management, "cluster.x-k8s.io", "machines", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
+    need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
+    need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
+    need(Management, "cluster.x-k8s.io", "machinedeployments", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write")),
+    need(Management, "cluster.x-k8s.io", "machinesets", &["get", "list", "watch"], Planned("MachineSet walk, DESIGN.md section 2")),
+    need(Management, "infrastructure.cluster.x-k8s.io", "*machinetemplates", &["get"], Code("actors/catalog.rs fetch_missing_templates")),
+];
+
+/// Template kinds RBAC must list: the simulated cluster's and the Docker provider's.
+const REQUIRED_TEMPLATES: &[&str] = &["devmachinetemplates", "dockermachinetemplates"];
+
+// ---------------------------------------------------------------------------------------------
+// Reading files
+// ---------------------------------------------------------------------------------------------
+
+fn path(rel: &str) -> PathBuf {
+    Path::new(ROOT).join(rel)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
+}
+
+fn yaml_docs(text: &str, origin: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap_or_else(|e| panic!("{origin}: not valid YAML: {e}"))
+        .into_iter()
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Files of `dir` ending in one of `exts`, sorted by name.
+fn files(dir: &str, exts: &[&str]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(path(dir))
+        .unwrap_or_else(|e| panic!("listing {dir}: {e}"))
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension()
+                .and_then(|x| x.to_str())
+                .is_some_and(|x| exts.contains(&x))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+fn manifest_docs() -> Vec<(String, Value)> {
+    files(MANIFESTS, &["yaml", "yml"])
+        .iter()
+        .flat_map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().to_string();
+            yaml_docs(&read(p), &name)
+                .into_iter()
+                .map(move |d| (name.clone(), d))
+        })
+        .collect()
+}
+
+fn kind(doc: &Value) -> &str {
+    doc["kind"].as_str().unwrap_or("")
+}
+
+fn name(doc: &Value) -> &str {
+    doc["metadata"]["name"].as_str().unwrap_or("")
+}
+
+fn one<'a>(docs: &'a [(String, Value)], k: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .map(|(_, d)| d)
+        .filter(|d| kind(d) == k)
+        .collect();
+    assert_eq!(found.len(), 1, "expected exactly one {k} in {MANIFESTS}");
+    found[0]
+}
+
+/// A Helm template with every line that holds a template action removed. The templates are
+/// written so that what is left is valid YAML: the fixed parts (rules, hardening, probes) can be
+/// checked without Helm.
+fn strip_template(text: &str) -> String {
+    text.lines()
+        .filter(|l| !l.contains("{{"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn chart_template(file: &str) -> Vec<Value> {
+    let p = path(&format!("{CHART}/templates/{file}"));
+    yaml_docs(
+        &strip_template(&read(&p)),
+        &format!("templates/{file} (stripped)"),
+    )
+}
+
+fn values() -> Value {
+    let p = path(&format!("{CHART}/values.yaml"));
+    yaml_docs(&read(&p), "values.yaml")
+        .pop()
+        .expect("values.yaml is empty")
+}
+
+// ---------------------------------------------------------------------------------------------
+// RBAC
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug)]
+struct Rule {
+    groups: Vec<String>,
+    resources: Vec<String>,
+    verbs: Vec<String>,
+    names: Vec<String>,
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn rules(role: &Value) -> Vec<Rule> {
+    role["rules"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{} {} has no rules", kind(role), name(role)))
+        .iter()
+        .map(|r| Rule {
+            groups: strings(&r["apiGroups"]),
+            resources: strings(&r["resources"]),
+            verbs: strings(&r["verbs"]),
+            names: strings(&r["resourceNames"]),
+        })
+        .collect()
+}
+
+fn resource_matches(need: &str, granted: &str) -> bool {
+    match need.strip_prefix('*') {
+        Some(suffix) => granted.ends_with(suffix),
+        None => need == granted,
+    }
+}
+
+/// Checks `granted` against the table rows of `scope`: every needed (group, resource, verb) is
+/// granted, nothing else is, and no wildcard is used. Returns the problems found.
+fn audit(scope: Scope, granted: &[Rule]) -> Vec<String> {
+    let needs: Vec<&Need> = NEEDS.iter().filter(|n| n.scope == scope).collect();
+    let mut problems = Vec::new();
+    for r in granted {
+        for field in [&r.groups, &r.resources, &r.verbs] {
+            if field.iter().any(|s| s.contains('*')) {
+                problems.push(format!("{scope:?}: wildcard in {r:?}"));
+            }
+        }
+        for g in &r.groups {
+            for res in &r.resources {
+                for v in &r.verbs {
+                    let wanted = needs.iter().any(|n| {
+                        n.group == g
+                            && resource_matches(n.resource, res)
+                            && n.verbs.contains(&v.as_str())
+                    });
+                    if !wanted {
+                        problems.push(format!(
+                            "{scope:?}: grants {v} on {g:?}/{res}, which no row of NEEDS uses"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    for n in &needs {
+        for v in n.verbs {
+            let ok = granted.iter().any(|r| {
+                r.groups.iter().any(|g| g == n.group)
+                    && r.resources
+                        .iter()
+                        .any(|res| resource_matches(n.resource, res))
+                    && r.verbs.iter().any(|x| x == v)
+            });
+            if !ok {
+                problems.push(format!(
+                    "{scope:?}: {v} on {:?}/{} is needed ({:?}) but not granted",
+                    n.group, n.resource, n.by
+                ));
+            }
+        }
+    }
+    problems
+}
+
+fn template_resources(rules: &[Rule]) -> BTreeSet<String> {
+    rules
+        .iter()
+        .filter(|r| {
+            r.groups
+                .iter()
+                .any(|g| g == "infrastructure.cluster.x-k8s.io")
+        })
+        .flat_map(|r| r.resources.clone())
+        .collect()
+}
+
+/// Roles of `docs` of the given kind, each checked to be bound to the controller's account.
+fn bound_roles<'a>(docs: &'a [(String, Value)], role_kind: &str) -> Vec<(&'a str, &'a Value)> {
+    let binding_kind = format!("{role_kind}Binding");
+    docs.iter()
+        .filter(|(_, d)| kind(d) == role_kind)
+        .map(|(file, role)| {
+            let bound = docs.iter().any(|(_, b)| {
+                kind(b) == binding_kind
+                    && b["roleRef"]["kind"] == role_kind
+                    && b["roleRef"]["name"] == name(role)
+                    && b["subjects"].as_array().is_some_and(|s| {
+                        s.iter().any(|s| {
+                            s["kind"] == "ServiceAccount"
+                                && s["name"] == SERVICE_ACCOUNT
+                                && s["namespace"] == NAMESPACE
+                        })
+                    })
+            });
+            assert!(
+                bound,
+                "{role_kind} {} ({file}) is not bound to {NAMESPACE}/{SERVICE_ACCOUNT}",
+                name(role)
+            );
+            (file.as_str(), role)
+        })
+        .collect()
+}
+
+#[test]
+fn manifests_rbac_grants_exactly_what_the_controller_calls() {
+    let docs = manifest_docs();
+    let mut workload = Vec::new();
+    let mut management = Vec::new();
+    for (file, role) in bound_roles(&docs, "ClusterRole") {
+        let rs = rules(role);
+        let capi = rs.iter().any(|r| {
+            r.groups
+                .iter()
+                .any(|g| g.ends_with("cluster.x-k8s.io") && g != "karpenter.cluster.x-k8s.io")
+        });
+        // The split matters: a separate management cluster gets management-rbac.yaml only.
+        if file == "management-rbac.yaml" {
+            management.extend(rs);
+        } else {
+            assert!(
+                !capi,
+                "{file}: Cluster API rules belong in management-rbac.yaml"
+            );
+            workload.extend(rs);
+        }
+    }
+    let roles = bound_roles(&docs, "Role");
+    assert_eq!(roles.len(), 1, "one namespaced Role, for the Lease");
+    let (_, lease_role) = roles[0];
+    assert_eq!(lease_role["metadata"]["namespace"], NAMESPACE);
+    let lease_rules = rules(lease_role);
+    for r in &lease_rules {
+        let by_name_only = r.verbs.iter().all(|v| v == "get" || v == "update");
+        if by_name_only {
+            assert_eq!(
+                r.names,
+                vec![LEASE.to_string()],
+                "get/update only on the one Lease"
+            );
+        }
+    }
+
+    let mut problems = audit(Workload, &workload);
+    problems.extend(audit(LeaderNamespace, &lease_rules));
+    problems.extend(audit(Management, &management));
+    assert!(
+        problems.is_empty(),
+        "RBAC vs NEEDS:\n{}",
+        problems.join("\n")
+    );
+    let templates = template_resources(&management);
+    for t in REQUIRED_TEMPLATES {
+        assert!(
+            templates.contains(*t),
+            "management-rbac.yaml does not list {t}"
+        );
+    }
+}
+
+#[test]
+fn chart_rbac_grants_exactly_what_the_controller_calls() {
+    let workload: Vec<Rule> = chart_template("clusterrole.yaml")
+        .iter()
+        .filter(|d| kind(d) == "ClusterRole")
+        .flat_map(rules)
+        .collect();
+    let lease: Vec<Rule> = chart_template("role-leader-election.yaml")
+        .iter()
+        .filter(|d| kind(d) == "Role")
+        .flat_map(rules)
+        .collect();
+    let mut management: Vec<Rule> = chart_template("clusterrole-cluster-api.yaml")
+        .iter()
+        .filter(|d| kind(d) == "ClusterRole")
+        .flat_map(rules)
+        .collect();
+    // The template rules come from values (one line per entry, stripped above).
+    let v = values();
+    for t in v["rbac"]["clusterAPI"]["infrastructureTemplates"]
+        .as_array()
+        .expect("values.rbac.clusterAPI.infrastructureTemplates")
+    {
+        management.push(Rule {
+            groups: vec![t["group"].as_str().unwrap().to_string()],
+            resources: strings(&t["resources"]),
+            verbs: vec!["get".into()],
+            names: vec![],
+        });
+    }
+    let mut problems = audit(Workload, &workload);
+    problems.extend(audit(LeaderNamespace, &lease));
+    problems.extend(audit(Management, &management));
+    assert!(
+        problems.is_empty(),
+        "chart RBAC vs NEEDS:\n{}",
+        problems.join("\n")
+    );
+
+    let tpl = read(&path(&format!(
+        "{CHART}/templates/clusterrole-cluster-api.yaml"
+    )));
+    assert!(
+        tpl.contains("- {apiGroups: [{{ .group | quote }}], resources: {{ toJson .resources }}, verbs: [get]}"),
+        "infrastructure template rules are get only"
+    );
+    let text = read(&path(&format!(
+        "{CHART}/templates/role-leader-election.yaml"
+    )));
+    assert!(text.contains("resourceNames: [{{ .Values.leaderElection.name | quote }}]"));
+
+    // Both sources of truth list the same template kinds.
+    let manifests: Vec<Rule> = manifest_docs()
+        .iter()
+        .filter(|(f, d)| f == "management-rbac.yaml" && kind(d) == "ClusterRole")
+        .flat_map(|(_, d)| rules(d))
+        .collect();
+    assert_eq!(
+        template_resources(&management),
+        template_resources(&manifests)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deployment
+// ---------------------------------------------------------------------------------------------
+
+fn env_twins() -> BTreeMap<String, clap::Arg> {
+    let cmd = Cli::command();
+    let run = cmd.find_subcommand("run").expect("run subcommand");
+    run.get_arguments()
+        .filter_map(|a| {
+            a.get_env()
+                .map(|e| (e.to_string_lossy().to_string(), a.clone()))
+        })
+        .collect()
+}
+
+fn container(dep: &Value) -> &Value {
+    let cs = dep["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers");
+    assert_eq!(cs.len(), 1, "one container");
+    &cs[0]
+}
+
+fn env_names(c: &Value) -> Vec<String> {
+    c["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| e["name"].as_str().expect("env name").to_string())
+        .collect()
+}
+
+/// The hardening, probes, downward API and env names, common to the manifests' Deployment and
+/// the chart's (stripped) template.
+fn check_deployment(dep: &Value, origin: &str) {
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{origin}");
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+        "{origin}"
+    );
+    assert!(
+        pod.get("hostNetwork").is_none() && pod.get("hostPID").is_none(),
+        "{origin}"
+    );
+
+    let c = container(dep);
+    let sc = &c["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true, "{origin}");
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{origin}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{origin}");
+    assert_eq!(
+        strings(&sc["capabilities"]["drop"]),
+        vec!["ALL"],
+        "{origin}"
+    );
+    assert!(sc["capabilities"].get("add").is_none(), "{origin}");
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{origin}");
+    assert_eq!(strings(&c["args"]), vec!["run"], "{origin}");
+
+    let ports: BTreeMap<String, &Value> = c["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap().to_string(), &p["containerPort"]))
+        .collect();
+    for (probe, path_) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &c[probe]["httpGet"];
+        assert_eq!(get["path"], path_, "{origin}: {probe}");
+        assert_eq!(
+            get["port"], "http-health",
+            "{origin}: {probe} uses the health port"
+        );
+    }
+    assert!(
+        ports.contains_key("http-health") && ports.contains_key("http-metrics"),
+        "{origin}: {ports:?}"
+    );
+
+    let env = &c["env"].as_array().expect("env");
+    for (var, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        let e = env
+            .iter()
+            .find(|e| e["name"] == var)
+            .unwrap_or_else(|| panic!("{origin}: {var}"));
+        assert_eq!(
+            e["valueFrom"]["fieldRef"]["fieldPath"], field,
+            "{origin}: {var}"
+        );
+    }
+    let names = env_names(c);
+    let twins = env_twins();
+    for n in &names {
+        assert!(
+            n == "POD_NAME" || n == "POD_NAMESPACE" || twins.contains_key(n),
+            "{origin}: {n} is not the env twin of any `run` flag"
+        );
+    }
+    for required in [
+        "CREATE_TIMEOUT",
+        "REGISTRATION_TIMEOUT",
+        "LOG_LEVEL",
+        "LOG_FORMAT",
+        "KUBE_CLIENT_QPS",
+        "KUBE_CLIENT_BURST",
+        "METRICS_PORT",
+        "HEALTH_PROBE_PORT",
+    ] {
+        assert!(
+            names.iter().any(|n| n == required),
+            "{origin}: sets no {required}"
+        );
+    }
+}
+
+#[test]
+fn manifests_deployment_is_hardened_probed_and_spread() {
+    let docs = manifest_docs();
+    let dep = one(&docs, "Deployment");
+    check_deployment(dep, "30-deployment.yaml");
+    assert_eq!(dep["spec"]["replicas"], 2);
+    let c = container(dep);
+    let port = |n: &str| {
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == n)
+            .map(|p| p["containerPort"].clone())
+    };
+    assert_eq!(port("http-metrics"), Some(8080.into()));
+    assert_eq!(port("http-health"), Some(8081.into()));
+    for k in ["requests", "limits"] {
+        for r in ["cpu", "memory"] {
+            assert!(c["resources"][k][r].is_string(), "resources.{k}.{r}");
+        }
+    }
+    let pod = &dep["spec"]["template"]["spec"];
+    let spread = pod["topologySpreadConstraints"]
+        .as_array()
+        .expect("topologySpreadConstraints");
+    let labels = &dep["spec"]["template"]["metadata"]["labels"];
+    assert!(
+        spread
+            .iter()
+            .any(|s| s["topologyKey"] == "kubernetes.io/hostname")
+    );
+    for s in spread {
+        assert_eq!(
+            &s["labelSelector"]["matchLabels"], labels,
+            "spread selects the controller's pods"
+        );
+    }
+    assert_eq!(pod["serviceAccountName"], SERVICE_ACCOUNT);
+    assert_eq!(dep["metadata"]["namespace"], NAMESPACE);
+}
+
+#[test]
+fn chart_deployment_is_hardened_probed_and_spread() {
+    let docs = chart_template("deployment.yaml");
+    let dep = docs
+        .iter()
+        .find(|d| kind(d) == "Deployment")
+        .expect("Deployment");
+    check_deployment(dep, "templates/deployment.yaml");
+    let v = values();
+    assert_eq!(v["replicaCount"], 2);
+    assert_eq!(v["leaderElection"]["enabled"], true);
+    assert_eq!(v["metrics"]["port"], 8080);
+    assert_eq!(v["healthProbe"]["port"], 8081);
+    for k in ["requests", "limits"] {
+        for r in ["cpu", "memory"] {
+            assert!(v["resources"][k][r].is_string(), "values.resources.{k}.{r}");
+        }
+    }
+    let spread = v["topologySpreadConstraints"]
+        .as_array()
+        .expect("topologySpreadConstraints");
+    assert!(
+        spread
+            .iter()
+            .any(|s| s["topologyKey"] == "kubernetes.io/hostname")
+    );
+    let text = read(&path(&format!("{CHART}/templates/deployment.yaml")));
+    assert!(text.contains("containerPort: {{ .Values.metrics.port }}"));
+    assert!(text.contains("containerPort: {{ .Values.healthProbe.port }}"));
+    assert!(
+        text.contains(r#"{{- include "karpenter-capi.selectorLabels" $ | nindent 14 }}"#),
+        "spread selects the release's pods"
+    );
+    // A separate management cluster's kubeconfig comes from a Secret, mounted read-only.
+    assert!(text.contains("secretName: {{ .Values.clusterAPI.kubeconfigSecret.name }}"));
+    assert!(text.contains("readOnly: true"));
+}
+
+/// Env var -> value the Deployment gives it, for plain `value:` entries.
+fn literal_env(c: &Value) -> BTreeMap<String, String> {
+    c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Env var -> values.yaml path, from `value: {{ .Values.x.y | quote }}` lines of the template.
+fn chart_env_paths(template: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in template.lines().map(str::trim) {
+        if let Some(n) = line.strip_prefix("- name: ") {
+            current = Some(n.to_string());
+        } else if let (Some(n), Some(rest)) = (&current, line.strip_prefix("value: {{ .Values.")) {
+            let path: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '_')
+                .collect();
+            out.insert(n.clone(), path);
+        }
+    }
+    out
+}
+
+fn lookup<'a>(v: &'a Value, dotted: &str) -> Option<&'a Value> {
+    dotted.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Parses `env` as the real `run` command line would (flag by flag, through each env var's
+/// flag), so a typo in a duration or an enum fails here rather than in a crash-looping pod.
+fn assert_parses_as_flags(env: &BTreeMap<String, String>, origin: &str) {
+    let twins = env_twins();
+    let mut argv = vec!["karpenter-capi".to_string(), "run".to_string()];
+    for (var, value) in env {
+        let Some(arg) = twins.get(var) else { continue };
+        let long = format!("--{}", arg.get_long().expect("long flag"));
+        if matches!(arg.get_action(), clap::ArgAction::SetTrue) {
+            assert!(
+                value == "true" || value == "false",
+                "{origin}: {var}={value:?} is not a boolean"
+            );
+            if value == "true" {
+                argv.push(long);
+            }
+        } else {
+            argv.push(long);
+            argv.push(value.clone());
+        }
+    }
+    if let Err(e) = <Cli as clap::Parser>::try_parse_from(&argv) {
+        panic!("{origin}: {argv:?} is rejected: {e}");
+    }
+}
+
+#[test]
+fn deployment_env_values_are_valid_run_flags_and_agree() {
+    let docs = manifest_docs();
+    let manifests = literal_env(container(one(&docs, "Deployment")));
+    assert_parses_as_flags(&manifests, "30-deployment.yaml");
+
+    let template = read(&path(&format!("{CHART}/templates/deployment.yaml")));
+    let v = values();
+    let mut chart = BTreeMap::new();
+    for (var, p) in chart_env_paths(&template) {
+        let value = lookup(&v, &p).unwrap_or_else(|| panic!("{var}: values.{p} is missing"));
+        chart.insert(var, scalar(value));
+    }
+    // DISABLE_LEADER_ELECTION is `not .Values.leaderElection.enabled`.
+    assert!(template.contains("value: {{ not .Values.leaderElection.enabled | quote }}"));
+    chart.insert("DISABLE_LEADER_ELECTION".into(), "false".into());
+    assert_parses_as_flags(&chart, "chart defaults");
+
+    // The two ways to install behave the same out of the box.
+    for (var, value) in &manifests {
+        if let Some(c) = chart.get(var) {
+            assert_eq!(
+                c, value,
+                "{var}: chart default differs from the plain manifest"
+            );
+        }
+    }
+}
+
+#[test]
+fn chart_sets_every_run_env_twin() {
+    let template = read(&path(&format!("{CHART}/templates/deployment.yaml")));
+    // The Lease namespace is the release namespace (POD_NAMESPACE): the Role lives there.
+    let exempt = ["LEADER_ELECTION_NAMESPACE"];
+    for var in env_twins().keys() {
+        if exempt.contains(&var.as_str()) {
+            continue;
+        }
+        assert!(
+            template.contains(&format!("- name: {var}\n")),
+            "templates/deployment.yaml does not set {var}; add a value for the new flag"
+        );
+    }
+}
+
+#[test]
+fn service_and_pdb_select_the_controller_pods() {
+    let docs = manifest_docs();
+    let dep = one(&docs, "Deployment");
+    let labels = &dep["spec"]["template"]["metadata"]["labels"];
+    assert_eq!(&dep["spec"]["selector"]["matchLabels"], labels);
+
+    let svc = one(&docs, "Service");
+    assert_eq!(&svc["spec"]["selector"], labels);
+    let ports = svc["spec"]["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 1, "only metrics is exposed");
+    assert_eq!(ports[0]["port"], 8080);
+    assert_eq!(ports[0]["targetPort"], "http-metrics");
+
+    let pdb = one(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert_eq!(&pdb["spec"]["selector"]["matchLabels"], labels);
+    assert_eq!(values()["podDisruptionBudget"]["maxUnavailable"], 1);
+
+    for (file, d) in &docs {
+        let namespaced = !matches!(kind(d), "Namespace" | "ClusterRole" | "ClusterRoleBinding");
+        if namespaced {
+            assert_eq!(
+                d["metadata"]["namespace"],
+                NAMESPACE,
+                "{file}: {} {}",
+                kind(d),
+                name(d)
+            );
+        }
+    }
+    let sa = docs.iter().filter(|(_, d)| kind(d) == "ServiceAccount");
+    assert!(sa.clone().count() >= 1 && sa.into_iter().all(|(_, d)| name(d) == SERVICE_ACCOUNT));
+}
+
+#[test]
+fn service_monitor_is_optional_and_off_by_default() {
+    assert_eq!(values()["serviceMonitor"]["enabled"], false);
+    let text = read(&path(&format!("{CHART}/templates/servicemonitor.yaml")));
+    assert!(text.starts_with("{{- if .Values.serviceMonitor.enabled }}"));
+    assert!(text.trim_end().ends_with("{{- end }}"));
+    let docs = chart_template("servicemonitor.yaml");
+    let sm = docs
+        .iter()
+        .find(|d| kind(d) == "ServiceMonitor")
+        .expect("ServiceMonitor");
+    assert_eq!(sm["spec"]["endpoints"][0]["port"], "http-metrics");
+    assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files and templates
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn every_yaml_file_parses() {
+    let mut dirs = vec![
+        MANIFESTS.to_string(),
+        format!("{CHART}/crds"),
+        "deploy/crds".into(),
+    ];
+    dirs.push(CHART.to_string());
+    let mut count = 0;
+    for dir in &dirs {
+        for p in files(dir, &["yaml", "yml"]) {
+            let docs = yaml_docs(&read(&p), &p.display().to_string());
+            assert!(!docs.is_empty(), "{}: no documents", p.display());
+            count += docs.len();
+        }
+    }
+    for p in files(&format!("{CHART}/templates"), &["yaml"]) {
+        let stripped = strip_template(&read(&p));
+        yaml_docs(&stripped, &format!("{} (stripped)", p.display()));
+    }
+    assert!(count >= 15, "only {count} documents found");
+}
+
+#[test]
+fn chart_crds_are_copies_of_deploy_crds() {
+    let names = |dir: &str| -> Vec<String> {
+        files(dir, &["yaml"])
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().to_string())
+            .collect()
+    };
+    let generated = names("deploy/crds");
+    assert_eq!(
+        generated.len(),
+        3,
+        "NodePool, NodeClaim, ClusterAPINodeClass"
+    );
+    assert_eq!(names(&format!("{CHART}/crds")), generated);
+    for n in &generated {
+        assert!(
+            read(&path(&format!("deploy/crds/{n}"))) == read(&path(&format!("{CHART}/crds/{n}"))),
+            "{CHART}/crds/{n} differs from deploy/crds/{n}: cp deploy/crds/*.yaml {CHART}/crds/"
+        );
+    }
+}
+
+/// The text of each `{{ ... }}` action, without its trim markers.
+fn actions(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start + 2..];
+        let end = after.find("}}").expect("unclosed {{");
+        out.push(after[..end].trim_matches('-').trim());
+        rest = &after[end + 2..];
+    }
+    out
+}
+
+#[test]
+fn helm_templates_use_existing_values_and_helpers() {
+    let v = values();
+    let dir = format!("{CHART}/templates");
+    let all: Vec<(PathBuf, String)> = files(&dir, &["yaml", "tpl", "txt"])
+        .into_iter()
+        .map(|p| {
+            let t = read(&p);
+            (p, t)
+        })
+        .collect();
+    let defined: BTreeSet<String> = all
+        .iter()
+        .flat_map(|(_, t)| actions(t))
+        .filter_map(|a| a.strip_prefix("define \""))
+        .map(|a| a.trim_end_matches('"').to_string())
+        .collect();
+    let mut problems = Vec::new();
+    let mut refs = 0;
+    for (p, text) in &all {
+        let file = p.file_name().unwrap().to_string_lossy();
+        let mut depth = 0i32;
+        for a in actions(text) {
+            if a.starts_with("/*") {
+                continue;
+            }
+            let word = a.split_whitespace().next().unwrap_or("");
+            match word {
+                "if" | "with" | "range" | "define" | "block" => depth += 1,
+                "end" => depth -= 1,
+                _ => {}
+            }
+            if depth < 0 {
+                problems.push(format!("{file}: `end` without a block"));
+            }
+            let mut rest = a;
+            while let Some(i) = rest.find(".Values.") {
+                let path: String = rest[i + 8..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '_')
+                    .collect();
+                refs += 1;
+                if lookup(&v, path.trim_end_matches('.')).is_none() {
+                    problems.push(format!("{file}: .Values.{path} is not in values.yaml"));
+                }
+                rest = &rest[i + 8..];
+            }
+            if let Some(i) = a.find("include \"") {
+                let name: String = a[i + 9..].chars().take_while(|c| *c != '"').collect();
+                if !defined.contains(&name) {
+                    problems.push(format!("{file}: include {name:?} is not defined"));
+                }
+            }
+        }
+        if depth != 0 {
+            problems.push(format!("{file}: {depth} block(s) without `end`"));
+        }
+    }
+    assert!(refs > 40, "only {refs} .Values references found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    let chart = yaml_docs(&read(&path(&format!("{CHART}/Chart.yaml"))), "Chart.yaml").remove(0);
+    assert_eq!(chart["apiVersion"], "v2");
+    assert_eq!(
+        chart["appVersion"],
+        env!("CARGO_PKG_VERSION"),
+        "appVersion follows Cargo.toml"
+    );
+}
+
+/// Only where Helm is installed (it is not on the build machines): lint and render the chart,
+/// with and without a separate management cluster.
+#[test]
+fn helm_renders_the_chart_when_available() {
+    let helm = std::process::Command::new("helm").arg("version").output();
+    if !helm.is_ok_and(|o| o.status.success()) {
+        eprintln!("helm not on PATH; skipping the rendering check");
+        return;
+    }
+    let chart = path(CHART);
+    let lint = std::process::Command::new("helm")
+        .arg("lint")
+        .arg(&chart)
+        .output()
+        .unwrap();
+    assert!(
+        lint.status.success(),
+        "helm lint: {}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    for extra in [
+        &[][..],
+        &[
+            "--set",
+            "clusterAPI.kubeconfigSecret.name=mgmt",
+            "--set",
+            "serviceMonitor.enabled=true",
+        ][..],
+    ] {
+        let out = std::process::Command::new("helm")
+            .args(["template", "k", "--namespace", NAMESPACE])
+            .arg(&chart)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "helm template: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs = yaml_docs(&String::from_utf8_lossy(&out.stdout), "helm template");
+        let dep = docs
+            .iter()
+            .find(|d| kind(d) == "Deployment")
+            .expect("Deployment");
+        check_deployment(dep, "helm template");
+        let capi_role = docs
+            .iter()
+            .any(|d| kind(d) == "ClusterRole" && name(d).ends_with("-cluster-api"));
+        assert_eq!(
+            capi_role,
+            extra.is_empty(),
+            "Cluster API rules only in the joined topology"
+        );
+    }
+}
