@@ -192,8 +192,8 @@ pub struct SimulateArgs {
     /// NodeClaims to create (launch scenario).
     #[arg(long, default_value_t = 100)]
     pub claims: usize,
-    /// Pending pods to create (pods scenario).
-    #[arg(long, default_value_t = 200)]
+    /// Pending pods to create (default and pods scenarios).
+    #[arg(long, default_value_t = 100)]
     pub pods: usize,
     /// Deployments the pods belong to (pods scenario).
     #[arg(long, default_value_t = 5)]

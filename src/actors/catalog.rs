@@ -282,8 +282,6 @@ pub struct Catalog {
     synced: bool,
     /// A catalog has been published since the NodeClass list synced.
     built: bool,
-    /// Hook for whoever wants to know the catalog changed (the provisioner).
-    pub on_change: Option<Recipient<Rebuild>>,
 }
 
 impl Catalog {
@@ -296,7 +294,6 @@ impl Catalog {
             rebuild_scheduled: false,
             synced: false,
             built: false,
-            on_change: None,
         }
     }
 
@@ -363,9 +360,8 @@ impl Catalog {
         }
         self.shared.catalog.retain(&names);
         self.built = self.synced;
-        if let Some(r) = &self.on_change {
-            r.do_send(Rebuild);
-        }
+        self.shared.router.provisioner_poke();
+        self.shared.router.nodepools_changed();
     }
 
     /// Read each MachineDeployment's infrastructure template once (and again when the

@@ -11,6 +11,8 @@ use super::capi_watcher::CapiWatcher;
 use super::catalog::{Catalog, CatalogView, Synced};
 use super::events::Events;
 use super::node_watcher::NodeWatcher;
+use super::nodepools::NodePools;
+use super::provisioner::Provisioner;
 use super::router::Router;
 use super::supervisor::{Activate, Supervisor};
 use super::{Settings, Shared};
@@ -41,6 +43,8 @@ pub struct ControllerHandle {
     pub supervisor: Addr<Supervisor>,
     pub capi_watcher: Addr<CapiWatcher>,
     pub node_watcher: Addr<NodeWatcher>,
+    pub nodepools: Addr<NodePools>,
+    pub provisioner: Addr<Provisioner>,
     pub catalog: Option<Addr<Catalog>>,
 }
 
@@ -60,6 +64,8 @@ impl ControllerHandle {
         self.supervisor.do_send(super::StopActor);
         self.capi_watcher.do_send(super::StopActor);
         self.node_watcher.do_send(super::StopActor);
+        self.nodepools.do_send(super::StopActor);
+        self.provisioner.do_send(super::StopActor);
         if let Some(c) = self.catalog {
             c.do_send(super::StopActor);
         }
@@ -90,11 +96,18 @@ impl Controller {
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
+        let nodepools = NodePools::new(shared.clone()).start();
+        shared.router.set_nodepools(nodepools.clone().recipient());
+        let provisioner =
+            Provisioner::new(shared.clone(), shared.settings.batching, shared.settings.preference).start();
+        shared.router.set_provisioner(provisioner.clone().recipient());
         wait_for(&shared, |s| {
             s.machines.read().synced()
                 && s.deployments.read().synced()
                 && s.nodes.read().synced()
                 && s.claims.read().synced()
+                && s.pods.read().synced()
+                && s.nodepools_synced.load(std::sync::atomic::Ordering::Acquire)
         })
         .await;
         tracing::info!("caches synced");
@@ -103,6 +116,8 @@ impl Controller {
             supervisor,
             capi_watcher,
             node_watcher,
+            nodepools,
+            provisioner,
             catalog: None,
         };
         if !*leader.borrow() {
@@ -117,7 +132,10 @@ impl Controller {
         while !catalog.send(Synced).await.unwrap_or(true) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        shared.router.set_active();
         handle.supervisor.do_send(Activate);
+        shared.router.provisioner_poke();
+        shared.router.nodepools_changed();
         handle.catalog = Some(catalog);
         tracing::info!("controller active");
         Ok(handle)

@@ -15,8 +15,10 @@ pub mod catalog;
 pub mod controller;
 pub mod events;
 pub mod node_watcher;
+pub mod nodepools;
 pub mod nodeclaim;
 pub mod patch;
+pub mod provisioner;
 pub mod router;
 pub mod scaler;
 pub mod supervisor;
@@ -43,6 +45,10 @@ pub struct Settings {
     pub capi_namespace: Option<String>,
     /// Only MachineDeployments of this cluster (label cluster.x-k8s.io/cluster-name).
     pub cluster_name: Option<String>,
+    /// Provisioning batch windows.
+    pub batching: provisioner::Batching,
+    /// Preferred affinities: tried as required first, or ignored.
+    pub preference: crate::scheduling::PreferencePolicy,
 }
 
 impl Default for Settings {
@@ -53,6 +59,8 @@ impl Default for Settings {
             unavailable_offering_ttl: Duration::from_secs(180),
             capi_namespace: None,
             cluster_name: None,
+            batching: provisioner::Batching::default(),
+            preference: crate::scheduling::PreferencePolicy::Respect,
         }
     }
 }

@@ -585,45 +585,24 @@ impl Step {
 
     /// The Machine has a provider ID: record it with capacity and `Launched=True`.
     async fn launched(&mut self, md: &str, machine: &Machine, pid: &str) -> Result<Next, Error> {
-        let c = self.claim.clone();
         let offering = self.shared.catalog.offering(md);
-        let now = Timestamp::now();
-        let mut status = c.status.clone().unwrap_or_default();
-        status.provider_id = Some(pid.to_string());
-        if let Some(o) = &offering {
-            status.capacity = Some(o.capacity.to_k8s());
-            status.allocatable = Some(o.allocatable.to_k8s());
-        }
-        let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(
-            &mut conds,
-            conditions::LAUNCHED,
-            ConditionStatus::True,
-            "Launched",
-            "",
-            c.metadata.generation,
-            now,
-        );
-        conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
-        status.conditions = Some(conds);
         let updated = self
-            .patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .condition_true(conditions::LAUNCHED, |status| {
+                status.provider_id = Some(pid.to_string());
+                if let Some(o) = &offering {
+                    status.capacity = Some(o.capacity.to_k8s());
+                    status.allocatable = Some(o.allocatable.to_k8s());
+                }
+            })
             .await?;
-
         let m = &self.shared.metrics;
-        let labels = Metrics::pool(&self.nodepool(), md);
-        m.nodeclaims_launched.get_or_create(&labels).inc();
+        m.nodeclaims_launched.get_or_create(&Metrics::pool(&self.nodepool(), md)).inc();
         Metrics::observe(&m.claim_launch_seconds, md, since(self.created()));
-        if let Some(seen) = self
-            .shared
-            .state
-            .machines
-            .read()
-            .provider_id_seen(&machine_key(&machine.namespace, &machine.name))
-        {
+        let mk = machine_key(&machine.namespace, &machine.name);
+        if let Some(seen) = self.shared.state.machines.read().provider_id_seen(&mk) {
             Metrics::observe(&m.provider_id_to_claim_seconds, md, seen.elapsed());
         }
-        tracing::info!(nodeclaim = %self.name(), machine = %machine.name, provider_id = %pid, machine_deployment = %md, "launched");
+        tracing::info!(nodeclaim = %self.name(), machine = %mk, provider_id = %pid, machine_deployment = %md, "launched");
         Ok(Next::Continue(updated))
     }
 
@@ -633,50 +612,15 @@ impl Step {
         let c = self.claim.clone();
         let node_name = node.name_any();
         if !node_registered(node, &c) {
-            let p = registration_patch(node, &c);
-            let api: Api<Node> = Api::all(self.shared.workload.clone());
-            let patch = p.into_patch().map_err(|source| Error::Patch {
-                kind: "Node",
-                name: node_name.clone(),
-                source,
-            })?;
-            let updated = api
-                .patch(&node_name, &PatchParams::default(), &patch)
-                .await
-                .map_err(api_err(&self.shared.metrics, "patch", "nodes", &node_name))?;
-            self.shared.state.nodes.write().apply(updated);
+            self.patch_node(&node_name, registration_patch(node, &c)).await?;
         }
-        let now = Timestamp::now();
-        let mut status = c.status.clone().unwrap_or_default();
-        status.node_name = Some(node_name.clone());
-        let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(
-            &mut conds,
-            conditions::REGISTERED,
-            ConditionStatus::True,
-            "Registered",
-            "",
-            c.metadata.generation,
-            now,
-        );
-        conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
-        status.conditions = Some(conds);
         let updated = self
-            .patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .condition_true(conditions::REGISTERED, |status| status.node_name = Some(node_name.clone()))
             .await?;
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
-        self.shared
-            .metrics
-            .nodeclaims_registered
-            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
-            .inc();
-        self.shared
-            .metrics
-            .nodes_created
-            .get_or_create(&NodePoolLabels {
-                nodepool: self.nodepool(),
-            })
-            .inc();
+        let m = &self.shared.metrics;
+        m.nodeclaims_registered.get_or_create(&Metrics::pool(&self.nodepool(), &md)).inc();
+        m.nodes_created.get_or_create(&NodePoolLabels { nodepool: self.nodepool() }).inc();
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
         Ok(Next::Continue(updated))
     }
@@ -692,48 +636,43 @@ impl Step {
         let node_name = node.name_any();
         if node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true") {
             let mut p = JsonPatch::new();
-            p.set_entry(
-                !node.labels().is_empty(),
-                "/metadata/labels",
-                INITIALIZED_LABEL,
-                "true",
-            );
-            let api: Api<Node> = Api::all(self.shared.workload.clone());
-            let patch = p.into_patch().map_err(|source| Error::Patch {
-                kind: "Node",
-                name: node_name.clone(),
-                source,
-            })?;
-            let updated = api
-                .patch(&node_name, &PatchParams::default(), &patch)
-                .await
-                .map_err(api_err(&self.shared.metrics, "patch", "nodes", &node_name))?;
-            self.shared.state.nodes.write().apply(updated);
+            p.set_entry(!node.labels().is_empty(), "/metadata/labels", INITIALIZED_LABEL, "true");
+            self.patch_node(&node_name, p).await?;
         }
-        let now = Timestamp::now();
-        let mut status = c.status.clone().unwrap_or_default();
-        let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(
-            &mut conds,
-            conditions::INITIALIZED,
-            ConditionStatus::True,
-            "Initialized",
-            "",
-            c.metadata.generation,
-            now,
-        );
-        conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
-        status.conditions = Some(conds);
-        let updated = self
-            .patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
-            .await?;
+        let updated = self.condition_true(conditions::INITIALIZED, |_| {}).await?;
         let m = &self.shared.metrics;
-        m.nodeclaims_initialized
-            .get_or_create(&Metrics::pool(&self.nodepool(), md))
-            .inc();
+        m.nodeclaims_initialized.get_or_create(&Metrics::pool(&self.nodepool(), md)).inc();
         Metrics::observe(&m.claim_initialized_seconds, md, since(self.created()));
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "initialized");
         Ok(Next::Continue(updated))
+    }
+
+    /// Edit the status, set condition `type_` True (and the root `Ready`), write it guarded.
+    async fn condition_true(
+        &self,
+        type_: &str,
+        edit: impl FnOnce(&mut crate::api::nodeclaim::NodeClaimStatus),
+    ) -> Result<Arc<NodeClaim>, Error> {
+        let c = &self.claim;
+        let now = Timestamp::now();
+        let mut status = c.status.clone().unwrap_or_default();
+        edit(&mut status);
+        let mut conds = status.conditions.take().unwrap_or_default();
+        conditions::set(&mut conds, type_, ConditionStatus::True, type_, "", c.metadata.generation, now);
+        conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
+        status.conditions = Some(conds);
+        self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null)).await
+    }
+
+    async fn patch_node(&self, name: &str, p: JsonPatch) -> Result<(), Error> {
+        let api: Api<Node> = Api::all(self.shared.workload.clone());
+        let patch = p.into_patch().map_err(|source| Error::Patch { kind: "Node", name: name.to_string(), source })?;
+        let updated = api
+            .patch(name, &PatchParams::default(), &patch)
+            .await
+            .map_err(api_err(&self.shared.metrics, "patch", "nodes", name))?;
+        self.shared.state.nodes.write().apply(updated);
+        Ok(())
     }
 
     async fn create_timeout(&mut self, md: &str, machine: Option<&Machine>) -> Result<Next, Error> {

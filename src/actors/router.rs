@@ -7,7 +7,11 @@ use std::sync::Arc;
 use actix::{Addr, Recipient};
 use parking_lot::RwLock;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::catalog::Rebuild;
+use super::nodepools::Refresh;
+use super::provisioner::Pending;
 use super::nodeclaim::NodeClaimActor;
 use super::scaler::Scaler;
 
@@ -16,6 +20,10 @@ pub struct Router {
     claims: Arc<RwLock<HashMap<String, Addr<NodeClaimActor>>>>,
     scalers: Arc<RwLock<HashMap<String, Addr<Scaler>>>>,
     catalog: Arc<RwLock<Option<Recipient<Rebuild>>>>,
+    provisioner: Arc<RwLock<Option<Recipient<Pending>>>>,
+    nodepools: Arc<RwLock<Option<Recipient<Refresh>>>>,
+    /// This replica leads and its writers run.
+    active: Arc<AtomicBool>,
 }
 
 impl Router {
@@ -83,5 +91,35 @@ impl Router {
         if let Some(r) = self.catalog.read().as_ref() {
             r.do_send(Rebuild);
         }
+    }
+
+    pub fn set_provisioner(&self, r: Recipient<Pending>) {
+        *self.provisioner.write() = Some(r);
+    }
+
+    /// Something the provisioner packs against changed (pods, nodes, NodePools, the catalog).
+    pub fn provisioner_poke(&self) {
+        if let Some(r) = self.provisioner.read().as_ref() {
+            r.do_send(Pending);
+        }
+    }
+
+    pub fn set_nodepools(&self, r: Recipient<Refresh>) {
+        *self.nodepools.write() = Some(r);
+    }
+
+    /// Claims or the catalog changed: NodePool statuses may too.
+    pub fn nodepools_changed(&self) {
+        if let Some(r) = self.nodepools.read().as_ref() {
+            r.do_send(Refresh);
+        }
+    }
+
+    pub fn set_active(&self) {
+        self.active.store(true, Ordering::Release);
+    }
+
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
     }
 }

@@ -125,10 +125,14 @@ impl StreamHandler<Result<watcher::Event<NodeClaim>, watcher::Error>> for Superv
                 }
                 self.poke_scaler_of(&c);
                 self.deliver(c);
+                self.shared.router.nodepools_changed();
             }
             Ok(watcher::Event::Delete(c)) => {
                 self.shared.state.claims.write().remove(&c.name_any());
                 self.gone(&c);
+                self.shared.router.nodepools_changed();
+                // Pods that waited for this claim may need another.
+                self.shared.router.provisioner_poke();
             }
             Err(e) => tracing::warn!(error = %e, "NodeClaim watch failed; it will re-list"),
         }

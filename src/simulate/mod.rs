@@ -5,6 +5,7 @@
 pub mod invariants;
 pub mod launch;
 pub mod observer;
+pub mod pods;
 pub mod report;
 
 use std::future::Future;
@@ -184,16 +185,20 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
-        let mut args = args;
-        if args.scenario != Scenario::Launch && args.claims == 100 {
-            // The default scenario is a small launch until the provisioner lands.
-            args.claims = 20;
-        }
-        let report = launch::run(&args).await?;
+        let (text, json, ok) = match args.scenario {
+            Scenario::Launch => {
+                let r = launch::run(&args).await?;
+                (r.to_string(), r.to_json(), r.invariants_ok)
+            }
+            Scenario::Default | Scenario::Pods => {
+                let r = pods::run(&args).await?;
+                (r.to_string(), r.to_json(), r.launch.invariants_ok)
+            }
+        };
         match args.report {
-            ReportFormat::Json => println!("{}", report.to_json()),
-            ReportFormat::Text => println!("{report}"),
+            ReportFormat::Json => println!("{json}"),
+            ReportFormat::Text => println!("{text}"),
         }
-        Ok(report.invariants_ok)
+        Ok(ok)
     })
 }

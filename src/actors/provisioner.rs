@@ -1,0 +1,377 @@
+//! The provisioner: pending pods become right-sized NodeClaims (REFERENCE.md section 4).
+//!
+//! It watches Pods and DaemonSets, batches provisionable pods (a batch ends after
+//! `BATCH_IDLE_DURATION` without a new pod, or `BATCH_MAX_DURATION` after it opened), takes a
+//! snapshot of the indexes, runs the pure solver on the blocking pool (a big solve never stalls
+//! the actors), then creates the claims it decided and tells each pod it could not place why.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+
+use super::Shared;
+use crate::api::conditions;
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::requirements::Requirements;
+use crate::api::resources::{Quantity, Resources};
+use crate::api::validation::validate_nodepool;
+use crate::api::wellknown::{EPHEMERAL_TAINT_KEYS, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
+use crate::metrics::CreatedLabels;
+use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Results, Snapshot};
+use crate::state::pods;
+
+/// Something the provisioner packs against changed; pending pods (if any) get a new batch.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Pending;
+
+/// Batching windows (Karpenter's `BATCH_IDLE_DURATION` and `BATCH_MAX_DURATION`).
+#[derive(Clone, Copy, Debug)]
+pub struct Batching {
+    pub idle: Duration,
+    pub max: Duration,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Self { idle: Duration::from_secs(1), max: Duration::from_secs(10) }
+    }
+}
+
+enum Watched {
+    Pod(Result<watcher::Event<Pod>, watcher::Error>),
+    DaemonSet(Result<watcher::Event<DaemonSet>, watcher::Error>),
+}
+
+impl Message for Watched {
+    type Result = ();
+}
+
+pub struct Provisioner {
+    shared: Arc<Shared>,
+    batching: Batching,
+    preference: PreferencePolicy,
+    pod_buffer: Vec<Pod>,
+    ds_buffer: Vec<DaemonSet>,
+    daemonsets: HashMap<String, Arc<DaemonSet>>,
+    batch_opened: Option<Instant>,
+    timer: Option<SpawnHandle>,
+    solving: bool,
+    again: bool,
+    /// Last failure message per pod, so an Event is published once per distinct reason.
+    told: HashMap<String, String>,
+}
+
+impl Provisioner {
+    pub fn new(shared: Arc<Shared>, batching: Batching, preference: PreferencePolicy) -> Self {
+        Self {
+            shared,
+            batching,
+            preference,
+            pod_buffer: Vec::new(),
+            ds_buffer: Vec::new(),
+            daemonsets: HashMap::new(),
+            batch_opened: None,
+            timer: None,
+            solving: false,
+            again: false,
+            told: HashMap::new(),
+        }
+    }
+
+    /// A provisionable pod arrived (or something changed that may let one fit): open a batch or
+    /// push its idle deadline out, never past the max deadline.
+    fn extend_batch(&mut self, ctx: &mut Context<Self>) {
+        if self.shared.state.pods.read().provisionable_count() == 0 || !self.shared.router.is_active() {
+            return;
+        }
+        let now = Instant::now();
+        let opened = *self.batch_opened.get_or_insert(now);
+        let fire_at = (now + self.batching.idle).min(opened + self.batching.max);
+        if let Some(h) = self.timer.take() {
+            ctx.cancel_future(h);
+        }
+        self.timer = Some(ctx.run_later(fire_at.saturating_duration_since(now), |act, ctx| {
+            act.timer = None;
+            act.batch_opened = None;
+            act.solve(ctx);
+        }));
+    }
+
+    fn solve(&mut self, ctx: &mut Context<Self>) {
+        if self.solving {
+            self.again = true;
+            return;
+        }
+        let snapshot = self.snapshot();
+        let m = &self.shared.metrics;
+        m.scheduler_queue_depth.set(snapshot.pods.len() as i64);
+        if snapshot.pods.is_empty() {
+            return;
+        }
+        self.solving = true;
+        let started = Instant::now();
+        let pools: HashMap<String, Arc<crate::api::nodepool::NodePool>> = self.shared.state.nodepools.read().clone();
+        let fut = async move { tokio::task::spawn_blocking(move || scheduling::solve(&snapshot)).await };
+        ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
+            act.shared.metrics.scheduling_duration.observe(started.elapsed().as_secs_f64());
+            match r {
+                Ok(results) => act.apply(results, &pools, ctx),
+                Err(e) => tracing::error!(error = %e, "scheduling solve failed"),
+            }
+            act.solving = false;
+            if std::mem::take(&mut act.again) {
+                act.extend_batch(ctx);
+            }
+        }));
+    }
+
+    /// Create the decided claims; tell unplaceable pods why.
+    fn apply(&mut self, results: Results, pools: &HashMap<String, Arc<crate::api::nodepool::NodePool>>, ctx: &mut Context<Self>) {
+        let m = &self.shared.metrics;
+        m.unschedulable_pods.set(results.failures.len() as i64);
+        tracing::info!(
+            new_claims = results.new_claims.len(),
+            on_existing = results.placed_on_existing.len(),
+            unschedulable = results.failures.len(),
+            "scheduling solve done"
+        );
+        for (pod_key, err) in &results.failures {
+            let message = format!("Failed to schedule pod: {err}");
+            if self.told.get(pod_key) == Some(&message) {
+                continue;
+            }
+            if let Some(p) = self.shared.state.pods.read().get(pod_key) {
+                self.shared.events.warning(p.object_ref(&()), "FailedScheduling", message.clone());
+            }
+            self.told.insert(pod_key.clone(), message);
+        }
+        for new in results.new_claims {
+            let Some(pool) = pools.get(&new.nodepool) else { continue };
+            let claim = scheduling::nodeclaim_for(&new, pool);
+            let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
+            let nodepool = new.nodepool.clone();
+            let pods = new.pods.len();
+            ctx.spawn(
+                async move { api.create(&PostParams::default(), &claim).await }.into_actor(self).map(move |r, act, _| match r {
+                    Ok(created) => {
+                        act.shared
+                            .metrics
+                            .nodeclaims_created
+                            .get_or_create(&CreatedLabels { reason: "provisioning".into(), nodepool: nodepool.clone() })
+                            .inc();
+                        tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods, "created nodeclaim");
+                        // Count it at once, so the next solve sees it in flight.
+                        act.shared.state.claims.write().apply(created);
+                    }
+                    Err(e) => {
+                        act.shared.metrics.api_error("create", "nodeclaims");
+                        tracing::warn!(nodepool = %nodepool, error = %e, "creating nodeclaim failed");
+                    }
+                }),
+            );
+        }
+    }
+
+    /// Everything the solver looks at, copied out of the indexes.
+    fn snapshot(&self) -> Snapshot {
+        let st = &self.shared.state;
+        let pods_idx = st.pods.read();
+        let pods: Vec<Pod> = pods_idx.provisionable().iter().map(|p| (**p).clone()).collect();
+        let bound_pods: Vec<Pod> = pods_idx.bound().iter().map(|p| (**p).clone()).collect();
+        let mut nodes: Vec<ExistingNode> = Vec::new();
+        let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
+        let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
+        let claim_of_node: HashMap<String, Arc<NodeClaim>> = claims
+            .iter()
+            .filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.clone()).map(|n| (n, c.clone())))
+            .collect();
+        for n in &node_list {
+            if n.metadata.deletion_timestamp.is_some() || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+                continue;
+            }
+            let name = n.name_any();
+            let claim = claim_of_node.get(&name);
+            let requested = pods_idx
+                .on_node(&name)
+                .iter()
+                .filter_map(|p| p.spec.as_ref().and_then(|s| scheduling::pod::pod_requests(s).ok()))
+                .fold(Resources::new(), |acc, r| acc.add(&r).add(&one_pod()));
+            let allocatable = n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| Resources::from_k8s(a).ok())
+                .unwrap_or_default();
+            let startup: Vec<Taint> = claim.and_then(|c| c.spec.startup_taints.clone()).unwrap_or_default();
+            let taints = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
+                .filter(|t| !startup.iter().any(|s| s.key == t.key && s.effect == t.effect))
+                .collect();
+            nodes.push(ExistingNode {
+                name: name.clone(),
+                labels: n.labels().clone(),
+                taints,
+                allocatable,
+                requested,
+                in_flight: false,
+                nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
+            });
+        }
+        let node_names: std::collections::HashSet<String> = node_list.iter().map(|n| n.name_any()).collect();
+        for c in &claims {
+            let has_node = c.status.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| node_names.contains(n));
+            if has_node || c.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            nodes.push(in_flight(c));
+        }
+        let usage = super::nodepools::usage_by_pool(&self.shared);
+        let mut nodepools = Vec::new();
+        for np in st.nodepools.read().values() {
+            if np.metadata.deletion_timestamp.is_some() || validate_nodepool(np).is_err() {
+                continue;
+            }
+            let r = &np.spec.template.spec.node_class_ref;
+            if r.group != NODECLASS_GROUP || r.kind != NODECLASS_KIND {
+                continue;
+            }
+            let (res, count) = usage.get(&np.name_any()).cloned().unwrap_or_default();
+            nodepools.push(PoolInput {
+                nodepool: (**np).clone(),
+                instance_types: self.shared.catalog.instance_types(&r.name),
+                usage: res.with("nodes", Quantity::from_units(count)),
+            });
+        }
+        let daemonsets = self
+            .daemonsets
+            .values()
+            .filter_map(|ds| {
+                let template = &ds.spec.as_ref()?.template;
+                Some(scheduling::daemon_pod(&ds.namespace().unwrap_or_default(), &ds.name_any(), template))
+            })
+            .collect();
+        Snapshot { pods, bound_pods, nodes, nodepools, daemonsets, preference_policy: self.preference }
+    }
+}
+
+fn one_pod() -> Resources {
+    Resources::new().with("pods", Quantity::from_units(1))
+}
+
+/// An in-flight claim as a node the solver can still pack onto: its single-valued requirements
+/// as labels, and the room it was sized for (its launched allocatable once known).
+fn in_flight(c: &NodeClaim) -> ExistingNode {
+    let mut labels: BTreeMap<String, String> = c.labels().clone();
+    if let Ok(reqs) = Requirements::from_node_selector_requirements(&c.spec.requirements) {
+        for key in reqs.keys().map(str::to_string).collect::<Vec<_>>() {
+            if let Some(values) = reqs.values(&key) {
+                if values.len() == 1 {
+                    if let Some(v) = values.iter().next() {
+                        labels.entry(key).or_insert_with(|| v.clone());
+                    }
+                }
+            }
+        }
+    }
+    let allocatable = c
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()))
+        .and_then(|a| Resources::from_k8s(a).ok())
+        .unwrap_or_default();
+    let launched = c.status.as_ref().and_then(|s| s.conditions.as_deref()).is_some_and(|cs| conditions::is_true(cs, conditions::LAUNCHED));
+    let _ = launched;
+    ExistingNode {
+        name: c.name_any(),
+        labels,
+        taints: c.spec.taints.clone().unwrap_or_default(),
+        allocatable,
+        requested: Resources::new(),
+        in_flight: true,
+        nodepool: c.labels().get(NODEPOOL_LABEL).cloned(),
+    }
+}
+
+impl Actor for Provisioner {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        use futures::StreamExt;
+        let pods: Api<Pod> = Api::all(self.shared.workload.clone());
+        let ds: Api<DaemonSet> = Api::all(self.shared.workload.clone());
+        let pods = watcher(pods, watcher::Config::default()).default_backoff().map(Watched::Pod);
+        let ds = watcher(ds, watcher::Config::default()).default_backoff().map(Watched::DaemonSet);
+        ctx.add_stream(futures::stream::select(pods, ds));
+    }
+}
+
+impl StreamHandler<Watched> for Provisioner {
+    fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
+        match ev {
+            Watched::Pod(Ok(ev)) => match ev {
+                watcher::Event::Init => self.pod_buffer.clear(),
+                watcher::Event::InitApply(p) => self.pod_buffer.push(p),
+                watcher::Event::InitDone => {
+                    let fresh = std::mem::take(&mut self.pod_buffer);
+                    self.shared.state.pods.write().replace_all(fresh);
+                    self.shared.synced.notify_waiters();
+                    self.extend_batch(ctx);
+                }
+                watcher::Event::Apply(p) => {
+                    let key = pods::key(&p);
+                    let provisionable = self.shared.state.pods.write().apply(p);
+                    if provisionable {
+                        self.extend_batch(ctx);
+                    } else {
+                        self.told.remove(&key);
+                    }
+                }
+                watcher::Event::Delete(p) => {
+                    let key = pods::key(&p);
+                    self.shared.state.pods.write().remove(&key);
+                    self.told.remove(&key);
+                }
+            },
+            Watched::DaemonSet(Ok(ev)) => match ev {
+                watcher::Event::Init => self.ds_buffer.clear(),
+                watcher::Event::InitApply(d) => self.ds_buffer.push(d),
+                watcher::Event::InitDone => {
+                    self.daemonsets = std::mem::take(&mut self.ds_buffer)
+                        .into_iter()
+                        .map(|d| (format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()), Arc::new(d)))
+                        .collect();
+                }
+                watcher::Event::Apply(d) => {
+                    self.daemonsets.insert(format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()), Arc::new(d));
+                }
+                watcher::Event::Delete(d) => {
+                    self.daemonsets.remove(&format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()));
+                }
+            },
+            Watched::Pod(Err(e)) | Watched::DaemonSet(Err(e)) => {
+                tracing::warn!(error = %e, "pod or daemonset watch failed; it will re-list");
+            }
+        }
+    }
+}
+
+impl Handler<Pending> for Provisioner {
+    type Result = ();
+    fn handle(&mut self, _: Pending, ctx: &mut Self::Context) {
+        self.extend_batch(ctx);
+    }
+}

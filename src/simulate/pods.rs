@@ -1,0 +1,246 @@
+//! The pods scenario (and the default one): Deployments of pending pods with mixed requests on a
+//! cluster with a few MachineDeployment sizes. The provisioner packs them into NodeClaims, the
+//! launch path turns those into Nodes, the simulated scheduler binds the pods. The report adds
+//! pod and node figures to the launch report, all measured by the simulated cluster.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::launch::{self, progress_line};
+use super::observer::Observer;
+use super::report::{Percentiles, Report};
+use super::{BackgroundSim, Error, cluster_config, sim_settings, start_controller};
+use crate::api::resources::Resources;
+use crate::api::wellknown::*;
+use crate::cli::SimulateArgs;
+use crate::metrics::Metrics;
+use crate::sim::cluster::{MachineDeploymentSeed, PodShape, SimCluster};
+
+/// (name, cpu, memory, price): the MachineDeployment sizes of the scenario.
+pub const SIZES: [(&str, &str, &str, &str); 4] =
+    [("small", "2", "8Gi", "0.10"), ("medium", "4", "16Gi", "0.19"), ("large", "8", "32Gi", "0.37"), ("xlarge", "16", "64Gi", "0.72")];
+
+/// Pod request shapes, cycled over the Deployments.
+pub const SHAPES: [(&str, &str); 5] = [("250m", "512Mi"), ("500m", "1Gi"), ("1", "2Gi"), ("1500m", "3Gi"), ("100m", "256Mi")];
+
+pub fn seed_of(i: usize, max_size: usize) -> MachineDeploymentSeed {
+    let (name, cpu, memory, price) = SIZES[i % SIZES.len()];
+    let labels = format!(
+        "{INSTANCE_TYPE_LABEL}={name},{ZONE_LABEL}=sim-zone-{},{ARCH_LABEL}=amd64,{OS_LABEL}=linux,{CAPACITY_TYPE_LABEL}=on-demand",
+        i % 3
+    );
+    MachineDeploymentSeed {
+        name: format!("md-{name}"),
+        namespace: launch::NAMESPACE.into(),
+        replicas: 0,
+        labels: BTreeMap::from([(MEMBER_LABEL.to_string(), String::new())]),
+        annotations: BTreeMap::from([
+            (CPU_ANNOTATION.to_string(), cpu.to_string()),
+            (MEMORY_ANNOTATION.to_string(), memory.to_string()),
+            (MAX_PODS_ANNOTATION.to_string(), "110".to_string()),
+            (LABELS_ANNOTATION.to_string(), labels),
+            (PRICE_ANNOTATION.to_string(), price.to_string()),
+            (MAX_SIZE_ANNOTATION.to_string(), max_size.to_string()),
+        ]),
+        ..Default::default()
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PodCounts {
+    pub pending_at_start: usize,
+    pub bound: usize,
+    pub unschedulable: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct NodeCounts {
+    pub created: usize,
+    pub cpu_utilization: f64,
+    pub memory_utilization: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PodReport {
+    #[serde(flatten)]
+    pub launch: Report,
+    pub pods: PodCounts,
+    pub nodes: NodeCounts,
+    pub pod_latency_ms: PodLatency,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PodLatency {
+    pub pod_pending_to_bound: Percentiles,
+}
+
+impl PodReport {
+    pub fn to_json(&self) -> String {
+        // The shape: pod latency sits under latency_ms with the launch latencies.
+        let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
+        if let Some(obj) = v.as_object_mut() {
+            let pod = obj.remove("pod_latency_ms").and_then(|p| p.get("pod_pending_to_bound").cloned());
+            if let (Some(p), Some(lat)) = (pod, obj.get_mut("latency_ms").and_then(Value::as_object_mut)) {
+                lat.insert("pod_pending_to_bound".into(), p);
+            }
+        }
+        v.to_string()
+    }
+}
+
+impl std::fmt::Display for PodReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}", self.launch)?;
+        writeln!(
+            f,
+            "  pods:     {} pending at start, {} bound, {} unschedulable; pending -> bound p50 {:.0} ms p99 {:.0} ms",
+            self.pods.pending_at_start,
+            self.pods.bound,
+            self.pods.unschedulable,
+            self.pod_latency_ms.pod_pending_to_bound.p50,
+            self.pod_latency_ms.pod_pending_to_bound.p99
+        )?;
+        write!(
+            f,
+            "  nodes:    {} created; requests use {:.0}% of their CPU and {:.0}% of their memory",
+            self.nodes.created,
+            self.nodes.cpu_utilization * 100.0,
+            self.nodes.memory_utilization * 100.0
+        )
+    }
+}
+
+fn pod_bound(p: &Value) -> bool {
+    p.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty())
+}
+
+/// Quiet for pods: launch-quiet, and every pod bound (or none bound for a while with nothing in
+/// flight, when some cannot be placed at all).
+fn all_bound(cluster: &SimCluster) -> bool {
+    cluster.server().store().list("pods", None).iter().all(pod_bound)
+}
+
+/// Wait for every pod to be bound and the launch path to be quiet; give up on pods that stay
+/// unbound when nothing else changes for `stall`.
+async fn settle(sim: &BackgroundSim, deadline: Duration, stall: Duration, progress: bool) -> Result<(), Error> {
+    let start = Instant::now();
+    let mut last_change = Instant::now();
+    let mut last_line = String::new();
+    let mut last_print = Instant::now();
+    let mut streak = 0;
+    loop {
+        if start.elapsed() > deadline {
+            return Err(Error::Deadline(deadline));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let line = progress_line(sim.cluster());
+        if line != last_line {
+            last_change = Instant::now();
+            last_line = line.clone();
+        }
+        if progress && last_print.elapsed() >= Duration::from_secs(1) {
+            last_print = Instant::now();
+            eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
+        }
+        let quiet = launch::quiet(sim.cluster());
+        let done = quiet && (all_bound(sim.cluster()) || last_change.elapsed() > stall);
+        streak = if done { streak + 1 } else { 0 };
+        if streak >= 2 {
+            return Ok(());
+        }
+    }
+}
+
+pub fn measure(sim: &BackgroundSim, observer: &Observer, pods_created: usize, since_ms: u64) -> PodReport {
+    let cluster = sim.cluster();
+    let claims = observer.snapshot().len();
+    let mut launch = launch::measure(sim, observer, claims, since_ms, "pods");
+    launch.claims.requested = claims;
+    let store = cluster.server().store();
+    let pods = store.list("pods", None);
+    let bound = pods.iter().filter(|p| pod_bound(p)).count();
+    let nodes = store.list("nodes", None);
+
+    // Utilisation: the bound pods' requests over the allocatable of the nodes they run on.
+    let mut used = Resources::new();
+    for p in pods.iter().filter(|p| pod_bound(p)) {
+        if let Ok(pod) = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(p.clone()) {
+            if let Some(r) = pod.spec.as_ref().and_then(|s| crate::scheduling::pod::pod_requests(s).ok()) {
+                used.add_assign(&r);
+            }
+        }
+    }
+    let mut total = Resources::new();
+    for n in &nodes {
+        if let Some(a) = n.pointer("/status/allocatable").and_then(|a| serde_json::from_value(a.clone()).ok()) {
+            if let Ok(r) = Resources::from_k8s(&a) {
+                total.add_assign(&r);
+            }
+        }
+    }
+    let ratio = |k: &str| {
+        let t = total.get(k);
+        if t.is_zero() { 0.0 } else { used.get(k).as_f64() / t.as_f64() }
+    };
+
+    let stats = cluster.stats();
+    let writes = stats.writes();
+    let created: BTreeMap<String, u64> = writes
+        .iter()
+        .filter(|w| w.resource == "pods" && w.verb == "create" && w.subresource.is_empty())
+        .map(|w| (format!("{}/{}", w.namespace, w.name), w.at_ms))
+        .collect();
+    let latencies: Vec<f64> = writes
+        .iter()
+        .filter(|w| w.resource == "pods" && w.subresource == "binding")
+        .filter_map(|w| created.get(&format!("{}/{}", w.namespace, w.name)).map(|c| w.at_ms.saturating_sub(*c) as f64))
+        .collect();
+    PodReport {
+        launch,
+        pods: PodCounts { pending_at_start: pods_created, bound, unschedulable: pods_created.saturating_sub(bound) },
+        nodes: NodeCounts { created: nodes.len(), cpu_utilization: ratio("cpu"), memory_utilization: ratio("memory") },
+        pod_latency_ms: PodLatency { pod_pending_to_bound: Percentiles::of(latencies) },
+    }
+}
+
+/// `simulate --scenario pods` (and the default scenario).
+pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
+    let sim = BackgroundSim::start(cluster_config(args)).await?;
+    eprintln!("simulated cluster up; watch it with: kubectl --kubeconfig {} get pods,nodeclaims,nodes", sim.kubeconfig().display());
+    let mds = args.machine_deployments.clamp(1, SIZES.len());
+    let max_size = args.pods.max(10);
+    sim.run(move |c| async move {
+        for i in 0..mds {
+            c.create_machine_deployment_from(&seed_of(i, max_size)).await?;
+        }
+        launch::seed_nodeclass_and_pool(c.client()).await
+    })
+    .await??;
+    let observer = Observer::default();
+    {
+        let o = observer.clone();
+        sim.spawn(move |c| o.run(c.client(), c.stats()));
+    }
+    let mut settings = sim_settings(args.create_timeout.map(Duration::from_secs_f64));
+    settings.batching.idle = Duration::from_millis(300);
+    settings.batching.max = Duration::from_secs(3);
+    let _controller = start_controller(&sim, settings, Metrics::new()).await?;
+    let since = sim.cluster().stats().now_ms();
+    let (n, k) = (args.pods, args.deployments.max(1));
+    eprintln!("creating {n} pending pods in {k} Deployments over {mds} MachineDeployment sizes");
+    sim.run(move |c| async move {
+        for d in 0..k {
+            let count = n / k + usize::from(d < n % k);
+            let (cpu, mem) = SHAPES[d % SHAPES.len()];
+            c.create_deployment(launch::NAMESPACE, &format!("app-{d}"), count, &PodShape::new(cpu, mem)).await?;
+        }
+        Ok::<_, crate::sim::cluster::Error>(())
+    })
+    .await??;
+    eprintln!("waiting for every pod to be bound");
+    settle(&sim, Duration::from_secs(args.deadline), Duration::from_secs(15), true).await?;
+    Ok(measure(&sim, &observer, n, since))
+}
