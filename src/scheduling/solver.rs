@@ -42,11 +42,6 @@ pub fn solve(snapshot: &Snapshot) -> Results {
         .filter_map(|p| PodInfo::read(p).ok())
         .collect();
 
-    let dims = learn_dims(snapshot, &pending, &daemons);
-    let mut solver = Solver::new(snapshot, &dims, &daemons);
-    solver.intern_terms(&pending, &bound);
-    solver.place_bound(&snapshot.bound_pods, &bound);
-
     // Karpenter's order: biggest cpu, then memory, first; by key for determinism.
     pending.sort_by(|a, b| {
         b.cpu()
@@ -54,6 +49,11 @@ pub fn solve(snapshot: &Snapshot) -> Results {
             .then_with(|| b.memory().cmp(&a.memory()))
             .then_with(|| a.key.cmp(&b.key))
     });
+    let dims = learn_dims(snapshot, &pending, &daemons);
+    let mut solver = Solver::new(snapshot, &dims, &daemons);
+    solver.intern_terms(&pending, &bound);
+    solver.place_bound(&snapshot.bound_pods, &bound);
+
     let policy = snapshot.preference_policy;
     let mut placed = Vec::new();
     for info in &pending {
@@ -366,10 +366,14 @@ impl<'a> Solver<'a> {
             .filter(|(_, dropped)| !**dropped)
             .map(|((g, _, _), _)| *g)
             .collect();
-        let owned: Vec<usize> = active
+        // Only required anti-affinity repels other pods; a preference binds its owner alone.
+        let owned: Vec<usize> = prep
+            .terms
             .iter()
-            .copied()
-            .filter(|g| self.topology.kind(*g) == Some(TermKind::AntiAffinity))
+            .filter(|(g, required, _)| {
+                *required && self.topology.kind(*g) == Some(TermKind::AntiAffinity)
+            })
+            .map(|(g, _, _)| *g)
             .collect();
         let ctx = Ctx {
             pod,
