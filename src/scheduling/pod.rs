@@ -115,7 +115,7 @@ impl PodInfo {
             preferred_node.push((p.weight, term_requirements(&p.preference, &what)?));
         }
         // Heaviest first; the sort is stable so equal weights keep their order.
-        preferred_node.sort_by(|a, b| b.0.cmp(&a.0));
+        preferred_node.sort_by_key(|p| std::cmp::Reverse(p.0));
 
         let host_ports = spec
             .into_iter()

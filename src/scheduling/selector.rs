@@ -214,7 +214,11 @@ mod tests {
             (tol(Some("other"), "Exists", None, None), false),
         ];
         for (toleration, want) in cases {
-            assert_eq!(tolerates(&[toleration.clone()], &t), want, "{toleration:?}");
+            assert_eq!(
+                tolerates(std::slice::from_ref(&toleration), &t),
+                want,
+                "{toleration:?}"
+            );
         }
         let soft = [taint("spot", None, "PreferNoSchedule")];
         assert!(untolerated(&[], &soft, true).is_some());

@@ -20,6 +20,9 @@ use crate::api::nodepool::{
 use crate::api::requirements::Requirement;
 use crate::api::wellknown::{CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL};
 
+/// (name, value) pairs: resource lists and limits in tables.
+type Pairs<'a> = &'a [(&'a str, &'a str)];
+
 const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 
 fn q(s: &str) -> Quantity {
@@ -204,7 +207,7 @@ fn node_req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
 #[test]
 fn requests_pack_and_pick_the_cheapest_type() {
     // (pods as (cpu, memory), expected claims, expected cheapest type of the first claim)
-    let cases: &[(&[(&str, &str)], usize, &str)] = &[
+    let cases: &[(Pairs, usize, &str)] = &[
         (&[("1", "1Gi")], 1, "small"),
         (&[("1", "1Gi"), ("500m", "1Gi")], 1, "small"),
         (&[("3", "1Gi")], 1, "medium"),
@@ -487,7 +490,7 @@ fn nodepool_requirements_restrict_types_and_zones() {
 #[test]
 fn limits_cap_new_claims() {
     // (limits, pods of 1.5 cpu, expected claims, expected failure resource)
-    let cases: &[(&[(&str, &str)], usize, usize, Option<&str>)] = &[
+    let cases: &[(Pairs, usize, usize, Option<&str>)] = &[
         (&[("cpu", "4")], 2, 2, None),
         // Each claim charges its cheapest type (2 cpu): the second claim is out of cpu.
         (&[("cpu", "3")], 2, 1, Some("cpu")),
@@ -678,12 +681,22 @@ fn zonal_spread_counts_bound_pods_and_respects_pod_zones() {
     zones.sort();
     assert_eq!(zones, ["zone-b", "zone-c"], "{r:#?}");
     // Counts are now a=2, b=1, c=1: a third pod may not go to zone-a.
-    s.pods.push(spread(labelled(pod("p2", "100m", "100Mi"), "web"), ZONE_LABEL, 1, true));
+    s.pods.push(spread(
+        labelled(pod("p2", "100m", "100Mi"), "web"),
+        ZONE_LABEL,
+        1,
+        true,
+    ));
     let r = solve(&s);
     assert!(r.failures.is_empty(), "{r:#?}");
     assert_eq!(zone_of(claim_of(&r, "p2")), ["zone-b"]);
     // nodeAffinityPolicy Honor: a pod pinned to zone-a only counts zone-a, so it may go there.
-    let mut pinned = spread(labelled(pod("pinned", "100m", "100Mi"), "web"), ZONE_LABEL, 1, true);
+    let mut pinned = spread(
+        labelled(pod("pinned", "100m", "100Mi"), "web"),
+        ZONE_LABEL,
+        1,
+        true,
+    );
     spec(&mut pinned).node_selector = Some([(ZONE_LABEL.to_string(), "zone-a".to_string())].into());
     s.pods = vec![pinned];
     let r = solve(&s);
