@@ -17,8 +17,25 @@ use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::Resources;
 use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, EPHEMERAL_TAINT_KEYS, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL,
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL_BETA, NODEPOOL_LABEL, OS_LABEL, REGION_LABEL, WINDOWS_BUILD_LABEL,
+    ZONE_LABEL, ZONE_LABEL_BETA,
 };
+
+/// Labels every node gets from its provider, so a pod may require them even when no NodePool
+/// or instance type spells out their values.
+const WELL_KNOWN_LABELS: [&str; 10] = [
+    ZONE_LABEL,
+    ZONE_LABEL_BETA,
+    REGION_LABEL,
+    INSTANCE_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL_BETA,
+    ARCH_LABEL,
+    OS_LABEL,
+    WINDOWS_BUILD_LABEL,
+    CAPACITY_TYPE_LABEL,
+    HOSTNAME_LABEL,
+];
 
 /// Decides where every pending pod goes. Pure and deterministic: the same snapshot gives the
 /// same result.
@@ -119,6 +136,9 @@ struct Pool<'a> {
     types: Vec<TypeInfo<'a>>,
     /// Why the pool can launch nothing at all (bad requirements), if so.
     broken: Option<String>,
+    /// Label keys a node of this pool will carry: its requirements, its types' requirements
+    /// and its offerings' labels.
+    known_keys: BTreeSet<String>,
     /// Dimensions with a limit; `remaining` is meaningful only for those.
     limited: Vec<usize>,
     remaining: Amounts,
@@ -560,6 +580,18 @@ impl<'a> Solver<'a> {
                 "incompatible requirements, {e}"
             )));
         }
+        // A label the pod requires must be one the node will have (Karpenter's rule for
+        // labels that are neither defined by the pool nor well known).
+        if let Some(r) = ctx.reqs.iter().find(|r| {
+            !r.allows_absent()
+                && !pool.known_keys.contains(r.key())
+                && !WELL_KNOWN_LABELS.contains(&r.key())
+        }) {
+            return Err(PoolMiss::Incompatible(format!(
+                "label {:?} is not provided by the NodePool or its instance types",
+                r.key()
+            )));
+        }
         if pool.nodes_remaining.is_some_and(|n| n < 1) {
             return Err(PoolMiss::Limit("nodes".into()));
         }
@@ -799,6 +831,13 @@ fn build_pool<'a>(
             .then_with(|| a.1.it.name.cmp(&b.1.it.name))
     });
 
+    let mut known_keys: BTreeSet<String> = reqs.keys().map(str::to_string).collect();
+    for (_, t) in &types {
+        known_keys.extend(t.it.requirements.keys().map(str::to_string));
+        for o in &t.it.offerings {
+            known_keys.extend(o.labels.keys().cloned());
+        }
+    }
     let mut limited = Vec::new();
     let mut remaining = Amounts::zero(dims.len());
     let mut nodes_remaining = None;
@@ -823,6 +862,7 @@ fn build_pool<'a>(
         taints,
         types: types.into_iter().map(|(_, t)| t).collect(),
         broken,
+        known_keys,
         limited,
         remaining,
         nodes_remaining,
@@ -1047,7 +1087,7 @@ fn min_values_unmet(pool: &Pool, types: &[usize], reqs: &Requirements) -> Option
 }
 
 fn node_domain<'n>(node: &'n ExistingNode, key: &str) -> Option<&'n str> {
-    if key == crate::api::wellknown::HOSTNAME_LABEL {
+    if key == HOSTNAME_LABEL {
         return Some(
             node.labels
                 .get(key)
@@ -1059,7 +1099,7 @@ fn node_domain<'n>(node: &'n ExistingNode, key: &str) -> Option<&'n str> {
 }
 
 fn claim_domain<'c>(claim: &'c Claim, key: &str) -> Option<&'c str> {
-    if key == crate::api::wellknown::HOSTNAME_LABEL {
+    if key == HOSTNAME_LABEL {
         return Some(&claim.hostname);
     }
     let vs = claim.reqs.values(key)?;

@@ -18,7 +18,9 @@ use crate::api::nodepool::{
     NodeClaimTemplate, NodeClaimTemplateSpec, NodePoolSpec, TemplateMetadata,
 };
 use crate::api::requirements::Requirement;
-use crate::api::wellknown::{CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL};
+use crate::api::wellknown::{
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL,
+};
 
 /// (name, value) pairs: resource lists and limits in tables.
 type Pairs<'a> = &'a [(&'a str, &'a str)];
@@ -290,6 +292,40 @@ fn node_selector_and_required_affinity() {
         "{}",
         r.failures[0].1
     );
+}
+
+#[test]
+fn required_labels_must_be_provided() {
+    let mut np = nodepool("team-a");
+    np.spec.template.metadata = Some(TemplateMetadata {
+        labels: Some([("team".to_string(), "a".to_string())].into()),
+        annotations: None,
+    });
+    // (node selector, placed)
+    let cases = [
+        (("team", "a"), true),
+        (("team", "b"), false),
+        // Not defined anywhere: a node would not carry it.
+        (("gpu", "yes"), false),
+        // Well known: the provider sets it even though no type spells it out.
+        ((ARCH_LABEL, "amd64"), true),
+    ];
+    for ((k, v), placed) in cases {
+        let mut p = pod("p", "1", "1Gi");
+        spec(&mut p).node_selector = Some([(k.to_string(), v.to_string())].into());
+        let r = solve(&snapshot(vec![p], vec![pool(np.clone(), standard_types())]));
+        assert_eq!(r.failures.is_empty(), placed, "{k}={v}: {r:?}");
+        if k == "gpu" {
+            assert!(
+                r.failures[0]
+                    .1
+                    .to_string()
+                    .contains("\"gpu\" is not provided"),
+                "{:?}",
+                r.failures
+            );
+        }
+    }
 }
 
 #[test]
