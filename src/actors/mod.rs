@@ -164,5 +164,7 @@ stoppable!(
     supervisor::Supervisor,
     capi_watcher::CapiWatcher,
     node_watcher::NodeWatcher,
-    catalog::Catalog
+    catalog::Catalog,
+    nodepools::NodePools,
+    provisioner::Provisioner
 );

@@ -1,5 +1,136 @@
 //! Pure bin-packing: pods x NodePools x instance types -> new NodeClaims (no I/O).
+//!
+//! [`solve`] takes a [`Snapshot`] of the pending pods, the pods already bound, the existing and
+//! in-flight nodes and the NodePools with their instance types, and decides in Karpenter's
+//! order: existing nodes with room first, then claims opened earlier in the same solve, then a
+//! new claim from each NodePool by weight. [`nodeclaim_for`] turns a decided claim into the
+//! NodeClaim object to create.
 
+pub mod amounts;
+pub mod error;
 pub mod instance_type;
+pub mod nodeclaim;
+pub mod pod;
+pub mod selector;
+mod solver;
+pub mod topology;
 
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
+
+pub use error::PodError;
 pub use instance_type::{InstanceType, Offering};
+pub use nodeclaim::nodeclaim_for;
+pub use solver::solve;
+
+use crate::api::nodepool::NodePool;
+use crate::api::requirements::Requirements;
+use crate::api::resources::{Quantity, Resources};
+use std::collections::BTreeMap;
+
+/// Upstream's cap on the instance types written into one claim.
+pub const MAX_INSTANCE_TYPES: usize = 600;
+
+/// Whether preferences (preferred affinities, ScheduleAnyway spreads, PreferNoSchedule taints)
+/// are tried as requirements first (`Respect`, the default) or ignored (`Ignore`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PreferencePolicy {
+    #[default]
+    Respect,
+    Ignore,
+}
+
+/// Everything one solve looks at.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Provisionable pending pods.
+    pub pods: Vec<Pod>,
+    /// Pods already bound to nodes (`spec.nodeName` set), counted for topology, affinity and
+    /// host ports.
+    pub bound_pods: Vec<Pod>,
+    /// Existing nodes and in-flight claims, tried before any new claim.
+    pub nodes: Vec<ExistingNode>,
+    pub nodepools: Vec<PoolInput>,
+    /// One pod per DaemonSet (see [`daemon_pod`]): it lands on every new node whose labels and
+    /// taints it accepts, so its requests are overhead on those instance types.
+    pub daemonsets: Vec<Pod>,
+    pub preference_policy: PreferencePolicy,
+}
+
+/// A node the pods may go to without a new claim.
+#[derive(Clone, Debug, Default)]
+pub struct ExistingNode {
+    pub name: String,
+    /// For an in-flight claim: the single values of its requirements.
+    pub labels: BTreeMap<String, String>,
+    /// Taints pods must tolerate. Ephemeral taints (not-ready, unregistered...) are ignored;
+    /// leave startup taints out.
+    pub taints: Vec<Taint>,
+    /// Must include `pods`.
+    pub allocatable: Resources,
+    /// Sum of the requests of the pods on it (daemons included), `pods` included.
+    pub requested: Resources,
+    pub in_flight: bool,
+    pub nodepool: Option<String>,
+}
+
+/// A NodePool with what it may launch.
+#[derive(Clone, Debug)]
+pub struct PoolInput {
+    pub nodepool: NodePool,
+    /// Already filtered to the pool's node class.
+    pub instance_types: Vec<InstanceType>,
+    /// Resources of its existing nodes and in-flight claims, with `nodes` (see
+    /// [`nodepool_usage`]).
+    pub usage: Resources,
+}
+
+/// The outcome of one solve.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Results {
+    pub new_claims: Vec<NewClaim>,
+    /// (pod `namespace/name`, node name).
+    pub placed_on_existing: Vec<(String, String)>,
+    /// (pod `namespace/name`, why it got no node).
+    pub failures: Vec<(String, PodError)>,
+}
+
+/// A claim decided by the solver, ready for [`nodeclaim_for`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewClaim {
+    pub nodepool: String,
+    /// NodePool requirements ∩ pod requirements ∩ topology choices ∩ instance type In [...] ∩
+    /// capacity type In [...].
+    pub requirements: Requirements,
+    /// Pods' requests plus the DaemonSet overhead of the cheapest instance type.
+    pub requests: Resources,
+    /// Pods (`namespace/name`) packed onto it.
+    pub pods: Vec<String>,
+    /// Instance types that can hold it, cheapest first, at most [`MAX_INSTANCE_TYPES`].
+    pub instance_types: Vec<String>,
+}
+
+/// What a NodePool uses: the sum of its nodes' (and in-flight claims') capacities plus `nodes`.
+pub fn nodepool_usage<'a>(capacities: impl IntoIterator<Item = &'a Resources>) -> Resources {
+    let mut total = Resources::new();
+    let mut nodes = 0i64;
+    for c in capacities {
+        total.add_assign(c);
+        nodes += 1;
+    }
+    total.with("nodes", Quantity::from_units(nodes))
+}
+
+/// The pod a DaemonSet would run on a new node, from its pod template.
+pub fn daemon_pod(namespace: &str, name: &str, template: &PodTemplateSpec) -> Pod {
+    let mut metadata = template.metadata.clone().unwrap_or_default();
+    metadata.namespace = Some(namespace.to_string());
+    metadata.name = Some(name.to_string());
+    Pod {
+        metadata,
+        spec: template.spec.clone(),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1147 @@
+//! The solve itself: pods in Karpenter's order onto existing nodes, then claims of this round,
+//! then new claims by NodePool weight, relaxing preferences when a pod fits nowhere.
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::{Pod, Taint};
+
+use super::amounts::{Amounts, Dims};
+use super::error::PodError;
+use super::instance_type::{InstanceType, Offering};
+use super::pod::{PodInfo, TermKind};
+use super::selector::untolerated;
+use super::topology::{Place, Topology};
+use super::{ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PreferencePolicy, Results, Snapshot};
+use crate::api::nodepool::NodePool;
+use crate::api::requirements::{Requirement, Requirements};
+use crate::api::resources::Resources;
+use crate::api::wellknown::{
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL_BETA, NODEPOOL_LABEL, OS_LABEL, REGION_LABEL, WINDOWS_BUILD_LABEL,
+    ZONE_LABEL, ZONE_LABEL_BETA,
+};
+
+/// Labels every node gets from its provider, so a pod may require them even when no NodePool
+/// or instance type spells out their values.
+const WELL_KNOWN_LABELS: [&str; 10] = [
+    ZONE_LABEL,
+    ZONE_LABEL_BETA,
+    REGION_LABEL,
+    INSTANCE_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL_BETA,
+    ARCH_LABEL,
+    OS_LABEL,
+    WINDOWS_BUILD_LABEL,
+    CAPACITY_TYPE_LABEL,
+    HOSTNAME_LABEL,
+];
+
+/// Decides where every pending pod goes. Pure and deterministic: the same snapshot gives the
+/// same result.
+pub fn solve(snapshot: &Snapshot) -> Results {
+    let mut failures = Vec::new();
+    let mut pending = Vec::new();
+    for pod in &snapshot.pods {
+        match PodInfo::read(pod) {
+            Ok(info) => pending.push(info),
+            Err(details) => failures.push((pod_key(pod), PodError::InvalidPod { details })),
+        }
+    }
+    let daemons: Vec<PodInfo> = snapshot
+        .daemonsets
+        .iter()
+        .filter_map(|d| PodInfo::read(d).ok())
+        .collect();
+    let bound: Vec<PodInfo> = snapshot
+        .bound_pods
+        .iter()
+        .filter_map(|p| PodInfo::read(p).ok())
+        .collect();
+
+    // Karpenter's order: biggest cpu, then memory, first; by key for determinism.
+    pending.sort_by(|a, b| {
+        b.cpu()
+            .cmp(&a.cpu())
+            .then_with(|| b.memory().cmp(&a.memory()))
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    let dims = learn_dims(snapshot, &pending, &daemons);
+    let mut solver = Solver::new(snapshot, &dims, &daemons);
+    solver.intern_terms(&pending, &bound);
+    solver.place_bound(&snapshot.bound_pods, &bound);
+
+    let policy = snapshot.preference_policy;
+    let mut placed = Vec::new();
+    for info in &pending {
+        match solver.place(info, policy) {
+            Ok(Some(node)) => placed.push((info.key.clone(), node)),
+            Ok(None) => {}
+            Err(e) => failures.push((info.key.clone(), e)),
+        }
+    }
+    Results {
+        new_claims: solver.finish(&pending),
+        placed_on_existing: placed,
+        failures,
+    }
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn learn_dims(snapshot: &Snapshot, pending: &[PodInfo], daemons: &[PodInfo]) -> Dims {
+    let mut dims = Dims::default();
+    for p in pending.iter().chain(daemons) {
+        dims.learn(&p.requests);
+    }
+    for n in &snapshot.nodes {
+        dims.learn(&n.allocatable);
+        dims.learn(&n.requested);
+    }
+    for pool in &snapshot.nodepools {
+        for it in &pool.instance_types {
+            dims.learn(&it.capacity);
+            dims.learn(&it.overhead);
+        }
+        for key in pool.nodepool.spec.limits.iter().flatten().map(|(k, _)| k) {
+            if key != "nodes" {
+                dims.intern(key);
+            }
+        }
+    }
+    dims
+}
+
+/// One instance type of one pool, with the pool's DaemonSet overhead already taken off.
+struct TypeInfo<'a> {
+    it: &'a InstanceType,
+    capacity: Amounts,
+    /// Allocatable minus DaemonSet overhead: what pods may use.
+    avail: Amounts,
+    daemon: Resources,
+}
+
+/// A NodePool prepared for the solve.
+struct Pool<'a> {
+    name: &'a str,
+    reqs: Requirements,
+    taints: &'a [Taint],
+    /// Compatible with the pool's requirements and with an available offering, cheapest first.
+    types: Vec<TypeInfo<'a>>,
+    /// Why the pool can launch nothing at all (bad requirements), if so.
+    broken: Option<String>,
+    /// Label keys a node of this pool will carry: its requirements, its types' requirements
+    /// and its offerings' labels.
+    known_keys: BTreeSet<String>,
+    /// Dimensions with a limit; `remaining` is meaningful only for those.
+    limited: Vec<usize>,
+    remaining: Amounts,
+    nodes_remaining: Option<i64>,
+}
+
+/// A claim opened in this solve.
+struct Claim {
+    pool: usize,
+    hostname: String,
+    reqs: Requirements,
+    /// Sum of the pods' requests.
+    used: Amounts,
+    /// Indices into the pool's types, cheapest first.
+    types: Vec<usize>,
+    /// Element-wise maximum of the types' `avail`: a quick upper bound on what still fits.
+    max_avail: Amounts,
+    pods: Vec<usize>,
+    host_ports: Vec<(i32, String)>,
+    /// Capacity counted against the pool's limits (its cheapest type's).
+    charge: Amounts,
+}
+
+/// An existing or in-flight node.
+struct Node<'a> {
+    input: &'a ExistingNode,
+    free: Amounts,
+    taints: Vec<Taint>,
+    host_ports: Vec<(i32, String)>,
+}
+
+/// What one pending pod carries into every attempt.
+struct Prepared {
+    amounts: Amounts,
+    /// (group, required, weight) for each topology term, in the pod's order.
+    terms: Vec<(usize, bool, i32)>,
+    /// Groups whose selector the pod matches.
+    matched: Vec<usize>,
+}
+
+/// How far a pod's preferences have been relaxed.
+#[derive(Clone, Debug)]
+struct Attempt {
+    node_term: usize,
+    /// Index of the heaviest preferred node-affinity term still required.
+    preferred_node: usize,
+    /// Per topology term: dropped by relaxation.
+    dropped: Vec<bool>,
+    tolerate_prefer_no_schedule: bool,
+}
+
+/// Why one NodePool could not open a claim for a pod.
+enum PoolMiss {
+    Incompatible(String),
+    Limit(String),
+    NoFit(String),
+}
+
+struct Solver<'a> {
+    dims: &'a Dims,
+    pools: Vec<Pool<'a>>,
+    nodes: Vec<Node<'a>>,
+    claims: Vec<Claim>,
+    topology: Topology,
+    prepared: HashMap<String, Prepared>,
+    /// Pods of `finish`'s `pending` slice placed on each claim are recorded by index; this maps
+    /// a pending pod's key to that index.
+    order: HashMap<String, usize>,
+}
+
+impl<'a> Solver<'a> {
+    fn new(snapshot: &'a Snapshot, dims: &'a Dims, daemons: &[PodInfo]) -> Solver<'a> {
+        let mut pools: Vec<Pool<'a>> = snapshot
+            .nodepools
+            .iter()
+            .map(|p| build_pool(&p.nodepool, &p.instance_types, &p.usage, dims, daemons))
+            .collect();
+        // Weight descending, then name, as Karpenter orders NodePools.
+        pools.sort_by(|a, b| {
+            let wa = weight_of(snapshot, a.name);
+            let wb = weight_of(snapshot, b.name);
+            wb.cmp(&wa).then_with(|| a.name.cmp(b.name))
+        });
+        let nodes = snapshot
+            .nodes
+            .iter()
+            .map(|n| Node {
+                input: n,
+                free: dims
+                    .amounts(&n.allocatable)
+                    .sub(&dims.amounts(&n.requested)),
+                taints: n
+                    .taints
+                    .iter()
+                    .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
+                    .cloned()
+                    .collect(),
+                host_ports: Vec::new(),
+            })
+            .collect();
+        Solver {
+            dims,
+            pools,
+            nodes,
+            claims: Vec::new(),
+            topology: Topology::default(),
+            prepared: HashMap::new(),
+            order: HashMap::new(),
+        }
+    }
+
+    /// Interns every topology term, learns the domains of the keys in use, and prepares each
+    /// pending pod.
+    fn intern_terms(&mut self, pending: &[PodInfo], bound: &[PodInfo]) {
+        for p in pending.iter().chain(bound) {
+            for t in &p.terms {
+                self.topology.intern(&t.group);
+            }
+        }
+        for key in self.topology.keys() {
+            for n in &self.nodes {
+                if let Some(v) = n.input.labels.get(&key) {
+                    self.topology.add_domain(&key, v);
+                }
+            }
+            for pool in &self.pools {
+                for v in pool_domains(pool, &key) {
+                    self.topology.add_domain(&key, &v);
+                }
+            }
+        }
+        for (i, p) in pending.iter().enumerate() {
+            let terms = p
+                .terms
+                .iter()
+                .map(|t| (self.topology.intern(&t.group), t.required, t.weight))
+                .collect();
+            let matched = if self.topology.is_empty() {
+                Vec::new()
+            } else {
+                self.topology.matching(&p.namespace, &p.labels)
+            };
+            self.prepared.insert(
+                p.key.clone(),
+                Prepared {
+                    amounts: self.dims.amounts(&p.requests),
+                    terms,
+                    matched,
+                },
+            );
+            self.order.insert(p.key.clone(), i);
+        }
+    }
+
+    /// Counts the bound pods in their nodes' domains and takes their host ports.
+    fn place_bound(&mut self, pods: &[Pod], infos: &[PodInfo]) {
+        let by_name: HashMap<&str, usize> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.input.name.as_str(), i))
+            .collect();
+        let infos: HashMap<&str, &PodInfo> = infos.iter().map(|p| (p.key.as_str(), p)).collect();
+        for pod in pods {
+            let key = pod_key(pod);
+            let (Some(info), Some(ni)) = (
+                infos.get(key.as_str()),
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .and_then(|n| by_name.get(n)),
+            ) else {
+                continue;
+            };
+            let Some(node) = self.nodes.get_mut(*ni) else {
+                continue;
+            };
+            node.host_ports.extend(info.host_ports.iter().cloned());
+            if self.topology.is_empty() {
+                continue;
+            }
+            let matched = self.topology.matching(&info.namespace, &info.labels);
+            let owned: Vec<usize> = info
+                .terms
+                .iter()
+                .filter(|t| t.required && t.group.kind == TermKind::AntiAffinity)
+                .map(|t| self.topology.intern(&t.group))
+                .collect();
+            let input = node.input;
+            self.topology
+                .record(&matched, &owned, |k| node_domain(input, k));
+        }
+    }
+
+    /// Places one pod, relaxing its preferences until it fits or nothing is left to relax.
+    /// `Ok(Some(node))` when it went to an existing node, `Ok(None)` when to a claim.
+    fn place(
+        &mut self,
+        pod: &PodInfo,
+        policy: PreferencePolicy,
+    ) -> Result<Option<String>, PodError> {
+        let Some(prep) = self.prepared.remove(&pod.key) else {
+            return Err(PodError::InvalidPod {
+                details: "pod was not prepared".into(),
+            });
+        };
+        // Ignore starts where full relaxation would end: no preference is ever required.
+        let ignore = policy == PreferencePolicy::Ignore;
+        let mut attempt = Attempt {
+            node_term: 0,
+            preferred_node: if ignore { pod.preferred_node.len() } else { 0 },
+            dropped: prep
+                .terms
+                .iter()
+                .map(|(_, required, _)| ignore && !required)
+                .collect(),
+            tolerate_prefer_no_schedule: ignore,
+        };
+        let result = loop {
+            let outcome = self.try_place(pod, &prep, &attempt);
+            match outcome {
+                Ok(r) => break Ok(r),
+                Err(e) => {
+                    if !relax(pod, &prep, &mut attempt) {
+                        break Err(e);
+                    }
+                }
+            }
+        };
+        self.prepared.insert(pod.key.clone(), prep);
+        result
+    }
+
+    fn try_place(
+        &mut self,
+        pod: &PodInfo,
+        prep: &Prepared,
+        attempt: &Attempt,
+    ) -> Result<Option<String>, PodError> {
+        let reqs = attempt_requirements(pod, attempt);
+        let active: Vec<usize> = prep
+            .terms
+            .iter()
+            .zip(&attempt.dropped)
+            .filter(|(_, dropped)| !**dropped)
+            .map(|((g, _, _), _)| *g)
+            .collect();
+        // Only required anti-affinity repels other pods; a preference binds its owner alone.
+        let owned: Vec<usize> = prep
+            .terms
+            .iter()
+            .filter(|(g, required, _)| {
+                *required && self.topology.kind(*g) == Some(TermKind::AntiAffinity)
+            })
+            .map(|(g, _, _)| *g)
+            .collect();
+        let ctx = Ctx {
+            pod,
+            prep,
+            reqs: &reqs,
+            active: &active,
+            owned: &owned,
+            prefer_blocks: !attempt.tolerate_prefer_no_schedule,
+        };
+        if let Some(node) = self.try_nodes(&ctx) {
+            return Ok(Some(node));
+        }
+        if self.try_claims(&ctx) {
+            return Ok(None);
+        }
+        self.try_new_claim(&ctx).map(|()| None)
+    }
+
+    fn try_nodes(&mut self, ctx: &Ctx) -> Option<String> {
+        for ni in 0..self.nodes.len() {
+            let node = &self.nodes[ni];
+            if !fits(&ctx.prep.amounts, &node.free)
+                || untolerated(&ctx.pod.tolerations, &node.taints, ctx.prefer_blocks).is_some()
+                || !ctx.reqs.matches_labels(&node.input.labels)
+                || ports_conflict(&node.host_ports, &ctx.pod.host_ports)
+            {
+                continue;
+            }
+            let place = Place::Node {
+                labels: &node.input.labels,
+                hostname: &node.input.name,
+            };
+            if self
+                .topology
+                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, &place)
+                .is_err()
+            {
+                continue;
+            }
+            let node = &mut self.nodes[ni];
+            node.free.sub_assign(&ctx.prep.amounts);
+            node.host_ports.extend(ctx.pod.host_ports.iter().cloned());
+            let input = node.input;
+            self.topology
+                .record(&ctx.prep.matched, ctx.owned, |k| node_domain(input, k));
+            return Some(input.name.clone());
+        }
+        None
+    }
+
+    fn try_claims(&mut self, ctx: &Ctx) -> bool {
+        for ci in 0..self.claims.len() {
+            let claim = &self.claims[ci];
+            if !claim.used.fits_with(&ctx.prep.amounts, &claim.max_avail)
+                || ports_conflict(&claim.host_ports, &ctx.pod.host_ports)
+            {
+                continue;
+            }
+            let pool = &self.pools[claim.pool];
+            if untolerated(&ctx.pod.tolerations, pool.taints, ctx.prefer_blocks).is_some()
+                || (!ctx.reqs.is_empty() && claim.reqs.compatible(ctx.reqs).is_err())
+            {
+                continue;
+            }
+            let Ok(narrowed) = self.admit_claim(ctx, claim) else {
+                continue;
+            };
+            let reqs = if ctx.reqs.is_empty() && narrowed.is_empty() {
+                None
+            } else {
+                Some(with_narrowing(claim.reqs.intersect(ctx.reqs), &narrowed))
+            };
+            let changed = reqs.as_ref().filter(|r| **r != claim.reqs);
+            let mut used = claim.used.clone();
+            used.add_assign(&ctx.prep.amounts);
+            let check_reqs = changed.unwrap_or(&claim.reqs);
+            let mut types = Vec::with_capacity(claim.types.len());
+            for &ti in &claim.types {
+                let Some(t) = pool.types.get(ti) else {
+                    continue;
+                };
+                if fits(&used, &t.avail)
+                    && within_limits(pool, &t.capacity, &claim.charge)
+                    && (changed.is_none() || type_usable(t.it, check_reqs))
+                {
+                    types.push(ti);
+                }
+            }
+            if types.is_empty() || min_values_unmet(pool, &types, check_reqs).is_some() {
+                continue;
+            }
+            self.commit_to_claim(ci, ctx, used, types, reqs);
+            return true;
+        }
+        false
+    }
+
+    fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<(String, String)>, String> {
+        if ctx.active.is_empty() && ctx.prep.matched.is_empty() {
+            return Ok(Vec::new());
+        }
+        let place = Place::Claim {
+            hostname: &claim.hostname,
+            requirements: &claim.reqs,
+        };
+        self.topology
+            .admit(ctx.active, &ctx.prep.matched, ctx.reqs, &place)
+    }
+
+    fn commit_to_claim(
+        &mut self,
+        ci: usize,
+        ctx: &Ctx,
+        used: Amounts,
+        types: Vec<usize>,
+        reqs: Option<Requirements>,
+    ) {
+        let Some(claim) = self.claims.get_mut(ci) else {
+            return;
+        };
+        let Some(pool) = self.pools.get_mut(claim.pool) else {
+            return;
+        };
+        if types.len() != claim.types.len() {
+            claim.max_avail = max_avail(&pool.types, &types, self.dims.len());
+        }
+        claim.types = types;
+        claim.used = used;
+        if let Some(r) = reqs {
+            claim.reqs = r;
+        }
+        claim.host_ports.extend(ctx.pod.host_ports.iter().cloned());
+        if let Some(&i) = self.order.get(&ctx.pod.key) {
+            claim.pods.push(i);
+        }
+        recharge(pool, claim);
+        let claim = &self.claims[ci];
+        self.topology
+            .record(&ctx.prep.matched, ctx.owned, |k| claim_domain(claim, k));
+    }
+
+    fn try_new_claim(&mut self, ctx: &Ctx) -> Result<(), PodError> {
+        let mut misses: Vec<(&str, PoolMiss)> = Vec::new();
+        for pi in 0..self.pools.len() {
+            match self.open_claim(pi, ctx) {
+                Ok(claim) => {
+                    let ci = self.claims.len();
+                    self.claims.push(claim);
+                    if let (Some(claim), Some(pool)) =
+                        (self.claims.get_mut(ci), self.pools.get_mut(pi))
+                    {
+                        claim.charge = Amounts::zero(self.dims.len());
+                        recharge(pool, claim);
+                        if let Some(n) = pool.nodes_remaining.as_mut() {
+                            *n -= 1;
+                        }
+                    }
+                    let claim = &self.claims[ci];
+                    self.topology
+                        .record(&ctx.prep.matched, ctx.owned, |k| claim_domain(claim, k));
+                    return Ok(());
+                }
+                Err(miss) => misses.push((self.pools[pi].name, miss)),
+            }
+        }
+        Err(summarise(misses))
+    }
+
+    fn open_claim(&self, pi: usize, ctx: &Ctx) -> Result<Claim, PoolMiss> {
+        let pool = &self.pools[pi];
+        if let Some(why) = &pool.broken {
+            return Err(PoolMiss::Incompatible(why.clone()));
+        }
+        if let Some(t) = untolerated(&ctx.pod.tolerations, pool.taints, ctx.prefer_blocks) {
+            return Err(PoolMiss::Incompatible(format!(
+                "taint {}={}:{} is not tolerated",
+                t.key,
+                t.value.as_deref().unwrap_or(""),
+                t.effect
+            )));
+        }
+        if let Err(e) = pool.reqs.compatible(ctx.reqs) {
+            return Err(PoolMiss::Incompatible(format!(
+                "incompatible requirements, {e}"
+            )));
+        }
+        // A label the pod requires must be one the node will have (Karpenter's rule for
+        // labels that are neither defined by the pool nor well known).
+        if let Some(r) = ctx.reqs.iter().find(|r| {
+            !r.allows_absent()
+                && !pool.known_keys.contains(r.key())
+                && !WELL_KNOWN_LABELS.contains(&r.key())
+        }) {
+            return Err(PoolMiss::Incompatible(format!(
+                "label {:?} is not provided by the NodePool or its instance types",
+                r.key()
+            )));
+        }
+        if pool.nodes_remaining.is_some_and(|n| n < 1) {
+            return Err(PoolMiss::Limit("nodes".into()));
+        }
+        let hostname = format!("{}-claim-{}", pool.name, self.claims.len());
+        let base = if ctx.reqs.is_empty() {
+            Cow::Borrowed(&pool.reqs)
+        } else {
+            Cow::Owned(pool.reqs.intersect(ctx.reqs))
+        };
+        let narrowed = if ctx.active.is_empty() && ctx.prep.matched.is_empty() {
+            Vec::new()
+        } else {
+            let place = Place::Claim {
+                hostname: &hostname,
+                requirements: &base,
+            };
+            self.topology
+                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, &place)
+                .map_err(PoolMiss::Incompatible)?
+        };
+        let reqs = with_narrowing(base.into_owned(), &narrowed);
+        let recheck = reqs != pool.reqs;
+        let zero = Amounts::zero(self.dims.len());
+        let mut types = Vec::new();
+        let (mut matching, mut fitting) = (0usize, 0usize);
+        let mut limit_hit: Option<usize> = None;
+        for (ti, t) in pool.types.iter().enumerate() {
+            if recheck && !type_usable(t.it, &reqs) {
+                continue;
+            }
+            matching += 1;
+            if !fits(&ctx.prep.amounts, &t.avail) {
+                continue;
+            }
+            fitting += 1;
+            if let Some(d) = exceeded_limit(pool, &t.capacity, &zero) {
+                limit_hit.get_or_insert(d);
+                continue;
+            }
+            types.push(ti);
+        }
+        if types.is_empty() {
+            if let Some(d) = limit_hit {
+                return Err(PoolMiss::Limit(self.dims.name(d).to_string()));
+            }
+            return Err(PoolMiss::NoFit(
+                self.no_fit_details(pool, ctx, matching, fitting),
+            ));
+        }
+        if let Some(e) = min_values_unmet(pool, &types, &reqs) {
+            return Err(PoolMiss::NoFit(e));
+        }
+        let mut used = zero.clone();
+        used.add_assign(&ctx.prep.amounts);
+        Ok(Claim {
+            pool: pi,
+            max_avail: max_avail(&pool.types, &types, self.dims.len()),
+            hostname,
+            reqs,
+            used,
+            types,
+            pods: self.order.get(&ctx.pod.key).copied().into_iter().collect(),
+            host_ports: ctx.pod.host_ports.clone(),
+            charge: zero,
+        })
+    }
+
+    fn no_fit_details(&self, pool: &Pool, ctx: &Ctx, matching: usize, fitting: usize) -> String {
+        if pool.types.is_empty() {
+            return "the NodePool has no instance type with an available offering".into();
+        }
+        if matching == 0 {
+            return format!(
+                "none of {} instance types matches the requirements {}",
+                pool.types.len(),
+                describe(ctx.reqs)
+            );
+        }
+        debug_assert_eq!(fitting, 0);
+        let requests: Vec<String> = ctx
+            .pod
+            .requests
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let short: Vec<&str> = (0..self.dims.len())
+            .filter(|&d| {
+                let want = ctx.prep.amounts.get(d);
+                want > 0 && pool.types.iter().all(|t| t.avail.get(d) < want)
+            })
+            .map(|d| self.dims.name(d))
+            .collect();
+        if short.is_empty() {
+            format!(
+                "requests {} (plus DaemonSet overhead) fit no single instance type",
+                requests.join(", ")
+            )
+        } else {
+            format!(
+                "requests {} (plus DaemonSet overhead) exceed every instance type on {}",
+                requests.join(", "),
+                short.join(", ")
+            )
+        }
+    }
+
+    /// The claims decided, with their instance types ordered by price and their final
+    /// requirements.
+    fn finish(&self, pending: &[PodInfo]) -> Vec<NewClaim> {
+        self.claims
+            .iter()
+            .filter_map(|c| {
+                let pool = self.pools.get(c.pool)?;
+                Some(finish_claim(pool, c, pending))
+            })
+            .collect()
+    }
+}
+
+/// Per-attempt view of a pod.
+struct Ctx<'c> {
+    pod: &'c PodInfo,
+    prep: &'c Prepared,
+    reqs: &'c Requirements,
+    active: &'c [usize],
+    owned: &'c [usize],
+    prefer_blocks: bool,
+}
+
+fn finish_claim(pool: &Pool, c: &Claim, pending: &[PodInfo]) -> NewClaim {
+    let mut priced: Vec<(f64, &TypeInfo)> = c
+        .types
+        .iter()
+        .filter_map(|&ti| pool.types.get(ti))
+        .filter_map(|t| cheapest(t.it, &c.reqs).map(|o| (o.price, t)))
+        .collect();
+    priced.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then_with(|| a.1.it.name.cmp(&b.1.it.name))
+    });
+    priced.truncate(MAX_INSTANCE_TYPES);
+    let names: Vec<String> = priced.iter().map(|(_, t)| t.it.name.clone()).collect();
+    let capacity_types: BTreeSet<&str> = priced
+        .iter()
+        .flat_map(|(_, t)| t.it.offerings.iter())
+        .filter(|o| offering_usable(o, &c.reqs))
+        .map(|o| o.capacity_type.as_str())
+        .collect();
+    let mut reqs = c.reqs.clone();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    reqs.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &name_refs));
+    let ct: Vec<&str> = capacity_types.into_iter().collect();
+    if !ct.is_empty() {
+        reqs.add(Requirement::is_in(CAPACITY_TYPE_LABEL, &ct));
+    }
+    let mut requests = Resources::new();
+    let mut pods = Vec::with_capacity(c.pods.len());
+    for &pi in &c.pods {
+        if let Some(p) = pending.get(pi) {
+            requests.add_assign(&p.requests);
+            pods.push(p.key.clone());
+        }
+    }
+    if let Some((_, t)) = priced.first() {
+        requests.add_assign(&t.daemon);
+    }
+    NewClaim {
+        nodepool: pool.name.to_string(),
+        requirements: reqs,
+        requests,
+        pods,
+        instance_types: names,
+    }
+}
+
+fn weight_of(snapshot: &Snapshot, name: &str) -> i32 {
+    snapshot
+        .nodepools
+        .iter()
+        .find(|p| p.nodepool.metadata.name.as_deref() == Some(name))
+        .map(|p| p.nodepool.weight())
+        .unwrap_or(0)
+}
+
+fn build_pool<'a>(
+    np: &'a NodePool,
+    instance_types: &'a [InstanceType],
+    usage: &Resources,
+    dims: &Dims,
+    daemons: &[PodInfo],
+) -> Pool<'a> {
+    let name = np.metadata.name.as_deref().unwrap_or_default();
+    let template = &np.spec.template;
+    let mut broken = None;
+    let mut reqs = match Requirements::from_node_selector_requirements(&template.spec.requirements)
+    {
+        Ok(r) => r,
+        Err(e) => {
+            broken = Some(format!("spec.template.spec.requirements: {e}"));
+            Requirements::new()
+        }
+    };
+    // Template labels and the pool label are requirements too, so pods selecting on them match.
+    for (k, v) in template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        reqs.add(Requirement::is_in(k, &[v.as_str()]));
+    }
+    reqs.add(Requirement::is_in(NODEPOOL_LABEL, &[name]));
+    let taints: &[Taint] = template.spec.taints.as_deref().unwrap_or_default();
+
+    let mut types: Vec<(f64, TypeInfo)> = instance_types
+        .iter()
+        .filter(|it| type_usable(it, &reqs))
+        .filter_map(|it| {
+            let price = cheapest(it, &reqs)?.price;
+            let daemon = daemon_overhead(it, &reqs, taints, daemons);
+            let mut avail = dims.amounts(&it.allocatable());
+            avail.sub_assign(&dims.amounts(&daemon));
+            Some((
+                price,
+                TypeInfo {
+                    it,
+                    capacity: dims.amounts(&it.capacity),
+                    avail,
+                    daemon,
+                },
+            ))
+        })
+        .collect();
+    types.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then_with(|| a.1.it.name.cmp(&b.1.it.name))
+    });
+
+    let mut known_keys: BTreeSet<String> = reqs.keys().map(str::to_string).collect();
+    for (_, t) in &types {
+        known_keys.extend(t.it.requirements.keys().map(str::to_string));
+        for o in &t.it.offerings {
+            known_keys.extend(o.labels.keys().cloned());
+        }
+    }
+    let mut limited = Vec::new();
+    let mut remaining = Amounts::zero(dims.len());
+    let mut nodes_remaining = None;
+    for (key, q) in np.spec.limits.iter().flatten() {
+        let Ok(limit) = crate::api::resources::Quantity::from_k8s(q) else {
+            broken = Some(format!("spec.limits.{key}: {:?} is not a quantity", q.0));
+            continue;
+        };
+        let left = limit.saturating_sub(usage.get(key));
+        if key == "nodes" {
+            nodes_remaining = Some(left.as_units());
+        } else if let Some(d) = dims.position(key) {
+            limited.push(d);
+            if let Some(slot) = remaining.0.get_mut(d) {
+                *slot = left.as_nanos();
+            }
+        }
+    }
+    Pool {
+        name,
+        reqs,
+        taints,
+        types: types.into_iter().map(|(_, t)| t).collect(),
+        broken,
+        known_keys,
+        limited,
+        remaining,
+        nodes_remaining,
+    }
+}
+
+/// The DaemonSet pods that would run on a node of this type from this pool.
+fn daemon_overhead(
+    it: &InstanceType,
+    pool_reqs: &Requirements,
+    taints: &[Taint],
+    daemons: &[PodInfo],
+) -> Resources {
+    let mut total = Resources::new();
+    for d in daemons {
+        if untolerated(&d.tolerations, taints, false).is_some() {
+            continue;
+        }
+        let lands = d.node_terms.iter().any(|term| {
+            pool_reqs.compatible(term).is_ok() && it.requirements.compatible(term).is_ok()
+        });
+        if lands {
+            total.add_assign(&d.requests);
+        }
+    }
+    total
+}
+
+/// The values of `key` a pool's instance types can offer.
+fn pool_domains(pool: &Pool, key: &str) -> BTreeSet<String> {
+    let allowed = pool.reqs.get(key);
+    let mut out = BTreeSet::new();
+    for t in &pool.types {
+        for o in t.it.offerings.iter().filter(|o| o.available) {
+            if let Some(v) = o.labels.get(key) {
+                out.insert(v.clone());
+            }
+        }
+        if let Some(vs) = t.it.requirements.values(key) {
+            out.extend(vs.iter().cloned());
+        }
+    }
+    out.retain(|v| allowed.is_none_or(|r| r.has(v)));
+    out
+}
+
+fn attempt_requirements<'p>(pod: &'p PodInfo, attempt: &Attempt) -> Cow<'p, Requirements> {
+    let base = pod
+        .node_terms
+        .get(attempt.node_term)
+        .or_else(|| pod.node_terms.first());
+    let preferred = pod
+        .preferred_node
+        .get(attempt.preferred_node)
+        .map(|(_, r)| r);
+    match (base, preferred) {
+        (Some(b), None) => Cow::Borrowed(b),
+        (Some(b), Some(p)) => Cow::Owned(b.intersect(p)),
+        (None, Some(p)) => Cow::Borrowed(p),
+        (None, None) => Cow::Owned(Requirements::new()),
+    }
+}
+
+/// Drops one preference, in Karpenter's order: the next required node-affinity term, preferred
+/// pod affinity, preferred anti-affinity (lightest first), preferred node affinity (heaviest
+/// first), ScheduleAnyway spreads, then PreferNoSchedule taints. False when nothing is left.
+fn relax(pod: &PodInfo, prep: &Prepared, attempt: &mut Attempt) -> bool {
+    if attempt.node_term + 1 < pod.node_terms.len() {
+        attempt.node_term += 1;
+        return true;
+    }
+    for kind in [TermKind::Affinity, TermKind::AntiAffinity] {
+        let lightest = prep
+            .terms
+            .iter()
+            .zip(&pod.terms)
+            .enumerate()
+            .filter(|(i, ((_, required, _), t))| {
+                !required
+                    && t.group.kind == kind
+                    && !attempt.dropped.get(*i).copied().unwrap_or(true)
+            })
+            .min_by_key(|(_, ((_, _, w), _))| *w)
+            .map(|(i, _)| i);
+        if let Some(i) = lightest
+            && let Some(d) = attempt.dropped.get_mut(i)
+        {
+            *d = true;
+            return true;
+        }
+    }
+    if attempt.preferred_node < pod.preferred_node.len() {
+        attempt.preferred_node += 1;
+        return true;
+    }
+    let soft_spread = pod.terms.iter().enumerate().find(|(i, t)| {
+        !t.required
+            && matches!(t.group.kind, TermKind::Spread { .. })
+            && !attempt.dropped.get(*i).copied().unwrap_or(true)
+    });
+    if let Some((i, _)) = soft_spread
+        && let Some(d) = attempt.dropped.get_mut(i)
+    {
+        *d = true;
+        return true;
+    }
+    if !attempt.tolerate_prefer_no_schedule {
+        attempt.tolerate_prefer_no_schedule = true;
+        return true;
+    }
+    false
+}
+
+fn with_narrowing(mut reqs: Requirements, narrowed: &[(String, String)]) -> Requirements {
+    for (k, v) in narrowed {
+        reqs.add(Requirement::is_in(k, &[v.as_str()]));
+    }
+    reqs
+}
+
+fn fits(want: &Amounts, avail: &Amounts) -> bool {
+    want.0.iter().zip(&avail.0).all(|(w, a)| w <= a)
+}
+
+fn ports_conflict(taken: &[(i32, String)], wanted: &[(i32, String)]) -> bool {
+    wanted.iter().any(|w| taken.contains(w))
+}
+
+/// An instance type a claim with `reqs` may use: its requirements are compatible and it has an
+/// available offering the requirements allow. Written without allocating, as it runs for every
+/// type whenever a claim's requirements narrow.
+fn type_usable(it: &InstanceType, reqs: &Requirements) -> bool {
+    let compatible = reqs.iter().all(|r| match it.requirements.get(r.key()) {
+        None => true,
+        Some(mine) => match mine.finite_values() {
+            Some(vs) => vs.iter().any(|v| r.has(v)) || (mine.allows_absent() && r.allows_absent()),
+            None => {
+                let both = mine.intersect(r);
+                !both.is_empty() || both.allows_absent()
+            }
+        },
+    });
+    compatible && it.offerings.iter().any(|o| offering_usable(o, reqs))
+}
+
+fn offering_usable(o: &Offering, reqs: &Requirements) -> bool {
+    o.available
+        && reqs
+            .iter()
+            .all(|r| o.labels.get(r.key()).is_none_or(|v| r.has(v)))
+}
+
+fn cheapest<'i>(it: &'i InstanceType, reqs: &Requirements) -> Option<&'i Offering> {
+    it.offerings
+        .iter()
+        .filter(|o| offering_usable(o, reqs))
+        .min_by(|a, b| a.price.total_cmp(&b.price))
+}
+
+fn max_avail(types: &[TypeInfo], chosen: &[usize], len: usize) -> Amounts {
+    let mut out = Amounts(vec![i128::MIN; len]);
+    for t in chosen.iter().filter_map(|&i| types.get(i)) {
+        out.max_assign(&t.avail);
+    }
+    out
+}
+
+/// True when a type's capacity fits the pool's limits, counting `own` (the claim's current
+/// charge) as already free.
+fn within_limits(pool: &Pool, capacity: &Amounts, own: &Amounts) -> bool {
+    exceeded_limit(pool, capacity, own).is_none()
+}
+
+fn exceeded_limit(pool: &Pool, capacity: &Amounts, own: &Amounts) -> Option<usize> {
+    pool.limited
+        .iter()
+        .copied()
+        .find(|&d| capacity.get(d) > pool.remaining.get(d).saturating_add(own.get(d)))
+}
+
+/// Moves a claim's charge against its pool's limits to its current cheapest type.
+fn recharge(pool: &mut Pool, claim: &mut Claim) {
+    if pool.limited.is_empty() {
+        return;
+    }
+    let Some(cap) = claim
+        .types
+        .first()
+        .and_then(|&i| pool.types.get(i))
+        .map(|t| t.capacity.clone())
+    else {
+        return;
+    };
+    pool.remaining.add_assign(&claim.charge);
+    pool.remaining.sub_assign(&cap);
+    claim.charge = cap;
+}
+
+/// The first minValues requirement the chosen types no longer satisfy, as a message.
+fn min_values_unmet(pool: &Pool, types: &[usize], reqs: &Requirements) -> Option<String> {
+    if !reqs.iter().any(|r| r.min_values().is_some()) {
+        return None;
+    }
+    reqs.check_min_values(|key| {
+        let allowed = reqs.get(key);
+        let mut values: BTreeSet<&str> = BTreeSet::new();
+        for t in types.iter().filter_map(|&i| pool.types.get(i)) {
+            if key == INSTANCE_TYPE_LABEL {
+                values.insert(&t.it.name);
+            } else if let Some(vs) = t.it.requirements.values(key) {
+                values.extend(
+                    vs.iter()
+                        .filter(|v| allowed.is_none_or(|r| r.has(v)))
+                        .map(String::as_str),
+                );
+            }
+        }
+        values.len()
+    })
+    .err()
+    .map(|e| e.to_string())
+}
+
+fn node_domain<'n>(node: &'n ExistingNode, key: &str) -> Option<&'n str> {
+    if key == HOSTNAME_LABEL {
+        return Some(
+            node.labels
+                .get(key)
+                .map(String::as_str)
+                .unwrap_or(node.name.as_str()),
+        );
+    }
+    node.labels.get(key).map(String::as_str)
+}
+
+fn claim_domain<'c>(claim: &'c Claim, key: &str) -> Option<&'c str> {
+    if key == HOSTNAME_LABEL {
+        return Some(&claim.hostname);
+    }
+    let vs = claim.reqs.values(key)?;
+    if vs.len() == 1 {
+        vs.iter().next().map(String::as_str)
+    } else {
+        None
+    }
+}
+
+fn describe(reqs: &Requirements) -> String {
+    let parts: Vec<String> = reqs.iter().map(|r| format!("{} {r}", r.key())).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// One error for the pod from every pool's miss: a limit or a fit problem of the first pool
+/// that otherwise matched, else the list of why no pool matched.
+fn summarise(misses: Vec<(&str, PoolMiss)>) -> PodError {
+    if misses.is_empty() {
+        return PodError::NoNodePoolMatches {
+            details: "there are no NodePools".into(),
+        };
+    }
+    let mut reasons = Vec::new();
+    for (pool, miss) in misses {
+        match miss {
+            PoolMiss::Limit(resource) => {
+                return PodError::LimitReached {
+                    nodepool: pool.to_string(),
+                    resource,
+                };
+            }
+            PoolMiss::NoFit(details) => {
+                return PodError::NoInstanceTypeFits {
+                    nodepool: pool.to_string(),
+                    details,
+                };
+            }
+            PoolMiss::Incompatible(why) => reasons.push(format!("NodePool {pool:?}: {why}")),
+        }
+    }
+    PodError::NoNodePoolMatches {
+        details: reasons.join("; "),
+    }
+}

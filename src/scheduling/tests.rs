@@ -1,0 +1,1194 @@
+//! Scenario tables for the solver: one test per constraint.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, ContainerPort, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    PreferredSchedulingTerm, ResourceRequirements, Taint, Toleration, TopologySpreadConstraint,
+    WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ObjectMeta;
+
+use super::*;
+use crate::api::nodeclaim::{NodeClassReference, NodeSelectorRequirementWithMinValues, Operator};
+use crate::api::nodepool::{
+    NodeClaimTemplate, NodeClaimTemplateSpec, NodePoolSpec, TemplateMetadata,
+};
+use crate::api::requirements::Requirement;
+use crate::api::wellknown::{
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL,
+};
+
+/// (name, value) pairs: resource lists and limits in tables.
+type Pairs<'a> = &'a [(&'a str, &'a str)];
+
+const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+
+fn q(s: &str) -> Quantity {
+    s.parse().unwrap()
+}
+
+fn res(pairs: &[(&str, &str)]) -> Resources {
+    pairs.iter().map(|(k, v)| (k.to_string(), q(v))).collect()
+}
+
+/// An instance type with `cpu` CPUs, `mem` GiB and 110 pods, on-demand in every zone at a price
+/// proportional to its size.
+fn it(name: &str, cpu: i64, mem: i64) -> InstanceType {
+    it_in(name, cpu, mem, &ZONES, &["on-demand"])
+}
+
+fn it_in(name: &str, cpu: i64, mem: i64, zones: &[&str], cts: &[&str]) -> InstanceType {
+    let mut offerings = Vec::new();
+    for z in zones {
+        for ct in cts {
+            let labels: BTreeMap<String, String> = [
+                (ZONE_LABEL, *z),
+                (CAPACITY_TYPE_LABEL, *ct),
+                (INSTANCE_TYPE_LABEL, name),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let discount = if *ct == "spot" { 0.5 } else { 1.0 };
+            offerings.push(Offering {
+                machine_deployment: format!("ns/{name}-{z}-{ct}"),
+                zone: Some(z.to_string()),
+                capacity_type: ct.to_string(),
+                price: (cpu as f64 * 0.1 + mem as f64 * 0.1) * discount,
+                available: true,
+                labels,
+                taints: vec![],
+                replicas: 0,
+                max_size: None,
+            });
+        }
+    }
+    let mut requirements = Requirements::new();
+    requirements.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &[name]));
+    requirements.add(Requirement::is_in(ZONE_LABEL, zones));
+    requirements.add(Requirement::is_in(CAPACITY_TYPE_LABEL, cts));
+    InstanceType {
+        name: name.to_string(),
+        requirements,
+        capacity: res(&[
+            ("cpu", &cpu.to_string()),
+            ("memory", &format!("{mem}Gi")),
+            ("pods", "110"),
+        ]),
+        overhead: Resources::new(),
+        offerings,
+    }
+}
+
+fn standard_types() -> Vec<InstanceType> {
+    vec![it("small", 2, 4), it("medium", 4, 8), it("large", 8, 16)]
+}
+
+fn nodepool(name: &str) -> NodePool {
+    NodePool {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        },
+        spec: NodePoolSpec {
+            template: NodeClaimTemplate {
+                metadata: None,
+                spec: NodeClaimTemplateSpec {
+                    node_class_ref: NodeClassReference {
+                        kind: "ClusterAPINodeClass".into(),
+                        name: "default".into(),
+                        group: "karpenter.cluster.x-k8s.io".into(),
+                    },
+                    ..Default::default()
+                },
+            },
+            ..Default::default()
+        },
+        status: None,
+    }
+}
+
+fn pool(np: NodePool, types: Vec<InstanceType>) -> PoolInput {
+    PoolInput {
+        nodepool: np,
+        instance_types: types,
+        usage: Resources::new(),
+    }
+}
+
+fn pod(name: &str, cpu: &str, mem: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            labels: Some([("app".to_string(), name.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "c".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(
+                        [
+                            ("cpu".to_string(), K8sQuantity(cpu.into())),
+                            ("memory".to_string(), K8sQuantity(mem.into())),
+                        ]
+                        .into(),
+                    ),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn labelled(mut p: Pod, app: &str) -> Pod {
+    p.metadata.labels = Some([("app".to_string(), app.to_string())].into());
+    p
+}
+
+fn spec(p: &mut Pod) -> &mut PodSpec {
+    p.spec.as_mut().unwrap()
+}
+
+fn selector(app: &str) -> Option<LabelSelector> {
+    Some(LabelSelector {
+        match_labels: Some([("app".to_string(), app.to_string())].into()),
+        ..Default::default()
+    })
+}
+
+fn snapshot(pods: Vec<Pod>, pools: Vec<PoolInput>) -> Snapshot {
+    Snapshot {
+        pods,
+        nodepools: pools,
+        ..Default::default()
+    }
+}
+
+fn one_pool(pods: Vec<Pod>) -> Results {
+    solve(&snapshot(
+        pods,
+        vec![pool(nodepool("default"), standard_types())],
+    ))
+}
+
+fn zone_of(c: &NewClaim) -> Vec<String> {
+    c.requirements
+        .values(ZONE_LABEL)
+        .map(|v| v.iter().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn claim_of<'r>(r: &'r Results, pod: &str) -> &'r NewClaim {
+    let key = format!("default/{pod}");
+    r.new_claims
+        .iter()
+        .find(|c| c.pods.contains(&key))
+        .unwrap_or_else(|| panic!("{pod} not on a claim: {r:#?}"))
+}
+
+fn node_req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
+    NodeSelectorRequirement {
+        key: key.into(),
+        operator: op.into(),
+        values: Some(values.iter().map(|v| v.to_string()).collect()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn requests_pack_and_pick_the_cheapest_type() {
+    // (pods as (cpu, memory), expected claims, expected cheapest type of the first claim)
+    let cases: &[(Pairs, usize, &str)] = &[
+        (&[("1", "1Gi")], 1, "small"),
+        (&[("1", "1Gi"), ("500m", "1Gi")], 1, "small"),
+        (&[("3", "1Gi")], 1, "medium"),
+        (&[("7", "1Gi"), ("7", "1Gi")], 2, "large"),
+        (&[("1", "10Gi")], 1, "large"),
+    ];
+    for (pods, claims, cheapest) in cases {
+        let pods = pods
+            .iter()
+            .enumerate()
+            .map(|(i, (c, m))| pod(&format!("p{i}"), c, m))
+            .collect();
+        let r = one_pool(pods);
+        assert!(r.failures.is_empty(), "{r:?}");
+        assert_eq!(r.new_claims.len(), *claims, "{r:#?}");
+        assert_eq!(r.new_claims[0].instance_types[0], *cheapest, "{r:#?}");
+    }
+}
+
+#[test]
+fn every_pod_takes_a_pods_slot() {
+    let mut t = it("tiny", 8, 16);
+    t.capacity.set("pods", Quantity::from_units(2));
+    let pods = (0..3)
+        .map(|i| pod(&format!("p{i}"), "10m", "10Mi"))
+        .collect();
+    let r = solve(&snapshot(pods, vec![pool(nodepool("default"), vec![t])]));
+    assert_eq!(r.new_claims.len(), 2);
+    assert_eq!(
+        r.new_claims[0].requests.get("pods"),
+        Quantity::from_units(2)
+    );
+}
+
+#[test]
+fn too_big_for_any_type_fails_with_the_resource() {
+    let r = one_pool(vec![pod("huge", "64", "1Gi")]);
+    assert!(r.new_claims.is_empty());
+    let (key, err) = &r.failures[0];
+    assert_eq!(key, "default/huge");
+    match err {
+        PodError::NoInstanceTypeFits { nodepool, details } => {
+            assert_eq!(nodepool, "default");
+            assert!(details.contains("cpu"), "{details}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn node_selector_and_required_affinity() {
+    let mut zonal = pod("zonal", "1", "1Gi");
+    spec(&mut zonal).node_selector = Some([(ZONE_LABEL.to_string(), "zone-b".to_string())].into());
+    let mut affine = pod("affine", "1", "1Gi");
+    spec(&mut affine).affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![node_req(INSTANCE_TYPE_LABEL, "In", &["large"])]),
+                    match_fields: None,
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let mut nowhere = pod("nowhere", "1", "1Gi");
+    spec(&mut nowhere).node_selector =
+        Some([(ZONE_LABEL.to_string(), "zone-x".to_string())].into());
+    let r = one_pool(vec![zonal, affine, nowhere]);
+    assert_eq!(zone_of(claim_of(&r, "zonal")), ["zone-b"]);
+    assert_eq!(claim_of(&r, "affine").instance_types, ["large"]);
+    assert_eq!(r.failures.len(), 1, "{r:#?}");
+    assert!(matches!(
+        r.failures[0].1,
+        PodError::NoInstanceTypeFits { .. } | PodError::NoNodePoolMatches { .. }
+    ));
+    assert!(
+        r.failures[0].1.to_string().contains("zone-x"),
+        "{}",
+        r.failures[0].1
+    );
+}
+
+#[test]
+fn required_labels_must_be_provided() {
+    let mut np = nodepool("team-a");
+    np.spec.template.metadata = Some(TemplateMetadata {
+        labels: Some([("team".to_string(), "a".to_string())].into()),
+        annotations: None,
+    });
+    // (node selector, placed)
+    let cases = [
+        (("team", "a"), true),
+        (("team", "b"), false),
+        // Not defined anywhere: a node would not carry it.
+        (("gpu", "yes"), false),
+        // Well known: the provider sets it even though no type spells it out.
+        ((ARCH_LABEL, "amd64"), true),
+    ];
+    for ((k, v), placed) in cases {
+        let mut p = pod("p", "1", "1Gi");
+        spec(&mut p).node_selector = Some([(k.to_string(), v.to_string())].into());
+        let r = solve(&snapshot(vec![p], vec![pool(np.clone(), standard_types())]));
+        assert_eq!(r.failures.is_empty(), placed, "{k}={v}: {r:?}");
+        if k == "gpu" {
+            assert!(
+                r.failures[0]
+                    .1
+                    .to_string()
+                    .contains("\"gpu\" is not provided"),
+                "{:?}",
+                r.failures
+            );
+        }
+    }
+}
+
+#[test]
+fn ored_required_terms_fall_through() {
+    let mut p = pod("p", "1", "1Gi");
+    spec(&mut p).affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![
+                    NodeSelectorTerm {
+                        match_expressions: Some(vec![node_req(ZONE_LABEL, "In", &["zone-x"])]),
+                        match_fields: None,
+                    },
+                    NodeSelectorTerm {
+                        match_expressions: Some(vec![node_req(ZONE_LABEL, "In", &["zone-c"])]),
+                        match_fields: None,
+                    },
+                ],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let r = one_pool(vec![p]);
+    assert_eq!(zone_of(claim_of(&r, "p")), ["zone-c"]);
+}
+
+fn preferring(zone: &str) -> Pod {
+    let mut p = pod("pref", "1", "1Gi");
+    spec(&mut p).affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            preferred_during_scheduling_ignored_during_execution: Some(vec![
+                PreferredSchedulingTerm {
+                    weight: 10,
+                    preference: NodeSelectorTerm {
+                        match_expressions: Some(vec![node_req(ZONE_LABEL, "In", &[zone])]),
+                        match_fields: None,
+                    },
+                },
+            ]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    p
+}
+
+#[test]
+fn preferred_node_affinity_is_tried_then_relaxed_or_ignored() {
+    // (preferred zone, policy, expected zone requirement of the claim)
+    let cases: &[(&str, PreferencePolicy, &[&str])] = &[
+        ("zone-b", PreferencePolicy::Respect, &["zone-b"]),
+        // Relaxed or ignored: the claim has no zone requirement at all.
+        ("zone-x", PreferencePolicy::Respect, &[]),
+        ("zone-b", PreferencePolicy::Ignore, &[]),
+    ];
+    for (zone, policy, want) in cases {
+        let mut s = snapshot(
+            vec![preferring(zone)],
+            vec![pool(nodepool("default"), standard_types())],
+        );
+        s.preference_policy = *policy;
+        let r = solve(&s);
+        assert!(r.failures.is_empty(), "{r:?}");
+        assert_eq!(zone_of(claim_of(&r, "pref")), *want, "{zone} {policy:?}");
+    }
+}
+
+fn tainted_pool(name: &str, effect: &str) -> PoolInput {
+    let mut np = nodepool(name);
+    np.spec.template.spec.taints = Some(vec![Taint {
+        key: "dedicated".into(),
+        value: Some("gpu".into()),
+        effect: effect.into(),
+        time_added: None,
+    }]);
+    np.spec.template.spec.startup_taints = Some(vec![Taint {
+        key: "init".into(),
+        value: None,
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }]);
+    pool(np, standard_types())
+}
+
+#[test]
+fn tolerations_against_nodepool_taints() {
+    let toleration = Toleration {
+        key: Some("dedicated".into()),
+        operator: Some("Equal".into()),
+        value: Some("gpu".into()),
+        effect: Some("NoSchedule".into()),
+        toleration_seconds: None,
+    };
+    // (effect of the pool taint, pod tolerates, placed)
+    let cases = [
+        ("NoSchedule", false, false),
+        ("NoSchedule", true, true),
+        ("NoExecute", false, false),
+        // A PreferNoSchedule taint is relaxed last, so the pod still lands.
+        ("PreferNoSchedule", false, true),
+    ];
+    for (effect, tolerates, placed) in cases {
+        let mut p = pod("p", "1", "1Gi");
+        if tolerates {
+            spec(&mut p).tolerations = Some(vec![toleration.clone()]);
+        }
+        let r = solve(&snapshot(vec![p], vec![tainted_pool("tainted", effect)]));
+        assert_eq!(
+            r.new_claims.len() == 1,
+            placed,
+            "{effect} {tolerates}: {r:?}"
+        );
+        if !placed {
+            let msg = r.failures[0].1.to_string();
+            assert!(
+                msg.contains("dedicated") && msg.contains("tainted"),
+                "{msg}"
+            );
+        }
+    }
+}
+
+#[test]
+fn prefer_no_schedule_taint_steers_to_another_pool() {
+    let r = solve(&snapshot(
+        vec![pod("p", "1", "1Gi")],
+        vec![
+            tainted_pool("a-tainted", "PreferNoSchedule"),
+            pool(nodepool("b-clean"), standard_types()),
+        ],
+    ));
+    assert_eq!(r.new_claims[0].nodepool, "b-clean");
+}
+
+#[test]
+fn nodepools_are_tried_by_weight_then_name() {
+    let mut heavy = nodepool("z-heavy");
+    heavy.spec.weight = Some(50);
+    // (pools, expected pool)
+    let cases: Vec<(Vec<PoolInput>, &str)> = vec![
+        (
+            vec![
+                pool(nodepool("b"), standard_types()),
+                pool(nodepool("a"), standard_types()),
+            ],
+            "a",
+        ),
+        (
+            vec![
+                pool(nodepool("a"), standard_types()),
+                pool(heavy, standard_types()),
+            ],
+            "z-heavy",
+        ),
+    ];
+    for (pools, want) in cases {
+        let r = solve(&snapshot(vec![pod("p", "1", "1Gi")], pools));
+        assert_eq!(r.new_claims[0].nodepool, want);
+    }
+}
+
+#[test]
+fn nodepool_requirements_restrict_types_and_zones() {
+    let mut np = nodepool("default");
+    np.spec.template.spec.requirements = vec![
+        NodeSelectorRequirementWithMinValues::new(
+            INSTANCE_TYPE_LABEL,
+            Operator::In,
+            &["medium", "large"],
+        ),
+        NodeSelectorRequirementWithMinValues::new(ZONE_LABEL, Operator::NotIn, &["zone-a"]),
+    ];
+    let r = solve(&snapshot(
+        vec![pod("p", "1", "1Gi")],
+        vec![pool(np, standard_types())],
+    ));
+    let c = &r.new_claims[0];
+    assert_eq!(c.instance_types, ["medium", "large"]);
+    assert_eq!(zone_of(c), Vec::<String>::new(), "NotIn stays a complement");
+    assert!(!c.requirements.get(ZONE_LABEL).unwrap().has("zone-a"));
+    // A pod that insists on zone-a fits no pool.
+    let mut p = pod("a", "1", "1Gi");
+    spec(&mut p).node_selector = Some([(ZONE_LABEL.to_string(), "zone-a".to_string())].into());
+    let mut np = nodepool("default");
+    np.spec.template.spec.requirements = vec![NodeSelectorRequirementWithMinValues::new(
+        ZONE_LABEL,
+        Operator::NotIn,
+        &["zone-a"],
+    )];
+    let r = solve(&snapshot(vec![p], vec![pool(np, standard_types())]));
+    match &r.failures[0].1 {
+        PodError::NoNodePoolMatches { details } => assert!(details.contains("zone"), "{details}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn limits_cap_new_claims() {
+    // (limits, pods of 1.5 cpu, expected claims, expected failure resource)
+    let cases: &[(Pairs, usize, usize, Option<&str>)] = &[
+        (&[("cpu", "4")], 2, 2, None),
+        // Each claim charges its cheapest type (2 cpu): the second claim is out of cpu.
+        (&[("cpu", "3")], 2, 1, Some("cpu")),
+        (&[("nodes", "1")], 2, 1, Some("nodes")),
+        (&[("nodes", "3")], 3, 3, None),
+    ];
+    for (limits, pods, claims, failure) in cases {
+        let mut np = nodepool("default");
+        np.spec.limits = Some(
+            limits
+                .iter()
+                .map(|(k, v)| (k.to_string(), K8sQuantity(v.to_string())))
+                .collect(),
+        );
+        // Only the small type, so every pod pair needs its own node.
+        let types = vec![it("small", 2, 4)];
+        let pods = (0..*pods)
+            .map(|i| pod(&format!("p{i}"), "1500m", "1Gi"))
+            .collect();
+        let r = solve(&snapshot(pods, vec![pool(np, types)]));
+        assert_eq!(r.new_claims.len(), *claims, "{limits:?}: {r:#?}");
+        match failure {
+            None => assert!(r.failures.is_empty(), "{limits:?}: {r:?}"),
+            Some(resource) => assert_eq!(
+                r.failures[0].1,
+                PodError::LimitReached {
+                    nodepool: "default".into(),
+                    resource: resource.to_string()
+                }
+            ),
+        }
+    }
+}
+
+#[test]
+fn limits_count_existing_usage_and_exclude_big_types() {
+    let mut np = nodepool("default");
+    np.spec.limits = Some([("cpu".to_string(), K8sQuantity("10".into()))].into());
+    let mut input = pool(np, standard_types());
+    input.usage = res(&[("cpu", "4"), ("nodes", "1")]);
+    // 6 cpu left: large (8) is excluded even though it would be the only fit for 5 cpu.
+    let r = solve(&snapshot(
+        vec![pod("p", "3", "1Gi"), pod("big", "5", "1Gi")],
+        vec![input],
+    ));
+    assert_eq!(claim_of(&r, "p").instance_types, ["medium"]);
+    assert_eq!(
+        r.failures,
+        vec![(
+            "default/big".to_string(),
+            PodError::LimitReached {
+                nodepool: "default".into(),
+                resource: "cpu".into()
+            }
+        )]
+    );
+}
+
+#[test]
+fn min_values_keep_enough_types() {
+    let mut np = nodepool("default");
+    let mut req =
+        NodeSelectorRequirementWithMinValues::new(INSTANCE_TYPE_LABEL, Operator::Exists, &[]);
+    req.min_values = Some(2);
+    np.spec.template.spec.requirements = vec![req];
+    // (pods' cpu, placed): 3 cpu leaves medium and large; 5 cpu leaves only large.
+    for (cpu, placed) in [("3", true), ("5", false)] {
+        let r = solve(&snapshot(
+            vec![pod("p", cpu, "1Gi")],
+            vec![pool(np.clone(), standard_types())],
+        ));
+        assert_eq!(r.failures.is_empty(), placed, "{cpu}: {r:?}");
+        if !placed {
+            assert!(
+                r.failures[0].1.to_string().contains("minValues"),
+                "{}",
+                r.failures[0].1
+            );
+        }
+    }
+}
+
+#[test]
+fn daemonset_overhead_per_instance_type() {
+    let mut ds = pod("ds", "1", "1Gi");
+    // Only on large nodes.
+    spec(&mut ds).node_selector =
+        Some([(INSTANCE_TYPE_LABEL.to_string(), "large".to_string())].into());
+    let mut everywhere = pod("ds2", "500m", "100Mi");
+    spec(&mut everywhere).tolerations = None;
+    let mut s = snapshot(
+        vec![pod("p", "1500m", "1Gi")],
+        vec![pool(nodepool("default"), standard_types())],
+    );
+    s.daemonsets = vec![ds, everywhere];
+    let r = solve(&s);
+    // small (2 cpu) - 500m daemon = 1.5: fits exactly; the claim's requests include the daemon.
+    let c = claim_of(&r, "p");
+    assert_eq!(c.instance_types[0], "small");
+    assert_eq!(c.requests.get("cpu"), q("2"));
+    assert_eq!(c.requests.get("pods"), q("2"));
+    // 6.5 cpu: large has 8 - 1 - 0.5 = 6.5, medium is too small.
+    let mut s2 = s.clone();
+    s2.pods = vec![pod("q", "6500m", "1Gi")];
+    assert_eq!(solve(&s2).new_claims[0].instance_types, ["large"]);
+    s2.pods = vec![pod("q", "6600m", "1Gi")];
+    assert!(matches!(
+        solve(&s2).failures[0].1,
+        PodError::NoInstanceTypeFits { .. }
+    ));
+}
+
+fn spread(mut p: Pod, key: &str, skew: i32, hard: bool) -> Pod {
+    let app = p.metadata.labels.as_ref().unwrap()["app"].clone();
+    spec(&mut p).topology_spread_constraints = Some(vec![TopologySpreadConstraint {
+        max_skew: skew,
+        topology_key: key.into(),
+        when_unsatisfiable: if hard {
+            "DoNotSchedule"
+        } else {
+            "ScheduleAnyway"
+        }
+        .into(),
+        label_selector: selector(&app),
+        ..Default::default()
+    }]);
+    p
+}
+
+#[test]
+fn zonal_topology_spread_balances_zones() {
+    let pods: Vec<Pod> = (0..6)
+        .map(|i| {
+            spread(
+                labelled(pod(&format!("p{i}"), "100m", "100Mi"), "web"),
+                ZONE_LABEL,
+                1,
+                true,
+            )
+        })
+        .collect();
+    let r = one_pool(pods);
+    assert!(r.failures.is_empty(), "{r:?}");
+    let mut per_zone: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &r.new_claims {
+        let z = zone_of(c);
+        assert_eq!(z.len(), 1, "each claim is pinned to one zone: {c:?}");
+        *per_zone.entry(z[0].clone()).or_default() += c.pods.len();
+    }
+    assert_eq!(
+        per_zone.values().copied().collect::<Vec<_>>(),
+        [2, 2, 2],
+        "{per_zone:?}"
+    );
+}
+
+#[test]
+fn zonal_spread_counts_bound_pods_and_respects_pod_zones() {
+    // Two matching pods already run in zone-a: the next ones go to b and c first.
+    let node = ExistingNode {
+        name: "n1".into(),
+        labels: [(ZONE_LABEL.to_string(), "zone-a".to_string())].into(),
+        allocatable: res(&[("cpu", "0"), ("pods", "0")]),
+        ..Default::default()
+    };
+    let bound: Vec<Pod> = (0..2)
+        .map(|i| {
+            let mut p = labelled(pod(&format!("old{i}"), "1", "1Gi"), "web");
+            spec(&mut p).node_name = Some("n1".into());
+            p
+        })
+        .collect();
+    let pods = (0..2)
+        .map(|i| {
+            spread(
+                labelled(pod(&format!("p{i}"), "100m", "100Mi"), "web"),
+                ZONE_LABEL,
+                1,
+                true,
+            )
+        })
+        .collect();
+    let mut s = snapshot(pods, vec![pool(nodepool("default"), standard_types())]);
+    s.nodes = vec![node];
+    s.bound_pods = bound;
+    let r = solve(&s);
+    let mut zones: Vec<String> = r.new_claims.iter().flat_map(zone_of).collect();
+    zones.sort();
+    assert_eq!(zones, ["zone-b", "zone-c"], "{r:#?}");
+    // Counts are now a=2, b=1, c=1: a third pod may not go to zone-a.
+    s.pods.push(spread(
+        labelled(pod("p2", "100m", "100Mi"), "web"),
+        ZONE_LABEL,
+        1,
+        true,
+    ));
+    let r = solve(&s);
+    assert!(r.failures.is_empty(), "{r:#?}");
+    assert_eq!(zone_of(claim_of(&r, "p2")), ["zone-b"]);
+    // nodeAffinityPolicy Honor: a pod pinned to zone-a only counts zone-a, so it may go there.
+    let mut pinned = spread(
+        labelled(pod("pinned", "100m", "100Mi"), "web"),
+        ZONE_LABEL,
+        1,
+        true,
+    );
+    spec(&mut pinned).node_selector = Some([(ZONE_LABEL.to_string(), "zone-a".to_string())].into());
+    s.pods = vec![pinned];
+    let r = solve(&s);
+    assert_eq!(zone_of(claim_of(&r, "pinned")), ["zone-a"]);
+}
+
+#[test]
+fn hostname_spread_and_schedule_anyway() {
+    // (maxSkew, hard, pods, expected claims)
+    let cases = [(1, true, 4, 4), (2, true, 4, 2), (1, false, 4, 4)];
+    for (skew, hard, n, claims) in cases {
+        let pods = (0..n)
+            .map(|i| {
+                spread(
+                    labelled(pod(&format!("p{i}"), "100m", "100Mi"), "web"),
+                    HOSTNAME_LABEL,
+                    skew,
+                    hard,
+                )
+            })
+            .collect();
+        let r = one_pool(pods);
+        assert!(r.failures.is_empty());
+        assert_eq!(r.new_claims.len(), claims, "skew {skew} hard {hard}");
+    }
+    // ScheduleAnyway yields when it cannot be met (nodes limit 1), DoNotSchedule does not.
+    for (hard, failures) in [(false, 0), (true, 1)] {
+        let mut np = nodepool("default");
+        np.spec.limits = Some([("nodes".to_string(), K8sQuantity("1".into()))].into());
+        let pods = (0..2)
+            .map(|i| {
+                spread(
+                    labelled(pod(&format!("p{i}"), "100m", "100Mi"), "web"),
+                    HOSTNAME_LABEL,
+                    1,
+                    hard,
+                )
+            })
+            .collect();
+        let r = solve(&snapshot(pods, vec![pool(np, standard_types())]));
+        assert_eq!(r.failures.len(), failures, "hard {hard}: {r:#?}");
+    }
+}
+
+fn with_pod_affinity(mut p: Pod, app: &str, key: &str, anti: bool, required: bool) -> Pod {
+    let term = PodAffinityTerm {
+        label_selector: selector(app),
+        topology_key: key.into(),
+        ..Default::default()
+    };
+    let (req, pref) = if required {
+        (Some(vec![term]), None)
+    } else {
+        (
+            None,
+            Some(vec![WeightedPodAffinityTerm {
+                weight: 1,
+                pod_affinity_term: term,
+            }]),
+        )
+    };
+    let affinity = spec(&mut p).affinity.get_or_insert_with(Default::default);
+    if anti {
+        affinity.pod_anti_affinity = Some(PodAntiAffinity {
+            required_during_scheduling_ignored_during_execution: req,
+            preferred_during_scheduling_ignored_during_execution: pref,
+        });
+    } else {
+        affinity.pod_affinity = Some(PodAffinity {
+            required_during_scheduling_ignored_during_execution: req,
+            preferred_during_scheduling_ignored_during_execution: pref,
+        });
+    }
+    p
+}
+
+#[test]
+fn hostname_anti_affinity_separates_pods() {
+    let pods = (0..3)
+        .map(|i| {
+            with_pod_affinity(
+                labelled(pod(&format!("p{i}"), "100m", "100Mi"), "db"),
+                "db",
+                HOSTNAME_LABEL,
+                true,
+                true,
+            )
+        })
+        .collect();
+    let r = one_pool(pods);
+    assert_eq!(r.new_claims.len(), 3);
+    assert!(r.new_claims.iter().all(|c| c.pods.len() == 1));
+    // Symmetry: a plain "db" pod may not join a claim whose pod repels "db" pods.
+    let mut pods: Vec<Pod> = vec![with_pod_affinity(
+        labelled(pod("guard", "1", "1Gi"), "guard"),
+        "db",
+        HOSTNAME_LABEL,
+        true,
+        true,
+    )];
+    pods.push(labelled(pod("plain", "100m", "100Mi"), "db"));
+    let r = one_pool(pods);
+    assert_eq!(r.new_claims.len(), 2, "{r:#?}");
+}
+
+#[test]
+fn zonal_anti_affinity_uses_distinct_zones() {
+    let pods = (0..4)
+        .map(|i| {
+            with_pod_affinity(
+                labelled(pod(&format!("p{i}"), "100m", "100Mi"), "db"),
+                "db",
+                ZONE_LABEL,
+                true,
+                true,
+            )
+        })
+        .collect();
+    let r = one_pool(pods);
+    let mut zones: Vec<String> = r.new_claims.iter().flat_map(zone_of).collect();
+    zones.sort();
+    assert_eq!(zones, ZONES, "{r:#?}");
+    assert_eq!(r.failures.len(), 1, "three zones, four pods");
+}
+
+#[test]
+fn preferred_anti_affinity_relaxes() {
+    let pods = (0..4)
+        .map(|i| {
+            with_pod_affinity(
+                labelled(pod(&format!("p{i}"), "100m", "100Mi"), "db"),
+                "db",
+                ZONE_LABEL,
+                true,
+                false,
+            )
+        })
+        .collect();
+    let r = one_pool(pods);
+    assert!(r.failures.is_empty(), "{r:?}");
+}
+
+#[test]
+fn zonal_and_hostname_affinity_colocate() {
+    for key in [ZONE_LABEL, HOSTNAME_LABEL] {
+        let pods: Vec<Pod> = (0..4)
+            .map(|i| {
+                with_pod_affinity(
+                    labelled(pod(&format!("p{i}"), "1500m", "1Gi"), "cache"),
+                    "cache",
+                    key,
+                    false,
+                    true,
+                )
+            })
+            .collect();
+        let r = one_pool(pods);
+        assert!(r.failures.is_empty(), "{key}: {r:?}");
+        let zones: BTreeSet<Vec<String>> = r.new_claims.iter().map(zone_of).collect();
+        assert_eq!(zones.len(), 1, "{key}: one zone for all: {zones:?}");
+        if key == HOSTNAME_LABEL {
+            assert_eq!(r.new_claims.len(), 1);
+        }
+    }
+    // Affinity to pods that do not exist (and not to itself) cannot be met.
+    let lonely = with_pod_affinity(pod("lonely", "1", "1Gi"), "ghost", ZONE_LABEL, false, true);
+    let r = one_pool(vec![lonely]);
+    assert_eq!(r.failures.len(), 1);
+}
+
+#[test]
+fn affinity_follows_bound_pods() {
+    let node = ExistingNode {
+        name: "n1".into(),
+        labels: [(ZONE_LABEL.to_string(), "zone-c".to_string())].into(),
+        allocatable: res(&[("cpu", "0"), ("pods", "0")]),
+        ..Default::default()
+    };
+    let mut bound = labelled(pod("server", "1", "1Gi"), "server");
+    spec(&mut bound).node_name = Some("n1".into());
+    let client = with_pod_affinity(pod("client", "1", "1Gi"), "server", ZONE_LABEL, false, true);
+    let mut s = snapshot(
+        vec![client],
+        vec![pool(nodepool("default"), standard_types())],
+    );
+    s.nodes = vec![node];
+    s.bound_pods = vec![bound];
+    let r = solve(&s);
+    assert_eq!(zone_of(claim_of(&r, "client")), ["zone-c"]);
+}
+
+#[test]
+fn host_ports_conflict_on_one_node() {
+    let with_port = |name: &str, port: i32, protocol: &str| {
+        let mut p = pod(name, "100m", "100Mi");
+        spec(&mut p).containers[0].ports = Some(vec![ContainerPort {
+            container_port: 80,
+            host_port: Some(port),
+            protocol: Some(protocol.into()),
+            ..Default::default()
+        }]);
+        p
+    };
+    // (pods, expected claims)
+    let cases = [
+        (
+            vec![with_port("a", 80, "TCP"), with_port("b", 80, "TCP")],
+            2,
+        ),
+        (
+            vec![with_port("a", 80, "TCP"), with_port("b", 80, "UDP")],
+            1,
+        ),
+        (
+            vec![with_port("a", 80, "TCP"), with_port("b", 81, "TCP")],
+            1,
+        ),
+    ];
+    for (pods, claims) in cases {
+        assert_eq!(one_pool(pods).new_claims.len(), claims);
+    }
+}
+
+#[test]
+fn existing_nodes_first_then_in_flight_then_new() {
+    let node = |name: &str, cpu: &str, in_flight: bool| ExistingNode {
+        name: name.into(),
+        labels: [(ZONE_LABEL.to_string(), "zone-a".to_string())].into(),
+        allocatable: res(&[("cpu", cpu), ("memory", "8Gi"), ("pods", "110")]),
+        requested: res(&[("cpu", "0")]),
+        in_flight,
+        nodepool: Some("default".into()),
+        taints: vec![],
+    };
+    let mut s = snapshot(
+        vec![
+            pod("a", "2", "1Gi"),
+            pod("b", "2", "1Gi"),
+            pod("c", "2", "1Gi"),
+        ],
+        vec![pool(nodepool("default"), standard_types())],
+    );
+    s.nodes = vec![node("existing", "2", false), node("inflight", "2", true)];
+    let r = solve(&s);
+    assert_eq!(
+        r.placed_on_existing,
+        vec![
+            ("default/a".into(), "existing".into()),
+            ("default/b".into(), "inflight".into())
+        ]
+    );
+    assert_eq!(claim_of(&r, "c").pods, ["default/c"]);
+    // An untolerated taint or a mismatched selector keeps a pod off an existing node.
+    let mut tainted = node("tainted", "8", false);
+    tainted.taints = vec![Taint {
+        key: "k".into(),
+        value: None,
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }];
+    let mut ephemeral = node("booting", "8", true);
+    ephemeral.taints = vec![Taint {
+        key: "karpenter.sh/unregistered".into(),
+        value: None,
+        effect: "NoExecute".into(),
+        time_added: None,
+    }];
+    let mut picky = pod("picky", "1", "1Gi");
+    spec(&mut picky).node_selector = Some([(ZONE_LABEL.to_string(), "zone-b".to_string())].into());
+    s.nodes = vec![tainted, ephemeral];
+    s.pods = vec![pod("x", "1", "1Gi"), picky];
+    let r = solve(&s);
+    assert_eq!(
+        r.placed_on_existing,
+        vec![("default/x".into(), "booting".into())]
+    );
+    assert_eq!(zone_of(claim_of(&r, "picky")), ["zone-b"]);
+}
+
+#[test]
+fn cheapest_offering_orders_types_and_capacity_types_are_listed() {
+    let types = vec![
+        it_in("od-only", 4, 8, &ZONES, &["on-demand"]),
+        it_in("spotty", 4, 8, &["zone-a"], &["on-demand", "spot"]),
+    ];
+    let r = solve(&snapshot(
+        vec![pod("p", "1", "1Gi")],
+        vec![pool(nodepool("default"), types.clone())],
+    ));
+    let c = &r.new_claims[0];
+    assert_eq!(c.instance_types, ["spotty", "od-only"], "spot is cheaper");
+    let ct: Vec<&String> = c
+        .requirements
+        .values(CAPACITY_TYPE_LABEL)
+        .unwrap()
+        .iter()
+        .collect();
+    assert_eq!(ct, ["on-demand", "spot"]);
+    // A pod that needs on-demand in zone-b: spotty drops out.
+    let mut p = pod("p", "1", "1Gi");
+    spec(&mut p).node_selector = Some(
+        [
+            (ZONE_LABEL.to_string(), "zone-b".to_string()),
+            (CAPACITY_TYPE_LABEL.to_string(), "on-demand".to_string()),
+        ]
+        .into(),
+    );
+    let r = solve(&snapshot(vec![p], vec![pool(nodepool("default"), types)]));
+    assert_eq!(r.new_claims[0].instance_types, ["od-only"]);
+    // An unavailable offering is not used.
+    let mut gone = it("gone", 2, 4);
+    for o in &mut gone.offerings {
+        o.available = false;
+    }
+    let r = solve(&snapshot(
+        vec![pod("p", "1", "1Gi")],
+        vec![pool(nodepool("default"), vec![gone, it("big", 8, 16)])],
+    ));
+    assert_eq!(r.new_claims[0].instance_types, ["big"]);
+}
+
+#[test]
+fn invalid_pods_are_reported_and_others_still_placed() {
+    let mut bad = pod("bad", "1", "1Gi");
+    spec(&mut bad).affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![node_req("k", "Near", &["x"])]),
+                    match_fields: None,
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let r = one_pool(vec![bad, pod("good", "1", "1Gi")]);
+    assert_eq!(r.new_claims.len(), 1);
+    let (key, err) = &r.failures[0];
+    assert_eq!(key, "default/bad");
+    assert!(
+        err.to_string().contains("nodeSelectorTerms[0]") && err.to_string().contains("Near"),
+        "{err}"
+    );
+}
+
+#[test]
+fn pods_are_packed_largest_first() {
+    // Two 1.5-cpu pods and two 0.5-cpu pods fill two small nodes exactly when sorted.
+    let pods = vec![
+        pod("s1", "500m", "1Gi"),
+        pod("l1", "1500m", "1Gi"),
+        pod("s2", "500m", "1Gi"),
+        pod("l2", "1500m", "1Gi"),
+    ];
+    let mut np = nodepool("default");
+    np.spec.template.spec.requirements = vec![NodeSelectorRequirementWithMinValues::new(
+        INSTANCE_TYPE_LABEL,
+        Operator::In,
+        &["small"],
+    )];
+    let r = solve(&snapshot(pods, vec![pool(np, standard_types())]));
+    assert_eq!(r.new_claims.len(), 2);
+    assert!(r.new_claims.iter().all(|c| c.requests.get("cpu") == q("2")));
+}
+
+#[test]
+fn nodeclaim_is_written_as_karpenter_does() {
+    let mut np = nodepool("general");
+    np.spec.template.metadata = Some(TemplateMetadata {
+        labels: Some([("team".to_string(), "a".to_string())].into()),
+        annotations: Some([("note".to_string(), "x".to_string())].into()),
+    });
+    np.spec.template.spec.taints = Some(vec![Taint {
+        key: "t".into(),
+        value: None,
+        effect: "NoSchedule".into(),
+        time_added: None,
+    }]);
+    let mut p = pod("p", "1", "1Gi");
+    spec(&mut p).tolerations = Some(vec![Toleration {
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }]);
+    spec(&mut p).node_selector = Some([(ZONE_LABEL.to_string(), "zone-a".to_string())].into());
+    let r = solve(&snapshot(vec![p], vec![pool(np.clone(), standard_types())]));
+    let claim = nodeclaim_for(&r.new_claims[0], &np);
+    assert_eq!(claim.metadata.generate_name.as_deref(), Some("general-"));
+    let owner = &claim.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+        ("NodePool", "general", "uid-general")
+    );
+    assert_eq!(owner.api_version, "karpenter.sh/v1");
+    assert_eq!(owner.block_owner_deletion, Some(true));
+    let labels = claim.metadata.labels.as_ref().unwrap();
+    assert_eq!(labels["karpenter.sh/nodepool"], "general");
+    assert_eq!(labels["team"], "a");
+    assert_eq!(labels[ZONE_LABEL], "zone-a");
+    let annotations = claim.metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations["note"], "x");
+    assert_eq!(
+        annotations["karpenter.sh/nodepool-hash"],
+        crate::api::nodepool_hash(&np)
+    );
+    assert_eq!(annotations["karpenter.sh/nodepool-hash-version"], "v3");
+    let reqs = &claim.spec.requirements;
+    let it_req = reqs.iter().find(|r| r.key == INSTANCE_TYPE_LABEL).unwrap();
+    assert_eq!(it_req.operator, Operator::In);
+    assert_eq!(it_req.values(), ["large", "medium", "small"]);
+    assert!(
+        reqs.iter()
+            .any(|r| r.key == CAPACITY_TYPE_LABEL && r.values() == ["on-demand"])
+    );
+    let requests = claim
+        .spec
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap();
+    assert_eq!(requests["cpu"].0, "1");
+    assert_eq!(requests["pods"].0, "1");
+    assert_eq!(claim.spec.taints.as_ref().unwrap()[0].key, "t");
+    assert_eq!(claim.spec.node_class_ref.name, "default");
+    // The claim passes the API's own validation.
+    crate::api::validate_nodeclaim(&claim).unwrap();
+}
+
+#[test]
+fn solve_is_deterministic() {
+    let pods: Vec<Pod> = (0..30)
+        .map(|i| {
+            let p = labelled(
+                pod(&format!("p{i:02}"), ["100m", "700m", "1"][i % 3], "512Mi"),
+                "web",
+            );
+            if i % 2 == 0 {
+                spread(p, ZONE_LABEL, 1, true)
+            } else {
+                p
+            }
+        })
+        .collect();
+    let a = one_pool(pods.clone());
+    let b = one_pool(pods.into_iter().rev().collect());
+    assert_eq!(a, b);
+}
+
+#[test]
+fn nodepool_usage_counts_nodes() {
+    let caps = [res(&[("cpu", "2")]), res(&[("cpu", "4")])];
+    let u = nodepool_usage(caps.iter());
+    assert_eq!(u.get("cpu"), q("6"));
+    assert_eq!(u.get("nodes"), q("2"));
+}
+
+use std::collections::BTreeSet;
