@@ -17,11 +17,11 @@ use super::topology::{Place, Topology};
 use super::{ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PreferencePolicy, Results, Snapshot};
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
-use crate::api::resources::Resources;
+use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::{
-    ARCH_LABEL, CAPACITY_TYPE_LABEL, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL_BETA, NODEPOOL_LABEL, OS_LABEL, REGION_LABEL, WINDOWS_BUILD_LABEL,
-    ZONE_LABEL, ZONE_LABEL_BETA,
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, DEFAULT_MAX_PODS, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL,
+    INSTANCE_TYPE_LABEL, INSTANCE_TYPE_LABEL_BETA, NODEPOOL_LABEL, OS_LABEL, REGION_LABEL,
+    RESOURCE_PODS, WINDOWS_BUILD_LABEL, ZONE_LABEL, ZONE_LABEL_BETA,
 };
 
 /// Labels every node gets from its provider, so a pod may require them even when no NodePool
@@ -869,13 +869,19 @@ fn build_pool<'a>(
         .filter_map(|it| {
             let price = cheapest(it, &reqs)?.price;
             let daemon = daemon_overhead(it, &reqs, taints, daemons);
-            let mut avail = dims.amounts(&it.allocatable());
+            // A type that does not say how many pods it holds gets the kubelet's default
+            // rather than room for none.
+            let mut capacity = it.capacity.clone();
+            if !capacity.0.contains_key(RESOURCE_PODS) {
+                capacity.set(RESOURCE_PODS, Quantity::from_units(DEFAULT_MAX_PODS));
+            }
+            let mut avail = dims.amounts(&capacity.sub(&it.overhead));
             avail.sub_assign(&dims.amounts(&daemon));
             Some((
                 price,
                 TypeInfo {
                     it,
-                    capacity: dims.amounts(&it.capacity),
+                    capacity: dims.amounts(&capacity),
                     avail,
                     daemon,
                 },
@@ -898,7 +904,7 @@ fn build_pool<'a>(
     let mut remaining = Amounts::zero(dims.len());
     let mut nodes_remaining = None;
     for (key, q) in np.spec.limits.iter().flatten() {
-        let Ok(limit) = crate::api::resources::Quantity::from_k8s(q) else {
+        let Ok(limit) = Quantity::from_k8s(q) else {
             broken = Some(format!("spec.limits.{key}: {:?} is not a quantity", q.0));
             continue;
         };
