@@ -4,7 +4,9 @@
 //! model), `scheduling` (pure bin-packing), `actors` (behaviour), `state` (indexes fed by watches),
 //! `sim` (the embedded simulated cluster).
 
+
 pub mod api;
 pub mod capi;
 pub mod scheduling;
 pub mod sim;
+
