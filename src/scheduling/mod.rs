@@ -5,6 +5,14 @@
 //! order: existing nodes with room first, then claims opened earlier in the same solve, then a
 //! new claim from each NodePool by weight. [`nodeclaim_for`] turns a decided claim into the
 //! NodeClaim object to create.
+//!
+//! Known simplifications, each a deliberate trade against speed or missing inputs:
+//! - a pod placed on a claim whose zone is still open is not counted in zonal topology groups
+//!   it matches without carrying the term itself (pods that carry a zonal term always pin
+//!   their claim to one zone, so they are counted);
+//! - `namespaceSelector` in affinity terms and `matchLabelKeys` in spreads are not evaluated
+//!   (the solver does not see Namespaces); terms apply to the listed or the pod's namespace;
+//! - offering taints are not checked against pod tolerations (NodePool taints are).
 
 pub mod amounts;
 pub mod error;

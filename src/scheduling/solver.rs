@@ -2,7 +2,9 @@
 //! then new claims by NodePool weight, relaxing preferences when a pod fits nowhere.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
 
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
@@ -15,11 +17,11 @@ use super::topology::{Place, Topology};
 use super::{ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PreferencePolicy, Results, Snapshot};
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
-use crate::api::resources::Resources;
+use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::{
-    ARCH_LABEL, CAPACITY_TYPE_LABEL, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL_BETA, NODEPOOL_LABEL, OS_LABEL, REGION_LABEL, WINDOWS_BUILD_LABEL,
-    ZONE_LABEL, ZONE_LABEL_BETA,
+    ARCH_LABEL, CAPACITY_TYPE_LABEL, DEFAULT_MAX_PODS, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL,
+    INSTANCE_TYPE_LABEL, INSTANCE_TYPE_LABEL_BETA, NODEPOOL_LABEL, OS_LABEL, REGION_LABEL,
+    RESOURCE_PODS, WINDOWS_BUILD_LABEL, ZONE_LABEL, ZONE_LABEL_BETA,
 };
 
 /// Labels every node gets from its provider, so a pod may require them even when no NodePool
@@ -207,7 +209,14 @@ struct Solver<'a> {
     /// Pods of `finish`'s `pending` slice placed on each claim are recorded by index; this maps
     /// a pending pod's key to that index.
     order: HashMap<String, usize>,
+    /// Which types of a pool a set of requirements leaves usable, cached because claims share
+    /// a handful of distinct requirement sets and the check touches every offering.
+    usable: RefCell<HashMap<(usize, String), Usability<'a>>>,
 }
+
+/// Per type of a pool: `None` when unusable under some requirements, else the price of its
+/// cheapest usable offering and the capacity types of its usable offerings.
+type Usability<'a> = Rc<Vec<Option<(f64, Vec<&'a str>)>>>;
 
 impl<'a> Solver<'a> {
     fn new(snapshot: &'a Snapshot, dims: &'a Dims, daemons: &[PodInfo]) -> Solver<'a> {
@@ -247,6 +256,7 @@ impl<'a> Solver<'a> {
             topology: Topology::default(),
             prepared: HashMap::new(),
             order: HashMap::new(),
+            usable: RefCell::new(HashMap::new()),
         }
     }
 
@@ -470,6 +480,7 @@ impl<'a> Solver<'a> {
             let mut used = claim.used.clone();
             used.add_assign(&ctx.prep.amounts);
             let check_reqs = changed.unwrap_or(&claim.reqs);
+            let usable = changed.map(|r| self.usability(claim.pool, r));
             let mut types = Vec::with_capacity(claim.types.len());
             for &ti in &claim.types {
                 let Some(t) = pool.types.get(ti) else {
@@ -477,7 +488,9 @@ impl<'a> Solver<'a> {
                 };
                 if fits(&used, &t.avail)
                     && within_limits(pool, &t.capacity, &claim.charge)
-                    && (changed.is_none() || type_usable(t.it, check_reqs))
+                    && usable
+                        .as_ref()
+                        .is_none_or(|u| u.get(ti).is_some_and(Option::is_some))
                 {
                     types.push(ti);
                 }
@@ -613,13 +626,16 @@ impl<'a> Solver<'a> {
                 .map_err(PoolMiss::Incompatible)?
         };
         let reqs = with_narrowing(base.into_owned(), &narrowed);
-        let recheck = reqs != pool.reqs;
+        let usable = (reqs != pool.reqs).then(|| self.usability(pi, &reqs));
         let zero = Amounts::zero(self.dims.len());
         let mut types = Vec::new();
         let (mut matching, mut fitting) = (0usize, 0usize);
         let mut limit_hit: Option<usize> = None;
         for (ti, t) in pool.types.iter().enumerate() {
-            if recheck && !type_usable(t.it, &reqs) {
+            if usable
+                .as_ref()
+                .is_some_and(|u| !u.get(ti).is_some_and(Option::is_some))
+            {
                 continue;
             }
             matching += 1;
@@ -705,9 +721,44 @@ impl<'a> Solver<'a> {
             .iter()
             .filter_map(|c| {
                 let pool = self.pools.get(c.pool)?;
-                Some(finish_claim(pool, c, pending))
+                let usable = self.usability(c.pool, &c.reqs);
+                Some(finish_claim(pool, c, &usable, pending))
             })
             .collect()
+    }
+
+    fn usability(&self, pi: usize, reqs: &Requirements) -> Usability<'a> {
+        // Requirements are kept in key order, so their debug form identifies them.
+        let key = (pi, format!("{reqs:?}"));
+        if let Some(u) = self.usable.borrow().get(&key) {
+            return Rc::clone(u);
+        }
+        let types = self
+            .pools
+            .get(pi)
+            .map(|p| p.types.as_slice())
+            .unwrap_or(&[]);
+        let u: Usability<'a> = Rc::new(
+            types
+                .iter()
+                .map(|t| {
+                    if !type_compatible(t.it, reqs) {
+                        return None;
+                    }
+                    let mut price: Option<f64> = None;
+                    let mut capacity_types: Vec<&'a str> = Vec::new();
+                    for o in t.it.offerings.iter().filter(|o| offering_usable(o, reqs)) {
+                        price = Some(price.map_or(o.price, |p| p.min(o.price)));
+                        if !capacity_types.contains(&o.capacity_type.as_str()) {
+                            capacity_types.push(o.capacity_type.as_str());
+                        }
+                    }
+                    price.map(|p| (p, capacity_types))
+                })
+                .collect(),
+        );
+        self.usable.borrow_mut().insert(key, Rc::clone(&u));
+        u
     }
 }
 
@@ -721,24 +772,29 @@ struct Ctx<'c> {
     prefer_blocks: bool,
 }
 
-fn finish_claim(pool: &Pool, c: &Claim, pending: &[PodInfo]) -> NewClaim {
-    let mut priced: Vec<(f64, &TypeInfo)> = c
+fn finish_claim(
+    pool: &Pool,
+    c: &Claim,
+    usable: &[Option<(f64, Vec<&str>)>],
+    pending: &[PodInfo],
+) -> NewClaim {
+    let mut priced: Vec<(f64, &TypeInfo, &[&str])> = c
         .types
         .iter()
-        .filter_map(|&ti| pool.types.get(ti))
-        .filter_map(|t| cheapest(t.it, &c.reqs).map(|o| (o.price, t)))
+        .filter_map(|&ti| {
+            let (price, cts) = usable.get(ti)?.as_ref()?;
+            Some((*price, pool.types.get(ti)?, cts.as_slice()))
+        })
         .collect();
     priced.sort_by(|a, b| {
         a.0.total_cmp(&b.0)
             .then_with(|| a.1.it.name.cmp(&b.1.it.name))
     });
     priced.truncate(MAX_INSTANCE_TYPES);
-    let names: Vec<String> = priced.iter().map(|(_, t)| t.it.name.clone()).collect();
+    let names: Vec<String> = priced.iter().map(|(_, t, _)| t.it.name.clone()).collect();
     let capacity_types: BTreeSet<&str> = priced
         .iter()
-        .flat_map(|(_, t)| t.it.offerings.iter())
-        .filter(|o| offering_usable(o, &c.reqs))
-        .map(|o| o.capacity_type.as_str())
+        .flat_map(|(_, _, cts)| cts.iter().copied())
         .collect();
     let mut reqs = c.reqs.clone();
     let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
@@ -755,7 +811,7 @@ fn finish_claim(pool: &Pool, c: &Claim, pending: &[PodInfo]) -> NewClaim {
             pods.push(p.key.clone());
         }
     }
-    if let Some((_, t)) = priced.first() {
+    if let Some((_, t, _)) = priced.first() {
         requests.add_assign(&t.daemon);
     }
     NewClaim {
@@ -813,13 +869,19 @@ fn build_pool<'a>(
         .filter_map(|it| {
             let price = cheapest(it, &reqs)?.price;
             let daemon = daemon_overhead(it, &reqs, taints, daemons);
-            let mut avail = dims.amounts(&it.allocatable());
+            // A type that does not say how many pods it holds gets the kubelet's default
+            // rather than room for none.
+            let mut capacity = it.capacity.clone();
+            if !capacity.0.contains_key(RESOURCE_PODS) {
+                capacity.set(RESOURCE_PODS, Quantity::from_units(DEFAULT_MAX_PODS));
+            }
+            let mut avail = dims.amounts(&capacity.sub(&it.overhead));
             avail.sub_assign(&dims.amounts(&daemon));
             Some((
                 price,
                 TypeInfo {
                     it,
-                    capacity: dims.amounts(&it.capacity),
+                    capacity: dims.amounts(&capacity),
                     avail,
                     daemon,
                 },
@@ -842,7 +904,7 @@ fn build_pool<'a>(
     let mut remaining = Amounts::zero(dims.len());
     let mut nodes_remaining = None;
     for (key, q) in np.spec.limits.iter().flatten() {
-        let Ok(limit) = crate::api::resources::Quantity::from_k8s(q) else {
+        let Ok(limit) = Quantity::from_k8s(q) else {
             broken = Some(format!("spec.limits.{key}: {:?} is not a quantity", q.0));
             continue;
         };
@@ -995,7 +1057,13 @@ fn ports_conflict(taken: &[(i32, String)], wanted: &[(i32, String)]) -> bool {
 /// available offering the requirements allow. Written without allocating, as it runs for every
 /// type whenever a claim's requirements narrow.
 fn type_usable(it: &InstanceType, reqs: &Requirements) -> bool {
-    let compatible = reqs.iter().all(|r| match it.requirements.get(r.key()) {
+    type_compatible(it, reqs) && it.offerings.iter().any(|o| offering_usable(o, reqs))
+}
+
+/// The type's own requirements allow `reqs` (for every shared key some value, or absence,
+/// satisfies both).
+fn type_compatible(it: &InstanceType, reqs: &Requirements) -> bool {
+    reqs.iter().all(|r| match it.requirements.get(r.key()) {
         None => true,
         Some(mine) => match mine.finite_values() {
             Some(vs) => vs.iter().any(|v| r.has(v)) || (mine.allows_absent() && r.allows_absent()),
@@ -1004,8 +1072,7 @@ fn type_usable(it: &InstanceType, reqs: &Requirements) -> bool {
                 !both.is_empty() || both.allows_absent()
             }
         },
-    });
-    compatible && it.offerings.iter().any(|o| offering_usable(o, reqs))
+    })
 }
 
 fn offering_usable(o: &Offering, reqs: &Requirements) -> bool {

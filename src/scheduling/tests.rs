@@ -230,6 +230,17 @@ fn requests_pack_and_pick_the_cheapest_type() {
 }
 
 #[test]
+fn a_type_without_pods_capacity_gets_the_default() {
+    let mut t = it("bare", 64, 128);
+    t.capacity.0.remove("pods");
+    let pods = (0..111)
+        .map(|i| pod(&format!("p{i:03}"), "10m", "10Mi"))
+        .collect();
+    let r = solve(&snapshot(pods, vec![pool(nodepool("default"), vec![t])]));
+    assert_eq!(r.new_claims.len(), 2, "110 pods per node");
+}
+
+#[test]
 fn every_pod_takes_a_pods_slot() {
     let mut t = it("tiny", 8, 16);
     t.capacity.set("pods", Quantity::from_units(2));
@@ -420,7 +431,8 @@ fn tolerations_against_nodepool_taints() {
         effect: Some("NoSchedule".into()),
         toleration_seconds: None,
     };
-    // (effect of the pool taint, pod tolerates, placed)
+    // (effect of the pool taint, pod tolerates, placed). The pool also has a startup taint the
+    // pod never tolerates: it must not matter.
     let cases = [
         ("NoSchedule", false, false),
         ("NoSchedule", true, true),

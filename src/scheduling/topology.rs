@@ -4,6 +4,7 @@
 //! Counts are kept per group (pods sharing a term share one group), so a check costs a few
 //! map lookups, never a scan over the pods already placed.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::pod::{GroupKey, TermKind};
@@ -37,9 +38,9 @@ pub enum Place<'a> {
 }
 
 /// The domains a place may take for one key.
-enum View {
-    Fixed(Option<String>),
-    Open(Vec<String>),
+enum View<'p> {
+    Fixed(Option<Cow<'p, str>>),
+    Open(Vec<&'p str>),
 }
 
 /// All topology groups of one solve.
@@ -145,7 +146,6 @@ impl Topology {
             };
             let key = g.key.topology_key.as_str();
             let view = self.view(key, place, pod_reqs, &narrowed);
-            let open = matches!(view, View::Open(_));
             let count = |d: &str| g.counts.get(d).copied().unwrap_or(0);
             let self_match = matched.contains(&gi);
             let chosen = match g.key.kind {
@@ -156,7 +156,7 @@ impl Topology {
                     let min = self.global_min(g, pod_reqs, min_domains);
                     let allowed = |d: &str| i64::from(count(d)) + 1 - min <= i64::from(max_skew);
                     match view {
-                        View::Fixed(Some(d)) if allowed(&d) => Some(d),
+                        View::Fixed(Some(d)) if allowed(&d) => None,
                         View::Fixed(_) => {
                             return Err(format!(
                                 "topology spread on {key:?} (maxSkew {max_skew}) would be violated"
@@ -176,8 +176,8 @@ impl Topology {
                     // The first pod of a self-affine group may start anywhere.
                     let anywhere = g.total == 0 && self_match;
                     match view {
-                        View::Fixed(d) if anywhere => d,
-                        View::Fixed(Some(d)) if count(&d) > 0 => Some(d),
+                        View::Fixed(_) if anywhere => None,
+                        View::Fixed(Some(d)) if count(&d) > 0 => None,
                         View::Fixed(_) => {
                             return Err(format!("pod affinity on {key:?} not satisfied here"));
                         }
@@ -201,7 +201,7 @@ impl Topology {
                             "pod anti-affinity on {key:?}: a matching pod is already in {d:?}"
                         ));
                     }
-                    View::Fixed(d) => d,
+                    View::Fixed(_) => None,
                     View::Open(ds) => {
                         Some(ds.into_iter().find(|d| count(d) == 0).ok_or_else(|| {
                             format!(
@@ -211,8 +211,9 @@ impl Topology {
                     }
                 },
             };
-            if open && let Some(d) = chosen {
-                narrowed.push((key.to_string(), d));
+            // Only an open claim is narrowed; a fixed place already has its domain.
+            if let Some(d) = chosen {
+                narrowed.push((key.to_string(), d.to_string()));
             }
         }
         self.check_inverse_anti_affinity(matched, pod_reqs, place, &mut narrowed)?;
@@ -248,7 +249,7 @@ impl Topology {
                     let d = ds.into_iter().find(|d| owners(d) == 0).ok_or_else(|| {
                         format!("pods with anti-affinity on {key:?} against this pod are in every domain")
                     })?;
-                    narrowed.push((key.to_string(), d));
+                    narrowed.push((key.to_string(), d.to_string()));
                 }
             }
         }
@@ -281,35 +282,35 @@ impl Topology {
         i64::from(min)
     }
 
-    fn view(
-        &self,
+    fn view<'p>(
+        &'p self,
         key: &str,
-        place: &Place,
+        place: &Place<'p>,
         pod_reqs: &Requirements,
         narrowed: &[(String, String)],
-    ) -> View {
+    ) -> View<'p> {
         if let Some((_, v)) = narrowed.iter().find(|(k, _)| k == key) {
-            return View::Fixed(Some(v.clone()));
+            return View::Fixed(Some(Cow::Owned(v.clone())));
         }
         match place {
             Place::Node { labels, hostname } => {
                 if key == HOSTNAME_LABEL {
                     let h = labels.get(key).map(String::as_str).unwrap_or(hostname);
-                    return View::Fixed(Some(h.to_string()));
+                    return View::Fixed(Some(Cow::Borrowed(h)));
                 }
-                View::Fixed(labels.get(key).cloned())
+                View::Fixed(labels.get(key).map(|v| Cow::Borrowed(v.as_str())))
             }
             Place::Claim {
                 hostname,
                 requirements,
             } => {
                 if key == HOSTNAME_LABEL {
-                    return View::Fixed(Some(hostname.to_string()));
+                    return View::Fixed(Some(Cow::Borrowed(hostname)));
                 }
                 if let Some(vs) = requirements.values(key)
                     && vs.len() == 1
                 {
-                    return View::Fixed(vs.iter().next().cloned());
+                    return View::Fixed(vs.iter().next().map(|v| Cow::Borrowed(v.as_str())));
                 }
                 let theirs = requirements.get(key);
                 let mine = pod_reqs.get(key);
@@ -320,7 +321,7 @@ impl Topology {
                         .flatten()
                         .filter(|d| theirs.is_none_or(|r| r.has(d)))
                         .filter(|d| mine.is_none_or(|r| r.has(d)))
-                        .cloned()
+                        .map(String::as_str)
                         .collect(),
                 )
             }
