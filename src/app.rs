@@ -58,7 +58,10 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
         unavailable_offering_ttl: c.unavailable_offering_ttl,
         capi_namespace: capi.cluster_api_namespace.clone(),
         cluster_name: capi.cluster_name.clone(),
-        batching: crate::actors::provisioner::Batching { idle: c.batch_idle_duration, max: c.batch_max_duration },
+        batching: crate::actors::provisioner::Batching {
+            idle: c.batch_idle_duration,
+            max: c.batch_max_duration,
+        },
         preference: match c.preference_policy {
             crate::cli::PreferencePolicy::Respect => crate::scheduling::PreferencePolicy::Respect,
             crate::cli::PreferencePolicy::Ignore => crate::scheduling::PreferencePolicy::Ignore,

@@ -34,16 +34,26 @@ struct Env {
 /// Four MachineDeployment sizes, a NodeClass and the default NodePool (optionally with limits),
 /// and the controller with short batching windows.
 async fn env(limits: Option<Value>) -> Env {
-    let sim = BackgroundSim::start(cluster()).await.expect("simulated cluster");
+    let sim = BackgroundSim::start(cluster())
+        .await
+        .expect("simulated cluster");
     sim.run(move |c| async move {
         for i in 0..4 {
-            c.create_machine_deployment_from(&seed_of(i, 500)).await.unwrap();
+            c.create_machine_deployment_from(&seed_of(i, 500))
+                .await
+                .unwrap();
         }
         let pool = seed_nodeclass_and_pool(c.client()).await.unwrap();
         if let Some(limits) = limits {
             let api: Api<NodePool> = Api::all(c.client());
             let name = pool.metadata.name.clone().unwrap();
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"limits": limits}}))).await.unwrap();
+            api.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"limits": limits}})),
+            )
+            .await
+            .unwrap();
         }
     })
     .await
@@ -52,8 +62,14 @@ async fn env(limits: Option<Value>) -> Env {
     let mut settings = sim_settings(None);
     settings.batching.idle = Duration::from_millis(200);
     settings.batching.max = Duration::from_secs(2);
-    let controller = start_controller(&sim, settings, metrics.clone()).await.expect("controller");
-    Env { sim, _controller: controller, metrics }
+    let controller = start_controller(&sim, settings, metrics.clone())
+        .await
+        .expect("controller");
+    Env {
+        sim,
+        _controller: controller,
+        metrics,
+    }
 }
 
 impl Env {
@@ -62,7 +78,14 @@ impl Env {
     }
 
     fn bound_pods(&self) -> usize {
-        self.list("pods").iter().filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str).is_some()).count()
+        self.list("pods")
+            .iter()
+            .filter(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_some()
+            })
+            .count()
     }
 
     /// Wait until `done` holds (polling the in-process store) and the launch path is quiet.
@@ -71,51 +94,82 @@ impl Env {
         while !(done(self) && launch::quiet(self.sim.cluster())) {
             if start.elapsed() > Duration::from_secs(120) {
                 for p in self.list("pods") {
-                    eprintln!("pod {} node {} selector {}", p["metadata"]["name"], p["spec"]["nodeName"], p["spec"]["nodeSelector"]);
+                    eprintln!(
+                        "pod {} node {} selector {}",
+                        p["metadata"]["name"], p["spec"]["nodeName"], p["spec"]["nodeSelector"]
+                    );
                 }
                 for c in self.list("nodeclaims") {
-                    eprintln!("claim {} labels {} reqs {}", c["metadata"]["name"], c["metadata"]["labels"], c["spec"]["requirements"]);
+                    eprintln!(
+                        "claim {} labels {} reqs {}",
+                        c["metadata"]["name"], c["metadata"]["labels"], c["spec"]["requirements"]
+                    );
                 }
                 for n in self.list("nodes") {
-                    eprintln!("node {} labels {}", n["metadata"]["name"], n["metadata"]["labels"]);
+                    eprintln!(
+                        "node {} labels {}",
+                        n["metadata"]["name"], n["metadata"]["labels"]
+                    );
                 }
-                panic!("timed out waiting for {what}: {}", launch::progress_line(self.sim.cluster()));
+                panic!(
+                    "timed out waiting for {what}: {}",
+                    launch::progress_line(self.sim.cluster())
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     fn invariants_hold(&self) {
-        let inv = invariants::check(self.sim.cluster().server().store(), self.sim.cluster().capi_version());
+        let inv = invariants::check(
+            self.sim.cluster().server().store(),
+            self.sim.cluster().capi_version(),
+        );
         assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
     }
 
     fn nodepool(&self) -> Value {
-        self.list("nodepools").into_iter().next().expect("the NodePool")
+        self.list("nodepools")
+            .into_iter()
+            .next()
+            .expect("the NodePool")
     }
 
     fn events(&self, reason: &str) -> Vec<Value> {
-        self.list("events.events.k8s.io").into_iter().filter(|e| e["reason"] == reason).collect()
+        self.list("events.events.k8s.io")
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
     }
 
     async fn deployment(&self, name: &str, replicas: usize, shape: PodShape) {
         let name = name.to_string();
         self.sim
-            .run(move |c| async move { c.create_deployment(launch::NAMESPACE, &name, replicas, &shape).await.unwrap() })
+            .run(move |c| async move {
+                c.create_deployment(launch::NAMESPACE, &name, replicas, &shape)
+                    .await
+                    .unwrap()
+            })
             .await
             .unwrap();
     }
 }
 
 fn condition(obj: &Value, ty: &str) -> Option<Value> {
-    obj.pointer("/status/conditions").and_then(Value::as_array).and_then(|cs| cs.iter().find(|c| c["type"] == ty).cloned())
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == ty).cloned())
 }
 
 #[actix::test]
 async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
-    let env = env(Some(json!({"cpu": "400", "memory": "2000Gi", "nodes": "200"}))).await;
+    let env = env(Some(
+        json!({"cpu": "400", "memory": "2000Gi", "nodes": "200"}),
+    ))
+    .await;
     for (i, (cpu, mem)) in SHAPES.iter().enumerate() {
-        env.deployment(&format!("app-{i}"), 100, PodShape::new(cpu, mem)).await;
+        env.deployment(&format!("app-{i}"), 100, PodShape::new(cpu, mem))
+            .await;
     }
     env.wait("500 pods bound", |e| e.bound_pods() == 500).await;
     env.invariants_hold();
@@ -126,7 +180,10 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
         .iter()
         .map(|n| {
             let a = serde_json::from_value(n["status"]["allocatable"].clone()).unwrap();
-            (n["metadata"]["name"].as_str().unwrap().to_string(), Resources::from_k8s(&a).unwrap())
+            (
+                n["metadata"]["name"].as_str().unwrap().to_string(),
+                Resources::from_k8s(&a).unwrap(),
+            )
         })
         .collect();
     let mut used: BTreeMap<String, Resources> = BTreeMap::new();
@@ -138,40 +195,76 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
     }
     let (mut cpu_used, mut cpu_total) = (0.0, 0.0);
     for (node, u) in &used {
-        assert!(u.fits(&nodes[node]), "{node} overcommitted: {u:?} > {:?}", nodes[node]);
+        assert!(
+            u.fits(&nodes[node]),
+            "{node} overcommitted: {u:?} > {:?}",
+            nodes[node]
+        );
         cpu_used += u.get("cpu").as_f64();
     }
     for a in nodes.values() {
         cpu_total += a.get("cpu").as_f64();
     }
-    assert!(cpu_used / cpu_total > 0.5, "packing leaves most CPU idle: {cpu_used} of {cpu_total}");
+    assert!(
+        cpu_used / cpu_total > 0.5,
+        "packing leaves most CPU idle: {cpu_used} of {cpu_total}"
+    );
 
     // The NodePool's status stays within its limits and counts its nodes.
-    env.wait("NodePool status", |e| e.nodepool()["status"]["nodes"].as_i64() == Some(e.list("nodeclaims").len() as i64)).await;
+    env.wait("NodePool status", |e| {
+        e.nodepool()["status"]["nodes"].as_i64() == Some(e.list("nodeclaims").len() as i64)
+    })
+    .await;
     let np = env.nodepool();
-    let cpu: Quantity = np["status"]["resources"]["cpu"].as_str().unwrap().parse().unwrap();
+    let cpu: Quantity = np["status"]["resources"]["cpu"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(cpu <= "400".parse().unwrap(), "cpu {cpu} over the limit");
     assert_eq!(condition(&np, "Ready").unwrap()["status"], "True", "{np:#}");
-    assert!(env.metrics.encode().contains("karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"}"));
+    assert!(env.metrics.encode().contains(
+        "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"}"
+    ));
 }
 
 #[actix::test]
 async fn a_limit_stops_provisioning_and_says_why() {
     let env = env(Some(json!({"cpu": "4"}))).await;
-    env.deployment("big", 6, PodShape::new("1500m", "1Gi")).await;
-    env.wait("some pods bound and an event", |e| e.bound_pods() > 0 && !e.events("FailedScheduling").is_empty()).await;
+    env.deployment("big", 6, PodShape::new("1500m", "1Gi"))
+        .await;
+    env.wait("some pods bound and an event", |e| {
+        e.bound_pods() > 0 && !e.events("FailedScheduling").is_empty()
+    })
+    .await;
     // Settle: no more claims appear.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let claims = env.list("nodeclaims");
     let mut cpu = Quantity::ZERO;
     for c in &claims {
-        let q: Quantity = c["status"]["capacity"]["cpu"].as_str().or(c["spec"]["resources"]["requests"]["cpu"].as_str()).unwrap().parse().unwrap();
+        let q: Quantity = c["status"]["capacity"]["cpu"]
+            .as_str()
+            .or(c["spec"]["resources"]["requests"]["cpu"].as_str())
+            .unwrap()
+            .parse()
+            .unwrap();
         cpu = cpu + q;
     }
-    assert!(cpu <= "4".parse().unwrap(), "{} claims with {cpu} CPU exceed the limit of 4", claims.len());
-    assert!(env.bound_pods() < 6, "not every pod can fit under the limit");
+    assert!(
+        cpu <= "4".parse().unwrap(),
+        "{} claims with {cpu} CPU exceed the limit of 4",
+        claims.len()
+    );
+    assert!(
+        env.bound_pods() < 6,
+        "not every pod can fit under the limit"
+    );
     let ev = env.events("FailedScheduling");
-    assert!(ev.iter().any(|e| e["note"].as_str().unwrap_or_default().contains("limit")), "{ev:#?}");
+    assert!(
+        ev.iter()
+            .any(|e| e["note"].as_str().unwrap_or_default().contains("limit")),
+        "{ev:#?}"
+    );
     env.invariants_hold();
 }
 
@@ -179,13 +272,24 @@ async fn a_limit_stops_provisioning_and_says_why() {
 async fn a_pod_no_nodepool_can_serve_gets_an_event() {
     let env = env(None).await;
     let mut shape = PodShape::new("100m", "128Mi");
-    shape.node_selector.insert("example.com/team".into(), "nobody".into());
+    shape
+        .node_selector
+        .insert("example.com/team".into(), "nobody".into());
     env.deployment("orphan", 1, shape).await;
-    env.deployment("fine", 2, PodShape::new("100m", "128Mi")).await;
-    env.wait("the good pods bound and an event for the other", |e| e.bound_pods() == 2 && !e.events("FailedScheduling").is_empty())
+    env.deployment("fine", 2, PodShape::new("100m", "128Mi"))
         .await;
+    env.wait("the good pods bound and an event for the other", |e| {
+        e.bound_pods() == 2 && !e.events("FailedScheduling").is_empty()
+    })
+    .await;
     let ev = env.events("FailedScheduling");
-    assert!(ev.iter().any(|e| e["regarding"]["name"].as_str().unwrap_or_default().starts_with("orphan")), "{ev:#?}");
+    assert!(
+        ev.iter().any(|e| e["regarding"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("orphan")),
+        "{ev:#?}"
+    );
     env.invariants_hold();
 }
 
@@ -208,14 +312,30 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
         .await
         .unwrap();
     env.wait("broken NodePool not ready", |e| {
-        e.list("nodepools").iter().any(|np| np["metadata"]["name"] == "broken" && condition(np, "Ready").is_some_and(|c| c["status"] == "False"))
+        e.list("nodepools").iter().any(|np| {
+            np["metadata"]["name"] == "broken"
+                && condition(np, "Ready").is_some_and(|c| c["status"] == "False")
+        })
     })
     .await;
-    let broken = env.list("nodepools").into_iter().find(|np| np["metadata"]["name"] == "broken").unwrap();
+    let broken = env
+        .list("nodepools")
+        .into_iter()
+        .find(|np| np["metadata"]["name"] == "broken")
+        .unwrap();
     let v = condition(&broken, "ValidationSucceeded").unwrap();
     assert_eq!(v["status"], "False");
-    assert!(v["message"].as_str().unwrap().contains("requirements[0]"), "{v:#}");
-    env.deployment("app", 3, PodShape::new("100m", "128Mi")).await;
-    env.wait("pods bound through the valid pool", |e| e.bound_pods() == 3).await;
-    assert!(env.list("nodeclaims").iter().all(|c| c["metadata"]["labels"]["karpenter.sh/nodepool"] == "default"));
+    assert!(
+        v["message"].as_str().unwrap().contains("requirements[0]"),
+        "{v:#}"
+    );
+    env.deployment("app", 3, PodShape::new("100m", "128Mi"))
+        .await;
+    env.wait("pods bound through the valid pool", |e| e.bound_pods() == 3)
+        .await;
+    assert!(
+        env.list("nodeclaims")
+            .iter()
+            .all(|c| c["metadata"]["labels"]["karpenter.sh/nodepool"] == "default")
+    );
 }

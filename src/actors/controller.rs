@@ -98,16 +98,23 @@ impl Controller {
         let supervisor = Supervisor::new(shared.clone()).start();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
-        let provisioner =
-            Provisioner::new(shared.clone(), shared.settings.batching, shared.settings.preference).start();
-        shared.router.set_provisioner(provisioner.clone().recipient());
+        let provisioner = Provisioner::new(
+            shared.clone(),
+            shared.settings.batching,
+            shared.settings.preference,
+        )
+        .start();
+        shared
+            .router
+            .set_provisioner(provisioner.clone().recipient());
         wait_for(&shared, |s| {
             s.machines.read().synced()
                 && s.deployments.read().synced()
                 && s.nodes.read().synced()
                 && s.claims.read().synced()
                 && s.pods.read().synced()
-                && s.nodepools_synced.load(std::sync::atomic::Ordering::Acquire)
+                && s.nodepools_synced
+                    .load(std::sync::atomic::Ordering::Acquire)
         })
         .await;
         tracing::info!("caches synced");

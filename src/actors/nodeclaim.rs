@@ -596,7 +596,9 @@ impl Step {
             })
             .await?;
         let m = &self.shared.metrics;
-        m.nodeclaims_launched.get_or_create(&Metrics::pool(&self.nodepool(), md)).inc();
+        m.nodeclaims_launched
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
         Metrics::observe(&m.claim_launch_seconds, md, since(self.created()));
         let mk = machine_key(&machine.namespace, &machine.name);
         if let Some(seen) = self.shared.state.machines.read().provider_id_seen(&mk) {
@@ -612,15 +614,24 @@ impl Step {
         let c = self.claim.clone();
         let node_name = node.name_any();
         if !node_registered(node, &c) {
-            self.patch_node(&node_name, registration_patch(node, &c)).await?;
+            self.patch_node(&node_name, registration_patch(node, &c))
+                .await?;
         }
         let updated = self
-            .condition_true(conditions::REGISTERED, |status| status.node_name = Some(node_name.clone()))
+            .condition_true(conditions::REGISTERED, |status| {
+                status.node_name = Some(node_name.clone())
+            })
             .await?;
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
         let m = &self.shared.metrics;
-        m.nodeclaims_registered.get_or_create(&Metrics::pool(&self.nodepool(), &md)).inc();
-        m.nodes_created.get_or_create(&NodePoolLabels { nodepool: self.nodepool() }).inc();
+        m.nodeclaims_registered
+            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
+            .inc();
+        m.nodes_created
+            .get_or_create(&NodePoolLabels {
+                nodepool: self.nodepool(),
+            })
+            .inc();
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
         Ok(Next::Continue(updated))
     }
@@ -636,12 +647,19 @@ impl Step {
         let node_name = node.name_any();
         if node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true") {
             let mut p = JsonPatch::new();
-            p.set_entry(!node.labels().is_empty(), "/metadata/labels", INITIALIZED_LABEL, "true");
+            p.set_entry(
+                !node.labels().is_empty(),
+                "/metadata/labels",
+                INITIALIZED_LABEL,
+                "true",
+            );
             self.patch_node(&node_name, p).await?;
         }
         let updated = self.condition_true(conditions::INITIALIZED, |_| {}).await?;
         let m = &self.shared.metrics;
-        m.nodeclaims_initialized.get_or_create(&Metrics::pool(&self.nodepool(), md)).inc();
+        m.nodeclaims_initialized
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
         Metrics::observe(&m.claim_initialized_seconds, md, since(self.created()));
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "initialized");
         Ok(Next::Continue(updated))
@@ -658,15 +676,28 @@ impl Step {
         let mut status = c.status.clone().unwrap_or_default();
         edit(&mut status);
         let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(&mut conds, type_, ConditionStatus::True, type_, "", c.metadata.generation, now);
+        conditions::set(
+            &mut conds,
+            type_,
+            ConditionStatus::True,
+            type_,
+            "",
+            c.metadata.generation,
+            now,
+        );
         conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
         status.conditions = Some(conds);
-        self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null)).await
+        self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .await
     }
 
     async fn patch_node(&self, name: &str, p: JsonPatch) -> Result<(), Error> {
         let api: Api<Node> = Api::all(self.shared.workload.clone());
-        let patch = p.into_patch().map_err(|source| Error::Patch { kind: "Node", name: name.to_string(), source })?;
+        let patch = p.into_patch().map_err(|source| Error::Patch {
+            kind: "Node",
+            name: name.to_string(),
+            source,
+        })?;
         let updated = api
             .patch(name, &PatchParams::default(), &patch)
             .await

@@ -34,7 +34,11 @@ pub struct NodePools {
 
 impl NodePools {
     pub fn new(shared: Arc<Shared>) -> Self {
-        Self { shared, buffer: Vec::new(), scheduled: false }
+        Self {
+            shared,
+            buffer: Vec::new(),
+            scheduled: false,
+        }
     }
 
     fn schedule(&mut self, ctx: &mut Context<Self>) {
@@ -52,7 +56,14 @@ impl NodePools {
         if !self.shared.router.is_active() {
             return;
         }
-        let pools: Vec<Arc<NodePool>> = self.shared.state.nodepools.read().values().cloned().collect();
+        let pools: Vec<Arc<NodePool>> = self
+            .shared
+            .state
+            .nodepools
+            .read()
+            .values()
+            .cloned()
+            .collect();
         let usage = usage_by_pool(&self.shared);
         for np in pools {
             let (resources, nodes) = usage.get(&np.name_any()).cloned().unwrap_or_default();
@@ -64,8 +75,15 @@ impl NodePools {
             let api: Api<NodePool> = Api::all(self.shared.workload.clone());
             let name = np.name_any();
             let body = json!({ "status": status });
-            let was_ready = np.status.as_ref().and_then(|s| s.conditions.as_deref()).map(|c| conditions::is_true(c, conditions::READY));
-            let ready = status.conditions.as_deref().map(|c| conditions::is_true(c, conditions::READY));
+            let was_ready = np
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_deref())
+                .map(|c| conditions::is_true(c, conditions::READY));
+            let ready = status
+                .conditions
+                .as_deref()
+                .map(|c| conditions::is_true(c, conditions::READY));
             if ready == Some(false) && was_ready != Some(false) {
                 let msg = status
                     .conditions
@@ -73,16 +91,23 @@ impl NodePools {
                     .and_then(|c| conditions::get(c, conditions::READY))
                     .map(|c| c.message.clone())
                     .unwrap_or_default();
-                self.shared.events.warning(np.object_ref(&()), "NotReady", format!("NodePool {name} is not ready: {msg}"));
+                self.shared.events.warning(
+                    np.object_ref(&()),
+                    "NotReady",
+                    format!("NodePool {name} is not ready: {msg}"),
+                );
             }
             ctx.spawn(
-                async move { api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body)).await }
-                    .into_actor(self)
-                    .map(|r, _, _| {
-                        if let Err(e) = r {
-                            tracing::warn!(error = %e, "updating NodePool status failed");
-                        }
-                    }),
+                async move {
+                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                        .await
+                }
+                .into_actor(self)
+                .map(|r, _, _| {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "updating NodePool status failed");
+                    }
+                }),
             );
         }
     }
@@ -91,13 +116,19 @@ impl NodePools {
         let m = &self.shared.metrics;
         for (k, q) in resources.iter() {
             m.nodepools_usage
-                .get_or_create(&UsageLabels { nodepool: np.name_any(), resource_type: k.to_string() })
+                .get_or_create(&UsageLabels {
+                    nodepool: np.name_any(),
+                    resource_type: k.to_string(),
+                })
                 .set(q.as_f64());
         }
         for (k, q) in np.spec.limits.iter().flatten() {
             if let Ok(q) = crate::api::resources::Quantity::from_k8s(q) {
                 m.nodepools_limit
-                    .get_or_create(&UsageLabels { nodepool: np.name_any(), resource_type: k.clone() })
+                    .get_or_create(&UsageLabels {
+                        nodepool: np.name_any(),
+                        resource_type: k.clone(),
+                    })
                     .set(q.as_f64());
             }
         }
@@ -111,7 +142,9 @@ pub fn usage_by_pool(shared: &Shared) -> BTreeMap<String, (Resources, i64)> {
         if c.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let Some(pool) = c.labels().get(NODEPOOL_LABEL) else { continue };
+        let Some(pool) = c.labels().get(NODEPOOL_LABEL) else {
+            continue;
+        };
         let entry = out.entry(pool.clone()).or_default();
         entry.1 += 1;
         let capacity = c
@@ -126,26 +159,70 @@ pub fn usage_by_pool(shared: &Shared) -> BTreeMap<String, (Resources, i64)> {
     out
 }
 
-fn desired_status(shared: &Shared, np: &NodePool, resources: &Resources, nodes: i64) -> NodePoolStatus {
+fn desired_status(
+    shared: &Shared,
+    np: &NodePool,
+    resources: &Resources,
+    nodes: i64,
+) -> NodePoolStatus {
     let mut status = np.status.clone().unwrap_or_default();
     let mut conds = status.conditions.take().unwrap_or_default();
     let now = Timestamp::now();
     let generation = np.metadata.generation;
     match validate_nodepool(np) {
-        Ok(()) => conditions::set(&mut conds, conditions::VALIDATION_SUCCEEDED, ConditionStatus::True, "ValidationSucceeded", "", generation, now),
-        Err(e) => conditions::set(&mut conds, conditions::VALIDATION_SUCCEEDED, ConditionStatus::False, "ValidationFailed", &e.to_string(), generation, now),
+        Ok(()) => conditions::set(
+            &mut conds,
+            conditions::VALIDATION_SUCCEEDED,
+            ConditionStatus::True,
+            "ValidationSucceeded",
+            "",
+            generation,
+            now,
+        ),
+        Err(e) => conditions::set(
+            &mut conds,
+            conditions::VALIDATION_SUCCEEDED,
+            ConditionStatus::False,
+            "ValidationFailed",
+            &e.to_string(),
+            generation,
+            now,
+        ),
     };
     let r = &np.spec.template.spec.node_class_ref;
     let (st, reason, msg) = if r.group != NODECLASS_GROUP || r.kind != NODECLASS_KIND {
-        (ConditionStatus::False, "NodeClassNotSupported", format!("spec.template.spec.nodeClassRef: {}/{} is not a {NODECLASS_GROUP} {NODECLASS_KIND}", r.group, r.kind))
+        (
+            ConditionStatus::False,
+            "NodeClassNotSupported",
+            format!(
+                "spec.template.spec.nodeClassRef: {}/{} is not a {NODECLASS_GROUP} {NODECLASS_KIND}",
+                r.group, r.kind
+            ),
+        )
     } else {
         match shared.catalog.nodeclass_ready(&r.name) {
             Some(Ok(())) => (ConditionStatus::True, "NodeClassReady", String::new()),
-            Some(Err(m)) => (ConditionStatus::False, "NodeClassNotReady", format!("ClusterAPINodeClass {}: {m}", r.name)),
-            None => (ConditionStatus::False, "NodeClassNotFound", format!("ClusterAPINodeClass {} not found", r.name)),
+            Some(Err(m)) => (
+                ConditionStatus::False,
+                "NodeClassNotReady",
+                format!("ClusterAPINodeClass {}: {m}", r.name),
+            ),
+            None => (
+                ConditionStatus::False,
+                "NodeClassNotFound",
+                format!("ClusterAPINodeClass {} not found", r.name),
+            ),
         }
     };
-    conditions::set(&mut conds, conditions::NODE_CLASS_READY, st, reason, &msg, generation, now);
+    conditions::set(
+        &mut conds,
+        conditions::NODE_CLASS_READY,
+        st,
+        reason,
+        &msg,
+        generation,
+        now,
+    );
     conditions::set_nodepool_ready(&mut conds, generation, now);
     // Keep transition times stable: only conditions that changed got `now`.
     status.conditions = Some(conds);
@@ -164,7 +241,11 @@ impl Actor for NodePools {
 }
 
 impl StreamHandler<Result<watcher::Event<NodePool>, watcher::Error>> for NodePools {
-    fn handle(&mut self, ev: Result<watcher::Event<NodePool>, watcher::Error>, ctx: &mut Self::Context) {
+    fn handle(
+        &mut self,
+        ev: Result<watcher::Event<NodePool>, watcher::Error>,
+        ctx: &mut Self::Context,
+    ) {
         match ev {
             Ok(watcher::Event::Init) => self.buffer.clear(),
             Ok(watcher::Event::InitApply(np)) => self.buffer.push(np),
@@ -176,11 +257,18 @@ impl StreamHandler<Result<watcher::Event<NodePool>, watcher::Error>> for NodePoo
                     pools.insert(np.name_any(), Arc::new(np));
                 }
                 drop(pools);
-                self.shared.state.nodepools_synced.store(true, std::sync::atomic::Ordering::Release);
+                self.shared
+                    .state
+                    .nodepools_synced
+                    .store(true, std::sync::atomic::Ordering::Release);
                 self.shared.synced.notify_waiters();
             }
             Ok(watcher::Event::Apply(np)) => {
-                self.shared.state.nodepools.write().insert(np.name_any(), Arc::new(np));
+                self.shared
+                    .state
+                    .nodepools
+                    .write()
+                    .insert(np.name_any(), Arc::new(np));
             }
             Ok(watcher::Event::Delete(np)) => {
                 self.shared.state.nodepools.write().remove(&np.name_any());

@@ -22,7 +22,9 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validation::validate_nodepool;
-use crate::api::wellknown::{EPHEMERAL_TAINT_KEYS, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
+use crate::api::wellknown::{
+    EPHEMERAL_TAINT_KEYS, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
+};
 use crate::metrics::CreatedLabels;
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Results, Snapshot};
 use crate::state::pods;
@@ -41,7 +43,10 @@ pub struct Batching {
 
 impl Default for Batching {
     fn default() -> Self {
-        Self { idle: Duration::from_secs(1), max: Duration::from_secs(10) }
+        Self {
+            idle: Duration::from_secs(1),
+            max: Duration::from_secs(10),
+        }
     }
 }
 
@@ -89,7 +94,9 @@ impl Provisioner {
     /// A provisionable pod arrived (or something changed that may let one fit): open a batch or
     /// push its idle deadline out, never past the max deadline.
     fn extend_batch(&mut self, ctx: &mut Context<Self>) {
-        if self.shared.state.pods.read().provisionable_count() == 0 || !self.shared.router.is_active() {
+        if self.shared.state.pods.read().provisionable_count() == 0
+            || !self.shared.router.is_active()
+        {
             return;
         }
         let now = Instant::now();
@@ -98,11 +105,13 @@ impl Provisioner {
         if let Some(h) = self.timer.take() {
             ctx.cancel_future(h);
         }
-        self.timer = Some(ctx.run_later(fire_at.saturating_duration_since(now), |act, ctx| {
-            act.timer = None;
-            act.batch_opened = None;
-            act.solve(ctx);
-        }));
+        self.timer = Some(
+            ctx.run_later(fire_at.saturating_duration_since(now), |act, ctx| {
+                act.timer = None;
+                act.batch_opened = None;
+                act.solve(ctx);
+            }),
+        );
     }
 
     fn solve(&mut self, ctx: &mut Context<Self>) {
@@ -118,10 +127,15 @@ impl Provisioner {
         }
         self.solving = true;
         let started = Instant::now();
-        let pools: HashMap<String, Arc<crate::api::nodepool::NodePool>> = self.shared.state.nodepools.read().clone();
-        let fut = async move { tokio::task::spawn_blocking(move || scheduling::solve(&snapshot)).await };
+        let pools: HashMap<String, Arc<crate::api::nodepool::NodePool>> =
+            self.shared.state.nodepools.read().clone();
+        let fut =
+            async move { tokio::task::spawn_blocking(move || scheduling::solve(&snapshot)).await };
         ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
-            act.shared.metrics.scheduling_duration.observe(started.elapsed().as_secs_f64());
+            act.shared
+                .metrics
+                .scheduling_duration
+                .observe(started.elapsed().as_secs_f64());
             match r {
                 Ok(results) => act.apply(results, &pools, ctx),
                 Err(e) => tracing::error!(error = %e, "scheduling solve failed"),
@@ -134,7 +148,12 @@ impl Provisioner {
     }
 
     /// Create the decided claims; tell unplaceable pods why.
-    fn apply(&mut self, results: Results, pools: &HashMap<String, Arc<crate::api::nodepool::NodePool>>, ctx: &mut Context<Self>) {
+    fn apply(
+        &mut self,
+        results: Results,
+        pools: &HashMap<String, Arc<crate::api::nodepool::NodePool>>,
+        ctx: &mut Context<Self>,
+    ) {
         let m = &self.shared.metrics;
         m.unschedulable_pods.set(results.failures.len() as i64);
         tracing::info!(
@@ -149,12 +168,16 @@ impl Provisioner {
                 continue;
             }
             if let Some(p) = self.shared.state.pods.read().get(pod_key) {
-                self.shared.events.warning(p.object_ref(&()), "FailedScheduling", message.clone());
+                self.shared
+                    .events
+                    .warning(p.object_ref(&()), "FailedScheduling", message.clone());
             }
             self.told.insert(pod_key.clone(), message);
         }
         for new in results.new_claims {
-            let Some(pool) = pools.get(&new.nodepool) else { continue };
+            let Some(pool) = pools.get(&new.nodepool) else {
+                continue;
+            };
             let claim = scheduling::nodeclaim_for(&new, pool);
             let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
             let nodepool = new.nodepool.clone();
@@ -184,17 +207,31 @@ impl Provisioner {
     fn snapshot(&self) -> Snapshot {
         let st = &self.shared.state;
         let pods_idx = st.pods.read();
-        let pods: Vec<Pod> = pods_idx.provisionable().iter().map(|p| (**p).clone()).collect();
+        let pods: Vec<Pod> = pods_idx
+            .provisionable()
+            .iter()
+            .map(|p| (**p).clone())
+            .collect();
         let bound_pods: Vec<Pod> = pods_idx.bound().iter().map(|p| (**p).clone()).collect();
         let mut nodes: Vec<ExistingNode> = Vec::new();
         let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
         let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
         let claim_of_node: HashMap<String, Arc<NodeClaim>> = claims
             .iter()
-            .filter_map(|c| c.status.as_ref().and_then(|s| s.node_name.clone()).map(|n| (n, c.clone())))
+            .filter_map(|c| {
+                c.status
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .map(|n| (n, c.clone()))
+            })
             .collect();
         for n in &node_list {
-            if n.metadata.deletion_timestamp.is_some() || n.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+            if n.metadata.deletion_timestamp.is_some()
+                || n.spec
+                    .as_ref()
+                    .and_then(|s| s.unschedulable)
+                    .unwrap_or(false)
+            {
                 continue;
             }
             let name = n.name_any();
@@ -202,7 +239,11 @@ impl Provisioner {
             let requested = pods_idx
                 .on_node(&name)
                 .iter()
-                .filter_map(|p| p.spec.as_ref().and_then(|s| scheduling::pod::pod_requests(s).ok()))
+                .filter_map(|p| {
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| scheduling::pod::pod_requests(s).ok())
+                })
                 .fold(Resources::new(), |acc, r| acc.add(&r).add(&one_pod()));
             let allocatable = n
                 .status
@@ -210,7 +251,9 @@ impl Provisioner {
                 .and_then(|s| s.allocatable.as_ref())
                 .and_then(|a| Resources::from_k8s(a).ok())
                 .unwrap_or_default();
-            let startup: Vec<Taint> = claim.and_then(|c| c.spec.startup_taints.clone()).unwrap_or_default();
+            let startup: Vec<Taint> = claim
+                .and_then(|c| c.spec.startup_taints.clone())
+                .unwrap_or_default();
             let taints = n
                 .spec
                 .as_ref()
@@ -218,7 +261,11 @@ impl Provisioner {
                 .unwrap_or_default()
                 .into_iter()
                 .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
-                .filter(|t| !startup.iter().any(|s| s.key == t.key && s.effect == t.effect))
+                .filter(|t| {
+                    !startup
+                        .iter()
+                        .any(|s| s.key == t.key && s.effect == t.effect)
+                })
                 .collect();
             nodes.push(ExistingNode {
                 name: name.clone(),
@@ -230,9 +277,14 @@ impl Provisioner {
                 nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
             });
         }
-        let node_names: std::collections::HashSet<String> = node_list.iter().map(|n| n.name_any()).collect();
+        let node_names: std::collections::HashSet<String> =
+            node_list.iter().map(|n| n.name_any()).collect();
         for c in &claims {
-            let has_node = c.status.as_ref().and_then(|s| s.node_name.as_ref()).is_some_and(|n| node_names.contains(n));
+            let has_node = c
+                .status
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some_and(|n| node_names.contains(n));
             if has_node || c.metadata.deletion_timestamp.is_some() {
                 continue;
             }
@@ -260,10 +312,21 @@ impl Provisioner {
             .values()
             .filter_map(|ds| {
                 let template = &ds.spec.as_ref()?.template;
-                Some(scheduling::daemon_pod(&ds.namespace().unwrap_or_default(), &ds.name_any(), template))
+                Some(scheduling::daemon_pod(
+                    &ds.namespace().unwrap_or_default(),
+                    &ds.name_any(),
+                    template,
+                ))
             })
             .collect();
-        Snapshot { pods, bound_pods, nodes, nodepools, daemonsets, preference_policy: self.preference }
+        Snapshot {
+            pods,
+            bound_pods,
+            nodes,
+            nodepools,
+            daemonsets,
+            preference_policy: self.preference,
+        }
     }
 }
 
@@ -277,12 +340,11 @@ fn in_flight(c: &NodeClaim) -> ExistingNode {
     let mut labels: BTreeMap<String, String> = c.labels().clone();
     if let Ok(reqs) = Requirements::from_node_selector_requirements(&c.spec.requirements) {
         for key in reqs.keys().map(str::to_string).collect::<Vec<_>>() {
-            if let Some(values) = reqs.values(&key) {
-                if values.len() == 1 {
-                    if let Some(v) = values.iter().next() {
-                        labels.entry(key).or_insert_with(|| v.clone());
-                    }
-                }
+            if let Some(values) = reqs.values(&key)
+                && values.len() == 1
+                && let Some(v) = values.iter().next()
+            {
+                labels.entry(key).or_insert_with(|| v.clone());
             }
         }
     }
@@ -293,8 +355,6 @@ fn in_flight(c: &NodeClaim) -> ExistingNode {
         .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()))
         .and_then(|a| Resources::from_k8s(a).ok())
         .unwrap_or_default();
-    let launched = c.status.as_ref().and_then(|s| s.conditions.as_deref()).is_some_and(|cs| conditions::is_true(cs, conditions::LAUNCHED));
-    let _ = launched;
     ExistingNode {
         name: c.name_any(),
         labels,
@@ -313,8 +373,12 @@ impl Actor for Provisioner {
         use futures::StreamExt;
         let pods: Api<Pod> = Api::all(self.shared.workload.clone());
         let ds: Api<DaemonSet> = Api::all(self.shared.workload.clone());
-        let pods = watcher(pods, watcher::Config::default()).default_backoff().map(Watched::Pod);
-        let ds = watcher(ds, watcher::Config::default()).default_backoff().map(Watched::DaemonSet);
+        let pods = watcher(pods, watcher::Config::default())
+            .default_backoff()
+            .map(Watched::Pod);
+        let ds = watcher(ds, watcher::Config::default())
+            .default_backoff()
+            .map(Watched::DaemonSet);
         ctx.add_stream(futures::stream::select(pods, ds));
     }
 }
@@ -352,14 +416,26 @@ impl StreamHandler<Watched> for Provisioner {
                 watcher::Event::InitDone => {
                     self.daemonsets = std::mem::take(&mut self.ds_buffer)
                         .into_iter()
-                        .map(|d| (format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()), Arc::new(d)))
+                        .map(|d| {
+                            (
+                                format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()),
+                                Arc::new(d),
+                            )
+                        })
                         .collect();
                 }
                 watcher::Event::Apply(d) => {
-                    self.daemonsets.insert(format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()), Arc::new(d));
+                    self.daemonsets.insert(
+                        format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()),
+                        Arc::new(d),
+                    );
                 }
                 watcher::Event::Delete(d) => {
-                    self.daemonsets.remove(&format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any()));
+                    self.daemonsets.remove(&format!(
+                        "{}/{}",
+                        d.namespace().unwrap_or_default(),
+                        d.name_any()
+                    ));
                 }
             },
             Watched::Pod(Err(e)) | Watched::DaemonSet(Err(e)) => {

@@ -10,9 +10,9 @@ use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::catalog::Rebuild;
+use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
 use super::provisioner::Pending;
-use super::nodeclaim::NodeClaimActor;
 use super::scaler::Scaler;
 
 #[derive(Clone, Default)]

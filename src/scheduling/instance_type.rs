@@ -59,5 +59,7 @@ impl InstanceType {
 /// True when an offering's labels satisfy `reqs` on the keys the offering defines (a key the
 /// offering does not define is for the node template to set, as in Karpenter).
 pub fn offering_allowed(o: &Offering, reqs: &Requirements) -> bool {
-    Requirements::from_labels(&o.labels).compatible(reqs).is_ok()
+    Requirements::from_labels(&o.labels)
+        .compatible(reqs)
+        .is_ok()
 }

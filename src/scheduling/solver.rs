@@ -465,6 +465,7 @@ impl<'a> Solver<'a> {
             let pool = &self.pools[claim.pool];
             if untolerated(&ctx.pod.tolerations, pool.taints, ctx.prefer_blocks).is_some()
                 || (!ctx.reqs.is_empty() && claim.reqs.compatible(ctx.reqs).is_err())
+                || unknown_label(pool, ctx.reqs).is_some()
             {
                 continue;
             }
@@ -593,16 +594,9 @@ impl<'a> Solver<'a> {
                 "incompatible requirements, {e}"
             )));
         }
-        // A label the pod requires must be one the node will have (Karpenter's rule for
-        // labels that are neither defined by the pool nor well known).
-        if let Some(r) = ctx.reqs.iter().find(|r| {
-            !r.allows_absent()
-                && !pool.known_keys.contains(r.key())
-                && !WELL_KNOWN_LABELS.contains(&r.key())
-        }) {
+        if let Some(key) = unknown_label(pool, ctx.reqs) {
             return Err(PoolMiss::Incompatible(format!(
-                "label {:?} is not provided by the NodePool or its instance types",
-                r.key()
+                "label {key:?} is not provided by the NodePool or its instance types"
             )));
         }
         if pool.nodes_remaining.is_some_and(|n| n < 1) {
@@ -821,6 +815,19 @@ fn finish_claim(
         pods,
         instance_types: names,
     }
+}
+
+/// A label the pod requires that no node of the pool will carry (Karpenter's rule for labels
+/// neither defined by the pool nor well known). Checked when opening a claim and when joining
+/// one, so a pod cannot slip its requirement onto a claim another pod opened.
+fn unknown_label<'r>(pool: &Pool, reqs: &'r Requirements) -> Option<&'r str> {
+    reqs.iter()
+        .find(|r| {
+            !r.allows_absent()
+                && !pool.known_keys.contains(r.key())
+                && !WELL_KNOWN_LABELS.contains(&r.key())
+        })
+        .map(|r| r.key())
 }
 
 fn weight_of(snapshot: &Snapshot, name: &str) -> i32 {

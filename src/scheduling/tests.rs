@@ -340,6 +340,30 @@ fn required_labels_must_be_provided() {
 }
 
 #[test]
+fn an_unknown_label_cannot_ride_on_a_claim_another_pod_opened() {
+    // The plain pod opens a claim first (bigger, so it sorts first); the other may not join it
+    // and smuggle its requirement onto the claim.
+    let plain = pod("plain", "2", "1Gi");
+    let mut picky = pod("picky", "1", "1Gi");
+    spec(&mut picky).node_selector =
+        Some([("example.com/team".to_string(), "x".to_string())].into());
+    let r = solve(&snapshot(
+        vec![plain, picky],
+        vec![pool(nodepool("default"), standard_types())],
+    ));
+    assert_eq!(r.new_claims.len(), 1, "{r:?}");
+    assert!(
+        r.new_claims[0]
+            .requirements
+            .get("example.com/team")
+            .is_none(),
+        "{r:?}"
+    );
+    assert_eq!(r.failures.len(), 1, "{r:?}");
+    assert!(r.failures[0].0.ends_with("picky"));
+}
+
+#[test]
 fn ored_required_terms_fall_through() {
     let mut p = pod("p", "1", "1Gi");
     spec(&mut p).affinity = Some(Affinity {

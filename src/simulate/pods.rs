@@ -20,11 +20,21 @@ use crate::metrics::Metrics;
 use crate::sim::cluster::{MachineDeploymentSeed, PodShape, SimCluster};
 
 /// (name, cpu, memory, price): the MachineDeployment sizes of the scenario.
-pub const SIZES: [(&str, &str, &str, &str); 4] =
-    [("small", "2", "8Gi", "0.10"), ("medium", "4", "16Gi", "0.19"), ("large", "8", "32Gi", "0.37"), ("xlarge", "16", "64Gi", "0.72")];
+pub const SIZES: [(&str, &str, &str, &str); 4] = [
+    ("small", "2", "8Gi", "0.10"),
+    ("medium", "4", "16Gi", "0.19"),
+    ("large", "8", "32Gi", "0.37"),
+    ("xlarge", "16", "64Gi", "0.72"),
+];
 
 /// Pod request shapes, cycled over the Deployments.
-pub const SHAPES: [(&str, &str); 5] = [("250m", "512Mi"), ("500m", "1Gi"), ("1", "2Gi"), ("1500m", "3Gi"), ("100m", "256Mi")];
+pub const SHAPES: [(&str, &str); 5] = [
+    ("250m", "512Mi"),
+    ("500m", "1Gi"),
+    ("1", "2Gi"),
+    ("1500m", "3Gi"),
+    ("100m", "256Mi"),
+];
 
 pub fn seed_of(i: usize, max_size: usize) -> MachineDeploymentSeed {
     let (name, cpu, memory, price) = SIZES[i % SIZES.len()];
@@ -82,8 +92,13 @@ impl PodReport {
         // The shape: pod latency sits under latency_ms with the launch latencies.
         let mut v = serde_json::to_value(self).unwrap_or(Value::Null);
         if let Some(obj) = v.as_object_mut() {
-            let pod = obj.remove("pod_latency_ms").and_then(|p| p.get("pod_pending_to_bound").cloned());
-            if let (Some(p), Some(lat)) = (pod, obj.get_mut("latency_ms").and_then(Value::as_object_mut)) {
+            let pod = obj
+                .remove("pod_latency_ms")
+                .and_then(|p| p.get("pod_pending_to_bound").cloned());
+            if let (Some(p), Some(lat)) = (
+                pod,
+                obj.get_mut("latency_ms").and_then(Value::as_object_mut),
+            ) {
                 lat.insert("pod_pending_to_bound".into(), p);
             }
         }
@@ -114,18 +129,30 @@ impl std::fmt::Display for PodReport {
 }
 
 fn pod_bound(p: &Value) -> bool {
-    p.pointer("/spec/nodeName").and_then(Value::as_str).is_some_and(|n| !n.is_empty())
+    p.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty())
 }
 
 /// Quiet for pods: launch-quiet, and every pod bound (or none bound for a while with nothing in
 /// flight, when some cannot be placed at all).
 fn all_bound(cluster: &SimCluster) -> bool {
-    cluster.server().store().list("pods", None).iter().all(pod_bound)
+    cluster
+        .server()
+        .store()
+        .list("pods", None)
+        .iter()
+        .all(pod_bound)
 }
 
 /// Wait for every pod to be bound and the launch path to be quiet; give up on pods that stay
 /// unbound when nothing else changes for `stall`.
-async fn settle(sim: &BackgroundSim, deadline: Duration, stall: Duration, progress: bool) -> Result<(), Error> {
+async fn settle(
+    sim: &BackgroundSim,
+    deadline: Duration,
+    stall: Duration,
+    progress: bool,
+) -> Result<(), Error> {
     let start = Instant::now();
     let mut last_change = Instant::now();
     let mut last_line = String::new();
@@ -154,7 +181,12 @@ async fn settle(sim: &BackgroundSim, deadline: Duration, stall: Duration, progre
     }
 }
 
-pub fn measure(sim: &BackgroundSim, observer: &Observer, pods_created: usize, since_ms: u64) -> PodReport {
+pub fn measure(
+    sim: &BackgroundSim,
+    observer: &Observer,
+    pods_created: usize,
+    since_ms: u64,
+) -> PodReport {
     let cluster = sim.cluster();
     let claims = observer.snapshot().len();
     let mut launch = launch::measure(sim, observer, claims, since_ms, "pods");
@@ -167,23 +199,32 @@ pub fn measure(sim: &BackgroundSim, observer: &Observer, pods_created: usize, si
     // Utilisation: the bound pods' requests over the allocatable of the nodes they run on.
     let mut used = Resources::new();
     for p in pods.iter().filter(|p| pod_bound(p)) {
-        if let Ok(pod) = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(p.clone()) {
-            if let Some(r) = pod.spec.as_ref().and_then(|s| crate::scheduling::pod::pod_requests(s).ok()) {
-                used.add_assign(&r);
-            }
+        if let Ok(pod) = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(p.clone())
+            && let Some(r) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| crate::scheduling::pod::pod_requests(s).ok())
+        {
+            used.add_assign(&r);
         }
     }
     let mut total = Resources::new();
     for n in &nodes {
-        if let Some(a) = n.pointer("/status/allocatable").and_then(|a| serde_json::from_value(a.clone()).ok()) {
-            if let Ok(r) = Resources::from_k8s(&a) {
-                total.add_assign(&r);
-            }
+        if let Some(a) = n
+            .pointer("/status/allocatable")
+            .and_then(|a| serde_json::from_value(a.clone()).ok())
+            && let Ok(r) = Resources::from_k8s(&a)
+        {
+            total.add_assign(&r);
         }
     }
     let ratio = |k: &str| {
         let t = total.get(k);
-        if t.is_zero() { 0.0 } else { used.get(k).as_f64() / t.as_f64() }
+        if t.is_zero() {
+            0.0
+        } else {
+            used.get(k).as_f64() / t.as_f64()
+        }
     };
 
     let stats = cluster.stats();
@@ -196,25 +237,43 @@ pub fn measure(sim: &BackgroundSim, observer: &Observer, pods_created: usize, si
     let latencies: Vec<f64> = writes
         .iter()
         .filter(|w| w.resource == "pods" && w.subresource == "binding")
-        .filter_map(|w| created.get(&format!("{}/{}", w.namespace, w.name)).map(|c| w.at_ms.saturating_sub(*c) as f64))
+        .filter_map(|w| {
+            created
+                .get(&format!("{}/{}", w.namespace, w.name))
+                .map(|c| w.at_ms.saturating_sub(*c) as f64)
+        })
         .collect();
     PodReport {
         launch,
-        pods: PodCounts { pending_at_start: pods_created, bound, unschedulable: pods_created.saturating_sub(bound) },
-        nodes: NodeCounts { created: nodes.len(), cpu_utilization: ratio("cpu"), memory_utilization: ratio("memory") },
-        pod_latency_ms: PodLatency { pod_pending_to_bound: Percentiles::of(latencies) },
+        pods: PodCounts {
+            pending_at_start: pods_created,
+            bound,
+            unschedulable: pods_created.saturating_sub(bound),
+        },
+        nodes: NodeCounts {
+            created: nodes.len(),
+            cpu_utilization: ratio("cpu"),
+            memory_utilization: ratio("memory"),
+        },
+        pod_latency_ms: PodLatency {
+            pod_pending_to_bound: Percentiles::of(latencies),
+        },
     }
 }
 
 /// `simulate --scenario pods` (and the default scenario).
 pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
     let sim = BackgroundSim::start(cluster_config(args)).await?;
-    eprintln!("simulated cluster up; watch it with: kubectl --kubeconfig {} get pods,nodeclaims,nodes", sim.kubeconfig().display());
+    eprintln!(
+        "simulated cluster up; watch it with: kubectl --kubeconfig {} get pods,nodeclaims,nodes",
+        sim.kubeconfig().display()
+    );
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let max_size = args.pods.max(10);
     sim.run(move |c| async move {
         for i in 0..mds {
-            c.create_machine_deployment_from(&seed_of(i, max_size)).await?;
+            c.create_machine_deployment_from(&seed_of(i, max_size))
+                .await?;
         }
         launch::seed_nodeclass_and_pool(c.client()).await
     })
@@ -235,12 +294,24 @@ pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
         for d in 0..k {
             let count = n / k + usize::from(d < n % k);
             let (cpu, mem) = SHAPES[d % SHAPES.len()];
-            c.create_deployment(launch::NAMESPACE, &format!("app-{d}"), count, &PodShape::new(cpu, mem)).await?;
+            c.create_deployment(
+                launch::NAMESPACE,
+                &format!("app-{d}"),
+                count,
+                &PodShape::new(cpu, mem),
+            )
+            .await?;
         }
         Ok::<_, crate::sim::cluster::Error>(())
     })
     .await??;
     eprintln!("waiting for every pod to be bound");
-    settle(&sim, Duration::from_secs(args.deadline), Duration::from_secs(15), true).await?;
+    settle(
+        &sim,
+        Duration::from_secs(args.deadline),
+        Duration::from_secs(15),
+        true,
+    )
+    .await?;
     Ok(measure(&sim, &observer, n, since))
 }

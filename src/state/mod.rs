@@ -24,7 +24,8 @@ pub struct State {
     pub claims: Arc<RwLock<Claims>>,
     pub nodes: Arc<RwLock<Nodes>>,
     pub pods: Arc<RwLock<Pods>>,
-    pub nodepools: Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
+    pub nodepools:
+        Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
     pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,
 }
 

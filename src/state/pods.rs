@@ -127,12 +127,12 @@ impl Pods {
     pub fn remove(&mut self, k: &str) -> Option<Arc<Pod>> {
         let old = self.by_key.remove(k)?;
         self.provisionable.remove(k);
-        if let Some(n) = node_name(&old) {
-            if let Some(set) = self.by_node.get_mut(n) {
-                set.remove(k);
-                if set.is_empty() {
-                    self.by_node.remove(n);
-                }
+        if let Some(n) = node_name(&old)
+            && let Some(set) = self.by_node.get_mut(n)
+        {
+            set.remove(k);
+            if set.is_empty() {
+                self.by_node.remove(n);
             }
         }
         Some(old)
