@@ -17,7 +17,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::Shared;
-use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
