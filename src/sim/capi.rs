@@ -570,6 +570,9 @@ impl Inner {
         {
             return;
         }
+        if let Some(stats) = &self.cfg.stats {
+            stats.milestone(PROVIDER_ID_SET, &ns_of(&machine), &name);
+        }
         // The kubelet stand-in may already have set nodeRef and phase Running; a read-modify-
         // write with the resourceVersion as precondition keeps that later phase.
         let v1beta1 = self.cfg.version == CapiVersion::V1Beta1;
@@ -600,9 +603,6 @@ impl Inner {
                 .map(|_| ())
         })
         .await;
-        if let Some(stats) = &self.cfg.stats {
-            stats.milestone(PROVIDER_ID_SET, &ns_of(&machine), &name);
-        }
         tracing::debug!(machine = %name, %provider_id, "provider ID set");
     }
 
