@@ -579,27 +579,6 @@ async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn default_scenario_seeds_and_leaves_pods_pending_without_a_controller() {
-    use karpenter_capi::sim::scenario::{ScenarioConfig, run_default};
-    let summary = run_default(ScenarioConfig {
-        cluster: fast(CapiVersion::V1Beta2),
-        pods: 3,
-        settle: Duration::from_millis(300),
-        progress: false,
-    })
-    .await
-    .unwrap();
-    assert_eq!(summary.machine_deployments, 3);
-    assert_eq!(summary.machines, 0);
-    assert_eq!(summary.pods, 3);
-    assert_eq!(summary.pods_bound, 0);
-    assert!(summary.api_writes > 0);
-    assert!(!summary.controller);
-    let json: serde_json::Value = serde_json::from_str(&summary.to_json()).unwrap();
-    assert_eq!(json["pods"], 3);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stand_ins_converge_through_errors_conflicts_and_watch_cuts() {
     let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
     let faults = cluster.server().faults();

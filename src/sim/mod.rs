@@ -302,6 +302,5 @@ pub mod capi;
 pub mod cluster;
 pub mod kubelet;
 pub mod quantity;
-pub mod scenario;
 pub mod scheduler;
 pub mod standin;
