@@ -425,3 +425,82 @@ async fn restart_in_the_middle_of_a_burst_neither_duplicates_nor_loses() {
     let inv = env.invariants_hold();
     assert_eq!(inv.bound, 120);
 }
+
+#[actix::test]
+async fn malformed_annotations_and_selectors_become_conditions_and_events() {
+    // md-0 is fine; md-1 has a malformed CPU quantity and a taint without an effect.
+    let mut bad = seed_of(1, 10);
+    bad.annotations.insert(CPU_ANNOTATION.into(), "four".into());
+    bad.annotations
+        .insert(TAINTS_ANNOTATION.into(), "dedicated=gpu".into());
+    let env = env(
+        cluster(CapiVersion::V1Beta2),
+        vec![seed_of(0, 10), bad],
+        None,
+    )
+    .await;
+
+    // The NodeClass stays usable (md-0) and says nothing false; the bad MachineDeployment is
+    // named in an Event with the annotation at fault.
+    let names = env.claims(1, 1).await;
+    env.settle().await;
+    assert_eq!(env.store_list("nodeclaims").len(), 1, "{names:?}");
+    let nc = env
+        .store_list("clusterapinodeclasses")
+        .into_iter()
+        .next()
+        .unwrap();
+    assert!(condition(&nc, "Ready"), "{nc:#}");
+    let events = env.store_list("events.events.k8s.io");
+    let bad_event = events
+        .iter()
+        .find(|e| e["reason"] == "InvalidMachineDeployment")
+        .expect("an Event for md-1");
+    let note = bad_event["note"].as_str().unwrap();
+    assert!(
+        note.contains("default/md-1")
+            && note.contains(CPU_ANNOTATION)
+            && note.contains(TAINTS_ANNOTATION),
+        "{note}"
+    );
+
+    // A NodeClass whose selector is malformed is not Ready, and says which field.
+    let client = env.sim.client_here().await.unwrap();
+    let api: Api<karpenter_capi::api::nodeclass::ClusterAPINodeClass> = Api::all(client);
+    let broken: karpenter_capi::api::nodeclass::ClusterAPINodeClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
+        "metadata": {"name": "broken"},
+        "spec": {"scalableResourceSelector": {"matchExpressions": [{"key": "a", "operator": "Near", "values": ["b"]}]}}
+    }))
+    .unwrap();
+    api.create(&Default::default(), &broken).await.unwrap();
+    let start = std::time::Instant::now();
+    loop {
+        let nc = env
+            .store_list("clusterapinodeclasses")
+            .into_iter()
+            .find(|n| n["metadata"]["name"] == "broken")
+            .unwrap();
+        let ready = nc
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready").cloned());
+        if let Some(r) = ready {
+            assert_eq!(r["status"], "False");
+            assert!(
+                r["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("spec.scalableResourceSelector"),
+                "{r:#}"
+            );
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no Ready condition on the broken NodeClass"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.invariants_hold();
+}

@@ -282,6 +282,8 @@ pub struct Catalog {
     synced: bool,
     /// A catalog has been published since the NodeClass list synced.
     built: bool,
+    /// Problems already reported per NodeClass (so each is one Event, not one per rebuild).
+    reported: HashMap<String, HashSet<String>>,
 }
 
 impl Catalog {
@@ -294,6 +296,7 @@ impl Catalog {
             rebuild_scheduled: false,
             synced: false,
             built: false,
+            reported: HashMap::new(),
         }
     }
 
@@ -331,7 +334,12 @@ impl Catalog {
             unavailable: &unavailable,
         };
         let names: HashSet<String> = self.nodeclasses.keys().cloned().collect();
-        for (name, nc) in &self.nodeclasses {
+        let nodeclasses: Vec<(String, Arc<ClusterAPINodeClass>)> = self
+            .nodeclasses
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (name, nc) in &nodeclasses {
             let selector = nc
                 .spec
                 .scalable_resource_selector
@@ -349,6 +357,7 @@ impl Catalog {
                 }
             };
             self.update_status(nc, &catalog, &ready, ctx);
+            self.report_problems(nc, &catalog.problems);
             self.shared.catalog.publish(
                 name.clone(),
                 Entry {
@@ -421,6 +430,25 @@ impl Catalog {
         }
     }
 
+    /// A MachineDeployment left out of a usable NodeClass (Ready stays True) is still something
+    /// an operator must see: one Warning Event on the NodeClass per new problem, naming the
+    /// MachineDeployment and the annotation.
+    fn report_problems(&mut self, nc: &ClusterAPINodeClass, problems: &[String]) {
+        let name = nc.name_any();
+        let seen = self.reported.entry(name.clone()).or_default();
+        for p in problems {
+            if seen.insert(p.clone()) {
+                tracing::warn!(nodeclass = %name, problem = %p, "MachineDeployment left out of the catalog");
+                self.shared.events.warning(
+                    nc.object_ref(&()),
+                    "InvalidMachineDeployment",
+                    p.clone(),
+                );
+            }
+        }
+        seen.retain(|p| problems.contains(p));
+    }
+
     /// ClusterAPINodeClass status: Ready with what it resolves to, or why not.
     fn update_status(
         &self,
@@ -490,10 +518,6 @@ fn readiness(c: &offerings::Catalog) -> Result<(), String> {
             m.push_str(&c.problems.join("; "));
         }
         return Err(m);
-    }
-    if !c.problems.is_empty() {
-        // Usable, but say what was left out: Ready stays True and the Event carries the detail.
-        tracing::warn!(problems = ?c.problems, "some MachineDeployments were left out of the catalog");
     }
     Ok(())
 }
