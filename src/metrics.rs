@@ -55,12 +55,6 @@ pub struct ApiErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DecisionLabels {
-    pub decision: String,
-    pub reason: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodePoolLabels {
     pub nodepool: String,
 }
@@ -97,7 +91,6 @@ pub struct Metrics {
     pub nodeclaims_registered: Family<PoolLabels, Counter>,
     pub nodeclaims_initialized: Family<PoolLabels, Counter>,
     pub nodeclaims_terminated: Family<PoolLabels, Counter>,
-    pub nodeclaims_disrupted: Family<CreatedLabels, Counter>,
     pub nodes_created: Family<NodePoolLabels, Counter>,
     pub nodes_terminated: Family<NodePoolLabels, Counter>,
     // Cluster API specifics.
@@ -123,7 +116,6 @@ pub struct Metrics {
     pub ignored_pods: Gauge,
     pub nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    pub disruption_decisions: Family<DecisionLabels, Counter>,
 }
 
 impl Metrics {
@@ -135,7 +127,6 @@ impl Metrics {
             nodeclaims_registered: Family::default(),
             nodeclaims_initialized: Family::default(),
             nodeclaims_terminated: Family::default(),
-            nodeclaims_disrupted: Family::default(),
             nodes_created: Family::default(),
             nodes_terminated: Family::default(),
             create_timeouts: Family::default(),
@@ -158,7 +149,6 @@ impl Metrics {
             ignored_pods: Gauge::default(),
             nodepools_usage: Family::default(),
             nodepools_limit: Family::default(),
-            disruption_decisions: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -186,11 +176,6 @@ impl Metrics {
             "karpenter_nodeclaims_terminated",
             "NodeClaims terminated",
             m.nodeclaims_terminated.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_disrupted",
-            "NodeClaims disrupted, by reason",
-            m.nodeclaims_disrupted.clone(),
         );
         r.register(
             "karpenter_nodes_created",
@@ -301,11 +286,6 @@ impl Metrics {
             "karpenter_nodepools_limit",
             "Resource limits of each NodePool",
             m.nodepools_limit.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_decisions",
-            "Disruption decisions by decision and reason",
-            m.disruption_decisions.clone(),
         );
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -223,9 +223,32 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
         .unwrap();
     assert!(cpu <= "400".parse().unwrap(), "cpu {cpu} over the limit");
     assert_eq!(condition(&np, "Ready").unwrap()["status"], "True", "{np:#}");
-    assert!(env.metrics.encode().contains(
-        "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"}"
-    ));
+    let text = env.metrics.encode();
+    assert!(
+        text.contains(
+            "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"}"
+        ),
+        "{text}"
+    );
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        value("karpenter_pods_startup_duration_seconds_count") > 0.0,
+        "{text}"
+    );
+    assert!(
+        value("karpenter_scheduler_scheduling_duration_seconds_count") > 0.0,
+        "{text}"
+    );
+    assert!(
+        value("karpenter_nodepools_usage{nodepool=\"default\",resource_type=\"cpu\"}") > 0.0,
+        "{text}"
+    );
 }
 
 #[actix::test]

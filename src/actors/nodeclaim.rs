@@ -482,13 +482,6 @@ impl Step {
             }
         }
         let updated = self.patch_claim(p, false).await?;
-        self.shared
-            .metrics
-            .cloudprovider_duration
-            .get_or_create(&crate::metrics::MethodLabels {
-                method: "Create".into(),
-            })
-            .observe(0.0);
         tracing::info!(nodeclaim = %self.name(), machine_deployment = %offering.machine_deployment, instance_type = %offering.instance_type, price = offering.price, "offering chosen");
         Ok(Next::Continue(updated))
     }

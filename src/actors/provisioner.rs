@@ -71,6 +71,8 @@ pub struct Provisioner {
     again: bool,
     /// Last failure message per pod, so an Event is published once per distinct reason.
     told: HashMap<String, String>,
+    /// Pods seen provisionable, until they are bound (for the startup-duration metric).
+    waiting: HashMap<String, Instant>,
 }
 
 impl Provisioner {
@@ -87,6 +89,7 @@ impl Provisioner {
             solving: false,
             again: false,
             told: HashMap::new(),
+            waiting: HashMap::new(),
         }
     }
 
@@ -155,6 +158,12 @@ impl Provisioner {
     ) {
         let m = &self.shared.metrics;
         m.unschedulable_pods.set(results.failures.len() as i64);
+        let ignored = results
+            .failures
+            .iter()
+            .filter(|(_, e)| matches!(e, scheduling::PodError::InvalidPod { .. }))
+            .count();
+        m.ignored_pods.set(ignored as i64);
         tracing::info!(
             new_claims = results.new_claims.len(),
             on_existing = results.placed_on_existing.len(),
@@ -199,6 +208,23 @@ impl Provisioner {
                     }
                 }),
             );
+        }
+    }
+
+    /// A pod we provisioned for got a node: Karpenter's pod startup duration, from the pod's
+    /// creation to its binding.
+    fn observe_startup(&mut self, key: &str, p: &Pod) {
+        if pods::node_name(p).is_none() || self.waiting.remove(key).is_none() {
+            return;
+        }
+        if let Some(created) = p.metadata.creation_timestamp.as_ref() {
+            let took = jiff::Timestamp::now().duration_since(created.0);
+            if let Ok(took) = Duration::try_from(took) {
+                self.shared
+                    .metrics
+                    .pods_startup_duration
+                    .observe(took.as_secs_f64());
+            }
         }
     }
 
@@ -396,8 +422,10 @@ impl StreamHandler<Watched> for Provisioner {
                 }
                 watcher::Event::Apply(p) => {
                     let key = pods::key(&p);
+                    self.observe_startup(&key, &p);
                     let provisionable = self.shared.state.pods.write().apply(p);
                     if provisionable {
+                        self.waiting.entry(key).or_insert_with(Instant::now);
                         self.extend_batch(ctx);
                     } else {
                         self.told.remove(&key);
@@ -407,6 +435,7 @@ impl StreamHandler<Watched> for Provisioner {
                     let key = pods::key(&p);
                     self.shared.state.pods.write().remove(&key);
                     self.told.remove(&key);
+                    self.waiting.remove(&key);
                 }
             },
             Watched::DaemonSet(Ok(ev)) => match ev {
