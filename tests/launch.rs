@@ -504,3 +504,33 @@ async fn malformed_annotations_and_selectors_become_conditions_and_events() {
     }
     env.invariants_hold();
 }
+
+#[actix::test]
+async fn faults_errors_conflicts_and_watch_cuts_leak_nothing() {
+    let seeds = (0..3).map(|i| seed_of(i, 1000)).collect();
+    let env = env(cluster(CapiVersion::V1Beta2), seeds, None).await;
+    // The claims are created cleanly; the controller then works through the faults.
+    env.claims(90, 3).await;
+    let faults = env.sim.cluster().server().faults();
+    for resource in ["machines", "machinedeployments", "nodeclaims", "nodes"] {
+        faults.set_error_rate(resource, 0.1);
+        faults.set_conflict_rate(resource, 0.1);
+        faults.set_latency(resource, Duration::from_millis(5));
+    }
+    faults.set_watch_cut_every(Some(Duration::from_millis(700)));
+    // Let the faults bite while the burst is in flight, then let the cluster settle cleanly.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    faults.clear();
+    env.settle().await;
+    for md in ["md-0", "md-1", "md-2"] {
+        assert_eq!(env.machines_of(md).len(), 30, "{md}");
+        assert_eq!(env.replicas(md), 30, "{md}");
+    }
+    let inv = env.invariants_hold();
+    assert_eq!(inv.bound, 90);
+    let conflicts = env.metrics.encode();
+    assert!(
+        conflicts.contains("karpenter_capi_replica_writes_total"),
+        "{conflicts}"
+    );
+}
