@@ -242,6 +242,24 @@ impl CatalogView {
         self.inner.write().by_nodeclass.insert(nodeclass, entry);
     }
 
+    /// Publish a NodeClass's catalog directly (benchmarks and tools that have no Catalog actor).
+    pub fn insert(
+        &self,
+        nodeclass: &str,
+        catalog: offerings::Catalog,
+        create_timeout: Option<Duration>,
+    ) {
+        let ready = readiness(&catalog);
+        self.publish(
+            nodeclass.to_string(),
+            Entry {
+                catalog: Arc::new(catalog),
+                create_timeout,
+                ready,
+            },
+        );
+    }
+
     fn retain(&self, names: &HashSet<String>) {
         self.inner
             .write()
