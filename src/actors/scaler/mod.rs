@@ -252,11 +252,12 @@ impl Scaler {
         let claims = self.shared.state.claims.read();
         let mut waiting: BTreeSet<String> = claims.waiting_on(&self.md);
         self.asked.retain(|(c, _)| match claims.get(c) {
-            // Not in the index yet (its write is newer than our watch): keep asking.
+            // Not in the index yet, or the index has not seen the write that recorded this
+            // MachineDeployment (the claim asks right after that write): keep asking.
             None => true,
             Some(cl) => {
                 cl.metadata.deletion_timestamp.is_none()
-                    && recorded_deployment(&cl) == Some(self.md.as_str())
+                    && recorded_deployment(&cl).is_none_or(|md| md == self.md)
             }
         });
         waiting.extend(self.asked.iter().map(|(c, _)| c.clone()));
