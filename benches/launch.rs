@@ -123,7 +123,7 @@ fn bench_catalog(c: &mut Criterion) {
     c.bench_function("resolve_one_claim_100_mds", |b| {
         b.iter(|| {
             black_box(
-                view.resolve("default", &reqs, &requests, &excluded)
+                view.resolve("default", &reqs, &requests, &excluded, &[])
                     .map(|c| c.price),
             )
         })

@@ -175,6 +175,7 @@ impl CatalogView {
         reqs: &Requirements,
         requests: &Resources,
         excluded: &HashSet<String>,
+        declared_taints: &[k8s_openapi::api::core::v1::Taint],
     ) -> Result<Choice, ResolveError> {
         let inner = self.inner.read();
         let Some(entry) = inner.by_nodeclass.get(nodeclass) else {
@@ -200,6 +201,7 @@ impl CatalogView {
                 if Requirements::from_labels(&o.labels)
                     .compatible(reqs)
                     .is_err()
+                    || !crate::scheduling::instance_type::taints_declared(o, declared_taints)
                 {
                     incompatible += 1;
                     continue;
@@ -232,7 +234,7 @@ impl CatalogView {
             None => Err(ResolveError::NoCompatibleOffering {
                 nodeclass: nodeclass.to_string(),
                 details: format!(
-                    "{incompatible} offerings incompatible with the requirements, {too_small} too small for the requests, {unavailable} unavailable (max-size reached or recently failed)"
+                    "{incompatible} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {too_small} too small for the requests, {unavailable} unavailable (max-size reached or recently failed)"
                 ),
             }),
         }

@@ -498,9 +498,14 @@ impl Step {
             .transpose()
             .map_err(|e| ResolveError::Invalid(format!("spec.resources.requests: {e}")))?
             .unwrap_or_default();
-        self.shared
-            .catalog
-            .resolve(&spec.node_class_ref.name, &reqs, &requests, &self.excluded)
+        let declared = super::provisioner::declared_taints(&spec.taints, &spec.startup_taints);
+        self.shared.catalog.resolve(
+            &spec.node_class_ref.name,
+            &reqs,
+            &requests,
+            &self.excluded,
+            &declared,
+        )
     }
 
     /// A launch that cannot start yet (or ever): say why in `Launched` and an Event, once.

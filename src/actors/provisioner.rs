@@ -328,7 +328,13 @@ impl Provisioner {
             let (res, count) = usage.get(&np.name_any()).cloned().unwrap_or_default();
             nodepools.push(PoolInput {
                 nodepool: (**np).clone(),
-                instance_types: self.shared.catalog.instance_types(&r.name),
+                instance_types: scheduling::instance_type::for_declared_taints(
+                    self.shared.catalog.instance_types(&r.name),
+                    &declared_taints(
+                        &np.spec.template.spec.taints,
+                        &np.spec.template.spec.startup_taints,
+                    ),
+                ),
                 usage: res.with("nodes", Quantity::from_units(count)),
             });
         }
@@ -353,6 +359,16 @@ impl Provisioner {
             preference_policy: self.preference,
         }
     }
+}
+
+/// A pool's (or claim's) taints and startup taints together.
+pub fn declared_taints(taints: &Option<Vec<Taint>>, startup: &Option<Vec<Taint>>) -> Vec<Taint> {
+    taints
+        .iter()
+        .chain(startup.iter())
+        .flatten()
+        .cloned()
+        .collect()
 }
 
 fn one_pod() -> Resources {

@@ -63,3 +63,92 @@ pub fn offering_allowed(o: &Offering, reqs: &Requirements) -> bool {
         .compatible(reqs)
         .is_ok()
 }
+
+/// True when every taint a node from this offering carries (the MachineDeployment's taints
+/// annotation) is one the NodePool declares in `taints` or `startupTaints`. Cluster API puts
+/// those taints on the node whatever we ask, so only a pool that declares them (and whose pods
+/// therefore tolerate them) may use the offering; otherwise pods would wait on a node they
+/// cannot run on.
+pub fn taints_declared(o: &Offering, declared: &[Taint]) -> bool {
+    o.taints.iter().all(|t| {
+        declared
+            .iter()
+            .any(|d| d.key == t.key && d.effect == t.effect && d.value == t.value)
+    })
+}
+
+/// The instance types a pool may use: offerings whose taints the pool declares (types left with
+/// no offering are dropped).
+pub fn for_declared_taints(types: Vec<InstanceType>, declared: &[Taint]) -> Vec<InstanceType> {
+    types
+        .into_iter()
+        .filter_map(|mut t| {
+            t.offerings.retain(|o| taints_declared(o, declared));
+            (!t.offerings.is_empty()).then_some(t)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: value.map(Into::into),
+            effect: effect.into(),
+            time_added: None,
+        }
+    }
+
+    fn offering(md: &str, taints: Vec<Taint>) -> Offering {
+        Offering {
+            machine_deployment: md.into(),
+            zone: None,
+            capacity_type: "on-demand".into(),
+            price: 1.0,
+            available: true,
+            labels: BTreeMap::new(),
+            taints,
+            replicas: 0,
+            max_size: None,
+        }
+    }
+
+    #[test]
+    fn tainted_offerings_need_a_pool_that_declares_the_taint() {
+        let gpu = taint("dedicated", Some("gpu"), "NoSchedule");
+        let types = vec![
+            InstanceType {
+                name: "gpu".into(),
+                requirements: Requirements::default(),
+                capacity: Resources::default(),
+                overhead: Resources::default(),
+                offerings: vec![offering("ns/gpu", vec![gpu.clone()])],
+            },
+            InstanceType {
+                name: "mixed".into(),
+                requirements: Requirements::default(),
+                capacity: Resources::default(),
+                overhead: Resources::default(),
+                offerings: vec![
+                    offering("ns/plain", vec![]),
+                    offering("ns/tainted", vec![gpu.clone()]),
+                ],
+            },
+        ];
+        let plain_pool = for_declared_taints(types.clone(), &[]);
+        assert_eq!(plain_pool.len(), 1, "the gpu-only type is gone");
+        assert_eq!(plain_pool[0].offerings.len(), 1);
+        assert_eq!(plain_pool[0].offerings[0].machine_deployment, "ns/plain");
+        let gpu_pool = for_declared_taints(types, &[gpu]);
+        assert_eq!(gpu_pool.iter().map(|t| t.offerings.len()).sum::<usize>(), 3);
+        // Value and effect must match too.
+        let other = taint("dedicated", Some("cpu"), "NoSchedule");
+        assert!(!taints_declared(
+            &offering("x", vec![taint("dedicated", Some("gpu"), "NoSchedule")]),
+            &[other]
+        ));
+    }
+}
