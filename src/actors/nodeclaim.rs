@@ -793,14 +793,15 @@ impl Step {
             return Ok(Next::Wait(Some(Duration::from_secs(30))));
         }
         if let Some(md) = recorded_deployment(&c) {
-            // Make sure no bind for us is in flight before we let go (else it would orphan a Machine).
-            if self
+            // Make sure no bind for us is in flight before we let go (else it would orphan a
+            // Machine): if one is, wait for it to land and release that Machine instead.
+            match self
                 .scaler(md)
                 .send(CancelRequest { claim: self.name() })
                 .await
-                .is_err()
             {
-                return Ok(Next::Wait(Some(Duration::from_secs(1))));
+                Ok(false) => {}
+                Ok(true) | Err(_) => return Ok(Next::Wait(Some(Duration::from_millis(200)))),
             }
             if matches!(
                 self.shared.state.machines.read().bound_to(&self.name()),

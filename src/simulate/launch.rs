@@ -184,23 +184,39 @@ pub async fn create_claims(
 /// True once nothing is in flight: every claim initialized or gone, no Machine deleting, and every
 /// managed MachineDeployment's replicas equal to its Machines.
 pub fn quiet(cluster: &SimCluster) -> bool {
+    unsettled(cluster).is_empty()
+}
+
+/// What is still in flight, in words (empty when quiet).
+pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
     let store = cluster.server().store();
-    let claims_settled = store.list("nodeclaims", None).iter().all(|c| {
-        let conds = c
+    let mut why = Vec::new();
+    for c in store.list("nodeclaims", None) {
+        let initialized = c
             .pointer("/status/conditions")
             .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        conds
-            .iter()
-            .any(|x| x["type"] == "Initialized" && x["status"] == "True")
-    });
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|x| x["type"] == "Initialized" && x["status"] == "True")
+            });
+        if !initialized {
+            why.push(format!(
+                "NodeClaim {} not initialized (deleting: {}, machine: {})",
+                c["metadata"]["name"],
+                c.pointer("/metadata/deletionTimestamp")
+                    .is_some_and(|v| !v.is_null()),
+                c["metadata"]["annotations"][MACHINE_ANNOTATION]
+            ));
+        }
+    }
     let machines = store.list("machines", None);
-    let none_deleting = machines.iter().all(|m| {
+    for m in machines.iter().filter(|m| {
         m.pointer("/metadata/deletionTimestamp")
-            .is_none_or(Value::is_null)
-    });
-    let replicas_match = store.list("machinedeployments", None).iter().all(|md| {
+            .is_some_and(|v| !v.is_null())
+    }) {
+        why.push(format!("Machine {} deleting", m["metadata"]["name"]));
+    }
+    for md in store.list("machinedeployments", None) {
         let name = md
             .pointer("/metadata/name")
             .and_then(Value::as_str)
@@ -211,18 +227,16 @@ pub fn quiet(cluster: &SimCluster) -> bool {
             .unwrap_or(0);
         let live = machines
             .iter()
-            .filter(|m| {
-                m.pointer(&format!(
-                    "/metadata/labels/{}",
-                    DEPLOYMENT_NAME_LABEL.replace('/', "~1")
-                ))
-                .and_then(Value::as_str)
-                    == Some(name)
-            })
+            .filter(|m| m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL].as_str() == Some(name))
             .count() as i64;
-        replicas == live
-    });
-    claims_settled && none_deleting && replicas_match
+        if replicas != live {
+            why.push(format!(
+                "MachineDeployment {name}: spec.replicas {replicas}, {live} Machines, managed {}",
+                md["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION]
+            ));
+        }
+    }
+    why
 }
 
 /// Wait (polling the in-process store, not the API) until `quiet` holds twice in a row.
@@ -241,7 +255,10 @@ pub async fn settle_with_progress(
     let mut last_print = Instant::now();
     while streak < 2 {
         if start.elapsed() > deadline {
-            return Err(Error::Deadline(deadline));
+            return Err(Error::NotSettled {
+                after: deadline,
+                why: unsettled(sim.cluster()).join("; "),
+            });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         streak = if quiet(sim.cluster()) { streak + 1 } else { 0 };

@@ -37,6 +37,8 @@ pub enum Error {
     Kube { what: String, source: kube::Error },
     #[error("scenario did not settle within {0:?}")]
     Deadline(Duration),
+    #[error("scenario did not settle within {after:?}: {why}")]
+    NotSettled { after: Duration, why: String },
 }
 
 /// The simulated cluster running on a runtime of its own (one worker thread), so that the

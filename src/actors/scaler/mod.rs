@@ -43,9 +43,11 @@ pub struct RequestMachine {
     pub claim: String,
 }
 
-/// A waiting claim gave up (deleted or timed out) before it got a Machine.
+/// A waiting claim gave up (deleted or timed out) before it got a Machine. Answers whether a
+/// bind for it is still in flight: the claim must not let go until that bind has landed (and
+/// then release the Machine), or the Machine would be orphaned.
 #[derive(Message)]
-#[rtype(result = "()")]
+#[rtype(result = "bool")]
 pub struct CancelRequest {
     pub claim: String,
 }
@@ -99,6 +101,9 @@ pub struct Scaler {
     releasing: HashSet<String>,
     /// Claims turned down until they ask again.
     rejected: HashSet<String>,
+    /// When each claim got its Machine from us; a bound claim missing from the index is only an
+    /// orphan once the index has had time to see it.
+    bound_at: HashMap<String, Instant>,
     writing: bool,
     retry_scheduled: bool,
 }
@@ -124,11 +129,13 @@ impl Handler<RequestMachine> for Scaler {
 }
 
 impl Handler<CancelRequest> for Scaler {
-    type Result = ();
-    fn handle(&mut self, msg: CancelRequest, ctx: &mut Self::Context) {
+    type Result = bool;
+    fn handle(&mut self, msg: CancelRequest, ctx: &mut Self::Context) -> bool {
         self.asked.retain(|(c, _)| c != &msg.claim);
+        let binding = self.binding.values().any(|c| *c == msg.claim);
         self.rejected.insert(msg.claim);
         self.replan(ctx);
+        binding
     }
 }
 
@@ -166,6 +173,7 @@ impl Scaler {
             decremented: HashSet::new(),
             releasing: HashSet::new(),
             rejected: HashSet::new(),
+            bound_at: HashMap::new(),
             writing: false,
             retry_scheduled: false,
         }
@@ -189,6 +197,10 @@ impl Scaler {
             waiting: &inputs.waiting,
         };
         let plan = plan::plan(&snapshot);
+        for machine in self.orphans(&inputs.machines) {
+            tracing::warn!(machine = %machine, machine_deployment = %self.md, "machine bound to a NodeClaim that no longer exists; releasing it");
+            self.release(machine, ctx);
+        }
         self.metrics()
             .scaler_queue_depth
             .get_or_create(&Metrics::md(&self.md))
@@ -208,6 +220,27 @@ impl Scaler {
         {
             self.write(inputs.md, write, plan.delete_directly, ctx);
         }
+    }
+
+    /// Machines bound to a claim that is gone (deleted while a bind was landing, or removed by
+    /// someone else): garbage to release, once the claim index had time to see the claim.
+    fn orphans(&mut self, machines: &[MachineView]) -> Vec<String> {
+        const GRACE: Duration = Duration::from_secs(30);
+        self.bound_at.retain(|_, t| t.elapsed() < GRACE * 2);
+        let claims = self.shared.state.claims.read();
+        if !claims.synced() {
+            return Vec::new();
+        }
+        machines
+            .iter()
+            .filter(|m| !m.marked)
+            .filter_map(|m| {
+                let c = m.bound_to.as_deref()?;
+                let fresh = self.bound_at.get(c).is_some_and(|t| t.elapsed() < GRACE);
+                let in_flight = self.binding.get(&m.key).is_some();
+                (!claims.contains(c) && !fresh && !in_flight).then(|| m.key.clone())
+            })
+            .collect()
     }
 
     /// Gather the planner's inputs; `None` when the MachineDeployment is gone.
@@ -359,6 +392,7 @@ impl Scaler {
             match result {
                 Ok(updated) => {
                     act.shared.state.machines.write().apply(updated);
+                    act.bound_at.insert(claim.clone(), Instant::now());
                     if let Some(t) = asked_at {
                         Metrics::observe(&act.metrics().binding_seconds, &act.md, t.elapsed());
                     }
