@@ -237,7 +237,7 @@ impl Scaler {
             .filter_map(|m| {
                 let c = m.bound_to.as_deref()?;
                 let fresh = self.bound_at.get(c).is_some_and(|t| t.elapsed() < GRACE);
-                let in_flight = self.binding.get(&m.key).is_some();
+                let in_flight = self.binding.contains_key(&m.key);
                 (!claims.contains(c) && !fresh && !in_flight).then(|| m.key.clone())
             })
             .collect()
