@@ -922,16 +922,11 @@ fn has_finalizer(c: &NodeClaim) -> bool {
 }
 
 fn is_true(c: &NodeClaim, type_: &str) -> bool {
-    c.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .map(|cs| conditions::is_true(cs, type_))
-        .unwrap_or(false)
+    conditions::is_true(c.conditions(), type_)
 }
 
 fn condition_time(c: &NodeClaim, type_: &str) -> Option<Timestamp> {
-    let cs = c.status.as_ref()?.conditions.as_deref()?;
-    conditions::get(cs, type_)
+    conditions::get(c.conditions(), type_)
         .filter(|c| c.is_true())
         .map(|c| c.last_transition_time.0)
 }

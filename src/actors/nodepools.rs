@@ -78,8 +78,7 @@ impl NodePools {
             let was_ready = np
                 .status
                 .as_ref()
-                .and_then(|s| s.conditions.as_deref())
-                .map(|c| conditions::is_true(c, conditions::READY));
+                .map(|_| conditions::is_true(np.conditions(), conditions::READY));
             let ready = status
                 .conditions
                 .as_deref()

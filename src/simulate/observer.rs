@@ -66,11 +66,7 @@ impl Observer {
         let mut all = self.claims.lock();
         let t = all.entry(c.name_any()).or_default();
         t.created_ms.get_or_insert(now);
-        let conds = c
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default();
+        let conds = c.conditions();
         for (ty, slot) in [
             (conditions::LAUNCHED, &mut t.launched_ms),
             (conditions::REGISTERED, &mut t.registered_ms),
