@@ -99,6 +99,8 @@ pub enum Error {
         name: String,
         source: serde_json::Error,
     },
+    #[error("{what}: no answer within {after:?}")]
+    Timeout { what: String, after: Duration },
     #[error("reading {kind} {name}: {source}")]
     Model {
         kind: &'static str,

@@ -778,9 +778,18 @@ impl Step {
         if !has_finalizer(&c) {
             return Ok(Next::Done);
         }
-        if let Some(node) = self.claim_node() {
-            self.delete_node(&node).await?;
+        // Keep new pods off the Node while it goes; once something (Cluster API, after its
+        // drain) deletes the Node, our finalizer must not hold it.
+        let node = self.claim_node();
+        if let Some(n) = &node {
+            if n.metadata.deletion_timestamp.is_some() {
+                self.release_node_finalizer(n).await?;
+            } else {
+                self.taint_disrupted(n).await?;
+            }
         }
+        // Give the Machine back first: deleting it makes Cluster API cordon and drain the Node
+        // (honouring PodDisruptionBudgets) and delete it with the instance.
         let bound = self.shared.state.machines.read().bound_to(&self.name());
         if let Ok(Some(machine)) = bound {
             if machine.deletion_timestamp.is_none()
@@ -791,6 +800,10 @@ impl Step {
                 });
             }
             return Ok(Next::Wait(Some(Duration::from_secs(30))));
+        }
+        // The Machine is gone; a Node that outlived it goes now.
+        if let Some(n) = &node {
+            self.delete_node(n).await?;
         }
         if let Some(md) = recorded_deployment(&c) {
             // Make sure no bind for us is in flight before we let go (else it would orphan a
@@ -841,8 +854,8 @@ impl Step {
             })
     }
 
-    /// Delete the Node and release our finalizer on it. Draining before that is the
-    /// Terminator's job (not yet built: see docs/limitations.md).
+    /// Delete the Node (if nothing else is) and release our finalizer on it. Cluster API drained
+    /// it when the Machine was deleted; a Node still here is one it did not manage to remove.
     async fn delete_node(&mut self, node: &Node) -> Result<(), Error> {
         let api: Api<Node> = Api::all(self.shared.workload.clone());
         let name = node.name_any();
@@ -860,6 +873,35 @@ impl Step {
                 })
                 .inc();
         }
+        self.release_node_finalizer(node).await
+    }
+
+    /// `karpenter.sh/disrupted:NoSchedule` on the Node of a terminating claim.
+    async fn taint_disrupted(&mut self, node: &Node) -> Result<(), Error> {
+        let mut taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        if taints.iter().any(|t| t.key == DISRUPTED_TAINT_KEY) {
+            return Ok(());
+        }
+        taints.push(Taint {
+            key: DISRUPTED_TAINT_KEY.into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        });
+        let mut p = JsonPatch::guarded(node.resource_version().as_deref());
+        p.set("/spec/taints", json!(taints));
+        match self.patch_node(&node.name_any(), p).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn release_node_finalizer(&mut self, node: &Node) -> Result<(), Error> {
+        let api: Api<Node> = Api::all(self.shared.workload.clone());
+        let name = node.name_any();
         if node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER) {
             let mut p = JsonPatch::guarded(node.resource_version().as_deref());
             let rest: Vec<&String> = node

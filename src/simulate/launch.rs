@@ -200,11 +200,24 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
                     .any(|x| x["type"] == "Initialized" && x["status"] == "True")
             });
         if !initialized {
+            let machine = c["metadata"]["annotations"][MACHINE_ANNOTATION]
+                .as_str()
+                .and_then(|k| k.split_once('/'));
+            let machine_state = match machine.and_then(|(ns, n)| store.get("machines", ns, n)) {
+                None => "absent".to_string(),
+                Some(m) => format!(
+                    "present, annotations {}, providerID {}, deleting {}",
+                    m["metadata"]["annotations"],
+                    m["spec"]["providerID"],
+                    m.pointer("/metadata/deletionTimestamp")
+                        .is_some_and(|v| !v.is_null())
+                ),
+            };
             why.push(format!(
-                "NodeClaim {} not initialized (deleting: {}, machine: {})",
+                "NodeClaim {} not initialized (deleting: {}, finalizers {}, machine {}: {machine_state})",
                 c["metadata"]["name"],
-                c.pointer("/metadata/deletionTimestamp")
-                    .is_some_and(|v| !v.is_null()),
+                c.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()),
+                c["metadata"]["finalizers"],
                 c["metadata"]["annotations"][MACHINE_ANNOTATION]
             ));
         }

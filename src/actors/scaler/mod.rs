@@ -36,6 +36,14 @@ pub const DELETE_MACHINE_VALUE: &str = "karpenter-capi";
 /// How long to wait before re-planning after a write failed for a reason other than a conflict.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// How often a Scaler re-plans from the indexes even when nothing told it to.
+const RESYNC: Duration = Duration::from_secs(10);
+
+/// A replica write that has not answered by then is abandoned (the compare-and-swap makes a
+/// retry safe even if the abandoned write landed), so one hung request cannot stall a
+/// MachineDeployment.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// A claim needs a Machine from this MachineDeployment (idempotent per claim).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -114,6 +122,9 @@ impl Actor for Scaler {
     fn started(&mut self, ctx: &mut Self::Context) {
         tracing::debug!(machine_deployment = %self.md, "scaler started");
         self.replan(ctx);
+        // A resync from the indexes (no API call unless the plan needs one), as controllers
+        // resync their caches: whatever a lost message or a failed write left undone is retried.
+        ctx.run_interval(RESYNC, |act, ctx| act.replan(ctx));
     }
 }
 
@@ -284,10 +295,11 @@ impl Scaler {
 
         let claims = self.shared.state.claims.read();
         let mut waiting: BTreeSet<String> = claims.waiting_on(&self.md);
-        self.asked.retain(|(c, _)| match claims.get(c) {
-            // Not in the index yet, or the index has not seen the write that recorded this
-            // MachineDeployment (the claim asks right after that write): keep asking.
-            None => true,
+        self.asked.retain(|(c, at)| match claims.get(c) {
+            // Not in the index yet (its write is newer than our watch): keep asking for a
+            // while; a claim the index never shows is gone, and must not hold a replica.
+            None => at.elapsed() < Duration::from_secs(30),
+            // The index may not have seen the write that recorded this MachineDeployment.
             Some(cl) => {
                 cl.metadata.deletion_timestamp.is_none()
                     && recorded_deployment(&cl).is_none_or(|md| md == self.md)
@@ -516,6 +528,16 @@ impl Scaler {
                     source,
                 }
             })
+        };
+        let md_name = self.md.clone();
+        let fut = async move {
+            match tokio::time::timeout(WRITE_TIMEOUT, fut).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout {
+                    what: format!("replica write of MachineDeployment {md_name}"),
+                    after: WRITE_TIMEOUT,
+                }),
+            }
         };
         ctx.spawn(fut.into_actor(self).map(move |result, act, ctx| {
             act.writing = false;
