@@ -581,16 +581,18 @@ async fn scheduler_binds_fitting_pods_and_respects_the_unregistered_taint() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stand_ins_converge_through_errors_conflicts_and_watch_cuts() {
     let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
+    // The MachineDeployment is created cleanly (the test's own write is not under test); the
+    // stand-ins then converge through the faults.
+    cluster
+        .create_machine_deployment_from(&seed("md-h", 3))
+        .await
+        .unwrap();
     let faults = cluster.server().faults();
     for resource in ["machines", "machinesets", "machinedeployments", "nodes"] {
         faults.set_error_rate(resource, 0.2);
         faults.set_conflict_rate(resource, 0.2);
     }
     faults.set_watch_cut_every(Some(Duration::from_millis(300)));
-    cluster
-        .create_machine_deployment_from(&seed("md-h", 3))
-        .await
-        .unwrap();
     // The test's own reads go through the same faulty server: retry them.
     let ms = eventually("3 running machines under faults", || async {
         let ms = cluster.machines_of(NS, "md-h").await.ok()?;
