@@ -100,7 +100,22 @@ impl NodeClaimActor {
             excluded: self.excluded.clone(),
             requested: self.requested.clone(),
         };
-        ctx.spawn(step.run().into_actor(self).map(|out, act, ctx| {
+        let name = self.name.clone();
+        let bounded = async move {
+            // A request that never answers must not stall this claim forever: abandon the
+            // reconcile (every step is a guarded write, so the next one starts from the truth).
+            match tokio::time::timeout(STEP_TIMEOUT, step.run()).await {
+                Ok(out) => out,
+                Err(_) => Outcome {
+                    error: Some(Error::Timeout {
+                        what: format!("reconciling NodeClaim {name}"),
+                        after: STEP_TIMEOUT,
+                    }),
+                    ..Default::default()
+                },
+            }
+        };
+        ctx.spawn(bounded.into_actor(self).map(|out, act, ctx| {
             act.running = false;
             act.apply(out, ctx);
             if act.again {
@@ -236,6 +251,9 @@ struct Step {
 
 /// How often a claim whose NodeClass is missing or not ready tries again.
 const LAUNCH_RETRY: Duration = Duration::from_secs(10);
+
+/// How long one reconcile may take before it is abandoned and retried.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many steps one reconcile may take before yielding (each step is at most one write).
 const MAX_STEPS: usize = 10;
