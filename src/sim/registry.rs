@@ -340,6 +340,42 @@ fn core_resources() -> Vec<ResourceDef> {
         .with_status()
         .with_short_names(&["pdb"]),
         b("coordination.k8s.io", "v1", "Lease", "leases", true),
+        // What a controller's own install needs, so `kubectl apply` of the deploy files works
+        // against the simulated cluster (stored and served; nothing acts on them).
+        b("", "v1", "Service", "services", true)
+            .with_status()
+            .with_short_names(&["svc"]),
+        b(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRole",
+            "clusterroles",
+            false,
+        ),
+        b(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+        ),
+        b("rbac.authorization.k8s.io", "v1", "Role", "roles", true),
+        b(
+            "rbac.authorization.k8s.io",
+            "v1",
+            "RoleBinding",
+            "rolebindings",
+            true,
+        ),
+        b(
+            "apiextensions.k8s.io",
+            "v1",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            false,
+        )
+        .with_status()
+        .with_short_names(&["crd", "crds"]),
         ResourceDef::custom("karpenter.sh", &["v1"], "NodePool", "nodepools", false)
             .with_status()
             .with_scale(),
