@@ -100,7 +100,13 @@ impl Limits {
 }
 
 /// A client from a config: our user agent, and the rate limit in front of the HTTP stack.
-pub fn build_client(config: kube::Config, limits: Limits) -> Result<kube::Client, kube::Error> {
+///
+/// kube's built-in retry is off: it retries 429/503/504 up to 15 times with a backoff that grows
+/// to minutes, inside one call. Every caller here retries with its own capped backoff and must
+/// see a refusal at once: a PodDisruptionBudget's 429 on an eviction is an answer to report and
+/// back off from, not a reason to block the drain (or a leader's renewal) for minutes.
+pub fn build_client(mut config: kube::Config, limits: Limits) -> Result<kube::Client, kube::Error> {
+    config.default_retry = false;
     let builder = kube::client::ClientBuilder::try_from(with_user_agent(config))?;
     Ok(builder
         .with_layer(&crate::ratelimit::RateLimitLayer::new(

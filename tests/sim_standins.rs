@@ -613,3 +613,240 @@ async fn stand_ins_converge_through_errors_conflicts_and_watch_cuts() {
     assert_eq!(node_names, machine_names);
     cluster.shutdown().await;
 }
+
+// ---- pods: start, graceful termination, pod GC, and the server's drain audit ----
+
+fn bound_pod(name: &str, node: &str, grace: i64, annotations: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "web"}, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "terminationGracePeriodSeconds": grace,
+            "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+        },
+    }))
+    .unwrap()
+}
+
+async fn create_node(cluster: &SimCluster, name: &str) {
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+    }))
+    .unwrap();
+    Api::<Node>::all(cluster.client())
+        .create(&Default::default(), &node)
+        .await
+        .unwrap();
+}
+
+async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
+    eventually(&format!("pod {name} running"), || async {
+        pods.get_opt(name).await.unwrap().filter(|p| {
+            let s = p.status.clone().unwrap_or_default();
+            s.phase.as_deref() == Some("Running") && s.start_time.is_some()
+        })
+    })
+    .await
+}
+
+async fn gone(pods: &Api<Pod>, name: &str) {
+    eventually(&format!("pod {name} gone"), || async {
+        pods.get_opt(name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_pods_start_terminate_gracefully_and_are_collected_with_their_node() {
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
+    create_node(&cluster, "n1").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), NS);
+    let quick = json!({"sim.karpenter.cluster.x-k8s.io/exit-after": "0.2"});
+    let stubborn = json!({"sim.karpenter.cluster.x-k8s.io/exit-after": "never"});
+    for (name, grace, ann) in [
+        ("quick", 30, quick.clone()),
+        ("stubborn", 30, stubborn),
+        ("orphan", 30, quick),
+    ] {
+        pods.create(&Default::default(), &bound_pod(name, "n1", grace, ann))
+            .await
+            .unwrap();
+    }
+    for name in ["quick", "stubborn", "orphan"] {
+        let p = running_pod(&pods, name).await;
+        let ready = p.status.unwrap().conditions.unwrap_or_default();
+        assert!(
+            ready
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        );
+    }
+
+    // A running pod is only marked: it stays, terminating, until its application exits.
+    pods.delete("quick", &DeleteParams::default())
+        .await
+        .unwrap();
+    let marked = pods.get("quick").await.unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(30));
+    gone(&pods, "quick").await;
+
+    // One that ignores SIGTERM stays until its grace period runs out; a second delete with a
+    // shorter grace brings that forward (never the other way).
+    pods.delete("stubborn", &DeleteParams::default())
+        .await
+        .unwrap();
+    let first = pods
+        .get("stubborn")
+        .await
+        .unwrap()
+        .metadata
+        .deletion_timestamp;
+    pods.delete("stubborn", &DeleteParams::default().grace_period(1))
+        .await
+        .unwrap();
+    let second = pods
+        .get("stubborn")
+        .await
+        .unwrap()
+        .metadata
+        .deletion_timestamp;
+    assert!(
+        second < first,
+        "a shorter grace period moves the deadline forward"
+    );
+    pods.delete("stubborn", &DeleteParams::default().grace_period(60))
+        .await
+        .unwrap();
+    let third = pods
+        .get("stubborn")
+        .await
+        .unwrap()
+        .metadata
+        .deletion_timestamp;
+    assert_eq!(third, second, "a longer grace period never extends it");
+    gone(&pods, "stubborn").await;
+
+    // An unbound pod goes at once.
+    let mut unbound = bound_pod("unbound", "n1", 30, json!({}));
+    unbound.spec.as_mut().unwrap().node_name = None;
+    pods.create(&Default::default(), &unbound).await.unwrap();
+    pods.delete("unbound", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert!(pods.get_opt("unbound").await.unwrap().is_none());
+
+    // Pod GC: the pods of a Node that is gone are removed.
+    Api::<Node>::all(cluster.client())
+        .delete("n1", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&pods, "orphan").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_counts_drain_rule_violations_by_the_controller() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use karpenter_capi::api::wellknown::{
+        DO_NOT_DISRUPT_ANNOTATION, TERMINATION_TIMESTAMP_ANNOTATION,
+    };
+    use karpenter_capi::sim::drain_audit::Violation;
+
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
+    create_node(&cluster, "n1").await;
+    create_node(&cluster, "n2").await;
+    let admin: Api<Pod> = Api::namespaced(cluster.client(), NS);
+    // The controller's own client (its User-Agent is what the server audits).
+    let controller = karpenter_capi::app::client_from_kubeconfig(
+        cluster.kubeconfig_path(),
+        karpenter_capi::app::Limits::UNLIMITED,
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(controller.clone(), NS);
+    let dnd = json!({DO_NOT_DISRUPT_ANNOTATION: "true"});
+    for (name, node, ann) in [
+        ("web-0", "n1", json!({})),
+        ("web-1", "n1", json!({})),
+        ("keep", "n1", dnd.clone()),
+        ("keep-late", "n2", dnd),
+    ] {
+        let mut p = bound_pod(name, node, 5, ann);
+        if name.starts_with("keep") {
+            p.metadata.labels = Some([("app".to_string(), "keep".to_string())].into());
+        }
+        admin.create(&Default::default(), &p).await.unwrap();
+        running_pod(&admin, name).await;
+    }
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}},
+    }))
+    .unwrap();
+    Api::<PodDisruptionBudget>::namespaced(cluster.client(), NS)
+        .create(&Default::default(), &pdb)
+        .await
+        .unwrap();
+
+    // The Eviction API refuses what the budget forbids: nothing was broken.
+    let refused = pods.evict("web-0", &Default::default()).await.unwrap_err();
+    assert!(matches!(refused, kube::Error::Api(s) if s.code == 429));
+    assert!(cluster.stats().violations().is_empty());
+    // A plain delete goes through, and the server counts it.
+    pods.delete("web-0", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Evicting a do-not-disrupt pod before any deadline is a violation too.
+    pods.evict("keep", &Default::default()).await.unwrap();
+    // Past the node's termination deadline, upstream deletes whatever stands: not counted.
+    let claim = json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {"name": "c2", "annotations": {TERMINATION_TIMESTAMP_ANNOTATION: "2020-01-01T00:00:00Z"}},
+        "spec": {"nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass", "name": "default"},
+                 "requirements": []},
+    });
+    let claims: Api<DynamicObject> = Api::all_with(
+        cluster.client(),
+        &kube::core::ApiResource::from_gvk_with_plural(
+            &kube::core::GroupVersionKind::gvk("karpenter.sh", "v1", "NodeClaim"),
+            "nodeclaims",
+        ),
+    );
+    claims
+        .create(&Default::default(), &serde_json::from_value(claim).unwrap())
+        .await
+        .unwrap();
+    merge_status_of(&claims, "c2", json!({"status": {"nodeName": "n2"}})).await;
+    pods.delete("keep-late", &DeleteParams::default().grace_period(1))
+        .await
+        .unwrap();
+    // The kubelet's own final delete (not the controller) is never audited.
+    gone(&admin, "web-0").await;
+
+    let mut seen: Vec<(Violation, String)> = cluster
+        .stats()
+        .violations()
+        .into_iter()
+        .map(|v| (v.violation, v.name))
+        .collect();
+    seen.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(
+        seen,
+        vec![
+            (Violation::DoNotDisrupt, "keep".to_string()),
+            (Violation::PdbViolation, "web-0".to_string()),
+        ]
+    );
+}
+
+async fn merge_status_of(api: &Api<DynamicObject>, name: &str, patch: serde_json::Value) {
+    api.patch_status(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .unwrap();
+}

@@ -9,6 +9,9 @@ pub const REGISTERED_LABEL: &str = "karpenter.sh/registered";
 pub const INITIALIZED_LABEL: &str = "karpenter.sh/initialized";
 pub const NODECLASS_LABEL_PREFIX: &str = "karpenter.cluster.x-k8s.io/";
 pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+/// On a deleted claim with a terminationGracePeriod: when every pod of its node must be gone
+/// (RFC 3339), as upstream Karpenter writes it.
+pub const TERMINATION_TIMESTAMP_ANNOTATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";
 pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
 pub const NODEPOOL_HASH_VERSION_ANNOTATION: &str = "karpenter.sh/nodepool-hash-version";
 /// Version of our hashing scheme; bump when the hashed fields change so drift is not flagged

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::capi::{self, CapiConfig, CapiVersion, ProviderIdStyle, dynamic};
 use super::kubelet::{self, KubeletConfig};
+use super::pod_lifecycle;
 use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
 use super::standin::{ShutdownTrigger, shutdown_pair};
 use super::{CapiVersions, SimConfig, SimError, SimServer};
@@ -70,6 +71,9 @@ pub struct SimClusterConfig {
     pub fail_fraction: f64,
     pub node_ready_delay: Duration,
     pub node_delete_delay: Duration,
+    /// How long a pod takes to exit once deleted (per pod: the
+    /// `sim.karpenter.cluster.x-k8s.io/exit-after` annotation); never past its grace period.
+    pub pod_exit_delay: Duration,
     pub provider_id_style: ProviderIdStyle,
     pub seed: u64,
     /// Run the scheduler stand-in (off when a test wants to drive pod binding itself).
@@ -88,6 +92,7 @@ impl Default for SimClusterConfig {
             fail_fraction: capi.fail_fraction,
             node_ready_delay: KubeletConfig::default().node_ready_delay,
             node_delete_delay: capi.node_delete_delay,
+            pod_exit_delay: Duration::from_millis(100),
             provider_id_style: capi.provider_id_style,
             seed: capi.seed,
             scheduler: true,
@@ -161,6 +166,11 @@ impl SimCluster {
                 version: cfg.capi_version,
                 node_ready_delay: cfg.node_ready_delay,
             },
+            shutdown.clone(),
+        ));
+        tasks.extend(pod_lifecycle::spawn(
+            server.client(),
+            cfg.pod_exit_delay,
             shutdown.clone(),
         ));
         let binds = if cfg.scheduler {

@@ -114,9 +114,24 @@ pub fn evict(
             .and_then(Value::as_str)
             .map(String::from),
         orphan: false,
+        grace_period: body
+            .pointer("/deleteOptions/gracePeriodSeconds")
+            .and_then(Value::as_i64),
     };
     inner.delete(pods, ns, name, &opts)?;
     Ok(success())
+}
+
+/// Whether removing `pod` now would take one of its budgets below what it requires (or hits a
+/// pod that more than one budget selects, which the Eviction API refuses too).
+pub fn would_violate_budget(
+    inner: &Inner,
+    pods: &ResourceDef,
+    pdbs: &ResourceDef,
+    ns: &str,
+    pod: &Value,
+) -> bool {
+    !ignores_budgets(pod) && check_budgets(inner, pods, pdbs, ns, pod).is_err()
 }
 
 /// Pods that do not count towards a budget can always go: finished, pending, or already deleting.

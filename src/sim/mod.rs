@@ -3,6 +3,7 @@
 //! What it does and does not do compared with kube-apiserver: docs/simulated-cluster.md.
 
 mod discovery;
+pub mod drain_audit;
 mod errors;
 mod eviction;
 mod faults;
@@ -28,7 +29,7 @@ pub use faults::{FaultRule, Faults};
 pub use patch::{PatchError, json_patch, merge_patch, strategic_merge};
 pub use registry::{CapiVersions, Registry, ResourceDef};
 pub use selectors::{FieldSelector, LabelSelector};
-pub use stats::{Milestone, RequestCount, Stats, StatsSnapshot, WriteRecord};
+pub use stats::{Milestone, RequestCount, Stats, StatsSnapshot, ViolationRecord, WriteRecord};
 pub use store::Store;
 
 /// How to start the simulated server.
@@ -301,6 +302,7 @@ async fn cut_watches_periodically(faults: Arc<Faults>) {
 pub mod capi;
 pub mod cluster;
 pub mod kubelet;
+pub mod pod_lifecycle;
 pub mod quantity;
 pub mod scheduler;
 pub mod standin;

@@ -13,6 +13,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::discovery;
+use super::drain_audit::{self, Removal, Violation};
 use super::errors::ApiError;
 use super::eviction;
 use super::faults::Faults;
@@ -20,7 +21,7 @@ use super::patch::{self, PatchError};
 use super::registry::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::stats::Stats;
-use super::store::{DeleteOpts, Part, Store};
+use super::store::{DeleteOpts, Inner, Part, Store};
 use super::watch::{self, WatchRequest};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -515,10 +516,10 @@ fn write(
                 .lookup("policy", "v1", "poddisruptionbudgets")
                 .cloned();
             let mut inner = shared.store.lock();
-            (
-                201,
-                eviction::evict(&mut inner, def, pdbs.as_ref(), ns, &name, &b)?,
-            )
+            let broken = audit_removal(shared, &inner, target, &name, Removal::Eviction, agent);
+            let status = eviction::evict(&mut inner, def, pdbs.as_ref(), ns, &name, &b)?;
+            record_violations(shared, broken, ns, &name, agent);
+            (201, status)
         }
         ("create", _) => {
             let obj = parse_body(body)?;
@@ -553,7 +554,11 @@ fn write(
         }
         ("delete", _) => {
             let opts = delete_opts(query, &parse_body(body)?);
-            let gone = shared.store.lock().delete(def, ns, &name, &opts)?;
+            let mut inner = shared.store.lock();
+            let broken = audit_removal(shared, &inner, target, &name, Removal::Delete, agent);
+            let gone = inner.delete(def, ns, &name, &opts)?;
+            drop(inner);
+            record_violations(shared, broken, ns, &name, agent);
             (200, rendered(gone, target))
         }
         _ => {
@@ -572,6 +577,42 @@ fn write(
         .record_write(verb, &def.plural, target.sub(), ns, &written_name, agent);
     Ok((code, obj))
 }
+
+/// The controller's pod removals are audited against Karpenter's drain rules (`drain_audit`);
+/// everybody else (the kubelet's final delete, a user) may remove pods as they like.
+fn audit_removal(
+    shared: &Shared,
+    inner: &Inner,
+    target: &Target,
+    name: &str,
+    how: Removal,
+    agent: &str,
+) -> Vec<Violation> {
+    let is_pod = target.def.builtin && target.def.group.is_empty() && target.def.plural == "pods";
+    if !is_pod || !agent.starts_with(CONTROLLER_AGENT_PREFIX) {
+        return Vec::new();
+    }
+    drain_audit::audit(
+        inner,
+        &shared.registry,
+        &target.def,
+        target.ns(),
+        name,
+        how,
+        jiff::Timestamp::now(),
+    )
+}
+
+fn record_violations(shared: &Shared, broken: Vec<Violation>, ns: &str, name: &str, agent: &str) {
+    for v in broken {
+        tracing::warn!(pod = %format!("{ns}/{name}"), violation = ?v, "simulated server: drain rule broken");
+        shared.stats.record_violation(v, ns, name, agent);
+    }
+}
+
+/// The User-Agent the controller's clients send (`karpenter-capi/<version>`, maybe with a
+/// suffix naming the replica).
+const CONTROLLER_AGENT_PREFIX: &str = "karpenter-capi";
 
 fn delete_opts(query: &Query, body: &Value) -> DeleteOpts {
     let policy = body
@@ -592,6 +633,10 @@ fn delete_opts(query: &Query, body: &Value) -> DeleteOpts {
             .and_then(Value::as_str)
             .map(String::from),
         orphan: policy == Some("Orphan") || orphan_flag,
+        grace_period: body
+            .get("gracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .or_else(|| query.get("gracePeriodSeconds").and_then(|g| g.parse().ok())),
     }
 }
 

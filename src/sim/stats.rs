@@ -50,11 +50,22 @@ pub struct Milestone {
     pub name: String,
 }
 
+/// A pod removal that broke Karpenter's drain rules (see `drain_audit`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ViolationRecord {
+    pub at_ms: u64,
+    pub violation: super::drain_audit::Violation,
+    pub namespace: String,
+    pub name: String,
+    pub agent: String,
+}
+
 #[derive(Debug)]
 struct Inner {
     requests: BTreeMap<RequestKey, u64>,
     writes: Vec<WriteRecord>,
     milestones: Vec<Milestone>,
+    violations: Vec<ViolationRecord>,
 }
 
 /// A cheap handle onto the server's counters (clones share them).
@@ -72,6 +83,7 @@ impl Stats {
                 requests: BTreeMap::new(),
                 writes: Vec::new(),
                 milestones: Vec::new(),
+                violations: Vec::new(),
             })),
         }
     }
@@ -151,6 +163,29 @@ impl Stats {
             .filter(|m| m.what == what)
             .cloned()
             .collect()
+    }
+
+    pub(crate) fn record_violation(
+        &self,
+        violation: super::drain_audit::Violation,
+        namespace: &str,
+        name: &str,
+        agent: &str,
+    ) {
+        let at_ms = self.now_ms();
+        self.inner.lock().violations.push(ViolationRecord {
+            at_ms,
+            violation,
+            namespace: namespace.into(),
+            name: name.into(),
+            agent: agent.into(),
+        });
+    }
+
+    /// Every pod removal that broke a PodDisruptionBudget or a do-not-disrupt annotation before
+    /// the node's termination deadline.
+    pub fn violations(&self) -> Vec<ViolationRecord> {
+        self.inner.lock().violations.clone()
     }
 
     /// Every successful write, in order.

@@ -49,6 +49,9 @@ pub struct DeleteOpts {
     pub uid: Option<String>,
     pub resource_version: Option<String>,
     pub orphan: bool,
+    /// `gracePeriodSeconds`: for pods, how long the kubelet may take (None: the pod's own
+    /// `terminationGracePeriodSeconds`, default 30).
+    pub grace_period: Option<i64>,
 }
 
 type ObjKey = (String, String);
@@ -505,6 +508,19 @@ impl Inner {
         if opts.orphan {
             self.orphan_dependents(&meta_str("uid"));
         }
+        if is_pod(def) {
+            // As kube-apiserver does for pods: a pod bound to a node and not finished is only
+            // marked (deletionTimestamp = now + grace); its kubelet removes it once the
+            // containers have stopped. A later delete may shorten the grace, never extend it.
+            let grace = pod_grace_period(&old, opts.grace_period);
+            if grace > 0 {
+                return Ok(self.mark_pod_terminating(def, ns, name, old, grace));
+            }
+            if finalizers(&old).is_empty() {
+                let key = def.storage_key();
+                return Ok(self.remove(&key, ns, name, old));
+            }
+        }
         if is_deleting(&old) {
             return Ok(old);
         }
@@ -527,6 +543,42 @@ impl Inner {
             m.insert((ns.to_string(), name.to_string()), stored.clone());
         }
         Ok(stored)
+    }
+
+    /// A graceful pod deletion: deletionTimestamp `grace` seconds from now, or kept when an
+    /// earlier one is already set.
+    fn mark_pod_terminating(
+        &mut self,
+        def: &ResourceDef,
+        ns: &str,
+        name: &str,
+        old: Value,
+        grace: i64,
+    ) -> Value {
+        let now = jiff::Timestamp::now();
+        let until = now
+            .checked_add(jiff::SignedDuration::from_secs(grace))
+            .unwrap_or(now);
+        let current = old
+            .pointer("/metadata/deletionTimestamp")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+        if current.is_some_and(|c| c <= until) {
+            return old;
+        }
+        let mut marked = old.clone();
+        set_meta(
+            &mut marked,
+            "deletionTimestamp",
+            json!(until.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+        );
+        set_meta(&mut marked, "deletionGracePeriodSeconds", json!(grace));
+        let key = def.storage_key();
+        let stored = self.commit(&key, ns, EventKind::Modified, marked, Some(old));
+        if let Some(m) = self.objects.get_mut(&key) {
+            m.insert((ns.to_string(), name.to_string()), stored.clone());
+        }
+        stored
     }
 
     /// Removes an object for good (DELETED event), then garbage-collects what it owned.
@@ -686,6 +738,34 @@ pub fn finalizers(obj: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+fn is_pod(def: &ResourceDef) -> bool {
+    def.builtin && def.group.is_empty() && def.plural == "pods"
+}
+
+/// The grace a pod deletion gets, as kube-apiserver computes it: 0 for a pod no kubelet runs
+/// (unbound) or that has finished; else the request's `gracePeriodSeconds`, else the pod's
+/// `terminationGracePeriodSeconds`, else 30.
+pub fn pod_grace_period(pod: &Value, requested: Option<i64>) -> i64 {
+    let bound = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty());
+    let finished = matches!(
+        pod.pointer("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    );
+    if !bound || finished {
+        return 0;
+    }
+    requested
+        .or_else(|| {
+            pod.pointer("/spec/terminationGracePeriodSeconds")
+                .and_then(Value::as_i64)
+        })
+        .map(|g| if g < 0 { 1 } else { g })
+        .unwrap_or(30)
 }
 
 pub fn is_deleting(obj: &Value) -> bool {
