@@ -421,23 +421,34 @@ impl Replica {
     }
 }
 
-/// Resolves on SIGTERM (what Kubernetes sends) or SIGINT; names the signal.
-async fn shutdown_signal() -> &'static str {
+/// Resolves on SIGTERM (what Kubernetes sends) or SIGINT; names the signal. The handlers are
+/// installed when this is called, not when the future is first polled, so a signal that arrives
+/// during start-up is not lost to the default action (which would skip the shutdown path).
+fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                return tokio::select! {
+        let handlers = signal(SignalKind::terminate())
+            .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)));
+        async move {
+            match handlers {
+                Ok((mut term, mut int)) => tokio::select! {
                     _ = term.recv() => "SIGTERM",
-                    _ = tokio::signal::ctrl_c() => "SIGINT",
-                };
+                    _ = int.recv() => "SIGINT",
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot install signal handlers; Ctrl-C only");
+                    let _ = tokio::signal::ctrl_c().await;
+                    "SIGINT"
+                }
             }
-            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGTERM; SIGINT only"),
         }
     }
-    let _ = tokio::signal::ctrl_c().await;
-    "SIGINT"
+    #[cfg(not(unix))]
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
 }
 
 /// `karpenter-capi run`: returns when the process should exit.
