@@ -1,20 +1,23 @@
 //! Wiring for `karpenter-capi run`: logging, the two kube clients, leader election, the HTTP
-//! endpoints and the actor system. Everything runs on one actix System; every kube Client is
-//! created on it (a Client is bound to the runtime it was built on).
+//! endpoints, the actor system and shutdown. Everything runs on one actix System; every kube
+//! Client is created on it (a Client is bound to the runtime it was built on).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::sync::watch;
 
-use crate::actors::{Controller, Settings};
+use crate::actors::{Controller, ControllerHandle, Settings};
 use crate::capi::version::CapiVersion;
 use crate::cli::{CapiVersionArg, ClusterApiArgs, ControllerArgs, LogArgs, LogFormat, RunArgs};
 use crate::http::{self, Health};
 use crate::leader;
 use crate::metrics::Metrics;
+use crate::write_gate::WriteGate;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -80,11 +83,14 @@ pub fn capi_version(arg: Option<CapiVersionArg>) -> Option<CapiVersion> {
 /// can tell the controller's writes from everyone else's.
 pub const USER_AGENT: &str = concat!("karpenter-capi/", env!("CARGO_PKG_VERSION"));
 
-pub fn with_user_agent(mut config: kube::Config) -> kube::Config {
-    config.headers.push((
-        hyper::header::USER_AGENT,
-        hyper::header::HeaderValue::from_static(USER_AGENT),
-    ));
+pub fn with_user_agent(config: kube::Config) -> kube::Config {
+    with_agent(config, USER_AGENT)
+}
+
+fn with_agent(mut config: kube::Config, agent: &str) -> kube::Config {
+    let value = hyper::header::HeaderValue::from_str(agent)
+        .unwrap_or_else(|_| hyper::header::HeaderValue::from_static(USER_AGENT));
+    config.headers.push((hyper::header::USER_AGENT, value));
     config
 }
 
@@ -99,49 +105,141 @@ impl Limits {
     pub const UNLIMITED: Limits = Limits { qps: 0, burst: 0 };
 }
 
-/// A client from a config: our user agent, and the rate limit in front of the HTTP stack.
-///
-/// kube's built-in retry is off: it retries 429/503/504 up to 15 times with a backoff that grows
-/// to minutes, inside one call. Every caller here retries with its own capped backoff and must
-/// see a refusal at once: a PodDisruptionBudget's 429 on an eviction is an answer to report and
-/// back off from, not a reason to block the drain (or a leader's renewal) for minutes.
-pub fn build_client(mut config: kube::Config, limits: Limits) -> Result<kube::Client, kube::Error> {
-    config.default_retry = false;
-    let builder = kube::client::ClientBuilder::try_from(with_user_agent(config))?;
+/// Socket deadlines of every kube client, so no API call can hang for ever (kube 5 sets no read
+/// timeout by default). The read timeout is an idle bound between two reads of one response, and
+/// watches share these clients: kube's watcher asks the server to end a watch after 290 s and
+/// gives up on a silent stream itself at 290 + 5 s, so the read timeout must be longer than that
+/// or every quiet watch would fail instead of being renewed cleanly. Requests that need a tighter
+/// bound (the election's renewals) carry their own deadline on top.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub read: Duration,
+    pub write: Duration,
+}
+
+/// kube's watcher gives up on a silent watch after this long (server-side 290 s + 5 s margin).
+pub const WATCH_IDLE: Duration = Duration::from_secs(295);
+
+impl Timeouts {
+    pub const DEFAULT: Timeouts = Timeouts {
+        connect: Duration::from_secs(10),
+        read: Duration::from_secs(300),
+        write: Duration::from_secs(30),
+    };
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// How to build one client: limits, user agent, deadlines and the replica's write gate.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    pub limits: Limits,
+    pub agent: String,
+    pub timeouts: Timeouts,
+    /// Shared by the replica's clients so a shutdown stops all of their writes at once.
+    pub gate: WriteGate,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            limits: Limits::UNLIMITED,
+            agent: USER_AGENT.to_string(),
+            timeouts: Timeouts::DEFAULT,
+            gate: WriteGate::default(),
+        }
+    }
+}
+
+impl ClientOptions {
+    pub fn limited(limits: Limits) -> Self {
+        Self {
+            limits,
+            ..Self::default()
+        }
+    }
+
+    /// The config a client is built from: our user agent and the deadlines.
+    pub fn apply(&self, config: kube::Config) -> kube::Config {
+        let mut config = with_agent(config, &self.agent);
+        // kube's built-in retry is off: it retries 429/503/504 up to 15 times with a backoff
+        // that grows to minutes, inside one call. Every caller here retries with its own capped
+        // backoff and must see a refusal at once: a PodDisruptionBudget's 429 on an eviction is
+        // an answer to report and back off from, not a reason to block a drain (or a leader's
+        // renewal) for minutes.
+        config.default_retry = false;
+        config.connect_timeout = Some(self.timeouts.connect);
+        config.read_timeout = Some(self.timeouts.read);
+        config.write_timeout = Some(self.timeouts.write);
+        // Count the read timeout from when a request is sent, not from when its pooled
+        // connection went idle.
+        config.reset_reader_on_write = true;
+        config
+    }
+}
+
+/// A client from a config: our user agent and deadlines, the rate limit in front of the HTTP
+/// stack.
+pub fn build_client(config: kube::Config, limits: Limits) -> Result<kube::Client, kube::Error> {
+    build_client_with(config, &ClientOptions::limited(limits))
+}
+
+pub fn build_client_with(
+    config: kube::Config,
+    options: &ClientOptions,
+) -> Result<kube::Client, kube::Error> {
+    let builder = kube::client::ClientBuilder::try_from(options.apply(config))?;
     Ok(builder
+        .with_layer(&options.gate.layer())
         .with_layer(&crate::ratelimit::RateLimitLayer::new(
-            limits.qps,
-            limits.burst,
+            options.limits.qps,
+            options.limits.burst,
         ))
         .build())
 }
 
 /// A client from a kubeconfig file.
 pub async fn client_from_kubeconfig(path: &Path, limits: Limits) -> Result<kube::Client, String> {
+    client_from_kubeconfig_with(path, &ClientOptions::limited(limits)).await
+}
+
+pub async fn client_from_kubeconfig_with(
+    path: &Path,
+    options: &ClientOptions,
+) -> Result<kube::Client, String> {
     let kc = Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .map_err(|e| format!("{}: {e}", path.display()))?;
-    build_client(config, limits).map_err(|e| e.to_string())
+    build_client_with(config, options).map_err(|e| e.to_string())
 }
 
-fn limits(args: &RunArgs) -> Limits {
-    Limits {
-        qps: args.kube_client_qps,
-        burst: args.kube_client_burst,
+fn client_options(args: &RunArgs, gate: &WriteGate) -> ClientOptions {
+    ClientOptions {
+        limits: Limits {
+            qps: args.kube_client_qps,
+            burst: args.kube_client_burst,
+        },
+        gate: gate.clone(),
+        ..ClientOptions::default()
     }
 }
 
-async fn workload_client(args: &RunArgs) -> Result<kube::Client, Error> {
+async fn workload_client(args: &RunArgs, options: &ClientOptions) -> Result<kube::Client, Error> {
     match &args.kubeconfig {
-        Some(path) => client_from_kubeconfig(path, limits(args))
+        Some(path) => client_from_kubeconfig_with(path, options)
             .await
             .map_err(Error::WorkloadConfig),
         None => {
             let config = kube::Config::infer()
                 .await
                 .map_err(|e| Error::WorkloadConfig(e.to_string()))?;
-            Ok(build_client(config, limits(args))?)
+            Ok(build_client_with(config, options)?)
         }
     }
 }
@@ -151,10 +249,10 @@ async fn workload_client(args: &RunArgs) -> Result<kube::Client, Error> {
 async fn management_client(
     args: &ClusterApiArgs,
     workload: &kube::Client,
-    limits: Limits,
+    options: &ClientOptions,
 ) -> Result<kube::Client, Error> {
     if let Some(path) = &args.cluster_api_kubeconfig {
-        return client_from_kubeconfig(path, limits)
+        return client_from_kubeconfig_with(path, options)
             .await
             .map_err(|message| Error::ManagementConfig {
                 flag: "--cluster-api-kubeconfig",
@@ -192,15 +290,184 @@ async fn management_client(
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .map_err(|e| err(e.to_string()))?;
-    Ok(build_client(config, limits)?)
+    Ok(build_client_with(config, options)?)
+}
+
+/// How long a graceful shutdown may take in all: well inside a pod's default 30 s grace period.
+pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
+/// How long writes already sent get to finish once the gate is closed.
+pub const WRITE_DRAIN: Duration = Duration::from_secs(2);
+/// How long releasing the Lease may take.
+pub const RELEASE_BOUND: Duration = Duration::from_secs(3);
+
+/// One replica: the controller, its election and its write gate.
+pub struct Replica {
+    pub handle: ControllerHandle,
+    /// True while this replica leads.
+    pub leading: watch::Receiver<bool>,
+    gate: WriteGate,
+    election: Option<leader::Election>,
+    /// Without leader election, the fixed "leader" value's sender (kept open).
+    _always: Option<watch::Sender<bool>>,
+    reporter: tokio::task::JoinHandle<()>,
+}
+
+/// Start a replica: campaign (unless `election` is None: then this replica leads at once), start
+/// the watches, and mark `health` ready once the caches are synced, leader or not.
+pub async fn start_replica(
+    controller: Controller,
+    gate: WriteGate,
+    health: Arc<Health>,
+    election: Option<leader::Config>,
+) -> Result<Replica, Error> {
+    let (election, leading, always) = match election {
+        Some(cfg) => {
+            let e = leader::Election::spawn(controller.workload.clone(), cfg);
+            let status = e.status.clone();
+            (Some(e), status, None)
+        }
+        None => {
+            let (tx, rx) = watch::channel(true);
+            (None, rx, Some(tx))
+        }
+    };
+    let reporter = tokio::spawn(report_leadership(
+        leading.clone(),
+        controller.metrics.clone(),
+        health.clone(),
+        gate.clone(),
+    ));
+    let handle = controller.start_synced(leading.clone()).await?;
+    health.set_ready();
+    Ok(Replica {
+        handle,
+        leading,
+        gate,
+        election,
+        _always: always,
+        reporter,
+    })
+}
+
+/// Leadership as a metric, on the health struct and in the log; the gate closes when it is lost
+/// (a replica that stops leading must not write again, whatever its actors are doing).
+async fn report_leadership(
+    mut leading: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    gate: WriteGate,
+) {
+    let mut was = false;
+    loop {
+        let now = *leading.borrow_and_update();
+        if now != was {
+            tracing::info!(leader = now, "leadership changed");
+            if was && !now {
+                gate.close();
+            }
+        }
+        metrics.leader.set(i64::from(now));
+        health.leader.store(now, Ordering::Release);
+        was = now;
+        if leading.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Replica {
+    /// Resolves when the election ends on its own (leadership lost); never without election.
+    pub async fn lost(&mut self) -> Result<(), leader::Error> {
+        match self.election.as_mut() {
+            Some(e) => e.finished().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Graceful stop (SIGTERM): stop writing, give writes on the wire a bounded moment, stop the
+    /// actors, then release the Lease so a standby takes over at its next retry. Bounded by
+    /// `SHUTDOWN_BOUND` in all.
+    pub async fn shutdown(self) {
+        let started = tokio::time::Instant::now();
+        let Replica {
+            handle,
+            gate,
+            election,
+            reporter,
+            ..
+        } = self;
+        let steps = async {
+            gate.close();
+            handle.deactivate();
+            if !gate.drained(WRITE_DRAIN).await {
+                tracing::warn!(
+                    in_flight = gate.in_flight(),
+                    "writes still in flight at shutdown; abandoning them"
+                );
+            }
+            handle.stop();
+            if let Some(e) = election {
+                e.release(RELEASE_BOUND).await;
+            }
+        };
+        if tokio::time::timeout(SHUTDOWN_BOUND, steps).await.is_err() {
+            tracing::warn!(bound = ?SHUTDOWN_BOUND, "shutdown did not finish in time");
+        }
+        reporter.abort();
+        tracing::info!(took = ?started.elapsed(), "shut down");
+    }
+
+    /// Stop as a killed process would: no release, writes abandoned mid-flight.
+    pub fn abort(self) {
+        if let Some(e) = self.election {
+            e.abort();
+        }
+        self.reporter.abort();
+        self.handle.stop();
+    }
+}
+
+/// Resolves on SIGTERM (what Kubernetes sends) or SIGINT; names the signal. The handlers are
+/// installed when this is called, not when the future is first polled, so a signal that arrives
+/// during start-up is not lost to the default action (which would skip the shutdown path).
+fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let handlers = signal(SignalKind::terminate())
+            .and_then(|term| Ok((term, signal(SignalKind::interrupt())?)));
+        async move {
+            match handlers {
+                Ok((mut term, mut int)) => tokio::select! {
+                    _ = term.recv() => "SIGTERM",
+                    _ = int.recv() => "SIGINT",
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot install signal handlers; Ctrl-C only");
+                    let _ = tokio::signal::ctrl_c().await;
+                    "SIGINT"
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+        "SIGINT"
+    }
 }
 
 /// `karpenter-capi run`: returns when the process should exit.
 pub async fn run(args: RunArgs) -> Result<(), Error> {
+    // Listen first: a signal during start-up must not kill the process before it can release.
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
-    let workload = workload_client(&args).await?;
-    let management = management_client(&args.cluster_api, &workload, limits(&args)).await?;
+    let gate = WriteGate::default();
+    let options = client_options(&args, &gate);
+    let workload = workload_client(&args, &options).await?;
+    let management = management_client(&args.cluster_api, &workload, &options).await?;
     let (metrics_addr, health_addr) = http::serve(
         SocketAddr::from(([0, 0, 0, 0], args.metrics_port)),
         SocketAddr::from(([0, 0, 0, 0], args.health_probe_port)),
@@ -211,23 +478,18 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     tracing::info!(%metrics_addr, %health_addr, "serving metrics and probes");
 
     let identity = leader::default_identity();
-    let (leader_tx, leader_rx) = watch::channel(args.disable_leader_election);
-    let election = if args.disable_leader_election {
-        None
-    } else {
+    let election = (!args.disable_leader_election).then(|| {
         let namespace = args
             .leader_election_namespace
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| "kube-system".to_string());
-        let cfg = leader::Config::new(
+        leader::Config::new(
             namespace,
             args.leader_election_name.clone(),
             identity.clone(),
-        );
-        Some(tokio::spawn(leader::run(workload.clone(), cfg, leader_tx)))
-    };
-
+        )
+    });
     let controller = Controller {
         workload,
         management,
@@ -236,18 +498,51 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         metrics,
         instance: identity,
     };
-    let _handle = controller.start(leader_rx).await?;
-    health.set_ready();
-
-    match election {
-        Some(task) => tokio::select! {
-            r = task => if let Ok(Err(e)) = r { return Err(e.into()) },
-            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; shutting down"),
-        },
-        None => {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("interrupted; shutting down");
+    let mut replica = tokio::select! {
+        r = start_replica(controller, gate, health, election) => r?,
+        s = &mut signal => {
+            tracing::info!(signal = s, "signal during start-up; exiting");
+            return Ok(());
+        }
+    };
+    tokio::select! {
+        r = replica.lost() => {
+            // A replica that lost the Lease exits (as controller-runtime does); its writes are
+            // already refused by the gate. The restart comes back as a standby.
+            replica.abort();
+            r?;
+            Ok(())
+        }
+        s = &mut signal => {
+            tracing::info!(signal = s, "shutting down");
+            replica.shutdown().await;
+            Ok(())
         }
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_client_gets_deadlines_that_outlast_a_quiet_watch() {
+        let t = Timeouts::DEFAULT;
+        assert!(
+            t.read > WATCH_IDLE,
+            "a read timeout under the watcher's own idle bound would break every quiet watch"
+        );
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("url"));
+        let applied = ClientOptions::default().apply(config);
+        assert_eq!(applied.connect_timeout, Some(t.connect));
+        assert_eq!(applied.read_timeout, Some(t.read));
+        assert_eq!(applied.write_timeout, Some(t.write));
+        assert!(applied.reset_reader_on_write);
+        assert!(
+            applied
+                .headers
+                .iter()
+                .any(|(k, v)| k == hyper::header::USER_AGENT && v == USER_AGENT)
+        );
+    }
 }

@@ -27,7 +27,9 @@ pub enum Error {
 }
 
 /// Liveness and readiness as seen by the probes. `ready` turns true once the caches have synced;
-/// a replica that is not the leader is still ready (it watches and can take over).
+/// a replica that is not the leader is still ready (it watches, serves /metrics and can take
+/// over), so a Deployment of two replicas becomes Available. Leadership is a separate fact
+/// (`leader`, the `karpenter_capi_leader` gauge), shown in the /readyz body only.
 #[derive(Default)]
 pub struct Health {
     pub ready: AtomicBool,
@@ -104,7 +106,12 @@ fn route(
         ),
         ("/healthz" | "/livez", _) => reply(StatusCode::OK, "text/plain", "ok".into()),
         ("/readyz", _) if health.ready.load(Ordering::Acquire) => {
-            reply(StatusCode::OK, "text/plain", "ok".into())
+            let role = if health.leader.load(Ordering::Acquire) {
+                "ok: leader"
+            } else {
+                "ok: standby"
+            };
+            reply(StatusCode::OK, "text/plain", role.into())
         }
         ("/readyz", _) => reply(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -152,7 +159,14 @@ mod tests {
         assert!(get(h, "/healthz").await.starts_with("HTTP/1.1 200"));
         assert!(get(h, "/readyz").await.starts_with("HTTP/1.1 503"));
         health.set_ready();
-        assert!(get(h, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let standby = get(h, "/readyz").await;
+        assert!(
+            standby.starts_with("HTTP/1.1 200"),
+            "a synced standby is ready"
+        );
+        assert!(standby.ends_with("ok: standby"), "{standby}");
+        health.leader.store(true, Ordering::Release);
+        assert!(get(h, "/readyz").await.ends_with("ok: leader"));
         assert!(
             get(h, "/metrics").await.starts_with("HTTP/1.1 404"),
             "metrics only on the metrics port"

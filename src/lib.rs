@@ -17,3 +17,4 @@ pub mod scheduling;
 pub mod sim;
 pub mod simulate;
 pub mod state;
+pub mod write_gate;

@@ -116,6 +116,8 @@ pub struct Metrics {
     pub ignored_pods: Gauge,
     pub nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    // High availability.
+    pub leader: Gauge,
 }
 
 impl Metrics {
@@ -149,6 +151,7 @@ impl Metrics {
             ignored_pods: Gauge::default(),
             nodepools_usage: Family::default(),
             nodepools_limit: Family::default(),
+            leader: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -286,6 +289,11 @@ impl Metrics {
             "karpenter_nodepools_limit",
             "Resource limits of each NodePool",
             m.nodepools_limit.clone(),
+        );
+        r.register(
+            "karpenter_capi_leader",
+            "1 while this replica holds the leader-election Lease, else 0",
+            m.leader.clone(),
         );
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -45,14 +45,33 @@ pub struct ControllerHandle {
     pub node_watcher: Addr<NodeWatcher>,
     pub nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
-    pub catalog: Option<Addr<Catalog>>,
+    /// True while this replica's writers run (it leads and the catalog has synced).
+    pub active: watch::Receiver<bool>,
+    catalog: CatalogSlot,
+    follower: tokio::task::JoinHandle<()>,
 }
 
-impl ControllerHandle {
-    /// Stop every actor (a controller "crash" in tests: in-flight work is abandoned, as it would
-    /// be if the process died).
-    pub fn stop(self) {
+/// The Catalog starts only on the leader, after the handle was returned.
+type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
+
+/// The actors to stop when the writers must stop (cheap clones of the addresses).
+#[derive(Clone)]
+struct Actors {
+    shared: Arc<Shared>,
+    supervisor: Addr<Supervisor>,
+    capi_watcher: Addr<CapiWatcher>,
+    node_watcher: Addr<NodeWatcher>,
+    nodepools: Addr<NodePools>,
+    provisioner: Addr<Provisioner>,
+    catalog: CatalogSlot,
+}
+
+impl Actors {
+    /// Stop every actor; in-flight work is abandoned, as it would be if the process died (every
+    /// write is compare-and-swap or idempotent, so the next leader starts from the API state).
+    fn stop(&self) {
         let router = &self.shared.router;
+        router.set_inactive();
         for name in router.claim_names() {
             if let Some(a) = router.remove_claim(&name) {
                 a.do_send(super::nodeclaim::Stop);
@@ -66,18 +85,52 @@ impl ControllerHandle {
         self.node_watcher.do_send(super::StopActor);
         self.nodepools.do_send(super::StopActor);
         self.provisioner.do_send(super::StopActor);
-        if let Some(c) = self.catalog {
+        if let Some(c) = self.catalog.lock().take() {
             c.do_send(super::StopActor);
         }
     }
 }
 
+impl ControllerHandle {
+    fn actors(&self) -> Actors {
+        Actors {
+            shared: self.shared.clone(),
+            supervisor: self.supervisor.clone(),
+            capi_watcher: self.capi_watcher.clone(),
+            node_watcher: self.node_watcher.clone(),
+            nodepools: self.nodepools.clone(),
+            provisioner: self.provisioner.clone(),
+            catalog: self.catalog.clone(),
+        }
+    }
+
+    /// The Catalog, when this replica leads.
+    pub fn catalog(&self) -> Option<Addr<Catalog>> {
+        self.catalog.lock().clone()
+    }
+
+    /// Stop every actor (a controller "crash" in tests, and the end of a graceful shutdown once
+    /// the writes have drained): in-flight work is abandoned, as it would be if the process died.
+    pub fn stop(self) {
+        self.follower.abort();
+        self.actors().stop();
+    }
+
+    /// Stop starting new work: the provisioner and NodePool writers check this before writing.
+    pub fn deactivate(&self) {
+        self.shared.router.set_inactive();
+    }
+}
+
 impl Controller {
-    /// Start the controller on the current actix System. Returns once the caches are warm and,
-    /// if `leader` says so, the writers run; `leader` turning true later activates them then.
-    pub async fn start(
+    /// Start the controller on the current actix System and return once the caches are warm:
+    /// a replica is Ready from then on, leader or not. The writers (Catalog, claim actors,
+    /// Scalers) start when `leader` is or turns true, and stop for good when it turns false
+    /// again (a replica that lost the Lease exits; it never leads twice). A closed `leader`
+    /// channel keeps the last value.
+    pub async fn start_synced(
         self,
-        mut leader: watch::Receiver<bool>,
+        leader: watch::Receiver<bool>,
     ) -> Result<ControllerHandle, StartError> {
         let capi_version = version::discover(&self.management, self.capi_version).await?;
         tracing::info!(cluster_api_version = %capi_version, "using Cluster API version");
@@ -118,35 +171,79 @@ impl Controller {
         })
         .await;
         tracing::info!("caches synced");
-        let mut handle = ControllerHandle {
+        let actors = Actors {
             shared: shared.clone(),
             supervisor,
             capi_watcher,
             node_watcher,
             nodepools,
             provisioner,
-            catalog: None,
+            catalog: CatalogSlot::default(),
         };
-        if !*leader.borrow() {
-            tracing::info!("waiting to become leader");
-            if leader.wait_for(|l| *l).await.is_err() {
-                return Ok(handle);
-            }
+        let (active_tx, active) = watch::channel(false);
+        // On the actix arbiter: the Catalog must start there.
+        let follower = actix::spawn(follow(actors.clone(), leader, active_tx));
+        Ok(ControllerHandle {
+            shared,
+            supervisor: actors.supervisor,
+            capi_watcher: actors.capi_watcher,
+            node_watcher: actors.node_watcher,
+            nodepools: actors.nodepools,
+            provisioner: actors.provisioner,
+            active,
+            catalog: actors.catalog,
+            follower,
+        })
+    }
+
+    /// `start_synced`, and when `leader` is already true, also wait until the writers run (a
+    /// single leading controller: the simulator and most tests).
+    pub async fn start(
+        self,
+        leader: watch::Receiver<bool>,
+    ) -> Result<ControllerHandle, StartError> {
+        let leads = *leader.borrow();
+        let handle = self.start_synced(leader).await?;
+        if leads {
+            let mut active = handle.active.clone();
+            let _ = active.wait_for(|a| *a).await;
         }
-        let catalog = Catalog::new(shared.clone()).start();
-        shared.router.set_catalog(catalog.clone().recipient());
-        // Claims must not resolve against an empty catalog: wait for the NodeClass list.
-        while !catalog.send(Synced).await.unwrap_or(true) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        shared.router.set_active();
-        handle.supervisor.do_send(Activate);
-        shared.router.provisioner_poke();
-        shared.router.nodepools_changed();
-        handle.catalog = Some(catalog);
-        tracing::info!("controller active");
         Ok(handle)
     }
+}
+
+/// Follow leadership: start the writers on election, stop every actor on loss.
+async fn follow(actors: Actors, mut leader: watch::Receiver<bool>, active: watch::Sender<bool>) {
+    if !*leader.borrow() {
+        tracing::info!("caches synced; standing by until elected leader");
+    }
+    if leader.wait_for(|l| *l).await.is_err() {
+        return;
+    }
+    activate(&actors).await;
+    active.send_replace(true);
+    if leader.wait_for(|l| !*l).await.is_err() {
+        return;
+    }
+    tracing::warn!("no longer the leader: stopping the controller's actors");
+    actors.stop();
+    active.send_replace(false);
+}
+
+async fn activate(actors: &Actors) {
+    let shared = &actors.shared;
+    let catalog = Catalog::new(shared.clone()).start();
+    shared.router.set_catalog(catalog.clone().recipient());
+    *actors.catalog.lock() = Some(catalog.clone());
+    // Claims must not resolve against an empty catalog: wait for the NodeClass list.
+    while !catalog.send(Synced).await.unwrap_or(true) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shared.router.set_active();
+    actors.supervisor.do_send(Activate);
+    shared.router.provisioner_poke();
+    shared.router.nodepools_changed();
+    tracing::info!("controller active");
 }
 
 async fn wait_for(shared: &Shared, ready: impl Fn(&State) -> bool) {

@@ -119,6 +119,10 @@ impl Router {
         self.active.store(true, Ordering::Release);
     }
 
+    pub fn set_inactive(&self) {
+        self.active.store(false, Ordering::Release);
+    }
+
     pub fn is_active(&self) -> bool {
         self.active.load(Ordering::Acquire)
     }
