@@ -857,7 +857,28 @@ async fn generate_name_binding_and_eviction() {
         other => panic!("{other:?}"),
     }
     assert!(pods.get("guarded").await.is_ok());
+    // A running pod is evicted gracefully, as kube-apiserver does it: marked with its deadline
+    // (default grace 30 s); its kubelet (none runs on a bare server) removes it. An eviction
+    // with a grace of 0 removes it at once.
     pods.evict("free", &EvictParams::default()).await.unwrap();
+    let marked = pods.get("free").await.unwrap();
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(30));
+    // (kube 5's `evict` writes `delete_options`, a key kube-apiserver ignores, so the Eviction
+    // is posted as the API defines it.)
+    let eviction = json!({
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "free", "namespace": "default"},
+        "deleteOptions": {"gracePeriodSeconds": 0},
+    });
+    pods.create_subresource::<serde_json::Value, serde_json::Value>(
+        "eviction",
+        "free",
+        &PostParams::default(),
+        &eviction,
+    )
+    .await
+    .unwrap();
     assert_eq!(api_code(pods.get("free").await.unwrap_err()).0, 404);
 }
 

@@ -22,6 +22,7 @@ pub mod provisioner;
 pub mod router;
 pub mod scaler;
 pub mod supervisor;
+pub mod terminator;
 
 use std::sync::Arc;
 use std::time::Duration;
