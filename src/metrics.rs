@@ -60,6 +60,16 @@ pub struct NodePoolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabels {
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UsageLabels {
     pub nodepool: String,
     pub resource_type: String,
@@ -118,6 +128,10 @@ pub struct Metrics {
     pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     // High availability.
     pub leader: Gauge,
+    // Termination (Karpenter's names).
+    pub nodes_drained: Family<NodePoolLabels, Counter>,
+    pub pods_eviction_requests: Family<CodeLabels, Counter>,
+    pub pods_drained: Family<ReasonLabels, Counter>,
 }
 
 impl Metrics {
@@ -152,6 +166,9 @@ impl Metrics {
             nodepools_usage: Family::default(),
             nodepools_limit: Family::default(),
             leader: Gauge::default(),
+            nodes_drained: Family::default(),
+            pods_eviction_requests: Family::default(),
+            pods_drained: Family::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -294,6 +311,21 @@ impl Metrics {
             "karpenter_capi_leader",
             "1 while this replica holds the leader-election Lease, else 0",
             m.leader.clone(),
+        );
+        r.register(
+            "karpenter_nodes_drained",
+            "Nodes drained by the controller before their Machine was released",
+            m.nodes_drained.clone(),
+        );
+        r.register(
+            "karpenter_pods_eviction_requests",
+            "Pod eviction requests made by the controller, by response code",
+            m.pods_eviction_requests.clone(),
+        );
+        r.register(
+            "karpenter_pods_drained",
+            "Pods drained (evicted or, at the deadline, deleted) during node termination, by reason",
+            m.pods_drained.clone(),
         );
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),

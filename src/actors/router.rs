@@ -35,6 +35,13 @@ impl Router {
             .cloned()
     }
 
+    /// Make a claim actor reconcile (something it waits for changed).
+    pub fn kick_claim(&self, name: &str) {
+        if let Some(a) = self.claim(name) {
+            a.do_send(super::nodeclaim::Kick);
+        }
+    }
+
     pub fn add_claim(&self, name: String, addr: Addr<NodeClaimActor>) {
         self.claims.write().insert(name, addr);
     }
