@@ -74,6 +74,8 @@ struct NodeDrain {
     reason: String,
     started: Instant,
     taint_in_flight: bool,
+    /// Our taint write succeeded (the index may not show it yet).
+    taint_done: bool,
     drained: bool,
     wake_at: Option<Instant>,
 }
@@ -118,7 +120,8 @@ impl Terminator {
             return DrainState::Drained;
         };
         let (deadline, started) = (entry.deadline, entry.started);
-        if !tainted(&node) {
+        let tainted_now = tainted(&node) || entry.taint_done;
+        if !tainted_now {
             self.taint(&node, ctx);
         }
         let pods: Vec<Pod> = self
@@ -153,7 +156,6 @@ impl Terminator {
                 next_wake = Some(next_wake.map_or(at, |w| w.min(at)));
             }
         }
-        let tainted_now = tainted(&node);
         if evicting == 0 && waiting == 0 && tainted_now {
             let left = self.min_drain_time.saturating_sub(started.elapsed());
             if left.is_zero() {
@@ -373,10 +375,12 @@ impl Terminator {
                 e.taint_in_flight = false;
             }
             match result {
-                Ok(n) => {
+                Ok(_) => {
                     tracing::info!(node = %name, "tainted node {DISRUPTED_TAINT_KEY}:NoSchedule");
-                    // Don't wait for the watch: the index may still hold the untainted Node.
-                    act.shared.state.nodes.write().apply(n);
+                    // The index may still hold the untainted Node until the watch catches up.
+                    if let Some(e) = act.nodes.get_mut(&name) {
+                        e.taint_done = true;
+                    }
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
@@ -407,6 +411,7 @@ impl Handler<Drain> for Terminator {
                 reason: msg.reason.clone(),
                 started: Instant::now(),
                 taint_in_flight: false,
+                taint_done: false,
                 drained: false,
                 wake_at: None,
             });
