@@ -169,5 +169,6 @@ stoppable!(
     node_watcher::NodeWatcher,
     catalog::Catalog,
     nodepools::NodePools,
-    provisioner::Provisioner
+    provisioner::Provisioner,
+    terminator::Terminator
 );

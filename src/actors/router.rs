@@ -14,6 +14,7 @@ use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
 use super::provisioner::Pending;
 use super::scaler::Scaler;
+use super::terminator::{NodeChanged, Terminator};
 
 #[derive(Clone, Default)]
 pub struct Router {
@@ -22,6 +23,7 @@ pub struct Router {
     catalog: Arc<RwLock<Option<Recipient<Rebuild>>>>,
     provisioner: Arc<RwLock<Option<Recipient<Pending>>>>,
     nodepools: Arc<RwLock<Option<Recipient<Refresh>>>>,
+    terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -39,6 +41,26 @@ impl Router {
     pub fn kick_claim(&self, name: &str) {
         if let Some(a) = self.claim(name) {
             a.do_send(super::nodeclaim::Kick);
+        }
+    }
+
+    /// The Terminator (leader only); `take_terminator` hands it over to be stopped.
+    pub fn set_terminator(&self, t: Addr<Terminator>) {
+        *self.terminator.write() = Some(t);
+    }
+
+    pub fn terminator(&self) -> Option<Addr<Terminator>> {
+        self.terminator.read().clone()
+    }
+
+    pub fn take_terminator(&self) -> Option<Addr<Terminator>> {
+        self.terminator.write().take()
+    }
+
+    /// Pods or volume attachments of `node` changed: a drain of it looks again.
+    pub fn drain_node_changed(&self, node: &str) {
+        if let Some(t) = self.terminator.read().as_ref() {
+            t.do_send(NodeChanged(node.to_string()));
         }
     }
 

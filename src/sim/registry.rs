@@ -340,6 +340,35 @@ fn core_resources() -> Vec<ResourceDef> {
         .with_status()
         .with_short_names(&["pdb"]),
         b("coordination.k8s.io", "v1", "Lease", "leases", true),
+        // Storage: what a drain waits for (VolumeAttachments) and how a pod's volume maps to one.
+        b(
+            "",
+            "v1",
+            "PersistentVolumeClaim",
+            "persistentvolumeclaims",
+            true,
+        )
+        .with_status()
+        .with_short_names(&["pvc"]),
+        b("", "v1", "PersistentVolume", "persistentvolumes", false)
+            .with_status()
+            .with_short_names(&["pv"]),
+        b(
+            "storage.k8s.io",
+            "v1",
+            "StorageClass",
+            "storageclasses",
+            false,
+        )
+        .with_short_names(&["sc"]),
+        b(
+            "storage.k8s.io",
+            "v1",
+            "VolumeAttachment",
+            "volumeattachments",
+            false,
+        )
+        .with_status(),
         // What a controller's own install needs, so `kubectl apply` of the deploy files works
         // against the simulated cluster (stored and served; nothing acts on them).
         b("", "v1", "Service", "services", true)

@@ -6,6 +6,7 @@ pub mod claims;
 pub mod machines;
 pub mod nodes;
 pub mod pods;
+pub mod volumes;
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ pub use claims::Claims;
 pub use machines::{MachineDeployments, Machines};
 pub use nodes::Nodes;
 pub use pods::Pods;
+pub use volumes::VolumeAttachments;
 
 /// All indexes, cheap to clone.
 #[derive(Clone, Default)]
@@ -24,6 +26,7 @@ pub struct State {
     pub claims: Arc<RwLock<Claims>>,
     pub nodes: Arc<RwLock<Nodes>>,
     pub pods: Arc<RwLock<Pods>>,
+    pub volume_attachments: Arc<RwLock<VolumeAttachments>>,
     pub nodepools:
         Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
     pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,

@@ -5,17 +5,17 @@
 //! The claim actor asks `Drain` on every reconcile of a terminating claim and gets where the drain
 //! stands; the Terminator taints the Node, evicts (or, at the deadline, deletes) pods with a
 //! per-pod exponential backoff, reports PodDisruptionBudget refusals as Events, and kicks the
-//! claim when the Node is drained. Pod changes on a draining node (`PodsChanged`, from the pod
+//! claim when the Node is drained. Pod changes on a draining node (`NodeChanged`, from the pod
 //! watch) make it look again at once; nothing polls the API.
 
 pub mod drain;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolumeClaim, Pod, Taint};
 use kube::api::{Api, DeleteParams, PatchParams, PostParams, Preconditions};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -50,17 +50,25 @@ pub struct Drain {
 pub enum DrainState {
     /// Pods are still leaving: `evicting` are being evicted or deleted now, `waiting` are
     /// terminating, protected by do-not-disrupt, or in a later tier.
-    Draining {
-        evicting: usize,
-        waiting: usize,
-    },
-    Drained,
+    Draining { evicting: usize, waiting: usize },
+    /// The pods are gone (the claim is Drained); volume attachments of pods that were drained
+    /// are still there.
+    AwaitingVolumes { attachments: usize },
+    /// The Machine may go. `volumes_detached` is false when the deadline cut the wait short.
+    Done { volumes_detached: bool },
 }
 
-/// Pods of `node` changed (the pod watch routes this to the Terminator).
+impl DrainState {
+    /// The pods are gone.
+    pub fn drained(&self) -> bool {
+        !matches!(self, DrainState::Draining { .. })
+    }
+}
+
+/// Pods or volume attachments of `node` changed (the watches route this to the Terminator).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct PodsChanged(pub String);
+pub struct NodeChanged(pub String);
 
 /// Stop tracking `node` (its claim is gone).
 #[derive(Message)]
@@ -76,7 +84,14 @@ struct NodeDrain {
     taint_in_flight: bool,
     /// Our taint write succeeded (the index may not show it yet).
     taint_done: bool,
+    /// The pods are gone (counted once in `karpenter_nodes_drained_total`).
     drained: bool,
+    /// PersistentVolumes of pods that are not drained (static, tolerating): their attachments
+    /// never block. None until looked up (only needed when attachments remain).
+    ignored_volumes: Option<HashSet<String>>,
+    lookup_in_flight: bool,
+    awaiting_reported: bool,
+    done: Option<bool>,
     wake_at: Option<Instant>,
 }
 
@@ -113,12 +128,19 @@ impl Terminator {
 
     /// Look at `node` again: taint it, act on what the plan says, and say where it stands.
     fn step(&mut self, node_name: &str, ctx: &mut Context<Self>) -> DrainState {
+        let done = DrainState::Done {
+            volumes_detached: true,
+        };
+        // A Node that is gone has nothing left on it.
         let Some(node) = self.shared.state.nodes.read().get(node_name) else {
-            return self.finish(node_name);
+            return done;
         };
         let Some(entry) = self.nodes.get(node_name) else {
-            return DrainState::Drained;
+            return done;
         };
+        if let Some(volumes_detached) = entry.done {
+            return DrainState::Done { volumes_detached };
+        }
         let (deadline, started) = (entry.deadline, entry.started);
         let tainted_now = tainted(&node) || entry.taint_done;
         if !tainted_now {
@@ -159,7 +181,8 @@ impl Terminator {
         if evicting == 0 && waiting == 0 && tainted_now {
             let left = self.min_drain_time.saturating_sub(started.elapsed());
             if left.is_zero() {
-                return self.finish(node_name);
+                self.drained(node_name);
+                return self.volumes(node_name, &pods, deadline, now, ctx);
             }
             next_wake = Some(Instant::now() + left);
         }
@@ -169,8 +192,141 @@ impl Terminator {
         DrainState::Draining { evicting, waiting }
     }
 
-    /// The node is drained (or gone): count it once and kick its claim.
-    fn finish(&mut self, node_name: &str) -> DrainState {
+    /// After the pods: wait for the node's VolumeAttachments to go, except those of volumes that
+    /// pods which are not drained still use, and not past the deadline.
+    fn volumes(
+        &mut self,
+        node_name: &str,
+        pods: &[Pod],
+        deadline: Option<jiff::Timestamp>,
+        now: jiff::Timestamp,
+        ctx: &mut Context<Self>,
+    ) -> DrainState {
+        let attachments = self
+            .shared
+            .state
+            .volume_attachments
+            .read()
+            .on_node(node_name);
+        let Some(entry) = self.nodes.get_mut(node_name) else {
+            return DrainState::Done {
+                volumes_detached: true,
+            };
+        };
+        let with_volume: Vec<String> = attachments
+            .iter()
+            .filter_map(|a| a.persistent_volume.clone())
+            .collect();
+        let pending: Vec<String> = if with_volume.is_empty() {
+            Vec::new()
+        } else {
+            let Some(ignored) = &entry.ignored_volumes else {
+                if !entry.lookup_in_flight {
+                    entry.lookup_in_flight = true;
+                    self.look_up_ignored_volumes(node_name, pods, ctx);
+                }
+                return DrainState::AwaitingVolumes {
+                    attachments: with_volume.len(),
+                };
+            };
+            with_volume
+                .into_iter()
+                .filter(|pv| !ignored.contains(pv))
+                .collect()
+        };
+        let past_deadline = deadline.is_some_and(|d| now >= d);
+        let state = if pending.is_empty() {
+            DrainState::Done {
+                volumes_detached: true,
+            }
+        } else if past_deadline {
+            DrainState::Done {
+                volumes_detached: false,
+            }
+        } else {
+            if !entry.awaiting_reported {
+                entry.awaiting_reported = true;
+                if let Some(node) = self.shared.state.nodes.read().get(node_name) {
+                    self.shared.events.normal(
+                        node.object_ref(&()),
+                        "AwaitingVolumeDetachment",
+                        format!(
+                            "Awaiting deletion of {} VolumeAttachment(s) bound to node {node_name}",
+                            pending.len()
+                        ),
+                    );
+                }
+            }
+            // Attachment changes arrive by watch; the deadline needs a timer.
+            if let Some(d) = deadline {
+                let at = Instant::now() + now.duration_until(d).unsigned_abs();
+                self.wake(node_name, at, ctx);
+            }
+            return DrainState::AwaitingVolumes {
+                attachments: pending.len(),
+            };
+        };
+        if let DrainState::Done { volumes_detached } = state
+            && let Some(e) = self.nodes.get_mut(node_name)
+            && e.done.is_none()
+        {
+            e.done = Some(volumes_detached);
+            self.shared.router.kick_claim(&e.claim);
+        }
+        state
+    }
+
+    /// The PersistentVolumes behind the claims of pods that are not drained (through each
+    /// PersistentVolumeClaim's `spec.volumeName`).
+    fn look_up_ignored_volumes(&mut self, node_name: &str, pods: &[Pod], ctx: &mut Context<Self>) {
+        let now = jiff::Timestamp::now();
+        let claims: Vec<(String, String)> = pods
+            .iter()
+            .filter(|p| !drain::must_leave(p, now))
+            .flat_map(|p| {
+                let ns = p.namespace().unwrap_or_default();
+                p.spec
+                    .iter()
+                    .flat_map(|s| s.volumes.iter().flatten())
+                    .filter_map(|v| v.persistent_volume_claim.as_ref())
+                    .map(move |c| (ns.clone(), c.claim_name.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let client = self.shared.workload.clone();
+        let node = node_name.to_string();
+        let fut = async move {
+            let mut volumes = HashSet::new();
+            for (ns, name) in claims {
+                let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+                match api.get_opt(&name).await {
+                    Ok(Some(pvc)) => volumes.extend(pvc.spec.and_then(|s| s.volume_name)),
+                    Ok(None) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(volumes)
+        };
+        ctx.spawn(fut.into_actor(self).map(move |result, act, ctx| {
+            let Some(e) = act.nodes.get_mut(&node) else {
+                return;
+            };
+            e.lookup_in_flight = false;
+            match result {
+                Ok(v) => e.ignored_volumes = Some(v),
+                Err(err) => {
+                    tracing::warn!(node = %node, error = %err, "reading PersistentVolumeClaims failed; retrying");
+                    let at = Instant::now() + jittered(EVICTION_BACKOFF_MAX);
+                    act.wake(&node, at, ctx);
+                    return;
+                }
+            }
+            act.step(&node, ctx);
+        }));
+    }
+
+    /// The pods are gone: count it once and tell the claim (it sets Drained).
+    fn drained(&mut self, node_name: &str) {
         if let Some(entry) = self.nodes.get_mut(node_name)
             && !entry.drained
         {
@@ -185,7 +341,6 @@ impl Terminator {
             tracing::info!(node = %node_name, nodeclaim = %entry.claim, "node drained");
             self.shared.router.kick_claim(&entry.claim);
         }
-        DrainState::Drained
     }
 
     fn wake(&mut self, node_name: &str, at: Instant, ctx: &mut Context<Self>) {
@@ -413,22 +568,23 @@ impl Handler<Drain> for Terminator {
                 taint_in_flight: false,
                 taint_done: false,
                 drained: false,
+                ignored_volumes: None,
+                lookup_in_flight: false,
+                awaiting_reported: false,
+                done: None,
                 wake_at: None,
             });
-        if entry.drained {
-            return MessageResult(DrainState::Drained);
-        }
         entry.deadline = msg.deadline;
         entry.reason = msg.reason;
         MessageResult(self.step(&msg.node, ctx))
     }
 }
 
-impl Handler<PodsChanged> for Terminator {
+impl Handler<NodeChanged> for Terminator {
     type Result = ();
 
-    fn handle(&mut self, msg: PodsChanged, ctx: &mut Context<Self>) {
-        if self.nodes.get(&msg.0).is_some_and(|e| !e.drained) {
+    fn handle(&mut self, msg: NodeChanged, ctx: &mut Context<Self>) {
+        if self.nodes.get(&msg.0).is_some_and(|e| e.done.is_none()) {
             self.step(&msg.0, ctx);
         }
     }
