@@ -24,6 +24,7 @@ pub mod provisioner;
 pub mod router;
 pub mod scaler;
 pub mod supervisor;
+pub mod tracked;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -370,6 +370,20 @@ impl StreamHandler<Result<watcher::Event<NodePool>, watcher::Error>> for NodePoo
     }
 }
 
+impl Handler<super::tracked::Tracked> for NodePools {
+    type Result = MessageResult<super::tracked::Tracked>;
+    fn handle(&mut self, _: super::tracked::Tracked, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            [
+                ("usage_series", self.usage_series.len()),
+                ("limit_series", self.limit_series.len()),
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
+}
+
 impl Handler<Refresh> for NodePools {
     type Result = ();
     fn handle(&mut self, _: Refresh, ctx: &mut Self::Context) {

@@ -585,6 +585,22 @@ impl StreamHandler<Watched> for Provisioner {
     }
 }
 
+impl Handler<super::tracked::Tracked> for Provisioner {
+    type Result = MessageResult<super::tracked::Tracked>;
+    fn handle(&mut self, _: super::tracked::Tracked, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            [
+                ("told", self.told.len()),
+                ("waiting", self.waiting.len()),
+                ("creating", self.creating.len()),
+                ("daemonsets", self.daemonsets.len()),
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
+}
+
 impl Handler<Pending> for Provisioner {
     type Result = ();
     fn handle(&mut self, _: Pending, ctx: &mut Self::Context) {

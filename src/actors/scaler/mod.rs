@@ -267,8 +267,14 @@ impl Scaler {
     /// someone else): garbage to release, once the claim index had time to see the claim.
     fn orphans(&mut self, machines: &[MachineView]) -> Vec<String> {
         const GRACE: Duration = Duration::from_secs(30);
-        self.bound_at.retain(|_, t| t.elapsed() < GRACE * 2);
         let claims = self.shared.state.claims.read();
+        // Only claims whose Machine is still here can need the grace period.
+        self.bound_at.retain(|c, t| {
+            t.elapsed() < GRACE * 2
+                && machines
+                    .iter()
+                    .any(|m| m.bound_to.as_deref() == Some(c.as_str()))
+        });
         if !claims.synced() {
             return Vec::new();
         }
@@ -929,6 +935,24 @@ async fn patch_machine(
         name: name.to_string(),
         source,
     })
+}
+
+impl Handler<super::tracked::Tracked> for Scaler {
+    type Result = MessageResult<super::tracked::Tracked>;
+    fn handle(&mut self, _: super::tracked::Tracked, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            [
+                ("asked", self.asked.len()),
+                ("binding", self.binding.len()),
+                ("decremented", self.decremented.len()),
+                ("releasing", self.releasing.len()),
+                ("rejected", self.rejected.len()),
+                ("bound_at", self.bound_at.len()),
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
 }
 
 /// Stop the Scaler (controller shutdown).
