@@ -123,8 +123,13 @@ impl Env {
         while !done(self) {
             assert!(
                 start.elapsed() < DEADLINE,
-                "timed out waiting for {what}: {}",
-                launch::progress_line(self.sim.cluster())
+                "timed out waiting for {what}: {}\n{:#?}\nclaims: {:#?}",
+                launch::progress_line(self.sim.cluster()),
+                launch::unsettled(self.sim.cluster()),
+                self.list("nodeclaims")
+                    .iter()
+                    .map(|c| (c["metadata"].clone(), c["status"]["conditions"].clone()))
+                    .collect::<Vec<_>>()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -295,6 +300,11 @@ async fn an_ambiguous_decrement_is_read_back_and_never_repeated() {
     assert_eq!(env.replicas("md-0"), 6);
     env.faults()
         .set_write_response_delay("machinedeployments", Duration::from_secs(3600));
+    // Cluster API takes a while to remove a Machine after a decrement (MachineSet first), as
+    // on a real cluster: a Scaler that forgot its decrement sees the marked Machine still there.
+    env.faults()
+        .set_write_latency("machinesets", Duration::from_millis(1500));
+    env.faults().set_every_client("machinesets");
     let probe = env.watch_replicas("md-0");
     env.delete_claims().await;
     env.wait("every Machine gone and replicas at zero", |e| {
@@ -459,9 +469,10 @@ async fn a_malformed_capacity_annotation_keeps_max_size_and_maps_shrink_back() {
     assert!(provisioner.values().all(|n| *n == 0), "{provisioner:?}");
 }
 
-/// Item 8 (and 9 for metric series): NodePool status.resources and the usage gauges drop keys
-/// that went to zero, and a deleted NodePool's series go. Before: a merge patch kept the last
-/// cpu/memory values for ever, and the gauges kept exporting them.
+/// Item 8 (and 9 for metric series, 11 for the cloud-provider latency): NodePool
+/// status.resources and the usage gauges drop keys that went to zero, and a deleted NodePool's
+/// series go. Before: a merge patch kept the last cpu/memory values for ever, the gauges kept
+/// exporting them, and karpenter_cloudprovider_duration_seconds was never observed.
 #[actix::test]
 async fn nodepool_resources_and_usage_series_drop_keys_that_went_to_zero() {
     let env = env(vec![seed_of(0, 10)], |_| {}).await;
@@ -479,6 +490,17 @@ async fn nodepool_resources_and_usage_series_drop_keys_that_went_to_zero() {
     env.delete_claims().await;
     env.wait("status.resources without cpu", |e| !has_cpu(e))
         .await;
+    // Item 11: Karpenter's cloud-provider latency is observed for both methods.
+    env.wait("the claims and their Machines gone", |e| {
+        e.list("nodeclaims").is_empty() && e.list("machines").is_empty()
+    })
+    .await;
+    let text = env.metrics.encode();
+    for method in ["Create", "Delete"] {
+        let count =
+            format!("karpenter_cloudprovider_duration_seconds_count{{method=\"{method}\"}}");
+        assert_eq!(metric(&text, &count), 2.0, "{method}: {text}");
+    }
     let np = env.list("nodepools").remove(0);
     assert_eq!(np["status"]["nodes"], 0, "{np:#}");
     let start = Instant::now();

@@ -46,6 +46,8 @@ struct Inner {
     /// When set, only requests whose User-Agent starts with it meet faults (a slow path between
     /// one client and the server; the stand-ins keep working).
     agent: Option<String>,
+    /// Resources whose faults hit every client even while `agent` is set.
+    every_client: std::collections::BTreeSet<String>,
 }
 
 /// The server's fault switches.
@@ -64,6 +66,7 @@ impl Faults {
                 rules: BTreeMap::new(),
                 watch_cut_every: None,
                 agent: None,
+                every_client: Default::default(),
             }),
             cuts,
         }
@@ -106,6 +109,12 @@ impl Faults {
         self.inner.lock().agent = agent.map(str::to_string);
     }
 
+    /// Faults on `resource` hit every client even while `set_agent` scopes the others (e.g. to
+    /// slow down a stand-in while the controller's own requests misbehave differently).
+    pub fn set_every_client(&self, resource: &str) {
+        self.inner.lock().every_client.insert(resource.to_string());
+    }
+
     /// Close every open watch connection every `every` (None stops it).
     pub fn set_watch_cut_every(&self, every: Option<Duration>) {
         self.inner.lock().watch_cut_every = every;
@@ -122,6 +131,7 @@ impl Faults {
         inner.rules.clear();
         inner.watch_cut_every = None;
         inner.agent = None;
+        inner.every_client.clear();
     }
 
     pub(crate) fn watch_cut_every(&self) -> Option<Duration> {
@@ -147,6 +157,7 @@ impl Faults {
             .agent
             .as_deref()
             .is_some_and(|a| !agent.starts_with(a))
+            && !inner.every_client.contains(resource)
         {
             return Decision::default();
         }
@@ -230,6 +241,16 @@ mod tests {
         assert_eq!(
             f.decide_for("machines", "watch", "karpenter-capi/0.1.0"),
             Decision::default()
+        );
+        f.set_write_latency("machinesets", Duration::from_secs(2));
+        assert_eq!(
+            f.decide_for("machinesets", "patch", "sim-capi").latency,
+            Duration::ZERO
+        );
+        f.set_every_client("machinesets");
+        assert_eq!(
+            f.decide_for("machinesets", "patch", "sim-capi").latency,
+            Duration::from_secs(2)
         );
     }
 }
