@@ -7,6 +7,9 @@
 //! So a response's version is held as "pending" until the watch delivers that same version;
 //! watch events before it are older and are skipped. A version the watch already delivered
 //! (the response lost the race) is not taken, since the index may already hold something newer.
+//! Two responses cannot be ordered either (a read sent after a write may be served before it),
+//! so while one response is waiting for the watch, another is not taken: the writer keeps its
+//! own record of what it wrote until the watch shows it (e.g. the Scaler's `binding`).
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -17,7 +20,7 @@ const RECENT: usize = 8;
 
 /// A pending version the watch never confirms (the object was re-listed, or the watch is stuck)
 /// stops shadowing the watch after this long, so the index can never freeze.
-const PENDING_TTL: Duration = Duration::from_secs(30);
+const PENDING_TTL: Duration = Duration::from_secs(10);
 
 /// Per-object bookkeeping for one index (keys are the index's keys).
 #[derive(Debug, Default)]
@@ -33,6 +36,13 @@ impl Freshness {
             .recent
             .get(key)
             .is_some_and(|r| r.iter().any(|v| v == version))
+        {
+            return false;
+        }
+        if self
+            .pending
+            .get(key)
+            .is_some_and(|(_, at)| at.elapsed() < PENDING_TTL)
         {
             return false;
         }
@@ -117,6 +127,18 @@ mod tests {
             "the index already holds something newer"
         );
         assert!(f.watched("m", "12"));
+    }
+
+    #[test]
+    fn a_second_response_waits_for_the_watch_to_confirm_the_first() {
+        let mut f = Freshness::default();
+        assert!(f.watched("m", "1"));
+        // A bind answered, then a read that was served before the bind landed.
+        assert!(f.responded("m", "3"));
+        assert!(!f.responded("m", "2"), "responses cannot be ordered");
+        assert!(!f.watched("m", "2"));
+        assert!(f.watched("m", "3"));
+        assert!(f.responded("m", "4"), "nothing pending any more");
     }
 
     #[test]

@@ -502,11 +502,12 @@ impl Scaler {
                 Ok(m) => {
                     let landed = bound_claim(&m) == Some(claim.as_str());
                     act.shared.state.machines.write().apply_response(m);
-                    act.binding.remove(&mk);
                     if landed {
+                        // The `binding` entry stays until the index shows the bind.
                         act.backoff.reset();
                         act.bound(&claim, mk, asked_at);
                     } else {
+                        act.binding.remove(&mk);
                         act.asked.push_front((claim, asked_at.unwrap_or_else(Instant::now)));
                     }
                     act.replan(ctx);
