@@ -460,6 +460,11 @@ async fn a_malformed_capacity_annotation_keeps_max_size_and_maps_shrink_back() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let text = env.metrics.encode();
+    assert!(
+        !text.contains("karpenter_capi_scaler_queue_depth{machine_deployment=\"default/md-0\"}"),
+        "a stopped Scaler's gauge goes: {text}"
+    );
     let provisioner = env
         .controller
         .provisioner

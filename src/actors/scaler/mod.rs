@@ -150,6 +150,11 @@ impl Actor for Scaler {
 
     fn stopped(&mut self, ctx: &mut Self::Context) {
         self.shared.router.remove_scaler(&self.md, &ctx.address());
+        // A gauge of a MachineDeployment nobody scales any more would be exported for ever.
+        self.shared
+            .metrics
+            .scaler_queue_depth
+            .remove(&Metrics::md(&self.md));
     }
 }
 
