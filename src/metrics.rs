@@ -70,6 +70,11 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabels {
+    pub controller: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UsageLabels {
     pub nodepool: String,
     pub resource_type: String,
@@ -115,6 +120,7 @@ pub struct Metrics {
     pub replica_writes: Family<WriteLabels, Counter>,
     pub scaler_queue_depth: Family<MdLabels, Gauge>,
     pub api_errors: Family<ApiErrorLabels, Counter>,
+    pub reconcile_timeouts: Family<ControllerLabels, Counter>,
     // Karpenter's cloud-provider view of the same work.
     pub cloudprovider_duration: HistogramFamily<MethodLabels>,
     pub cloudprovider_errors: Family<ErrorLabels, Counter>,
@@ -156,6 +162,7 @@ impl Metrics {
             replica_writes: Family::default(),
             scaler_queue_depth: Family::default(),
             api_errors: Family::default(),
+            reconcile_timeouts: Family::default(),
             cloudprovider_duration: Family::new_with_constructor(latency_histogram),
             cloudprovider_errors: Family::default(),
             scheduling_duration: latency_histogram(),
@@ -263,6 +270,11 @@ impl Metrics {
             m.api_errors.clone(),
         );
         r.register(
+            "karpenter_capi_reconcile_timeouts",
+            "Reconciles or writes abandoned after their deadline, by controller (nodeclaim, scaler)",
+            m.reconcile_timeouts.clone(),
+        );
+        r.register(
             "karpenter_cloudprovider_duration_seconds",
             "Duration of cloud provider operations (create, delete, get)",
             m.cloudprovider_duration.clone(),
@@ -359,6 +371,23 @@ impl Metrics {
 
     pub fn observe(h: &HistogramFamily<MdLabels>, md: &str, d: Duration) {
         h.get_or_create(&Self::md(md)).observe(d.as_secs_f64());
+    }
+
+    pub fn reconcile_timeout(&self, controller: &str) {
+        self.reconcile_timeouts
+            .get_or_create(&ControllerLabels {
+                controller: controller.to_string(),
+            })
+            .inc();
+    }
+
+    /// Karpenter's cloud-provider latency for one method (Create, Delete).
+    pub fn cloudprovider(&self, method: &str, d: Duration) {
+        self.cloudprovider_duration
+            .get_or_create(&MethodLabels {
+                method: method.to_string(),
+            })
+            .observe(d.as_secs_f64());
     }
 
     pub fn api_error(&self, verb: &str, resource: &str) {

@@ -18,6 +18,8 @@ use parking_lot::RwLock;
 use serde_json::json;
 
 use super::Shared;
+use super::backoff::Backoff;
+use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::api::requirements::Requirements;
@@ -262,6 +264,15 @@ impl CatalogView {
         );
     }
 
+    /// Drop unavailability marks that expired (keyed by MachineDeployment; they would pile up).
+    fn forget_unavailable(&self) {
+        let now = Instant::now();
+        self.inner
+            .write()
+            .unavailable
+            .retain(|_, until| *until > now);
+    }
+
     fn retain(&self, names: &HashSet<String>) {
         self.inner
             .write()
@@ -293,11 +304,31 @@ pub struct Rebuild;
 #[rtype(result = "bool")]
 pub struct Synced;
 
+/// A MachineDeployment that changed re-reads its template at most this often: templates are
+/// small, but a scale-up changes a MachineDeployment's status many times a second.
+const TEMPLATE_REREAD_MIN: Duration = Duration::from_secs(5);
+
+/// What we last read of one MachineDeployment's infrastructure template.
+struct TemplateRead {
+    /// The reference it was read through (group/version/kind/name).
+    ref_id: String,
+    /// The MachineDeployment's resourceVersion when it was read (re-read when it changes).
+    md_version: String,
+    read_at: Instant,
+    capacity: TemplateCapacity,
+    /// Set while reads fail: when to try again (a transient error is never cached for good).
+    retry_at: Option<Instant>,
+    backoff: Backoff,
+}
+
 pub struct Catalog {
     shared: Arc<Shared>,
     nodeclasses: HashMap<String, Arc<ClusterAPINodeClass>>,
-    templates: HashMap<String, (String, TemplateCapacity)>,
+    /// By MachineDeployment key.
+    templates: HashMap<String, TemplateRead>,
     fetching: HashSet<String>,
+    /// A rebuild is already scheduled for a template re-read that is not due yet.
+    reread_scheduled: bool,
     rebuild_scheduled: bool,
     synced: bool,
     /// A catalog has been published since the NodeClass list synced.
@@ -313,6 +344,7 @@ impl Catalog {
             nodeclasses: HashMap::new(),
             templates: HashMap::new(),
             fetching: HashSet::new(),
+            reread_scheduled: false,
             rebuild_scheduled: false,
             synced: false,
             built: false,
@@ -345,7 +377,7 @@ impl Catalog {
         let templates: HashMap<String, TemplateCapacity> = self
             .templates
             .iter()
-            .map(|(k, (_, t))| (k.clone(), t.clone()))
+            .map(|(k, t)| (k.clone(), t.capacity.clone()))
             .collect();
         let view = self.shared.catalog.clone();
         let unavailable = |md: &str| view.is_unavailable(md);
@@ -388,14 +420,23 @@ impl Catalog {
             );
         }
         self.shared.catalog.retain(&names);
+        self.reported.retain(|k, _| names.contains(k));
+        self.shared.catalog.forget_unavailable();
         self.built = self.synced;
         self.shared.router.provisioner_poke();
         self.shared.router.nodepools_changed();
     }
 
-    /// Read each MachineDeployment's infrastructure template once (and again when the
-    /// reference changes); a template that cannot be read leaves the annotations in charge.
+    /// Read each MachineDeployment's infrastructure template: first when it appears, again
+    /// when its reference changes, when the MachineDeployment changes (a provider fills a
+    /// template's status.capacity after the fact; at most every TEMPLATE_REREAD_MIN), and,
+    /// while reads fail, after a backoff. A template that cannot be read leaves the annotations
+    /// in charge (or the last capacity read). Entries of MachineDeployments that are gone go.
     fn fetch_missing_templates(&mut self, mds: &[Arc<MachineDeployment>], ctx: &mut Context<Self>) {
+        let live: HashSet<String> = mds.iter().map(|md| md.key()).collect();
+        self.templates.retain(|k, _| live.contains(k));
+        let now = Instant::now();
+        let mut next_due: Option<Instant> = None;
         for md in mds {
             let key = md.key();
             let r = &md.infrastructure_ref;
@@ -406,12 +447,23 @@ impl Catalog {
                 r.kind,
                 r.name
             );
-            if self
-                .templates
-                .get(&key)
-                .is_some_and(|(id, _)| *id == ref_id)
-                || !self.fetching.insert(key.clone())
-            {
+            let due = match self.templates.get(&key) {
+                None => Some(now),
+                Some(t) if t.ref_id != ref_id => Some(now),
+                Some(t) => match t.retry_at {
+                    Some(at) => Some(at),
+                    None if t.md_version != md.resource_version => {
+                        Some(t.read_at + TEMPLATE_REREAD_MIN)
+                    }
+                    None => None,
+                },
+            };
+            let Some(due) = due else { continue };
+            if due > now {
+                next_due = Some(next_due.map_or(due, |n| n.min(due)));
+                continue;
+            }
+            if !self.fetching.insert(key.clone()) {
                 continue;
             }
             let client = self.shared.management.clone();
@@ -422,6 +474,7 @@ impl Catalog {
                 md.namespace.clone(),
             );
             let pinned = r.version.clone();
+            let md_version = md.resource_version.clone();
             let fut = async move {
                 let ver = match pinned {
                     Some(v) => v,
@@ -436,17 +489,38 @@ impl Catalog {
             };
             ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
                 act.fetching.remove(&key);
+                let previous = act.templates.remove(&key);
+                let same_ref = previous.as_ref().is_some_and(|p| p.ref_id == ref_id);
+                let (capacity, mut backoff) = match previous {
+                    Some(p) if same_ref => (p.capacity, p.backoff),
+                    _ => (TemplateCapacity::default(), Backoff::new(Duration::from_secs(1), Duration::from_secs(120))),
+                };
                 match r {
                     Ok(t) => {
-                        act.templates.insert(key, (ref_id, t));
-                        act.schedule_rebuild(ctx);
+                        backoff.reset();
+                        let changed = !same_ref || t != capacity;
+                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at: None, backoff });
+                        if changed {
+                            act.schedule_rebuild(ctx);
+                        }
                     }
                     Err(e) => {
-                        tracing::debug!(machine_deployment = %key, error = %e, "infrastructure template not readable; using annotations only");
-                        act.templates.insert(key, (ref_id, TemplateCapacity::default()));
+                        let delay = backoff.next_delay();
+                        tracing::debug!(machine_deployment = %key, error = %e, retry_in = ?delay, "infrastructure template not readable; using annotations (or the last capacity read) and retrying");
+                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity, retry_at: Some(Instant::now() + delay), backoff });
+                        ctx.run_later(delay, |act, ctx| act.schedule_rebuild(ctx));
                     }
                 }
             }));
+        }
+        if let Some(due) = next_due
+            && !self.reread_scheduled
+        {
+            self.reread_scheduled = true;
+            ctx.run_later(due.saturating_duration_since(now), |act, ctx| {
+                act.reread_scheduled = false;
+                act.schedule_rebuild(ctx);
+            });
         }
     }
 
@@ -591,6 +665,22 @@ impl Handler<Rebuild> for Catalog {
         if self.synced {
             self.schedule_rebuild(ctx);
         }
+    }
+}
+
+impl Handler<Tracked> for Catalog {
+    type Result = MessageResult<Tracked>;
+    fn handle(&mut self, _: Tracked, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            [
+                ("templates", self.templates.len()),
+                ("fetching", self.fetching.len()),
+                ("reported", self.reported.len()),
+                ("nodeclasses", self.nodeclasses.len()),
+            ]
+            .into_iter()
+            .collect(),
+        )
     }
 }
 

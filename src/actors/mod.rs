@@ -10,6 +10,8 @@
 //! NodeWatcher  --Kick--> NodeClaimActor (Node changed)
 //! ```
 
+pub mod backoff;
+pub mod batch;
 pub mod capi_watcher;
 pub mod catalog;
 pub mod controller;
@@ -23,6 +25,7 @@ pub mod router;
 pub mod scaler;
 pub mod supervisor;
 pub mod terminator;
+pub mod tracked;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +53,27 @@ pub struct Settings {
     pub batching: provisioner::Batching,
     /// Preferred affinities: tried as required first, or ignored.
     pub preference: crate::scheduling::PreferencePolicy,
+    /// Deadlines of the actors' own work (tests shorten them).
+    pub deadlines: Deadlines,
+}
+
+/// How long an actor waits for its own work before it gives up on it and retries with backoff:
+/// a request that never answers must never freeze a claim or a MachineDeployment.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadlines {
+    /// One NodeClaimActor reconcile (a few reads and at most MAX_STEPS writes).
+    pub claim_step: Duration,
+    /// One Scaler write (a replica compare-and-swap, a bind or a release mark).
+    pub scaler_write: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            claim_step: Duration::from_secs(60),
+            scaler_write: Duration::from_secs(30),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -62,6 +86,7 @@ impl Default for Settings {
             cluster_name: None,
             batching: provisioner::Batching::default(),
             preference: crate::scheduling::PreferencePolicy::Respect,
+            deadlines: Deadlines::default(),
         }
     }
 }

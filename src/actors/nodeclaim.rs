@@ -16,6 +16,7 @@ use kube::api::{Api, DeleteParams, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::backoff::Backoff;
 use super::catalog::{Choice, ResolveError};
 use super::patch::{JsonPatch, escape};
 use super::scaler::{self, CancelRequest, Rejection, ReleaseMachine, RequestMachine, Scaler};
@@ -29,6 +30,7 @@ use crate::capi::model::Machine;
 use crate::metrics::{CreatedLabels, Metrics, NodePoolLabels};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::key as machine_key;
+use crate::state::versions::Freshness;
 
 /// Something about this claim changed (the claim itself, its Machine or its Node): reconcile.
 #[derive(Message)]
@@ -38,7 +40,11 @@ pub struct Kick;
 /// The claim as last seen by the NodeClaim watch.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ClaimChanged(pub Arc<NodeClaim>);
+pub struct ClaimChanged {
+    pub claim: Arc<NodeClaim>,
+    /// From a (re-)list rather than a watch event: as new as anything we wrote.
+    pub listed: bool,
+}
 
 /// The Scaler bound a Machine to this claim.
 #[derive(Message)]
@@ -71,6 +77,10 @@ pub struct NodeClaimActor {
     /// The MachineDeployment we asked for a Machine (so we ask once).
     requested: Option<String>,
     wake: Option<SpawnHandle>,
+    /// Which claim version is newest, from the watch's order (resourceVersions are opaque).
+    fresh: Freshness,
+    /// Retry delays after a failed or abandoned reconcile; reset by one that succeeds.
+    backoff: Backoff,
 }
 
 impl NodeClaimActor {
@@ -84,6 +94,8 @@ impl NodeClaimActor {
             excluded: HashSet::new(),
             requested: None,
             wake: None,
+            fresh: Freshness::default(),
+            backoff: Backoff::api(),
         }
     }
 
@@ -101,16 +113,18 @@ impl NodeClaimActor {
             requested: self.requested.clone(),
         };
         let name = self.name.clone();
+        let deadline = self.shared.settings.deadlines.claim_step;
         let bounded = async move {
             // A request that never answers must not stall this claim forever: abandon the
             // reconcile (every step is a guarded write, so the next one starts from the truth).
-            match tokio::time::timeout(STEP_TIMEOUT, step.run()).await {
+            match tokio::time::timeout(deadline, step.run()).await {
                 Ok(out) => out,
                 Err(_) => Outcome {
                     error: Some(Error::Timeout {
                         what: format!("reconciling NodeClaim {name}"),
-                        after: STEP_TIMEOUT,
+                        after: deadline,
                     }),
+                    timed_out: true,
                     ..Default::default()
                 },
             }
@@ -126,12 +140,16 @@ impl NodeClaimActor {
 
     fn apply(&mut self, out: Outcome, ctx: &mut Context<Self>) {
         if let Some(claim) = out.claim
-            && crate::state::newer_or_equal(
-                claim.resource_version().as_deref(),
-                self.claim.resource_version().as_deref(),
-            )
+            && claim.resource_version() != self.claim.resource_version()
+            && self
+                .fresh
+                .responded(&self.name, &claim.resource_version().unwrap_or_default())
         {
-            self.shared.state.claims.write().apply((*claim).clone());
+            self.shared
+                .state
+                .claims
+                .write()
+                .apply_response((*claim).clone());
             self.claim = claim;
         }
         if let Some(md) = out.requested {
@@ -140,11 +158,32 @@ impl NodeClaimActor {
         if out.forget_request {
             self.requested = None;
         }
+        if out.timed_out {
+            // Say so where an operator looks: the claim's Events and a metric.
+            self.shared.metrics.reconcile_timeout("nodeclaim");
+            self.shared.events.warning(
+                object_ref(&self.claim),
+                "ReconcileTimeout",
+                format!(
+                    "Reconciling NodeClaim {} took longer than {}; abandoned it and retrying",
+                    self.name,
+                    crate::api::duration::format(self.shared.settings.deadlines.claim_step)
+                ),
+            );
+        }
         if let Some(err) = out.error {
-            tracing::warn!(nodeclaim = %self.name, error = %err, "reconcile failed; retrying");
-            self.wake_in(Duration::from_secs(2), ctx);
-        } else if let Some(d) = out.wake_in {
+            let d = self.backoff.next_delay();
+            tracing::warn!(nodeclaim = %self.name, error = %err, retry_in = ?d, "reconcile failed; retrying");
             self.wake_in(d, ctx);
+        } else if out.gone {
+            // The claim (or what we patched) vanished: the watch will tell; look again later.
+            let d = self.backoff.next_delay();
+            self.wake_in(d, ctx);
+        } else {
+            self.backoff.reset();
+            if let Some(d) = out.wake_in {
+                self.wake_in(d, ctx);
+            }
         }
         if out.done {
             ctx.stop();
@@ -184,11 +223,16 @@ impl Handler<Kick> for NodeClaimActor {
 impl Handler<ClaimChanged> for NodeClaimActor {
     type Result = ();
     fn handle(&mut self, msg: ClaimChanged, ctx: &mut Self::Context) {
-        if crate::state::newer_or_equal(
-            msg.0.resource_version().as_deref(),
-            self.claim.resource_version().as_deref(),
+        // The watch delivers versions in order; one older than our last write is skipped. A
+        // list is at least as new as any write that answered before it.
+        if msg.listed {
+            self.fresh.clear();
+        }
+        if self.fresh.watched(
+            &self.name,
+            &msg.claim.resource_version().unwrap_or_default(),
         ) {
-            self.claim = msg.0;
+            self.claim = msg.claim;
         }
         self.kick(ctx);
     }
@@ -238,6 +282,10 @@ struct Outcome {
     forget_request: bool,
     wake_in: Option<Duration>,
     error: Option<Error>,
+    /// The reconcile was abandoned at its deadline.
+    timed_out: bool,
+    /// The claim or an object a step patched was not found.
+    gone: bool,
     done: bool,
 }
 
@@ -251,9 +299,6 @@ struct Step {
 
 /// How often a claim whose NodeClass is missing or not ready tries again.
 const LAUNCH_RETRY: Duration = Duration::from_secs(10);
-
-/// How long one reconcile may take before it is abandoned and retried.
-const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How many steps one reconcile may take before yielding (each step is at most one write).
 const MAX_STEPS: usize = 10;
@@ -309,7 +354,7 @@ impl Step {
                 },
                 Err(e) if e.is_not_found() => {
                     // The claim itself is gone (or what we patched vanished): the watch will tell.
-                    out.wake_in = Some(Duration::from_secs(1));
+                    out.gone = true;
                     return out;
                 }
                 Err(e) => {
@@ -596,7 +641,15 @@ impl Step {
             MACHINE_ANNOTATION,
             mk,
         );
-        Ok(Next::Continue(self.patch_claim(p, false).await?))
+        let updated = self.patch_claim(p, false).await?;
+        // Karpenter's cloud-provider Create: the claim was accepted (created) until a Machine
+        // is bound to it, observed once, when the binding is first recorded on the claim.
+        if recorded_machine(&c).is_none() {
+            self.shared
+                .metrics
+                .cloudprovider("Create", since(self.created()));
+        }
+        Ok(Next::Continue(updated))
     }
 
     /// The Machine has a provider ID: record it with capacity and `Launched=True`.
@@ -849,6 +902,15 @@ impl Step {
             .collect();
         p.set("/metadata/finalizers", json!(finalizers));
         self.patch_claim(p, false).await?;
+        // Karpenter's cloud-provider Delete: release requested (the claim's deletion) until
+        // its Machine is gone, for claims that had one.
+        if recorded_machine(&c).is_some()
+            && let Some(deleted) = c.metadata.deletion_timestamp.as_ref()
+        {
+            self.shared
+                .metrics
+                .cloudprovider("Delete", since(deleted.0));
+        }
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
         self.shared
             .metrics

@@ -2,7 +2,7 @@
 //! status true: `resources` and `nodes` from its claims, and `Ready` from `ValidationSucceeded`
 //! and `NodeClassReady`, each with a reason an operator can act on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Shared;
+use super::backoff::Backoff;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodepool::{NodePool, NodePoolStatus};
 use crate::api::resources::Resources;
@@ -26,10 +27,21 @@ use crate::metrics::UsageLabels;
 #[rtype(result = "()")]
 pub struct Refresh;
 
+/// Claims change in bursts (a scale-up writes hundreds); one status write per pool covers a
+/// burst. This is a coalescing delay, not a retry: failed writes retry with `Backoff`.
+const COALESCE: Duration = Duration::from_millis(500);
+
 pub struct NodePools {
     shared: Arc<Shared>,
     buffer: Vec<NodePool>,
     scheduled: bool,
+    /// Metric series published per NodePool (usage and limit resource types), so the ones that
+    /// go away (a resource back to zero, a deleted pool) are removed, not exported for ever.
+    usage_series: HashMap<String, BTreeSet<String>>,
+    limit_series: HashMap<String, BTreeSet<String>>,
+    /// Retry delay after a failed status write; reset by one that succeeds.
+    backoff: Backoff,
+    retry_scheduled: bool,
 }
 
 impl NodePools {
@@ -38,6 +50,10 @@ impl NodePools {
             shared,
             buffer: Vec::new(),
             scheduled: false,
+            usage_series: HashMap::new(),
+            limit_series: HashMap::new(),
+            backoff: Backoff::api(),
+            retry_scheduled: false,
         }
     }
 
@@ -46,10 +62,45 @@ impl NodePools {
             return;
         }
         self.scheduled = true;
-        ctx.run_later(Duration::from_millis(500), |act, ctx| {
+        ctx.run_later(COALESCE, |act, ctx| {
             act.scheduled = false;
             act.refresh(ctx);
         });
+    }
+
+    /// A status write failed: refresh again after a backoff (once, however many failed).
+    fn retry_later(&mut self, ctx: &mut Context<Self>) {
+        if self.retry_scheduled {
+            return;
+        }
+        self.retry_scheduled = true;
+        let d = self.backoff.next_delay();
+        ctx.run_later(d, |act, ctx| {
+            act.retry_scheduled = false;
+            act.refresh(ctx);
+        });
+    }
+
+    /// Pools that are gone keep no metric series.
+    fn forget_missing(&mut self, present: &BTreeSet<String>) {
+        let m = &self.shared.metrics;
+        for (series, family) in [
+            (&mut self.usage_series, &m.nodepools_usage),
+            (&mut self.limit_series, &m.nodepools_limit),
+        ] {
+            series.retain(|pool, types| {
+                if present.contains(pool) {
+                    return true;
+                }
+                for t in types.iter() {
+                    family.remove(&UsageLabels {
+                        nodepool: pool.clone(),
+                        resource_type: t.clone(),
+                    });
+                }
+                false
+            });
+        }
     }
 
     fn refresh(&mut self, ctx: &mut Context<Self>) {
@@ -65,6 +116,8 @@ impl NodePools {
             .cloned()
             .collect();
         let usage = usage_by_pool(&self.shared);
+        let present: BTreeSet<String> = pools.iter().map(|np| np.name_any()).collect();
+        self.forget_missing(&present);
         for np in pools {
             let (resources, nodes) = usage.get(&np.name_any()).cloned().unwrap_or_default();
             let status = desired_status(&self.shared, &np, &resources, nodes);
@@ -74,7 +127,7 @@ impl NodePools {
             }
             let api: Api<NodePool> = Api::all(self.shared.workload.clone());
             let name = np.name_any();
-            let body = json!({ "status": status });
+            let body = status_patch(np.status.as_ref(), &status);
             let was_ready = np
                 .status
                 .as_ref()
@@ -102,36 +155,71 @@ impl NodePools {
                         .await
                 }
                 .into_actor(self)
-                .map(|r, _, _| {
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "updating NodePool status failed");
+                .map(|r, act, ctx| match r {
+                    Ok(_) => act.backoff.reset(),
+                    // A deleted pool needs no status.
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "updating NodePool status failed; retrying");
+                        act.retry_later(ctx);
                     }
                 }),
             );
         }
     }
 
-    fn publish_metrics(&self, np: &NodePool, resources: &Resources) {
+    fn publish_metrics(&mut self, np: &NodePool, resources: &Resources) {
         let m = &self.shared.metrics;
+        let pool = np.name_any();
+        let labels = |t: &str| UsageLabels {
+            nodepool: pool.clone(),
+            resource_type: t.to_string(),
+        };
+        let mut usage = BTreeSet::new();
         for (k, q) in resources.iter() {
-            m.nodepools_usage
-                .get_or_create(&UsageLabels {
-                    nodepool: np.name_any(),
-                    resource_type: k.to_string(),
-                })
-                .set(q.as_f64());
+            m.nodepools_usage.get_or_create(&labels(k)).set(q.as_f64());
+            usage.insert(k.to_string());
         }
+        let mut limits = BTreeSet::new();
         for (k, q) in np.spec.limits.iter().flatten() {
             if let Ok(q) = crate::api::resources::Quantity::from_k8s(q) {
-                m.nodepools_limit
-                    .get_or_create(&UsageLabels {
-                        nodepool: np.name_any(),
-                        resource_type: k.clone(),
-                    })
-                    .set(q.as_f64());
+                m.nodepools_limit.get_or_create(&labels(k)).set(q.as_f64());
+                limits.insert(k.clone());
+            }
+        }
+        // A resource that went to zero (or a limit removed) must not keep its last value.
+        for (series, family, now) in [
+            (&mut self.usage_series, &m.nodepools_usage, usage),
+            (&mut self.limit_series, &m.nodepools_limit, limits),
+        ] {
+            let before = series.insert(pool.clone(), now.clone()).unwrap_or_default();
+            for t in before.difference(&now) {
+                family.remove(&labels(t));
             }
         }
     }
+}
+
+/// The merge patch that makes the status `desired`. A merge patch never removes a key it does
+/// not mention, so every `status.resources` key that went away is written as null.
+fn status_patch(current: Option<&NodePoolStatus>, desired: &NodePoolStatus) -> serde_json::Value {
+    let mut body = json!({ "status": desired });
+    let old_keys = current
+        .and_then(|s| s.resources.as_ref())
+        .into_iter()
+        .flat_map(|r| r.keys());
+    let new = desired.resources.as_ref();
+    if let Some(resources) = body
+        .pointer_mut("/status/resources")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        for k in old_keys {
+            if !new.is_some_and(|n| n.contains_key(k)) {
+                resources.insert(k.clone(), serde_json::Value::Null);
+            }
+        }
+    }
+    body
 }
 
 /// Per NodePool: the summed capacity of its live claims and how many there are.
@@ -282,9 +370,65 @@ impl StreamHandler<Result<watcher::Event<NodePool>, watcher::Error>> for NodePoo
     }
 }
 
+impl Handler<super::tracked::Tracked> for NodePools {
+    type Result = MessageResult<super::tracked::Tracked>;
+    fn handle(&mut self, _: super::tracked::Tracked, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            [
+                ("usage_series", self.usage_series.len()),
+                ("limit_series", self.limit_series.len()),
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
+}
+
 impl Handler<Refresh> for NodePools {
     type Result = ();
     fn handle(&mut self, _: Refresh, ctx: &mut Self::Context) {
         self.schedule(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::resources::Quantity;
+
+    fn status(pairs: &[(&str, i64)]) -> NodePoolStatus {
+        let mut r = Resources::new();
+        for (k, v) in pairs {
+            r = r.with(*k, Quantity::from_units(*v));
+        }
+        NodePoolStatus {
+            resources: Some(r.to_k8s()),
+            nodes: Some(pairs.len() as i64),
+            ..NodePoolStatus::default()
+        }
+    }
+
+    #[test]
+    fn resources_that_went_away_are_written_as_null() {
+        let old = status(&[("cpu", 4), ("nvidia.com/gpu", 1)]);
+        let new = status(&[("cpu", 2)]);
+        let body = status_patch(Some(&old), &new);
+        assert_eq!(body["status"]["resources"]["cpu"], "2");
+        assert!(body["status"]["resources"]["nvidia.com/gpu"].is_null());
+        assert!(
+            body["status"]["resources"]
+                .as_object()
+                .expect("resources")
+                .contains_key("nvidia.com/gpu"),
+            "the key must be present, as null: {body}"
+        );
+        let empty = status(&[]);
+        let body = status_patch(Some(&new), &empty);
+        assert!(body["status"]["resources"]["cpu"].is_null(), "{body}");
+        let first = status_patch(None, &new);
+        assert_eq!(
+            first["status"]["resources"],
+            serde_json::json!({"cpu": "2"})
+        );
     }
 }

@@ -17,6 +17,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::Shared;
+use super::backoff::Backoff;
+use super::batch::Batch;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
@@ -60,13 +62,18 @@ impl Message for Watched {
 
 pub struct Provisioner {
     shared: Arc<Shared>,
-    batching: Batching,
     preference: PreferencePolicy,
     pod_buffer: Vec<Pod>,
     ds_buffer: Vec<DaemonSet>,
     daemonsets: HashMap<String, Arc<DaemonSet>>,
-    batch_opened: Option<Instant>,
+    batch: Batch,
     timer: Option<SpawnHandle>,
+    /// Claims whose create has not answered yet, by a local id: the next solve counts them as
+    /// in-flight capacity, so it never creates a duplicate for the same pods.
+    creating: HashMap<u64, NodeClaim>,
+    next_create: u64,
+    /// Delay before re-solving after a create failed; reset by a create that succeeds.
+    create_backoff: Backoff,
     solving: bool,
     again: bool,
     /// Last failure message per pod, so an Event is published once per distinct reason.
@@ -79,13 +86,15 @@ impl Provisioner {
     pub fn new(shared: Arc<Shared>, batching: Batching, preference: PreferencePolicy) -> Self {
         Self {
             shared,
-            batching,
             preference,
             pod_buffer: Vec::new(),
             ds_buffer: Vec::new(),
             daemonsets: HashMap::new(),
-            batch_opened: None,
+            batch: Batch::new(batching),
             timer: None,
+            creating: HashMap::new(),
+            next_create: 0,
+            create_backoff: Backoff::api(),
             solving: false,
             again: false,
             told: HashMap::new(),
@@ -93,24 +102,41 @@ impl Provisioner {
         }
     }
 
-    /// A provisionable pod arrived (or something changed that may let one fit): open a batch or
-    /// push its idle deadline out, never past the max deadline.
+    /// A provisionable pod arrived: open a batch or push its idle deadline out, never past the
+    /// max deadline.
     fn extend_batch(&mut self, ctx: &mut Context<Self>) {
-        if self.shared.state.pods.read().provisionable_count() == 0
-            || !self.shared.router.is_active()
-        {
+        if !self.wants_batch() {
             return;
         }
         let now = Instant::now();
-        let opened = *self.batch_opened.get_or_insert(now);
-        let fire_at = (now + self.batching.idle).min(opened + self.batching.max);
+        let fire_at = self.batch.pod(now);
+        self.arm(fire_at, now, ctx);
+    }
+
+    /// Something other than a pod changed that may let a pending pod fit: open a batch if none
+    /// is open, but never extend one (see `batch`).
+    fn poke_batch(&mut self, ctx: &mut Context<Self>) {
+        if !self.wants_batch() {
+            return;
+        }
+        let now = Instant::now();
+        if let Some(fire_at) = self.batch.other(now) {
+            self.arm(fire_at, now, ctx);
+        }
+    }
+
+    fn wants_batch(&self) -> bool {
+        self.shared.state.pods.read().provisionable_count() > 0 && self.shared.router.is_active()
+    }
+
+    fn arm(&mut self, fire_at: Instant, now: Instant, ctx: &mut Context<Self>) {
         if let Some(h) = self.timer.take() {
             ctx.cancel_future(h);
         }
         self.timer = Some(
             ctx.run_later(fire_at.saturating_duration_since(now), |act, ctx| {
                 act.timer = None;
-                act.batch_opened = None;
+                act.batch.fired();
                 act.solve(ctx);
             }),
         );
@@ -144,7 +170,7 @@ impl Provisioner {
             }
             act.solving = false;
             if std::mem::take(&mut act.again) {
-                act.extend_batch(ctx);
+                act.poke_batch(ctx);
             }
         }));
     }
@@ -187,28 +213,82 @@ impl Provisioner {
                 continue;
             };
             let claim = scheduling::nodeclaim_for(&new, pool);
-            let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
-            let nodepool = new.nodepool.clone();
-            let pods = new.pods.len();
-            ctx.spawn(
-                async move { api.create(&PostParams::default(), &claim).await }.into_actor(self).map(move |r, act, _| match r {
-                    Ok(created) => {
-                        act.shared
-                            .metrics
-                            .nodeclaims_created
-                            .get_or_create(&CreatedLabels { reason: "provisioning".into(), nodepool: nodepool.clone() })
-                            .inc();
-                        tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods, "created nodeclaim");
-                        // Count it at once, so the next solve sees it in flight.
-                        act.shared.state.claims.write().apply(created);
-                    }
-                    Err(e) => {
-                        act.shared.metrics.api_error("create", "nodeclaims");
-                        tracing::warn!(nodepool = %nodepool, error = %e, "creating nodeclaim failed");
+            self.create(claim, new.nodepool.clone(), new.pods, ctx);
+        }
+    }
+
+    /// Create one claim. Until the API answers it counts as in-flight capacity (`creating`);
+    /// a failure is reported on its pods, and the pods are solved again after a backoff.
+    fn create(
+        &mut self,
+        claim: NodeClaim,
+        nodepool: String,
+        pods: Vec<String>,
+        ctx: &mut Context<Self>,
+    ) {
+        let id = self.next_create;
+        self.next_create += 1;
+        self.creating.insert(id, claim.clone());
+        let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
+        ctx.spawn(
+            async move { api.create(&PostParams::default(), &claim).await }
+                .into_actor(self)
+                .map(move |r, act, ctx| {
+                    match r {
+                        Ok(created) => {
+                            act.create_backoff.reset();
+                            act.shared
+                                .metrics
+                                .nodeclaims_created
+                                .get_or_create(&CreatedLabels {
+                                    reason: "provisioning".into(),
+                                    nodepool: nodepool.clone(),
+                                })
+                                .inc();
+                            tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "created nodeclaim");
+                            // Into the index in the same turn it leaves `creating`, so no solve
+                            // ever misses it.
+                            act.shared.state.claims.write().apply_response(created);
+                            act.creating.remove(&id);
+                        }
+                        Err(e) => {
+                            act.creating.remove(&id);
+                            act.create_failed(&nodepool, &pods, &e, ctx);
+                        }
                     }
                 }),
-            );
+        );
+    }
+
+    /// A create failed: count it, tell each pod it was for (an Event), and solve again after a
+    /// backoff (the pods are still pending; the next solve sees the state as it is then).
+    fn create_failed(
+        &mut self,
+        nodepool: &str,
+        pods: &[String],
+        e: &kube::Error,
+        ctx: &mut Context<Self>,
+    ) {
+        self.shared.metrics.api_error("create", "nodeclaims");
+        let retry_in = self.create_backoff.next_delay();
+        tracing::warn!(nodepool = %nodepool, error = %e, retry_in = ?retry_in, "creating nodeclaim failed; solving its pods again");
+        let message = format!(
+            "Failed to create a NodeClaim of NodePool {nodepool} for this pod: {e}; retrying in {}",
+            crate::api::duration::format(retry_in)
+        );
+        {
+            let index = self.shared.state.pods.read();
+            for key in pods {
+                if let Some(p) = index.get(key) {
+                    self.shared.events.warning(
+                        p.object_ref(&()),
+                        "FailedCreatingNodeClaim",
+                        message.clone(),
+                    );
+                }
+            }
         }
+        ctx.run_later(retry_in, |act, ctx| act.poke_batch(ctx));
     }
 
     /// A pod we provisioned for got a node: Karpenter's pod startup duration, from the pod's
@@ -315,7 +395,18 @@ impl Provisioner {
             }
             nodes.push(in_flight(c));
         }
-        let usage = super::nodepools::usage_by_pool(&self.shared);
+        let mut usage = super::nodepools::usage_by_pool(&self.shared);
+        // Creates not answered yet are capacity too (and count against the pools' limits).
+        for (id, c) in &self.creating {
+            let mut node = in_flight(c);
+            node.name = format!("creating-{id}");
+            if let Some(pool) = c.labels().get(NODEPOOL_LABEL) {
+                let entry = usage.entry(pool.clone()).or_default();
+                entry.0.add_assign(&node.allocatable);
+                entry.1 += 1;
+            }
+            nodes.push(node);
+        }
         let mut nodepools = Vec::new();
         for np in st.nodepools.read().values() {
             if np.metadata.deletion_timestamp.is_some() || validate_nodepool(np).is_err() {
@@ -433,6 +524,11 @@ impl StreamHandler<Watched> for Provisioner {
                 watcher::Event::InitDone => {
                     let fresh = std::mem::take(&mut self.pod_buffer);
                     self.shared.state.pods.write().replace_all(fresh);
+                    // Pods deleted while the watch was down never get a Delete event.
+                    let index = self.shared.state.pods.read();
+                    self.told.retain(|k, _| index.get(k).is_some());
+                    self.waiting.retain(|k, _| index.get(k).is_some());
+                    drop(index);
                     self.shared.synced.notify_waiters();
                     self.extend_batch(ctx);
                 }
@@ -489,9 +585,25 @@ impl StreamHandler<Watched> for Provisioner {
     }
 }
 
+impl Handler<super::tracked::Tracked> for Provisioner {
+    type Result = MessageResult<super::tracked::Tracked>;
+    fn handle(&mut self, _: super::tracked::Tracked, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            [
+                ("told", self.told.len()),
+                ("waiting", self.waiting.len()),
+                ("creating", self.creating.len()),
+                ("daemonsets", self.daemonsets.len()),
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
+}
+
 impl Handler<Pending> for Provisioner {
     type Result = ();
     fn handle(&mut self, _: Pending, ctx: &mut Self::Context) {
-        self.extend_batch(ctx);
+        self.poke_batch(ctx);
     }
 }

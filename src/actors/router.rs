@@ -103,6 +103,14 @@ impl Router {
         addr
     }
 
+    /// A Scaler stopped: forget it, unless a newer one already took its place.
+    pub fn remove_scaler(&self, md_key: &str, addr: &Addr<Scaler>) {
+        let mut scalers = self.scalers.write();
+        if scalers.get(md_key).is_some_and(|a| a == addr) {
+            scalers.remove(md_key);
+        }
+    }
+
     pub fn scalers(&self) -> Vec<(String, Addr<Scaler>)> {
         self.scalers
             .read()

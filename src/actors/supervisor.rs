@@ -41,13 +41,14 @@ impl Supervisor {
         }
     }
 
-    fn deliver(&self, c: Arc<NodeClaim>) {
+    /// Hand a claim to its actor (starting one); `listed` when it comes from a (re-)list.
+    fn deliver(&self, c: Arc<NodeClaim>, listed: bool) {
         if !self.active || !is_ours(&c) {
             return;
         }
         let name = c.name_any();
         if let Some(a) = self.shared.router.claim(&name) {
-            a.do_send(ClaimChanged(c));
+            a.do_send(ClaimChanged { claim: c, listed });
             return;
         }
         if c.metadata.deletion_timestamp.is_some()
@@ -108,7 +109,7 @@ impl StreamHandler<Result<watcher::Event<NodeClaim>, watcher::Error>> for Superv
                 }
                 let all: Vec<_> = self.shared.state.claims.read().all().cloned().collect();
                 for c in all {
-                    self.deliver(c);
+                    self.deliver(c, true);
                 }
                 for (_, s) in self.shared.router.scalers() {
                     s.do_send(Poke);
@@ -124,7 +125,7 @@ impl StreamHandler<Result<watcher::Event<NodeClaim>, watcher::Error>> for Superv
                     self.poke_scaler_of(&old);
                 }
                 self.poke_scaler_of(&c);
-                self.deliver(c);
+                self.deliver(c, false);
                 self.shared.router.nodepools_changed();
             }
             Ok(watcher::Event::Delete(c)) => {
@@ -148,7 +149,7 @@ impl Handler<Activate> for Supervisor {
         self.active = true;
         let all: Vec<_> = self.shared.state.claims.read().all().cloned().collect();
         for c in all {
-            self.deliver(c);
+            self.deliver(c, true);
         }
     }
 }

@@ -19,12 +19,20 @@ pub struct FaultRule {
     pub latency: Duration,
     /// Fraction of PUT/PATCH answered 409 Conflict (the object's resourceVersion is bumped too).
     pub conflict_rate: f64,
+    /// Added before a POST/PUT/PATCH is applied: a write that hangs and has not landed (an
+    /// etcd stall). Reads and watches are not delayed.
+    pub write_latency: Duration,
+    /// Added after a POST/PUT/PATCH was applied, before it is answered: a write that landed
+    /// but whose answer is late or lost (the client's timeout makes its outcome unknown).
+    pub write_response_delay: Duration,
 }
 
 /// What the server does to one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Decision {
     pub latency: Duration,
+    /// Held back after a write was applied.
+    pub response_delay: Duration,
     /// Some(500 or 503).
     pub error: Option<u16>,
     pub conflict: bool,
@@ -35,6 +43,11 @@ struct Inner {
     rng: StdRng,
     rules: BTreeMap<String, FaultRule>,
     watch_cut_every: Option<Duration>,
+    /// When set, only requests whose User-Agent starts with it meet faults (a slow path between
+    /// one client and the server; the stand-ins keep working).
+    agent: Option<String>,
+    /// Resources whose faults hit every client even while `agent` is set.
+    every_client: std::collections::BTreeSet<String>,
 }
 
 /// The server's fault switches.
@@ -52,6 +65,8 @@ impl Faults {
                 rng: StdRng::seed_from_u64(seed),
                 rules: BTreeMap::new(),
                 watch_cut_every: None,
+                agent: None,
+                every_client: Default::default(),
             }),
             cuts,
         }
@@ -74,8 +89,30 @@ impl Faults {
         self.update(resource, |r| r.conflict_rate = rate.clamp(0.0, 1.0));
     }
 
+    /// Writes to `resource` wait `latency` before they are applied (they hang, and have not
+    /// landed while they do).
+    pub fn set_write_latency(&self, resource: &str, latency: Duration) {
+        self.update(resource, |r| r.write_latency = latency);
+    }
+
+    /// Writes to `resource` are applied, then answered only after `delay` (a lost answer).
+    pub fn set_write_response_delay(&self, resource: &str, delay: Duration) {
+        self.update(resource, |r| r.write_response_delay = delay);
+    }
+
     pub fn set_rule(&self, resource: &str, rule: FaultRule) {
         self.update(resource, |r| *r = rule);
+    }
+
+    /// Only requests whose User-Agent starts with `agent` meet faults (None: every request).
+    pub fn set_agent(&self, agent: Option<&str>) {
+        self.inner.lock().agent = agent.map(str::to_string);
+    }
+
+    /// Faults on `resource` hit every client even while `set_agent` scopes the others (e.g. to
+    /// slow down a stand-in while the controller's own requests misbehave differently).
+    pub fn set_every_client(&self, resource: &str) {
+        self.inner.lock().every_client.insert(resource.to_string());
     }
 
     /// Close every open watch connection every `every` (None stops it).
@@ -93,6 +130,8 @@ impl Faults {
         let mut inner = self.inner.lock();
         inner.rules.clear();
         inner.watch_cut_every = None;
+        inner.agent = None;
+        inner.every_client.clear();
     }
 
     pub(crate) fn watch_cut_every(&self) -> Option<Duration> {
@@ -104,8 +143,24 @@ impl Faults {
     }
 
     /// Rolls the dice for one request; `write` is true for PUT and PATCH.
+    #[cfg(test)]
     pub(crate) fn decide(&self, resource: &str, write: bool) -> Decision {
+        self.decide_for(resource, if write { "patch" } else { "get" }, "")
+    }
+
+    /// What happens to one `verb` request on `resource` from `agent` (its User-Agent).
+    pub(crate) fn decide_for(&self, resource: &str, verb: &str, agent: &str) -> Decision {
+        let write = matches!(verb, "update" | "patch");
+        let mutating = write || verb == "create";
         let mut inner = self.inner.lock();
+        if inner
+            .agent
+            .as_deref()
+            .is_some_and(|a| !agent.starts_with(a))
+            && !inner.every_client.contains(resource)
+        {
+            return Decision::default();
+        }
         let Some(rule) = inner
             .rules
             .get(resource)
@@ -118,6 +173,10 @@ impl Faults {
             latency: rule.latency,
             ..Decision::default()
         };
+        if mutating {
+            d.latency += rule.write_latency;
+            d.response_delay = rule.write_response_delay;
+        }
         if rule.error_rate > 0.0 && inner.rng.random_bool(rule.error_rate) {
             d.error = Some(if inner.rng.random_bool(0.5) { 500 } else { 503 });
         } else if write && rule.conflict_rate > 0.0 && inner.rng.random_bool(rule.conflict_rate) {
@@ -156,5 +215,42 @@ mod tests {
         let ra: Vec<_> = (0..50).map(|_| a.decide("x", false).error).collect();
         let rb: Vec<_> = (0..50).map(|_| b.decide("x", false).error).collect();
         assert_eq!(ra, rb);
+    }
+
+    #[test]
+    fn write_latency_and_response_delay_touch_writes_only() {
+        let f = Faults::new(1);
+        f.set_write_latency("nodeclaims", Duration::from_secs(5));
+        f.set_write_response_delay("machines", Duration::from_secs(7));
+        assert_eq!(f.decide("nodeclaims", false), Decision::default());
+        assert_eq!(f.decide("nodeclaims", true).latency, Duration::from_secs(5));
+        assert_eq!(f.decide("machines", false), Decision::default());
+        let w = f.decide("machines", true);
+        assert_eq!(w.latency, Duration::ZERO);
+        assert_eq!(w.response_delay, Duration::from_secs(7));
+        f.set_agent(Some("karpenter-capi/"));
+        assert_eq!(
+            f.decide_for("machines", "patch", "sim-capi"),
+            Decision::default()
+        );
+        assert_eq!(
+            f.decide_for("machines", "create", "karpenter-capi/0.1.0")
+                .response_delay,
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            f.decide_for("machines", "watch", "karpenter-capi/0.1.0"),
+            Decision::default()
+        );
+        f.set_write_latency("machinesets", Duration::from_secs(2));
+        assert_eq!(
+            f.decide_for("machinesets", "patch", "sim-capi").latency,
+            Duration::ZERO
+        );
+        f.set_every_client("machinesets");
+        assert_eq!(
+            f.decide_for("machinesets", "patch", "sim-capi").latency,
+            Duration::from_secs(2)
+        );
     }
 }

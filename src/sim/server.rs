@@ -186,7 +186,7 @@ async fn resp_with_body(
 ) -> Response<Body> {
     match first {
         ServeOutcome::Done(r) => r,
-        ServeOutcome::NeedsBody(verb) => {
+        ServeOutcome::NeedsBody(verb, response_delay) => {
             let content_type = req
                 .headers()
                 .get(hyper::header::CONTENT_TYPE)
@@ -207,7 +207,11 @@ async fn resp_with_body(
                     )));
                 }
             };
-            match write(shared, target, query, verb, &content_type, &body, &agent) {
+            let result = write(shared, target, query, verb, &content_type, &body, &agent);
+            if !response_delay.is_zero() {
+                tokio::time::sleep(response_delay).await;
+            }
+            match result {
                 Ok((code, v)) => json_response(code, &v),
                 Err(e) => error_response(&e),
             }
@@ -278,7 +282,8 @@ fn route(registry: &Registry, group: &str, version: &str, rest: &[&str]) -> Opti
 
 enum ServeOutcome {
     Done(Response<Body>),
-    NeedsBody(&'static str),
+    /// A write, with how long to hold back its answer once applied (fault injection).
+    NeedsBody(&'static str, Duration),
 }
 
 fn verb_of(method: &Method, target: &Target, query: &Query) -> Result<&'static str, ApiError> {
@@ -309,9 +314,12 @@ async fn serve(
     shared
         .stats
         .count_request(verb, &target.def.plural, target.sub());
-    let decision = shared
-        .faults
-        .decide(&target.def.plural, matches!(verb, "update" | "patch"));
+    let agent = req
+        .headers()
+        .get(hyper::header::USER_AGENT)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    let decision = shared.faults.decide_for(&target.def.plural, verb, agent);
     if !decision.latency.is_zero() {
         tokio::time::sleep(decision.latency).await;
     }
@@ -337,7 +345,7 @@ async fn serve(
         "get" => get(shared, target).map(|v| ServeOutcome::Done(json_response(200, &v))),
         "list" => list(shared, target, query).map(|v| ServeOutcome::Done(json_response(200, &v))),
         "watch" => start_watch(shared, target, query).map(ServeOutcome::Done),
-        other => Ok(ServeOutcome::NeedsBody(other)),
+        other => Ok(ServeOutcome::NeedsBody(other, decision.response_delay)),
     }
 }
 

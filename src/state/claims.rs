@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 
+use super::versions::Freshness;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION};
 
@@ -37,6 +38,7 @@ pub struct Claims {
     by_name: HashMap<String, Arc<NodeClaim>>,
     waiting_by_md: HashMap<String, BTreeSet<String>>,
     by_provider_id: HashMap<String, String>,
+    fresh: Freshness,
     synced: bool,
 }
 
@@ -76,9 +78,32 @@ impl Claims {
             .and_then(|n| self.by_name.get(n).cloned())
     }
 
+    /// Apply a watched claim unless a write response of ours is ahead of it (see `versions`).
     pub fn apply(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
         let name = c.name_any();
-        let old = self.remove(&name);
+        if !self
+            .fresh
+            .watched(&name, &c.resource_version().unwrap_or_default())
+        {
+            return self.by_name.get(&name).cloned();
+        }
+        self.insert(name, c)
+    }
+
+    /// Apply the answer of our own write, unless the watch already delivered it.
+    pub fn apply_response(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+        let name = c.name_any();
+        if !self
+            .fresh
+            .responded(&name, &c.resource_version().unwrap_or_default())
+        {
+            return self.by_name.get(&name).cloned();
+        }
+        self.insert(name, c)
+    }
+
+    fn insert(&mut self, name: String, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+        let old = self.detach(&name);
         if c.metadata.deletion_timestamp.is_none()
             && recorded_machine(&c).is_none()
             && let Some(md) = recorded_deployment(&c)
@@ -96,6 +121,11 @@ impl Claims {
     }
 
     pub fn remove(&mut self, name: &str) -> Option<Arc<NodeClaim>> {
+        self.fresh.forget(name);
+        self.detach(name)
+    }
+
+    fn detach(&mut self, name: &str) -> Option<Arc<NodeClaim>> {
         let old = self.by_name.remove(name)?;
         if let Some(md) = recorded_deployment(&old)
             && let Some(set) = self.waiting_by_md.get_mut(md)
@@ -117,6 +147,7 @@ impl Claims {
         let mut old = std::mem::take(&mut self.by_name);
         self.waiting_by_md.clear();
         self.by_provider_id.clear();
+        self.fresh.clear();
         for c in claims {
             old.remove(&c.name_any());
             self.apply(c);

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::versions::Freshness;
 use crate::api::wellknown::NODECLAIM_ANNOTATION;
 use crate::capi::model::{Machine, MachineDeployment};
 
@@ -35,6 +36,7 @@ pub struct Machines {
     by_provider_id: HashMap<String, String>,
     /// When each Machine's provider ID was first observed (for the provider-ID-to-claim metric).
     provider_id_seen: HashMap<String, Instant>,
+    fresh: Freshness,
     synced: bool,
 }
 
@@ -98,21 +100,33 @@ impl Machines {
             .and_then(|k| self.by_key.get(k).cloned())
     }
 
-    /// Apply one watched or written object unless it is older than what we hold (a write
-    /// response and a watch event may arrive in either order); returns the previous version.
+    /// Apply one watched object unless a write response of ours is ahead of it (see
+    /// `versions`); returns the previous version.
     pub fn apply(&mut self, m: Machine) -> Option<Arc<Machine>> {
         let k = key(&m.namespace, &m.name);
-        if let Some(cur) = self.by_key.get(&k)
-            && !super::newer_or_equal(Some(&m.resource_version), Some(&cur.resource_version))
-        {
-            return Some(cur.clone());
+        if !self.fresh.watched(&k, &m.resource_version) {
+            return self.by_key.get(&k).cloned();
         }
+        self.insert(k, m)
+    }
+
+    /// Apply the answer of our own write or read, unless the watch already delivered it (then
+    /// the index may hold something newer).
+    pub fn apply_response(&mut self, m: Machine) -> Option<Arc<Machine>> {
+        let k = key(&m.namespace, &m.name);
+        if !self.fresh.responded(&k, &m.resource_version) {
+            return self.by_key.get(&k).cloned();
+        }
+        self.insert(k, m)
+    }
+
+    fn insert(&mut self, k: String, m: Machine) -> Option<Arc<Machine>> {
         if m.provider_id.is_some() {
             self.provider_id_seen
                 .entry(k.clone())
                 .or_insert_with(Instant::now);
         }
-        let old = self.remove(&k);
+        let old = self.detach(&k);
         if let Some(md) = deployment_key(&m) {
             self.by_md.entry(md).or_default().insert(k.clone());
         }
@@ -130,6 +144,12 @@ impl Machines {
     }
 
     pub fn remove(&mut self, k: &str) -> Option<Arc<Machine>> {
+        self.fresh.forget(k);
+        self.detach(k)
+    }
+
+    /// Take a Machine out of every index (before re-inserting it, or for good).
+    fn detach(&mut self, k: &str) -> Option<Arc<Machine>> {
         let old = self.by_key.remove(k)?;
         if self.by_key.len() < self.provider_id_seen.len() {
             self.provider_id_seen
@@ -155,12 +175,20 @@ impl Machines {
         self.by_md.clear();
         self.by_claim.clear();
         self.by_provider_id.clear();
+        self.fresh.clear();
         for m in machines {
             old.remove(&key(&m.namespace, &m.name));
             self.apply(m);
         }
         self.synced = true;
+        self.provider_id_seen
+            .retain(|k, _| self.by_key.contains_key(k));
         old.into_values().collect()
+    }
+
+    /// Objects the freshness bookkeeping tracks (tests check it shrinks with the index).
+    pub fn tracked(&self) -> usize {
+        self.fresh.len()
     }
 
     /// Machines named by two claims or claims naming two Machines (invariant 1 violations).
@@ -185,6 +213,7 @@ fn prune(index: &mut HashMap<String, BTreeSet<String>>, bucket: &str, k: &str) {
 #[derive(Default)]
 pub struct MachineDeployments {
     by_key: HashMap<String, Arc<MachineDeployment>>,
+    fresh: Freshness,
     synced: bool,
 }
 
@@ -201,12 +230,22 @@ impl MachineDeployments {
         self.synced
     }
 
-    /// Apply a watched or written object unless it is older than what we hold.
+    /// Apply a watched object unless a write response of ours is ahead of it.
     pub fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
         let k = key(&md.namespace, &md.name);
-        if let Some(cur) = self.by_key.get(&k)
-            && !super::newer_or_equal(Some(&md.resource_version), Some(&cur.resource_version))
-        {
+        let take = self.fresh.watched(&k, &md.resource_version);
+        self.take_if(take, k, md)
+    }
+
+    /// Apply the answer of our own write or read, unless the watch already delivered it.
+    pub fn apply_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
+        let k = key(&md.namespace, &md.name);
+        let take = self.fresh.responded(&k, &md.resource_version);
+        self.take_if(take, k, md)
+    }
+
+    fn take_if(&mut self, take: bool, k: String, md: MachineDeployment) -> Arc<MachineDeployment> {
+        if !take && let Some(cur) = self.by_key.get(&k) {
             return cur.clone();
         }
         let md = Arc::new(md);
@@ -215,16 +254,81 @@ impl MachineDeployments {
     }
 
     pub fn remove(&mut self, k: &str) -> Option<Arc<MachineDeployment>> {
+        self.fresh.forget(k);
         self.by_key.remove(k)
     }
 
     pub fn replace_all(&mut self, mds: Vec<MachineDeployment>) -> Vec<Arc<MachineDeployment>> {
         let mut old = std::mem::take(&mut self.by_key);
+        self.fresh.clear();
         for md in mds {
             old.remove(&key(&md.namespace, &md.name));
             self.apply(md);
         }
         self.synced = true;
         old.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capi::version::CapiVersion;
+    use serde_json::json;
+
+    fn machine(rv: &str, claim: Option<&str>) -> Machine {
+        let mut annotations = serde_json::Map::new();
+        if let Some(c) = claim {
+            annotations.insert(NODECLAIM_ANNOTATION.to_string(), json!(c));
+        }
+        let v = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {
+                "name": "m", "namespace": "ns", "uid": "u", "resourceVersion": rv,
+                "labels": {"cluster.x-k8s.io/deployment-name": "md"},
+                "annotations": annotations,
+            },
+            "spec": {"clusterName": "c", "bootstrap": {}, "infrastructureRef": {"apiGroup": "infra", "kind": "K", "name": "t"}},
+        });
+        Machine::from_value(&v, CapiVersion::V1Beta2).expect("test machine")
+    }
+
+    #[test]
+    fn a_stale_watch_event_never_undoes_our_write_whatever_the_versions_look_like() {
+        for (ours, stale) in [("x2", "x1"), ("9", "10")] {
+            let mut idx = Machines::default();
+            idx.apply(machine("1", None));
+            idx.apply_response(machine(ours, Some("claim-a")));
+            // The watch is still delivering what happened before our bind.
+            idx.apply(machine(stale, None));
+            assert_eq!(
+                idx.bound_to("claim-a")
+                    .ok()
+                    .flatten()
+                    .map(|m| m.resource_version.clone()),
+                Some(ours.to_string()),
+                "{ours} then stale {stale}"
+            );
+            idx.apply(machine(ours, Some("claim-a")));
+            idx.apply(machine("newer", None));
+            assert_eq!(
+                idx.bound_to("claim-a"),
+                Ok(None),
+                "newer events apply again"
+            );
+        }
+    }
+
+    #[test]
+    fn removing_and_relisting_forget_the_version_bookkeeping() {
+        let mut idx = Machines::default();
+        idx.apply_response(machine("5", Some("c")));
+        idx.remove("ns/m");
+        assert_eq!(idx.tracked(), 0);
+        idx.apply(machine("6", None));
+        idx.replace_all(Vec::new());
+        assert_eq!(idx.tracked(), 0);
+        assert!(idx.is_empty());
     }
 }

@@ -6,6 +6,7 @@ pub mod claims;
 pub mod machines;
 pub mod nodes;
 pub mod pods;
+pub mod versions;
 pub mod volumes;
 
 use std::sync::Arc;
@@ -30,29 +31,4 @@ pub struct State {
     pub nodepools:
         Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
     pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// Kubernetes resourceVersions are opaque, but every real server (and ours) uses integers; use
-/// them to refuse going backwards when a write response and a watch event race.
-pub fn newer_or_equal(candidate: Option<&str>, current: Option<&str>) -> bool {
-    match (
-        candidate.and_then(|v| v.parse::<u64>().ok()),
-        current.and_then(|v| v.parse::<u64>().ok()),
-    ) {
-        (Some(a), Some(b)) => a >= b,
-        _ => true,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn resource_versions_compare_numerically() {
-        assert!(newer_or_equal(Some("10"), Some("9")));
-        assert!(!newer_or_equal(Some("9"), Some("10")));
-        assert!(newer_or_equal(Some("x"), Some("10")));
-        assert!(newer_or_equal(Some("1"), None));
-    }
 }

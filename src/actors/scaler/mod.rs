@@ -17,12 +17,14 @@ use kube::api::{Api, DeleteParams, DynamicObject, PatchParams};
 use serde_json::json;
 
 use self::plan::{MachineView, ReplicaWrite, Snapshot};
+use super::backoff::Backoff;
 use super::nodeclaim::{MachineBound, RequestRejected};
 use super::patch::JsonPatch;
 use super::{Error, Shared, api_err};
 use crate::api::wellknown::{
     DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL, NODECLAIM_ANNOTATION,
 };
+use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::{annotations, version};
 use crate::metrics::{Metrics, WriteLabels};
@@ -33,16 +35,11 @@ use crate::state::machines::{bound_claim, key};
 /// baseline Machine is never mistaken for one of ours.
 pub const DELETE_MACHINE_VALUE: &str = "karpenter-capi";
 
-/// How long to wait before re-planning after a write failed for a reason other than a conflict.
-const RETRY_AFTER: Duration = Duration::from_secs(1);
-
 /// How often a Scaler re-plans from the indexes even when nothing told it to.
 const RESYNC: Duration = Duration::from_secs(10);
 
-/// A replica write that has not answered by then is abandoned (the compare-and-swap makes a
-/// retry safe even if the abandoned write landed), so one hung request cannot stall a
-/// MachineDeployment.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A Scaler whose MachineDeployment is gone stops once nothing of it is in flight.
+const IDLE_STOP: Duration = Duration::from_secs(5);
 
 /// A claim needs a Machine from this MachineDeployment (idempotent per claim).
 #[derive(Message)]
@@ -112,8 +109,32 @@ pub struct Scaler {
     /// When each claim got its Machine from us; a bound claim missing from the index is only an
     /// orphan once the index has had time to see it.
     bound_at: HashMap<String, Instant>,
+    /// The last min/max-size bounds that parsed: a malformed edit of the annotations must not
+    /// lift max-size for claims already waiting.
+    bounds: Option<(i32, Option<i32>)>,
     writing: bool,
     retry_scheduled: bool,
+    backoff: Backoff,
+    /// Since when the MachineDeployment has been missing (the Scaler stops after a while).
+    gone_since: Option<Instant>,
+}
+
+/// min-size and max-size from their own annotations only (a malformed capacity annotation must
+/// not switch the bounds off); a malformed size annotation keeps `last` (the last good bounds).
+pub fn size_bounds(
+    annotations: &std::collections::BTreeMap<String, String>,
+    last: Option<(i32, Option<i32>)>,
+) -> (i32, Option<i32>) {
+    let sizes: std::collections::BTreeMap<String, String> = annotations
+        .iter()
+        .filter(|(k, _)| *k == MIN_SIZE_ANNOTATION || *k == MAX_SIZE_ANNOTATION)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    match annotations::parse(&sizes) {
+        Ok(s) => (s.min_size.unwrap_or(0), s.max_size),
+        // Never seen good bounds: refuse to grow beyond what exists rather than run unbounded.
+        Err(_) => last.unwrap_or((0, Some(0))),
+    }
 }
 
 impl Actor for Scaler {
@@ -125,6 +146,15 @@ impl Actor for Scaler {
         // A resync from the indexes (no API call unless the plan needs one), as controllers
         // resync their caches: whatever a lost message or a failed write left undone is retried.
         ctx.run_interval(RESYNC, |act, ctx| act.replan(ctx));
+    }
+
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        self.shared.router.remove_scaler(&self.md, &ctx.address());
+        // A gauge of a MachineDeployment nobody scales any more would be exported for ever.
+        self.shared
+            .metrics
+            .scaler_queue_depth
+            .remove(&Metrics::md(&self.md));
     }
 }
 
@@ -185,8 +215,11 @@ impl Scaler {
             releasing: HashSet::new(),
             rejected: HashSet::new(),
             bound_at: HashMap::new(),
+            bounds: None,
             writing: false,
             retry_scheduled: false,
+            backoff: Backoff::api(),
+            gone_since: None,
         }
     }
 
@@ -197,8 +230,10 @@ impl Scaler {
     fn replan(&mut self, ctx: &mut Context<Self>) {
         let Some(inputs) = self.inputs() else {
             self.reject_all(Rejection::DeploymentGone);
+            self.stop_if_abandoned(ctx);
             return;
         };
+        self.gone_since = None;
         let snapshot = Snapshot {
             spec_replicas: inputs.md.spec_replicas.unwrap_or(0),
             managed: managed_replicas(&inputs.md),
@@ -237,8 +272,14 @@ impl Scaler {
     /// someone else): garbage to release, once the claim index had time to see the claim.
     fn orphans(&mut self, machines: &[MachineView]) -> Vec<String> {
         const GRACE: Duration = Duration::from_secs(30);
-        self.bound_at.retain(|_, t| t.elapsed() < GRACE * 2);
         let claims = self.shared.state.claims.read();
+        // Only claims whose Machine is still here can need the grace period.
+        self.bound_at.retain(|c, t| {
+            t.elapsed() < GRACE * 2
+                && machines
+                    .iter()
+                    .any(|m| m.bound_to.as_deref() == Some(c.as_str()))
+        });
         if !claims.synced() {
             return Vec::new();
         }
@@ -260,9 +301,8 @@ impl Scaler {
         if md.deletion_timestamp.is_some() {
             return None;
         }
-        let sizes = annotations::parse(&md.annotations).ok();
-        let min_size = sizes.as_ref().and_then(|s| s.min_size).unwrap_or(0);
-        let max_size = sizes.as_ref().and_then(|s| s.max_size);
+        let (min_size, max_size) = size_bounds(&md.annotations, self.bounds);
+        self.bounds = Some((min_size, max_size));
 
         let machines = self.shared.state.machines.read();
         let all = machines.of_deployment(&self.md);
@@ -294,6 +334,10 @@ impl Scaler {
             .collect();
 
         let claims = self.shared.state.claims.read();
+        if claims.synced() {
+            // A turned-down claim that is gone will never ask again.
+            self.rejected.retain(|c| claims.contains(c));
+        }
         let mut waiting: BTreeSet<String> = claims.waiting_on(&self.md);
         self.asked.retain(|(c, at)| match claims.get(c) {
             // Not in the index yet (its write is newer than our watch): keep asking for a
@@ -382,6 +426,7 @@ impl Scaler {
 
         let api = self.machine_api(&machine.namespace);
         let shared = self.shared.clone();
+        let deadline = self.deadline();
         let fut = async move {
             let mut p = JsonPatch::guarded(Some(machine.resource_version.as_str()));
             p.set_entry(
@@ -396,37 +441,128 @@ impl Scaler {
                 MEMBER_LABEL,
                 "",
             );
-            let result = patch_machine(&shared, &api, &machine.name, p).await;
+            let what = format!("binding Machine {} to NodeClaim {claim}", machine.name);
+            let result = bounded(
+                &shared,
+                deadline,
+                what,
+                patch_machine(&shared, &api, &machine.name, p),
+            )
+            .await;
             (claim, machine, result)
         };
         ctx.spawn(fut.into_actor(self).map(move |(claim, machine, result), act, ctx| {
             let mk = key(&machine.namespace, &machine.name);
             match result {
                 Ok(updated) => {
-                    act.shared.state.machines.write().apply(updated);
-                    act.bound_at.insert(claim.clone(), Instant::now());
-                    if let Some(t) = asked_at {
-                        Metrics::observe(&act.metrics().binding_seconds, &act.md, t.elapsed());
-                    }
-                    tracing::debug!(nodeclaim = %claim, machine = %mk, machine_deployment = %act.md, "machine bound");
-                    if let Some(addr) = act.shared.router.claim(&claim) {
-                        addr.do_send(MachineBound { machine: mk });
-                    }
+                    act.backoff.reset();
+                    act.shared.state.machines.write().apply_response(updated);
+                    act.bound(&claim, mk, asked_at);
                 }
-                Err(e) => {
+                Err(e) if e.is_conflict() => {
                     act.binding.remove(&mk);
                     act.asked.push_front((claim.clone(), asked_at.unwrap_or_else(Instant::now)));
-                    if e.is_conflict() {
-                        act.refresh_machine(machine, ctx);
-                    } else {
-                        tracing::warn!(nodeclaim = %claim, machine = %mk, error = %e, "binding failed");
-                        act.retry_later(ctx);
-                    }
+                    act.refresh_machine(machine, ctx);
+                    return;
+                }
+                Err(e) => {
+                    // The patch may have landed (a timeout, a lost answer): keep the Machine
+                    // reserved for this claim and read it back before the claim may get
+                    // another one, so it is never bound twice.
+                    tracing::warn!(nodeclaim = %claim, machine = %mk, error = %e, "binding failed or unknown; reading the Machine back");
+                    act.confirm_bind(claim, machine, asked_at, ctx);
                     return;
                 }
             }
             act.replan(ctx);
         }));
+    }
+
+    /// A bind landed: remember when, and tell the claim.
+    fn bound(&mut self, claim: &str, mk: String, asked_at: Option<Instant>) {
+        self.bound_at.insert(claim.to_string(), Instant::now());
+        if let Some(t) = asked_at {
+            Metrics::observe(&self.metrics().binding_seconds, &self.md, t.elapsed());
+        }
+        tracing::debug!(nodeclaim = %claim, machine = %mk, machine_deployment = %self.md, "machine bound");
+        if let Some(addr) = self.shared.router.claim(claim) {
+            addr.do_send(MachineBound { machine: mk });
+        }
+    }
+
+    /// After a bind whose result is unknown: read the Machine back (retrying with backoff while
+    /// the read fails). Until then the Machine stays in `binding`, so the plan neither offers
+    /// it to another claim nor gives this claim a second Machine.
+    fn confirm_bind(
+        &mut self,
+        claim: String,
+        machine: Arc<Machine>,
+        asked_at: Option<Instant>,
+        ctx: &mut Context<Self>,
+    ) {
+        let mk = key(&machine.namespace, &machine.name);
+        let read = self.read_machine(&machine);
+        ctx.spawn(read.into_actor(self).map(move |r, act, ctx| {
+            match r {
+                Ok(m) => {
+                    let landed = bound_claim(&m) == Some(claim.as_str());
+                    act.shared.state.machines.write().apply_response(m);
+                    if landed {
+                        // The `binding` entry stays until the index shows the bind.
+                        act.backoff.reset();
+                        act.bound(&claim, mk, asked_at);
+                    } else {
+                        act.binding.remove(&mk);
+                        act.asked.push_front((claim, asked_at.unwrap_or_else(Instant::now)));
+                    }
+                    act.replan(ctx);
+                }
+                Err(e) if e.is_not_found() => {
+                    act.shared.state.machines.write().remove(&mk);
+                    act.binding.remove(&mk);
+                    act.asked.push_front((claim, asked_at.unwrap_or_else(Instant::now)));
+                    act.replan(ctx);
+                }
+                Err(e) => {
+                    let d = act.backoff.next_delay();
+                    tracing::warn!(machine = %mk, error = %e, retry_in = ?d, "reading the Machine back failed");
+                    ctx.run_later(d, move |act, ctx| act.confirm_bind(claim, machine, asked_at, ctx));
+                }
+            }
+        }));
+    }
+
+    fn deadline(&self) -> Duration {
+        self.shared.settings.deadlines.scaler_write
+    }
+
+    /// GET one Machine, bounded by the write deadline.
+    fn read_machine(
+        &self,
+        machine: &Machine,
+    ) -> impl std::future::Future<Output = Result<Machine, Error>> + 'static {
+        let api = self.machine_api(&machine.namespace);
+        let v = self.shared.capi_version;
+        let shared = self.shared.clone();
+        let deadline = self.deadline();
+        let name = machine.name.clone();
+        async move {
+            let what = format!("reading Machine {name}");
+            let get = async {
+                let obj = api.get(&name).await.map_err(api_err(
+                    &shared.metrics,
+                    "get",
+                    "machines",
+                    &name,
+                ))?;
+                Machine::from_dynamic(&obj, v).map_err(|source| Error::Model {
+                    kind: "Machine",
+                    name: name.clone(),
+                    source,
+                })
+            };
+            bounded(&shared, deadline, what, get).await
+        }
     }
 
     /// Mark a Machine of ours for deletion (step one of a release; the decrement follows).
@@ -442,6 +578,7 @@ impl Scaler {
         }
         let api = self.machine_api(&machine.namespace);
         let shared = self.shared.clone();
+        let deadline = self.deadline();
         let fut = async move {
             let mut p = JsonPatch::guarded(Some(machine.resource_version.as_str()));
             p.set_entry(
@@ -450,7 +587,14 @@ impl Scaler {
                 DELETE_MACHINE_ANNOTATION,
                 DELETE_MACHINE_VALUE,
             );
-            let result = patch_machine(&shared, &api, &machine.name, p).await;
+            let what = format!("marking Machine {} for deletion", machine.name);
+            let result = bounded(
+                &shared,
+                deadline,
+                what,
+                patch_machine(&shared, &api, &machine.name, p),
+            )
+            .await;
             (machine, result)
         };
         ctx.spawn(fut.into_actor(self).map(move |(machine, result), act, ctx| {
@@ -458,14 +602,17 @@ impl Scaler {
             match result {
                 Ok(updated) => {
                     tracing::info!(machine = %machine_key, machine_deployment = %act.md, "machine marked for deletion");
-                    act.shared.state.machines.write().apply(updated);
+                    act.backoff.reset();
+                    act.shared.state.machines.write().apply_response(updated);
                     act.replan(ctx);
                 }
                 Err(e) if e.is_conflict() => act.refresh_machine(machine, ctx),
                 Err(e) if e.is_not_found() => act.replan(ctx),
                 Err(e) => {
+                    // The mark may have landed: read the Machine back before planning again
+                    // (the mark is idempotent, and the next one is guarded anyway).
                     tracing::warn!(machine = %machine_key, error = %e, "marking machine for deletion failed");
-                    act.retry_later(ctx);
+                    act.refresh_machine(machine, ctx);
                 }
             }
         }));
@@ -529,18 +676,11 @@ impl Scaler {
                 }
             })
         };
-        let md_name = self.md.clone();
-        let fut = async move {
-            match tokio::time::timeout(WRITE_TIMEOUT, fut).await {
-                Ok(r) => r,
-                Err(_) => Err(Error::Timeout {
-                    what: format!("replica write of MachineDeployment {md_name}"),
-                    after: WRITE_TIMEOUT,
-                }),
-            }
-        };
+        let what = format!("replica write of MachineDeployment {}", self.md);
+        let shared = self.shared.clone();
+        let deadline = self.deadline();
+        let fut = async move { bounded(&shared, deadline, what, fut).await };
         ctx.spawn(fut.into_actor(self).map(move |result, act, ctx| {
-            act.writing = false;
             let md_label = Metrics::md(&act.md);
             Metrics::observe(&act.metrics().replica_write_seconds, &act.md, started.elapsed());
             let outcome = match &result {
@@ -555,22 +695,131 @@ impl Scaler {
             match result {
                 Ok(updated) => {
                     act.metrics().replica_write_batch.get_or_create(&md_label).observe(f64::from(w.delta().abs()));
-                    tracing::info!(machine_deployment = %act.md, from = w.from, to = w.to, managed = w.managed_to, "replicas written");
-                    act.shared.state.deployments.write().apply(updated);
-                    act.decremented.extend(w.decrements.iter().cloned());
-                    act.decremented.extend(delete_directly.iter().cloned());
-                    for m in delete_directly {
-                        act.delete_machine(m, ctx);
-                    }
-                    act.replan(ctx);
+                    act.written(updated, &w, delete_directly, ctx);
                 }
-                Err(e) if e.is_conflict() => act.refresh_deployment(ctx),
+                Err(e) if e.is_conflict() => {
+                    act.writing = false;
+                    act.refresh_deployment(ctx);
+                }
                 Err(e) => {
-                    tracing::warn!(machine_deployment = %act.md, error = %e, "replica write failed");
-                    act.retry_later(ctx);
+                    // Ambiguous: the write may have landed. Stay "writing" and read the
+                    // MachineDeployment back; only what it shows decides whether the decrement
+                    // happened, so a retry can never remove a second replica.
+                    tracing::warn!(machine_deployment = %act.md, error = %e, "replica write failed or unknown; reading the MachineDeployment back");
+                    act.confirm_write(w, delete_directly, ctx);
                 }
             }
         }));
+    }
+
+    /// The replica write landed (answered, or confirmed by a read).
+    fn written(
+        &mut self,
+        updated: MachineDeployment,
+        w: &ReplicaWrite,
+        delete_directly: Vec<String>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.writing = false;
+        self.backoff.reset();
+        tracing::info!(machine_deployment = %self.md, from = w.from, to = w.to, managed = w.managed_to, "replicas written");
+        self.shared
+            .state
+            .deployments
+            .write()
+            .apply_response(updated);
+        self.decremented.extend(w.decrements.iter().cloned());
+        self.decremented.extend(delete_directly.iter().cloned());
+        for m in delete_directly {
+            self.delete_machine(m, ctx);
+        }
+        self.replan(ctx);
+    }
+
+    /// Read the MachineDeployment back after a replica write with no answer: if it carries
+    /// exactly what we wrote, the write landed; otherwise it did not (the compare-and-swap
+    /// guarantees nobody else wrote our values on top of the old ones). A failing read is
+    /// retried with backoff while no other write may start.
+    fn confirm_write(
+        &mut self,
+        w: ReplicaWrite,
+        delete_directly: Vec<String>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some((ns, name)) = self.md.split_once('/') else {
+            self.writing = false;
+            return;
+        };
+        let read = self.read_deployment(ns, name);
+        ctx.spawn(read.into_actor(self).map(move |r, act, ctx| match r {
+            Ok(md) => {
+                let landed = md.spec_replicas == Some(w.to) && managed_replicas(&md) == w.managed_to
+                    && md.annotations.contains_key(MANAGED_REPLICAS_ANNOTATION);
+                if landed {
+                    act.written(md, &w, delete_directly, ctx);
+                } else {
+                    act.writing = false;
+                    act.shared.state.deployments.write().apply_response(md);
+                    act.retry_later(ctx);
+                }
+            }
+            Err(e) if e.is_not_found() => {
+                act.writing = false;
+                act.reject_all(Rejection::DeploymentGone);
+            }
+            Err(e) => {
+                let d = act.backoff.next_delay();
+                tracing::warn!(machine_deployment = %act.md, error = %e, retry_in = ?d, "reading the MachineDeployment back failed");
+                ctx.run_later(d, move |act, ctx| act.confirm_write(w, delete_directly, ctx));
+            }
+        }));
+    }
+
+    /// GET the MachineDeployment, bounded by the write deadline.
+    fn read_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> impl std::future::Future<Output = Result<MachineDeployment, Error>> + 'static {
+        let api = self.md_api(ns);
+        let name = name.to_string();
+        let v = self.shared.capi_version;
+        let shared = self.shared.clone();
+        let deadline = self.deadline();
+        async move {
+            let what = format!("reading MachineDeployment {name}");
+            let get = async {
+                let obj = api.get(&name).await.map_err(api_err(
+                    &shared.metrics,
+                    "get",
+                    "machinedeployments",
+                    &name,
+                ))?;
+                MachineDeployment::from_dynamic(&obj, v).map_err(|source| Error::Model {
+                    kind: "MachineDeployment",
+                    name: name.clone(),
+                    source,
+                })
+            };
+            bounded(&shared, deadline, what, get).await
+        }
+    }
+
+    /// The MachineDeployment is gone: once nothing of ours is in flight for a while, stop and
+    /// leave the router, so a deleted MachineDeployment does not keep a Scaler for ever.
+    fn stop_if_abandoned(&mut self, ctx: &mut Context<Self>) {
+        if !self.shared.state.deployments.read().synced()
+            || self.writing
+            || !self.binding.is_empty()
+            || !self.releasing.is_empty()
+        {
+            return;
+        }
+        let since = *self.gone_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= IDLE_STOP {
+            tracing::debug!(machine_deployment = %self.md, "machine deployment gone; stopping its scaler");
+            ctx.stop();
+        }
     }
 
     /// Below min-size a Machine cannot be removed by lowering replicas; delete it and let its
@@ -605,68 +854,39 @@ impl Scaler {
         let Some((ns, name)) = self.md.split_once('/') else {
             return;
         };
-        let api = self.md_api(ns);
-        let name = name.to_string();
-        let v = self.shared.capi_version;
-        let metrics = self.shared.metrics.clone();
-        ctx.spawn(
-            async move {
-                let obj = api.get(&name).await.map_err(api_err(&metrics, "get", "machinedeployments", &name))?;
-                MachineDeployment::from_dynamic(&obj, v)
-                    .map_err(|source| Error::Model { kind: "MachineDeployment", name: name.clone(), source })
+        let read = self.read_deployment(ns, name);
+        ctx.spawn(read.into_actor(self).map(|r, act, ctx| match r {
+            Ok(md) => {
+                act.shared.state.deployments.write().apply_response(md);
+                act.replan(ctx);
             }
-            .into_actor(self)
-            .map(|r, act, ctx| match r {
-                Ok(md) => {
-                    act.shared.state.deployments.write().apply(md);
-                    act.replan(ctx);
-                }
-                Err(e) if e.is_not_found() => act.reject_all(Rejection::DeploymentGone),
-                Err(e) => {
-                    tracing::warn!(machine_deployment = %act.md, error = %e, "re-reading machinedeployment failed");
-                    act.retry_later(ctx);
-                }
-            }),
-        );
+            Err(e) if e.is_not_found() => act.reject_all(Rejection::DeploymentGone),
+            Err(e) => {
+                tracing::warn!(machine_deployment = %act.md, error = %e, "re-reading machinedeployment failed");
+                act.retry_later(ctx);
+            }
+        }));
     }
 
     fn refresh_machine(&mut self, machine: Arc<Machine>, ctx: &mut Context<Self>) {
-        let api = self.machine_api(&machine.namespace);
-        let v = self.shared.capi_version;
-        let metrics = self.shared.metrics.clone();
         let mk = key(&machine.namespace, &machine.name);
-        ctx.spawn(
-            async move {
-                let obj = api.get(&machine.name).await.map_err(api_err(
-                    &metrics,
-                    "get",
-                    "machines",
-                    &machine.name,
-                ))?;
-                Machine::from_dynamic(&obj, v).map_err(|source| Error::Model {
-                    kind: "Machine",
-                    name: machine.name.clone(),
-                    source,
-                })
-            }
-            .into_actor(self)
-            .map(move |r, act, ctx| {
-                match r {
-                    Ok(m) => {
-                        act.shared.state.machines.write().apply(m);
-                    }
-                    Err(e) if e.is_not_found() => {
-                        act.shared.state.machines.write().remove(&mk);
-                    }
-                    Err(e) => {
-                        tracing::warn!(machine = %mk, error = %e, "re-reading machine failed");
-                        act.retry_later(ctx);
-                        return;
-                    }
+        let read = self.read_machine(&machine);
+        ctx.spawn(read.into_actor(self).map(move |r, act, ctx| {
+            match r {
+                Ok(m) => {
+                    act.shared.state.machines.write().apply_response(m);
                 }
-                act.replan(ctx);
-            }),
-        );
+                Err(e) if e.is_not_found() => {
+                    act.shared.state.machines.write().remove(&mk);
+                }
+                Err(e) => {
+                    tracing::warn!(machine = %mk, error = %e, "re-reading machine failed");
+                    act.retry_later(ctx);
+                    return;
+                }
+            }
+            act.replan(ctx);
+        }));
     }
 
     fn retry_later(&mut self, ctx: &mut Context<Self>) {
@@ -674,10 +894,30 @@ impl Scaler {
             return;
         }
         self.retry_scheduled = true;
-        ctx.run_later(RETRY_AFTER, |act, ctx| {
+        let d = self.backoff.next_delay();
+        ctx.run_later(d, |act, ctx| {
             act.retry_scheduled = false;
             act.replan(ctx);
         });
+    }
+}
+
+/// Run `fut` with a deadline; a timeout is counted and becomes `Error::Timeout`.
+async fn bounded<T>(
+    shared: &Shared,
+    deadline: Duration,
+    what: String,
+    fut: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(deadline, fut).await {
+        Ok(r) => r,
+        Err(_) => {
+            shared.metrics.reconcile_timeout("scaler");
+            Err(Error::Timeout {
+                what,
+                after: deadline,
+            })
+        }
     }
 }
 
@@ -703,6 +943,24 @@ async fn patch_machine(
     })
 }
 
+impl Handler<super::tracked::Tracked> for Scaler {
+    type Result = MessageResult<super::tracked::Tracked>;
+    fn handle(&mut self, _: super::tracked::Tracked, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            [
+                ("asked", self.asked.len()),
+                ("binding", self.binding.len()),
+                ("decremented", self.decremented.len()),
+                ("releasing", self.releasing.len()),
+                ("rejected", self.rejected.len()),
+                ("bound_at", self.bound_at.len()),
+            ]
+            .into_iter()
+            .collect(),
+        )
+    }
+}
+
 /// Stop the Scaler (controller shutdown).
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -712,5 +970,38 @@ impl Handler<Stop> for Scaler {
     type Result = ();
     fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::wellknown::CPU_ANNOTATION;
+    use std::collections::BTreeMap;
+
+    fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_malformed_capacity_annotation_keeps_the_size_bounds() {
+        let a = annotations(&[
+            (MIN_SIZE_ANNOTATION, "1"),
+            (MAX_SIZE_ANNOTATION, "3"),
+            (CPU_ANNOTATION, "four"),
+        ]);
+        assert_eq!(size_bounds(&a, None), (1, Some(3)));
+    }
+
+    #[test]
+    fn a_malformed_size_annotation_keeps_the_last_good_bounds() {
+        let a = annotations(&[(MIN_SIZE_ANNOTATION, "1"), (MAX_SIZE_ANNOTATION, "lots")]);
+        assert_eq!(size_bounds(&a, Some((1, Some(3)))), (1, Some(3)));
+        // Never parsed: do not grow at all rather than without bound.
+        assert_eq!(size_bounds(&a, None), (0, Some(0)));
+        assert_eq!(size_bounds(&BTreeMap::new(), Some((1, Some(3)))), (0, None));
     }
 }

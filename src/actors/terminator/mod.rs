@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use self::drain::{Action, PodRef, Waiting};
 use super::Shared;
+use super::backoff::Backoff;
 use super::patch::JsonPatch;
 use crate::api::wellknown::DISRUPTED_TAINT_KEY;
 use crate::metrics::{CodeLabels, NodePoolLabels, ReasonLabels};
@@ -99,7 +100,7 @@ struct NodeDrain {
 struct PodEviction {
     in_flight: bool,
     next: Instant,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 pub struct Terminator {
@@ -110,6 +111,8 @@ pub struct Terminator {
     nodes: HashMap<String, NodeDrain>,
     /// By pod uid.
     pods: HashMap<String, PodEviction>,
+    /// Retries of the node-level writes and reads (taint, PersistentVolumeClaims).
+    retry: Backoff,
 }
 
 impl Actor for Terminator {
@@ -123,6 +126,7 @@ impl Terminator {
             min_drain_time,
             nodes: HashMap::new(),
             pods: HashMap::new(),
+            retry: Backoff::new(EVICTION_BACKOFF_MIN, EVICTION_BACKOFF_MAX),
         }
     }
 
@@ -316,7 +320,7 @@ impl Terminator {
                 Ok(v) => e.ignored_volumes = Some(v),
                 Err(err) => {
                     tracing::warn!(node = %node, error = %err, "reading PersistentVolumeClaims failed; retrying");
-                    let at = Instant::now() + jittered(EVICTION_BACKOFF_MAX);
+                    let at = Instant::now() + act.retry.next_delay();
                     act.wake(&node, at, ctx);
                     return;
                 }
@@ -371,11 +375,14 @@ impl Terminator {
         let pod = match &action {
             Action::Evict(p) | Action::Delete { pod: p, .. } => p.clone(),
         };
-        let entry = self.pods.entry(pod.uid.clone()).or_insert(PodEviction {
-            in_flight: false,
-            next: Instant::now(),
-            backoff: EVICTION_BACKOFF_MIN,
-        });
+        let entry = self
+            .pods
+            .entry(pod.uid.clone())
+            .or_insert_with(|| PodEviction {
+                in_flight: false,
+                next: Instant::now(),
+                backoff: Backoff::new(EVICTION_BACKOFF_MIN, EVICTION_BACKOFF_MAX),
+            });
         if entry.in_flight {
             return None;
         }
@@ -454,8 +461,7 @@ impl Terminator {
             Err(e) => {
                 let blocked = matches!(&e, kube::Error::Api(s) if s.code == 429)
                     || matches!(&e, kube::Error::Api(s) if s.message.contains("more than one PodDisruptionBudget"));
-                entry.next = Instant::now() + jittered(entry.backoff);
-                entry.backoff = (entry.backoff * 2).min(EVICTION_BACKOFF_MAX);
+                entry.next = Instant::now() + entry.backoff.next_delay();
                 let at = entry.next;
                 if blocked {
                     let why =
@@ -540,7 +546,7 @@ impl Terminator {
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
                     tracing::debug!(node = %name, error = %e, "tainting the node failed; retrying");
-                    let at = Instant::now() + jittered(EVICTION_BACKOFF_MIN);
+                    let at = Instant::now() + act.retry.next_delay();
                     act.wake(&name, at, ctx);
                     return;
                 }
@@ -673,15 +679,4 @@ fn pod_ref(p: &PodRef) -> ObjectReference {
         uid: Some(p.uid.clone()),
         ..Default::default()
     }
-}
-
-/// Up to a quarter more, so pods blocked by one budget do not retry in lockstep.
-fn jittered(d: Duration) -> Duration {
-    use rand::{Rng, SeedableRng};
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.as_nanos() as u64)
-        .unwrap_or(0);
-    let extra: f64 = rand::rngs::SmallRng::seed_from_u64(seed).random_range(0.0..0.25);
-    d.mul_f64(1.0 + extra)
 }

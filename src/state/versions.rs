@@ -1,0 +1,158 @@
+//! Telling a fresh object from a stale one without reading resourceVersions as numbers.
+//!
+//! A resourceVersion is opaque: clients may only compare it for equality. What orders versions
+//! is the watch stream, which delivers every change of an object in order. An index is fed from
+//! two sources, the watch and our own write (or read) responses, which can race: a write
+//! response is usually ahead of the watch, and the watch events still in flight are older.
+//! So a response's version is held as "pending" until the watch delivers that same version;
+//! watch events before it are older and are skipped. A version the watch already delivered
+//! (the response lost the race) is not taken, since the index may already hold something newer.
+//! Two responses cannot be ordered either (a read sent after a write may be served before it),
+//! so while one response is waiting for the watch, another is not taken: the writer keeps its
+//! own record of what it wrote until the watch shows it (e.g. the Scaler's `binding`).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// How many recent watch versions are remembered per object, to recognise a response that lost
+/// the race with the watch.
+const RECENT: usize = 8;
+
+/// A pending version the watch never confirms (the object was re-listed, or the watch is stuck)
+/// stops shadowing the watch after this long, so the index can never freeze.
+const PENDING_TTL: Duration = Duration::from_secs(10);
+
+/// Per-object bookkeeping for one index (keys are the index's keys).
+#[derive(Debug, Default)]
+pub struct Freshness {
+    pending: HashMap<String, (String, Instant)>,
+    recent: HashMap<String, VecDeque<String>>,
+}
+
+impl Freshness {
+    /// A write or read response carries `version` for `key`: whether to take it.
+    pub fn responded(&mut self, key: &str, version: &str) -> bool {
+        if self
+            .recent
+            .get(key)
+            .is_some_and(|r| r.iter().any(|v| v == version))
+        {
+            return false;
+        }
+        if self
+            .pending
+            .get(key)
+            .is_some_and(|(_, at)| at.elapsed() < PENDING_TTL)
+        {
+            return false;
+        }
+        self.pending
+            .insert(key.to_string(), (version.to_string(), Instant::now()));
+        true
+    }
+
+    /// The watch delivered `version` for `key`: whether to take it.
+    pub fn watched(&mut self, key: &str, version: &str) -> bool {
+        let recent = self.recent.entry(key.to_string()).or_default();
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(version.to_string());
+        match self.pending.get(key) {
+            None => true,
+            Some((v, _)) if v == version => {
+                self.pending.remove(key);
+                true
+            }
+            Some((_, at)) if at.elapsed() < PENDING_TTL => false,
+            Some(_) => {
+                self.pending.remove(key);
+                true
+            }
+        }
+    }
+
+    /// The object is gone (or the index was replaced by a list): forget it.
+    pub fn forget(&mut self, key: &str) {
+        self.pending.remove(key);
+        self.recent.remove(key);
+    }
+
+    /// A re-list replaced the index: the list is as new as anything we hold.
+    pub fn clear(&mut self) {
+        self.pending.clear();
+        self.recent.clear();
+    }
+
+    /// Objects with bookkeeping (for the tests that check maps shrink).
+    pub fn len(&self) -> usize {
+        let extra = self
+            .pending
+            .keys()
+            .filter(|k| !self.recent.contains_key(*k))
+            .count();
+        self.recent.len() + extra
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_ahead_of_the_watch_shadows_older_events_until_the_watch_catches_up() {
+        let mut f = Freshness::default();
+        // Versions are deliberately not in numeric order: only the stream's order counts.
+        assert!(f.watched("m", "b7"));
+        assert!(f.responded("m", "a3"));
+        assert!(
+            !f.watched("m", "z9"),
+            "an event older than our write is skipped"
+        );
+        assert!(f.watched("m", "a3"), "the watch reached our write");
+        assert!(f.watched("m", "c1"), "and newer events apply again");
+    }
+
+    #[test]
+    fn a_response_that_lost_the_race_with_the_watch_is_not_taken() {
+        let mut f = Freshness::default();
+        assert!(f.watched("m", "10"));
+        assert!(f.watched("m", "11"));
+        assert!(
+            !f.responded("m", "10"),
+            "the index already holds something newer"
+        );
+        assert!(f.watched("m", "12"));
+    }
+
+    #[test]
+    fn a_second_response_waits_for_the_watch_to_confirm_the_first() {
+        let mut f = Freshness::default();
+        assert!(f.watched("m", "1"));
+        // A bind answered, then a read that was served before the bind landed.
+        assert!(f.responded("m", "3"));
+        assert!(!f.responded("m", "2"), "responses cannot be ordered");
+        assert!(!f.watched("m", "2"));
+        assert!(f.watched("m", "3"));
+        assert!(f.responded("m", "4"), "nothing pending any more");
+    }
+
+    #[test]
+    fn forget_and_clear_drop_the_bookkeeping() {
+        let mut f = Freshness::default();
+        f.watched("a", "1");
+        f.responded("b", "2");
+        assert_eq!(f.len(), 2);
+        f.forget("a");
+        f.forget("b");
+        assert!(f.is_empty());
+        f.responded("c", "3");
+        f.clear();
+        assert!(f.is_empty());
+        assert!(f.watched("c", "1"));
+    }
+}

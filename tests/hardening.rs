@@ -1,0 +1,714 @@
+//! Hangs and lost work (issue 8): requests that never answer, writes whose outcome is unknown,
+//! malformed bounds, stale templates, keys that must go away and maps that must shrink, all
+//! against the simulated cluster through the real kube Client. Faults are scoped to the
+//! controller's User-Agent so the Cluster API and kubelet stand-ins keep working.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use karpenter_capi::actors::ControllerHandle;
+use karpenter_capi::actors::Settings;
+use karpenter_capi::actors::tracked::Tracked;
+use karpenter_capi::api::nodeclaim::NodeClaim;
+use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::api::wellknown::*;
+use karpenter_capi::app::USER_AGENT;
+use karpenter_capi::metrics::Metrics;
+use karpenter_capi::sim::cluster::{MachineDeploymentSeed, PodShape, SimClusterConfig};
+use karpenter_capi::simulate::launch::{
+    self, NAMESPACE, NODECLASS, claim_for, create_claims, seed_nodeclass_and_pool, seed_of,
+};
+use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
+
+/// Generous: only there to turn a hang into a failure.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn cluster() -> SimClusterConfig {
+    SimClusterConfig {
+        provider_delay: Duration::from_millis(50),
+        jitter: Duration::from_millis(50),
+        node_ready_delay: Duration::from_millis(50),
+        node_delete_delay: Duration::from_millis(20),
+        ..SimClusterConfig::default()
+    }
+}
+
+struct Env {
+    sim: BackgroundSim,
+    pool: NodePool,
+    controller: ControllerHandle,
+    metrics: Arc<Metrics>,
+}
+
+/// The MachineDeployments, the NodeClass and NodePool, then the controller with `tune` applied to
+/// the simulation settings (short deadlines, short batching windows).
+async fn env(seeds: Vec<MachineDeploymentSeed>, tune: impl FnOnce(&mut Settings)) -> Env {
+    let sim = BackgroundSim::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let pool = sim
+        .run(move |c| async move {
+            for s in &seeds {
+                c.create_machine_deployment_from(s)
+                    .await
+                    .expect("seed MachineDeployment");
+            }
+            seed_nodeclass_and_pool(c.client())
+                .await
+                .expect("seed NodeClass and NodePool")
+        })
+        .await
+        .expect("seeding");
+    let metrics = Metrics::new();
+    let mut settings = sim_settings(None);
+    settings.batching.idle = Duration::from_millis(200);
+    settings.batching.max = Duration::from_secs(2);
+    tune(&mut settings);
+    let controller = start_controller(&sim, settings, metrics.clone())
+        .await
+        .expect("controller");
+    // Faults below hit the controller only.
+    sim.cluster().server().faults().set_agent(Some(USER_AGENT));
+    Env {
+        sim,
+        pool,
+        controller,
+        metrics,
+    }
+}
+
+impl Env {
+    fn list(&self, resource: &str) -> Vec<Value> {
+        self.sim.cluster().server().store().list(resource, None)
+    }
+
+    fn faults(&self) -> &karpenter_capi::sim::Faults {
+        self.sim.cluster().server().faults()
+    }
+
+    async fn claims(&self, n: usize, mds: usize) -> Vec<String> {
+        let pool = self.pool.clone();
+        self.sim
+            .run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
+            .await
+            .expect("run")
+            .expect("claims")
+    }
+
+    async fn delete_claims(&self) {
+        let names: Vec<String> = self
+            .list("nodeclaims")
+            .iter()
+            .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_string))
+            .collect();
+        self.sim
+            .run(move |c| async move {
+                let api: Api<NodeClaim> = Api::all(c.client());
+                for n in names {
+                    let _ = api.delete(&n, &DeleteParams::default()).await;
+                }
+            })
+            .await
+            .expect("delete claims");
+    }
+
+    /// Poll the in-process store until `done` holds.
+    async fn wait(&self, what: &str, done: impl Fn(&Env) -> bool) {
+        let start = Instant::now();
+        while !done(self) {
+            assert!(
+                start.elapsed() < DEADLINE,
+                "timed out waiting for {what}: {}\n{:#?}\nclaims: {:#?}",
+                launch::progress_line(self.sim.cluster()),
+                launch::unsettled(self.sim.cluster()),
+                self.list("nodeclaims")
+                    .iter()
+                    .map(|c| (c["metadata"].clone(), c["status"]["conditions"].clone()))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn settle(&self) {
+        launch::settle(&self.sim, DEADLINE)
+            .await
+            .expect("the cluster settles");
+    }
+
+    fn invariants_hold(&self) {
+        let inv = invariants::check(
+            self.sim.cluster().server().store(),
+            self.sim.cluster().capi_version(),
+        );
+        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
+    }
+
+    fn events(&self, reason: &str) -> Vec<Value> {
+        self.list("events.events.k8s.io")
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
+    }
+
+    fn replicas(&self, md: &str) -> i64 {
+        self.list("machinedeployments")
+            .iter()
+            .find(|m| m["metadata"]["name"] == md)
+            .and_then(|m| m.pointer("/spec/replicas").and_then(Value::as_i64))
+            .unwrap_or(-1)
+    }
+
+    fn machines_of(&self, md: &str) -> usize {
+        self.list("machines")
+            .iter()
+            .filter(|m| m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] == md)
+            .count()
+    }
+
+    fn initialized(&self) -> usize {
+        self.list("nodeclaims")
+            .iter()
+            .filter(|c| {
+                c.pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|x| x["type"] == "Initialized" && x["status"] == "True")
+                    })
+            })
+            .count()
+    }
+
+    /// Sample `md`'s spec.replicas in the background; returns (stop flag, max seen, whether it
+    /// ever went up after `armed`).
+    fn watch_replicas(&self, md: &'static str) -> ReplicaProbe {
+        let probe = ReplicaProbe {
+            stop: Arc::new(AtomicBool::new(false)),
+            max: Arc::new(AtomicI64::new(i64::MIN)),
+            rose: Arc::new(AtomicBool::new(false)),
+        };
+        let (stop, max, rose) = (probe.stop.clone(), probe.max.clone(), probe.rose.clone());
+        let cluster = self.sim.cluster().clone();
+        tokio::spawn(async move {
+            let mut last: Option<i64> = None;
+            while !stop.load(Ordering::Relaxed) {
+                let r = cluster
+                    .server()
+                    .store()
+                    .list("machinedeployments", None)
+                    .iter()
+                    .find(|m| m["metadata"]["name"] == md)
+                    .and_then(|m| m.pointer("/spec/replicas").and_then(Value::as_i64));
+                if let Some(r) = r {
+                    max.fetch_max(r, Ordering::Relaxed);
+                    if last.is_some_and(|l| r > l) {
+                        rose.store(true, Ordering::Relaxed);
+                    }
+                    last = Some(r);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        probe
+    }
+
+    async fn tracked_catalog(&self) -> BTreeMap<&'static str, usize> {
+        self.controller
+            .catalog()
+            .expect("catalog runs here")
+            .send(Tracked)
+            .await
+            .expect("catalog answers")
+    }
+}
+
+struct ReplicaProbe {
+    stop: Arc<AtomicBool>,
+    max: Arc<AtomicI64>,
+    rose: Arc<AtomicBool>,
+}
+
+impl Drop for ReplicaProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn metric(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Item 1: a claim whose write never answers is abandoned at the step deadline (an Event and a
+/// metric say so) and reconciled again with backoff; once the API answers, it launches.
+/// Before: a fixed 60 s deadline, silent.
+#[actix::test]
+async fn a_hung_claim_write_is_abandoned_at_its_deadline_and_retried() {
+    let env = env(vec![seed_of(0, 10)], |s| {
+        s.deadlines.claim_step = Duration::from_millis(800);
+    })
+    .await;
+    env.faults()
+        .set_write_latency("nodeclaims", Duration::from_secs(3600));
+    let names = env.claims(1, 1).await;
+    env.wait("a ReconcileTimeout Event on the claim", |e| {
+        e.events("ReconcileTimeout")
+            .iter()
+            .any(|ev| ev["regarding"]["name"] == names[0].as_str())
+    })
+    .await;
+    let text = env.metrics.encode();
+    assert!(
+        metric(
+            &text,
+            "karpenter_capi_reconcile_timeouts_total{controller=\"nodeclaim\"}"
+        ) >= 1.0,
+        "{text}"
+    );
+    env.faults().clear();
+    env.faults().set_agent(Some(USER_AGENT));
+    env.wait("the claim initialized once the API answers", |e| {
+        e.initialized() == 1
+    })
+    .await;
+    env.settle().await;
+    env.invariants_hold();
+}
+
+/// Item 5: replica writes land but their answers never come. The Scaler must read the
+/// MachineDeployment back instead of retrying blind: replicas only ever go down while claims
+/// are deleted, and end equal to the Machines. Before: no answer meant a hang for 30 s, then a
+/// replan from a stale index that could raise replicas again and decrement twice.
+#[actix::test]
+async fn an_ambiguous_decrement_is_read_back_and_never_repeated() {
+    let env = env(vec![seed_of(0, 20)], |s| {
+        s.deadlines.scaler_write = Duration::from_millis(500);
+    })
+    .await;
+    env.claims(6, 1).await;
+    env.settle().await;
+    assert_eq!(env.replicas("md-0"), 6);
+    env.faults()
+        .set_write_response_delay("machinedeployments", Duration::from_secs(3600));
+    // Cluster API takes a while to remove a Machine after a decrement (MachineSet first), as
+    // on a real cluster: a Scaler that forgot its decrement sees the marked Machine still there.
+    env.faults()
+        .set_write_latency("machinesets", Duration::from_millis(1500));
+    env.faults().set_every_client("machinesets");
+    let probe = env.watch_replicas("md-0");
+    env.delete_claims().await;
+    env.wait("every Machine gone and replicas at zero", |e| {
+        e.machines_of("md-0") == 0 && e.replicas("md-0") == 0 && e.list("nodeclaims").is_empty()
+    })
+    .await;
+    // Let any late retry show itself before looking.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !probe.rose.load(Ordering::Relaxed),
+        "replicas went up again while claims were only deleted"
+    );
+    assert_eq!(env.replicas("md-0"), 0);
+    assert_eq!(probe.max.load(Ordering::Relaxed), 6);
+    let text = env.metrics.encode();
+    assert!(
+        metric(
+            &text,
+            "karpenter_capi_reconcile_timeouts_total{controller=\"scaler\"}"
+        ) >= 1.0,
+        "the writes did time out: {text}"
+    );
+    env.faults().clear();
+    env.settle().await;
+    env.invariants_hold();
+}
+
+/// Item 5: binds land but their answers never come. No claim may end up with two Machines and
+/// no Machine with two claims; every claim still launches. Before: a bind without an answer
+/// hung its claim for good.
+#[actix::test]
+async fn a_bind_with_no_answer_never_binds_a_claim_twice() {
+    let env = env(vec![seed_of(0, 20)], |s| {
+        s.deadlines.scaler_write = Duration::from_millis(500);
+    })
+    .await;
+    env.faults()
+        .set_write_response_delay("machines", Duration::from_secs(3600));
+    env.claims(8, 1).await;
+    env.wait("every claim initialized", |e| e.initialized() == 8)
+        .await;
+    env.invariants_hold();
+    env.faults().clear();
+    env.settle().await;
+    assert_eq!(env.machines_of("md-0"), 8);
+    env.invariants_hold();
+}
+
+/// A claim that already recorded MachineDeployment `md` (as a restarted controller finds it).
+fn waiting_claim(pool: &NodePool, md: &str) -> NodeClaim {
+    let mut c = claim_for(pool, "sim-0");
+    c.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            MACHINE_DEPLOYMENT_ANNOTATION.to_string(),
+            format!("{NAMESPACE}/{md}"),
+        );
+    c.metadata.finalizers = Some(vec![TERMINATION_FINALIZER.to_string()]);
+    c
+}
+
+/// Items 6 and 9: md-0 has max-size 2 and a malformed CPU annotation; four claims already wait
+/// on it. The Scaler keeps max-size (the two beyond it are turned down and go to md-1), and
+/// once the claims and MachineDeployments are deleted, the Scalers stop and every per-object map
+/// shrinks back. Before: a malformed capacity annotation switched max-size off.
+#[actix::test]
+async fn a_malformed_capacity_annotation_keeps_max_size_and_maps_shrink_back() {
+    let mut broken = seed_of(0, 2);
+    broken
+        .annotations
+        .insert(CPU_ANNOTATION.to_string(), "four".to_string());
+    let mut healthy = seed_of(1, 20);
+    // Same instance type, so the turned-down claims have somewhere to go.
+    healthy.annotations = seed_of(0, 20).annotations;
+    let env = env(vec![broken, healthy], |_| {}).await;
+    let probe = env.watch_replicas("md-0");
+    let pool = env.pool.clone();
+    env.sim
+        .run(move |c| async move {
+            let api: Api<NodeClaim> = Api::all(c.client());
+            for _ in 0..4 {
+                api.create(&PostParams::default(), &waiting_claim(&pool, "md-0"))
+                    .await
+                    .expect("claim");
+            }
+        })
+        .await
+        .expect("claims");
+    env.wait("four claims initialized", |e| e.initialized() == 4)
+        .await;
+    env.settle().await;
+    assert!(
+        probe.max.load(Ordering::Relaxed) <= 2,
+        "md-0 went above its max-size: {}",
+        probe.max.load(Ordering::Relaxed)
+    );
+    assert_eq!(env.replicas("md-0"), 2);
+    assert_eq!(env.replicas("md-1"), 2);
+    env.invariants_hold();
+
+    // Everything goes: claims, then the MachineDeployments.
+    env.delete_claims().await;
+    env.wait("claims and Machines gone", |e| {
+        e.list("nodeclaims").is_empty() && e.list("machines").is_empty()
+    })
+    .await;
+    let scaler = env
+        .controller
+        .shared
+        .router
+        .scaler("default/md-0")
+        .expect("md-0 has a Scaler");
+    // The Scaler forgets deleted claims (at the latest at its next resync).
+    let start = Instant::now();
+    loop {
+        let maps = scaler.send(Tracked).await.expect("scaler answers");
+        if maps.values().all(|n| *n == 0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the Scaler still holds {maps:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    env.sim
+        .run(|c| async move {
+            let ar = c.capi_version().machine_deployment();
+            let api: Api<DynamicObject> = Api::namespaced_with(c.client(), NAMESPACE, &ar);
+            for md in ["md-0", "md-1"] {
+                api.delete(md, &DeleteParams::default())
+                    .await
+                    .expect("delete MachineDeployment");
+            }
+        })
+        .await
+        .expect("delete MachineDeployments");
+    env.wait("MachineDeployments gone", |e| {
+        e.list("machinedeployments").is_empty()
+    })
+    .await;
+    let start = Instant::now();
+    loop {
+        let scalers = env.controller.shared.router.scalers().len();
+        let catalog = env.tracked_catalog().await;
+        if scalers == 0 && catalog["templates"] == 0 && catalog["fetching"] == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "still {scalers} Scalers, catalog {catalog:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = env.metrics.encode();
+    assert!(
+        !text.contains("karpenter_capi_scaler_queue_depth{machine_deployment=\"default/md-0\"}"),
+        "a stopped Scaler's gauge goes: {text}"
+    );
+    let provisioner = env
+        .controller
+        .provisioner
+        .send(Tracked)
+        .await
+        .expect("provisioner answers");
+    assert!(provisioner.values().all(|n| *n == 0), "{provisioner:?}");
+}
+
+/// Item 8 (and 9 for metric series, 11 for the cloud-provider latency): NodePool
+/// status.resources and the usage gauges drop keys that went to zero, and a deleted NodePool's
+/// series go. Before: a merge patch kept the last cpu/memory values for ever, the gauges kept
+/// exporting them, and karpenter_cloudprovider_duration_seconds was never observed.
+#[actix::test]
+async fn nodepool_resources_and_usage_series_drop_keys_that_went_to_zero() {
+    let env = env(vec![seed_of(0, 10)], |_| {}).await;
+    env.claims(2, 1).await;
+    env.settle().await;
+    let has_cpu = |e: &Env| {
+        e.list("nodepools")
+            .first()
+            .is_some_and(|np| !np["status"]["resources"]["cpu"].is_null())
+    };
+    env.wait("the NodePool counts cpu", has_cpu).await;
+    let usage = "karpenter_nodepools_usage{nodepool=\"default\",resource_type=\"cpu\"}";
+    assert!(env.metrics.encode().contains(usage));
+
+    env.delete_claims().await;
+    env.wait("status.resources without cpu", |e| !has_cpu(e))
+        .await;
+    // Item 11: Karpenter's cloud-provider latency is observed for both methods.
+    env.wait("the claims and their Machines gone", |e| {
+        e.list("nodeclaims").is_empty() && e.list("machines").is_empty()
+    })
+    .await;
+    // The Delete is observed when the finalizer write answers, just after the claim goes.
+    let start = Instant::now();
+    loop {
+        let text = env.metrics.encode();
+        let count = |method: &str| {
+            metric(
+                &text,
+                &format!("karpenter_cloudprovider_duration_seconds_count{{method=\"{method}\"}}"),
+            )
+        };
+        if count("Create") == 2.0 && count("Delete") == 2.0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "cloud-provider durations: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let np = env.list("nodepools").remove(0);
+    assert_eq!(np["status"]["nodes"], 0, "{np:#}");
+    let start = Instant::now();
+    while env.metrics.encode().contains(usage) {
+        assert!(start.elapsed() < DEADLINE, "the cpu usage series stays");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    env.sim
+        .run(|c| async move {
+            Api::<NodePool>::all(c.client())
+                .delete("default", &DeleteParams::default())
+                .await
+                .expect("delete NodePool")
+        })
+        .await
+        .expect("delete NodePool");
+    let start = Instant::now();
+    while env
+        .metrics
+        .encode()
+        .contains("karpenter_nodepools_usage{nodepool=\"default\"")
+    {
+        assert!(start.elapsed() < DEADLINE, "a deleted pool keeps series");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Item 3: NodeClaim creates that take seconds to answer still count as capacity: the
+/// provisioner re-solves meanwhile (NodePool status writes, catalog rebuilds) but creates no
+/// duplicate. Before: every solve during the wait created the same claims again.
+#[actix::test]
+async fn slow_creates_count_as_capacity_and_create_no_duplicates() {
+    let env = env(vec![seed_of(0, 50)], |_| {}).await;
+    env.faults()
+        .set_write_latency("nodeclaims", Duration::from_secs(3));
+    // 1.5 CPU each on 4-CPU nodes: two pods per claim.
+    env.sim
+        .run(|c| async move {
+            c.create_pods(NAMESPACE, "slow", 10, &PodShape::new("1500m", "1Gi"))
+                .await
+                .expect("pods")
+        })
+        .await
+        .expect("pods");
+    // Keep poking the provisioner while the creates hang, as status writes would.
+    for _ in 0..10 {
+        env.controller.shared.router.provisioner_poke();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    env.faults().clear();
+    env.faults().set_agent(Some(USER_AGENT));
+    env.wait("every pod bound", |e| {
+        e.list("pods")
+            .iter()
+            .filter(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_some()
+            })
+            .count()
+            == 10
+    })
+    .await;
+    env.settle().await;
+    assert_eq!(
+        env.list("nodeclaims").len(),
+        5,
+        "one claim per two pods, no duplicates"
+    );
+    env.invariants_hold();
+}
+
+/// Item 3: a create that fails is reported on its pods and the pods are solved again after a
+/// backoff. Before: the failure was only logged and the pods waited for an unrelated event.
+#[actix::test]
+async fn a_failed_create_is_reported_on_its_pods_and_solved_again() {
+    let env = env(vec![seed_of(0, 50)], |_| {}).await;
+    env.faults().set_write_latency("nodeclaims", Duration::ZERO);
+    env.faults().set_rule(
+        "nodeclaims",
+        karpenter_capi::sim::FaultRule {
+            error_rate: 1.0,
+            ..Default::default()
+        },
+    );
+    env.sim
+        .run(|c| async move {
+            c.create_pods(NAMESPACE, "fail", 2, &PodShape::new("1", "1Gi"))
+                .await
+                .expect("pods")
+        })
+        .await
+        .expect("pods");
+    env.wait("a FailedCreatingNodeClaim Event on a pod", |e| {
+        e.events("FailedCreatingNodeClaim")
+            .iter()
+            .any(|ev| ev["regarding"]["kind"] == "Pod")
+    })
+    .await;
+    env.faults().clear();
+    env.wait("both pods bound", |e| {
+        e.list("pods")
+            .iter()
+            .filter(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_some()
+            })
+            .count()
+            == 2
+    })
+    .await;
+    env.settle().await;
+    env.invariants_hold();
+}
+
+/// Item 7: the template's status.capacity is read again when it could not be read (a transient
+/// error is retried, not cached) and when the MachineDeployment changes after the template did.
+/// Before: the first answer, or the first error, was kept for ever.
+#[actix::test]
+async fn template_capacity_is_retried_after_errors_and_reread_after_changes() {
+    let mut seed = seed_of(0, 10);
+    seed.annotations.remove(CPU_ANNOTATION);
+    seed.annotations.remove(MEMORY_ANNOTATION);
+    seed.infrastructure_template = Some("tmpl-0".into());
+    let env = env(Vec::new(), |_| {}).await;
+    env.faults().set_error_rate("devmachinetemplates", 1.0);
+    env.sim
+        .run(move |c| async move {
+            c.create_machine_template(
+                NAMESPACE,
+                "tmpl-0",
+                BTreeMap::from([
+                    ("cpu".to_string(), "2".to_string()),
+                    ("memory".to_string(), "8Gi".to_string()),
+                ]),
+            )
+            .await
+            .expect("template");
+            c.create_machine_deployment_from(&seed)
+                .await
+                .expect("MachineDeployment");
+        })
+        .await
+        .expect("seed");
+    let cpu = |e: &Env| -> Option<String> {
+        e.controller
+            .shared
+            .catalog
+            .instance_types(NODECLASS)
+            .first()
+            .and_then(|t| {
+                t.capacity
+                    .iter()
+                    .find(|(k, _)| *k == "cpu")
+                    .map(|(_, q)| q.to_string())
+            })
+    };
+    // The catalog has the MachineDeployment (from annotations) before the template is read.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(cpu(&env), None, "the template could not be read yet");
+    env.faults().clear();
+    env.wait("the template's capacity after the errors stop", |e| {
+        cpu(e).as_deref() == Some("2")
+    })
+    .await;
+
+    env.sim
+        .run(|c| async move {
+            let ar = karpenter_capi::sim::cluster::infra_template_resource();
+            let api: Api<DynamicObject> = Api::namespaced_with(c.client(), NAMESPACE, &ar);
+            api.patch_status(
+                "tmpl-0",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"capacity": {"cpu": "8"}}})),
+            )
+            .await
+            .expect("template status");
+            let md_ar = c.capi_version().machine_deployment();
+            let mds: Api<DynamicObject> = Api::namespaced_with(c.client(), NAMESPACE, &md_ar);
+            mds.patch(
+                "md-0",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"touched": "1"}}})),
+            )
+            .await
+            .expect("touch MachineDeployment");
+        })
+        .await
+        .expect("change template");
+    env.wait("the new capacity", |e| cpu(e).as_deref() == Some("8"))
+        .await;
+}
