@@ -93,6 +93,11 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 20))
 }
 
+/// Node lifetimes: 15 minutes to about 3 months.
+fn lifetime_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(900.0, 2.0, 14))
+}
+
 fn batch_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 12))
 }
@@ -138,6 +143,10 @@ pub struct Metrics {
     pub nodes_drained: Family<NodePoolLabels, Counter>,
     pub pods_eviction_requests: Family<CodeLabels, Counter>,
     pub pods_drained: Family<ReasonLabels, Counter>,
+    pub nodes_termination_duration: HistogramFamily<NodePoolLabels>,
+    pub nodes_lifetime_duration: HistogramFamily<NodePoolLabels>,
+    pub nodeclaims_termination_duration: HistogramFamily<NodePoolLabels>,
+    pub nodeclaims_instance_termination_duration: HistogramFamily<NodePoolLabels>,
 }
 
 impl Metrics {
@@ -176,6 +185,12 @@ impl Metrics {
             nodes_drained: Family::default(),
             pods_eviction_requests: Family::default(),
             pods_drained: Family::default(),
+            nodes_termination_duration: Family::new_with_constructor(latency_histogram),
+            nodes_lifetime_duration: Family::new_with_constructor(lifetime_histogram),
+            nodeclaims_termination_duration: Family::new_with_constructor(latency_histogram),
+            nodeclaims_instance_termination_duration: Family::new_with_constructor(
+                latency_histogram,
+            ),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -338,6 +353,26 @@ impl Metrics {
             "karpenter_pods_drained",
             "Pods drained (evicted or, at the deadline, deleted) during node termination, by reason",
             m.pods_drained.clone(),
+        );
+        r.register(
+            "karpenter_nodes_termination_duration_seconds",
+            "Time from a Node's deletion to the removal of the controller's finalizer",
+            m.nodes_termination_duration.clone(),
+        );
+        r.register(
+            "karpenter_nodes_lifetime_duration_seconds",
+            "Lifetime of Nodes from creation to the removal of the controller's finalizer",
+            m.nodes_lifetime_duration.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_termination_duration_seconds",
+            "Time from a NodeClaim's deletion to the removal of its finalizer",
+            m.nodeclaims_termination_duration.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_instance_termination_duration_seconds",
+            "Time from the release of a NodeClaim's Machine to the Machine being gone",
+            m.nodeclaims_instance_termination_duration.clone(),
         );
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),

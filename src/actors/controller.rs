@@ -88,6 +88,9 @@ impl Actors {
         if let Some(c) = self.catalog.lock().take() {
             c.do_send(super::StopActor);
         }
+        if let Some(t) = router.take_terminator() {
+            t.do_send(super::StopActor);
+        }
     }
 }
 
@@ -239,6 +242,9 @@ async fn activate(actors: &Actors) {
     while !catalog.send(Synced).await.unwrap_or(true) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let terminator =
+        super::terminator::Terminator::new(shared.clone(), shared.settings.min_drain_time).start();
+    shared.router.set_terminator(terminator);
     shared.router.set_active();
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();

@@ -55,6 +55,9 @@ pub struct Settings {
     pub preference: crate::scheduling::PreferencePolicy,
     /// Deadlines of the actors' own work (tests shorten them).
     pub deadlines: Deadlines,
+    /// A drained node counts as drained only this long after its drain began, so pods bound
+    /// just before the taint landed are seen too (upstream's 5 s; simulations shorten it).
+    pub min_drain_time: Duration,
 }
 
 /// How long an actor waits for its own work before it gives up on it and retries with backoff:
@@ -87,6 +90,7 @@ impl Default for Settings {
             batching: provisioner::Batching::default(),
             preference: crate::scheduling::PreferencePolicy::Respect,
             deadlines: Deadlines::default(),
+            min_drain_time: Duration::from_secs(5),
         }
     }
 }

@@ -535,6 +535,9 @@ impl StreamHandler<Watched> for Provisioner {
                 watcher::Event::Apply(p) => {
                     let key = pods::key(&p);
                     self.observe_startup(&key, &p);
+                    if let Some(node) = pods::node_name(&p) {
+                        self.shared.router.drain_node_changed(node);
+                    }
                     let provisionable = self.shared.state.pods.write().apply(p);
                     if provisionable {
                         self.waiting.entry(key).or_insert_with(Instant::now);
@@ -546,6 +549,9 @@ impl StreamHandler<Watched> for Provisioner {
                 watcher::Event::Delete(p) => {
                     let key = pods::key(&p);
                     self.shared.state.pods.write().remove(&key);
+                    if let Some(node) = pods::node_name(&p) {
+                        self.shared.router.drain_node_changed(node);
+                    }
                     self.told.remove(&key);
                     self.waiting.remove(&key);
                 }

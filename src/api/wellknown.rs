@@ -56,6 +56,8 @@ pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
 pub const SET_NAME_LABEL: &str = "cluster.x-k8s.io/set-name";
+/// Cluster API skips its own drain of a Machine's Node when the Machine carries this (any value).
+pub const EXCLUDE_NODE_DRAINING_ANNOTATION: &str = "machine.cluster.x-k8s.io/exclude-node-draining";
 pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
 /// Membership label on MachineDeployments (and the Machines we bind) used by the Go provider.
 pub const MEMBER_LABEL: &str = "node.cluster.x-k8s.io/karpenter-member";

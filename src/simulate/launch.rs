@@ -192,6 +192,16 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
     let store = cluster.server().store();
     let mut why = Vec::new();
     for c in store.list("nodeclaims", None) {
+        if c.pointer("/metadata/deletionTimestamp")
+            .is_some_and(|v| !v.is_null())
+        {
+            // A claim being deleted is in flight until it is gone (draining, releasing).
+            why.push(format!(
+                "NodeClaim {} terminating (finalizers {})",
+                c["metadata"]["name"], c["metadata"]["finalizers"]
+            ));
+            continue;
+        }
         let initialized = c
             .pointer("/status/conditions")
             .and_then(Value::as_array)

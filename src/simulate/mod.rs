@@ -129,7 +129,12 @@ impl Drop for BackgroundSim {
 /// Settings tuned for simulations: the defaults of `run`, with the create timeout chosen by the
 /// scenario.
 pub fn sim_settings(create_timeout: Option<Duration>) -> Settings {
-    let mut s = Settings::default();
+    let mut s = Settings {
+        // Simulated pods start and stop in milliseconds; a second still catches pods bound
+        // just before the disrupted taint landed.
+        min_drain_time: Duration::from_secs(1),
+        ..Settings::default()
+    };
     if let Some(t) = create_timeout {
         s.create_timeout = t;
         // Keep failed offerings out only briefly so a short simulation can recover.

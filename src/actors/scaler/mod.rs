@@ -22,7 +22,8 @@ use super::nodeclaim::{MachineBound, RequestRejected};
 use super::patch::JsonPatch;
 use super::{Error, Shared, api_err};
 use crate::api::wellknown::{
-    DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL, NODECLAIM_ANNOTATION,
+    DELETE_MACHINE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION, MANAGED_REPLICAS_ANNOTATION,
+    MEMBER_LABEL, NODECLAIM_ANNOTATION,
 };
 use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION};
 use crate::capi::model::{Machine, MachineDeployment};
@@ -62,6 +63,8 @@ pub struct CancelRequest {
 #[rtype(result = "()")]
 pub struct ReleaseMachine {
     pub machine: String,
+    /// The claim's Node was drained by the Terminator: Cluster API need not drain it again.
+    pub drained: bool,
 }
 
 /// Something this MachineDeployment depends on changed (its Machines, itself, a claim): re-plan.
@@ -183,7 +186,7 @@ impl Handler<CancelRequest> for Scaler {
 impl Handler<ReleaseMachine> for Scaler {
     type Result = ();
     fn handle(&mut self, msg: ReleaseMachine, ctx: &mut Self::Context) {
-        self.release(msg.machine, ctx);
+        self.release(msg.machine, msg.drained, ctx);
         self.replan(ctx);
     }
 }
@@ -245,7 +248,7 @@ impl Scaler {
         let plan = plan::plan(&snapshot);
         for machine in self.orphans(&inputs.machines) {
             tracing::warn!(machine = %machine, machine_deployment = %self.md, "machine bound to a NodeClaim that no longer exists; releasing it");
-            self.release(machine, ctx);
+            self.release(machine, false, ctx);
         }
         self.metrics()
             .scaler_queue_depth
@@ -259,7 +262,7 @@ impl Scaler {
             self.reject(&claim, Rejection::AtMaxSize);
         }
         for machine in plan.release {
-            self.release(machine, ctx);
+            self.release(machine, false, ctx);
         }
         if let Some(write) = plan.write
             && !self.writing
@@ -566,7 +569,10 @@ impl Scaler {
     }
 
     /// Mark a Machine of ours for deletion (step one of a release; the decrement follows).
-    fn release(&mut self, machine_key: String, ctx: &mut Context<Self>) {
+    /// Mark a Machine for deletion (the decrement follows in the next replica write). A Machine
+    /// whose Node the Terminator drained also gets Cluster API's exclude-node-draining
+    /// annotation in the same write, so Cluster API does not drain it a second time.
+    fn release(&mut self, machine_key: String, drained: bool, ctx: &mut Context<Self>) {
         let Some(machine) = self.shared.state.machines.read().get(&machine_key) else {
             return;
         };
@@ -587,6 +593,14 @@ impl Scaler {
                 DELETE_MACHINE_ANNOTATION,
                 DELETE_MACHINE_VALUE,
             );
+            if drained {
+                p.set_entry(
+                    true,
+                    "/metadata/annotations",
+                    EXCLUDE_NODE_DRAINING_ANNOTATION,
+                    DELETE_MACHINE_VALUE,
+                );
+            }
             let what = format!("marking Machine {} for deletion", machine.name);
             let result = bounded(
                 &shared,

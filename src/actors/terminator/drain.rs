@@ -176,7 +176,10 @@ fn tier(pod: &Pod) -> usize {
 fn forced_grace(pod: &Pod, deadline: Option<jiff::Timestamp>, now: jiff::Timestamp) -> Option<i64> {
     let deadline = deadline?;
     let due = match &pod.metadata.deletion_timestamp {
-        Some(t) => t.0 > deadline,
+        // Deletion timestamps have second precision: one second past the deadline is on time.
+        Some(t) => deadline
+            .checked_add(jiff::SignedDuration::from_secs(1))
+            .is_ok_and(|late| t.0 > late),
         None => {
             let grace = pod
                 .spec

@@ -96,9 +96,13 @@ struct NodeDrain {
     wake_at: Option<Instant>,
 }
 
-/// One pod's eviction: in flight, or waiting for its backoff.
+/// One pod's eviction: in flight, waiting for its backoff, or done (the pod is leaving; the
+/// index may not show it yet, and a second eviction would only cost a request).
 struct PodEviction {
     in_flight: bool,
+    removed: bool,
+    /// A forced deletion was sent.
+    forced: bool,
     next: Instant,
     backoff: Backoff,
 }
@@ -380,12 +384,20 @@ impl Terminator {
             .entry(pod.uid.clone())
             .or_insert_with(|| PodEviction {
                 in_flight: false,
+                removed: false,
+                forced: false,
                 next: Instant::now(),
                 backoff: Backoff::new(EVICTION_BACKOFF_MIN, EVICTION_BACKOFF_MAX),
             });
-        if entry.in_flight {
+        // A pod already on its way out is not asked again: an eviction that went through is
+        // not repeated, and a forced deletion is sent once (the server only ever shortens a
+        // pod's grace, and ours already ends at the deadline). A forced deletion may still
+        // follow a plain eviction when the deadline comes first.
+        let forced = matches!(action, Action::Delete { .. });
+        if entry.in_flight || (entry.removed && (!forced || entry.forced)) {
             return None;
         }
+        entry.forced |= forced;
         if entry.next > Instant::now() {
             return Some(entry.next);
         }
@@ -434,7 +446,7 @@ impl Terminator {
         entry.in_flight = false;
         match result {
             Ok(how) => {
-                self.pods.remove(&pod.uid);
+                entry.removed = true;
                 self.shared
                     .metrics
                     .pods_drained

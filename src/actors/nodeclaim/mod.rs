@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use super::backoff::Backoff;
 use super::catalog::{Choice, ResolveError};
 use super::patch::{JsonPatch, escape};
-use super::scaler::{self, CancelRequest, Rejection, ReleaseMachine, RequestMachine, Scaler};
+use super::scaler::{self, Rejection, RequestMachine, Scaler};
 use super::{Error, Shared, api_err};
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
@@ -31,6 +31,8 @@ use crate::metrics::{CreatedLabels, Metrics, NodePoolLabels};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::key as machine_key;
 use crate::state::versions::Freshness;
+
+mod termination;
 
 /// Something about this claim changed (the claim itself, its Machine or its Node): reconcile.
 #[derive(Message)]
@@ -389,6 +391,16 @@ impl Step {
         let c = self.claim.clone();
         if c.metadata.deletion_timestamp.is_some() {
             return self.terminate().await;
+        }
+        // A Node deleted directly (`kubectl delete node`) ends its claim the same way: deleting
+        // the claim runs the one termination flow (our finalizer holds the Node meanwhile).
+        if let Some(n) = self.claim_node()
+            && n.metadata.deletion_timestamp.is_some()
+            && n.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
+        {
+            tracing::info!(nodeclaim = %self.name(), node = %n.name_any(), "node deleted; deleting its NodeClaim");
+            self.delete_claim().await?;
+            return Ok(Next::Wait(None));
         }
         let Some(md) = recorded_deployment(&c)
             .map(str::to_string)
@@ -840,168 +852,6 @@ impl Step {
         );
         self.delete_claim().await?;
         Ok(Next::Wait(None))
-    }
-
-    /// Termination: delete the Node, give the Machine back (annotate, then decrement), wait until
-    /// it is gone, then remove the finalizer.
-    async fn terminate(&mut self) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        if !has_finalizer(&c) {
-            return Ok(Next::Done);
-        }
-        // Keep new pods off the Node while it goes; once something (Cluster API, after its
-        // drain) deletes the Node, our finalizer must not hold it.
-        let node = self.claim_node();
-        if let Some(n) = &node {
-            if n.metadata.deletion_timestamp.is_some() {
-                self.release_node_finalizer(n).await?;
-            } else {
-                self.taint_disrupted(n).await?;
-            }
-        }
-        // Give the Machine back first: deleting it makes Cluster API cordon and drain the Node
-        // (honouring PodDisruptionBudgets) and delete it with the instance.
-        let bound = self.shared.state.machines.read().bound_to(&self.name());
-        if let Ok(Some(machine)) = bound {
-            if machine.deletion_timestamp.is_none()
-                && let Some(md) = crate::state::machines::deployment_key(&machine)
-            {
-                self.scaler(&md).do_send(ReleaseMachine {
-                    machine: machine_key(&machine.namespace, &machine.name),
-                });
-            }
-            return Ok(Next::Wait(Some(Duration::from_secs(30))));
-        }
-        // The Machine is gone; a Node that outlived it goes now.
-        if let Some(n) = &node {
-            self.delete_node(n).await?;
-        }
-        if let Some(md) = recorded_deployment(&c) {
-            // Make sure no bind for us is in flight before we let go (else it would orphan a
-            // Machine): if one is, wait for it to land and release that Machine instead.
-            match self
-                .scaler(md)
-                .send(CancelRequest { claim: self.name() })
-                .await
-            {
-                Ok(false) => {}
-                Ok(true) | Err(_) => return Ok(Next::Wait(Some(Duration::from_millis(200)))),
-            }
-            if matches!(
-                self.shared.state.machines.read().bound_to(&self.name()),
-                Ok(Some(_))
-            ) {
-                return Ok(Next::Wait(Some(Duration::ZERO)));
-            }
-        }
-        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
-        let finalizers: Vec<&String> = c
-            .finalizers()
-            .iter()
-            .filter(|f| *f != TERMINATION_FINALIZER)
-            .collect();
-        p.set("/metadata/finalizers", json!(finalizers));
-        self.patch_claim(p, false).await?;
-        // Karpenter's cloud-provider Delete: release requested (the claim's deletion) until
-        // its Machine is gone, for claims that had one.
-        if recorded_machine(&c).is_some()
-            && let Some(deleted) = c.metadata.deletion_timestamp.as_ref()
-        {
-            self.shared
-                .metrics
-                .cloudprovider("Delete", since(deleted.0));
-        }
-        let md = recorded_deployment(&c).unwrap_or_default().to_string();
-        self.shared
-            .metrics
-            .nodeclaims_terminated
-            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
-            .inc();
-        tracing::info!(nodeclaim = %self.name(), "terminated");
-        Ok(Next::Done)
-    }
-
-    fn claim_node(&self) -> Option<Arc<Node>> {
-        let nodes = self.shared.state.nodes.read();
-        provider_id(&self.claim)
-            .and_then(|pid| nodes.by_provider_id(pid))
-            .or_else(|| {
-                self.claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_deref())
-                    .and_then(|n| nodes.get(n))
-            })
-    }
-
-    /// Delete the Node (if nothing else is) and release our finalizer on it. Cluster API drained
-    /// it when the Machine was deleted; a Node still here is one it did not manage to remove.
-    async fn delete_node(&mut self, node: &Node) -> Result<(), Error> {
-        let api: Api<Node> = Api::all(self.shared.workload.clone());
-        let name = node.name_any();
-        if node.metadata.deletion_timestamp.is_none() {
-            match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-                Err(e) => return Err(api_err(&self.shared.metrics, "delete", "nodes", &name)(e)),
-            }
-            self.shared
-                .metrics
-                .nodes_terminated
-                .get_or_create(&NodePoolLabels {
-                    nodepool: self.nodepool(),
-                })
-                .inc();
-        }
-        self.release_node_finalizer(node).await
-    }
-
-    /// `karpenter.sh/disrupted:NoSchedule` on the Node of a terminating claim.
-    async fn taint_disrupted(&mut self, node: &Node) -> Result<(), Error> {
-        let mut taints = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default();
-        if taints.iter().any(|t| t.key == DISRUPTED_TAINT_KEY) {
-            return Ok(());
-        }
-        taints.push(Taint {
-            key: DISRUPTED_TAINT_KEY.into(),
-            effect: "NoSchedule".into(),
-            ..Default::default()
-        });
-        let mut p = JsonPatch::guarded(node.resource_version().as_deref());
-        p.set("/spec/taints", json!(taints));
-        match self.patch_node(&node.name_any(), p).await {
-            Err(e) if e.is_not_found() => Ok(()),
-            other => other,
-        }
-    }
-
-    async fn release_node_finalizer(&mut self, node: &Node) -> Result<(), Error> {
-        let api: Api<Node> = Api::all(self.shared.workload.clone());
-        let name = node.name_any();
-        if node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER) {
-            let mut p = JsonPatch::guarded(node.resource_version().as_deref());
-            let rest: Vec<&String> = node
-                .finalizers()
-                .iter()
-                .filter(|f| *f != TERMINATION_FINALIZER)
-                .collect();
-            p.set("/metadata/finalizers", json!(rest));
-            let patch = p.into_patch().map_err(|source| Error::Patch {
-                kind: "Node",
-                name: name.clone(),
-                source,
-            })?;
-            match api.patch(&name, &PatchParams::default(), &patch).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(api_err(&self.shared.metrics, "patch", "nodes", &name)(e)),
-            }
-        }
-        Ok(())
     }
 
     async fn delete_claim(&self) -> Result<(), Error> {

@@ -1,0 +1,397 @@
+//! Termination of a deleted claim (REFERENCE.md section 3, Karpenter core v1's termination flow):
+//!
+//! 1. With a `terminationGracePeriod`, stamp `karpenter.sh/nodeclaim-termination-timestamp`
+//!    (deletion + grace): the moment every pod must be gone.
+//! 2. Drain the Node through the Terminator (taint, evictions in Karpenter's order, PDBs and
+//!    do-not-disrupt honoured until the deadline, then VolumeAttachments) while the Machine still
+//!    runs, so pods leave gracefully. `Drained` and `VolumesDetached` follow on the claim.
+//! 3. Release the Machine (delete-machine annotation, then the compare-and-swap decrement), with
+//!    Cluster API's own drain switched off for it: ours is done. `InstanceTerminating`.
+//! 4. Once the Machine is gone: delete the Node if it is still there, drop our finalizer from it
+//!    and from the claim.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+
+use super::{Next, Step, condition_time, has_finalizer, is_true, object_ref, since};
+use crate::actors::patch::JsonPatch;
+use crate::actors::scaler::{CancelRequest, ReleaseMachine};
+use crate::actors::terminator::{Drain, DrainState, Forget};
+use crate::actors::{Error, api_err};
+use crate::api::conditions::{self, ConditionStatus};
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::wellknown::*;
+use crate::metrics::{Metrics, NodePoolLabels};
+use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
+use crate::state::machines::key as machine_key;
+
+/// How long a terminating claim waits before it asks again on its own (progress normally arrives
+/// as a kick from the Terminator, the Machine watch or the Node watch).
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// Upstream's eviction reason when the claim carries no `DisruptionReason`.
+const FORCEFUL: &str = "Forceful Termination";
+
+impl Step {
+    pub(super) async fn terminate(&mut self) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        if !has_finalizer(&c) {
+            return Ok(Next::Done);
+        }
+        let deadline = match self.termination_deadline(&c).await? {
+            Deadline::Stamped(updated) => return Ok(Next::Continue(updated)),
+            Deadline::At(d) => d,
+        };
+        let node = self.claim_node();
+        let bound = self.shared.state.machines.read().bound_to(&self.name());
+        let machine = bound.ok().flatten();
+        // Drain while the Machine still runs, so pods leave on their own terms.
+        if let Some(n) = &node
+            && let Some(next) = self.drain(&c, n, deadline).await?
+        {
+            return Ok(next);
+        }
+        if let Some(machine) = machine {
+            if machine.deletion_timestamp.is_none()
+                && let Some(md) = crate::state::machines::deployment_key(&machine)
+            {
+                self.scaler(&md).do_send(ReleaseMachine {
+                    machine: machine_key(&machine.namespace, &machine.name),
+                    drained: node.is_some(),
+                });
+            }
+            if !is_true(&c, conditions::INSTANCE_TERMINATING) {
+                let updated = self
+                    .set_conditions(&[(
+                        conditions::INSTANCE_TERMINATING,
+                        ConditionStatus::True,
+                        "InstanceTerminating",
+                        "",
+                    )])
+                    .await?;
+                if let Some(u) = updated {
+                    self.claim = u;
+                }
+            }
+            return Ok(Next::Wait(Some(RESYNC)));
+        }
+        // The Machine is gone; a Node that outlived it goes now.
+        if let Some(n) = &node {
+            self.delete_node(n).await?;
+        }
+        if let Some(md) = recorded_deployment(&c) {
+            // Make sure no bind for us is in flight before we let go (else it would orphan a
+            // Machine): if one is, wait for it to land and release that Machine instead.
+            match self
+                .scaler(md)
+                .send(CancelRequest { claim: self.name() })
+                .await
+            {
+                Ok(false) => {}
+                Ok(true) | Err(_) => return Ok(Next::Wait(Some(Duration::from_millis(200)))),
+            }
+            if matches!(
+                self.shared.state.machines.read().bound_to(&self.name()),
+                Ok(Some(_))
+            ) {
+                return Ok(Next::Wait(Some(Duration::ZERO)));
+            }
+        }
+        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
+        let finalizers: Vec<&String> = c
+            .finalizers()
+            .iter()
+            .filter(|f| *f != TERMINATION_FINALIZER)
+            .collect();
+        p.set("/metadata/finalizers", json!(finalizers));
+        self.patch_claim(p, false).await?;
+        if let Some(n) = &node
+            && let Some(t) = self.shared.router.terminator()
+        {
+            t.do_send(Forget(n.name_any()));
+        }
+        self.observe_terminated(&c);
+        tracing::info!(nodeclaim = %self.name(), "terminated");
+        Ok(Next::Done)
+    }
+
+    fn observe_terminated(&self, c: &NodeClaim) {
+        let pool = NodePoolLabels {
+            nodepool: self.nodepool(),
+        };
+        if let Some(deleted) = c.metadata.deletion_timestamp.as_ref() {
+            // Karpenter's cloud-provider Delete: release requested (the claim's deletion) until
+            // its Machine is gone, for claims that had one.
+            if recorded_machine(c).is_some() {
+                self.shared
+                    .metrics
+                    .cloudprovider("Delete", since(deleted.0));
+            }
+            self.shared
+                .metrics
+                .nodeclaims_termination_duration
+                .get_or_create(&pool)
+                .observe(since(deleted.0).as_secs_f64());
+        }
+        if let Some(t) = condition_time(c, conditions::INSTANCE_TERMINATING) {
+            self.shared
+                .metrics
+                .nodeclaims_instance_termination_duration
+                .get_or_create(&pool)
+                .observe(since(t).as_secs_f64());
+        }
+        let md = recorded_deployment(c).unwrap_or_default().to_string();
+        self.shared
+            .metrics
+            .nodeclaims_terminated
+            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
+            .inc();
+    }
+
+    /// The claim's termination deadline: stamped once from its `terminationGracePeriod`, then
+    /// read back from the annotation (so a restarted controller keeps the same deadline).
+    async fn termination_deadline(&mut self, c: &NodeClaim) -> Result<Deadline, Error> {
+        let Some(grace) = c.spec.termination_grace_period.as_ref().map(|g| g.0) else {
+            return Ok(Deadline::At(None));
+        };
+        if let Some(v) = c.annotations().get(TERMINATION_TIMESTAMP_ANNOTATION) {
+            return match v.parse::<Timestamp>() {
+                Ok(t) => Ok(Deadline::At(Some(t))),
+                Err(e) => {
+                    // Not ours to fix silently: say so, and fall back to no deadline (the
+                    // drain then honours every budget, as without a grace period).
+                    self.shared.events.warning(
+                        object_ref(c),
+                        "InvalidTerminationTimestamp",
+                        format!(
+                            "NodeClaim {}: annotation {TERMINATION_TIMESTAMP_ANNOTATION}={v:?} is not an RFC 3339 time ({e}); draining without a deadline",
+                            self.name()
+                        ),
+                    );
+                    Ok(Deadline::At(None))
+                }
+            };
+        }
+        let deleted = c
+            .metadata
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .unwrap_or_else(Timestamp::now);
+        let at = jiff::SignedDuration::try_from(grace)
+            .ok()
+            .and_then(|g| deleted.checked_add(g).ok())
+            .unwrap_or(Timestamp::MAX);
+        let stamp = at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
+        p.set_entry(
+            !c.annotations().is_empty(),
+            "/metadata/annotations",
+            TERMINATION_TIMESTAMP_ANNOTATION,
+            &stamp,
+        );
+        let updated = self.patch_claim(p, false).await?;
+        self.shared.events.warning(
+            object_ref(c),
+            "TerminationGracePeriodExpiring",
+            format!("All pods will be deleted by {stamp}"),
+        );
+        Ok(Deadline::Stamped(updated))
+    }
+
+    /// Ask the Terminator where the Node's drain stands and mirror it in the claim's
+    /// conditions. `Some(next)` while the Machine must wait.
+    async fn drain(
+        &mut self,
+        c: &NodeClaim,
+        node: &Node,
+        deadline: Option<Timestamp>,
+    ) -> Result<Option<Next>, Error> {
+        let Some(terminator) = self.shared.router.terminator() else {
+            // Not leading (the writers are stopping): another replica finishes this.
+            return Ok(Some(Next::Wait(Some(RESYNC))));
+        };
+        let reason = conditions::get(c.conditions(), conditions::DISRUPTION_REASON)
+            .filter(|d| d.is_true())
+            .map(|d| d.reason.clone())
+            .unwrap_or_else(|| FORCEFUL.to_string());
+        let state = match terminator
+            .send(Drain {
+                claim: self.name(),
+                node: node.name_any(),
+                nodepool: self.nodepool(),
+                deadline,
+                reason,
+            })
+            .await
+        {
+            Ok(s) => s,
+            Err(_) => return Ok(Some(Next::Wait(Some(RESYNC)))),
+        };
+        let wanted = drain_conditions(&state);
+        if let Some(updated) = self.set_conditions(&wanted).await? {
+            self.claim = updated;
+        }
+        Ok(match state {
+            DrainState::Done { .. } => None,
+            _ => Some(Next::Wait(Some(RESYNC))),
+        })
+    }
+
+    /// Set these conditions (status, reason, message); one guarded status write when any of them
+    /// changes, None when none did.
+    async fn set_conditions(
+        &self,
+        wanted: &[(&str, ConditionStatus, &str, &str)],
+    ) -> Result<Option<Arc<NodeClaim>>, Error> {
+        let c = &self.claim;
+        let now = Timestamp::now();
+        let mut status = c.status.clone().unwrap_or_default();
+        let mut conds = status.conditions.take().unwrap_or_default();
+        let mut changed = false;
+        for (type_, st, reason, message) in wanted {
+            changed |= conditions::set(
+                &mut conds,
+                type_,
+                *st,
+                reason,
+                message,
+                c.metadata.generation,
+                now,
+            );
+        }
+        if !changed {
+            return Ok(None);
+        }
+        status.conditions = Some(conds);
+        self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .await
+            .map(Some)
+    }
+
+    pub(super) fn claim_node(&self) -> Option<Arc<Node>> {
+        let nodes = self.shared.state.nodes.read();
+        provider_id(&self.claim)
+            .and_then(|pid| nodes.by_provider_id(pid))
+            .or_else(|| {
+                self.claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .and_then(|n| nodes.get(n))
+            })
+    }
+
+    /// Delete the Node (if nothing else is) and release our finalizer on it: its Machine is
+    /// gone, so nothing runs there any more.
+    async fn delete_node(&mut self, node: &Node) -> Result<(), Error> {
+        let api: Api<Node> = Api::all(self.shared.workload.clone());
+        let name = node.name_any();
+        if node.metadata.deletion_timestamp.is_none() {
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+                Err(e) => return Err(api_err(&self.shared.metrics, "delete", "nodes", &name)(e)),
+            }
+        }
+        self.release_node_finalizer(node).await
+    }
+
+    /// Drop `karpenter.sh/termination` from the Node: the Node is gone for good (counted here,
+    /// where it really goes, whoever deleted it).
+    async fn release_node_finalizer(&mut self, node: &Node) -> Result<(), Error> {
+        let api: Api<Node> = Api::all(self.shared.workload.clone());
+        let name = node.name_any();
+        if !node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER) {
+            return Ok(());
+        }
+        let mut p = JsonPatch::guarded(node.resource_version().as_deref());
+        let rest: Vec<&String> = node
+            .finalizers()
+            .iter()
+            .filter(|f| *f != TERMINATION_FINALIZER)
+            .collect();
+        p.set("/metadata/finalizers", json!(rest));
+        let patch = p.into_patch().map_err(|source| Error::Patch {
+            kind: "Node",
+            name: name.clone(),
+            source,
+        })?;
+        match api.patch(&name, &PatchParams::default(), &patch).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => return Err(api_err(&self.shared.metrics, "patch", "nodes", &name)(e)),
+        }
+        let pool = NodePoolLabels {
+            nodepool: self.nodepool(),
+        };
+        self.shared
+            .metrics
+            .nodes_terminated
+            .get_or_create(&pool)
+            .inc();
+        if let Some(deleted) = node.metadata.deletion_timestamp.as_ref() {
+            self.shared
+                .metrics
+                .nodes_termination_duration
+                .get_or_create(&pool)
+                .observe(since(deleted.0).as_secs_f64());
+        }
+        if let Some(created) = node.meta().creation_timestamp.as_ref() {
+            self.shared
+                .metrics
+                .nodes_lifetime_duration
+                .get_or_create(&pool)
+                .observe(since(created.0).as_secs_f64());
+        }
+        Ok(())
+    }
+}
+
+enum Deadline {
+    /// The annotation was just written: continue with the updated claim.
+    Stamped(Arc<NodeClaim>),
+    At(Option<Timestamp>),
+}
+
+/// The claim's Drained / VolumesDetached conditions for a drain state (upstream's reasons).
+fn drain_conditions(
+    state: &DrainState,
+) -> Vec<(&'static str, ConditionStatus, &'static str, &'static str)> {
+    use ConditionStatus::{False, True, Unknown};
+    match state {
+        DrainState::Draining { .. } => vec![(conditions::DRAINED, Unknown, "Draining", "Draining")],
+        DrainState::AwaitingVolumes { .. } => vec![
+            (conditions::DRAINED, True, "Drained", ""),
+            (
+                conditions::VOLUMES_DETACHED,
+                Unknown,
+                "AwaitingVolumeDetachment",
+                "AwaitingVolumeDetachment",
+            ),
+        ],
+        DrainState::Done {
+            volumes_detached: true,
+        } => vec![
+            (conditions::DRAINED, True, "Drained", ""),
+            (conditions::VOLUMES_DETACHED, True, "VolumesDetached", ""),
+        ],
+        DrainState::Done {
+            volumes_detached: false,
+        } => vec![
+            (conditions::DRAINED, True, "Drained", ""),
+            (
+                conditions::VOLUMES_DETACHED,
+                False,
+                "TerminationGracePeriodElapsed",
+                "TerminationGracePeriodElapsed",
+            ),
+        ],
+    }
+}

@@ -1,0 +1,413 @@
+//! Termination end to end against the simulated cluster: a deleted claim's Node is drained by the
+//! Terminator before its Machine goes (Karpenter's order, PodDisruptionBudgets, do-not-disrupt,
+//! forced deletion at the claim's deadline), and `kubectl delete node` runs the same flow. The
+//! simulated server audits every pod removal; each test ends with no violation and the
+//! DESIGN.md section 4 invariants.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use karpenter_capi::actors::ControllerHandle;
+use karpenter_capi::api::duration::GoDuration;
+use karpenter_capi::api::nodeclaim::NodeClaim;
+use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::api::wellknown::*;
+use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::metrics::Metrics;
+use karpenter_capi::sim::cluster::SimClusterConfig;
+use karpenter_capi::simulate::launch::{claim_for, seed_nodeclass_and_pool, seed_of, settle};
+use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
+
+const DEADLINE: Duration = Duration::from_secs(90);
+const NS: &str = "default";
+
+struct Env {
+    sim: BackgroundSim,
+    pool: NodePool,
+    metrics: std::sync::Arc<Metrics>,
+    _controller: ControllerHandle,
+}
+
+async fn env() -> Env {
+    let cfg = SimClusterConfig {
+        capi_version: CapiVersion::V1Beta2,
+        provider_delay: Duration::from_millis(30),
+        jitter: Duration::from_millis(20),
+        node_ready_delay: Duration::from_millis(30),
+        node_delete_delay: Duration::from_millis(20),
+        // Pods take a moment to exit, so evictions overlap and budgets matter.
+        pod_exit_delay: Duration::from_millis(300),
+        // The test places pods itself.
+        scheduler: false,
+        ..SimClusterConfig::default()
+    };
+    let sim = BackgroundSim::start(cfg).await.expect("simulated cluster");
+    let pool = sim
+        .run(|c| async move {
+            c.create_machine_deployment_from(&seed_of(0, 10))
+                .await
+                .expect("MachineDeployment");
+            seed_nodeclass_and_pool(c.client())
+                .await
+                .expect("NodeClass and NodePool")
+        })
+        .await
+        .expect("seeding");
+    let metrics = Metrics::new();
+    let controller = start_controller(&sim, sim_settings(None), metrics.clone())
+        .await
+        .expect("controller");
+    Env {
+        sim,
+        pool,
+        metrics,
+        _controller: controller,
+    }
+}
+
+impl Env {
+    async fn client(&self) -> kube::Client {
+        self.sim.client_here().await.expect("client")
+    }
+
+    /// One initialized claim (with this termination grace period); returns (claim, node).
+    async fn claim(&self, grace: Option<Duration>) -> (String, String) {
+        let mut claim = claim_for(&self.pool, "sim-0");
+        claim.spec.termination_grace_period = grace.map(GoDuration);
+        let api: Api<NodeClaim> = Api::all(self.client().await);
+        let name = api
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim")
+            .name_any();
+        settle(&self.sim, DEADLINE).await.expect("settles");
+        let node = self
+            .wait("the claim's node", || {
+                self.get("nodeclaims", "", &name)
+                    .and_then(|c| c["status"]["nodeName"].as_str().map(String::from))
+            })
+            .await;
+        (name, node)
+    }
+
+    fn get(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
+        self.sim.cluster().server().store().get(resource, ns, name)
+    }
+
+    fn list(&self, resource: &str) -> Vec<Value> {
+        self.sim.cluster().server().store().list(resource, None)
+    }
+
+    async fn wait<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let start = Instant::now();
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    async fn pod(&self, name: &str, node: &str, labels: Value, extra: Value) {
+        let mut body = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "labels": labels, "annotations": {}},
+            "spec": {
+                "nodeName": node,
+                "terminationGracePeriodSeconds": 5,
+                "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+            },
+        });
+        merge(&mut body, extra);
+        let pod: Pod = serde_json::from_value(body).expect("pod");
+        let api: Api<Pod> = Api::namespaced(self.client().await, NS);
+        api.create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+        self.wait(&format!("pod {name} running"), || {
+            self.get("pods", NS, name)
+                .filter(|p| p["status"]["phase"] == "Running")
+        })
+        .await;
+    }
+
+    async fn pdb(&self, name: &str, app: &str, max_unavailable: i32) {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}},
+        }))
+        .expect("pdb");
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.client().await, NS);
+        match api.get_opt(name).await.expect("get pdb") {
+            None => {
+                api.create(&PostParams::default(), &pdb)
+                    .await
+                    .expect("create pdb");
+            }
+            Some(_) => {
+                api.patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"maxUnavailable": max_unavailable}})),
+                )
+                .await
+                .expect("patch pdb");
+            }
+        }
+    }
+
+    async fn delete_claim(&self, name: &str) {
+        let api: Api<NodeClaim> = Api::all(self.client().await);
+        api.delete(name, &DeleteParams::default())
+            .await
+            .expect("delete claim");
+    }
+
+    async fn gone(&self, claim: &str, node: &str) {
+        self.wait("the claim, its Node and its Machine gone", || {
+            (self.get("nodeclaims", "", claim).is_none()
+                && self.get("nodes", "", node).is_none()
+                && self.list("machines").is_empty())
+            .then_some(())
+        })
+        .await;
+    }
+
+    /// Evictions (and deletions) by the controller, in order: (verb, pod).
+    fn removals(&self) -> Vec<(String, String)> {
+        let agent = karpenter_capi::app::USER_AGENT;
+        self.sim
+            .cluster()
+            .stats()
+            .writes()
+            .into_iter()
+            .filter(|w| w.agent == agent && w.resource == "pods")
+            .filter_map(|w| match (w.verb.as_str(), w.subresource.as_str()) {
+                ("create", "eviction") => Some(("evict".to_string(), w.name)),
+                ("delete", "") => Some(("delete".to_string(), w.name)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn events(&self, reason: &str) -> Vec<Value> {
+        // kube's Recorder writes events.k8s.io/v1 Events.
+        let mut all = self.list("events.events.k8s.io");
+        all.retain(|e| e["reason"] == reason);
+        all
+    }
+
+    fn assert_clean(&self) {
+        let violations = self.sim.cluster().stats().violations();
+        assert!(violations.is_empty(), "drain rules broken: {violations:#?}");
+        let inv = invariants::check(
+            self.sim.cluster().server().store(),
+            self.sim.cluster().capi_version(),
+        );
+        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
+    }
+}
+
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+fn condition<'a>(c: &'a Value, ty: &str) -> Option<&'a Value> {
+    c.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|x| x["type"] == ty))
+}
+
+#[actix::test]
+async fn drain_evicts_in_karpenters_order_and_waits_for_a_budget() {
+    let env = env().await;
+    let (claim, node) = env.claim(None).await;
+    let daemon = json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "ds-uid", "controller": true}]}});
+    let critical = json!({"spec": {"priorityClassName": "system-node-critical"}});
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    env.pod("web-1", &node, json!({"app": "web"}), json!({}))
+        .await;
+    env.pod("agent", &node, json!({"app": "agent"}), daemon)
+        .await;
+    env.pod("dns", &node, json!({"app": "dns"}), critical).await;
+    // No disruption allowed for web at first.
+    env.pdb("web", "web", 0).await;
+
+    env.delete_claim(&claim).await;
+    env.wait("a blocked eviction reported", || {
+        (!env.events("FailedDraining").is_empty()).then_some(())
+    })
+    .await;
+    let n = env.get("nodes", "", &node).expect("node still there");
+    assert!(
+        n["spec"]["taints"].as_array().is_some_and(|ts| ts
+            .iter()
+            .any(|t| t["key"] == DISRUPTED_TAINT_KEY && t["effect"] == "NoSchedule")),
+        "node tainted: {n:#}"
+    );
+    let c = env.get("nodeclaims", "", &claim).expect("claim waits");
+    assert_eq!(
+        condition(&c, "Drained").expect("Drained")["status"],
+        "Unknown"
+    );
+    // The Machine is not released while the node drains.
+    assert_eq!(env.list("machines").len(), 1);
+    assert!(env.get("pods", NS, "web-0").is_some() && env.get("pods", NS, "web-1").is_some());
+    assert!(
+        env.removals().iter().all(|(_, p)| p.starts_with("web")),
+        "later tiers wait for the first: {:?}",
+        env.removals()
+    );
+
+    // The budget allows one at a time now: the drain goes on by itself.
+    env.pdb("web", "web", 1).await;
+    env.gone(&claim, &node).await;
+
+    let order: Vec<String> = env
+        .removals()
+        .into_iter()
+        .filter(|(how, _)| how == "evict")
+        .map(|(_, p)| p)
+        .collect();
+    let pos = |p: &str| order.iter().rposition(|x| x == p).expect(p);
+    assert!(
+        pos("web-0") < pos("agent") && pos("web-1") < pos("agent"),
+        "{order:?}"
+    );
+    assert!(pos("agent") < pos("dns"), "{order:?}");
+    let text = env.metrics.encode();
+    assert!(
+        text.contains("karpenter_pods_eviction_requests_total{code=\"429\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("karpenter_nodes_drained_total{nodepool=\"default\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("karpenter_nodes_terminated_total{nodepool=\"default\"} 1"),
+        "{text}"
+    );
+    // Cluster API was told not to drain again.
+    let released = env
+        .sim
+        .cluster()
+        .stats()
+        .writes()
+        .into_iter()
+        .filter(|w| w.resource == "machines" && w.verb == "patch")
+        .count();
+    assert!(released > 0);
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn do_not_disrupt_waits_for_the_deadline_then_the_pod_is_deleted_in_time() {
+    let env = env().await;
+    let (claim, node) = env.claim(Some(Duration::from_secs(6))).await;
+    env.pod(
+        "precious",
+        &node,
+        json!({"app": "precious"}),
+        json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"}},
+               "spec": {"terminationGracePeriodSeconds": 2}}),
+    )
+    .await;
+    // It ignores SIGTERM: only the grace period ends it.
+    let api: Api<Pod> = Api::namespaced(env.client().await, NS);
+    api.patch(
+        "precious",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"sim.karpenter.cluster.x-k8s.io/exit-after": "never"}}})),
+    )
+    .await
+    .expect("annotate");
+    env.pod("plain", &node, json!({"app": "plain"}), json!({}))
+        .await;
+
+    let deleted_at = Instant::now();
+    env.delete_claim(&claim).await;
+    let stamped = env
+        .wait("the termination timestamp", || {
+            env.get("nodeclaims", "", &claim).and_then(|c| {
+                c["metadata"]["annotations"][TERMINATION_TIMESTAMP_ANNOTATION]
+                    .as_str()
+                    .map(String::from)
+            })
+        })
+        .await;
+    assert!(stamped.parse::<jiff::Timestamp>().is_ok(), "{stamped}");
+    env.wait("the plain pod evicted", || {
+        env.get("pods", NS, "plain").is_none().then_some(())
+    })
+    .await;
+    // Well before the deadline, the do-not-disrupt pod is untouched.
+    assert!(
+        !env.removals().iter().any(|(_, p)| p == "precious"),
+        "{:?}",
+        env.removals()
+    );
+    env.gone(&claim, &node).await;
+    // Deleted once its own grace would reach the deadline (6 s - 2 s), never evicted.
+    let precious: Vec<(String, String)> = env
+        .removals()
+        .into_iter()
+        .filter(|(_, p)| p == "precious")
+        .collect();
+    assert_eq!(
+        precious,
+        vec![("delete".to_string(), "precious".to_string())]
+    );
+    assert!(
+        deleted_at.elapsed() >= Duration::from_secs(3),
+        "not before the deadline"
+    );
+    assert!(!env.events("TerminationGracePeriodExpiring").is_empty());
+    assert!(!env.events("Disrupted").is_empty());
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn kubectl_delete_node_drains_and_releases_the_machine() {
+    let env = env().await;
+    let (claim, node) = env.claim(None).await;
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client().await);
+    nodes
+        .delete(&node, &DeleteParams::default())
+        .await
+        .expect("delete node");
+    // Our finalizer holds the Node while its claim terminates the usual way.
+    env.wait("the claim deleted", || {
+        env.get("nodeclaims", "", &claim)
+            .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
+            .map(|_| ())
+            .or_else(|| env.get("nodeclaims", "", &claim).is_none().then_some(()))
+    })
+    .await;
+    env.gone(&claim, &node).await;
+    assert!(
+        env.removals()
+            .iter()
+            .any(|(how, p)| how == "evict" && p == "web-0"),
+        "the pod was evicted, not lost with the node: {:?}",
+        env.removals()
+    );
+    env.assert_clean();
+}
