@@ -13,6 +13,7 @@ mod selectors;
 mod server;
 mod stats;
 mod store;
+mod validate;
 mod watch;
 
 use std::net::SocketAddr;
