@@ -8,7 +8,9 @@
 //! boundary, with a marker saying it was cut; otherwise the object would get no Event at all.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
 
 /// events.k8s.io/v1 `note` limit (kube-apiserver `NoteLengthLimit`), in bytes.
 pub const NOTE_LIMIT: usize = 1024;
@@ -31,43 +33,76 @@ pub fn truncate(text: &str, limit: usize) -> String {
     format!("{}{marker}", &text[..end])
 }
 
+/// Publishes events.k8s.io/v1 Events. Not kube's `Recorder`: it folds every Event with the same
+/// object, type and reason into one series and keeps the first note, so a second, different
+/// reason ("now the limit is reached" after "no instance type fits") would never be seen.
+/// Callers already emit each distinct message once, so every call writes one Event.
 #[derive(Clone)]
 pub struct Events {
-    recorder: Recorder,
+    client: kube::Client,
+    instance: String,
 }
+
+/// The controller name Events carry (`reportingController`).
+const CONTROLLER: &str = "karpenter-capi";
 
 impl Events {
     pub fn new(client: kube::Client, instance: String) -> Self {
-        let reporter = Reporter {
-            controller: "karpenter-capi".into(),
-            instance: Some(instance),
-        };
-        Self {
-            recorder: Recorder::new(client, reporter),
-        }
+        Self { client, instance }
     }
 
     pub fn normal(&self, object: ObjectReference, reason: &str, note: String) {
-        self.publish(object, EventType::Normal, reason, note);
+        self.publish(object, "Normal", reason, note);
     }
 
     pub fn warning(&self, object: ObjectReference, reason: &str, note: String) {
-        self.publish(object, EventType::Warning, reason, note);
+        self.publish(object, "Warning", reason, note);
     }
 
-    fn publish(&self, object: ObjectReference, type_: EventType, reason: &str, note: String) {
-        let recorder = self.recorder.clone();
+    fn publish(&self, object: ObjectReference, type_: &str, reason: &str, note: String) {
+        let now = jiff::Timestamp::now();
         let reason = truncate(reason, REASON_LIMIT);
+        // Cluster-scoped objects (NodePools, NodeClasses) get their Events in "default", as
+        // kubectl and client-go do.
+        let namespace = object
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".to_string());
+        // `<object>.<nanoseconds, hex>` like client-go; the object part is cut so the name stays
+        // within the 253 characters of a DNS subdomain.
+        let base: String = object
+            .name
+            .as_deref()
+            .unwrap_or(CONTROLLER)
+            .chars()
+            .take(200)
+            .collect();
+        let name = format!(
+            "{}.{:x}",
+            base.trim_end_matches(['.', '-']),
+            now.as_nanosecond()
+        );
         let ev = Event {
-            type_,
-            action: reason.clone(),
-            reason,
+            metadata: ObjectMeta {
+                name: Some(name),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(now)),
+            type_: Some(type_.to_string()),
+            action: Some(reason.clone()),
+            reason: Some(reason),
             note: Some(truncate(&note, NOTE_LIMIT)),
-            secondary: None,
+            regarding: Some(object),
+            reporting_controller: Some(CONTROLLER.to_string()),
+            reporting_instance: Some(truncate(&self.instance, REASON_LIMIT)),
+            ..Event::default()
         };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         actix::spawn(async move {
-            if let Err(e) = recorder.publish(&ev, &object).await {
-                tracing::debug!(error = %e, object = ?object.name, reason = %ev.reason, "could not publish event");
+            if let Err(e) = api.create(&PostParams::default(), &ev).await {
+                tracing::debug!(error = %e, object = ?ev.regarding.as_ref().and_then(|r| r.name.as_deref()), reason = ?ev.reason, "could not publish event");
             }
         });
     }

@@ -286,13 +286,16 @@ fn gpu_type_problem(gpu_type: &str) -> Option<String> {
 }
 
 /// Labels a MachineDeployment may not set on its nodes: the node's own name, and Karpenter's
-/// domain (the controller sets those itself; a NodePool may not set them either).
+/// domain (the controller sets those itself), except `karpenter.sh/capacity-type`, which is how a
+/// MachineDeployment declares its capacity type.
 fn restricted_label(key: &str) -> Option<String> {
     let domain = key.split_once('/').map_or("", |(d, _)| d);
     if key == crate::api::wellknown::HOSTNAME_LABEL {
         return Some(format!("label {key:?} is restricted: it is set per node"));
     }
-    if domain == "karpenter.sh" || domain.ends_with(".karpenter.sh") {
+    if (domain == "karpenter.sh" || domain.ends_with(".karpenter.sh"))
+        && key != crate::api::wellknown::CAPACITY_TYPE_LABEL
+    {
         return Some(format!(
             "label {key:?} is restricted: the karpenter.sh domain is set by the controller"
         ));
@@ -524,6 +527,7 @@ mod restricted_tests {
         }
         for (key, value) in [
             (LABELS_ANNOTATION, "node.kubernetes.io/role=gpu"),
+            (LABELS_ANNOTATION, "karpenter.sh/capacity-type=spot"),
             (GPU_TYPE_ANNOTATION, "nvidia-tesla-t4"),
             (GPU_TYPE_ANNOTATION, "amd.com/gpu"),
         ] {
