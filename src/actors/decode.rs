@@ -195,6 +195,8 @@ mod tests {
             pool("99999999999999999999999h"),
             pool("Never")
         ]);
+        // What the watch did before: one bad item fails the whole list.
+        assert!(serde_json::from_value::<Vec<NodePool>>(list.clone()).is_err());
         let items: Vec<Lenient<NodePool>> = serde_json::from_value(list).unwrap();
         let ok = items.iter().filter(|i| matches!(i, Lenient::Ok(_))).count();
         assert_eq!(ok, 2);
