@@ -7,9 +7,158 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-/// Go-style duration ("90s", "5m", "1h30m") for flags, so values read like Karpenter's.
+/// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
+/// them keeps every `Instant + duration` in the controller far from overflow (which panics).
+pub const MAX_FLAG_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Go-style duration ("90s", "5m", "1h30m") for flags, so values read like Karpenter's; at most
+/// [`MAX_FLAG_DURATION`]. Zero is allowed (see [`positive_duration_arg`] for waits that must not
+/// be zero).
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
-    crate::api::duration::parse(s).map_err(|e| e.to_string())
+    let d = crate::api::duration::parse(s).map_err(|e| e.to_string())?;
+    if d > MAX_FLAG_DURATION {
+        return Err(format!(
+            "{s:?} is longer than the maximum of {}",
+            crate::api::duration::format(MAX_FLAG_DURATION)
+        ));
+    }
+    Ok(d)
+}
+
+/// A Go-style duration that must be greater than zero (a zero timeout or batch window would make
+/// the controller give up, or spin, immediately).
+pub fn positive_duration_arg(s: &str) -> Result<Duration, String> {
+    let d = duration_arg(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?} must be greater than zero"));
+    }
+    Ok(d)
+}
+
+/// A number of seconds given as a decimal (`0.5`), within `[min, max]`. Rejects NaN, infinities
+/// and negative values before they reach `Duration::from_secs_f64`, which panics on them.
+fn seconds_in(min: f64, max: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync {
+    move |s: &str| {
+        let v: f64 = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+        if !v.is_finite() || v < min || v > max {
+            return Err(format!("{s:?} is not between {min} and {max} seconds"));
+        }
+        Ok(v)
+    }
+}
+
+/// A fraction in [0, 1].
+fn fraction_arg(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{s:?} is not between 0 and 1"));
+    }
+    Ok(v)
+}
+
+/// A tracing filter (`info`, `karpenter_capi=debug,kube=warn`), checked when the flag is parsed so
+/// a typo is a usage error, not a start-up failure.
+fn log_level_arg(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{s:?} is not a log level or tracing filter: {e}"))
+}
+
+/// A DNS-1123 label (namespaces).
+fn dns_label_arg(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a valid namespace name (lower-case letters, digits and '-', at most 63, starting and ending alphanumeric)"
+        ))
+    }
+}
+
+/// A DNS-1123 subdomain (object names such as the Lease's).
+fn dns_subdomain_arg(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !part.starts_with('-')
+                && !part.ends_with('-')
+        });
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "{s:?} is not a valid object name (lower-case DNS subdomain, at most 253 characters)"
+        ))
+    }
+}
+
+/// A label value (the Cluster's name is matched against the `cluster.x-k8s.io/cluster-name` label).
+fn label_value_arg(s: &str) -> Result<String, String> {
+    crate::api::validation::label_value(s).map(|()| s.to_string())
+}
+
+/// An http(s) URL of an API server.
+fn url_arg(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("https://")
+        .or_else(|| s.strip_prefix("http://"))
+        .ok_or_else(|| format!("{s:?} is not an http:// or https:// URL"))?;
+    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if host.is_empty() || host.chars().any(char::is_whitespace) {
+        return Err(format!("{s:?} has no valid host"));
+    }
+    Ok(s.to_string())
+}
+
+/// A file that exists (a kubeconfig): a missing file is a usage error, named with its flag.
+fn existing_file_arg(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_file() {
+        Ok(p)
+    } else {
+        Err(format!("{s:?} is not a readable file"))
+    }
+}
+
+/// A path that is not empty (an empty one would only fail later, less clearly).
+fn non_empty_path_arg(s: &str) -> Result<PathBuf, String> {
+    if s.trim().is_empty() {
+        Err("the path is empty".to_string())
+    } else {
+        Ok(PathBuf::from(s))
+    }
+}
+
+/// Base64 as in a kubeconfig's certificate-authority-data (standard alphabet, padded).
+fn base64_arg(s: &str) -> Result<String, String> {
+    let t = s.trim();
+    let ok = !t.is_empty()
+        && t.len().is_multiple_of(4)
+        && t.trim_end_matches('=')
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+        && t.len() - t.trim_end_matches('=').len() <= 2;
+    if ok {
+        Ok(t.to_string())
+    } else {
+        Err("the value is not base64 (a PEM bundle encoded as in a kubeconfig's certificate-authority-data)".to_string())
+    }
 }
 
 #[derive(Debug, Parser)]
@@ -63,7 +212,7 @@ pub enum PreferencePolicy {
 #[derive(Clone, Debug, Args)]
 pub struct LogArgs {
     /// Log level or tracing filter (error, warn, info, debug, or e.g. "karpenter_capi=debug,kube=info").
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = log_level_arg)]
     pub log_level: String,
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
@@ -77,19 +226,19 @@ pub struct ControllerArgs {
     /// How long a NodeClaim may wait, from creation, for its Machine's provider ID before it is
     /// deleted and its offering marked unavailable. Raise it for slow providers (vSphere, bare
     /// metal). A ClusterAPINodeClass's spec.createTimeout overrides it.
-    #[arg(long, env = "CREATE_TIMEOUT", default_value = "5m", value_parser = duration_arg)]
+    #[arg(long, env = "CREATE_TIMEOUT", default_value = "5m", value_parser = positive_duration_arg)]
     pub create_timeout: Duration,
     /// How long a launched NodeClaim may wait for its Node to register.
-    #[arg(long, env = "REGISTRATION_TIMEOUT", default_value = "15m", value_parser = duration_arg)]
+    #[arg(long, env = "REGISTRATION_TIMEOUT", default_value = "15m", value_parser = positive_duration_arg)]
     pub registration_timeout: Duration,
     /// How long an offering that failed or timed out stays unavailable to new NodeClaims.
     #[arg(long, env = "UNAVAILABLE_OFFERING_TTL", default_value = "3m", value_parser = duration_arg)]
     pub unavailable_offering_ttl: Duration,
     /// A provisioning batch ends after this long without a new pending pod.
-    #[arg(long, env = "BATCH_IDLE_DURATION", default_value = "1s", value_parser = duration_arg)]
+    #[arg(long, env = "BATCH_IDLE_DURATION", default_value = "1s", value_parser = positive_duration_arg)]
     pub batch_idle_duration: Duration,
     /// A provisioning batch never lasts longer than this.
-    #[arg(long, env = "BATCH_MAX_DURATION", default_value = "10s", value_parser = duration_arg)]
+    #[arg(long, env = "BATCH_MAX_DURATION", default_value = "10s", value_parser = positive_duration_arg)]
     pub batch_max_duration: Duration,
     /// Whether preferred node affinity is tried as required before being relaxed.
     #[arg(long, env = "PREFERENCE_POLICY", value_enum, default_value = "respect")]
@@ -101,10 +250,10 @@ pub struct ControllerArgs {
 #[derive(Clone, Debug, Default, Args)]
 pub struct ClusterApiArgs {
     /// Kubeconfig file of the management cluster holding Machines and MachineDeployments.
-    #[arg(long, env = "CLUSTER_API_KUBECONFIG")]
+    #[arg(long, env = "CLUSTER_API_KUBECONFIG", value_parser = existing_file_arg)]
     pub cluster_api_kubeconfig: Option<PathBuf>,
     /// URL of the management cluster's API server (with --cluster-api-token).
-    #[arg(long, env = "CLUSTER_API_URL")]
+    #[arg(long, env = "CLUSTER_API_URL", value_parser = url_arg)]
     pub cluster_api_url: Option<String>,
     /// Bearer token for the management cluster.
     #[arg(long, env = "CLUSTER_API_TOKEN", hide_env_values = true)]
@@ -113,17 +262,18 @@ pub struct ClusterApiArgs {
     #[arg(
         long,
         env = "CLUSTER_API_CERTIFICATE_AUTHORITY_DATA",
-        hide_env_values = true
+        hide_env_values = true,
+        value_parser = base64_arg
     )]
     pub cluster_api_certificate_authority_data: Option<String>,
     /// Skip TLS verification of the management cluster (testing only).
     #[arg(long, env = "CLUSTER_API_SKIP_TLS_VERIFY", default_value_t = false)]
     pub cluster_api_skip_tls_verify: bool,
     /// Only consider Cluster API objects in this namespace (default: all namespaces).
-    #[arg(long, env = "CLUSTER_API_NAMESPACE")]
+    #[arg(long, env = "CLUSTER_API_NAMESPACE", value_parser = dns_label_arg)]
     pub cluster_api_namespace: Option<String>,
     /// Only consider MachineDeployments of this Cluster (cluster.x-k8s.io/cluster-name label).
-    #[arg(long, env = "CLUSTER_NAME")]
+    #[arg(long, env = "CLUSTER_NAME", value_parser = label_value_arg)]
     pub cluster_name: Option<String>,
     /// Force a Cluster API version instead of discovering it (v1beta2 is preferred when served).
     #[arg(long, env = "CLUSTER_API_VERSION", value_enum)]
@@ -133,7 +283,7 @@ pub struct ClusterApiArgs {
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
     /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config).
-    #[arg(long)]
+    #[arg(long, value_parser = existing_file_arg)]
     pub kubeconfig: Option<PathBuf>,
     #[command(flatten)]
     pub cluster_api: ClusterApiArgs,
@@ -142,16 +292,16 @@ pub struct RunArgs {
     #[command(flatten)]
     pub log: LogArgs,
     /// Port of the Prometheus /metrics endpoint.
-    #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8080, value_parser = clap::value_parser!(u16).range(1..))]
     pub metrics_port: u16,
     /// Port of the /healthz and /readyz endpoints.
-    #[arg(long, env = "HEALTH_PROBE_PORT", default_value_t = 8081)]
+    #[arg(long, env = "HEALTH_PROBE_PORT", default_value_t = 8081, value_parser = clap::value_parser!(u16).range(1..))]
     pub health_probe_port: u16,
-    /// Client-side limit on API requests per second to each cluster.
-    #[arg(long, env = "KUBE_CLIENT_QPS", default_value_t = 200)]
+    /// Client-side limit on API requests per second to each cluster (0: no limit).
+    #[arg(long, env = "KUBE_CLIENT_QPS", default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub kube_client_qps: u32,
     /// Burst allowed above the QPS limit.
-    #[arg(long, env = "KUBE_CLIENT_BURST", default_value_t = 300)]
+    #[arg(long, env = "KUBE_CLIENT_BURST", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub kube_client_burst: u32,
     /// Run without leader election (only safe with a single replica).
     #[arg(long, env = "DISABLE_LEADER_ELECTION", default_value_t = false)]
@@ -160,11 +310,12 @@ pub struct RunArgs {
     #[arg(
         long,
         env = "LEADER_ELECTION_NAME",
-        default_value = "karpenter-capi-leader-election"
+        default_value = "karpenter-capi-leader-election",
+        value_parser = dns_subdomain_arg
     )]
     pub leader_election_name: String,
     /// Namespace of the leader-election Lease (default: the pod's namespace, else kube-system).
-    #[arg(long, env = "LEADER_ELECTION_NAMESPACE")]
+    #[arg(long, env = "LEADER_ELECTION_NAMESPACE", value_parser = dns_label_arg)]
     pub leader_election_namespace: Option<String>,
 }
 
@@ -184,34 +335,37 @@ pub enum ReportFormat {
     Json,
 }
 
+/// The most claims or pods a simulation creates: more would only exhaust memory.
+const MAX_SIM_OBJECTS: u64 = 100_000;
+
 #[derive(Clone, Debug, Args)]
 pub struct SimulateArgs {
     /// Which scenario to run.
     #[arg(long, value_enum, default_value = "default")]
     pub scenario: Scenario,
     /// NodeClaims to create (launch scenario).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub claims: usize,
     /// Pending pods to create (default and pods scenarios).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub pods: usize,
     /// Deployments the pods belong to (pods scenario).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     pub deployments: usize,
     /// MachineDeployments in the simulated cluster.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub machine_deployments: usize,
-    /// Simulated provider delay before a Machine gets its provider ID, in seconds.
-    #[arg(long, default_value_t = 0.0)]
+    /// Simulated provider delay before a Machine gets its provider ID, in seconds (0 to 3600).
+    #[arg(long, default_value_t = 0.0, value_parser = seconds_in(0.0, 3600.0))]
     pub provider_delay: f64,
-    /// Uniform jitter added to the provider delay, in seconds.
-    #[arg(long, default_value_t = 0.0)]
+    /// Uniform jitter added to the provider delay, in seconds (0 to 3600).
+    #[arg(long, default_value_t = 0.0, value_parser = seconds_in(0.0, 3600.0))]
     pub jitter: f64,
-    /// Fraction of Machines that never get a provider ID (a stuck provider).
-    #[arg(long, default_value_t = 0.0)]
+    /// Fraction of Machines that never get a provider ID (a stuck provider), 0 to 1.
+    #[arg(long, default_value_t = 0.0, value_parser = fraction_arg)]
     pub fail_fraction: f64,
-    /// The controller's create timeout, in seconds (see `run --create-timeout`).
-    #[arg(long)]
+    /// The controller's create timeout, in seconds (see `run --create-timeout`), 0.001 to 86400.
+    #[arg(long, value_parser = seconds_in(0.001, 86_400.0))]
     pub create_timeout: Option<f64>,
     /// Which Cluster API version the simulated cluster serves.
     #[arg(long, value_enum, default_value = "v1beta2")]
@@ -219,8 +373,8 @@ pub struct SimulateArgs {
     /// Print the report as text or as one JSON object.
     #[arg(long, value_enum, default_value = "text")]
     pub report: ReportFormat,
-    /// Give up waiting for the scenario to settle after this many seconds.
-    #[arg(long, default_value_t = 300)]
+    /// Give up waiting for the scenario to settle after this many seconds (1 to 604800).
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub deadline: u64,
     /// Seed for the simulated cluster's randomness (jitter, failures, names).
     #[arg(long, default_value_t = 1)]
@@ -232,7 +386,7 @@ pub struct SimulateArgs {
 #[derive(Clone, Debug, Args)]
 pub struct CrdsArgs {
     /// Write one file per CRD into this directory instead of printing them.
-    #[arg(long)]
+    #[arg(long, value_parser = non_empty_path_arg)]
     pub output_dir: Option<PathBuf>,
 }
 

@@ -701,3 +701,123 @@ fn bad_durations_and_enums_fail_to_decode_with_the_value() {
         .to_string();
     assert!(err.contains("Near"), "{err}");
 }
+
+/// The validation keywords compared with upstream.
+const KEYWORDS: [&str; 9] = [
+    "pattern",
+    "maxLength",
+    "minLength",
+    "enum",
+    "required",
+    "minimum",
+    "maximum",
+    "maxItems",
+    "x-kubernetes-validations",
+];
+
+/// Every (path, keyword) -> value under spec and status.
+fn schema_keywords(schema: &Value, path: &str, out: &mut BTreeMap<String, Value>) {
+    for k in KEYWORDS {
+        if let Some(v) = schema.get(k) {
+            let v = match (k, v) {
+                // Order of `required` and of CEL rules carries no meaning.
+                ("required", Value::Array(a)) => {
+                    let mut a: Vec<String> = a.iter().map(|x| x.to_string()).collect();
+                    a.sort();
+                    Value::from(a)
+                }
+                // 0 and 0.0 are the same bound.
+                (_, Value::Number(n)) => Value::from(n.as_f64().unwrap_or_default()),
+                ("x-kubernetes-validations", Value::Array(a)) => {
+                    let mut a: Vec<String> = a.iter().map(|x| x["rule"].to_string()).collect();
+                    a.sort();
+                    Value::from(a)
+                }
+                _ => v.clone(),
+            };
+            out.insert(format!("{path} {k}"), v);
+        }
+    }
+    if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+        for (k, v) in props {
+            schema_keywords(v, &format!("{path}.{k}"), out);
+        }
+    }
+    if let Some(items) = schema.get("items") {
+        schema_keywords(items, &format!("{path}[]"), out);
+    }
+    if let Some(extra) = schema.get("additionalProperties").filter(|v| v.is_object()) {
+        schema_keywords(extra, &format!("{path}{{}}"), out);
+    }
+}
+
+fn version_schema_keywords(crd: &Value) -> BTreeMap<String, Value> {
+    let root = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    let mut out = BTreeMap::new();
+    for top in ["spec", "status"] {
+        if let Some(s) = root.get(top) {
+            schema_keywords(s, top, &mut out);
+        }
+    }
+    out
+}
+
+#[test]
+fn our_crds_carry_upstream_validation() {
+    let ours: BTreeMap<String, Value> = crds::all()
+        .into_iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap(),
+                serde_json::to_value(c).unwrap(),
+            )
+        })
+        .collect();
+    let mut problems = Vec::new();
+    for file in [
+        "karpenter.sh_nodepools.yaml",
+        "karpenter.sh_nodeclaims.yaml",
+        "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
+    ] {
+        let upstream = yaml_docs(&read(&format!("{UPSTREAM}/crds/{file}"))).remove(0);
+        let name = upstream["metadata"]["name"].as_str().unwrap();
+        let mine = ours.get(name).unwrap_or_else(|| panic!("no CRD {name}"));
+        let theirs = version_schema_keywords(&upstream);
+        let have = version_schema_keywords(mine);
+        for (key, want) in &theirs {
+            if have.get(key) != Some(want) {
+                let intended = INTENDED_DIFFERENCES
+                    .iter()
+                    .any(|(f, k, _)| *f == file && *k == key);
+                if !intended {
+                    problems.push(format!(
+                        "{file} {key}: upstream {want}, ours {}",
+                        have.get(key).map_or("none".into(), Value::to_string)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} differences:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+/// Where our schema deliberately differs from upstream's (file, "path keyword", why).
+const INTENDED_DIFFERENCES: &[(&str, &str, &str)] = &[
+    (
+        "karpenter.sh_nodepools.yaml",
+        "spec.template.spec.requirements x-kubernetes-validations",
+        "NodePool and NodeClaim share one requirement type, so the NodePool-only rule \
+         `key != karpenter.sh/nodepool` sits on the list as `self.all(x, x.key != ...)` \
+         instead of on the item's key: the same objects are refused",
+    ),
+    (
+        "karpenter.sh_nodepools.yaml",
+        "spec.template.spec.requirements[].key x-kubernetes-validations",
+        "the other half of the difference above: the key carries the two rules both kinds share",
+    ),
+];

@@ -19,6 +19,7 @@ use serde_json::json;
 
 use super::Shared;
 use super::backoff::Backoff;
+use super::decode::{Lenient, Malformed};
 use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclass::ClusterAPINodeClass;
@@ -335,6 +336,9 @@ pub struct Catalog {
     built: bool,
     /// Problems already reported per NodeClass (so each is one Event, not one per rebuild).
     reported: HashMap<String, HashSet<String>>,
+    /// NodeClasses the types cannot decode: published as not ready (so their NodePools say
+    /// why), with `Ready=False` naming the field.
+    malformed: HashMap<String, Malformed>,
 }
 
 impl Catalog {
@@ -349,6 +353,7 @@ impl Catalog {
             synced: false,
             built: false,
             reported: HashMap::new(),
+            malformed: HashMap::new(),
         }
     }
 
@@ -385,7 +390,24 @@ impl Catalog {
             templates: &templates,
             unavailable: &unavailable,
         };
-        let names: HashSet<String> = self.nodeclasses.keys().cloned().collect();
+        let mut names: HashSet<String> = self.nodeclasses.keys().cloned().collect();
+        let bad: Vec<Malformed> = self.malformed.values().cloned().collect();
+        for m in bad {
+            let Some(name) = m.metadata.name.clone() else {
+                continue;
+            };
+            let message = format!("cannot be read: {}", m.message());
+            self.update_malformed_status(&m, &message, ctx);
+            self.shared.catalog.publish(
+                name.clone(),
+                Entry {
+                    catalog: Arc::new(offerings::Catalog::default()),
+                    create_timeout: None,
+                    ready: Err(message),
+                },
+            );
+            names.insert(name);
+        }
         let nodeclasses: Vec<(String, Arc<ClusterAPINodeClass>)> = self
             .nodeclasses
             .iter()
@@ -543,6 +565,56 @@ impl Catalog {
         seen.retain(|p| problems.contains(p));
     }
 
+    /// A NodeClass that does not decode: `Ready=False` (reason `ValidationFailed`) with the
+    /// field and the decoder's reason, and one Event when that changes.
+    fn update_malformed_status(&mut self, m: &Malformed, message: &str, ctx: &mut Context<Self>) {
+        let Some(name) = m.metadata.name.clone() else {
+            return;
+        };
+        let current: Vec<conditions::Condition> = m
+            .conditions
+            .clone()
+            .and_then(|c| serde_json::from_value(c).ok())
+            .unwrap_or_default();
+        let mut conds = current.clone();
+        conditions::set(
+            &mut conds,
+            conditions::READY,
+            ConditionStatus::False,
+            "ValidationFailed",
+            message,
+            m.metadata.generation,
+            Timestamp::now(),
+        );
+        let seen = self.reported.entry(name.clone()).or_default();
+        if seen.insert(message.to_string()) {
+            seen.retain(|p| p == message);
+            self.shared.events.warning(
+                m.object_ref::<ClusterAPINodeClass>(),
+                "ValidationFailed",
+                format!("ClusterAPINodeClass {name} {message}"),
+            );
+        }
+        if conds == current && m.conditions.is_some() {
+            return;
+        }
+        let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
+        let body = json!({"status": {"conditions": conds}});
+        ctx.spawn(
+            async move {
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .map(|_| ())
+            }
+            .into_actor(self)
+            .map(|r, _, _| {
+                if let Err(e) = r {
+                    tracing::warn!(error = %e, "updating a malformed ClusterAPINodeClass's status failed");
+                }
+            }),
+        );
+    }
+
     /// ClusterAPINodeClass status: Ready with what it resolves to, or why not.
     fn update_status(
         &self,
@@ -628,25 +700,41 @@ impl Actor for Catalog {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
+        // Per-object decoding: one NodeClass the types cannot read must not stop the watch.
+        let api: Api<Lenient<ClusterAPINodeClass>> = Api::all(self.shared.workload.clone());
         ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
     }
 }
 
-impl StreamHandler<Result<watcher::Event<ClusterAPINodeClass>, watcher::Error>> for Catalog {
+impl StreamHandler<Result<watcher::Event<Lenient<ClusterAPINodeClass>>, watcher::Error>>
+    for Catalog
+{
     fn handle(
         &mut self,
-        ev: Result<watcher::Event<ClusterAPINodeClass>, watcher::Error>,
+        ev: Result<watcher::Event<Lenient<ClusterAPINodeClass>>, watcher::Error>,
         ctx: &mut Self::Context,
     ) {
         match ev {
-            Ok(watcher::Event::Apply(nc)) | Ok(watcher::Event::InitApply(nc)) => {
+            Ok(watcher::Event::Apply(Lenient::Ok(nc)))
+            | Ok(watcher::Event::InitApply(Lenient::Ok(nc))) => {
+                self.malformed.remove(&nc.name_any());
                 self.nodeclasses.insert(nc.name_any(), Arc::new(nc));
+            }
+            Ok(watcher::Event::Apply(Lenient::Bad(m)))
+            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
+                let name = m.metadata.name.clone().unwrap_or_default();
+                tracing::warn!(nodeclass = %name, problem = %m, "ClusterAPINodeClass cannot be decoded");
+                self.nodeclasses.remove(&name);
+                self.malformed.insert(name, *m);
             }
             Ok(watcher::Event::Delete(nc)) => {
                 self.nodeclasses.remove(&nc.name_any());
+                self.malformed.remove(&nc.name_any());
             }
-            Ok(watcher::Event::Init) => self.nodeclasses.clear(),
+            Ok(watcher::Event::Init) => {
+                self.nodeclasses.clear();
+                self.malformed.clear();
+            }
             Ok(watcher::Event::InitDone) => self.synced = true,
             Err(e) => {
                 tracing::warn!(error = %e, "ClusterAPINodeClass watch failed; retrying");

@@ -15,6 +15,7 @@ pub mod batch;
 pub mod capi_watcher;
 pub mod catalog;
 pub mod controller;
+pub mod decode;
 pub mod events;
 pub mod node_watcher;
 pub mod nodeclaim;

@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::Shared;
 use super::backoff::Backoff;
+use super::decode::{Lenient, Malformed};
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodepool::{NodePool, NodePoolStatus};
 use crate::api::resources::Resources;
@@ -34,6 +35,12 @@ const COALESCE: Duration = Duration::from_millis(500);
 pub struct NodePools {
     shared: Arc<Shared>,
     buffer: Vec<NodePool>,
+    /// NodePools the types cannot decode, by name: left out of the index (nothing provisions
+    /// from them) and given `ValidationSucceeded=False` naming the field.
+    malformed: BTreeMap<String, Malformed>,
+    bad_buffer: Vec<Malformed>,
+    /// The last decode problem reported by Event per NodePool, so each is told once.
+    told: BTreeMap<String, String>,
     scheduled: bool,
     /// Metric series published per NodePool (usage and limit resource types), so the ones that
     /// go away (a resource back to zero, a deleted pool) are removed, not exported for ever.
@@ -49,6 +56,9 @@ impl NodePools {
         Self {
             shared,
             buffer: Vec::new(),
+            malformed: BTreeMap::new(),
+            bad_buffer: Vec::new(),
+            told: BTreeMap::new(),
             scheduled: false,
             usage_series: HashMap::new(),
             limit_series: HashMap::new(),
@@ -118,6 +128,7 @@ impl NodePools {
         let usage = usage_by_pool(&self.shared);
         let present: BTreeSet<String> = pools.iter().map(|np| np.name_any()).collect();
         self.forget_missing(&present);
+        self.refresh_malformed(ctx);
         for np in pools {
             let (resources, nodes) = usage.get(&np.name_any()).cloned().unwrap_or_default();
             let status = desired_status(&self.shared, &np, &resources, nodes);
@@ -162,6 +173,61 @@ impl NodePools {
                     Err(e) => {
                         tracing::warn!(error = %e, "updating NodePool status failed; retrying");
                         act.retry_later(ctx);
+                    }
+                }),
+            );
+        }
+    }
+
+    /// A NodePool that does not decode gets `ValidationSucceeded=False` (and so `Ready=False`)
+    /// with the field and the decoder's reason, and one Event per distinct problem.
+    fn refresh_malformed(&mut self, ctx: &mut Context<Self>) {
+        let now = Timestamp::now();
+        let bad: Vec<Malformed> = self.malformed.values().cloned().collect();
+        for m in bad {
+            let Some(name) = m.metadata.name.clone() else {
+                continue;
+            };
+            let message = m.message();
+            let current: Vec<conditions::Condition> = m
+                .conditions
+                .clone()
+                .and_then(|c| serde_json::from_value(c).ok())
+                .unwrap_or_default();
+            let mut conds = current.clone();
+            let generation = m.metadata.generation;
+            conditions::set(
+                &mut conds,
+                conditions::VALIDATION_SUCCEEDED,
+                ConditionStatus::False,
+                "ValidationFailed",
+                &message,
+                generation,
+                now,
+            );
+            conditions::set_nodepool_ready(&mut conds, generation, now);
+            if self.told.get(&name) != Some(&message) {
+                self.shared.events.warning(
+                    m.object_ref::<NodePool>(),
+                    "ValidationFailed",
+                    format!("NodePool {name} cannot be read: {message}"),
+                );
+                self.told.insert(name.clone(), message);
+            }
+            if conds == current && m.conditions.is_some() {
+                continue;
+            }
+            let api: Api<NodePool> = Api::all(self.shared.workload.clone());
+            let body = json!({ "status": { "conditions": conds } });
+            ctx.spawn(
+                async move {
+                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                        .await
+                }
+                .into_actor(self)
+                .map(|r, _, _| {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "updating a malformed NodePool's status failed");
                     }
                 }),
             );
@@ -322,21 +388,31 @@ impl Actor for NodePools {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let api: Api<NodePool> = Api::all(self.shared.workload.clone());
+        // Per-object decoding: one NodePool the types cannot read must not stop the watch.
+        let api: Api<Lenient<NodePool>> = Api::all(self.shared.workload.clone());
         ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
     }
 }
 
-impl StreamHandler<Result<watcher::Event<NodePool>, watcher::Error>> for NodePools {
+impl StreamHandler<Result<watcher::Event<Lenient<NodePool>>, watcher::Error>> for NodePools {
     fn handle(
         &mut self,
-        ev: Result<watcher::Event<NodePool>, watcher::Error>,
+        ev: Result<watcher::Event<Lenient<NodePool>>, watcher::Error>,
         ctx: &mut Self::Context,
     ) {
         match ev {
-            Ok(watcher::Event::Init) => self.buffer.clear(),
-            Ok(watcher::Event::InitApply(np)) => self.buffer.push(np),
+            Ok(watcher::Event::Init) => {
+                self.buffer.clear();
+                self.bad_buffer.clear();
+            }
+            Ok(watcher::Event::InitApply(Lenient::Ok(np))) => self.buffer.push(np),
+            Ok(watcher::Event::InitApply(Lenient::Bad(m))) => self.bad_buffer.push(*m),
             Ok(watcher::Event::InitDone) => {
+                self.malformed = std::mem::take(&mut self.bad_buffer)
+                    .into_iter()
+                    .map(|m| (m.metadata.name.clone().unwrap_or_default(), m))
+                    .collect();
+                self.told.retain(|n, _| self.malformed.contains_key(n));
                 let fresh = std::mem::take(&mut self.buffer);
                 let mut pools = self.shared.state.nodepools.write();
                 pools.clear();
@@ -350,15 +426,27 @@ impl StreamHandler<Result<watcher::Event<NodePool>, watcher::Error>> for NodePoo
                     .store(true, std::sync::atomic::Ordering::Release);
                 self.shared.synced.notify_waiters();
             }
-            Ok(watcher::Event::Apply(np)) => {
+            Ok(watcher::Event::Apply(Lenient::Ok(np))) => {
+                self.malformed.remove(&np.name_any());
+                self.told.remove(&np.name_any());
                 self.shared
                     .state
                     .nodepools
                     .write()
                     .insert(np.name_any(), Arc::new(np));
             }
+            Ok(watcher::Event::Apply(Lenient::Bad(m))) => {
+                let name = m.metadata.name.clone().unwrap_or_default();
+                tracing::warn!(nodepool = %name, problem = %m, "NodePool cannot be decoded; it is not used until fixed");
+                // The last good version must not keep provisioning: the user changed it.
+                self.shared.state.nodepools.write().remove(&name);
+                self.malformed.insert(name, *m);
+            }
             Ok(watcher::Event::Delete(np)) => {
-                self.shared.state.nodepools.write().remove(&np.name_any());
+                let name = np.name_any();
+                self.malformed.remove(&name);
+                self.told.remove(&name);
+                self.shared.state.nodepools.write().remove(&name);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "NodePool watch failed; it will re-list");

@@ -9,6 +9,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
+use super::decode::{Lenient, Malformed};
 use super::nodeclaim::{ClaimChanged, NodeClaimActor, Stop};
 use super::scaler::{CancelRequest, Poke};
 use crate::api::nodeclaim::NodeClaim;
@@ -29,6 +30,10 @@ pub fn is_ours(c: &NodeClaim) -> bool {
 pub struct Supervisor {
     shared: Arc<Shared>,
     buffer: Vec<NodeClaim>,
+    bad_buffer: Vec<Malformed>,
+    /// Claims whose latest version the types cannot decode, with the problem last reported by
+    /// Event (each distinct problem is told once, by the leader).
+    malformed: std::collections::BTreeMap<String, (Malformed, bool)>,
     active: bool,
 }
 
@@ -37,6 +42,8 @@ impl Supervisor {
         Self {
             shared,
             buffer: Vec::new(),
+            bad_buffer: Vec::new(),
+            malformed: std::collections::BTreeMap::new(),
             active: false,
         }
     }
@@ -63,6 +70,39 @@ impl Supervisor {
         self.shared.router.add_claim(name, addr);
     }
 
+    /// A claim's new version does not decode. Its last good version stays in the index (its
+    /// actor keeps its Machine; dropping it would look like the claim was deleted and release
+    /// capacity a workload may be using) and the problem is reported on the claim.
+    fn malformed(&mut self, m: Malformed) {
+        let name = m.metadata.name.clone().unwrap_or_default();
+        let unchanged = self
+            .malformed
+            .get(&name)
+            .is_some_and(|(old, _)| old.message() == m.message());
+        if !unchanged {
+            tracing::warn!(nodeclaim = %name, problem = %m, "NodeClaim cannot be decoded; acting on its last readable version");
+            self.malformed.insert(name, (m, false));
+        }
+        self.report_malformed();
+    }
+
+    fn report_malformed(&mut self) {
+        if !self.active {
+            return;
+        }
+        for (name, (m, told)) in self.malformed.iter_mut() {
+            if *told {
+                continue;
+            }
+            self.shared.events.warning(
+                m.object_ref::<NodeClaim>(),
+                "ValidationFailed",
+                format!("NodeClaim {name} cannot be read: {}", m.message()),
+            );
+            *told = true;
+        }
+    }
+
     fn poke_scaler_of(&self, c: &NodeClaim) {
         if let Some(s) = recorded_deployment(c).and_then(|md| self.shared.router.scaler(md)) {
             s.do_send(Poke);
@@ -87,22 +127,46 @@ impl Actor for Supervisor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
+        // Per-object decoding: one claim the types cannot read must not stop the watch.
+        let api: Api<Lenient<NodeClaim>> = Api::all(self.shared.workload.clone());
         ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
     }
 }
 
-impl StreamHandler<Result<watcher::Event<NodeClaim>, watcher::Error>> for Supervisor {
+impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> for Supervisor {
     fn handle(
         &mut self,
-        ev: Result<watcher::Event<NodeClaim>, watcher::Error>,
+        ev: Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>,
         _: &mut Self::Context,
     ) {
         match ev {
-            Ok(watcher::Event::Init) => self.buffer.clear(),
-            Ok(watcher::Event::InitApply(c)) => self.buffer.push(c),
+            Ok(watcher::Event::Init) => {
+                self.buffer.clear();
+                self.bad_buffer.clear();
+            }
+            Ok(watcher::Event::InitApply(Lenient::Ok(c))) => self.buffer.push(c),
+            Ok(watcher::Event::InitApply(Lenient::Bad(m))) => self.bad_buffer.push(*m),
             Ok(watcher::Event::InitDone) => {
-                let fresh = std::mem::take(&mut self.buffer);
+                let mut fresh = std::mem::take(&mut self.buffer);
+                let bad = std::mem::take(&mut self.bad_buffer);
+                // A claim that exists but no longer decodes is not gone: keep its last good
+                // version so its actor and its Machine stay.
+                {
+                    let index = self.shared.state.claims.read();
+                    fresh.extend(bad.iter().filter_map(|m| {
+                        m.metadata
+                            .name
+                            .as_deref()
+                            .and_then(|n| index.get(n))
+                            .map(|c| (*c).clone())
+                    }));
+                }
+                let names: std::collections::BTreeSet<String> =
+                    bad.iter().filter_map(|m| m.metadata.name.clone()).collect();
+                self.malformed.retain(|n, _| names.contains(n));
+                for m in bad {
+                    self.malformed(m);
+                }
                 let gone = self.shared.state.claims.write().replace_all(fresh);
                 for c in gone {
                     self.gone(&c);
@@ -116,7 +180,9 @@ impl StreamHandler<Result<watcher::Event<NodeClaim>, watcher::Error>> for Superv
                 }
                 self.shared.synced.notify_waiters();
             }
-            Ok(watcher::Event::Apply(c)) => {
+            Ok(watcher::Event::Apply(Lenient::Bad(m))) => self.malformed(*m),
+            Ok(watcher::Event::Apply(Lenient::Ok(c))) => {
+                self.malformed.remove(&c.name_any());
                 let c = Arc::new(c);
                 let old = self.shared.state.claims.write().apply((*c).clone());
                 if let Some(old) = old
@@ -129,8 +195,16 @@ impl StreamHandler<Result<watcher::Event<NodeClaim>, watcher::Error>> for Superv
                 self.shared.router.nodepools_changed();
             }
             Ok(watcher::Event::Delete(c)) => {
-                self.shared.state.claims.write().remove(&c.name_any());
-                self.gone(&c);
+                let name = c.name_any();
+                self.malformed.remove(&name);
+                let last = self.shared.state.claims.write().remove(&name);
+                // The deleted object itself may not decode; its last good version says which
+                // Scaler held a request for it.
+                match (c, last) {
+                    (Lenient::Ok(c), _) => self.gone(&c),
+                    (Lenient::Bad(_), Some(last)) => self.gone(&last),
+                    (Lenient::Bad(_), None) => {}
+                }
                 self.shared.router.nodepools_changed();
                 // Pods that waited for this claim may need another.
                 self.shared.router.provisioner_poke();
@@ -151,5 +225,6 @@ impl Handler<Activate> for Supervisor {
         for c in all {
             self.deliver(c, true);
         }
+        self.report_malformed();
     }
 }

@@ -111,6 +111,20 @@ impl Condition {
     }
 }
 
+/// The schema's `maxLength` of a condition message.
+pub const MESSAGE_LIMIT: usize = 32768;
+
+fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let mut end = limit - 3;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &text[..end])
+}
+
 /// Sets condition `type_` in `conditions`. `lastTransitionTime` moves to `now` only when the
 /// status changes, so that "how long has this been false" stays answerable. An empty reason
 /// becomes the type, because NodePool's schema rejects an empty reason. Returns true when
@@ -125,6 +139,9 @@ pub fn set(
     now: Timestamp,
 ) -> bool {
     let reason = if reason.is_empty() { type_ } else { reason };
+    // The schema caps messages at 32768; a message quoting a huge user value is cut, on a
+    // character boundary, rather than have the whole status write refused.
+    let message = &cut(message, MESSAGE_LIMIT);
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(existing) => {
             let before = existing.clone();

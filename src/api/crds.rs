@@ -29,13 +29,88 @@ pub enum Error {
 /// Every CRD this project serves, in a stable order.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
-        NodePool::crd(),
-        NodeClaim::crd(),
-        ClusterAPINodeClass::crd(),
+        (NodePool::crd(), true),
+        (NodeClaim::crd(), false),
+        (ClusterAPINodeClass::crd(), true),
     ]
     .into_iter()
-    .map(tidy)
+    .map(|(crd, strict)| upstream_validation(tidy(crd), strict))
     .collect()
+}
+
+/// Upstream's pattern for `resource.Quantity` strings (limits, requests, capacity).
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+/// Upstream's pattern for requirement values (a label value).
+pub const LABEL_VALUE_PATTERN: &str = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$";
+/// Upstream's pattern for a condition reason when the reason is required.
+pub const REASON_PATTERN: &str = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$";
+
+/// Validation upstream's CRDs carry that the Rust types cannot express through schemars:
+/// - every Quantity (`x-kubernetes-int-or-string`) gets upstream's quantity pattern;
+/// - requirement `values` get `maxLength: 63` and the label-value pattern. Upstream puts both on
+///   the array (where kube-apiserver does not apply them to the elements); they are kept there
+///   to match, and repeated on the items, where they take effect;
+/// - with `strict_conditions` (NodePool, ClusterAPINodeClass, as upstream), conditions require
+///   `reason` and `message`, and `reason` is non-empty. NodeClaim's upstream schema leaves them
+///   optional, so it stays so.
+fn upstream_validation(
+    crd: CustomResourceDefinition,
+    strict_conditions: bool,
+) -> CustomResourceDefinition {
+    use serde_json::{Value, json};
+    fn walk(v: &mut Value, key: Option<&str>, strict: bool) {
+        let Value::Object(m) = v else {
+            return;
+        };
+        if m.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+            m.entry("pattern").or_insert(json!(QUANTITY_PATTERN));
+        }
+        if key == Some("requirements")
+            && let Some(values) = m
+                .get_mut("items")
+                .and_then(|i| i.pointer_mut("/properties/values"))
+                .and_then(Value::as_object_mut)
+        {
+            values.insert("maxLength".into(), json!(63));
+            values.insert("pattern".into(), json!(LABEL_VALUE_PATTERN));
+            if let Some(items) = values.get_mut("items").and_then(Value::as_object_mut) {
+                items.insert("maxLength".into(), json!(63));
+                items.insert("pattern".into(), json!(LABEL_VALUE_PATTERN));
+            }
+        }
+        if key == Some("conditions")
+            && strict
+            && let Some(item) = m.get_mut("items").and_then(Value::as_object_mut)
+        {
+            item.insert(
+                "required".into(),
+                json!(["lastTransitionTime", "message", "reason", "status", "type"]),
+            );
+            if let Some(reason) = item
+                .get_mut("properties")
+                .and_then(|p| p.get_mut("reason"))
+                .and_then(Value::as_object_mut)
+            {
+                reason.insert("minLength".into(), json!(1));
+                reason.insert("pattern".into(), json!(REASON_PATTERN));
+            }
+        }
+        let keys: Vec<String> = m.keys().cloned().collect();
+        for k in keys {
+            if let Some(child) = m.get_mut(&k) {
+                match child {
+                    Value::Object(_) => walk(child, Some(&k), strict),
+                    Value::Array(a) => a.iter_mut().for_each(|c| walk(c, None, strict)),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    walk(&mut value, None, strict_conditions);
+    serde_json::from_value(value).unwrap_or(crd)
 }
 
 /// Removes the `null` that schemars lists among the values of an optional enum: the field is

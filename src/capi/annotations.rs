@@ -122,6 +122,8 @@ pub enum Problem {
     BadTaint { entry: String, why: String },
     #[error("needs {other} as well")]
     MissingCompanion { other: &'static str },
+    #[error("{0}")]
+    BadGpuType(String),
     #[error("min-size {min} is above max-size {max}")]
     MinAboveMax { min: i32, max: i32 },
 }
@@ -235,6 +237,11 @@ impl<'a> Parser<'a> {
                 self.error(GPU_TYPE_ANNOTATION, Problem::Empty);
                 None
             }
+            (Some(gpu_type), _, _) if gpu_type_problem(gpu_type).is_some() => {
+                let why = gpu_type_problem(gpu_type).unwrap_or_default();
+                self.error(GPU_TYPE_ANNOTATION, Problem::BadGpuType(why));
+                None
+            }
             (Some(gpu_type), Some(count), _) => Some(Gpu {
                 gpu_type: gpu_type.to_string(),
                 resource: gpu_resource(gpu_type),
@@ -262,6 +269,38 @@ impl<'a> Parser<'a> {
             _ => None,
         }
     }
+}
+
+/// A gpu-type with a `/` names an extended resource, so it must be a valid resource name (a
+/// qualified name); without one it is the GPU model, published as a label value.
+fn gpu_type_problem(gpu_type: &str) -> Option<String> {
+    if gpu_type.contains('/') {
+        validate_label_key(gpu_type)
+            .err()
+            .map(|e| format!("not a valid extended resource name: {e}"))
+    } else {
+        validate_label_value(gpu_type)
+            .err()
+            .map(|e| format!("not a valid GPU model (a label value): {e}"))
+    }
+}
+
+/// Labels a MachineDeployment may not set on its nodes: the node's own name, and Karpenter's
+/// domain (the controller sets those itself), except `karpenter.sh/capacity-type`, which is how a
+/// MachineDeployment declares its capacity type.
+fn restricted_label(key: &str) -> Option<String> {
+    let domain = key.split_once('/').map_or("", |(d, _)| d);
+    if key == crate::api::wellknown::HOSTNAME_LABEL {
+        return Some(format!("label {key:?} is restricted: it is set per node"));
+    }
+    if (domain == "karpenter.sh" || domain.ends_with(".karpenter.sh"))
+        && key != crate::api::wellknown::CAPACITY_TYPE_LABEL
+    {
+        return Some(format!(
+            "label {key:?} is restricted: the karpenter.sh domain is set by the controller"
+        ));
+    }
+    None
 }
 
 /// See the module documentation for the rule.
@@ -330,6 +369,9 @@ fn parse_labels(raw: &str) -> Result<BTreeMap<String, String>, Problem> {
         let (key, value) = (key.trim(), value.trim());
         validate_label_key(key).map_err(bad)?;
         validate_label_value(value).map_err(bad)?;
+        if let Some(why) = restricted_label(key) {
+            return Err(bad(why));
+        }
         if labels.insert(key.to_string(), value.to_string()).is_some() {
             return Err(Problem::DuplicateLabel {
                 key: key.to_string(),
@@ -454,5 +496,42 @@ impl ScaleFromZero {
             out.set(gpu.resource.clone(), Quantity::from_units(gpu.count));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod restricted_tests {
+    use super::*;
+
+    fn parse_one(key: &str, value: &str) -> Result<ScaleFromZero, AnnotationErrors> {
+        let mut a = BTreeMap::new();
+        a.insert(key.to_string(), value.to_string());
+        if key == GPU_TYPE_ANNOTATION {
+            a.insert(GPU_COUNT_ANNOTATION.to_string(), "1".to_string());
+        }
+        parse(&a)
+    }
+
+    #[test]
+    fn restricted_labels_and_bad_gpu_types_are_rejected_naming_the_annotation() {
+        for (key, value) in [
+            (LABELS_ANNOTATION, "kubernetes.io/hostname=node-1"),
+            (LABELS_ANNOTATION, "karpenter.sh/nodepool=default"),
+            (LABELS_ANNOTATION, "team=a b"),
+            (GPU_TYPE_ANNOTATION, "nvidia.com/gpu x"),
+            (GPU_TYPE_ANNOTATION, "a/b/c"),
+            (GPU_TYPE_ANNOTATION, "NVIDIA Tesla T4"),
+        ] {
+            let err = parse_one(key, value).expect_err(value);
+            assert!(err.to_string().contains(key), "{key}={value}: {err}");
+        }
+        for (key, value) in [
+            (LABELS_ANNOTATION, "node.kubernetes.io/role=gpu"),
+            (LABELS_ANNOTATION, "karpenter.sh/capacity-type=spot"),
+            (GPU_TYPE_ANNOTATION, "nvidia-tesla-t4"),
+            (GPU_TYPE_ANNOTATION, "amd.com/gpu"),
+        ] {
+            assert!(parse_one(key, value).is_ok(), "{key}={value}");
+        }
     }
 }

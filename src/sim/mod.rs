@@ -14,6 +14,7 @@ mod selectors;
 mod server;
 mod stats;
 mod store;
+mod validate;
 mod watch;
 
 use std::net::SocketAddr;

@@ -367,6 +367,7 @@ impl Inner {
             meta.remove("generation");
         }
         prepare_status_on_create(def, &mut obj);
+        super::validate::check(def, &obj)?;
         let stored = self.commit(&key, ns, EventKind::Added, obj, None);
         self.objects
             .entry(key.clone())
@@ -443,6 +444,7 @@ impl Inner {
         if is_deleting(&merged) && finalizers(&merged).is_empty() {
             return Ok(self.remove(&key, ns, name, merged));
         }
+        super::validate::check(def, &merged)?;
         let stored = self.commit(&key, ns, EventKind::Modified, merged, Some(old));
         if let Some(m) = self.objects.get_mut(&key) {
             m.insert((ns.to_string(), name.to_string()), stored.clone());

@@ -1,0 +1,103 @@
+//! Field validation the real kube-apiserver applies to built-in types before it stores them, so
+//! that a client that works against the simulated cluster also works against a real one. Only
+//! the rules the controller can run into are modelled; each cites the upstream rule it mirrors.
+
+use serde_json::Value;
+
+use super::errors::ApiError;
+use super::registry::ResourceDef;
+
+/// Upstream `pkg/apis/core/validation/events.go`: `NoteLengthLimit` (bytes, Go `len`).
+pub const EVENT_NOTE_LIMIT: usize = 1024;
+/// Upstream `ReasonLengthLimit` and `ActionLengthLimit`.
+pub const EVENT_REASON_LIMIT: usize = 128;
+pub const EVENT_ACTION_LIMIT: usize = 128;
+
+/// Checks `obj` (the object about to be stored, after merge or patch) for `def`.
+pub fn check(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {
+    if def.group == "events.k8s.io" && def.plural == "events" {
+        return events_v1(obj);
+    }
+    Ok(())
+}
+
+/// events.k8s.io/v1 Events: the limits of `ValidateEventCreate`/`ValidateEventUpdate` for the
+/// fields a reporter fills in.
+fn events_v1(obj: &Value) -> Result<(), ApiError> {
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mut problems = Vec::new();
+    for (field, limit) in [
+        ("note", EVENT_NOTE_LIMIT),
+        ("reason", EVENT_REASON_LIMIT),
+        ("action", EVENT_ACTION_LIMIT),
+    ] {
+        if obj
+            .get(field)
+            .and_then(Value::as_str)
+            .is_some_and(|s| s.len() > limit)
+        {
+            problems.push(format!(
+                "{field}: Too long: may not be more than {limit} bytes"
+            ));
+        }
+    }
+    for field in [
+        "reportingController",
+        "reportingInstance",
+        "action",
+        "reason",
+    ] {
+        if obj
+            .get(field)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            problems.push(format!("{field}: Required value"));
+        }
+    }
+    if obj.get("eventTime").is_none_or(Value::is_null) {
+        problems.push("eventTime: Required value".to_string());
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "Event.events.k8s.io {name:?} is invalid: [{}]",
+            problems.join(", ")
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(note: &str) -> Value {
+        json!({
+            "metadata": {"name": "x.1"},
+            "eventTime": "2024-01-01T00:00:00.000000Z",
+            "reportingController": "c", "reportingInstance": "i",
+            "action": "A", "reason": "R", "note": note,
+        })
+    }
+
+    #[test]
+    fn event_note_limit_is_1024_bytes() {
+        assert!(events_v1(&event(&"x".repeat(1024))).is_ok());
+        let err = events_v1(&event(&"x".repeat(1025))).unwrap_err();
+        assert!(err.to_string().contains("note: Too long"), "{err}");
+        // Bytes, not characters: 513 two-byte characters are 1026 bytes.
+        assert!(events_v1(&event(&"é".repeat(513))).is_err());
+    }
+
+    #[test]
+    fn reporter_fields_are_required() {
+        let mut e = event("n");
+        e["reportingInstance"] = json!("");
+        assert!(events_v1(&e).is_err());
+    }
+}
