@@ -291,11 +291,12 @@ pub struct RunArgs {
     pub controller: ControllerArgs,
     #[command(flatten)]
     pub log: LogArgs,
-    /// Port of the Prometheus /metrics endpoint.
-    #[arg(long, env = "METRICS_PORT", default_value_t = 8080, value_parser = clap::value_parser!(u16).range(1..))]
+    /// Port of the Prometheus /metrics endpoint (0: any free port, logged at start-up; for
+    /// several replicas on one host).
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
     pub metrics_port: u16,
-    /// Port of the /healthz and /readyz endpoints.
-    #[arg(long, env = "HEALTH_PROBE_PORT", default_value_t = 8081, value_parser = clap::value_parser!(u16).range(1..))]
+    /// Port of the /healthz and /readyz endpoints (0: any free port, logged at start-up).
+    #[arg(long, env = "HEALTH_PROBE_PORT", default_value_t = 8081)]
     pub health_probe_port: u16,
     /// Client-side limit on API requests per second to each cluster (0: no limit).
     #[arg(long, env = "KUBE_CLIENT_QPS", default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=100_000))]

@@ -55,7 +55,6 @@ const BAD: &[(&str, &str, &str)] = &[
     ("run", "--batch-max-duration", "0"),
     ("run", "--batch-max-duration", "10"),
     ("run", "--preference-policy", "maybe"),
-    ("run", "--metrics-port", "0"),
     ("run", "--metrics-port", "65536"),
     ("run", "--health-probe-port", "-1"),
     ("run", "--health-probe-port", "http"),

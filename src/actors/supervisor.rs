@@ -10,7 +10,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
 use super::decode::{Lenient, Malformed};
-use super::nodeclaim::{ClaimChanged, NodeClaimActor, Stop};
+use super::nodeclaim::{ClaimChanged, Gone, NodeClaimActor};
 use super::scaler::{CancelRequest, Poke};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
@@ -113,7 +113,7 @@ impl Supervisor {
     /// by someone else). Its Scaler forgets any request it still holds for it.
     fn gone(&self, c: &NodeClaim) {
         if let Some(a) = self.shared.router.remove_claim(&c.name_any()) {
-            a.do_send(Stop);
+            a.do_send(Gone(Arc::new(c.clone())));
         }
         if let Some(s) = recorded_deployment(c).and_then(|md| self.shared.router.scaler(md)) {
             s.do_send(CancelRequest {

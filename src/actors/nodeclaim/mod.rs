@@ -63,15 +63,25 @@ pub struct RequestRejected {
     pub why: Rejection,
 }
 
-/// The claim is gone from the API: stop.
+/// Stop this actor (the controller stops its writers).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Stop;
+
+/// The claim is gone from the API (last seen as this): stop. A claim whose finalizer removal
+/// answered too late for the reconcile (or that someone else finished) is counted as
+/// terminated here.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Gone(pub Arc<NodeClaim>);
 
 pub struct NodeClaimActor {
     name: String,
     shared: Arc<Shared>,
     claim: Arc<NodeClaim>,
+    /// Its termination was counted (once, by whichever of the finalizer write and the watch
+    /// comes first).
+    terminated: bool,
     running: bool,
     again: bool,
     /// MachineDeployments that turned this claim down; resolve avoids them.
@@ -98,6 +108,7 @@ impl NodeClaimActor {
             wake: None,
             fresh: Freshness::default(),
             backoff: Backoff::api(),
+            terminated: false,
         }
     }
 
@@ -113,6 +124,7 @@ impl NodeClaimActor {
             claim: self.claim.clone(),
             excluded: self.excluded.clone(),
             requested: self.requested.clone(),
+            terminated: false,
         };
         let name = self.name.clone();
         let deadline = self.shared.settings.deadlines.claim_step;
@@ -187,6 +199,7 @@ impl NodeClaimActor {
                 self.wake_in(d, ctx);
             }
         }
+        self.terminated |= out.terminated;
         if out.done {
             ctx.stop();
         }
@@ -276,6 +289,17 @@ impl Handler<Stop> for NodeClaimActor {
     }
 }
 
+impl Handler<Gone> for NodeClaimActor {
+    type Result = ();
+    fn handle(&mut self, msg: Gone, ctx: &mut Self::Context) {
+        if !self.terminated && msg.0.metadata.deletion_timestamp.is_some() {
+            self.terminated = true;
+            termination::observe_terminated(&self.shared, &msg.0);
+        }
+        ctx.stop();
+    }
+}
+
 /// What one reconcile decided, applied by the actor.
 #[derive(Default)]
 struct Outcome {
@@ -289,6 +313,8 @@ struct Outcome {
     /// The claim or an object a step patched was not found.
     gone: bool,
     done: bool,
+    /// The claim's termination was counted in the metrics.
+    terminated: bool,
 }
 
 /// One reconcile, detached from the actor (it owns copies of what it needs).
@@ -297,6 +323,8 @@ struct Step {
     claim: Arc<NodeClaim>,
     excluded: HashSet<String>,
     requested: Option<String>,
+    /// Set when this step counted the claim's termination.
+    terminated: bool,
 }
 
 /// How often a claim whose NodeClass is missing or not ready tries again.
@@ -338,6 +366,7 @@ impl Step {
                 }
                 Ok(Next::Done) => {
                     out.done = true;
+                    out.terminated = self.terminated;
                     return out;
                 }
                 Err(e) if e.is_conflict() => match self.reread().await {

@@ -23,7 +23,7 @@ use super::{Next, Step, condition_time, has_finalizer, is_true, object_ref, sinc
 use crate::actors::patch::JsonPatch;
 use crate::actors::scaler::{CancelRequest, ReleaseMachine};
 use crate::actors::terminator::{Drain, DrainState, Forget};
-use crate::actors::{Error, api_err};
+use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
@@ -116,42 +116,10 @@ impl Step {
         {
             t.do_send(Forget(n.name_any()));
         }
-        self.observe_terminated(&c);
+        observe_terminated(&self.shared, &c);
+        self.terminated = true;
         tracing::info!(nodeclaim = %self.name(), "terminated");
         Ok(Next::Done)
-    }
-
-    fn observe_terminated(&self, c: &NodeClaim) {
-        let pool = NodePoolLabels {
-            nodepool: self.nodepool(),
-        };
-        if let Some(deleted) = c.metadata.deletion_timestamp.as_ref() {
-            // Karpenter's cloud-provider Delete: release requested (the claim's deletion) until
-            // its Machine is gone, for claims that had one.
-            if recorded_machine(c).is_some() {
-                self.shared
-                    .metrics
-                    .cloudprovider("Delete", since(deleted.0));
-            }
-            self.shared
-                .metrics
-                .nodeclaims_termination_duration
-                .get_or_create(&pool)
-                .observe(since(deleted.0).as_secs_f64());
-        }
-        if let Some(t) = condition_time(c, conditions::INSTANCE_TERMINATING) {
-            self.shared
-                .metrics
-                .nodeclaims_instance_termination_duration
-                .get_or_create(&pool)
-                .observe(since(t).as_secs_f64());
-        }
-        let md = recorded_deployment(c).unwrap_or_default().to_string();
-        self.shared
-            .metrics
-            .nodeclaims_terminated
-            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
-            .inc();
     }
 
     /// The claim's termination deadline: stamped once from its `terminationGracePeriod`, then
@@ -352,6 +320,39 @@ impl Step {
         }
         Ok(())
     }
+}
+
+/// Count a finished termination: claims terminated, termination and instance-termination
+/// durations, and Karpenter's cloud-provider Delete (release requested, i.e. the claim's
+/// deletion, until its Machine is gone, for claims that had one).
+pub(super) fn observe_terminated(shared: &Shared, c: &NodeClaim) {
+    let nodepool = c.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default();
+    let pool = NodePoolLabels {
+        nodepool: nodepool.clone(),
+    };
+    if let Some(deleted) = c.metadata.deletion_timestamp.as_ref() {
+        if recorded_machine(c).is_some() {
+            shared.metrics.cloudprovider("Delete", since(deleted.0));
+        }
+        shared
+            .metrics
+            .nodeclaims_termination_duration
+            .get_or_create(&pool)
+            .observe(since(deleted.0).as_secs_f64());
+    }
+    if let Some(t) = condition_time(c, conditions::INSTANCE_TERMINATING) {
+        shared
+            .metrics
+            .nodeclaims_instance_termination_duration
+            .get_or_create(&pool)
+            .observe(since(t).as_secs_f64());
+    }
+    let md = recorded_deployment(c).unwrap_or_default().to_string();
+    shared
+        .metrics
+        .nodeclaims_terminated
+        .get_or_create(&Metrics::pool(&nodepool, &md))
+        .inc();
 }
 
 enum Deadline {
