@@ -26,7 +26,8 @@ use crate::api::wellknown::{
     MEMBER_LABEL, NODECLAIM_ANNOTATION,
 };
 use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION};
-use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::model::{Machine, MachineDeployment, ModelError};
+use crate::capi::version::CapiVersion;
 use crate::capi::{annotations, version};
 use crate::metrics::{Metrics, WriteLabels};
 use crate::state::claims::recorded_deployment;
@@ -544,28 +545,14 @@ impl Scaler {
         &self,
         machine: &Machine,
     ) -> impl std::future::Future<Output = Result<Machine, Error>> + 'static {
-        let api = self.machine_api(&machine.namespace);
-        let v = self.shared.capi_version;
-        let shared = self.shared.clone();
-        let deadline = self.deadline();
-        let name = machine.name.clone();
-        async move {
-            let what = format!("reading Machine {name}");
-            let get = async {
-                let obj = api.get(&name).await.map_err(api_err(
-                    &shared.metrics,
-                    "get",
-                    "machines",
-                    &name,
-                ))?;
-                Machine::from_dynamic(&obj, v).map_err(|source| Error::Model {
-                    kind: "Machine",
-                    name: name.clone(),
-                    source,
-                })
-            };
-            bounded(&shared, deadline, what, get).await
-        }
+        read_model(
+            self.shared.clone(),
+            self.machine_api(&machine.namespace),
+            machine.name.clone(),
+            self.deadline(),
+            ("Machine", "machines"),
+            Machine::from_dynamic,
+        )
     }
 
     /// Mark a Machine of ours for deletion (step one of a release; the decrement follows).
@@ -795,28 +782,14 @@ impl Scaler {
         ns: &str,
         name: &str,
     ) -> impl std::future::Future<Output = Result<MachineDeployment, Error>> + 'static {
-        let api = self.md_api(ns);
-        let name = name.to_string();
-        let v = self.shared.capi_version;
-        let shared = self.shared.clone();
-        let deadline = self.deadline();
-        async move {
-            let what = format!("reading MachineDeployment {name}");
-            let get = async {
-                let obj = api.get(&name).await.map_err(api_err(
-                    &shared.metrics,
-                    "get",
-                    "machinedeployments",
-                    &name,
-                ))?;
-                MachineDeployment::from_dynamic(&obj, v).map_err(|source| Error::Model {
-                    kind: "MachineDeployment",
-                    name: name.clone(),
-                    source,
-                })
-            };
-            bounded(&shared, deadline, what, get).await
-        }
+        read_model(
+            self.shared.clone(),
+            self.md_api(ns),
+            name.to_string(),
+            self.deadline(),
+            ("MachineDeployment", "machinedeployments"),
+            MachineDeployment::from_dynamic,
+        )
     }
 
     /// The MachineDeployment is gone: once nothing of ours is in flight for a while, stop and
@@ -917,6 +890,30 @@ impl Scaler {
 }
 
 /// Run `fut` with a deadline; a timeout is counted and becomes `Error::Timeout`.
+/// GET one Cluster API object and read it into the model, bounded by `deadline`.
+async fn read_model<T>(
+    shared: Arc<Shared>,
+    api: Api<DynamicObject>,
+    name: String,
+    deadline: Duration,
+    (kind, plural): (&'static str, &'static str),
+    parse: fn(&DynamicObject, CapiVersion) -> Result<T, ModelError>,
+) -> Result<T, Error> {
+    let what = format!("reading {kind} {name}");
+    let get = async {
+        let obj = api
+            .get(&name)
+            .await
+            .map_err(api_err(&shared.metrics, "get", plural, &name))?;
+        parse(&obj, shared.capi_version).map_err(|source| Error::Model {
+            kind,
+            name: name.clone(),
+            source,
+        })
+    };
+    bounded(&shared, deadline, what, get).await
+}
+
 async fn bounded<T>(
     shared: &Shared,
     deadline: Duration,
