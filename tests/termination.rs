@@ -30,7 +30,7 @@ struct Env {
     sim: BackgroundSim,
     pool: NodePool,
     metrics: std::sync::Arc<Metrics>,
-    _controller: ControllerHandle,
+    controller: Option<ControllerHandle>,
 }
 
 async fn env() -> Env {
@@ -66,11 +66,23 @@ async fn env() -> Env {
         sim,
         pool,
         metrics,
-        _controller: controller,
+        controller: Some(controller),
     }
 }
 
 impl Env {
+    /// Kill the controller (in-flight work abandoned, as in a crash) and start a new one.
+    async fn restart(&mut self) {
+        if let Some(c) = self.controller.take() {
+            c.stop();
+        }
+        self.controller = Some(
+            start_controller(&self.sim, sim_settings(None), self.metrics.clone())
+                .await
+                .expect("controller restarts"),
+        );
+    }
+
     async fn client(&self) -> kube::Client {
         self.sim.client_here().await.expect("client")
     }
@@ -409,5 +421,64 @@ async fn kubectl_delete_node_drains_and_releases_the_machine() {
         "the pod was evicted, not lost with the node: {:?}",
         env.removals()
     );
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_controller_killed_mid_drain_finishes_after_restart() {
+    let mut env = env().await;
+    let (claim, node) = env.claim(None).await;
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    env.pod("other", &node, json!({"app": "other"}), json!({}))
+        .await;
+    env.pdb("web", "web", 0).await;
+    env.delete_claim(&claim).await;
+    env.wait("the drain under way and blocked", || {
+        (env.get("pods", NS, "other").is_none() && !env.events("FailedDraining").is_empty())
+            .then_some(())
+    })
+    .await;
+    env.restart().await;
+    // The new controller picks the drain up from the API: the claim is still deleting, the
+    // Node still tainted and held, the Machine still there.
+    assert!(env.get("nodeclaims", "", &claim).is_some());
+    assert_eq!(env.list("machines").len(), 1);
+    env.pdb("web", "web", 1).await;
+    env.gone(&claim, &node).await;
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_machine_deleted_by_someone_else_ends_its_claim_cleanly() {
+    let env = env().await;
+    let (claim, node) = env.claim(None).await;
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    let machine = env.list("machines").remove(0);
+    let name = machine["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    // As a MachineHealthCheck remediation would: delete the Machine itself.
+    let machines: Api<kube::core::DynamicObject> = Api::namespaced_with(
+        env.client().await,
+        NS,
+        &env.sim.cluster().capi_version().machine(),
+    );
+    machines
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete Machine");
+    env.wait("the claim and its Node gone", || {
+        (env.get("nodeclaims", "", &claim).is_none() && env.get("nodes", "", &node).is_none())
+            .then_some(())
+    })
+    .await;
+    let event = env.events("MachineDeleted");
+    assert!(!event.is_empty(), "the claim says why it went");
+    // Cluster API replaces the Machine at the same replica count; the controller gives the
+    // replacement back (nothing claims it), so nothing leaks.
+    settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
 }
