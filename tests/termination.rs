@@ -34,6 +34,10 @@ struct Env {
 }
 
 async fn env() -> Env {
+    env_with(sim_settings(None)).await
+}
+
+async fn env_with(settings: karpenter_capi::actors::Settings) -> Env {
     let cfg = SimClusterConfig {
         capi_version: CapiVersion::V1Beta2,
         provider_delay: Duration::from_millis(30),
@@ -59,7 +63,7 @@ async fn env() -> Env {
         .await
         .expect("seeding");
     let metrics = Metrics::new();
-    let controller = start_controller(&sim, sim_settings(None), metrics.clone())
+    let controller = start_controller(&sim, settings, metrics.clone())
         .await
         .expect("controller");
     Env {
@@ -480,5 +484,33 @@ async fn a_machine_deleted_by_someone_else_ends_its_claim_cleanly() {
     // Cluster API replaces the Machine at the same replica count; the controller gives the
     // replacement back (nothing claims it), so nothing leaks.
     settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_claim_that_cannot_launch_is_deleted_after_the_launch_timeout() {
+    let mut settings = sim_settings(None);
+    settings.launch_timeout = Duration::from_secs(2);
+    let env = env_with(settings).await;
+    let mut claim = claim_for(&env.pool, "sim-0");
+    claim.spec.node_class_ref.name = "does-not-exist".into();
+    let api: Api<NodeClaim> = Api::all(env.client().await);
+    let name = api
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("create claim")
+        .name_any();
+    env.wait("the claim deleted at its launch timeout", || {
+        env.get("nodeclaims", "", &name).is_none().then_some(())
+    })
+    .await;
+    let events = env.events("LaunchTimeout");
+    assert!(
+        events.iter().any(|e| e["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("does-not-exist"))),
+        "{events:#?}"
+    );
+    assert!(env.list("machines").is_empty());
     env.assert_clean();
 }

@@ -44,6 +44,9 @@ pub struct Settings {
     pub create_timeout: Duration,
     /// Provider ID set -> Node registered.
     pub registration_timeout: Duration,
+    /// A claim that cannot launch (NodeClass missing, not ready or invalid) is deleted this long
+    /// after its creation (Karpenter's launch timeout).
+    pub launch_timeout: Duration,
     /// How long an offering that failed stays unavailable.
     pub unavailable_offering_ttl: Duration,
     /// Only Cluster API objects in this namespace (None: all).
@@ -85,6 +88,7 @@ impl Default for Settings {
         Self {
             create_timeout: Duration::from_secs(300),
             registration_timeout: Duration::from_secs(900),
+            launch_timeout: Duration::from_secs(300),
             unavailable_offering_ttl: Duration::from_secs(180),
             capi_namespace: None,
             cluster_name: None,

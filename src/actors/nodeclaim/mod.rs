@@ -621,6 +621,23 @@ impl Step {
     ) -> Result<Next, Error> {
         let c = self.claim.clone();
         let message = e.to_string();
+        // Karpenter's launch timeout: a claim that cannot launch is not kept for ever; deleting
+        // it lets the provisioner solve its pods again (perhaps on another NodePool).
+        let Some(left) = left_until(self.created(), self.shared.settings.launch_timeout) else {
+            tracing::warn!(nodeclaim = %self.name(), error = %e, "not launched within the launch timeout; deleting it");
+            self.shared.events.warning(
+                object_ref(&c),
+                "LaunchTimeout",
+                format!(
+                    "NodeClaim {} could not launch within {}: {message}; deleting it",
+                    self.name(),
+                    crate::api::duration::format(self.shared.settings.launch_timeout)
+                ),
+            );
+            self.delete_claim().await?;
+            return Ok(Next::Wait(None));
+        };
+        let retry = Some(retry.map_or(left, |r| r.min(left)));
         let mut st = c.status.clone().unwrap_or_default();
         let mut conds = st.conditions.take().unwrap_or_default();
         let now = Timestamp::now();
