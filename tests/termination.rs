@@ -38,6 +38,10 @@ async fn env() -> Env {
 }
 
 async fn env_with(settings: karpenter_capi::actors::Settings) -> Env {
+    env_cfg(fast_cluster(), settings).await
+}
+
+fn fast_cluster() -> SimClusterConfig {
     let cfg = SimClusterConfig {
         capi_version: CapiVersion::V1Beta2,
         provider_delay: Duration::from_millis(30),
@@ -50,6 +54,10 @@ async fn env_with(settings: karpenter_capi::actors::Settings) -> Env {
         scheduler: false,
         ..SimClusterConfig::default()
     };
+    cfg
+}
+
+async fn env_cfg(cfg: SimClusterConfig, settings: karpenter_capi::actors::Settings) -> Env {
     let sim = BackgroundSim::start(cfg).await.expect("simulated cluster");
     let pool = sim
         .run(|c| async move {
@@ -512,5 +520,63 @@ async fn a_claim_that_cannot_launch_is_deleted_after_the_launch_timeout() {
         "{events:#?}"
     );
     assert!(env.list("machines").is_empty());
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_failed_machine_fails_its_claim_at_once() {
+    // A slow provider: the Machine has no provider ID for a minute, and the create timeout is
+    // far away; only the failure can end the claim early.
+    let cfg = SimClusterConfig {
+        provider_delay: Duration::from_secs(60),
+        ..fast_cluster()
+    };
+    let env = env_cfg(cfg, sim_settings(Some(Duration::from_secs(600)))).await;
+    let api: Api<NodeClaim> = Api::all(env.client().await);
+    let name = api
+        .create(&PostParams::default(), &claim_for(&env.pool, "sim-0"))
+        .await
+        .expect("create claim")
+        .name_any();
+    let machine = env
+        .wait("the claim bound to a Machine", || {
+            env.get("nodeclaims", "", &name).and_then(|c| {
+                c["metadata"]["annotations"][MACHINE_ANNOTATION]
+                    .as_str()
+                    .and_then(|k| k.split_once('/'))
+                    .map(|(_, n)| n.to_string())
+            })
+        })
+        .await;
+    // Cluster API marks it failed (v1beta2 keeps the v1beta1 failure fields under deprecated).
+    let machines: Api<kube::core::DynamicObject> = Api::namespaced_with(
+        env.client().await,
+        NS,
+        &env.sim.cluster().capi_version().machine(),
+    );
+    machines
+        .patch_status(
+            &machine,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"phase": "Failed", "deprecated": {"v1beta1": {
+                "failureReason": "CreateError",
+                "failureMessage": "quota exceeded in the simulated cloud"}}}}),
+            ),
+        )
+        .await
+        .expect("mark the Machine failed");
+    env.wait("the claim gone and its Machine released", || {
+        (env.get("nodeclaims", "", &name).is_none() && env.list("machines").is_empty())
+            .then_some(())
+    })
+    .await;
+    let events = env.events("MachineFailed");
+    assert!(
+        events.iter().any(|e| e["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("quota exceeded"))),
+        "{events:#?}"
+    );
     env.assert_clean();
 }

@@ -479,6 +479,11 @@ impl Step {
         if recorded_machine(&c) != Some(mk.as_str()) {
             return self.record_machine(&mk).await;
         }
+        // Cluster API gave up on this Machine: fail the claim now rather than at the create
+        // timeout (which slow-provider users raise to 15-30 minutes).
+        if machine.is_failed() && !is_true(&c, conditions::REGISTERED) {
+            return self.machine_failed(&md, &machine).await;
+        }
         let Some(pid) = machine.provider_id.clone() else {
             return match self.create_deadline_left() {
                 Some(left) => Ok(Next::Wait(Some(left))),
@@ -858,6 +863,42 @@ impl Step {
             ),
         );
         tracing::warn!(nodeclaim = %self.name(), machine_deployment = %md, "create timeout");
+        self.delete_claim().await?;
+        Ok(Next::Wait(None))
+    }
+
+    /// The claim's Machine failed before its Node registered: avoid the offering for a while,
+    /// say why, and delete the claim (its termination releases the Machine).
+    async fn machine_failed(&mut self, md: &str, machine: &Machine) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        self.shared
+            .catalog
+            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
+        self.shared
+            .metrics
+            .cloudprovider_errors
+            .get_or_create(&crate::metrics::ErrorLabels {
+                method: "Create".into(),
+                error: "MachineFailed".into(),
+            })
+            .inc();
+        let why = match (&machine.failure_reason, &machine.failure_message) {
+            (Some(r), Some(m)) => format!("{r}: {m}"),
+            (Some(r), None) => r.clone(),
+            (None, Some(m)) => m.clone(),
+            (None, None) => format!("phase {:?}", machine.phase),
+        };
+        self.shared.events.warning(
+            object_ref(&c),
+            "MachineFailed",
+            format!(
+                "Machine {}/{} of MachineDeployment {md} failed ({why}); deleting the NodeClaim and marking the offering unavailable for {}",
+                machine.namespace,
+                machine.name,
+                crate::api::duration::format(self.shared.settings.unavailable_offering_ttl)
+            ),
+        );
+        tracing::warn!(nodeclaim = %self.name(), machine = %machine.name, reason = %why, "machine failed");
         self.delete_claim().await?;
         Ok(Next::Wait(None))
     }
