@@ -42,7 +42,7 @@ async fn env_with(settings: karpenter_capi::actors::Settings) -> Env {
 }
 
 fn fast_cluster() -> SimClusterConfig {
-    let cfg = SimClusterConfig {
+    SimClusterConfig {
         capi_version: CapiVersion::V1Beta2,
         provider_delay: Duration::from_millis(30),
         jitter: Duration::from_millis(20),
@@ -53,8 +53,7 @@ fn fast_cluster() -> SimClusterConfig {
         // The test places pods itself.
         scheduler: false,
         ..SimClusterConfig::default()
-    };
-    cfg
+    }
 }
 
 async fn env_cfg(cfg: SimClusterConfig, settings: karpenter_capi::actors::Settings) -> Env {
