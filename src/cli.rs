@@ -328,6 +328,9 @@ pub enum Scenario {
     Launch,
     /// Pending pods from Deployments through the provisioner.
     Pods,
+    /// Provision pods (each Deployment with a PodDisruptionBudget, some do-not-disrupt), then
+    /// delete a third of the claims at once: the drain, measured.
+    Drain,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -579,3 +579,53 @@ async fn a_failed_machine_fails_its_claim_at_once() {
     );
     env.assert_clean();
 }
+
+/// The `drain` scenario of `simulate`, small: every deleted claim is drained and released, with
+/// budgets refusing some evictions along the way and nothing broken.
+#[actix::test]
+async fn the_drain_scenario_runs_clean() {
+    let cli = <karpenter_capi::cli::Cli as clap::Parser>::try_parse_from([
+        "karpenter-capi",
+        "simulate",
+        "--scenario",
+        "drain",
+        "--pods",
+        "60",
+        "--deployments",
+        "6",
+        "--machine-deployments",
+        "2",
+    ])
+    .expect("arguments");
+    let karpenter_capi::cli::Command::Simulate(args) = cli.command else {
+        panic!("simulate");
+    };
+    let r = karpenter_capi::simulate::drain::run(&args)
+        .await
+        .expect("the scenario runs");
+    let t = &r.termination;
+    assert!(t.claims_deleted > 0, "{r}");
+    assert_eq!(t.drained, t.claims_deleted, "{r}");
+    assert_eq!(t.machines_released, t.claims_deleted, "{r}");
+    assert_eq!(t.pdb_violations + t.do_not_disrupt_violations, 0, "{r}");
+    assert!(t.evictions > 0, "{r}");
+    assert!(r.invariants_ok(), "{r}");
+    let json: Value = serde_json::from_str(&r.to_json()).expect("JSON report");
+    for key in [
+        "claims_deleted",
+        "drained",
+        "evictions",
+        "eviction_retries_429",
+        "pdb_violations",
+        "do_not_disrupt_violations",
+        "machines_released",
+        "nodes_left",
+        "drain_ms",
+    ] {
+        assert!(!json["termination"][key].is_null(), "{key} in {json}");
+    }
+    assert!(
+        json["latency_ms"]["pod_pending_to_bound"].is_object(),
+        "existing fields kept"
+    );
+}

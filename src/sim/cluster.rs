@@ -413,6 +413,10 @@ pub struct PodShape {
     pub tolerations: Vec<Value>,
     /// Raw `affinity` object.
     pub affinity: Option<Value>,
+    /// Pod annotations (e.g. `karpenter.sh/do-not-disrupt`, the kubelet's `exit-after`).
+    pub annotations: BTreeMap<String, String>,
+    /// `terminationGracePeriodSeconds` (0, the default here, makes deletions immediate).
+    pub grace_seconds: i64,
 }
 
 impl PodShape {
@@ -427,13 +431,13 @@ impl PodShape {
     fn pod(&self, name: &str, ns: &str, owner: Option<Value>) -> Pod {
         let mut body = json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": self.labels},
+            "metadata": {"name": name, "namespace": ns, "labels": self.labels, "annotations": self.annotations},
             "spec": {
                 "containers": [{
                     "name": "app", "image": "registry.k8s.io/pause:3.10",
                     "resources": {"requests": {"cpu": self.cpu, "memory": self.memory}},
                 }],
-                "terminationGracePeriodSeconds": 0,
+                "terminationGracePeriodSeconds": self.grace_seconds,
             },
         });
         if !self.node_selector.is_empty() {

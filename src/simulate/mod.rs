@@ -2,6 +2,7 @@
 //! an actix System, a scenario that drives both, and a report measured by the simulated server.
 //! Tests use the same pieces (`Harness`), so what the README shows is what the tests check.
 
+pub mod drain;
 pub mod invariants;
 pub mod launch;
 pub mod observer;
@@ -200,6 +201,10 @@ pub fn run(args: SimulateArgs) -> Result<bool, Error> {
             Scenario::Default | Scenario::Pods => {
                 let r = pods::run(&args).await?;
                 (r.to_string(), r.to_json(), r.launch.invariants_ok)
+            }
+            Scenario::Drain => {
+                let r = drain::run(&args).await?;
+                (r.to_string(), r.to_json(), r.invariants_ok())
             }
         };
         match args.report {

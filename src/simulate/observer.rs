@@ -21,6 +21,8 @@ pub struct ClaimTimes {
     pub launched_ms: Option<u64>,
     pub registered_ms: Option<u64>,
     pub initialized_ms: Option<u64>,
+    /// When the claim's Node was drained (`Drained=True`) during termination.
+    pub drained_ms: Option<u64>,
     pub deleted_ms: Option<u64>,
     pub machine_deployment: Option<String>,
     pub machine: Option<String>,
@@ -71,6 +73,7 @@ impl Observer {
             (conditions::LAUNCHED, &mut t.launched_ms),
             (conditions::REGISTERED, &mut t.registered_ms),
             (conditions::INITIALIZED, &mut t.initialized_ms),
+            (conditions::DRAINED, &mut t.drained_ms),
         ] {
             if conditions::is_true(conds, ty) {
                 slot.get_or_insert(now);

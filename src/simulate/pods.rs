@@ -261,8 +261,30 @@ pub fn measure(
     }
 }
 
+/// A provisioned cluster: pods created from Deployments and bound (or given up on).
+pub struct Provisioned {
+    pub sim: BackgroundSim,
+    pub observer: Observer,
+    pub controller: crate::actors::ControllerHandle,
+    /// The server's clock when the pods were created.
+    pub since_ms: u64,
+    pub pods: usize,
+}
+
 /// `simulate --scenario pods` (and the default scenario).
 pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
+    let p = provision(args, |_| {}, |_, _| {}).await?;
+    Ok(measure(&p.sim, &p.observer, p.pods, p.since_ms))
+}
+
+/// Seed the MachineDeployments, NodeClass and NodePool (`pool` may edit the NodePool first),
+/// start the controller, create the Deployments' pods (`shape` may edit Deployment `d`'s pod
+/// shape) and wait until they are bound.
+pub async fn provision(
+    args: &SimulateArgs,
+    pool: impl FnOnce(&mut serde_json::Value) + Send + 'static,
+    shape: impl Fn(usize, &mut PodShape) + Send + 'static,
+) -> Result<Provisioned, Error> {
     let sim = BackgroundSim::start(cluster_config(args)).await?;
     eprintln!(
         "simulated cluster up; watch it with: kubectl --kubeconfig {} get pods,nodeclaims,nodes",
@@ -275,7 +297,23 @@ pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
             c.create_machine_deployment_from(&seed_of(i, max_size))
                 .await?;
         }
-        launch::seed_nodeclass_and_pool(c.client()).await
+        let created = launch::seed_nodeclass_and_pool(c.client()).await?;
+        let mut edit = serde_json::json!({});
+        pool(&mut edit);
+        if edit.as_object().is_some_and(|o| !o.is_empty()) {
+            let api: kube::Api<crate::api::nodepool::NodePool> = kube::Api::all(c.client());
+            api.patch(
+                &kube::ResourceExt::name_any(&created),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&edit),
+            )
+            .await
+            .map_err(|source| Error::Kube {
+                what: "editing the NodePool".into(),
+                source,
+            })?;
+        }
+        Ok::<_, Error>(())
     })
     .await??;
     let observer = Observer::default();
@@ -286,21 +324,18 @@ pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
     let mut settings = sim_settings(args.create_timeout.map(Duration::from_secs_f64));
     settings.batching.idle = Duration::from_millis(300);
     settings.batching.max = Duration::from_secs(3);
-    let _controller = start_controller(&sim, settings, Metrics::new()).await?;
-    let since = sim.cluster().stats().now_ms();
+    let controller = start_controller(&sim, settings, Metrics::new()).await?;
+    let since_ms = sim.cluster().stats().now_ms();
     let (n, k) = (args.pods, args.deployments.max(1));
     eprintln!("creating {n} pending pods in {k} Deployments over {mds} MachineDeployment sizes");
     sim.run(move |c| async move {
         for d in 0..k {
             let count = n / k + usize::from(d < n % k);
             let (cpu, mem) = SHAPES[d % SHAPES.len()];
-            c.create_deployment(
-                launch::NAMESPACE,
-                &format!("app-{d}"),
-                count,
-                &PodShape::new(cpu, mem),
-            )
-            .await?;
+            let mut s = PodShape::new(cpu, mem);
+            shape(d, &mut s);
+            c.create_deployment(launch::NAMESPACE, &format!("app-{d}"), count, &s)
+                .await?;
         }
         Ok::<_, crate::sim::cluster::Error>(())
     })
@@ -313,5 +348,11 @@ pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
         true,
     )
     .await?;
-    Ok(measure(&sim, &observer, n, since))
+    Ok(Provisioned {
+        sim,
+        observer,
+        controller,
+        since_ms,
+        pods: n,
+    })
 }
