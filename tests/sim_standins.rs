@@ -850,3 +850,54 @@ async fn merge_status_of(api: &Api<DynamicObject>, name: &str, patch: serde_json
     .await
     .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_api_drains_a_deleted_machine_unless_told_it_was_drained() {
+    use karpenter_capi::api::wellknown::EXCLUDE_NODE_DRAINING_ANNOTATION;
+    let cluster = SimCluster::start(fast(CapiVersion::V1Beta2)).await.unwrap();
+    cluster
+        .create_machine_deployment_from(&seed("md-d", 2))
+        .await
+        .unwrap();
+    let ms = running(&cluster, "md-d", 2).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), NS);
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), NS, &cluster.capi_version().machine());
+    for (i, m) in ms.iter().enumerate() {
+        let node = node_ref(m).unwrap().to_string();
+        pods.create(
+            &Default::default(),
+            &bound_pod(&format!("p{i}"), &node, 5, json!({})),
+        )
+        .await
+        .unwrap();
+        running_pod(&pods, &format!("p{i}")).await;
+    }
+    // Machine 0 is deleted plainly; machine 1 carries the exclusion annotation first.
+    merge_patch(
+        &api,
+        &ms[1].name_any(),
+        &json!({"metadata": {"annotations": {EXCLUDE_NODE_DRAINING_ANNOTATION: "test"}}}),
+    )
+    .await
+    .unwrap();
+    for m in &ms {
+        api.delete(&m.name_any(), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    gone(&pods, "p0").await;
+    gone(&pods, "p1").await;
+    let evicted: Vec<String> = cluster
+        .stats()
+        .writes()
+        .into_iter()
+        .filter(|w| w.resource == "pods" && w.subresource == "eviction")
+        .map(|w| w.name)
+        .collect();
+    assert_eq!(
+        evicted,
+        vec!["p0".to_string()],
+        "only the plain Machine's Node is drained"
+    );
+}

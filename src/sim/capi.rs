@@ -26,9 +26,24 @@ use super::standin::{
     merge_status, retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{
-    CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, MIN_SIZE_ANNOTATION,
-    SET_NAME_LABEL, ZONE_LABEL,
+    CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
+    EXCLUDE_NODE_DRAINING_ANNOTATION, MIN_SIZE_ANNOTATION, SET_NAME_LABEL, ZONE_LABEL,
 };
+
+/// A Machine's drain timeout: v1beta1 `spec.nodeDrainTimeout` (a duration), v1beta2
+/// `spec.deletion.nodeDrainTimeoutSeconds`.
+fn drain_timeout(machine: &Value) -> Option<Duration> {
+    if let Some(secs) = machine
+        .pointer("/spec/deletion/nodeDrainTimeoutSeconds")
+        .and_then(Value::as_u64)
+    {
+        return Some(Duration::from_secs(secs));
+    }
+    machine
+        .pointer("/spec/nodeDrainTimeout")
+        .and_then(Value::as_str)
+        .and_then(|d| crate::api::duration::parse(d).ok())
+}
 
 /// Finalizer Cluster API puts on every Machine.
 pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
@@ -606,6 +621,66 @@ impl Inner {
         tracing::debug!(machine = %name, %provider_id, "provider ID set");
     }
 
+    /// Cluster API's drain of a deleted Machine's Node: evict (PodDisruptionBudgets apply) every
+    /// pod but DaemonSet and mirror pods, and wait until they are gone, at most `timeout`
+    /// (`nodeDrainTimeout`; without one, Cluster API waits for ever, the stand-in 2 minutes).
+    async fn drain_node(&self, node: &str, timeout: Option<Duration>) {
+        use k8s_openapi::api::core::v1::Pod;
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let until = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(120));
+        while tokio::time::Instant::now() < until {
+            let Ok(list) = pods.list(&lp).await else {
+                if !self.shutdown.sleep(Duration::from_millis(200)).await {
+                    return;
+                }
+                continue;
+            };
+            let left: Vec<Pod> = list
+                .items
+                .into_iter()
+                .filter(|p| {
+                    let daemon = p
+                        .owner_references()
+                        .iter()
+                        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true));
+                    let mirror = p.annotations().contains_key("kubernetes.io/config.mirror");
+                    let finished = matches!(
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                        Some("Succeeded" | "Failed")
+                    );
+                    !daemon && !mirror && !finished
+                })
+                .collect();
+            if left.is_empty() {
+                return;
+            }
+            for p in left
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+            {
+                let ns = p.namespace().unwrap_or_default();
+                let body = json!({
+                    "apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": p.name_any(), "namespace": ns},
+                });
+                // A budget's 429 is retried on the next round, as Cluster API does.
+                let _ = Api::<Pod>::namespaced(self.client.clone(), &ns)
+                    .create_subresource::<Value, Value>(
+                        "eviction",
+                        &p.name_any(),
+                        &PostParams::default(),
+                        &body,
+                    )
+                    .await;
+            }
+            if !self.shutdown.sleep(Duration::from_millis(200)).await {
+                return;
+            }
+        }
+        tracing::debug!(node = %node, "cluster api stand-in: drain timed out; deleting the node anyway");
+    }
+
     async fn delete_machine(self: Arc<Self>, ns: String, name: String) {
         let api = self.api(&self.cfg.version.machine(), &ns);
         let deleting = json!({"status": {"phase": "Deleting"}});
@@ -626,6 +701,13 @@ impl Inner {
             Err(_) => return,
         };
         if let Some(node) = str_at(&machine.data, &["status", "nodeRef", "name"]) {
+            // Cluster API drains the Node first, unless told the drain was done already.
+            if !machine
+                .annotations()
+                .contains_key(EXCLUDE_NODE_DRAINING_ANNOTATION)
+            {
+                self.drain_node(node, drain_timeout(&machine.data)).await;
+            }
             let deleted = retry("node delete", &self.shutdown, || {
                 delete_quietly(&nodes, node)
             })
