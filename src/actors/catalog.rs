@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 use jiff::Timestamp;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -20,6 +20,7 @@ use serde_json::json;
 use super::Shared;
 use super::backoff::Backoff;
 use super::decode::{Lenient, Malformed};
+use super::patch::write_conditions;
 use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclass::ClusterAPINodeClass;
@@ -598,20 +599,13 @@ impl Catalog {
         if conds == current && m.conditions.is_some() {
             return;
         }
-        let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
-        let body = json!({"status": {"conditions": conds}});
         ctx.spawn(
-            async move {
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                    .await
-                    .map(|_| ())
-            }
-            .into_actor(self)
-            .map(|r, _, _| {
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "updating a malformed ClusterAPINodeClass's status failed");
-                }
-            }),
+            write_conditions::<ClusterAPINodeClass>(
+                self.shared.workload.clone(),
+                name,
+                json!(conds),
+            )
+            .into_actor(self),
         );
     }
 
@@ -657,21 +651,14 @@ impl Catalog {
                 .events
                 .warning(nc.object_ref(&()), reason, message.clone());
         }
-        let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
         let name = nc.name_any();
-        let body = json!({"status": {"conditions": conds}});
         ctx.spawn(
-            async move {
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                    .await
-                    .map(|_| ())
-            }
-            .into_actor(self)
-            .map(|r, _, _| {
-                if let Err(e) = r {
-                    tracing::warn!(error = %e, "updating ClusterAPINodeClass status failed");
-                }
-            }),
+            write_conditions::<ClusterAPINodeClass>(
+                self.shared.workload.clone(),
+                name,
+                json!(conds),
+            )
+            .into_actor(self),
         );
     }
 }

@@ -16,6 +16,7 @@ use serde_json::json;
 use super::Shared;
 use super::backoff::Backoff;
 use super::decode::{Lenient, Malformed};
+use super::patch::write_conditions;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodepool::{NodePool, NodePoolStatus};
 use crate::api::resources::Resources;
@@ -217,19 +218,9 @@ impl NodePools {
             if conds == current && m.conditions.is_some() {
                 continue;
             }
-            let api: Api<NodePool> = Api::all(self.shared.workload.clone());
-            let body = json!({ "status": { "conditions": conds } });
             ctx.spawn(
-                async move {
-                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                        .await
-                }
-                .into_actor(self)
-                .map(|r, _, _| {
-                    if let Err(e) = r {
-                        tracing::warn!(error = %e, "updating a malformed NodePool's status failed");
-                    }
-                }),
+                write_conditions::<NodePool>(self.shared.workload.clone(), name, json!(conds))
+                    .into_actor(self),
             );
         }
     }

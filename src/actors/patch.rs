@@ -79,6 +79,26 @@ impl JsonPatch {
     }
 }
 
+/// Merge-patch `status.conditions` of a cluster-scoped object, best effort: a failure is logged
+/// and the caller's next refresh writes again (the conditions are recomputed from the state).
+pub async fn write_conditions<K>(client: kube::Client, name: String, conditions: Value)
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: kube::Api<K> = kube::Api::all(client);
+    let body = json!({"status": {"conditions": conditions}});
+    let patch = kube::api::Patch::Merge(&body);
+    if let Err(e) = api
+        .patch_status(&name, &kube::api::PatchParams::default(), &patch)
+        .await
+    {
+        tracing::warn!(kind = %K::kind(&()), name = %name, error = %e, "updating status conditions failed");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
