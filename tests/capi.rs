@@ -262,6 +262,40 @@ fn a_fresh_machine_has_no_optional_parts() {
 }
 
 #[test]
+fn a_v1beta2_machine_whose_infrastructure_was_deleted_is_failed() {
+    let mut raw = versioned("machine", CapiVersion::V1Beta2);
+    remove(&mut raw, "/status/deprecated");
+    raw["metadata"]["deletionTimestamp"] = json!(null);
+    set(
+        &mut raw,
+        "/status/conditions",
+        json!([
+            {"type": "Ready", "status": "False", "reason": "NotReady"},
+            {"type": "InfrastructureReady", "status": "False", "reason": "Deleted",
+             "message": "DockerMachine default/m-1 has been deleted"}
+        ]),
+    );
+    let m = Machine::from_value(&raw, CapiVersion::V1Beta2).unwrap();
+    assert_eq!(m.failure_reason.as_deref(), Some("InfrastructureDeleted"));
+    assert_eq!(
+        m.failure_message.as_deref(),
+        Some("DockerMachine default/m-1 has been deleted")
+    );
+    assert!(m.is_failed());
+    // Not ready for any other reason is not a failure: the provider is still working on it.
+    set(
+        &mut raw,
+        "/status/conditions",
+        json!([{"type": "InfrastructureReady", "status": "False", "reason": "NotReady"}]),
+    );
+    let m = Machine::from_value(&raw, CapiVersion::V1Beta2).unwrap();
+    assert_eq!(m.failure_reason, None);
+    // v1beta1 has no such signal (its failure fields say it).
+    let m = Machine::from_value(&raw, CapiVersion::V1Beta1);
+    assert!(m.map(|m| m.failure_reason.is_none()).unwrap_or(true));
+}
+
+#[test]
 fn machine_phases_and_deletion() {
     let raw = versioned("machine", CapiVersion::V1Beta1);
     let phase = |p: &str| {

@@ -545,6 +545,30 @@ async fn a_claim_that_cannot_launch_is_deleted_after_the_launch_timeout() {
 
 #[actix::test]
 async fn a_failed_machine_fails_its_claim_at_once() {
+    // Cluster API's deprecated failure fields (v1beta2 keeps them under deprecated.v1beta1).
+    failed_machine_fails_its_claim(
+        json!({"status": {"phase": "Failed", "deprecated": {"v1beta1": {
+            "failureReason": "CreateError",
+            "failureMessage": "quota exceeded in the simulated cloud"}}}}),
+        "quota exceeded",
+    )
+    .await;
+}
+
+#[actix::test]
+async fn a_machine_whose_infrastructure_was_deleted_fails_its_claim_at_once() {
+    // v1beta2's own signal: InfrastructureReady=False with reason Deleted, no failure fields.
+    failed_machine_fails_its_claim(
+        json!({"status": {"conditions": [{
+            "type": "InfrastructureReady", "status": "False", "reason": "Deleted",
+            "message": "SimMachine sim/m-0 has been deleted",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}),
+        "InfrastructureDeleted: SimMachine sim/m-0 has been deleted",
+    )
+    .await;
+}
+
+async fn failed_machine_fails_its_claim(status: Value, note: &str) {
     // A slow provider: the Machine has no provider ID for a minute, and the create timeout is
     // far away; only the failure can end the claim early.
     let cfg = SimClusterConfig {
@@ -568,22 +592,13 @@ async fn a_failed_machine_fails_its_claim_at_once() {
             })
         })
         .await;
-    // Cluster API marks it failed (v1beta2 keeps the v1beta1 failure fields under deprecated).
     let machines: Api<kube::core::DynamicObject> = Api::namespaced_with(
         env.client().await,
         NS,
         &env.sim.cluster().capi_version().machine(),
     );
     machines
-        .patch_status(
-            &machine,
-            &PatchParams::default(),
-            &Patch::Merge(
-                json!({"status": {"phase": "Failed", "deprecated": {"v1beta1": {
-                "failureReason": "CreateError",
-                "failureMessage": "quota exceeded in the simulated cloud"}}}}),
-            ),
-        )
+        .patch_status(&machine, &PatchParams::default(), &Patch::Merge(status))
         .await
         .expect("mark the Machine failed");
     env.wait("the claim gone and its Machine released", || {
@@ -593,9 +608,9 @@ async fn a_failed_machine_fails_its_claim_at_once() {
     .await;
     let events = env.events("MachineFailed");
     assert!(
-        events.iter().any(|e| e["note"]
-            .as_str()
-            .is_some_and(|n| n.contains("quota exceeded"))),
+        events
+            .iter()
+            .any(|e| e["note"].as_str().is_some_and(|n| n.contains(note))),
         "{events:#?}"
     );
     env.assert_clean();

@@ -11,8 +11,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
-use super::nodeclaim::Kick;
-use super::scaler::Poke;
+use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::version;
 use crate::state::machines::{bound_claim, deployment_key};

@@ -74,11 +74,11 @@ impl Actors {
         router.set_inactive();
         for name in router.claim_names() {
             if let Some(a) = router.remove_claim(&name) {
-                a.do_send(super::nodeclaim::Stop);
+                a.do_send(super::messages::Stop);
             }
         }
         for (_, s) in router.scalers() {
-            s.do_send(super::scaler::Stop);
+            s.do_send(super::messages::Stop);
         }
         self.supervisor.do_send(super::StopActor);
         self.capi_watcher.do_send(super::StopActor);

@@ -17,6 +17,7 @@ pub mod catalog;
 pub mod controller;
 pub mod decode;
 pub mod events;
+pub mod messages;
 pub mod node_watcher;
 pub mod nodeclaim;
 pub mod nodepools;

@@ -13,7 +13,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
-use super::nodeclaim::Kick;
+use super::messages::Kick;
 use crate::state::machines::bound_claim;
 use crate::state::nodes::provider_id;
 

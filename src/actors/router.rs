@@ -40,7 +40,7 @@ impl Router {
     /// Make a claim actor reconcile (something it waits for changed).
     pub fn kick_claim(&self, name: &str) {
         if let Some(a) = self.claim(name) {
-            a.do_send(super::nodeclaim::Kick);
+            a.do_send(super::messages::Kick);
         }
     }
 

@@ -10,8 +10,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
 use super::decode::{Lenient, Malformed};
-use super::nodeclaim::{ClaimChanged, Gone, NodeClaimActor};
-use super::scaler::{CancelRequest, Poke};
+use super::messages::{CancelRequest, ClaimChanged, Gone, Poke};
+use super::nodeclaim::NodeClaimActor;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::state::claims::recorded_deployment;

@@ -6,7 +6,8 @@
 //! - `infrastructureRef`: v1beta1 `apiVersion` (split into group and version) vs v1beta2
 //!   `apiGroup` (version left to discovery);
 //! - failure reason/message: v1beta1 `status.failure*` vs v1beta2
-//!   `status.deprecated.v1beta1.failure*`;
+//!   `status.deprecated.v1beta1.failure*`, or (v1beta2's own signal) `InfrastructureReady=False`
+//!   with reason `Deleted`;
 //! - deletion order: v1beta1 `spec.strategy.rollingUpdate.deletePolicy` vs v1beta2
 //!   `spec.deletion.order`.
 //!
@@ -286,6 +287,37 @@ struct Meta {
     deletion_timestamp: Option<Timestamp>,
 }
 
+/// The failure reason we report for a v1beta2 Machine whose infrastructure went away.
+pub const INFRASTRUCTURE_DELETED: &str = "InfrastructureDeleted";
+
+/// Cluster API v1beta2 reports a terminal infrastructure failure as `InfrastructureReady=False`
+/// with reason `Deleted` (the infrastructure machine was deleted after it existed: the provider
+/// lost the instance) rather than in the deprecated failure fields. Returns the condition's
+/// message (or a default) when that is the case.
+fn infrastructure_deleted(
+    r: &Reader<'_>,
+    version: CapiVersion,
+) -> Result<Option<String>, ModelError> {
+    if version != CapiVersion::V1Beta2 || r.get("metadata.deletionTimestamp").is_some() {
+        return Ok(None);
+    }
+    for c in r.array("status.conditions")? {
+        let field = |k: &str| c.get(k).and_then(Value::as_str);
+        if field("type") == Some("InfrastructureReady")
+            && field("status") == Some("False")
+            && field("reason") == Some("Deleted")
+        {
+            let message = field("message").filter(|m| !m.is_empty());
+            return Ok(Some(
+                message
+                    .unwrap_or("infrastructure machine was deleted")
+                    .to_string(),
+            ));
+        }
+    }
+    Ok(None)
+}
+
 fn read_meta(r: &Reader<'_>) -> Result<Meta, ModelError> {
     Ok(Meta {
         name: r.req_str("metadata.name")?,
@@ -396,6 +428,13 @@ impl Machine {
             CapiVersion::V1Beta2 => "status.deprecated.v1beta1",
         };
         let phase = r.opt_str("status.phase")?;
+        let lost = infrastructure_deleted(&r, version)?;
+        let failure_reason = r
+            .opt_str(&format!("{failure_root}.failureReason"))?
+            .or_else(|| lost.as_ref().map(|_| INFRASTRUCTURE_DELETED.to_string()));
+        let failure_message = r
+            .opt_str(&format!("{failure_root}.failureMessage"))?
+            .or(lost);
         Ok(Machine {
             machine_set_name: controller_owner(&r, MACHINE_SET_KIND)?,
             deployment_name: meta.labels.get(DEPLOYMENT_NAME_LABEL).cloned(),
@@ -403,8 +442,8 @@ impl Machine {
             provider_id: r.opt_str("spec.providerID")?,
             node_ref: r.opt_str("status.nodeRef.name")?,
             phase: MachinePhase::parse(phase.as_deref()),
-            failure_reason: r.opt_str(&format!("{failure_root}.failureReason"))?,
-            failure_message: r.opt_str(&format!("{failure_root}.failureMessage"))?,
+            failure_reason,
+            failure_message,
             infrastructure_ref: read_infrastructure_ref(&r, "spec.infrastructureRef", version)?,
             version,
             name: meta.name,

@@ -5,75 +5,38 @@
 //! indexes, then takes the next step(s) (REFERENCE.md section 3). Whatever a step needs to know
 //! later is written to the API first, so a restarted controller resumes at the same step.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, PatchParams};
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::backoff::Backoff;
-use super::catalog::{Choice, ResolveError};
-use super::patch::{JsonPatch, escape};
-use super::scaler::{self, Rejection, RequestMachine, Scaler};
+use super::messages::{
+    ClaimChanged, Gone, Kick, MachineBound, Rejection, RequestMachine, RequestRejected, Stop,
+};
+use super::patch::JsonPatch;
+use super::scaler::Scaler;
 use super::{Error, Shared, api_err};
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::requirements::Requirements;
-use crate::api::resources::Resources;
 use crate::api::wellknown::*;
-use crate::capi::model::Machine;
-use crate::metrics::{CreatedLabels, Metrics, NodePoolLabels};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::key as machine_key;
 use crate::state::versions::Freshness;
 
+mod initialization;
+mod launch;
+mod liveness;
+mod registration;
 mod termination;
 
-/// Something about this claim changed (the claim itself, its Machine or its Node): reconcile.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Kick;
-
-/// The claim as last seen by the NodeClaim watch.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ClaimChanged {
-    pub claim: Arc<NodeClaim>,
-    /// From a (re-)list rather than a watch event: as new as anything we wrote.
-    pub listed: bool,
-}
-
-/// The Scaler bound a Machine to this claim.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct MachineBound {
-    pub machine: String,
-}
-
-/// The Scaler cannot give this claim a Machine from that MachineDeployment.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct RequestRejected {
-    pub machine_deployment: String,
-    pub why: Rejection,
-}
-
-/// Stop this actor (the controller stops its writers).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Stop;
-
-/// The claim is gone from the API (last seen as this): stop. A claim whose finalizer removal
-/// answered too late for the reconcile (or that someone else finished) is counted as
-/// terminated here.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Gone(pub Arc<NodeClaim>);
+use registration::node_registered;
 
 pub struct NodeClaimActor {
     name: String,
@@ -327,9 +290,6 @@ struct Step {
     terminated: bool,
 }
 
-/// How often a claim whose NodeClass is missing or not ready tries again.
-const LAUNCH_RETRY: Duration = Duration::from_secs(10);
-
 /// How many steps one reconcile may take before yielding (each step is at most one write).
 const MAX_STEPS: usize = 10;
 
@@ -534,269 +494,6 @@ impl Step {
             .unwrap_or_else(Timestamp::now)
     }
 
-    fn create_timeout_setting(&self) -> Duration {
-        self.shared
-            .catalog
-            .create_timeout(&self.claim.spec.node_class_ref.name)
-            .unwrap_or(self.shared.settings.create_timeout)
-    }
-
-    /// Time left before the create timeout, or None when it has passed.
-    fn create_deadline_left(&self) -> Option<Duration> {
-        left_until(self.created(), self.create_timeout_setting())
-    }
-
-    fn registration_deadline_left(&self) -> Option<Duration> {
-        let launched =
-            condition_time(&self.claim, conditions::LAUNCHED).unwrap_or_else(Timestamp::now);
-        left_until(launched, self.shared.settings.registration_timeout)
-    }
-
-    /// First step: choose the offering and record it on the claim, with the finalizer and the
-    /// offering's labels, before any replica is requested (invariant 4).
-    async fn launch_decision(&mut self) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        let offering = match self.resolve() {
-            Ok(o) => o,
-            Err(e @ ResolveError::NoCompatibleOffering { .. }) => {
-                return self.insufficient_capacity(e).await;
-            }
-            Err(e @ ResolveError::Invalid(_)) => {
-                return self.launch_blocked(e, ConditionStatus::False, None).await;
-            }
-            // The NodeClass may appear or become ready: retry, as Karpenter does for launch errors.
-            Err(e) => {
-                return self
-                    .launch_blocked(e, ConditionStatus::Unknown, Some(LAUNCH_RETRY))
-                    .await;
-            }
-        };
-        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
-        let mut finalizers = c.finalizers().to_vec();
-        if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
-            finalizers.push(TERMINATION_FINALIZER.to_string());
-        }
-        p.set("/metadata/finalizers", json!(finalizers));
-        let has_annotations = !c.annotations().is_empty();
-        p.set_entry(
-            has_annotations,
-            "/metadata/annotations",
-            MACHINE_DEPLOYMENT_ANNOTATION,
-            &offering.machine_deployment,
-        );
-        let has_labels = !c.labels().is_empty();
-        for (k, v) in offering.node_labels() {
-            if c.labels().get(&k) != Some(&v) {
-                p.set_entry(has_labels, "/metadata/labels", &k, &v);
-            }
-        }
-        let updated = self.patch_claim(p, false).await?;
-        tracing::info!(nodeclaim = %self.name(), machine_deployment = %offering.machine_deployment, instance_type = %offering.instance_type, price = offering.price, "offering chosen");
-        Ok(Next::Continue(updated))
-    }
-
-    fn resolve(&self) -> Result<Choice, ResolveError> {
-        let spec = &self.claim.spec;
-        let reqs = Requirements::from_node_selector_requirements(&spec.requirements)
-            .map_err(|e| ResolveError::Invalid(format!("spec.requirements: {e}")))?;
-        let requests = spec
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .map(Resources::from_k8s)
-            .transpose()
-            .map_err(|e| ResolveError::Invalid(format!("spec.resources.requests: {e}")))?
-            .unwrap_or_default();
-        let declared = super::provisioner::declared_taints(&spec.taints, &spec.startup_taints);
-        self.shared.catalog.resolve(
-            &spec.node_class_ref.name,
-            &reqs,
-            &requests,
-            &self.excluded,
-            &declared,
-        )
-    }
-
-    /// A launch that cannot start yet (or ever): say why in `Launched` and an Event, once.
-    async fn launch_blocked(
-        &mut self,
-        e: ResolveError,
-        status: ConditionStatus,
-        retry: Option<Duration>,
-    ) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        let message = e.to_string();
-        // Karpenter's launch timeout: a claim that cannot launch is not kept for ever; deleting
-        // it lets the provisioner solve its pods again (perhaps on another NodePool).
-        let Some(left) = left_until(self.created(), self.shared.settings.launch_timeout) else {
-            tracing::warn!(nodeclaim = %self.name(), error = %e, "not launched within the launch timeout; deleting it");
-            self.shared.events.warning(
-                object_ref(&c),
-                "LaunchTimeout",
-                format!(
-                    "NodeClaim {} could not launch within {}: {message}; deleting it",
-                    self.name(),
-                    crate::api::duration::format(self.shared.settings.launch_timeout)
-                ),
-            );
-            self.delete_claim().await?;
-            return Ok(Next::Wait(None));
-        };
-        let retry = Some(retry.map_or(left, |r| r.min(left)));
-        let mut st = c.status.clone().unwrap_or_default();
-        let mut conds = st.conditions.take().unwrap_or_default();
-        let now = Timestamp::now();
-        let changed = conditions::set(
-            &mut conds,
-            conditions::LAUNCHED,
-            status,
-            e.reason(),
-            &message,
-            c.metadata.generation,
-            now,
-        );
-        if !changed {
-            return Ok(Next::Wait(retry));
-        }
-        tracing::warn!(nodeclaim = %self.name(), error = %e, "cannot launch yet");
-        self.shared.events.warning(
-            object_ref(&c),
-            e.reason(),
-            format!("Cannot launch NodeClaim {}: {message}", self.name()),
-        );
-        conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
-        st.conditions = Some(conds);
-        let updated = self
-            .patch_status(serde_json::to_value(&st).unwrap_or(Value::Null))
-            .await?;
-        self.claim = updated.clone();
-        Ok(Next::Wait(retry))
-    }
-
-    /// Karpenter's rule: a launch that cannot be satisfied deletes the claim, so the provisioner
-    /// retries the pods elsewhere; the Event says why.
-    async fn insufficient_capacity(&mut self, e: ResolveError) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        tracing::warn!(nodeclaim = %self.name(), error = %e, "no offering can launch this claim; deleting it");
-        self.shared.events.warning(
-            object_ref(&c),
-            e.reason(),
-            format!("Cannot launch NodeClaim {}: {e}; deleting it", self.name()),
-        );
-        self.shared
-            .metrics
-            .cloudprovider_errors
-            .get_or_create(&crate::metrics::ErrorLabels {
-                method: "Create".into(),
-                error: e.reason().into(),
-            })
-            .inc();
-        self.delete_claim().await?;
-        Ok(Next::Wait(None))
-    }
-
-    async fn record_machine(&mut self, mk: &str) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
-        p.set_entry(
-            !c.annotations().is_empty(),
-            "/metadata/annotations",
-            MACHINE_ANNOTATION,
-            mk,
-        );
-        let updated = self.patch_claim(p, false).await?;
-        // Karpenter's cloud-provider Create: the claim was accepted (created) until a Machine
-        // is bound to it, observed once, when the binding is first recorded on the claim.
-        if recorded_machine(&c).is_none() {
-            self.shared
-                .metrics
-                .cloudprovider("Create", since(self.created()));
-        }
-        Ok(Next::Continue(updated))
-    }
-
-    /// The Machine has a provider ID: record it with capacity and `Launched=True`.
-    async fn launched(&mut self, md: &str, machine: &Machine, pid: &str) -> Result<Next, Error> {
-        let offering = self.shared.catalog.offering(md);
-        let updated = self
-            .condition_true(conditions::LAUNCHED, |status| {
-                status.provider_id = Some(pid.to_string());
-                if let Some(o) = &offering {
-                    status.capacity = Some(o.capacity.to_k8s());
-                    status.allocatable = Some(o.allocatable.to_k8s());
-                }
-            })
-            .await?;
-        let m = &self.shared.metrics;
-        m.nodeclaims_launched
-            .get_or_create(&Metrics::pool(&self.nodepool(), md))
-            .inc();
-        Metrics::observe(&m.claim_launch_seconds, md, since(self.created()));
-        let mk = machine_key(&machine.namespace, &machine.name);
-        if let Some(seen) = self.shared.state.machines.read().provider_id_seen(&mk) {
-            Metrics::observe(&m.provider_id_to_claim_seconds, md, seen.elapsed());
-        }
-        tracing::info!(nodeclaim = %self.name(), machine = %mk, provider_id = %pid, machine_deployment = %md, "launched");
-        Ok(Next::Continue(updated))
-    }
-
-    /// Registration (REFERENCE.md section 3): sync the claim onto the Node, take the
-    /// unregistered taint off, own the Node; then `Registered=True`.
-    async fn register(&mut self, node: &Node) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        let node_name = node.name_any();
-        if !node_registered(node, &c) {
-            self.patch_node(&node_name, registration_patch(node, &c))
-                .await?;
-        }
-        let updated = self
-            .condition_true(conditions::REGISTERED, |status| {
-                status.node_name = Some(node_name.clone())
-            })
-            .await?;
-        let md = recorded_deployment(&c).unwrap_or_default().to_string();
-        let m = &self.shared.metrics;
-        m.nodeclaims_registered
-            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
-            .inc();
-        m.nodes_created
-            .get_or_create(&NodePoolLabels {
-                nodepool: self.nodepool(),
-            })
-            .inc();
-        tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
-        Ok(Next::Continue(updated))
-    }
-
-    /// Initialization: Ready, no startup or ephemeral taints, requested extended resources
-    /// present; then label the Node and set `Initialized=True`.
-    async fn initialize(&mut self, md: &str, node: &Node) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        if let Err(why) = node_initialized(node, &c) {
-            tracing::debug!(nodeclaim = %self.name(), node = %node.name_any(), why, "not initialized yet");
-            return Ok(Next::Wait(None));
-        }
-        let node_name = node.name_any();
-        if node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true") {
-            let mut p = JsonPatch::new();
-            p.set_entry(
-                !node.labels().is_empty(),
-                "/metadata/labels",
-                INITIALIZED_LABEL,
-                "true",
-            );
-            self.patch_node(&node_name, p).await?;
-        }
-        let updated = self.condition_true(conditions::INITIALIZED, |_| {}).await?;
-        let m = &self.shared.metrics;
-        m.nodeclaims_initialized
-            .get_or_create(&Metrics::pool(&self.nodepool(), md))
-            .inc();
-        Metrics::observe(&m.claim_initialized_seconds, md, since(self.created()));
-        tracing::info!(nodeclaim = %self.name(), node = %node_name, "initialized");
-        Ok(Next::Continue(updated))
-    }
-
     /// Edit the status, set condition `type_` True (and the root `Ready`), write it guarded.
     async fn condition_true(
         &self,
@@ -836,109 +533,6 @@ impl Step {
             .map_err(api_err(&self.shared.metrics, "patch", "nodes", name))?;
         self.shared.state.nodes.write().apply(updated);
         Ok(())
-    }
-
-    async fn create_timeout(&mut self, md: &str, machine: Option<&Machine>) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        let timeout = self.create_timeout_setting();
-        self.shared
-            .metrics
-            .create_timeouts
-            .get_or_create(&Metrics::pool(&self.nodepool(), md))
-            .inc();
-        self.shared
-            .catalog
-            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
-        let what = match machine {
-            Some(m) => format!("Machine {}/{} got no provider ID", m.namespace, m.name),
-            None => "no Machine was created".to_string(),
-        };
-        self.shared.events.warning(
-            object_ref(&c),
-            "CreateTimeout",
-            format!(
-                "{what} within {} from MachineDeployment {md}; deleting the NodeClaim and marking the offering unavailable for {}",
-                crate::api::duration::format(timeout),
-                crate::api::duration::format(self.shared.settings.unavailable_offering_ttl)
-            ),
-        );
-        tracing::warn!(nodeclaim = %self.name(), machine_deployment = %md, "create timeout");
-        self.delete_claim().await?;
-        Ok(Next::Wait(None))
-    }
-
-    /// The claim's Machine failed before its Node registered: avoid the offering for a while,
-    /// say why, and delete the claim (its termination releases the Machine).
-    async fn machine_failed(&mut self, md: &str, machine: &Machine) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        self.shared
-            .catalog
-            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
-        self.shared
-            .metrics
-            .cloudprovider_errors
-            .get_or_create(&crate::metrics::ErrorLabels {
-                method: "Create".into(),
-                error: "MachineFailed".into(),
-            })
-            .inc();
-        let why = match (&machine.failure_reason, &machine.failure_message) {
-            (Some(r), Some(m)) => format!("{r}: {m}"),
-            (Some(r), None) => r.clone(),
-            (None, Some(m)) => m.clone(),
-            (None, None) => format!("phase {:?}", machine.phase),
-        };
-        self.shared.events.warning(
-            object_ref(&c),
-            "MachineFailed",
-            format!(
-                "Machine {}/{} of MachineDeployment {md} failed ({why}); deleting the NodeClaim and marking the offering unavailable for {}",
-                machine.namespace,
-                machine.name,
-                crate::api::duration::format(self.shared.settings.unavailable_offering_ttl)
-            ),
-        );
-        tracing::warn!(nodeclaim = %self.name(), machine = %machine.name, reason = %why, "machine failed");
-        self.delete_claim().await?;
-        Ok(Next::Wait(None))
-    }
-
-    async fn registration_timeout(&mut self, md: &str) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        self.shared
-            .metrics
-            .registration_timeouts
-            .get_or_create(&Metrics::pool(&self.nodepool(), md))
-            .inc();
-        self.shared
-            .catalog
-            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
-        self.shared.events.warning(
-            object_ref(&c),
-            "RegistrationTimeout",
-            format!(
-                "No Node with provider ID {} registered within {}; deleting the NodeClaim",
-                provider_id(&c).unwrap_or("?"),
-                crate::api::duration::format(self.shared.settings.registration_timeout)
-            ),
-        );
-        self.delete_claim().await?;
-        Ok(Next::Wait(None))
-    }
-
-    /// Garbage collection: the claim's Machine is gone, so is the claim.
-    async fn machine_gone(&mut self, machine: String) -> Result<Next, Error> {
-        let c = self.claim.clone();
-        self.shared.events.warning(
-            object_ref(&c),
-            "MachineDeleted",
-            format!(
-                "Machine {machine} no longer exists; deleting NodeClaim {}",
-                self.name()
-            ),
-        );
-        self.delete_claim().await?;
-        Ok(Next::Wait(None))
     }
 
     async fn delete_claim(&self) -> Result<(), Error> {
@@ -1002,169 +596,4 @@ fn left_until(start: Timestamp, timeout: Duration) -> Option<Duration> {
 
 pub fn object_ref(c: &NodeClaim) -> k8s_openapi::api::core::v1::ObjectReference {
     c.object_ref(&())
-}
-
-/// Labels Karpenter puts on the Node at registration: the claim's labels plus `registered`.
-fn registration_labels(c: &NodeClaim) -> BTreeMap<String, String> {
-    let mut labels = c.labels().clone();
-    labels.insert(REGISTERED_LABEL.to_string(), "true".to_string());
-    labels
-}
-
-fn same_taint(a: &Taint, b: &Taint) -> bool {
-    a.key == b.key && a.effect == b.effect
-}
-
-/// The Node's taints after registration: without the unregistered taint, with the claim's
-/// taints and startup taints (each once).
-fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
-    let mut taints: Vec<Taint> = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
-        .collect();
-    let wanted = c
-        .spec
-        .taints
-        .iter()
-        .flatten()
-        .chain(c.spec.startup_taints.iter().flatten());
-    for t in wanted {
-        if !taints.iter().any(|have| same_taint(have, t)) {
-            taints.push(t.clone());
-        }
-    }
-    taints
-}
-
-/// True when the Node already carries everything registration writes.
-fn node_registered(node: &Node, c: &NodeClaim) -> bool {
-    let labels = node.labels();
-    let has_taint = |key: &str| {
-        node.spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .map(|ts| ts.iter().any(|t| t.key == key))
-            .unwrap_or(false)
-    };
-    labels.get(REGISTERED_LABEL).map(String::as_str) == Some("true")
-        && !has_taint(UNREGISTERED_TAINT_KEY)
-        && node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
-        && node
-            .owner_references()
-            .iter()
-            .any(|o| Some(&o.uid) == c.metadata.uid.as_ref())
-}
-
-fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
-    let mut p = JsonPatch::guarded(node.resource_version().as_deref());
-    let has_labels = !node.labels().is_empty();
-    for (k, v) in registration_labels(c) {
-        if node.labels().get(&k) != Some(&v) {
-            p.set_entry(has_labels, "/metadata/labels", &k, &v);
-        }
-    }
-    let has_annotations = !node.annotations().is_empty();
-    for (k, v) in c.annotations() {
-        if k == "kubectl.kubernetes.io/last-applied-configuration"
-            || node.annotations().get(k) == Some(v)
-        {
-            continue;
-        }
-        p.set_entry(has_annotations, "/metadata/annotations", k, v);
-    }
-    p.set("/spec/taints", json!(registration_taints(node, c)));
-    let mut finalizers = node.finalizers().to_vec();
-    if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
-        finalizers.push(TERMINATION_FINALIZER.to_string());
-    }
-    p.set("/metadata/finalizers", json!(finalizers));
-    let mut owners = node.owner_references().to_vec();
-    if let Some(uid) = &c.metadata.uid
-        && !owners.iter().any(|o| &o.uid == uid)
-    {
-        owners.push(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: NodeClaim::api_version(&()).to_string(),
-                kind: NodeClaim::kind(&()).to_string(),
-                name: c.name_any(),
-                uid: uid.clone(),
-                block_owner_deletion: Some(true),
-                controller: None,
-            },
-        );
-    }
-    p.set("/metadata/ownerReferences", json!(owners));
-    let _ = escape; // keys are escaped inside set_entry
-    p
-}
-
-/// Why a registered Node is not initialized yet, or Ok.
-fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), &'static str> {
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status == "True")
-        .unwrap_or(false);
-    if !ready {
-        return Err("node not Ready");
-    }
-    let taints = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default();
-    if taints
-        .iter()
-        .any(|t| EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
-    {
-        return Err("ephemeral taint present");
-    }
-    if c.spec
-        .startup_taints
-        .iter()
-        .flatten()
-        .any(|st| taints.iter().any(|t| same_taint(t, st)))
-    {
-        return Err("startup taint present");
-    }
-    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-    let requests = c.spec.resources.as_ref().and_then(|r| r.requests.as_ref());
-    for name in requests.into_iter().flat_map(|r| r.keys()) {
-        if matches!(
-            name.as_str(),
-            "cpu" | "memory" | "pods" | "ephemeral-storage"
-        ) {
-            continue;
-        }
-        let have = allocatable
-            .and_then(|a| a.get(name))
-            .and_then(|q| crate::api::resources::Quantity::from_k8s(q).ok())
-            .map(|q| !q.is_zero())
-            .unwrap_or(false);
-        if !have {
-            return Err("requested extended resource not yet allocatable");
-        }
-    }
-    Ok(())
-}
-
-#[allow(dead_code)]
-fn created_labels(reason: &str, nodepool: &str) -> CreatedLabels {
-    CreatedLabels {
-        reason: reason.into(),
-        nodepool: nodepool.into(),
-    }
-}
-
-#[allow(dead_code)]
-fn _assert_send() {
-    fn is_send<T: Send>() {}
-    let _ = is_send::<Instant>;
-    let _ = scaler::DELETE_MACHINE_VALUE;
 }

@@ -20,8 +20,8 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::{Next, Step, condition_time, has_finalizer, is_true, object_ref, since};
+use crate::actors::messages::{CancelRequest, ReleaseMachine};
 use crate::actors::patch::JsonPatch;
-use crate::actors::scaler::{CancelRequest, ReleaseMachine};
 use crate::actors::terminator::{Drain, DrainState, Forget};
 use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, ConditionStatus};

@@ -18,7 +18,10 @@ use serde_json::json;
 
 use self::plan::{MachineView, ReplicaWrite, Snapshot};
 use super::backoff::Backoff;
-use super::nodeclaim::{MachineBound, RequestRejected};
+use super::messages::{
+    CancelRequest, MachineBound, Poke, Rejection, ReleaseMachine, RequestMachine, RequestRejected,
+    Stop,
+};
 use super::patch::JsonPatch;
 use super::{Error, Shared, api_err};
 use crate::api::wellknown::{
@@ -42,43 +45,6 @@ const RESYNC: Duration = Duration::from_secs(10);
 
 /// A Scaler whose MachineDeployment is gone stops once nothing of it is in flight.
 const IDLE_STOP: Duration = Duration::from_secs(5);
-
-/// A claim needs a Machine from this MachineDeployment (idempotent per claim).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct RequestMachine {
-    pub claim: String,
-}
-
-/// A waiting claim gave up (deleted or timed out) before it got a Machine. Answers whether a
-/// bind for it is still in flight: the claim must not let go until that bind has landed (and
-/// then release the Machine), or the Machine would be orphaned.
-#[derive(Message)]
-#[rtype(result = "bool")]
-pub struct CancelRequest {
-    pub claim: String,
-}
-
-/// A terminating claim gives its Machine back: annotate it, then decrement (invariant 3).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ReleaseMachine {
-    pub machine: String,
-    /// The claim's Node was drained by the Terminator: Cluster API need not drain it again.
-    pub drained: bool,
-}
-
-/// Something this MachineDeployment depends on changed (its Machines, itself, a claim): re-plan.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Poke;
-
-/// Why a request was turned down; the claim picks another offering.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
-    AtMaxSize,
-    DeploymentGone,
-}
 
 /// True when the Machine carries our release mark (or any mark while bound to one of our claims).
 pub fn marked_by_us(m: &Machine) -> bool {
@@ -971,11 +937,6 @@ impl Handler<super::tracked::Tracked> for Scaler {
         )
     }
 }
-
-/// Stop the Scaler (controller shutdown).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Stop;
 
 impl Handler<Stop> for Scaler {
     type Result = ();

@@ -1,0 +1,90 @@
+//! The messages actors send each other, in one place so that both sides import them from here
+//! (the claim actor and the Scaler never import each other). DESIGN.md section 3 draws the flow.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use crate::api::nodeclaim::NodeClaim;
+
+/// Stop this actor (the controller stops its writers on shutdown or lost leadership).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+// --- to a NodeClaimActor ---------------------------------------------------------------------
+
+/// Something about this claim changed (the claim itself, its Machine or its Node): reconcile.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Kick;
+
+/// The claim as last seen by the NodeClaim watch.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ClaimChanged {
+    pub claim: Arc<NodeClaim>,
+    /// From a (re-)list rather than a watch event: as new as anything we wrote.
+    pub listed: bool,
+}
+
+/// The claim is gone from the API (last seen as this): stop. A claim whose finalizer removal
+/// answered too late for the reconcile (or that someone else finished) is counted as
+/// terminated here.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Gone(pub Arc<NodeClaim>);
+
+/// The Scaler bound a Machine to this claim.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct MachineBound {
+    pub machine: String,
+}
+
+/// The Scaler cannot give this claim a Machine from that MachineDeployment.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RequestRejected {
+    pub machine_deployment: String,
+    pub why: Rejection,
+}
+
+/// Why a request was turned down; the claim picks another offering.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    AtMaxSize,
+    DeploymentGone,
+}
+
+// --- to a Scaler -----------------------------------------------------------------------------
+
+/// A claim needs a Machine from this MachineDeployment (idempotent per claim).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RequestMachine {
+    pub claim: String,
+}
+
+/// A waiting claim gave up (deleted or timed out) before it got a Machine. Answers whether a
+/// bind for it is still in flight: the claim must not let go until that bind has landed (and
+/// then release the Machine), or the Machine would be orphaned.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct CancelRequest {
+    pub claim: String,
+}
+
+/// A terminating claim gives its Machine back: annotate it, then decrement (invariant 3).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReleaseMachine {
+    pub machine: String,
+    /// The claim's Node was drained by the Terminator: Cluster API need not drain it again.
+    pub drained: bool,
+}
+
+/// Something this MachineDeployment depends on changed (its Machines, itself, a claim): re-plan.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Poke;

@@ -1,0 +1,236 @@
+//! Launch (Karpenter core's lifecycle/launch): choose an offering, record it on the claim with
+//! the finalizer before any replica is requested (invariant 4), record the bound Machine, and
+//! write `Launched=True` with the provider ID and capacity once the Machine has one. A claim
+//! that cannot launch says why and, past Karpenter's launch timeout, is deleted.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use super::{Next, Step, left_until, object_ref, since};
+use crate::actors::Error;
+use crate::actors::catalog::{Choice, ResolveError};
+use crate::actors::patch::JsonPatch;
+use crate::api::conditions::{self, ConditionStatus};
+use crate::api::requirements::Requirements;
+use crate::api::resources::Resources;
+use crate::api::wellknown::*;
+use crate::capi::model::Machine;
+use crate::metrics::Metrics;
+use crate::state::claims::recorded_machine;
+use crate::state::machines::key as machine_key;
+
+/// How often a claim whose NodeClass is missing or not ready tries again.
+const LAUNCH_RETRY: Duration = Duration::from_secs(10);
+
+impl Step {
+    /// First step: choose the offering and record it on the claim, with the finalizer and the
+    /// offering's labels, before any replica is requested (invariant 4).
+    pub(super) async fn launch_decision(&mut self) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        let offering = match self.resolve() {
+            Ok(o) => o,
+            Err(e @ ResolveError::NoCompatibleOffering { .. }) => {
+                return self.insufficient_capacity(e).await;
+            }
+            Err(e @ ResolveError::Invalid(_)) => {
+                return self.launch_blocked(e, ConditionStatus::False, None).await;
+            }
+            // The NodeClass may appear or become ready: retry, as Karpenter does for launch errors.
+            Err(e) => {
+                return self
+                    .launch_blocked(e, ConditionStatus::Unknown, Some(LAUNCH_RETRY))
+                    .await;
+            }
+        };
+        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
+        let mut finalizers = c.finalizers().to_vec();
+        if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
+            finalizers.push(TERMINATION_FINALIZER.to_string());
+        }
+        p.set("/metadata/finalizers", json!(finalizers));
+        let has_annotations = !c.annotations().is_empty();
+        p.set_entry(
+            has_annotations,
+            "/metadata/annotations",
+            MACHINE_DEPLOYMENT_ANNOTATION,
+            &offering.machine_deployment,
+        );
+        let has_labels = !c.labels().is_empty();
+        for (k, v) in offering.node_labels() {
+            if c.labels().get(&k) != Some(&v) {
+                p.set_entry(has_labels, "/metadata/labels", &k, &v);
+            }
+        }
+        let updated = self.patch_claim(p, false).await?;
+        tracing::info!(nodeclaim = %self.name(), machine_deployment = %offering.machine_deployment, instance_type = %offering.instance_type, price = offering.price, "offering chosen");
+        Ok(Next::Continue(updated))
+    }
+
+    pub(super) fn resolve(&self) -> Result<Choice, ResolveError> {
+        let spec = &self.claim.spec;
+        let reqs = Requirements::from_node_selector_requirements(&spec.requirements)
+            .map_err(|e| ResolveError::Invalid(format!("spec.requirements: {e}")))?;
+        let requests = spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .map(Resources::from_k8s)
+            .transpose()
+            .map_err(|e| ResolveError::Invalid(format!("spec.resources.requests: {e}")))?
+            .unwrap_or_default();
+        let declared =
+            crate::actors::provisioner::declared_taints(&spec.taints, &spec.startup_taints);
+        self.shared.catalog.resolve(
+            &spec.node_class_ref.name,
+            &reqs,
+            &requests,
+            &self.excluded,
+            &declared,
+        )
+    }
+
+    /// A launch that cannot start yet (or ever): say why in `Launched` and an Event, once.
+    pub(super) async fn launch_blocked(
+        &mut self,
+        e: ResolveError,
+        status: ConditionStatus,
+        retry: Option<Duration>,
+    ) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        let message = e.to_string();
+        // Karpenter's launch timeout: a claim that cannot launch is not kept for ever; deleting
+        // it lets the provisioner solve its pods again (perhaps on another NodePool).
+        let Some(left) = left_until(self.created(), self.shared.settings.launch_timeout) else {
+            tracing::warn!(nodeclaim = %self.name(), error = %e, "not launched within the launch timeout; deleting it");
+            self.shared.events.warning(
+                object_ref(&c),
+                "LaunchTimeout",
+                format!(
+                    "NodeClaim {} could not launch within {}: {message}; deleting it",
+                    self.name(),
+                    crate::api::duration::format(self.shared.settings.launch_timeout)
+                ),
+            );
+            self.delete_claim().await?;
+            return Ok(Next::Wait(None));
+        };
+        let retry = Some(retry.map_or(left, |r| r.min(left)));
+        let mut st = c.status.clone().unwrap_or_default();
+        let mut conds = st.conditions.take().unwrap_or_default();
+        let now = Timestamp::now();
+        let changed = conditions::set(
+            &mut conds,
+            conditions::LAUNCHED,
+            status,
+            e.reason(),
+            &message,
+            c.metadata.generation,
+            now,
+        );
+        if !changed {
+            return Ok(Next::Wait(retry));
+        }
+        tracing::warn!(nodeclaim = %self.name(), error = %e, "cannot launch yet");
+        self.shared.events.warning(
+            object_ref(&c),
+            e.reason(),
+            format!("Cannot launch NodeClaim {}: {message}", self.name()),
+        );
+        conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
+        st.conditions = Some(conds);
+        let updated = self
+            .patch_status(serde_json::to_value(&st).unwrap_or(Value::Null))
+            .await?;
+        self.claim = updated.clone();
+        Ok(Next::Wait(retry))
+    }
+
+    /// Karpenter's rule: a launch that cannot be satisfied deletes the claim, so the provisioner
+    /// retries the pods elsewhere; the Event says why.
+    pub(super) async fn insufficient_capacity(&mut self, e: ResolveError) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        tracing::warn!(nodeclaim = %self.name(), error = %e, "no offering can launch this claim; deleting it");
+        self.shared.events.warning(
+            object_ref(&c),
+            e.reason(),
+            format!("Cannot launch NodeClaim {}: {e}; deleting it", self.name()),
+        );
+        self.shared
+            .metrics
+            .cloudprovider_errors
+            .get_or_create(&crate::metrics::ErrorLabels {
+                method: "Create".into(),
+                error: e.reason().into(),
+            })
+            .inc();
+        self.delete_claim().await?;
+        Ok(Next::Wait(None))
+    }
+
+    pub(super) async fn record_machine(&mut self, mk: &str) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
+        p.set_entry(
+            !c.annotations().is_empty(),
+            "/metadata/annotations",
+            MACHINE_ANNOTATION,
+            mk,
+        );
+        let updated = self.patch_claim(p, false).await?;
+        // Karpenter's cloud-provider Create: the claim was accepted (created) until a Machine
+        // is bound to it, observed once, when the binding is first recorded on the claim.
+        if recorded_machine(&c).is_none() {
+            self.shared
+                .metrics
+                .cloudprovider("Create", since(self.created()));
+        }
+        Ok(Next::Continue(updated))
+    }
+
+    /// The Machine has a provider ID: record it with capacity and `Launched=True`.
+    pub(super) async fn launched(
+        &mut self,
+        md: &str,
+        machine: &Machine,
+        pid: &str,
+    ) -> Result<Next, Error> {
+        let offering = self.shared.catalog.offering(md);
+        let generation = self.claim.metadata.generation;
+        let updated = self
+            .condition_true(conditions::LAUNCHED, |status| {
+                status.provider_id = Some(pid.to_string());
+                // Start the registration clock now, as upstream's liveness reads it.
+                let conds = status.conditions.get_or_insert_with(Vec::new);
+                if conditions::get(conds, conditions::REGISTERED).is_none() {
+                    conditions::set(
+                        conds,
+                        conditions::REGISTERED,
+                        ConditionStatus::Unknown,
+                        "NodeNotFound",
+                        "Node not registered with cluster",
+                        generation,
+                        Timestamp::now(),
+                    );
+                }
+                if let Some(o) = &offering {
+                    status.capacity = Some(o.capacity.to_k8s());
+                    status.allocatable = Some(o.allocatable.to_k8s());
+                }
+            })
+            .await?;
+        let m = &self.shared.metrics;
+        m.nodeclaims_launched
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
+        Metrics::observe(&m.claim_launch_seconds, md, since(self.created()));
+        let mk = machine_key(&machine.namespace, &machine.name);
+        if let Some(seen) = self.shared.state.machines.read().provider_id_seen(&mk) {
+            Metrics::observe(&m.provider_id_to_claim_seconds, md, seen.elapsed());
+        }
+        tracing::info!(nodeclaim = %self.name(), machine = %mk, provider_id = %pid, machine_deployment = %md, "launched");
+        Ok(Next::Continue(updated))
+    }
+}

@@ -1,0 +1,217 @@
+//! Liveness (Karpenter core's lifecycle/liveness) and the ways a launch can fail: the create
+//! timeout (no Machine or no provider ID in time), the registration timeout, a Machine that
+//! Cluster API marks failed, and a Machine deleted by someone else. Each deletes the claim (its
+//! termination releases whatever it holds) so the provisioner solves its pods again.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::{Next, Step, left_until, object_ref};
+use crate::actors::Error;
+use crate::api::conditions;
+use crate::api::nodeclaim::NodeClaim;
+use crate::capi::model::Machine;
+use crate::metrics::Metrics;
+use crate::state::claims::provider_id;
+
+impl Step {
+    pub(super) fn create_timeout_setting(&self) -> Duration {
+        self.shared
+            .catalog
+            .create_timeout(&self.claim.spec.node_class_ref.name)
+            .unwrap_or(self.shared.settings.create_timeout)
+    }
+
+    /// Time left before the create timeout, or None when it has passed.
+    pub(super) fn create_deadline_left(&self) -> Option<Duration> {
+        left_until(self.created(), self.create_timeout_setting())
+    }
+
+    /// Karpenter's liveness rule: `Registered` must turn True within the registration timeout
+    /// of its last transition. Upstream writes it Unknown when it first writes the claim's
+    /// status; we write it Unknown together with `Launched=True` (the create timeout bounds
+    /// the launch, so slow providers are not cut short). A claim written by another Karpenter
+    /// keeps the transition time it has.
+    pub(super) fn registration_deadline_left(&self) -> Option<Duration> {
+        left_until(
+            registration_clock_start(&self.claim),
+            self.shared.settings.registration_timeout,
+        )
+    }
+
+    pub(super) async fn create_timeout(
+        &mut self,
+        md: &str,
+        machine: Option<&Machine>,
+    ) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        let timeout = self.create_timeout_setting();
+        self.shared
+            .metrics
+            .create_timeouts
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
+        self.shared
+            .catalog
+            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
+        let what = match machine {
+            Some(m) => format!("Machine {}/{} got no provider ID", m.namespace, m.name),
+            None => "no Machine was created".to_string(),
+        };
+        self.shared.events.warning(
+            object_ref(&c),
+            "CreateTimeout",
+            format!(
+                "{what} within {} from MachineDeployment {md}; deleting the NodeClaim and marking the offering unavailable for {}",
+                crate::api::duration::format(timeout),
+                crate::api::duration::format(self.shared.settings.unavailable_offering_ttl)
+            ),
+        );
+        tracing::warn!(nodeclaim = %self.name(), machine_deployment = %md, "create timeout");
+        self.delete_claim().await?;
+        Ok(Next::Wait(None))
+    }
+
+    /// The claim's Machine failed before its Node registered: avoid the offering for a while,
+    /// say why, and delete the claim (its termination releases the Machine).
+    pub(super) async fn machine_failed(
+        &mut self,
+        md: &str,
+        machine: &Machine,
+    ) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        self.shared
+            .catalog
+            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
+        self.shared
+            .metrics
+            .cloudprovider_errors
+            .get_or_create(&crate::metrics::ErrorLabels {
+                method: "Create".into(),
+                error: "MachineFailed".into(),
+            })
+            .inc();
+        let why = match (&machine.failure_reason, &machine.failure_message) {
+            (Some(r), Some(m)) => format!("{r}: {m}"),
+            (Some(r), None) => r.clone(),
+            (None, Some(m)) => m.clone(),
+            (None, None) => format!("phase {:?}", machine.phase),
+        };
+        self.shared.events.warning(
+            object_ref(&c),
+            "MachineFailed",
+            format!(
+                "Machine {}/{} of MachineDeployment {md} failed ({why}); deleting the NodeClaim and marking the offering unavailable for {}",
+                machine.namespace,
+                machine.name,
+                crate::api::duration::format(self.shared.settings.unavailable_offering_ttl)
+            ),
+        );
+        tracing::warn!(nodeclaim = %self.name(), machine = %machine.name, reason = %why, "machine failed");
+        self.delete_claim().await?;
+        Ok(Next::Wait(None))
+    }
+
+    pub(super) async fn registration_timeout(&mut self, md: &str) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        self.shared
+            .metrics
+            .registration_timeouts
+            .get_or_create(&Metrics::pool(&self.nodepool(), md))
+            .inc();
+        self.shared
+            .catalog
+            .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
+        self.shared.events.warning(
+            object_ref(&c),
+            "RegistrationTimeout",
+            format!(
+                "No Node with provider ID {} registered within {}; deleting the NodeClaim",
+                provider_id(&c).unwrap_or("?"),
+                crate::api::duration::format(self.shared.settings.registration_timeout)
+            ),
+        );
+        self.delete_claim().await?;
+        Ok(Next::Wait(None))
+    }
+
+    /// Garbage collection: the claim's Machine is gone, so is the claim.
+    pub(super) async fn machine_gone(&mut self, machine: String) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        self.shared.events.warning(
+            object_ref(&c),
+            "MachineDeleted",
+            format!(
+                "Machine {machine} no longer exists; deleting NodeClaim {}",
+                self.name()
+            ),
+        );
+        self.delete_claim().await?;
+        Ok(Next::Wait(None))
+    }
+}
+
+/// When the registration clock started: the `Registered` condition's last transition while it
+/// is not True, else the launch, else the claim's creation.
+pub(super) fn registration_clock_start(c: &NodeClaim) -> Timestamp {
+    let conds = c.conditions();
+    conditions::get(conds, conditions::REGISTERED)
+        .filter(|r| !r.is_true())
+        .or_else(|| conditions::get(conds, conditions::LAUNCHED).filter(|l| l.is_true()))
+        .map(|cond| cond.last_transition_time.0)
+        .or_else(|| c.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        .unwrap_or_else(Timestamp::now)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn claim(conditions: serde_json::Value) -> NodeClaim {
+        serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": "c", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"requirements": [],
+                     "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}},
+            "status": {"conditions": conditions},
+        }))
+        .expect("a valid NodeClaim")
+    }
+
+    fn at(t: &str) -> Timestamp {
+        t.parse().expect("a timestamp")
+    }
+
+    #[test]
+    fn registration_is_timed_from_the_registered_condition_as_upstream() {
+        // Written by upstream Karpenter: Registered Unknown since the status was first written,
+        // launched later; the clock runs from Registered's transition, not from the launch.
+        let upstream = claim(json!([
+            {"type": "Registered", "status": "Unknown", "reason": "NodeNotFound",
+             "lastTransitionTime": "2026-01-01T00:00:05Z"},
+            {"type": "Launched", "status": "True", "reason": "Launched",
+             "lastTransitionTime": "2026-01-01T00:04:00Z"},
+        ]));
+        assert_eq!(
+            registration_clock_start(&upstream),
+            at("2026-01-01T00:00:05Z")
+        );
+        // Launched without a Registered condition (an older claim of ours): from the launch.
+        let launched = claim(json!([
+            {"type": "Launched", "status": "True", "reason": "Launched",
+             "lastTransitionTime": "2026-01-01T00:10:00Z"},
+        ]));
+        assert_eq!(
+            registration_clock_start(&launched),
+            at("2026-01-01T00:10:00Z")
+        );
+        // Nothing written yet: from creation, never from "now" (which would never expire).
+        assert_eq!(
+            registration_clock_start(&claim(json!([]))),
+            at("2026-01-01T00:00:00Z")
+        );
+    }
+}

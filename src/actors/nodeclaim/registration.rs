@@ -1,0 +1,145 @@
+//! Registration (Karpenter core's lifecycle/registration): the Node with the claim's provider ID
+//! gets the claim's labels, annotations, taints and startup taints, loses the unregistered
+//! taint, and is owned and guarded by the claim; then `Registered=True` and `nodeName`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::{Next, Step};
+use crate::actors::Error;
+use crate::actors::patch::JsonPatch;
+use crate::api::conditions;
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::wellknown::*;
+use crate::metrics::{Metrics, NodePoolLabels};
+use crate::state::claims::recorded_deployment;
+
+impl Step {
+    /// Registration (REFERENCE.md section 3): sync the claim onto the Node, take the
+    /// unregistered taint off, own the Node; then `Registered=True`.
+    pub(super) async fn register(&mut self, node: &Node) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        let node_name = node.name_any();
+        if !node_registered(node, &c) {
+            self.patch_node(&node_name, registration_patch(node, &c))
+                .await?;
+        }
+        let updated = self
+            .condition_true(conditions::REGISTERED, |status| {
+                status.node_name = Some(node_name.clone())
+            })
+            .await?;
+        let md = recorded_deployment(&c).unwrap_or_default().to_string();
+        let m = &self.shared.metrics;
+        m.nodeclaims_registered
+            .get_or_create(&Metrics::pool(&self.nodepool(), &md))
+            .inc();
+        m.nodes_created
+            .get_or_create(&NodePoolLabels {
+                nodepool: self.nodepool(),
+            })
+            .inc();
+        tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
+        Ok(Next::Continue(updated))
+    }
+}
+
+/// Labels Karpenter puts on the Node at registration: the claim's labels plus `registered`.
+fn registration_labels(c: &NodeClaim) -> BTreeMap<String, String> {
+    let mut labels = c.labels().clone();
+    labels.insert(REGISTERED_LABEL.to_string(), "true".to_string());
+    labels
+}
+
+pub(super) fn same_taint(a: &Taint, b: &Taint) -> bool {
+    a.key == b.key && a.effect == b.effect
+}
+
+/// The Node's taints after registration: without the unregistered taint, with the claim's
+/// taints and startup taints (each once).
+fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
+    let mut taints: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
+        .collect();
+    let wanted = c
+        .spec
+        .taints
+        .iter()
+        .flatten()
+        .chain(c.spec.startup_taints.iter().flatten());
+    for t in wanted {
+        if !taints.iter().any(|have| same_taint(have, t)) {
+            taints.push(t.clone());
+        }
+    }
+    taints
+}
+
+/// True when the Node already carries everything registration writes.
+pub(super) fn node_registered(node: &Node, c: &NodeClaim) -> bool {
+    let labels = node.labels();
+    let has_taint = |key: &str| {
+        node.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| ts.iter().any(|t| t.key == key))
+            .unwrap_or(false)
+    };
+    labels.get(REGISTERED_LABEL).map(String::as_str) == Some("true")
+        && !has_taint(UNREGISTERED_TAINT_KEY)
+        && node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
+        && node
+            .owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == c.metadata.uid.as_ref())
+}
+
+pub(super) fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
+    let mut p = JsonPatch::guarded(node.resource_version().as_deref());
+    let has_labels = !node.labels().is_empty();
+    for (k, v) in registration_labels(c) {
+        if node.labels().get(&k) != Some(&v) {
+            p.set_entry(has_labels, "/metadata/labels", &k, &v);
+        }
+    }
+    let has_annotations = !node.annotations().is_empty();
+    for (k, v) in c.annotations() {
+        if k == "kubectl.kubernetes.io/last-applied-configuration"
+            || node.annotations().get(k) == Some(v)
+        {
+            continue;
+        }
+        p.set_entry(has_annotations, "/metadata/annotations", k, v);
+    }
+    p.set("/spec/taints", json!(registration_taints(node, c)));
+    let mut finalizers = node.finalizers().to_vec();
+    if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
+        finalizers.push(TERMINATION_FINALIZER.to_string());
+    }
+    p.set("/metadata/finalizers", json!(finalizers));
+    let mut owners = node.owner_references().to_vec();
+    if let Some(uid) = &c.metadata.uid
+        && !owners.iter().any(|o| &o.uid == uid)
+    {
+        owners.push(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: NodeClaim::api_version(&()).to_string(),
+                kind: NodeClaim::kind(&()).to_string(),
+                name: c.name_any(),
+                uid: uid.clone(),
+                block_owner_deletion: Some(true),
+                controller: None,
+            },
+        );
+    }
+    p.set("/metadata/ownerReferences", json!(owners));
+    p
+}
