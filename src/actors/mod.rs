@@ -25,6 +25,7 @@ pub mod patch;
 pub mod provisioner;
 pub mod router;
 pub mod scaler;
+pub mod snapshot;
 pub mod supervisor;
 pub mod terminator;
 pub mod tracked;

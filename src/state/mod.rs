@@ -3,6 +3,7 @@
 //! already knows). They mirror the API and make no decisions.
 
 pub mod claims;
+pub mod daemonsets;
 pub mod machines;
 pub mod nodes;
 pub mod pods;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 
 pub use claims::Claims;
+pub use daemonsets::DaemonSets;
 pub use machines::{MachineDeployments, Machines};
 pub use nodes::Nodes;
 pub use pods::Pods;
@@ -27,6 +29,7 @@ pub struct State {
     pub claims: Arc<RwLock<Claims>>,
     pub nodes: Arc<RwLock<Nodes>>,
     pub pods: Arc<RwLock<Pods>>,
+    pub daemonsets: Arc<RwLock<DaemonSets>>,
     pub volume_attachments: Arc<RwLock<VolumeAttachments>>,
     pub nodepools:
         Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,

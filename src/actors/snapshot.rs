@@ -1,0 +1,207 @@
+//! The solver's view of the cluster, copied out of the indexes: pending and bound pods, the
+//! existing Nodes (with the requests bound to them) and in-flight claims as room to pack onto,
+//! the NodePools with their catalog instance types and usage, and the DaemonSets' overhead.
+//! The provisioner solves pending pods against it; disruption simulates removing candidates
+//! from it. One builder, so both see the cluster alike.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use kube::ResourceExt;
+
+use super::Shared;
+use super::provisioner::declared_taints;
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::requirements::Requirements;
+use crate::api::resources::{Quantity, Resources};
+use crate::api::validation::validate_nodepool;
+use crate::api::wellknown::{
+    EPHEMERAL_TAINT_KEYS, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
+};
+use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
+
+/// The snapshot of the whole cluster. `creating` are claims whose create has not answered yet
+/// (by a local id): they are room too, and count against their pools' limits.
+pub fn build<'a>(
+    shared: &Shared,
+    creating: impl IntoIterator<Item = (&'a u64, &'a NodeClaim)>,
+    preference: PreferencePolicy,
+) -> Snapshot {
+    let st = &shared.state;
+    let pods_idx = st.pods.read();
+    let pods: Vec<Pod> = pods_idx
+        .provisionable()
+        .iter()
+        .map(|p| (**p).clone())
+        .collect();
+    let bound_pods: Vec<Pod> = pods_idx.bound().iter().map(|p| (**p).clone()).collect();
+    let mut nodes: Vec<ExistingNode> = Vec::new();
+    let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
+    let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
+    let claim_of_node: HashMap<String, Arc<NodeClaim>> = claims
+        .iter()
+        .filter_map(|c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .map(|n| (n, c.clone()))
+        })
+        .collect();
+    for n in &node_list {
+        if n.metadata.deletion_timestamp.is_some()
+            || n.spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false)
+        {
+            continue;
+        }
+        let name = n.name_any();
+        let claim = claim_of_node.get(&name);
+        let requested = pods_idx
+            .on_node(&name)
+            .iter()
+            .filter_map(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| scheduling::pod::pod_requests(s).ok())
+            })
+            .fold(Resources::new(), |acc, r| acc.add(&r).add(&one_pod()));
+        let allocatable = n
+            .status
+            .as_ref()
+            .and_then(|s| s.allocatable.as_ref())
+            .and_then(|a| Resources::from_k8s(a).ok())
+            .unwrap_or_default();
+        let startup: Vec<Taint> = claim
+            .and_then(|c| c.spec.startup_taints.clone())
+            .unwrap_or_default();
+        let taints = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
+            .filter(|t| {
+                !startup
+                    .iter()
+                    .any(|s| s.key == t.key && s.effect == t.effect)
+            })
+            .collect();
+        nodes.push(ExistingNode {
+            name: name.clone(),
+            labels: n.labels().clone(),
+            taints,
+            allocatable,
+            requested,
+            in_flight: false,
+            nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
+        });
+    }
+    let node_names: std::collections::HashSet<String> =
+        node_list.iter().map(|n| n.name_any()).collect();
+    for c in &claims {
+        let has_node = c
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some_and(|n| node_names.contains(n));
+        if has_node || c.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        nodes.push(in_flight(c));
+    }
+    let mut usage = super::nodepools::usage_by_pool(&shared);
+    // Creates not answered yet are capacity too (and count against the pools' limits).
+    for (id, c) in creating {
+        let mut node = in_flight(c);
+        node.name = format!("creating-{id}");
+        if let Some(pool) = c.labels().get(NODEPOOL_LABEL) {
+            let entry = usage.entry(pool.clone()).or_default();
+            entry.0.add_assign(&node.allocatable);
+            entry.1 += 1;
+        }
+        nodes.push(node);
+    }
+    let mut nodepools = Vec::new();
+    for np in st.nodepools.read().values() {
+        if np.metadata.deletion_timestamp.is_some() || validate_nodepool(np).is_err() {
+            continue;
+        }
+        let r = &np.spec.template.spec.node_class_ref;
+        if r.group != NODECLASS_GROUP || r.kind != NODECLASS_KIND {
+            continue;
+        }
+        let (res, count) = usage.get(&np.name_any()).cloned().unwrap_or_default();
+        nodepools.push(PoolInput {
+            nodepool: (**np).clone(),
+            instance_types: scheduling::instance_type::for_declared_taints(
+                shared.catalog.instance_types(&r.name),
+                &declared_taints(
+                    &np.spec.template.spec.taints,
+                    &np.spec.template.spec.startup_taints,
+                ),
+            ),
+            usage: res.with("nodes", Quantity::from_units(count)),
+        });
+    }
+    let daemonsets = st
+        .daemonsets
+        .read()
+        .all()
+        .filter_map(|ds| {
+            let template = &ds.spec.as_ref()?.template;
+            Some(scheduling::daemon_pod(
+                &ds.namespace().unwrap_or_default(),
+                &ds.name_any(),
+                template,
+            ))
+        })
+        .collect();
+    Snapshot {
+        pods,
+        bound_pods,
+        nodes,
+        nodepools,
+        daemonsets,
+        preference_policy: preference,
+    }
+}
+
+fn one_pod() -> Resources {
+    Resources::new().with("pods", Quantity::from_units(1))
+}
+
+/// An in-flight claim as a node the solver can still pack onto: its single-valued requirements
+/// as labels, and the room it was sized for (its launched allocatable once known).
+pub fn in_flight(c: &NodeClaim) -> ExistingNode {
+    let mut labels: BTreeMap<String, String> = c.labels().clone();
+    if let Ok(reqs) = Requirements::from_node_selector_requirements(&c.spec.requirements) {
+        for key in reqs.keys().map(str::to_string).collect::<Vec<_>>() {
+            if let Some(values) = reqs.values(&key)
+                && values.len() == 1
+                && let Some(v) = values.iter().next()
+            {
+                labels.entry(key).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    let allocatable = c
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()))
+        .and_then(|a| Resources::from_k8s(a).ok())
+        .unwrap_or_default();
+    ExistingNode {
+        name: c.name_any(),
+        labels,
+        taints: c.spec.taints.clone().unwrap_or_default(),
+        allocatable,
+        requested: Resources::new(),
+        in_flight: true,
+        nodepool: c.labels().get(NODEPOOL_LABEL).cloned(),
+    }
+}

@@ -1,0 +1,44 @@
+//! DaemonSets by `namespace/name`: each one's pod lands on every new node that accepts it, so
+//! the solver counts its requests as overhead (provisioning and consolidation alike).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use kube::ResourceExt;
+
+#[derive(Default)]
+pub struct DaemonSets {
+    by_key: BTreeMap<String, Arc<DaemonSet>>,
+}
+
+fn key(d: &DaemonSet) -> String {
+    format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any())
+}
+
+impl DaemonSets {
+    pub fn all(&self) -> impl Iterator<Item = &Arc<DaemonSet>> {
+        self.by_key.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    pub fn apply(&mut self, d: DaemonSet) {
+        self.by_key.insert(key(&d), Arc::new(d));
+    }
+
+    pub fn remove(&mut self, d: &DaemonSet) {
+        self.by_key.remove(&key(d));
+    }
+
+    /// A fresh list replaces everything (DaemonSets deleted while the watch was down go too).
+    pub fn replace_all(&mut self, list: Vec<DaemonSet>) {
+        self.by_key = list.into_iter().map(|d| (key(&d), Arc::new(d))).collect();
+    }
+}
