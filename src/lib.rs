@@ -1,7 +1,7 @@
 //! karpenter-capi: just-in-time nodes for Cluster API clusters, with Karpenter's API.
 //!
 //! The map of this crate is `DESIGN.md`: `api` (Karpenter-facing types), `capi` (the Cluster API
-//! model), `scheduling` (pure bin-packing), `actors` (behaviour), `state` (indexes fed by watches),
+//! model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions), `actors` (behaviour), `state` (indexes fed by watches),
 //! `sim` (the embedded simulated cluster).
 
 pub mod actors;
@@ -9,6 +9,7 @@ pub mod api;
 pub mod app;
 pub mod capi;
 pub mod cli;
+pub mod disruption;
 pub mod http;
 pub mod leader;
 pub mod metrics;

@@ -139,3 +139,18 @@ mod tests {
         assert!(!capi_propagates("kubernetes.io/arch"));
     }
 }
+
+/// Labels every node gets from its provider, so a pod may require them (and a NodePool may
+/// constrain them) even when no NodePool or instance type spells out their values.
+pub const WELL_KNOWN_LABELS: [&str; 10] = [
+    ZONE_LABEL,
+    ZONE_LABEL_BETA,
+    REGION_LABEL,
+    INSTANCE_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL_BETA,
+    ARCH_LABEL,
+    OS_LABEL,
+    WINDOWS_BUILD_LABEL,
+    CAPACITY_TYPE_LABEL,
+    HOSTNAME_LABEL,
+];

@@ -287,6 +287,27 @@ struct Meta {
     deletion_timestamp: Option<Timestamp>,
 }
 
+/// A Cluster API (v1beta2-style) condition's status: v1beta2 objects keep them in
+/// `status.conditions`, v1beta1 objects of Cluster API >= 1.9 in `status.v1beta2.conditions`.
+fn condition_status(
+    r: &Reader<'_>,
+    version: CapiVersion,
+    type_: &str,
+) -> Result<Option<bool>, ModelError> {
+    let path = match version {
+        CapiVersion::V1Beta1 => "status.v1beta2.conditions",
+        CapiVersion::V1Beta2 => "status.conditions",
+    };
+    Ok(r.array(path)?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(type_))
+        .and_then(|c| match c.get("status").and_then(Value::as_str) {
+            Some("True") => Some(true),
+            Some("False") => Some(false),
+            _ => None,
+        }))
+}
+
 /// The failure reason we report for a v1beta2 Machine whose infrastructure went away.
 pub const INFRASTRUCTURE_DELETED: &str = "InfrastructureDeleted";
 
@@ -415,6 +436,9 @@ pub struct Machine {
     pub phase: MachinePhase,
     pub failure_reason: Option<String>,
     pub failure_message: Option<String>,
+    /// The `UpToDate` condition Cluster API's MachineDeployment controller sets (False: the
+    /// Machine's MachineSet is outdated, a rollout would replace it); None when not reported.
+    pub up_to_date: Option<bool>,
     pub infrastructure_ref: InfrastructureRef,
     pub version: CapiVersion,
 }
@@ -444,6 +468,7 @@ impl Machine {
             phase: MachinePhase::parse(phase.as_deref()),
             failure_reason,
             failure_message,
+            up_to_date: condition_status(&r, version, "UpToDate")?,
             infrastructure_ref: read_infrastructure_ref(&r, "spec.infrastructureRef", version)?,
             version,
             name: meta.name,

@@ -19,25 +19,9 @@ use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::{
-    ARCH_LABEL, CAPACITY_TYPE_LABEL, DEFAULT_MAX_PODS, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL,
-    INSTANCE_TYPE_LABEL, INSTANCE_TYPE_LABEL_BETA, NODEPOOL_LABEL, OS_LABEL, REGION_LABEL,
-    RESOURCE_PODS, WINDOWS_BUILD_LABEL, ZONE_LABEL, ZONE_LABEL_BETA,
+    CAPACITY_TYPE_LABEL, DEFAULT_MAX_PODS, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL,
+    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, RESOURCE_PODS, WELL_KNOWN_LABELS,
 };
-
-/// Labels every node gets from its provider, so a pod may require them even when no NodePool
-/// or instance type spells out their values.
-const WELL_KNOWN_LABELS: [&str; 10] = [
-    ZONE_LABEL,
-    ZONE_LABEL_BETA,
-    REGION_LABEL,
-    INSTANCE_TYPE_LABEL,
-    INSTANCE_TYPE_LABEL_BETA,
-    ARCH_LABEL,
-    OS_LABEL,
-    WINDOWS_BUILD_LABEL,
-    CAPACITY_TYPE_LABEL,
-    HOSTNAME_LABEL,
-];
 
 /// Decides where every pending pod goes. Pure and deterministic: the same snapshot gives the
 /// same result.

@@ -1,0 +1,146 @@
+//! Consolidation by simulation, with the provisioner's own solver (no second scheduler): take
+//! the candidates' nodes out of the cluster snapshot, make their pods pending, solve. The
+//! candidates can go when every one of their pods lands on the remaining nodes plus at most one
+//! new claim that is strictly cheaper than the candidates together (Karpenter core v1).
+
+use std::collections::HashSet;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::Candidate;
+use crate::api::requirements::Requirement;
+use crate::api::wellknown::{CAPACITY_TYPE_LABEL, CAPACITY_TYPE_SPOT};
+use crate::scheduling::{self, NewClaim, Snapshot};
+use crate::state::pods;
+
+/// What removing a set of candidates would take.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Their pods fit on the other nodes: delete them.
+    Delete,
+    /// Their pods need this one new claim, cheaper than the candidates (instance types already
+    /// cut to the cheaper ones).
+    Replace(NewClaim, f64),
+    /// Not worth it or not possible, with the reason (for Events and `explain`).
+    No(String),
+}
+
+/// The snapshot with the candidates' nodes gone and their pods pending again (DaemonSet,
+/// mirror and terminal pods stay behind: they go with their node).
+pub fn without(base: &Snapshot, candidates: &[&Candidate]) -> Snapshot {
+    let gone: HashSet<&str> = candidates.iter().map(|c| c.node.as_str()).collect();
+    let mut s = base.clone();
+    s.nodes.retain(|n| !gone.contains(n.name.as_str()));
+    let mut staying = Vec::with_capacity(s.bound_pods.len());
+    for p in std::mem::take(&mut s.bound_pods) {
+        let on_candidate = pods::node_name(&p).is_some_and(|n| gone.contains(n));
+        if !on_candidate {
+            staying.push(p);
+        } else if reschedulable(&p) {
+            s.pods.push(pending(p));
+        }
+    }
+    s.bound_pods = staying;
+    s
+}
+
+/// A pod that must find a new home when its node goes.
+pub fn reschedulable(p: &Pod) -> bool {
+    !pods::is_daemonset_pod(p) && !pods::is_mirror_pod(p) && !pods::is_terminal(p)
+}
+
+fn pending(mut p: Pod) -> Pod {
+    if let Some(spec) = p.spec.as_mut() {
+        spec.node_name = None;
+    }
+    p.status = None;
+    p
+}
+
+/// Simulate removing `candidates` and judge the result by consolidation's rules.
+pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
+    let moved: HashSet<&str> = candidates
+        .iter()
+        .flat_map(|c| c.pods.iter().map(String::as_str))
+        .collect();
+    let snapshot = without(base, candidates);
+    let results = scheduling::solve(&snapshot);
+    if let Some((pod, why)) = results
+        .failures
+        .iter()
+        .find(|(p, _)| moved.contains(p.as_str()))
+    {
+        return Outcome::No(format!("pod {pod} would not schedule: {why}"));
+    }
+    // Claims opened only for pods that were pending anyway are the provisioner's business.
+    let mut needed: Vec<NewClaim> = results
+        .new_claims
+        .into_iter()
+        .filter(|n| n.pods.iter().any(|p| moved.contains(p.as_str())))
+        .collect();
+    match needed.len() {
+        0 => Outcome::Delete,
+        1 => cheaper_replacement(&snapshot, needed.remove(0), candidates),
+        n => Outcome::No(format!("its pods would need {n} new nodes")),
+    }
+}
+
+/// Keep only the instance types whose cheapest offering (that the claim allows) costs less than
+/// the candidates together; apply upstream's spot rule (no spot-to-spot replacement: the
+/// feature is off by default upstream, and it would churn spot nodes on every price change).
+fn cheaper_replacement(
+    snapshot: &Snapshot,
+    mut new: NewClaim,
+    candidates: &[&Candidate],
+) -> Outcome {
+    let current: f64 = candidates.iter().map(|c| c.price).sum();
+    let all_spot = candidates
+        .iter()
+        .all(|c| c.capacity_type == CAPACITY_TYPE_SPOT);
+    if all_spot {
+        let spot_allowed = new
+            .requirements
+            .get(CAPACITY_TYPE_LABEL)
+            .is_none_or(|r| r.has(CAPACITY_TYPE_SPOT));
+        if spot_allowed {
+            return Outcome::No(
+                "spot-to-spot replacement is not enabled (as upstream's default)".into(),
+            );
+        }
+    }
+    let Some(pool) = snapshot
+        .nodepools
+        .iter()
+        .find(|p| p.nodepool.metadata.name.as_deref() == Some(new.nodepool.as_str()))
+    else {
+        return Outcome::No(format!("NodePool {} is gone", new.nodepool));
+    };
+    let mut cheapest = f64::INFINITY;
+    new.instance_types.retain(|name| {
+        let price = pool
+            .instance_types
+            .iter()
+            .find(|t| &t.name == name)
+            .and_then(|t| t.cheapest(&new.requirements))
+            .map(|o| o.price);
+        match price {
+            Some(p) if p < current => {
+                cheapest = cheapest.min(p);
+                true
+            }
+            _ => false,
+        }
+    });
+    if new.instance_types.is_empty() {
+        return Outcome::No(format!(
+            "no replacement is cheaper than the current {current:.4}/h"
+        ));
+    }
+    // The claim may launch only the cheaper types.
+    let types: Vec<&str> = new.instance_types.iter().map(String::as_str).collect();
+    new.requirements.add(Requirement::is_in(
+        crate::api::wellknown::INSTANCE_TYPE_LABEL,
+        &types,
+    ));
+    Outcome::Replace(new, cheapest)
+}

@@ -1,0 +1,297 @@
+//! Disruption decisions, pure (Karpenter core v1's disruption controller, REFERENCE.md
+//! section 5): given the candidates, a cluster snapshot and the budgets, pick at most one
+//! command, trying the methods in upstream's order: emptiness, drift, multi-node consolidation,
+//! single-node consolidation. The `actors::disruption` actor gathers the inputs, validates the
+//! command after a pause and carries it out. Expiration is not here: it is forceful and ignores
+//! budgets, so the actor applies it directly.
+
+pub mod budgets;
+pub mod consolidation;
+pub mod drift;
+
+use std::collections::HashMap;
+
+use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
+use crate::scheduling::{NewClaim, Snapshot};
+
+pub use consolidation::Outcome;
+pub use drift::Drift;
+
+/// At most this many candidates go into one multi-node consolidation (upstream's cap).
+pub const MAX_MULTI_NODE_CANDIDATES: usize = 100;
+/// At most this many single-node simulations per pass; the rest wait for the next pass (bounds
+/// a pass's CPU on large clusters; candidates are tried cheapest-to-disrupt first).
+pub const MAX_SINGLE_NODE_SIMULATIONS: usize = 50;
+
+/// A node disruption may act on: an initialized claim with a Node that nothing protects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub claim: String,
+    pub node: String,
+    pub nodepool: String,
+    /// The hourly price of its offering (the MachineDeployment's price annotation).
+    pub price: f64,
+    pub capacity_type: String,
+    /// Pods that must move when the node goes (`namespace/name`).
+    pub pods: Vec<String>,
+    /// Upstream's disruption cost: the pods' eviction costs times the lifetime left.
+    pub disruption_cost: f64,
+    pub drift: Option<Drift>,
+    /// `consolidateAfter` has passed since the node's last pod event, and the pool consolidates.
+    pub consolidatable: bool,
+    pub policy: ConsolidationPolicy,
+}
+
+impl Candidate {
+    fn underutilized_allowed(&self) -> bool {
+        self.consolidatable && self.policy != ConsolidationPolicy::WhenEmpty
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Method {
+    Emptiness,
+    Drift,
+    MultiNodeConsolidation,
+    SingleNodeConsolidation,
+}
+
+impl Method {
+    pub fn reason(self) -> DisruptionReason {
+        match self {
+            Method::Emptiness => DisruptionReason::Empty,
+            Method::Drift => DisruptionReason::Drifted,
+            Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
+                DisruptionReason::Underutilized
+            }
+        }
+    }
+
+    /// Upstream's `consolidation_type` label.
+    pub fn consolidation_type(self) -> &'static str {
+        match self {
+            Method::Emptiness => "empty",
+            Method::Drift => "",
+            Method::MultiNodeConsolidation => "multi",
+            Method::SingleNodeConsolidation => "single",
+        }
+    }
+}
+
+/// One decision: these candidates go, these claims replace them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Command {
+    pub method: Method,
+    pub candidates: Vec<Candidate>,
+    pub replacements: Vec<NewClaim>,
+}
+
+impl Command {
+    /// `delete` or `replace`, upstream's `decision` label.
+    pub fn decision(&self) -> &'static str {
+        if self.replacements.is_empty() {
+            "delete"
+        } else {
+            "replace"
+        }
+    }
+
+    /// The candidates' claim names, sorted (validation compares them).
+    pub fn claim_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.candidates.iter().map(|c| c.claim.clone()).collect();
+        names.sort();
+        names
+    }
+}
+
+/// How many more nodes each pool may start disrupting, per reason.
+#[derive(Clone, Debug, Default)]
+pub struct Allowed(pub HashMap<(String, DisruptionReason), usize>);
+
+impl Allowed {
+    pub fn get(&self, pool: &str, reason: DisruptionReason) -> usize {
+        self.0
+            .get(&(pool.to_string(), reason))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The first command of upstream's order, or None.
+pub fn decide(snapshot: &Snapshot, candidates: &[Candidate], allowed: &Allowed) -> Option<Command> {
+    let mut sorted: Vec<&Candidate> = candidates.iter().collect();
+    sorted.sort_by(|a, b| {
+        a.disruption_cost
+            .total_cmp(&b.disruption_cost)
+            .then_with(|| a.claim.cmp(&b.claim))
+    });
+    emptiness(&sorted, allowed)
+        .or_else(|| drift(snapshot, &sorted, allowed))
+        .or_else(|| multi_node(snapshot, &sorted, allowed))
+        .or_else(|| single_node(snapshot, &sorted, allowed))
+}
+
+/// Within each pool's budget for `reason`, in order.
+fn within_budget<'a>(
+    candidates: impl IntoIterator<Item = &'a Candidate>,
+    reason: DisruptionReason,
+    allowed: &Allowed,
+) -> Vec<&'a Candidate> {
+    let mut taken: HashMap<&str, usize> = HashMap::new();
+    candidates
+        .into_iter()
+        .filter(|c| {
+            let n = taken.entry(c.nodepool.as_str()).or_default();
+            if *n < allowed.get(&c.nodepool, reason) {
+                *n += 1;
+                true
+            } else {
+                false
+            }
+        })
+        .collect()
+}
+
+fn command(method: Method, candidates: Vec<&Candidate>, replacements: Vec<NewClaim>) -> Command {
+    Command {
+        method,
+        candidates: candidates.into_iter().cloned().collect(),
+        replacements,
+    }
+}
+
+/// Empty, consolidatable nodes go together, as many as the budgets allow.
+fn emptiness(sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+    let empty = sorted
+        .iter()
+        .copied()
+        .filter(|c| c.consolidatable && c.pods.is_empty());
+    let chosen = within_budget(empty, DisruptionReason::Empty, allowed);
+    (!chosen.is_empty()).then(|| command(Method::Emptiness, chosen, Vec::new()))
+}
+
+/// Empty drifted nodes go together; otherwise the first drifted node whose pods can be placed
+/// (on other nodes and any number of new claims; drift does not ask for savings).
+fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+    let drifted: Vec<&Candidate> = sorted
+        .iter()
+        .copied()
+        .filter(|c| c.drift.is_some())
+        .collect();
+    let empty = within_budget(
+        drifted.iter().copied().filter(|c| c.pods.is_empty()),
+        DisruptionReason::Drifted,
+        allowed,
+    );
+    if !empty.is_empty() {
+        return Some(command(Method::Drift, empty, Vec::new()));
+    }
+    let open = drifted
+        .into_iter()
+        .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0);
+    for c in open {
+        let moved: std::collections::HashSet<&str> = c.pods.iter().map(String::as_str).collect();
+        let results = crate::scheduling::solve(&consolidation::without(snapshot, &[c]));
+        if results
+            .failures
+            .iter()
+            .any(|(p, _)| moved.contains(p.as_str()))
+        {
+            continue;
+        }
+        let replacements = results
+            .new_claims
+            .into_iter()
+            .filter(|n| n.pods.iter().any(|p| moved.contains(p.as_str())))
+            .collect();
+        return Some(command(Method::Drift, vec![c], replacements));
+    }
+    None
+}
+
+/// Upstream's search: the longest prefix (by disruption cost) of the consolidatable candidates
+/// that can go for at most one cheaper replacement, found by binary search.
+fn multi_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+    let mut pool: Vec<&Candidate> = within_budget(
+        sorted.iter().copied().filter(|c| c.underutilized_allowed()),
+        DisruptionReason::Underutilized,
+        allowed,
+    );
+    pool.truncate(MAX_MULTI_NODE_CANDIDATES);
+    if pool.len() < 2 {
+        return None;
+    }
+    let (mut lo, mut hi) = (2usize, pool.len());
+    let mut best: Option<(usize, Outcome)> = None;
+    while lo <= hi {
+        let mid = (lo + hi) / 2;
+        match consolidation::evaluate(snapshot, &pool[..mid]) {
+            Outcome::No(_) => hi = mid - 1,
+            ok => {
+                best = Some((mid, ok));
+                lo = mid + 1;
+            }
+        }
+    }
+    let (n, outcome) = best?;
+    Some(finish(
+        Method::MultiNodeConsolidation,
+        pool[..n].to_vec(),
+        outcome,
+    ))
+}
+
+/// The first consolidatable candidate that can go, deleted or replaced by a cheaper claim.
+fn single_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+    // One node goes, so any candidate whose pool allows one more may be it.
+    sorted
+        .iter()
+        .copied()
+        .filter(|c| {
+            c.underutilized_allowed()
+                && allowed.get(&c.nodepool, DisruptionReason::Underutilized) > 0
+        })
+        .take(MAX_SINGLE_NODE_SIMULATIONS)
+        .find_map(|c| match consolidation::evaluate(snapshot, &[c]) {
+            Outcome::No(_) => None,
+            ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
+        })
+}
+
+fn finish(method: Method, candidates: Vec<&Candidate>, outcome: Outcome) -> Command {
+    let replacements = match outcome {
+        Outcome::Replace(new, _) => vec![new],
+        _ => Vec::new(),
+    };
+    command(method, candidates, replacements)
+}
+
+/// Upstream's eviction cost of one pod: 1, moved by its deletion cost and priority, clamped.
+pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 {
+    let mut cost = 1.0;
+    if let Some(d) = deletion_cost.and_then(|d| d.trim().parse::<f64>().ok())
+        && d.is_finite()
+    {
+        cost += d / 2f64.powi(27);
+    }
+    if let Some(p) = priority {
+        cost += f64::from(p) / 2f64.powi(25);
+    }
+    cost.clamp(-10.0, 10.0)
+}
+
+/// The share of a node's lifetime left before it expires (1 when it never expires).
+pub fn lifetime_remaining(
+    age: std::time::Duration,
+    expire_after: Option<std::time::Duration>,
+) -> f64 {
+    match expire_after {
+        Some(total) if !total.is_zero() => {
+            (1.0 - age.as_secs_f64() / total.as_secs_f64()).clamp(0.0, 1.0)
+        }
+        _ => 1.0,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,414 @@
+//! Decisions on small, hand-built clusters: one table row per rule.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use kube::api::ObjectMeta;
+
+use super::*;
+use crate::api::nodepool::NodePool;
+use crate::api::requirements::{Requirement, Requirements};
+use crate::api::resources::Resources;
+use crate::api::wellknown::{CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL};
+use crate::scheduling::{ExistingNode, InstanceType, Offering, PoolInput};
+
+fn res(cpu: &str, mem: &str) -> Resources {
+    [("cpu", cpu), ("memory", mem), ("pods", "110")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.parse().expect("quantity")))
+        .collect()
+}
+
+/// An instance type of `cpu` CPUs (2 GiB each) in one zone, one offering per capacity type.
+fn it(name: &str, cpu: i64, price: f64, cts: &[&str]) -> InstanceType {
+    let offerings = cts
+        .iter()
+        .map(|ct| Offering {
+            machine_deployment: format!("ns/{name}-{ct}"),
+            zone: Some("z".into()),
+            capacity_type: ct.to_string(),
+            price: if *ct == "spot" { price / 2.0 } else { price },
+            available: true,
+            labels: [
+                (ZONE_LABEL, "z"),
+                (CAPACITY_TYPE_LABEL, ct),
+                (INSTANCE_TYPE_LABEL, name),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            taints: vec![],
+            replicas: 0,
+            max_size: None,
+        })
+        .collect();
+    let mut requirements = Requirements::new();
+    requirements.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &[name]));
+    requirements.add(Requirement::is_in(ZONE_LABEL, &["z"]));
+    requirements.add(Requirement::is_in(CAPACITY_TYPE_LABEL, cts));
+    InstanceType {
+        name: name.into(),
+        requirements,
+        capacity: res(&cpu.to_string(), &format!("{}Gi", cpu * 2)),
+        overhead: Resources::new(),
+        offerings,
+    }
+}
+
+fn nodepool() -> NodePool {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": "default", "uid": "u"},
+        "spec": {"template": {"spec": {"requirements": [],
+            "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io",
+                             "kind": "ClusterAPINodeClass", "name": "default"}}}}
+    }))
+    .expect("a NodePool")
+}
+
+fn pod(name: &str, node: &str, cpu: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                resources: Some(ResourceRequirements {
+                    requests: Some(BTreeMap::from([
+                        ("cpu".to_string(), K8sQuantity(cpu.into())),
+                        ("memory".to_string(), K8sQuantity("1Gi".into())),
+                    ])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A node of type `ty` (from `types`) with these pods.
+struct Node<'a> {
+    name: &'a str,
+    ty: &'a str,
+    ct: &'a str,
+    pods: &'a [(&'a str, &'a str)],
+}
+
+fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candidate>) {
+    let mut snapshot = Snapshot {
+        nodepools: vec![PoolInput {
+            nodepool: nodepool(),
+            instance_types: types.to_vec(),
+            usage: Resources::new(),
+        }],
+        ..Default::default()
+    };
+    let mut candidates = Vec::new();
+    for n in nodes {
+        let t = types.iter().find(|t| t.name == n.ty).expect("type");
+        let price = t
+            .offerings
+            .iter()
+            .find(|o| o.capacity_type == n.ct)
+            .expect("offering")
+            .price;
+        let mut requested = Resources::new();
+        let mut keys = Vec::new();
+        for (p, cpu) in n.pods {
+            let pod = pod(p, n.name, cpu);
+            requested = requested
+                .add(
+                    &crate::scheduling::pod::pod_requests(pod.spec.as_ref().expect("spec"))
+                        .expect("requests"),
+                )
+                .add(&res("0", "0").with("cpu", "0".parse().expect("q")));
+            keys.push(format!("ns/{p}"));
+            snapshot.bound_pods.push(pod);
+        }
+        let requested = requested.with(
+            "pods",
+            crate::api::resources::Quantity::from_units(n.pods.len() as i64),
+        );
+        snapshot.nodes.push(ExistingNode {
+            name: n.name.into(),
+            labels: [
+                (INSTANCE_TYPE_LABEL, n.ty),
+                (ZONE_LABEL, "z"),
+                (CAPACITY_TYPE_LABEL, n.ct),
+                (NODEPOOL_LABEL, "default"),
+                ("kubernetes.io/hostname", n.name),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            taints: vec![],
+            allocatable: t.allocatable(),
+            requested,
+            in_flight: false,
+            nodepool: Some("default".into()),
+        });
+        candidates.push(Candidate {
+            claim: format!("claim-{}", n.name),
+            node: n.name.into(),
+            nodepool: "default".into(),
+            price,
+            capacity_type: n.ct.into(),
+            disruption_cost: keys.len() as f64,
+            pods: keys,
+            drift: None,
+            consolidatable: true,
+            policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
+        });
+    }
+    (snapshot, candidates)
+}
+
+fn allow(n: usize) -> Allowed {
+    let mut a = Allowed::default();
+    for r in [
+        DisruptionReason::Empty,
+        DisruptionReason::Drifted,
+        DisruptionReason::Underutilized,
+    ] {
+        a.0.insert(("default".into(), r), n);
+    }
+    a
+}
+
+fn types() -> Vec<InstanceType> {
+    vec![
+        it("small", 2, 1.0, &["on-demand"]),
+        it("large", 8, 4.0, &["on-demand"]),
+    ]
+}
+
+#[test]
+fn empty_nodes_go_together_within_the_budget() {
+    let (s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "a",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[],
+            },
+            Node {
+                name: "b",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[],
+            },
+            Node {
+                name: "c",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[],
+            },
+            Node {
+                name: "d",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("p", "1")],
+            },
+        ],
+    );
+    let cmd = decide(&s, &c, &allow(2)).expect("a command");
+    assert_eq!(cmd.method, Method::Emptiness);
+    assert_eq!(cmd.claim_names(), vec!["claim-a", "claim-b"]);
+    assert!(cmd.replacements.is_empty());
+    // A node whose consolidateAfter has not passed is not empty yet, as far as disruption goes.
+    let waiting: Vec<Candidate> = c
+        .iter()
+        .cloned()
+        .map(|mut x| {
+            x.consolidatable = false;
+            x
+        })
+        .collect();
+    assert_eq!(decide(&s, &waiting, &allow(2)), None);
+    // A zero budget stops everything.
+    assert_eq!(decide(&s, &c, &allow(0)), None);
+}
+
+#[test]
+fn an_underutilized_node_whose_pods_fit_elsewhere_is_deleted() {
+    let (s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "busy",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("p1", "4")],
+            },
+            Node {
+                name: "idle",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("p2", "1")],
+            },
+        ],
+    );
+    let cmd = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(cmd.method, Method::SingleNodeConsolidation);
+    assert_eq!(cmd.claim_names(), vec!["claim-idle"]);
+    assert_eq!(cmd.decision(), "delete");
+}
+
+#[test]
+fn a_node_is_replaced_only_by_something_strictly_cheaper() {
+    // One large node running one small pod: a small node is cheaper.
+    let (s, c) = cluster(
+        &types(),
+        &[Node {
+            name: "big",
+            ty: "large",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    let cmd = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(cmd.method, Method::SingleNodeConsolidation);
+    assert_eq!(cmd.decision(), "replace");
+    assert_eq!(
+        cmd.replacements[0].instance_types,
+        vec!["small".to_string()]
+    );
+    // Already on the cheapest type that fits: nothing to do.
+    let (s, c) = cluster(
+        &types(),
+        &[Node {
+            name: "small",
+            ty: "small",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    assert_eq!(decide(&s, &c, &allow(1)), None);
+}
+
+#[test]
+fn several_nodes_fold_into_one_cheaper_node() {
+    // Three large nodes with one 1-CPU pod each: one small node (2 CPUs) cannot hold three
+    // pods, one large can, and costs less than three.
+    let (s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "a",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("p1", "1")],
+            },
+            Node {
+                name: "b",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("p2", "1")],
+            },
+            Node {
+                name: "c",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("p3", "1")],
+            },
+        ],
+    );
+    let cmd = decide(&s, &c, &allow(3)).expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.candidates.len(), 3);
+    assert_eq!(cmd.replacements.len(), 1);
+    // The budget caps the search: with one allowed, single-node consolidation acts instead.
+    let cmd = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(cmd.method, Method::SingleNodeConsolidation);
+    assert_eq!(cmd.candidates.len(), 1);
+}
+
+#[test]
+fn a_spot_node_is_not_replaced_by_spot() {
+    let types = vec![
+        it("small", 2, 1.0, &["spot", "on-demand"]),
+        it("large", 8, 4.0, &["spot", "on-demand"]),
+    ];
+    let (s, c) = cluster(
+        &types,
+        &[Node {
+            name: "big",
+            ty: "large",
+            ct: "spot",
+            pods: &[("p", "1")],
+        }],
+    );
+    assert_eq!(decide(&s, &c, &allow(1)), None);
+    // An on-demand node may be replaced by a cheaper spot or on-demand one.
+    let (s, c) = cluster(
+        &types,
+        &[Node {
+            name: "big",
+            ty: "large",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    assert_eq!(
+        decide(&s, &c, &allow(1)).map(|c| c.decision()),
+        Some("replace")
+    );
+}
+
+#[test]
+fn when_empty_pools_only_delete_empty_nodes() {
+    let (s, mut c) = cluster(
+        &types(),
+        &[Node {
+            name: "big",
+            ty: "large",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    c[0].policy = ConsolidationPolicy::WhenEmpty;
+    assert_eq!(decide(&s, &c, &allow(1)), None);
+}
+
+#[test]
+fn a_drifted_node_is_replaced_even_without_savings() {
+    let (s, mut c) = cluster(
+        &types(),
+        &[Node {
+            name: "old",
+            ty: "small",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    c[0].drift = Some(Drift::NodePoolDrifted);
+    c[0].consolidatable = false;
+    let cmd = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(cmd.method, Method::Drift);
+    assert_eq!(cmd.decision(), "replace");
+    // The drift budget can be closed while others are open.
+    let mut a = allow(1);
+    a.0.insert(("default".into(), DisruptionReason::Drifted), 0);
+    assert_eq!(decide(&s, &c, &a), None);
+}
+
+#[test]
+fn disruption_cost_follows_upstream() {
+    assert_eq!(eviction_cost(None, None), 1.0);
+    assert!(eviction_cost(Some("1000000000"), None) > 1.0);
+    assert!(eviction_cost(None, Some(-2_000_000_000)) >= -10.0);
+    assert_eq!(eviction_cost(Some("not a number"), None), 1.0);
+    let day = std::time::Duration::from_secs(86_400);
+    assert_eq!(lifetime_remaining(day, None), 1.0);
+    assert_eq!(lifetime_remaining(day, Some(day * 4)), 0.75);
+    assert_eq!(lifetime_remaining(day * 5, Some(day * 4)), 0.0);
+}
