@@ -81,6 +81,26 @@ pub struct UsageLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub decision: String,
+    pub reason: String,
+    pub consolidation_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DisruptedLabels {
+    pub reason: String,
+    pub nodepool: String,
+    pub capacity_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolReasonLabels {
+    pub nodepool: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -147,6 +167,12 @@ pub struct Metrics {
     pub nodes_lifetime_duration: HistogramFamily<NodePoolLabels>,
     pub nodeclaims_termination_duration: HistogramFamily<NodePoolLabels>,
     pub nodeclaims_instance_termination_duration: HistogramFamily<NodePoolLabels>,
+    // Disruption (Karpenter's names).
+    pub disruption_decisions: Family<DecisionLabels, Counter>,
+    pub disruption_eligible_nodes: Family<ReasonLabels, Gauge>,
+    pub nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>,
+    pub nodeclaims_disrupted: Family<DisruptedLabels, Counter>,
+    pub disruption_evaluation_seconds: HistogramFamily<MethodLabels>,
 }
 
 impl Metrics {
@@ -191,6 +217,11 @@ impl Metrics {
             nodeclaims_instance_termination_duration: Family::new_with_constructor(
                 latency_histogram,
             ),
+            disruption_decisions: Family::default(),
+            disruption_eligible_nodes: Family::default(),
+            nodepools_allowed_disruptions: Family::default(),
+            nodeclaims_disrupted: Family::default(),
+            disruption_evaluation_seconds: Family::new_with_constructor(latency_histogram),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -373,6 +404,31 @@ impl Metrics {
             "karpenter_nodeclaims_instance_termination_duration_seconds",
             "Time from the release of a NodeClaim's Machine to the Machine being gone",
             m.nodeclaims_instance_termination_duration.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_decisions",
+            "Disruption decisions carried out, by decision (delete, replace), reason and consolidation type",
+            m.disruption_decisions.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_eligible_nodes",
+            "Nodes eligible for disruption in the last pass, by reason",
+            m.disruption_eligible_nodes.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_allowed_disruptions",
+            "Nodes each NodePool may still start disrupting now, by reason",
+            m.nodepools_allowed_disruptions.clone(),
+        );
+        r.register(
+            "karpenter_nodeclaims_disrupted",
+            "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired), nodepool and capacity type",
+            m.nodeclaims_disrupted.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
+            "Duration of one disruption pass's decision, by method",
+            m.disruption_evaluation_seconds.clone(),
         );
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),

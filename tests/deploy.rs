@@ -86,7 +86,7 @@ const NEEDS: &[Need] = &[
     need(Workload, "", "pods/eviction", &["create"], Code("actors/terminator evict")),
     need(Workload, "", "persistentvolumeclaims", &["get"], Code("actors/terminator volumes of pods that are not drained")),
     need(Workload, "storage.k8s.io", "volumeattachments", &["list", "watch"], Code("actors/node_watcher.rs VolumeAttachment watcher")),
-    need(Workload, "policy", "poddisruptionbudgets", &["get", "list", "watch"], Planned("disruption")),
+    need(Workload, "policy", "poddisruptionbudgets", &["get", "list", "watch"], Code("actors/disruption PodDisruptionBudget watcher (get: unused, kept for the chart's users)")),
     need(Workload, "apps", "daemonsets", &["get", "list", "watch"], Code("actors/provisioner.rs DaemonSet watcher (get: unused, kept for the chart's users)")),
     need(Workload, "karpenter.sh", "nodeclaims", &["list", "watch"], Code("actors/supervisor.rs watcher")),
     need(Workload, "karpenter.sh", "nodeclaims", &["get", "patch", "delete"], Code("actors/nodeclaim.rs reread, patch_claim, delete_claim")),

@@ -91,6 +91,9 @@ impl Actors {
         if let Some(t) = router.take_terminator() {
             t.do_send(super::StopActor);
         }
+        if let Some(d) = router.take_disruption() {
+            d.do_send(super::StopActor);
+        }
     }
 }
 
@@ -245,6 +248,8 @@ async fn activate(actors: &Actors) {
     let terminator =
         super::terminator::Terminator::new(shared.clone(), shared.settings.min_drain_time).start();
     shared.router.set_terminator(terminator);
+    let disruption = super::disruption::Disruption::new(shared.clone()).start();
+    shared.router.set_disruption(disruption);
     shared.router.set_active();
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();

@@ -16,6 +16,7 @@ pub mod capi_watcher;
 pub mod catalog;
 pub mod controller;
 pub mod decode;
+pub mod disruption;
 pub mod events;
 pub mod messages;
 pub mod node_watcher;
@@ -64,6 +65,33 @@ pub struct Settings {
     /// A drained node counts as drained only this long after its drain began, so pods bound
     /// just before the taint landed are seen too (upstream's 5 s; simulations shorten it).
     pub min_drain_time: Duration,
+    /// Disruption's timing (consolidation, drift, expiration).
+    pub disruption: DisruptionSettings,
+}
+
+/// How often and how carefully disruption acts (Karpenter core's constants; tests shorten them).
+#[derive(Clone, Copy, Debug)]
+pub struct DisruptionSettings {
+    /// A pass at least this often, even when nothing changed (upstream polls every 10 s).
+    pub poll: Duration,
+    /// Changes are gathered this long before a pass (debounce).
+    pub debounce: Duration,
+    /// A decision is carried out only if it still holds this long after it was made
+    /// (upstream's validation period, 15 s).
+    pub validation: Duration,
+    /// Replacements that are not Initialized within this roll the command back.
+    pub replacement_timeout: Duration,
+}
+
+impl Default for DisruptionSettings {
+    fn default() -> Self {
+        Self {
+            poll: Duration::from_secs(10),
+            debounce: Duration::from_secs(1),
+            validation: Duration::from_secs(15),
+            replacement_timeout: Duration::from_secs(20 * 60),
+        }
+    }
 }
 
 /// How long an actor waits for its own work before it gives up on it and retries with backoff:
@@ -98,6 +126,7 @@ impl Default for Settings {
             preference: crate::scheduling::PreferencePolicy::Respect,
             deadlines: Deadlines::default(),
             min_drain_time: Duration::from_secs(5),
+            disruption: DisruptionSettings::default(),
         }
     }
 }
@@ -138,6 +167,8 @@ pub enum Error {
     },
     #[error("{what}: no answer within {after:?}")]
     Timeout { what: String, after: Duration },
+    #[error("{what} is gone")]
+    Gone { what: String },
     #[error("reading {kind} {name}: {source}")]
     Model {
         kind: &'static str,
@@ -206,5 +237,6 @@ stoppable!(
     catalog::Catalog,
     nodepools::NodePools,
     provisioner::Provisioner,
-    terminator::Terminator
+    terminator::Terminator,
+    disruption::Disruption
 );

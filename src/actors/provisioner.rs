@@ -356,6 +356,7 @@ impl StreamHandler<Watched> for Provisioner {
                     self.observe_startup(&key, &p);
                     if let Some(node) = pods::node_name(&p) {
                         self.shared.router.drain_node_changed(node);
+                        self.shared.router.disruption_changed(Some(node));
                     }
                     let provisionable = self.shared.state.pods.write().apply(p);
                     if provisionable {
@@ -370,6 +371,7 @@ impl StreamHandler<Watched> for Provisioner {
                     self.shared.state.pods.write().remove(&key);
                     if let Some(node) = pods::node_name(&p) {
                         self.shared.router.drain_node_changed(node);
+                        self.shared.router.disruption_changed(Some(node));
                     }
                     self.told.remove(&key);
                     self.waiting.remove(&key);

@@ -10,6 +10,7 @@ use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::catalog::Rebuild;
+use super::disruption::{ClusterChanged, Disruption};
 use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
 use super::provisioner::Pending;
@@ -24,6 +25,7 @@ pub struct Router {
     provisioner: Arc<RwLock<Option<Recipient<Pending>>>>,
     nodepools: Arc<RwLock<Option<Recipient<Refresh>>>>,
     terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
+    disruption: Arc<RwLock<Option<Addr<Disruption>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -55,6 +57,25 @@ impl Router {
 
     pub fn take_terminator(&self) -> Option<Addr<Terminator>> {
         self.terminator.write().take()
+    }
+
+    /// The Disruption actor (leader only); `take_disruption` hands it over to be stopped.
+    pub fn set_disruption(&self, d: Addr<Disruption>) {
+        *self.disruption.write() = Some(d);
+    }
+
+    pub fn take_disruption(&self) -> Option<Addr<Disruption>> {
+        self.disruption.write().take()
+    }
+
+    /// Claims, Nodes or pods changed: disruption looks again (debounced there). A pod event on
+    /// `node` restarts that node's `consolidateAfter` countdown.
+    pub fn disruption_changed(&self, pod_event_on: Option<&str>) {
+        if let Some(d) = self.disruption.read().as_ref() {
+            d.do_send(ClusterChanged {
+                pod_event_on: pod_event_on.map(str::to_string),
+            });
+        }
     }
 
     /// Pods or volume attachments of `node` changed: a drain of it looks again.

@@ -113,7 +113,7 @@ pub fn build<'a>(
         }
         nodes.push(in_flight(c));
     }
-    let mut usage = super::nodepools::usage_by_pool(&shared);
+    let mut usage = super::nodepools::usage_by_pool(shared);
     // Creates not answered yet are capacity too (and count against the pools' limits).
     for (id, c) in creating {
         let mut node = in_flight(c);

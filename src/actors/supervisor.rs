@@ -193,6 +193,7 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
                 self.poke_scaler_of(&c);
                 self.deliver(c, false);
                 self.shared.router.nodepools_changed();
+                self.shared.router.disruption_changed(None);
             }
             Ok(watcher::Event::Delete(c)) => {
                 let name = c.name_any();
@@ -206,6 +207,7 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
                     (Lenient::Bad(_), None) => {}
                 }
                 self.shared.router.nodepools_changed();
+                self.shared.router.disruption_changed(None);
                 // Pods that waited for this claim may need another.
                 self.shared.router.provisioner_poke();
             }

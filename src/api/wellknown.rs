@@ -126,20 +126,6 @@ pub const MACHINE_DEPLOYMENT_KIND: &str = "MachineDeployment";
 /// controller knows which replicas are its own (invariants 2 and 4).
 pub const MANAGED_REPLICAS_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/managed-replicas";
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn domains_include_subdomains() {
-        assert!(capi_propagates("node-role.kubernetes.io/worker"));
-        assert!(capi_propagates("node.cluster.x-k8s.io"));
-        assert!(capi_propagates("foo.node.cluster.x-k8s.io/bar"));
-        assert!(!capi_propagates("xnode.cluster.x-k8s.io/bar"));
-        assert!(!capi_propagates("kubernetes.io/arch"));
-    }
-}
-
 /// Labels every node gets from its provider, so a pod may require them (and a NodePool may
 /// constrain them) even when no NodePool or instance type spells out their values.
 pub const WELL_KNOWN_LABELS: [&str; 10] = [
@@ -154,3 +140,17 @@ pub const WELL_KNOWN_LABELS: [&str; 10] = [
     CAPACITY_TYPE_LABEL,
     HOSTNAME_LABEL,
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn domains_include_subdomains() {
+        assert!(capi_propagates("node-role.kubernetes.io/worker"));
+        assert!(capi_propagates("node.cluster.x-k8s.io"));
+        assert!(capi_propagates("foo.node.cluster.x-k8s.io/bar"));
+        assert!(!capi_propagates("xnode.cluster.x-k8s.io/bar"));
+        assert!(!capi_propagates("kubernetes.io/arch"));
+    }
+}

@@ -18,10 +18,10 @@ use tokio::task::JoinHandle;
 
 use super::capi::{self, CapiConfig, CapiVersion, ProviderIdStyle, dynamic};
 use super::kubelet::{self, KubeletConfig};
-use super::pod_lifecycle;
 use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
 use super::standin::{ShutdownTrigger, shutdown_pair};
 use super::{CapiVersions, SimConfig, SimError, SimServer};
+use super::{pdb_status, pod_lifecycle};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 /// Cluster name every seeded Cluster API object belongs to.
@@ -168,6 +168,7 @@ impl SimCluster {
             },
             shutdown.clone(),
         ));
+        tasks.extend(pdb_status::spawn(server.client(), shutdown.clone()));
         tasks.extend(pod_lifecycle::spawn(
             server.client(),
             cfg.pod_exit_delay,

@@ -143,7 +143,7 @@ fn ignores_budgets(pod: &Value) -> bool {
     matches!(phase, "Succeeded" | "Failed" | "Pending") || is_deleting(pod)
 }
 
-fn healthy(pod: &Value) -> bool {
+pub(crate) fn healthy(pod: &Value) -> bool {
     pod.pointer("/status/phase").and_then(Value::as_str) == Some("Running")
         && pod
             .pointer("/spec/nodeName")
@@ -206,7 +206,7 @@ fn check_budgets(
 }
 
 /// Healthy pods the budget requires, percentages rounded up as the disruption controller does.
-fn desired_healthy(pdb: &Value, expected: i64) -> Result<i64, String> {
+pub(crate) fn desired_healthy(pdb: &Value, expected: i64) -> Result<i64, String> {
     if let Some(min) = pdb.pointer("/spec/minAvailable") {
         return scaled(min, expected).map_err(|e| format!("spec.minAvailable: {e}"));
     }

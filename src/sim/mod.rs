@@ -303,6 +303,7 @@ async fn cut_watches_periodically(faults: Arc<Faults>) {
 pub mod capi;
 pub mod cluster;
 pub mod kubelet;
+pub mod pdb_status;
 pub mod pod_lifecycle;
 pub mod quantity;
 pub mod scheduler;

@@ -69,7 +69,8 @@ pub fn seed_of(i: usize, max_size: usize) -> MachineDeploymentSeed {
     }
 }
 
-/// A NodeClass selecting every member MachineDeployment, and a NodePool using it.
+/// A NodeClass selecting every member MachineDeployment, and a NodePool using it (with
+/// consolidation off).
 pub async fn seed_nodeclass_and_pool(client: kube::Client) -> Result<NodePool, Error> {
     let kube = |what: &str| {
         let what = what.to_string();
@@ -84,10 +85,15 @@ pub async fn seed_nodeclass_and_pool(client: kube::Client) -> Result<NodePool, E
     let np: NodePool = serde_json::from_value(json!({
         "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
         "metadata": {"name": NODEPOOL},
-        "spec": {"template": {"spec": {
-            "requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]}],
-            "nodeClassRef": {"group": NODECLASS_GROUP, "kind": NODECLASS_KIND, "name": NODECLASS}
-        }}}
+        "spec": {
+            "template": {"spec": {
+                "requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]}],
+                "nodeClassRef": {"group": NODECLASS_GROUP, "kind": NODECLASS_KIND, "name": NODECLASS}
+            }},
+            // The launch, pods and drain scenarios measure provisioning and termination: no
+            // consolidation moves their nodes (the disruption scenarios set their own policy).
+            "disruption": {"consolidateAfter": "Never"}
+        }
     }))
     .map_err(|e| Error::Client(format!("building the NodePool: {e}")))?;
     pools

@@ -1,0 +1,346 @@
+//! The writes of disruption: stamping conditions, tainting and marking candidates, creating
+//! replacements, deleting candidates (the Terminator then drains them), and rolling a command
+//! back. Every write is guarded by the resourceVersion it was computed from, so a racing writer
+//! makes it fail cleanly and the next pass starts again from the indexes.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, DeleteParams, PatchParams, PostParams};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::view::Stamp;
+use crate::actors::patch::JsonPatch;
+use crate::actors::{Error, Shared, api_err};
+use crate::api::conditions::{self, Condition, ConditionStatus};
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::nodepool::NodePool;
+use crate::api::wellknown::{
+    CAPACITY_TYPE_LABEL, DISRUPTED_TAINT_KEY, NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION,
+    NODEPOOL_HASH_VERSION_ANNOTATION, NODEPOOL_LABEL,
+};
+use crate::disruption::{Candidate, Command};
+use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels};
+
+fn claims(shared: &Shared) -> Api<NodeClaim> {
+    Api::all(shared.workload.clone())
+}
+
+fn nodes(shared: &Shared) -> Api<Node> {
+    Api::all(shared.workload.clone())
+}
+
+/// Rewrite a claim's conditions with `edit`, guarded by the version they were read from.
+async fn edit_conditions(
+    shared: &Shared,
+    claim: &NodeClaim,
+    edit: impl FnOnce(&mut Vec<Condition>),
+) -> Result<(), Error> {
+    let name = claim.name_any();
+    let mut conds = claim.conditions().to_vec();
+    edit(&mut conds);
+    if conds.as_slice() == claim.conditions() {
+        return Ok(());
+    }
+    let mut p = JsonPatch::guarded(claim.resource_version().as_deref());
+    if claim.status.is_none() {
+        p.set("/status", json!({"conditions": conds}));
+    } else {
+        p.set("/status/conditions", json!(conds));
+    }
+    let patch = p.into_patch().map_err(|source| Error::Patch {
+        kind: "NodeClaim",
+        name: name.clone(),
+        source,
+    })?;
+    let updated = claims(shared)
+        .patch_status(&name, &PatchParams::default(), &patch)
+        .await
+        .map_err(api_err(&shared.metrics, "patch", "nodeclaims", &name))?;
+    shared.state.claims.write().apply_response(updated);
+    Ok(())
+}
+
+/// `Drifted` and `Consolidatable` as the pass computed them.
+pub async fn stamp(shared: &Shared, s: &Stamp) -> Result<(), Error> {
+    let generation = s.claim.metadata.generation;
+    let now = Timestamp::now();
+    edit_conditions(shared, &s.claim, |conds| {
+        match s.drift {
+            Some(d) => {
+                conditions::set(
+                    conds,
+                    conditions::DRIFTED,
+                    ConditionStatus::True,
+                    d.reason(),
+                    d.message(),
+                    generation,
+                    now,
+                );
+            }
+            None => {
+                conditions::remove(conds, conditions::DRIFTED);
+            }
+        }
+        if s.consolidatable {
+            conditions::set(
+                conds,
+                conditions::CONSOLIDATABLE,
+                ConditionStatus::True,
+                conditions::CONSOLIDATABLE,
+                "",
+                generation,
+                now,
+            );
+        } else {
+            conditions::remove(conds, conditions::CONSOLIDATABLE);
+        }
+    })
+    .await
+}
+
+/// Stamp today's NodePool hash on a claim written with another hash version (no drift).
+pub async fn restamp(shared: &Shared, claim: &NodeClaim, np: &NodePool) -> Result<(), Error> {
+    let name = claim.name_any();
+    let mut p = JsonPatch::guarded(claim.resource_version().as_deref());
+    p.set_entry(
+        true,
+        "/metadata/annotations",
+        NODEPOOL_HASH_ANNOTATION,
+        &crate::api::nodepool::nodepool_hash(np),
+    );
+    p.set_entry(
+        true,
+        "/metadata/annotations",
+        NODEPOOL_HASH_VERSION_ANNOTATION,
+        NODEPOOL_HASH_VERSION,
+    );
+    let patch = p.into_patch().map_err(|source| Error::Patch {
+        kind: "NodeClaim",
+        name: name.clone(),
+        source,
+    })?;
+    let updated = claims(shared)
+        .patch(&name, &PatchParams::default(), &patch)
+        .await
+        .map_err(api_err(&shared.metrics, "patch", "nodeclaims", &name))?;
+    shared.state.claims.write().apply_response(updated);
+    Ok(())
+}
+
+fn disrupted_taint() -> Taint {
+    Taint {
+        key: DISRUPTED_TAINT_KEY.into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    }
+}
+
+/// Add or remove `karpenter.sh/disrupted:NoSchedule`, guarded by the Node's version.
+async fn set_taint(shared: &Shared, node: &Node, on: bool) -> Result<(), Error> {
+    let name = node.name_any();
+    let mut taints: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let had = taints.iter().any(|t| t.key == DISRUPTED_TAINT_KEY);
+    if had == on {
+        return Ok(());
+    }
+    taints.retain(|t| t.key != DISRUPTED_TAINT_KEY);
+    if on {
+        taints.push(disrupted_taint());
+    }
+    let mut p = JsonPatch::guarded(node.resource_version().as_deref());
+    if node.spec.is_none() {
+        p.set("/spec", json!({"taints": taints}));
+    } else {
+        p.set("/spec/taints", json!(taints));
+    }
+    let patch = p.into_patch().map_err(|source| Error::Patch {
+        kind: "Node",
+        name: name.clone(),
+        source,
+    })?;
+    let updated = nodes(shared)
+        .patch(&name, &PatchParams::default(), &patch)
+        .await
+        .map_err(api_err(&shared.metrics, "patch", "nodes", &name))?;
+    shared.state.nodes.write().apply(updated);
+    Ok(())
+}
+
+/// The claim and Node of a candidate as the indexes hold them now.
+fn current(shared: &Shared, c: &Candidate) -> Option<(Arc<NodeClaim>, Arc<Node>)> {
+    let claim = shared.state.claims.read().get(&c.claim)?;
+    let node = shared.state.nodes.read().get(&c.node)?;
+    Some((claim, node))
+}
+
+/// Taint every candidate's Node, then record why on the claim (`DisruptionReason`): the taint
+/// first, so a controller that dies in between leaves a taint the next one rolls back.
+pub async fn mark(shared: &Shared, cmd: &Command) -> Result<(), Error> {
+    let reason = cmd.method.reason().as_str();
+    for c in &cmd.candidates {
+        let Some((claim, node)) = current(shared, c) else {
+            return Err(Error::Gone {
+                what: format!("NodeClaim {} or Node {}", c.claim, c.node),
+            });
+        };
+        set_taint(shared, &node, true).await?;
+        let generation = claim.metadata.generation;
+        edit_conditions(shared, &claim, |conds| {
+            conditions::set(
+                conds,
+                conditions::DISRUPTION_REASON,
+                ConditionStatus::True,
+                reason,
+                &format!("{} ({})", cmd.method.reason().as_str(), cmd.decision()),
+                generation,
+                Timestamp::now(),
+            );
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Undo `mark` on a claim and its Node (a failed replacement, or a command that no longer runs).
+pub async fn unmark(shared: &Shared, claim: &NodeClaim, node: &Node) -> Result<(), Error> {
+    set_taint(shared, node, false).await?;
+    edit_conditions(shared, claim, |conds| {
+        conditions::remove(conds, conditions::DISRUPTION_REASON);
+    })
+    .await
+}
+
+/// Create the replacement claims; their names.
+pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<String>, Error> {
+    let mut names = Vec::new();
+    for new in &cmd.replacements {
+        let Some(np) = shared.state.nodepools.read().get(&new.nodepool).cloned() else {
+            return Err(Error::Gone {
+                what: format!("NodePool {}", new.nodepool),
+            });
+        };
+        let claim = crate::scheduling::nodeclaim_for(new, &np);
+        let created = claims(shared)
+            .create(&PostParams::default(), &claim)
+            .await
+            .map_err(api_err(
+                &shared.metrics,
+                "create",
+                "nodeclaims",
+                &new.nodepool,
+            ))?;
+        shared
+            .metrics
+            .nodeclaims_created
+            .get_or_create(&CreatedLabels {
+                reason: cmd.method.reason().as_str().to_lowercase(),
+                nodepool: new.nodepool.clone(),
+            })
+            .inc();
+        let name = created.name_any();
+        shared.state.claims.write().apply_response(created);
+        names.push(name);
+    }
+    Ok(names)
+}
+
+/// Delete the candidates: their finalizer runs the Terminator's drain, then releases the
+/// Machines. Counted as upstream counts disruption.
+pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Error> {
+    let reason = cmd.method.reason().as_str();
+    for c in &cmd.candidates {
+        let claim = shared.state.claims.read().get(&c.claim);
+        match claims(shared)
+            .delete(&c.claim, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => continue,
+            Err(e) => {
+                return Err(api_err(&shared.metrics, "delete", "nodeclaims", &c.claim)(
+                    e,
+                ));
+            }
+        }
+        shared
+            .metrics
+            .nodeclaims_disrupted
+            .get_or_create(&DisruptedLabels {
+                reason: reason.to_lowercase(),
+                nodepool: c.nodepool.clone(),
+                capacity_type: c.capacity_type.clone(),
+            })
+            .inc();
+        if let Some(claim) = claim {
+            shared.events.normal(
+                claim.object_ref(&()),
+                "DisruptionTerminating",
+                format!(
+                    "Disrupting NodeClaim {}: {reason}/{} ({} method)",
+                    c.claim,
+                    cmd.decision(),
+                    method_name(cmd)
+                ),
+            );
+        }
+    }
+    shared
+        .metrics
+        .disruption_decisions
+        .get_or_create(&DecisionLabels {
+            decision: cmd.decision().into(),
+            reason: reason.to_lowercase(),
+            consolidation_type: cmd.method.consolidation_type().into(),
+        })
+        .inc();
+    Ok(())
+}
+
+fn method_name(cmd: &Command) -> &'static str {
+    match cmd.method {
+        crate::disruption::Method::Emptiness => "emptiness",
+        crate::disruption::Method::Drift => "drift",
+        crate::disruption::Method::MultiNodeConsolidation => "multi-node consolidation",
+        crate::disruption::Method::SingleNodeConsolidation => "single-node consolidation",
+    }
+}
+
+/// Expiration is forceful: the claim goes whatever the budgets say (its drain still honours
+/// PodDisruptionBudgets and do-not-disrupt until its terminationGracePeriod).
+pub async fn expire(shared: &Shared, claim: &NodeClaim) -> Result<(), Error> {
+    let name = claim.name_any();
+    match claims(shared).delete(&name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(api_err(&shared.metrics, "delete", "nodeclaims", &name)(e)),
+    }
+    let labels = claim.labels();
+    shared
+        .metrics
+        .nodeclaims_disrupted
+        .get_or_create(&DisruptedLabels {
+            reason: "expired".into(),
+            nodepool: labels.get(NODEPOOL_LABEL).cloned().unwrap_or_default(),
+            capacity_type: labels.get(CAPACITY_TYPE_LABEL).cloned().unwrap_or_default(),
+        })
+        .inc();
+    let after = claim
+        .spec
+        .expire_after
+        .and_then(|d| d.duration())
+        .map(crate::api::duration::format)
+        .unwrap_or_default();
+    shared.events.normal(
+        claim.object_ref(&()),
+        "Expired",
+        format!("NodeClaim {name} expired (expireAfter {after}); deleting it"),
+    );
+    Ok(())
+}

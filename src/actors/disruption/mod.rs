@@ -1,0 +1,450 @@
+//! The Disruption actor (leader only; DESIGN.md's `Disruption --Disrupt--> NodeClaimActor`, here
+//! by deleting the claim, whose termination the Terminator drains). It loops as Karpenter core
+//! v1 does: a pass whenever the cluster changes (debounced) and at least every `poll`:
+//!
+//! 1. Expired claims are deleted, whatever the budgets say (expiration is forceful in v1).
+//! 2. `Drifted` / `Consolidatable` conditions and NodePool hash stamps are brought up to date;
+//!    disrupted taints that no running command owns are rolled back.
+//! 3. With no command in flight, the pure `disruption::decide` picks one (emptiness, drift,
+//!    multi-node, single-node consolidation) on the blocking pool. A command is carried out only
+//!    if a pass at least `validation` later decides the same again.
+//! 4. Carrying out: taint and mark the candidates, create the replacements, wait until they are
+//!    Initialized, then delete the candidates. A replacement that fails rolls the command back
+//!    and disruption backs off. A controller that dies mid-way leaves taints the next leader
+//!    rolls back (step 2): the API holds everything needed to resume or undo.
+
+mod execute;
+pub mod view;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use jiff::Timestamp;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+
+use super::Shared;
+use super::backoff::Backoff;
+use crate::api::conditions;
+use crate::disruption::{self, Command};
+use crate::metrics::{MethodLabels, PoolReasonLabels, ReasonLabels};
+
+/// Something disruption looks at changed; `pod_event_on` names a node whose pods changed (the
+/// start of its `consolidateAfter` countdown).
+#[derive(Message, Default)]
+#[rtype(result = "()")]
+pub struct ClusterChanged {
+    pub pod_event_on: Option<String>,
+}
+
+/// A decision waiting for its validation pass.
+struct Pending {
+    command: Command,
+    since: Instant,
+}
+
+/// A command being carried out: its replacements launch, then its candidates go.
+struct Executing {
+    command: Command,
+    replacements: Vec<String>,
+    started: Instant,
+}
+
+enum Progress {
+    Waiting,
+    Ready,
+    Failed(String),
+}
+
+pub struct Disruption {
+    shared: Arc<Shared>,
+    pdbs: BTreeMap<String, Arc<PodDisruptionBudget>>,
+    pdb_buffer: Vec<PodDisruptionBudget>,
+    pdbs_synced: bool,
+    pod_events: HashMap<String, Timestamp>,
+    started: Timestamp,
+    running: bool,
+    again: bool,
+    debounce: Option<SpawnHandle>,
+    pending: Option<Pending>,
+    executing: Option<Executing>,
+    /// After a failed command: no new command before this.
+    quiet_until: Option<Instant>,
+    backoff: Backoff,
+}
+
+impl Disruption {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            pdbs: BTreeMap::new(),
+            pdb_buffer: Vec::new(),
+            pdbs_synced: false,
+            pod_events: HashMap::new(),
+            started: Timestamp::now(),
+            running: false,
+            again: false,
+            debounce: None,
+            pending: None,
+            executing: None,
+            quiet_until: None,
+            backoff: Backoff::new(Duration::from_secs(5), Duration::from_secs(300)),
+        }
+    }
+
+    fn settings(&self) -> super::DisruptionSettings {
+        self.shared.settings.disruption
+    }
+
+    /// A pass soon (changes arriving together make one pass).
+    fn soon(&mut self, ctx: &mut Context<Self>) {
+        if self.debounce.is_some() {
+            return;
+        }
+        let d = self.settings().debounce;
+        self.debounce = Some(ctx.run_later(d, |act, ctx| {
+            act.debounce = None;
+            act.pass(ctx);
+        }));
+    }
+
+    fn pass(&mut self, ctx: &mut Context<Self>) {
+        if self.running {
+            self.again = true;
+            return;
+        }
+        if !self.shared.router.is_active() || !self.pdbs_synced {
+            return;
+        }
+        self.running = true;
+        let now = Timestamp::now();
+        let executing: HashSet<String> = self
+            .executing
+            .iter()
+            .flat_map(|e| e.command.candidates.iter().map(|c| c.claim.clone()))
+            .collect();
+        let view = view::gather(
+            &self.shared,
+            &view::Memory {
+                pdbs: &self.pdbs,
+                pod_events: &self.pod_events,
+                started: self.started,
+                executing: &executing,
+                now,
+            },
+        );
+        self.publish_metrics(&view);
+        let shared = self.shared.clone();
+        let progress = self.executing.as_ref().map(|e| self.progress(e));
+        let quiet = self.quiet_until.is_some_and(|t| Instant::now() < t);
+        let decide = self.executing.is_none() && !quiet;
+        let candidates = view.candidates.clone();
+        let allowed = view.allowed.clone();
+        let fut = async move {
+            housekeeping(&shared, view).await;
+            if !decide {
+                return None;
+            }
+            let snapshot = view::snapshot(&shared);
+            let started = Instant::now();
+            let cmd = tokio::task::spawn_blocking(move || {
+                disruption::decide(&snapshot, &candidates, &allowed)
+            })
+            .await
+            .ok()
+            .flatten();
+            shared
+                .metrics
+                .disruption_evaluation_seconds
+                .get_or_create(&MethodLabels {
+                    method: "all".into(),
+                })
+                .observe(started.elapsed().as_secs_f64());
+            cmd
+        };
+        ctx.spawn(fut.into_actor(self).map(move |cmd, act, ctx| {
+            act.running = false;
+            match progress {
+                Some(Progress::Ready) => act.finish(ctx),
+                Some(Progress::Failed(why)) => act.roll_back(why, ctx),
+                _ => act.consider(cmd, ctx),
+            }
+            if std::mem::take(&mut act.again) {
+                act.soon(ctx);
+            }
+        }));
+    }
+
+    fn publish_metrics(&self, view: &view::View) {
+        let m = &self.shared.metrics;
+        for reason in ["empty", "drifted", "underutilized"] {
+            let n = view
+                .candidates
+                .iter()
+                .filter(|c| match reason {
+                    "empty" => c.consolidatable && c.pods.is_empty(),
+                    "drifted" => c.drift.is_some(),
+                    _ => c.consolidatable,
+                })
+                .count();
+            m.disruption_eligible_nodes
+                .get_or_create(&ReasonLabels {
+                    reason: reason.into(),
+                })
+                .set(n as i64);
+        }
+        for ((pool, reason), n) in &view.allowed.0 {
+            m.nodepools_allowed_disruptions
+                .get_or_create(&PoolReasonLabels {
+                    nodepool: pool.clone(),
+                    reason: reason.as_str().to_lowercase(),
+                })
+                .set(*n as i64);
+        }
+    }
+
+    /// A decided command: carry it out if the validation period confirmed it, else wait for it.
+    fn consider(&mut self, cmd: Option<Command>, ctx: &mut Context<Self>) {
+        let Some(cmd) = cmd else {
+            self.pending = None;
+            return;
+        };
+        let validation = self.settings().validation;
+        match self.pending.take() {
+            Some(p)
+                if p.command.method == cmd.method
+                    && p.command.claim_names() == cmd.claim_names()
+                    && p.since.elapsed() >= validation =>
+            {
+                self.execute(cmd, ctx);
+            }
+            Some(p)
+                if p.command.method == cmd.method
+                    && p.command.claim_names() == cmd.claim_names() =>
+            {
+                let left = validation.saturating_sub(p.since.elapsed());
+                self.pending = Some(p);
+                ctx.run_later(left, |act, ctx| act.pass(ctx));
+            }
+            _ => {
+                tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), "disruption candidate command; validating");
+                self.pending = Some(Pending {
+                    command: cmd,
+                    since: Instant::now(),
+                });
+                ctx.run_later(validation, |act, ctx| act.pass(ctx));
+            }
+        }
+    }
+
+    fn execute(&mut self, cmd: Command, ctx: &mut Context<Self>) {
+        tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), "disrupting");
+        // Ours from the first write on: the next pass must not roll the taints back.
+        self.executing = Some(Executing {
+            command: cmd.clone(),
+            replacements: Vec::new(),
+            started: Instant::now(),
+        });
+        let shared = self.shared.clone();
+        let fut = async move {
+            execute::mark(&shared, &cmd).await?;
+            let names = execute::launch_replacements(&shared, &cmd).await?;
+            if names.is_empty() {
+                execute::delete_candidates(&shared, &cmd).await?;
+            }
+            Ok::<_, super::Error>(names)
+        };
+        ctx.spawn(fut.into_actor(self).map(|r, act, ctx| match r {
+            Ok(names) if names.is_empty() => {
+                act.executing = None;
+                act.backoff.reset();
+                act.soon(ctx);
+            }
+            Ok(names) => {
+                if let Some(e) = act.executing.as_mut() {
+                    e.replacements = names;
+                }
+            }
+            Err(e) => act.roll_back(format!("carrying out the command failed: {e}"), ctx),
+        }));
+    }
+
+    /// Where the replacements of the running command stand.
+    fn progress(&self, e: &Executing) -> Progress {
+        if e.replacements.is_empty() {
+            return Progress::Waiting;
+        }
+        let claims = self.shared.state.claims.read();
+        let mut ready = true;
+        for name in &e.replacements {
+            match claims.get(name) {
+                None => return Progress::Failed(format!("replacement NodeClaim {name} is gone")),
+                Some(c) if c.metadata.deletion_timestamp.is_some() => {
+                    return Progress::Failed(format!(
+                        "replacement NodeClaim {name} is being deleted"
+                    ));
+                }
+                Some(c) => ready &= conditions::is_true(c.conditions(), conditions::INITIALIZED),
+            }
+        }
+        if ready {
+            Progress::Ready
+        } else if e.started.elapsed() > self.settings().replacement_timeout {
+            Progress::Failed("replacements were not initialized in time".into())
+        } else {
+            Progress::Waiting
+        }
+    }
+
+    /// The replacements are ready: the candidates go.
+    fn finish(&mut self, ctx: &mut Context<Self>) {
+        let Some(e) = self.executing.take() else {
+            return;
+        };
+        // Still ours until the deletes answered: keep the claims listed as executing.
+        let cmd = e.command.clone();
+        self.executing = Some(e);
+        let shared = self.shared.clone();
+        ctx.spawn(
+            async move { execute::delete_candidates(&shared, &cmd).await }
+                .into_actor(self)
+                .map(|r, act, ctx| match r {
+                    Ok(()) => {
+                        act.executing = None;
+                        act.backoff.reset();
+                        act.soon(ctx);
+                    }
+                    Err(e) => act.roll_back(format!("deleting the candidates failed: {e}"), ctx),
+                }),
+        );
+    }
+
+    /// Undo the running command's marks and stay quiet for a while.
+    fn roll_back(&mut self, why: String, ctx: &mut Context<Self>) {
+        let Some(e) = self.executing.take() else {
+            return;
+        };
+        let quiet = self.backoff.next_delay();
+        self.quiet_until = Some(Instant::now() + quiet);
+        tracing::warn!(method = ?e.command.method, claims = ?e.command.claim_names(), reason = %why, retry_in = ?quiet, "disruption command failed; rolling back");
+        for c in &e.command.candidates {
+            if let Some(claim) = self.shared.state.claims.read().get(&c.claim) {
+                self.shared.events.warning(
+                    claim.object_ref(&()),
+                    "DisruptionFailed",
+                    format!("Disrupting NodeClaim {} was rolled back: {why}", c.claim),
+                );
+            }
+        }
+        // The next pass sees the taints as stale and removes them (one place for rollback).
+        ctx.run_later(Duration::from_millis(10), |act, ctx| act.pass(ctx));
+    }
+}
+
+/// Step 1 and 2 of a pass: expirations, stamps, stale marks; Events for protected candidates.
+/// Best effort: a failed write is logged and the next pass, which recomputes everything from
+/// the indexes, tries again.
+async fn housekeeping(shared: &Shared, view: view::View) {
+    for c in &view.expired {
+        if let Err(e) = execute::expire(shared, c).await {
+            tracing::warn!(nodeclaim = %c.name_any(), error = %e, "expiring failed");
+        }
+    }
+    for s in &view.stamps {
+        if let Err(e) = execute::stamp(shared, s).await {
+            tracing::debug!(nodeclaim = %s.claim.name_any(), error = %e, "updating disruption conditions failed");
+        }
+    }
+    for (c, np) in &view.restamp {
+        if let Err(e) = execute::restamp(shared, c, np).await {
+            tracing::debug!(nodeclaim = %c.name_any(), error = %e, "re-stamping the NodePool hash failed");
+        }
+    }
+    for (node, claim) in &view.stale {
+        tracing::info!(node = %node.name_any(), nodeclaim = %claim.name_any(), "removing a disruption mark no command owns");
+        if let Err(e) = execute::unmark(shared, claim, node).await {
+            tracing::warn!(node = %node.name_any(), error = %e, "rolling back a disruption mark failed");
+        }
+    }
+    let interesting: HashSet<&str> = view
+        .stamps
+        .iter()
+        .filter(|s| s.drift.is_some() || s.consolidatable)
+        .map(|s| s.claim.metadata.name.as_deref().unwrap_or_default())
+        .collect();
+    for (c, why) in &view.blocked {
+        let drifted_or_idle = interesting.contains(c.name_any().as_str())
+            || conditions::is_true(c.conditions(), conditions::DRIFTED)
+            || conditions::is_true(c.conditions(), conditions::CONSOLIDATABLE);
+        if drifted_or_idle {
+            shared.events.normal(
+                c.object_ref(&()),
+                "DisruptionBlocked",
+                format!("Cannot disrupt NodeClaim {}: {why}", c.name_any()),
+            );
+        }
+    }
+}
+
+impl Actor for Disruption {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let pdbs: Api<PodDisruptionBudget> = Api::all(self.shared.workload.clone());
+        ctx.add_stream(watcher(pdbs, watcher::Config::default()).default_backoff());
+        let poll = self.settings().poll;
+        ctx.run_interval(poll, |act, ctx| act.pass(ctx));
+    }
+}
+
+impl StreamHandler<Result<watcher::Event<PodDisruptionBudget>, watcher::Error>> for Disruption {
+    fn handle(
+        &mut self,
+        ev: Result<watcher::Event<PodDisruptionBudget>, watcher::Error>,
+        ctx: &mut Self::Context,
+    ) {
+        let key = |p: &PodDisruptionBudget| {
+            format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
+        };
+        match ev {
+            Ok(watcher::Event::Init) => self.pdb_buffer.clear(),
+            Ok(watcher::Event::InitApply(p)) => self.pdb_buffer.push(p),
+            Ok(watcher::Event::InitDone) => {
+                self.pdbs = std::mem::take(&mut self.pdb_buffer)
+                    .into_iter()
+                    .map(|p| (key(&p), Arc::new(p)))
+                    .collect();
+                self.pdbs_synced = true;
+                self.soon(ctx);
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                self.pdbs.insert(key(&p), Arc::new(p));
+                self.soon(ctx);
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                self.pdbs.remove(&key(&p));
+                self.soon(ctx);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "PodDisruptionBudget watch failed; it will re-list")
+            }
+        }
+    }
+
+    // The PDB stream ending must not stop the actor (it lives as long as leadership).
+    fn finished(&mut self, _: &mut Self::Context) {}
+}
+
+impl Handler<ClusterChanged> for Disruption {
+    type Result = ();
+    fn handle(&mut self, msg: ClusterChanged, ctx: &mut Self::Context) {
+        if let Some(node) = msg.pod_event_on {
+            self.pod_events.insert(node, Timestamp::now());
+        }
+        self.soon(ctx);
+    }
+}

@@ -1,0 +1,376 @@
+//! What one disruption pass sees, read from the indexes (no API calls): the candidates with
+//! their prices, pods, drift and consolidatability; the claims protected from disruption and
+//! why; the budgets left per pool and reason; expired claims; condition and hash stamps that
+//! are out of date; and disrupted taints nobody owns any more (a controller that died mid-way).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::ResourceExt;
+
+use crate::actors::Shared;
+use crate::api::conditions;
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::nodepool::{DisruptionReason, NodePool};
+use crate::api::wellknown::{
+    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION,
+    NODEPOOL_LABEL,
+};
+use crate::disruption::{
+    self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
+};
+use crate::scheduling::Snapshot;
+use crate::scheduling::selector::Selector;
+use crate::state::claims::recorded_deployment;
+use crate::state::pods;
+
+/// A claim whose `Drifted` or `Consolidatable` condition should change.
+#[derive(Clone, Debug)]
+pub struct Stamp {
+    pub claim: Arc<NodeClaim>,
+    pub drift: Option<Drift>,
+    pub consolidatable: bool,
+}
+
+#[derive(Default)]
+pub struct View {
+    pub candidates: Vec<Candidate>,
+    /// Claims that would be candidates but for this (do-not-disrupt, a PodDisruptionBudget).
+    pub blocked: Vec<(Arc<NodeClaim>, String)>,
+    pub allowed: Allowed,
+    pub expired: Vec<Arc<NodeClaim>>,
+    pub stamps: Vec<Stamp>,
+    /// Claims carrying a NodePool hash of another hash version.
+    pub restamp: Vec<(Arc<NodeClaim>, Arc<NodePool>)>,
+    /// Claims whose Node carries `karpenter.sh/disrupted` from a command that is no longer
+    /// running (this controller, or the one before it, stopped mid-way): roll back.
+    pub stale: Vec<(Arc<Node>, Arc<NodeClaim>)>,
+}
+
+/// What the pass knows that the indexes do not.
+pub struct Memory<'a> {
+    pub pdbs: &'a BTreeMap<String, Arc<PodDisruptionBudget>>,
+    /// Last pod event per node, since this actor started.
+    pub pod_events: &'a HashMap<String, Timestamp>,
+    /// When this actor started: the earliest a pod event may be assumed (it never consolidates
+    /// early after a restart; at worst it waits `consolidateAfter` once more).
+    pub started: Timestamp,
+    /// Claims of the command being carried out (their taints are ours).
+    pub executing: &'a HashSet<String>,
+    pub now: Timestamp,
+}
+
+pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
+    let st = &shared.state;
+    let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
+    let pools = st.nodepools.read().clone();
+    let nodes = st.nodes.read();
+    let pod_index = st.pods.read();
+    let machines = st.machines.read();
+    let offered = offered_by_nodeclass(shared, &pools);
+    let pdbs = PdbIndex::new(mem.pdbs);
+
+    let mut view = View::default();
+    let mut total: HashMap<String, usize> = HashMap::new();
+    let mut disrupting: HashMap<String, usize> = HashMap::new();
+    for c in &claims {
+        let name = c.name_any();
+        let pool_name = c.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default();
+        let node = c
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(|n| nodes.get(n));
+        let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
+        if initialized && node.is_some() {
+            *total.entry(pool_name.clone()).or_default() += 1;
+        }
+        if c.metadata.deletion_timestamp.is_some() {
+            *disrupting.entry(pool_name).or_default() += 1;
+            continue;
+        }
+        if expired(c, mem.now) {
+            view.expired.push(c.clone());
+            *disrupting.entry(pool_name).or_default() += 1;
+            continue;
+        }
+        let Some(np) = pools.get(&pool_name) else {
+            continue;
+        };
+        if drift::needs_restamp(c) {
+            view.restamp.push((c.clone(), np.clone()));
+        }
+        let (Some(node), true) = (node, initialized) else {
+            continue;
+        };
+        if node.metadata.deletion_timestamp.is_some() {
+            *disrupting.entry(pool_name).or_default() += 1;
+            continue;
+        }
+        let marked = conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some();
+        if has_disrupted_taint(&node) || marked {
+            if mem.executing.contains(&name) {
+                *disrupting.entry(pool_name).or_default() += 1;
+            } else {
+                view.stale.push((node.clone(), c.clone()));
+            }
+            continue;
+        }
+        let machine = recorded_deployment(c).and_then(|_| machines.bound_to(&name).ok().flatten());
+        let md = recorded_deployment(c).unwrap_or_default();
+        let nodeclass = &c.spec.node_class_ref.name;
+        let provider = drift::Provider {
+            offered: offered.get(nodeclass).map(|mds| mds.contains(md)),
+            machine_up_to_date: machine.as_ref().and_then(|m| m.up_to_date),
+        };
+        let drift = drift::drifted(c, np, provider);
+        let on_node = pod_index.on_node(&node.name_any());
+        let consolidatable = consolidatable(c, np, &node.name_any(), mem);
+        if stamp_needed(c, drift, consolidatable) {
+            view.stamps.push(Stamp {
+                claim: c.clone(),
+                drift,
+                consolidatable,
+            });
+        }
+        if let Some(why) = protected(c, &node, &on_node, &pdbs) {
+            view.blocked.push((c.clone(), why));
+            continue;
+        }
+        let offering = shared.catalog.offering(md);
+        let moving: Vec<&Arc<Pod>> = on_node.iter().filter(|p| reschedulable(p)).collect();
+        view.candidates.push(Candidate {
+            claim: name,
+            node: node.name_any(),
+            nodepool: pool_name,
+            price: offering.as_ref().map(|o| o.price).unwrap_or(0.0),
+            capacity_type: c
+                .labels()
+                .get(CAPACITY_TYPE_LABEL)
+                .cloned()
+                .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
+            pods: moving.iter().map(|p| pods::key(p)).collect(),
+            disruption_cost: disruption_cost(c, &moving, mem.now),
+            drift,
+            consolidatable,
+            policy: np.disruption().consolidation_policy(),
+        });
+    }
+    let now_unix = mem.now.as_second();
+    for (name, np) in &pools {
+        for reason in [
+            DisruptionReason::Empty,
+            DisruptionReason::Drifted,
+            DisruptionReason::Underutilized,
+        ] {
+            let n = total.get(name).copied().unwrap_or(0);
+            let busy = disrupting.get(name).copied().unwrap_or(0);
+            let left = budgets::allowed(np, reason, n, busy, now_unix);
+            view.allowed.0.insert((name.clone(), reason), left);
+        }
+    }
+    view
+}
+
+/// The solver's view of the cluster, as the provisioner sees it.
+pub fn snapshot(shared: &Shared) -> Snapshot {
+    let none: [(&u64, &NodeClaim); 0] = [];
+    crate::actors::snapshot::build(shared, none, shared.settings.preference)
+}
+
+fn expired(c: &NodeClaim, now: Timestamp) -> bool {
+    let Some(after) = c.spec.expire_after.and_then(|d| d.duration()) else {
+        return false;
+    };
+    let Some(created) = c.metadata.creation_timestamp.as_ref() else {
+        return false;
+    };
+    since(created.0, now) >= after
+}
+
+fn since(t: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(t)).unwrap_or_default()
+}
+
+/// `consolidateAfter` has passed since the node's last pod event (or its initialization), and
+/// the pool consolidates at all.
+fn consolidatable(c: &NodeClaim, np: &NodePool, node: &str, mem: &Memory<'_>) -> bool {
+    let Some(after) = np.disruption().consolidate_after().duration() else {
+        return false;
+    };
+    let initialized = conditions::get(c.conditions(), conditions::INITIALIZED)
+        .map(|i| i.last_transition_time.0)
+        .unwrap_or(mem.now);
+    let recorded = c
+        .status
+        .as_ref()
+        .and_then(|s| s.last_pod_event_time.as_ref())
+        .map(|t| t.0);
+    let last = [
+        Some(initialized),
+        recorded,
+        mem.pod_events.get(node).copied(),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(mem.started);
+    // Before this actor started we saw no pod events: assume one at start (never early).
+    let last = if after.is_zero() {
+        last
+    } else {
+        last.max(mem.started)
+    };
+    since(last, mem.now) >= after
+}
+
+fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bool {
+    let conds = c.conditions();
+    let drifted_now = conditions::get(conds, conditions::DRIFTED)
+        .filter(|d| d.is_true())
+        .map(|d| d.reason.as_str());
+    let consolidatable_now = conditions::is_true(conds, conditions::CONSOLIDATABLE);
+    drifted_now != drift.map(Drift::reason) || consolidatable_now != consolidatable
+}
+
+/// Why the claim may not be disrupted voluntarily, if anything protects it.
+fn protected(c: &NodeClaim, node: &Node, on_node: &[Arc<Pod>], pdbs: &PdbIndex) -> Option<String> {
+    let dnd = |a: &BTreeMap<String, String>| {
+        a.get(DO_NOT_DISRUPT_ANNOTATION).map(String::as_str) == Some("true")
+    };
+    if dnd(c.annotations()) {
+        return Some(format!(
+            "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the NodeClaim"
+        ));
+    }
+    if dnd(node.annotations()) {
+        return Some(format!(
+            "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the Node"
+        ));
+    }
+    for p in on_node.iter().filter(|p| !pods::is_terminal(p)) {
+        if dnd(p.annotations()) {
+            return Some(format!(
+                "pod {} has the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation",
+                pods::key(p)
+            ));
+        }
+    }
+    for p in on_node.iter().filter(|p| reschedulable(p)) {
+        if let Some(why) = pdbs.blocks(p) {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// PodDisruptionBudgets by namespace, parsed once per pass.
+struct PdbIndex {
+    by_ns: HashMap<String, Vec<(String, Selector, i32)>>,
+}
+
+impl PdbIndex {
+    fn new(pdbs: &BTreeMap<String, Arc<PodDisruptionBudget>>) -> Self {
+        let mut by_ns: HashMap<String, Vec<(String, Selector, i32)>> = HashMap::new();
+        for pdb in pdbs.values() {
+            let what = format!("PodDisruptionBudget {}", pdb.name_any());
+            // A selector we cannot read protects nothing we can name; the API validates them.
+            let Ok(sel) =
+                Selector::parse(pdb.spec.as_ref().and_then(|s| s.selector.as_ref()), &what)
+            else {
+                continue;
+            };
+            let allowed = pdb
+                .status
+                .as_ref()
+                .map(|s| s.disruptions_allowed)
+                .unwrap_or(0);
+            by_ns
+                .entry(pdb.namespace().unwrap_or_default())
+                .or_default()
+                .push((pdb.name_any(), sel, allowed));
+        }
+        Self { by_ns }
+    }
+
+    /// Upstream's rule: a pod whose PodDisruptionBudget allows no disruption now, or that more
+    /// than one budget selects (the Eviction API refuses those), blocks its node.
+    fn blocks(&self, p: &Pod) -> Option<String> {
+        let ns = p.namespace().unwrap_or_default();
+        let matching: Vec<&(String, Selector, i32)> = self
+            .by_ns
+            .get(&ns)
+            .map(|v| v.iter().filter(|(_, s, _)| s.matches(p.labels())).collect())
+            .unwrap_or_default();
+        match matching.as_slice() {
+            [] => None,
+            [(name, _, allowed)] if *allowed <= 0 => Some(format!(
+                "PodDisruptionBudget {ns}/{name} prevents evicting pod {}",
+                pods::key(p)
+            )),
+            [_] => None,
+            many => Some(format!(
+                "pod {} is selected by {} PodDisruptionBudgets",
+                pods::key(p),
+                many.len()
+            )),
+        }
+    }
+}
+
+/// The MachineDeployments each NodeClass offers, for NodeClasses the catalog is sure of.
+fn offered_by_nodeclass(
+    shared: &Shared,
+    pools: &HashMap<String, Arc<NodePool>>,
+) -> HashMap<String, HashSet<String>> {
+    let mut out = HashMap::new();
+    for np in pools.values() {
+        let nc = &np.spec.template.spec.node_class_ref.name;
+        if out.contains_key(nc) || shared.catalog.nodeclass_ready(nc) != Some(Ok(())) {
+            continue;
+        }
+        let mds: HashSet<String> = shared
+            .catalog
+            .instance_types(nc)
+            .iter()
+            .flat_map(|t| t.offerings.iter().map(|o| o.machine_deployment.clone()))
+            .collect();
+        out.insert(nc.clone(), mds);
+    }
+    out
+}
+
+/// Upstream's disruption cost: the eviction costs of the pods that move, times the share of the
+/// node's lifetime left.
+fn disruption_cost(c: &NodeClaim, moving: &[&Arc<Pod>], now: Timestamp) -> f64 {
+    let evictions: f64 = moving
+        .iter()
+        .map(|p| {
+            disruption::eviction_cost(
+                p.annotations()
+                    .get("controller.kubernetes.io/pod-deletion-cost")
+                    .map(String::as_str),
+                p.spec.as_ref().and_then(|s| s.priority),
+            )
+        })
+        .sum();
+    let age = c
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| since(t.0, now))
+        .unwrap_or_default();
+    let expire = c.spec.expire_after.and_then(|d| d.duration());
+    evictions * disruption::lifetime_remaining(age, expire)
+}
+
+pub fn has_disrupted_taint(n: &Node) -> bool {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
+}

@@ -1,0 +1,390 @@
+//! Disruption end to end against the simulated cluster: emptiness within budgets, nodes that
+//! do-not-disrupt and PodDisruptionBudgets protect, drift replaced before it goes, forceful
+//! expiration, cheaper replacement, a failed replacement rolled back, and a controller killed
+//! mid-command whose marks the next one rolls back. Each test ends with the DESIGN.md section 4
+//! invariants and no drain rule broken.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use common::*;
+use karpenter_capi::actors::{DisruptionSettings, Settings};
+use karpenter_capi::api::duration::NillableDuration;
+use karpenter_capi::api::nodeclaim::NodeClaim;
+use karpenter_capi::api::nodepool::{NodePool, nodepool_hash};
+use karpenter_capi::api::wellknown::*;
+use karpenter_capi::simulate::launch::{claim_for, seed_of, settle};
+use karpenter_capi::simulate::sim_settings;
+
+/// Disruption at test speed: passes every 200 ms, validation 300 ms.
+fn fast() -> Settings {
+    Settings {
+        disruption: DisruptionSettings {
+            poll: Duration::from_millis(200),
+            debounce: Duration::from_millis(20),
+            validation: Duration::from_millis(300),
+            replacement_timeout: Duration::from_secs(60),
+        },
+        ..sim_settings(None)
+    }
+}
+
+async fn env_fast() -> Env {
+    env_with(fast()).await
+}
+
+impl Env {
+    async fn set_disruption(&self, disruption: Value) {
+        let api: Api<NodePool> = Api::all(self.client().await);
+        api.patch(
+            &self.pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"disruption": disruption}})),
+        )
+        .await
+        .expect("patch the NodePool");
+    }
+
+    /// A claim as the provisioner writes it (with the pool's drift hash) on `instance_type`.
+    async fn stamped_claim(&self, instance_type: &str) -> (String, String) {
+        let mut claim = claim_for(&self.pool, instance_type);
+        claim.annotations_mut().extend([
+            (
+                NODEPOOL_HASH_ANNOTATION.to_string(),
+                nodepool_hash(&self.pool),
+            ),
+            (
+                NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
+                NODEPOOL_HASH_VERSION.to_string(),
+            ),
+        ]);
+        self.create_and_wait(claim).await
+    }
+
+    async fn create_and_wait(&self, claim: NodeClaim) -> (String, String) {
+        let api: Api<NodeClaim> = Api::all(self.client().await);
+        let name = api
+            .create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim")
+            .name_any();
+        let node = self
+            .wait("the claim initialized", || {
+                self.get("nodeclaims", "", &name).and_then(|c| {
+                    (condition(&c, "Initialized")?["status"] == "True")
+                        .then(|| c["status"]["nodeName"].as_str().map(String::from))
+                        .flatten()
+                })
+            })
+            .await;
+        (name, node)
+    }
+
+    fn claims(&self) -> Vec<Value> {
+        self.list("nodeclaims")
+    }
+
+    fn metric(&self, needle: &str) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+}
+
+fn tainted(node: &Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|ts| ts.iter().any(|t| t["key"] == DISRUPTED_TAINT_KEY))
+}
+
+#[actix::test]
+async fn empty_nodes_go_one_at_a_time_under_a_budget_of_one() {
+    let env = env_fast().await;
+    for _ in 0..3 {
+        env.stamped_claim("sim-0").await;
+    }
+    env.set_disruption(
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
+                              "budgets": [{"nodes": "1"}]}),
+    )
+    .await;
+    // Sample how many claims are being disrupted at once until all are gone.
+    let start = Instant::now();
+    let mut most = 0;
+    while !env.claims().is_empty() {
+        let deleting = env
+            .claims()
+            .iter()
+            .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
+            .count();
+        most = most.max(deleting);
+        assert!(start.elapsed() < DEADLINE, "empty nodes not consolidated");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(most, 1, "the budget allows one node at a time");
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"empty\""),
+        3.0
+    );
+    assert!(!env.events("DisruptionTerminating").is_empty());
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn do_not_disrupt_and_a_blocking_pdb_protect_their_nodes() {
+    let env = env_fast().await;
+    let (kept_claim, kept_node) = env.stamped_claim("sim-0").await;
+    let (pdb_claim, pdb_node) = env.stamped_claim("sim-0").await;
+    let (empty_claim, _) = env.stamped_claim("sim-0").await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client().await);
+    nodes
+        .patch(
+            &kept_node,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"}}}),
+            ),
+        )
+        .await
+        .expect("annotate the node");
+    env.pod("guarded", &pdb_node, json!({"app": "guarded"}), json!({}))
+        .await;
+    env.pdb("guarded", "guarded", 0).await;
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmptyOrUnderutilized",
+                              "consolidateAfter": "0s", "budgets": [{"nodes": "100%"}]}))
+        .await;
+    env.wait("the unprotected empty node consolidated", || {
+        env.get("nodeclaims", "", &empty_claim)
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // Several passes later the protected two are still there, and say why.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(env.get("nodeclaims", "", &kept_claim).is_some());
+    assert!(env.get("nodeclaims", "", &pdb_claim).is_some());
+    let blocked: Vec<String> = env
+        .events("DisruptionBlocked")
+        .iter()
+        .filter_map(|e| e["note"].as_str().map(String::from))
+        .collect();
+    assert!(
+        blocked
+            .iter()
+            .any(|n| n.contains(&kept_claim) && n.contains(DO_NOT_DISRUPT_ANNOTATION)),
+        "{blocked:#?}"
+    );
+    assert!(
+        blocked
+            .iter()
+            .any(|n| n.contains(&pdb_claim) && n.contains("PodDisruptionBudget")),
+        "{blocked:#?}"
+    );
+    // Lift the budget: the pod's node may now go (its pod fits on the other node).
+    env.pdb("guarded", "guarded", 1).await;
+    env.wait("the formerly guarded node consolidated", || {
+        env.get("nodeclaims", "", &pdb_claim)
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_drifted_claim_is_replaced_before_it_goes() {
+    let env = env_fast().await;
+    let (old, old_node) = env.stamped_claim("sim-0").await;
+    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
+        .await;
+    // Change the template: every claim of the pool drifts.
+    let api: Api<NodePool> = Api::all(env.client().await);
+    api.patch(
+        &env.pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}})),
+    )
+    .await
+    .expect("change the template");
+    env.wait("Drifted=True on the old claim", || {
+        let c = env.get("nodeclaims", "", &old)?;
+        (condition(&c, "Drifted")?["reason"] == "NodePoolDrifted").then_some(())
+    })
+    .await;
+    env.wait("the old claim replaced and gone", || {
+        let claims = env.claims();
+        (env.get("nodeclaims", "", &old).is_none()
+            && claims.len() == 1
+            && claims[0]["metadata"]["labels"]["team"] == "blue"
+            && condition(&claims[0], "Initialized").is_some_and(|c| c["status"] == "True"))
+        .then_some(())
+    })
+    .await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
+        1.0
+    );
+    assert_eq!(
+        env.metric(
+            "karpenter_voluntary_disruption_decisions_total{decision=\"replace\",reason=\"drifted\""
+        ),
+        1.0
+    );
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn expired_claims_go_whatever_the_budget() {
+    let env = env_fast().await;
+    env.set_disruption(json!({"consolidateAfter": "Never", "budgets": [{"nodes": "0"}]}))
+        .await;
+    let mut claim = claim_for(&env.pool, "sim-0");
+    claim.spec.expire_after = Some(NillableDuration::from_secs(3));
+    let (name, _) = env.create_and_wait(claim).await;
+    env.wait("the expired claim gone", || {
+        env.get("nodeclaims", "", &name).is_none().then_some(())
+    })
+    .await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"expired\""),
+        1.0
+    );
+    assert!(!env.events("Expired").is_empty());
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
+    let env = env_fast().await;
+    env.sim
+        .run(|c| async move {
+            c.create_machine_deployment_from(&seed_of(1, 10))
+                .await
+                .expect("a pricier MachineDeployment");
+        })
+        .await
+        .expect("seeding");
+    env.wait("the catalog offering sim-1", || {
+        env.controller
+            .as_ref()
+            .and_then(|c| c.shared.catalog.offering("default/md-1"))
+            .map(|_| ())
+    })
+    .await;
+    // sim-1 costs 0.21/h, sim-0 0.20/h, same shape: moving the pod saves money.
+    let mut claim = claim_for(&env.pool, "sim-1");
+    claim.spec.expire_after = None;
+    let (pricey, node) = env.create_and_wait(claim).await;
+    env.pod("app", &node, json!({"app": "app"}), json!({}))
+        .await;
+    env.set_disruption(
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}),
+    )
+    .await;
+    env.wait("the pricey claim replaced by a cheaper one", || {
+        let claims = env.claims();
+        (env.get("nodeclaims", "", &pricey).is_none()
+            && claims.len() == 1
+            && claims[0]["metadata"]["labels"][INSTANCE_TYPE_LABEL] == "sim-0")
+            .then_some(())
+    })
+    .await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.metric("karpenter_voluntary_disruption_decisions_total{decision=\"replace\",reason=\"underutilized\",consolidation_type=\"single\""),
+        1.0
+    );
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_failed_replacement_is_rolled_back() {
+    let env = env_fast().await;
+    let (old, old_node) = env.stamped_claim("sim-0").await;
+    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
+        .await;
+    let api: Api<NodePool> = Api::all(env.client().await);
+    api.patch(
+        &env.pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}})),
+    )
+    .await
+    .expect("change the template");
+    // The replacement appears; take it away before it is initialized.
+    let replacement = env
+        .wait("a replacement claim", || {
+            env.claims()
+                .iter()
+                .find(|c| c["metadata"]["name"] != old.as_str())
+                .and_then(|c| c["metadata"]["name"].as_str().map(String::from))
+        })
+        .await;
+    assert!(tainted(&env.get("nodes", "", &old_node).expect("node")));
+    let claims: Api<NodeClaim> = Api::all(env.client().await);
+    claims
+        .delete(&replacement, &DeleteParams::default())
+        .await
+        .expect("delete the replacement");
+    env.wait("the candidate untainted and unmarked", || {
+        let node = env.get("nodes", "", &old_node)?;
+        let claim = env.get("nodeclaims", "", &old)?;
+        (!tainted(&node) && condition(&claim, "DisruptionReason").is_none()).then_some(())
+    })
+    .await;
+    assert!(!env.events("DisruptionFailed").is_empty());
+    assert!(
+        env.get("nodeclaims", "", &old).is_some(),
+        "the candidate stays"
+    );
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn marks_left_by_a_killed_controller_are_rolled_back() {
+    let mut env = env_fast().await;
+    let (old, old_node) = env.stamped_claim("sim-0").await;
+    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
+        .await;
+    let api: Api<NodePool> = Api::all(env.client().await);
+    api.patch(
+        &env.pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}})),
+    )
+    .await
+    .expect("change the template");
+    env.wait("the candidate marked", || {
+        let claim = env.get("nodeclaims", "", &old)?;
+        condition(&claim, "DisruptionReason").map(|_| ())
+    })
+    .await;
+    // Kill it mid-command; the next controller validates for a long time before acting, so
+    // what it does first is the rollback.
+    let mut slow = fast();
+    slow.disruption.validation = Duration::from_secs(600);
+    env.restart_with(slow).await;
+    env.wait("the dead controller's marks rolled back", || {
+        let node = env.get("nodes", "", &old_node)?;
+        let claim = env.get("nodeclaims", "", &old)?;
+        (!tainted(&node) && condition(&claim, "DisruptionReason").is_none()).then_some(())
+    })
+    .await;
+    assert!(env.get("nodeclaims", "", &old).is_some());
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}
