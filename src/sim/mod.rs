@@ -305,5 +305,6 @@ pub mod cluster;
 pub mod kubelet;
 pub mod pod_lifecycle;
 pub mod quantity;
+pub mod rollout;
 pub mod scheduler;
 pub mod standin;
