@@ -1,4 +1,5 @@
-//! Cluster API stand-in: MachineDeployment -> MachineSet -> Machines, a provider that assigns
+//! Cluster API stand-in: MachineDeployment -> MachineSets (one per template revision, rolled
+//! out by RollingUpdate or OnDelete as planned in `rollout.rs`) -> Machines, a provider that assigns
 //! provider IDs after a delay (with jitter and stuck Machines), MachineSet scale-down order and
 //! Machine deletion behind the `machine.cluster.x-k8s.io` finalizer (REFERENCE.md section 6).
 //!
