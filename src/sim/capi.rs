@@ -1,4 +1,5 @@
-//! Cluster API stand-in: MachineDeployment -> MachineSet -> Machines, a provider that assigns
+//! Cluster API stand-in: MachineDeployment -> MachineSets (one per template revision, rolled
+//! out by RollingUpdate or OnDelete as planned in `rollout.rs`) -> Machines, a provider that assigns
 //! provider IDs after a delay (with jitter and stuck Machines), MachineSet scale-down order and
 //! Machine deletion behind the `machine.cluster.x-k8s.io` finalizer (REFERENCE.md section 6).
 //!
@@ -21,9 +22,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
+use super::rollout::{
+    self, DISABLE_MACHINE_CREATE_ANNOTATION, SetCounts, StrategyType, UP_TO_DATE_CONDITION,
+};
 use super::standin::{
-    GaveUp, Shutdown, SimRng, WorkQueue, at, delete_quietly, is_not_found, merge_patch,
-    merge_status, retry, spawn_watch, str_at,
+    GaveUp, Shutdown, SimRng, WorkQueue, at, delete_quietly, is_conflict, is_not_found,
+    merge_patch, merge_status, retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{
     CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
@@ -209,6 +213,13 @@ impl Inner {
                 name: set.clone(),
             });
         }
+        // A Machine becoming available (or going) may let a rollout take its next step.
+        if let Some(md) = machine.labels().get(DEPLOYMENT_NAME_LABEL) {
+            self.queue.push(Work::Deployment {
+                ns: ns.clone(),
+                name: md.clone(),
+            });
+        }
         let uid = machine.uid().unwrap_or_default();
         if deleted {
             self.provisioning.lock().remove(&uid);
@@ -272,20 +283,96 @@ impl Inner {
             .items
             .into_iter()
             .filter(|ms| controller_uid(ms).as_deref() == Some(md_uid.as_str()))
+            .filter(|ms| ms.metadata.deletion_timestamp.is_none())
             .collect();
-        sets.sort_by_key(|ms| ms.metadata.creation_timestamp.clone().map(|t| t.0));
+        sets.sort_by_key(|ms| {
+            (
+                ms.metadata.creation_timestamp.clone().map(|t| t.0),
+                ms.name_any(),
+            )
+        });
+        let machines = self.api(&v.machine(), ns).list(&by_label).await?.items;
 
         let replicas = desired_md_replicas(&md);
-        match sets.first() {
-            None => {
-                let ms = self.new_machine_set(&md, replicas);
-                let ms = sets_api.create(&PostParams::default(), &ms).await?;
-                tracing::info!(md = name, ms = %ms.name_any(), replicas, "created MachineSet");
+        let empty = json!({});
+        let md_spec = md.data.get("spec").unwrap_or(&empty);
+        let md_template = md_spec.get("template");
+        let strategy = match rollout::strategy(md_spec, v) {
+            Ok(s) => s,
+            Err(err) => {
+                // Cluster API refuses to reconcile such a MachineDeployment (its webhook would
+                // have refused it first); nothing moves until the spec is fixed.
+                tracing::warn!(md = name, error = %err, "cluster api stand-in: invalid rollout strategy");
+                return Ok(());
             }
-            Some(ms) => {
-                if at(&ms.data, &["spec", "replicas"]).and_then(Value::as_i64) != Some(replicas) {
-                    let patch = json!({"spec": {"replicas": replicas}});
-                    sets_api
+        };
+        let paused = md_spec.get("paused").and_then(Value::as_bool) == Some(true);
+        let new_idx = sets.iter().position(|ms| {
+            rollout::same_rollout_fields(at(&ms.data, &["spec", "template"]), md_template)
+        });
+
+        let Some(new_idx) = new_idx else {
+            // Cluster API creates no MachineSet for a paused MachineDeployment.
+            if !paused {
+                let olds: Vec<SetCounts> =
+                    sets.iter().map(|ms| set_counts(ms, &machines)).collect();
+                let initial = rollout::initial_new_set_replicas(replicas, &strategy, &olds);
+                let ms = self.new_machine_set(&md, initial);
+                let ms = sets_api.create(&PostParams::default(), &ms).await?;
+                tracing::info!(md = name, ms = %ms.name_any(), replicas = initial, old_sets = sets.len(), "created MachineSet");
+                // The create's watch event brings us back with the new set in the list.
+            }
+            return self
+                .write_md_status(&mds, &md, &sets, None, &machines)
+                .await;
+        };
+
+        // In-place propagation: the up-to-date set follows every in-place field; old sets only
+        // learn whether they may still create Machines.
+        let on_delete = strategy.kind == StrategyType::OnDelete;
+        for (i, ms) in sets.iter_mut().enumerate() {
+            let desired = if i == new_idx {
+                self.in_place_update(&md, ms)
+            } else {
+                let mut d = ms.clone();
+                set_annotation(
+                    &mut d,
+                    DISABLE_MACHINE_CREATE_ANNOTATION,
+                    on_delete.to_string(),
+                );
+                d
+            };
+            if desired.metadata.annotations != ms.metadata.annotations
+                || desired.metadata.labels != ms.metadata.labels
+                || desired.data.get("spec") != ms.data.get("spec")
+            {
+                *ms = sets_api
+                    .replace(&ms.name_any(), &PostParams::default(), &desired)
+                    .await?;
+            }
+        }
+
+        if !paused {
+            let new_counts = set_counts(&sets[new_idx], &machines);
+            let old_counts: Vec<SetCounts> = sets
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != new_idx)
+                .map(|(_, ms)| set_counts(ms, &machines))
+                .collect();
+            let intents = match strategy.kind {
+                StrategyType::RollingUpdate => {
+                    rollout::plan_rolling_update(replicas, &strategy, &new_counts, &old_counts)
+                }
+                StrategyType::OnDelete => {
+                    rollout::plan_on_delete(replicas, &strategy, &new_counts, &old_counts)
+                }
+            };
+            for ms in sets.iter_mut() {
+                if let Some(n) = intents.get(&ms.name_any()) {
+                    tracing::info!(md = name, ms = %ms.name_any(), replicas = n, "scaling MachineSet");
+                    let patch = json!({"spec": {"replicas": n}});
+                    *ms = sets_api
                         .patch(
                             &ms.name_any(),
                             &PatchParams::default(),
@@ -296,51 +383,231 @@ impl Inner {
             }
         }
 
-        // Status counts the Machines themselves, so it is right even mid-scale.
-        let machines = self.api(&v.machine(), ns).list(&by_label).await?.items;
-        let live: Vec<&DynamicObject> = machines
-            .iter()
-            .filter(|m| m.metadata.deletion_timestamp.is_none())
-            .collect();
-        let ready = live.iter().filter(|m| has_node_ref(m)).count() as i64;
-        let count = live.len() as i64;
-        let selector = selector_string(&md);
-        let phase = if count < replicas {
-            "ScalingUp"
-        } else if count > replicas {
+        self.sync_up_to_date(ns, &sets[new_idx], &sets, &machines)
+            .await?;
+        self.write_md_status(&mds, &md, &sets, Some(new_idx), &machines)
+            .await?;
+        self.cleanup_old_sets(&sets_api, &md, &sets, new_idx, &machines)
+            .await
+    }
+
+    /// The up-to-date MachineSet with the MachineDeployment's in-place fields: labels, template
+    /// metadata, annotations, deletion order, and the template fields that need no new Machines.
+    fn in_place_update(&self, md: &DynamicObject, ms: &DynamicObject) -> DynamicObject {
+        let v = self.cfg.version;
+        let mut d = ms.clone();
+        let hash = ms
+            .labels()
+            .get(TEMPLATE_HASH_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        let labels = self.set_labels(md, &hash);
+        d.metadata.labels = Some(labels.clone());
+        let mut annotations = md_annotations_for_set(md);
+        for (k, val) in ms.annotations() {
+            // Keep what others (e.g. the autoscaler or the controller) put on the set.
+            annotations.entry(k.clone()).or_insert_with(|| val.clone());
+        }
+        annotations.insert(DISABLE_MACHINE_CREATE_ANNOTATION.into(), "false".into());
+        d.metadata.annotations = Some(annotations);
+        let md_spec = md.data.get("spec").cloned().unwrap_or(json!({}));
+        let md_template = md_spec.get("template").cloned().unwrap_or(json!({}));
+        let spec = d.data["spec"].as_object_mut();
+        let Some(spec) = spec else { return d };
+        let template = spec.entry("template").or_insert_with(|| json!({}));
+        template["metadata"] = json!({
+            "labels": labels,
+            "annotations": object(md_template.pointer("/metadata/annotations")),
+        });
+        let tspec = template
+            .as_object_mut()
+            .map(|t| t.entry("spec").or_insert_with(|| json!({})));
+        if let Some(Value::Object(tspec)) = tspec {
+            for key in rollout::IN_PLACE_SPEC_FIELDS {
+                match md_template.pointer(&format!("/spec/{key}")) {
+                    Some(val) => tspec.insert((*key).to_string(), val.clone()),
+                    None => tspec.remove(*key),
+                };
+            }
+        }
+        match v {
+            CapiVersion::V1Beta1 => {
+                copy_or_remove(spec, "minReadySeconds", md_spec.get("minReadySeconds"));
+                copy_or_remove(
+                    spec,
+                    "deletePolicy",
+                    md_spec.pointer("/strategy/rollingUpdate/deletePolicy"),
+                );
+            }
+            CapiVersion::V1Beta2 => {
+                let order = md_spec.pointer("/deletion/order").cloned();
+                match order {
+                    Some(o) => {
+                        spec.insert("deletion".into(), json!({"order": o}));
+                    }
+                    None => {
+                        spec.remove("deletion");
+                    }
+                }
+            }
+        }
+        d
+    }
+
+    /// Labels of a MachineSet (and of its template): the MachineDeployment template's labels,
+    /// its template hash and the deployment and cluster names.
+    fn set_labels(&self, md: &DynamicObject, hash: &str) -> BTreeMap<String, String> {
+        let cluster = str_at(&md.data, &["spec", "clusterName"]).unwrap_or_default();
+        let mut labels = string_map(at(&md.data, &["spec", "template", "metadata", "labels"]));
+        labels.insert(TEMPLATE_HASH_LABEL.into(), hash.to_string());
+        labels.insert(DEPLOYMENT_NAME_LABEL.into(), md.name_any());
+        labels.insert(CLUSTER_NAME_LABEL.into(), cluster.to_string());
+        labels
+    }
+
+    /// The Machine `UpToDate` condition: True on Machines of the up-to-date MachineSet, False on
+    /// the others. Written only when it changes, with the resourceVersion as precondition.
+    async fn sync_up_to_date(
+        &self,
+        ns: &str,
+        new_set: &DynamicObject,
+        sets: &[DynamicObject],
+        machines: &[DynamicObject],
+    ) -> Result<(), kube::Error> {
+        let api = self.api(&self.cfg.version.machine(), ns);
+        let new_uid = new_set.uid().unwrap_or_default();
+        let owned: HashSet<String> = sets.iter().filter_map(|s| s.uid()).collect();
+        for m in machines {
+            let Some(owner) = controller_uid(m) else {
+                continue;
+            };
+            if m.metadata.deletion_timestamp.is_some() || !owned.contains(&owner) {
+                continue;
+            }
+            let want = owner == new_uid;
+            if up_to_date(&m.data, self.cfg.version) == Some(want) {
+                continue;
+            }
+            let name = m.name_any();
+            for attempt in 0..3 {
+                let Some(mut fresh) = api.get_opt(&name).await? else {
+                    break;
+                };
+                if fresh.metadata.deletion_timestamp.is_some() {
+                    break;
+                }
+                set_up_to_date(&mut fresh, self.cfg.version, want);
+                match api
+                    .replace_status(&name, &PostParams::default(), &fresh)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(err) if is_not_found(&err) => break,
+                    Err(err) if is_conflict(&err) && attempt < 2 => continue,
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// MachineDeployment status from its MachineSets' Machines (Cluster API sums the sets'
+    /// status, which counts the same Machines).
+    async fn write_md_status(
+        &self,
+        mds: &Api<DynamicObject>,
+        md: &DynamicObject,
+        sets: &[DynamicObject],
+        new_idx: Option<usize>,
+        machines: &[DynamicObject],
+    ) -> Result<(), kube::Error> {
+        let v = self.cfg.version;
+        let replicas = desired_md_replicas(md);
+        let counts: Vec<SetCounts> = sets.iter().map(|ms| set_counts(ms, machines)).collect();
+        let actual: i64 = counts.iter().map(|c| c.actual).sum();
+        let available: i64 = counts.iter().map(|c| c.available).sum();
+        let total_spec: i64 = counts.iter().map(|c| c.spec).sum();
+        let updated = new_idx.map_or(0, |i| counts[i].actual);
+        let phase = if total_spec < available {
             "ScalingDown"
+        } else if replicas > available {
+            "ScalingUp"
         } else {
             "Running"
         };
         let mut status = json!({
-            "replicas": count,
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "selector": selector,
+            "replicas": actual,
+            "readyReplicas": available,
+            "availableReplicas": available,
+            "selector": selector_string(md),
             "phase": phase,
             "observedGeneration": md.metadata.generation.unwrap_or(0),
         });
         match v {
             CapiVersion::V1Beta1 => {
-                status["updatedReplicas"] = json!(count);
-                status["unavailableReplicas"] = json!((count - ready).max(0));
+                status["updatedReplicas"] = json!(updated);
+                status["unavailableReplicas"] = json!((total_spec - available).max(0));
             }
-            CapiVersion::V1Beta2 => status["upToDateReplicas"] = json!(count),
+            CapiVersion::V1Beta2 => status["upToDateReplicas"] = json!(updated),
         }
-        self.write_status_if_changed(&mds, &md, status).await
+        self.write_status_if_changed(mds, md, status).await
+    }
+
+    /// Once a rollout is complete, old MachineSets without replicas or Machines go: all of them
+    /// in v1beta2, all but the newest `spec.revisionHistoryLimit` (default 1) in v1beta1.
+    async fn cleanup_old_sets(
+        &self,
+        sets_api: &Api<DynamicObject>,
+        md: &DynamicObject,
+        sets: &[DynamicObject],
+        new_idx: usize,
+        machines: &[DynamicObject],
+    ) -> Result<(), kube::Error> {
+        let replicas = desired_md_replicas(md);
+        let new = set_counts(&sets[new_idx], machines);
+        let total_actual: i64 = sets.iter().map(|ms| set_counts(ms, machines).actual).sum();
+        if new.actual != replicas || new.available != replicas || total_actual != replicas {
+            return Ok(());
+        }
+        let olds: Vec<&DynamicObject> = sets
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != new_idx)
+            .map(|(_, ms)| ms)
+            .collect();
+        let keep = match self.cfg.version {
+            CapiVersion::V1Beta1 => at(&md.data, &["spec", "revisionHistoryLimit"])
+                .and_then(Value::as_i64)
+                .unwrap_or(1)
+                .max(0) as usize,
+            CapiVersion::V1Beta2 => 0,
+        };
+        let excess = olds.len().saturating_sub(keep);
+        for ms in olds.into_iter().take(excess) {
+            let c = set_counts(ms, machines);
+            if c.spec == 0 && c.actual == 0 {
+                tracing::info!(ms = %ms.name_any(), "deleting old MachineSet after rollout");
+                ignore_not_found(
+                    sets_api
+                        .delete(&ms.name_any(), &DeleteParams::default())
+                        .await,
+                )?;
+            }
+        }
+        Ok(())
     }
 
     fn new_machine_set(&self, md: &DynamicObject, replicas: i64) -> DynamicObject {
         let v = self.cfg.version;
         let md_name = md.name_any();
-        let name = format!("{md_name}-{}", self.rng.suffix());
+        let suffix = self.rng.suffix();
+        let name = format!("{md_name}-{suffix}");
         let cluster = str_at(&md.data, &["spec", "clusterName"]).unwrap_or_default();
-        let hash = self.rng.suffix();
         let source = at(&md.data, &["spec", "template"]);
-        let mut template_labels = string_map(source.and_then(|t| at(t, &["metadata", "labels"])));
-        template_labels.insert(TEMPLATE_HASH_LABEL.into(), hash.clone());
-        template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), md_name.clone());
-        template_labels.insert(CLUSTER_NAME_LABEL.into(), cluster.to_string());
+        // As Cluster API: the hash of the rollout fields, then the name's random suffix, so
+        // two sets of one template still differ.
+        let hash = format!("{}-{suffix}", rollout::template_hash(source));
+        let template_labels = self.set_labels(md, &hash);
         // Rebuilt field by field: a malformed template (not an object) must not panic us.
         let mut metadata = object(source.and_then(|t| t.get("metadata")));
         metadata.insert("labels".into(), json!(template_labels));
@@ -353,12 +620,8 @@ impl Inner {
         match_labels.insert(TEMPLATE_HASH_LABEL.into(), hash);
         // The MachineSet inherits the MD's annotations (scale-from-zero ones included), as
         // Cluster API does, so readers may look at either object.
-        let annotations: BTreeMap<String, String> = md
-            .annotations()
-            .iter()
-            .filter(|(k, _)| !k.starts_with("kubectl.kubernetes.io/"))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let mut annotations = md_annotations_for_set(md);
+        annotations.insert(DISABLE_MACHINE_CREATE_ANNOTATION.into(), "false".into());
         let body = json!({
             "apiVersion": v.api_version(),
             "kind": "MachineSet",
@@ -376,7 +639,10 @@ impl Inner {
                 "template": template,
             },
         });
-        dynamic(body)
+        let mut ms = dynamic(body);
+        // The in-place fields (deletion order, minReadySeconds...) as an update would set them.
+        ms = self.in_place_update(md, &ms);
+        ms
     }
 
     // ---- MachineSet ----
@@ -407,22 +673,30 @@ impl Inner {
             .into_iter()
             .filter(|m| controller_uid(m).as_deref() == Some(ms_uid.as_str()))
             .collect();
-        let mut live: Vec<&DynamicObject> = machines
-            .iter()
-            .filter(|m| m.metadata.deletion_timestamp.is_none())
-            .collect();
-        let replicas = at(&ms.data, &["spec", "replicas"])
-            .and_then(Value::as_i64)
-            .unwrap_or(1)
-            .max(0);
-        let missing = replicas - live.len() as i64;
-        if missing > 0 {
-            for _ in 0..missing {
+        // As Cluster API: Machines being deleted still count, so a deleted Machine is replaced
+        // only once it is gone (and the set never has more than spec.replicas Machines).
+        let replicas = set_replicas(&ms);
+        let diff = machines.len() as i64 - replicas;
+        let create_disabled = ms
+            .annotations()
+            .get(DISABLE_MACHINE_CREATE_ANNOTATION)
+            .is_some_and(|v| v == "true");
+        if diff < 0 && create_disabled {
+            tracing::debug!(
+                ms = name,
+                "machine creation disabled on this (old) MachineSet"
+            );
+        } else if diff < 0 {
+            for _ in 0..diff.unsigned_abs() {
                 self.create_machine(&ms, &machines_api).await?;
             }
-        } else if missing < 0 {
-            live.sort_by_key(|m| deletion_rank(m));
-            for victim in live.iter().take(missing.unsigned_abs() as usize) {
+        } else if diff > 0 {
+            let mut ranked: Vec<&DynamicObject> = machines.iter().collect();
+            ranked.sort_by_key(|m| deletion_rank(m));
+            for victim in ranked.iter().take(diff as usize) {
+                if victim.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
                 tracing::info!(ms = name, machine = %victim.name_any(), "scaling down: deleting Machine");
                 ignore_not_found(
                     machines_api
@@ -431,11 +705,13 @@ impl Inner {
                 )?;
             }
         }
+        self.propagate_to_machines(&ms, &machines, &machines_api)
+            .await?;
 
         // Status reports what was observed; our own creates and deletes trigger the next pass,
         // which reports the new count.
-        let observed = live.len() as i64;
-        let ready = live.iter().filter(|m| has_node_ref(m)).count() as i64;
+        let observed = machines.len() as i64;
+        let ready = machines.iter().filter(|m| is_available(m)).count() as i64;
         let mut status = json!({
             "replicas": observed,
             "readyReplicas": ready,
@@ -445,9 +721,76 @@ impl Inner {
         });
         match v {
             CapiVersion::V1Beta1 => status["fullyLabeledReplicas"] = json!(observed),
-            CapiVersion::V1Beta2 => status["upToDateReplicas"] = json!(observed),
+            CapiVersion::V1Beta2 => {
+                let up_to_date = machines
+                    .iter()
+                    .filter(|m| up_to_date(&m.data, v) == Some(true))
+                    .count();
+                status["upToDateReplicas"] = json!(up_to_date)
+            }
         }
         self.write_status_if_changed(&sets_api, &ms, status).await
+    }
+
+    /// In-place propagation from the MachineSet to its Machines, as Cluster API's MachineSet
+    /// controller does: template labels and annotations (added or changed; the stand-in never
+    /// removes a Machine label), and the deletion timeouts, minReadySeconds and readinessGates.
+    async fn propagate_to_machines(
+        &self,
+        ms: &DynamicObject,
+        machines: &[DynamicObject],
+        api: &Api<DynamicObject>,
+    ) -> Result<(), kube::Error> {
+        let template = at(&ms.data, &["spec", "template"]);
+        let labels = string_map(template.and_then(|t| at(t, &["metadata", "labels"])));
+        let annotations = string_map(template.and_then(|t| at(t, &["metadata", "annotations"])));
+        let tspec = template.and_then(|t| t.get("spec"));
+        for m in machines
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+        {
+            let mut patch = json!({});
+            let stale_labels: BTreeMap<&String, &String> = labels
+                .iter()
+                .filter(|(k, v)| m.labels().get(*k) != Some(*v))
+                .collect();
+            if !stale_labels.is_empty() {
+                patch["metadata"]["labels"] = json!(stale_labels);
+            }
+            let stale_annotations: BTreeMap<&String, &String> = annotations
+                .iter()
+                .filter(|(k, v)| m.annotations().get(*k) != Some(*v))
+                .collect();
+            if !stale_annotations.is_empty() {
+                patch["metadata"]["annotations"] = json!(stale_annotations);
+            }
+            for key in rollout::IN_PLACE_SPEC_FIELDS {
+                if *key == "taints" {
+                    continue;
+                }
+                let want = tspec.and_then(|s| s.get(*key)).unwrap_or(&Value::Null);
+                let have = m
+                    .data
+                    .pointer(&format!("/spec/{key}"))
+                    .unwrap_or(&Value::Null);
+                if want != have {
+                    patch["spec"][*key] = want.clone();
+                }
+            }
+            if patch.as_object().is_some_and(|p| !p.is_empty()) {
+                tracing::debug!(machine = %m.name_any(), "propagating in-place fields to Machine");
+                ignore_not_found(
+                    api.patch(
+                        &m.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                    .map(|_| ()),
+                )?;
+            }
+        }
+        Ok(())
     }
 
     async fn create_machine(
@@ -763,21 +1106,134 @@ pub fn provider_id(style: ProviderIdStyle, rng: &SimRng, machine: &DynamicObject
     }
 }
 
-/// Scale-down order inside one MachineSet (REFERENCE.md section 6): Machines marked with the
-/// delete-machine annotation, then Machines without a Node (still provisioning), then the oldest.
+/// Scale-down order inside one MachineSet (REFERENCE.md section 6): Machines already being
+/// deleted (they count until gone), then Machines marked with the delete-machine annotation,
+/// then Machines without a Node (still provisioning), then the oldest.
 fn deletion_rank(m: &DynamicObject) -> (u8, Option<jiff::Timestamp>, String) {
-    let rank = if m.annotations().contains_key(DELETE_MACHINE_ANNOTATION) {
+    let rank = if m.metadata.deletion_timestamp.is_some() {
         0
-    } else if !has_node_ref(m) {
+    } else if m.annotations().contains_key(DELETE_MACHINE_ANNOTATION) {
         1
-    } else {
+    } else if !has_node_ref(m) {
         2
+    } else {
+        3
     };
     (
         rank,
         m.metadata.creation_timestamp.clone().map(|t| t.0),
         m.name_any(),
     )
+}
+
+/// A MachineSet's replicas and Machines as the rollout planner counts them.
+fn set_counts(ms: &DynamicObject, machines: &[DynamicObject]) -> SetCounts {
+    let uid = ms.uid().unwrap_or_default();
+    let mine = machines
+        .iter()
+        .filter(|m| controller_uid(m).as_deref() == Some(uid.as_str()));
+    let (mut actual, mut available) = (0, 0);
+    for m in mine {
+        actual += 1;
+        if is_available(m) {
+            available += 1;
+        }
+    }
+    SetCounts {
+        name: ms.name_any(),
+        spec: set_replicas(ms),
+        actual,
+        available,
+    }
+}
+
+fn set_replicas(ms: &DynamicObject) -> i64 {
+    at(&ms.data, &["spec", "replicas"])
+        .and_then(Value::as_i64)
+        .unwrap_or(1)
+        .max(0)
+}
+
+/// Available as the stand-in counts it: a Node, and not being deleted.
+fn is_available(m: &DynamicObject) -> bool {
+    m.metadata.deletion_timestamp.is_none() && has_node_ref(m)
+}
+
+/// The MachineDeployment's annotations a MachineSet carries.
+fn md_annotations_for_set(md: &DynamicObject) -> BTreeMap<String, String> {
+    md.annotations()
+        .iter()
+        .filter(|(k, _)| !k.starts_with("kubectl.kubernetes.io/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+fn set_annotation(obj: &mut DynamicObject, key: &str, value: String) {
+    obj.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.to_string(), value);
+}
+
+fn copy_or_remove(target: &mut serde_json::Map<String, Value>, key: &str, from: Option<&Value>) {
+    match from {
+        Some(v) if !v.is_null() => {
+            target.insert(key.to_string(), v.clone());
+        }
+        _ => {
+            target.remove(key);
+        }
+    }
+}
+
+/// Where a Machine's v1beta2-style conditions live: `status.conditions` in v1beta2,
+/// `status.v1beta2.conditions` on v1beta1 objects (Cluster API 1.9 and later).
+fn conditions_path(v: CapiVersion) -> &'static str {
+    match v {
+        CapiVersion::V1Beta1 => "/status/v1beta2/conditions",
+        CapiVersion::V1Beta2 => "/status/conditions",
+    }
+}
+
+/// The Machine's UpToDate condition status, when it has one.
+pub fn up_to_date(machine: &Value, v: CapiVersion) -> Option<bool> {
+    machine
+        .pointer(conditions_path(v))?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some(UP_TO_DATE_CONDITION))
+        .and_then(|c| c.get("status").and_then(Value::as_str))
+        .map(|s| s == "True")
+}
+
+fn set_up_to_date(machine: &mut DynamicObject, v: CapiVersion, up_to_date: bool) {
+    let generation = machine.metadata.generation.unwrap_or(0);
+    let condition = json!({
+        "type": UP_TO_DATE_CONDITION,
+        "status": if up_to_date { "True" } else { "False" },
+        "reason": if up_to_date { "UpToDate" } else { "NotUpToDate" },
+        "message": if up_to_date { "" } else { "* MachineDeployment's template changed: the Machine's MachineSet is outdated" },
+        "lastTransitionTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        "observedGeneration": generation,
+    });
+    let data = &mut machine.data;
+    if !data.get("status").is_some_and(Value::is_object) {
+        data["status"] = json!({});
+    }
+    let mut parent = &mut data["status"];
+    if v == CapiVersion::V1Beta1 {
+        if !parent.get("v1beta2").is_some_and(Value::is_object) {
+            parent["v1beta2"] = json!({});
+        }
+        parent = &mut parent["v1beta2"];
+    }
+    if !parent.get("conditions").is_some_and(Value::is_array) {
+        parent["conditions"] = json!([]);
+    }
+    if let Some(list) = parent["conditions"].as_array_mut() {
+        list.retain(|c| c.get("type").and_then(Value::as_str) != Some(UP_TO_DATE_CONDITION));
+        list.push(condition);
+    }
 }
 
 fn has_node_ref(m: &DynamicObject) -> bool {

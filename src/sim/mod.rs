@@ -306,5 +306,6 @@ pub mod kubelet;
 pub mod pdb_status;
 pub mod pod_lifecycle;
 pub mod quantity;
+pub mod rollout;
 pub mod scheduler;
 pub mod standin;
