@@ -44,6 +44,7 @@ fn bench_plan(c: &mut Criterion) {
                     max_size: None,
                     machines: &machines,
                     waiting: &waiting,
+                    rolling_out: false,
                 }))
             })
         });

@@ -545,6 +545,10 @@ pub struct MachineDeployment {
     pub infrastructure_ref: InfrastructureRef,
     pub cluster_name: String,
     pub deletion_order: Option<DeletionOrder>,
+    /// `OnDelete`: Cluster API replaces an outdated Machine only once someone deletes it
+    /// (v1beta1 `spec.strategy.type`, v1beta2 `spec.rollout.strategy.type`; default
+    /// RollingUpdate, where Cluster API replaces them itself).
+    pub on_delete: bool,
     pub paused: bool,
     pub version: CapiVersion,
 }
@@ -569,6 +573,11 @@ impl MachineDeployment {
         if r.get("spec.selector").is_none() {
             return Err(r.missing("spec.selector"));
         }
+        let strategy_path = match version {
+            CapiVersion::V1Beta1 => "spec.strategy.type",
+            CapiVersion::V1Beta2 => "spec.rollout.strategy.type",
+        };
+        let on_delete = r.opt_str(strategy_path)?.as_deref() == Some("OnDelete");
         Ok(MachineDeployment {
             spec_replicas: r.opt_i32("spec.replicas")?,
             status_replicas: r.opt_i32("status.replicas")?,
@@ -586,6 +595,7 @@ impl MachineDeployment {
             )?,
             cluster_name: r.req_str("spec.clusterName")?,
             deletion_order,
+            on_delete,
             paused: r.opt_bool("spec.paused")?.unwrap_or(false),
             version,
             name: meta.name,

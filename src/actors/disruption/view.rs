@@ -71,6 +71,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
     let nodes = st.nodes.read();
     let pod_index = st.pods.read();
     let machines = st.machines.read();
+    let deployments = st.deployments.read();
     let offered = offered_by_nodeclass(shared, &pools);
     let pdbs = PdbIndex::new(mem.pdbs);
 
@@ -123,9 +124,16 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         let machine = recorded_deployment(c).and_then(|_| machines.bound_to(&name).ok().flatten());
         let md = recorded_deployment(c).unwrap_or_default();
         let nodeclass = &c.spec.node_class_ref.name;
+        // Only under OnDelete is an outdated Machine ours to replace; under RollingUpdate
+        // Cluster API replaces it itself (and the Scaler lets the new claims adopt the fresh
+        // Machines).
+        let on_delete = deployments.get(md).is_some_and(|d| d.on_delete);
         let provider = drift::Provider {
             offered: offered.get(nodeclass).map(|mds| mds.contains(md)),
-            machine_up_to_date: machine.as_ref().and_then(|m| m.up_to_date),
+            machine_up_to_date: machine
+                .as_ref()
+                .and_then(|m| m.up_to_date)
+                .filter(|_| on_delete),
         };
         let drift = drift::drifted(c, np, provider);
         let on_node = pod_index.on_node(&node.name_any());

@@ -172,6 +172,7 @@ struct Inputs {
     waiting: Vec<String>,
     min_size: i32,
     max_size: Option<i32>,
+    rolling_out: bool,
 }
 
 impl Scaler {
@@ -211,6 +212,7 @@ impl Scaler {
             max_size: inputs.max_size,
             machines: &inputs.machines,
             waiting: &inputs.waiting,
+            rolling_out: inputs.rolling_out,
         };
         let plan = plan::plan(&snapshot);
         for machine in self.orphans(&inputs.machines) {
@@ -334,12 +336,16 @@ impl Scaler {
                 c.clone(),
             )
         });
+        // Cluster API replaces outdated Machines itself under RollingUpdate (not OnDelete, where
+        // disruption replaces them as drift).
+        let rolling_out = !md.on_delete && all.iter().any(|m| m.up_to_date == Some(false));
         Some(Inputs {
             md,
             machines: views,
             waiting,
             min_size,
             max_size,
+            rolling_out,
         })
     }
 

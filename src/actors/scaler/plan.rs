@@ -30,6 +30,11 @@ pub struct Snapshot<'a> {
     pub machines: &'a [MachineView],
     /// Claims waiting for a Machine, oldest first.
     pub waiting: &'a [String],
+    /// Cluster API is rolling the MachineDeployment out (RollingUpdate with outdated Machines
+    /// left): it replaces our claims' Machines with fresh ones. Spare Machines are kept for the
+    /// claims that replace the rolled-out ones to adopt, not released (which would only make
+    /// Cluster API create them again).
+    pub rolling_out: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -139,7 +144,7 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
         return plan;
     }
 
-    if desired < s.managed {
+    if desired < s.managed && !s.rolling_out {
         // Surplus pending replicas (a claim gave up before its Machine came): release the
         // newest spare Machines of ours; a replica whose Machine has not appeared yet is released
         // when it does (never lower replicas blindly).
@@ -195,6 +200,7 @@ mod tests {
             max_size: None,
             machines,
             waiting,
+            rolling_out: false,
         }
     }
 
@@ -279,6 +285,33 @@ mod tests {
         let p = plan(&snap(2, 1, &ms, &[]));
         assert_eq!(p.release, vec!["ours".to_string()]);
         assert_eq!(p.write, None);
+    }
+
+    #[test]
+    fn a_rollout_keeps_fresh_machines_for_the_claims_that_replace_rolled_out_ones() {
+        // Cluster API deleted a bound Machine and created a fresh one: the claim that replaces
+        // the rolled-out one adopts it rather than it being released and created again.
+        let ms = [m("kept", Some("c1"), false), m("fresh", None, false)];
+        let rolling = Snapshot {
+            rolling_out: true,
+            ..snap(2, 2, &ms, &[])
+        };
+        assert_eq!(plan(&rolling).release, Vec::<String>::new());
+        assert_eq!(plan(&rolling).write, None);
+        let w = waiting(&["c2"]);
+        let adopting = Snapshot {
+            rolling_out: true,
+            ..snap(2, 2, &ms, &w)
+        };
+        assert_eq!(
+            plan(&adopting).bind,
+            vec![("c2".to_string(), "fresh".to_string())]
+        );
+        // Once the rollout is over, a spare nobody adopted goes back.
+        assert_eq!(
+            plan(&snap(2, 2, &ms, &[])).release,
+            vec!["fresh".to_string()]
+        );
     }
 
     #[test]
