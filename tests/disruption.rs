@@ -388,3 +388,148 @@ async fn marks_left_by_a_killed_controller_are_rolled_back() {
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
 }
+
+impl Env {
+    async fn patch_md(&self, body: Value) {
+        let api: Api<kube::core::DynamicObject> = Api::namespaced_with(
+            self.client().await,
+            NS,
+            &self.sim.cluster().capi_version().machine_deployment(),
+        );
+        api.patch("md-0", &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .expect("patch the MachineDeployment");
+    }
+
+    /// Writes to MachineDeployments by the controller after `since_ms`: (ms, verb, name).
+    fn controller_replica_writes_since(&self, since_ms: u64) -> Vec<(u64, String, String)> {
+        self.sim
+            .cluster()
+            .stats()
+            .writes()
+            .into_iter()
+            .filter(|w| {
+                w.at_ms > since_ms
+                    && w.agent == karpenter_capi::app::USER_AGENT
+                    && w.resource == "machinedeployments"
+            })
+            .map(|w| (w.at_ms, w.verb, w.name))
+            .collect()
+    }
+
+    fn machine_up_to_date(&self, m: &Value) -> Option<bool> {
+        m.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "UpToDate"))
+            .map(|c| c["status"] == "True")
+    }
+}
+
+/// A template change under `OnDelete`: Cluster API replaces nothing, so the controller replaces
+/// the outdated Machines as drift, within the budgets.
+#[actix::test]
+async fn on_delete_rollouts_are_carried_out_as_drift() {
+    let env = env_fast().await;
+    env.patch_md(json!({"spec": {"rollout": {"strategy": {"type": "OnDelete"}}}}))
+        .await;
+    let (old, old_node) = env.stamped_claim("sim-0").await;
+    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
+        .await;
+    env.patch_md(
+        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
+    )
+    .await;
+    env.wait(
+        "Drifted=True (MachineTemplateDrifted) on the old claim",
+        || {
+            let c = env.get("nodeclaims", "", &old)?;
+            (condition(&c, "Drifted")?["reason"] == "MachineTemplateDrifted").then_some(())
+        },
+    )
+    .await;
+    env.wait(
+        "the old claim replaced by one on an up-to-date Machine",
+        || {
+            let claims = env.claims();
+            let machines = env.list("machines");
+            (env.get("nodeclaims", "", &old).is_none()
+                && claims.len() == 1
+                && condition(&claims[0], "Initialized").is_some_and(|c| c["status"] == "True")
+                && machines.len() == 1
+                && env.machine_up_to_date(&machines[0]) == Some(true))
+            .then_some(())
+        },
+    )
+    .await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
+        1.0
+    );
+    env.assert_clean();
+}
+
+/// A template change under `RollingUpdate`: Cluster API replaces the Machines itself. The claims
+/// whose Machines it deletes end; the claims created for their pods adopt the fresh Machines,
+/// with no replica write at all (no release-and-recreate churn), and nothing leaks.
+#[actix::test]
+async fn rolling_update_fresh_machines_are_adopted_without_churn() {
+    let env = env_fast().await;
+    let (a, _) = env.stamped_claim("sim-0").await;
+    let (b, _) = env.stamped_claim("sim-0").await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.patch_md(
+        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
+    )
+    .await;
+    // (The test's own client shares the controller's User-Agent: count from after its patch.)
+    let since = env.sim.cluster().stats().now_ms();
+    // As the provisioner does for the pods Cluster API drains off a Machine: one new claim for
+    // every old Machine that starts going.
+    let mut replaced = std::collections::HashSet::new();
+    let api: Api<NodeClaim> = Api::all(env.client().await);
+    let start = Instant::now();
+    while replaced.len() < 2 {
+        for m in env.list("machines") {
+            let name = m["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if !m["metadata"]["deletionTimestamp"].is_null() && replaced.insert(name) {
+                let mut claim = claim_for(&env.pool, "sim-0");
+                claim.spec.expire_after = None;
+                api.create(&PostParams::default(), &claim)
+                    .await
+                    .expect("create a replacing claim");
+            }
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the rollout did not delete the old Machines"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    env.wait("two new claims initialized on up-to-date Machines", || {
+        let claims = env.claims();
+        let machines = env.list("machines");
+        (env.get("nodeclaims", "", &a).is_none()
+            && env.get("nodeclaims", "", &b).is_none()
+            && claims.len() == 2
+            && claims
+                .iter()
+                .all(|c| condition(c, "Initialized").is_some_and(|c| c["status"] == "True"))
+            && machines.len() == 2
+            && machines
+                .iter()
+                .all(|m| env.machine_up_to_date(m) == Some(true)))
+        .then_some(())
+    })
+    .await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.controller_replica_writes_since(since),
+        vec![],
+        "the fresh Machines were adopted, not released and created again (after {since} ms)"
+    );
+    env.assert_clean();
+}
