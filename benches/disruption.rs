@@ -166,9 +166,7 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
         DisruptionReason::Drifted,
         DisruptionReason::Underutilized,
     ] {
-        allowed
-            .0
-            .insert(("default".into(), r), nodes.div_ceil(10));
+        allowed.0.insert(("default".into(), r), nodes.div_ceil(10));
     }
     (snapshot, candidates, allowed)
 }

@@ -533,3 +533,84 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn() {
     );
     env.assert_clean();
 }
+
+#[actix::test]
+async fn several_nodes_fold_into_one_cheaper_node() {
+    let env = env_fast().await;
+    let mut olds = Vec::new();
+    for i in 0..3 {
+        let (claim, node) = env.stamped_claim("sim-0").await;
+        env.pod(&format!("app-{i}"), &node, json!({"app": "app"}), json!({}))
+            .await;
+        olds.push(claim);
+    }
+    // Every budget open, so the three can go in one command.
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmptyOrUnderutilized",
+                              "consolidateAfter": "0s", "budgets": [{"nodes": "100%"}]}))
+        .await;
+    env.wait("three nodes replaced by one", || {
+        let claims = env.claims();
+        (olds.iter().all(|c| env.get("nodeclaims", "", c).is_none())
+            && claims.len() == 1
+            && condition(&claims[0], "Initialized").is_some_and(|c| c["status"] == "True"))
+        .then_some(())
+    })
+    .await;
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.metric("karpenter_voluntary_disruption_decisions_total{decision=\"replace\",reason=\"underutilized\",consolidation_type=\"multi\""),
+        1.0
+    );
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"underutilized\""),
+        3.0
+    );
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn percentage_scheduled_and_per_reason_budgets() {
+    let env = env_fast().await;
+    for _ in 0..4 {
+        env.stamped_claim("sim-0").await;
+    }
+    // A window that is always open and allows nothing, only for Empty: it wins for emptiness.
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
+        "budgets": [{"nodes": "50%"},
+                    {"nodes": "0", "schedule": "* * * * *", "duration": "1h", "reasons": ["Empty"]}]}))
+        .await;
+    env.wait("the NodePool says its budget blocks", || {
+        env.events("DisruptionBlocked")
+            .iter()
+            .any(|e| e["regarding"]["kind"] == "NodePool")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        env.claims().len(),
+        4,
+        "the scheduled budget holds everything"
+    );
+    // A zero budget for another reason does not hold emptiness; 50 % of 4 nodes is 2 at a time.
+    env.set_disruption(
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
+        "budgets": [{"nodes": "50%"}, {"nodes": "0", "reasons": ["Drifted", "Underutilized"]}]}),
+    )
+    .await;
+    let start = Instant::now();
+    let mut most = 0;
+    while !env.claims().is_empty() {
+        let deleting = env
+            .claims()
+            .iter()
+            .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
+            .count();
+        most = most.max(deleting);
+        assert!(start.elapsed() < DEADLINE, "empty nodes not consolidated");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!((1..=2).contains(&most), "at most 50 % at once, saw {most}");
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}

@@ -119,16 +119,35 @@ impl Allowed {
 
 /// The first command of upstream's order, or None.
 pub fn decide(snapshot: &Snapshot, candidates: &[Candidate], allowed: &Allowed) -> Option<Command> {
+    decide_explained(snapshot, candidates, allowed).command
+}
+
+/// A decision, and why the candidates single-node consolidation looked at could not go.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Decision {
+    pub command: Option<Command>,
+    /// (claim, why it cannot be consolidated), for `Unconsolidatable` Events.
+    pub unconsolidatable: Vec<(String, String)>,
+}
+
+/// `decide`, keeping the reasons consolidation gave up on candidates.
+pub fn decide_explained(
+    snapshot: &Snapshot,
+    candidates: &[Candidate],
+    allowed: &Allowed,
+) -> Decision {
     let mut sorted: Vec<&Candidate> = candidates.iter().collect();
     sorted.sort_by(|a, b| {
         a.disruption_cost
             .total_cmp(&b.disruption_cost)
             .then_with(|| a.claim.cmp(&b.claim))
     });
-    emptiness(&sorted, allowed)
+    let mut decision = Decision::default();
+    decision.command = emptiness(&sorted, allowed)
         .or_else(|| drift(snapshot, &sorted, allowed))
         .or_else(|| multi_node(snapshot, &sorted, allowed))
-        .or_else(|| single_node(snapshot, &sorted, allowed))
+        .or_else(|| single_node(snapshot, &sorted, allowed, &mut decision.unconsolidatable));
+    decision
 }
 
 /// Within each pool's budget for `reason`, in order.
@@ -242,7 +261,12 @@ fn multi_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> 
 }
 
 /// The first consolidatable candidate that can go, deleted or replaced by a cheaper claim.
-fn single_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+fn single_node(
+    snapshot: &Snapshot,
+    sorted: &[&Candidate],
+    allowed: &Allowed,
+    why_not: &mut Vec<(String, String)>,
+) -> Option<Command> {
     // One node goes, so any candidate whose pool allows one more may be it.
     sorted
         .iter()
@@ -253,7 +277,10 @@ fn single_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) ->
         })
         .take(MAX_SINGLE_NODE_SIMULATIONS)
         .find_map(|c| match consolidation::evaluate(snapshot, &[c]) {
-            Outcome::No(_) => None,
+            Outcome::No(why) => {
+                why_not.push((c.claim.clone(), why));
+                None
+            }
             ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
         })
 }

@@ -151,12 +151,11 @@ impl Disruption {
             }
             let snapshot = view::snapshot(&shared);
             let started = Instant::now();
-            let cmd = tokio::task::spawn_blocking(move || {
-                disruption::decide(&snapshot, &candidates, &allowed)
+            let decision = tokio::task::spawn_blocking(move || {
+                disruption::decide_explained(&snapshot, &candidates, &allowed)
             })
             .await
-            .ok()
-            .flatten();
+            .unwrap_or_default();
             shared
                 .metrics
                 .disruption_evaluation_seconds
@@ -164,7 +163,17 @@ impl Disruption {
                     method: "all".into(),
                 })
                 .observe(started.elapsed().as_secs_f64());
-            cmd
+            for (claim, why) in &decision.unconsolidatable {
+                let c = shared.state.claims.read().get(claim);
+                if let Some(c) = c {
+                    shared.events.normal(
+                        c.object_ref(&()),
+                        "Unconsolidatable",
+                        format!("NodeClaim {claim} cannot be consolidated: {why}"),
+                    );
+                }
+            }
+            decision.command
         };
         ctx.spawn(fut.into_actor(self).map(move |cmd, act, ctx| {
             act.running = false;
@@ -369,6 +378,16 @@ async fn housekeeping(shared: &Shared, view: view::View) {
         if let Err(e) = execute::unmark(shared, claim, node).await {
             tracing::warn!(node = %node.name_any(), error = %e, "rolling back a disruption mark failed");
         }
+    }
+    for (np, reason) in &view.budget_blocked {
+        shared.events.normal(
+            np.object_ref(&()),
+            "DisruptionBlocked",
+            format!(
+                "No allowed disruptions for reason {} due to blocking budget",
+                reason.as_str()
+            ),
+        );
     }
     let interesting: HashSet<&str> = view
         .stamps

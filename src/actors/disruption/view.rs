@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use crate::actors::Shared;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::{DisruptionReason, NodePool};
+use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION,
     NODEPOOL_LABEL,
@@ -49,6 +49,8 @@ pub struct View {
     /// Claims whose Node carries `karpenter.sh/disrupted` from a command that is no longer
     /// running (this controller, or the one before it, stopped mid-way): roll back.
     pub stale: Vec<(Arc<Node>, Arc<NodeClaim>)>,
+    /// Pools with candidates for a reason whose budget allows no disruption now.
+    pub budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
 }
 
 /// What the pass knows that the indexes do not.
@@ -181,6 +183,31 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             view.allowed.0.insert((name.clone(), reason), left);
         }
     }
+    let mut blocked: HashSet<(String, DisruptionReason)> = HashSet::new();
+    for c in &view.candidates {
+        let eligible = [
+            (
+                DisruptionReason::Empty,
+                c.consolidatable && c.pods.is_empty(),
+            ),
+            (DisruptionReason::Drifted, c.drift.is_some()),
+            (
+                DisruptionReason::Underutilized,
+                c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty,
+            ),
+        ];
+        for (reason, yes) in eligible {
+            if yes && view.allowed.get(&c.nodepool, reason) == 0 {
+                blocked.insert((c.nodepool.clone(), reason));
+            }
+        }
+    }
+    let mut blocked: Vec<(String, DisruptionReason)> = blocked.into_iter().collect();
+    blocked.sort();
+    view.budget_blocked = blocked
+        .into_iter()
+        .filter_map(|(pool, reason)| pools.get(&pool).map(|np| (np.clone(), reason)))
+        .collect();
     view
 }
 
