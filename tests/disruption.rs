@@ -66,6 +66,24 @@ impl Env {
         self.create_and_wait(claim).await
     }
 
+    /// A claim running one pod, then a NodePool template change that drifts it.
+    async fn drifting_claim_with_a_pod(&self) -> (String, String) {
+        let (claim, node) = self.stamped_claim("sim-0").await;
+        self.pod("app", &node, json!({"app": "app"}), json!({}))
+            .await;
+        let api: Api<NodePool> = Api::all(self.client().await);
+        api.patch(
+            &self.pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}}),
+            ),
+        )
+        .await
+        .expect("change the template");
+        (claim, node)
+    }
+
     async fn create_and_wait(&self, claim: NodeClaim) -> (String, String) {
         let api: Api<NodeClaim> = Api::all(self.client().await);
         let name = api
@@ -205,18 +223,7 @@ async fn do_not_disrupt_and_a_blocking_pdb_protect_their_nodes() {
 #[actix::test]
 async fn a_drifted_claim_is_replaced_before_it_goes() {
     let env = env_fast().await;
-    let (old, old_node) = env.stamped_claim("sim-0").await;
-    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
-        .await;
-    // Change the template: every claim of the pool drifts.
-    let api: Api<NodePool> = Api::all(env.client().await);
-    api.patch(
-        &env.pool.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}})),
-    )
-    .await
-    .expect("change the template");
+    let (old, _) = env.drifting_claim_with_a_pod().await;
     env.wait("Drifted=True on the old claim", || {
         let c = env.get("nodeclaims", "", &old)?;
         (condition(&c, "Drifted")?["reason"] == "NodePoolDrifted").then_some(())
@@ -313,17 +320,7 @@ async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
 #[actix::test]
 async fn a_failed_replacement_is_rolled_back() {
     let env = env_fast().await;
-    let (old, old_node) = env.stamped_claim("sim-0").await;
-    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
-        .await;
-    let api: Api<NodePool> = Api::all(env.client().await);
-    api.patch(
-        &env.pool.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}})),
-    )
-    .await
-    .expect("change the template");
+    let (old, old_node) = env.drifting_claim_with_a_pod().await;
     // The replacement appears; take it away before it is initialized.
     let replacement = env
         .wait("a replacement claim", || {
@@ -357,17 +354,7 @@ async fn a_failed_replacement_is_rolled_back() {
 #[actix::test]
 async fn marks_left_by_a_killed_controller_are_rolled_back() {
     let mut env = env_fast().await;
-    let (old, old_node) = env.stamped_claim("sim-0").await;
-    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
-        .await;
-    let api: Api<NodePool> = Api::all(env.client().await);
-    api.patch(
-        &env.pool.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}})),
-    )
-    .await
-    .expect("change the template");
+    let (old, old_node) = env.drifting_claim_with_a_pod().await;
     env.wait("the candidate marked", || {
         let claim = env.get("nodeclaims", "", &old)?;
         condition(&claim, "DisruptionReason").map(|_| ())

@@ -79,6 +79,36 @@ impl JsonPatch {
     }
 }
 
+/// Send a guarded JSON patch to a cluster-scoped object of `kind` (API resource `resource`), to
+/// its status subresource when `status`, with the object named in both kinds of error.
+pub async fn send<K>(
+    shared: &super::Shared,
+    (kind, resource): (&'static str, &'static str),
+    name: &str,
+    patch: JsonPatch,
+    status: bool,
+) -> Result<K, super::Error>
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let patch = patch.into_patch().map_err(|source| super::Error::Patch {
+        kind,
+        name: name.to_string(),
+        source,
+    })?;
+    let api: kube::Api<K> = kube::Api::all(shared.workload.clone());
+    let params = kube::api::PatchParams::default();
+    let sent = if status {
+        api.patch_status(name, &params, &patch).await
+    } else {
+        api.patch(name, &params, &patch).await
+    };
+    sent.map_err(super::api_err(&shared.metrics, "patch", resource, name))
+}
+
 /// Merge-patch `status.conditions` of a cluster-scoped object, best effort: a failure is logged
 /// and the caller's next refresh writes again (the conditions are recomputed from the state).
 pub async fn write_conditions<K>(client: kube::Client, name: String, conditions: Value)

@@ -8,7 +8,7 @@
 //! never creates a Machine twice. Per-Machine provider work (the delay, the provider ID, the
 //! deletion) runs in its own small task so a slow provider never blocks the worker.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,6 +116,9 @@ struct Inner {
     provisioning: Mutex<HashSet<String>>,
     /// Machines (by uid) whose deletion task has started.
     deleting: Mutex<HashSet<String>>,
+    /// Whether each Machine (by uid) was available when last seen: only a change of that (or
+    /// a deletion) can let a rollout take its next step, so only that wakes the Deployment.
+    available: Mutex<HashMap<String, bool>>,
     shutdown: Shutdown,
 }
 
@@ -128,6 +131,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         queue: WorkQueue::default(),
         provisioning: Mutex::new(HashSet::new()),
         deleting: Mutex::new(HashSet::new()),
+        available: Mutex::new(HashMap::new()),
         shutdown,
     });
     let v = inner.cfg.version;
@@ -213,14 +217,23 @@ impl Inner {
                 name: set.clone(),
             });
         }
-        // A Machine becoming available (or going) may let a rollout take its next step.
-        if let Some(md) = machine.labels().get(DEPLOYMENT_NAME_LABEL) {
+        let uid = machine.uid().unwrap_or_default();
+        // A Machine becoming available (or going) may let a rollout take its next step; its
+        // other changes cannot, and waking the Deployment on each would cost a list per event.
+        let available =
+            !deleted && machine.metadata.deletion_timestamp.is_none() && has_node_ref(&machine);
+        let changed = if deleted {
+            self.available.lock().remove(&uid);
+            true
+        } else {
+            self.available.lock().insert(uid.clone(), available) != Some(available)
+        };
+        if changed && let Some(md) = machine.labels().get(DEPLOYMENT_NAME_LABEL) {
             self.queue.push(Work::Deployment {
                 ns: ns.clone(),
                 name: md.clone(),
             });
         }
-        let uid = machine.uid().unwrap_or_default();
         if deleted {
             self.provisioning.lock().remove(&uid);
             self.deleting.lock().remove(&uid);

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::api::{Api, DeleteParams, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::view::Stamp;
-use crate::actors::patch::JsonPatch;
+use crate::actors::patch::{JsonPatch, send};
 use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, Condition, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
@@ -24,11 +24,9 @@ use crate::api::wellknown::{
 use crate::disruption::{Candidate, Command};
 use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels};
 
-fn claims(shared: &Shared) -> Api<NodeClaim> {
-    Api::all(shared.workload.clone())
-}
+const CLAIM: (&str, &str) = ("NodeClaim", "nodeclaims");
 
-fn nodes(shared: &Shared) -> Api<Node> {
+fn claims(shared: &Shared) -> Api<NodeClaim> {
     Api::all(shared.workload.clone())
 }
 
@@ -50,15 +48,7 @@ async fn edit_conditions(
     } else {
         p.set("/status/conditions", json!(conds));
     }
-    let patch = p.into_patch().map_err(|source| Error::Patch {
-        kind: "NodeClaim",
-        name: name.clone(),
-        source,
-    })?;
-    let updated = claims(shared)
-        .patch_status(&name, &PatchParams::default(), &patch)
-        .await
-        .map_err(api_err(&shared.metrics, "patch", "nodeclaims", &name))?;
+    let updated: NodeClaim = send(shared, CLAIM, &name, p, true).await?;
     shared.state.claims.write().apply_response(updated);
     Ok(())
 }
@@ -117,15 +107,7 @@ pub async fn restamp(shared: &Shared, claim: &NodeClaim, np: &NodePool) -> Resul
         NODEPOOL_HASH_VERSION_ANNOTATION,
         NODEPOOL_HASH_VERSION,
     );
-    let patch = p.into_patch().map_err(|source| Error::Patch {
-        kind: "NodeClaim",
-        name: name.clone(),
-        source,
-    })?;
-    let updated = claims(shared)
-        .patch(&name, &PatchParams::default(), &patch)
-        .await
-        .map_err(api_err(&shared.metrics, "patch", "nodeclaims", &name))?;
+    let updated: NodeClaim = send(shared, CLAIM, &name, p, false).await?;
     shared.state.claims.write().apply_response(updated);
     Ok(())
 }
@@ -160,15 +142,7 @@ async fn set_taint(shared: &Shared, node: &Node, on: bool) -> Result<(), Error> 
     } else {
         p.set("/spec/taints", json!(taints));
     }
-    let patch = p.into_patch().map_err(|source| Error::Patch {
-        kind: "Node",
-        name: name.clone(),
-        source,
-    })?;
-    let updated = nodes(shared)
-        .patch(&name, &PatchParams::default(), &patch)
-        .await
-        .map_err(api_err(&shared.metrics, "patch", "nodes", &name))?;
+    let updated: Node = send(shared, ("Node", "nodes"), &name, p, false).await?;
     shared.state.nodes.write().apply(updated);
     Ok(())
 }

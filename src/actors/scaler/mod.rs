@@ -404,7 +404,16 @@ impl Scaler {
         let shared = self.shared.clone();
         let deadline = self.deadline();
         let fut = async move {
-            let mut p = JsonPatch::guarded(Some(machine.resource_version.as_str()));
+            // Guard on the annotations we read (where the binding lives), not the whole
+            // resourceVersion: Cluster API writes Machine status all the time, and those writes
+            // must not make a bind conflict. A Machine with no annotations yet is guarded whole.
+            let mut p = if machine.annotations.is_empty() {
+                JsonPatch::guarded(Some(machine.resource_version.as_str()))
+            } else {
+                let mut p = JsonPatch::new();
+                p.test("/metadata/annotations", json!(machine.annotations));
+                p
+            };
             p.set_entry(
                 !machine.annotations.is_empty(),
                 "/metadata/annotations",
