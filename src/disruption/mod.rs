@@ -208,24 +208,79 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
     let open = drifted
         .into_iter()
         .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0);
-    for c in open {
-        let moved: std::collections::HashSet<&str> = c.pods.iter().map(String::as_str).collect();
-        let results = crate::scheduling::solve(&consolidation::without(snapshot, &[c]));
-        if results
-            .failures
-            .iter()
-            .any(|(p, _)| moved.contains(p.as_str()))
-        {
-            continue;
-        }
-        let replacements = results
+    open.into_iter()
+        .find_map(|c| drift_replacements(snapshot, c).map(|r| command(Method::Drift, vec![c], r)))
+}
+
+/// The claims a drifted node's pods need (drift asks for no savings), or None when some pod
+/// would not schedule.
+fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim>> {
+    let moved: std::collections::HashSet<&str> = c.pods.iter().map(String::as_str).collect();
+    let results = crate::scheduling::solve(&consolidation::without(snapshot, &[c]));
+    if results
+        .failures
+        .iter()
+        .any(|(p, _)| moved.contains(p.as_str()))
+    {
+        return None;
+    }
+    Some(
+        results
             .new_claims
             .into_iter()
             .filter(|n| n.pods.iter().any(|p| moved.contains(p.as_str())))
-            .collect();
-        return Some(command(Method::Drift, vec![c], replacements));
+            .collect(),
+    )
+}
+
+/// Upstream's validation: after the pause, the pending command's candidates must all still be
+/// candidates for the same reason, within the budgets, and (for consolidation and drift with
+/// pods) the simulation must still hold. Returns the command refreshed with today's
+/// replacements, or None when it no longer holds.
+pub fn revalidate(
+    snapshot: &Snapshot,
+    candidates: &[Candidate],
+    allowed: &Allowed,
+    pending: &Command,
+) -> Option<Command> {
+    let fresh: Vec<&Candidate> = pending
+        .candidates
+        .iter()
+        .map(|p| candidates.iter().find(|c| c.claim == p.claim))
+        .collect::<Option<_>>()?;
+    let reason = pending.method.reason();
+    if within_budget(fresh.iter().copied(), reason, allowed).len() != fresh.len() {
+        return None;
     }
-    None
+    match pending.method {
+        Method::Emptiness => fresh
+            .iter()
+            .all(|c| c.consolidatable && c.pods.is_empty())
+            .then(|| command(Method::Emptiness, fresh, Vec::new())),
+        Method::Drift => {
+            if !fresh.iter().all(|c| c.drift.is_some()) {
+                return None;
+            }
+            match fresh.as_slice() {
+                [one] if !one.pods.is_empty() => {
+                    drift_replacements(snapshot, one).map(|r| command(Method::Drift, fresh, r))
+                }
+                _ => fresh
+                    .iter()
+                    .all(|c| c.pods.is_empty())
+                    .then(|| command(Method::Drift, fresh, Vec::new())),
+            }
+        }
+        Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
+            if !fresh.iter().all(|c| c.underutilized_allowed()) {
+                return None;
+            }
+            match consolidation::evaluate(snapshot, &fresh) {
+                Outcome::No(_) => None,
+                ok => Some(finish(pending.method, fresh, ok)),
+            }
+        }
+    }
 }
 
 /// Upstream's search: the longest prefix (by disruption cost) of the consolidatable candidates

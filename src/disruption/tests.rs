@@ -412,3 +412,53 @@ fn disruption_cost_follows_upstream() {
     assert_eq!(lifetime_remaining(day, Some(day * 4)), 0.75);
     assert_eq!(lifetime_remaining(day * 5, Some(day * 4)), 0.0);
 }
+
+#[test]
+fn a_pending_command_is_carried_out_only_while_it_still_holds() {
+    let (s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "a",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[],
+            },
+            Node {
+                name: "b",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[],
+            },
+        ],
+    );
+    let pending = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(pending.claim_names(), vec!["claim-a"]);
+    // Another node became empty meanwhile: the pending command still holds as it was.
+    assert_eq!(
+        revalidate(&s, &c, &allow(1), &pending),
+        Some(pending.clone())
+    );
+    // A pod landed on the candidate: it is no longer empty.
+    let (s2, c2) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "a",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("p", "1")],
+            },
+            Node {
+                name: "b",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[],
+            },
+        ],
+    );
+    assert_eq!(revalidate(&s2, &c2, &allow(1), &pending), None);
+    // The candidate is protected now (no longer a candidate), or the budget closed.
+    assert_eq!(revalidate(&s, &c[1..], &allow(1), &pending), None);
+    assert_eq!(revalidate(&s, &c, &allow(0), &pending), None);
+}

@@ -122,6 +122,11 @@ impl Disruption {
         }
         self.running = true;
         let now = Timestamp::now();
+        // Nodes that are gone have no countdown to keep.
+        {
+            let nodes = self.shared.state.nodes.read();
+            self.pod_events.retain(|n, _| nodes.get(n).is_some());
+        }
         let executing: HashSet<String> = self
             .executing
             .iter()
@@ -144,6 +149,13 @@ impl Disruption {
         let decide = self.executing.is_none() && !quiet;
         let candidates = view.candidates.clone();
         let allowed = view.allowed.clone();
+        let validation = self.settings().validation;
+        // A decision whose pause is over is validated rather than decided again.
+        let due = self
+            .pending
+            .as_ref()
+            .filter(|p| p.since.elapsed() >= validation)
+            .map(|p| p.command.clone());
         let fut = async move {
             housekeeping(&shared, view).await;
             if !decide {
@@ -152,10 +164,19 @@ impl Disruption {
             let snapshot = view::snapshot(&shared);
             let started = Instant::now();
             let decision = tokio::task::spawn_blocking(move || {
-                disruption::decide_explained(&snapshot, &candidates, &allowed)
+                if let Some(pending) = due {
+                    let validated =
+                        disruption::revalidate(&snapshot, &candidates, &allowed, &pending);
+                    if validated.is_some() {
+                        return (validated, true, Vec::new());
+                    }
+                }
+                let d = disruption::decide_explained(&snapshot, &candidates, &allowed);
+                (d.command, false, d.unconsolidatable)
             })
             .await
             .unwrap_or_default();
+            let (command, validated, unconsolidatable) = decision;
             shared
                 .metrics
                 .disruption_evaluation_seconds
@@ -163,7 +184,7 @@ impl Disruption {
                     method: "all".into(),
                 })
                 .observe(started.elapsed().as_secs_f64());
-            for (claim, why) in &decision.unconsolidatable {
+            for (claim, why) in &unconsolidatable {
                 let c = shared.state.claims.read().get(claim);
                 if let Some(c) = c {
                     shared.events.normal(
@@ -173,7 +194,7 @@ impl Disruption {
                     );
                 }
             }
-            decision.command
+            command.map(|c| (c, validated))
         };
         ctx.spawn(fut.into_actor(self).map(move |cmd, act, ctx| {
             act.running = false;
@@ -216,24 +237,25 @@ impl Disruption {
         }
     }
 
-    /// A decided command: carry it out if the validation period confirmed it, else wait for it.
-    fn consider(&mut self, cmd: Option<Command>, ctx: &mut Context<Self>) {
-        let Some(cmd) = cmd else {
+    /// A command from this pass: carry it out when it is a pending one that passed its
+    /// validation; otherwise it becomes (or stays) the pending one and is validated after the
+    /// pause (`disruption::revalidate`).
+    fn consider(&mut self, cmd: Option<(Command, bool)>, ctx: &mut Context<Self>) {
+        let Some((cmd, validated)) = cmd else {
             self.pending = None;
             return;
         };
+        if validated {
+            self.pending = None;
+            self.execute(cmd, ctx);
+            return;
+        }
         let validation = self.settings().validation;
         match self.pending.take() {
             Some(p)
                 if p.command.method == cmd.method
                     && p.command.claim_names() == cmd.claim_names()
-                    && p.since.elapsed() >= validation =>
-            {
-                self.execute(cmd, ctx);
-            }
-            Some(p)
-                if p.command.method == cmd.method
-                    && p.command.claim_names() == cmd.claim_names() =>
+                    && p.since.elapsed() < validation =>
             {
                 let left = validation.saturating_sub(p.since.elapsed());
                 self.pending = Some(p);
