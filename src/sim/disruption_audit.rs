@@ -7,10 +7,15 @@
 //!   expired (expiration ignores budgets);
 //! - the pool's node count: its claims that are `Initialized` with a Node name (as the
 //!   controller counts them, being-deleted ones included);
-//! - after every change, the excess of the claims being disrupted over the budget in force then
-//!   (`disruption::budgets::limit` over that node count, for the reasons of the claims being
-//!   disrupted; an unmarked deletion is held to the most permissive reason's budget). The worst
-//!   excess of each pool, where positive, is a violation.
+//! - whenever the controller starts disrupting a claim (sets its `DisruptionReason`), the excess
+//!   of the claims being disrupted at that moment over the budget in force
+//!   (`disruption::budgets::limit` over that node count, for the reasons of the marked claims).
+//!   The worst excess of each pool, where positive, is a violation. Claims being deleted for
+//!   other reasons (a Cluster API rollout deleting their Machines, a launch timeout, a user)
+//!   count against the budget, as they do in the controller, but they are no decision of the
+//!   controller, so the moments they push the count up are measured apart
+//!   (`max_excess_any`: after every change, unmarked deletions held to the most permissive
+//!   reason's budget) and not counted as violations.
 //!
 //! It also counts decisions: a claim whose deletion is first seen with a `DisruptionReason`
 //! condition counts under that reason; one deleted without it once its `expireAfter` had run
@@ -118,8 +123,11 @@ pub struct Decisions {
 pub struct PoolAudit {
     /// The most claims being disrupted at once.
     pub max_disrupting: usize,
-    /// The largest excess over the budget in force (negative: always within it).
+    /// The largest excess over the budget in force when the controller started a disruption
+    /// (negative: always within it).
     pub max_excess: i64,
+    /// The largest excess at any moment, whoever deleted the claims.
+    pub max_excess_any: i64,
     /// Node count and budget at the worst excess.
     pub nodes_then: usize,
     pub budget_then: Option<usize>,
@@ -160,7 +168,7 @@ impl AuditState {
     pub fn set_pool(&mut self, np: NodePool, now_unix: i64) {
         let name = np.name_any();
         self.pools.insert(name.clone(), np);
-        self.evaluate(&name, now_unix);
+        self.evaluate(&name, now_unix, false);
     }
 
     pub fn remove_pool(&mut self, name: &str) {
@@ -170,6 +178,7 @@ impl AuditState {
     /// A claim as it is now.
     pub fn apply(&mut self, facts: ClaimFacts, now_unix: i64) {
         let pool = facts.pool.clone();
+        let existed = self.claims.contains_key(&facts.name);
         let t = self
             .claims
             .entry(facts.name.clone())
@@ -177,6 +186,7 @@ impl AuditState {
                 facts: facts.clone(),
                 decided: None,
             });
+        let newly_marked = facts.marked.is_some() && (!existed || t.facts.marked.is_none());
         // A mark seen once stays the reason of the deletion even if a later write drops it.
         let marked = facts
             .marked
@@ -198,22 +208,24 @@ impl AuditState {
                 Cause::Other => d.other += 1,
             }
         }
-        self.evaluate(&pool, now_unix);
+        self.evaluate(&pool, now_unix, newly_marked);
     }
 
     /// A claim is gone.
     pub fn remove(&mut self, name: &str, now_unix: i64) {
         if let Some(t) = self.claims.remove(name) {
-            self.evaluate(&t.facts.pool, now_unix);
+            self.evaluate(&t.facts.pool, now_unix, false);
         }
     }
 
-    fn evaluate(&mut self, pool: &str, now_unix: i64) {
+    /// `decision`: the controller has just started disrupting a claim of `pool`.
+    fn evaluate(&mut self, pool: &str, now_unix: i64, decision: bool) {
         let members = || self.claims.values().filter(|t| t.facts.pool == pool);
         let nodes = members().filter(|t| t.facts.node).count();
         let disrupting: Vec<&Tracked> = members().filter(|t| t.disrupting()).collect();
         let worst = self.worst.entry(pool.to_string()).or_insert(PoolAudit {
             max_excess: i64::MIN,
+            max_excess_any: i64::MIN,
             ..Default::default()
         });
         worst.max_disrupting = worst.max_disrupting.max(disrupting.len());
@@ -246,7 +258,8 @@ impl AuditState {
             return;
         };
         let excess = disrupting.len() as i64 - budget as i64;
-        if excess > worst.max_excess {
+        worst.max_excess_any = worst.max_excess_any.max(excess);
+        if decision && excess > worst.max_excess {
             worst.max_excess = excess;
             worst.nodes_then = nodes;
             worst.budget_then = Some(budget);
@@ -261,6 +274,9 @@ impl AuditState {
                 let mut v = v.clone();
                 if v.max_excess == i64::MIN {
                     v.max_excess = 0;
+                }
+                if v.max_excess_any == i64::MIN {
+                    v.max_excess_any = 0;
                 }
                 (k.clone(), v)
             })
@@ -448,7 +464,8 @@ mod tests {
         let r = s.report();
         assert_eq!(r.budget_violations, 0);
         assert_eq!(r.decisions.expired, 4);
-        // An unmarked deletion that is not expiry counts against the budget.
+        // An unmarked deletion that is not expiry counts against the budget, but is no
+        // decision of the controller: only a mark made while it is in progress is a violation.
         s.apply(
             ClaimFacts {
                 deleting: true,
@@ -458,7 +475,16 @@ mod tests {
         );
         let r = s.report();
         assert_eq!(r.decisions.other, 1);
-        assert_eq!(r.budget_violations, 1);
+        assert_eq!(r.budget_violations, 0);
+        assert_eq!(r.pools["p"].max_excess_any, 1);
+        s.apply(
+            ClaimFacts {
+                marked: Some(DisruptionReason::Empty),
+                ..claim("c8")
+            },
+            NOW,
+        );
+        assert_eq!(s.report().budget_violations, 2);
     }
 
     #[test]

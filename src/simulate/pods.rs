@@ -366,7 +366,6 @@ pub async fn provision_with(
     let mut settings = sim_settings(args.create_timeout.map(Duration::from_secs_f64));
     settings.batching.idle = Duration::from_millis(300);
     settings.batching.max = Duration::from_secs(3);
-    let mut settings = settings;
     tweak(&mut settings);
     let controller = start_controller(&sim, settings, Metrics::new()).await?;
     let since_ms = sim.cluster().stats().now_ms();
