@@ -288,6 +288,11 @@ impl AuditState {
         }
     }
 
+    /// Forget the worst moments so far, keep the decisions (a new step of a phase).
+    pub fn reset_worst(&mut self) {
+        self.worst.clear();
+    }
+
     /// Forget the worst moments and decisions so far (a scenario's disruption phase starts).
     pub fn reset(&mut self) {
         self.decisions = Decisions::default();
@@ -308,6 +313,10 @@ impl DisruptionAudit {
 
     pub fn reset(&self) {
         self.state.lock().reset();
+    }
+
+    pub fn reset_worst(&self) {
+        self.state.lock().reset_worst();
     }
 }
 

@@ -46,6 +46,11 @@ pub struct RolloutFigures {
     /// Live Machines of the MachineDeployment at the end, and how many are up to date.
     pub machines: usize,
     pub machines_up_to_date: usize,
+    /// During the rollout: the most claims being disrupted at once (Cluster API deleting
+    /// Machines included), violations by the controller, and the excess counting everybody.
+    pub max_disrupting: usize,
+    pub budget_violations: usize,
+    pub budget_excess_any: usize,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -135,12 +140,15 @@ impl std::fmt::Display for DisruptionReport {
         if let Some(r) = &d.rollout {
             write!(
                 f,
-                "\n  rollout:  {}: {} of {} claims replaced, {} of {} Machines up to date",
+                "\n  rollout:  {}: {} of {} claims replaced, {} of {} Machines up to date; at most {} claims disrupted at once ({} over budget counting Cluster API's deletions, {} by the controller's decisions)",
                 r.machine_deployment,
                 r.claims_replaced,
                 r.claims_before,
                 r.machines_up_to_date,
-                r.machines
+                r.machines,
+                r.max_disrupting,
+                r.budget_excess_any,
+                r.budget_violations
             )?;
         }
         Ok(())
@@ -342,8 +350,9 @@ async fn wait_stable(
         tokio::time::sleep(Duration::from_millis(250)).await;
         let decisions = sim.cluster().disruption_audit().report().decisions;
         let line = format!(
-            "{} | decided {}e {}u {}d {}x {}o",
+            "{} | cost/h {:.2} | decided {}e {}u {}d {}x {}o",
             progress_line(sim.cluster()),
+            cost_per_hour(sim),
             decisions.empty,
             decisions.underutilized,
             decisions.drifted,
@@ -433,6 +442,7 @@ pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
     let cost_before = cost_per_hour(&p.sim);
     let phase = Instant::now();
     let mut rollout = None;
+    let mut drift_phase = None;
     match scenario {
         Scenario::Consolidate => consolidate(args, &p.sim, deadline).await?,
         Scenario::Drift => {
@@ -451,7 +461,25 @@ pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
                 (left > 0).then(|| format!("{left} drifted claims left"))
             })
             .await?;
-            rollout = Some(roll_out(&p.sim, deadline).await?);
+            // The rollout is measured apart: Cluster API, not the controller, deletes its
+            // Machines.
+            drift_phase = Some(p.sim.cluster().disruption_audit().report());
+            p.sim.cluster().disruption_audit().reset_worst();
+            let mut r = roll_out(&p.sim, deadline).await?;
+            let during = p.sim.cluster().disruption_audit().report();
+            r.max_disrupting = during
+                .pools
+                .values()
+                .map(|p| p.max_disrupting)
+                .max()
+                .unwrap_or(0);
+            r.budget_violations = during.budget_violations;
+            r.budget_excess_any = during
+                .pools
+                .values()
+                .map(|p| p.max_excess_any.max(0) as usize)
+                .sum();
+            rollout = Some(r);
         }
         Scenario::Expire => {
             eprintln!(
@@ -479,7 +507,10 @@ pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
     .into();
     let unbound = unbound_pods(sim);
     pods.pods.unschedulable = unbound;
-    let audit = sim.cluster().disruption_audit().report();
+    // The drift scenario's budget figures are its drift phase's (the rollout's are apart);
+    // its violations are both phases'.
+    let end = sim.cluster().disruption_audit().report();
+    let audit = drift_phase.clone().unwrap_or_else(|| end.clone());
     let all_violations = sim.cluster().stats().violations();
     let new_violations = &all_violations[violations_before.min(all_violations.len())..];
     let count = |v: Violation| new_violations.iter().filter(|r| r.violation == v).count();
@@ -488,13 +519,14 @@ pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
     let store = sim.cluster().server().store();
     let live = live_claims(sim);
     let figures = DisruptionFigures {
-        decisions: audit.decisions.clone(),
+        decisions: end.decisions.clone(),
         nodes_before,
         nodes_after: live_nodes(sim),
         nodes_lower_bound: lower_bound(&store.list("pods", None), (cpu, memory, 110)),
         cost_per_hour_before: round2(cost_before),
         cost_per_hour_after: round2(cost_per_hour(sim)),
-        budget_violations: audit.budget_violations,
+        budget_violations: audit.budget_violations
+            + rollout.as_ref().map(|r| r.budget_violations).unwrap_or(0),
         budget_excess_any: audit
             .pools
             .values()
@@ -664,6 +696,7 @@ async fn roll_out(sim: &BackgroundSim, deadline: Duration) -> Result<RolloutFigu
         claims_replaced: claims_on_md.len() - left,
         machines: live,
         machines_up_to_date: fresh,
+        ..Default::default()
     })
 }
 
