@@ -22,8 +22,12 @@ use crate::cli::{Scenario, SimulateArgs};
 use crate::sim::disruption_audit::Decisions;
 use crate::sim::drain_audit::Violation;
 
-/// The claims' `expireAfter` in the expire scenario.
-pub const EXPIRE_AFTER_SECS: u64 = 30;
+/// The claims' `expireAfter` in the expire scenario: 30 s, or a tenth of a second per pod when
+/// that is longer, so the replacements are up well before they expire in turn (with 1,000 pods
+/// and 30 s the cluster never settles: each generation expires while the next is launching).
+pub fn expire_after_secs(pods: usize) -> u64 {
+    30.max(pods as u64 / 10)
+}
 /// The label the drift scenario adds to the NodePool's template.
 pub const DRIFT_LABEL: &str = "example.com/revision";
 
@@ -421,12 +425,13 @@ async fn patch_nodepool(sim: &BackgroundSim, patch: Value) -> Result<(), Error> 
 pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
     let scenario = args.scenario;
     let expire = scenario == Scenario::Expire;
+    let expire_after = expire_after_secs(args.pods);
     let p = provision_with(
         args,
         move |pool| {
             if expire {
                 *pool = json!({"spec": {"template": {"spec": {
-                    "expireAfter": format!("{EXPIRE_AFTER_SECS}s")}}}});
+                    "expireAfter": format!("{expire_after}s")}}}});
             }
         },
         |_, _| {},
@@ -483,7 +488,7 @@ pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
         }
         Scenario::Expire => {
             eprintln!(
-                "waiting for the {} claims to expire (expireAfter {EXPIRE_AFTER_SECS}s)",
+                "waiting for the {} claims to expire (expireAfter {expire_after}s)",
                 claims_before.len()
             );
             let originals = claims_before.clone();
