@@ -331,6 +331,15 @@ pub enum Scenario {
     /// Provision pods (each Deployment with a PodDisruptionBudget, some do-not-disrupt), then
     /// delete a third of the claims at once: the drain, measured.
     Drain,
+    /// Provision pods, enable consolidation, scale most Deployments down, and measure how the
+    /// controller empties and replaces nodes (budgets, cost, nodes against a lower bound).
+    Consolidate,
+    /// Provision pods, change the NodePool template (every claim drifts and is replaced), then
+    /// roll out one MachineDeployment.
+    Drift,
+    /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
+    /// move to new nodes.
+    Expire,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

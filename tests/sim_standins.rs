@@ -901,3 +901,103 @@ async fn cluster_api_drains_a_deleted_machine_unless_told_it_was_drained() {
         "only the plain Machine's Node is drained"
     );
 }
+
+// ---- the Deployment stand-in ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployments_replace_evicted_pods_and_scale_down() {
+    use kube::api::{EvictParams, PostParams};
+
+    let cluster = SimCluster::start(SimClusterConfig {
+        scheduler: false,
+        ..fast(CapiVersion::V1Beta2)
+    })
+    .await
+    .unwrap();
+    create_node(&cluster, "n1").await;
+    let mut shape = PodShape::new("100m", "128Mi");
+    shape.grace_seconds = 30;
+    shape.annotations.insert(
+        "sim.karpenter.cluster.x-k8s.io/exit-after".into(),
+        "never".into(),
+    );
+    cluster
+        .create_deployment(NS, "web", 2, &shape)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), NS);
+    let live = || async {
+        pods.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect::<Vec<Pod>>()
+    };
+    let first = eventually("two pods", || async {
+        let l = live().await;
+        (l.len() == 2).then_some(l)
+    })
+    .await;
+    let deployment_uid =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(cluster.client(), NS)
+            .get("web")
+            .await
+            .unwrap()
+            .metadata
+            .uid;
+    for p in &first {
+        assert!(p.name_any().starts_with("web-"), "{}", p.name_any());
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "Deployment");
+        assert_eq!(Some(owner.uid.clone()), deployment_uid);
+        assert_eq!(owner.controller, Some(true));
+    }
+
+    // Bind one, let it start, evict it: it terminates slowly (it ignores SIGTERM) and is
+    // replaced at once.
+    let victim = first[0].name_any();
+    let binding = json!({"apiVersion": "v1", "kind": "Binding",
+        "metadata": {"name": victim}, "target": {"kind": "Node", "name": "n1"}});
+    pods.create_subresource::<_, serde_json::Value>(
+        "binding",
+        &victim,
+        &PostParams::default(),
+        &binding,
+    )
+    .await
+    .unwrap();
+    running_pod(&pods, &victim).await;
+    pods.evict(&victim, &EvictParams::default()).await.unwrap();
+    let after = eventually("a replacement", || async {
+        let l = live().await;
+        (l.len() == 2 && l.iter().all(|p| p.name_any() != victim)).then_some(l)
+    })
+    .await;
+    let terminating = pods.get(&victim).await.unwrap();
+    assert!(
+        terminating.metadata.deletion_timestamp.is_some(),
+        "the evicted pod is still terminating while its replacement exists"
+    );
+    assert!(
+        after
+            .iter()
+            .all(|p| p.spec.as_ref().unwrap().node_name.is_none())
+    );
+
+    // Scale up, then down: surplus pods are deleted.
+    cluster.scale_deployment(NS, "web", 4).await.unwrap();
+    eventually("four pods", || async {
+        (live().await.len() == 4).then_some(())
+    })
+    .await;
+    cluster.scale_deployment(NS, "web", 1).await.unwrap();
+    eventually("one pod", || async {
+        (live().await.len() == 1).then_some(())
+    })
+    .await;
+    // And it stays at one (no flapping).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(live().await.len(), 1);
+}

@@ -17,11 +17,12 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::capi::{self, CapiConfig, CapiVersion, ProviderIdStyle, dynamic};
+use super::disruption_audit::{self, DisruptionAudit};
 use super::kubelet::{self, KubeletConfig};
 use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
 use super::standin::{ShutdownTrigger, shutdown_pair};
 use super::{CapiVersions, SimConfig, SimError, SimServer};
-use super::{pdb_status, pod_lifecycle};
+use super::{deployments, pdb_status, pod_lifecycle};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 /// Cluster name every seeded Cluster API object belongs to.
@@ -125,6 +126,7 @@ pub struct SimCluster {
     trigger: ShutdownTrigger,
     tasks: Vec<JoinHandle<()>>,
     binds: BindLog,
+    audit: DisruptionAudit,
 }
 
 impl SimCluster {
@@ -169,6 +171,13 @@ impl SimCluster {
             shutdown.clone(),
         ));
         tasks.extend(pdb_status::spawn(server.client(), shutdown.clone()));
+        let (audit, t) = disruption_audit::spawn(server.client(), shutdown.clone());
+        tasks.extend(t);
+        tasks.extend(deployments::spawn(
+            server.client(),
+            cfg.seed,
+            shutdown.clone(),
+        ));
         tasks.extend(pod_lifecycle::spawn(
             server.client(),
             cfg.pod_exit_delay,
@@ -194,6 +203,7 @@ impl SimCluster {
             trigger,
             tasks,
             binds,
+            audit,
         })
     }
 
@@ -231,6 +241,11 @@ impl SimCluster {
     /// Pods the scheduler stand-in bound, in order, with the time of each binding.
     pub fn bindings(&self) -> Vec<BindRecord> {
         self.binds.records()
+    }
+
+    /// The server-side audit of voluntary disruption (budgets, decisions).
+    pub fn disruption_audit(&self) -> &DisruptionAudit {
+        &self.audit
     }
 
     /// Stops the stand-ins, waits for them, then stops the server.
@@ -350,8 +365,8 @@ impl SimCluster {
         Ok(())
     }
 
-    /// A Deployment and its `replicas` pods (owned by it). There is no ReplicaSet controller in
-    /// the simulated cluster: the pods are created once, here.
+    /// A Deployment of `replicas` pods shaped by `shape`; the Deployment stand-in
+    /// (`deployments.rs`) creates its pods and keeps their number (returns before they exist).
     pub async fn create_deployment(
         &self,
         ns: &str,
@@ -361,34 +376,44 @@ impl SimCluster {
     ) -> Result<(), Error> {
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
         let template = shape.pod(name, ns, None);
+        let mut labels = shape.labels.clone();
+        let app = labels
+            .entry("app".to_string())
+            .or_insert_with(|| name.to_string())
+            .clone();
         let body = json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": name, "namespace": ns, "labels": {"app": name}},
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
             "spec": {
                 "replicas": replicas,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {"metadata": {"labels": {"app": name}}, "spec": template.spec},
+                "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": shape.annotations},
+                    "spec": template.spec,
+                },
             },
         });
         let deployment: Deployment = serde_json::from_value(body).map_err(|e| {
             kube_err(format!("build Deployment {ns}/{name}"))(kube::Error::SerdeError(e))
         })?;
-        let created = deployments
+        deployments
             .create(&PostParams::default(), &deployment)
             .await
             .map_err(kube_err(format!("create Deployment {ns}/{name}")))?;
-        let owner = json!({
-            "apiVersion": "apps/v1", "kind": "Deployment", "name": name,
-            "uid": created.metadata.uid.unwrap_or_default(), "controller": true,
-        });
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-        for i in 0..replicas {
-            let pod = shape.pod(&format!("{name}-{i}"), ns, Some(owner.clone()));
-            pods.create(&PostParams::default(), &pod)
-                .await
-                .map_err(kube_err(format!("create Pod {ns}/{name}-{i}")))?;
-        }
         Ok(())
+    }
+
+    /// Sets a Deployment's `spec.replicas`; the Deployment stand-in adds or removes pods.
+    pub async fn scale_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: usize,
+    ) -> Result<(), Error> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
+        super::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
+            .await
+            .map_err(kube_err(format!("scale Deployment {ns}/{name}")))
     }
 
     /// Machines of a MachineDeployment (every namespace when `ns` is None).

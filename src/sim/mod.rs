@@ -302,6 +302,8 @@ async fn cut_watches_periodically(faults: Arc<Faults>) {
 // ---- stand-ins and scenarios (H4) ----
 pub mod capi;
 pub mod cluster;
+pub mod deployments;
+pub mod disruption_audit;
 pub mod kubelet;
 pub mod pdb_status;
 pub mod pod_lifecycle;

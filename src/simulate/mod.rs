@@ -2,6 +2,7 @@
 //! an actix System, a scenario that drives both, and a report measured by the simulated server.
 //! Tests use the same pieces (`Harness`), so what the README shows is what the tests check.
 
+pub mod disruption;
 pub mod drain;
 pub mod invariants;
 pub mod launch;
@@ -204,6 +205,10 @@ pub fn run(args: SimulateArgs) -> Result<bool, Error> {
             }
             Scenario::Drain => {
                 let r = drain::run(&args).await?;
+                (r.to_string(), r.to_json(), r.invariants_ok())
+            }
+            Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
+                let r = disruption::run(&args).await?;
                 (r.to_string(), r.to_json(), r.invariants_ok())
             }
         };

@@ -261,6 +261,38 @@ pub fn measure(
     }
 }
 
+/// Wait until the Deployment stand-in has created `n` pods (not being deleted).
+pub async fn wait_for_pods(sim: &BackgroundSim, n: usize, deadline: Duration) -> Result<(), Error> {
+    let start = Instant::now();
+    loop {
+        let have = live_pods(sim.cluster());
+        if have >= n {
+            return Ok(());
+        }
+        if start.elapsed() > deadline {
+            return Err(Error::NotSettled {
+                after: deadline,
+                why: format!("the Deployments have {have} of {n} pods"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Pods not being deleted.
+pub fn live_pods(cluster: &SimCluster) -> usize {
+    cluster
+        .server()
+        .store()
+        .list("pods", None)
+        .iter()
+        .filter(|p| {
+            p.pointer("/metadata/deletionTimestamp")
+                .is_none_or(Value::is_null)
+        })
+        .count()
+}
+
 /// A provisioned cluster: pods created from Deployments and bound (or given up on).
 pub struct Provisioned {
     pub sim: BackgroundSim,
@@ -284,6 +316,16 @@ pub async fn provision(
     args: &SimulateArgs,
     pool: impl FnOnce(&mut serde_json::Value) + Send + 'static,
     shape: impl Fn(usize, &mut PodShape) + Send + 'static,
+) -> Result<Provisioned, Error> {
+    provision_with(args, pool, shape, |_| {}).await
+}
+
+/// `provision`, with `settings` editing the controller's settings before it starts.
+pub async fn provision_with(
+    args: &SimulateArgs,
+    pool: impl FnOnce(&mut serde_json::Value) + Send + 'static,
+    shape: impl Fn(usize, &mut PodShape) + Send + 'static,
+    tweak: impl FnOnce(&mut crate::actors::Settings),
 ) -> Result<Provisioned, Error> {
     let sim = BackgroundSim::start(cluster_config(args)).await?;
     eprintln!(
@@ -324,6 +366,7 @@ pub async fn provision(
     let mut settings = sim_settings(args.create_timeout.map(Duration::from_secs_f64));
     settings.batching.idle = Duration::from_millis(300);
     settings.batching.max = Duration::from_secs(3);
+    tweak(&mut settings);
     let controller = start_controller(&sim, settings, Metrics::new()).await?;
     let since_ms = sim.cluster().stats().now_ms();
     let (n, k) = (args.pods, args.deployments.max(1));
@@ -340,6 +383,7 @@ pub async fn provision(
         Ok::<_, crate::sim::cluster::Error>(())
     })
     .await??;
+    wait_for_pods(&sim, n, Duration::from_secs(args.deadline)).await?;
     eprintln!("waiting for every pod to be bound");
     settle(
         &sim,

@@ -1,0 +1,762 @@
+//! The disruption scenarios: `consolidate`, `drift` and `expire`. Each provisions pods as the pods
+//! scenario does (Deployments kept at their replicas by the simulated cluster's Deployment
+//! stand-in), then starts a disruption phase and waits until the cluster is stable again. The
+//! figures come from the simulated cluster: its disruption audit (decisions, budgets), its drain
+//! audit (PodDisruptionBudgets, do-not-disrupt), its write log (how long pods stayed pending),
+//! its store (nodes, Machines, prices) and the invariants. The controller runs disruption faster
+//! than in production (`fast_disruption`) so a scenario takes a minute or two.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::launch::{self, progress_line};
+use super::pods::{PodReport, SIZES, measure, provision_with};
+use super::{BackgroundSim, Error};
+use crate::actors::Settings;
+use crate::api::resources::Resources;
+use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY, PRICE_ANNOTATION};
+use crate::cli::{Scenario, SimulateArgs};
+use crate::sim::disruption_audit::Decisions;
+use crate::sim::drain_audit::Violation;
+
+/// The claims' `expireAfter` in the expire scenario: 30 s, or a tenth of a second per pod when
+/// that is longer, so the replacements are up well before they expire in turn (with 1,000 pods
+/// and 30 s the cluster never settles: each generation expires while the next is launching).
+pub fn expire_after_secs(pods: usize) -> u64 {
+    30.max(pods as u64 / 10)
+}
+/// The label the drift scenario adds to the NodePool's template.
+pub const DRIFT_LABEL: &str = "example.com/revision";
+
+/// Disruption timing for simulations: a pass every second, 200 ms of debounce, 2 s of
+/// validation (production: 10 s, 1 s, 15 s).
+pub fn fast_disruption(s: &mut Settings) {
+    s.disruption.poll = Duration::from_secs(1);
+    s.disruption.debounce = Duration::from_millis(200);
+    s.disruption.validation = Duration::from_secs(2);
+}
+
+/// The MachineDeployment rolled out in the drift scenario's second phase.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RolloutFigures {
+    pub machine_deployment: String,
+    /// Live claims on that MachineDeployment when the rollout began.
+    pub claims_before: usize,
+    /// Of those, the ones gone at the end.
+    pub claims_replaced: usize,
+    /// Live Machines of the MachineDeployment at the end, and how many are up to date.
+    pub machines: usize,
+    pub machines_up_to_date: usize,
+    /// During the rollout: the most claims being disrupted at once (Cluster API deleting
+    /// Machines included), violations by the controller, and the excess counting everybody.
+    pub max_disrupting: usize,
+    pub budget_violations: usize,
+    pub budget_excess_any: usize,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DisruptionFigures {
+    /// Claims deleted, by why (counted by the server's disruption audit).
+    pub decisions: Decisions,
+    pub nodes_before: usize,
+    pub nodes_after: usize,
+    /// Total pod requests over the largest offering's allocatable, per resource, the largest,
+    /// rounded up.
+    pub nodes_lower_bound: usize,
+    pub cost_per_hour_before: f64,
+    pub cost_per_hour_after: f64,
+    pub budget_violations: usize,
+    /// The worst excess over a budget at any moment, counting claims deleted by others (a
+    /// Cluster API rollout); informative, not a violation of the controller's.
+    pub budget_excess_any: usize,
+    /// The most claims of one pool being disrupted at once.
+    pub max_disrupting: usize,
+    /// The longest any pod stayed pending after the disruption phase began.
+    pub pods_max_pending_ms: u64,
+    /// Live claims when the disruption phase began, and how many of them are gone at the end.
+    pub claims_before: usize,
+    pub claims_replaced: usize,
+    pub pods_unbound_at_end: usize,
+    pub pdb_violations: usize,
+    pub do_not_disrupt_violations: usize,
+    /// The drift scenario's MachineDeployment rollout.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutFigures>,
+    /// How long the disruption phase took, until stable.
+    pub phase_ms: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DisruptionReport {
+    #[serde(flatten)]
+    pub pods: PodReport,
+    pub disruption: DisruptionFigures,
+}
+
+impl DisruptionReport {
+    pub fn invariants_ok(&self) -> bool {
+        self.pods.launch.invariants_ok
+    }
+
+    pub fn to_json(&self) -> String {
+        let mut v: Value = serde_json::from_str(&self.pods.to_json()).unwrap_or(Value::Null);
+        if let Some(o) = v.as_object_mut() {
+            o.insert(
+                "disruption".into(),
+                serde_json::to_value(&self.disruption).unwrap_or(Value::Null),
+            );
+            o.insert("invariants_ok".into(), json!(self.invariants_ok()));
+        }
+        v.to_string()
+    }
+}
+
+impl std::fmt::Display for DisruptionReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}", self.pods)?;
+        let d = &self.disruption;
+        write!(
+            f,
+            "  disruption: {:.1}s; decisions {} empty, {} underutilized, {} drifted, {} expired, {} other; nodes {} -> {} (lower bound {}); cost/h {:.2} -> {:.2}; claims {} of {} replaced; at most {} disrupted at once, {} over budget; PDB/do-not-disrupt violations {}/{}; longest pending {} ms; {} pods unbound at the end",
+            d.phase_ms as f64 / 1000.0,
+            d.decisions.empty,
+            d.decisions.underutilized,
+            d.decisions.drifted,
+            d.decisions.expired,
+            d.decisions.other,
+            d.nodes_before,
+            d.nodes_after,
+            d.nodes_lower_bound,
+            d.cost_per_hour_before,
+            d.cost_per_hour_after,
+            d.claims_replaced,
+            d.claims_before,
+            d.max_disrupting,
+            d.budget_violations,
+            d.pdb_violations,
+            d.do_not_disrupt_violations,
+            d.pods_max_pending_ms,
+            d.pods_unbound_at_end,
+        )?;
+        if let Some(r) = &d.rollout {
+            write!(
+                f,
+                "\n  rollout:  {}: {} of {} claims replaced, {} of {} Machines up to date; at most {} claims disrupted at once ({} over budget counting Cluster API's deletions, {} by the controller's decisions)",
+                r.machine_deployment,
+                r.claims_replaced,
+                r.claims_before,
+                r.machines_up_to_date,
+                r.machines,
+                r.max_disrupting,
+                r.budget_excess_any,
+                r.budget_violations
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn deleting(v: &Value) -> bool {
+    v.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|t| !t.is_null())
+}
+
+fn name_of(v: &Value) -> String {
+    v.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn bound(p: &Value) -> bool {
+    p.pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_some_and(|n| !n.is_empty())
+}
+
+fn has_condition(v: &Value, ty: &str) -> bool {
+    v.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|c| c["type"] == ty && c["status"] == "True"))
+}
+
+/// Live (not deleting) claims.
+fn live_claims(sim: &BackgroundSim) -> BTreeSet<String> {
+    sim.cluster()
+        .server()
+        .store()
+        .list("nodeclaims", None)
+        .iter()
+        .filter(|c| !deleting(c))
+        .map(name_of)
+        .collect()
+}
+
+/// The sum of the prices of the MachineDeployments of the live Machines.
+pub fn cost_per_hour(sim: &BackgroundSim) -> f64 {
+    let store = sim.cluster().server().store();
+    let prices: BTreeMap<(String, String), f64> = store
+        .list("machinedeployments", None)
+        .iter()
+        .map(|md| {
+            let ns = md["metadata"]["namespace"].as_str().unwrap_or_default();
+            let price = md["metadata"]["annotations"][PRICE_ANNOTATION]
+                .as_str()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0.0);
+            ((ns.to_string(), name_of(md)), price)
+        })
+        .collect();
+    store
+        .list("machines", None)
+        .iter()
+        .filter(|m| !deleting(m))
+        .filter_map(|m| {
+            let ns = m["metadata"]["namespace"].as_str().unwrap_or_default();
+            let md = m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL].as_str()?;
+            prices.get(&(ns.to_string(), md.to_string()))
+        })
+        .sum()
+}
+
+fn live_nodes(sim: &BackgroundSim) -> usize {
+    sim.cluster()
+        .server()
+        .store()
+        .list("nodes", None)
+        .iter()
+        .filter(|n| !deleting(n))
+        .count()
+}
+
+/// Total requests of the pods that should run (not being deleted, not finished) over the
+/// largest offering (`cpu`, `memory`, `pods`): the fewest nodes that could hold them, ignoring
+/// how they pack.
+pub fn lower_bound(pods: &[Value], largest: (&str, &str, u64)) -> usize {
+    let mut total = Resources::new();
+    let mut count = 0u64;
+    for p in pods.iter().filter(|p| !deleting(p)) {
+        if matches!(
+            p.pointer("/status/phase").and_then(Value::as_str),
+            Some("Succeeded" | "Failed")
+        ) {
+            continue;
+        }
+        count += 1;
+        if let Ok(pod) = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(p.clone())
+            && let Some(r) = pod
+                .spec
+                .as_ref()
+                .and_then(|s| crate::scheduling::pod::pod_requests(s).ok())
+        {
+            total.add_assign(&r);
+        }
+    }
+    let quantity = |s: &str| {
+        crate::api::resources::Quantity::from_k8s(
+            &k8s_openapi::apimachinery::pkg::api::resource::Quantity(s.to_string()),
+        )
+        .map(|q| q.as_f64())
+        .unwrap_or(0.0)
+    };
+    let (cpu, memory, max_pods) = (quantity(largest.0), quantity(largest.1), largest.2);
+    let ratio = |used: f64, cap: f64| if cap > 0.0 { used / cap } else { 0.0 };
+    let need = ratio(total.get("cpu").as_f64(), cpu)
+        .max(ratio(total.get("memory").as_f64(), memory))
+        .max(ratio(count as f64, max_pods as f64));
+    // A hair of tolerance so 10.0000001 from float sums is 10.
+    (need - 1e-9).ceil().max(0.0) as usize
+}
+
+/// The longest any pod spent pending (created, not yet bound) after `since_ms`, from the
+/// server's write log; pods still unbound count until now, pods deleted unbound until then.
+pub fn max_pending_ms(sim: &BackgroundSim, since_ms: u64) -> u64 {
+    let stats = sim.cluster().stats();
+    let now = stats.now_ms();
+    let mut open: BTreeMap<(String, String), u64> = BTreeMap::new();
+    let mut longest = 0;
+    for w in stats.writes() {
+        if w.resource != "pods" {
+            continue;
+        }
+        let key = (w.namespace.clone(), w.name.clone());
+        match (w.verb.as_str(), w.subresource.as_str()) {
+            ("create", "") => {
+                open.insert(key, w.at_ms);
+            }
+            ("create", "binding") | ("delete", "") => {
+                if let Some(at) = open.remove(&key)
+                    && w.at_ms >= since_ms
+                {
+                    longest = longest.max(w.at_ms - at.max(since_ms));
+                }
+            }
+            _ => {}
+        }
+    }
+    for at in open.values() {
+        longest = longest.max(now.saturating_sub((*at).max(since_ms)));
+    }
+    longest
+}
+
+/// Anything of a disruption in flight: a claim being deleted or marked, a Node tainted as
+/// disrupted.
+fn disruption_in_flight(sim: &BackgroundSim) -> Option<String> {
+    let store = sim.cluster().server().store();
+    for c in store.list("nodeclaims", None) {
+        if deleting(&c) {
+            return Some(format!("NodeClaim {} terminating", name_of(&c)));
+        }
+        if has_condition(&c, "DisruptionReason") {
+            return Some(format!("NodeClaim {} marked for disruption", name_of(&c)));
+        }
+    }
+    for n in store.list("nodes", None) {
+        let tainted = n
+            .pointer("/spec/taints")
+            .and_then(Value::as_array)
+            .is_some_and(|ts| ts.iter().any(|t| t["key"] == DISRUPTED_TAINT_KEY));
+        if tainted {
+            return Some(format!("Node {} tainted disrupted", name_of(&n)));
+        }
+    }
+    None
+}
+
+fn unbound_pods(sim: &BackgroundSim) -> usize {
+    sim.cluster()
+        .server()
+        .store()
+        .list("pods", None)
+        .iter()
+        .filter(|p| !deleting(p) && !bound(p))
+        .count()
+}
+
+/// Wait until `done` holds, nothing is in flight (launch path quiet, no disruption under way,
+/// every pod bound) and nothing changed for `calm`; bounded by `deadline`.
+async fn wait_stable(
+    sim: &BackgroundSim,
+    what: &str,
+    deadline: Duration,
+    calm: Duration,
+    done: impl Fn(&BackgroundSim) -> Option<String>,
+) -> Result<(), Error> {
+    let start = Instant::now();
+    let mut last_change = Instant::now();
+    let mut last_line = String::new();
+    let mut last_print = Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let decisions = sim.cluster().disruption_audit().report().decisions;
+        let line = format!(
+            "{} | cost/h {:.2} | decided {}e {}u {}d {}x {}o",
+            progress_line(sim.cluster()),
+            cost_per_hour(sim),
+            decisions.empty,
+            decisions.underutilized,
+            decisions.drifted,
+            decisions.expired,
+            decisions.other
+        );
+        let mut waiting = done(sim);
+        if waiting.is_none() {
+            waiting = disruption_in_flight(sim);
+        }
+        if waiting.is_none() && !launch::quiet(sim.cluster()) {
+            waiting = launch::unsettled(sim.cluster()).into_iter().next();
+        }
+        if waiting.is_none() {
+            let n = unbound_pods(sim);
+            if n > 0 {
+                waiting = Some(format!("{n} pods unbound"));
+            }
+        }
+        if line != last_line || waiting.is_some() {
+            last_change = Instant::now();
+            last_line = line.clone();
+        }
+        if last_print.elapsed() >= Duration::from_secs(1) {
+            last_print = Instant::now();
+            eprintln!(
+                "  {:>5.1}s  {what}: {line}{}",
+                start.elapsed().as_secs_f64(),
+                waiting
+                    .as_deref()
+                    .map(|w| format!(" (waiting: {w})"))
+                    .unwrap_or_default()
+            );
+        }
+        if waiting.is_none() && last_change.elapsed() >= calm {
+            return Ok(());
+        }
+        if start.elapsed() > deadline {
+            return Err(Error::NotSettled {
+                after: deadline,
+                why: format!("{what}: {}", waiting.unwrap_or(line)),
+            });
+        }
+    }
+}
+
+async fn patch_nodepool(sim: &BackgroundSim, patch: Value) -> Result<(), Error> {
+    sim.run(move |c| async move {
+        let api: kube::Api<crate::api::nodepool::NodePool> = kube::Api::all(c.client());
+        api.patch(
+            launch::NODEPOOL,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| Error::Kube {
+            what: "patching the NodePool".into(),
+            source,
+        })
+    })
+    .await?
+}
+
+/// `simulate --scenario consolidate|drift|expire`.
+pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
+    let scenario = args.scenario;
+    let expire = scenario == Scenario::Expire;
+    let expire_after = expire_after_secs(args.pods);
+    let p = provision_with(
+        args,
+        move |pool| {
+            if expire {
+                *pool = json!({"spec": {"template": {"spec": {
+                    "expireAfter": format!("{expire_after}s")}}}});
+            }
+        },
+        |_, _| {},
+        fast_disruption,
+    )
+    .await?;
+    let deadline = Duration::from_secs(args.deadline);
+    let since_ms = p.sim.cluster().stats().now_ms();
+    p.sim.cluster().disruption_audit().reset();
+    let violations_before = p.sim.cluster().stats().violations().len();
+    let claims_before = live_claims(&p.sim);
+    let nodes_before = live_nodes(&p.sim);
+    let cost_before = cost_per_hour(&p.sim);
+    let phase = Instant::now();
+    let mut rollout = None;
+    let mut drift_phase = None;
+    match scenario {
+        Scenario::Consolidate => consolidate(args, &p.sim, deadline).await?,
+        Scenario::Drift => {
+            eprintln!(
+                "changing the NodePool template: every one of the {} claims drifts",
+                claims_before.len()
+            );
+            patch_nodepool(
+                &p.sim,
+                json!({"spec": {"template": {"metadata": {"labels": {DRIFT_LABEL: "2"}}}}}),
+            )
+            .await?;
+            let originals = claims_before.clone();
+            wait_stable(&p.sim, "drift", deadline, Duration::from_secs(3), |sim| {
+                let left = live_or_deleting(sim, &originals);
+                (left > 0).then(|| format!("{left} drifted claims left"))
+            })
+            .await?;
+            // The rollout is measured apart: Cluster API, not the controller, deletes its
+            // Machines.
+            drift_phase = Some(p.sim.cluster().disruption_audit().report());
+            p.sim.cluster().disruption_audit().reset_worst();
+            let mut r = roll_out(&p.sim, deadline).await?;
+            let during = p.sim.cluster().disruption_audit().report();
+            r.max_disrupting = during
+                .pools
+                .values()
+                .map(|p| p.max_disrupting)
+                .max()
+                .unwrap_or(0);
+            r.budget_violations = during.budget_violations;
+            r.budget_excess_any = during
+                .pools
+                .values()
+                .map(|p| p.max_excess_any.max(0) as usize)
+                .sum();
+            rollout = Some(r);
+        }
+        Scenario::Expire => {
+            eprintln!(
+                "waiting for the {} claims to expire (expireAfter {expire_after}s)",
+                claims_before.len()
+            );
+            let originals = claims_before.clone();
+            wait_stable(&p.sim, "expire", deadline, Duration::from_secs(1), |sim| {
+                let left = live_or_deleting(sim, &originals);
+                (left > 0).then(|| format!("{left} original claims left"))
+            })
+            .await?;
+        }
+        _ => unreachable!("not a disruption scenario"),
+    }
+    let phase_ms = phase.elapsed().as_millis() as u64;
+
+    let sim = &p.sim;
+    let mut pods = measure(sim, &p.observer, p.pods, p.since_ms);
+    pods.launch.scenario = match scenario {
+        Scenario::Consolidate => "consolidate",
+        Scenario::Drift => "drift",
+        _ => "expire",
+    }
+    .into();
+    let unbound = unbound_pods(sim);
+    pods.pods.unschedulable = unbound;
+    // The drift scenario's budget figures are its drift phase's (the rollout's are apart);
+    // its violations are both phases'.
+    let end = sim.cluster().disruption_audit().report();
+    let audit = drift_phase.clone().unwrap_or_else(|| end.clone());
+    let all_violations = sim.cluster().stats().violations();
+    let new_violations = &all_violations[violations_before.min(all_violations.len())..];
+    let count = |v: Violation| new_violations.iter().filter(|r| r.violation == v).count();
+    let mds = args.machine_deployments.clamp(1, SIZES.len());
+    let (_, cpu, memory, _) = SIZES[mds - 1];
+    let store = sim.cluster().server().store();
+    let live = live_claims(sim);
+    let figures = DisruptionFigures {
+        decisions: end.decisions.clone(),
+        nodes_before,
+        nodes_after: live_nodes(sim),
+        nodes_lower_bound: lower_bound(&store.list("pods", None), (cpu, memory, 110)),
+        cost_per_hour_before: round2(cost_before),
+        cost_per_hour_after: round2(cost_per_hour(sim)),
+        budget_violations: audit.budget_violations
+            + rollout.as_ref().map(|r| r.budget_violations).unwrap_or(0),
+        budget_excess_any: audit
+            .pools
+            .values()
+            .map(|p| p.max_excess_any.max(0) as usize)
+            .sum(),
+        max_disrupting: audit
+            .pools
+            .values()
+            .map(|p| p.max_disrupting)
+            .max()
+            .unwrap_or(0),
+        pods_max_pending_ms: max_pending_ms(sim, since_ms),
+        claims_before: claims_before.len(),
+        claims_replaced: claims_before.iter().filter(|c| !live.contains(*c)).count(),
+        pods_unbound_at_end: unbound,
+        pdb_violations: count(Violation::PdbViolation),
+        do_not_disrupt_violations: count(Violation::DoNotDisrupt),
+        rollout,
+        phase_ms,
+    };
+    let problems = &mut pods.launch.problems;
+    if figures.budget_violations > 0 {
+        problems.push(format!(
+            "disruption budgets exceeded by {} (server's disruption audit: {:?})",
+            figures.budget_violations, audit.pools
+        ));
+    }
+    if figures.pdb_violations + figures.do_not_disrupt_violations > 0 {
+        problems.push(format!(
+            "{} PodDisruptionBudget and {} do-not-disrupt violations (see the server's drain audit)",
+            figures.pdb_violations, figures.do_not_disrupt_violations
+        ));
+    }
+    pods.launch.invariants_ok = pods.launch.problems.is_empty();
+    drop(p.controller);
+    Ok(DisruptionReport {
+        pods,
+        disruption: figures,
+    })
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// How many of `names` still exist (live or terminating).
+fn live_or_deleting(sim: &BackgroundSim, names: &BTreeSet<String>) -> usize {
+    let store = sim.cluster().server().store();
+    names
+        .iter()
+        .filter(|n| store.get("nodeclaims", "", n).is_some())
+        .count()
+}
+
+/// Enable consolidation, scale 70 % of the Deployments down to 20 % of their replicas, wait
+/// until stable.
+async fn consolidate(
+    args: &SimulateArgs,
+    sim: &BackgroundSim,
+    deadline: Duration,
+) -> Result<(), Error> {
+    patch_nodepool(
+        sim,
+        json!({"spec": {"disruption": {
+            "consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}}}),
+    )
+    .await?;
+    let (n, k) = (args.pods, args.deployments.max(1));
+    let scaled: Vec<(String, usize)> = (0..k)
+        .filter(|d| d % 10 < 7)
+        .map(|d| {
+            let count = n / k + usize::from(d < n % k);
+            (format!("app-{d}"), count.div_ceil(5))
+        })
+        .collect();
+    eprintln!(
+        "consolidation on (WhenEmptyOrUnderutilized, consolidateAfter 0s); scaling {} of {k} Deployments to 20 % of their replicas",
+        scaled.len()
+    );
+    sim.run(move |c| async move {
+        for (name, replicas) in scaled {
+            c.scale_deployment(launch::NAMESPACE, &name, replicas)
+                .await?;
+        }
+        Ok::<_, crate::sim::cluster::Error>(())
+    })
+    .await??;
+    // Consolidation waits for its validation (2 s) after every pass (1 s): 8 s without a change
+    // means it found nothing more to do.
+    wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
+        None
+    })
+    .await
+}
+
+/// Roll out the MachineDeployment with the most Machines (a new infrastructure template name),
+/// wait until its Machines are all up to date and the cluster is stable.
+async fn roll_out(sim: &BackgroundSim, deadline: Duration) -> Result<RolloutFigures, Error> {
+    let store = sim.cluster().server().store();
+    let machines = store.list("machines", None);
+    let mut per_md: BTreeMap<String, usize> = BTreeMap::new();
+    for m in machines.iter().filter(|m| !deleting(m)) {
+        if let Some(md) = m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL].as_str() {
+            *per_md.entry(md.to_string()).or_default() += 1;
+        }
+    }
+    let Some((md, _)) = per_md
+        .iter()
+        .max_by_key(|(name, n)| (**n, std::cmp::Reverse(*name)))
+    else {
+        return Ok(RolloutFigures::default());
+    };
+    let md = md.clone();
+    let claims_on_md: BTreeSet<String> = store
+        .list("nodeclaims", None)
+        .iter()
+        .filter(|c| !deleting(c))
+        .filter(|c| {
+            c["metadata"]["annotations"][crate::api::wellknown::MACHINE_DEPLOYMENT_ANNOTATION]
+                .as_str()
+                .is_some_and(|v| v.rsplit('/').next() == Some(md.as_str()))
+        })
+        .map(name_of)
+        .collect();
+    eprintln!(
+        "rolling out MachineDeployment {md} ({} claims on it): new infrastructure template",
+        claims_on_md.len()
+    );
+    let name = md.clone();
+    sim.run(move |c| async move {
+        let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+            c.client(),
+            launch::NAMESPACE,
+            &c.capi_version().machine_deployment(),
+        );
+        let patch = json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": format!("{name}-v2")}}}}});
+        crate::sim::standin::merge_patch(&api, &name, &patch)
+            .await
+            .map_err(|source| Error::Kube {
+                what: format!("rolling out MachineDeployment {name}"),
+                source,
+            })
+    })
+    .await??;
+    let originals = claims_on_md.clone();
+    let target = md.clone();
+    wait_stable(
+        sim,
+        "rollout",
+        deadline,
+        Duration::from_secs(3),
+        move |sim| {
+            let (live, fresh) = up_to_date(sim, &target);
+            if fresh < live {
+                return Some(format!("{fresh} of {live} Machines of {target} up to date"));
+            }
+            let left = live_or_deleting(sim, &originals);
+            (left > 0).then(|| format!("{left} claims on old Machines left"))
+        },
+    )
+    .await?;
+    let (live, fresh) = up_to_date(sim, &md);
+    let left = live_or_deleting(sim, &claims_on_md);
+    Ok(RolloutFigures {
+        machine_deployment: md,
+        claims_before: claims_on_md.len(),
+        claims_replaced: claims_on_md.len() - left,
+        machines: live,
+        machines_up_to_date: fresh,
+        ..Default::default()
+    })
+}
+
+/// Live Machines of `md` and how many carry `UpToDate=True` (v1beta2 conditions, or v1beta1's
+/// `status.v1beta2.conditions`).
+fn up_to_date(sim: &BackgroundSim, md: &str) -> (usize, usize) {
+    let store = sim.cluster().server().store();
+    let live: Vec<Value> = store
+        .list("machines", None)
+        .into_iter()
+        .filter(|m| !deleting(m) && m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] == md)
+        .collect();
+    let fresh = live
+        .iter()
+        .filter(|m| {
+            let conds = m
+                .pointer("/status/conditions")
+                .or_else(|| m.pointer("/status/v1beta2/conditions"));
+            conds.and_then(Value::as_array).is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "UpToDate" && c["status"] == "True")
+            })
+        })
+        .count();
+    (live.len(), fresh)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(cpu: &str, memory: &str) -> Value {
+        json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "image": "i",
+                "resources": {"requests": {"cpu": cpu, "memory": memory}}}]},
+            "status": {"phase": "Running"},
+        })
+    }
+
+    #[test]
+    fn the_lower_bound_is_the_tightest_resource_rounded_up() {
+        // 10 pods of 1 CPU / 1Gi on 4 CPU / 16Gi nodes: CPU needs 2.5 -> 3.
+        let pods: Vec<Value> = (0..10).map(|_| pod("1", "1Gi")).collect();
+        assert_eq!(lower_bound(&pods, ("4", "16Gi", 110)), 3);
+        // Memory-bound: 10 x 4Gi on 16Gi -> 3.
+        let pods: Vec<Value> = (0..10).map(|_| pod("100m", "4Gi")).collect();
+        assert_eq!(lower_bound(&pods, ("16", "16Gi", 110)), 3);
+        // Pod-count-bound: 20 tiny pods, 10 per node -> 2; deleting ones do not count.
+        let mut pods: Vec<Value> = (0..21).map(|_| pod("1m", "1Mi")).collect();
+        pods[0]["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert_eq!(lower_bound(&pods, ("16", "64Gi", 10)), 2);
+        // Exactly full is not one more.
+        let pods: Vec<Value> = (0..8).map(|_| pod("500m", "1Gi")).collect();
+        assert_eq!(lower_bound(&pods, ("2", "64Gi", 110)), 2);
+        assert_eq!(lower_bound(&[], ("2", "8Gi", 110)), 0);
+    }
+}

@@ -1,0 +1,123 @@
+//! The disruption scenarios of `simulate`, small: consolidation removes nodes and cost within
+//! budgets, drift and expiration replace every claim, and nothing is left pending. Every figure
+//! is measured by the simulated cluster (its disruption and drain audits, write log and store).
+
+use karpenter_capi::cli::{Cli, Command, SimulateArgs};
+use karpenter_capi::simulate::disruption::{self, DisruptionReport};
+use serde_json::Value;
+
+fn args(extra: &[&str]) -> SimulateArgs {
+    let mut argv = vec!["karpenter-capi", "simulate"];
+    argv.extend_from_slice(extra);
+    let cli = <Cli as clap::Parser>::try_parse_from(argv).expect("arguments");
+    let Command::Simulate(args) = cli.command else {
+        panic!("simulate");
+    };
+    args
+}
+
+fn common_checks(r: &DisruptionReport) {
+    let d = &r.disruption;
+    assert!(r.invariants_ok(), "{r}");
+    assert_eq!(d.budget_violations, 0, "{r}");
+    assert_eq!(d.pdb_violations + d.do_not_disrupt_violations, 0, "{r}");
+    assert_eq!(d.pods_unbound_at_end, 0, "no pod left pending: {r}");
+    let json: Value = serde_json::from_str(&r.to_json()).expect("JSON report");
+    for key in [
+        "decisions",
+        "nodes_before",
+        "nodes_after",
+        "nodes_lower_bound",
+        "cost_per_hour_before",
+        "cost_per_hour_after",
+        "budget_violations",
+        "pods_max_pending_ms",
+        "claims_replaced",
+    ] {
+        assert!(!json["disruption"][key].is_null(), "{key} in {json}");
+    }
+    for key in ["empty", "underutilized", "drifted", "expired"] {
+        assert!(
+            json["disruption"]["decisions"][key].is_u64(),
+            "{key} in {json}"
+        );
+    }
+    assert!(
+        json["latency_ms"]["pod_pending_to_bound"].is_object(),
+        "the pods report's fields are kept"
+    );
+    assert_eq!(json["invariants_ok"], true);
+}
+
+#[actix::test]
+async fn consolidation_removes_nodes_and_cost_within_budgets() {
+    let a = args(&[
+        "--scenario",
+        "consolidate",
+        "--pods",
+        "200",
+        "--deployments",
+        "10",
+        "--deadline",
+        "120",
+    ]);
+    let r = disruption::run(&a).await.expect("the scenario runs");
+    common_checks(&r);
+    let d = &r.disruption;
+    assert!(d.nodes_after < d.nodes_before, "{r}");
+    assert!(d.cost_per_hour_after < d.cost_per_hour_before, "{r}");
+    assert!(d.nodes_after >= d.nodes_lower_bound, "{r}");
+    let decided = d.decisions.empty + d.decisions.underutilized;
+    assert!(decided > 0, "{r}");
+    assert_eq!(d.decisions.drifted + d.decisions.expired, 0, "{r}");
+}
+
+#[actix::test]
+async fn drift_replaces_every_claim_and_a_rollout_completes() {
+    let a = args(&[
+        "--scenario",
+        "drift",
+        "--pods",
+        "100",
+        "--deployments",
+        "5",
+        "--deadline",
+        "120",
+    ]);
+    let r = disruption::run(&a).await.expect("the scenario runs");
+    common_checks(&r);
+    let d = &r.disruption;
+    assert!(d.claims_before > 0, "{r}");
+    assert_eq!(
+        d.claims_replaced, d.claims_before,
+        "every drifted claim replaced: {r}"
+    );
+    assert!(d.decisions.drifted > 0, "{r}");
+    let rollout = d.rollout.as_ref().expect("a rollout");
+    assert!(rollout.claims_before > 0, "{r}");
+    assert_eq!(rollout.claims_replaced, rollout.claims_before, "{r}");
+    assert_eq!(rollout.machines_up_to_date, rollout.machines, "{r}");
+}
+
+#[actix::test]
+async fn expiration_replaces_every_claim() {
+    let a = args(&[
+        "--scenario",
+        "expire",
+        "--pods",
+        "100",
+        "--deployments",
+        "5",
+        "--deadline",
+        "120",
+    ]);
+    let r = disruption::run(&a).await.expect("the scenario runs");
+    common_checks(&r);
+    let d = &r.disruption;
+    assert!(d.claims_before > 0, "{r}");
+    assert_eq!(
+        d.claims_replaced, d.claims_before,
+        "every claim expired: {r}"
+    );
+    assert_eq!(d.decisions.expired, d.claims_before, "{r}");
+}
