@@ -103,6 +103,26 @@ impl Env {
         (name, node)
     }
 
+    /// Sample how many claims are being deleted at once until none is left; the most seen.
+    async fn most_deleting_until_no_claims(&self) -> usize {
+        let start = Instant::now();
+        let mut most = 0;
+        while !self.claims().is_empty() {
+            let deleting = self
+                .claims()
+                .iter()
+                .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
+                .count();
+            most = most.max(deleting);
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the claims were not all disrupted"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        most
+    }
+
     fn claims(&self) -> Vec<Value> {
         self.list("nodeclaims")
     }
@@ -135,19 +155,7 @@ async fn empty_nodes_go_one_at_a_time_under_a_budget_of_one() {
                               "budgets": [{"nodes": "1"}]}),
     )
     .await;
-    // Sample how many claims are being disrupted at once until all are gone.
-    let start = Instant::now();
-    let mut most = 0;
-    while !env.claims().is_empty() {
-        let deleting = env
-            .claims()
-            .iter()
-            .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
-            .count();
-        most = most.max(deleting);
-        assert!(start.elapsed() < DEADLINE, "empty nodes not consolidated");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let most = env.most_deleting_until_no_claims().await;
     assert_eq!(most, 1, "the budget allows one node at a time");
     settle(&env.sim, DEADLINE).await.expect("settles");
     assert_eq!(
@@ -585,18 +593,7 @@ async fn percentage_scheduled_and_per_reason_budgets() {
         "budgets": [{"nodes": "50%"}, {"nodes": "0", "reasons": ["Drifted", "Underutilized"]}]}),
     )
     .await;
-    let start = Instant::now();
-    let mut most = 0;
-    while !env.claims().is_empty() {
-        let deleting = env
-            .claims()
-            .iter()
-            .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
-            .count();
-        most = most.max(deleting);
-        assert!(start.elapsed() < DEADLINE, "empty nodes not consolidated");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let most = env.most_deleting_until_no_claims().await;
     assert!((1..=2).contains(&most), "at most 50 % at once, saw {most}");
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();

@@ -102,15 +102,11 @@ impl DisruptionReport {
     }
 
     pub fn to_json(&self) -> String {
-        let mut v: Value = serde_json::from_str(&self.pods.to_json()).unwrap_or(Value::Null);
-        if let Some(o) = v.as_object_mut() {
-            o.insert(
-                "disruption".into(),
-                serde_json::to_value(&self.disruption).unwrap_or(Value::Null),
-            );
-            o.insert("invariants_ok".into(), json!(self.invariants_ok()));
-        }
-        v.to_string()
+        self.pods.to_json_with(
+            "disruption",
+            serde_json::to_value(&self.disruption).unwrap_or(Value::Null),
+            self.invariants_ok(),
+        )
     }
 }
 

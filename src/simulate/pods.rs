@@ -104,6 +104,17 @@ impl PodReport {
         }
         v.to_string()
     }
+
+    /// This report's JSON with one more section (`key`) and the scenario's own
+    /// `invariants_ok`: how the scenarios built on provisioning extend it.
+    pub fn to_json_with(&self, key: &str, section: Value, invariants_ok: bool) -> String {
+        let mut v: Value = serde_json::from_str(&self.to_json()).unwrap_or(Value::Null);
+        if let Some(o) = v.as_object_mut() {
+            o.insert(key.into(), section);
+            o.insert("invariants_ok".into(), Value::Bool(invariants_ok));
+        }
+        v.to_string()
+    }
 }
 
 impl std::fmt::Display for PodReport {
