@@ -5,7 +5,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::Duration;
 
 use karpenter_capi::api::wellknown::{
@@ -19,37 +18,9 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-const NS: &str = "default";
+mod standins;
 
-fn fast(version: CapiVersion) -> SimClusterConfig {
-    SimClusterConfig {
-        capi_version: version,
-        provider_delay: Duration::from_millis(30),
-        jitter: Duration::from_millis(20),
-        node_ready_delay: Duration::from_millis(30),
-        node_delete_delay: Duration::from_millis(10),
-        ..SimClusterConfig::default()
-    }
-}
-
-/// Polls `check` until it returns Some; the deadline only guards against hangs.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use standins::{NS, eventually, fast};
 
 fn seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
     MachineDeploymentSeed {

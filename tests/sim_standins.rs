@@ -3,7 +3,6 @@
 //! providers, replacement of deleted Machines, both Cluster API versions, and pod binding.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -22,38 +21,9 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-const NS: &str = "default";
+mod standins;
 
-fn fast(version: CapiVersion) -> SimClusterConfig {
-    SimClusterConfig {
-        capi_version: version,
-        provider_delay: Duration::from_millis(30),
-        jitter: Duration::from_millis(20),
-        node_ready_delay: Duration::from_millis(30),
-        node_delete_delay: Duration::from_millis(10),
-        ..SimClusterConfig::default()
-    }
-}
-
-/// Polls `check` until it returns Some, failing the test after a generous deadline (the
-/// deadline only guards against hangs; nothing here asserts on durations).
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
+use standins::{NS, eventually, fast};
 
 fn seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
     MachineDeploymentSeed {

@@ -409,3 +409,53 @@ pub fn has_disrupted_taint(n: &Node) -> bool {
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|ts| ts.iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn at(t: &str) -> Timestamp {
+        t.parse().expect("a timestamp")
+    }
+
+    #[test]
+    fn consolidate_after_never_counts_from_before_the_actor_started() {
+        let np: NodePool = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"},
+            "spec": {"template": {"spec": {"requirements": [],
+                        "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}},
+                     "disruption": {"consolidateAfter": "60s"}}
+        }))
+        .expect("a NodePool");
+        // Initialized an hour ago, no pod event seen since.
+        let claim: NodeClaim = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": "c"},
+            "spec": {"requirements": [], "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}},
+            "status": {"conditions": [{"type": "Initialized", "status": "True",
+                "reason": "Initialized", "lastTransitionTime": "2026-01-01T09:00:00Z"}]}
+        }))
+        .expect("a NodeClaim");
+        let pdbs = BTreeMap::new();
+        let executing = HashSet::new();
+        let mut pod_events = HashMap::new();
+        let memory = |started: &str, pod_events: &HashMap<String, Timestamp>| -> bool {
+            let mem = Memory {
+                pdbs: &pdbs,
+                pod_events,
+                started: at(started),
+                executing: &executing,
+                now: at("2026-01-01T10:00:00Z"),
+            };
+            consolidatable(&claim, &np, "n", &mem)
+        };
+        // The actor started 30 s ago: it waits, though the node was idle for an hour.
+        assert!(!memory("2026-01-01T09:59:30Z", &pod_events));
+        // Started long enough ago.
+        assert!(memory("2026-01-01T09:58:00Z", &pod_events));
+        // A pod event 10 s ago restarts the countdown.
+        pod_events.insert("n".to_string(), at("2026-01-01T09:59:50Z"));
+        assert!(!memory("2026-01-01T09:00:00Z", &pod_events));
+    }
+}
