@@ -305,6 +305,12 @@ async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
     let (pricey, node) = env.create_and_wait(claim).await;
     env.pod("app", &node, json!({"app": "app"}), json!({}))
         .await;
+    // The pod's scheduling is a pod event: the claim records it (Karpenter's lastPodEventTime).
+    env.wait("the claim's lastPodEventTime", || {
+        env.get("nodeclaims", "", &pricey)
+            .filter(|c| c["status"]["lastPodEventTime"].is_string())
+    })
+    .await;
     env.set_disruption(
         json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}),
     )

@@ -86,12 +86,12 @@ impl StreamHandler<Result<watcher::Event<Node>, watcher::Error>> for NodeWatcher
             Ok(watcher::Event::Apply(n)) => {
                 self.shared.state.nodes.write().apply(n.clone());
                 self.route(&n);
-                self.shared.router.disruption_changed(None);
+                self.shared.router.disruption_changed();
             }
             Ok(watcher::Event::Delete(n)) => {
                 self.shared.state.nodes.write().remove(&n.name_any());
                 self.route(&n);
-                self.shared.router.disruption_changed(None);
+                self.shared.router.disruption_changed();
             }
             Err(e) => tracing::warn!(error = %e, "Node watch failed; it will re-list"),
         }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::api::{Api, PostParams};
@@ -342,6 +343,22 @@ impl StreamHandler<Watched> for Provisioner {
                 watcher::Event::InitApply(p) => self.pod_buffer.push(p),
                 watcher::Event::InitDone => {
                     let fresh = std::mem::take(&mut self.pod_buffer);
+                    // Pod events missed while the watch was down (scheduled, terminating).
+                    let now = Timestamp::now();
+                    let events: Vec<(String, Timestamp)> = {
+                        let index = self.shared.state.pods.read();
+                        fresh
+                            .iter()
+                            .filter_map(|p| {
+                                let old = index.get(&pods::key(p));
+                                let at = pods::pod_event_time(old.as_deref(), p, now)?;
+                                Some((pods::node_name(p)?.to_string(), at))
+                            })
+                            .collect()
+                    };
+                    for (node, at) in events {
+                        self.shared.router.pod_changed(&node, Some(at));
+                    }
                     self.shared.state.pods.write().replace_all(fresh);
                     // Pods deleted while the watch was down never get a Delete event.
                     let index = self.shared.state.pods.read();
@@ -355,8 +372,10 @@ impl StreamHandler<Watched> for Provisioner {
                     let key = pods::key(&p);
                     self.observe_startup(&key, &p);
                     if let Some(node) = pods::node_name(&p) {
+                        let old = self.shared.state.pods.read().get(&key);
+                        let at = pods::pod_event_time(old.as_deref(), &p, Timestamp::now());
                         self.shared.router.drain_node_changed(node);
-                        self.shared.router.disruption_changed(Some(node));
+                        self.shared.router.pod_changed(node, at);
                     }
                     let provisionable = self.shared.state.pods.write().apply(p);
                     if provisionable {
@@ -370,8 +389,12 @@ impl StreamHandler<Watched> for Provisioner {
                     let key = pods::key(&p);
                     self.shared.state.pods.write().remove(&key);
                     if let Some(node) = pods::node_name(&p) {
+                        // Gone without being seen terminating or terminal first: an event now.
+                        let counted =
+                            pods::is_terminal(&p) || p.metadata.deletion_timestamp.is_some();
+                        let at = (!counted && !pods::is_daemonset_pod(&p)).then(Timestamp::now);
                         self.shared.router.drain_node_changed(node);
-                        self.shared.router.disruption_changed(Some(node));
+                        self.shared.router.pod_changed(node, at);
                     }
                     self.told.remove(&key);
                     self.waiting.remove(&key);

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::{Addr, Recipient};
+use jiff::Timestamp;
 use parking_lot::RwLock;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,12 +69,19 @@ impl Router {
         self.disruption.write().take()
     }
 
-    /// Claims, Nodes or pods changed: disruption looks again (debounced there). A pod event on
-    /// `node` restarts that node's `consolidateAfter` countdown.
-    pub fn disruption_changed(&self, pod_event_on: Option<&str>) {
+    /// Claims, Nodes or pods changed: disruption looks again (debounced there).
+    pub fn disruption_changed(&self) {
+        if let Some(d) = self.disruption.read().as_ref() {
+            d.do_send(ClusterChanged::default());
+        }
+    }
+
+    /// A pod on `node` changed; `at` is set when the change is a pod event (scheduled,
+    /// terminating, terminal, gone), which restarts the node's `consolidateAfter` countdown.
+    pub fn pod_changed(&self, node: &str, at: Option<Timestamp>) {
         if let Some(d) = self.disruption.read().as_ref() {
             d.do_send(ClusterChanged {
-                pod_event_on: pod_event_on.map(str::to_string),
+                pod_event: at.map(|at| (node.to_string(), at)),
             });
         }
     }

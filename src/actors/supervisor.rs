@@ -193,7 +193,7 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
                 self.poke_scaler_of(&c);
                 self.deliver(c, false);
                 self.shared.router.nodepools_changed();
-                self.shared.router.disruption_changed(None);
+                self.shared.router.disruption_changed();
             }
             Ok(watcher::Event::Delete(c)) => {
                 let name = c.name_any();
@@ -207,7 +207,7 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
                     (Lenient::Bad(_), None) => {}
                 }
                 self.shared.router.nodepools_changed();
-                self.shared.router.disruption_changed(None);
+                self.shared.router.disruption_changed();
                 // Pods that waited for this claim may need another.
                 self.shared.router.provisioner_poke();
             }

@@ -145,6 +145,12 @@ impl Inner {
         for t in ["Initialized", "ContainersReady", "Ready"] {
             conditions.push(json!({"type": t, "status": "True", "lastTransitionTime": now}));
         }
+        // The kubelet reports PodScheduled=True for every pod it runs, also for pods created
+        // with spec.nodeName that no scheduler bound.
+        if !conditions.iter().any(|c| c["type"] == "PodScheduled") {
+            conditions
+                .push(json!({"type": "PodScheduled", "status": "True", "lastTransitionTime": now}));
+        }
         let patch =
             json!({"status": {"phase": "Running", "startTime": now, "conditions": conditions}});
         let api: Api<Pod> =

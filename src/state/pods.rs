@@ -4,6 +4,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
@@ -33,6 +34,36 @@ pub fn is_terminal(p: &Pod) -> bool {
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
+}
+
+/// When a change from `old` to `new` is a pod event on its node, as Karpenter core counts them
+/// for `status.lastPodEventTime` (the start of `consolidateAfter`): the pod was scheduled (the
+/// time of its `PodScheduled=True` transition), or it became terminal or terminating (`now`).
+/// DaemonSet pods are not events: they come and go with every node.
+pub fn pod_event_time(old: Option<&Pod>, new: &Pod, now: Timestamp) -> Option<Timestamp> {
+    if node_name(new).is_none() || is_daemonset_pod(new) {
+        return None;
+    }
+    let terminating = |p: &Pod| p.metadata.deletion_timestamp.is_some();
+    if (is_terminal(new) && !old.is_some_and(is_terminal))
+        || (terminating(new) && !old.is_some_and(terminating))
+    {
+        return Some(now);
+    }
+    let scheduled = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+            .filter(|c| c.status == "True")
+            .map(|c| c.last_transition_time.as_ref().map(|t| t.0))
+    };
+    match (old.and_then(scheduled), scheduled(new)) {
+        (_, None) => None,
+        (before, Some(at)) if before == Some(at) => None,
+        // A condition without a transition time: the event is now.
+        (_, Some(at)) => Some(at.unwrap_or(now)),
+    }
 }
 
 /// Karpenter's definition: `PodScheduled=False` with reason `Unschedulable`, no node, not
@@ -209,5 +240,44 @@ mod tests {
         assert_eq!(pods.on_node("n1").len(), 1);
         pods.remove("ns/p");
         assert!(pods.on_node("n1").is_empty());
+    }
+
+    #[test]
+    fn pod_events_are_scheduling_and_termination() {
+        let now: Timestamp = "2026-01-01T10:00:00Z".parse().unwrap();
+        let sched = "2026-01-01T09:00:00Z";
+        let bound = pod(
+            json!({"spec": {"nodeName": "n"}, "status": {"phase": "Running",
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": sched}]}}),
+        );
+        let pending = pod(json!({}));
+        // Scheduled: the condition's transition time, once.
+        assert_eq!(
+            pod_event_time(Some(&pending), &bound, now),
+            Some(sched.parse().unwrap())
+        );
+        assert_eq!(
+            pod_event_time(None, &bound, now),
+            Some(sched.parse().unwrap())
+        );
+        assert_eq!(pod_event_time(Some(&bound), &bound, now), None);
+        // Terminating or terminal: now, once.
+        let mut going = bound.clone();
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        assert_eq!(pod_event_time(Some(&bound), &going, now), Some(now));
+        assert_eq!(pod_event_time(Some(&going), &going, now), None);
+        let mut done = bound.clone();
+        if let Some(s) = done.status.as_mut() {
+            s.phase = Some("Succeeded".into());
+        }
+        assert_eq!(pod_event_time(Some(&bound), &done, now), Some(now));
+        // Not on a node, or a DaemonSet pod: no event.
+        assert_eq!(pod_event_time(None, &pending, now), None);
+        let mut ds = bound.clone();
+        ds.metadata.owner_references = Some(vec![serde_json::from_value(json!(
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": "u", "controller": true}
+        )).unwrap()]);
+        assert_eq!(pod_event_time(None, &ds, now), None);
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -49,6 +49,23 @@ async fn edit_conditions(
         p.set("/status/conditions", json!(conds));
     }
     let updated: NodeClaim = send(shared, CLAIM, &name, p, true).await?;
+    shared.state.claims.write().apply_response(updated);
+    Ok(())
+}
+
+/// Record the claim's last pod event. A merge patch of the one field: it creates `status` when
+/// there is none and races with no other writer's fields (only the leader writes this one).
+pub async fn record_pod_event(
+    shared: &Shared,
+    claim: &NodeClaim,
+    at: Timestamp,
+) -> Result<(), Error> {
+    let name = claim.name_any();
+    let body = json!({"status": {"lastPodEventTime": at.to_string()}});
+    let updated: NodeClaim = claims(shared)
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+        .await
+        .map_err(api_err(&shared.metrics, "patch", CLAIM.1, &name))?;
     shared.state.claims.write().apply_response(updated);
     Ok(())
 }

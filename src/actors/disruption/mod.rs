@@ -33,12 +33,12 @@ use crate::api::conditions;
 use crate::disruption::{self, Command};
 use crate::metrics::{MethodLabels, PoolReasonLabels, ReasonLabels};
 
-/// Something disruption looks at changed; `pod_event_on` names a node whose pods changed (the
-/// start of its `consolidateAfter` countdown).
+/// Something disruption looks at changed; `pod_event` is a pod event on a node, at its time (the
+/// start of the node's `consolidateAfter` countdown).
 #[derive(Message, Default)]
 #[rtype(result = "()")]
 pub struct ClusterChanged {
-    pub pod_event_on: Option<String>,
+    pub pod_event: Option<(String, Timestamp)>,
 }
 
 /// A decision waiting for its validation pass.
@@ -390,6 +390,11 @@ async fn housekeeping(shared: &Shared, view: view::View) {
             tracing::debug!(nodeclaim = %s.claim.name_any(), error = %e, "updating disruption conditions failed");
         }
     }
+    for (c, at) in &view.pod_event_times {
+        if let Err(e) = execute::record_pod_event(shared, c, *at).await {
+            tracing::debug!(nodeclaim = %c.name_any(), error = %e, "recording the last pod event failed");
+        }
+    }
     for (c, np) in &view.restamp {
         if let Err(e) = execute::restamp(shared, c, np).await {
             tracing::debug!(nodeclaim = %c.name_any(), error = %e, "re-stamping the NodePool hash failed");
@@ -483,8 +488,9 @@ impl StreamHandler<Result<watcher::Event<PodDisruptionBudget>, watcher::Error>> 
 impl Handler<ClusterChanged> for Disruption {
     type Result = ();
     fn handle(&mut self, msg: ClusterChanged, ctx: &mut Self::Context) {
-        if let Some(node) = msg.pod_event_on {
-            self.pod_events.insert(node, Timestamp::now());
+        if let Some((node, at)) = msg.pod_event {
+            let last = self.pod_events.entry(node).or_insert(at);
+            *last = (*last).max(at);
         }
         self.soon(ctx);
     }

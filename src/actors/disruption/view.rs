@@ -49,6 +49,8 @@ pub struct View {
     /// Claims whose Node carries `karpenter.sh/disrupted` from a command that is no longer
     /// running (this controller, or the one before it, stopped mid-way): roll back.
     pub stale: Vec<(Arc<Node>, Arc<NodeClaim>)>,
+    /// Claims whose `status.lastPodEventTime` is behind the pod events seen on their node.
+    pub pod_event_times: Vec<(Arc<NodeClaim>, Timestamp)>,
     /// Pools with candidates for a reason whose budget allows no disruption now.
     pub budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
 }
@@ -106,6 +108,12 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         };
         if drift::needs_restamp(c) {
             view.restamp.push((c.clone(), np.clone()));
+        }
+        if let Some(at) = node
+            .as_ref()
+            .and_then(|n| pod_event_behind(c, mem.pod_events.get(&n.name_any())))
+        {
+            view.pod_event_times.push((c.clone(), at));
         }
         let (Some(node), true) = (node, initialized) else {
             continue;
@@ -229,6 +237,25 @@ fn expired(c: &NodeClaim, now: Timestamp) -> bool {
 
 fn since(t: Timestamp, now: Timestamp) -> Duration {
     Duration::try_from(now.duration_since(t)).unwrap_or_default()
+}
+
+/// Pod events move `status.lastPodEventTime` in steps of at least this (Karpenter v1.0's dedupe):
+/// a node filling up writes its claim a few times, not once per pod. The countdown itself uses
+/// the exact time held in memory.
+pub const POD_EVENT_WRITE_STEP: Duration = Duration::from_secs(10);
+
+/// The time to record as the claim's last pod event, if the record is that far behind.
+fn pod_event_behind(c: &NodeClaim, seen: Option<&Timestamp>) -> Option<Timestamp> {
+    let seen = *seen?;
+    let recorded = c
+        .status
+        .as_ref()
+        .and_then(|s| s.last_pod_event_time.as_ref())
+        .map(|t| t.0);
+    match recorded {
+        Some(r) if seen <= r || since(r, seen) < POD_EVENT_WRITE_STEP => None,
+        _ => Some(seen),
+    }
 }
 
 /// `consolidateAfter` has passed since the node's last pod event (or its initialization), and
