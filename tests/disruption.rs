@@ -470,9 +470,10 @@ async fn on_delete_rollouts_are_carried_out_as_drift() {
     env.assert_clean();
 }
 
-/// A template change under `RollingUpdate`: Cluster API replaces the Machines itself. The claims
-/// whose Machines it deletes end; the claims created for their pods adopt the fresh Machines,
-/// with no replica write at all (no release-and-recreate churn), and nothing leaks.
+/// A template change under `RollingUpdate`: Cluster API replaces the Machines itself. As each
+/// fresh Machine appears, the Disruption actor creates a claim that takes it (annotated with the
+/// claim it replaces) before Cluster API deletes the outdated one, with no replica write at all
+/// (no release-and-recreate churn); the old claims end with their Machines and nothing leaks.
 #[actix::test]
 async fn rolling_update_fresh_machines_are_adopted_without_churn() {
     let env = env_fast().await;
@@ -485,37 +486,16 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn() {
     .await;
     // (The test's own client shares the controller's User-Agent: count from after its patch.)
     let since = env.sim.cluster().stats().now_ms();
-    // As the provisioner does for the pods Cluster API drains off a Machine: one new claim for
-    // every old Machine that starts going.
-    let mut replaced = std::collections::HashSet::new();
-    let api: Api<NodeClaim> = Api::all(env.client().await);
-    let start = Instant::now();
-    while replaced.len() < 2 {
-        for m in env.list("machines") {
-            let name = m["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            if !m["metadata"]["deletionTimestamp"].is_null() && replaced.insert(name) {
-                let mut claim = claim_for(&env.pool, "sim-0");
-                claim.spec.expire_after = None;
-                api.create(&PostParams::default(), &claim)
-                    .await
-                    .expect("create a replacing claim");
-            }
-        }
-        assert!(
-            start.elapsed() < DEADLINE,
-            "the rollout did not delete the old Machines"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     env.wait("two new claims initialized on up-to-date Machines", || {
         let claims = env.claims();
         let machines = env.list("machines");
         (env.get("nodeclaims", "", &a).is_none()
             && env.get("nodeclaims", "", &b).is_none()
             && claims.len() == 2
+            && claims.iter().all(|c| {
+                let replaced = &c["metadata"]["annotations"][REPLACES_ANNOTATION];
+                *replaced == a.as_str() || *replaced == b.as_str()
+            })
             && claims
                 .iter()
                 .all(|c| condition(c, "Initialized").is_some_and(|c| c["status"] == "True"))

@@ -101,10 +101,18 @@ impl CapiWatcher {
             watcher::Event::Apply(o) => match Machine::from_dynamic(&o, v) {
                 Ok(m) => {
                     let old = self.shared.state.machines.write().apply(m.clone());
+                    // A Machine appearing, going, or changing rollout state is what the
+                    // Disruption actor's rollout replacements wait for.
+                    let rollout_changed = old.as_ref().is_none_or(|o| {
+                        o.up_to_date != m.up_to_date || o.is_deleting() != m.is_deleting()
+                    });
                     if let Some(old) = old.filter(|o| bound_claim(o) != bound_claim(&m)) {
                         self.route_machine(&old);
                     }
                     self.route_machine(&m);
+                    if rollout_changed {
+                        self.shared.router.disruption_changed();
+                    }
                 }
                 Err(e) => tracing::warn!(error = %e, "ignoring malformed Machine"),
             },

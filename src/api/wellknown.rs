@@ -68,6 +68,9 @@ pub const NODECLAIM_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/nodeclaim";
 /// Annotation on a NodeClaim naming the MachineDeployment it waits on, written before the
 /// replica write so a restarted controller can account for the pending replica (invariant 4).
 pub const MACHINE_DEPLOYMENT_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/machine-deployment";
+/// Annotation on a NodeClaim created ahead of a Cluster API RollingUpdate, naming the claim whose
+/// outdated Machine it replaces (it takes the rollout's fresh Machine before the old one goes).
+pub const REPLACES_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/replaces";
 pub const MIN_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 pub const MAX_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
 pub const PRICE_ANNOTATION: &str = "cluster.x-k8s.io/machine-current-price";

@@ -18,8 +18,9 @@ use crate::api::conditions::{self, Condition, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::NodePool;
 use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, DISRUPTED_TAINT_KEY, NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION,
-    NODEPOOL_HASH_VERSION_ANNOTATION, NODEPOOL_LABEL,
+    CAPACITY_TYPE_LABEL, DISRUPTED_TAINT_KEY, INITIALIZED_LABEL, MACHINE_DEPLOYMENT_ANNOTATION,
+    NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
+    NODEPOOL_LABEL, REGISTERED_LABEL, REPLACES_ANNOTATION, TERMINATION_FINALIZER,
 };
 use crate::disruption::{Candidate, Command};
 use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels};
@@ -240,6 +241,65 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
         names.push(name);
     }
     Ok(names)
+}
+
+/// A claim for the fresh Machine of a RollingUpdate, replacing `old` (whose Machine the rollout
+/// outdated): the same spec, pool and offering, created already launched onto `old`'s
+/// MachineDeployment (offering recorded, finalizer set, as the launch step would write them),
+/// so the Scaler hands it a spare fresh Machine without a replica write.
+pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<String, Error> {
+    let old_name = old.name_any();
+    let pool = old
+        .labels()
+        .get(NODEPOOL_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let mut labels = old.labels().clone();
+    labels.retain(|k, _| k != REGISTERED_LABEL && k != INITIALIZED_LABEL);
+    let mut annotations: std::collections::BTreeMap<String, String> = old
+        .annotations()
+        .iter()
+        .filter(|(k, _)| {
+            [
+                NODEPOOL_HASH_ANNOTATION,
+                NODEPOOL_HASH_VERSION_ANNOTATION,
+                MACHINE_DEPLOYMENT_ANNOTATION,
+            ]
+            .contains(&k.as_str())
+        })
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    annotations.insert(REPLACES_ANNOTATION.to_string(), old_name.clone());
+    let mut claim = NodeClaim::new("", old.spec.clone());
+    claim.metadata = kube::api::ObjectMeta {
+        generate_name: Some(format!("{pool}-")),
+        labels: Some(labels),
+        annotations: Some(annotations),
+        finalizers: Some(vec![TERMINATION_FINALIZER.to_string()]),
+        owner_references: old.metadata.owner_references.clone(),
+        ..Default::default()
+    };
+    let created = claims(shared)
+        .create(&PostParams::default(), &claim)
+        .await
+        .map_err(api_err(&shared.metrics, "create", CLAIM.1, &old_name))?;
+    shared
+        .metrics
+        .nodeclaims_created
+        .get_or_create(&CreatedLabels {
+            reason: "rollout".into(),
+            nodepool: pool,
+        })
+        .inc();
+    let name = created.name_any();
+    tracing::info!(nodeclaim = %name, replaces = %old_name, "a Cluster API rollout made a fresh Machine: replacing the outdated one's claim");
+    shared.events.normal(
+        old.object_ref(&()),
+        "RolloutReplacement",
+        format!("NodeClaim {name} takes the rollout's fresh Machine; this claim ends when Cluster API deletes its outdated Machine"),
+    );
+    shared.state.claims.write().apply_response(created);
+    Ok(name)
 }
 
 /// Delete the candidates: their finalizer runs the Terminator's drain, then releases the

@@ -30,6 +30,7 @@ use kube::{Resource, ResourceExt};
 use super::Shared;
 use super::backoff::Backoff;
 use crate::api::conditions;
+use crate::api::wellknown::REPLACES_ANNOTATION;
 use crate::disruption::{self, Command};
 use crate::metrics::{MethodLabels, PoolReasonLabels, ReasonLabels};
 
@@ -54,6 +55,18 @@ struct Executing {
     started: Instant,
 }
 
+/// A consolidation just carried out, watched for its aftermath: pods it moved that found no room
+/// where the scheduler put them make the provisioner launch again.
+struct Aftermath {
+    /// Claims that existed when it finished, and its own replacements.
+    known: HashSet<String>,
+    until: Instant,
+}
+
+/// How long after a consolidation a launch counts as its overshoot: the candidates' drain, the
+/// pods' rescheduling and a provisioning batch fit well inside.
+const AFTERMATH: Duration = Duration::from_secs(60);
+
 enum Progress {
     Waiting,
     Ready,
@@ -75,6 +88,10 @@ pub struct Disruption {
     /// After a failed command: no new command before this.
     quiet_until: Option<Instant>,
     backoff: Backoff,
+    aftermath: Option<Aftermath>,
+    /// After a consolidation that overshot: no consolidation of non-empty nodes before this.
+    consolidation_quiet_until: Option<Instant>,
+    consolidation_backoff: Backoff,
 }
 
 impl Disruption {
@@ -93,6 +110,9 @@ impl Disruption {
             executing: None,
             quiet_until: None,
             backoff: Backoff::new(Duration::from_secs(5), Duration::from_secs(300)),
+            aftermath: None,
+            consolidation_quiet_until: None,
+            consolidation_backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
         }
     }
 
@@ -147,7 +167,17 @@ impl Disruption {
         let progress = self.executing.as_ref().map(|e| self.progress(e));
         let quiet = self.quiet_until.is_some_and(|t| Instant::now() < t);
         let decide = self.executing.is_none() && !quiet;
-        let candidates = view.candidates.clone();
+        self.judge_aftermath();
+        let mut candidates = view.candidates.clone();
+        if self
+            .consolidation_quiet_until
+            .is_some_and(|t| Instant::now() < t)
+        {
+            // Only empty nodes and drift while consolidation stays quiet.
+            for c in candidates.iter_mut().filter(|c| !c.pods.is_empty()) {
+                c.consolidatable = false;
+            }
+        }
         let allowed = view.allowed.clone();
         let validation = self.settings().validation;
         // A decision whose pause is over is validated rather than decided again.
@@ -291,8 +321,7 @@ impl Disruption {
         };
         ctx.spawn(fut.into_actor(self).map(|r, act, ctx| match r {
             Ok(names) if names.is_empty() => {
-                act.executing = None;
-                act.backoff.reset();
+                act.completed();
                 act.soon(ctx);
             }
             Ok(names) => {
@@ -345,13 +374,72 @@ impl Disruption {
                 .into_actor(self)
                 .map(|r, act, ctx| match r {
                     Ok(()) => {
-                        act.executing = None;
-                        act.backoff.reset();
+                        act.completed();
                         act.soon(ctx);
                     }
                     Err(e) => act.roll_back(format!("deleting the candidates failed: {e}"), ctx),
                 }),
         );
+    }
+
+    /// The running command is done. A consolidation that moved pods is watched for a while.
+    fn completed(&mut self) {
+        self.backoff.reset();
+        let Some(e) = self.executing.take() else {
+            return;
+        };
+        let moved_pods = e.command.candidates.iter().any(|c| !c.pods.is_empty());
+        let consolidation = matches!(
+            e.command.method,
+            disruption::Method::MultiNodeConsolidation
+                | disruption::Method::SingleNodeConsolidation
+        );
+        if consolidation && moved_pods {
+            let mut known: HashSet<String> = self
+                .shared
+                .state
+                .claims
+                .read()
+                .all()
+                .map(|c| c.name_any())
+                .collect();
+            known.extend(e.replacements);
+            self.aftermath = Some(Aftermath {
+                known,
+                until: Instant::now() + AFTERMATH,
+            });
+        }
+    }
+
+    /// Consolidation plans where the moved pods go, but the scheduler decides (kube-scheduler
+    /// spreads pods to the least-allocated node, often the fresh replacement, so pods planned
+    /// for it can find no room). When the provisioner had to launch after a consolidation, the
+    /// move gained nothing: consolidation of non-empty nodes pauses, for longer each time in a
+    /// row, instead of replacing nodes in circles. A consolidation without such a launch resets
+    /// the pause.
+    fn judge_aftermath(&mut self) {
+        let Some(a) = &self.aftermath else {
+            return;
+        };
+        let launched: Vec<String> = self
+            .shared
+            .state
+            .claims
+            .read()
+            .all()
+            .filter(|c| !a.known.contains(&c.name_any()))
+            .filter(|c| !c.annotations().contains_key(REPLACES_ANNOTATION))
+            .map(|c| c.name_any())
+            .collect();
+        if !launched.is_empty() {
+            let pause = self.consolidation_backoff.next_delay();
+            self.consolidation_quiet_until = Some(Instant::now() + pause);
+            self.aftermath = None;
+            tracing::info!(launched = ?launched, pause = ?pause, "pods moved by the last consolidation needed new nodes; pausing consolidation");
+        } else if Instant::now() >= a.until {
+            self.aftermath = None;
+            self.consolidation_backoff.reset();
+        }
     }
 
     /// Undo the running command's marks and stay quiet for a while.
@@ -388,6 +476,11 @@ async fn housekeeping(shared: &Shared, view: view::View) {
     for s in &view.stamps {
         if let Err(e) = execute::stamp(shared, s).await {
             tracing::debug!(nodeclaim = %s.claim.name_any(), error = %e, "updating disruption conditions failed");
+        }
+    }
+    for old in &view.rollout {
+        if let Err(e) = execute::replace_for_rollout(shared, old).await {
+            tracing::warn!(nodeclaim = %old.name_any(), error = %e, "creating a rollout replacement failed");
         }
     }
     for (c, at) in &view.pod_event_times {

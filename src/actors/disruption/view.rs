@@ -18,14 +18,15 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION,
-    NODEPOOL_LABEL,
+    NODEPOOL_LABEL, REPLACES_ANNOTATION,
 };
 use crate::disruption::{
     self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
 };
 use crate::scheduling::Snapshot;
 use crate::scheduling::selector::Selector;
-use crate::state::claims::recorded_deployment;
+use crate::state::claims::{recorded_deployment, recorded_machine};
+use crate::state::machines::{MachineDeployments, Machines};
 use crate::state::pods;
 
 /// A claim whose `Drifted` or `Consolidatable` condition should change.
@@ -49,6 +50,10 @@ pub struct View {
     /// Claims whose Node carries `karpenter.sh/disrupted` from a command that is no longer
     /// running (this controller, or the one before it, stopped mid-way): roll back.
     pub stale: Vec<(Arc<Node>, Arc<NodeClaim>)>,
+    /// Claims on a Machine a RollingUpdate has outdated, for which the rollout already made a
+    /// fresh Machine nobody holds: each gets a replacement claim that takes it, so the pods
+    /// Cluster API drains off the old Machine find a registered node waiting.
+    pub rollout: Vec<Arc<NodeClaim>>,
     /// Claims whose `status.lastPodEventTime` is behind the pod events seen on their node.
     pub pod_event_times: Vec<(Arc<NodeClaim>, Timestamp)>,
     /// Pools with candidates for a reason whose budget allows no disruption now.
@@ -80,6 +85,8 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
     let pdbs = PdbIndex::new(mem.pdbs);
 
     let mut view = View::default();
+    let rollout = Rollout::new(&claims, &machines, &deployments);
+    view.rollout = rollout.replace_now(&claims, &machines, &deployments);
     let mut total: HashMap<String, usize> = HashMap::new();
     let mut disrupting: HashMap<String, usize> = HashMap::new();
     for c in &claims {
@@ -155,6 +162,10 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
                 consolidatable,
             });
         }
+        if let Some(why) = rollout.protects(&name) {
+            view.blocked.push((c.clone(), why));
+            continue;
+        }
         if let Some(why) = protected(c, &node, &on_node, &pdbs) {
             view.blocked.push((c.clone(), why));
             continue;
@@ -217,6 +228,109 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         .filter_map(|(pool, reason)| pools.get(&pool).map(|np| (np.clone(), reason)))
         .collect();
     view
+}
+
+/// A RollingUpdate in progress, as the claims see it: which claims sit on outdated Machines and
+/// which claims were created to replace them.
+struct Rollout {
+    /// Replacement claim -> the claim it replaces, while that one is still on an outdated
+    /// Machine (both stay out of consolidation until Cluster API deletes the old Machine).
+    replacing: HashMap<String, String>,
+}
+
+impl Rollout {
+    fn new(claims: &[Arc<NodeClaim>], machines: &Machines, mds: &MachineDeployments) -> Self {
+        let outdated: HashSet<String> = claims
+            .iter()
+            .filter(|c| outdated_under_rolling_update(c, machines, mds))
+            .map(|c| c.name_any())
+            .collect();
+        let replacing = claims
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .filter_map(|c| {
+                let old = c.annotations().get(REPLACES_ANNOTATION)?;
+                outdated.contains(old).then(|| (c.name_any(), old.clone()))
+            })
+            .collect();
+        Self { replacing }
+    }
+
+    /// Why the claim is not a consolidation candidate now, if the rollout holds it.
+    fn protects(&self, claim: &str) -> Option<String> {
+        if let Some(old) = self.replacing.get(claim) {
+            return Some(format!(
+                "it replaces NodeClaim {old}, whose Machine a Cluster API rollout is replacing"
+            ));
+        }
+        self.replacing
+            .values()
+            .any(|o| o == claim)
+            .then(|| "a Cluster API rollout is replacing its Machine".to_string())
+    }
+
+    /// Outdated claims to replace now: per MachineDeployment, as many as the rollout has fresh
+    /// Machines that neither a claim holds nor a replacement already waits for, oldest first.
+    fn replace_now(
+        &self,
+        claims: &[Arc<NodeClaim>],
+        machines: &Machines,
+        mds: &MachineDeployments,
+    ) -> Vec<Arc<NodeClaim>> {
+        let replaced: HashSet<&String> = self.replacing.values().collect();
+        let mut waiting: HashMap<&str, usize> = HashMap::new();
+        for (new, _) in &self.replacing {
+            let Some(c) = claims
+                .iter()
+                .find(|c| c.metadata.name.as_ref() == Some(new))
+            else {
+                continue;
+            };
+            if let (Some(md), None) = (recorded_deployment(c), recorded_machine(c)) {
+                *waiting.entry(md).or_default() += 1;
+            }
+        }
+        let mut by_md: BTreeMap<&str, Vec<&Arc<NodeClaim>>> = BTreeMap::new();
+        for c in claims {
+            if outdated_under_rolling_update(c, machines, mds)
+                && !replaced.contains(&c.name_any())
+                && let Some(md) = recorded_deployment(c)
+            {
+                by_md.entry(md).or_default().push(c);
+            }
+        }
+        let mut out = Vec::new();
+        for (md, mut olds) in by_md {
+            let fresh = machines
+                .of_deployment(md)
+                .iter()
+                .filter(|m| m.up_to_date == Some(true) && !m.is_deleting())
+                .filter(|m| crate::state::machines::bound_claim(m).is_none())
+                .count();
+            let free = fresh.saturating_sub(waiting.get(md).copied().unwrap_or(0));
+            olds.sort_by_key(|c| c.metadata.creation_timestamp.clone());
+            out.extend(olds.into_iter().take(free).cloned());
+        }
+        out
+    }
+}
+
+/// The claim is alive on a Machine that a RollingUpdate MachineDeployment has outdated.
+fn outdated_under_rolling_update(
+    c: &NodeClaim,
+    machines: &Machines,
+    mds: &MachineDeployments,
+) -> bool {
+    let Some(md) = recorded_deployment(c) else {
+        return false;
+    };
+    c.metadata.deletion_timestamp.is_none()
+        && mds.get(md).is_some_and(|d| !d.on_delete)
+        && machines
+            .bound_to(&c.name_any())
+            .ok()
+            .flatten()
+            .is_some_and(|m| m.up_to_date == Some(false) && !m.is_deleting())
 }
 
 /// The solver's view of the cluster, as the provisioner sees it.

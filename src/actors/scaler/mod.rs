@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, PatchParams};
 use serde_json::json;
 
@@ -28,7 +29,7 @@ use crate::api::wellknown::{
     DELETE_MACHINE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION, MANAGED_REPLICAS_ANNOTATION,
     MEMBER_LABEL, NODECLAIM_ANNOTATION,
 };
-use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION};
+use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION, REPLACES_ANNOTATION};
 use crate::capi::model::{Machine, MachineDeployment, ModelError};
 use crate::capi::version::CapiVersion;
 use crate::capi::{annotations, version};
@@ -291,6 +292,14 @@ impl Scaler {
                 .unwrap_or(false)
         });
 
+        // Cluster API replaces outdated Machines itself under RollingUpdate (not OnDelete, where
+        // disruption replaces them as drift).
+        let rolling_out = !md.on_delete && all.iter().any(|m| m.up_to_date == Some(false));
+        let replaced = if rolling_out {
+            replaced_claims(&self.shared.state.claims.read(), &self.md)
+        } else {
+            HashSet::new()
+        };
         let views: Vec<MachineView> = all
             .iter()
             .filter(|m| m.deletion_timestamp.is_none())
@@ -301,6 +310,8 @@ impl Scaler {
                     .map(str::to_string)
                     .or_else(|| self.binding.get(&k).cloned()),
                 marked: marked_by_us(m),
+                replaced: m.up_to_date == Some(false)
+                    && bound_claim(m).is_some_and(|c| replaced.contains(c)),
                 key: k,
             })
             .collect();
@@ -336,9 +347,6 @@ impl Scaler {
                 c.clone(),
             )
         });
-        // Cluster API replaces outdated Machines itself under RollingUpdate (not OnDelete, where
-        // disruption replaces them as drift).
-        let rolling_out = !md.on_delete && all.iter().any(|m| m.up_to_date == Some(false));
         Some(Inputs {
             md,
             machines: views,
@@ -991,4 +999,15 @@ mod tests {
         assert_eq!(size_bounds(&a, None), (0, Some(0)));
         assert_eq!(size_bounds(&BTreeMap::new(), Some((1, Some(3)))), (0, None));
     }
+}
+
+/// Claims of `md` that a rollout replacement (a claim created for a fresh Machine, naming them)
+/// stands in for: their outdated Machines no longer count as replicas we need.
+fn replaced_claims(claims: &crate::state::claims::Claims, md: &str) -> HashSet<String> {
+    claims
+        .all()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter(|c| recorded_deployment(c) == Some(md))
+        .filter_map(|c| c.annotations().get(REPLACES_ANNOTATION).cloned())
+        .collect()
 }

@@ -18,6 +18,9 @@ pub struct MachineView {
     pub bound_to: Option<String>,
     /// Carries `cluster.x-k8s.io/delete-machine`: released by us, waiting for the decrement.
     pub marked: bool,
+    /// Outdated by a rollout, its claim already replaced by one on a fresh Machine: Cluster API
+    /// deletes it, so it is not a replica we need (the fresh Machine is its surge).
+    pub replaced: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -97,7 +100,12 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
     let still_waiting = &s.waiting[pairs..];
     let spare = &eligible[pairs..];
 
-    let desired = bound + marked.len() as i32 + s.waiting.len() as i32;
+    let replaced = s
+        .machines
+        .iter()
+        .filter(|m| m.replaced && m.bound_to.is_some())
+        .count() as i32;
+    let desired = bound - replaced + marked.len() as i32 + s.waiting.len() as i32;
     if desired > s.managed {
         let mut need = desired - s.managed;
         if let Some(max) = s.max_size {
@@ -180,6 +188,7 @@ mod tests {
             key: key.into(),
             bound_to: bound.map(Into::into),
             marked,
+            replaced: false,
         }
     }
 
@@ -312,6 +321,39 @@ mod tests {
             plan(&snap(2, 2, &ms, &[])).release,
             vec!["fresh".to_string()]
         );
+    }
+
+    #[test]
+    fn a_replacement_takes_the_surge_machine_without_a_replica_write() {
+        // Two claims on outdated Machines; the rollout surged a fresh one. The claim created to
+        // replace o1 takes it: o1's Machine is Cluster API's to delete, not a replica we need.
+        let old = MachineView {
+            replaced: true,
+            ..m("o1", Some("c1"), false)
+        };
+        let ms = [
+            old.clone(),
+            m("o2", Some("c2"), false),
+            m("fresh", None, false),
+        ];
+        let w = waiting(&["r1"]);
+        let p = plan(&Snapshot {
+            rolling_out: true,
+            ..snap(2, 2, &ms, &w)
+        });
+        assert_eq!(p.bind, vec![("r1".to_string(), "fresh".to_string())]);
+        assert_eq!(p.write, None);
+        // Bound: still no write while o1 waits for Cluster API.
+        let ms = [
+            old,
+            m("o2", Some("c2"), false),
+            m("fresh", Some("r1"), false),
+        ];
+        let p = plan(&Snapshot {
+            rolling_out: true,
+            ..snap(2, 2, &ms, &[])
+        });
+        assert_eq!(p, Plan::default());
     }
 
     #[test]
