@@ -279,7 +279,7 @@ impl Rollout {
     ) -> Vec<Arc<NodeClaim>> {
         let replaced: HashSet<&String> = self.replacing.values().collect();
         let mut waiting: HashMap<&str, usize> = HashMap::new();
-        for (new, _) in &self.replacing {
+        for new in self.replacing.keys() {
             let Some(c) = claims
                 .iter()
                 .find(|c| c.metadata.name.as_ref() == Some(new))

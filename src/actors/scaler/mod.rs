@@ -968,6 +968,17 @@ impl Handler<Stop> for Scaler {
     }
 }
 
+/// Claims of `md` that a rollout replacement (a claim created for a fresh Machine, naming them)
+/// stands in for: their outdated Machines no longer count as replicas we need.
+fn replaced_claims(claims: &crate::state::claims::Claims, md: &str) -> HashSet<String> {
+    claims
+        .all()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter(|c| recorded_deployment(c) == Some(md))
+        .filter_map(|c| c.annotations().get(REPLACES_ANNOTATION).cloned())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -999,15 +1010,4 @@ mod tests {
         assert_eq!(size_bounds(&a, None), (0, Some(0)));
         assert_eq!(size_bounds(&BTreeMap::new(), Some((1, Some(3)))), (0, None));
     }
-}
-
-/// Claims of `md` that a rollout replacement (a claim created for a fresh Machine, naming them)
-/// stands in for: their outdated Machines no longer count as replicas we need.
-fn replaced_claims(claims: &crate::state::claims::Claims, md: &str) -> HashSet<String> {
-    claims
-        .all()
-        .filter(|c| c.metadata.deletion_timestamp.is_none())
-        .filter(|c| recorded_deployment(c) == Some(md))
-        .filter_map(|c| c.annotations().get(REPLACES_ANNOTATION).cloned())
-        .collect()
 }
