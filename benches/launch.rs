@@ -31,6 +31,7 @@ fn bench_plan(c: &mut Criterion) {
                 key: format!("default/m-{i:05}"),
                 bound_to: (i < n / 2).then(|| format!("c-{i:05}")),
                 marked: false,
+                replaced: false,
             })
             .collect();
         let waiting: Vec<String> = (n / 2..n).map(|i| format!("c-{i:05}")).collect();
