@@ -16,6 +16,7 @@
 
 pub mod amounts;
 pub mod error;
+pub mod explain;
 pub mod instance_type;
 pub mod nodeclaim;
 pub mod pod;
