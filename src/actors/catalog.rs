@@ -415,22 +415,7 @@ impl Catalog {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for (name, nc) in &nodeclasses {
-            let selector = nc
-                .spec
-                .scalable_resource_selector
-                .as_ref()
-                .map(LabelSelector::try_from);
-            let (catalog, ready) = match selector.transpose() {
-                Err(e) => (
-                    offerings::Catalog::default(),
-                    Err(format!("spec.scalableResourceSelector: {e}")),
-                ),
-                Ok(sel) => {
-                    let c = offerings::build(sel.as_ref(), &mds, &cx);
-                    let ready = readiness(&c);
-                    (c, ready)
-                }
-            };
+            let (catalog, ready) = resolve_nodeclass(nc, &mds, &cx);
             self.update_status(nc, &catalog, &ready, ctx);
             self.report_problems(nc, &catalog.problems);
             self.shared.catalog.publish(
@@ -498,18 +483,8 @@ impl Catalog {
             );
             let pinned = r.version.clone();
             let md_version = md.resource_version.clone();
-            let fut = async move {
-                let ver = match pinned {
-                    Some(v) => v,
-                    None => version::infrastructure_version(&client, &group)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                };
-                let ar = version::infrastructure_template_resource(&group, &ver, &kind);
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &ar);
-                let obj = api.get(&name).await.map_err(|e| e.to_string())?;
-                TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
-            };
+            let fut =
+                async move { read_template(&client, &group, pinned, &kind, &ns, &name).await };
             ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
                 act.fetching.remove(&key);
                 let previous = act.templates.remove(&key);
@@ -661,6 +636,84 @@ impl Catalog {
             .into_actor(self),
         );
     }
+}
+
+/// What one NodeClass resolves to, and whether it is ready (the Catalog actor publishes this;
+/// `explain` computes it the same way from a one-off read).
+pub fn resolve_nodeclass(
+    nc: &ClusterAPINodeClass,
+    mds: &[Arc<MachineDeployment>],
+    cx: &OfferingContext<'_>,
+) -> (offerings::Catalog, Result<(), String>) {
+    let selector = nc
+        .spec
+        .scalable_resource_selector
+        .as_ref()
+        .map(LabelSelector::try_from);
+    match selector.transpose() {
+        Err(e) => (
+            offerings::Catalog::default(),
+            Err(format!("spec.scalableResourceSelector: {e}")),
+        ),
+        Ok(sel) => {
+            let c = offerings::build(sel.as_ref(), mds, cx);
+            let ready = readiness(&c);
+            (c, ready)
+        }
+    }
+}
+
+/// Read a MachineDeployment's infrastructure template's capacity (`group`, `kind`, `name` in
+/// namespace `ns`); the version is discovered unless the reference pins one.
+pub async fn read_template(
+    client: &kube::Client,
+    group: &str,
+    pinned: Option<String>,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> Result<TemplateCapacity, String> {
+    let ver = match pinned {
+        Some(v) => v,
+        None => version::infrastructure_version(client, group)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    let ar = version::infrastructure_template_resource(group, &ver, kind);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let obj = api.get(name).await.map_err(|e| e.to_string())?;
+    TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
+}
+
+/// The template capacity of every MachineDeployment that has a readable one (one-off reads for
+/// tools; the Catalog actor caches and re-reads on its own schedule).
+pub async fn read_templates(
+    client: &kube::Client,
+    mds: &[Arc<MachineDeployment>],
+) -> (HashMap<String, TemplateCapacity>, HashMap<String, String>) {
+    let mut ok = HashMap::new();
+    let mut failed = HashMap::new();
+    for md in mds {
+        let r = &md.infrastructure_ref;
+        match read_template(
+            client,
+            &r.api_group,
+            r.version.clone(),
+            &r.kind,
+            &md.namespace,
+            &r.name,
+        )
+        .await
+        {
+            Ok(t) => {
+                ok.insert(md.key(), t);
+            }
+            Err(e) => {
+                failed.insert(md.key(), e);
+            }
+        }
+    }
+    (ok, failed)
 }
 
 fn readiness(c: &offerings::Catalog) -> Result<(), String> {
