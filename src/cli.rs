@@ -184,6 +184,13 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass) as YAML.
     Crds(CrdsArgs),
+    /// Explain, read-only, why a pod is pending or where it went, what a NodeClaim waits for,
+    /// or what a NodePool can launch (docs/tools.md).
+    #[command(subcommand)]
+    Explain(Box<ExplainCommand>),
+    /// Read the management cluster's MachineDeployments, say which can be offerings, and print
+    /// a ClusterAPINodeClass and NodePool for the usable ones (docs/tools.md).
+    Init(Box<InitArgs>),
     /// Print the version.
     Version,
 }
@@ -394,6 +401,82 @@ pub struct SimulateArgs {
     pub seed: u64,
     #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// How `explain` prints its report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExplainOutput {
+    Text,
+    Json,
+}
+
+/// What every `explain` subcommand takes: the clients as `run` builds them, and the controller
+/// settings whose values the answers depend on (timeouts, preference policy).
+#[derive(Clone, Debug, Args)]
+pub struct ExplainArgs {
+    /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config).
+    #[arg(long, value_parser = existing_file_arg)]
+    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster_api: ClusterApiArgs,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+    /// Text for people, JSON for tools.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: ExplainOutput,
+}
+
+#[derive(Clone, Debug, Subcommand)]
+pub enum ExplainCommand {
+    /// Why a pod is pending (per NodePool and instance type, the first constraint that rules
+    /// it out), or the NodeClaim and offering it went to.
+    Pod {
+        /// NAMESPACE/NAME of the pod.
+        target: String,
+        #[command(flatten)]
+        args: ExplainArgs,
+    },
+    /// A NodeClaim's phase, what it waits for and its deadline, and its disruption standing.
+    Nodeclaim {
+        name: String,
+        #[command(flatten)]
+        args: ExplainArgs,
+    },
+    /// The instance types and offerings a NodePool can use, those left out and why, and its
+    /// usage against its limits.
+    Nodepool {
+        name: String,
+        #[command(flatten)]
+        args: ExplainArgs,
+    },
+}
+
+/// How `init` prints its proposal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum InitOutput {
+    /// The report, the YAML and the commands, for people.
+    Text,
+    /// Only applyable YAML on stdout (the report as YAML comments).
+    Yaml,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct InitArgs {
+    /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config); also
+    /// the management cluster unless the Cluster API flags say otherwise.
+    #[arg(long, value_parser = existing_file_arg)]
+    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster_api: ClusterApiArgs,
+    /// Only MachineDeployments in this namespace (default: --cluster-api-namespace, else all).
+    #[arg(long, value_parser = dns_label_arg)]
+    pub namespace: Option<String>,
+    /// Name of the ClusterAPINodeClass and NodePool to propose.
+    #[arg(long, default_value = "default", value_parser = dns_subdomain_arg)]
+    pub name: String,
+    /// Text for people, or YAML only (applyable with `kubectl apply -f -`).
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: InitOutput,
 }
 
 #[derive(Clone, Debug, Args)]
