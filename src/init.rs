@@ -77,7 +77,8 @@ pub fn propose(
         }
         if !md.labels.contains_key(MEMBER_LABEL) {
             v.problems.push(format!("no {MEMBER_LABEL} label"));
-            v.fixes.push(format!("kubectl label {target} {MEMBER_LABEL}="));
+            v.fixes
+                .push(format!("kubectl label {target} {MEMBER_LABEL}="));
         }
         match offering(md, cx) {
             Ok((instance_type, _, o)) => {
@@ -251,7 +252,8 @@ pub fn report(p: &Proposal) -> String {
 /// `karpenter-capi init`: read, judge, print (text: report then YAML; yaml: YAML only with the
 /// report as comments).
 pub async fn run(args: &InitArgs) -> Result<String, RunError> {
-    let (_, management) = crate::app::clients(args.kubeconfig.as_deref(), &args.cluster_api).await?;
+    let (_, management) =
+        crate::app::clients(args.kubeconfig.as_deref(), &args.cluster_api).await?;
     let namespace = args
         .namespace
         .as_deref()

@@ -82,13 +82,13 @@ pub async fn read_capi(
         .map_err(list_err("Machines"))?;
     let mut out_mds = Vec::new();
     for o in &mds.items {
-        out_mds.push(
-            MachineDeployment::from_dynamic(o, v).map_err(|e| Error::Capi(format!(
+        out_mds.push(MachineDeployment::from_dynamic(o, v).map_err(|e| {
+            Error::Capi(format!(
                 "MachineDeployment {}/{}: {e}",
                 o.namespace().unwrap_or_default(),
                 o.name_any()
-            )))?,
-        );
+            ))
+        })?);
     }
     let out_machines = machines
         .items
@@ -184,12 +184,13 @@ pub async fn read(
     let nodes: Vec<Node> = list_all(&workload, "Nodes").await?;
     let pods: Vec<Pod> = list_namespaced(&workload, "Pods").await?;
     let daemonsets: Vec<DaemonSet> = list_namespaced(&workload, "DaemonSets").await?;
-    let pdbs: Vec<PodDisruptionBudget> =
-        list_namespaced(&workload, "PodDisruptionBudgets").await?;
+    let pdbs: Vec<PodDisruptionBudget> = list_namespaced(&workload, "PodDisruptionBudgets").await?;
 
     let state = State::default();
     state.machines.write().replace_all(machines);
-    let deployments = state.deployments.write().replace_all(mds);
+    state.deployments.write().replace_all(mds);
+    let deployments: Vec<Arc<MachineDeployment>> =
+        state.deployments.read().all().cloned().collect();
     state.claims.write().replace_all(claims);
     state.nodes.write().replace_all(nodes);
     state.pods.write().replace_all(pods);

@@ -70,7 +70,9 @@ impl OfferingView {
             self.capacity_type,
             self.price,
             self.replicas,
-            self.max_size.map(|m| format!(" of max {m}")).unwrap_or_default(),
+            self.max_size
+                .map(|m| format!(" of max {m}"))
+                .unwrap_or_default(),
             match &self.unavailable_reason {
                 Some(r) => format!(": unavailable, {r}"),
                 None => String::new(),

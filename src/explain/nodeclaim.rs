@@ -82,7 +82,13 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodeClaimReport, Error> 
         .map(|n| n.name_any())
         .or_else(|| claim.status.as_ref().and_then(|s| s.node_name.clone()));
     let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let (waiting_for, since, deadline) = wait(cluster, &claim, machine.is_some(), pid.is_some(), node.is_some());
+    let (waiting_for, since, deadline) = wait(
+        cluster,
+        &claim,
+        machine.is_some(),
+        pid.is_some(),
+        node.is_some(),
+    );
     Ok(NodeClaimReport {
         nodeclaim: name.to_string(),
         nodepool: claim.labels().get(NODEPOOL_LABEL).cloned(),
@@ -145,7 +151,10 @@ fn wait(
     }
     let nodeclass = &c.spec.node_class_ref.name;
     let (create_timeout, create_source) = match cluster.shared.catalog.create_timeout(nodeclass) {
-        Some(t) => (t, format!("ClusterAPINodeClass {nodeclass} spec.createTimeout")),
+        Some(t) => (
+            t,
+            format!("ClusterAPINodeClass {nodeclass} spec.createTimeout"),
+        ),
         None => (settings.create_timeout, "--create-timeout".to_string()),
     };
     let create = |what: &str| {
@@ -159,7 +168,9 @@ fn wait(
         && c.finalizers().iter().any(|f| f == TERMINATION_FINALIZER);
     if !launched {
         return (
-            Some("a launch decision: an offering of its NodeClass that fits its requirements".into()),
+            Some(
+                "a launch decision: an offering of its NodeClass that fits its requirements".into(),
+            ),
             Some(created),
             Some(deadline(
                 "launch",
@@ -173,7 +184,9 @@ fn wait(
         return create("a Machine from its MachineDeployment (a replica added for it)");
     }
     if !has_provider_id {
-        return create("the Machine's provider ID (the infrastructure provider creating the instance)");
+        return create(
+            "the Machine's provider ID (the infrastructure provider creating the instance)",
+        );
     }
     if !has_node {
         let start = registration_clock_start(c);
@@ -193,7 +206,10 @@ fn wait(
             .map(|r| r.last_transition_time.0)
             .unwrap_or(created);
         return (
-            Some("initialization: the Node Ready, its startup taints gone, its resources registered".into()),
+            Some(
+                "initialization: the Node Ready, its startup taints gone, its resources registered"
+                    .into(),
+            ),
             Some(since),
             None,
         );
@@ -237,10 +253,15 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
     };
     if let Some(cand) = v.candidates.iter().find(|k| k.claim == name) {
         out.candidate = true;
-        out.drift = cand.drift.map(|d| format!("{}: {}", d.reason(), d.message()));
+        out.drift = cand
+            .drift
+            .map(|d| format!("{}: {}", d.reason(), d.message()));
         out.consolidatable = Some(cand.consolidatable);
         let eligible = [
-            (DisruptionReason::Empty, cand.consolidatable && cand.pods.is_empty()),
+            (
+                DisruptionReason::Empty,
+                cand.consolidatable && cand.pods.is_empty(),
+            ),
             (DisruptionReason::Drifted, cand.drift.is_some()),
             (
                 DisruptionReason::Underutilized,
@@ -310,7 +331,10 @@ impl fmt::Display for NodeClaimReport {
         writeln!(f, "  Node {}", or(&self.node))?;
         match &self.waiting_for {
             Some(w) => writeln!(f, "  waiting for {w}, since {}", or(&self.since))?,
-            None => writeln!(f, "  waiting for nothing: launched, registered and initialized")?,
+            None => writeln!(
+                f,
+                "  waiting for nothing: launched, registered and initialized"
+            )?,
         }
         if let Some(d) = &self.deadline {
             writeln!(

@@ -141,7 +141,9 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
             }
         }
         for (md, e) in &cluster.template_errors {
-            if r.catalog.deployments.contains(md) || left_out.iter().any(|l| &l.machine_deployment == md) {
+            if r.catalog.deployments.contains(md)
+                || left_out.iter().any(|l| &l.machine_deployment == md)
+            {
                 notes.push(format!(
                     "MachineDeployment {md}: infrastructure template not readable ({e}); its annotations alone give its capacity"
                 ));
@@ -184,7 +186,10 @@ fn pool_requirements(np: &crate::api::nodepool::NodePool, notes: &mut Vec<String
     {
         reqs.add(Requirement::is_in(k, &[v.as_str()]));
     }
-    reqs.add(Requirement::is_in(NODEPOOL_LABEL, &[np.name_any().as_str()]));
+    reqs.add(Requirement::is_in(
+        NODEPOOL_LABEL,
+        &[np.name_any().as_str()],
+    ));
     reqs
 }
 
@@ -227,7 +232,11 @@ fn usage(cluster: &Cluster, np: &crate::api::nodepool::NodePool) -> BTreeMap<Str
 
 impl fmt::Display for NodePoolReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "NodePool {} (ClusterAPINodeClass {})", self.nodepool, self.nodeclass)?;
+        writeln!(
+            f,
+            "NodePool {} (ClusterAPINodeClass {})",
+            self.nodepool, self.nodeclass
+        )?;
         match &self.nodeclass_ready {
             Ok(()) => writeln!(f, "  NodeClass ready")?,
             Err(e) => writeln!(f, "  NodeClass not ready: {e}")?,
@@ -251,7 +260,11 @@ impl fmt::Display for NodePoolReport {
         if !self.left_out.is_empty() {
             writeln!(f, "  left out:")?;
             for l in &self.left_out {
-                writeln!(f, "    MachineDeployment {}: {}", l.machine_deployment, l.reason)?;
+                writeln!(
+                    f,
+                    "    MachineDeployment {}: {}",
+                    l.machine_deployment, l.reason
+                )?;
             }
         }
         writeln!(f, "  usage:")?;

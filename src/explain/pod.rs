@@ -66,19 +66,24 @@ pub struct Pending {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum Outcome {
     /// It fits on an existing node or an in-flight claim.
-    ExistingNode { node: String, in_flight: bool },
+    ExistingNode {
+        node: String,
+        in_flight: bool,
+    },
     /// A new claim from this pool, with these types (cheapest first).
     NewClaim {
         nodepool: String,
         instance_types: Vec<String>,
     },
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
 }
 
 pub fn explain(cluster: &Cluster, target: &str) -> Result<PodReport, Error> {
-    let (ns, name) = target.split_once('/').ok_or_else(|| {
-        Error::BadArgument(format!("{target:?} is not NAMESPACE/NAME"))
-    })?;
+    let (ns, name) = target
+        .split_once('/')
+        .ok_or_else(|| Error::BadArgument(format!("{target:?} is not NAMESPACE/NAME")))?;
     let key = format!("{ns}/{name}");
     let pod = cluster
         .shared
@@ -145,8 +150,8 @@ fn placement(cluster: &Cluster, node: &str) -> Placement {
 /// The offerings the launch chose among: those of the claim's instance types whose labels its
 /// requirements allow, cheapest first.
 fn considered(cluster: &Cluster, claim: &NodeClaim, chosen: Option<&str>) -> Vec<Considered> {
-    let reqs = Requirements::from_node_selector_requirements(&claim.spec.requirements)
-        .unwrap_or_default();
+    let reqs =
+        Requirements::from_node_selector_requirements(&claim.spec.requirements).unwrap_or_default();
     let types = cluster
         .shared
         .catalog
@@ -165,10 +170,11 @@ fn considered(cluster: &Cluster, claim: &NodeClaim, chosen: Option<&str>) -> Vec
         })
         .collect();
     out.sort_by(|a, b| {
-        a.offering
-            .price
-            .total_cmp(&b.offering.price)
-            .then_with(|| a.offering.machine_deployment.cmp(&b.offering.machine_deployment))
+        a.offering.price.total_cmp(&b.offering.price).then_with(|| {
+            a.offering
+                .machine_deployment
+                .cmp(&b.offering.machine_deployment)
+        })
     });
     out
 }
@@ -184,30 +190,30 @@ fn pending(cluster: &Cluster, pod: &Pod) -> Result<Pending, Error> {
     if !snapshot.pods.iter().any(|p| pods::key(p) == key) {
         snapshot.pods.push(pod.clone());
     }
-    let nodepools = rule_out(pod, &snapshot).map_err(|e| {
-        Error::BadArgument(format!("pod {key} cannot be read: {e}"))
-    })?;
+    let nodepools = rule_out(pod, &snapshot)
+        .map_err(|e| Error::BadArgument(format!("pod {key} cannot be read: {e}")))?;
     let results = scheduling::solve(&snapshot);
     let in_flight = |node: &str| snapshot.nodes.iter().any(|n| n.name == node && n.in_flight);
-    let outcome = if let Some((_, node)) = results.placed_on_existing.iter().find(|(p, _)| *p == key) {
-        Outcome::ExistingNode {
-            node: node.clone(),
-            in_flight: in_flight(node),
-        }
-    } else if let Some(c) = results.new_claims.iter().find(|c| c.pods.contains(&key)) {
-        Outcome::NewClaim {
-            nodepool: c.nodepool.clone(),
-            instance_types: c.instance_types.clone(),
-        }
-    } else if let Some((_, e)) = results.failures.iter().find(|(p, _)| *p == key) {
-        Outcome::Failed {
-            message: e.to_string(),
-        }
-    } else {
-        Outcome::Failed {
-            message: "the solve did not consider the pod".into(),
-        }
-    };
+    let outcome =
+        if let Some((_, node)) = results.placed_on_existing.iter().find(|(p, _)| *p == key) {
+            Outcome::ExistingNode {
+                node: node.clone(),
+                in_flight: in_flight(node),
+            }
+        } else if let Some(c) = results.new_claims.iter().find(|c| c.pods.contains(&key)) {
+            Outcome::NewClaim {
+                nodepool: c.nodepool.clone(),
+                instance_types: c.instance_types.clone(),
+            }
+        } else if let Some((_, e)) = results.failures.iter().find(|(p, _)| *p == key) {
+            Outcome::Failed {
+                message: e.to_string(),
+            }
+        } else {
+            Outcome::Failed {
+                message: "the solve did not consider the pod".into(),
+            }
+        };
     let note = (!provisionable).then(|| {
         "the kube-scheduler has not marked it Unschedulable (PodScheduled=False, reason \
          Unschedulable), or it is nominated, terminating, a DaemonSet or mirror pod: Karpenter \
