@@ -218,7 +218,10 @@ async fn explain_pods_and_nodepools_against_the_live_cluster() {
         .expect("text explain");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("ruled out by Resources"), "{text}");
+    assert!(
+        text.contains("sim-0: ruled out by resources: too small"),
+        "{text}"
+    );
 
     // A pod that does not exist: exit code 1 and the name in the error.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))

@@ -681,7 +681,11 @@ pub async fn read_template(
     };
     let ar = version::infrastructure_template_resource(group, &ver, kind);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
-    let obj = api.get(name).await.map_err(|e| e.to_string())?;
+    let obj = api.get(name).await.map_err(|e| match e {
+        // The server's own message ("... not found") rather than the whole Status.
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        e => e.to_string(),
+    })?;
     TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
 }
 

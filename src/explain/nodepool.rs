@@ -140,12 +140,17 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
                 }
             }
         }
-        for (md, e) in &cluster.template_errors {
-            if r.catalog.deployments.contains(md)
-                || left_out.iter().any(|l| &l.machine_deployment == md)
+        let mut unreadable: Vec<(&String, &String)> = cluster.template_errors.iter().collect();
+        unreadable.sort();
+        for (md, e) in unreadable {
+            // Only where it matters: a MachineDeployment left out for want of capacity.
+            if r.catalog
+                .problems
+                .iter()
+                .any(|p| p.contains(md.as_str()) && p.contains("capacity"))
             {
                 notes.push(format!(
-                    "MachineDeployment {md}: infrastructure template not readable ({e}); its annotations alone give its capacity"
+                    "MachineDeployment {md}: its infrastructure template cannot be read ({e}), so only annotations could give its capacity"
                 ));
             }
         }

@@ -281,7 +281,7 @@ impl fmt::Display for PodReport {
                 match &v.ruled_out {
                     Some(r) => writeln!(
                         f,
-                        "  NodePool {}: ruled out by {:?}: {}",
+                        "  NodePool {}: ruled out by {}: {}",
                         v.nodepool, r.constraint, r.message
                     )?,
                     None => {
@@ -293,7 +293,7 @@ impl fmt::Display for PodReport {
                             match &t.ruled_out {
                                 Some(r) => writeln!(
                                     f,
-                                    "    {}: ruled out by {:?}: {}",
+                                    "    {}: ruled out by {}: {}",
                                     t.instance_type, r.constraint, r.message
                                 )?,
                                 None => writeln!(f, "    {}: fits", t.instance_type)?,

@@ -44,6 +44,21 @@ pub enum Constraint {
     Affinity,
 }
 
+impl std::fmt::Display for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Constraint::Nodepool => "nodepool",
+            Constraint::Taints => "taints",
+            Constraint::Requirements => "requirements",
+            Constraint::Offerings => "offerings",
+            Constraint::Resources => "resources",
+            Constraint::Limits => "limits",
+            Constraint::Topology => "topology",
+            Constraint::Affinity => "affinity",
+        })
+    }
+}
+
 /// One constraint that rules something out, with the detail a person needs to change it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RuledOut {
