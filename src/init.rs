@@ -16,6 +16,7 @@ use crate::api::wellknown::{
     CAPACITY_ANNOTATION_PREFIX, CAPACITY_TYPE_LABEL, CLUSTER_NAME_LABEL, MAX_SIZE_ANNOTATION,
     MEMBER_LABEL, NODECLASS_GROUP, NODECLASS_KIND, PRICE_ANNOTATION,
 };
+use crate::capi::annotations;
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{Context, offering};
 use crate::cli::{InitArgs, InitOutput};
@@ -113,10 +114,13 @@ pub fn propose(
                     v.fixes.push(format!(
                         "kubectl annotate {target} {CAPACITY_ANNOTATION_PREFIX}cpu=<CPUS> {CAPACITY_ANNOTATION_PREFIX}memory=<MEMORY> {MAX_SIZE_ANNOTATION}=<MAX> {PRICE_ANNOTATION}=<PRICE_PER_HOUR>"
                     ));
-                } else {
-                    v.fixes.push(format!(
-                        "kubectl annotate --overwrite {target} <ANNOTATION>=<VALID VALUE>   # see the problem above"
-                    ));
+                } else if let Err(errors) = annotations::parse(&md.annotations) {
+                    for e in errors.iter() {
+                        v.fixes.push(format!(
+                            "kubectl annotate --overwrite {target} {}=<VALID VALUE>",
+                            e.key
+                        ));
+                    }
                 }
                 v.problems.push(problem);
             }

@@ -131,6 +131,12 @@ async fn init_reports_each_machine_deployment_and_its_yaml_applies_and_becomes_r
             && text.contains(CPU_ANNOTATION),
         "{text}"
     );
+    assert!(
+        text.contains(&format!(
+            "fix: kubectl annotate --overwrite machinedeployment bad -n default {CPU_ANNOTATION}=<VALID VALUE>"
+        )),
+        "{text}"
+    );
 
     // -o yaml: only YAML on stdout (comments and documents), nothing else.
     let (yaml, _) = init(&kubeconfig, "yaml");
