@@ -188,6 +188,7 @@ async fn explain_pods_and_nodepools_against_the_live_cluster() {
     let chosen: Vec<&Value> = considered.iter().filter(|o| o["chosen"] == true).collect();
     assert_eq!(chosen.len(), 1, "{small:#}");
     assert_eq!(chosen[0]["machine_deployment"], "default/md-0");
+    assert_eq!(chosen[0]["fit"], "eligible", "{small:#}");
     assert!(
         chosen[0]["price"].as_f64().is_some_and(|p| p > 0.0),
         "{small:#}"

@@ -10,11 +10,14 @@ use serde::Serialize;
 
 use super::cluster::Cluster;
 use super::{Error, OfferingView};
+use crate::actors::catalog::{Fit, rank};
+use crate::actors::provisioner::declared_taints;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::Requirements;
+use crate::api::resources::Resources;
 use crate::api::wellknown::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
+use crate::scheduling;
 use crate::scheduling::explain::{PoolVerdict, rule_out};
-use crate::scheduling::{self, instance_type::offering_allowed};
 use crate::state::claims::recorded_deployment;
 use crate::state::pods;
 
@@ -39,8 +42,8 @@ pub struct Placement {
     pub machine_deployment: Option<String>,
     /// Why that offering: the rule the launch used.
     pub reason: String,
-    /// Offerings of the claim's instance types the claim's requirements allow, cheapest first;
-    /// `chosen` marks the one it launched from.
+    /// Every offering of its NodeClass as the launch judges it, eligible ones first in the
+    /// launch's order of preference; `chosen` marks the one it launched from.
     pub offerings: Vec<Considered>,
 }
 
@@ -48,6 +51,9 @@ pub struct Placement {
 pub struct Considered {
     #[serde(flatten)]
     pub offering: OfferingView,
+    /// How the launch's rule judges it now (`eligible`, `too-small`, `incompatible`,
+    /// `unavailable`).
+    pub fit: Fit,
     pub chosen: bool,
 }
 
@@ -140,43 +146,39 @@ fn placement(cluster: &Cluster, node: &str) -> Placement {
         instance_type: claim.labels().get(INSTANCE_TYPE_LABEL).cloned(),
         offerings: considered(cluster, &claim, md.as_deref()),
         machine_deployment: md,
-        reason: "the cheapest available offering of the claim's instance types that its \
-                 requirements allow (ties: the least loaded MachineDeployment), as the catalog \
-                 resolves every launch"
+        reason: "a launch takes the cheapest eligible offering: one whose instance type holds \
+                 the claim's requests, whose labels meet its requirements, whose taints it \
+                 declares and which is available (ties: the least loaded MachineDeployment)"
             .into(),
     }
 }
 
-/// The offerings the launch chose among: those of the claim's instance types whose labels its
-/// requirements allow, cheapest first.
+/// Every offering of the claim's NodeClass as the launch judged it (`catalog::rank`, the rule
+/// `CatalogView::resolve` applies), eligible ones first in its order of preference.
 fn considered(cluster: &Cluster, claim: &NodeClaim, chosen: Option<&str>) -> Vec<Considered> {
+    let spec = &claim.spec;
     let reqs =
-        Requirements::from_node_selector_requirements(&claim.spec.requirements).unwrap_or_default();
+        Requirements::from_node_selector_requirements(&spec.requirements).unwrap_or_default();
+    let requests = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| Resources::from_k8s(r).ok())
+        .unwrap_or_default();
+    let declared = declared_taints(&spec.taints, &spec.startup_taints);
     let types = cluster
         .shared
         .catalog
-        .instance_types(&claim.spec.node_class_ref.name);
-    let mut out: Vec<Considered> = types
-        .iter()
-        .filter(|t| reqs.get(INSTANCE_TYPE_LABEL).is_none_or(|r| r.has(&t.name)))
-        .flat_map(|t| {
-            t.offerings
-                .iter()
-                .filter(|o| offering_allowed(o, &reqs))
-                .map(|o| Considered {
-                    offering: OfferingView::new(&t.name, o),
-                    chosen: Some(o.machine_deployment.as_str()) == chosen,
-                })
+        .instance_types(&spec.node_class_ref.name);
+    let unavailable = |o: &crate::scheduling::Offering| !o.available;
+    rank(&types, &reqs, &requests, &declared, &unavailable)
+        .into_iter()
+        .map(|r| Considered {
+            offering: OfferingView::new(&r.instance_type.name, r.offering),
+            fit: r.fit,
+            chosen: Some(r.offering.machine_deployment.as_str()) == chosen,
         })
-        .collect();
-    out.sort_by(|a, b| {
-        a.offering.price.total_cmp(&b.offering.price).then_with(|| {
-            a.offering
-                .machine_deployment
-                .cmp(&b.offering.machine_deployment)
-        })
-    });
-    out
+        .collect()
 }
 
 fn pending(cluster: &Cluster, pod: &Pod) -> Result<Pending, Error> {
@@ -244,10 +246,13 @@ impl fmt::Display for PodReport {
             }
             writeln!(f, "  why: {}", p.reason)?;
             if !p.offerings.is_empty() {
-                writeln!(f, "  offerings considered (cheapest first):")?;
+                writeln!(
+                    f,
+                    "  offerings considered (* chosen; eligible first, cheapest first):"
+                )?;
                 for o in &p.offerings {
                     let mark = if o.chosen { "*" } else { " " };
-                    writeln!(f, "   {mark} {}", o.offering.line())?;
+                    writeln!(f, "   {mark} {:?}: {}", o.fit, o.offering.line())?;
                 }
             }
         }
