@@ -12,12 +12,12 @@ use super::cluster::Cluster;
 use super::{Error, OfferingView};
 use crate::actors::nodepools::usage_by_pool;
 use crate::actors::provisioner::declared_taints;
-use crate::api::requirements::{Requirement, Requirements};
+use crate::api::requirements::Requirements;
 use crate::api::resources::Quantity;
-use crate::api::wellknown::NODEPOOL_LABEL;
 use crate::capi::model::LabelSelector;
 use crate::capi::offerings::not_selected;
 use crate::scheduling::instance_type::{offering_allowed, taints_declared};
+use crate::scheduling::nodepool_requirements;
 
 #[derive(Debug, Serialize)]
 pub struct NodePoolReport {
@@ -173,29 +173,12 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
     })
 }
 
-/// The pool's requirements as the solver reads them: its template requirements, its template
-/// labels and its own name label.
+/// The pool's requirements as the solver reads them.
 fn pool_requirements(np: &crate::api::nodepool::NodePool, notes: &mut Vec<String>) -> Requirements {
-    let template = &np.spec.template;
-    let mut reqs = Requirements::from_node_selector_requirements(&template.spec.requirements)
-        .unwrap_or_else(|e| {
-            notes.push(format!("spec.template.spec.requirements: {e}"));
-            Requirements::new()
-        });
-    for (k, v) in template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        reqs.add(Requirement::is_in(k, &[v.as_str()]));
-    }
-    reqs.add(Requirement::is_in(
-        NODEPOOL_LABEL,
-        &[np.name_any().as_str()],
-    ));
-    reqs
+    nodepool_requirements(np).unwrap_or_else(|(reqs, why)| {
+        notes.push(format!("the NodePool can launch nothing: {why}"));
+        reqs
+    })
 }
 
 fn describe(reqs: &Requirements) -> String {

@@ -832,26 +832,10 @@ pub(super) fn build_pool<'a>(
 ) -> Pool<'a> {
     let name = np.metadata.name.as_deref().unwrap_or_default();
     let template = &np.spec.template;
-    let mut broken = None;
-    let mut reqs = match Requirements::from_node_selector_requirements(&template.spec.requirements)
-    {
-        Ok(r) => r,
-        Err(e) => {
-            broken = Some(format!("spec.template.spec.requirements: {e}"));
-            Requirements::new()
-        }
+    let (reqs, mut broken) = match nodepool_requirements(np) {
+        Ok(r) => (r, None),
+        Err((r, why)) => (r, Some(why)),
     };
-    // Template labels and the pool label are requirements too, so pods selecting on them match.
-    for (k, v) in template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        reqs.add(Requirement::is_in(k, &[v.as_str()]));
-    }
-    reqs.add(Requirement::is_in(NODEPOOL_LABEL, &[name]));
     let taints: &[Taint] = template.spec.taints.as_deref().unwrap_or_default();
 
     let mut types: Vec<(f64, TypeInfo)> = instance_types
@@ -919,6 +903,36 @@ pub(super) fn build_pool<'a>(
         limited,
         remaining,
         nodes_remaining,
+    }
+}
+
+/// What every node of a NodePool satisfies: its template requirements, its template labels
+/// (so pods selecting on them match) and its own `karpenter.sh/nodepool` label. When the
+/// template requirements cannot be read: the labels alone, and why (the pool launches nothing).
+pub fn nodepool_requirements(np: &NodePool) -> Result<Requirements, (Requirements, String)> {
+    let name = np.metadata.name.as_deref().unwrap_or_default();
+    let template = &np.spec.template;
+    let (mut reqs, broken) =
+        match Requirements::from_node_selector_requirements(&template.spec.requirements) {
+            Ok(r) => (r, None),
+            Err(e) => (
+                Requirements::new(),
+                Some(format!("spec.template.spec.requirements: {e}")),
+            ),
+        };
+    for (k, v) in template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        reqs.add(Requirement::is_in(k, &[v.as_str()]));
+    }
+    reqs.add(Requirement::is_in(NODEPOOL_LABEL, &[name]));
+    match broken {
+        None => Ok(reqs),
+        Some(why) => Err((reqs, why)),
     }
 }
 
