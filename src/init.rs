@@ -263,21 +263,32 @@ pub async fn run(args: &InitArgs) -> Result<String, RunError> {
         .as_deref()
         .or(args.cluster_api.cluster_api_namespace.as_deref());
     let cluster_name = args.cluster_api.cluster_name.as_deref();
-    let (_, mds, _) = read_capi(
+    let capi = read_capi(
         &management,
         crate::app::capi_version(args.cluster_api.cluster_api_version),
         namespace,
         cluster_name,
     )
     .await?;
-    let mds: Vec<Arc<MachineDeployment>> = mds.into_iter().map(Arc::new).collect();
+    let mds: Vec<Arc<MachineDeployment>> = capi.deployments.into_iter().map(Arc::new).collect();
     let (templates, _) = read_templates(&management, &mds).await;
     let never = |_: &str| false;
     let cx = Context {
         templates: &templates,
         unavailable: &never,
     };
-    let p = propose(&mds, &cx, &args.name, cluster_name, namespace);
+    let mut p = propose(&mds, &cx, &args.name, cluster_name, namespace);
+    for (md, why) in capi.unreadable {
+        p.verdicts.push(Verdict {
+            machine_deployment: md,
+            usable: false,
+            problems: vec![format!("cannot be read: {why}")],
+            warnings: Vec::new(),
+            fixes: Vec::new(),
+            instance_type: None,
+            capacity_type: None,
+        });
+    }
     match args.output {
         InitOutput::Yaml => render_yaml(&p, true).map_err(RunError::Render),
         InitOutput::Text => {

@@ -50,6 +50,16 @@ pub struct Cluster {
     pub malformed: Vec<(String, String, String)>,
 }
 
+/// What the management cluster holds, as the controller's watches see it.
+pub struct CapiObjects {
+    pub version: CapiVersion,
+    pub deployments: Vec<MachineDeployment>,
+    pub machines: Vec<Machine>,
+    /// MachineDeployments the model cannot read: (`namespace/name`, why). Reported, never
+    /// fatal, as the controller keeps serving the others.
+    pub unreadable: Vec<(String, String)>,
+}
+
 /// The Cluster API objects of the management cluster, as the controller's watches see them
 /// (same namespace and cluster-name filters).
 pub async fn read_capi(
@@ -57,7 +67,7 @@ pub async fn read_capi(
     forced: Option<CapiVersion>,
     namespace: Option<&str>,
     cluster_name: Option<&str>,
-) -> Result<(CapiVersion, Vec<MachineDeployment>, Vec<Machine>), Error> {
+) -> Result<CapiObjects, Error> {
     let v = version::discover(management, forced)
         .await
         .map_err(|e| Error::Capi(e.to_string()))?;
@@ -80,22 +90,27 @@ pub async fn read_capi(
         .list(&lp)
         .await
         .map_err(list_err("Machines"))?;
-    let mut out_mds = Vec::new();
+    let mut deployments = Vec::new();
+    let mut unreadable = Vec::new();
     for o in &mds.items {
-        out_mds.push(MachineDeployment::from_dynamic(o, v).map_err(|e| {
-            Error::Capi(format!(
-                "MachineDeployment {}/{}: {e}",
-                o.namespace().unwrap_or_default(),
-                o.name_any()
-            ))
-        })?);
+        match MachineDeployment::from_dynamic(o, v) {
+            Ok(md) => deployments.push(md),
+            Err(e) => unreadable.push((
+                format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
+                e.to_string(),
+            )),
+        }
     }
-    let out_machines = machines
-        .items
-        .iter()
-        .filter_map(|o| Machine::from_dynamic(o, v).ok())
-        .collect();
-    Ok((v, out_mds, out_machines))
+    Ok(CapiObjects {
+        version: v,
+        deployments,
+        machines: machines
+            .items
+            .iter()
+            .filter_map(|o| Machine::from_dynamic(o, v).ok())
+            .collect(),
+        unreadable,
+    })
 }
 
 async fn list_all<K>(client: &kube::Client, what: &'static str) -> Result<Vec<K>, Error>
@@ -170,13 +185,17 @@ pub async fn read(
     settings: Settings,
 ) -> Result<Cluster, Error> {
     let mut malformed = Vec::new();
-    let (capi_version, mds, machines) = read_capi(
+    let capi = read_capi(
         &management,
         forced,
         settings.capi_namespace.as_deref(),
         settings.cluster_name.as_deref(),
     )
     .await?;
+    for (md, why) in &capi.unreadable {
+        malformed.push(("MachineDeployment".into(), md.clone(), why.clone()));
+    }
+    let capi_version = capi.version;
     let nodepools: Vec<NodePool> = list_lenient(&workload, "NodePools", &mut malformed).await?;
     let claims: Vec<NodeClaim> = list_lenient(&workload, "NodeClaims", &mut malformed).await?;
     let nodeclasses: Vec<ClusterAPINodeClass> =
@@ -187,8 +206,8 @@ pub async fn read(
     let pdbs: Vec<PodDisruptionBudget> = list_namespaced(&workload, "PodDisruptionBudgets").await?;
 
     let state = State::default();
-    state.machines.write().replace_all(machines);
-    state.deployments.write().replace_all(mds);
+    state.machines.write().replace_all(capi.machines);
+    state.deployments.write().replace_all(capi.deployments);
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();
     state.claims.write().replace_all(claims);

@@ -23,8 +23,10 @@ use crate::scheduling::nodepool_requirements;
 pub struct NodePoolReport {
     pub nodepool: String,
     pub nodeclass: String,
-    /// Whether the NodeClass resolves to at least one offering, or why not.
-    pub nodeclass_ready: Result<(), String>,
+    /// Whether the NodeClass resolves to at least one offering.
+    pub nodeclass_ready: bool,
+    /// Why not, when it does not.
+    pub nodeclass_problem: Option<String>,
     /// Offerings the NodePool can launch from (unavailable ones included, marked).
     pub offerings: Vec<OfferingView>,
     /// Instance types with at least one available usable offering.
@@ -164,7 +166,8 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
     Ok(NodePoolReport {
         nodepool: np.name_any(),
         nodeclass,
-        nodeclass_ready,
+        nodeclass_ready: nodeclass_ready.is_ok(),
+        nodeclass_problem: nodeclass_ready.err(),
         offerings,
         instance_types: types,
         left_out,
@@ -225,9 +228,9 @@ impl fmt::Display for NodePoolReport {
             "NodePool {} (ClusterAPINodeClass {})",
             self.nodepool, self.nodeclass
         )?;
-        match &self.nodeclass_ready {
-            Ok(()) => writeln!(f, "  NodeClass ready")?,
-            Err(e) => writeln!(f, "  NodeClass not ready: {e}")?,
+        match &self.nodeclass_problem {
+            None => writeln!(f, "  NodeClass ready")?,
+            Some(e) => writeln!(f, "  NodeClass not ready: {e}")?,
         }
         writeln!(
             f,
