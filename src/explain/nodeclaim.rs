@@ -290,26 +290,12 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
         out.reason = Some("expired (expireAfter passed): it is being replaced, not weighed".into());
         return out;
     }
-    let st = &cluster.shared.state;
-    let node = c
-        .status
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .and_then(|n| st.nodes.read().get(n));
-    let pool = c.labels().get(NODEPOOL_LABEL);
     out.reason = Some(
-        if c.metadata.deletion_timestamp.is_some() {
-            "it is being deleted"
-        } else if pool.is_none_or(|p| !st.nodepools.read().contains_key(p)) {
-            "its NodePool does not exist"
-        } else if !conditions::is_true(c.conditions(), conditions::INITIALIZED) || node.is_none() {
-            "it is not initialized with a Node yet"
-        } else if node.is_some_and(|n| n.metadata.deletion_timestamp.is_some()) {
-            "its Node is being deleted"
-        } else {
-            "a disruption command is already under way for it (karpenter.sh/disrupted taint or DisruptionReason condition)"
-        }
-        .to_string(),
+        v.skipped
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, why)| why.to_string())
+            .unwrap_or_else(|| "the disruption view does not list it".into()),
     );
     out
 }

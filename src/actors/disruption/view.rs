@@ -51,6 +51,8 @@ pub struct View {
     pub stale: Vec<(Arc<Node>, Arc<NodeClaim>)>,
     /// Pools with candidates for a reason whose budget allows no disruption now.
     pub budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
+    /// Claims this pass does not weigh at all, and why (for `explain`; the pass ignores them).
+    pub skipped: Vec<(String, &'static str)>,
 }
 
 /// What the pass knows that the indexes do not.
@@ -94,6 +96,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         }
         if c.metadata.deletion_timestamp.is_some() {
             *disrupting.entry(pool_name).or_default() += 1;
+            view.skipped.push((name, "it is being deleted"));
             continue;
         }
         if expired(c, mem.now) {
@@ -102,16 +105,20 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             continue;
         }
         let Some(np) = pools.get(&pool_name) else {
+            view.skipped.push((name, "its NodePool does not exist"));
             continue;
         };
         if drift::needs_restamp(c) {
             view.restamp.push((c.clone(), np.clone()));
         }
         let (Some(node), true) = (node, initialized) else {
+            view.skipped
+                .push((name, "it is not initialized with a Node yet"));
             continue;
         };
         if node.metadata.deletion_timestamp.is_some() {
             *disrupting.entry(pool_name).or_default() += 1;
+            view.skipped.push((name, "its Node is being deleted"));
             continue;
         }
         let marked = conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some();
@@ -121,6 +128,10 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             } else {
                 view.stale.push((node.clone(), c.clone()));
             }
+            view.skipped.push((
+                name,
+                "a disruption command is already under way for it (karpenter.sh/disrupted taint or DisruptionReason condition)",
+            ));
             continue;
         }
         let machine = recorded_deployment(c).and_then(|_| machines.bound_to(&name).ok().flatten());
