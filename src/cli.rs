@@ -514,6 +514,50 @@ mod tests {
     }
 
     #[test]
+    fn explain_and_init_take_run_client_flags_and_an_output_format() {
+        let cli = Cli::try_parse_from([
+            "karpenter-capi",
+            "explain",
+            "nodeclaim",
+            "c1",
+            "--cluster-name",
+            "prod",
+            "--create-timeout",
+            "20m",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        let Command::Explain(cmd) = cli.command else {
+            panic!("expected explain")
+        };
+        let ExplainCommand::Nodeclaim { name, args } = *cmd else {
+            panic!("expected nodeclaim")
+        };
+        assert_eq!(name, "c1");
+        assert_eq!(args.output, ExplainOutput::Json);
+        assert_eq!(args.cluster_api.cluster_name.as_deref(), Some("prod"));
+        assert_eq!(args.controller.create_timeout, Duration::from_secs(1200));
+        let cli = Cli::try_parse_from([
+            "karpenter-capi",
+            "init",
+            "--namespace",
+            "capi",
+            "-o",
+            "yaml",
+        ])
+        .unwrap();
+        let Command::Init(init) = cli.command else {
+            panic!("expected init")
+        };
+        assert_eq!(init.output, InitOutput::Yaml);
+        assert_eq!(init.namespace.as_deref(), Some("capi"));
+        assert_eq!(init.name, "default");
+        assert!(Cli::try_parse_from(["karpenter-capi", "explain", "pod"]).is_err());
+        assert!(Cli::try_parse_from(["karpenter-capi", "init", "--namespace", "Bad_NS"]).is_err());
+    }
+
+    #[test]
     fn create_timeout_accepts_go_durations_and_rejects_garbage() {
         let cli =
             Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "20m"]).unwrap();
