@@ -192,8 +192,8 @@ fn pending(cluster: &Cluster, pod: &Pod) -> Result<Pending, Error> {
     if !snapshot.pods.iter().any(|p| pods::key(p) == key) {
         snapshot.pods.push(pod.clone());
     }
-    let nodepools = rule_out(pod, &snapshot)
-        .map_err(|e| Error::BadArgument(format!("pod {key} cannot be read: {e}")))?;
+    // A pod whose spec cannot be read is an answer too: the solve reports it as InvalidPod.
+    let nodepools = rule_out(pod, &snapshot).unwrap_or_default();
     let results = scheduling::solve(&snapshot);
     let in_flight = |node: &str| snapshot.nodes.iter().any(|n| n.name == node && n.in_flight);
     let outcome =
