@@ -194,6 +194,19 @@ async fn explain_pods_and_nodepools_against_the_live_cluster() {
         "{small:#}"
     );
 
+    // Its claim: initialized, waiting for nothing, weighed by disruption (a candidate that
+    // consolidateAfter: Never keeps from being consolidatable).
+    let claim = placed["nodeclaim"].as_str().expect("claim name");
+    let c = explain(&kubeconfig, &["nodeclaim", claim]);
+    assert_eq!(c["phase"], "Initialized", "{c:#}");
+    assert!(
+        c["waiting_for"].is_null() && c["deadline"].is_null(),
+        "{c:#}"
+    );
+    assert_eq!(c["node"], placed["node"], "{c:#}");
+    assert_eq!(c["disruption"]["candidate"], true, "{c:#}");
+    assert_eq!(c["disruption"]["consolidatable"], false, "{c:#}");
+
     // The NodePool: sim-0 usable, md-bad left out naming its annotation, usage counted.
     let np = explain(&kubeconfig, &["nodepool", "default"]);
     assert_eq!(np["instance_types"], json!(["sim-0"]), "{np:#}");
