@@ -231,8 +231,11 @@ fn client_options(args: &RunArgs, gate: &WriteGate) -> ClientOptions {
     }
 }
 
-async fn workload_client(args: &RunArgs, options: &ClientOptions) -> Result<kube::Client, Error> {
-    match &args.kubeconfig {
+async fn workload_client(
+    kubeconfig: Option<&Path>,
+    options: &ClientOptions,
+) -> Result<kube::Client, Error> {
+    match kubeconfig {
         Some(path) => client_from_kubeconfig_with(path, options)
             .await
             .map_err(Error::WorkloadConfig),
@@ -292,6 +295,18 @@ async fn management_client(
         .await
         .map_err(|e| err(e.to_string()))?;
     Ok(build_client_with(config, options)?)
+}
+
+/// The workload and management clients as `run` builds them (same flags, same deadlines), for
+/// the read-only tools (`explain`, `init`).
+pub async fn clients(
+    kubeconfig: Option<&Path>,
+    capi: &ClusterApiArgs,
+) -> Result<(kube::Client, kube::Client), Error> {
+    let options = ClientOptions::default();
+    let workload = workload_client(kubeconfig, &options).await?;
+    let management = management_client(capi, &workload, &options).await?;
+    Ok((workload, management))
 }
 
 /// How long a graceful shutdown may take in all: well inside a pod's default 30 s grace period.
@@ -467,7 +482,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let health = Arc::new(Health::default());
     let gate = WriteGate::default();
     let options = client_options(&args, &gate);
-    let workload = workload_client(&args, &options).await?;
+    let workload = workload_client(args.kubeconfig.as_deref(), &options).await?;
     let management = management_client(&args.cluster_api, &workload, &options).await?;
     let (metrics_addr, health_addr) = http::serve(
         SocketAddr::from(([0, 0, 0, 0], args.metrics_port)),

@@ -184,6 +184,13 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass) as YAML.
     Crds(CrdsArgs),
+    /// Explain, read-only, why a pod is pending or where it went, what a NodeClaim waits for,
+    /// or what a NodePool can launch (docs/tools.md).
+    #[command(subcommand)]
+    Explain(Box<ExplainCommand>),
+    /// Read the management cluster's MachineDeployments, say which can be offerings, and print
+    /// a ClusterAPINodeClass and NodePool for the usable ones (docs/tools.md).
+    Init(Box<InitArgs>),
     /// Print the version.
     Version,
 }
@@ -396,6 +403,82 @@ pub struct SimulateArgs {
     pub log: LogArgs,
 }
 
+/// How `explain` prints its report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExplainOutput {
+    Text,
+    Json,
+}
+
+/// What every `explain` subcommand takes: the clients as `run` builds them, and the controller
+/// settings whose values the answers depend on (timeouts, preference policy).
+#[derive(Clone, Debug, Args)]
+pub struct ExplainArgs {
+    /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config).
+    #[arg(long, value_parser = existing_file_arg)]
+    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster_api: ClusterApiArgs,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+    /// Text for people, JSON for tools.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: ExplainOutput,
+}
+
+#[derive(Clone, Debug, Subcommand)]
+pub enum ExplainCommand {
+    /// Why a pod is pending (per NodePool and instance type, the first constraint that rules
+    /// it out), or the NodeClaim and offering it went to.
+    Pod {
+        /// NAMESPACE/NAME of the pod.
+        target: String,
+        #[command(flatten)]
+        args: ExplainArgs,
+    },
+    /// A NodeClaim's phase, what it waits for and its deadline, and its disruption standing.
+    Nodeclaim {
+        name: String,
+        #[command(flatten)]
+        args: ExplainArgs,
+    },
+    /// The instance types and offerings a NodePool can use, those left out and why, and its
+    /// usage against its limits.
+    Nodepool {
+        name: String,
+        #[command(flatten)]
+        args: ExplainArgs,
+    },
+}
+
+/// How `init` prints its proposal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum InitOutput {
+    /// The report, the YAML and the commands, for people.
+    Text,
+    /// Only applyable YAML on stdout (the report as YAML comments).
+    Yaml,
+}
+
+#[derive(Clone, Debug, Args)]
+pub struct InitArgs {
+    /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config); also
+    /// the management cluster unless the Cluster API flags say otherwise.
+    #[arg(long, value_parser = existing_file_arg)]
+    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster_api: ClusterApiArgs,
+    /// Only MachineDeployments in this namespace (default: --cluster-api-namespace, else all).
+    #[arg(long, value_parser = dns_label_arg)]
+    pub namespace: Option<String>,
+    /// Name of the ClusterAPINodeClass and NodePool to propose.
+    #[arg(long, default_value = "default", value_parser = dns_subdomain_arg)]
+    pub name: String,
+    /// Text for people, or YAML only (applyable with `kubectl apply -f -`).
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: InitOutput,
+}
+
 #[derive(Clone, Debug, Args)]
 pub struct CrdsArgs {
     /// Write one file per CRD into this directory instead of printing them.
@@ -428,6 +511,50 @@ mod tests {
         );
         assert_eq!(run.controller.batch_idle_duration, Duration::from_secs(1));
         assert_eq!(run.controller.batch_max_duration, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn explain_and_init_take_run_client_flags_and_an_output_format() {
+        let cli = Cli::try_parse_from([
+            "karpenter-capi",
+            "explain",
+            "nodeclaim",
+            "c1",
+            "--cluster-name",
+            "prod",
+            "--create-timeout",
+            "20m",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+        let Command::Explain(cmd) = cli.command else {
+            panic!("expected explain")
+        };
+        let ExplainCommand::Nodeclaim { name, args } = *cmd else {
+            panic!("expected nodeclaim")
+        };
+        assert_eq!(name, "c1");
+        assert_eq!(args.output, ExplainOutput::Json);
+        assert_eq!(args.cluster_api.cluster_name.as_deref(), Some("prod"));
+        assert_eq!(args.controller.create_timeout, Duration::from_secs(1200));
+        let cli = Cli::try_parse_from([
+            "karpenter-capi",
+            "init",
+            "--namespace",
+            "capi",
+            "-o",
+            "yaml",
+        ])
+        .unwrap();
+        let Command::Init(init) = cli.command else {
+            panic!("expected init")
+        };
+        assert_eq!(init.output, InitOutput::Yaml);
+        assert_eq!(init.namespace.as_deref(), Some("capi"));
+        assert_eq!(init.name, "default");
+        assert!(Cli::try_parse_from(["karpenter-capi", "explain", "pod"]).is_err());
+        assert!(Cli::try_parse_from(["karpenter-capi", "init", "--namespace", "Bad_NS"]).is_err());
     }
 
     #[test]

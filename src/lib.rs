@@ -2,7 +2,8 @@
 //!
 //! The map of this crate is `DESIGN.md`: `api` (Karpenter-facing types), `capi` (the Cluster API
 //! model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions), `actors` (behaviour), `state` (indexes fed by watches),
-//! `sim` (the embedded simulated cluster).
+//! `sim` (the embedded simulated cluster), `explain` and `init` (read-only tools that answer with
+//! the controller's own code, docs/tools.md).
 
 pub mod actors;
 pub mod api;
@@ -10,7 +11,9 @@ pub mod app;
 pub mod capi;
 pub mod cli;
 pub mod disruption;
+pub mod explain;
 pub mod http;
+pub mod init;
 pub mod leader;
 pub mod metrics;
 pub mod ratelimit;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use karpenter_capi::cli::{Cli, Command};
-use karpenter_capi::{api, app, simulate};
+use karpenter_capi::{api, app, explain, init, simulate};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -19,6 +19,8 @@ fn main() -> ExitCode {
             ),
             None => report(api::crds::render_yaml().map(|y| print!("{y}"))),
         },
+        Command::Explain(cmd) => print_or_fail(actix::System::new().block_on(explain::run(*cmd))),
+        Command::Init(args) => print_or_fail(actix::System::new().block_on(init::run(&args))),
         Command::Run(args) => {
             if let Err(e) = app::init_logging(&args.log) {
                 eprintln!("error: {e}");
@@ -52,4 +54,9 @@ fn report<E: std::fmt::Display>(r: Result<(), E>) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The read-only tools: the output on stdout and 0, or the error on stderr and 1.
+fn print_or_fail<E: std::fmt::Display>(r: Result<String, E>) -> ExitCode {
+    report(r.map(|out| print!("{out}")))
 }

@@ -194,51 +194,31 @@ impl CatalogView {
             });
         }
         let now = Instant::now();
-        let (mut incompatible, mut too_small, mut unavailable) = (0, 0, 0);
-        let mut best: Option<(f64, f64, &InstanceType, &crate::scheduling::Offering)> = None;
-        for t in &entry.catalog.instance_types {
-            if !requests.fits(&t.allocatable()) {
-                too_small += t.offerings.len();
-                continue;
-            }
-            for o in &t.offerings {
-                if Requirements::from_labels(&o.labels)
-                    .compatible(reqs)
-                    .is_err()
-                    || !crate::scheduling::instance_type::taints_declared(o, declared_taints)
-                {
-                    incompatible += 1;
-                    continue;
-                }
-                let marked = inner
+        let is_unavailable = |o: &crate::scheduling::Offering| {
+            !o.available
+                || excluded.contains(&o.machine_deployment)
+                || inner
                     .unavailable
                     .get(&o.machine_deployment)
-                    .is_some_and(|u| *u > now);
-                if !o.available || marked || excluded.contains(&o.machine_deployment) {
-                    unavailable += 1;
-                    continue;
-                }
-                let load = match o.max_size {
-                    Some(max) if max > 0 => f64::from(o.replicas) / f64::from(max),
-                    _ => f64::from(o.replicas),
-                };
-                let better = match &best {
-                    None => true,
-                    Some((p, l, _, bo)) => {
-                        (o.price, load, &o.machine_deployment) < (*p, *l, &bo.machine_deployment)
-                    }
-                };
-                if better {
-                    best = Some((o.price, load, t, o));
-                }
-            }
-        }
-        match best {
-            Some((_, _, t, o)) => Ok(choice(t, o)),
+                    .is_some_and(|u| *u > now)
+        };
+        let ranked = rank(
+            &entry.catalog.instance_types,
+            reqs,
+            requests,
+            declared_taints,
+            &is_unavailable,
+        );
+        let count = |fit: Fit| ranked.iter().filter(|r| r.fit == fit).count();
+        match ranked.iter().find(|r| r.fit == Fit::Eligible) {
+            Some(r) => Ok(choice(r.instance_type, r.offering)),
             None => Err(ResolveError::NoCompatibleOffering {
                 nodeclass: nodeclass.to_string(),
                 details: format!(
-                    "{incompatible} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {too_small} too small for the requests, {unavailable} unavailable (max-size reached or recently failed)"
+                    "{} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {} too small for the requests, {} unavailable (max-size reached or recently failed)",
+                    count(Fit::Incompatible),
+                    count(Fit::TooSmall),
+                    count(Fit::Unavailable)
                 ),
             }),
         }
@@ -281,6 +261,84 @@ impl CatalogView {
             .by_nodeclass
             .retain(|k, _| names.contains(k));
     }
+}
+
+/// How one offering stands for a launch, in the order the launch checks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fit {
+    /// The launch may use it.
+    Eligible,
+    /// Its instance type's allocatable cannot hold the claim's requests.
+    TooSmall,
+    /// Its labels do not meet the claim's requirements, or its nodes carry taints the claim
+    /// does not declare.
+    Incompatible,
+    /// Max size reached, recently failed, or already turned the claim down.
+    Unavailable,
+}
+
+/// One offering judged for a launch.
+pub struct Ranked<'a> {
+    pub instance_type: &'a InstanceType,
+    pub offering: &'a crate::scheduling::Offering,
+    pub fit: Fit,
+    /// Replicas over max size (or replicas, without one): ties on price go to the least loaded.
+    pub load: f64,
+}
+
+/// Every offering of `types` judged for a claim with `reqs`, `requests` and declared taints,
+/// eligible ones first in the launch's order of preference (price, then load, then
+/// MachineDeployment name): the first is what a launch takes. Pure: `resolve` and `explain` use
+/// it alike.
+pub fn rank<'a>(
+    types: &'a [InstanceType],
+    reqs: &Requirements,
+    requests: &Resources,
+    declared_taints: &[k8s_openapi::api::core::v1::Taint],
+    unavailable: &dyn Fn(&crate::scheduling::Offering) -> bool,
+) -> Vec<Ranked<'a>> {
+    let mut out: Vec<Ranked<'a>> = Vec::new();
+    for t in types {
+        let fits = requests.fits(&t.allocatable());
+        for o in &t.offerings {
+            let fit = if !fits {
+                Fit::TooSmall
+            } else if Requirements::from_labels(&o.labels)
+                .compatible(reqs)
+                .is_err()
+                || !crate::scheduling::instance_type::taints_declared(o, declared_taints)
+            {
+                Fit::Incompatible
+            } else if unavailable(o) {
+                Fit::Unavailable
+            } else {
+                Fit::Eligible
+            };
+            let load = match o.max_size {
+                Some(max) if max > 0 => f64::from(o.replicas) / f64::from(max),
+                _ => f64::from(o.replicas),
+            };
+            out.push(Ranked {
+                instance_type: t,
+                offering: o,
+                fit,
+                load,
+            });
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.fit != Fit::Eligible)
+            .cmp(&(b.fit != Fit::Eligible))
+            .then_with(|| a.offering.price.total_cmp(&b.offering.price))
+            .then_with(|| a.load.total_cmp(&b.load))
+            .then_with(|| {
+                a.offering
+                    .machine_deployment
+                    .cmp(&b.offering.machine_deployment)
+            })
+    });
+    out
 }
 
 fn choice(t: &InstanceType, o: &crate::scheduling::Offering) -> Choice {
@@ -415,22 +473,7 @@ impl Catalog {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for (name, nc) in &nodeclasses {
-            let selector = nc
-                .spec
-                .scalable_resource_selector
-                .as_ref()
-                .map(LabelSelector::try_from);
-            let (catalog, ready) = match selector.transpose() {
-                Err(e) => (
-                    offerings::Catalog::default(),
-                    Err(format!("spec.scalableResourceSelector: {e}")),
-                ),
-                Ok(sel) => {
-                    let c = offerings::build(sel.as_ref(), &mds, &cx);
-                    let ready = readiness(&c);
-                    (c, ready)
-                }
-            };
+            let (catalog, ready) = resolve_nodeclass(nc, &mds, &cx);
             self.update_status(nc, &catalog, &ready, ctx);
             self.report_problems(nc, &catalog.problems);
             self.shared.catalog.publish(
@@ -498,18 +541,8 @@ impl Catalog {
             );
             let pinned = r.version.clone();
             let md_version = md.resource_version.clone();
-            let fut = async move {
-                let ver = match pinned {
-                    Some(v) => v,
-                    None => version::infrastructure_version(&client, &group)
-                        .await
-                        .map_err(|e| e.to_string())?,
-                };
-                let ar = version::infrastructure_template_resource(&group, &ver, &kind);
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &ns, &ar);
-                let obj = api.get(&name).await.map_err(|e| e.to_string())?;
-                TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
-            };
+            let fut =
+                async move { read_template(&client, &group, pinned, &kind, &ns, &name).await };
             ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
                 act.fetching.remove(&key);
                 let previous = act.templates.remove(&key);
@@ -663,6 +696,88 @@ impl Catalog {
     }
 }
 
+/// What one NodeClass resolves to, and whether it is ready (the Catalog actor publishes this;
+/// `explain` computes it the same way from a one-off read).
+pub fn resolve_nodeclass(
+    nc: &ClusterAPINodeClass,
+    mds: &[Arc<MachineDeployment>],
+    cx: &OfferingContext<'_>,
+) -> (offerings::Catalog, Result<(), String>) {
+    let selector = nc
+        .spec
+        .scalable_resource_selector
+        .as_ref()
+        .map(LabelSelector::try_from);
+    match selector.transpose() {
+        Err(e) => (
+            offerings::Catalog::default(),
+            Err(format!("spec.scalableResourceSelector: {e}")),
+        ),
+        Ok(sel) => {
+            let c = offerings::build(sel.as_ref(), mds, cx);
+            let ready = readiness(&c);
+            (c, ready)
+        }
+    }
+}
+
+/// Read a MachineDeployment's infrastructure template's capacity (`group`, `kind`, `name` in
+/// namespace `ns`); the version is discovered unless the reference pins one.
+pub async fn read_template(
+    client: &kube::Client,
+    group: &str,
+    pinned: Option<String>,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> Result<TemplateCapacity, String> {
+    let ver = match pinned {
+        Some(v) => v,
+        None => version::infrastructure_version(client, group)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    let ar = version::infrastructure_template_resource(group, &ver, kind);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let obj = api.get(name).await.map_err(|e| match e {
+        // The server's own message ("... not found") rather than the whole Status.
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        e => e.to_string(),
+    })?;
+    TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
+}
+
+/// The template capacity of every MachineDeployment that has a readable one (one-off reads for
+/// tools; the Catalog actor caches and re-reads on its own schedule).
+pub async fn read_templates(
+    client: &kube::Client,
+    mds: &[Arc<MachineDeployment>],
+) -> (HashMap<String, TemplateCapacity>, HashMap<String, String>) {
+    let mut ok = HashMap::new();
+    let mut failed = HashMap::new();
+    for md in mds {
+        let r = &md.infrastructure_ref;
+        match read_template(
+            client,
+            &r.api_group,
+            r.version.clone(),
+            &r.kind,
+            &md.namespace,
+            &r.name,
+        )
+        .await
+        {
+            Ok(t) => {
+                ok.insert(md.key(), t);
+            }
+            Err(e) => {
+                failed.insert(md.key(), e);
+            }
+        }
+    }
+    (ok, failed)
+}
+
 fn readiness(c: &offerings::Catalog) -> Result<(), String> {
     if c.deployments.is_empty() {
         let mut m = "selects no usable MachineDeployment (a MachineDeployment needs the node.cluster.x-k8s.io/karpenter-member label and must match spec.scalableResourceSelector)".to_string();
@@ -772,4 +887,95 @@ impl Handler<Synced> for Catalog {
 #[allow(unused)]
 fn _stream_ext_used<S: futures::Stream>(s: S) -> futures::stream::Fuse<S> {
     s.fuse()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::api::resources::Quantity;
+    use crate::scheduling::Offering;
+
+    fn offering(md: &str, price: f64, replicas: i32, zone: &str) -> Offering {
+        Offering {
+            machine_deployment: md.into(),
+            zone: Some(zone.into()),
+            capacity_type: "on-demand".into(),
+            price,
+            available: true,
+            labels: BTreeMap::from([(
+                crate::api::wellknown::ZONE_LABEL.to_string(),
+                zone.to_string(),
+            )]),
+            taints: Vec::new(),
+            replicas,
+            max_size: Some(10),
+        }
+    }
+
+    fn it(name: &str, cpu: i64, offerings: Vec<Offering>) -> InstanceType {
+        InstanceType {
+            name: name.into(),
+            requirements: Requirements::default(),
+            capacity: Resources::new().with("cpu", Quantity::from_units(cpu)),
+            overhead: Resources::default(),
+            offerings,
+        }
+    }
+
+    #[test]
+    fn rank_puts_the_launch_choice_first_and_says_why_the_others_are_out() {
+        let types = vec![
+            it(
+                "big",
+                8,
+                vec![
+                    offering("ns/b-busy", 1.0, 5, "a"),
+                    offering("ns/b-idle", 1.0, 1, "a"),
+                    offering("ns/b-other-zone", 0.5, 0, "b"),
+                    offering("ns/b-failed", 0.1, 0, "a"),
+                ],
+            ),
+            it("tiny", 1, vec![offering("ns/tiny", 0.01, 0, "a")]),
+        ];
+        let reqs = Requirements::from_labels(&BTreeMap::from([(
+            crate::api::wellknown::ZONE_LABEL.to_string(),
+            "a".to_string(),
+        )]));
+        let requests = Resources::new().with("cpu", Quantity::from_units(2));
+        let failed = |o: &Offering| o.machine_deployment == "ns/b-failed";
+        let ranked = rank(&types, &reqs, &requests, &[], &failed);
+        let got: Vec<(&str, Fit)> = ranked
+            .iter()
+            .map(|r| (r.offering.machine_deployment.as_str(), r.fit))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                // Same price: the less loaded MachineDeployment first.
+                ("ns/b-idle", Fit::Eligible),
+                ("ns/b-busy", Fit::Eligible),
+                ("ns/tiny", Fit::TooSmall),
+                ("ns/b-failed", Fit::Unavailable),
+                ("ns/b-other-zone", Fit::Incompatible),
+            ]
+        );
+        // resolve takes the first.
+        let view = CatalogView::default();
+        view.insert(
+            "nc",
+            offerings::Catalog {
+                instance_types: types,
+                deployments: vec!["x".into()],
+                problems: Vec::new(),
+            },
+            None,
+        );
+        let excluded = HashSet::from(["ns/b-failed".to_string()]);
+        let choice = view
+            .resolve("nc", &reqs, &requests, &excluded, &[])
+            .expect("a choice");
+        assert_eq!(choice.machine_deployment, "ns/b-idle");
+    }
 }

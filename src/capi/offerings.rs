@@ -38,9 +38,21 @@ pub struct Context<'a> {
 
 /// True when a MachineDeployment is a member and the NodeClass's selector picks it.
 pub fn selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> bool {
-    md.labels.contains_key(MEMBER_LABEL)
-        && md.deletion_timestamp.is_none()
-        && selector.is_none_or(|s| s.matches(&md.labels))
+    not_selected(md, selector).is_none()
+}
+
+/// Why a NodeClass does not select a MachineDeployment, if it does not.
+pub fn not_selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> Option<String> {
+    if !md.labels.contains_key(MEMBER_LABEL) {
+        return Some(format!("no {MEMBER_LABEL} label"));
+    }
+    if md.deletion_timestamp.is_some() {
+        return Some("being deleted".into());
+    }
+    if selector.is_some_and(|s| !s.matches(&md.labels)) {
+        return Some("its labels do not match spec.scalableResourceSelector".into());
+    }
+    None
 }
 
 pub fn build(
@@ -72,8 +84,9 @@ pub fn build(
     catalog
 }
 
-/// One MachineDeployment as (instance type name, capacity, offering), or why it cannot be one.
-fn offering(
+/// One MachineDeployment as (instance type name, capacity, offering), or why it cannot be one
+/// (membership aside: see [`not_selected`]).
+pub fn offering(
     md: &MachineDeployment,
     cx: &Context<'_>,
 ) -> Result<(String, Resources, Offering), String> {

@@ -16,6 +16,7 @@
 
 pub mod amounts;
 pub mod error;
+pub mod explain;
 pub mod instance_type;
 pub mod nodeclaim;
 pub mod pod;
@@ -28,7 +29,7 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
 pub use error::PodError;
 pub use instance_type::{InstanceType, Offering};
 pub use nodeclaim::nodeclaim_for;
-pub use solver::solve;
+pub use solver::{nodepool_requirements, solve};
 
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;

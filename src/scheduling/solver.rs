@@ -81,7 +81,7 @@ fn pod_key(pod: &Pod) -> String {
     )
 }
 
-fn learn_dims(snapshot: &Snapshot, pending: &[PodInfo], daemons: &[PodInfo]) -> Dims {
+pub(super) fn learn_dims(snapshot: &Snapshot, pending: &[PodInfo], daemons: &[PodInfo]) -> Dims {
     let mut dims = Dims::default();
     for p in pending.iter().chain(daemons) {
         dims.learn(&p.requests);
@@ -105,30 +105,30 @@ fn learn_dims(snapshot: &Snapshot, pending: &[PodInfo], daemons: &[PodInfo]) -> 
 }
 
 /// One instance type of one pool, with the pool's DaemonSet overhead already taken off.
-struct TypeInfo<'a> {
-    it: &'a InstanceType,
-    capacity: Amounts,
+pub(super) struct TypeInfo<'a> {
+    pub(super) it: &'a InstanceType,
+    pub(super) capacity: Amounts,
     /// Allocatable minus DaemonSet overhead: what pods may use.
-    avail: Amounts,
-    daemon: Resources,
+    pub(super) avail: Amounts,
+    pub(super) daemon: Resources,
 }
 
 /// A NodePool prepared for the solve.
-struct Pool<'a> {
-    name: &'a str,
-    reqs: Requirements,
-    taints: &'a [Taint],
+pub(super) struct Pool<'a> {
+    pub(super) name: &'a str,
+    pub(super) reqs: Requirements,
+    pub(super) taints: &'a [Taint],
     /// Compatible with the pool's requirements and with an available offering, cheapest first.
-    types: Vec<TypeInfo<'a>>,
+    pub(super) types: Vec<TypeInfo<'a>>,
     /// Why the pool can launch nothing at all (bad requirements), if so.
-    broken: Option<String>,
+    pub(super) broken: Option<String>,
     /// Label keys a node of this pool will carry: its requirements, its types' requirements
     /// and its offerings' labels.
-    known_keys: BTreeSet<String>,
+    pub(super) known_keys: BTreeSet<String>,
     /// Dimensions with a limit; `remaining` is meaningful only for those.
-    limited: Vec<usize>,
-    remaining: Amounts,
-    nodes_remaining: Option<i64>,
+    pub(super) limited: Vec<usize>,
+    pub(super) remaining: Amounts,
+    pub(super) nodes_remaining: Option<i64>,
 }
 
 /// A claim opened in this solve.
@@ -804,7 +804,7 @@ fn finish_claim(
 /// A label the pod requires that no node of the pool will carry (Karpenter's rule for labels
 /// neither defined by the pool nor well known). Checked when opening a claim and when joining
 /// one, so a pod cannot slip its requirement onto a claim another pod opened.
-fn unknown_label<'r>(pool: &Pool, reqs: &'r Requirements) -> Option<&'r str> {
+pub(super) fn unknown_label<'r>(pool: &Pool, reqs: &'r Requirements) -> Option<&'r str> {
     reqs.iter()
         .find(|r| {
             !r.allows_absent()
@@ -823,7 +823,7 @@ fn weight_of(snapshot: &Snapshot, name: &str) -> i32 {
         .unwrap_or(0)
 }
 
-fn build_pool<'a>(
+pub(super) fn build_pool<'a>(
     np: &'a NodePool,
     instance_types: &'a [InstanceType],
     usage: &Resources,
@@ -832,26 +832,10 @@ fn build_pool<'a>(
 ) -> Pool<'a> {
     let name = np.metadata.name.as_deref().unwrap_or_default();
     let template = &np.spec.template;
-    let mut broken = None;
-    let mut reqs = match Requirements::from_node_selector_requirements(&template.spec.requirements)
-    {
-        Ok(r) => r,
-        Err(e) => {
-            broken = Some(format!("spec.template.spec.requirements: {e}"));
-            Requirements::new()
-        }
+    let (reqs, mut broken) = match nodepool_requirements(np) {
+        Ok(r) => (r, None),
+        Err((r, why)) => (r, Some(why)),
     };
-    // Template labels and the pool label are requirements too, so pods selecting on them match.
-    for (k, v) in template
-        .metadata
-        .as_ref()
-        .and_then(|m| m.labels.as_ref())
-        .into_iter()
-        .flatten()
-    {
-        reqs.add(Requirement::is_in(k, &[v.as_str()]));
-    }
-    reqs.add(Requirement::is_in(NODEPOOL_LABEL, &[name]));
     let taints: &[Taint] = template.spec.taints.as_deref().unwrap_or_default();
 
     let mut types: Vec<(f64, TypeInfo)> = instance_types
@@ -919,6 +903,36 @@ fn build_pool<'a>(
         limited,
         remaining,
         nodes_remaining,
+    }
+}
+
+/// What every node of a NodePool satisfies: its template requirements, its template labels
+/// (so pods selecting on them match) and its own `karpenter.sh/nodepool` label. When the
+/// template requirements cannot be read: the labels alone, and why (the pool launches nothing).
+pub fn nodepool_requirements(np: &NodePool) -> Result<Requirements, (Requirements, String)> {
+    let name = np.metadata.name.as_deref().unwrap_or_default();
+    let template = &np.spec.template;
+    let (mut reqs, broken) =
+        match Requirements::from_node_selector_requirements(&template.spec.requirements) {
+            Ok(r) => (r, None),
+            Err(e) => (
+                Requirements::new(),
+                Some(format!("spec.template.spec.requirements: {e}")),
+            ),
+        };
+    for (k, v) in template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.labels.as_ref())
+        .into_iter()
+        .flatten()
+    {
+        reqs.add(Requirement::is_in(k, &[v.as_str()]));
+    }
+    reqs.add(Requirement::is_in(NODEPOOL_LABEL, &[name]));
+    match broken {
+        None => Ok(reqs),
+        Some(why) => Err((reqs, why)),
     }
 }
 
@@ -1036,7 +1050,7 @@ fn with_narrowing(mut reqs: Requirements, narrowed: &[(String, String)]) -> Requ
     reqs
 }
 
-fn fits(want: &Amounts, avail: &Amounts) -> bool {
+pub(super) fn fits(want: &Amounts, avail: &Amounts) -> bool {
     want.0.iter().zip(&avail.0).all(|(w, a)| w <= a)
 }
 
@@ -1053,7 +1067,7 @@ fn type_usable(it: &InstanceType, reqs: &Requirements) -> bool {
 
 /// The type's own requirements allow `reqs` (for every shared key some value, or absence,
 /// satisfies both).
-fn type_compatible(it: &InstanceType, reqs: &Requirements) -> bool {
+pub(super) fn type_compatible(it: &InstanceType, reqs: &Requirements) -> bool {
     reqs.iter().all(|r| match it.requirements.get(r.key()) {
         None => true,
         Some(mine) => match mine.finite_values() {
@@ -1066,7 +1080,7 @@ fn type_compatible(it: &InstanceType, reqs: &Requirements) -> bool {
     })
 }
 
-fn offering_usable(o: &Offering, reqs: &Requirements) -> bool {
+pub(super) fn offering_usable(o: &Offering, reqs: &Requirements) -> bool {
     o.available
         && reqs
             .iter()
@@ -1094,7 +1108,7 @@ fn within_limits(pool: &Pool, capacity: &Amounts, own: &Amounts) -> bool {
     exceeded_limit(pool, capacity, own).is_none()
 }
 
-fn exceeded_limit(pool: &Pool, capacity: &Amounts, own: &Amounts) -> Option<usize> {
+pub(super) fn exceeded_limit(pool: &Pool, capacity: &Amounts, own: &Amounts) -> Option<usize> {
     pool.limited
         .iter()
         .copied()

@@ -1228,3 +1228,177 @@ fn nodepool_usage_counts_nodes() {
 }
 
 use std::collections::BTreeSet;
+
+// ---------------------------------------------------------------------------------------------
+// explain::rule_out: the first constraint per NodePool and instance type
+// ---------------------------------------------------------------------------------------------
+
+fn verdicts(p: Pod, pools: Vec<PoolInput>) -> Vec<explain::PoolVerdict> {
+    explain::rule_out(&p, &snapshot(vec![], pools)).expect("readable pod")
+}
+
+fn type_verdict<'v>(v: &'v explain::PoolVerdict, name: &str) -> &'v explain::TypeVerdict {
+    v.instance_types
+        .iter()
+        .find(|t| t.instance_type == name)
+        .unwrap_or_else(|| panic!("{name} not in {v:#?}"))
+}
+
+#[test]
+fn explain_names_the_resource_that_rules_small_types_out() {
+    let v = verdicts(
+        pod("p", "3", "1Gi"),
+        vec![pool(nodepool("default"), standard_types())],
+    );
+    assert_eq!(v.len(), 1);
+    assert!(v[0].ruled_out.is_none(), "{v:#?}");
+    let small = type_verdict(&v[0], "small")
+        .ruled_out
+        .as_ref()
+        .expect("ruled out");
+    assert_eq!(small.constraint, explain::Constraint::Resources);
+    assert!(small.message.contains("cpu needs 3"), "{}", small.message);
+    assert_eq!(v[0].eligible().collect::<Vec<_>>(), ["medium", "large"]);
+}
+
+#[test]
+fn explain_names_an_untolerated_nodepool_taint() {
+    let v = verdicts(
+        pod("p", "1", "1Gi"),
+        vec![tainted_pool("gpu", "NoSchedule")],
+    );
+    let r = v[0].ruled_out.as_ref().expect("pool ruled out");
+    assert_eq!(r.constraint, explain::Constraint::Taints);
+    assert!(
+        r.message.contains("dedicated=gpu:NoSchedule"),
+        "{}",
+        r.message
+    );
+    // A PreferNoSchedule taint is a preference: it rules nothing out.
+    let v = verdicts(
+        pod("p", "1", "1Gi"),
+        vec![tainted_pool("soft", "PreferNoSchedule")],
+    );
+    assert!(v[0].ruled_out.is_none(), "{v:#?}");
+}
+
+#[test]
+fn explain_names_requirements_at_pool_and_type_level() {
+    // The pod selects a zone no offering has: every type is out on requirements.
+    let mut p = pod("p", "1", "1Gi");
+    spec(&mut p).node_selector = Some([(ZONE_LABEL.to_string(), "zone-x".to_string())].into());
+    let v = verdicts(p, vec![pool(nodepool("default"), standard_types())]);
+    assert!(
+        v[0].instance_types.iter().all(|t| {
+            t.ruled_out
+                .as_ref()
+                .is_some_and(|r| r.constraint == explain::Constraint::Requirements)
+        }),
+        "{v:#?}"
+    );
+    // The pod selects an instance type: the others are out on requirements, it is not.
+    let mut p = pod("p", "1", "1Gi");
+    spec(&mut p).node_selector =
+        Some([(INSTANCE_TYPE_LABEL.to_string(), "large".to_string())].into());
+    let v = verdicts(p, vec![pool(nodepool("default"), standard_types())]);
+    assert_eq!(
+        type_verdict(&v[0], "small")
+            .ruled_out
+            .as_ref()
+            .map(|r| r.constraint),
+        Some(explain::Constraint::Requirements)
+    );
+    assert_eq!(v[0].eligible().collect::<Vec<_>>(), ["large"]);
+    // A label no node of the pool carries rules the whole pool out.
+    let mut p = pod("p", "1", "1Gi");
+    spec(&mut p).node_selector = Some([("team".to_string(), "a".to_string())].into());
+    let v = verdicts(p, vec![pool(nodepool("default"), standard_types())]);
+    let r = v[0].ruled_out.as_ref().expect("pool ruled out");
+    assert_eq!(r.constraint, explain::Constraint::Requirements);
+    assert!(r.message.contains("\"team\""), "{}", r.message);
+}
+
+#[test]
+fn explain_names_unavailable_offerings_and_limits() {
+    let mut full = it("small", 2, 4);
+    for o in &mut full.offerings {
+        o.available = false;
+        o.replicas = 3;
+        o.max_size = Some(3);
+    }
+    let mut np = nodepool("default");
+    np.spec.limits = Some([("cpu".to_string(), K8sQuantity("6".into()))].into());
+    let v = verdicts(
+        pod("p", "1", "1Gi"),
+        vec![pool(np, vec![full, it("medium", 4, 8), it("large", 8, 16)])],
+    );
+    let small = type_verdict(&v[0], "small")
+        .ruled_out
+        .as_ref()
+        .expect("out");
+    assert_eq!(small.constraint, explain::Constraint::Offerings);
+    assert!(
+        small.message.contains("max size (3 of 3"),
+        "{}",
+        small.message
+    );
+    let large = type_verdict(&v[0], "large")
+        .ruled_out
+        .as_ref()
+        .expect("out");
+    assert_eq!(large.constraint, explain::Constraint::Limits);
+    assert!(large.message.contains("\"cpu\""), "{}", large.message);
+    assert_eq!(v[0].eligible().collect::<Vec<_>>(), ["medium"]);
+}
+
+#[test]
+fn explain_reports_topology_and_affinity_from_the_solver() {
+    // The pool offers zone-a only, where two matching pods run; zone-b (a full node's zone)
+    // has none: a required zonal spread of skew 1 cannot place the pod.
+    let types = vec![it_in("small", 2, 4, &["zone-a"], &["on-demand"])];
+    let p = spread(labelled(pod("p", "1", "1Gi"), "web"), ZONE_LABEL, 1, true);
+    let bound: Vec<Pod> = (0..2)
+        .map(|i| {
+            let mut b = labelled(pod(&format!("b{i}"), "100m", "100Mi"), "web");
+            spec(&mut b).node_name = Some("n-a".into());
+            b
+        })
+        .collect();
+    let node = |name: &str, zone: &str| ExistingNode {
+        name: name.into(),
+        labels: [(ZONE_LABEL.to_string(), zone.to_string())].into(),
+        allocatable: res(&[("cpu", "2"), ("memory", "4Gi"), ("pods", "110")]),
+        ..Default::default()
+    };
+    let snap = Snapshot {
+        pods: vec![],
+        bound_pods: bound,
+        nodes: vec![node("n-a", "zone-a"), node("n-b", "zone-b")],
+        nodepools: vec![pool(nodepool("default"), types)],
+        ..Default::default()
+    };
+    let v = explain::rule_out(&p, &snap).expect("readable");
+    let r = type_verdict(&v[0], "small")
+        .ruled_out
+        .as_ref()
+        .expect("out");
+    assert_eq!(r.constraint, explain::Constraint::Topology, "{r:?}");
+    // Required anti-affinity against a pod in the only zone.
+    let p = with_pod_affinity(pod("p", "1", "1Gi"), "web", ZONE_LABEL, true, true);
+    let v = explain::rule_out(&p, &snap).expect("readable");
+    let r = type_verdict(&v[0], "small")
+        .ruled_out
+        .as_ref()
+        .expect("out");
+    assert_eq!(r.constraint, explain::Constraint::Affinity, "{r:?}");
+}
+
+#[test]
+fn explain_rejects_an_unreadable_pod_as_the_solver_does() {
+    let mut p = pod("p", "1", "1Gi");
+    spec(&mut p).containers[0].resources = Some(ResourceRequirements {
+        requests: Some([("cpu".to_string(), K8sQuantity("lots".into()))].into()),
+        ..Default::default()
+    });
+    assert!(explain::rule_out(&p, &snapshot(vec![], vec![])).is_err());
+}

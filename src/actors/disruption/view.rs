@@ -58,6 +58,8 @@ pub struct View {
     pub pod_event_times: Vec<(Arc<NodeClaim>, Timestamp)>,
     /// Pools with candidates for a reason whose budget allows no disruption now.
     pub budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
+    /// Claims this pass does not weigh at all, and why (for `explain`; the pass ignores them).
+    pub skipped: Vec<(String, &'static str)>,
 }
 
 /// What the pass knows that the indexes do not.
@@ -103,6 +105,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         }
         if c.metadata.deletion_timestamp.is_some() {
             *disrupting.entry(pool_name).or_default() += 1;
+            view.skipped.push((name, "it is being deleted"));
             continue;
         }
         if expired(c, mem.now) {
@@ -111,6 +114,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             continue;
         }
         let Some(np) = pools.get(&pool_name) else {
+            view.skipped.push((name, "its NodePool does not exist"));
             continue;
         };
         if drift::needs_restamp(c) {
@@ -123,10 +127,13 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             view.pod_event_times.push((c.clone(), at));
         }
         let (Some(node), true) = (node, initialized) else {
+            view.skipped
+                .push((name, "it is not initialized with a Node yet"));
             continue;
         };
         if node.metadata.deletion_timestamp.is_some() {
             *disrupting.entry(pool_name).or_default() += 1;
+            view.skipped.push((name, "its Node is being deleted"));
             continue;
         }
         let marked = conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some();
@@ -136,6 +143,10 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             } else {
                 view.stale.push((node.clone(), c.clone()));
             }
+            view.skipped.push((
+                name,
+                "a disruption command is already under way for it (karpenter.sh/disrupted taint or DisruptionReason condition)",
+            ));
             continue;
         }
         let machine = recorded_deployment(c).and_then(|_| machines.bound_to(&name).ok().flatten());

@@ -36,6 +36,7 @@ mod liveness;
 mod registration;
 mod termination;
 
+pub use liveness::registration_clock_start;
 use registration::node_registered;
 
 pub struct NodeClaimActor {

@@ -1,0 +1,276 @@
+//! One read of the cluster, put into the same indexes and catalog view the controller's actors
+//! read, so `explain` answers with the controller's own snapshot builder, catalog and
+//! disruption view (a one-off list instead of watches; nothing is written).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::Error;
+use crate::actors::catalog::{CatalogView, read_templates, resolve_nodeclass};
+use crate::actors::decode::Lenient;
+use crate::actors::{Settings, Shared, events, router};
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::nodeclass::ClusterAPINodeClass;
+use crate::api::nodepool::NodePool;
+use crate::api::wellknown::CLUSTER_NAME_LABEL;
+use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::offerings::{self, Context as OfferingContext};
+use crate::capi::template::TemplateCapacity;
+use crate::capi::version::{self, CapiVersion};
+use crate::metrics::Metrics;
+use crate::state::State;
+
+/// What one NodeClass resolves to, as the Catalog actor would publish it.
+pub struct Resolved {
+    pub nodeclass: Arc<ClusterAPINodeClass>,
+    pub catalog: offerings::Catalog,
+    pub ready: Result<(), String>,
+}
+
+/// The cluster as read once.
+pub struct Cluster {
+    /// The controller's shared state, filled from the lists (clients, indexes, catalog view).
+    pub shared: Arc<Shared>,
+    pub nodeclasses: BTreeMap<String, Resolved>,
+    /// Every MachineDeployment read (within the namespace and cluster flags).
+    pub deployments: Vec<Arc<MachineDeployment>>,
+    /// Template capacity read per MachineDeployment key.
+    pub templates: HashMap<String, TemplateCapacity>,
+    /// Template reads that failed, per MachineDeployment key (annotations then stand alone).
+    pub template_errors: HashMap<String, String>,
+    pub pdbs: BTreeMap<String, Arc<PodDisruptionBudget>>,
+    /// Objects the types could not decode: (kind, name, why).
+    pub malformed: Vec<(String, String, String)>,
+}
+
+/// What the management cluster holds, as the controller's watches see it.
+pub struct CapiObjects {
+    pub version: CapiVersion,
+    pub deployments: Vec<MachineDeployment>,
+    pub machines: Vec<Machine>,
+    /// MachineDeployments the model cannot read: (`namespace/name`, why). Reported, never
+    /// fatal, as the controller keeps serving the others.
+    pub unreadable: Vec<(String, String)>,
+}
+
+/// The Cluster API objects of the management cluster, as the controller's watches see them
+/// (same namespace and cluster-name filters).
+pub async fn read_capi(
+    management: &kube::Client,
+    forced: Option<CapiVersion>,
+    namespace: Option<&str>,
+    cluster_name: Option<&str>,
+) -> Result<CapiObjects, Error> {
+    let v = version::discover(management, forced)
+        .await
+        .map_err(|e| Error::Capi(e.to_string()))?;
+    let api = |ar: &kube::discovery::ApiResource| -> Api<DynamicObject> {
+        match namespace {
+            Some(ns) => Api::namespaced_with(management.clone(), ns, ar),
+            None => Api::all_with(management.clone(), ar),
+        }
+    };
+    let lp = match cluster_name {
+        Some(c) => ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={c}")),
+        None => ListParams::default(),
+    };
+    let list_err = |what: &'static str| move |e: kube::Error| Error::List { what, source: e };
+    let mds = api(&version::machine_deployment_resource(v))
+        .list(&lp)
+        .await
+        .map_err(list_err("MachineDeployments"))?;
+    let machines = api(&version::machine_resource(v))
+        .list(&lp)
+        .await
+        .map_err(list_err("Machines"))?;
+    let mut deployments = Vec::new();
+    let mut unreadable = Vec::new();
+    for o in &mds.items {
+        match MachineDeployment::from_dynamic(o, v) {
+            Ok(md) => deployments.push(md),
+            Err(e) => unreadable.push((
+                format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
+                e.to_string(),
+            )),
+        }
+    }
+    Ok(CapiObjects {
+        version: v,
+        deployments,
+        machines: machines
+            .items
+            .iter()
+            .filter_map(|o| Machine::from_dynamic(o, v).ok())
+            .collect(),
+        unreadable,
+    })
+}
+
+async fn list_all<K>(client: &kube::Client, what: &'static str) -> Result<Vec<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| Error::List { what, source })?
+        .items)
+}
+
+async fn list_namespaced<K>(client: &kube::Client, what: &'static str) -> Result<Vec<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| Error::List { what, source })?
+        .items)
+}
+
+/// Lists the Karpenter objects one by one leniently: an object the types cannot decode is
+/// reported, not fatal (the controller serves the rest too).
+async fn list_lenient<K>(
+    client: &kube::Client,
+    what: &'static str,
+    malformed: &mut Vec<(String, String, String)>,
+) -> Result<Vec<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let items: Vec<Lenient<K>> = {
+        let api: Api<Lenient<K>> = Api::all(client.clone());
+        api.list(&ListParams::default())
+            .await
+            .map_err(|source| Error::List { what, source })?
+            .items
+    };
+    let mut out = Vec::new();
+    for i in items {
+        match i {
+            Lenient::Ok(k) => out.push(k),
+            Lenient::Bad(m) => malformed.push((
+                what.to_string(),
+                m.metadata.name.clone().unwrap_or_default(),
+                m.message(),
+            )),
+        }
+    }
+    Ok(out)
+}
+
+/// Read everything the controller watches and build its state from it.
+pub async fn read(
+    workload: kube::Client,
+    management: kube::Client,
+    forced: Option<CapiVersion>,
+    settings: Settings,
+) -> Result<Cluster, Error> {
+    let mut malformed = Vec::new();
+    let capi = read_capi(
+        &management,
+        forced,
+        settings.capi_namespace.as_deref(),
+        settings.cluster_name.as_deref(),
+    )
+    .await?;
+    for (md, why) in &capi.unreadable {
+        malformed.push(("MachineDeployment".into(), md.clone(), why.clone()));
+    }
+    let capi_version = capi.version;
+    let nodepools: Vec<NodePool> = list_lenient(&workload, "NodePools", &mut malformed).await?;
+    let claims: Vec<NodeClaim> = list_lenient(&workload, "NodeClaims", &mut malformed).await?;
+    let nodeclasses: Vec<ClusterAPINodeClass> =
+        list_lenient(&workload, "ClusterAPINodeClasses", &mut malformed).await?;
+    let nodes: Vec<Node> = list_all(&workload, "Nodes").await?;
+    let pods: Vec<Pod> = list_namespaced(&workload, "Pods").await?;
+    let daemonsets: Vec<DaemonSet> = list_namespaced(&workload, "DaemonSets").await?;
+    let pdbs: Vec<PodDisruptionBudget> = list_namespaced(&workload, "PodDisruptionBudgets").await?;
+
+    let state = State::default();
+    state.machines.write().replace_all(capi.machines);
+    state.deployments.write().replace_all(capi.deployments);
+    let deployments: Vec<Arc<MachineDeployment>> =
+        state.deployments.read().all().cloned().collect();
+    state.claims.write().replace_all(claims);
+    state.nodes.write().replace_all(nodes);
+    state.pods.write().replace_all(pods);
+    state.daemonsets.write().replace_all(daemonsets);
+    *state.nodepools.write() = nodepools
+        .into_iter()
+        .map(|np| (np.name_any(), Arc::new(np)))
+        .collect();
+    state
+        .nodepools_synced
+        .store(true, std::sync::atomic::Ordering::Release);
+
+    let (templates, template_errors) = read_templates(&management, &deployments).await;
+    // Launch failures mark offerings unavailable in the controller's memory only; a one-off
+    // read cannot see them (max-size is seen).
+    let never = |_: &str| false;
+    let cx = OfferingContext {
+        templates: &templates,
+        unavailable: &never,
+    };
+    let catalog = CatalogView::default();
+    let mut resolved = BTreeMap::new();
+    for nc in nodeclasses {
+        let (c, ready) = resolve_nodeclass(&nc, &deployments, &cx);
+        catalog.insert(&nc.name_any(), c.clone(), nc.create_timeout());
+        resolved.insert(
+            nc.name_any(),
+            Resolved {
+                nodeclass: Arc::new(nc),
+                catalog: c,
+                ready,
+            },
+        );
+    }
+    let shared = Arc::new(Shared {
+        events: events::Events::new(workload.clone(), "explain".into()),
+        workload,
+        management,
+        capi_version,
+        state,
+        metrics: Metrics::new(),
+        settings,
+        router: router::Router::default(),
+        catalog,
+        synced: Arc::new(tokio::sync::Notify::new()),
+    });
+    Ok(Cluster {
+        shared,
+        nodeclasses: resolved,
+        deployments,
+        templates,
+        template_errors,
+        pdbs: pdbs
+            .into_iter()
+            .map(|p| {
+                (
+                    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
+                    Arc::new(p),
+                )
+            })
+            .collect(),
+        malformed,
+    })
+}

@@ -1,0 +1,142 @@
+//! `karpenter-capi explain`: why a pod is pending or where it went, what a NodeClaim waits
+//! for, what a NodePool can launch. Read-only, against a live cluster, and answered by the
+//! controller's own code: the cluster is read once into the controller's indexes and catalog
+//! view ([`cluster`]), then the snapshot builder, the solver (with
+//! [`crate::scheduling::explain`]), the catalog and the disruption view decide, as they would in
+//! the controller. Each report is serializable (`-o json`) and displays as text.
+
+pub mod cluster;
+pub mod nodeclaim;
+pub mod nodepool;
+pub mod pod;
+
+use serde::Serialize;
+
+use crate::scheduling::Offering;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("listing {what}: {source}")]
+    List {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("Cluster API: {0}")]
+    Capi(String),
+    #[error("{kind} {name} not found")]
+    NotFound { kind: &'static str, name: String },
+    #[error("{0}")]
+    BadArgument(String),
+}
+
+/// One offering as a report shows it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OfferingView {
+    pub machine_deployment: String,
+    pub instance_type: String,
+    pub zone: Option<String>,
+    pub capacity_type: String,
+    pub price: f64,
+    pub available: bool,
+    /// Why it is unavailable, when it is.
+    pub unavailable_reason: Option<String>,
+    pub replicas: i32,
+    pub max_size: Option<i32>,
+}
+
+impl OfferingView {
+    pub fn new(instance_type: &str, o: &Offering) -> Self {
+        Self {
+            machine_deployment: o.machine_deployment.clone(),
+            instance_type: instance_type.to_string(),
+            zone: o.zone.clone(),
+            capacity_type: o.capacity_type.clone(),
+            price: o.price,
+            available: o.available,
+            unavailable_reason: (!o.available)
+                .then(|| crate::scheduling::explain::unavailable_reason(o)),
+            replicas: o.replicas,
+            max_size: o.max_size,
+        }
+    }
+
+    /// One line: `md  type  zone  capacity-type  $price/h  replicas/max  available`.
+    pub fn line(&self) -> String {
+        format!(
+            "{} (type {}, zone {}, {}, ${:.4}/h, {} replicas{}){}",
+            self.machine_deployment,
+            self.instance_type,
+            self.zone.as_deref().unwrap_or("-"),
+            self.capacity_type,
+            self.price,
+            self.replicas,
+            self.max_size
+                .map(|m| format!(" of max {m}"))
+                .unwrap_or_default(),
+            match &self.unavailable_reason {
+                Some(r) => format!(": unavailable, {r}"),
+                None => String::new(),
+            }
+        )
+    }
+}
+
+/// `kube` timestamps as RFC 3339, for reports.
+pub fn ts(t: jiff::Timestamp) -> String {
+    t.to_string()
+}
+
+/// `karpenter-capi explain ...`: read the cluster and render the report.
+pub async fn run(cmd: crate::cli::ExplainCommand) -> Result<String, RunError> {
+    use crate::cli::{ExplainCommand, ExplainOutput};
+    let args = match &cmd {
+        ExplainCommand::Pod { args, .. }
+        | ExplainCommand::Nodeclaim { args, .. }
+        | ExplainCommand::Nodepool { args, .. } => args,
+    };
+    let (workload, management) =
+        crate::app::clients(args.kubeconfig.as_deref(), &args.cluster_api).await?;
+    let settings = crate::app::settings(&args.controller, &args.cluster_api);
+    let cluster = cluster::read(
+        workload,
+        management,
+        crate::app::capi_version(args.cluster_api.cluster_api_version),
+        settings,
+    )
+    .await?;
+    let json = args.output == ExplainOutput::Json;
+    let render = |text: String, value: serde_json::Result<serde_json::Value>| {
+        if json {
+            value
+                .map(|v| format!("{v:#}\n"))
+                .map_err(|e| RunError::Render(e.to_string()))
+        } else {
+            Ok(text)
+        }
+    };
+    match &cmd {
+        ExplainCommand::Pod { target, .. } => {
+            let r = pod::explain(&cluster, target)?;
+            render(r.to_string(), serde_json::to_value(&r))
+        }
+        ExplainCommand::Nodeclaim { name, .. } => {
+            let r = nodeclaim::explain(&cluster, name)?;
+            render(r.to_string(), serde_json::to_value(&r))
+        }
+        ExplainCommand::Nodepool { name, .. } => {
+            let r = nodepool::explain(&cluster, name)?;
+            render(r.to_string(), serde_json::to_value(&r))
+        }
+    }
+}
+
+/// Everything `explain` and `init` can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Clients(#[from] crate::app::Error),
+    #[error(transparent)]
+    Explain(#[from] Error),
+    #[error("rendering the report: {0}")]
+    Render(String),
+}

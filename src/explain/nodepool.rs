@@ -1,0 +1,273 @@
+//! `explain nodepool NAME`: the offerings its ClusterAPINodeClass resolves to (the catalog's
+//! own build), which of them the NodePool can use, every MachineDeployment or offering left
+//! out and why, and its usage against its limits.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use kube::ResourceExt;
+use serde::Serialize;
+
+use super::cluster::Cluster;
+use super::{Error, OfferingView};
+use crate::actors::nodepools::usage_by_pool;
+use crate::actors::provisioner::declared_taints;
+use crate::api::requirements::Requirements;
+use crate::api::resources::Quantity;
+use crate::capi::model::LabelSelector;
+use crate::capi::offerings::not_selected;
+use crate::scheduling::instance_type::{offering_allowed, taints_declared};
+use crate::scheduling::nodepool_requirements;
+
+#[derive(Debug, Serialize)]
+pub struct NodePoolReport {
+    pub nodepool: String,
+    pub nodeclass: String,
+    /// Whether the NodeClass resolves to at least one offering.
+    pub nodeclass_ready: bool,
+    /// Why not, when it does not.
+    pub nodeclass_problem: Option<String>,
+    /// Offerings the NodePool can launch from (unavailable ones included, marked).
+    pub offerings: Vec<OfferingView>,
+    /// Instance types with at least one available usable offering.
+    pub instance_types: Vec<String>,
+    pub left_out: Vec<LeftOut>,
+    /// Per limited resource (and `nodes`): (used, limit).
+    pub usage: BTreeMap<String, Usage>,
+    /// Things the read could not see or check.
+    pub notes: Vec<String>,
+}
+
+/// A MachineDeployment or an offering the NodePool cannot use.
+#[derive(Debug, Serialize)]
+pub struct LeftOut {
+    pub machine_deployment: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Usage {
+    pub used: String,
+    pub limit: Option<String>,
+}
+
+pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
+    let np = cluster
+        .shared
+        .state
+        .nodepools
+        .read()
+        .get(name)
+        .cloned()
+        .ok_or(Error::NotFound {
+            kind: "NodePool",
+            name: name.to_string(),
+        })?;
+    let spec = &np.spec.template.spec;
+    let nodeclass = spec.node_class_ref.name.clone();
+    let mut notes: Vec<String> = cluster
+        .malformed
+        .iter()
+        .map(|(kind, n, why)| format!("{kind} {n} cannot be read: {why}"))
+        .collect();
+    let mut left_out = Vec::new();
+    let mut offerings = Vec::new();
+    let mut types: Vec<String> = Vec::new();
+    let resolved = cluster.nodeclasses.get(&nodeclass);
+    let nodeclass_ready = match resolved {
+        None => Err(format!("ClusterAPINodeClass {nodeclass} not found")),
+        Some(r) => r.ready.clone(),
+    };
+    if let Some(r) = resolved {
+        let selector = r
+            .nodeclass
+            .spec
+            .scalable_resource_selector
+            .as_ref()
+            .map(LabelSelector::try_from)
+            .and_then(Result::ok);
+        for md in &cluster.deployments {
+            if let Some(why) = not_selected(md, selector.as_ref()) {
+                left_out.push(LeftOut {
+                    machine_deployment: md.key(),
+                    reason: format!("not selected by ClusterAPINodeClass {nodeclass}: {why}"),
+                });
+            }
+        }
+        for p in &r.catalog.problems {
+            let (md, why) = p
+                .strip_prefix("MachineDeployment ")
+                .and_then(|rest| rest.split_once(": "))
+                .unwrap_or(("?", p.as_str()));
+            left_out.push(LeftOut {
+                machine_deployment: md.to_string(),
+                reason: why.to_string(),
+            });
+        }
+        let reqs = pool_requirements(&np, &mut notes);
+        let declared = declared_taints(&spec.taints, &spec.startup_taints);
+        for t in &r.catalog.instance_types {
+            for o in &t.offerings {
+                if !taints_declared(o, &declared) {
+                    left_out.push(LeftOut {
+                        machine_deployment: o.machine_deployment.clone(),
+                        reason: format!(
+                            "its nodes carry taints the NodePool does not declare in taints or startupTaints: {}",
+                            o.taints
+                                .iter()
+                                .map(|t| format!("{}={}:{}", t.key, t.value.as_deref().unwrap_or(""), t.effect))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    });
+                } else if !offering_allowed(o, &reqs) {
+                    left_out.push(LeftOut {
+                        machine_deployment: o.machine_deployment.clone(),
+                        reason: format!(
+                            "its labels do not meet the NodePool's requirements ({})",
+                            describe(&reqs)
+                        ),
+                    });
+                } else {
+                    let view = OfferingView::new(&t.name, o);
+                    if let Some(why) = &view.unavailable_reason {
+                        left_out.push(LeftOut {
+                            machine_deployment: o.machine_deployment.clone(),
+                            reason: format!("unavailable: {why}"),
+                        });
+                    } else if !types.contains(&t.name) {
+                        types.push(t.name.clone());
+                    }
+                    offerings.push(view);
+                }
+            }
+        }
+        let mut unreadable: Vec<(&String, &String)> = cluster.template_errors.iter().collect();
+        unreadable.sort();
+        for (md, e) in unreadable {
+            // Only where it matters: a MachineDeployment left out for want of capacity.
+            if r.catalog
+                .problems
+                .iter()
+                .any(|p| p.contains(md.as_str()) && p.contains("capacity"))
+            {
+                notes.push(format!(
+                    "MachineDeployment {md}: its infrastructure template cannot be read ({e}), so only annotations could give its capacity"
+                ));
+            }
+        }
+    }
+    left_out.sort_by(|a, b| a.machine_deployment.cmp(&b.machine_deployment));
+    notes.push(
+        "offerings the controller marked unavailable after a failed launch are known only to \
+         the running controller and are shown here as available"
+            .into(),
+    );
+    Ok(NodePoolReport {
+        nodepool: np.name_any(),
+        nodeclass,
+        nodeclass_ready: nodeclass_ready.is_ok(),
+        nodeclass_problem: nodeclass_ready.err(),
+        offerings,
+        instance_types: types,
+        left_out,
+        usage: usage(cluster, &np),
+        notes,
+    })
+}
+
+/// The pool's requirements as the solver reads them.
+fn pool_requirements(np: &crate::api::nodepool::NodePool, notes: &mut Vec<String>) -> Requirements {
+    nodepool_requirements(np).unwrap_or_else(|(reqs, why)| {
+        notes.push(format!("the NodePool can launch nothing: {why}"));
+        reqs
+    })
+}
+
+fn describe(reqs: &Requirements) -> String {
+    reqs.iter()
+        .map(|r| format!("{} {r}", r.key()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn usage(cluster: &Cluster, np: &crate::api::nodepool::NodePool) -> BTreeMap<String, Usage> {
+    let by_pool = usage_by_pool(&cluster.shared);
+    let (resources, nodes) = by_pool.get(&np.name_any()).cloned().unwrap_or_default();
+    let mut out = BTreeMap::new();
+    let limits = np.spec.limits.clone().unwrap_or_default();
+    for key in ["cpu", "memory"]
+        .into_iter()
+        .map(str::to_string)
+        .chain(limits.keys().cloned())
+    {
+        let used = if key == "nodes" {
+            Quantity::from_units(nodes).to_string()
+        } else {
+            resources.get(&key).to_string()
+        };
+        out.insert(
+            key.clone(),
+            Usage {
+                used,
+                limit: limits.get(&key).map(|q| q.0.clone()),
+            },
+        );
+    }
+    out.entry("nodes".into()).or_insert(Usage {
+        used: nodes.to_string(),
+        limit: None,
+    });
+    out
+}
+
+impl fmt::Display for NodePoolReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "NodePool {} (ClusterAPINodeClass {})",
+            self.nodepool, self.nodeclass
+        )?;
+        match &self.nodeclass_problem {
+            None => writeln!(f, "  NodeClass ready")?,
+            Some(e) => writeln!(f, "  NodeClass not ready: {e}")?,
+        }
+        writeln!(
+            f,
+            "  instance types it can launch now: {}",
+            if self.instance_types.is_empty() {
+                "none".to_string()
+            } else {
+                self.instance_types.join(", ")
+            }
+        )?;
+        writeln!(f, "  offerings:")?;
+        if self.offerings.is_empty() {
+            writeln!(f, "    none")?;
+        }
+        for o in &self.offerings {
+            writeln!(f, "    {}", o.line())?;
+        }
+        if !self.left_out.is_empty() {
+            writeln!(f, "  left out:")?;
+            for l in &self.left_out {
+                writeln!(
+                    f,
+                    "    MachineDeployment {}: {}",
+                    l.machine_deployment, l.reason
+                )?;
+            }
+        }
+        writeln!(f, "  usage:")?;
+        for (k, u) in &self.usage {
+            match &u.limit {
+                Some(l) => writeln!(f, "    {k}: {} of limit {l}", u.used)?,
+                None => writeln!(f, "    {k}: {} (no limit)", u.used)?,
+            }
+        }
+        for n in &self.notes {
+            writeln!(f, "  note: {n}")?;
+        }
+        Ok(())
+    }
+}

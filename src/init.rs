@@ -1,0 +1,302 @@
+//! `karpenter-capi init`: where the first NodePool comes from. Reads the management cluster's
+//! MachineDeployments, judges each with the catalog's own rules (`capi::offerings::offering`,
+//! the membership label), and proposes a ClusterAPINodeClass and a NodePool covering the usable
+//! ones, with the `kubectl label` / `kubectl annotate` commands that would make the others
+//! usable. Read-only: it prints, it never writes.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::actors::catalog::read_templates;
+use crate::api::wellknown::{
+    CAPACITY_ANNOTATION_PREFIX, CAPACITY_TYPE_LABEL, CLUSTER_NAME_LABEL, MAX_SIZE_ANNOTATION,
+    MEMBER_LABEL, NODECLASS_GROUP, NODECLASS_KIND, PRICE_ANNOTATION,
+};
+use crate::capi::annotations;
+use crate::capi::model::MachineDeployment;
+use crate::capi::offerings::{Context, offering};
+use crate::cli::{InitArgs, InitOutput};
+use crate::explain::RunError;
+use crate::explain::cluster::read_capi;
+
+/// One MachineDeployment judged.
+#[derive(Debug, Serialize)]
+pub struct Verdict {
+    pub machine_deployment: String,
+    pub usable: bool,
+    /// Why it cannot serve as an offering now (empty when usable).
+    pub problems: Vec<String>,
+    /// Things that work but deserve attention (no price, no max size, taints).
+    pub warnings: Vec<String>,
+    /// Commands that would make it usable (placeholders in angle brackets to fill in).
+    pub fixes: Vec<String>,
+    /// For usable ones: the instance type and capacity type it becomes.
+    pub instance_type: Option<String>,
+    pub capacity_type: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Proposal {
+    pub verdicts: Vec<Verdict>,
+    /// The ClusterAPINodeClass and NodePool to apply.
+    pub objects: Vec<Value>,
+    pub notes: Vec<String>,
+}
+
+/// Judge the MachineDeployments and build the proposal (pure; `run` does the reading).
+pub fn propose(
+    mds: &[Arc<MachineDeployment>],
+    cx: &Context<'_>,
+    name: &str,
+    cluster_name: Option<&str>,
+    namespace: Option<&str>,
+) -> Proposal {
+    let mut verdicts = Vec::new();
+    let mut capacity_types = BTreeSet::new();
+    let mut taints = BTreeSet::new();
+    let mut sorted: Vec<&Arc<MachineDeployment>> = mds.iter().collect();
+    sorted.sort_by_key(|md| md.key());
+    for md in sorted {
+        let target = format!("machinedeployment {} -n {}", md.name, md.namespace);
+        let mut v = Verdict {
+            machine_deployment: md.key(),
+            usable: false,
+            problems: Vec::new(),
+            warnings: Vec::new(),
+            fixes: Vec::new(),
+            instance_type: None,
+            capacity_type: None,
+        };
+        if md.deletion_timestamp.is_some() {
+            v.problems.push("being deleted".into());
+            verdicts.push(v);
+            continue;
+        }
+        if !md.labels.contains_key(MEMBER_LABEL) {
+            v.problems.push(format!("no {MEMBER_LABEL} label"));
+            v.fixes
+                .push(format!("kubectl label {target} {MEMBER_LABEL}="));
+        }
+        match offering(md, cx) {
+            Ok((instance_type, _, o)) => {
+                if o.price == 0.0 {
+                    v.warnings.push(format!(
+                        "no {PRICE_ANNOTATION} annotation: priced 0, so it is always the cheapest"
+                    ));
+                }
+                if o.max_size.is_none() {
+                    v.warnings.push(format!(
+                        "no {MAX_SIZE_ANNOTATION} annotation: no upper bound on its replicas"
+                    ));
+                }
+                if !o.taints.is_empty() {
+                    for t in &o.taints {
+                        taints.insert((t.key.clone(), t.value.clone(), t.effect.clone()));
+                    }
+                    v.warnings.push(
+                        "its nodes carry taints: only a NodePool declaring them (as the proposed one does) may use it"
+                            .into(),
+                    );
+                }
+                v.usable = v.problems.is_empty();
+                if v.usable {
+                    capacity_types.insert(o.capacity_type.clone());
+                }
+                v.instance_type = Some(instance_type);
+                v.capacity_type = Some(o.capacity_type);
+            }
+            Err(problem) => {
+                if problem.starts_with("no ") {
+                    v.fixes.push(format!(
+                        "kubectl annotate {target} {CAPACITY_ANNOTATION_PREFIX}cpu=<CPUS> {CAPACITY_ANNOTATION_PREFIX}memory=<MEMORY> {MAX_SIZE_ANNOTATION}=<MAX> {PRICE_ANNOTATION}=<PRICE_PER_HOUR>"
+                    ));
+                } else if let Err(errors) = annotations::parse(&md.annotations) {
+                    for e in errors.iter() {
+                        v.fixes.push(format!(
+                            "kubectl annotate --overwrite {target} {}=<VALID VALUE>",
+                            e.key
+                        ));
+                    }
+                }
+                v.problems.push(problem);
+            }
+        }
+        verdicts.push(v);
+    }
+    let mut notes = Vec::new();
+    if namespace.is_some() {
+        notes.push(
+            "a ClusterAPINodeClass cannot select by namespace: run the controller with \
+             --cluster-api-namespace to keep it to this namespace"
+                .to_string(),
+        );
+    }
+    if !verdicts.iter().any(|v| v.usable) {
+        notes.push(
+            "no MachineDeployment is usable yet: the ClusterAPINodeClass stays not Ready until the \
+             commands above are run"
+                .to_string(),
+        );
+    }
+    Proposal {
+        objects: objects(name, cluster_name, &capacity_types, &taints),
+        verdicts,
+        notes,
+    }
+}
+
+fn objects(
+    name: &str,
+    cluster_name: Option<&str>,
+    capacity_types: &BTreeSet<String>,
+    taints: &BTreeSet<(String, Option<String>, String)>,
+) -> Vec<Value> {
+    let mut nodeclass = json!({
+        "apiVersion": format!("{NODECLASS_GROUP}/v1alpha1"),
+        "kind": NODECLASS_KIND,
+        "metadata": {"name": name},
+        "spec": {},
+    });
+    if let Some(c) = cluster_name {
+        nodeclass["spec"]["scalableResourceSelector"] =
+            json!({"matchLabels": {CLUSTER_NAME_LABEL: c}});
+    }
+    let mut template_spec = json!({
+        "nodeClassRef": {"group": NODECLASS_GROUP, "kind": NODECLASS_KIND, "name": name},
+        "requirements": [],
+    });
+    if !capacity_types.is_empty() {
+        template_spec["requirements"] = json!([{
+            "key": CAPACITY_TYPE_LABEL,
+            "operator": "In",
+            "values": capacity_types.iter().collect::<Vec<_>>(),
+        }]);
+    }
+    if !taints.is_empty() {
+        template_spec["taints"] = Value::Array(
+            taints
+                .iter()
+                .map(|(key, value, effect)| {
+                    let mut t = json!({"key": key, "effect": effect});
+                    if let Some(v) = value {
+                        t["value"] = json!(v);
+                    }
+                    t
+                })
+                .collect(),
+        );
+    }
+    let nodepool = json!({
+        "apiVersion": "karpenter.sh/v1",
+        "kind": "NodePool",
+        "metadata": {"name": name},
+        "spec": {"template": {"spec": template_spec}},
+    });
+    vec![nodeclass, nodepool]
+}
+
+/// The proposal as YAML documents; with `comments`, the report leads as YAML comments.
+pub fn render_yaml(p: &Proposal, comments: bool) -> Result<String, String> {
+    let mut out = String::new();
+    if comments {
+        for line in report(p).lines() {
+            let _ = writeln!(out, "# {line}");
+        }
+    }
+    for o in &p.objects {
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(o).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+/// The report for people: every MachineDeployment, what is wrong, how to fix it.
+pub fn report(p: &Proposal) -> String {
+    let mut out = String::new();
+    let usable = p.verdicts.iter().filter(|v| v.usable).count();
+    let _ = writeln!(
+        out,
+        "{usable} of {} MachineDeployments can serve as offerings",
+        p.verdicts.len()
+    );
+    for v in &p.verdicts {
+        if v.usable {
+            let _ = writeln!(
+                out,
+                "usable: {} (instance type {}, {})",
+                v.machine_deployment,
+                v.instance_type.as_deref().unwrap_or("?"),
+                v.capacity_type.as_deref().unwrap_or("?")
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "not usable: {}: {}",
+                v.machine_deployment,
+                v.problems.join("; ")
+            );
+        }
+        for w in &v.warnings {
+            let _ = writeln!(out, "  warning: {w}");
+        }
+        for f in &v.fixes {
+            let _ = writeln!(out, "  fix: {f}");
+        }
+    }
+    for n in &p.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}
+
+/// `karpenter-capi init`: read, judge, print (text: report then YAML; yaml: YAML only with the
+/// report as comments).
+pub async fn run(args: &InitArgs) -> Result<String, RunError> {
+    let (_, management) =
+        crate::app::clients(args.kubeconfig.as_deref(), &args.cluster_api).await?;
+    let namespace = args
+        .namespace
+        .as_deref()
+        .or(args.cluster_api.cluster_api_namespace.as_deref());
+    let cluster_name = args.cluster_api.cluster_name.as_deref();
+    let capi = read_capi(
+        &management,
+        crate::app::capi_version(args.cluster_api.cluster_api_version),
+        namespace,
+        cluster_name,
+    )
+    .await?;
+    let mds: Vec<Arc<MachineDeployment>> = capi.deployments.into_iter().map(Arc::new).collect();
+    let (templates, _) = read_templates(&management, &mds).await;
+    let never = |_: &str| false;
+    let cx = Context {
+        templates: &templates,
+        unavailable: &never,
+    };
+    let mut p = propose(&mds, &cx, &args.name, cluster_name, namespace);
+    for (md, why) in capi.unreadable {
+        p.verdicts.push(Verdict {
+            machine_deployment: md,
+            usable: false,
+            problems: vec![format!("cannot be read: {why}")],
+            warnings: Vec::new(),
+            fixes: Vec::new(),
+            instance_type: None,
+            capacity_type: None,
+        });
+    }
+    match args.output {
+        InitOutput::Yaml => render_yaml(&p, true).map_err(RunError::Render),
+        InitOutput::Text => {
+            let yaml = render_yaml(&p, false).map_err(RunError::Render)?;
+            Ok(format!(
+                "{}\nApply with `kubectl apply -f -` (or run `karpenter-capi init -o yaml | kubectl apply -f -`):\n{yaml}",
+                report(&p)
+            ))
+        }
+    }
+}
