@@ -121,8 +121,11 @@ fn node_phases(store: &Store) -> NodePhases {
 pub fn cost_per_hour(store: &Store) -> f64 {
     let mut prices: BTreeMap<(String, String), f64> = BTreeMap::new();
     store.visit("machinedeployments", |md| {
-        let price = str_at(md, &format!("/metadata/annotations/{PRICE_ANNOTATION}"))
-            .parse()
+        let price = md
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(PRICE_ANNOTATION))
+            .and_then(Value::as_str)
+            .and_then(|p| p.parse().ok())
             .unwrap_or(0.0);
         let key = (
             str_at(md, "/metadata/namespace").to_string(),
@@ -210,7 +213,7 @@ impl Sampler {
                 .samples
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| (last - i) % 2 == 0)
+                .filter(|(i, _)| (last - i).is_multiple_of(2))
                 .map(|(_, s)| *s)
                 .collect();
             held.samples = kept;
@@ -278,7 +281,7 @@ mod tests {
     }
 
     #[test]
-    fn phases_count_the_latest_condition_only() {
+    fn pending_means_unbound_unfinished_and_not_deleting() {
         let claim = |conds: &[&str], deleting: bool| {
             let mut c = serde_json::json!({"status": {"conditions": conds.iter()
                 .map(|t| serde_json::json!({"type": t, "status": "True"})).collect::<Vec<_>>()}});
@@ -291,6 +294,8 @@ mod tests {
         assert!(pending(&pod));
         let bound = serde_json::json!({"spec": {"nodeName": "n"}});
         assert!(!pending(&bound));
+        let finished = serde_json::json!({"spec": {}, "status": {"phase": "Succeeded"}});
+        assert!(!pending(&finished));
         assert!(!deleting(&claim(&["Launched"], false)));
         assert!(deleting(&claim(&[], true)));
         assert!(condition_true(
