@@ -3,12 +3,14 @@
 //! replica writes come from the server's write log afterwards. The controller reports nothing.
 //!
 //! Sampling costs one walk of the store (no copies) every interval. The interval starts at
-//! 250 ms and doubles whenever `MAX_SAMPLES` are held (every other sample is dropped then), so
-//! a run of any length ends with between `MAX_SAMPLES / 2` and `MAX_SAMPLES` samples.
+//! 250 ms, doubles whenever `MAX_SAMPLES` are held (every other sample is dropped then), so a
+//! run of any length ends with at most `MAX_SAMPLES` samples, and stays at least 50 times what
+//! a sample takes (a moving average), so sampling takes at most about 2% of the time however
+//! large the cluster.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -60,27 +62,30 @@ pub struct Timeline {
     pub replica_writes: BTreeMap<String, Vec<usize>>,
 }
 
+/// `v[path[0]][path[1]]...`: plain field lookups (no JSON pointer parsing, no allocation), as
+/// the sampler walks thousands of objects.
+fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |v, k| v.get(k))
+}
+
 fn deleting(v: &Value) -> bool {
-    v.pointer("/metadata/deletionTimestamp")
-        .is_some_and(|t| !t.is_null())
+    at(v, &["metadata", "deletionTimestamp"]).is_some_and(|t| !t.is_null())
 }
 
 fn condition_true(v: &Value, ty: &str) -> bool {
-    v.pointer("/status/conditions")
+    at(v, &["status", "conditions"])
         .and_then(Value::as_array)
         .is_some_and(|cs| cs.iter().any(|c| c["type"] == ty && c["status"] == "True"))
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
-    v.pointer(pointer)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    at(v, path).and_then(Value::as_str).unwrap_or_default()
 }
 
 fn pending(pod: &Value) -> bool {
     !deleting(pod)
-        && str_at(pod, "/spec/nodeName").is_empty()
-        && !matches!(str_at(pod, "/status/phase"), "Succeeded" | "Failed")
+        && str_at(pod, &["spec", "nodeName"]).is_empty()
+        && !matches!(str_at(pod, &["status", "phase"]), "Succeeded" | "Failed")
 }
 
 fn claim_phases(store: &Store) -> ClaimPhases {
@@ -121,15 +126,12 @@ fn node_phases(store: &Store) -> NodePhases {
 pub fn cost_per_hour(store: &Store) -> f64 {
     let mut prices: BTreeMap<(String, String), f64> = BTreeMap::new();
     store.visit("machinedeployments", |md| {
-        let price = md
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(PRICE_ANNOTATION))
-            .and_then(Value::as_str)
-            .and_then(|p| p.parse().ok())
+        let price = str_at(md, &["metadata", "annotations", PRICE_ANNOTATION])
+            .parse()
             .unwrap_or(0.0);
         let key = (
-            str_at(md, "/metadata/namespace").to_string(),
-            str_at(md, "/metadata/name").to_string(),
+            str_at(md, &["metadata", "namespace"]).to_string(),
+            str_at(md, &["metadata", "name"]).to_string(),
         );
         prices.insert(key, price);
     });
@@ -138,14 +140,11 @@ pub fn cost_per_hour(store: &Store) -> f64 {
         if deleting(m) {
             return;
         }
-        let Some(md) = m
-            .pointer("/metadata/labels")
-            .and_then(|l| l.get(DEPLOYMENT_NAME_LABEL))
-            .and_then(Value::as_str)
-        else {
-            return;
-        };
-        let key = (str_at(m, "/metadata/namespace").to_string(), md.to_string());
+        let md = str_at(m, &["metadata", "labels", DEPLOYMENT_NAME_LABEL]);
+        let key = (
+            str_at(m, &["metadata", "namespace"]).to_string(),
+            md.to_string(),
+        );
         total += prices.get(&key).copied().unwrap_or(0.0);
     });
     total
@@ -166,8 +165,17 @@ pub fn sample(store: &Store, at_ms: u64) -> Sample {
 
 #[derive(Debug)]
 struct Held {
+    /// The interval the sample count allows.
     every: Duration,
+    /// A moving average of how long a sample takes.
+    cost: Duration,
     samples: Vec<Sample>,
+}
+
+impl Held {
+    fn interval(&self) -> Duration {
+        self.every.max(self.cost * 50)
+    }
 }
 
 /// Samples the simulated cluster until it is gone (clones share the samples).
@@ -181,6 +189,7 @@ impl Default for Sampler {
         Self {
             held: Arc::new(Mutex::new(Held {
                 every: FIRST_INTERVAL,
+                cost: Duration::ZERO,
                 samples: Vec::new(),
             })),
         }
@@ -192,14 +201,17 @@ impl Sampler {
     /// cluster still goes away when its owner drops it.
     pub async fn run(self, cluster: Weak<SimCluster>) {
         loop {
-            let every = self.held.lock().every;
-            tokio::time::sleep(every).await;
+            let interval = self.held.lock().interval();
+            tokio::time::sleep(interval).await;
             let Some(c) = cluster.upgrade() else {
                 return;
             };
+            let took = Instant::now();
             let s = sample(c.server().store(), c.stats().now_ms());
             drop(c);
             self.record(s);
+            let mut held = self.held.lock();
+            held.cost = (held.cost * 4 + took.elapsed()) / 5;
         }
     }
 
