@@ -353,6 +353,8 @@ pub enum Scenario {
 pub enum ReportFormat {
     Text,
     Json,
+    /// One self-contained HTML file: charts over time and the JSON report's figures.
+    Html,
 }
 
 /// The most claims or pods a simulation creates: more would only exhaust memory.
@@ -390,9 +392,13 @@ pub struct SimulateArgs {
     /// Which Cluster API version the simulated cluster serves.
     #[arg(long, value_enum, default_value = "v1beta2")]
     pub cluster_api_version: CapiVersionArg,
-    /// Print the report as text or as one JSON object.
+    /// The report: text, one JSON object, or one self-contained HTML page with charts.
     #[arg(long, value_enum, default_value = "text")]
     pub report: ReportFormat,
+    /// Write the report to this file instead of standard output. The HTML report is always a
+    /// file: without this flag it goes to `./simulate-report.html`.
+    #[arg(long, value_name = "PATH")]
+    pub report_out: Option<PathBuf>,
     /// Give up waiting for the scenario to settle after this many seconds (1 to 604800).
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub deadline: u64,

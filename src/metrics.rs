@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
@@ -125,6 +126,8 @@ fn batch_histogram() -> Histogram {
 /// All metrics of one controller instance. Cheap to share behind an `Arc`.
 pub struct Metrics {
     registry: Registry,
+    /// Every registered family's series names (see `series_names`).
+    declared: Vec<String>,
     // NodeClaim lifecycle (Karpenter's names, plus the MachineDeployment).
     pub nodeclaims_created: Family<CreatedLabels, Counter>,
     pub nodeclaims_launched: Family<PoolLabels, Counter>,
@@ -223,8 +226,12 @@ impl Metrics {
             nodeclaims_disrupted: Family::default(),
             disruption_evaluation_seconds: Family::new_with_constructor(latency_histogram),
             registry: Registry::default(),
+            declared: Vec::new(),
         };
-        let r = &mut registry;
+        let r = &mut Registering {
+            registry: &mut registry,
+            declared: Vec::new(),
+        };
         r.register(
             "karpenter_nodeclaims_created",
             "NodeClaims created, by reason and nodepool",
@@ -434,7 +441,19 @@ impl Metrics {
             version: env!("CARGO_PKG_VERSION").to_string(),
         });
         r.register("karpenter_build", "Build information", info);
-        Arc::new(Self { registry, ..m })
+        let declared = std::mem::take(&mut r.declared);
+        Arc::new(Self {
+            registry,
+            declared,
+            ..m
+        })
+    }
+
+    /// The names of every series /metrics can carry (`_total` of counters, `_bucket`, `_sum`
+    /// and `_count` of histograms, `_info` of infos), families without series yet included:
+    /// the text encoding leaves those out, dashboards still query them.
+    pub fn series_names(&self) -> &[String] {
+        &self.declared
     }
 
     /// The Prometheus text exposition of every metric.
@@ -491,6 +510,26 @@ impl Metrics {
     }
 }
 
+/// The registry being filled, remembering each family's series names as it goes.
+struct Registering<'a> {
+    registry: &'a mut Registry,
+    declared: Vec<String>,
+}
+
+impl Registering<'_> {
+    fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
+        let suffixes: &[&str] = match metric.metric_type() {
+            MetricType::Counter => &["_total"],
+            MetricType::Histogram => &["_bucket", "_sum", "_count"],
+            MetricType::Info => &["_info"],
+            _ => &[""],
+        };
+        self.declared
+            .extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        self.registry.register(name, help, metric);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -518,5 +557,18 @@ mod tests {
         );
         assert!(text.contains("karpenter_capi_nodeclaim_launch_duration_seconds_count{machine_deployment=\"ns/md-a\"} 1"), "{text}");
         assert!(text.contains("karpenter_build_info"), "{text}");
+        // Every series the exposition carries is a declared one, and empty families are
+        // declared too.
+        let declared = m.series_names();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            assert!(declared.iter().any(|d| d == name), "{name} not declared");
+        }
+        assert!(
+            declared
+                .iter()
+                .any(|d| d == "karpenter_nodeclaims_disrupted_total")
+        );
+        assert!(declared.iter().any(|d| d == "karpenter_nodepools_usage"));
     }
 }

@@ -813,6 +813,33 @@ fn service_monitor_is_optional_and_off_by_default() {
     assert_eq!(sm["spec"]["endpoints"][0]["path"], "/metrics");
 }
 
+const DASHBOARD: &str = "deploy/grafana/karpenter-capi.json";
+
+#[test]
+fn grafana_dashboard_is_optional_off_by_default_and_one_file() {
+    assert_eq!(values()["grafanaDashboard"]["enabled"], false);
+    assert_eq!(
+        values()["grafanaDashboard"]["labels"]["grafana_dashboard"],
+        "1"
+    );
+    let text = read(&path(&format!("{CHART}/templates/grafana-dashboard.yaml")));
+    assert!(text.starts_with("{{- if .Values.grafanaDashboard.enabled }}"));
+    assert!(text.trim_end().ends_with("{{- end }}"));
+    // Helm reads only files inside the chart: the chart's copy is a link to deploy/grafana, so
+    // there is one dashboard to edit.
+    let in_chart = path(&format!("{CHART}/dashboards/karpenter-capi.json"));
+    let link = std::fs::symlink_metadata(&in_chart).expect("the chart's dashboard");
+    assert!(
+        link.file_type().is_symlink(),
+        "{} is a link",
+        in_chart.display()
+    );
+    assert_eq!(
+        std::fs::canonicalize(&in_chart).expect("the link resolves"),
+        std::fs::canonicalize(path(DASHBOARD)).expect("deploy/grafana")
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Files and templates
 // ---------------------------------------------------------------------------------------------
@@ -1016,6 +1043,15 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
             "serviceMonitor.enabled=true",
         ],
     ),
+    (
+        "Grafana dashboard on",
+        &[
+            "--set",
+            "grafanaDashboard.enabled=true",
+            "--set-string",
+            "grafanaDashboard.annotations.grafana_folder=Autoscaling",
+        ],
+    ),
 ];
 
 fn helm_template(helm: &Path, extra: &[&str]) -> String {
@@ -1054,9 +1090,9 @@ fn helm_lints_and_renders_the_chart() {
         let capi_role = docs
             .iter()
             .any(|d| kind(d) == "ClusterRole" && name(d).ends_with("-cluster-api"));
+        let separate = extra.iter().any(|a| a.starts_with("clusterAPI."));
         assert_eq!(
-            capi_role,
-            extra.is_empty(),
+            capi_role, !separate,
             "{what}: Cluster API rules only in the joined topology"
         );
         let monitor = docs.iter().any(|d| kind(d) == "ServiceMonitor");
@@ -1065,7 +1101,42 @@ fn helm_lints_and_renders_the_chart() {
             extra.contains(&"serviceMonitor.enabled=true"),
             "{what}: ServiceMonitor only when enabled"
         );
+        let dashboard = docs
+            .iter()
+            .find(|d| kind(d) == "ConfigMap" && name(d).ends_with("-dashboard"));
+        assert_eq!(
+            dashboard.is_some(),
+            extra.contains(&"grafanaDashboard.enabled=true"),
+            "{what}: the dashboard ConfigMap only when enabled"
+        );
+        if let Some(cm) = dashboard {
+            check_dashboard_config_map(cm, what);
+        }
     }
+}
+
+/// The rendered dashboard ConfigMap: labelled for the Grafana sidecar, holding the dashboard of
+/// deploy/grafana byte for byte.
+fn check_dashboard_config_map(cm: &Value, what: &str) {
+    assert_eq!(
+        cm["metadata"]["labels"]["grafana_dashboard"], "1",
+        "{what}: the sidecar's label"
+    );
+    assert_eq!(
+        cm["metadata"]["annotations"]["grafana_folder"],
+        "Autoscaling"
+    );
+    assert_eq!(cm["metadata"]["namespace"], NAMESPACE);
+    let data = cm["data"]["karpenter-capi.json"]
+        .as_str()
+        .expect("the dashboard in data");
+    assert_eq!(
+        data.trim_end(),
+        read(&path(DASHBOARD)).trim_end(),
+        "{what}: the ConfigMap holds deploy/grafana/karpenter-capi.json"
+    );
+    let parsed: Value = serde_json::from_str(data).expect("the dashboard is JSON");
+    assert_eq!(parsed["uid"], "karpenter-capi");
 }
 
 /// `kubectl apply --dry-run=client` of the plain manifests, the CRDs and the rendered chart,

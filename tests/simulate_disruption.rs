@@ -72,6 +72,20 @@ async fn consolidation_removes_nodes_and_cost_within_budgets() {
     let decided = d.decisions.empty + d.decisions.underutilized;
     assert!(decided > 0, "{r}");
     assert_eq!(d.decisions.drifted + d.decisions.expired, 0, "{r}");
+    // The HTML report's timeline was sampled through the disruption phase: it saw claims
+    // terminate and ends at the report's cost.
+    let samples = &r.pods.launch.timeline.samples;
+    assert!(
+        samples.iter().any(|s| s.claims.terminating > 0),
+        "{samples:?}"
+    );
+    let last = samples.last().expect("samples");
+    assert!(
+        (last.cost_per_hour - d.cost_per_hour_after).abs() < 0.01,
+        "{last:?} {r}"
+    );
+    let peak = samples.iter().map(|s| s.cost_per_hour).fold(0.0, f64::max);
+    assert!(peak >= d.cost_per_hour_before - 0.01, "{peak} {r}");
 }
 
 #[actix::test]

@@ -152,6 +152,16 @@ impl Store {
         inner.iter(def, namespace).map(|(_, v)| v.clone()).collect()
     }
 
+    /// Look at every object of a resource without copying it: for samplers that only count, so
+    /// they cost the server next to nothing.
+    pub fn visit(&self, resource: &str, mut f: impl FnMut(&Value)) {
+        let Some(def) = self.registry.by_name(resource) else {
+            return;
+        };
+        let inner = self.lock();
+        inner.iter(def, None).for_each(|(_, v)| f(v));
+    }
+
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
         self.events.subscribe()
     }

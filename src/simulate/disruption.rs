@@ -17,7 +17,7 @@ use super::pods::{PodReport, SIZES, measure, provision_with};
 use super::{BackgroundSim, Error};
 use crate::actors::Settings;
 use crate::api::resources::Resources;
-use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY, PRICE_ANNOTATION};
+use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY};
 use crate::cli::{Scenario, SimulateArgs};
 use crate::sim::disruption_audit::Decisions;
 use crate::sim::drain_audit::Violation;
@@ -193,29 +193,7 @@ fn live_claims(sim: &BackgroundSim) -> BTreeSet<String> {
 
 /// The sum of the prices of the MachineDeployments of the live Machines.
 pub fn cost_per_hour(sim: &BackgroundSim) -> f64 {
-    let store = sim.cluster().server().store();
-    let prices: BTreeMap<(String, String), f64> = store
-        .list("machinedeployments", None)
-        .iter()
-        .map(|md| {
-            let ns = md["metadata"]["namespace"].as_str().unwrap_or_default();
-            let price = md["metadata"]["annotations"][PRICE_ANNOTATION]
-                .as_str()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0.0);
-            ((ns.to_string(), name_of(md)), price)
-        })
-        .collect();
-    store
-        .list("machines", None)
-        .iter()
-        .filter(|m| !deleting(m))
-        .filter_map(|m| {
-            let ns = m["metadata"]["namespace"].as_str().unwrap_or_default();
-            let md = m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL].as_str()?;
-            prices.get(&(ns.to_string(), md.to_string()))
-        })
-        .sum()
+    super::timeline::cost_per_hour(sim.cluster().server().store())
 }
 
 fn live_nodes(sim: &BackgroundSim) -> usize {

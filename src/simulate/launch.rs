@@ -425,6 +425,7 @@ pub fn measure(
         invariants_ok: inv.ok(),
         problems: inv.problems,
         elapsed_ms: stats.now_ms().saturating_sub(since_ms),
+        timeline: sim.timeline(),
     }
 }
 

@@ -4,11 +4,14 @@
 
 pub mod disruption;
 pub mod drain;
+pub mod html;
 pub mod invariants;
 pub mod launch;
 pub mod observer;
+pub mod output;
 pub mod pods;
 pub mod report;
+pub mod timeline;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -19,7 +22,7 @@ use tokio::sync::watch;
 
 use crate::actors::{Controller, ControllerHandle, Settings};
 use crate::capi::version::CapiVersion;
-use crate::cli::{CapiVersionArg, ReportFormat, Scenario, SimulateArgs};
+use crate::cli::{CapiVersionArg, Scenario, SimulateArgs};
 use crate::metrics::Metrics;
 use crate::sim::cluster::{ServedVersions, SimCluster, SimClusterConfig};
 
@@ -41,6 +44,8 @@ pub enum Error {
     Deadline(Duration),
     #[error("scenario did not settle within {after:?}: {why}")]
     NotSettled { after: Duration, why: String },
+    #[error(transparent)]
+    Report(#[from] output::Error),
 }
 
 /// The simulated cluster running on a runtime of its own (one worker thread), so that the
@@ -48,6 +53,8 @@ pub enum Error {
 pub struct BackgroundSim {
     cluster: Arc<SimCluster>,
     runtime: Option<tokio::runtime::Runtime>,
+    /// Counts the cluster over time for the report's charts.
+    sampler: timeline::Sampler,
 }
 
 impl BackgroundSim {
@@ -69,10 +76,19 @@ impl BackgroundSim {
             let _ = tx.send(started);
         });
         let (runtime, cluster) = rx.await.map_err(|e| Error::Join(e.to_string()))??;
+        let cluster = Arc::new(cluster);
+        let sampler = timeline::Sampler::default();
+        runtime.spawn(sampler.clone().run(Arc::downgrade(&cluster)));
         Ok(Self {
-            cluster: Arc::new(cluster),
+            cluster,
             runtime: Some(runtime),
+            sampler,
         })
+    }
+
+    /// The cluster over time since it started, up to now.
+    pub fn timeline(&self) -> timeline::Timeline {
+        self.sampler.timeline(&self.cluster)
     }
 
     pub fn cluster(&self) -> &Arc<SimCluster> {
@@ -194,28 +210,39 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
-        let (text, json, ok) = match args.scenario {
-            Scenario::Launch => {
-                let r = launch::run(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok)
-            }
-            Scenario::Default | Scenario::Pods => {
-                let r = pods::run(&args).await?;
-                (r.to_string(), r.to_json(), r.launch.invariants_ok)
-            }
-            Scenario::Drain => {
-                let r = drain::run(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok())
-            }
-            Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
-                let r = disruption::run(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok())
-            }
-        };
-        match args.report {
-            ReportFormat::Json => println!("{json}"),
-            ReportFormat::Text => println!("{text}"),
+        let outcome = run_scenario(&args).await?;
+        outcome.emit(args.report, args.report_out.as_deref())?;
+        Ok(outcome.invariants_ok)
+    })
+}
+
+/// Run the scenario `args` names on the current actix System and report it in every form.
+pub async fn run_scenario(args: &SimulateArgs) -> Result<output::Outcome, Error> {
+    let (text, json, invariants_ok, timeline) = match args.scenario {
+        Scenario::Launch => {
+            let r = launch::run(args).await?;
+            (r.to_string(), r.to_json(), r.invariants_ok, r.timeline)
         }
-        Ok(ok)
+        Scenario::Default | Scenario::Pods => {
+            let r = pods::run(args).await?;
+            let ok = r.launch.invariants_ok;
+            (r.to_string(), r.to_json(), ok, r.launch.timeline)
+        }
+        Scenario::Drain => {
+            let r = drain::run(args).await?;
+            let ok = r.invariants_ok();
+            (r.to_string(), r.to_json(), ok, r.pods.launch.timeline)
+        }
+        Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
+            let r = disruption::run(args).await?;
+            let ok = r.invariants_ok();
+            (r.to_string(), r.to_json(), ok, r.pods.launch.timeline)
+        }
+    };
+    Ok(output::Outcome {
+        text,
+        json,
+        invariants_ok,
+        timeline,
     })
 }

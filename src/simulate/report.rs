@@ -73,6 +73,9 @@ pub struct Report {
     pub invariants_ok: bool,
     pub problems: Vec<String>,
     pub elapsed_ms: u64,
+    /// The cluster over time, for the HTML report's charts (not part of the JSON report).
+    #[serde(skip)]
+    pub timeline: super::timeline::Timeline,
 }
 
 impl Report {
