@@ -113,27 +113,10 @@ pub async fn read_capi(
     })
 }
 
+/// Every object of a kind, in all namespaces when it is namespaced.
 async fn list_all<K>(client: &kube::Client, what: &'static str) -> Result<Vec<K>, Error>
 where
-    K: Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
-{
-    let api: Api<K> = Api::all(client.clone());
-    Ok(api
-        .list(&ListParams::default())
-        .await
-        .map_err(|source| Error::List { what, source })?
-        .items)
-}
-
-async fn list_namespaced<K>(client: &kube::Client, what: &'static str) -> Result<Vec<K>, Error>
-where
-    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     let api: Api<K> = Api::all(client.clone());
     Ok(api
@@ -201,9 +184,9 @@ pub async fn read(
     let nodeclasses: Vec<ClusterAPINodeClass> =
         list_lenient(&workload, "ClusterAPINodeClasses", &mut malformed).await?;
     let nodes: Vec<Node> = list_all(&workload, "Nodes").await?;
-    let pods: Vec<Pod> = list_namespaced(&workload, "Pods").await?;
-    let daemonsets: Vec<DaemonSet> = list_namespaced(&workload, "DaemonSets").await?;
-    let pdbs: Vec<PodDisruptionBudget> = list_namespaced(&workload, "PodDisruptionBudgets").await?;
+    let pods: Vec<Pod> = list_all(&workload, "Pods").await?;
+    let daemonsets: Vec<DaemonSet> = list_all(&workload, "DaemonSets").await?;
+    let pdbs: Vec<PodDisruptionBudget> = list_all(&workload, "PodDisruptionBudgets").await?;
 
     let state = State::default();
     state.machines.write().replace_all(capi.machines);
