@@ -319,7 +319,16 @@ impl Rollout {
                 .filter(|m| crate::state::machines::bound_claim(m).is_none())
                 .count();
             let free = fresh.saturating_sub(waiting.get(md).copied().unwrap_or(0));
-            olds.sort_by_key(|c| c.metadata.creation_timestamp.clone());
+            // Cluster API's rollout deletes old Machines in its deletion order; the oldest
+            // Machine first is its `Oldest` order (Random, the default, cannot be foreseen: a
+            // claim it deletes first just ends, and its pods go through the provisioner).
+            olds.sort_by_cached_key(|c| {
+                machines
+                    .bound_to(&c.name_any())
+                    .ok()
+                    .flatten()
+                    .map(|m| (m.creation_timestamp, m.name.clone()))
+            });
             out.extend(olds.into_iter().take(free).cloned());
         }
         out
