@@ -9,6 +9,7 @@ pub mod launch;
 pub mod observer;
 pub mod pods;
 pub mod report;
+pub mod serve;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -41,6 +42,8 @@ pub enum Error {
     Deadline(Duration),
     #[error("scenario did not settle within {after:?}: {why}")]
     NotSettled { after: Duration, why: String },
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// The simulated cluster running on a runtime of its own (one worker thread), so that the
@@ -128,6 +131,19 @@ impl Drop for BackgroundSim {
     }
 }
 
+/// A scenario's cluster and controller after its report: `simulate --serve` keeps them running;
+/// dropping this stops both.
+pub struct Kept {
+    pub sim: BackgroundSim,
+    pub controller: Option<ControllerHandle>,
+}
+
+impl Kept {
+    pub fn new(sim: BackgroundSim, controller: Option<ControllerHandle>) -> Self {
+        Self { sim, controller }
+    }
+}
+
 /// Settings tuned for simulations: the defaults of `run`, with the create timeout chosen by the
 /// scenario.
 pub fn sim_settings(create_timeout: Option<Duration>) -> Settings {
@@ -186,35 +202,48 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
         node_ready_delay: Duration::from_millis(100),
         node_delete_delay: Duration::from_millis(50),
         seed: args.seed,
+        port: args.serve.port,
+        kubeconfig_out: args.serve.kubeconfig_out(),
         ..SimClusterConfig::default()
     }
 }
 
-/// `karpenter-capi simulate`: returns whether the invariants held.
+/// `karpenter-capi simulate`: returns whether the invariants held. With `--serve` the cluster
+/// (and the controller, unless `--no-controller`) keeps running after the report until SIGINT
+/// or SIGTERM.
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
-        let (text, json, ok) = match args.scenario {
+        if args.serve.no_controller {
+            return serve::without_report(&args).await.map(|()| true);
+        }
+        // Listen before the scenario starts, so an early Ctrl-C still ends the serving cleanly.
+        let signal = args.serve.serve.then(crate::app::shutdown_signal);
+        let (text, json, ok, kept) = match args.scenario {
             Scenario::Launch => {
-                let r = launch::run(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok)
+                let (r, kept) = launch::run_kept(&args).await?;
+                (r.to_string(), r.to_json(), r.invariants_ok, kept)
             }
             Scenario::Default | Scenario::Pods => {
-                let r = pods::run(&args).await?;
-                (r.to_string(), r.to_json(), r.launch.invariants_ok)
+                let (r, kept) = pods::run_kept(&args).await?;
+                (r.to_string(), r.to_json(), r.launch.invariants_ok, kept)
             }
             Scenario::Drain => {
-                let r = drain::run(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok())
+                let (r, kept) = drain::run_kept(&args).await?;
+                (r.to_string(), r.to_json(), r.invariants_ok(), kept)
             }
             Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
-                let r = disruption::run(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok())
+                let (r, kept) = disruption::run_kept(&args).await?;
+                (r.to_string(), r.to_json(), r.invariants_ok(), kept)
             }
+            Scenario::None => return serve::without_report(&args).await.map(|()| true),
         };
         match args.report {
             ReportFormat::Json => println!("{json}"),
             ReportFormat::Text => println!("{text}"),
+        }
+        if let Some(signal) = signal {
+            serve::hold(kept, signal).await;
         }
         Ok(ok)
     })
