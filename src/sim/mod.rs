@@ -5,6 +5,7 @@
 mod discovery;
 pub mod drain_audit;
 mod errors;
+mod event_versions;
 mod eviction;
 mod faults;
 mod kubeconfig;

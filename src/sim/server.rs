@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::discovery;
 use super::drain_audit::{self, Removal, Violation};
 use super::errors::ApiError;
+use super::event_versions;
 use super::eviction;
 use super::faults::Faults;
 use super::patch::{self, PatchError};
@@ -36,8 +37,12 @@ pub struct Shared {
     pub bookmark_interval: Duration,
 }
 
-/// Sets `apiVersion` and `kind` to the version being served (all versions share one storage).
+/// Renders a stored object for `def` at `version`: sets `apiVersion` and `kind` (all versions
+/// share one storage) and gives core/v1 Events their shape.
 pub fn stamp(obj: &mut Value, def: &ResourceDef, version: &str) {
+    if event_versions::is_core_event(def) {
+        event_versions::to_core(obj);
+    }
     if let Some(o) = obj.as_object_mut() {
         o.insert("apiVersion".into(), json!(def.api_version(version)));
         o.insert("kind".into(), json!(def.kind));
@@ -161,6 +166,18 @@ pub async fn handle(
         }
         ["api"] | ["apis"] | ["api", "v1"] | ["apis", _] | ["apis", _, _] => {
             return Ok(discovery_response(&shared, &segs, accept.as_deref()));
+        }
+        ["openapi", "v3", rest @ ..] => {
+            let doc = match rest {
+                [] => Some(discovery::openapi_v3_index(&shared.registry)),
+                ["api", "v1"] => discovery::openapi_v3_group_version(&shared.registry, "", "v1"),
+                ["apis", g, v] => discovery::openapi_v3_group_version(&shared.registry, g, v),
+                _ => None,
+            };
+            return Ok(match doc {
+                Some(d) => json_response(200, &d),
+                None => error_response(&ApiError::no_route()),
+            });
         }
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
@@ -379,6 +396,11 @@ fn selectors(target: &Target, query: &Query) -> Result<(LabelSelector, FieldSele
         &target.def.selectable_fields,
     )
     .map_err(ApiError::bad_request)?;
+    let fields = if event_versions::is_core_event(&target.def) {
+        fields.map_fields(event_versions::stored_field)
+    } else {
+        fields
+    };
     Ok((labels, fields))
 }
 
@@ -490,6 +512,14 @@ fn start_watch(
     Ok(resp)
 }
 
+/// A written object in its storage's shape (core/v1 Events are stored as events.k8s.io/v1).
+fn stored(def: &ResourceDef, mut obj: Value) -> Value {
+    if event_versions::is_core_event(def) {
+        event_versions::to_stored(&mut obj);
+    }
+    obj
+}
+
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     if body.is_empty() {
         return Ok(Value::Null);
@@ -511,6 +541,12 @@ fn write(
     let def = &target.def;
     let ns = target.ns();
     let name = target.name.clone().unwrap_or_default();
+    // A dry run must not write, and nothing here can evaluate a write without making it.
+    if query.get("dryRun").is_some_and(|d| !d.is_empty()) {
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the simulated API server (docs/simulated-cluster.md)",
+        ));
+    }
     let (code, obj) = match (verb, target.sub()) {
         ("create", "binding") => {
             let b = parse_body(body)?;
@@ -540,7 +576,7 @@ fn write(
                     "the namespace of the provided object does not match the namespace sent on the request",
                 ));
             }
-            let created = shared.store.lock().create(def, ns, obj)?;
+            let created = shared.store.lock().create(def, ns, stored(def, obj))?;
             (201, rendered(created, target))
         }
         ("update", "scale") => (200, update_scale(shared, target, parse_body(body)?)?),
@@ -550,13 +586,15 @@ fn write(
             } else {
                 Part::Main
             };
-            let updated = shared
-                .store
-                .lock()
-                .update(def, ns, &name, parse_body(body)?, part)?;
+            let updated =
+                shared
+                    .store
+                    .lock()
+                    .update(def, ns, &name, stored(def, parse_body(body)?), part)?;
             (200, rendered(updated, target))
         }
         ("patch", sub) => {
+            check_patch_type(def, content_type)?;
             let p = parse_body(body)?;
             (200, patch_object(shared, target, sub, content_type, &p)?)
         }
@@ -648,12 +686,43 @@ fn delete_opts(query: &Query, body: &Value) -> DeleteOpts {
     }
 }
 
+/// The patch types a resource accepts, in kube-apiserver's order: strategic merge only for
+/// built-in kinds; server-side apply (`application/apply-patch+yaml`) is not implemented.
+fn patch_types(def: &ResourceDef) -> &'static [&'static str] {
+    if def.builtin {
+        &[
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ]
+    } else {
+        &[
+            "application/json-patch+json",
+            "application/merge-patch+json",
+        ]
+    }
+}
+
+/// 415 with kube-apiserver's message when `content_type` is not a patch type `def` accepts
+/// (checked before the object is looked up, as the real handler does).
+fn check_patch_type(def: &ResourceDef, content_type: &str) -> Result<(), ApiError> {
+    let accepted = patch_types(def);
+    if accepted.contains(&content_type) {
+        return Ok(());
+    }
+    Err(ApiError::unsupported_media_type(format!(
+        "the body of the request was in an unknown format - accepted media types include: {}",
+        accepted.join(", ")
+    )))
+}
+
 fn apply_patch(
     def: &ResourceDef,
     content_type: &str,
     doc: &Value,
     p: &Value,
 ) -> Result<Value, ApiError> {
+    check_patch_type(def, content_type)?;
     let to_api = |e: PatchError| match e {
         PatchError::Malformed(m) => ApiError::bad_request(m),
         PatchError::Failed(m) => ApiError::invalid(m),
@@ -665,25 +734,11 @@ fn apply_patch(
             Ok(out)
         }
         "application/json-patch+json" => patch::json_patch(doc, p).map_err(to_api),
-        "application/strategic-merge-patch+json" if def.builtin => {
+        _ => {
             let mut out = doc.clone();
             patch::strategic_merge(&mut out, p).map_err(to_api)?;
             Ok(out)
         }
-        "application/strategic-merge-patch+json" => Err(ApiError::unsupported_media_type(format!(
-            "strategic merge patch is not supported for {}/{}, Kind={}: use merge patch or JSON patch",
-            def.group,
-            def.preferred_version(),
-            def.kind
-        ))),
-        other => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json{} (got {other:?})",
-            if def.builtin {
-                ", application/strategic-merge-patch+json"
-            } else {
-                ""
-            }
-        ))),
     }
 }
 
@@ -706,7 +761,10 @@ fn patch_object(
         .get(def, target.ns(), &name)
         .cloned()
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
-    let patched = apply_patch(def, content_type, &rendered(cur, target), p)?;
+    let patched = stored(
+        def,
+        apply_patch(def, content_type, &rendered(cur, target), p)?,
+    );
     let part = if sub == "status" {
         Part::Status
     } else {
