@@ -512,6 +512,11 @@ fn start_watch(
     Ok(resp)
 }
 
+/// Whether a create or update body is JSON (no Content-Type is read as JSON, as kube does).
+fn is_json_body(content_type: &str) -> bool {
+    matches!(content_type, "" | "application/json" | "*/*")
+}
+
 /// A written object in its storage's shape (core/v1 Events are stored as events.k8s.io/v1).
 fn stored(def: &ResourceDef, mut obj: Value) -> Value {
     if event_versions::is_core_event(def) {
@@ -541,6 +546,13 @@ fn write(
     let def = &target.def;
     let ns = target.ns();
     let name = target.name.clone().unwrap_or_default();
+    // Bodies are JSON (protobuf and CBOR are not decoded): anything else is 415, as
+    // kube-apiserver answers a media type it has no serializer for; clients then resend as JSON.
+    if verb != "patch" && verb != "delete" && !is_json_body(content_type) {
+        return Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json",
+        ));
+    }
     // A dry run must not write, and nothing here can evaluate a write without making it.
     if query.get("dryRun").is_some_and(|d| !d.is_empty()) {
         return Err(ApiError::bad_request(
