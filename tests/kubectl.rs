@@ -271,8 +271,20 @@ fn kubectl_drives_the_served_cluster_and_a_separate_controller_provisions() {
             && ssa.contains("the body of the request was in an unknown format"),
         "{ssa}"
     );
-    let dry = k.fails(&["create", "configmap", "dry", "--dry-run=server"]);
+    let cm = dir.path().join("cm.yaml");
+    std::fs::write(
+        &cm,
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: dry}\n",
+    )
+    .expect("cm.yaml");
+    let dry = k.fails(&["apply", "--dry-run=server", "-f", &cm.to_string_lossy()]);
     assert!(dry.contains("dryRun is not supported"), "{dry}");
+    // kubectl's imperative generators send protobuf: 415, as for any undecodable media type.
+    let pb = k.fails(&["create", "configmap", "pb", "--from-literal=a=b"]);
+    assert!(
+        pb.contains("accepted media types include: application/json"),
+        "{pb}"
+    );
 
     // A second process: the controller, with leader election, against the served cluster.
     let kc = k.kubeconfig.clone();
@@ -347,8 +359,23 @@ fn kubectl_drives_the_served_cluster_and_a_separate_controller_provisions() {
         |out| out.split_whitespace().count() == 2,
     );
 
-    // get in every output a user reaches for.
-    let wide = k.ok(&["get", "nodeclaims,machines,nodes", "-o", "wide"]);
+    // get in every output a user reaches for; tables carry the printer columns of a real cluster.
+    let table = k.ok(&["get", "nodeclaims"]);
+    let header: Vec<&str> = table
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "TYPE", "CAPACITY", "ZONE", "NODE", "READY", "AGE"],
+        "{table}"
+    );
+    let wide = k.ok(&["get", "nodeclaims,machines,nodes,pods", "-o", "wide"]);
+    for column in ["NODEPOOL", "PROVIDER ID", "STATUS", "NOMINATED NODE"] {
+        assert!(wide.contains(column), "{column} in:\n{wide}");
+    }
     assert!(wide.contains(&claim), "{wide}");
     let yaml = k.ok(&["get", "nodeclaim", &claim, "-o", "yaml"]);
     assert!(

@@ -15,6 +15,7 @@ mod selectors;
 mod server;
 mod stats;
 mod store;
+mod table;
 mod validate;
 mod watch;
 

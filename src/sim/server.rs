@@ -23,6 +23,7 @@ use super::registry::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::stats::Stats;
 use super::store::{DeleteOpts, Inner, Part, Store};
+use super::table;
 use super::watch::{self, WatchRequest};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -358,12 +359,37 @@ async fn serve(
             &name,
         ));
     }
+    let accept = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|h| h.to_str().ok());
+    // Tables are for the resource itself; a subresource (scale) answers its own kind.
+    let table =
+        table::requested(accept, query.get("includeObject")).filter(|_| target.sub.is_none());
     match verb {
-        "get" => get(shared, target).map(|v| ServeOutcome::Done(json_response(200, &v))),
-        "list" => list(shared, target, query).map(|v| ServeOutcome::Done(json_response(200, &v))),
-        "watch" => start_watch(shared, target, query).map(ServeOutcome::Done),
+        "get" => get(shared, target)
+            .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
+        "list" => list(shared, target, query)
+            .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
+        "watch" => start_watch(shared, target, query, table).map(ServeOutcome::Done),
         other => Ok(ServeOutcome::NeedsBody(other, decision.response_delay)),
     }
+}
+
+/// An object or a list as a metav1 Table when one was asked for, else unchanged.
+fn as_table(target: &Target, doc: Value, table: Option<table::Include>) -> Value {
+    let Some(include) = table else { return doc };
+    let (objects, meta) = match doc.get("items").and_then(Value::as_array) {
+        Some(items) => (
+            items.clone(),
+            doc.get("metadata").cloned().unwrap_or_default(),
+        ),
+        None => {
+            let rv = doc.pointer("/metadata/resourceVersion").cloned();
+            (vec![doc], json!({"resourceVersion": rv}))
+        }
+    };
+    table::render(&target.def, &target.version, &objects, include, meta)
 }
 
 fn rendered(mut obj: Value, target: &Target) -> Value {
@@ -473,6 +499,7 @@ fn start_watch(
     shared: &Arc<Shared>,
     target: &Target,
     query: &Query,
+    table: Option<table::Include>,
 ) -> Result<Response<Body>, ApiError> {
     let (labels, fields) = selectors(target, query)?;
     let send_initial_events = query.flag("sendInitialEvents");
@@ -497,6 +524,7 @@ fn start_watch(
         send_initial_events,
         timeout,
         bookmark_interval: shared.bookmark_interval,
+        table,
     };
     let rx = watch::start(&shared.store, req, shared.faults.subscribe_cuts());
     let stream = futures::stream::unfold(rx, |mut rx| async move {
