@@ -214,37 +214,80 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
-        if args.serve.no_controller {
+        if args.serve.no_controller || args.scenario == Scenario::None {
             return serve::without_report(&args).await.map(|()| true);
         }
-        // Listen before the scenario starts, so an early Ctrl-C still ends the serving cleanly.
-        let signal = args.serve.serve.then(crate::app::shutdown_signal);
-        let (text, json, ok, kept) = match args.scenario {
-            Scenario::Launch => {
-                let (r, kept) = launch::run_kept(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok, kept)
-            }
-            Scenario::Default | Scenario::Pods => {
-                let (r, kept) = pods::run_kept(&args).await?;
-                (r.to_string(), r.to_json(), r.launch.invariants_ok, kept)
-            }
-            Scenario::Drain => {
-                let (r, kept) = drain::run_kept(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok(), kept)
-            }
-            Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
-                let (r, kept) = disruption::run_kept(&args).await?;
-                (r.to_string(), r.to_json(), r.invariants_ok(), kept)
-            }
-            Scenario::None => return serve::without_report(&args).await.map(|()| true),
-        };
-        match args.report {
-            ReportFormat::Json => println!("{json}"),
-            ReportFormat::Text => println!("{text}"),
+        if !args.serve.serve {
+            let (report, _) = run_scenario(&args).await?;
+            return Ok(print_report(&args, report));
         }
-        if let Some(signal) = signal {
-            serve::hold(kept, signal).await;
+        // Listen before the scenario starts: SIGINT or SIGTERM while it runs stops it cleanly.
+        let signal = crate::app::shutdown_signal();
+        tokio::pin!(signal);
+        tokio::select! {
+            done = run_scenario(&args) => {
+                let (report, kept) = done?;
+                let ok = print_report(&args, report);
+                serve::hold(kept, &mut signal).await;
+                Ok(ok)
+            }
+            name = &mut signal => {
+                eprintln!("{name}: stopped before the scenario finished; no report");
+                Ok(true)
+            }
         }
-        Ok(ok)
     })
+}
+
+/// A scenario's report as text, as JSON, and whether its invariants held.
+struct Rendered {
+    text: String,
+    json: String,
+    ok: bool,
+}
+
+/// Runs the scenario `args` names (not `none`) and keeps its cluster and controller.
+async fn run_scenario(args: &SimulateArgs) -> Result<(Rendered, Kept), Error> {
+    let rendered = |text: String, json: String, ok: bool| Rendered { text, json, ok };
+    Ok(match args.scenario {
+        Scenario::Launch => {
+            let (r, kept) = launch::run_kept(args).await?;
+            (rendered(r.to_string(), r.to_json(), r.invariants_ok), kept)
+        }
+        Scenario::Drain => {
+            let (r, kept) = drain::run_kept(args).await?;
+            (
+                rendered(r.to_string(), r.to_json(), r.invariants_ok()),
+                kept,
+            )
+        }
+        Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
+            let (r, kept) = disruption::run_kept(args).await?;
+            (
+                rendered(r.to_string(), r.to_json(), r.invariants_ok()),
+                kept,
+            )
+        }
+        Scenario::Default | Scenario::Pods => {
+            let (r, kept) = pods::run_kept(args).await?;
+            (
+                rendered(r.to_string(), r.to_json(), r.launch.invariants_ok),
+                kept,
+            )
+        }
+        Scenario::None => {
+            return Err(Error::Usage(
+                "--scenario none has no workload to report on; it only serves (--serve)".into(),
+            ));
+        }
+    })
+}
+
+/// Prints the report in the chosen format; returns whether the invariants held.
+fn print_report(args: &SimulateArgs, report: Rendered) -> bool {
+    match args.report {
+        ReportFormat::Json => println!("{}", report.json),
+        ReportFormat::Text => println!("{}", report.text),
+    }
+    report.ok
 }
