@@ -554,6 +554,12 @@ fn serve_with_the_controller_reports_then_serves_until_sigterm() {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
+    // A port that was free a moment ago: --port makes the kubeconfig name it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
     let (served, kubeconfig) = serve(
         dir.path(),
         &[
@@ -565,7 +571,14 @@ fn serve_with_the_controller_reports_then_serves_until_sigterm() {
             "2",
             "--report",
             "json",
+            "--port",
+            &port,
         ],
+    );
+    let text = std::fs::read_to_string(&kubeconfig).expect("the kubeconfig");
+    assert!(
+        text.contains(&format!("server: http://127.0.0.1:{port}")),
+        "{text}"
     );
     let report = served.wait_line(false, "\"invariants_ok\"");
     assert!(report.contains("\"invariants_ok\":true"), "{report}");
