@@ -279,6 +279,10 @@ fn kubectl_drives_the_served_cluster_and_a_separate_controller_provisions() {
     .expect("cm.yaml");
     let dry = k.fails(&["apply", "--dry-run=server", "-f", &cm.to_string_lossy()]);
     assert!(dry.contains("dryRun is not supported"), "{dry}");
+    // kubectl sends a delete's dry run in the DeleteOptions body: refused too, nothing deleted.
+    let dry = k.fails(&["delete", "namespace", "default", "--dry-run=server"]);
+    assert!(dry.contains("dryRun is not supported"), "{dry}");
+    k.ok(&["get", "namespace", "default"]);
     // kubectl's imperative generators send protobuf: 415, as for any undecodable media type.
     let pb = k.fails(&["create", "configmap", "pb", "--from-literal=a=b"]);
     assert!(

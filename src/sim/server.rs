@@ -581,8 +581,14 @@ fn write(
             "the body of the request was in an unknown format - accepted media types include: application/json",
         ));
     }
-    // A dry run must not write, and nothing here can evaluate a write without making it.
-    if query.get("dryRun").is_some_and(|d| !d.is_empty()) {
+    // A dry run must not write, and nothing here can evaluate a write without making it. It is
+    // asked for in the query, or for a delete in the DeleteOptions body (as kubectl does).
+    let dry_in_body = verb == "delete"
+        && parse_body(body)?
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| !d.is_empty());
+    if dry_in_body || query.get("dryRun").is_some_and(|d| !d.is_empty()) {
         return Err(ApiError::bad_request(
             "dryRun is not supported by the simulated API server (docs/simulated-cluster.md)",
         ));
