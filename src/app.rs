@@ -446,7 +446,7 @@ impl Replica {
 /// Resolves on SIGTERM (what Kubernetes sends) or SIGINT; names the signal. The handlers are
 /// installed when this is called, not when the future is first polled, so a signal that arrives
 /// during start-up is not lost to the default action (which would skip the shutdown path).
-fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
+pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

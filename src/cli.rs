@@ -347,6 +347,8 @@ pub enum Scenario {
     /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
     /// move to new nodes.
     Expire,
+    /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
+    None,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -405,6 +407,8 @@ pub struct SimulateArgs {
     /// Seed for the simulated cluster's randomness (jitter, failures, names).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    #[command(flatten)]
+    pub serve: ServeArgs,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -483,6 +487,41 @@ pub struct InitArgs {
     /// Text for people, or YAML only (applyable with `kubectl apply -f -`).
     #[arg(short = 'o', long, value_enum, default_value = "text")]
     pub output: InitOutput,
+}
+
+/// `simulate --serve`: keep the simulated cluster up for kubectl and a separate controller.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ServeArgs {
+    /// Keep the simulated cluster running after the scenario (and its report, with the
+    /// controller) until SIGINT or SIGTERM, with its kubeconfig at --kubeconfig-out.
+    #[arg(long, default_value_t = false, required_if_eq("scenario", "none"))]
+    pub serve: bool,
+    /// Run only the simulated cluster, no controller: point `karpenter-capi run --kubeconfig` at
+    /// it from another process. Needs --serve.
+    #[arg(long, default_value_t = false, requires = "serve")]
+    pub no_controller: bool,
+    /// Where to write the simulated cluster's kubeconfig (kept at exit). Default with --serve:
+    /// ./simulated.kubeconfig.
+    #[arg(long, value_parser = non_empty_path_arg)]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Port of the simulated API server on 127.0.0.1 (0: any free port), so the kubeconfig stays
+    /// valid across runs.
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+}
+
+/// The kubeconfig path `--serve` writes when --kubeconfig-out is not given.
+pub const DEFAULT_KUBECONFIG_OUT: &str = "simulated.kubeconfig";
+
+impl ServeArgs {
+    /// Where the kubeconfig goes: the flag, else the default when serving, else nowhere extra.
+    pub fn kubeconfig_out(&self) -> Option<PathBuf> {
+        match (&self.kubeconfig_out, self.serve) {
+            (Some(p), _) => Some(p.clone()),
+            (None, true) => Some(PathBuf::from(DEFAULT_KUBECONFIG_OUT)),
+            (None, false) => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Args)]
@@ -574,5 +613,41 @@ mod tests {
         let err =
             Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "soon"]).unwrap_err();
         assert!(err.to_string().contains("--create-timeout"), "{err}");
+    }
+
+    fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let mut all = vec!["karpenter-capi", "simulate"];
+        all.extend_from_slice(args);
+        let Command::Simulate(sim) = Cli::try_parse_from(all)?.command else {
+            panic!("expected simulate")
+        };
+        Ok(sim.serve)
+    }
+
+    #[test]
+    fn serve_flags_default_and_depend_on_serve() {
+        let plain = serve_args(&[]).unwrap();
+        assert_eq!(plain.kubeconfig_out(), None, "no file without --serve");
+        let served = serve_args(&["--serve"]).unwrap();
+        assert_eq!(
+            served.kubeconfig_out(),
+            Some(PathBuf::from(DEFAULT_KUBECONFIG_OUT))
+        );
+        assert_eq!(served.port, 0);
+        let err = serve_args(&["--no-controller"]).unwrap_err();
+        assert!(err.to_string().contains("--serve"), "{err}");
+        let err = serve_args(&["--scenario", "none"]).unwrap_err();
+        assert!(err.to_string().contains("--serve"), "{err}");
+        let none = serve_args(&[
+            "--scenario",
+            "none",
+            "--serve",
+            "--no-controller",
+            "--port",
+            "6443",
+        ])
+        .unwrap();
+        assert!(none.no_controller);
+        assert_eq!(none.port, 6443);
     }
 }

@@ -149,11 +149,9 @@ async fn init_reports_each_machine_deployment_and_its_yaml_applies_and_becomes_r
     assert!(yaml.contains("kind: ClusterAPINodeClass") && yaml.contains("kind: NodePool"));
 
     let Some(kubectl) = kubectl() else { return };
-    // Schema validation needs /openapi, which this branch's simulated API server does not
-    // serve yet (tests/deploy.rs applies the same way); the objects are still created through
-    // the server's own admission, as kubectl sends them.
+    // kubectl validates against the served OpenAPI v3 documents and the server's admission.
     let mut child = Command::new(&kubectl)
-        .args(["apply", "--validate=false", "-f", "-", "--kubeconfig"])
+        .args(["apply", "-f", "-", "--kubeconfig"])
         .arg(&kubeconfig)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -123,7 +123,7 @@ fn check_page(html: &str) -> BTreeSet<(String, String)> {
 #[actix::test]
 async fn the_html_report_charts_the_run_and_holds_the_json_figures() {
     let a = args(&["--scenario", "pods", "--pods", "40", "--deployments", "4"]);
-    let outcome = run_scenario(&a).await.expect("scenario");
+    let (outcome, _kept) = run_scenario(&a).await.expect("scenario");
     assert!(outcome.invariants_ok, "{}", outcome.text);
 
     // Sampled during the run, not only at the end.

@@ -4,7 +4,7 @@
 //! at `client()` / `kubeconfig_path()`.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -80,6 +80,11 @@ pub struct SimClusterConfig {
     /// Run the scheduler stand-in (off when a test wants to drive pod binding itself).
     pub scheduler: bool,
     pub scheduler_debounce: Duration,
+    /// Port of the API server on 127.0.0.1 (0: any free port).
+    pub port: u16,
+    /// Also write the kubeconfig here (`simulate --kubeconfig-out`); the file is left in place
+    /// when the cluster stops, unlike the server's own temporary one.
+    pub kubeconfig_out: Option<PathBuf>,
 }
 
 impl Default for SimClusterConfig {
@@ -98,6 +103,8 @@ impl Default for SimClusterConfig {
             seed: capi.seed,
             scheduler: true,
             scheduler_debounce: SchedulerConfig::default().debounce,
+            port: 0,
+            kubeconfig_out: None,
         }
     }
 }
@@ -141,11 +148,15 @@ impl SimCluster {
             SimConfig {
                 served_capi_versions: served,
                 seed: cfg.seed,
+                port: cfg.port,
                 ..SimConfig::default()
             }
             .with_infrastructure_templates(),
         )
         .await?;
+        if let Some(out) = &cfg.kubeconfig_out {
+            super::kubeconfig::write_file(out, server.url())?;
+        }
         let client = server.client();
         let (trigger, shutdown) = shutdown_pair();
         let mut tasks = capi::spawn(
@@ -218,8 +229,12 @@ impl SimCluster {
         Ok(self.server.client())
     }
 
+    /// The kubeconfig to give users: `kubeconfig_out` when set, else the server's own.
     pub fn kubeconfig_path(&self) -> &Path {
-        self.server.kubeconfig_path()
+        self.cfg
+            .kubeconfig_out
+            .as_deref()
+            .unwrap_or_else(|| self.server.kubeconfig_path())
     }
 
     pub fn server(&self) -> &SimServer {

@@ -129,3 +129,79 @@ pub fn accepts_plain_json(accept: Option<&str>) -> bool {
         !aggregated && matches!(media, "application/json" | "*/*" | "application/*" | "")
     })
 }
+
+/// The OpenAPI v3 index (`/openapi/v3`): one document per served group version, as
+/// kube-apiserver lists them. kubectl reads it to learn that the server validates fields itself
+/// (`fieldValidation`), and otherwise refuses to `apply` or `create` without `--validate=false`.
+pub fn openapi_v3_index(registry: &Registry) -> Value {
+    let mut paths = serde_json::Map::new();
+    let mut add = |gv_path: String| {
+        let url = format!("/openapi/v3/{gv_path}");
+        paths.insert(gv_path, json!({"serverRelativeURL": url}));
+    };
+    add("api/v1".into());
+    for (group, versions) in registry.groups() {
+        for v in versions {
+            add(format!("apis/{group}/{v}"));
+        }
+    }
+    json!({"paths": paths})
+}
+
+/// The OpenAPI v3 document of one group version, or None when it is not served. It describes
+/// the operations (with their `x-kubernetes-group-version-kind` and query parameters, enough for
+/// kubectl's field-validation check) but no schemas: the simulated server validates no fields of
+/// custom resources (docs/simulated-cluster.md).
+pub fn openapi_v3_group_version(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    let mut paths = serde_json::Map::new();
+    for def in registry.in_group_version(group, version) {
+        let prefix = if group.is_empty() {
+            format!("/api/{version}")
+        } else {
+            format!("/apis/{group}/{version}")
+        };
+        let collection = if def.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{}", def.plural)
+        } else {
+            format!("{prefix}/{}", def.plural)
+        };
+        let gvk = json!({"group": group, "version": version, "kind": def.kind});
+        let op = |action: &str, params: &[&str]| {
+            let parameters: Vec<Value> = params
+                .iter()
+                .map(|p| json!({"name": p, "in": "query", "schema": {"type": "string", "uniqueItems": true}}))
+                .collect();
+            json!({
+                "operationId": format!("{action}{}", def.kind),
+                "x-kubernetes-action": action,
+                "x-kubernetes-group-version-kind": gvk,
+                "parameters": parameters,
+                "responses": {"200": {"description": "OK"}},
+            })
+        };
+        let writes = ["dryRun", "fieldManager", "fieldValidation"];
+        paths.insert(
+            collection.clone(),
+            json!({"get": op("list", &["labelSelector", "fieldSelector", "limit", "continue", "watch"]),
+                   "post": op("post", &writes)}),
+        );
+        paths.insert(
+            format!("{collection}/{{name}}"),
+            json!({"get": op("get", &[]), "put": op("put", &writes), "patch": op("patch", &writes),
+                   "delete": op("delete", &["dryRun", "gracePeriodSeconds", "propagationPolicy"])}),
+        );
+    }
+    if paths.is_empty() {
+        return None;
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": version_info_git()},
+        "paths": paths,
+        "components": {"schemas": {}},
+    }))
+}
+
+fn version_info_git() -> Value {
+    version()["gitVersion"].clone()
+}

@@ -5,6 +5,7 @@
 mod discovery;
 pub mod drain_audit;
 mod errors;
+mod event_versions;
 mod eviction;
 mod faults;
 mod kubeconfig;
@@ -14,6 +15,7 @@ mod selectors;
 mod server;
 mod stats;
 mod store;
+mod table;
 mod validate;
 mod watch;
 
@@ -66,25 +68,43 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    /// Adds the infrastructure templates the project's tests use (Docker/Dev and Kubemark).
+    /// Adds the infrastructure templates the project's tests use (Docker/Dev and Kubemark) and
+    /// the kubeadm bootstrap kinds MachineDeployments refer to, as a management cluster with
+    /// those providers installed serves them (so `kubectl apply` of a provider's example works).
     pub fn with_infrastructure_templates(mut self) -> Self {
-        let g = "infrastructure.cluster.x-k8s.io";
+        let infra = "infrastructure.cluster.x-k8s.io";
         let v = ["v1beta2", "v1beta1", "v1alpha4"];
         for (kind, plural) in [
             ("DevMachineTemplate", "devmachinetemplates"),
             ("DockerMachineTemplate", "dockermachinetemplates"),
             ("KubemarkMachineTemplate", "kubemarkmachinetemplates"),
         ] {
-            if !self
-                .extra_resources
-                .iter()
-                .any(|d| d.group == g && d.plural == plural)
-            {
-                self.extra_resources
-                    .push(ResourceDef::custom(g, &v, kind, plural, true).with_status());
-            }
+            self.add_kind(ResourceDef::custom(infra, &v, kind, plural, true).with_status());
         }
+        let bootstrap = "bootstrap.cluster.x-k8s.io";
+        self.add_kind(ResourceDef::custom(
+            bootstrap,
+            &v[..2],
+            "KubeadmConfigTemplate",
+            "kubeadmconfigtemplates",
+            true,
+        ));
+        self.add_kind(
+            ResourceDef::custom(bootstrap, &v[..2], "KubeadmConfig", "kubeadmconfigs", true)
+                .with_status(),
+        );
         self
+    }
+
+    /// Serves `def` unless a kind with its group and plural is already there.
+    fn add_kind(&mut self, def: ResourceDef) {
+        let known = self
+            .extra_resources
+            .iter()
+            .any(|d| d.group == def.group && d.plural == def.plural);
+        if !known {
+            self.extra_resources.push(def);
+        }
     }
 }
 

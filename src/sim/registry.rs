@@ -42,6 +42,9 @@ pub struct ResourceDef {
     pub builtin: bool,
     /// Fields usable in a fieldSelector besides metadata.name and metadata.namespace.
     pub selectable_fields: Vec<String>,
+    /// The storage of another resource this one is a view of (core/v1 Events are stored as
+    /// events.k8s.io/v1 Events), by its `storage_key`.
+    pub stored_as: Option<String>,
 }
 
 impl ResourceDef {
@@ -66,6 +69,7 @@ impl ResourceDef {
             actions: Vec::new(),
             builtin: false,
             selectable_fields: Vec::new(),
+            stored_as: None,
         }
     }
 
@@ -96,6 +100,11 @@ impl ResourceDef {
         self
     }
 
+    fn stored_as(mut self, key: &str) -> Self {
+        self.stored_as = Some(key.to_string());
+        self
+    }
+
     fn with_fields(mut self, fields: &[&str]) -> Self {
         self.selectable_fields = fields.iter().map(|n| n.to_string()).collect();
         self
@@ -103,7 +112,10 @@ impl ResourceDef {
 
     /// The key of this resource's storage, shared by all its versions.
     pub fn storage_key(&self) -> String {
-        format!("{}/{}", self.group, self.plural)
+        match &self.stored_as {
+            Some(key) => key.clone(),
+            None => format!("{}/{}", self.group, self.plural),
+        }
     }
 
     /// `apiVersion` for objects served at `version`.
@@ -314,7 +326,8 @@ fn core_resources() -> Vec<ResourceDef> {
                 "reportingComponent",
                 "source",
                 "type",
-            ]),
+            ])
+            .stored_as("events.k8s.io/events"),
         b("", "v1", "ConfigMap", "configmaps", true).with_short_names(&["cm"]),
         b("", "v1", "Secret", "secrets", true),
         b("", "v1", "ServiceAccount", "serviceaccounts", true).with_short_names(&["sa"]),

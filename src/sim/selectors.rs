@@ -223,6 +223,14 @@ impl FieldSelector {
         self.terms.is_empty()
     }
 
+    /// The same selector over fields stored elsewhere (`to_stored` maps a field to its path).
+    pub fn map_fields(mut self, to_stored: impl Fn(&str) -> String) -> Self {
+        for (field, _, _) in &mut self.terms {
+            *field = to_stored(field);
+        }
+        self
+    }
+
     /// Missing fields read as "", so `spec.nodeName=` selects unbound pods as in Kubernetes.
     pub fn matches(&self, obj: &Value) -> bool {
         self.terms

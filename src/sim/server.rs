@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::discovery;
 use super::drain_audit::{self, Removal, Violation};
 use super::errors::ApiError;
+use super::event_versions;
 use super::eviction;
 use super::faults::Faults;
 use super::patch::{self, PatchError};
@@ -22,6 +23,7 @@ use super::registry::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::stats::Stats;
 use super::store::{DeleteOpts, Inner, Part, Store};
+use super::table;
 use super::watch::{self, WatchRequest};
 
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -36,8 +38,12 @@ pub struct Shared {
     pub bookmark_interval: Duration,
 }
 
-/// Sets `apiVersion` and `kind` to the version being served (all versions share one storage).
+/// Renders a stored object for `def` at `version`: sets `apiVersion` and `kind` (all versions
+/// share one storage) and gives core/v1 Events their shape.
 pub fn stamp(obj: &mut Value, def: &ResourceDef, version: &str) {
+    if event_versions::is_core_event(def) {
+        event_versions::to_core(obj);
+    }
     if let Some(o) = obj.as_object_mut() {
         o.insert("apiVersion".into(), json!(def.api_version(version)));
         o.insert("kind".into(), json!(def.kind));
@@ -161,6 +167,18 @@ pub async fn handle(
         }
         ["api"] | ["apis"] | ["api", "v1"] | ["apis", _] | ["apis", _, _] => {
             return Ok(discovery_response(&shared, &segs, accept.as_deref()));
+        }
+        ["openapi", "v3", rest @ ..] => {
+            let doc = match rest {
+                [] => Some(discovery::openapi_v3_index(&shared.registry)),
+                ["api", "v1"] => discovery::openapi_v3_group_version(&shared.registry, "", "v1"),
+                ["apis", g, v] => discovery::openapi_v3_group_version(&shared.registry, g, v),
+                _ => None,
+            };
+            return Ok(match doc {
+                Some(d) => json_response(200, &d),
+                None => error_response(&ApiError::no_route()),
+            });
         }
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", g, v, rest @ ..] => (*g, *v, rest),
@@ -341,12 +359,37 @@ async fn serve(
             &name,
         ));
     }
+    let accept = req
+        .headers()
+        .get(hyper::header::ACCEPT)
+        .and_then(|h| h.to_str().ok());
+    // Tables are for the resource itself; a subresource (scale) answers its own kind.
+    let table =
+        table::requested(accept, query.get("includeObject")).filter(|_| target.sub.is_none());
     match verb {
-        "get" => get(shared, target).map(|v| ServeOutcome::Done(json_response(200, &v))),
-        "list" => list(shared, target, query).map(|v| ServeOutcome::Done(json_response(200, &v))),
-        "watch" => start_watch(shared, target, query).map(ServeOutcome::Done),
+        "get" => get(shared, target)
+            .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
+        "list" => list(shared, target, query)
+            .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
+        "watch" => start_watch(shared, target, query, table).map(ServeOutcome::Done),
         other => Ok(ServeOutcome::NeedsBody(other, decision.response_delay)),
     }
+}
+
+/// An object or a list as a metav1 Table when one was asked for, else unchanged.
+fn as_table(target: &Target, doc: Value, table: Option<table::Include>) -> Value {
+    let Some(include) = table else { return doc };
+    let (objects, meta) = match doc.get("items").and_then(Value::as_array) {
+        Some(items) => (
+            items.clone(),
+            doc.get("metadata").cloned().unwrap_or_default(),
+        ),
+        None => {
+            let rv = doc.pointer("/metadata/resourceVersion").cloned();
+            (vec![doc], json!({"resourceVersion": rv}))
+        }
+    };
+    table::render(&target.def, &target.version, &objects, include, meta)
 }
 
 fn rendered(mut obj: Value, target: &Target) -> Value {
@@ -379,6 +422,11 @@ fn selectors(target: &Target, query: &Query) -> Result<(LabelSelector, FieldSele
         &target.def.selectable_fields,
     )
     .map_err(ApiError::bad_request)?;
+    let fields = if event_versions::is_core_event(&target.def) {
+        fields.map_fields(event_versions::stored_field)
+    } else {
+        fields
+    };
     Ok((labels, fields))
 }
 
@@ -451,6 +499,7 @@ fn start_watch(
     shared: &Arc<Shared>,
     target: &Target,
     query: &Query,
+    table: Option<table::Include>,
 ) -> Result<Response<Body>, ApiError> {
     let (labels, fields) = selectors(target, query)?;
     let send_initial_events = query.flag("sendInitialEvents");
@@ -475,6 +524,7 @@ fn start_watch(
         send_initial_events,
         timeout,
         bookmark_interval: shared.bookmark_interval,
+        table,
     };
     let rx = watch::start(&shared.store, req, shared.faults.subscribe_cuts());
     let stream = futures::stream::unfold(rx, |mut rx| async move {
@@ -488,6 +538,19 @@ fn start_watch(
         hyper::header::HeaderValue::from_static("application/json"),
     );
     Ok(resp)
+}
+
+/// Whether a create or update body is JSON (no Content-Type is read as JSON, as kube does).
+fn is_json_body(content_type: &str) -> bool {
+    matches!(content_type, "" | "application/json" | "*/*")
+}
+
+/// A written object in its storage's shape (core/v1 Events are stored as events.k8s.io/v1).
+fn stored(def: &ResourceDef, mut obj: Value) -> Value {
+    if event_versions::is_core_event(def) {
+        event_versions::to_stored(&mut obj);
+    }
+    obj
 }
 
 fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
@@ -511,6 +574,25 @@ fn write(
     let def = &target.def;
     let ns = target.ns();
     let name = target.name.clone().unwrap_or_default();
+    // Bodies are JSON (protobuf and CBOR are not decoded): anything else is 415, as
+    // kube-apiserver answers a media type it has no serializer for; clients then resend as JSON.
+    if verb != "patch" && verb != "delete" && !is_json_body(content_type) {
+        return Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json",
+        ));
+    }
+    // A dry run must not write, and nothing here can evaluate a write without making it. It is
+    // asked for in the query, or for a delete in the DeleteOptions body (as kubectl does).
+    let dry_in_body = verb == "delete"
+        && parse_body(body)?
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| !d.is_empty());
+    if dry_in_body || query.get("dryRun").is_some_and(|d| !d.is_empty()) {
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the simulated API server (docs/simulated-cluster.md)",
+        ));
+    }
     let (code, obj) = match (verb, target.sub()) {
         ("create", "binding") => {
             let b = parse_body(body)?;
@@ -540,7 +622,7 @@ fn write(
                     "the namespace of the provided object does not match the namespace sent on the request",
                 ));
             }
-            let created = shared.store.lock().create(def, ns, obj)?;
+            let created = shared.store.lock().create(def, ns, stored(def, obj))?;
             (201, rendered(created, target))
         }
         ("update", "scale") => (200, update_scale(shared, target, parse_body(body)?)?),
@@ -550,13 +632,15 @@ fn write(
             } else {
                 Part::Main
             };
-            let updated = shared
-                .store
-                .lock()
-                .update(def, ns, &name, parse_body(body)?, part)?;
+            let updated =
+                shared
+                    .store
+                    .lock()
+                    .update(def, ns, &name, stored(def, parse_body(body)?), part)?;
             (200, rendered(updated, target))
         }
         ("patch", sub) => {
+            check_patch_type(def, content_type)?;
             let p = parse_body(body)?;
             (200, patch_object(shared, target, sub, content_type, &p)?)
         }
@@ -648,12 +732,43 @@ fn delete_opts(query: &Query, body: &Value) -> DeleteOpts {
     }
 }
 
+/// The patch types a resource accepts, in kube-apiserver's order: strategic merge only for
+/// built-in kinds; server-side apply (`application/apply-patch+yaml`) is not implemented.
+fn patch_types(def: &ResourceDef) -> &'static [&'static str] {
+    if def.builtin {
+        &[
+            "application/json-patch+json",
+            "application/merge-patch+json",
+            "application/strategic-merge-patch+json",
+        ]
+    } else {
+        &[
+            "application/json-patch+json",
+            "application/merge-patch+json",
+        ]
+    }
+}
+
+/// 415 with kube-apiserver's message when `content_type` is not a patch type `def` accepts
+/// (checked before the object is looked up, as the real handler does).
+fn check_patch_type(def: &ResourceDef, content_type: &str) -> Result<(), ApiError> {
+    let accepted = patch_types(def);
+    if accepted.contains(&content_type) {
+        return Ok(());
+    }
+    Err(ApiError::unsupported_media_type(format!(
+        "the body of the request was in an unknown format - accepted media types include: {}",
+        accepted.join(", ")
+    )))
+}
+
 fn apply_patch(
     def: &ResourceDef,
     content_type: &str,
     doc: &Value,
     p: &Value,
 ) -> Result<Value, ApiError> {
+    check_patch_type(def, content_type)?;
     let to_api = |e: PatchError| match e {
         PatchError::Malformed(m) => ApiError::bad_request(m),
         PatchError::Failed(m) => ApiError::invalid(m),
@@ -665,25 +780,11 @@ fn apply_patch(
             Ok(out)
         }
         "application/json-patch+json" => patch::json_patch(doc, p).map_err(to_api),
-        "application/strategic-merge-patch+json" if def.builtin => {
+        _ => {
             let mut out = doc.clone();
             patch::strategic_merge(&mut out, p).map_err(to_api)?;
             Ok(out)
         }
-        "application/strategic-merge-patch+json" => Err(ApiError::unsupported_media_type(format!(
-            "strategic merge patch is not supported for {}/{}, Kind={}: use merge patch or JSON patch",
-            def.group,
-            def.preferred_version(),
-            def.kind
-        ))),
-        other => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json{} (got {other:?})",
-            if def.builtin {
-                ", application/strategic-merge-patch+json"
-            } else {
-                ""
-            }
-        ))),
     }
 }
 
@@ -706,7 +807,10 @@ fn patch_object(
         .get(def, target.ns(), &name)
         .cloned()
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
-    let patched = apply_patch(def, content_type, &rendered(cur, target), p)?;
+    let patched = stored(
+        def,
+        apply_patch(def, content_type, &rendered(cur, target), p)?,
+    );
     let part = if sub == "status" {
         Part::Status
     } else {

@@ -28,6 +28,8 @@ pub struct WatchRequest {
     pub send_initial_events: bool,
     pub timeout: Option<Duration>,
     pub bookmark_interval: Duration,
+    /// Send each object as a one-row Table (`kubectl get -w`).
+    pub table: Option<super::table::Include>,
 }
 
 /// Starts a watch and returns the channel its body is read from. An expired resourceVersion is
@@ -158,6 +160,16 @@ fn translate(req: &WatchRequest, ev: &StoredEvent) -> Option<Bytes> {
 fn event_line(req: &WatchRequest, kind: &str, obj: &Value) -> Bytes {
     let mut obj = obj.clone();
     super::server::stamp(&mut obj, &req.def, &req.version);
+    if let Some(include) = req.table {
+        let rv = obj.pointer("/metadata/resourceVersion").cloned();
+        obj = super::table::render(
+            &req.def,
+            &req.version,
+            &[obj],
+            include,
+            json!({"resourceVersion": rv}),
+        );
+    }
     line(&json!({"type": kind, "object": obj}))
 }
 

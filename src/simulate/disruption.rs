@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::launch::{self, progress_line};
 use super::pods::{PodReport, SIZES, measure, provision_with};
-use super::{BackgroundSim, Error};
+use super::{BackgroundSim, Error, Kept};
 use crate::actors::Settings;
 use crate::api::resources::Resources;
 use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY};
@@ -397,6 +397,11 @@ async fn patch_nodepool(sim: &BackgroundSim, patch: Value) -> Result<(), Error> 
 
 /// `simulate --scenario consolidate|drift|expire`.
 pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
+    run_kept(args).await.map(|(report, _)| report)
+}
+
+/// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
+pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), Error> {
     let scenario = args.scenario;
     let expire = scenario == Scenario::Expire;
     let expire_after = expire_after_secs(args.pods);
@@ -540,11 +545,11 @@ pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
         ));
     }
     pods.launch.invariants_ok = pods.launch.problems.is_empty();
-    drop(p.controller);
-    Ok(DisruptionReport {
+    let report = DisruptionReport {
         pods,
         disruption: figures,
-    })
+    };
+    Ok((report, p.kept()))
 }
 
 fn round2(x: f64) -> f64 {

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use super::launch;
 use super::pods::{PodReport, measure, provision};
 use super::report::Percentiles;
-use super::{BackgroundSim, Error};
+use super::{BackgroundSim, Error, Kept};
 use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
 use crate::cli::SimulateArgs;
 use crate::sim::drain_audit::Violation;
@@ -86,6 +86,11 @@ impl std::fmt::Display for DrainReport {
 
 /// `simulate --scenario drain`.
 pub async fn run(args: &SimulateArgs) -> Result<DrainReport, Error> {
+    run_kept(args).await.map(|(report, _)| report)
+}
+
+/// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
+pub async fn run_kept(args: &SimulateArgs) -> Result<(DrainReport, Kept), Error> {
     let p = provision(
         args,
         |pool| {
@@ -179,8 +184,7 @@ pub async fn run(args: &SimulateArgs) -> Result<DrainReport, Error> {
             t.pdb_violations, t.do_not_disrupt_violations
         ));
     }
-    drop(p.controller);
-    Ok(report)
+    Ok((report, p.kept()))
 }
 
 /// Wait (reading the in-process store) until every deleted claim is gone and the launch path is

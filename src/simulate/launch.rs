@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::invariants;
 use super::observer::Observer;
 use super::report::{ApiCounts, ClaimCounts, Latencies, MachineCounts, Percentiles, Report};
-use super::{BackgroundSim, Error, cluster_config, sim_settings, start_controller};
+use super::{BackgroundSim, Error, Kept, cluster_config, sim_settings, start_controller};
 use crate::api::nodeclaim::{
     NodeClaim, NodeClaimSpec, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
     ResourceRequirements,
@@ -431,37 +431,59 @@ pub fn measure(
 
 /// `simulate --scenario launch`.
 pub async fn run(args: &SimulateArgs) -> Result<Report, Error> {
+    run_kept(args).await.map(|(report, _)| report)
+}
+
+/// The scenario's MachineDeployments (`--machine-deployments` of [`seed_of`]), ClusterAPINodeClass
+/// and NodePool; returns the NodePool its claims belong to.
+pub async fn seed(sim: &BackgroundSim, args: &SimulateArgs) -> Result<NodePool, Error> {
+    let mds = args.machine_deployments.max(1);
+    let max_size = args.claims.max(1);
+    sim.run(move |c| async move {
+        for i in 0..mds {
+            c.create_machine_deployment_from(&seed_of(i, max_size))
+                .await?;
+        }
+        seed_nodeclass_and_pool(c.client()).await
+    })
+    .await?
+}
+
+/// `n` NodeClaims of `pool`, spread over `mds` MachineDeployments, created on the cluster's runtime.
+pub async fn create_claims_on(
+    sim: &BackgroundSim,
+    pool: NodePool,
+    n: usize,
+    mds: usize,
+) -> Result<(), Error> {
+    let pool = Arc::new(pool);
+    sim.run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
+        .await?
+        .map(|_| ())
+}
+
+/// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
+pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
     let sim = BackgroundSim::start(cluster_config(args)).await?;
     eprintln!(
         "simulated cluster up; watch it with: kubectl --kubeconfig {} get nodeclaims,nodes",
         sim.kubeconfig().display()
     );
+    let pool = seed(&sim, args).await?;
     let mds = args.machine_deployments.max(1);
-    let max_size = args.claims.max(1);
-    let pool = sim
-        .run(move |c| async move {
-            for i in 0..mds {
-                c.create_machine_deployment_from(&seed_of(i, max_size))
-                    .await?;
-            }
-            seed_nodeclass_and_pool(c.client()).await
-        })
-        .await??;
     let observer = Observer::default();
     {
         let o = observer.clone();
         sim.spawn(move |c| o.run(c.client(), c.stats()));
     }
     let create_timeout = args.create_timeout.map(Duration::from_secs_f64);
-    let _controller = start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?;
+    let controller = start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?;
     let since = sim.cluster().stats().now_ms();
     let n = args.claims;
     eprintln!("creating {n} NodeClaims over {mds} MachineDeployments");
-    let pool = Arc::new(pool);
-    let p = pool.clone();
-    sim.run(move |c| async move { create_claims(c.client(), &p, n, mds).await })
-        .await??;
+    create_claims_on(&sim, pool, n, mds).await?;
     eprintln!("waiting for the cluster to settle");
     settle_with_progress(&sim, Duration::from_secs(args.deadline), true).await?;
-    Ok(measure(&sim, &observer, n, since, "launch"))
+    let report = measure(&sim, &observer, n, since, "launch");
+    Ok((report, Kept::new(sim, Some(controller))))
 }

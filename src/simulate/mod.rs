@@ -11,6 +11,7 @@ pub mod observer;
 pub mod output;
 pub mod pods;
 pub mod report;
+pub mod serve;
 pub mod timeline;
 
 use std::future::Future;
@@ -46,6 +47,8 @@ pub enum Error {
     NotSettled { after: Duration, why: String },
     #[error(transparent)]
     Report(#[from] output::Error),
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// The simulated cluster running on a runtime of its own (one worker thread), so that the
@@ -144,6 +147,19 @@ impl Drop for BackgroundSim {
     }
 }
 
+/// A scenario's cluster and controller after its report: `simulate --serve` keeps them running;
+/// dropping this stops both.
+pub struct Kept {
+    pub sim: BackgroundSim,
+    pub controller: Option<ControllerHandle>,
+}
+
+impl Kept {
+    pub fn new(sim: BackgroundSim, controller: Option<ControllerHandle>) -> Self {
+        Self { sim, controller }
+    }
+}
+
 /// Settings tuned for simulations: the defaults of `run`, with the create timeout chosen by the
 /// scenario.
 pub fn sim_settings(create_timeout: Option<Duration>) -> Settings {
@@ -202,47 +218,87 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
         node_ready_delay: Duration::from_millis(100),
         node_delete_delay: Duration::from_millis(50),
         seed: args.seed,
+        port: args.serve.port,
+        kubeconfig_out: args.serve.kubeconfig_out(),
         ..SimClusterConfig::default()
     }
 }
 
-/// `karpenter-capi simulate`: returns whether the invariants held.
+/// `karpenter-capi simulate`: returns whether the invariants held. With `--serve` the cluster
+/// (and the controller, unless `--no-controller`) keeps running after the report until SIGINT
+/// or SIGTERM.
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
-        let outcome = run_scenario(&args).await?;
-        outcome.emit(args.report, args.report_out.as_deref())?;
-        Ok(outcome.invariants_ok)
+        if args.serve.no_controller || args.scenario == Scenario::None {
+            return serve::without_report(&args).await.map(|()| true);
+        }
+        if !args.serve.serve {
+            let (outcome, _) = run_scenario(&args).await?;
+            outcome.emit(args.report, args.report_out.as_deref())?;
+            return Ok(outcome.invariants_ok);
+        }
+        // Listen before the scenario starts: SIGINT or SIGTERM while it runs stops it cleanly.
+        let signal = crate::app::shutdown_signal();
+        tokio::pin!(signal);
+        tokio::select! {
+            done = run_scenario(&args) => {
+                let (outcome, kept) = done?;
+                outcome.emit(args.report, args.report_out.as_deref())?;
+                serve::hold(kept, &mut signal).await;
+                Ok(outcome.invariants_ok)
+            }
+            name = &mut signal => {
+                eprintln!("{name}: stopped before the scenario finished; no report");
+                Ok(true)
+            }
+        }
     })
 }
 
-/// Run the scenario `args` names on the current actix System and report it in every form.
-pub async fn run_scenario(args: &SimulateArgs) -> Result<output::Outcome, Error> {
-    let (text, json, invariants_ok, timeline) = match args.scenario {
-        Scenario::Launch => {
-            let r = launch::run(args).await?;
-            (r.to_string(), r.to_json(), r.invariants_ok, r.timeline)
-        }
-        Scenario::Default | Scenario::Pods => {
-            let r = pods::run(args).await?;
-            let ok = r.launch.invariants_ok;
-            (r.to_string(), r.to_json(), ok, r.launch.timeline)
-        }
-        Scenario::Drain => {
-            let r = drain::run(args).await?;
-            let ok = r.invariants_ok();
-            (r.to_string(), r.to_json(), ok, r.pods.launch.timeline)
-        }
-        Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
-            let r = disruption::run(args).await?;
-            let ok = r.invariants_ok();
-            (r.to_string(), r.to_json(), ok, r.pods.launch.timeline)
-        }
-    };
-    Ok(output::Outcome {
+/// Runs the scenario `args` names (not `none`), reports it in every form, and keeps its
+/// cluster and controller (for `--serve`).
+pub async fn run_scenario(args: &SimulateArgs) -> Result<(output::Outcome, Kept), Error> {
+    let outcome = |text: String, json: String, invariants_ok: bool, timeline| output::Outcome {
         text,
         json,
         invariants_ok,
         timeline,
+    };
+    Ok(match args.scenario {
+        Scenario::Launch => {
+            let (r, kept) = launch::run_kept(args).await?;
+            let ok = r.invariants_ok;
+            (outcome(r.to_string(), r.to_json(), ok, r.timeline), kept)
+        }
+        Scenario::Drain => {
+            let (r, kept) = drain::run_kept(args).await?;
+            let ok = r.invariants_ok();
+            (
+                outcome(r.to_string(), r.to_json(), ok, r.pods.launch.timeline),
+                kept,
+            )
+        }
+        Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
+            let (r, kept) = disruption::run_kept(args).await?;
+            let ok = r.invariants_ok();
+            (
+                outcome(r.to_string(), r.to_json(), ok, r.pods.launch.timeline),
+                kept,
+            )
+        }
+        Scenario::Default | Scenario::Pods => {
+            let (r, kept) = pods::run_kept(args).await?;
+            let ok = r.launch.invariants_ok;
+            (
+                outcome(r.to_string(), r.to_json(), ok, r.launch.timeline),
+                kept,
+            )
+        }
+        Scenario::None => {
+            return Err(Error::Usage(
+                "--scenario none has no workload to report on; it only serves (--serve)".into(),
+            ));
+        }
     })
 }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::launch::{self, progress_line};
 use super::observer::Observer;
 use super::report::{Percentiles, Report};
-use super::{BackgroundSim, Error, cluster_config, sim_settings, start_controller};
+use super::{BackgroundSim, Error, Kept, cluster_config, sim_settings, start_controller};
 use crate::api::resources::Resources;
 use crate::api::wellknown::*;
 use crate::cli::SimulateArgs;
@@ -314,10 +314,23 @@ pub struct Provisioned {
     pub pods: usize,
 }
 
+impl Provisioned {
+    /// The cluster and the controller, for `--serve` to keep running.
+    pub fn kept(self) -> Kept {
+        Kept::new(self.sim, Some(self.controller))
+    }
+}
+
 /// `simulate --scenario pods` (and the default scenario).
 pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
+    run_kept(args).await.map(|(report, _)| report)
+}
+
+/// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
+pub async fn run_kept(args: &SimulateArgs) -> Result<(PodReport, Kept), Error> {
     let p = provision(args, |_| {}, |_, _| {}).await?;
-    Ok(measure(&p.sim, &p.observer, p.pods, p.since_ms))
+    let report = measure(&p.sim, &p.observer, p.pods, p.since_ms);
+    Ok((report, p.kept()))
 }
 
 /// Seed the MachineDeployments, NodeClass and NodePool (`pool` may edit the NodePool first),
@@ -343,6 +356,45 @@ pub async fn provision_with(
         "simulated cluster up; watch it with: kubectl --kubeconfig {} get pods,nodeclaims,nodes",
         sim.kubeconfig().display()
     );
+    seed_machine_deployments(&sim, args).await?;
+    seed_nodepool(&sim, pool).await?;
+    let observer = Observer::default();
+    {
+        let o = observer.clone();
+        sim.spawn(move |c| o.run(c.client(), c.stats()));
+    }
+    let mut settings = sim_settings(args.create_timeout.map(Duration::from_secs_f64));
+    settings.batching.idle = Duration::from_millis(300);
+    settings.batching.max = Duration::from_secs(3);
+    tweak(&mut settings);
+    let controller = start_controller(&sim, settings, Metrics::new()).await?;
+    let since_ms = sim.cluster().stats().now_ms();
+    let n = args.pods;
+    create_deployments(&sim, args, shape).await?;
+    wait_for_pods(&sim, n, Duration::from_secs(args.deadline)).await?;
+    eprintln!("waiting for every pod to be bound");
+    settle(
+        &sim,
+        Duration::from_secs(args.deadline),
+        Duration::from_secs(15),
+        true,
+    )
+    .await?;
+    Ok(Provisioned {
+        sim,
+        observer,
+        controller,
+        since_ms,
+        pods: n,
+    })
+}
+
+/// The scenario's MachineDeployments: `--machine-deployments` of the sizes in [`SIZES`], every
+/// one a karpenter member, none with replicas yet.
+pub async fn seed_machine_deployments(
+    sim: &BackgroundSim,
+    args: &SimulateArgs,
+) -> Result<(), Error> {
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let max_size = args.pods.max(10);
     sim.run(move |c| async move {
@@ -350,6 +402,18 @@ pub async fn provision_with(
             c.create_machine_deployment_from(&seed_of(i, max_size))
                 .await?;
         }
+        Ok::<_, crate::sim::cluster::Error>(())
+    })
+    .await??;
+    Ok(())
+}
+
+/// The scenario's ClusterAPINodeClass and NodePool; `pool` may fill a merge patch for the NodePool.
+pub async fn seed_nodepool(
+    sim: &BackgroundSim,
+    pool: impl FnOnce(&mut serde_json::Value) + Send + 'static,
+) -> Result<(), Error> {
+    sim.run(move |c| async move {
         let created = launch::seed_nodeclass_and_pool(c.client()).await?;
         let mut edit = serde_json::json!({});
         pool(&mut edit);
@@ -368,18 +432,17 @@ pub async fn provision_with(
         }
         Ok::<_, Error>(())
     })
-    .await??;
-    let observer = Observer::default();
-    {
-        let o = observer.clone();
-        sim.spawn(move |c| o.run(c.client(), c.stats()));
-    }
-    let mut settings = sim_settings(args.create_timeout.map(Duration::from_secs_f64));
-    settings.batching.idle = Duration::from_millis(300);
-    settings.batching.max = Duration::from_secs(3);
-    tweak(&mut settings);
-    let controller = start_controller(&sim, settings, Metrics::new()).await?;
-    let since_ms = sim.cluster().stats().now_ms();
+    .await?
+}
+
+/// The scenario's workload: `--pods` pods in `--deployments` Deployments (`shape` may edit
+/// Deployment `d`'s pod shape). Returns before the Deployment stand-in has created the pods.
+pub async fn create_deployments(
+    sim: &BackgroundSim,
+    args: &SimulateArgs,
+    shape: impl Fn(usize, &mut PodShape) + Send + 'static,
+) -> Result<(), Error> {
+    let mds = args.machine_deployments.clamp(1, SIZES.len());
     let (n, k) = (args.pods, args.deployments.max(1));
     eprintln!("creating {n} pending pods in {k} Deployments over {mds} MachineDeployment sizes");
     sim.run(move |c| async move {
@@ -394,20 +457,5 @@ pub async fn provision_with(
         Ok::<_, crate::sim::cluster::Error>(())
     })
     .await??;
-    wait_for_pods(&sim, n, Duration::from_secs(args.deadline)).await?;
-    eprintln!("waiting for every pod to be bound");
-    settle(
-        &sim,
-        Duration::from_secs(args.deadline),
-        Duration::from_secs(15),
-        true,
-    )
-    .await?;
-    Ok(Provisioned {
-        sim,
-        observer,
-        controller,
-        since_ms,
-        pods: n,
-    })
+    Ok(())
 }
