@@ -3,6 +3,7 @@
 //! seen by the controller (its NodePool becomes Ready).
 
 mod common;
+mod tools;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -29,36 +30,8 @@ fn init(kubeconfig: &Path, output: &str) -> (String, String) {
     (stdout, stderr)
 }
 
-/// kubectl as tests/deploy.rs finds it: `$KARPENTER_CAPI_TOOLS`, `target/tools/bin` (where
-/// `.ci/install-tools` puts it), `$CARGO_TARGET_DIR/tools/bin`, then PATH. Missing outside CI:
-/// the kubectl part is skipped loudly; in CI it fails.
 fn kubectl() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some(d) = std::env::var_os("KARPENTER_CAPI_TOOLS") {
-        dirs.push(PathBuf::from(d));
-    }
-    dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tools/bin"));
-    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
-        dirs.push(Path::new(&d).join("tools/bin"));
-    }
-    if let Some(p) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&p));
-    }
-    let found = dirs
-        .into_iter()
-        .map(|d| d.join("kubectl"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false");
-        assert!(
-            !ci,
-            "kubectl is not installed: CI must run .ci/install-tools"
-        );
-        eprintln!(
-            "\n!!! SKIPPED: kubectl not found (run .ci/install-tools); init's YAML was NOT applied !!!\n"
-        );
-    }
-    found
+    tools::tool("kubectl")
 }
 
 #[actix::test]
