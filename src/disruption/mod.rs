@@ -214,23 +214,42 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
 
 /// The claims a drifted node's pods need (drift asks for no savings), or None when some pod
 /// would not schedule.
+///
+/// Like for like where possible: the replacements are sized to hold every pod of the drifted
+/// node on their own, not only the pods that would not fit in other nodes' free room. The
+/// scheduler, not the plan, decides where the moved pods go, and it sends them to the
+/// least-allocated nodes first (often the fresh replacement); a replacement sized for part of
+/// them then leaves some pod without room and the provisioner launches again (measured: 21
+/// extra nodes in 93 drift replacements at 1,000 pods). Replacements that can hold them all
+/// leave no such pod. When that cannot be solved (a topology or affinity rule needs the existing
+/// nodes), the plain simulation decides.
 fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim>> {
     let moved: std::collections::HashSet<&str> = c.pods.iter().map(String::as_str).collect();
-    let results = crate::scheduling::solve(&consolidation::without(snapshot, &[c]));
-    if results
-        .failures
-        .iter()
-        .any(|(p, _)| moved.contains(p.as_str()))
-    {
-        return None;
-    }
-    Some(
-        results
-            .new_claims
-            .into_iter()
-            .filter(|n| n.pods.iter().any(|p| moved.contains(p.as_str())))
-            .collect(),
-    )
+    let without = consolidation::without(snapshot, &[c]);
+    let own_room = {
+        let mut s = without.clone();
+        // Existing nodes stay (their labels are topology domains) but take no pod.
+        for n in &mut s.nodes {
+            n.requested = n.allocatable.clone();
+        }
+        s.pods
+            .retain(|p| moved.contains(crate::state::pods::key(p).as_str()));
+        s
+    };
+    [own_room, without].iter().find_map(|s| {
+        let results = crate::scheduling::solve(s);
+        let failed = results
+            .failures
+            .iter()
+            .any(|(p, _)| moved.contains(p.as_str()));
+        (!failed).then(|| {
+            results
+                .new_claims
+                .into_iter()
+                .filter(|n| n.pods.iter().any(|p| moved.contains(p.as_str())))
+                .collect()
+        })
+    })
 }
 
 /// Upstream's validation: after the pause, the pending command's candidates must all still be

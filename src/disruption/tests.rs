@@ -402,6 +402,38 @@ fn a_drifted_node_is_replaced_even_without_savings() {
 }
 
 #[test]
+fn a_drift_replacement_holds_all_the_drifted_nodes_pods() {
+    // "room" could take one of the drifted node's two pods: the plain plan would size the
+    // replacement for the other one alone; like for like, it holds both (the scheduler may put
+    // either anywhere).
+    let (s, mut c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "old",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("p1", "900m"), ("p2", "900m")],
+            },
+            Node {
+                name: "room",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("q", "900m")],
+            },
+        ],
+    );
+    c[0].drift = Some(Drift::NodePoolDrifted);
+    c[1].consolidatable = false;
+    c[0].consolidatable = false;
+    let cmd = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(cmd.method, Method::Drift);
+    assert_eq!(cmd.candidates.len(), 1);
+    let held: usize = cmd.replacements.iter().map(|r| r.pods.len()).sum();
+    assert_eq!(held, 2, "{:?}", cmd.replacements);
+}
+
+#[test]
 fn disruption_cost_follows_upstream() {
     assert_eq!(eviction_cost(None, None), 1.0);
     assert!(eviction_cost(Some("1000000000"), None) > 1.0);
