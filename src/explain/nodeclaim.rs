@@ -241,6 +241,7 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
         // Only the recorded lastPodEventTime is known to a one-off read.
         started: Timestamp::UNIX_EPOCH,
         executing: &executing,
+        nominated: &executing,
         now: Timestamp::now(),
     };
     let v = view::gather(&cluster.shared, &mem);

@@ -53,6 +53,9 @@ struct Executing {
     command: Command,
     replacements: Vec<String>,
     started: Instant,
+    /// The candidates' deletes are under way: a pass in the meantime must not start them again
+    /// (nor count the decision twice).
+    deleting: bool,
 }
 
 /// A consolidation just carried out, watched for its aftermath: pods it moved that found no room
@@ -66,6 +69,17 @@ struct Aftermath {
 /// How long after a consolidation a launch counts as its overshoot: the candidates' drain, the
 /// pods' rescheduling and a provisioning batch fit well inside.
 const AFTERMATH: Duration = Duration::from_secs(60);
+
+/// How long a command's replacements stay nominated after its candidates are gone: the moved
+/// pods' rescheduling and a provisioning batch (upstream nominates for 2 x the batch maximum).
+const NOMINATION_WINDOW: Duration = Duration::from_secs(20);
+
+/// A replacement the command's moved pods are heading for.
+struct Nomination {
+    candidates: Vec<String>,
+    /// When the command finished (None while it runs).
+    done: Option<Instant>,
+}
 
 enum Progress {
     Waiting,
@@ -89,6 +103,7 @@ pub struct Disruption {
     quiet_until: Option<Instant>,
     backoff: Backoff,
     aftermath: Option<Aftermath>,
+    nominated: HashMap<String, Nomination>,
     /// After a consolidation that overshot: no consolidation of non-empty nodes before this.
     consolidation_quiet_until: Option<Instant>,
     consolidation_backoff: Backoff,
@@ -111,6 +126,7 @@ impl Disruption {
             quiet_until: None,
             backoff: Backoff::new(Duration::from_secs(5), Duration::from_secs(300)),
             aftermath: None,
+            nominated: HashMap::new(),
             consolidation_quiet_until: None,
             consolidation_backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
         }
@@ -152,6 +168,7 @@ impl Disruption {
             .iter()
             .flat_map(|e| e.command.candidates.iter().map(|c| c.claim.clone()))
             .collect();
+        let nominated = self.nominations();
         let view = view::gather(
             &self.shared,
             &view::Memory {
@@ -159,12 +176,17 @@ impl Disruption {
                 pod_events: &self.pod_events,
                 started: self.started,
                 executing: &executing,
+                nominated: &nominated,
                 now,
             },
         );
         self.publish_metrics(&view);
         let shared = self.shared.clone();
-        let progress = self.executing.as_ref().map(|e| self.progress(e));
+        let progress = self
+            .executing
+            .as_ref()
+            .filter(|e| !e.deleting)
+            .map(|e| self.progress(e));
         let quiet = self.quiet_until.is_some_and(|t| Instant::now() < t);
         let decide = self.executing.is_none() && !quiet;
         self.judge_aftermath();
@@ -309,6 +331,7 @@ impl Disruption {
             command: cmd.clone(),
             replacements: Vec::new(),
             started: Instant::now(),
+            deleting: false,
         });
         let shared = self.shared.clone();
         let fut = async move {
@@ -326,6 +349,21 @@ impl Disruption {
             }
             Ok(names) => {
                 if let Some(e) = act.executing.as_mut() {
+                    let candidates: Vec<String> = e
+                        .command
+                        .candidates
+                        .iter()
+                        .map(|c| c.claim.clone())
+                        .collect();
+                    for n in &names {
+                        act.nominated.insert(
+                            n.clone(),
+                            Nomination {
+                                candidates: candidates.clone(),
+                                done: None,
+                            },
+                        );
+                    }
                     e.replacements = names;
                 }
             }
@@ -362,12 +400,12 @@ impl Disruption {
 
     /// The replacements are ready: the candidates go.
     fn finish(&mut self, ctx: &mut Context<Self>) {
-        let Some(e) = self.executing.take() else {
+        let Some(e) = self.executing.as_mut().filter(|e| !e.deleting) else {
             return;
         };
-        // Still ours until the deletes answered: keep the claims listed as executing.
+        // Still ours until the deletes answered: the claims stay listed as executing.
+        e.deleting = true;
         let cmd = e.command.clone();
-        self.executing = Some(e);
         let shared = self.shared.clone();
         ctx.spawn(
             async move { execute::delete_candidates(&shared, &cmd).await }
@@ -388,6 +426,11 @@ impl Disruption {
         let Some(e) = self.executing.take() else {
             return;
         };
+        for r in &e.replacements {
+            if let Some(n) = self.nominated.get_mut(r) {
+                n.done = Some(Instant::now());
+            }
+        }
         let moved_pods = e.command.candidates.iter().any(|c| !c.pods.is_empty());
         let consolidation = matches!(
             e.command.method,
@@ -409,6 +452,18 @@ impl Disruption {
                 until: Instant::now() + AFTERMATH,
             });
         }
+    }
+
+    /// Replacements still nominated: their command runs, one of its candidates is still there
+    /// (draining), or it finished less than the nomination window ago.
+    fn nominations(&mut self) -> HashSet<String> {
+        let claims = self.shared.state.claims.read();
+        self.nominated.retain(|name, n| {
+            claims.contains(name)
+                && (n.done.is_none_or(|t| t.elapsed() < NOMINATION_WINDOW)
+                    || n.candidates.iter().any(|c| claims.contains(c)))
+        });
+        self.nominated.keys().cloned().collect()
     }
 
     /// Consolidation plans where the moved pods go, but the scheduler decides (kube-scheduler
@@ -447,6 +502,10 @@ impl Disruption {
         let Some(e) = self.executing.take() else {
             return;
         };
+        // Nothing moves to the replacements now: they are ordinary claims.
+        for r in &e.replacements {
+            self.nominated.remove(r);
+        }
         let quiet = self.backoff.next_delay();
         self.quiet_until = Some(Instant::now() + quiet);
         tracing::warn!(method = ?e.command.method, claims = ?e.command.claim_names(), reason = %why, retry_in = ?quiet, "disruption command failed; rolling back");

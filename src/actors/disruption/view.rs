@@ -72,6 +72,9 @@ pub struct Memory<'a> {
     pub started: Timestamp,
     /// Claims of the command being carried out (their taints are ours).
     pub executing: &'a HashSet<String>,
+    /// Replacements the moved pods are heading for (upstream's nomination): not candidates,
+    /// or a replacement still empty a moment before its pods arrive would go as empty.
+    pub nominated: &'a HashSet<String>,
     pub now: Timestamp,
 }
 
@@ -172,6 +175,13 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
                 drift,
                 consolidatable,
             });
+        }
+        if mem.nominated.contains(&name) {
+            view.blocked.push((
+                c.clone(),
+                "it was launched for pods moving off disrupted nodes (nominated)".to_string(),
+            ));
+            continue;
         }
         if let Some(why) = rollout.protects(&name) {
             view.blocked.push((c.clone(), why));
@@ -607,6 +617,7 @@ mod tests {
                 pod_events,
                 started: at(started),
                 executing: &executing,
+                nominated: &executing,
                 now: at("2026-01-01T10:00:00Z"),
             };
             consolidatable(&claim, &np, "n", &mem)
