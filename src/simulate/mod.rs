@@ -13,6 +13,7 @@ pub mod output;
 pub mod pods;
 pub mod report;
 pub mod serve;
+pub mod standup;
 pub mod timeline;
 
 use std::future::Future;
