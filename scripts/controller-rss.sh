@@ -60,7 +60,9 @@ sleep "$SETTLE"
 hwm=$(status VmHWM)
 rss=$(status VmRSS)
 writes=$(grep -c '"offering chosen"\|deleting' "$WORK/controller.log" || true)
-printf 'controller ready after %ss on %s Nodes / %s pods\n' "$ready" "$NODES" "$PODS"
+# What was stood up, from the server's last progress line (claims lost to timeouts show here).
+stood=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/sim.log" | grep -o 'nodes [0-9]*' | tail -1 | awk '{print $2}')
+printf 'controller ready after %ss on %s Nodes (asked %s) / %s pods\n' "$ready" "${stood:-?}" "$NODES" "$PODS"
 printf 'at ready:          VmHWM %d MiB, VmRSS %d MiB\n' $((hwm_ready / 1024)) $((rss_ready / 1024))
 printf 'after %ss more:    VmHWM %d MiB, VmRSS %d MiB\n' "$SETTLE" $((hwm / 1024)) $((rss / 1024))
 printf 'peak RSS (VmHWM):  %d MiB\n' $((hwm / 1024))

@@ -4,7 +4,7 @@
 //! The Nodes come through the real launch path, so every object is exactly what the controller
 //! writes and expects: N NodeClaims are created, an in-process controller launches them (the
 //! Cluster API stand-in creates the Machines, the provider their IDs, the kubelet the Nodes) and
-//! the cluster settles; with `--no-controller` that controller then stops. The pods go straight
+//! the cluster settles (250 claims at a time); with `--no-controller` that controller then stops. The pods go straight
 //! into the store, bound and Running (one event each, nothing left for the stand-ins or the
 //! scheduler to do), spread round-robin over the Nodes.
 
@@ -15,6 +15,9 @@ use serde_json::{Value, json};
 use super::{BackgroundSim, Error, launch, sim_settings, start_controller};
 use crate::cli::SimulateArgs;
 use crate::metrics::Metrics;
+
+/// Claims launched at a time.
+const CLAIM_BATCH: usize = 250;
 
 /// Pods written per store lock, with a pause between so watchers keep up.
 const POD_CHUNK: usize = 500;
@@ -41,8 +44,15 @@ pub async fn stand_up(
         "standing up {} Nodes over {mds} MachineDeployments",
         args.nodes
     );
-    launch::create_claims_on(sim, pool, args.nodes, mds).await?;
-    launch::settle_with_progress(sim, Duration::from_secs(args.deadline), true).await?;
+    // In batches, each settled before the next: one burst of thousands of claims runs into
+    // the controller's create timeout on a small machine and loses claims.
+    let mut left = args.nodes;
+    while left > 0 {
+        let batch = left.min(CLAIM_BATCH);
+        launch::create_claims_on(sim, pool.clone(), batch, mds).await?;
+        launch::settle_with_progress(sim, Duration::from_secs(args.deadline), true).await?;
+        left -= batch;
+    }
     if let Some(c) = launcher {
         c.stop();
     }
