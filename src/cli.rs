@@ -373,6 +373,10 @@ pub struct SimulateArgs {
     /// Pending pods to create (default and pods scenarios).
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub pods: usize,
+    /// With `--scenario none`: stand up this many Nodes (each a NodeClaim launched, registered
+    /// and initialized on its Machine) before serving, and bind `--pods` running pods to them.
+    #[arg(long, default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
+    pub nodes: usize,
     /// Deployments the pods belong to (pods scenario).
     #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     pub deployments: usize,

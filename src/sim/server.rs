@@ -329,14 +329,14 @@ async fn serve(
     query: &Query,
 ) -> Result<ServeOutcome, ApiError> {
     let verb = verb_of(req.method(), target, query)?;
-    shared
-        .stats
-        .count_request(verb, &target.def.plural, target.sub());
     let agent = req
         .headers()
         .get(hyper::header::USER_AGENT)
         .and_then(|h| h.to_str().ok())
         .unwrap_or_default();
+    shared
+        .stats
+        .count_request(verb, &target.def.plural, target.sub(), agent);
     let decision = shared.faults.decide_for(&target.def.plural, verb, agent);
     if !decision.latency.is_zero() {
         tokio::time::sleep(decision.latency).await;

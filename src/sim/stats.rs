@@ -63,6 +63,8 @@ pub struct ViolationRecord {
 #[derive(Debug)]
 struct Inner {
     requests: BTreeMap<RequestKey, u64>,
+    /// Requests by (User-Agent, verb), so reports can count the controller's own.
+    by_agent: BTreeMap<(String, String), u64>,
     writes: Vec<WriteRecord>,
     milestones: Vec<Milestone>,
     violations: Vec<ViolationRecord>,
@@ -81,6 +83,7 @@ impl Stats {
             started: Instant::now(),
             inner: Arc::new(Mutex::new(Inner {
                 requests: BTreeMap::new(),
+                by_agent: BTreeMap::new(),
                 writes: Vec::new(),
                 milestones: Vec::new(),
                 violations: Vec::new(),
@@ -88,13 +91,38 @@ impl Stats {
         }
     }
 
-    pub(crate) fn count_request(&self, verb: &str, resource: &str, subresource: &str) {
+    pub(crate) fn count_request(&self, verb: &str, resource: &str, subresource: &str, agent: &str) {
         let key = (
             verb.to_string(),
             resource.to_string(),
             subresource.to_string(),
         );
-        *self.inner.lock().requests.entry(key).or_default() += 1;
+        let mut inner = self.inner.lock();
+        *inner.requests.entry(key).or_default() += 1;
+        // Look up before inserting: the agents are few, so the key is almost always there.
+        match inner
+            .by_agent
+            .get_mut(&(agent.to_string(), verb.to_string()))
+        {
+            Some(n) => *n += 1,
+            None => {
+                inner
+                    .by_agent
+                    .insert((agent.to_string(), verb.to_string()), 1);
+            }
+        }
+    }
+
+    /// Requests by verb (get, list, watch, create, update, patch, delete) from clients whose
+    /// User-Agent is exactly `agent`, counted when they arrive (also those that then failed).
+    pub fn requests_by_verb(&self, agent: &str) -> BTreeMap<String, u64> {
+        self.inner
+            .lock()
+            .by_agent
+            .iter()
+            .filter(|((a, _), _)| a == agent)
+            .map(|((_, verb), n)| (verb.clone(), *n))
+            .collect()
     }
 
     pub(crate) fn record_write(

@@ -290,7 +290,10 @@ pub async fn settle_with_progress(
             });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-        streak = if quiet(sim.cluster()) { streak + 1 } else { 0 };
+        // Checked on the cluster's runtime, so the CPU meter counts the polling as the
+        // simulator's and not the controller's (whose System thread this loop runs on).
+        let now_quiet = sim.run(|c| async move { quiet(&c) }).await?;
+        streak = if now_quiet { streak + 1 } else { 0 };
         if progress && last_print.elapsed() >= Duration::from_secs(1) {
             last_print = Instant::now();
             eprintln!(
@@ -416,12 +419,14 @@ pub fn measure(
             } else {
                 controller_writes as f64 / requested as f64
             },
+            requests_by_verb: stats.requests_by_verb(USER_AGENT),
         },
         latency_ms: Latencies {
             provider_id_to_claim: Percentiles::of(pid_to_claim),
             claim_to_launched: Percentiles::of(to_launched),
             claim_to_initialized: Percentiles::of(to_initialized),
         },
+        cpu_ms: sim.cpu_ms(requested),
         invariants_ok: inv.ok(),
         problems: inv.problems,
         elapsed_ms: stats.now_ms().saturating_sub(since_ms),

@@ -2,6 +2,7 @@
 //! an actix System, a scenario that drives both, and a report measured by the simulated server.
 //! Tests use the same pieces (`Harness`), so what the README shows is what the tests check.
 
+pub mod cpu;
 pub mod disruption;
 pub mod drain;
 pub mod html;
@@ -12,6 +13,7 @@ pub mod output;
 pub mod pods;
 pub mod report;
 pub mod serve;
+pub mod standup;
 pub mod timeline;
 
 use std::future::Future;
@@ -58,17 +60,23 @@ pub struct BackgroundSim {
     runtime: Option<tokio::runtime::Runtime>,
     /// Counts the cluster over time for the report's charts.
     sampler: timeline::Sampler,
+    /// CPU of the controller's threads apart from this cluster's, from the start.
+    cpu: cpu::CpuMeter,
 }
 
 impl BackgroundSim {
     /// Start the cluster on a new runtime. The runtime is built on a thread of its own so this
     /// works from inside another runtime (the controller's actix System).
     pub async fn start(cfg: SimClusterConfig) -> Result<Self, Error> {
+        let cpu = cpu::CpuMeter::start();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::spawn(move || {
+        // Named so the CPU meter counts the cluster's start (seeding its store) as the cluster's.
+        let builder = std::thread::Builder::new().name(format!("{}-start", cpu::SIM_THREAD));
+        let spawned = builder.spawn(move || {
             let started = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
-                .thread_name("sim")
+                // Every thread of this runtime (workers and blocking pool) carries this name.
+                .thread_name(cpu::SIM_THREAD)
                 .enable_all()
                 .build()
                 .map_err(Error::Runtime)
@@ -78,6 +86,7 @@ impl BackgroundSim {
                 });
             let _ = tx.send(started);
         });
+        spawned.map_err(Error::Runtime)?;
         let (runtime, cluster) = rx.await.map_err(|e| Error::Join(e.to_string()))??;
         let cluster = Arc::new(cluster);
         let sampler = timeline::Sampler::default();
@@ -86,12 +95,18 @@ impl BackgroundSim {
             cluster,
             runtime: Some(runtime),
             sampler,
+            cpu,
         })
     }
 
     /// The cluster over time since it started, up to now.
     pub fn timeline(&self) -> timeline::Timeline {
         self.sampler.timeline(&self.cluster)
+    }
+
+    /// CPU spent by the controller's threads and by this cluster's since it started.
+    pub fn cpu_ms(&self, claims: usize) -> cpu::CpuMs {
+        self.cpu.read(claims)
     }
 
     pub fn cluster(&self) -> &Arc<SimCluster> {

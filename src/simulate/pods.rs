@@ -174,7 +174,11 @@ async fn settle(
             return Err(Error::Deadline(deadline));
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let line = progress_line(sim.cluster());
+        // Read on the cluster's runtime, so the CPU meter counts the polling as the
+        // simulator's and not the controller's (whose System thread this loop runs on).
+        let (line, quiet, bound) = sim
+            .run(|c| async move { (progress_line(&c), launch::quiet(&c), all_bound(&c)) })
+            .await?;
         if line != last_line {
             last_change = Instant::now();
             last_line = line.clone();
@@ -183,8 +187,7 @@ async fn settle(
             last_print = Instant::now();
             eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
         }
-        let quiet = launch::quiet(sim.cluster());
-        let done = quiet && (all_bound(sim.cluster()) || last_change.elapsed() > stall);
+        let done = quiet && (bound || last_change.elapsed() > stall);
         streak = if done { streak + 1 } else { 0 };
         if streak >= 2 {
             return Ok(());

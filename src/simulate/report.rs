@@ -54,6 +54,9 @@ pub struct ApiCounts {
     /// Writes of MachineDeployment replicas.
     pub replica_writes: usize,
     pub writes_per_claim: f64,
+    /// Every request the controller made, by verb (get, list, watch, create, update, patch,
+    /// delete), counted by the server as they arrived (failed ones too) since it started.
+    pub requests_by_verb: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -70,6 +73,8 @@ pub struct Report {
     pub machines: MachineCounts,
     pub api: ApiCounts,
     pub latency_ms: Latencies,
+    /// CPU time of the controller's threads apart from the simulated cluster's.
+    pub cpu_ms: super::cpu::CpuMs,
     pub invariants_ok: bool,
     pub problems: Vec<String>,
     pub elapsed_ms: u64,
@@ -109,6 +114,19 @@ impl fmt::Display for Report {
             f,
             "  api:      {} controller writes ({:.2} per claim), {} replica writes",
             self.api.writes, self.api.writes_per_claim, self.api.replica_writes
+        )?;
+        let verbs: Vec<String> = self
+            .api
+            .requests_by_verb
+            .iter()
+            .map(|(verb, n)| format!("{n} {verb}"))
+            .collect();
+        writeln!(f, "            controller requests: {}", verbs.join(", "))?;
+        let cpu = &self.cpu_ms;
+        writeln!(
+            f,
+            "  cpu:      controller {:.0} ms ({:.2} ms per claim), simulated cluster {:.0} ms, process {:.0} ms",
+            cpu.controller, cpu.per_claim_controller, cpu.simulated_cluster, cpu.process
         )?;
         writeln!(
             f,

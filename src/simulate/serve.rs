@@ -30,7 +30,11 @@ pub async fn without_report(args: &SimulateArgs) -> Result<(), Error> {
             Some(super::start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?)
         }
     };
-    create_workload(&sim, args).await?;
+    if args.scenario == Scenario::None && args.nodes > 0 {
+        super::standup::stand_up(&sim, args, controller.is_some()).await?;
+    } else {
+        create_workload(&sim, args).await?;
+    }
     hold(Kept::new(sim, controller), signal).await;
     Ok(())
 }

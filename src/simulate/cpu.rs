@@ -1,0 +1,217 @@
+//! CPU time of the controller's threads apart from the simulated cluster's, read per thread from
+//! `/proc/self/task/*/stat` (see docs/benchmarks.md, "Controller apart from the simulator").
+//!
+//! Threads are told apart by name: the simulated cluster's runtime names every thread it starts
+//! (workers and blocking pool) `sim`, and the thread that builds it `sim-start`; this meter's own
+//! thread is `cpu-meter` and counted nowhere; every other thread of the process (the actix
+//! System thread, its blocking pool, tokio's `tokio-runtime-worker`s) is the controller's. A
+//! thread's CPU is only readable while it lives, so the meter samples every thread every
+//! [`INTERVAL`] and keeps each one's latest figure: a thread that ends loses at most its last
+//! interval. The process's own total (which the kernel keeps for ended threads too) is reported
+//! beside, so what went unattributed shows as the difference.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// How often every thread is sampled.
+pub const INTERVAL: Duration = Duration::from_millis(100);
+
+/// Clock ticks per second of the `stat` files' utime and stime: `USER_HZ`, 100 on every Linux
+/// architecture this runs on (read without a libc dependency for `sysconf(_SC_CLK_TCK)`).
+const TICKS_PER_SECOND: u64 = 100;
+
+/// Thread names of the simulated cluster (`sim` workers and blocking threads, `sim-start`).
+pub const SIM_THREAD: &str = "sim";
+const METER_THREAD: &str = "cpu-meter";
+
+/// CPU milliseconds spent since the meter started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct CpuMs {
+    /// Every thread not the simulated cluster's: the actix System and the blocking pools.
+    pub controller: f64,
+    /// The simulated cluster's runtime threads.
+    pub simulated_cluster: f64,
+    /// `controller` over the claims the scenario requested (0 without claims).
+    pub per_claim_controller: f64,
+    /// The whole process (ended threads included), so `process - controller -
+    /// simulated_cluster` is the meter's own cost plus what ended threads spent in their last
+    /// interval.
+    pub process: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Controller,
+    Sim,
+    Meter,
+}
+
+fn side_of(name: &str) -> Side {
+    if name.starts_with(SIM_THREAD) {
+        Side::Sim
+    } else if name == METER_THREAD {
+        Side::Meter
+    } else {
+        Side::Controller
+    }
+}
+
+#[derive(Default)]
+struct Samples {
+    /// Ticks each thread had used when first seen at start (threads started later: 0).
+    baseline: HashMap<u32, u64>,
+    /// Each thread's side and latest ticks.
+    latest: HashMap<u32, (Side, u64)>,
+    process_start: u64,
+}
+
+/// Samples this process's threads on a thread of its own until dropped.
+pub struct CpuMeter {
+    samples: Arc<Mutex<Samples>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl CpuMeter {
+    /// Start measuring now. Without /proc (not Linux) every figure stays 0.
+    pub fn start() -> Self {
+        let mut first = Samples {
+            process_start: process_ticks().unwrap_or(0),
+            ..Samples::default()
+        };
+        for (tid, name, ticks) in threads() {
+            first.baseline.insert(tid, ticks);
+            first.latest.insert(tid, (side_of(&name), ticks));
+        }
+        let samples = Arc::new(Mutex::new(first));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (samples.clone(), stop.clone());
+        let spawned = std::thread::Builder::new()
+            .name(METER_THREAD.into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    std::thread::sleep(INTERVAL);
+                    sample(&s);
+                }
+            });
+        if let Err(e) = spawned {
+            // Without the thread, ended threads are lost but the end sample still counts.
+            eprintln!("cpu meter: cannot start its thread ({e}); sampling at the end only");
+        }
+        Self { samples, stop }
+    }
+
+    /// CPU so far, with a fresh sample; `claims` for the per-claim figure.
+    pub fn read(&self, claims: usize) -> CpuMs {
+        sample(&self.samples);
+        let s = self.samples.lock();
+        let (mut controller, mut sim) = (0u64, 0u64);
+        for (tid, (side, ticks)) in &s.latest {
+            let spent = ticks.saturating_sub(s.baseline.get(tid).copied().unwrap_or(0));
+            match side {
+                Side::Controller => controller += spent,
+                Side::Sim => sim += spent,
+                Side::Meter => {}
+            }
+        }
+        let process = process_ticks().unwrap_or(0).saturating_sub(s.process_start);
+        let ms = |ticks: u64| ticks as f64 * 1000.0 / TICKS_PER_SECOND as f64;
+        CpuMs {
+            controller: ms(controller),
+            simulated_cluster: ms(sim),
+            per_claim_controller: if claims == 0 {
+                0.0
+            } else {
+                ms(controller) / claims as f64
+            },
+            process: ms(process),
+        }
+    }
+}
+
+impl Drop for CpuMeter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn sample(samples: &Mutex<Samples>) {
+    let now = threads();
+    let mut s = samples.lock();
+    for (tid, name, ticks) in now {
+        // A thread keeps the side it was first seen with (a runtime names its threads before
+        // they run any task, so the first sample already has the final name).
+        let entry = s.latest.entry(tid).or_insert((side_of(&name), 0));
+        entry.1 = entry.1.max(ticks);
+    }
+}
+
+/// Every live thread of this process: (tid, name, utime + stime ticks).
+fn threads() -> Vec<(u32, String, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| {
+            let tid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let (name, ticks) = parse_stat(&stat)?;
+            Some((tid, name, ticks))
+        })
+        .collect()
+}
+
+fn process_ticks() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    parse_stat(&stat).map(|(_, ticks)| ticks)
+}
+
+/// The name and utime + stime of a `stat` line: `pid (comm) state ppid ...`, utime and stime
+/// being fields 14 and 15. The name may hold spaces and parentheses, so it ends at the last `)`.
+fn parse_stat(stat: &str) -> Option<(String, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    // rest[0] is field 3 (state), so field n is rest[n - 3].
+    let utime: u64 = rest.get(11)?.parse().ok()?;
+    let stime: u64 = rest.get(12)?.parse().ok()?;
+    Some((name, utime + stime))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_a_stat_line_with_spaces_in_the_name() {
+        let line = "4242 (tokio (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 37 5 0 0 20 0 1 0";
+        assert_eq!(parse_stat(line), Some(("tokio (x) y".into(), 42)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn sides_by_thread_name() {
+        assert_eq!(side_of("sim"), Side::Sim);
+        assert_eq!(side_of("sim-start"), Side::Sim);
+        assert_eq!(side_of("cpu-meter"), Side::Meter);
+        assert_eq!(side_of("tokio-runtime-w"), Side::Controller);
+        assert_eq!(side_of("karpenter-capi"), Side::Controller);
+    }
+
+    #[test]
+    fn counts_this_threads_work() {
+        let meter = CpuMeter::start();
+        let t = std::time::Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < Duration::from_millis(300) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        std::hint::black_box(x);
+        assert!(meter.read(1).process > 0.0);
+    }
+}

@@ -1,0 +1,120 @@
+//! `simulate --serve --scenario none --nodes N --pods M`: a large settled cluster, fast, for
+//! measuring a controller started apart (e.g. its memory, `scripts/controller-rss.sh`).
+//!
+//! The Nodes come through the real launch path, so every object is exactly what the controller
+//! writes and expects: N NodeClaims are created, an in-process controller launches them (the
+//! Cluster API stand-in creates the Machines, the provider their IDs, the kubelet the Nodes) and
+//! the cluster settles (250 claims at a time); with `--no-controller` that controller then stops. The pods go straight
+//! into the store, bound and Running (one event each, nothing left for the stand-ins or the
+//! scheduler to do), spread round-robin over the Nodes.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{BackgroundSim, Error, launch, sim_settings, start_controller};
+use crate::cli::SimulateArgs;
+use crate::metrics::Metrics;
+
+/// Claims launched at a time.
+const CLAIM_BATCH: usize = 250;
+
+/// Pods written per store lock, with a pause between so watchers keep up.
+const POD_CHUNK: usize = 500;
+
+/// Stand up `--nodes` Nodes and `--pods` pods bound to them. `controller_running`: an
+/// in-process controller already runs (it launches the claims); otherwise one is started for
+/// the launches and stopped once the cluster has settled.
+pub async fn stand_up(
+    sim: &BackgroundSim,
+    args: &SimulateArgs,
+    controller_running: bool,
+) -> Result<(), Error> {
+    let mds = args.machine_deployments.max(1);
+    let sized = SimulateArgs {
+        claims: args.nodes.max(1),
+        ..args.clone()
+    };
+    let pool = launch::seed(sim, &sized).await?;
+    let launcher = match controller_running {
+        true => None,
+        false => Some(start_controller(sim, sim_settings(None), Metrics::new()).await?),
+    };
+    eprintln!(
+        "standing up {} Nodes over {mds} MachineDeployments",
+        args.nodes
+    );
+    // In batches, each settled before the next: one burst of thousands of claims runs into
+    // the controller's create timeout on a small machine and loses claims.
+    let mut left = args.nodes;
+    while left > 0 {
+        let batch = left.min(CLAIM_BATCH);
+        launch::create_claims_on(sim, pool.clone(), batch, mds).await?;
+        launch::settle_with_progress(sim, Duration::from_secs(args.deadline), true).await?;
+        left -= batch;
+    }
+    if let Some(c) = launcher {
+        c.stop();
+    }
+    eprintln!("binding {} running pods to them", args.pods);
+    let pods = args.pods;
+    sim.run(move |c| async move { bind_pods(&c, pods).await })
+        .await??;
+    Ok(())
+}
+
+/// Write `n` Running pods into the store, spread over every Node.
+async fn bind_pods(cluster: &crate::sim::cluster::SimCluster, n: usize) -> Result<(), Error> {
+    let store = cluster.server().store();
+    let mut nodes: Vec<String> = Vec::new();
+    store.visit("nodes", |node| {
+        if let Some(name) = node.pointer("/metadata/name").and_then(Value::as_str) {
+            nodes.push(name.to_string());
+        }
+    });
+    if nodes.is_empty() {
+        return Err(Error::Usage("no Nodes to bind the pods to".into()));
+    }
+    let def = store
+        .registry()
+        .lookup("", "v1", "pods")
+        .cloned()
+        .ok_or_else(|| Error::Usage("the simulated cluster serves no pods".into()))?;
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    for start in (0..n).step_by(POD_CHUNK) {
+        let chunk = start..(start + POD_CHUNK).min(n);
+        let pods = chunk.map(|i| running_pod(i, &nodes[i % nodes.len()], &now));
+        store
+            .create_with_status(&def, launch::NAMESPACE, pods)
+            .map_err(|e| Error::Usage(format!("creating the standup pods from {start}: {e}")))?;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// A small pod as the scheduler and kubelet leave it: bound, Running, Ready.
+fn running_pod(i: usize, node: &str, now: &str) -> Value {
+    let conditions: Vec<Value> = ["PodScheduled", "Initialized", "ContainersReady", "Ready"]
+        .map(|t| json!({"type": t, "status": "True", "lastTransitionTime": now}))
+        .into();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": format!("standup-{i}"), "labels": {"app": "standup"}},
+        "spec": {
+            "nodeName": node,
+            "containers": [{
+                "name": "app",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}}
+            }]
+        },
+        "status": {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": conditions
+        }
+    })
+}
