@@ -528,6 +528,21 @@ impl ServeArgs {
     }
 }
 
+impl SimulateArgs {
+    /// `simulate`'s arguments from the words after `simulate`, parsed as the command line is
+    /// (for embedding a simulation, and the tests).
+    pub fn from_words(words: &[&str]) -> Result<Self, clap::Error> {
+        let argv = ["karpenter-capi", "simulate"].iter().chain(words);
+        match <Cli as Parser>::try_parse_from(argv)?.command {
+            Command::Simulate(args) => Ok(args),
+            _ => Err(clap::Error::raw(
+                clap::error::ErrorKind::InvalidSubcommand,
+                "not the simulate subcommand",
+            )),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Args)]
 pub struct CrdsArgs {
     /// Write one file per CRD into this directory instead of printing them.

@@ -3,18 +3,14 @@
 //! `--scenario none --nodes N --pods M` stands up a settled cluster a controller leaves alone.
 //! No timing assertions; deadlines only guard hangs.
 
-use karpenter_capi::cli::{Cli, Command as Sub, SimulateArgs};
+use karpenter_capi::cli::SimulateArgs;
 use karpenter_capi::simulate::run_scenario;
 use serde_json::Value;
 
 fn args(extra: &[&str]) -> SimulateArgs {
-    let mut argv = vec!["karpenter-capi", "simulate", "--deadline", "300"];
-    argv.extend_from_slice(extra);
-    let cli = <Cli as clap::Parser>::try_parse_from(argv).expect("arguments");
-    let Sub::Simulate(args) = cli.command else {
-        panic!("simulate");
-    };
-    args
+    let mut words = vec!["--deadline", "300"];
+    words.extend_from_slice(extra);
+    SimulateArgs::from_words(&words).expect("arguments")
 }
 
 #[actix::test]

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use karpenter_capi::cli::{Cli, Command as Sub, ReportFormat, SimulateArgs};
+use karpenter_capi::cli::{ReportFormat, SimulateArgs};
 use karpenter_capi::simulate::html::CHARTS;
 use karpenter_capi::simulate::run_scenario;
 use serde_json::Value;
@@ -13,13 +13,9 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_karpenter-capi");
 
 fn args(extra: &[&str]) -> SimulateArgs {
-    let mut argv = vec!["karpenter-capi", "simulate", "--deadline", "300"];
-    argv.extend_from_slice(extra);
-    let cli = <Cli as clap::Parser>::try_parse_from(argv).expect("arguments");
-    let Sub::Simulate(args) = cli.command else {
-        panic!("simulate");
-    };
-    args
+    let mut words = vec!["--deadline", "300"];
+    words.extend_from_slice(extra);
+    SimulateArgs::from_words(&words).expect("arguments")
 }
 
 /// The JSON report's leaves as (dotted path, text) pairs, as a reader of the table sees them.
