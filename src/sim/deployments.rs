@@ -223,16 +223,7 @@ impl Inner {
             .pointer("/spec/replicas")
             .and_then(Value::as_u64)
             .unwrap_or(1) as usize;
-        let selector = d
-            .pointer("/spec/selector/matchLabels")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default();
+        let selector = super::selectors::match_labels_query(&d);
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let owned: Vec<Value> = pods
             .list(&ListParams::default().labels(&selector))

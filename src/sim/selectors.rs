@@ -239,6 +239,20 @@ impl FieldSelector {
     }
 }
 
+/// An object's `spec.selector.matchLabels` as a label-selector query (`k=v,...`), as workload
+/// controllers and the scale subresource report it; empty when there is none.
+pub fn match_labels_query(obj: &Value) -> String {
+    obj.pointer("/spec/selector/matchLabels")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default()
+}
+
 fn field_value(obj: &Value, field: &str) -> String {
     let mut cur = obj;
     for part in field.split('.') {

@@ -826,16 +826,7 @@ fn scale_of(obj: &Value) -> Value {
     let pick = |f: &str| meta.get(f).cloned().unwrap_or(Value::Null);
     let selector = match obj.pointer("/status/selector") {
         Some(Value::String(s)) => s.clone(),
-        _ => obj
-            .pointer("/spec/selector/matchLabels")
-            .and_then(Value::as_object)
-            .map(|m| {
-                m.iter()
-                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-            .unwrap_or_default(),
+        _ => super::selectors::match_labels_query(obj),
     };
     let mut scale_meta = json!({
         "name": pick("name"), "uid": pick("uid"), "resourceVersion": pick("resourceVersion"),
