@@ -95,15 +95,20 @@ impl Provisioner {
         }
     }
 
-    /// A provisionable pod arrived: open a batch or push its idle deadline out, never past the
-    /// max deadline.
-    fn extend_batch(&mut self, ctx: &mut Context<Self>) {
+    /// Provisionable pod `key` arrived (None: a re-list, any may have): open a batch or push
+    /// its idle deadline out, never past the max deadline, once per pod and batch.
+    fn extend_batch(&mut self, key: Option<&str>, ctx: &mut Context<Self>) {
         if !self.wants_batch() {
             return;
         }
         let now = Instant::now();
-        let fire_at = self.batch.pod(now);
-        self.arm(fire_at, now, ctx);
+        let fire_at = match key {
+            Some(key) => self.batch.pod(key, now),
+            None => Some(self.batch.relisted(now)),
+        };
+        if let Some(fire_at) = fire_at {
+            self.arm(fire_at, now, ctx);
+        }
     }
 
     /// Something other than a pod changed that may let a pending pod fit: open a batch if none
@@ -366,7 +371,7 @@ impl StreamHandler<Watched> for Provisioner {
                     self.waiting.retain(|k, _| index.get(k).is_some());
                     drop(index);
                     self.shared.synced.notify_waiters();
-                    self.extend_batch(ctx);
+                    self.extend_batch(None, ctx);
                 }
                 watcher::Event::Apply(p) => {
                     let key = pods::key(&p);
@@ -379,8 +384,8 @@ impl StreamHandler<Watched> for Provisioner {
                     }
                     let provisionable = self.shared.state.pods.write().apply(p);
                     if provisionable {
+                        self.extend_batch(Some(&key), ctx);
                         self.waiting.entry(key).or_insert_with(Instant::now);
-                        self.extend_batch(ctx);
                     } else {
                         self.told.remove(&key);
                     }

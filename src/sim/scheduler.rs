@@ -4,11 +4,12 @@
 //! provisioner acts on. Event driven on pod and node changes, with a short debounce so a burst
 //! of events becomes one pass.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Taint, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::PostParams;
@@ -25,6 +26,17 @@ use super::quantity::parse_milli;
 use super::standin::{Shutdown, is_conflict, is_not_found, merge_status, spawn_watch};
 
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
+
+/// Bindings (and status writes) of one pass in flight at once.
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// A schedulable node in a pass: its allocatable parsed once, its use as the pass places pods.
+struct Slot {
+    node: Arc<Node>,
+    name: String,
+    allocatable: Usage,
+    used: Usage,
+}
 
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
@@ -145,6 +157,10 @@ pub fn spawn(
 }
 
 impl Inner {
+    /// One scheduling cycle over every pending pod, in creation order: decide each pod's node
+    /// against the nodes' free room (updated as the pass places pods), then write the bindings
+    /// and the `Unschedulable` conditions concurrently, as kube-scheduler's binding cycles run
+    /// in parallel with the next pod's scheduling cycle.
     async fn pass(&self) {
         let pods = self.pods.state();
         let nodes = self.nodes.state();
@@ -183,7 +199,7 @@ impl Inner {
             )
         });
 
-        let mut candidates: Vec<&Arc<Node>> = nodes
+        let mut slots: Vec<Slot> = nodes
             .iter()
             .filter(|n| {
                 node_ready(n)
@@ -194,32 +210,45 @@ impl Inner {
                         .and_then(|s| s.unschedulable)
                         .unwrap_or(false)
             })
+            .map(|n| {
+                let name = n.name_any();
+                Slot {
+                    used: usage.remove(&name).unwrap_or_default(),
+                    allocatable: allocatable(n),
+                    node: n.clone(),
+                    name,
+                }
+            })
             .collect();
-        candidates.sort_by_key(|n| n.name_any());
-        let not_ready = nodes.len() - candidates.len();
+        slots.sort_by(|a, b| a.name.cmp(&b.name));
+        let not_ready = nodes.len() - slots.len();
         let node_labels: HashMap<String, BTreeMap<String, String>> = nodes
             .iter()
             .map(|n| (n.name_any(), n.labels().clone()))
             .collect();
 
+        let mut binds = Vec::new();
+        let mut unschedulable = Vec::new();
         for pod in pending {
             let requests = pod_requests(&pod);
+            let taken = taken_domains(&pod, &node_labels, &placed);
             let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-            let mut best: Option<(&Arc<Node>, i128)> = None;
-            for node in &candidates {
-                let used = usage.get(&node.name_any()).cloned().unwrap_or_default();
-                let fit = fits(&pod, &requests, node, &used).and_then(|free| {
-                    if anti_affinity_ok(&pod, node, &node_labels, &placed) {
-                        Ok(free)
-                    } else {
-                        Err("node(s) didn't match pod anti-affinity rules".to_string())
-                    }
-                });
+            let mut best: Option<(usize, i128)> = None;
+            for (i, slot) in slots.iter().enumerate() {
+                let fit =
+                    fits_allocatable(&pod, &requests, &slot.node, &slot.allocatable, &slot.used)
+                        .and_then(|free| {
+                            if taken.allow(&slot.node) {
+                                Ok(free)
+                            } else {
+                                Err("node(s) didn't match pod anti-affinity rules".to_string())
+                            }
+                        });
                 match fit {
                     Ok(free_cpu) => {
                         // Least-allocated first, like kube-scheduler's default scoring.
                         if best.is_none_or(|(_, f)| free_cpu > f) {
-                            best = Some((node, free_cpu));
+                            best = Some((i, free_cpu));
                         }
                     }
                     Err(reason) => *reasons.entry(reason).or_default() += 1,
@@ -229,15 +258,33 @@ impl Inner {
                 reasons.insert("node(s) were not ready".into(), not_ready);
             }
             match best {
-                Some((node, _)) => {
-                    if self.bind(&pod, &node.name_any()).await {
-                        usage.entry(node.name_any()).or_default().add(&requests);
-                        placed.add(&node.name_any(), &pod);
-                    }
+                Some((i, _)) => {
+                    let slot = &mut slots[i];
+                    slot.used.add(&requests);
+                    placed.add(&slot.name, &pod);
+                    binds.push((pod, slot.name.clone()));
                 }
-                None => self.mark_unschedulable(&pod, nodes.len(), &reasons).await,
+                None => unschedulable.push((pod, reasons)),
             }
         }
+        let total = nodes.len();
+        let binding = stream::iter(binds)
+            .map(|(pod, node)| self.bind_owned(pod, node))
+            .buffer_unordered(WRITES_IN_FLIGHT)
+            .collect::<Vec<bool>>();
+        let marking = stream::iter(unschedulable)
+            .map(|(pod, reasons)| self.mark_owned(pod, total, reasons))
+            .buffer_unordered(WRITES_IN_FLIGHT)
+            .collect::<Vec<()>>();
+        futures::join!(binding, marking);
+    }
+
+    async fn bind_owned(&self, pod: Arc<Pod>, node: String) -> bool {
+        self.bind(&pod, &node).await
+    }
+
+    async fn mark_owned(&self, pod: Arc<Pod>, total: usize, reasons: BTreeMap<String, usize>) {
+        self.mark_unschedulable(&pod, total, &reasons).await
     }
 
     /// Drops pods from `recent` once the cache shows them bound (or gone).
@@ -404,6 +451,17 @@ pub fn pod_requests(pod: &Pod) -> Usage {
 
 /// Ok(free cpu after placing) when `pod` fits `node`, else the kube-scheduler style reason.
 pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i128, String> {
+    fits_allocatable(pod, requests, node, &allocatable(node), used)
+}
+
+/// `fits` with the node's allocatable already parsed (once per pass, not once per pod).
+fn fits_allocatable(
+    pod: &Pod,
+    requests: &Usage,
+    node: &Node,
+    allocatable: &Usage,
+    used: &Usage,
+) -> Result<i128, String> {
     let labels = node.labels();
     let spec = pod.spec.as_ref();
     if let Some(selector) = spec.and_then(|s| s.node_selector.as_ref())
@@ -455,21 +513,11 @@ pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i1
             t.key
         ));
     }
-    let allocatable = node
-        .status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
-    let alloc = |k: &str| -> i128 {
-        allocatable
-            .and_then(|a| a.get(k))
-            .and_then(|q| parse_milli(&q.0))
-            .unwrap_or(0)
-    };
     for (resource, want) in &requests.0 {
         if *want <= 0 {
             continue;
         }
-        if alloc(resource) - used.get(resource) < *want {
+        if allocatable.get(resource) - used.get(resource) < *want {
             return Err(if resource == "pods" {
                 "Too many pods".to_string()
             } else {
@@ -477,7 +525,22 @@ pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i1
             });
         }
     }
-    Ok(alloc("cpu") - used.get("cpu") - requests.get("cpu"))
+    Ok(allocatable.get("cpu") - used.get("cpu") - requests.get("cpu"))
+}
+
+/// A node's allocatable (its capacity when it reports none) in milli-units.
+fn allocatable(node: &Node) -> Usage {
+    let amounts = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()));
+    Usage(
+        amounts
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, q)| Some((k.clone(), parse_milli(&q.0)?)))
+            .collect(),
+    )
 }
 
 /// Namespace and labels of the pods on each node (bound, or bound by us in this pass).
@@ -505,6 +568,29 @@ pub fn anti_affinity_ok(
     node_labels: &HashMap<String, BTreeMap<String, String>>,
     placed: &Placed,
 ) -> bool {
+    taken_domains(pod, node_labels, placed).allow(node)
+}
+
+/// For each required anti-affinity term of a pod: its topology key and the domains that already
+/// run a pod the term selects. Worked out once per pod, so checking a node is a lookup.
+pub struct TakenDomains(Vec<(String, HashSet<String>)>);
+
+impl TakenDomains {
+    /// The pod may go to `node`: no term's domain of it is taken. A node without a term's
+    /// topology key is its own domain of nothing: the term holds.
+    pub fn allow(&self, node: &Node) -> bool {
+        let labels = node.labels();
+        self.0
+            .iter()
+            .all(|(key, taken)| labels.get(key).is_none_or(|domain| !taken.contains(domain)))
+    }
+}
+
+pub fn taken_domains(
+    pod: &Pod,
+    node_labels: &HashMap<String, BTreeMap<String, String>>,
+    placed: &Placed,
+) -> TakenDomains {
     let terms = pod
         .spec
         .as_ref()
@@ -516,34 +602,38 @@ pub fn anti_affinity_ok(
         })
         .unwrap_or_default();
     let own_ns = pod.namespace().unwrap_or_default();
-    terms.iter().all(|term| {
-        // A node without the topology key is its own domain of nothing: the term holds.
-        let Some(domain) = node.labels().get(&term.topology_key) else {
-            return true;
-        };
-        let all_namespaces = term
-            .namespace_selector
-            .as_ref()
-            .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none());
-        let namespaces = term.namespaces.clone().unwrap_or_default();
-        let in_scope = |ns: &str| {
-            all_namespaces
-                || if namespaces.is_empty() {
-                    ns == own_ns
-                } else {
-                    namespaces.iter().any(|n| n == ns)
-                }
-        };
-        !placed.0.iter().any(|(other, pods)| {
-            node_labels
-                .get(other)
-                .and_then(|l| l.get(&term.topology_key))
-                == Some(domain)
-                && pods.iter().any(|(ns, labels)| {
-                    in_scope(ns) && selector_matches(term.label_selector.as_ref(), labels)
-                })
-        })
-    })
+    TakenDomains(
+        terms
+            .iter()
+            .map(|term| {
+                let all_namespaces = term
+                    .namespace_selector
+                    .as_ref()
+                    .is_some_and(|s| s.match_labels.is_none() && s.match_expressions.is_none());
+                let namespaces = term.namespaces.as_deref().unwrap_or_default();
+                let in_scope = |ns: &str| {
+                    all_namespaces
+                        || if namespaces.is_empty() {
+                            ns == own_ns
+                        } else {
+                            namespaces.iter().any(|n| n == ns)
+                        }
+                };
+                let taken = placed
+                    .0
+                    .iter()
+                    .filter(|(_, pods)| {
+                        pods.iter().any(|(ns, labels)| {
+                            in_scope(ns) && selector_matches(term.label_selector.as_ref(), labels)
+                        })
+                    })
+                    .filter_map(|(other, _)| node_labels.get(other)?.get(&term.topology_key))
+                    .cloned()
+                    .collect();
+                (term.topology_key.clone(), taken)
+            })
+            .collect(),
+    )
 }
 
 /// A LabelSelector against labels; an absent selector matches nothing (affinity semantics).
