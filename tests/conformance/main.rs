@@ -1,0 +1,8 @@
+//! Karpenter core's scheduling suite as our yardstick (issue 13): one module per upstream group,
+//! each case in our own words with upstream's setup and expected outcome. docs/conformance.md
+//! maps every upstream case to the test here, or says why it does not apply or what it needs.
+
+mod fixture;
+
+mod custom_constraints;
+mod preferential_fallback;
