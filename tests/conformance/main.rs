@@ -6,3 +6,5 @@ mod fixture;
 
 mod custom_constraints;
 mod preferential_fallback;
+mod binpacking;
+mod instance_type_compat;
