@@ -657,6 +657,84 @@ impl Env {
         let results = solve(&self.snapshot(pods));
         Outcome::new(self, results)
     }
+
+    /// Provision, then make the launched nodes existing nodes and the placed pods bound pods,
+    /// as the cluster looks once the nodes registered (upstream's successive
+    /// `ExpectProvisioned` calls).
+    pub fn provision_and_bind(&mut self, pods: &[Pod]) -> Outcome {
+        let out = self.provision(pods);
+        let mut names = BTreeMap::new();
+        for n in &out.nodes {
+            let name = format!("node-{}", self.nodes.len());
+            names.insert(n.name.clone(), name.clone());
+            let pool = self
+                .pools
+                .iter()
+                .find(|p| p.nodepool.metadata.name.as_deref() == Some(n.claim.nodepool.as_str()))
+                .expect("pool");
+            let it = pool
+                .instance_types
+                .iter()
+                .find(|t| t.name == n.instance_type)
+                .expect("instance type");
+            let mut labels = n.labels.clone();
+            labels.insert("kubernetes.io/hostname".into(), name.clone());
+            self.nodes.push(ExistingNode {
+                name,
+                labels,
+                taints: pool.nodepool.spec.template.spec.taints.clone().unwrap_or_default(),
+                allocatable: it.allocatable(),
+                requested: n.claim.requests.clone(),
+                in_flight: false,
+                nodepool: Some(n.claim.nodepool.clone()),
+            });
+        }
+        for p in pods {
+            let name = p.metadata.name.clone().unwrap_or_default();
+            let node = out
+                .node_of(&name)
+                .map(|n| names[&n.name].clone())
+                .or_else(|| out.existing_of(&name).map(str::to_string));
+            if let Some(node) = node {
+                if out.existing_of(&name).is_some() {
+                    // Count its requests on the existing node it joined.
+                    let requests = karpenter_capi::scheduling::pod::pod_requests(
+                        p.spec.as_ref().unwrap(),
+                    )
+                    .unwrap()
+                    .with("pods", Quantity::from_units(1));
+                    if let Some(n) = self.nodes.iter_mut().find(|n| n.name == node) {
+                        n.requested.add_assign(&requests);
+                    }
+                }
+                self.bound.push(p.clone().on_node(&node));
+            }
+        }
+        out
+    }
+
+    /// Sorted counts of bound pods labelled `test=test` per value of `key` on their nodes
+    /// (upstream's `ExpectSkew`).
+    pub fn skew(&self, key: &str) -> Vec<usize> {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for p in &self.bound {
+            let matches = p
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.get("test").map(String::as_str) == Some("test"));
+            let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            let value = node
+                .and_then(|n| self.nodes.iter().find(|x| x.name == n))
+                .and_then(|n| n.labels.get(key));
+            if let (true, Some(v)) = (matches, value) {
+                *counts.entry(v.clone()).or_insert(0) += 1;
+            }
+        }
+        let mut v: Vec<usize> = counts.into_values().collect();
+        v.sort();
+        v
+    }
 }
 
 /// A launched node: the claim and the labels the node will carry.

@@ -8,3 +8,4 @@ mod custom_constraints;
 mod preferential_fallback;
 mod binpacking;
 mod instance_type_compat;
+mod topology;
