@@ -9,3 +9,4 @@ mod preferential_fallback;
 mod binpacking;
 mod instance_type_compat;
 mod topology;
+mod provisioning;
