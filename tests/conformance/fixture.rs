@@ -74,8 +74,10 @@ pub struct TypeSpec {
     pub offerings: Vec<OfferingSpec>,
     /// Extra labels every offering carries.
     pub labels: BTreeMap<String, String>,
-    /// Price override per offering (otherwise upstream's price from resources).
+    /// Price override for every offering (otherwise upstream's price from resources).
     pub price: Option<f64>,
+    /// Price override per (capacity type, zone).
+    pub offering_prices: BTreeMap<(String, String), f64>,
 }
 
 pub fn itype(name: &str) -> TypeSpec {
@@ -87,6 +89,7 @@ pub fn itype(name: &str) -> TypeSpec {
         offerings: DEFAULT_OFFERINGS.to_vec(),
         labels: BTreeMap::new(),
         price: None,
+        offering_prices: BTreeMap::new(),
     }
 }
 
@@ -117,6 +120,15 @@ impl TypeSpec {
         self.price = Some(p);
         self
     }
+    /// Offerings with their own prices: (capacity type, zone, price).
+    pub fn priced(mut self, offerings: &[(&'static str, &'static str, f64)]) -> Self {
+        self.offerings = offerings.iter().map(|(ct, z, _)| (*ct, *z, true)).collect();
+        self.offering_prices = offerings
+            .iter()
+            .map(|(ct, z, p)| ((ct.to_string(), z.to_string()), *p))
+            .collect();
+        self
+    }
 
     /// Upstream's defaults (4 CPU, 4Gi, 5 pods) for what is not set; kube-reserved 100m/10Mi.
     pub fn build(mut self) -> InstanceType {
@@ -144,6 +156,11 @@ impl TypeSpec {
                 labels.insert(ZONE_LABEL.into(), zone.to_string());
                 labels.insert(CAPACITY_TYPE_LABEL.into(), ct.to_string());
                 labels.insert(OS_LABEL.into(), os.clone());
+                let price = self
+                    .offering_prices
+                    .get(&(ct.to_string(), zone.to_string()))
+                    .copied()
+                    .unwrap_or(price);
                 offerings.push(Offering {
                     machine_deployment: format!("capi/{}-{zone}-{ct}-{os}", self.name),
                     zone: Some(zone.to_string()),
@@ -218,6 +235,36 @@ pub fn default_types() -> Vec<InstanceType> {
             .resources(&[("pods", "1")])
             .build(),
     ]
+}
+
+/// Upstream's `InstanceTypesAssorted()`: every CPU x memory size in each zone, capacity type,
+/// OS and arch, one offering each (one MachineDeployment per type).
+pub fn assorted_types() -> Vec<InstanceType> {
+    let mut out = Vec::new();
+    for cpu in [1, 2, 4, 8, 16, 32, 64] {
+        for mem in [1, 2, 4, 8, 16, 32, 64, 128] {
+            for zone in ZONES {
+                for ct in [SPOT, ON_DEMAND] {
+                    for os in ["linux", "windows"] {
+                        for arch in ["amd64", "arm64"] {
+                            out.push(
+                                itype(&format!("{cpu}-cpu-{mem}-mem-{arch}-{os}-{zone}-{ct}"))
+                                    .arch(arch)
+                                    .os(&[os])
+                                    .resources(&[
+                                        ("cpu", &cpu.to_string()),
+                                        ("memory", &format!("{mem}Gi")),
+                                    ])
+                                    .offerings(&[(ct, zone, true)])
+                                    .build(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Upstream's `InstanceTypes(n)`: i+1 CPUs, 2(i+1) Gi, 10(i+1) pods.

@@ -10,3 +10,4 @@ mod binpacking;
 mod instance_type_compat;
 mod topology;
 mod provisioning;
+mod instance_selection;
