@@ -11,3 +11,4 @@ mod instance_type_compat;
 mod topology;
 mod provisioning;
 mod instance_selection;
+mod in_flight;

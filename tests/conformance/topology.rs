@@ -210,7 +210,6 @@ fn min_domains_pods(n: usize, min: i32) -> Vec<Pod> {
 }
 
 #[test]
-#[ignore = "fails: needs topology spread minDomains (issue 13)"]
 fn min_domains_above_the_available_zones_limits_each_zone_to_max_skew() {
     let e = Env::new(topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]));
     assert_eq!(bound_skew(e, &min_domains_pods(3, 3), ZONE_LABEL), vec![1, 1]);
@@ -457,7 +456,6 @@ fn pod_affinity_on_hostname_co_locates() {
 }
 
 #[test]
-#[ignore = "fails: needs pod affinity to a pod pending in the same batch (upstream retries the follower after its target is placed)"]
 fn pod_affinity_on_arch_shares_the_arch_on_another_node() {
     let s2 = [("security", "s2")];
     let target = pod("target")
