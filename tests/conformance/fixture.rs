@@ -28,8 +28,8 @@ use karpenter_capi::api::wellknown::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL, ZONE_LABEL,
 };
 use karpenter_capi::scheduling::{
-    ExistingNode, InstanceType, NewClaim, Offering, PoolInput, Results, Snapshot, nodeclaim_for,
-    solve,
+    ExistingNode, InstanceType, NewClaim, Offering, PoolInput, PreferencePolicy, Results, Snapshot,
+    nodeclaim_for, solve,
 };
 
 /// Upstream's fake provider labels: a size class, an optional "special" label on large types
@@ -660,6 +660,7 @@ pub struct Env {
     pub nodes: Vec<ExistingNode>,
     pub bound: Vec<Pod>,
     pub daemonsets: Vec<Pod>,
+    pub preference_policy: PreferencePolicy,
 }
 
 impl Env {
@@ -697,7 +698,7 @@ impl Env {
             nodes: self.nodes.clone(),
             nodepools: self.pools.clone(),
             daemonsets: self.daemonsets.clone(),
-            ..Default::default()
+            preference_policy: self.preference_policy,
         }
     }
     pub fn provision(&self, pods: &[Pod]) -> Outcome {

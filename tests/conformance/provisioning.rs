@@ -441,3 +441,201 @@ fn strict_min_values_not_met_schedules_nothing() {
     let out = Env::with_types(np, three_types()).provision(&[pod("p").requests(&[("cpu", "0.5")])]);
     out.not_scheduled("p");
 }
+
+// --- NodeClaim Creation ---
+
+use std::collections::BTreeSet;
+
+use karpenter_capi::api::wellknown::{ARCH_LABEL, OS_LABEL};
+use karpenter_capi::scheduling::nodeclaim_for;
+
+fn claim_values(n: &Launched, key: &str) -> BTreeSet<String> {
+    n.claim
+        .requirements
+        .values(key)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn all_default_type_names() -> BTreeSet<String> {
+    default_types().into_iter().map(|t| t.name).collect()
+}
+
+#[test]
+fn the_claim_lists_every_fitting_type_and_the_pool() {
+    let out = env().provision(&[pod("p")]);
+    let n = out.scheduled("p");
+    assert_eq!(claim_values(n, INSTANCE_TYPE_LABEL), all_default_type_names());
+    assert_eq!(
+        claim_values(n, NODEPOOL_LABEL),
+        BTreeSet::from(["default".to_string()])
+    );
+}
+
+#[test]
+fn the_claim_carries_the_pool_custom_requirements() {
+    let np = plain("default")
+        .req("custom-requirement-key", Operator::In, &["value"])
+        .req("custom-requirement-key2", Operator::In, &["value"]);
+    let out = Env::new(np).provision(&[pod("p")]);
+    let n = out.scheduled("p");
+    assert_eq!(claim_values(n, INSTANCE_TYPE_LABEL), all_default_type_names());
+    for k in ["custom-requirement-key", "custom-requirement-key2"] {
+        assert_eq!(claim_values(n, k), BTreeSet::from(["value".to_string()]));
+    }
+}
+
+#[test]
+fn the_claim_narrows_instance_types_by_arch() {
+    let np = plain("default").req(ARCH_LABEL, Operator::In, &["arm64"]);
+    let out = Env::new(np).provision(&[pod("p")]);
+    let n = out.scheduled("p");
+    assert_eq!(claim_values(n, ARCH_LABEL), BTreeSet::from(["arm64".to_string()]));
+    assert_eq!(
+        claim_values(n, INSTANCE_TYPE_LABEL),
+        BTreeSet::from(["arm-instance-type".to_string()])
+    );
+}
+
+#[test]
+fn the_claim_narrows_instance_types_by_os() {
+    let np = plain("default").req(OS_LABEL, Operator::In, &["ios"]);
+    let out = Env::new(np).provision(&[pod("p")]);
+    let n = out.scheduled("p");
+    assert_eq!(claim_values(n, OS_LABEL), BTreeSet::from(["ios".to_string()]));
+    assert_eq!(
+        claim_values(n, INSTANCE_TYPE_LABEL),
+        BTreeSet::from(["arm-instance-type".to_string()])
+    );
+}
+
+#[test]
+fn the_claim_narrows_instance_types_by_requests() {
+    let p = pod("p").requests(&[(GPU_A, "1")]).limits(&[(GPU_A, "1")]);
+    let out = env().provision(&[p]);
+    assert_eq!(
+        claim_values(out.scheduled("p"), INSTANCE_TYPE_LABEL),
+        BTreeSet::from(["gpu-vendor-instance-type".to_string()])
+    );
+}
+
+#[test]
+fn the_claim_is_owned_by_its_pool_and_names_its_node_class() {
+    let e = env();
+    let out = e.provision(&[pod("p")]);
+    let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
+    let owners = nc.metadata.owner_references.unwrap();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].kind, "NodePool");
+    assert_eq!(owners[0].name, "default");
+    assert_eq!(owners[0].uid, "uid-default");
+    assert_eq!(owners[0].block_owner_deletion, Some(true));
+    assert_eq!(
+        nc.spec.node_class_ref,
+        e.pools[0].nodepool.spec.template.spec.node_class_ref
+    );
+}
+
+fn claim_requests(out: &Outcome, pod: &str) -> Resources {
+    out.scheduled(pod).claim.requests.clone()
+}
+
+#[test]
+fn the_claim_requests_what_its_pods_request() {
+    let p = pod("p")
+        .requests(&[("cpu", "1"), ("memory", "1Mi"), (GPU_A, "1")])
+        .limits(&[(GPU_A, "1")]);
+    let out = env().provision(&[p]);
+    let r = claim_requests(&out, "p");
+    assert_eq!(r.iter().count(), 4, "{r:?}");
+    assert_eq!(r, res(&[("cpu", "1"), ("memory", "1Mi"), (GPU_A, "1"), ("pods", "1")]));
+}
+
+#[test]
+fn the_claim_requests_include_daemon_overhead() {
+    let e = env().daemonset(daemon("ds", &[("cpu", "1"), ("memory", "1Mi")]));
+    let out = e.provision(&[pod("p").requests(&[("cpu", "1"), ("memory", "1Mi")])]);
+    assert_eq!(
+        claim_requests(&out, "p"),
+        res(&[("cpu", "2"), ("memory", "2Mi"), ("pods", "2")])
+    );
+}
+
+#[test]
+fn daemon_overhead_is_counted_once_per_claim() {
+    let e = env().daemonset(daemon("ds", &[("cpu", "1"), ("memory", "1Mi")]));
+    let ps = pods("p", 2, |p| p.requests(&[("cpu", "1"), ("memory", "1Mi")]));
+    let out = e.provision(&ps);
+    assert_eq!(out.nodes.len(), 1);
+    assert_eq!(
+        claim_requests(&out, "p-0"),
+        res(&[("cpu", "3"), ("memory", "3Mi"), ("pods", "3")])
+    );
+}
+
+#[test]
+fn requirement_only_labels_land_but_not_well_known_not_in() {
+    let np = plain("default")
+        .req("foo", Operator::In, &["bar"])
+        .req("node.kubernetes.io/windows-build", Operator::NotIn, &["test-value"]);
+    let out = Env::new(np).provision(&[pod("p")]);
+    let n = out.scheduled("p");
+    assert_eq!(n.label("foo"), Some("bar"));
+    assert_ne!(n.label("node.kubernetes.io/windows-build"), Some("test-value"));
+}
+
+#[test]
+fn pool_annotations_land_on_the_claim() {
+    let mut np = plain("default");
+    np.spec.template.metadata = Some(karpenter_capi::api::nodepool::TemplateMetadata {
+        annotations: Some([("test-key".to_string(), "test-value".to_string())].into()),
+        labels: None,
+    });
+    let e = Env::new(np);
+    let out = e.provision(&[pod("p")]);
+    let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
+    assert_eq!(
+        nc.metadata.annotations.unwrap().get("test-key").map(String::as_str),
+        Some("test-value")
+    );
+}
+
+#[test]
+fn the_pool_termination_grace_period_lands_on_the_claim() {
+    let mut np = plain("default");
+    np.spec.template.spec.termination_grace_period = Some("100s".parse().unwrap());
+    let e = Env::new(np);
+    let out = e.provision(&[pod("p")]);
+    let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
+    assert_eq!(
+        nc.spec.termination_grace_period,
+        e.pools[0].nodepool.spec.template.spec.termination_grace_period
+    );
+}
+
+#[test]
+fn restartable_init_containers_add_to_the_containers() {
+    // A sidecar (restartPolicy Always) of 1 CPU runs next to the 1-CPU container; the 3-CPU
+    // init container runs before both, so the pod needs 3 CPUs: the 4-CPU type.
+    let mut p = pod("p").requests(&[("cpu", "1")]);
+    p = p.init_requests(&[("cpu", "3")]).init_requests(&[("cpu", "1")]);
+    p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[1].restart_policy =
+        Some("Always".into());
+    let out = env().provision(&[p]);
+    assert_eq!(
+        claim_requests(&out, "p").get("cpu"),
+        q("3"),
+        "max(init 3, sidecar 1 + container 1)"
+    );
+}
+
+#[test]
+fn strict_zone_min_values_not_met_schedules_nothing() {
+    let np = plain("default").req_min(ZONE_LABEL, Operator::In, &ZONES, 3);
+    let types = vec![
+        itype("one-zone")
+            .offerings(&[(ON_DEMAND, "test-zone-1", true), (ON_DEMAND, "test-zone-2", true)])
+            .build(),
+    ];
+    Env::with_types(np, types).provision(&[pod("p")]).not_scheduled("p");
+}
