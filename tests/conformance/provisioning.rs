@@ -712,3 +712,53 @@ fn pod_level_resources_count() {
     let out = env().provision(&[p]);
     assert_eq!(claim_requests(&out, "p").get("cpu"), q("3"));
 }
+
+// --- sidecar (restartable init container) requests ---
+
+/// Default types plus three just around the expected fit, as upstream adds them.
+fn around_eleven() -> Env {
+    let mut types = default_types();
+    for (cpu, mem) in [("10", "4Gi"), ("11", "5Gi"), ("12", "6Gi")] {
+        types.push(
+            itype(&format!("cpu-{cpu}"))
+                .resources(&[("cpu", cpu), ("memory", mem)])
+                .build(),
+        );
+    }
+    Env::with_types(plain("default"), types)
+}
+
+/// `inits`: (cpu, memory, is a sidecar), in order.
+fn with_inits(container: (&str, &str), inits: &[(&str, &str, bool)]) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = pod("p").requests(&[("cpu", container.0), ("memory", container.1)]);
+    for (cpu, mem, _) in inits {
+        p = p.init_requests(&[("cpu", cpu), ("memory", mem)]);
+    }
+    let spec = p.spec.as_mut().unwrap();
+    for (c, (_, _, sidecar)) in spec.init_containers.as_mut().unwrap().iter_mut().zip(inits) {
+        if *sidecar {
+            c.restart_policy = Some("Always".into());
+        }
+    }
+    p
+}
+
+fn lands_on_cpu_11(p: k8s_openapi::api::core::v1::Pod) {
+    let out = around_eleven().provision(&[p]);
+    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("cpu-11"));
+}
+
+#[test]
+fn sidecar_after_a_larger_init_container() {
+    lands_on_cpu_11(with_inits(("6", "2Gi"), &[("10", "4Gi", false), ("4.9", "2.9Gi", true)]));
+}
+
+#[test]
+fn sidecar_before_a_smaller_init_container() {
+    lands_on_cpu_11(with_inits(("6", "2Gi"), &[("4.9", "2.9Gi", true), ("5", "1Gi", false)]));
+}
+
+#[test]
+fn sidecar_before_a_larger_init_container() {
+    lands_on_cpu_11(with_inits(("5", "1Gi"), &[("4.9", "2.9Gi", true), ("6", "2Gi", false)]));
+}
