@@ -23,7 +23,11 @@ fn types_of(out: &Outcome, pods: &[Pod]) -> BTreeSet<String> {
 
 fn node_count(out: &Outcome, pods: &[Pod]) -> usize {
     pods.iter()
-        .map(|p| out.scheduled(p.metadata.name.as_deref().unwrap()).name.clone())
+        .map(|p| {
+            out.scheduled(p.metadata.name.as_deref().unwrap())
+                .name
+                .clone()
+        })
         .collect::<BTreeSet<_>>()
         .len()
 }
@@ -33,13 +37,19 @@ use k8s_openapi::api::core::v1::Pod;
 #[test]
 fn a_small_pod_gets_the_smallest_type() {
     let out = env().provision(&[pod("p").requests(&[("memory", "100M")])]);
-    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("small-instance-type"));
+    assert_eq!(
+        out.scheduled("p").label(INSTANCE_TYPE_LABEL),
+        Some("small-instance-type")
+    );
 }
 
 #[test]
 fn a_pod_gets_the_smallest_type_that_holds_it() {
     let out = env().provision(&[pod("p").requests(&[("memory", "2000M")])]);
-    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("small-instance-type"));
+    assert_eq!(
+        out.scheduled("p").label(INSTANCE_TYPE_LABEL),
+        Some("small-instance-type")
+    );
 }
 
 #[test]
@@ -48,14 +58,20 @@ fn runtime_class_overhead_counts() {
     let mut p = pod("p").requests(&[("cpu", "1")]);
     p.spec.as_mut().unwrap().overhead = Some([("cpu".to_string(), K8sQuantity("2".into()))].into());
     let out = env().provision(&[p]);
-    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("default-instance-type"));
+    assert_eq!(
+        out.scheduled("p").label(INSTANCE_TYPE_LABEL),
+        Some("default-instance-type")
+    );
 }
 
 #[test]
 fn small_pods_share_the_smallest_type() {
     let ps = pods("p", 5, |p| p.requests(&[("memory", "10M")]));
     let out = env().provision(&ps);
-    assert_eq!(types_of(&out, &ps), BTreeSet::from(["small-instance-type".to_string()]));
+    assert_eq!(
+        types_of(&out, &ps),
+        BTreeSet::from(["small-instance-type".to_string()])
+    );
     assert_eq!(node_count(&out, &ps), 1);
 }
 
@@ -66,7 +82,10 @@ fn new_nodes_when_a_node_is_full() {
             .requests(&[("memory", "1.8G")])
     });
     let out = env().provision(&ps);
-    assert_eq!(types_of(&out, &ps), BTreeSet::from(["default-instance-type".to_string()]));
+    assert_eq!(
+        types_of(&out, &ps),
+        BTreeSet::from(["default-instance-type".to_string()])
+    );
     assert_eq!(node_count(&out, &ps), 20);
 }
 
@@ -81,7 +100,10 @@ fn small_and_large_pods_pack_together() {
             .requests(&[("memory", "400M")])
     }));
     let out = env().provision(&ps);
-    assert_eq!(types_of(&out, &ps), BTreeSet::from(["default-instance-type".to_string()]));
+    assert_eq!(
+        types_of(&out, &ps),
+        BTreeSet::from(["default-instance-type".to_string()])
+    );
     assert_eq!(node_count(&out, &ps), 20);
 }
 
@@ -116,7 +138,10 @@ fn new_nodes_when_a_node_reaches_its_pod_count() {
             .requests(&[("memory", "1m"), ("cpu", "1m")])
     });
     let out = env().provision(&ps);
-    assert_eq!(types_of(&out, &ps), BTreeSet::from(["small-instance-type".to_string()]));
+    assert_eq!(
+        types_of(&out, &ps),
+        BTreeSet::from(["small-instance-type".to_string()])
+    );
     assert_eq!(node_count(&out, &ps), 5);
 }
 
@@ -126,7 +151,10 @@ fn init_container_requests_count() {
         .requests(&[("memory", "1Gi"), ("cpu", "1")])
         .init_requests(&[("memory", "1Gi"), ("cpu", "2")]);
     let out = env().provision(&[p]);
-    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("default-instance-type"));
+    assert_eq!(
+        out.scheduled("p").label(INSTANCE_TYPE_LABEL),
+        Some("default-instance-type")
+    );
 }
 
 #[test]

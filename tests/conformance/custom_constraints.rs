@@ -86,13 +86,17 @@ fn hostname_node_selector_is_not_schedulable() {
 #[test]
 fn unknown_zone_node_selector_is_not_schedulable() {
     let p = pod("p").node_selector(&[(ZONE_LABEL, "unknown")]);
-    zone_pool(&["test-zone-1"]).provision(&[p]).not_scheduled("p");
+    zone_pool(&["test-zone-1"])
+        .provision(&[p])
+        .not_scheduled("p");
 }
 
 #[test]
 fn node_selector_outside_pool_zones_is_not_schedulable() {
     let p = pod("p").node_selector(&[(ZONE_LABEL, "test-zone-2")]);
-    zone_pool(&["test-zone-1"]).provision(&[p]).not_scheduled("p");
+    zone_pool(&["test-zone-1"])
+        .provision(&[p])
+        .not_scheduled("p");
 }
 
 #[test]
@@ -104,7 +108,8 @@ fn required_zone_in() {
 
 fn integer_pool(op: Operator, v: &str) -> Option<String> {
     let out = Env::new(nodepool("default").req(INTEGER, op, &[v])).provision(&[pod("p")]);
-    out.node_of("p").and_then(|n| n.label(INTEGER).map(str::to_string))
+    out.node_of("p")
+        .and_then(|n| n.label(INTEGER).map(str::to_string))
 }
 
 #[test]
@@ -160,7 +165,10 @@ const ALL_ZONES_AND_UNKNOWN: [&str; 4] = ["test-zone-1", "test-zone-2", "test-zo
 fn compatible_preference_in_narrows_the_requirement() {
     let p = pod("p")
         .required(vec![node_req(ZONE_LABEL, "In", &ALL_ZONES_AND_UNKNOWN)])
-        .preferred(1, vec![node_req(ZONE_LABEL, "In", &["test-zone-2", "unknown"])]);
+        .preferred(
+            1,
+            vec![node_req(ZONE_LABEL, "In", &["test-zone-2", "unknown"])],
+        );
     let out = env().provision(&[p]);
     assert_eq!(out.scheduled("p").label(ZONE_LABEL), Some("test-zone-2"));
 }
@@ -179,7 +187,11 @@ fn compatible_preference_not_in_narrows_the_requirement() {
         .required(vec![node_req(ZONE_LABEL, "In", &ALL_ZONES_AND_UNKNOWN)])
         .preferred(
             1,
-            vec![node_req(ZONE_LABEL, "NotIn", &["test-zone-1", "test-zone-3"])],
+            vec![node_req(
+                ZONE_LABEL,
+                "NotIn",
+                &["test-zone-1", "test-zone-3"],
+            )],
         );
     let out = env().provision(&[p]);
     assert_eq!(out.scheduled("p").label(ZONE_LABEL), Some("test-zone-2"));
@@ -189,10 +201,7 @@ fn compatible_preference_not_in_narrows_the_requirement() {
 fn incompatible_preference_not_in_is_relaxed() {
     let p = pod("p")
         .required(vec![node_req(ZONE_LABEL, "In", &ALL_ZONES_AND_UNKNOWN)])
-        .preferred(
-            1,
-            vec![node_req(ZONE_LABEL, "NotIn", &ZONES)],
-        );
+        .preferred(1, vec![node_req(ZONE_LABEL, "NotIn", &ZONES)]);
     assert!(env().provision(&[p]).node_of("p").is_some());
 }
 
@@ -350,25 +359,36 @@ fn matching_value_with_in_is_schedulable() {
 #[test]
 fn matching_value_with_not_in_is_not_schedulable() {
     let p = pod("p").required(vec![node_req("test-key", "NotIn", &["test-value"])]);
-    test_key_pool(&["test-value"]).provision(&[p]).not_scheduled("p");
+    test_key_pool(&["test-value"])
+        .provision(&[p])
+        .not_scheduled("p");
 }
 
 #[test]
 fn defined_key_with_exists_is_schedulable() {
     let p = pod("p").required(vec![node_req("test-key", "Exists", &[])]);
-    assert!(test_key_pool(&["test-value"]).provision(&[p]).node_of("p").is_some());
+    assert!(
+        test_key_pool(&["test-value"])
+            .provision(&[p])
+            .node_of("p")
+            .is_some()
+    );
 }
 
 #[test]
 fn defined_key_with_does_not_exist_is_not_schedulable() {
     let p = pod("p").required(vec![node_req("test-key", "DoesNotExist", &[])]);
-    test_key_pool(&["test-value"]).provision(&[p]).not_scheduled("p");
+    test_key_pool(&["test-value"])
+        .provision(&[p])
+        .not_scheduled("p");
 }
 
 #[test]
 fn different_value_with_in_is_not_schedulable() {
     let p = pod("p").required(vec![node_req("test-key", "In", &["another-value"])]);
-    test_key_pool(&["test-value"]).provision(&[p]).not_scheduled("p");
+    test_key_pool(&["test-value"])
+        .provision(&[p])
+        .not_scheduled("p");
 }
 
 #[test]

@@ -417,7 +417,9 @@ pub fn pod(name: &str) -> Pod {
 }
 
 pub fn pods(prefix: &str, n: usize, edit: impl Fn(Pod) -> Pod) -> Vec<Pod> {
-    (0..n).map(|i| edit(pod(&format!("{prefix}-{i}")))).collect()
+    (0..n)
+        .map(|i| edit(pod(&format!("{prefix}-{i}"))))
+        .collect()
 }
 
 pub fn node_req(key: &str, op: &str, values: &[&str]) -> NodeSelectorRequirement {
@@ -448,7 +450,9 @@ pub trait PodExt: Sized {
     }
     fn requests(mut self, pairs: &[(&str, &str)]) -> Self {
         let c = &mut self.spec().containers[0];
-        let r = c.resources.get_or_insert_with(ResourceRequirements::default);
+        let r = c
+            .resources
+            .get_or_insert_with(ResourceRequirements::default);
         let req = r.requests.get_or_insert_with(BTreeMap::new);
         for (k, v) in pairs {
             req.insert(k.to_string(), K8sQuantity(v.to_string()));
@@ -457,7 +461,9 @@ pub trait PodExt: Sized {
     }
     fn limits(mut self, pairs: &[(&str, &str)]) -> Self {
         let c = &mut self.spec().containers[0];
-        let r = c.resources.get_or_insert_with(ResourceRequirements::default);
+        let r = c
+            .resources
+            .get_or_insert_with(ResourceRequirements::default);
         let lim = r.limits.get_or_insert_with(BTreeMap::new);
         for (k, v) in pairs {
             lim.insert(k.to_string(), K8sQuantity(v.to_string()));
@@ -730,7 +736,14 @@ impl Env {
             self.nodes.push(ExistingNode {
                 name,
                 labels,
-                taints: pool.nodepool.spec.template.spec.taints.clone().unwrap_or_default(),
+                taints: pool
+                    .nodepool
+                    .spec
+                    .template
+                    .spec
+                    .taints
+                    .clone()
+                    .unwrap_or_default(),
                 allocatable: it.allocatable(),
                 requested: n.claim.requests.clone(),
                 in_flight: false,
@@ -746,11 +759,10 @@ impl Env {
             if let Some(node) = node {
                 if out.existing_of(&name).is_some() {
                     // Count its requests on the existing node it joined.
-                    let requests = karpenter_capi::scheduling::pod::pod_requests(
-                        p.spec.as_ref().unwrap(),
-                    )
-                    .unwrap()
-                    .with("pods", Quantity::from_units(1));
+                    let requests =
+                        karpenter_capi::scheduling::pod::pod_requests(p.spec.as_ref().unwrap())
+                            .unwrap()
+                            .with("pods", Quantity::from_units(1));
                     if let Some(n) = self.nodes.iter_mut().find(|n| n.name == node) {
                         n.requested.add_assign(&requests);
                     }

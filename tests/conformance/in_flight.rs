@@ -36,13 +36,23 @@ fn an_in_flight_node_with_room_takes_the_next_pod() {
 
 #[test]
 fn an_in_flight_node_takes_pods_whose_selectors_it_satisfies() {
-    let mut e = with_in_flight(vec![
-        small("a").required(vec![node_req(ZONE_LABEL, "In", &["test-zone-2"])]),
-    ]);
-    let b = small("b").required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1", "test-zone-2"])]);
+    let mut e = with_in_flight(vec![small("a").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-2"],
+    )])]);
+    let b = small("b").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1", "test-zone-2"],
+    )]);
     let out = e.provision_and_bind(&[b]);
     assert_eq!(out.existing_of("b"), Some("node-0"));
-    let c = small("c").required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1", "test-zone-3"])]);
+    let c = small("c").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1", "test-zone-3"],
+    )]);
     let out = e.provision(&[c]);
     assert!(out.existing_of("c").is_none());
     assert!(out.node_of("c").is_some());
@@ -69,7 +79,9 @@ fn a_pod_incompatible_with_the_in_flight_node_gets_a_new_one() {
 fn in_flight_nodes_keep_zonal_balance_without_new_nodes() {
     let foo = [("test", "test")];
     let spread = |prefix: &str, n: usize| {
-        pods(prefix, n, |p| p.labels(&foo).spread(ZONE_LABEL, 1, true, &foo))
+        pods(prefix, n, |p| {
+            p.labels(&foo).spread(ZONE_LABEL, 1, true, &foo)
+        })
     };
     let mut e = env();
     e.provision_and_bind(&spread("a", 4));
@@ -87,7 +99,9 @@ fn in_flight_nodes_keep_zonal_balance_without_new_nodes() {
 fn in_flight_nodes_keep_hostname_balance() {
     let foo = [("test", "test")];
     let spread = |prefix: &str, n: usize| {
-        pods(prefix, n, |p| p.labels(&foo).spread(HOSTNAME_LABEL, 1, true, &foo))
+        pods(prefix, n, |p| {
+            p.labels(&foo).spread(HOSTNAME_LABEL, 1, true, &foo)
+        })
     };
     let mut e = env();
     e.provision_and_bind(&spread("a", 4));
@@ -151,7 +165,11 @@ fn startup_taints_left_out_of_in_flight_nodes_do_not_block() {
 fn startup_taints_still_present_after_initialization_block() {
     let mut e = big_first();
     e.nodes[0].in_flight = false;
-    e.nodes[0].taints = vec![taint("ignore-me", Some("nothing-to-see-here"), "NoSchedule")];
+    e.nodes[0].taints = vec![taint(
+        "ignore-me",
+        Some("nothing-to-see-here"),
+        "NoSchedule",
+    )];
     let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
     assert!(out.existing_of("b").is_none());
 }
@@ -162,7 +180,11 @@ fn a_not_ready_tainted_node_counts_as_in_flight() {
     e.nodes[0].taints = vec![
         taint("node.kubernetes.io/not-ready", None, "NoSchedule"),
         taint("node.kubernetes.io/unreachable", None, "NoSchedule"),
-        taint("node.cloudprovider.kubernetes.io/uninitialized", Some("true"), "NoSchedule"),
+        taint(
+            "node.cloudprovider.kubernetes.io/uninitialized",
+            Some("true"),
+            "NoSchedule",
+        ),
     ];
     let out = e.provision(&[pod("b").requests(&[("cpu", "10m")])]);
     assert_eq!(out.existing_of("b"), Some("node-0"));
@@ -187,7 +209,9 @@ fn in_flight_nodes_are_packed_before_new_ones() {
     let free = e
         .nodes
         .iter()
-        .filter(|n| n.allocatable.get("cpu").as_millis() - n.requested.get("cpu").as_millis() >= 1000)
+        .filter(|n| {
+            n.allocatable.get("cpu").as_millis() - n.requested.get("cpu").as_millis() >= 1000
+        })
         .count();
     assert!(free <= 1);
     assert!((0..4).all(|i| out.is_scheduled(&format!("b-{i}"))));

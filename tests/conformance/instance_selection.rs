@@ -113,7 +113,10 @@ fn cheapest_pod_spot() {
 #[test]
 fn cheapest_pool_on_demand_zone_1() {
     cheapest(
-        &[(CAPACITY_TYPE_LABEL, &[ON_DEMAND]), (ZONE_LABEL, &["test-zone-1"])],
+        &[
+            (CAPACITY_TYPE_LABEL, &[ON_DEMAND]),
+            (ZONE_LABEL, &["test-zone-1"]),
+        ],
         &[],
     );
 }
@@ -121,12 +124,18 @@ fn cheapest_pool_on_demand_zone_1() {
 fn cheapest_pod_spot_zone_1() {
     cheapest(
         &[],
-        &[(CAPACITY_TYPE_LABEL, &[SPOT]), (ZONE_LABEL, &["test-zone-1"])],
+        &[
+            (CAPACITY_TYPE_LABEL, &[SPOT]),
+            (ZONE_LABEL, &["test-zone-1"]),
+        ],
     );
 }
 #[test]
 fn cheapest_pool_spot_pod_zone_2() {
-    cheapest(&[(CAPACITY_TYPE_LABEL, &[SPOT])], &[(ZONE_LABEL, &["test-zone-2"])]);
+    cheapest(
+        &[(CAPACITY_TYPE_LABEL, &[SPOT])],
+        &[(ZONE_LABEL, &["test-zone-2"])],
+    );
 }
 #[test]
 fn cheapest_pool_on_demand_zone_1_arm64_windows() {
@@ -144,7 +153,10 @@ fn cheapest_pool_on_demand_zone_1_arm64_windows() {
 fn cheapest_pool_amd64_linux_pod_spot_zone_2() {
     cheapest(
         &[(ARCH_LABEL, &["amd64"]), (OS_LABEL, &["linux"])],
-        &[(CAPACITY_TYPE_LABEL, &[SPOT]), (ZONE_LABEL, &["test-zone-2"])],
+        &[
+            (CAPACITY_TYPE_LABEL, &[SPOT]),
+            (ZONE_LABEL, &["test-zone-2"]),
+        ],
     );
 }
 #[test]
@@ -205,7 +217,10 @@ fn the_chosen_type_holds_every_pod_and_types_stay_unchanged() {
     let it = before.iter().find(|t| t.name == n.instance_type).unwrap();
     assert!(it.capacity.get("cpu") > q("3"));
     assert!(it.capacity.get("memory") > q("3Gi"));
-    assert_eq!(e.pools[0].instance_types, before, "the solve must not modify types");
+    assert_eq!(
+        e.pools[0].instance_types, before,
+        "the solve must not modify types"
+    );
 }
 
 #[test]
@@ -214,13 +229,19 @@ fn cheaper_on_demand_wins_whatever_the_spot_order() {
         itype(name)
             .os(&["linux"])
             .resources(&[("cpu", "1"), ("memory", "1Gi")])
-            .priced(&[(ON_DEMAND, "test-zone-1a", od), (SPOT, "test-zone-1a", spot)])
+            .priced(&[
+                (ON_DEMAND, "test-zone-1a", od),
+                (SPOT, "test-zone-1a", spot),
+            ])
             .build()
     };
     let types = vec![t("test-instance1", 1.0, 0.2), t("test-instance2", 1.3, 0.1)];
     let np = selection_pool().req(CAPACITY_TYPE_LABEL, Operator::In, &[ON_DEMAND]);
     let out = Env::with_types(np, types).provision(&[pod("p")]);
-    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("test-instance1"));
+    assert_eq!(
+        out.scheduled("p").label(INSTANCE_TYPE_LABEL),
+        Some("test-instance1")
+    );
 }
 
 // --- MinValues ---
@@ -243,7 +264,9 @@ fn min_values_types() -> Vec<InstanceType> {
 }
 
 fn two_small_pods() -> Vec<k8s_openapi::api::core::v1::Pod> {
-    pods("p", 2, |p| p.requests(&[("cpu", "0.9"), ("memory", "0.9Gi")]))
+    pods("p", 2, |p| {
+        p.requests(&[("cpu", "0.9"), ("memory", "0.9Gi")])
+    })
 }
 
 #[test]
@@ -265,7 +288,9 @@ fn min_values_above_the_catalog_schedules_nothing() {
     let types: Vec<InstanceType> = default_types().into_iter().chain(sized_types(4)).collect();
     assert_eq!(types.len(), 10);
     let np = nodepool("default").req_min(INSTANCE_TYPE_LABEL, Operator::Exists, &[], 11);
-    Env::with_types(np, types).provision(&[pod("p")]).not_scheduled("p");
+    Env::with_types(np, types)
+        .provision(&[pod("p")])
+        .not_scheduled("p");
 }
 
 #[test]

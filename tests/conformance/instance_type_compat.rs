@@ -26,7 +26,9 @@ fn distinct_nodes(out: &Outcome, pods: &[&str]) -> usize {
 #[test]
 fn more_cpu_than_any_type_is_not_schedulable() {
     let p = pod("p").requests(&[("cpu", "512")]);
-    Env::new(nodepool("default")).provision(&[p]).not_scheduled("p");
+    Env::new(nodepool("default"))
+        .provision(&[p])
+        .not_scheduled("p");
 }
 
 #[test]
@@ -39,7 +41,11 @@ fn different_archs_get_different_nodes() {
 
 #[test]
 fn instance_type_outside_the_pool_arch_is_excluded() {
-    let p = pod("p").required(vec![node_req(INSTANCE_TYPE_LABEL, "In", &["arm-instance-type"])]);
+    let p = pod("p").required(vec![node_req(
+        INSTANCE_TYPE_LABEL,
+        "In",
+        &["arm-instance-type"],
+    )]);
     amd64_only().provision(&[p]).not_scheduled("p");
 }
 
@@ -116,8 +122,14 @@ fn provider_labels_filter_instance_types() {
     let a = pod("a").node_selector(&[(SIZE, "large")]);
     let b = pod("b").node_selector(&[(SIZE, "small")]);
     let out = five_sizes().provision(&[a, b]);
-    assert_eq!(out.scheduled("a").label(INSTANCE_TYPE_LABEL), Some("fake-it-4"));
-    assert_eq!(out.scheduled("b").label(INSTANCE_TYPE_LABEL), Some("fake-it-0"));
+    assert_eq!(
+        out.scheduled("a").label(INSTANCE_TYPE_LABEL),
+        Some("fake-it-4")
+    );
+    assert_eq!(
+        out.scheduled("b").label(INSTANCE_TYPE_LABEL),
+        Some("fake-it-0")
+    );
 }
 
 #[test]

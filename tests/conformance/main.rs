@@ -4,11 +4,12 @@
 
 mod fixture;
 
-mod custom_constraints;
-mod preferential_fallback;
 mod binpacking;
-mod instance_type_compat;
-mod topology;
-mod provisioning;
-mod instance_selection;
+mod custom_constraints;
+mod doc_table;
 mod in_flight;
+mod instance_selection;
+mod instance_type_compat;
+mod preferential_fallback;
+mod provisioning;
+mod topology;

@@ -10,7 +10,11 @@ use crate::fixture::*;
 fn the_last_required_term_is_never_relaxed() {
     let np = nodepool("default")
         .req(ZONE_LABEL, Operator::In, &["test-zone-1"])
-        .req(INSTANCE_TYPE_LABEL, Operator::In, &["default-instance-type"]);
+        .req(
+            INSTANCE_TYPE_LABEL,
+            Operator::In,
+            &["default-instance-type"],
+        );
     let p = pod("p").required_term(vec![node_req(ZONE_LABEL, "In", &["invalid"])]);
     Env::new(np).provision(&[p]).not_scheduled("p");
 }
@@ -31,14 +35,22 @@ fn every_preferred_term_may_be_relaxed() {
     let p = pod("p")
         .preferred(1, vec![node_req(ZONE_LABEL, "In", &["invalid"])])
         .preferred(1, vec![node_req(INSTANCE_TYPE_LABEL, "In", &["invalid"])]);
-    assert!(Env::new(nodepool("default")).provision(&[p]).node_of("p").is_some());
+    assert!(
+        Env::new(nodepool("default"))
+            .provision(&[p])
+            .node_of("p")
+            .is_some()
+    );
 }
 
 #[test]
 fn heavier_preferences_are_relaxed_first_down_to_lighter_ones() {
     let np = nodepool("default").req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]);
     let p = pod("p")
-        .preferred(100, vec![node_req(INSTANCE_TYPE_LABEL, "In", &["test-zone-3"])])
+        .preferred(
+            100,
+            vec![node_req(INSTANCE_TYPE_LABEL, "In", &["test-zone-3"])],
+        )
         .preferred(50, vec![node_req(ZONE_LABEL, "In", &["test-zone-2"])])
         .preferred(1, vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
     let out = Env::new(np).provision(&[p]);
@@ -63,7 +75,12 @@ fn a_self_contradicting_preference_is_dropped() {
             node_req(ZONE_LABEL, "NotIn", &["invalid"]),
         ],
     );
-    assert!(Env::new(nodepool("default")).provision(&[p]).node_of("p").is_some());
+    assert!(
+        Env::new(nodepool("default"))
+            .provision(&[p])
+            .node_of("p")
+            .is_some()
+    );
 }
 
 // --- provisioning suite: Preferential Fallback ---
@@ -147,7 +164,9 @@ fn all_on_one_node(out: &Outcome, n: usize) {
 #[test]
 fn ignore_policy_drops_zonal_schedule_anyway_spreads() {
     let foo = [("app", "foo")];
-    let ps = pods("p", 5, |p| p.labels(&foo).spread(ZONE_LABEL, 1, false, &foo));
+    let ps = pods("p", 5, |p| {
+        p.labels(&foo).spread(ZONE_LABEL, 1, false, &foo)
+    });
     all_on_one_node(&ignoring(plain()).provision(&ps), 5);
 }
 
@@ -164,7 +183,10 @@ fn ignore_policy_drops_hostname_schedule_anyway_spreads() {
 #[test]
 fn ignore_policy_drops_zonal_anti_affinity_preferences() {
     let foo = [("app", "foo")];
-    let ps = pods("p", 5, |p| p.labels(&foo).pod_anti_affinity_preferred(1, ZONE_LABEL, &foo));
+    let ps = pods("p", 5, |p| {
+        p.labels(&foo)
+            .pod_anti_affinity_preferred(1, ZONE_LABEL, &foo)
+    });
     all_on_one_node(&ignoring(plain()).provision(&ps), 5);
 }
 

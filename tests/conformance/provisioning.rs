@@ -4,9 +4,7 @@
 
 use karpenter_capi::api::nodeclaim::Operator;
 use karpenter_capi::api::resources::Resources;
-use karpenter_capi::api::wellknown::{
-    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL,
-};
+use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL};
 
 use crate::fixture::*;
 
@@ -39,7 +37,8 @@ fn provisions_nodes_for_many_pods() {
 
 #[test]
 fn supported_node_selectors_are_provisioned() {
-    let e = Env::new(plain("default").req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]));
+    let e =
+        Env::new(plain("default").req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]));
     let ok = [
         pod("a").node_selector(&[(NODEPOOL_LABEL, "default")]),
         pod("b").node_selector(&[(ZONE_LABEL, "test-zone-1")]),
@@ -88,7 +87,10 @@ fn sidecar_and_init_container_requests_take_the_maximum() {
     p = p.init_requests(&[("cpu", "2"), ("memory", "2Gi")]);
     let out = env().provision(&[p]);
     // 2 CPUs for the init container fit the 4-CPU type only (the 2-CPU one keeps 100m).
-    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("default-instance-type"));
+    assert_eq!(
+        out.scheduled("p").label(INSTANCE_TYPE_LABEL),
+        Some("default-instance-type")
+    );
 }
 
 // --- Resource Limits ---
@@ -117,20 +119,24 @@ fn a_limit_lets_part_of_a_batch_through() {
             .requests(&[("cpu", "1.5")])
     });
     let out = e.provision(&ps);
-    let placed = (0..2).filter(|i| out.is_scheduled(&format!("p-{i}"))).count();
+    let placed = (0..2)
+        .filter(|i| out.is_scheduled(&format!("p-{i}")))
+        .count();
     assert_eq!(placed, 1);
 }
 
 #[test]
 fn a_pod_above_the_limit_is_not_scheduled() {
     let e = Env::new(plain("default").limits(&[("cpu", "2")]));
-    e.provision(&[pod("p").requests(&[("cpu", "2.1")])]).not_scheduled("p");
+    e.provision(&[pod("p").requests(&[("cpu", "2.1")])])
+        .not_scheduled("p");
 }
 
 #[test]
 fn a_pods_limit_stops_a_gpu_pod() {
     let e = Env::new(plain("default").limits(&[("pods", "1")]));
-    e.provision(&[pod("p").limits(&[(GPU_A, "1")])]).not_scheduled("p");
+    e.provision(&[pod("p").limits(&[(GPU_A, "1")])])
+        .not_scheduled("p");
 }
 
 #[test]
@@ -162,9 +168,8 @@ fn a_node_count_limit_is_honoured() {
     for name in ["a", "b"] {
         let out = e.provision_and_bind(&[mk(name)]);
         out.scheduled(name);
-        e.pools[0].usage = karpenter_capi::scheduling::nodepool_usage(
-            e.nodes.iter().map(|n| &n.allocatable),
-        );
+        e.pools[0].usage =
+            karpenter_capi::scheduling::nodepool_usage(e.nodes.iter().map(|n| &n.allocatable));
     }
     e.provision(&[mk("c")]).not_scheduled("c");
 }
@@ -172,7 +177,9 @@ fn a_node_count_limit_is_honoured() {
 // --- Daemonsets ---
 
 fn it_cpu(out: &Outcome, pod: &str) -> Option<String> {
-    out.scheduled(pod).label(INSTANCE_TYPE_LABEL).map(str::to_string)
+    out.scheduled(pod)
+        .label(INSTANCE_TYPE_LABEL)
+        .map(str::to_string)
 }
 
 const POD_1: [(&str, &str); 2] = [("cpu", "1"), ("memory", "1Gi")];
@@ -228,8 +235,14 @@ fn daemonset_init_containers_count_at_their_maximum() {
         .unwrap()
         .limits = Some(
         [
-            ("cpu".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("10000".into())),
-            ("memory".to_string(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("3Gi".into())),
+            (
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("10000".into()),
+            ),
+            (
+                "memory".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("3Gi".into()),
+            ),
         ]
         .into(),
     );
@@ -241,7 +254,10 @@ fn daemonset_init_containers_count_at_their_maximum() {
 #[test]
 fn daemonset_init_container_too_large_blocks_scheduling() {
     let ds = pod("ds").init_requests(&[("cpu", "10000"), ("memory", "10000Gi")]);
-    env().daemonset(ds).provision(&[pod("p")]).not_scheduled("p");
+    env()
+        .daemonset(ds)
+        .provision(&[pod("p")])
+        .not_scheduled("p");
 }
 
 #[test]
@@ -286,16 +302,18 @@ fn daemonsets_no_instance_type_suits_are_ignored() {
 fn daemonsets_selecting_a_pool_label_count() {
     let np = plain("default").labels(&[("purpose", "monitoring")]);
     let ds = daemon("ds", &DS_2).node_selector(&[("purpose", "monitoring")]);
-    let out = Env::new(np).daemonset(ds).provision(&[pod("p").requests(&POD_1)]);
+    let out = Env::new(np)
+        .daemonset(ds)
+        .provision(&[pod("p").requests(&POD_1)]);
     assert_eq!(it_cpu(&out, "p").as_deref(), Some("default-instance-type"));
 }
 
 #[test]
 fn daemonsets_count_only_on_the_types_they_select() {
-    let small = daemon("small-ds", &[("cpu", "1")])
-        .required(vec![node_req(SIZE, "In", &["small"])]);
-    let large = daemon("large-ds", &[("cpu", "10")])
-        .required(vec![node_req(SIZE, "In", &["large"])]);
+    let small =
+        daemon("small-ds", &[("cpu", "1")]).required(vec![node_req(SIZE, "In", &["small"])]);
+    let large =
+        daemon("large-ds", &[("cpu", "10")]).required(vec![node_req(SIZE, "In", &["large"])]);
     let out = env()
         .daemonset(small)
         .daemonset(large)
@@ -342,7 +360,10 @@ fn daemonsets_count_on_a_prefer_no_schedule_pool() {
 
 #[test]
 fn pool_labels_land_on_nodes() {
-    let np = plain("default").labels(&[("test-key-1", "test-value-1"), ("test-key-2", "test-value-2")]);
+    let np = plain("default").labels(&[
+        ("test-key-1", "test-value-1"),
+        ("test-key-2", "test-value-2"),
+    ]);
     let out = Env::new(np).provision(&[pod("p")]);
     let n = out.scheduled("p");
     assert_eq!(n.label("test-key-1"), Some("test-value-1"));
@@ -363,9 +384,24 @@ fn pool_labels_in_kubernetes_domains_land_on_nodes() {
 fn pods_tolerating_pool_taints_schedule() {
     let np = plain("default").taints(vec![taint("nvidia.com/gpu", Some("true"), "NoSchedule")]);
     let e = Env::new(np);
-    let ok = pod("ok").tolerate(toleration("nvidia.com/gpu", "Equal", Some("true"), Some("NoSchedule")));
-    let exists = pod("exists").tolerate(toleration("nvidia.com/gpu", "Exists", None, Some("NoSchedule")));
-    let wrong = pod("wrong").tolerate(toleration("nvidia.com/gpu", "Equal", Some("false"), Some("NoSchedule")));
+    let ok = pod("ok").tolerate(toleration(
+        "nvidia.com/gpu",
+        "Equal",
+        Some("true"),
+        Some("NoSchedule"),
+    ));
+    let exists = pod("exists").tolerate(toleration(
+        "nvidia.com/gpu",
+        "Exists",
+        None,
+        Some("NoSchedule"),
+    ));
+    let wrong = pod("wrong").tolerate(toleration(
+        "nvidia.com/gpu",
+        "Equal",
+        Some("false"),
+        Some("NoSchedule"),
+    ));
     let out = e.provision(&[ok, exists, wrong, pod("none")]);
     out.scheduled("ok");
     out.scheduled("exists");
@@ -405,7 +441,10 @@ fn the_heaviest_pool_always_wins() {
     let ps = pods("p", 3, |p| p);
     let out = e.provision(&ps);
     for i in 0..3 {
-        assert_eq!(out.scheduled(&format!("p-{i}")).label(NODEPOOL_LABEL), Some("w100"));
+        assert_eq!(
+            out.scheduled(&format!("p-{i}")).label(NODEPOOL_LABEL),
+            Some("w100")
+        );
     }
 }
 
@@ -424,7 +463,10 @@ fn three_types() -> Vec<karpenter_capi::scheduling::InstanceType> {
     (1..=2)
         .map(|i| {
             itype(&format!("instance-type-{i}"))
-                .resources(&[("cpu", &format!("{}", i * 2)), ("memory", &format!("{}Gi", i * 4))])
+                .resources(&[
+                    ("cpu", &format!("{}", i * 2)),
+                    ("memory", &format!("{}Gi", i * 4)),
+                ])
                 .build()
         })
         .collect()
@@ -465,7 +507,10 @@ fn all_default_type_names() -> BTreeSet<String> {
 fn the_claim_lists_every_fitting_type_and_the_pool() {
     let out = env().provision(&[pod("p")]);
     let n = out.scheduled("p");
-    assert_eq!(claim_values(n, INSTANCE_TYPE_LABEL), all_default_type_names());
+    assert_eq!(
+        claim_values(n, INSTANCE_TYPE_LABEL),
+        all_default_type_names()
+    );
     assert_eq!(
         claim_values(n, NODEPOOL_LABEL),
         BTreeSet::from(["default".to_string()])
@@ -479,7 +524,10 @@ fn the_claim_carries_the_pool_custom_requirements() {
         .req("custom-requirement-key2", Operator::In, &["value"]);
     let out = Env::new(np).provision(&[pod("p")]);
     let n = out.scheduled("p");
-    assert_eq!(claim_values(n, INSTANCE_TYPE_LABEL), all_default_type_names());
+    assert_eq!(
+        claim_values(n, INSTANCE_TYPE_LABEL),
+        all_default_type_names()
+    );
     for k in ["custom-requirement-key", "custom-requirement-key2"] {
         assert_eq!(claim_values(n, k), BTreeSet::from(["value".to_string()]));
     }
@@ -490,7 +538,10 @@ fn the_claim_narrows_instance_types_by_arch() {
     let np = plain("default").req(ARCH_LABEL, Operator::In, &["arm64"]);
     let out = Env::new(np).provision(&[pod("p")]);
     let n = out.scheduled("p");
-    assert_eq!(claim_values(n, ARCH_LABEL), BTreeSet::from(["arm64".to_string()]));
+    assert_eq!(
+        claim_values(n, ARCH_LABEL),
+        BTreeSet::from(["arm64".to_string()])
+    );
     assert_eq!(
         claim_values(n, INSTANCE_TYPE_LABEL),
         BTreeSet::from(["arm-instance-type".to_string()])
@@ -502,7 +553,10 @@ fn the_claim_narrows_instance_types_by_os() {
     let np = plain("default").req(OS_LABEL, Operator::In, &["ios"]);
     let out = Env::new(np).provision(&[pod("p")]);
     let n = out.scheduled("p");
-    assert_eq!(claim_values(n, OS_LABEL), BTreeSet::from(["ios".to_string()]));
+    assert_eq!(
+        claim_values(n, OS_LABEL),
+        BTreeSet::from(["ios".to_string()])
+    );
     assert_eq!(
         claim_values(n, INSTANCE_TYPE_LABEL),
         BTreeSet::from(["arm-instance-type".to_string()])
@@ -548,7 +602,10 @@ fn the_claim_requests_what_its_pods_request() {
     let out = env().provision(&[p]);
     let r = claim_requests(&out, "p");
     assert_eq!(r.iter().count(), 4, "{r:?}");
-    assert_eq!(r, res(&[("cpu", "1"), ("memory", "1Mi"), (GPU_A, "1"), ("pods", "1")]));
+    assert_eq!(
+        r,
+        res(&[("cpu", "1"), ("memory", "1Mi"), (GPU_A, "1"), ("pods", "1")])
+    );
 }
 
 #[test]
@@ -575,13 +632,18 @@ fn daemon_overhead_is_counted_once_per_claim() {
 
 #[test]
 fn requirement_only_labels_land_but_not_well_known_not_in() {
-    let np = plain("default")
-        .req("foo", Operator::In, &["bar"])
-        .req("node.kubernetes.io/windows-build", Operator::NotIn, &["test-value"]);
+    let np = plain("default").req("foo", Operator::In, &["bar"]).req(
+        "node.kubernetes.io/windows-build",
+        Operator::NotIn,
+        &["test-value"],
+    );
     let out = Env::new(np).provision(&[pod("p")]);
     let n = out.scheduled("p");
     assert_eq!(n.label("foo"), Some("bar"));
-    assert_ne!(n.label("node.kubernetes.io/windows-build"), Some("test-value"));
+    assert_ne!(
+        n.label("node.kubernetes.io/windows-build"),
+        Some("test-value")
+    );
 }
 
 #[test]
@@ -595,7 +657,11 @@ fn pool_annotations_land_on_the_claim() {
     let out = e.provision(&[pod("p")]);
     let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
     assert_eq!(
-        nc.metadata.annotations.unwrap().get("test-key").map(String::as_str),
+        nc.metadata
+            .annotations
+            .unwrap()
+            .get("test-key")
+            .map(String::as_str),
         Some("test-value")
     );
 }
@@ -609,7 +675,12 @@ fn the_pool_termination_grace_period_lands_on_the_claim() {
     let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
     assert_eq!(
         nc.spec.termination_grace_period,
-        e.pools[0].nodepool.spec.template.spec.termination_grace_period
+        e.pools[0]
+            .nodepool
+            .spec
+            .template
+            .spec
+            .termination_grace_period
     );
 }
 
@@ -618,7 +689,9 @@ fn restartable_init_containers_add_to_the_containers() {
     // A sidecar (restartPolicy Always) of 1 CPU runs next to the 1-CPU container; the 3-CPU
     // init container runs before both, so the pod needs 3 CPUs: the 4-CPU type.
     let mut p = pod("p").requests(&[("cpu", "1")]);
-    p = p.init_requests(&[("cpu", "3")]).init_requests(&[("cpu", "1")]);
+    p = p
+        .init_requests(&[("cpu", "3")])
+        .init_requests(&[("cpu", "1")]);
     p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[1].restart_policy =
         Some("Always".into());
     let out = env().provision(&[p]);
@@ -634,10 +707,15 @@ fn strict_zone_min_values_not_met_schedules_nothing() {
     let np = plain("default").req_min(ZONE_LABEL, Operator::In, &ZONES, 3);
     let types = vec![
         itype("one-zone")
-            .offerings(&[(ON_DEMAND, "test-zone-1", true), (ON_DEMAND, "test-zone-2", true)])
+            .offerings(&[
+                (ON_DEMAND, "test-zone-1", true),
+                (ON_DEMAND, "test-zone-2", true),
+            ])
             .build(),
     ];
-    Env::with_types(np, types).provision(&[pod("p")]).not_scheduled("p");
+    Env::with_types(np, types)
+        .provision(&[pod("p")])
+        .not_scheduled("p");
 }
 
 // --- StaticNodePool ---
@@ -673,16 +751,25 @@ fn no_pool_termination_grace_period_leaves_the_claim_without_one() {
 
 #[test]
 fn supported_node_affinities_are_provisioned() {
-    let e = Env::new(plain("default").req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]));
+    let e =
+        Env::new(plain("default").req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]));
     let ok = [
         pod("a").required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]),
         pod("b").required(vec![node_req(ZONE_LABEL, "NotIn", &["test-zone-2"])]),
-        pod("c").required(vec![node_req(INSTANCE_TYPE_LABEL, "In", &["default-instance-type"])]),
+        pod("c").required(vec![node_req(
+            INSTANCE_TYPE_LABEL,
+            "In",
+            &["default-instance-type"],
+        )]),
         pod("d").required(vec![node_req(NODEPOOL_LABEL, "In", &["default"])]),
     ];
     let bad = [
         pod("e").required(vec![node_req(ZONE_LABEL, "In", &["unknown"])]),
-        pod("f").required(vec![node_req(ZONE_LABEL, "NotIn", &["test-zone-1", "test-zone-2"])]),
+        pod("f").required(vec![node_req(
+            ZONE_LABEL,
+            "NotIn",
+            &["test-zone-1", "test-zone-2"],
+        )]),
         pod("g").required(vec![node_req(NODEPOOL_LABEL, "In", &["unknown"])]),
     ];
     for p in ok {
@@ -729,7 +816,10 @@ fn around_eleven() -> Env {
 }
 
 /// `inits`: (cpu, memory, is a sidecar), in order.
-fn with_inits(container: (&str, &str), inits: &[(&str, &str, bool)]) -> k8s_openapi::api::core::v1::Pod {
+fn with_inits(
+    container: (&str, &str),
+    inits: &[(&str, &str, bool)],
+) -> k8s_openapi::api::core::v1::Pod {
     let mut p = pod("p").requests(&[("cpu", container.0), ("memory", container.1)]);
     for (cpu, mem, _) in inits {
         p = p.init_requests(&[("cpu", cpu), ("memory", mem)]);
@@ -745,20 +835,32 @@ fn with_inits(container: (&str, &str), inits: &[(&str, &str, bool)]) -> k8s_open
 
 fn lands_on_cpu_11(p: k8s_openapi::api::core::v1::Pod) {
     let out = around_eleven().provision(&[p]);
-    assert_eq!(out.scheduled("p").label(INSTANCE_TYPE_LABEL), Some("cpu-11"));
+    assert_eq!(
+        out.scheduled("p").label(INSTANCE_TYPE_LABEL),
+        Some("cpu-11")
+    );
 }
 
 #[test]
 fn sidecar_after_a_larger_init_container() {
-    lands_on_cpu_11(with_inits(("6", "2Gi"), &[("10", "4Gi", false), ("4.9", "2.9Gi", true)]));
+    lands_on_cpu_11(with_inits(
+        ("6", "2Gi"),
+        &[("10", "4Gi", false), ("4.9", "2.9Gi", true)],
+    ));
 }
 
 #[test]
 fn sidecar_before_a_smaller_init_container() {
-    lands_on_cpu_11(with_inits(("6", "2Gi"), &[("4.9", "2.9Gi", true), ("5", "1Gi", false)]));
+    lands_on_cpu_11(with_inits(
+        ("6", "2Gi"),
+        &[("4.9", "2.9Gi", true), ("5", "1Gi", false)],
+    ));
 }
 
 #[test]
 fn sidecar_before_a_larger_init_container() {
-    lands_on_cpu_11(with_inits(("5", "1Gi"), &[("4.9", "2.9Gi", true), ("6", "2Gi", false)]));
+    lands_on_cpu_11(with_inits(
+        ("5", "1Gi"),
+        &[("4.9", "2.9Gi", true), ("6", "2Gi", false)],
+    ));
 }

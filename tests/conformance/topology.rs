@@ -6,9 +6,7 @@ use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use karpenter_capi::api::nodeclaim::Operator;
-use karpenter_capi::api::wellknown::{
-    ARCH_LABEL, CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, ZONE_LABEL,
-};
+use karpenter_capi::api::wellknown::{ARCH_LABEL, CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, ZONE_LABEL};
 
 use crate::fixture::*;
 
@@ -24,7 +22,9 @@ fn env() -> Env {
 }
 
 fn spread_pods(prefix: &str, n: usize, key: &str, skew: i32) -> Vec<Pod> {
-    pods(prefix, n, |p| p.labels(&[TEST]).spread(key, skew, true, &[TEST]))
+    pods(prefix, n, |p| {
+        p.labels(&[TEST]).spread(key, skew, true, &[TEST])
+    })
 }
 
 fn bound_skew(mut e: Env, pods: &[Pod], key: &str) -> Vec<usize> {
@@ -57,7 +57,10 @@ fn a_spread_without_selector_matches_nothing_and_does_not_spread() {
 
 #[test]
 fn zonal_balance_with_match_labels() {
-    assert_eq!(bound_skew(env(), &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL), vec![1, 1, 2]);
+    assert_eq!(
+        bound_skew(env(), &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL),
+        vec![1, 1, 2]
+    );
 }
 
 #[test]
@@ -84,19 +87,28 @@ fn zonal_balance_with_match_expressions() {
 #[test]
 fn zonal_balance_within_pool_zones() {
     let e = Env::new(topo_pool().req(ZONE_LABEL, Operator::In, &ZONES));
-    assert_eq!(bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL), vec![1, 1, 2]);
+    assert_eq!(
+        bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL),
+        vec![1, 1, 2]
+    );
 }
 
 #[test]
 fn zonal_balance_within_a_subset_of_zones_by_requirement() {
     let e = Env::new(topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]));
-    assert_eq!(bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL), vec![2, 2]);
+    assert_eq!(
+        bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL),
+        vec![2, 2]
+    );
 }
 
 #[test]
 fn zonal_balance_within_a_zone_set_by_pool_label() {
     let e = Env::new(topo_pool().labels(&[(ZONE_LABEL, "test-zone-1")]));
-    assert_eq!(bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL), vec![4]);
+    assert_eq!(
+        bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL),
+        vec![4]
+    );
 }
 
 #[test]
@@ -106,7 +118,10 @@ fn zonal_balance_within_a_zone_set_by_pool_label_and_requirement() {
             .req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"])
             .labels(&[(ZONE_LABEL, "test-zone-1")]),
     );
-    assert_eq!(bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL), vec![4]);
+    assert_eq!(
+        bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL),
+        vec![4]
+    );
 }
 
 #[test]
@@ -116,7 +131,10 @@ fn zonal_balance_across_pools_with_zone_labels() {
         .labels(&[(ZONE_LABEL, "test-zone-1")]);
     let second = nodepool("second").labels(&[(ZONE_LABEL, "test-zone-2")]);
     let e = Env::new(first).pool(second, default_types());
-    assert_eq!(bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL), vec![2, 2]);
+    assert_eq!(
+        bound_skew(e, &spread_pods("p", 4, ZONE_LABEL, 1), ZONE_LABEL),
+        vec![2, 2]
+    );
 }
 
 fn cpu_spread_pods(prefix: &str, n: usize, skew: i32) -> Vec<Pod> {
@@ -135,7 +153,8 @@ fn zonal_balance_counts_an_existing_pod_outside_the_pool_zones() {
         .requests(&[("cpu", "1.1")])
         .node_selector(&[(ZONE_LABEL, "test-zone-3")]);
     e.provision_and_bind(&[first]);
-    e.pools[0].nodepool = topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]);
+    e.pools[0].nodepool =
+        topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]);
     e.provision_and_bind(&cpu_spread_pods("p", 6, 1));
     assert_eq!(e.skew(ZONE_LABEL), vec![1, 2, 2]);
 }
@@ -159,7 +178,8 @@ fn max_skew_holds_when_do_not_schedule() {
     e.pools[0].nodepool = topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-1"]);
     e.provision_and_bind(&cpu_spread_pods("a", 1, 1));
     assert_eq!(e.skew(ZONE_LABEL), vec![1]);
-    e.pools[0].nodepool = topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-2", "test-zone-3"]);
+    e.pools[0].nodepool =
+        topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-2", "test-zone-3"]);
     e.provision_and_bind(&cpu_spread_pods("b", 10, 1));
     assert_eq!(e.skew(ZONE_LABEL), vec![1, 2, 2]);
 }
@@ -169,7 +189,8 @@ fn max_skew_holds_when_do_not_schedule_with_discovered_domains() {
     let mut e = env();
     e.pools[0].nodepool = topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-1"]);
     e.provision_and_bind(&[pod("a").labels(&[TEST]).requests(&[("cpu", "1.1")])]);
-    e.pools[0].nodepool = topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-2", "test-zone-3"]);
+    e.pools[0].nodepool =
+        topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-2", "test-zone-3"]);
     e.provision_and_bind(&cpu_spread_pods("b", 10, 1));
     assert_eq!(e.skew(ZONE_LABEL), vec![1, 2, 2]);
 }
@@ -191,8 +212,9 @@ fn a_spread_without_selector_counts_nothing() {
 fn pods_not_matching_their_own_spread_share_a_node() {
     let ps = pods("p", 5, |p| p.spread(HOSTNAME_LABEL, 1, true, &[TEST]));
     let out = env().provision(&ps);
-    let nodes: std::collections::BTreeSet<String> =
-        (0..5).map(|i| out.scheduled(&format!("p-{i}")).name.clone()).collect();
+    let nodes: std::collections::BTreeSet<String> = (0..5)
+        .map(|i| out.scheduled(&format!("p-{i}")).name.clone())
+        .collect();
     assert_eq!(nodes.len(), 1);
 }
 
@@ -212,19 +234,28 @@ fn min_domains_pods(n: usize, min: i32) -> Vec<Pod> {
 #[test]
 fn min_domains_above_the_available_zones_limits_each_zone_to_max_skew() {
     let e = Env::new(topo_pool().req(ZONE_LABEL, Operator::In, &["test-zone-1", "test-zone-2"]));
-    assert_eq!(bound_skew(e, &min_domains_pods(3, 3), ZONE_LABEL), vec![1, 1]);
+    assert_eq!(
+        bound_skew(e, &min_domains_pods(3, 3), ZONE_LABEL),
+        vec![1, 1]
+    );
 }
 
 #[test]
 fn min_domains_equal_to_the_zones_spreads_normally() {
     let e = Env::new(topo_pool().req(ZONE_LABEL, Operator::In, &ZONES));
-    assert_eq!(bound_skew(e, &min_domains_pods(11, 3), ZONE_LABEL), vec![3, 4, 4]);
+    assert_eq!(
+        bound_skew(e, &min_domains_pods(11, 3), ZONE_LABEL),
+        vec![3, 4, 4]
+    );
 }
 
 #[test]
 fn min_domains_below_the_zones_spreads_normally() {
     let e = Env::new(topo_pool().req(ZONE_LABEL, Operator::In, &ZONES));
-    assert_eq!(bound_skew(e, &min_domains_pods(11, 2), ZONE_LABEL), vec![3, 4, 4]);
+    assert_eq!(
+        bound_skew(e, &min_domains_pods(11, 2), ZONE_LABEL),
+        vec![3, 4, 4]
+    );
 }
 
 // --- Hostname ---
@@ -232,7 +263,11 @@ fn min_domains_below_the_zones_spreads_normally() {
 #[test]
 fn hostname_balance() {
     assert_eq!(
-        bound_skew(env(), &spread_pods("p", 4, HOSTNAME_LABEL, 1), HOSTNAME_LABEL),
+        bound_skew(
+            env(),
+            &spread_pods("p", 4, HOSTNAME_LABEL, 1),
+            HOSTNAME_LABEL
+        ),
         vec![1, 1, 1, 1]
     );
 }
@@ -240,7 +275,11 @@ fn hostname_balance() {
 #[test]
 fn hostname_balance_up_to_max_skew_on_one_node() {
     assert_eq!(
-        bound_skew(env(), &spread_pods("p", 4, HOSTNAME_LABEL, 4), HOSTNAME_LABEL),
+        bound_skew(
+            env(),
+            &spread_pods("p", 4, HOSTNAME_LABEL, 4),
+            HOSTNAME_LABEL
+        ),
         vec![4]
     );
 }
@@ -289,7 +328,11 @@ fn two_deployments_with_hostname_spread_and_different_archs_need_four_nodes() {
 #[test]
 fn capacity_type_balance() {
     assert_eq!(
-        bound_skew(env(), &spread_pods("p", 4, CAPACITY_TYPE_LABEL, 1), CAPACITY_TYPE_LABEL),
+        bound_skew(
+            env(),
+            &spread_pods("p", 4, CAPACITY_TYPE_LABEL, 1),
+            CAPACITY_TYPE_LABEL
+        ),
         vec![2, 2]
     );
 }
@@ -298,7 +341,11 @@ fn capacity_type_balance() {
 fn capacity_type_balance_within_pool_capacity_types() {
     let e = Env::new(topo_pool().req(CAPACITY_TYPE_LABEL, Operator::In, &[SPOT, ON_DEMAND]));
     assert_eq!(
-        bound_skew(e, &spread_pods("p", 4, CAPACITY_TYPE_LABEL, 1), CAPACITY_TYPE_LABEL),
+        bound_skew(
+            e,
+            &spread_pods("p", 4, CAPACITY_TYPE_LABEL, 1),
+            CAPACITY_TYPE_LABEL
+        ),
         vec![2, 2]
     );
 }
@@ -403,7 +450,11 @@ fn zonal_spread_limited_by_node_selector() {
 fn zonal_spread_limited_by_node_requirements() {
     let ps = pods("p", 10, |p| {
         p.labels(&[TEST])
-            .required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1", "test-zone-2"])])
+            .required(vec![node_req(
+                ZONE_LABEL,
+                "In",
+                &["test-zone-1", "test-zone-2"],
+            )])
             .spread(ZONE_LABEL, 1, true, &[TEST])
     });
     assert_eq!(bound_skew(env(), &ps, ZONE_LABEL), vec![5, 5]);
@@ -414,7 +465,10 @@ fn zonal_spread_limited_by_node_requirements() {
 fn zonal_spread_not_limited_by_preferred_affinity() {
     let ps = pods("p", 6, |p| {
         p.labels(&[TEST])
-            .preferred(10, vec![node_req(ZONE_LABEL, "In", &["test-zone-1", "test-zone-2"])])
+            .preferred(
+                10,
+                vec![node_req(ZONE_LABEL, "In", &["test-zone-1", "test-zone-2"])],
+            )
             .spread(ZONE_LABEL, 1, true, &[TEST])
     });
     assert_eq!(bound_skew(env(), &ps, ZONE_LABEL), vec![2, 2, 2]);
@@ -481,8 +535,9 @@ fn self_affinity_on_hostname_puts_all_on_one_node() {
             .pod_affinity(HOSTNAME_LABEL, &[("security", "s2")])
     });
     let out = env().provision(&ps);
-    let names: std::collections::BTreeSet<String> =
-        (0..3).map(|i| out.scheduled(&format!("p-{i}")).name.clone()).collect();
+    let names: std::collections::BTreeSet<String> = (0..3)
+        .map(|i| out.scheduled(&format!("p-{i}")).name.clone())
+        .collect();
     assert_eq!(names.len(), 1);
 }
 
@@ -493,8 +548,9 @@ fn self_affinity_on_zone_puts_all_in_one_zone() {
             .pod_affinity(ZONE_LABEL, &[("security", "s2")])
     });
     let out = env().provision(&ps);
-    let zones: std::collections::BTreeSet<Option<&str>> =
-        (0..3).map(|i| out.scheduled(&format!("p-{i}")).label(ZONE_LABEL)).collect();
+    let zones: std::collections::BTreeSet<Option<&str>> = (0..3)
+        .map(|i| out.scheduled(&format!("p-{i}")).label(ZONE_LABEL))
+        .collect();
     assert_eq!(zones.len(), 1);
 }
 
@@ -507,7 +563,10 @@ fn self_affinity_on_zone_honours_a_zone_constraint() {
     });
     let out = env().provision(&ps);
     for i in 0..3 {
-        assert_eq!(out.scheduled(&format!("p-{i}")).label(ZONE_LABEL), Some("test-zone-3"));
+        assert_eq!(
+            out.scheduled(&format!("p-{i}")).label(ZONE_LABEL),
+            Some("test-zone-3")
+        );
     }
 }
 
@@ -553,7 +612,9 @@ fn anti_affinity_on_arch_takes_the_other_arch() {
 
 #[test]
 fn affinity_to_a_missing_pod_is_not_schedulable() {
-    let ps = pods("p", 10, |p| p.pod_affinity(ZONE_LABEL, &[("security", "s1")]));
+    let ps = pods("p", 10, |p| {
+        p.pod_affinity(ZONE_LABEL, &[("security", "s1")])
+    });
     let out = env().provision(&ps);
     for i in 0..10 {
         out.not_scheduled(&format!("p-{i}"));
@@ -568,7 +629,10 @@ fn zonal_anti_affinity_spreads_one_per_zone() {
     });
     let out = env().provision(&ps);
     let placed: Vec<&str> = (0..5)
-        .filter_map(|i| out.node_of(&format!("p-{i}")).and_then(|n| n.label(ZONE_LABEL)))
+        .filter_map(|i| {
+            out.node_of(&format!("p-{i}"))
+                .and_then(|n| n.label(ZONE_LABEL))
+        })
         .collect();
     let zones: std::collections::BTreeSet<&str> = placed.iter().copied().collect();
     assert_eq!(placed.len(), 3, "one per zone: {placed:?}");
@@ -582,10 +646,15 @@ fn zonal_affinity_follows_a_constrained_target() {
         .labels(&[("security", "s1")])
         .node_selector(&[(ZONE_LABEL, "test-zone-1")]);
     let mut ps = vec![target];
-    ps.extend(pods("p", 10, |p| p.pod_affinity(ZONE_LABEL, &[("security", "s1")])));
+    ps.extend(pods("p", 10, |p| {
+        p.pod_affinity(ZONE_LABEL, &[("security", "s1")])
+    }));
     let out = env().provision(&ps);
     for i in 0..10 {
-        assert_eq!(out.scheduled(&format!("p-{i}")).label(ZONE_LABEL), Some("test-zone-1"));
+        assert_eq!(
+            out.scheduled(&format!("p-{i}")).label(ZONE_LABEL),
+            Some("test-zone-1")
+        );
     }
 }
 
@@ -604,8 +673,11 @@ fn preferred_pod_affinity_may_be_violated() {
 #[test]
 fn preferred_pod_anti_affinity_may_be_violated() {
     let ps = pods("p", 5, |p| {
-        p.labels(&[("security", "s1")])
-            .pod_anti_affinity_preferred(50, ZONE_LABEL, &[("security", "s1")])
+        p.labels(&[("security", "s1")]).pod_anti_affinity_preferred(
+            50,
+            ZONE_LABEL,
+            &[("security", "s1")],
+        )
     });
     let out = env().provision(&ps);
     for i in 0..5 {
@@ -615,7 +687,11 @@ fn preferred_pod_anti_affinity_may_be_violated() {
 
 // --- more Zonal / CapacityType ---
 
-fn labelled_node(name: &str, labels: &[(&str, &str)], cpu: &str) -> karpenter_capi::scheduling::ExistingNode {
+fn labelled_node(
+    name: &str,
+    labels: &[(&str, &str)],
+    cpu: &str,
+) -> karpenter_capi::scheduling::ExistingNode {
     let mut l: std::collections::BTreeMap<String, String> = labels
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -654,10 +730,16 @@ fn only_matching_running_pods_count(key: &str, first: &str, second: &str, want: 
     for p in [
         pod("no-labels").on_node("first"),
         pod("no-domain").labels(&[TEST]).on_node("third"),
-        pod("other-ns").labels(&[TEST]).namespace("other").on_node("first"),
+        pod("other-ns")
+            .labels(&[TEST])
+            .namespace("other")
+            .on_node("first"),
         terminating.on_node("first"),
         with_phase(pod("failed").labels(&[TEST]).on_node("first"), "Failed"),
-        with_phase(pod("succeeded").labels(&[TEST]).on_node("first"), "Succeeded"),
+        with_phase(
+            pod("succeeded").labels(&[TEST]).on_node("first"),
+            "Succeeded",
+        ),
         pod("r1").labels(&[TEST]).on_node("first"),
         pod("r2").labels(&[TEST]).on_node("first"),
         pod("r3").labels(&[TEST]).on_node("second"),
@@ -677,7 +759,10 @@ fn only_matching_running_pods_count(key: &str, first: &str, second: &str, want: 
         let ok = p.metadata.namespace.as_deref() == Some("default")
             && p.metadata.deletion_timestamp.is_none()
             && running
-            && p.metadata.labels.as_ref().is_some_and(|l| l.get("test").is_some());
+            && p.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.get("test").is_some());
         let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
         let v = node
             .and_then(|n| e.nodes.iter().find(|x| x.name == n))
@@ -716,7 +801,10 @@ fn pinned_then_spread(key: &str, first_req: (&str, &str), pool_value: &str) {
     let mut e = env();
     let first = pod("first")
         .labels(&[TEST])
-        .node_selector(&[(karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL, "single-pod-instance-type")])
+        .node_selector(&[(
+            karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL,
+            "single-pod-instance-type",
+        )])
         .required(vec![node_req(first_req.0, "In", &[first_req.1])]);
     e.provision_and_bind(&[first]);
     e.pools[0].nodepool = topo_pool().req(key, Operator::In, &[pool_value]);
@@ -813,8 +901,14 @@ fn zonal_and_capacity_type_spreads_hold_together() {
         .enumerate()
     {
         e.provision_and_bind(&both(&format!("r{round}"), n));
-        assert!(e.skew(CAPACITY_TYPE_LABEL).iter().all(|c| *c <= max_ct), "round {round}");
-        assert!(e.skew(ZONE_LABEL).iter().all(|c| *c <= max_zone), "round {round}");
+        assert!(
+            e.skew(CAPACITY_TYPE_LABEL).iter().all(|c| *c <= max_ct),
+            "round {round}"
+        );
+        assert!(
+            e.skew(ZONE_LABEL).iter().all(|c| *c <= max_zone),
+            "round {round}"
+        );
     }
 }
 
@@ -926,8 +1020,10 @@ const SPREAD: &str = "fake-label";
 
 fn policy_pods(taints: Option<&str>, affinity: Option<&str>, node_selector: bool) -> Vec<Pod> {
     pods("p", 5, |p| {
-        let p = p.labels(&[TEST]).requests(&[("cpu", "1")]).spread_with(
-            TopologySpreadConstraint {
+        let p = p
+            .labels(&[TEST])
+            .requests(&[("cpu", "1")])
+            .spread_with(TopologySpreadConstraint {
                 topology_key: SPREAD.into(),
                 max_skew: 1,
                 when_unsatisfiable: "DoNotSchedule".into(),
@@ -935,8 +1031,7 @@ fn policy_pods(taints: Option<&str>, affinity: Option<&str>, node_selector: bool
                 node_taints_policy: taints.map(Into::into),
                 node_affinity_policy: affinity.map(Into::into),
                 ..Default::default()
-            },
-        );
+            });
         if node_selector {
             p.node_selector(&[("selector", "value")])
         } else {
@@ -951,7 +1046,9 @@ fn tainted_domains_env() -> Env {
     for n in [&mut foo, &mut bar] {
         n.taints = vec![taint("taintname", Some("taintvalue"), "NoSchedule")];
     }
-    Env::new(topo_pool().labels(&[(SPREAD, "baz")])).node(foo).node(bar)
+    Env::new(topo_pool().labels(&[(SPREAD, "baz")]))
+        .node(foo)
+        .node(bar)
 }
 
 #[test]
@@ -970,8 +1067,16 @@ fn node_taints_policy_honor_skips_tainted_domains() {
 }
 
 fn mismatched_domains_env() -> Env {
-    let foo = labelled_node("node-foo", &[(SPREAD, "foo"), ("selector", "mismatch")], "100m");
-    let bar = labelled_node("node-bar", &[(SPREAD, "bar"), ("selector", "mismatch")], "100m");
+    let foo = labelled_node(
+        "node-foo",
+        &[(SPREAD, "foo"), ("selector", "mismatch")],
+        "100m",
+    );
+    let bar = labelled_node(
+        "node-bar",
+        &[(SPREAD, "bar"), ("selector", "mismatch")],
+        "100m",
+    );
     Env::new(topo_pool().labels(&[(SPREAD, "baz"), ("selector", "value")]))
         .node(foo)
         .node(bar)
@@ -999,7 +1104,9 @@ const S2: [(&str, &str); 1] = [("security", "s2")];
 #[test]
 fn self_hostname_affinity_fills_only_the_first_node() {
     let mk = |prefix: &str| {
-        pods(prefix, 10, |p| p.labels(&S2).pod_affinity(HOSTNAME_LABEL, &S2))
+        pods(prefix, 10, |p| {
+            p.labels(&S2).pod_affinity(HOSTNAME_LABEL, &S2)
+        })
     };
     let mut e = env();
     let first = mk("a");
@@ -1026,7 +1133,11 @@ fn self_hostname_affinity_cannot_leave_a_zone_it_started_in() {
         .pod_affinity(HOSTNAME_LABEL, &S2)]);
     let ps = pods("p", 10, |p| {
         p.labels(&S2)
-            .required(vec![node_req(ZONE_LABEL, "In", &["test-zone-2", "test-zone-3"])])
+            .required(vec![node_req(
+                ZONE_LABEL,
+                "In",
+                &["test-zone-2", "test-zone-3"],
+            )])
             .pod_affinity(HOSTNAME_LABEL, &S2)
     });
     let out = e.provision(&ps);
@@ -1149,4 +1260,30 @@ fn a_preferred_affinity_conflicting_with_a_required_spread_yields() {
         assert!(out.is_scheduled(p), "{p}");
     }
     assert_eq!(e.skew(HOSTNAME_LABEL), vec![1, 1, 1]);
+}
+
+#[test]
+fn zonal_affinity_to_an_unconstrained_target_waits_a_round_then_follows() {
+    let target = pod("target").labels(&S2);
+    let followers = pods("p", 10, |p| p.pod_affinity(ZONE_LABEL, &S2));
+    let mut e = env();
+    let mut first = followers.clone();
+    first.push(target);
+    let out = e.provision_and_bind(&first);
+    for i in 0..10 {
+        out.not_scheduled(&format!("p-{i}"));
+    }
+    let zone = e.nodes[0].labels[ZONE_LABEL].clone();
+    e.provision_and_bind(&followers);
+    for i in 0..10 {
+        let name = format!("p-{i}");
+        let node = e
+            .bound
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(name.as_str()))
+            .and_then(|p| p.spec.as_ref()?.node_name.clone())
+            .unwrap_or_else(|| panic!("{name} not bound"));
+        let labels = &e.nodes.iter().find(|n| n.name == node).unwrap().labels;
+        assert_eq!(labels[ZONE_LABEL], zone);
+    }
 }
