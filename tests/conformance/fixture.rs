@@ -112,10 +112,6 @@ impl TypeSpec {
         self.offerings = offerings.to_vec();
         self
     }
-    pub fn label(mut self, k: &str, v: &str) -> Self {
-        self.labels.insert(k.into(), v.into());
-        self
-    }
     pub fn price(mut self, p: f64) -> Self {
         self.price = Some(p);
         self
@@ -874,24 +870,6 @@ impl Outcome {
             .map(|n| n.name.clone())
             .or_else(|| self.existing_of(pod).map(str::to_string))
     }
-
-    /// Number of pods per value of a label over the launched nodes.
-    pub fn spread(&self, key: &str) -> BTreeMap<String, usize> {
-        let mut out = BTreeMap::new();
-        for n in &self.nodes {
-            if let Some(v) = n.labels.get(key) {
-                *out.entry(v.clone()).or_insert(0) += n.pods.len();
-            }
-        }
-        out
-    }
-
-    /// Sorted pod counts per launched node-label value (upstream's `ExpectSkew` shape).
-    pub fn skew(&self, key: &str) -> Vec<usize> {
-        let mut v: Vec<usize> = self.spread(key).into_values().collect();
-        v.sort();
-        v
-    }
 }
 
 /// The node a claim becomes: its cheapest instance type and that type's cheapest offering the
@@ -923,27 +901,6 @@ fn launch(env: &Env, claim: &NewClaim, i: usize) -> Launched {
         instance_type,
         labels,
         pods: claim.pods.clone(),
-    }
-}
-
-/// An existing, initialized node built from an instance type's first offering (or a
-/// `zone`-specific one), as upstream's `ExpectApplied(node)` of a launched type.
-pub fn existing_node(name: &str, it: &InstanceType, zone: Option<&str>) -> ExistingNode {
-    let o = it
-        .offerings
-        .iter()
-        .find(|o| zone.is_none_or(|z| o.zone.as_deref() == Some(z)))
-        .expect("offering");
-    let mut labels = o.labels.clone();
-    labels.insert("kubernetes.io/hostname".into(), name.into());
-    ExistingNode {
-        name: name.into(),
-        labels,
-        taints: vec![],
-        allocatable: it.allocatable(),
-        requested: Resources::new(),
-        in_flight: false,
-        nodepool: None,
     }
 }
 

@@ -1041,14 +1041,14 @@ fn policy_pods(taints: Option<&str>, affinity: Option<&str>, node_selector: bool
 }
 
 fn tainted_domains_env() -> Env {
-    let mut foo = labelled_node("node-foo", &[(SPREAD, "foo")], "100m");
-    let mut bar = labelled_node("node-bar", &[(SPREAD, "bar")], "100m");
-    for n in [&mut foo, &mut bar] {
+    let mut first = labelled_node("node-foo", &[(SPREAD, "foo")], "100m");
+    let mut second = labelled_node("node-bar", &[(SPREAD, "bar")], "100m");
+    for n in [&mut first, &mut second] {
         n.taints = vec![taint("taintname", Some("taintvalue"), "NoSchedule")];
     }
     Env::new(topo_pool().labels(&[(SPREAD, "baz")]))
-        .node(foo)
-        .node(bar)
+        .node(first)
+        .node(second)
 }
 
 #[test]
@@ -1067,19 +1067,19 @@ fn node_taints_policy_honor_skips_tainted_domains() {
 }
 
 fn mismatched_domains_env() -> Env {
-    let foo = labelled_node(
+    let first = labelled_node(
         "node-foo",
         &[(SPREAD, "foo"), ("selector", "mismatch")],
         "100m",
     );
-    let bar = labelled_node(
+    let second = labelled_node(
         "node-bar",
         &[(SPREAD, "bar"), ("selector", "mismatch")],
         "100m",
     );
     Env::new(topo_pool().labels(&[(SPREAD, "baz"), ("selector", "value")]))
-        .node(foo)
-        .node(bar)
+        .node(first)
+        .node(second)
 }
 
 #[test]
