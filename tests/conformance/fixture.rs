@@ -112,6 +112,10 @@ impl TypeSpec {
         self.offerings = offerings.to_vec();
         self
     }
+    pub fn label(mut self, k: &str, v: &str) -> Self {
+        self.labels.insert(k.into(), v.into());
+        self
+    }
     pub fn price(mut self, p: f64) -> Self {
         self.price = Some(p);
         self

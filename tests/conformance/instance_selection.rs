@@ -321,3 +321,107 @@ fn min_values_on_several_keys_are_all_kept() {
     assert_ne!(a.name, b.name);
     assert!(a.claim.instance_types.len() >= 2);
 }
+
+const GENERATION: &str = "karpenter/numerical-value";
+
+/// (name, cpu, memory, price, generation)
+fn generations(spec: &[(&str, &str, &str, f64, &str)]) -> Vec<InstanceType> {
+    spec.iter()
+        .map(|(name, cpu, mem, price, generation)| {
+            itype(name)
+                .arch("arm64")
+                .os(&["linux"])
+                .resources(&[("cpu", cpu), ("memory", mem)])
+                .priced(&[(SPOT, "test-zone-1-spot", *price)])
+                .label(GENERATION, generation)
+                .build()
+        })
+        .collect()
+}
+
+fn small_pods(
+    edit: impl Fn(k8s_openapi::api::core::v1::Pod) -> k8s_openapi::api::core::v1::Pod,
+) -> Vec<k8s_openapi::api::core::v1::Pod> {
+    pods("p", 2, |p| {
+        edit(p.requests(&[("cpu", "0.9"), ("memory", "0.9Gi")]))
+    })
+}
+
+fn two_nodes_two_candidates(out: &Outcome) {
+    let (a, b) = (out.scheduled("p-0"), out.scheduled("p-1"));
+    assert_ne!(a.name, b.name);
+    assert!(a.claim.instance_types.len() >= 2);
+}
+
+#[test]
+fn min_values_on_a_gt_requirement() {
+    let types = generations(&[
+        ("instance-type-1", "1", "1Gi", 0.52, "2"),
+        ("instance-type-2", "1", "1Gi", 1.0, "3"),
+        ("instance-type-3", "4", "4Gi", 1.2, "4"),
+    ]);
+    let np = nodepool("default").req_min(GENERATION, Operator::Gt, &["2"], 2);
+    two_nodes_two_candidates(&Env::with_types(np, types).provision(&small_pods(|p| p)));
+}
+
+#[test]
+fn min_values_unmet_after_a_pod_gt_requirement_schedules_nothing() {
+    let types = generations(&[
+        ("instance-type-1", "1", "1Gi", 0.52, "2"),
+        ("instance-type-2", "4", "4Gi", 1.0, "3"),
+    ]);
+    let np = nodepool("default").req_min(GENERATION, Operator::Exists, &[], 2);
+    let ps = small_pods(|p| p.required(vec![node_req(GENERATION, "Gt", &["2"])]));
+    let out = Env::with_types(np, types).provision(&ps);
+    out.not_scheduled("p-0");
+    out.not_scheduled("p-1");
+}
+
+#[test]
+fn min_values_on_an_lt_requirement() {
+    let types = generations(&[
+        ("instance-type-1", "1", "1Gi", 0.52, "2"),
+        ("instance-type-2", "2", "2Gi", 1.0, "3"),
+        ("instance-type-3", "4", "4Gi", 1.2, "4"),
+    ]);
+    let np = nodepool("default").req_min(GENERATION, Operator::Lt, &["4"], 2);
+    two_nodes_two_candidates(&Env::with_types(np, types).provision(&small_pods(|p| p)));
+}
+
+#[test]
+fn min_values_unmet_on_an_lt_requirement_schedules_nothing() {
+    let types = generations(&[
+        ("instance-type-1", "2", "2Gi", 0.52, "2"),
+        ("instance-type-2", "4", "4Gi", 1.2, "4"),
+    ]);
+    let np = nodepool("default").req_min(GENERATION, Operator::Lt, &["4"], 2);
+    let out = Env::with_types(np, types).provision(&small_pods(|p| p));
+    out.not_scheduled("p-0");
+    out.not_scheduled("p-1");
+}
+
+#[test]
+fn min_values_of_in_and_not_in_on_one_key_take_the_larger() {
+    let types = generations(&[
+        ("instance-type-1", "1", "1Gi", 0.52, "1"),
+        ("instance-type-2", "2", "2Gi", 1.0, "1"),
+        ("instance-type-3", "4", "4Gi", 1.2, "1"),
+    ]);
+    let mut np = nodepool("default");
+    let reqs = &mut np.spec.template.spec.requirements;
+    let mut a = karpenter_capi::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
+        INSTANCE_TYPE_LABEL,
+        Operator::In,
+        &["instance-type-1", "instance-type-2", "instance-type-3"],
+    );
+    a.min_values = Some(1);
+    let mut b = karpenter_capi::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
+        INSTANCE_TYPE_LABEL,
+        Operator::NotIn,
+        &["instance-type-3"],
+    );
+    b.min_values = Some(2);
+    reqs.push(a);
+    reqs.push(b);
+    two_nodes_two_candidates(&Env::with_types(np, types).provision(&small_pods(|p| p)));
+}

@@ -864,3 +864,69 @@ fn sidecar_before_a_larger_init_container() {
         &[("4.9", "2.9Gi", true), ("6", "2Gi", false)],
     ));
 }
+
+// --- NodePool requirements instance filtering (scheduling suite) ---
+
+/// Every pod is reported as a failure whose message names the pool that filtered it.
+fn filtered_out(np: karpenter_capi::api::nodepool::NodePool, n: usize) {
+    let ps = pods("p", n, |p| p);
+    let out = Env::new(np).provision(&ps);
+    assert!(out.nodes.is_empty());
+    assert_eq!(out.results.failures.len(), n, "{:?}", out.results.failures);
+    for (pod, err) in &out.results.failures {
+        assert!(err.to_string().contains("\"default\""), "{pod}: {err}");
+    }
+}
+
+#[test]
+fn a_pool_whose_requirements_match_no_instance_type_reports_each_pod() {
+    let np = plain("default").req(
+        INSTANCE_TYPE_LABEL,
+        Operator::In,
+        &["non-existent-instance-type"],
+    );
+    let e = env();
+    e.provision(&[pod("normal")]).scheduled("normal");
+    filtered_out(np, 1);
+}
+
+#[test]
+fn several_pods_filtered_out_by_arch_each_get_an_error() {
+    filtered_out(
+        plain("default").req(ARCH_LABEL, Operator::In, &["non-existent-arch"]),
+        3,
+    );
+}
+
+#[test]
+fn conflicting_pool_requirements_filter_out_every_type() {
+    let mut np = plain("default");
+    let reqs = &mut np.spec.template.spec.requirements;
+    reqs.push(
+        karpenter_capi::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
+            ARCH_LABEL,
+            Operator::In,
+            &["amd64"],
+        ),
+    );
+    reqs.push(
+        karpenter_capi::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
+            ARCH_LABEL,
+            Operator::In,
+            &["arm64"],
+        ),
+    );
+    filtered_out(np, 1);
+}
+
+#[test]
+fn pool_zones_no_type_offers_filter_out_every_type() {
+    filtered_out(
+        plain("default").req(
+            ZONE_LABEL,
+            Operator::In,
+            &["non-existent-zone-1", "non-existent-zone-2"],
+        ),
+        1,
+    );
+}

@@ -1287,3 +1287,46 @@ fn zonal_affinity_to_an_unconstrained_target_waits_a_round_then_follows() {
         assert_eq!(labels[ZONE_LABEL], zone);
     }
 }
+
+fn typed(t: &'static str) -> [(&'static str, &'static str); 2] {
+    [("type", t), ("spread", "spread")]
+}
+
+#[test]
+#[ignore = "fails: needs pod affinity to a pod pending in the same batch (upstream retries the follower after its target is placed)"]
+fn a_chain_of_hostname_affinities_lands_together() {
+    let ps = vec![
+        pod("db").labels(&typed("db")),
+        pod("web")
+            .labels(&typed("web"))
+            .pod_affinity(HOSTNAME_LABEL, &[("type", "db"), ("spread", "spread")]),
+        pod("cache")
+            .labels(&typed("cache"))
+            .pod_affinity(HOSTNAME_LABEL, &[("type", "web"), ("spread", "spread")]),
+        pod("ui")
+            .labels(&typed("ui"))
+            .pod_affinity(HOSTNAME_LABEL, &[("type", "cache"), ("spread", "spread")]),
+    ];
+    let out = env().provision(&ps);
+    for p in ["db", "web", "cache", "ui"] {
+        assert!(out.is_scheduled(p), "{p}");
+    }
+}
+
+#[test]
+fn an_affinity_no_pod_can_satisfy_is_not_schedulable() {
+    let p = pod("db")
+        .labels(&typed("db"))
+        .pod_affinity(HOSTNAME_LABEL, &[("type", "web"), ("spread", "spread")]);
+    env().provision(&[p]).not_scheduled("db");
+}
+
+#[test]
+fn an_exists_toleration_adds_no_taint_to_the_claim() {
+    let p = pod("p").tolerate(toleration("test-key", "Exists", None, Some("NoExecute")));
+    let e = env();
+    let out = e.provision(&[p]);
+    let nc =
+        karpenter_capi::scheduling::nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
+    assert!(nc.spec.taints.unwrap_or_default().is_empty());
+}
