@@ -1330,3 +1330,31 @@ fn an_exists_toleration_adds_no_taint_to_the_claim() {
         karpenter_capi::scheduling::nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
     assert!(nc.spec.taints.unwrap_or_default().is_empty());
 }
+
+#[test]
+fn a_skew_already_violated_only_fills_the_smallest_domains() {
+    let mut e = env();
+    e.provision_and_bind(&cpu_spread_pods("a", 9, 1));
+    assert_eq!(e.skew(ZONE_LABEL), vec![3, 3, 3]);
+    // Delete the pods outside zone 1.
+    let nodes = e.nodes.clone();
+    e.bound.retain(|p| {
+        let node = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .unwrap_or_default();
+        nodes
+            .iter()
+            .find(|n| n.name == node)
+            .is_some_and(|n| n.labels.get(ZONE_LABEL).map(String::as_str) == Some("test-zone-1"))
+    });
+    for n in &mut e.nodes {
+        if n.labels.get(ZONE_LABEL).map(String::as_str) != Some("test-zone-1") {
+            n.requested = res(&[]);
+        }
+    }
+    assert_eq!(e.skew(ZONE_LABEL), vec![3]);
+    e.provision_and_bind(&cpu_spread_pods("b", 3, 1));
+    assert_eq!(e.skew(ZONE_LABEL), vec![1, 2, 3]);
+}
