@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-const MODULES: [(&str, &str); 8] = [
+const MODULES: [(&str, &str); 9] = [
     ("custom_constraints", include_str!("custom_constraints.rs")),
     (
         "preferential_fallback",
@@ -18,6 +18,7 @@ const MODULES: [(&str, &str); 8] = [
     ("provisioning", include_str!("provisioning.rs")),
     ("instance_selection", include_str!("instance_selection.rs")),
     ("in_flight", include_str!("in_flight.rs")),
+    ("whole_flow", include_str!("whole_flow.rs")),
 ];
 
 /// `module::test` -> ignored?
@@ -28,12 +29,14 @@ fn tests() -> BTreeMap<String, bool> {
         let mut after_test = false;
         for line in src.lines() {
             let line = line.trim();
-            if line == "#[test]" {
+            if line == "#[test]" || line == "#[actix::test]" {
                 after_test = true;
                 ignored = false;
             } else if after_test && line.starts_with("#[ignore") {
                 ignored = true;
-            } else if after_test && let Some(rest) = line.strip_prefix("fn ") {
+            } else if after_test
+                && let Some(rest) = line.strip_prefix("fn ").or(line.strip_prefix("async fn "))
+            {
                 let name: String = rest
                     .chars()
                     .take_while(|c| *c == '_' || c.is_alphanumeric())

@@ -13,3 +13,4 @@ mod instance_type_compat;
 mod preferential_fallback;
 mod provisioning;
 mod topology;
+mod whole_flow;
