@@ -75,7 +75,7 @@ fn claim_zone(claim: &Value) -> Option<&str> {
 /// Upstream "Volume Topology Requirements": should schedule to volume zones if volume already
 /// bound.
 #[actix::test]
-#[ignore = "fails: needs issue 13: volume topology (a bound PV's zone is not an input of the solve)"]
+#[ignore = "fails: needs issue 13: volume topology (PVC/PV/StorageClass zones are not inputs of the solve)"]
 async fn a_pod_with_a_bound_zonal_volume_gets_a_claim_in_that_zone() {
     let (sim, _controller) = cluster().await;
     sim.run(|c| async move {
