@@ -280,7 +280,7 @@ fn daemonsets_that_do_not_tolerate_the_pool_taints_are_ignored() {
 }
 
 #[test]
-#[ignore = "fails: needs a label key no NodePool or instance type defines treated as absent (issue 13: custom labels)"]
+#[ignore = "fails: needs a label key an instance type does not carry (and no NodePool sets) treated as absent on its nodes (issue 13: custom labels)"]
 fn daemonsets_with_a_selector_no_node_matches_are_ignored() {
     let ds = daemon("ds", &DS_2).node_selector(&[("node", "invalid")]);
     let out = env().daemonset(ds).provision(&[pod("p").requests(&POD_1)]);
