@@ -402,10 +402,12 @@ fn pods_tolerating_pool_taints_schedule() {
         Some("false"),
         Some("NoSchedule"),
     ));
-    let out = e.provision(&[ok, exists, wrong, pod("none")]);
+    let other_key = pod("other-key").tolerate(toleration("invalid", "Exists", None, None));
+    let out = e.provision(&[ok, exists, wrong, other_key, pod("none")]);
     out.scheduled("ok");
     out.scheduled("exists");
     out.not_scheduled("wrong");
+    out.not_scheduled("other-key");
     out.not_scheduled("none");
 }
 
@@ -929,4 +931,23 @@ fn pool_zones_no_type_offers_filter_out_every_type() {
         ),
         1,
     );
+}
+
+#[test]
+fn pool_taints_land_on_the_claim() {
+    let t = taint("test", Some("bar"), "NoSchedule");
+    let e = Env::new(plain("default").taints(vec![t.clone()]));
+    let p = pod("p").tolerate(toleration("test", "Equal", Some("bar"), Some("NoSchedule")));
+    let out = e.provision(&[p]);
+    let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
+    assert_eq!(nc.spec.taints, Some(vec![t]));
+}
+
+#[test]
+fn a_startup_taint_needs_no_toleration() {
+    let t = taint("ignore-me", Some("nothing-to-see-here"), "NoSchedule");
+    let e = Env::new(plain("default").startup_taints(vec![t.clone()]));
+    let out = e.provision(&[pod("p")]);
+    let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
+    assert_eq!(nc.spec.startup_taints, Some(vec![t]));
 }

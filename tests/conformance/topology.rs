@@ -382,8 +382,9 @@ fn capacity_type_max_skew_is_exceeded_when_schedule_anyway() {
 
 #[test]
 fn capacity_type_balance_with_pinned_existing_pods() {
-    // One on-demand pod in zone 1, then five spot-pinned pods in zone 2: the spread cannot
-    // be met on spot, so they stay unbalanced, upstream's (1, 5).
+    // One on-demand pod in zone 1, then five pods pinned to spot in zone 2 with a hard spread:
+    // the on-demand node is outside their node requirements, so (nodeAffinityPolicy Honor)
+    // it does not count and all five land on spot, upstream's (1, 5).
     let mut e = env();
     let first = pods("a", 1, |p| {
         p.labels(&[TEST]).required(vec![
@@ -398,7 +399,7 @@ fn capacity_type_balance_with_pinned_existing_pods() {
                 node_req(ZONE_LABEL, "In", &["test-zone-2"]),
                 node_req(CAPACITY_TYPE_LABEL, "In", &[SPOT]),
             ])
-            .spread(CAPACITY_TYPE_LABEL, 1, false, &[TEST])
+            .spread(CAPACITY_TYPE_LABEL, 1, true, &[TEST])
     });
     e.provision_and_bind(&rest);
     assert_eq!(e.skew(CAPACITY_TYPE_LABEL), vec![1, 5]);
