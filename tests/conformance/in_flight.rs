@@ -256,11 +256,17 @@ fn a_node_karpenter_does_not_own_takes_many_pods() {
 
 #[test]
 fn a_pod_incompatible_with_an_existing_node_gets_a_claim() {
-    let e = env().node(unowned("mine", "10", "10Gi", "test-zone-1"));
-    let p = pod("p").required(vec![node_req(ZONE_LABEL, "In", &["test-zone-2"])]);
-    let out = e.provision(&[p]);
+    // The node has no zone label; the pod needs zone 1.
+    let mut node = unowned("mine", "10", "10Gi", "test-zone-1");
+    node.labels.remove(ZONE_LABEL);
+    let p = pod("p").required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
+    let without_pools = Env::default().node(node.clone());
+    without_pools
+        .provision(std::slice::from_ref(&p))
+        .not_scheduled("p");
+    let out = env().node(node).provision(&[p]);
     assert!(out.existing_of("p").is_none());
-    assert_eq!(out.scheduled("p").label(ZONE_LABEL), Some("test-zone-2"));
+    assert_eq!(out.scheduled("p").label(ZONE_LABEL), Some("test-zone-1"));
 }
 
 fn many_in_flight_one_initialized(in_flight_count: usize, elem: usize) -> Env {
