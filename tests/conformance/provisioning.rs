@@ -71,14 +71,18 @@ fn accelerators_are_provisioned() {
 
 #[test]
 fn max_pods_splits_pods_over_nodes() {
-    let types = vec![
-        itype("pods-limited")
-            .resources(&[("cpu", "16"), ("memory", "64Gi"), ("pods", "1")])
-            .build(),
-    ];
-    let ps = pods("p", 3, |p| p.requests(&[("cpu", "100m")]));
-    let out = Env::with_types(plain("default"), types).provision(&ps);
+    // The single-pod type holds one pod (its MachineDeployment's maxPods capacity).
+    let np = plain("default").req(
+        INSTANCE_TYPE_LABEL,
+        Operator::In,
+        &["single-pod-instance-type"],
+    );
+    let ps = pods("p", 3, |p| p);
+    let out = Env::new(np).provision(&ps);
     assert_eq!(out.nodes.len(), 3);
+    for i in 0..3 {
+        out.scheduled(&format!("p-{i}"));
+    }
 }
 
 #[test]
