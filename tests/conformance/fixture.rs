@@ -733,6 +733,7 @@ impl Env {
                 .expect("instance type");
             let mut labels = n.labels.clone();
             labels.insert("kubernetes.io/hostname".into(), name.clone());
+            let capacity = it.capacity.clone();
             self.nodes.push(ExistingNode {
                 name,
                 labels,
@@ -749,6 +750,16 @@ impl Env {
                 in_flight: false,
                 nodepool: Some(n.claim.nodepool.clone()),
             });
+            // The pool's usage grows by the node's capacity and one node, as the cluster state
+            // reports it for limits.
+            if let Some(pool) = self
+                .pools
+                .iter_mut()
+                .find(|p| p.nodepool.metadata.name.as_deref() == Some(n.claim.nodepool.as_str()))
+            {
+                pool.usage
+                    .add_assign(&capacity.with("nodes", Quantity::from_units(1)));
+            }
         }
         for p in pods {
             let name = p.metadata.name.clone().unwrap_or_default();

@@ -147,15 +147,8 @@ fn a_pods_limit_stops_a_gpu_pod() {
 fn the_limit_counts_nodes_from_earlier_rounds() {
     let mut e = Env::new(plain("default").limits(&[("cpu", "2")]));
     e.provision_and_bind(&[pod("a").requests(&[("cpu", "1.75")])]);
-    e.pools[0].usage = karpenter_capi::scheduling::nodepool_usage(
-        e.nodes
-            .iter()
-            .map(|_| res(&[("cpu", "2")]))
-            .collect::<Vec<Resources>>()
-            .iter(),
-    );
+    // The first node (2 CPUs) uses the whole limit and has no room for another 1.75.
     let out = e.provision(&[pod("b").requests(&[("cpu", "1.75")])]);
-    // The 1.75-CPU pod fills the node it got; another 1.75 would not fit on it.
     out.not_scheduled("b");
 }
 
@@ -172,8 +165,6 @@ fn a_node_count_limit_is_honoured() {
     for name in ["a", "b"] {
         let out = e.provision_and_bind(&[mk(name)]);
         out.scheduled(name);
-        e.pools[0].usage =
-            karpenter_capi::scheduling::nodepool_usage(e.nodes.iter().map(|n| &n.allocatable));
     }
     e.provision(&[mk("c")]).not_scheduled("c");
 }
