@@ -407,21 +407,56 @@ fn min_values_of_in_and_not_in_on_one_key_take_the_larger() {
         ("instance-type-2", "2", "2Gi", 1.0, "1"),
         ("instance-type-3", "4", "4Gi", 1.2, "1"),
     ]);
+    let np = two_on_one_key(
+        INSTANCE_TYPE_LABEL,
+        (
+            Operator::In,
+            &["instance-type-1", "instance-type-2", "instance-type-3"],
+            1,
+        ),
+        (Operator::NotIn, &["instance-type-3"], 2),
+    );
+    two_nodes_two_candidates(&Env::with_types(np, types).provision(&small_pods(|p| p)));
+}
+
+/// A NodePool with two requirements on one key, each with its own minValues.
+fn two_on_one_key(key: &str, a: (Operator, &[&str], i64), b: (Operator, &[&str], i64)) -> NodePool {
+    use karpenter_capi::api::nodeclaim::NodeSelectorRequirementWithMinValues as R;
     let mut np = nodepool("default");
-    let reqs = &mut np.spec.template.spec.requirements;
-    let mut a = karpenter_capi::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
-        INSTANCE_TYPE_LABEL,
-        Operator::In,
-        &["instance-type-1", "instance-type-2", "instance-type-3"],
+    for (op, values, min) in [a, b] {
+        let mut r = R::new(key, op, values);
+        r.min_values = Some(min);
+        np.spec.template.spec.requirements.push(r);
+    }
+    np
+}
+
+#[test]
+fn min_values_of_gt_and_lt_on_one_key_take_the_larger() {
+    let types = generations(&[
+        ("instance-type-1", "1", "1Gi", 0.52, "2"),
+        ("instance-type-2", "1", "1Gi", 1.0, "3"),
+        ("instance-type-3", "4", "4Gi", 1.2, "4"),
+        ("instance-type-4", "4", "4Gi", 1.2, "5"),
+    ]);
+    let np = two_on_one_key(
+        GENERATION,
+        (Operator::Gt, &["2"], 1),
+        (Operator::Lt, &["5"], 2),
     );
-    a.min_values = Some(1);
-    let mut b = karpenter_capi::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
+    two_nodes_two_candidates(&Env::with_types(np, types).provision(&small_pods(|p| p)));
+}
+
+#[test]
+fn min_values_of_exists_and_in_on_one_key_take_the_larger() {
+    let types = generations(&[
+        ("instance-type-1", "1", "1Gi", 0.52, "1"),
+        ("instance-type-2", "4", "4Gi", 1.0, "1"),
+    ]);
+    let np = two_on_one_key(
         INSTANCE_TYPE_LABEL,
-        Operator::NotIn,
-        &["instance-type-3"],
+        (Operator::Exists, &[], 1),
+        (Operator::In, &["instance-type-1", "instance-type-2"], 2),
     );
-    b.min_values = Some(2);
-    reqs.push(a);
-    reqs.push(b);
     two_nodes_two_candidates(&Env::with_types(np, types).provision(&small_pods(|p| p)));
 }
