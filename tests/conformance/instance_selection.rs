@@ -460,3 +460,16 @@ fn min_values_of_exists_and_in_on_one_key_take_the_larger() {
     );
     two_nodes_two_candidates(&Env::with_types(np, types).provision(&small_pods(|p| p)));
 }
+
+#[test]
+fn min_values_are_checked_after_truncating_to_the_instance_type_cap() {
+    // Upstream lowers its cap to 1 for this case; ours is the constant 600, so the catalog has
+    // more than 600 fitting types and minValues asks for one more than the cap.
+    let types = assorted_types();
+    assert!(types.len() > karpenter_capi::scheduling::MAX_INSTANCE_TYPES);
+    let min = karpenter_capi::scheduling::MAX_INSTANCE_TYPES as i64 + 1;
+    let np = nodepool("default").req_min(INSTANCE_TYPE_LABEL, Operator::Exists, &[], min);
+    let out = Env::with_types(np, types).provision(&small_pods(|p| p));
+    out.not_scheduled("p-0");
+    out.not_scheduled("p-1");
+}
