@@ -1,6 +1,7 @@
 //! The few cases that need the whole controller on the simulated cluster (upstream's provisioning
 //! suite drives its provisioner against a real API server for them): volume topology, which
-//! reads PersistentVolumes and StorageClasses the solve does not see.
+//! reads PersistentVolumes the solve does not see, and NodePools being deleted, which the
+//! snapshot leaves out before the solve.
 
 use std::time::{Duration, Instant};
 
@@ -127,4 +128,57 @@ async fn a_pod_with_a_bound_zonal_volume_gets_a_claim_in_that_zone() {
     .unwrap();
     let claim = first_claim(&sim).await;
     assert_eq!(claim_zone(&claim), Some("sim-zone-1"), "{claim:#}");
+}
+
+/// Upstream provisioning suite: should ignore NodePools that are deleting.
+#[actix::test]
+async fn a_deleting_nodepool_gets_no_claims() {
+    let (sim, _controller) = cluster().await;
+    sim.run(|c| async move {
+        let client = c.client();
+        let pools: Api<karpenter_capi::api::nodepool::NodePool> = Api::all(client.clone());
+        let np = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "leaving", "finalizers": ["example.com/hold"]},
+            "spec": {"weight": 100, "template": {"spec": {
+                "requirements": [],
+                "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass",
+                                 "name": launch::NODECLASS}
+            }}}
+        }))
+        .unwrap();
+        pools.create(&PostParams::default(), &np).await.unwrap();
+        pools.delete("leaving", &Default::default()).await.unwrap();
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "wants-leaving", "namespace": launch::NAMESPACE},
+            "spec": {
+                "nodeSelector": {"karpenter.sh/nodepool": "leaving"},
+                "containers": [{"name": "c", "image": "c",
+                                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]
+            }
+        }))
+        .unwrap();
+        Api::<Pod>::namespaced(client, launch::NAMESPACE)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    // The solve ran once the pod has its FailedScheduling Event; by then no claim may exist.
+    let store = sim.cluster().server().store();
+    let start = Instant::now();
+    while !store
+        .list("events.events.k8s.io", None)
+        .iter()
+        .any(|e| e["reason"] == "FailedScheduling" && e["regarding"]["name"] == "wants-leaving")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "no FailedScheduling Event"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(store.list("nodeclaims", None).is_empty());
 }
