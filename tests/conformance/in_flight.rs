@@ -1,0 +1,317 @@
+//! Upstream "In-Flight Nodes" and "Existing Nodes": pods go to nodes and claims already there
+//! before a new claim is made, as far as their labels, taints and room allow. The cluster-state
+//! layer turns Nodes into [`ExistingNode`]s (leaving startup taints out while a node is in
+//! flight); these cases start from that input.
+
+use karpenter_capi::api::wellknown::{ARCH_LABEL, HOSTNAME_LABEL, ZONE_LABEL};
+use karpenter_capi::scheduling::ExistingNode;
+
+use crate::fixture::*;
+
+fn env() -> Env {
+    Env::new(nodepool("default"))
+}
+
+fn small(name: &str) -> k8s_openapi::api::core::v1::Pod {
+    pod(name).limits(&[("cpu", "10m")])
+}
+
+/// Provision `first`, bind it, and mark the nodes in flight (launched, not initialized).
+fn with_in_flight(first: Vec<k8s_openapi::api::core::v1::Pod>) -> Env {
+    let mut e = env();
+    e.provision_and_bind(&first);
+    for n in &mut e.nodes {
+        n.in_flight = true;
+    }
+    e
+}
+
+#[test]
+fn an_in_flight_node_with_room_takes_the_next_pod() {
+    let e = with_in_flight(vec![small("a")]);
+    let out = e.provision(&[small("b")]);
+    assert_eq!(out.existing_of("b"), Some("node-0"));
+    assert!(out.nodes.is_empty());
+}
+
+#[test]
+fn an_in_flight_node_takes_pods_whose_selectors_it_satisfies() {
+    let mut e = with_in_flight(vec![small("a").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-2"],
+    )])]);
+    let b = small("b").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1", "test-zone-2"],
+    )]);
+    let out = e.provision_and_bind(&[b]);
+    assert_eq!(out.existing_of("b"), Some("node-0"));
+    let c = small("c").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1", "test-zone-3"],
+    )]);
+    let out = e.provision(&[c]);
+    assert!(out.existing_of("c").is_none());
+    assert!(out.node_of("c").is_some());
+}
+
+#[test]
+fn a_pod_that_does_not_fit_the_in_flight_node_gets_a_new_one() {
+    let e = with_in_flight(vec![pod("a").limits(&[("cpu", "1001m")])]);
+    // The first pod took the 2-CPU type (1.9 allocatable); one more CPU does not fit.
+    let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
+    assert!(out.existing_of("b").is_none());
+    out.scheduled("b");
+}
+
+#[test]
+fn a_pod_incompatible_with_the_in_flight_node_gets_a_new_one() {
+    let e = with_in_flight(vec![small("a")]);
+    let out = e.provision(&[pod("b").node_selector(&[(ARCH_LABEL, "arm64")])]);
+    assert!(out.existing_of("b").is_none());
+    out.scheduled("b");
+}
+
+#[test]
+fn in_flight_nodes_keep_zonal_balance_without_new_nodes() {
+    let foo = [("test", "test")];
+    let spread = |prefix: &str, n: usize| {
+        pods(prefix, n, |p| {
+            p.labels(&foo).spread(ZONE_LABEL, 1, true, &foo)
+        })
+    };
+    let mut e = env();
+    e.provision_and_bind(&spread("a", 4));
+    assert_eq!(e.skew(ZONE_LABEL), vec![1, 1, 2]);
+    let before = e.nodes.len();
+    for n in &mut e.nodes {
+        n.in_flight = true;
+    }
+    e.provision_and_bind(&spread("b", 5));
+    assert_eq!(e.skew(ZONE_LABEL), vec![3, 3, 3]);
+    assert_eq!(e.nodes.len(), before);
+}
+
+#[test]
+fn in_flight_nodes_keep_hostname_balance() {
+    let foo = [("test", "test")];
+    let spread = |prefix: &str, n: usize| {
+        pods(prefix, n, |p| {
+            p.labels(&foo).spread(HOSTNAME_LABEL, 1, true, &foo)
+        })
+    };
+    let mut e = env();
+    e.provision_and_bind(&spread("a", 4));
+    e.provision_and_bind(&spread("b", 5));
+    assert_eq!(e.skew(HOSTNAME_LABEL), vec![1; 9]);
+}
+
+fn big_first() -> Env {
+    with_in_flight(vec![pod("a").limits(&[("cpu", "8")])])
+}
+
+#[test]
+fn an_untainted_in_flight_node_takes_the_pod() {
+    let out = big_first().provision(&[pod("b").limits(&[("cpu", "1")])]);
+    assert_eq!(out.existing_of("b"), Some("node-0"));
+}
+
+#[test]
+fn ephemeral_taints_do_not_keep_pods_off_an_in_flight_node() {
+    let mut e = big_first();
+    e.nodes[0].taints = vec![taint("node.kubernetes.io/not-ready", None, "NoExecute")];
+    let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
+    assert_eq!(out.existing_of("b"), Some("node-0"));
+}
+
+#[test]
+#[ignore = "fails: needs ephemeral taints honoured on initialized nodes (the solver ignores them on every node)"]
+fn ephemeral_taints_count_once_the_node_is_initialized() {
+    let mut e = big_first();
+    e.nodes[0].taints = vec![taint("node.kubernetes.io/not-ready", None, "NoExecute")];
+    e.nodes[0].in_flight = false;
+    e.nodes[0]
+        .labels
+        .insert("karpenter.sh/initialized".into(), "true".into());
+    let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
+    assert!(out.existing_of("b").is_none());
+}
+
+#[test]
+fn a_real_taint_on_an_initialized_node_keeps_pods_off() {
+    let mut e = big_first();
+    e.nodes[0].in_flight = false;
+    e.nodes[0].taints = vec![taint("foo.com/taint", None, "NoSchedule")];
+    let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
+    assert!(out.existing_of("b").is_none());
+    out.scheduled("b");
+}
+
+#[test]
+fn startup_taints_left_out_of_in_flight_nodes_do_not_block() {
+    let np = nodepool("default").startup_taints(vec![taint("foo.com/taint", None, "NoSchedule")]);
+    let mut e = Env::new(np);
+    e.provision_and_bind(&[pod("a").limits(&[("cpu", "8")])]);
+    e.nodes[0].in_flight = true;
+    e.nodes[0].taints.clear();
+    let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
+    assert_eq!(out.existing_of("b"), Some("node-0"));
+}
+
+#[test]
+fn startup_taints_still_present_after_initialization_block() {
+    let mut e = big_first();
+    e.nodes[0].in_flight = false;
+    e.nodes[0].taints = vec![taint(
+        "ignore-me",
+        Some("nothing-to-see-here"),
+        "NoSchedule",
+    )];
+    let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
+    assert!(out.existing_of("b").is_none());
+}
+
+#[test]
+fn a_not_ready_tainted_node_counts_as_in_flight() {
+    let mut e = with_in_flight(vec![pod("a").requests(&[("cpu", "10m")])]);
+    e.nodes[0].taints = vec![
+        taint("node.kubernetes.io/not-ready", None, "NoSchedule"),
+        taint("node.kubernetes.io/unreachable", None, "NoSchedule"),
+        taint(
+            "node.cloudprovider.kubernetes.io/uninitialized",
+            Some("true"),
+            "NoSchedule",
+        ),
+    ];
+    let out = e.provision(&[pod("b").requests(&[("cpu", "10m")])]);
+    assert_eq!(out.existing_of("b"), Some("node-0"));
+}
+
+#[test]
+fn in_flight_nodes_are_packed_before_new_ones() {
+    let types = vec![
+        itype("medium")
+            .resources(&[("cpu", "4.25"), ("pods", "4")])
+            .build(),
+    ];
+    let mut e = Env::with_types(nodepool("default"), types);
+    let first = pods("a", 20, |p| p.requests(&[("cpu", "1")]));
+    e.provision_and_bind(&first);
+    for n in &mut e.nodes {
+        n.in_flight = true;
+    }
+    let out = e.provision(&pods("b", 4, |p| p.requests(&[("cpu", "1")])));
+    // Every node is full after the first round, so new pods need new nodes, and the first
+    // round left at most one node with a free CPU.
+    let free = e
+        .nodes
+        .iter()
+        .filter(|n| {
+            n.allocatable.get("cpu").as_millis() - n.requested.get("cpu").as_millis() >= 1000
+        })
+        .count();
+    assert!(free <= 1);
+    assert!((0..4).all(|i| out.is_scheduled(&format!("b-{i}"))));
+}
+
+#[test]
+fn pods_sharing_a_host_port_get_different_nodes() {
+    let out = env().provision(&[pod("a").host_port(8080), pod("b").host_port(8080)]);
+    assert_ne!(out.scheduled("a").name, out.scheduled("b").name);
+}
+
+fn unowned(name: &str, cpu: &str, mem: &str, zone: &str) -> ExistingNode {
+    ExistingNode {
+        name: name.into(),
+        labels: [
+            (ZONE_LABEL.to_string(), zone.to_string()),
+            (HOSTNAME_LABEL.to_string(), name.to_string()),
+        ]
+        .into(),
+        taints: vec![],
+        allocatable: res(&[("cpu", cpu), ("memory", mem), ("pods", "110")]),
+        requested: res(&[]),
+        in_flight: false,
+        nodepool: None,
+    }
+}
+
+#[test]
+fn a_node_karpenter_does_not_own_takes_a_pod() {
+    let e = env().node(unowned("mine", "10", "10Gi", "test-zone-1"));
+    let out = e.provision(&[pod("p").requests(&[("cpu", "10m")])]);
+    assert_eq!(out.existing_of("p"), Some("mine"));
+}
+
+#[test]
+fn a_node_karpenter_does_not_own_takes_many_pods() {
+    let e = env().node(unowned("mine", "10", "100Gi", "test-zone-1"));
+    let ps = pods("p", 100, |p| p.requests(&[("cpu", "10m")]));
+    let out = e.provision(&ps);
+    assert!((0..100).all(|i| out.existing_of(&format!("p-{i}")) == Some("mine")));
+}
+
+#[test]
+fn a_pod_incompatible_with_an_existing_node_gets_a_claim() {
+    // The node has no zone label; the pod needs zone 1.
+    let mut node = unowned("mine", "10", "10Gi", "test-zone-1");
+    node.labels.remove(ZONE_LABEL);
+    let p = pod("p").required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
+    let without_pools = Env::default().node(node.clone());
+    without_pools
+        .provision(std::slice::from_ref(&p))
+        .not_scheduled("p");
+    let out = env().node(node).provision(&[p]);
+    assert!(out.existing_of("p").is_none());
+    assert_eq!(out.scheduled("p").label(ZONE_LABEL), Some("test-zone-1"));
+}
+
+fn many_in_flight_one_initialized(in_flight_count: usize, elem: usize) -> Env {
+    let mut e = env();
+    for i in 0..in_flight_count {
+        let mut n = unowned(&format!("n{i}"), "4", "4Gi", "test-zone-1");
+        n.in_flight = i != elem;
+        n.nodepool = Some("default".into());
+        e = e.node(n);
+    }
+    e
+}
+
+#[test]
+#[ignore = "fails: needs initialized existing nodes tried before in-flight ones"]
+fn an_initialized_node_is_tried_before_in_flight_ones() {
+    let e = many_in_flight_one_initialized(100, 37);
+    let out = e.provision(&[pod("p")]);
+    assert_eq!(out.existing_of("p"), Some("n37"));
+}
+
+#[test]
+#[ignore = "fails: needs initialized existing nodes tried before in-flight ones"]
+fn initialized_nodes_come_before_uninitialized_ones() {
+    let e = many_in_flight_one_initialized(10, 9);
+    let out = e.provision(&[pod("p")]);
+    assert_eq!(out.existing_of("p"), Some("n9"));
+}
+
+#[test]
+fn daemonsets_that_do_not_fit_an_existing_node_take_none_of_its_room() {
+    // The node has no zone label, so the zone-1 DaemonSet is not strictly compatible with it.
+    let mut node = unowned("existing", "1", "1Gi", "test-zone-1");
+    node.labels.remove(ZONE_LABEL);
+    let ds = daemon("ds", &[("cpu", "100"), ("memory", "100Gi")]).required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1"],
+    )]);
+    let e = env().node(node).daemonset(ds);
+    let mut e2 = e.clone();
+    let out = e2.provision_and_bind(&[pod("a").requests(&[("cpu", "1"), ("memory", "1Gi")])]);
+    assert_eq!(out.existing_of("a"), Some("existing"));
+    // The node is full now; the pool may launch in zone 1, so its new nodes are modelled with
+    // the DaemonSet's 100 CPUs and none can hold the pod.
+    let out = e2.provision(&[pod("b").requests(&[("cpu", "1"), ("memory", "1Gi")])]);
+    out.not_scheduled("b");
+}

@@ -1,0 +1,16 @@
+//! Karpenter core's scheduling suite as our yardstick (issue 13): one module per upstream group,
+//! each case in our own words with upstream's setup and expected outcome. docs/conformance.md
+//! maps every upstream case to the test here, or says why it does not apply or what it needs.
+
+mod fixture;
+
+mod binpacking;
+mod custom_constraints;
+mod doc_table;
+mod in_flight;
+mod instance_selection;
+mod instance_type_compat;
+mod preferential_fallback;
+mod provisioning;
+mod topology;
+mod whole_flow;
