@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{Node, NodeSelectorRequirement, Pod, Taint, Toleration};
@@ -88,6 +88,9 @@ struct Inner {
     log: BindLog,
     /// Pods bound by us that the pod cache may not show as bound yet (uid -> node).
     recent: Mutex<HashMap<String, String>>,
+    /// Pods marked unschedulable (uid -> when their message may be rewritten next, and the
+    /// backoff after that).
+    marked: Mutex<HashMap<String, (Instant, Duration)>>,
     retry: AtomicBool,
     shutdown: Shutdown,
 }
@@ -108,6 +111,7 @@ pub fn spawn(
         wake: Notify::new(),
         log: BindLog::default(),
         recent: Mutex::new(HashMap::new()),
+        marked: Mutex::new(HashMap::new()),
         retry: AtomicBool::new(false),
         shutdown: shutdown.clone(),
     });
@@ -287,18 +291,20 @@ impl Inner {
         self.mark_unschedulable(&pod, total, &reasons).await
     }
 
-    /// Drops pods from `recent` once the cache shows them bound (or gone).
+    /// Drops pods from `recent` once the cache shows them bound (or gone), and from `marked`
+    /// once they are no longer pending.
     fn forget_settled(&self, pods: &[Arc<Pod>]) {
-        let mut recent = self.recent.lock();
-        if recent.is_empty() {
-            return;
-        }
         let unsettled: HashMap<String, ()> = pods
             .iter()
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
             .map(|p| (p.uid().unwrap_or_default(), ()))
             .collect();
-        recent.retain(|uid, _| unsettled.contains_key(uid));
+        self.recent
+            .lock()
+            .retain(|uid, _| unsettled.contains_key(uid));
+        self.marked
+            .lock()
+            .retain(|uid, _| unsettled.contains_key(uid));
     }
 
     async fn bind(&self, pod: &Pod, node: &str) -> bool {
@@ -354,12 +360,24 @@ impl Inner {
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
         let current = conditions.iter().find(|c| c.type_ == "PodScheduled");
-        if current.is_some_and(|c| {
-            c.status == "False"
-                && c.reason.as_deref() == Some("Unschedulable")
-                && c.message.as_deref() == Some(message.as_str())
-        }) {
+        let marked = current
+            .is_some_and(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"));
+        if marked && current.is_some_and(|c| c.message.as_deref() == Some(message.as_str())) {
             return;
+        }
+        // A pod already marked gets its message rewritten at most once per backoff (1 s,
+        // doubling to 10 s), as kube-scheduler retries an unschedulable pod after its backoff:
+        // otherwise every node event would rewrite every pending pod.
+        let uid = pod.uid().unwrap_or_default();
+        let now = Instant::now();
+        {
+            let mut backoffs = self.marked.lock();
+            let (next, delay) = backoffs.get(&uid).copied().unwrap_or((now, Duration::ZERO));
+            if marked && now < next {
+                return;
+            }
+            let delay = (delay * 2).clamp(Duration::from_secs(1), Duration::from_secs(10));
+            backoffs.insert(uid, (now + delay, delay));
         }
         conditions.retain(|c| c.type_ != "PodScheduled");
         let mut conditions: Vec<serde_json::Value> = conditions
