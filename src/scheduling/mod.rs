@@ -23,6 +23,7 @@ pub mod pod;
 pub mod selector;
 mod solver;
 pub mod topology;
+pub mod volumes;
 
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
 

@@ -1,0 +1,126 @@
+//! The watches on PersistentVolumeClaims, PersistentVolumes and StorageClasses (workload
+//! cluster), kept in `state.storage` as the little volume topology reads. A change pokes the
+//! provisioner: a pod whose claim was missing may now be provisionable.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::Shared;
+use crate::state::storage::Kind;
+
+type Event<K> = Result<watcher::Event<K>, watcher::Error>;
+
+enum Watched {
+    Claim(Event<PersistentVolumeClaim>),
+    Volume(Event<PersistentVolume>),
+    Class(Event<StorageClass>),
+}
+
+pub struct StorageWatcher {
+    shared: Arc<Shared>,
+    claims: Vec<PersistentVolumeClaim>,
+    volumes: Vec<PersistentVolume>,
+    classes: Vec<StorageClass>,
+}
+
+impl StorageWatcher {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            claims: Vec::new(),
+            volumes: Vec::new(),
+            classes: Vec::new(),
+        }
+    }
+}
+
+impl Actor for StorageWatcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        use futures::StreamExt;
+        let client = self.shared.workload.clone();
+        let cfg = watcher::Config::default;
+        let claims = watcher(Api::<PersistentVolumeClaim>::all(client.clone()), cfg())
+            .default_backoff()
+            .map(Watched::Claim);
+        let volumes = watcher(Api::<PersistentVolume>::all(client.clone()), cfg())
+            .default_backoff()
+            .map(Watched::Volume);
+        let classes = watcher(Api::<StorageClass>::all(client), cfg())
+            .default_backoff()
+            .map(Watched::Class);
+        ctx.add_stream(futures::stream::select(
+            claims,
+            futures::stream::select(volumes, classes),
+        ));
+    }
+}
+
+/// Applies one watch event of one kind: buffers a re-list and swaps it in whole when done.
+fn apply<K: Clone>(
+    ev: Event<K>,
+    buffer: &mut Vec<K>,
+    kind: Kind,
+    shared: &Shared,
+    put: fn(&mut crate::scheduling::volumes::VolumeCatalog, &K),
+    relist: fn(&mut crate::scheduling::volumes::VolumeCatalog),
+    remove: fn(&mut crate::scheduling::volumes::VolumeCatalog, &K),
+) {
+    let mut storage = shared.state.storage.write();
+    match ev {
+        Ok(watcher::Event::Init) => buffer.clear(),
+        Ok(watcher::Event::InitApply(o)) => buffer.push(o),
+        Ok(watcher::Event::InitDone) => {
+            relist(&mut storage.catalog);
+            for o in std::mem::take(buffer) {
+                put(&mut storage.catalog, &o);
+            }
+            storage.mark_listed(kind);
+        }
+        Ok(watcher::Event::Apply(o)) => put(&mut storage.catalog, &o),
+        Ok(watcher::Event::Delete(o)) => remove(&mut storage.catalog, &o),
+        Err(e) => tracing::warn!(error = %e, ?kind, "storage watch failed; it will re-list"),
+    }
+}
+
+impl StreamHandler<Watched> for StorageWatcher {
+    fn handle(&mut self, ev: Watched, _: &mut Self::Context) {
+        let shared = &self.shared;
+        match ev {
+            Watched::Claim(ev) => apply(
+                ev,
+                &mut self.claims,
+                Kind::Claims,
+                shared,
+                |c, o| c.apply_claim(o),
+                |c| c.claims.clear(),
+                |c, o| c.remove_claim(o),
+            ),
+            Watched::Volume(ev) => apply(
+                ev,
+                &mut self.volumes,
+                Kind::Volumes,
+                shared,
+                |c, o| c.apply_volume(o),
+                |c| c.volumes.clear(),
+                |c, o| c.remove_volume(o),
+            ),
+            Watched::Class(ev) => apply(
+                ev,
+                &mut self.classes,
+                Kind::Classes,
+                shared,
+                |c, o| c.apply_class(o),
+                |c| c.classes.clear(),
+                |c, o| c.remove_class(o),
+            ),
+        }
+        shared.router.provisioner_poke();
+    }
+}

@@ -1,0 +1,31 @@
+//! PersistentVolumeClaims, PersistentVolumes and StorageClasses, reduced to what volume
+//! topology reads (`scheduling::volumes`): the provisioner adds each pending pod's volume zones
+//! to its requirements before a solve.
+
+use crate::scheduling::volumes::VolumeCatalog;
+
+/// The catalog and whether each of its three watches has listed once.
+#[derive(Default)]
+pub struct Storage {
+    pub catalog: VolumeCatalog,
+    /// Claims, volumes, classes.
+    listed: [bool; 3],
+}
+
+/// Which watch a re-list came from.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    Claims = 0,
+    Volumes = 1,
+    Classes = 2,
+}
+
+impl Storage {
+    pub fn synced(&self) -> bool {
+        self.listed.iter().all(|l| *l)
+    }
+
+    pub fn mark_listed(&mut self, kind: Kind) {
+        self.listed[kind as usize] = true;
+    }
+}
