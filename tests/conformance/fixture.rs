@@ -31,6 +31,7 @@ use karpenter_capi::scheduling::{
     ExistingNode, InstanceType, NewClaim, Offering, PoolInput, PreferencePolicy, Results, Snapshot,
     nodeclaim_for, solve,
 };
+use karpenter_capi::scheduling::volumes::{VolumeCatalog, apply_volume_topology};
 
 /// Upstream's fake provider labels: a size class, an optional "special" label on large types
 /// and the CPU count as an integer label (for Gt/Lt).
@@ -667,6 +668,9 @@ pub struct Env {
     pub bound: Vec<Pod>,
     pub daemonsets: Vec<Pod>,
     pub preference_policy: PreferencePolicy,
+    /// Claims, volumes and classes for volume topology (applied before the solve, as the
+    /// provisioner does).
+    pub volumes: VolumeCatalog,
 }
 
 impl Env {
@@ -708,7 +712,10 @@ impl Env {
         }
     }
     pub fn provision(&self, pods: &[Pod]) -> Outcome {
-        let results = solve(&self.snapshot(pods));
+        let mut snapshot = self.snapshot(pods);
+        let volume_failures = apply_volume_topology(&mut snapshot.pods, &self.volumes);
+        let mut results = solve(&snapshot);
+        results.failures.extend(volume_failures);
         Outcome::new(self, results)
     }
 
