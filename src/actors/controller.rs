@@ -159,8 +159,7 @@ impl Controller {
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
-        let storage_watcher =
-            super::storage_watcher::StorageWatcher::new(shared.clone()).start();
+        let storage_watcher = super::storage_watcher::StorageWatcher::new(shared.clone()).start();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
         let provisioner = Provisioner::new(

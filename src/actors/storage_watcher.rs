@@ -15,10 +15,11 @@ use crate::state::storage::Kind;
 
 type Event<K> = Result<watcher::Event<K>, watcher::Error>;
 
+/// Boxed: a PersistentVolume event is several times the size of the others.
 enum Watched {
-    Claim(Event<PersistentVolumeClaim>),
-    Volume(Event<PersistentVolume>),
-    Class(Event<StorageClass>),
+    Claim(Box<Event<PersistentVolumeClaim>>),
+    Volume(Box<Event<PersistentVolume>>),
+    Class(Box<Event<StorageClass>>),
 }
 
 pub struct StorageWatcher {
@@ -48,13 +49,13 @@ impl Actor for StorageWatcher {
         let cfg = watcher::Config::default;
         let claims = watcher(Api::<PersistentVolumeClaim>::all(client.clone()), cfg())
             .default_backoff()
-            .map(Watched::Claim);
+            .map(|e| Watched::Claim(Box::new(e)));
         let volumes = watcher(Api::<PersistentVolume>::all(client.clone()), cfg())
             .default_backoff()
-            .map(Watched::Volume);
+            .map(|e| Watched::Volume(Box::new(e)));
         let classes = watcher(Api::<StorageClass>::all(client), cfg())
             .default_backoff()
-            .map(Watched::Class);
+            .map(|e| Watched::Class(Box::new(e)));
         ctx.add_stream(futures::stream::select(
             claims,
             futures::stream::select(volumes, classes),
@@ -94,7 +95,7 @@ impl StreamHandler<Watched> for StorageWatcher {
         let shared = &self.shared;
         match ev {
             Watched::Claim(ev) => apply(
-                ev,
+                *ev,
                 &mut self.claims,
                 Kind::Claims,
                 shared,
@@ -103,7 +104,7 @@ impl StreamHandler<Watched> for StorageWatcher {
                 |c, o| c.remove_claim(o),
             ),
             Watched::Volume(ev) => apply(
-                ev,
+                *ev,
                 &mut self.volumes,
                 Kind::Volumes,
                 shared,
@@ -112,7 +113,7 @@ impl StreamHandler<Watched> for StorageWatcher {
                 |c, o| c.remove_volume(o),
             ),
             Watched::Class(ev) => apply(
-                ev,
+                *ev,
                 &mut self.classes,
                 Kind::Classes,
                 shared,

@@ -199,7 +199,9 @@ impl VolumeCatalog {
         let class = claim.storage_class.as_deref().unwrap_or_default();
         if let Some(volume_name) = &claim.volume_name {
             let volume = self.volumes.get(volume_name).ok_or_else(|| {
-                format!("PersistentVolume {volume_name:?} of PersistentVolumeClaim {key:?} not found")
+                format!(
+                    "PersistentVolume {volume_name:?} of PersistentVolumeClaim {key:?} not found"
+                )
             })?;
             if volume.deleting {
                 return Err(format!(
@@ -226,7 +228,12 @@ impl VolumeCatalog {
                 "PersistentVolumeClaim {key:?} is unbound and its StorageClass {class:?} binds Immediate (only WaitForFirstConsumer claims follow the pod)"
             ));
         }
-        Ok(sc.topologies.iter().filter(|t| !t.is_empty()).cloned().collect())
+        Ok(sc
+            .topologies
+            .iter()
+            .filter(|t| !t.is_empty())
+            .cloned()
+            .collect())
     }
 }
 
@@ -290,9 +297,10 @@ pub fn apply_volume_topology(
     let mut failures = Vec::new();
     pods.retain_mut(|pod| {
         let has_claims = pod.spec.as_ref().is_some_and(|s| {
-            s.volumes.iter().flatten().any(|v| {
-                v.persistent_volume_claim.is_some() || v.ephemeral.is_some()
-            })
+            s.volumes
+                .iter()
+                .flatten()
+                .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
         });
         if !has_claims {
             return true;
@@ -304,11 +312,7 @@ pub fn apply_volume_topology(
                 true
             }
             Err(details) => {
-                let key = format!(
-                    "{}/{}",
-                    pod.namespace().unwrap_or_default(),
-                    pod.name_any()
-                );
+                let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
                 failures.push((key, PodError::InvalidPod { details }));
                 false
             }
@@ -398,15 +402,22 @@ mod tests {
         }))
         .unwrap();
         inject(&mut pod, &[vec![zone(&["z"])]]);
-        let terms = &pod.spec.unwrap().affinity.unwrap().node_affinity.unwrap()
+        let terms = &pod
+            .spec
+            .unwrap()
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap()
             .required_during_scheduling_ignored_during_execution
             .unwrap()
             .node_selector_terms;
         assert_eq!(terms.len(), 2);
-        assert!(terms.iter().all(|t| t
-            .match_expressions
-            .as_ref()
-            .unwrap()
-            .contains(&zone(&["z"]))));
+        assert!(terms.iter().all(|t| {
+            t.match_expressions
+                .as_ref()
+                .unwrap()
+                .contains(&zone(&["z"]))
+        }));
     }
 }

@@ -27,11 +27,11 @@ use karpenter_capi::api::resources::{Quantity, Resources};
 use karpenter_capi::api::wellknown::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL, ZONE_LABEL,
 };
+use karpenter_capi::scheduling::volumes::{VolumeCatalog, apply_volume_topology};
 use karpenter_capi::scheduling::{
     ExistingNode, InstanceType, NewClaim, Offering, PoolInput, PreferencePolicy, Results, Snapshot,
     nodeclaim_for, solve,
 };
-use karpenter_capi::scheduling::volumes::{VolumeCatalog, apply_volume_topology};
 
 /// Upstream's fake provider labels: a size class, an optional "special" label on large types
 /// and the CPU count as an integer label (for Gt/Lt).

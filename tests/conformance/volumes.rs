@@ -103,7 +103,12 @@ fn node_local(mut pv: PersistentVolume, kind: &str) -> PersistentVolume {
 }
 
 fn with_claims(mut p: Pod, claims: &[&str]) -> Pod {
-    let vols = p.spec.as_mut().unwrap().volumes.get_or_insert_with(Vec::new);
+    let vols = p
+        .spec
+        .as_mut()
+        .unwrap()
+        .volumes
+        .get_or_insert_with(Vec::new);
     for c in claims {
         vols.push(Volume {
             name: format!("vol-{c}"),
@@ -191,7 +196,11 @@ fn an_unbound_claim_with_an_empty_storage_class_does_not_schedule() {
 #[test]
 fn a_bound_claim_with_a_missing_storage_class_schedules() {
     let e = env()
-        .with_claim(claim("c", Some("missing-storage-class"), Some("test-volume")))
+        .with_claim(claim(
+            "c",
+            Some("missing-storage-class"),
+            Some("test-volume"),
+        ))
         .with_volume(volume("test-volume", vec![]));
     e.provision(&[with_claims(pod("p"), &["c"])]).scheduled("p");
 }
@@ -230,19 +239,26 @@ fn an_unbound_claim_schedules_into_its_storage_class_zones() {
     let e = env()
         .with_class(zonal_class())
         .with_claim(claim("c", Some("my-storage-class"), None));
-    let p = with_claims(pod("p"), &["c"])
-        .required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1", "test-zone-3"])]);
+    let p = with_claims(pod("p"), &["c"]).required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1", "test-zone-3"],
+    )]);
     let out = e.provision(&[p]);
     assert_eq!(out.scheduled("p").label(ZONE_LABEL), Some("test-zone-3"));
 }
 
 #[test]
 fn an_unbound_ephemeral_claim_schedules_into_its_storage_class_zones() {
-    let e = env()
-        .with_class(zonal_class())
-        .with_claim(claim("p-data", Some("my-storage-class"), None));
-    let p = with_ephemeral(pod("p"), "my-storage-class")
-        .required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1", "test-zone-3"])]);
+    let e =
+        env()
+            .with_class(zonal_class())
+            .with_claim(claim("p-data", Some("my-storage-class"), None));
+    let p = with_ephemeral(pod("p"), "my-storage-class").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1", "test-zone-3"],
+    )]);
     let out = e.provision(&[p]);
     assert_eq!(out.scheduled("p").label(ZONE_LABEL), Some("test-zone-3"));
 }
@@ -252,17 +268,22 @@ fn storage_class_zones_incompatible_with_the_pod_do_not_schedule() {
     let e = env()
         .with_class(zonal_class())
         .with_claim(claim("c", Some("my-storage-class"), None));
-    let p = with_claims(pod("p"), &["c"]).required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
+    let p =
+        with_claims(pod("p"), &["c"]).required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
     e.provision(&[p]).not_scheduled("p");
 }
 
 #[test]
 fn ephemeral_storage_class_zones_incompatible_with_the_pod_do_not_schedule() {
-    let e = env()
-        .with_class(zonal_class())
-        .with_claim(claim("p-data", Some("my-storage-class"), None));
-    let p = with_ephemeral(pod("p"), "my-storage-class")
-        .required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
+    let e =
+        env()
+            .with_class(zonal_class())
+            .with_claim(claim("p-data", Some("my-storage-class"), None));
+    let p = with_ephemeral(pod("p"), "my-storage-class").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1"],
+    )]);
     e.provision(&[p]).not_scheduled("p");
 }
 
@@ -288,7 +309,10 @@ fn a_bound_ephemeral_claim_schedules_into_its_volume_zones() {
 
 fn local_path_env(kind: &str, claim_name: &str) -> Env {
     let pv = node_local(
-        volume("local-pv", vec![vec![node_req(HOSTNAME, "In", &["random-node"])]]),
+        volume(
+            "local-pv",
+            vec![vec![node_req(HOSTNAME, "In", &["random-node"])]],
+        ),
         kind,
     );
     env()
@@ -312,13 +336,15 @@ fn hostname_affinity_of_a_hostpath_volume_is_ignored() {
 #[test]
 fn hostname_affinity_of_a_local_ephemeral_volume_is_ignored() {
     let e = local_path_env("local", "p-data");
-    e.provision(&[with_ephemeral(pod("p"), "local-path")]).scheduled("p");
+    e.provision(&[with_ephemeral(pod("p"), "local-path")])
+        .scheduled("p");
 }
 
 #[test]
 fn hostname_affinity_of_a_hostpath_ephemeral_volume_is_ignored() {
     let e = local_path_env("hostPath", "p-data");
-    e.provision(&[with_ephemeral(pod("p"), "local-path")]).scheduled("p");
+    e.provision(&[with_ephemeral(pod("p"), "local-path")])
+        .scheduled("p");
 }
 
 #[test]
@@ -326,9 +352,13 @@ fn hostname_affinity_of_a_hostpath_ephemeral_volume_is_ignored() {
 fn hostname_affinity_of_a_csi_volume_is_kept() {
     let e = env()
         .with_class(zonal_class())
-        .with_volume(volume("pv", vec![vec![node_req(HOSTNAME, "In", &["random-node"])]]))
+        .with_volume(volume(
+            "pv",
+            vec![vec![node_req(HOSTNAME, "In", &["random-node"])]],
+        ))
         .with_claim(claim("c", Some("my-storage-class"), Some("pv")));
-    e.provision(&[with_claims(pod("p"), &["c"])]).not_scheduled("p");
+    e.provision(&[with_claims(pod("p"), &["c"])])
+        .not_scheduled("p");
 }
 
 #[test]
@@ -337,7 +367,8 @@ fn volume_zones_incompatible_with_the_pod_do_not_schedule() {
         .with_class(zonal_class())
         .with_volume(zonal_volume("pv", &["test-zone-3"]))
         .with_claim(claim("c", Some("my-storage-class"), Some("pv")));
-    let p = with_claims(pod("p"), &["c"]).required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
+    let p =
+        with_claims(pod("p"), &["c"]).required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
     e.provision(&[p]).not_scheduled("p");
 }
 
@@ -347,8 +378,11 @@ fn ephemeral_volume_zones_incompatible_with_the_pod_do_not_schedule() {
         .with_class(zonal_class())
         .with_volume(zonal_volume("pv", &["test-zone-3"]))
         .with_claim(claim("p-data", Some("my-storage-class"), Some("pv")));
-    let p = with_ephemeral(pod("p"), "my-storage-class")
-        .required(vec![node_req(ZONE_LABEL, "In", &["test-zone-1"])]);
+    let p = with_ephemeral(pod("p"), "my-storage-class").required(vec![node_req(
+        ZONE_LABEL,
+        "In",
+        &["test-zone-1"],
+    )]);
     e.provision(&[p]).not_scheduled("p");
 }
 
@@ -385,8 +419,16 @@ fn anti_affine_pair(claims: [&str; 2]) -> Vec<Pod> {
 }
 
 fn different_zones_among_1_and_2(out: &Outcome) {
-    let z0 = out.scheduled("pod-0").label(ZONE_LABEL).unwrap().to_string();
-    let z1 = out.scheduled("pod-1").label(ZONE_LABEL).unwrap().to_string();
+    let z0 = out
+        .scheduled("pod-0")
+        .label(ZONE_LABEL)
+        .unwrap()
+        .to_string();
+    let z1 = out
+        .scheduled("pod-1")
+        .label(ZONE_LABEL)
+        .unwrap()
+        .to_string();
     for z in [&z0, &z1] {
         assert!(["test-zone-1", "test-zone-2"].contains(&z.as_str()), "{z}");
     }
@@ -442,7 +484,10 @@ fn pods_using_a_storage_class_with_several_zones_spread_over_them() {
     let sc = class(
         "multi-zone-sc",
         "WaitForFirstConsumer",
-        &[&[(ZONE_LABEL, &["test-zone-1"])], &[(ZONE_LABEL, &["test-zone-2"])]],
+        &[
+            &[(ZONE_LABEL, &["test-zone-1"])],
+            &[(ZONE_LABEL, &["test-zone-2"])],
+        ],
     );
     let e = env()
         .with_class(sc)
@@ -490,16 +535,19 @@ fn other_class(mode: &str) -> StorageClass {
 
 #[test]
 fn an_unbound_claim_of_an_immediate_class_is_not_provisionable() {
-    let e = env()
-        .with_class(other_class("Immediate"))
-        .with_claim(claim("tmp", Some("default-storage-class"), None));
+    let e = env().with_class(other_class("Immediate")).with_claim(claim(
+        "tmp",
+        Some("default-storage-class"),
+        None,
+    ));
     ignored(&e.provision(&[with_claims(pod("p"), &["tmp"])]), "p");
 }
 
 #[test]
 fn a_deleting_claim_is_not_provisionable() {
     let mut pvc = claim("tmp", Some("default-storage-class"), None);
-    pvc.metadata.deletion_timestamp = serde_json::from_value(json!("2024-01-01T00:00:00Z")).unwrap();
+    pvc.metadata.deletion_timestamp =
+        serde_json::from_value(json!("2024-01-01T00:00:00Z")).unwrap();
     let e = env()
         .with_class(other_class("WaitForFirstConsumer"))
         .with_claim(pvc);
@@ -546,7 +594,8 @@ fn a_claim_naming_a_volume_without_bind_completed_is_not_provisionable() {
 #[test]
 fn a_claim_naming_a_volume_with_bind_completed_schedules() {
     let e = named_volume_env(true);
-    e.provision(&[with_claims(pod("p"), &["tmp"])]).scheduled("p");
+    e.provision(&[with_claims(pod("p"), &["tmp"])])
+        .scheduled("p");
 }
 
 fn bound_ephemeral_without_class(class: &str) {
@@ -588,15 +637,16 @@ fn an_unbound_ephemeral_volume_without_a_class_is_not_provisionable() {
 // --- Topology suite ---
 
 fn spread_min_3(p: Pod) -> Pod {
-    p.labels(&[("test", "test")])
-        .spread_with(k8s_openapi::api::core::v1::TopologySpreadConstraint {
+    p.labels(&[("test", "test")]).spread_with(
+        k8s_openapi::api::core::v1::TopologySpreadConstraint {
             topology_key: ZONE_LABEL.into(),
             max_skew: 1,
             when_unsatisfiable: "DoNotSchedule".into(),
             label_selector: selector(&[("test", "test")]),
             min_domains: Some(3),
             ..Default::default()
-        })
+        },
+    )
 }
 
 #[test]
