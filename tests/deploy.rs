@@ -92,6 +92,7 @@ const NEEDS: &[Need] = &[
     need(Workload, "", "persistentvolumeclaims", &["list", "watch"], Code("actors/storage_watcher.rs PersistentVolumeClaim watcher")),
     need(Workload, "", "persistentvolumes", &["list", "watch"], Code("actors/storage_watcher.rs PersistentVolume watcher")),
     need(Workload, "storage.k8s.io", "storageclasses", &["list", "watch"], Code("actors/storage_watcher.rs StorageClass watcher")),
+    need(Workload, "storage.k8s.io", "csinodes", &["list", "watch"], Code("actors/storage_watcher.rs CSINode watcher (volume limits)")),
     need(Workload, "policy", "poddisruptionbudgets", &["get", "list", "watch"], Code("actors/disruption PodDisruptionBudget watcher (get: unused, kept for the chart's users)")),
     need(Workload, "apps", "daemonsets", &["get", "list", "watch"], Code("actors/provisioner.rs DaemonSet watcher (get: unused, kept for the chart's users)")),
     need(Workload, "karpenter.sh", "nodeclaims", &["list", "watch"], Code("actors/supervisor.rs watcher")),

@@ -1,17 +1,20 @@
-//! The watches on PersistentVolumeClaims, PersistentVolumes and StorageClasses (workload
-//! cluster), kept in `state.storage` as the little volume topology reads. A change pokes the
+//! The watches on PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSINodes
+//! (workload cluster), kept in `state.storage` as the little volume topology and volume limits
+//! read. A change pokes the
 //! provisioner: a pod whose claim was missing may now be provisionable.
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
-use crate::state::storage::Kind;
+use crate::scheduling::volumes::csinode_limits;
+use crate::state::storage::{Kind, Storage};
+use kube::ResourceExt;
 
 type Event<K> = Result<watcher::Event<K>, watcher::Error>;
 
@@ -20,6 +23,7 @@ enum Watched {
     Claim(Box<Event<PersistentVolumeClaim>>),
     Volume(Box<Event<PersistentVolume>>),
     Class(Box<Event<StorageClass>>),
+    CsiNode(Box<Event<CSINode>>),
 }
 
 pub struct StorageWatcher {
@@ -27,6 +31,7 @@ pub struct StorageWatcher {
     claims: Vec<PersistentVolumeClaim>,
     volumes: Vec<PersistentVolume>,
     classes: Vec<StorageClass>,
+    csinodes: Vec<CSINode>,
 }
 
 impl StorageWatcher {
@@ -36,6 +41,7 @@ impl StorageWatcher {
             claims: Vec::new(),
             volumes: Vec::new(),
             classes: Vec::new(),
+            csinodes: Vec::new(),
         }
     }
 }
@@ -53,11 +59,14 @@ impl Actor for StorageWatcher {
         let volumes = watcher(Api::<PersistentVolume>::all(client.clone()), cfg())
             .default_backoff()
             .map(|e| Watched::Volume(Box::new(e)));
-        let classes = watcher(Api::<StorageClass>::all(client), cfg())
+        let classes = watcher(Api::<StorageClass>::all(client.clone()), cfg())
             .default_backoff()
             .map(|e| Watched::Class(Box::new(e)));
+        let csinodes = watcher(Api::<CSINode>::all(client), cfg())
+            .default_backoff()
+            .map(|e| Watched::CsiNode(Box::new(e)));
         ctx.add_stream(futures::stream::select(
-            claims,
+            futures::stream::select(claims, csinodes),
             futures::stream::select(volumes, classes),
         ));
     }
@@ -69,23 +78,23 @@ fn apply<K: Clone>(
     buffer: &mut Vec<K>,
     kind: Kind,
     shared: &Shared,
-    put: fn(&mut crate::scheduling::volumes::VolumeCatalog, &K),
-    relist: fn(&mut crate::scheduling::volumes::VolumeCatalog),
-    remove: fn(&mut crate::scheduling::volumes::VolumeCatalog, &K),
+    put: fn(&mut Storage, &K),
+    relist: fn(&mut Storage),
+    remove: fn(&mut Storage, &K),
 ) {
     let mut storage = shared.state.storage.write();
     match ev {
         Ok(watcher::Event::Init) => buffer.clear(),
         Ok(watcher::Event::InitApply(o)) => buffer.push(o),
         Ok(watcher::Event::InitDone) => {
-            relist(&mut storage.catalog);
+            relist(&mut storage);
             for o in std::mem::take(buffer) {
-                put(&mut storage.catalog, &o);
+                put(&mut storage, &o);
             }
             storage.mark_listed(kind);
         }
-        Ok(watcher::Event::Apply(o)) => put(&mut storage.catalog, &o),
-        Ok(watcher::Event::Delete(o)) => remove(&mut storage.catalog, &o),
+        Ok(watcher::Event::Apply(o)) => put(&mut storage, &o),
+        Ok(watcher::Event::Delete(o)) => remove(&mut storage, &o),
         Err(e) => tracing::warn!(error = %e, ?kind, "storage watch failed; it will re-list"),
     }
 }
@@ -99,27 +108,40 @@ impl StreamHandler<Watched> for StorageWatcher {
                 &mut self.claims,
                 Kind::Claims,
                 shared,
-                |c, o| c.apply_claim(o),
-                |c| c.claims.clear(),
-                |c, o| c.remove_claim(o),
+                |s, o| s.catalog.apply_claim(o),
+                |s| s.catalog.claims.clear(),
+                |s, o| s.catalog.remove_claim(o),
             ),
             Watched::Volume(ev) => apply(
                 *ev,
                 &mut self.volumes,
                 Kind::Volumes,
                 shared,
-                |c, o| c.apply_volume(o),
-                |c| c.volumes.clear(),
-                |c, o| c.remove_volume(o),
+                |s, o| s.catalog.apply_volume(o),
+                |s| s.catalog.volumes.clear(),
+                |s, o| s.catalog.remove_volume(o),
             ),
             Watched::Class(ev) => apply(
                 *ev,
                 &mut self.classes,
                 Kind::Classes,
                 shared,
-                |c, o| c.apply_class(o),
-                |c| c.classes.clear(),
-                |c, o| c.remove_class(o),
+                |s, o| s.catalog.apply_class(o),
+                |s| s.catalog.classes.clear(),
+                |s, o| s.catalog.remove_class(o),
+            ),
+            Watched::CsiNode(ev) => apply(
+                *ev,
+                &mut self.csinodes,
+                Kind::CsiNodes,
+                shared,
+                |s, o| {
+                    s.csi_limits.insert(o.name_any(), csinode_limits(o));
+                },
+                |s| s.csi_limits.clear(),
+                |s, o| {
+                    s.csi_limits.remove(&o.name_any());
+                },
             ),
         }
         shared.router.provisioner_poke();

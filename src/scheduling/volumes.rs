@@ -8,7 +8,7 @@
 //! claim without a class or with an Immediate class) is not provisionable, with a reason naming
 //! the object.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -44,12 +44,17 @@ pub struct VolumeInfo {
     /// upstream ignores it.
     pub node_local: bool,
     pub deleting: bool,
+    /// `spec.csi.driver`: whose attach limit the volume counts against (None: not a CSI
+    /// volume, e.g. NFS, which no limit applies to).
+    pub csi_driver: Option<String>,
 }
 
 /// What the solve reads of a StorageClass.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClassInfo {
     pub immediate: bool,
+    /// The CSI driver that will provision (and attach) its volumes.
+    pub provisioner: String,
     /// `allowedTopologies` terms as `In` requirements (ORed).
     pub topologies: Vec<Vec<NodeSelectorRequirement>>,
 }
@@ -95,6 +100,7 @@ impl VolumeInfo {
             node_terms,
             node_local: spec.is_some_and(|s| s.local.is_some() || s.host_path.is_some()),
             deleting: pv.metadata.deletion_timestamp.is_some(),
+            csi_driver: spec.and_then(|s| s.csi.as_ref()).map(|c| c.driver.clone()),
         }
     }
 }
@@ -119,6 +125,7 @@ impl ClassInfo {
             .collect();
         ClassInfo {
             immediate: sc.volume_binding_mode.as_deref() == Some("Immediate"),
+            provisioner: sc.provisioner.clone(),
             topologies,
         }
     }
@@ -249,6 +256,134 @@ fn volume_alternatives(volume: &VolumeInfo) -> Vec<Vec<NodeSelectorRequirement>>
             .collect();
         if !kept.is_empty() || (volume.node_local && !term.is_empty()) {
             out.push(kept);
+        }
+    }
+    out
+}
+
+/// A pod's claims by the CSI driver that attaches them: driver -> claim `namespace/name`.
+pub type PodVolumes = BTreeMap<String, BTreeSet<String>>;
+
+/// One existing node's CSI attach limits (CSINode `spec.drivers[].allocatable.count`) and the
+/// claims its pods already use, per driver (upstream's `VolumeUsage`). Pods sharing a claim
+/// count it once.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VolumeUsage {
+    pub limits: BTreeMap<String, usize>,
+    pub in_use: PodVolumes,
+}
+
+impl VolumeUsage {
+    /// Whether the pod's claims, added to those in use, stay within every driver's limit.
+    pub fn fits(&self, pod: &PodVolumes) -> bool {
+        pod.iter().all(|(driver, claims)| {
+            let Some(limit) = self.limits.get(driver) else {
+                return true;
+            };
+            let used = self.in_use.get(driver);
+            let new = claims
+                .iter()
+                .filter(|c| !used.is_some_and(|u| u.contains(*c)))
+                .count();
+            used.map_or(0, BTreeSet::len) + new <= *limit
+        })
+    }
+
+    pub fn add(&mut self, pod: &PodVolumes) {
+        for (driver, claims) in pod {
+            self.in_use
+                .entry(driver.clone())
+                .or_default()
+                .extend(claims.iter().cloned());
+        }
+    }
+}
+
+/// The volume inputs of [`super::solve_with_volumes`]: existing nodes' usage by node name and
+/// pending pods' volumes by pod `namespace/name`.
+#[derive(Clone, Debug, Default)]
+pub struct NodeVolumes {
+    pub by_node: HashMap<String, VolumeUsage>,
+    pub by_pod: HashMap<String, PodVolumes>,
+}
+
+impl VolumeCatalog {
+    /// The pod's claims by the CSI driver that attaches them: a bound claim's volume's driver,
+    /// else its StorageClass's provisioner. Claims that resolve to no driver are not counted.
+    pub fn pod_volumes(&self, pod: &Pod) -> PodVolumes {
+        let mut out = PodVolumes::new();
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        for volume in volumes {
+            let Some(key) = Self::claim_key(pod, volume) else {
+                continue;
+            };
+            let Some(claim) = self.claims.get(&key) else {
+                continue;
+            };
+            let driver = match &claim.volume_name {
+                Some(v) => self.volumes.get(v).and_then(|v| v.csi_driver.clone()),
+                None => claim
+                    .storage_class
+                    .as_deref()
+                    .and_then(|c| self.classes.get(c))
+                    .map(|c| c.provisioner.clone()),
+            };
+            if let Some(driver) = driver {
+                out.entry(driver).or_default().insert(key);
+            }
+        }
+        out
+    }
+}
+
+/// CSI attach limits by node name, then driver (CSINode `spec.drivers[].allocatable.count`).
+pub type CsiLimits = HashMap<String, BTreeMap<String, usize>>;
+
+/// The limits a CSINode declares (drivers without an allocatable count have none).
+pub fn csinode_limits(node: &k8s_openapi::api::storage::v1::CSINode) -> BTreeMap<String, usize> {
+    node.spec
+        .drivers
+        .iter()
+        .filter_map(|d| {
+            let count = d.allocatable.as_ref()?.count?;
+            Some((d.name.clone(), usize::try_from(count).unwrap_or(0)))
+        })
+        .collect()
+}
+
+/// The volume inputs of a solve: every limited existing node's usage (the claims of the pods
+/// bound to it) and the pending pods' volumes. Empty when no node declares a limit.
+pub fn node_volumes(
+    snapshot: &super::Snapshot,
+    catalog: &VolumeCatalog,
+    limits: &CsiLimits,
+) -> NodeVolumes {
+    let mut out = NodeVolumes::default();
+    for node in &snapshot.nodes {
+        if let Some(l) = limits.get(&node.name).filter(|l| !l.is_empty()) {
+            out.by_node.insert(
+                node.name.clone(),
+                VolumeUsage {
+                    limits: l.clone(),
+                    in_use: PodVolumes::new(),
+                },
+            );
+        }
+    }
+    if out.by_node.is_empty() {
+        return out;
+    }
+    for pod in &snapshot.bound_pods {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if let Some(usage) = node.and_then(|n| out.by_node.get_mut(n)) {
+            usage.add(&catalog.pod_volumes(pod));
+        }
+    }
+    for pod in &snapshot.pods {
+        let volumes = catalog.pod_volumes(pod);
+        if !volumes.is_empty() {
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            out.by_pod.insert(key, volumes);
         }
     }
     out

@@ -1,15 +1,17 @@
-//! PersistentVolumeClaims, PersistentVolumes and StorageClasses, reduced to what volume
+//! PersistentVolumeClaims, PersistentVolumes, StorageClasses and CSINodes, reduced to what volume
 //! topology reads (`scheduling::volumes`): the provisioner adds each pending pod's volume zones
-//! to its requirements before a solve.
+//! to its requirements before a solve, and existing nodes' CSI attach limits bound where they go.
 
-use crate::scheduling::volumes::VolumeCatalog;
+use crate::scheduling::volumes::{CsiLimits, VolumeCatalog};
 
 /// The catalog and whether each of its three watches has listed once.
 #[derive(Default)]
 pub struct Storage {
     pub catalog: VolumeCatalog,
-    /// Claims, volumes, classes.
-    listed: [bool; 3],
+    /// CSINodes' attach limits by node.
+    pub csi_limits: CsiLimits,
+    /// Claims, volumes, classes, CSINodes.
+    listed: [bool; 4],
 }
 
 /// Which watch a re-list came from.
@@ -18,6 +20,7 @@ pub enum Kind {
     Claims = 0,
     Volumes = 1,
     Classes = 2,
+    CsiNodes = 3,
 }
 
 impl Storage {

@@ -661,3 +661,102 @@ fn a_zonal_volume_pod_joins_a_spread_already_over_every_zone() {
     assert_eq!(out.scheduled("v").label(ZONE_LABEL), Some("test-zone-1"));
     assert_eq!(e.skew(ZONE_LABEL), vec![1, 1, 2]);
 }
+
+// --- VolumeUsage (CSI attach limits) ---
+
+const CSI: &str = "fake.csi.provider";
+
+/// One existing node (from a first provisioning round) whose CSINode allows 10 volumes of
+/// [`CSI`], with room for 100 pods.
+fn node_with_csi_limit() -> (Env, String) {
+    let mut e = env();
+    e.provision_and_bind(&[pod("initial")]);
+    let node = e.nodes[0].name.clone();
+    // Room for many pods, so only the volume limit decides.
+    e.nodes[0]
+        .allocatable
+        .set("pods".to_string(), "100".parse().unwrap());
+    e.csi_limits
+        .insert(node.clone(), [(CSI.to_string(), 10)].into_iter().collect());
+    (e, node)
+}
+
+#[test]
+fn volume_limits_send_pods_past_them_to_a_new_node() {
+    let (e, node) = node_with_csi_limit();
+    let zone = e.nodes[0].labels[ZONE_LABEL].clone();
+    let mut sc = class(
+        "my-storage-class",
+        "WaitForFirstConsumer",
+        &[&[(ZONE_LABEL, &[zone.as_str()])]],
+    );
+    sc.provisioner = CSI.into();
+    let mut e = e.with_class(sc);
+    let mut ps = Vec::new();
+    for i in 0..6 {
+        let (a, b) = (format!("my-claim-a-{i}"), format!("my-claim-b-{i}"));
+        e = e
+            .with_claim(claim(&a, Some("my-storage-class"), None))
+            .with_claim(claim(&b, Some("my-storage-class"), None));
+        ps.push(with_claims(pod(&format!("p-{i}")), &[&a, &b]));
+    }
+    let out = e.provision(&ps);
+    let on_node = ps
+        .iter()
+        .filter(|p| out.existing_of(p.metadata.name.as_deref().unwrap()) == Some(node.as_str()))
+        .count();
+    // Two volumes each: five pods reach the limit of 10; the sixth needs a new node.
+    assert_eq!(on_node, 5, "{:?}", out.results);
+    assert_eq!(out.nodes.len(), 1);
+}
+
+#[test]
+fn pods_sharing_one_claim_count_it_once() {
+    let (e, node) = node_with_csi_limit();
+    let zone = e.nodes[0].labels[ZONE_LABEL].clone();
+    let mut pv = zonal_volume("my-volume", &[zone.as_str()]);
+    pv.spec.as_mut().unwrap().csi.as_mut().unwrap().driver = CSI.into();
+    let e = e.with_volume(pv).with_claim(claim(
+        "my-claim",
+        Some("my-storage-class"),
+        Some("my-volume"),
+    ));
+    let ps = pods("p", 3, |p| with_claims(p, &["my-claim"]));
+    let out = e.provision(&ps);
+    for p in &ps {
+        let name = p.metadata.name.as_deref().unwrap();
+        assert_eq!(
+            out.existing_of(name),
+            Some(node.as_str()),
+            "{:?}",
+            out.results
+        );
+    }
+    assert!(out.nodes.is_empty());
+}
+
+#[test]
+fn nfs_volumes_are_not_limited() {
+    let (e, node) = node_with_csi_limit();
+    let mut pv = volume("my-volume", vec![]);
+    let spec = pv.spec.as_mut().unwrap();
+    spec.csi = None;
+    spec.nfs = Some(
+        serde_json::from_value(json!({"server": "fake.server", "path": "/some/path"})).unwrap(),
+    );
+    let e = e
+        .with_volume(pv)
+        .with_claim(claim("my-claim", Some(""), Some("my-volume")));
+    let ps = pods("p", 3, |p| with_claims(p, &["my-claim", "my-claim"]));
+    let out = e.provision(&ps);
+    for p in &ps {
+        let name = p.metadata.name.as_deref().unwrap();
+        assert_eq!(
+            out.existing_of(name),
+            Some(node.as_str()),
+            "{:?}",
+            out.results
+        );
+    }
+    assert!(out.nodes.is_empty());
+}
