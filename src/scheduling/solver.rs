@@ -61,7 +61,10 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
     });
     let dims = learn_dims(snapshot, &pending, &daemons);
     let mut solver = Solver::new(snapshot, &dims, &daemons);
-    solver.volumes = Some((volumes.by_node.clone(), &volumes.by_pod));
+    // No limited node: nothing to check per placement.
+    if !volumes.by_node.is_empty() {
+        solver.volumes = Some((volumes.by_node.clone(), &volumes.by_pod));
+    }
     solver.intern_terms(&pending, &bound);
     solver.place_bound(&snapshot.bound_pods, &bound);
 

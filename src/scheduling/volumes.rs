@@ -511,6 +511,32 @@ mod tests {
     }
 
     #[test]
+    fn volume_usage_counts_distinct_claims_per_limited_driver() {
+        let vols = |pairs: &[(&str, &str)]| {
+            let mut v = PodVolumes::new();
+            for (d, c) in pairs {
+                v.entry(d.to_string()).or_default().insert(c.to_string());
+            }
+            v
+        };
+        let mut usage = VolumeUsage {
+            limits: [("csi".to_string(), 2)].into_iter().collect(),
+            in_use: vols(&[("csi", "ns/a")]),
+        };
+        assert!(usage.fits(&vols(&[("csi", "ns/a"), ("csi", "ns/b")])));
+        assert!(!usage.fits(&vols(&[("csi", "ns/b"), ("csi", "ns/c")])));
+        // Drivers without a limit are never full.
+        assert!(usage.fits(&vols(&[
+            ("other", "ns/x"),
+            ("other", "ns/y"),
+            ("other", "ns/z")
+        ])));
+        usage.add(&vols(&[("csi", "ns/b")]));
+        assert!(usage.fits(&vols(&[("csi", "ns/a")])));
+        assert!(!usage.fits(&vols(&[("csi", "ns/c")])));
+    }
+
+    #[test]
     fn local_volume_hostname_affinity_is_dropped() {
         let pv: PersistentVolume = serde_json::from_value(json!({
             "metadata": {"name": "local"},
