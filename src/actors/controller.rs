@@ -45,6 +45,7 @@ pub struct ControllerHandle {
     pub node_watcher: Addr<NodeWatcher>,
     pub nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
+    storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
     /// True while this replica's writers run (it leads and the catalog has synced).
     pub active: watch::Receiver<bool>,
     catalog: CatalogSlot,
@@ -63,6 +64,7 @@ struct Actors {
     node_watcher: Addr<NodeWatcher>,
     nodepools: Addr<NodePools>,
     provisioner: Addr<Provisioner>,
+    storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
     catalog: CatalogSlot,
 }
 
@@ -85,6 +87,7 @@ impl Actors {
         self.node_watcher.do_send(super::StopActor);
         self.nodepools.do_send(super::StopActor);
         self.provisioner.do_send(super::StopActor);
+        self.storage_watcher.do_send(super::StopActor);
         if let Some(c) = self.catalog.lock().take() {
             c.do_send(super::StopActor);
         }
@@ -106,6 +109,7 @@ impl ControllerHandle {
             node_watcher: self.node_watcher.clone(),
             nodepools: self.nodepools.clone(),
             provisioner: self.provisioner.clone(),
+            storage_watcher: self.storage_watcher.clone(),
             catalog: self.catalog.clone(),
         }
     }
@@ -155,6 +159,7 @@ impl Controller {
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
+        let storage_watcher = super::storage_watcher::StorageWatcher::new(shared.clone()).start();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
         let provisioner = Provisioner::new(
@@ -172,6 +177,7 @@ impl Controller {
                 && s.nodes.read().synced()
                 && s.claims.read().synced()
                 && s.pods.read().synced()
+                && s.storage.read().synced()
                 && s.nodepools_synced
                     .load(std::sync::atomic::Ordering::Acquire)
         })
@@ -184,6 +190,7 @@ impl Controller {
             node_watcher,
             nodepools,
             provisioner,
+            storage_watcher,
             catalog: CatalogSlot::default(),
         };
         let (active_tx, active) = watch::channel(false);
@@ -196,6 +203,7 @@ impl Controller {
             node_watcher: actors.node_watcher,
             nodepools: actors.nodepools,
             provisioner: actors.provisioner,
+            storage_watcher: actors.storage_watcher,
             active,
             catalog: actors.catalog,
             follower,

@@ -27,6 +27,7 @@ pub mod provisioner;
 pub mod router;
 pub mod scaler;
 pub mod snapshot;
+pub mod storage_watcher;
 pub mod supervisor;
 pub mod terminator;
 pub mod tracked;
@@ -237,6 +238,7 @@ stoppable!(
     catalog::Catalog,
     nodepools::NodePools,
     provisioner::Provisioner,
+    storage_watcher::StorageWatcher,
     terminator::Terminator,
     disruption::Disruption
 );

@@ -145,18 +145,34 @@ impl Provisioner {
             self.again = true;
             return;
         }
-        let snapshot = self.snapshot();
+        let mut snapshot = self.snapshot();
         let m = &self.shared.metrics;
         m.scheduler_queue_depth.set(snapshot.pods.len() as i64);
         if snapshot.pods.is_empty() {
             return;
         }
+        // Volume zones become pod requirements; pods whose claims cannot be used drop out;
+        // existing nodes' CSI attach limits bound the pods they take.
+        let (volume_failures, volumes) = {
+            let storage = self.shared.state.storage.read();
+            let failures =
+                scheduling::volumes::apply_volume_topology(&mut snapshot.pods, &storage.catalog);
+            let volumes =
+                scheduling::volumes::node_volumes(&snapshot, &storage.catalog, &storage.csi_limits);
+            (failures, volumes)
+        };
         self.solving = true;
         let started = Instant::now();
         let pools: HashMap<String, Arc<crate::api::nodepool::NodePool>> =
             self.shared.state.nodepools.read().clone();
-        let fut =
-            async move { tokio::task::spawn_blocking(move || scheduling::solve(&snapshot)).await };
+        let fut = async move {
+            tokio::task::spawn_blocking(move || {
+                let mut results = scheduling::solve_with_volumes(&snapshot, &volumes);
+                results.failures.extend(volume_failures);
+                results
+            })
+            .await
+        };
         ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
             act.shared
                 .metrics

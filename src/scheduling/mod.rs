@@ -23,13 +23,14 @@ pub mod pod;
 pub mod selector;
 mod solver;
 pub mod topology;
+pub mod volumes;
 
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
 
 pub use error::PodError;
 pub use instance_type::{InstanceType, Offering};
 pub use nodeclaim::nodeclaim_for;
-pub use solver::{nodepool_requirements, solve};
+pub use solver::{nodepool_requirements, solve, solve_with_volumes};
 
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;

@@ -14,6 +14,7 @@ use super::instance_type::{InstanceType, Offering};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::topology::{Place, Topology};
+use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
 use super::{ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PreferencePolicy, Results, Snapshot};
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
@@ -26,6 +27,12 @@ use crate::api::wellknown::{
 /// Decides where every pending pod goes. Pure and deterministic: the same snapshot gives the
 /// same result.
 pub fn solve(snapshot: &Snapshot) -> Results {
+    solve_with_volumes(snapshot, &NodeVolumes::default())
+}
+
+/// [`solve`], with existing nodes' CSI volume limits: a pod goes to an existing node only if
+/// its volumes still fit there (upstream's `VolumeUsage`).
+pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) -> Results {
     let mut failures = Vec::new();
     let mut pending = Vec::new();
     for pod in &snapshot.pods {
@@ -54,6 +61,10 @@ pub fn solve(snapshot: &Snapshot) -> Results {
     });
     let dims = learn_dims(snapshot, &pending, &daemons);
     let mut solver = Solver::new(snapshot, &dims, &daemons);
+    // No limited node: nothing to check per placement.
+    if !volumes.by_node.is_empty() {
+        solver.volumes = Some((volumes.by_node.clone(), &volumes.by_pod));
+    }
     solver.intern_terms(&pending, &bound);
     solver.place_bound(&snapshot.bound_pods, &bound);
 
@@ -196,7 +207,14 @@ struct Solver<'a> {
     /// Which types of a pool a set of requirements leaves usable, cached because claims share
     /// a handful of distinct requirement sets and the check touches every offering.
     usable: RefCell<HashMap<(usize, String), Usability<'a>>>,
+    /// Existing nodes' volume usage (updated as pods land) and each pending pod's volumes.
+    volumes: Option<VolumeState<'a>>,
 }
+
+type VolumeState<'a> = (
+    HashMap<String, VolumeUsage>,
+    &'a HashMap<String, PodVolumes>,
+);
 
 /// Per type of a pool: `None` when unusable under some requirements, else the price of its
 /// cheapest usable offering and the capacity types of its usable offerings.
@@ -241,6 +259,7 @@ impl<'a> Solver<'a> {
             prepared: HashMap::new(),
             order: HashMap::new(),
             usable: RefCell::new(HashMap::new()),
+            volumes: None,
         }
     }
 
@@ -413,6 +432,7 @@ impl<'a> Solver<'a> {
                 || untolerated(&ctx.pod.tolerations, &node.taints, ctx.prefer_blocks).is_some()
                 || !ctx.reqs.matches_labels(&node.input.labels)
                 || ports_conflict(&node.host_ports, &ctx.pod.host_ports)
+                || !self.volumes_fit(&node.input.name, &ctx.pod.key)
             {
                 continue;
             }
@@ -427,6 +447,8 @@ impl<'a> Solver<'a> {
             {
                 continue;
             }
+            let input = self.nodes[ni].input;
+            self.add_volumes(&input.name, &ctx.pod.key);
             let node = &mut self.nodes[ni];
             node.free.sub_assign(&ctx.prep.amounts);
             node.host_ports.extend(ctx.pod.host_ports.iter().cloned());
@@ -436,6 +458,24 @@ impl<'a> Solver<'a> {
             return Some(input.name.clone());
         }
         None
+    }
+
+    fn volumes_fit(&self, node: &str, pod: &str) -> bool {
+        let Some((usage, pods)) = &self.volumes else {
+            return true;
+        };
+        match (usage.get(node), pods.get(pod)) {
+            (Some(u), Some(v)) => u.fits(v),
+            _ => true,
+        }
+    }
+
+    fn add_volumes(&mut self, node: &str, pod: &str) {
+        if let Some((usage, pods)) = &mut self.volumes
+            && let (Some(u), Some(v)) = (usage.get_mut(node), pods.get(pod))
+        {
+            u.add(v);
+        }
     }
 
     fn try_claims(&mut self, ctx: &Ctx) -> bool {

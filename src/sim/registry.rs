@@ -374,6 +374,7 @@ fn core_resources() -> Vec<ResourceDef> {
             false,
         )
         .with_short_names(&["sc"]),
+        b("storage.k8s.io", "v1", "CSINode", "csinodes", false),
         b(
             "storage.k8s.io",
             "v1",

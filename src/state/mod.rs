@@ -7,6 +7,7 @@ pub mod daemonsets;
 pub mod machines;
 pub mod nodes;
 pub mod pods;
+pub mod storage;
 pub mod versions;
 pub mod volumes;
 
@@ -19,6 +20,7 @@ pub use daemonsets::DaemonSets;
 pub use machines::{MachineDeployments, Machines};
 pub use nodes::Nodes;
 pub use pods::Pods;
+pub use storage::Storage;
 pub use volumes::VolumeAttachments;
 
 /// All indexes, cheap to clone.
@@ -31,6 +33,8 @@ pub struct State {
     pub pods: Arc<RwLock<Pods>>,
     pub daemonsets: Arc<RwLock<DaemonSets>>,
     pub volume_attachments: Arc<RwLock<VolumeAttachments>>,
+    /// PersistentVolumeClaims, PersistentVolumes and StorageClasses: volume topology.
+    pub storage: Arc<RwLock<Storage>>,
     pub nodepools:
         Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
     pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-const MODULES: [(&str, &str); 9] = [
+const MODULES: [(&str, &str); 10] = [
     ("custom_constraints", include_str!("custom_constraints.rs")),
     (
         "preferential_fallback",
@@ -19,6 +19,7 @@ const MODULES: [(&str, &str); 9] = [
     ("instance_selection", include_str!("instance_selection.rs")),
     ("in_flight", include_str!("in_flight.rs")),
     ("whole_flow", include_str!("whole_flow.rs")),
+    ("volumes", include_str!("volumes.rs")),
 ];
 
 /// `module::test` -> ignored?

@@ -27,9 +27,13 @@ use karpenter_capi::api::resources::{Quantity, Resources};
 use karpenter_capi::api::wellknown::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL, ZONE_LABEL,
 };
+use karpenter_capi::scheduling::solve_with_volumes;
+use karpenter_capi::scheduling::volumes::{
+    CsiLimits, VolumeCatalog, apply_volume_topology, node_volumes,
+};
 use karpenter_capi::scheduling::{
     ExistingNode, InstanceType, NewClaim, Offering, PoolInput, PreferencePolicy, Results, Snapshot,
-    nodeclaim_for, solve,
+    nodeclaim_for,
 };
 
 /// Upstream's fake provider labels: a size class, an optional "special" label on large types
@@ -667,6 +671,11 @@ pub struct Env {
     pub bound: Vec<Pod>,
     pub daemonsets: Vec<Pod>,
     pub preference_policy: PreferencePolicy,
+    /// Claims, volumes and classes for volume topology (applied before the solve, as the
+    /// provisioner does).
+    pub volumes: VolumeCatalog,
+    /// CSINode attach limits by node, then driver.
+    pub csi_limits: CsiLimits,
 }
 
 impl Env {
@@ -708,7 +717,11 @@ impl Env {
         }
     }
     pub fn provision(&self, pods: &[Pod]) -> Outcome {
-        let results = solve(&self.snapshot(pods));
+        let mut snapshot = self.snapshot(pods);
+        let volume_failures = apply_volume_topology(&mut snapshot.pods, &self.volumes);
+        let volumes = node_volumes(&snapshot, &self.volumes, &self.csi_limits);
+        let mut results = solve_with_volumes(&snapshot, &volumes);
+        results.failures.extend(volume_failures);
         Outcome::new(self, results)
     }
 

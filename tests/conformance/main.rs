@@ -13,4 +13,5 @@ mod instance_type_compat;
 mod preferential_fallback;
 mod provisioning;
 mod topology;
+mod volumes;
 mod whole_flow;

@@ -76,7 +76,6 @@ fn claim_zone(claim: &Value) -> Option<&str> {
 /// Upstream "Volume Topology Requirements": should schedule to volume zones if volume already
 /// bound.
 #[actix::test]
-#[ignore = "fails: needs issue 13: volume topology (PVC/PV/StorageClass zones are not inputs of the solve)"]
 async fn a_pod_with_a_bound_zonal_volume_gets_a_claim_in_that_zone() {
     let (sim, _controller) = cluster().await;
     sim.run(|c| async move {
@@ -99,7 +98,8 @@ async fn a_pod_with_a_bound_zonal_volume_gets_a_claim_in_that_zone() {
             .unwrap();
         let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "data", "namespace": launch::NAMESPACE},
+            "metadata": {"name": "data", "namespace": launch::NAMESPACE,
+                         "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}},
                      "volumeName": "data", "storageClassName": ""}
         }))

@@ -1,0 +1,584 @@
+//! Volume topology, as Karpenter's provisioner decides it before a solve: a pod whose volumes
+//! are PersistentVolumeClaims (or ephemeral volumes, whose claim is `<pod>-<volume>`) may only
+//! go where those volumes can attach. A bound claim's PersistentVolume `nodeAffinity` terms, or
+//! an unbound claim's WaitForFirstConsumer StorageClass `allowedTopologies`, become
+//! requirements of the pod: each of the pod's required node-affinity terms is ANDed with each
+//! volume alternative, so relaxing a term can never drop the volume's zone. A pod whose claims
+//! cannot be resolved (missing claim, volume or class, a claim being deleted or Lost, an unbound
+//! claim without a class or with an Immediate class) is not provisionable, with a reason naming
+//! the object.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PersistentVolume, PersistentVolumeClaim, Pod,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::ResourceExt;
+
+use super::error::PodError;
+use crate::api::requirements::Requirements;
+
+/// `pv.kubernetes.io/bind-completed`: set by the PV controller once a claim is bound; a claim
+/// naming a volume without it is still being bound (upstream treats it as unbound).
+pub const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
+const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// What the solve reads of a PersistentVolumeClaim.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimInfo {
+    pub volume_name: Option<String>,
+    pub storage_class: Option<String>,
+    pub deleting: bool,
+    pub lost: bool,
+    pub bind_completed: bool,
+}
+
+/// What the solve reads of a PersistentVolume.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VolumeInfo {
+    /// `spec.nodeAffinity.required.nodeSelectorTerms` (ORed).
+    pub node_terms: Vec<Vec<NodeSelectorRequirement>>,
+    /// Local and hostPath volumes: their hostname affinity names a node that may be gone, so
+    /// upstream ignores it.
+    pub node_local: bool,
+    pub deleting: bool,
+    /// `spec.csi.driver`: whose attach limit the volume counts against (None: not a CSI
+    /// volume, e.g. NFS, which no limit applies to).
+    pub csi_driver: Option<String>,
+}
+
+/// What the solve reads of a StorageClass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClassInfo {
+    pub immediate: bool,
+    /// The CSI driver that will provision (and attach) its volumes.
+    pub provisioner: String,
+    /// `allowedTopologies` terms as `In` requirements (ORed).
+    pub topologies: Vec<Vec<NodeSelectorRequirement>>,
+}
+
+/// The claims, volumes and classes the provisioner's storage watch keeps.
+#[derive(Clone, Debug, Default)]
+pub struct VolumeCatalog {
+    /// By `namespace/name`.
+    pub claims: HashMap<String, ClaimInfo>,
+    pub volumes: HashMap<String, VolumeInfo>,
+    pub classes: HashMap<String, ClassInfo>,
+}
+
+impl ClaimInfo {
+    pub fn of(pvc: &PersistentVolumeClaim) -> ClaimInfo {
+        let spec = pvc.spec.as_ref();
+        ClaimInfo {
+            volume_name: spec
+                .and_then(|s| s.volume_name.clone())
+                .filter(|v| !v.is_empty()),
+            storage_class: spec.and_then(|s| s.storage_class_name.clone()),
+            deleting: pvc.metadata.deletion_timestamp.is_some(),
+            lost: pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Lost"),
+            bind_completed: pvc.annotations().contains_key(ANN_BIND_COMPLETED),
+        }
+    }
+}
+
+impl VolumeInfo {
+    pub fn of(pv: &PersistentVolume) -> VolumeInfo {
+        let spec = pv.spec.as_ref();
+        let node_terms = spec
+            .and_then(|s| s.node_affinity.as_ref())
+            .and_then(|a| a.required.as_ref())
+            .map(|r| {
+                r.node_selector_terms
+                    .iter()
+                    .map(|t| t.match_expressions.clone().unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default();
+        VolumeInfo {
+            node_terms,
+            node_local: spec.is_some_and(|s| s.local.is_some() || s.host_path.is_some()),
+            deleting: pv.metadata.deletion_timestamp.is_some(),
+            csi_driver: spec.and_then(|s| s.csi.as_ref()).map(|c| c.driver.clone()),
+        }
+    }
+}
+
+impl ClassInfo {
+    pub fn of(sc: &StorageClass) -> ClassInfo {
+        let topologies = sc
+            .allowed_topologies
+            .iter()
+            .flatten()
+            .map(|t| {
+                t.match_label_expressions
+                    .iter()
+                    .flatten()
+                    .map(|e| NodeSelectorRequirement {
+                        key: e.key.clone(),
+                        operator: "In".into(),
+                        values: Some(e.values.clone()),
+                    })
+                    .collect()
+            })
+            .collect();
+        ClassInfo {
+            immediate: sc.volume_binding_mode.as_deref() == Some("Immediate"),
+            provisioner: sc.provisioner.clone(),
+            topologies,
+        }
+    }
+}
+
+impl VolumeCatalog {
+    pub fn apply_claim(&mut self, pvc: &PersistentVolumeClaim) {
+        let key = format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any());
+        self.claims.insert(key, ClaimInfo::of(pvc));
+    }
+    pub fn remove_claim(&mut self, pvc: &PersistentVolumeClaim) {
+        let key = format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any());
+        self.claims.remove(&key);
+    }
+    pub fn apply_volume(&mut self, pv: &PersistentVolume) {
+        self.volumes.insert(pv.name_any(), VolumeInfo::of(pv));
+    }
+    pub fn remove_volume(&mut self, pv: &PersistentVolume) {
+        self.volumes.remove(&pv.name_any());
+    }
+    pub fn apply_class(&mut self, sc: &StorageClass) {
+        self.classes.insert(sc.name_any(), ClassInfo::of(sc));
+    }
+    pub fn remove_class(&mut self, sc: &StorageClass) {
+        self.classes.remove(&sc.name_any());
+    }
+
+    /// The claim a pod volume uses (`<pod>-<volume>` for an ephemeral volume), by
+    /// `namespace/name`; None for volumes that are not claims.
+    fn claim_key(pod: &Pod, volume: &k8s_openapi::api::core::v1::Volume) -> Option<String> {
+        let ns = pod.namespace().unwrap_or_default();
+        if let Some(c) = &volume.persistent_volume_claim {
+            return Some(format!("{ns}/{}", c.claim_name));
+        }
+        volume
+            .ephemeral
+            .as_ref()
+            .map(|_| format!("{ns}/{}-{}", pod.name_any(), volume.name))
+    }
+
+    /// The pod's volume topology as alternatives (each an AND of requirements), None when its
+    /// volumes do not restrict it; an error when a claim cannot be used (upstream's
+    /// `ValidatePersistentVolumeClaims`).
+    pub fn requirements(
+        &self,
+        pod: &Pod,
+    ) -> Result<Option<Vec<Vec<NodeSelectorRequirement>>>, String> {
+        let mut alternatives: Vec<Vec<NodeSelectorRequirement>> = vec![Vec::new()];
+        let mut restricted = false;
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        for volume in volumes {
+            let Some(key) = Self::claim_key(pod, volume) else {
+                continue;
+            };
+            let volume_alts = self.claim_alternatives(&key)?;
+            if volume_alts.is_empty() {
+                continue;
+            }
+            restricted = true;
+            alternatives = merge(&alternatives, &volume_alts);
+        }
+        Ok(restricted.then_some(alternatives))
+    }
+
+    fn claim_alternatives(&self, key: &str) -> Result<Vec<Vec<NodeSelectorRequirement>>, String> {
+        let claim = self
+            .claims
+            .get(key)
+            .ok_or_else(|| format!("PersistentVolumeClaim {key:?} not found"))?;
+        if claim.deleting {
+            return Err(format!("PersistentVolumeClaim {key:?} is being deleted"));
+        }
+        if claim.lost {
+            return Err(format!(
+                "PersistentVolumeClaim {key:?} is bound to a PersistentVolume that does not exist (phase Lost)"
+            ));
+        }
+        let class = claim.storage_class.as_deref().unwrap_or_default();
+        if let Some(volume_name) = &claim.volume_name {
+            let volume = self.volumes.get(volume_name).ok_or_else(|| {
+                format!(
+                    "PersistentVolume {volume_name:?} of PersistentVolumeClaim {key:?} not found"
+                )
+            })?;
+            if volume.deleting {
+                return Err(format!(
+                    "PersistentVolume {volume_name:?} of PersistentVolumeClaim {key:?} is being deleted"
+                ));
+            }
+            if !claim.bind_completed {
+                return Err(format!(
+                    "PersistentVolumeClaim {key:?} names PersistentVolume {volume_name:?} but has no {ANN_BIND_COMPLETED} annotation yet (still binding)"
+                ));
+            }
+            return Ok(volume_alternatives(volume));
+        }
+        if class.is_empty() {
+            return Err(format!(
+                "PersistentVolumeClaim {key:?} is unbound and names no StorageClass"
+            ));
+        }
+        let sc = self.classes.get(class).ok_or_else(|| {
+            format!("StorageClass {class:?} of PersistentVolumeClaim {key:?} not found")
+        })?;
+        if sc.immediate {
+            return Err(format!(
+                "PersistentVolumeClaim {key:?} is unbound and its StorageClass {class:?} binds Immediate (only WaitForFirstConsumer claims follow the pod)"
+            ));
+        }
+        Ok(sc
+            .topologies
+            .iter()
+            .filter(|t| !t.is_empty())
+            .cloned()
+            .collect())
+    }
+}
+
+/// A volume's node-affinity terms; a local or hostPath volume's hostname requirements are
+/// dropped (a term left empty allows anywhere).
+fn volume_alternatives(volume: &VolumeInfo) -> Vec<Vec<NodeSelectorRequirement>> {
+    let mut out = Vec::new();
+    for term in &volume.node_terms {
+        let kept: Vec<NodeSelectorRequirement> = term
+            .iter()
+            .filter(|r| !(volume.node_local && r.key == HOSTNAME))
+            .cloned()
+            .collect();
+        if !kept.is_empty() || (volume.node_local && !term.is_empty()) {
+            out.push(kept);
+        }
+    }
+    out
+}
+
+/// A pod's claims by the CSI driver that attaches them: driver -> claim `namespace/name`.
+pub type PodVolumes = BTreeMap<String, BTreeSet<String>>;
+
+/// One existing node's CSI attach limits (CSINode `spec.drivers[].allocatable.count`) and the
+/// claims its pods already use, per driver (upstream's `VolumeUsage`). Pods sharing a claim
+/// count it once.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VolumeUsage {
+    pub limits: BTreeMap<String, usize>,
+    pub in_use: PodVolumes,
+}
+
+impl VolumeUsage {
+    /// Whether the pod's claims, added to those in use, stay within every driver's limit.
+    pub fn fits(&self, pod: &PodVolumes) -> bool {
+        pod.iter().all(|(driver, claims)| {
+            let Some(limit) = self.limits.get(driver) else {
+                return true;
+            };
+            let used = self.in_use.get(driver);
+            let new = claims
+                .iter()
+                .filter(|c| !used.is_some_and(|u| u.contains(*c)))
+                .count();
+            used.map_or(0, BTreeSet::len) + new <= *limit
+        })
+    }
+
+    pub fn add(&mut self, pod: &PodVolumes) {
+        for (driver, claims) in pod {
+            self.in_use
+                .entry(driver.clone())
+                .or_default()
+                .extend(claims.iter().cloned());
+        }
+    }
+}
+
+/// The volume inputs of [`super::solve_with_volumes`]: existing nodes' usage by node name and
+/// pending pods' volumes by pod `namespace/name`.
+#[derive(Clone, Debug, Default)]
+pub struct NodeVolumes {
+    pub by_node: HashMap<String, VolumeUsage>,
+    pub by_pod: HashMap<String, PodVolumes>,
+}
+
+impl VolumeCatalog {
+    /// The pod's claims by the CSI driver that attaches them: a bound claim's volume's driver,
+    /// else its StorageClass's provisioner. Claims that resolve to no driver are not counted.
+    pub fn pod_volumes(&self, pod: &Pod) -> PodVolumes {
+        let mut out = PodVolumes::new();
+        let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+        for volume in volumes {
+            let Some(key) = Self::claim_key(pod, volume) else {
+                continue;
+            };
+            let Some(claim) = self.claims.get(&key) else {
+                continue;
+            };
+            let driver = match &claim.volume_name {
+                Some(v) => self.volumes.get(v).and_then(|v| v.csi_driver.clone()),
+                None => claim
+                    .storage_class
+                    .as_deref()
+                    .and_then(|c| self.classes.get(c))
+                    .map(|c| c.provisioner.clone()),
+            };
+            if let Some(driver) = driver {
+                out.entry(driver).or_default().insert(key);
+            }
+        }
+        out
+    }
+}
+
+/// CSI attach limits by node name, then driver (CSINode `spec.drivers[].allocatable.count`).
+pub type CsiLimits = HashMap<String, BTreeMap<String, usize>>;
+
+/// The limits a CSINode declares (drivers without an allocatable count have none).
+pub fn csinode_limits(node: &k8s_openapi::api::storage::v1::CSINode) -> BTreeMap<String, usize> {
+    node.spec
+        .drivers
+        .iter()
+        .filter_map(|d| {
+            let count = d.allocatable.as_ref()?.count?;
+            Some((d.name.clone(), usize::try_from(count).unwrap_or(0)))
+        })
+        .collect()
+}
+
+/// The volume inputs of a solve: every limited existing node's usage (the claims of the pods
+/// bound to it) and the pending pods' volumes. Empty when no node declares a limit.
+pub fn node_volumes(
+    snapshot: &super::Snapshot,
+    catalog: &VolumeCatalog,
+    limits: &CsiLimits,
+) -> NodeVolumes {
+    let mut out = NodeVolumes::default();
+    for node in &snapshot.nodes {
+        if let Some(l) = limits.get(&node.name).filter(|l| !l.is_empty()) {
+            out.by_node.insert(
+                node.name.clone(),
+                VolumeUsage {
+                    limits: l.clone(),
+                    in_use: PodVolumes::new(),
+                },
+            );
+        }
+    }
+    if out.by_node.is_empty() {
+        return out;
+    }
+    for pod in &snapshot.bound_pods {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if let Some(usage) = node.and_then(|n| out.by_node.get_mut(n)) {
+            usage.add(&catalog.pod_volumes(pod));
+        }
+    }
+    for pod in &snapshot.pods {
+        let volumes = catalog.pod_volumes(pod);
+        if !volumes.is_empty() {
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            out.by_pod.insert(key, volumes);
+        }
+    }
+    out
+}
+
+/// Every pair of an existing alternative and a volume's, keeping only the pairs that can both
+/// hold when any can (upstream's `mergeVolumeRequirementAlternatives`).
+fn merge(
+    existing: &[Vec<NodeSelectorRequirement>],
+    volume: &[Vec<NodeSelectorRequirement>],
+) -> Vec<Vec<NodeSelectorRequirement>> {
+    let pairs = || {
+        existing
+            .iter()
+            .flat_map(|e| volume.iter().map(move |v| (e, v)))
+    };
+    let compatible: Vec<_> = pairs().filter(|(e, v)| compatible(e, v)).collect();
+    let chosen = if compatible.is_empty() {
+        pairs().collect()
+    } else {
+        compatible
+    };
+    chosen
+        .into_iter()
+        .map(|(e, v)| e.iter().chain(v).cloned().collect())
+        .collect()
+}
+
+fn compatible(a: &[NodeSelectorRequirement], b: &[NodeSelectorRequirement]) -> bool {
+    match (
+        Requirements::from_pod_node_selector(a),
+        Requirements::from_pod_node_selector(b),
+    ) {
+        (Ok(a), Ok(b)) => a.compatible(&b).is_ok(),
+        // An unreadable requirement is reported when the pod is read; keep the pair.
+        _ => true,
+    }
+}
+
+/// Adds each pod's volume topology to its required node affinity; pods whose claims cannot be
+/// used are taken out with the reason (as pods the solve cannot read: upstream ignores them).
+pub fn apply_volume_topology(
+    pods: &mut Vec<Pod>,
+    catalog: &VolumeCatalog,
+) -> Vec<(String, PodError)> {
+    let mut failures = Vec::new();
+    pods.retain_mut(|pod| {
+        let has_claims = pod.spec.as_ref().is_some_and(|s| {
+            s.volumes
+                .iter()
+                .flatten()
+                .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
+        });
+        if !has_claims {
+            return true;
+        }
+        match catalog.requirements(pod) {
+            Ok(None) => true,
+            Ok(Some(alternatives)) => {
+                inject(pod, &alternatives);
+                true
+            }
+            Err(details) => {
+                let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+                failures.push((key, PodError::InvalidPod { details }));
+                false
+            }
+        }
+    });
+    failures
+}
+
+/// ANDs every required node-affinity term (or the empty term) with every alternative.
+fn inject(pod: &mut Pod, alternatives: &[Vec<NodeSelectorRequirement>]) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let node_affinity = spec
+        .affinity
+        .get_or_insert_with(Affinity::default)
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
+    let required = node_affinity
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(NodeSelector::default);
+    let mut terms = std::mem::take(&mut required.node_selector_terms);
+    if terms.is_empty() {
+        terms.push(NodeSelectorTerm::default());
+    }
+    required.node_selector_terms = terms
+        .iter()
+        .flat_map(|t| {
+            alternatives.iter().map(move |alt| {
+                let mut term = t.clone();
+                term.match_expressions
+                    .get_or_insert_with(Vec::new)
+                    .extend(alt.iter().cloned());
+                term
+            })
+        })
+        .collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn zone(values: &[&str]) -> NodeSelectorRequirement {
+        NodeSelectorRequirement {
+            key: "topology.kubernetes.io/zone".into(),
+            operator: "In".into(),
+            values: Some(values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn merging_keeps_only_compatible_pairs_when_some_exist() {
+        let existing = vec![vec![zone(&["a"])], vec![zone(&["b"])]];
+        let merged = merge(&existing, &[vec![zone(&["b", "c"])]]);
+        assert_eq!(merged, vec![vec![zone(&["b"]), zone(&["b", "c"])]]);
+        // None compatible: every pair, so the solve reports the conflict.
+        let merged = merge(&[vec![zone(&["a"])]], &[vec![zone(&["c"])]]);
+        assert_eq!(merged.len(), 1);
+    }
+
+    #[test]
+    fn volume_usage_counts_distinct_claims_per_limited_driver() {
+        let vols = |pairs: &[(&str, &str)]| {
+            let mut v = PodVolumes::new();
+            for (d, c) in pairs {
+                v.entry(d.to_string()).or_default().insert(c.to_string());
+            }
+            v
+        };
+        let mut usage = VolumeUsage {
+            limits: [("csi".to_string(), 2)].into_iter().collect(),
+            in_use: vols(&[("csi", "ns/a")]),
+        };
+        assert!(usage.fits(&vols(&[("csi", "ns/a"), ("csi", "ns/b")])));
+        assert!(!usage.fits(&vols(&[("csi", "ns/b"), ("csi", "ns/c")])));
+        // Drivers without a limit are never full.
+        assert!(usage.fits(&vols(&[
+            ("other", "ns/x"),
+            ("other", "ns/y"),
+            ("other", "ns/z")
+        ])));
+        usage.add(&vols(&[("csi", "ns/b")]));
+        assert!(usage.fits(&vols(&[("csi", "ns/a")])));
+        assert!(!usage.fits(&vols(&[("csi", "ns/c")])));
+    }
+
+    #[test]
+    fn local_volume_hostname_affinity_is_dropped() {
+        let pv: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {"name": "local"},
+            "spec": {"local": {"path": "/mnt"}, "nodeAffinity": {"required": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": HOSTNAME, "operator": "In", "values": ["gone"]}]}
+            ]}}}
+        }))
+        .unwrap();
+        assert_eq!(
+            volume_alternatives(&VolumeInfo::of(&pv)),
+            vec![Vec::<NodeSelectorRequirement>::new()]
+        );
+    }
+
+    #[test]
+    fn injection_ands_every_term_with_every_alternative() {
+        let mut pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"containers": [], "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+                    {"matchExpressions": [{"key": "b", "operator": "Exists"}]}
+                ]}}}}
+        }))
+        .unwrap();
+        inject(&mut pod, &[vec![zone(&["z"])]]);
+        let terms = &pod
+            .spec
+            .unwrap()
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 2);
+        assert!(terms.iter().all(|t| {
+            t.match_expressions
+                .as_ref()
+                .unwrap()
+                .contains(&zone(&["z"]))
+        }));
+    }
+}
