@@ -36,7 +36,7 @@ pub(super) struct HostTerms<'a> {
 impl ClaimIndex {
     /// Adds the next claim with its room.
     pub(super) fn push(&mut self, room: Amounts) {
-        if self.room.len() % BLOCK == 0 {
+        if self.room.len().is_multiple_of(BLOCK) {
             self.block_room.push(room.clone());
         } else if let Some(b) = self.block_room.last_mut() {
             b.max_assign(&room);

@@ -1484,7 +1484,8 @@ fn zonal_pool(zones: &[&str]) -> PoolInput {
 #[test]
 fn spread_min_domains_counts_missing_domains_as_empty() {
     // (zones the pool offers, minDomains, pods, expected pods per zone, failures)
-    let cases: [(&[&str], i32, usize, &[usize], usize); 3] = [
+    type Case<'c> = (&'c [&'c str], i32, usize, &'c [usize], usize);
+    let cases: [Case; 3] = [
         // Two zones but minDomains 3: the global minimum stays 0, so one pod per zone.
         (&ZONES[..2], 3, 3, &[1, 1], 1),
         (&ZONES, 3, 11, &[4, 4, 3], 0),
