@@ -10,9 +10,6 @@
 //! - a pod placed on a claim whose zone is still open is not counted in zonal topology groups
 //!   it matches without carrying the term itself (pods that carry a zonal term always pin
 //!   their claim to one zone, so they are counted);
-//! - a spread's nodeAffinityPolicy and nodeTaintsPolicy decide which domains count towards the
-//!   emptiest domain, but pods already placed are counted on every node, whether or not the
-//!   node passes the spread's node filter (upstream leaves those pods out);
 //! - offering taints are not checked against pod tolerations (NodePool taints are).
 
 pub mod amounts;

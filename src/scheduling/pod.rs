@@ -41,9 +41,10 @@ pub struct GroupKey {
     pub topology_key: String,
     pub namespaces: Namespaces,
     pub selector: Selector,
-    /// For a spread honouring taints: the tolerations of the pod that carries it (pods with
-    /// different tolerations see different domains, so they do not share the group).
-    pub tolerations: String,
+    /// For a spread: its node filter (the carrying pod's node-selector terms when it honours
+    /// node affinity, its tolerations when it honours taints). Pods with different filters see
+    /// different domains and count different nodes, so they do not share the group.
+    pub node_filter: String,
 }
 
 /// The namespaces an affinity term (or spread) counts pods in: the listed ones, plus those a
@@ -180,7 +181,7 @@ impl PodInfo {
 
         Ok(PodInfo {
             key: format!("{namespace}/{name}"),
-            terms: topology_terms(pod, &namespace)?,
+            terms: topology_terms(pod, &namespace, &node_terms)?,
             namespace,
             labels,
             requests,
@@ -256,7 +257,11 @@ fn container_requests(c: &Container, what: &str) -> Result<Resources, String> {
     Ok(out)
 }
 
-fn topology_terms(pod: &Pod, namespace: &str) -> Result<Vec<Term>, String> {
+fn topology_terms(
+    pod: &Pod,
+    namespace: &str,
+    node_terms: &[Requirements],
+) -> Result<Vec<Term>, String> {
     let Some(spec) = &pod.spec else {
         return Ok(Vec::new());
     };
@@ -287,11 +292,14 @@ fn topology_terms(pod: &Pod, namespace: &str) -> Result<Vec<Term>, String> {
             c.match_label_keys.as_deref().unwrap_or_default(),
             &[],
         );
-        let tolerations = if honor_taints {
-            format!("{:?}", spec.tolerations.as_deref().unwrap_or_default())
-        } else {
-            String::new()
-        };
+        let mut node_filter = String::new();
+        if honor_affinity {
+            node_filter.push_str(&format!("{node_terms:?}"));
+        }
+        if honor_taints {
+            let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+            node_filter.push_str(&format!("{tolerations:?}"));
+        }
         out.push(Term {
             group: GroupKey {
                 kind: TermKind::Spread {
@@ -303,7 +311,7 @@ fn topology_terms(pod: &Pod, namespace: &str) -> Result<Vec<Term>, String> {
                 topology_key: c.topology_key.clone(),
                 namespaces: Namespaces::only(namespace),
                 selector: Selector::parse(selector.as_ref(), &what)?,
-                tolerations,
+                node_filter,
             },
             required: c.when_unsatisfiable != "ScheduleAnyway",
             weight: 0,
@@ -398,7 +406,7 @@ fn affinity_term(
             topology_key: t.topology_key.clone(),
             namespaces,
             selector: Selector::parse(selector.as_ref(), what)?,
-            tolerations: String::new(),
+            node_filter: String::new(),
         },
         required,
         weight,

@@ -253,7 +253,7 @@ impl<'a> Solver<'a> {
     fn intern_terms(&mut self, pending: &[PodInfo], bound: &[PodInfo]) {
         for p in pending.iter().chain(bound) {
             for t in &p.terms {
-                self.topology.intern(&t.group);
+                self.topology.intern(&t.group, p);
             }
         }
         for key in self.topology.keys() {
@@ -280,7 +280,7 @@ impl<'a> Solver<'a> {
             let terms = p
                 .terms
                 .iter()
-                .map(|t| (self.topology.intern(&t.group), t.required, t.weight))
+                .map(|t| (self.topology.intern(&t.group, p), t.required, t.weight))
                 .collect();
             let matched = if self.topology.is_empty() {
                 Vec::new()
@@ -331,11 +331,15 @@ impl<'a> Solver<'a> {
                 .terms
                 .iter()
                 .filter(|t| t.required && t.group.kind == TermKind::AntiAffinity)
-                .map(|t| self.topology.intern(&t.group))
+                .map(|t| self.topology.intern(&t.group, info))
                 .collect();
             let input = node.input;
-            self.topology
-                .record(&matched, &owned, |k| node_domain(input, k));
+            self.topology.record(
+                &matched,
+                &owned,
+                |k| node_domain(input, k),
+                node_source(input),
+            );
         }
     }
 
@@ -443,8 +447,12 @@ impl<'a> Solver<'a> {
             node.free.sub_assign(&ctx.prep.amounts);
             node.host_ports.extend(ctx.pod.host_ports.iter().cloned());
             let input = node.input;
-            self.topology
-                .record(&ctx.prep.matched, ctx.owned, |k| node_domain(input, k));
+            self.topology.record(
+                &ctx.prep.matched,
+                ctx.owned,
+                |k| node_domain(input, k),
+                node_source(input),
+            );
             return Some(input.name.clone());
         }
         None
@@ -563,8 +571,12 @@ impl<'a> Solver<'a> {
         recharge(pool, claim);
         self.index.set_room(ci, room(&claim.max_avail, &claim.used));
         let claim = &self.claims[ci];
-        self.topology
-            .record(&ctx.prep.matched, ctx.owned, |k| claim_domain(claim, k));
+        self.topology.record(
+            &ctx.prep.matched,
+            ctx.owned,
+            |k| claim_domain(claim, k),
+            claim_source(claim, &self.pools),
+        );
         self.reindex_hosts(ci, ctx);
     }
 
@@ -600,8 +612,12 @@ impl<'a> Solver<'a> {
                         }
                     }
                     let claim = &self.claims[ci];
-                    self.topology
-                        .record(&ctx.prep.matched, ctx.owned, |k| claim_domain(claim, k));
+                    self.topology.record(
+                        &ctx.prep.matched,
+                        ctx.owned,
+                        |k| claim_domain(claim, k),
+                        claim_source(claim, &self.pools),
+                    );
                     self.reindex_hosts(ci, ctx);
                     return Ok(());
                 }
@@ -1212,6 +1228,23 @@ fn min_values_unmet(pool: &Pool, types: &[usize], reqs: &Requirements) -> Option
     })
     .err()
     .map(|e| e.to_string())
+}
+
+/// An existing node as a spread's node filter sees it.
+fn node_source(node: &ExistingNode) -> Source<'_> {
+    Source::Node {
+        labels: &node.labels,
+        taints: &node.taints,
+    }
+}
+
+/// A claim of this solve as a spread's node filter sees it: its requirements and its pool's
+/// taints.
+fn claim_source<'c>(claim: &'c Claim, pools: &'c [Pool]) -> Source<'c> {
+    Source::Claim {
+        requirements: &claim.reqs,
+        taints: pools.get(claim.pool).map(|p| p.taints).unwrap_or_default(),
+    }
 }
 
 fn node_domain<'n>(node: &'n ExistingNode, key: &str) -> Option<&'n str> {

@@ -1754,3 +1754,50 @@ fn affinity_match_and_mismatch_label_keys() {
         assert_eq!(revs.len(), 1, "one rev per host: {c:?}");
     }
 }
+
+#[test]
+fn spread_node_taints_policy_decides_whether_pods_on_tainted_nodes_count() {
+    // Two matching pods run on a tainted node in "foo"; the pool offers foo and bar. Ignored,
+    // they count (foo=2), so both new pods go to bar; honoured, the node is outside the
+    // spread's filter, its pods do not count, and the two pods go one per domain.
+    let node = ExistingNode {
+        name: "n1".into(),
+        labels: [(SPREAD_LABEL.to_string(), "foo".to_string())].into(),
+        taints: vec![Taint {
+            key: "dedicated".into(),
+            value: Some("other".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }],
+        allocatable: res(&[("cpu", "0"), ("pods", "0")]),
+        ..Default::default()
+    };
+    let bound: Vec<Pod> = (0..2)
+        .map(|i| {
+            let mut p = labelled(pod(&format!("old{i}"), "100m", "100Mi"), "web");
+            spec(&mut p).node_name = Some("n1".into());
+            p
+        })
+        .collect();
+    for (policy, want, failures) in [(None, &[2][..], 0), (Some("Honor"), &[1, 1][..], 0)] {
+        let pods = (0..2)
+            .map(|i| {
+                web_spread(&format!("p{i}"), SPREAD_LABEL, |c| {
+                    c.node_taints_policy = policy.map(String::from)
+                })
+            })
+            .collect();
+        let mut np = nodepool("default");
+        np.spec.template.spec.requirements = vec![NodeSelectorRequirementWithMinValues::new(
+            SPREAD_LABEL,
+            Operator::In,
+            &["foo", "bar"],
+        )];
+        let mut s = snapshot(pods, vec![pool(np, standard_types())]);
+        s.nodes = vec![node.clone()];
+        s.bound_pods = bound.clone();
+        let r = solve(&s);
+        assert_eq!(pods_per(&r, SPREAD_LABEL), want, "{policy:?}: {r:#?}");
+        assert_eq!(r.failures.len(), failures, "{policy:?}: {r:?}");
+    }
+}

@@ -17,6 +17,9 @@ use crate::api::wellknown::{EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL};
 #[derive(Debug)]
 struct Group {
     key: GroupKey,
+    /// For a spread that honours node affinity or taints: the pod whose term made the group
+    /// (its node-selector terms and tolerations decide which nodes its pods count on).
+    filter: Option<PodInfo>,
     /// Matching pods per domain.
     counts: HashMap<String, u32>,
     total: u32,
@@ -72,6 +75,30 @@ pub enum Source<'a> {
         labels: &'a BTreeMap<String, String>,
         taints: &'a [Taint],
     },
+    /// A claim of this solve: its requirements must be compatible with one of the pod's terms.
+    Claim {
+        requirements: &'a Requirements,
+        taints: &'a [Taint],
+    },
+}
+
+impl Group {
+    /// Whether a pod placed at `place` counts in this group: always, except for a spread whose
+    /// node filter the place fails (upstream's TopologyGroup.Counts).
+    fn counts_at(&self, place: &Source) -> bool {
+        let (
+            Some(pod),
+            TermKind::Spread {
+                honor_affinity,
+                honor_taints,
+                ..
+            },
+        ) = (&self.filter, self.key.kind)
+        else {
+            return true;
+        };
+        place.passes(pod, honor_affinity, honor_taints)
+    }
 }
 
 impl Source<'_> {
@@ -80,12 +107,22 @@ impl Source<'_> {
     /// match one of the pod's node-selector terms (NodePools are narrowed by the pod's
     /// requirements instead), with `honor_taints` the pod must tolerate the taints.
     fn passes(&self, pod: &PodInfo, honor_affinity: bool, honor_taints: bool) -> bool {
-        let (taints, labels) = match self {
-            Source::Pool { taints } => (*taints, None),
-            Source::Node { labels, taints } => (*taints, Some(*labels)),
-        };
         let affinity_ok = !honor_affinity
-            || labels.is_none_or(|l| pod.node_terms.iter().any(|t| t.matches_labels(l)));
+            || match self {
+                Source::Pool { .. } => true,
+                Source::Node { labels, .. } => {
+                    pod.node_terms.iter().any(|t| t.matches_labels(labels))
+                }
+                Source::Claim { requirements, .. } => pod
+                    .node_terms
+                    .iter()
+                    .any(|t| requirements.compatible(t).is_ok()),
+            };
+        let taints = match self {
+            Source::Pool { taints }
+            | Source::Node { taints, .. }
+            | Source::Claim { taints, .. } => *taints,
+        };
         let taints_ok = !honor_taints
             || taints.iter().all(|t| {
                 EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str())
@@ -109,12 +146,24 @@ pub struct Topology<'a> {
 }
 
 impl<'a> Topology<'a> {
-    pub fn intern(&mut self, key: &GroupKey) -> usize {
+    /// The group of a term `pod` carries.
+    pub fn intern(&mut self, key: &GroupKey, pod: &PodInfo) -> usize {
         if let Some(i) = self.index.get(key) {
             return *i;
         }
+        let filtered = matches!(
+            key.kind,
+            TermKind::Spread {
+                honor_affinity: true,
+                ..
+            } | TermKind::Spread {
+                honor_taints: true,
+                ..
+            }
+        );
         let i = self.groups.len();
         self.groups.push(Group {
+            filter: filtered.then(|| pod.clone()),
             key: key.clone(),
             counts: HashMap::new(),
             total: 0,
@@ -171,17 +220,20 @@ impl<'a> Topology<'a> {
             .collect()
     }
 
-    /// Counts a pod placed at a place: in every group it matches, and as an owner of its
-    /// anti-affinity groups. `domain(key)` gives the place's value for a key, if known.
+    /// Counts a pod placed at a place: in every group it matches (a spread only when the place
+    /// passes its node filter), and as an owner of its anti-affinity groups. `domain(key)` gives
+    /// the place's value for a key, if known; `place` is what the node filter checks.
     pub fn record<'d>(
         &mut self,
         matched: &[usize],
         owned: &[usize],
         domain: impl Fn(&str) -> Option<&'d str>,
+        place: Source,
     ) {
         for &gi in matched {
             if let Some(g) = self.groups.get_mut(gi)
                 && let Some(d) = domain(&g.key.topology_key)
+                && g.counts_at(&place)
             {
                 *g.counts.entry(d.to_string()).or_insert(0) += 1;
                 g.total += 1;
