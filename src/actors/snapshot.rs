@@ -167,6 +167,8 @@ pub fn build<'a>(
         nodepools,
         daemonsets,
         preference_policy: preference,
+        // Namespaces are not watched yet: only empty namespaceSelectors match.
+        namespaces: Default::default(),
     }
 }
 

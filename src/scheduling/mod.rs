@@ -10,11 +10,10 @@
 //! - a pod placed on a claim whose zone is still open is not counted in zonal topology groups
 //!   it matches without carrying the term itself (pods that carry a zonal term always pin
 //!   their claim to one zone, so they are counted);
-//! - `namespaceSelector` in affinity terms and `matchLabelKeys` in spreads are not evaluated
-//!   (the solver does not see Namespaces); terms apply to the listed or the pod's namespace;
 //! - offering taints are not checked against pod tolerations (NodePool taints are).
 
 pub mod amounts;
+mod claim_index;
 pub mod error;
 pub mod explain;
 pub mod instance_type;
@@ -64,6 +63,9 @@ pub struct Snapshot {
     /// taints it accepts, so its requests are overhead on those instance types.
     pub daemonsets: Vec<Pod>,
     pub preference_policy: PreferencePolicy,
+    /// Namespace name -> labels, for the `namespaceSelector` of pod (anti-)affinity terms. A
+    /// namespace missing here is taken as unlabelled (only an empty selector matches it).
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 /// A node the pods may go to without a new claim.

@@ -7,6 +7,8 @@ use k8s_openapi::api::core::v1::{
     Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration, WeightedPodAffinityTerm,
 };
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
 use super::selector::Selector;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
@@ -16,7 +18,15 @@ use crate::api::wellknown::RESOURCE_PODS;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TermKind {
     /// Topology spread: at most `max_skew` more matching pods in a domain than in the emptiest.
-    Spread { max_skew: i32, min_domains: i32 },
+    /// `honor_affinity` (nodeAffinityPolicy Honor, the default): only domains the pod's node
+    /// requirements allow count towards the emptiest; `honor_taints` (nodeTaintsPolicy Honor,
+    /// default Ignore): only domains of nodes and NodePools whose taints the pod tolerates.
+    Spread {
+        max_skew: i32,
+        min_domains: i32,
+        honor_affinity: bool,
+        honor_taints: bool,
+    },
     /// Pod affinity: only into domains that already hold matching pods.
     Affinity,
     /// Pod anti-affinity: never into a domain that holds a matching pod.
@@ -29,8 +39,46 @@ pub enum TermKind {
 pub struct GroupKey {
     pub kind: TermKind,
     pub topology_key: String,
-    pub namespaces: BTreeSet<String>,
+    pub namespaces: Namespaces,
     pub selector: Selector,
+    /// For a spread: its node filter (the carrying pod's node-selector terms when it honours
+    /// node affinity, its tolerations when it honours taints). Pods with different filters see
+    /// different domains and count different nodes, so they do not share the group.
+    pub node_filter: String,
+}
+
+/// The namespaces an affinity term (or spread) counts pods in: the listed ones, plus those a
+/// `namespaceSelector` matches. With neither, the pod's own namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Namespaces {
+    pub names: BTreeSet<String>,
+    /// Matched against the Namespace's labels (an empty selector matches every namespace).
+    pub selector: Option<Selector>,
+}
+
+impl Namespaces {
+    pub fn only(namespace: &str) -> Namespaces {
+        Namespaces {
+            names: BTreeSet::from([namespace.to_string()]),
+            selector: None,
+        }
+    }
+
+    /// Whether `namespace`, whose labels `labels` gives, is in scope.
+    pub fn contains<'l>(
+        &self,
+        namespace: &str,
+        labels: impl FnOnce(&str) -> Option<&'l BTreeMap<String, String>>,
+    ) -> bool {
+        if self.names.contains(namespace) {
+            return true;
+        }
+        let Some(selector) = &self.selector else {
+            return false;
+        };
+        let none = BTreeMap::new();
+        selector.matches(labels(namespace).unwrap_or(&none))
+    }
 }
 
 /// One topology term of a pod.
@@ -133,7 +181,7 @@ impl PodInfo {
 
         Ok(PodInfo {
             key: format!("{namespace}/{name}"),
-            terms: topology_terms(pod, &namespace)?,
+            terms: topology_terms(pod, &namespace, &node_terms)?,
             namespace,
             labels,
             requests,
@@ -209,11 +257,15 @@ fn container_requests(c: &Container, what: &str) -> Result<Resources, String> {
     Ok(out)
 }
 
-fn topology_terms(pod: &Pod, namespace: &str) -> Result<Vec<Term>, String> {
+fn topology_terms(
+    pod: &Pod,
+    namespace: &str,
+    node_terms: &[Requirements],
+) -> Result<Vec<Term>, String> {
     let Some(spec) = &pod.spec else {
         return Ok(Vec::new());
     };
-    let own_namespace = || BTreeSet::from([namespace.to_string()]);
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
     let mut out = Vec::new();
     for (i, c) in spec
         .topology_spread_constraints
@@ -222,15 +274,44 @@ fn topology_terms(pod: &Pod, namespace: &str) -> Result<Vec<Term>, String> {
         .enumerate()
     {
         let what = format!("spec.topologySpreadConstraints[{i}]");
+        let policy =
+            |value: Option<&String>, field: &str, default: bool| match value.map(String::as_str) {
+                None => Ok(default),
+                Some("Honor") => Ok(true),
+                Some("Ignore") => Ok(false),
+                Some(other) => Err(format!("{what}.{field}: {other:?} is not Honor or Ignore")),
+            };
+        let honor_affinity = policy(c.node_affinity_policy.as_ref(), "nodeAffinityPolicy", true)?;
+        let honor_taints = policy(c.node_taints_policy.as_ref(), "nodeTaintsPolicy", false)?;
+        // minDomains applies only to DoNotSchedule (the API server rejects it otherwise).
+        let hard = c.when_unsatisfiable != "ScheduleAnyway";
+        let min_domains = if hard { c.min_domains.unwrap_or(1) } else { 1 };
+        let selector = with_label_keys(
+            c.label_selector.as_ref(),
+            &labels,
+            c.match_label_keys.as_deref().unwrap_or_default(),
+            &[],
+        );
+        let mut node_filter = String::new();
+        if honor_affinity {
+            node_filter.push_str(&format!("{node_terms:?}"));
+        }
+        if honor_taints {
+            let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+            node_filter.push_str(&format!("{tolerations:?}"));
+        }
         out.push(Term {
             group: GroupKey {
                 kind: TermKind::Spread {
                     max_skew: c.max_skew.max(1),
-                    min_domains: c.min_domains.unwrap_or(1).max(1),
+                    min_domains: min_domains.max(1),
+                    honor_affinity,
+                    honor_taints,
                 },
                 topology_key: c.topology_key.clone(),
-                namespaces: own_namespace(),
-                selector: Selector::parse(c.label_selector.as_ref(), &what)?,
+                namespaces: Namespaces::only(namespace),
+                selector: Selector::parse(selector.as_ref(), &what)?,
+                node_filter,
             },
             required: c.when_unsatisfiable != "ScheduleAnyway",
             weight: 0,
@@ -268,7 +349,7 @@ fn topology_terms(pod: &Pod, namespace: &str) -> Result<Vec<Term>, String> {
     for (kind, base, required, preferred) in sets {
         for (i, t) in required.into_iter().flatten().enumerate() {
             let what = format!("{base}.requiredDuringSchedulingIgnoredDuringExecution[{i}]");
-            out.push(affinity_term(kind, t, namespace, &what, true, 0)?);
+            out.push(affinity_term(kind, t, namespace, &labels, &what, true, 0)?);
         }
         let preferred: &[WeightedPodAffinityTerm] = preferred.map(Vec::as_slice).unwrap_or(&[]);
         for (i, w) in preferred.iter().enumerate() {
@@ -277,6 +358,7 @@ fn topology_terms(pod: &Pod, namespace: &str) -> Result<Vec<Term>, String> {
                 kind,
                 &w.pod_affinity_term,
                 namespace,
+                &labels,
                 &what,
                 false,
                 w.weight,
@@ -290,26 +372,76 @@ fn affinity_term(
     kind: TermKind,
     t: &PodAffinityTerm,
     namespace: &str,
+    labels: &BTreeMap<String, String>,
     what: &str,
     required: bool,
     weight: i32,
 ) -> Result<Term, String> {
-    // An empty namespace list means the pod's own namespace. A namespaceSelector would need
-    // the Namespace objects, which the solver does not see; it is treated the same way.
-    let mut namespaces: BTreeSet<String> = t.namespaces.iter().flatten().cloned().collect();
-    if namespaces.is_empty() {
-        namespaces.insert(namespace.to_string());
-    }
+    // Neither a namespace list nor a selector: the pod's own namespace. An empty selector
+    // (`{}`) selects every namespace.
+    let names: BTreeSet<String> = t.namespaces.iter().flatten().cloned().collect();
+    let namespaces = match &t.namespace_selector {
+        None if names.is_empty() => Namespaces::only(namespace),
+        None => Namespaces {
+            names,
+            selector: None,
+        },
+        Some(sel) => Namespaces {
+            names,
+            selector: Some(Selector::parse(
+                Some(sel),
+                &format!("{what}.namespaceSelector"),
+            )?),
+        },
+    };
+    let selector = with_label_keys(
+        t.label_selector.as_ref(),
+        labels,
+        t.match_label_keys.as_deref().unwrap_or_default(),
+        t.mismatch_label_keys.as_deref().unwrap_or_default(),
+    );
     Ok(Term {
         group: GroupKey {
             kind,
             topology_key: t.topology_key.clone(),
             namespaces,
-            selector: Selector::parse(t.label_selector.as_ref(), what)?,
+            selector: Selector::parse(selector.as_ref(), what)?,
+            node_filter: String::new(),
         },
         required,
         weight,
     })
+}
+
+/// A term's label selector with `matchLabelKeys` (key In the pod's value) and
+/// `mismatchLabelKeys` (key NotIn the pod's value) merged in, as kube-scheduler does. Keys the
+/// pod has no label for are skipped; an absent selector stays absent (it matches nothing).
+fn with_label_keys(
+    selector: Option<&LabelSelector>,
+    labels: &BTreeMap<String, String>,
+    match_keys: &[String],
+    mismatch_keys: &[String],
+) -> Option<LabelSelector> {
+    let mut selector = selector?.clone();
+    let merged = [("In", match_keys), ("NotIn", mismatch_keys)]
+        .into_iter()
+        .flat_map(|(op, keys)| keys.iter().map(move |k| (op, k)))
+        .filter_map(|(op, key)| {
+            let value = labels.get(key)?;
+            Some(LabelSelectorRequirement {
+                key: key.clone(),
+                operator: op.to_string(),
+                values: Some(vec![value.clone()]),
+            })
+        });
+    let expressions: Vec<LabelSelectorRequirement> = merged.collect();
+    if !expressions.is_empty() {
+        selector
+            .match_expressions
+            .get_or_insert_with(Vec::new)
+            .extend(expressions);
+    }
+    Some(selector)
 }
 
 #[cfg(test)]

@@ -9,11 +9,12 @@ use std::rc::Rc;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
 use super::amounts::{Amounts, Dims};
+use super::claim_index::{ClaimIndex, HostTerms, room};
 use super::error::PodError;
 use super::instance_type::{InstanceType, Offering};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
-use super::topology::{Place, Topology};
+use super::topology::{Place, Rejection, Source, Topology};
 use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
 use super::{ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PreferencePolicy, Results, Snapshot};
 use crate::api::nodepool::NodePool;
@@ -199,7 +200,9 @@ struct Solver<'a> {
     pools: Vec<Pool<'a>>,
     nodes: Vec<Node<'a>>,
     claims: Vec<Claim>,
-    topology: Topology,
+    /// Which claims a pod could still join (see [`ClaimIndex`]).
+    index: ClaimIndex,
+    topology: Topology<'a>,
     prepared: HashMap<String, Prepared>,
     /// Pods of `finish`'s `pending` slice placed on each claim are recorded by index; this maps
     /// a pending pod's key to that index.
@@ -255,7 +258,8 @@ impl<'a> Solver<'a> {
             pools,
             nodes,
             claims: Vec::new(),
-            topology: Topology::default(),
+            index: ClaimIndex::default(),
+            topology: Topology::with_namespaces(snapshot.namespaces.clone()),
             prepared: HashMap::new(),
             order: HashMap::new(),
             usable: RefCell::new(HashMap::new()),
@@ -268,18 +272,26 @@ impl<'a> Solver<'a> {
     fn intern_terms(&mut self, pending: &[PodInfo], bound: &[PodInfo]) {
         for p in pending.iter().chain(bound) {
             for t in &p.terms {
-                self.topology.intern(&t.group);
+                self.topology.intern(&t.group, p);
             }
         }
         for key in self.topology.keys() {
-            for n in &self.nodes {
-                if let Some(v) = n.input.labels.get(&key) {
-                    self.topology.add_domain(&key, v);
-                }
-            }
+            // Pools first: a spread's node filter passes them cheaply.
             for pool in &self.pools {
                 for v in pool_domains(pool, &key) {
-                    self.topology.add_domain(&key, &v);
+                    let source = Source::Pool {
+                        taints: pool.taints,
+                    };
+                    self.topology.add_domain(&key, &v, source);
+                }
+            }
+            for n in &self.nodes {
+                if let Some(v) = n.input.labels.get(&key) {
+                    let source = Source::Node {
+                        labels: &n.input.labels,
+                        taints: &n.input.taints,
+                    };
+                    self.topology.add_domain(&key, v, source);
                 }
             }
         }
@@ -287,7 +299,7 @@ impl<'a> Solver<'a> {
             let terms = p
                 .terms
                 .iter()
-                .map(|t| (self.topology.intern(&t.group), t.required, t.weight))
+                .map(|t| (self.topology.intern(&t.group, p), t.required, t.weight))
                 .collect();
             let matched = if self.topology.is_empty() {
                 Vec::new()
@@ -338,11 +350,15 @@ impl<'a> Solver<'a> {
                 .terms
                 .iter()
                 .filter(|t| t.required && t.group.kind == TermKind::AntiAffinity)
-                .map(|t| self.topology.intern(&t.group))
+                .map(|t| self.topology.intern(&t.group, info))
                 .collect();
             let input = node.input;
-            self.topology
-                .record(&matched, &owned, |k| node_domain(input, k));
+            self.topology.record(
+                &matched,
+                &owned,
+                |k| node_domain(input, k),
+                node_source(input),
+            );
         }
     }
 
@@ -442,7 +458,7 @@ impl<'a> Solver<'a> {
             };
             if self
                 .topology
-                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, &place)
+                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, ctx.pod, &place)
                 .is_err()
             {
                 continue;
@@ -453,8 +469,12 @@ impl<'a> Solver<'a> {
             node.free.sub_assign(&ctx.prep.amounts);
             node.host_ports.extend(ctx.pod.host_ports.iter().cloned());
             let input = node.input;
-            self.topology
-                .record(&ctx.prep.matched, ctx.owned, |k| node_domain(input, k));
+            self.topology.record(
+                &ctx.prep.matched,
+                ctx.owned,
+                |k| node_domain(input, k),
+                node_source(input),
+            );
             return Some(input.name.clone());
         }
         None
@@ -479,8 +499,29 @@ impl<'a> Solver<'a> {
     }
 
     fn try_claims(&mut self, ctx: &Ctx) -> bool {
-        for ci in 0..self.claims.len() {
-            let claim = &self.claims[ci];
+        let carried: Vec<usize> = ctx
+            .active
+            .iter()
+            .copied()
+            .filter(|&g| self.topology.host_keyed(g))
+            .collect();
+        let matched: Vec<usize> = ctx
+            .prep
+            .matched
+            .iter()
+            .copied()
+            .filter(|&g| self.topology.host_keyed(g))
+            .collect();
+        let host_terms = HostTerms {
+            carried: &carried,
+            matched: &matched,
+        };
+        let mut from = 0;
+        while let Some(ci) = self.index.next(from, &ctx.prep.amounts, &host_terms) {
+            from = ci + 1;
+            let Some(claim) = self.claims.get(ci) else {
+                break;
+            };
             if !claim.used.fits_with(&ctx.prep.amounts, &claim.max_avail)
                 || ports_conflict(&claim.host_ports, &ctx.pod.host_ports)
             {
@@ -529,7 +570,7 @@ impl<'a> Solver<'a> {
         false
     }
 
-    fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<(String, String)>, String> {
+    fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<(String, String)>, Rejection> {
         if ctx.active.is_empty() && ctx.prep.matched.is_empty() {
             return Ok(Vec::new());
         }
@@ -538,7 +579,7 @@ impl<'a> Solver<'a> {
             requirements: &claim.reqs,
         };
         self.topology
-            .admit(ctx.active, &ctx.prep.matched, ctx.reqs, &place)
+            .admit(ctx.active, &ctx.prep.matched, ctx.reqs, ctx.pod, &place)
     }
 
     fn commit_to_claim(
@@ -568,9 +609,29 @@ impl<'a> Solver<'a> {
             claim.pods.push(i);
         }
         recharge(pool, claim);
+        self.index.set_room(ci, room(&claim.max_avail, &claim.used));
         let claim = &self.claims[ci];
-        self.topology
-            .record(&ctx.prep.matched, ctx.owned, |k| claim_domain(claim, k));
+        self.topology.record(
+            &ctx.prep.matched,
+            ctx.owned,
+            |k| claim_domain(claim, k),
+            claim_source(claim, &self.pools),
+        );
+        self.reindex_hosts(ci, ctx);
+    }
+
+    /// After a pod joined claim `ci`: what the hostname-keyed groups it counts in now say
+    /// about the claim.
+    fn reindex_hosts(&mut self, ci: usize, ctx: &Ctx) {
+        let Some(claim) = self.claims.get(ci) else {
+            return;
+        };
+        for &g in ctx.prep.matched.iter().chain(ctx.owned) {
+            if self.topology.host_keyed(g) {
+                let (refuses, repels) = self.topology.host_blocks(g, &claim.hostname);
+                self.index.mark(ci, g, refuses, repels);
+            }
+        }
     }
 
     fn try_new_claim(&mut self, ctx: &Ctx) -> Result<(), PodError> {
@@ -579,6 +640,7 @@ impl<'a> Solver<'a> {
             match self.open_claim(pi, ctx) {
                 Ok(claim) => {
                     let ci = self.claims.len();
+                    self.index.push(room(&claim.max_avail, &claim.used));
                     self.claims.push(claim);
                     if let (Some(claim), Some(pool)) =
                         (self.claims.get_mut(ci), self.pools.get_mut(pi))
@@ -590,8 +652,13 @@ impl<'a> Solver<'a> {
                         }
                     }
                     let claim = &self.claims[ci];
-                    self.topology
-                        .record(&ctx.prep.matched, ctx.owned, |k| claim_domain(claim, k));
+                    self.topology.record(
+                        &ctx.prep.matched,
+                        ctx.owned,
+                        |k| claim_domain(claim, k),
+                        claim_source(claim, &self.pools),
+                    );
+                    self.reindex_hosts(ci, ctx);
                     return Ok(());
                 }
                 Err(miss) => misses.push((self.pools[pi].name, miss)),
@@ -640,8 +707,8 @@ impl<'a> Solver<'a> {
                 requirements: &base,
             };
             self.topology
-                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, &place)
-                .map_err(PoolMiss::Incompatible)?
+                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, ctx.pod, &place)
+                .map_err(|r| PoolMiss::Incompatible(self.topology.explain(r)))?
         };
         let reqs = with_narrowing(base.into_owned(), &narrowed);
         let usable = (reqs != pool.reqs).then(|| self.usability(pi, &reqs));
@@ -998,10 +1065,15 @@ fn daemon_overhead(
     total
 }
 
-/// The values of `key` a pool's instance types can offer.
+/// The values of `key` a pool's instance types can offer, and those its requirements (or
+/// template labels) name outright, as upstream registers them.
 fn pool_domains(pool: &Pool, key: &str) -> BTreeSet<String> {
     let allowed = pool.reqs.get(key);
-    let mut out = BTreeSet::new();
+    let mut out: BTreeSet<String> = allowed
+        .filter(|r| !r.allows_absent())
+        .and_then(|r| r.finite_values())
+        .cloned()
+        .unwrap_or_default();
     for t in &pool.types {
         for o in t.it.offerings.iter().filter(|o| o.available) {
             if let Some(v) = o.labels.get(key) {
@@ -1196,6 +1268,23 @@ fn min_values_unmet(pool: &Pool, types: &[usize], reqs: &Requirements) -> Option
     })
     .err()
     .map(|e| e.to_string())
+}
+
+/// An existing node as a spread's node filter sees it.
+fn node_source(node: &ExistingNode) -> Source<'_> {
+    Source::Node {
+        labels: &node.labels,
+        taints: &node.taints,
+    }
+}
+
+/// A claim of this solve as a spread's node filter sees it: its requirements and its pool's
+/// taints.
+fn claim_source<'c>(claim: &'c Claim, pools: &'c [Pool]) -> Source<'c> {
+    Source::Claim {
+        requirements: &claim.reqs,
+        taints: pools.get(claim.pool).map(|p| p.taints).unwrap_or_default(),
+    }
 }
 
 fn node_domain<'n>(node: &'n ExistingNode, key: &str) -> Option<&'n str> {

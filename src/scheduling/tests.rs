@@ -1402,3 +1402,402 @@ fn explain_rejects_an_unreadable_pod_as_the_solver_does() {
     });
     assert!(explain::rule_out(&p, &snapshot(vec![], vec![])).is_err());
 }
+
+// --- Spread and affinity fields, after Karpenter core's topology_test.go ---
+
+/// Pods placed per value of `key` over the claims (a claim counts once it is pinned to one).
+fn pods_per(r: &Results, key: &str) -> Vec<usize> {
+    let mut per: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &r.new_claims {
+        let vs = c.requirements.values(key).cloned().unwrap_or_default();
+        assert_eq!(vs.len(), 1, "claim pinned to one {key}: {c:?}");
+        *per.entry(vs.into_iter().next().unwrap()).or_default() += c.pods.len();
+    }
+    let mut counts: Vec<usize> = per.into_values().collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    counts
+}
+
+fn with_label(mut p: Pod, key: &str, value: &str) -> Pod {
+    p.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
+    p
+}
+
+fn edit_spread(mut p: Pod, edit: impl Fn(&mut TopologySpreadConstraint)) -> Pod {
+    for c in spec(&mut p)
+        .topology_spread_constraints
+        .iter_mut()
+        .flatten()
+    {
+        edit(c);
+    }
+    p
+}
+
+fn web_spread(name: &str, key: &str, edit: impl Fn(&mut TopologySpreadConstraint)) -> Pod {
+    let p = spread(labelled(pod(name, "100m", "100Mi"), "web"), key, 1, true);
+    edit_spread(p, edit)
+}
+
+#[test]
+fn spread_match_label_keys_split_the_group_by_label_value() {
+    let keys = |c: &mut TopologySpreadConstraint| c.match_label_keys = Some(vec!["rev".into()]);
+    // Two "deployments" (rev a and rev b): one of each per host, so two claims of two pods.
+    let pods = ["a", "b"]
+        .iter()
+        .flat_map(|rev| {
+            (0..2).map(move |i| {
+                with_label(
+                    web_spread(&format!("{rev}{i}"), HOSTNAME_LABEL, keys),
+                    "rev",
+                    rev,
+                )
+            })
+        })
+        .collect();
+    let r = one_pool(pods);
+    assert!(r.failures.is_empty(), "{r:?}");
+    let sizes: Vec<usize> = r.new_claims.iter().map(|c| c.pods.len()).collect();
+    assert_eq!(sizes, [2, 2], "{r:#?}");
+    // A key the pods do not carry is ignored: one pod per host.
+    let pods = (0..4)
+        .map(|i| web_spread(&format!("p{i}"), HOSTNAME_LABEL, keys))
+        .collect();
+    let r = one_pool(pods);
+    let sizes: Vec<usize> = r.new_claims.iter().map(|c| c.pods.len()).collect();
+    assert_eq!(sizes, [1, 1, 1, 1], "{r:#?}");
+}
+
+fn zonal_pool(zones: &[&str]) -> PoolInput {
+    let mut np = nodepool("default");
+    np.spec.template.spec.requirements = vec![NodeSelectorRequirementWithMinValues::new(
+        ZONE_LABEL,
+        Operator::In,
+        zones,
+    )];
+    pool(np, standard_types())
+}
+
+#[test]
+fn spread_min_domains_counts_missing_domains_as_empty() {
+    // (zones the pool offers, minDomains, pods, expected pods per zone, failures)
+    type Case<'c> = (&'c [&'c str], i32, usize, &'c [usize], usize);
+    let cases: [Case; 3] = [
+        // Two zones but minDomains 3: the global minimum stays 0, so one pod per zone.
+        (&ZONES[..2], 3, 3, &[1, 1], 1),
+        (&ZONES, 3, 11, &[4, 4, 3], 0),
+        (&ZONES, 2, 11, &[4, 4, 3], 0),
+    ];
+    for (zones, min_domains, n, want, failures) in cases {
+        let pods = (0..n)
+            .map(|i| {
+                web_spread(&format!("p{i}"), ZONE_LABEL, |c| {
+                    c.min_domains = Some(min_domains)
+                })
+            })
+            .collect();
+        let r = solve(&snapshot(pods, vec![zonal_pool(zones)]));
+        assert_eq!(
+            pods_per(&r, ZONE_LABEL),
+            want,
+            "{zones:?} {min_domains}: {r:#?}"
+        );
+        assert_eq!(r.failures.len(), failures, "{r:?}");
+    }
+    // minDomains only binds DoNotSchedule spreads.
+    let pods = (0..3)
+        .map(|i| {
+            let p = spread(
+                labelled(pod(&format!("p{i}"), "100m", "100Mi"), "web"),
+                ZONE_LABEL,
+                1,
+                false,
+            );
+            edit_spread(p, |c| c.min_domains = Some(3))
+        })
+        .collect();
+    let r = solve(&snapshot(pods, vec![zonal_pool(&ZONES[..2])]));
+    assert!(r.failures.is_empty(), "{r:?}");
+}
+
+const SPREAD_LABEL: &str = "fake-label";
+
+fn labelled_pool(name: &str, value: &str, taint: bool) -> PoolInput {
+    let mut input = if taint {
+        tainted_pool(name, "NoSchedule")
+    } else {
+        pool(nodepool(name), standard_types())
+    };
+    input.nodepool.spec.template.spec.requirements =
+        vec![NodeSelectorRequirementWithMinValues::new(
+            SPREAD_LABEL,
+            Operator::In,
+            &[value],
+        )];
+    input
+}
+
+#[test]
+fn spread_node_taints_policy_decides_whether_tainted_pools_domains_count() {
+    // (policy, pods per domain, failures): "bar" comes only from a pool the pods do not
+    // tolerate. Ignored (the default), it holds the minimum at 0 and the second pod has
+    // nowhere to go; honoured, only "foo" counts.
+    for (policy, want, failures) in [
+        (None, &[1][..], 1),
+        (Some("Ignore"), &[1][..], 1),
+        (Some("Honor"), &[2][..], 0),
+    ] {
+        let pods = (0..2)
+            .map(|i| {
+                web_spread(&format!("p{i}"), SPREAD_LABEL, |c| {
+                    c.node_taints_policy = policy.map(String::from)
+                })
+            })
+            .collect();
+        let pools = vec![
+            labelled_pool("plain", "foo", false),
+            labelled_pool("tainted", "bar", true),
+        ];
+        let r = solve(&snapshot(pods, pools));
+        assert_eq!(pods_per(&r, SPREAD_LABEL), want, "{policy:?}: {r:#?}");
+        assert_eq!(r.failures.len(), failures, "{policy:?}: {r:?}");
+    }
+}
+
+#[test]
+fn spread_node_affinity_policy_decides_whether_unselected_nodes_domains_count() {
+    // Two full nodes offer "foo" and "bar" but not the label the pods select; the pool offers
+    // "baz". Honoured (the default), the nodes' domains do not count and all five pods go to
+    // baz; ignored, foo and bar hold the minimum at 0 and only one pod may go.
+    let node = |name: &str, value: &str| ExistingNode {
+        name: name.into(),
+        labels: [
+            (SPREAD_LABEL.to_string(), value.to_string()),
+            ("selector".to_string(), "mismatch".to_string()),
+        ]
+        .into(),
+        allocatable: res(&[("cpu", "100m"), ("pods", "110")]),
+        ..Default::default()
+    };
+    for (policy, want, failures) in [
+        (None, &[5][..], 0),
+        (Some("Honor"), &[5][..], 0),
+        (Some("Ignore"), &[1][..], 4),
+    ] {
+        let mut np = nodepool("default");
+        np.spec.template.metadata = Some(TemplateMetadata {
+            labels: Some(
+                [
+                    (SPREAD_LABEL.to_string(), "baz".to_string()),
+                    ("selector".to_string(), "value".to_string()),
+                ]
+                .into(),
+            ),
+            annotations: None,
+        });
+        let pods = (0..5)
+            .map(|i| {
+                let mut p = spread(
+                    labelled(pod(&format!("p{i}"), "1", "100Mi"), "web"),
+                    SPREAD_LABEL,
+                    1,
+                    true,
+                );
+                spec(&mut p).node_selector =
+                    Some([("selector".to_string(), "value".to_string())].into());
+                edit_spread(p, |c| c.node_affinity_policy = policy.map(String::from))
+            })
+            .collect();
+        let mut s = snapshot(pods, vec![pool(np, standard_types())]);
+        s.nodes = vec![node("n1", "foo"), node("n2", "bar")];
+        let r = solve(&s);
+        assert!(r.placed_on_existing.is_empty(), "{r:?}");
+        assert_eq!(pods_per(&r, SPREAD_LABEL), want, "{policy:?}: {r:#?}");
+        assert_eq!(r.failures.len(), failures, "{policy:?}: {r:?}");
+    }
+}
+
+#[test]
+fn spread_policy_must_be_honor_or_ignore() {
+    let p = web_spread("p", ZONE_LABEL, |c| {
+        c.node_taints_policy = Some("Sometimes".into())
+    });
+    let r = one_pool(vec![p]);
+    match &r.failures[0].1 {
+        PodError::InvalidPod { details } => assert!(
+            details.contains("spec.topologySpreadConstraints[0].nodeTaintsPolicy"),
+            "{details}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A pod with required hostname affinity to pods labelled security=s2, in the namespaces
+/// `namespace_selector` picks.
+fn affine_to_s2(name: &str, namespace_selector: Option<LabelSelector>) -> Pod {
+    let mut p = pod(name, "100m", "100Mi");
+    spec(&mut p).affinity = Some(Affinity {
+        pod_affinity: Some(PodAffinity {
+            required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                label_selector: Some(LabelSelector {
+                    match_labels: Some([("security".to_string(), "s2".to_string())].into()),
+                    ..Default::default()
+                }),
+                namespace_selector,
+                topology_key: HOSTNAME_LABEL.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    p
+}
+
+#[test]
+fn affinity_namespace_selector_picks_the_namespaces_counted() {
+    // The target runs in namespace "other" (bigger, so it is placed first).
+    let mut target = with_label(pod("target", "1", "1Gi"), "security", "s2");
+    target.metadata.namespace = Some("other".into());
+    let team = |t: &str| LabelSelector {
+        match_labels: Some([("team".to_string(), t.to_string())].into()),
+        ..Default::default()
+    };
+    // (namespace selector, Namespace labels known, joins the target)
+    let cases = [
+        (None, false, false),
+        (Some(LabelSelector::default()), false, true),
+        (Some(team("x")), true, true),
+        (Some(team("x")), false, false),
+        (Some(team("y")), true, false),
+    ];
+    for (ns_selector, labelled_ns, joins) in cases {
+        let mut s = snapshot(
+            vec![
+                target.clone(),
+                affine_to_s2("follower", ns_selector.clone()),
+            ],
+            vec![pool(nodepool("default"), standard_types())],
+        );
+        if labelled_ns {
+            s.namespaces = [(
+                "other".to_string(),
+                [("team".to_string(), "x".to_string())].into(),
+            )]
+            .into();
+        }
+        let r = solve(&s);
+        let placed = r
+            .new_claims
+            .iter()
+            .find(|c| c.pods.contains(&"other/target".to_string()));
+        let together = placed.is_some_and(|c| c.pods.contains(&"default/follower".to_string()));
+        assert_eq!(together, joins, "{ns_selector:?} {labelled_ns}: {r:#?}");
+        assert_eq!(r.failures.is_empty(), joins, "{r:?}");
+    }
+}
+
+#[test]
+fn affinity_match_and_mismatch_label_keys() {
+    // Anti-affinity per rev (matchLabelKeys): one pod of each rev per host.
+    let anti = |name: &str, rev: &str, edit: &dyn Fn(&mut PodAffinityTerm)| {
+        let mut p = with_label(labelled(pod(name, "100m", "100Mi"), "web"), "rev", rev);
+        let mut term = PodAffinityTerm {
+            label_selector: selector("web"),
+            topology_key: HOSTNAME_LABEL.into(),
+            ..Default::default()
+        };
+        edit(&mut term);
+        spec(&mut p).affinity = Some(Affinity {
+            pod_anti_affinity: Some(PodAntiAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![term]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        p
+    };
+    let by_rev = |t: &mut PodAffinityTerm| t.match_label_keys = Some(vec!["rev".into()]);
+    let pods = vec![
+        anti("a0", "a", &by_rev),
+        anti("a1", "a", &by_rev),
+        anti("b0", "b", &by_rev),
+        anti("b1", "b", &by_rev),
+    ];
+    let r = one_pool(pods);
+    let sizes: Vec<usize> = r.new_claims.iter().map(|c| c.pods.len()).collect();
+    assert_eq!(sizes, [2, 2], "{r:#?}");
+    for c in &r.new_claims {
+        assert!(
+            c.pods
+                .iter()
+                .any(|p| p.ends_with("/a0") || p.ends_with("/a1")),
+            "{c:?}"
+        );
+    }
+    // Anti-affinity against other revs (mismatchLabelKeys): each rev keeps a host to itself.
+    let other_revs = |t: &mut PodAffinityTerm| t.mismatch_label_keys = Some(vec!["rev".into()]);
+    let pods = vec![
+        anti("a0", "a", &other_revs),
+        anti("a1", "a", &other_revs),
+        anti("b0", "b", &other_revs),
+        anti("b1", "b", &other_revs),
+    ];
+    let r = one_pool(pods);
+    assert_eq!(r.new_claims.len(), 2, "{r:#?}");
+    for c in &r.new_claims {
+        let revs: std::collections::BTreeSet<char> =
+            c.pods.iter().filter_map(|p| p.chars().nth(8)).collect();
+        assert_eq!(revs.len(), 1, "one rev per host: {c:?}");
+    }
+}
+
+#[test]
+fn spread_node_taints_policy_decides_whether_pods_on_tainted_nodes_count() {
+    // Two matching pods run on a tainted node in "foo"; the pool offers foo and bar. Ignored,
+    // they count (foo=2), so both new pods go to bar; honoured, the node is outside the
+    // spread's filter, its pods do not count, and the two pods go one per domain.
+    let node = ExistingNode {
+        name: "n1".into(),
+        labels: [(SPREAD_LABEL.to_string(), "foo".to_string())].into(),
+        taints: vec![Taint {
+            key: "dedicated".into(),
+            value: Some("other".into()),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }],
+        allocatable: res(&[("cpu", "0"), ("pods", "0")]),
+        ..Default::default()
+    };
+    let bound: Vec<Pod> = (0..2)
+        .map(|i| {
+            let mut p = labelled(pod(&format!("old{i}"), "100m", "100Mi"), "web");
+            spec(&mut p).node_name = Some("n1".into());
+            p
+        })
+        .collect();
+    for (policy, want, failures) in [(None, &[2][..], 0), (Some("Honor"), &[1, 1][..], 0)] {
+        let pods = (0..2)
+            .map(|i| {
+                web_spread(&format!("p{i}"), SPREAD_LABEL, |c| {
+                    c.node_taints_policy = policy.map(String::from)
+                })
+            })
+            .collect();
+        let mut np = nodepool("default");
+        np.spec.template.spec.requirements = vec![NodeSelectorRequirementWithMinValues::new(
+            SPREAD_LABEL,
+            Operator::In,
+            &["foo", "bar"],
+        )];
+        let mut s = snapshot(pods, vec![pool(np, standard_types())]);
+        s.nodes = vec![node.clone()];
+        s.bound_pods = bound.clone();
+        let r = solve(&s);
+        assert_eq!(pods_per(&r, SPREAD_LABEL), want, "{policy:?}: {r:#?}");
+        assert_eq!(r.failures.len(), failures, "{policy:?}: {r:?}");
+    }
+}

@@ -7,13 +7,19 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::pod::{GroupKey, TermKind};
+use k8s_openapi::api::core::v1::Taint;
+
+use super::pod::{GroupKey, PodInfo, TermKind};
+use super::selector::tolerates;
 use crate::api::requirements::Requirements;
-use crate::api::wellknown::HOSTNAME_LABEL;
+use crate::api::wellknown::{EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL};
 
 #[derive(Debug)]
 struct Group {
     key: GroupKey,
+    /// For a spread that honours node affinity or taints: the pod whose term made the group
+    /// (its node-selector terms and tolerations decide which nodes its pods count on).
+    filter: Option<PodInfo>,
     /// Matching pods per domain.
     counts: HashMap<String, u32>,
     total: u32,
@@ -43,22 +49,121 @@ enum View<'p> {
     Open(Vec<&'p str>),
 }
 
-/// All topology groups of one solve.
-#[derive(Debug, Default)]
-pub struct Topology {
-    groups: Vec<Group>,
-    index: HashMap<GroupKey, usize>,
-    /// Known domains per topology key (zones of offerings, labels of existing nodes).
-    universe: HashMap<String, BTreeSet<String>>,
+/// Why a place was refused. Built in the solver's inner loop, where almost every refusal is
+/// discarded, so it holds only the group; [`Topology::explain`] words it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rejection {
+    SpreadViolated(usize),
+    SpreadNoDomain(usize),
+    AffinityHere(usize),
+    AffinityNoDomain(usize),
+    AntiAffinityHere(usize),
+    AntiAffinityEverywhere(usize),
+    RepelledHere(usize),
+    RepelledEverywhere(usize),
 }
 
-impl Topology {
-    pub fn intern(&mut self, key: &GroupKey) -> usize {
+/// What offers a domain: a NodePool (through its instance types or requirements) or an
+/// existing node. A spread's node filter (nodeAffinityPolicy, nodeTaintsPolicy) decides which
+/// of them count.
+#[derive(Debug, Clone, Copy)]
+pub enum Source<'a> {
+    Pool {
+        taints: &'a [Taint],
+    },
+    Node {
+        labels: &'a BTreeMap<String, String>,
+        taints: &'a [Taint],
+    },
+    /// A claim of this solve: its requirements must be compatible with one of the pod's terms.
+    Claim {
+        requirements: &'a Requirements,
+        taints: &'a [Taint],
+    },
+}
+
+impl Group {
+    /// Whether a pod placed at `place` counts in this group: always, except for a spread whose
+    /// node filter the place fails (upstream's TopologyGroup.Counts).
+    fn counts_at(&self, place: &Source) -> bool {
+        let (
+            Some(pod),
+            TermKind::Spread {
+                honor_affinity,
+                honor_taints,
+                ..
+            },
+        ) = (&self.filter, self.key.kind)
+        else {
+            return true;
+        };
+        place.passes(pod, honor_affinity, honor_taints)
+    }
+}
+
+impl Source<'_> {
+    /// Whether a node of this source passes the filter of a spread carried by `pod`, as
+    /// upstream's TopologyNodeFilter decides: with `honor_affinity` an existing node must
+    /// match one of the pod's node-selector terms (NodePools are narrowed by the pod's
+    /// requirements instead), with `honor_taints` the pod must tolerate the taints.
+    fn passes(&self, pod: &PodInfo, honor_affinity: bool, honor_taints: bool) -> bool {
+        let affinity_ok = !honor_affinity
+            || match self {
+                Source::Pool { .. } => true,
+                Source::Node { labels, .. } => {
+                    pod.node_terms.iter().any(|t| t.matches_labels(labels))
+                }
+                Source::Claim { requirements, .. } => pod
+                    .node_terms
+                    .iter()
+                    .any(|t| requirements.compatible(t).is_ok()),
+            };
+        let taints = match self {
+            Source::Pool { taints }
+            | Source::Node { taints, .. }
+            | Source::Claim { taints, .. } => *taints,
+        };
+        let taints_ok = !honor_taints
+            || taints.iter().all(|t| {
+                EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str())
+                    || t.effect == "PreferNoSchedule"
+                    || tolerates(&pod.tolerations, t)
+            });
+        affinity_ok && taints_ok
+    }
+}
+
+/// All topology groups of one solve.
+#[derive(Debug, Default)]
+pub struct Topology<'a> {
+    groups: Vec<Group>,
+    index: HashMap<GroupKey, usize>,
+    /// Known domains per topology key (zones of offerings, labels of existing nodes), each
+    /// with what offers it (for the node filters of spreads).
+    universe: HashMap<String, BTreeMap<String, Vec<Source<'a>>>>,
+    /// Labels per Namespace name, for namespace selectors of affinity terms.
+    namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl<'a> Topology<'a> {
+    /// The group of a term `pod` carries.
+    pub fn intern(&mut self, key: &GroupKey, pod: &PodInfo) -> usize {
         if let Some(i) = self.index.get(key) {
             return *i;
         }
+        let filtered = matches!(
+            key.kind,
+            TermKind::Spread {
+                honor_affinity: true,
+                ..
+            } | TermKind::Spread {
+                honor_taints: true,
+                ..
+            }
+        );
         let i = self.groups.len();
         self.groups.push(Group {
+            filter: filtered.then(|| pod.clone()),
             key: key.clone(),
             counts: HashMap::new(),
             total: 0,
@@ -77,11 +182,23 @@ impl Topology {
             .collect()
     }
 
-    pub fn add_domain(&mut self, key: &str, value: &str) {
+    /// Registers a domain offered by a node or NodePool.
+    pub fn add_domain(&mut self, key: &str, value: &str, source: Source<'a>) {
         self.universe
             .entry(key.to_string())
             .or_default()
-            .insert(value.to_string());
+            .entry(value.to_string())
+            .or_default()
+            .push(source);
+    }
+
+    /// No groups yet; `namespace_labels` (Namespace name to labels) serve the
+    /// `namespaceSelector`s of affinity terms.
+    pub fn with_namespaces(namespace_labels: BTreeMap<String, BTreeMap<String, String>>) -> Self {
+        Topology {
+            namespace_labels,
+            ..Topology::default()
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -93,22 +210,30 @@ impl Topology {
         self.groups
             .iter()
             .enumerate()
-            .filter(|(_, g)| g.key.namespaces.contains(namespace) && g.key.selector.matches(labels))
+            .filter(|(_, g)| {
+                g.key
+                    .namespaces
+                    .contains(namespace, |n| self.namespace_labels.get(n))
+                    && g.key.selector.matches(labels)
+            })
             .map(|(i, _)| i)
             .collect()
     }
 
-    /// Counts a pod placed at a place: in every group it matches, and as an owner of its
-    /// anti-affinity groups. `domain(key)` gives the place's value for a key, if known.
+    /// Counts a pod placed at a place: in every group it matches (a spread only when the place
+    /// passes its node filter), and as an owner of its anti-affinity groups. `domain(key)` gives
+    /// the place's value for a key, if known; `place` is what the node filter checks.
     pub fn record<'d>(
         &mut self,
         matched: &[usize],
         owned: &[usize],
         domain: impl Fn(&str) -> Option<&'d str>,
+        place: Source,
     ) {
         for &gi in matched {
             if let Some(g) = self.groups.get_mut(gi)
                 && let Some(d) = domain(&g.key.topology_key)
+                && g.counts_at(&place)
             {
                 *g.counts.entry(d.to_string()).or_insert(0) += 1;
                 g.total += 1;
@@ -137,8 +262,9 @@ impl Topology {
         active: &[usize],
         matched: &[usize],
         pod_reqs: &Requirements,
+        pod: &PodInfo,
         place: &Place,
-    ) -> Result<Vec<(String, String)>, String> {
+    ) -> Result<Vec<(String, String)>, Rejection> {
         let mut narrowed: Vec<(String, String)> = Vec::new();
         for &gi in active {
             let Some(g) = self.groups.get(gi) else {
@@ -149,27 +275,18 @@ impl Topology {
             let count = |d: &str| g.counts.get(d).copied().unwrap_or(0);
             let self_match = matched.contains(&gi);
             let chosen = match g.key.kind {
-                TermKind::Spread {
-                    max_skew,
-                    min_domains,
-                } => {
-                    let min = self.global_min(g, pod_reqs, min_domains);
-                    let allowed = |d: &str| i64::from(count(d)) + 1 - min <= i64::from(max_skew);
+                TermKind::Spread { max_skew, .. } => {
+                    let min = self.global_min(g, pod_reqs, pod);
+                    let allowed = |d: &str| spread_allows(count(d), min, max_skew);
                     match view {
                         View::Fixed(Some(d)) if allowed(&d) => None,
-                        View::Fixed(_) => {
-                            return Err(format!(
-                                "topology spread on {key:?} (maxSkew {max_skew}) would be violated"
-                            ));
-                        }
+                        View::Fixed(_) => return Err(Rejection::SpreadViolated(gi)),
                         View::Open(ds) => ds
                             .into_iter()
                             .filter(|d| allowed(d))
                             .min_by_key(|d| count(d))
                             .map(Some)
-                            .ok_or_else(|| {
-                                format!("topology spread on {key:?} (maxSkew {max_skew}) leaves no domain")
-                            })?,
+                            .ok_or(Rejection::SpreadNoDomain(gi))?,
                     }
                 }
                 TermKind::Affinity => {
@@ -178,9 +295,7 @@ impl Topology {
                     match view {
                         View::Fixed(_) if anywhere => None,
                         View::Fixed(Some(d)) if count(&d) > 0 => None,
-                        View::Fixed(_) => {
-                            return Err(format!("pod affinity on {key:?} not satisfied here"));
-                        }
+                        View::Fixed(_) => return Err(Rejection::AffinityHere(gi)),
                         View::Open(ds) => {
                             let best = if anywhere {
                                 ds.into_iter().next()
@@ -189,26 +304,20 @@ impl Topology {
                                     .filter(|d| count(d) > 0)
                                     .max_by(|a, b| count(a).cmp(&count(b)).then(b.cmp(a)))
                             };
-                            Some(best.ok_or_else(|| {
-                                format!("pod affinity on {key:?}: no domain holds a matching pod")
-                            })?)
+                            Some(best.ok_or(Rejection::AffinityNoDomain(gi))?)
                         }
                     }
                 }
                 TermKind::AntiAffinity => match view {
                     View::Fixed(Some(d)) if count(&d) > 0 => {
-                        return Err(format!(
-                            "pod anti-affinity on {key:?}: a matching pod is already in {d:?}"
-                        ));
+                        return Err(Rejection::AntiAffinityHere(gi));
                     }
                     View::Fixed(_) => None,
-                    View::Open(ds) => {
-                        Some(ds.into_iter().find(|d| count(d) == 0).ok_or_else(|| {
-                            format!(
-                                "pod anti-affinity on {key:?}: every domain holds a matching pod"
-                            )
-                        })?)
-                    }
+                    View::Open(ds) => Some(
+                        ds.into_iter()
+                            .find(|d| count(d) == 0)
+                            .ok_or(Rejection::AntiAffinityEverywhere(gi))?,
+                    ),
                 },
             };
             // Only an open claim is narrowed; a fixed place already has its domain.
@@ -228,7 +337,7 @@ impl Topology {
         pod_reqs: &Requirements,
         place: &Place,
         narrowed: &mut Vec<(String, String)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Rejection> {
         for &gi in matched {
             let Some(g) = self.groups.get(gi) else {
                 continue;
@@ -239,16 +348,13 @@ impl Topology {
             let key = g.key.topology_key.as_str();
             let owners = |d: &str| g.owners.get(d).copied().unwrap_or(0);
             match self.view(key, place, pod_reqs, narrowed) {
-                View::Fixed(Some(d)) if owners(&d) > 0 => {
-                    return Err(format!(
-                        "a pod in {d:?} has anti-affinity on {key:?} against this pod"
-                    ));
-                }
+                View::Fixed(Some(d)) if owners(&d) > 0 => return Err(Rejection::RepelledHere(gi)),
                 View::Fixed(_) => {}
                 View::Open(ds) => {
-                    let d = ds.into_iter().find(|d| owners(d) == 0).ok_or_else(|| {
-                        format!("pods with anti-affinity on {key:?} against this pod are in every domain")
-                    })?;
+                    let d = ds
+                        .into_iter()
+                        .find(|d| owners(d) == 0)
+                        .ok_or(Rejection::RepelledEverywhere(gi))?;
                     narrowed.push((key.to_string(), d.to_string()));
                 }
             }
@@ -256,20 +362,110 @@ impl Topology {
         Ok(())
     }
 
+    /// The words for a refusal (only the refusals that decide a pod's error are worded).
+    pub fn explain(&self, rejection: Rejection) -> String {
+        use Rejection::*;
+        let (AffinityHere(gi)
+        | AffinityNoDomain(gi)
+        | AntiAffinityHere(gi)
+        | AntiAffinityEverywhere(gi)
+        | RepelledHere(gi)
+        | RepelledEverywhere(gi)
+        | SpreadViolated(gi)
+        | SpreadNoDomain(gi)) = rejection;
+        let Some(g) = self.groups.get(gi) else {
+            return "topology constraint not satisfied".into();
+        };
+        let key = &g.key.topology_key;
+        let skew = match g.key.kind {
+            TermKind::Spread { max_skew, .. } => max_skew,
+            _ => 0,
+        };
+        match rejection {
+            SpreadViolated(_) => {
+                format!("topology spread on {key:?} (maxSkew {skew}) would be violated")
+            }
+            SpreadNoDomain(_) => {
+                format!("topology spread on {key:?} (maxSkew {skew}) leaves no domain")
+            }
+            AffinityHere(_) => format!("pod affinity on {key:?} not satisfied here"),
+            AffinityNoDomain(_) => {
+                format!("pod affinity on {key:?}: no domain holds a matching pod")
+            }
+            AntiAffinityHere(_) => {
+                format!("pod anti-affinity on {key:?}: a matching pod is already in this domain")
+            }
+            AntiAffinityEverywhere(_) => {
+                format!("pod anti-affinity on {key:?}: every domain holds a matching pod")
+            }
+            RepelledHere(_) => {
+                format!("a pod in this domain has anti-affinity on {key:?} against this pod")
+            }
+            RepelledEverywhere(_) => {
+                format!("pods with anti-affinity on {key:?} against this pod are in every domain")
+            }
+        }
+    }
+
+    /// Whether a group is keyed by hostname in a way that can rule a place out for good: a
+    /// hostname spread or anti-affinity. Counts per hostname only grow within a solve, so a
+    /// claim such a group refuses stays refused (the solver indexes these).
+    pub fn host_keyed(&self, group: usize) -> bool {
+        self.groups.get(group).is_some_and(|g| {
+            g.key.topology_key == HOSTNAME_LABEL
+                && matches!(g.key.kind, TermKind::Spread { .. } | TermKind::AntiAffinity)
+        })
+    }
+
+    /// For a [`Self::host_keyed`] group and a place with this hostname: (the place refuses pods
+    /// carrying the term, the place repels pods the term matches). Exactly the hostname checks
+    /// of [`Self::admit`]: a spread at its skew (the global minimum of a hostname spread is
+    /// always 0), a matching pod for anti-affinity, an owner of required anti-affinity.
+    pub fn host_blocks(&self, group: usize, hostname: &str) -> (bool, bool) {
+        let Some(g) = self.groups.get(group) else {
+            return (false, false);
+        };
+        let count = g.counts.get(hostname).copied().unwrap_or(0);
+        match g.key.kind {
+            TermKind::Spread { max_skew, .. } => (!spread_allows(count, 0, max_skew), false),
+            TermKind::AntiAffinity => (count > 0, g.owners.get(hostname).copied().unwrap_or(0) > 0),
+            TermKind::Affinity => (false, false),
+        }
+    }
+
     /// The smallest count over the domains the pod could use (0 for hostnames, where a new node
-    /// is always a new, empty domain, and when fewer than minDomains domains exist).
-    fn global_min(&self, g: &Group, pod_reqs: &Requirements, min_domains: i32) -> i64 {
+    /// is always a new, empty domain, and when fewer than minDomains domains exist). Which
+    /// domains count: those the pod's requirements allow, offered by a node or NodePool that
+    /// passes the spread's node filter ([`Source::passes`]).
+    fn global_min(&self, g: &Group, pod_reqs: &Requirements, pod: &PodInfo) -> i64 {
         let key = g.key.topology_key.as_str();
+        let TermKind::Spread {
+            min_domains,
+            honor_affinity,
+            honor_taints,
+            ..
+        } = g.key.kind
+        else {
+            return 0;
+        };
         if key == HOSTNAME_LABEL {
             return 0;
         }
         let allowed = pod_reqs.get(key);
+        let filtered = honor_affinity || honor_taints;
+        let offered = |sources: &Vec<Source>| {
+            !filtered
+                || sources
+                    .iter()
+                    .any(|s| s.passes(pod, honor_affinity, honor_taints))
+        };
         let eligible = self
             .universe
             .get(key)
             .into_iter()
             .flatten()
-            .filter(|d| allowed.is_none_or(|r| r.has(d)));
+            .filter(|(d, sources)| allowed.is_none_or(|r| r.has(d)) && offered(sources))
+            .map(|(d, _)| d);
         let mut n = 0usize;
         let mut min = u32::MAX;
         for d in eligible {
@@ -318,7 +514,7 @@ impl Topology {
                     self.universe
                         .get(key)
                         .into_iter()
-                        .flatten()
+                        .flat_map(BTreeMap::keys)
                         .filter(|d| theirs.is_none_or(|r| r.has(d)))
                         .filter(|d| mine.is_none_or(|r| r.has(d)))
                         .map(String::as_str)
@@ -327,4 +523,10 @@ impl Topology {
             }
         }
     }
+}
+
+/// A spread allows one more pod in a domain holding `count` while the emptiest eligible domain
+/// holds `min`.
+fn spread_allows(count: u32, min: i64, max_skew: i32) -> bool {
+    i64::from(count) + 1 - min <= i64::from(max_skew)
 }
