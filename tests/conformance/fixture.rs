@@ -676,6 +676,8 @@ pub struct Env {
     pub volumes: VolumeCatalog,
     /// CSINode attach limits by node, then driver.
     pub csi_limits: CsiLimits,
+    /// Namespace labels, for pod affinity namespaceSelectors.
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl Env {
@@ -714,7 +716,18 @@ impl Env {
             nodepools: self.pools.clone(),
             daemonsets: self.daemonsets.clone(),
             preference_policy: self.preference_policy,
+            namespaces: self.namespaces.clone(),
         }
+    }
+    pub fn namespace(mut self, name: &str, labels: &[(&str, &str)]) -> Env {
+        self.namespaces.insert(
+            name.to_string(),
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        self
     }
     pub fn provision(&self, pods: &[Pod]) -> Outcome {
         let mut snapshot = self.snapshot(pods);

@@ -829,7 +829,6 @@ fn arch_spread_counts_a_domain_the_pool_no_longer_offers() {
 }
 
 #[test]
-#[ignore = "fails: needs spread domains taken from a multi-valued pool requirement on a custom label"]
 fn spread_over_a_pool_requirement_label() {
     let key = "capacity.spread.4-1";
     let spot = nodepool("spot")
@@ -981,7 +980,6 @@ fn capacity_type_spread_limited_by_affinity_then_widened() {
 // --- MatchLabelKeys / NodeTaintsPolicy / NodeAffinityPolicy ---
 
 #[test]
-#[ignore = "fails: needs topology spread matchLabelKeys (issue 13)"]
 fn match_label_keys_split_the_spread_by_label_value() {
     let key = "test-label";
     let mk = |prefix: &str, value: &'static str| {
@@ -1060,7 +1058,6 @@ fn node_taints_policy_ignore_counts_tainted_domains() {
 }
 
 #[test]
-#[ignore = "fails: needs topology spread nodeTaintsPolicy=Honor (issue 13)"]
 fn node_taints_policy_honor_skips_tainted_domains() {
     let mut e = tainted_domains_env();
     e.provision_and_bind(&policy_pods(Some("Honor"), None, false));
@@ -1091,7 +1088,6 @@ fn node_affinity_policy_ignore_counts_every_domain() {
 }
 
 #[test]
-#[ignore = "fails: needs topology spread nodeAffinityPolicy=Honor (the default): domains the pod's node selector excludes are not counted (issue 13)"]
 fn node_affinity_policy_honor_counts_only_matching_domains() {
     let mut e = mismatched_domains_env();
     e.provision_and_bind(&policy_pods(None, Some("Honor"), true));
