@@ -1,6 +1,12 @@
 //! Registration (Karpenter core's lifecycle/registration): the Node with the claim's provider ID
 //! gets the claim's labels, annotations, taints and startup taints, loses the unregistered
 //! taint, and is owned and guarded by the claim; then `Registered=True` and `nodeName`.
+//!
+//! A Node that registration leaves already initialized (Ready, no startup or ephemeral taints,
+//! extended resources present: the common case, a kubelet that is Ready when it registers) is
+//! initialized in the same requests: the Node patch also carries `karpenter.sh/initialized`, and
+//! one status write sets `Registered` and `Initialized` (in that order, with one transition
+//! time), so the claim costs two writes here instead of four.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +14,8 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::{Next, Step};
+use super::initialization::node_initialized;
+use super::{Next, Step, is_true};
 use crate::actors::Error;
 use crate::actors::patch::JsonPatch;
 use crate::api::conditions;
@@ -23,14 +30,24 @@ impl Step {
     pub(super) async fn register(&mut self, node: &Node) -> Result<Next, Error> {
         let c = self.claim.clone();
         let node_name = node.name_any();
+        let initialize = !is_true(&c, conditions::INITIALIZED)
+            && node_initialized(&registered_node(node, &c), &c).is_ok();
+        let label_missing =
+            node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true");
         if !node_registered(node, &c) {
-            self.patch_node(&node_name, registration_patch(node, &c))
+            self.patch_node(&node_name, registration_patch(node, &c, initialize))
+                .await?;
+        } else if initialize && label_missing {
+            self.patch_node(&node_name, initialized_label_patch(node))
                 .await?;
         }
+        let types: &[&str] = if initialize {
+            &[conditions::REGISTERED, conditions::INITIALIZED]
+        } else {
+            &[conditions::REGISTERED]
+        };
         let updated = self
-            .condition_true(conditions::REGISTERED, |status| {
-                status.node_name = Some(node_name.clone())
-            })
+            .conditions_true(types, |status| status.node_name = Some(node_name.clone()))
             .await?;
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
         let m = &self.shared.metrics;
@@ -43,15 +60,41 @@ impl Step {
             })
             .inc();
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
+        if initialize {
+            self.initialized_metrics(&md, &node_name);
+        }
         Ok(Next::Continue(updated))
     }
 }
 
-/// Labels Karpenter puts on the Node at registration: the claim's labels plus `registered`.
-fn registration_labels(c: &NodeClaim) -> BTreeMap<String, String> {
+/// Labels Karpenter puts on the Node at registration: the claim's labels plus `registered`
+/// (and `initialized` when registration initializes it too).
+fn registration_labels(c: &NodeClaim, initialized: bool) -> BTreeMap<String, String> {
     let mut labels = c.labels().clone();
     labels.insert(REGISTERED_LABEL.to_string(), "true".to_string());
+    if initialized {
+        labels.insert(INITIALIZED_LABEL.to_string(), "true".to_string());
+    }
     labels
+}
+
+/// The Node as the registration patch leaves it, as far as initialization reads it (taints).
+fn registered_node(node: &Node, c: &NodeClaim) -> Node {
+    let mut after = node.clone();
+    after.spec.get_or_insert_with(Default::default).taints = Some(registration_taints(node, c));
+    after
+}
+
+/// Only the `initialized` label (a Node registered earlier, its claim not yet marked).
+pub(super) fn initialized_label_patch(node: &Node) -> JsonPatch {
+    let mut p = JsonPatch::new();
+    p.set_entry(
+        !node.labels().is_empty(),
+        "/metadata/labels",
+        INITIALIZED_LABEL,
+        "true",
+    );
+    p
 }
 
 pub(super) fn same_taint(a: &Taint, b: &Taint) -> bool {
@@ -102,10 +145,10 @@ pub(super) fn node_registered(node: &Node, c: &NodeClaim) -> bool {
             .any(|o| Some(&o.uid) == c.metadata.uid.as_ref())
 }
 
-pub(super) fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
+pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) -> JsonPatch {
     let mut p = JsonPatch::guarded(node.resource_version().as_deref());
     let has_labels = !node.labels().is_empty();
-    for (k, v) in registration_labels(c) {
+    for (k, v) in registration_labels(c, initialized) {
         if node.labels().get(&k) != Some(&v) {
             p.set_entry(has_labels, "/metadata/labels", &k, &v);
         }
