@@ -44,16 +44,18 @@ impl Step {
     }
 }
 
-/// Why a registered Node is not initialized yet, or Ok.
-pub(super) fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), &'static str> {
-    let ready = node
-        .status
+/// The Node's `Ready` condition is True.
+pub(super) fn node_ready(node: &Node) -> bool {
+    node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status == "True")
-        .unwrap_or(false);
-    if !ready {
+        .is_some_and(|c| c.status == "True")
+}
+
+/// Why a registered Node is not initialized yet, or Ok.
+pub(super) fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), &'static str> {
+    if !node_ready(node) {
         return Err("node not Ready");
     }
     let taints = node

@@ -3,19 +3,24 @@
 //! taint, and is owned and guarded by the claim; then `Registered=True` and `nodeName`.
 //!
 //! A Node that registration leaves already initialized (Ready, no startup or ephemeral taints,
-//! extended resources present: the common case, a kubelet that is Ready when it registers) is
-//! initialized in the same requests: the Node patch also carries `karpenter.sh/initialized`, and
+//! extended resources present) is initialized in the same requests: the Node patch also carries `karpenter.sh/initialized`, and
 //! one status write sets `Registered` and `Initialized` (in that order, with one transition
-//! time), so the claim costs two writes here instead of four.
+//! time), so the claim costs two writes here instead of four. A kubelet usually creates its
+//! Node a moment before it reports Ready, so registration waits for Ready up to `READY_WAIT`
+//! after the Node appeared (the Node takes no pods before Ready anyway); past that it registers
+//! without initializing, as before, so a Node that needs its DaemonSets (a CNI) to turn Ready
+//! is delayed by at most that much.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::initialization::node_initialized;
-use super::{Next, Step, is_true};
+use super::initialization::node_ready;
+use super::{Next, Step, is_true, left_until};
 use crate::actors::Error;
 use crate::actors::patch::JsonPatch;
 use crate::api::conditions;
@@ -23,6 +28,10 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
 use crate::metrics::{Metrics, NodePoolLabels};
 use crate::state::claims::recorded_deployment;
+
+/// How long registration waits for a new Node to turn Ready so that it can initialize it in the
+/// same writes (measured from the Node's creationTimestamp, whole seconds: 1-2 s in effect).
+pub const READY_WAIT: Duration = Duration::from_secs(2);
 
 impl Step {
     /// Registration (REFERENCE.md section 3): sync the claim onto the Node, take the
@@ -32,6 +41,15 @@ impl Step {
         let node_name = node.name_any();
         let initialize = !is_true(&c, conditions::INITIALIZED)
             && node_initialized(&registered_node(node, &c), &c).is_ok();
+        if !initialize
+            && !node_registered(node, &c)
+            && !node_ready(node)
+            && let Some(created) = node.metadata.creation_timestamp.as_ref()
+            && let Some(left) = left_until(created.0, READY_WAIT)
+        {
+            tracing::debug!(nodeclaim = %self.name(), node = %node_name, ?left, "waiting briefly for the Node to turn Ready");
+            return Ok(Next::Wait(Some(left)));
+        }
         let label_missing =
             node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true");
         if !node_registered(node, &c) {
