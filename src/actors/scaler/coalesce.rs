@@ -144,8 +144,10 @@ mod tests {
     #[test]
     fn no_hold_is_longer_than_the_cap() {
         let t = Instant::now();
-        let mut c = Coalescer::default();
-        c.streak = 30;
+        let mut c = Coalescer {
+            streak: 30,
+            ..Default::default()
+        };
         c.requested(t);
         c.requested(t + ms(1));
         let left = c.hold(t + ms(1)).expect("held");
