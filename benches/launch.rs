@@ -23,7 +23,7 @@ use karpenter_capi::simulate::launch::seed_of;
 
 fn bench_plan(c: &mut Criterion) {
     let mut g = c.benchmark_group("scaler_plan");
-    for n in [100usize, 1000] {
+    for n in [100usize, 1_000, 10_000] {
         // Half the Machines bound, a quarter unbound (ours), a quarter still to come; as many
         // claims waiting as there will be Machines for them.
         let machines: Vec<MachineView> = (0..n * 3 / 4)

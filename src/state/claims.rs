@@ -102,6 +102,19 @@ impl Claims {
         self.insert(name, c)
     }
 
+    /// Apply the answer of the claim's own reconcile, whose writes are sent one after another
+    /// (see `Freshness::superseded`), unless the watch already delivered it.
+    pub fn apply_own_response(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+        let name = c.name_any();
+        if !self
+            .fresh
+            .superseded(&name, &c.resource_version().unwrap_or_default())
+        {
+            return self.by_name.get(&name).cloned();
+        }
+        self.insert(name, c)
+    }
+
     fn insert(&mut self, name: String, c: NodeClaim) -> Option<Arc<NodeClaim>> {
         let old = self.detach(&name);
         if c.metadata.deletion_timestamp.is_none()

@@ -244,6 +244,14 @@ impl MachineDeployments {
         self.take_if(take, k, md)
     }
 
+    /// Apply the answer of the Scaler's own write or read: it sends one at a time, so each
+    /// answer is newer than its last (see `Freshness::superseded`).
+    pub fn apply_own_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
+        let k = key(&md.namespace, &md.name);
+        let take = self.fresh.superseded(&k, &md.resource_version);
+        self.take_if(take, k, md)
+    }
+
     fn take_if(&mut self, take: bool, k: String, md: MachineDeployment) -> Arc<MachineDeployment> {
         if !take && let Some(cur) = self.by_key.get(&k) {
             return cur.clone();

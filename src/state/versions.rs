@@ -51,6 +51,27 @@ impl Freshness {
         true
     }
 
+    /// A response to one writer's requests sent strictly one after another (each sent after the
+    /// previous answered, e.g. one claim's reconcile or one Scaler's MachineDeployment writes):
+    /// newer than that writer's pending response, so it replaces it rather than waiting for the
+    /// watch to confirm the older one. Without this, a writer faster than the watch computes
+    /// its next guarded write from a version it already replaced and gets a conflict. A pending
+    /// response of another writer may be shadowed early; the index then shows this version
+    /// until the watch reaches it and catches up from there (every guarded write stays safe).
+    /// Not taken when the watch already delivered it (the index may hold something newer).
+    pub fn superseded(&mut self, key: &str, version: &str) -> bool {
+        if self
+            .recent
+            .get(key)
+            .is_some_and(|r| r.iter().any(|v| v == version))
+        {
+            return false;
+        }
+        self.pending
+            .insert(key.to_string(), (version.to_string(), Instant::now()));
+        true
+    }
+
     /// The watch delivered `version` for `key`: whether to take it.
     pub fn watched(&mut self, key: &str, version: &str) -> bool {
         let recent = self.recent.entry(key.to_string()).or_default();
@@ -102,6 +123,20 @@ impl Freshness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_writers_next_response_replaces_its_pending_one() {
+        let mut f = Freshness::default();
+        assert!(f.watched("c", "v1"));
+        assert!(f.responded("c", "v2"));
+        // A second response is not ordered against the first ...
+        assert!(!f.responded("c", "v3"));
+        // ... unless the same writer sent it after the first answered.
+        assert!(f.superseded("c", "v3"));
+        assert!(!f.watched("c", "v2"), "older than our last write");
+        assert!(f.watched("c", "v3"));
+        assert!(!f.superseded("c", "v3"), "the watch already delivered it");
+    }
 
     #[test]
     fn a_response_ahead_of_the_watch_shadows_older_events_until_the_watch_catches_up() {

@@ -5,10 +5,9 @@
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::registration::same_taint;
+use super::registration::{initialized_label_patch, same_taint};
 use super::{Next, Step, since};
 use crate::actors::Error;
-use crate::actors::patch::JsonPatch;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
@@ -25,36 +24,38 @@ impl Step {
         }
         let node_name = node.name_any();
         if node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true") {
-            let mut p = JsonPatch::new();
-            p.set_entry(
-                !node.labels().is_empty(),
-                "/metadata/labels",
-                INITIALIZED_LABEL,
-                "true",
-            );
-            self.patch_node(&node_name, p).await?;
+            self.patch_node(&node_name, initialized_label_patch(node))
+                .await?;
         }
-        let updated = self.condition_true(conditions::INITIALIZED, |_| {}).await?;
+        let updated = self
+            .conditions_true(&[conditions::INITIALIZED], |_| {})
+            .await?;
+        self.initialized_metrics(md, &node_name);
+        Ok(Next::Continue(updated))
+    }
+
+    pub(super) fn initialized_metrics(&self, md: &str, node_name: &str) {
         let m = &self.shared.metrics;
         m.nodeclaims_initialized
             .get_or_create(&Metrics::pool(&self.nodepool(), md))
             .inc();
         Metrics::observe(&m.claim_initialized_seconds, md, since(self.created()));
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "initialized");
-        Ok(Next::Continue(updated))
     }
+}
+
+/// The Node's `Ready` condition is True.
+pub(super) fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
 }
 
 /// Why a registered Node is not initialized yet, or Ok.
 pub(super) fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), &'static str> {
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-        .map(|c| c.status == "True")
-        .unwrap_or(false);
-    if !ready {
+    if !node_ready(node) {
         return Err("node not Ready");
     }
     let taints = node

@@ -200,7 +200,7 @@ impl Step {
         let offering = self.shared.catalog.offering(md);
         let generation = self.claim.metadata.generation;
         let updated = self
-            .condition_true(conditions::LAUNCHED, |status| {
+            .conditions_true(&[conditions::LAUNCHED], |status| {
                 status.provider_id = Some(pid.to_string());
                 // Start the registration clock now, as upstream's liveness reads it.
                 let conds = status.conditions.get_or_insert_with(Vec::new);

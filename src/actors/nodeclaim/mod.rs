@@ -117,17 +117,21 @@ impl NodeClaimActor {
     }
 
     fn apply(&mut self, out: Outcome, ctx: &mut Context<Self>) {
+        // One reconcile runs at a time and each of its requests is sent after the previous one
+        // answered, so its answer is newer than any earlier one: take it even while an earlier
+        // answer still waits for the watch (else the next guarded write starts from a version
+        // we already replaced, and conflicts).
         if let Some(claim) = out.claim
             && claim.resource_version() != self.claim.resource_version()
             && self
                 .fresh
-                .responded(&self.name, &claim.resource_version().unwrap_or_default())
+                .superseded(&self.name, &claim.resource_version().unwrap_or_default())
         {
             self.shared
                 .state
                 .claims
                 .write()
-                .apply_response((*claim).clone());
+                .apply_own_response((*claim).clone());
             self.claim = claim;
         }
         if let Some(md) = out.requested {
@@ -495,10 +499,11 @@ impl Step {
             .unwrap_or_else(Timestamp::now)
     }
 
-    /// Edit the status, set condition `type_` True (and the root `Ready`), write it guarded.
-    async fn condition_true(
+    /// Edit the status, set conditions `types` True in order (and the root `Ready`), write it
+    /// guarded.
+    async fn conditions_true(
         &self,
-        type_: &str,
+        types: &[&str],
         edit: impl FnOnce(&mut crate::api::nodeclaim::NodeClaimStatus),
     ) -> Result<Arc<NodeClaim>, Error> {
         let c = &self.claim;
@@ -506,15 +511,17 @@ impl Step {
         let mut status = c.status.clone().unwrap_or_default();
         edit(&mut status);
         let mut conds = status.conditions.take().unwrap_or_default();
-        conditions::set(
-            &mut conds,
-            type_,
-            ConditionStatus::True,
-            type_,
-            "",
-            c.metadata.generation,
-            now,
-        );
+        for type_ in types {
+            conditions::set(
+                &mut conds,
+                type_,
+                ConditionStatus::True,
+                type_,
+                "",
+                c.metadata.generation,
+                now,
+            );
+        }
         conditions::set_nodeclaim_ready(&mut conds, c.metadata.generation, now);
         status.conditions = Some(conds);
         self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))

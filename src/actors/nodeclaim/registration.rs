@@ -1,14 +1,26 @@
 //! Registration (Karpenter core's lifecycle/registration): the Node with the claim's provider ID
 //! gets the claim's labels, annotations, taints and startup taints, loses the unregistered
 //! taint, and is owned and guarded by the claim; then `Registered=True` and `nodeName`.
+//!
+//! A Node that registration leaves already initialized (Ready, no startup or ephemeral taints,
+//! extended resources present) is initialized in the same requests: the Node patch also carries `karpenter.sh/initialized`, and
+//! one status write sets `Registered` and `Initialized` (in that order, with one transition
+//! time), so the claim costs two writes here instead of four. A kubelet usually creates its
+//! Node a moment before it reports Ready, so registration waits for Ready up to `READY_WAIT`
+//! after the Node appeared (the Node takes no pods before Ready anyway); past that it registers
+//! without initializing, as before, so a Node that needs its DaemonSets (a CNI) to turn Ready
+//! is delayed by at most that much.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::{Next, Step};
+use super::initialization::node_initialized;
+use super::initialization::node_ready;
+use super::{Next, Step, is_true, left_until};
 use crate::actors::Error;
 use crate::actors::patch::JsonPatch;
 use crate::api::conditions;
@@ -17,20 +29,43 @@ use crate::api::wellknown::*;
 use crate::metrics::{Metrics, NodePoolLabels};
 use crate::state::claims::recorded_deployment;
 
+/// How long registration waits for a new Node to turn Ready so that it can initialize it in the
+/// same writes (measured from the Node's creationTimestamp, whole seconds: 1-2 s in effect).
+pub const READY_WAIT: Duration = Duration::from_secs(2);
+
 impl Step {
     /// Registration (REFERENCE.md section 3): sync the claim onto the Node, take the
     /// unregistered taint off, own the Node; then `Registered=True`.
     pub(super) async fn register(&mut self, node: &Node) -> Result<Next, Error> {
         let c = self.claim.clone();
         let node_name = node.name_any();
+        let initialize = !is_true(&c, conditions::INITIALIZED)
+            && node_initialized(&registered_node(node, &c), &c).is_ok();
+        if !initialize
+            && !node_registered(node, &c)
+            && !node_ready(node)
+            && let Some(created) = node.metadata.creation_timestamp.as_ref()
+            && let Some(left) = left_until(created.0, READY_WAIT)
+        {
+            tracing::debug!(nodeclaim = %self.name(), node = %node_name, ?left, "waiting briefly for the Node to turn Ready");
+            return Ok(Next::Wait(Some(left)));
+        }
+        let label_missing =
+            node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true");
         if !node_registered(node, &c) {
-            self.patch_node(&node_name, registration_patch(node, &c))
+            self.patch_node(&node_name, registration_patch(node, &c, initialize))
+                .await?;
+        } else if initialize && label_missing {
+            self.patch_node(&node_name, initialized_label_patch(node))
                 .await?;
         }
+        let types: &[&str] = if initialize {
+            &[conditions::REGISTERED, conditions::INITIALIZED]
+        } else {
+            &[conditions::REGISTERED]
+        };
         let updated = self
-            .condition_true(conditions::REGISTERED, |status| {
-                status.node_name = Some(node_name.clone())
-            })
+            .conditions_true(types, |status| status.node_name = Some(node_name.clone()))
             .await?;
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
         let m = &self.shared.metrics;
@@ -43,15 +78,41 @@ impl Step {
             })
             .inc();
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
+        if initialize {
+            self.initialized_metrics(&md, &node_name);
+        }
         Ok(Next::Continue(updated))
     }
 }
 
-/// Labels Karpenter puts on the Node at registration: the claim's labels plus `registered`.
-fn registration_labels(c: &NodeClaim) -> BTreeMap<String, String> {
+/// Labels Karpenter puts on the Node at registration: the claim's labels plus `registered`
+/// (and `initialized` when registration initializes it too).
+fn registration_labels(c: &NodeClaim, initialized: bool) -> BTreeMap<String, String> {
     let mut labels = c.labels().clone();
     labels.insert(REGISTERED_LABEL.to_string(), "true".to_string());
+    if initialized {
+        labels.insert(INITIALIZED_LABEL.to_string(), "true".to_string());
+    }
     labels
+}
+
+/// The Node as the registration patch leaves it, as far as initialization reads it (taints).
+fn registered_node(node: &Node, c: &NodeClaim) -> Node {
+    let mut after = node.clone();
+    after.spec.get_or_insert_with(Default::default).taints = Some(registration_taints(node, c));
+    after
+}
+
+/// Only the `initialized` label (a Node registered earlier, its claim not yet marked).
+pub(super) fn initialized_label_patch(node: &Node) -> JsonPatch {
+    let mut p = JsonPatch::new();
+    p.set_entry(
+        !node.labels().is_empty(),
+        "/metadata/labels",
+        INITIALIZED_LABEL,
+        "true",
+    );
+    p
 }
 
 pub(super) fn same_taint(a: &Taint, b: &Taint) -> bool {
@@ -102,10 +163,10 @@ pub(super) fn node_registered(node: &Node, c: &NodeClaim) -> bool {
             .any(|o| Some(&o.uid) == c.metadata.uid.as_ref())
 }
 
-pub(super) fn registration_patch(node: &Node, c: &NodeClaim) -> JsonPatch {
+pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) -> JsonPatch {
     let mut p = JsonPatch::guarded(node.resource_version().as_deref());
     let has_labels = !node.labels().is_empty();
-    for (k, v) in registration_labels(c) {
+    for (k, v) in registration_labels(c, initialized) {
         if node.labels().get(&k) != Some(&v) {
             p.set_entry(has_labels, "/metadata/labels", &k, &v);
         }

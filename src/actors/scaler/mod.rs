@@ -1,11 +1,15 @@
 //! One Scaler per MachineDeployment: the only writer of its `spec.replicas`.
 //!
-//! Claims ask for Machines; the Scaler re-plans from the indexes (see `plan`) after every message
-//! and carries out at most one replica write at a time. Requests that arrive while a write is in
-//! flight are covered by the next write, so batching is natural: no window at low load, large
-//! batches under load. Bindings are written to the Machine first (the durable truth), guarded by
-//! the Machine's resourceVersion, then announced to the claim.
+//! Claims ask for Machines; the Scaler re-plans from the indexes (see `plan`) once per batch of
+//! messages (a re-plan is scheduled, not run per message, so a burst of requests and Machine
+//! events costs one plan, not one per message) and carries out at most one replica write at a
+//! time. Requests that arrive while a write is in flight are covered by the next write, and
+//! while a burst is under way a scale-up is held for a short adaptive window (`coalesce`: zero
+//! at low load, milliseconds in a burst) so one write covers many claims. Bindings are written
+//! to the Machine first (the durable truth), guarded by the Machine's resourceVersion, then
+//! announced to the claim.
 
+mod coalesce;
 pub mod plan;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -83,8 +87,15 @@ pub struct Scaler {
     /// The last min/max-size bounds that parsed: a malformed edit of the annotations must not
     /// lift max-size for claims already waiting.
     bounds: Option<(i32, Option<i32>)>,
+    /// A replica write (or the read after a conflicting one) is in flight: one request on the
+    /// MachineDeployment at a time, so each answer is newer than the last.
     writing: bool,
     retry_scheduled: bool,
+    /// A re-plan is scheduled (after the messages already queued).
+    replan_scheduled: bool,
+    /// A held scale-up's timer.
+    hold_timer: Option<SpawnHandle>,
+    coalesce: coalesce::Coalescer,
     backoff: Backoff,
     /// Since when the MachineDeployment has been missing (the Scaler stops after a while).
     gone_since: Option<Instant>,
@@ -134,7 +145,9 @@ impl Handler<RequestMachine> for Scaler {
     fn handle(&mut self, msg: RequestMachine, ctx: &mut Self::Context) {
         self.rejected.remove(&msg.claim);
         if !self.asked.iter().any(|(c, _)| c == &msg.claim) {
-            self.asked.push_back((msg.claim, Instant::now()));
+            let now = Instant::now();
+            self.coalesce.requested(now);
+            self.asked.push_back((msg.claim, now));
         }
         self.replan(ctx);
     }
@@ -190,6 +203,9 @@ impl Scaler {
             bounds: None,
             writing: false,
             retry_scheduled: false,
+            replan_scheduled: false,
+            hold_timer: None,
+            coalesce: coalesce::Coalescer::default(),
             backoff: Backoff::api(),
             gone_since: None,
         }
@@ -199,7 +215,20 @@ impl Scaler {
         &self.shared.metrics
     }
 
+    /// Re-plan once the messages already queued are handled: a burst of requests and Machine
+    /// events costs one plan over the MachineDeployment's Machines, not one per message.
     fn replan(&mut self, ctx: &mut Context<Self>) {
+        if self.replan_scheduled {
+            return;
+        }
+        self.replan_scheduled = true;
+        ctx.run_later(Duration::ZERO, |act, ctx| {
+            act.replan_scheduled = false;
+            act.replan_now(ctx);
+        });
+    }
+
+    fn replan_now(&mut self, ctx: &mut Context<Self>) {
         let Some(inputs) = self.inputs() else {
             self.reject_all(Rejection::DeploymentGone);
             self.stop_if_abandoned(ctx);
@@ -237,8 +266,25 @@ impl Scaler {
         if let Some(write) = plan.write
             && !self.writing
         {
-            self.write(inputs.md, write, plan.delete_directly, ctx);
+            if write.delta() > 0
+                && let Some(wait) = self.coalesce.hold(Instant::now())
+            {
+                self.hold_for(wait, ctx);
+            } else {
+                self.write(inputs.md, write, plan.delete_directly, ctx);
+            }
         }
+    }
+
+    /// Hold a scale-up for `wait` (a burst is under way), then plan again.
+    fn hold_for(&mut self, wait: Duration, ctx: &mut Context<Self>) {
+        if let Some(h) = self.hold_timer.take() {
+            ctx.cancel_future(h);
+        }
+        self.hold_timer = Some(ctx.run_later(wait, |act, ctx| {
+            act.hold_timer = None;
+            act.replan(ctx);
+        }));
     }
 
     /// Machines bound to a claim that is gone (deleted while a bind was landing, or removed by
@@ -687,10 +733,9 @@ impl Scaler {
                     act.metrics().replica_write_batch.get_or_create(&md_label).observe(f64::from(w.delta().abs()));
                     act.written(updated, &w, delete_directly, ctx);
                 }
-                Err(e) if e.is_conflict() => {
-                    act.writing = false;
-                    act.refresh_deployment(ctx);
-                }
+                // Still "writing" until the read answers: one request on the MachineDeployment
+                // at a time.
+                Err(e) if e.is_conflict() => act.refresh_deployment(ctx),
                 Err(e) => {
                     // Ambiguous: the write may have landed. Stay "writing" and read the
                     // MachineDeployment back; only what it shows decides whether the decrement
@@ -717,7 +762,7 @@ impl Scaler {
             .state
             .deployments
             .write()
-            .apply_response(updated);
+            .apply_own_response(updated);
         self.decremented.extend(w.decrements.iter().cloned());
         self.decremented.extend(delete_directly.iter().cloned());
         for m in delete_directly {
@@ -749,7 +794,7 @@ impl Scaler {
                     act.written(md, &w, delete_directly, ctx);
                 } else {
                     act.writing = false;
-                    act.shared.state.deployments.write().apply_response(md);
+                    act.shared.state.deployments.write().apply_own_response(md);
                     act.retry_later(ctx);
                 }
             }
@@ -828,20 +873,28 @@ impl Scaler {
 
     fn refresh_deployment(&mut self, ctx: &mut Context<Self>) {
         let Some((ns, name)) = self.md.split_once('/') else {
+            self.writing = false;
             return;
         };
         let read = self.read_deployment(ns, name);
-        ctx.spawn(read.into_actor(self).map(|r, act, ctx| match r {
-            Ok(md) => {
-                act.shared.state.deployments.write().apply_response(md);
-                act.replan(ctx);
-            }
-            Err(e) if e.is_not_found() => act.reject_all(Rejection::DeploymentGone),
-            Err(e) => {
-                tracing::warn!(machine_deployment = %act.md, error = %e, "re-reading machinedeployment failed");
-                act.retry_later(ctx);
-            }
+        ctx.spawn(read.into_actor(self).map(|r, act, ctx| {
+            act.writing = false;
+            act.refreshed(r, ctx)
         }));
+    }
+
+    fn refreshed(&mut self, r: Result<MachineDeployment, Error>, ctx: &mut Context<Self>) {
+        match r {
+            Ok(md) => {
+                self.shared.state.deployments.write().apply_own_response(md);
+                self.replan(ctx);
+            }
+            Err(e) if e.is_not_found() => self.reject_all(Rejection::DeploymentGone),
+            Err(e) => {
+                tracing::warn!(machine_deployment = %self.md, error = %e, "re-reading machinedeployment failed");
+                self.retry_later(ctx);
+            }
+        }
     }
 
     fn refresh_machine(&mut self, machine: Arc<Machine>, ctx: &mut Context<Self>) {
