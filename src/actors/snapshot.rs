@@ -17,7 +17,7 @@ use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validation::validate_nodepool;
 use crate::api::wellknown::{
-    EPHEMERAL_TAINT_KEYS, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
+    EPHEMERAL_TAINT_KEYS, INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
 };
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
 
@@ -114,6 +114,31 @@ pub fn build<'a>(
         nodes.push(in_flight(c));
     }
     let mut usage = super::nodepools::usage_by_pool(shared);
+    // Claims not launched yet, by pool, with what `usage` counts them at so far.
+    let mut unlaunched: HashMap<String, Vec<(NodeClaim, Resources)>> = HashMap::new();
+    for c in claims
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+    {
+        if let Some(pool) = c.labels().get(NODEPOOL_LABEL)
+            && c.status
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .is_none()
+        {
+            let counted = c
+                .spec
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| Resources::from_k8s(r).ok())
+                .unwrap_or_default();
+            unlaunched
+                .entry(pool.clone())
+                .or_default()
+                .push(((**c).clone(), counted));
+        }
+    }
     // Creates not answered yet are capacity too (and count against the pools' limits).
     for (id, c) in creating {
         let mut node = in_flight(c);
@@ -122,6 +147,10 @@ pub fn build<'a>(
             let entry = usage.entry(pool.clone()).or_default();
             entry.0.add_assign(&node.allocatable);
             entry.1 += 1;
+            unlaunched
+                .entry(pool.clone())
+                .or_default()
+                .push((c.clone(), node.allocatable.clone()));
         }
         nodes.push(node);
     }
@@ -134,16 +163,20 @@ pub fn build<'a>(
         if r.group != NODECLASS_GROUP || r.kind != NODECLASS_KIND {
             continue;
         }
-        let (res, count) = usage.get(&np.name_any()).cloned().unwrap_or_default();
+        let (mut res, count) = usage.get(&np.name_any()).cloned().unwrap_or_default();
+        let instance_types = scheduling::instance_type::for_declared_taints(
+            shared.catalog.instance_types(&r.name),
+            &declared_taints(
+                &np.spec.template.spec.taints,
+                &np.spec.template.spec.startup_taints,
+            ),
+        );
+        for (claim, counted) in unlaunched.get(&np.name_any()).into_iter().flatten() {
+            res.add_assign(&launch_headroom(claim, counted, &instance_types));
+        }
         nodepools.push(PoolInput {
             nodepool: (**np).clone(),
-            instance_types: scheduling::instance_type::for_declared_taints(
-                shared.catalog.instance_types(&r.name),
-                &declared_taints(
-                    &np.spec.template.spec.taints,
-                    &np.spec.template.spec.startup_taints,
-                ),
-            ),
+            instance_types,
             usage: res.with("nodes", Quantity::from_units(count)),
         });
     }
@@ -170,6 +203,32 @@ pub fn build<'a>(
         // Namespaces are not watched yet: only empty namespaceSelectors match.
         namespaces: Default::default(),
     }
+}
+
+/// What a claim not launched yet may still add to its pool's usage beyond `counted` (its
+/// requests): it launches as one of the instance types it allows, so it is counted as the
+/// largest of them, key by key, as upstream's scheduler subtracts a new claim's largest instance
+/// type from the remaining limits. Otherwise a second solve while the first one's claims are
+/// launching could overshoot a pool's limits.
+fn launch_headroom(
+    claim: &NodeClaim,
+    counted: &Resources,
+    types: &[scheduling::InstanceType],
+) -> Resources {
+    let allowed = Requirements::from_node_selector_requirements(&claim.spec.requirements)
+        .ok()
+        .and_then(|r| r.get(INSTANCE_TYPE_LABEL).cloned());
+    let largest = types
+        .iter()
+        .filter(|t| allowed.as_ref().is_none_or(|r| r.has(&t.name)))
+        .fold(Resources::new(), |acc, t| acc.max_with(&t.capacity));
+    let mut extra = Resources::new();
+    for (key, value) in largest.sub(counted).iter() {
+        if *value > Quantity::ZERO {
+            extra = extra.with(key, *value);
+        }
+    }
+    extra
 }
 
 fn one_pod() -> Resources {
@@ -205,5 +264,47 @@ pub fn in_flight(c: &NodeClaim) -> ExistingNode {
         requested: Resources::new(),
         in_flight: true,
         nodepool: c.labels().get(NODEPOOL_LABEL).cloned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn it(name: &str, cpu: i64) -> scheduling::InstanceType {
+        scheduling::InstanceType {
+            name: name.into(),
+            requirements: Requirements::new(),
+            capacity: Resources::new().with("cpu", Quantity::from_units(cpu)),
+            overhead: Resources::new(),
+            offerings: vec![],
+        }
+    }
+
+    fn claim(types: &[&str]) -> NodeClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": "c"},
+            "spec": {
+                "requirements": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": types}],
+                "nodeClassRef": {"group": NODECLASS_GROUP, "kind": NODECLASS_KIND, "name": "d"}
+            }
+        }))
+        .expect("a NodeClaim")
+    }
+
+    #[test]
+    fn an_unlaunched_claim_counts_as_the_largest_type_it_allows() {
+        let types = [it("small", 2), it("medium", 4), it("large", 16)];
+        let counted = Resources::new().with("cpu", Quantity::from_units(1));
+        let extra = launch_headroom(&claim(&["small", "medium"]), &counted, &types);
+        assert_eq!(
+            extra.get("cpu"),
+            Quantity::from_units(3),
+            "4 CPUs less the 1 counted"
+        );
+        // Counted at more than any allowed type: nothing to add, never a negative amount.
+        let big = Resources::new().with("cpu", Quantity::from_units(8));
+        assert!(launch_headroom(&claim(&["small"]), &big, &types).is_empty());
     }
 }
