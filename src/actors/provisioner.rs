@@ -5,7 +5,7 @@
 //! snapshot of the indexes, runs the pure solver on the blocking pool (a big solve never stalls
 //! the actors), then creates the claims it decided and tells each pod it could not place why.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -304,7 +304,14 @@ impl Provisioner {
     /// Everything the solver looks at, copied out of the indexes; creates not answered yet
     /// count as in-flight capacity.
     fn snapshot(&self) -> Snapshot {
-        super::snapshot::build(&self.shared, self.creating.iter(), self.preference)
+        super::snapshot::build(
+            &self.shared,
+            self.creating.iter(),
+            self.preference,
+            super::snapshot::BoundPods::Needed {
+                moving: &HashSet::new(),
+            },
+        )
     }
 }
 
@@ -325,7 +332,9 @@ impl Actor for Provisioner {
         use futures::StreamExt;
         let pods: Api<Pod> = Api::all(self.shared.workload.clone());
         let ds: Api<DaemonSet> = Api::all(self.shared.workload.clone());
+        // Trimmed as they arrive, so the initial list's buffer holds trimmed pods too.
         let pods = watcher(pods, watcher::Config::default())
+            .modify(crate::state::trim::pod)
             .default_backoff()
             .map(Watched::Pod);
         let ds = watcher(ds, watcher::Config::default())
@@ -362,8 +371,8 @@ impl StreamHandler<Watched> for Provisioner {
                     self.shared.state.pods.write().replace_all(fresh);
                     // Pods deleted while the watch was down never get a Delete event.
                     let index = self.shared.state.pods.read();
-                    self.told.retain(|k, _| index.get(k).is_some());
-                    self.waiting.retain(|k, _| index.get(k).is_some());
+                    self.told.retain(|k, _| index.contains(k));
+                    self.waiting.retain(|k, _| index.contains(k));
                     drop(index);
                     self.shared.synced.notify_waiters();
                     self.extend_batch(ctx);

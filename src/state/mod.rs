@@ -7,6 +7,7 @@ pub mod daemonsets;
 pub mod machines;
 pub mod nodes;
 pub mod pods;
+pub mod trim;
 pub mod versions;
 pub mod volumes;
 
