@@ -58,7 +58,9 @@ impl Message for Watched {
 pub struct Provisioner {
     shared: Arc<Shared>,
     preference: PreferencePolicy,
-    pod_buffer: Vec<Pod>,
+    /// The re-list under way, indexed (and so packed) as it arrives: a buffer of whole pods
+    /// would hold the whole cluster's pods at their full size until the list ends.
+    pod_buffer: pods::Pods,
     ds_buffer: Vec<DaemonSet>,
     batch: Batch,
     timer: Option<SpawnHandle>,
@@ -81,7 +83,7 @@ impl Provisioner {
         Self {
             shared,
             preference,
-            pod_buffer: Vec::new(),
+            pod_buffer: pods::Pods::default(),
             ds_buffer: Vec::new(),
             batch: Batch::new(batching),
             timer: None,
@@ -348,27 +350,26 @@ impl StreamHandler<Watched> for Provisioner {
     fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
         match ev {
             Watched::Pod(Ok(ev)) => match ev {
-                watcher::Event::Init => self.pod_buffer.clear(),
-                watcher::Event::InitApply(p) => self.pod_buffer.push(p),
+                watcher::Event::Init => self.pod_buffer = pods::Pods::default(),
+                watcher::Event::InitApply(p) => {
+                    self.pod_buffer.apply(p);
+                }
                 watcher::Event::InitDone => {
                     let fresh = std::mem::take(&mut self.pod_buffer);
                     // Pod events missed while the watch was down (scheduled, terminating).
                     let now = Timestamp::now();
                     let events: Vec<(String, Timestamp)> = {
                         let index = self.shared.state.pods.read();
-                        fresh
-                            .iter()
-                            .filter_map(|p| {
-                                let old = index.get(&pods::key(p));
-                                let at = pods::pod_event_time(old.as_deref(), p, now)?;
-                                Some((pods::node_name(p)?.to_string(), at))
-                            })
-                            .collect()
+                        fresh.each_on_a_node(|p| {
+                            let old = index.get(&pods::key(p));
+                            let at = pods::pod_event_time(old.as_deref(), p, now)?;
+                            Some((pods::node_name(p)?.to_string(), at))
+                        })
                     };
                     for (node, at) in events {
                         self.shared.router.pod_changed(&node, Some(at));
                     }
-                    self.shared.state.pods.write().replace_all(fresh);
+                    self.shared.state.pods.write().replace_with(fresh);
                     // Pods deleted while the watch was down never get a Delete event.
                     let index = self.shared.state.pods.read();
                     self.told.retain(|k, _| index.contains(k));

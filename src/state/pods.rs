@@ -322,6 +322,29 @@ impl Pods {
         true
     }
 
+    /// Every pod that names a node (terminal ones too), decoded one at a time, through `f`.
+    pub fn each_on_a_node<T>(&self, mut f: impl FnMut(&Pod) -> Option<T>) -> Vec<T> {
+        self.by_key
+            .values()
+            .filter(|e| match &e.stored {
+                Stored::Whole(p) => node_name(p).is_some(),
+                // A bound pod is never provisionable, so never whole; `node` misses only
+                // terminal ones, which are events too.
+                Stored::Packed(_) => true,
+            })
+            .filter_map(Entry::pod)
+            .filter_map(|p| f(&p))
+            .collect()
+    }
+
+    /// Take the contents of an index built from a fresh list (it is then synced).
+    pub fn replace_with(&mut self, fresh: Pods) {
+        *self = Pods {
+            synced: true,
+            ..fresh
+        };
+    }
+
     pub fn replace_all(&mut self, pods: Vec<Pod>) {
         self.by_key.clear();
         self.provisionable.clear();
