@@ -123,7 +123,9 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
         for j in 0..count {
             let name = format!("pod-{i:04}-{j}");
             keys.push(format!("default/{name}"));
-            snapshot.bound_pods.push(pod(&name, &node));
+            snapshot
+                .bound_pods
+                .push(std::sync::Arc::new(pod(&name, &node)));
         }
         let requested = Resources::new()
             .with("cpu", format!("{}m", 700 * count).parse().expect("q"))

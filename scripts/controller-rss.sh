@@ -6,7 +6,8 @@
 # Ready (/readyz), and again after it has run SETTLE seconds on the synced cluster.
 #
 # Usage: scripts/controller-rss.sh [NODES] [PODS]    (default 5000 50000)
-# Env:   BIN (default target/release/karpenter-capi), SETTLE (seconds after ready, default 30),
+# Env:   BIN (default target/release/karpenter-capi), SIM_BIN (the binary serving the cluster,
+#        default BIN: another build may serve while BIN is the controller under test), SETTLE (seconds after ready, default 30),
 #        PORT (simulated API server, default 16443), HEALTH_PORT (default 18081),
 #        MACHINE_DEPLOYMENTS (default 10), WORK (scratch dir, default a new temp dir).
 # Build first: cargo build --release
@@ -15,6 +16,7 @@ set -euo pipefail
 NODES=${1:-5000}
 PODS=${2:-50000}
 BIN=${BIN:-target/release/karpenter-capi}
+SIM_BIN=${SIM_BIN:-$BIN}
 SETTLE=${SETTLE:-30}
 PORT=${PORT:-16443}
 HEALTH_PORT=${HEALTH_PORT:-18081}
@@ -33,7 +35,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "standing up $NODES Nodes and $PODS pods (log: $WORK/sim.log)" >&2
-"$BIN" simulate --serve --no-controller --scenario none --nodes "$NODES" --pods "$PODS" \
+"$SIM_BIN" simulate --serve --no-controller --scenario none --nodes "$NODES" --pods "$PODS" \
   --machine-deployments "$MDS" --deadline 3600 --port "$PORT" \
   --kubeconfig-out "$KUBECONFIG_OUT" >"$WORK/sim.log" 2>&1 &
 SIM=$!

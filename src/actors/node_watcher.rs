@@ -60,7 +60,11 @@ impl Actor for NodeWatcher {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let api: Api<Node> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
+        ctx.add_stream(
+            watcher(api, watcher::Config::default())
+                .modify(crate::state::trim::node)
+                .default_backoff(),
+        );
         let api: Api<VolumeAttachment> = Api::all(self.shared.workload.clone());
         ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
     }

@@ -5,7 +5,7 @@
 //! snapshot of the indexes, runs the pure solver on the blocking pool (a big solve never stalls
 //! the actors), then creates the claims it decided and tells each pod it could not place why.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,9 @@ impl Message for Watched {
 pub struct Provisioner {
     shared: Arc<Shared>,
     preference: PreferencePolicy,
-    pod_buffer: Vec<Pod>,
+    /// The re-list under way, indexed (and so packed) as it arrives: a buffer of whole pods
+    /// would hold the whole cluster's pods at their full size until the list ends.
+    pod_buffer: pods::Pods,
     ds_buffer: Vec<DaemonSet>,
     batch: Batch,
     timer: Option<SpawnHandle>,
@@ -81,7 +83,7 @@ impl Provisioner {
         Self {
             shared,
             preference,
-            pod_buffer: Vec::new(),
+            pod_buffer: pods::Pods::default(),
             ds_buffer: Vec::new(),
             batch: Batch::new(batching),
             timer: None,
@@ -325,7 +327,14 @@ impl Provisioner {
     /// Everything the solver looks at, copied out of the indexes; creates not answered yet
     /// count as in-flight capacity.
     fn snapshot(&self) -> Snapshot {
-        super::snapshot::build(&self.shared, self.creating.iter(), self.preference)
+        super::snapshot::build(
+            &self.shared,
+            self.creating.iter(),
+            self.preference,
+            super::snapshot::BoundPods::Needed {
+                moving: &HashSet::new(),
+            },
+        )
     }
 }
 
@@ -346,7 +355,9 @@ impl Actor for Provisioner {
         use futures::StreamExt;
         let pods: Api<Pod> = Api::all(self.shared.workload.clone());
         let ds: Api<DaemonSet> = Api::all(self.shared.workload.clone());
+        // Trimmed as they arrive, so the initial list's buffer holds trimmed pods too.
         let pods = watcher(pods, watcher::Config::default())
+            .modify(crate::state::trim::pod)
             .default_backoff()
             .map(Watched::Pod);
         let ds = watcher(ds, watcher::Config::default())
@@ -360,31 +371,30 @@ impl StreamHandler<Watched> for Provisioner {
     fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
         match ev {
             Watched::Pod(Ok(ev)) => match ev {
-                watcher::Event::Init => self.pod_buffer.clear(),
-                watcher::Event::InitApply(p) => self.pod_buffer.push(p),
+                watcher::Event::Init => self.pod_buffer = pods::Pods::default(),
+                watcher::Event::InitApply(p) => {
+                    self.pod_buffer.apply(p);
+                }
                 watcher::Event::InitDone => {
                     let fresh = std::mem::take(&mut self.pod_buffer);
                     // Pod events missed while the watch was down (scheduled, terminating).
                     let now = Timestamp::now();
                     let events: Vec<(String, Timestamp)> = {
                         let index = self.shared.state.pods.read();
-                        fresh
-                            .iter()
-                            .filter_map(|p| {
-                                let old = index.get(&pods::key(p));
-                                let at = pods::pod_event_time(old.as_deref(), p, now)?;
-                                Some((pods::node_name(p)?.to_string(), at))
-                            })
-                            .collect()
+                        fresh.each_on_a_node(|p| {
+                            let old = index.get(&pods::key(p));
+                            let at = pods::pod_event_time(old.as_deref(), p, now)?;
+                            Some((pods::node_name(p)?.to_string(), at))
+                        })
                     };
                     for (node, at) in events {
                         self.shared.router.pod_changed(&node, Some(at));
                     }
-                    self.shared.state.pods.write().replace_all(fresh);
+                    self.shared.state.pods.write().replace_with(fresh);
                     // Pods deleted while the watch was down never get a Delete event.
                     let index = self.shared.state.pods.read();
-                    self.told.retain(|k, _| index.get(k).is_some());
-                    self.waiting.retain(|k, _| index.get(k).is_some());
+                    self.told.retain(|k, _| index.contains(k));
+                    self.waiting.retain(|k, _| index.contains(k));
                     drop(index);
                     self.shared.synced.notify_waiters();
                     self.extend_batch(None, ctx);

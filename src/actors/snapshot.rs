@@ -4,7 +4,7 @@
 //! The provisioner solves pending pods against it; disruption simulates removing candidates
 //! from it. One builder, so both see the cluster alike.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
@@ -20,6 +20,20 @@ use crate::api::wellknown::{
     EPHEMERAL_TAINT_KEYS, INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
 };
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
+use crate::state::pods;
+
+/// Which bound pods a snapshot carries. The solver reads bound pods for two things only: the
+/// host ports they hold on their node, and the topology counts of inter-pod constraints
+/// (affinity, anti-affinity, spread). Requests are summed per node here either way.
+#[derive(Clone, Copy)]
+pub enum BoundPods<'a> {
+    /// Every bound pod (`explain` solves a pod the index may not hold).
+    All,
+    /// What the solve can tell apart: every bound pod when any pod in the index has
+    /// inter-pod constraints, else the ones holding host ports, plus every pod on these nodes
+    /// (consolidation makes the pods of its candidates' nodes pending again).
+    Needed { moving: &'a HashSet<String> },
+}
 
 /// The snapshot of the whole cluster. `creating` are claims whose create has not answered yet
 /// (by a local id): they are room too, and count against their pools' limits.
@@ -27,6 +41,7 @@ pub fn build<'a>(
     shared: &Shared,
     creating: impl IntoIterator<Item = (&'a u64, &'a NodeClaim)>,
     preference: PreferencePolicy,
+    which: BoundPods<'_>,
 ) -> Snapshot {
     let st = &shared.state;
     let pods_idx = st.pods.read();
@@ -35,7 +50,21 @@ pub fn build<'a>(
         .iter()
         .map(|p| (**p).clone())
         .collect();
-    let bound_pods: Vec<Pod> = pods_idx.bound().iter().map(|p| (**p).clone()).collect();
+    // Shared with the index, not copied (its pods are immutable once in).
+    let bound_pods: Vec<Arc<Pod>> = match which {
+        BoundPods::Needed { moving } if !pods_idx.any_with_pod_terms() => {
+            let mut out: Vec<Arc<Pod>> = pods_idx
+                .bound_with_host_ports()
+                .into_iter()
+                .filter(|p| pods::node_name(p).is_none_or(|n| !moving.contains(n)))
+                .collect();
+            for node in moving {
+                out.extend(pods_idx.on_node(node));
+            }
+            out
+        }
+        _ => pods_idx.bound(),
+    };
     let mut nodes: Vec<ExistingNode> = Vec::new();
     let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
@@ -59,15 +88,7 @@ pub fn build<'a>(
         }
         let name = n.name_any();
         let claim = claim_of_node.get(&name);
-        let requested = pods_idx
-            .on_node(&name)
-            .iter()
-            .filter_map(|p| {
-                p.spec
-                    .as_ref()
-                    .and_then(|s| scheduling::pod::pod_requests(s).ok())
-            })
-            .fold(Resources::new(), |acc, r| acc.add(&r).add(&one_pod()));
+        let requested = pods_idx.requested_on(&name);
         let allocatable = n
             .status
             .as_ref()
@@ -229,10 +250,6 @@ fn launch_headroom(
         }
     }
     extra
-}
-
-fn one_pod() -> Resources {
-    Resources::new().with("pods", Quantity::from_units(1))
 }
 
 /// An in-flight claim as a node the solver can still pack onto: its single-valued requirements

@@ -130,7 +130,7 @@ fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candida
                 )
                 .add(&res("0", "0").with("cpu", "0".parse().expect("q")));
             keys.push(format!("ns/{p}"));
-            snapshot.bound_pods.push(pod);
+            snapshot.bound_pods.push(std::sync::Arc::new(pod));
         }
         let requested = requested.with(
             "pods",

@@ -187,6 +187,7 @@ fn pending(cluster: &Cluster, pod: &Pod) -> Result<Pending, Error> {
         &cluster.shared,
         std::iter::empty::<(&u64, &NodeClaim)>(),
         cluster.shared.settings.preference,
+        crate::actors::snapshot::BoundPods::All,
     );
     let key = pods::key(pod);
     if !snapshot.pods.iter().any(|p| pods::key(p) == key) {

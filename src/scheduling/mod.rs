@@ -35,6 +35,7 @@ use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Upstream's cap on the instance types written into one claim.
 pub const MAX_INSTANCE_TYPES: usize = 600;
@@ -55,7 +56,8 @@ pub struct Snapshot {
     pub pods: Vec<Pod>,
     /// Pods already bound to nodes (`spec.nodeName` set), counted for topology, affinity and
     /// host ports.
-    pub bound_pods: Vec<Pod>,
+    /// host ports. Shared with the pod index (a pass clones pointers, not 50,000 pods).
+    pub bound_pods: Vec<Arc<Pod>>,
     /// Existing nodes and in-flight claims, tried before any new claim.
     pub nodes: Vec<ExistingNode>,
     pub nodepools: Vec<PoolInput>,

@@ -319,7 +319,7 @@ impl<'a> Solver<'a> {
     }
 
     /// Counts the bound pods in their nodes' domains and takes their host ports.
-    fn place_bound(&mut self, pods: &[Pod], infos: &[PodInfo]) {
+    fn place_bound(&mut self, pods: &[std::sync::Arc<Pod>], infos: &[PodInfo]) {
         let by_name: HashMap<&str, usize> = self
             .nodes
             .iter()

@@ -1,6 +1,7 @@
 //! Scenario tables for the solver: one test per constraint.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
     Affinity, Container, ContainerPort, NodeAffinity, NodeSelector, NodeSelectorRequirement,
@@ -747,7 +748,7 @@ fn zonal_spread_counts_bound_pods_and_respects_pod_zones() {
         .collect();
     let mut s = snapshot(pods, vec![pool(nodepool("default"), standard_types())]);
     s.nodes = vec![node];
-    s.bound_pods = bound;
+    s.bound_pods = bound.into_iter().map(Arc::new).collect();
     let r = solve(&s);
     let mut zones: Vec<String> = r.new_claims.iter().flat_map(zone_of).collect();
     zones.sort();
@@ -955,7 +956,7 @@ fn affinity_follows_bound_pods() {
         vec![pool(nodepool("default"), standard_types())],
     );
     s.nodes = vec![node];
-    s.bound_pods = vec![bound];
+    s.bound_pods = vec![Arc::new(bound)];
     let r = solve(&s);
     assert_eq!(zone_of(claim_of(&r, "client")), ["zone-c"]);
 }
@@ -1372,7 +1373,7 @@ fn explain_reports_topology_and_affinity_from_the_solver() {
     };
     let snap = Snapshot {
         pods: vec![],
-        bound_pods: bound,
+        bound_pods: bound.into_iter().map(Arc::new).collect(),
         nodes: vec![node("n-a", "zone-a"), node("n-b", "zone-b")],
         nodepools: vec![pool(nodepool("default"), types)],
         ..Default::default()

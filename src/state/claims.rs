@@ -115,7 +115,8 @@ impl Claims {
         self.insert(name, c)
     }
 
-    fn insert(&mut self, name: String, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+    fn insert(&mut self, name: String, mut c: NodeClaim) -> Option<Arc<NodeClaim>> {
+        super::trim::meta(&mut c.metadata);
         let old = self.detach(&name);
         if c.metadata.deletion_timestamp.is_none()
             && recorded_machine(&c).is_none()

@@ -8,6 +8,7 @@ pub mod machines;
 pub mod nodes;
 pub mod pods;
 pub mod storage;
+pub mod trim;
 pub mod versions;
 pub mod volumes;
 

@@ -48,7 +48,8 @@ impl Nodes {
         self.synced
     }
 
-    pub fn apply(&mut self, n: Node) -> Option<Arc<Node>> {
+    pub fn apply(&mut self, mut n: Node) -> Option<Arc<Node>> {
+        super::trim::node(&mut n);
         let name = n.name_any();
         let old = self.remove(&name);
         if let Some(pid) = provider_id(&n) {

@@ -8,6 +8,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
+use crate::api::resources::{Quantity, Resources};
+
 pub fn key(p: &Pod) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
@@ -66,6 +68,51 @@ pub fn pod_event_time(old: Option<&Pod>, new: &Pod, now: Timestamp) -> Option<Ti
     }
 }
 
+/// The pod has inter-pod constraints (pod affinity or anti-affinity, topology spread): the
+/// solver then counts the bound pods its selectors match, so it needs them all.
+pub fn has_pod_terms(p: &Pod) -> bool {
+    let Some(spec) = p.spec.as_ref() else {
+        return false;
+    };
+    let affinity = spec.affinity.as_ref();
+    let pod_affinity = affinity
+        .and_then(|a| a.pod_affinity.as_ref())
+        .is_some_and(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+                .is_some_and(|t| !t.is_empty())
+                || a.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+                    .is_some_and(|t| !t.is_empty())
+        });
+    let anti = affinity
+        .and_then(|a| a.pod_anti_affinity.as_ref())
+        .is_some_and(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+                .is_some_and(|t| !t.is_empty())
+                || a.preferred_during_scheduling_ignored_during_execution
+                    .as_ref()
+                    .is_some_and(|t| !t.is_empty())
+        });
+    let spread = spec
+        .topology_spread_constraints
+        .as_ref()
+        .is_some_and(|t| !t.is_empty());
+    pod_affinity || anti || spread
+}
+
+/// The pod asks for a host port: it takes that port on its node from every other pod.
+pub fn has_host_ports(p: &Pod) -> bool {
+    p.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .flat_map(|c| c.ports.iter().flatten())
+            .any(|port| port.host_port.is_some_and(|h| h > 0))
+    })
+}
+
 /// Karpenter's definition: `PodScheduled=False` with reason `Unschedulable`, no node, not
 /// nominated, not a DaemonSet or mirror pod, not terminating.
 pub fn is_provisionable(p: &Pod) -> bool {
@@ -91,17 +138,66 @@ pub fn is_provisionable(p: &Pod) -> bool {
         && p.metadata.deletion_timestamp.is_none()
 }
 
+/// One pod as the index keeps it. Provisionable pods stay whole (every solve reads them, and
+/// there are few); every other pod is kept as its trimmed JSON, about a sixth of the memory of a
+/// `Pod` value (whose many optional fields take room even when empty), and decoded when read.
+/// What the hot paths ask of every bound pod is kept beside it, so they never decode.
+struct Entry {
+    stored: Stored,
+    /// The node it counts on (bound and not terminal): its requests are in `requested`.
+    node: Option<String>,
+    host_ports: bool,
+    pod_terms: bool,
+}
+
+enum Stored {
+    Whole(Arc<Pod>),
+    Packed(Box<[u8]>),
+}
+
+impl Entry {
+    fn pod(&self) -> Option<Arc<Pod>> {
+        match &self.stored {
+            Stored::Whole(p) => Some(p.clone()),
+            // Bytes this index wrote from a `Pod`: decoding them fails only on a bug, and then
+            // the pod is left out rather than the controller stopped.
+            Stored::Packed(bytes) => match serde_json::from_slice::<Pod>(bytes) {
+                Ok(p) => Some(Arc::new(p)),
+                Err(e) => {
+                    tracing::error!(error = %e, "a pod in the index could not be decoded");
+                    None
+                }
+            },
+        }
+    }
+}
+
+/// What a pod adds to its node's requests: its effective requests and one `pods`.
+fn adds(p: &Pod) -> Option<Resources> {
+    let spec = p.spec.as_ref()?;
+    let r = crate::scheduling::pod::pod_requests(spec).ok()?;
+    Some(r.add(&Resources::new().with("pods", Quantity::from_units(1))))
+}
+
 #[derive(Default)]
 pub struct Pods {
-    by_key: HashMap<String, Arc<Pod>>,
+    by_key: HashMap<String, Entry>,
     provisionable: BTreeSet<String>,
     by_node: HashMap<String, BTreeSet<String>>,
+    /// Sum of `adds` of the pods counted on each node.
+    requested: HashMap<String, Resources>,
+    /// How many pods (pending or bound) have inter-pod constraints (`has_pod_terms`).
+    with_terms: usize,
     synced: bool,
 }
 
 impl Pods {
     pub fn get(&self, key: &str) -> Option<Arc<Pod>> {
-        self.by_key.get(key).cloned()
+        self.by_key.get(key).and_then(Entry::pod)
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        self.by_key.contains_key(key)
     }
 
     pub fn synced(&self) -> bool {
@@ -111,7 +207,7 @@ impl Pods {
     pub fn provisionable(&self) -> Vec<Arc<Pod>> {
         self.provisionable
             .iter()
-            .filter_map(|k| self.by_key.get(k).cloned())
+            .filter_map(|k| self.get(k))
             .collect()
     }
 
@@ -125,54 +221,136 @@ impl Pods {
             .get(node)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.by_key.get(k).cloned())
+            .filter_map(|k| self.get(k))
             .collect()
+    }
+
+    /// The requests of the pods on a node (DaemonSet pods included), one `pods` each: what
+    /// [`Pods::on_node`] would sum to, without decoding them.
+    pub fn requested_on(&self, node: &str) -> Resources {
+        self.requested.get(node).cloned().unwrap_or_default()
     }
 
     pub fn bound(&self) -> Vec<Arc<Pod>> {
+        self.bound_where(|_| true)
+    }
+
+    /// Bound pods holding host ports (decoding only those).
+    pub fn bound_with_host_ports(&self) -> Vec<Arc<Pod>> {
+        self.bound_where(|e| e.host_ports)
+    }
+
+    fn bound_where(&self, keep: impl Fn(&Entry) -> bool) -> Vec<Arc<Pod>> {
         self.by_node
             .values()
             .flatten()
-            .filter_map(|k| self.by_key.get(k).cloned())
+            .filter_map(|k| self.by_key.get(k))
+            .filter(|e| keep(e))
+            .filter_map(Entry::pod)
             .collect()
     }
 
+    /// Whether any pod has inter-pod constraints (then every bound pod matters to a solve).
+    pub fn any_with_pod_terms(&self) -> bool {
+        self.with_terms > 0
+    }
+
     /// Apply one watched pod; true when it is (newly or still) provisionable.
-    pub fn apply(&mut self, p: Pod) -> bool {
+    pub fn apply(&mut self, mut p: Pod) -> bool {
+        super::trim::pod(&mut p);
         let k = key(&p);
         self.remove(&k);
         let provisionable = is_provisionable(&p);
         if provisionable {
             self.provisionable.insert(k.clone());
         }
-        if let Some(n) = node_name(&p).filter(|_| !is_terminal(&p)) {
-            self.by_node
-                .entry(n.to_string())
-                .or_default()
-                .insert(k.clone());
+        let node = node_name(&p)
+            .filter(|_| !is_terminal(&p))
+            .map(str::to_string);
+        if let Some(n) = &node {
+            self.by_node.entry(n.clone()).or_default().insert(k.clone());
+            if let Some(a) = adds(&p) {
+                self.requested.entry(n.clone()).or_default().add_assign(&a);
+            }
         }
-        self.by_key.insert(k, Arc::new(p));
+        let pod_terms = has_pod_terms(&p);
+        self.with_terms += usize::from(pod_terms);
+        let host_ports = has_host_ports(&p);
+        let stored = match serde_json::to_vec(&p) {
+            Ok(bytes) if !provisionable => Stored::Packed(bytes.into_boxed_slice()),
+            _ => Stored::Whole(Arc::new(p)),
+        };
+        self.by_key.insert(
+            k,
+            Entry {
+                stored,
+                node,
+                host_ports,
+                pod_terms,
+            },
+        );
         provisionable
     }
 
-    pub fn remove(&mut self, k: &str) -> Option<Arc<Pod>> {
-        let old = self.by_key.remove(k)?;
+    /// Forget a pod; true when the index held it.
+    pub fn remove(&mut self, k: &str) -> bool {
+        let Some(old) = self.by_key.remove(k) else {
+            return false;
+        };
+        self.with_terms -= usize::from(old.pod_terms);
         self.provisionable.remove(k);
-        if let Some(n) = node_name(&old)
-            && let Some(set) = self.by_node.get_mut(n)
-        {
-            set.remove(k);
-            if set.is_empty() {
-                self.by_node.remove(n);
+        if let Some(n) = &old.node {
+            if let Some(set) = self.by_node.get_mut(n) {
+                set.remove(k);
+                if set.is_empty() {
+                    self.by_node.remove(n);
+                }
+            }
+            if self.by_node.contains_key(n) {
+                // Read back what it added (one decode per change of a bound pod).
+                if let (Some(a), Some(sum)) = (
+                    old.pod().as_deref().and_then(adds),
+                    self.requested.get_mut(n),
+                ) {
+                    *sum = sum.sub(&a);
+                    sum.0.retain(|_, q| *q != Quantity::ZERO);
+                }
+            } else {
+                self.requested.remove(n);
             }
         }
-        Some(old)
+        true
+    }
+
+    /// Every pod that names a node (terminal ones too), decoded one at a time, through `f`.
+    pub fn each_on_a_node<T>(&self, mut f: impl FnMut(&Pod) -> Option<T>) -> Vec<T> {
+        self.by_key
+            .values()
+            .filter(|e| match &e.stored {
+                Stored::Whole(p) => node_name(p).is_some(),
+                // A bound pod is never provisionable, so never whole; `node` misses only
+                // terminal ones, which are events too.
+                Stored::Packed(_) => true,
+            })
+            .filter_map(Entry::pod)
+            .filter_map(|p| f(&p))
+            .collect()
+    }
+
+    /// Take the contents of an index built from a fresh list (it is then synced).
+    pub fn replace_with(&mut self, fresh: Pods) {
+        *self = Pods {
+            synced: true,
+            ..fresh
+        };
     }
 
     pub fn replace_all(&mut self, pods: Vec<Pod>) {
         self.by_key.clear();
         self.provisionable.clear();
         self.by_node.clear();
+        self.requested.clear();
+        self.with_terms = 0;
         for p in pods {
             self.apply(p);
         }
@@ -240,6 +418,77 @@ mod tests {
         assert_eq!(pods.on_node("n1").len(), 1);
         pods.remove("ns/p");
         assert!(pods.on_node("n1").is_empty());
+    }
+
+    #[test]
+    fn bound_pods_read_back_whole_and_sum_per_node() {
+        let mut pods = Pods::default();
+        let bound = |name: &str, node: &str, cpu: &str| {
+            let mut p = pod(json!({
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i",
+                    "resources": {"requests": {"cpu": cpu}}}]},
+                "status": {"phase": "Running", "conditions": []},
+                "metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}
+            }));
+            p.metadata.name = Some(name.into());
+            p
+        };
+        let a = bound("a", "n1", "100m");
+        pods.apply(a.clone());
+        pods.apply(bound("b", "n1", "250m"));
+        pods.apply(bound("c", "n2", "1"));
+        // What comes back is the trimmed pod, field for field.
+        let mut trimmed = a;
+        crate::state::trim::pod(&mut trimmed);
+        assert_eq!(pods.get("ns/a").as_deref(), Some(&trimmed));
+        assert_eq!(pods.on_node("n1").len(), 2);
+        assert_eq!(pods.bound().len(), 3);
+        let sum = |node: &str| {
+            pods.on_node(node)
+                .iter()
+                .filter_map(|p| adds(p))
+                .fold(Resources::new(), |acc, r| acc.add(&r))
+        };
+        assert_eq!(pods.requested_on("n1"), sum("n1"));
+        assert_eq!(pods.requested_on("n1").get("cpu"), "350m".parse().unwrap());
+        assert_eq!(pods.requested_on("n1").get("pods"), Quantity::from_units(2));
+        // An update and a removal move the sums with them.
+        pods.apply(bound("b", "n2", "250m"));
+        assert_eq!(pods.requested_on("n1").get("cpu"), "100m".parse().unwrap());
+        assert_eq!(pods.requested_on("n2").get("pods"), Quantity::from_units(2));
+        assert!(pods.remove("ns/a"));
+        assert_eq!(pods.requested_on("n1"), Resources::new());
+        assert!(pods.on_node("n1").is_empty());
+        // A terminal pod no longer counts on its node.
+        let mut done = bound("c", "n2", "1");
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        pods.apply(done);
+        assert_eq!(pods.requested_on("n2").get("cpu"), "250m".parse().unwrap());
+        assert!(pods.get("ns/c").is_some());
+    }
+
+    #[test]
+    fn counts_pods_with_inter_pod_constraints_and_host_ports() {
+        let mut pods = Pods::default();
+        pods.apply(pod(
+            json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}),
+        ));
+        assert!(!pods.any_with_pod_terms());
+        assert!(pods.bound_with_host_ports().is_empty());
+        let mut spread = pod(json!({"spec": {"topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]}}));
+        spread.metadata.name = Some("s".into());
+        pods.apply(spread);
+        assert!(pods.any_with_pod_terms());
+        pods.remove("ns/s");
+        assert!(!pods.any_with_pod_terms());
+        let mut ported = pod(
+            json!({"spec": {"nodeName": "n1", "containers": [{"name": "c",
+            "ports": [{"containerPort": 80, "hostPort": 80}]}]}, "status": {"phase": "Running"}}),
+        );
+        ported.metadata.name = Some("h".into());
+        pods.apply(ported);
+        assert_eq!(pods.bound_with_host_ports().len(), 1);
     }
 
     #[test]

@@ -213,7 +213,7 @@ impl Disruption {
             if !decide {
                 return None;
             }
-            let snapshot = view::snapshot(&shared);
+            let snapshot = view::snapshot(&shared, &candidates);
             let started = Instant::now();
             let decision = tokio::task::spawn_blocking(move || {
                 if let Some(pending) = due {

@@ -363,10 +363,25 @@ fn outdated_under_rolling_update(
             .is_some_and(|m| m.up_to_date == Some(false) && !m.is_deleting())
 }
 
-/// The solver's view of the cluster, as the provisioner sees it.
-pub fn snapshot(shared: &Shared) -> Snapshot {
+/// The solver's view of the cluster, as the provisioner sees it, with every pod of the nodes a
+/// decision may simulate removing: candidates with pods that are drifted, or consolidatable
+/// under a policy that moves pods (empty ones go without a solve).
+pub fn snapshot(shared: &Shared, candidates: &[Candidate]) -> Snapshot {
     let none: [(&u64, &NodeClaim); 0] = [];
-    crate::actors::snapshot::build(shared, none, shared.settings.preference)
+    let moving: HashSet<String> = candidates
+        .iter()
+        .filter(|c| !c.pods.is_empty())
+        .filter(|c| {
+            c.drift.is_some() || (c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty)
+        })
+        .map(|c| c.node.clone())
+        .collect();
+    crate::actors::snapshot::build(
+        shared,
+        none,
+        shared.settings.preference,
+        crate::actors::snapshot::BoundPods::Needed { moving: &moving },
+    )
 }
 
 fn expired(c: &NodeClaim, now: Timestamp) -> bool {
