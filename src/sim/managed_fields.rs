@@ -63,8 +63,13 @@ pub fn manager_name(field_manager: Option<&str>, user_agent: &str) -> String {
 /// injection) keep `old`'s.
 pub fn track(old: Option<&Value>, new: &mut Value) {
     let Some(manager) = CURRENT.with(|c| c.borrow().clone()) else {
-        let keep = old.and_then(|o| o.pointer("/metadata/managedFields")).cloned();
-        set_entries(new, keep.and_then(|k| k.as_array().cloned()).unwrap_or_default());
+        let keep = old
+            .and_then(|o| o.pointer("/metadata/managedFields"))
+            .cloned();
+        set_entries(
+            new,
+            keep.and_then(|k| k.as_array().cloned()).unwrap_or_default(),
+        );
         return;
     };
     let mut entries = base_entries(old, new, &manager);
@@ -73,7 +78,9 @@ pub fn track(old: Option<&Value>, new: &mut Value) {
         for e in entries.iter_mut() {
             let same = e["manager"] == manager.name.as_str()
                 && e["operation"] == "Update"
-                && e.get("subresource").and_then(Value::as_str).unwrap_or_default()
+                && e.get("subresource")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
                     == manager.subresource;
             if !same && let Some(Value::Object(fields)) = e.get_mut("fieldsV1") {
                 subtract(fields, &changed);
@@ -84,7 +91,9 @@ pub fn track(old: Option<&Value>, new: &mut Value) {
         let mine = entries.iter_mut().find(|e| {
             e["manager"] == manager.name.as_str()
                 && e["operation"] == "Update"
-                && e.get("subresource").and_then(Value::as_str).unwrap_or_default()
+                && e.get("subresource")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
                     == manager.subresource
         });
         let now = super::store::now_rfc3339();
@@ -240,7 +249,8 @@ fn diff(before: Option<&Value>, after: &Value) -> Option<Value> {
             let mut node = Map::new();
             for item in items {
                 let Some(key) = item_key(item) else { continue };
-                let was = old_items.and_then(|o| o.iter().find(|i| item_key(i) == Some(key.clone())));
+                let was =
+                    old_items.and_then(|o| o.iter().find(|i| item_key(i) == Some(key.clone())));
                 if let Some(child) = diff(was, item) {
                     node.insert(key, child);
                 }
@@ -326,7 +336,8 @@ mod tests {
 
     #[test]
     fn another_manager_takes_over_what_it_changes() {
-        let mut obj = json!({"apiVersion": "v1", "metadata": {"name": "a"}, "data": {"k": "v", "j": "w"}});
+        let mut obj =
+            json!({"apiVersion": "v1", "metadata": {"name": "a"}, "data": {"k": "v", "j": "w"}});
         {
             let _g = as_manager("first");
             track(None, &mut obj);
@@ -351,7 +362,10 @@ mod tests {
         track(None, &mut live);
         // Absent: the live entries stay (no change, nothing added).
         let mut absent = live.clone();
-        absent["metadata"].as_object_mut().unwrap().remove("managedFields");
+        absent["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
         track(Some(&live), &mut absent);
         assert_eq!(absent, live);
         // Garbage: ignored as well.
@@ -381,8 +395,14 @@ mod tests {
 
     #[test]
     fn manager_from_the_user_agent_or_the_parameter() {
-        assert_eq!(manager_name(None, "kubectl/v1.35.0 (linux/amd64)"), "kubectl");
+        assert_eq!(
+            manager_name(None, "kubectl/v1.35.0 (linux/amd64)"),
+            "kubectl"
+        );
         assert_eq!(manager_name(Some("mine"), "kubectl/v1.35.0"), "mine");
-        assert_eq!(manager_name(Some(""), "karpenter-capi/0.1"), "karpenter-capi");
+        assert_eq!(
+            manager_name(Some(""), "karpenter-capi/0.1"),
+            "karpenter-capi"
+        );
     }
 }

@@ -13,12 +13,12 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::discovery;
-use super::managed_fields;
 use super::drain_audit::{self, Removal, Violation};
 use super::errors::ApiError;
 use super::event_versions;
 use super::eviction;
 use super::faults::Faults;
+use super::managed_fields;
 use super::patch::{self, PatchError};
 use super::registry::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};

@@ -58,7 +58,9 @@ impl StoredEvent {
         }
         // Rendered outside the lock; two watchers racing here render twice, harmlessly.
         let l = render();
-        self.lines.lock().push((version.to_string(), kind, l.clone()));
+        self.lines
+            .lock()
+            .push((version.to_string(), kind, l.clone()));
         l
     }
 }
@@ -312,9 +314,9 @@ impl Inner {
     ) -> Result<(WatchStart, broadcast::Receiver<Arc<StoredEvent>>, u64), ApiError> {
         let key = def.storage_key();
         let start = match from {
-            None => WatchStart::Snapshot(
-                self.iter_shared(def, ns).map(|(_, v)| v.clone()).collect(),
-            ),
+            None => {
+                WatchStart::Snapshot(self.iter_shared(def, ns).map(|(_, v)| v.clone()).collect())
+            }
             Some(rv) if rv < self.compacted => {
                 return Err(ApiError::expired(format!(
                     "too old resource version: {rv} ({})",
