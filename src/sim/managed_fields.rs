@@ -24,6 +24,20 @@ pub struct Manager {
     pub subresource: String,
 }
 
+impl Manager {
+    /// Whether `entry` is this manager's Update entry (entries are keyed by manager, operation
+    /// and subresource).
+    fn owns(&self, entry: &Value) -> bool {
+        entry["manager"] == self.name.as_str()
+            && entry["operation"] == "Update"
+            && entry
+                .get("subresource")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                == self.subresource
+    }
+}
+
 thread_local! {
     /// The manager of the request being served on this thread. The HTTP layer's write is
     /// synchronous from taking the store's lock to the commit, so this names exactly the writes
@@ -76,26 +90,15 @@ pub fn track(old: Option<&Value>, new: &mut Value) {
     let changed = changed_fields(old, new);
     if !changed.is_empty() {
         for e in entries.iter_mut() {
-            let same = e["manager"] == manager.name.as_str()
-                && e["operation"] == "Update"
-                && e.get("subresource")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    == manager.subresource;
-            if !same && let Some(Value::Object(fields)) = e.get_mut("fieldsV1") {
+            if !manager.owns(e)
+                && let Some(Value::Object(fields)) = e.get_mut("fieldsV1")
+            {
                 subtract(fields, &changed);
             }
         }
         entries.retain(|e| e["fieldsV1"].as_object().is_some_and(|f| !f.is_empty()));
         let api_version = new["apiVersion"].as_str().unwrap_or_default().to_string();
-        let mine = entries.iter_mut().find(|e| {
-            e["manager"] == manager.name.as_str()
-                && e["operation"] == "Update"
-                && e.get("subresource")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    == manager.subresource
-        });
+        let mine = entries.iter_mut().find(|e| manager.owns(e));
         let now = super::store::now_rfc3339();
         match mine {
             Some(e) => {
