@@ -9,6 +9,7 @@ mod event_versions;
 mod eviction;
 mod faults;
 mod kubeconfig;
+mod managed_fields;
 mod patch;
 mod registry;
 mod selectors;

@@ -18,6 +18,7 @@ use super::errors::ApiError;
 use super::event_versions;
 use super::eviction;
 use super::faults::Faults;
+use super::managed_fields;
 use super::patch::{self, PatchError};
 use super::registry::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
@@ -574,6 +575,11 @@ fn write(
     let def = &target.def;
     let ns = target.ns();
     let name = target.name.clone().unwrap_or_default();
+    // Every object this request writes records it in managedFields, as kube-apiserver does.
+    let _manager = managed_fields::writing_as(managed_fields::Manager {
+        name: managed_fields::manager_name(query.get("fieldManager"), agent),
+        subresource: target.sub().to_string(),
+    });
     // Bodies are JSON (protobuf and CBOR are not decoded): anything else is 415, as
     // kube-apiserver answers a media type it has no serializer for; clients then resend as JSON.
     if verb != "patch" && verb != "delete" && !is_json_body(content_type) {

@@ -34,6 +34,35 @@ pub struct StoredEvent {
     /// The object before a modification, so a selector-filtered watch can turn a change that
     /// leaves its selector into DELETED and one that enters it into ADDED.
     pub prev: Option<Arc<Value>>,
+    /// The event's watch lines already serialised, by (API version, event type): every watcher
+    /// of the same version shares one serialisation instead of making its own.
+    lines: Mutex<Vec<(String, &'static str, bytes::Bytes)>>,
+}
+
+impl StoredEvent {
+    /// The watch line for `version` and `kind`, serialised by `render` on first use and shared
+    /// by every later watcher asking for the same.
+    pub fn line(
+        &self,
+        version: &str,
+        kind: &'static str,
+        render: impl FnOnce() -> bytes::Bytes,
+    ) -> bytes::Bytes {
+        if let Some((_, _, l)) = self
+            .lines
+            .lock()
+            .iter()
+            .find(|(v, k, _)| v == version && *k == kind)
+        {
+            return l.clone();
+        }
+        // Rendered outside the lock; two watchers racing here render twice, harmlessly.
+        let l = render();
+        self.lines
+            .lock()
+            .push((version.to_string(), kind, l.clone()));
+        l
+    }
 }
 
 /// Which part of an object a write addresses.
@@ -67,7 +96,9 @@ pub enum WatchStart {
 /// The state behind the lock; `pub(crate)` so multi-object operations (eviction) stay atomic.
 pub(crate) struct Inner {
     registry: Arc<Registry>,
-    objects: BTreeMap<String, BTreeMap<ObjKey, Value>>,
+    /// Stored objects behind `Arc`s shared with the history and watch events, so a write
+    /// copies no object to publish it.
+    objects: BTreeMap<String, BTreeMap<ObjKey, Arc<Value>>>,
     /// uid -> (storage key, namespace, name) of every live object.
     uids: HashMap<String, (String, String, String)>,
     /// owner uid -> (storage key, namespace, name) of objects whose ownerReferences name it.
@@ -79,6 +110,9 @@ pub(crate) struct Inner {
     compacted: u64,
     rng: StdRng,
     events: broadcast::Sender<Arc<StoredEvent>>,
+    /// The resourceVersion after every commit, for waiters that only need to know that
+    /// something changed (`simulate` waiting for settlement).
+    changes: tokio::sync::watch::Sender<u64>,
 }
 
 /// The simulated cluster's storage. Reads through it bypass HTTP (for tests and reports).
@@ -107,6 +141,7 @@ impl Store {
             compacted: 0,
             rng: StdRng::seed_from_u64(seed),
             events: events.clone(),
+            changes: tokio::sync::watch::Sender::new(0),
         };
         let store = Self {
             inner: Mutex::new(inner),
@@ -133,6 +168,12 @@ impl Store {
         ns: &str,
         objs: impl IntoIterator<Item = Value>,
     ) -> Result<(), ApiError> {
+        // Recorded under a manager of its own, so these objects carry managedFields as
+        // everything written through the API does.
+        let _manager = super::managed_fields::writing_as(super::managed_fields::Manager {
+            name: "simulate-standup".into(),
+            subresource: String::new(),
+        });
         let mut inner = self.inner.lock();
         for obj in objs {
             inner.create_part(def, ns, obj, false)?;
@@ -182,6 +223,12 @@ impl Store {
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
         self.events.subscribe()
     }
+
+    /// A receiver that wakes after every write (its value: the resourceVersion then), for
+    /// waiting on the cluster by events instead of polling it.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.lock().changes.subscribe()
+    }
 }
 
 impl Inner {
@@ -190,9 +237,21 @@ impl Inner {
     }
 
     pub fn get(&self, def: &ResourceDef, ns: &str, name: &str) -> Option<&Value> {
+        self.get_shared(def, ns, name).map(Arc::as_ref)
+    }
+
+    fn get_shared(&self, def: &ResourceDef, ns: &str, name: &str) -> Option<&Arc<Value>> {
         self.objects
             .get(&def.storage_key())?
             .get(&(ns.to_string(), name.to_string()))
+    }
+
+    /// Stores `obj` (as committed) under its key.
+    fn put(&mut self, key: &str, ns: &str, name: &str, obj: Arc<Value>) {
+        self.objects
+            .entry(key.to_string())
+            .or_default()
+            .insert((ns.to_string(), name.to_string()), obj);
     }
 
     pub fn iter<'a>(
@@ -200,6 +259,14 @@ impl Inner {
         def: &ResourceDef,
         ns: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a ObjKey, &'a Value)> + 'a {
+        self.iter_shared(def, ns).map(|(k, v)| (k, v.as_ref()))
+    }
+
+    fn iter_shared<'a>(
+        &'a self,
+        def: &ResourceDef,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjKey, &'a Arc<Value>)> + 'a {
         self.objects
             .get(&def.storage_key())
             .into_iter()
@@ -247,11 +314,9 @@ impl Inner {
     ) -> Result<(WatchStart, broadcast::Receiver<Arc<StoredEvent>>, u64), ApiError> {
         let key = def.storage_key();
         let start = match from {
-            None => WatchStart::Snapshot(
-                self.iter(def, ns)
-                    .map(|(_, v)| Arc::new(v.clone()))
-                    .collect(),
-            ),
+            None => {
+                WatchStart::Snapshot(self.iter_shared(def, ns).map(|(_, v)| v.clone()).collect())
+            }
             Some(rv) if rv < self.compacted => {
                 return Err(ApiError::expired(format!(
                     "too old resource version: {rv} ({})",
@@ -296,19 +361,21 @@ impl Inner {
         ns: &str,
         kind: EventKind,
         object: Value,
-        prev: Option<Value>,
-    ) -> Value {
+        prev: Option<Arc<Value>>,
+    ) -> Arc<Value> {
         self.rv += 1;
         let mut object = object;
         set_meta(&mut object, "resourceVersion", json!(self.rv.to_string()));
-        self.index_owners(key, ns, kind, &object, prev.as_ref());
+        self.index_owners(key, ns, kind, &object, prev.as_deref());
+        let object = Arc::new(object);
         let event = Arc::new(StoredEvent {
             rv: self.rv,
             key: key.to_string(),
             namespace: ns.to_string(),
             kind,
-            object: Arc::new(object.clone()),
-            prev: prev.map(Arc::new),
+            object: object.clone(),
+            prev,
+            lines: Mutex::new(Vec::new()),
         });
         self.history.push_back(event.clone());
         while self.history.len() > self.history_size {
@@ -318,6 +385,7 @@ impl Inner {
         }
         // No receivers is fine: nobody is watching.
         let _ = self.events.send(event);
+        let _ = self.changes.send_replace(self.rv);
         object
     }
 
@@ -401,20 +469,19 @@ impl Inner {
         if reset_status {
             prepare_status_on_create(def, &mut obj);
         }
+        super::managed_fields::track(None, &mut obj);
         super::validate::check(def, &obj)?;
         let stored = self.commit(&key, ns, EventKind::Added, obj, None);
-        self.objects
-            .entry(key.clone())
-            .or_default()
-            .insert((ns.to_string(), name.clone()), stored.clone());
+        self.put(&key, ns, &name, stored.clone());
         self.uids.insert(uid, (key, ns.to_string(), name));
-        Ok(stored)
+        Ok(Value::clone(&stored))
     }
 
     fn get_ns(&self, ns: &str) -> Option<&Value> {
         self.objects
             .get("/namespaces")?
             .get(&(String::new(), ns.to_string()))
+            .map(Arc::as_ref)
     }
 
     /// PUT semantics: `new` replaces the object (main part or status), with a resourceVersion
@@ -428,7 +495,7 @@ impl Inner {
         part: Part,
     ) -> Result<Value, ApiError> {
         let old = self
-            .get(def, ns, name)
+            .get_shared(def, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         let want_rv = new
@@ -461,7 +528,7 @@ impl Inner {
         def: &ResourceDef,
         ns: &str,
         name: &str,
-        old: Value,
+        old: Arc<Value>,
         mut merged: Value,
     ) -> Result<Value, ApiError> {
         let key = def.storage_key();
@@ -472,30 +539,27 @@ impl Inner {
                 .cloned()
                 .unwrap_or(json!("")),
         );
-        if merged == old {
-            return Ok(old);
+        super::managed_fields::track(Some(&old), &mut merged);
+        if merged == *old {
+            return Ok(Value::clone(&old));
         }
         if is_deleting(&merged) && finalizers(&merged).is_empty() {
             return Ok(self.remove(&key, ns, name, merged));
         }
         super::validate::check(def, &merged)?;
         let stored = self.commit(&key, ns, EventKind::Modified, merged, Some(old));
-        if let Some(m) = self.objects.get_mut(&key) {
-            m.insert((ns.to_string(), name.to_string()), stored.clone());
-        }
-        Ok(stored)
+        self.put(&key, ns, name, stored.clone());
+        Ok(Value::clone(&stored))
     }
 
     /// A write by a phantom concurrent writer: bumps the object's resourceVersion (fault injection).
     pub fn touch(&mut self, def: &ResourceDef, ns: &str, name: &str) {
-        let Some(old) = self.get(def, ns, name).cloned() else {
+        let Some(old) = self.get_shared(def, ns, name).cloned() else {
             return;
         };
         let key = def.storage_key();
-        let stored = self.commit(&key, ns, EventKind::Modified, old.clone(), Some(old));
-        if let Some(m) = self.objects.get_mut(&key) {
-            m.insert((ns.to_string(), name.to_string()), stored);
-        }
+        let stored = self.commit(&key, ns, EventKind::Modified, Value::clone(&old), Some(old));
+        self.put(&key, ns, name, stored);
     }
 
     pub fn delete(
@@ -506,7 +570,7 @@ impl Inner {
         opts: &DeleteOpts,
     ) -> Result<Value, ApiError> {
         let old = self
-            .get(def, ns, name)
+            .get_shared(def, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
         let meta_str = |f: &str| {
@@ -554,17 +618,17 @@ impl Inner {
             }
             if finalizers(&old).is_empty() {
                 let key = def.storage_key();
-                return Ok(self.remove(&key, ns, name, old));
+                return Ok(self.remove(&key, ns, name, Value::clone(&old)));
             }
         }
         if is_deleting(&old) {
-            return Ok(old);
+            return Ok(Value::clone(&old));
         }
         let key = def.storage_key();
         if finalizers(&old).is_empty() {
-            return Ok(self.remove(&key, ns, name, old));
+            return Ok(self.remove(&key, ns, name, Value::clone(&old)));
         }
-        let mut marked = old.clone();
+        let mut marked = Value::clone(&old);
         set_meta(&mut marked, "deletionTimestamp", json!(now_rfc3339()));
         set_meta(&mut marked, "deletionGracePeriodSeconds", json!(0));
         if def.tracks_generation() {
@@ -575,10 +639,8 @@ impl Inner {
             set_meta(&mut marked, "generation", json!(g + 1));
         }
         let stored = self.commit(&key, ns, EventKind::Modified, marked, Some(old));
-        if let Some(m) = self.objects.get_mut(&key) {
-            m.insert((ns.to_string(), name.to_string()), stored.clone());
-        }
-        Ok(stored)
+        self.put(&key, ns, name, stored.clone());
+        Ok(Value::clone(&stored))
     }
 
     /// A graceful pod deletion: deletionTimestamp `grace` seconds from now, or kept when an
@@ -588,7 +650,7 @@ impl Inner {
         def: &ResourceDef,
         ns: &str,
         name: &str,
-        old: Value,
+        old: Arc<Value>,
         grace: i64,
     ) -> Value {
         let now = jiff::Timestamp::now();
@@ -600,9 +662,9 @@ impl Inner {
             .and_then(Value::as_str)
             .and_then(|t| t.parse::<jiff::Timestamp>().ok());
         if current.is_some_and(|c| c <= until) {
-            return old;
+            return Value::clone(&old);
         }
-        let mut marked = old.clone();
+        let mut marked = Value::clone(&old);
         set_meta(
             &mut marked,
             "deletionTimestamp",
@@ -611,30 +673,28 @@ impl Inner {
         set_meta(&mut marked, "deletionGracePeriodSeconds", json!(grace));
         let key = def.storage_key();
         let stored = self.commit(&key, ns, EventKind::Modified, marked, Some(old));
-        if let Some(m) = self.objects.get_mut(&key) {
-            m.insert((ns.to_string(), name.to_string()), stored.clone());
-        }
-        stored
+        self.put(&key, ns, name, stored.clone());
+        Value::clone(&stored)
     }
 
     /// Removes an object for good (DELETED event), then garbage-collects what it owned.
     fn remove(&mut self, key: &str, ns: &str, name: &str, last: Value) -> Value {
-        if let Some(m) = self.objects.get_mut(key) {
-            m.remove(&(ns.to_string(), name.to_string()));
-        }
+        let prev = self
+            .objects
+            .get_mut(key)
+            .and_then(|m| m.remove(&(ns.to_string(), name.to_string())));
         let uid = last
             .pointer("/metadata/uid")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
         self.uids.remove(&uid);
-        let prev = last.clone();
-        let gone = self.commit(key, ns, EventKind::Deleted, last, Some(prev));
+        let gone = self.commit(key, ns, EventKind::Deleted, last, prev);
         if key == "/namespaces" {
             self.delete_namespace_contents(name);
         }
         self.collect_dependents(&uid);
-        gone
+        Value::clone(&gone)
     }
 
     fn delete_namespace_contents(&mut self, ns: &str) {
@@ -735,10 +795,10 @@ impl Inner {
         owner_uid: &str,
     ) -> Result<Value, ApiError> {
         let old = self
-            .get(def, ns, name)
+            .get_shared(def, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, name))?;
-        let mut new = old.clone();
+        let mut new = Value::clone(&old);
         if let Some(refs) = new
             .pointer_mut("/metadata/ownerReferences")
             .and_then(Value::as_array_mut)

@@ -154,7 +154,12 @@ fn translate(req: &WatchRequest, ev: &StoredEvent) -> Option<Bytes> {
             }
         }
     }?;
-    Some(event_line(req, kind, &ev.object))
+    // A Table is rendered for one `kubectl get -w`; plain events are the same bytes for every
+    // watcher of this version, so they are serialised once per event and shared.
+    if req.table.is_some() {
+        return Some(event_line(req, kind, &ev.object));
+    }
+    Some(ev.line(&req.version, kind, || event_line(req, kind, &ev.object)))
 }
 
 fn event_line(req: &WatchRequest, kind: &str, obj: &Value) -> Bytes {

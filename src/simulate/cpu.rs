@@ -38,6 +38,9 @@ pub struct CpuMs {
     pub simulated_cluster: f64,
     /// `controller` over the claims the scenario requested (0 without claims).
     pub per_claim_controller: f64,
+    /// `simulated_cluster` over the same claims: the stand-in apiserver's and stand-ins' own
+    /// cost per claim, beside the controller's.
+    pub per_claim_simulated_cluster: f64,
     /// The whole process (ended threads included), so `process - controller -
     /// simulated_cluster` is the meter's own cost plus what ended threads spent in their last
     /// interval.
@@ -120,14 +123,12 @@ impl CpuMeter {
         }
         let process = process_ticks().unwrap_or(0).saturating_sub(s.process_start);
         let ms = |ticks: u64| ticks as f64 * 1000.0 / TICKS_PER_SECOND as f64;
+        let per_claim = |ms: f64| if claims == 0 { 0.0 } else { ms / claims as f64 };
         CpuMs {
             controller: ms(controller),
             simulated_cluster: ms(sim),
-            per_claim_controller: if claims == 0 {
-                0.0
-            } else {
-                ms(controller) / claims as f64
-            },
+            per_claim_controller: per_claim(ms(controller)),
+            per_claim_simulated_cluster: per_claim(ms(sim)),
             process: ms(process),
         }
     }

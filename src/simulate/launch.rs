@@ -2,6 +2,7 @@
 //! them, spread over MachineDeployments; the report says how many launched, how many Machines
 //! were created and bound, how many writes it took, and how long each step took.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -188,9 +189,44 @@ pub async fn create_claims(
 }
 
 /// True once nothing is in flight: every claim initialized or gone, no Machine deleting, and every
-/// managed MachineDeployment's replicas equal to its Machines.
+/// managed MachineDeployment's replicas equal to its Machines. Reads the store in place (no
+/// copies) and stops at the first thing in flight, so a look during a burst costs little.
 pub fn quiet(cluster: &SimCluster) -> bool {
-    unsettled(cluster).is_empty()
+    let store = cluster.server().store();
+    let mut calm = true;
+    store.visit("nodeclaims", |c| calm = calm && claim_settled(c));
+    if !calm {
+        return false;
+    }
+    let mut machines_of: BTreeMap<String, i64> = BTreeMap::new();
+    store.visit("machines", |m| {
+        calm = calm && !is_deleting(m);
+        if let Some(md) = m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL].as_str() {
+            *machines_of.entry(md.to_string()).or_default() += 1;
+        }
+    });
+    store.visit("machinedeployments", |md| {
+        let name = md["metadata"]["name"].as_str().unwrap_or_default();
+        let replicas = md["spec"]["replicas"].as_i64().unwrap_or(0);
+        calm = calm && replicas == machines_of.get(name).copied().unwrap_or(0);
+    });
+    calm
+}
+
+fn is_deleting(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+/// A claim is settled once Initialized and not being deleted.
+fn claim_settled(c: &Value) -> bool {
+    !is_deleting(c) && has_condition(c, "Initialized")
+}
+
+fn has_condition(obj: &Value, ty: &str) -> bool {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| cs.iter().any(|x| x["type"] == ty && x["status"] == "True"))
 }
 
 /// What is still in flight, in words (empty when quiet).
@@ -208,14 +244,7 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
             ));
             continue;
         }
-        let initialized = c
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|x| x["type"] == "Initialized" && x["status"] == "True")
-            });
-        if !initialized {
+        if !has_condition(&c, "Initialized") {
             let machine = c["metadata"]["annotations"][MACHINE_ANNOTATION]
                 .as_str()
                 .and_then(|k| k.split_once('/'));
@@ -268,7 +297,16 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
     why
 }
 
-/// Wait (polling the in-process store, not the API) until `quiet` holds twice in a row.
+/// How long the cluster must have been quiet, with no write that broke it, to count as settled:
+/// the next step of a claim or a Machine in flight comes well within it.
+const QUIET_FOR: Duration = Duration::from_millis(400);
+/// After a write wakes a waiter, how long it lets further writes gather before it looks again,
+/// so a burst of writes costs one look, not one per write.
+const GATHER: Duration = Duration::from_millis(100);
+/// How often a waiter looks even without writes (progress lines, conditions on time).
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// Wait until `quiet` holds, woken by the store's writes rather than by polling.
 pub async fn settle(sim: &BackgroundSim, deadline: Duration) -> Result<(), Error> {
     settle_with_progress(sim, deadline, false).await
 }
@@ -280,58 +318,95 @@ pub async fn settle_with_progress(
     progress: bool,
 ) -> Result<(), Error> {
     let start = Instant::now();
-    let mut streak = 0;
-    let mut last_print = Instant::now();
-    while streak < 2 {
-        if start.elapsed() > deadline {
-            return Err(Error::NotSettled {
-                after: deadline,
-                why: unsettled(sim.cluster()).join("; "),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // Checked on the cluster's runtime, so the CPU meter counts the polling as the
+    let last_print = &Cell::new(Instant::now());
+    let settled = wait_until(sim, deadline, move || async move {
+        // Checked on the cluster's runtime, so the CPU meter counts the look as the
         // simulator's and not the controller's (whose System thread this loop runs on).
         let now_quiet = sim.run(|c| async move { quiet(&c) }).await?;
-        streak = if now_quiet { streak + 1 } else { 0 };
-        if progress && last_print.elapsed() >= Duration::from_secs(1) {
-            last_print = Instant::now();
-            eprintln!(
-                "  {:>5.1}s  {}",
-                start.elapsed().as_secs_f64(),
-                progress_line(sim.cluster())
-            );
+        if progress && last_print.get().elapsed() >= LOOK_EVERY {
+            last_print.set(Instant::now());
+            let line = sim.run(|c| async move { progress_line(&c) }).await?;
+            eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
+        }
+        Ok(now_quiet)
+    })
+    .await?;
+    if settled {
+        return Ok(());
+    }
+    Err(Error::NotSettled {
+        after: deadline,
+        why: unsettled(sim.cluster()).join("; "),
+    })
+}
+
+/// Waits until `look` has said done for [`QUIET_FOR`] with no write in between that made it
+/// say otherwise; false when `deadline` passes first. Woken by the store's change signal, not by
+/// polling: `look` runs at the start, after writes (gathered for [`GATHER`]) and otherwise every
+/// [`LOOK_EVERY`], so an idle cluster costs nothing and a busy one a few looks a second.
+pub async fn wait_until<Fut>(
+    sim: &BackgroundSim,
+    deadline: Duration,
+    mut look: impl FnMut() -> Fut,
+) -> Result<bool, Error>
+where
+    Fut: Future<Output = Result<bool, Error>>,
+{
+    let start = Instant::now();
+    let mut changes = sim.cluster().server().store().changes();
+    let mut done_since: Option<Instant> = None;
+    loop {
+        // Marked before looking, so a write during the look wakes the next wait.
+        changes.mark_unchanged();
+        if look().await? {
+            let since = *done_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= QUIET_FOR {
+                return Ok(true);
+            }
+        } else {
+            done_since = None;
+        }
+        let left = deadline.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let wait = match done_since {
+            Some(since) => QUIET_FOR.saturating_sub(since.elapsed()),
+            None => LOOK_EVERY,
+        }
+        .min(left);
+        match tokio::time::timeout(wait, changes.changed()).await {
+            Ok(Ok(())) => tokio::time::sleep(GATHER).await,
+            // The store is gone (cannot happen while `sim` lives): fall back to the clock.
+            Ok(Err(_)) => tokio::time::sleep(wait).await,
+            // Done, and nothing written since it was seen: settled.
+            Err(_) if done_since.is_some() => return Ok(true),
+            Err(_) => {}
         }
     }
-    Ok(())
 }
 
 /// One line of what the simulated cluster holds right now.
 pub fn progress_line(cluster: &SimCluster) -> String {
     let store = cluster.server().store();
-    let claims = store.list("nodeclaims", None);
-    let with = |ty: &str| {
-        claims
-            .iter()
-            .filter(|c| {
-                c.pointer("/status/conditions")
-                    .and_then(Value::as_array)
-                    .is_some_and(|cs| cs.iter().any(|x| x["type"] == ty && x["status"] == "True"))
-            })
-            .count()
+    let (mut claims, mut launched, mut initialized) = (0, 0, 0);
+    store.visit("nodeclaims", |c| {
+        claims += 1;
+        launched += usize::from(has_condition(c, "Launched"));
+        initialized += usize::from(has_condition(c, "Initialized"));
+    });
+    let count = |resource: &str| {
+        let mut n = 0;
+        store.visit(resource, |_| n += 1);
+        n
     };
-    let machines = store.list("machines", None).len();
-    let nodes = store.list("nodes", None).len();
-    let pending = store
-        .list("pods", None)
-        .iter()
-        .filter(|p| p.pointer("/spec/nodeName").is_none_or(Value::is_null))
-        .count();
+    let (machines, nodes) = (count("machines"), count("nodes"));
+    let mut pending = 0;
+    store.visit("pods", |p| {
+        pending += usize::from(p.pointer("/spec/nodeName").is_none_or(Value::is_null));
+    });
     format!(
-        "claims {} (launched {}, initialized {}), machines {machines}, nodes {nodes}, pending pods {pending}",
-        claims.len(),
-        with("Launched"),
-        with("Initialized")
+        "claims {claims} (launched {launched}, initialized {initialized}), machines {machines}, nodes {nodes}, pending pods {pending}"
     )
 }
 

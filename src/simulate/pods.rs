@@ -3,6 +3,7 @@
 //! launch path turns those into Nodes, the simulated scheduler binds the pods. The report adds
 //! pod and node figures to the launch report, all measured by the simulated cluster.
 
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -148,16 +149,17 @@ fn pod_bound(p: &Value) -> bool {
 /// Quiet for pods: launch-quiet, and every pod bound (or none bound for a while with nothing in
 /// flight, when some cannot be placed at all).
 fn all_bound(cluster: &SimCluster) -> bool {
+    let mut all = true;
     cluster
         .server()
         .store()
-        .list("pods", None)
-        .iter()
-        .all(pod_bound)
+        .visit("pods", |p| all = all && pod_bound(p));
+    all
 }
 
 /// Wait for every pod to be bound and the launch path to be quiet; give up on pods that stay
-/// unbound when nothing else changes for `stall`.
+/// unbound when nothing else changes for `stall`. Woken by the store's writes
+/// (`launch::wait_until`), not by polling.
 async fn settle(
     sim: &BackgroundSim,
     deadline: Duration,
@@ -165,33 +167,30 @@ async fn settle(
     progress: bool,
 ) -> Result<(), Error> {
     let start = Instant::now();
-    let mut last_change = Instant::now();
-    let mut last_line = String::new();
-    let mut last_print = Instant::now();
-    let mut streak = 0;
-    loop {
-        if start.elapsed() > deadline {
-            return Err(Error::Deadline(deadline));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        // Read on the cluster's runtime, so the CPU meter counts the polling as the
+    let last_change = &Cell::new(Instant::now());
+    let last_line = &RefCell::new(String::new());
+    let last_print = &Cell::new(Instant::now());
+    let settled = launch::wait_until(sim, deadline, move || async move {
+        // Read on the cluster's runtime, so the CPU meter counts the look as the
         // simulator's and not the controller's (whose System thread this loop runs on).
         let (line, quiet, bound) = sim
             .run(|c| async move { (progress_line(&c), launch::quiet(&c), all_bound(&c)) })
             .await?;
-        if line != last_line {
-            last_change = Instant::now();
-            last_line = line.clone();
+        if line != *last_line.borrow() {
+            last_change.set(Instant::now());
+            last_line.replace(line.clone());
         }
-        if progress && last_print.elapsed() >= Duration::from_secs(1) {
-            last_print = Instant::now();
+        if progress && last_print.get().elapsed() >= Duration::from_secs(1) {
+            last_print.set(Instant::now());
             eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
         }
-        let done = quiet && (bound || last_change.elapsed() > stall);
-        streak = if done { streak + 1 } else { 0 };
-        if streak >= 2 {
-            return Ok(());
-        }
+        Ok(quiet && (bound || last_change.get().elapsed() > stall))
+    })
+    .await?;
+    if settled {
+        Ok(())
+    } else {
+        Err(Error::Deadline(deadline))
     }
 }
 
@@ -278,33 +277,37 @@ pub fn measure(
 /// Wait until the Deployment stand-in has created `n` pods (not being deleted).
 pub async fn wait_for_pods(sim: &BackgroundSim, n: usize, deadline: Duration) -> Result<(), Error> {
     let start = Instant::now();
+    let mut changes = sim.cluster().server().store().changes();
     loop {
-        let have = live_pods(sim.cluster());
+        changes.mark_unchanged();
+        // Counted on the cluster's runtime (the simulator's CPU), woken by its writes.
+        let have = sim.run(|c| async move { live_pods(&c) }).await?;
         if have >= n {
             return Ok(());
         }
-        if start.elapsed() > deadline {
+        let left = deadline.saturating_sub(start.elapsed());
+        if left.is_zero() {
             return Err(Error::NotSettled {
                 after: deadline,
                 why: format!("the Deployments have {have} of {n} pods"),
             });
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // A timeout only means the deadline is near: the loop checks it.
+        let _ = tokio::time::timeout(left, changes.changed()).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Pods not being deleted.
 pub fn live_pods(cluster: &SimCluster) -> usize {
-    cluster
-        .server()
-        .store()
-        .list("pods", None)
-        .iter()
-        .filter(|p| {
+    let mut n = 0;
+    cluster.server().store().visit("pods", |p| {
+        n += usize::from(
             p.pointer("/metadata/deletionTimestamp")
-                .is_none_or(Value::is_null)
-        })
-        .count()
+                .is_none_or(Value::is_null),
+        );
+    });
+    n
 }
 
 /// A provisioned cluster: pods created from Deployments and bound (or given up on).

@@ -125,8 +125,12 @@ impl fmt::Display for Report {
         let cpu = &self.cpu_ms;
         writeln!(
             f,
-            "  cpu:      controller {:.0} ms ({:.2} ms per claim), simulated cluster {:.0} ms, process {:.0} ms",
-            cpu.controller, cpu.per_claim_controller, cpu.simulated_cluster, cpu.process
+            "  cpu:      controller {:.0} ms ({:.2} ms per claim), simulated cluster {:.0} ms ({:.2} ms per claim), process {:.0} ms",
+            cpu.controller,
+            cpu.per_claim_controller,
+            cpu.simulated_cluster,
+            cpu.per_claim_simulated_cluster,
+            cpu.process
         )?;
         writeln!(
             f,
