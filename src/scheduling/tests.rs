@@ -1796,7 +1796,7 @@ fn spread_node_taints_policy_decides_whether_pods_on_tainted_nodes_count() {
         )];
         let mut s = snapshot(pods, vec![pool(np, standard_types())]);
         s.nodes = vec![node.clone()];
-        s.bound_pods = bound.clone();
+        s.bound_pods = bound.iter().cloned().map(Arc::new).collect();
         let r = solve(&s);
         assert_eq!(pods_per(&r, SPREAD_LABEL), want, "{policy:?}: {r:#?}");
         assert_eq!(r.failures.len(), failures, "{policy:?}: {r:?}");

@@ -231,10 +231,29 @@ impl Inner {
             .map(|n| (n.name_any(), n.labels().clone()))
             .collect();
 
+        // The most any node has free, per resource: an upper bound for the whole pass (placing
+        // pods only lowers it). A pod over it fits nowhere; if it is already marked
+        // Unschedulable there is nothing to write, so it costs no walk over the nodes. With
+        // thousands of pods pending and every node full, this is most of them.
+        let mut max_free = Usage::default();
+        for slot in &slots {
+            for (k, a) in &slot.allocatable.0 {
+                let free = a - slot.used.get(k);
+                let e = max_free.0.entry(k.clone()).or_insert(free);
+                *e = (*e).max(free);
+            }
+        }
         let mut binds = Vec::new();
         let mut unschedulable = Vec::new();
         for pod in pending {
             let requests = pod_requests(&pod);
+            let fits_nowhere = requests
+                .0
+                .iter()
+                .any(|(k, want)| *want > 0 && *want > max_free.get(k));
+            if fits_nowhere && is_marked_unschedulable(&pod) {
+                continue;
+            }
             let taken = taken_domains(&pod, &node_labels, &placed);
             let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
             let mut best: Option<(usize, i128)> = None;
@@ -722,6 +741,19 @@ fn tolerates(tol: &Toleration, taint: &Taint) -> bool {
                     == taint.value.as_deref().unwrap_or_default()
         }
     }
+}
+
+fn is_marked_unschedulable(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable")
+        })
 }
 
 fn is_terminal(pod: &Pod) -> bool {

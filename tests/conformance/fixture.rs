@@ -711,23 +711,18 @@ impl Env {
     pub fn snapshot(&self, pods: &[Pod]) -> Snapshot {
         Snapshot {
             pods: pods.to_vec(),
-            bound_pods: self.bound.clone(),
+            bound_pods: self
+                .bound
+                .iter()
+                .cloned()
+                .map(std::sync::Arc::new)
+                .collect(),
             nodes: self.nodes.clone(),
             nodepools: self.pools.clone(),
             daemonsets: self.daemonsets.clone(),
             preference_policy: self.preference_policy,
             namespaces: self.namespaces.clone(),
         }
-    }
-    pub fn namespace(mut self, name: &str, labels: &[(&str, &str)]) -> Env {
-        self.namespaces.insert(
-            name.to_string(),
-            labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-        );
-        self
     }
     pub fn provision(&self, pods: &[Pod]) -> Outcome {
         let mut snapshot = self.snapshot(pods);
