@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use super::Shared;
 use super::provisioner::declared_taints;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::requirements::Requirements;
+use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validation::validate_nodepool;
 use crate::api::wellknown::{
@@ -136,7 +136,8 @@ pub fn build<'a>(
     }
     let mut usage = super::nodepools::usage_by_pool(shared);
     // Claims not launched yet, by pool, with what `usage` counts them at so far.
-    let mut unlaunched: HashMap<String, Vec<(NodeClaim, Resources)>> = HashMap::new();
+    // (the instance types each may launch as, what `usage` counts it at so far)
+    let mut unlaunched: HashMap<String, Vec<(Option<Requirement>, Resources)>> = HashMap::new();
     for c in claims
         .iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -157,7 +158,7 @@ pub fn build<'a>(
             unlaunched
                 .entry(pool.clone())
                 .or_default()
-                .push(((**c).clone(), counted));
+                .push((allowed_types(c), counted));
         }
     }
     // Creates not answered yet are capacity too (and count against the pools' limits).
@@ -171,7 +172,7 @@ pub fn build<'a>(
             unlaunched
                 .entry(pool.clone())
                 .or_default()
-                .push((c.clone(), node.allocatable.clone()));
+                .push((allowed_types(c), node.allocatable.clone()));
         }
         nodes.push(node);
     }
@@ -192,8 +193,8 @@ pub fn build<'a>(
                 &np.spec.template.spec.startup_taints,
             ),
         );
-        for (claim, counted) in unlaunched.get(&np.name_any()).into_iter().flatten() {
-            res.add_assign(&launch_headroom(claim, counted, &instance_types));
+        for (allowed, counted) in unlaunched.get(&np.name_any()).into_iter().flatten() {
+            res.add_assign(&launch_headroom(allowed.as_ref(), counted, &instance_types));
         }
         nodepools.push(PoolInput {
             nodepool: (**np).clone(),
@@ -232,16 +233,13 @@ pub fn build<'a>(
 /// type from the remaining limits. Otherwise a second solve while the first one's claims are
 /// launching could overshoot a pool's limits.
 fn launch_headroom(
-    claim: &NodeClaim,
+    allowed: Option<&Requirement>,
     counted: &Resources,
     types: &[scheduling::InstanceType],
 ) -> Resources {
-    let allowed = Requirements::from_node_selector_requirements(&claim.spec.requirements)
-        .ok()
-        .and_then(|r| r.get(INSTANCE_TYPE_LABEL).cloned());
     let largest = types
         .iter()
-        .filter(|t| allowed.as_ref().is_none_or(|r| r.has(&t.name)))
+        .filter(|t| allowed.is_none_or(|r| r.has(&t.name)))
         .fold(Resources::new(), |acc, t| acc.max_with(&t.capacity));
     let mut extra = Resources::new();
     for (key, value) in largest.sub(counted).iter() {
@@ -250,6 +248,14 @@ fn launch_headroom(
         }
     }
     extra
+}
+
+/// The instance-type requirement of a claim (None: any type of its pool).
+fn allowed_types(claim: &NodeClaim) -> Option<Requirement> {
+    Requirements::from_node_selector_requirements(&claim.spec.requirements)
+        .ok()?
+        .get(INSTANCE_TYPE_LABEL)
+        .cloned()
 }
 
 /// An in-flight claim as a node the solver can still pack onto: its single-valued requirements
@@ -314,7 +320,11 @@ mod tests {
     fn an_unlaunched_claim_counts_as_the_largest_type_it_allows() {
         let types = [it("small", 2), it("medium", 4), it("large", 16)];
         let counted = Resources::new().with("cpu", Quantity::from_units(1));
-        let extra = launch_headroom(&claim(&["small", "medium"]), &counted, &types);
+        let extra = launch_headroom(
+            allowed_types(&claim(&["small", "medium"])).as_ref(),
+            &counted,
+            &types,
+        );
         assert_eq!(
             extra.get("cpu"),
             Quantity::from_units(3),
@@ -322,6 +332,8 @@ mod tests {
         );
         // Counted at more than any allowed type: nothing to add, never a negative amount.
         let big = Resources::new().with("cpu", Quantity::from_units(8));
-        assert!(launch_headroom(&claim(&["small"]), &big, &types).is_empty());
+        assert!(
+            launch_headroom(allowed_types(&claim(&["small"])).as_ref(), &big, &types).is_empty()
+        );
     }
 }

@@ -313,17 +313,13 @@ impl Inner {
     /// Drops pods from `recent` once the cache shows them bound (or gone), and from `marked`
     /// once they are no longer pending.
     fn forget_settled(&self, pods: &[Arc<Pod>]) {
-        let unsettled: HashMap<String, ()> = pods
+        let unsettled: HashSet<String> = pods
             .iter()
             .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none())
-            .map(|p| (p.uid().unwrap_or_default(), ()))
+            .map(|p| p.uid().unwrap_or_default())
             .collect();
-        self.recent
-            .lock()
-            .retain(|uid, _| unsettled.contains_key(uid));
-        self.marked
-            .lock()
-            .retain(|uid, _| unsettled.contains_key(uid));
+        self.recent.lock().retain(|uid, _| unsettled.contains(uid));
+        self.marked.lock().retain(|uid, _| unsettled.contains(uid));
     }
 
     async fn bind(&self, pod: &Pod, node: &str) -> bool {
