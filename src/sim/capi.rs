@@ -12,9 +12,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
@@ -119,12 +121,26 @@ struct Inner {
     /// Whether each Machine (by uid) was available when last seen: only a change of that (or
     /// a deletion) can let a rollout take its next step, so only that wakes the Deployment.
     available: Mutex<HashMap<String, bool>>,
+    /// Cluster API's informer caches: Machines and MachineSets as the watches last saw them.
+    /// Reconciles read these, not the API server, as the real controllers do.
+    machines: Store<DynamicObject>,
+    sets: Store<DynamicObject>,
     shutdown: Shutdown,
 }
 
+/// MachineDeployment and MachineSet reconciles in flight at once.
+const RECONCILE_WORKERS: usize = 4;
+
+/// Writes of one reconcile (Machine creates, `UpToDate` conditions) in flight at once.
+const WRITES_IN_FLIGHT: usize = 16;
+
 /// Starts the Cluster API stand-in on the current runtime; every task stops on `shutdown`.
 pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
+    let mut machine_cache = reflector::store::Writer::new(cfg.version.machine());
+    let mut set_cache = reflector::store::Writer::new(cfg.version.machine_set());
     let inner = Arc::new(Inner {
+        machines: machine_cache.as_reader(),
+        sets: set_cache.as_reader(),
         rng: SimRng::new(cfg.seed),
         client,
         cfg,
@@ -158,6 +174,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine_set()),
         inner.shutdown.clone(),
         move |event| {
+            set_cache.apply_watcher_event(&event);
             if let Some(ms) = applied_or_deleted(event) {
                 let ns = ms.namespace().unwrap_or_default();
                 me.queue.push(Work::Set {
@@ -179,15 +196,29 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         "machines",
         Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine()),
         inner.shutdown.clone(),
-        move |event| me.on_machine_event(event),
+        move |event| {
+            machine_cache.apply_watcher_event(&event);
+            me.on_machine_event(event)
+        },
     ));
 
-    let me = inner.clone();
-    tasks.push(tokio::spawn(async move {
-        while let Some(work) = me.queue.pop(&me.shutdown).await {
-            me.reconcile(work).await;
-        }
-    }));
+    // Cluster API runs each controller with several workers (`--machineset-concurrency`,
+    // `--machinedeployment-concurrency`, default 10); the queue never hands one object to
+    // two workers at once.
+    for _ in 0..RECONCILE_WORKERS {
+        let me = inner.clone();
+        tasks.push(tokio::spawn(async move {
+            // As a controller waits for its informers to sync: an empty cache would read as
+            // "no Machines" and create them all again.
+            if !me.caches_synced().await {
+                return;
+            }
+            while let Some(work) = me.queue.pop(&me.shutdown).await {
+                me.reconcile(work.clone()).await;
+                me.queue.done(&work);
+            }
+        }));
+    }
     tasks
 }
 
@@ -202,6 +233,78 @@ fn applied_or_deleted<K>(event: Event<K>) -> Option<K> {
 impl Inner {
     fn api(&self, ar: &ApiResource, ns: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), ns, ar)
+    }
+
+    /// False when shutdown came first.
+    async fn caches_synced(&self) -> bool {
+        let mut stop = self.shutdown.clone();
+        tokio::select! {
+            synced = async {
+                self.machines.wait_until_ready().await.is_ok()
+                    && self.sets.wait_until_ready().await.is_ok()
+            } => synced,
+            _ = stop.wait() => false,
+        }
+    }
+
+    /// The cached objects of namespace `ns` whose label `key` is `value`.
+    fn cached(
+        store: &Store<DynamicObject>,
+        ns: &str,
+        key: &str,
+        value: &str,
+    ) -> Vec<DynamicObject> {
+        store
+            .state()
+            .iter()
+            .filter(|o| o.metadata.namespace.as_deref() == Some(ns))
+            .filter(|o| o.labels().get(key).map(String::as_str) == Some(value))
+            .map(|o| DynamicObject::clone(o))
+            .collect()
+    }
+
+    /// Waits until the cache shows the objects this reconcile just created, as Cluster API's
+    /// MachineSet controller waits for its creates, so the next reconcile cannot count them
+    /// missing and create them again. One already deleted again (the server says 404) is not
+    /// waited for. Gives up after a while (the watch may be down): the objects exist either way.
+    async fn await_cached(
+        &self,
+        store: &Store<DynamicObject>,
+        ar: &ApiResource,
+        ns: &str,
+        names: &[String],
+    ) {
+        let start = tokio::time::Instant::now();
+        let mut missing: Vec<&String> = names.iter().collect();
+        let mut asked = start;
+        while start.elapsed() < Duration::from_secs(10) {
+            missing.retain(|n| {
+                store
+                    .get(&ObjectRef::new_with(n, ar.clone()).within(ns))
+                    .is_none()
+            });
+            if missing.is_empty() {
+                return;
+            }
+            if asked.elapsed() >= Duration::from_millis(200) {
+                asked = tokio::time::Instant::now();
+                let api = self.api(ar, ns);
+                let mut gone = HashSet::new();
+                for n in &missing {
+                    if let Ok(None) = api.get_opt(n).await {
+                        gone.insert(n.to_string());
+                    }
+                }
+                missing.retain(|n| !gone.contains(*n));
+            }
+            if !self.shutdown.sleep(Duration::from_millis(5)).await {
+                return;
+            }
+        }
+        tracing::warn!(
+            ?missing,
+            "cluster api stand-in: created objects not in the cache after 10 s"
+        );
     }
 
     fn on_machine_event(self: &Arc<Self>, event: Event<DynamicObject>) {
@@ -263,8 +366,8 @@ impl Inner {
         };
         if let Err(err) = result {
             tracing::warn!(?work, error = %err, "cluster api stand-in: reconcile failed, requeueing");
-            // A short pause so a persistent error does not spin; other keys wait meanwhile,
-            // which is fine for a simulator and keeps reconciles strictly one at a time.
+            // A short pause so a persistent error does not spin; the key is queued again once
+            // this worker is done with it.
             if self.shutdown.sleep(Duration::from_millis(50)).await {
                 self.queue.push(work);
             }
@@ -290,21 +393,19 @@ impl Inner {
             return Ok(());
         };
         let md_uid = md.uid().unwrap_or_default();
-        let mut sets: Vec<DynamicObject> = sets_api
-            .list(&by_label)
-            .await?
-            .items
-            .into_iter()
-            .filter(|ms| controller_uid(ms).as_deref() == Some(md_uid.as_str()))
-            .filter(|ms| ms.metadata.deletion_timestamp.is_none())
-            .collect();
+        let mut sets: Vec<DynamicObject> =
+            Self::cached(&self.sets, ns, DEPLOYMENT_NAME_LABEL, name)
+                .into_iter()
+                .filter(|ms| controller_uid(ms).as_deref() == Some(md_uid.as_str()))
+                .filter(|ms| ms.metadata.deletion_timestamp.is_none())
+                .collect();
         sets.sort_by_key(|ms| {
             (
                 ms.metadata.creation_timestamp.clone().map(|t| t.0),
                 ms.name_any(),
             )
         });
-        let machines = self.api(&v.machine(), ns).list(&by_label).await?.items;
+        let machines = Self::cached(&self.machines, ns, DEPLOYMENT_NAME_LABEL, name);
 
         let replicas = desired_md_replicas(&md);
         let empty = json!({});
@@ -333,6 +434,8 @@ impl Inner {
                 let ms = self.new_machine_set(&md, initial);
                 let ms = sets_api.create(&PostParams::default(), &ms).await?;
                 tracing::info!(md = name, ms = %ms.name_any(), replicas = initial, old_sets = sets.len(), "created MachineSet");
+                self.await_cached(&self.sets, &v.machine_set(), ns, &[ms.name_any()])
+                    .await;
                 // The create's watch event brings us back with the new set in the list.
             }
             return self
@@ -490,35 +593,49 @@ impl Inner {
         let api = self.api(&self.cfg.version.machine(), ns);
         let new_uid = new_set.uid().unwrap_or_default();
         let owned: HashSet<String> = sets.iter().filter_map(|s| s.uid()).collect();
-        for m in machines {
-            let Some(owner) = controller_uid(m) else {
-                continue;
+        let writes: Vec<_> = machines
+            .iter()
+            .filter_map(|m| {
+                let owner = controller_uid(m)?;
+                if m.metadata.deletion_timestamp.is_some() || !owned.contains(&owner) {
+                    return None;
+                }
+                let want = owner == new_uid;
+                (up_to_date(&m.data, self.cfg.version) != Some(want))
+                    .then(|| self.write_up_to_date(&api, m.name_any(), want))
+            })
+            .collect();
+        stream::iter(writes)
+            .buffer_unordered(WRITES_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// One Machine's `UpToDate` condition, read-modify-write, retried on a conflict.
+    async fn write_up_to_date(
+        &self,
+        api: &Api<DynamicObject>,
+        name: String,
+        want: bool,
+    ) -> Result<(), kube::Error> {
+        for attempt in 0..3 {
+            let Some(mut fresh) = api.get_opt(&name).await? else {
+                break;
             };
-            if m.metadata.deletion_timestamp.is_some() || !owned.contains(&owner) {
-                continue;
+            if fresh.metadata.deletion_timestamp.is_some() {
+                break;
             }
-            let want = owner == new_uid;
-            if up_to_date(&m.data, self.cfg.version) == Some(want) {
-                continue;
-            }
-            let name = m.name_any();
-            for attempt in 0..3 {
-                let Some(mut fresh) = api.get_opt(&name).await? else {
-                    break;
-                };
-                if fresh.metadata.deletion_timestamp.is_some() {
-                    break;
-                }
-                set_up_to_date(&mut fresh, self.cfg.version, want);
-                match api
-                    .replace_status(&name, &PostParams::default(), &fresh)
-                    .await
-                {
-                    Ok(_) => break,
-                    Err(err) if is_not_found(&err) => break,
-                    Err(err) if is_conflict(&err) && attempt < 2 => continue,
-                    Err(err) => return Err(err),
-                }
+            set_up_to_date(&mut fresh, self.cfg.version, want);
+            match api
+                .replace_status(&name, &PostParams::default(), &fresh)
+                .await
+            {
+                Ok(_) => break,
+                Err(err) if is_not_found(&err) => break,
+                Err(err) if is_conflict(&err) && attempt < 2 => continue,
+                Err(err) => return Err(err),
             }
         }
         Ok(())
@@ -679,10 +796,7 @@ impl Inner {
             return Ok(());
         }
         let ms_uid = ms.uid().unwrap_or_default();
-        let machines: Vec<DynamicObject> = machines_api
-            .list(&by_label)
-            .await?
-            .items
+        let machines: Vec<DynamicObject> = Self::cached(&self.machines, ns, SET_NAME_LABEL, name)
             .into_iter()
             .filter(|m| controller_uid(m).as_deref() == Some(ms_uid.as_str()))
             .collect();
@@ -700,8 +814,22 @@ impl Inner {
                 "machine creation disabled on this (old) MachineSet"
             );
         } else if diff < 0 {
-            for _ in 0..diff.unsigned_abs() {
-                self.create_machine(&ms, &machines_api).await?;
+            // Side by side: a real API server answers each create in milliseconds, so one at a
+            // time through the simulated one would make Cluster API the slow part of a burst.
+            let creates: Vec<_> = (0..diff.unsigned_abs())
+                .map(|_| self.create_machine(&ms, &machines_api))
+                .collect();
+            let results: Vec<Result<String, kube::Error>> = stream::iter(creates)
+                .buffer_unordered(WRITES_IN_FLIGHT)
+                .collect()
+                .await;
+            let (created, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+            let created: Vec<String> = created.into_iter().filter_map(Result::ok).collect();
+            // Even when some failed, so the retry counts the ones that were made.
+            self.await_cached(&self.machines, &v.machine(), ns, &created)
+                .await;
+            if let Some(Err(err)) = failed.into_iter().next() {
+                return Err(err);
             }
         } else if diff > 0 {
             let mut ranked: Vec<&DynamicObject> = machines.iter().collect();
@@ -810,7 +938,7 @@ impl Inner {
         &self,
         ms: &DynamicObject,
         api: &Api<DynamicObject>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<String, kube::Error> {
         let v = self.cfg.version;
         let ms_name = ms.name_any();
         let name = format!("{ms_name}-{}", self.rng.suffix());
@@ -854,7 +982,7 @@ impl Inner {
         // A name clash with a random suffix fails this pass; the retry draws another name.
         api.create(&PostParams::default(), &body).await?;
         tracing::debug!(ms = %ms_name, machine = %name, "created Machine");
-        Ok(())
+        Ok(name)
     }
 
     /// Writes `status` when it differs from what is stored, so a reconcile triggered by our

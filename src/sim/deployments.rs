@@ -71,7 +71,9 @@ pub fn spawn(client: Client, seed: u64, shutdown: Shutdown) -> Vec<JoinHandle<()
     let me = inner.clone();
     let worker = tokio::spawn(async move {
         while let Some(key) = me.dirty.pop(&me.shutdown).await {
-            if let Err(e) = me.sync(&key).await {
+            let synced = me.sync(&key).await;
+            me.dirty.done(&key);
+            if let Err(e) = synced {
                 tracing::debug!(deployment = %format!("{}/{}", key.0, key.1), error = %e, "deployment sync failed; retrying");
                 me.dirty.push(key);
                 if !me.shutdown.sleep(Duration::from_millis(200)).await {

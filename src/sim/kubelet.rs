@@ -59,6 +59,9 @@ struct Inner {
     shutdown: Shutdown,
 }
 
+/// Node registrations in flight at once.
+const REGISTRATION_WORKERS: usize = 16;
+
 /// Starts the kubelet stand-in on the current runtime; every task stops on `shutdown`.
 pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
     let inner = Arc::new(Inner {
@@ -90,17 +93,23 @@ pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<Join
         },
     ));
 
-    let me = inner.clone();
-    tasks.push(tokio::spawn(async move {
-        while let Some((ns, name)) = me.queue.pop(&me.shutdown).await {
-            if let Err(err) = me.register(&ns, &name).await {
-                tracing::warn!(machine = %name, error = %err, "kubelet stand-in: registration failed, requeueing");
-                if me.shutdown.sleep(Duration::from_millis(50)).await {
-                    me.queue.push((ns, name));
+    // Every real kubelet registers its own Node, so registrations run side by side; a single
+    // worker would let one slow request chain hold back every Node behind it.
+    for _ in 0..REGISTRATION_WORKERS {
+        let me = inner.clone();
+        tasks.push(tokio::spawn(async move {
+            while let Some(key) = me.queue.pop(&me.shutdown).await {
+                let registered = me.register(&key.0, &key.1).await;
+                me.queue.done(&key);
+                if let Err(err) = registered {
+                    tracing::warn!(machine = %key.1, error = %err, "kubelet stand-in: registration failed, requeueing");
+                    if me.shutdown.sleep(Duration::from_millis(50)).await {
+                        me.queue.push(key);
+                    }
                 }
             }
-        }
-    }));
+        }));
+    }
     tasks
 }
 

@@ -262,6 +262,9 @@ fn run_thread(
 ) {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Named like every thread of the simulated cluster, so CPU meters (`simulate`'s
+        // `cpu_ms`) count the API server as the cluster's and not as the controller's.
+        .thread_name("sim-apiserver-worker")
         .enable_all()
         .build()
     {

@@ -58,7 +58,9 @@ pub fn spawn(client: Client, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
     let me = inner.clone();
     let worker = tokio::spawn(async move {
         while let Some(ns) = me.dirty.pop(&me.shutdown).await {
-            if let Err(e) = me.sync(&ns).await {
+            let synced = me.sync(&ns).await;
+            me.dirty.done(&ns);
+            if let Err(e) = synced {
                 tracing::debug!(namespace = %ns, error = %e, "PDB status sync failed; retrying");
                 me.dirty.push(ns);
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;

@@ -70,17 +70,32 @@ pub fn shutdown_pair() -> (ShutdownTrigger, Shutdown) {
 }
 
 /// A FIFO of keys where a key already waiting is not queued twice: many events about one
-/// object collapse into one reconcile.
+/// object collapse into one reconcile. Several workers may pop at once; as in client-go's
+/// workqueue, a key being worked on is not handed out again until its worker calls `done`,
+/// and a push meanwhile queues it once more after that.
 #[derive(Debug)]
 pub struct WorkQueue<K> {
-    inner: Mutex<(VecDeque<K>, HashSet<K>)>,
+    inner: Mutex<QueueState<K>>,
     notify: Notify,
+}
+
+#[derive(Debug)]
+struct QueueState<K> {
+    waiting: VecDeque<K>,
+    queued: HashSet<K>,
+    active: HashSet<K>,
+    again: HashSet<K>,
 }
 
 impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
     fn default() -> Self {
         Self {
-            inner: Mutex::new((VecDeque::new(), HashSet::new())),
+            inner: Mutex::new(QueueState {
+                waiting: VecDeque::new(),
+                queued: HashSet::new(),
+                active: HashSet::new(),
+                again: HashSet::new(),
+            }),
             notify: Notify::new(),
         }
     }
@@ -88,24 +103,38 @@ impl<K: Clone + Eq + Hash> Default for WorkQueue<K> {
 
 impl<K: Clone + Eq + Hash> WorkQueue<K> {
     pub fn push(&self, key: K) {
-        let mut guard = self.inner.lock();
-        let (queue, queued) = &mut *guard;
-        if queued.insert(key.clone()) {
-            queue.push_back(key);
-            drop(guard);
+        let mut state = self.inner.lock();
+        if state.active.contains(&key) {
+            state.again.insert(key);
+        } else if state.queued.insert(key.clone()) {
+            state.waiting.push_back(key);
+            drop(state);
             self.notify.notify_one();
         }
     }
 
     fn try_pop(&self) -> Option<K> {
-        let mut guard = self.inner.lock();
-        let (queue, queued) = &mut *guard;
-        let key = queue.pop_front()?;
-        queued.remove(&key);
+        let mut state = self.inner.lock();
+        let key = state.waiting.pop_front()?;
+        state.queued.remove(&key);
+        state.active.insert(key.clone());
         Some(key)
     }
 
-    /// Next key, or None once shutdown is triggered.
+    /// The worker that popped `key` is finished with it; a push that came meanwhile queues it
+    /// again now.
+    pub fn done(&self, key: &K) {
+        let again = {
+            let mut state = self.inner.lock();
+            state.active.remove(key);
+            state.again.remove(key)
+        };
+        if again {
+            self.push(key.clone());
+        }
+    }
+
+    /// Next key, or None once shutdown is triggered. The caller owes a `done` for it.
     pub async fn pop(&self, shutdown: &Shutdown) -> Option<K> {
         let mut stop = shutdown.clone();
         loop {
@@ -116,6 +145,10 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             // is not lost (notify_one stores a permit anyway, this is belt and braces).
             let notified = self.notify.notified();
             if let Some(key) = self.try_pop() {
+                // Another worker may be waiting while keys remain.
+                if !self.inner.lock().waiting.is_empty() {
+                    self.notify.notify_one();
+                }
                 return Some(key);
             }
             tokio::select! {
@@ -302,9 +335,24 @@ mod tests {
         q.push("b");
         q.push("a");
         assert_eq!(q.try_pop(), Some("a"));
+        q.done(&"a");
         q.push("a");
         assert_eq!(q.try_pop(), Some("b"));
         assert_eq!(q.try_pop(), Some("a"));
+        assert_eq!(q.try_pop(), None);
+    }
+
+    #[test]
+    fn queue_holds_a_key_back_while_a_worker_has_it() {
+        let q = WorkQueue::default();
+        q.push("a");
+        assert_eq!(q.try_pop(), Some("a"));
+        q.push("a");
+        q.push("a");
+        assert_eq!(q.try_pop(), None, "a is being worked on");
+        q.done(&"a");
+        assert_eq!(q.try_pop(), Some("a"), "pushed meanwhile: queued once more");
+        q.done(&"a");
         assert_eq!(q.try_pop(), None);
     }
 

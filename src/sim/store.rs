@@ -220,6 +220,15 @@ impl Store {
         inner.iter(def, None).for_each(|(_, v)| f(v));
     }
 
+    /// Whether `f` holds for every object of `resource`, stopping at the first that fails.
+    pub fn all(&self, resource: &str, mut f: impl FnMut(&Value) -> bool) -> bool {
+        let Some(def) = self.registry.by_name(resource) else {
+            return true;
+        };
+        let inner = self.lock();
+        inner.iter(def, None).all(|(_, v)| f(v))
+    }
+
     pub(crate) fn subscribe(&self) -> broadcast::Receiver<Arc<StoredEvent>> {
         self.events.subscribe()
     }

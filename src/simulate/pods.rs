@@ -149,12 +149,7 @@ fn pod_bound(p: &Value) -> bool {
 /// Quiet for pods: launch-quiet, and every pod bound (or none bound for a while with nothing in
 /// flight, when some cannot be placed at all).
 fn all_bound(cluster: &SimCluster) -> bool {
-    let mut all = true;
-    cluster
-        .server()
-        .store()
-        .visit("pods", |p| all = all && pod_bound(p));
-    all
+    cluster.server().store().all("pods", pod_bound)
 }
 
 /// Wait for every pod to be bound and the launch path to be quiet; give up on pods that stay
@@ -173,16 +168,24 @@ async fn settle(
     let settled = launch::wait_until(sim, deadline, move || async move {
         // Read on the cluster's runtime, so the CPU meter counts the look as the
         // simulator's and not the controller's (whose System thread this loop runs on).
+        // The progress line walks every pod: once a second is enough for the printout and
+        // for noticing a stall (seconds long), and keeps the look from holding the store.
+        let due = last_print.get().elapsed() >= Duration::from_secs(1);
         let (line, quiet, bound) = sim
-            .run(|c| async move { (progress_line(&c), launch::quiet(&c), all_bound(&c)) })
+            .run(|c| async move {
+                let line = due.then(|| progress_line(&c));
+                (line, launch::quiet(&c), all_bound(&c))
+            })
             .await?;
-        if line != *last_line.borrow() {
-            last_change.set(Instant::now());
-            last_line.replace(line.clone());
-        }
-        if progress && last_print.get().elapsed() >= Duration::from_secs(1) {
+        if let Some(line) = line {
             last_print.set(Instant::now());
-            eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
+            if line != *last_line.borrow() {
+                last_change.set(Instant::now());
+                last_line.replace(line.clone());
+            }
+            if progress {
+                eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
+            }
         }
         Ok(quiet && (bound || last_change.get().elapsed() > stall))
     })
