@@ -7,6 +7,11 @@ pub enum PodError {
     /// The pod's own spec cannot be read (a bad operator in a selector, a bad quantity).
     #[error("cannot schedule pod: {details}")]
     InvalidPod { details: String },
+    /// The pod requires a label Karpenter reserves, one no new node can be created with
+    /// (`kubernetes.io/hostname`: a new node's name is not known before it registers), and no
+    /// existing node took it.
+    #[error("label {key:?} is restricted: {details}")]
+    RestrictedLabel { key: String, details: String },
     /// No NodePool's requirements, taints or topology admit the pod.
     #[error("no NodePool matches the pod: {details}")]
     NoNodePoolMatches { details: String },

@@ -15,8 +15,8 @@ use super::instance_type::{InstanceType, Offering};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::solver::{
-    Pool, build_pool, exceeded_limit, fits, learn_dims, offering_usable, type_compatible,
-    unknown_label,
+    Pool, build_pool, exceeded_limit, fits, learn_dims, offering_usable, restricted_label,
+    type_compatible, unknown_label,
 };
 use super::{ExistingNode, PoolInput, Snapshot, solve};
 use crate::api::requirements::Requirements;
@@ -179,9 +179,11 @@ fn pool_level(pool: &Pool, pod: &PodInfo) -> Result<Vec<Requirements>, RuledOut>
     for term in &pod.node_terms {
         let miss = match pool.reqs.compatible(term) {
             Err(e) => Some(format!("incompatible requirements, {e}")),
-            Ok(()) => unknown_label(pool, term).map(|key| {
-                format!("label {key:?} is not provided by the NodePool or its instance types")
-            }),
+            Ok(()) => unknown_label(pool, term)
+                .map(|key| {
+                    format!("label {key:?} is not provided by the NodePool or its instance types")
+                })
+                .or_else(|| restricted_label(term).map(|e| e.to_string())),
         };
         match miss {
             Some(m) => {

@@ -17,6 +17,7 @@ use super::selector::untolerated;
 use super::topology::{Place, Rejection, Source, Topology};
 use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
 use super::{ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PreferencePolicy, Results, Snapshot};
+use crate::api::nodeclaim::Operator;
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
@@ -434,6 +435,9 @@ impl<'a> Solver<'a> {
         };
         if let Some(node) = self.try_nodes(&ctx) {
             return Ok(Some(node));
+        }
+        if let Some(e) = restricted_label(&reqs) {
+            return Err(e);
         }
         if self.try_claims(&ctx) {
             return Ok(None);
@@ -906,6 +910,26 @@ fn finish_claim(
         pods,
         instance_types: names,
     }
+}
+
+/// Why no new node can meet `reqs`, if it requires `kubernetes.io/hostname` (upstream's one
+/// restricted label) by naming hosts: a new node's hostname is not known before it registers,
+/// so only an existing node can match. Requirements that only exclude hosts (NotIn, Exists)
+/// any new node meets. Upstream gets the same outcome by giving each new claim a placeholder
+/// hostname the pod's requirement cannot intersect.
+pub(super) fn restricted_label(reqs: &Requirements) -> Option<PodError> {
+    let r = reqs.get(HOSTNAME_LABEL)?;
+    if matches!(r.operator(), Operator::NotIn | Operator::Exists) {
+        return None;
+    }
+    Some(PodError::RestrictedLabel {
+        key: HOSTNAME_LABEL.into(),
+        details: format!(
+            "no new node can meet {HOSTNAME_LABEL} {r} from the pod's node selector, node \
+             affinity or volumes (a node's hostname is not known before it registers), and no \
+             existing node with that hostname can take the pod"
+        ),
+    })
 }
 
 /// A label the pod requires that no node of the pool will carry (Karpenter's rule for labels

@@ -389,6 +389,64 @@ fn ored_required_terms_fall_through() {
     assert_eq!(zone_of(claim_of(&r, "p")), ["zone-c"]);
 }
 
+#[test]
+fn hostname_requirements_only_existing_nodes_meet() {
+    let existing = ExistingNode {
+        name: "red-node".into(),
+        labels: [(HOSTNAME_LABEL.to_string(), "red-node".to_string())].into(),
+        allocatable: res(&[("cpu", "4"), ("memory", "8Gi"), ("pods", "110")]),
+        requested: res(&[("cpu", "0")]),
+        ..Default::default()
+    };
+    let with_hostname = |name: &str, op: &str, values: &[&str]| {
+        let mut p = pod(name, "1", "1Gi");
+        spec(&mut p).affinity = Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: vec![NodeSelectorTerm {
+                        match_expressions: Some(vec![node_req(HOSTNAME_LABEL, op, values)]),
+                        match_fields: None,
+                    }],
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        p
+    };
+    let mut s = snapshot(
+        vec![
+            with_hostname("on-red", "In", &["red-node"]),
+            with_hostname("elsewhere", "In", &["blue-node"]),
+            with_hostname("not-red", "NotIn", &["red-node"]),
+        ],
+        vec![pool(nodepool("default"), standard_types())],
+    );
+    s.nodes = vec![existing];
+    let r = solve(&s);
+    assert_eq!(
+        r.placed_on_existing,
+        vec![("default/on-red".into(), "red-node".into())]
+    );
+    assert_eq!(claim_of(&r, "not-red").pods, ["default/not-red"]);
+    assert_eq!(r.failures.len(), 1, "{r:?}");
+    let (key, err) = &r.failures[0];
+    assert_eq!(key, "default/elsewhere");
+    assert!(
+        matches!(err, PodError::RestrictedLabel { key, .. } if key == HOSTNAME_LABEL),
+        "{err}"
+    );
+    assert!(err.to_string().contains("blue-node"), "{err}");
+    // explain says the same at the pool level.
+    let v = verdicts(
+        with_hostname("elsewhere", "In", &["blue-node"]),
+        s.nodepools,
+    );
+    let why = v[0].ruled_out.as_ref().expect("ruled out");
+    assert_eq!(why.constraint, explain::Constraint::Requirements);
+    assert!(why.message.contains("is restricted"), "{}", why.message);
+}
+
 fn preferring(zone: &str) -> Pod {
     let mut p = pod("pref", "1", "1Gi");
     spec(&mut p).affinity = Some(Affinity {

@@ -77,7 +77,6 @@ fn node_selector_narrows_the_pool_zones() {
 }
 
 #[test]
-#[ignore = "fails: needs kubernetes.io/hostname in pod requirements treated as restricted (not schedulable)"]
 fn hostname_node_selector_is_not_schedulable() {
     let p = pod("p").node_selector(&[(HOSTNAME_LABEL, "red-node")]);
     env().provision(&[p]).not_scheduled("p");
@@ -250,7 +249,6 @@ fn multidimensional_selectors_requirements_and_preferences_combine() {
 const RESTRICTED_LABELS: [&str; 1] = [HOSTNAME_LABEL];
 
 #[test]
-#[ignore = "fails: needs kubernetes.io/hostname in pod requirements treated as restricted (not schedulable)"]
 fn restricted_labels_in_requirements_are_not_schedulable() {
     let e = env();
     for (i, label) in RESTRICTED_LABELS.iter().enumerate() {

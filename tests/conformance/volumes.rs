@@ -348,7 +348,6 @@ fn hostname_affinity_of_a_hostpath_ephemeral_volume_is_ignored() {
 }
 
 #[test]
-#[ignore = "fails: needs kubernetes.io/hostname in pod requirements treated as restricted (not schedulable)"]
 fn hostname_affinity_of_a_csi_volume_is_kept() {
     let e = env()
         .with_class(zonal_class())
