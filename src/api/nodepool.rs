@@ -308,6 +308,12 @@ impl NodePool {
             .unwrap_or_default()
     }
 
+    /// A static NodePool (`spec.replicas` set) keeps that many nodes whatever is pending, so
+    /// provisioning leaves it out.
+    pub fn is_static(&self) -> bool {
+        self.spec.replicas.is_some()
+    }
+
     /// The effective weight (absent = 0).
     pub fn weight(&self) -> i32 {
         self.spec.weight.unwrap_or(0)

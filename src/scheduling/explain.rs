@@ -15,8 +15,8 @@ use super::instance_type::{InstanceType, Offering};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::solver::{
-    Pool, build_pool, exceeded_limit, fits, learn_dims, offering_usable, restricted_label,
-    type_compatible, unknown_label,
+    Pool, STATIC_POOL, build_pool, exceeded_limit, fits, learn_dims, offering_usable,
+    restricted_label, type_compatible, unknown_label,
 };
 use super::{ExistingNode, PoolInput, Snapshot, solve};
 use crate::api::requirements::Requirements;
@@ -134,6 +134,11 @@ pub fn rule_out(pod: &Pod, snapshot: &Snapshot) -> Result<Vec<PoolVerdict>, Stri
             ruled_out: None,
             instance_types: Vec::new(),
         };
+        if input.nodepool.is_static() {
+            verdict.ruled_out = Some(RuledOut::new(Constraint::Nodepool, STATIC_POOL));
+            out.push(verdict);
+            continue;
+        }
         match pool_level(&pool, &info) {
             Err(r) => verdict.ruled_out = Some(r),
             Ok(terms) => {

@@ -16,7 +16,9 @@ use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::topology::{Place, Rejection, Source, Topology};
 use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
-use super::{ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PreferencePolicy, Results, Snapshot};
+use super::{
+    ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PoolInput, PreferencePolicy, Results, Snapshot,
+};
 use crate::api::nodeclaim::Operator;
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
@@ -198,7 +200,10 @@ enum PoolMiss {
 
 struct Solver<'a> {
     dims: &'a Dims,
+    /// Dynamic NodePools only, by weight.
     pools: Vec<Pool<'a>>,
+    /// Names of the static NodePools, left out of provisioning (named in a pod's failure).
+    static_pools: Vec<&'a str>,
     nodes: Vec<Node<'a>>,
     claims: Vec<Claim>,
     /// Which claims a pod could still join (see [`ClaimIndex`]).
@@ -226,9 +231,13 @@ type Usability<'a> = Rc<Vec<Option<(f64, Vec<&'a str>)>>>;
 
 impl<'a> Solver<'a> {
     fn new(snapshot: &'a Snapshot, dims: &'a Dims, daemons: &[PodInfo]) -> Solver<'a> {
-        let mut pools: Vec<Pool<'a>> = snapshot
+        // Static pools are upstream's too: out of provisioning entirely, domains included.
+        let (statics, dynamics): (Vec<&PoolInput>, Vec<&PoolInput>) = snapshot
             .nodepools
             .iter()
+            .partition(|p| p.nodepool.is_static());
+        let mut pools: Vec<Pool<'a>> = dynamics
+            .into_iter()
             .map(|p| build_pool(&p.nodepool, &p.instance_types, &p.usage, dims, daemons))
             .collect();
         // Weight descending, then name, as Karpenter orders NodePools.
@@ -257,6 +266,10 @@ impl<'a> Solver<'a> {
         Solver {
             dims,
             pools,
+            static_pools: statics
+                .iter()
+                .map(|p| p.nodepool.metadata.name.as_deref().unwrap_or_default())
+                .collect(),
             nodes,
             claims: Vec::new(),
             index: ClaimIndex::default(),
@@ -668,6 +681,9 @@ impl<'a> Solver<'a> {
                 Err(miss) => misses.push((self.pools[pi].name, miss)),
             }
         }
+        for name in &self.static_pools {
+            misses.push((name, PoolMiss::Incompatible(STATIC_POOL.into())));
+        }
         Err(summarise(misses))
     }
 
@@ -911,6 +927,9 @@ fn finish_claim(
         instance_types: names,
     }
 }
+
+/// Why a static NodePool opens no claim for a pending pod.
+pub(super) const STATIC_POOL: &str = "static (spec.replicas set): it keeps its replica count and provisions nothing for pending pods";
 
 /// Why no new node can meet `reqs`, if it requires `kubernetes.io/hostname` (upstream's one
 /// restricted label) by naming hosts: a new node's hostname is not known before it registers,

@@ -557,6 +557,32 @@ fn prefer_no_schedule_taint_steers_to_another_pool() {
 }
 
 #[test]
+fn static_nodepools_are_left_out_of_provisioning() {
+    let mut fixed = nodepool("fixed");
+    fixed.spec.replicas = Some(2);
+    // Heavier, so it would be tried first were it provisioning.
+    fixed.spec.weight = Some(100);
+    let r = solve(&snapshot(
+        vec![pod("p", "1", "1Gi")],
+        vec![pool(fixed.clone(), standard_types())],
+    ));
+    assert!(r.new_claims.is_empty(), "{r:?}");
+    let err = r.failures[0].1.to_string();
+    assert!(err.contains("\"fixed\": static"), "{err}");
+    let r = solve(&snapshot(
+        vec![pod("p", "1", "1Gi")],
+        vec![
+            pool(fixed.clone(), standard_types()),
+            pool(nodepool("dynamic"), standard_types()),
+        ],
+    ));
+    assert_eq!(claim_of(&r, "p").nodepool, "dynamic");
+    let v = verdicts(pod("p", "1", "1Gi"), vec![pool(fixed, standard_types())]);
+    let why = v[0].ruled_out.as_ref().expect("ruled out");
+    assert_eq!(why.constraint, explain::Constraint::Nodepool);
+}
+
+#[test]
 fn nodepools_are_tried_by_weight_then_name() {
     let mut heavy = nodepool("z-heavy");
     heavy.spec.weight = Some(50);

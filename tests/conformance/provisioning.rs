@@ -724,7 +724,6 @@ fn static_pool(name: &str, replicas: i64) -> karpenter_capi::api::nodepool::Node
 }
 
 #[test]
-#[ignore = "fails: needs static NodePools (spec.replicas set) left out of provisioning"]
 fn a_static_pool_makes_no_claims_for_pending_pods() {
     Env::new(static_pool("static", 2))
         .provision(&[pod("p")])
