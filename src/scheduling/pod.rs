@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use super::selector::Selector;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
-use crate::api::wellknown::RESOURCE_PODS;
+use crate::api::wellknown::{RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_PODS};
 
 /// How a topology term constrains a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -193,11 +193,11 @@ impl PodInfo {
     }
 
     pub fn cpu(&self) -> Quantity {
-        self.requests.get(crate::api::wellknown::RESOURCE_CPU)
+        self.requests.get(RESOURCE_CPU)
     }
 
     pub fn memory(&self) -> Quantity {
-        self.requests.get(crate::api::wellknown::RESOURCE_MEMORY)
+        self.requests.get(RESOURCE_MEMORY)
     }
 }
 
@@ -232,11 +232,27 @@ pub fn pod_requests(spec: &k8s_openapi::api::core::v1::PodSpec) -> Result<Resour
         }
     }
     let mut total = running.add(&sidecars).max_with(&init_peak);
+    // Pod-level requests (spec.resources) are the pod's requests for the resources they name,
+    // whatever its containers ask (kube-scheduler's PodRequests); overhead comes on top.
+    if let Some(requests) = spec.resources.as_ref().and_then(|r| r.requests.as_ref()) {
+        let requests =
+            Resources::from_k8s(requests).map_err(|e| format!("spec.resources.requests: {e}"))?;
+        for (k, v) in requests.iter() {
+            if pod_level_resource(k) {
+                total.set(k, *v);
+            }
+        }
+    }
     if let Some(overhead) = &spec.overhead {
         let overhead = Resources::from_k8s(overhead).map_err(|e| format!("spec.overhead: {e}"))?;
         total.add_assign(&overhead);
     }
     Ok(total)
+}
+
+/// Whether pod-level resources may set `name` (upstream's `IsSupportedPodLevelResource`).
+fn pod_level_resource(name: &str) -> bool {
+    name == RESOURCE_CPU || name == RESOURCE_MEMORY || name.starts_with("hugepages-")
 }
 
 fn container_requests(c: &Container, what: &str) -> Result<Resources, String> {
@@ -527,6 +543,21 @@ mod tests {
                 },
                 "1100m",
             ),
+            // Pod-level requests replace the containers' (init containers included), with
+            // overhead on top.
+            (
+                PodSpec {
+                    containers: vec![container(&[("cpu", "1")], &[])],
+                    init_containers: Some(vec![container(&[("cpu", "5")], &[])]),
+                    resources: Some(ResourceRequirements {
+                        requests: Some([("cpu".to_string(), K8sQuantity("3".into()))].into()),
+                        ..Default::default()
+                    }),
+                    overhead: Some([("cpu".to_string(), K8sQuantity("100m".into()))].into()),
+                    ..Default::default()
+                },
+                "3100m",
+            ),
         ];
         for (spec, want) in cases {
             assert_eq!(cpu_of(spec.clone()), want, "{spec:?}");
@@ -540,6 +571,42 @@ mod tests {
             err.contains("spec.containers[0].resources.requests"),
             "{err}"
         );
+        // Pod-level requests set only what they name; a resource pods cannot set at pod
+        // level (ephemeral-storage) is still the containers'.
+        let mixed = PodSpec {
+            containers: vec![container(
+                &[
+                    ("cpu", "1"),
+                    ("memory", "1Gi"),
+                    ("ephemeral-storage", "1Gi"),
+                ],
+                &[],
+            )],
+            resources: Some(ResourceRequirements {
+                requests: Some(
+                    [
+                        ("memory".to_string(), K8sQuantity("4Gi".into())),
+                        ("ephemeral-storage".to_string(), K8sQuantity("9Gi".into())),
+                    ]
+                    .into(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let r = pod_requests(&mixed).unwrap();
+        assert_eq!(r.get("cpu").to_string(), "1");
+        assert_eq!(r.get("memory").to_string(), "4Gi");
+        assert_eq!(r.get("ephemeral-storage").to_string(), "1Gi");
+        let bad = PodSpec {
+            resources: Some(ResourceRequirements {
+                requests: Some([("cpu".to_string(), K8sQuantity("lots".into()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let err = pod_requests(&bad).unwrap_err();
+        assert!(err.contains("spec.resources.requests"), "{err}");
     }
 
     #[test]

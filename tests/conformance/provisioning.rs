@@ -779,7 +779,6 @@ fn supported_node_affinities_are_provisioned() {
 }
 
 #[test]
-#[ignore = "fails: needs pod-level resources (spec.resources) counted as the pod's requests"]
 fn pod_level_resources_count() {
     let mut p = pod("p").requests(&[("cpu", "1")]);
     p.spec.as_mut().unwrap().resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
