@@ -291,28 +291,54 @@ async fn a_limit_stops_provisioning_and_says_why() {
     env.invariants_hold();
 }
 
-#[actix::test]
-async fn a_pod_no_nodepool_can_serve_gets_an_event() {
-    let env = env(None).await;
+/// One pod selecting `key=value` next to two plain ones: once the plain ones are bound, the
+/// FailedScheduling notes on the selecting pod (its Deployment is `name`).
+async fn notes_for_a_pod_selecting(env: &Env, name: &str, key: &str, value: &str) -> Vec<String> {
     let mut shape = PodShape::new("100m", "128Mi");
-    shape
-        .node_selector
-        .insert("example.com/team".into(), "nobody".into());
-    env.deployment("orphan", 1, shape).await;
+    shape.node_selector.insert(key.into(), value.into());
+    env.deployment(name, 1, shape).await;
     env.deployment("fine", 2, PodShape::new("100m", "128Mi"))
         .await;
     env.wait("the good pods bound and an event for the other", |e| {
         e.bound_pods() == 2 && !e.events("FailedScheduling").is_empty()
     })
     .await;
-    let ev = env.events("FailedScheduling");
+    env.events("FailedScheduling")
+        .iter()
+        .filter(|e| {
+            e["regarding"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with(name)
+        })
+        .map(|e| e["note"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[actix::test]
+async fn a_pod_no_nodepool_can_serve_gets_an_event() {
+    let env = env(None).await;
+    let notes = notes_for_a_pod_selecting(&env, "orphan", "example.com/team", "nobody").await;
+    assert!(!notes.is_empty(), "no event for the orphan");
+    env.invariants_hold();
+}
+
+#[actix::test]
+async fn a_pod_pinned_to_a_hostname_is_told_the_label_is_restricted() {
+    let env = env(None).await;
+    let notes =
+        notes_for_a_pod_selecting(&env, "pinned", "kubernetes.io/hostname", "red-node").await;
     assert!(
-        ev.iter().any(|e| e["regarding"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("orphan")),
-        "{ev:#?}"
+        notes
+            .iter()
+            .any(|n| n.contains("label \"kubernetes.io/hostname\" is restricted")),
+        "{notes:#?}"
     );
+    // No claim was made for it.
+    for c in env.list("nodeclaims") {
+        let reqs = c["spec"]["requirements"].to_string();
+        assert!(!reqs.contains("red-node"), "{c:#}");
+    }
     env.invariants_hold();
 }
 
