@@ -473,6 +473,15 @@ pub fn pod_requests(pod: &Pod) -> Usage {
             *e = (*e).max(v);
         }
     }
+    // Pod-level requests (`spec.resources`), where set, are the pod's requests for cpu, memory
+    // and hugepages, whatever its containers ask (kube-scheduler's PodRequests).
+    let pod_level = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
+    for (k, q) in pod_level.into_iter().flatten() {
+        let supported = k == "cpu" || k == "memory" || k.starts_with("hugepages-");
+        if supported && let Some(v) = parse_milli(&q.0) {
+            total.0.insert(k.clone(), v);
+        }
+    }
     for (k, q) in spec.overhead.iter().flatten() {
         if let Some(v) = parse_milli(&q.0) {
             *total.0.entry(k.clone()).or_default() += v;
@@ -803,6 +812,18 @@ mod tests {
         assert_eq!(r.get("cpu"), 2000);
         assert_eq!(r.get("memory"), (1i128 << 30) * 1000);
         assert_eq!(r.get("pods"), 1000);
+    }
+
+    #[test]
+    fn pod_level_requests_replace_the_containers_for_what_they_name() {
+        let p = pod(json!({
+            "containers": [{"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}],
+            "resources": {"requests": {"cpu": "3"}},
+            "overhead": {"cpu": "100m"},
+        }));
+        let r = pod_requests(&p);
+        assert_eq!(r.get("cpu"), 3100);
+        assert_eq!(r.get("memory"), (1i128 << 30) * 1000);
     }
 
     #[test]
