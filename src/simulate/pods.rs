@@ -295,9 +295,11 @@ pub async fn wait_for_pods(sim: &BackgroundSim, n: usize, deadline: Duration) ->
                 why: format!("the Deployments have {have} of {n} pods"),
             });
         }
-        // A timeout only means the deadline is near: the loop checks it.
+        // A timeout only means the deadline is near: the loop checks it. Each count walks
+        // every pod, so writes are gathered for a quarter second (pod latencies run from each
+        // pod's own creation, so noticing the last one later changes no figure).
         let _ = tokio::time::timeout(left, changes.changed()).await;
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
