@@ -673,7 +673,9 @@ async fn bound_pods_start_terminate_gracefully_and_are_collected_with_their_node
         .unwrap()
         .metadata
         .deletion_timestamp;
-    pods.delete("stubborn", &DeleteParams::default().grace_period(1))
+    // 5 s, not 1: the pod must still be there for the third delete below, however loaded the
+    // machine running the test is.
+    pods.delete("stubborn", &DeleteParams::default().grace_period(5))
         .await
         .unwrap();
     let second = pods
