@@ -627,22 +627,21 @@ impl<'a> Solver<'a> {
         }
         recharge(pool, claim);
         self.index.set_room(ci, room(&claim.max_avail, &claim.used));
-        let claim = &self.claims[ci];
+        self.record_on_claim(ci, ctx);
+    }
+
+    /// After a pod joined claim `ci`: the topology groups it counts in record the claim's
+    /// domains, and the hostname-keyed ones say what they now refuse there.
+    fn record_on_claim(&mut self, ci: usize, ctx: &Ctx) {
+        let Some(claim) = self.claims.get(ci) else {
+            return;
+        };
         self.topology.record(
             &ctx.prep.matched,
             ctx.owned,
             |k| claim_domain(claim, k),
             claim_source(claim, &self.pools),
         );
-        self.reindex_hosts(ci, ctx);
-    }
-
-    /// After a pod joined claim `ci`: what the hostname-keyed groups it counts in now say
-    /// about the claim.
-    fn reindex_hosts(&mut self, ci: usize, ctx: &Ctx) {
-        let Some(claim) = self.claims.get(ci) else {
-            return;
-        };
         for &g in ctx.prep.matched.iter().chain(ctx.owned) {
             if self.topology.host_keyed(g) {
                 let (refuses, repels) = self.topology.host_blocks(g, &claim.hostname);
@@ -668,14 +667,7 @@ impl<'a> Solver<'a> {
                             *n -= 1;
                         }
                     }
-                    let claim = &self.claims[ci];
-                    self.topology.record(
-                        &ctx.prep.matched,
-                        ctx.owned,
-                        |k| claim_domain(claim, k),
-                        claim_source(claim, &self.pools),
-                    );
-                    self.reindex_hosts(ci, ctx);
+                    self.record_on_claim(ci, ctx);
                     return Ok(());
                 }
                 Err(miss) => misses.push((self.pools[pi].name, miss)),

@@ -22,6 +22,7 @@ use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::rollout::{
@@ -125,6 +126,8 @@ struct Inner {
     /// Reconciles read these, not the API server, as the real controllers do.
     machines: Store<DynamicObject>,
     sets: Store<DynamicObject>,
+    /// Signalled after either cache applied a watch event.
+    cache_changed: Notify,
     shutdown: Shutdown,
 }
 
@@ -141,6 +144,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
     let inner = Arc::new(Inner {
         machines: machine_cache.as_reader(),
         sets: set_cache.as_reader(),
+        cache_changed: Notify::new(),
         rng: SimRng::new(cfg.seed),
         client,
         cfg,
@@ -175,6 +179,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         inner.shutdown.clone(),
         move |event| {
             set_cache.apply_watcher_event(&event);
+            me.cache_changed.notify_waiters();
             if let Some(ms) = applied_or_deleted(event) {
                 let ns = ms.namespace().unwrap_or_default();
                 me.queue.push(Work::Set {
@@ -198,6 +203,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         inner.shutdown.clone(),
         move |event| {
             machine_cache.apply_watcher_event(&event);
+            me.cache_changed.notify_waiters();
             me.on_machine_event(event)
         },
     ));
@@ -274,10 +280,13 @@ impl Inner {
         ns: &str,
         names: &[String],
     ) {
-        let start = tokio::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let mut missing: Vec<&String> = names.iter().collect();
-        let mut asked = start;
-        while start.elapsed() < Duration::from_secs(10) {
+        let mut stop = self.shutdown.clone();
+        let mut asked = tokio::time::Instant::now();
+        loop {
+            // Registered before looking, so an event applied meanwhile still wakes us.
+            let changed = self.cache_changed.notified();
             missing.retain(|n| {
                 store
                     .get(&ObjectRef::new_with(n, ar.clone()).within(ns))
@@ -286,20 +295,28 @@ impl Inner {
             if missing.is_empty() {
                 return;
             }
-            if asked.elapsed() >= Duration::from_millis(200) {
-                asked = tokio::time::Instant::now();
-                let api = self.api(ar, ns);
-                let mut gone = HashSet::new();
-                for n in &missing {
-                    if let Ok(None) = api.get_opt(n).await {
-                        gone.insert(n.to_string());
-                    }
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            // Woken by the watch. An object deleted again before the cache saw it never shows,
+            // so every 200 ms the server is asked which of the missing ones are gone.
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = stop.wait() => return,
+            }
+            if asked.elapsed() < Duration::from_millis(200) {
+                continue;
+            }
+            asked = tokio::time::Instant::now();
+            let api = self.api(ar, ns);
+            let mut gone = HashSet::new();
+            for n in &missing {
+                if let Ok(None) = api.get_opt(n).await {
+                    gone.insert(n.to_string());
                 }
-                missing.retain(|n| !gone.contains(*n));
             }
-            if !self.shutdown.sleep(Duration::from_millis(5)).await {
-                return;
-            }
+            missing.retain(|n| !gone.contains(*n));
         }
         tracing::warn!(
             ?missing,

@@ -254,6 +254,10 @@ fn client_from(config: kube::Config, url: &str) -> kube::Client {
     }
 }
 
+/// The API server runtime's thread name. It starts with `sim` so CPU meters count it as the
+/// simulated cluster's (`simulate::cpu`).
+pub const API_SERVER_THREAD: &str = "sim-apiserver-worker";
+
 fn run_thread(
     listener: std::net::TcpListener,
     shared: Arc<server::Shared>,
@@ -264,7 +268,7 @@ fn run_thread(
         .worker_threads(2)
         // Named like every thread of the simulated cluster, so CPU meters (`simulate`'s
         // `cpu_ms`) count the API server as the cluster's and not as the controller's.
-        .thread_name("sim-apiserver-worker")
+        .thread_name(API_SERVER_THREAD)
         .enable_all()
         .build()
     {

@@ -199,6 +199,10 @@ mod tests {
     fn sides_by_thread_name() {
         assert_eq!(side_of("sim"), Side::Sim);
         assert_eq!(side_of("sim-start"), Side::Sim);
+        // The API server's workers, whole and as Linux truncates a thread name (15 bytes).
+        assert_eq!(side_of(crate::sim::API_SERVER_THREAD), Side::Sim);
+        assert_eq!(side_of(&crate::sim::API_SERVER_THREAD[..15]), Side::Sim);
+        assert_eq!(side_of("tokio-rt-worker"), Side::Controller);
         assert_eq!(side_of("cpu-meter"), Side::Meter);
         assert_eq!(side_of("tokio-runtime-w"), Side::Controller);
         assert_eq!(side_of("karpenter-capi"), Side::Controller);

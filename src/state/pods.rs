@@ -78,28 +78,21 @@ pub fn has_pod_terms(p: &Pod) -> bool {
     let pod_affinity = affinity
         .and_then(|a| a.pod_affinity.as_ref())
         .is_some_and(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-                .is_some_and(|t| !t.is_empty())
-                || a.preferred_during_scheduling_ignored_during_execution
-                    .as_ref()
-                    .is_some_and(|t| !t.is_empty())
+            any(&a.required_during_scheduling_ignored_during_execution)
+                || any(&a.preferred_during_scheduling_ignored_during_execution)
         });
     let anti = affinity
         .and_then(|a| a.pod_anti_affinity.as_ref())
         .is_some_and(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-                .is_some_and(|t| !t.is_empty())
-                || a.preferred_during_scheduling_ignored_during_execution
-                    .as_ref()
-                    .is_some_and(|t| !t.is_empty())
+            any(&a.required_during_scheduling_ignored_during_execution)
+                || any(&a.preferred_during_scheduling_ignored_during_execution)
         });
-    let spread = spec
-        .topology_spread_constraints
-        .as_ref()
-        .is_some_and(|t| !t.is_empty());
+    let spread = any(&spec.topology_spread_constraints);
     pod_affinity || anti || spread
+}
+
+fn any<T>(terms: &Option<Vec<T>>) -> bool {
+    terms.as_ref().is_some_and(|t| !t.is_empty())
 }
 
 /// The pod asks for a host port: it takes that port on its node from every other pod.
