@@ -252,10 +252,20 @@ impl Elector {
                     .saturating_sub(started.saturating_duration_since(at)),
                 None => self.cfg.renew_deadline,
             };
-            let attempt = tokio::select! {
-                r = tokio::time::timeout(budget, self.attempt()) => r,
-                _ = &mut release => return self.give_up(&status).await,
+            // A release asked for mid-attempt waits for that attempt: its write may already
+            // have landed, and a Lease we took but never learned of would stay held until it
+            // expires (the successor waits a whole lease duration).
+            let (attempt, stop) = {
+                let attempt = tokio::time::timeout(budget, self.attempt());
+                tokio::pin!(attempt);
+                tokio::select! {
+                    r = &mut attempt => (r, false),
+                    _ = &mut release => (attempt.await, true),
+                }
             };
+            if stop {
+                return self.give_up(&status).await;
+            }
             let leading = renewed_at.is_some();
             match attempt {
                 Ok(Ok(Outcome::Held)) => {

@@ -320,6 +320,46 @@ async fn a_leader_whose_lease_requests_hang_steps_down_within_the_renew_deadline
     sim.cluster().server().faults().clear();
 }
 
+/// SIGTERM can arrive while the first acquire is in flight: the create has landed but its
+/// answer has not. The release must wait for that answer and give the Lease up, or the next
+/// replica waits a whole lease duration for a holder that is gone.
+#[actix::test]
+async fn a_release_during_an_acquire_whose_answer_is_late_gives_the_lease_up() {
+    let sim = BackgroundSim::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let client = sim.client_here().await.expect("client");
+    sim.cluster()
+        .server()
+        .faults()
+        .set_write_response_delay("leases", Duration::from_millis(800));
+    let e = leader::Election::spawn(client.clone(), election("late"));
+    let leases: Api<Lease> = Api::namespaced(client, "default");
+    let deadline = Instant::now() + PATIENCE;
+    while leases
+        .get_opt(LEASE_NAME)
+        .await
+        .expect("get Lease")
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "the Lease was never created");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !*e.status.borrow(),
+        "the create's answer is still held back, so the replica does not know it leads"
+    );
+    e.release(Duration::from_secs(10)).await;
+    let l = leases.get_opt(LEASE_NAME).await.expect("get Lease");
+    let holder = l
+        .as_ref()
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.holder_identity.clone())
+        .unwrap_or_default();
+    assert_eq!(holder, "", "Lease released: {:?}", l.map(|l| l.spec));
+    sim.cluster().server().faults().clear();
+}
+
 #[actix::test]
 async fn client_deadlines_end_a_hung_request() {
     let sim = BackgroundSim::start(cluster())
