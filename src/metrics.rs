@@ -147,6 +147,7 @@ pub struct Metrics {
     pub replica_write_batch: HistogramFamily<MdLabels>,
     pub replica_writes: Family<WriteLabels, Counter>,
     pub scaler_queue_depth: Family<MdLabels, Gauge>,
+    pub scaler_spent_decrements: Family<MdLabels, Counter>,
     pub api_errors: Family<ApiErrorLabels, Counter>,
     pub reconcile_timeouts: Family<ControllerLabels, Counter>,
     // Karpenter's cloud-provider view of the same work.
@@ -199,6 +200,7 @@ impl Metrics {
             replica_write_batch: Family::new_with_constructor(batch_histogram),
             replica_writes: Family::default(),
             scaler_queue_depth: Family::default(),
+            scaler_spent_decrements: Family::default(),
             api_errors: Family::default(),
             reconcile_timeouts: Family::default(),
             cloudprovider_duration: Family::new_with_constructor(latency_histogram),
@@ -316,6 +318,11 @@ impl Metrics {
             "karpenter_capi_scaler_queue_depth",
             "Machine requests waiting in a MachineDeployment's scaler",
             m.scaler_queue_depth.clone(),
+        );
+        r.register(
+            "karpenter_capi_scaler_spent_decrements",
+            "Replica decrements Cluster API spent on another Machine than the one we marked (made again)",
+            m.scaler_spent_decrements.clone(),
         );
         r.register(
             "karpenter_capi_api_errors",

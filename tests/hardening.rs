@@ -100,6 +100,17 @@ impl Env {
             .expect("claims")
     }
 
+    async fn delete_claim(&self, name: &str) {
+        let name = name.to_string();
+        self.sim
+            .run(move |c| async move {
+                let api: Api<NodeClaim> = Api::all(c.client());
+                let _ = api.delete(&name, &DeleteParams::default()).await;
+            })
+            .await
+            .expect("delete claim");
+    }
+
     async fn delete_claims(&self) {
         let names: Vec<String> = self
             .list("nodeclaims")
@@ -326,6 +337,46 @@ async fn an_ambiguous_decrement_is_read_back_and_never_repeated() {
         ) >= 1.0,
         "the writes did time out: {text}"
     );
+    env.faults().clear();
+    env.settle().await;
+    env.invariants_hold();
+}
+
+/// A MachineSet whose Machine cache lags removes the wrong Machine: the decrement reaches it
+/// before our delete-machine mark does, so it takes its oldest Machine instead of the marked one.
+/// The Scaler must see the MachineDeployment settle with the marked Machine still there and lower
+/// replicas for it again. Before: the marked Machine stayed, its claim never finished
+/// terminating, and the replica it held kept the next claim from getting a Machine (the CI flake
+/// in `expiration_replaces_every_claim`).
+#[actix::test]
+async fn a_decrement_cluster_api_spent_on_another_machine_is_made_again() {
+    let env = env(vec![seed_of(0, 20)], |_| {}).await;
+    env.claims(1, 1).await;
+    env.settle().await;
+    // Creation timestamps have one-second resolution: the second Machine must be the younger.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let young = env.claims(1, 1).await;
+    env.settle().await;
+    assert_eq!(env.replicas("md-0"), 2);
+    // Every Machine watch, the Cluster API stand-in's cache included, now lags 2 s behind.
+    env.faults()
+        .set_watch_delay("machines", Duration::from_secs(2));
+    env.faults().set_every_client("machines");
+    env.delete_claim(&young[0]).await;
+    env.wait("every claim and Machine gone, replicas at zero", |e| {
+        e.machines_of("md-0") == 0 && e.replicas("md-0") == 0 && e.list("nodeclaims").is_empty()
+    })
+    .await;
+    let text = env.metrics.encode();
+    assert_eq!(
+        metric(&text, "karpenter_capi_scaler_spent_decrements_total{"),
+        1.0,
+        "the stand-in took the old Machine, so the decrement was made again once: {text}"
+    );
+    env.wait("the old claim's MachineDeleted Event", |e| {
+        e.events("MachineDeleted").len() == 1
+    })
+    .await;
     env.faults().clear();
     env.settle().await;
     env.invariants_hold();

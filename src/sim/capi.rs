@@ -324,6 +324,41 @@ impl Inner {
         );
     }
 
+    /// Waits until the cache shows these just-deleted objects deleting (or gone), as Cluster
+    /// API's MachineSet controller waits for its deletes: a cache that lags would otherwise
+    /// still count a victim as live and take a second Machine for the same surplus. Gives up
+    /// after 10 s (the watch may be down).
+    async fn await_deleting_in_cache(
+        &self,
+        store: &Store<DynamicObject>,
+        ar: &ApiResource,
+        ns: &str,
+        names: &[String],
+    ) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut stop = self.shutdown.clone();
+        loop {
+            let changed = self.cache_changed.notified();
+            let live = names.iter().any(|n| {
+                store
+                    .get(&ObjectRef::new_with(n, ar.clone()).within(ns))
+                    .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
+            });
+            if !live {
+                return;
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = stop.wait() => return,
+            }
+        }
+        tracing::warn!(
+            ?names,
+            "cluster api stand-in: deleted objects not shown deleting in the cache after 10 s"
+        );
+    }
+
     fn on_machine_event(self: &Arc<Self>, event: Event<DynamicObject>) {
         let (machine, deleted) = match event {
             Event::Apply(m) | Event::InitApply(m) => (m, false),
@@ -851,6 +886,7 @@ impl Inner {
         } else if diff > 0 {
             let mut ranked: Vec<&DynamicObject> = machines.iter().collect();
             ranked.sort_by_key(|m| deletion_rank(m));
+            let mut deleted = Vec::new();
             for victim in ranked.iter().take(diff as usize) {
                 if victim.metadata.deletion_timestamp.is_some() {
                     continue;
@@ -861,7 +897,10 @@ impl Inner {
                         .delete(&victim.name_any(), &DeleteParams::default())
                         .await,
                 )?;
+                deleted.push(victim.name_any());
             }
+            self.await_deleting_in_cache(&self.machines, &v.machine(), ns, &deleted)
+                .await;
         }
         self.propagate_to_machines(&ms, &machines, &machines_api)
             .await?;

@@ -25,6 +25,10 @@ pub struct FaultRule {
     /// Added after a POST/PUT/PATCH was applied, before it is answered: a write that landed
     /// but whose answer is late or lost (the client's timeout makes its outcome unknown).
     pub write_response_delay: Duration,
+    /// Live watch events reach the watcher this long after they were committed: an informer
+    /// cache that lags behind the API server (a busy controller-manager), so one client acts
+    /// on a view of these objects that misses the latest writes.
+    pub watch_delay: Duration,
 }
 
 /// What the server does to one request.
@@ -100,6 +104,12 @@ impl Faults {
         self.update(resource, |r| r.write_response_delay = delay);
     }
 
+    /// Watches of `resource` deliver each live event `delay` after it was committed (in order;
+    /// the initial list is not delayed).
+    pub fn set_watch_delay(&self, resource: &str, delay: Duration) {
+        self.update(resource, |r| r.watch_delay = delay);
+    }
+
     pub fn set_rule(&self, resource: &str, rule: FaultRule) {
         self.update(resource, |r| *r = rule);
     }
@@ -140,6 +150,25 @@ impl Faults {
 
     pub(crate) fn subscribe_cuts(&self) -> watch::Receiver<u64> {
         self.cuts.subscribe()
+    }
+
+    /// How long a watch of `resource` opened by `agent` holds each live event back, read per
+    /// event so a lag switched on (or off) reaches watches that are already open.
+    pub(crate) fn watch_delay(&self, resource: &str, agent: &str) -> Duration {
+        let inner = self.inner.lock();
+        if inner
+            .agent
+            .as_deref()
+            .is_some_and(|a| !agent.starts_with(a))
+            && !inner.every_client.contains(resource)
+        {
+            return Duration::ZERO;
+        }
+        inner
+            .rules
+            .get(resource)
+            .or_else(|| inner.rules.get("*"))
+            .map_or(Duration::ZERO, |r| r.watch_delay)
     }
 
     /// Rolls the dice for one request; `write` is true for PUT and PATCH.
@@ -205,6 +234,18 @@ mod tests {
         assert!(!f.decide("nodes", false).conflict);
         f.clear();
         assert_eq!(f.decide("nodes", true), Decision::default());
+    }
+
+    #[test]
+    fn a_watch_delay_applies_to_watches_only() {
+        let f = Faults::new(1);
+        f.set_watch_delay("machines", Duration::from_millis(300));
+        assert_eq!(f.watch_delay("machines", "ctl"), Duration::from_millis(300));
+        assert_eq!(f.decide_for("machines", "get", "ctl"), Decision::default());
+        f.set_agent(Some("other"));
+        assert_eq!(f.watch_delay("machines", "ctl"), Duration::ZERO);
+        f.set_every_client("machines");
+        assert_eq!(f.watch_delay("machines", "ctl"), Duration::from_millis(300));
     }
 
     #[test]

@@ -372,7 +372,7 @@ async fn serve(
             .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
         "list" => list(shared, target, query)
             .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
-        "watch" => start_watch(shared, target, query, table).map(ServeOutcome::Done),
+        "watch" => start_watch(shared, target, query, table, agent).map(ServeOutcome::Done),
         other => Ok(ServeOutcome::NeedsBody(other, decision.response_delay)),
     }
 }
@@ -501,6 +501,7 @@ fn start_watch(
     target: &Target,
     query: &Query,
     table: Option<table::Include>,
+    agent: &str,
 ) -> Result<Response<Body>, ApiError> {
     let (labels, fields) = selectors(target, query)?;
     let send_initial_events = query.flag("sendInitialEvents");
@@ -526,6 +527,10 @@ fn start_watch(
         timeout,
         bookmark_interval: shared.bookmark_interval,
         table,
+        lag: watch::Lag {
+            faults: shared.faults.clone(),
+            agent: agent.to_string(),
+        },
     };
     let rx = watch::start(&shared.store, req, shared.faults.subscribe_cuts());
     let stream = futures::stream::unfold(rx, |mut rx| async move {

@@ -34,6 +34,8 @@ pub struct StoredEvent {
     /// The object before a modification, so a selector-filtered watch can turn a change that
     /// leaves its selector into DELETED and one that enters it into ADDED.
     pub prev: Option<Arc<Value>>,
+    /// When the change was committed (a lagging watch delivers it relative to this).
+    pub committed: tokio::time::Instant,
     /// The event's watch lines already serialised, by (API version, event type): every watcher
     /// of the same version shares one serialisation instead of making its own.
     lines: Mutex<Vec<(String, &'static str, bytes::Bytes)>>,
@@ -384,6 +386,7 @@ impl Inner {
             kind,
             object: object.clone(),
             prev,
+            committed: tokio::time::Instant::now(),
             lines: Mutex::new(Vec::new()),
         });
         self.history.push_back(event.clone());

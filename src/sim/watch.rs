@@ -30,6 +30,16 @@ pub struct WatchRequest {
     pub bookmark_interval: Duration,
     /// Send each object as a one-row Table (`kubectl get -w`).
     pub table: Option<super::table::Include>,
+    /// Where an injected lag comes from (`Faults::set_watch_delay`).
+    pub lag: Lag,
+}
+
+/// A watch's source of injected lag: looked up per event, so a lag switched on reaches watches
+/// already open (as the informers of a running controller-manager).
+pub struct Lag {
+    pub faults: Arc<super::faults::Faults>,
+    /// The watching client's User-Agent (faults can be scoped to one client).
+    pub agent: String,
 }
 
 /// Starts a watch and returns the channel its body is read from. An expired resourceVersion is
@@ -114,6 +124,10 @@ async fn run(
                     last_rv = ev.rv;
                     if ev.key != key {
                         continue;
+                    }
+                    let delay = req.lag.faults.watch_delay(&req.def.plural, &req.lag.agent);
+                    if !delay.is_zero() {
+                        tokio::time::sleep_until(ev.committed + delay).await;
                     }
                     if let Some(l) = translate(&req, &ev)
                         && tx.send(l).await.is_err()

@@ -39,7 +39,7 @@ use crate::capi::version::CapiVersion;
 use crate::capi::{annotations, version};
 use crate::metrics::{Metrics, WriteLabels};
 use crate::state::claims::recorded_deployment;
-use crate::state::machines::{bound_claim, key};
+use crate::state::machines::{Machines, bound_claim, key};
 
 /// The value we put in `cluster.x-k8s.io/delete-machine`, so that a mark set by somebody else on a
 /// baseline Machine is never mistaken for one of ours.
@@ -68,6 +68,15 @@ pub fn managed_replicas(md: &MachineDeployment) -> i32 {
         .max(0)
 }
 
+/// How a Machine left the planner's count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Removal {
+    /// Its replica was removed by the write that produced this MachineDeployment generation.
+    Decremented { generation: Option<i64> },
+    /// Deleted directly (below min-size): the API server, not a MachineSet, removes it.
+    Deleted,
+}
+
 pub struct Scaler {
     md: String,
     shared: Arc<Shared>,
@@ -76,7 +85,9 @@ pub struct Scaler {
     /// Machine key -> claim, for binds in flight or written but not yet seen in the index.
     binding: HashMap<String, String>,
     /// Machines whose replica we removed (or deleted directly); they are on their way out.
-    decremented: HashSet<String>,
+    decremented: HashMap<String, Removal>,
+    /// Decremented Machines being read back because Cluster API settled without removing them.
+    verifying: HashSet<String>,
     /// Machines with a release annotation in flight.
     releasing: HashSet<String>,
     /// Claims turned down until they ask again.
@@ -182,6 +193,8 @@ impl Handler<Poke> for Scaler {
 /// What `plan` needs, gathered from the indexes.
 struct Inputs {
     md: Arc<MachineDeployment>,
+    /// Decremented Machines Cluster API will not remove (see `spent_decrements`).
+    spent: Vec<Arc<Machine>>,
     machines: Vec<MachineView>,
     waiting: Vec<String>,
     min_size: i32,
@@ -196,7 +209,8 @@ impl Scaler {
             shared,
             asked: VecDeque::new(),
             binding: HashMap::new(),
-            decremented: HashSet::new(),
+            decremented: HashMap::new(),
+            verifying: HashSet::new(),
             releasing: HashSet::new(),
             rejected: HashSet::new(),
             bound_at: HashMap::new(),
@@ -245,6 +259,9 @@ impl Scaler {
             rolling_out: inputs.rolling_out,
         };
         let plan = plan::plan(&snapshot);
+        for machine in &inputs.spent {
+            self.verify_spent(machine.clone(), ctx);
+        }
         for machine in self.orphans(&inputs.machines) {
             tracing::warn!(machine = %machine, machine_deployment = %self.md, "machine bound to a NodeClaim that no longer exists; releasing it");
             self.release(machine, false, ctx);
@@ -330,7 +347,8 @@ impl Scaler {
             .filter(|m| m.deletion_timestamp.is_none())
             .map(|m| key(&m.namespace, &m.name))
             .collect();
-        self.decremented.retain(|k| live_keys.contains(k));
+        self.decremented.retain(|k, _| live_keys.contains(k));
+        let spent = self.spent_decrements(&md, &machines);
         self.binding.retain(|mk, _| {
             machines
                 .get(mk)
@@ -350,7 +368,7 @@ impl Scaler {
             .iter()
             .filter(|m| m.deletion_timestamp.is_none())
             .map(|m| (key(&m.namespace, &m.name), m))
-            .filter(|(k, _)| !self.decremented.contains(k))
+            .filter(|(k, _)| !self.decremented.contains_key(k))
             .map(|(k, m)| MachineView {
                 bound_to: bound_claim(m)
                     .map(str::to_string)
@@ -395,6 +413,7 @@ impl Scaler {
         });
         Some(Inputs {
             md,
+            spent,
             machines: views,
             waiting,
             min_size,
@@ -590,7 +609,6 @@ impl Scaler {
         )
     }
 
-    /// Mark a Machine of ours for deletion (step one of a release; the decrement follows).
     /// Mark a Machine for deletion (the decrement follows in the next replica write). A Machine
     /// whose Node the Terminator drained also gets Cluster API's exclude-node-draining
     /// annotation in the same write, so Cluster API does not drain it a second time.
@@ -758,13 +776,19 @@ impl Scaler {
         self.writing = false;
         self.backoff.reset();
         tracing::info!(machine_deployment = %self.md, from = w.from, to = w.to, managed = w.managed_to, "replicas written");
+        let generation = updated.generation;
         self.shared
             .state
             .deployments
             .write()
             .apply_own_response(updated);
-        self.decremented.extend(w.decrements.iter().cloned());
-        self.decremented.extend(delete_directly.iter().cloned());
+        for m in &w.decrements {
+            self.decremented
+                .insert(m.clone(), Removal::Decremented { generation });
+        }
+        for m in &delete_directly {
+            self.decremented.insert(m.clone(), Removal::Deleted);
+        }
         for m in delete_directly {
             self.delete_machine(m, ctx);
         }
@@ -900,21 +924,80 @@ impl Scaler {
     fn refresh_machine(&mut self, machine: Arc<Machine>, ctx: &mut Context<Self>) {
         let mk = key(&machine.namespace, &machine.name);
         let read = self.read_machine(&machine);
-        ctx.spawn(read.into_actor(self).map(move |r, act, ctx| {
-            match r {
-                Ok(m) => {
-                    act.shared.state.machines.write().apply_response(m);
-                }
-                Err(e) if e.is_not_found() => {
-                    act.shared.state.machines.write().remove(&mk);
-                }
-                Err(e) => {
-                    tracing::warn!(machine = %mk, error = %e, "re-reading machine failed");
-                    act.retry_later(ctx);
-                    return;
-                }
+        ctx.spawn(
+            read.into_actor(self)
+                .map(move |r, act, ctx| act.machine_read(&mk, r, ctx)),
+        );
+    }
+
+    /// Put a Machine read back into the index (or drop it when it is gone) and plan again; a
+    /// failed read is retried later.
+    fn machine_read(&mut self, mk: &str, r: Result<Machine, Error>, ctx: &mut Context<Self>) {
+        match r {
+            Ok(m) => {
+                self.shared.state.machines.write().apply_response(m);
             }
-            act.replan(ctx);
+            Err(e) if e.is_not_found() => {
+                self.shared.state.machines.write().remove(mk);
+            }
+            Err(e) => {
+                tracing::warn!(machine = %mk, error = %e, "re-reading machine failed");
+                self.retry_later(ctx);
+                return;
+            }
+        }
+        self.replan(ctx);
+    }
+
+    /// Decremented Machines that Cluster API will not remove: the MachineDeployment's status
+    /// is at its current generation (no older than our write) and counts as many Machines as
+    /// replicas, yet they are still here and not deleting. Their MachineSet spent the decrement
+    /// on another Machine: its cache had not seen our mark yet, or another Machine was being
+    /// deleted at that moment (a MachineHealthCheck, a user), or a rollout chose elsewhere.
+    fn spent_decrements(&self, md: &MachineDeployment, machines: &Machines) -> Vec<Arc<Machine>> {
+        let Some(observed) = md.observed_generation else {
+            return Vec::new();
+        };
+        let settled = !self.writing
+            && md.status_replicas.is_some()
+            && md.status_replicas == md.spec_replicas
+            && md.generation.is_none_or(|g| observed >= g);
+        if !settled {
+            return Vec::new();
+        }
+        self.decremented
+            .iter()
+            .filter(|(k, r)| {
+                !self.verifying.contains(*k)
+                    && matches!(r, Removal::Decremented { generation: Some(g) } if observed >= *g)
+            })
+            .filter_map(|(k, _)| machines.get(k))
+            .filter(|m| m.deletion_timestamp.is_none())
+            .collect()
+    }
+
+    /// Read a Machine `spent_decrements` found back (our Machine index may only lag behind the
+    /// MachineDeployment's status). Still there and not deleting: it is a marked Machine whose
+    /// replica was never removed, so the next plan lowers replicas for it again.
+    fn verify_spent(&mut self, machine: Arc<Machine>, ctx: &mut Context<Self>) {
+        let mk = key(&machine.namespace, &machine.name);
+        if !self.verifying.insert(mk.clone()) {
+            return;
+        }
+        let read = self.read_machine(&machine);
+        ctx.spawn(read.into_actor(self).map(move |r, act, ctx| {
+            act.verifying.remove(&mk);
+            if let Ok(m) = &r
+                && m.deletion_timestamp.is_none()
+                && act.decremented.remove(&mk).is_some()
+            {
+                tracing::warn!(machine = %mk, machine_deployment = %act.md, "Cluster API settled without removing a Machine whose replica we removed (its MachineSet removed another); lowering replicas for it again");
+                act.metrics()
+                    .scaler_spent_decrements
+                    .get_or_create(&Metrics::md(&act.md))
+                    .inc();
+            }
+            act.machine_read(&mk, r, ctx);
         }));
     }
 
@@ -1004,6 +1087,7 @@ impl Handler<super::tracked::Tracked> for Scaler {
                 ("asked", self.asked.len()),
                 ("binding", self.binding.len()),
                 ("decremented", self.decremented.len()),
+                ("verifying", self.verifying.len()),
                 ("releasing", self.releasing.len()),
                 ("rejected", self.rejected.len()),
                 ("bound_at", self.bound_at.len()),
