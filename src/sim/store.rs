@@ -478,6 +478,7 @@ impl Inner {
         if reset_status {
             prepare_status_on_create(def, &mut obj);
         }
+        omit_empty_meta(&mut obj);
         super::managed_fields::track(None, &mut obj);
         super::validate::check(def, &obj)?;
         let stored = self.commit(&key, ns, EventKind::Added, obj, None);
@@ -548,6 +549,7 @@ impl Inner {
                 .cloned()
                 .unwrap_or(json!("")),
         );
+        omit_empty_meta(&mut merged);
         super::managed_fields::track(Some(&old), &mut merged);
         if merged == *old {
             return Ok(Value::clone(&old));
@@ -886,6 +888,21 @@ pub fn set_meta(obj: &mut Value, field: &str, value: Value) {
     }
     if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.insert(field.into(), value);
+    }
+}
+
+/// The API server stores metadata through Go's `ObjectMeta`, whose maps and lists are
+/// `omitempty` (custom resources too: their metadata is coerced through it), so an empty
+/// `labels: {}` or `finalizers: []` is never served back. Writers rely on that, e.g. a JSON
+/// patch that tests `/metadata/annotations` for null before creating the map.
+fn omit_empty_meta(obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.retain(|_, v| match v {
+            Value::Null => false,
+            Value::Object(m) => !m.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            _ => true,
+        });
     }
 }
 

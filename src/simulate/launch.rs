@@ -426,6 +426,10 @@ pub fn measure(
         .filter(|w| w.at_ms >= since_ms)
         .collect();
     let controller_writes = writes.iter().filter(|w| w.agent == USER_AGENT).count();
+    let mut writes_by_target = std::collections::BTreeMap::new();
+    for w in writes.iter().filter(|w| w.agent == USER_AGENT) {
+        *writes_by_target.entry(w.target()).or_insert(0) += 1;
+    }
     let replica_writes = writes
         .iter()
         .filter(|w| {
@@ -495,6 +499,7 @@ pub fn measure(
                 controller_writes as f64 / requested as f64
             },
             requests_by_verb: stats.requests_by_verb(USER_AGENT),
+            writes_by_target,
         },
         latency_ms: Latencies {
             provider_id_to_claim: Percentiles::of(pid_to_claim),

@@ -57,6 +57,9 @@ pub struct ApiCounts {
     /// Every request the controller made, by verb (get, list, watch, create, update, patch,
     /// delete), counted by the server as they arrived (failed ones too) since it started.
     pub requests_by_verb: std::collections::BTreeMap<String, u64>,
+    /// The controller's successful writes by `verb resource[/subresource]` (e.g.
+    /// `patch nodeclaims/status`): where `writes_per_claim` goes.
+    pub writes_by_target: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
