@@ -228,7 +228,10 @@ impl Provisioner {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
             };
-            let claim = scheduling::nodeclaim_for(&new, pool);
+            let claim = scheduling::with_default_termination_grace_period(
+                scheduling::nodeclaim_for(&new, pool),
+                self.shared.settings.default_termination_grace_period,
+            );
             self.create(claim, new.nodepool.clone(), new.pods, ctx);
         }
     }

@@ -1,7 +1,9 @@
 //! The few cases that need the whole controller on the simulated cluster (upstream's provisioning
 //! suite drives its provisioner against a real API server for them): volume topology, which
 //! reads PersistentVolumes the solve does not see, and NodePools being deleted, which the
-//! snapshot leaves out before the solve.
+//! snapshot leaves out before the solve. The controller settings that shape NodeClaims
+//! (`--default-termination-grace-period`, `--min-values-policy`) are tested here too, through
+//! the controller that reads them.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +11,10 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
+use karpenter_capi::actors::Settings;
+use karpenter_capi::api::duration::GoDuration;
 use karpenter_capi::metrics::Metrics;
+use karpenter_capi::scheduling::MinValuesPolicy;
 use karpenter_capi::sim::cluster::SimClusterConfig;
 use karpenter_capi::simulate::launch::{self, seed_nodeclass_and_pool};
 use karpenter_capi::simulate::pods::seed_of;
@@ -18,6 +23,13 @@ use karpenter_capi::simulate::{BackgroundSim, sim_settings, start_controller};
 /// Four MachineDeployments (zones sim-zone-0, -1, -2, -0), the default NodeClass and NodePool,
 /// and the controller.
 async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
+    cluster_with(|_| {}).await
+}
+
+/// [`cluster`], with the controller's settings edited.
+async fn cluster_with(
+    edit: impl FnOnce(&mut Settings),
+) -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
     let sim = BackgroundSim::start(SimClusterConfig {
         provider_delay: Duration::from_millis(30),
         jitter: Duration::from_millis(30),
@@ -39,6 +51,7 @@ async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) 
     let mut settings = sim_settings(None);
     settings.batching.idle = Duration::from_millis(200);
     settings.batching.max = Duration::from_secs(2);
+    edit(&mut settings);
     let controller = start_controller(&sim, settings, Metrics::new())
         .await
         .expect("controller");
@@ -181,4 +194,102 @@ async fn a_deleting_nodepool_gets_no_claims() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(store.list("nodeclaims", None).is_empty());
+}
+
+/// Creates a pod asking for 100m CPU and 128Mi.
+async fn small_pod(sim: &BackgroundSim, name: &str) {
+    let name = name.to_string();
+    sim.run(|c| async move {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": launch::NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": "c",
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}
+        }))
+        .unwrap();
+        Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// Upstream provisioning suite: should expect nodeclaim terminationGracePeriod to be the global
+/// value when the nodepool terminationGracePeriod is not set.
+#[actix::test]
+async fn the_global_termination_grace_period_lands_on_claims_of_pools_without_one() {
+    let grace = Duration::from_secs(98 * 3600);
+    let (sim, _controller) =
+        cluster_with(|s| s.default_termination_grace_period = Some(grace)).await;
+    small_pod(&sim, "p").await;
+    let claim = first_claim(&sim).await;
+    let written: GoDuration =
+        serde_json::from_value(claim["spec"]["terminationGracePeriod"].clone())
+            .unwrap_or_else(|e| panic!("{e}: {claim:#}"));
+    assert_eq!(written.0, grace);
+}
+
+/// A NodePool heavier than the default one whose minValues (5 instance types) the four
+/// MachineDeployments cannot meet; the pod's claim under `policy`.
+async fn claim_with_unmet_min_values(policy: MinValuesPolicy) -> Value {
+    let (sim, _controller) = cluster_with(|s| s.min_values_policy = policy).await;
+    sim.run(|c| async move {
+        let np = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "wide"},
+            "spec": {"weight": 100, "template": {"spec": {
+                "requirements": [{"key": "node.kubernetes.io/instance-type",
+                                  "operator": "Exists", "minValues": 5}],
+                "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass",
+                                 "name": launch::NODECLASS}
+            }}}
+        }))
+        .unwrap();
+        Api::<karpenter_capi::api::nodepool::NodePool>::all(c.client())
+            .create(&PostParams::default(), &np)
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    small_pod(&sim, "p").await;
+    first_claim(&sim).await
+}
+
+fn relaxed_annotation(claim: &Value) -> &Value {
+    &claim["metadata"]["annotations"]["karpenter.sh/nodeclaim-min-values-relaxed"]
+}
+
+/// Upstream provisioning suite, MinValuesPolicy BestEffort: should choose the NodePool with the
+/// higher weight when relaxing minValues, through `--min-values-policy`.
+#[actix::test]
+async fn best_effort_min_values_give_the_heavier_pool_a_relaxed_claim() {
+    let claim = claim_with_unmet_min_values(MinValuesPolicy::BestEffort).await;
+    assert_eq!(
+        claim["metadata"]["labels"]["karpenter.sh/nodepool"], "wide",
+        "{claim:#}"
+    );
+    assert_eq!(relaxed_annotation(&claim), "true");
+    let types = claim["spec"]["requirements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["key"] == "node.kubernetes.io/instance-type")
+        .expect("an instance-type requirement");
+    assert_eq!(types["minValues"], 4, "{claim:#}");
+}
+
+/// The same cluster under the default Strict policy: the heavier pool cannot launch, so the
+/// pod's claim comes from the default one.
+#[actix::test]
+async fn strict_min_values_leave_the_heavier_pool_out() {
+    let claim = claim_with_unmet_min_values(MinValuesPolicy::Strict).await;
+    assert_eq!(
+        claim["metadata"]["labels"]["karpenter.sh/nodepool"],
+        launch::NODEPOOL,
+        "{claim:#}"
+    );
+    assert_eq!(relaxed_annotation(&claim), "false");
 }

@@ -218,7 +218,10 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
                 what: format!("NodePool {}", new.nodepool),
             });
         };
-        let claim = crate::scheduling::nodeclaim_for(new, &np);
+        let claim = crate::scheduling::with_default_termination_grace_period(
+            crate::scheduling::nodeclaim_for(new, &np),
+            shared.settings.default_termination_grace_period,
+        );
         let created = claims(shared)
             .create(&PostParams::default(), &claim)
             .await
