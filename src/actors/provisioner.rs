@@ -259,10 +259,11 @@ impl Provisioner {
                             act.shared
                                 .metrics
                                 .nodeclaims_created
-                                .get_or_create(&CreatedLabels {
-                                    reason: "provisioning".into(),
-                                    nodepool: nodepool.clone(),
-                                })
+                                .get_or_create(&CreatedLabels::of(
+                                    "provisioning",
+                                    nodepool.as_str(),
+                                    &created,
+                                ))
                                 .inc();
                             tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "created nodeclaim");
                             // Into the index in the same turn it leaves `creating`, so no solve

@@ -5,6 +5,7 @@
 //! (`--default-termination-grace-period`, `--min-values-policy`) are tested here too, through
 //! the controller that reads them.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -23,12 +24,13 @@ use karpenter_capi::simulate::{BackgroundSim, sim_settings, start_controller};
 /// Four MachineDeployments (zones sim-zone-0, -1, -2, -0), the default NodeClass and NodePool,
 /// and the controller.
 async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
-    cluster_with(|_| {}).await
+    cluster_with(|_| {}, Metrics::new()).await
 }
 
-/// [`cluster`], with the controller's settings edited.
+/// [`cluster`], with the controller's settings edited and its metrics in `metrics`.
 async fn cluster_with(
     edit: impl FnOnce(&mut Settings),
+    metrics: Arc<Metrics>,
 ) -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
     let sim = BackgroundSim::start(SimClusterConfig {
         provider_delay: Duration::from_millis(30),
@@ -52,7 +54,7 @@ async fn cluster_with(
     settings.batching.idle = Duration::from_millis(200);
     settings.batching.max = Duration::from_secs(2);
     edit(&mut settings);
-    let controller = start_controller(&sim, settings, Metrics::new())
+    let controller = start_controller(&sim, settings, metrics)
         .await
         .expect("controller");
     (sim, controller)
@@ -221,8 +223,11 @@ async fn small_pod(sim: &BackgroundSim, name: &str) {
 #[actix::test]
 async fn the_global_termination_grace_period_lands_on_claims_of_pools_without_one() {
     let grace = Duration::from_secs(98 * 3600);
-    let (sim, _controller) =
-        cluster_with(|s| s.default_termination_grace_period = Some(grace)).await;
+    let (sim, _controller) = cluster_with(
+        |s| s.default_termination_grace_period = Some(grace),
+        Metrics::new(),
+    )
+    .await;
     small_pod(&sim, "p").await;
     let claim = first_claim(&sim).await;
     let written: GoDuration =
@@ -232,9 +237,11 @@ async fn the_global_termination_grace_period_lands_on_claims_of_pools_without_on
 }
 
 /// A NodePool heavier than the default one whose minValues (5 instance types) the four
-/// MachineDeployments cannot meet; the pod's claim under `policy`.
-async fn claim_with_unmet_min_values(policy: MinValuesPolicy) -> Value {
-    let (sim, _controller) = cluster_with(|s| s.min_values_policy = policy).await;
+/// MachineDeployments cannot meet; the pod's claim under `policy`, once the controller counted
+/// it in `karpenter_nodeclaims_created_total`, and that series.
+async fn claim_with_unmet_min_values(policy: MinValuesPolicy) -> (Value, String) {
+    let metrics = Metrics::new();
+    let (sim, _controller) = cluster_with(|s| s.min_values_policy = policy, metrics.clone()).await;
     sim.run(|c| async move {
         let np = serde_json::from_value(json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
@@ -255,7 +262,22 @@ async fn claim_with_unmet_min_values(policy: MinValuesPolicy) -> Value {
     .await
     .unwrap();
     small_pod(&sim, "p").await;
-    first_claim(&sim).await
+    let claim = first_claim(&sim).await;
+    let start = Instant::now();
+    loop {
+        let text = metrics.encode();
+        if let Some(series) = text
+            .lines()
+            .find(|l| l.starts_with("karpenter_nodeclaims_created_total{"))
+        {
+            return (claim, series.to_string());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the created claim was never counted: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn relaxed_annotation(claim: &Value) -> &Value {
@@ -266,7 +288,11 @@ fn relaxed_annotation(claim: &Value) -> &Value {
 /// higher weight when relaxing minValues, through `--min-values-policy`.
 #[actix::test]
 async fn best_effort_min_values_give_the_heavier_pool_a_relaxed_claim() {
-    let claim = claim_with_unmet_min_values(MinValuesPolicy::BestEffort).await;
+    let (claim, series) = claim_with_unmet_min_values(MinValuesPolicy::BestEffort).await;
+    assert!(
+        series.contains(r#"nodepool="wide",min_values_relaxed="true"}"#),
+        "{series}"
+    );
     assert_eq!(
         claim["metadata"]["labels"]["karpenter.sh/nodepool"], "wide",
         "{claim:#}"
@@ -285,7 +311,11 @@ async fn best_effort_min_values_give_the_heavier_pool_a_relaxed_claim() {
 /// pod's claim comes from the default one.
 #[actix::test]
 async fn strict_min_values_leave_the_heavier_pool_out() {
-    let claim = claim_with_unmet_min_values(MinValuesPolicy::Strict).await;
+    let (claim, series) = claim_with_unmet_min_values(MinValuesPolicy::Strict).await;
+    assert!(
+        series.contains(r#"min_values_relaxed="false"}"#),
+        "{series}"
+    );
     assert_eq!(
         claim["metadata"]["labels"]["karpenter.sh/nodepool"],
         launch::NODEPOOL,
