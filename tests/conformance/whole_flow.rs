@@ -60,26 +60,13 @@ async fn cluster_with(
     (sim, controller)
 }
 
-/// Waits (generously: this only guards a hang) for the first NodeClaim.
+/// Waits for the first NodeClaim.
 async fn first_claim(sim: &BackgroundSim) -> Value {
-    let start = Instant::now();
-    loop {
-        if let Some(c) = sim
-            .cluster()
-            .server()
-            .store()
-            .list("nodeclaims", None)
-            .into_iter()
-            .next()
-        {
-            return c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no NodeClaim was created"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let store = sim.cluster().server().store();
+    wait_for("a NodeClaim", || {
+        store.list("nodeclaims", None).into_iter().next()
+    })
+    .await
 }
 
 /// The zone the claim launched in (the chosen MachineDeployment's, which the claim is labelled
@@ -263,18 +250,37 @@ async fn claim_with_unmet_min_values(policy: MinValuesPolicy) -> (Value, String)
     .unwrap();
     small_pod(&sim, "p").await;
     let claim = first_claim(&sim).await;
+    let series = wait_for("the created claim to be counted", || {
+        let text = metrics.encode();
+        text.lines()
+            .find(|l| l.starts_with("karpenter_nodeclaims_created_total{"))
+            .map(str::to_string)
+    })
+    .await;
+    // Registration copies the claim's annotations onto its Node, as upstream's does.
+    let store = sim.cluster().server().store();
+    let on_node = wait_for("a registered Node with the annotation", || {
+        store
+            .list("nodes", None)
+            .iter()
+            .map(|n| relaxed_annotation(n).clone())
+            .find(|a| !a.is_null())
+    })
+    .await;
+    assert_eq!(&on_node, relaxed_annotation(&claim));
+    (claim, series)
+}
+
+/// Waits (generously: this only guards a hang) until `f` finds something.
+async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
-        let text = metrics.encode();
-        if let Some(series) = text
-            .lines()
-            .find(|l| l.starts_with("karpenter_nodeclaims_created_total{"))
-        {
-            return (claim, series.to_string());
+        if let Some(v) = f() {
+            return v;
         }
         assert!(
             start.elapsed() < Duration::from_secs(120),
-            "the created claim was never counted: {text}"
+            "timed out waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
