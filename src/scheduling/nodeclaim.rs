@@ -18,7 +18,8 @@ use crate::api::wellknown::{
 /// The NodeClaim for `new`: `generateName: <nodepool>-`, owned by the NodePool (blocking its
 /// deletion, not as controller, as upstream does), labelled with the template labels, the pool
 /// and every single-valued requirement, annotated with the template annotations, the drift
-/// hash and whether minValues were relaxed, and carrying the template's taints, lifetimes and node class.
+/// hash and whether minValues were relaxed, and carrying the template's taints, lifetimes and
+/// node class.
 pub fn nodeclaim_for(new: &NewClaim, nodepool: &NodePool) -> NodeClaim {
     let pool_name = nodepool.metadata.name.clone().unwrap_or_default();
     let template = &nodepool.spec.template;

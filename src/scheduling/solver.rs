@@ -162,7 +162,7 @@ struct Claim {
     host_ports: Vec<(i32, String)>,
     /// Capacity counted against the pool's limits (its cheapest type's).
     charge: Amounts,
-    /// A minValues of its pool was lowered to let a pod open or join it.
+    /// A minValues of its pool was lowered to open it (BestEffort).
     min_values_relaxed: bool,
 }
 
