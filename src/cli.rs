@@ -215,6 +215,18 @@ pub enum PreferencePolicy {
     Ignore,
 }
 
+/// Upstream's `--min-values-policy` values, spelled as upstream spells them (any case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MinValuesPolicy {
+    /// A NodePool's minValues the instance types cannot meet leaves the pod unscheduled.
+    #[value(name = "Strict")]
+    Strict,
+    /// Unmet minValues are lowered to what the instance types offer; the NodeClaim says so
+    /// (annotation karpenter.sh/nodeclaim-min-values-relaxed).
+    #[value(name = "BestEffort")]
+    BestEffort,
+}
+
 /// Logging flags, shared by `run` and `simulate`.
 #[derive(Clone, Debug, Args)]
 pub struct LogArgs {
@@ -250,6 +262,20 @@ pub struct ControllerArgs {
     /// Whether preferred node affinity is tried as required before being relaxed.
     #[arg(long, env = "PREFERENCE_POLICY", value_enum, default_value = "respect")]
     pub preference_policy: PreferencePolicy,
+    /// Whether a NodePool's minValues must be met (Strict) or may be lowered to what the
+    /// instance types offer (BestEffort).
+    #[arg(
+        long,
+        env = "MIN_VALUES_POLICY",
+        value_enum,
+        ignore_case = true,
+        default_value = "Strict"
+    )]
+    pub min_values_policy: MinValuesPolicy,
+    /// terminationGracePeriod of the NodeClaims whose NodePool sets none (default: none, so
+    /// their nodes drain without a deadline).
+    #[arg(long, env = "DEFAULT_TERMINATION_GRACE_PERIOD", value_parser = duration_arg)]
+    pub default_termination_grace_period: Option<Duration>,
 }
 
 /// Where the Cluster API objects live. With none of these set, the workload cluster is used
@@ -575,6 +601,35 @@ mod tests {
         );
         assert_eq!(run.controller.batch_idle_duration, Duration::from_secs(1));
         assert_eq!(run.controller.batch_max_duration, Duration::from_secs(10));
+        assert_eq!(run.controller.min_values_policy, MinValuesPolicy::Strict);
+        assert_eq!(run.controller.default_termination_grace_period, None);
+    }
+
+    #[test]
+    fn min_values_policy_takes_upstreams_spelling_in_any_case() {
+        for (arg, want) in [
+            ("BestEffort", MinValuesPolicy::BestEffort),
+            ("besteffort", MinValuesPolicy::BestEffort),
+            ("strict", MinValuesPolicy::Strict),
+        ] {
+            let cli = Cli::try_parse_from([
+                "karpenter-capi",
+                "run",
+                "--min-values-policy",
+                arg,
+                "--default-termination-grace-period",
+                "98h",
+            ])
+            .unwrap();
+            let Command::Run(run) = cli.command else {
+                panic!("expected run")
+            };
+            assert_eq!(run.controller.min_values_policy, want, "{arg}");
+            assert_eq!(
+                run.controller.default_termination_grace_period,
+                Some(Duration::from_secs(98 * 3600))
+            );
+        }
     }
 
     #[test]

@@ -226,7 +226,7 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
     let text = env.metrics.encode();
     assert!(
         text.contains(
-            "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"}"
+            "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\",min_values_relaxed=\"false\"}"
         ),
         "{text}"
     );

@@ -61,6 +61,10 @@ pub struct Settings {
     pub batching: provisioner::Batching,
     /// Preferred affinities: tried as required first, or ignored.
     pub preference: crate::scheduling::PreferencePolicy,
+    /// minValues the instance types cannot meet: no claim, or lowered ones.
+    pub min_values_policy: crate::scheduling::MinValuesPolicy,
+    /// terminationGracePeriod of claims whose NodePool sets none.
+    pub default_termination_grace_period: Option<Duration>,
     /// Deadlines of the actors' own work (tests shorten them).
     pub deadlines: Deadlines,
     /// A drained node counts as drained only this long after its drain began, so pods bound
@@ -125,6 +129,8 @@ impl Default for Settings {
             cluster_name: None,
             batching: provisioner::Batching::default(),
             preference: crate::scheduling::PreferencePolicy::Respect,
+            min_values_policy: crate::scheduling::MinValuesPolicy::Strict,
+            default_termination_grace_period: None,
             deadlines: Deadlines::default(),
             min_drain_time: Duration::from_secs(5),
             disruption: DisruptionSettings::default(),

@@ -222,6 +222,7 @@ pub fn build<'a>(
         nodepools,
         daemonsets,
         preference_policy: preference,
+        min_values_policy: shared.settings.min_values_policy,
         // Namespaces are not watched yet: only empty namespaceSelectors match.
         namespaces: Default::default(),
     }

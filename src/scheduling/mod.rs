@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
 
 pub use error::PodError;
 pub use instance_type::{InstanceType, Offering};
-pub use nodeclaim::nodeclaim_for;
+pub use nodeclaim::{nodeclaim_for, with_default_termination_grace_period};
 pub use solver::{nodepool_requirements, solve, solve_with_volumes};
 
 use crate::api::nodepool::NodePool;
@@ -49,6 +49,16 @@ pub enum PreferencePolicy {
     Ignore,
 }
 
+/// What a NodePool's minValues the candidate instance types cannot meet does to a claim:
+/// `Strict` (upstream's default) opens none; `BestEffort` lowers each unmet minValues to what
+/// the types offer and marks the claim relaxed (upstream's `--min-values-policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MinValuesPolicy {
+    #[default]
+    Strict,
+    BestEffort,
+}
+
 /// Everything one solve looks at.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -65,6 +75,7 @@ pub struct Snapshot {
     /// taints it accepts, so its requests are overhead on those instance types.
     pub daemonsets: Vec<Pod>,
     pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
     /// Namespace name -> labels, for the `namespaceSelector` of pod (anti-)affinity terms. A
     /// namespace missing here is taken as unlabelled (only an empty selector matches it).
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
@@ -121,6 +132,9 @@ pub struct NewClaim {
     pub pods: Vec<String>,
     /// Instance types that can hold it, cheapest first, at most [`MAX_INSTANCE_TYPES`].
     pub instance_types: Vec<String>,
+    /// Whether a minValues of its NodePool was lowered to fit (only under
+    /// [`MinValuesPolicy::BestEffort`]); `requirements` carry the lowered values.
+    pub min_values_relaxed: bool,
 }
 
 /// What a NodePool uses: the sum of its nodes' (and in-flight claims') capacities plus `nodes`.

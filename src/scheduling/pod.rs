@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use super::selector::Selector;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
-use crate::api::wellknown::{RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_PODS};
+use crate::api::wellknown::{RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_PODS, normalized_label};
 
 /// How a topology term constrains a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -126,7 +126,7 @@ impl PodInfo {
             .into_iter()
             .flatten()
         {
-            selector_reqs.add(Requirement::is_in(k, &[v.as_str()]));
+            selector_reqs.add(Requirement::is_in(normalized_label(k), &[v.as_str()]));
         }
         let node_affinity = spec
             .and_then(|s| s.affinity.as_ref())
@@ -636,5 +636,52 @@ mod tests {
         assert_eq!(info.host_ports, vec![(8080, "TCP".to_string())]);
         assert_eq!(info.node_terms.len(), 1);
         assert!(info.node_terms[0].has("a"));
+    }
+
+    #[test]
+    fn deprecated_label_keys_are_read_as_well_known_ones() {
+        use k8s_openapi::api::core::v1::{
+            Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+        };
+        let zone_term = NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "failure-domain.beta.kubernetes.io/zone".into(),
+                operator: "In".into(),
+                values: Some(vec!["zone-a".into()]),
+            }]),
+            ..Default::default()
+        };
+        let pod = Pod {
+            spec: Some(PodSpec {
+                node_selector: Some(
+                    [(
+                        "beta.kubernetes.io/instance-type".to_string(),
+                        "small".to_string(),
+                    )]
+                    .into(),
+                ),
+                affinity: Some(Affinity {
+                    node_affinity: Some(NodeAffinity {
+                        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                            node_selector_terms: vec![zone_term],
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let info = PodInfo::read(&pod).unwrap();
+        let term = &info.node_terms[0];
+        let keys: Vec<&str> = term.iter().map(|r| r.key()).collect();
+        assert_eq!(
+            keys,
+            [
+                "node.kubernetes.io/instance-type",
+                "topology.kubernetes.io/zone"
+            ]
+        );
     }
 }

@@ -17,7 +17,8 @@ use super::selector::untolerated;
 use super::topology::{Place, Rejection, Source, Topology};
 use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
 use super::{
-    ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PoolInput, PreferencePolicy, Results, Snapshot,
+    ExistingNode, MAX_INSTANCE_TYPES, MinValuesPolicy, NewClaim, PoolInput, PreferencePolicy,
+    Results, Snapshot,
 };
 use crate::api::nodeclaim::Operator;
 use crate::api::nodepool::NodePool;
@@ -161,6 +162,8 @@ struct Claim {
     host_ports: Vec<(i32, String)>,
     /// Capacity counted against the pool's limits (its cheapest type's).
     charge: Amounts,
+    /// A minValues of its pool was lowered to open it (BestEffort).
+    min_values_relaxed: bool,
 }
 
 /// An existing or in-flight node.
@@ -218,6 +221,7 @@ struct Solver<'a> {
     usable: RefCell<HashMap<(usize, String), Usability<'a>>>,
     /// Existing nodes' volume usage (updated as pods land) and each pending pod's volumes.
     volumes: Option<VolumeState<'a>>,
+    min_values_policy: MinValuesPolicy,
 }
 
 type VolumeState<'a> = (
@@ -278,6 +282,7 @@ impl<'a> Solver<'a> {
             order: HashMap::new(),
             usable: RefCell::new(HashMap::new()),
             volumes: None,
+            min_values_policy: snapshot.min_values_policy,
         }
     }
 
@@ -578,7 +583,11 @@ impl<'a> Solver<'a> {
                     types.push(ti);
                 }
             }
-            if types.is_empty() || min_values_unmet(pool, &types, check_reqs).is_some() {
+            // Joining never relaxes minValues (upstream's in-flight claims check them strictly):
+            // a claim keeps the types it was opened with, relaxed or not.
+            if types.is_empty()
+                || meet_min_values(pool, &types, check_reqs, MinValuesPolicy::Strict).is_err()
+            {
                 continue;
             }
             self.commit_to_claim(ci, ctx, used, types, reqs);
@@ -754,9 +763,10 @@ impl<'a> Solver<'a> {
                 self.no_fit_details(pool, ctx, matching, fitting),
             ));
         }
-        if let Some(e) = min_values_unmet(pool, &types, &reqs) {
-            return Err(PoolMiss::NoFit(e));
-        }
+        let relaxed = meet_min_values(pool, &types, &reqs, self.min_values_policy)
+            .map_err(PoolMiss::NoFit)?;
+        let min_values_relaxed = relaxed.is_some();
+        let reqs = relaxed.unwrap_or(reqs);
         let mut used = zero.clone();
         used.add_assign(&ctx.prep.amounts);
         Ok(Claim {
@@ -769,6 +779,7 @@ impl<'a> Solver<'a> {
             pods: self.order.get(&ctx.pod.key).copied().into_iter().collect(),
             host_ports: ctx.pod.host_ports.clone(),
             charge: zero,
+            min_values_relaxed,
         })
     }
 
@@ -917,6 +928,7 @@ fn finish_claim(
         requests,
         pods,
         instance_types: names,
+        min_values_relaxed: c.min_values_relaxed,
     }
 }
 
@@ -1280,29 +1292,48 @@ fn recharge(pool: &mut Pool, claim: &mut Claim) {
     claim.charge = cap;
 }
 
-/// The first minValues requirement the chosen types no longer satisfy, as a message.
-fn min_values_unmet(pool: &Pool, types: &[usize], reqs: &Requirements) -> Option<String> {
+/// `reqs`' minValues against the distinct values `types` offer: `Ok(None)` when met; when not,
+/// the unmet one under the Strict policy, the requirements with it lowered under BestEffort.
+fn meet_min_values(
+    pool: &Pool,
+    types: &[usize],
+    reqs: &Requirements,
+    policy: MinValuesPolicy,
+) -> Result<Option<Requirements>, String> {
     if !reqs.iter().any(|r| r.min_values().is_some()) {
-        return None;
+        return Ok(None);
     }
-    reqs.check_min_values(|key| {
-        let allowed = reqs.get(key);
-        let mut values: BTreeSet<&str> = BTreeSet::new();
-        for t in types.iter().filter_map(|&i| pool.types.get(i)) {
-            if key == INSTANCE_TYPE_LABEL {
-                values.insert(&t.it.name);
-            } else if let Some(vs) = t.it.requirements.values(key) {
-                values.extend(
-                    vs.iter()
-                        .filter(|v| allowed.is_none_or(|r| r.has(v)))
-                        .map(String::as_str),
-                );
-            }
+    let available = |key: &str| distinct_values(pool, types, reqs, key);
+    let Err(unmet) = reqs.check_min_values(available) else {
+        return Ok(None);
+    };
+    match policy {
+        MinValuesPolicy::Strict => Err(unmet.to_string()),
+        MinValuesPolicy::BestEffort => {
+            let mut relaxed = reqs.clone();
+            relaxed.relax_min_values(available);
+            Ok(Some(relaxed))
         }
-        values.len()
-    })
-    .err()
-    .map(|e| e.to_string())
+    }
+}
+
+/// How many distinct values of `key` the chosen types offer within `reqs` (what a minValues on
+/// `key` counts).
+fn distinct_values(pool: &Pool, types: &[usize], reqs: &Requirements, key: &str) -> usize {
+    let allowed = reqs.get(key);
+    let mut values: BTreeSet<&str> = BTreeSet::new();
+    for t in types.iter().filter_map(|&i| pool.types.get(i)) {
+        if key == INSTANCE_TYPE_LABEL {
+            values.insert(&t.it.name);
+        } else if let Some(vs) = t.it.requirements.values(key) {
+            values.extend(
+                vs.iter()
+                    .filter(|v| allowed.is_none_or(|r| r.has(v)))
+                    .map(String::as_str),
+            );
+        }
+    }
+    values.len()
 }
 
 /// An existing node as a spread's node filter sees it.

@@ -32,8 +32,8 @@ use karpenter_capi::scheduling::volumes::{
     CsiLimits, VolumeCatalog, apply_volume_topology, node_volumes,
 };
 use karpenter_capi::scheduling::{
-    ExistingNode, InstanceType, NewClaim, Offering, PoolInput, PreferencePolicy, Results, Snapshot,
-    nodeclaim_for,
+    ExistingNode, InstanceType, MinValuesPolicy, NewClaim, Offering, PoolInput, PreferencePolicy,
+    Results, Snapshot, nodeclaim_for,
 };
 
 /// Upstream's fake provider labels: a size class, an optional "special" label on large types
@@ -671,6 +671,7 @@ pub struct Env {
     pub bound: Vec<Pod>,
     pub daemonsets: Vec<Pod>,
     pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
     /// Claims, volumes and classes for volume topology (applied before the solve, as the
     /// provisioner does).
     pub volumes: VolumeCatalog,
@@ -721,6 +722,7 @@ impl Env {
             nodepools: self.pools.clone(),
             daemonsets: self.daemonsets.clone(),
             preference_policy: self.preference_policy,
+            min_values_policy: self.min_values_policy,
             namespaces: self.namespaces.clone(),
         }
     }

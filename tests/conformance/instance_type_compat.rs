@@ -70,7 +70,6 @@ fn different_operating_systems_get_different_nodes() {
 }
 
 #[test]
-#[ignore = "fails: needs beta.kubernetes.io/instance-type normalized to node.kubernetes.io/instance-type"]
 fn different_instance_type_selectors_get_different_nodes() {
     // Upstream mixes the beta and the stable instance-type label here.
     let a = pod("a").node_selector(&[("beta.kubernetes.io/instance-type", "small-instance-type")]);
