@@ -69,6 +69,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             crate::cli::PreferencePolicy::Respect => crate::scheduling::PreferencePolicy::Respect,
             crate::cli::PreferencePolicy::Ignore => crate::scheduling::PreferencePolicy::Ignore,
         },
+        default_constraints: c.scheduler_config.0.clone(),
         ..Settings::default()
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use crate::scheduling::default_spread::DefaultConstraints;
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
 /// them keeps every `Instant + duration` in the controller far from overflow (which panics).
@@ -250,6 +251,23 @@ pub struct ControllerArgs {
     /// Whether preferred node affinity is tried as required before being relaxed.
     #[arg(long, env = "PREFERENCE_POLICY", value_enum, default_value = "respect")]
     pub preference_policy: PreferencePolicy,
+    /// The cluster's kube-scheduler settings the solve must mirror, as a YAML or JSON document:
+    /// `podTopologySpread.defaultConstraints` (Karpenter's --scheduler-config), applied to pods
+    /// without topologySpreadConstraints of their own, with a selector deduced from the
+    /// Services and the ReplicaSet, StatefulSet or ReplicationController selecting each pod.
+    /// Empty (the default): no default constraints.
+    #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
+    pub scheduler_config: SchedulerConfigArg,
+}
+
+/// A parsed `--scheduler-config`: the default constraints it sets, if any.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchedulerConfigArg(pub Option<DefaultConstraints>);
+
+fn scheduler_config_arg(s: &str) -> Result<SchedulerConfigArg, String> {
+    DefaultConstraints::parse(s)
+        .map(SchedulerConfigArg)
+        .map_err(|e| e.to_string())
 }
 
 /// Where the Cluster API objects live. With none of these set, the workload cluster is used
