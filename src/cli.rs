@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::scheduling::default_spread::DefaultConstraints;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
 /// them keeps every `Instant + duration` in the controller far from overflow (which panics).
@@ -593,6 +593,33 @@ mod tests {
         );
         assert_eq!(run.controller.batch_idle_duration, Duration::from_secs(1));
         assert_eq!(run.controller.batch_max_duration, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn scheduler_config_is_parsed_and_checked_at_the_flag() {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["karpenter-capi", "run"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).map(|cli| match cli.command {
+                Command::Run(run) => run.controller.scheduler_config,
+                _ => panic!("expected run"),
+            })
+        };
+        // Upstream's default: no default constraints.
+        assert_eq!(run(&[]).unwrap(), SchedulerConfigArg(None));
+        let set = run(&[
+            "--scheduler-config",
+            "podTopologySpread: {defaultConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]}",
+        ])
+        .unwrap();
+        assert_eq!(set.0.map(|d| d.constraints().len()), Some(1));
+        let err = run(&[
+            "--scheduler-config",
+            "podTopologySpread: {defaultConstraints: [{maxSkew: 1, topologyKey: a, whenUnsatisfiable: DoNotSchedule, labelSelector: {}}]}",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("defaultConstraints[0].labelSelector"), "{err}");
     }
 
     #[test]

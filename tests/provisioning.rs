@@ -34,6 +34,14 @@ struct Env {
 /// Four MachineDeployment sizes, a NodeClass and the default NodePool (optionally with limits),
 /// and the controller with short batching windows.
 async fn env(limits: Option<Value>) -> Env {
+    env_with(limits, |_| {}).await
+}
+
+/// [`env`], with the controller's settings edited.
+async fn env_with(
+    limits: Option<Value>,
+    edit: impl FnOnce(&mut karpenter_capi::actors::Settings),
+) -> Env {
     let sim = BackgroundSim::start(cluster())
         .await
         .expect("simulated cluster");
@@ -62,6 +70,7 @@ async fn env(limits: Option<Value>) -> Env {
     let mut settings = sim_settings(None);
     settings.batching.idle = Duration::from_millis(200);
     settings.batching.max = Duration::from_secs(2);
+    edit(&mut settings);
     let controller = start_controller(&sim, settings, metrics.clone())
         .await
         .expect("controller");
@@ -387,4 +396,86 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
             .iter()
             .all(|c| c["metadata"]["labels"]["karpenter.sh/nodepool"] == "default")
     );
+}
+
+/// `--scheduler-config` default constraints through the whole product: three small pods of one
+/// ReplicaSet, which would share a node, get a node in each of the three zones, because the
+/// workload watch finds the ReplicaSet whose selector the default zonal spread is given.
+#[actix::test]
+async fn default_spread_constraints_spread_a_replica_sets_pods_over_the_zones() {
+    use karpenter_capi::scheduling::default_spread::DefaultConstraints;
+    let defaults = DefaultConstraints::parse(
+        "podTopologySpread:\n  defaultConstraints:\n    - maxSkew: 1\n      topologyKey: topology.kubernetes.io/zone\n      whenUnsatisfiable: DoNotSchedule\n",
+    )
+    .unwrap();
+    let env = env_with(None, |s| s.default_constraints = defaults).await;
+    env.sim
+        .run(|c| async move {
+            let sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+                Api::namespaced(c.client(), launch::NAMESPACE);
+            let rs = sets
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({
+                        "metadata": {"name": "web"},
+                        "spec": {
+                            "selector": {"matchLabels": {"app": "web"}},
+                            "template": {
+                                "metadata": {"labels": {"app": "web"}},
+                                "spec": {"containers": [{"name": "c", "image": "web"}]},
+                            },
+                        },
+                    }))
+                    .unwrap(),
+                )
+                .await
+                .unwrap();
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(c.client(), launch::NAMESPACE);
+            for i in 0..3 {
+                let pod = json!({
+                    "metadata": {
+                        "name": format!("web-{i}"),
+                        "labels": {"app": "web"},
+                        "ownerReferences": [{
+                            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
+                            "uid": rs.metadata.uid, "controller": true,
+                        }],
+                    },
+                    "spec": {"containers": [{
+                        "name": "c", "image": "web",
+                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                    }]},
+                });
+                pods.create(
+                    &PostParams::default(),
+                    &serde_json::from_value(pod).unwrap(),
+                )
+                .await
+                .unwrap();
+            }
+        })
+        .await
+        .unwrap();
+    env.wait("the three pods bound", |e| e.bound_pods() == 3)
+        .await;
+    let zone_of = |c: &Value| {
+        c["spec"]["requirements"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["key"] == "topology.kubernetes.io/zone")
+            .map(|r| r["values"].to_string())
+    };
+    let claims = env.list("nodeclaims");
+    let zones: std::collections::BTreeSet<Option<String>> = claims.iter().map(zone_of).collect();
+    assert_eq!(claims.len(), 3, "one claim per pod");
+    assert_eq!(zones.len(), 3, "one zone per claim: {zones:?}");
+    assert!(
+        zones
+            .iter()
+            .all(|z| z.as_ref().is_some_and(|z| !z.contains(','))),
+        "{zones:?}"
+    );
+    env.invariants_hold();
 }

@@ -168,9 +168,11 @@ impl Controller {
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
         let storage_watcher = super::storage_watcher::StorageWatcher::new(shared.clone()).start();
-        let workload_watcher = shared.settings.default_constraints.is_some().then(|| {
-            super::workload_watcher::WorkloadWatcher::new(shared.clone()).start()
-        });
+        let workload_watcher = shared
+            .settings
+            .default_constraints
+            .is_some()
+            .then(|| super::workload_watcher::WorkloadWatcher::new(shared.clone()).start());
         let default_spread = shared.settings.default_constraints.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());

@@ -145,7 +145,12 @@ impl Actor for WorkloadWatcher {
             .map(|e| (Kind::StatefulSets, trimmed(e, stateful_set)));
         let controllers = watcher(Api::<ReplicationController>::all(client), cfg())
             .default_backoff()
-            .map(|e| (Kind::ReplicationControllers, trimmed(e, replication_controller)));
+            .map(|e| {
+                (
+                    Kind::ReplicationControllers,
+                    trimmed(e, replication_controller),
+                )
+            });
         ctx.add_stream(futures::stream::select(
             futures::stream::select(services, replica_sets),
             futures::stream::select(stateful_sets, controllers),

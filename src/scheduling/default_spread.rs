@@ -150,13 +150,15 @@ impl OwnerSelector {
         let Some(s) = selector else {
             return OwnerSelector::Requirements(Vec::new());
         };
-        let labels = s.match_labels.iter().flatten().map(|(k, v)| {
-            LabelSelectorRequirement {
+        let labels = s
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| LabelSelectorRequirement {
                 key: k.clone(),
                 operator: "In".into(),
                 values: Some(vec![v.clone()]),
-            }
-        });
+            });
         let expressions = s.match_expressions.iter().flatten().cloned();
         OwnerSelector::Requirements(labels.chain(expressions).collect())
     }
@@ -231,7 +233,12 @@ impl Workloads {
         let none = BTreeMap::new();
         let labels = pod.metadata.labels.as_ref().unwrap_or(&none);
         let mut match_labels = BTreeMap::new();
-        for selector in self.services.get(namespace).into_iter().flat_map(|s| s.values()) {
+        for selector in self
+            .services
+            .get(namespace)
+            .into_iter()
+            .flat_map(|s| s.values())
+        {
             if selector.iter().all(|(k, v)| labels.get(k) == Some(v)) {
                 match_labels.extend(selector.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
@@ -391,7 +398,10 @@ mod tests {
                 ),
                 "defaultConstraints[0].matchLabelKeys",
             ),
-            (doc(&format!("{one}{one}")), "defaultConstraints[1] repeats [0]"),
+            (
+                doc(&format!("{one}{one}")),
+                "defaultConstraints[1] repeats [0]",
+            ),
         ];
         for (raw, want) in cases {
             let err = DefaultConstraints::parse(&raw).expect_err(&raw).to_string();

@@ -297,7 +297,9 @@ fn topology_terms(
     let (constraints, field) = match defaults {
         Some(d) => (d, "default topologySpreadConstraints"),
         None => (
-            spec.topology_spread_constraints.as_deref().unwrap_or_default(),
+            spec.topology_spread_constraints
+                .as_deref()
+                .unwrap_or_default(),
             "spec.topologySpreadConstraints",
         ),
     };

@@ -40,7 +40,10 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
     let mut failures = Vec::new();
     let mut pending = Vec::new();
     for pod in &snapshot.pods {
-        let defaults = snapshot.default_spread.as_ref().and_then(|d| d.for_pod(pod));
+        let defaults = snapshot
+            .default_spread
+            .as_ref()
+            .and_then(|d| d.for_pod(pod));
         match PodInfo::read_with_defaults(pod, defaults.as_deref()) {
             Ok(info) => pending.push(info),
             Err(details) => failures.push((pod_key(pod), PodError::InvalidPod { details })),

@@ -31,7 +31,12 @@ fn constraint(key: &str, hard: bool, min_domains: Option<i32>) -> TopologySpread
     TopologySpreadConstraint {
         topology_key: key.into(),
         max_skew: 1,
-        when_unsatisfiable: if hard { "DoNotSchedule" } else { "ScheduleAnyway" }.into(),
+        when_unsatisfiable: if hard {
+            "DoNotSchedule"
+        } else {
+            "ScheduleAnyway"
+        }
+        .into(),
         min_domains,
         ..Default::default()
     }
@@ -47,7 +52,9 @@ fn hostname_default() -> TopologySpreadConstraint {
 
 /// `n` pending pods labelled `test=test` and controlled by the ReplicaSet.
 fn owned(prefix: &str, n: usize) -> Vec<Pod> {
-    pods(prefix, n, |p| p.labels(&[TEST]).owned_by("ReplicaSet", "rs"))
+    pods(prefix, n, |p| {
+        p.labels(&[TEST]).owned_by("ReplicaSet", "rs")
+    })
 }
 
 fn bound_skew(mut e: Env, pods: &[Pod], key: &str) -> Vec<usize> {
@@ -60,7 +67,11 @@ fn sharing_one_node(e: Env, pods: &[Pod]) {
     let out = e.provision(pods);
     let nodes: std::collections::BTreeSet<String> = pods
         .iter()
-        .map(|p| out.scheduled(p.metadata.name.as_deref().unwrap()).name.clone())
+        .map(|p| {
+            out.scheduled(p.metadata.name.as_deref().unwrap())
+                .name
+                .clone()
+        })
         .collect();
     assert_eq!(nodes.len(), 1, "{nodes:?}");
 }
@@ -74,10 +85,7 @@ fn a_default_zonal_spread_spreads_a_pod_without_constraints() {
 #[test]
 fn a_default_hostname_spread_spreads_a_pod_without_constraints() {
     let e = env().default_constraints(&[hostname_default()]);
-    assert_eq!(
-        bound_skew(e, &owned("p", 3), HOSTNAME_LABEL),
-        vec![1, 1, 1]
-    );
+    assert_eq!(bound_skew(e, &owned("p", 3), HOSTNAME_LABEL), vec![1, 1, 1]);
 }
 
 #[test]
@@ -194,7 +202,9 @@ fn each_deployment_revision_spreads_on_its_own() {
         .replica_set("new", &new)
         .default_constraints(&[zone_default()]);
     let mut ps = pods("old", 3, |p| p.labels(&old).owned_by("ReplicaSet", "old"));
-    ps.extend(pods("new", 3, |p| p.labels(&new).owned_by("ReplicaSet", "new")));
+    ps.extend(pods("new", 3, |p| {
+        p.labels(&new).owned_by("ReplicaSet", "new")
+    }));
     e.provision_and_bind(&ps);
     assert_eq!(e.bound.len(), 6);
     assert_eq!(e.skew_of(ZONE_LABEL, &old), vec![1, 1, 1]);

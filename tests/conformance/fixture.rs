@@ -748,10 +748,13 @@ impl Env {
             daemonsets: self.daemonsets.clone(),
             preference_policy: self.preference_policy,
             namespaces: self.namespaces.clone(),
-            default_spread: self.default_constraints.clone().map(|constraints| DefaultSpread {
-                constraints,
-                workloads: std::sync::Arc::new(self.workloads.clone()),
-            }),
+            default_spread: self
+                .default_constraints
+                .clone()
+                .map(|constraints| DefaultSpread {
+                    constraints,
+                    workloads: std::sync::Arc::new(self.workloads.clone()),
+                }),
         }
     }
     /// Configure default topology spread constraints, through the `--scheduler-config`
