@@ -174,6 +174,12 @@ impl Controller {
             .is_some()
             .then(|| super::workload_watcher::WorkloadWatcher::new(shared.clone()).start());
         let default_spread = shared.settings.default_constraints.is_some();
+        if let Some(d) = &shared.settings.default_constraints {
+            tracing::info!(
+                constraints = ?d.constraints(),
+                "scheduler config sets default topology spread constraints: pods without their own are spread by them"
+            );
+        }
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
         let provisioner = Provisioner::new(
