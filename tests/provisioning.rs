@@ -398,38 +398,34 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
     );
 }
 
-/// `--scheduler-config` default constraints through the whole product: three small pods of one
-/// ReplicaSet, which would share a node, get a node in each of the three zones, because the
-/// workload watch finds the ReplicaSet whose selector the default zonal spread is given.
-#[actix::test]
-async fn default_spread_constraints_spread_a_replica_sets_pods_over_the_zones() {
+/// An env whose controller runs with a default zonal spread (`--scheduler-config`).
+async fn env_with_zonal_default() -> Env {
     use karpenter_capi::scheduling::default_spread::DefaultConstraints;
     let defaults = DefaultConstraints::parse(
         "podTopologySpread:\n  defaultConstraints:\n    - maxSkew: 1\n      topologyKey: topology.kubernetes.io/zone\n      whenUnsatisfiable: DoNotSchedule\n",
     )
     .unwrap();
-    let env = env_with(None, |s| s.default_constraints = defaults).await;
+    env_with(None, |s| s.default_constraints = defaults).await
+}
+
+/// Three small pods labelled `app=web`, controlled by `owner` (apiVersion, kind, name, uid):
+/// they would share one node. Created once the workload watch has seen what selects them, so
+/// the first solve already spreads them.
+async fn three_web_pods(env: &Env, owner: Value) {
+    let probe: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "probe", "namespace": launch::NAMESPACE,
+            "labels": {"app": "web"}, "ownerReferences": [owner.clone()],
+        },
+    }))
+    .unwrap();
+    env.wait("the workload watch to see the selector", |e| {
+        let workloads = e._controller.shared.state.workloads.read().selectors();
+        workloads.deduce(&probe).is_some()
+    })
+    .await;
     env.sim
-        .run(|c| async move {
-            let sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
-                Api::namespaced(c.client(), launch::NAMESPACE);
-            let rs = sets
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({
-                        "metadata": {"name": "web"},
-                        "spec": {
-                            "selector": {"matchLabels": {"app": "web"}},
-                            "template": {
-                                "metadata": {"labels": {"app": "web"}},
-                                "spec": {"containers": [{"name": "c", "image": "web"}]},
-                            },
-                        },
-                    }))
-                    .unwrap(),
-                )
-                .await
-                .unwrap();
+        .run(move |c| async move {
             let pods: Api<k8s_openapi::api::core::v1::Pod> =
                 Api::namespaced(c.client(), launch::NAMESPACE);
             for i in 0..3 {
@@ -437,10 +433,7 @@ async fn default_spread_constraints_spread_a_replica_sets_pods_over_the_zones() 
                     "metadata": {
                         "name": format!("web-{i}"),
                         "labels": {"app": "web"},
-                        "ownerReferences": [{
-                            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
-                            "uid": rs.metadata.uid, "controller": true,
-                        }],
+                        "ownerReferences": [owner],
                     },
                     "spec": {"containers": [{
                         "name": "c", "image": "web",
@@ -457,6 +450,10 @@ async fn default_spread_constraints_spread_a_replica_sets_pods_over_the_zones() 
         })
         .await
         .unwrap();
+}
+
+/// Once the three pods are bound: three claims, each in its own single zone.
+async fn assert_one_claim_per_zone(env: &Env) {
     env.wait("the three pods bound", |e| e.bound_pods() == 3)
         .await;
     let zone_of = |c: &Value| {
@@ -478,4 +475,70 @@ async fn default_spread_constraints_spread_a_replica_sets_pods_over_the_zones() 
         "{zones:?}"
     );
     env.invariants_hold();
+}
+
+/// `--scheduler-config` default constraints through the whole product: the workload watch
+/// finds the ReplicaSet whose selector the pods' default zonal spread is given.
+#[actix::test]
+async fn default_spread_constraints_spread_a_replica_sets_pods_over_the_zones() {
+    let env = env_with_zonal_default().await;
+    let uid = env
+        .sim
+        .run(|c| async move {
+            let sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+                Api::namespaced(c.client(), launch::NAMESPACE);
+            let rs = json!({
+                "metadata": {"name": "web"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "c", "image": "web"}]},
+                    },
+                },
+            });
+            sets.create(&PostParams::default(), &serde_json::from_value(rs).unwrap())
+                .await
+                .unwrap()
+                .metadata
+                .uid
+        })
+        .await
+        .unwrap();
+    three_web_pods(
+        &env,
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": uid, "controller": true}),
+    )
+    .await;
+    assert_one_claim_per_zone(&env).await;
+}
+
+/// A Job adds no selector, but the Service selecting its pods does (through the Service watch).
+#[actix::test]
+async fn default_spread_constraints_spread_a_services_pods_over_the_zones() {
+    let env = env_with_zonal_default().await;
+    env.sim
+        .run(|c| async move {
+            let services: Api<k8s_openapi::api::core::v1::Service> =
+                Api::namespaced(c.client(), launch::NAMESPACE);
+            let svc = json!({
+                "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+            });
+            services
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(svc).unwrap(),
+                )
+                .await
+                .unwrap();
+        })
+        .await
+        .unwrap();
+    three_web_pods(
+        &env,
+        json!({"apiVersion": "batch/v1", "kind": "Job", "name": "web", "uid": "9d1c2f64-7a53-4b0e-8f3e-2a6b3c4d5e6f", "controller": true}),
+    )
+    .await;
+    assert_one_claim_per_zone(&env).await;
 }
