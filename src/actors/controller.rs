@@ -168,18 +168,15 @@ impl Controller {
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
         let storage_watcher = super::storage_watcher::StorageWatcher::new(shared.clone()).start();
-        let workload_watcher = shared
-            .settings
-            .default_constraints
-            .is_some()
-            .then(|| super::workload_watcher::WorkloadWatcher::new(shared.clone()).start());
-        let default_spread = shared.settings.default_constraints.is_some();
-        if let Some(d) = &shared.settings.default_constraints {
+        // Default topology spread constraints deduce selectors from the workloads' own.
+        let workload_watcher = shared.settings.default_constraints.as_ref().map(|d| {
             tracing::info!(
                 constraints = ?d.constraints(),
                 "scheduler config sets default topology spread constraints: pods without their own are spread by them"
             );
-        }
+            super::workload_watcher::WorkloadWatcher::new(shared.clone()).start()
+        });
+        let watch_workloads = workload_watcher.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
         let provisioner = Provisioner::new(
@@ -198,7 +195,7 @@ impl Controller {
                 && s.claims.read().synced()
                 && s.pods.read().synced()
                 && s.storage.read().synced()
-                && (!default_spread || s.workloads.read().synced())
+                && (!watch_workloads || s.workloads.read().synced())
                 && s.nodepools_synced
                     .load(std::sync::atomic::Ordering::Acquire)
         })

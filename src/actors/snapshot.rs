@@ -51,11 +51,11 @@ pub fn build<'a>(
         .iter()
         .map(|p| (**p).clone())
         .collect();
-    // Shared with the index, not copied (its pods are immutable once in).
     let default_spread = default_spread(shared);
     // Default constraints spread pods that carry no term of their own: every bound pod may be
     // counted then.
     let terms = pods_idx.any_with_pod_terms() || default_spread.is_some();
+    // Shared with the index, not copied (its pods are immutable once in).
     let bound_pods: Vec<Arc<Pod>> = match which {
         BoundPods::Needed { moving } if !terms => {
             let mut out: Vec<Arc<Pod>> = pods_idx
