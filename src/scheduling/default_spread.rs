@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, OwnerReference,
+};
 use serde::Deserialize;
 
 use crate::api::validation::qualified_name;
@@ -263,12 +265,7 @@ impl Workloads {
     /// The selector of the pod's controller, when it is a kind selectors are deduced from and
     /// the watch has seen it (a controller deleted while its pods linger adds nothing).
     fn owner_of(&self, pod: &Pod, namespace: &str) -> Option<&OwnerSelector> {
-        let owner = pod
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.controller == Some(true))?;
+        let owner = controller(pod)?;
         let kind = [REPLICATION_CONTROLLER, REPLICA_SET, STATEFUL_SET]
             .into_iter()
             .find(|(api_version, kind)| owner.api_version == *api_version && owner.kind == *kind)?
@@ -292,14 +289,43 @@ pub struct DefaultSpread {
 impl DefaultSpread {
     /// The default constraints `pod` is scheduled under, each with the pod's deduced selector,
     /// or None when the pod declares constraints of its own or nothing selects it.
-    pub fn for_pod(&self, pod: &Pod) -> Option<Vec<TopologySpreadConstraint>> {
-        let own = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.topology_spread_constraints.as_ref());
-        if own.is_some_and(|c| !c.is_empty()) {
+    pub fn for_pod(&self, pod: &Pod) -> Option<Arc<[TopologySpreadConstraint]>> {
+        if has_own_constraints(pod) {
             return None;
         }
+        self.stamped(pod)
+    }
+
+    /// [`DefaultSpread::for_pod`] of each of `pods`, in order, deduced once per pod shape (its
+    /// namespace, controller and labels, all a deduction reads): a workload's pods share one
+    /// answer, as upstream caches it.
+    pub fn for_pods(&self, pods: &[Pod]) -> Vec<Option<Arc<[TopologySpreadConstraint]>>> {
+        type Shape<'p> = (
+            &'p str,
+            Option<(&'p str, &'p str, &'p str)>,
+            Option<&'p BTreeMap<String, String>>,
+        );
+        let mut by_shape: HashMap<Shape<'_>, Option<Arc<[TopologySpreadConstraint]>>> =
+            HashMap::new();
+        pods.iter()
+            .map(|pod| {
+                if has_own_constraints(pod) {
+                    return None;
+                }
+                let owner = controller(pod)
+                    .map(|o| (o.api_version.as_str(), o.kind.as_str(), o.name.as_str()));
+                let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+                let shape = (namespace, owner, pod.metadata.labels.as_ref());
+                by_shape
+                    .entry(shape)
+                    .or_insert_with(|| self.stamped(pod))
+                    .clone()
+            })
+            .collect()
+    }
+
+    /// The constraints with the pod's deduced selector, if one can be deduced.
+    fn stamped(&self, pod: &Pod) -> Option<Arc<[TopologySpreadConstraint]>> {
         let selector = self.workloads.deduce(pod)?;
         Some(
             self.constraints
@@ -312,6 +338,22 @@ impl DefaultSpread {
                 .collect(),
         )
     }
+}
+
+fn has_own_constraints(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.topology_spread_constraints.as_ref())
+        .is_some_and(|c| !c.is_empty())
+}
+
+/// The pod's controller owner reference.
+fn controller(pod: &Pod) -> Option<&OwnerReference> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
 }
 
 #[cfg(test)]
@@ -491,9 +533,19 @@ mod tests {
                 .and_then(|s| s.match_labels.clone()),
             Some(labels(&[("app", "web")]))
         );
+        // Pods of one shape share one answer; a pod nothing selects gets none.
+        let other = pod(json!({"app": "db"}), None);
+        let each = spread.for_pods(&[p.clone(), p.clone(), other]);
+        assert_eq!(each[0].as_deref(), Some(&defaulted[..]));
+        assert!(Arc::ptr_eq(
+            each[0].as_ref().expect("defaulted"),
+            each[1].as_ref().expect("defaulted")
+        ));
+        assert_eq!(each[2], None);
         if let Some(spec) = p.spec.as_mut() {
-            spec.topology_spread_constraints = Some(defaulted);
+            spec.topology_spread_constraints = Some(defaulted.to_vec());
         }
         assert_eq!(spread.for_pod(&p), None);
+        assert_eq!(spread.for_pods(&[p]), vec![None]);
     }
 }
