@@ -76,6 +76,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             }
         },
         default_termination_grace_period: c.default_termination_grace_period,
+        default_constraints: c.scheduler_config.0.clone(),
         ..Settings::default()
     }
 }

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::scheduling::default_spread::DefaultConstraints;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
@@ -276,6 +277,23 @@ pub struct ControllerArgs {
     /// their nodes drain without a deadline).
     #[arg(long, env = "DEFAULT_TERMINATION_GRACE_PERIOD", value_parser = duration_arg)]
     pub default_termination_grace_period: Option<Duration>,
+    /// The cluster's kube-scheduler settings the solve must mirror, as a YAML or JSON document:
+    /// `podTopologySpread.defaultConstraints` (Karpenter's --scheduler-config), applied to pods
+    /// without topologySpreadConstraints of their own, with a selector deduced from the
+    /// Services and the ReplicaSet, StatefulSet or ReplicationController selecting each pod.
+    /// Empty (the default): no default constraints.
+    #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
+    pub scheduler_config: SchedulerConfigArg,
+}
+
+/// A parsed `--scheduler-config`: the default constraints it sets, if any.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchedulerConfigArg(pub Option<DefaultConstraints>);
+
+fn scheduler_config_arg(s: &str) -> Result<SchedulerConfigArg, String> {
+    DefaultConstraints::parse(s)
+        .map(SchedulerConfigArg)
+        .map_err(|e| e.to_string())
 }
 
 /// Where the Cluster API objects live. With none of these set, the workload cluster is used
@@ -630,6 +648,33 @@ mod tests {
                 Some(Duration::from_secs(98 * 3600))
             );
         }
+    }
+
+    #[test]
+    fn scheduler_config_is_parsed_and_checked_at_the_flag() {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["karpenter-capi", "run"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).map(|cli| match cli.command {
+                Command::Run(run) => run.controller.scheduler_config,
+                _ => panic!("expected run"),
+            })
+        };
+        // Upstream's default: no default constraints.
+        assert_eq!(run(&[]).unwrap(), SchedulerConfigArg(None));
+        let set = run(&[
+            "--scheduler-config",
+            "podTopologySpread: {defaultConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]}",
+        ])
+        .unwrap();
+        assert_eq!(set.0.map(|d| d.constraints().len()), Some(1));
+        let err = run(&[
+            "--scheduler-config",
+            "podTopologySpread: {defaultConstraints: [{maxSkew: 1, topologyKey: a, whenUnsatisfiable: DoNotSchedule, labelSelector: {}}]}",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("defaultConstraints[0].labelSelector"), "{err}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::api::validation::validate_nodepool;
 use crate::api::wellknown::{
     EPHEMERAL_TAINT_KEYS, INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
 };
+use crate::scheduling::default_spread::DefaultSpread;
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
 use crate::state::pods;
 
@@ -50,9 +51,13 @@ pub fn build<'a>(
         .iter()
         .map(|p| (**p).clone())
         .collect();
+    let default_spread = default_spread(shared);
+    // Default constraints spread pods that carry no term of their own: every bound pod may be
+    // counted then.
+    let terms = pods_idx.any_with_pod_terms() || default_spread.is_some();
     // Shared with the index, not copied (its pods are immutable once in).
     let bound_pods: Vec<Arc<Pod>> = match which {
-        BoundPods::Needed { moving } if !pods_idx.any_with_pod_terms() => {
+        BoundPods::Needed { moving } if !terms => {
             let mut out: Vec<Arc<Pod>> = pods_idx
                 .bound_with_host_ports()
                 .into_iter()
@@ -225,7 +230,18 @@ pub fn build<'a>(
         min_values_policy: shared.settings.min_values_policy,
         // Namespaces are not watched yet: only empty namespaceSelectors match.
         namespaces: Default::default(),
+        default_spread,
     }
+}
+
+/// The configured default constraints with the workload watch's selectors (None when no
+/// `--scheduler-config` sets any).
+fn default_spread(shared: &Shared) -> Option<DefaultSpread> {
+    let constraints = shared.settings.default_constraints.clone()?;
+    Some(DefaultSpread {
+        constraints,
+        workloads: shared.state.workloads.read().selectors(),
+    })
 }
 
 /// What a claim not launched yet may still add to its pool's usage beyond `counted` (its

@@ -105,7 +105,11 @@ impl PoolVerdict {
 /// or cannot get a new node from it. Errors when the pod's spec cannot be read (the same error
 /// the solver reports as `InvalidPod`).
 pub fn rule_out(pod: &Pod, snapshot: &Snapshot) -> Result<Vec<PoolVerdict>, String> {
-    let info = PodInfo::read(pod)?;
+    let defaults = snapshot
+        .default_spread
+        .as_ref()
+        .and_then(|d| d.for_pod(pod));
+    let info = PodInfo::read_with_defaults(pod, defaults.as_deref())?;
     let daemons: Vec<PodInfo> = snapshot
         .daemonsets
         .iter()

@@ -14,6 +14,7 @@
 
 pub mod amounts;
 mod claim_index;
+pub mod default_spread;
 pub mod error;
 pub mod explain;
 pub mod instance_type;
@@ -79,6 +80,10 @@ pub struct Snapshot {
     /// Namespace name -> labels, for the `namespaceSelector` of pod (anti-)affinity terms. A
     /// namespace missing here is taken as unlabelled (only an empty selector matches it).
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Cluster-level default topology spread constraints (`--scheduler-config`): pending pods
+    /// without constraints of their own are spread by them. None: no defaults (upstream's
+    /// default).
+    pub default_spread: Option<default_spread::DefaultSpread>,
 }
 
 /// A node the pods may go to without a new claim.

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration, WeightedPodAffinityTerm,
+    Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration, TopologySpreadConstraint,
+    WeightedPodAffinityTerm,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -113,6 +114,15 @@ pub struct PodInfo {
 impl PodInfo {
     /// Reads `pod`; an error names the field that could not be read.
     pub fn read(pod: &Pod) -> Result<PodInfo, String> {
+        PodInfo::read_with_defaults(pod, None)
+    }
+
+    /// Reads `pod`, spread by `defaults` (the cluster's default constraints with the pod's
+    /// deduced selector, see [`super::default_spread`]) in place of its own constraints.
+    pub fn read_with_defaults(
+        pod: &Pod,
+        defaults: Option<&[TopologySpreadConstraint]>,
+    ) -> Result<PodInfo, String> {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let labels = pod.metadata.labels.clone().unwrap_or_default();
@@ -181,7 +191,7 @@ impl PodInfo {
 
         Ok(PodInfo {
             key: format!("{namespace}/{name}"),
-            terms: topology_terms(pod, &namespace, &node_terms)?,
+            terms: topology_terms(pod, &namespace, &node_terms, defaults)?,
             namespace,
             labels,
             requests,
@@ -277,19 +287,24 @@ fn topology_terms(
     pod: &Pod,
     namespace: &str,
     node_terms: &[Requirements],
+    defaults: Option<&[TopologySpreadConstraint]>,
 ) -> Result<Vec<Term>, String> {
     let Some(spec) = &pod.spec else {
         return Ok(Vec::new());
     };
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let mut out = Vec::new();
-    for (i, c) in spec
-        .topology_spread_constraints
-        .iter()
-        .flatten()
-        .enumerate()
-    {
-        let what = format!("spec.topologySpreadConstraints[{i}]");
+    let (constraints, field) = match defaults {
+        Some(d) => (d, "default topologySpreadConstraints"),
+        None => (
+            spec.topology_spread_constraints
+                .as_deref()
+                .unwrap_or_default(),
+            "spec.topologySpreadConstraints",
+        ),
+    };
+    for (i, c) in constraints.iter().enumerate() {
+        let what = format!("{field}[{i}]");
         let policy =
             |value: Option<&String>, field: &str, default: bool| match value.map(String::as_str) {
                 None => Ok(default),

@@ -40,8 +40,12 @@ pub fn solve(snapshot: &Snapshot) -> Results {
 pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) -> Results {
     let mut failures = Vec::new();
     let mut pending = Vec::new();
-    for pod in &snapshot.pods {
-        match PodInfo::read(pod) {
+    let defaults = match &snapshot.default_spread {
+        Some(d) => d.for_pods(&snapshot.pods),
+        None => vec![None; snapshot.pods.len()],
+    };
+    for (pod, defaults) in snapshot.pods.iter().zip(&defaults) {
+        match PodInfo::read_with_defaults(pod, defaults.as_deref()) {
             Ok(info) => pending.push(info),
             Err(details) => failures.push((pod_key(pod), PodError::InvalidPod { details })),
         }
