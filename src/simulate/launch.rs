@@ -453,6 +453,20 @@ pub fn measure(
         .map(|m| (format!("{}/{}", m.namespace, m.name), m.at_ms))
         .collect();
 
+    // The controller's status writes per claim, in order: the first one at or after a claim's
+    // Machine got its provider ID is the Launched write, timed where it landed (the observer's
+    // times add its own watch's delivery).
+    let mut status_writes: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for w in writes.iter().filter(|w| {
+        w.agent == USER_AGENT && w.resource == "nodeclaims" && w.subresource == "status"
+    }) {
+        status_writes
+            .entry(w.name.as_str())
+            .or_default()
+            .push(w.at_ms);
+    }
+    let mut pid_to_write = Vec::new();
+
     let times = observer.snapshot();
     let mut counts = ClaimCounts {
         requested,
@@ -473,11 +487,16 @@ pub fn measure(
         if let (Some(c), Some(i)) = (created, t.initialized_ms) {
             to_initialized.push(i.saturating_sub(c) as f64);
         }
-        if let (Some(m), Some(l)) = (
-            t.machine.as_ref().and_then(|m| provider_at.get(m)),
-            t.launched_ms,
-        ) {
+        let pid_at = t.machine.as_ref().and_then(|m| provider_at.get(m));
+        if let (Some(m), Some(l)) = (pid_at, t.launched_ms) {
             pid_to_claim.push(l.saturating_sub(*m) as f64);
+        }
+        if let Some(w) = pid_at.and_then(|m| {
+            status_writes
+                .get(name.as_str())
+                .and_then(|ws| ws.iter().find(|w| **w >= *m).map(|w| w - m))
+        }) {
+            pid_to_write.push(w as f64);
         }
     }
     let inv = invariants::check(cluster.server().store(), cluster.capi_version());
@@ -503,6 +522,7 @@ pub fn measure(
         },
         latency_ms: Latencies {
             provider_id_to_claim: Percentiles::of(pid_to_claim),
+            provider_id_to_status_write: Percentiles::of(pid_to_write),
             claim_to_launched: Percentiles::of(to_launched),
             claim_to_initialized: Percentiles::of(to_initialized),
         },
