@@ -55,19 +55,13 @@ impl NodeWatcher {
     }
 }
 
-/// Nodes are listed 100 at a time rather than kube's 500: a page is decoded whole before its
-/// Nodes are trimmed, and Nodes are large (images, conditions, managedFields), so at 500 the
-/// page alone was 20 MiB of the controller's peak on 5,000 Nodes. 50 list requests instead of
-/// 10 on such a cluster is a small price.
-const NODE_LIST_PAGE: u32 = 100;
-
 impl Actor for NodeWatcher {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let api: Api<Node> = Api::all(self.shared.workload.clone());
         ctx.add_stream(
-            watcher(api, watcher::Config::default().page_size(NODE_LIST_PAGE))
+            watcher(api, watcher::Config::default())
                 .modify(crate::state::trim::node)
                 .default_backoff(),
         );
