@@ -14,6 +14,7 @@
 
 pub mod amounts;
 mod claim_index;
+pub mod csi_migration;
 pub mod default_spread;
 pub mod error;
 pub mod explain;
