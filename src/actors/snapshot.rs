@@ -213,10 +213,16 @@ pub fn build<'a>(
         .all()
         .filter_map(|ds| {
             let template = &ds.spec.as_ref()?.template;
+            let running = ds
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| pods_idx.daemonset_pod(u));
             Some(scheduling::daemon_pod(
                 &ds.namespace().unwrap_or_default(),
                 &ds.name_any(),
                 template,
+                running.as_deref(),
             ))
         })
         .collect();

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::amounts::Amounts;
 use super::error::PodError;
-use super::instance_type::{InstanceType, Offering};
+use super::instance_type::{InstanceType, Offering, absent_label};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::solver::{
@@ -249,6 +249,14 @@ fn type_level(
                 format!(
                     "the pod's node selector or required node affinity excludes it ({})",
                     describe_type(it)
+                ),
+            ));
+        } else if let Some(key) = absent_label(reqs, &pool.reqs, |k| it.carries(k)) {
+            miss.get_or_insert(RuledOut::new(
+                Constraint::Requirements,
+                format!(
+                    "the pod requires label {key:?}, which neither the instance type's \
+                     MachineDeployments nor the NodePool give its nodes"
                 ),
             ));
         } else if let Some(r) = offerings_miss(it, reqs, "the pod's requirements") {

@@ -154,14 +154,53 @@ pub fn nodepool_usage<'a>(capacities: impl IntoIterator<Item = &'a Resources>) -
     total.with("nodes", Quantity::from_units(nodes))
 }
 
-/// The pod a DaemonSet would run on a new node, from its pod template.
-pub fn daemon_pod(namespace: &str, name: &str, template: &PodTemplateSpec) -> Pod {
+/// The pod a DaemonSet would run on a new node: like `running`, its newest pod, when it has one
+/// (admission may have changed the template's requests, as upstream's provisioner allows for),
+/// else from its pod template. The required node affinity is always the template's: the
+/// DaemonSet controller pins each pod to its own node with an extra term.
+pub fn daemon_pod(
+    namespace: &str,
+    name: &str,
+    template: &PodTemplateSpec,
+    running: Option<&Pod>,
+) -> Pod {
     let mut metadata = template.metadata.clone().unwrap_or_default();
     metadata.namespace = Some(namespace.to_string());
     metadata.name = Some(name.to_string());
+    let mut spec = match running.and_then(|p| p.spec.clone()) {
+        None => template.spec.clone(),
+        Some(mut spec) => {
+            let required = template
+                .spec
+                .as_ref()
+                .and_then(|s| s.affinity.as_ref())
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .clone()
+                });
+            if let Some(n) = spec
+                .affinity
+                .as_mut()
+                .and_then(|a| a.node_affinity.as_mut())
+            {
+                n.required_during_scheduling_ignored_during_execution = required;
+            } else if let Some(r) = required {
+                let affinity = spec.affinity.get_or_insert_default();
+                affinity
+                    .node_affinity
+                    .get_or_insert_default()
+                    .required_during_scheduling_ignored_during_execution = Some(r);
+            }
+            Some(spec)
+        }
+    };
+    if let Some(s) = spec.as_mut() {
+        s.node_name = None;
+    }
     Pod {
         metadata,
-        spec: template.spec.clone(),
+        spec,
         status: None,
     }
 }

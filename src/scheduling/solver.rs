@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Pod, Taint};
 use super::amounts::{Amounts, Dims};
 use super::claim_index::{ClaimIndex, HostTerms, room};
 use super::error::PodError;
-use super::instance_type::{InstanceType, Offering};
+use super::instance_type::{InstanceType, Offering, absent_label};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::topology::{Place, Rejection, Source, Topology};
@@ -131,6 +131,8 @@ pub(super) struct TypeInfo<'a> {
     /// Allocatable minus DaemonSet overhead: what pods may use.
     pub(super) avail: Amounts,
     pub(super) daemon: Resources,
+    /// Host ports the DaemonSet pods on such a node take.
+    pub(super) daemon_ports: Vec<(i32, String)>,
 }
 
 /// A NodePool prepared for the solve.
@@ -579,6 +581,7 @@ impl<'a> Solver<'a> {
                     continue;
                 };
                 if fits(&used, &t.avail)
+                    && !ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
                     && within_limits(pool, &t.capacity, &claim.charge)
                     && usable
                         .as_ref()
@@ -749,7 +752,11 @@ impl<'a> Solver<'a> {
                 continue;
             }
             matching += 1;
-            if !fits(&ctx.prep.amounts, &t.avail) {
+            // Upstream's daemon overhead groups: a DaemonSet pod's host port is taken on every
+            // node of the types it runs on.
+            if !fits(&ctx.prep.amounts, &t.avail)
+                || ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
+            {
                 continue;
             }
             fitting += 1;
@@ -799,6 +806,14 @@ impl<'a> Solver<'a> {
             );
         }
         debug_assert_eq!(fitting, 0);
+        if !ctx.pod.host_ports.is_empty()
+            && pool
+                .types
+                .iter()
+                .all(|t| ports_conflict(&t.daemon_ports, &ctx.pod.host_ports))
+        {
+            return "its host ports are taken by DaemonSet pods on every instance type".into();
+        }
         let requests: Vec<String> = ctx
             .pod
             .requests
@@ -845,11 +860,10 @@ impl<'a> Solver<'a> {
         if let Some(u) = self.usable.borrow().get(&key) {
             return Rc::clone(u);
         }
-        let types = self
-            .pools
-            .get(pi)
-            .map(|p| p.types.as_slice())
-            .unwrap_or(&[]);
+        let Some(pool) = self.pools.get(pi) else {
+            return Rc::default();
+        };
+        let (types, pool_reqs) = (pool.types.as_slice(), &pool.reqs);
         let u: Usability<'a> = Rc::new(
             types
                 .iter()
@@ -859,7 +873,13 @@ impl<'a> Solver<'a> {
                     }
                     let mut price: Option<f64> = None;
                     let mut capacity_types: Vec<&'a str> = Vec::new();
-                    for o in t.it.offerings.iter().filter(|o| offering_usable(o, reqs)) {
+                    let carried = |o: &Offering, k: &str| {
+                        o.labels.contains_key(k) || t.it.requirements.has(k)
+                    };
+                    for o in t.it.offerings.iter().filter(|o| {
+                        offering_usable(o, reqs)
+                            && absent_label(reqs, pool_reqs, |k| carried(o, k)).is_none()
+                    }) {
                         price = Some(price.map_or(o.price, |p| p.min(o.price)));
                         if !capacity_types.contains(&o.capacity_type.as_str()) {
                             capacity_types.push(o.capacity_type.as_str());
@@ -1001,7 +1021,7 @@ pub(super) fn build_pool<'a>(
         .filter(|it| type_usable(it, &reqs))
         .filter_map(|it| {
             let price = cheapest(it, &reqs)?.price;
-            let daemon = daemon_overhead(it, &reqs, taints, daemons);
+            let (daemon, daemon_ports) = daemon_overhead(it, &reqs, taints, daemons);
             // A type that does not say how many pods it holds gets the kubelet's default
             // rather than room for none.
             let mut capacity = it.capacity.clone();
@@ -1017,6 +1037,7 @@ pub(super) fn build_pool<'a>(
                     capacity: dims.amounts(&capacity),
                     avail,
                     daemon,
+                    daemon_ports,
                 },
             ))
         })
@@ -1094,26 +1115,31 @@ pub fn nodepool_requirements(np: &NodePool) -> Result<Requirements, (Requirement
     }
 }
 
-/// The DaemonSet pods that would run on a node of this type from this pool.
+/// The requests and host ports of the DaemonSet pods that would run on a node of this type
+/// from this pool (a DaemonSet selecting a label such a node lacks runs elsewhere).
 fn daemon_overhead(
     it: &InstanceType,
     pool_reqs: &Requirements,
     taints: &[Taint],
     daemons: &[PodInfo],
-) -> Resources {
+) -> (Resources, Vec<(i32, String)>) {
     let mut total = Resources::new();
+    let mut ports = Vec::new();
     for d in daemons {
         if untolerated(&d.tolerations, taints, false).is_some() {
             continue;
         }
         let lands = d.node_terms.iter().any(|term| {
-            pool_reqs.compatible(term).is_ok() && it.requirements.compatible(term).is_ok()
+            pool_reqs.compatible(term).is_ok()
+                && it.requirements.compatible(term).is_ok()
+                && absent_label(term, pool_reqs, |k| it.carries(k)).is_none()
         });
         if lands {
             total.add_assign(&d.requests);
+            ports.extend(d.host_ports.iter().cloned());
         }
     }
-    total
+    (total, ports)
 }
 
 /// The values of `key` a pool's instance types can offer, and those its requirements (or

@@ -141,7 +141,6 @@ fn incompatible_provider_labels_are_not_schedulable() {
 }
 
 #[test]
-#[ignore = "fails: needs a label key an instance type does not carry (and no NodePool sets) treated as absent on its nodes (issue 13: custom labels)"]
 fn optional_provider_labels_can_be_required() {
     let p = pod("p").required(vec![node_req(SPECIAL, "Exists", &[])]);
     let out = five_sizes().provision(&[p]);

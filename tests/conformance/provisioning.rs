@@ -3,9 +3,11 @@
 //! weighted NodePools, and minValues under both policies (Strict, upstream's default, and
 //! BestEffort).
 
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use karpenter_capi::api::nodeclaim::Operator;
 use karpenter_capi::api::resources::Resources;
 use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL};
+use karpenter_capi::scheduling::daemon_pod;
 
 use crate::fixture::*;
 
@@ -189,12 +191,54 @@ fn daemonset_overhead_picks_a_bigger_type() {
 }
 
 #[test]
-#[ignore = "fails: needs DaemonSet host ports reserved on new nodes"]
 fn daemonset_host_ports_conflict_with_the_pod() {
     let e = env().daemonset(daemon("ds", &DS_2).host_port(8080));
     let out = e.provision(&[pod("p").requests(&POD_1).host_port(8080)]);
     out.not_scheduled("p");
     assert!(out.nodes.is_empty());
+}
+
+#[test]
+fn daemonset_host_ports_count_only_where_the_daemonset_runs() {
+    let large = daemon("large-ds", &[("cpu", "4"), ("memory", "4Gi")])
+        .required(vec![node_req(SIZE, "In", &["large"])])
+        .host_port(8080);
+    let small = daemon("small-ds", &DS_2)
+        .required(vec![node_req(SIZE, "In", &["small"])])
+        .host_port(8081);
+    let p = pod("p")
+        .requests(&POD_1)
+        .required(vec![node_req(SIZE, "In", &["small"])])
+        .host_port(8080);
+    let out = env().daemonset(large).daemonset(small).provision(&[p]);
+    let node = out.scheduled("p");
+    assert_eq!(node.label(SIZE), Some("small"));
+    assert_eq!(it_cpu(&out, "p").as_deref(), Some("default-instance-type"));
+}
+
+/// The controller builds each DaemonSet's pod with `daemon_pod`, from its newest running pod
+/// when the pod index holds one (the index's side is unit-tested in `src/state/pods.rs`).
+#[test]
+fn daemonset_overhead_comes_from_its_running_pod() {
+    let template = PodTemplateSpec {
+        metadata: None,
+        spec: daemon("ds", &[("cpu", "4"), ("memory", "4Gi")]).spec,
+    };
+    let mut running = daemon("ds-x7k2p", &DS_2);
+    // What the DaemonSet controller adds: its node's name and a term pinning the pod there.
+    let spec = running.spec.as_mut().unwrap();
+    spec.node_name = Some("node-1".into());
+    spec.affinity = Some(
+        serde_json::from_value(serde_json::json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+            ]}
+        }}))
+        .unwrap(),
+    );
+    let ds = daemon_pod("default", "ds", &template, Some(&running));
+    let out = env().daemonset(ds).provision(&[pod("p").requests(&POD_1)]);
+    assert_eq!(it_cpu(&out, "p").as_deref(), Some("default-instance-type"));
 }
 
 #[test]
@@ -276,7 +320,6 @@ fn daemonsets_that_do_not_tolerate_the_pool_taints_are_ignored() {
 }
 
 #[test]
-#[ignore = "fails: needs a label key an instance type does not carry (and no NodePool sets) treated as absent on its nodes (issue 13: custom labels)"]
 fn daemonsets_with_a_selector_no_node_matches_are_ignored() {
     let ds = daemon("ds", &DS_2).node_selector(&[("node", "invalid")]);
     let out = env().daemonset(ds).provision(&[pod("p").requests(&POD_1)]);

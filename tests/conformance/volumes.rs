@@ -497,7 +497,6 @@ fn pods_using_a_storage_class_with_several_zones_spread_over_them() {
 }
 
 #[test]
-#[ignore = "fails: needs a label key an instance type does not carry (and no NodePool sets) treated as absent on its nodes (issue 13: custom labels)"]
 fn a_compatible_multi_volume_alternative_survives_pruning() {
     let a = class(
         "a",
