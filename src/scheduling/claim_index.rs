@@ -276,11 +276,11 @@ mod tests {
             index.push(amounts(&[10]), pods);
         }
         assert_eq!(order(&index, &[1], &NONE), vec![1, 3, 2, 0]);
-        // Claim 1 gains two pods: it now ties with claim 0 and comes before it.
+        // Claim 1 gains two pods: it now ties with claim 0, opened before it.
         index.update(1, amounts(&[8]), 3);
-        assert_eq!(order(&index, &[1], &NONE), vec![3, 2, 1, 0]);
+        assert_eq!(order(&index, &[1], &NONE), vec![3, 2, 0, 1]);
         // A claim too full for the pod is skipped wherever it stands.
         index.update(3, amounts(&[0]), 2);
-        assert_eq!(order(&index, &[1], &NONE), vec![2, 1, 0]);
+        assert_eq!(order(&index, &[1], &NONE), vec![2, 0, 1]);
     }
 }
