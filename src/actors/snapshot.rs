@@ -16,9 +16,7 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validation::validate_nodepool;
-use crate::api::wellknown::{
-    EPHEMERAL_TAINT_KEYS, INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
-};
+use crate::api::wellknown::{INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
 use crate::scheduling::default_spread::DefaultSpread;
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
 use crate::state::pods;
@@ -103,28 +101,29 @@ pub fn build<'a>(
         let startup: Vec<Taint> = claim
             .and_then(|c| c.spec.startup_taints.clone())
             .unwrap_or_default();
-        let taints = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
-            .filter(|t| {
-                !startup
-                    .iter()
-                    .any(|s| s.key == t.key && s.effect == t.effect)
-            })
-            .collect();
-        nodes.push(ExistingNode {
+        let mut node = ExistingNode {
             name: name.clone(),
             labels: n.labels().clone(),
-            taints,
+            taints: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
             allocatable,
             requested,
             in_flight: false,
             nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
-        });
+        };
+        // Until it is initialized a node's startup taints are its own start-up, not a refusal
+        // (the solver drops ephemeral taints the same way); afterwards every taint counts.
+        if !node.initialized() {
+            node.taints.retain(|t| {
+                !startup
+                    .iter()
+                    .any(|s| s.key == t.key && s.effect == t.effect)
+            });
+        }
+        nodes.push(node);
     }
     let node_names: std::collections::HashSet<String> =
         node_list.iter().map(|n| n.name_any()).collect();

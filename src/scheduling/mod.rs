@@ -2,8 +2,9 @@
 //!
 //! [`solve`] takes a [`Snapshot`] of the pending pods, the pods already bound, the existing and
 //! in-flight nodes and the NodePools with their instance types, and decides in Karpenter's
-//! order: existing nodes with room first, then claims opened earlier in the same solve, then a
-//! new claim from each NodePool by weight. [`nodeclaim_for`] turns a decided claim into the
+//! order: existing nodes with room first (initialized ones before in-flight ones, then by
+//! name), then claims opened earlier in the same solve (fewest pods first), then a new claim
+//! from each NodePool by weight. [`nodeclaim_for`] turns a decided claim into the
 //! NodeClaim object to create.
 //!
 //! Known simplifications, each a deliberate trade against speed or missing inputs:
@@ -36,6 +37,7 @@ pub use solver::{nodepool_requirements, solve, solve_with_volumes};
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
+use crate::api::wellknown::INITIALIZED_LABEL;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -93,8 +95,9 @@ pub struct ExistingNode {
     pub name: String,
     /// For an in-flight claim: the single values of its requirements.
     pub labels: BTreeMap<String, String>,
-    /// Taints pods must tolerate. Ephemeral taints (not-ready, unregistered...) are ignored;
-    /// leave startup taints out.
+    /// Taints pods must tolerate. Ephemeral taints (not-ready, unregistered...) are ignored
+    /// until the node is [initialized](ExistingNode::initialized), as upstream: on an
+    /// initialized node they mean it went bad. Leave startup taints of an uninitialized node out.
     pub taints: Vec<Taint>,
     /// Must include `pods`.
     pub allocatable: Resources,
@@ -102,6 +105,19 @@ pub struct ExistingNode {
     pub requested: Resources,
     pub in_flight: bool,
     pub nodepool: Option<String>,
+}
+
+impl ExistingNode {
+    /// Upstream's `StateNode.Initialized`: a Karpenter node (one of a NodePool) once it carries
+    /// `karpenter.sh/initialized=true`, any other node always; an in-flight claim never.
+    pub fn initialized(&self) -> bool {
+        !self.in_flight
+            && (self.nodepool.is_none()
+                || self
+                    .labels
+                    .get(INITIALIZED_LABEL)
+                    .is_some_and(|v| v == "true"))
+    }
 }
 
 /// A NodePool with what it may launch.

@@ -1,5 +1,6 @@
-//! The solve itself: pods in Karpenter's order onto existing nodes, then claims of this round,
-//! then new claims by NodePool weight, relaxing preferences when a pod fits nowhere.
+//! The solve itself: pods in Karpenter's order onto existing nodes (initialized first), then
+//! claims of this round (fewest pods first), then new claims by NodePool weight, relaxing
+//! preferences when a pod fits nowhere.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -9,7 +10,7 @@ use std::rc::Rc;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
 use super::amounts::{Amounts, Dims};
-use super::claim_index::{ClaimIndex, HostTerms, room};
+use super::claim_index::{ClaimIndex, Cursor, HostTerms, room};
 use super::error::PodError;
 use super::instance_type::{InstanceType, Offering, absent_label};
 use super::pod::{PodInfo, TermKind};
@@ -91,6 +92,20 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
         placed_on_existing: placed,
         failures,
     }
+}
+
+/// The taints a pod must tolerate on an existing node. Ephemeral ones (not-ready,
+/// unregistered...) count only once the node is initialized: before, they are the node
+/// coming up; after, they mean it went bad and pods should not be promised to it.
+fn node_taints(node: &ExistingNode) -> Vec<Taint> {
+    if node.initialized() {
+        return node.taints.clone();
+    }
+    node.taints
+        .iter()
+        .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
+        .cloned()
+        .collect()
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -256,7 +271,7 @@ impl<'a> Solver<'a> {
             let wb = weight_of(snapshot, b.name);
             wb.cmp(&wa).then_with(|| a.name.cmp(b.name))
         });
-        let nodes = snapshot
+        let mut nodes: Vec<Node> = snapshot
             .nodes
             .iter()
             .map(|n| Node {
@@ -264,15 +279,15 @@ impl<'a> Solver<'a> {
                 free: dims
                     .amounts(&n.allocatable)
                     .sub(&dims.amounts(&n.requested)),
-                taints: n
-                    .taints
-                    .iter()
-                    .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
-                    .cloned()
-                    .collect(),
+                taints: node_taints(n),
                 host_ports: Vec::new(),
             })
             .collect();
+        // Upstream's order: initialized nodes first, so a pod lands where it can run now
+        // rather than on a node still coming up; then by name.
+        nodes.sort_by(|a, b| {
+            (!a.input.initialized(), &a.input.name).cmp(&(!b.input.initialized(), &b.input.name))
+        });
         Solver {
             dims,
             pools,
@@ -544,9 +559,8 @@ impl<'a> Solver<'a> {
             carried: &carried,
             matched: &matched,
         };
-        let mut from = 0;
-        while let Some(ci) = self.index.next(from, &ctx.prep.amounts, &host_terms) {
-            from = ci + 1;
+        let mut at = Cursor::default();
+        while let Some(ci) = self.index.next(&mut at, &ctx.prep.amounts, &host_terms) {
             let Some(claim) = self.claims.get(ci) else {
                 break;
             };
@@ -642,7 +656,8 @@ impl<'a> Solver<'a> {
             claim.pods.push(i);
         }
         recharge(pool, claim);
-        self.index.set_room(ci, room(&claim.max_avail, &claim.used));
+        self.index
+            .update(ci, room(&claim.max_avail, &claim.used), claim.pods.len());
         self.record_on_claim(ci, ctx);
     }
 
@@ -672,7 +687,8 @@ impl<'a> Solver<'a> {
             match self.open_claim(pi, ctx) {
                 Ok(claim) => {
                     let ci = self.claims.len();
-                    self.index.push(room(&claim.max_avail, &claim.used));
+                    self.index
+                        .push(room(&claim.max_avail, &claim.used), claim.pods.len());
                     self.claims.push(claim);
                     if let (Some(claim), Some(pool)) =
                         (self.claims.get_mut(ci), self.pools.get_mut(pi))
