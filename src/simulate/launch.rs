@@ -453,18 +453,28 @@ pub fn measure(
         .map(|m| (format!("{}/{}", m.namespace, m.name), m.at_ms))
         .collect();
 
-    // The controller's status writes per claim, in order: the first one at or after a claim's
-    // Machine got its provider ID is the Launched write, timed where it landed (the observer's
-    // times add its own watch's delivery).
-    let mut status_writes: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for w in writes.iter().filter(|w| {
-        w.agent == USER_AGENT && w.resource == "nodeclaims" && w.subresource == "status"
-    }) {
-        status_writes
-            .entry(w.name.as_str())
-            .or_default()
-            .push(w.at_ms);
+    // Both ends from the server's write log (the observer's times add its own watch's
+    // delivery): the provider ID landed with the Cluster API stand-in's last Machine write
+    // before its milestone (the milestone is taken when that write's answer is back, by which
+    // time the controller may already have written the claim), and the claim's first status
+    // write is its Launched write.
+    let mut first_status_write: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut standin_machine_writes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for w in &writes {
+        if w.agent == USER_AGENT && w.resource == "nodeclaims" && w.subresource == "status" {
+            first_status_write.entry(w.name.as_str()).or_insert(w.at_ms);
+        } else if w.agent != USER_AGENT && w.resource == "machines" {
+            standin_machine_writes
+                .entry(format!("{}/{}", w.namespace, w.name))
+                .or_default()
+                .push(w.at_ms);
+        }
     }
+    let provider_landed = |machine: &str, milestone: u64| {
+        standin_machine_writes
+            .get(machine)
+            .and_then(|ws| ws.iter().rev().find(|w| **w <= milestone).copied())
+    };
     let mut pid_to_write = Vec::new();
 
     let times = observer.snapshot();
@@ -491,12 +501,13 @@ pub fn measure(
         if let (Some(m), Some(l)) = (pid_at, t.launched_ms) {
             pid_to_claim.push(l.saturating_sub(*m) as f64);
         }
-        if let Some(w) = pid_at.and_then(|m| {
-            status_writes
-                .get(name.as_str())
-                .and_then(|ws| ws.iter().find(|w| **w >= *m).map(|w| w - m))
-        }) {
-            pid_to_write.push(w as f64);
+        if let (Some(machine), Some(m), Some(w)) = (
+            t.machine.as_deref(),
+            pid_at,
+            first_status_write.get(name.as_str()),
+        ) && let Some(landed) = provider_landed(machine, *m)
+        {
+            pid_to_write.push(w.saturating_sub(landed) as f64);
         }
     }
     let inv = invariants::check(cluster.server().store(), cluster.capi_version());
