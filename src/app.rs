@@ -69,6 +69,14 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             crate::cli::PreferencePolicy::Respect => crate::scheduling::PreferencePolicy::Respect,
             crate::cli::PreferencePolicy::Ignore => crate::scheduling::PreferencePolicy::Ignore,
         },
+        min_values_policy: match c.min_values_policy {
+            crate::cli::MinValuesPolicy::Strict => crate::scheduling::MinValuesPolicy::Strict,
+            crate::cli::MinValuesPolicy::BestEffort => {
+                crate::scheduling::MinValuesPolicy::BestEffort
+            }
+        },
+        default_termination_grace_period: c.default_termination_grace_period,
+        default_constraints: c.scheduler_config.0.clone(),
         ..Settings::default()
     }
 }

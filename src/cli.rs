@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::scheduling::default_spread::DefaultConstraints;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
@@ -215,6 +216,18 @@ pub enum PreferencePolicy {
     Ignore,
 }
 
+/// Upstream's `--min-values-policy` values, spelled as upstream spells them (any case).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MinValuesPolicy {
+    /// A NodePool's minValues the instance types cannot meet leaves the pod unscheduled.
+    #[value(name = "Strict")]
+    Strict,
+    /// Unmet minValues are lowered to what the instance types offer; the NodeClaim says so
+    /// (annotation karpenter.sh/nodeclaim-min-values-relaxed).
+    #[value(name = "BestEffort")]
+    BestEffort,
+}
+
 /// Logging flags, shared by `run` and `simulate`.
 #[derive(Clone, Debug, Args)]
 pub struct LogArgs {
@@ -250,6 +263,37 @@ pub struct ControllerArgs {
     /// Whether preferred node affinity is tried as required before being relaxed.
     #[arg(long, env = "PREFERENCE_POLICY", value_enum, default_value = "respect")]
     pub preference_policy: PreferencePolicy,
+    /// Whether a NodePool's minValues must be met (Strict) or may be lowered to what the
+    /// instance types offer (BestEffort).
+    #[arg(
+        long,
+        env = "MIN_VALUES_POLICY",
+        value_enum,
+        ignore_case = true,
+        default_value = "Strict"
+    )]
+    pub min_values_policy: MinValuesPolicy,
+    /// terminationGracePeriod of the NodeClaims whose NodePool sets none (default: none, so
+    /// their nodes drain without a deadline).
+    #[arg(long, env = "DEFAULT_TERMINATION_GRACE_PERIOD", value_parser = duration_arg)]
+    pub default_termination_grace_period: Option<Duration>,
+    /// The cluster's kube-scheduler settings the solve must mirror, as a YAML or JSON document:
+    /// `podTopologySpread.defaultConstraints` (Karpenter's --scheduler-config), applied to pods
+    /// without topologySpreadConstraints of their own, with a selector deduced from the
+    /// Services and the ReplicaSet, StatefulSet or ReplicationController selecting each pod.
+    /// Empty (the default): no default constraints.
+    #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
+    pub scheduler_config: SchedulerConfigArg,
+}
+
+/// A parsed `--scheduler-config`: the default constraints it sets, if any.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SchedulerConfigArg(pub Option<DefaultConstraints>);
+
+fn scheduler_config_arg(s: &str) -> Result<SchedulerConfigArg, String> {
+    DefaultConstraints::parse(s)
+        .map(SchedulerConfigArg)
+        .map_err(|e| e.to_string())
 }
 
 /// Where the Cluster API objects live. With none of these set, the workload cluster is used
@@ -575,6 +619,62 @@ mod tests {
         );
         assert_eq!(run.controller.batch_idle_duration, Duration::from_secs(1));
         assert_eq!(run.controller.batch_max_duration, Duration::from_secs(10));
+        assert_eq!(run.controller.min_values_policy, MinValuesPolicy::Strict);
+        assert_eq!(run.controller.default_termination_grace_period, None);
+    }
+
+    #[test]
+    fn min_values_policy_takes_upstreams_spelling_in_any_case() {
+        for (arg, want) in [
+            ("BestEffort", MinValuesPolicy::BestEffort),
+            ("besteffort", MinValuesPolicy::BestEffort),
+            ("strict", MinValuesPolicy::Strict),
+        ] {
+            let cli = Cli::try_parse_from([
+                "karpenter-capi",
+                "run",
+                "--min-values-policy",
+                arg,
+                "--default-termination-grace-period",
+                "98h",
+            ])
+            .unwrap();
+            let Command::Run(run) = cli.command else {
+                panic!("expected run")
+            };
+            assert_eq!(run.controller.min_values_policy, want, "{arg}");
+            assert_eq!(
+                run.controller.default_termination_grace_period,
+                Some(Duration::from_secs(98 * 3600))
+            );
+        }
+    }
+
+    #[test]
+    fn scheduler_config_is_parsed_and_checked_at_the_flag() {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["karpenter-capi", "run"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).map(|cli| match cli.command {
+                Command::Run(run) => run.controller.scheduler_config,
+                _ => panic!("expected run"),
+            })
+        };
+        // Upstream's default: no default constraints.
+        assert_eq!(run(&[]).unwrap(), SchedulerConfigArg(None));
+        let set = run(&[
+            "--scheduler-config",
+            "podTopologySpread: {defaultConstraints: [{maxSkew: 1, topologyKey: topology.kubernetes.io/zone, whenUnsatisfiable: ScheduleAnyway}]}",
+        ])
+        .unwrap();
+        assert_eq!(set.0.map(|d| d.constraints().len()), Some(1));
+        let err = run(&[
+            "--scheduler-config",
+            "podTopologySpread: {defaultConstraints: [{maxSkew: 1, topologyKey: a, whenUnsatisfiable: DoNotSchedule, labelSelector: {}}]}",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("defaultConstraints[0].labelSelector"), "{err}");
     }
 
     #[test]

@@ -25,6 +25,29 @@ pub struct PoolLabels {
 pub struct CreatedLabels {
     pub reason: String,
     pub nodepool: String,
+    /// Upstream's label: the claim's `karpenter.sh/nodeclaim-min-values-relaxed` ("false"
+    /// when it has none).
+    pub min_values_relaxed: String,
+}
+
+impl CreatedLabels {
+    /// The labels of `claim`, created for `reason` in `nodepool`.
+    pub fn of(
+        reason: impl Into<String>,
+        nodepool: impl Into<String>,
+        claim: &crate::api::nodeclaim::NodeClaim,
+    ) -> CreatedLabels {
+        let relaxed = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(crate::api::wellknown::MIN_VALUES_RELAXED_ANNOTATION));
+        CreatedLabels {
+            reason: reason.into(),
+            nodepool: nodepool.into(),
+            min_values_relaxed: relaxed.map_or("false", String::as_str).to_string(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -236,7 +259,7 @@ impl Metrics {
         };
         r.register(
             "karpenter_nodeclaims_created",
-            "NodeClaims created, by reason and nodepool",
+            "NodeClaims created, by reason, nodepool and whether minValues were relaxed",
             m.nodeclaims_created.clone(),
         );
         r.register(
@@ -548,6 +571,7 @@ mod tests {
             .get_or_create(&CreatedLabels {
                 reason: "provisioning".into(),
                 nodepool: "default".into(),
+                min_values_relaxed: "false".into(),
             })
             .inc();
         Metrics::observe(
@@ -558,7 +582,7 @@ mod tests {
         let text = m.encode();
         assert!(
             text.contains(
-                "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"} 1"
+                "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\",min_values_relaxed=\"false\"} 1"
             ),
             "{text}"
         );

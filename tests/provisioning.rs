@@ -34,6 +34,14 @@ struct Env {
 /// Four MachineDeployment sizes, a NodeClass and the default NodePool (optionally with limits),
 /// and the controller with short batching windows.
 async fn env(limits: Option<Value>) -> Env {
+    env_with(limits, |_| {}).await
+}
+
+/// [`env`], with the controller's settings edited.
+async fn env_with(
+    limits: Option<Value>,
+    edit: impl FnOnce(&mut karpenter_capi::actors::Settings),
+) -> Env {
     let sim = BackgroundSim::start(cluster())
         .await
         .expect("simulated cluster");
@@ -62,6 +70,7 @@ async fn env(limits: Option<Value>) -> Env {
     let mut settings = sim_settings(None);
     settings.batching.idle = Duration::from_millis(200);
     settings.batching.max = Duration::from_secs(2);
+    edit(&mut settings);
     let controller = start_controller(&sim, settings, metrics.clone())
         .await
         .expect("controller");
@@ -226,7 +235,7 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
     let text = env.metrics.encode();
     assert!(
         text.contains(
-            "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\"}"
+            "karpenter_nodeclaims_created_total{reason=\"provisioning\",nodepool=\"default\",min_values_relaxed=\"false\"}"
         ),
         "{text}"
     );
@@ -387,4 +396,149 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
             .iter()
             .all(|c| c["metadata"]["labels"]["karpenter.sh/nodepool"] == "default")
     );
+}
+
+/// An env whose controller runs with a default zonal spread (`--scheduler-config`).
+async fn env_with_zonal_default() -> Env {
+    use karpenter_capi::scheduling::default_spread::DefaultConstraints;
+    let defaults = DefaultConstraints::parse(
+        "podTopologySpread:\n  defaultConstraints:\n    - maxSkew: 1\n      topologyKey: topology.kubernetes.io/zone\n      whenUnsatisfiable: DoNotSchedule\n",
+    )
+    .unwrap();
+    env_with(None, |s| s.default_constraints = defaults).await
+}
+
+/// Three small pods labelled `app=web`, controlled by `owner` (apiVersion, kind, name, uid):
+/// they would share one node. Created once the workload watch has seen what selects them, so
+/// the first solve already spreads them.
+async fn three_web_pods(env: &Env, owner: Value) {
+    let probe: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {
+            "name": "probe", "namespace": launch::NAMESPACE,
+            "labels": {"app": "web"}, "ownerReferences": [owner.clone()],
+        },
+    }))
+    .unwrap();
+    env.wait("the workload watch to see the selector", |e| {
+        let workloads = e._controller.shared.state.workloads.read().selectors();
+        workloads.deduce(&probe).is_some()
+    })
+    .await;
+    env.sim
+        .run(move |c| async move {
+            let pods: Api<k8s_openapi::api::core::v1::Pod> =
+                Api::namespaced(c.client(), launch::NAMESPACE);
+            for i in 0..3 {
+                let pod = json!({
+                    "metadata": {
+                        "name": format!("web-{i}"),
+                        "labels": {"app": "web"},
+                        "ownerReferences": [owner],
+                    },
+                    "spec": {"containers": [{
+                        "name": "c", "image": "web",
+                        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                    }]},
+                });
+                pods.create(
+                    &PostParams::default(),
+                    &serde_json::from_value(pod).unwrap(),
+                )
+                .await
+                .unwrap();
+            }
+        })
+        .await
+        .unwrap();
+}
+
+/// Once the three pods are bound: three claims, each in its own single zone.
+async fn assert_one_claim_per_zone(env: &Env) {
+    env.wait("the three pods bound", |e| e.bound_pods() == 3)
+        .await;
+    let zone_of = |c: &Value| {
+        c["spec"]["requirements"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["key"] == "topology.kubernetes.io/zone")
+            .map(|r| r["values"].to_string())
+    };
+    let claims = env.list("nodeclaims");
+    let zones: std::collections::BTreeSet<Option<String>> = claims.iter().map(zone_of).collect();
+    assert_eq!(claims.len(), 3, "one claim per pod");
+    assert_eq!(zones.len(), 3, "one zone per claim: {zones:?}");
+    assert!(
+        zones
+            .iter()
+            .all(|z| z.as_ref().is_some_and(|z| !z.contains(','))),
+        "{zones:?}"
+    );
+    env.invariants_hold();
+}
+
+/// `--scheduler-config` default constraints through the whole product: the workload watch
+/// finds the ReplicaSet whose selector the pods' default zonal spread is given.
+#[actix::test]
+async fn default_spread_constraints_spread_a_replica_sets_pods_over_the_zones() {
+    let env = env_with_zonal_default().await;
+    let uid = env
+        .sim
+        .run(|c| async move {
+            let sets: Api<k8s_openapi::api::apps::v1::ReplicaSet> =
+                Api::namespaced(c.client(), launch::NAMESPACE);
+            let rs = json!({
+                "metadata": {"name": "web"},
+                "spec": {
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "c", "image": "web"}]},
+                    },
+                },
+            });
+            sets.create(&PostParams::default(), &serde_json::from_value(rs).unwrap())
+                .await
+                .unwrap()
+                .metadata
+                .uid
+        })
+        .await
+        .unwrap();
+    three_web_pods(
+        &env,
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web", "uid": uid, "controller": true}),
+    )
+    .await;
+    assert_one_claim_per_zone(&env).await;
+}
+
+/// A Job adds no selector, but the Service selecting its pods does (through the Service watch).
+#[actix::test]
+async fn default_spread_constraints_spread_a_services_pods_over_the_zones() {
+    let env = env_with_zonal_default().await;
+    env.sim
+        .run(|c| async move {
+            let services: Api<k8s_openapi::api::core::v1::Service> =
+                Api::namespaced(c.client(), launch::NAMESPACE);
+            let svc = json!({
+                "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+            });
+            services
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(svc).unwrap(),
+                )
+                .await
+                .unwrap();
+        })
+        .await
+        .unwrap();
+    three_web_pods(
+        &env,
+        json!({"apiVersion": "batch/v1", "kind": "Job", "name": "web", "uid": "9d1c2f64-7a53-4b0e-8f3e-2a6b3c4d5e6f", "controller": true}),
+    )
+    .await;
+    assert_one_claim_per_zone(&env).await;
 }

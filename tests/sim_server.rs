@@ -1045,3 +1045,47 @@ async fn writes_are_counted_by_the_server() {
     let snap = serde_json::to_value(stats.snapshot()).unwrap();
     assert_eq!(snap["writes"].as_array().unwrap().len(), 3);
 }
+
+/// As the real API server: empty metadata maps and lists are never stored or served (Go's
+/// `omitempty`), and a JSON patch `test` for null passes only while the member is absent, which
+/// is how a writer guards "this object has no annotations yet".
+#[tokio::test]
+async fn empty_metadata_maps_are_dropped_and_null_tests_guard_absent_maps() {
+    let s = sim().await;
+    let cms: Api<ConfigMap> = Api::namespaced(s.client(), "default");
+    let mut c = cm("bare", json!({}));
+    c.metadata.annotations = Some(Default::default());
+    c.metadata.finalizers = Some(Vec::new());
+    let created = cms.create(&PostParams::default(), &c).await.unwrap();
+    let raw = serde_json::to_value(&created).unwrap();
+    for field in ["labels", "annotations", "finalizers"] {
+        assert!(raw["metadata"].get(field).is_none(), "{field}: {raw}");
+    }
+    let guarded = json!([
+        {"op": "test", "path": "/metadata/annotations", "value": null},
+        {"op": "add", "path": "/metadata/annotations", "value": {"first": "yes"}}
+    ]);
+    let first = json_patch(&s, "bare", guarded.clone()).await.unwrap();
+    assert_eq!(
+        first.annotations().get("first").map(String::as_str),
+        Some("yes")
+    );
+    // The same guarded write again: the map is there now, so the test fails (422).
+    let kube::Error::Api(e) = json_patch(&s, "bare", guarded).await.unwrap_err() else {
+        panic!("a Status error")
+    };
+    assert_eq!(e.code, 422, "{e:?}");
+    assert!(e.message.contains("/metadata/annotations"), "{e:?}");
+    // A test below a member that does not exist at all does not apply.
+    let kube::Error::Api(e) = json_patch(
+        &s,
+        "bare",
+        json!([{"op": "test", "path": "/metadata/nothing/here", "value": null}]),
+    )
+    .await
+    .unwrap_err() else {
+        panic!("a Status error")
+    };
+    assert_eq!(e.code, 422, "{e:?}");
+    assert!(e.message.contains("is missing path"), "{e:?}");
+}

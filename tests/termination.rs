@@ -107,7 +107,11 @@ async fn drain_evicts_in_karpenters_order_and_waits_for_a_budget() {
         "Cluster API drained a node the controller had drained: {:?}",
         env.evictions_of("tolerant")
     );
-    assert!(env.get("pods", NS, "tolerant").is_none());
+    // Pod GC removes it after its Node is gone, asynchronously (as on a real cluster).
+    env.wait("the tolerant pod collected with its Node", || {
+        env.get("pods", NS, "tolerant").is_none().then_some(())
+    })
+    .await;
     env.assert_clean();
 }
 
@@ -286,13 +290,19 @@ async fn a_claim_that_cannot_launch_is_deleted_after_the_launch_timeout() {
         env.get("nodeclaims", "", &name).is_none().then_some(())
     })
     .await;
-    let events = env.events("LaunchTimeout");
-    assert!(
-        events.iter().any(|e| e["note"]
-            .as_str()
-            .is_some_and(|n| n.contains("does-not-exist"))),
-        "{events:#?}"
-    );
+    // Events are recorded asynchronously: the one naming the missing class may land just
+    // after the claim is gone.
+    env.wait("a LaunchTimeout Event naming the missing class", || {
+        env.events("LaunchTimeout")
+            .iter()
+            .any(|e| {
+                e["note"]
+                    .as_str()
+                    .is_some_and(|n| n.contains("does-not-exist"))
+            })
+            .then_some(())
+    })
+    .await;
     assert!(env.list("machines").is_empty());
     env.assert_clean();
 }

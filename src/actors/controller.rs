@@ -46,6 +46,8 @@ pub struct ControllerHandle {
     pub nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
     storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
+    /// Only with default topology spread constraints.
+    workload_watcher: Option<Addr<super::workload_watcher::WorkloadWatcher>>,
     /// True while this replica's writers run (it leads and the catalog has synced).
     pub active: watch::Receiver<bool>,
     catalog: CatalogSlot,
@@ -65,6 +67,8 @@ struct Actors {
     nodepools: Addr<NodePools>,
     provisioner: Addr<Provisioner>,
     storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
+    /// Only with default topology spread constraints.
+    workload_watcher: Option<Addr<super::workload_watcher::WorkloadWatcher>>,
     catalog: CatalogSlot,
 }
 
@@ -88,6 +92,9 @@ impl Actors {
         self.nodepools.do_send(super::StopActor);
         self.provisioner.do_send(super::StopActor);
         self.storage_watcher.do_send(super::StopActor);
+        if let Some(w) = &self.workload_watcher {
+            w.do_send(super::StopActor);
+        }
         if let Some(c) = self.catalog.lock().take() {
             c.do_send(super::StopActor);
         }
@@ -110,6 +117,7 @@ impl ControllerHandle {
             nodepools: self.nodepools.clone(),
             provisioner: self.provisioner.clone(),
             storage_watcher: self.storage_watcher.clone(),
+            workload_watcher: self.workload_watcher.clone(),
             catalog: self.catalog.clone(),
         }
     }
@@ -160,6 +168,15 @@ impl Controller {
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
         let storage_watcher = super::storage_watcher::StorageWatcher::new(shared.clone()).start();
+        // Default topology spread constraints deduce selectors from the workloads' own.
+        let workload_watcher = shared.settings.default_constraints.as_ref().map(|d| {
+            tracing::info!(
+                constraints = ?d.constraints(),
+                "scheduler config sets default topology spread constraints: pods without their own are spread by them"
+            );
+            super::workload_watcher::WorkloadWatcher::new(shared.clone()).start()
+        });
+        let watch_workloads = workload_watcher.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
         let provisioner = Provisioner::new(
@@ -178,6 +195,7 @@ impl Controller {
                 && s.claims.read().synced()
                 && s.pods.read().synced()
                 && s.storage.read().synced()
+                && (!watch_workloads || s.workloads.read().synced())
                 && s.nodepools_synced
                     .load(std::sync::atomic::Ordering::Acquire)
         })
@@ -191,6 +209,7 @@ impl Controller {
             nodepools,
             provisioner,
             storage_watcher,
+            workload_watcher,
             catalog: CatalogSlot::default(),
         };
         let (active_tx, active) = watch::channel(false);
@@ -204,6 +223,7 @@ impl Controller {
             nodepools: actors.nodepools,
             provisioner: actors.provisioner,
             storage_watcher: actors.storage_watcher,
+            workload_watcher: actors.workload_watcher,
             active,
             catalog: actors.catalog,
             follower,

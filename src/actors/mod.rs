@@ -31,6 +31,7 @@ pub mod storage_watcher;
 pub mod supervisor;
 pub mod terminator;
 pub mod tracked;
+pub mod workload_watcher;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +62,13 @@ pub struct Settings {
     pub batching: provisioner::Batching,
     /// Preferred affinities: tried as required first, or ignored.
     pub preference: crate::scheduling::PreferencePolicy,
+    /// minValues the instance types cannot meet: no claim, or lowered ones.
+    pub min_values_policy: crate::scheduling::MinValuesPolicy,
+    /// terminationGracePeriod of claims whose NodePool sets none.
+    pub default_termination_grace_period: Option<Duration>,
+    /// Default topology spread constraints for pods without their own (`--scheduler-config`);
+    /// the workload watch runs only when some are set.
+    pub default_constraints: Option<crate::scheduling::default_spread::DefaultConstraints>,
     /// Deadlines of the actors' own work (tests shorten them).
     pub deadlines: Deadlines,
     /// A drained node counts as drained only this long after its drain began, so pods bound
@@ -125,6 +133,9 @@ impl Default for Settings {
             cluster_name: None,
             batching: provisioner::Batching::default(),
             preference: crate::scheduling::PreferencePolicy::Respect,
+            min_values_policy: crate::scheduling::MinValuesPolicy::Strict,
+            default_termination_grace_period: None,
+            default_constraints: None,
             deadlines: Deadlines::default(),
             min_drain_time: Duration::from_secs(5),
             disruption: DisruptionSettings::default(),
@@ -239,6 +250,7 @@ stoppable!(
     nodepools::NodePools,
     provisioner::Provisioner,
     storage_watcher::StorageWatcher,
+    workload_watcher::WorkloadWatcher,
     terminator::Terminator,
     disruption::Disruption
 );

@@ -228,7 +228,10 @@ impl Provisioner {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
             };
-            let claim = scheduling::nodeclaim_for(&new, pool);
+            let claim = scheduling::with_default_termination_grace_period(
+                scheduling::nodeclaim_for(&new, pool),
+                self.shared.settings.default_termination_grace_period,
+            );
             self.create(claim, new.nodepool.clone(), new.pods, ctx);
         }
     }
@@ -256,10 +259,11 @@ impl Provisioner {
                             act.shared
                                 .metrics
                                 .nodeclaims_created
-                                .get_or_create(&CreatedLabels {
-                                    reason: "provisioning".into(),
-                                    nodepool: nodepool.clone(),
-                                })
+                                .get_or_create(&CreatedLabels::of(
+                                    "provisioning",
+                                    nodepool.as_str(),
+                                    &created,
+                                ))
                                 .inc();
                             tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "created nodeclaim");
                             // Into the index in the same turn it leaves `creating`, so no solve

@@ -16,9 +16,8 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validation::validate_nodepool;
-use crate::api::wellknown::{
-    EPHEMERAL_TAINT_KEYS, INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL,
-};
+use crate::api::wellknown::{INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
+use crate::scheduling::default_spread::DefaultSpread;
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
 use crate::state::pods;
 
@@ -50,9 +49,13 @@ pub fn build<'a>(
         .iter()
         .map(|p| (**p).clone())
         .collect();
+    let default_spread = default_spread(shared);
+    // Default constraints spread pods that carry no term of their own: every bound pod may be
+    // counted then.
+    let terms = pods_idx.any_with_pod_terms() || default_spread.is_some();
     // Shared with the index, not copied (its pods are immutable once in).
     let bound_pods: Vec<Arc<Pod>> = match which {
-        BoundPods::Needed { moving } if !pods_idx.any_with_pod_terms() => {
+        BoundPods::Needed { moving } if !terms => {
             let mut out: Vec<Arc<Pod>> = pods_idx
                 .bound_with_host_ports()
                 .into_iter()
@@ -98,28 +101,29 @@ pub fn build<'a>(
         let startup: Vec<Taint> = claim
             .and_then(|c| c.spec.startup_taints.clone())
             .unwrap_or_default();
-        let taints = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
-            .filter(|t| {
-                !startup
-                    .iter()
-                    .any(|s| s.key == t.key && s.effect == t.effect)
-            })
-            .collect();
-        nodes.push(ExistingNode {
+        let mut node = ExistingNode {
             name: name.clone(),
             labels: n.labels().clone(),
-            taints,
+            taints: n
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default(),
             allocatable,
             requested,
             in_flight: false,
             nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
-        });
+        };
+        // Until it is initialized a node's startup taints are its own start-up, not a refusal
+        // (the solver drops ephemeral taints the same way); afterwards every taint counts.
+        if !node.initialized() {
+            node.taints.retain(|t| {
+                !startup
+                    .iter()
+                    .any(|s| s.key == t.key && s.effect == t.effect)
+            });
+        }
+        nodes.push(node);
     }
     let node_names: std::collections::HashSet<String> =
         node_list.iter().map(|n| n.name_any()).collect();
@@ -208,10 +212,16 @@ pub fn build<'a>(
         .all()
         .filter_map(|ds| {
             let template = &ds.spec.as_ref()?.template;
+            let running = ds
+                .metadata
+                .uid
+                .as_deref()
+                .and_then(|u| pods_idx.daemonset_pod(u));
             Some(scheduling::daemon_pod(
                 &ds.namespace().unwrap_or_default(),
                 &ds.name_any(),
                 template,
+                running.as_deref(),
             ))
         })
         .collect();
@@ -222,9 +232,21 @@ pub fn build<'a>(
         nodepools,
         daemonsets,
         preference_policy: preference,
+        min_values_policy: shared.settings.min_values_policy,
         // Namespaces are not watched yet: only empty namespaceSelectors match.
         namespaces: Default::default(),
+        default_spread,
     }
+}
+
+/// The configured default constraints with the workload watch's selectors (None when no
+/// `--scheduler-config` sets any).
+fn default_spread(shared: &Shared) -> Option<DefaultSpread> {
+    let constraints = shared.settings.default_constraints.clone()?;
+    Some(DefaultSpread {
+        constraints,
+        workloads: shared.state.workloads.read().selectors(),
+    })
 }
 
 /// What a claim not launched yet may still add to its pool's usage beyond `counted` (its

@@ -11,6 +11,7 @@ use std::fmt;
 use k8s_openapi::api::core::v1::NodeSelectorRequirement;
 
 use super::nodeclaim::{NodeSelectorRequirementWithMinValues, Operator};
+use super::wellknown::normalized_label;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
@@ -444,7 +445,8 @@ impl Requirements {
         Ok(out)
     }
 
-    /// From a pod's node selector terms (core NodeSelectorRequirement, string operators).
+    /// From a pod's node selector terms (core NodeSelectorRequirement, string operators), with
+    /// deprecated label keys read as the well-known ones.
     pub fn from_pod_node_selector(reqs: &[NodeSelectorRequirement]) -> Result<Requirements, Error> {
         let mut out = Requirements::new();
         for r in reqs {
@@ -453,7 +455,7 @@ impl Requirements {
                 operator: r.operator.clone(),
             })?;
             out.add(Requirement::new(
-                &r.key,
+                normalized_label(&r.key),
                 operator,
                 r.values.as_deref().unwrap_or_default(),
             )?);
@@ -573,6 +575,20 @@ impl Requirements {
             }
         }
         Ok(())
+    }
+
+    /// Lowers every minValues `available(key)` cannot meet to what it can (upstream's
+    /// BestEffort policy); a key with no value left keeps no minValues, as a NodeClaim's
+    /// minValues must be at least 1.
+    pub fn relax_min_values(&mut self, available: impl Fn(&str) -> usize) {
+        for r in self.by_key.values_mut() {
+            if let Some(required) = r.min_values {
+                let have = available(&r.key);
+                if have < required {
+                    r.min_values = (have > 0).then_some(have);
+                }
+            }
+        }
     }
 }
 
@@ -848,6 +864,26 @@ mod tests {
             Requirements::from_node_selector_requirements(&crd),
             Err(Error::MinValuesRange { .. })
         ));
+    }
+
+    #[test]
+    fn min_values_relaxing() {
+        let mut r = Requirements::new();
+        r.add(k(In, &["a", "b", "c"]).with_min_values(Some(3)));
+        r.add(req("met", Exists, &[]).with_min_values(Some(1)));
+        r.add(req("none", Exists, &[]).with_min_values(Some(2)));
+        let available = |key: &str| match key {
+            "k" => 2,
+            "met" => 1,
+            _ => 0,
+        };
+        r.relax_min_values(available);
+        let mins: Vec<Option<usize>> = ["k", "met", "none"]
+            .iter()
+            .map(|key| r.get(key).and_then(Requirement::min_values))
+            .collect();
+        assert_eq!(mins, [Some(2), Some(1), None]);
+        assert!(r.check_min_values(available).is_ok());
     }
 
     #[test]

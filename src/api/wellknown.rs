@@ -12,6 +12,9 @@ pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
 /// On a deleted claim with a terminationGracePeriod: when every pod of its node must be gone
 /// (RFC 3339), as upstream Karpenter writes it.
 pub const TERMINATION_TIMESTAMP_ANNOTATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";
+/// On every NodeClaim the provisioner creates: "true" when a minValues of its NodePool was
+/// lowered under the BestEffort policy, else "false" (upstream's key and values).
+pub const MIN_VALUES_RELAXED_ANNOTATION: &str = "karpenter.sh/nodeclaim-min-values-relaxed";
 pub const NODEPOOL_HASH_ANNOTATION: &str = "karpenter.sh/nodepool-hash";
 pub const NODEPOOL_HASH_VERSION_ANNOTATION: &str = "karpenter.sh/nodepool-hash-version";
 /// Version of our hashing scheme; bump when the hashed fields change so drift is not flagged
@@ -31,6 +34,7 @@ pub const INSTANCE_TYPE_LABEL_BETA: &str = "beta.kubernetes.io/instance-type";
 pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 pub const ZONE_LABEL_BETA: &str = "failure-domain.beta.kubernetes.io/zone";
 pub const REGION_LABEL: &str = "topology.kubernetes.io/region";
+pub const REGION_LABEL_BETA: &str = "failure-domain.beta.kubernetes.io/region";
 pub const ARCH_LABEL: &str = "kubernetes.io/arch";
 pub const OS_LABEL: &str = "kubernetes.io/os";
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
@@ -129,6 +133,24 @@ pub const MACHINE_DEPLOYMENT_KIND: &str = "MachineDeployment";
 /// controller knows which replicas are its own (invariants 2 and 4).
 pub const MANAGED_REPLICAS_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/managed-replicas";
 
+/// Deprecated keys and the well-known keys they stand for: a pod's requirement on one is read as
+/// a requirement on the other (upstream's `NormalizedLabels`), so old manifests keep working.
+pub const NORMALIZED_LABELS: [(&str, &str); 5] = [
+    (ZONE_LABEL_BETA, ZONE_LABEL),
+    ("beta.kubernetes.io/arch", ARCH_LABEL),
+    ("beta.kubernetes.io/os", OS_LABEL),
+    (INSTANCE_TYPE_LABEL_BETA, INSTANCE_TYPE_LABEL),
+    (REGION_LABEL_BETA, REGION_LABEL),
+];
+
+/// `key`, or the well-known key it is a deprecated alias of.
+pub fn normalized_label(key: &str) -> &str {
+    NORMALIZED_LABELS
+        .iter()
+        .find(|(old, _)| *old == key)
+        .map_or(key, |(_, new)| new)
+}
+
 /// Labels every node gets from its provider, so a pod may require them (and a NodePool may
 /// constrain them) even when no NodePool or instance type spells out their values.
 pub const WELL_KNOWN_LABELS: [&str; 10] = [
@@ -147,6 +169,18 @@ pub const WELL_KNOWN_LABELS: [&str; 10] = [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deprecated_keys_normalize_to_well_known_ones() {
+        assert_eq!(
+            normalized_label(INSTANCE_TYPE_LABEL_BETA),
+            INSTANCE_TYPE_LABEL
+        );
+        assert_eq!(normalized_label("beta.kubernetes.io/arch"), ARCH_LABEL);
+        assert_eq!(normalized_label(REGION_LABEL_BETA), REGION_LABEL);
+        assert_eq!(normalized_label(ZONE_LABEL), ZONE_LABEL);
+        assert_eq!(normalized_label("example.com/team"), "example.com/team");
+    }
 
     #[test]
     fn domains_include_subdomains() {

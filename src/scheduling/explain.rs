@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::amounts::Amounts;
 use super::error::PodError;
-use super::instance_type::{InstanceType, Offering};
+use super::instance_type::{InstanceType, Offering, absent_label};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::solver::{
@@ -105,7 +105,11 @@ impl PoolVerdict {
 /// or cannot get a new node from it. Errors when the pod's spec cannot be read (the same error
 /// the solver reports as `InvalidPod`).
 pub fn rule_out(pod: &Pod, snapshot: &Snapshot) -> Result<Vec<PoolVerdict>, String> {
-    let info = PodInfo::read(pod)?;
+    let defaults = snapshot
+        .default_spread
+        .as_ref()
+        .and_then(|d| d.for_pod(pod));
+    let info = PodInfo::read_with_defaults(pod, defaults.as_deref())?;
     let daemons: Vec<PodInfo> = snapshot
         .daemonsets
         .iter()
@@ -245,6 +249,14 @@ fn type_level(
                 format!(
                     "the pod's node selector or required node affinity excludes it ({})",
                     describe_type(it)
+                ),
+            ));
+        } else if let Some(key) = absent_label(reqs, &pool.reqs, |k| it.carries(k)) {
+            miss.get_or_insert(RuledOut::new(
+                Constraint::Requirements,
+                format!(
+                    "the pod requires label {key:?}, which neither the instance type's \
+                     MachineDeployments nor the NodePool give its nodes"
                 ),
             ));
         } else if let Some(r) = offerings_miss(it, reqs, "the pod's requirements") {

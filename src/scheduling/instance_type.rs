@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::Taint;
 
 use crate::api::requirements::Requirements;
 use crate::api::resources::Resources;
+use crate::api::wellknown::WELL_KNOWN_LABELS;
 
 /// One place a node of an instance type can come from: one MachineDeployment.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +48,12 @@ impl InstanceType {
         self.capacity.sub(&self.overhead)
     }
 
+    /// Whether some node of this type carries `key`: the type's requirements or one of its
+    /// offerings' labels name it.
+    pub fn carries(&self, key: &str) -> bool {
+        self.requirements.has(key) || self.offerings.iter().any(|o| o.labels.contains_key(key))
+    }
+
     /// The cheapest available offering that `reqs` allow, if any.
     pub fn cheapest(&self, reqs: &Requirements) -> Option<&Offering> {
         self.offerings
@@ -54,6 +61,27 @@ impl InstanceType {
             .filter(|o| o.available && offering_allowed(o, reqs))
             .min_by(|a, b| a.price.total_cmp(&b.price))
     }
+}
+
+/// The first label `reqs` needs on the node (any operator but NotIn and DoesNotExist) that a
+/// node will not carry: not `carried` by its offering or type, not set by its NodePool
+/// (`pool_reqs`: template requirements and labels, which become NodeClaim labels) and not well
+/// known. A MachineDeployment's nodes carry only the labels it gives them, so such a key is
+/// absent there; upstream's instance types say the same with `DoesNotExist` on the provider
+/// labels they lack.
+pub fn absent_label<'r>(
+    reqs: &'r Requirements,
+    pool_reqs: &Requirements,
+    carried: impl Fn(&str) -> bool,
+) -> Option<&'r str> {
+    reqs.iter()
+        .find(|r| {
+            !r.allows_absent()
+                && !pool_reqs.has(r.key())
+                && !WELL_KNOWN_LABELS.contains(&r.key())
+                && !carried(r.key())
+        })
+        .map(|r| r.key())
 }
 
 /// True when an offering's labels satisfy `reqs` on the keys the offering defines (a key the

@@ -2,8 +2,9 @@
 //!
 //! [`solve`] takes a [`Snapshot`] of the pending pods, the pods already bound, the existing and
 //! in-flight nodes and the NodePools with their instance types, and decides in Karpenter's
-//! order: existing nodes with room first, then claims opened earlier in the same solve, then a
-//! new claim from each NodePool by weight. [`nodeclaim_for`] turns a decided claim into the
+//! order: existing nodes with room first (initialized ones before in-flight ones, then by
+//! name), then claims opened earlier in the same solve (fewest pods first), then a new claim
+//! from each NodePool by weight. [`nodeclaim_for`] turns a decided claim into the
 //! NodeClaim object to create.
 //!
 //! Known simplifications, each a deliberate trade against speed or missing inputs:
@@ -14,6 +15,8 @@
 
 pub mod amounts;
 mod claim_index;
+pub mod csi_migration;
+pub mod default_spread;
 pub mod error;
 pub mod explain;
 pub mod instance_type;
@@ -28,12 +31,13 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
 
 pub use error::PodError;
 pub use instance_type::{InstanceType, Offering};
-pub use nodeclaim::nodeclaim_for;
+pub use nodeclaim::{nodeclaim_for, with_default_termination_grace_period};
 pub use solver::{nodepool_requirements, solve, solve_with_volumes};
 
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
+use crate::api::wellknown::INITIALIZED_LABEL;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -47,6 +51,16 @@ pub enum PreferencePolicy {
     #[default]
     Respect,
     Ignore,
+}
+
+/// What a NodePool's minValues the candidate instance types cannot meet does to a claim:
+/// `Strict` (upstream's default) opens none; `BestEffort` lowers each unmet minValues to what
+/// the types offer and marks the claim relaxed (upstream's `--min-values-policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MinValuesPolicy {
+    #[default]
+    Strict,
+    BestEffort,
 }
 
 /// Everything one solve looks at.
@@ -65,9 +79,14 @@ pub struct Snapshot {
     /// taints it accepts, so its requests are overhead on those instance types.
     pub daemonsets: Vec<Pod>,
     pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
     /// Namespace name -> labels, for the `namespaceSelector` of pod (anti-)affinity terms. A
     /// namespace missing here is taken as unlabelled (only an empty selector matches it).
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Cluster-level default topology spread constraints (`--scheduler-config`): pending pods
+    /// without constraints of their own are spread by them. None: no defaults (upstream's
+    /// default).
+    pub default_spread: Option<default_spread::DefaultSpread>,
 }
 
 /// A node the pods may go to without a new claim.
@@ -76,8 +95,9 @@ pub struct ExistingNode {
     pub name: String,
     /// For an in-flight claim: the single values of its requirements.
     pub labels: BTreeMap<String, String>,
-    /// Taints pods must tolerate. Ephemeral taints (not-ready, unregistered...) are ignored;
-    /// leave startup taints out.
+    /// Taints pods must tolerate. Ephemeral taints (not-ready, unregistered...) are ignored
+    /// until the node is [initialized](ExistingNode::initialized), as upstream: on an
+    /// initialized node they mean it went bad. Leave startup taints of an uninitialized node out.
     pub taints: Vec<Taint>,
     /// Must include `pods`.
     pub allocatable: Resources,
@@ -85,6 +105,19 @@ pub struct ExistingNode {
     pub requested: Resources,
     pub in_flight: bool,
     pub nodepool: Option<String>,
+}
+
+impl ExistingNode {
+    /// Upstream's `StateNode.Initialized`: a Karpenter node (one of a NodePool) once it carries
+    /// `karpenter.sh/initialized=true`, any other node always; an in-flight claim never.
+    pub fn initialized(&self) -> bool {
+        !self.in_flight
+            && (self.nodepool.is_none()
+                || self
+                    .labels
+                    .get(INITIALIZED_LABEL)
+                    .is_some_and(|v| v == "true"))
+    }
 }
 
 /// A NodePool with what it may launch.
@@ -121,6 +154,9 @@ pub struct NewClaim {
     pub pods: Vec<String>,
     /// Instance types that can hold it, cheapest first, at most [`MAX_INSTANCE_TYPES`].
     pub instance_types: Vec<String>,
+    /// Whether a minValues of its NodePool was lowered to fit (only under
+    /// [`MinValuesPolicy::BestEffort`]); `requirements` carry the lowered values.
+    pub min_values_relaxed: bool,
 }
 
 /// What a NodePool uses: the sum of its nodes' (and in-flight claims') capacities plus `nodes`.
@@ -134,14 +170,53 @@ pub fn nodepool_usage<'a>(capacities: impl IntoIterator<Item = &'a Resources>) -
     total.with("nodes", Quantity::from_units(nodes))
 }
 
-/// The pod a DaemonSet would run on a new node, from its pod template.
-pub fn daemon_pod(namespace: &str, name: &str, template: &PodTemplateSpec) -> Pod {
+/// The pod a DaemonSet would run on a new node: like `running`, its newest pod, when it has one
+/// (admission may have changed the template's requests, as upstream's provisioner allows for),
+/// else from its pod template. The required node affinity is always the template's: the
+/// DaemonSet controller pins each pod to its own node with an extra term.
+pub fn daemon_pod(
+    namespace: &str,
+    name: &str,
+    template: &PodTemplateSpec,
+    running: Option<&Pod>,
+) -> Pod {
     let mut metadata = template.metadata.clone().unwrap_or_default();
     metadata.namespace = Some(namespace.to_string());
     metadata.name = Some(name.to_string());
+    let mut spec = match running.and_then(|p| p.spec.clone()) {
+        None => template.spec.clone(),
+        Some(mut spec) => {
+            let required = template
+                .spec
+                .as_ref()
+                .and_then(|s| s.affinity.as_ref())
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .clone()
+                });
+            if let Some(n) = spec
+                .affinity
+                .as_mut()
+                .and_then(|a| a.node_affinity.as_mut())
+            {
+                n.required_during_scheduling_ignored_during_execution = required;
+            } else if let Some(r) = required {
+                let affinity = spec.affinity.get_or_insert_default();
+                affinity
+                    .node_affinity
+                    .get_or_insert_default()
+                    .required_during_scheduling_ignored_during_execution = Some(r);
+            }
+            Some(spec)
+        }
+    };
+    if let Some(s) = spec.as_mut() {
+        s.node_name = None;
+    }
     Pod {
         metadata,
-        spec: template.spec.clone(),
+        spec,
         status: None,
     }
 }

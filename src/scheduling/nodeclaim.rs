@@ -1,22 +1,25 @@
 //! Writing a decided claim as the NodeClaim object Karpenter would create.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
 use super::NewClaim;
+use crate::api::duration::GoDuration;
 use crate::api::nodeclaim::{NodeClaim, NodeClaimSpec, ResourceRequirements};
 use crate::api::nodepool::{NodePool, nodepool_hash};
 use crate::api::wellknown::{
-    HOSTNAME_LABEL, NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION,
+    HOSTNAME_LABEL, MIN_VALUES_RELAXED_ANNOTATION, NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION,
     NODEPOOL_HASH_VERSION_ANNOTATION, NODEPOOL_LABEL,
 };
 
 /// The NodeClaim for `new`: `generateName: <nodepool>-`, owned by the NodePool (blocking its
 /// deletion, not as controller, as upstream does), labelled with the template labels, the pool
-/// and every single-valued requirement, annotated with the template annotations and the drift
-/// hash, and carrying the template's taints, lifetimes and node class.
+/// and every single-valued requirement, annotated with the template annotations, the drift
+/// hash and whether minValues were relaxed, and carrying the template's taints, lifetimes and
+/// node class.
 pub fn nodeclaim_for(new: &NewClaim, nodepool: &NodePool) -> NodeClaim {
     let pool_name = nodepool.metadata.name.clone().unwrap_or_default();
     let template = &nodepool.spec.template;
@@ -47,6 +50,10 @@ pub fn nodeclaim_for(new: &NewClaim, nodepool: &NodePool) -> NodeClaim {
         NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
         NODEPOOL_HASH_VERSION.to_string(),
     );
+    annotations.insert(
+        MIN_VALUES_RELAXED_ANNOTATION.to_string(),
+        new.min_values_relaxed.to_string(),
+    );
 
     NodeClaim {
         metadata: ObjectMeta {
@@ -76,4 +83,16 @@ pub fn nodeclaim_for(new: &NewClaim, nodepool: &NodePool) -> NodeClaim {
         },
         status: None,
     }
+}
+
+/// `claim` with the controller's `--default-termination-grace-period` when its NodePool sets
+/// none (upstream's `DefaultTerminationGracePeriod`); a NodePool's own value always wins.
+pub fn with_default_termination_grace_period(
+    mut claim: NodeClaim,
+    default: Option<Duration>,
+) -> NodeClaim {
+    if claim.spec.termination_grace_period.is_none() {
+        claim.spec.termination_grace_period = default.map(GoDuration);
+    }
+    claim
 }

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration, WeightedPodAffinityTerm,
+    Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration, TopologySpreadConstraint,
+    WeightedPodAffinityTerm,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -12,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use super::selector::Selector;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
-use crate::api::wellknown::{RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_PODS};
+use crate::api::wellknown::{RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_PODS, normalized_label};
 
 /// How a topology term constrains a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -113,6 +114,15 @@ pub struct PodInfo {
 impl PodInfo {
     /// Reads `pod`; an error names the field that could not be read.
     pub fn read(pod: &Pod) -> Result<PodInfo, String> {
+        PodInfo::read_with_defaults(pod, None)
+    }
+
+    /// Reads `pod`, spread by `defaults` (the cluster's default constraints with the pod's
+    /// deduced selector, see [`super::default_spread`]) in place of its own constraints.
+    pub fn read_with_defaults(
+        pod: &Pod,
+        defaults: Option<&[TopologySpreadConstraint]>,
+    ) -> Result<PodInfo, String> {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let labels = pod.metadata.labels.clone().unwrap_or_default();
@@ -126,7 +136,7 @@ impl PodInfo {
             .into_iter()
             .flatten()
         {
-            selector_reqs.add(Requirement::is_in(k, &[v.as_str()]));
+            selector_reqs.add(Requirement::is_in(normalized_label(k), &[v.as_str()]));
         }
         let node_affinity = spec
             .and_then(|s| s.affinity.as_ref())
@@ -181,7 +191,7 @@ impl PodInfo {
 
         Ok(PodInfo {
             key: format!("{namespace}/{name}"),
-            terms: topology_terms(pod, &namespace, &node_terms)?,
+            terms: topology_terms(pod, &namespace, &node_terms, defaults)?,
             namespace,
             labels,
             requests,
@@ -277,19 +287,24 @@ fn topology_terms(
     pod: &Pod,
     namespace: &str,
     node_terms: &[Requirements],
+    defaults: Option<&[TopologySpreadConstraint]>,
 ) -> Result<Vec<Term>, String> {
     let Some(spec) = &pod.spec else {
         return Ok(Vec::new());
     };
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let mut out = Vec::new();
-    for (i, c) in spec
-        .topology_spread_constraints
-        .iter()
-        .flatten()
-        .enumerate()
-    {
-        let what = format!("spec.topologySpreadConstraints[{i}]");
+    let (constraints, field) = match defaults {
+        Some(d) => (d, "default topologySpreadConstraints"),
+        None => (
+            spec.topology_spread_constraints
+                .as_deref()
+                .unwrap_or_default(),
+            "spec.topologySpreadConstraints",
+        ),
+    };
+    for (i, c) in constraints.iter().enumerate() {
+        let what = format!("{field}[{i}]");
         let policy =
             |value: Option<&String>, field: &str, default: bool| match value.map(String::as_str) {
                 None => Ok(default),
@@ -636,5 +651,52 @@ mod tests {
         assert_eq!(info.host_ports, vec![(8080, "TCP".to_string())]);
         assert_eq!(info.node_terms.len(), 1);
         assert!(info.node_terms[0].has("a"));
+    }
+
+    #[test]
+    fn deprecated_label_keys_are_read_as_well_known_ones() {
+        use k8s_openapi::api::core::v1::{
+            Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+        };
+        let zone_term = NodeSelectorTerm {
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: "failure-domain.beta.kubernetes.io/zone".into(),
+                operator: "In".into(),
+                values: Some(vec!["zone-a".into()]),
+            }]),
+            ..Default::default()
+        };
+        let pod = Pod {
+            spec: Some(PodSpec {
+                node_selector: Some(
+                    [(
+                        "beta.kubernetes.io/instance-type".to_string(),
+                        "small".to_string(),
+                    )]
+                    .into(),
+                ),
+                affinity: Some(Affinity {
+                    node_affinity: Some(NodeAffinity {
+                        required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                            node_selector_terms: vec![zone_term],
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let info = PodInfo::read(&pod).unwrap();
+        let term = &info.node_terms[0];
+        let keys: Vec<&str> = term.iter().map(|r| r.key()).collect();
+        assert_eq!(
+            keys,
+            [
+                "node.kubernetes.io/instance-type",
+                "topology.kubernetes.io/zone"
+            ]
+        );
     }
 }

@@ -1,5 +1,6 @@
-//! The solve itself: pods in Karpenter's order onto existing nodes, then claims of this round,
-//! then new claims by NodePool weight, relaxing preferences when a pod fits nowhere.
+//! The solve itself: pods in Karpenter's order onto existing nodes (initialized first), then
+//! claims of this round (fewest pods first), then new claims by NodePool weight, relaxing
+//! preferences when a pod fits nowhere.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -9,15 +10,16 @@ use std::rc::Rc;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 
 use super::amounts::{Amounts, Dims};
-use super::claim_index::{ClaimIndex, HostTerms, room};
+use super::claim_index::{ClaimIndex, Cursor, HostTerms, room};
 use super::error::PodError;
-use super::instance_type::{InstanceType, Offering};
+use super::instance_type::{InstanceType, Offering, absent_label};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
 use super::topology::{Place, Rejection, Source, Topology};
 use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
 use super::{
-    ExistingNode, MAX_INSTANCE_TYPES, NewClaim, PoolInput, PreferencePolicy, Results, Snapshot,
+    ExistingNode, MAX_INSTANCE_TYPES, MinValuesPolicy, NewClaim, PoolInput, PreferencePolicy,
+    Results, Snapshot,
 };
 use crate::api::nodeclaim::Operator;
 use crate::api::nodepool::NodePool;
@@ -39,8 +41,12 @@ pub fn solve(snapshot: &Snapshot) -> Results {
 pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) -> Results {
     let mut failures = Vec::new();
     let mut pending = Vec::new();
-    for pod in &snapshot.pods {
-        match PodInfo::read(pod) {
+    let defaults = match &snapshot.default_spread {
+        Some(d) => d.for_pods(&snapshot.pods),
+        None => vec![None; snapshot.pods.len()],
+    };
+    for (pod, defaults) in snapshot.pods.iter().zip(&defaults) {
+        match PodInfo::read_with_defaults(pod, defaults.as_deref()) {
             Ok(info) => pending.push(info),
             Err(details) => failures.push((pod_key(pod), PodError::InvalidPod { details })),
         }
@@ -88,6 +94,20 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
     }
 }
 
+/// The taints a pod must tolerate on an existing node. Ephemeral ones (not-ready,
+/// unregistered...) count only once the node is initialized: before, they are the node
+/// coming up; after, they mean it went bad and pods should not be promised to it.
+fn node_taints(node: &ExistingNode) -> Vec<Taint> {
+    if node.initialized() {
+        return node.taints.clone();
+    }
+    node.taints
+        .iter()
+        .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
+        .cloned()
+        .collect()
+}
+
 fn pod_key(pod: &Pod) -> String {
     format!(
         "{}/{}",
@@ -126,6 +146,8 @@ pub(super) struct TypeInfo<'a> {
     /// Allocatable minus DaemonSet overhead: what pods may use.
     pub(super) avail: Amounts,
     pub(super) daemon: Resources,
+    /// Host ports the DaemonSet pods on such a node take.
+    pub(super) daemon_ports: Vec<(i32, String)>,
 }
 
 /// A NodePool prepared for the solve.
@@ -161,6 +183,8 @@ struct Claim {
     host_ports: Vec<(i32, String)>,
     /// Capacity counted against the pool's limits (its cheapest type's).
     charge: Amounts,
+    /// A minValues of its pool was lowered to open it (BestEffort).
+    min_values_relaxed: bool,
 }
 
 /// An existing or in-flight node.
@@ -218,6 +242,7 @@ struct Solver<'a> {
     usable: RefCell<HashMap<(usize, String), Usability<'a>>>,
     /// Existing nodes' volume usage (updated as pods land) and each pending pod's volumes.
     volumes: Option<VolumeState<'a>>,
+    min_values_policy: MinValuesPolicy,
 }
 
 type VolumeState<'a> = (
@@ -246,7 +271,7 @@ impl<'a> Solver<'a> {
             let wb = weight_of(snapshot, b.name);
             wb.cmp(&wa).then_with(|| a.name.cmp(b.name))
         });
-        let nodes = snapshot
+        let mut nodes: Vec<Node> = snapshot
             .nodes
             .iter()
             .map(|n| Node {
@@ -254,15 +279,15 @@ impl<'a> Solver<'a> {
                 free: dims
                     .amounts(&n.allocatable)
                     .sub(&dims.amounts(&n.requested)),
-                taints: n
-                    .taints
-                    .iter()
-                    .filter(|t| !EPHEMERAL_TAINT_KEYS.contains(&t.key.as_str()))
-                    .cloned()
-                    .collect(),
+                taints: node_taints(n),
                 host_ports: Vec::new(),
             })
             .collect();
+        // Upstream's order: initialized nodes first, so a pod lands where it can run now
+        // rather than on a node still coming up; then by name.
+        nodes.sort_by(|a, b| {
+            (!a.input.initialized(), &a.input.name).cmp(&(!b.input.initialized(), &b.input.name))
+        });
         Solver {
             dims,
             pools,
@@ -278,6 +303,7 @@ impl<'a> Solver<'a> {
             order: HashMap::new(),
             usable: RefCell::new(HashMap::new()),
             volumes: None,
+            min_values_policy: snapshot.min_values_policy,
         }
     }
 
@@ -533,9 +559,8 @@ impl<'a> Solver<'a> {
             carried: &carried,
             matched: &matched,
         };
-        let mut from = 0;
-        while let Some(ci) = self.index.next(from, &ctx.prep.amounts, &host_terms) {
-            from = ci + 1;
+        let mut at = Cursor::default();
+        while let Some(ci) = self.index.next(&mut at, &ctx.prep.amounts, &host_terms) {
             let Some(claim) = self.claims.get(ci) else {
                 break;
             };
@@ -570,6 +595,7 @@ impl<'a> Solver<'a> {
                     continue;
                 };
                 if fits(&used, &t.avail)
+                    && !ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
                     && within_limits(pool, &t.capacity, &claim.charge)
                     && usable
                         .as_ref()
@@ -578,7 +604,11 @@ impl<'a> Solver<'a> {
                     types.push(ti);
                 }
             }
-            if types.is_empty() || min_values_unmet(pool, &types, check_reqs).is_some() {
+            // Joining never relaxes minValues (upstream's in-flight claims check them strictly):
+            // a claim keeps the types it was opened with, relaxed or not.
+            if types.is_empty()
+                || meet_min_values(pool, &types, check_reqs, MinValuesPolicy::Strict).is_err()
+            {
                 continue;
             }
             self.commit_to_claim(ci, ctx, used, types, reqs);
@@ -626,7 +656,8 @@ impl<'a> Solver<'a> {
             claim.pods.push(i);
         }
         recharge(pool, claim);
-        self.index.set_room(ci, room(&claim.max_avail, &claim.used));
+        self.index
+            .update(ci, room(&claim.max_avail, &claim.used), claim.pods.len());
         self.record_on_claim(ci, ctx);
     }
 
@@ -656,7 +687,8 @@ impl<'a> Solver<'a> {
             match self.open_claim(pi, ctx) {
                 Ok(claim) => {
                     let ci = self.claims.len();
-                    self.index.push(room(&claim.max_avail, &claim.used));
+                    self.index
+                        .push(room(&claim.max_avail, &claim.used), claim.pods.len());
                     self.claims.push(claim);
                     if let (Some(claim), Some(pool)) =
                         (self.claims.get_mut(ci), self.pools.get_mut(pi))
@@ -736,7 +768,11 @@ impl<'a> Solver<'a> {
                 continue;
             }
             matching += 1;
-            if !fits(&ctx.prep.amounts, &t.avail) {
+            // Upstream's daemon overhead groups: a DaemonSet pod's host port is taken on every
+            // node of the types it runs on.
+            if !fits(&ctx.prep.amounts, &t.avail)
+                || ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
+            {
                 continue;
             }
             fitting += 1;
@@ -754,9 +790,10 @@ impl<'a> Solver<'a> {
                 self.no_fit_details(pool, ctx, matching, fitting),
             ));
         }
-        if let Some(e) = min_values_unmet(pool, &types, &reqs) {
-            return Err(PoolMiss::NoFit(e));
-        }
+        let relaxed = meet_min_values(pool, &types, &reqs, self.min_values_policy)
+            .map_err(PoolMiss::NoFit)?;
+        let min_values_relaxed = relaxed.is_some();
+        let reqs = relaxed.unwrap_or(reqs);
         let mut used = zero.clone();
         used.add_assign(&ctx.prep.amounts);
         Ok(Claim {
@@ -769,6 +806,7 @@ impl<'a> Solver<'a> {
             pods: self.order.get(&ctx.pod.key).copied().into_iter().collect(),
             host_ports: ctx.pod.host_ports.clone(),
             charge: zero,
+            min_values_relaxed,
         })
     }
 
@@ -784,6 +822,14 @@ impl<'a> Solver<'a> {
             );
         }
         debug_assert_eq!(fitting, 0);
+        if !ctx.pod.host_ports.is_empty()
+            && pool
+                .types
+                .iter()
+                .all(|t| ports_conflict(&t.daemon_ports, &ctx.pod.host_ports))
+        {
+            return "its host ports are taken by DaemonSet pods on every instance type".into();
+        }
         let requests: Vec<String> = ctx
             .pod
             .requests
@@ -830,11 +876,10 @@ impl<'a> Solver<'a> {
         if let Some(u) = self.usable.borrow().get(&key) {
             return Rc::clone(u);
         }
-        let types = self
-            .pools
-            .get(pi)
-            .map(|p| p.types.as_slice())
-            .unwrap_or(&[]);
+        let Some(pool) = self.pools.get(pi) else {
+            return Rc::default();
+        };
+        let (types, pool_reqs) = (pool.types.as_slice(), &pool.reqs);
         let u: Usability<'a> = Rc::new(
             types
                 .iter()
@@ -844,7 +889,13 @@ impl<'a> Solver<'a> {
                     }
                     let mut price: Option<f64> = None;
                     let mut capacity_types: Vec<&'a str> = Vec::new();
-                    for o in t.it.offerings.iter().filter(|o| offering_usable(o, reqs)) {
+                    let carried = |o: &Offering, k: &str| {
+                        o.labels.contains_key(k) || t.it.requirements.has(k)
+                    };
+                    for o in t.it.offerings.iter().filter(|o| {
+                        offering_usable(o, reqs)
+                            && absent_label(reqs, pool_reqs, |k| carried(o, k)).is_none()
+                    }) {
                         price = Some(price.map_or(o.price, |p| p.min(o.price)));
                         if !capacity_types.contains(&o.capacity_type.as_str()) {
                             capacity_types.push(o.capacity_type.as_str());
@@ -917,6 +968,7 @@ fn finish_claim(
         requests,
         pods,
         instance_types: names,
+        min_values_relaxed: c.min_values_relaxed,
     }
 }
 
@@ -985,7 +1037,7 @@ pub(super) fn build_pool<'a>(
         .filter(|it| type_usable(it, &reqs))
         .filter_map(|it| {
             let price = cheapest(it, &reqs)?.price;
-            let daemon = daemon_overhead(it, &reqs, taints, daemons);
+            let (daemon, daemon_ports) = daemon_overhead(it, &reqs, taints, daemons);
             // A type that does not say how many pods it holds gets the kubelet's default
             // rather than room for none.
             let mut capacity = it.capacity.clone();
@@ -1001,6 +1053,7 @@ pub(super) fn build_pool<'a>(
                     capacity: dims.amounts(&capacity),
                     avail,
                     daemon,
+                    daemon_ports,
                 },
             ))
         })
@@ -1078,26 +1131,31 @@ pub fn nodepool_requirements(np: &NodePool) -> Result<Requirements, (Requirement
     }
 }
 
-/// The DaemonSet pods that would run on a node of this type from this pool.
+/// The requests and host ports of the DaemonSet pods that would run on a node of this type
+/// from this pool (a DaemonSet selecting a label such a node lacks runs elsewhere).
 fn daemon_overhead(
     it: &InstanceType,
     pool_reqs: &Requirements,
     taints: &[Taint],
     daemons: &[PodInfo],
-) -> Resources {
+) -> (Resources, Vec<(i32, String)>) {
     let mut total = Resources::new();
+    let mut ports = Vec::new();
     for d in daemons {
         if untolerated(&d.tolerations, taints, false).is_some() {
             continue;
         }
         let lands = d.node_terms.iter().any(|term| {
-            pool_reqs.compatible(term).is_ok() && it.requirements.compatible(term).is_ok()
+            pool_reqs.compatible(term).is_ok()
+                && it.requirements.compatible(term).is_ok()
+                && absent_label(term, pool_reqs, |k| it.carries(k)).is_none()
         });
         if lands {
             total.add_assign(&d.requests);
+            ports.extend(d.host_ports.iter().cloned());
         }
     }
-    total
+    (total, ports)
 }
 
 /// The values of `key` a pool's instance types can offer, and those its requirements (or
@@ -1280,29 +1338,48 @@ fn recharge(pool: &mut Pool, claim: &mut Claim) {
     claim.charge = cap;
 }
 
-/// The first minValues requirement the chosen types no longer satisfy, as a message.
-fn min_values_unmet(pool: &Pool, types: &[usize], reqs: &Requirements) -> Option<String> {
+/// `reqs`' minValues against the distinct values `types` offer: `Ok(None)` when met; when not,
+/// the unmet one under the Strict policy, the requirements with it lowered under BestEffort.
+fn meet_min_values(
+    pool: &Pool,
+    types: &[usize],
+    reqs: &Requirements,
+    policy: MinValuesPolicy,
+) -> Result<Option<Requirements>, String> {
     if !reqs.iter().any(|r| r.min_values().is_some()) {
-        return None;
+        return Ok(None);
     }
-    reqs.check_min_values(|key| {
-        let allowed = reqs.get(key);
-        let mut values: BTreeSet<&str> = BTreeSet::new();
-        for t in types.iter().filter_map(|&i| pool.types.get(i)) {
-            if key == INSTANCE_TYPE_LABEL {
-                values.insert(&t.it.name);
-            } else if let Some(vs) = t.it.requirements.values(key) {
-                values.extend(
-                    vs.iter()
-                        .filter(|v| allowed.is_none_or(|r| r.has(v)))
-                        .map(String::as_str),
-                );
-            }
+    let available = |key: &str| distinct_values(pool, types, reqs, key);
+    let Err(unmet) = reqs.check_min_values(available) else {
+        return Ok(None);
+    };
+    match policy {
+        MinValuesPolicy::Strict => Err(unmet.to_string()),
+        MinValuesPolicy::BestEffort => {
+            let mut relaxed = reqs.clone();
+            relaxed.relax_min_values(available);
+            Ok(Some(relaxed))
         }
-        values.len()
-    })
-    .err()
-    .map(|e| e.to_string())
+    }
+}
+
+/// How many distinct values of `key` the chosen types offer within `reqs` (what a minValues on
+/// `key` counts).
+fn distinct_values(pool: &Pool, types: &[usize], reqs: &Requirements, key: &str) -> usize {
+    let allowed = reqs.get(key);
+    let mut values: BTreeSet<&str> = BTreeSet::new();
+    for t in types.iter().filter_map(|&i| pool.types.get(i)) {
+        if key == INSTANCE_TYPE_LABEL {
+            values.insert(&t.it.name);
+        } else if let Some(vs) = t.it.requirements.values(key) {
+            values.extend(
+                vs.iter()
+                    .filter(|v| allowed.is_none_or(|r| r.has(v)))
+                    .map(String::as_str),
+            );
+        }
+    }
+    values.len()
 }
 
 /// An existing node as a spread's node filter sees it.

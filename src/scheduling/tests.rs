@@ -1260,6 +1260,10 @@ fn nodeclaim_is_written_as_karpenter_does() {
         crate::api::nodepool_hash(&np)
     );
     assert_eq!(annotations["karpenter.sh/nodepool-hash-version"], "v3");
+    assert_eq!(
+        annotations["karpenter.sh/nodeclaim-min-values-relaxed"],
+        "false"
+    );
     let reqs = &claim.spec.requirements;
     let it_req = reqs.iter().find(|r| r.key == INSTANCE_TYPE_LABEL).unwrap();
     assert_eq!(it_req.operator, Operator::In);

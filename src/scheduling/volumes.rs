@@ -7,6 +7,11 @@
 //! cannot be resolved (missing claim, volume or class, a claim being deleted or Lost, an unbound
 //! claim without a class or with an Immediate class) is not provisionable, with a reason naming
 //! the object.
+//!
+//! A claim that names no StorageClass at all (`storageClassName` absent, not `""`) gets the
+//! cluster's default class: the apiserver's DefaultStorageClass admission writes it at creation
+//! and the PV controller writes it later if a default appears afterwards, so the catalog reads
+//! it as that class already (the newest default when several are marked, as both pick it).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -17,6 +22,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
 
+use super::csi_migration::{driver_of_provisioner, driver_of_volume};
 use super::error::PodError;
 use crate::api::requirements::Requirements;
 
@@ -24,6 +30,9 @@ use crate::api::requirements::Requirements;
 /// naming a volume without it is still being bound (upstream treats it as unbound).
 pub const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 const HOSTNAME: &str = "kubernetes.io/hostname";
+/// The annotation marking a StorageClass as the default (and its deprecated beta form).
+pub const ANN_DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+const ANN_DEFAULT_CLASS_BETA: &str = "storageclass.beta.kubernetes.io/is-default-class";
 
 /// What the solve reads of a PersistentVolumeClaim.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -44,8 +53,9 @@ pub struct VolumeInfo {
     /// upstream ignores it.
     pub node_local: bool,
     pub deleting: bool,
-    /// `spec.csi.driver`: whose attach limit the volume counts against (None: not a CSI
-    /// volume, e.g. NFS, which no limit applies to).
+    /// `spec.csi.driver`, or the migrated CSI driver of an in-tree source: whose attach limit
+    /// the volume counts against (None: no CSI driver attaches it, e.g. NFS, which no limit
+    /// applies to).
     pub csi_driver: Option<String>,
 }
 
@@ -53,8 +63,13 @@ pub struct VolumeInfo {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClassInfo {
     pub immediate: bool,
-    /// The CSI driver that will provision (and attach) its volumes.
+    /// The CSI driver that will provision (and attach) its volumes: the provisioner, or the
+    /// migrated CSI driver of an in-tree plugin name.
     pub provisioner: String,
+    /// Marked the cluster's default (`storageclass.kubernetes.io/is-default-class: "true"`).
+    pub default: bool,
+    /// `metadata.creationTimestamp`: the newest default class wins.
+    pub created: Option<jiff::Timestamp>,
     /// `allowedTopologies` terms as `In` requirements (ORed).
     pub topologies: Vec<Vec<NodeSelectorRequirement>>,
 }
@@ -100,7 +115,7 @@ impl VolumeInfo {
             node_terms,
             node_local: spec.is_some_and(|s| s.local.is_some() || s.host_path.is_some()),
             deleting: pv.metadata.deletion_timestamp.is_some(),
-            csi_driver: spec.and_then(|s| s.csi.as_ref()).map(|c| c.driver.clone()),
+            csi_driver: spec.and_then(driver_of_volume),
         }
     }
 }
@@ -123,9 +138,12 @@ impl ClassInfo {
                     .collect()
             })
             .collect();
+        let marked = |key| sc.annotations().get(key).map(String::as_str) == Some("true");
         ClassInfo {
             immediate: sc.volume_binding_mode.as_deref() == Some("Immediate"),
-            provisioner: sc.provisioner.clone(),
+            provisioner: driver_of_provisioner(&sc.provisioner).to_string(),
+            default: marked(ANN_DEFAULT_CLASS) || marked(ANN_DEFAULT_CLASS_BETA),
+            created: sc.metadata.creation_timestamp.as_ref().map(|t| t.0),
             topologies,
         }
     }
@@ -151,6 +169,25 @@ impl VolumeCatalog {
     }
     pub fn remove_class(&mut self, sc: &StorageClass) {
         self.classes.remove(&sc.name_any());
+    }
+
+    /// The cluster's default StorageClass: of the classes marked default, the newest, then the
+    /// first by name (the apiserver's choice when several are marked).
+    pub fn default_class(&self) -> Option<&str> {
+        self.classes
+            .iter()
+            .filter(|(_, c)| c.default)
+            .min_by(|(a_name, a), (b_name, b)| b.created.cmp(&a.created).then(a_name.cmp(b_name)))
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// The StorageClass a claim uses: the one it names (`""`: none), or the default when it
+    /// names none at all.
+    fn class_of<'a>(&'a self, claim: &'a ClaimInfo) -> &'a str {
+        match &claim.storage_class {
+            Some(class) => class,
+            None => self.default_class().unwrap_or_default(),
+        }
     }
 
     /// The claim a pod volume uses (`<pod>-<volume>` for an ephemeral volume), by
@@ -203,7 +240,7 @@ impl VolumeCatalog {
                 "PersistentVolumeClaim {key:?} is bound to a PersistentVolume that does not exist (phase Lost)"
             ));
         }
-        let class = claim.storage_class.as_deref().unwrap_or_default();
+        let class = self.class_of(claim);
         if let Some(volume_name) = &claim.volume_name {
             let volume = self.volumes.get(volume_name).ok_or_else(|| {
                 format!(
@@ -224,7 +261,7 @@ impl VolumeCatalog {
         }
         if class.is_empty() {
             return Err(format!(
-                "PersistentVolumeClaim {key:?} is unbound and names no StorageClass"
+                "PersistentVolumeClaim {key:?} is unbound and names no StorageClass (and the cluster has no default)"
             ));
         }
         let sc = self.classes.get(class).ok_or_else(|| {
@@ -309,7 +346,9 @@ pub struct NodeVolumes {
 
 impl VolumeCatalog {
     /// The pod's claims by the CSI driver that attaches them: a bound claim's volume's driver,
-    /// else its StorageClass's provisioner. Claims that resolve to no driver are not counted.
+    /// else its StorageClass's provisioner (the default class's when it names none), in-tree
+    /// plugins counted as their migrated CSI driver. Claims that resolve to no driver are not
+    /// counted (upstream's `GetVolumes`).
     pub fn pod_volumes(&self, pod: &Pod) -> PodVolumes {
         let mut out = PodVolumes::new();
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
@@ -322,10 +361,9 @@ impl VolumeCatalog {
             };
             let driver = match &claim.volume_name {
                 Some(v) => self.volumes.get(v).and_then(|v| v.csi_driver.clone()),
-                None => claim
-                    .storage_class
-                    .as_deref()
-                    .and_then(|c| self.classes.get(c))
+                None => self
+                    .classes
+                    .get(self.class_of(claim))
                     .map(|c| c.provisioner.clone()),
             };
             if let Some(driver) = driver {
@@ -534,6 +572,36 @@ mod tests {
         usage.add(&vols(&[("csi", "ns/b")]));
         assert!(usage.fits(&vols(&[("csi", "ns/a")])));
         assert!(!usage.fits(&vols(&[("csi", "ns/c")])));
+    }
+
+    #[test]
+    fn the_newest_default_class_is_the_default_then_the_first_by_name() {
+        let sc = |name: &str, created: &str, default: &str| -> StorageClass {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "creationTimestamp": created,
+                             "annotations": {ANN_DEFAULT_CLASS: default}},
+                "provisioner": "kubernetes.io/aws-ebs",
+            }))
+            .unwrap()
+        };
+        let mut catalog = VolumeCatalog::default();
+        assert_eq!(catalog.default_class(), None);
+        catalog.apply_class(&sc("old", "2024-01-01T00:00:00Z", "true"));
+        catalog.apply_class(&sc("newest-not-default", "2024-03-01T00:00:00Z", "false"));
+        assert_eq!(catalog.default_class(), Some("old"));
+        catalog.apply_class(&sc("new-b", "2024-02-01T00:00:00Z", "true"));
+        catalog.apply_class(&sc("new-a", "2024-02-01T00:00:00Z", "true"));
+        assert_eq!(catalog.default_class(), Some("new-a"));
+        // An in-tree provisioner is read as its migrated CSI driver.
+        assert_eq!(catalog.classes["old"].provisioner, "ebs.csi.aws.com");
+        // A claim naming no class uses the default; one naming "" uses none.
+        let none = ClaimInfo::default();
+        assert_eq!(catalog.class_of(&none), "new-a");
+        let empty = ClaimInfo {
+            storage_class: Some(String::new()),
+            ..ClaimInfo::default()
+        };
+        assert_eq!(catalog.class_of(&empty), "");
     }
 
     #[test]

@@ -71,10 +71,27 @@ pub fn json_patch(target: &Value, ops: &Value) -> Result<Value, PatchError> {
             }
             "test" => {
                 let expected = value()?;
-                if get(&doc, &path) != Some(&expected) {
+                // As the API server's json-patch (evanphx, v4): the parent must exist; a
+                // missing member, or one that is null, passes only a test for null (how a
+                // writer guards "this map is not there yet").
+                let shown = format!("/{}", path.join("/"));
+                let actual = get(&doc, &path);
+                if let Some((_, parents)) = path.split_last()
+                    && actual.is_none()
+                    && !get(&doc, parents).is_some_and(Value::is_object)
+                {
                     return Err(PatchError::Failed(format!(
-                        "testing value /{} failed: test failed",
-                        path.join("/")
+                        "test operation does not apply: is missing path: {shown}"
+                    )));
+                }
+                let actual = actual.filter(|v| !v.is_null());
+                let passes = match actual {
+                    None => expected.is_null(),
+                    Some(v) => *v == expected,
+                };
+                if !passes {
+                    return Err(PatchError::Failed(format!(
+                        "testing value {shown} failed: test failed"
                     )));
                 }
             }
@@ -355,6 +372,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out, json!({"a": {"b": 2}, "c": {}, "d": 2, "l": [2, 3]}));
+        // A missing member passes a test for null only, and only inside an existing object.
+        assert!(json_patch(&t, &json!([{"op": "test", "path": "/a/zz", "value": null}])).is_ok());
+        for bad in [
+            json!([{"op": "test", "path": "/a/zz", "value": 1}]),
+            json!([{"op": "test", "path": "/a/b", "value": null}]),
+            json!([{"op": "test", "path": "/zz/y", "value": null}]),
+            json!([{"op": "test", "path": "/l/7", "value": null}]),
+        ] {
+            assert!(
+                matches!(json_patch(&t, &bad), Err(PatchError::Failed(_))),
+                "{bad}"
+            );
+        }
         let failed = json_patch(&t, &json!([{"op": "test", "path": "/a/b", "value": 9}]));
         assert!(matches!(failed, Err(PatchError::Failed(_))));
         let bad = json_patch(&t, &json!([{"op": "nope", "path": "/a"}]));

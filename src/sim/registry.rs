@@ -343,6 +343,22 @@ fn core_resources() -> Vec<ResourceDef> {
             .with_status()
             .with_scale()
             .with_short_names(&["rs"]),
+        // Stored and served, nothing acts on them: their selectors are what default topology
+        // spread constraints deduce a pod's selector from (as are ReplicaSets' and Services').
+        b("apps", "v1", "StatefulSet", "statefulsets", true)
+            .with_status()
+            .with_scale()
+            .with_short_names(&["sts"]),
+        b(
+            "",
+            "v1",
+            "ReplicationController",
+            "replicationcontrollers",
+            true,
+        )
+        .with_status()
+        .with_scale()
+        .with_short_names(&["rc"]),
         b(
             "policy",
             "v1",

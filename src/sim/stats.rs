@@ -22,6 +22,17 @@ pub struct WriteRecord {
     pub agent: String,
 }
 
+impl WriteRecord {
+    /// `verb resource[/subresource]`, e.g. `patch nodeclaims/status`.
+    pub fn target(&self) -> String {
+        if self.subresource.is_empty() {
+            format!("{} {}", self.verb, self.resource)
+        } else {
+            format!("{} {}/{}", self.verb, self.resource, self.subresource)
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RequestCount {
     pub verb: String,

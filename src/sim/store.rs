@@ -481,12 +481,49 @@ impl Inner {
         if reset_status {
             prepare_status_on_create(def, &mut obj);
         }
+        self.default_storage_class(def, &mut obj);
+        omit_empty_meta(&mut obj);
         super::managed_fields::track(None, &mut obj);
         super::validate::check(def, &obj)?;
         let stored = self.commit(&key, ns, EventKind::Added, obj, None);
         self.put(&key, ns, &name, stored.clone());
         self.uids.insert(uid, (key, ns.to_string(), name));
         Ok(Value::clone(&stored))
+    }
+
+    /// The DefaultStorageClass admission plugin: a new PersistentVolumeClaim that names no
+    /// StorageClass at all (absent, not `""`; nor the beta annotation) gets the default one,
+    /// the newest of those marked `storageclass.kubernetes.io/is-default-class: "true"` (then
+    /// the first by name), as the apiserver's `GetDefaultClass` picks it.
+    fn default_storage_class(&self, def: &ResourceDef, obj: &mut Value) {
+        const BETA_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+        if !(def.builtin && def.group.is_empty() && def.plural == "persistentvolumeclaims") {
+            return;
+        }
+        let named = !obj["spec"]["storageClassName"].is_null()
+            || !obj["metadata"]["annotations"][BETA_CLASS].is_null();
+        let Some(classes) = self.registry.by_name("storageclasses").filter(|_| !named) else {
+            return;
+        };
+        let marked = |sc: &Value, key: &str| sc["metadata"]["annotations"][key] == "true";
+        let default = self
+            .iter(classes, None)
+            .map(|(_, sc)| sc)
+            .filter(|sc| {
+                marked(sc, crate::scheduling::volumes::ANN_DEFAULT_CLASS)
+                    || marked(sc, "storageclass.beta.kubernetes.io/is-default-class")
+            })
+            .map(|sc| {
+                let created = sc["metadata"]["creationTimestamp"].as_str().unwrap_or("");
+                let name = sc["metadata"]["name"].as_str().unwrap_or("");
+                (std::cmp::Reverse(created.to_string()), name.to_string())
+            })
+            .min();
+        if let (Some((_, name)), Some(spec)) =
+            (default, obj.get_mut("spec").and_then(Value::as_object_mut))
+        {
+            spec.insert("storageClassName".into(), json!(name));
+        }
     }
 
     fn get_ns(&self, ns: &str) -> Option<&Value> {
@@ -551,6 +588,7 @@ impl Inner {
                 .cloned()
                 .unwrap_or(json!("")),
         );
+        omit_empty_meta(&mut merged);
         super::managed_fields::track(Some(&old), &mut merged);
         if merged == *old {
             return Ok(Value::clone(&old));
@@ -892,6 +930,21 @@ pub fn set_meta(obj: &mut Value, field: &str, value: Value) {
     }
 }
 
+/// The API server stores metadata through Go's `ObjectMeta`, whose maps and lists are
+/// `omitempty` (custom resources too: their metadata is coerced through it), so an empty
+/// `labels: {}` or `finalizers: []` is never served back. Writers rely on that, e.g. a JSON
+/// patch that tests `/metadata/annotations` for null before creating the map.
+fn omit_empty_meta(obj: &mut Value) {
+    if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.retain(|_, v| match v {
+            Value::Null => false,
+            Value::Object(m) => !m.is_empty(),
+            Value::Array(a) => !a.is_empty(),
+            _ => true,
+        });
+    }
+}
+
 pub fn now_rfc3339() -> String {
     jiff::Timestamp::now()
         .strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -1032,6 +1085,54 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn a_claim_naming_no_class_gets_the_newest_default() {
+        let (s, reg) = store();
+        let sc = reg.by_name("storageclasses").unwrap().clone();
+        let pvc = reg.by_name("persistentvolumeclaims").unwrap().clone();
+        let mut inner = s.lock();
+        inner
+            .create(
+                &pvc,
+                "default",
+                json!({"metadata": {"name": "before"}, "spec": {}}),
+            )
+            .unwrap();
+        let class = |name: &str, default: &str| {
+            json!({"metadata": {"name": name,
+                    "annotations": {"storageclass.kubernetes.io/is-default-class": default}},
+                   "provisioner": "p"})
+        };
+        // "zzz-new" sorts after "old" by name, so only its newer creationTimestamp (RFC 3339 to
+        // the second) makes it the default.
+        inner.create(&sc, "", class("old", "true")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        inner.create(&sc, "", class("zzz-new", "true")).unwrap();
+        inner.create(&sc, "", class("other", "false")).unwrap();
+        let class_of = |inner: &mut Inner, name: &str, spec: Value| {
+            inner
+                .create(
+                    &pvc,
+                    "default",
+                    json!({"metadata": {"name": name}, "spec": spec}),
+                )
+                .unwrap()["spec"]["storageClassName"]
+                .clone()
+        };
+        assert_eq!(class_of(&mut inner, "none", json!({})), json!("zzz-new"));
+        assert_eq!(
+            class_of(&mut inner, "empty", json!({"storageClassName": ""})),
+            json!("")
+        );
+        assert_eq!(
+            class_of(&mut inner, "named", json!({"storageClassName": "old"})),
+            json!("old")
+        );
+        // Created before any default existed: left alone.
+        let before = inner.get(&pvc, "default", "before").unwrap();
+        assert!(before["spec"]["storageClassName"].is_null());
     }
 
     #[test]

@@ -426,6 +426,10 @@ pub fn measure(
         .filter(|w| w.at_ms >= since_ms)
         .collect();
     let controller_writes = writes.iter().filter(|w| w.agent == USER_AGENT).count();
+    let mut writes_by_target = std::collections::BTreeMap::new();
+    for w in writes.iter().filter(|w| w.agent == USER_AGENT) {
+        *writes_by_target.entry(w.target()).or_insert(0) += 1;
+    }
     let replica_writes = writes
         .iter()
         .filter(|w| {
@@ -449,6 +453,30 @@ pub fn measure(
         .map(|m| (format!("{}/{}", m.namespace, m.name), m.at_ms))
         .collect();
 
+    // Both ends from the server's write log (the observer's times add its own watch's
+    // delivery): the provider ID landed with the Cluster API stand-in's last Machine write
+    // before its milestone (the milestone is taken when that write's answer is back, by which
+    // time the controller may already have written the claim), and the claim's first status
+    // write is its Launched write.
+    let mut first_status_write: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut standin_machine_writes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for w in &writes {
+        if w.agent == USER_AGENT && w.resource == "nodeclaims" && w.subresource == "status" {
+            first_status_write.entry(w.name.as_str()).or_insert(w.at_ms);
+        } else if w.agent != USER_AGENT && w.resource == "machines" {
+            standin_machine_writes
+                .entry(format!("{}/{}", w.namespace, w.name))
+                .or_default()
+                .push(w.at_ms);
+        }
+    }
+    let provider_landed = |machine: &str, milestone: u64| {
+        standin_machine_writes
+            .get(machine)
+            .and_then(|ws| ws.iter().rev().find(|w| **w <= milestone).copied())
+    };
+    let mut pid_to_write = Vec::new();
+
     let times = observer.snapshot();
     let mut counts = ClaimCounts {
         requested,
@@ -469,11 +497,17 @@ pub fn measure(
         if let (Some(c), Some(i)) = (created, t.initialized_ms) {
             to_initialized.push(i.saturating_sub(c) as f64);
         }
-        if let (Some(m), Some(l)) = (
-            t.machine.as_ref().and_then(|m| provider_at.get(m)),
-            t.launched_ms,
-        ) {
+        let pid_at = t.machine.as_ref().and_then(|m| provider_at.get(m));
+        if let (Some(m), Some(l)) = (pid_at, t.launched_ms) {
             pid_to_claim.push(l.saturating_sub(*m) as f64);
+        }
+        if let (Some(machine), Some(m), Some(w)) = (
+            t.machine.as_deref(),
+            pid_at,
+            first_status_write.get(name.as_str()),
+        ) && let Some(landed) = provider_landed(machine, *m)
+        {
+            pid_to_write.push(w.saturating_sub(landed) as f64);
         }
     }
     let inv = invariants::check(cluster.server().store(), cluster.capi_version());
@@ -495,9 +529,11 @@ pub fn measure(
                 controller_writes as f64 / requested as f64
             },
             requests_by_verb: stats.requests_by_verb(USER_AGENT),
+            writes_by_target,
         },
         latency_ms: Latencies {
             provider_id_to_claim: Percentiles::of(pid_to_claim),
+            provider_id_to_status_write: Percentiles::of(pid_to_write),
             claim_to_launched: Percentiles::of(to_launched),
             claim_to_initialized: Percentiles::of(to_initialized),
         },

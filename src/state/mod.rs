@@ -11,6 +11,7 @@ pub mod storage;
 pub mod trim;
 pub mod versions;
 pub mod volumes;
+pub mod workloads;
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ pub use nodes::Nodes;
 pub use pods::Pods;
 pub use storage::Storage;
 pub use volumes::VolumeAttachments;
+pub use workloads::WorkloadIndex;
 
 /// All indexes, cheap to clone.
 #[derive(Clone, Default)]
@@ -36,6 +38,9 @@ pub struct State {
     pub volume_attachments: Arc<RwLock<VolumeAttachments>>,
     /// PersistentVolumeClaims, PersistentVolumes and StorageClasses: volume topology.
     pub storage: Arc<RwLock<Storage>>,
+    /// Services and ReplicationControllers, ReplicaSets, StatefulSets by their selectors:
+    /// default topology spread (only with `--scheduler-config`).
+    pub workloads: Arc<RwLock<WorkloadIndex>>,
     pub nodepools:
         Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
     pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,

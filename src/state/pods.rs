@@ -22,9 +22,15 @@ pub fn node_name(p: &Pod) -> Option<&str> {
 }
 
 pub fn is_daemonset_pod(p: &Pod) -> bool {
+    daemonset_of(p).is_some()
+}
+
+/// The uid of the DaemonSet that controls a pod, if one does.
+fn daemonset_of(p: &Pod) -> Option<&str> {
     p.owner_references()
         .iter()
-        .any(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+        .find(|o| o.kind == "DaemonSet" && o.controller == Some(true))
+        .map(|o| o.uid.as_str())
 }
 
 pub fn is_mirror_pod(p: &Pod) -> bool {
@@ -141,6 +147,8 @@ struct Entry {
     node: Option<String>,
     host_ports: bool,
     pod_terms: bool,
+    /// The controlling DaemonSet's uid and the pod's creation time, for DaemonSet pods.
+    daemonset: Option<(Box<str>, Option<Timestamp>)>,
 }
 
 enum Stored {
@@ -181,6 +189,8 @@ pub struct Pods {
     requested: HashMap<String, Resources>,
     /// How many pods (pending or bound) have inter-pod constraints (`has_pod_terms`).
     with_terms: usize,
+    /// Per DaemonSet uid, the key of its newest pod (upstream's `GetDaemonSetPod`).
+    daemon_pods: HashMap<String, String>,
     synced: bool,
 }
 
@@ -243,6 +253,29 @@ impl Pods {
             .collect()
     }
 
+    /// The newest pod of the DaemonSet with this uid: what a new node will really run (a
+    /// mutating webhook or LimitRange may have changed the template's requests).
+    pub fn daemonset_pod(&self, uid: &str) -> Option<Arc<Pod>> {
+        self.daemon_pods.get(uid).and_then(|k| self.get(k))
+    }
+
+    /// Re-points `uid`'s newest pod after one of its pods changed or went.
+    fn newest_daemon_pod(&mut self, uid: &str) {
+        let newest = self
+            .by_key
+            .iter()
+            .filter_map(|(k, e)| {
+                let (owner, created) = e.daemonset.as_ref()?;
+                (**owner == *uid).then_some((created, k))
+            })
+            .max_by(|a, b| a.0.cmp(b.0).then_with(|| b.1.cmp(a.1)))
+            .map(|(_, k)| k.clone());
+        match newest {
+            Some(k) => self.daemon_pods.insert(uid.to_string(), k),
+            None => self.daemon_pods.remove(uid),
+        };
+    }
+
     /// Whether any pod has inter-pod constraints (then every bound pod matters to a solve).
     pub fn any_with_pod_terms(&self) -> bool {
         self.with_terms > 0
@@ -252,7 +285,7 @@ impl Pods {
     pub fn apply(&mut self, mut p: Pod) -> bool {
         super::trim::pod(&mut p);
         let k = key(&p);
-        self.remove(&k);
+        let old = self.forget(&k).and_then(|e| e.daemonset);
         let provisionable = is_provisionable(&p);
         if provisionable {
             self.provisionable.insert(k.clone());
@@ -269,27 +302,62 @@ impl Pods {
         let pod_terms = has_pod_terms(&p);
         self.with_terms += usize::from(pod_terms);
         let host_ports = has_host_ports(&p);
+        let daemonset = daemonset_of(&p).map(|uid| {
+            let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (Box::from(uid), created)
+        });
         let stored = match serde_json::to_vec(&p) {
             Ok(bytes) if !provisionable => Stored::Packed(bytes.into_boxed_slice()),
             _ => Stored::Whole(Arc::new(p)),
         };
+        if let Some((uid, created)) = &daemonset {
+            let newer = match self.daemon_pods.get::<str>(uid) {
+                None => true,
+                Some(known) if *known == k => false,
+                Some(known) => self
+                    .by_key
+                    .get(known)
+                    .and_then(|e| e.daemonset.as_ref())
+                    .is_none_or(|(_, at)| created > at),
+            };
+            if newer {
+                self.daemon_pods.insert(uid.to_string(), k.clone());
+            }
+        }
+        // The pod was its DaemonSet's newest and no longer belongs to it.
+        let moved = old.filter(|(uid, _)| daemonset.as_ref().is_none_or(|(u, _)| u != uid));
         self.by_key.insert(
-            k,
+            k.clone(),
             Entry {
                 stored,
                 node,
                 host_ports,
                 pod_terms,
+                daemonset,
             },
         );
+        if let Some((uid, _)) = moved {
+            self.newest_daemon_pod(&uid);
+        }
         provisionable
     }
 
     /// Forget a pod; true when the index held it.
     pub fn remove(&mut self, k: &str) -> bool {
-        let Some(old) = self.by_key.remove(k) else {
+        let Some(old) = self.forget(k) else {
             return false;
         };
+        if let Some((uid, _)) = &old.daemonset
+            && self.daemon_pods.get::<str>(uid).is_some_and(|n| n == k)
+        {
+            self.newest_daemon_pod(uid);
+        }
+        true
+    }
+
+    /// Drops a pod from every index but the DaemonSet one, returning its entry.
+    fn forget(&mut self, k: &str) -> Option<Entry> {
+        let old = self.by_key.remove(k)?;
         self.with_terms -= usize::from(old.pod_terms);
         self.provisionable.remove(k);
         if let Some(n) = &old.node {
@@ -312,7 +380,7 @@ impl Pods {
                 self.requested.remove(n);
             }
         }
-        true
+        Some(old)
     }
 
     /// Every pod that names a node (terminal ones too), decoded one at a time, through `f`.
@@ -344,6 +412,7 @@ impl Pods {
         self.by_node.clear();
         self.requested.clear();
         self.with_terms = 0;
+        self.daemon_pods.clear();
         for p in pods {
             self.apply(p);
         }
@@ -379,6 +448,34 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn daemon(name: &str, uid: &str, created: &str) -> Pod {
+        pod(json!({"metadata": {
+            "name": name,
+            "creationTimestamp": created,
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": uid, "controller": true}]
+        }}))
+    }
+
+    #[test]
+    fn the_newest_pod_of_each_daemonset_is_found() {
+        let mut idx = Pods::default();
+        let name = |p: Option<Arc<Pod>>| p.map(|p| p.name_any());
+        idx.apply(daemon("a", "u1", "2024-01-01T00:00:00Z"));
+        idx.apply(daemon("b", "u1", "2024-01-02T00:00:00Z"));
+        idx.apply(daemon("c", "u1", "2024-01-01T12:00:00Z"));
+        idx.apply(daemon("x", "u2", "2024-01-01T00:00:00Z"));
+        assert_eq!(name(idx.daemonset_pod("u1")).as_deref(), Some("b"));
+        assert_eq!(name(idx.daemonset_pod("u2")).as_deref(), Some("x"));
+        // An update of the newest keeps it; its removal falls back to the next newest.
+        idx.apply(daemon("b", "u1", "2024-01-02T00:00:00Z"));
+        assert_eq!(name(idx.daemonset_pod("u1")).as_deref(), Some("b"));
+        idx.remove("ns/b");
+        assert_eq!(name(idx.daemonset_pod("u1")).as_deref(), Some("c"));
+        idx.remove("ns/x");
+        assert_eq!(idx.daemonset_pod("u2"), None);
+        assert_eq!(idx.daemonset_pod("unknown"), None);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-const MODULES: [(&str, &str); 10] = [
+const MODULES: [(&str, &str); 11] = [
     ("custom_constraints", include_str!("custom_constraints.rs")),
     (
         "preferential_fallback",
@@ -15,6 +15,10 @@ const MODULES: [(&str, &str); 10] = [
     ),
     ("binpacking", include_str!("binpacking.rs")),
     ("topology", include_str!("topology.rs")),
+    (
+        "default_constraints",
+        include_str!("default_constraints.rs"),
+    ),
     ("provisioning", include_str!("provisioning.rs")),
     ("instance_selection", include_str!("instance_selection.rs")),
     ("in_flight", include_str!("in_flight.rs")),

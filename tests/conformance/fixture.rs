@@ -27,13 +27,16 @@ use karpenter_capi::api::resources::{Quantity, Resources};
 use karpenter_capi::api::wellknown::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, OS_LABEL, ZONE_LABEL,
 };
+use karpenter_capi::scheduling::default_spread::{
+    DefaultConstraints, DefaultSpread, OwnerSelector, WorkloadKey, Workloads,
+};
 use karpenter_capi::scheduling::solve_with_volumes;
 use karpenter_capi::scheduling::volumes::{
     CsiLimits, VolumeCatalog, apply_volume_topology, node_volumes,
 };
 use karpenter_capi::scheduling::{
-    ExistingNode, InstanceType, NewClaim, Offering, PoolInput, PreferencePolicy, Results, Snapshot,
-    nodeclaim_for,
+    ExistingNode, InstanceType, MinValuesPolicy, NewClaim, Offering, PoolInput, PreferencePolicy,
+    Results, Snapshot, nodeclaim_for,
 };
 
 /// Upstream's fake provider labels: a size class, an optional "special" label on large types
@@ -640,6 +643,25 @@ pub trait PodExt: Sized {
         self.p().metadata.namespace = Some(ns.into());
         self
     }
+    /// Controlled by `kind/name` (`ReplicaSet` and `StatefulSet` are apps/v1, `Job` batch/v1).
+    fn owned_by(mut self, kind: &str, name: &str) -> Self {
+        let api_version = match kind {
+            "ReplicaSet" | "StatefulSet" => "apps/v1",
+            "Job" => "batch/v1",
+            _ => "v1",
+        };
+        self.p().metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: name.into(),
+                uid: format!("{name}-uid"),
+                controller: Some(true),
+                ..Default::default()
+            },
+        ]);
+        self
+    }
     fn on_node(mut self, node: &str) -> Self {
         self.spec().node_name = Some(node.into());
         self
@@ -671,6 +693,7 @@ pub struct Env {
     pub bound: Vec<Pod>,
     pub daemonsets: Vec<Pod>,
     pub preference_policy: PreferencePolicy,
+    pub min_values_policy: MinValuesPolicy,
     /// Claims, volumes and classes for volume topology (applied before the solve, as the
     /// provisioner does).
     pub volumes: VolumeCatalog,
@@ -678,6 +701,10 @@ pub struct Env {
     pub csi_limits: CsiLimits,
     /// Namespace labels, for pod affinity namespaceSelectors.
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Default topology spread constraints (`--scheduler-config`), none by default.
+    pub default_constraints: Option<DefaultConstraints>,
+    /// The Services' and controllers' selectors default constraints deduce from.
+    pub workloads: Workloads,
 }
 
 impl Env {
@@ -721,8 +748,45 @@ impl Env {
             nodepools: self.pools.clone(),
             daemonsets: self.daemonsets.clone(),
             preference_policy: self.preference_policy,
+            min_values_policy: self.min_values_policy,
             namespaces: self.namespaces.clone(),
+            default_spread: self
+                .default_constraints
+                .clone()
+                .map(|constraints| DefaultSpread {
+                    constraints,
+                    workloads: std::sync::Arc::new(self.workloads.clone()),
+                }),
         }
+    }
+    /// Configure default topology spread constraints, through the `--scheduler-config`
+    /// document they would be given in.
+    pub fn default_constraints(mut self, constraints: &[TopologySpreadConstraint]) -> Env {
+        let doc = serde_json::json!({"podTopologySpread": {"defaultConstraints": constraints}});
+        self.default_constraints =
+            DefaultConstraints::parse(&doc.to_string()).expect("a valid scheduler config");
+        self
+    }
+    /// A ReplicaSet in `default` selecting `labels` (upstream's `test.ReplicaSet`).
+    pub fn replica_set(mut self, name: &str, labels: &[(&str, &str)]) -> Env {
+        self.workloads.put_owner(
+            WorkloadKey {
+                kind: "ReplicaSet",
+                namespace: "default".into(),
+                name: name.into(),
+            },
+            OwnerSelector::from_label_selector(selector(labels).as_ref()),
+        );
+        self
+    }
+    /// A Service in `default` selecting `labels`.
+    pub fn service(mut self, name: &str, labels: &[(&str, &str)]) -> Env {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.workloads.put_service("default", name, Some(&labels));
+        self
     }
     pub fn provision(&self, pods: &[Pod]) -> Outcome {
         let mut snapshot = self.snapshot(pods);
@@ -808,13 +872,18 @@ impl Env {
     /// Sorted counts of bound pods labelled `test=test` per value of `key` on their nodes
     /// (upstream's `ExpectSkew`).
     pub fn skew(&self, key: &str) -> Vec<usize> {
+        self.skew_of(key, &[("test", "test")])
+    }
+
+    /// [`Env::skew`] of the bound pods carrying all of `labels`.
+    pub fn skew_of(&self, key: &str, labels: &[(&str, &str)]) -> Vec<usize> {
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
         for p in &self.bound {
-            let matches = p
-                .metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.get("test").map(String::as_str) == Some("test"));
+            let matches = p.metadata.labels.as_ref().is_some_and(|l| {
+                labels
+                    .iter()
+                    .all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+            });
             let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
             let value = node
                 .and_then(|n| self.nodes.iter().find(|x| x.name == n))

@@ -3,7 +3,7 @@
 //! layer turns Nodes into [`ExistingNode`]s (leaving startup taints out while a node is in
 //! flight); these cases start from that input.
 
-use karpenter_capi::api::wellknown::{ARCH_LABEL, HOSTNAME_LABEL, ZONE_LABEL};
+use karpenter_capi::api::wellknown::{ARCH_LABEL, HOSTNAME_LABEL, INITIALIZED_LABEL, ZONE_LABEL};
 use karpenter_capi::scheduling::ExistingNode;
 
 use crate::fixture::*;
@@ -128,14 +128,13 @@ fn ephemeral_taints_do_not_keep_pods_off_an_in_flight_node() {
 }
 
 #[test]
-#[ignore = "fails: needs ephemeral taints honoured on initialized nodes (the solver ignores them on every node)"]
 fn ephemeral_taints_count_once_the_node_is_initialized() {
     let mut e = big_first();
     e.nodes[0].taints = vec![taint("node.kubernetes.io/not-ready", None, "NoExecute")];
     e.nodes[0].in_flight = false;
     e.nodes[0]
         .labels
-        .insert("karpenter.sh/initialized".into(), "true".into());
+        .insert(INITIALIZED_LABEL.into(), "true".into());
     let out = e.provision(&[pod("b").limits(&[("cpu", "1")])]);
     assert!(out.existing_of("b").is_none());
 }
@@ -275,13 +274,15 @@ fn many_in_flight_one_initialized(in_flight_count: usize, elem: usize) -> Env {
         let mut n = unowned(&format!("n{i}"), "4", "4Gi", "test-zone-1");
         n.in_flight = i != elem;
         n.nodepool = Some("default".into());
+        if i == elem {
+            n.labels.insert(INITIALIZED_LABEL.into(), "true".into());
+        }
         e = e.node(n);
     }
     e
 }
 
 #[test]
-#[ignore = "fails: needs initialized existing nodes tried before in-flight ones"]
 fn an_initialized_node_is_tried_before_in_flight_ones() {
     let e = many_in_flight_one_initialized(100, 37);
     let out = e.provision(&[pod("p")]);
@@ -289,7 +290,6 @@ fn an_initialized_node_is_tried_before_in_flight_ones() {
 }
 
 #[test]
-#[ignore = "fails: needs initialized existing nodes tried before in-flight ones"]
 fn initialized_nodes_come_before_uninitialized_ones() {
     let e = many_in_flight_one_initialized(10, 9);
     let out = e.provision(&[pod("p")]);

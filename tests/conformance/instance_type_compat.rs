@@ -70,7 +70,6 @@ fn different_operating_systems_get_different_nodes() {
 }
 
 #[test]
-#[ignore = "fails: needs beta.kubernetes.io/instance-type normalized to node.kubernetes.io/instance-type"]
 fn different_instance_type_selectors_get_different_nodes() {
     // Upstream mixes the beta and the stable instance-type label here.
     let a = pod("a").node_selector(&[("beta.kubernetes.io/instance-type", "small-instance-type")]);
@@ -142,7 +141,6 @@ fn incompatible_provider_labels_are_not_schedulable() {
 }
 
 #[test]
-#[ignore = "fails: needs a label key an instance type does not carry (and no NodePool sets) treated as absent on its nodes (issue 13: custom labels)"]
 fn optional_provider_labels_can_be_required() {
     let p = pod("p").required(vec![node_req(SPECIAL, "Exists", &[])]);
     let out = five_sizes().provision(&[p]);

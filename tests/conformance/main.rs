@@ -6,6 +6,7 @@ mod fixture;
 
 mod binpacking;
 mod custom_constraints;
+mod default_constraints;
 mod doc_table;
 mod in_flight;
 mod instance_selection;

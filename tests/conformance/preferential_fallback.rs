@@ -130,7 +130,6 @@ fn ignoring(np: karpenter_capi::api::nodepool::NodePool) -> Env {
 }
 
 #[test]
-#[ignore = "fails: needs open claims tried fewest-pods first, as upstream (the solver tries them in opening order)"]
 fn ignore_policy_drops_node_affinity_preferences() {
     let z1 = pod("z1")
         .labels(&[("app", "foo")])
@@ -223,13 +222,11 @@ fn ignore_policy_drops_pod_affinity_preferences(key: &str) {
 }
 
 #[test]
-#[ignore = "fails: needs open claims tried fewest-pods first, as upstream (the solver tries them in opening order)"]
 fn ignore_policy_drops_zonal_pod_affinity_preferences() {
     ignore_policy_drops_pod_affinity_preferences(ZONE_LABEL);
 }
 
 #[test]
-#[ignore = "fails: needs open claims tried fewest-pods first, as upstream (the solver tries them in opening order)"]
 fn ignore_policy_drops_hostname_pod_affinity_preferences() {
     ignore_policy_drops_pod_affinity_preferences("kubernetes.io/hostname");
 }

@@ -1,10 +1,13 @@
 //! Upstream provisioning suite (pkg/controllers/provisioning/suite_test.go): NodePool limits,
 //! DaemonSet overhead, labels and taints on launched nodes, the NodeClaim written, multiple and
-//! weighted NodePools, and minValues (Strict, upstream's default policy).
+//! weighted NodePools, and minValues under both policies (Strict, upstream's default, and
+//! BestEffort).
 
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use karpenter_capi::api::nodeclaim::Operator;
 use karpenter_capi::api::resources::Resources;
 use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL};
+use karpenter_capi::scheduling::daemon_pod;
 
 use crate::fixture::*;
 
@@ -188,12 +191,54 @@ fn daemonset_overhead_picks_a_bigger_type() {
 }
 
 #[test]
-#[ignore = "fails: needs DaemonSet host ports reserved on new nodes"]
 fn daemonset_host_ports_conflict_with_the_pod() {
     let e = env().daemonset(daemon("ds", &DS_2).host_port(8080));
     let out = e.provision(&[pod("p").requests(&POD_1).host_port(8080)]);
     out.not_scheduled("p");
     assert!(out.nodes.is_empty());
+}
+
+#[test]
+fn daemonset_host_ports_count_only_where_the_daemonset_runs() {
+    let large = daemon("large-ds", &[("cpu", "4"), ("memory", "4Gi")])
+        .required(vec![node_req(SIZE, "In", &["large"])])
+        .host_port(8080);
+    let small = daemon("small-ds", &DS_2)
+        .required(vec![node_req(SIZE, "In", &["small"])])
+        .host_port(8081);
+    let p = pod("p")
+        .requests(&POD_1)
+        .required(vec![node_req(SIZE, "In", &["small"])])
+        .host_port(8080);
+    let out = env().daemonset(large).daemonset(small).provision(&[p]);
+    let node = out.scheduled("p");
+    assert_eq!(node.label(SIZE), Some("small"));
+    assert_eq!(it_cpu(&out, "p").as_deref(), Some("default-instance-type"));
+}
+
+/// The controller builds each DaemonSet's pod with `daemon_pod`, from its newest running pod
+/// when the pod index holds one (the index's side is unit-tested in `src/state/pods.rs`).
+#[test]
+fn daemonset_overhead_comes_from_its_running_pod() {
+    let template = PodTemplateSpec {
+        metadata: None,
+        spec: daemon("ds", &[("cpu", "4"), ("memory", "4Gi")]).spec,
+    };
+    let mut running = daemon("ds-x7k2p", &DS_2);
+    // What the DaemonSet controller adds: its node's name and a term pinning the pod there.
+    let spec = running.spec.as_mut().unwrap();
+    spec.node_name = Some("node-1".into());
+    spec.affinity = Some(
+        serde_json::from_value(serde_json::json!({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-1"]}]}
+            ]}
+        }}))
+        .unwrap(),
+    );
+    let ds = daemon_pod("default", "ds", &template, Some(&running));
+    let out = env().daemonset(ds).provision(&[pod("p").requests(&POD_1)]);
+    assert_eq!(it_cpu(&out, "p").as_deref(), Some("default-instance-type"));
 }
 
 #[test]
@@ -275,7 +320,6 @@ fn daemonsets_that_do_not_tolerate_the_pool_taints_are_ignored() {
 }
 
 #[test]
-#[ignore = "fails: needs a label key an instance type does not carry (and no NodePool sets) treated as absent on its nodes (issue 13: custom labels)"]
 fn daemonsets_with_a_selector_no_node_matches_are_ignored() {
     let ds = daemon("ds", &DS_2).node_selector(&[("node", "invalid")]);
     let out = env().daemonset(ds).provision(&[pod("p").requests(&POD_1)]);
@@ -479,6 +523,168 @@ fn strict_min_values_not_met_schedules_nothing() {
     );
     let out = Env::with_types(np, three_types()).provision(&[pod("p").requests(&[("cpu", "0.5")])]);
     out.not_scheduled("p");
+}
+
+// --- MinValuesPolicy (BestEffort) ---
+
+use karpenter_capi::api::nodeclaim::{NodeClaim, NodeSelectorRequirementWithMinValues};
+use karpenter_capi::scheduling::MinValuesPolicy;
+
+const MIN_VALUES_RELAXED: &str = "karpenter.sh/nodeclaim-min-values-relaxed";
+const THREE_TYPES: [&str; 3] = ["instance-type-1", "instance-type-2", "instance-type-3"];
+
+fn best_effort(e: Env) -> Env {
+    Env {
+        min_values_policy: MinValuesPolicy::BestEffort,
+        ..e
+    }
+}
+
+/// The NodeClaim the provisioner writes for the claim `pod` got.
+fn written_claim(e: &Env, out: &Outcome, pod: &str) -> NodeClaim {
+    let claim = &out.scheduled(pod).claim;
+    let pool = e
+        .pools
+        .iter()
+        .find(|p| p.nodepool.metadata.name.as_deref() == Some(claim.nodepool.as_str()))
+        .expect("the claim's pool");
+    nodeclaim_for(claim, &pool.nodepool)
+}
+
+fn relaxed_annotation(nc: &NodeClaim) -> Option<&str> {
+    nc.metadata
+        .annotations
+        .as_ref()?
+        .get(MIN_VALUES_RELAXED)
+        .map(String::as_str)
+}
+
+fn requirement(key: &str, values: &[&str], min: i64) -> NodeSelectorRequirementWithMinValues {
+    let mut r = NodeSelectorRequirementWithMinValues::new(key, Operator::In, values);
+    r.min_values = Some(min);
+    r
+}
+
+/// Provisions upstream's pod (0.9 CPU, 0.9Gi) and asserts it went to instance-type-1 of `pool`
+/// on a claim annotated as relaxed whose requirements include `want`.
+fn assert_relaxed(e: &Env, pool: &str, want: &[NodeSelectorRequirementWithMinValues]) -> Outcome {
+    let out = e.provision(&[pod("p").requests(&[("cpu", "0.9"), ("memory", "0.9Gi")])]);
+    let pod = "p";
+    let node = out.scheduled(pod);
+    assert_eq!(node.instance_type, "instance-type-1");
+    assert_eq!(node.label(NODEPOOL_LABEL), Some(pool));
+    let nc = written_claim(e, &out, pod);
+    assert_eq!(relaxed_annotation(&nc), Some("true"));
+    for r in want {
+        assert!(
+            nc.spec.requirements.contains(r),
+            "{r:?} not in {:#?}",
+            nc.spec.requirements
+        );
+    }
+    out
+}
+
+/// Upstream's BestEffort pool: the three instance types, minValues 3 (two exist).
+fn wants_three_types(name: &str, weight: i32) -> karpenter_capi::api::nodepool::NodePool {
+    plain(name)
+        .weight(weight)
+        .req_min(INSTANCE_TYPE_LABEL, Operator::In, &THREE_TYPES, 3)
+}
+
+/// The pod went to the pool "default" with its instance-type minValues lowered to the two types.
+fn assert_relaxed_to_two_types(e: &Env) {
+    let two = ["instance-type-1", "instance-type-2"];
+    assert_relaxed(e, "default", &[requirement(INSTANCE_TYPE_LABEL, &two, 2)]);
+}
+
+#[test]
+fn best_effort_min_values_not_met_still_schedules() {
+    let e = Env::with_types(wants_three_types("default", 100), three_types());
+    assert_relaxed_to_two_types(&best_effort(e));
+}
+
+#[test]
+fn best_effort_relaxes_before_falling_back_to_a_lighter_pool() {
+    let light =
+        plain("no-min-values")
+            .weight(10)
+            .req(INSTANCE_TYPE_LABEL, Operator::In, &THREE_TYPES);
+    let e = Env::with_types(wants_three_types("default", 100), three_types())
+        .pool(light, three_types());
+    assert_relaxed_to_two_types(&best_effort(e));
+}
+
+#[test]
+fn best_effort_relaxes_on_the_heavier_pool() {
+    let e = Env::with_types(wants_three_types("default", 100), three_types())
+        .pool(wants_three_types("light", 10), three_types());
+    assert_relaxed_to_two_types(&best_effort(e));
+}
+
+/// Upstream's zone cases: one type, spot in two of the three zones.
+fn two_zone_type() -> Vec<karpenter_capi::scheduling::InstanceType> {
+    vec![
+        itype("instance-type-1")
+            .arch("arm64")
+            .os(&["linux"])
+            .priced(&[(SPOT, "test-zone-1", 0.52), (SPOT, "test-zone-2", 0.54)])
+            .build(),
+    ]
+}
+
+#[test]
+fn best_effort_zone_min_values_not_met_still_schedules() {
+    let np = plain("default").req_min(ZONE_LABEL, Operator::In, &ZONES, 3);
+    let e = best_effort(Env::with_types(np, two_zone_type()));
+    let out = assert_relaxed(&e, "default", &[requirement(ZONE_LABEL, &ZONES, 2)]);
+    let zone = out.scheduled("p").label(ZONE_LABEL);
+    assert!(
+        matches!(zone, Some("test-zone-1" | "test-zone-2")),
+        "{zone:?}"
+    );
+}
+
+#[test]
+fn best_effort_relaxes_instance_type_and_zone_min_values_together() {
+    let np = wants_three_types("default", 100).req_min(ZONE_LABEL, Operator::In, &ZONES, 3);
+    let e = best_effort(Env::with_types(np, two_zone_type()));
+    assert_relaxed(
+        &e,
+        "default",
+        &[
+            requirement(INSTANCE_TYPE_LABEL, &["instance-type-1"], 1),
+            requirement(ZONE_LABEL, &ZONES, 2),
+        ],
+    );
+}
+
+#[test]
+fn strict_claims_are_annotated_as_not_relaxed() {
+    let np = plain("default").req_min(INSTANCE_TYPE_LABEL, Operator::In, &THREE_TYPES, 2);
+    let e = Env::with_types(np, three_types());
+    let out = e.provision(&[pod("p")]);
+    assert_eq!(
+        relaxed_annotation(&written_claim(&e, &out, "p")),
+        Some("false")
+    );
+}
+
+#[test]
+fn best_effort_keeps_met_min_values_and_a_joining_pod_cannot_lower_them() {
+    // Two pods fill the cheaper type together: the second may not shrink the claim to one
+    // type (joining is strict, as upstream's in-flight claims), so it opens its own claim.
+    let np = plain("default").req_min(INSTANCE_TYPE_LABEL, Operator::In, &THREE_TYPES, 2);
+    let e = best_effort(Env::with_types(np, three_types()));
+    let out = e.provision(&[
+        pod("a").requests(&[("cpu", "1.5")]),
+        pod("b").requests(&[("cpu", "1.5")]),
+    ]);
+    assert_ne!(out.placement("a"), out.placement("b"));
+    for p in ["a", "b"] {
+        let nc = written_claim(&e, &out, p);
+        assert_eq!(relaxed_annotation(&nc), Some("false"), "{p}");
+    }
 }
 
 // --- NodeClaim Creation ---

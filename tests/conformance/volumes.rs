@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use karpenter_capi::api::wellknown::ZONE_LABEL;
 use karpenter_capi::scheduling::PodError;
+use karpenter_capi::scheduling::volumes::ANN_DEFAULT_CLASS;
 use serde_json::{Value, json};
 
 use crate::fixture::*;
@@ -496,7 +497,6 @@ fn pods_using_a_storage_class_with_several_zones_spread_over_them() {
 }
 
 #[test]
-#[ignore = "fails: needs a label key an instance type does not carry (and no NodePool sets) treated as absent on its nodes (issue 13: custom labels)"]
 fn a_compatible_multi_volume_alternative_survives_pruning() {
     let a = class(
         "a",
@@ -758,4 +758,195 @@ fn nfs_volumes_are_not_limited() {
         );
     }
     assert!(out.nodes.is_empty());
+}
+
+// --- VolumeUsage: the driver of a claim through its (default) StorageClass, and CSI migration ---
+
+/// A WaitForFirstConsumer class in `test-zone-1` provisioned by `provisioner`, marked the
+/// cluster default or not, created at `created`.
+fn limited_class(name: &str, provisioner: &str, default: bool, created: &str) -> StorageClass {
+    let mut sc = class(
+        name,
+        "WaitForFirstConsumer",
+        &[&[(ZONE_LABEL, &["test-zone-1"])]],
+    );
+    sc.provisioner = provisioner.into();
+    sc.metadata.creation_timestamp = Some(serde_json::from_value(json!(created)).unwrap());
+    if default {
+        sc.metadata.annotations = Some(
+            [(ANN_DEFAULT_CLASS.to_string(), "true".to_string())]
+                .into_iter()
+                .collect(),
+        );
+    }
+    sc
+}
+
+/// An ephemeral volume whose claim template names no StorageClass (the default's).
+fn with_default_ephemeral(p: Pod) -> Pod {
+    let mut p = with_ephemeral(p, "");
+    let volumes = p.spec.as_mut().unwrap().volumes.as_mut().unwrap();
+    let template = volumes[0].ephemeral.as_mut().unwrap();
+    template
+        .volume_claim_template
+        .as_mut()
+        .unwrap()
+        .spec
+        .storage_class_name = None;
+    p
+}
+
+/// Upstream's shape: `first` goes onto a node, whose CSINode then allows `limits`; `second`'s
+/// volume would exceed them there, so it gets a new node.
+fn second_pod_needs_a_new_node(mut e: Env, first: Pod, second: Pod, limits: &[(&str, usize)]) {
+    let first_name = first.metadata.name.clone().unwrap();
+    e.provision_and_bind(&[first]).scheduled(&first_name);
+    let node = e.nodes[0].name.clone();
+    e.nodes[0]
+        .allocatable
+        .set("pods".to_string(), "100".parse().unwrap());
+    let limits = limits.iter().map(|(d, n)| (d.to_string(), *n)).collect();
+    e.csi_limits.insert(node.clone(), limits);
+    let second_name = second.metadata.name.clone().unwrap();
+    let out = e.provision(&[second]);
+    assert_ne!(
+        out.existing_of(&second_name),
+        Some(node.as_str()),
+        "{:?}",
+        out.results
+    );
+    out.scheduled(&second_name);
+    assert_eq!(out.nodes.len(), 1);
+}
+
+const OLDER: &str = "2024-01-01T00:00:00Z";
+const NEWER: &str = "2024-01-01T00:00:02Z";
+
+#[test]
+fn an_ephemeral_claim_counts_against_the_driver_of_its_named_class() {
+    let e = env()
+        .with_class(limited_class("my-storage-class", CSI, false, OLDER))
+        .with_class(limited_class(
+            "default-storage-class",
+            "other-provider",
+            true,
+            OLDER,
+        ))
+        .with_claim(claim("initial-data", Some("my-storage-class"), None))
+        .with_claim(claim("p-data", Some("my-storage-class"), None));
+    second_pod_needs_a_new_node(
+        e,
+        with_ephemeral(pod("initial"), "my-storage-class"),
+        with_ephemeral(pod("p"), "my-storage-class"),
+        &[(CSI, 1), ("other-provider", 10)],
+    );
+}
+
+#[test]
+fn an_ephemeral_claim_without_a_class_counts_against_the_default_class_driver() {
+    let e = env()
+        .with_class(limited_class("default-storage-class", CSI, true, OLDER))
+        .with_claim(claim("initial-data", None, None))
+        .with_claim(claim("p-data", None, None));
+    second_pod_needs_a_new_node(
+        e,
+        with_default_ephemeral(pod("initial")),
+        with_default_ephemeral(pod("p")),
+        &[(CSI, 1)],
+    );
+}
+
+#[test]
+fn an_ephemeral_claim_without_a_class_counts_against_the_newest_default_class_driver() {
+    let e = env()
+        .with_class(limited_class(
+            "default-storage-class",
+            "other-provider",
+            true,
+            OLDER,
+        ))
+        .with_class(limited_class(
+            "newer-default-storage-class",
+            CSI,
+            true,
+            NEWER,
+        ))
+        .with_claim(claim("initial-data", None, None))
+        .with_claim(claim("p-data", None, None));
+    second_pod_needs_a_new_node(
+        e,
+        with_default_ephemeral(pod("initial")),
+        with_default_ephemeral(pod("p")),
+        &[(CSI, 1), ("other-provider", 10)],
+    );
+}
+
+const IN_TREE_EBS: &str = "kubernetes.io/aws-ebs";
+const EBS_CSI: &str = "ebs.csi.aws.com";
+
+#[test]
+fn a_claim_of_an_in_tree_class_counts_against_its_migrated_csi_driver() {
+    let mut pv = zonal_volume("my-volume", &["test-zone-1"]);
+    let spec = pv.spec.as_mut().unwrap();
+    spec.csi = None;
+    spec.aws_elastic_block_store =
+        Some(serde_json::from_value(json!({"volumeID": "vol-0123"})).unwrap());
+    let e = env()
+        .with_class(limited_class(
+            "in-tree-storage-class",
+            IN_TREE_EBS,
+            true,
+            OLDER,
+        ))
+        .with_volume(pv)
+        .with_claim(claim("pvc-1", Some("in-tree-storage-class"), None))
+        .with_claim(claim("pvc-2", Some("in-tree-storage-class"), None));
+    second_pod_needs_a_new_node(
+        e,
+        with_claims(pod("initial"), &["pvc-1"]),
+        with_claims(pod("p"), &["pvc-2"]),
+        &[(EBS_CSI, 1)],
+    );
+}
+
+#[test]
+fn an_ephemeral_claim_of_an_in_tree_class_counts_against_its_migrated_csi_driver() {
+    let e = env()
+        .with_class(limited_class(
+            "in-tree-storage-class",
+            IN_TREE_EBS,
+            true,
+            OLDER,
+        ))
+        .with_claim(claim("initial-data", None, None))
+        .with_claim(claim("p-data", None, None));
+    second_pod_needs_a_new_node(
+        e,
+        with_ephemeral(pod("initial"), "in-tree-storage-class"),
+        with_ephemeral(pod("p"), "in-tree-storage-class"),
+        &[(EBS_CSI, 1)],
+    );
+}
+
+#[test]
+fn a_bound_in_tree_volume_counts_against_its_migrated_csi_driver() {
+    let ebs = |name: &str| {
+        let mut pv = zonal_volume(name, &["test-zone-1"]);
+        let spec = pv.spec.as_mut().unwrap();
+        spec.csi = None;
+        spec.aws_elastic_block_store =
+            Some(serde_json::from_value(json!({"volumeID": name})).unwrap());
+        pv
+    };
+    let e = env()
+        .with_volume(ebs("pv-1"))
+        .with_volume(ebs("pv-2"))
+        .with_claim(claim("pvc-1", Some(""), Some("pv-1")))
+        .with_claim(claim("pvc-2", Some(""), Some("pv-2")));
+    second_pod_needs_a_new_node(
+        e,
+        with_claims(pod("initial"), &["pvc-1"]),
+        with_claims(pod("p"), &["pvc-2"]),
+        &[(EBS_CSI, 1)],
+    );
 }

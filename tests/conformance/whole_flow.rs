@@ -1,15 +1,21 @@
 //! The few cases that need the whole controller on the simulated cluster (upstream's provisioning
 //! suite drives its provisioner against a real API server for them): volume topology, which
 //! reads PersistentVolumes the solve does not see, and NodePools being deleted, which the
-//! snapshot leaves out before the solve.
+//! snapshot leaves out before the solve. The controller settings that shape NodeClaims
+//! (`--default-termination-grace-period`, `--min-values-policy`) are tested here too, through
+//! the controller that reads them.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
+use karpenter_capi::actors::Settings;
+use karpenter_capi::api::duration::GoDuration;
 use karpenter_capi::metrics::Metrics;
+use karpenter_capi::scheduling::MinValuesPolicy;
 use karpenter_capi::sim::cluster::SimClusterConfig;
 use karpenter_capi::simulate::launch::{self, seed_nodeclass_and_pool};
 use karpenter_capi::simulate::pods::seed_of;
@@ -18,6 +24,14 @@ use karpenter_capi::simulate::{BackgroundSim, sim_settings, start_controller};
 /// Four MachineDeployments (zones sim-zone-0, -1, -2, -0), the default NodeClass and NodePool,
 /// and the controller.
 async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
+    cluster_with(|_| {}, Metrics::new()).await
+}
+
+/// [`cluster`], with the controller's settings edited and its metrics in `metrics`.
+async fn cluster_with(
+    edit: impl FnOnce(&mut Settings),
+    metrics: Arc<Metrics>,
+) -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
     let sim = BackgroundSim::start(SimClusterConfig {
         provider_delay: Duration::from_millis(30),
         jitter: Duration::from_millis(30),
@@ -39,32 +53,20 @@ async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) 
     let mut settings = sim_settings(None);
     settings.batching.idle = Duration::from_millis(200);
     settings.batching.max = Duration::from_secs(2);
-    let controller = start_controller(&sim, settings, Metrics::new())
+    edit(&mut settings);
+    let controller = start_controller(&sim, settings, metrics)
         .await
         .expect("controller");
     (sim, controller)
 }
 
-/// Waits (generously: this only guards a hang) for the first NodeClaim.
+/// Waits for the first NodeClaim.
 async fn first_claim(sim: &BackgroundSim) -> Value {
-    let start = Instant::now();
-    loop {
-        if let Some(c) = sim
-            .cluster()
-            .server()
-            .store()
-            .list("nodeclaims", None)
-            .into_iter()
-            .next()
-        {
-            return c;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "no NodeClaim was created"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let store = sim.cluster().server().store();
+    wait_for("a NodeClaim", || {
+        store.list("nodeclaims", None).into_iter().next()
+    })
+    .await
 }
 
 /// The zone the claim launched in (the chosen MachineDeployment's, which the claim is labelled
@@ -181,4 +183,149 @@ async fn a_deleting_nodepool_gets_no_claims() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(store.list("nodeclaims", None).is_empty());
+}
+
+/// Creates a pod asking for 100m CPU and 128Mi.
+async fn small_pod(sim: &BackgroundSim, name: &str) {
+    let name = name.to_string();
+    sim.run(|c| async move {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": launch::NAMESPACE},
+            "spec": {"containers": [{"name": "c", "image": "c",
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}
+        }))
+        .unwrap();
+        Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// Upstream provisioning suite: should expect nodeclaim terminationGracePeriod to be the global
+/// value when the nodepool terminationGracePeriod is not set.
+#[actix::test]
+async fn the_global_termination_grace_period_lands_on_claims_of_pools_without_one() {
+    let grace = Duration::from_secs(98 * 3600);
+    let (sim, _controller) = cluster_with(
+        |s| s.default_termination_grace_period = Some(grace),
+        Metrics::new(),
+    )
+    .await;
+    small_pod(&sim, "p").await;
+    let claim = first_claim(&sim).await;
+    let written: GoDuration =
+        serde_json::from_value(claim["spec"]["terminationGracePeriod"].clone())
+            .unwrap_or_else(|e| panic!("{e}: {claim:#}"));
+    assert_eq!(written.0, grace);
+}
+
+/// A NodePool heavier than the default one whose minValues (5 instance types) the four
+/// MachineDeployments cannot meet; the pod's claim under `policy`, once the controller counted
+/// it in `karpenter_nodeclaims_created_total`, and that series.
+async fn claim_with_unmet_min_values(policy: MinValuesPolicy) -> (Value, String) {
+    let metrics = Metrics::new();
+    let (sim, _controller) = cluster_with(|s| s.min_values_policy = policy, metrics.clone()).await;
+    sim.run(|c| async move {
+        let np = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "wide"},
+            "spec": {"weight": 100, "template": {"spec": {
+                "requirements": [{"key": "node.kubernetes.io/instance-type",
+                                  "operator": "Exists", "minValues": 5}],
+                "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass",
+                                 "name": launch::NODECLASS}
+            }}}
+        }))
+        .unwrap();
+        Api::<karpenter_capi::api::nodepool::NodePool>::all(c.client())
+            .create(&PostParams::default(), &np)
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    small_pod(&sim, "p").await;
+    let claim = first_claim(&sim).await;
+    let series = wait_for("the created claim to be counted", || {
+        let text = metrics.encode();
+        text.lines()
+            .find(|l| l.starts_with("karpenter_nodeclaims_created_total{"))
+            .map(str::to_string)
+    })
+    .await;
+    // Registration copies the claim's annotations onto its Node, as upstream's does.
+    let store = sim.cluster().server().store();
+    let on_node = wait_for("a registered Node with the annotation", || {
+        store
+            .list("nodes", None)
+            .iter()
+            .map(|n| relaxed_annotation(n).clone())
+            .find(|a| !a.is_null())
+    })
+    .await;
+    assert_eq!(&on_node, relaxed_annotation(&claim));
+    (claim, series)
+}
+
+/// Waits (generously: this only guards a hang) until `f` finds something.
+async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn relaxed_annotation(claim: &Value) -> &Value {
+    &claim["metadata"]["annotations"]["karpenter.sh/nodeclaim-min-values-relaxed"]
+}
+
+/// Upstream provisioning suite, MinValuesPolicy BestEffort: should choose the NodePool with the
+/// higher weight when relaxing minValues, through `--min-values-policy`.
+#[actix::test]
+async fn best_effort_min_values_give_the_heavier_pool_a_relaxed_claim() {
+    let (claim, series) = claim_with_unmet_min_values(MinValuesPolicy::BestEffort).await;
+    assert!(
+        series.contains(r#"nodepool="wide",min_values_relaxed="true"}"#),
+        "{series}"
+    );
+    assert_eq!(
+        claim["metadata"]["labels"]["karpenter.sh/nodepool"], "wide",
+        "{claim:#}"
+    );
+    assert_eq!(relaxed_annotation(&claim), "true");
+    let types = claim["spec"]["requirements"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["key"] == "node.kubernetes.io/instance-type")
+        .expect("an instance-type requirement");
+    assert_eq!(types["minValues"], 4, "{claim:#}");
+}
+
+/// The same cluster under the default Strict policy: the heavier pool cannot launch, so the
+/// pod's claim comes from the default one.
+#[actix::test]
+async fn strict_min_values_leave_the_heavier_pool_out() {
+    let (claim, series) = claim_with_unmet_min_values(MinValuesPolicy::Strict).await;
+    assert!(
+        series.contains(r#"min_values_relaxed="false"}"#),
+        "{series}"
+    );
+    assert_eq!(
+        claim["metadata"]["labels"]["karpenter.sh/nodepool"],
+        launch::NODEPOOL,
+        "{claim:#}"
+    );
+    assert_eq!(relaxed_annotation(&claim), "false");
 }

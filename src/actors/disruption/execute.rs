@@ -218,7 +218,10 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
                 what: format!("NodePool {}", new.nodepool),
             });
         };
-        let claim = crate::scheduling::nodeclaim_for(new, &np);
+        let claim = crate::scheduling::with_default_termination_grace_period(
+            crate::scheduling::nodeclaim_for(new, &np),
+            shared.settings.default_termination_grace_period,
+        );
         let created = claims(shared)
             .create(&PostParams::default(), &claim)
             .await
@@ -231,10 +234,11 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
         shared
             .metrics
             .nodeclaims_created
-            .get_or_create(&CreatedLabels {
-                reason: cmd.method.reason().as_str().to_lowercase(),
-                nodepool: new.nodepool.clone(),
-            })
+            .get_or_create(&CreatedLabels::of(
+                cmd.method.reason().as_str().to_lowercase(),
+                new.nodepool.as_str(),
+                &created,
+            ))
             .inc();
         let name = created.name_any();
         shared.state.claims.write().apply_response(created);
@@ -286,10 +290,7 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
     shared
         .metrics
         .nodeclaims_created
-        .get_or_create(&CreatedLabels {
-            reason: "rollout".into(),
-            nodepool: pool,
-        })
+        .get_or_create(&CreatedLabels::of("rollout", pool, &created))
         .inc();
     let name = created.name_any();
     tracing::info!(nodeclaim = %name, replaces = %old_name, "a Cluster API rollout made a fresh Machine: replacing the outdated one's claim");

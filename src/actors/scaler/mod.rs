@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, PatchParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use self::plan::{MachineView, ReplicaWrite, Snapshot};
 use super::backoff::Backoff;
@@ -477,16 +477,16 @@ impl Scaler {
         let shared = self.shared.clone();
         let deadline = self.deadline();
         let fut = async move {
-            // Guard on the annotations we read (where the binding lives), not the whole
-            // resourceVersion: Cluster API writes Machine status all the time, and those writes
-            // must not make a bind conflict. A Machine with no annotations yet is guarded whole.
-            let mut p = if machine.annotations.is_empty() {
-                JsonPatch::guarded(Some(machine.resource_version.as_str()))
-            } else {
-                let mut p = JsonPatch::new();
-                p.test("/metadata/annotations", json!(machine.annotations));
-                p
-            };
+            // Guard on the maps we read and write (the binding lives in the annotations), not
+            // the whole resourceVersion: Cluster API writes Machine status all the time, and
+            // those writes must not make a bind conflict. A map the Machine does not have yet
+            // is tested for null: the API server's json-patch passes that only while the member
+            // is absent (and never serves an empty map), so a concurrent bind still conflicts.
+            let mut p = JsonPatch::new();
+            p.test("/metadata/annotations", json_map(&machine.annotations));
+            if machine.labels.is_empty() {
+                p.test("/metadata/labels", Value::Null);
+            }
             p.set_entry(
                 !machine.annotations.is_empty(),
                 "/metadata/annotations",
@@ -1114,6 +1114,11 @@ fn replaced_claims(claims: &crate::state::claims::Claims, md: &str) -> HashSet<S
         .filter(|c| recorded_deployment(c) == Some(md))
         .filter_map(|c| c.annotations().get(REPLACES_ANNOTATION).cloned())
         .collect()
+}
+
+/// A string map as a JSON patch `test` value: an empty one is an absent member (null).
+fn json_map(m: &std::collections::BTreeMap<String, String>) -> Value {
+    if m.is_empty() { Value::Null } else { json!(m) }
 }
 
 #[cfg(test)]
