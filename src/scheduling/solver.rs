@@ -1,6 +1,7 @@
 //! The solve itself: pods in Karpenter's order onto existing nodes (initialized first), then
 //! claims of this round (fewest pods first), then new claims by NodePool weight, relaxing
-//! preferences when a pod fits nowhere.
+//! preferences when a pod fits nowhere; pods with pod terms that fit nowhere go round again while
+//! the round before placed something.
 
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -80,12 +81,30 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
 
     let policy = snapshot.preference_policy;
     let mut placed = Vec::new();
-    for info in &pending {
-        match solver.place(info, policy) {
-            Ok(Some(node)) => placed.push((info.key.clone(), node)),
-            Ok(None) => {}
-            Err(e) => failures.push((info.key.clone(), e)),
+    let mut queue: Vec<&PodInfo> = pending.iter().collect();
+    // As upstream's queue: a pod that fails goes round again while the pass before placed
+    // something, because a pod's affinity (or spread) may be to a pod placed later in this same
+    // batch. Only pods with pod terms can be helped by other placements, so only they return.
+    loop {
+        let mut progress = false;
+        let mut again = Vec::new();
+        for info in queue {
+            match solver.place(info, policy) {
+                Ok(node) => {
+                    progress = true;
+                    if let Some(node) = node {
+                        placed.push((info.key.clone(), node));
+                    }
+                }
+                Err(e) if !info.terms.is_empty() => again.push((info, e)),
+                Err(e) => failures.push((info.key.clone(), e)),
+            }
         }
+        if !progress || again.is_empty() {
+            failures.extend(again.into_iter().map(|(info, e)| (info.key.clone(), e)));
+            break;
+        }
+        queue = again.into_iter().map(|(info, _)| info).collect();
     }
     Results {
         new_claims: solver.finish(&pending),

@@ -597,13 +597,17 @@ pub trait PodExt: Sized {
             .push(c);
         self
     }
-    fn pod_affinity(mut self, key: &str, sel: &[(&str, &str)]) -> Self {
+    fn pod_affinity(self, key: &str, sel: &[(&str, &str)]) -> Self {
+        self.pod_affinity_term(term(key, sel))
+    }
+    /// A required pod affinity term written out in full (namespaces, namespaceSelector).
+    fn pod_affinity_term(mut self, t: PodAffinityTerm) -> Self {
         let a = self.spec().affinity.get_or_insert_with(Affinity::default);
         a.pod_affinity
             .get_or_insert_with(PodAffinity::default)
             .required_during_scheduling_ignored_during_execution
             .get_or_insert_with(Vec::new)
-            .push(term(key, sel));
+            .push(t);
         self
     }
     fn pod_affinity_preferred(mut self, weight: i32, key: &str, sel: &[(&str, &str)]) -> Self {
@@ -919,6 +923,15 @@ pub struct Outcome {
     pub nodes: Vec<Launched>,
 }
 
+/// `namespace/name` of a pod named in an assertion (namespace default unless given).
+fn pod_key(pod: &str) -> String {
+    if pod.contains('/') {
+        pod.to_string()
+    } else {
+        format!("default/{pod}")
+    }
+}
+
 impl Outcome {
     fn new(env: &Env, results: Results) -> Outcome {
         let nodes = results
@@ -930,9 +943,10 @@ impl Outcome {
         Outcome { results, nodes }
     }
 
-    /// The launched node a pod went to, if a new one.
+    /// The launched node a pod went to, if a new one (`name` in namespace default, or
+    /// `namespace/name`).
     pub fn node_of(&self, pod: &str) -> Option<&Launched> {
-        let key = format!("default/{pod}");
+        let key = pod_key(pod);
         self.nodes.iter().find(|n| n.pods.contains(&key))
     }
 
@@ -948,7 +962,7 @@ impl Outcome {
 
     /// The existing node a pod went to.
     pub fn existing_of(&self, pod: &str) -> Option<&str> {
-        let key = format!("default/{pod}");
+        let key = pod_key(pod);
         self.results
             .placed_on_existing
             .iter()

@@ -2,7 +2,9 @@
 //! node affinity) and pod affinity / anti-affinity. Skews count bound pods labelled
 //! `test=test`, as upstream's `ExpectSkew` does.
 
-use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, TopologySpreadConstraint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
 use karpenter_capi::api::nodeclaim::Operator;
@@ -502,7 +504,6 @@ fn empty_pod_affinity_and_anti_affinity_schedule() {
 }
 
 #[test]
-#[ignore = "fails: needs pod affinity to a pod pending in the same batch (upstream retries the follower after its target is placed)"]
 fn pod_affinity_on_hostname_co_locates() {
     let target = pod("target").labels(&[("security", "s2")]);
     let follower = pod("follower").pod_affinity(HOSTNAME_LABEL, &[("security", "s2")]);
@@ -641,7 +642,6 @@ fn zonal_anti_affinity_spreads_one_per_zone() {
 }
 
 #[test]
-#[ignore = "fails: needs pod affinity to a pod pending in the same batch (upstream retries the follower after its target is placed)"]
 fn zonal_affinity_follows_a_constrained_target() {
     let target = pod("target")
         .labels(&[("security", "s1")])
@@ -1064,6 +1064,84 @@ fn node_taints_policy_honor_skips_tainted_domains() {
     assert_eq!(e.skew(SPREAD), vec![5]);
 }
 
+/// The default pool offers `fake-label` foo; a pool tainted `taint-key` offers bar.
+fn tainted_pool_domains_env() -> Env {
+    let tainted = nodepool("tainted")
+        .req(CAPACITY_TYPE_LABEL, Operator::Exists, &[])
+        .req(SPREAD, Operator::In, &["bar"])
+        .taints(vec![taint("taint-key", Some("taint-value"), "NoSchedule")]);
+    Env::new(topo_pool().req(SPREAD, Operator::In, &["foo"])).pool(tainted, default_types())
+}
+
+fn taint_policy_pods(n: usize, policy: &str) -> Vec<Pod> {
+    pods("p", n, |p| {
+        p.labels(&[TEST]).spread_with(TopologySpreadConstraint {
+            topology_key: SPREAD.into(),
+            max_skew: 1,
+            when_unsatisfiable: "DoNotSchedule".into(),
+            label_selector: selector(&[TEST]),
+            node_taints_policy: Some(policy.into()),
+            ..Default::default()
+        })
+    })
+}
+
+#[test]
+fn node_taints_policy_ignore_counts_a_tainted_pools_domain() {
+    let mut e = tainted_pool_domains_env();
+    e.provision_and_bind(&taint_policy_pods(2, "Ignore"));
+    // bar counts but no pod tolerates its pool: one pod in foo, the other waits.
+    assert_eq!(e.skew(SPREAD), vec![1]);
+}
+
+#[test]
+fn node_taints_policy_honor_skips_a_tainted_pools_domain() {
+    let mut e = tainted_pool_domains_env();
+    e.provision_and_bind(&taint_policy_pods(2, "Honor"));
+    assert_eq!(e.skew(SPREAD), vec![2]);
+}
+
+#[test]
+fn node_taints_policy_honor_spreads_each_group_over_the_pools_it_tolerates() {
+    let pool = |i: usize, domains: &[&str]| {
+        nodepool(&format!("pool-{i}"))
+            .req(CAPACITY_TYPE_LABEL, Operator::Exists, &[])
+            .req(SPREAD, Operator::In, domains)
+            .taints(vec![taint(
+                "taint-key",
+                Some(&format!("nodepool-{i}")),
+                "NoSchedule",
+            )])
+    };
+    let mut e = Env::default()
+        .pool(pool(0, &["foo", "bar"]), default_types())
+        .pool(pool(1, &["foo", "baz"]), default_types());
+    let mut ps = Vec::new();
+    for i in 0..2usize {
+        let value = format!("nodepool-{i}");
+        ps.extend(pods(&format!("g{i}"), (i + 1) * 2, |p| {
+            p.labels(&[TEST])
+                .spread_with(TopologySpreadConstraint {
+                    topology_key: SPREAD.into(),
+                    max_skew: 1,
+                    when_unsatisfiable: "DoNotSchedule".into(),
+                    label_selector: selector(&[TEST]),
+                    node_taints_policy: Some("Honor".into()),
+                    ..Default::default()
+                })
+                .tolerate(toleration(
+                    "taint-key",
+                    "Equal",
+                    Some(&value),
+                    Some("NoSchedule"),
+                ))
+        }));
+    }
+    e.provision_and_bind(&ps);
+    // foo 2 (either pool), bar 1 (pool 0 only), baz 3 (pool 1 only).
+    assert_eq!(e.skew(SPREAD), vec![1, 2, 3]);
+}
+
 fn mismatched_domains_env() -> Env {
     let first = labelled_node(
         "node-foo",
@@ -1290,7 +1368,6 @@ fn typed(t: &'static str) -> [(&'static str, &'static str); 2] {
 }
 
 #[test]
-#[ignore = "fails: needs pod affinity to a pod pending in the same batch (upstream retries the follower after its target is placed)"]
 fn a_chain_of_hostname_affinities_lands_together() {
     let ps = vec![
         pod("db").labels(&typed("db")),
@@ -1308,6 +1385,64 @@ fn a_chain_of_hostname_affinities_lands_together() {
     for p in ["db", "web", "cache", "ui"] {
         assert!(out.is_scheduled(p), "{p}");
     }
+}
+
+/// Ten hostname-spread pods open ten claims; the affinity target goes onto one of them and the
+/// follower's term decides whether the target's namespace counts.
+fn namespace_filter_case(
+    target_ns: &str,
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    edit: impl FnOnce(&mut PodAffinityTerm),
+) -> Outcome {
+    let s2 = [("security", "s2")];
+    let mut ps = pods("spread", 10, |p| {
+        p.labels(&[TEST]).spread(HOSTNAME_LABEL, 1, true, &[TEST])
+    });
+    ps.push(pod("target").labels(&s2).namespace(target_ns));
+    let mut t = term(HOSTNAME_LABEL, &s2);
+    edit(&mut t);
+    ps.push(pod("follower").pod_affinity_term(t));
+    let mut e = env();
+    e.namespaces = namespaces;
+    e.provision(&ps)
+}
+
+#[test]
+fn affinity_ignores_a_target_in_another_namespace_not_selected() {
+    let out = namespace_filter_case(
+        "other-ns-no-match",
+        [("other-ns-no-match".to_string(), BTreeMap::new())].into(),
+        |_| {},
+    );
+    out.scheduled("other-ns-no-match/target");
+    out.not_scheduled("follower");
+}
+
+#[test]
+fn affinity_counts_a_target_in_a_listed_namespace() {
+    let out = namespace_filter_case(
+        "other-ns-list",
+        [("other-ns-list".to_string(), BTreeMap::new())].into(),
+        |t| t.namespaces = Some(vec!["other-ns-list".into()]),
+    );
+    assert_eq!(
+        out.scheduled("other-ns-list/target").name,
+        out.scheduled("follower").name
+    );
+}
+
+#[test]
+fn an_empty_namespace_selector_counts_targets_in_every_namespace() {
+    let labels: BTreeMap<String, String> = [("foo".to_string(), "bar".to_string())].into();
+    let out = namespace_filter_case(
+        "empty-ns-selector",
+        [("empty-ns-selector".to_string(), labels)].into(),
+        |t| t.namespace_selector = Some(LabelSelector::default()),
+    );
+    assert_eq!(
+        out.scheduled("empty-ns-selector/target").name,
+        out.scheduled("follower").name
+    );
 }
 
 #[test]
