@@ -42,7 +42,16 @@ async fn env_with(
     limits: Option<Value>,
     edit: impl FnOnce(&mut karpenter_capi::actors::Settings),
 ) -> Env {
-    let sim = BackgroundSim::start(cluster())
+    env_in(cluster(), limits, edit).await
+}
+
+/// [`env_with`] on a cluster of its own configuration.
+async fn env_in(
+    cluster: SimClusterConfig,
+    limits: Option<Value>,
+    edit: impl FnOnce(&mut karpenter_capi::actors::Settings),
+) -> Env {
+    let sim = BackgroundSim::start(cluster)
         .await
         .expect("simulated cluster");
     sim.run(move |c| async move {
@@ -322,6 +331,57 @@ async fn notes_for_a_pod_selecting(env: &Env, name: &str, key: &str, value: &str
         })
         .map(|e| e["note"].as_str().unwrap_or_default().to_string())
         .collect()
+}
+
+/// A pod the solve puts on a claim whose node is still coming up is nominated to it
+/// (upstream's `Nominated` Event, as is the pod the claim was created for) and gets no claim of
+/// its own.
+#[actix::test]
+async fn a_pod_placed_on_an_in_flight_claim_is_nominated_to_it() {
+    let slow = SimClusterConfig {
+        node_ready_delay: Duration::from_secs(4),
+        ..cluster()
+    };
+    let env = env_in(slow, None, |_| {}).await;
+    env.deployment("first", 1, PodShape::new("100m", "128Mi"))
+        .await;
+    // Launched (its allocatable known), its node not Ready yet.
+    let start = Instant::now();
+    while !env
+        .list("nodeclaims")
+        .iter()
+        .any(|c| c.pointer("/status/allocatable").is_some())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no launched claim"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    env.deployment("second", 1, PodShape::new("100m", "128Mi"))
+        .await;
+    env.wait("both pods bound", |e| e.bound_pods() == 2).await;
+    let claims = env.list("nodeclaims");
+    assert_eq!(claims.len(), 1, "the second pod got no claim of its own");
+    let claim = claims[0]["metadata"]["name"].as_str().unwrap_or_default();
+    let nominated = |prefix: &str| -> Vec<String> {
+        env.events("Nominated")
+            .iter()
+            .filter(|e| {
+                e["regarding"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+            .map(|e| e["note"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+    let want = format!("Pod should schedule on: nodeclaim/{claim}");
+    assert_eq!(nominated("first-"), vec![want.clone()]);
+    // Before its Node registered the claim alone, after it the claim and the Node.
+    let second = nominated("second-");
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert!(second[0].starts_with(&want), "{second:?}");
+    env.invariants_hold();
 }
 
 #[actix::test]

@@ -22,6 +22,7 @@ pub mod messages;
 pub mod node_watcher;
 pub mod nodeclaim;
 pub mod nodepools;
+pub mod nomination;
 pub mod patch;
 pub mod provisioner;
 pub mod router;

@@ -20,6 +20,7 @@ use kube::{Resource, ResourceExt};
 use super::Shared;
 use super::backoff::Backoff;
 use super::batch::Batch;
+use super::nomination::{self, Nominations};
 use crate::api::nodeclaim::NodeClaim;
 use crate::metrics::CreatedLabels;
 use crate::scheduling::{self, PreferencePolicy, Results, Snapshot};
@@ -76,6 +77,8 @@ pub struct Provisioner {
     told: HashMap<String, String>,
     /// Pods seen provisionable, until they are bound (for the startup-duration metric).
     waiting: HashMap<String, Instant>,
+    /// Where each pod was last nominated (the `Nominated` Event).
+    nominations: Nominations,
 }
 
 impl Provisioner {
@@ -94,6 +97,7 @@ impl Provisioner {
             again: false,
             told: HashMap::new(),
             waiting: HashMap::new(),
+            nominations: Nominations::default(),
         }
     }
 
@@ -224,6 +228,10 @@ impl Provisioner {
             }
             self.told.insert(pod_key.clone(), message);
         }
+        for (pod_key, node) in &results.placed_on_existing {
+            let target = self.existing_target(node);
+            self.nominate(pod_key, target);
+        }
         for new in results.new_claims {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
@@ -268,8 +276,12 @@ impl Provisioner {
                             tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "created nodeclaim");
                             // Into the index in the same turn it leaves `creating`, so no solve
                             // ever misses it.
+                            let target = nomination::target(Some(&created.name_any()), None);
                             act.shared.state.claims.write().apply_response(created);
                             act.creating.remove(&id);
+                            for pod in &pods {
+                                act.nominate(pod, target.clone());
+                            }
                         }
                         Err(e) => {
                             act.creating.remove(&id);
@@ -278,6 +290,34 @@ impl Provisioner {
                     }
                 }),
         );
+    }
+
+    /// How a solve's existing node reads in a `Nominated` Event: an in-flight claim by its
+    /// name, a Node with the claim it came from. None for a claim whose create has not
+    /// answered yet (it has no name; its pods are told once it is created).
+    fn existing_target(&self, node: &str) -> Option<nomination::Target> {
+        let claims = self.shared.state.claims.read();
+        if claims.contains(node) {
+            return nomination::target(Some(node), None);
+        }
+        let n = self.shared.state.nodes.read().get(node)?;
+        let claim = crate::state::nodes::provider_id(&n)
+            .and_then(|id| claims.by_provider_id(id))
+            .map(|c| c.name_any());
+        nomination::target(claim.as_deref(), Some(node))
+    }
+
+    /// Publish `Nominated` on a pod placed on `target` (once per target, rate-limited).
+    fn nominate(&mut self, pod_key: &str, target: Option<nomination::Target>) {
+        let Some(target) = target else { return };
+        let Some(note) = self.nominations.nominate(pod_key, &target, Instant::now()) else {
+            return;
+        };
+        if let Some(p) = self.shared.state.pods.read().get(pod_key) {
+            self.shared
+                .events
+                .normal(p.object_ref(&()), "Nominated", note);
+        }
     }
 
     /// A create failed: count it, tell each pod it was for (an Event), and solve again after a
@@ -399,6 +439,7 @@ impl StreamHandler<Watched> for Provisioner {
                     let index = self.shared.state.pods.read();
                     self.told.retain(|k, _| index.contains(k));
                     self.waiting.retain(|k, _| index.contains(k));
+                    self.nominations.retain(|k| index.contains(k));
                     drop(index);
                     self.shared.synced.notify_waiters();
                     self.extend_batch(None, ctx);
@@ -418,6 +459,7 @@ impl StreamHandler<Watched> for Provisioner {
                         self.waiting.entry(key).or_insert_with(Instant::now);
                     } else {
                         self.told.remove(&key);
+                        self.nominations.forget(&key);
                     }
                 }
                 watcher::Event::Delete(p) => {
@@ -433,6 +475,7 @@ impl StreamHandler<Watched> for Provisioner {
                     }
                     self.told.remove(&key);
                     self.waiting.remove(&key);
+                    self.nominations.forget(&key);
                 }
             },
             Watched::DaemonSet(Ok(ev)) => match ev {
@@ -463,6 +506,7 @@ impl Handler<super::tracked::Tracked> for Provisioner {
             [
                 ("told", self.told.len()),
                 ("waiting", self.waiting.len()),
+                ("nominations", self.nominations.len()),
                 ("creating", self.creating.len()),
                 ("daemonsets", self.shared.state.daemonsets.read().len()),
             ]

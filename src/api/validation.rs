@@ -8,6 +8,8 @@ use std::fmt;
 use k8s_openapi::api::core::v1::Taint;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+
 use super::cron;
 use super::duration::{GoDuration, NillableDuration};
 use super::nodeclaim::{
@@ -15,6 +17,7 @@ use super::nodeclaim::{
 };
 use super::nodeclass::ClusterAPINodeClass;
 use super::nodepool::{Budget, NodePool};
+use super::resources::Quantity;
 use super::wellknown::{CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, KARPENTER_GROUP, NODEPOOL_LABEL};
 
 /// One problem, located by its field path (`spec.template.spec.requirements[2].values`).
@@ -116,6 +119,7 @@ pub fn validate_nodepool(np: &NodePool) -> Result<(), ValidationErrors> {
     );
     check_nillable(&mut errs, "spec.template.spec.expireAfter", ts.expire_after);
 
+    check_quantities(&mut errs, "spec.limits", spec.limits.as_ref());
     if let Some(w) = spec.weight
         && !(1..=100).contains(&w)
     {
@@ -192,6 +196,11 @@ pub fn validate_nodeclaim(nc: &NodeClaim) -> Result<(), ValidationErrors> {
         spec.termination_grace_period,
     );
     check_nillable(&mut errs, "spec.expireAfter", spec.expire_after);
+    check_quantities(
+        &mut errs,
+        "spec.resources.requests",
+        spec.resources.as_ref().and_then(|r| r.requests.as_ref()),
+    );
     errs.into_result()
 }
 
@@ -375,6 +384,25 @@ fn check_nillable(errs: &mut ValidationErrors, path: &str, d: Option<NillableDur
     }
 }
 
+/// Resource quantities (limits, requests): each must be a quantity and not negative (the
+/// schema's pattern accepts a sign; a negative limit or request has no meaning).
+fn check_quantities(
+    errs: &mut ValidationErrors,
+    path: &str,
+    list: Option<&BTreeMap<String, K8sQuantity>>,
+) {
+    for (name, q) in list.into_iter().flatten() {
+        let field = format!("{path}.{name}");
+        match Quantity::from_k8s(q) {
+            Ok(v) if v.is_negative() => {
+                errs.push(field, format!("quantity {} must not be negative", q.0));
+            }
+            Ok(_) => {}
+            Err(e) => errs.push(field, e.to_string()),
+        }
+    }
+}
+
 fn check_budget(errs: &mut ValidationErrors, path: &str, b: &Budget) {
     if !budget_nodes_ok(&b.nodes) {
         errs.push(
@@ -554,6 +582,24 @@ mod tests {
         assert!(label_value("on-demand").is_ok());
         assert!(label_value("bad value").is_err());
         assert!(label_value(&"v".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn negative_or_unreadable_quantities_name_their_field() {
+        let mut np: NodePool = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "np"},
+            "spec": {"limits": {"cpu": "-1", "memory": "lots", "nodes": "3"},
+                     "template": {"spec": {"requirements": [], "nodeClassRef": {
+                         "group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass",
+                         "name": "default"}}}}
+        }))
+        .expect("decodes");
+        let e = validate_nodepool(&np).expect_err("invalid");
+        assert!(e.has_field("spec.limits.cpu"), "{e}");
+        assert!(e.has_field("spec.limits.memory"), "{e}");
+        assert!(!e.has_field("spec.limits.nodes"), "{e}");
+        np.spec.limits = None;
+        assert!(validate_nodepool(&np).is_ok());
     }
 
     #[test]

@@ -7,11 +7,14 @@
 //! from each NodePool by weight. [`nodeclaim_for`] turns a decided claim into the
 //! NodeClaim object to create.
 //!
-//! Known simplifications, each a deliberate trade against speed or missing inputs:
-//! - a pod placed on a claim whose zone is still open is not counted in zonal topology groups
-//!   it matches without carrying the term itself (pods that carry a zonal term always pin
-//!   their claim to one zone, so they are counted);
-//! - offering taints are not checked against pod tolerations (NodePool taints are).
+//! Offering taints (a MachineDeployment's taints annotation) reach pods through their pool: a
+//! pool uses an offering only when it declares every one of its taints (`taints`, which its pods
+//! must tolerate, or `startupTaints`), see [`instance_type::taints_declared`].
+//!
+//! Known simplification, a deliberate trade against speed: a pod placed on a claim whose zone
+//! is still open is not counted in zonal topology groups it matches without carrying the term
+//! itself (pods that carry a zonal term always pin their claim to one zone, so they are
+//! counted).
 
 pub mod amounts;
 mod claim_index;

@@ -483,10 +483,20 @@ impl<'a> Solver<'a> {
             })
             .map(|(g, _, _)| *g)
             .collect();
+        // Upstream's strict requirements: the required term being tried, without preferences.
+        // A spread's global minimum is counted over the domains they allow, so a preference
+        // being tried never hides a domain the spread must keep level.
+        let no_terms = Requirements::new();
+        let strict = pod
+            .node_terms
+            .get(attempt.node_term)
+            .or_else(|| pod.node_terms.first())
+            .unwrap_or(&no_terms);
         let ctx = Ctx {
             pod,
             prep,
             reqs: &reqs,
+            strict,
             active: &active,
             owned: &owned,
             prefer_blocks: !attempt.tolerate_prefer_no_schedule,
@@ -518,11 +528,7 @@ impl<'a> Solver<'a> {
                 labels: &node.input.labels,
                 hostname: &node.input.name,
             };
-            if self
-                .topology
-                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, ctx.pod, &place)
-                .is_err()
-            {
+            if self.admit(ctx, &place).is_err() {
                 continue;
             }
             let input = self.nodes[ni].input;
@@ -636,6 +642,18 @@ impl<'a> Solver<'a> {
         false
     }
 
+    /// The topology's verdict on `ctx`'s pod at `place` (see [`Topology::admit`]).
+    fn admit(&self, ctx: &Ctx, place: &Place) -> Result<Vec<(String, String)>, Rejection> {
+        self.topology.admit(
+            ctx.active,
+            &ctx.prep.matched,
+            ctx.reqs,
+            ctx.strict,
+            ctx.pod,
+            place,
+        )
+    }
+
     fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<(String, String)>, Rejection> {
         if ctx.active.is_empty() && ctx.prep.matched.is_empty() {
             return Ok(Vec::new());
@@ -644,8 +662,7 @@ impl<'a> Solver<'a> {
             hostname: &claim.hostname,
             requirements: &claim.reqs,
         };
-        self.topology
-            .admit(ctx.active, &ctx.prep.matched, ctx.reqs, ctx.pod, &place)
+        self.admit(ctx, &place)
     }
 
     fn commit_to_claim(
@@ -769,8 +786,7 @@ impl<'a> Solver<'a> {
                 hostname: &hostname,
                 requirements: &base,
             };
-            self.topology
-                .admit(ctx.active, &ctx.prep.matched, ctx.reqs, ctx.pod, &place)
+            self.admit(ctx, &place)
                 .map_err(|r| PoolMiss::Incompatible(self.topology.explain(r)))?
         };
         let reqs = with_narrowing(base.into_owned(), &narrowed);
@@ -933,7 +949,10 @@ impl<'a> Solver<'a> {
 struct Ctx<'c> {
     pod: &'c PodInfo,
     prep: &'c Prepared,
+    /// The attempt's requirements (the required term with the preference being tried).
     reqs: &'c Requirements,
+    /// The required term alone.
+    strict: &'c Requirements,
     active: &'c [usize],
     owned: &'c [usize],
     prefer_blocks: bool,

@@ -255,13 +255,15 @@ impl<'a> Topology<'a> {
     }
 
     /// Whether a pod may go to `place` given its active terms (`active`), the groups it matches
-    /// (`matched`) and its node requirements. On success, the (key, value) narrowings an open
+    /// (`matched`), its node requirements (`pod_reqs`, preferences being tried included) and its
+    /// required ones alone (`strict`, which bound a spread's global minimum). On success, the (key, value) narrowings an open
     /// claim must take; on failure, why not.
     pub fn admit(
         &self,
         active: &[usize],
         matched: &[usize],
         pod_reqs: &Requirements,
+        strict: &Requirements,
         pod: &PodInfo,
         place: &Place,
     ) -> Result<Vec<(String, String)>, Rejection> {
@@ -276,7 +278,7 @@ impl<'a> Topology<'a> {
             let self_match = matched.contains(&gi);
             let chosen = match g.key.kind {
                 TermKind::Spread { max_skew, .. } => {
-                    let min = self.global_min(g, pod_reqs, pod);
+                    let min = self.global_min(g, strict, pod);
                     let allowed = |d: &str| spread_allows(count(d), min, max_skew);
                     match view {
                         View::Fixed(Some(d)) if allowed(&d) => None,

@@ -464,7 +464,6 @@ fn zonal_spread_limited_by_node_requirements() {
 }
 
 #[test]
-#[ignore = "fails: needs spread domains taken from required node affinity only, not from preferences being tried"]
 fn zonal_spread_not_limited_by_preferred_affinity() {
     let ps = pods("p", 6, |p| {
         p.labels(&[TEST])

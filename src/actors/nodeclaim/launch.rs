@@ -70,6 +70,10 @@ impl Step {
     }
 
     pub(super) fn resolve(&self) -> Result<Choice, ResolveError> {
+        // Values the schema accepts but that make no sense (a negative request) are refused
+        // with the field named, as upstream's CEL rules would have refused the object.
+        crate::api::validation::validate_nodeclaim(&self.claim)
+            .map_err(|e| ResolveError::Invalid(e.to_string()))?;
         let spec = &self.claim.spec;
         let reqs = Requirements::from_node_selector_requirements(&spec.requirements)
             .map_err(|e| ResolveError::Invalid(format!("spec.requirements: {e}")))?;
