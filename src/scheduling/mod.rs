@@ -11,10 +11,11 @@
 //! pool uses an offering only when it declares every one of its taints (`taints`, which its pods
 //! must tolerate, or `startupTaints`), see [`instance_type::taints_declared`].
 //!
-//! Known simplification, a deliberate trade against speed: a pod placed on a claim whose zone
-//! is still open is not counted in zonal topology groups it matches without carrying the term
-//! itself (pods that carry a zonal term always pin their claim to one zone, so they are
-//! counted).
+//! A pod placed on a claim whose zone is still open blocks every zone the claim may launch in
+//! for the anti-affinity groups it matches (upstream's "Schrödinger" pods); spread and affinity
+//! count it only once its zone is decided. Known simplification: a pod that carries zonal
+//! anti-affinity itself pins its new claim to the first free zone, where upstream leaves the
+//! claim open to every free zone.
 
 pub mod amounts;
 mod claim_index;

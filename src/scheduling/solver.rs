@@ -16,7 +16,7 @@ use super::error::PodError;
 use super::instance_type::{InstanceType, Offering, absent_label};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
-use super::topology::{Place, Rejection, Source, Topology};
+use super::topology::{Domains, Place, Rejection, Source, Topology};
 use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
 use super::{
     ExistingNode, MAX_INSTANCE_TYPES, MinValuesPolicy, NewClaim, PoolInput, PreferencePolicy,
@@ -415,7 +415,7 @@ impl<'a> Solver<'a> {
             self.topology.record(
                 &matched,
                 &owned,
-                |k| node_domain(input, k),
+                |k, _| Domains::from_one(node_domain(input, k)),
                 node_source(input),
             );
         }
@@ -540,7 +540,7 @@ impl<'a> Solver<'a> {
             self.topology.record(
                 &ctx.prep.matched,
                 ctx.owned,
-                |k| node_domain(input, k),
+                |k, _| Domains::from_one(node_domain(input, k)),
                 node_source(input),
             );
             return Some(input.name.clone());
@@ -706,7 +706,7 @@ impl<'a> Solver<'a> {
         self.topology.record(
             &ctx.prep.matched,
             ctx.owned,
-            |k| claim_domain(claim, k),
+            |k, all| claim_domains(claim, &self.pools, k, all),
             claim_source(claim, &self.pools),
         );
         for &g in ctx.prep.matched.iter().chain(ctx.owned) {
@@ -1449,15 +1449,48 @@ fn node_domain<'n>(node: &'n ExistingNode, key: &str) -> Option<&'n str> {
     node.labels.get(key).map(String::as_str)
 }
 
-fn claim_domain<'c>(claim: &'c Claim, key: &str) -> Option<&'c str> {
+/// Where a pod on `claim` may be for `key`: its hostname, the one value it is narrowed to, or
+/// the values it may still launch with (those its requirements name, else those its instance
+/// types' available offerings carry, as upstream's claim requirements include its types').
+/// `all`: whether an open claim's values are wanted (they cost a walk over its types).
+fn claim_domains<'c>(claim: &'c Claim, pools: &'c [Pool], key: &str, all: bool) -> Domains<'c> {
     if key == HOSTNAME_LABEL {
-        return Some(&claim.hostname);
+        return Domains::One(&claim.hostname);
     }
-    let vs = claim.reqs.values(key)?;
-    if vs.len() == 1 {
-        vs.iter().next().map(String::as_str)
-    } else {
-        None
+    if let Some(vs) = claim.reqs.values(key) {
+        return match vs.len() {
+            1 => Domains::from_one(vs.iter().next().map(String::as_str)),
+            _ if !all => Domains::Open(Vec::new()),
+            _ => Domains::Open(vs.iter().map(String::as_str).collect()),
+        };
+    }
+    if !all {
+        return Domains::Open(Vec::new());
+    }
+    let allowed = claim.reqs.get(key);
+    let mut out: BTreeSet<&str> = BTreeSet::new();
+    let types = pools
+        .get(claim.pool)
+        .map(|p| p.types.as_slice())
+        .unwrap_or_default();
+    for t in claim.types.iter().filter_map(|&ti| types.get(ti)) {
+        for o in t.it.offerings.iter().filter(|o| o.available) {
+            if let Some(v) = o.labels.get(key) {
+                out.insert(v);
+            }
+        }
+        out.extend(
+            t.it.requirements
+                .values(key)
+                .into_iter()
+                .flatten()
+                .map(String::as_str),
+        );
+    }
+    out.retain(|v| allowed.is_none_or(|r| r.has(v)));
+    match out.len() {
+        1 => Domains::from_one(out.into_iter().next()),
+        _ => Domains::Open(out.into_iter().collect()),
     }
 }
 

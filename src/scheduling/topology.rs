@@ -63,6 +63,21 @@ pub enum Rejection {
     RepelledEverywhere(usize),
 }
 
+/// The domains of one topology key a placed pod may be in: one, decided (a node's label, a
+/// claim narrowed to one value), or every value a claim still allows (empty when it allows any,
+/// or when the caller did not ask for them: only anti-affinity records an open claim).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Domains<'d> {
+    One(&'d str),
+    Open(Vec<&'d str>),
+}
+
+impl<'d> Domains<'d> {
+    pub fn from_one(d: Option<&'d str>) -> Self {
+        d.map_or(Domains::Open(Vec::new()), Domains::One)
+    }
+}
+
 /// What offers a domain: a NodePool (through its instance types or requirements) or an
 /// existing node. A spread's node filter (nodeAffinityPolicy, nodeTaintsPolicy) decides which
 /// of them count.
@@ -227,24 +242,45 @@ impl<'a> Topology<'a> {
         &mut self,
         matched: &[usize],
         owned: &[usize],
-        domain: impl Fn(&str) -> Option<&'d str>,
+        domains: impl Fn(&str, bool) -> Domains<'d>,
         place: Source,
     ) {
         for &gi in matched {
-            if let Some(g) = self.groups.get_mut(gi)
-                && let Some(d) = domain(&g.key.topology_key)
-                && g.counts_at(&place)
-            {
-                *g.counts.entry(d.to_string()).or_insert(0) += 1;
+            let Some(g) = self.groups.get_mut(gi) else {
+                continue;
+            };
+            if !g.counts_at(&place) {
+                continue;
+            }
+            // Anti-affinity blocks every domain the pod may still land in (upstream's
+            // "Schrödinger" pods); affinity and spread count only a decided domain.
+            let anti = g.key.kind == TermKind::AntiAffinity;
+            let recorded = match domains(&g.key.topology_key, anti) {
+                Domains::One(d) => vec![d],
+                Domains::Open(all) => all,
+            };
+            for d in &recorded {
+                *g.counts.entry((*d).to_string()).or_insert(0) += 1;
+            }
+            if !recorded.is_empty() {
                 g.total += 1;
             }
         }
         for &gi in owned {
-            if let Some(g) = self.groups.get_mut(gi)
-                && g.key.kind == TermKind::AntiAffinity
-                && let Some(d) = domain(&g.key.topology_key)
-            {
-                *g.owners.entry(d.to_string()).or_insert(0) += 1;
+            let Some(g) = self.groups.get_mut(gi) else {
+                continue;
+            };
+            if g.key.kind != TermKind::AntiAffinity {
+                continue;
+            }
+            let recorded = match domains(&g.key.topology_key, true) {
+                Domains::One(d) => vec![d],
+                Domains::Open(all) => all,
+            };
+            for d in &recorded {
+                *g.owners.entry((*d).to_string()).or_insert(0) += 1;
+            }
+            if !recorded.is_empty() {
                 g.owners_total += 1;
             }
         }

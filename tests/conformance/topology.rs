@@ -1240,7 +1240,6 @@ fn matching_zonal_affinities_with_different_zones_make_two_nodes() {
 }
 
 #[test]
-#[ignore = "fails: needs pods on a claim whose zone is still open counted by zonal anti-affinity (the simplification noted in src/scheduling/mod.rs)"]
 fn zonal_anti_affinity_waits_while_the_other_pod_has_no_zone_yet() {
     let other = pod("other").labels(&S2).requests(&[("cpu", "2")]);
     let aff = pod("aff").pod_anti_affinity(ZONE_LABEL, &S2);
@@ -1288,7 +1287,7 @@ fn inverse_required_anti_affinity_holds() {
 }
 
 #[test]
-#[ignore = "fails: needs pods on a claim whose zone is still open counted by zonal anti-affinity (the simplification noted in src/scheduling/mod.rs)"]
+#[ignore = "fails: needs a pod carrying zonal anti-affinity to leave its new claim's zone open (here it pins the claim to the first free zone)"]
 fn anti_affinity_with_an_undecided_zone_blocks_then_separates() {
     let anywhere = pod("anywhere")
         .requests(&[("cpu", "2")])
