@@ -328,8 +328,17 @@ impl<'a> Topology<'a> {
                     }
                 }
                 TermKind::Affinity => {
-                    // The first pod of a self-affine group may start anywhere.
-                    let anywhere = g.total == 0 && self_match;
+                    // A self-affine pod may start anywhere when no matching pod is in a domain
+                    // its own (required) node requirements allow: the first of its group, or
+                    // one whose group-mates all sit where it may not go (upstream's
+                    // nextDomainAffinity).
+                    let mine = strict.get(key);
+                    let anywhere = self_match
+                        && (g.total == 0
+                            || !g
+                                .counts
+                                .iter()
+                                .any(|(d, n)| *n > 0 && mine.is_none_or(|r| r.has(d))));
                     match view {
                         View::Fixed(_) if anywhere => None,
                         View::Fixed(Some(d)) if count(&d) > 0 => None,

@@ -1221,7 +1221,6 @@ fn self_hostname_affinity_cannot_leave_a_zone_it_started_in() {
 }
 
 #[test]
-#[ignore = "fails: needs a self-affine pod allowed to open its own domain when the matching pods' domains are outside its node requirements"]
 fn matching_zonal_affinities_with_different_zones_make_two_nodes() {
     let s1 = [("security", "s1")];
     let a = pod("a")
