@@ -44,11 +44,28 @@ pub fn build<'a>(
 ) -> Snapshot {
     let st = &shared.state;
     let pods_idx = st.pods.read();
-    let pods: Vec<Pod> = pods_idx
+    let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
+    let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
+    let claim_of_node: HashMap<String, Arc<NodeClaim>> = claims
+        .iter()
+        .filter_map(|c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .map(|n| (n, c.clone()))
+        })
+        .collect();
+    let deleting = deleting_nodes(&node_list, &claim_of_node);
+    let mut pods: Vec<Pod> = pods_idx
         .provisionable()
         .iter()
         .map(|p| (**p).clone())
         .collect();
+    // The pods those nodes will give up, planned for now (they are left out of the bound pods,
+    // so a pod is never counted both where it is and where it will go).
+    let rescheduled = reschedulable_pods(&pods_idx, &deleting, &st.pdbs.read());
+    let rescheduled_keys: HashSet<String> = rescheduled.iter().map(pods::key).collect();
+    pods.extend(rescheduled);
     let default_spread = default_spread(shared);
     // Default constraints spread pods that carry no term of their own: every bound pod may be
     // counted then.
@@ -68,20 +85,17 @@ pub fn build<'a>(
         }
         _ => pods_idx.bound(),
     };
+    let bound_pods: Vec<Arc<Pod>> = if rescheduled_keys.is_empty() {
+        bound_pods
+    } else {
+        bound_pods
+            .into_iter()
+            .filter(|p| !rescheduled_keys.contains(&pods::key(p)))
+            .collect()
+    };
     let mut nodes: Vec<ExistingNode> = Vec::new();
-    let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
-    let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
-    let claim_of_node: HashMap<String, Arc<NodeClaim>> = claims
-        .iter()
-        .filter_map(|c| {
-            c.status
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .map(|n| (n, c.clone()))
-        })
-        .collect();
     for n in &node_list {
-        if n.metadata.deletion_timestamp.is_some()
+        if deleting.contains(&n.name_any())
             || n.spec
                 .as_ref()
                 .and_then(|s| s.unschedulable)
@@ -237,6 +251,48 @@ pub fn build<'a>(
         namespaces: Default::default(),
         default_spread,
     }
+}
+
+/// Nodes on their way out: the Node is deleting, or its claim is (upstream's
+/// `MarkedForDeletion`). They take no pods, and their pods are planned for elsewhere.
+pub fn deleting_nodes(
+    nodes: &[Arc<Node>],
+    claim_of_node: &HashMap<String, Arc<NodeClaim>>,
+) -> HashSet<String> {
+    nodes
+        .iter()
+        .filter(|n| {
+            n.metadata.deletion_timestamp.is_some()
+                || claim_of_node
+                    .get(&n.name_any())
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+        })
+        .map(|n| n.name_any())
+        .collect()
+}
+
+/// The pods of `deleting` nodes that will be recreated elsewhere and can be evicted
+/// ([`crate::state::reschedulable`]), as pending pods: no node yet.
+fn reschedulable_pods(
+    pods_idx: &pods::Pods,
+    deleting: &HashSet<String>,
+    pdbs: &crate::state::reschedulable::Pdbs,
+) -> Vec<Pod> {
+    let now = jiff::Timestamp::now();
+    let mut out = Vec::new();
+    for node in deleting {
+        for p in pods_idx.on_node(node) {
+            if crate::state::reschedulable::currently_reschedulable(&p, pdbs, now) {
+                let mut p = (*p).clone();
+                if let Some(spec) = p.spec.as_mut() {
+                    spec.node_name = None;
+                }
+                out.push(p);
+            }
+        }
+    }
+    out.sort_by_key(pods::key);
+    out
 }
 
 /// The configured default constraints with the workload watch's selectors (None when no

@@ -185,10 +185,16 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
                 self.malformed.remove(&c.name_any());
                 let c = Arc::new(c);
                 let old = self.shared.state.claims.write().apply((*c).clone());
-                if let Some(old) = old
-                    && recorded_deployment(&old) != recorded_deployment(&c)
+                if let Some(old) = &old
+                    && recorded_deployment(old) != recorded_deployment(&c)
                 {
-                    self.poke_scaler_of(&old);
+                    self.poke_scaler_of(old);
+                }
+                // Deletion began: the provisioner plans for the pods its node will give up.
+                if c.metadata.deletion_timestamp.is_some()
+                    && old.is_none_or(|o| o.metadata.deletion_timestamp.is_none())
+                {
+                    self.shared.router.provisioner_poke();
                 }
                 self.poke_scaler_of(&c);
                 self.deliver(c, false);

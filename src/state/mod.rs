@@ -7,6 +7,7 @@ pub mod daemonsets;
 pub mod machines;
 pub mod nodes;
 pub mod pods;
+pub mod reschedulable;
 pub mod storage;
 pub mod trim;
 pub mod versions;
@@ -44,4 +45,7 @@ pub struct State {
     pub nodepools:
         Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
     pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,
+    /// PodDisruptionBudgets, kept by the disruption actor's watch (while it leads): the
+    /// provisioner plans only for the pods of a deleting node that can be evicted at all.
+    pub pdbs: Arc<RwLock<reschedulable::Pdbs>>,
 }

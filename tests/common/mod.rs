@@ -196,11 +196,17 @@ impl Env {
             .expect("delete claim");
     }
 
+    /// The claim, its Node and its Machine are gone. (Other claims may exist: the provisioner
+    /// launches capacity for a deleting node's pods before they are evicted.)
     pub async fn gone(&self, claim: &str, node: &str) {
         self.wait("the claim, its Node and its Machine gone", || {
             (self.get("nodeclaims", "", claim).is_none()
                 && self.get("nodes", "", node).is_none()
-                && self.list("machines").is_empty())
+                && !self.list("machines").iter().any(|m| {
+                    m["metadata"]["annotations"]
+                        [karpenter_capi::api::wellknown::NODECLAIM_ANNOTATION]
+                        == claim
+                }))
             .then_some(())
         })
         .await;

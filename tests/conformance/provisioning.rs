@@ -1150,3 +1150,98 @@ fn a_startup_taint_needs_no_toleration() {
     let nc = nodeclaim_for(&out.scheduled("p").claim, &e.pools[0].nodepool);
     assert_eq!(nc.spec.startup_taints, Some(vec![t]));
 }
+
+// --- Deleting Nodes: which pods of a deleting node the provisioner plans for ---
+// The whole flow (claim deleted, capacity launched while the node drains) is in `whole_flow`;
+// these cases decide pod by pod with the same rule the snapshot applies.
+
+use karpenter_capi::state::reschedulable::{Pdbs, currently_reschedulable};
+
+const NOW: jiff::Timestamp = jiff::Timestamp::UNIX_EPOCH;
+
+/// A running pod labelled app=web on node-0, owned by `owner` (a kind) if given.
+fn running_pod(owner: Option<&str>, terminating: bool) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = pod("p")
+        .labels(&[("app", "web")])
+        .requests(&[("memory", "100M")])
+        .on_node("node-0");
+    if let Some(kind) = owner {
+        p = p.owned_by(kind, "owner");
+    }
+    if terminating {
+        p.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(NOW));
+    }
+    p.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Running".into()),
+        ..Default::default()
+    });
+    p
+}
+
+fn budgets(specs: &[serde_json::Value]) -> Pdbs {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let mut s = serde_json::json!({"selector": {"matchLabels": {"app": "web"}}});
+            s.as_object_mut()
+                .unwrap()
+                .extend(spec.as_object().unwrap().clone());
+            let b: k8s_openapi::api::policy::v1::PodDisruptionBudget =
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("pdb-{i}"), "namespace": "default"},
+                    "spec": s
+                }))
+                .unwrap();
+            (format!("default/pdb-{i}"), std::sync::Arc::new(b))
+        })
+        .collect()
+}
+
+#[test]
+fn a_terminating_pod_of_a_deleting_node_is_not_planned_for() {
+    assert!(!currently_reschedulable(
+        &running_pod(None, true),
+        &Pdbs::new(),
+        NOW
+    ));
+}
+
+#[test]
+fn a_daemonset_pod_of_a_deleting_node_is_not_planned_for() {
+    let p = running_pod(Some("DaemonSet"), false);
+    assert!(!currently_reschedulable(&p, &Pdbs::new(), NOW));
+}
+
+#[test]
+fn a_terminating_replicaset_pod_of_a_deleting_node_is_not_planned_for() {
+    let p = running_pod(Some("ReplicaSet"), true);
+    assert!(!currently_reschedulable(&p, &Pdbs::new(), NOW));
+}
+
+#[test]
+fn a_terminating_statefulset_pod_of_a_deleting_node_is_planned_for() {
+    let p = running_pod(Some("StatefulSet"), true);
+    assert!(currently_reschedulable(&p, &Pdbs::new(), NOW));
+}
+
+#[test]
+fn fully_blocking_budgets_keep_a_deleting_nodes_pod_out() {
+    let p = running_pod(None, false);
+    assert!(currently_reschedulable(&p, &Pdbs::new(), NOW));
+    for specs in [
+        vec![serde_json::json!({"maxUnavailable": 0})],
+        vec![serde_json::json!({"maxUnavailable": "0%"})],
+        vec![serde_json::json!({"minAvailable": "100%"})],
+        vec![
+            serde_json::json!({"minAvailable": "100%"}),
+            serde_json::json!({"minAvailable": "100%"}),
+        ],
+    ] {
+        assert!(
+            !currently_reschedulable(&p, &budgets(&specs), NOW),
+            "{specs:?}"
+        );
+    }
+}

@@ -1,7 +1,8 @@
 //! The few cases that need the whole controller on the simulated cluster (upstream's provisioning
 //! suite drives its provisioner against a real API server for them): volume topology, which
 //! reads PersistentVolumes the solve does not see, and NodePools being deleted, which the
-//! snapshot leaves out before the solve. The controller settings that shape NodeClaims
+//! snapshot leaves out before the solve, and the pods of a deleting node, planned for before
+//! they are evicted. The controller settings that shape NodeClaims
 //! (`--default-termination-grace-period`, `--min-values-policy`) are tested here too, through
 //! the controller that reads them.
 
@@ -185,17 +186,21 @@ async fn a_deleting_nodepool_gets_no_claims() {
     assert!(store.list("nodeclaims", None).is_empty());
 }
 
+/// A pod asking for 100m CPU and 128Mi, with `labels`.
+fn small_pod_object(name: &str, labels: Value) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": launch::NAMESPACE, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "c",
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}
+    }))
+    .unwrap()
+}
+
 /// Creates a pod asking for 100m CPU and 128Mi.
 async fn small_pod(sim: &BackgroundSim, name: &str) {
-    let name = name.to_string();
+    let pod = small_pod_object(name, json!({}));
     sim.run(|c| async move {
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": launch::NAMESPACE},
-            "spec": {"containers": [{"name": "c", "image": "c",
-                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}
-        }))
-        .unwrap();
         Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
             .create(&PostParams::default(), &pod)
             .await
@@ -328,4 +333,89 @@ async fn strict_min_values_leave_the_heavier_pool_out() {
         "{claim:#}"
     );
     assert_eq!(relaxed_annotation(&claim), "false");
+}
+
+/// A pod labelled `app=web` asking for 100m CPU, and a PodDisruptionBudget over it with `spec`;
+/// once the pod runs, its claim is deleted. The claims after the provisioner had time to plan
+/// for the draining node's pod, with the pod still on that node.
+async fn claims_after_deleting_a_node_with_a_budgeted_pod(budget: Value) -> Vec<Value> {
+    let (sim, _controller) = cluster().await;
+    let store = sim.cluster().server().store();
+    sim.run(move |c| async move {
+        let pod = small_pod_object("p", json!({"app": "web"}));
+        Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        let mut spec = json!({"selector": {"matchLabels": {"app": "web"}}});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(budget.as_object().unwrap().clone());
+        let pdb: k8s_openapi::api::policy::v1::PodDisruptionBudget =
+            serde_json::from_value(json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": "web", "namespace": launch::NAMESPACE}, "spec": spec
+            }))
+            .unwrap();
+        Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(
+            c.client(),
+            launch::NAMESPACE,
+        )
+        .create(&PostParams::default(), &pdb)
+        .await
+        .unwrap();
+    })
+    .await
+    .unwrap();
+    let node = wait_for("the pod running on a node", || {
+        store
+            .get("pods", launch::NAMESPACE, "p")
+            .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
+    })
+    .await;
+    let claim = first_claim(&sim).await;
+    let name = claim["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    sim.run(move |c| async move {
+        Api::<karpenter_capi::api::nodeclaim::NodeClaim>::all(c.client())
+            .delete(&name, &Default::default())
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    // The drain is blocked by the budget (it allows no disruption with one pod), so the pod
+    // stays; several batches pass.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pod = store.get("pods", launch::NAMESPACE, "p").expect("the pod");
+    assert_eq!(pod["spec"]["nodeName"].as_str(), Some(node.as_str()));
+    assert!(pod["metadata"]["deletionTimestamp"].is_null(), "{pod:#}");
+    store.list("nodeclaims", None)
+}
+
+/// Upstream "Deleting Nodes": should re-schedule pods from a deleting node when pods are active.
+/// The budget (minAvailable 1) blocks the eviction for now but not for ever, so capacity for the
+/// pod is launched while its node waits to drain.
+#[actix::test]
+async fn a_deleting_nodes_active_pod_gets_capacity_before_it_is_evicted() {
+    let claims = claims_after_deleting_a_node_with_a_budgeted_pod(json!({"minAvailable": 1})).await;
+    assert_eq!(claims.len(), 2, "the deleting claim and one for its pod");
+    assert_eq!(
+        claims
+            .iter()
+            .filter(|c| c["metadata"]["deletionTimestamp"].is_null())
+            .count(),
+        1
+    );
+}
+
+/// Upstream "Deleting Nodes": should not reschedule pods from a deleting node when pods are
+/// blocked due to fully blocking PDBs (0 max unavailable): no capacity for a pod that cannot leave.
+#[actix::test]
+async fn a_deleting_nodes_pod_behind_a_fully_blocking_budget_gets_no_capacity() {
+    let claims =
+        claims_after_deleting_a_node_with_a_budgeted_pod(json!({"maxUnavailable": 0})).await;
+    assert_eq!(claims.len(), 1, "only the deleting claim: {claims:#?}");
 }

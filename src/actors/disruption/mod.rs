@@ -599,6 +599,13 @@ impl Actor for Disruption {
     }
 }
 
+impl Disruption {
+    /// The budgets for the provisioner's snapshot too (a map of shared pointers: cheap).
+    fn publish_pdbs(&self) {
+        *self.shared.state.pdbs.write() = self.pdbs.clone();
+    }
+}
+
 impl StreamHandler<Result<watcher::Event<PodDisruptionBudget>, watcher::Error>> for Disruption {
     fn handle(
         &mut self,
@@ -617,14 +624,17 @@ impl StreamHandler<Result<watcher::Event<PodDisruptionBudget>, watcher::Error>> 
                     .map(|p| (key(&p), Arc::new(p)))
                     .collect();
                 self.pdbs_synced = true;
+                self.publish_pdbs();
                 self.soon(ctx);
             }
             Ok(watcher::Event::Apply(p)) => {
                 self.pdbs.insert(key(&p), Arc::new(p));
+                self.publish_pdbs();
                 self.soon(ctx);
             }
             Ok(watcher::Event::Delete(p)) => {
                 self.pdbs.remove(&key(&p));
+                self.publish_pdbs();
                 self.soon(ctx);
             }
             Err(e) => {
