@@ -133,18 +133,7 @@ impl Provisioner {
     fn wants_batch(&self) -> bool {
         self.shared.router.is_active()
             && (self.shared.state.pods.read().provisionable_count() > 0
-                || self.deleting_node_has_pods())
-    }
-
-    fn deleting_node_has_pods(&self) -> bool {
-        let pods = self.shared.state.pods.read();
-        self.shared.state.claims.read().all().any(|c| {
-            c.metadata.deletion_timestamp.is_some()
-                && c.status
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_deref())
-                    .is_some_and(|n| !pods.on_node(n).is_empty())
-        })
+                || super::snapshot::has_reschedulable_pods(&self.shared))
     }
 
     fn arm(&mut self, fire_at: Instant, now: Instant, ctx: &mut Context<Self>) {

@@ -46,15 +46,7 @@ pub fn build<'a>(
     let pods_idx = st.pods.read();
     let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
-    let claim_of_node: HashMap<String, Arc<NodeClaim>> = claims
-        .iter()
-        .filter_map(|c| {
-            c.status
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .map(|n| (n, c.clone()))
-        })
-        .collect();
+    let claim_of_node = claims_by_node(&claims);
     let deleting = deleting_nodes(&node_list, &claim_of_node);
     let mut pods: Vec<Pod> = pods_idx
         .provisionable()
@@ -253,6 +245,40 @@ pub fn build<'a>(
     }
 }
 
+/// Each claim by the name of its Node.
+fn claims_by_node(claims: &[Arc<NodeClaim>]) -> HashMap<String, Arc<NodeClaim>> {
+    claims
+        .iter()
+        .filter_map(|c| {
+            c.status
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .map(|n| (n, c.clone()))
+        })
+        .collect()
+}
+
+/// Whether some pod of a deleting node is to be planned for: the provisioner has work even
+/// with no pod pending.
+pub fn has_reschedulable_pods(shared: &Shared) -> bool {
+    let st = &shared.state;
+    let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
+    let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
+    let deleting = deleting_nodes(&node_list, &claims_by_node(&claims));
+    if deleting.is_empty() {
+        return false;
+    }
+    let budgets = crate::state::reschedulable::Budgets::new(&st.pdbs.read());
+    let pods_idx = st.pods.read();
+    let now = jiff::Timestamp::now();
+    deleting.iter().any(|n| {
+        pods_idx
+            .on_node(n)
+            .iter()
+            .any(|p| budgets.reschedulable(p, now))
+    })
+}
+
 /// Nodes on their way out: the Node is deleting, or its claim is (upstream's
 /// `MarkedForDeletion`). They take no pods, and their pods are planned for elsewhere.
 pub fn deleting_nodes(
@@ -279,10 +305,11 @@ fn reschedulable_pods(
     pdbs: &crate::state::reschedulable::Pdbs,
 ) -> Vec<Pod> {
     let now = jiff::Timestamp::now();
+    let budgets = crate::state::reschedulable::Budgets::new(pdbs);
     let mut out = Vec::new();
     for node in deleting {
         for p in pods_idx.on_node(node) {
-            if crate::state::reschedulable::currently_reschedulable(&p, pdbs, now) {
+            if budgets.reschedulable(&p, now) {
                 let mut p = (*p).clone();
                 if let Some(spec) = p.spec.as_mut() {
                     spec.node_name = None;
@@ -291,7 +318,7 @@ fn reschedulable_pods(
             }
         }
     }
-    out.sort_by_key(pods::key);
+    // In no particular order: the solver sorts its pods itself.
     out
 }
 

@@ -59,6 +59,9 @@ struct Inner {
 pub struct Faults {
     inner: Mutex<Inner>,
     cuts: watch::Sender<u64>,
+    /// Some rule delays watch events: every live event of every watch asks `watch_delay`, so
+    /// without one that question must not take the lock.
+    delays_watches: std::sync::atomic::AtomicBool,
 }
 
 impl Faults {
@@ -73,12 +76,20 @@ impl Faults {
                 every_client: Default::default(),
             }),
             cuts,
+            delays_watches: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
     fn update(&self, resource: &str, f: impl FnOnce(&mut FaultRule)) {
         let mut inner = self.inner.lock();
         f(inner.rules.entry(resource.to_string()).or_default());
+        self.note_watch_delays(&inner);
+    }
+
+    fn note_watch_delays(&self, inner: &Inner) {
+        let any = inner.rules.values().any(|r| !r.watch_delay.is_zero());
+        self.delays_watches
+            .store(any, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn set_error_rate(&self, resource: &str, rate: f64) {
@@ -142,6 +153,7 @@ impl Faults {
         inner.watch_cut_every = None;
         inner.agent = None;
         inner.every_client.clear();
+        self.note_watch_delays(&inner);
     }
 
     pub(crate) fn watch_cut_every(&self) -> Option<Duration> {
@@ -155,6 +167,12 @@ impl Faults {
     /// How long a watch of `resource` opened by `agent` holds each live event back, read per
     /// event so a lag switched on (or off) reaches watches that are already open.
     pub(crate) fn watch_delay(&self, resource: &str, agent: &str) -> Duration {
+        if !self
+            .delays_watches
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Duration::ZERO;
+        }
         let inner = self.inner.lock();
         if inner
             .agent

@@ -20,44 +20,63 @@ pub type Pdbs = BTreeMap<String, Arc<PodDisruptionBudget>>;
 /// and can be evicted at all. Active pods (and terminating StatefulSet pods, which are
 /// recreated only once gone), not DaemonSet or static pods, not `do-not-disrupt`, and not
 /// selected by a PodDisruptionBudget that blocks every eviction (maxUnavailable 0 or 0 %,
-/// minAvailable 100 %): capacity for a pod that cannot leave would only be wasted.
+/// minAvailable 100 %): capacity for a pod that cannot leave would only be wasted. One pod;
+/// for many, build [`Budgets`] once.
 pub fn currently_reschedulable(p: &Pod, pdbs: &Pdbs, now: jiff::Timestamp) -> bool {
-    let terminating = p.metadata.deletion_timestamp.is_some();
-    let active = !pods::is_terminal(p) && !terminating;
-    (active || (terminating && owned_by(p, "StatefulSet")))
-        && !pods::is_daemonset_pod(p)
-        && !owned_by(p, "Node")
-        && !pods::is_mirror_pod(p)
-        && !crate::actors::terminator::drain::do_not_disrupt(p, now)
-        && !fully_blocked(p, pdbs)
+    Budgets::new(pdbs).reschedulable(p, now)
+}
+
+/// The budgets that block every eviction, their selectors parsed once (a snapshot asks for
+/// every pod of every deleting node).
+pub struct Budgets {
+    /// (namespace, selector) of each fully blocking budget.
+    blocking: Vec<(String, Selector)>,
+}
+
+impl Budgets {
+    pub fn new(pdbs: &Pdbs) -> Self {
+        let blocking = pdbs
+            .values()
+            .filter_map(|b| {
+                let spec = b.spec.as_ref()?;
+                let zero = |v: &IntOrString| match v {
+                    IntOrString::Int(n) => *n == 0,
+                    IntOrString::String(s) => s.trim() == "0%",
+                };
+                let all =
+                    |v: &IntOrString| matches!(v, IntOrString::String(s) if s.trim() == "100%");
+                let fully = spec.max_unavailable.as_ref().is_some_and(zero)
+                    || spec.min_available.as_ref().is_some_and(all);
+                // A selector we cannot read blocks nothing we can name; the API validates them.
+                let sel = Selector::parse(spec.selector.as_ref(), "PodDisruptionBudget").ok()?;
+                fully.then(|| (b.namespace().unwrap_or_default(), sel))
+            })
+            .collect();
+        Self { blocking }
+    }
+
+    /// [`currently_reschedulable`] against these budgets.
+    pub fn reschedulable(&self, p: &Pod, now: jiff::Timestamp) -> bool {
+        let terminating = p.metadata.deletion_timestamp.is_some();
+        let active = !pods::is_terminal(p) && !terminating;
+        (active || (terminating && owned_by(p, "StatefulSet")))
+            && !pods::is_daemonset_pod(p)
+            && !owned_by(p, "Node")
+            && !pods::is_mirror_pod(p)
+            && !crate::actors::terminator::drain::do_not_disrupt(p, now)
+            && !self.fully_blocked(p)
+    }
+
+    fn fully_blocked(&self, p: &Pod) -> bool {
+        let ns = p.namespace().unwrap_or_default();
+        self.blocking
+            .iter()
+            .any(|(n, sel)| *n == ns && sel.matches(p.labels()))
+    }
 }
 
 fn owned_by(p: &Pod, kind: &str) -> bool {
     p.owner_references().iter().any(|o| o.kind == kind)
-}
-
-/// True when a budget selecting the pod allows no eviction whatever the pods' health.
-fn fully_blocked(p: &Pod, pdbs: &Pdbs) -> bool {
-    let ns = p.namespace().unwrap_or_default();
-    pdbs.values()
-        .filter(|b| b.namespace().as_deref() == Some(ns.as_str()))
-        .filter_map(|b| {
-            let spec = b.spec.as_ref()?;
-            let sel = Selector::parse(spec.selector.as_ref(), "PodDisruptionBudget").ok()?;
-            sel.matches(p.labels()).then_some(spec)
-        })
-        .any(|spec| {
-            let zero = |v: &IntOrString| match v {
-                IntOrString::Int(0) => true,
-                IntOrString::String(s) => s.trim() == "0%",
-                IntOrString::Int(_) => false,
-            };
-            spec.max_unavailable.as_ref().is_some_and(zero)
-                || spec
-                    .min_available
-                    .as_ref()
-                    .is_some_and(|v| matches!(v, IntOrString::String(s) if s.trim() == "100%"))
-        })
 }
 
 #[cfg(test)]

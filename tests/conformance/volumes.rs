@@ -884,6 +884,12 @@ fn an_ephemeral_claim_without_a_class_counts_against_the_newest_default_class_dr
 const IN_TREE_EBS: &str = "kubernetes.io/aws-ebs";
 const EBS_CSI: &str = "ebs.csi.aws.com";
 
+/// The default class, of the in-tree EBS provisioner, whose claims count against the migrated
+/// CSI driver's limit.
+fn in_tree_class() -> StorageClass {
+    limited_class("in-tree-storage-class", IN_TREE_EBS, true, OLDER)
+}
+
 #[test]
 fn a_claim_of_an_in_tree_class_counts_against_its_migrated_csi_driver() {
     let mut pv = zonal_volume("my-volume", &["test-zone-1"]);
@@ -892,12 +898,7 @@ fn a_claim_of_an_in_tree_class_counts_against_its_migrated_csi_driver() {
     spec.aws_elastic_block_store =
         Some(serde_json::from_value(json!({"volumeID": "vol-0123"})).unwrap());
     let e = env()
-        .with_class(limited_class(
-            "in-tree-storage-class",
-            IN_TREE_EBS,
-            true,
-            OLDER,
-        ))
+        .with_class(in_tree_class())
         .with_volume(pv)
         .with_claim(claim("pvc-1", Some("in-tree-storage-class"), None))
         .with_claim(claim("pvc-2", Some("in-tree-storage-class"), None));
@@ -912,12 +913,7 @@ fn a_claim_of_an_in_tree_class_counts_against_its_migrated_csi_driver() {
 #[test]
 fn an_ephemeral_claim_of_an_in_tree_class_counts_against_its_migrated_csi_driver() {
     let e = env()
-        .with_class(limited_class(
-            "in-tree-storage-class",
-            IN_TREE_EBS,
-            true,
-            OLDER,
-        ))
+        .with_class(in_tree_class())
         .with_claim(claim("initial-data", None, None))
         .with_claim(claim("p-data", None, None));
     second_pod_needs_a_new_node(
