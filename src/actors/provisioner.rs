@@ -160,15 +160,11 @@ impl Provisioner {
         if snapshot.pods.is_empty() {
             return;
         }
-        // Volume zones become pod requirements; pods whose claims cannot be used drop out;
+        // Volume zones bound where each pod may go; pods whose claims cannot be used drop out;
         // existing nodes' CSI attach limits bound the pods they take.
-        let (volume_failures, volumes) = {
+        let (volumes, volume_failures) = {
             let storage = self.shared.state.storage.read();
-            let failures =
-                scheduling::volumes::apply_volume_topology(&mut snapshot.pods, &storage.catalog);
-            let volumes =
-                scheduling::volumes::node_volumes(&snapshot, &storage.catalog, &storage.csi_limits);
-            (failures, volumes)
+            scheduling::volumes::prepare(&mut snapshot, &storage.catalog, &storage.csi_limits)
         };
         self.solving = true;
         let started = Instant::now();

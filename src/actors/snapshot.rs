@@ -121,8 +121,14 @@ pub fn build<'a>(
             nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
         };
         // Until it is initialized a node's startup taints are its own start-up, not a refusal
-        // (the solver drops ephemeral taints the same way); afterwards every taint counts.
+        // (the solver drops ephemeral taints the same way); afterwards every taint counts. Its
+        // kubelet may also report an extended resource as zero until the device plugin
+        // registers: the claim's launched allocatable stands in for it (upstream's
+        // `StateNode.Allocatable`), so a second GPU pod does not get a second node.
         if !node.initialized() {
+            if let Some(launched) = claim.and_then(|c| launched_allocatable(c)) {
+                fill_zeroed(&mut node.allocatable, &launched);
+            }
             node.taints.retain(|t| {
                 !startup
                     .iter()
@@ -363,6 +369,21 @@ fn allowed_types(claim: &NodeClaim) -> Option<Requirement> {
         .cloned()
 }
 
+/// What a launched claim's instance type allocates (its `status.allocatable`), when readable.
+fn launched_allocatable(c: &NodeClaim) -> Option<Resources> {
+    let a = c.status.as_ref()?.allocatable.as_ref()?;
+    Resources::from_k8s(a).ok()
+}
+
+/// Every resource the node reports as zero or not at all takes the launched value.
+fn fill_zeroed(node: &mut Resources, launched: &Resources) {
+    for (name, q) in launched.iter() {
+        if node.get(name).is_zero() {
+            node.set(name, *q);
+        }
+    }
+}
+
 /// An in-flight claim as a node the solver can still pack onto: its single-valued requirements
 /// as labels, and the room it was sized for (its launched allocatable once known).
 pub fn in_flight(c: &NodeClaim) -> ExistingNode {
@@ -398,6 +419,23 @@ pub fn in_flight(c: &NodeClaim) -> ExistingNode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zeroed_extended_resource_takes_the_launched_value() {
+        let q = |s: &str| s.parse::<crate::api::resources::Quantity>().unwrap();
+        let mut node = Resources::new()
+            .with("cpu", q("4"))
+            .with("vendor-a/gpu", q("0"));
+        let launched = Resources::new()
+            .with("cpu", q("8"))
+            .with("vendor-a/gpu", q("2"))
+            .with("vendor-b/gpu", q("1"));
+        fill_zeroed(&mut node, &launched);
+        // What the node reports stands; only zero or missing values are filled.
+        assert_eq!(node.get("cpu"), q("4"));
+        assert_eq!(node.get("vendor-a/gpu"), q("2"));
+        assert_eq!(node.get("vendor-b/gpu"), q("1"));
+    }
 
     fn it(name: &str, cpu: i64) -> scheduling::InstanceType {
         scheduling::InstanceType {

@@ -16,8 +16,8 @@ use super::error::PodError;
 use super::instance_type::{InstanceType, Offering, absent_label};
 use super::pod::{PodInfo, TermKind};
 use super::selector::untolerated;
-use super::topology::{Domains, Place, Rejection, Source, Topology};
-use super::volumes::{NodeVolumes, PodVolumes, VolumeUsage};
+use super::topology::{Domains, Narrowing, Place, Rejection, Source, Topology};
+use super::volumes::{NodeVolumes, PodVolumes, VolumeTopology, VolumeUsage};
 use super::{
     ExistingNode, MAX_INSTANCE_TYPES, MinValuesPolicy, NewClaim, PoolInput, PreferencePolicy,
     Results, Snapshot,
@@ -75,6 +75,9 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
     // No limited node: nothing to check per placement.
     if !volumes.by_node.is_empty() {
         solver.volumes = Some((volumes.by_node.clone(), &volumes.by_pod));
+    }
+    if !volumes.topology.is_empty() {
+        solver.volume_topology = Some(&volumes.topology);
     }
     solver.intern_terms(&pending, &bound);
     solver.place_bound(&snapshot.bound_pods, &bound);
@@ -261,6 +264,8 @@ struct Solver<'a> {
     usable: RefCell<HashMap<(usize, String), Usability<'a>>>,
     /// Existing nodes' volume usage (updated as pods land) and each pending pod's volumes.
     volumes: Option<VolumeState<'a>>,
+    /// Each pending pod's volume topology alternatives (upstream's volume requirements).
+    volume_topology: Option<&'a VolumeTopology>,
     min_values_policy: MinValuesPolicy,
 }
 
@@ -322,6 +327,7 @@ impl<'a> Solver<'a> {
             order: HashMap::new(),
             usable: RefCell::new(HashMap::new()),
             volumes: None,
+            volume_topology: None,
             min_values_policy: snapshot.min_values_policy,
         }
     }
@@ -492,10 +498,23 @@ impl<'a> Solver<'a> {
             .get(attempt.node_term)
             .or_else(|| pod.node_terms.first())
             .unwrap_or(&no_terms);
+        // Upstream's volume requirements: each alternative narrows where the pod goes (tried in
+        // order at every node, claim and pool), while `strict` stays the pod's own.
+        let with_volumes: Vec<Requirements> = self
+            .volume_topology
+            .and_then(|t| t.get(&pod.key))
+            .map(|alts| alts.iter().map(|a| reqs.intersect(a)).collect())
+            .unwrap_or_default();
+        let choices: Vec<&Requirements> = if with_volumes.is_empty() {
+            vec![&reqs]
+        } else {
+            with_volumes.iter().collect()
+        };
         let ctx = Ctx {
             pod,
             prep,
             reqs: &reqs,
+            choices: &choices,
             strict,
             active: &active,
             owned: &owned,
@@ -504,9 +523,26 @@ impl<'a> Solver<'a> {
         if let Some(node) = self.try_nodes(&ctx) {
             return Ok(Some(node));
         }
-        if let Some(e) = restricted_label(&reqs) {
+        // A requirement naming hosts (the pod's, or a volume's) rules out every new node.
+        let mut restricted = None;
+        let open: Vec<&Requirements> = choices
+            .iter()
+            .copied()
+            .filter(|r| match restricted_label(r) {
+                Some(e) => {
+                    restricted.get_or_insert(e);
+                    false
+                }
+                None => true,
+            })
+            .collect();
+        if let Some(e) = restricted.filter(|_| open.is_empty()) {
             return Err(e);
         }
+        let ctx = Ctx {
+            choices: &open,
+            ..ctx
+        };
         if self.try_claims(&ctx) {
             return Ok(None);
         }
@@ -518,7 +554,6 @@ impl<'a> Solver<'a> {
             let node = &self.nodes[ni];
             if !fits(&ctx.prep.amounts, &node.free)
                 || untolerated(&ctx.pod.tolerations, &node.taints, ctx.prefer_blocks).is_some()
-                || !ctx.reqs.matches_labels(&node.input.labels)
                 || ports_conflict(&node.host_ports, &ctx.pod.host_ports)
                 || !self.volumes_fit(&node.input.name, &ctx.pod.key)
             {
@@ -528,7 +563,10 @@ impl<'a> Solver<'a> {
                 labels: &node.input.labels,
                 hostname: &node.input.name,
             };
-            if self.admit(ctx, &place).is_err() {
+            let admitted = ctx.alternatives().any(|ctx| {
+                ctx.reqs.matches_labels(&node.input.labels) && self.admit(&ctx, &place).is_ok()
+            });
+            if !admitted {
                 continue;
             }
             let input = self.nodes[ni].input;
@@ -594,56 +632,75 @@ impl<'a> Solver<'a> {
             {
                 continue;
             }
-            let pool = &self.pools[claim.pool];
-            if untolerated(&ctx.pod.tolerations, pool.taints, ctx.prefer_blocks).is_some()
-                || (!ctx.reqs.is_empty() && claim.reqs.compatible(ctx.reqs).is_err())
-                || unknown_label(pool, ctx.reqs).is_some()
+            if untolerated(
+                &ctx.pod.tolerations,
+                self.pools[claim.pool].taints,
+                ctx.prefer_blocks,
+            )
+            .is_some()
             {
                 continue;
             }
-            let Ok(narrowed) = self.admit_claim(ctx, claim) else {
+            let Some((used, types, reqs)) =
+                ctx.alternatives().find_map(|ctx| self.join(claim, &ctx))
+            else {
                 continue;
             };
-            let reqs = if ctx.reqs.is_empty() && narrowed.is_empty() {
-                None
-            } else {
-                Some(with_narrowing(claim.reqs.intersect(ctx.reqs), &narrowed))
-            };
-            let changed = reqs.as_ref().filter(|r| **r != claim.reqs);
-            let mut used = claim.used.clone();
-            used.add_assign(&ctx.prep.amounts);
-            let check_reqs = changed.unwrap_or(&claim.reqs);
-            let usable = changed.map(|r| self.usability(claim.pool, r));
-            let mut types = Vec::with_capacity(claim.types.len());
-            for &ti in &claim.types {
-                let Some(t) = pool.types.get(ti) else {
-                    continue;
-                };
-                if fits(&used, &t.avail)
-                    && !ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
-                    && within_limits(pool, &t.capacity, &claim.charge)
-                    && usable
-                        .as_ref()
-                        .is_none_or(|u| u.get(ti).is_some_and(Option::is_some))
-                {
-                    types.push(ti);
-                }
-            }
-            // Joining never relaxes minValues (upstream's in-flight claims check them strictly):
-            // a claim keeps the types it was opened with, relaxed or not.
-            if types.is_empty()
-                || meet_min_values(pool, &types, check_reqs, MinValuesPolicy::Strict).is_err()
-            {
-                continue;
-            }
             self.commit_to_claim(ci, ctx, used, types, reqs);
             return true;
         }
         false
     }
 
+    /// What claim `ci` becomes if `ctx`'s pod joins it: its usage, the types left and its
+    /// requirements when they change; `None` when the pod cannot join.
+    fn join(&self, claim: &Claim, ctx: &Ctx) -> Option<Joined> {
+        let pool = &self.pools[claim.pool];
+        if (!ctx.reqs.is_empty() && claim.reqs.compatible(ctx.reqs).is_err())
+            || unknown_label(pool, ctx.reqs).is_some()
+        {
+            return None;
+        }
+        let Ok(narrowed) = self.admit_claim(ctx, claim) else {
+            return None;
+        };
+        let reqs = if ctx.reqs.is_empty() && narrowed.is_empty() {
+            None
+        } else {
+            Some(with_narrowing(claim.reqs.intersect(ctx.reqs), &narrowed))
+        };
+        let changed = reqs.as_ref().filter(|r| **r != claim.reqs);
+        let mut used = claim.used.clone();
+        used.add_assign(&ctx.prep.amounts);
+        let check_reqs = changed.unwrap_or(&claim.reqs);
+        let usable = changed.map(|r| self.usability(claim.pool, r));
+        let mut types = Vec::with_capacity(claim.types.len());
+        for &ti in &claim.types {
+            let Some(t) = pool.types.get(ti) else {
+                continue;
+            };
+            if fits(&used, &t.avail)
+                && !ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
+                && within_limits(pool, &t.capacity, &claim.charge)
+                && usable
+                    .as_ref()
+                    .is_none_or(|u| u.get(ti).is_some_and(Option::is_some))
+            {
+                types.push(ti);
+            }
+        }
+        // Joining never relaxes minValues (upstream's in-flight claims check them strictly):
+        // a claim keeps the types it was opened with, relaxed or not.
+        if types.is_empty()
+            || meet_min_values(pool, &types, check_reqs, MinValuesPolicy::Strict).is_err()
+        {
+            return None;
+        }
+        Some((used, types, reqs))
+    }
+
     /// The topology's verdict on `ctx`'s pod at `place` (see [`Topology::admit`]).
-    fn admit(&self, ctx: &Ctx, place: &Place) -> Result<Vec<(String, String)>, Rejection> {
+    fn admit(&self, ctx: &Ctx, place: &Place) -> Result<Vec<Narrowing>, Rejection> {
         self.topology.admit(
             ctx.active,
             &ctx.prep.matched,
@@ -654,7 +711,7 @@ impl<'a> Solver<'a> {
         )
     }
 
-    fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<(String, String)>, Rejection> {
+    fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<Narrowing>, Rejection> {
         if ctx.active.is_empty() && ctx.prep.matched.is_empty() {
             return Ok(Vec::new());
         }
@@ -720,7 +777,17 @@ impl<'a> Solver<'a> {
     fn try_new_claim(&mut self, ctx: &Ctx) -> Result<(), PodError> {
         let mut misses: Vec<(&str, PoolMiss)> = Vec::new();
         for pi in 0..self.pools.len() {
-            match self.open_claim(pi, ctx) {
+            let mut opened = None;
+            for alt in ctx.alternatives() {
+                opened = Some(self.open_claim(pi, &alt));
+                if matches!(opened, Some(Ok(_))) {
+                    break;
+                }
+            }
+            let Some(opened) = opened else {
+                continue;
+            };
+            match opened {
                 Ok(claim) => {
                     let ci = self.claims.len();
                     self.index
@@ -945,17 +1012,31 @@ impl<'a> Solver<'a> {
     }
 }
 
+/// A claim a pod may join: its usage, instance types and requirements (when they change) after.
+type Joined = (Amounts, Vec<usize>, Option<Requirements>);
+
 /// Per-attempt view of a pod.
+#[derive(Clone, Copy)]
 struct Ctx<'c> {
     pod: &'c PodInfo,
     prep: &'c Prepared,
-    /// The attempt's requirements (the required term with the preference being tried).
+    /// The attempt's requirements (the required term with the preference being tried), with one
+    /// volume alternative when the pod has some.
     reqs: &'c Requirements,
+    /// `reqs` with each of the pod's volume alternatives, in order (`reqs` alone without any).
+    choices: &'c [&'c Requirements],
     /// The required term alone.
     strict: &'c Requirements,
     active: &'c [usize],
     owned: &'c [usize],
     prefer_blocks: bool,
+}
+
+impl<'c> Ctx<'c> {
+    /// The attempt once per volume alternative (upstream tries them in order at each place).
+    fn alternatives(&self) -> impl Iterator<Item = Ctx<'c>> + '_ {
+        self.choices.iter().map(|reqs| Ctx { reqs, ..*self })
+    }
 }
 
 fn finish_claim(
@@ -1286,9 +1367,10 @@ fn relax(pod: &PodInfo, prep: &Prepared, attempt: &mut Attempt) -> bool {
     false
 }
 
-fn with_narrowing(mut reqs: Requirements, narrowed: &[(String, String)]) -> Requirements {
-    for (k, v) in narrowed {
-        reqs.add(Requirement::is_in(k, &[v.as_str()]));
+fn with_narrowing(mut reqs: Requirements, narrowed: &[Narrowing]) -> Requirements {
+    for (k, vs) in narrowed {
+        let vs: Vec<&str> = vs.iter().map(String::as_str).collect();
+        reqs.add(Requirement::is_in(k, &vs));
     }
     reqs
 }

@@ -1,5 +1,7 @@
 //! Topology spread and pod (anti-)affinity: matching pods counted per domain, and the
-//! decision whether a pod may join a node or claim, narrowing an open claim to one domain.
+//! decision whether a pod may join a node or claim, narrowing an open claim to the domains it may
+//! still take (one for a spread or affinity, every free one for anti-affinity: upstream's late
+//! committal).
 //!
 //! Counts are kept per group (pods sharing a term share one group), so a check costs a few
 //! map lookups, never a scan over the pods already placed.
@@ -47,6 +49,29 @@ pub enum Place<'a> {
 enum View<'p> {
     Fixed(Option<Cow<'p, str>>),
     Open(Vec<&'p str>),
+}
+
+/// An open claim's narrowing for one topology key: the values it may still take.
+pub type Narrowing = (String, Vec<String>);
+
+/// The free domains (`taken` is zero) of an open view: no narrowing when every domain is free,
+/// `Err` when none is.
+fn free_of(
+    key: &str,
+    open: Vec<&str>,
+    taken: impl Fn(&str) -> u32,
+) -> Result<Option<Narrowing>, ()> {
+    let all = open.len();
+    let free: Vec<String> = open
+        .into_iter()
+        .filter(|d| taken(d) == 0)
+        .map(str::to_string)
+        .collect();
+    match free.len() {
+        0 => Err(()),
+        n if n == all => Ok(None),
+        _ => Ok(Some((key.to_string(), free))),
+    }
 }
 
 /// Why a place was refused. Built in the solver's inner loop, where almost every refusal is
@@ -292,8 +317,8 @@ impl<'a> Topology<'a> {
 
     /// Whether a pod may go to `place` given its active terms (`active`), the groups it matches
     /// (`matched`), its node requirements (`pod_reqs`, preferences being tried included) and its
-    /// required ones alone (`strict`, which bound a spread's global minimum). On success, the (key, value) narrowings an open
-    /// claim must take; on failure, why not.
+    /// required ones alone (`strict`, which bound a spread's global minimum). On success, the
+    /// narrowings an open claim must take (key and the values left); on failure, why not.
     pub fn admit(
         &self,
         active: &[usize],
@@ -302,8 +327,8 @@ impl<'a> Topology<'a> {
         strict: &Requirements,
         pod: &PodInfo,
         place: &Place,
-    ) -> Result<Vec<(String, String)>, Rejection> {
-        let mut narrowed: Vec<(String, String)> = Vec::new();
+    ) -> Result<Vec<Narrowing>, Rejection> {
+        let mut narrowed: Vec<Narrowing> = Vec::new();
         for &gi in active {
             let Some(g) = self.groups.get(gi) else {
                 continue;
@@ -323,7 +348,7 @@ impl<'a> Topology<'a> {
                             .into_iter()
                             .filter(|d| allowed(d))
                             .min_by_key(|d| count(d))
-                            .map(Some)
+                            .map(|d| Some((key.to_string(), vec![d.to_string()])))
                             .ok_or(Rejection::SpreadNoDomain(gi))?,
                     }
                 }
@@ -351,7 +376,8 @@ impl<'a> Topology<'a> {
                                     .filter(|d| count(d) > 0)
                                     .max_by(|a, b| count(a).cmp(&count(b)).then(b.cmp(a)))
                             };
-                            Some(best.ok_or(Rejection::AffinityNoDomain(gi))?)
+                            let d = best.ok_or(Rejection::AffinityNoDomain(gi))?;
+                            Some((key.to_string(), vec![d.to_string()]))
                         }
                     }
                 }
@@ -360,16 +386,15 @@ impl<'a> Topology<'a> {
                         return Err(Rejection::AntiAffinityHere(gi));
                     }
                     View::Fixed(_) => None,
-                    View::Open(ds) => Some(
-                        ds.into_iter()
-                            .find(|d| count(d) == 0)
-                            .ok_or(Rejection::AntiAffinityEverywhere(gi))?,
-                    ),
+                    // Late committal: the claim keeps every free domain open, and the pod's
+                    // anti-affinity is recorded over all of them.
+                    View::Open(ds) => free_of(key, ds, count)
+                        .map_err(|()| Rejection::AntiAffinityEverywhere(gi))?,
                 },
             };
             // Only an open claim is narrowed; a fixed place already has its domain.
-            if let Some(d) = chosen {
-                narrowed.push((key.to_string(), d.to_string()));
+            if let Some(n) = chosen {
+                narrowed.push(n);
             }
         }
         self.check_inverse_anti_affinity(matched, pod_reqs, place, &mut narrowed)?;
@@ -383,7 +408,7 @@ impl<'a> Topology<'a> {
         matched: &[usize],
         pod_reqs: &Requirements,
         place: &Place,
-        narrowed: &mut Vec<(String, String)>,
+        narrowed: &mut Vec<Narrowing>,
     ) -> Result<(), Rejection> {
         for &gi in matched {
             let Some(g) = self.groups.get(gi) else {
@@ -398,11 +423,11 @@ impl<'a> Topology<'a> {
                 View::Fixed(Some(d)) if owners(&d) > 0 => return Err(Rejection::RepelledHere(gi)),
                 View::Fixed(_) => {}
                 View::Open(ds) => {
-                    let d = ds
-                        .into_iter()
-                        .find(|d| owners(d) == 0)
-                        .ok_or(Rejection::RepelledEverywhere(gi))?;
-                    narrowed.push((key.to_string(), d.to_string()));
+                    if let Some(n) =
+                        free_of(key, ds, owners).map_err(|()| Rejection::RepelledEverywhere(gi))?
+                    {
+                        narrowed.push(n);
+                    }
                 }
             }
         }
@@ -530,10 +555,17 @@ impl<'a> Topology<'a> {
         key: &str,
         place: &Place<'p>,
         pod_reqs: &Requirements,
-        narrowed: &[(String, String)],
+        narrowed: &[Narrowing],
     ) -> View<'p> {
-        if let Some((_, v)) = narrowed.iter().find(|(k, _)| k == key) {
-            return View::Fixed(Some(Cow::Owned(v.clone())));
+        // Each narrowing of a key was made from the view of the ones before it: the last is the
+        // narrowest.
+        let narrow = narrowed
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v);
+        if let Some([one]) = narrow.map(Vec::as_slice) {
+            return View::Fixed(Some(Cow::Owned(one.clone())));
         }
         match place {
             Place::Node { labels, hostname } => {
@@ -564,6 +596,7 @@ impl<'a> Topology<'a> {
                         .flat_map(BTreeMap::keys)
                         .filter(|d| theirs.is_none_or(|r| r.has(d)))
                         .filter(|d| mine.is_none_or(|r| r.has(d)))
+                        .filter(|d| narrow.is_none_or(|n| n.contains(d)))
                         .map(String::as_str)
                         .collect(),
                 )

@@ -1,9 +1,11 @@
 //! Volume topology, as Karpenter's provisioner decides it before a solve: a pod whose volumes
 //! are PersistentVolumeClaims (or ephemeral volumes, whose claim is `<pod>-<volume>`) may only
 //! go where those volumes can attach. A bound claim's PersistentVolume `nodeAffinity` terms, or
-//! an unbound claim's WaitForFirstConsumer StorageClass `allowedTopologies`, become
-//! requirements of the pod: each of the pod's required node-affinity terms is ANDed with each
-//! volume alternative, so relaxing a term can never drop the volume's zone. A pod whose claims
+//! an unbound claim's WaitForFirstConsumer StorageClass `allowedTopologies`, become the pod's
+//! volume topology: alternatives (one per compatible combination of its volumes' terms) that the
+//! node or claim it goes to must satisfy, whichever node-affinity term or preference is being
+//! tried. As upstream, they are kept out of the pod's own node affinity, so a topology spread
+//! still counts the domains the pod itself allows. A pod whose claims
 //! cannot be resolved (missing claim, volume or class, a claim being deleted or Lost, an unbound
 //! claim without a class or with an Immediate class) is not provisionable, with a reason naming
 //! the object.
@@ -16,8 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::{
-    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolume, PersistentVolumeClaim, Pod,
+    NodeSelectorRequirement, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::ResourceExt;
@@ -336,12 +337,13 @@ impl VolumeUsage {
     }
 }
 
-/// The volume inputs of [`super::solve_with_volumes`]: existing nodes' usage by node name and
-/// pending pods' volumes by pod `namespace/name`.
+/// The volume inputs of [`super::solve_with_volumes`]: existing nodes' usage by node name,
+/// pending pods' volumes by pod `namespace/name`, and pending pods' volume topology.
 #[derive(Clone, Debug, Default)]
 pub struct NodeVolumes {
     pub by_node: HashMap<String, VolumeUsage>,
     pub by_pod: HashMap<String, PodVolumes>,
+    pub topology: VolumeTopology,
 }
 
 impl VolumeCatalog {
@@ -389,9 +391,9 @@ pub fn csinode_limits(node: &k8s_openapi::api::storage::v1::CSINode) -> BTreeMap
         .collect()
 }
 
-/// The volume inputs of a solve: every limited existing node's usage (the claims of the pods
-/// bound to it) and the pending pods' volumes. Empty when no node declares a limit.
-pub fn node_volumes(
+/// Every limited existing node's usage (the claims of the pods bound to it) and the pending
+/// pods' volumes. Empty when no node declares a limit.
+fn node_volumes(
     snapshot: &super::Snapshot,
     catalog: &VolumeCatalog,
     limits: &CsiLimits,
@@ -461,14 +463,33 @@ fn compatible(a: &[NodeSelectorRequirement], b: &[NodeSelectorRequirement]) -> b
     }
 }
 
-/// Adds each pod's volume topology to its required node affinity; pods whose claims cannot be
-/// used are taken out with the reason (as pods the solve cannot read: upstream ignores them).
-pub fn apply_volume_topology(
+/// Each pending pod's volume topology, by pod `namespace/name`: the alternatives its volumes
+/// allow (any one will do). Kept apart from the pod's own node affinity, as upstream keeps them:
+/// they narrow the node or claim a pod goes to, never the domains a topology spread counts.
+pub type VolumeTopology = HashMap<String, Vec<Requirements>>;
+
+/// The volume inputs of a solve, prepared from the snapshot: each pending pod's volume topology,
+/// and existing nodes' CSI attach limits with what their pods use. Pods whose claims cannot be
+/// used are taken out of the snapshot and returned with the reason (as pods the solve cannot
+/// read: upstream ignores them).
+pub fn prepare(
+    snapshot: &mut super::Snapshot,
+    catalog: &VolumeCatalog,
+    limits: &CsiLimits,
+) -> (NodeVolumes, Vec<(String, PodError)>) {
+    let (topology, failures) = volume_topology(&mut snapshot.pods, catalog);
+    let mut volumes = node_volumes(snapshot, catalog, limits);
+    volumes.topology = topology;
+    (volumes, failures)
+}
+
+fn volume_topology(
     pods: &mut Vec<Pod>,
     catalog: &VolumeCatalog,
-) -> Vec<(String, PodError)> {
+) -> (VolumeTopology, Vec<(String, PodError)>) {
+    let mut topology = VolumeTopology::new();
     let mut failures = Vec::new();
-    pods.retain_mut(|pod| {
+    pods.retain(|pod| {
         let has_claims = pod.spec.as_ref().is_some_and(|s| {
             s.volumes
                 .iter()
@@ -478,51 +499,27 @@ pub fn apply_volume_topology(
         if !has_claims {
             return true;
         }
-        match catalog.requirements(pod) {
-            Ok(None) => true,
-            Ok(Some(alternatives)) => {
-                inject(pod, &alternatives);
+        let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        let alternatives = catalog.requirements(pod).and_then(|alts| {
+            alts.unwrap_or_default()
+                .iter()
+                .map(|alt| Requirements::from_pod_node_selector(alt).map_err(|e| e.to_string()))
+                .collect::<Result<Vec<_>, _>>()
+        });
+        match alternatives {
+            Ok(alts) => {
+                if !alts.is_empty() {
+                    topology.insert(key, alts);
+                }
                 true
             }
             Err(details) => {
-                let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
                 failures.push((key, PodError::InvalidPod { details }));
                 false
             }
         }
     });
-    failures
-}
-
-/// ANDs every required node-affinity term (or the empty term) with every alternative.
-fn inject(pod: &mut Pod, alternatives: &[Vec<NodeSelectorRequirement>]) {
-    let Some(spec) = pod.spec.as_mut() else {
-        return;
-    };
-    let node_affinity = spec
-        .affinity
-        .get_or_insert_with(Affinity::default)
-        .node_affinity
-        .get_or_insert_with(NodeAffinity::default);
-    let required = node_affinity
-        .required_during_scheduling_ignored_during_execution
-        .get_or_insert_with(NodeSelector::default);
-    let mut terms = std::mem::take(&mut required.node_selector_terms);
-    if terms.is_empty() {
-        terms.push(NodeSelectorTerm::default());
-    }
-    required.node_selector_terms = terms
-        .iter()
-        .flat_map(|t| {
-            alternatives.iter().map(move |alt| {
-                let mut term = t.clone();
-                term.match_expressions
-                    .get_or_insert_with(Vec::new)
-                    .extend(alt.iter().cloned());
-                term
-            })
-        })
-        .collect();
+    (topology, failures)
 }
 
 #[cfg(test)]
@@ -620,33 +617,36 @@ mod tests {
     }
 
     #[test]
-    fn injection_ands_every_term_with_every_alternative() {
-        let mut pod: Pod = serde_json::from_value(json!({
+    fn volume_zones_stay_out_of_the_pods_affinity() {
+        let mut catalog = VolumeCatalog::default();
+        catalog.apply_volume(
+            &serde_json::from_value(json!({
+                "metadata": {"name": "pv"},
+                "spec": {"nodeAffinity": {"required": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["z"]}]}
+                ]}}}
+            }))
+            .unwrap(),
+        );
+        catalog.apply_claim(
+            &serde_json::from_value(json!({
+                "metadata": {"name": "c", "namespace": "default",
+                             "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+                "spec": {"volumeName": "pv", "storageClassName": ""},
+                "status": {"phase": "Bound"}
+            }))
+            .unwrap(),
+        );
+        let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "namespace": "default"},
-            "spec": {"containers": [], "affinity": {"nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
-                    {"matchExpressions": [{"key": "b", "operator": "Exists"}]}
-                ]}}}}
+            "spec": {"containers": [], "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]}
         }))
         .unwrap();
-        inject(&mut pod, &[vec![zone(&["z"])]]);
-        let terms = &pod
-            .spec
-            .unwrap()
-            .affinity
-            .unwrap()
-            .node_affinity
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .unwrap()
-            .node_selector_terms;
-        assert_eq!(terms.len(), 2);
-        assert!(terms.iter().all(|t| {
-            t.match_expressions
-                .as_ref()
-                .unwrap()
-                .contains(&zone(&["z"]))
-        }));
+        let mut pods = vec![pod.clone()];
+        let (topology, failures) = volume_topology(&mut pods, &catalog);
+        assert!(failures.is_empty(), "{failures:?}");
+        assert_eq!(pods, vec![pod], "the pod itself is left as it is");
+        let zone_only = Requirements::from_pod_node_selector(&[zone(&["z"])]).unwrap();
+        assert_eq!(topology.get("default/p"), Some(&vec![zone_only]));
     }
 }

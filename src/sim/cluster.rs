@@ -71,6 +71,8 @@ pub struct SimClusterConfig {
     pub jitter: Duration,
     pub fail_fraction: f64,
     pub node_ready_delay: Duration,
+    /// See [`KubeletConfig::device_plugin_delay`].
+    pub device_plugin_delay: Duration,
     pub node_delete_delay: Duration,
     /// How long a pod takes to exit once deleted (per pod: the
     /// `sim.karpenter.cluster.x-k8s.io/exit-after` annotation); never past its grace period.
@@ -97,6 +99,7 @@ impl Default for SimClusterConfig {
             jitter: capi.jitter,
             fail_fraction: capi.fail_fraction,
             node_ready_delay: KubeletConfig::default().node_ready_delay,
+            device_plugin_delay: Duration::ZERO,
             node_delete_delay: capi.node_delete_delay,
             pod_exit_delay: Duration::from_millis(100),
             provider_id_style: capi.provider_id_style,
@@ -178,6 +181,7 @@ impl SimCluster {
             KubeletConfig {
                 version: cfg.capi_version,
                 node_ready_delay: cfg.node_ready_delay,
+                device_plugin_delay: cfg.device_plugin_delay,
             },
             shutdown.clone(),
         ));

@@ -30,6 +30,24 @@ use crate::api::wellknown::{
 
 /// Marks Nodes this stand-in registered (so it never touches anybody else's Nodes).
 pub const SIM_NODE_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/kubelet";
+/// The device plugins register after `delay`: the Node's extended resources take their real
+/// values.
+async fn register_devices(
+    shutdown: &Shutdown,
+    delay: Duration,
+    nodes: &Api<Node>,
+    name: &str,
+    extended: &BTreeMap<String, String>,
+) {
+    if shutdown.sleep(delay).await {
+        let patch = json!({"status": {"capacity": extended, "allocatable": extended}});
+        let _ = retry("node devices", shutdown, || {
+            merge_status(nodes, name, &patch)
+        })
+        .await;
+    }
+}
+
 /// Cluster API's annotations on a Node naming its Machine.
 pub const NODE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/machine";
 pub const NODE_CLUSTER_NAMESPACE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-namespace";
@@ -39,6 +57,10 @@ pub struct KubeletConfig {
     pub version: CapiVersion,
     /// Time from Node creation to `Ready=True`.
     pub node_ready_delay: Duration,
+    /// Time from Node creation until device plugins register extended resources (names with a
+    /// domain, such as `nvidia.com/gpu`): until then the Node reports them as zero, as a real
+    /// kubelet does. Zero: registered with the Node.
+    pub device_plugin_delay: Duration,
 }
 
 impl Default for KubeletConfig {
@@ -46,6 +68,7 @@ impl Default for KubeletConfig {
         Self {
             version: CapiVersion::default(),
             node_ready_delay: Duration::from_millis(100),
+            device_plugin_delay: Duration::ZERO,
         }
     }
 }
@@ -231,9 +254,21 @@ impl Inner {
         let kubelet_version = str_at(&machine.data, &["spec", "version"])
             .unwrap_or("v1.33.0")
             .to_string();
+        // Extended resources start at zero while a device plugin is still to register.
+        let plugins_later = !self.cfg.device_plugin_delay.is_zero();
+        let extended: BTreeMap<String, String> = shape
+            .capacity
+            .iter()
+            .filter(|(k, _)| plugins_later && k.contains('/'))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut registered = shape.capacity.clone();
+        for k in extended.keys() {
+            registered.insert(k.clone(), "0".into());
+        }
         let status = json!({"status": {
-            "capacity": shape.capacity,
-            "allocatable": shape.capacity,
+            "capacity": registered,
+            "allocatable": registered,
             "conditions": [condition("False", "KubeletNotReady", "container runtime starting")],
             "nodeInfo": {
                 "architecture": shape.arch, "operatingSystem": shape.os,
@@ -246,6 +281,13 @@ impl Inner {
         }});
         merge_status(nodes, &name, &status).await?;
         tracing::debug!(node = %name, provider_id = pid, "node registered");
+        if !extended.is_empty() {
+            let (shutdown, delay) = (self.shutdown.clone(), self.cfg.device_plugin_delay);
+            let (nodes, name) = (nodes.clone(), name.clone());
+            tokio::spawn(async move {
+                register_devices(&shutdown, delay, &nodes, &name, &extended).await
+            });
+        }
         Ok(created)
     }
 

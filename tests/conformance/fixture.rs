@@ -31,9 +31,7 @@ use karpenter_capi::scheduling::default_spread::{
     DefaultConstraints, DefaultSpread, OwnerSelector, WorkloadKey, Workloads,
 };
 use karpenter_capi::scheduling::solve_with_volumes;
-use karpenter_capi::scheduling::volumes::{
-    CsiLimits, VolumeCatalog, apply_volume_topology, node_volumes,
-};
+use karpenter_capi::scheduling::volumes::{CsiLimits, VolumeCatalog, prepare};
 use karpenter_capi::scheduling::{
     ExistingNode, InstanceType, MinValuesPolicy, NewClaim, Offering, PoolInput, PreferencePolicy,
     Results, Snapshot, nodeclaim_for,
@@ -794,8 +792,7 @@ impl Env {
     }
     pub fn provision(&self, pods: &[Pod]) -> Outcome {
         let mut snapshot = self.snapshot(pods);
-        let volume_failures = apply_volume_topology(&mut snapshot.pods, &self.volumes);
-        let volumes = node_volumes(&snapshot, &self.volumes, &self.csi_limits);
+        let (volumes, volume_failures) = prepare(&mut snapshot, &self.volumes, &self.csi_limits);
         let mut results = solve_with_volumes(&snapshot, &volumes);
         results.failures.extend(volume_failures);
         Outcome::new(self, results)
@@ -805,6 +802,17 @@ impl Env {
     /// as the cluster looks once the nodes registered (upstream's successive
     /// `ExpectProvisioned` calls).
     pub fn provision_and_bind(&mut self, pods: &[Pod]) -> Outcome {
+        self.provision_and_register(pods, true)
+    }
+
+    /// Provision, then make the launched nodes existing nodes without binding the pods to them
+    /// (upstream's `ExpectProvisionedNoBinding`): the pods stay pending, and the nodes are
+    /// registered with nothing on them yet.
+    pub fn provision_no_binding(&mut self, pods: &[Pod]) -> Outcome {
+        self.provision_and_register(pods, false)
+    }
+
+    fn provision_and_register(&mut self, pods: &[Pod], bind: bool) -> Outcome {
         let out = self.provision(pods);
         let mut names = BTreeMap::new();
         for n in &out.nodes {
@@ -835,7 +843,11 @@ impl Env {
                     .clone()
                     .unwrap_or_default(),
                 allocatable: it.allocatable(),
-                requested: n.claim.requests.clone(),
+                requested: if bind {
+                    n.claim.requests.clone()
+                } else {
+                    Resources::new()
+                },
                 in_flight: false,
                 nodepool: Some(n.claim.nodepool.clone()),
             });
@@ -850,7 +862,7 @@ impl Env {
                     .add_assign(&capacity.with("nodes", Quantity::from_units(1)));
             }
         }
-        for p in pods {
+        for p in pods.iter().filter(|_| bind) {
             let name = p.metadata.name.clone().unwrap_or_default();
             let node = out
                 .node_of(&name)

@@ -315,3 +315,39 @@ fn daemonsets_that_do_not_fit_an_existing_node_take_none_of_its_room() {
     let out = e2.provision(&[pod("b").requests(&[("cpu", "1"), ("memory", "1Gi")])]);
     out.not_scheduled("b");
 }
+
+// --- No Pre-Binding ---
+
+#[test]
+fn a_second_pod_joins_the_node_launched_for_the_first_without_binding() {
+    let mut e = env();
+    let out = e.provision_no_binding(&[small("first")]);
+    assert_eq!(out.nodes.len(), 1);
+    assert!(e.bound.is_empty(), "the solve binds nothing");
+    let out = e.provision_no_binding(&[small("second")]);
+    assert_eq!(out.existing_of("second"), Some("node-0"));
+    assert!(out.nodes.is_empty(), "no second node: {:?}", out.results);
+    assert!(e.bound.is_empty());
+}
+
+#[test]
+fn self_zonal_affinity_without_binding_joins_the_node_of_the_first() {
+    let affine = |name: &str| {
+        pod(name)
+            .labels(&[("security", "s2")])
+            .pod_affinity(ZONE_LABEL, &[("security", "s2")])
+    };
+    let mut e = env();
+    e.provision_no_binding(&[affine("first")]);
+    assert_eq!(e.nodes.len(), 1);
+    // No pod of the group is bound anywhere yet, so the second may start anywhere: the node
+    // already there is taken before a new one.
+    let out = e.provision_no_binding(&[affine("second")]);
+    assert_eq!(
+        out.existing_of("second"),
+        Some("node-0"),
+        "{:?}",
+        out.results
+    );
+    assert_eq!(e.nodes.len(), 1);
+}

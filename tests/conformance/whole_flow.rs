@@ -15,9 +15,10 @@ use serde_json::{Value, json};
 
 use karpenter_capi::actors::Settings;
 use karpenter_capi::api::duration::GoDuration;
+use karpenter_capi::api::wellknown::{GPU_COUNT_ANNOTATION, GPU_TYPE_ANNOTATION};
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::scheduling::MinValuesPolicy;
-use karpenter_capi::sim::cluster::SimClusterConfig;
+use karpenter_capi::sim::cluster::{MachineDeploymentSeed, SimClusterConfig};
 use karpenter_capi::simulate::launch::{self, seed_nodeclass_and_pool};
 use karpenter_capi::simulate::pods::seed_of;
 use karpenter_capi::simulate::{BackgroundSim, sim_settings, start_controller};
@@ -33,19 +34,29 @@ async fn cluster_with(
     edit: impl FnOnce(&mut Settings),
     metrics: Arc<Metrics>,
 ) -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
+    let seeds = (0..4).map(|i| seed_of(i, 50)).collect();
+    cluster_of(SimClusterConfig::default(), seeds, edit, metrics).await
+}
+
+/// The simulated cluster (`config`, with short provider and kubelet delays) with `seeds` as its
+/// MachineDeployments, the default NodeClass and NodePool, and the controller.
+async fn cluster_of(
+    config: SimClusterConfig,
+    seeds: Vec<MachineDeploymentSeed>,
+    edit: impl FnOnce(&mut Settings),
+    metrics: Arc<Metrics>,
+) -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
     let sim = BackgroundSim::start(SimClusterConfig {
         provider_delay: Duration::from_millis(30),
         jitter: Duration::from_millis(30),
         node_ready_delay: Duration::from_millis(30),
-        ..SimClusterConfig::default()
+        ..config
     })
     .await
     .expect("simulated cluster");
     sim.run(|c| async move {
-        for i in 0..4 {
-            c.create_machine_deployment_from(&seed_of(i, 50))
-                .await
-                .unwrap();
+        for seed in &seeds {
+            c.create_machine_deployment_from(seed).await.unwrap();
         }
         seed_nodeclass_and_pool(c.client()).await.unwrap();
     })
@@ -418,4 +429,62 @@ async fn a_deleting_nodes_pod_behind_a_fully_blocking_budget_gets_no_capacity() 
     let claims =
         claims_after_deleting_a_node_with_a_budgeted_pod(json!({"maxUnavailable": 0})).await;
     assert_eq!(claims.len(), 1, "only the deleting claim: {claims:#?}");
+}
+
+/// A pod asking for 100m CPU, 128Mi and one `nvidia.com/gpu`.
+fn gpu_pod(name: &str) -> Pod {
+    let resources = json!({"cpu": "100m", "memory": "128Mi", "nvidia.com/gpu": "1"});
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": launch::NAMESPACE},
+        "spec": {"containers": [{"name": "c", "image": "c",
+            "resources": {"requests": resources, "limits": resources}}]}
+    }))
+    .unwrap()
+}
+
+/// Upstream "No Pre-Binding": should handle resource zeroing of extended resources by kubelet.
+/// The kubelet reports GPUs as zero until its device plugin registers (never, here), so the Node
+/// is registered and not initialized; the claim's launched allocatable stands in for the zero,
+/// and a second GPU pod waits for that Node instead of getting a second one.
+#[actix::test]
+async fn a_node_whose_kubelet_zeroes_its_gpus_still_takes_the_next_gpu_pod() {
+    let mut seed = seed_of(0, 50);
+    seed.annotations
+        .insert(GPU_COUNT_ANNOTATION.to_string(), "2".to_string());
+    seed.annotations.insert(
+        GPU_TYPE_ANNOTATION.to_string(),
+        "nvidia.com/gpu".to_string(),
+    );
+    let config = SimClusterConfig {
+        device_plugin_delay: Duration::from_secs(3600),
+        ..SimClusterConfig::default()
+    };
+    let (sim, _controller) = cluster_of(config, vec![seed], |_| {}, Metrics::new()).await;
+    let create = |name: &'static str| {
+        sim.run(move |c| async move {
+            Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
+                .create(&PostParams::default(), &gpu_pod(name))
+                .await
+                .unwrap();
+        })
+    };
+    create("first").await.unwrap();
+    let store = sim.cluster().server().store();
+    wait_for("the first claim's Node, with its GPUs zeroed", || {
+        store
+            .list("nodes", None)
+            .into_iter()
+            .find(|n| n["status"]["allocatable"]["nvidia.com/gpu"] == "0")
+    })
+    .await;
+    create("second").await.unwrap();
+    wait_for("the second pod nominated", || {
+        store
+            .list("events.events.k8s.io", None)
+            .into_iter()
+            .find(|e| e["reason"] == "Nominated" && e["regarding"]["name"] == "second")
+    })
+    .await;
+    assert_eq!(store.list("nodeclaims", None).len(), 1);
 }
