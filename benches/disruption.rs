@@ -146,6 +146,7 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
             taints: vec![],
             allocatable: types[2].allocatable(),
             requested,
+            daemon_requested: Default::default(),
             in_flight: false,
             nodepool: Some("default".into()),
         });

@@ -214,6 +214,7 @@ fn scenario() -> Snapshot {
             .with("memory", Quantity::from_bytes(16 << 30))
             .with("pods", Quantity::from_units(110)),
         requested: Resources::new().with("cpu", Quantity::from_units(1)),
+        daemon_requested: Default::default(),
         in_flight: false,
         nodepool: Some("general".into()),
         taints: vec![],

@@ -117,6 +117,7 @@ pub fn build<'a>(
                 .unwrap_or_default(),
             allocatable,
             requested,
+            daemon_requested: pods_idx.daemon_requested_on(&name),
             in_flight: false,
             nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
         };
@@ -411,6 +412,7 @@ pub fn in_flight(c: &NodeClaim) -> ExistingNode {
         taints: c.spec.taints.clone().unwrap_or_default(),
         allocatable,
         requested: Resources::new(),
+        daemon_requested: Resources::new(),
         in_flight: true,
         nodepool: c.labels().get(NODEPOOL_LABEL).cloned(),
     }

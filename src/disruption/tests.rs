@@ -151,6 +151,7 @@ fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candida
             taints: vec![],
             allocatable: t.allocatable(),
             requested,
+            daemon_requested: Default::default(),
             in_flight: false,
             nodepool: Some("default".into()),
         });

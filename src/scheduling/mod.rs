@@ -107,6 +107,9 @@ pub struct ExistingNode {
     pub allocatable: Resources,
     /// Sum of the requests of the pods on it (daemons included), `pods` included.
     pub requested: Resources,
+    /// The part of `requested` that is DaemonSet pods': the DaemonSets that run here and have
+    /// no pod on it yet keep room for theirs (upstream's remaining daemon resources).
+    pub daemon_requested: Resources,
     pub in_flight: bool,
     pub nodepool: Option<String>,
 }

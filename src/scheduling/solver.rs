@@ -27,8 +27,8 @@ use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, DEFAULT_MAX_PODS, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL,
-    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, RESOURCE_PODS, WELL_KNOWN_LABELS,
+    CAPACITY_TYPE_LABEL, DEFAULT_MAX_PODS, EPHEMERAL_TAINT_KEYS, HOSTNAME_LABEL, INITIALIZED_LABEL,
+    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, REGISTERED_LABEL, RESOURCE_PODS, WELL_KNOWN_LABELS,
 };
 
 /// Decides where every pending pod goes. Pure and deterministic: the same snapshot gives the
@@ -298,13 +298,17 @@ impl<'a> Solver<'a> {
         let mut nodes: Vec<Node> = snapshot
             .nodes
             .iter()
-            .map(|n| Node {
-                input: n,
-                free: dims
-                    .amounts(&n.allocatable)
-                    .sub(&dims.amounts(&n.requested)),
-                taints: node_taints(n),
-                host_ports: Vec::new(),
+            .map(|n| {
+                let taints = node_taints(n);
+                let mut free = dims.amounts(&n.allocatable);
+                free.sub_assign(&dims.amounts(&n.requested));
+                free.sub_assign(&dims.amounts(&daemons_to_come(n, &taints, daemons)));
+                Node {
+                    input: n,
+                    free,
+                    taints,
+                    host_ports: Vec::new(),
+                }
             })
             .collect();
         // Upstream's order: initialized nodes first, so a pod lands where it can run now
@@ -1150,13 +1154,18 @@ pub(super) fn build_pool<'a>(
         Err((r, why)) => (r, Some(why)),
     };
     let taints: &[Taint] = template.spec.taints.as_deref().unwrap_or_default();
+    // Every node of the pool is registered and initialized before long: DaemonSets waiting for
+    // those labels run there too (upstream's simulation-only requirements, never on the claim).
+    let mut daemon_reqs = reqs.clone();
+    daemon_reqs.add(Requirement::is_in(REGISTERED_LABEL, &["true"]));
+    daemon_reqs.add(Requirement::is_in(INITIALIZED_LABEL, &["true"]));
 
     let mut types: Vec<(f64, TypeInfo)> = instance_types
         .iter()
         .filter(|it| type_usable(it, &reqs))
         .filter_map(|it| {
             let price = cheapest(it, &reqs)?.price;
-            let (daemon, daemon_ports) = daemon_overhead(it, &reqs, taints, daemons);
+            let (daemon, daemon_ports) = daemon_overhead(it, &daemon_reqs, taints, daemons);
             // A type that does not say how many pods it holds gets the kubelet's default
             // rather than room for none.
             let mut capacity = it.capacity.clone();
@@ -1248,6 +1257,38 @@ pub fn nodepool_requirements(np: &NodePool) -> Result<Requirements, (Requirement
         None => Ok(reqs),
         Some(why) => Err((reqs, why)),
     }
+}
+
+/// What the DaemonSets that run on node `n` still have to place there (upstream's remaining
+/// daemon resources): their requests less those of their pods already on it, never below zero
+/// (a DaemonSet may have placed a pod nobody expected, after a label appeared).
+fn daemons_to_come(n: &ExistingNode, taints: &[Taint], daemons: &[PodInfo]) -> Resources {
+    if daemons.is_empty() {
+        return Resources::new();
+    }
+    // A node still coming up will be registered and initialized: DaemonSets waiting for those
+    // labels are to come too (as a new claim's overhead counts them).
+    let labels = if n.initialized() {
+        Cow::Borrowed(&n.labels)
+    } else {
+        let mut l = n.labels.clone();
+        for key in [REGISTERED_LABEL, INITIALIZED_LABEL] {
+            l.entry(key.to_string())
+                .or_insert_with(|| "true".to_string());
+        }
+        Cow::Owned(l)
+    };
+    let mut total = Resources::new();
+    for d in daemons {
+        if untolerated(&d.tolerations, taints, false).is_none()
+            && d.node_terms.iter().any(|t| t.matches_labels(&labels))
+        {
+            total.add_assign(&d.requests);
+        }
+    }
+    let mut left = total.sub(&n.daemon_requested);
+    left.0.retain(|_, q| !q.is_negative() && !q.is_zero());
+    left
 }
 
 /// The requests and host ports of the DaemonSet pods that would run on a node of this type

@@ -1086,6 +1086,7 @@ fn existing_nodes_first_then_in_flight_then_new() {
         allocatable: res(&[("cpu", cpu), ("memory", "8Gi"), ("pods", "110")]),
         requested: res(&[("cpu", "0")]),
         in_flight,
+        daemon_requested: Default::default(),
         nodepool: Some("default".into()),
         taints: vec![],
     };

@@ -180,6 +180,17 @@ fn adds(p: &Pod) -> Option<Resources> {
     Some(r.add(&Resources::new().with("pods", Quantity::from_units(1))))
 }
 
+/// Takes `a` from node `n`'s sum, dropping the sum once nothing is left.
+fn take_from(sums: &mut HashMap<String, Resources>, n: &str, a: &Resources) {
+    if let Some(sum) = sums.get_mut(n) {
+        *sum = sum.sub(a);
+        sum.0.retain(|_, q| *q != Quantity::ZERO);
+        if sum.0.is_empty() {
+            sums.remove(n);
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Pods {
     by_key: HashMap<String, Entry>,
@@ -187,6 +198,8 @@ pub struct Pods {
     by_node: HashMap<String, BTreeSet<String>>,
     /// Sum of `adds` of the pods counted on each node.
     requested: HashMap<String, Resources>,
+    /// The DaemonSet pods' part of `requested`, for nodes that have any.
+    daemon_requested: HashMap<String, Resources>,
     /// How many pods (pending or bound) have inter-pod constraints (`has_pod_terms`).
     with_terms: usize,
     /// Per DaemonSet uid, the key of its newest pod (upstream's `GetDaemonSetPod`).
@@ -232,6 +245,11 @@ impl Pods {
     /// [`Pods::on_node`] would sum to, without decoding them.
     pub fn requested_on(&self, node: &str) -> Resources {
         self.requested.get(node).cloned().unwrap_or_default()
+    }
+
+    /// The part of [`Pods::requested_on`] that is DaemonSet pods'.
+    pub fn daemon_requested_on(&self, node: &str) -> Resources {
+        self.daemon_requested.get(node).cloned().unwrap_or_default()
     }
 
     pub fn bound(&self) -> Vec<Arc<Pod>> {
@@ -296,6 +314,12 @@ impl Pods {
         if let Some(n) = &node {
             self.by_node.entry(n.clone()).or_default().insert(k.clone());
             if let Some(a) = adds(&p) {
+                if is_daemonset_pod(&p) {
+                    self.daemon_requested
+                        .entry(n.clone())
+                        .or_default()
+                        .add_assign(&a);
+                }
                 self.requested.entry(n.clone()).or_default().add_assign(&a);
             }
         }
@@ -369,15 +393,15 @@ impl Pods {
             }
             if self.by_node.contains_key(n) {
                 // Read back what it added (one decode per change of a bound pod).
-                if let (Some(a), Some(sum)) = (
-                    old.pod().as_deref().and_then(adds),
-                    self.requested.get_mut(n),
-                ) {
-                    *sum = sum.sub(&a);
-                    sum.0.retain(|_, q| *q != Quantity::ZERO);
+                if let Some(a) = old.pod().as_deref().and_then(adds) {
+                    take_from(&mut self.requested, n, &a);
+                    if old.daemonset.is_some() {
+                        take_from(&mut self.daemon_requested, n, &a);
+                    }
                 }
             } else {
                 self.requested.remove(n);
+                self.daemon_requested.remove(n);
             }
         }
         Some(old)
@@ -411,6 +435,7 @@ impl Pods {
         self.provisionable.clear();
         self.by_node.clear();
         self.requested.clear();
+        self.daemon_requested.clear();
         self.with_terms = 0;
         self.daemon_pods.clear();
         for p in pods {
@@ -456,6 +481,31 @@ mod tests {
             "creationTimestamp": created,
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "d", "uid": uid, "controller": true}]
         }}))
+    }
+
+    #[test]
+    fn daemonset_pods_are_summed_apart_on_their_node() {
+        let mut idx = Pods::default();
+        let on = |p: Pod, node: &str, cpu: &str| {
+            let mut v = serde_json::to_value(p).unwrap();
+            json_patch_merge(
+                &mut v,
+                json!({"spec": {"nodeName": node, "containers": [{"name": "c",
+                        "resources": {"requests": {"cpu": cpu}}}]},
+                       "status": {"phase": "Running"}}),
+            );
+            serde_json::from_value::<Pod>(v).unwrap()
+        };
+        idx.apply(on(daemon("ds", "u1", "2024-01-01T00:00:00Z"), "n1", "200m"));
+        idx.apply(on(pod(json!({"metadata": {"name": "app"}})), "n1", "1"));
+        let ds = idx.daemon_requested_on("n1");
+        assert_eq!(ds.get("cpu"), "200m".parse().unwrap());
+        assert_eq!(ds.get("pods"), Quantity::from_units(1));
+        assert_eq!(idx.requested_on("n1").get("cpu"), "1200m".parse().unwrap());
+        // The DaemonSet pod leaves: nothing of it is left on the node.
+        assert!(idx.remove("ns/ds"));
+        assert_eq!(idx.daemon_requested_on("n1"), Resources::new());
+        assert_eq!(idx.requested_on("n1").get("cpu"), "1".parse().unwrap());
     }
 
     #[test]

@@ -157,6 +157,7 @@ fn the_deduced_selector_counts_pods_already_in_the_cluster() {
         taints: vec![],
         allocatable: res(&[("cpu", "1"), ("memory", "1Gi"), ("pods", "2")]),
         requested: res(&[("pods", "2")]),
+        daemon_requested: Default::default(),
         in_flight: false,
         nodepool: None,
     };

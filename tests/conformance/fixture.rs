@@ -843,8 +843,15 @@ impl Env {
                     .clone()
                     .unwrap_or_default(),
                 allocatable: it.allocatable(),
+                // Bound: its pods and its DaemonSets' pods run there (the claim's requests);
+                // not bound: nothing runs there yet.
                 requested: if bind {
                     n.claim.requests.clone()
+                } else {
+                    Resources::new()
+                },
+                daemon_requested: if bind {
+                    daemon_part(&n.claim.requests, pods, &n.pods)
                 } else {
                     Resources::new()
                 },
@@ -912,6 +919,22 @@ impl Env {
         v.sort();
         v
     }
+}
+
+/// The DaemonSet pods' part of a claim's requests: what its own pods (`on`, by key, from
+/// `pods`) do not request.
+fn daemon_part(requests: &Resources, pods: &[Pod], on: &[String]) -> Resources {
+    let mut left = requests.clone();
+    for p in pods.iter().filter(|p| {
+        let key = pod_key(p.metadata.name.as_deref().unwrap_or_default());
+        on.contains(&key)
+    }) {
+        let r = karpenter_capi::scheduling::pod::pod_requests(p.spec.as_ref().unwrap())
+            .unwrap()
+            .with("pods", Quantity::from_units(1));
+        left = left.sub(&r);
+    }
+    left
 }
 
 /// A launched node: the claim and the labels the node will carry.

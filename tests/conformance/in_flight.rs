@@ -3,7 +3,10 @@
 //! layer turns Nodes into [`ExistingNode`]s (leaving startup taints out while a node is in
 //! flight); these cases start from that input.
 
-use karpenter_capi::api::wellknown::{ARCH_LABEL, HOSTNAME_LABEL, INITIALIZED_LABEL, ZONE_LABEL};
+use karpenter_capi::api::resources::Quantity;
+use karpenter_capi::api::wellknown::{
+    ARCH_LABEL, HOSTNAME_LABEL, INITIALIZED_LABEL, REGISTERED_LABEL, ZONE_LABEL,
+};
 use karpenter_capi::scheduling::ExistingNode;
 
 use crate::fixture::*;
@@ -233,6 +236,7 @@ fn unowned(name: &str, cpu: &str, mem: &str, zone: &str) -> ExistingNode {
         taints: vec![],
         allocatable: res(&[("cpu", cpu), ("memory", mem), ("pods", "110")]),
         requested: res(&[]),
+        daemon_requested: Default::default(),
         in_flight: false,
         nodepool: None,
     }
@@ -350,4 +354,85 @@ fn self_zonal_affinity_without_binding_joins_the_node_of_the_first() {
         out.results
     );
     assert_eq!(e.nodes.len(), 1);
+}
+
+// --- In-Flight Nodes / DaemonSets ---
+
+#[test]
+fn daemonsets_that_wait_for_registered_or_initialized_nodes_count_on_new_nodes() {
+    let after = |label: &str| {
+        daemon(label, &[("cpu", "1")]).required(vec![node_req(label, "In", &["true"])])
+    };
+    let e = env()
+        .daemonset(after(INITIALIZED_LABEL))
+        .daemonset(after(REGISTERED_LABEL));
+    let out = e.provision(&[pod("p").limits(&[("cpu", "2")])]);
+    let node = out.scheduled("p");
+    // 2 CPUs for the pod and one for each DaemonSet do not fit the 4-CPU default type.
+    assert_eq!(node.instance_type, "arm-instance-type");
+    // The labels a node only gets later are assumed for the overhead, not required of it.
+    for key in [REGISTERED_LABEL, INITIALIZED_LABEL] {
+        assert!(node.claim.requirements.get(key).is_none(), "{key}");
+        assert!(!node.labels.contains_key(key), "{key}");
+    }
+}
+
+/// A node registered for a first pod that has since gone (nothing runs on it), with `ds` as the
+/// cluster's DaemonSets; its allocatable CPU and memory in milli-units and bytes.
+fn empty_node_with(ds: Vec<k8s_openapi::api::core::v1::Pod>) -> (Env, i64, i64) {
+    let mut e = env();
+    for d in ds {
+        e = e.daemonset(d);
+    }
+    e.provision_no_binding(&[pod("first").limits(&[("cpu", "1")])]);
+    let alloc = &e.nodes[0].allocatable;
+    let (cpu, mem) = (
+        alloc.get("cpu").as_millis(),
+        alloc.get("memory").as_millis() / 1000,
+    );
+    (e, cpu, mem)
+}
+
+/// The DaemonSet pod `requests` now runs on node 0.
+fn bind_daemon_pod(e: &mut Env, requests: &[(&str, &str)]) {
+    let r = res(requests).with("pods", Quantity::from_units(1));
+    e.nodes[0].requested.add_assign(&r);
+    e.nodes[0].daemon_requested.add_assign(&r);
+}
+
+#[test]
+fn a_daemonset_keeps_room_on_a_node_until_its_pod_runs_there() {
+    let (mut e, cpu, _) = empty_node_with(vec![daemon("ds", &[("cpu", "1"), ("memory", "1Gi")])]);
+    let cpus = |m: i64| pod("big").limits(&[("cpu", &format!("{m}m"))]);
+    // Nothing runs on the node, but the DaemonSet's pod is still to come: it keeps 1 CPU.
+    let out = e.provision(&[cpus(cpu - 500)]);
+    assert_eq!(out.existing_of("big"), None, "{:?}", out.results);
+    let out = e.provision(&[cpus(cpu - 1000)]);
+    assert_eq!(out.existing_of("big"), Some("node-0"), "{:?}", out.results);
+    // Once it runs there, what is left is known (upstream's case).
+    bind_daemon_pod(&mut e, &[("cpu", "1"), ("memory", "2Gi")]);
+    let out = e.provision(&[cpus(cpu - 1000)]);
+    assert_eq!(out.existing_of("big"), Some("node-0"), "{:?}", out.results);
+    let out = e.provision(&[cpus(cpu - 500)]);
+    assert_eq!(out.existing_of("big"), None, "{:?}", out.results);
+}
+
+#[test]
+fn an_unexpected_daemonset_pod_never_makes_room() {
+    let (mut e, _, mem) = empty_node_with(vec![
+        daemon("ds1", &[("cpu", "1"), ("memory", "1Gi")])
+            .node_selector(&[("my-node-label", "value")]),
+        daemon("ds2", &[("cpu", "1m")]),
+    ]);
+    // A label Karpenter did not expect appears, and ds1's pod, larger than its template,
+    // runs there.
+    e.nodes[0]
+        .labels
+        .insert("my-node-label".into(), "value".into());
+    bind_daemon_pod(&mut e, &[("cpu", "1"), ("memory", "2Gi")]);
+    // ds1 asked for 1Gi less than its pod takes: that is not room for anybody else.
+    let more = format!("{}", mem - (2 << 30) + (512 << 20));
+    let out = e.provision(&[pod("big").requests(&[("memory", &more)])]);
+    assert_eq!(out.existing_of("big"), None, "{:?}", out.results);
+    assert_eq!(out.nodes.len(), 1);
 }

@@ -703,6 +703,7 @@ fn labelled_node(
         taints: vec![],
         allocatable: res(&[("cpu", cpu), ("memory", "1Gi"), ("pods", "110")]),
         requested: res(&[]),
+        daemon_requested: Default::default(),
         in_flight: false,
         nodepool: None,
     }
