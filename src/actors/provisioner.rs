@@ -168,8 +168,14 @@ impl Provisioner {
         };
         self.solving = true;
         let started = Instant::now();
-        let pools: HashMap<String, Arc<crate::api::nodepool::NodePool>> =
-            self.shared.state.nodepools.read().clone();
+        // Claims are made from the NodePools the solve saw (their hash included), never from a
+        // later read that a NodePool change may have overtaken (upstream's "should not use a
+        // different NodePool hash").
+        let pools: HashMap<String, crate::api::nodepool::NodePool> = snapshot
+            .nodepools
+            .iter()
+            .map(|p| (p.nodepool.name_any(), p.nodepool.clone()))
+            .collect();
         let fut = async move {
             tokio::task::spawn_blocking(move || {
                 let mut results = scheduling::solve_with_volumes(&snapshot, &volumes);
@@ -198,7 +204,7 @@ impl Provisioner {
     fn apply(
         &mut self,
         results: Results,
-        pools: &HashMap<String, Arc<crate::api::nodepool::NodePool>>,
+        pools: &HashMap<String, crate::api::nodepool::NodePool>,
         ctx: &mut Context<Self>,
     ) {
         let m = &self.shared.metrics;

@@ -249,6 +249,8 @@ pub fn build<'a>(
         // Namespaces are not watched yet: only empty namespaceSelectors match.
         namespaces: Default::default(),
         default_spread,
+        // Set by whoever solves: the provisioner for pending pods, disruption for moved ones.
+        volume_topology: Default::default(),
     }
 }
 

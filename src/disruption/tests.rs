@@ -239,9 +239,9 @@ fn empty_nodes_go_together_within_the_budget() {
     assert_eq!(decide(&s, &c, &allow(0)), None);
 }
 
-#[test]
-fn an_underutilized_node_whose_pods_fit_elsewhere_is_deleted() {
-    let (s, c) = cluster(
+/// A large node half used (`p1`, 4 CPUs) and a small one whose pod (`p2`, 1 CPU) fits beside.
+fn busy_and_idle() -> (Snapshot, Vec<Candidate>) {
+    cluster(
         &types(),
         &[
             Node {
@@ -257,11 +257,36 @@ fn an_underutilized_node_whose_pods_fit_elsewhere_is_deleted() {
                 pods: &[("p2", "1")],
             },
         ],
-    );
+    )
+}
+
+#[test]
+fn an_underutilized_node_whose_pods_fit_elsewhere_is_deleted() {
+    let (s, c) = busy_and_idle();
     let cmd = decide(&s, &c, &allow(1)).expect("a command");
     assert_eq!(cmd.method, Method::SingleNodeConsolidation);
     assert_eq!(cmd.claim_names(), vec!["claim-idle"]);
     assert_eq!(cmd.decision(), "delete");
+}
+
+#[test]
+fn a_pod_moves_only_where_its_volume_can_follow() {
+    let (mut s, c) = busy_and_idle();
+    let zone = |z: &str| {
+        let mut r = Requirements::new();
+        r.add(Requirement::is_in(ZONE_LABEL, &[z]));
+        vec![r]
+    };
+    // Its volume is in the nodes' zone: the move stands.
+    s.volume_topology.insert("ns/p2".into(), zone("z"));
+    assert_eq!(
+        decide(&s, &c, &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+    // Its volume is in a zone no node or instance type offers: the pod could not run anywhere
+    // else, so its node stays.
+    s.volume_topology.insert("ns/p2".into(), zone("elsewhere"));
+    assert_eq!(decide(&s, &c, &allow(1)), None);
 }
 
 #[test]

@@ -91,6 +91,9 @@ pub struct Snapshot {
     /// without constraints of their own are spread by them. None: no defaults (upstream's
     /// default).
     pub default_spread: Option<default_spread::DefaultSpread>,
+    /// Pending pods' volume topology by pod key (see [`volumes::prepare`]): alternatives, one of
+    /// which the node or claim a pod goes to must satisfy.
+    pub volume_topology: volumes::VolumeTopology,
 }
 
 /// A node the pods may go to without a new claim.

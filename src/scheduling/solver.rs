@@ -76,8 +76,8 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
     if !volumes.by_node.is_empty() {
         solver.volumes = Some((volumes.by_node.clone(), &volumes.by_pod));
     }
-    if !volumes.topology.is_empty() {
-        solver.volume_topology = Some(&volumes.topology);
+    if !snapshot.volume_topology.is_empty() {
+        solver.volume_topology = Some(&snapshot.volume_topology);
     }
     solver.intern_terms(&pending, &bound);
     solver.place_bound(&snapshot.bound_pods, &bound);

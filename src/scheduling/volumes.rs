@@ -337,13 +337,12 @@ impl VolumeUsage {
     }
 }
 
-/// The volume inputs of [`super::solve_with_volumes`]: existing nodes' usage by node name,
-/// pending pods' volumes by pod `namespace/name`, and pending pods' volume topology.
+/// The volume inputs of [`super::solve_with_volumes`]: existing nodes' usage by node name and
+/// pending pods' volumes by pod `namespace/name`.
 #[derive(Clone, Debug, Default)]
 pub struct NodeVolumes {
     pub by_node: HashMap<String, VolumeUsage>,
     pub by_pod: HashMap<String, PodVolumes>,
-    pub topology: VolumeTopology,
 }
 
 impl VolumeCatalog {
@@ -468,58 +467,74 @@ fn compatible(a: &[NodeSelectorRequirement], b: &[NodeSelectorRequirement]) -> b
 /// they narrow the node or claim a pod goes to, never the domains a topology spread counts.
 pub type VolumeTopology = HashMap<String, Vec<Requirements>>;
 
-/// The volume inputs of a solve, prepared from the snapshot: each pending pod's volume topology,
-/// and existing nodes' CSI attach limits with what their pods use. Pods whose claims cannot be
-/// used are taken out of the snapshot and returned with the reason (as pods the solve cannot
-/// read: upstream ignores them).
+/// The volume inputs of a solve, prepared from the snapshot: each pending pod's volume topology
+/// (into `snapshot.volume_topology`), and existing nodes' CSI attach limits with what their pods
+/// use. Pods whose claims cannot be used are taken out of the snapshot and returned with the
+/// reason (as pods the solve cannot read: upstream ignores them).
 pub fn prepare(
     snapshot: &mut super::Snapshot,
     catalog: &VolumeCatalog,
     limits: &CsiLimits,
 ) -> (NodeVolumes, Vec<(String, PodError)>) {
-    let (topology, failures) = volume_topology(&mut snapshot.pods, catalog);
-    let mut volumes = node_volumes(snapshot, catalog, limits);
-    volumes.topology = topology;
-    (volumes, failures)
-}
-
-fn volume_topology(
-    pods: &mut Vec<Pod>,
-    catalog: &VolumeCatalog,
-) -> (VolumeTopology, Vec<(String, PodError)>) {
-    let mut topology = VolumeTopology::new();
     let mut failures = Vec::new();
-    pods.retain(|pod| {
-        let has_claims = pod.spec.as_ref().is_some_and(|s| {
-            s.volumes
-                .iter()
-                .flatten()
-                .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
-        });
-        if !has_claims {
-            return true;
-        }
-        let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-        let alternatives = catalog.requirements(pod).and_then(|alts| {
-            alts.unwrap_or_default()
-                .iter()
-                .map(|alt| Requirements::from_pod_node_selector(alt).map_err(|e| e.to_string()))
-                .collect::<Result<Vec<_>, _>>()
-        });
-        match alternatives {
-            Ok(alts) => {
-                if !alts.is_empty() {
-                    topology.insert(key, alts);
-                }
+    let mut topology = VolumeTopology::new();
+    snapshot
+        .pods
+        .retain(|pod| match pod_topology(pod, catalog) {
+            Ok(None) => true,
+            Ok(Some((key, alts))) => {
+                topology.insert(key, alts);
                 true
             }
-            Err(details) => {
+            Err((key, details)) => {
                 failures.push((key, PodError::InvalidPod { details }));
                 false
             }
-        }
+        });
+    snapshot.volume_topology = topology;
+    (node_volumes(snapshot, catalog, limits), failures)
+}
+
+/// The volume topology of bound pods a simulation moves (consolidation's, drift's), by pod key.
+/// A pod whose claims cannot be resolved is left without one: its volume is broken wherever it
+/// goes, and the provisioner reports it once the pod is pending.
+pub fn topology_of<'p>(
+    pods: impl IntoIterator<Item = &'p Pod>,
+    catalog: &VolumeCatalog,
+) -> VolumeTopology {
+    pods.into_iter()
+        .filter_map(|p| pod_topology(p, catalog).ok().flatten())
+        .collect()
+}
+
+/// One pod's volume topology alternatives with its key: None when its volumes do not constrain
+/// it, `Err` (key, reason) when its claims cannot be used.
+#[allow(clippy::type_complexity)]
+fn pod_topology(
+    pod: &Pod,
+    catalog: &VolumeCatalog,
+) -> Result<Option<(String, Vec<Requirements>)>, (String, String)> {
+    let has_claims = pod.spec.as_ref().is_some_and(|s| {
+        s.volumes
+            .iter()
+            .flatten()
+            .any(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some())
     });
-    (topology, failures)
+    if !has_claims {
+        return Ok(None);
+    }
+    let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    let alternatives = catalog.requirements(pod).and_then(|alts| {
+        alts.unwrap_or_default()
+            .iter()
+            .map(|alt| Requirements::from_pod_node_selector(alt).map_err(|e| e.to_string()))
+            .collect::<Result<Vec<_>, _>>()
+    });
+    match alternatives {
+        Ok(alts) if alts.is_empty() => Ok(None),
+        Ok(alts) => Ok(Some((key, alts))),
+        Err(details) => Err((key, details)),
+    }
 }
 
 #[cfg(test)]
@@ -642,11 +657,21 @@ mod tests {
             "spec": {"containers": [], "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "c"}}]}
         }))
         .unwrap();
-        let mut pods = vec![pod.clone()];
-        let (topology, failures) = volume_topology(&mut pods, &catalog);
+        let mut snapshot = super::super::Snapshot {
+            pods: vec![pod.clone()],
+            ..Default::default()
+        };
+        let (_, failures) = prepare(&mut snapshot, &catalog, &CsiLimits::new());
         assert!(failures.is_empty(), "{failures:?}");
-        assert_eq!(pods, vec![pod], "the pod itself is left as it is");
+        assert_eq!(
+            snapshot.pods,
+            vec![pod.clone()],
+            "the pod itself is left as it is"
+        );
         let zone_only = Requirements::from_pod_node_selector(&[zone(&["z"])]).unwrap();
-        assert_eq!(topology.get("default/p"), Some(&vec![zone_only]));
+        let expected = VolumeTopology::from([("default/p".to_string(), vec![zone_only])]);
+        assert_eq!(snapshot.volume_topology, expected);
+        // A bound pod a simulation moves gets the same.
+        assert_eq!(topology_of([&pod], &catalog), expected);
     }
 }

@@ -759,6 +759,8 @@ impl Env {
                     constraints,
                     workloads: std::sync::Arc::new(self.workloads.clone()),
                 }),
+            // `provision` prepares it, as the provisioner does.
+            volume_topology: Default::default(),
         }
     }
     /// Configure default topology spread constraints, through the `--scheduler-config`

@@ -4,6 +4,7 @@
 
 mod fixture;
 
+mod batching;
 mod binpacking;
 mod custom_constraints;
 mod default_constraints;

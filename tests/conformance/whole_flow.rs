@@ -2,7 +2,9 @@
 //! suite drives its provisioner against a real API server for them): volume topology, which
 //! reads PersistentVolumes the solve does not see, and NodePools being deleted, which the
 //! snapshot leaves out before the solve, and the pods of a deleting node, planned for before
-//! they are evicted. The controller settings that shape NodeClaims
+//! they are evicted; claims being deleted, which take no new pods; the NodePool hash a claim is
+//! made with; a kubelet that reports GPUs as zero until its device plugin registers. The
+//! controller settings that shape NodeClaims
 //! (`--default-termination-grace-period`, `--min-values-policy`) are tested here too, through
 //! the controller that reads them.
 
@@ -15,6 +17,7 @@ use serde_json::{Value, json};
 
 use karpenter_capi::actors::Settings;
 use karpenter_capi::api::duration::GoDuration;
+use karpenter_capi::api::nodepool::nodepool_hash;
 use karpenter_capi::api::wellknown::{GPU_COUNT_ANNOTATION, GPU_TYPE_ANNOTATION};
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::scheduling::MinValuesPolicy;
@@ -210,7 +213,10 @@ fn small_pod_object(name: &str, labels: Value) -> Pod {
 
 /// Creates a pod asking for 100m CPU and 128Mi.
 async fn small_pod(sim: &BackgroundSim, name: &str) {
-    let pod = small_pod_object(name, json!({}));
+    create_pod(sim, small_pod_object(name, json!({}))).await;
+}
+
+async fn create_pod(sim: &BackgroundSim, pod: Pod) {
     sim.run(|c| async move {
         Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
             .create(&PostParams::default(), &pod)
@@ -349,15 +355,15 @@ async fn strict_min_values_leave_the_heavier_pool_out() {
 /// A pod labelled `app=web` asking for 100m CPU, and a PodDisruptionBudget over it with `spec`;
 /// once the pod runs, its claim is deleted. The claims after the provisioner had time to plan
 /// for the draining node's pod, with the pod still on that node.
-async fn claims_after_deleting_a_node_with_a_budgeted_pod(budget: Value) -> Vec<Value> {
-    let (sim, _controller) = cluster().await;
-    let store = sim.cluster().server().store();
+/// Creates `n` small pods labelled `app=web` (`web-0`, ...) and a PodDisruptionBudget `web`
+/// selecting them with `budget` (`minAvailable` or `maxUnavailable`).
+async fn web_pods_with_budget(sim: &BackgroundSim, n: usize, budget: Value) {
     sim.run(move |c| async move {
-        let pod = small_pod_object("p", json!({"app": "web"}));
-        Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap();
+        let pods = Api::<Pod>::namespaced(c.client(), launch::NAMESPACE);
+        for i in 0..n {
+            let pod = small_pod_object(&format!("web-{i}"), json!({"app": "web"}));
+            pods.create(&PostParams::default(), &pod).await.unwrap();
+        }
         let mut spec = json!({"selector": {"matchLabels": {"app": "web"}}});
         spec.as_object_mut()
             .unwrap()
@@ -378,9 +384,15 @@ async fn claims_after_deleting_a_node_with_a_budgeted_pod(budget: Value) -> Vec<
     })
     .await
     .unwrap();
+}
+
+async fn claims_after_deleting_a_node_with_a_budgeted_pod(budget: Value) -> Vec<Value> {
+    let (sim, _controller) = cluster().await;
+    let store = sim.cluster().server().store();
+    web_pods_with_budget(&sim, 1, budget).await;
     let node = wait_for("the pod running on a node", || {
         store
-            .get("pods", launch::NAMESPACE, "p")
+            .get("pods", launch::NAMESPACE, "web-0")
             .and_then(|p| p["spec"]["nodeName"].as_str().map(str::to_string))
     })
     .await;
@@ -400,7 +412,9 @@ async fn claims_after_deleting_a_node_with_a_budgeted_pod(budget: Value) -> Vec<
     // The drain is blocked by the budget (it allows no disruption with one pod), so the pod
     // stays; several batches pass.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let pod = store.get("pods", launch::NAMESPACE, "p").expect("the pod");
+    let pod = store
+        .get("pods", launch::NAMESPACE, "web-0")
+        .expect("the pod");
     assert_eq!(pod["spec"]["nodeName"].as_str(), Some(node.as_str()));
     assert!(pod["metadata"]["deletionTimestamp"].is_null(), "{pod:#}");
     store.list("nodeclaims", None)
@@ -461,15 +475,7 @@ async fn a_node_whose_kubelet_zeroes_its_gpus_still_takes_the_next_gpu_pod() {
         ..SimClusterConfig::default()
     };
     let (sim, _controller) = cluster_of(config, vec![seed], |_| {}, Metrics::new()).await;
-    let create = |name: &'static str| {
-        sim.run(move |c| async move {
-            Api::<Pod>::namespaced(c.client(), launch::NAMESPACE)
-                .create(&PostParams::default(), &gpu_pod(name))
-                .await
-                .unwrap();
-        })
-    };
-    create("first").await.unwrap();
+    create_pod(&sim, gpu_pod("first")).await;
     let store = sim.cluster().server().store();
     wait_for("the first claim's Node, with its GPUs zeroed", || {
         store
@@ -478,7 +484,7 @@ async fn a_node_whose_kubelet_zeroes_its_gpus_still_takes_the_next_gpu_pod() {
             .find(|n| n["status"]["allocatable"]["nvidia.com/gpu"] == "0")
     })
     .await;
-    create("second").await.unwrap();
+    create_pod(&sim, gpu_pod("second")).await;
     wait_for("the second pod nominated", || {
         store
             .list("events.events.k8s.io", None)
@@ -487,4 +493,161 @@ async fn a_node_whose_kubelet_zeroes_its_gpus_still_takes_the_next_gpu_pod() {
     })
     .await;
     assert_eq!(store.list("nodeclaims", None).len(), 1);
+}
+
+/// The claims in the store that are not being deleted.
+fn live_claims(sim: &BackgroundSim) -> Vec<Value> {
+    sim.cluster()
+        .server()
+        .store()
+        .list("nodeclaims", None)
+        .into_iter()
+        .filter(|c| c["metadata"]["deletionTimestamp"].is_null())
+        .collect()
+}
+
+fn name_of(object: &Value) -> String {
+    object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Deletes the claim, first holding it with a finalizer of somebody else's so it stays
+/// terminating.
+async fn delete_held(sim: &BackgroundSim, claim: String) {
+    sim.run(move |c| async move {
+        let claims: Api<karpenter_capi::api::nodeclaim::NodeClaim> = Api::all(c.client());
+        let hold =
+            json!({"metadata": {"finalizers": ["karpenter.sh/termination", "example.com/hold"]}});
+        claims
+            .patch(
+                &claim,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&hold),
+            )
+            .await
+            .unwrap();
+        claims.delete(&claim, &Default::default()).await.unwrap();
+    })
+    .await
+    .unwrap();
+}
+
+/// The claim a pod's `Nominated` Event names, once it has one.
+fn nominated_to(sim: &BackgroundSim, pod: &str) -> Option<String> {
+    sim.cluster()
+        .server()
+        .store()
+        .list("events.events.k8s.io", None)
+        .into_iter()
+        .filter(|e| e["reason"] == "Nominated" && e["regarding"]["name"] == pod)
+        .filter_map(|e| e["note"].as_str().map(str::to_string))
+        .next_back()
+}
+
+/// Upstream provisioning suite: should launch a second node if an in-flight node is terminating.
+#[actix::test]
+async fn a_terminating_claim_takes_no_new_pods() {
+    let (sim, _controller) = cluster().await;
+    small_pod(&sim, "first").await;
+    let first = name_of(&first_claim(&sim).await);
+    delete_held(&sim, first.clone()).await;
+    small_pod(&sim, "second").await;
+    let second = wait_for("a claim for the second pod", || {
+        live_claims(&sim).into_iter().next()
+    })
+    .await;
+    assert_ne!(name_of(&second), first);
+    let note = wait_for("the second pod nominated", || nominated_to(&sim, "second")).await;
+    assert!(note.contains(&name_of(&second)), "{note}");
+}
+
+/// Upstream provisioning suite: should schedule all pods on one inflight node when node is in
+/// deleting state. Three pods run on a claim being deleted (a budget holds their eviction); they
+/// and two new pods all go to one new claim, none to the deleting one.
+#[actix::test]
+async fn pods_of_a_deleting_node_and_new_pods_share_one_new_claim() {
+    let (sim, _controller) = cluster().await;
+    web_pods_with_budget(&sim, 3, json!({"minAvailable": 3})).await;
+    let store = sim.cluster().server().store();
+    wait_for("the three pods running", || {
+        let running = (0..3)
+            .filter(|i| {
+                store
+                    .get("pods", launch::NAMESPACE, &format!("web-{i}"))
+                    .is_some_and(|p| p["spec"]["nodeName"].is_string())
+            })
+            .count();
+        (running == 3).then_some(())
+    })
+    .await;
+    let old: Vec<String> = live_claims(&sim).iter().map(name_of).collect();
+    assert_eq!(old.len(), 1, "one claim for the three pods");
+    delete_held(&sim, old[0].clone()).await;
+    small_pod(&sim, "new-0").await;
+    small_pod(&sim, "new-1").await;
+    let notes = wait_for("both new pods nominated", || {
+        Some((nominated_to(&sim, "new-0")?, nominated_to(&sim, "new-1")?))
+    })
+    .await;
+    let new: Vec<String> = live_claims(&sim).iter().map(name_of).collect();
+    assert_eq!(new.len(), 1, "one new claim: {new:?}");
+    for note in [notes.0, notes.1] {
+        assert!(note.contains(&new[0]), "{note}");
+        assert!(!note.contains(&old[0]), "{note}");
+    }
+    // The deleting node's pods are still there, waiting for their budget.
+    assert_eq!(store.list("nodeclaims", None).len(), 2);
+}
+
+/// Upstream provisioning suite: should not use a different NodePool hash on the NodeClaim if the
+/// NodePool changes during scheduling. A claim carries the hash of the NodePool its solve saw;
+/// a change to the NodePool afterwards changes the next claim's, not this one's.
+#[actix::test]
+async fn a_claim_keeps_the_nodepool_hash_its_solve_saw() {
+    let (sim, _controller) = cluster().await;
+    let store = sim.cluster().server().store();
+    let pool = || -> karpenter_capi::api::nodepool::NodePool {
+        serde_json::from_value(store.get("nodepools", "", launch::NODEPOOL).expect("pool"))
+            .expect("a NodePool")
+    };
+    let hash = |claim: &Value| {
+        claim["metadata"]["annotations"]["karpenter.sh/nodepool-hash"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let before = nodepool_hash(&pool());
+    small_pod(&sim, "first").await;
+    let first = first_claim(&sim).await;
+    assert_eq!(hash(&first).as_deref(), Some(before.as_str()));
+    sim.run(|c| async move {
+        let patch =
+            json!({"spec": {"template": {"metadata": {"labels": {"new-label": "new-value"}}}}});
+        Api::<karpenter_capi::api::nodepool::NodePool>::all(c.client())
+            .patch(
+                launch::NODEPOOL,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+    })
+    .await
+    .unwrap();
+    let after = nodepool_hash(&pool());
+    assert_ne!(before, after);
+    // A pod too big to join the first claim (2 CPUs) gets a claim of its own, with the new hash.
+    let big = small_pod_object("big", json!({}));
+    let mut big = serde_json::to_value(big).unwrap();
+    big["spec"]["containers"][0]["resources"]["requests"]["cpu"] = json!("3");
+    create_pod(&sim, serde_json::from_value(big).unwrap()).await;
+    let second = wait_for("a second claim", || {
+        store
+            .list("nodeclaims", None)
+            .into_iter()
+            .find(|c| name_of(c) != name_of(&first))
+    })
+    .await;
+    assert_eq!(hash(&second).as_deref(), Some(after.as_str()));
 }

@@ -376,12 +376,24 @@ pub fn snapshot(shared: &Shared, candidates: &[Candidate]) -> Snapshot {
         })
         .map(|c| c.node.clone())
         .collect();
-    crate::actors::snapshot::build(
+    let mut snapshot = crate::actors::snapshot::build(
         shared,
         none,
         shared.settings.preference,
         crate::actors::snapshot::BoundPods::Needed { moving: &moving },
-    )
+    );
+    // A moved pod's volumes bound where it may go, as they bound a pending pod.
+    let on_moving = snapshot.bound_pods.iter().filter(|p| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some_and(|n| moving.contains(n))
+    });
+    snapshot.volume_topology = crate::scheduling::volumes::topology_of(
+        on_moving.map(|p| &**p),
+        &shared.state.storage.read().catalog,
+    );
+    snapshot
 }
 
 fn expired(c: &NodeClaim, now: Timestamp) -> bool {
