@@ -35,6 +35,8 @@ pub enum Error {
     Leader(#[from] leader::Error),
     #[error("invalid logging configuration: {0}")]
     Logging(String),
+    #[error("start-up was stopped")]
+    Stopped,
 }
 
 /// Install the global tracing subscriber (text or JSON, filter from LOG_LEVEL).
@@ -344,6 +346,22 @@ pub async fn start_replica(
     health: Arc<Health>,
     election: Option<leader::Config>,
 ) -> Result<Replica, Error> {
+    let never = std::future::pending::<&'static str>();
+    let started = start_replica_until(controller, gate, health, election, never).await?;
+    // `never` cannot resolve, so start-up was not stopped.
+    started.ok_or(Error::Stopped)
+}
+
+/// [`start_replica`], unless `stop` resolves first (a signal during start-up): then the Lease,
+/// if already taken, is released as at shutdown, and None is returned. A start-up that fails
+/// releases it too. Either way a standby need not wait for the Lease to expire.
+pub async fn start_replica_until(
+    controller: Controller,
+    gate: WriteGate,
+    health: Arc<Health>,
+    election: Option<leader::Config>,
+    stop: impl std::future::Future<Output = &'static str>,
+) -> Result<Option<Replica>, Error> {
     let (election, leading, always) = match election {
         Some(cfg) => {
             let e = leader::Election::spawn(controller.workload.clone(), cfg);
@@ -361,16 +379,38 @@ pub async fn start_replica(
         health.clone(),
         gate.clone(),
     ));
-    let handle = controller.start_synced(leading.clone()).await?;
+    let give_up = |election: Option<leader::Election>, gate: WriteGate| async move {
+        gate.close();
+        if let Some(e) = election {
+            e.release(RELEASE_BOUND).await;
+        }
+    };
+    let started = tokio::select! {
+        r = controller.start_synced(leading.clone()) => r,
+        s = stop => {
+            tracing::info!(signal = s, "signal during start-up; exiting");
+            give_up(election, gate).await;
+            reporter.abort();
+            return Ok(None);
+        }
+    };
+    let handle = match started {
+        Ok(h) => h,
+        Err(e) => {
+            give_up(election, gate).await;
+            reporter.abort();
+            return Err(e.into());
+        }
+    };
     health.set_ready();
-    Ok(Replica {
+    Ok(Some(Replica {
         handle,
         leading,
         gate,
         election,
         _always: always,
         reporter,
-    })
+    }))
 }
 
 /// Leadership as a metric, on the health struct and in the log; the gate closes when it is lost
@@ -522,12 +562,10 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         metrics,
         instance: identity,
     };
-    let mut replica = tokio::select! {
-        r = start_replica(controller, gate, health, election) => r?,
-        s = &mut signal => {
-            tracing::info!(signal = s, "signal during start-up; exiting");
-            return Ok(());
-        }
+    let Some(mut replica) =
+        start_replica_until(controller, gate, health, election, &mut signal).await?
+    else {
+        return Ok(());
     };
     tokio::select! {
         r = replica.lost() => {

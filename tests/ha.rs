@@ -3,7 +3,8 @@
 //! Health and metrics. Both are Ready, exactly one writes, and the standby takes over after the
 //! leader is killed (within lease duration + 2 s) or stopped gracefully (within 2 s), and then
 //! provisions from the API state. Also: a leader whose Lease requests hang steps down in time,
-//! client deadlines end a hung request, and the binary releases the Lease on SIGTERM.
+//! client deadlines end a hung request, and the binary releases the Lease on SIGTERM, also when
+//! the signal comes during start-up.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -317,6 +318,57 @@ async fn a_leader_whose_lease_requests_hang_steps_down_within_the_renew_deadline
         .await
         .expect("the election ends");
     assert!(matches!(end, Err(leader::Error::Lost { .. })), "{end:?}");
+    sim.cluster().server().faults().clear();
+}
+
+/// SIGTERM can arrive after the Lease is taken but before start-up is done (the caches are
+/// still syncing): the Lease is released then too, or a standby waits a whole lease duration.
+#[actix::test]
+async fn a_signal_during_start_up_releases_a_lease_already_taken() {
+    let (sim, _) = seeded().await;
+    // Start-up cannot finish: listing Nodes hangs far longer than this test.
+    sim.cluster()
+        .server()
+        .faults()
+        .set_latency("nodes", Duration::from_secs(600));
+    let client = sim.client_here().await.expect("client");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let controller = Controller {
+        workload: client.clone(),
+        management: client,
+        capi_version: None,
+        settings: sim_settings(None),
+        metrics: Metrics::new(),
+        instance: "starting".into(),
+    };
+    let holder = |l: Option<Lease>| {
+        l.and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default()
+    };
+    let leases_seen = leases.clone();
+    let signal = async move {
+        while holder(leases_seen.get_opt(LEASE_NAME).await.ok().flatten()) != "starting" {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        "SIGTERM"
+    };
+    let started = tokio::time::timeout(
+        PATIENCE,
+        app::start_replica_until(
+            controller,
+            WriteGate::default(),
+            Arc::new(Health::default()),
+            Some(election("starting")),
+            signal,
+        ),
+    )
+    .await
+    .expect("start-up stops at the signal")
+    .expect("no error");
+    assert!(started.is_none(), "start-up was stopped");
+    let lease = leases.get_opt(LEASE_NAME).await.expect("get Lease");
+    assert_eq!(holder(lease), "", "the Lease is released");
     sim.cluster().server().faults().clear();
 }
 
