@@ -241,10 +241,13 @@ impl Provisioner {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
             };
-            let claim = scheduling::with_default_termination_grace_period(
+            let mut claim = scheduling::with_default_termination_grace_period(
                 scheduling::nodeclaim_for(&new, pool),
                 self.shared.settings.default_termination_grace_period,
             );
+            if let Some(o) = super::nodeclaim::prelaunch(&self.shared.catalog, &mut claim) {
+                tracing::debug!(nodepool = %new.nodepool, machine_deployment = %o.machine_deployment, instance_type = %o.instance_type, price = o.price, "offering chosen at creation");
+            }
             self.create(claim, new.nodepool.clone(), new.pods, ctx);
         }
     }

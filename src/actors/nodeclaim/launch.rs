@@ -1,8 +1,10 @@
 //! Launch (Karpenter core's lifecycle/launch): choose an offering, record it on the claim with
-//! the finalizer before any replica is requested (invariant 4), record the bound Machine, and
+//! the finalizer before any replica is requested (invariant 4; the provisioner does it in the
+//! claim it creates when it can, [`prelaunch`], saving a write), record the bound Machine, and
 //! write `Launched=True` with the provider ID and capacity once the Machine has one. A claim
 //! that cannot launch says why and, past Karpenter's launch timeout, is deleted.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -11,9 +13,10 @@ use serde_json::{Value, json};
 
 use super::{Next, Step, left_until, object_ref, since};
 use crate::actors::Error;
-use crate::actors::catalog::{Choice, ResolveError};
+use crate::actors::catalog::{CatalogView, Choice, ResolveError};
 use crate::actors::patch::JsonPatch;
 use crate::api::conditions::{self, ConditionStatus};
+use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::Requirements;
 use crate::api::resources::Resources;
 use crate::api::wellknown::*;
@@ -24,6 +27,64 @@ use crate::state::machines::key as machine_key;
 
 /// How often a claim whose NodeClass is missing or not ready tries again.
 const LAUNCH_RETRY: Duration = Duration::from_secs(10);
+
+/// The offering a claim launches on: the cheapest available one its requirements, requests and
+/// taints allow, but those in `excluded`.
+pub fn resolve(
+    catalog: &CatalogView,
+    claim: &NodeClaim,
+    excluded: &HashSet<String>,
+) -> Result<Choice, ResolveError> {
+    // Values the schema accepts but that make no sense (a negative request) are refused
+    // with the field named, as upstream's CEL rules would have refused the object.
+    crate::api::validation::validate_nodeclaim(claim)
+        .map_err(|e| ResolveError::Invalid(e.to_string()))?;
+    let spec = &claim.spec;
+    let reqs = Requirements::from_node_selector_requirements(&spec.requirements)
+        .map_err(|e| ResolveError::Invalid(format!("spec.requirements: {e}")))?;
+    let requests = spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .map(Resources::from_k8s)
+        .transpose()
+        .map_err(|e| ResolveError::Invalid(format!("spec.resources.requests: {e}")))?
+        .unwrap_or_default();
+    let declared = crate::actors::provisioner::declared_taints(&spec.taints, &spec.startup_taints);
+    catalog.resolve(
+        &spec.node_class_ref.name,
+        &reqs,
+        &requests,
+        excluded,
+        &declared,
+    )
+}
+
+/// A new claim, launched at its creation: the offering chosen, recorded with the finalizer and
+/// the offering's labels in the object created, so its first write is its creation (invariant 4
+/// holds: the MachineDeployment is on the claim before any replica is asked for). A claim whose
+/// offering cannot be chosen yet is created as it is, and its actor decides (and says why).
+pub fn prelaunch(catalog: &CatalogView, claim: &mut NodeClaim) -> Option<Choice> {
+    let choice = resolve(catalog, claim, &HashSet::new()).ok()?;
+    let finalizers = claim.metadata.finalizers.get_or_insert_with(Vec::new);
+    if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
+        finalizers.push(TERMINATION_FINALIZER.to_string());
+    }
+    claim
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            MACHINE_DEPLOYMENT_ANNOTATION.to_string(),
+            choice.machine_deployment.clone(),
+        );
+    claim
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .extend(choice.node_labels());
+    Some(choice)
+}
 
 impl Step {
     /// First step: choose the offering and record it on the claim, with the finalizer and the
@@ -70,30 +131,7 @@ impl Step {
     }
 
     pub(super) fn resolve(&self) -> Result<Choice, ResolveError> {
-        // Values the schema accepts but that make no sense (a negative request) are refused
-        // with the field named, as upstream's CEL rules would have refused the object.
-        crate::api::validation::validate_nodeclaim(&self.claim)
-            .map_err(|e| ResolveError::Invalid(e.to_string()))?;
-        let spec = &self.claim.spec;
-        let reqs = Requirements::from_node_selector_requirements(&spec.requirements)
-            .map_err(|e| ResolveError::Invalid(format!("spec.requirements: {e}")))?;
-        let requests = spec
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .map(Resources::from_k8s)
-            .transpose()
-            .map_err(|e| ResolveError::Invalid(format!("spec.resources.requests: {e}")))?
-            .unwrap_or_default();
-        let declared =
-            crate::actors::provisioner::declared_taints(&spec.taints, &spec.startup_taints);
-        self.shared.catalog.resolve(
-            &spec.node_class_ref.name,
-            &reqs,
-            &requests,
-            &self.excluded,
-            &declared,
-        )
+        resolve(&self.shared.catalog, &self.claim, &self.excluded)
     }
 
     /// A launch that cannot start yet (or ever): say why in `Launched` and an Event, once.

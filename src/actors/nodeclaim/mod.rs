@@ -32,6 +32,7 @@ use crate::state::versions::Freshness;
 
 mod initialization;
 mod launch;
+pub use launch::prelaunch;
 mod liveness;
 mod registration;
 mod termination;
