@@ -138,11 +138,11 @@ impl Requirement {
     }
 
     /// `key In values`.
-    pub fn is_in(key: &str, values: &[&str]) -> Requirement {
+    pub fn is_in<S: AsRef<str>>(key: &str, values: &[S]) -> Requirement {
         Requirement {
             key: key.to_string(),
             complement: false,
-            values: values.iter().map(|v| v.to_string()).collect(),
+            values: values.iter().map(|v| v.as_ref().to_string()).collect(),
             min: None,
             max: None,
             absent_ok: false,

@@ -509,16 +509,20 @@ impl<'a> Solver<'a> {
             .and_then(|t| t.get(&pod.key))
             .map(|alts| alts.iter().map(|a| reqs.intersect(a)).collect())
             .unwrap_or_default();
-        let choices: Vec<&Requirements> = if with_volumes.is_empty() {
-            vec![&reqs]
+        // The common case, no volume alternative, allocates nothing.
+        let alone = [&*reqs];
+        let many: Vec<&Requirements>;
+        let choices: &[&Requirements] = if with_volumes.is_empty() {
+            &alone
         } else {
-            with_volumes.iter().collect()
+            many = with_volumes.iter().collect();
+            &many
         };
         let ctx = Ctx {
             pod,
             prep,
             reqs: &reqs,
-            choices: &choices,
+            choices,
             strict,
             active: &active,
             owned: &owned,
@@ -528,24 +532,33 @@ impl<'a> Solver<'a> {
             return Ok(Some(node));
         }
         // A requirement naming hosts (the pod's, or a volume's) rules out every new node.
-        let mut restricted = None;
-        let open: Vec<&Requirements> = choices
-            .iter()
-            .copied()
-            .filter(|r| match restricted_label(r) {
-                Some(e) => {
-                    restricted.get_or_insert(e);
-                    false
+        let open: Vec<&Requirements>;
+        let ctx = match choices {
+            [only] => match restricted_label(only) {
+                Some(e) => return Err(e),
+                None => ctx,
+            },
+            _ => {
+                let mut restricted = None;
+                open = choices
+                    .iter()
+                    .copied()
+                    .filter(|r| match restricted_label(r) {
+                        Some(e) => {
+                            restricted.get_or_insert(e);
+                            false
+                        }
+                        None => true,
+                    })
+                    .collect();
+                if let Some(e) = restricted.filter(|_| open.is_empty()) {
+                    return Err(e);
                 }
-                None => true,
-            })
-            .collect();
-        if let Some(e) = restricted.filter(|_| open.is_empty()) {
-            return Err(e);
-        }
-        let ctx = Ctx {
-            choices: &open,
-            ..ctx
+                Ctx {
+                    choices: &open,
+                    ..ctx
+                }
+            }
         };
         if self.try_claims(&ctx) {
             return Ok(None);
@@ -658,6 +671,7 @@ impl<'a> Solver<'a> {
 
     /// What claim `ci` becomes if `ctx`'s pod joins it: its usage, the types left and its
     /// requirements when they change; `None` when the pod cannot join.
+    #[inline]
     fn join(&self, claim: &Claim, ctx: &Ctx) -> Option<Joined> {
         let pool = &self.pools[claim.pool];
         if (!ctx.reqs.is_empty() && claim.reqs.compatible(ctx.reqs).is_err())
@@ -1410,8 +1424,7 @@ fn relax(pod: &PodInfo, prep: &Prepared, attempt: &mut Attempt) -> bool {
 
 fn with_narrowing(mut reqs: Requirements, narrowed: &[Narrowing]) -> Requirements {
     for (k, vs) in narrowed {
-        let vs: Vec<&str> = vs.iter().map(String::as_str).collect();
-        reqs.add(Requirement::is_in(k, &vs));
+        reqs.add(Requirement::is_in(k, vs.as_slice()));
     }
     reqs
 }

@@ -52,7 +52,24 @@ enum View<'p> {
 }
 
 /// An open claim's narrowing for one topology key: the values it may still take.
-pub type Narrowing = (String, Vec<String>);
+pub type Narrowing = (String, Values);
+
+/// The values a narrowing leaves: one (a spread or affinity picks its domain; kept apart so the
+/// common case allocates no list) or several (every free domain of an anti-affinity).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Values {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Values {
+    pub fn as_slice(&self) -> &[String] {
+        match self {
+            Values::One(v) => std::slice::from_ref(v),
+            Values::Many(vs) => vs,
+        }
+    }
+}
 
 /// The free domains (`taken` is zero) of an open view: no narrowing when every domain is free,
 /// `Err` when none is.
@@ -61,16 +78,21 @@ fn free_of(
     open: Vec<&str>,
     taken: impl Fn(&str) -> u32,
 ) -> Result<Option<Narrowing>, ()> {
-    let all = open.len();
-    let free: Vec<String> = open
-        .into_iter()
-        .filter(|d| taken(d) == 0)
-        .map(str::to_string)
-        .collect();
-    match free.len() {
+    // Counted before anything is allocated: this runs for every claim an anti-affine pod is
+    // tried against, and most answers are "every domain free" or "none".
+    let free = open.iter().filter(|d| taken(d) == 0).count();
+    match free {
         0 => Err(()),
-        n if n == all => Ok(None),
-        _ => Ok(Some((key.to_string(), free))),
+        n if n == open.len() => Ok(None),
+        _ => Ok(Some((
+            key.to_string(),
+            Values::Many(
+                open.into_iter()
+                    .filter(|d| taken(d) == 0)
+                    .map(str::to_string)
+                    .collect(),
+            ),
+        ))),
     }
 }
 
@@ -348,7 +370,7 @@ impl<'a> Topology<'a> {
                             .into_iter()
                             .filter(|d| allowed(d))
                             .min_by_key(|d| count(d))
-                            .map(|d| Some((key.to_string(), vec![d.to_string()])))
+                            .map(|d| Some((key.to_string(), Values::One(d.to_string()))))
                             .ok_or(Rejection::SpreadNoDomain(gi))?,
                     }
                 }
@@ -377,7 +399,7 @@ impl<'a> Topology<'a> {
                                     .max_by(|a, b| count(a).cmp(&count(b)).then(b.cmp(a)))
                             };
                             let d = best.ok_or(Rejection::AffinityNoDomain(gi))?;
-                            Some((key.to_string(), vec![d.to_string()]))
+                            Some((key.to_string(), Values::One(d.to_string())))
                         }
                     }
                 }
@@ -564,7 +586,7 @@ impl<'a> Topology<'a> {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v);
-        if let Some([one]) = narrow.map(Vec::as_slice) {
+        if let Some([one]) = narrow.map(Values::as_slice) {
             return View::Fixed(Some(Cow::Owned(one.clone())));
         }
         match place {
@@ -596,7 +618,7 @@ impl<'a> Topology<'a> {
                         .flat_map(BTreeMap::keys)
                         .filter(|d| theirs.is_none_or(|r| r.has(d)))
                         .filter(|d| mine.is_none_or(|r| r.has(d)))
-                        .filter(|d| narrow.is_none_or(|n| n.contains(d)))
+                        .filter(|d| narrow.is_none_or(|n| n.as_slice().contains(d)))
                         .map(String::as_str)
                         .collect(),
                 )

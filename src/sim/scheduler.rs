@@ -196,6 +196,10 @@ impl Inner {
                 None => {}
             }
         }
+        // Nothing to schedule: a pass over the nodes (their events wake it) would decide nothing.
+        if pending.is_empty() {
+            return;
+        }
         pending.sort_by_key(|p| {
             (
                 p.metadata.creation_timestamp.clone().map(|t| t.0),

@@ -1026,14 +1026,20 @@ pub fn merge_for_update(def: &ResourceDef, old: &Value, new: Value, part: Part) 
 }
 
 fn spec_changed(old: &Value, new: &Value) -> bool {
-    let strip = |v: &Value| -> Map<String, Value> {
-        let mut m = v.as_object().cloned().unwrap_or_default();
-        for k in ["metadata", "status", "apiVersion", "kind"] {
-            m.remove(k);
-        }
-        m
-    };
-    strip(old) != strip(new)
+    // Compared in place: cloning the objects (metadata and managedFields included) to strip
+    // them cost the server more than the rest of the write.
+    const NOT_SPEC: [&str; 4] = ["metadata", "status", "apiVersion", "kind"];
+    // A non-object has no spec fields: it compares as an empty map.
+    let empty = Map::new();
+    let old = old.as_object().unwrap_or(&empty);
+    let new = new.as_object().unwrap_or(&empty);
+    let spec =
+        |m: &Map<String, Value>| m.keys().filter(|k| !NOT_SPEC.contains(&k.as_str())).count();
+    spec(old) != spec(new)
+        || old
+            .iter()
+            .filter(|(k, _)| !NOT_SPEC.contains(&k.as_str()))
+            .any(|(k, v)| new.get(k) != Some(v))
 }
 
 #[cfg(test)]
@@ -1044,6 +1050,23 @@ mod tests {
     fn store() -> (Store, Arc<Registry>) {
         let reg = Arc::new(Registry::new(CapiVersions::Both, vec![]).unwrap());
         (Store::new(reg.clone(), 100, 100, 1), reg)
+    }
+
+    #[test]
+    fn only_fields_outside_metadata_and_status_change_the_spec() {
+        let base = json!({"apiVersion": "v1", "kind": "K", "metadata": {"name": "a"},
+                          "spec": {"replicas": 1}, "status": {"ready": 1}});
+        let mut v = base.clone();
+        v["metadata"]["labels"] = json!({"x": "y"});
+        v["status"]["ready"] = json!(2);
+        assert!(!spec_changed(&base, &v));
+        v["spec"]["replicas"] = json!(2);
+        assert!(spec_changed(&base, &v));
+        let mut added = base.clone();
+        added["template"] = json!({});
+        assert!(spec_changed(&base, &added), "a new top-level field");
+        assert!(spec_changed(&added, &base), "a removed one");
+        assert!(!spec_changed(&json!(null), &json!({"metadata": {}})));
     }
 
     #[test]
