@@ -602,3 +602,41 @@ async fn default_spread_constraints_spread_a_services_pods_over_the_zones() {
     .await;
     assert_one_claim_per_zone(&env).await;
 }
+
+/// The provisioner creates a claim already launched: the finalizer, the chosen MachineDeployment
+/// and the offering's labels are in the create, and the controller's only metadata write to the
+/// claim afterwards is its Machine's key (issue 12's writes per claim).
+#[actix::test]
+async fn a_provisioned_claim_is_created_with_its_launch_decision() {
+    let env = env(None).await;
+    env.deployment("one", 1, PodShape::new("100m", "128Mi"))
+        .await;
+    env.wait("the pod bound", |e| e.bound_pods() == 1).await;
+    let claims = env.list("nodeclaims");
+    let [claim] = claims.as_slice() else {
+        panic!("one claim: {claims:#?}");
+    };
+    assert!(
+        claim["metadata"]["finalizers"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f == "karpenter.sh/termination")),
+        "{claim:#}"
+    );
+    assert!(
+        claim["metadata"]["annotations"]["karpenter.cluster.x-k8s.io/machine-deployment"]
+            .is_string(),
+        "{claim:#}"
+    );
+    let name = claim["metadata"]["name"].as_str().unwrap_or_default();
+    let patches: Vec<String> = env
+        .sim
+        .cluster()
+        .stats()
+        .writes()
+        .into_iter()
+        .filter(|w| w.agent == karpenter_capi::app::USER_AGENT && w.name == name)
+        .map(|w| w.target())
+        .filter(|t| t == "patch nodeclaims")
+        .collect();
+    assert_eq!(patches.len(), 1, "only the Machine's key: {patches:?}");
+}

@@ -47,7 +47,7 @@ pub fn build<'a>(
     let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
     let claim_of_node = claims_by_node(&claims);
-    let deleting = deleting_nodes(&node_list, &claim_of_node);
+    let deleting = deleting_nodes(node_list.iter(), &nodes_of_deleting_claims(claims.iter()));
     let mut pods: Vec<Pod> = pods_idx
         .provisionable()
         .iter()
@@ -268,12 +268,12 @@ fn claims_by_node(claims: &[Arc<NodeClaim>]) -> HashMap<String, Arc<NodeClaim>> 
 }
 
 /// Whether some pod of a deleting node is to be planned for: the provisioner has work even
-/// with no pod pending.
+/// with no pod pending. Asked on every batch trigger without pending pods, so it reads the
+/// indexes in place rather than copying them as a snapshot does.
 pub fn has_reschedulable_pods(shared: &Shared) -> bool {
     let st = &shared.state;
-    let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
-    let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
-    let deleting = deleting_nodes(&node_list, &claims_by_node(&claims));
+    let of_claims = nodes_of_deleting_claims(st.claims.read().all());
+    let deleting = deleting_nodes(st.nodes.read().all(), &of_claims);
     if deleting.is_empty() {
         return false;
     }
@@ -288,19 +288,30 @@ pub fn has_reschedulable_pods(shared: &Shared) -> bool {
     })
 }
 
+/// The Nodes of claims being deleted.
+fn nodes_of_deleting_claims<'c>(
+    claims: impl Iterator<Item = &'c Arc<NodeClaim>>,
+) -> HashSet<String> {
+    claims
+        .filter(|c| c.metadata.deletion_timestamp.is_some())
+        .filter_map(|c| c.status.as_ref()?.node_name.clone())
+        .collect()
+}
+
 /// Nodes on their way out: the Node is deleting, or its claim is (upstream's
-/// `MarkedForDeletion`). They take no pods, and their pods are planned for elsewhere.
-pub fn deleting_nodes(
-    nodes: &[Arc<Node>],
-    claim_of_node: &HashMap<String, Arc<NodeClaim>>,
+/// `MarkedForDeletion`; `of_deleting_claims` from [`nodes_of_deleting_claims`]). They take no
+/// pods, and their pods are planned for elsewhere.
+fn deleting_nodes<'n>(
+    nodes: impl Iterator<Item = &'n Arc<Node>>,
+    of_deleting_claims: &HashSet<String>,
 ) -> HashSet<String> {
     nodes
-        .iter()
         .filter(|n| {
             n.metadata.deletion_timestamp.is_some()
-                || claim_of_node
-                    .get(&n.name_any())
-                    .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+                || n.metadata
+                    .name
+                    .as_ref()
+                    .is_some_and(|name| of_deleting_claims.contains(name))
         })
         .map(|n| n.name_any())
         .collect()

@@ -13,9 +13,8 @@
 //!
 //! A pod placed on a claim whose zone is still open blocks every zone the claim may launch in
 //! for the anti-affinity groups it matches (upstream's "Schrödinger" pods); spread and affinity
-//! count it only once its zone is decided. Known simplification: a pod that carries zonal
-//! anti-affinity itself pins its new claim to the first free zone, where upstream leaves the
-//! claim open to every free zone.
+//! count it only once its zone is decided. A pod that carries zonal anti-affinity leaves its new
+//! claim open to every free zone, as upstream commits late (see [`topology`]).
 
 pub mod amounts;
 mod claim_index;

@@ -130,7 +130,7 @@ fn node_taints(node: &ExistingNode) -> Vec<Taint> {
         .collect()
 }
 
-fn pod_key(pod: &Pod) -> String {
+pub(super) fn pod_key(pod: &Pod) -> String {
     format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -1168,11 +1168,12 @@ pub(super) fn build_pool<'a>(
         Err((r, why)) => (r, Some(why)),
     };
     let taints: &[Taint] = template.spec.taints.as_deref().unwrap_or_default();
-    // Every node of the pool is registered and initialized before long: DaemonSets waiting for
-    // those labels run there too (upstream's simulation-only requirements, never on the claim).
+    // Every node of the pool gets those labels before long: DaemonSets waiting for them run
+    // there too (upstream's simulation-only requirements, never on the claim).
     let mut daemon_reqs = reqs.clone();
-    daemon_reqs.add(Requirement::is_in(REGISTERED_LABEL, &["true"]));
-    daemon_reqs.add(Requirement::is_in(INITIALIZED_LABEL, &["true"]));
+    for key in LABELS_TO_COME {
+        daemon_reqs.add(Requirement::is_in(key, &["true"]));
+    }
 
     let mut types: Vec<(f64, TypeInfo)> = instance_types
         .iter()
@@ -1273,6 +1274,10 @@ pub fn nodepool_requirements(np: &NodePool) -> Result<Requirements, (Requirement
     }
 }
 
+/// The labels (`true`) every Karpenter node gets once registered and initialized, which a
+/// DaemonSet may wait for.
+const LABELS_TO_COME: [&str; 2] = [REGISTERED_LABEL, INITIALIZED_LABEL];
+
 /// What the DaemonSets that run on node `n` still have to place there (upstream's remaining
 /// daemon resources): their requests less those of their pods already on it, never below zero
 /// (a DaemonSet may have placed a pod nobody expected, after a label appeared).
@@ -1280,13 +1285,13 @@ fn daemons_to_come(n: &ExistingNode, taints: &[Taint], daemons: &[PodInfo]) -> R
     if daemons.is_empty() {
         return Resources::new();
     }
-    // A node still coming up will be registered and initialized: DaemonSets waiting for those
-    // labels are to come too (as a new claim's overhead counts them).
+    // A node still coming up gets those labels before long: DaemonSets waiting for them are to
+    // come too (as a new claim's overhead counts them).
     let labels = if n.initialized() {
         Cow::Borrowed(&n.labels)
     } else {
         let mut l = n.labels.clone();
-        for key in [REGISTERED_LABEL, INITIALIZED_LABEL] {
+        for key in LABELS_TO_COME {
             l.entry(key.to_string())
                 .or_insert_with(|| "true".to_string());
         }

@@ -123,6 +123,24 @@ impl<'d> Domains<'d> {
     pub fn from_one(d: Option<&'d str>) -> Self {
         d.map_or(Domains::Open(Vec::new()), Domains::One)
     }
+
+    fn into_vec(self) -> Vec<&'d str> {
+        match self {
+            Domains::One(d) => vec![d],
+            Domains::Open(all) => all,
+        }
+    }
+}
+
+/// One more pod in each of `domains`, and in the group's total when it is in any.
+fn count_in(counts: &mut HashMap<String, u32>, total: &mut u32, domains: Domains<'_>) {
+    let domains = domains.into_vec();
+    for d in &domains {
+        *counts.entry((*d).to_string()).or_insert(0) += 1;
+    }
+    if !domains.is_empty() {
+        *total += 1;
+    }
 }
 
 /// What offers a domain: a NodePool (through its instance types or requirements) or an
@@ -302,16 +320,8 @@ impl<'a> Topology<'a> {
             // Anti-affinity blocks every domain the pod may still land in (upstream's
             // "Schrödinger" pods); affinity and spread count only a decided domain.
             let anti = g.key.kind == TermKind::AntiAffinity;
-            let recorded = match domains(&g.key.topology_key, anti) {
-                Domains::One(d) => vec![d],
-                Domains::Open(all) => all,
-            };
-            for d in &recorded {
-                *g.counts.entry((*d).to_string()).or_insert(0) += 1;
-            }
-            if !recorded.is_empty() {
-                g.total += 1;
-            }
+            let at = domains(&g.key.topology_key, anti);
+            count_in(&mut g.counts, &mut g.total, at);
         }
         for &gi in owned {
             let Some(g) = self.groups.get_mut(gi) else {
@@ -320,16 +330,8 @@ impl<'a> Topology<'a> {
             if g.key.kind != TermKind::AntiAffinity {
                 continue;
             }
-            let recorded = match domains(&g.key.topology_key, true) {
-                Domains::One(d) => vec![d],
-                Domains::Open(all) => all,
-            };
-            for d in &recorded {
-                *g.owners.entry((*d).to_string()).or_insert(0) += 1;
-            }
-            if !recorded.is_empty() {
-                g.owners_total += 1;
-            }
+            let at = domains(&g.key.topology_key, true);
+            count_in(&mut g.owners, &mut g.owners_total, at);
         }
     }
 

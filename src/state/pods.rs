@@ -311,10 +311,14 @@ impl Pods {
         let node = node_name(&p)
             .filter(|_| !is_terminal(&p))
             .map(str::to_string);
+        let daemonset = daemonset_of(&p).map(|uid| {
+            let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            (Box::from(uid), created)
+        });
         if let Some(n) = &node {
             self.by_node.entry(n.clone()).or_default().insert(k.clone());
             if let Some(a) = adds(&p) {
-                if is_daemonset_pod(&p) {
+                if daemonset.is_some() {
                     self.daemon_requested
                         .entry(n.clone())
                         .or_default()
@@ -326,10 +330,6 @@ impl Pods {
         let pod_terms = has_pod_terms(&p);
         self.with_terms += usize::from(pod_terms);
         let host_ports = has_host_ports(&p);
-        let daemonset = daemonset_of(&p).map(|uid| {
-            let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            (Box::from(uid), created)
-        });
         let stored = match serde_json::to_vec(&p) {
             Ok(bytes) if !provisionable => Stored::Packed(bytes.into_boxed_slice()),
             _ => Stored::Whole(Arc::new(p)),
