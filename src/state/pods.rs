@@ -143,8 +143,9 @@ pub fn is_provisionable(p: &Pod) -> bool {
 /// What the hot paths ask of every bound pod is kept beside it, so they never decode.
 struct Entry {
     stored: Stored,
-    /// The node it counts on (bound and not terminal): its requests are in `requested`.
-    node: Option<String>,
+    /// The node it counts on (bound and not terminal): its requests are in `requested`. The
+    /// name is shared with `by_node`'s key (one copy per node, not per pod).
+    node: Option<Arc<str>>,
     host_ports: bool,
     pod_terms: bool,
     /// The controlling DaemonSet's uid and the pod's creation time, for DaemonSet pods.
@@ -193,9 +194,10 @@ fn take_from(sums: &mut HashMap<String, Resources>, n: &str, a: &Resources) {
 
 #[derive(Default)]
 pub struct Pods {
-    by_key: HashMap<String, Entry>,
-    provisionable: BTreeSet<String>,
-    by_node: HashMap<String, BTreeSet<String>>,
+    /// Keys are shared by `by_key`, `provisionable` and `by_node` (one copy per pod).
+    by_key: HashMap<Arc<str>, Entry>,
+    provisionable: BTreeSet<Arc<str>>,
+    by_node: HashMap<Arc<str>, BTreeSet<Arc<str>>>,
     /// Sum of `adds` of the pods counted on each node.
     requested: HashMap<String, Resources>,
     /// The DaemonSet pods' part of `requested`, for nodes that have any.
@@ -203,7 +205,7 @@ pub struct Pods {
     /// How many pods (pending or bound) have inter-pod constraints (`has_pod_terms`).
     with_terms: usize,
     /// Per DaemonSet uid, the key of its newest pod (upstream's `GetDaemonSetPod`).
-    daemon_pods: HashMap<String, String>,
+    daemon_pods: HashMap<String, Arc<str>>,
     synced: bool,
 }
 
@@ -302,7 +304,7 @@ impl Pods {
     /// Apply one watched pod; true when it is (newly or still) provisionable.
     pub fn apply(&mut self, mut p: Pod) -> bool {
         super::trim::pod(&mut p);
-        let k = key(&p);
+        let k: Arc<str> = Arc::from(key(&p));
         let old = self.forget(&k).and_then(|e| e.daemonset);
         let provisionable = is_provisionable(&p);
         if provisionable {
@@ -310,7 +312,7 @@ impl Pods {
         }
         let node = node_name(&p)
             .filter(|_| !is_terminal(&p))
-            .map(str::to_string);
+            .map(|n| self.node_key(n));
         let daemonset = daemonset_of(&p).map(|uid| {
             let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
             (Box::from(uid), created)
@@ -320,11 +322,14 @@ impl Pods {
             if let Some(a) = adds(&p) {
                 if daemonset.is_some() {
                     self.daemon_requested
-                        .entry(n.clone())
+                        .entry(n.to_string())
                         .or_default()
                         .add_assign(&a);
                 }
-                self.requested.entry(n.clone()).or_default().add_assign(&a);
+                self.requested
+                    .entry(n.to_string())
+                    .or_default()
+                    .add_assign(&a);
             }
         }
         let pod_terms = has_pod_terms(&p);
@@ -337,7 +342,7 @@ impl Pods {
         if let Some((uid, created)) = &daemonset {
             let newer = match self.daemon_pods.get::<str>(uid) {
                 None => true,
-                Some(known) if *known == k => false,
+                Some(known) if **known == *k => false,
                 Some(known) => self
                     .by_key
                     .get(known)
@@ -366,13 +371,21 @@ impl Pods {
         provisionable
     }
 
+    /// The shared name of a node: `by_node`'s key when the node has pods already.
+    fn node_key(&self, n: &str) -> Arc<str> {
+        self.by_node
+            .get_key_value(n)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| Arc::from(n))
+    }
+
     /// Forget a pod; true when the index held it.
     pub fn remove(&mut self, k: &str) -> bool {
         let Some(old) = self.forget(k) else {
             return false;
         };
         if let Some((uid, _)) = &old.daemonset
-            && self.daemon_pods.get::<str>(uid).is_some_and(|n| n == k)
+            && self.daemon_pods.get::<str>(uid).is_some_and(|n| **n == *k)
         {
             self.newest_daemon_pod(uid);
         }
@@ -400,8 +413,8 @@ impl Pods {
                     }
                 }
             } else {
-                self.requested.remove(n);
-                self.daemon_requested.remove(n);
+                self.requested.remove(&**n);
+                self.daemon_requested.remove(&**n);
             }
         }
         Some(old)

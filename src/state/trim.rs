@@ -70,13 +70,23 @@ fn container(c: &mut Container) {
 }
 
 /// A Node as the controller reads it. Kept: metadata, the spec (provider ID, taints,
-/// unschedulable) and from the status allocatable, capacity, conditions (readiness) and the
-/// phase. Dropped: the image list (on real nodes tens of kilobytes), node info, addresses,
-/// daemon endpoints, volumes in use or attached (VolumeAttachments are watched instead),
-/// config and features.
+/// unschedulable) and from the status allocatable, the `Ready` condition (its status, reason
+/// and transition time) and the phase. Dropped: the image list (on real nodes tens of
+/// kilobytes), capacity (what the solver and the limits count is allocatable on a Node and
+/// capacity on its claim), the other conditions (the pressure conditions a real kubelet posts)
+/// and the Ready condition's heartbeat and message, node info, addresses, daemon endpoints,
+/// volumes in use or attached (VolumeAttachments are watched instead), config and features.
 pub fn node(n: &mut Node) {
     meta(&mut n.metadata);
     if let Some(status) = n.status.as_mut() {
+        status.capacity = None;
+        if let Some(cs) = status.conditions.as_mut() {
+            cs.retain(|c| c.type_ == "Ready");
+            for c in cs.iter_mut() {
+                c.last_heartbeat_time = None;
+                c.message = None;
+            }
+        }
         status.images = None;
         status.node_info = None;
         status.addresses = None;
@@ -214,7 +224,12 @@ mod tests {
             "status": {
                 "allocatable": {"cpu": "4", "pods": "110"},
                 "capacity": {"cpu": "4"},
-                "conditions": [{"type": "Ready", "status": "True"}],
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory"},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                     "message": "kubelet is posting ready status",
+                     "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                     "lastTransitionTime": "2026-01-01T00:00:00Z"}],
                 "images": [{"names": ["registry.k8s.io/pause:3.10"], "sizeBytes": 1}],
                 "nodeInfo": {"architecture": "amd64", "bootID": "", "containerRuntimeVersion": "",
                              "kernelVersion": "", "kubeProxyVersion": "", "kubeletVersion": "",
@@ -238,11 +253,23 @@ mod tests {
         assert_eq!(v["spec"]["unschedulable"], true);
         assert_eq!(v["spec"]["taints"][0]["key"], "karpenter.sh/disrupted");
         assert_eq!(v["status"]["allocatable"]["pods"], "110");
-        assert_eq!(v["status"]["capacity"]["cpu"], "4");
-        assert_eq!(v["status"]["conditions"][0]["type"], "Ready");
-        for dropped in ["images", "nodeInfo", "addresses"] {
+        let conditions = v["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0]["type"], "Ready");
+        assert_eq!(conditions[0]["status"], "True");
+        assert_eq!(conditions[0]["reason"], "KubeletReady");
+        assert_eq!(conditions[0]["lastTransitionTime"], "2026-01-01T00:00:00Z");
+        for dropped in ["message", "lastHeartbeatTime"] {
+            assert!(
+                conditions[0].get(dropped).is_none(),
+                "Ready's {dropped} kept"
+            );
+        }
+        for dropped in ["images", "nodeInfo", "addresses", "capacity"] {
             assert!(v["status"].get(dropped).is_none(), "status.{dropped} kept");
         }
         assert_eq!(crate::state::nodes::provider_id(&n), Some("sim://n1"));
+        // What the controller decides from a Node is the same after trimming.
+        assert!(crate::actors::nodeclaim::initialization::node_ready(&n));
     }
 }

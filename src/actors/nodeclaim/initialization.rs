@@ -45,7 +45,7 @@ impl Step {
 }
 
 /// The Node's `Ready` condition is True.
-pub(super) fn node_ready(node: &Node) -> bool {
+pub(crate) fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())

@@ -30,7 +30,7 @@ use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::key as machine_key;
 use crate::state::versions::Freshness;
 
-mod initialization;
+pub(crate) mod initialization;
 mod launch;
 pub use launch::prelaunch;
 mod liveness;
