@@ -483,7 +483,13 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let phase_ms = phase.elapsed().as_millis() as u64;
 
     let sim = &p.sim;
-    let mut pods = measure(sim, &p.observer, p.pods, p.since_ms);
+    let mut pods = measure(
+        sim,
+        &p.observer,
+        p.pods,
+        p.since_ms,
+        &p.controller.shared.metrics,
+    );
     pods.launch.scenario = match scenario {
         Scenario::Consolidate => "consolidate",
         Scenario::Drift => "drift",

@@ -172,7 +172,13 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DrainReport, Kept), Error>
         })
         .await??;
     wait_gone(&p.sim, &victims, Duration::from_secs(args.deadline)).await?;
-    let pods = measure(&p.sim, &p.observer, p.pods, p.since_ms);
+    let pods = measure(
+        &p.sim,
+        &p.observer,
+        p.pods,
+        p.since_ms,
+        &p.controller.shared.metrics,
+    );
     let termination = termination_counts(&p.sim, &p.observer, &victims);
     let mut report = DrainReport { pods, termination };
     report.pods.launch.scenario = "drain".into();

@@ -417,6 +417,7 @@ pub fn measure(
     requested: usize,
     since_ms: u64,
     scenario: &str,
+    metrics: &Metrics,
 ) -> Report {
     let cluster = sim.cluster();
     let stats = cluster.stats();
@@ -534,6 +535,10 @@ pub fn measure(
         latency_ms: Latencies {
             provider_id_to_claim: Percentiles::of(pid_to_claim),
             provider_id_to_status_write: Percentiles::of(pid_to_write),
+            controller_provider_id_to_status_write: Percentiles::of_histogram(
+                &metrics.encode(),
+                "karpenter_capi_provider_id_to_claim_duration_seconds",
+            ),
             claim_to_launched: Percentiles::of(to_launched),
             claim_to_initialized: Percentiles::of(to_initialized),
         },
@@ -600,6 +605,13 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
     create_claims_on(&sim, pool, n, mds).await?;
     eprintln!("waiting for the cluster to settle");
     settle_with_progress(&sim, Duration::from_secs(args.deadline), true).await?;
-    let report = measure(&sim, &observer, n, since, "launch");
+    let report = measure(
+        &sim,
+        &observer,
+        n,
+        since,
+        "launch",
+        &controller.shared.metrics,
+    );
     Ok((report, Kept::new(sim, Some(controller))))
 }

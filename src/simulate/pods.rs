@@ -202,10 +202,11 @@ pub fn measure(
     observer: &Observer,
     pods_created: usize,
     since_ms: u64,
+    metrics: &crate::metrics::Metrics,
 ) -> PodReport {
     let cluster = sim.cluster();
     let claims = observer.snapshot().len();
-    let mut launch = launch::measure(sim, observer, claims, since_ms, "pods");
+    let mut launch = launch::measure(sim, observer, claims, since_ms, "pods", metrics);
     launch.claims.requested = claims;
     let store = cluster.server().store();
     let pods = store.list("pods", None);
@@ -340,7 +341,13 @@ pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
 /// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
 pub async fn run_kept(args: &SimulateArgs) -> Result<(PodReport, Kept), Error> {
     let p = provision(args, |_| {}, |_, _| {}).await?;
-    let report = measure(&p.sim, &p.observer, p.pods, p.since_ms);
+    let report = measure(
+        &p.sim,
+        &p.observer,
+        p.pods,
+        p.since_ms,
+        &p.controller.shared.metrics,
+    );
     Ok((report, p.kept()))
 }
 
