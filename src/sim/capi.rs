@@ -259,13 +259,14 @@ impl Inner {
         ns: &str,
         key: &str,
         value: &str,
-    ) -> Vec<DynamicObject> {
+    ) -> Vec<Arc<DynamicObject>> {
+        // Shared, not copied: a reconcile reads them (a deep copy of every Machine of a set per
+        // reconcile was most of the stand-in's CPU in a burst).
         store
             .state()
-            .iter()
+            .into_iter()
             .filter(|o| o.metadata.namespace.as_deref() == Some(ns))
             .filter(|o| o.labels().get(key).map(String::as_str) == Some(value))
-            .map(|o| DynamicObject::clone(o))
             .collect()
     }
 
@@ -448,6 +449,7 @@ impl Inner {
         let mut sets: Vec<DynamicObject> =
             Self::cached(&self.sets, ns, DEPLOYMENT_NAME_LABEL, name)
                 .into_iter()
+                .map(|ms| DynamicObject::clone(&ms))
                 .filter(|ms| controller_uid(ms).as_deref() == Some(md_uid.as_str()))
                 .filter(|ms| ms.metadata.deletion_timestamp.is_none())
                 .collect();
@@ -640,7 +642,7 @@ impl Inner {
         ns: &str,
         new_set: &DynamicObject,
         sets: &[DynamicObject],
-        machines: &[DynamicObject],
+        machines: &[Arc<DynamicObject>],
     ) -> Result<(), kube::Error> {
         let api = self.api(&self.cfg.version.machine(), ns);
         let new_uid = new_set.uid().unwrap_or_default();
@@ -701,7 +703,7 @@ impl Inner {
         md: &DynamicObject,
         sets: &[DynamicObject],
         new_idx: Option<usize>,
-        machines: &[DynamicObject],
+        machines: &[Arc<DynamicObject>],
     ) -> Result<(), kube::Error> {
         let v = self.cfg.version;
         let replicas = desired_md_replicas(md);
@@ -743,7 +745,7 @@ impl Inner {
         md: &DynamicObject,
         sets: &[DynamicObject],
         new_idx: usize,
-        machines: &[DynamicObject],
+        machines: &[Arc<DynamicObject>],
     ) -> Result<(), kube::Error> {
         let replicas = desired_md_replicas(md);
         let new = set_counts(&sets[new_idx], machines);
@@ -848,10 +850,11 @@ impl Inner {
             return Ok(());
         }
         let ms_uid = ms.uid().unwrap_or_default();
-        let machines: Vec<DynamicObject> = Self::cached(&self.machines, ns, SET_NAME_LABEL, name)
-            .into_iter()
-            .filter(|m| controller_uid(m).as_deref() == Some(ms_uid.as_str()))
-            .collect();
+        let machines: Vec<Arc<DynamicObject>> =
+            Self::cached(&self.machines, ns, SET_NAME_LABEL, name)
+                .into_iter()
+                .filter(|m| controller_uid(m).as_deref() == Some(ms_uid.as_str()))
+                .collect();
         // As Cluster API: Machines being deleted still count, so a deleted Machine is replaced
         // only once it is gone (and the set never has more than spec.replicas Machines).
         let replicas = set_replicas(&ms);
@@ -884,7 +887,7 @@ impl Inner {
                 return Err(err);
             }
         } else if diff > 0 {
-            let mut ranked: Vec<&DynamicObject> = machines.iter().collect();
+            let mut ranked: Vec<&DynamicObject> = machines.iter().map(|m| &**m).collect();
             ranked.sort_by_key(|m| deletion_rank(m));
             let mut deleted = Vec::new();
             for victim in ranked.iter().take(diff as usize) {
@@ -935,7 +938,7 @@ impl Inner {
     async fn propagate_to_machines(
         &self,
         ms: &DynamicObject,
-        machines: &[DynamicObject],
+        machines: &[Arc<DynamicObject>],
         api: &Api<DynamicObject>,
     ) -> Result<(), kube::Error> {
         let template = at(&ms.data, &["spec", "template"]);
@@ -1324,7 +1327,7 @@ fn deletion_rank(m: &DynamicObject) -> (u8, Option<jiff::Timestamp>, String) {
 }
 
 /// A MachineSet's replicas and Machines as the rollout planner counts them.
-fn set_counts(ms: &DynamicObject, machines: &[DynamicObject]) -> SetCounts {
+fn set_counts(ms: &DynamicObject, machines: &[Arc<DynamicObject>]) -> SetCounts {
     let uid = ms.uid().unwrap_or_default();
     let mine = machines
         .iter()
