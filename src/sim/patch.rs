@@ -33,11 +33,11 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 /// RFC 6902, applied all-or-nothing.
-pub fn json_patch(target: &Value, ops: &Value) -> Result<Value, PatchError> {
+/// Applies `ops` to `doc` (the caller's own copy: a failed patch leaves nothing behind).
+pub fn json_patch(mut doc: Value, ops: &Value) -> Result<Value, PatchError> {
     let ops = ops
         .as_array()
         .ok_or_else(|| PatchError::Malformed("json patch must be an array of operations".into()))?;
-    let mut doc = target.clone();
     for (i, op) in ops.iter().enumerate() {
         let field = |name: &str| {
             op.get(name).and_then(Value::as_str).ok_or_else(|| {
@@ -360,7 +360,7 @@ mod tests {
     fn json_patch_ops() {
         let t = json!({"a": {"b": 1}, "l": [1, 2]});
         let out = json_patch(
-            &t,
+            t.clone(),
             &json!([
                 {"op": "test", "path": "/a/b", "value": 1},
                 {"op": "add", "path": "/l/-", "value": 3},
@@ -373,7 +373,13 @@ mod tests {
         .unwrap();
         assert_eq!(out, json!({"a": {"b": 2}, "c": {}, "d": 2, "l": [2, 3]}));
         // A missing member passes a test for null only, and only inside an existing object.
-        assert!(json_patch(&t, &json!([{"op": "test", "path": "/a/zz", "value": null}])).is_ok());
+        assert!(
+            json_patch(
+                t.clone(),
+                &json!([{"op": "test", "path": "/a/zz", "value": null}])
+            )
+            .is_ok()
+        );
         for bad in [
             json!([{"op": "test", "path": "/a/zz", "value": 1}]),
             json!([{"op": "test", "path": "/a/b", "value": null}]),
@@ -381,16 +387,19 @@ mod tests {
             json!([{"op": "test", "path": "/l/7", "value": null}]),
         ] {
             assert!(
-                matches!(json_patch(&t, &bad), Err(PatchError::Failed(_))),
+                matches!(json_patch(t.clone(), &bad), Err(PatchError::Failed(_))),
                 "{bad}"
             );
         }
-        let failed = json_patch(&t, &json!([{"op": "test", "path": "/a/b", "value": 9}]));
+        let failed = json_patch(
+            t.clone(),
+            &json!([{"op": "test", "path": "/a/b", "value": 9}]),
+        );
         assert!(matches!(failed, Err(PatchError::Failed(_))));
-        let bad = json_patch(&t, &json!([{"op": "nope", "path": "/a"}]));
+        let bad = json_patch(t.clone(), &json!([{"op": "nope", "path": "/a"}]));
         assert!(matches!(bad, Err(PatchError::Malformed(_))));
         assert!(matches!(
-            json_patch(&t, &json!([{"op": "remove", "path": "/zz"}])),
+            json_patch(t.clone(), &json!([{"op": "remove", "path": "/zz"}])),
             Err(PatchError::Failed(_))
         ));
     }

@@ -775,10 +775,11 @@ fn check_patch_type(def: &ResourceDef, content_type: &str) -> Result<(), ApiErro
     )))
 }
 
+/// Applies `p` to `doc`, the caller's own copy of the object (patched in place, not copied again).
 fn apply_patch(
     def: &ResourceDef,
     content_type: &str,
-    doc: &Value,
+    mut doc: Value,
     p: &Value,
 ) -> Result<Value, ApiError> {
     check_patch_type(def, content_type)?;
@@ -788,15 +789,13 @@ fn apply_patch(
     };
     match content_type {
         "application/merge-patch+json" => {
-            let mut out = doc.clone();
-            patch::merge_patch(&mut out, p);
-            Ok(out)
+            patch::merge_patch(&mut doc, p);
+            Ok(doc)
         }
         "application/json-patch+json" => patch::json_patch(doc, p).map_err(to_api),
         _ => {
-            let mut out = doc.clone();
-            patch::strategic_merge(&mut out, p).map_err(to_api)?;
-            Ok(out)
+            patch::strategic_merge(&mut doc, p).map_err(to_api)?;
+            Ok(doc)
         }
     }
 }
@@ -812,7 +811,7 @@ fn patch_object(
     let name = target.name.clone().unwrap_or_default();
     if sub == "scale" {
         let scale = scale_of(&current(shared, target)?);
-        let patched = apply_patch(def, content_type, &scale, p)?;
+        let patched = apply_patch(def, content_type, scale, p)?;
         return update_scale(shared, target, patched);
     }
     let mut inner = shared.store.lock();
@@ -822,7 +821,7 @@ fn patch_object(
         .ok_or_else(|| ApiError::not_found(&def.group, &def.plural, &name))?;
     let patched = stored(
         def,
-        apply_patch(def, content_type, &rendered(cur, target), p)?,
+        apply_patch(def, content_type, rendered(cur, target), p)?,
     );
     let part = if sub == "status" {
         Part::Status

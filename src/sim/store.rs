@@ -972,13 +972,13 @@ fn prepare_status_on_create(def: &ResourceDef, obj: &mut Value) {
 /// The object a PUT produces: the main resource never changes status (when a status subresource
 /// exists), the status subresource changes only status; server-owned metadata is kept; the
 /// generation moves when anything outside metadata and status changed.
-pub fn merge_for_update(def: &ResourceDef, old: &Value, new: Value, part: Part) -> Value {
+pub fn merge_for_update(def: &ResourceDef, old: &Value, mut new: Value, part: Part) -> Value {
     let mut merged = match part {
         Part::Status => {
             let mut m = old.clone();
             if let Some(o) = m.as_object_mut() {
-                match new.get("status") {
-                    Some(s) => o.insert("status".into(), s.clone()),
+                match new.as_object_mut().and_then(|n| n.remove("status")) {
+                    Some(s) => o.insert("status".into(), s),
                     None => o.remove("status"),
                 };
             }
