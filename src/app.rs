@@ -379,7 +379,10 @@ pub async fn start_replica_until(
         health.clone(),
         gate.clone(),
     ));
-    let give_up = |election: Option<leader::Election>, gate: WriteGate| async move {
+    let give_up = |election: Option<leader::Election>,
+                   gate: WriteGate,
+                   reporter: tokio::task::JoinHandle<()>| async move {
+        reporter.abort();
         gate.close();
         if let Some(e) = election {
             e.release(RELEASE_BOUND).await;
@@ -389,16 +392,14 @@ pub async fn start_replica_until(
         r = controller.start_synced(leading.clone()) => r,
         s = stop => {
             tracing::info!(signal = s, "signal during start-up; exiting");
-            give_up(election, gate).await;
-            reporter.abort();
+            give_up(election, gate, reporter).await;
             return Ok(None);
         }
     };
     let handle = match started {
         Ok(h) => h,
         Err(e) => {
-            give_up(election, gate).await;
-            reporter.abort();
+            give_up(election, gate, reporter).await;
             return Err(e.into());
         }
     };

@@ -52,8 +52,9 @@ pub fn stamp(obj: &mut Value, def: &ResourceDef, version: &str) {
 }
 
 fn json_response(code: u16, body: &Value) -> Response<Body> {
-    // `to_vec` writes straight into bytes; `to_string` goes through `fmt` for every token.
-    let bytes = serde_json::to_vec(body).unwrap_or_else(|_| body.to_string().into_bytes());
+    // `to_vec` writes straight into bytes, where `to_string` goes through `fmt`; serialising a
+    // JSON value cannot fail.
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
     let mut resp = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
     *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     resp.headers_mut().insert(

@@ -184,18 +184,14 @@ fn event_line(req: &WatchRequest, kind: &str, obj: &Value) -> Bytes {
         && !super::event_versions::is_core_event(&req.def)
         && let Some(map) = obj.as_object()
     {
-        let event = Event {
+        return line(&Event {
             kind,
             object: Stamped {
                 map,
                 api_version: req.def.api_version(&req.version),
                 kind: &req.def.kind,
             },
-        };
-        if let Ok(mut out) = serde_json::to_vec(&event) {
-            out.push(b'\n');
-            return Bytes::from(out);
-        }
+        });
     }
     let mut obj = obj.clone();
     super::server::stamp(&mut obj, &req.def, &req.version);
@@ -223,9 +219,10 @@ fn bookmark(req: &WatchRequest, rv: u64, initial_end: bool) -> Bytes {
     }))
 }
 
-fn line(v: &Value) -> Bytes {
-    // `to_vec` writes straight into bytes; `to_string` goes through `fmt` for every token.
-    let mut out = serde_json::to_vec(v).unwrap_or_else(|_| v.to_string().into_bytes());
+/// One newline-terminated JSON line. Serialising JSON values (string keys, finite numbers)
+/// cannot fail; `to_vec` writes straight into bytes, where `to_string` goes through `fmt`.
+fn line(v: &impl serde::Serialize) -> Bytes {
+    let mut out = serde_json::to_vec(v).unwrap_or_default();
     out.push(b'\n');
     Bytes::from(out)
 }

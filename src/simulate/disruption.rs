@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::launch::{self, progress_line};
-use super::pods::{PodReport, SIZES, measure, provision_with};
+use super::pods::{PodReport, SIZES, provision_with};
 use super::{BackgroundSim, Error, Kept};
 use crate::actors::Settings;
 use crate::api::resources::Resources;
@@ -483,13 +483,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let phase_ms = phase.elapsed().as_millis() as u64;
 
     let sim = &p.sim;
-    let mut pods = measure(
-        sim,
-        &p.observer,
-        p.pods,
-        p.since_ms,
-        &p.controller.shared.metrics,
-    );
+    let mut pods = p.measure();
     pods.launch.scenario = match scenario {
         Scenario::Consolidate => "consolidate",
         Scenario::Drift => "drift",

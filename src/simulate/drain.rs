@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::launch;
-use super::pods::{PodReport, measure, provision};
+use super::pods::{PodReport, provision};
 use super::report::Percentiles;
 use super::{BackgroundSim, Error, Kept};
 use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
@@ -172,13 +172,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DrainReport, Kept), Error>
         })
         .await??;
     wait_gone(&p.sim, &victims, Duration::from_secs(args.deadline)).await?;
-    let pods = measure(
-        &p.sim,
-        &p.observer,
-        p.pods,
-        p.since_ms,
-        &p.controller.shared.metrics,
-    );
+    let pods = p.measure();
     let termination = termination_counts(&p.sim, &p.observer, &victims);
     let mut report = DrainReport { pods, termination };
     report.pods.launch.scenario = "drain".into();

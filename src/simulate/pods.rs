@@ -197,7 +197,7 @@ async fn settle(
     }
 }
 
-pub fn measure(
+fn measure(
     sim: &BackgroundSim,
     observer: &Observer,
     pods_created: usize,
@@ -327,6 +327,17 @@ pub struct Provisioned {
 }
 
 impl Provisioned {
+    /// The report on the pods and claims so far.
+    pub fn measure(&self) -> PodReport {
+        measure(
+            &self.sim,
+            &self.observer,
+            self.pods,
+            self.since_ms,
+            &self.controller.shared.metrics,
+        )
+    }
+
     /// The cluster and the controller, for `--serve` to keep running.
     pub fn kept(self) -> Kept {
         Kept::new(self.sim, Some(self.controller))
@@ -341,13 +352,7 @@ pub async fn run(args: &SimulateArgs) -> Result<PodReport, Error> {
 /// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
 pub async fn run_kept(args: &SimulateArgs) -> Result<(PodReport, Kept), Error> {
     let p = provision(args, |_| {}, |_, _| {}).await?;
-    let report = measure(
-        &p.sim,
-        &p.observer,
-        p.pods,
-        p.since_ms,
-        &p.controller.shared.metrics,
-    );
+    let report = p.measure();
     Ok((report, p.kept()))
 }
 

@@ -42,8 +42,8 @@ impl Percentiles {
             let e = buckets.entry(bound.to_bits()).or_insert((bound, 0));
             e.1 += count;
         }
-        let mut cumulative: Vec<(f64, u64)> = buckets.into_values().collect();
-        cumulative.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Keyed by the bounds' bits, which order as the (non-negative) bounds do, +Inf last.
+        let cumulative: Vec<(f64, u64)> = buckets.into_values().collect();
         let Some(&(_, total)) = cumulative.last() else {
             return Self::default();
         };
