@@ -44,6 +44,8 @@ pub struct Proposal {
     pub verdicts: Vec<Verdict>,
     /// The ClusterAPINodeClass and NodePool to apply.
     pub objects: Vec<Value>,
+    /// MachineDeployments `--cluster-name` left out: (`namespace/name`, why).
+    pub excluded: Vec<(String, String)>,
     pub notes: Vec<String>,
 }
 
@@ -54,6 +56,7 @@ pub fn propose(
     name: &str,
     cluster_name: Option<&str>,
     namespace: Option<&str>,
+    excluded: Vec<(String, String)>,
 ) -> Proposal {
     let mut verdicts = Vec::new();
     let mut capacity_types = BTreeSet::new();
@@ -135,7 +138,21 @@ pub fn propose(
                 .to_string(),
         );
     }
-    if !verdicts.iter().any(|v| v.usable) {
+    let scope = match namespace {
+        Some(ns) => format!("in namespace {ns}"),
+        None => "in any namespace".to_string(),
+    };
+    if verdicts.is_empty() && excluded.is_empty() {
+        notes.push(format!(
+            "no MachineDeployment found {scope}: create one for each node shape first"
+        ));
+    } else if verdicts.is_empty() {
+        notes.push(format!(
+            "every MachineDeployment {scope} belongs to another cluster than --cluster-name {} \
+             (listed above): check the name, or leave the flag out",
+            cluster_name.unwrap_or_default()
+        ));
+    } else if !verdicts.iter().any(|v| v.usable) {
         notes.push(
             "no MachineDeployment is usable yet: the ClusterAPINodeClass stays not Ready until the \
              commands above are run"
@@ -145,6 +162,7 @@ pub fn propose(
     Proposal {
         objects: objects(name, cluster_name, &capacity_types, &taints),
         verdicts,
+        excluded,
         notes,
     }
 }
@@ -223,6 +241,9 @@ pub fn report(p: &Proposal) -> String {
         "{usable} of {} MachineDeployments can serve as offerings",
         p.verdicts.len()
     );
+    for (md, why) in &p.excluded {
+        let _ = writeln!(out, "not considered: {md}: {why}");
+    }
     for v in &p.verdicts {
         if v.usable {
             let _ = writeln!(
@@ -277,7 +298,14 @@ pub async fn run(args: &InitArgs) -> Result<String, RunError> {
         templates: &templates,
         unavailable: &never,
     };
-    let mut p = propose(&mds, &cx, &args.name, cluster_name, namespace);
+    let mut p = propose(
+        &mds,
+        &cx,
+        &args.name,
+        cluster_name,
+        namespace,
+        capi.excluded,
+    );
     for (md, why) in capi.unreadable {
         p.verdicts.push(Verdict {
             machine_deployment: md,

@@ -585,27 +585,6 @@ fn absent_annotations_are_empty() {
 }
 
 #[test]
-fn the_upstream_kubemark_example_parses() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/upstream/examples/kubemark-machine-deployment.yaml"
-    );
-    let text = std::fs::read_to_string(path).unwrap();
-    let first = text.split("\n---").next().unwrap();
-    let md: Value = serde_saphyr::from_str(first).unwrap();
-    let annotations: BTreeMap<String, String> =
-        serde_json::from_value(md["metadata"]["annotations"].clone()).unwrap();
-    let sfz = annotations::parse(&annotations).unwrap();
-    assert_eq!(sfz.memory, Some(q("4G")));
-    assert_eq!(sfz.max_size, Some(10));
-    assert_eq!(sfz.price, Some(0.5));
-    assert_eq!(
-        sfz.labels.get(CAPACITY_TYPE_LABEL).map(String::as_str),
-        Some("on-demand")
-    );
-}
-
-#[test]
 fn gpu_needs_type_and_count() {
     let gpu = |entries: &[(&str, &str)]| annotations::parse(&map(entries));
     let sfz = gpu(&[

@@ -5,7 +5,7 @@
 //! values that exist. The real tools check the same files the way users run them: `helm lint`
 //! and `helm template` (default values and a separate management cluster), and
 //! `kubectl apply --dry-run=client` against the simulated cluster (`.ci/install-tools` installs
-//! helm v4 and kubectl v1.35; CI fails without them, a developer's run skips loudly).
+//! helm v4 and kubectl v1.35; without them those tests are reported as ignored, in CI they fail).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -14,8 +14,28 @@ use clap::CommandFactory;
 use karpenter_capi::cli::Cli;
 use serde_json::Value;
 
-mod tools;
-use tools::tool;
+mod assets;
+use assets::{Asset, tool};
+
+fn main() -> std::process::ExitCode {
+    assets::main(trials![
+        manifests_rbac_grants_exactly_what_the_controller_calls,
+        chart_rbac_grants_exactly_what_the_controller_calls,
+        manifests_deployment_is_hardened_probed_and_spread,
+        chart_deployment_is_hardened_probed_and_spread,
+        deployment_env_values_are_valid_run_flags_and_agree,
+        chart_sets_every_run_env_twin,
+        service_and_pdb_select_the_controller_pods,
+        service_monitor_is_optional_and_off_by_default,
+        grafana_dashboard_is_optional_off_by_default_and_one_file,
+        every_yaml_file_parses,
+        chart_crds_are_copies_of_deploy_crds,
+        helm_templates_use_existing_values_and_helpers,
+        helm_lints_and_renders_the_chart needs [Helm],
+        @tokio kubectl_dry_run_applies_manifests_crds_and_the_rendered_chart needs [Kubectl, Helm],
+        manifests_and_crds_use_only_fields_their_types_know,
+    ])
+}
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MANIFESTS: &str = "deploy/manifests";
@@ -342,7 +362,6 @@ fn bound_roles<'a>(docs: &'a [(String, Value)], role_kind: &str) -> Vec<(&'a str
         .collect()
 }
 
-#[test]
 fn manifests_rbac_grants_exactly_what_the_controller_calls() {
     let docs = manifest_docs();
     let mut workload = Vec::new();
@@ -398,7 +417,6 @@ fn manifests_rbac_grants_exactly_what_the_controller_calls() {
     }
 }
 
-#[test]
 fn chart_rbac_grants_exactly_what_the_controller_calls() {
     let workload: Vec<Rule> = chart_template("clusterrole.yaml")
         .iter()
@@ -579,7 +597,6 @@ fn check_deployment(dep: &Value, origin: &str) {
     }
 }
 
-#[test]
 fn manifests_deployment_is_hardened_probed_and_spread() {
     let docs = manifest_docs();
     let dep = one(&docs, "Deployment");
@@ -621,7 +638,6 @@ fn manifests_deployment_is_hardened_probed_and_spread() {
     assert_eq!(dep["metadata"]["namespace"], NAMESPACE);
 }
 
-#[test]
 fn chart_deployment_is_hardened_probed_and_spread() {
     let docs = chart_template("deployment.yaml");
     let dep = docs
@@ -729,7 +745,6 @@ fn assert_parses_as_flags(env: &BTreeMap<String, String>, origin: &str) {
     }
 }
 
-#[test]
 fn deployment_env_values_are_valid_run_flags_and_agree() {
     let docs = manifest_docs();
     let manifests = literal_env(container(one(&docs, "Deployment")));
@@ -758,7 +773,6 @@ fn deployment_env_values_are_valid_run_flags_and_agree() {
     }
 }
 
-#[test]
 fn chart_sets_every_run_env_twin() {
     let template = read(&path(&format!("{CHART}/templates/deployment.yaml")));
     // The Lease namespace is the release namespace (POD_NAMESPACE): the Role lives there.
@@ -774,7 +788,6 @@ fn chart_sets_every_run_env_twin() {
     }
 }
 
-#[test]
 fn service_and_pdb_select_the_controller_pods() {
     let docs = manifest_docs();
     let dep = one(&docs, "Deployment");
@@ -809,7 +822,6 @@ fn service_and_pdb_select_the_controller_pods() {
     assert!(sa.clone().count() >= 1 && sa.into_iter().all(|(_, d)| name(d) == SERVICE_ACCOUNT));
 }
 
-#[test]
 fn service_monitor_is_optional_and_off_by_default() {
     assert_eq!(values()["serviceMonitor"]["enabled"], false);
     let text = read(&path(&format!("{CHART}/templates/servicemonitor.yaml")));
@@ -826,7 +838,6 @@ fn service_monitor_is_optional_and_off_by_default() {
 
 const DASHBOARD: &str = "deploy/grafana/karpenter-capi.json";
 
-#[test]
 fn grafana_dashboard_is_optional_off_by_default_and_one_file() {
     assert_eq!(values()["grafanaDashboard"]["enabled"], false);
     assert_eq!(
@@ -855,7 +866,6 @@ fn grafana_dashboard_is_optional_off_by_default_and_one_file() {
 // Files and templates
 // ---------------------------------------------------------------------------------------------
 
-#[test]
 fn every_yaml_file_parses() {
     let mut dirs = vec![
         MANIFESTS.to_string(),
@@ -878,7 +888,6 @@ fn every_yaml_file_parses() {
     assert!(count >= 15, "only {count} documents found");
 }
 
-#[test]
 fn chart_crds_are_copies_of_deploy_crds() {
     let names = |dir: &str| -> Vec<String> {
         files(dir, &["yaml"])
@@ -914,7 +923,6 @@ fn actions(text: &str) -> Vec<&str> {
     out
 }
 
-#[test]
 fn helm_templates_use_existing_values_and_helpers() {
     let v = values();
     let dir = format!("{CHART}/templates");
@@ -1043,9 +1051,8 @@ fn helm_template(helm: &Path, extra: &[&str]) -> String {
     assert_ok(&run_tool(helm, &args), &format!("helm template {extra:?}"))
 }
 
-#[test]
 fn helm_lints_and_renders_the_chart() {
-    let Some(helm) = tool("helm") else { return };
+    let helm = tool(Asset::Helm);
     let chart = path(CHART).to_string_lossy().into_owned();
     for (what, extra) in VALUE_SETS {
         let mut args = vec!["lint", "--strict", chart.as_str()];
@@ -1124,12 +1131,9 @@ fn check_dashboard_config_map(cm: &Value, what: &str) {
 /// map to a served kind and come back as "created (dry run)". Schema validation is off because
 /// the simulated server publishes no OpenAPI document; `assert_typed_round_trip` covers field
 /// names instead.
-#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn kubectl_dry_run_applies_manifests_crds_and_the_rendered_chart() {
-    let Some(kubectl) = tool("kubectl") else {
-        return;
-    };
-    let helm = tool("helm");
+    let kubectl = tool(Asset::Kubectl);
+    let helm = tool(Asset::Helm);
     let sim = karpenter_capi::simulate::BackgroundSim::start(Default::default())
         .await
         .expect("simulated cluster");
@@ -1142,19 +1146,17 @@ async fn kubectl_dry_run_applies_manifests_crds_and_the_rendered_chart() {
             inputs.push((p.display().to_string(), p, n));
         }
     }
-    if let Some(helm) = &helm {
-        for (i, (what, extra)) in VALUE_SETS.iter().enumerate() {
-            // A ServiceMonitor needs the Prometheus operator's CRD, which this cluster (like most)
-            // does not have: kubectl rightly refuses it, so that set is checked by helm alone.
-            if extra.contains(&"serviceMonitor.enabled=true") {
-                continue;
-            }
-            let rendered = helm_template(helm, extra);
-            let n = yaml_docs(&rendered, what).len();
-            let file = dir.path().join(format!("chart-{i}.yaml"));
-            std::fs::write(&file, rendered).expect("writing the rendered chart");
-            inputs.push((format!("helm template ({what})"), file, n));
+    for (i, (what, extra)) in VALUE_SETS.iter().enumerate() {
+        // A ServiceMonitor needs the Prometheus operator's CRD, which this cluster (like most)
+        // does not have: kubectl rightly refuses it, so that set is checked by helm alone.
+        if extra.contains(&"serviceMonitor.enabled=true") {
+            continue;
         }
+        let rendered = helm_template(&helm, extra);
+        let n = yaml_docs(&rendered, what).len();
+        let file = dir.path().join(format!("chart-{i}.yaml"));
+        std::fs::write(&file, rendered).expect("writing the rendered chart");
+        inputs.push((format!("helm template ({what})"), file, n));
     }
     let handle = tokio::task::spawn_blocking(move || {
         for (what, file, docs) in inputs {
@@ -1249,7 +1251,6 @@ fn lost_fields(original: &Value, typed: &Value, at: String, lost: &mut Vec<Strin
     }
 }
 
-#[test]
 fn manifests_and_crds_use_only_fields_their_types_know() {
     for (file, doc) in manifest_docs() {
         assert_typed_round_trip(&doc, &file);

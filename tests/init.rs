@@ -2,12 +2,12 @@
 //! reported with the commands that fix them, and `-o yaml` applied with the real kubectl, then
 //! seen by the controller (its NodePool becomes Ready).
 
+mod assets;
 mod common;
-mod tools;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 use karpenter_capi::api::wellknown::{CPU_ANNOTATION, MEMBER_LABEL, MEMORY_ANNOTATION};
@@ -19,9 +19,14 @@ use karpenter_capi::simulate::{BackgroundSim, sim_settings, start_controller};
 use common::{NS, condition, fast_cluster};
 
 fn init(kubeconfig: &Path, output: &str) -> (String, String) {
+    init_with(kubeconfig, output, &[])
+}
+
+fn init_with(kubeconfig: &Path, output: &str, extra: &[&str]) -> (String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
         .args(["init", "-o", output, "--kubeconfig"])
         .arg(kubeconfig)
+        .args(extra)
         .output()
         .expect("running karpenter-capi init");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -30,14 +35,18 @@ fn init(kubeconfig: &Path, output: &str) -> (String, String) {
     (stdout, stderr)
 }
 
-fn kubectl() -> Option<PathBuf> {
-    tools::tool("kubectl")
+fn main() -> std::process::ExitCode {
+    assets::main(trials![
+        @actix init_reports_each_machine_deployment_with_its_fix,
+        @actix init_names_the_cluster_filter_that_leaves_machine_deployments_out,
+        @actix init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready needs [Kubectl],
+    ])
 }
 
-#[actix::test]
-async fn init_reports_each_machine_deployment_and_its_yaml_applies_and_becomes_ready() {
+/// A simulated cluster with one usable MachineDeployment and three that are not, each for
+/// another reason.
+async fn seeded() -> BackgroundSim {
     let sim = BackgroundSim::start(fast_cluster()).await.expect("sim");
-    let kubeconfig = sim.kubeconfig();
     sim.run(|c| async move {
         let member = BTreeMap::from([(MEMBER_LABEL.to_string(), String::new())]);
         // Usable; usable but for the member label; a member with no capacity; a member with a
@@ -73,7 +82,12 @@ async fn init_reports_each_machine_deployment_and_its_yaml_applies_and_becomes_r
     })
     .await
     .expect("seeding");
+    sim
+}
 
+async fn init_reports_each_machine_deployment_with_its_fix() {
+    let sim = seeded().await;
+    let kubeconfig = sim.kubeconfig();
     let (text, _) = init(&kubeconfig, "text");
     assert!(
         text.contains("1 of 4 MachineDeployments can serve as offerings"),
@@ -120,8 +134,13 @@ async fn init_reports_each_machine_deployment_and_its_yaml_applies_and_becomes_r
         );
     }
     assert!(yaml.contains("kind: ClusterAPINodeClass") && yaml.contains("kind: NodePool"));
+}
 
-    let Some(kubectl) = kubectl() else { return };
+async fn init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready() {
+    let sim = seeded().await;
+    let kubeconfig = sim.kubeconfig();
+    let (yaml, _) = init(&kubeconfig, "yaml");
+    let kubectl = assets::tool(assets::Asset::Kubectl);
     // kubectl validates against the served OpenAPI v3 documents and the server's admission.
     let mut child = Command::new(&kubectl)
         .args(["apply", "-f", "-", "--kubeconfig"])
@@ -174,4 +193,36 @@ async fn init_reports_each_machine_deployment_and_its_yaml_applies_and_becomes_r
         );
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
+}
+
+/// `--cluster-name` filters on the `cluster.x-k8s.io/cluster-name` label Cluster API's webhook
+/// sets: the right name finds the MachineDeployments, a wrong one is named as the cause instead
+/// of an empty cluster or a missing member label.
+async fn init_names_the_cluster_filter_that_leaves_machine_deployments_out() {
+    let sim = seeded().await;
+    let kubeconfig = sim.kubeconfig();
+    let (right, _) = init_with(&kubeconfig, "text", &["--cluster-name", "sim"]);
+    assert!(
+        right.contains("1 of 4 MachineDeployments can serve as offerings"),
+        "{right}"
+    );
+    let (wrong, _) = init_with(&kubeconfig, "text", &["--cluster-name", "prod"]);
+    assert!(
+        wrong.contains("0 of 0 MachineDeployments can serve as offerings"),
+        "{wrong}"
+    );
+    assert!(
+        wrong.contains(
+            "not considered: default/md-0: left out by --cluster-name prod: its cluster.x-k8s.io/cluster-name label is \"sim\""
+        ),
+        "{wrong}"
+    );
+    assert!(
+        wrong.contains("belongs to another cluster than --cluster-name prod"),
+        "{wrong}"
+    );
+    assert!(
+        !wrong.contains("until the commands above are run"),
+        "{wrong}"
+    );
 }

@@ -6,7 +6,14 @@
 //! docs/simulated-cluster.md). A second test serves the cluster with the controller in-process,
 //! after its report.
 
-mod tools;
+mod assets;
+
+fn main() -> std::process::ExitCode {
+    assets::main(trials![
+        kubectl_drives_the_served_cluster_and_a_separate_controller_provisions needs [Kubectl, Upstream],
+        serve_with_the_controller_reports_then_serves_until_sigterm needs [Kubectl],
+    ])
+}
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -194,7 +201,7 @@ impl Kubectl {
 /// The upstream examples: ClusterAPINodeClass, NodePool, a v1beta1 kubemark MachineDeployment
 /// with its templates, and a Deployment (0 replicas) of pods for that NodePool.
 fn examples() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/upstream/examples")
+    assets::upstream("examples")
 }
 
 /// Starts `simulate --serve` with `extra` flags and waits until it serves.
@@ -215,11 +222,8 @@ fn serve(dir: &Path, extra: &[&str]) -> (Proc, String) {
     (served, kubeconfig)
 }
 
-#[test]
 fn kubectl_drives_the_served_cluster_and_a_separate_controller_provisions() {
-    let Some(bin) = tools::tool("kubectl") else {
-        return;
-    };
+    let bin = assets::tool(assets::Asset::Kubectl);
     let dir = tempfile::tempdir().expect("tempdir");
     let (served, kubeconfig) = serve(dir.path(), &["--no-controller", "--scenario", "none"]);
     let k = Kubectl { bin, kubeconfig };
@@ -552,11 +556,8 @@ fn kubectl_drives_the_served_cluster_and_a_separate_controller_provisions() {
     assert!(Path::new(&k.kubeconfig).is_file(), "the kubeconfig is kept");
 }
 
-#[test]
 fn serve_with_the_controller_reports_then_serves_until_sigterm() {
-    let Some(bin) = tools::tool("kubectl") else {
-        return;
-    };
+    let bin = assets::tool(assets::Asset::Kubectl);
     let dir = tempfile::tempdir().expect("tempdir");
     // A port that was free a moment ago: --port makes the kubeconfig name it.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

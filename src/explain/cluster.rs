@@ -48,6 +48,8 @@ pub struct Cluster {
     pub pdbs: BTreeMap<String, Arc<PodDisruptionBudget>>,
     /// Objects the types could not decode: (kind, name, why).
     pub malformed: Vec<(String, String, String)>,
+    /// MachineDeployments `--cluster-name` leaves out: (`namespace/name`, why).
+    pub excluded: Vec<(String, String)>,
 }
 
 /// What the management cluster holds, as the controller's watches see it.
@@ -58,6 +60,30 @@ pub struct CapiObjects {
     /// MachineDeployments the model cannot read: (`namespace/name`, why). Reported, never
     /// fatal, as the controller keeps serving the others.
     pub unreadable: Vec<(String, String)>,
+    /// MachineDeployments of the namespace that `--cluster-name` leaves out: (`namespace/name`,
+    /// why), so a wrong or unlabelled cluster name is named instead of looking like an empty
+    /// cluster.
+    pub excluded: Vec<(String, String)>,
+}
+
+/// Why `--cluster-name` leaves out an object with these labels, or None if it keeps it. The
+/// controller's watches select by the label (Cluster API's webhooks set it from
+/// `spec.clusterName`), so this names the label, not the spec field.
+pub fn cluster_filter(
+    cluster_name: Option<&str>,
+    labels: &BTreeMap<String, String>,
+) -> Option<String> {
+    let want = cluster_name?;
+    match labels.get(CLUSTER_NAME_LABEL) {
+        Some(have) if have == want => None,
+        Some(have) => Some(format!(
+            "left out by --cluster-name {want}: its {CLUSTER_NAME_LABEL} label is {have:?}"
+        )),
+        None => Some(format!(
+            "left out by --cluster-name {want}: it has no {CLUSTER_NAME_LABEL} label (Cluster \
+             API's webhook sets it from spec.clusterName; is its webhook running?)"
+        )),
+    }
 }
 
 /// The Cluster API objects of the management cluster, as the controller's watches see them
@@ -77,10 +103,9 @@ pub async fn read_capi(
             None => Api::all_with(management.clone(), ar),
         }
     };
-    let lp = match cluster_name {
-        Some(c) => ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={c}")),
-        None => ListParams::default(),
-    };
+    // Everything in the namespace is listed and the cluster filter applied here, so that what it
+    // leaves out can be named.
+    let lp = ListParams::default();
     let list_err = |what: &'static str| move |e: kube::Error| Error::List { what, source: e };
     let mds = api(&version::machine_deployment_resource(v))
         .list(&lp)
@@ -92,13 +117,16 @@ pub async fn read_capi(
         .map_err(list_err("Machines"))?;
     let mut deployments = Vec::new();
     let mut unreadable = Vec::new();
+    let mut excluded = Vec::new();
     for o in &mds.items {
+        let key = format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+        if let Some(why) = cluster_filter(cluster_name, o.labels()) {
+            excluded.push((key, why));
+            continue;
+        }
         match MachineDeployment::from_dynamic(o, v) {
             Ok(md) => deployments.push(md),
-            Err(e) => unreadable.push((
-                format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any()),
-                e.to_string(),
-            )),
+            Err(e) => unreadable.push((key, e.to_string())),
         }
     }
     Ok(CapiObjects {
@@ -107,9 +135,11 @@ pub async fn read_capi(
         machines: machines
             .items
             .iter()
+            .filter(|o| cluster_filter(cluster_name, o.labels()).is_none())
             .filter_map(|o| Machine::from_dynamic(o, v).ok())
             .collect(),
         unreadable,
+        excluded,
     })
 }
 
@@ -179,6 +209,7 @@ pub async fn read(
         malformed.push(("MachineDeployment".into(), md.clone(), why.clone()));
     }
     let capi_version = capi.version;
+    let excluded = capi.excluded;
     let nodepools: Vec<NodePool> = list_lenient(&workload, "NodePools", &mut malformed).await?;
     let claims: Vec<NodeClaim> = list_lenient(&workload, "NodeClaims", &mut malformed).await?;
     let nodeclasses: Vec<ClusterAPINodeClass> =
@@ -255,5 +286,6 @@ pub async fn read(
             })
             .collect(),
         malformed,
+        excluded,
     })
 }

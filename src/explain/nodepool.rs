@@ -76,8 +76,27 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
     let resolved = cluster.nodeclasses.get(&nodeclass);
     let nodeclass_ready = match resolved {
         None => Err(format!("ClusterAPINodeClass {nodeclass} not found")),
+        // The catalog's own message blames the member label and the selector; when the cluster
+        // filter left nothing to select from, that filter is the cause.
+        Some(r)
+            if r.ready.is_err()
+                && cluster.deployments.is_empty()
+                && !cluster.excluded.is_empty() =>
+        {
+            Err(format!(
+                "no MachineDeployment to select from: --cluster-name leaves out all {} of them \
+                 (see left out)",
+                cluster.excluded.len()
+            ))
+        }
         Some(r) => r.ready.clone(),
     };
+    for (md, why) in &cluster.excluded {
+        left_out.push(LeftOut {
+            machine_deployment: md.clone(),
+            reason: why.clone(),
+        });
+    }
     if let Some(r) = resolved {
         let selector = r
             .nodeclass

