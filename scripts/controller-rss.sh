@@ -36,7 +36,7 @@ trap cleanup EXIT
 
 echo "standing up $NODES Nodes and $PODS pods (log: $WORK/sim.log)" >&2
 "$SIM_BIN" simulate --serve --no-controller --scenario none --nodes "$NODES" --pods "$PODS" \
-  --machine-deployments "$MDS" --deadline 3600 --port "$PORT" \
+  --machine-deployments "$MDS" --deadline 1h --port "$PORT" \
   --kubeconfig-out "$KUBECONFIG_OUT" >"$WORK/sim.log" 2>&1 &
 SIM=$!
 # The server says it is serving once the Nodes and pods are in.

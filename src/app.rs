@@ -39,21 +39,35 @@ pub enum Error {
     Stopped,
 }
 
-/// Install the global tracing subscriber (text or JSON, filter from LOG_LEVEL).
-pub fn init_logging(args: &LogArgs) -> Result<(), Error> {
+/// Install the global tracing subscriber (text or JSON, filter from LOG_LEVEL, `default_level`
+/// when it is not set). Text is coloured only on a terminal, and never when `NO_COLOR` is set
+/// (no-color.org), so redirected logs hold no escape codes.
+pub fn init_logging(args: &LogArgs, default_level: &str) -> Result<(), Error> {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_new(&args.log_level)
-        .map_err(|e| Error::Logging(format!("LOG_LEVEL {:?}: {e}", args.log_level)))?;
+    let level = args.log_level.as_deref().unwrap_or(default_level);
+    let filter = EnvFilter::try_new(level)
+        .map_err(|e| Error::Logging(format!("LOG_LEVEL {level:?}: {e}")))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let result = match args.log_format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.with_target(false).try_init(),
+        LogFormat::Text => builder
+            .with_target(false)
+            .with_ansi(colour(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ))
+            .try_init(),
     };
     // A second init (tests, simulate after run) keeps the first subscriber; that is fine.
     let _ = result;
     Ok(())
+}
+
+/// Colour on a terminal unless `NO_COLOR` is set to anything but the empty string.
+pub fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
@@ -587,6 +601,18 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None), "a file or pipe gets no escape codes");
+    }
 
     #[test]
     fn every_client_gets_deadlines_that_outlast_a_quiet_watch() {

@@ -16,6 +16,13 @@ pub const MAX_FLAG_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// [`MAX_FLAG_DURATION`]. Zero is allowed (see [`positive_duration_arg`] for waits that must not
 /// be zero).
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    // A bare number is refused in every subcommand alike: "15" could mean seconds or minutes.
+    if s != "0" && s.trim().parse::<f64>().is_ok() {
+        return Err(format!(
+            "{s:?} has no unit: write it with one, e.g. {0}s or {0}m",
+            s.trim()
+        ));
+    }
     let d = crate::api::duration::parse(s).map_err(|e| e.to_string())?;
     if d > MAX_FLAG_DURATION {
         return Err(format!(
@@ -36,18 +43,22 @@ pub fn positive_duration_arg(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// A number of seconds given as a decimal (`0.5`), within `[min, max]`. Rejects NaN, infinities
-/// and negative values before they reach `Duration::from_secs_f64`, which panics on them.
-fn seconds_in(min: f64, max: f64) -> impl Fn(&str) -> Result<f64, String> + Clone + Send + Sync {
+/// A duration flag of `simulate` within `[min, max]`, in the same Go syntax as every `run` flag
+/// (`2s`, `500ms`, `15m`).
+fn duration_in(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync {
     move |s: &str| {
-        let v: f64 = s
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-        if !v.is_finite() || v < min || v > max {
-            return Err(format!("{s:?} is not between {min} and {max} seconds"));
+        let d = duration_arg(s)?;
+        if d < min || d > max {
+            return Err(format!(
+                "{s:?} is not between {} and {}",
+                crate::api::duration::format(min),
+                crate::api::duration::format(max)
+            ));
         }
-        Ok(v)
+        Ok(d)
     }
 }
 
@@ -232,8 +243,9 @@ pub enum MinValuesPolicy {
 #[derive(Clone, Debug, Args)]
 pub struct LogArgs {
     /// Log level or tracing filter (error, warn, info, debug, or e.g. "karpenter_capi=debug,kube=info").
-    #[arg(long, env = "LOG_LEVEL", default_value = "info", value_parser = log_level_arg)]
-    pub log_level: String,
+    /// Default: info for `run`; warn for `simulate`, whose progress and report are its output.
+    #[arg(long, env = "LOG_LEVEL", value_parser = log_level_arg)]
+    pub log_level: Option<String>,
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
@@ -403,6 +415,9 @@ pub enum ReportFormat {
     Html,
 }
 
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
 /// The most claims or pods a simulation creates: more would only exhaust memory.
 const MAX_SIM_OBJECTS: u64 = 100_000;
 
@@ -411,34 +426,35 @@ pub struct SimulateArgs {
     /// Which scenario to run.
     #[arg(long, value_enum, default_value = "default")]
     pub scenario: Scenario,
-    /// NodeClaims to create (launch scenario).
+    /// NodeClaims to create directly, without pods (launch scenario only).
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub claims: usize,
-    /// Pending pods to create (default and pods scenarios).
+    /// Pods to create, pending, in --deployments Deployments (every scenario but launch; with
+    /// `--scenario none --nodes N`, running pods bound to those nodes).
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub pods: usize,
     /// With `--scenario none`: stand up this many Nodes (each a NodeClaim launched, registered
     /// and initialized on its Machine) before serving, and bind `--pods` running pods to them.
     #[arg(long, default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub nodes: usize,
-    /// Deployments the pods belong to (pods scenario).
+    /// Deployments the pods belong to (every scenario with pods).
     #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     pub deployments: usize,
     /// MachineDeployments in the simulated cluster.
     #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub machine_deployments: usize,
-    /// Simulated provider delay before a Machine gets its provider ID, in seconds (0 to 3600).
-    #[arg(long, default_value_t = 0.0, value_parser = seconds_in(0.0, 3600.0))]
-    pub provider_delay: f64,
-    /// Uniform jitter added to the provider delay, in seconds (0 to 3600).
-    #[arg(long, default_value_t = 0.0, value_parser = seconds_in(0.0, 3600.0))]
-    pub jitter: f64,
+    /// Simulated provider delay before a Machine gets its provider ID (e.g. 2s; 0 to 1h).
+    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub provider_delay: Duration,
+    /// Uniform jitter added to the provider delay (e.g. 1s; 0 to 1h).
+    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub jitter: Duration,
     /// Fraction of Machines that never get a provider ID (a stuck provider), 0 to 1.
     #[arg(long, default_value_t = 0.0, value_parser = fraction_arg)]
     pub fail_fraction: f64,
-    /// The controller's create timeout, in seconds (see `run --create-timeout`), 0.001 to 86400.
-    #[arg(long, value_parser = seconds_in(0.001, 86_400.0))]
-    pub create_timeout: Option<f64>,
+    /// The controller's create timeout (see `run --create-timeout`; e.g. 10s; 1ms to 24h).
+    #[arg(long, value_parser = duration_in(Duration::from_millis(1), DAY))]
+    pub create_timeout: Option<Duration>,
     /// Which Cluster API version the simulated cluster serves.
     #[arg(long, value_enum, default_value = "v1beta2")]
     pub cluster_api_version: CapiVersionArg,
@@ -449,9 +465,9 @@ pub struct SimulateArgs {
     /// file: without this flag it goes to `./simulate-report.html`.
     #[arg(long, value_name = "PATH")]
     pub report_out: Option<PathBuf>,
-    /// Give up waiting for the scenario to settle after this many seconds (1 to 604800).
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=604_800))]
-    pub deadline: u64,
+    /// Give up waiting for the scenario to settle after this long (e.g. 300s, 15m; 1s to 168h).
+    #[arg(long, default_value = "5m", value_parser = duration_in(Duration::from_secs(1), 7 * DAY))]
+    pub deadline: Duration,
     /// Seed for the simulated cluster's randomness (jitter, failures, names).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -732,6 +748,45 @@ mod tests {
         let err =
             Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "soon"]).unwrap_err();
         assert!(err.to_string().contains("--create-timeout"), "{err}");
+    }
+
+    /// One syntax for durations in every subcommand: `10s` works for `run` and `simulate`
+    /// alike, and a bare `10` is refused by both with the same advice.
+    #[test]
+    fn durations_take_one_syntax_in_every_subcommand() {
+        let Command::Run(run) =
+            Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "10s"])
+                .unwrap()
+                .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(run.controller.create_timeout, Duration::from_secs(10));
+        let sim = SimulateArgs::from_words(&[
+            "--create-timeout",
+            "10s",
+            "--provider-delay",
+            "1.5s",
+            "--jitter",
+            "500ms",
+            "--deadline",
+            "15m",
+        ])
+        .unwrap();
+        assert_eq!(sim.create_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(sim.provider_delay, Duration::from_millis(1500));
+        assert_eq!(sim.jitter, Duration::from_millis(500));
+        assert_eq!(sim.deadline, Duration::from_secs(900));
+        for argv in [
+            vec!["karpenter-capi", "run", "--create-timeout", "10"],
+            vec!["karpenter-capi", "simulate", "--create-timeout", "10"],
+        ] {
+            let err = Cli::try_parse_from(&argv).unwrap_err().to_string();
+            assert!(
+                err.contains("\"10\" has no unit: write it with one, e.g. 10s or 10m"),
+                "{argv:?}: {err}"
+            );
+        }
     }
 
     fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {

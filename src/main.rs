@@ -22,7 +22,7 @@ fn main() -> ExitCode {
         Command::Explain(cmd) => print_or_fail(actix::System::new().block_on(explain::run(*cmd))),
         Command::Init(args) => print_or_fail(actix::System::new().block_on(init::run(&args))),
         Command::Run(args) => {
-            if let Err(e) = app::init_logging(&args.log) {
+            if let Err(e) = app::init_logging(&args.log, "info") {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
@@ -30,7 +30,7 @@ fn main() -> ExitCode {
             report(system.block_on(app::run(*args)))
         }
         Command::Simulate(args) => {
-            if let Err(e) = app::init_logging(&args.log) {
+            if let Err(e) = app::init_logging(&args.log, "warn") {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }

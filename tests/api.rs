@@ -24,6 +24,7 @@ fn main() -> std::process::ExitCode {
         bad_durations_and_enums_fail_to_decode_with_the_value,
         our_crds_carry_upstream_validation needs [Upstream],
         the_upstream_kubemark_example_parses needs [Upstream],
+        the_repository_example_round_trips_and_validates,
     ])
 }
 
@@ -847,4 +848,30 @@ fn the_upstream_kubemark_example_parses() {
             .map(String::as_str),
         Some("on-demand")
     );
+}
+
+/// `examples/nodepool.yaml`, which the README applies, is exact for our types and valid.
+fn the_repository_example_round_trips_and_validates() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/nodepool.yaml");
+    let mut kinds = Vec::new();
+    for doc in yaml_docs(&read(&path)) {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "NodePool" => {
+                assert_round_trips::<NodePool>(&doc, true);
+                validate_nodepool(&serde_json::from_value(doc.clone()).unwrap()).unwrap();
+            }
+            "ClusterAPINodeClass" => {
+                assert_round_trips::<ClusterAPINodeClass>(&doc, true);
+                validate_nodeclass(&serde_json::from_value(doc.clone()).unwrap()).unwrap();
+            }
+            "Deployment" => {
+                serde_json::from_value::<k8s_openapi::api::apps::v1::Deployment>(doc.clone())
+                    .unwrap();
+            }
+            other => panic!("{}: unexpected kind {other:?}", path.display()),
+        }
+        kinds.push(kind);
+    }
+    assert_eq!(kinds, ["ClusterAPINodeClass", "NodePool", "Deployment"]);
 }

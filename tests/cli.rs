@@ -155,3 +155,39 @@ fn good_values_still_parse() {
         .expect("run the binary");
     assert_eq!(out.status.code(), Some(0));
 }
+
+/// A `simulate` whose stderr goes to a file or a pipe writes no terminal escape codes, even with
+/// the controller's INFO lines asked for; and without `--log-level` it keeps them out (its
+/// progress and report are its output).
+#[test]
+fn redirected_simulate_output_is_plain_and_quiet() {
+    let run = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["simulate", "--scenario", "launch", "--claims", "3"])
+            .args(extra)
+            .env_remove("NO_COLOR")
+            .env_remove("LOG_LEVEL")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the binary");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (stdout, stderr) = run(&["--log-level", "info"]);
+    assert!(
+        stderr.contains(" INFO "),
+        "INFO lines were asked for:\n{stderr}"
+    );
+    for (name, text) in [("stdout", &stdout), ("stderr", &stderr)] {
+        assert!(!text.contains('\u{1b}'), "escape codes on {name}:\n{text}");
+    }
+    let (_, quiet) = run(&[]);
+    assert!(
+        !quiet.contains(" INFO "),
+        "no INFO lines by default:\n{quiet}"
+    );
+    assert!(quiet.contains("simulated cluster up"), "{quiet}");
+}

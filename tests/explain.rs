@@ -224,6 +224,33 @@ async fn explain_pods_and_nodepools_against_the_live_cluster() {
     );
     assert_eq!(np["usage"]["nodes"]["used"], "1", "{np:#}");
 
+    // `--cluster-name` of another cluster: the filter is named as the cause, not the member
+    // label (the simulated Cluster API labels MachineDeployments with their cluster, as its
+    // webhook does).
+    let other = explain(
+        &kubeconfig,
+        &["nodepool", "default", "--cluster-name", "prod"],
+    );
+    assert_eq!(other["nodeclass_ready"], false, "{other:#}");
+    let problem = other["nodeclass_problem"].as_str().unwrap_or_default();
+    assert!(
+        problem.contains("--cluster-name leaves out all") && !problem.contains("karpenter-member"),
+        "{other:#}"
+    );
+    let md0 = other["left_out"]
+        .as_array()
+        .expect("left_out")
+        .iter()
+        .find(|l| l["machine_deployment"] == "default/md-0")
+        .unwrap_or_else(|| panic!("md-0 not left out: {other:#}"));
+    assert!(
+        md0["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("left out by --cluster-name prod")
+                && r.contains("cluster.x-k8s.io/cluster-name label is \"sim\"")),
+        "{md0:#}"
+    );
+
     // Text output reads the same facts.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
         .args(["explain", "pod", "default/big", "--kubeconfig"])

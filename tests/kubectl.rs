@@ -12,6 +12,7 @@ fn main() -> std::process::ExitCode {
     assets::main(trials![
         kubectl_drives_the_served_cluster_and_a_separate_controller_provisions needs [Kubectl, Upstream],
         serve_with_the_controller_reports_then_serves_until_sigterm needs [Kubectl],
+        the_readme_flow_works_with_the_repository_example needs [Kubectl],
     ])
 }
 
@@ -179,6 +180,22 @@ impl Kubectl {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// `karpenter-capi run` in another process against the served cluster (leader election on,
+    /// metrics and probes on free ports), with `extra` flags.
+    fn start_controller(&self, extra: &[&str]) -> Proc {
+        let mut args = vec![
+            "run",
+            "--kubeconfig",
+            &self.kubeconfig,
+            "--metrics-port",
+            "0",
+            "--health-probe-port",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        Proc::start(Path::new(BIN), &args)
+    }
+
     /// Polls `get` until `done` holds for its stdout (for what another process does).
     fn eventually(&self, args: &[&str], what: &str, done: impl Fn(&str) -> bool) -> String {
         let start = Instant::now();
@@ -296,20 +313,7 @@ fn kubectl_drives_the_served_cluster_and_a_separate_controller_provisions() {
 
     // A second process: the controller, with leader election, against the served cluster.
     let kc = k.kubeconfig.clone();
-    let controller = Proc::start(
-        Path::new(BIN),
-        &[
-            "run",
-            "--kubeconfig",
-            &kc,
-            "--metrics-port",
-            "0",
-            "--health-probe-port",
-            "0",
-            "--log-format",
-            "json",
-        ],
-    );
+    let controller = k.start_controller(&["--log-format", "json"]);
     let holder = k.eventually(
         &[
             "get",
@@ -599,4 +603,46 @@ fn serve_with_the_controller_reports_then_serves_until_sigterm() {
         "--timeout=60s",
     ]);
     assert!(served.terminate().success(), "exit 0 on SIGTERM");
+}
+
+/// The README's "A simulated cluster you can point anything at", command for command: serve the
+/// cluster alone, apply `examples/nodepool.yaml`, run the controller in another process, scale
+/// the example's Deployment and see its pods land on new nodes.
+fn the_readme_flow_works_with_the_repository_example() {
+    let bin = assets::tool(assets::Asset::Kubectl);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_served, kubeconfig) = serve(dir.path(), &["--no-controller", "--scenario", "none"]);
+    let k = Kubectl { bin, kubeconfig };
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/nodepool.yaml");
+    let applied = k.ok(&["apply", "-f", &example.to_string_lossy()]);
+    assert_eq!(
+        applied.lines().filter(|l| l.ends_with(" created")).count(),
+        3,
+        "{applied}"
+    );
+    let _controller = k.start_controller(&[]);
+    k.eventually(
+        &[
+            "get",
+            "nodepool",
+            "default",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+        "the example NodePool becomes Ready",
+        |out| out.trim() == "True",
+    );
+    k.ok(&["scale", "deployment", "inflate", "--replicas", "3"]);
+    k.eventually(
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=inflate",
+            "-o",
+            "jsonpath={.items[*].spec.nodeName}",
+        ],
+        "the example's pods are bound to new nodes",
+        |out| out.split_whitespace().count() == 3,
+    );
 }

@@ -8,7 +8,7 @@ use karpenter_capi::simulate::run_scenario;
 use serde_json::Value;
 
 fn args(extra: &[&str]) -> SimulateArgs {
-    let mut words = vec!["--deadline", "300"];
+    let mut words = vec!["--deadline", "300s"];
     words.extend_from_slice(extra);
     SimulateArgs::from_words(&words).expect("arguments")
 }

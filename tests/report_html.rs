@@ -13,7 +13,7 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_karpenter-capi");
 
 fn args(extra: &[&str]) -> SimulateArgs {
-    let mut words = vec!["--deadline", "300"];
+    let mut words = vec!["--deadline", "300s"];
     words.extend_from_slice(extra);
     SimulateArgs::from_words(&words).expect("arguments")
 }

@@ -61,7 +61,7 @@ async fn consolidation_removes_nodes_and_cost_within_budgets() {
         "--deployments",
         "10",
         "--deadline",
-        "400",
+        "400s",
     ]);
     let r = disruption::run(&a).await.expect("the scenario runs");
     common_checks(&r);
@@ -98,7 +98,7 @@ async fn drift_replaces_every_claim_and_a_rollout_completes() {
         "--deployments",
         "5",
         "--deadline",
-        "400",
+        "400s",
     ]);
     let r = disruption::run(&a).await.expect("the scenario runs");
     common_checks(&r);
@@ -125,7 +125,7 @@ async fn expiration_replaces_every_claim() {
         "--deployments",
         "5",
         "--deadline",
-        "400",
+        "400s",
     ]);
     let r = disruption::run(&a).await.expect("the scenario runs");
     common_checks(&r);

@@ -29,7 +29,7 @@ use super::rollout::{
     self, DISABLE_MACHINE_CREATE_ANNOTATION, SetCounts, StrategyType, UP_TO_DATE_CONDITION,
 };
 use super::standin::{
-    GaveUp, Shutdown, SimRng, WorkQueue, at, delete_quietly, is_conflict, is_not_found,
+    GaveUp, Shutdown, SimRng, WorkQueue, at, delete_quietly, is_conflict, is_not_found, log_retry,
     merge_patch, merge_status, retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{
@@ -418,7 +418,11 @@ impl Inner {
             Work::Set { ns, name } => self.reconcile_set(ns, name).await,
         };
         if let Err(err) = result {
-            tracing::warn!(?work, error = %err, "cluster api stand-in: reconcile failed, requeueing");
+            let subject = match &work {
+                Work::Deployment { ns, name } => format!("MachineDeployment {ns}/{name}"),
+                Work::Set { ns, name } => format!("MachineSet {ns}/{name}"),
+            };
+            log_retry("cluster api stand-in: reconcile", &subject, &err);
             // A short pause so a persistent error does not spin; the key is queued again once
             // this worker is done with it.
             if self.shutdown.sleep(Duration::from_millis(50)).await {

@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 use super::capi::{CapiVersion, string_map};
 use super::quantity::parse_milli;
 use super::standin::{
-    Shutdown, WorkQueue, at, delete_quietly, merge_patch, merge_status, retry, spawn_watch, str_at,
+    Shutdown, WorkQueue, at, delete_quietly, log_retry, merge_patch, merge_status, retry,
+    spawn_watch, str_at,
 };
 use crate::api::wellknown::{
     ARCH_LABEL, CLUSTER_NAME_LABEL, CPU_ANNOTATION, DEFAULT_MAX_PODS, DEPLOYMENT_NAME_LABEL,
@@ -125,7 +126,11 @@ pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<Join
                 let registered = me.register(&key.0, &key.1).await;
                 me.queue.done(&key);
                 if let Err(err) = registered {
-                    tracing::warn!(machine = %key.1, error = %err, "kubelet stand-in: registration failed, requeueing");
+                    log_retry(
+                        "kubelet stand-in: registration",
+                        &format!("Machine {}/{}", key.0, key.1),
+                        &err,
+                    );
                     if me.shutdown.sleep(Duration::from_millis(50)).await {
                         me.queue.push(key);
                     }

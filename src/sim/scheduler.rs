@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use super::kubelet::node_ready;
 use super::quantity::parse_milli;
-use super::standin::{Shutdown, is_conflict, is_not_found, merge_status, spawn_watch};
+use super::standin::{Shutdown, is_conflict, is_not_found, log_retry, merge_status, spawn_watch};
 
 pub const DEFAULT_SCHEDULER_NAME: &str = "default-scheduler";
 
@@ -355,7 +355,11 @@ impl Inner {
             // Already bound (by an earlier attempt) or gone: the cache catches up.
             Err(err) if is_conflict(&err) || is_not_found(&err) => false,
             Err(err) => {
-                tracing::warn!(pod = %name, node, error = %err, "scheduler stand-in: bind failed, retrying");
+                log_retry(
+                    "scheduler stand-in: bind",
+                    &format!("pod {name} to {node}"),
+                    &err,
+                );
                 self.retry_later();
                 false
             }
@@ -417,7 +421,11 @@ impl Inner {
             Ok(()) => {}
             Err(err) if is_not_found(&err) => {}
             Err(err) => {
-                tracing::warn!(pod = %pod.name_any(), error = %err, "scheduler stand-in: status write failed, retrying");
+                log_retry(
+                    "scheduler stand-in: status",
+                    &format!("pod {}", pod.name_any()),
+                    &err,
+                );
                 self.retry_later();
             }
         }

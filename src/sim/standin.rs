@@ -214,7 +214,7 @@ where
             Ok(v) => return Ok(v),
             Err(err) if is_not_found(&err) => return Err(GaveUp::NotFound),
             Err(err) => {
-                tracing::debug!(op = what, error = %err, "retrying");
+                tracing::debug!(op = what, error = %brief(&err), "retrying");
                 if !shutdown.sleep(backoff).await {
                     return Err(GaveUp::Shutdown);
                 }
@@ -253,6 +253,27 @@ where
         Ok(_) => Ok(()),
         Err(err) if is_not_found(&err) => Ok(()),
         Err(err) => Err(err),
+    }
+}
+
+/// An error as one short line: the API server's message and code, not `kube::Error`'s Display,
+/// which appends a Debug dump of the whole Status.
+pub fn brief(err: &kube::Error) -> String {
+    match err {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.code),
+        other => other.to_string(),
+    }
+}
+
+/// Logs a step of a stand-in that failed and will be retried. A conflict (another writer came
+/// first) or an object already gone is the ordinary life of a controller among writers, so it is
+/// DEBUG; anything else is a WARN.
+pub fn log_retry(component: &str, subject: &str, err: &kube::Error) {
+    let error = brief(err);
+    if is_conflict(err) || is_not_found(err) {
+        tracing::debug!(subject, %error, "{component}: retrying");
+    } else {
+        tracing::warn!(subject, %error, "{component}: retrying");
     }
 }
 

@@ -115,20 +115,20 @@ impl std::fmt::Display for DisruptionReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "{}", self.pods)?;
         let d = &self.disruption;
-        write!(
+        writeln!(
             f,
-            "  disruption: {:.1}s; decisions {} empty, {} underutilized, {} drifted, {} expired, {} other; nodes {} -> {} (lower bound {}); cost/h {:.2} -> {:.2}; claims {} of {} replaced; at most {} disrupted at once, {} over budget; PDB/do-not-disrupt violations {}/{}; longest pending {} ms; {} pods unbound at the end",
+            "  disruption: {:.1}s; decided: {}; nodes {} -> {} (lower bound {}); cost/h {:.2} -> {:.2}",
             d.phase_ms as f64 / 1000.0,
-            d.decisions.empty,
-            d.decisions.underutilized,
-            d.decisions.drifted,
-            d.decisions.expired,
-            d.decisions.other,
+            decided(&d.decisions),
             d.nodes_before,
             d.nodes_after,
             d.nodes_lower_bound,
             d.cost_per_hour_before,
             d.cost_per_hour_after,
+        )?;
+        write!(
+            f,
+            "              {} of the {} claims there at the start deleted; at most {} disrupted at once, {} budget violations; {} PodDisruptionBudget and {} do-not-disrupt violations; longest pending pod {} ms; {} pods not bound at the end",
             d.claims_replaced,
             d.claims_before,
             d.max_disrupting,
@@ -141,16 +141,22 @@ impl std::fmt::Display for DisruptionReport {
         if let Some(r) = &d.rollout {
             write!(
                 f,
-                "\n  rollout:  {}: {} of {} claims replaced, {} of {} Machines up to date; at most {} claims disrupted at once ({} over budget counting Cluster API's deletions, {} by the controller's decisions)",
+                "\n  rollout:  {}: {} of the {} claims on it deleted, {} of {} Machines up to date; at most {} claims disrupted at once; {} budget violations by the controller's decisions",
                 r.machine_deployment,
                 r.claims_replaced,
                 r.claims_before,
                 r.machines_up_to_date,
                 r.machines,
                 r.max_disrupting,
-                r.budget_excess_any,
                 r.budget_violations
             )?;
+            if r.budget_excess_any > 0 {
+                write!(
+                    f,
+                    " (Cluster API's own rollout deleted Machines past the budget by {}: a rollout does not read Karpenter's budgets, so this is no violation)",
+                    r.budget_excess_any
+                )?;
+            }
         }
         Ok(())
     }
@@ -324,19 +330,15 @@ async fn wait_stable(
     let start = Instant::now();
     let mut last_change = Instant::now();
     let mut last_line = String::new();
-    let mut last_print = Instant::now();
+    let printer = super::progress::Progress::new();
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let decisions = sim.cluster().disruption_audit().report().decisions;
         let line = format!(
-            "{} | cost/h {:.2} | decided {}e {}u {}d {}x {}o",
+            "{} | cost/h {:.2} | decided: {}",
             progress_line(sim.cluster()),
             cost_per_hour(sim),
-            decisions.empty,
-            decisions.underutilized,
-            decisions.drifted,
-            decisions.expired,
-            decisions.other
+            decided(&decisions)
         );
         let mut waiting = done(sim);
         if waiting.is_none() {
@@ -355,16 +357,14 @@ async fn wait_stable(
             last_change = Instant::now();
             last_line = line.clone();
         }
-        if last_print.elapsed() >= Duration::from_secs(1) {
-            last_print = Instant::now();
-            eprintln!(
-                "  {:>5.1}s  {what}: {line}{}",
-                start.elapsed().as_secs_f64(),
+        if printer.due() {
+            printer.print(&format!(
+                "{what}: {line}{}",
                 waiting
                     .as_deref()
                     .map(|w| format!(" (waiting: {w})"))
                     .unwrap_or_default()
-            );
+            ));
         }
         if waiting.is_none() && last_change.elapsed() >= calm {
             return Ok(());
@@ -375,6 +375,27 @@ async fn wait_stable(
                 why: format!("{what}: {}", waiting.unwrap_or(line)),
             });
         }
+    }
+}
+
+/// The disruption decisions so far in words, the kinds that occurred only ("none" before any).
+fn decided(d: &crate::sim::disruption_audit::Decisions) -> String {
+    let kinds = [
+        (d.empty, "empty"),
+        (d.underutilized, "underutilized"),
+        (d.drifted, "drifted"),
+        (d.expired, "expired"),
+        (d.other, "other"),
+    ];
+    let words: Vec<String> = kinds
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+    if words.is_empty() {
+        "none".into()
+    } else {
+        words.join(", ")
     }
 }
 
@@ -418,7 +439,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         fast_disruption,
     )
     .await?;
-    let deadline = Duration::from_secs(args.deadline);
+    let deadline = args.deadline;
     let since_ms = p.sim.cluster().stats().now_ms();
     p.sim.cluster().disruption_audit().reset();
     let violations_before = p.sim.cluster().stats().violations().len();

@@ -171,7 +171,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DrainReport, Kept), Error>
             Ok(())
         })
         .await??;
-    wait_gone(&p.sim, &victims, Duration::from_secs(args.deadline)).await?;
+    wait_gone(&p.sim, &victims, args.deadline).await?;
     let pods = p.measure();
     let termination = termination_counts(&p.sim, &p.observer, &victims);
     let mut report = DrainReport { pods, termination };

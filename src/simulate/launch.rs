@@ -2,7 +2,6 @@
 //! them, spread over MachineDeployments; the report says how many launched, how many Machines
 //! were created and bound, how many writes it took, and how long each step took.
 
-use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -317,16 +316,14 @@ pub async fn settle_with_progress(
     deadline: Duration,
     progress: bool,
 ) -> Result<(), Error> {
-    let start = Instant::now();
-    let last_print = &Cell::new(Instant::now());
+    let printer = &super::progress::Progress::new();
     let settled = wait_until(sim, deadline, move || async move {
         // Checked on the cluster's runtime, so the CPU meter counts the look as the
         // simulator's and not the controller's (whose System thread this loop runs on).
         let now_quiet = sim.run(|c| async move { quiet(&c) }).await?;
-        if progress && last_print.get().elapsed() >= LOOK_EVERY {
-            last_print.set(Instant::now());
+        if progress && printer.due() {
             let line = sim.run(|c| async move { progress_line(&c) }).await?;
-            eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
+            printer.print(&line);
         }
         Ok(now_quiet)
     })
@@ -586,10 +583,7 @@ pub async fn create_claims_on(
 /// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
 pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
     let sim = BackgroundSim::start(cluster_config(args)).await?;
-    eprintln!(
-        "simulated cluster up; watch it with: kubectl --kubeconfig {} get nodeclaims,nodes",
-        sim.kubeconfig().display()
-    );
+    super::announce(&sim, args, "nodeclaims,nodes");
     let pool = seed(&sim, args).await?;
     let mds = args.machine_deployments.max(1);
     let observer = Observer::default();
@@ -597,14 +591,14 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
         let o = observer.clone();
         sim.spawn(move |c| o.run(c.client(), c.stats()));
     }
-    let create_timeout = args.create_timeout.map(Duration::from_secs_f64);
+    let create_timeout = args.create_timeout;
     let controller = start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?;
     let since = sim.cluster().stats().now_ms();
     let n = args.claims;
     eprintln!("creating {n} NodeClaims over {mds} MachineDeployments");
     create_claims_on(&sim, pool, n, mds).await?;
     eprintln!("waiting for the cluster to settle");
-    settle_with_progress(&sim, Duration::from_secs(args.deadline), true).await?;
+    settle_with_progress(&sim, args.deadline, true).await?;
     let report = measure(
         &sim,
         &observer,

@@ -11,6 +11,7 @@ pub mod launch;
 pub mod observer;
 pub mod output;
 pub mod pods;
+mod progress;
 pub mod report;
 pub mod serve;
 pub mod standup;
@@ -175,6 +176,22 @@ impl Kept {
     }
 }
 
+/// Says the simulated cluster is up. Its kubeconfig is named only where it outlives the run
+/// (`--serve`, `--kubeconfig-out`); otherwise it is a temporary file deleted at exit.
+pub fn announce(sim: &BackgroundSim, args: &SimulateArgs, kinds: &str) {
+    if args.serve.kubeconfig_out().is_some() {
+        eprintln!(
+            "simulated cluster up; watch it with: kubectl --kubeconfig {} get {kinds}",
+            sim.kubeconfig().display()
+        );
+    } else {
+        eprintln!(
+            "simulated cluster up at {} until the scenario ends (--serve keeps it up for kubectl)",
+            sim.cluster().server().url()
+        );
+    }
+}
+
 /// Settings tuned for simulations: the defaults of `run`, with the create timeout chosen by the
 /// scenario.
 pub fn sim_settings(create_timeout: Option<Duration>) -> Settings {
@@ -227,8 +244,8 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
             CapiVersion::V1Beta1 => ServedVersions::V1beta1,
             CapiVersion::V1Beta2 => ServedVersions::V1beta2,
         },
-        provider_delay: Duration::from_secs_f64(args.provider_delay.max(0.0)),
-        jitter: Duration::from_secs_f64(args.jitter.max(0.0)),
+        provider_delay: args.provider_delay,
+        jitter: args.jitter,
         fail_fraction: args.fail_fraction.clamp(0.0, 1.0),
         node_ready_delay: Duration::from_millis(100),
         node_delete_delay: Duration::from_millis(50),

@@ -69,7 +69,10 @@ pub struct PodCounts {
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct NodeCounts {
+    /// Nodes created during the run (registered by the kubelet stand-in).
     pub created: usize,
+    /// Nodes still there at the end.
+    pub remaining: usize,
     pub cpu_utilization: f64,
     pub memory_utilization: f64,
 }
@@ -123,7 +126,7 @@ impl std::fmt::Display for PodReport {
         writeln!(f, "{}", self.launch)?;
         writeln!(
             f,
-            "  pods:     {} pending at start, {} bound, {} unschedulable; pending -> bound p50 {:.0} ms p99 {:.0} ms",
+            "  pods:     {} pending at start; {} bound and {} not bound at the end; pending -> bound p50 {:.0} ms p99 {:.0} ms",
             self.pods.pending_at_start,
             self.pods.bound,
             self.pods.unschedulable,
@@ -132,8 +135,9 @@ impl std::fmt::Display for PodReport {
         )?;
         write!(
             f,
-            "  nodes:    {} created; requests use {:.0}% of their CPU and {:.0}% of their memory",
+            "  nodes:    {} created, {} remaining; pod requests use {:.0}% of the remaining nodes' CPU and {:.0}% of their memory",
             self.nodes.created,
+            self.nodes.remaining,
             self.nodes.cpu_utilization * 100.0,
             self.nodes.memory_utilization * 100.0
         )
@@ -161,7 +165,7 @@ async fn settle(
     stall: Duration,
     progress: bool,
 ) -> Result<(), Error> {
-    let start = Instant::now();
+    let printer = &super::progress::Progress::new();
     let last_change = &Cell::new(Instant::now());
     let last_line = &RefCell::new(String::new());
     let last_print = &Cell::new(Instant::now());
@@ -183,8 +187,8 @@ async fn settle(
                 last_change.set(Instant::now());
                 last_line.replace(line.clone());
             }
-            if progress {
-                eprintln!("  {:>5.1}s  {line}", start.elapsed().as_secs_f64());
+            if progress && printer.due() {
+                printer.print(&line);
             }
         }
         Ok(quiet && (bound || last_change.get().elapsed() > stall))
@@ -268,7 +272,11 @@ fn measure(
             unschedulable: pods_created.saturating_sub(bound),
         },
         nodes: NodeCounts {
-            created: nodes.len(),
+            created: writes
+                .iter()
+                .filter(|w| w.resource == "nodes" && w.verb == "create")
+                .count(),
+            remaining: nodes.len(),
             cpu_utilization: ratio("cpu"),
             memory_utilization: ratio("memory"),
         },
@@ -375,10 +383,7 @@ pub async fn provision_with(
     tweak: impl FnOnce(&mut crate::actors::Settings),
 ) -> Result<Provisioned, Error> {
     let sim = BackgroundSim::start(cluster_config(args)).await?;
-    eprintln!(
-        "simulated cluster up; watch it with: kubectl --kubeconfig {} get pods,nodeclaims,nodes",
-        sim.kubeconfig().display()
-    );
+    super::announce(&sim, args, "pods,nodeclaims,nodes");
     seed_machine_deployments(&sim, args).await?;
     seed_nodepool(&sim, pool).await?;
     let observer = Observer::default();
@@ -386,7 +391,7 @@ pub async fn provision_with(
         let o = observer.clone();
         sim.spawn(move |c| o.run(c.client(), c.stats()));
     }
-    let mut settings = sim_settings(args.create_timeout.map(Duration::from_secs_f64));
+    let mut settings = sim_settings(args.create_timeout);
     settings.batching.idle = Duration::from_millis(300);
     settings.batching.max = Duration::from_secs(3);
     tweak(&mut settings);
@@ -394,15 +399,9 @@ pub async fn provision_with(
     let since_ms = sim.cluster().stats().now_ms();
     let n = args.pods;
     create_deployments(&sim, args, shape).await?;
-    wait_for_pods(&sim, n, Duration::from_secs(args.deadline)).await?;
+    wait_for_pods(&sim, n, args.deadline).await?;
     eprintln!("waiting for every pod to be bound");
-    settle(
-        &sim,
-        Duration::from_secs(args.deadline),
-        Duration::from_secs(15),
-        true,
-    )
-    .await?;
+    settle(&sim, args.deadline, Duration::from_secs(15), true).await?;
     Ok(Provisioned {
         sim,
         observer,

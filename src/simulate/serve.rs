@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::path::Path;
-use std::time::Duration;
 
 use super::{BackgroundSim, Error, Kept, cluster_config, launch, pods, sim_settings};
 use crate::cli::{Scenario, SimulateArgs};
@@ -26,7 +25,7 @@ pub async fn without_report(args: &SimulateArgs) -> Result<(), Error> {
     let controller = match args.serve.no_controller {
         true => None,
         false => {
-            let create_timeout = args.create_timeout.map(Duration::from_secs_f64);
+            let create_timeout = args.create_timeout;
             Some(super::start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?)
         }
     };

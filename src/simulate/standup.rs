@@ -50,7 +50,7 @@ pub async fn stand_up(
     while left > 0 {
         let batch = left.min(CLAIM_BATCH);
         launch::create_claims_on(sim, pool.clone(), batch, mds).await?;
-        launch::settle_with_progress(sim, Duration::from_secs(args.deadline), true).await?;
+        launch::settle_with_progress(sim, args.deadline, true).await?;
         left -= batch;
     }
     if let Some(c) = launcher {

@@ -1,0 +1,63 @@
+//! The progress line `simulate` prints on stderr while it waits: every second on a terminal,
+//! where a person watches it, and every ten seconds when stderr is redirected, where it would
+//! only fill a log.
+
+use std::cell::Cell;
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+pub struct Progress {
+    start: Instant,
+    every: Duration,
+    last: Cell<Option<Instant>>,
+}
+
+impl Progress {
+    pub fn new() -> Self {
+        Self::every(if std::io::stderr().is_terminal() {
+            Duration::from_secs(1)
+        } else {
+            Duration::from_secs(10)
+        })
+    }
+
+    pub fn every(every: Duration) -> Self {
+        Self {
+            start: Instant::now(),
+            every,
+            last: Cell::new(None),
+        }
+    }
+
+    /// Whether a line is due; the first one is due a full interval after the start.
+    pub fn due(&self) -> bool {
+        self.last.get().unwrap_or(self.start).elapsed() >= self.every
+    }
+
+    /// Prints `line` with the time since the start.
+    pub fn print(&self, line: &str) {
+        self.last.set(Some(Instant::now()));
+        eprintln!("  {:>5.1}s  {line}", self.start.elapsed().as_secs_f64());
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_is_due_once_per_interval() {
+        let p = Progress::every(Duration::from_millis(30));
+        assert!(!p.due());
+        std::thread::sleep(Duration::from_millis(35));
+        assert!(p.due());
+        p.print("one");
+        assert!(!p.due());
+    }
+}
