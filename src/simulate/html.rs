@@ -300,6 +300,7 @@ mod tests {
                 },
             ],
             replica_writes: [("default/md-0".to_string(), vec![0, 2])].into(),
+            ..Timeline::default()
         };
         let html = render("{}", "", &t).unwrap();
         assert!(html.contains("<title>Pending pods</title>"));

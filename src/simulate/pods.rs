@@ -394,6 +394,7 @@ pub async fn provision_with(
     let since_ms = sim.cluster().stats().now_ms();
     let n = args.pods;
     create_deployments(&sim, args, shape).await?;
+    sim.mark("Deployments created");
     wait_for_pods(&sim, n, Duration::from_secs(args.deadline)).await?;
     eprintln!("waiting for every pod to be bound");
     settle(
@@ -403,6 +404,7 @@ pub async fn provision_with(
         true,
     )
     .await?;
+    sim.mark("provisioned");
     Ok(Provisioned {
         sim,
         observer,
