@@ -45,6 +45,8 @@ pub const CHARTS: [&str; 5] = [
 ];
 
 const WIDTH: u32 = 900;
+/// The margin right of the plot that holds the legend.
+const LEGEND_PX: u32 = 170;
 const HEIGHT: u32 = 340;
 /// Rows of phase labels above a chart's plot, so labels of phases close in time do not overlap.
 const MARK_ROWS: i32 = 3;
@@ -95,11 +97,22 @@ pub fn figure(x: f64) -> String {
 
 /// Milliseconds as a latency reads best: `7.59 ms`, `594 ms`, `12.3 s` from ten seconds on.
 fn duration_ms(ms: f64) -> String {
-    if ms.abs() >= 10_000.0 {
-        format!("{} s", figure(ms / 1000.0))
-    } else {
-        format!("{} ms", figure(ms))
-    }
+    durations_ms(&[ms]).join("")
+}
+
+/// Several milliseconds in one unit, seconds when the largest is ten seconds or more, so
+/// `p50 6.23 s, p99 15 s` rather than `p50 6230 ms, p99 15 s`.
+fn durations_ms(ms: &[f64]) -> Vec<String> {
+    let seconds = ms.iter().any(|m| m.abs() >= 10_000.0);
+    ms.iter()
+        .map(|m| {
+            if seconds {
+                format!("{} s", figure(m / 1000.0))
+            } else {
+                format!("{} ms", figure(*m))
+            }
+        })
+        .collect()
 }
 
 /// Seconds on the charts' clock (since the simulated cluster started).
@@ -383,8 +396,11 @@ fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
 
     // Latencies, each where the scenario measured some.
     let percentiles = |path: &str| {
-        let p = |q: &str| num(&format!("{path}/{q}")).map(duration_ms);
-        Some(format!("p50 {}, p99 {}", p("p50")?, p("p99")?))
+        let p = |q: &str| num(&format!("{path}/{q}"));
+        match durations_ms(&[p("p50")?, p("p99")?]).as_slice() {
+            [p50, p99] => Some(format!("p50 {p50}, p99 {p99}")),
+            _ => None,
+        }
     };
     // (id, what, the count that says the scenario measured any, where the percentiles are)
     let latencies = [
@@ -672,6 +688,31 @@ fn phase_svg(placed: &[Placed], plot_bottom: i32) -> String {
     out
 }
 
+fn color(i: usize) -> RGBColor {
+    let (r, g, b) = COLORS[i % COLORS.len()];
+    RGBColor(r, g, b)
+}
+
+/// The legend, right of the plot in the margin kept for it (inside the plot it hid the lines;
+/// plotters clips its own legend's box and swatches to the plot).
+fn legend_svg(series: &[Series], plot_right: i32, plot_top: i32) -> String {
+    let mut out = String::new();
+    for (i, s) in series.iter().enumerate() {
+        let RGBColor(r, g, b) = color(i);
+        let y = plot_top + 8 + i as i32 * 18;
+        let x = plot_right + 14;
+        let _ = writeln!(
+            out,
+            "<g class=\"legend\"><line x1=\"{x}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"2\"/>\
+             <text x=\"{}\" y=\"{y}\" dy=\"0.35em\" font-family=\"sans-serif\" font-size=\"13\" fill=\"#222\">{}</text></g>",
+            x + 18,
+            x + 24,
+            escape(&s.name)
+        );
+    }
+    out
+}
+
 /// One line chart as an SVG document, with a labelled dashed line per phase mark.
 fn chart(spec: &Chart, marks: &[Mark]) -> Result<String, ChartError> {
     let fail = |e: &dyn std::fmt::Display| ChartError {
@@ -694,12 +735,13 @@ fn chart(spec: &Chart, marks: &[Mark]) -> Result<String, ChartError> {
         8 + MARK_ROWS * MARK_ROW_PX
     };
     let mut svg = String::new();
-    let (xs, right_edge, plot_bottom) = {
+    let (xs, right_edge, plot_y) = {
         let root = SVGBackend::with_string(&mut svg, (WIDTH, HEIGHT)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| fail(&e))?;
         let mut c = ChartBuilder::on(&root)
             .margin(12)
             .margin_top(top)
+            .margin_right(LEGEND_PX)
             .x_label_area_size(44)
             .y_label_area_size(64)
             .build_cartesian_2d(x_axis, y_axis)
@@ -716,24 +758,11 @@ fn chart(spec: &Chart, marks: &[Mark]) -> Result<String, ChartError> {
             .draw()
             .map_err(|e| fail(&e))?;
         for (i, s) in spec.series.iter().enumerate() {
-            let (r, g, b) = COLORS[i % COLORS.len()];
-            let color = RGBColor(r, g, b);
             c.draw_series(LineSeries::new(
                 s.points.iter().map(|&(x, y)| (finite(x), finite(y))),
-                color.stroke_width(2),
+                color(i).stroke_width(2),
             ))
-            .map_err(|e| fail(&e))?
-            .label(s.name.as_str())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
-        }
-        if !spec.series.is_empty() {
-            c.configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font(("sans-serif", 13))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .draw()
-                .map_err(|e| fail(&e))?;
+            .map_err(|e| fail(&e))?;
         }
         let xs: Vec<i32> = marks
             .iter()
@@ -741,16 +770,13 @@ fn chart(spec: &Chart, marks: &[Mark]) -> Result<String, ChartError> {
             .collect();
         let (px, py) = c.plotting_area().get_pixel_range();
         root.present().map_err(|e| fail(&e))?;
-        (xs, px.end, py.end)
+        (xs, px.end, py)
     };
+    let (plot_top, plot_bottom) = (plot_y.start, plot_y.end);
     let placed = place(marks, &xs, right_edge);
+    let extra = phase_svg(&placed, plot_bottom) + &legend_svg(&spec.series, right_edge, plot_top);
     Ok(match svg.rfind("</svg>") {
-        Some(end) => format!(
-            "{}{}{}",
-            &svg[..end],
-            phase_svg(&placed, plot_bottom),
-            &svg[end..]
-        ),
+        Some(end) => format!("{}{extra}{}", &svg[..end], &svg[end..]),
         None => svg,
     })
 }
@@ -919,6 +945,7 @@ mod tests {
         }
         assert_eq!(duration_ms(873.0), "873 ms");
         assert_eq!(duration_ms(29_970.0), "30 s");
+        assert_eq!(durations_ms(&[6230.0, 15_000.0]), ["6.23 s", "15 s"]);
     }
 
     #[test]
