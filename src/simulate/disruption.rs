@@ -461,12 +461,14 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
                 json!({"spec": {"template": {"metadata": {"labels": {DRIFT_LABEL: "2"}}}}}),
             )
             .await?;
+            p.sim.mark("template changed");
             let originals = claims_before.clone();
             wait_stable(&p.sim, "drift", deadline, Duration::from_secs(3), |sim| {
                 let left = live_or_deleting(sim, &originals);
                 (left > 0).then(|| format!("{left} drifted claims left"))
             })
             .await?;
+            p.sim.mark("drifted claims replaced");
             // The rollout is measured apart: Cluster API, not the controller, deletes its
             // Machines.
             drift_phase = Some(p.sim.cluster().disruption_audit().report());
@@ -493,7 +495,15 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
                 claims_before.len()
             );
             let originals = claims_before.clone();
+            // Expiry starts on the claims' own clocks: the chart shows when the first went.
+            let expiring = std::cell::Cell::new(false);
             wait_stable(&p.sim, "expire", deadline, Duration::from_secs(1), |sim| {
+                if !expiring.get()
+                    && live_claims(sim).intersection(&originals).count() < originals.len()
+                {
+                    expiring.set(true);
+                    sim.mark("first claim expired");
+                }
                 let left = live_or_deleting(sim, &originals);
                 (left > 0).then(|| format!("{left} original claims left"))
             })
@@ -501,6 +511,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         }
         _ => unreachable!("not a disruption scenario"),
     }
+    p.sim.mark("settled");
     let phase_ms = phase.elapsed().as_millis() as u64;
 
     let sim = &p.sim;
@@ -620,6 +631,7 @@ async fn consolidate(
         Ok::<_, crate::sim::cluster::Error>(())
     })
     .await??;
+    sim.mark("scaled down");
     // Consolidation waits for its validation (2 s) after every pass (1 s): 8 s without a change
     // means it found nothing more to do.
     wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
@@ -677,6 +689,7 @@ async fn roll_out(sim: &BackgroundSim, deadline: Duration) -> Result<RolloutFigu
             })
     })
     .await??;
+    sim.mark("rollout started");
     let originals = claims_on_md.clone();
     let target = md.clone();
     wait_stable(

@@ -171,7 +171,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DrainReport, Kept), Error>
             Ok(())
         })
         .await??;
+    p.sim.mark("claims deleted");
     wait_gone(&p.sim, &victims, args.deadline).await?;
+    p.sim.mark("drained");
     let pods = p.measure();
     let termination = termination_counts(&p.sim, &p.observer, &victims);
     let mut report = DrainReport { pods, termination };

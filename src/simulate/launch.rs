@@ -597,8 +597,10 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
     let n = args.claims;
     eprintln!("creating {n} NodeClaims over {mds} MachineDeployments");
     create_claims_on(&sim, pool, n, mds).await?;
+    sim.mark("claims created");
     eprintln!("waiting for the cluster to settle");
     settle_with_progress(&sim, args.deadline, true).await?;
+    sim.mark("settled");
     let report = measure(
         &sim,
         &observer,

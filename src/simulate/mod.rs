@@ -105,6 +105,11 @@ impl BackgroundSim {
         self.sampler.timeline(&self.cluster)
     }
 
+    /// Record that the scenario moves to its next phase now (a labelled line on every chart).
+    pub fn mark(&self, label: &str) {
+        self.sampler.mark(self.cluster.stats().now_ms(), label);
+    }
+
     /// CPU spent by the controller's threads and by this cluster's since it started.
     pub fn cpu_ms(&self, claims: usize) -> cpu::CpuMs {
         self.cpu.read(claims)

@@ -35,7 +35,7 @@ impl Outcome {
         Ok(match format {
             ReportFormat::Text => self.text.clone(),
             ReportFormat::Json => self.json.clone(),
-            ReportFormat::Html => html::render(&self.json, &self.text, &self.timeline)?,
+            ReportFormat::Html => html::render(&self.json, &self.timeline)?,
         })
     }
 

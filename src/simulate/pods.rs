@@ -399,9 +399,17 @@ pub async fn provision_with(
     let since_ms = sim.cluster().stats().now_ms();
     let n = args.pods;
     create_deployments(&sim, args, shape).await?;
+    sim.mark("Deployments created");
     wait_for_pods(&sim, n, args.deadline).await?;
     eprintln!("waiting for every pod to be bound");
-    settle(&sim, args.deadline, Duration::from_secs(15), true).await?;
+    settle(
+        &sim,
+        args.deadline,
+        Duration::from_secs(15),
+        true,
+    )
+    .await?;
+    sim.mark("provisioned");
     Ok(Provisioned {
         sim,
         observer,

@@ -53,10 +53,20 @@ pub struct Sample {
     pub cost_per_hour: f64,
 }
 
+/// A moment the scenario moved from one phase to the next (`provisioned`, `scaled down`,
+/// `template changed`, ...), on the server's clock, so the charts can show what caused a change.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mark {
+    pub at_ms: u64,
+    pub label: String,
+}
+
 /// Everything the report's charts show.
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
     pub samples: Vec<Sample>,
+    /// The scenario's phase changes, in time order.
+    pub marks: Vec<Mark>,
     /// The controller's replica writes per MachineDeployment (`namespace/name`), counted up to
     /// each sample's time.
     pub replica_writes: BTreeMap<String, Vec<usize>>,
@@ -170,6 +180,8 @@ struct Held {
     /// A moving average of how long a sample takes.
     cost: Duration,
     samples: Vec<Sample>,
+    /// Never thinned: a scenario has a handful.
+    marks: Vec<Mark>,
 }
 
 impl Held {
@@ -191,6 +203,7 @@ impl Default for Sampler {
                 every: FIRST_INTERVAL,
                 cost: Duration::ZERO,
                 samples: Vec::new(),
+                marks: Vec::new(),
             })),
         }
     }
@@ -233,11 +246,22 @@ impl Sampler {
         }
     }
 
+    /// Note that the scenario entered a new phase at `at_ms` (the server's clock).
+    pub fn mark(&self, at_ms: u64, label: &str) {
+        self.held.lock().marks.push(Mark {
+            at_ms,
+            label: label.to_string(),
+        });
+    }
+
     /// The timeline so far, with one last sample taken now.
     pub fn timeline(&self, cluster: &SimCluster) -> Timeline {
         let stats = cluster.stats();
         self.record(sample(cluster.server().store(), stats.now_ms()));
-        let samples = self.held.lock().samples.clone();
+        let (samples, marks) = {
+            let held = self.held.lock();
+            (held.samples.clone(), held.marks.clone())
+        };
         let mut writes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
         for w in stats.writes() {
             if w.agent == USER_AGENT
@@ -263,6 +287,7 @@ impl Sampler {
             .collect();
         Timeline {
             samples,
+            marks,
             replica_writes,
         }
     }
