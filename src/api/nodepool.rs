@@ -334,10 +334,16 @@ impl NodePool {
     }
 }
 
-/// The drift hash of a NodePool: FNV-1a 64 over canonical JSON of `spec.template` without
-/// `spec.requirements` (requirement drift is detected separately, per requirement) and without
-/// resources. Empty and absent fields hash alike so that `labels: {}` does not cause drift.
+/// The drift hash of a NodePool, upstream's (see `drift_hash`), stamped on claims with the hash
+/// version `v3`.
 pub fn nodepool_hash(np: &NodePool) -> String {
+    super::drift_hash::nodepool_hash(np)
+}
+
+/// The hash earlier releases of this controller stamped as `v3`: FNV-1a 64 over canonical JSON
+/// of `spec.template` without requirements and resources. Read only to recognise their claims,
+/// which are re-stamped with upstream's hash rather than drifted.
+pub fn legacy_hash(np: &NodePool) -> String {
     let mut value = serde_json::to_value(&np.spec.template).unwrap_or(serde_json::Value::Null);
     if let Some(spec) = value.get_mut("spec").and_then(|s| s.as_object_mut()) {
         spec.remove("requirements");
@@ -418,7 +424,13 @@ mod tests {
     }
 
     #[test]
-    fn hash_ignores_requirements_but_not_labels_or_taints() {
+    fn hashes_ignore_requirements_but_not_labels_or_taints() {
+        hash_properties(nodepool_hash, true);
+        hash_properties(legacy_hash, false);
+    }
+
+    /// What both hashes share; upstream's also takes taints as a set.
+    fn hash_properties(nodepool_hash: fn(&NodePool) -> String, taints_as_set: bool) {
         let base = pool();
         let h = nodepool_hash(&base);
         assert_eq!(h, nodepool_hash(&base.clone()), "stable");
@@ -449,12 +461,20 @@ mod tests {
             "fields outside the template keep the hash"
         );
 
-        let mut empty_labels = base.clone();
-        empty_labels.spec.template.metadata = Some(TemplateMetadata {
-            labels: Some(BTreeMap::new()),
-            annotations: None,
-        });
-        assert_eq!(nodepool_hash(&empty_labels), h, "empty equals absent");
+        let mut reordered = base.clone();
+        let taint = |key: &str| Taint {
+            key: key.into(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        };
+        reordered.spec.template.spec.taints = Some(vec![taint("a"), taint("b")]);
+        let ab = nodepool_hash(&reordered);
+        reordered.spec.template.spec.taints = Some(vec![taint("b"), taint("a")]);
+        assert_eq!(
+            nodepool_hash(&reordered) == ab,
+            taints_as_set,
+            "taints as a set"
+        );
 
         let mut labels = base.clone();
         labels.spec.template.metadata = Some(TemplateMetadata {
@@ -472,7 +492,7 @@ mod tests {
         assert_ne!(nodepool_hash(&taints), h);
 
         let mut expire = base.clone();
-        expire.spec.template.spec.expire_after = Some(NillableDuration::Never);
+        expire.spec.template.spec.expire_after = Some(NillableDuration::from_secs(24 * 3600));
         assert_ne!(nodepool_hash(&expire), h);
     }
 

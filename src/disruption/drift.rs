@@ -2,9 +2,11 @@
 //! NodePool or its MachineDeployment would launch today, so it is replaced within the budgets.
 //!
 //! - `NodePoolDrifted`: the claim's `karpenter.sh/nodepool-hash` differs from the NodePool's
-//!   hash of `spec.template` (same hash version). A claim stamped with another hash version is
-//!   re-stamped, not drifted: that is how upstream survives a change of the hash function, and
-//!   claims written by another Karpenter keep working.
+//!   hash of `spec.template` (same hash version). The hash is upstream's own (`api::drift_hash`),
+//!   so claims written by upstream Karpenter keep their standing in both directions. A claim
+//!   stamped with another hash version is re-stamped, not drifted, as upstream does when its
+//!   hash function changes; so is one stamped by an earlier release of this controller, whose
+//!   hash differed, while its NodePool is unchanged.
 //! - `RequirementsDrifted`: the claim's labels no longer satisfy the NodePool's requirements.
 //! - `NodeClassDrifted`: the claim's MachineDeployment is gone or no longer selected by its
 //!   ClusterAPINodeClass.
@@ -14,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::{NodePool, nodepool_hash};
+use crate::api::nodepool::{NodePool, legacy_hash, nodepool_hash};
 use crate::api::requirements::Requirements;
 use crate::api::wellknown::{
     NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
@@ -83,26 +85,34 @@ pub fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> Option<D
     None
 }
 
-/// The claim carries a hash of another hash version: re-stamp it with today's (no drift).
-pub fn needs_restamp(claim: &NodeClaim) -> bool {
-    let annotations = claim.metadata.annotations.as_ref();
-    let version = annotations.and_then(|a| a.get(NODEPOOL_HASH_VERSION_ANNOTATION));
-    version.is_some_and(|v| v != NODEPOOL_HASH_VERSION)
-        || (version.is_none()
-            && annotations.is_some_and(|a| a.contains_key(NODEPOOL_HASH_ANNOTATION)))
+/// The claim's stamp is not today's and must be replaced (no drift): another hash version
+/// (upstream's rule when its hash function changes), or the hash earlier releases of this
+/// controller stamped under the same version while the NodePool has not changed since.
+pub fn needs_restamp(claim: &NodeClaim, np: &NodePool) -> bool {
+    let (hash, version) = stamp(claim);
+    match (hash, version) {
+        (_, Some(v)) if v != NODEPOOL_HASH_VERSION => true,
+        (Some(_), None) => true,
+        (Some(h), Some(_)) => *h != nodepool_hash(np) && *h == legacy_hash(np),
+        _ => false,
+    }
 }
 
+fn stamp(claim: &NodeClaim) -> (Option<&String>, Option<&String>) {
+    let a = claim.metadata.annotations.as_ref();
+    (
+        a.and_then(|a| a.get(NODEPOOL_HASH_ANNOTATION)),
+        a.and_then(|a| a.get(NODEPOOL_HASH_VERSION_ANNOTATION)),
+    )
+}
+
+/// Upstream's rule: a claim drifts when its hash differs from the NodePool's under the same hash
+/// version; an unstamped claim or another version never drifts here.
 fn hash_drifted(claim: &NodeClaim, np: &NodePool) -> bool {
-    let Some(a) = claim.metadata.annotations.as_ref() else {
+    let (Some(hash), Some(version)) = stamp(claim) else {
         return false;
     };
-    let (Some(hash), Some(version)) = (
-        a.get(NODEPOOL_HASH_ANNOTATION),
-        a.get(NODEPOOL_HASH_VERSION_ANNOTATION),
-    ) else {
-        return false;
-    };
-    version == NODEPOOL_HASH_VERSION && *hash != nodepool_hash(np)
+    version == NODEPOOL_HASH_VERSION && *hash != nodepool_hash(np) && *hash != legacy_hash(np)
 }
 
 /// Upstream's rule: the claim's labels, read as requirements, must be compatible with the
@@ -178,10 +188,98 @@ mod tests {
         let after = pool(json!([]), json!({"team": "b"}));
         let c = claim(json!({}), stamped(&before, "v2"));
         assert_eq!(drifted(&c, &after, Provider::default()), None);
-        assert!(needs_restamp(&c));
+        assert!(needs_restamp(&c, &after));
         let current = claim(json!({}), stamped(&before, NODEPOOL_HASH_VERSION));
-        assert!(!needs_restamp(&current));
-        assert!(!needs_restamp(&claim(json!({}), json!({}))));
+        assert!(!needs_restamp(&current, &before));
+        assert!(!needs_restamp(&claim(json!({}), json!({})), &before));
+    }
+
+    /// Upstream's drift rule, as its drift controller applies it: hash and version on both the
+    /// NodePool (stamped by upstream with its own hash) and the claim; another version never
+    /// drifts.
+    fn upstream_drifts(claim: &NodeClaim, np: &NodePool) -> bool {
+        let a = claim.metadata.annotations.clone().unwrap_or_default();
+        match (
+            a.get(NODEPOOL_HASH_ANNOTATION),
+            a.get(NODEPOOL_HASH_VERSION_ANNOTATION),
+        ) {
+            (Some(h), Some(v)) => v == "v3" && *h != nodepool_hash(np),
+            _ => false,
+        }
+    }
+
+    /// A claim moves from upstream Karpenter (or the Go provider) to this controller and back
+    /// without drifting: the stamps are the same hash of the same template.
+    #[test]
+    fn claims_move_between_upstream_and_here_without_drifting() {
+        let np = pool(json!([]), json!({"team": "a"}));
+        // A NodePool as upstream stores it, and the stamp upstream's own code gives its claims
+        // (one of drift_hash's vectors).
+        let stored: NodePool = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"},
+            "spec": {"template": {
+                "metadata": {"labels": {"team": "a", "tier": "web"}},
+                "spec": {"requirements": [], "expireAfter": "720h",
+                         "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io",
+                                          "kind": "ClusterAPINodeClass", "name": "default"}}}}
+        }))
+        .expect("a NodePool");
+        let from_upstream = claim(
+            json!({"team": "a", "tier": "web"}),
+            json!({NODEPOOL_HASH_ANNOTATION: "5626587763754066895",
+                   NODEPOOL_HASH_VERSION_ANNOTATION: "v3"}),
+        );
+        assert_eq!(drifted(&from_upstream, &stored, Provider::default()), None);
+        assert!(!needs_restamp(&from_upstream, &stored));
+        // Stamped here, read by upstream's rule.
+        let here = claim(json!({"team": "a"}), stamped(&np, NODEPOOL_HASH_VERSION));
+        assert!(!upstream_drifts(&here, &np));
+        // Both still see a real template change.
+        let changed = pool(json!([]), json!({"team": "b"}));
+        assert!(upstream_drifts(&here, &changed));
+        assert_eq!(
+            drifted(&here, &changed, Provider::default()),
+            Some(Drift::NodePoolDrifted)
+        );
+    }
+
+    /// A claim stamped by an earlier release of this controller (its own hash, same version) is
+    /// re-stamped while its NodePool is unchanged, and drifts once the template changes.
+    #[test]
+    fn claims_of_earlier_releases_are_restamped_not_drifted() {
+        let np = pool(json!([]), json!({"team": "a"}));
+        let old = claim(
+            json!({"team": "a"}),
+            json!({NODEPOOL_HASH_ANNOTATION: legacy_hash(&np),
+                   NODEPOOL_HASH_VERSION_ANNOTATION: NODEPOOL_HASH_VERSION}),
+        );
+        assert_eq!(drifted(&old, &np, Provider::default()), None);
+        assert!(needs_restamp(&old, &np));
+        let changed = pool(json!([]), json!({"team": "b"}));
+        assert_eq!(
+            drifted(&old, &changed, Provider::default()),
+            Some(Drift::NodePoolDrifted)
+        );
+        assert!(!needs_restamp(&old, &changed));
+    }
+
+    /// Upstream hashes taints as a set: reordering them drifts nothing.
+    #[test]
+    fn reordering_taints_drifts_nothing() {
+        let with = |taints: serde_json::Value| -> NodePool {
+            let mut np = pool(json!([]), json!({}));
+            np.spec.template.spec.taints = serde_json::from_value(taints).unwrap();
+            np
+        };
+        let ab = with(
+            json!([{"key": "a", "effect": "NoSchedule"}, {"key": "b", "effect": "NoExecute"}]),
+        );
+        let ba = with(
+            json!([{"key": "b", "effect": "NoExecute"}, {"key": "a", "effect": "NoSchedule"}]),
+        );
+        let c = claim(json!({}), stamped(&ab, NODEPOOL_HASH_VERSION));
+        assert_eq!(drifted(&c, &ba, Provider::default()), None);
+        assert!(!needs_restamp(&c, &ba));
     }
 
     #[test]

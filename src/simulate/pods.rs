@@ -402,13 +402,7 @@ pub async fn provision_with(
     sim.mark("Deployments created");
     wait_for_pods(&sim, n, args.deadline).await?;
     eprintln!("waiting for every pod to be bound");
-    settle(
-        &sim,
-        args.deadline,
-        Duration::from_secs(15),
-        true,
-    )
-    .await?;
+    settle(&sim, args.deadline, Duration::from_secs(15), true).await?;
     sim.mark("provisioned");
     Ok(Provisioned {
         sim,

@@ -120,7 +120,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             view.skipped.push((name, "its NodePool does not exist"));
             continue;
         };
-        if drift::needs_restamp(c) {
+        if drift::needs_restamp(c, np) {
             view.restamp.push((c.clone(), np.clone()));
         }
         if let Some(at) = node
