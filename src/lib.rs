@@ -21,4 +21,6 @@ pub mod scheduling;
 pub mod sim;
 pub mod simulate;
 pub mod state;
+#[cfg(test)]
+mod test_support;
 pub mod write_gate;

@@ -9,45 +9,61 @@ use std::time::Duration;
 use crate::api::cron;
 use crate::api::nodepool::{Budget, DisruptionReason, NodePool};
 
+/// A budget that cannot be read: a schedule that does not parse, or a `nodes` value that is
+/// neither a count nor a percentage. Validation refuses both, but one that slips through (an
+/// object written before validation, a cron the CRD's pattern lets by) must not open the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed;
+
 /// How many nodes a budget allows for a pool of `nodes`, or None when it is not active now.
-pub fn budget_value(budget: &Budget, nodes: usize, now_unix: i64) -> Option<usize> {
-    if let Some(schedule) = &budget.schedule {
+pub fn budget_value(
+    budget: &Budget,
+    nodes: usize,
+    now_unix: i64,
+) -> Result<Option<usize>, Malformed> {
+    if budget.schedule.is_some() || budget.duration.is_some() {
+        let schedule = budget.schedule.as_deref().unwrap_or_default();
         let duration = budget.duration.map(|d| d.0).unwrap_or(Duration::ZERO);
-        // Validation refuses a bad schedule; one that slips through is never active.
-        let parsed = cron::parse(schedule).ok()?;
+        let parsed = cron::parse(schedule).map_err(|_| Malformed)?;
         if !parsed.is_active(now_unix, duration) {
-            return None;
+            return Ok(None);
         }
     }
-    Some(nodes_value(&budget.nodes, nodes))
+    nodes_value(&budget.nodes, nodes).map(Some)
 }
 
-/// `"5"` is five nodes; `"10%"` is a tenth of `nodes`, rounded up. A value validation would
-/// refuse counts as zero (blocks disruption rather than allowing it unbounded).
-pub fn nodes_value(value: &str, nodes: usize) -> usize {
+/// `"5"` is five nodes; `"10%"` is a tenth of `nodes`, rounded up.
+pub fn nodes_value(value: &str, nodes: usize) -> Result<usize, Malformed> {
     let value = value.trim();
     match value.strip_suffix('%') {
         Some(pct) => match pct.parse::<u64>() {
-            Ok(p) if p <= 100 => (p as usize * nodes).div_ceil(100),
-            _ => 0,
+            Ok(p) if p <= 100 => Ok((p as usize * nodes).div_ceil(100)),
+            _ => Err(Malformed),
         },
-        None => value.parse::<usize>().unwrap_or(0),
+        None => value.parse::<usize>().map_err(|_| Malformed),
     }
 }
 
-/// The most restrictive active budget for `reason` (None: no budget applies, unlimited).
+/// The most restrictive active budget for `reason` (None: no budget applies, unlimited). As
+/// upstream, one malformed budget of the pool, whatever its reasons, fails the pool closed: no
+/// disruption for any reason until it is fixed.
 pub fn limit(
     np: &NodePool,
     reason: DisruptionReason,
     nodes: usize,
     now_unix: i64,
 ) -> Option<usize> {
-    np.disruption()
-        .budgets()
-        .iter()
-        .filter(|b| b.reasons.as_ref().is_none_or(|rs| rs.contains(&reason)))
-        .filter_map(|b| budget_value(b, nodes, now_unix))
-        .min()
+    let mut min: Option<usize> = None;
+    for b in np.disruption().budgets().iter() {
+        match budget_value(b, nodes, now_unix) {
+            Err(Malformed) => return Some(0),
+            Ok(Some(v)) if b.reasons.as_ref().is_none_or(|rs| rs.contains(&reason)) => {
+                min = Some(min.map_or(v, |m| m.min(v)));
+            }
+            Ok(_) => {}
+        }
+    }
+    min
 }
 
 /// How many more of the pool's nodes may start being disrupted for `reason` now.
@@ -88,14 +104,14 @@ mod tests {
 
     #[test]
     fn percentages_round_up_and_counts_are_counts() {
-        assert_eq!(nodes_value("10%", 5), 1);
-        assert_eq!(nodes_value("10%", 0), 0);
-        assert_eq!(nodes_value("10%", 11), 2);
-        assert_eq!(nodes_value("100%", 7), 7);
-        assert_eq!(nodes_value("0%", 7), 0);
-        assert_eq!(nodes_value("3", 100), 3);
-        assert_eq!(nodes_value("nonsense", 10), 0);
-        assert_eq!(nodes_value("150%", 10), 0);
+        assert_eq!(nodes_value("10%", 5), Ok(1));
+        assert_eq!(nodes_value("10%", 0), Ok(0));
+        assert_eq!(nodes_value("10%", 11), Ok(2));
+        assert_eq!(nodes_value("100%", 7), Ok(7));
+        assert_eq!(nodes_value("0%", 7), Ok(0));
+        assert_eq!(nodes_value("3", 100), Ok(3));
+        assert_eq!(nodes_value("nonsense", 10), Err(Malformed));
+        assert_eq!(nodes_value("150%", 10), Err(Malformed));
     }
 
     #[test]
@@ -146,6 +162,31 @@ mod tests {
         assert_eq!(
             allowed(&np, DisruptionReason::Empty, 4, 0, MONDAY_1030 - 86_400),
             4
+        );
+    }
+
+    /// A freeze window with a typo in its schedule fails the whole pool closed, for every reason
+    /// (upstream's rule), instead of being ignored.
+    #[test]
+    fn a_malformed_budget_fails_the_pool_closed() {
+        let np = pool(json!([
+            {"nodes": "100%"},
+            {"nodes": "0", "schedule": "0 9 * * mon-fry", "duration": "8h"},
+        ]));
+        for reason in [
+            DisruptionReason::Empty,
+            DisruptionReason::Drifted,
+            DisruptionReason::Underutilized,
+        ] {
+            assert_eq!(allowed(&np, reason, 10, 0, MONDAY_1030), 0, "{reason:?}");
+        }
+        let bad_nodes = pool(json!([
+            {"nodes": "100%"},
+            {"nodes": "many", "reasons": ["Drifted"]},
+        ]));
+        assert_eq!(
+            allowed(&bad_nodes, DisruptionReason::Empty, 10, 0, MONDAY_1030),
+            0
         );
     }
 }

@@ -53,9 +53,10 @@ pub fn without(base: &Snapshot, candidates: &[&Candidate]) -> Snapshot {
     s
 }
 
-/// A pod that must find a new home when its node goes.
+/// A pod that must find a new home when its node goes (upstream's `IsReschedulable`: a
+/// terminating pod does not, unless a StatefulSet owns it).
 pub fn reschedulable(p: &Pod) -> bool {
-    !pods::is_daemonset_pod(p) && !pods::is_mirror_pod(p) && !pods::is_terminal(p)
+    pods::is_reschedulable(p)
 }
 
 /// A copy of a bound pod as the scheduler would see it again (only the moved pods are copied).
@@ -68,6 +69,34 @@ fn pending(bound: &Pod) -> Pod {
     p
 }
 
+/// Solves `snapshot` as disruption must read it: a moved pod (one of `moved`) the solver put on
+/// an existing node that is not initialized (an in-flight claim, a Node not Ready yet or with its
+/// startup taints) counts as not scheduled, with the reason. Upstream refuses such plans: the
+/// pods must have somewhere to go the moment their node is gone, and capacity still launching
+/// may never come (a launch or registration that times out would leave them pending).
+pub fn simulate(snapshot: &Snapshot, moved: &HashSet<&str>) -> (scheduling::Results, Vec<String>) {
+    let results = scheduling::solve(snapshot);
+    let mut refused = Vec::new();
+    for (pod, why) in &results.failures {
+        if moved.contains(pod.as_str()) {
+            refused.push(format!("pod {pod} would not schedule: {why}"));
+        }
+    }
+    for (pod, node) in &results.placed_on_existing {
+        let uninitialized = snapshot
+            .nodes
+            .iter()
+            .find(|n| n.name == *node)
+            .is_some_and(|n| !n.initialized());
+        if uninitialized && moved.contains(pod.as_str()) {
+            refused.push(format!(
+                "pod {pod} would move to {node}, which is not initialized yet"
+            ));
+        }
+    }
+    (results, refused)
+}
+
 /// Simulate removing `candidates` and judge the result by consolidation's rules.
 pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
     let moved: HashSet<&str> = candidates
@@ -75,13 +104,9 @@ pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
         .flat_map(|c| c.pods.iter().map(String::as_str))
         .collect();
     let snapshot = without(base, candidates);
-    let results = scheduling::solve(&snapshot);
-    if let Some((pod, why)) = results
-        .failures
-        .iter()
-        .find(|(p, _)| moved.contains(p.as_str()))
-    {
-        return Outcome::No(format!("pod {pod} would not schedule: {why}"));
+    let (results, refused) = simulate(&snapshot, &moved);
+    if let Some(why) = refused.into_iter().next() {
+        return Outcome::No(why);
     }
     // Claims opened only for pods that were pending anyway are the provisioner's business.
     let mut needed: Vec<NewClaim> = results

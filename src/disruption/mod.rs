@@ -43,8 +43,12 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// Consolidation may take it: its pool consolidates underutilized nodes, and it is not empty
+    /// (an empty node is emptiness's, under the Empty budget, as upstream keeps it).
     fn underutilized_allowed(&self) -> bool {
-        self.consolidatable && self.policy != ConsolidationPolicy::WhenEmpty
+        self.consolidatable
+            && self.policy != ConsolidationPolicy::WhenEmpty
+            && !self.pods.is_empty()
     }
 }
 
@@ -237,12 +241,8 @@ fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim
         s
     };
     [own_room, without].iter().find_map(|s| {
-        let results = crate::scheduling::solve(s);
-        let failed = results
-            .failures
-            .iter()
-            .any(|(p, _)| moved.contains(p.as_str()));
-        (!failed).then(|| {
+        let (results, refused) = consolidation::simulate(s, &moved);
+        refused.is_empty().then(|| {
             results
                 .new_claims
                 .into_iter()

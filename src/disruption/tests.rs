@@ -144,6 +144,7 @@ fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candida
                 (CAPACITY_TYPE_LABEL, n.ct),
                 (NODEPOOL_LABEL, "default"),
                 ("kubernetes.io/hostname", n.name),
+                (crate::api::wellknown::INITIALIZED_LABEL, "true"),
             ]
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -519,4 +520,68 @@ fn a_pending_command_is_carried_out_only_while_it_still_holds() {
     // The candidate is protected now (no longer a candidate), or the budget closed.
     assert_eq!(revalidate(&s, &c[1..], &allow(1), &pending), None);
     assert_eq!(revalidate(&s, &c, &allow(0), &pending), None);
+}
+
+/// Upstream refuses a plan that moves pods onto capacity that is not there yet: an in-flight
+/// claim (or a Node not initialized) with room does not make a busy node deletable.
+#[test]
+fn consolidation_does_not_rely_on_capacity_still_launching() {
+    let (mut s, c) = cluster(
+        &types(),
+        &[Node {
+            name: "busy",
+            ty: "small",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    let only_busy = c.clone();
+    // An 8-CPU claim still launching, with all its room free.
+    let large = types().remove(1);
+    s.nodes.push(ExistingNode {
+        name: "launching".into(),
+        labels: [
+            (INSTANCE_TYPE_LABEL, "large"),
+            (ZONE_LABEL, "z"),
+            (CAPACITY_TYPE_LABEL, "on-demand"),
+            (NODEPOOL_LABEL, "default"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+        taints: vec![],
+        allocatable: large.allocatable(),
+        requested: Resources::new(),
+        daemon_requested: Default::default(),
+        in_flight: true,
+        nodepool: Some("default".into()),
+    });
+    assert_eq!(decide(&s, &only_busy, &allow(1)), None);
+    // The same room on an initialized node is fair game.
+    let last = s.nodes.len() - 1;
+    s.nodes[last].in_flight = false;
+    s.nodes[last].labels.insert(
+        crate::api::wellknown::INITIALIZED_LABEL.into(),
+        "true".into(),
+    );
+    let cmd = decide(&s, &only_busy, &allow(1)).expect("a command");
+    assert_eq!(cmd.decision(), "delete");
+}
+
+/// Audit row 6: an empty node goes under the Empty budget only; consolidation does not take it
+/// under the Underutilized one.
+#[test]
+fn empty_nodes_use_the_empty_budget_only() {
+    let empty = |name: &'static str| Node {
+        name,
+        ty: "small",
+        ct: "on-demand",
+        pods: &[],
+    };
+    let (s, c) = cluster(&types(), &[empty("e1"), empty("e2")]);
+    let mut allowed = allow(5);
+    allowed
+        .0
+        .insert(("default".into(), DisruptionReason::Empty), 0);
+    assert_eq!(decide(&s, &c, &allowed), None);
 }

@@ -5,10 +5,12 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::ResourceExt;
 
 use crate::api::resources::{Quantity, Resources};
+use crate::api::wellknown::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
+use crate::scheduling::selector::tolerates;
 
 pub fn key(p: &Pod) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
@@ -42,6 +44,86 @@ pub fn is_terminal(p: &Pod) -> bool {
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
+}
+
+/// Not terminal and not terminating: upstream's `IsActive`.
+pub fn is_active(p: &Pod) -> bool {
+    !is_terminal(p) && p.metadata.deletion_timestamp.is_none()
+}
+
+fn owned_by(p: &Pod, kind: &str) -> bool {
+    p.owner_references().iter().any(|o| o.kind == kind)
+}
+
+/// Upstream's `IsReschedulable`: a pod that needs a new home when its node goes. Active pods, and
+/// terminating StatefulSet pods (recreated only once gone, so their room is needed again); not
+/// DaemonSet pods (they come with every node) nor static ones.
+pub fn is_reschedulable(p: &Pod) -> bool {
+    let terminating = p.metadata.deletion_timestamp.is_some();
+    (is_active(p) || (terminating && owned_by(p, "StatefulSet")))
+        && !is_daemonset_pod(p)
+        && !is_mirror_pod(p)
+        && !owned_by(p, "Node")
+}
+
+/// Upstream's `IsEvictable`: a pod a drain would evict, so a PodDisruptionBudget selecting it
+/// matters: active, not tolerating the disrupted taint, not static, and not `do-not-disrupt` now
+/// (those are waited for, not evicted).
+pub fn is_evictable(p: &Pod, now: Timestamp) -> bool {
+    is_active(p)
+        && !tolerates_disrupted(p)
+        && !is_mirror_pod(p)
+        && !owned_by(p, "Node")
+        && !do_not_disrupt(p, now)
+}
+
+/// `karpenter.sh/do-not-disrupt`: "true", or a duration ("30m") still running since the pod
+/// started. An invalid value protects nothing (as upstream treats it); see `invalid_do_not_disrupt`.
+pub fn do_not_disrupt(pod: &Pod, now: Timestamp) -> bool {
+    let Some(v) = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION) else {
+        return false;
+    };
+    if v == "true" {
+        return true;
+    }
+    let Ok(d) = crate::api::duration::parse(v) else {
+        return false;
+    };
+    let Some(started) = pod.status.as_ref().and_then(|s| s.start_time.as_ref()) else {
+        // Not started: protected until it has run for the duration.
+        return true;
+    };
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| started.0.checked_add(d).ok())
+        .is_none_or(|until| now < until)
+}
+
+/// A do-not-disrupt value that is neither "true" nor a duration: the reason to report on the pod.
+pub fn invalid_do_not_disrupt(pod: &Pod) -> Option<String> {
+    let v = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION)?;
+    if v == "true" {
+        return None;
+    }
+    crate::api::duration::parse(v).err().map(|e| {
+        format!("annotation {DO_NOT_DISRUPT_ANNOTATION}={v:?} is neither \"true\" nor a duration ({e}); it is ignored")
+    })
+}
+
+/// The pod tolerates `karpenter.sh/disrupted:NoSchedule`: a drain leaves it (it would only be
+/// scheduled back).
+pub fn tolerates_disrupted(pod: &Pod) -> bool {
+    let taint = Taint {
+        key: DISRUPTED_TAINT_KEY.into(),
+        effect: "NoSchedule".into(),
+        ..Default::default()
+    };
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    tolerates(tolerations, &taint)
 }
 
 /// When a change from `old` to `new` is a pod event on its node, as Karpenter core counts them

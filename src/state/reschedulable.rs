@@ -57,14 +57,7 @@ impl Budgets {
 
     /// [`currently_reschedulable`] against these budgets.
     pub fn reschedulable(&self, p: &Pod, now: jiff::Timestamp) -> bool {
-        let terminating = p.metadata.deletion_timestamp.is_some();
-        let active = !pods::is_terminal(p) && !terminating;
-        (active || (terminating && owned_by(p, "StatefulSet")))
-            && !pods::is_daemonset_pod(p)
-            && !owned_by(p, "Node")
-            && !pods::is_mirror_pod(p)
-            && !crate::actors::terminator::drain::do_not_disrupt(p, now)
-            && !self.fully_blocked(p)
+        pods::is_reschedulable(p) && !pods::do_not_disrupt(p, now) && !self.fully_blocked(p)
     }
 
     fn fully_blocked(&self, p: &Pod) -> bool {
@@ -73,10 +66,6 @@ impl Budgets {
             .iter()
             .any(|(n, sel)| *n == ns && sel.matches(p.labels()))
     }
-}
-
-fn owned_by(p: &Pod, kind: &str) -> bool {
-    p.owner_references().iter().any(|o| o.kind == kind)
 }
 
 #[cfg(test)]

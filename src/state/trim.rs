@@ -19,8 +19,10 @@ pub fn meta(m: &mut ObjectMeta) {
 /// priority, overhead, volumes, scheduler name), each container's name, resources, restart
 /// policy and ports (requests, sidecars, host ports), the grace period and priority class
 /// (drain), and from the status the phase, start time (a do-not-disrupt duration runs from it),
-/// nominated node and the `PodScheduled` condition. Dropped: images, commands, environment,
-/// probes, mounts, security contexts, container statuses, addresses and the other conditions.
+/// nominated node, the `PodScheduled` condition and the `Ready` one (a PodDisruptionBudget with
+/// `unhealthyPodEvictionPolicy: AlwaysAllow` lets a pod that is not Ready go). Dropped: images,
+/// commands, environment, probes, mounts, security contexts, container statuses, addresses and
+/// the other conditions.
 pub fn pod(p: &mut Pod) {
     meta(&mut p.metadata);
     if let Some(spec) = p.spec.as_mut() {
@@ -49,7 +51,7 @@ pub fn pod(p: &mut Pod) {
         status.message = None;
         status.qos_class = None;
         if let Some(cs) = status.conditions.as_mut() {
-            cs.retain(|c| c.type_ == "PodScheduled");
+            cs.retain(|c| c.type_ == "PodScheduled" || c.type_ == "Ready");
             for c in cs.iter_mut() {
                 c.last_probe_time = None;
             }
@@ -154,7 +156,8 @@ mod tests {
                 "conditions": [
                     {"type": "PodScheduled", "status": "True",
                      "lastTransitionTime": "2026-01-01T00:00:00Z"},
-                    {"type": "Ready", "status": "True"}],
+                    {"type": "Ready", "status": "True"},
+                    {"type": "ContainersReady", "status": "True"}],
                 "containerStatuses": [{"name": "app", "image": "i", "imageID": "x", "ready": true,
                                        "restartCount": 0}]
             }
@@ -201,8 +204,9 @@ mod tests {
         assert_eq!(status["phase"], "Running");
         assert_eq!(status["startTime"], "2026-01-01T00:00:00Z");
         assert_eq!(status["nominatedNodeName"], "n2");
-        assert_eq!(status["conditions"].as_array().unwrap().len(), 1);
+        assert_eq!(status["conditions"].as_array().unwrap().len(), 2);
         assert_eq!(status["conditions"][0]["type"], "PodScheduled");
+        assert_eq!(status["conditions"][1]["type"], "Ready");
         assert!(status.get("containerStatuses").is_none());
         assert!(status.get("podIP").is_none());
         // What the controller decides from a pod is the same after trimming.

@@ -13,6 +13,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
 use crate::actors::Shared;
+use crate::actors::nodeclaim::initialization::node_ready;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
@@ -103,17 +104,25 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             .and_then(|s| s.node_name.as_deref())
             .and_then(|n| nodes.get(n));
         let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
-        if initialized && node.is_some() {
+        let standing = budget_standing(c, node.as_deref(), mem.executing.contains(&name), mem.now);
+        if standing.counted {
             *total.entry(pool_name.clone()).or_default() += 1;
+            if standing.disrupting {
+                *disrupting.entry(pool_name.clone()).or_default() += 1;
+            }
         }
+        let going = c.metadata.deletion_timestamp.is_some()
+            || node
+                .as_ref()
+                .is_some_and(|n| n.metadata.deletion_timestamp.is_some());
+        let under_way = under_way(c, node.as_deref());
+        let expiring = !going && expired(c, mem.now);
         if c.metadata.deletion_timestamp.is_some() {
-            *disrupting.entry(pool_name).or_default() += 1;
             view.skipped.push((name, "it is being deleted"));
             continue;
         }
-        if expired(c, mem.now) {
+        if expiring {
             view.expired.push(c.clone());
-            *disrupting.entry(pool_name).or_default() += 1;
             continue;
         }
         let Some(np) = pools.get(&pool_name) else {
@@ -135,15 +144,11 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             continue;
         };
         if node.metadata.deletion_timestamp.is_some() {
-            *disrupting.entry(pool_name).or_default() += 1;
             view.skipped.push((name, "its Node is being deleted"));
             continue;
         }
-        let marked = conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some();
-        if has_disrupted_taint(&node) || marked {
-            if mem.executing.contains(&name) {
-                *disrupting.entry(pool_name).or_default() += 1;
-            } else {
+        if under_way {
+            if !mem.executing.contains(&name) {
                 view.stale.push((node.clone(), c.clone()));
             }
             view.skipped.push((
@@ -187,7 +192,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             view.blocked.push((c.clone(), why));
             continue;
         }
-        if let Some(why) = protected(c, &node, &on_node, &pdbs) {
+        if let Some(why) = protected(c, &node, &on_node, &pdbs, mem.now) {
             view.blocked.push((c.clone(), why));
             continue;
         }
@@ -471,7 +476,13 @@ fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bo
 }
 
 /// Why the claim may not be disrupted voluntarily, if anything protects it.
-fn protected(c: &NodeClaim, node: &Node, on_node: &[Arc<Pod>], pdbs: &PdbIndex) -> Option<String> {
+fn protected(
+    c: &NodeClaim,
+    node: &Node,
+    on_node: &[Arc<Pod>],
+    pdbs: &PdbIndex,
+    now: Timestamp,
+) -> Option<String> {
     let dnd = |a: &BTreeMap<String, String>| {
         a.get(DO_NOT_DISRUPT_ANNOTATION).map(String::as_str) == Some("true")
     };
@@ -485,15 +496,18 @@ fn protected(c: &NodeClaim, node: &Node, on_node: &[Arc<Pod>], pdbs: &PdbIndex) 
             "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the Node"
         ));
     }
-    for p in on_node.iter().filter(|p| !pods::is_terminal(p)) {
-        if dnd(p.annotations()) {
+    // Upstream's `IsDisruptable`: an active pod (DaemonSet and static ones included) whose
+    // do-not-disrupt is "true" or a duration still running since it started.
+    for p in on_node.iter().filter(|p| pods::is_active(p)) {
+        if pods::do_not_disrupt(p, now) {
             return Some(format!(
                 "pod {} has the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation",
                 pods::key(p)
             ));
         }
     }
-    for p in on_node.iter().filter(|p| reschedulable(p)) {
+    // Upstream's `CanEvictPods`: every pod a drain would evict, DaemonSet pods included.
+    for p in on_node.iter().filter(|p| pods::is_evictable(p, now)) {
         if let Some(why) = pdbs.blocks(p) {
             return Some(why);
         }
@@ -503,12 +517,20 @@ fn protected(c: &NodeClaim, node: &Node, on_node: &[Arc<Pod>], pdbs: &PdbIndex) 
 
 /// PodDisruptionBudgets by namespace, parsed once per pass.
 struct PdbIndex {
-    by_ns: HashMap<String, Vec<(String, Selector, i32)>>,
+    by_ns: HashMap<String, Vec<Budget>>,
+}
+
+struct Budget {
+    name: String,
+    selector: Selector,
+    disruptions_allowed: i32,
+    /// `unhealthyPodEvictionPolicy: AlwaysAllow`: a pod that is not Ready may always be evicted.
+    always_allow_unhealthy: bool,
 }
 
 impl PdbIndex {
     fn new(pdbs: &BTreeMap<String, Arc<PodDisruptionBudget>>) -> Self {
-        let mut by_ns: HashMap<String, Vec<(String, Selector, i32)>> = HashMap::new();
+        let mut by_ns: HashMap<String, Vec<Budget>> = HashMap::new();
         for pdb in pdbs.values() {
             let what = format!("PodDisruptionBudget {}", pdb.name_any());
             // A selector we cannot read protects nothing we can name; the API validates them.
@@ -522,10 +544,20 @@ impl PdbIndex {
                 .as_ref()
                 .map(|s| s.disruptions_allowed)
                 .unwrap_or(0);
+            let always_allow_unhealthy = pdb
+                .spec
+                .as_ref()
+                .and_then(|s| s.unhealthy_pod_eviction_policy.as_deref())
+                == Some("AlwaysAllow");
             by_ns
                 .entry(pdb.namespace().unwrap_or_default())
                 .or_default()
-                .push((pdb.name_any(), sel, allowed));
+                .push(Budget {
+                    name: pdb.name_any(),
+                    selector: sel,
+                    disruptions_allowed: allowed,
+                    always_allow_unhealthy,
+                });
         }
         Self { by_ns }
     }
@@ -534,15 +566,21 @@ impl PdbIndex {
     /// than one budget selects (the Eviction API refuses those), blocks its node.
     fn blocks(&self, p: &Pod) -> Option<String> {
         let ns = p.namespace().unwrap_or_default();
-        let matching: Vec<&(String, Selector, i32)> = self
+        let matching: Vec<&Budget> = self
             .by_ns
             .get(&ns)
-            .map(|v| v.iter().filter(|(_, s, _)| s.matches(p.labels())).collect())
+            .map(|v| {
+                v.iter()
+                    .filter(|b| b.selector.matches(p.labels()))
+                    .collect()
+            })
             .unwrap_or_default();
         match matching.as_slice() {
             [] => None,
-            [(name, _, allowed)] if *allowed <= 0 => Some(format!(
-                "PodDisruptionBudget {ns}/{name} prevents evicting pod {}",
+            [b] if b.always_allow_unhealthy && not_ready(p) => None,
+            [b] if b.disruptions_allowed <= 0 => Some(format!(
+                "PodDisruptionBudget {ns}/{} prevents evicting pod {}",
+                b.name,
                 pods::key(p)
             )),
             [_] => None,
@@ -553,6 +591,14 @@ impl PdbIndex {
             )),
         }
     }
+}
+
+/// The pod's `Ready` condition is False (upstream's test for an unhealthy pod; Unknown is not).
+fn not_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "False"))
 }
 
 /// The MachineDeployments each NodeClass offers, for NodeClasses the catalog is sure of.
@@ -601,6 +647,50 @@ fn disruption_cost(c: &NodeClaim, moving: &[&Arc<Pod>], now: Timestamp) -> f64 {
     evictions * disruption::lifetime_remaining(age, expire)
 }
 
+/// Where a claim stands in its pool's disruption budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BudgetStanding {
+    /// It is one of the pool's nodes the budget's percentage is of.
+    pub counted: bool,
+    /// It uses up a disruption of the budget now.
+    pub disrupting: bool,
+}
+
+/// Upstream's budget accounting: only initialized claims with a Node count, less those whose
+/// instance is already terminating; of them, the ones whose Node is not Ready, the ones going
+/// away (claim or Node deleting, or expired) and those of the command under way are disrupting.
+/// A launch that never initialized uses no budget when it is deleted, and during an outage
+/// (Nodes NotReady) nothing more is disrupted voluntarily.
+pub fn budget_standing(
+    c: &NodeClaim,
+    node: Option<&Node>,
+    executing: bool,
+    now: Timestamp,
+) -> BudgetStanding {
+    let Some(node) = node else {
+        return BudgetStanding {
+            counted: false,
+            disrupting: false,
+        };
+    };
+    let counted = conditions::is_true(c.conditions(), conditions::INITIALIZED)
+        && !conditions::is_true(c.conditions(), conditions::INSTANCE_TERMINATING);
+    let going = c.metadata.deletion_timestamp.is_some()
+        || node.metadata.deletion_timestamp.is_some()
+        || expired(c, now);
+    BudgetStanding {
+        counted,
+        disrupting: counted
+            && (going || (executing && under_way(c, Some(node))) || !node_ready(node)),
+    }
+}
+
+/// A disruption command has marked the claim (condition) or tainted its Node.
+fn under_way(c: &NodeClaim, node: Option<&Node>) -> bool {
+    node.is_some_and(has_disrupted_taint)
+        || conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some()
+}
+
 pub fn has_disrupted_taint(n: &Node) -> bool {
     n.spec
         .as_ref()
@@ -616,6 +706,208 @@ mod tests {
 
     fn at(t: &str) -> Timestamp {
         t.parse().expect("a timestamp")
+    }
+
+    fn claim_with(conditions: serde_json::Value, deleting: bool) -> NodeClaim {
+        let mut c: NodeClaim = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": "c"},
+            "spec": {"requirements": [], "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}},
+            "status": {"conditions": conditions}
+        }))
+        .expect("a NodeClaim");
+        if deleting {
+            c.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at("2026-01-01T09:00:00Z")),
+            );
+        }
+        c
+    }
+
+    fn node_with(ready: &str) -> Node {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}
+        }))
+        .expect("a Node")
+    }
+
+    fn cond(ty: &str) -> serde_json::Value {
+        json!({"type": ty, "status": "True", "reason": ty, "lastTransitionTime": "2026-01-01T08:00:00Z"})
+    }
+
+    fn pod_of(extra: serde_json::Value) -> Arc<Pod> {
+        let mut v = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "a"}},
+            "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "startTime": "2026-01-01T09:59:00Z"}
+        });
+        crate::test_support::merge(&mut v, extra);
+        Arc::new(serde_json::from_value(v).expect("a Pod"))
+    }
+
+    fn pdb_index(spec: serde_json::Value, allowed: i32) -> PdbIndex {
+        let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "b", "namespace": "ns"},
+            "spec": spec,
+            "status": {"disruptionsAllowed": allowed, "currentHealthy": 0, "desiredHealthy": 0,
+                       "expectedPods": 1}
+        }))
+        .expect("a PDB");
+        PdbIndex::new(&BTreeMap::from([("ns/b".to_string(), Arc::new(pdb))]))
+    }
+
+    /// Audit rows 8, 9, 10 and 24: which pods protect their node from voluntary disruption.
+    #[test]
+    fn candidates_are_protected_as_upstream_protects_them() {
+        let now = at("2026-01-01T10:00:00Z");
+        let claim = claim_with(json!([]), false);
+        let node = node_with("True");
+        let none = pdb_index(json!({"selector": {"matchLabels": {"other": "x"}}}), 0);
+        let protects = |p: Arc<Pod>, pdbs: &PdbIndex| protected(&claim, &node, &[p], pdbs, now);
+
+        // do-not-disrupt as a duration: protects until the pod has run that long.
+        let dnd =
+            |v: &str| pod_of(json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: v}}}));
+        assert!(
+            protects(dnd("30m"), &none).is_some(),
+            "started a minute ago"
+        );
+        assert!(protects(dnd("30s"), &none).is_none(), "ran past its 30s");
+        assert!(protects(dnd("true"), &none).is_some());
+        assert!(
+            protects(dnd("soon"), &none).is_none(),
+            "an invalid value protects nothing"
+        );
+
+        // A terminating pod protects nothing, do-not-disrupt or not.
+        let terminating = pod_of(json!({"metadata": {
+            "annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"},
+            "deletionTimestamp": "2026-01-01T09:59:30Z"}}));
+        assert!(protects(terminating, &none).is_none());
+
+        // A PDB that allows no disruption protects its pods, DaemonSet pods included...
+        let blocking = pdb_index(json!({"selector": {"matchLabels": {"app": "a"}}}), 0);
+        assert!(protects(pod_of(json!({})), &blocking).is_some());
+        let daemon = pod_of(
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1",
+            "kind": "DaemonSet", "name": "ds", "uid": "d", "controller": true}]}}),
+        );
+        assert!(protects(daemon, &blocking).is_some());
+        // ...but not a pod that tolerates the disrupted taint (a drain leaves it).
+        let tolerating = pod_of(json!({"spec": {"tolerations": [
+            {"key": "karpenter.sh/disrupted", "operator": "Exists", "effect": "NoSchedule"}]}}));
+        assert!(protects(tolerating, &blocking).is_none());
+
+        // AlwaysAllow: an unhealthy pod may always be evicted; a healthy one is protected.
+        let always = pdb_index(
+            json!({"selector": {"matchLabels": {"app": "a"}},
+                   "unhealthyPodEvictionPolicy": "AlwaysAllow"}),
+            0,
+        );
+        let unready =
+            pod_of(json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}));
+        assert!(protects(unready, &always).is_none());
+        let ready =
+            pod_of(json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
+        assert!(protects(ready, &always).is_some());
+    }
+
+    /// Audit rows 5 and 19: NotReady Nodes use up the budget; only initialized claims count,
+    /// and not once their instance is terminating.
+    #[test]
+    fn budgets_count_as_upstream_does() {
+        let now = at("2026-01-01T10:00:00Z");
+        let initialized = claim_with(json!([cond("Initialized")]), false);
+        let standing =
+            |c: &NodeClaim, ready: &str| budget_standing(c, Some(&node_with(ready)), false, now);
+        assert_eq!(
+            standing(&initialized, "True"),
+            BudgetStanding {
+                counted: true,
+                disrupting: false
+            }
+        );
+        assert_eq!(
+            standing(&initialized, "False"),
+            BudgetStanding {
+                counted: true,
+                disrupting: true
+            },
+            "a NotReady node is disrupting"
+        );
+        assert_eq!(
+            standing(&initialized, "Unknown"),
+            BudgetStanding {
+                counted: true,
+                disrupting: true
+            }
+        );
+        let failed_launch = claim_with(json!([]), true);
+        assert_eq!(
+            standing(&failed_launch, "True"),
+            BudgetStanding {
+                counted: false,
+                disrupting: false
+            },
+            "a deleting claim that never initialized uses no budget"
+        );
+        let terminating = claim_with(
+            json!([cond("Initialized"), cond("InstanceTerminating")]),
+            true,
+        );
+        assert_eq!(
+            standing(&terminating, "True"),
+            BudgetStanding {
+                counted: false,
+                disrupting: false
+            }
+        );
+        let leaving = claim_with(json!([cond("Initialized")]), true);
+        assert_eq!(
+            standing(&leaving, "True"),
+            BudgetStanding {
+                counted: true,
+                disrupting: true
+            }
+        );
+        assert_eq!(
+            budget_standing(&initialized, None, false, now),
+            BudgetStanding {
+                counted: false,
+                disrupting: false
+            }
+        );
+
+        // 10 initialized claims, 3 of their Nodes NotReady, the default 10 % budget: nothing
+        // more may be disrupted.
+        let np: NodePool = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"},
+            "spec": {"template": {"spec": {"requirements": [],
+                        "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}}}
+        }))
+        .expect("a NodePool");
+        let (mut total, mut busy) = (0, 0);
+        for i in 0..10 {
+            let s = standing(&initialized, if i < 3 { "False" } else { "True" });
+            total += usize::from(s.counted);
+            busy += usize::from(s.disrupting);
+        }
+        // Two more claims deleting before they ever initialized: outside the count.
+        for _ in 0..2 {
+            let s = standing(&failed_launch, "True");
+            total += usize::from(s.counted);
+            busy += usize::from(s.disrupting);
+        }
+        let allowed = crate::disruption::budgets::allowed(
+            &np,
+            DisruptionReason::Underutilized,
+            total,
+            busy,
+            now.as_second(),
+        );
+        assert_eq!((total, busy, allowed), (10, 3, 0));
     }
 
     #[test]

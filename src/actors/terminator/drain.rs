@@ -14,12 +14,10 @@
 //! - A pod with an active `karpenter.sh/do-not-disrupt` is waited for, not evicted, until the
 //!   deadline makes it a forced deletion.
 
-use k8s_openapi::api::core::v1::{Pod, Taint};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::api::wellknown::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
-use crate::scheduling::selector::tolerates;
-use crate::state::pods::{is_daemonset_pod, is_mirror_pod};
+use crate::state::pods::{self, is_daemonset_pod, is_mirror_pod};
 
 /// How long past its deletion deadline a terminating pod is waited for before the drain stops
 /// counting it (its kubelet is gone or stuck; upstream's value).
@@ -109,7 +107,7 @@ pub fn plan(pods: &[Pod], deadline: Option<jiff::Timestamp>, now: jiff::Timestam
                 plan.waiting.push(Waiting::LaterTier(r));
             } else if is_terminating(pod) {
                 plan.waiting.push(Waiting::Terminating(r));
-            } else if do_not_disrupt(pod, now) {
+            } else if pods::do_not_disrupt(pod, now) {
                 plan.waiting.push(Waiting::DoNotDisrupt(r));
             } else {
                 plan.actions.push(Action::Evict(r));
@@ -123,7 +121,7 @@ pub fn plan(pods: &[Pod], deadline: Option<jiff::Timestamp>, now: jiff::Timestam
 pub fn must_leave(pod: &Pod, now: jiff::Timestamp) -> bool {
     !is_terminal(pod)
         && !is_mirror_pod(pod)
-        && !tolerates_disrupted(pod)
+        && !pods::tolerates_disrupted(pod)
         && !stuck_terminating(pod, now)
 }
 
@@ -143,20 +141,6 @@ fn stuck_terminating(pod: &Pod, now: jiff::Timestamp) -> bool {
         t.0.checked_add(jiff::SignedDuration::from_secs(STUCK_TERMINATING_SECS))
             .is_ok_and(|stuck| now > stuck)
     })
-}
-
-fn tolerates_disrupted(pod: &Pod) -> bool {
-    let taint = Taint {
-        key: DISRUPTED_TAINT_KEY.into(),
-        effect: "NoSchedule".into(),
-        ..Default::default()
-    };
-    let tolerations = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.tolerations.as_deref())
-        .unwrap_or_default();
-    tolerates(tolerations, &taint)
 }
 
 /// 0 non-critical non-DaemonSet, 1 non-critical DaemonSet, 2 critical, 3 critical DaemonSet.
@@ -194,42 +178,10 @@ fn forced_grace(pod: &Pod, deadline: Option<jiff::Timestamp>, now: jiff::Timesta
     due.then(|| now.duration_until(deadline).as_secs().max(1))
 }
 
-/// `karpenter.sh/do-not-disrupt`: "true", or a duration ("30m") still running since the pod
-/// started. An invalid value protects nothing (as upstream treats it); see `invalid_do_not_disrupt`.
-pub fn do_not_disrupt(pod: &Pod, now: jiff::Timestamp) -> bool {
-    let Some(v) = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION) else {
-        return false;
-    };
-    if v == "true" {
-        return true;
-    }
-    let Ok(d) = crate::api::duration::parse(v) else {
-        return false;
-    };
-    let Some(started) = pod.status.as_ref().and_then(|s| s.start_time.as_ref()) else {
-        // Not started: protected until it has run for the duration.
-        return true;
-    };
-    jiff::SignedDuration::try_from(d)
-        .ok()
-        .and_then(|d| started.0.checked_add(d).ok())
-        .is_none_or(|until| now < until)
-}
-
-/// A do-not-disrupt value that is neither "true" nor a duration: the reason to report on the pod.
-pub fn invalid_do_not_disrupt(pod: &Pod) -> Option<String> {
-    let v = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION)?;
-    if v == "true" {
-        return None;
-    }
-    crate::api::duration::parse(v).err().map(|e| {
-        format!("annotation {DO_NOT_DISRUPT_ANNOTATION}={v:?} is neither \"true\" nor a duration ({e}); it is ignored")
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::wellknown::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
     use serde_json::json;
 
     fn t(s: &str) -> jiff::Timestamp {
@@ -242,19 +194,8 @@ mod tests {
             "spec": {"nodeName": "n", "containers": []},
             "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"},
         });
-        merge(&mut v, extra);
+        crate::test_support::merge(&mut v, extra);
         serde_json::from_value(v).expect("pod")
-    }
-
-    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
-        match (a, b) {
-            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
-                for (k, v) in b {
-                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
-                }
-            }
-            (a, b) => *a = b,
-        }
     }
 
     fn daemon() -> serde_json::Value {
@@ -280,7 +221,7 @@ mod tests {
     #[test]
     fn tiers_drain_in_order() {
         let mut critical_daemon = critical();
-        merge(&mut critical_daemon, daemon());
+        crate::test_support::merge(&mut critical_daemon, daemon());
         let pods = vec![
             pod("cd", critical_daemon),
             pod("c", critical()),
@@ -368,15 +309,15 @@ mod tests {
             p.waiting
                 .contains(&Waiting::DoNotDisrupt(PodRef::of(&pods[2])))
         );
-        assert!(invalid_do_not_disrupt(&pods[4]).is_some());
-        assert!(invalid_do_not_disrupt(&pods[1]).is_none());
+        assert!(pods::invalid_do_not_disrupt(&pods[4]).is_some());
+        assert!(pods::invalid_do_not_disrupt(&pods[1]).is_none());
     }
 
     #[test]
     fn the_deadline_forces_deletion_in_every_tier_with_the_grace_left() {
         let deadline = t("2026-01-01T01:00:40Z");
         let mut critical_keep = critical();
-        merge(
+        crate::test_support::merge(
             &mut critical_keep,
             json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"}}, "spec": {"terminationGracePeriodSeconds": 60}}),
         );
