@@ -43,11 +43,13 @@ objects live in another cluster. */}}
 {{- end }}
 
 {{/* "true" in the management topology (next to Cluster API, one release per workload
-cluster), empty in the workload topology; any other value of topology fails the render. */}}
+cluster), empty in the workload topology (also when topology is unset, as after an upgrade with
+--reuse-values from a chart without it); any other value fails the render. */}}
 {{- define "karpenter-capi.managementTopology" -}}
-{{- if eq .Values.topology "management" }}true
-{{- else if ne .Values.topology "workload" }}
-{{- fail (printf "topology must be workload or management, not %q" .Values.topology) }}
+{{- $topology := .Values.topology | default "workload" }}
+{{- if eq $topology "management" }}true
+{{- else if ne $topology "workload" }}
+{{- fail (printf "topology must be workload or management, not %q" $topology) }}
 {{- end }}
 {{- end }}
 
