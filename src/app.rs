@@ -272,13 +272,22 @@ async fn workload_client(
     }
 }
 
-/// The management cluster's client, from the Go provider's flags; the workload client when none
-/// is given ("joined" topology).
+/// The management cluster's client, from the Go provider's flags or the pod's own in-cluster
+/// config; the workload client when none is given ("joined" topology).
 async fn management_client(
     args: &ClusterApiArgs,
     workload: &kube::Client,
     options: &ClientOptions,
 ) -> Result<kube::Client, Error> {
+    if args.cluster_api_in_cluster {
+        // kube reads the projected ServiceAccount token again as it nears expiry, so the
+        // kubelet's rotation of it needs nothing from us.
+        let config = kube::Config::incluster().map_err(|e| Error::ManagementConfig {
+            flag: "--cluster-api-in-cluster",
+            message: e.to_string(),
+        })?;
+        return Ok(build_client_with(config, options)?);
+    }
     if let Some(path) = &args.cluster_api_kubeconfig {
         return client_from_kubeconfig_with(path, options)
             .await
@@ -340,6 +349,42 @@ pub const WRITE_DRAIN: Duration = Duration::from_secs(2);
 /// How long releasing the Lease may take.
 pub const RELEASE_BOUND: Duration = Duration::from_secs(3);
 
+/// The cluster that holds the leader-election Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseCluster {
+    Workload,
+    Management,
+}
+
+/// The Lease lives where the pods run, in their namespace: that namespace exists there, the
+/// chart's Role for it is there, and a workload kubeconfig need not grant Leases. Only with
+/// `--cluster-api-in-cluster` do the pods run in the management cluster; everywhere else they
+/// run in the workload cluster, or outside both, where the Lease stays in the workload cluster
+/// as before.
+pub fn lease_cluster(capi: &ClusterApiArgs) -> LeaseCluster {
+    if capi.cluster_api_in_cluster {
+        LeaseCluster::Management
+    } else {
+        LeaseCluster::Workload
+    }
+}
+
+/// Where and how a replica campaigns: the client of the cluster holding the Lease, and the
+/// election's settings.
+pub struct Campaign {
+    pub client: kube::Client,
+    pub config: leader::Config,
+}
+
+/// The kubeconfig files `run` builds its clients from, whose change restarts it.
+pub fn kubeconfig_files(args: &RunArgs) -> Vec<std::path::PathBuf> {
+    args.kubeconfig
+        .iter()
+        .chain(&args.cluster_api.cluster_api_kubeconfig)
+        .cloned()
+        .collect()
+}
+
 /// One replica: the controller, its election and its write gate.
 pub struct Replica {
     pub handle: ControllerHandle,
@@ -358,7 +403,7 @@ pub async fn start_replica(
     controller: Controller,
     gate: WriteGate,
     health: Arc<Health>,
-    election: Option<leader::Config>,
+    election: Option<Campaign>,
 ) -> Result<Replica, Error> {
     let never = std::future::pending::<&'static str>();
     let started = start_replica_until(controller, gate, health, election, never).await?;
@@ -366,19 +411,20 @@ pub async fn start_replica(
     started.ok_or(Error::Stopped)
 }
 
-/// [`start_replica`], unless `stop` resolves first (a signal during start-up): then the Lease,
+/// [`start_replica`], unless `stop` resolves first (a signal during start-up, a changed
+/// kubeconfig): then the Lease,
 /// if already taken, is released as at shutdown, and None is returned. A start-up that fails
 /// releases it too. Either way a standby need not wait for the Lease to expire.
 pub async fn start_replica_until(
     controller: Controller,
     gate: WriteGate,
     health: Arc<Health>,
-    election: Option<leader::Config>,
+    election: Option<Campaign>,
     stop: impl std::future::Future<Output = &'static str>,
 ) -> Result<Option<Replica>, Error> {
     let (election, leading, always) = match election {
-        Some(cfg) => {
-            let e = leader::Election::spawn(controller.workload.clone(), cfg);
+        Some(Campaign { client, config }) => {
+            let e = leader::Election::spawn(client, config);
             let status = e.status.clone();
             (Some(e), status, None)
         }
@@ -405,7 +451,7 @@ pub async fn start_replica_until(
     let started = tokio::select! {
         r = controller.start_synced(leading.clone()) => r,
         s = stop => {
-            tracing::info!(signal = s, "signal during start-up; exiting");
+            tracing::info!(reason = s, "stopped during start-up; exiting");
             give_up(election, gate, reporter).await;
             return Ok(None);
         }
@@ -536,10 +582,34 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     }
 }
 
+/// Resolves on a signal, or when a kubeconfig file changes: the restart that follows builds the
+/// clients from the new file (a Client never reads its kubeconfig again). Names the reason.
+async fn stop_reason(
+    signal: impl std::future::Future<Output = &'static str>,
+    files: crate::kubeconfig_watch::KubeconfigWatch,
+) -> &'static str {
+    tokio::select! {
+        s = signal => s,
+        path = files.changed() => {
+            tracing::info!(
+                path = %path.display(),
+                "kubeconfig changed; shutting down so that the restart uses it"
+            );
+            "kubeconfig changed"
+        }
+    }
+}
+
 /// `karpenter-capi run`: returns when the process should exit.
 pub async fn run(args: RunArgs) -> Result<(), Error> {
     // Listen first: a signal during start-up must not kill the process before it can release.
-    let signal = shutdown_signal();
+    // The files' baseline is read before the clients are built from them, so a change in
+    // between is not missed.
+    let files = crate::kubeconfig_watch::KubeconfigWatch::new(
+        kubeconfig_files(&args),
+        args.kubeconfig_check_interval,
+    );
+    let signal = stop_reason(shutdown_signal(), files);
     tokio::pin!(signal);
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
@@ -563,11 +633,16 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
             .clone()
             .or_else(|| std::env::var("POD_NAMESPACE").ok())
             .unwrap_or_else(|| "kube-system".to_string());
-        leader::Config::new(
+        let client = match lease_cluster(&args.cluster_api) {
+            LeaseCluster::Workload => workload.clone(),
+            LeaseCluster::Management => management.clone(),
+        };
+        let config = leader::Config::new(
             namespace,
             args.leader_election_name.clone(),
             identity.clone(),
-        )
+        );
+        Campaign { client, config }
     });
     let controller = Controller {
         workload,
@@ -591,7 +666,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
             Ok(())
         }
         s = &mut signal => {
-            tracing::info!(signal = s, "shutting down");
+            tracing::info!(reason = s, "shutting down");
             replica.shutdown().await;
             Ok(())
         }
@@ -612,6 +687,54 @@ mod tests {
         );
         assert!(!colour(true, Some(OsStr::new("1"))));
         assert!(!colour(false, None), "a file or pipe gets no escape codes");
+    }
+
+    #[test]
+    fn the_lease_is_kept_in_the_cluster_the_pods_run_in() {
+        let mut capi = ClusterApiArgs::default();
+        assert_eq!(lease_cluster(&capi), LeaseCluster::Workload, "joined");
+        capi.cluster_api_url = Some("https://mgmt.example:6443".into());
+        assert_eq!(
+            lease_cluster(&capi),
+            LeaseCluster::Workload,
+            "in the workload cluster, reaching a separate management cluster"
+        );
+        let capi = ClusterApiArgs {
+            cluster_api_in_cluster: true,
+            ..ClusterApiArgs::default()
+        };
+        assert_eq!(
+            lease_cluster(&capi),
+            LeaseCluster::Management,
+            "beside Cluster API"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_changed_kubeconfig_stops_the_controller_and_a_signal_still_does() {
+        use crate::kubeconfig_watch::KubeconfigWatch;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("kubeconfig");
+        std::fs::write(&file, "old").expect("write");
+        let every = Duration::from_millis(20);
+        let stop = tokio::spawn(stop_reason(
+            std::future::pending(),
+            KubeconfigWatch::new([file.clone()], every),
+        ));
+        tokio::time::sleep(every * 3).await;
+        assert!(!stop.is_finished());
+        std::fs::write(&file, "new").expect("write");
+        let reason = tokio::time::timeout(Duration::from_secs(5), stop)
+            .await
+            .expect("the change is seen")
+            .expect("task");
+        assert_eq!(reason, "kubeconfig changed");
+        let signalled = stop_reason(
+            std::future::ready("SIGTERM"),
+            KubeconfigWatch::new([file], every),
+        )
+        .await;
+        assert_eq!(signalled, "SIGTERM");
     }
 
     #[test]

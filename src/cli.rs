@@ -309,12 +309,23 @@ fn scheduler_config_arg(s: &str) -> Result<SchedulerConfigArg, String> {
 }
 
 /// Where the Cluster API objects live. With none of these set, the workload cluster is used
-/// ("joined" topology). Names follow the Go provider's flags.
+/// ("joined" topology). Names follow the Go provider's flags; `--cluster-api-in-cluster` is ours.
 #[derive(Clone, Debug, Default, Args)]
 pub struct ClusterApiArgs {
     /// Kubeconfig file of the management cluster holding Machines and MachineDeployments.
     #[arg(long, env = "CLUSTER_API_KUBECONFIG", value_parser = existing_file_arg)]
     pub cluster_api_kubeconfig: Option<PathBuf>,
+    /// The management cluster is the one this pod runs in: reach it with the pod's own
+    /// ServiceAccount (in-cluster config, projected token), while --kubeconfig names the workload
+    /// cluster. The leader-election Lease is then kept in the management cluster too. For the
+    /// controller run next to Cluster API, one per workload cluster.
+    #[arg(
+        long,
+        env = "CLUSTER_API_IN_CLUSTER",
+        default_value_t = false,
+        conflicts_with_all = ["cluster_api_kubeconfig", "cluster_api_url"]
+    )]
+    pub cluster_api_in_cluster: bool,
     /// URL of the management cluster's API server (with --cluster-api-token).
     #[arg(long, env = "CLUSTER_API_URL", value_parser = url_arg)]
     pub cluster_api_url: Option<String>,
@@ -379,8 +390,15 @@ pub struct RunArgs {
     )]
     pub leader_election_name: String,
     /// Namespace of the leader-election Lease (default: the pod's namespace, else kube-system).
+    /// The Lease is in the workload cluster, or in the management cluster with
+    /// --cluster-api-in-cluster (the cluster the pods run in).
     #[arg(long, env = "LEADER_ELECTION_NAMESPACE", value_parser = dns_label_arg)]
     pub leader_election_namespace: Option<String>,
+    /// How often the kubeconfig files (--kubeconfig, --cluster-api-kubeconfig) are read again.
+    /// When one changes (a rotated Secret reaches its mounted file), the controller shuts down
+    /// as on SIGTERM, releasing its Lease, so its restart uses the new credentials. 0: never.
+    #[arg(long, env = "KUBECONFIG_CHECK_INTERVAL", default_value = "10s", value_parser = duration_arg)]
+    pub kubeconfig_check_interval: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -787,6 +805,56 @@ mod tests {
                 "{argv:?}: {err}"
             );
         }
+    }
+
+    fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        let mut all = vec!["karpenter-capi", "run"];
+        all.extend_from_slice(extra);
+        match Cli::try_parse_from(all)?.command {
+            Command::Run(run) => Ok(*run),
+            _ => panic!("expected run"),
+        }
+    }
+
+    /// Management in-cluster with the workload cluster from a file is the arrangement of one
+    /// controller per workload cluster beside Cluster API; it excludes the other ways to name
+    /// the management cluster.
+    #[test]
+    fn cluster_api_in_cluster_takes_a_workload_kubeconfig_and_excludes_other_management_flags() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let path = file.path().to_str().unwrap();
+        let run = run_args(&["--kubeconfig", path, "--cluster-api-in-cluster"]).unwrap();
+        assert!(run.cluster_api.cluster_api_in_cluster);
+        assert_eq!(run.kubeconfig.as_deref(), Some(file.path()));
+        assert!(!run_args(&[]).unwrap().cluster_api.cluster_api_in_cluster);
+        for other in [
+            ["--cluster-api-kubeconfig", path],
+            ["--cluster-api-url", "https://mgmt.example:6443"],
+        ] {
+            let mut argv = vec!["--cluster-api-in-cluster"];
+            argv.extend_from_slice(&other);
+            let err = run_args(&argv).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ArgumentConflict,
+                "{other:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn kubeconfig_check_interval_defaults_to_ten_seconds_and_zero_turns_it_off() {
+        assert_eq!(
+            run_args(&[]).unwrap().kubeconfig_check_interval,
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            run_args(&["--kubeconfig-check-interval", "0"])
+                .unwrap()
+                .kubeconfig_check_interval,
+            Duration::ZERO
+        );
+        assert!(run_args(&["--kubeconfig-check-interval", "10"]).is_err());
     }
 
     fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {

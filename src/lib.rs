@@ -14,6 +14,7 @@ pub mod disruption;
 pub mod explain;
 pub mod http;
 pub mod init;
+pub mod kubeconfig_watch;
 pub mod leader;
 pub mod metrics;
 pub mod ratelimit;

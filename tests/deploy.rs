@@ -3,7 +3,8 @@
 //! Deployment is hardened and probed on the ports the binary serves, every env var it sets is a
 //! real `run` flag twin with a value the real parser accepts, and the Helm templates only use
 //! values that exist. The real tools check the same files the way users run them: `helm lint`
-//! and `helm template` (default values and a separate management cluster), and
+//! and `helm template` (the workload topology, joined or with a separate management cluster, and
+//! the management topology, whose rendered RBAC, Secret mount and flags are checked too), and
 //! `kubectl apply --dry-run=client` against the simulated cluster (`.ci/install-tools` installs
 //! helm v4 and kubectl v1.35; without them those tests are reported as ignored, in CI they fail).
 
@@ -32,6 +33,7 @@ fn main() -> std::process::ExitCode {
         chart_crds_are_copies_of_deploy_crds,
         helm_templates_use_existing_values_and_helpers,
         helm_lints_and_renders_the_chart needs [Helm],
+        helm_refuses_management_values_that_cannot_work needs [Helm],
         @tokio kubectl_dry_run_applies_manifests_crds_and_the_rendered_chart needs [Kubectl, Helm],
         manifests_and_crds_use_only_fields_their_types_know,
     ])
@@ -56,9 +58,10 @@ const LEASE: &str = "karpenter-capi-leader-election";
 enum Scope {
     /// Workload cluster, cluster-wide (ClusterRole).
     Workload,
-    /// Workload cluster, the controller's own namespace (Role): the leader-election Lease.
+    /// The cluster the pods run in, their own namespace (Role): the leader-election Lease.
     LeaderNamespace,
-    /// The cluster holding the Cluster API objects (management-rbac.yaml).
+    /// The cluster holding the Cluster API objects (management-rbac.yaml; the chart's ClusterRole
+    /// when joined, its Role in the Cluster's namespace in the management topology).
     Management,
 }
 
@@ -417,22 +420,41 @@ fn manifests_rbac_grants_exactly_what_the_controller_calls() {
     }
 }
 
+/// The rules a `_rules-*.tpl` helper defines (a YAML list once its template lines are stripped),
+/// after checking that every template named uses it under `rules:`.
+fn chart_rules(helper_file: &str, helper: &str, used_by: &[&str]) -> Vec<Rule> {
+    for file in used_by {
+        let text = read(&path(&format!("{CHART}/templates/{file}")));
+        assert!(
+            text.contains(&format!(
+                "rules:\n  {{{{- include \"{helper}\" . | nindent 2 }}}}"
+            )),
+            "{file} takes its rules from {helper}"
+        );
+    }
+    let list = chart_template(helper_file)
+        .pop()
+        .unwrap_or_else(|| panic!("{helper_file} defines no rules"));
+    rules(&serde_json::json!({ "rules": list }))
+}
+
 fn chart_rbac_grants_exactly_what_the_controller_calls() {
-    let workload: Vec<Rule> = chart_template("clusterrole.yaml")
-        .iter()
-        .filter(|d| kind(d) == "ClusterRole")
-        .flat_map(rules)
-        .collect();
+    let workload = chart_rules(
+        "_rules-workload.tpl",
+        "karpenter-capi.workloadRules",
+        &["clusterrole.yaml", "workload-cluster-rbac.yaml"],
+    );
     let lease: Vec<Rule> = chart_template("role-leader-election.yaml")
         .iter()
         .filter(|d| kind(d) == "Role")
         .flat_map(rules)
         .collect();
-    let mut management: Vec<Rule> = chart_template("clusterrole-cluster-api.yaml")
-        .iter()
-        .filter(|d| kind(d) == "ClusterRole")
-        .flat_map(rules)
-        .collect();
+    // One list for the ClusterRole (joined) and the Role (management topology).
+    let mut management = chart_rules(
+        "_rules-cluster-api.tpl",
+        "karpenter-capi.clusterAPIRules",
+        &["clusterrole-cluster-api.yaml"],
+    );
     // The template rules come from values (one line per entry, stripped above).
     let v = values();
     for t in v["rbac"]["clusterAPI"]["infrastructureTemplates"]
@@ -455,9 +477,7 @@ fn chart_rbac_grants_exactly_what_the_controller_calls() {
         problems.join("\n")
     );
 
-    let tpl = read(&path(&format!(
-        "{CHART}/templates/clusterrole-cluster-api.yaml"
-    )));
+    let tpl = read(&path(&format!("{CHART}/templates/_rules-cluster-api.tpl")));
     assert!(
         tpl.contains("- {apiGroups: [{{ .group | quote }}], resources: {{ toJson .resources }}, verbs: [get]}"),
         "infrastructure template rules are get only"
@@ -537,7 +557,12 @@ fn check_deployment(dep: &Value, origin: &str) {
     );
     assert!(sc["capabilities"].get("add").is_none(), "{origin}");
     assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{origin}");
-    assert_eq!(strings(&c["args"]), vec!["run"], "{origin}");
+    let args = strings(&c["args"]);
+    assert_eq!(args.first().map(String::as_str), Some("run"), "{origin}");
+    assert!(
+        args.len() == 1 || args[1..].first().map(String::as_str) == Some("--kubeconfig"),
+        "{origin}: run takes only --kubeconfig as an argument, the rest by env: {args:?}"
+    );
 
     let ports: BTreeMap<String, &Value> = c["ports"]
         .as_array()
@@ -670,9 +695,14 @@ fn chart_deployment_is_hardened_probed_and_spread() {
         text.contains(r#"{{- include "karpenter-capi.selectorLabels" $ | nindent 14 }}"#),
         "spread selects the release's pods"
     );
-    // A separate management cluster's kubeconfig comes from a Secret, mounted read-only.
+    // A separate management cluster's kubeconfig comes from a Secret, mounted read-only, and
+    // never through subPath, which would freeze the file at its first content.
     assert!(text.contains("secretName: {{ .Values.clusterAPI.kubeconfigSecret.name }}"));
     assert!(text.contains("readOnly: true"));
+    assert!(
+        !text.lines().any(|l| l.trim_start().starts_with("subPath:")),
+        "no subPath mount"
+    );
 }
 
 /// Env var -> value the Deployment gives it, for plain `value:` entries.
@@ -1014,10 +1044,37 @@ fn assert_ok(out: &std::process::Output, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The chart's value sets users install with: the joined topology, a separate management
-/// cluster (kubeconfig Secret), and the optional extras switched on.
+/// The Cluster of the management topology's value sets.
+const CLUSTER: &str = "c1";
+
+/// The chart's value sets users install with: the workload topology (joined, a separate
+/// management cluster by kubeconfig Secret or URL), the management topology (Cluster API's
+/// kubeconfig Secret, or a least-privilege one with its workload RBAC rendered), and the
+/// optional extras switched on.
 const VALUE_SETS: &[(&str, &[&str])] = &[
     ("default values", &[]),
+    (
+        "management topology",
+        &[
+            "--set",
+            "topology=management",
+            "--set",
+            "clusterAPI.clusterName=c1",
+        ],
+    ),
+    (
+        "management topology, least-privilege workload kubeconfig, workload RBAC rendered",
+        &[
+            "--set",
+            "topology=management",
+            "--set",
+            "clusterAPI.clusterName=c1",
+            "--set",
+            "workloadCluster.kubeconfigSecret.name=c1-karpenter-capi",
+            "--set",
+            "workloadCluster.rbac.render=true",
+        ],
+    ),
     (
         "separate management cluster",
         &["--set", "clusterAPI.kubeconfigSecret.name=mgmt"],
@@ -1074,14 +1131,35 @@ fn helm_lints_and_renders_the_chart() {
             .find(|d| kind(d) == "Deployment")
             .expect("Deployment");
         check_deployment(dep, &format!("helm template ({what})"));
-        let capi_role = docs
-            .iter()
-            .any(|d| kind(d) == "ClusterRole" && name(d).ends_with("-cluster-api"));
-        let separate = extra.iter().any(|a| a.starts_with("clusterAPI."));
-        assert_eq!(
-            capi_role, !separate,
-            "{what}: Cluster API rules only in the joined topology"
+        let problems = rendered_rbac_problems(&docs);
+        assert!(
+            problems.is_empty(),
+            "helm template ({what}): RBAC vs NEEDS:\n{}",
+            problems.join("\n")
         );
+        let management = extra.contains(&"topology=management");
+        let mut env = literal_env(container(dep));
+        // A file flag's value is checked for existence when parsed: the mount exists in the pod only.
+        let mut flags = env.clone();
+        flags.remove("CLUSTER_API_KUBECONFIG");
+        assert_parses_as_flags(&flags, &format!("helm template ({what})"));
+        env.remove("CLUSTER_API_KUBECONFIG");
+        if management {
+            check_management_topology(&docs, what, extra);
+        } else {
+            assert_eq!(env["CLUSTER_API_IN_CLUSTER"], "false", "{what}");
+            let capi_role = docs
+                .iter()
+                .any(|d| kind(d) == "ClusterRole" && name(d).ends_with("-cluster-api"));
+            let separate = extra.iter().any(|a| {
+                a.starts_with("clusterAPI.kubeconfigSecret.name=")
+                    || a.starts_with("clusterAPI.url=")
+            });
+            assert_eq!(
+                capi_role, !separate,
+                "{what}: Cluster API rules only in the joined topology"
+            );
+        }
         let monitor = docs.iter().any(|d| kind(d) == "ServiceMonitor");
         assert_eq!(
             monitor,
@@ -1099,6 +1177,187 @@ fn helm_lints_and_renders_the_chart() {
         if let Some(cm) = dashboard {
             check_dashboard_config_map(cm, what);
         }
+    }
+}
+
+/// Rendered RBAC against NEEDS, each role by its part: the leader-election Role, the Cluster API
+/// role (ClusterRole or Role), and the workload ClusterRole (installed, or rendered for the
+/// workload cluster). A part a value set leaves out is not audited; which parts each topology
+/// has is checked by the callers.
+fn rendered_rbac_problems(docs: &[Value]) -> Vec<String> {
+    let (mut workload, mut lease, mut capi) = (Vec::new(), Vec::new(), Vec::new());
+    for d in docs
+        .iter()
+        .filter(|d| matches!(kind(d), "Role" | "ClusterRole"))
+    {
+        let part = if name(d).ends_with("-leader-election") {
+            &mut lease
+        } else if name(d).ends_with("-cluster-api") {
+            &mut capi
+        } else {
+            &mut workload
+        };
+        part.extend(rules(d));
+    }
+    let mut problems = audit(LeaderNamespace, &lease);
+    for (scope, part) in [(Workload, &workload), (Management, &capi)] {
+        if !part.is_empty() {
+            problems.extend(audit(scope, part));
+        }
+    }
+    problems
+}
+
+fn find<'a>(docs: &'a [Value], k: &str, suffix: &str, what: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| kind(d) == k && name(d).ends_with(suffix))
+        .unwrap_or_else(|| panic!("{what}: no {k} named *{suffix}"))
+}
+
+/// The management topology as rendered: Cluster API through a namespaced Role of the release's
+/// own ServiceAccount (no ClusterRole that can touch Machines), the Lease Role beside it, the
+/// workload kubeconfig Secret mounted read-only without subPath and passed as --kubeconfig, and
+/// the controller confined to the release namespace and the Cluster.
+fn check_management_topology(docs: &[Value], what: &str, extra: &[&str]) {
+    let account = "k-karpenter-capi";
+    for d in docs.iter().filter(|d| kind(d) == "ClusterRole") {
+        for r in rules(d) {
+            assert!(
+                !r.groups.iter().any(|g| g == "cluster.x-k8s.io"),
+                "{what}: ClusterRole {} grants {:?} on Cluster API objects cluster-wide",
+                name(d),
+                r.verbs
+            );
+        }
+    }
+    let workload_rbac = extra.contains(&"workloadCluster.rbac.render=true");
+    let cluster_wide: Vec<&str> = docs
+        .iter()
+        .filter(|d| matches!(kind(d), "ClusterRole" | "ClusterRoleBinding"))
+        .map(name)
+        .collect();
+    if workload_rbac {
+        assert_eq!(
+            cluster_wide, ["karpenter-capi"; 2],
+            "{what}: the workload ClusterRole"
+        );
+        let binding = find(docs, "ClusterRoleBinding", "karpenter-capi", what);
+        assert_eq!(binding["subjects"][0]["kind"], "User", "{what}");
+    } else {
+        assert!(cluster_wide.is_empty(), "{what}: {cluster_wide:?}");
+    }
+    for (role, binding) in [
+        ("-cluster-api", "-cluster-api"),
+        ("-leader-election", "-leader-election"),
+    ] {
+        let r = find(docs, "Role", role, what);
+        assert_eq!(r["metadata"]["namespace"], NAMESPACE, "{what}: {}", name(r));
+        let b = find(docs, "RoleBinding", binding, what);
+        assert_eq!(b["metadata"]["namespace"], NAMESPACE, "{what}");
+        assert_eq!(b["roleRef"]["kind"], "Role", "{what}");
+        assert_eq!(b["roleRef"]["name"], name(r), "{what}");
+        assert_eq!(b["subjects"][0]["kind"], "ServiceAccount", "{what}");
+        assert_eq!(b["subjects"][0]["name"], account, "{what}");
+        assert_eq!(b["subjects"][0]["namespace"], NAMESPACE, "{what}");
+    }
+    let lease = find(docs, "Role", "-leader-election", what);
+    assert!(
+        rules(lease).iter().any(|r| r.names == [LEASE]),
+        "{what}: the Lease Role names the Lease"
+    );
+    let sa = find(docs, "ServiceAccount", account, what);
+    assert_eq!(sa["metadata"]["namespace"], NAMESPACE, "{what}");
+
+    let dep = find(docs, "Deployment", "karpenter-capi", what);
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], account, "{what}");
+    assert_ne!(
+        pod["automountServiceAccountToken"], false,
+        "{what}: the in-cluster client needs the projected token"
+    );
+    let c = container(dep);
+    let file = "/etc/karpenter-capi/workload/kubeconfig";
+    assert_eq!(strings(&c["args"]), ["run", "--kubeconfig", file], "{what}");
+    let mounts = c["volumeMounts"].as_array().expect("volumeMounts");
+    assert_eq!(mounts.len(), 1, "{what}: {mounts:?}");
+    let m = &mounts[0];
+    assert_eq!(m["mountPath"], "/etc/karpenter-capi/workload", "{what}");
+    assert_eq!(m["readOnly"], true, "{what}");
+    assert!(
+        m.get("subPath").is_none(),
+        "{what}: a subPath mount never sees the Secret's rotation"
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == m["name"]))
+        .unwrap_or_else(|| panic!("{what}: no volume {}", m["name"]));
+    let secret = if workload_rbac {
+        "c1-karpenter-capi".to_string()
+    } else {
+        format!("{CLUSTER}-kubeconfig")
+    };
+    assert_eq!(volume["secret"]["secretName"], secret.as_str(), "{what}");
+    assert_eq!(
+        volume["secret"]["items"],
+        serde_json::json!([{"key": "value", "path": "kubeconfig"}]),
+        "{what}: Cluster API's key, as the file --kubeconfig names"
+    );
+    let env = literal_env(c);
+    for (var, want) in [
+        ("CLUSTER_API_IN_CLUSTER", "true"),
+        ("CLUSTER_API_NAMESPACE", NAMESPACE),
+        ("CLUSTER_NAME", CLUSTER),
+    ] {
+        assert_eq!(
+            env.get(var).map(String::as_str),
+            Some(want),
+            "{what}: {var}"
+        );
+    }
+    for var in [
+        "CLUSTER_API_KUBECONFIG",
+        "CLUSTER_API_URL",
+        "CLUSTER_API_TOKEN",
+    ] {
+        assert!(!env_names(c).iter().any(|n| n == var), "{what}: {var}");
+    }
+}
+
+/// Management-topology values that cannot work fail the render with what to do instead.
+fn helm_refuses_management_values_that_cannot_work() {
+    let helm = tool(Asset::Helm);
+    let chart = path(CHART).to_string_lossy().into_owned();
+    for (set, says) in [
+        (&["topology=management"][..], "needs clusterAPI.clusterName"),
+        (
+            &["topology=joined"][..],
+            "topology must be workload or management",
+        ),
+        (
+            &[
+                "topology=management",
+                "clusterAPI.clusterName=c1",
+                "clusterAPI.kubeconfigSecret.name=mgmt",
+            ][..],
+            "leave clusterAPI.kubeconfigSecret.name and clusterAPI.url empty",
+        ),
+        (
+            &[
+                "topology=management",
+                "clusterAPI.clusterName=c1",
+                "clusterAPI.namespace=elsewhere",
+            ][..],
+            "install the release in the Cluster's namespace",
+        ),
+    ] {
+        let mut args = vec!["template", "k", "--namespace", NAMESPACE, chart.as_str()];
+        for s in set {
+            args.extend(["--set", s]);
+        }
+        let out = run_tool(&helm, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{set:?} rendered");
+        assert!(stderr.contains(says), "{set:?}: {stderr}");
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use karpenter_capi::actors::Controller;
 use karpenter_capi::api::nodepool::NodePool;
-use karpenter_capi::app::{self, ClientOptions, Replica, Timeouts};
+use karpenter_capi::app::{self, Campaign, ClientOptions, Replica, Timeouts};
 use karpenter_capi::http::{self, Health};
 use karpenter_capi::leader;
 use karpenter_capi::metrics::Metrics;
@@ -104,6 +104,10 @@ async fn member(sim: &BackgroundSim, name: &'static str) -> Member {
     let (_, health_addr) = http::serve(any, any, metrics.clone(), health.clone())
         .await
         .expect("probe endpoints");
+    let campaign = Campaign {
+        client: client.clone(),
+        config: election(name),
+    };
     let controller = Controller {
         workload: client.clone(),
         management: client,
@@ -114,7 +118,7 @@ async fn member(sim: &BackgroundSim, name: &'static str) -> Member {
     };
     let replica = tokio::time::timeout(
         PATIENCE,
-        app::start_replica(controller, gate, health, Some(election(name))),
+        app::start_replica(controller, gate, health, Some(campaign)),
     )
     .await
     .expect("a replica starts (and is Ready) without waiting for the Lease")
@@ -333,6 +337,10 @@ async fn a_signal_during_start_up_releases_a_lease_already_taken() {
         .set_latency("nodes", Duration::from_secs(600));
     let client = sim.client_here().await.expect("client");
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let campaign = Campaign {
+        client: client.clone(),
+        config: election("starting"),
+    };
     let controller = Controller {
         workload: client.clone(),
         management: client,
@@ -359,7 +367,7 @@ async fn a_signal_during_start_up_releases_a_lease_already_taken() {
             controller,
             WriteGate::default(),
             Arc::new(Health::default()),
-            Some(election("starting")),
+            Some(campaign),
             signal,
         ),
     )
@@ -443,16 +451,11 @@ async fn client_deadlines_end_a_hung_request() {
     sim.cluster().server().faults().clear();
 }
 
-/// The binary, run as a pod would run it: SIGTERM makes it release the Lease and exit 0 well
-/// within the default 30 s grace period.
-#[actix::test]
-async fn sigterm_releases_the_lease_and_exits_cleanly() {
-    let sim = BackgroundSim::start(cluster())
-        .await
-        .expect("simulated cluster");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+/// The binary, run as a pod would run it, on `kubeconfig`, with the test's Lease.
+fn spawn_binary(kubeconfig: &std::path::Path, extra: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
         .args(["run", "--kubeconfig"])
-        .arg(sim.kubeconfig())
+        .arg(kubeconfig)
         .args([
             "--metrics-port",
             "0",
@@ -463,31 +466,39 @@ async fn sigterm_releases_the_lease_and_exits_cleanly() {
             "--leader-election-name",
             LEASE_NAME,
         ])
+        .args(extra)
         .env("LOG_LEVEL", "info")
         .spawn()
-        .expect("start the binary");
-    let client = sim.client_here().await.expect("client");
-    let leases: Api<Lease> = Api::namespaced(client, "default");
-    let holder = |l: &Option<Lease>| {
-        l.as_ref()
-            .and_then(|l| l.spec.as_ref())
-            .and_then(|s| s.holder_identity.clone())
-            .unwrap_or_default()
-    };
+        .expect("start the binary")
+}
+
+fn lease_holder(l: &Option<Lease>) -> String {
+    l.as_ref()
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.holder_identity.clone())
+        .unwrap_or_default()
+}
+
+async fn wait_for_a_holder(leases: &Api<Lease>) {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let l = leases.get_opt(LEASE_NAME).await.expect("get Lease");
-        if !holder(&l).is_empty() {
-            break;
+        if !lease_holder(&l).is_empty() {
+            return;
         }
         assert!(Instant::now() < deadline, "the binary never took the Lease");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let term = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(term.success());
+}
+
+/// Waits for the binary to exit after `what` (at most 30 s, the default grace period), and
+/// checks that it exited 0 within the shutdown bound, having released the Lease.
+async fn exits_cleanly_releasing_the_lease(
+    child: &mut std::process::Child,
+    leases: &Api<Lease>,
+    what: &str,
+    bound: Duration,
+) {
     let sent = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait") {
@@ -495,21 +506,72 @@ async fn sigterm_releases_the_lease_and_exits_cleanly() {
         }
         if sent.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
-            panic!("the binary did not exit within 30 s of SIGTERM");
+            panic!("the binary did not exit within 30 s of {what}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let took = sent.elapsed();
-    println!("exited {took:?} after SIGTERM with {status}");
-    assert!(status.success(), "exit status after SIGTERM: {status}");
-    assert!(took < app::SHUTDOWN_BOUND, "took {took:?}");
+    println!("exited {took:?} after {what} with {status}");
+    assert!(status.success(), "exit status after {what}: {status}");
+    assert!(took < bound, "took {took:?}");
     let l = leases.get_opt(LEASE_NAME).await.expect("get Lease");
-    assert_eq!(holder(&l), "", "Lease released: {:?}", l.map(|l| l.spec));
+    assert_eq!(
+        lease_holder(&l),
+        "",
+        "Lease released: {:?}",
+        l.map(|l| l.spec)
+    );
     let lease: Value = serde_json::to_value(l).expect("json");
     assert_eq!(
         lease.pointer("/spec/leaseDurationSeconds"),
         Some(&Value::from(1))
     );
+}
+
+/// SIGTERM makes the binary release the Lease and exit 0 well within the default 30 s grace
+/// period.
+#[actix::test]
+async fn sigterm_releases_the_lease_and_exits_cleanly() {
+    let sim = BackgroundSim::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let mut child = spawn_binary(&sim.kubeconfig(), &[]);
+    let client = sim.client_here().await.expect("client");
+    let leases: Api<Lease> = Api::namespaced(client, "default");
+    wait_for_a_holder(&leases).await;
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(term.success());
+    exits_cleanly_releasing_the_lease(&mut child, &leases, "SIGTERM", app::SHUTDOWN_BOUND).await;
+}
+
+/// A rotated kubeconfig (Cluster API rewrote the Secret, the kubelet updated the mounted file)
+/// makes the binary shut down as on SIGTERM, so its restart reads the new credentials and a
+/// standby takes the released Lease at once.
+#[actix::test]
+async fn a_changed_kubeconfig_releases_the_lease_and_exits_cleanly() {
+    let sim = BackgroundSim::start(cluster())
+        .await
+        .expect("simulated cluster");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::copy(sim.kubeconfig(), &kubeconfig).expect("copy the kubeconfig");
+    let mut child = spawn_binary(&kubeconfig, &["--kubeconfig-check-interval", "200ms"]);
+    let client = sim.client_here().await.expect("client");
+    let leases: Api<Lease> = Api::namespaced(client, "default");
+    wait_for_a_holder(&leases).await;
+    let mut text = std::fs::read_to_string(&kubeconfig).expect("read the kubeconfig");
+    text.push_str("\n# rotated\n");
+    std::fs::write(&kubeconfig, text).expect("rotate the kubeconfig");
+    exits_cleanly_releasing_the_lease(
+        &mut child,
+        &leases,
+        "the kubeconfig changed",
+        app::SHUTDOWN_BOUND + Duration::from_secs(1),
+    )
+    .await;
 }
 
 /// A candidate watches the Lease: a released Lease is taken at once, not at the next retry

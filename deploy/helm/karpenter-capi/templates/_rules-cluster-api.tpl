@@ -1,0 +1,21 @@
+# Cluster API rules: only the verbs the controller calls, on the objects of the cluster that holds
+# them. A ClusterRole in the joined workload topology, a Role in the release namespace in the
+# management topology (clusterrole-cluster-api.yaml). tests/deploy.rs checks them against its table.
+{{- define "karpenter-capi.clusterAPIRules" -}}
+# Watcher: list/watch; Scaler: re-read, bind and mark (patch), delete below min-size.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machines]
+  verbs: [get, list, watch, patch, delete]
+# Watcher: list/watch; Scaler: re-read, compare-and-swap spec.replicas by JSON patch.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinedeployments]
+  verbs: [get, list, watch, patch]
+# Planned: MachineSet walk and annotations. Read-only.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinesets]
+  verbs: [get, list, watch]
+# Catalog: read each MachineDeployment's infrastructure template once (get only).
+{{- range .Values.rbac.clusterAPI.infrastructureTemplates }}
+- {apiGroups: [{{ .group | quote }}], resources: {{ toJson .resources }}, verbs: [get]}
+{{- end }}
+{{- end }}

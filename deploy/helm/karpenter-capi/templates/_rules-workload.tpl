@@ -1,0 +1,70 @@
+# Workload-cluster rules: only the verbs the controller calls. The reason for each rule is in
+# deploy/manifests/20-rbac.yaml; tests/deploy.rs checks both against one table. One list for the
+# ClusterRole installed with the controller (workload topology) and the one rendered for the
+# workload cluster of the management topology (workload-cluster-rbac.yaml).
+{{- define "karpenter-capi.workloadRules" -}}
+# Node watcher: list/watch; registration, initialization, finalizer: patch; termination: delete.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list, watch, patch, delete]
+# Provisioner pod watch (the terminator drains from it); terminator: delete at the deadline.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, delete]
+# Terminator: evictions honour PodDisruptionBudgets.
+- apiGroups: [""]
+  resources: [pods/eviction]
+  verbs: [create]
+# Terminator: wait for a drained node's VolumeAttachments (node watcher), except volumes of
+# pods that are not drained (through their PersistentVolumeClaims).
+# Storage watcher: claims, volumes and classes for volume topology in the solve.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [persistentvolumes]
+  verbs: [list, watch]
+- apiGroups: [storage.k8s.io]
+  resources: [volumeattachments, storageclasses, csinodes]
+  verbs: [list, watch]
+# Disruption: nodes with PDB-protected pods are not candidates.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch]
+# Planned (provisioner): DaemonSet overhead on new nodes.
+- apiGroups: [apps]
+  resources: [daemonsets]
+  verbs: [get, list, watch]
+# Workload watcher (only with default topology spread constraints): deduced selectors.
+- apiGroups: [""]
+  resources: [services, replicationcontrollers]
+  verbs: [list, watch]
+- apiGroups: [apps]
+  resources: [replicasets, statefulsets]
+  verbs: [list, watch]
+# Supervisor watch; claims re-read, patch and delete themselves; create is the provisioner's.
+- apiGroups: [karpenter.sh]
+  resources: [nodeclaims]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [karpenter.sh]
+  resources: [nodeclaims/status]
+  verbs: [patch]
+# Planned (provisioner, disruption): NodePools and their status.
+- apiGroups: [karpenter.sh]
+  resources: [nodepools]
+  verbs: [get, list, watch]
+- apiGroups: [karpenter.sh]
+  resources: [nodepools/status]
+  verbs: [patch]
+# Catalog: watch node classes, patch their Ready condition.
+- apiGroups: [karpenter.cluster.x-k8s.io]
+  resources: [clusterapinodeclasses]
+  verbs: [list, watch]
+- apiGroups: [karpenter.cluster.x-k8s.io]
+  resources: [clusterapinodeclasses/status]
+  verbs: [patch]
+# Event recorder (events.k8s.io/v1): create, and patch when an event repeats.
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
