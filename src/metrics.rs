@@ -206,6 +206,7 @@ pub struct Metrics {
     pub nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>,
     pub nodeclaims_disrupted: Family<DisruptedLabels, Counter>,
     pub disruption_evaluation_seconds: HistogramFamily<MethodLabels>,
+    pub disruption_commands_in_flight: Gauge,
 }
 
 impl Metrics {
@@ -256,6 +257,7 @@ impl Metrics {
             nodepools_allowed_disruptions: Family::default(),
             nodeclaims_disrupted: Family::default(),
             disruption_evaluation_seconds: Family::new_with_constructor(latency_histogram),
+            disruption_commands_in_flight: Gauge::default(),
             registry: Registry::default(),
             declared: Vec::new(),
         };
@@ -472,6 +474,11 @@ impl Metrics {
             "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
             "Duration of one disruption pass's decision, by method",
             m.disruption_evaluation_seconds.clone(),
+        );
+        r.register(
+            "karpenter_capi_disruption_commands_in_flight",
+            "Disruption commands being carried out now (marked, replacements launching, candidates deleting)",
+            m.disruption_commands_in_flight.clone(),
         );
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -584,3 +584,107 @@ async fn percentage_scheduled_and_per_reason_budgets() {
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
 }
+
+/// A cluster whose provider takes `delay` to give a Machine its provider ID, so a command's
+/// replacement stays in flight that long.
+async fn env_slow(delay: Duration) -> Env {
+    env_cfg(
+        karpenter_capi::sim::cluster::SimClusterConfig {
+            provider_delay: delay,
+            ..fast_cluster()
+        },
+        fast(),
+    )
+    .await
+}
+
+/// The most claims marked for disruption (`DisruptionReason`) at once while `until` is false.
+async fn most_marked_until(env: &Env, mut until: impl FnMut(&Env) -> bool) -> usize {
+    let start = Instant::now();
+    let mut most = 0;
+    while !until(env) {
+        let marked = env
+            .claims()
+            .iter()
+            .filter(|c| condition(c, "DisruptionReason").is_some())
+            .count();
+        most = most.max(marked);
+        assert!(start.elapsed() < DEADLINE, "the disruption did not finish");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    most
+}
+
+/// Audit row 4: commands run in parallel, bounded only by the budgets. Three drifted claims
+/// under a 100 % budget are all being replaced at once, while their replacements launch.
+#[actix::test]
+async fn drifted_claims_are_replaced_in_parallel() {
+    let env = env_slow(Duration::from_secs(2)).await;
+    env.set_disruption(json!({"budgets": [{"nodes": "100%"}]}))
+        .await;
+    let mut originals = Vec::new();
+    for i in 0..3 {
+        let (claim, node) = env.stamped_claim("sim-0").await;
+        env.pod(&format!("app-{i}"), &node, json!({"app": "app"}), json!({}))
+            .await;
+        originals.push(claim);
+    }
+    let api: Api<NodePool> = Api::all(env.client().await);
+    api.patch(
+        &env.pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}})),
+    )
+    .await
+    .expect("change the template");
+    let most = most_marked_until(&env, |env| {
+        originals
+            .iter()
+            .all(|c| env.get("nodeclaims", "", c).is_none())
+    })
+    .await;
+    assert_eq!(most, 3, "every drifted claim is replaced at once");
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
+        3.0
+    );
+    env.assert_clean();
+}
+
+/// Audit row 4: emptiness never waits behind a replacement. While a drifted claim's replacement
+/// is still launching, an empty node of the pool goes.
+#[actix::test]
+async fn an_empty_node_goes_while_a_replacement_launches() {
+    let env = env_slow(Duration::from_secs(4)).await;
+    // Without the pool's hash stamp, a claim never drifts: this one only ever goes as empty.
+    let (empty, _) = env.create_and_wait(claim_for(&env.pool, "sim-0")).await;
+    let (drifted, _) = env.drifting_claim_with_a_pod().await;
+    let replacement = env
+        .wait("the drifted claim's replacement", || {
+            env.claims()
+                .iter()
+                .filter_map(|c| c["metadata"]["name"].as_str())
+                .find(|n| *n != empty && *n != drifted)
+                .map(String::from)
+        })
+        .await;
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmptyOrUnderutilized",
+                              "consolidateAfter": "0s", "budgets": [{"nodes": "100%"}]}))
+        .await;
+    env.wait("the empty claim deleted", || {
+        env.get("nodeclaims", "", &empty)
+            .is_none_or(|c| !c["metadata"]["deletionTimestamp"].is_null())
+            .then_some(())
+    })
+    .await;
+    let launching = env
+        .get("nodeclaims", "", &replacement)
+        .is_some_and(|c| condition(&c, "Initialized").is_none_or(|i| i["status"] != "True"));
+    assert!(
+        launching,
+        "the empty node went while the replacement was still launching"
+    );
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}

@@ -7,6 +7,7 @@
 //! than in production (`fast_disruption`) so a scenario takes a minute or two.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -88,6 +89,13 @@ pub struct DisruptionFigures {
     pub rollout: Option<RolloutFigures>,
     /// How long the disruption phase took, until stable.
     pub phase_ms: u64,
+    /// From the controller's first disruption mark (its first Node taint of the phase, seen by
+    /// the server) until the disruption settled (drift: its replacements done, before the
+    /// rollout); 0 when nothing was disrupted.
+    pub duration_ms: u64,
+    /// The most disruption commands the controller had under way at once (its
+    /// `karpenter_capi_disruption_commands_in_flight` gauge, sampled every 100 ms).
+    pub commands_max_in_flight: i64,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -117,8 +125,10 @@ impl std::fmt::Display for DisruptionReport {
         let d = &self.disruption;
         writeln!(
             f,
-            "  disruption: {:.1}s; decided: {}; nodes {} -> {} (lower bound {}); cost/h {:.2} -> {:.2}",
+            "  disruption: {:.1}s ({:.1}s from the first mark; at most {} commands at once); decided: {}; nodes {} -> {} (lower bound {}); cost/h {:.2} -> {:.2}",
             d.phase_ms as f64 / 1000.0,
+            d.duration_ms as f64 / 1000.0,
+            d.commands_max_in_flight,
             decided(&d.decisions),
             d.nodes_before,
             d.nodes_after,
@@ -378,6 +388,33 @@ async fn wait_stable(
     }
 }
 
+/// Samples the controller's in-flight disruption commands while a phase runs; `stop` gives the
+/// most seen.
+struct InFlightSampler {
+    max: Arc<std::sync::atomic::AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl InFlightSampler {
+    fn start(metrics: &Arc<crate::metrics::Metrics>) -> Self {
+        let max = Arc::new(std::sync::atomic::AtomicI64::new(0));
+        let (m, seen) = (metrics.clone(), max.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let now = m.disruption_commands_in_flight.get();
+                seen.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self { max, task }
+    }
+
+    fn stop(self) -> i64 {
+        self.task.abort();
+        self.max.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 /// The disruption decisions so far in words, the kinds that occurred only ("none" before any).
 fn decided(d: &crate::sim::disruption_audit::Decisions) -> String {
     let kinds = [
@@ -449,6 +486,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let phase = Instant::now();
     let mut rollout = None;
     let mut drift_phase = None;
+    let in_flight = InFlightSampler::start(&p.controller.shared.metrics);
+    let mut disruption_end_ms = None;
     match scenario {
         Scenario::Consolidate => consolidate(args, &p.sim, deadline).await?,
         Scenario::Drift => {
@@ -469,6 +508,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             })
             .await?;
             p.sim.mark("drifted claims replaced");
+            disruption_end_ms = Some(p.sim.cluster().stats().now_ms());
             // The rollout is measured apart: Cluster API, not the controller, deletes its
             // Machines.
             drift_phase = Some(p.sim.cluster().disruption_audit().report());
@@ -513,6 +553,19 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     }
     p.sim.mark("settled");
     let phase_ms = phase.elapsed().as_millis() as u64;
+    let commands_max_in_flight = in_flight.stop();
+    let end_ms = disruption_end_ms.unwrap_or_else(|| p.sim.cluster().stats().now_ms());
+    let duration_ms = p
+        .sim
+        .cluster()
+        .stats()
+        .writes()
+        .iter()
+        .filter(|w| w.at_ms >= since_ms && w.agent == crate::app::USER_AGENT)
+        .filter(|w| w.resource == "nodes" && w.verb == "patch")
+        .map(|w| w.at_ms)
+        .min()
+        .map_or(0, |first| end_ms.saturating_sub(first));
 
     let sim = &p.sim;
     let mut pods = p.measure();
@@ -563,6 +616,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         do_not_disrupt_violations: count(Violation::DoNotDisrupt),
         rollout,
         phase_ms,
+        duration_ms,
+        commands_max_in_flight,
     };
     let problems = &mut pods.launch.problems;
     if figures.budget_violations > 0 {

@@ -5,13 +5,17 @@
 //! 1. Expired claims are deleted, whatever the budgets say (expiration is forceful in v1).
 //! 2. `Drifted` / `Consolidatable` conditions and NodePool hash stamps are brought up to date;
 //!    disrupted taints that no running command owns are rolled back.
-//! 3. With no command in flight, the pure `disruption::decide` picks one (emptiness, drift,
-//!    multi-node, single-node consolidation) on the blocking pool. A command is carried out only
-//!    if a pass at least `validation` later decides the same again.
-//! 4. Carrying out: taint and mark the candidates, create the replacements, wait until they are
-//!    Initialized, then delete the candidates. A replacement that fails rolls the command back
-//!    and disruption backs off. A controller that dies mid-way leaves taints the next leader
-//!    rolls back (step 2): the API holds everything needed to resume or undo.
+//! 3. The pure `disruption::decide` picks one command (emptiness, drift, multi-node, single-node
+//!    consolidation) on the blocking pool. Emptiness and consolidation are carried out only if a
+//!    pass at least `validation` later decides the same again; drift is carried out at once, as
+//!    upstream does.
+//! 4. Carrying out, each command on its own (upstream's orchestration queue): taint and mark the
+//!    candidates, create the replacements, wait until they are Initialized, then delete the
+//!    candidates. Several commands run at once, bounded only by the budgets (a command's marked
+//!    candidates count as disrupting), and the next decision is looked for as soon as one starts.
+//!    A command whose replacement fails is rolled back alone, and its candidates back off alone;
+//!    the others go on. A controller that dies mid-way leaves taints the next leader rolls back
+//!    (step 2): the API holds everything needed to resume or undo.
 
 mod execute;
 pub mod view;
@@ -50,6 +54,7 @@ struct Pending {
 
 /// A command being carried out: its replacements launch, then its candidates go.
 struct Executing {
+    id: u64,
     command: Command,
     replacements: Vec<String>,
     started: Instant,
@@ -69,6 +74,9 @@ struct Aftermath {
 /// How long after a consolidation a launch counts as its overshoot: the candidates' drain, the
 /// pods' rescheduling and a provisioning batch fit well inside.
 const AFTERMATH: Duration = Duration::from_secs(60);
+
+/// How long a rolled-back candidate's failures are remembered after its backoff ends.
+const FAILURE_MEMORY: Duration = Duration::from_secs(600);
 
 /// How long a command's replacements stay nominated after its candidates are gone: the moved
 /// pods' rescheduling and a provisioning batch (upstream nominates for 2 x the batch maximum).
@@ -98,10 +106,14 @@ pub struct Disruption {
     again: bool,
     debounce: Option<SpawnHandle>,
     pending: Option<Pending>,
-    executing: Option<Executing>,
-    /// After a failed command: no new command before this.
-    quiet_until: Option<Instant>,
-    backoff: Backoff,
+    /// Commands being carried out, by id, each on its own.
+    executing: HashMap<u64, Executing>,
+    next_id: u64,
+    /// Candidates of a command that was rolled back: not chosen again before the instant, each
+    /// with its own backoff (a failing command holds back only its own candidates).
+    failed: HashMap<String, (Instant, Backoff)>,
+    /// Replacements this actor created, while they exist: never the provisioner's overshoot.
+    own_replacements: HashSet<String>,
     aftermath: Option<Aftermath>,
     nominated: HashMap<String, Nomination>,
     /// After a consolidation that overshot: no consolidation of non-empty nodes before this.
@@ -122,9 +134,10 @@ impl Disruption {
             again: false,
             debounce: None,
             pending: None,
-            executing: None,
-            quiet_until: None,
-            backoff: Backoff::new(Duration::from_secs(5), Duration::from_secs(300)),
+            executing: HashMap::new(),
+            next_id: 0,
+            failed: HashMap::new(),
+            own_replacements: HashSet::new(),
             aftermath: None,
             nominated: HashMap::new(),
             consolidation_quiet_until: None,
@@ -165,10 +178,19 @@ impl Disruption {
         }
         let executing: HashSet<String> = self
             .executing
-            .iter()
+            .values()
             .flat_map(|e| e.command.candidates.iter().map(|c| c.claim.clone()))
             .collect();
         let nominated = self.nominations();
+        {
+            let claims = self.shared.state.claims.read();
+            self.own_replacements.retain(|c| claims.contains(c));
+        }
+        // A candidate's backoff is remembered a while after it ends, so failing again soon
+        // backs off longer.
+        let at = Instant::now();
+        self.failed
+            .retain(|_, (until, _)| *until + FAILURE_MEMORY > at);
         let view = view::gather(
             &self.shared,
             &view::Memory {
@@ -182,15 +204,32 @@ impl Disruption {
         );
         self.publish_metrics(&view);
         let shared = self.shared.clone();
-        let progress = self
+        let progress: Vec<(u64, Progress)> = self
             .executing
-            .as_ref()
+            .values()
             .filter(|e| !e.deleting)
-            .map(|e| self.progress(e));
-        let quiet = self.quiet_until.is_some_and(|t| Instant::now() < t);
-        let decide = self.executing.is_none() && !quiet;
+            .map(|e| (e.id, self.progress(e)))
+            .collect();
+        self.shared
+            .metrics
+            .disruption_commands_in_flight
+            .set(self.executing.len() as i64);
         self.judge_aftermath();
         let mut candidates = view.candidates.clone();
+        // Candidates of a command rolled back a moment ago wait out their own backoff.
+        candidates.retain(|c| {
+            self.failed
+                .get(&c.claim)
+                .is_none_or(|(until, _)| *until <= at)
+        });
+        // The running commands' nodes go away: the next decision plans their pods as pending
+        // (upstream adds the pods of nodes marked for deletion to every simulation), so two
+        // commands do not count on the same room.
+        let leaving: Vec<disruption::Candidate> = self
+            .executing
+            .values()
+            .flat_map(|e| e.command.candidates.iter().cloned())
+            .collect();
         if self
             .consolidation_quiet_until
             .is_some_and(|t| Instant::now() < t)
@@ -210,10 +249,7 @@ impl Disruption {
             .map(|p| p.command.clone());
         let fut = async move {
             housekeeping(&shared, view).await;
-            if !decide {
-                return None;
-            }
-            let snapshot = view::snapshot(&shared, &candidates);
+            let snapshot = view::snapshot(&shared, &candidates, &leaving);
             let started = Instant::now();
             let decision = tokio::task::spawn_blocking(move || {
                 if let Some(pending) = due {
@@ -250,11 +286,14 @@ impl Disruption {
         };
         ctx.spawn(fut.into_actor(self).map(move |cmd, act, ctx| {
             act.running = false;
-            match progress {
-                Some(Progress::Ready) => act.finish(ctx),
-                Some(Progress::Failed(why)) => act.roll_back(why, ctx),
-                _ => act.consider(cmd, ctx),
+            for (id, p) in progress {
+                match p {
+                    Progress::Ready => act.finish(id, ctx),
+                    Progress::Failed(why) => act.roll_back(id, why, ctx),
+                    Progress::Waiting => {}
+                }
             }
+            act.consider(cmd, ctx);
             if std::mem::take(&mut act.again) {
                 act.soon(ctx);
             }
@@ -297,8 +336,11 @@ impl Disruption {
             self.pending = None;
             return;
         };
-        if validated {
-            self.pending = None;
+        // Drift is carried out at once (upstream validates only emptiness and consolidation).
+        if validated || cmd.method == disruption::Method::Drift {
+            if validated {
+                self.pending = None;
+            }
             self.execute(cmd, ctx);
             return;
         }
@@ -325,14 +367,20 @@ impl Disruption {
     }
 
     fn execute(&mut self, cmd: Command, ctx: &mut Context<Self>) {
-        tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), "disrupting");
+        tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), in_flight = self.executing.len() + 1, "disrupting");
         // Ours from the first write on: the next pass must not roll the taints back.
-        self.executing = Some(Executing {
-            command: cmd.clone(),
-            replacements: Vec::new(),
-            started: Instant::now(),
-            deleting: false,
-        });
+        let id = self.next_id;
+        self.next_id += 1;
+        self.executing.insert(
+            id,
+            Executing {
+                id,
+                command: cmd.clone(),
+                replacements: Vec::new(),
+                started: Instant::now(),
+                deleting: false,
+            },
+        );
         let shared = self.shared.clone();
         let fut = async move {
             execute::mark(&shared, &cmd).await?;
@@ -342,13 +390,14 @@ impl Disruption {
             }
             Ok::<_, super::Error>(names)
         };
-        ctx.spawn(fut.into_actor(self).map(|r, act, ctx| match r {
+        ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| match r {
             Ok(names) if names.is_empty() => {
-                act.completed();
+                act.completed(id);
                 act.soon(ctx);
             }
             Ok(names) => {
-                if let Some(e) = act.executing.as_mut() {
+                act.own_replacements.extend(names.iter().cloned());
+                if let Some(e) = act.executing.get_mut(&id) {
                     let candidates: Vec<String> = e
                         .command
                         .candidates
@@ -367,8 +416,10 @@ impl Disruption {
                     e.replacements = names;
                 }
             }
-            Err(e) => act.roll_back(format!("carrying out the command failed: {e}"), ctx),
+            Err(e) => act.roll_back(id, format!("carrying out the command failed: {e}"), ctx),
         }));
+        // The budgets may allow another command now: look for it without waiting for the poll.
+        self.soon(ctx);
     }
 
     /// Where the replacements of the running command stand.
@@ -399,8 +450,8 @@ impl Disruption {
     }
 
     /// The replacements are ready: the candidates go.
-    fn finish(&mut self, ctx: &mut Context<Self>) {
-        let Some(e) = self.executing.as_mut().filter(|e| !e.deleting) else {
+    fn finish(&mut self, id: u64, ctx: &mut Context<Self>) {
+        let Some(e) = self.executing.get_mut(&id).filter(|e| !e.deleting) else {
             return;
         };
         // Still ours until the deletes answered: the claims stay listed as executing.
@@ -410,22 +461,26 @@ impl Disruption {
         ctx.spawn(
             async move { execute::delete_candidates(&shared, &cmd).await }
                 .into_actor(self)
-                .map(|r, act, ctx| match r {
+                .map(move |r, act, ctx| match r {
                     Ok(()) => {
-                        act.completed();
+                        act.completed(id);
                         act.soon(ctx);
                     }
-                    Err(e) => act.roll_back(format!("deleting the candidates failed: {e}"), ctx),
+                    Err(e) => {
+                        act.roll_back(id, format!("deleting the candidates failed: {e}"), ctx)
+                    }
                 }),
         );
     }
 
-    /// The running command is done. A consolidation that moved pods is watched for a while.
-    fn completed(&mut self) {
-        self.backoff.reset();
-        let Some(e) = self.executing.take() else {
+    /// A command is done. A consolidation that moved pods is watched for a while.
+    fn completed(&mut self, id: u64) {
+        let Some(e) = self.executing.remove(&id) else {
             return;
         };
+        for c in &e.command.candidates {
+            self.failed.remove(&c.claim);
+        }
         for r in &e.replacements {
             if let Some(n) = self.nominated.get_mut(r) {
                 n.done = Some(Instant::now());
@@ -476,16 +531,11 @@ impl Disruption {
         let Some(a) = &self.aftermath else {
             return;
         };
-        let launched: Vec<String> = self
-            .shared
-            .state
-            .claims
-            .read()
-            .all()
-            .filter(|c| !a.known.contains(&c.name_any()))
-            .filter(|c| !c.annotations().contains_key(REPLACES_ANNOTATION))
-            .map(|c| c.name_any())
-            .collect();
+        let launched = overshoot(
+            self.shared.state.claims.read().all().map(|c| &**c),
+            &a.known,
+            &self.own_replacements,
+        );
         if !launched.is_empty() {
             let pause = self.consolidation_backoff.next_delay();
             self.consolidation_quiet_until = Some(Instant::now() + pause);
@@ -497,17 +547,28 @@ impl Disruption {
         }
     }
 
-    /// Undo the running command's marks and stay quiet for a while.
-    fn roll_back(&mut self, why: String, ctx: &mut Context<Self>) {
-        let Some(e) = self.executing.take() else {
+    /// Undo a command's marks; its candidates back off before they are chosen again (each on
+    /// its own: the other commands and candidates go on).
+    fn roll_back(&mut self, id: u64, why: String, ctx: &mut Context<Self>) {
+        let Some(e) = self.executing.remove(&id) else {
             return;
         };
         // Nothing moves to the replacements now: they are ordinary claims.
         for r in &e.replacements {
             self.nominated.remove(r);
         }
-        let quiet = self.backoff.next_delay();
-        self.quiet_until = Some(Instant::now() + quiet);
+        let mut quiet = Duration::ZERO;
+        for c in &e.command.candidates {
+            let (until, backoff) = self.failed.entry(c.claim.clone()).or_insert_with(|| {
+                (
+                    Instant::now(),
+                    Backoff::new(Duration::from_secs(5), Duration::from_secs(300)),
+                )
+            });
+            let delay = backoff.next_delay();
+            *until = Instant::now() + delay;
+            quiet = quiet.max(delay);
+        }
         tracing::warn!(method = ?e.command.method, claims = ?e.command.claim_names(), reason = %why, retry_in = ?quiet, "disruption command failed; rolling back");
         for c in &e.command.candidates {
             if let Some(claim) = self.shared.state.claims.read().get(&c.claim) {
@@ -521,6 +582,22 @@ impl Disruption {
         // The next pass sees the taints as stale and removes them (one place for rollback).
         ctx.run_later(Duration::from_millis(10), |act, ctx| act.pass(ctx));
     }
+}
+
+/// Claims launched since a consolidation that it did not expect: not there when it finished,
+/// and neither a later command's replacement nor a rollout's. Only the provisioner's launches
+/// for pods the move left without room are an overshoot.
+fn overshoot<'a>(
+    claims: impl Iterator<Item = &'a crate::api::nodeclaim::NodeClaim>,
+    known: &HashSet<String>,
+    own: &HashSet<String>,
+) -> Vec<String> {
+    claims
+        .map(|c| (c.name_any(), c))
+        .filter(|(name, _)| !known.contains(name) && !own.contains(name))
+        .filter(|(_, c)| !c.annotations().contains_key(REPLACES_ANNOTATION))
+        .map(|(name, _)| name)
+        .collect()
 }
 
 /// Step 1 and 2 of a pass: expirations, stamps, stale marks; Events for protected candidates.
@@ -655,5 +732,38 @@ impl Handler<ClusterChanged> for Disruption {
             *last = (*last).max(at);
         }
         self.soon(ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::nodeclaim::NodeClaim;
+
+    fn claim(name: &str, annotations: serde_json::Value) -> NodeClaim {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {"requirements": [], "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}
+        }))
+        .expect("a NodeClaim")
+    }
+
+    /// Issue 21, item 6: a replacement this actor created for the next command, right after a
+    /// consolidation, is not that consolidation's overshoot; the provisioner's launch is.
+    #[test]
+    fn only_the_provisioners_launches_are_an_overshoot() {
+        let known: HashSet<String> = ["old".to_string()].into();
+        let own: HashSet<String> = ["next-command-replacement".to_string()].into();
+        let claims = [
+            claim("old", serde_json::json!({})),
+            claim("next-command-replacement", serde_json::json!({})),
+            claim("rollout", serde_json::json!({REPLACES_ANNOTATION: "old"})),
+            claim("provisioned", serde_json::json!({})),
+        ];
+        assert_eq!(
+            overshoot(claims.iter(), &known, &own),
+            vec!["provisioned".to_string()]
+        );
     }
 }

@@ -371,7 +371,7 @@ fn outdated_under_rolling_update(
 /// The solver's view of the cluster, as the provisioner sees it, with every pod of the nodes a
 /// decision may simulate removing: candidates with pods that are drifted, or consolidatable
 /// under a policy that moves pods (empty ones go without a solve).
-pub fn snapshot(shared: &Shared, candidates: &[Candidate]) -> Snapshot {
+pub fn snapshot(shared: &Shared, candidates: &[Candidate], leaving: &[Candidate]) -> Snapshot {
     let none: [(&u64, &NodeClaim); 0] = [];
     let moving: HashSet<String> = candidates
         .iter()
@@ -379,6 +379,7 @@ pub fn snapshot(shared: &Shared, candidates: &[Candidate]) -> Snapshot {
         .filter(|c| {
             c.drift.is_some() || (c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty)
         })
+        .chain(leaving)
         .map(|c| c.node.clone())
         .collect();
     let mut snapshot = crate::actors::snapshot::build(
@@ -398,7 +399,13 @@ pub fn snapshot(shared: &Shared, candidates: &[Candidate]) -> Snapshot {
         on_moving.map(|p| &**p),
         &shared.state.storage.read().catalog,
     );
-    snapshot
+    // The nodes of the commands under way are going: their pods are planned as pending.
+    let leaving: Vec<&Candidate> = leaving.iter().collect();
+    if leaving.is_empty() {
+        snapshot
+    } else {
+        crate::disruption::consolidation::without(&snapshot, &leaving)
+    }
 }
 
 fn expired(c: &NodeClaim, now: Timestamp) -> bool {
