@@ -157,10 +157,15 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
             price: 4.0,
             capacity_type: "on-demand".into(),
             disruption_cost: keys.len() as f64,
+            reschedule_cost: 1.0 + keys.len() as f64,
+            instance_type: "large".into(),
             pods: keys,
             drift: None,
+            drifted_since: None,
             consolidatable: true,
             policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
+            pool_cost: 0.0,
+            pool_disruption: 0.0,
         });
     }
     let mut allowed = Allowed::default();
@@ -169,7 +174,9 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
         DisruptionReason::Drifted,
         DisruptionReason::Underutilized,
     ] {
-        allowed.0.insert(("default".into(), r), nodes.div_ceil(10));
+        allowed
+            .budgets
+            .insert(("default".into(), r), nodes.div_ceil(10));
     }
     (snapshot, candidates, allowed)
 }

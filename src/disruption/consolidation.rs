@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::Candidate;
 use crate::api::requirements::Requirement;
-use crate::api::wellknown::{CAPACITY_TYPE_LABEL, CAPACITY_TYPE_SPOT};
+use crate::api::wellknown::{CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT};
 use crate::scheduling::{self, NewClaim, Snapshot};
 use crate::state::pods;
 
@@ -121,9 +121,13 @@ pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
     }
 }
 
-/// Keep only the instance types whose cheapest offering (that the claim allows) costs less than
-/// the candidates together; apply upstream's spot rule (no spot-to-spot replacement: the
-/// feature is off by default upstream, and it would churn spot nodes on every price change).
+/// Keep only the instance types whose worst-case launch price (the most expensive offering of
+/// the capacity type a launch would use: reserved, then spot, then on-demand) is below the
+/// candidates together, as upstream: a cheap offering that is unavailable at launch must not
+/// leave a replacement dearer than what it replaces. Upstream's spot rules apply: no
+/// spot-to-spot replacement (its feature gate is off by default, and it would churn spot nodes
+/// on every price change), and a replacement that may be spot or on-demand is pinned to spot
+/// (the prices were judged as spot; if spot is short the launch fails and the node stays).
 fn cheaper_replacement(
     snapshot: &Snapshot,
     mut new: NewClaim,
@@ -133,16 +137,17 @@ fn cheaper_replacement(
     let all_spot = candidates
         .iter()
         .all(|c| c.capacity_type == CAPACITY_TYPE_SPOT);
-    if all_spot {
-        let spot_allowed = new
-            .requirements
+    let allows = |ct: &str| {
+        new.requirements
             .get(CAPACITY_TYPE_LABEL)
-            .is_none_or(|r| r.has(CAPACITY_TYPE_SPOT));
-        if spot_allowed {
-            return Outcome::No(
-                "spot-to-spot replacement is not enabled (as upstream's default)".into(),
-            );
-        }
+            .is_none_or(|r| r.has(ct))
+    };
+    let (spot_allowed, on_demand_allowed) =
+        (allows(CAPACITY_TYPE_SPOT), allows(CAPACITY_TYPE_ON_DEMAND));
+    if all_spot && spot_allowed {
+        return Outcome::No(
+            "spot-to-spot replacement is not enabled (as upstream's default)".into(),
+        );
     }
     let Some(pool) = snapshot
         .nodepools
@@ -151,22 +156,29 @@ fn cheaper_replacement(
     else {
         return Outcome::No(format!("NodePool {} is gone", new.nodepool));
     };
-    let mut cheapest = f64::INFINITY;
-    new.instance_types.retain(|name| {
-        let price = pool
-            .instance_types
+    let price_of = |name: &str, reqs: &crate::api::requirements::Requirements| {
+        pool.instance_types
             .iter()
-            .find(|t| &t.name == name)
-            .and_then(|t| t.cheapest(&new.requirements))
-            .map(|o| o.price);
-        match price {
-            Some(p) if p < current => {
-                cheapest = cheapest.min(p);
-                true
-            }
-            _ => false,
+            .find(|t| t.name == name)
+            .and_then(|t| t.worst_launch_price(reqs))
+    };
+    let requirements = new.requirements.clone();
+    new.instance_types
+        .retain(|name| price_of(name, &requirements).is_some_and(|p| p < current));
+    // Multi-node: a replacement of a type some candidate already is must be cheaper than that
+    // candidate, or deleting the others and keeping it disrupts less (upstream's
+    // filterOutSameInstanceType).
+    if candidates.len() > 1 {
+        let same_type_ceiling = candidates
+            .iter()
+            .filter(|c| new.instance_types.contains(&c.instance_type))
+            .map(|c| c.price)
+            .min_by(f64::total_cmp);
+        if let Some(ceiling) = same_type_ceiling {
+            new.instance_types
+                .retain(|name| price_of(name, &requirements).is_some_and(|p| p < ceiling));
         }
-    });
+    }
     if new.instance_types.is_empty() {
         return Outcome::No(format!(
             "no replacement is cheaper than the current {current:.4}/h"
@@ -178,5 +190,17 @@ fn cheaper_replacement(
         crate::api::wellknown::INSTANCE_TYPE_LABEL,
         &types,
     ));
+    if spot_allowed && on_demand_allowed {
+        new.requirements.add(Requirement::is_in(
+            CAPACITY_TYPE_LABEL,
+            &[CAPACITY_TYPE_SPOT],
+        ));
+    }
+    let cheapest = new
+        .instance_types
+        .iter()
+        .filter_map(|name| price_of(name, &new.requirements))
+        .min_by(f64::total_cmp)
+        .unwrap_or(current);
     Outcome::Replace(new, cheapest)
 }

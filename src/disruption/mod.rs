@@ -19,8 +19,9 @@ pub use drift::Drift;
 
 /// At most this many candidates go into one multi-node consolidation (upstream's cap).
 pub const MAX_MULTI_NODE_CANDIDATES: usize = 100;
-/// At most this many single-node simulations per pass; the rest wait for the next pass (bounds
-/// a pass's CPU on large clusters; candidates are tried cheapest-to-disrupt first).
+/// At most this many single-node simulations per pass; the rest wait for a later pass (bounds a
+/// pass's CPU on large clusters; upstream bounds it by time instead). The window moves on each
+/// pass ([`Allowed::rotation`]).
 pub const MAX_SINGLE_NODE_SIMULATIONS: usize = 50;
 
 /// A node disruption may act on: an initialized claim with a Node that nothing protects.
@@ -36,13 +37,34 @@ pub struct Candidate {
     pub pods: Vec<String>,
     /// Upstream's disruption cost: the pods' eviction costs times the lifetime left.
     pub disruption_cost: f64,
+    /// Upstream's reschedule disruption cost: 1 for the node, plus each moving pod's eviction
+    /// cost where positive. Savings per unit of it order the candidates.
+    pub reschedule_cost: f64,
+    /// The claim's instance type (`node.kubernetes.io/instance-type`).
+    pub instance_type: String,
     pub drift: Option<Drift>,
+    /// When the claim's `Drifted` condition turned true (Unix seconds; None: this pass): the
+    /// oldest drift goes first.
+    pub drifted_since: Option<i64>,
+    /// The pool's hourly cost and total reschedule disruption cost over all its nodes, which
+    /// the `Balanced` policy weighs a move against.
+    pub pool_cost: f64,
+    pub pool_disruption: f64,
     /// `consolidateAfter` has passed since the node's last pod event, and the pool consolidates.
     pub consolidatable: bool,
     pub policy: ConsolidationPolicy,
 }
 
 impl Candidate {
+    /// Upstream's savings ratio: price per unit of disruption (higher goes first).
+    pub fn savings_ratio(&self) -> f64 {
+        if self.reschedule_cost > 0.0 {
+            self.price / self.reschedule_cost
+        } else {
+            self.price
+        }
+    }
+
     /// Consolidation may take it: its pool consolidates underutilized nodes, and it is not empty
     /// (an empty node is emptiness's, under the Empty budget, as upstream keeps it).
     fn underutilized_allowed(&self) -> bool {
@@ -108,13 +130,20 @@ impl Command {
     }
 }
 
-/// How many more nodes each pool may start disrupting, per reason.
+/// How many more nodes each pool may start disrupting, per reason, and where this pass's
+/// single-node search starts.
 #[derive(Clone, Debug, Default)]
-pub struct Allowed(pub HashMap<(String, DisruptionReason), usize>);
+pub struct Allowed {
+    pub budgets: HashMap<(String, DisruptionReason), usize>,
+    /// The single-node search looks at [`MAX_SINGLE_NODE_SIMULATIONS`] candidates a pass,
+    /// starting this far into its order (the actor moves it on each pass), so candidates past
+    /// the first ones are reached too when those cannot move.
+    pub rotation: usize,
+}
 
 impl Allowed {
     pub fn get(&self, pool: &str, reason: DisruptionReason) -> usize {
-        self.0
+        self.budgets
             .get(&(pool.to_string(), reason))
             .copied()
             .unwrap_or(0)
@@ -140,18 +169,117 @@ pub fn decide_explained(
     candidates: &[Candidate],
     allowed: &Allowed,
 ) -> Decision {
+    // Upstream v1.14's orders: the most savings per unit of disruption first for emptiness and
+    // consolidation; the oldest drift first for drift.
     let mut sorted: Vec<&Candidate> = candidates.iter().collect();
     sorted.sort_by(|a, b| {
-        a.disruption_cost
-            .total_cmp(&b.disruption_cost)
+        b.savings_ratio()
+            .total_cmp(&a.savings_ratio())
+            .then_with(|| a.claim.cmp(&b.claim))
+    });
+    let mut by_drift = sorted.clone();
+    by_drift.sort_by(|a, b| {
+        a.drifted_since
+            .unwrap_or(i64::MAX)
+            .cmp(&b.drifted_since.unwrap_or(i64::MAX))
             .then_with(|| a.claim.cmp(&b.claim))
     });
     let mut decision = Decision::default();
     decision.command = emptiness(&sorted, allowed)
-        .or_else(|| drift(snapshot, &sorted, allowed))
+        .or_else(|| drift(snapshot, &by_drift, allowed))
         .or_else(|| multi_node(snapshot, &sorted, allowed))
-        .or_else(|| single_node(snapshot, &sorted, allowed, &mut decision.unconsolidatable));
+        .or_else(|| {
+            single_node(
+                snapshot,
+                &interleave_pools(&sorted),
+                allowed,
+                &mut decision.unconsolidatable,
+            )
+        });
     decision
+}
+
+/// The candidates taken in turn from each pool (each pool in its own order), so that one pool
+/// with many candidates that cannot move does not keep every other pool from being looked at.
+fn interleave_pools<'a>(sorted: &[&'a Candidate]) -> Vec<&'a Candidate> {
+    let mut pools: Vec<(&str, std::collections::VecDeque<&'a Candidate>)> = Vec::new();
+    for c in sorted {
+        match pools.iter_mut().find(|(p, _)| *p == c.nodepool) {
+            Some((_, q)) => q.push_back(c),
+            None => pools.push((&c.nodepool, [*c].into())),
+        }
+    }
+    let mut out = Vec::with_capacity(sorted.len());
+    while out.len() < sorted.len() {
+        for (_, q) in pools.iter_mut() {
+            if let Some(c) = q.pop_front() {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+/// Upstream's `Balanced` policy: a move is worth it for a pool when the share of the pool's
+/// cost it saves is at least half the share of the pool's disruption it causes (k = 2). Pools
+/// with another policy always approve. Savings of a move across pools are split by each pool's
+/// share of the candidates' cost.
+fn balanced_approves(candidates: &[&Candidate], savings: f64) -> Result<(), String> {
+    const K: f64 = 2.0;
+    let total_cost: f64 = candidates.iter().map(|c| c.price).sum();
+    let mut pools: Vec<&str> = candidates.iter().map(|c| c.nodepool.as_str()).collect();
+    pools.sort_unstable();
+    pools.dedup();
+    for pool in &pools {
+        let mine: Vec<&&Candidate> = candidates.iter().filter(|c| c.nodepool == *pool).collect();
+        let Some(first) = mine.first() else { continue };
+        if first.policy != ConsolidationPolicy::Balanced {
+            continue;
+        }
+        let pool_cost: f64 = mine.iter().map(|c| c.price).sum();
+        let share = if total_cost > 0.0 && pools.len() > 1 {
+            savings * pool_cost / total_cost
+        } else {
+            savings
+        };
+        let disruption: f64 = mine.iter().map(|c| c.reschedule_cost).sum();
+        let (savings_fraction, disruption_fraction) =
+            if first.pool_cost > 0.0 && first.pool_disruption > 0.0 {
+                (share / first.pool_cost, disruption / first.pool_disruption)
+            } else {
+                (0.0, 0.0)
+            };
+        let score = if savings_fraction <= 0.0 {
+            0.0
+        } else if disruption_fraction == 0.0 {
+            f64::INFINITY
+        } else {
+            savings_fraction / disruption_fraction
+        };
+        if score < 1.0 / K {
+            return Err(format!(
+                "NodePool {pool} consolidates Balanced: the move saves {:.1}% of its cost for {:.1}% of its disruption (score {score:.2}, below {:.2})",
+                savings_fraction * 100.0,
+                disruption_fraction * 100.0,
+                1.0 / K
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A consolidation outcome as the policies judge it: `Balanced` pools may turn it down.
+fn judged(candidates: &[&Candidate], outcome: Outcome) -> Outcome {
+    let source: f64 = candidates.iter().map(|c| c.price).sum();
+    let savings = match &outcome {
+        Outcome::Delete => source,
+        Outcome::Replace(_, price) => source - price,
+        Outcome::No(_) => return outcome,
+    };
+    match balanced_approves(candidates, savings) {
+        Ok(()) => outcome,
+        Err(why) => Outcome::No(why),
+    }
 }
 
 /// Within each pool's budget for `reason`, in order.
@@ -294,7 +422,7 @@ pub fn revalidate(
             if !fresh.iter().all(|c| c.underutilized_allowed()) {
                 return None;
             }
-            match consolidation::evaluate(snapshot, &fresh) {
+            match judged(&fresh, consolidation::evaluate(snapshot, &fresh)) {
                 Outcome::No(_) => None,
                 ok => Some(finish(pending.method, fresh, ok)),
             }
@@ -318,7 +446,10 @@ fn multi_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> 
     let mut best: Option<(usize, Outcome)> = None;
     while lo <= hi {
         let mid = (lo + hi) / 2;
-        match consolidation::evaluate(snapshot, &pool[..mid]) {
+        match judged(
+            &pool[..mid],
+            consolidation::evaluate(snapshot, &pool[..mid]),
+        ) {
             Outcome::No(_) => hi = mid - 1,
             ok => {
                 best = Some((mid, ok));
@@ -342,21 +473,33 @@ fn single_node(
     why_not: &mut Vec<(String, String)>,
 ) -> Option<Command> {
     // One node goes, so any candidate whose pool allows one more may be it.
-    sorted
+    let eligible: Vec<&Candidate> = sorted
         .iter()
         .copied()
         .filter(|c| {
             c.underutilized_allowed()
                 && allowed.get(&c.nodepool, DisruptionReason::Underutilized) > 0
         })
-        .take(MAX_SINGLE_NODE_SIMULATIONS)
-        .find_map(|c| match consolidation::evaluate(snapshot, &[c]) {
-            Outcome::No(why) => {
-                why_not.push((c.claim.clone(), why));
-                None
-            }
-            ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
-        })
+        .collect();
+    // A pass simulates at most MAX_SINGLE_NODE_SIMULATIONS of them, the window moving on with
+    // `rotation` so that, pass after pass, every candidate is looked at.
+    let n = eligible.len();
+    let start = if n > MAX_SINGLE_NODE_SIMULATIONS {
+        allowed.rotation % n
+    } else {
+        0
+    };
+    (0..n.min(MAX_SINGLE_NODE_SIMULATIONS))
+        .map(|i| eligible[(start + i) % n])
+        .find_map(
+            |c| match judged(&[c], consolidation::evaluate(snapshot, &[c])) {
+                Outcome::No(why) => {
+                    why_not.push((c.claim.clone(), why));
+                    None
+                }
+                ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
+            },
+        )
 }
 
 fn finish(method: Method, candidates: Vec<&Candidate>, outcome: Outcome) -> Command {

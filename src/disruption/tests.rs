@@ -163,10 +163,15 @@ fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candida
             price,
             capacity_type: n.ct.into(),
             disruption_cost: keys.len() as f64,
+            reschedule_cost: 1.0 + keys.len() as f64,
+            instance_type: n.ty.into(),
             pods: keys,
             drift: None,
+            drifted_since: None,
             consolidatable: true,
             policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
+            pool_cost: 0.0,
+            pool_disruption: 0.0,
         });
     }
     (snapshot, candidates)
@@ -179,7 +184,7 @@ fn allow(n: usize) -> Allowed {
         DisruptionReason::Drifted,
         DisruptionReason::Underutilized,
     ] {
-        a.0.insert(("default".into(), r), n);
+        a.budgets.insert(("default".into(), r), n);
     }
     a
 }
@@ -322,10 +327,12 @@ fn a_node_is_replaced_only_by_something_strictly_cheaper() {
     assert_eq!(decide(&s, &c, &allow(1)), None);
 }
 
+/// Audit row 11: three large nodes with one 1-CPU pod each. One large node could hold all
+/// three pods and costs less than three, but a replacement of a type being removed must be
+/// cheaper than that candidate (upstream's filterOutSameInstanceType): keeping one large and
+/// deleting the other two disrupts less, so that is the command.
 #[test]
-fn several_nodes_fold_into_one_cheaper_node() {
-    // Three large nodes with one 1-CPU pod each: one small node (2 CPUs) cannot hold three
-    // pods, one large can, and costs less than three.
+fn several_nodes_fold_into_the_ones_that_stay() {
     let (s, c) = cluster(
         &types(),
         &[
@@ -351,8 +358,8 @@ fn several_nodes_fold_into_one_cheaper_node() {
     );
     let cmd = decide(&s, &c, &allow(3)).expect("a command");
     assert_eq!(cmd.method, Method::MultiNodeConsolidation);
-    assert_eq!(cmd.candidates.len(), 3);
-    assert_eq!(cmd.replacements.len(), 1);
+    assert_eq!(cmd.candidates.len(), 2);
+    assert_eq!(cmd.decision(), "delete");
     // The budget caps the search: with one allowed, single-node consolidation acts instead.
     let cmd = decide(&s, &c, &allow(1)).expect("a command");
     assert_eq!(cmd.method, Method::SingleNodeConsolidation);
@@ -424,7 +431,8 @@ fn a_drifted_node_is_replaced_even_without_savings() {
     assert_eq!(cmd.decision(), "replace");
     // The drift budget can be closed while others are open.
     let mut a = allow(1);
-    a.0.insert(("default".into(), DisruptionReason::Drifted), 0);
+    a.budgets
+        .insert(("default".into(), DisruptionReason::Drifted), 0);
     assert_eq!(decide(&s, &c, &a), None);
 }
 
@@ -581,7 +589,138 @@ fn empty_nodes_use_the_empty_budget_only() {
     let (s, c) = cluster(&types(), &[empty("e1"), empty("e2")]);
     let mut allowed = allow(5);
     allowed
-        .0
+        .budgets
         .insert(("default".into(), DisruptionReason::Empty), 0);
     assert_eq!(decide(&s, &c, &allowed), None);
+}
+
+/// Audit row 12: v1.14 orders candidates by savings per unit of disruption. Of two nodes whose
+/// pods fit elsewhere, the expensive one goes first, not the one with the fewest pods.
+#[test]
+fn the_most_savings_per_disruption_goes_first() {
+    let (s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "room",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("r", "1")],
+            },
+            Node {
+                name: "cheap",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("p1", "1")],
+            },
+            Node {
+                name: "big",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("p2", "1"), ("p3", "1")],
+            },
+        ],
+    );
+    // `room` only takes pods.
+    let c: Vec<Candidate> = c.into_iter().filter(|c| c.claim != "claim-room").collect();
+    let cmd = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(cmd.claim_names(), vec!["claim-big"]);
+}
+
+/// Audit row 14: under `Balanced`, a move that saves 1 % of the pool's cost while causing half
+/// of its disruption is not worth it (score 0.02 < 1/k = 0.5); a move that saves as much as it
+/// disrupts is.
+#[test]
+fn balanced_pools_weigh_savings_against_disruption() {
+    let (s, c) = busy_and_idle();
+    let balanced = |pool_cost: f64, pool_disruption: f64| -> Vec<Candidate> {
+        c.iter()
+            .cloned()
+            .map(|mut x| {
+                x.policy = ConsolidationPolicy::Balanced;
+                x.pool_cost = pool_cost;
+                x.pool_disruption = pool_disruption;
+                x
+            })
+            .collect()
+    };
+    // `idle` costs 1 and disrupts 2 (itself and one pod).
+    assert_eq!(decide(&s, &balanced(100.0, 4.0), &allow(1)), None);
+    let cmd = decide(&s, &balanced(5.0, 10.0), &allow(1)).expect("a worthwhile move");
+    assert_eq!(cmd.claim_names(), vec!["claim-idle"]);
+}
+
+/// Audit row 15: an on-demand node's replacement that may be spot or on-demand is judged at its
+/// worst launch price and pinned to spot, so a launch that falls back to on-demand cannot cost
+/// more than the node it replaces.
+#[test]
+fn an_on_demand_replacement_is_priced_at_its_worst_launch_and_pinned_to_spot() {
+    let types = vec![
+        // On-demand 5, spot 2.5: cheaper than the candidate only as spot.
+        it("small", 2, 5.0, &["spot", "on-demand"]),
+        it("large", 8, 4.0, &["on-demand"]),
+    ];
+    let (s, c) = cluster(
+        &types,
+        &[Node {
+            name: "big",
+            ty: "large",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    let cmd = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(cmd.decision(), "replace");
+    let ct = cmd.replacements[0]
+        .requirements
+        .get(CAPACITY_TYPE_LABEL)
+        .expect("a capacity type requirement");
+    assert!(ct.has("spot") && !ct.has("on-demand"), "{ct:?}");
+}
+
+/// Audit row 13: the single-node search does not always look at the same first candidates. With
+/// more unmovable candidates than a pass simulates ahead of the one that can go, a later pass
+/// (the window moved on) finds it.
+#[test]
+fn the_single_node_search_window_moves_on() {
+    let mut nodes: Vec<Node<'_>> = (0..MAX_SINGLE_NODE_SIMULATIONS + 10)
+        .map(|i| Node {
+            name: Box::leak(format!("full-{i:03}").into_boxed_str()),
+            ty: "small",
+            ct: "on-demand",
+            // 1.5 of 2 CPUs: fits on no other small node, and nothing is cheaper than a small.
+            pods: Box::leak(
+                vec![(Box::leak(format!("f{i}").into_boxed_str()) as &str, "1500m")]
+                    .into_boxed_slice(),
+            ),
+        })
+        .collect();
+    // A large node of many tiny pods (a low savings ratio: it sorts last), which can go.
+    let tiny: Vec<(&str, &str)> = (0..9)
+        .map(|i| (Box::leak(format!("t{i}").into_boxed_str()) as &str, "100m"))
+        .collect();
+    nodes.push(Node {
+        name: "movable",
+        ty: "large",
+        ct: "on-demand",
+        pods: &tiny,
+    });
+    let (mut s, c) = cluster(&types(), &nodes);
+    // Its room is not for the others' pods.
+    if let Some(n) = s.nodes.iter_mut().find(|n| n.name == "movable") {
+        n.taints = vec![k8s_openapi::api::core::v1::Taint {
+            key: "dedicated".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }];
+    }
+    let mut allowed = allow(1);
+    assert_eq!(
+        decide(&s, &c, &allowed),
+        None,
+        "the first window holds only unmovable nodes"
+    );
+    allowed.rotation = MAX_SINGLE_NODE_SIMULATIONS;
+    let cmd = decide(&s, &c, &allowed).expect("the next window reaches it");
+    assert_eq!(cmd.claim_names(), vec!["claim-movable"]);
 }

@@ -61,6 +61,28 @@ impl InstanceType {
             .filter(|o| o.available && offering_allowed(o, reqs))
             .min_by(|a, b| a.price.total_cmp(&b.price))
     }
+
+    /// Upstream's worst-case launch price: of the available offerings `reqs` allow, those of the
+    /// capacity type a launch would use (reserved, then spot, then on-demand), the most
+    /// expensive. None when no offering is allowed.
+    pub fn worst_launch_price(&self, reqs: &Requirements) -> Option<f64> {
+        use crate::api::wellknown::{
+            CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_RESERVED, CAPACITY_TYPE_SPOT,
+        };
+        [
+            CAPACITY_TYPE_RESERVED,
+            CAPACITY_TYPE_SPOT,
+            CAPACITY_TYPE_ON_DEMAND,
+        ]
+        .iter()
+        .find_map(|ct| {
+            self.offerings
+                .iter()
+                .filter(|o| o.available && o.capacity_type == *ct && offering_allowed(o, reqs))
+                .map(|o| o.price)
+                .max_by(f64::total_cmp)
+        })
+    }
 }
 
 /// The first label `reqs` needs on the node (any operator but NotIn and DoesNotExist) that a

@@ -3,10 +3,10 @@
 //! simulated cluster, on its own client) keeps, per NodePool:
 //!
 //! - the claims *being disrupted*: from the moment a claim carries the `DisruptionReason`
-//!   condition or a `deletionTimestamp` until it is gone, except claims deleted because they
-//!   expired (expiration ignores budgets);
-//! - the pool's node count: its claims that are `Initialized` with a Node name (as the
-//!   controller counts them, being-deleted ones included);
+//!   condition or a `deletionTimestamp` until it is gone or its instance is terminating, except
+//!   claims deleted because they expired (expiration ignores budgets);
+//! - the pool's node count: its claims that are `Initialized`, being-deleted ones included, less
+//!   those whose `InstanceTerminating` is True (Karpenter's accounting);
 //! - whenever the controller starts disrupting a claim (sets its `DisruptionReason`), the excess
 //!   of the claims being disrupted at that moment over the budget in force
 //!   (`disruption::budgets::limit` over that node count, for the reasons of the marked claims).
@@ -52,7 +52,9 @@ pub enum Cause {
 pub struct ClaimFacts {
     pub name: String,
     pub pool: String,
-    /// Initialized with a Node: counts in the pool's node count.
+    /// Initialized and its instance not yet terminating: counts in the pool's node
+    /// count, and only such a claim can use up the budget (upstream's accounting: a launch that
+    /// never initialized, or a node whose instance is already going, is outside both).
     pub node: bool,
     /// The `DisruptionReason` condition's reason, when the claim carries it.
     pub marked: Option<DisruptionReason>,
@@ -87,10 +89,7 @@ impl ClaimFacts {
             name: c.name_any(),
             pool: c.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default(),
             node: conditions::is_true(conds, conditions::INITIALIZED)
-                && c.status
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_some(),
+                && !conditions::is_true(conds, conditions::INSTANCE_TERMINATING),
             marked,
             deleting: deleted_at.is_some(),
             expired,
@@ -151,7 +150,9 @@ struct Tracked {
 impl Tracked {
     /// Being disrupted, for the budget: marked, or deleting for any reason but expiry.
     fn disrupting(&self) -> bool {
-        self.facts.marked.is_some() || (self.facts.deleting && self.decided != Some(Cause::Expired))
+        self.facts.node
+            && (self.facts.marked.is_some()
+                || (self.facts.deleting && self.decided != Some(Cause::Expired)))
     }
 }
 

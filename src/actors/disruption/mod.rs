@@ -119,6 +119,8 @@ pub struct Disruption {
     /// After a consolidation that overshot: no consolidation of non-empty nodes before this.
     consolidation_quiet_until: Option<Instant>,
     consolidation_backoff: Backoff,
+    /// Where the next pass's single-node search window starts.
+    rotation: usize,
 }
 
 impl Disruption {
@@ -142,6 +144,7 @@ impl Disruption {
             nominated: HashMap::new(),
             consolidation_quiet_until: None,
             consolidation_backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
+            rotation: 0,
         }
     }
 
@@ -210,10 +213,6 @@ impl Disruption {
             .filter(|e| !e.deleting)
             .map(|e| (e.id, self.progress(e)))
             .collect();
-        self.shared
-            .metrics
-            .disruption_commands_in_flight
-            .set(self.executing.len() as i64);
         self.judge_aftermath();
         let mut candidates = view.candidates.clone();
         // Candidates of a command rolled back a moment ago wait out their own backoff.
@@ -239,7 +238,11 @@ impl Disruption {
                 c.consolidatable = false;
             }
         }
-        let allowed = view.allowed.clone();
+        let mut allowed = view.allowed.clone();
+        allowed.rotation = self.rotation;
+        self.rotation = self
+            .rotation
+            .wrapping_add(disruption::MAX_SINGLE_NODE_SIMULATIONS);
         let validation = self.settings().validation;
         // A decision whose pause is over is validated rather than decided again.
         let due = self
@@ -318,7 +321,7 @@ impl Disruption {
                 })
                 .set(n as i64);
         }
-        for ((pool, reason), n) in &view.allowed.0 {
+        for ((pool, reason), n) in &view.allowed.budgets {
             m.nodepools_allowed_disruptions
                 .get_or_create(&PoolReasonLabels {
                     nodepool: pool.clone(),
@@ -366,6 +369,14 @@ impl Disruption {
         }
     }
 
+    /// The in-flight gauge follows every start and end of a command.
+    fn count_in_flight(&self) {
+        self.shared
+            .metrics
+            .disruption_commands_in_flight
+            .set(self.executing.len() as i64);
+    }
+
     fn execute(&mut self, cmd: Command, ctx: &mut Context<Self>) {
         tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), in_flight = self.executing.len() + 1, "disrupting");
         // Ours from the first write on: the next pass must not roll the taints back.
@@ -381,6 +392,7 @@ impl Disruption {
                 deleting: false,
             },
         );
+        self.count_in_flight();
         let shared = self.shared.clone();
         let fut = async move {
             execute::mark(&shared, &cmd).await?;
@@ -418,8 +430,13 @@ impl Disruption {
             }
             Err(e) => act.roll_back(id, format!("carrying out the command failed: {e}"), ctx),
         }));
-        // The budgets may allow another command now: look for it without waiting for the poll.
-        self.soon(ctx);
+        // The budgets may allow another command now: look for it at once, as upstream's loop
+        // does after starting a command (not after the debounce or the poll).
+        if self.running {
+            self.again = true;
+        } else {
+            ctx.run_later(Duration::ZERO, |act, ctx| act.pass(ctx));
+        }
     }
 
     /// Where the replacements of the running command stand.
@@ -478,6 +495,7 @@ impl Disruption {
         let Some(e) = self.executing.remove(&id) else {
             return;
         };
+        self.count_in_flight();
         for c in &e.command.candidates {
             self.failed.remove(&c.claim);
         }
@@ -553,6 +571,7 @@ impl Disruption {
         let Some(e) = self.executing.remove(&id) else {
             return;
         };
+        self.count_in_flight();
         // Nothing moves to the replacements now: they are ordinary claims.
         for r in &e.replacements {
             self.nominated.remove(r);

@@ -19,7 +19,7 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION,
-    NODEPOOL_LABEL, REPLACES_ANNOTATION,
+    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, REPLACES_ANNOTATION,
 };
 use crate::disruption::{
     self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
@@ -94,6 +94,8 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
     let rollout = Rollout::new(&claims, &machines, &deployments);
     view.rollout = rollout.replace_now(&claims, &machines, &deployments);
     let mut total: HashMap<String, usize> = HashMap::new();
+    // Per pool: hourly cost and reschedule disruption cost of all its initialized nodes.
+    let mut pool_totals: HashMap<String, (f64, f64)> = HashMap::new();
     let mut disrupting: HashMap<String, usize> = HashMap::new();
     for c in &claims {
         let name = c.name_any();
@@ -147,8 +149,9 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             view.skipped.push((name, "its Node is being deleted"));
             continue;
         }
-        if under_way {
-            if !mem.executing.contains(&name) {
+        let ours = mem.executing.contains(&name);
+        if under_way || ours {
+            if !ours {
                 view.stale.push((node.clone(), c.clone()));
             }
             view.skipped.push((
@@ -173,6 +176,19 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         };
         let drift = drift::drifted(c, np, provider);
         let on_node = pod_index.on_node(&node.name_any());
+        let price = shared
+            .catalog
+            .offering(md)
+            .as_ref()
+            .map(|o| o.price)
+            .unwrap_or(0.0);
+        let moving: Vec<&Arc<Pod>> = on_node.iter().filter(|p| reschedulable(p)).collect();
+        let reschedule_cost = reschedule_cost(&moving);
+        {
+            let totals = pool_totals.entry(pool_name.clone()).or_default();
+            totals.0 += price;
+            totals.1 += reschedule_cost;
+        }
         let consolidatable = consolidatable(c, np, &node.name_any(), mem);
         if stamp_needed(c, drift, consolidatable) {
             view.stamps.push(Stamp {
@@ -196,13 +212,30 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             view.blocked.push((c.clone(), why));
             continue;
         }
-        let offering = shared.catalog.offering(md);
-        let moving: Vec<&Arc<Pod>> = on_node.iter().filter(|p| reschedulable(p)).collect();
+        if np.is_static() {
+            view.blocked.push((
+                c.clone(),
+                "its NodePool is static (spec.replicas): its nodes are held, not consolidated"
+                    .to_string(),
+            ));
+            continue;
+        }
         view.candidates.push(Candidate {
             claim: name,
             node: node.name_any(),
             nodepool: pool_name,
-            price: offering.as_ref().map(|o| o.price).unwrap_or(0.0),
+            price,
+            instance_type: c
+                .labels()
+                .get(INSTANCE_TYPE_LABEL)
+                .cloned()
+                .unwrap_or_default(),
+            reschedule_cost,
+            drifted_since: conditions::get(c.conditions(), conditions::DRIFTED)
+                .filter(|d| d.is_true())
+                .map(|d| d.last_transition_time.0.as_second()),
+            pool_cost: 0.0,
+            pool_disruption: 0.0,
             capacity_type: c
                 .labels()
                 .get(CAPACITY_TYPE_LABEL)
@@ -215,6 +248,12 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             policy: np.disruption().consolidation_policy(),
         });
     }
+    for c in &mut view.candidates {
+        if let Some((cost, disruption)) = pool_totals.get(&c.nodepool) {
+            c.pool_cost = *cost;
+            c.pool_disruption = *disruption;
+        }
+    }
     let now_unix = mem.now.as_second();
     for (name, np) in &pools {
         for reason in [
@@ -225,7 +264,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             let n = total.get(name).copied().unwrap_or(0);
             let busy = disrupting.get(name).copied().unwrap_or(0);
             let left = budgets::allowed(np, reason, n, busy, now_unix);
-            view.allowed.0.insert((name.clone(), reason), left);
+            view.allowed.budgets.insert((name.clone(), reason), left);
         }
     }
     let mut blocked: HashSet<(String, DisruptionReason)> = HashSet::new();
@@ -630,20 +669,28 @@ fn offered_by_nodeclass(
     out
 }
 
+/// Upstream's reschedule disruption cost: 1 for the node itself, plus each moving pod's
+/// eviction cost where it is positive.
+fn reschedule_cost(moving: &[&Arc<Pod>]) -> f64 {
+    1.0 + moving
+        .iter()
+        .map(|p| eviction_cost_of(p).max(0.0))
+        .sum::<f64>()
+}
+
+fn eviction_cost_of(p: &Pod) -> f64 {
+    disruption::eviction_cost(
+        p.annotations()
+            .get("controller.kubernetes.io/pod-deletion-cost")
+            .map(String::as_str),
+        p.spec.as_ref().and_then(|s| s.priority),
+    )
+}
+
 /// Upstream's disruption cost: the eviction costs of the pods that move, times the share of the
 /// node's lifetime left.
 fn disruption_cost(c: &NodeClaim, moving: &[&Arc<Pod>], now: Timestamp) -> f64 {
-    let evictions: f64 = moving
-        .iter()
-        .map(|p| {
-            disruption::eviction_cost(
-                p.annotations()
-                    .get("controller.kubernetes.io/pod-deletion-cost")
-                    .map(String::as_str),
-                p.spec.as_ref().and_then(|s| s.priority),
-            )
-        })
-        .sum();
+    let evictions: f64 = moving.iter().map(|p| eviction_cost_of(p)).sum();
     let age = c
         .metadata
         .creation_timestamp
@@ -663,32 +710,28 @@ pub struct BudgetStanding {
     pub disrupting: bool,
 }
 
-/// Upstream's budget accounting: only initialized claims with a Node count, less those whose
-/// instance is already terminating; of them, the ones whose Node is not Ready, the ones going
-/// away (claim or Node deleting, or expired) and those of the command under way are disrupting.
-/// A launch that never initialized uses no budget when it is deleted, and during an outage
-/// (Nodes NotReady) nothing more is disrupted voluntarily.
+/// Upstream's budget accounting: only initialized claims count, less those whose instance is
+/// already terminating; of them, the ones whose Node is not Ready, the ones going away (claim or
+/// Node deleting, or expired) and those of the commands under way are disrupting. A claim whose
+/// Node is already gone still counts while it is deleted (upstream keeps its state node for the
+/// claim alone). A launch that never initialized uses no budget when it is deleted, and during an
+/// outage (Nodes NotReady) nothing more is disrupted voluntarily.
 pub fn budget_standing(
     c: &NodeClaim,
     node: Option<&Node>,
     executing: bool,
     now: Timestamp,
 ) -> BudgetStanding {
-    let Some(node) = node else {
-        return BudgetStanding {
-            counted: false,
-            disrupting: false,
-        };
-    };
     let counted = conditions::is_true(c.conditions(), conditions::INITIALIZED)
         && !conditions::is_true(c.conditions(), conditions::INSTANCE_TERMINATING);
     let going = c.metadata.deletion_timestamp.is_some()
-        || node.metadata.deletion_timestamp.is_some()
+        || node.is_some_and(|n| n.metadata.deletion_timestamp.is_some())
         || expired(c, now);
     BudgetStanding {
         counted,
-        disrupting: counted
-            && (going || (executing && under_way(c, Some(node))) || !node_ready(node)),
+        // A claim of a command under way counts from the command's start, before its marks
+        // reach the index: the next pass may come first.
+        disrupting: counted && (going || executing || node.is_some_and(|n| !node_ready(n))),
     }
 }
 
@@ -879,11 +922,12 @@ mod tests {
                 disrupting: true
             }
         );
+        // Its Node already gone while the claim is deleted: still counted, and disrupting.
         assert_eq!(
-            budget_standing(&initialized, None, false, now),
+            budget_standing(&leaving, None, false, now),
             BudgetStanding {
-                counted: false,
-                disrupting: false
+                counted: true,
+                disrupting: true
             }
         );
 
