@@ -188,6 +188,7 @@ pub struct Metrics {
     pub unschedulable_pods: Gauge,
     pub scheduler_queue_depth: Gauge,
     pub ignored_pods: Gauge,
+    pub extra_nodeclaims: Counter,
     pub nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     // High availability.
@@ -239,6 +240,7 @@ impl Metrics {
             unschedulable_pods: Gauge::default(),
             scheduler_queue_depth: Gauge::default(),
             ignored_pods: Gauge::default(),
+            extra_nodeclaims: Counter::default(),
             nodepools_usage: Family::default(),
             nodepools_limit: Family::default(),
             leader: Gauge::default(),
@@ -397,6 +399,11 @@ impl Metrics {
             "karpenter_ignored_pod_count",
             "Pending pods ignored by the provisioner",
             m.ignored_pods.clone(),
+        );
+        r.register(
+            "karpenter_capi_extra_nodeclaims",
+            "NodeClaims created for pods an earlier solve planned onto another NodeClaim that is still there",
+            m.extra_nodeclaims.clone(),
         );
         r.register(
             "karpenter_nodepools_usage",
