@@ -189,6 +189,7 @@ pub struct Metrics {
     pub scheduler_queue_depth: Gauge,
     pub ignored_pods: Gauge,
     pub extra_nodeclaims: Counter,
+    pub replanned_nodeclaims: Counter,
     pub nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     // High availability.
@@ -241,6 +242,7 @@ impl Metrics {
             scheduler_queue_depth: Gauge::default(),
             ignored_pods: Gauge::default(),
             extra_nodeclaims: Counter::default(),
+            replanned_nodeclaims: Counter::default(),
             nodepools_usage: Family::default(),
             nodepools_limit: Family::default(),
             leader: Gauge::default(),
@@ -402,8 +404,13 @@ impl Metrics {
         );
         r.register(
             "karpenter_capi_extra_nodeclaims",
-            "NodeClaims created for pods an earlier solve planned onto another NodeClaim that is still there",
+            "NodeClaims created for pods an earlier solve planned onto another NodeClaim still in flight",
             m.extra_nodeclaims.clone(),
+        );
+        r.register(
+            "karpenter_capi_replanned_nodeclaims",
+            "NodeClaims created for pods an earlier solve planned onto a NodeClaim whose Node the scheduler filled with other pods",
+            m.replanned_nodeclaims.clone(),
         );
         r.register(
             "karpenter_nodepools_usage",

@@ -82,6 +82,12 @@ pub struct Provisioner {
     nominations: Nominations,
 }
 
+/// Where a pod of a new claim had been planned (see `planned_elsewhere`).
+enum Elsewhere<'p> {
+    InFlight { pod: &'p str, claim: String },
+    Registered { pod: &'p str, claim: String },
+}
+
 /// A claim whose create has not answered yet, with the pods it was made for.
 struct Creating {
     claim: NodeClaim,
@@ -254,11 +260,20 @@ impl Provisioner {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
             };
-            if let Some((pod, claim)) = self.planned_elsewhere(&new.pods, &in_creates) {
-                // Capacity made twice for the same pods: what the solver's nominated pass
-                // prevents.
-                self.shared.metrics.extra_nodeclaims.inc();
-                tracing::warn!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "a new claim is made for a pod an earlier solve planned onto a claim still there");
+            match self.planned_elsewhere(&new.pods, &in_creates) {
+                Some(Elsewhere::InFlight { pod, claim }) => {
+                    // Capacity made twice for the same pods: what the solver's nominated pass
+                    // prevents.
+                    self.shared.metrics.extra_nodeclaims.inc();
+                    tracing::warn!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "a new claim is made for a pod an earlier solve planned onto a claim still in flight");
+                }
+                Some(Elsewhere::Registered { pod, claim }) => {
+                    // The scheduler bound other pods to the Node planned for this one (it does
+                    // not follow our plans; upstream's neither).
+                    self.shared.metrics.replanned_nodeclaims.inc();
+                    tracing::info!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "a new claim is made for a pod whose planned Node took other pods");
+                }
+                None => {}
             }
             let mut claim = scheduling::with_default_termination_grace_period(
                 scheduling::nodeclaim_for(&new, pool),
@@ -442,27 +457,43 @@ impl Provisioner {
             .retain(|_, place| claims.contains(place) || nodes.get(place).is_some());
     }
 
-    /// A pod of a new claim that an earlier solve planned onto another claim still there (not
-    /// being deleted, its create answered or not), with that claim: the new claim is capacity
-    /// made twice for it (`karpenter_capi_extra_nodeclaims_total`).
+    /// Whether a pod of a new claim was planned by an earlier solve onto another claim still
+    /// there (not being deleted): still in flight (its create unanswered, or no Node yet), the
+    /// new claim is capacity made twice for it (`karpenter_capi_extra_nodeclaims_total`);
+    /// registered, the scheduler gave its room to other pods
+    /// (`karpenter_capi_replanned_nodeclaims_total`).
     fn planned_elsewhere<'p>(
         &self,
         pods: &'p [String],
         in_creates: &HashMap<String, u64>,
-    ) -> Option<(&'p str, String)> {
+    ) -> Option<Elsewhere<'p>> {
         let claims = self.shared.state.claims.read();
-        pods.iter().find_map(|pod| {
-            if let Some(place) = self.nominations.place_of(pod)
-                && claims
-                    .get(place)
-                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
-            {
-                return Some((pod.as_str(), place.to_string()));
+        let mut registered = None;
+        for pod in pods {
+            if let Some(id) = in_creates.get(pod) {
+                let claim = format!("creating-{id}");
+                return Some(Elsewhere::InFlight { pod, claim });
             }
-            in_creates
-                .get(pod)
-                .map(|id| (pod.as_str(), format!("creating-{id}")))
-        })
+            let Some(place) = self.nominations.place_of(pod) else {
+                continue;
+            };
+            let Some(c) = claims
+                .get(place)
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+            else {
+                continue;
+            };
+            let claim = place.to_string();
+            if c.status
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_none()
+            {
+                return Some(Elsewhere::InFlight { pod, claim });
+            }
+            registered.get_or_insert(Elsewhere::Registered { pod, claim });
+        }
+        registered
     }
 }
 
