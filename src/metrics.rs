@@ -188,6 +188,8 @@ pub struct Metrics {
     pub unschedulable_pods: Gauge,
     pub scheduler_queue_depth: Gauge,
     pub ignored_pods: Gauge,
+    pub extra_nodeclaims: Counter,
+    pub replanned_nodeclaims: Counter,
     pub nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     // High availability.
@@ -240,6 +242,8 @@ impl Metrics {
             unschedulable_pods: Gauge::default(),
             scheduler_queue_depth: Gauge::default(),
             ignored_pods: Gauge::default(),
+            extra_nodeclaims: Counter::default(),
+            replanned_nodeclaims: Counter::default(),
             nodepools_usage: Family::default(),
             nodepools_limit: Family::default(),
             leader: Gauge::default(),
@@ -399,6 +403,16 @@ impl Metrics {
             "karpenter_ignored_pod_count",
             "Pending pods ignored by the provisioner",
             m.ignored_pods.clone(),
+        );
+        r.register(
+            "karpenter_capi_extra_nodeclaims",
+            "NodeClaims created for pods an earlier solve planned onto another NodeClaim still in flight",
+            m.extra_nodeclaims.clone(),
+        );
+        r.register(
+            "karpenter_capi_replanned_nodeclaims",
+            "NodeClaims created for pods an earlier solve planned onto a NodeClaim whose Node the scheduler filled with other pods",
+            m.replanned_nodeclaims.clone(),
         );
         r.register(
             "karpenter_nodepools_usage",

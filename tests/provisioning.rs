@@ -640,3 +640,71 @@ async fn a_provisioned_claim_is_created_with_its_launch_decision() {
         .collect();
     assert_eq!(patches.len(), 1, "only the Machine's key: {patches:?}");
 }
+
+/// Pending pods solved again while the claims made for them are still launching (a slow
+/// provider) get no claim of their own: each goes back to the claim it was planned onto, and a
+/// new pod that fits takes the room those claims have left. Every claim the first solve made
+/// gets a pod, and no other claim is made.
+#[actix::test]
+async fn solving_pending_pods_again_before_their_claims_launch_makes_no_claim() {
+    let slow = SimClusterConfig {
+        provider_delay: Duration::from_secs(6),
+        jitter: Duration::ZERO,
+        ..cluster()
+    };
+    let env = env_in(slow, None, |_| {}).await;
+    for (i, (cpu, mem)) in SHAPES.iter().enumerate() {
+        env.deployment(&format!("app-{i}"), 8, PodShape::new(cpu, mem))
+            .await;
+    }
+    // The first solve's claims: created, none launched yet, no more coming.
+    let start = Instant::now();
+    let mut planned = 0;
+    let mut since = Instant::now();
+    while since.elapsed() < Duration::from_secs(1) {
+        let n = env.list("nodeclaims").len();
+        if n != planned {
+            (planned, since) = (n, Instant::now());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "claims kept coming"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(planned > 1, "{planned} claims");
+    let launched = |e: &Env| {
+        e.list("nodeclaims")
+            .iter()
+            .any(|c| c.pointer("/status/providerID").is_some())
+    };
+    assert!(!launched(&env), "a claim launched before the second solve");
+    // Two more solves over the same pending pods, each woken by a small pod that fits.
+    for name in ["late-a", "late-b"] {
+        env.deployment(name, 1, PodShape::new("10m", "16Mi")).await;
+        tokio::time::sleep(Duration::from_millis(800)).await;
+    }
+    assert!(!launched(&env), "a claim launched before the last solve");
+    env.wait("every pod bound", |e| e.bound_pods() == 42).await;
+    let claims = env.list("nodeclaims");
+    assert_eq!(claims.len(), planned, "claims made twice for the same pods");
+    let with_pods: std::collections::BTreeSet<String> = env
+        .list("pods")
+        .iter()
+        .filter_map(|p| p.pointer("/spec/nodeName")?.as_str().map(str::to_string))
+        .collect();
+    for c in &claims {
+        let node = c.pointer("/status/nodeName").and_then(Value::as_str);
+        assert!(
+            node.is_some_and(|n| with_pods.contains(n)),
+            "claim {} got no pod",
+            c["metadata"]["name"]
+        );
+    }
+    let text = env.metrics.encode();
+    assert!(
+        text.contains("karpenter_capi_extra_nodeclaims_total 0"),
+        "{text}"
+    );
+    env.invariants_hold();
+}

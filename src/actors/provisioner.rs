@@ -67,7 +67,7 @@ pub struct Provisioner {
     timer: Option<SpawnHandle>,
     /// Claims whose create has not answered yet, by a local id: the next solve counts them as
     /// in-flight capacity, so it never creates a duplicate for the same pods.
-    creating: HashMap<u64, NodeClaim>,
+    creating: HashMap<u64, Creating>,
     next_create: u64,
     /// Delay before re-solving after a create failed; reset by a create that succeeds.
     create_backoff: Backoff,
@@ -77,8 +77,21 @@ pub struct Provisioner {
     told: HashMap<String, String>,
     /// Pods seen provisionable, until they are bound (for the startup-duration metric).
     waiting: HashMap<String, Instant>,
-    /// Where each pod was last nominated (the `Nominated` Event).
+    /// Where each pod was last planned (the next solve puts it back there first) and the
+    /// `Nominated` Event about it.
     nominations: Nominations,
+}
+
+/// Where a pod of a new claim had been planned (see `planned_elsewhere`).
+enum Elsewhere<'p> {
+    InFlight { pod: &'p str, claim: String },
+    Registered { pod: &'p str, claim: String },
+}
+
+/// A claim whose create has not answered yet, with the pods it was made for.
+struct Creating {
+    claim: NodeClaim,
+    pods: Vec<String>,
 }
 
 impl Provisioner {
@@ -97,7 +110,7 @@ impl Provisioner {
             again: false,
             told: HashMap::new(),
             waiting: HashMap::new(),
-            nominations: Nominations::default(),
+            nominations: Nominations::new(nomination::window(batching.max)),
         }
     }
 
@@ -154,6 +167,7 @@ impl Provisioner {
             self.again = true;
             return;
         }
+        self.forget_gone_places();
         let mut snapshot = self.snapshot();
         let m = &self.shared.metrics;
         m.scheduler_queue_depth.set(snapshot.pods.len() as i64);
@@ -237,10 +251,30 @@ impl Provisioner {
             let target = self.existing_target(node);
             self.nominate(pod_key, target);
         }
+        let in_creates: HashMap<String, u64> = self
+            .creating
+            .iter()
+            .flat_map(|(id, c)| c.pods.iter().map(|p| (p.clone(), *id)))
+            .collect();
         for new in results.new_claims {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
             };
+            match self.planned_elsewhere(&new.pods, &in_creates) {
+                Some(Elsewhere::InFlight { pod, claim }) => {
+                    // Capacity made twice for the same pods: what the solver's nominated pass
+                    // prevents.
+                    self.shared.metrics.extra_nodeclaims.inc();
+                    tracing::warn!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "a new claim is made for a pod an earlier solve planned onto a claim still in flight");
+                }
+                Some(Elsewhere::Registered { pod, claim }) => {
+                    // The scheduler bound other pods to the Node planned for this one (it does
+                    // not follow our plans; upstream's neither).
+                    self.shared.metrics.replanned_nodeclaims.inc();
+                    tracing::info!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "a new claim is made for a pod whose planned Node took other pods");
+                }
+                None => {}
+            }
             let mut claim = scheduling::with_default_termination_grace_period(
                 scheduling::nodeclaim_for(&new, pool),
                 self.shared.settings.default_termination_grace_period,
@@ -263,7 +297,13 @@ impl Provisioner {
     ) {
         let id = self.next_create;
         self.next_create += 1;
-        self.creating.insert(id, claim.clone());
+        self.creating.insert(
+            id,
+            Creating {
+                claim: claim.clone(),
+                pods: pods.clone(),
+            },
+        );
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
         ctx.spawn(
             async move { api.create(&PostParams::default(), &claim).await }
@@ -377,16 +417,83 @@ impl Provisioner {
     }
 
     /// Everything the solver looks at, copied out of the indexes; creates not answered yet
-    /// count as in-flight capacity.
+    /// count as in-flight capacity, and each pod whose plan still holds goes back where it was
+    /// planned (its claim by the claim's name, or its Node's once registered).
     fn snapshot(&self) -> Snapshot {
-        super::snapshot::build(
+        let mut snapshot = super::snapshot::build(
             &self.shared,
-            self.creating.iter(),
+            self.creating.iter().map(|(id, c)| (id, &c.claim)),
             self.preference,
             super::snapshot::BoundPods::Needed {
                 moving: &HashSet::new(),
             },
-        )
+        );
+        let claims = self.shared.state.claims.read();
+        let mut nominated: HashMap<String, String> = self
+            .nominations
+            .planned(Instant::now())
+            .map(|(pod, place)| {
+                let node = claims
+                    .get(place)
+                    .and_then(|c| c.status.as_ref()?.node_name.clone())
+                    .unwrap_or_else(|| place.to_string());
+                (pod.to_string(), node)
+            })
+            .collect();
+        for (id, c) in &self.creating {
+            for pod in &c.pods {
+                nominated.insert(pod.clone(), format!("creating-{id}"));
+            }
+        }
+        snapshot.nominated = nominated;
+        snapshot
+    }
+
+    /// Plans onto a claim or Node that is gone are forgotten (the pod is placed afresh).
+    fn forget_gone_places(&mut self) {
+        let claims = self.shared.state.claims.read();
+        let nodes = self.shared.state.nodes.read();
+        self.nominations
+            .retain(|_, place| claims.contains(place) || nodes.get(place).is_some());
+    }
+
+    /// Whether a pod of a new claim was planned by an earlier solve onto another claim still
+    /// there (not being deleted): still in flight (its create unanswered, or no Node yet), the
+    /// new claim is capacity made twice for it (`karpenter_capi_extra_nodeclaims_total`);
+    /// registered, the scheduler gave its room to other pods
+    /// (`karpenter_capi_replanned_nodeclaims_total`).
+    fn planned_elsewhere<'p>(
+        &self,
+        pods: &'p [String],
+        in_creates: &HashMap<String, u64>,
+    ) -> Option<Elsewhere<'p>> {
+        let claims = self.shared.state.claims.read();
+        let mut registered = None;
+        for pod in pods {
+            if let Some(id) = in_creates.get(pod) {
+                let claim = format!("creating-{id}");
+                return Some(Elsewhere::InFlight { pod, claim });
+            }
+            let Some(place) = self.nominations.place_of(pod) else {
+                continue;
+            };
+            let Some(c) = claims
+                .get(place)
+                .filter(|c| c.metadata.deletion_timestamp.is_none())
+            else {
+                continue;
+            };
+            let claim = place.to_string();
+            if c.status
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_none()
+            {
+                return Some(Elsewhere::InFlight { pod, claim });
+            }
+            registered.get_or_insert(Elsewhere::Registered { pod, claim });
+        }
+        registered
     }
 }
 
@@ -447,7 +554,7 @@ impl StreamHandler<Watched> for Provisioner {
                     let index = self.shared.state.pods.read();
                     self.told.retain(|k, _| index.contains(k));
                     self.waiting.retain(|k, _| index.contains(k));
-                    self.nominations.retain(|k| index.contains(k));
+                    self.nominations.retain(|k, _| index.contains(k));
                     drop(index);
                     self.shared.synced.notify_waiters();
                     self.extend_batch(None, ctx);

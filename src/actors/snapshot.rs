@@ -11,12 +11,16 @@ use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::ResourceExt;
 
 use super::Shared;
+use super::catalog::CatalogView;
 use super::provisioner::declared_taints;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validation::validate_nodepool;
-use crate::api::wellknown::{INSTANCE_TYPE_LABEL, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
+use crate::api::wellknown::{
+    INSTANCE_TYPE_LABEL, MACHINE_DEPLOYMENT_ANNOTATION, NODECLASS_GROUP, NODECLASS_KIND,
+    NODEPOOL_LABEL,
+};
 use crate::scheduling::default_spread::DefaultSpread;
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
 use crate::state::pods;
@@ -149,7 +153,7 @@ pub fn build<'a>(
         if has_node || c.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        nodes.push(in_flight(c));
+        nodes.push(in_flight(c, &shared.catalog));
     }
     let mut usage = super::nodepools::usage_by_pool(shared);
     // Claims not launched yet, by pool, with what `usage` counts them at so far.
@@ -180,7 +184,7 @@ pub fn build<'a>(
     }
     // Creates not answered yet are capacity too (and count against the pools' limits).
     for (id, c) in creating {
-        let mut node = in_flight(c);
+        let mut node = in_flight(c, &shared.catalog);
         node.name = format!("creating-{id}");
         if let Some(pool) = c.labels().get(NODEPOOL_LABEL) {
             let entry = usage.entry(pool.clone()).or_default();
@@ -251,6 +255,8 @@ pub fn build<'a>(
         default_spread,
         // Set by whoever solves: the provisioner for pending pods, disruption for moved ones.
         volume_topology: Default::default(),
+        // Set by the provisioner from its plans; disruption simulates without them.
+        nominated: Default::default(),
     }
 }
 
@@ -399,8 +405,18 @@ fn fill_zeroed(node: &mut Resources, launched: &Resources) {
 }
 
 /// An in-flight claim as a node the solver can still pack onto: its single-valued requirements
-/// as labels, and the room it was sized for (its launched allocatable once known).
-pub fn in_flight(c: &NodeClaim) -> ExistingNode {
+/// as labels, and the room it will have: what its instance type allocates.
+///
+/// Upstream counts an in-flight claim at its `status.allocatable`, which launch writes from the
+/// instance type the cloud provider chose, and solves no pod while any claim has not launched
+/// (its cluster state is not synced until every claim has a provider ID). A Cluster API launch
+/// (a provider ID) takes minutes, too long to hold every solve, but our claim has its offering
+/// chosen from its creation (the MachineDeployment annotation, written by `prelaunch` or the
+/// claim's first reconcile), and launch writes that offering's allocatable as the claim's: so the
+/// claim counts at that allocatable from the start, as upstream's does once launched. Its
+/// requests (the pods it was made for, with no slack) stand in only while no offering is
+/// chosen, as upstream's unlaunched claim would offer nothing at all.
+pub fn in_flight(c: &NodeClaim, catalog: &CatalogView) -> ExistingNode {
     let mut labels: BTreeMap<String, String> = c.labels().clone();
     if let Ok(reqs) = Requirements::from_node_selector_requirements(&c.spec.requirements) {
         for key in reqs.keys().map(str::to_string).collect::<Vec<_>>() {
@@ -412,12 +428,15 @@ pub fn in_flight(c: &NodeClaim) -> ExistingNode {
             }
         }
     }
-    let allocatable = c
-        .status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref())
-        .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()))
-        .and_then(|a| Resources::from_k8s(a).ok())
+    let allocatable = launched_allocatable(c)
+        .or_else(|| chosen_allocatable(c, catalog))
+        .or_else(|| {
+            c.spec
+                .resources
+                .as_ref()
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|a| Resources::from_k8s(a).ok())
+        })
         .unwrap_or_default();
     ExistingNode {
         name: c.name_any(),
@@ -429,6 +448,14 @@ pub fn in_flight(c: &NodeClaim) -> ExistingNode {
         in_flight: true,
         nodepool: c.labels().get(NODEPOOL_LABEL).cloned(),
     }
+}
+
+/// What the offering chosen for a claim not launched yet allocates: what launch will write as
+/// its `status.allocatable`. None before an offering is chosen, or when the catalog no longer
+/// lists that MachineDeployment.
+fn chosen_allocatable(c: &NodeClaim, catalog: &CatalogView) -> Option<Resources> {
+    let md = c.annotations().get(MACHINE_DEPLOYMENT_ANNOTATION)?;
+    catalog.offering(md).map(|o| o.allocatable)
 }
 
 #[cfg(test)]
@@ -472,6 +499,55 @@ mod tests {
             }
         }))
         .expect("a NodeClaim")
+    }
+
+    #[test]
+    fn an_unlaunched_claim_offers_its_chosen_offerings_allocatable_not_its_requests() {
+        let q = |s: &str| s.parse::<Quantity>().unwrap();
+        let mut large = it("large", 8);
+        large.overhead = Resources::new().with("cpu", q("100m"));
+        large.offerings = vec![scheduling::Offering {
+            machine_deployment: "ns/md-large".into(),
+            zone: None,
+            capacity_type: "on-demand".into(),
+            price: 1.0,
+            available: true,
+            labels: BTreeMap::new(),
+            taints: vec![],
+            replicas: 0,
+            max_size: None,
+        }];
+        let catalog = CatalogView::default();
+        catalog.insert(
+            "d",
+            crate::capi::offerings::Catalog {
+                instance_types: vec![large],
+                deployments: vec!["ns/md-large".into()],
+                problems: vec![],
+            },
+            None,
+        );
+        let mut c = claim(&["large"]);
+        c.spec.resources = Some(crate::api::nodeclaim::ResourceRequirements {
+            requests: Some(Resources::new().with("cpu", q("3")).to_k8s()),
+        });
+        // No offering chosen yet: its requests are all it is known to offer.
+        assert_eq!(in_flight(&c, &catalog).allocatable.get("cpu"), q("3"));
+        // Chosen at creation: what launch will write as its allocatable.
+        c.metadata.annotations = Some(
+            [(
+                MACHINE_DEPLOYMENT_ANNOTATION.to_string(),
+                "ns/md-large".to_string(),
+            )]
+            .into(),
+        );
+        assert_eq!(in_flight(&c, &catalog).allocatable.get("cpu"), q("7900m"));
+        // Launched: its own status says.
+        c.status = Some(crate::api::nodeclaim::NodeClaimStatus {
+            allocatable: Some(Resources::new().with("cpu", q("7")).to_k8s()),
+            ..Default::default()
+        });
+        assert_eq!(in_flight(&c, &catalog).allocatable.get("cpu"), q("7"));
     }
 
     #[test]

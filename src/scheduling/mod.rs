@@ -41,7 +41,7 @@ use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::INITIALIZED_LABEL;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 /// Upstream's cap on the instance types written into one claim.
@@ -93,6 +93,11 @@ pub struct Snapshot {
     /// Pending pods' volume topology by pod key (see [`volumes::prepare`]): alternatives, one of
     /// which the node or claim a pod goes to must satisfy.
     pub volume_topology: volumes::VolumeTopology,
+    /// Pod key -> the existing node or in-flight claim (by its name in `nodes`) an earlier solve
+    /// planned it onto: it goes back there before any pod is placed, so solving the same pods
+    /// again while their claims launch repacks nothing. A pod that no longer fits there, or
+    /// whose node is not in `nodes`, is placed as any other.
+    pub nominated: HashMap<String, String>,
 }
 
 /// A node the pods may go to without a new claim.

@@ -85,6 +85,9 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
     let policy = snapshot.preference_policy;
     let mut placed = Vec::new();
     let mut queue: Vec<&PodInfo> = pending.iter().collect();
+    if !snapshot.nominated.is_empty() {
+        queue = solver.place_nominated(queue, &snapshot.nominated, policy, &mut placed);
+    }
     // As upstream's queue: a pod that fails goes round again while the pass before placed
     // something, because a pod's affinity (or spread) may be to a pod placed later in this same
     // batch. Only pods with pod terms can be helped by other placements, so only they return.
@@ -267,6 +270,8 @@ struct Solver<'a> {
     /// Each pending pod's volume topology alternatives (upstream's volume requirements).
     volume_topology: Option<&'a VolumeTopology>,
     min_values_policy: MinValuesPolicy,
+    /// While set, the one node a pod may go to (its nominated node; see `place_nominated`).
+    only: Option<usize>,
 }
 
 type VolumeState<'a> = (
@@ -333,6 +338,7 @@ impl<'a> Solver<'a> {
             volumes: None,
             volume_topology: None,
             min_values_policy: snapshot.min_values_policy,
+            only: None,
         }
     }
 
@@ -387,14 +393,18 @@ impl<'a> Solver<'a> {
         }
     }
 
-    /// Counts the bound pods in their nodes' domains and takes their host ports.
-    fn place_bound(&mut self, pods: &[std::sync::Arc<Pod>], infos: &[PodInfo]) {
-        let by_name: HashMap<&str, usize> = self
-            .nodes
+    /// Each node's index by its name.
+    fn node_indexes(&self) -> HashMap<&'a str, usize> {
+        self.nodes
             .iter()
             .enumerate()
             .map(|(i, n)| (n.input.name.as_str(), i))
-            .collect();
+            .collect()
+    }
+
+    /// Counts the bound pods in their nodes' domains and takes their host ports.
+    fn place_bound(&mut self, pods: &[std::sync::Arc<Pod>], infos: &[PodInfo]) {
+        let by_name = self.node_indexes();
         let infos: HashMap<&str, &PodInfo> = infos.iter().map(|p| (p.key.as_str(), p)).collect();
         for pod in pods {
             let key = pod_key(pod);
@@ -429,6 +439,45 @@ impl<'a> Solver<'a> {
                 node_source(input),
             );
         }
+    }
+
+    /// Puts each pod of `queue` an earlier solve planned onto one of the nodes (an in-flight
+    /// claim, most often) back there, in the solve's order and before any other pod, and
+    /// returns the pods left for the ordinary placement. First-fit over the same pods in
+    /// another order does not refill the same claims, so without this a pod planned onto a
+    /// claim could find its room taken by another and get a claim of its own. Upstream needs no
+    /// such pass: it solves nothing while a claim has not launched.
+    fn place_nominated<'p>(
+        &mut self,
+        queue: Vec<&'p PodInfo>,
+        nominated: &HashMap<String, String>,
+        policy: PreferencePolicy,
+        placed: &mut Vec<(String, String)>,
+    ) -> Vec<&'p PodInfo> {
+        let by_name = self.node_indexes();
+        let targets: Vec<Option<usize>> = queue
+            .iter()
+            .map(|p| {
+                nominated
+                    .get(&p.key)
+                    .and_then(|n| by_name.get(n.as_str()).copied())
+            })
+            .collect();
+        let mut rest = Vec::with_capacity(queue.len());
+        for (info, target) in queue.into_iter().zip(targets) {
+            let Some(ni) = target else {
+                rest.push(info);
+                continue;
+            };
+            self.only = Some(ni);
+            let outcome = self.place(info, policy);
+            self.only = None;
+            match outcome {
+                Ok(Some(node)) => placed.push((info.key.clone(), node)),
+                _ => rest.push(info),
+            }
+        }
+        rest
     }
 
     /// Places one pod, relaxing its preferences until it fits or nothing is left to relax.
@@ -531,6 +580,12 @@ impl<'a> Solver<'a> {
         if let Some(node) = self.try_nodes(&ctx) {
             return Ok(Some(node));
         }
+        if self.only.is_some() {
+            // Not where it was planned; the ordinary placement decides (and says why).
+            return Err(PodError::NoNodePoolMatches {
+                details: String::new(),
+            });
+        }
         // A requirement naming hosts (the pod's, or a volume's) rules out every new node.
         let open: Vec<&Requirements>;
         let ctx = match choices {
@@ -567,7 +622,11 @@ impl<'a> Solver<'a> {
     }
 
     fn try_nodes(&mut self, ctx: &Ctx) -> Option<String> {
-        for ni in 0..self.nodes.len() {
+        let range = match self.only {
+            Some(ni) => ni..ni + 1,
+            None => 0..self.nodes.len(),
+        };
+        for ni in range {
             let node = &self.nodes[ni];
             if !fits(&ctx.prep.amounts, &node.free)
                 || untolerated(&ctx.pod.tolerations, &node.taints, ctx.prefer_blocks).is_some()

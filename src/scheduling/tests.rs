@@ -1892,3 +1892,96 @@ fn spread_node_taints_policy_decides_whether_pods_on_tainted_nodes_count() {
         assert_eq!(r.failures.len(), failures, "{policy:?}: {r:?}");
     }
 }
+
+/// A claim of `r` in flight, as the provisioner's snapshot shows it: its single-valued
+/// requirements as labels, the allocatable of the cheapest type it allows (the offering launch
+/// chooses), and a name of the server's choosing.
+fn in_flight_claim(claim: &NewClaim, types: &[InstanceType], name: String) -> ExistingNode {
+    let labels = claim
+        .requirements
+        .keys()
+        .filter_map(|k| {
+            let values = claim.requirements.values(k)?;
+            let only = values.iter().next().filter(|_| values.len() == 1)?;
+            Some((k.to_string(), only.clone()))
+        })
+        .collect();
+    let chosen = types
+        .iter()
+        .find(|t| Some(&t.name) == claim.instance_types.first())
+        .map(InstanceType::allocatable)
+        .unwrap_or_default();
+    ExistingNode {
+        name,
+        labels,
+        allocatable: chosen,
+        in_flight: true,
+        nodepool: Some(claim.nodepool.clone()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn solving_the_same_pods_again_before_their_claims_launch_makes_no_claim() {
+    let shapes = [
+        ("250m", "512Mi"),
+        ("500m", "1Gi"),
+        ("1", "2Gi"),
+        ("1500m", "3Gi"),
+        ("100m", "256Mi"),
+        ("700m", "3Gi"),
+        ("1200m", "1Gi"),
+    ];
+    let picks = [2, 0, 3, 6, 3, 3, 6, 6, 0, 5, 6, 5, 1, 4, 5, 1, 5];
+    let pods: Vec<Pod> = picks
+        .iter()
+        .enumerate()
+        .map(|(i, &j)| pod(&format!("p{i}"), shapes[j].0, shapes[j].1))
+        .collect();
+    let types = standard_types();
+    let s = snapshot(pods, vec![pool(nodepool("default"), types.clone())]);
+    let first = solve(&s);
+    assert_eq!(first.new_claims.len(), 2, "{:?}", first.new_claims);
+    // The claims in flight, named so that by name they come in the other order than the solve
+    // opened them (names are the server's, not the solver's).
+    let n = first.new_claims.len();
+    let name = |i: usize| format!("claim-{}", n - i);
+    let mut again = s.clone();
+    again.nodes = first
+        .new_claims
+        .iter()
+        .enumerate()
+        .map(|(i, c)| in_flight_claim(c, &types, name(i)))
+        .collect();
+    // Without the plans, first fit over the same pods leaves one over: a claim too many.
+    assert_eq!(solve(&again).new_claims.len(), 1);
+
+    let planned: BTreeMap<String, String> = first
+        .new_claims
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| c.pods.iter().map(move |p| (p.clone(), name(i))))
+        .collect();
+    again.nominated = planned.clone().into_iter().collect();
+    let r = solve(&again);
+    assert!(r.new_claims.is_empty(), "{:?}", r.new_claims);
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    let placed: BTreeMap<String, String> = r.placed_on_existing.into_iter().collect();
+    assert_eq!(
+        placed, planned,
+        "every pod back on the claim it was planned onto"
+    );
+
+    // Even a claim counted at its requests only (zero slack) takes its own pods back.
+    for (node, c) in again.nodes.iter_mut().zip(&first.new_claims) {
+        node.allocatable = c.requests.clone();
+    }
+    let r = solve(&again);
+    assert!(r.new_claims.is_empty(), "{:?}", r.new_claims);
+    // A new pod goes where room is left, or to a claim of its own; the planned pods stay put.
+    again.pods.push(pod("late", "1", "1Gi"));
+    let r = solve(&again);
+    let placed: BTreeMap<String, String> = r.placed_on_existing.iter().cloned().collect();
+    assert!(planned.iter().all(|(p, n)| placed.get(p) == Some(n)));
+    assert_eq!(claim_of(&r, "late").pods, ["default/late"]);
+}

@@ -77,12 +77,29 @@ pub struct NodeCounts {
     pub memory_utilization: f64,
 }
 
+/// Claims made twice for the same pods.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProvisioningCounts {
+    /// Claims the controller created for a pod an earlier solve had planned onto another claim
+    /// still in flight (its `karpenter_capi_extra_nodeclaims_total`: only the controller knows
+    /// its plans).
+    pub extra_claims: u64,
+    /// Claims created for a pod an earlier solve had planned onto a claim whose Node the
+    /// scheduler then filled with other pods (`karpenter_capi_replanned_nodeclaims_total`):
+    /// the scheduler does not follow the controller's plan, upstream's neither.
+    pub replanned_claims: u64,
+    /// Nodes at the end that no pod is bound to, counted from the store: a claim made for pods
+    /// that went elsewhere shows here whatever the controller's record says.
+    pub nodes_without_pods: usize,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct PodReport {
     #[serde(flatten)]
     pub launch: Report,
     pub pods: PodCounts,
     pub nodes: NodeCounts,
+    pub provisioning: ProvisioningCounts,
     pub pod_latency_ms: PodLatency,
 }
 
@@ -133,13 +150,20 @@ impl std::fmt::Display for PodReport {
             self.pod_latency_ms.pod_pending_to_bound.p50,
             self.pod_latency_ms.pod_pending_to_bound.p99
         )?;
-        write!(
+        writeln!(
             f,
             "  nodes:    {} created, {} remaining; pod requests use {:.0}% of the remaining nodes' CPU and {:.0}% of their memory",
             self.nodes.created,
             self.nodes.remaining,
             self.nodes.cpu_utilization * 100.0,
             self.nodes.memory_utilization * 100.0
+        )?;
+        write!(
+            f,
+            "  claims:   {} made for pods already planned onto a claim in flight, {} for pods whose planned node took other pods; {} nodes with no pod at the end",
+            self.provisioning.extra_claims,
+            self.provisioning.replanned_claims,
+            self.provisioning.nodes_without_pods
         )
     }
 }
@@ -216,6 +240,18 @@ fn measure(
     let pods = store.list("pods", None);
     let bound = pods.iter().filter(|p| pod_bound(p)).count();
     let nodes = store.list("nodes", None);
+    let with_pods: std::collections::HashSet<&str> = pods
+        .iter()
+        .filter_map(|p| p.pointer("/spec/nodeName").and_then(Value::as_str))
+        .collect();
+    let nodes_without_pods = nodes
+        .iter()
+        .filter(|n| {
+            n.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .is_none_or(|name| !with_pods.contains(name))
+        })
+        .count();
 
     // Utilisation: the bound pods' requests over the allocatable of the nodes they run on.
     let mut used = Resources::new();
@@ -279,6 +315,11 @@ fn measure(
             remaining: nodes.len(),
             cpu_utilization: ratio("cpu"),
             memory_utilization: ratio("memory"),
+        },
+        provisioning: ProvisioningCounts {
+            extra_claims: metrics.extra_nodeclaims.get(),
+            replanned_claims: metrics.replanned_nodeclaims.get(),
+            nodes_without_pods,
         },
         pod_latency_ms: PodLatency {
             pod_pending_to_bound: Percentiles::of(latencies),

@@ -761,6 +761,7 @@ impl Env {
                 }),
             // `provision` prepares it, as the provisioner does.
             volume_topology: Default::default(),
+            nominated: Default::default(),
         }
     }
     /// Configure default topology spread constraints, through the `--scheduler-config`
