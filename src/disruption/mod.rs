@@ -422,10 +422,24 @@ pub fn revalidate(
             if !fresh.iter().all(|c| c.underutilized_allowed()) {
                 return None;
             }
-            match judged(&fresh, consolidation::evaluate(snapshot, &fresh)) {
-                Outcome::No(_) => None,
-                ok => Some(finish(pending.method, fresh, ok)),
-            }
+            let now = match judged(&fresh, consolidation::evaluate(snapshot, &fresh)) {
+                Outcome::No(_) => return None,
+                ok => finish(pending.method, fresh, ok),
+            };
+            // Upstream's validation carries out the plan it announced or none: a delete that now
+            // needs a replacement (or the reverse), or a replacement that may now launch a type
+            // the announced one could not, is a different decision.
+            let same_shape = now.replacements.len() == pending.replacements.len()
+                && now
+                    .replacements
+                    .iter()
+                    .zip(&pending.replacements)
+                    .all(|(n, p)| {
+                        n.instance_types
+                            .iter()
+                            .all(|t| p.instance_types.contains(t))
+                    });
+            same_shape.then_some(now)
         }
     }
 }

@@ -724,3 +724,43 @@ fn the_single_node_search_window_moves_on() {
     let cmd = decide(&s, &c, &allowed).expect("the next window reaches it");
     assert_eq!(cmd.claim_names(), vec!["claim-movable"]);
 }
+
+/// Audit row 21: validation carries out the announced plan or none. A pending delete whose
+/// pods now need a replacement is dropped, not turned into a replace.
+#[test]
+fn validation_rejects_a_changed_plan() {
+    let (s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "room",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("r", "1")],
+            },
+            Node {
+                name: "big",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("p", "1")],
+            },
+        ],
+    );
+    let c: Vec<Candidate> = c.into_iter().filter(|c| c.claim == "claim-big").collect();
+    let pending = decide(&s, &c, &allow(1)).expect("a command");
+    assert_eq!(pending.decision(), "delete");
+    assert_eq!(
+        revalidate(&s, &c, &allow(1), &pending),
+        Some(pending.clone())
+    );
+    // `room` filled up meanwhile: `big` could still go, but only for a new small node.
+    let mut full = s.clone();
+    if let Some(n) = full.nodes.iter_mut().find(|n| n.name == "room") {
+        n.requested = n.allocatable.clone();
+    }
+    assert_eq!(
+        decide(&full, &c, &allow(1)).map(|c| c.decision()),
+        Some("replace")
+    );
+    assert_eq!(revalidate(&full, &c, &allow(1), &pending), None);
+}

@@ -114,6 +114,8 @@ pub struct Disruption {
     failed: HashMap<String, (Instant, Backoff)>,
     /// Replacements this actor created, while they exist: never the provisioner's overshoot.
     own_replacements: HashSet<String>,
+    /// Candidates of finished commands, until the index shows them deleting.
+    deleted: HashSet<String>,
     aftermath: Option<Aftermath>,
     nominated: HashMap<String, Nomination>,
     /// After a consolidation that overshot: no consolidation of non-empty nodes before this.
@@ -140,6 +142,7 @@ impl Disruption {
             next_id: 0,
             failed: HashMap::new(),
             own_replacements: HashSet::new(),
+            deleted: HashSet::new(),
             aftermath: None,
             nominated: HashMap::new(),
             consolidation_quiet_until: None,
@@ -179,10 +182,21 @@ impl Disruption {
             let nodes = self.shared.state.nodes.read();
             self.pod_events.retain(|n, _| nodes.get(n).is_some());
         }
+        // Candidates a finished command deleted count as its own until the index shows them
+        // deleting: a pass that comes before that watch event must not see their budget free.
+        {
+            let claims = self.shared.state.claims.read();
+            self.deleted.retain(|name| {
+                claims
+                    .get(name)
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
+            });
+        }
         let executing: HashSet<String> = self
             .executing
             .values()
             .flat_map(|e| e.command.candidates.iter().map(|c| c.claim.clone()))
+            .chain(self.deleted.iter().cloned())
             .collect();
         let nominated = self.nominations();
         {
@@ -498,6 +512,7 @@ impl Disruption {
         self.count_in_flight();
         for c in &e.command.candidates {
             self.failed.remove(&c.claim);
+            self.deleted.insert(c.claim.clone());
         }
         for r in &e.replacements {
             if let Some(n) = self.nominated.get_mut(r) {

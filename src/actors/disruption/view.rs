@@ -208,9 +208,22 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             view.blocked.push((c.clone(), why));
             continue;
         }
-        if let Some(why) = protected(c, &node, &on_node, &pdbs, mem.now) {
+        if let Some(why) = node_protected(c, &node) {
             view.blocked.push((c.clone(), why));
             continue;
+        }
+        // Upstream's eventual disruption class: a drifted claim with a terminationGracePeriod is
+        // replaced even when its pods block eviction (the drain honours them until the grace
+        // period ends); for everything else they protect it.
+        let pod_blocked = pods_protected(&on_node, &pdbs, mem.now);
+        let eventual = drift.is_some() && c.spec.termination_grace_period.is_some();
+        let mut consolidatable = consolidatable;
+        if let Some(why) = pod_blocked {
+            if !eventual {
+                view.blocked.push((c.clone(), why));
+                continue;
+            }
+            consolidatable = false;
         }
         if np.is_static() {
             view.blocked.push((
@@ -521,14 +534,8 @@ fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bo
     drifted_now != drift.map(Drift::reason) || consolidatable_now != consolidatable
 }
 
-/// Why the claim may not be disrupted voluntarily, if anything protects it.
-fn protected(
-    c: &NodeClaim,
-    node: &Node,
-    on_node: &[Arc<Pod>],
-    pdbs: &PdbIndex,
-    now: Timestamp,
-) -> Option<String> {
+/// `do-not-disrupt: "true"` on the claim or its Node.
+fn node_protected(c: &NodeClaim, node: &Node) -> Option<String> {
     let dnd = |a: &BTreeMap<String, String>| {
         a.get(DO_NOT_DISRUPT_ANNOTATION).map(String::as_str) == Some("true")
     };
@@ -542,6 +549,11 @@ fn protected(
             "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the Node"
         ));
     }
+    None
+}
+
+/// A pod that blocks the node's eviction: do-not-disrupt, or a PodDisruptionBudget.
+fn pods_protected(on_node: &[Arc<Pod>], pdbs: &PdbIndex, now: Timestamp) -> Option<String> {
     // Upstream's `IsDisruptable`: an active pod (DaemonSet and static ones included) whose
     // do-not-disrupt is "true" or a duration still running since it started.
     for p in on_node.iter().filter(|p| pods::is_active(p)) {
@@ -753,6 +765,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// Why the claim may not be disrupted voluntarily, if anything protects it.
+    fn protected(
+        c: &NodeClaim,
+        node: &Node,
+        on_node: &[Arc<Pod>],
+        pdbs: &PdbIndex,
+        now: Timestamp,
+    ) -> Option<String> {
+        node_protected(c, node).or_else(|| pods_protected(on_node, pdbs, now))
+    }
 
     fn at(t: &str) -> Timestamp {
         t.parse().expect("a timestamp")
