@@ -427,19 +427,22 @@ pub fn revalidate(
                 ok => finish(pending.method, fresh, ok),
             };
             // Upstream's validation carries out the plan it announced or none: a delete that now
-            // needs a replacement (or the reverse), or a replacement that may now launch a type
-            // the announced one could not, is a different decision.
+            // needs a replacement (or the reverse) is a different decision, and so is a
+            // replacement that could no longer launch every type the announced one named.
             let same_shape = now.replacements.len() == pending.replacements.len()
                 && now
                     .replacements
                     .iter()
                     .zip(&pending.replacements)
                     .all(|(n, p)| {
-                        n.instance_types
+                        p.instance_types
                             .iter()
-                            .all(|t| p.instance_types.contains(t))
+                            .all(|t| n.instance_types.contains(t))
                     });
-            same_shape.then_some(now)
+            same_shape.then(|| Command {
+                replacements: pending.replacements.clone(),
+                ..now
+            })
         }
     }
 }

@@ -564,6 +564,15 @@ impl Disruption {
         let Some(a) = &self.aftermath else {
             return;
         };
+        // A command still creating its replacements: they may be in the index before their
+        // names are known here. Judge once they are.
+        if self
+            .executing
+            .values()
+            .any(|e| e.replacements.is_empty() && !e.command.replacements.is_empty())
+        {
+            return;
+        }
         let launched = overshoot(
             self.shared.state.claims.read().all().map(|c| &**c),
             &a.known,
