@@ -429,3 +429,76 @@ async fn the_drain_scenario_runs_clean() {
         "existing fields kept"
     );
 }
+
+/// A Node whose kubelet stopped reporting (NotReady) and whose Machine is already gone has no
+/// instance left: the claim ends without a drain, even under a budget that allows no eviction,
+/// as Karpenter does when the cloud provider no longer finds the instance.
+#[actix::test]
+async fn a_dead_node_whose_machine_is_gone_is_not_drained() {
+    let env = env().await;
+    let (claim, node) = env.claim(None).await;
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    env.pdb("web", "web", 0).await;
+    let client = env.client().await;
+    // The kubelet is gone: the stand-in lets go of the Node and the node lifecycle controller
+    // marks it Unknown.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                karpenter_capi::sim::kubelet::SIM_NODE_ANNOTATION: null}}})),
+        )
+        .await
+        .expect("unmark the node");
+    nodes
+        .patch_status(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{
+                "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status.",
+                "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+        )
+        .await
+        .expect("node NotReady");
+    // The instance is gone: the Machine disappears at once (no Cluster API drain).
+    let machine = env.list("machines").remove(0);
+    let name = machine["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    let machines: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(client, NS, &env.sim.cluster().capi_version().machine());
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("drop the Machine's finalizers");
+    machines
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete Machine");
+    // Quickly: a drain would wait on the budget for ever.
+    let start = Instant::now();
+    while env.get("nodeclaims", "", &claim).is_some() || env.get("nodes", "", &node).is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the claim still waits on a drain of a dead node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        env.evictions_of("web-0").is_empty(),
+        "nothing evicted from a dead node: {:?}",
+        env.evictions_of("web-0")
+    );
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}

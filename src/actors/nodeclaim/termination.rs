@@ -9,6 +9,9 @@
 //!    Cluster API's own drain switched off for it: ours is done. `InstanceTerminating`.
 //! 4. Once the Machine is gone: delete the Node if it is still there, drop our finalizer from it
 //!    and from the claim.
+//!
+//! A Node that is not Ready while its Machine is already gone skips step 2, as Karpenter does
+//! when the cloud provider no longer knows the instance: nothing runs there to drain.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +22,7 @@ use kube::api::{Api, DeleteParams, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 
+use super::initialization::node_ready;
 use super::{Next, Step, condition_time, has_finalizer, is_true, object_ref, since};
 use crate::actors::messages::{CancelRequest, ReleaseMachine};
 use crate::actors::patch::JsonPatch;
@@ -49,10 +53,23 @@ impl Step {
             Deadline::At(d) => d,
         };
         let node = self.claim_node();
-        let bound = self.shared.state.machines.read().bound_to(&self.name());
+        let (bound, synced) = {
+            let machines = self.shared.state.machines.read();
+            (machines.bound_to(&self.name()), machines.synced())
+        };
+        let instance_gone = synced && matches!(bound, Ok(None));
         let machine = bound.ok().flatten();
-        // Drain while the Machine still runs, so pods leave on their own terms.
+        // Drain while the Machine still runs, so pods leave on their own terms. A NotReady Node
+        // whose Machine is gone has no kubelet left to stop any pod: evictions there would only
+        // wait on budgets for nothing, so it is let go at once.
+        let dead = node
+            .as_ref()
+            .is_some_and(|n| instance_gone && !node_ready(n));
+        if dead {
+            tracing::info!(nodeclaim = %self.name(), "node NotReady and its Machine gone; not draining");
+        }
         if let Some(n) = &node
+            && !dead
             && let Some(next) = self.drain(&c, n, deadline).await?
         {
             return Ok(next);
