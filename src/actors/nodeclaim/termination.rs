@@ -20,7 +20,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, PatchParams};
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::initialization::node_ready;
 use super::{Next, Step, condition_time, has_finalizer, is_true, object_ref, since};
@@ -227,37 +227,6 @@ impl Step {
             DrainState::Done { .. } => None,
             _ => Some(Next::Wait(Some(RESYNC))),
         })
-    }
-
-    /// Set these conditions (status, reason, message); one guarded status write when any of them
-    /// changes, None when none did.
-    async fn set_conditions(
-        &self,
-        wanted: &[(&str, ConditionStatus, &str, &str)],
-    ) -> Result<Option<Arc<NodeClaim>>, Error> {
-        let c = &self.claim;
-        let now = Timestamp::now();
-        let mut status = c.status.clone().unwrap_or_default();
-        let mut conds = status.conditions.take().unwrap_or_default();
-        let mut changed = false;
-        for (type_, st, reason, message) in wanted {
-            changed |= conditions::set(
-                &mut conds,
-                type_,
-                *st,
-                reason,
-                message,
-                c.metadata.generation,
-                now,
-            );
-        }
-        if !changed {
-            return Ok(None);
-        }
-        status.conditions = Some(conds);
-        self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
-            .await
-            .map(Some)
     }
 
     pub(super) fn claim_node(&self) -> Option<Arc<Node>> {
