@@ -502,3 +502,62 @@ async fn a_dead_node_whose_machine_is_gone_is_not_drained() {
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
 }
+
+/// The NodePool's `NodeRegistrationHealthy` follows its launches as upstream's liveness keeps
+/// it: True once one registers, False after half of the last four timed out, with the reason
+/// of the failure that tipped it.
+#[actix::test]
+async fn launch_timeouts_make_the_nodepool_registration_unhealthy() {
+    let mut settings = sim_settings(None);
+    settings.launch_timeout = Duration::from_secs(1);
+    let env = env_with(settings).await;
+    let pool = env.pool.metadata.name.clone().expect("pool name");
+    let health = || {
+        env.get("nodepools", "", &pool).and_then(|np| {
+            np["status"]["conditions"].as_array().and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["type"] == "NodeRegistrationHealthy")
+                    .cloned()
+            })
+        })
+    };
+    env.claim(None).await;
+    env.wait("NodeRegistrationHealthy=True after a registration", || {
+        health().filter(|c| c["status"] == "True")
+    })
+    .await;
+    let api: Api<NodeClaim> = Api::all(env.client().await);
+    for i in 0..2 {
+        let mut claim = claim_for(&env.pool, "sim-0");
+        claim.metadata.name = Some(format!("lost-{i}"));
+        claim.spec.node_class_ref.name = "does-not-exist".into();
+        api.create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim");
+    }
+    let c = env
+        .wait(
+            "NodeRegistrationHealthy=False after two launch timeouts",
+            || health().filter(|c| c["status"] == "False"),
+        )
+        .await;
+    assert!(
+        !c["reason"].as_str().unwrap_or_default().is_empty(),
+        "{c:#}"
+    );
+    // A changed spec starts afresh.
+    let pools: Api<karpenter_capi::api::nodepool::NodePool> = Api::all(env.client().await);
+    pools
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"weight": 7}})),
+        )
+        .await
+        .expect("change the pool");
+    env.wait(
+        "NodeRegistrationHealthy=Unknown after a spec change",
+        || health().filter(|c| c["status"] == "Unknown"),
+    )
+    .await;
+}

@@ -156,6 +156,7 @@ impl Step {
                     crate::api::duration::format(self.shared.settings.launch_timeout)
                 ),
             );
+            self.record_registration(Err((e.reason().to_string(), message)));
             self.delete_claim().await?;
             return Ok(Next::Wait(None));
         };

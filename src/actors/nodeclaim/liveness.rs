@@ -69,6 +69,11 @@ impl Step {
             ),
         );
         tracing::warn!(nodeclaim = %self.name(), machine_deployment = %md, "create timeout");
+        let (reason, message) = conditions::get(c.conditions(), conditions::LAUNCHED)
+            .filter(|l| !l.is_true() && !l.reason.is_empty())
+            .map(|l| (l.reason.clone(), l.message.clone()))
+            .unwrap_or_else(|| ("LaunchTimeout".to_string(), what.clone()));
+        self.record_registration(Err((reason, message)));
         self.delete_claim().await?;
         Ok(Next::Wait(None))
     }
@@ -132,8 +137,27 @@ impl Step {
                 crate::api::duration::format(self.shared.settings.registration_timeout)
             ),
         );
+        self.record_registration(Err((
+            "RegistrationFailed".to_string(),
+            "a launched node did not register in time".to_string(),
+        )));
         self.delete_claim().await?;
         Ok(Next::Wait(None))
+    }
+
+    /// A launch of this claim's NodePool registered (`Ok`) or timed out: the pool's
+    /// `NodeRegistrationHealthy` follows.
+    pub(super) fn record_registration(&self, outcome: Result<(), (String, String)>) {
+        let pool = self.nodepool();
+        if pool.is_empty() {
+            return;
+        }
+        self.shared
+            .state
+            .registration_health
+            .write()
+            .record(&pool, outcome);
+        self.shared.router.nodepools_changed();
     }
 
     /// Garbage collection: the claim's Machine is gone, so is the claim.
