@@ -158,6 +158,7 @@ impl Step {
             );
             self.record_registration(Err((e.reason().to_string(), message)));
             self.delete_claim().await?;
+            self.count_timeout("launch_timeout");
             return Ok(Next::Wait(None));
         };
         let retry = Some(retry.map_or(left, |r| r.min(left)));

@@ -6,13 +6,15 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
+use kube::ResourceExt;
 
 use super::{Next, Step, left_until, object_ref};
 use crate::actors::Error;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
+use crate::api::wellknown::CAPACITY_TYPE_LABEL;
 use crate::capi::model::Machine;
-use crate::metrics::Metrics;
+use crate::metrics::{DisruptedLabels, Metrics};
 use crate::state::claims::provider_id;
 
 impl Step {
@@ -75,6 +77,7 @@ impl Step {
             .unwrap_or_else(|| ("LaunchTimeout".to_string(), what.clone()));
         self.record_registration(Err((reason, message)));
         self.delete_claim().await?;
+        self.count_timeout("launch_timeout");
         Ok(Next::Wait(None))
     }
 
@@ -142,6 +145,7 @@ impl Step {
             "a launched node did not register in time".to_string(),
         )));
         self.delete_claim().await?;
+        self.count_timeout("registration_timeout");
         Ok(Next::Wait(None))
     }
 
@@ -158,6 +162,21 @@ impl Step {
             .write()
             .record(&pool, outcome);
         self.shared.router.nodepools_changed();
+    }
+
+    /// A claim deleted by a liveness timeout counts as disrupted, as upstream counts it
+    /// (`launch_timeout` or `registration_timeout`).
+    pub(super) fn count_timeout(&self, reason: &str) {
+        let label = |k: &str| self.claim.labels().get(k).cloned().unwrap_or_default();
+        self.shared
+            .metrics
+            .nodeclaims_disrupted
+            .get_or_create(&DisruptedLabels {
+                reason: reason.to_string(),
+                nodepool: self.nodepool(),
+                capacity_type: label(CAPACITY_TYPE_LABEL),
+            })
+            .inc();
     }
 
     /// Garbage collection: the claim's Machine is gone, so is the claim.

@@ -31,7 +31,7 @@ use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
-use crate::metrics::{Metrics, NodePoolLabels};
+use crate::metrics::{ClaimTerminatedLabels, NodePoolLabels, NodeTerminatedLabels};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::key as machine_key;
 
@@ -288,7 +288,10 @@ impl Step {
         self.shared
             .metrics
             .nodes_terminated
-            .get_or_create(&pool)
+            .get_or_create(&NodeTerminatedLabels {
+                nodepool: pool.nodepool.clone(),
+                zone: node.labels().get(ZONE_LABEL).cloned().unwrap_or_default(),
+            })
             .inc();
         if let Some(deleted) = node.metadata.deletion_timestamp.as_ref() {
             self.shared
@@ -333,11 +336,15 @@ pub(super) fn observe_terminated(shared: &Shared, c: &NodeClaim) {
             .get_or_create(&pool)
             .observe(since(t).as_secs_f64());
     }
-    let md = recorded_deployment(c).unwrap_or_default().to_string();
+    let label = |k: &str| c.labels().get(k).cloned().unwrap_or_default();
     shared
         .metrics
         .nodeclaims_terminated
-        .get_or_create(&Metrics::pool(&nodepool, &md))
+        .get_or_create(&ClaimTerminatedLabels {
+            nodepool,
+            capacity_type: label(CAPACITY_TYPE_LABEL),
+            zone: label(ZONE_LABEL),
+        })
         .inc();
 }
 
