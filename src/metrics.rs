@@ -118,6 +118,40 @@ pub struct DisruptedLabels {
     pub capacity_type: String,
 }
 
+/// Upstream's labels of `karpenter_nodeclaims_terminated_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimTerminatedLabels {
+    pub nodepool: String,
+    pub capacity_type: String,
+    pub zone: String,
+}
+
+/// Upstream's labels of `karpenter_nodes_terminated_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeTerminatedLabels {
+    pub nodepool: String,
+    pub zone: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolDecisionLabels {
+    pub nodepool: String,
+    pub decision: String,
+    pub reason: String,
+    pub consolidation_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsolidationTypeLabels {
+    pub consolidation_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EvaluationLabels {
+    pub reason: String,
+    pub consolidation_type: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolReasonLabels {
     pub nodepool: String,
@@ -162,9 +196,9 @@ pub struct Metrics {
     pub nodeclaims_launched: Family<PoolLabels, Counter>,
     pub nodeclaims_registered: Family<PoolLabels, Counter>,
     pub nodeclaims_initialized: Family<PoolLabels, Counter>,
-    pub nodeclaims_terminated: Family<PoolLabels, Counter>,
+    pub nodeclaims_terminated: Family<ClaimTerminatedLabels, Counter>,
     pub nodes_created: Family<NodePoolLabels, Counter>,
-    pub nodes_terminated: Family<NodePoolLabels, Counter>,
+    pub nodes_terminated: Family<NodeTerminatedLabels, Counter>,
     // Cluster API specifics.
     pub create_timeouts: Family<PoolLabels, Counter>,
     pub registration_timeouts: Family<PoolLabels, Counter>,
@@ -207,7 +241,12 @@ pub struct Metrics {
     pub disruption_eligible_nodes: Family<ReasonLabels, Gauge>,
     pub nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>,
     pub nodeclaims_disrupted: Family<DisruptedLabels, Counter>,
-    pub disruption_evaluation_seconds: HistogramFamily<MethodLabels>,
+    pub disruption_evaluation_seconds: HistogramFamily<EvaluationLabels>,
+    pub disruption_decisions_by_nodepool: Family<PoolDecisionLabels, Counter>,
+    pub disruption_failed_validations: Family<ConsolidationTypeLabels, Counter>,
+    pub disruption_queue_failures: Family<DecisionLabels, Counter>,
+    pub disruption_consolidation_timeouts: Family<ConsolidationTypeLabels, Counter>,
+    pub nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>,
     pub disruption_commands_in_flight: Gauge,
 }
 
@@ -262,9 +301,23 @@ impl Metrics {
             nodeclaims_disrupted: Family::default(),
             disruption_evaluation_seconds: Family::new_with_constructor(latency_histogram),
             disruption_commands_in_flight: Gauge::default(),
+            disruption_decisions_by_nodepool: Family::default(),
+            disruption_failed_validations: Family::default(),
+            disruption_queue_failures: Family::default(),
+            disruption_consolidation_timeouts: Family::default(),
+            nodepools_nodes_consuming_budgets: Family::default(),
             registry: Registry::default(),
             declared: Vec::new(),
         };
+        // Both series exist from the start, at zero, as upstream declares them: this controller
+        // bounds its consolidation searches by count, not time, so they stay at zero.
+        for t in ["multi", "single"] {
+            m.disruption_consolidation_timeouts
+                .get_or_create(&ConsolidationTypeLabels {
+                    consolidation_type: t.into(),
+                })
+                .inc_by(0);
+        }
         let r = &mut Registering {
             registry: &mut registry,
             declared: Vec::new(),
@@ -466,8 +519,33 @@ impl Metrics {
         );
         r.register(
             "karpenter_voluntary_disruption_decisions",
-            "Disruption decisions carried out, by decision (delete, replace), reason and consolidation type",
+            "Disruption commands started, by decision (delete, replace), reason and consolidation type",
             m.disruption_decisions.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_decisions_by_nodepool",
+            "Disruption commands started, by NodePool, decision, reason and consolidation type",
+            m.disruption_decisions_by_nodepool.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_failed_validations",
+            "Candidates chosen for disruption that failed validation, by consolidation type",
+            m.disruption_failed_validations.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_queue_failures",
+            "Disruption commands that failed once started (rolled back), by decision, reason and consolidation type",
+            m.disruption_queue_failures.clone(),
+        );
+        r.register(
+            "karpenter_voluntary_disruption_consolidation_timeouts",
+            "Consolidation searches cut short by their time limit, by consolidation type",
+            m.disruption_consolidation_timeouts.clone(),
+        );
+        r.register(
+            "karpenter_nodepools_nodes_consuming_budgets",
+            "Nodes of each NodePool using up its disruption budget now, by reason",
+            m.nodepools_nodes_consuming_budgets.clone(),
         );
         r.register(
             "karpenter_voluntary_disruption_eligible_nodes",
@@ -486,7 +564,7 @@ impl Metrics {
         );
         r.register(
             "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
-            "Duration of one disruption pass's decision, by method",
+            "Duration of one disruption pass's decision, by the reason and consolidation type of the method that decided (the last one tried when none did)",
             m.disruption_evaluation_seconds.clone(),
         );
         r.register(

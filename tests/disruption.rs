@@ -333,6 +333,27 @@ async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
         env.metric("karpenter_voluntary_disruption_decisions_total{decision=\"replace\",reason=\"underutilized\",consolidation_type=\"single\""),
         1.0
     );
+    // Upstream's names and label sets, so its dashboards and alerts read these series.
+    assert_eq!(
+        env.metric("karpenter_voluntary_disruption_decisions_by_nodepool_total{nodepool=\"default\",decision=\"replace\",reason=\"underutilized\",consolidation_type=\"single\"}"),
+        1.0
+    );
+    assert!(
+        env.metric("karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count{reason=\"underutilized\",consolidation_type=\"single\"}") >= 1.0
+    );
+    let text = env.metrics.encode();
+    for series in [
+        "karpenter_nodepools_allowed_disruptions{nodepool=\"default\",reason=\"Underutilized\"}",
+        "karpenter_nodepools_allowed_disruptions{nodepool=\"default\",reason=\"Empty\"}",
+        "karpenter_nodepools_nodes_consuming_budgets{nodepool=\"default\",reason=\"Drifted\"}",
+        "karpenter_voluntary_disruption_consolidation_timeouts_total{consolidation_type=\"multi\"} 0",
+        "karpenter_voluntary_disruption_consolidation_timeouts_total{consolidation_type=\"single\"} 0",
+        "karpenter_nodeclaims_terminated_total{nodepool=\"default\",capacity_type=",
+        "karpenter_nodes_terminated_total{nodepool=\"default\",zone=",
+    ] {
+        assert!(text.contains(series), "{series} in\n{text}");
+    }
+    assert!(!text.contains("method=\"all\""), "{text}");
     env.assert_clean();
 }
 
@@ -365,6 +386,18 @@ async fn a_failed_replacement_is_rolled_back() {
     assert!(
         env.get("nodeclaims", "", &old).is_some(),
         "the candidate stays"
+    );
+    // Counted when it started, as upstream counts it, and counted again as a failure.
+    let drift = "{decision=\"replace\",reason=\"drifted\",consolidation_type=\"\"}";
+    assert!(
+        env.metric(&format!(
+            "karpenter_voluntary_disruption_decisions_total{drift}"
+        )) >= 1.0
+    );
+    assert!(
+        env.metric(&format!(
+            "karpenter_voluntary_disruption_queue_failures_total{drift}"
+        )) >= 1.0
     );
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();

@@ -248,6 +248,8 @@ async fn every_metric_the_dashboard_queries_is_on_metrics() {
         "karpenter_voluntary_disruption_decisions_total",
         "karpenter_voluntary_disruption_eligible_nodes",
         "karpenter_nodepools_allowed_disruptions",
+        "karpenter_nodepools_nodes_consuming_budgets",
+        "karpenter_voluntary_disruption_queue_failures_total",
         "karpenter_nodeclaims_disrupted_total",
     ] {
         assert!(queried.contains(want), "the dashboard shows {want}");

@@ -599,3 +599,39 @@ async fn faults_errors_conflicts_and_watch_cuts_leak_nothing() {
         "{conflicts}"
     );
 }
+
+/// A registered Node that is not Ready yet leaves its claim `Initialized=Unknown` with
+/// upstream's reason, so `kubectl get nodeclaim` says why it waits.
+#[actix::test]
+async fn a_node_not_ready_after_registration_says_why_it_is_not_initialized() {
+    let cfg = SimClusterConfig {
+        node_ready_delay: Duration::from_secs(600),
+        ..cluster(CapiVersion::V1Beta2)
+    };
+    let env = env(cfg, vec![seed_of(0, 10)], None).await;
+    let names = env.claims(1, 1).await;
+    let start = std::time::Instant::now();
+    let initialized = loop {
+        let found = env
+            .store_list("nodeclaims")
+            .into_iter()
+            .find(|c| c["metadata"]["name"] == names[0].as_str())
+            .filter(|c| condition(c, "Registered"))
+            .and_then(|c| {
+                c["status"]["conditions"]
+                    .as_array()
+                    .and_then(|cs| cs.iter().find(|x| x["type"] == "Initialized").cloned())
+                    .filter(|x| x["reason"] == "NodeNotReady")
+            });
+        if let Some(x) = found {
+            break x;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no Initialized=Unknown/NodeNotReady: {:#?}",
+            env.store_list("nodeclaims")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(initialized["status"], "Unknown", "{initialized:#}");
+}

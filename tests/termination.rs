@@ -97,7 +97,9 @@ async fn drain_evicts_in_karpenters_order_and_waits_for_a_budget() {
         "{text}"
     );
     assert!(
-        text.contains("karpenter_nodes_terminated_total{nodepool=\"default\"} 1"),
+        text.lines().any(|l| l
+            .starts_with("karpenter_nodes_terminated_total{nodepool=\"default\",zone=")
+            && l.ends_with(" 1")),
         "{text}"
     );
     // Cluster API was told not to drain again: nobody evicted the tolerant pod (it went with
@@ -304,6 +306,14 @@ async fn a_claim_that_cannot_launch_is_deleted_after_the_launch_timeout() {
     })
     .await;
     assert!(env.list("machines").is_empty());
+    // Counted as upstream counts a liveness timeout.
+    let text = env.metrics.encode();
+    assert!(
+        text.contains(
+            "karpenter_nodeclaims_disrupted_total{reason=\"launch_timeout\",nodepool=\"default\""
+        ),
+        "{text}"
+    );
     env.assert_clean();
 }
 
@@ -428,4 +438,136 @@ async fn the_drain_scenario_runs_clean() {
         json["latency_ms"]["pod_pending_to_bound"].is_object(),
         "existing fields kept"
     );
+}
+
+/// A Node whose kubelet stopped reporting (NotReady) and whose Machine is already gone has no
+/// instance left: the claim ends without a drain, even under a budget that allows no eviction,
+/// as Karpenter does when the cloud provider no longer finds the instance.
+#[actix::test]
+async fn a_dead_node_whose_machine_is_gone_is_not_drained() {
+    let env = env().await;
+    let (claim, node) = env.claim(None).await;
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    env.pdb("web", "web", 0).await;
+    let client = env.client().await;
+    // The kubelet is gone: the stand-in lets go of the Node and the node lifecycle controller
+    // marks it Unknown.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                karpenter_capi::sim::kubelet::SIM_NODE_ANNOTATION: null}}})),
+        )
+        .await
+        .expect("unmark the node");
+    nodes
+        .patch_status(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [{
+                "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                "message": "Kubelet stopped posting node status.",
+                "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+        )
+        .await
+        .expect("node NotReady");
+    // The instance is gone: the Machine disappears at once (no Cluster API drain).
+    let machine = env.list("machines").remove(0);
+    let name = machine["metadata"]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    let machines: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(client, NS, &env.sim.cluster().capi_version().machine());
+    machines
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("drop the Machine's finalizers");
+    machines
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete Machine");
+    // Quickly: a drain would wait on the budget for ever.
+    let start = Instant::now();
+    while env.get("nodeclaims", "", &claim).is_some() || env.get("nodes", "", &node).is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the claim still waits on a drain of a dead node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        env.evictions_of("web-0").is_empty(),
+        "nothing evicted from a dead node: {:?}",
+        env.evictions_of("web-0")
+    );
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}
+
+/// The NodePool's `NodeRegistrationHealthy` follows its launches as upstream's liveness keeps
+/// it: True once one registers, False after half of the last four timed out, with the reason
+/// of the failure that tipped it.
+#[actix::test]
+async fn launch_timeouts_make_the_nodepool_registration_unhealthy() {
+    let mut settings = sim_settings(None);
+    settings.launch_timeout = Duration::from_secs(1);
+    let env = env_with(settings).await;
+    let pool = env.pool.metadata.name.clone().expect("pool name");
+    let health = || {
+        env.get("nodepools", "", &pool).and_then(|np| {
+            np["status"]["conditions"].as_array().and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["type"] == "NodeRegistrationHealthy")
+                    .cloned()
+            })
+        })
+    };
+    env.claim(None).await;
+    env.wait("NodeRegistrationHealthy=True after a registration", || {
+        health().filter(|c| c["status"] == "True")
+    })
+    .await;
+    let api: Api<NodeClaim> = Api::all(env.client().await);
+    for i in 0..2 {
+        let mut claim = claim_for(&env.pool, "sim-0");
+        claim.metadata.name = Some(format!("lost-{i}"));
+        claim.spec.node_class_ref.name = "does-not-exist".into();
+        api.create(&PostParams::default(), &claim)
+            .await
+            .expect("create claim");
+    }
+    let c = env
+        .wait(
+            "NodeRegistrationHealthy=False after two launch timeouts",
+            || health().filter(|c| c["status"] == "False"),
+        )
+        .await;
+    assert!(
+        !c["reason"].as_str().unwrap_or_default().is_empty(),
+        "{c:#}"
+    );
+    // A changed spec starts afresh.
+    let pools: Api<karpenter_capi::api::nodepool::NodePool> = Api::all(env.client().await);
+    pools
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"weight": 7}})),
+        )
+        .await
+        .expect("change the pool");
+    env.wait(
+        "NodeRegistrationHealthy=Unknown after a spec change",
+        || health().filter(|c| c["status"] == "Unknown"),
+    )
+    .await;
 }

@@ -94,6 +94,11 @@ impl NodePools {
 
     /// Pools that are gone keep no metric series.
     fn forget_missing(&mut self, present: &BTreeSet<String>) {
+        self.shared
+            .state
+            .registration_health
+            .write()
+            .retain(|pool| present.contains(pool));
         let m = &self.shared.metrics;
         for (series, family) in [
             (&mut self.usage_series, &m.nodepools_usage),
@@ -367,6 +372,34 @@ fn desired_status(
         generation,
         now,
     );
+    let current = conditions::get(&conds, conditions::NODE_REGISTRATION_HEALTHY)
+        .map(|c| (c.status.as_bool(), c.observed_generation));
+    let desired =
+        shared
+            .state
+            .registration_health
+            .write()
+            .desired(&np.name_any(), generation, current);
+    if let Some(verdict) = desired {
+        let (st, reason, msg) = match verdict {
+            None => (
+                ConditionStatus::Unknown,
+                "AwaitingReconciliation".to_string(),
+                "no launch registered or timed out since the NodePool last changed".to_string(),
+            ),
+            Some(v) if v.healthy => (ConditionStatus::True, String::new(), String::new()),
+            Some(v) => (ConditionStatus::False, v.reason, v.message),
+        };
+        conditions::set(
+            &mut conds,
+            conditions::NODE_REGISTRATION_HEALTHY,
+            st,
+            &reason,
+            &msg,
+            generation,
+            now,
+        );
+    }
     conditions::set_nodepool_ready(&mut conds, generation, now);
     // Keep transition times stable: only conditions that changed got `now`.
     status.conditions = Some(conds);

@@ -44,6 +44,15 @@ impl ConditionStatus {
             ConditionStatus::Unknown => "Unknown",
         }
     }
+
+    /// True or False; None while Unknown.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            ConditionStatus::True => Some(true),
+            ConditionStatus::False => Some(false),
+            ConditionStatus::Unknown => None,
+        }
+    }
 }
 
 impl From<bool> for ConditionStatus {

@@ -7,6 +7,7 @@ pub mod daemonsets;
 pub mod machines;
 pub mod nodes;
 pub mod pods;
+pub mod registration_health;
 pub mod reschedulable;
 pub mod storage;
 pub mod trim;
@@ -48,4 +49,6 @@ pub struct State {
     /// PodDisruptionBudgets, kept by the disruption actor's watch (while it leads): the
     /// provisioner plans only for the pods of a deleting node that can be evicted at all.
     pub pdbs: Arc<RwLock<reschedulable::Pdbs>>,
+    /// Recent launch outcomes per NodePool, for its `NodeRegistrationHealthy` condition.
+    pub registration_health: Arc<RwLock<registration_health::RegistrationHealth>>,
 }

@@ -23,7 +23,7 @@ use crate::api::wellknown::{
     NODEPOOL_LABEL, REGISTERED_LABEL, REPLACES_ANNOTATION, TERMINATION_FINALIZER,
 };
 use crate::disruption::{Candidate, Command};
-use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels};
+use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels, PoolDecisionLabels};
 
 const CLAIM: (&str, &str) = ("NodeClaim", "nodeclaims");
 
@@ -343,16 +343,37 @@ pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Err
             );
         }
     }
-    shared
-        .metrics
-        .disruption_decisions
-        .get_or_create(&DecisionLabels {
-            decision: cmd.decision().into(),
-            reason: reason.to_lowercase(),
-            consolidation_type: cmd.method.consolidation_type().into(),
-        })
-        .inc();
     Ok(())
+}
+
+/// Upstream's labels for a command's decision counters.
+pub fn decision_labels(cmd: &Command) -> DecisionLabels {
+    DecisionLabels {
+        decision: cmd.decision().into(),
+        reason: cmd.method.reason().as_str().to_lowercase(),
+        consolidation_type: cmd.method.consolidation_type().into(),
+    }
+}
+
+/// Count a command as decided once it is under way (candidates marked, replacements created),
+/// as upstream does: a command rolled back later still counts.
+pub fn count_started(shared: &Shared, cmd: &Command) {
+    let labels = decision_labels(cmd);
+    let m = &shared.metrics;
+    m.disruption_decisions.get_or_create(&labels).inc();
+    let mut pools: Vec<&str> = cmd.candidates.iter().map(|c| c.nodepool.as_str()).collect();
+    pools.sort_unstable();
+    pools.dedup();
+    for pool in pools {
+        m.disruption_decisions_by_nodepool
+            .get_or_create(&PoolDecisionLabels {
+                nodepool: pool.to_string(),
+                decision: labels.decision.clone(),
+                reason: labels.reason.clone(),
+                consolidation_type: labels.consolidation_type.clone(),
+            })
+            .inc();
+    }
 }
 
 fn method_name(cmd: &Command) -> &'static str {

@@ -36,7 +36,7 @@ use super::backoff::Backoff;
 use crate::api::conditions;
 use crate::api::wellknown::REPLACES_ANNOTATION;
 use crate::disruption::{self, Command};
-use crate::metrics::{MethodLabels, PoolReasonLabels, ReasonLabels};
+use crate::metrics::{ConsolidationTypeLabels, EvaluationLabels, PoolReasonLabels, ReasonLabels};
 
 /// Something disruption looks at changed; `pod_event` is a pod event on a node, at its time (the
 /// start of the node's `consolidateAfter` countdown).
@@ -264,6 +264,9 @@ impl Disruption {
             .as_ref()
             .filter(|p| p.since.elapsed() >= validation)
             .map(|p| p.command.clone());
+        let validating = due
+            .as_ref()
+            .map(|p| (p.method.consolidation_type(), p.candidates.len()));
         let fut = async move {
             housekeeping(&shared, view).await;
             let snapshot = view::snapshot(&shared, &candidates, &leaving);
@@ -282,11 +285,25 @@ impl Disruption {
             .await
             .unwrap_or_default();
             let (command, validated, unconsolidatable) = decision;
-            shared
-                .metrics
-                .disruption_evaluation_seconds
-                .get_or_create(&MethodLabels {
-                    method: "all".into(),
+            let m = &shared.metrics;
+            if let Some((consolidation_type, n)) = validating
+                && !validated
+            {
+                m.disruption_failed_validations
+                    .get_or_create(&ConsolidationTypeLabels {
+                        consolidation_type: consolidation_type.into(),
+                    })
+                    .inc_by(n as u64);
+            }
+            // One pass tries the methods in order until one decides: the time is the deciding
+            // method's, or the last method's when none did.
+            let method = command
+                .as_ref()
+                .map_or(disruption::Method::SingleNodeConsolidation, |c| c.method);
+            m.disruption_evaluation_seconds
+                .get_or_create(&EvaluationLabels {
+                    reason: method.reason().as_str().to_lowercase(),
+                    consolidation_type: method.consolidation_type().into(),
                 })
                 .observe(started.elapsed().as_secs_f64());
             for (claim, why) in &unconsolidatable {
@@ -335,13 +352,17 @@ impl Disruption {
                 })
                 .set(n as i64);
         }
-        for ((pool, reason), n) in &view.allowed.budgets {
+        for (pool, reason, allowed, busy) in &view.budget_use {
+            let labels = PoolReasonLabels {
+                nodepool: pool.clone(),
+                reason: reason.as_str().to_string(),
+            };
             m.nodepools_allowed_disruptions
-                .get_or_create(&PoolReasonLabels {
-                    nodepool: pool.clone(),
-                    reason: reason.as_str().to_lowercase(),
-                })
-                .set(*n as i64);
+                .get_or_create(&labels)
+                .set(*allowed as i64);
+            m.nodepools_nodes_consuming_budgets
+                .get_or_create(&labels)
+                .set(*busy as i64);
         }
     }
 
@@ -411,6 +432,7 @@ impl Disruption {
         let fut = async move {
             execute::mark(&shared, &cmd).await?;
             let names = execute::launch_replacements(&shared, &cmd).await?;
+            execute::count_started(&shared, &cmd);
             if names.is_empty() {
                 execute::delete_candidates(&shared, &cmd).await?;
             }
@@ -613,6 +635,11 @@ impl Disruption {
             quiet = quiet.max(delay);
         }
         tracing::warn!(method = ?e.command.method, claims = ?e.command.claim_names(), reason = %why, retry_in = ?quiet, "disruption command failed; rolling back");
+        self.shared
+            .metrics
+            .disruption_queue_failures
+            .get_or_create(&execute::decision_labels(&e.command))
+            .inc();
         for c in &e.command.candidates {
             if let Some(claim) = self.shared.state.claims.read().get(&c.claim) {
                 self.shared.events.warning(

@@ -44,6 +44,9 @@ pub struct View {
     /// Claims that would be candidates but for this (do-not-disrupt, a PodDisruptionBudget).
     pub blocked: Vec<(Arc<NodeClaim>, String)>,
     pub allowed: Allowed,
+    /// Per pool and reason: the budget's allowance before nodes under way are subtracted, and
+    /// those nodes (upstream's allowed_disruptions and nodes_consuming_budgets gauges).
+    pub budget_use: Vec<(String, DisruptionReason, usize, usize)>,
     pub expired: Vec<Arc<NodeClaim>>,
     pub stamps: Vec<Stamp>,
     /// Claims carrying a NodePool hash of another hash version.
@@ -278,6 +281,8 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             let busy = disrupting.get(name).copied().unwrap_or(0);
             let left = budgets::allowed(np, reason, n, busy, now_unix);
             view.allowed.budgets.insert((name.clone(), reason), left);
+            let whole = budgets::allowed(np, reason, n, 0, now_unix);
+            view.budget_use.push((name.clone(), reason, whole, busy));
         }
     }
     let mut blocked: HashSet<(String, DisruptionReason)> = HashSet::new();

@@ -156,7 +156,9 @@ impl Step {
                     crate::api::duration::format(self.shared.settings.launch_timeout)
                 ),
             );
+            self.record_registration(Err((e.reason().to_string(), message)));
             self.delete_claim().await?;
+            self.count_timeout("launch_timeout");
             return Ok(Next::Wait(None));
         };
         let retry = Some(retry.map_or(left, |r| r.min(left)));

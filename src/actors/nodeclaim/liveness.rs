@@ -6,13 +6,15 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
+use kube::ResourceExt;
 
 use super::{Next, Step, left_until, object_ref};
 use crate::actors::Error;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
+use crate::api::wellknown::CAPACITY_TYPE_LABEL;
 use crate::capi::model::Machine;
-use crate::metrics::Metrics;
+use crate::metrics::{DisruptedLabels, Metrics};
 use crate::state::claims::provider_id;
 
 impl Step {
@@ -69,7 +71,13 @@ impl Step {
             ),
         );
         tracing::warn!(nodeclaim = %self.name(), machine_deployment = %md, "create timeout");
+        let (reason, message) = conditions::get(c.conditions(), conditions::LAUNCHED)
+            .filter(|l| !l.is_true() && !l.reason.is_empty())
+            .map(|l| (l.reason.clone(), l.message.clone()))
+            .unwrap_or_else(|| ("LaunchTimeout".to_string(), what.clone()));
+        self.record_registration(Err((reason, message)));
         self.delete_claim().await?;
+        self.count_timeout("launch_timeout");
         Ok(Next::Wait(None))
     }
 
@@ -132,8 +140,43 @@ impl Step {
                 crate::api::duration::format(self.shared.settings.registration_timeout)
             ),
         );
+        self.record_registration(Err((
+            "RegistrationFailed".to_string(),
+            "a launched node did not register in time".to_string(),
+        )));
         self.delete_claim().await?;
+        self.count_timeout("registration_timeout");
         Ok(Next::Wait(None))
+    }
+
+    /// A launch of this claim's NodePool registered (`Ok`) or timed out: the pool's
+    /// `NodeRegistrationHealthy` follows.
+    pub(super) fn record_registration(&self, outcome: Result<(), (String, String)>) {
+        let pool = self.nodepool();
+        if pool.is_empty() {
+            return;
+        }
+        self.shared
+            .state
+            .registration_health
+            .write()
+            .record(&pool, outcome);
+        self.shared.router.nodepools_changed();
+    }
+
+    /// A claim deleted by a liveness timeout counts as disrupted, as upstream counts it
+    /// (`launch_timeout` or `registration_timeout`).
+    pub(super) fn count_timeout(&self, reason: &str) {
+        let label = |k: &str| self.claim.labels().get(k).cloned().unwrap_or_default();
+        self.shared
+            .metrics
+            .nodeclaims_disrupted
+            .get_or_create(&DisruptedLabels {
+                reason: reason.to_string(),
+                nodepool: self.nodepool(),
+                capacity_type: label(CAPACITY_TYPE_LABEL),
+            })
+            .inc();
     }
 
     /// Garbage collection: the claim's Machine is gone, so is the claim.

@@ -529,6 +529,37 @@ impl Step {
             .await
     }
 
+    /// Set these conditions (status, reason, message); one guarded status write when any of them
+    /// changes, None when none did.
+    pub(super) async fn set_conditions(
+        &self,
+        wanted: &[(&str, ConditionStatus, &str, &str)],
+    ) -> Result<Option<Arc<NodeClaim>>, Error> {
+        let c = &self.claim;
+        let now = Timestamp::now();
+        let mut status = c.status.clone().unwrap_or_default();
+        let mut conds = status.conditions.take().unwrap_or_default();
+        let mut changed = false;
+        for (type_, st, reason, message) in wanted {
+            changed |= conditions::set(
+                &mut conds,
+                type_,
+                *st,
+                reason,
+                message,
+                c.metadata.generation,
+                now,
+            );
+        }
+        if !changed {
+            return Ok(None);
+        }
+        status.conditions = Some(conds);
+        self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
+            .await
+            .map(Some)
+    }
+
     async fn patch_node(&self, name: &str, p: JsonPatch) -> Result<(), Error> {
         let api: Api<Node> = Api::all(self.shared.workload.clone());
         let patch = p.into_patch().map_err(|source| Error::Patch {

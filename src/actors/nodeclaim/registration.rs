@@ -78,6 +78,7 @@ impl Step {
             })
             .inc();
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");
+        self.record_registration(Ok(()));
         if initialize {
             self.initialized_metrics(&md, &node_name);
         }

@@ -9,6 +9,9 @@
 //!    Cluster API's own drain switched off for it: ours is done. `InstanceTerminating`.
 //! 4. Once the Machine is gone: delete the Node if it is still there, drop our finalizer from it
 //!    and from the claim.
+//!
+//! A Node that is not Ready while its Machine is already gone skips step 2, as Karpenter does
+//! when the cloud provider no longer knows the instance: nothing runs there to drain.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,8 +20,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, PatchParams};
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 
+use super::initialization::node_ready;
 use super::{Next, Step, condition_time, has_finalizer, is_true, object_ref, since};
 use crate::actors::messages::{CancelRequest, ReleaseMachine};
 use crate::actors::patch::JsonPatch;
@@ -27,7 +31,7 @@ use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
-use crate::metrics::{Metrics, NodePoolLabels};
+use crate::metrics::{ClaimTerminatedLabels, NodePoolLabels, NodeTerminatedLabels};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::key as machine_key;
 
@@ -49,10 +53,23 @@ impl Step {
             Deadline::At(d) => d,
         };
         let node = self.claim_node();
-        let bound = self.shared.state.machines.read().bound_to(&self.name());
+        let (bound, synced) = {
+            let machines = self.shared.state.machines.read();
+            (machines.bound_to(&self.name()), machines.synced())
+        };
+        let instance_gone = synced && matches!(bound, Ok(None));
         let machine = bound.ok().flatten();
-        // Drain while the Machine still runs, so pods leave on their own terms.
+        // Drain while the Machine still runs, so pods leave on their own terms. A NotReady Node
+        // whose Machine is gone has no kubelet left to stop any pod: evictions there would only
+        // wait on budgets for nothing, so it is let go at once.
+        let dead = node
+            .as_ref()
+            .is_some_and(|n| instance_gone && !node_ready(n));
+        if dead {
+            tracing::info!(nodeclaim = %self.name(), "node NotReady and its Machine gone; not draining");
+        }
         if let Some(n) = &node
+            && !dead
             && let Some(next) = self.drain(&c, n, deadline).await?
         {
             return Ok(next);
@@ -212,37 +229,6 @@ impl Step {
         })
     }
 
-    /// Set these conditions (status, reason, message); one guarded status write when any of them
-    /// changes, None when none did.
-    async fn set_conditions(
-        &self,
-        wanted: &[(&str, ConditionStatus, &str, &str)],
-    ) -> Result<Option<Arc<NodeClaim>>, Error> {
-        let c = &self.claim;
-        let now = Timestamp::now();
-        let mut status = c.status.clone().unwrap_or_default();
-        let mut conds = status.conditions.take().unwrap_or_default();
-        let mut changed = false;
-        for (type_, st, reason, message) in wanted {
-            changed |= conditions::set(
-                &mut conds,
-                type_,
-                *st,
-                reason,
-                message,
-                c.metadata.generation,
-                now,
-            );
-        }
-        if !changed {
-            return Ok(None);
-        }
-        status.conditions = Some(conds);
-        self.patch_status(serde_json::to_value(&status).unwrap_or(Value::Null))
-            .await
-            .map(Some)
-    }
-
     pub(super) fn claim_node(&self) -> Option<Arc<Node>> {
         let nodes = self.shared.state.nodes.read();
         provider_id(&self.claim)
@@ -302,7 +288,10 @@ impl Step {
         self.shared
             .metrics
             .nodes_terminated
-            .get_or_create(&pool)
+            .get_or_create(&NodeTerminatedLabels {
+                nodepool: pool.nodepool.clone(),
+                zone: node.labels().get(ZONE_LABEL).cloned().unwrap_or_default(),
+            })
             .inc();
         if let Some(deleted) = node.metadata.deletion_timestamp.as_ref() {
             self.shared
@@ -347,11 +336,15 @@ pub(super) fn observe_terminated(shared: &Shared, c: &NodeClaim) {
             .get_or_create(&pool)
             .observe(since(t).as_secs_f64());
     }
-    let md = recorded_deployment(c).unwrap_or_default().to_string();
+    let label = |k: &str| c.labels().get(k).cloned().unwrap_or_default();
     shared
         .metrics
         .nodeclaims_terminated
-        .get_or_create(&Metrics::pool(&nodepool, &md))
+        .get_or_create(&ClaimTerminatedLabels {
+            nodepool,
+            capacity_type: label(CAPACITY_TYPE_LABEL),
+            zone: label(ZONE_LABEL),
+        })
         .inc();
 }
 

@@ -447,13 +447,16 @@ impl Terminator {
         match result {
             Ok(how) => {
                 entry.removed = true;
-                self.shared
-                    .metrics
-                    .pods_drained
-                    .get_or_create(&ReasonLabels {
-                        reason: reason.clone(),
-                    })
-                    .inc();
+                // Upstream counts evictions only; a deletion at the deadline is not a drain.
+                if matches!(how, Removed::Evicted) {
+                    self.shared
+                        .metrics
+                        .pods_drained
+                        .get_or_create(&ReasonLabels {
+                            reason: reason.clone(),
+                        })
+                        .inc();
+                }
                 let note = match how {
                     Removed::Evicted => format!("Evicted pod: {reason}"),
                     Removed::Deleted { grace_seconds } => format!(
