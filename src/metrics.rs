@@ -248,6 +248,7 @@ pub struct Metrics {
     pub disruption_consolidation_timeouts: Family<ConsolidationTypeLabels, Counter>,
     pub nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>,
     pub disruption_commands_in_flight: Gauge,
+    pub consolidation_paused: Gauge,
 }
 
 impl Metrics {
@@ -301,6 +302,7 @@ impl Metrics {
             nodeclaims_disrupted: Family::default(),
             disruption_evaluation_seconds: Family::new_with_constructor(latency_histogram),
             disruption_commands_in_flight: Gauge::default(),
+            consolidation_paused: Gauge::default(),
             disruption_decisions_by_nodepool: Family::default(),
             disruption_failed_validations: Family::default(),
             disruption_queue_failures: Family::default(),
@@ -571,6 +573,11 @@ impl Metrics {
             "karpenter_capi_disruption_commands_in_flight",
             "Disruption commands being carried out now (marked, replacements launching, candidates deleting)",
             m.disruption_commands_in_flight.clone(),
+        );
+        r.register(
+            "karpenter_capi_consolidation_paused",
+            "1 while consolidation of non-empty nodes pauses because pods it moved needed new nodes",
+            m.consolidation_paused.clone(),
         );
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),

@@ -489,7 +489,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let in_flight = InFlightSampler::start(&p.controller.shared.metrics);
     let mut disruption_end_ms = None;
     match scenario {
-        Scenario::Consolidate => consolidate(args, &p.sim, deadline).await?,
+        Scenario::Consolidate => {
+            consolidate(args, &p.sim, deadline, &p.controller.shared.metrics).await?
+        }
         Scenario::Drift => {
             eprintln!(
                 "changing the NodePool template: every one of the {} claims drifts",
@@ -659,6 +661,7 @@ async fn consolidate(
     args: &SimulateArgs,
     sim: &BackgroundSim,
     deadline: Duration,
+    metrics: &crate::metrics::Metrics,
 ) -> Result<(), Error> {
     patch_nodepool(
         sim,
@@ -688,9 +691,11 @@ async fn consolidate(
     .await??;
     sim.mark("scaled down");
     // Consolidation waits for its validation (2 s) after every pass (1 s): 8 s without a change
-    // means it found nothing more to do.
+    // means it found nothing more to do, unless it is pausing after an overshoot (then it is not
+    // done, only waiting).
     wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
-        None
+        (metrics.consolidation_paused.get() > 0)
+            .then(|| "consolidation pausing after an overshoot".to_string())
     })
     .await
 }

@@ -243,10 +243,14 @@ impl Disruption {
             .values()
             .flat_map(|e| e.command.candidates.iter().cloned())
             .collect();
-        if self
+        let paused = self
             .consolidation_quiet_until
-            .is_some_and(|t| Instant::now() < t)
-        {
+            .is_some_and(|t| Instant::now() < t);
+        self.shared
+            .metrics
+            .consolidation_paused
+            .set(i64::from(paused));
+        if paused {
             // Only empty nodes and drift while consolidation stays quiet.
             for c in candidates.iter_mut().filter(|c| !c.pods.is_empty()) {
                 c.consolidatable = false;
@@ -603,6 +607,7 @@ impl Disruption {
         if !launched.is_empty() {
             let pause = self.consolidation_backoff.next_delay();
             self.consolidation_quiet_until = Some(Instant::now() + pause);
+            self.shared.metrics.consolidation_paused.set(1);
             self.aftermath = None;
             tracing::info!(launched = ?launched, pause = ?pause, "pods moved by the last consolidation needed new nodes; pausing consolidation");
         } else if Instant::now() >= a.until {
