@@ -827,3 +827,50 @@ fn the_parity_table_names_tests_that_exist() {
         }
     }
 }
+
+/// Audit row 17: a node the provisioner just planned pending pods onto (it nominated it) is not
+/// disrupted meanwhile, empty as it is until the pods bind.
+#[actix::test]
+async fn a_node_nominated_for_pending_pods_is_not_emptied() {
+    let env = env_fast().await;
+    let (claim, _) = env.stamped_claim("sim-0").await;
+    // A pending pod the scheduler found no node for (this cluster runs no scheduler stand-in:
+    // the pod stays pending, as behind a slow scheduler).
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(env.client().await, NS);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "waiting", "namespace": NS},
+        "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create the pod");
+    pods.patch_status(
+        "waiting",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/1 nodes are available"}]}})),
+    )
+    .await
+    .expect("mark it unschedulable");
+    env.wait("the pod nominated to the existing node", || {
+        env.events("Nominated")
+            .iter()
+            .any(|e| e["regarding"]["name"] == "waiting")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(env.claims().len(), 1, "no claim is created for it");
+    env.set_disruption(
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
+                              "budgets": [{"nodes": "100%"}]}),
+    )
+    .await;
+    // Several passes (200 ms) and validations (300 ms) go by.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = env.get("nodeclaims", "", &claim).expect("the claim stays");
+    assert!(c["metadata"]["deletionTimestamp"].is_null(), "{c:#}");
+}

@@ -79,6 +79,11 @@ impl Nominations {
         Some(format!("Pod should schedule on: {}", target.text))
     }
 
+    /// How long a plan holds.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
     /// Where `pod` was last planned (the claim, or the Node without one), however long ago.
     pub fn place_of(&self, pod: &str) -> Option<&str> {
         self.planned.get(pod).map(|p| p.place.as_str())
@@ -117,6 +122,13 @@ pub struct Target {
     place: String,
     /// Upstream's wording: the claim first, then the node.
     text: String,
+}
+
+impl Target {
+    /// The claim's name, or the Node's for one no claim of ours made.
+    pub fn place(&self) -> &str {
+        &self.place
+    }
 }
 
 pub fn target(nodeclaim: Option<&str>, node: Option<&str>) -> Option<Target> {

@@ -358,7 +358,14 @@ impl Provisioner {
     /// Publish `Nominated` on a pod placed on `target` (once per target, rate-limited).
     fn nominate(&mut self, pod_key: &str, target: Option<nomination::Target>) {
         let Some(target) = target else { return };
-        let Some(note) = self.nominations.nominate(pod_key, &target, Instant::now()) else {
+        let now = Instant::now();
+        // Disruption leaves the place alone while the plan holds (upstream's nominated node).
+        self.shared
+            .state
+            .nominated
+            .write()
+            .insert(target.place().to_string(), now + self.nominations.window());
+        let Some(note) = self.nominations.nominate(pod_key, &target, now) else {
             return;
         };
         if let Some(p) = self.shared.state.pods.read().get(pod_key) {

@@ -51,4 +51,7 @@ pub struct State {
     pub pdbs: Arc<RwLock<reschedulable::Pdbs>>,
     /// Recent launch outcomes per NodePool, for its `NodeRegistrationHealthy` condition.
     pub registration_health: Arc<RwLock<registration_health::RegistrationHealth>>,
+    /// Claims (or Nodes without one) the provisioner planned pending pods onto, until when:
+    /// disruption leaves them alone meanwhile, as upstream's nominated nodes.
+    pub nominated: Arc<RwLock<std::collections::HashMap<String, std::time::Instant>>>,
 }

@@ -198,7 +198,14 @@ impl Disruption {
             .flat_map(|e| e.command.candidates.iter().map(|c| c.claim.clone()))
             .chain(self.deleted.iter().cloned())
             .collect();
-        let nominated = self.nominations();
+        let mut nominated = self.nominations();
+        {
+            // The provisioner's plans too: a node it just planned pending pods onto stays.
+            let now = Instant::now();
+            let mut planned = self.shared.state.nominated.write();
+            planned.retain(|_, until| *until > now);
+            nominated.extend(planned.keys().cloned());
+        }
         {
             let claims = self.shared.state.claims.read();
             self.own_replacements.retain(|c| claims.contains(c));

@@ -76,8 +76,9 @@ pub struct Memory<'a> {
     pub started: Timestamp,
     /// Claims of the command being carried out (their taints are ours).
     pub executing: &'a HashSet<String>,
-    /// Replacements the moved pods are heading for (upstream's nomination): not candidates,
-    /// or a replacement still empty a moment before its pods arrive would go as empty.
+    /// Claims pods are heading for (upstream's nomination): a command's replacements while the
+    /// moved pods arrive, and the places the provisioner just planned pending pods onto. Not
+    /// candidates: still empty a moment before their pods arrive, they would go as empty.
     pub nominated: &'a HashSet<String>,
     pub now: Timestamp,
 }
@@ -203,7 +204,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         if mem.nominated.contains(&name) {
             view.blocked.push((
                 c.clone(),
-                "it was launched for pods moving off disrupted nodes (nominated)".to_string(),
+                "pods are planned onto it (nominated: the replacement of a disruption, or a node the provisioner chose for pending pods)".to_string(),
             ));
             continue;
         }
