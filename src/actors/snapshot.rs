@@ -257,6 +257,9 @@ pub fn build<'a>(
         volume_topology: Default::default(),
         // Set by the provisioner from its plans; disruption simulates without them.
         nominated: Default::default(),
+        // Set by disruption's simulations.
+        moved: Default::default(),
+        under_consolidate_after: Default::default(),
     }
 }
 

@@ -37,6 +37,7 @@ pub fn without(base: &Snapshot, candidates: &[&Candidate]) -> Snapshot {
         if !on_candidate {
             staying.push(p);
         } else if reschedulable(&p) {
+            s.moved.insert(pods::key(&p));
             s.pods.push(pending(&p));
         }
     }

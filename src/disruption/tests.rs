@@ -764,3 +764,16 @@ fn validation_rejects_a_changed_plan() {
     );
     assert_eq!(revalidate(&full, &c, &allow(1), &pending), None);
 }
+
+/// Audit row 18: a node still inside its pool's `consolidateAfter` (it just received pods) takes
+/// none of the pods a consolidation would move, so it can go idle in turn.
+#[test]
+fn moved_pods_do_not_land_on_nodes_inside_consolidate_after() {
+    let (mut s, c) = busy_and_idle();
+    assert_eq!(
+        decide(&s, &c, &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+    s.under_consolidate_after.insert("busy".to_string());
+    assert_eq!(decide(&s, &c, &allow(1)), None);
+}

@@ -41,7 +41,7 @@ use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::INITIALIZED_LABEL;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Upstream's cap on the instance types written into one claim.
@@ -98,6 +98,12 @@ pub struct Snapshot {
     /// again while their claims launch repacks nothing. A pod that no longer fits there, or
     /// whose node is not in `nodes`, is placed as any other.
     pub nominated: HashMap<String, String>,
+    /// For a disruption simulation: the pods it moves off its candidates (by key), and the
+    /// existing nodes still inside their pool's `consolidateAfter`, which take none of them
+    /// (upstream: a node that just received pods is not packed further, so it can go idle).
+    /// Pods pending anyway may still go there.
+    pub moved: HashSet<String>,
+    pub under_consolidate_after: HashSet<String>,
 }
 
 /// A node the pods may go to without a new claim.

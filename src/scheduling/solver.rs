@@ -5,7 +5,7 @@
 
 use std::borrow::Cow;
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::rc::Rc;
 
 use k8s_openapi::api::core::v1::{Pod, Taint};
@@ -272,6 +272,9 @@ struct Solver<'a> {
     min_values_policy: MinValuesPolicy,
     /// While set, the one node a pod may go to (its nominated node; see `place_nominated`).
     only: Option<usize>,
+    /// Pods a disruption simulation moves, and the nodes they may not go to.
+    moved: &'a HashSet<String>,
+    under_consolidate_after: &'a HashSet<String>,
 }
 
 type VolumeState<'a> = (
@@ -339,6 +342,8 @@ impl<'a> Solver<'a> {
             volume_topology: None,
             min_values_policy: snapshot.min_values_policy,
             only: None,
+            moved: &snapshot.moved,
+            under_consolidate_after: &snapshot.under_consolidate_after,
         }
     }
 
@@ -628,6 +633,11 @@ impl<'a> Solver<'a> {
         };
         for ni in range {
             let node = &self.nodes[ni];
+            if self.under_consolidate_after.contains(&node.input.name)
+                && self.moved.contains(&ctx.pod.key)
+            {
+                continue;
+            }
             if !fits(&ctx.prep.amounts, &node.free)
                 || untolerated(&ctx.pod.tolerations, &node.taints, ctx.prefer_blocks).is_some()
                 || ports_conflict(&node.host_ports, &ctx.pod.host_ports)

@@ -762,6 +762,8 @@ impl Env {
             // `provision` prepares it, as the provisioner does.
             volume_topology: Default::default(),
             nominated: Default::default(),
+            moved: Default::default(),
+            under_consolidate_after: Default::default(),
         }
     }
     /// Configure default topology spread constraints, through the `--scheduler-config`

@@ -263,6 +263,7 @@ impl Disruption {
                 c.consolidatable = false;
             }
         }
+        let under_consolidate_after = view.under_consolidate_after.clone();
         let mut allowed = view.allowed.clone();
         allowed.rotation = self.rotation;
         self.rotation = self
@@ -280,7 +281,7 @@ impl Disruption {
             .map(|p| (p.method.consolidation_type(), p.candidates.len()));
         let fut = async move {
             housekeeping(&shared, view).await;
-            let snapshot = view::snapshot(&shared, &candidates, &leaving);
+            let snapshot = view::snapshot(&shared, &candidates, &leaving, &under_consolidate_after);
             let started = Instant::now();
             let decision = tokio::task::spawn_blocking(move || {
                 if let Some(pending) = due {

@@ -64,6 +64,9 @@ pub struct View {
     pub budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
     /// Claims this pass does not weigh at all, and why (for `explain`; the pass ignores them).
     pub skipped: Vec<(String, &'static str)>,
+    /// Nodes whose pool's `consolidateAfter` has not passed since their last pod event: a
+    /// consolidation moves no pod onto them.
+    pub under_consolidate_after: HashSet<String>,
 }
 
 /// What the pass knows that the indexes do not.
@@ -194,6 +197,9 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
             totals.1 += reschedule_cost;
         }
         let consolidatable = consolidatable(c, np, &node.name_any(), mem);
+        if !consolidatable && np.disruption().consolidate_after().duration().is_some() {
+            view.under_consolidate_after.insert(node.name_any());
+        }
         if stamp_needed(c, drift, consolidatable) {
             view.stamps.push(Stamp {
                 claim: c.clone(),
@@ -429,7 +435,12 @@ fn outdated_under_rolling_update(
 /// The solver's view of the cluster, as the provisioner sees it, with every pod of the nodes a
 /// decision may simulate removing: candidates with pods that are drifted, or consolidatable
 /// under a policy that moves pods (empty ones go without a solve).
-pub fn snapshot(shared: &Shared, candidates: &[Candidate], leaving: &[Candidate]) -> Snapshot {
+pub fn snapshot(
+    shared: &Shared,
+    candidates: &[Candidate],
+    leaving: &[Candidate],
+    under_consolidate_after: &HashSet<String>,
+) -> Snapshot {
     let none: [(&u64, &NodeClaim); 0] = [];
     let moving: HashSet<String> = candidates
         .iter()
@@ -459,11 +470,16 @@ pub fn snapshot(shared: &Shared, candidates: &[Candidate], leaving: &[Candidate]
     );
     // The nodes of the commands under way are going: their pods are planned as pending.
     let leaving: Vec<&Candidate> = leaving.iter().collect();
-    if leaving.is_empty() {
+    let mut snapshot = if leaving.is_empty() {
         snapshot
     } else {
         crate::disruption::consolidation::without(&snapshot, &leaving)
-    }
+    };
+    // Their pods are not the next decision's moved pods: nodes inside consolidateAfter may
+    // take them, as upstream lets pods of deleting nodes go there.
+    snapshot.moved.clear();
+    snapshot.under_consolidate_after = under_consolidate_after.clone();
+    snapshot
 }
 
 fn expired(c: &NodeClaim, now: Timestamp) -> bool {
