@@ -354,7 +354,43 @@ async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
         assert!(text.contains(series), "{series} in\n{text}");
     }
     assert!(!text.contains("method=\"all\""), "{text}");
+    // Upstream's Events: the candidate's on its Node and its NodeClaim alike (`kubectl describe
+    // node` shows them), the replacement's launch and wait on the replacement claim.
+    let replacement = env.claims()[0]["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for reason in ["ConsolidationCandidate", "DisruptionTerminating"] {
+        for (kind, name) in [("Node", node.as_str()), ("NodeClaim", pricey.as_str())] {
+            assert!(
+                regarding(&env, reason).contains(&(kind.to_string(), name.to_string())),
+                "{reason} on {kind} {name}: {:#?}",
+                env.events(reason)
+            );
+        }
+    }
+    for reason in ["DisruptionLaunching", "DisruptionWaitingReadiness"] {
+        assert!(
+            regarding(&env, reason).contains(&("NodeClaim".to_string(), replacement.clone())),
+            "{reason} on the replacement {replacement}: {:#?}",
+            env.events(reason)
+        );
+    }
     env.assert_clean();
+}
+
+/// The (kind, name) of the objects the Events with `reason` are about.
+fn regarding(env: &Env, reason: &str) -> Vec<(String, String)> {
+    env.events(reason)
+        .iter()
+        .map(|e| {
+            let r = &e["regarding"];
+            (
+                r["kind"].as_str().unwrap_or_default().to_string(),
+                r["name"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 #[actix::test]

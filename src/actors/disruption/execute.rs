@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -331,19 +331,94 @@ pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Err
             })
             .inc();
         if let Some(claim) = claim {
-            shared.events.normal(
-                claim.object_ref(&()),
+            on_claim_and_node(
+                shared,
+                &claim,
+                crate::actors::events::Events::normal,
                 "DisruptionTerminating",
-                format!(
-                    "Disrupting NodeClaim {}: {reason}/{} ({} method)",
-                    c.claim,
-                    cmd.decision(),
-                    method_name(cmd)
-                ),
+                |object| {
+                    format!(
+                        "Disrupting {object}: {reason}/{} ({} method)",
+                        cmd.decision(),
+                        method_name(cmd)
+                    )
+                },
             );
         }
     }
     Ok(())
+}
+
+/// `Events::normal` or `Events::warning`.
+pub type Publish = fn(&crate::actors::events::Events, ObjectReference, &str, String);
+
+/// Publish a disruption Event on a claim and on its Node when it has one (`status.nodeName`, as
+/// the index holds it), as upstream does, so `kubectl describe node` shows it too. `note` gets
+/// the object it is for ("NodeClaim x" or "Node y"). The writer keys its repeat suppression on
+/// the object, so the two Events never fold into one.
+pub fn on_claim_and_node(
+    shared: &Shared,
+    claim: &NodeClaim,
+    publish: Publish,
+    reason: &str,
+    note: impl Fn(&str) -> String,
+) {
+    let node = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .and_then(|n| shared.state.nodes.read().get(n));
+    if let Some(node) = node {
+        publish(
+            &shared.events,
+            node.object_ref(&()),
+            reason,
+            note(&format!("Node {}", node.name_any())),
+        );
+    }
+    publish(
+        &shared.events,
+        claim.object_ref(&()),
+        reason,
+        note(&format!("NodeClaim {}", claim.name_any())),
+    );
+}
+
+/// `on_claim_and_node` for each of a command's candidates the index still holds.
+pub fn on_candidates(
+    shared: &Shared,
+    cmd: &Command,
+    publish: Publish,
+    reason: &str,
+    note: impl Fn(&str) -> String,
+) {
+    for c in &cmd.candidates {
+        let claim = shared.state.claims.read().get(&c.claim);
+        if let Some(claim) = claim {
+            on_claim_and_node(shared, &claim, publish, reason, &note);
+        }
+    }
+}
+
+/// A replacement of a running command that is not Initialized yet: launching, and the command
+/// waits for its readiness (upstream's two Events, on the replacement claim only).
+pub fn replacement_waiting(shared: &Shared, replacement: &NodeClaim, cmd: &Command) {
+    let name = replacement.name_any();
+    let candidates = cmd.claim_names().join(", ");
+    shared.events.normal(
+        replacement.object_ref(&()),
+        "DisruptionLaunching",
+        format!(
+            "Launching NodeClaim {name} to replace {candidates} ({}, {} method)",
+            cmd.method.reason().as_str(),
+            method_name(cmd)
+        ),
+    );
+    shared.events.normal(
+        replacement.object_ref(&()),
+        "DisruptionWaitingReadiness",
+        format!("Disruption of {candidates} waits until NodeClaim {name} is Initialized"),
+    );
 }
 
 /// Upstream's labels for a command's decision counters.
@@ -376,7 +451,7 @@ pub fn count_started(shared: &Shared, cmd: &Command) {
     }
 }
 
-fn method_name(cmd: &Command) -> &'static str {
+pub fn method_name(cmd: &Command) -> &'static str {
     match cmd.method {
         crate::disruption::Method::Emptiness => "emptiness",
         crate::disruption::Method::Drift => "drift",

@@ -33,6 +33,7 @@ use kube::{Resource, ResourceExt};
 
 use super::Shared;
 use super::backoff::Backoff;
+use super::events::Events;
 use crate::api::conditions;
 use crate::api::wellknown::REPLACES_ANNOTATION;
 use crate::disruption::{self, Command};
@@ -321,10 +322,12 @@ impl Disruption {
             for (claim, why) in &unconsolidatable {
                 let c = shared.state.claims.read().get(claim);
                 if let Some(c) = c {
-                    shared.events.normal(
-                        c.object_ref(&()),
+                    execute::on_claim_and_node(
+                        &shared,
+                        &c,
+                        Events::normal,
                         "Unconsolidatable",
-                        format!("NodeClaim {claim} cannot be consolidated: {why}"),
+                        |object| format!("{object} cannot be consolidated: {why}"),
                     );
                 }
             }
@@ -407,6 +410,7 @@ impl Disruption {
             }
             _ => {
                 tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), "disruption candidate command; validating");
+                self.candidate_events(&cmd);
                 self.pending = Some(Pending {
                     command: cmd,
                     since: Instant::now(),
@@ -414,6 +418,32 @@ impl Disruption {
                 ctx.run_later(validation, |act, ctx| act.pass(ctx));
             }
         }
+    }
+
+    /// `ConsolidationCandidate` on each candidate of a consolidation about to be validated, as
+    /// upstream publishes when it computes one (emptiness and drift publish none).
+    fn candidate_events(&self, cmd: &Command) {
+        if !matches!(
+            cmd.method,
+            disruption::Method::SingleNodeConsolidation
+                | disruption::Method::MultiNodeConsolidation
+        ) {
+            return;
+        }
+        let n = cmd.candidates.len();
+        execute::on_candidates(
+            &self.shared,
+            cmd,
+            Events::normal,
+            "ConsolidationCandidate",
+            |object| {
+                format!(
+                    "{object} is a consolidation candidate: {} ({} method, {n} node(s))",
+                    cmd.decision(),
+                    execute::method_name(cmd)
+                )
+            },
+        );
     }
 
     /// The in-flight gauge follows every start and end of a command.
@@ -473,6 +503,12 @@ impl Disruption {
                             },
                         );
                     }
+                    for n in &names {
+                        let claim = act.shared.state.claims.read().get(n);
+                        if let Some(claim) = claim {
+                            execute::replacement_waiting(&act.shared, &claim, &e.command);
+                        }
+                    }
                     e.replacements = names;
                 }
             }
@@ -502,7 +538,13 @@ impl Disruption {
                         "replacement NodeClaim {name} is being deleted"
                     ));
                 }
-                Some(c) => ready &= conditions::is_true(c.conditions(), conditions::INITIALIZED),
+                Some(c) => {
+                    let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
+                    if !initialized {
+                        execute::replacement_waiting(&self.shared, &c, &e.command);
+                    }
+                    ready &= initialized;
+                }
             }
         }
         if ready {
@@ -653,15 +695,13 @@ impl Disruption {
             .disruption_queue_failures
             .get_or_create(&execute::decision_labels(&e.command))
             .inc();
-        for c in &e.command.candidates {
-            if let Some(claim) = self.shared.state.claims.read().get(&c.claim) {
-                self.shared.events.warning(
-                    claim.object_ref(&()),
-                    "DisruptionFailed",
-                    format!("Disrupting NodeClaim {} was rolled back: {why}", c.claim),
-                );
-            }
-        }
+        execute::on_candidates(
+            &self.shared,
+            &e.command,
+            Events::warning,
+            "DisruptionFailed",
+            |object| format!("Disrupting {object} was rolled back: {why}"),
+        );
         // The next pass sees the taints as stale and removes them (one place for rollback).
         ctx.run_later(Duration::from_millis(10), |act, ctx| act.pass(ctx));
     }
@@ -739,11 +779,9 @@ async fn housekeeping(shared: &Shared, view: view::View) {
             || conditions::is_true(c.conditions(), conditions::DRIFTED)
             || conditions::is_true(c.conditions(), conditions::CONSOLIDATABLE);
         if drifted_or_idle {
-            shared.events.normal(
-                c.object_ref(&()),
-                "DisruptionBlocked",
-                format!("Cannot disrupt NodeClaim {}: {why}", c.name_any()),
-            );
+            execute::on_claim_and_node(shared, c, Events::normal, "DisruptionBlocked", |object| {
+                format!("Cannot disrupt {object}: {why}")
+            });
         }
     }
 }
