@@ -280,8 +280,18 @@ impl Disruption {
         let validating = due
             .as_ref()
             .map(|p| (p.method.consolidation_type(), p.candidates.len()));
+        // While a decision waits for its validation nothing else is decided, as upstream's loop
+        // waits: a pass that decided again would replace it whenever the cluster moved a
+        // little, and its clock would never run out.
+        let waiting = self
+            .pending
+            .as_ref()
+            .is_some_and(|p| p.since.elapsed() < validation);
         let fut = async move {
             housekeeping(&shared, view).await;
+            if waiting {
+                return None;
+            }
             let snapshot = view::snapshot(&shared, &candidates, &leaving, &under_consolidate_after);
             let started = Instant::now();
             let decision = tokio::task::spawn_blocking(move || {
@@ -342,7 +352,9 @@ impl Disruption {
                     Progress::Waiting => {}
                 }
             }
-            act.consider(cmd, ctx);
+            if !waiting {
+                act.consider(cmd, ctx);
+            }
             if std::mem::take(&mut act.again) {
                 act.soon(ctx);
             }
