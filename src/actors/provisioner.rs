@@ -360,11 +360,10 @@ impl Provisioner {
         let Some(target) = target else { return };
         let now = Instant::now();
         // Disruption leaves the place alone while the plan holds (upstream's nominated node).
-        self.shared
-            .state
-            .nominated
-            .write()
-            .insert(target.place().to_string(), now + self.nominations.window());
+        self.shared.state.nominated.write().insert(
+            pod_key.to_string(),
+            (target.place().to_string(), now + self.nominations.window()),
+        );
         let Some(note) = self.nominations.nominate(pod_key, &target, now) else {
             return;
         };
@@ -562,6 +561,11 @@ impl StreamHandler<Watched> for Provisioner {
                     self.told.retain(|k, _| index.contains(k));
                     self.waiting.retain(|k, _| index.contains(k));
                     self.nominations.retain(|k, _| index.contains(k));
+                    self.shared
+                        .state
+                        .nominated
+                        .write()
+                        .retain(|k, _| index.contains(k));
                     drop(index);
                     self.shared.synced.notify_waiters();
                     self.extend_batch(None, ctx);
@@ -582,6 +586,7 @@ impl StreamHandler<Watched> for Provisioner {
                     } else {
                         self.told.remove(&key);
                         self.nominations.forget(&key);
+                        self.shared.state.nominated.write().remove(&key);
                     }
                 }
                 watcher::Event::Delete(p) => {
@@ -598,6 +603,7 @@ impl StreamHandler<Watched> for Provisioner {
                     self.told.remove(&key);
                     self.waiting.remove(&key);
                     self.nominations.forget(&key);
+                    self.shared.state.nominated.write().remove(&key);
                 }
             },
             Watched::DaemonSet(Ok(ev)) => match ev {

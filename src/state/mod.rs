@@ -51,7 +51,8 @@ pub struct State {
     pub pdbs: Arc<RwLock<reschedulable::Pdbs>>,
     /// Recent launch outcomes per NodePool, for its `NodeRegistrationHealthy` condition.
     pub registration_health: Arc<RwLock<registration_health::RegistrationHealth>>,
-    /// Claims (or Nodes without one) the provisioner planned pending pods onto, until when:
-    /// disruption leaves them alone meanwhile, as upstream's nominated nodes.
-    pub nominated: Arc<RwLock<std::collections::HashMap<String, std::time::Instant>>>,
+    /// Pending pods the provisioner planned onto a claim (or a Node without one), by pod key:
+    /// the place and until when the plan holds. Disruption leaves those places alone while a
+    /// pod planned there is still pending, as upstream's nominated nodes.
+    pub nominated: Arc<RwLock<std::collections::HashMap<String, (String, std::time::Instant)>>>,
 }

@@ -201,11 +201,18 @@ impl Disruption {
             .collect();
         let mut nominated = self.nominations();
         {
-            // The provisioner's plans too: a node it just planned pending pods onto stays.
+            // The provisioner's plans too: a node it planned pods onto stays while one of them
+            // is still pending and the plan holds.
             let now = Instant::now();
+            let pods = self.shared.state.pods.read();
             let mut planned = self.shared.state.nominated.write();
-            planned.retain(|_, until| *until > now);
-            nominated.extend(planned.keys().cloned());
+            planned.retain(|pod, (_, until)| {
+                *until > now
+                    && pods
+                        .get(pod)
+                        .is_some_and(|p| crate::state::pods::node_name(&p).is_none())
+            });
+            nominated.extend(planned.values().map(|(place, _)| place.clone()));
         }
         {
             let claims = self.shared.state.claims.read();
