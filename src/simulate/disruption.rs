@@ -489,9 +489,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let in_flight = InFlightSampler::start(&p.controller.shared.metrics);
     let mut disruption_end_ms = None;
     match scenario {
-        Scenario::Consolidate => {
-            consolidate(args, &p.sim, deadline, &p.controller.shared.metrics).await?
-        }
+        Scenario::Consolidate => consolidate(args, &p.sim, deadline).await?,
         Scenario::Drift => {
             eprintln!(
                 "changing the NodePool template: every one of the {} claims drifts",
@@ -661,7 +659,6 @@ async fn consolidate(
     args: &SimulateArgs,
     sim: &BackgroundSim,
     deadline: Duration,
-    metrics: &crate::metrics::Metrics,
 ) -> Result<(), Error> {
     patch_nodepool(
         sim,
@@ -693,11 +690,9 @@ async fn consolidate(
     // Consolidation waits for its validation (2 s) after every pass (1 s): 8 s without a change
     // means it found nothing more to do. A pause after an overshoot (10 s doubling to 5 min) is
     // not waited out: the report shows where consolidation stands when it pauses, and a long
-    // pause would make the scenario's length depend on luck. The progress line says so.
+    // pause would make the scenario's length depend on luck
+    // (`karpenter_capi_consolidation_paused` says when it does).
     wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
-        if metrics.consolidation_paused.get() > 0 {
-            tracing::debug!("consolidation is pausing after an overshoot");
-        }
         None
     })
     .await

@@ -18,6 +18,7 @@
 //!    (step 2): the API holds everything needed to resume or undo.
 
 mod execute;
+mod protection;
 pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -12,20 +12,20 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
+use super::protection::{PdbIndex, node_protected, pods_protected};
 use crate::actors::Shared;
 use crate::actors::nodeclaim::initialization::node_ready;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION,
-    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, REPLACES_ANNOTATION,
+    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, INSTANCE_TYPE_LABEL,
+    NODEPOOL_LABEL, REPLACES_ANNOTATION,
 };
 use crate::disruption::{
     self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
 };
 use crate::scheduling::Snapshot;
-use crate::scheduling::selector::Selector;
 use crate::state::claims::{recorded_deployment, recorded_machine};
 use crate::state::machines::{MachineDeployments, Machines};
 use crate::state::pods;
@@ -556,131 +556,6 @@ fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bo
     drifted_now != drift.map(Drift::reason) || consolidatable_now != consolidatable
 }
 
-/// `do-not-disrupt: "true"` on the claim or its Node.
-fn node_protected(c: &NodeClaim, node: &Node) -> Option<String> {
-    let dnd = |a: &BTreeMap<String, String>| {
-        a.get(DO_NOT_DISRUPT_ANNOTATION).map(String::as_str) == Some("true")
-    };
-    if dnd(c.annotations()) {
-        return Some(format!(
-            "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the NodeClaim"
-        ));
-    }
-    if dnd(node.annotations()) {
-        return Some(format!(
-            "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the Node"
-        ));
-    }
-    None
-}
-
-/// A pod that blocks the node's eviction: do-not-disrupt, or a PodDisruptionBudget.
-fn pods_protected(on_node: &[Arc<Pod>], pdbs: &PdbIndex, now: Timestamp) -> Option<String> {
-    // Upstream's `IsDisruptable`: an active pod (DaemonSet and static ones included) whose
-    // do-not-disrupt is "true" or a duration still running since it started.
-    for p in on_node.iter().filter(|p| pods::is_active(p)) {
-        if pods::do_not_disrupt(p, now) {
-            return Some(format!(
-                "pod {} has the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation",
-                pods::key(p)
-            ));
-        }
-    }
-    // Upstream's `CanEvictPods`: every pod a drain would evict, DaemonSet pods included.
-    for p in on_node.iter().filter(|p| pods::is_evictable(p, now)) {
-        if let Some(why) = pdbs.blocks(p) {
-            return Some(why);
-        }
-    }
-    None
-}
-
-/// PodDisruptionBudgets by namespace, parsed once per pass.
-struct PdbIndex {
-    by_ns: HashMap<String, Vec<Budget>>,
-}
-
-struct Budget {
-    name: String,
-    selector: Selector,
-    disruptions_allowed: i32,
-    /// `unhealthyPodEvictionPolicy: AlwaysAllow`: a pod that is not Ready may always be evicted.
-    always_allow_unhealthy: bool,
-}
-
-impl PdbIndex {
-    fn new(pdbs: &BTreeMap<String, Arc<PodDisruptionBudget>>) -> Self {
-        let mut by_ns: HashMap<String, Vec<Budget>> = HashMap::new();
-        for pdb in pdbs.values() {
-            let what = format!("PodDisruptionBudget {}", pdb.name_any());
-            // A selector we cannot read protects nothing we can name; the API validates them.
-            let Ok(sel) =
-                Selector::parse(pdb.spec.as_ref().and_then(|s| s.selector.as_ref()), &what)
-            else {
-                continue;
-            };
-            let allowed = pdb
-                .status
-                .as_ref()
-                .map(|s| s.disruptions_allowed)
-                .unwrap_or(0);
-            let always_allow_unhealthy = pdb
-                .spec
-                .as_ref()
-                .and_then(|s| s.unhealthy_pod_eviction_policy.as_deref())
-                == Some("AlwaysAllow");
-            by_ns
-                .entry(pdb.namespace().unwrap_or_default())
-                .or_default()
-                .push(Budget {
-                    name: pdb.name_any(),
-                    selector: sel,
-                    disruptions_allowed: allowed,
-                    always_allow_unhealthy,
-                });
-        }
-        Self { by_ns }
-    }
-
-    /// Upstream's rule: a pod whose PodDisruptionBudget allows no disruption now, or that more
-    /// than one budget selects (the Eviction API refuses those), blocks its node.
-    fn blocks(&self, p: &Pod) -> Option<String> {
-        let ns = p.namespace().unwrap_or_default();
-        let matching: Vec<&Budget> = self
-            .by_ns
-            .get(&ns)
-            .map(|v| {
-                v.iter()
-                    .filter(|b| b.selector.matches(p.labels()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        match matching.as_slice() {
-            [] => None,
-            [b] if b.always_allow_unhealthy && not_ready(p) => None,
-            [b] if b.disruptions_allowed <= 0 => Some(format!(
-                "PodDisruptionBudget {ns}/{} prevents evicting pod {}",
-                b.name,
-                pods::key(p)
-            )),
-            [_] => None,
-            many => Some(format!(
-                "pod {} is selected by {} PodDisruptionBudgets",
-                pods::key(p),
-                many.len()
-            )),
-        }
-    }
-}
-
-/// The pod's `Ready` condition is False (upstream's test for an unhealthy pod; Unknown is not).
-fn not_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "False"))
-}
-
 /// The MachineDeployments each NodeClass offers, for NodeClasses the catalog is sure of.
 fn offered_by_nodeclass(
     shared: &Shared,
@@ -787,6 +662,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
 
     /// Why the claim may not be disrupted voluntarily, if anything protects it.
     fn protected(
