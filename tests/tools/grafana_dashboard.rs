@@ -15,7 +15,7 @@ use karpenter_capi::simulate::{BackgroundSim, launch, pods, sim_settings, start_
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod standins;
+use crate::standins;
 
 const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),

@@ -4,7 +4,7 @@
 //! mid-command whose marks the next one rolls back. Each test ends with the DESIGN.md section 4
 //! invariants and no drain rule broken.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

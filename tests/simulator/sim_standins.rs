@@ -21,7 +21,7 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-mod standins;
+use crate::standins;
 
 use standins::{NS, eventually, fast};
 

@@ -18,7 +18,7 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-mod standins;
+use crate::standins;
 
 use standins::{NS, eventually, fast};
 

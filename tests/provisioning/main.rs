@@ -1,0 +1,7 @@
+//! Provisioning end to end: pods to claims through the simulated cluster, the
+//! solver on a mixed workload, the Cluster API model, and malformed objects.
+
+mod capi;
+mod malformed;
+mod provisioning;
+mod scheduling;
