@@ -1,8 +1,8 @@
 //! The simulated cluster itself: its API server, its Cluster API and kubelet stand-ins,
 //! rollouts, and the `simulate` reports.
 
-#[path = "../standins/mod.rs"]
-mod standins;
+#[path = "../common/mod.rs"]
+mod common;
 
 mod measure_apart;
 mod report_html;

@@ -3,8 +3,6 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-#[path = "../standins/mod.rs"]
-mod standins;
 
 mod cli;
 mod explain;
