@@ -18,6 +18,7 @@ use karpenter_capi::api::duration::GoDuration;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::cli::{Scenario, SimulateArgs};
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::sim::cluster::{MachineDeploymentSeed, SimClusterConfig};
 use karpenter_capi::simulate::launch::{
@@ -69,6 +70,16 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A `simulate` scenario as a typed spec: the command line's own defaults (so they are written
+/// once), with a deadline that only guards hangs; a test names the fields it changes:
+/// `SimulateArgs { pods: 40, ..scenario(Scenario::Pods) }`.
+pub fn scenario(kind: Scenario) -> SimulateArgs {
+    let mut args = SimulateArgs::from_words(&[]).expect("simulate's defaults parse");
+    args.scenario = kind;
+    args.deadline = Duration::from_secs(300);
+    args
 }
 
 /// The simulated cluster with short provider and kubelet delays, its scheduler stand-in on.
