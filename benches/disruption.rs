@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use k8s_openapi::api::core::v1::Pod;
 
-use karpenter_capi::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use karpenter_capi::api::resources::{Quantity, Resources};
 use karpenter_capi::api::wellknown::{
     CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL,
@@ -87,34 +86,9 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
             in_flight: false,
             nodepool: Some("default".into()),
         });
-        candidates.push(Candidate {
-            claim: format!("claim-{i:04}"),
-            node,
-            nodepool: "default".into(),
-            price: 4.0,
-            capacity_type: "on-demand".into(),
-            disruption_cost: keys.len() as f64,
-            reschedule_cost: 1.0 + keys.len() as f64,
-            instance_type: "large".into(),
-            pods: keys,
-            drift: None,
-            drifted_since: None,
-            consolidatable: true,
-            policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
-            pool_cost: 0.0,
-            pool_disruption: 0.0,
-        });
+        candidates.push(testing::candidate(&node, "large", "on-demand", 4.0, keys));
     }
-    let mut allowed = Allowed::default();
-    for r in [
-        DisruptionReason::Empty,
-        DisruptionReason::Drifted,
-        DisruptionReason::Underutilized,
-    ] {
-        allowed
-            .budgets
-            .insert(("default".into(), r), nodes.div_ceil(10));
-    }
+    let allowed = testing::allowed(nodes.div_ceil(10));
     (snapshot, candidates, allowed)
 }
 

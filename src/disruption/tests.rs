@@ -101,37 +101,13 @@ fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candida
             in_flight: false,
             nodepool: Some("default".into()),
         });
-        candidates.push(Candidate {
-            claim: format!("claim-{}", n.name),
-            node: n.name.into(),
-            nodepool: "default".into(),
-            price,
-            capacity_type: n.ct.into(),
-            disruption_cost: keys.len() as f64,
-            reschedule_cost: 1.0 + keys.len() as f64,
-            instance_type: n.ty.into(),
-            pods: keys,
-            drift: None,
-            drifted_since: None,
-            consolidatable: true,
-            policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
-            pool_cost: 0.0,
-            pool_disruption: 0.0,
-        });
+        candidates.push(testing::candidate(n.name, n.ty, n.ct, price, keys));
     }
     (snapshot, candidates)
 }
 
 fn allow(n: usize) -> Allowed {
-    let mut a = Allowed::default();
-    for r in [
-        DisruptionReason::Empty,
-        DisruptionReason::Drifted,
-        DisruptionReason::Underutilized,
-    ] {
-        a.budgets.insert(("default".into(), r), n);
-    }
-    a
+    testing::allowed(n)
 }
 
 fn types() -> Vec<InstanceType> {

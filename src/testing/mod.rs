@@ -15,10 +15,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 
 use crate::api::nodeclaim::NodeClassReference;
+use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::api::nodepool::{NodeClaimTemplate, NodeClaimTemplateSpec, NodePool, NodePoolSpec};
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::{CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL};
+use crate::disruption::{Allowed, Candidate};
 use crate::scheduling::{InstanceType, Offering, PoolInput};
 
 /// The zones instance types are offered in unless a test says otherwise.
@@ -365,4 +367,45 @@ fn term(key: &str, app: &str) -> PodAffinityTerm {
         topology_key: key.into(),
         ..Default::default()
     }
+}
+
+/// A consolidation candidate of pool `default` (claim `claim-<node>`), consolidatable, whose pods
+/// cost one each to disrupt.
+pub fn candidate(
+    node: &str,
+    instance_type: &str,
+    capacity_type: &str,
+    price: f64,
+    pods: Vec<String>,
+) -> Candidate {
+    Candidate {
+        claim: format!("claim-{node}"),
+        node: node.into(),
+        nodepool: "default".into(),
+        price,
+        capacity_type: capacity_type.into(),
+        disruption_cost: pods.len() as f64,
+        reschedule_cost: 1.0 + pods.len() as f64,
+        instance_type: instance_type.into(),
+        pods,
+        drift: None,
+        drifted_since: None,
+        consolidatable: true,
+        policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
+        pool_cost: 0.0,
+        pool_disruption: 0.0,
+    }
+}
+
+/// A budget of `nodes` for emptiness, drift and consolidation in pool `default`.
+pub fn allowed(nodes: usize) -> Allowed {
+    let mut allowed = Allowed::default();
+    for reason in [
+        DisruptionReason::Empty,
+        DisruptionReason::Drifted,
+        DisruptionReason::Underutilized,
+    ] {
+        allowed.budgets.insert(("default".into(), reason), nodes);
+    }
+    allowed
 }

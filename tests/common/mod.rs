@@ -284,12 +284,7 @@ impl Env {
     pub async fn claim(&self, grace: Option<Duration>) -> (String, String) {
         let mut claim = claim_for(&self.pool, "sim-0");
         claim.spec.termination_grace_period = grace.map(GoDuration);
-        let api: Api<NodeClaim> = Api::all(self.client().await);
-        let name = api
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create claim")
-            .name_any();
+        let name = self.create_claim(&claim).await;
         settle(&self.sim, DEADLINE).await.expect("settles");
         let node = self
             .wait("the claim's node", || {
@@ -298,6 +293,15 @@ impl Env {
             })
             .await;
         (name, node)
+    }
+
+    /// Creates `claim`; returns its name.
+    pub async fn create_claim(&self, claim: &NodeClaim) -> String {
+        let api: Api<NodeClaim> = Api::all(self.client().await);
+        api.create(&PostParams::default(), claim)
+            .await
+            .expect("create claim")
+            .name_any()
     }
 
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {

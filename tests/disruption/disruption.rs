@@ -90,12 +90,7 @@ impl Env {
     }
 
     async fn create_and_wait(&self, claim: NodeClaim) -> (String, String) {
-        let api: Api<NodeClaim> = Api::all(self.client().await);
-        let name = api
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create claim")
-            .name_any();
+        let name = self.create_claim(&claim).await;
         let node = self
             .wait("the claim initialized", || {
                 self.get("nodeclaims", "", &name).and_then(|c| {
