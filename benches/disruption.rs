@@ -5,99 +5,35 @@
 //!
 //! `BENCH_NODES=200` shrinks the cluster (pods scale with it).
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use kube::api::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
 
-use karpenter_capi::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
-use karpenter_capi::api::requirements::{Requirement, Requirements};
 use karpenter_capi::api::resources::{Quantity, Resources};
 use karpenter_capi::api::wellknown::{
     CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL,
 };
 use karpenter_capi::disruption::{Allowed, Candidate, decide};
-use karpenter_capi::scheduling::{ExistingNode, InstanceType, Offering, PoolInput, Snapshot};
+use karpenter_capi::scheduling::{ExistingNode, InstanceType, PoolInput, Snapshot};
+use karpenter_capi::testing;
 
-fn res(cpu: i64, gib: i64, pods: i64) -> Resources {
-    Resources::new()
-        .with("cpu", Quantity::from_units(cpu))
-        .with("memory", format!("{gib}Gi").parse().expect("quantity"))
-        .with("pods", Quantity::from_units(pods))
-}
-
+/// An on-demand instance type of `cpu` CPUs and 4 GiB each, in one zone.
 fn instance_type(name: &str, cpu: i64, price: f64) -> InstanceType {
-    let labels: BTreeMap<String, String> = [
-        (INSTANCE_TYPE_LABEL, name),
-        (ZONE_LABEL, "zone-a"),
-        (CAPACITY_TYPE_LABEL, "on-demand"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    let mut requirements = Requirements::new();
-    requirements.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &[name]));
-    requirements.add(Requirement::is_in(ZONE_LABEL, &["zone-a"]));
-    requirements.add(Requirement::is_in(CAPACITY_TYPE_LABEL, &["on-demand"]));
-    InstanceType {
-        name: name.into(),
-        requirements,
-        capacity: res(cpu, cpu * 4, 110),
-        overhead: Resources::new(),
-        offerings: vec![Offering {
-            machine_deployment: format!("default/{name}"),
-            zone: Some("zone-a".into()),
-            capacity_type: "on-demand".into(),
-            price,
-            available: true,
-            labels,
-            taints: vec![],
-            replicas: 0,
-            max_size: None,
-        }],
-    }
-}
-
-fn nodepool() -> NodePool {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-        "metadata": {"name": "default", "uid": "u"},
-        "spec": {"template": {"spec": {"requirements": [],
-            "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io",
-                             "kind": "ClusterAPINodeClass", "name": "default"}}}}
-    }))
-    .expect("a NodePool")
+    testing::instance_type(name, cpu, cpu * 4)
+        .zones(&["zone-a"])
+        .price(price)
+        .namespace("default")
+        .build()
 }
 
 fn pod(name: &str, node: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            labels: Some(BTreeMap::from([("app".to_string(), "web".to_string())])),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node.into()),
-            containers: vec![Container {
-                name: "c".into(),
-                resources: Some(ResourceRequirements {
-                    requests: Some(BTreeMap::from([
-                        ("cpu".to_string(), K8sQuantity("700m".into())),
-                        ("memory".to_string(), K8sQuantity("2Gi".into())),
-                    ])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        status: None,
-    }
+    testing::pod(name)
+        .label("app", "web")
+        .node(node)
+        .requests("700m", "2Gi")
+        .build()
 }
 
 fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
@@ -108,7 +44,7 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
     ];
     let mut snapshot = Snapshot {
         nodepools: vec![PoolInput {
-            nodepool: nodepool(),
+            nodepool: testing::nodepool("default"),
             instance_types: types.clone(),
             usage: Resources::new(),
         }],
@@ -150,34 +86,9 @@ fn cluster(nodes: usize) -> (Snapshot, Vec<Candidate>, Allowed) {
             in_flight: false,
             nodepool: Some("default".into()),
         });
-        candidates.push(Candidate {
-            claim: format!("claim-{i:04}"),
-            node,
-            nodepool: "default".into(),
-            price: 4.0,
-            capacity_type: "on-demand".into(),
-            disruption_cost: keys.len() as f64,
-            reschedule_cost: 1.0 + keys.len() as f64,
-            instance_type: "large".into(),
-            pods: keys,
-            drift: None,
-            drifted_since: None,
-            consolidatable: true,
-            policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
-            pool_cost: 0.0,
-            pool_disruption: 0.0,
-        });
+        candidates.push(testing::candidate(&node, "large", "on-demand", 4.0, keys));
     }
-    let mut allowed = Allowed::default();
-    for r in [
-        DisruptionReason::Empty,
-        DisruptionReason::Drifted,
-        DisruptionReason::Underutilized,
-    ] {
-        allowed
-            .budgets
-            .insert(("default".into(), r), nodes.div_ceil(10));
-    }
+    let allowed = testing::allowed(nodes.div_ceil(10));
     (snapshot, candidates, allowed)
 }
 

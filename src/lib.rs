@@ -22,6 +22,11 @@ pub mod scheduling;
 pub mod sim;
 pub mod simulate;
 pub mod state;
+// Builders shared by unit tests, tests/ and benches/: compiled for the crate's own tests and
+// through the `testing` feature, which only the crate's dev-dependency on itself turns on.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+// Unit tests in flight on other branches still name the helpers' old home.
 #[cfg(test)]
-mod test_support;
+use testing as test_support;
 pub mod write_gate;

@@ -1,17 +1,14 @@
 //! Decisions on small, hand-built clusters: one table row per rule.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use kube::api::ObjectMeta;
+use k8s_openapi::api::core::v1::Pod;
 
 use super::*;
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::Resources;
 use crate::api::wellknown::{CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, ZONE_LABEL};
-use crate::scheduling::{ExistingNode, InstanceType, Offering, PoolInput};
+use crate::scheduling::{ExistingNode, InstanceType, PoolInput};
+use crate::testing;
 
 fn res(cpu: &str, mem: &str) -> Resources {
     [("cpu", cpu), ("memory", mem), ("pods", "110")]
@@ -22,75 +19,23 @@ fn res(cpu: &str, mem: &str) -> Resources {
 
 /// An instance type of `cpu` CPUs (2 GiB each) in one zone, one offering per capacity type.
 fn it(name: &str, cpu: i64, price: f64, cts: &[&str]) -> InstanceType {
-    let offerings = cts
-        .iter()
-        .map(|ct| Offering {
-            machine_deployment: format!("ns/{name}-{ct}"),
-            zone: Some("z".into()),
-            capacity_type: ct.to_string(),
-            price: if *ct == "spot" { price / 2.0 } else { price },
-            available: true,
-            labels: [
-                (ZONE_LABEL, "z"),
-                (CAPACITY_TYPE_LABEL, ct),
-                (INSTANCE_TYPE_LABEL, name),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-            taints: vec![],
-            replicas: 0,
-            max_size: None,
-        })
-        .collect();
-    let mut requirements = Requirements::new();
-    requirements.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &[name]));
-    requirements.add(Requirement::is_in(ZONE_LABEL, &["z"]));
-    requirements.add(Requirement::is_in(CAPACITY_TYPE_LABEL, cts));
-    InstanceType {
-        name: name.into(),
-        requirements,
-        capacity: res(&cpu.to_string(), &format!("{}Gi", cpu * 2)),
-        overhead: Resources::new(),
-        offerings,
-    }
+    testing::instance_type(name, cpu, cpu * 2)
+        .zones(&["z"])
+        .capacity_types(cts)
+        .price(price)
+        .build()
 }
 
 fn nodepool() -> NodePool {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-        "metadata": {"name": "default", "uid": "u"},
-        "spec": {"template": {"spec": {"requirements": [],
-            "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io",
-                             "kind": "ClusterAPINodeClass", "name": "default"}}}}
-    }))
-    .expect("a NodePool")
+    testing::nodepool("default")
 }
 
 fn pod(name: &str, node: &str, cpu: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("ns".into()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            node_name: Some(node.into()),
-            containers: vec![Container {
-                name: "c".into(),
-                resources: Some(ResourceRequirements {
-                    requests: Some(BTreeMap::from([
-                        ("cpu".to_string(), K8sQuantity(cpu.into())),
-                        ("memory".to_string(), K8sQuantity("1Gi".into())),
-                    ])),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        status: None,
-    }
+    testing::pod(name)
+        .namespace("ns")
+        .node(node)
+        .requests(cpu, "1Gi")
+        .build()
 }
 
 /// A node of type `ty` (from `types`) with these pods.
@@ -156,37 +101,13 @@ fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candida
             in_flight: false,
             nodepool: Some("default".into()),
         });
-        candidates.push(Candidate {
-            claim: format!("claim-{}", n.name),
-            node: n.name.into(),
-            nodepool: "default".into(),
-            price,
-            capacity_type: n.ct.into(),
-            disruption_cost: keys.len() as f64,
-            reschedule_cost: 1.0 + keys.len() as f64,
-            instance_type: n.ty.into(),
-            pods: keys,
-            drift: None,
-            drifted_since: None,
-            consolidatable: true,
-            policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
-            pool_cost: 0.0,
-            pool_disruption: 0.0,
-        });
+        candidates.push(testing::candidate(n.name, n.ty, n.ct, price, keys));
     }
     (snapshot, candidates)
 }
 
 fn allow(n: usize) -> Allowed {
-    let mut a = Allowed::default();
-    for r in [
-        DisruptionReason::Empty,
-        DisruptionReason::Drifted,
-        DisruptionReason::Underutilized,
-    ] {
-        a.budgets.insert(("default".into(), r), n);
-    }
-    a
+    testing::allowed(n)
 }
 
 fn types() -> Vec<InstanceType> {

@@ -4,36 +4,26 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, ContainerPort, NodeAffinity, NodeSelector, NodeSelectorRequirement,
-    NodeSelectorTerm, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec,
-    PreferredSchedulingTerm, ResourceRequirements, Taint, Toleration, TopologySpreadConstraint,
-    WeightedPodAffinityTerm,
+    Affinity, ContainerPort, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec, PreferredSchedulingTerm,
+    ResourceRequirements, Taint, Toleration, TopologySpreadConstraint, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::ObjectMeta;
 
 use super::*;
-use crate::api::nodeclaim::{NodeClassReference, NodeSelectorRequirementWithMinValues, Operator};
-use crate::api::nodepool::{
-    NodeClaimTemplate, NodeClaimTemplateSpec, NodePoolSpec, TemplateMetadata,
-};
-use crate::api::requirements::Requirement;
+use crate::api::nodeclaim::{NodeSelectorRequirementWithMinValues, Operator};
+use crate::api::nodepool::TemplateMetadata;
 use crate::api::wellknown::{
     ARCH_LABEL, CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL,
 };
+use crate::testing::{self, ZONES, app_selector as selector, nodepool, pool, resources as res};
 
 /// (name, value) pairs: resource lists and limits in tables.
 type Pairs<'a> = &'a [(&'a str, &'a str)];
 
-const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
-
 fn q(s: &str) -> Quantity {
     s.parse().unwrap()
-}
-
-fn res(pairs: &[(&str, &str)]) -> Resources {
-    pairs.iter().map(|(k, v)| (k.to_string(), q(v))).collect()
 }
 
 /// An instance type with `cpu` CPUs, `mem` GiB and 110 pods, on-demand in every zone at a price
@@ -43,112 +33,22 @@ fn it(name: &str, cpu: i64, mem: i64) -> InstanceType {
 }
 
 fn it_in(name: &str, cpu: i64, mem: i64, zones: &[&str], cts: &[&str]) -> InstanceType {
-    let mut offerings = Vec::new();
-    for z in zones {
-        for ct in cts {
-            let labels: BTreeMap<String, String> = [
-                (ZONE_LABEL, *z),
-                (CAPACITY_TYPE_LABEL, *ct),
-                (INSTANCE_TYPE_LABEL, name),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-            let discount = if *ct == "spot" { 0.5 } else { 1.0 };
-            offerings.push(Offering {
-                machine_deployment: format!("ns/{name}-{z}-{ct}"),
-                zone: Some(z.to_string()),
-                capacity_type: ct.to_string(),
-                price: (cpu as f64 * 0.1 + mem as f64 * 0.1) * discount,
-                available: true,
-                labels,
-                taints: vec![],
-                replicas: 0,
-                max_size: None,
-            });
-        }
-    }
-    let mut requirements = Requirements::new();
-    requirements.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &[name]));
-    requirements.add(Requirement::is_in(ZONE_LABEL, zones));
-    requirements.add(Requirement::is_in(CAPACITY_TYPE_LABEL, cts));
-    InstanceType {
-        name: name.to_string(),
-        requirements,
-        capacity: res(&[
-            ("cpu", &cpu.to_string()),
-            ("memory", &format!("{mem}Gi")),
-            ("pods", "110"),
-        ]),
-        overhead: Resources::new(),
-        offerings,
-    }
+    testing::instance_type(name, cpu, mem)
+        .zones(zones)
+        .capacity_types(cts)
+        .build()
 }
 
 fn standard_types() -> Vec<InstanceType> {
     vec![it("small", 2, 4), it("medium", 4, 8), it("large", 8, 16)]
 }
 
-fn nodepool(name: &str) -> NodePool {
-    NodePool {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            uid: Some(format!("uid-{name}")),
-            ..Default::default()
-        },
-        spec: NodePoolSpec {
-            template: NodeClaimTemplate {
-                metadata: None,
-                spec: NodeClaimTemplateSpec {
-                    node_class_ref: NodeClassReference {
-                        kind: "ClusterAPINodeClass".into(),
-                        name: "default".into(),
-                        group: "karpenter.cluster.x-k8s.io".into(),
-                    },
-                    ..Default::default()
-                },
-            },
-            ..Default::default()
-        },
-        status: None,
-    }
-}
-
-fn pool(np: NodePool, types: Vec<InstanceType>) -> PoolInput {
-    PoolInput {
-        nodepool: np,
-        instance_types: types,
-        usage: Resources::new(),
-    }
-}
-
+/// A pod labelled `app: <name>` requesting this much CPU and memory.
 fn pod(name: &str, cpu: &str, mem: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            labels: Some([("app".to_string(), name.to_string())].into()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "c".into(),
-                resources: Some(ResourceRequirements {
-                    requests: Some(
-                        [
-                            ("cpu".to_string(), K8sQuantity(cpu.into())),
-                            ("memory".to_string(), K8sQuantity(mem.into())),
-                        ]
-                        .into(),
-                    ),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        status: None,
-    }
+    testing::pod(name)
+        .label("app", name)
+        .requests(cpu, mem)
+        .build()
 }
 
 fn labelled(mut p: Pod, app: &str) -> Pod {
@@ -158,13 +58,6 @@ fn labelled(mut p: Pod, app: &str) -> Pod {
 
 fn spec(p: &mut Pod) -> &mut PodSpec {
     p.spec.as_mut().unwrap()
-}
-
-fn selector(app: &str) -> Option<LabelSelector> {
-    Some(LabelSelector {
-        match_labels: Some([("app".to_string(), app.to_string())].into()),
-        ..Default::default()
-    })
 }
 
 fn snapshot(pods: Vec<Pod>, pools: Vec<PoolInput>) -> Snapshot {

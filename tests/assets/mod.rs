@@ -13,9 +13,9 @@
 //! `KARPENTER_CAPI_REQUIRE_ASSETS=1` (set by `.ci/run`) turns every such skip into a failure, so
 //! CI always runs everything.
 //!
-//! Binaries with such tests set `harness = false` and list every test in their `main`, through
-//! [`trials!`]. Test functions are private, so one left out of the list is dead code and fails
-//! clippy's `-D warnings`.
+//! Binaries with such tests set `harness = false`; each module lists its tests through
+//! [`trials!`] and the binary's `main` hands them all to [`main`]. Test functions are private, so
+//! one left out of the list is dead code and fails clippy's `-D warnings`.
 
 #![allow(dead_code)] // each test binary uses a part of this module
 
@@ -129,17 +129,18 @@ pub struct Test {
     pub body: fn(),
 }
 
-/// The tests of a binary: `trials![a, b needs [Upstream], @tokio c needs [Kubectl, Helm]]`.
-/// `@tokio` and `@actix` run an `async fn` test on that runtime.
+/// The tests of a module: `trials![a, b needs [Upstream], @tokio c needs [Kubectl, Helm]]`.
+/// `@tokio` and `@actix` run an `async fn` test on that runtime. Each is named by its module
+/// path within the binary (`api::a`), as libtest names the tests of a module.
 #[macro_export]
 macro_rules! trials {
     (@body $name:ident) => { $name };
-    (@body tokio $name:ident) => { || assets::tokio($name()) };
-    (@body actix $name:ident) => { || assets::actix($name()) };
+    (@body tokio $name:ident) => { || $crate::assets::tokio($name()) };
+    (@body actix $name:ident) => { || $crate::assets::actix($name()) };
     ($($(@$rt:ident)? $name:ident $(needs [$($need:ident),* $(,)?])?),* $(,)?) => {
-        vec![$(assets::Test {
-            name: stringify!($name),
-            needs: &[$($(assets::Asset::$need),*)?],
+        vec![$($crate::assets::Test {
+            name: concat!(module_path!(), "::", stringify!($name)),
+            needs: &[$($($crate::assets::Asset::$need),*)?],
             body: trials!(@body $($rt)? $name),
         }),*]
     };
@@ -161,7 +162,9 @@ pub fn main(tests: Vec<Test>) -> ExitCode {
                 }
             }
             let body = t.body;
-            Trial::ignorable_test(t.name, move || {
+            // Drop the binary's own name, which leads every module path.
+            let name = t.name.split_once("::").map_or(t.name, |(_, rest)| rest);
+            Trial::ignorable_test(name, move || {
                 if let Some(first) = absent.first() {
                     return if require {
                         Err(Failed::from(format!(

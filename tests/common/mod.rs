@@ -1,9 +1,11 @@
-//! The simulated cluster with one controller, as the termination and disruption tests use it:
-//! one MachineDeployment (`sim-0`), the default NodeClass and NodePool, pods placed by the test
-//! (no scheduler stand-in), and helpers to read the server's store and audit.
-#![allow(dead_code)]
+//! The simulated cluster with one controller, as every integration test uses it: one `Env`
+//! (cluster, seeded MachineDeployments, NodeClass and NodePool, the controller, store reads and
+//! writes) and one `eventually`. Pure builders (NodePool, pod, instance type) are in
+//! `karpenter_capi::testing`.
+#![allow(dead_code)] // each test binary uses a part of this module
 
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -11,34 +13,107 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use karpenter_capi::actors::ControllerHandle;
+use karpenter_capi::actors::{ControllerHandle, Settings};
 use karpenter_capi::api::duration::GoDuration;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::cli::{Scenario, SimulateArgs};
 use karpenter_capi::metrics::Metrics;
-use karpenter_capi::sim::cluster::SimClusterConfig;
-use karpenter_capi::simulate::launch::{claim_for, seed_nodeclass_and_pool, seed_of, settle};
+use karpenter_capi::sim::cluster::{MachineDeploymentSeed, SimClusterConfig};
+use karpenter_capi::simulate::launch::{
+    self, claim_for, create_claims, seed_nodeclass_and_pool, seed_of, settle,
+};
 use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
 
-pub const DEADLINE: Duration = Duration::from_secs(90);
+pub use karpenter_capi::testing::merge;
+
+/// How long a wait may take before the test fails: only a guard against hangs (nothing asserts
+/// on durations), generous because the suite shares two cores with other builds.
+pub const DEADLINE: Duration = Duration::from_secs(120);
+/// How long a cluster may take to settle: the 1,000-claim launch settles in about 40 s on an
+/// idle 2-core machine and took over 120 s once with other builds beside it.
+pub const SETTLE: Duration = Duration::from_secs(300);
 pub const NS: &str = "default";
 
-pub struct Env {
-    pub sim: BackgroundSim,
-    pub pool: NodePool,
-    pub metrics: std::sync::Arc<Metrics>,
-    pub controller: Option<ControllerHandle>,
+/// Polls `check` until it returns Some, failing the test after [`DEADLINE`].
+pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_explained(what, check, String::new).await
 }
 
-pub async fn env() -> Env {
-    env_with(sim_settings(None)).await
+/// [`eventually`] for a check that needs no awaiting (a read of the simulated store).
+pub async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    eventually(what, || std::future::ready(check())).await
 }
 
-pub async fn env_with(settings: karpenter_capi::actors::Settings) -> Env {
-    env_cfg(fast_cluster(), settings).await
+/// [`eventually`], with `explain`'s account of the state added to the failure.
+pub async fn eventually_explained<T, F, Fut>(
+    what: &str,
+    mut check: F,
+    explain: impl FnOnce() -> String,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out waiting for {what}\n{}", explain());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
+/// A `simulate` scenario as a typed spec: the command line's own defaults (so they are written
+/// once), with a deadline that only guards hangs; a test names the fields it changes:
+/// `SimulateArgs { pods: 40, ..scenario(Scenario::Pods) }`.
+pub fn scenario(kind: Scenario) -> SimulateArgs {
+    let mut args = SimulateArgs::from_words(&[]).expect("simulate's defaults parse");
+    args.scenario = kind;
+    args.deadline = Duration::from_secs(300);
+    args
+}
+
+/// The simulated cluster with short provider and kubelet delays, its scheduler stand-in on.
+pub fn standin_cluster(version: CapiVersion) -> SimClusterConfig {
+    SimClusterConfig {
+        capi_version: version,
+        provider_delay: Duration::from_millis(30),
+        jitter: Duration::from_millis(20),
+        node_ready_delay: Duration::from_millis(30),
+        node_delete_delay: Duration::from_millis(10),
+        ..SimClusterConfig::default()
+    }
+}
+
+/// MachineDeployment `name` of 4 CPUs and 16 GiB, a member of the autoscaled set, for the
+/// stand-in tests.
+pub fn md_seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
+    use karpenter_capi::api::wellknown::{CPU_ANNOTATION, MEMBER_LABEL, MEMORY_ANNOTATION};
+    MachineDeploymentSeed {
+        name: name.into(),
+        namespace: NS.into(),
+        replicas,
+        labels: [(MEMBER_LABEL.into(), String::new())].into(),
+        template_labels: [("node-role.kubernetes.io/worker".into(), String::new())].into(),
+        annotations: [
+            (CPU_ANNOTATION.into(), "4".into()),
+            (MEMORY_ANNOTATION.into(), "16Gi".into()),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// The cluster of termination and disruption tests: fast, pods placed by the test.
 pub fn fast_cluster() -> SimClusterConfig {
     SimClusterConfig {
         capi_version: CapiVersion::V1Beta2,
@@ -54,39 +129,143 @@ pub fn fast_cluster() -> SimClusterConfig {
     }
 }
 
-pub async fn env_cfg(cfg: SimClusterConfig, settings: karpenter_capi::actors::Settings) -> Env {
-    let sim = BackgroundSim::start(cfg).await.expect("simulated cluster");
-    let pool = sim
-        .run(|c| async move {
-            c.create_machine_deployment_from(&seed_of(0, 10))
-                .await
-                .expect("MachineDeployment");
-            seed_nodeclass_and_pool(c.client())
-                .await
-                .expect("NodeClass and NodePool")
+/// The simulated cluster, seeded, and a controller on it.
+pub struct Env {
+    pub sim: BackgroundSim,
+    pub pool: NodePool,
+    pub metrics: std::sync::Arc<Metrics>,
+    pub controller: Option<ControllerHandle>,
+}
+
+/// What an [`Env`] starts with; by default [`fast_cluster`], MachineDeployment `sim-0` (10 at
+/// most), the NodeClass and NodePool `default`, and the simulation's controller settings.
+pub struct EnvBuilder {
+    cluster: SimClusterConfig,
+    seeds: Vec<MachineDeploymentSeed>,
+    settings: Settings,
+    limits: Option<Value>,
+}
+
+impl EnvBuilder {
+    pub fn cluster(mut self, cluster: SimClusterConfig) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    /// These MachineDeployments instead of `sim-0`.
+    pub fn seeds(mut self, seeds: Vec<MachineDeploymentSeed>) -> Self {
+        self.seeds = seeds;
+        self
+    }
+
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// Edits the controller's settings.
+    pub fn tune(mut self, tune: impl FnOnce(&mut Settings)) -> Self {
+        tune(&mut self.settings);
+        self
+    }
+
+    /// Batching windows short enough for tests that provision pods.
+    pub fn short_batches(self) -> Self {
+        self.tune(|s| {
+            s.batching.idle = Duration::from_millis(200);
+            s.batching.max = Duration::from_secs(2);
         })
-        .await
-        .expect("seeding");
-    let metrics = Metrics::new();
-    let controller = start_controller(&sim, settings, metrics.clone())
-        .await
-        .expect("controller");
-    Env {
-        sim,
-        pool,
-        metrics,
-        controller: Some(controller),
+    }
+
+    /// The NodePool's `spec.limits`.
+    pub fn limits(mut self, limits: Value) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// The seeded cluster alone, for tests that start their own controllers.
+    pub async fn seeded(self) -> (BackgroundSim, NodePool) {
+        let sim = BackgroundSim::start(self.cluster)
+            .await
+            .expect("simulated cluster");
+        let (seeds, limits) = (self.seeds, self.limits);
+        let pool = sim
+            .run(move |c| async move {
+                for s in &seeds {
+                    c.create_machine_deployment_from(s)
+                        .await
+                        .expect("seed MachineDeployment");
+                }
+                let pool = seed_nodeclass_and_pool(c.client())
+                    .await
+                    .expect("seed NodeClass and NodePool");
+                let Some(limits) = limits else {
+                    return pool;
+                };
+                let api: Api<NodePool> = Api::all(c.client());
+                api.patch(
+                    &pool.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"limits": limits}})),
+                )
+                .await
+                .expect("NodePool limits")
+            })
+            .await
+            .expect("seeding");
+        (sim, pool)
+    }
+
+    pub async fn start(self) -> Env {
+        let settings = self.settings.clone();
+        let (sim, pool) = self.seeded().await;
+        let metrics = Metrics::new();
+        let controller = start_controller(&sim, settings, metrics.clone())
+            .await
+            .expect("controller");
+        Env {
+            sim,
+            pool,
+            metrics,
+            controller: Some(controller),
+        }
     }
 }
 
+pub async fn env() -> Env {
+    Env::builder().start().await
+}
+
+pub async fn env_with(settings: Settings) -> Env {
+    Env::builder().settings(settings).start().await
+}
+
+pub async fn env_cfg(cfg: SimClusterConfig, settings: Settings) -> Env {
+    Env::builder().cluster(cfg).settings(settings).start().await
+}
+
 impl Env {
+    pub fn builder() -> EnvBuilder {
+        EnvBuilder {
+            cluster: fast_cluster(),
+            seeds: vec![seed_of(0, 10)],
+            settings: sim_settings(None),
+            limits: None,
+        }
+    }
+
+    /// The running controller.
+    pub fn controller(&self) -> &ControllerHandle {
+        self.controller.as_ref().expect("a running controller")
+    }
+
     /// Kill the controller (in-flight work abandoned, as in a crash) and start a new one.
     pub async fn restart(&mut self) {
         self.restart_with(sim_settings(None)).await;
     }
 
     /// Kill the controller and start one with these settings.
-    pub async fn restart_with(&mut self, settings: karpenter_capi::actors::Settings) {
+    pub async fn restart_with(&mut self, settings: Settings) {
         if let Some(c) = self.controller.take() {
             c.stop();
         }
@@ -105,12 +284,7 @@ impl Env {
     pub async fn claim(&self, grace: Option<Duration>) -> (String, String) {
         let mut claim = claim_for(&self.pool, "sim-0");
         claim.spec.termination_grace_period = grace.map(GoDuration);
-        let api: Api<NodeClaim> = Api::all(self.client().await);
-        let name = api
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create claim")
-            .name_any();
+        let name = self.create_claim(&claim).await;
         settle(&self.sim, DEADLINE).await.expect("settles");
         let node = self
             .wait("the claim's node", || {
@@ -119,6 +293,15 @@ impl Env {
             })
             .await;
         (name, node)
+    }
+
+    /// Creates `claim`; returns its name.
+    pub async fn create_claim(&self, claim: &NodeClaim) -> String {
+        let api: Api<NodeClaim> = Api::all(self.client().await);
+        api.create(&PostParams::default(), claim)
+            .await
+            .expect("create claim")
+            .name_any()
     }
 
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
@@ -130,14 +313,100 @@ impl Env {
     }
 
     pub async fn wait<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-        let start = Instant::now();
-        loop {
-            if let Some(v) = f() {
-                return v;
-            }
-            assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        eventually_explained(what, || std::future::ready(f()), || self.explain()).await
+    }
+
+    /// Waits until `done` holds.
+    pub async fn until(&self, what: &str, done: impl Fn(&Env) -> bool) {
+        self.wait(what, || done(self).then_some(())).await
+    }
+
+    /// Waits until `done` holds and the launch path is quiet.
+    pub async fn until_quiet(&self, what: &str, done: impl Fn(&Env) -> bool) {
+        self.until(what, |e| done(e) && launch::quiet(e.sim.cluster()))
+            .await
+    }
+
+    /// Where the cluster stands, for a failed wait.
+    fn explain(&self) -> String {
+        format!(
+            "{}\n{:#?}\nclaims: {:#?}",
+            launch::progress_line(self.sim.cluster()),
+            launch::unsettled(self.sim.cluster()),
+            self.list("nodeclaims")
+                .iter()
+                .map(|c| (c["metadata"].clone(), c["status"]["conditions"].clone()))
+                .collect::<Vec<_>>()
+        )
+    }
+
+    /// Every claim launched, registered and initialized, or gone.
+    pub async fn settle(&self) {
+        settle(&self.sim, SETTLE)
+            .await
+            .expect("the cluster settles");
+    }
+
+    /// `n` claims as Karpenter's provisioner writes them, over the first `mds` MachineDeployments.
+    pub async fn claims(&self, n: usize, mds: usize) -> Vec<String> {
+        let pool = self.pool.clone();
+        self.sim
+            .run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
+            .await
+            .expect("run")
+            .expect("claims")
+    }
+
+    /// Pods bound to a node.
+    pub fn bound_pods(&self) -> usize {
+        self.list("pods")
+            .iter()
+            .filter(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_some()
+            })
+            .count()
+    }
+
+    /// `spec.replicas` of MachineDeployment `md` (-1 when it has none).
+    pub fn replicas(&self, md: &str) -> i64 {
+        self.list("machinedeployments")
+            .iter()
+            .find(|m| m["metadata"]["name"] == md)
+            .and_then(|m| m.pointer("/spec/replicas").and_then(Value::as_i64))
+            .unwrap_or(-1)
+    }
+
+    /// The Machines of MachineDeployment `md`.
+    pub fn machines_of(&self, md: &str) -> Vec<Value> {
+        self.list("machines")
+            .into_iter()
+            .filter(|m| {
+                m["metadata"]["labels"][karpenter_capi::api::wellknown::DEPLOYMENT_NAME_LABEL] == md
+            })
+            .collect()
+    }
+
+    /// Writes by the controller to `resource`.
+    pub fn controller_writes(&self, resource: &str) -> usize {
+        let agent = karpenter_capi::app::USER_AGENT;
+        self.sim
+            .cluster()
+            .stats()
+            .writes()
+            .iter()
+            .filter(|w| w.agent == agent && w.resource == resource)
+            .count()
+    }
+
+    pub fn invariants_hold(&self) -> invariants::Invariants {
+        let inv = invariants::check(
+            self.sim.cluster().server().store(),
+            self.sim.cluster().capi_version(),
+        );
+        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
+        inv
     }
 
     pub async fn pod(&self, name: &str, node: &str, labels: Value, extra: Value) {
@@ -189,11 +458,14 @@ impl Env {
         }
     }
 
+    /// Deletes a claim; one already gone is no failure.
     pub async fn delete_claim(&self, name: &str) {
         let api: Api<NodeClaim> = Api::all(self.client().await);
-        api.delete(name, &DeleteParams::default())
-            .await
-            .expect("delete claim");
+        match api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => panic!("delete claim {name}: {e}"),
+        }
     }
 
     /// The claim, its Node and its Machine are gone. (Other claims may exist: the provisioner
@@ -251,22 +523,7 @@ impl Env {
     pub fn assert_clean(&self) {
         let violations = self.sim.cluster().stats().violations();
         assert!(violations.is_empty(), "drain rules broken: {violations:#?}");
-        let inv = invariants::check(
-            self.sim.cluster().server().store(),
-            self.sim.cluster().capi_version(),
-        );
-        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
-    }
-}
-
-pub fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
+        self.invariants_hold();
     }
 }
 

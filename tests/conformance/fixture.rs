@@ -16,12 +16,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 
-use karpenter_capi::api::nodeclaim::{
-    NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
-};
-use karpenter_capi::api::nodepool::{
-    NodeClaimTemplate, NodeClaimTemplateSpec, NodePool, NodePoolSpec, TemplateMetadata,
-};
+use karpenter_capi::api::nodeclaim::{NodeSelectorRequirementWithMinValues, Operator};
+use karpenter_capi::api::nodepool::{NodePool, TemplateMetadata};
 use karpenter_capi::api::requirements::{Requirement, Requirements};
 use karpenter_capi::api::resources::{Quantity, Resources};
 use karpenter_capi::api::wellknown::{
@@ -292,33 +288,13 @@ pub fn sized_types(n: usize) -> Vec<InstanceType> {
 // NodePools
 
 pub fn nodepool(name: &str) -> NodePool {
-    NodePool {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            uid: Some(format!("uid-{name}")),
-            ..Default::default()
-        },
-        spec: NodePoolSpec {
-            template: NodeClaimTemplate {
-                metadata: None,
-                spec: NodeClaimTemplateSpec {
-                    node_class_ref: NodeClassReference {
-                        kind: "ClusterAPINodeClass".into(),
-                        name: "default".into(),
-                        group: "karpenter.cluster.x-k8s.io".into(),
-                    },
-                    requirements: vec![NodeSelectorRequirementWithMinValues::new(
-                        CAPACITY_TYPE_LABEL,
-                        Operator::In,
-                        &[SPOT, ON_DEMAND],
-                    )],
-                    ..Default::default()
-                },
-            },
-            ..Default::default()
-        },
-        status: None,
-    }
+    let mut np = karpenter_capi::testing::nodepool(name);
+    np.spec.template.spec.requirements = vec![NodeSelectorRequirementWithMinValues::new(
+        CAPACITY_TYPE_LABEL,
+        Operator::In,
+        &[SPOT, ON_DEMAND],
+    )];
+    np
 }
 
 /// Builder-style edits on a NodePool.

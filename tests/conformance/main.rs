@@ -2,6 +2,8 @@
 //! each case in our own words with upstream's setup and expected outcome. docs/conformance.md
 //! maps every upstream case to the test here, or says why it does not apply or what it needs.
 
+#[path = "../common/mod.rs"]
+mod common;
 mod fixture;
 
 mod batching;

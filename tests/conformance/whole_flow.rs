@@ -26,6 +26,8 @@ use karpenter_capi::simulate::launch::{self, seed_nodeclass_and_pool};
 use karpenter_capi::simulate::pods::seed_of;
 use karpenter_capi::simulate::{BackgroundSim, sim_settings, start_controller};
 
+use crate::common::wait_for;
+
 /// Four MachineDeployments (zones sim-zone-0, -1, -2, -0), the default NodeClass and NodePool,
 /// and the controller.
 async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
@@ -291,21 +293,6 @@ async fn claim_with_unmet_min_values(policy: MinValuesPolicy) -> (Value, String)
     .await;
     assert_eq!(&on_node, relaxed_annotation(&claim));
     (claim, series)
-}
-
-/// Waits (generously: this only guards a hang) until `f` finds something.
-async fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn relaxed_annotation(claim: &Value) -> &Value {

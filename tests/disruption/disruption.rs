@@ -4,7 +4,7 @@
 //! mid-command whose marks the next one rolls back. Each test ends with the DESIGN.md section 4
 //! invariants and no drain rule broken.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -90,12 +90,7 @@ impl Env {
     }
 
     async fn create_and_wait(&self, claim: NodeClaim) -> (String, String) {
-        let api: Api<NodeClaim> = Api::all(self.client().await);
-        let name = api
-            .create(&PostParams::default(), &claim)
-            .await
-            .expect("create claim")
-            .name_any();
+        let name = self.create_claim(&claim).await;
         let node = self
             .wait("the claim initialized", || {
                 self.get("nodeclaims", "", &name).and_then(|c| {
@@ -112,9 +107,9 @@ impl Env {
     async fn most_deleting_until_no_claims(&self) -> usize {
         let start = Instant::now();
         let mut most = 0;
-        while !self.claims().is_empty() {
+        while !self.claim_objects().is_empty() {
             let deleting = self
-                .claims()
+                .claim_objects()
                 .iter()
                 .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
                 .count();
@@ -128,7 +123,7 @@ impl Env {
         most
     }
 
-    fn claims(&self) -> Vec<Value> {
+    fn claim_objects(&self) -> Vec<Value> {
         self.list("nodeclaims")
     }
 
@@ -243,7 +238,7 @@ async fn a_drifted_claim_is_replaced_before_it_goes() {
     })
     .await;
     env.wait("the old claim replaced and gone", || {
-        let claims = env.claims();
+        let claims = env.claim_objects();
         (env.get("nodeclaims", "", &old).is_none()
             && claims.len() == 1
             && claims[0]["metadata"]["labels"]["team"] == "blue"
@@ -321,7 +316,7 @@ async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
     )
     .await;
     env.wait("the pricey claim replaced by a cheaper one", || {
-        let claims = env.claims();
+        let claims = env.claim_objects();
         (env.get("nodeclaims", "", &pricey).is_none()
             && claims.len() == 1
             && claims[0]["metadata"]["labels"][INSTANCE_TYPE_LABEL] == "sim-0")
@@ -356,7 +351,7 @@ async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
     assert!(!text.contains("method=\"all\""), "{text}");
     // Upstream's Events: the candidate's on its Node and its NodeClaim alike (`kubectl describe
     // node` shows them), the replacement's launch and wait on the replacement claim.
-    let replacement = env.claims()[0]["metadata"]["name"]
+    let replacement = env.claim_objects()[0]["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -400,7 +395,7 @@ async fn a_failed_replacement_is_rolled_back() {
     // The replacement appears; take it away before it is initialized.
     let replacement = env
         .wait("a replacement claim", || {
-            env.claims()
+            env.claim_objects()
                 .iter()
                 .find(|c| c["metadata"]["name"] != old.as_str())
                 .and_then(|c| c["metadata"]["name"].as_str().map(String::from))
@@ -526,7 +521,7 @@ async fn on_delete_rollouts_are_carried_out_as_drift() {
     env.wait(
         "the old claim replaced by one on an up-to-date Machine",
         || {
-            let claims = env.claims();
+            let claims = env.claim_objects();
             let machines = env.list("machines");
             (env.get("nodeclaims", "", &old).is_none()
                 && claims.len() == 1
@@ -562,7 +557,7 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn() {
     // (The test's own client shares the controller's User-Agent: count from after its patch.)
     let since = env.sim.cluster().stats().now_ms();
     env.wait("two new claims initialized on up-to-date Machines", || {
-        let claims = env.claims();
+        let claims = env.claim_objects();
         let machines = env.list("machines");
         (env.get("nodeclaims", "", &a).is_none()
             && env.get("nodeclaims", "", &b).is_none()
@@ -607,7 +602,7 @@ async fn several_nodes_fold_into_the_one_that_stays() {
                               "consolidateAfter": "0s", "budgets": [{"nodes": "100%"}]}))
         .await;
     env.wait("two nodes folded into the third", || {
-        let claims = env.claims();
+        let claims = env.claim_objects();
         (claims.len() == 1
             && olds
                 .iter()
@@ -647,7 +642,7 @@ async fn percentage_scheduled_and_per_reason_budgets() {
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        env.claims().len(),
+        env.claim_objects().len(),
         4,
         "the scheduled budget holds everything"
     );
@@ -682,7 +677,7 @@ async fn most_marked_until(env: &Env, mut until: impl FnMut(&Env) -> bool) -> us
     let mut most = 0;
     while !until(env) {
         let marked = env
-            .claims()
+            .claim_objects()
             .iter()
             .filter(|c| condition(c, "DisruptionReason").is_some())
             .count();
@@ -733,7 +728,7 @@ async fn an_empty_node_goes_while_a_replacement_launches() {
     let (drifted, _) = env.drifting_claim_with_a_pod().await;
     let replacement = env
         .wait("the drifted claim's replacement", || {
-            env.claims()
+            env.claim_objects()
                 .iter()
                 .filter_map(|c| c["metadata"]["name"].as_str())
                 .find(|n| *n != empty && *n != drifted)
@@ -789,7 +784,7 @@ async fn a_drifted_claim_with_a_grace_period_is_replaced_despite_blocking_pods()
     env.change_the_template().await;
     env.wait("the drifted claim replaced and being deleted", || {
         let c = env.get("nodeclaims", "", &old)?;
-        let replaced = env.claims().iter().any(|r| {
+        let replaced = env.claim_objects().iter().any(|r| {
             r["metadata"]["name"] != old.as_str()
                 && condition(r, "Initialized").is_some_and(|i| i["status"] == "True")
         });
@@ -900,7 +895,7 @@ async fn a_node_nominated_for_pending_pods_is_not_emptied() {
             .then_some(())
     })
     .await;
-    assert_eq!(env.claims().len(), 1, "no claim is created for it");
+    assert_eq!(env.claim_objects().len(), 1, "no claim is created for it");
     env.set_disruption(
         json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
                               "budgets": [{"nodes": "100%"}]}),

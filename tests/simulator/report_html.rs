@@ -7,18 +7,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
-use karpenter_capi::cli::{ReportFormat, SimulateArgs};
+use karpenter_capi::cli::{ReportFormat, Scenario, SimulateArgs};
 use karpenter_capi::simulate::html::CHARTS;
 use karpenter_capi::simulate::run_scenario;
+
+use crate::common::scenario;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_karpenter-capi");
-
-fn args(extra: &[&str]) -> SimulateArgs {
-    let mut words = vec!["--deadline", "300s"];
-    words.extend_from_slice(extra);
-    SimulateArgs::from_words(&words).expect("arguments")
-}
 
 /// The JSON report's leaves as (dotted path, text) pairs, as a reader of the table sees them.
 fn leaves(v: &Value, prefix: &str, out: &mut BTreeSet<(String, String)>) {
@@ -276,7 +272,11 @@ fn assert_table_holds(rows: &BTreeSet<(String, String)>, json: &Value) {
 
 #[actix::test]
 async fn the_html_report_charts_the_run_and_holds_the_json_figures() {
-    let a = args(&["--scenario", "pods", "--pods", "40", "--deployments", "4"]);
+    let a = SimulateArgs {
+        pods: 40,
+        deployments: 4,
+        ..scenario(Scenario::Pods)
+    };
     let (outcome, _kept) = run_scenario(&a).await.expect("scenario");
     assert!(outcome.invariants_ok, "{}", outcome.text);
 
@@ -340,14 +340,11 @@ async fn the_html_report_charts_the_run_and_holds_the_json_figures() {
 /// after and no violations, and every chart marks provisioned -> scaled down -> settled.
 #[actix::test]
 async fn the_consolidate_page_opens_with_its_summary_and_marks_its_phases() {
-    let a = args(&[
-        "--scenario",
-        "consolidate",
-        "--pods",
-        "40",
-        "--deployments",
-        "10",
-    ]);
+    let a = SimulateArgs {
+        pods: 40,
+        deployments: 10,
+        ..scenario(Scenario::Consolidate)
+    };
     let (outcome, _kept) = run_scenario(&a).await.expect("scenario");
     assert!(outcome.invariants_ok, "{}", outcome.text);
     let labels: Vec<&str> = outcome

@@ -4,16 +4,16 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::resources::{Quantity, Resources};
-use karpenter_capi::metrics::Metrics;
 use karpenter_capi::sim::cluster::{PodShape, SimClusterConfig};
-use karpenter_capi::simulate::launch::{self, seed_nodeclass_and_pool};
+use karpenter_capi::simulate::launch;
 use karpenter_capi::simulate::pods::{SHAPES, seed_of};
-use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
+
+use crate::common::Env;
 
 fn cluster() -> SimClusterConfig {
     SimClusterConfig {
@@ -23,12 +23,6 @@ fn cluster() -> SimClusterConfig {
         node_delete_delay: Duration::from_millis(20),
         ..SimClusterConfig::default()
     }
-}
-
-struct Env {
-    sim: BackgroundSim,
-    _controller: karpenter_capi::actors::ControllerHandle,
-    metrics: std::sync::Arc<Metrics>,
 }
 
 /// Four MachineDeployment sizes, a NodeClass and the default NodePool (optionally with limits),
@@ -51,113 +45,23 @@ async fn env_in(
     limits: Option<Value>,
     edit: impl FnOnce(&mut karpenter_capi::actors::Settings),
 ) -> Env {
-    let sim = BackgroundSim::start(cluster)
-        .await
-        .expect("simulated cluster");
-    sim.run(move |c| async move {
-        for i in 0..4 {
-            c.create_machine_deployment_from(&seed_of(i, 500))
-                .await
-                .unwrap();
-        }
-        let pool = seed_nodeclass_and_pool(c.client()).await.unwrap();
-        if let Some(limits) = limits {
-            let api: Api<NodePool> = Api::all(c.client());
-            let name = pool.metadata.name.clone().unwrap();
-            api.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"limits": limits}})),
-            )
-            .await
-            .unwrap();
-        }
-    })
-    .await
-    .unwrap();
-    let metrics = Metrics::new();
-    let mut settings = sim_settings(None);
-    settings.batching.idle = Duration::from_millis(200);
-    settings.batching.max = Duration::from_secs(2);
-    edit(&mut settings);
-    let controller = start_controller(&sim, settings, metrics.clone())
-        .await
-        .expect("controller");
-    Env {
-        sim,
-        _controller: controller,
-        metrics,
+    let mut builder = Env::builder()
+        .cluster(cluster)
+        .seeds((0..4).map(|i| seed_of(i, 500)).collect())
+        .short_batches()
+        .tune(edit);
+    if let Some(limits) = limits {
+        builder = builder.limits(limits);
     }
+    builder.start().await
 }
 
 impl Env {
-    fn list(&self, resource: &str) -> Vec<Value> {
-        self.sim.cluster().server().store().list(resource, None)
-    }
-
-    fn bound_pods(&self) -> usize {
-        self.list("pods")
-            .iter()
-            .filter(|p| {
-                p.pointer("/spec/nodeName")
-                    .and_then(Value::as_str)
-                    .is_some()
-            })
-            .count()
-    }
-
-    /// Wait until `done` holds (polling the in-process store) and the launch path is quiet.
-    async fn wait(&self, what: &str, done: impl Fn(&Env) -> bool) {
-        let start = Instant::now();
-        while !(done(self) && launch::quiet(self.sim.cluster())) {
-            if start.elapsed() > Duration::from_secs(120) {
-                for p in self.list("pods") {
-                    eprintln!(
-                        "pod {} node {} selector {}",
-                        p["metadata"]["name"], p["spec"]["nodeName"], p["spec"]["nodeSelector"]
-                    );
-                }
-                for c in self.list("nodeclaims") {
-                    eprintln!(
-                        "claim {} labels {} reqs {}",
-                        c["metadata"]["name"], c["metadata"]["labels"], c["spec"]["requirements"]
-                    );
-                }
-                for n in self.list("nodes") {
-                    eprintln!(
-                        "node {} labels {}",
-                        n["metadata"]["name"], n["metadata"]["labels"]
-                    );
-                }
-                panic!(
-                    "timed out waiting for {what}: {}",
-                    launch::progress_line(self.sim.cluster())
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    fn invariants_hold(&self) {
-        let inv = invariants::check(
-            self.sim.cluster().server().store(),
-            self.sim.cluster().capi_version(),
-        );
-        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
-    }
-
     fn nodepool(&self) -> Value {
         self.list("nodepools")
             .into_iter()
             .next()
             .expect("the NodePool")
-    }
-
-    fn events(&self, reason: &str) -> Vec<Value> {
-        self.list("events.events.k8s.io")
-            .into_iter()
-            .filter(|e| e["reason"] == reason)
-            .collect()
     }
 
     async fn deployment(&self, name: &str, replicas: usize, shape: PodShape) {
@@ -189,7 +93,8 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
         env.deployment(&format!("app-{i}"), 100, PodShape::new(cpu, mem))
             .await;
     }
-    env.wait("500 pods bound", |e| e.bound_pods() == 500).await;
+    env.until_quiet("500 pods bound", |e| e.bound_pods() == 500)
+        .await;
     env.invariants_hold();
 
     // Every pod on a node whose allocatable holds the requests bound to it.
@@ -229,7 +134,7 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
     );
 
     // The NodePool's status stays within its limits and counts its nodes.
-    env.wait("NodePool status", |e| {
+    env.until_quiet("NodePool status", |e| {
         e.nodepool()["status"]["nodes"].as_i64() == Some(e.list("nodeclaims").len() as i64)
     })
     .await;
@@ -274,7 +179,7 @@ async fn a_limit_stops_provisioning_and_says_why() {
     let env = env(Some(json!({"cpu": "4"}))).await;
     env.deployment("big", 6, PodShape::new("1500m", "1Gi"))
         .await;
-    env.wait("some pods bound and an event", |e| {
+    env.until_quiet("some pods bound and an event", |e| {
         e.bound_pods() > 0 && !e.events("FailedScheduling").is_empty()
     })
     .await;
@@ -317,7 +222,7 @@ async fn notes_for_a_pod_selecting(env: &Env, name: &str, key: &str, value: &str
     env.deployment(name, 1, shape).await;
     env.deployment("fine", 2, PodShape::new("100m", "128Mi"))
         .await;
-    env.wait("the good pods bound and an event for the other", |e| {
+    env.until_quiet("the good pods bound and an event for the other", |e| {
         e.bound_pods() == 2 && !e.events("FailedScheduling").is_empty()
     })
     .await;
@@ -360,7 +265,8 @@ async fn a_pod_placed_on_an_in_flight_claim_is_nominated_to_it() {
     }
     env.deployment("second", 1, PodShape::new("100m", "128Mi"))
         .await;
-    env.wait("both pods bound", |e| e.bound_pods() == 2).await;
+    env.until_quiet("both pods bound", |e| e.bound_pods() == 2)
+        .await;
     let claims = env.list("nodeclaims");
     assert_eq!(claims.len(), 1, "the second pod got no claim of its own");
     let claim = claims[0]["metadata"]["name"].as_str().unwrap_or_default();
@@ -429,7 +335,7 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
         })
         .await
         .unwrap();
-    env.wait("broken NodePool not ready", |e| {
+    env.until_quiet("broken NodePool not ready", |e| {
         e.list("nodepools").iter().any(|np| {
             np["metadata"]["name"] == "broken"
                 && condition(np, "Ready").is_some_and(|c| c["status"] == "False")
@@ -449,7 +355,7 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
     );
     env.deployment("app", 3, PodShape::new("100m", "128Mi"))
         .await;
-    env.wait("pods bound through the valid pool", |e| e.bound_pods() == 3)
+    env.until_quiet("pods bound through the valid pool", |e| e.bound_pods() == 3)
         .await;
     assert!(
         env.list("nodeclaims")
@@ -479,8 +385,8 @@ async fn three_web_pods(env: &Env, owner: Value) {
         },
     }))
     .unwrap();
-    env.wait("the workload watch to see the selector", |e| {
-        let workloads = e._controller.shared.state.workloads.read().selectors();
+    env.until_quiet("the workload watch to see the selector", |e| {
+        let workloads = e.controller().shared.state.workloads.read().selectors();
         workloads.deduce(&probe).is_some()
     })
     .await;
@@ -514,7 +420,7 @@ async fn three_web_pods(env: &Env, owner: Value) {
 
 /// Once the three pods are bound: three claims, each in its own single zone.
 async fn assert_one_claim_per_zone(env: &Env) {
-    env.wait("the three pods bound", |e| e.bound_pods() == 3)
+    env.until_quiet("the three pods bound", |e| e.bound_pods() == 3)
         .await;
     let zone_of = |c: &Value| {
         c["spec"]["requirements"]
@@ -611,7 +517,8 @@ async fn a_provisioned_claim_is_created_with_its_launch_decision() {
     let env = env(None).await;
     env.deployment("one", 1, PodShape::new("100m", "128Mi"))
         .await;
-    env.wait("the pod bound", |e| e.bound_pods() == 1).await;
+    env.until_quiet("the pod bound", |e| e.bound_pods() == 1)
+        .await;
     let claims = env.list("nodeclaims");
     let [claim] = claims.as_slice() else {
         panic!("one claim: {claims:#?}");
@@ -685,7 +592,8 @@ async fn solving_pending_pods_again_before_their_claims_launch_makes_no_claim() 
         tokio::time::sleep(Duration::from_millis(800)).await;
     }
     assert!(!launched(&env), "a claim launched before the last solve");
-    env.wait("every pod bound", |e| e.bound_pods() == 42).await;
+    env.until_quiet("every pod bound", |e| e.bound_pods() == 42)
+        .await;
     let claims = env.list("nodeclaims");
     assert_eq!(claims.len(), planned, "claims made twice for the same pods");
     let with_pods: std::collections::BTreeSet<String> = env

@@ -6,14 +6,14 @@
 //! docs/simulated-cluster.md). A second test serves the cluster with the controller in-process,
 //! after its report.
 
-mod assets;
+use crate::assets;
 
-fn main() -> std::process::ExitCode {
-    assets::main(trials![
+pub fn tests() -> Vec<assets::Test> {
+    trials![
         kubectl_drives_the_served_cluster_and_a_separate_controller_provisions needs [Kubectl, Upstream],
         serve_with_the_controller_reports_then_serves_until_sigterm needs [Kubectl],
         the_readme_flow_works_with_the_repository_example needs [Kubectl],
-    ])
+    ]
 }
 
 use std::io::{BufRead, BufReader, Read};

@@ -4,18 +4,22 @@
 //! The `--deadline` only guards against hangs: the three scenarios run side by side on two cores
 //! (65 s together when the machine is otherwise idle, over 150 s under load), so it is generous.
 
-use karpenter_capi::cli::{Cli, Command, SimulateArgs};
+use std::time::Duration;
+
+use karpenter_capi::cli::{Scenario, SimulateArgs};
 use karpenter_capi::simulate::disruption::{self, DisruptionReport};
 use serde_json::Value;
 
-fn args(extra: &[&str]) -> SimulateArgs {
-    let mut argv = vec!["karpenter-capi", "simulate"];
-    argv.extend_from_slice(extra);
-    let cli = <Cli as clap::Parser>::try_parse_from(argv).expect("arguments");
-    let Command::Simulate(args) = cli.command else {
-        panic!("simulate");
-    };
-    args
+use crate::common::scenario;
+
+/// A disruption scenario with a deadline long enough for three side by side under load.
+fn args(kind: Scenario, pods: usize, deployments: usize) -> SimulateArgs {
+    SimulateArgs {
+        pods,
+        deployments,
+        deadline: Duration::from_secs(400),
+        ..scenario(kind)
+    }
 }
 
 fn common_checks(r: &DisruptionReport) {
@@ -53,16 +57,7 @@ fn common_checks(r: &DisruptionReport) {
 
 #[actix::test]
 async fn consolidation_removes_nodes_and_cost_within_budgets() {
-    let a = args(&[
-        "--scenario",
-        "consolidate",
-        "--pods",
-        "200",
-        "--deployments",
-        "10",
-        "--deadline",
-        "400s",
-    ]);
+    let a = args(Scenario::Consolidate, 200, 10);
     let r = disruption::run(&a).await.expect("the scenario runs");
     common_checks(&r);
     let d = &r.disruption;
@@ -90,16 +85,7 @@ async fn consolidation_removes_nodes_and_cost_within_budgets() {
 
 #[actix::test]
 async fn drift_replaces_every_claim_and_a_rollout_completes() {
-    let a = args(&[
-        "--scenario",
-        "drift",
-        "--pods",
-        "100",
-        "--deployments",
-        "5",
-        "--deadline",
-        "400s",
-    ]);
+    let a = args(Scenario::Drift, 100, 5);
     let r = disruption::run(&a).await.expect("the scenario runs");
     common_checks(&r);
     let d = &r.disruption;
@@ -117,16 +103,7 @@ async fn drift_replaces_every_claim_and_a_rollout_completes() {
 
 #[actix::test]
 async fn expiration_replaces_every_claim() {
-    let a = args(&[
-        "--scenario",
-        "expire",
-        "--pods",
-        "100",
-        "--deployments",
-        "5",
-        "--deadline",
-        "400s",
-    ]);
+    let a = args(Scenario::Expire, 100, 5);
     let r = disruption::run(&a).await.expect("the scenario runs");
     common_checks(&r);
     let d = &r.disruption;

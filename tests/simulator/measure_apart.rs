@@ -3,19 +3,19 @@
 //! `--scenario none --nodes N --pods M` stands up a settled cluster a controller leaves alone.
 //! No timing assertions; deadlines only guard hangs.
 
-use karpenter_capi::cli::SimulateArgs;
+use karpenter_capi::cli::{Scenario, ServeArgs, SimulateArgs};
 use karpenter_capi::simulate::run_scenario;
 use serde_json::Value;
 
-fn args(extra: &[&str]) -> SimulateArgs {
-    let mut words = vec!["--deadline", "300s"];
-    words.extend_from_slice(extra);
-    SimulateArgs::from_words(&words).expect("arguments")
-}
+use crate::common::scenario;
 
 #[actix::test]
 async fn the_report_splits_cpu_and_counts_the_controllers_requests_by_verb() {
-    let a = args(&["--scenario", "pods", "--pods", "30", "--deployments", "3"]);
+    let a = SimulateArgs {
+        pods: 30,
+        deployments: 3,
+        ..scenario(Scenario::Pods)
+    };
     let (outcome, _kept) = run_scenario(&a).await.expect("scenario");
     assert!(outcome.invariants_ok, "{}", outcome.text);
     let json: Value = serde_json::from_str(&outcome.json).expect("JSON report");
@@ -62,18 +62,17 @@ async fn a_stood_up_cluster_is_settled_for_a_new_controller() {
 
     let dir = tempfile::tempdir().expect("temp dir");
     let kubeconfig = dir.path().join("simulated.kubeconfig");
-    let a = args(&[
-        "--serve",
-        "--no-controller",
-        "--scenario",
-        "none",
-        "--nodes",
-        "50",
-        "--pods",
-        "200",
-        "--kubeconfig-out",
-        kubeconfig.to_str().expect("utf-8 path"),
-    ]);
+    let a = SimulateArgs {
+        nodes: 50,
+        pods: 200,
+        serve: ServeArgs {
+            serve: true,
+            no_controller: true,
+            kubeconfig_out: Some(kubeconfig.clone()),
+            ..ServeArgs::default()
+        },
+        ..scenario(Scenario::None)
+    };
     let sim = BackgroundSim::start(cluster_config(&a))
         .await
         .expect("cluster");

@@ -3,75 +3,36 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodAffinityTerm, PodAntiAffinity, PodSpec, ResourceRequirements,
-    TopologySpreadConstraint,
-};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::ObjectMeta;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use karpenter_capi::api::nodeclaim::{
-    NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
-};
-use karpenter_capi::api::nodepool::{
-    NodeClaimTemplate, NodeClaimTemplateSpec, NodePool, NodePoolSpec,
-};
-use karpenter_capi::api::requirements::{Requirement, Requirements};
+use karpenter_capi::api::nodeclaim::{NodeSelectorRequirementWithMinValues, Operator};
+use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::resources::{Quantity, Resources};
 use karpenter_capi::api::validate_nodeclaim;
-use karpenter_capi::api::wellknown::{
-    CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL,
-};
+use karpenter_capi::api::wellknown::{CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, ZONE_LABEL};
 use karpenter_capi::scheduling::{
-    ExistingNode, InstanceType, NewClaim, Offering, PoolInput, Snapshot, nodeclaim_for, solve,
+    ExistingNode, InstanceType, NewClaim, PoolInput, Snapshot, nodeclaim_for, solve,
 };
+use karpenter_capi::testing;
 
-const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
-
+/// `c<cpu>`: 4 GiB a CPU, 100m kept back, on-demand in every zone and spot in two at 40 %.
 fn instance_type(cpu: i64) -> InstanceType {
-    let name = format!("c{cpu}");
-    let mut offerings = Vec::new();
-    for (zone, ct) in ZONES
-        .iter()
-        .map(|z| (*z, "on-demand"))
-        .chain([("zone-a", "spot"), ("zone-b", "spot")])
-    {
-        offerings.push(Offering {
-            machine_deployment: format!("capi/{name}-{zone}-{ct}"),
-            zone: Some(zone.into()),
-            capacity_type: ct.into(),
-            price: cpu as f64 * 0.5 * if ct == "spot" { 0.4 } else { 1.0 },
-            available: true,
-            labels: BTreeMap::from([
-                (ZONE_LABEL.to_string(), zone.to_string()),
-                (CAPACITY_TYPE_LABEL.to_string(), ct.to_string()),
-                (INSTANCE_TYPE_LABEL.to_string(), name.clone()),
-            ]),
-            taints: vec![],
-            replicas: 0,
-            max_size: None,
-        });
-    }
-    let mut requirements = Requirements::new();
-    requirements.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &[name.as_str()]));
-    requirements.add(Requirement::is_in(ZONE_LABEL, &ZONES));
-    requirements.add(Requirement::is_in(
-        CAPACITY_TYPE_LABEL,
-        &["on-demand", "spot"],
-    ));
-    InstanceType {
-        requirements,
-        capacity: Resources::new()
-            .with("cpu", Quantity::from_units(cpu))
-            .with("memory", Quantity::from_bytes((4 * cpu) << 30))
-            .with("pods", Quantity::from_units(110)),
-        overhead: Resources::new().with("cpu", Quantity::from_millis(100)),
-        offerings,
-        name,
-    }
+    testing::instance_type(&format!("c{cpu}"), cpu, 4 * cpu)
+        .offerings(&[
+            ("zone-a", "on-demand"),
+            ("zone-b", "on-demand"),
+            ("zone-c", "on-demand"),
+            ("zone-a", "spot"),
+            ("zone-b", "spot"),
+        ])
+        .price(cpu as f64 * 0.5)
+        .spot_factor(0.4)
+        .overhead(Resources::new().with("cpu", Quantity::from_millis(100)))
+        .namespace("capi")
+        .build()
 }
 
 fn nodepool(
@@ -80,51 +41,22 @@ fn nodepool(
     limits: &[(&str, &str)],
     on_demand_only: bool,
 ) -> NodePool {
-    NodePool {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            uid: Some(format!("uid-{name}")),
-            ..Default::default()
-        },
-        spec: NodePoolSpec {
-            template: NodeClaimTemplate {
-                metadata: None,
-                spec: NodeClaimTemplateSpec {
-                    node_class_ref: NodeClassReference {
-                        kind: "ClusterAPINodeClass".into(),
-                        name: "default".into(),
-                        group: "karpenter.cluster.x-k8s.io".into(),
-                    },
-                    requirements: if on_demand_only {
-                        vec![NodeSelectorRequirementWithMinValues::new(
-                            CAPACITY_TYPE_LABEL,
-                            Operator::In,
-                            &["on-demand"],
-                        )]
-                    } else {
-                        vec![]
-                    },
-                    ..Default::default()
-                },
-            },
-            limits: (!limits.is_empty()).then(|| {
-                limits
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), K8sQuantity(v.to_string())))
-                    .collect()
-            }),
-            weight,
-            ..Default::default()
-        },
-        status: None,
+    let mut np = testing::nodepool(name);
+    if on_demand_only {
+        np.spec.template.spec.requirements = vec![NodeSelectorRequirementWithMinValues::new(
+            CAPACITY_TYPE_LABEL,
+            Operator::In,
+            &["on-demand"],
+        )];
     }
-}
-
-fn selector(app: &str) -> Option<LabelSelector> {
-    Some(LabelSelector {
-        match_labels: Some(BTreeMap::from([("app".to_string(), app.to_string())])),
-        ..Default::default()
-    })
+    np.spec.limits = (!limits.is_empty()).then(|| {
+        limits
+            .iter()
+            .map(|(k, v)| (k.to_string(), K8sQuantity(v.to_string())))
+            .collect()
+    });
+    np.spec.weight = weight;
+    np
 }
 
 fn mixed_pods(n: usize) -> Vec<Pod> {
@@ -141,47 +73,22 @@ fn mixed_pods(n: usize) -> Vec<Pod> {
             let class = classes[i % classes.len()];
             let cpu = ["100m", "250m", "500m", "1", "1500m"][rng.random_range(0..5)];
             let memory = ["128Mi", "512Mi", "1Gi", "2Gi"][rng.random_range(0..4)];
-            let mut spec = PodSpec {
-                containers: vec![Container {
-                    name: "app".into(),
-                    resources: Some(ResourceRequirements {
-                        requests: Some(BTreeMap::from([
-                            ("cpu".to_string(), K8sQuantity(cpu.into())),
-                            ("memory".to_string(), K8sQuantity(memory.into())),
-                        ])),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
-                ..Default::default()
-            };
-            let spread = |key: &str| {
-                Some(vec![TopologySpreadConstraint {
-                    max_skew: 1,
-                    topology_key: key.into(),
-                    when_unsatisfiable: "DoNotSchedule".into(),
-                    label_selector: selector(class),
-                    ..Default::default()
-                }])
-            };
+            let mut pod = testing::pod(&format!("pod-{i:03}"))
+                .namespace("shop")
+                .label("app", class)
+                .requests(cpu, memory)
+                .build();
+            let spec = pod.spec.get_or_insert_with(Default::default);
             match class {
-                "zonal-spread" => spec.topology_spread_constraints = spread(ZONE_LABEL),
-                "host-spread" => spec.topology_spread_constraints = spread(HOSTNAME_LABEL),
-                "host-anti" => {
-                    spec.affinity = Some(Affinity {
-                        pod_anti_affinity: Some(PodAntiAffinity {
-                            required_during_scheduling_ignored_during_execution: Some(vec![
-                                PodAffinityTerm {
-                                    label_selector: selector(class),
-                                    topology_key: HOSTNAME_LABEL.into(),
-                                    ..Default::default()
-                                },
-                            ]),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    })
+                "zonal-spread" => {
+                    spec.topology_spread_constraints =
+                        Some(vec![testing::spread(ZONE_LABEL, class)])
                 }
+                "host-spread" => {
+                    spec.topology_spread_constraints =
+                        Some(vec![testing::spread(HOSTNAME_LABEL, class)])
+                }
+                "host-anti" => spec.affinity = Some(testing::anti_affinity(HOSTNAME_LABEL, class)),
                 "pinned" => {
                     spec.node_selector = Some(BTreeMap::from([(
                         ZONE_LABEL.to_string(),
@@ -190,16 +97,7 @@ fn mixed_pods(n: usize) -> Vec<Pod> {
                 }
                 _ => {}
             }
-            Pod {
-                metadata: ObjectMeta {
-                    name: Some(format!("pod-{i:03}")),
-                    namespace: Some("shop".into()),
-                    labels: Some(BTreeMap::from([("app".to_string(), class.to_string())])),
-                    ..Default::default()
-                },
-                spec: Some(spec),
-                status: None,
-            }
+            pod
         })
         .collect()
 }

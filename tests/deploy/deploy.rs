@@ -15,11 +15,11 @@ use clap::CommandFactory;
 use karpenter_capi::cli::Cli;
 use serde_json::Value;
 
-mod assets;
+use crate::assets;
 use assets::{Asset, tool};
 
-fn main() -> std::process::ExitCode {
-    assets::main(trials![
+pub fn tests() -> Vec<assets::Test> {
+    trials![
         manifests_rbac_grants_exactly_what_the_controller_calls,
         chart_rbac_grants_exactly_what_the_controller_calls,
         manifests_deployment_is_hardened_probed_and_spread,
@@ -36,7 +36,7 @@ fn main() -> std::process::ExitCode {
         helm_refuses_management_values_that_cannot_work needs [Helm],
         @tokio kubectl_dry_run_applies_manifests_crds_and_the_rendered_chart needs [Kubectl, Helm],
         manifests_and_crds_use_only_fields_their_types_know,
-    ])
+    ]
 }
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");

@@ -2,8 +2,8 @@
 //! reported with the commands that fix them, and `-o yaml` applied with the real kubectl, then
 //! seen by the controller (its NodePool becomes Ready).
 
-mod assets;
-mod common;
+use crate::assets;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -35,12 +35,12 @@ fn init_with(kubeconfig: &Path, output: &str, extra: &[&str]) -> (String, String
     (stdout, stderr)
 }
 
-fn main() -> std::process::ExitCode {
-    assets::main(trials![
+pub fn tests() -> Vec<assets::Test> {
+    trials![
         @actix init_reports_each_machine_deployment_with_its_fix,
         @actix init_names_the_cluster_filter_that_leaves_machine_deployments_out,
         @actix init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready needs [Kubectl],
-    ])
+    ]
 }
 
 /// A simulated cluster with one usable MachineDeployment and three that are not, each for

@@ -21,31 +21,19 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-mod standins;
+use crate::common::{NS, eventually, md_seed, standin_cluster as fast};
 
-use standins::{NS, eventually, fast};
-
+/// A stand-in MachineDeployment whose template also carries a label that is not propagated,
+/// and node labels by annotation.
 fn seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
-    MachineDeploymentSeed {
-        name: name.into(),
-        namespace: NS.into(),
-        replicas,
-        labels: BTreeMap::from([(MEMBER_LABEL.into(), String::new())]),
-        template_labels: BTreeMap::from([
-            ("node-role.kubernetes.io/worker".into(), String::new()),
-            ("app.example.com/not-propagated".into(), "x".into()),
-        ]),
-        annotations: BTreeMap::from([
-            (CPU_ANNOTATION.into(), "4".into()),
-            (MEMORY_ANNOTATION.into(), "16Gi".into()),
-            (
-                LABELS_ANNOTATION.into(),
-                "topology.kubernetes.io/zone=us-east-1b,node.kubernetes.io/instance-type=m-4"
-                    .into(),
-            ),
-        ]),
-        ..Default::default()
-    }
+    let mut seed = md_seed(name, replicas);
+    seed.template_labels
+        .insert("app.example.com/not-propagated".into(), "x".into());
+    seed.annotations.insert(
+        LABELS_ANNOTATION.into(),
+        "topology.kubernetes.io/zone=us-east-1b,node.kubernetes.io/instance-type=m-4".into(),
+    );
+    seed
 }
 
 async fn machines(cluster: &SimCluster, md: &str) -> Vec<DynamicObject> {

@@ -10,21 +10,15 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use serde_json::Value;
 
-use karpenter_capi::actors::ControllerHandle;
 use karpenter_capi::api::nodeclaim::NodeClaim;
-use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::sim::cluster::{MachineDeploymentSeed, ServedVersions, SimClusterConfig};
-use karpenter_capi::simulate::launch::{
-    self, create_claims, seed_nodeclass_and_pool, seed_of, settle,
-};
-use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
+use karpenter_capi::simulate::launch::{self, create_claims, seed_of};
+use karpenter_capi::simulate::{sim_settings, start_controller};
 
-/// Only a guard against hangs: the 1,000-claim test settles in about 40 s on an idle 2-core
-/// machine and took over 120 s once with other builds running beside it.
-const SETTLE: Duration = Duration::from_secs(300);
+use crate::common::Env;
 
 fn cluster(version: CapiVersion) -> SimClusterConfig {
     SimClusterConfig {
@@ -41,98 +35,17 @@ fn cluster(version: CapiVersion) -> SimClusterConfig {
     }
 }
 
-struct Env {
-    sim: BackgroundSim,
-    pool: NodePool,
-    controller: Option<ControllerHandle>,
-    metrics: std::sync::Arc<Metrics>,
-}
-
 async fn env(
     cfg: SimClusterConfig,
     seeds: Vec<MachineDeploymentSeed>,
     create_timeout: Option<Duration>,
 ) -> Env {
-    let sim = BackgroundSim::start(cfg).await.expect("simulated cluster");
-    let pool = sim
-        .run(move |c| async move {
-            for s in &seeds {
-                c.create_machine_deployment_from(s)
-                    .await
-                    .expect("seed MachineDeployment");
-            }
-            seed_nodeclass_and_pool(c.client())
-                .await
-                .expect("seed NodeClass and NodePool")
-        })
+    Env::builder()
+        .cluster(cfg)
+        .seeds(seeds)
+        .settings(sim_settings(create_timeout))
+        .start()
         .await
-        .expect("seeding");
-    let metrics = Metrics::new();
-    let controller = start_controller(&sim, sim_settings(create_timeout), metrics.clone())
-        .await
-        .expect("controller");
-    Env {
-        sim,
-        pool,
-        controller: Some(controller),
-        metrics,
-    }
-}
-
-impl Env {
-    async fn claims(&self, n: usize, mds: usize) -> Vec<String> {
-        let pool = self.pool.clone();
-        self.sim
-            .run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
-            .await
-            .unwrap()
-            .unwrap()
-    }
-
-    async fn settle(&self) {
-        settle(&self.sim, SETTLE)
-            .await
-            .expect("the cluster settles");
-    }
-
-    fn store_list(&self, resource: &str) -> Vec<Value> {
-        self.sim.cluster().server().store().list(resource, None)
-    }
-
-    fn invariants_hold(&self) -> invariants::Invariants {
-        let inv = invariants::check(
-            self.sim.cluster().server().store(),
-            self.sim.cluster().capi_version(),
-        );
-        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
-        inv
-    }
-
-    fn replicas(&self, md: &str) -> i64 {
-        self.store_list("machinedeployments")
-            .iter()
-            .find(|m| m["metadata"]["name"] == md)
-            .and_then(|m| m.pointer("/spec/replicas").and_then(Value::as_i64))
-            .unwrap_or(-1)
-    }
-
-    fn machines_of(&self, md: &str) -> Vec<Value> {
-        self.store_list("machines")
-            .into_iter()
-            .filter(|m| m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] == md)
-            .collect()
-    }
-
-    fn controller_writes(&self, resource: &str) -> usize {
-        let agent = karpenter_capi::app::USER_AGENT;
-        self.sim
-            .cluster()
-            .stats()
-            .writes()
-            .iter()
-            .filter(|w| w.agent == agent && w.resource == resource)
-            .count()
-    }
 }
 
 fn condition(c: &Value, ty: &str) -> bool {
@@ -146,7 +59,7 @@ async fn one_claim_end_to_end(version: CapiVersion) {
     let names = env.claims(1, 1).await;
     env.settle().await;
 
-    let claims = env.store_list("nodeclaims");
+    let claims = env.list("nodeclaims");
     assert_eq!(claims.len(), 1);
     let claim = &claims[0];
     assert_eq!(claim["metadata"]["name"], names[0].as_str());
@@ -235,7 +148,7 @@ async fn a_node_ready_at_registration_is_registered_and_initialized_in_one_write
     let env = env(cluster(CapiVersion::V1Beta2), vec![seed_of(0, 10)], None).await;
     env.claims(1, 1).await;
     env.settle().await;
-    let claims = env.store_list("nodeclaims");
+    let claims = env.list("nodeclaims");
     let claim = &claims[0];
     let time = |ty: &str| {
         claim["status"]["conditions"]
@@ -253,7 +166,7 @@ async fn a_node_ready_at_registration_is_registered_and_initialized_in_one_write
     assert_eq!(at, also_at, "one status write set both");
     assert_eq!(env.controller_writes("nodes"), 1, "one Node patch");
     let node = env
-        .store_list("nodes")
+        .list("nodes")
         .into_iter()
         .find(|n| n["metadata"]["name"] == claim["status"]["nodeName"])
         .expect("the claim's Node");
@@ -335,7 +248,7 @@ async fn slow_provider_times_claims_out_without_leaking() {
     let env = env(cfg, vec![seed_of(0, 1000)], Some(Duration::from_secs(3))).await;
     env.claims(30, 1).await;
     env.settle().await;
-    let claims = env.store_list("nodeclaims");
+    let claims = env.list("nodeclaims");
     assert!(
         claims.len() < 30,
         "some claims timed out and were deleted ({} left)",
@@ -392,7 +305,7 @@ async fn max_size_moves_claims_to_the_next_offering() {
         "the cheap MachineDeployment is filled to its max-size"
     );
     assert_eq!(env.replicas("md-1"), 3, "the rest go to the next offering");
-    assert_eq!(env.store_list("nodeclaims").len(), 6);
+    assert_eq!(env.list("nodeclaims").len(), 6);
     env.invariants_hold();
 }
 
@@ -403,7 +316,7 @@ async fn deleting_a_claim_removes_only_its_machine() {
     env.settle().await;
     let victim = names[1].clone();
     let victim_machine = env
-        .store_list("nodeclaims")
+        .list("nodeclaims")
         .iter()
         .find(|c| c["metadata"]["name"] == victim.as_str())
         .and_then(|c| {
@@ -432,7 +345,7 @@ async fn deleting_a_claim_removes_only_its_machine() {
     assert_eq!(left, others, "only the deleted claim's Machine went");
     assert_eq!(env.replicas("md-0"), 2);
     assert!(
-        !env.store_list("nodeclaims")
+        !env.list("nodeclaims")
             .iter()
             .any(|c| c["metadata"]["name"] == victim.as_str())
     );
@@ -509,14 +422,14 @@ async fn malformed_annotations_and_selectors_become_conditions_and_events() {
     // named in an Event with the annotation at fault.
     let names = env.claims(1, 1).await;
     env.settle().await;
-    assert_eq!(env.store_list("nodeclaims").len(), 1, "{names:?}");
+    assert_eq!(env.list("nodeclaims").len(), 1, "{names:?}");
     let nc = env
-        .store_list("clusterapinodeclasses")
+        .list("clusterapinodeclasses")
         .into_iter()
         .next()
         .unwrap();
     assert!(condition(&nc, "Ready"), "{nc:#}");
-    let events = env.store_list("events.events.k8s.io");
+    let events = env.list("events.events.k8s.io");
     let bad_event = events
         .iter()
         .find(|e| e["reason"] == "InvalidMachineDeployment")
@@ -542,7 +455,7 @@ async fn malformed_annotations_and_selectors_become_conditions_and_events() {
     let start = std::time::Instant::now();
     loop {
         let nc = env
-            .store_list("clusterapinodeclasses")
+            .list("clusterapinodeclasses")
             .into_iter()
             .find(|n| n["metadata"]["name"] == "broken")
             .unwrap();
@@ -613,7 +526,7 @@ async fn a_node_not_ready_after_registration_says_why_it_is_not_initialized() {
     let start = std::time::Instant::now();
     let initialized = loop {
         let found = env
-            .store_list("nodeclaims")
+            .list("nodeclaims")
             .into_iter()
             .find(|c| c["metadata"]["name"] == names[0].as_str())
             .filter(|c| condition(c, "Registered"))
@@ -629,7 +542,7 @@ async fn a_node_not_ready_after_registration_says_why_it_is_not_initialized() {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "no Initialized=Unknown/NodeNotReady: {:#?}",
-            env.store_list("nodeclaims")
+            env.list("nodeclaims")
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };

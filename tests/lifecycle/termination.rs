@@ -17,7 +17,7 @@ use karpenter_capi::sim::cluster::SimClusterConfig;
 use karpenter_capi::simulate::launch::{claim_for, settle};
 use karpenter_capi::simulate::sim_settings;
 
-mod common;
+use crate::common;
 
 use common::*;
 

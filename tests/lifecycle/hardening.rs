@@ -11,22 +11,16 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use karpenter_capi::actors::ControllerHandle;
 use karpenter_capi::actors::Settings;
 use karpenter_capi::actors::tracked::Tracked;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::app::USER_AGENT;
-use karpenter_capi::metrics::Metrics;
 use karpenter_capi::sim::cluster::{MachineDeploymentSeed, PodShape, SimClusterConfig};
-use karpenter_capi::simulate::launch::{
-    self, NAMESPACE, NODECLASS, claim_for, create_claims, seed_nodeclass_and_pool, seed_of,
-};
-use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
+use karpenter_capi::simulate::launch::{NAMESPACE, NODECLASS, claim_for, seed_of};
 
-/// Generous: only there to turn a hang into a failure.
-const DEADLINE: Duration = Duration::from_secs(90);
+use crate::common::{DEADLINE, Env};
 
 fn cluster() -> SimClusterConfig {
     SimClusterConfig {
@@ -38,77 +32,28 @@ fn cluster() -> SimClusterConfig {
     }
 }
 
-struct Env {
-    sim: BackgroundSim,
-    pool: NodePool,
-    controller: ControllerHandle,
-    metrics: Arc<Metrics>,
-}
-
 /// The MachineDeployments, the NodeClass and NodePool, then the controller with `tune` applied to
 /// the simulation settings (short deadlines, short batching windows).
 async fn env(seeds: Vec<MachineDeploymentSeed>, tune: impl FnOnce(&mut Settings)) -> Env {
-    let sim = BackgroundSim::start(cluster())
-        .await
-        .expect("simulated cluster");
-    let pool = sim
-        .run(move |c| async move {
-            for s in &seeds {
-                c.create_machine_deployment_from(s)
-                    .await
-                    .expect("seed MachineDeployment");
-            }
-            seed_nodeclass_and_pool(c.client())
-                .await
-                .expect("seed NodeClass and NodePool")
-        })
-        .await
-        .expect("seeding");
-    let metrics = Metrics::new();
-    let mut settings = sim_settings(None);
-    settings.batching.idle = Duration::from_millis(200);
-    settings.batching.max = Duration::from_secs(2);
-    tune(&mut settings);
-    let controller = start_controller(&sim, settings, metrics.clone())
-        .await
-        .expect("controller");
+    let env = Env::builder()
+        .cluster(cluster())
+        .seeds(seeds)
+        .short_batches()
+        .tune(tune)
+        .start()
+        .await;
     // Faults below hit the controller only.
-    sim.cluster().server().faults().set_agent(Some(USER_AGENT));
-    Env {
-        sim,
-        pool,
-        controller,
-        metrics,
-    }
+    env.sim
+        .cluster()
+        .server()
+        .faults()
+        .set_agent(Some(USER_AGENT));
+    env
 }
 
 impl Env {
-    fn list(&self, resource: &str) -> Vec<Value> {
-        self.sim.cluster().server().store().list(resource, None)
-    }
-
     fn faults(&self) -> &karpenter_capi::sim::Faults {
         self.sim.cluster().server().faults()
-    }
-
-    async fn claims(&self, n: usize, mds: usize) -> Vec<String> {
-        let pool = self.pool.clone();
-        self.sim
-            .run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
-            .await
-            .expect("run")
-            .expect("claims")
-    }
-
-    async fn delete_claim(&self, name: &str) {
-        let name = name.to_string();
-        self.sim
-            .run(move |c| async move {
-                let api: Api<NodeClaim> = Api::all(c.client());
-                let _ = api.delete(&name, &DeleteParams::default()).await;
-            })
-            .await
-            .expect("delete claim");
     }
 
     async fn delete_claims(&self) {
@@ -126,60 +71,6 @@ impl Env {
             })
             .await
             .expect("delete claims");
-    }
-
-    /// Poll the in-process store until `done` holds.
-    async fn wait(&self, what: &str, done: impl Fn(&Env) -> bool) {
-        let start = Instant::now();
-        while !done(self) {
-            assert!(
-                start.elapsed() < DEADLINE,
-                "timed out waiting for {what}: {}\n{:#?}\nclaims: {:#?}",
-                launch::progress_line(self.sim.cluster()),
-                launch::unsettled(self.sim.cluster()),
-                self.list("nodeclaims")
-                    .iter()
-                    .map(|c| (c["metadata"].clone(), c["status"]["conditions"].clone()))
-                    .collect::<Vec<_>>()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn settle(&self) {
-        launch::settle(&self.sim, DEADLINE)
-            .await
-            .expect("the cluster settles");
-    }
-
-    fn invariants_hold(&self) {
-        let inv = invariants::check(
-            self.sim.cluster().server().store(),
-            self.sim.cluster().capi_version(),
-        );
-        assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
-    }
-
-    fn events(&self, reason: &str) -> Vec<Value> {
-        self.list("events.events.k8s.io")
-            .into_iter()
-            .filter(|e| e["reason"] == reason)
-            .collect()
-    }
-
-    fn replicas(&self, md: &str) -> i64 {
-        self.list("machinedeployments")
-            .iter()
-            .find(|m| m["metadata"]["name"] == md)
-            .and_then(|m| m.pointer("/spec/replicas").and_then(Value::as_i64))
-            .unwrap_or(-1)
-    }
-
-    fn machines_of(&self, md: &str) -> usize {
-        self.list("machines")
-            .iter()
-            .filter(|m| m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] == md)
-            .count()
     }
 
     fn initialized(&self) -> usize {
@@ -230,7 +121,7 @@ impl Env {
     }
 
     async fn tracked_catalog(&self) -> BTreeMap<&'static str, usize> {
-        self.controller
+        self.controller()
             .catalog()
             .expect("catalog runs here")
             .send(Tracked)
@@ -271,7 +162,7 @@ async fn a_hung_claim_write_is_abandoned_at_its_deadline_and_retried() {
     env.faults()
         .set_write_latency("nodeclaims", Duration::from_secs(3600));
     let names = env.claims(1, 1).await;
-    env.wait("a ReconcileTimeout Event on the claim", |e| {
+    env.until("a ReconcileTimeout Event on the claim", |e| {
         e.events("ReconcileTimeout")
             .iter()
             .any(|ev| ev["regarding"]["name"] == names[0].as_str())
@@ -287,7 +178,7 @@ async fn a_hung_claim_write_is_abandoned_at_its_deadline_and_retried() {
     );
     env.faults().clear();
     env.faults().set_agent(Some(USER_AGENT));
-    env.wait("the claim initialized once the API answers", |e| {
+    env.until("the claim initialized once the API answers", |e| {
         e.initialized() == 1
     })
     .await;
@@ -317,8 +208,10 @@ async fn an_ambiguous_decrement_is_read_back_and_never_repeated() {
     env.faults().set_every_client("machinesets");
     let probe = env.watch_replicas("md-0");
     env.delete_claims().await;
-    env.wait("every Machine gone and replicas at zero", |e| {
-        e.machines_of("md-0") == 0 && e.replicas("md-0") == 0 && e.list("nodeclaims").is_empty()
+    env.until("every Machine gone and replicas at zero", |e| {
+        e.machines_of("md-0").is_empty()
+            && e.replicas("md-0") == 0
+            && e.list("nodeclaims").is_empty()
     })
     .await;
     // Let any late retry show itself before looking.
@@ -363,8 +256,10 @@ async fn a_decrement_cluster_api_spent_on_another_machine_is_made_again() {
         .set_watch_delay("machines", Duration::from_secs(2));
     env.faults().set_every_client("machines");
     env.delete_claim(&young[0]).await;
-    env.wait("every claim and Machine gone, replicas at zero", |e| {
-        e.machines_of("md-0") == 0 && e.replicas("md-0") == 0 && e.list("nodeclaims").is_empty()
+    env.until("every claim and Machine gone, replicas at zero", |e| {
+        e.machines_of("md-0").is_empty()
+            && e.replicas("md-0") == 0
+            && e.list("nodeclaims").is_empty()
     })
     .await;
     let text = env.metrics.encode();
@@ -373,7 +268,7 @@ async fn a_decrement_cluster_api_spent_on_another_machine_is_made_again() {
         1.0,
         "the stand-in took the old Machine, so the decrement was made again once: {text}"
     );
-    env.wait("the old claim's MachineDeleted Event", |e| {
+    env.until("the old claim's MachineDeleted Event", |e| {
         e.events("MachineDeleted").len() == 1
     })
     .await;
@@ -394,12 +289,12 @@ async fn a_bind_with_no_answer_never_binds_a_claim_twice() {
     env.faults()
         .set_write_response_delay("machines", Duration::from_secs(3600));
     env.claims(8, 1).await;
-    env.wait("every claim initialized", |e| e.initialized() == 8)
+    env.until("every claim initialized", |e| e.initialized() == 8)
         .await;
     env.invariants_hold();
     env.faults().clear();
     env.settle().await;
-    assert_eq!(env.machines_of("md-0"), 8);
+    assert_eq!(env.machines_of("md-0").len(), 8);
     env.invariants_hold();
 }
 
@@ -444,7 +339,7 @@ async fn a_malformed_capacity_annotation_keeps_max_size_and_maps_shrink_back() {
         })
         .await
         .expect("claims");
-    env.wait("four claims initialized", |e| e.initialized() == 4)
+    env.until("four claims initialized", |e| e.initialized() == 4)
         .await;
     env.settle().await;
     assert!(
@@ -458,12 +353,12 @@ async fn a_malformed_capacity_annotation_keeps_max_size_and_maps_shrink_back() {
 
     // Everything goes: claims, then the MachineDeployments.
     env.delete_claims().await;
-    env.wait("claims and Machines gone", |e| {
+    env.until("claims and Machines gone", |e| {
         e.list("nodeclaims").is_empty() && e.list("machines").is_empty()
     })
     .await;
     let scaler = env
-        .controller
+        .controller()
         .shared
         .router
         .scaler("default/md-0")
@@ -493,13 +388,13 @@ async fn a_malformed_capacity_annotation_keeps_max_size_and_maps_shrink_back() {
         })
         .await
         .expect("delete MachineDeployments");
-    env.wait("MachineDeployments gone", |e| {
+    env.until("MachineDeployments gone", |e| {
         e.list("machinedeployments").is_empty()
     })
     .await;
     let start = Instant::now();
     loop {
-        let scalers = env.controller.shared.router.scalers().len();
+        let scalers = env.controller().shared.router.scalers().len();
         let catalog = env.tracked_catalog().await;
         if scalers == 0 && catalog["templates"] == 0 && catalog["fetching"] == 0 {
             break;
@@ -516,7 +411,7 @@ async fn a_malformed_capacity_annotation_keeps_max_size_and_maps_shrink_back() {
         "a stopped Scaler's gauge goes: {text}"
     );
     let provisioner = env
-        .controller
+        .controller()
         .provisioner
         .send(Tracked)
         .await
@@ -538,15 +433,15 @@ async fn nodepool_resources_and_usage_series_drop_keys_that_went_to_zero() {
             .first()
             .is_some_and(|np| !np["status"]["resources"]["cpu"].is_null())
     };
-    env.wait("the NodePool counts cpu", has_cpu).await;
+    env.until("the NodePool counts cpu", has_cpu).await;
     let usage = "karpenter_nodepools_usage{nodepool=\"default\",resource_type=\"cpu\"}";
     assert!(env.metrics.encode().contains(usage));
 
     env.delete_claims().await;
-    env.wait("status.resources without cpu", |e| !has_cpu(e))
+    env.until("status.resources without cpu", |e| !has_cpu(e))
         .await;
     // Item 11: Karpenter's cloud-provider latency is observed for both methods.
-    env.wait("the claims and their Machines gone", |e| {
+    env.until("the claims and their Machines gone", |e| {
         e.list("nodeclaims").is_empty() && e.list("machines").is_empty()
     })
     .await;
@@ -616,23 +511,12 @@ async fn slow_creates_count_as_capacity_and_create_no_duplicates() {
         .expect("pods");
     // Keep poking the provisioner while the creates hang, as status writes would.
     for _ in 0..10 {
-        env.controller.shared.router.provisioner_poke();
+        env.controller().shared.router.provisioner_poke();
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     env.faults().clear();
     env.faults().set_agent(Some(USER_AGENT));
-    env.wait("every pod bound", |e| {
-        e.list("pods")
-            .iter()
-            .filter(|p| {
-                p.pointer("/spec/nodeName")
-                    .and_then(Value::as_str)
-                    .is_some()
-            })
-            .count()
-            == 10
-    })
-    .await;
+    env.until("every pod bound", |e| e.bound_pods() == 10).await;
     env.settle().await;
     assert_eq!(
         env.list("nodeclaims").len(),
@@ -663,25 +547,14 @@ async fn a_failed_create_is_reported_on_its_pods_and_solved_again() {
         })
         .await
         .expect("pods");
-    env.wait("a FailedCreatingNodeClaim Event on a pod", |e| {
+    env.until("a FailedCreatingNodeClaim Event on a pod", |e| {
         e.events("FailedCreatingNodeClaim")
             .iter()
             .any(|ev| ev["regarding"]["kind"] == "Pod")
     })
     .await;
     env.faults().clear();
-    env.wait("both pods bound", |e| {
-        e.list("pods")
-            .iter()
-            .filter(|p| {
-                p.pointer("/spec/nodeName")
-                    .and_then(Value::as_str)
-                    .is_some()
-            })
-            .count()
-            == 2
-    })
-    .await;
+    env.until("both pods bound", |e| e.bound_pods() == 2).await;
     env.settle().await;
     env.invariants_hold();
 }
@@ -716,7 +589,7 @@ async fn template_capacity_is_retried_after_errors_and_reread_after_changes() {
         .await
         .expect("seed");
     let cpu = |e: &Env| -> Option<String> {
-        e.controller
+        e.controller()
             .shared
             .catalog
             .instance_types(NODECLASS)
@@ -732,7 +605,7 @@ async fn template_capacity_is_retried_after_errors_and_reread_after_changes() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(cpu(&env), None, "the template could not be read yet");
     env.faults().clear();
-    env.wait("the template's capacity after the errors stop", |e| {
+    env.until("the template's capacity after the errors stop", |e| {
         cpu(e).as_deref() == Some("2")
     })
     .await;
@@ -760,6 +633,6 @@ async fn template_capacity_is_retried_after_errors_and_reread_after_changes() {
         })
         .await
         .expect("change template");
-    env.wait("the new capacity", |e| cpu(e).as_deref() == Some("8"))
+    env.until("the new capacity", |e| cpu(e).as_deref() == Some("8"))
         .await;
 }

@@ -4,38 +4,19 @@
 //! Machines, and a spec.replicas decrease mid-rollout honours the delete-machine annotation.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use karpenter_capi::api::wellknown::{
-    CPU_ANNOTATION, DELETE_MACHINE_ANNOTATION, MEMBER_LABEL, MEMORY_ANNOTATION, SET_NAME_LABEL,
-};
+use karpenter_capi::api::wellknown::{DELETE_MACHINE_ANNOTATION, SET_NAME_LABEL};
 use karpenter_capi::sim::capi::{CapiVersion, TEMPLATE_HASH_LABEL};
-use karpenter_capi::sim::cluster::{MachineDeploymentSeed, SimCluster, SimClusterConfig};
+use karpenter_capi::sim::cluster::{SimCluster, SimClusterConfig};
 use karpenter_capi::sim::standin::{merge_patch, str_at};
 use kube::api::{DeleteParams, ListParams};
 use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-mod standins;
-
-use standins::{NS, eventually, fast};
-
-fn seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
-    MachineDeploymentSeed {
-        name: name.into(),
-        namespace: NS.into(),
-        replicas,
-        labels: BTreeMap::from([(MEMBER_LABEL.into(), String::new())]),
-        template_labels: BTreeMap::from([("node-role.kubernetes.io/worker".into(), String::new())]),
-        annotations: BTreeMap::from([
-            (CPU_ANNOTATION.into(), "4".into()),
-            (MEMORY_ANNOTATION.into(), "16Gi".into()),
-        ]),
-        ..Default::default()
-    }
-}
+use crate::common::{NS, eventually, md_seed as seed, standin_cluster as fast};
 
 struct Apis {
     v: CapiVersion,

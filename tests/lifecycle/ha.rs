@@ -23,9 +23,11 @@ use karpenter_capi::http::{self, Health};
 use karpenter_capi::leader;
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::sim::cluster::SimClusterConfig;
-use karpenter_capi::simulate::launch::{create_claims, seed_nodeclass_and_pool, seed_of};
+use karpenter_capi::simulate::launch::{create_claims, seed_of};
 use karpenter_capi::simulate::{BackgroundSim, sim_settings};
 use karpenter_capi::write_gate::WriteGate;
+
+use crate::common::Env;
 
 const LEASE: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(2);
@@ -70,21 +72,11 @@ impl Member {
 }
 
 async fn seeded() -> (BackgroundSim, NodePool) {
-    let sim = BackgroundSim::start(cluster())
+    Env::builder()
+        .cluster(cluster())
+        .seeds(vec![seed_of(0, 100)])
+        .seeded()
         .await
-        .expect("simulated cluster");
-    let pool = sim
-        .run(|c| async move {
-            c.create_machine_deployment_from(&seed_of(0, 100))
-                .await
-                .expect("seed MachineDeployment");
-            seed_nodeclass_and_pool(c.client())
-                .await
-                .expect("seed NodeClass and NodePool")
-        })
-        .await
-        .expect("seeding");
-    (sim, pool)
 }
 
 /// One replica as `run` builds it, with its own clients, gate, Health and metrics.

@@ -15,8 +15,6 @@ use karpenter_capi::simulate::{BackgroundSim, launch, pods, sim_settings, start_
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-mod standins;
-
 const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/deploy/grafana/karpenter-capi.json"
@@ -171,7 +169,7 @@ async fn every_metric_the_dashboard_queries_is_on_metrics() {
     let queried = dashboard_metrics(&dashboard);
 
     // A controller that provisioned pods, so the launch path's series have samples.
-    let sim = BackgroundSim::start(standins::fast(
+    let sim = BackgroundSim::start(crate::common::standin_cluster(
         karpenter_capi::sim::capi::CapiVersion::V1Beta2,
     ))
     .await
@@ -198,14 +196,14 @@ async fn every_metric_the_dashboard_queries_is_on_metrics() {
         .await
         .expect("metrics endpoint");
     sim.run(|c| async move {
-        c.create_deployment(standins::NS, "app", 6, &PodShape::new("500m", "1Gi"))
+        c.create_deployment(crate::common::NS, "app", 6, &PodShape::new("500m", "1Gi"))
             .await
             .expect("Deployment");
     })
     .await
     .expect("pods");
     let store = sim.cluster().clone();
-    standins::eventually("every pod bound", || {
+    crate::common::eventually("every pod bound", || {
         let pods = store.server().store().list("pods", None);
         let bound = pods.len() == 6 && pods.iter().all(|p| p["spec"]["nodeName"].is_string());
         async move { bound.then_some(()) }

@@ -3,7 +3,7 @@
 //! or binds, on a claim whose Machine never gets a provider ID, and on a NodePool with one bad
 //! MachineDeployment.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

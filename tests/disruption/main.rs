@@ -1,0 +1,8 @@
+//! Disruption: the controller against the simulated cluster, and the `simulate`
+//! disruption scenarios.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod disruption;
+mod simulate_disruption;

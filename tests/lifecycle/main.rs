@@ -1,0 +1,10 @@
+//! A claim's life against the simulated cluster: launch, termination, leader election
+//! and faults.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod ha;
+mod hardening;
+mod launch;
+mod termination;

@@ -1,0 +1,11 @@
+//! The simulated cluster itself: its API server, its Cluster API and kubelet stand-ins,
+//! rollouts, and the `simulate` reports.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod measure_apart;
+mod report_html;
+mod sim_rollout;
+mod sim_server;
+mod sim_standins;
