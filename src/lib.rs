@@ -1,7 +1,7 @@
 //! karpenter-capi: just-in-time nodes for Cluster API clusters, with Karpenter's API.
 //!
 //! The map of this crate is `DESIGN.md`: `api` (Karpenter-facing types), `capi` (the Cluster API
-//! model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions), `actors` (behaviour), `state` (indexes fed by watches),
+//! model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions), `actors` (behaviour), `view` (the read-side projections actors and tools share), `state` (indexes fed by watches),
 //! `sim` (the embedded simulated cluster), `explain` and `init` (read-only tools that answer with
 //! the controller's own code, docs/tools.md).
 
@@ -24,4 +24,5 @@ pub mod simulate;
 pub mod state;
 #[cfg(test)]
 mod test_support;
+pub mod view;
 pub mod write_gate;

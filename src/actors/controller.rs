@@ -8,7 +8,7 @@ use actix::prelude::*;
 use tokio::sync::watch;
 
 use super::capi_watcher::CapiWatcher;
-use super::catalog::{Catalog, CatalogView, Synced};
+use super::catalog::{Catalog, Synced};
 use super::events::Events;
 use super::node_watcher::NodeWatcher;
 use super::nodepools::NodePools;
@@ -19,6 +19,7 @@ use super::{Settings, Shared};
 use crate::capi::version::{self, CapiVersion};
 use crate::metrics::Metrics;
 use crate::state::State;
+use crate::view::CatalogView;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

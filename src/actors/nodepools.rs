@@ -21,8 +21,9 @@ use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodepool::{NodePool, NodePoolStatus};
 use crate::api::resources::Resources;
 use crate::api::validation::validate_nodepool;
-use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
+use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::metrics::UsageLabels;
+use crate::view::usage::usage_by_pool;
 
 /// Claims or the catalog changed: recompute statuses (coalesced).
 #[derive(Message)]
@@ -131,7 +132,7 @@ impl NodePools {
             .values()
             .cloned()
             .collect();
-        let usage = usage_by_pool(&self.shared);
+        let usage = usage_by_pool(&self.shared.state);
         let present: BTreeSet<String> = pools.iter().map(|np| np.name_any()).collect();
         self.forget_missing(&present);
         self.refresh_malformed(ctx);
@@ -282,30 +283,6 @@ fn status_patch(current: Option<&NodePoolStatus>, desired: &NodePoolStatus) -> s
         }
     }
     body
-}
-
-/// Per NodePool: the summed capacity of its live claims and how many there are.
-pub fn usage_by_pool(shared: &Shared) -> BTreeMap<String, (Resources, i64)> {
-    let mut out: BTreeMap<String, (Resources, i64)> = BTreeMap::new();
-    for c in shared.state.claims.read().all() {
-        if c.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let Some(pool) = c.labels().get(NODEPOOL_LABEL) else {
-            continue;
-        };
-        let entry = out.entry(pool.clone()).or_default();
-        entry.1 += 1;
-        let capacity = c
-            .status
-            .as_ref()
-            .and_then(|s| s.capacity.as_ref())
-            .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()));
-        if let Some(Ok(r)) = capacity.map(Resources::from_k8s) {
-            entry.0.add_assign(&r);
-        }
-    }
-    out
 }
 
 fn desired_status(

@@ -18,8 +18,6 @@
 //!    (step 2): the API holds everything needed to resume or undo.
 
 mod execute;
-mod protection;
-pub mod view;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -39,6 +37,7 @@ use crate::api::conditions;
 use crate::api::wellknown::REPLACES_ANNOTATION;
 use crate::disruption::{self, Command};
 use crate::metrics::{ConsolidationTypeLabels, EvaluationLabels, PoolReasonLabels, ReasonLabels};
+use crate::view::disruption as view;
 
 /// Something disruption looks at changed; `pod_event` is a pod event on a node, at its time (the
 /// start of the node's `consolidateAfter` countdown).
@@ -225,7 +224,7 @@ impl Disruption {
         self.failed
             .retain(|_, (until, _)| *until + FAILURE_MEMORY > at);
         let view = view::gather(
-            &self.shared,
+            self.shared.view(),
             &view::Memory {
                 pdbs: &self.pdbs,
                 pod_events: &self.pod_events,
@@ -300,7 +299,12 @@ impl Disruption {
             if waiting {
                 return None;
             }
-            let snapshot = view::snapshot(&shared, &candidates, &leaving, &under_consolidate_after);
+            let snapshot = view::snapshot(
+                shared.view(),
+                &candidates,
+                &leaving,
+                &under_consolidate_after,
+            );
             let started = Instant::now();
             let decision = tokio::task::spawn_blocking(move || {
                 if let Some(pending) = due {
