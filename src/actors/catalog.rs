@@ -160,6 +160,10 @@ impl Catalog {
         self.reported.retain(|k, _| names.contains(k));
         self.shared.catalog.forget_unavailable();
         self.built = self.synced;
+        if self.built {
+            // Activation waits for the first catalog built after the NodeClass list.
+            self.shared.synced.notify_waiters();
+        }
         self.shared.router.provisioner_poke();
         self.shared.router.nodepools_changed();
     }

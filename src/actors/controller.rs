@@ -2,9 +2,9 @@
 //! replica leads, the writers (Catalog, claim actors, Scalers).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use super::capi_watcher::CapiWatcher;
@@ -19,6 +19,7 @@ use super::{Settings, Shared};
 use crate::capi::version::{self, CapiVersion};
 use crate::metrics::Metrics;
 use crate::state::State;
+use crate::state::feed::{Index, feed};
 use crate::view::CatalogView;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,14 +47,16 @@ pub struct ControllerHandle {
     pub node_watcher: Addr<NodeWatcher>,
     pub nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
-    storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
-    /// Only with default topology spread constraints.
-    workload_watcher: Option<Addr<super::workload_watcher::WorkloadWatcher>>,
+    /// The watch-to-index feeds (`state::feed`), aborted on stop.
+    feeds: Feeds,
     /// True while this replica's writers run (it leads and the catalog has synced).
     pub active: watch::Receiver<bool>,
     catalog: CatalogSlot,
     follower: tokio::task::JoinHandle<()>,
 }
+
+/// The feeds' tasks (cheap to clone with the actors' addresses).
+type Feeds = Arc<Vec<tokio::task::JoinHandle<()>>>;
 
 /// The Catalog starts only on the leader, after the handle was returned.
 type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
@@ -67,9 +70,8 @@ struct Actors {
     node_watcher: Addr<NodeWatcher>,
     nodepools: Addr<NodePools>,
     provisioner: Addr<Provisioner>,
-    storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
-    /// Only with default topology spread constraints.
-    workload_watcher: Option<Addr<super::workload_watcher::WorkloadWatcher>>,
+    /// The watch-to-index feeds (`state::feed`), aborted on stop.
+    feeds: Feeds,
     catalog: CatalogSlot,
 }
 
@@ -92,9 +94,8 @@ impl Actors {
         self.node_watcher.do_send(super::StopActor);
         self.nodepools.do_send(super::StopActor);
         self.provisioner.do_send(super::StopActor);
-        self.storage_watcher.do_send(super::StopActor);
-        if let Some(w) = &self.workload_watcher {
-            w.do_send(super::StopActor);
+        for f in self.feeds.iter() {
+            f.abort();
         }
         if let Some(c) = self.catalog.lock().take() {
             c.do_send(super::StopActor);
@@ -117,8 +118,7 @@ impl ControllerHandle {
             node_watcher: self.node_watcher.clone(),
             nodepools: self.nodepools.clone(),
             provisioner: self.provisioner.clone(),
-            storage_watcher: self.storage_watcher.clone(),
-            workload_watcher: self.workload_watcher.clone(),
+            feeds: self.feeds.clone(),
             catalog: self.catalog.clone(),
         }
     }
@@ -168,16 +168,8 @@ impl Controller {
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
-        let storage_watcher = super::storage_watcher::StorageWatcher::new(shared.clone()).start();
-        // Default topology spread constraints deduce selectors from the workloads' own.
-        let workload_watcher = shared.settings.default_constraints.as_ref().map(|d| {
-            tracing::info!(
-                constraints = ?d.constraints(),
-                "scheduler config sets default topology spread constraints: pods without their own are spread by them"
-            );
-            super::workload_watcher::WorkloadWatcher::new(shared.clone()).start()
-        });
-        let watch_workloads = workload_watcher.is_some();
+        let feeds = Feeds::new(start_feeds(&shared));
+        let watch_workloads = shared.settings.default_constraints.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
         let provisioner = Provisioner::new(
@@ -196,6 +188,7 @@ impl Controller {
                 && s.claims.read().synced()
                 && s.pods.read().synced()
                 && s.storage.read().synced()
+                && s.pdbs.read().synced()
                 && (!watch_workloads || s.workloads.read().synced())
                 && s.nodepools_synced
                     .load(std::sync::atomic::Ordering::Acquire)
@@ -209,8 +202,7 @@ impl Controller {
             node_watcher,
             nodepools,
             provisioner,
-            storage_watcher,
-            workload_watcher,
+            feeds,
             catalog: CatalogSlot::default(),
         };
         let (active_tx, active) = watch::channel(false);
@@ -223,8 +215,7 @@ impl Controller {
             node_watcher: actors.node_watcher,
             nodepools: actors.nodepools,
             provisioner: actors.provisioner,
-            storage_watcher: actors.storage_watcher,
-            workload_watcher: actors.workload_watcher,
+            feeds: actors.feeds,
             active,
             catalog: actors.catalog,
             follower,
@@ -270,9 +261,14 @@ async fn activate(actors: &Actors) {
     let catalog = Catalog::new(shared.clone()).start();
     shared.router.set_catalog(catalog.clone().recipient());
     *actors.catalog.lock() = Some(catalog.clone());
-    // Claims must not resolve against an empty catalog: wait for the NodeClass list.
-    while !catalog.send(Synced).await.unwrap_or(true) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Claims must not resolve against an empty catalog: wait for the NodeClass list (the
+    // Catalog notifies once its first catalog after the list is published).
+    loop {
+        let notified = shared.synced.notified();
+        if catalog.send(Synced).await.unwrap_or(true) {
+            break;
+        }
+        notified.await;
     }
     let terminator =
         super::terminator::Terminator::new(shared.clone(), shared.settings.min_drain_time).start();
@@ -286,13 +282,84 @@ async fn activate(actors: &Actors) {
     tracing::info!("controller active");
 }
 
+/// The indexes fed by a watch of the workload cluster (every replica, from the start); the
+/// workloads only with default topology spread constraints.
+fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
+    use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+    use k8s_openapi::api::core::v1::{
+        PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
+    };
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+    // A storage or workload change may change what a pending pod needs (a claim that was
+    // missing, a deduced selector): the provisioner looks again.
+    let poke: fn(&Shared) = |s| s.router.provisioner_poke();
+    let storage = &shared.state.storage;
+    let mut feeds = vec![
+        spawn_feed::<PersistentVolumeClaim, _>(shared, storage, poke, "PersistentVolumeClaims"),
+        spawn_feed::<PersistentVolume, _>(shared, storage, poke, "PersistentVolumes"),
+        spawn_feed::<StorageClass, _>(shared, storage, poke, "StorageClasses"),
+        spawn_feed::<CSINode, _>(shared, storage, poke, "CSINodes"),
+        spawn_feed::<PodDisruptionBudget, _>(
+            shared,
+            &shared.state.pdbs,
+            |s| s.router.disruption_changed(),
+            "PodDisruptionBudgets",
+        ),
+    ];
+    // Default topology spread constraints deduce selectors from the workloads' own.
+    if let Some(d) = &shared.settings.default_constraints {
+        tracing::info!(
+            constraints = ?d.constraints(),
+            "scheduler config sets default topology spread constraints: pods without their own are spread by them"
+        );
+        let w = &shared.state.workloads;
+        feeds.extend([
+            spawn_feed::<Service, _>(shared, w, poke, "Services"),
+            spawn_feed::<ReplicaSet, _>(shared, w, poke, "ReplicaSets"),
+            spawn_feed::<StatefulSet, _>(shared, w, poke, "StatefulSets"),
+            spawn_feed::<ReplicationController, _>(shared, w, poke, "ReplicationControllers"),
+        ]);
+    }
+    feeds
+}
+
+/// Feed `index` from a watch of every `K` of the workload cluster; `changed` after each change.
+fn spawn_feed<K, I>(
+    shared: &Arc<Shared>,
+    index: &Arc<parking_lot::RwLock<I>>,
+    changed: fn(&Shared),
+    what: &'static str,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+    I: Index<K> + 'static,
+{
+    let api: kube::Api<K> = kube::Api::all(shared.workload.clone());
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let s = shared.clone();
+    actix::spawn(feed(
+        events,
+        index.clone(),
+        shared.synced.clone(),
+        move || changed(&s),
+        what,
+    ))
+}
+
 async fn wait_for(shared: &Shared, ready: impl Fn(&State) -> bool) {
     loop {
         let notified = shared.synced.notified();
         if ready(&shared.state) {
             return;
         }
-        // The timeout only guards against a missed notification; progress is event-driven.
-        let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+        // Every index says when a list completes (the feeds, and the watching actors); a
+        // `Notified` created before the check sees a notification sent after it.
+        notified.await;
     }
 }

@@ -27,11 +27,9 @@ pub mod patch;
 pub mod provisioner;
 pub mod router;
 pub mod scaler;
-pub mod storage_watcher;
 pub mod supervisor;
 pub mod terminator;
 pub mod tracked;
-pub mod workload_watcher;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,8 +159,6 @@ stoppable!(
     catalog::Catalog,
     nodepools::NodePools,
     provisioner::Provisioner,
-    storage_watcher::StorageWatcher,
-    workload_watcher::WorkloadWatcher,
     terminator::Terminator,
     disruption::Disruption
 );

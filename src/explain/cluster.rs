@@ -25,6 +25,7 @@ use crate::capi::template::TemplateCapacity;
 use crate::capi::template::read_templates;
 use crate::capi::version::{self, CapiVersion};
 use crate::state::State;
+use crate::state::feed::Index;
 use crate::view::catalog::{CatalogView, resolve_nodeclass};
 use crate::view::{Inputs, Settings};
 
@@ -49,7 +50,6 @@ pub struct Cluster {
     pub templates: HashMap<String, TemplateCapacity>,
     /// Template reads that failed, per MachineDeployment key (annotations then stand alone).
     pub template_errors: HashMap<String, String>,
-    pub pdbs: BTreeMap<String, Arc<PodDisruptionBudget>>,
     /// Objects the types could not decode: (kind, name, why).
     pub malformed: Vec<(String, String, String)>,
     /// MachineDeployments `--cluster-name` leaves out: (`namespace/name`, why).
@@ -242,6 +242,10 @@ pub async fn read(
     state.nodes.write().replace_all(nodes);
     state.pods.write().replace_all(pods);
     state.daemonsets.write().replace_all(daemonsets);
+    Index::reset(
+        &mut *state.pdbs.write(),
+        pdbs.into_iter().map(Arc::new).collect(),
+    );
     *state.nodepools.write() = nodepools
         .into_iter()
         .map(|np| (np.name_any(), Arc::new(np)))
@@ -280,15 +284,6 @@ pub async fn read(
         deployments,
         templates,
         template_errors,
-        pdbs: pdbs
-            .into_iter()
-            .map(|p| {
-                (
-                    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
-                    Arc::new(p),
-                )
-            })
-            .collect(),
         malformed,
         excluded,
     })

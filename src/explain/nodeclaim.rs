@@ -235,8 +235,9 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
     let name = c.name_any();
     let pod_events = HashMap::new();
     let executing = HashSet::new();
+    let pdbs = cluster.state.pdbs.read().all().clone();
     let mem = Memory {
-        pdbs: &cluster.pdbs,
+        pdbs: &pdbs,
         pod_events: &pod_events,
         // Only the recorded lastPodEventTime is known to a one-off read.
         started: Timestamp::UNIX_EPOCH,

@@ -4,8 +4,10 @@
 
 pub mod claims;
 pub mod daemonsets;
+pub mod feed;
 pub mod machines;
 pub mod nodes;
+pub mod pdbs;
 pub mod pods;
 pub mod registration_health;
 pub mod reschedulable;
@@ -13,6 +15,7 @@ pub mod storage;
 pub mod trim;
 pub mod versions;
 pub mod volumes;
+pub(crate) mod workload_feed;
 pub mod workloads;
 
 use std::sync::Arc;
@@ -23,6 +26,7 @@ pub use claims::Claims;
 pub use daemonsets::DaemonSets;
 pub use machines::{MachineDeployments, Machines};
 pub use nodes::Nodes;
+pub use pdbs::PodDisruptionBudgets;
 pub use pods::Pods;
 pub use storage::Storage;
 pub use volumes::VolumeAttachments;
@@ -46,9 +50,9 @@ pub struct State {
     pub nodepools:
         Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
     pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,
-    /// PodDisruptionBudgets, kept by the disruption actor's watch (while it leads): the
-    /// provisioner plans only for the pods of a deleting node that can be evicted at all.
-    pub pdbs: Arc<RwLock<reschedulable::Pdbs>>,
+    /// PodDisruptionBudgets: the provisioner plans only for the pods of a deleting node that
+    /// can be evicted at all; disruption reads which pods they protect.
+    pub pdbs: Arc<RwLock<PodDisruptionBudgets>>,
     /// Recent launch outcomes per NodePool, for its `NodeRegistrationHealthy` condition.
     pub registration_health: Arc<RwLock<registration_health::RegistrationHealth>>,
     /// Pending pods the provisioner planned onto a claim (or a Node without one), by pod key:

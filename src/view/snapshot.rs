@@ -58,7 +58,7 @@ pub fn build<'a>(
         .collect();
     // The pods those nodes will give up, planned for now (they are left out of the bound pods,
     // so a pod is never counted both where it is and where it will go).
-    let rescheduled = reschedulable_pods(&pods_idx, &deleting, &st.pdbs.read());
+    let rescheduled = reschedulable_pods(&pods_idx, &deleting, st.pdbs.read().all());
     let rescheduled_keys: HashSet<String> = rescheduled.iter().map(pods::key).collect();
     pods.extend(rescheduled);
     let default_spread = default_spread(view);
@@ -284,7 +284,7 @@ pub fn has_reschedulable_pods(st: &State) -> bool {
     if deleting.is_empty() {
         return false;
     }
-    let budgets = crate::state::reschedulable::Budgets::new(&st.pdbs.read());
+    let budgets = crate::state::reschedulable::Budgets::new(st.pdbs.read().all());
     let pods_idx = st.pods.read();
     let now = jiff::Timestamp::now();
     deleting.iter().any(|n| {
