@@ -19,10 +19,10 @@ use serde_json::json;
 
 use super::Shared;
 use super::backoff::Backoff;
-use super::decode::{Lenient, Malformed};
 use super::patch::write_conditions;
 use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
+use crate::api::decode::{Lenient, Malformed};
 use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{self, Context as OfferingContext};

@@ -89,22 +89,22 @@ impl Actors {
         for (_, s) in router.scalers() {
             s.do_send(super::messages::Stop);
         }
-        self.supervisor.do_send(super::StopActor);
-        self.capi_watcher.do_send(super::StopActor);
-        self.node_watcher.do_send(super::StopActor);
-        self.nodepools.do_send(super::StopActor);
-        self.provisioner.do_send(super::StopActor);
+        self.supervisor.do_send(super::messages::Stop);
+        self.capi_watcher.do_send(super::messages::Stop);
+        self.node_watcher.do_send(super::messages::Stop);
+        self.nodepools.do_send(super::messages::Stop);
+        self.provisioner.do_send(super::messages::Stop);
         for f in self.feeds.iter() {
             f.abort();
         }
         if let Some(c) = self.catalog.lock().take() {
-            c.do_send(super::StopActor);
+            c.do_send(super::messages::Stop);
         }
         if let Some(t) = router.take_terminator() {
-            t.do_send(super::StopActor);
+            t.do_send(super::messages::Stop);
         }
         if let Some(d) = router.take_disruption() {
-            d.do_send(super::StopActor);
+            d.do_send(super::messages::Stop);
         }
     }
 }
@@ -168,7 +168,6 @@ impl Controller {
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
-        let feeds = Feeds::new(start_feeds(&shared));
         let watch_workloads = shared.settings.default_constraints.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
@@ -181,6 +180,7 @@ impl Controller {
         shared
             .router
             .set_provisioner(provisioner.clone().recipient());
+        let feeds = Feeds::new(start_feeds(&shared));
         wait_for(&shared, |s| {
             s.machines.read().synced()
                 && s.deployments.read().synced()
@@ -190,8 +190,7 @@ impl Controller {
                 && s.storage.read().synced()
                 && s.pdbs.read().synced()
                 && (!watch_workloads || s.workloads.read().synced())
-                && s.nodepools_synced
-                    .load(std::sync::atomic::Ordering::Acquire)
+                && s.nodepools.read().synced()
         })
         .await;
         tracing::info!("caches synced");
@@ -291,6 +290,9 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
     };
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+
+    use crate::api::decode::Lenient;
+    use crate::api::nodepool::NodePool;
     // A storage or workload change may change what a pending pod needs (a claim that was
     // missing, a deduced selector): the provisioner looks again.
     let poke: fn(&Shared) = |s| s.router.provisioner_poke();
@@ -300,6 +302,16 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
         spawn_feed::<PersistentVolume, _>(shared, storage, poke, "PersistentVolumes"),
         spawn_feed::<StorageClass, _>(shared, storage, poke, "StorageClasses"),
         spawn_feed::<CSINode, _>(shared, storage, poke, "CSINodes"),
+        // Per-object decoding: one NodePool the types cannot read must not stop the watch.
+        spawn_feed::<Lenient<NodePool>, _>(
+            shared,
+            &shared.state.nodepools,
+            |s| {
+                s.router.provisioner_poke();
+                s.router.nodepools_changed();
+            },
+            "NodePools",
+        ),
         spawn_feed::<PodDisruptionBudget, _>(
             shared,
             &shared.state.pdbs,

@@ -15,7 +15,6 @@ pub mod batch;
 pub mod capi_watcher;
 pub mod catalog;
 pub mod controller;
-pub mod decode;
 pub mod disruption;
 pub mod events;
 pub mod messages;
@@ -136,16 +135,12 @@ pub(crate) fn api_err<'a>(
     }
 }
 
-/// Stop any of the long-lived actors.
-#[derive(actix::Message)]
-#[rtype(result = "()")]
-pub struct StopActor;
-
+/// Every actor stops on the one `messages::Stop` (the Scaler handles it in its own module).
 macro_rules! stoppable {
     ($($t:ty),*) => {$(
-        impl actix::Handler<StopActor> for $t {
+        impl actix::Handler<messages::Stop> for $t {
             type Result = ();
-            fn handle(&mut self, _: StopActor, ctx: &mut Self::Context) {
+            fn handle(&mut self, _: messages::Stop, ctx: &mut Self::Context) {
                 use actix::ActorContext;
                 ctx.stop();
             }
@@ -160,5 +155,6 @@ stoppable!(
     nodepools::NodePools,
     provisioner::Provisioner,
     terminator::Terminator,
-    disruption::Disruption
+    disruption::Disruption,
+    nodeclaim::NodeClaimActor
 );

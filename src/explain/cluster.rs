@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::Error;
-use crate::actors::decode::Lenient;
+use crate::api::decode::Lenient;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::api::nodepool::NodePool;
@@ -246,13 +246,10 @@ pub async fn read(
         &mut *state.pdbs.write(),
         pdbs.into_iter().map(Arc::new).collect(),
     );
-    *state.nodepools.write() = nodepools
-        .into_iter()
-        .map(|np| (np.name_any(), Arc::new(np)))
-        .collect();
-    state
-        .nodepools_synced
-        .store(true, std::sync::atomic::Ordering::Release);
+    Index::reset(
+        &mut *state.nodepools.write(),
+        nodepools.into_iter().map(Lenient::Ok).collect(),
+    );
 
     let (templates, template_errors) = read_templates(&management, &deployments).await;
     // Launch failures mark offerings unavailable in the controller's memory only; a one-off

@@ -6,6 +6,7 @@ pub mod claims;
 pub mod daemonsets;
 pub mod feed;
 pub mod machines;
+pub mod nodepools;
 pub mod nodes;
 pub mod pdbs;
 pub mod pods;
@@ -25,6 +26,7 @@ use parking_lot::RwLock;
 pub use claims::Claims;
 pub use daemonsets::DaemonSets;
 pub use machines::{MachineDeployments, Machines};
+pub use nodepools::NodePoolIndex;
 pub use nodes::Nodes;
 pub use pdbs::PodDisruptionBudgets;
 pub use pods::Pods;
@@ -47,9 +49,8 @@ pub struct State {
     /// Services and ReplicationControllers, ReplicaSets, StatefulSets by their selectors:
     /// default topology spread (only with `--scheduler-config`).
     pub workloads: Arc<RwLock<WorkloadIndex>>,
-    pub nodepools:
-        Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
-    pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,
+    /// NodePools: the ones that decode, and the ones that do not (kept apart).
+    pub nodepools: Arc<RwLock<NodePoolIndex>>,
     /// PodDisruptionBudgets: the provisioner plans only for the pods of a deleting node that
     /// can be evicted at all; disruption reads which pods they protect.
     pub pdbs: Arc<RwLock<PodDisruptionBudgets>>,

@@ -90,7 +90,7 @@ pub struct Memory<'a> {
 pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     let st = inputs.state;
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
-    let pools = st.nodepools.read().clone();
+    let pools = st.nodepools.read().all().clone();
     let nodes = st.nodes.read();
     let pod_index = st.pods.read();
     let machines = st.machines.read();
