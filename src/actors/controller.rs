@@ -39,20 +39,20 @@ pub struct Controller {
     pub instance: String,
 }
 
-/// What a running controller exposes (tests and the simulator read the shared state).
+/// What a running controller exposes (tests and the simulator read the shared state and talk to
+/// its actors, through `Deref` to [`Actors`]).
 pub struct ControllerHandle {
-    pub shared: Arc<Shared>,
-    pub supervisor: Addr<Supervisor>,
-    pub capi_watcher: Addr<CapiWatcher>,
-    pub node_watcher: Addr<NodeWatcher>,
-    pub nodepools: Addr<NodePools>,
-    pub provisioner: Addr<Provisioner>,
-    /// The watch-to-index feeds (`state::feed`), aborted on stop.
-    feeds: Feeds,
+    actors: Actors,
     /// True while this replica's writers run (it leads and the catalog has synced).
     pub active: watch::Receiver<bool>,
-    catalog: CatalogSlot,
     follower: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for ControllerHandle {
+    type Target = Actors;
+    fn deref(&self) -> &Actors {
+        &self.actors
+    }
 }
 
 /// The feeds' tasks (cheap to clone with the actors' addresses).
@@ -61,15 +61,16 @@ type Feeds = Arc<Vec<tokio::task::JoinHandle<()>>>;
 /// The Catalog starts only on the leader, after the handle was returned.
 type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
 
-/// The actors to stop when the writers must stop (cheap clones of the addresses).
+/// Every long-lived actor and feed of one controller, listed once (cheap clones of the
+/// addresses). The Terminator and Disruption are the router's, the claim actors and Scalers too.
 #[derive(Clone)]
-struct Actors {
-    shared: Arc<Shared>,
-    supervisor: Addr<Supervisor>,
-    capi_watcher: Addr<CapiWatcher>,
-    node_watcher: Addr<NodeWatcher>,
-    nodepools: Addr<NodePools>,
-    provisioner: Addr<Provisioner>,
+pub struct Actors {
+    pub shared: Arc<Shared>,
+    pub supervisor: Addr<Supervisor>,
+    pub capi_watcher: Addr<CapiWatcher>,
+    pub node_watcher: Addr<NodeWatcher>,
+    pub nodepools: Addr<NodePools>,
+    pub provisioner: Addr<Provisioner>,
     /// The watch-to-index feeds (`state::feed`), aborted on stop.
     feeds: Feeds,
     catalog: CatalogSlot,
@@ -110,19 +111,6 @@ impl Actors {
 }
 
 impl ControllerHandle {
-    fn actors(&self) -> Actors {
-        Actors {
-            shared: self.shared.clone(),
-            supervisor: self.supervisor.clone(),
-            capi_watcher: self.capi_watcher.clone(),
-            node_watcher: self.node_watcher.clone(),
-            nodepools: self.nodepools.clone(),
-            provisioner: self.provisioner.clone(),
-            feeds: self.feeds.clone(),
-            catalog: self.catalog.clone(),
-        }
-    }
-
     /// The Catalog, when this replica leads.
     pub fn catalog(&self) -> Option<Addr<Catalog>> {
         self.catalog.lock().clone()
@@ -132,7 +120,7 @@ impl ControllerHandle {
     /// the writes have drained): in-flight work is abandoned, as it would be if the process died.
     pub fn stop(self) {
         self.follower.abort();
-        self.actors().stop();
+        self.actors.stop();
     }
 
     /// Stop starting new work: the provisioner and NodePool writers check this before writing.
@@ -208,15 +196,8 @@ impl Controller {
         // On the actix arbiter: the Catalog must start there.
         let follower = actix::spawn(follow(actors.clone(), leader, active_tx));
         Ok(ControllerHandle {
-            shared,
-            supervisor: actors.supervisor,
-            capi_watcher: actors.capi_watcher,
-            node_watcher: actors.node_watcher,
-            nodepools: actors.nodepools,
-            provisioner: actors.provisioner,
-            feeds: actors.feeds,
+            actors,
             active,
-            catalog: actors.catalog,
             follower,
         })
     }
@@ -289,13 +270,13 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
         PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
     };
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+    use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 
     use crate::api::decode::Lenient;
     use crate::api::nodepool::NodePool;
     // A storage or workload change may change what a pending pod needs (a claim that was
     // missing, a deduced selector): the provisioner looks again.
-    let poke: fn(&Shared) = |s| s.router.provisioner_poke();
+    let poke: fn(&Shared, ()) = |s, ()| s.router.provisioner_poke();
     let storage = &shared.state.storage;
     let mut feeds = vec![
         spawn_feed::<PersistentVolumeClaim, _>(shared, storage, poke, "PersistentVolumeClaims"),
@@ -306,7 +287,7 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
         spawn_feed::<Lenient<NodePool>, _>(
             shared,
             &shared.state.nodepools,
-            |s| {
+            |s, ()| {
                 s.router.provisioner_poke();
                 s.router.nodepools_changed();
             },
@@ -315,8 +296,19 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
         spawn_feed::<PodDisruptionBudget, _>(
             shared,
             &shared.state.pdbs,
-            |s| s.router.disruption_changed(),
+            |s, ()| s.router.disruption_changed(),
             "PodDisruptionBudgets",
+        ),
+        // A drained node waits for its volumes to detach: the Terminator looks again.
+        spawn_feed::<VolumeAttachment, _>(
+            shared,
+            &shared.state.volume_attachments,
+            |s, nodes| {
+                for node in nodes {
+                    s.router.drain_node_changed(&node);
+                }
+            },
+            "VolumeAttachments",
         ),
     ];
     // Default topology spread constraints deduce selectors from the workloads' own.
@@ -340,7 +332,7 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
 fn spawn_feed<K, I>(
     shared: &Arc<Shared>,
     index: &Arc<parking_lot::RwLock<I>>,
-    changed: fn(&Shared),
+    changed: fn(&Shared, I::Changed),
     what: &'static str,
 ) -> tokio::task::JoinHandle<()>
 where
@@ -359,7 +351,7 @@ where
         events,
         index.clone(),
         shared.synced.clone(),
-        move || changed(&s),
+        move |said| changed(&s, said),
         what,
     ))
 }

@@ -17,26 +17,29 @@ pub trait Index<K> {
     /// What the index keeps of one object: cut down as it arrives, so that a re-list in
     /// progress buffers only that, never the whole objects.
     type Kept: Send + 'static;
+    /// What a change tells whoever waits on it (`()` when the index has nothing to say; the
+    /// nodes whose volume attachments changed, for instance).
+    type Changed;
 
     fn keep(obj: K) -> Self::Kept;
     /// An object was created or changed.
-    fn apply(&mut self, kept: Self::Kept);
+    fn apply(&mut self, kept: Self::Kept) -> Self::Changed;
     /// An object is gone.
-    fn delete(&mut self, kept: Self::Kept);
+    fn delete(&mut self, kept: Self::Kept) -> Self::Changed;
     /// A (re-)list completed: the objects of this kind become exactly `all`.
-    fn reset(&mut self, all: Vec<Self::Kept>);
+    fn reset(&mut self, all: Vec<Self::Kept>) -> Self::Changed;
     /// A whole list of this kind has been seen at least once.
     fn synced(&self) -> bool;
 }
 
 /// Feeds `index` from a watch's `events` until the stream ends. `synced` is notified after
-/// every completed list; `changed` runs after every change the index took (a re-list counts
-/// once, when it is swapped in). A watch error only logs: the watcher re-lists by itself.
+/// every completed list; `changed` runs after every change the index took, with what the index
+/// said of it (a re-list counts once, when it is swapped in). A watch error only logs: the watcher re-lists by itself.
 pub async fn feed<K, I, S>(
     events: S,
     index: Arc<RwLock<I>>,
     synced: Arc<Notify>,
-    mut changed: impl FnMut(),
+    mut changed: impl FnMut(I::Changed),
     what: &'static str,
 ) where
     I: Index<K>,
@@ -45,7 +48,7 @@ pub async fn feed<K, I, S>(
     let mut buffer: Vec<I::Kept> = Vec::new();
     let mut events = std::pin::pin!(events);
     while let Some(ev) = events.next().await {
-        match ev {
+        let said = match ev {
             Ok(watcher::Event::Init) => {
                 buffer.clear();
                 continue;
@@ -55,8 +58,9 @@ pub async fn feed<K, I, S>(
                 continue;
             }
             Ok(watcher::Event::InitDone) => {
-                index.write().reset(std::mem::take(&mut buffer));
+                let said = index.write().reset(std::mem::take(&mut buffer));
                 synced.notify_waiters();
+                said
             }
             Ok(watcher::Event::Apply(o)) => index.write().apply(I::keep(o)),
             Ok(watcher::Event::Delete(o)) => index.write().delete(I::keep(o)),
@@ -64,8 +68,8 @@ pub async fn feed<K, I, S>(
                 tracing::warn!(error = %e, watch = what, "watch failed; it will re-list");
                 continue;
             }
-        }
-        changed();
+        };
+        changed(said);
     }
 }
 
@@ -84,6 +88,7 @@ mod tests {
 
     impl Index<String> for Lengths {
         type Kept = (String, usize);
+        type Changed = ();
         fn keep(obj: String) -> (String, usize) {
             let n = obj.len();
             (obj, n)
@@ -123,7 +128,7 @@ mod tests {
             events,
             index.clone(),
             synced.clone(),
-            || changes += 1,
+            |()| changes += 1,
             "test",
         )
         .await;

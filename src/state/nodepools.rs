@@ -45,6 +45,7 @@ impl NodePoolIndex {
 
 impl Index<Lenient<NodePool>> for NodePoolIndex {
     type Kept = Lenient<NodePool>;
+    type Changed = ();
 
     fn keep(obj: Lenient<NodePool>) -> Self::Kept {
         obj

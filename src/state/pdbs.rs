@@ -34,6 +34,7 @@ fn key(p: &PodDisruptionBudget) -> String {
 
 impl Index<PodDisruptionBudget> for PodDisruptionBudgets {
     type Kept = Arc<PodDisruptionBudget>;
+    type Changed = ();
 
     fn keep(obj: PodDisruptionBudget) -> Self::Kept {
         Arc::new(obj)
