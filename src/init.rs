@@ -11,7 +11,6 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::actors::catalog::read_templates;
 use crate::api::wellknown::{
     CAPACITY_ANNOTATION_PREFIX, CAPACITY_TYPE_LABEL, CLUSTER_NAME_LABEL, MAX_SIZE_ANNOTATION,
     MEMBER_LABEL, NODECLASS_GROUP, NODECLASS_KIND, PRICE_ANNOTATION,
@@ -19,6 +18,7 @@ use crate::api::wellknown::{
 use crate::capi::annotations;
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{Context, offering};
+use crate::capi::template::read_templates;
 use crate::cli::{InitArgs, InitOutput};
 use crate::explain::RunError;
 use crate::explain::cluster::read_capi;

@@ -1,9 +1,10 @@
 //! karpenter-capi: just-in-time nodes for Cluster API clusters, with Karpenter's API.
 //!
-//! The map of this crate is `DESIGN.md`: `api` (Karpenter-facing types), `capi` (the Cluster API
-//! model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions), `actors` (behaviour), `state` (indexes fed by watches),
-//! `sim` (the embedded simulated cluster), `explain` and `init` (read-only tools that answer with
-//! the controller's own code, docs/tools.md).
+//! The map of this crate is docs/architecture.md: `api` (Karpenter-facing types), `capi` (the
+//! Cluster API model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions),
+//! `state` (indexes fed by watches), `view` (the read-side projections actors and tools share),
+//! `actors` (behaviour), `sim` (the embedded simulated cluster), `explain` and `init` (read-only
+//! tools that answer with the controller's own code, docs/tools.md).
 
 pub mod actors;
 pub mod api;
@@ -29,4 +30,5 @@ pub mod testing;
 // Unit tests in flight on other branches still name the helpers' old home.
 #[cfg(test)]
 use testing as test_support;
+pub mod view;
 pub mod write_gate;

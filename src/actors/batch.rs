@@ -12,7 +12,7 @@
 use std::collections::HashSet;
 use std::time::Instant;
 
-use super::provisioner::Batching;
+use crate::view::settings::Batching;
 
 #[derive(Clone, Debug)]
 pub struct Batch {

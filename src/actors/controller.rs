@@ -2,13 +2,13 @@
 //! replica leads, the writers (Catalog, claim actors, Scalers).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use super::capi_watcher::CapiWatcher;
-use super::catalog::{Catalog, CatalogView, Synced};
+use super::catalog::{Catalog, Synced};
 use super::events::Events;
 use super::node_watcher::NodeWatcher;
 use super::nodepools::NodePools;
@@ -19,6 +19,8 @@ use super::{Settings, Shared};
 use crate::capi::version::{self, CapiVersion};
 use crate::metrics::Metrics;
 use crate::state::State;
+use crate::state::feed::{Index, feed};
+use crate::view::CatalogView;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -37,38 +39,40 @@ pub struct Controller {
     pub instance: String,
 }
 
-/// What a running controller exposes (tests and the simulator read the shared state).
+/// What a running controller exposes (tests and the simulator read the shared state and talk to
+/// its actors, through `Deref` to [`Actors`]).
 pub struct ControllerHandle {
+    actors: Actors,
+    /// True while this replica's writers run (it leads and the catalog has synced).
+    pub active: watch::Receiver<bool>,
+    follower: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for ControllerHandle {
+    type Target = Actors;
+    fn deref(&self) -> &Actors {
+        &self.actors
+    }
+}
+
+/// The feeds' tasks (cheap to clone with the actors' addresses).
+type Feeds = Arc<Vec<tokio::task::JoinHandle<()>>>;
+
+/// The Catalog starts only on the leader, after the handle was returned.
+type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
+
+/// Every long-lived actor and feed of one controller, listed once (cheap clones of the
+/// addresses). The Terminator and Disruption are the router's, the claim actors and Scalers too.
+#[derive(Clone)]
+pub struct Actors {
     pub shared: Arc<Shared>,
     pub supervisor: Addr<Supervisor>,
     pub capi_watcher: Addr<CapiWatcher>,
     pub node_watcher: Addr<NodeWatcher>,
     pub nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
-    storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
-    /// Only with default topology spread constraints.
-    workload_watcher: Option<Addr<super::workload_watcher::WorkloadWatcher>>,
-    /// True while this replica's writers run (it leads and the catalog has synced).
-    pub active: watch::Receiver<bool>,
-    catalog: CatalogSlot,
-    follower: tokio::task::JoinHandle<()>,
-}
-
-/// The Catalog starts only on the leader, after the handle was returned.
-type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
-
-/// The actors to stop when the writers must stop (cheap clones of the addresses).
-#[derive(Clone)]
-struct Actors {
-    shared: Arc<Shared>,
-    supervisor: Addr<Supervisor>,
-    capi_watcher: Addr<CapiWatcher>,
-    node_watcher: Addr<NodeWatcher>,
-    nodepools: Addr<NodePools>,
-    provisioner: Addr<Provisioner>,
-    storage_watcher: Addr<super::storage_watcher::StorageWatcher>,
-    /// Only with default topology spread constraints.
-    workload_watcher: Option<Addr<super::workload_watcher::WorkloadWatcher>>,
+    /// The watch-to-index feeds (`state::feed`), aborted on stop.
+    feeds: Feeds,
     catalog: CatalogSlot,
 }
 
@@ -86,42 +90,27 @@ impl Actors {
         for (_, s) in router.scalers() {
             s.do_send(super::messages::Stop);
         }
-        self.supervisor.do_send(super::StopActor);
-        self.capi_watcher.do_send(super::StopActor);
-        self.node_watcher.do_send(super::StopActor);
-        self.nodepools.do_send(super::StopActor);
-        self.provisioner.do_send(super::StopActor);
-        self.storage_watcher.do_send(super::StopActor);
-        if let Some(w) = &self.workload_watcher {
-            w.do_send(super::StopActor);
+        self.supervisor.do_send(super::messages::Stop);
+        self.capi_watcher.do_send(super::messages::Stop);
+        self.node_watcher.do_send(super::messages::Stop);
+        self.nodepools.do_send(super::messages::Stop);
+        self.provisioner.do_send(super::messages::Stop);
+        for f in self.feeds.iter() {
+            f.abort();
         }
         if let Some(c) = self.catalog.lock().take() {
-            c.do_send(super::StopActor);
+            c.do_send(super::messages::Stop);
         }
         if let Some(t) = router.take_terminator() {
-            t.do_send(super::StopActor);
+            t.do_send(super::messages::Stop);
         }
         if let Some(d) = router.take_disruption() {
-            d.do_send(super::StopActor);
+            d.do_send(super::messages::Stop);
         }
     }
 }
 
 impl ControllerHandle {
-    fn actors(&self) -> Actors {
-        Actors {
-            shared: self.shared.clone(),
-            supervisor: self.supervisor.clone(),
-            capi_watcher: self.capi_watcher.clone(),
-            node_watcher: self.node_watcher.clone(),
-            nodepools: self.nodepools.clone(),
-            provisioner: self.provisioner.clone(),
-            storage_watcher: self.storage_watcher.clone(),
-            workload_watcher: self.workload_watcher.clone(),
-            catalog: self.catalog.clone(),
-        }
-    }
-
     /// The Catalog, when this replica leads.
     pub fn catalog(&self) -> Option<Addr<Catalog>> {
         self.catalog.lock().clone()
@@ -131,7 +120,7 @@ impl ControllerHandle {
     /// the writes have drained): in-flight work is abandoned, as it would be if the process died.
     pub fn stop(self) {
         self.follower.abort();
-        self.actors().stop();
+        self.actors.stop();
     }
 
     /// Stop starting new work: the provisioner and NodePool writers check this before writing.
@@ -167,16 +156,7 @@ impl Controller {
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
-        let storage_watcher = super::storage_watcher::StorageWatcher::new(shared.clone()).start();
-        // Default topology spread constraints deduce selectors from the workloads' own.
-        let workload_watcher = shared.settings.default_constraints.as_ref().map(|d| {
-            tracing::info!(
-                constraints = ?d.constraints(),
-                "scheduler config sets default topology spread constraints: pods without their own are spread by them"
-            );
-            super::workload_watcher::WorkloadWatcher::new(shared.clone()).start()
-        });
-        let watch_workloads = workload_watcher.is_some();
+        let watch_workloads = shared.settings.default_constraints.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
         shared.router.set_nodepools(nodepools.clone().recipient());
         let provisioner = Provisioner::new(
@@ -188,6 +168,7 @@ impl Controller {
         shared
             .router
             .set_provisioner(provisioner.clone().recipient());
+        let feeds = Feeds::new(start_feeds(&shared));
         wait_for(&shared, |s| {
             s.machines.read().synced()
                 && s.deployments.read().synced()
@@ -195,9 +176,9 @@ impl Controller {
                 && s.claims.read().synced()
                 && s.pods.read().synced()
                 && s.storage.read().synced()
+                && s.pdbs.read().synced()
                 && (!watch_workloads || s.workloads.read().synced())
-                && s.nodepools_synced
-                    .load(std::sync::atomic::Ordering::Acquire)
+                && s.nodepools.read().synced()
         })
         .await;
         tracing::info!("caches synced");
@@ -208,24 +189,15 @@ impl Controller {
             node_watcher,
             nodepools,
             provisioner,
-            storage_watcher,
-            workload_watcher,
+            feeds,
             catalog: CatalogSlot::default(),
         };
         let (active_tx, active) = watch::channel(false);
         // On the actix arbiter: the Catalog must start there.
         let follower = actix::spawn(follow(actors.clone(), leader, active_tx));
         Ok(ControllerHandle {
-            shared,
-            supervisor: actors.supervisor,
-            capi_watcher: actors.capi_watcher,
-            node_watcher: actors.node_watcher,
-            nodepools: actors.nodepools,
-            provisioner: actors.provisioner,
-            storage_watcher: actors.storage_watcher,
-            workload_watcher: actors.workload_watcher,
+            actors,
             active,
-            catalog: actors.catalog,
             follower,
         })
     }
@@ -269,9 +241,14 @@ async fn activate(actors: &Actors) {
     let catalog = Catalog::new(shared.clone()).start();
     shared.router.set_catalog(catalog.clone().recipient());
     *actors.catalog.lock() = Some(catalog.clone());
-    // Claims must not resolve against an empty catalog: wait for the NodeClass list.
-    while !catalog.send(Synced).await.unwrap_or(true) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Claims must not resolve against an empty catalog: wait for the NodeClass list (the
+    // Catalog notifies once its first catalog after the list is published).
+    loop {
+        let notified = shared.synced.notified();
+        if catalog.send(Synced).await.unwrap_or(true) {
+            break;
+        }
+        notified.await;
     }
     let terminator =
         super::terminator::Terminator::new(shared.clone(), shared.settings.min_drain_time).start();
@@ -285,13 +262,108 @@ async fn activate(actors: &Actors) {
     tracing::info!("controller active");
 }
 
+/// The indexes fed by a watch of the workload cluster (every replica, from the start); the
+/// workloads only with default topology spread constraints.
+fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
+    use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+    use k8s_openapi::api::core::v1::{
+        PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
+    };
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+
+    use crate::api::decode::Lenient;
+    use crate::api::nodepool::NodePool;
+    // A storage or workload change may change what a pending pod needs (a claim that was
+    // missing, a deduced selector): the provisioner looks again.
+    let poke: fn(&Shared, ()) = |s, ()| s.router.provisioner_poke();
+    let storage = &shared.state.storage;
+    let mut feeds = vec![
+        spawn_feed::<PersistentVolumeClaim, _>(shared, storage, poke, "PersistentVolumeClaims"),
+        spawn_feed::<PersistentVolume, _>(shared, storage, poke, "PersistentVolumes"),
+        spawn_feed::<StorageClass, _>(shared, storage, poke, "StorageClasses"),
+        spawn_feed::<CSINode, _>(shared, storage, poke, "CSINodes"),
+        // Per-object decoding: one NodePool the types cannot read must not stop the watch.
+        spawn_feed::<Lenient<NodePool>, _>(
+            shared,
+            &shared.state.nodepools,
+            |s, ()| {
+                s.router.provisioner_poke();
+                s.router.nodepools_changed();
+            },
+            "NodePools",
+        ),
+        spawn_feed::<PodDisruptionBudget, _>(
+            shared,
+            &shared.state.pdbs,
+            |s, ()| s.router.disruption_changed(),
+            "PodDisruptionBudgets",
+        ),
+        // A drained node waits for its volumes to detach: the Terminator looks again.
+        spawn_feed::<VolumeAttachment, _>(
+            shared,
+            &shared.state.volume_attachments,
+            |s, nodes| {
+                for node in nodes {
+                    s.router.drain_node_changed(&node);
+                }
+            },
+            "VolumeAttachments",
+        ),
+    ];
+    // Default topology spread constraints deduce selectors from the workloads' own.
+    if let Some(d) = &shared.settings.default_constraints {
+        tracing::info!(
+            constraints = ?d.constraints(),
+            "scheduler config sets default topology spread constraints: pods without their own are spread by them"
+        );
+        let w = &shared.state.workloads;
+        feeds.extend([
+            spawn_feed::<Service, _>(shared, w, poke, "Services"),
+            spawn_feed::<ReplicaSet, _>(shared, w, poke, "ReplicaSets"),
+            spawn_feed::<StatefulSet, _>(shared, w, poke, "StatefulSets"),
+            spawn_feed::<ReplicationController, _>(shared, w, poke, "ReplicationControllers"),
+        ]);
+    }
+    feeds
+}
+
+/// Feed `index` from a watch of every `K` of the workload cluster; `changed` after each change.
+fn spawn_feed<K, I>(
+    shared: &Arc<Shared>,
+    index: &Arc<parking_lot::RwLock<I>>,
+    changed: fn(&Shared, I::Changed),
+    what: &'static str,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+    I: Index<K> + 'static,
+{
+    let api: kube::Api<K> = kube::Api::all(shared.workload.clone());
+    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let s = shared.clone();
+    actix::spawn(feed(
+        events,
+        index.clone(),
+        shared.synced.clone(),
+        move |said| changed(&s, said),
+        what,
+    ))
+}
+
 async fn wait_for(shared: &Shared, ready: impl Fn(&State) -> bool) {
     loop {
         let notified = shared.synced.notified();
         if ready(&shared.state) {
             return;
         }
-        // The timeout only guards against a missed notification; progress is event-driven.
-        let _ = tokio::time::timeout(Duration::from_secs(1), notified).await;
+        // Every index says when a list completes (the feeds, and the watching actors); a
+        // `Notified` created before the check sees a notification sent after it.
+        notified.await;
     }
 }

@@ -1,13 +1,10 @@
-//! The watches on Nodes and VolumeAttachments (workload cluster). Each Node change updates the
-//! node index and is routed, by provider ID, to the claim that waits for it (registration,
-//! initialization, termination); each VolumeAttachment change updates the attachment index and
-//! tells the Terminator, which waits for a drained node's volumes to detach.
+//! The watch on Nodes (workload cluster). Each Node change updates the node index and is routed,
+//! by provider ID, to the claim that waits for it (registration, initialization, termination).
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -20,7 +17,6 @@ use crate::state::nodes::provider_id;
 pub struct NodeWatcher {
     shared: Arc<Shared>,
     buffer: Vec<Node>,
-    attachments: Vec<VolumeAttachment>,
 }
 
 impl NodeWatcher {
@@ -28,7 +24,6 @@ impl NodeWatcher {
         Self {
             shared,
             buffer: Vec::new(),
-            attachments: Vec::new(),
         }
     }
 
@@ -65,8 +60,6 @@ impl Actor for NodeWatcher {
                 .modify(crate::state::trim::node)
                 .default_backoff(),
         );
-        let api: Api<VolumeAttachment> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
     }
 }
 
@@ -98,49 +91,6 @@ impl StreamHandler<Result<watcher::Event<Node>, watcher::Error>> for NodeWatcher
                 self.shared.router.disruption_changed();
             }
             Err(e) => tracing::warn!(error = %e, "Node watch failed; it will re-list"),
-        }
-    }
-}
-
-impl StreamHandler<Result<watcher::Event<VolumeAttachment>, watcher::Error>> for NodeWatcher {
-    fn handle(
-        &mut self,
-        ev: Result<watcher::Event<VolumeAttachment>, watcher::Error>,
-        _: &mut Self::Context,
-    ) {
-        let changed = match ev {
-            Ok(watcher::Event::Init) => {
-                self.attachments.clear();
-                return;
-            }
-            Ok(watcher::Event::InitApply(va)) => {
-                self.attachments.push(va);
-                return;
-            }
-            Ok(watcher::Event::InitDone) => {
-                let fresh = std::mem::take(&mut self.attachments);
-                self.shared
-                    .state
-                    .volume_attachments
-                    .write()
-                    .replace_all(&fresh)
-            }
-            Ok(watcher::Event::Apply(va)) => {
-                self.shared.state.volume_attachments.write().apply(&va)
-            }
-            Ok(watcher::Event::Delete(va)) => self
-                .shared
-                .state
-                .volume_attachments
-                .write()
-                .remove(&va.name_any()),
-            Err(e) => {
-                tracing::warn!(error = %e, "VolumeAttachment watch failed; it will re-list");
-                return;
-            }
-        };
-        for node in changed {
-            self.shared.router.drain_node_changed(&node);
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Watches NodePools (feeding the NodePool index the provisioner reads) and keeps each NodePool's
-//! status true: `resources` and `nodes` from its claims, and `Ready` from `ValidationSucceeded`
-//! and `NodeClassReady`, each with a reason an operator can act on.
+//! Keeps each NodePool's status true: `resources` and `nodes` from its claims, and `Ready` from
+//! `ValidationSucceeded` and `NodeClassReady`, each with a reason an operator can act on. The
+//! NodePool index it reads (`state::nodepools`, the one the provisioner reads too) is fed by its
+//! own watch (`state::feed`), which asks for a refresh on every change.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -9,20 +10,20 @@ use std::time::Duration;
 use actix::prelude::*;
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Shared;
 use super::backoff::Backoff;
-use super::decode::{Lenient, Malformed};
 use super::patch::write_conditions;
 use crate::api::conditions::{self, ConditionStatus};
+use crate::api::decode::Malformed;
 use crate::api::nodepool::{NodePool, NodePoolStatus};
 use crate::api::resources::Resources;
 use crate::api::validation::validate_nodepool;
-use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
+use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::metrics::UsageLabels;
+use crate::view::usage::usage_by_pool;
 
 /// Claims or the catalog changed: recompute statuses (coalesced).
 #[derive(Message)]
@@ -35,11 +36,6 @@ const COALESCE: Duration = Duration::from_millis(500);
 
 pub struct NodePools {
     shared: Arc<Shared>,
-    buffer: Vec<NodePool>,
-    /// NodePools the types cannot decode, by name: left out of the index (nothing provisions
-    /// from them) and given `ValidationSucceeded=False` naming the field.
-    malformed: BTreeMap<String, Malformed>,
-    bad_buffer: Vec<Malformed>,
     /// The last decode problem reported by Event per NodePool, so each is told once.
     told: BTreeMap<String, String>,
     scheduled: bool,
@@ -56,9 +52,6 @@ impl NodePools {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
-            buffer: Vec::new(),
-            malformed: BTreeMap::new(),
-            bad_buffer: Vec::new(),
             told: BTreeMap::new(),
             scheduled: false,
             usage_series: HashMap::new(),
@@ -131,7 +124,7 @@ impl NodePools {
             .values()
             .cloned()
             .collect();
-        let usage = usage_by_pool(&self.shared);
+        let usage = usage_by_pool(&self.shared.state);
         let present: BTreeSet<String> = pools.iter().map(|np| np.name_any()).collect();
         self.forget_missing(&present);
         self.refresh_malformed(ctx);
@@ -189,7 +182,14 @@ impl NodePools {
     /// with the field and the decoder's reason, and one Event per distinct problem.
     fn refresh_malformed(&mut self, ctx: &mut Context<Self>) {
         let now = Timestamp::now();
-        let bad: Vec<Malformed> = self.malformed.values().cloned().collect();
+        // NodePools the types cannot decode: left out of the index's pools (nothing provisions
+        // from them) and given `ValidationSucceeded=False` naming the field.
+        let bad: Vec<Malformed> = {
+            let index = self.shared.state.nodepools.read();
+            let malformed = index.malformed();
+            self.told.retain(|n, _| malformed.contains_key(n));
+            malformed.values().cloned().collect()
+        };
         for m in bad {
             let Some(name) = m.metadata.name.clone() else {
                 continue;
@@ -282,30 +282,6 @@ fn status_patch(current: Option<&NodePoolStatus>, desired: &NodePoolStatus) -> s
         }
     }
     body
-}
-
-/// Per NodePool: the summed capacity of its live claims and how many there are.
-pub fn usage_by_pool(shared: &Shared) -> BTreeMap<String, (Resources, i64)> {
-    let mut out: BTreeMap<String, (Resources, i64)> = BTreeMap::new();
-    for c in shared.state.claims.read().all() {
-        if c.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let Some(pool) = c.labels().get(NODEPOOL_LABEL) else {
-            continue;
-        };
-        let entry = out.entry(pool.clone()).or_default();
-        entry.1 += 1;
-        let capacity = c
-            .status
-            .as_ref()
-            .and_then(|s| s.capacity.as_ref())
-            .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()));
-        if let Some(Ok(r)) = capacity.map(Resources::from_k8s) {
-            entry.0.add_assign(&r);
-        }
-    }
-    out
 }
 
 fn desired_status(
@@ -410,76 +386,6 @@ fn desired_status(
 
 impl Actor for NodePools {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        // Per-object decoding: one NodePool the types cannot read must not stop the watch.
-        let api: Api<Lenient<NodePool>> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
-    }
-}
-
-impl StreamHandler<Result<watcher::Event<Lenient<NodePool>>, watcher::Error>> for NodePools {
-    fn handle(
-        &mut self,
-        ev: Result<watcher::Event<Lenient<NodePool>>, watcher::Error>,
-        ctx: &mut Self::Context,
-    ) {
-        match ev {
-            Ok(watcher::Event::Init) => {
-                self.buffer.clear();
-                self.bad_buffer.clear();
-            }
-            Ok(watcher::Event::InitApply(Lenient::Ok(np))) => self.buffer.push(np),
-            Ok(watcher::Event::InitApply(Lenient::Bad(m))) => self.bad_buffer.push(*m),
-            Ok(watcher::Event::InitDone) => {
-                self.malformed = std::mem::take(&mut self.bad_buffer)
-                    .into_iter()
-                    .map(|m| (m.metadata.name.clone().unwrap_or_default(), m))
-                    .collect();
-                self.told.retain(|n, _| self.malformed.contains_key(n));
-                let fresh = std::mem::take(&mut self.buffer);
-                let mut pools = self.shared.state.nodepools.write();
-                pools.clear();
-                for np in fresh {
-                    pools.insert(np.name_any(), Arc::new(np));
-                }
-                drop(pools);
-                self.shared
-                    .state
-                    .nodepools_synced
-                    .store(true, std::sync::atomic::Ordering::Release);
-                self.shared.synced.notify_waiters();
-            }
-            Ok(watcher::Event::Apply(Lenient::Ok(np))) => {
-                self.malformed.remove(&np.name_any());
-                self.told.remove(&np.name_any());
-                self.shared
-                    .state
-                    .nodepools
-                    .write()
-                    .insert(np.name_any(), Arc::new(np));
-            }
-            Ok(watcher::Event::Apply(Lenient::Bad(m))) => {
-                let name = m.metadata.name.clone().unwrap_or_default();
-                tracing::warn!(nodepool = %name, problem = %m, "NodePool cannot be decoded; it is not used until fixed");
-                // The last good version must not keep provisioning: the user changed it.
-                self.shared.state.nodepools.write().remove(&name);
-                self.malformed.insert(name, *m);
-            }
-            Ok(watcher::Event::Delete(np)) => {
-                let name = np.name_any();
-                self.malformed.remove(&name);
-                self.told.remove(&name);
-                self.shared.state.nodepools.write().remove(&name);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "NodePool watch failed; it will re-list");
-                return;
-            }
-        }
-        self.shared.router.provisioner_poke();
-        self.schedule(ctx);
-    }
 }
 
 impl Handler<super::tracked::Tracked> for NodePools {

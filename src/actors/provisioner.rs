@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, Taint};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
@@ -31,21 +31,7 @@ use crate::state::pods;
 #[rtype(result = "()")]
 pub struct Pending;
 
-/// Batching windows (Karpenter's `BATCH_IDLE_DURATION` and `BATCH_MAX_DURATION`).
-#[derive(Clone, Copy, Debug)]
-pub struct Batching {
-    pub idle: Duration,
-    pub max: Duration,
-}
-
-impl Default for Batching {
-    fn default() -> Self {
-        Self {
-            idle: Duration::from_secs(1),
-            max: Duration::from_secs(10),
-        }
-    }
-}
+pub use crate::view::settings::Batching;
 
 enum Watched {
     Pod(Result<watcher::Event<Pod>, watcher::Error>),
@@ -146,7 +132,7 @@ impl Provisioner {
     fn wants_batch(&self) -> bool {
         self.shared.router.is_active()
             && (self.shared.state.pods.read().provisionable_count() > 0
-                || super::snapshot::has_reschedulable_pods(&self.shared))
+                || crate::view::snapshot::has_reschedulable_pods(&self.shared.state))
     }
 
     fn arm(&mut self, fire_at: Instant, now: Instant, ctx: &mut Context<Self>) {
@@ -426,11 +412,11 @@ impl Provisioner {
     /// count as in-flight capacity, and each pod whose plan still holds goes back where it was
     /// planned (its claim by the claim's name, or its Node's once registered).
     fn snapshot(&self) -> Snapshot {
-        let mut snapshot = super::snapshot::build(
-            &self.shared,
+        let mut snapshot = crate::view::snapshot::build(
+            self.shared.view(),
             self.creating.iter().map(|(id, c)| (id, &c.claim)),
             self.preference,
-            super::snapshot::BoundPods::Needed {
+            crate::view::snapshot::BoundPods::Needed {
                 moving: &HashSet::new(),
             },
         );
@@ -501,16 +487,6 @@ impl Provisioner {
         }
         registered
     }
-}
-
-/// A pool's (or claim's) taints and startup taints together.
-pub fn declared_taints(taints: &Option<Vec<Taint>>, startup: &Option<Vec<Taint>>) -> Vec<Taint> {
-    taints
-        .iter()
-        .chain(startup.iter())
-        .flatten()
-        .cloned()
-        .collect()
 }
 
 impl Actor for Provisioner {

@@ -9,9 +9,9 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
-use super::decode::{Lenient, Malformed};
 use super::messages::{CancelRequest, ClaimChanged, Gone, Poke};
 use super::nodeclaim::NodeClaimActor;
+use crate::api::decode::{Lenient, Malformed};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::state::claims::recorded_deployment;

@@ -4,6 +4,7 @@
 pub mod conditions;
 pub mod crds;
 pub mod cron;
+pub mod decode;
 pub mod drift_hash;
 pub mod duration;
 pub mod nodeclaim;

@@ -2,8 +2,10 @@
 //! `status.nodeInfo {architecture, operatingSystem}`, as the Cluster API autoscaling-from-zero
 //! contract defines them, merged with the scale-from-zero annotations which take precedence.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
+use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 
 use crate::api::resources::Quantity;
@@ -12,6 +14,8 @@ use crate::api::wellknown::{
     ARCH_LABEL, DEFAULT_ARCH, DEFAULT_MAX_PODS, DEFAULT_OS, OS_LABEL, RESOURCE_PODS,
 };
 use crate::capi::annotations::{ScaleFromZero, Taint};
+use crate::capi::model::MachineDeployment;
+use crate::capi::version;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TemplateError {
@@ -158,4 +162,61 @@ pub fn merge(template: Option<&TemplateCapacity>, annotations: &ScaleFromZero) -
         arch,
         os,
     }
+}
+
+/// Read a MachineDeployment's infrastructure template's capacity (`group`, `kind`, `name` in
+/// namespace `ns`); the version is discovered unless the reference pins one.
+pub async fn read_template(
+    client: &kube::Client,
+    group: &str,
+    pinned: Option<String>,
+    kind: &str,
+    ns: &str,
+    name: &str,
+) -> Result<TemplateCapacity, String> {
+    let ver = match pinned {
+        Some(v) => v,
+        None => version::infrastructure_version(client, group)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    let ar = version::infrastructure_template_resource(group, &ver, kind);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let obj = api.get(name).await.map_err(|e| match e {
+        // The server's own message ("... not found") rather than the whole Status.
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        e => e.to_string(),
+    })?;
+    TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
+}
+
+/// The template capacity of every MachineDeployment that has a readable one (one-off reads for
+/// tools; the Catalog actor caches and re-reads on its own schedule).
+pub async fn read_templates(
+    client: &kube::Client,
+    mds: &[Arc<MachineDeployment>],
+) -> (HashMap<String, TemplateCapacity>, HashMap<String, String>) {
+    let mut ok = HashMap::new();
+    let mut failed = HashMap::new();
+    for md in mds {
+        let r = &md.infrastructure_ref;
+        match read_template(
+            client,
+            &r.api_group,
+            r.version.clone(),
+            &r.kind,
+            &md.namespace,
+            &r.name,
+        )
+        .await
+        {
+            Ok(t) => {
+                ok.insert(md.key(), t);
+            }
+            Err(e) => {
+                failed.insert(md.key(), e);
+            }
+        }
+    }
+    (ok, failed)
 }

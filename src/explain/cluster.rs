@@ -1,6 +1,7 @@
 //! One read of the cluster, put into the same indexes and catalog view the controller's actors
-//! read, so `explain` answers with the controller's own snapshot builder, catalog and
-//! disruption view (a one-off list instead of watches; nothing is written).
+//! read, so `explain` answers with the read layer the controller runs (`view`: the snapshot
+//! builder, catalog and disruption view), from a one-off list instead of watches; nothing is
+//! written and no actor is built.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -13,9 +14,7 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::Error;
-use crate::actors::catalog::{CatalogView, read_templates, resolve_nodeclass};
-use crate::actors::decode::Lenient;
-use crate::actors::{Settings, Shared, events, router};
+use crate::api::decode::Lenient;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::api::nodepool::NodePool;
@@ -23,9 +22,12 @@ use crate::api::wellknown::CLUSTER_NAME_LABEL;
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::offerings::{self, Context as OfferingContext};
 use crate::capi::template::TemplateCapacity;
+use crate::capi::template::read_templates;
 use crate::capi::version::{self, CapiVersion};
-use crate::metrics::Metrics;
 use crate::state::State;
+use crate::state::feed::Index;
+use crate::view::catalog::{CatalogView, resolve_nodeclass};
+use crate::view::{Inputs, Settings};
 
 /// What one NodeClass resolves to, as the Catalog actor would publish it.
 pub struct Resolved {
@@ -36,8 +38,11 @@ pub struct Resolved {
 
 /// The cluster as read once.
 pub struct Cluster {
-    /// The controller's shared state, filled from the lists (clients, indexes, catalog view).
-    pub shared: Arc<Shared>,
+    /// The controller's indexes, filled from the lists.
+    pub state: State,
+    /// The catalog as the Catalog actor would publish it.
+    pub catalog: CatalogView,
+    pub settings: Settings,
     pub nodeclasses: BTreeMap<String, Resolved>,
     /// Every MachineDeployment read (within the namespace and cluster flags).
     pub deployments: Vec<Arc<MachineDeployment>>,
@@ -45,11 +50,21 @@ pub struct Cluster {
     pub templates: HashMap<String, TemplateCapacity>,
     /// Template reads that failed, per MachineDeployment key (annotations then stand alone).
     pub template_errors: HashMap<String, String>,
-    pub pdbs: BTreeMap<String, Arc<PodDisruptionBudget>>,
     /// Objects the types could not decode: (kind, name, why).
     pub malformed: Vec<(String, String, String)>,
     /// MachineDeployments `--cluster-name` leaves out: (`namespace/name`, why).
     pub excluded: Vec<(String, String)>,
+}
+
+impl Cluster {
+    /// The plain view the read layer's projections take.
+    pub fn view(&self) -> Inputs<'_> {
+        Inputs {
+            state: &self.state,
+            catalog: &self.catalog,
+            settings: &self.settings,
+        }
+    }
 }
 
 /// What the management cluster holds, as the controller's watches see it.
@@ -208,7 +223,6 @@ pub async fn read(
     for (md, why) in &capi.unreadable {
         malformed.push(("MachineDeployment".into(), md.clone(), why.clone()));
     }
-    let capi_version = capi.version;
     let excluded = capi.excluded;
     let nodepools: Vec<NodePool> = list_lenient(&workload, "NodePools", &mut malformed).await?;
     let claims: Vec<NodeClaim> = list_lenient(&workload, "NodeClaims", &mut malformed).await?;
@@ -228,13 +242,14 @@ pub async fn read(
     state.nodes.write().replace_all(nodes);
     state.pods.write().replace_all(pods);
     state.daemonsets.write().replace_all(daemonsets);
-    *state.nodepools.write() = nodepools
-        .into_iter()
-        .map(|np| (np.name_any(), Arc::new(np)))
-        .collect();
-    state
-        .nodepools_synced
-        .store(true, std::sync::atomic::Ordering::Release);
+    Index::reset(
+        &mut *state.pdbs.write(),
+        pdbs.into_iter().map(Arc::new).collect(),
+    );
+    Index::reset(
+        &mut *state.nodepools.write(),
+        nodepools.into_iter().map(Lenient::Ok).collect(),
+    );
 
     let (templates, template_errors) = read_templates(&management, &deployments).await;
     // Launch failures mark offerings unavailable in the controller's memory only; a one-off
@@ -258,33 +273,14 @@ pub async fn read(
             },
         );
     }
-    let shared = Arc::new(Shared {
-        events: events::Events::new(workload.clone(), "explain".into()),
-        workload,
-        management,
-        capi_version,
-        state,
-        metrics: Metrics::new(),
-        settings,
-        router: router::Router::default(),
-        catalog,
-        synced: Arc::new(tokio::sync::Notify::new()),
-    });
     Ok(Cluster {
-        shared,
+        state,
+        catalog,
+        settings,
         nodeclasses: resolved,
         deployments,
         templates,
         template_errors,
-        pdbs: pdbs
-            .into_iter()
-            .map(|p| {
-                (
-                    format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
-                    Arc::new(p),
-                )
-            })
-            .collect(),
         malformed,
         excluded,
     })

@@ -12,13 +12,13 @@ use serde::Serialize;
 
 use super::cluster::Cluster;
 use super::{Error, ts};
-use crate::actors::disruption::view::{self, Memory};
 use crate::actors::nodeclaim::registration_clock_start;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::api::wellknown::{NODEPOOL_LABEL, TERMINATION_FINALIZER};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
+use crate::view::disruption::{self as view, Memory};
 
 #[derive(Debug, Serialize)]
 pub struct NodeClaimReport {
@@ -66,7 +66,7 @@ pub struct Disruption {
 }
 
 pub fn explain(cluster: &Cluster, name: &str) -> Result<NodeClaimReport, Error> {
-    let st = &cluster.shared.state;
+    let st = &cluster.state;
     let claim = st.claims.read().get(name).ok_or(Error::NotFound {
         kind: "NodeClaim",
         name: name.to_string(),
@@ -134,7 +134,7 @@ fn wait(
     has_provider_id: bool,
     has_node: bool,
 ) -> (Option<String>, Option<Timestamp>, Option<Deadline>) {
-    let settings = &cluster.shared.settings;
+    let settings = &cluster.settings;
     let created = c
         .metadata
         .creation_timestamp
@@ -150,7 +150,7 @@ fn wait(
         );
     }
     let nodeclass = &c.spec.node_class_ref.name;
-    let (create_timeout, create_source) = match cluster.shared.catalog.create_timeout(nodeclass) {
+    let (create_timeout, create_source) = match cluster.catalog.create_timeout(nodeclass) {
         Some(t) => (
             t,
             format!("ClusterAPINodeClass {nodeclass} spec.createTimeout"),
@@ -230,13 +230,14 @@ fn deadline(kind: &str, timeout: Duration, source: &str, start: Timestamp) -> De
     }
 }
 
-/// What the disruption view (`actors::disruption::view::gather`) makes of the claim.
+/// What the disruption view (`view::disruption::gather`) makes of the claim.
 fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
     let name = c.name_any();
     let pod_events = HashMap::new();
     let executing = HashSet::new();
+    let pdbs = cluster.state.pdbs.read().all().clone();
     let mem = Memory {
-        pdbs: &cluster.pdbs,
+        pdbs: &pdbs,
         pod_events: &pod_events,
         // Only the recorded lastPodEventTime is known to a one-off read.
         started: Timestamp::UNIX_EPOCH,
@@ -244,7 +245,7 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
         nominated: &executing,
         now: Timestamp::now(),
     };
-    let v = view::gather(&cluster.shared, &mem);
+    let v = view::gather(cluster.view(), &mem);
     let mut out = Disruption {
         candidate: false,
         reason: None,

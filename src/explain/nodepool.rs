@@ -10,14 +10,14 @@ use serde::Serialize;
 
 use super::cluster::Cluster;
 use super::{Error, OfferingView};
-use crate::actors::nodepools::usage_by_pool;
-use crate::actors::provisioner::declared_taints;
 use crate::api::requirements::Requirements;
 use crate::api::resources::Quantity;
 use crate::capi::model::LabelSelector;
 use crate::capi::offerings::not_selected;
 use crate::scheduling::instance_type::{offering_allowed, taints_declared};
 use crate::scheduling::nodepool_requirements;
+use crate::view::catalog::declared_taints;
+use crate::view::usage::usage_by_pool;
 
 #[derive(Debug, Serialize)]
 pub struct NodePoolReport {
@@ -53,7 +53,6 @@ pub struct Usage {
 
 pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
     let np = cluster
-        .shared
         .state
         .nodepools
         .read()
@@ -211,7 +210,7 @@ fn describe(reqs: &Requirements) -> String {
 }
 
 fn usage(cluster: &Cluster, np: &crate::api::nodepool::NodePool) -> BTreeMap<String, Usage> {
-    let by_pool = usage_by_pool(&cluster.shared);
+    let by_pool = usage_by_pool(&cluster.state);
     let (resources, nodes) = by_pool.get(&np.name_any()).cloned().unwrap_or_default();
     let mut out = BTreeMap::new();
     let limits = np.spec.limits.clone().unwrap_or_default();

@@ -10,8 +10,6 @@ use serde::Serialize;
 
 use super::cluster::Cluster;
 use super::{Error, OfferingView};
-use crate::actors::catalog::{Fit, rank};
-use crate::actors::provisioner::declared_taints;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::Requirements;
 use crate::api::resources::Resources;
@@ -20,6 +18,7 @@ use crate::scheduling;
 use crate::scheduling::explain::{PoolVerdict, rule_out};
 use crate::state::claims::recorded_deployment;
 use crate::state::pods;
+use crate::view::catalog::{Fit, declared_taints, rank};
 
 #[derive(Debug, Serialize)]
 pub struct PodReport {
@@ -91,16 +90,10 @@ pub fn explain(cluster: &Cluster, target: &str) -> Result<PodReport, Error> {
         .split_once('/')
         .ok_or_else(|| Error::BadArgument(format!("{target:?} is not NAMESPACE/NAME")))?;
     let key = format!("{ns}/{name}");
-    let pod = cluster
-        .shared
-        .state
-        .pods
-        .read()
-        .get(&key)
-        .ok_or(Error::NotFound {
-            kind: "Pod",
-            name: key.clone(),
-        })?;
+    let pod = cluster.state.pods.read().get(&key).ok_or(Error::NotFound {
+        kind: "Pod",
+        name: key.clone(),
+    })?;
     let phase = pod
         .status
         .as_ref()
@@ -120,7 +113,7 @@ pub fn explain(cluster: &Cluster, target: &str) -> Result<PodReport, Error> {
 }
 
 fn placement(cluster: &Cluster, node: &str) -> Placement {
-    let st = &cluster.shared.state;
+    let st = &cluster.state;
     let claim = st
         .claims
         .read()
@@ -166,10 +159,7 @@ fn considered(cluster: &Cluster, claim: &NodeClaim, chosen: Option<&str>) -> Vec
         .and_then(|r| Resources::from_k8s(r).ok())
         .unwrap_or_default();
     let declared = declared_taints(&spec.taints, &spec.startup_taints);
-    let types = cluster
-        .shared
-        .catalog
-        .instance_types(&spec.node_class_ref.name);
+    let types = cluster.catalog.instance_types(&spec.node_class_ref.name);
     let unavailable = |o: &crate::scheduling::Offering| !o.available;
     rank(&types, &reqs, &requests, &declared, &unavailable)
         .into_iter()
@@ -183,11 +173,11 @@ fn considered(cluster: &Cluster, claim: &NodeClaim, chosen: Option<&str>) -> Vec
 
 fn pending(cluster: &Cluster, pod: &Pod) -> Result<Pending, Error> {
     let provisionable = pods::is_provisionable(pod);
-    let mut snapshot = crate::actors::snapshot::build(
-        &cluster.shared,
+    let mut snapshot = crate::view::snapshot::build(
+        cluster.view(),
         std::iter::empty::<(&u64, &NodeClaim)>(),
-        cluster.shared.settings.preference,
-        crate::actors::snapshot::BoundPods::All,
+        cluster.settings.preference,
+        crate::view::snapshot::BoundPods::All,
     );
     let key = pods::key(pod);
     if !snapshot.pods.iter().any(|p| pods::key(p) == key) {

@@ -4,8 +4,11 @@
 
 pub mod claims;
 pub mod daemonsets;
+pub mod feed;
 pub mod machines;
+pub mod nodepools;
 pub mod nodes;
+pub mod pdbs;
 pub mod pods;
 pub mod registration_health;
 pub mod reschedulable;
@@ -13,6 +16,7 @@ pub mod storage;
 pub mod trim;
 pub mod versions;
 pub mod volumes;
+pub(crate) mod workload_feed;
 pub mod workloads;
 
 use std::sync::Arc;
@@ -22,7 +26,9 @@ use parking_lot::RwLock;
 pub use claims::Claims;
 pub use daemonsets::DaemonSets;
 pub use machines::{MachineDeployments, Machines};
+pub use nodepools::NodePoolIndex;
 pub use nodes::Nodes;
+pub use pdbs::PodDisruptionBudgets;
 pub use pods::Pods;
 pub use storage::Storage;
 pub use volumes::VolumeAttachments;
@@ -43,12 +49,11 @@ pub struct State {
     /// Services and ReplicationControllers, ReplicaSets, StatefulSets by their selectors:
     /// default topology spread (only with `--scheduler-config`).
     pub workloads: Arc<RwLock<WorkloadIndex>>,
-    pub nodepools:
-        Arc<RwLock<std::collections::HashMap<String, Arc<crate::api::nodepool::NodePool>>>>,
-    pub nodepools_synced: Arc<std::sync::atomic::AtomicBool>,
-    /// PodDisruptionBudgets, kept by the disruption actor's watch (while it leads): the
-    /// provisioner plans only for the pods of a deleting node that can be evicted at all.
-    pub pdbs: Arc<RwLock<reschedulable::Pdbs>>,
+    /// NodePools: the ones that decode, and the ones that do not (kept apart).
+    pub nodepools: Arc<RwLock<NodePoolIndex>>,
+    /// PodDisruptionBudgets: the provisioner plans only for the pods of a deleting node that
+    /// can be evicted at all; disruption reads which pods they protect.
+    pub pdbs: Arc<RwLock<PodDisruptionBudgets>>,
     /// Recent launch outcomes per NodePool, for its `NodeRegistrationHealthy` condition.
     pub registration_health: Arc<RwLock<registration_health::RegistrationHealth>>,
     /// Pending pods the provisioner planned onto a claim (or a Node without one), by pod key:

@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 
+use super::feed::Index;
+
 /// One attachment: its name and the PersistentVolume it attaches (None for inline volumes).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attachment {
@@ -84,6 +86,33 @@ impl VolumeAttachments {
         touched.dedup();
         self.synced = true;
         touched
+    }
+}
+
+/// Whole attachments are buffered during a re-list (they are small); each change says which
+/// nodes' attachments changed.
+impl Index<VolumeAttachment> for VolumeAttachments {
+    type Kept = VolumeAttachment;
+    type Changed = Vec<String>;
+
+    fn keep(obj: VolumeAttachment) -> VolumeAttachment {
+        obj
+    }
+
+    fn apply(&mut self, va: VolumeAttachment) -> Vec<String> {
+        VolumeAttachments::apply(self, &va)
+    }
+
+    fn delete(&mut self, va: VolumeAttachment) -> Vec<String> {
+        self.remove(&va.name_any())
+    }
+
+    fn reset(&mut self, all: Vec<VolumeAttachment>) -> Vec<String> {
+        self.replace_all(&all)
+    }
+
+    fn synced(&self) -> bool {
+        VolumeAttachments::synced(self)
     }
 }
 

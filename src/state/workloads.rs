@@ -37,6 +37,11 @@ impl WorkloadIndex {
         self.listed.iter().all(|l| *l)
     }
 
+    /// Whether this kind has been listed once.
+    pub fn listed(&self, kind: Kind) -> bool {
+        self.listed[kind as usize]
+    }
+
     pub fn mark_listed(&mut self, kind: Kind) {
         self.listed[kind as usize] = true;
     }

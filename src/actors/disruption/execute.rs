@@ -11,7 +11,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::view::Stamp;
 use crate::actors::patch::{JsonPatch, send};
 use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, Condition, ConditionStatus};
@@ -24,6 +23,7 @@ use crate::api::wellknown::{
 };
 use crate::disruption::{Candidate, Command};
 use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels, PoolDecisionLabels};
+use crate::view::disruption::Stamp;
 
 const CLAIM: (&str, &str) = ("NodeClaim", "nodeclaims");
 

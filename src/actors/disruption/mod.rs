@@ -18,18 +18,13 @@
 //!    (step 2): the API holds everything needed to resume or undo.
 
 mod execute;
-mod protection;
-pub mod view;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use jiff::Timestamp;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::Shared;
@@ -39,6 +34,7 @@ use crate::api::conditions;
 use crate::api::wellknown::REPLACES_ANNOTATION;
 use crate::disruption::{self, Command};
 use crate::metrics::{ConsolidationTypeLabels, EvaluationLabels, PoolReasonLabels, ReasonLabels};
+use crate::view::disruption as view;
 
 /// Something disruption looks at changed; `pod_event` is a pod event on a node, at its time (the
 /// start of the node's `consolidateAfter` countdown).
@@ -99,9 +95,6 @@ enum Progress {
 
 pub struct Disruption {
     shared: Arc<Shared>,
-    pdbs: BTreeMap<String, Arc<PodDisruptionBudget>>,
-    pdb_buffer: Vec<PodDisruptionBudget>,
-    pdbs_synced: bool,
     pod_events: HashMap<String, Timestamp>,
     started: Timestamp,
     running: bool,
@@ -131,9 +124,6 @@ impl Disruption {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
-            pdbs: BTreeMap::new(),
-            pdb_buffer: Vec::new(),
-            pdbs_synced: false,
             pod_events: HashMap::new(),
             started: Timestamp::now(),
             running: false,
@@ -174,7 +164,7 @@ impl Disruption {
             self.again = true;
             return;
         }
-        if !self.shared.router.is_active() || !self.pdbs_synced {
+        if !self.shared.router.is_active() || !self.shared.state.pdbs.read().synced() {
             return;
         }
         self.running = true;
@@ -224,10 +214,11 @@ impl Disruption {
         let at = Instant::now();
         self.failed
             .retain(|_, (until, _)| *until + FAILURE_MEMORY > at);
+        let pdbs = self.shared.state.pdbs.read().all().clone();
         let view = view::gather(
-            &self.shared,
+            self.shared.view(),
             &view::Memory {
-                pdbs: &self.pdbs,
+                pdbs: &pdbs,
                 pod_events: &self.pod_events,
                 started: self.started,
                 executing: &executing,
@@ -300,7 +291,12 @@ impl Disruption {
             if waiting {
                 return None;
             }
-            let snapshot = view::snapshot(&shared, &candidates, &leaving, &under_consolidate_after);
+            let snapshot = view::snapshot(
+                shared.view(),
+                &candidates,
+                &leaving,
+                &under_consolidate_after,
+            );
             let started = Instant::now();
             let decision = tokio::task::spawn_blocking(move || {
                 if let Some(pending) = due {
@@ -810,59 +806,9 @@ impl Actor for Disruption {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let pdbs: Api<PodDisruptionBudget> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(watcher(pdbs, watcher::Config::default()).default_backoff());
         let poll = self.settings().poll;
         ctx.run_interval(poll, |act, ctx| act.pass(ctx));
     }
-}
-
-impl Disruption {
-    /// The budgets for the provisioner's snapshot too (a map of shared pointers: cheap).
-    fn publish_pdbs(&self) {
-        *self.shared.state.pdbs.write() = self.pdbs.clone();
-    }
-}
-
-impl StreamHandler<Result<watcher::Event<PodDisruptionBudget>, watcher::Error>> for Disruption {
-    fn handle(
-        &mut self,
-        ev: Result<watcher::Event<PodDisruptionBudget>, watcher::Error>,
-        ctx: &mut Self::Context,
-    ) {
-        let key = |p: &PodDisruptionBudget| {
-            format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
-        };
-        match ev {
-            Ok(watcher::Event::Init) => self.pdb_buffer.clear(),
-            Ok(watcher::Event::InitApply(p)) => self.pdb_buffer.push(p),
-            Ok(watcher::Event::InitDone) => {
-                self.pdbs = std::mem::take(&mut self.pdb_buffer)
-                    .into_iter()
-                    .map(|p| (key(&p), Arc::new(p)))
-                    .collect();
-                self.pdbs_synced = true;
-                self.publish_pdbs();
-                self.soon(ctx);
-            }
-            Ok(watcher::Event::Apply(p)) => {
-                self.pdbs.insert(key(&p), Arc::new(p));
-                self.publish_pdbs();
-                self.soon(ctx);
-            }
-            Ok(watcher::Event::Delete(p)) => {
-                self.pdbs.remove(&key(&p));
-                self.publish_pdbs();
-                self.soon(ctx);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "PodDisruptionBudget watch failed; it will re-list")
-            }
-        }
-    }
-
-    // The PDB stream ending must not stop the actor (it lives as long as leadership).
-    fn finished(&mut self, _: &mut Self::Context) {}
 }
 
 impl Handler<ClusterChanged> for Disruption {

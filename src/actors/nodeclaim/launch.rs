@@ -13,7 +13,6 @@ use serde_json::{Value, json};
 
 use super::{Next, Step, left_until, object_ref, since};
 use crate::actors::Error;
-use crate::actors::catalog::{CatalogView, Choice, ResolveError};
 use crate::actors::patch::JsonPatch;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
@@ -24,6 +23,7 @@ use crate::capi::model::Machine;
 use crate::metrics::Metrics;
 use crate::state::claims::recorded_machine;
 use crate::state::machines::key as machine_key;
+use crate::view::catalog::{CatalogView, Choice, ResolveError};
 
 /// How often a claim whose NodeClass is missing or not ready tries again.
 const LAUNCH_RETRY: Duration = Duration::from_secs(10);
@@ -50,7 +50,7 @@ pub fn resolve(
         .transpose()
         .map_err(|e| ResolveError::Invalid(format!("spec.resources.requests: {e}")))?
         .unwrap_or_default();
-    let declared = crate::actors::provisioner::declared_taints(&spec.taints, &spec.startup_taints);
+    let declared = crate::view::catalog::declared_taints(&spec.taints, &spec.startup_taints);
     catalog.resolve(
         &spec.node_class_ref.name,
         &reqs,

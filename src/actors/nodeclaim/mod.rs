@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::backoff::Backoff;
 use super::messages::{
-    ClaimChanged, Gone, Kick, MachineBound, Rejection, RequestMachine, RequestRejected, Stop,
+    ClaimChanged, Gone, Kick, MachineBound, Rejection, RequestMachine, RequestRejected,
 };
 use super::patch::JsonPatch;
 use super::scaler::Scaler;
@@ -248,13 +248,6 @@ impl Handler<RequestRejected> for NodeClaimActor {
             .annotations_mut()
             .remove(MACHINE_DEPLOYMENT_ANNOTATION);
         self.kick(ctx);
-    }
-}
-
-impl Handler<Stop> for NodeClaimActor {
-    type Result = ();
-    fn handle(&mut self, _: Stop, ctx: &mut Self::Context) {
-        ctx.stop();
     }
 }
 

@@ -18,8 +18,6 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::initialization::node_initialized;
-use super::initialization::node_ready;
 use super::{Next, Step, is_true, left_until};
 use crate::actors::Error;
 use crate::actors::patch::JsonPatch;
@@ -28,6 +26,7 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
 use crate::metrics::{Metrics, NodePoolLabels};
 use crate::state::claims::recorded_deployment;
+use crate::view::node::{node_initialized, node_ready, same_taint};
 
 /// How long registration waits for a new Node to turn Ready so that it can initialize it in the
 /// same writes (measured from the Node's creationTimestamp, whole seconds: 1-2 s in effect).
@@ -114,10 +113,6 @@ pub(super) fn initialized_label_patch(node: &Node) -> JsonPatch {
         "true",
     );
     p
-}
-
-pub(super) fn same_taint(a: &Taint, b: &Taint) -> bool {
-    a.key == b.key && a.effect == b.effect
 }
 
 /// The Node's taints after registration: without the unregistered taint, with the claim's

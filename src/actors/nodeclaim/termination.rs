@@ -22,7 +22,6 @@ use kube::api::{Api, DeleteParams, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::initialization::node_ready;
 use super::{Next, Step, condition_time, has_finalizer, is_true, object_ref, since};
 use crate::actors::messages::{CancelRequest, ReleaseMachine};
 use crate::actors::patch::JsonPatch;
@@ -34,6 +33,7 @@ use crate::api::wellknown::*;
 use crate::metrics::{ClaimTerminatedLabels, NodePoolLabels, NodeTerminatedLabels};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::key as machine_key;
+use crate::view::node::node_ready;
 
 /// How long a terminating claim waits before it asks again on its own (progress normally arrives
 /// as a kick from the Terminator, the Machine watch or the Node watch).

@@ -10,9 +10,8 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::ResourceExt;
 
-use super::Shared;
-use super::catalog::CatalogView;
-use super::provisioner::declared_taints;
+use super::Inputs;
+use super::catalog::{CatalogView, declared_taints};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
@@ -23,7 +22,7 @@ use crate::api::wellknown::{
 };
 use crate::scheduling::default_spread::DefaultSpread;
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
-use crate::state::pods;
+use crate::state::{State, pods};
 
 /// Which bound pods a snapshot carries. The solver reads bound pods for two things only: the
 /// host ports they hold on their node, and the topology counts of inter-pod constraints
@@ -41,12 +40,12 @@ pub enum BoundPods<'a> {
 /// The snapshot of the whole cluster. `creating` are claims whose create has not answered yet
 /// (by a local id): they are room too, and count against their pools' limits.
 pub fn build<'a>(
-    shared: &Shared,
+    view: Inputs<'_>,
     creating: impl IntoIterator<Item = (&'a u64, &'a NodeClaim)>,
     preference: PreferencePolicy,
     which: BoundPods<'_>,
 ) -> Snapshot {
-    let st = &shared.state;
+    let st = view.state;
     let pods_idx = st.pods.read();
     let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
@@ -59,10 +58,10 @@ pub fn build<'a>(
         .collect();
     // The pods those nodes will give up, planned for now (they are left out of the bound pods,
     // so a pod is never counted both where it is and where it will go).
-    let rescheduled = reschedulable_pods(&pods_idx, &deleting, &st.pdbs.read());
+    let rescheduled = reschedulable_pods(&pods_idx, &deleting, st.pdbs.read().all());
     let rescheduled_keys: HashSet<String> = rescheduled.iter().map(pods::key).collect();
     pods.extend(rescheduled);
-    let default_spread = default_spread(shared);
+    let default_spread = default_spread(view);
     // Default constraints spread pods that carry no term of their own: every bound pod may be
     // counted then.
     let terms = pods_idx.any_with_pod_terms() || default_spread.is_some();
@@ -153,9 +152,9 @@ pub fn build<'a>(
         if has_node || c.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        nodes.push(in_flight(c, &shared.catalog));
+        nodes.push(in_flight(c, view.catalog));
     }
-    let mut usage = super::nodepools::usage_by_pool(shared);
+    let mut usage = super::usage::usage_by_pool(st);
     // Claims not launched yet, by pool, with what `usage` counts them at so far.
     // (the instance types each may launch as, what `usage` counts it at so far)
     let mut unlaunched: HashMap<String, Vec<(Option<Requirement>, Resources)>> = HashMap::new();
@@ -184,7 +183,7 @@ pub fn build<'a>(
     }
     // Creates not answered yet are capacity too (and count against the pools' limits).
     for (id, c) in creating {
-        let mut node = in_flight(c, &shared.catalog);
+        let mut node = in_flight(c, view.catalog);
         node.name = format!("creating-{id}");
         if let Some(pool) = c.labels().get(NODEPOOL_LABEL) {
             let entry = usage.entry(pool.clone()).or_default();
@@ -208,7 +207,7 @@ pub fn build<'a>(
         }
         let (mut res, count) = usage.get(&np.name_any()).cloned().unwrap_or_default();
         let instance_types = scheduling::instance_type::for_declared_taints(
-            shared.catalog.instance_types(&r.name),
+            view.catalog.instance_types(&r.name),
             &declared_taints(
                 &np.spec.template.spec.taints,
                 &np.spec.template.spec.startup_taints,
@@ -249,7 +248,7 @@ pub fn build<'a>(
         nodepools,
         daemonsets,
         preference_policy: preference,
-        min_values_policy: shared.settings.min_values_policy,
+        min_values_policy: view.settings.min_values_policy,
         // Namespaces are not watched yet: only empty namespaceSelectors match.
         namespaces: Default::default(),
         default_spread,
@@ -279,14 +278,13 @@ fn claims_by_node(claims: &[Arc<NodeClaim>]) -> HashMap<String, Arc<NodeClaim>> 
 /// Whether some pod of a deleting node is to be planned for: the provisioner has work even
 /// with no pod pending. Asked on every batch trigger without pending pods, so it reads the
 /// indexes in place rather than copying them as a snapshot does.
-pub fn has_reschedulable_pods(shared: &Shared) -> bool {
-    let st = &shared.state;
+pub fn has_reschedulable_pods(st: &State) -> bool {
     let of_claims = nodes_of_deleting_claims(st.claims.read().all());
     let deleting = deleting_nodes(st.nodes.read().all(), &of_claims);
     if deleting.is_empty() {
         return false;
     }
-    let budgets = crate::state::reschedulable::Budgets::new(&st.pdbs.read());
+    let budgets = crate::state::reschedulable::Budgets::new(st.pdbs.read().all());
     let pods_idx = st.pods.read();
     let now = jiff::Timestamp::now();
     deleting.iter().any(|n| {
@@ -353,11 +351,11 @@ fn reschedulable_pods(
 
 /// The configured default constraints with the workload watch's selectors (None when no
 /// `--scheduler-config` sets any).
-fn default_spread(shared: &Shared) -> Option<DefaultSpread> {
-    let constraints = shared.settings.default_constraints.clone()?;
+fn default_spread(view: Inputs<'_>) -> Option<DefaultSpread> {
+    let constraints = view.settings.default_constraints.clone()?;
     Some(DefaultSpread {
         constraints,
-        workloads: shared.state.workloads.read().selectors(),
+        workloads: view.state.workloads.read().selectors(),
     })
 }
 

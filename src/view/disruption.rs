@@ -12,9 +12,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
+use super::Inputs;
+use super::catalog::CatalogView;
+use super::node::node_ready;
 use super::protection::{PdbIndex, node_protected, pods_protected};
-use crate::actors::Shared;
-use crate::actors::nodeclaim::initialization::node_ready;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
@@ -86,15 +87,15 @@ pub struct Memory<'a> {
     pub now: Timestamp,
 }
 
-pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
-    let st = &shared.state;
+pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
+    let st = inputs.state;
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
-    let pools = st.nodepools.read().clone();
+    let pools = st.nodepools.read().all().clone();
     let nodes = st.nodes.read();
     let pod_index = st.pods.read();
     let machines = st.machines.read();
     let deployments = st.deployments.read();
-    let offered = offered_by_nodeclass(shared, &pools);
+    let offered = offered_by_nodeclass(inputs.catalog, &pools);
     let pdbs = PdbIndex::new(mem.pdbs);
 
     let mut view = View::default();
@@ -183,7 +184,7 @@ pub fn gather(shared: &Shared, mem: &Memory<'_>) -> View {
         };
         let drift = drift::drifted(c, np, provider);
         let on_node = pod_index.on_node(&node.name_any());
-        let price = shared
+        let price = inputs
             .catalog
             .offering(md)
             .as_ref()
@@ -436,7 +437,7 @@ fn outdated_under_rolling_update(
 /// decision may simulate removing: candidates with pods that are drifted, or consolidatable
 /// under a policy that moves pods (empty ones go without a solve).
 pub fn snapshot(
-    shared: &Shared,
+    view: Inputs<'_>,
     candidates: &[Candidate],
     leaving: &[Candidate],
     under_consolidate_after: &HashSet<String>,
@@ -451,11 +452,11 @@ pub fn snapshot(
         .chain(leaving)
         .map(|c| c.node.clone())
         .collect();
-    let mut snapshot = crate::actors::snapshot::build(
-        shared,
+    let mut snapshot = super::snapshot::build(
+        view,
         none,
-        shared.settings.preference,
-        crate::actors::snapshot::BoundPods::Needed { moving: &moving },
+        view.settings.preference,
+        super::snapshot::BoundPods::Needed { moving: &moving },
     );
     // A moved pod's volumes bound where it may go, as they bound a pending pod.
     let on_moving = snapshot.bound_pods.iter().filter(|p| {
@@ -466,7 +467,7 @@ pub fn snapshot(
     });
     snapshot.volume_topology = crate::scheduling::volumes::topology_of(
         on_moving.map(|p| &**p),
-        &shared.state.storage.read().catalog,
+        &view.state.storage.read().catalog,
     );
     // The nodes of the commands under way are going: their pods are planned as pending.
     let leaving: Vec<&Candidate> = leaving.iter().collect();
@@ -558,17 +559,16 @@ fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bo
 
 /// The MachineDeployments each NodeClass offers, for NodeClasses the catalog is sure of.
 fn offered_by_nodeclass(
-    shared: &Shared,
+    catalog: &CatalogView,
     pools: &HashMap<String, Arc<NodePool>>,
 ) -> HashMap<String, HashSet<String>> {
     let mut out = HashMap::new();
     for np in pools.values() {
         let nc = &np.spec.template.spec.node_class_ref.name;
-        if out.contains_key(nc) || shared.catalog.nodeclass_ready(nc) != Some(Ok(())) {
+        if out.contains_key(nc) || catalog.nodeclass_ready(nc) != Some(Ok(())) {
             continue;
         }
-        let mds: HashSet<String> = shared
-            .catalog
+        let mds: HashSet<String> = catalog
             .instance_types(nc)
             .iter()
             .flat_map(|t| t.offerings.iter().map(|o| o.machine_deployment.clone()))

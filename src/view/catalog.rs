@@ -1,0 +1,484 @@
+//! The catalog as every reader sees it: each NodeClass's instance types and offerings as the
+//! Catalog actor last published them, the offerings recently marked unavailable, and the
+//! launch's ranking of offerings for a claim. Claims, the provisioner, disruption and `explain`
+//! read it alike.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Taint;
+use parking_lot::RwLock;
+
+use crate::api::nodeclass::ClusterAPINodeClass;
+use crate::api::requirements::Requirements;
+use crate::api::resources::Resources;
+use crate::capi::model::{LabelSelector, MachineDeployment};
+use crate::capi::offerings::{self, Context as OfferingContext};
+use crate::scheduling::InstanceType;
+
+/// The offering a claim launches from, with what its node will look like.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub machine_deployment: String,
+    pub instance_type: String,
+    pub zone: Option<String>,
+    pub capacity_type: String,
+    pub price: f64,
+    pub capacity: Resources,
+    pub allocatable: Resources,
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
+impl Choice {
+    /// The labels Karpenter writes on a claim at launch: the well-known ones of the offering.
+    pub fn node_labels(&self) -> Vec<(String, String)> {
+        use crate::api::wellknown::*;
+        [
+            INSTANCE_TYPE_LABEL,
+            ZONE_LABEL,
+            CAPACITY_TYPE_LABEL,
+            ARCH_LABEL,
+            OS_LABEL,
+        ]
+        .iter()
+        .filter_map(|k| self.labels.get(*k).map(|v| (k.to_string(), v.clone())))
+        .collect()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResolveError {
+    #[error("ClusterAPINodeClass {0} not found")]
+    NodeClassNotFound(String),
+    #[error("ClusterAPINodeClass {name} is not ready: {message}")]
+    NodeClassNotReady { name: String, message: String },
+    #[error("invalid NodeClaim: {0}")]
+    Invalid(String),
+    #[error("no available offering of ClusterAPINodeClass {nodeclass} is compatible: {details}")]
+    NoCompatibleOffering { nodeclass: String, details: String },
+}
+
+impl ResolveError {
+    /// Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ResolveError::NodeClassNotFound(_) => "NodeClassNotFound",
+            ResolveError::NodeClassNotReady { .. } => "NodeClassNotReady",
+            ResolveError::Invalid(_) => "InvalidNodeClaim",
+            ResolveError::NoCompatibleOffering { .. } => "InsufficientCapacity",
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Entry {
+    catalog: Arc<offerings::Catalog>,
+    create_timeout: Option<Duration>,
+    ready: Result<(), String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_nodeclass: HashMap<String, Entry>,
+    unavailable: HashMap<String, Instant>,
+}
+
+/// Read side of the catalog, shared by every actor.
+#[derive(Clone, Default)]
+pub struct CatalogView {
+    inner: Arc<RwLock<Inner>>,
+}
+
+impl CatalogView {
+    pub fn mark_unavailable(&self, md: &str, ttl: Duration) {
+        self.inner
+            .write()
+            .unavailable
+            .insert(md.to_string(), Instant::now() + ttl);
+    }
+
+    pub fn is_unavailable(&self, md: &str) -> bool {
+        self.inner
+            .read()
+            .unavailable
+            .get(md)
+            .is_some_and(|until| *until > Instant::now())
+    }
+
+    pub fn create_timeout(&self, nodeclass: &str) -> Option<Duration> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .get(nodeclass)
+            .and_then(|e| e.create_timeout)
+    }
+
+    pub fn instance_types(&self, nodeclass: &str) -> Vec<InstanceType> {
+        let inner = self.inner.read();
+        let Some(e) = inner.by_nodeclass.get(nodeclass) else {
+            return Vec::new();
+        };
+        let now = Instant::now();
+        let mut types = e.catalog.instance_types.clone();
+        for o in types.iter_mut().flat_map(|t| t.offerings.iter_mut()) {
+            if inner
+                .unavailable
+                .get(&o.machine_deployment)
+                .is_some_and(|until| *until > now)
+            {
+                o.available = false;
+            }
+        }
+        types
+    }
+
+    pub fn nodeclass_ready(&self, nodeclass: &str) -> Option<Result<(), String>> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .get(nodeclass)
+            .map(|e| e.ready.clone())
+    }
+
+    /// The offering backed by a MachineDeployment (any NodeClass), for a claim's status.
+    pub fn offering(&self, md: &str) -> Option<Choice> {
+        let inner = self.inner.read();
+        inner
+            .by_nodeclass
+            .values()
+            .flat_map(|e| e.catalog.instance_types.iter())
+            .find_map(|t| {
+                t.offerings
+                    .iter()
+                    .find(|o| o.machine_deployment == md)
+                    .map(|o| choice(t, o))
+            })
+    }
+
+    /// The cheapest available offering compatible with the claim; ties go to the least-loaded
+    /// MachineDeployment.
+    pub fn resolve(
+        &self,
+        nodeclass: &str,
+        reqs: &Requirements,
+        requests: &Resources,
+        excluded: &HashSet<String>,
+        declared_taints: &[Taint],
+    ) -> Result<Choice, ResolveError> {
+        let inner = self.inner.read();
+        let Some(entry) = inner.by_nodeclass.get(nodeclass) else {
+            return Err(ResolveError::NodeClassNotFound(nodeclass.to_string()));
+        };
+        if let Err(message) = &entry.ready
+            && entry.catalog.instance_types.is_empty()
+        {
+            return Err(ResolveError::NodeClassNotReady {
+                name: nodeclass.to_string(),
+                message: message.clone(),
+            });
+        }
+        let now = Instant::now();
+        let is_unavailable = |o: &crate::scheduling::Offering| {
+            !o.available
+                || excluded.contains(&o.machine_deployment)
+                || inner
+                    .unavailable
+                    .get(&o.machine_deployment)
+                    .is_some_and(|u| *u > now)
+        };
+        let ranked = rank(
+            &entry.catalog.instance_types,
+            reqs,
+            requests,
+            declared_taints,
+            &is_unavailable,
+        );
+        let count = |fit: Fit| ranked.iter().filter(|r| r.fit == fit).count();
+        match ranked.iter().find(|r| r.fit == Fit::Eligible) {
+            Some(r) => Ok(choice(r.instance_type, r.offering)),
+            None => Err(ResolveError::NoCompatibleOffering {
+                nodeclass: nodeclass.to_string(),
+                details: format!(
+                    "{} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {} too small for the requests, {} unavailable (max-size reached or recently failed)",
+                    count(Fit::Incompatible),
+                    count(Fit::TooSmall),
+                    count(Fit::Unavailable)
+                ),
+            }),
+        }
+    }
+
+    /// Publish a NodeClass's catalog with its readiness (the Catalog actor, after a rebuild).
+    pub(crate) fn publish(
+        &self,
+        nodeclass: String,
+        catalog: offerings::Catalog,
+        create_timeout: Option<Duration>,
+        ready: Result<(), String>,
+    ) {
+        let entry = Entry {
+            catalog: Arc::new(catalog),
+            create_timeout,
+            ready,
+        };
+        self.inner.write().by_nodeclass.insert(nodeclass, entry);
+    }
+
+    /// Publish a NodeClass's catalog directly (benchmarks and tools that have no Catalog actor).
+    pub fn insert(
+        &self,
+        nodeclass: &str,
+        catalog: offerings::Catalog,
+        create_timeout: Option<Duration>,
+    ) {
+        let ready = readiness(&catalog);
+        self.publish(nodeclass.to_string(), catalog, create_timeout, ready);
+    }
+
+    /// Drop unavailability marks that expired (keyed by MachineDeployment; they would pile up).
+    pub(crate) fn forget_unavailable(&self) {
+        let now = Instant::now();
+        self.inner
+            .write()
+            .unavailable
+            .retain(|_, until| *until > now);
+    }
+
+    /// Keep only these NodeClasses (the others are gone).
+    pub(crate) fn retain(&self, names: &HashSet<String>) {
+        self.inner
+            .write()
+            .by_nodeclass
+            .retain(|k, _| names.contains(k));
+    }
+}
+
+/// A pool's (or claim's) taints and startup taints together.
+pub fn declared_taints(taints: &Option<Vec<Taint>>, startup: &Option<Vec<Taint>>) -> Vec<Taint> {
+    taints
+        .iter()
+        .chain(startup.iter())
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+/// How one offering stands for a launch, in the order the launch checks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fit {
+    /// The launch may use it.
+    Eligible,
+    /// Its instance type's allocatable cannot hold the claim's requests.
+    TooSmall,
+    /// Its labels do not meet the claim's requirements, or its nodes carry taints the claim
+    /// does not declare.
+    Incompatible,
+    /// Max size reached, recently failed, or already turned the claim down.
+    Unavailable,
+}
+
+/// One offering judged for a launch.
+pub struct Ranked<'a> {
+    pub instance_type: &'a InstanceType,
+    pub offering: &'a crate::scheduling::Offering,
+    pub fit: Fit,
+    /// Replicas over max size (or replicas, without one): ties on price go to the least loaded.
+    pub load: f64,
+}
+
+/// Every offering of `types` judged for a claim with `reqs`, `requests` and declared taints,
+/// eligible ones first in the launch's order of preference (price, then load, then
+/// MachineDeployment name): the first is what a launch takes. Pure: `resolve` and `explain` use
+/// it alike.
+pub fn rank<'a>(
+    types: &'a [InstanceType],
+    reqs: &Requirements,
+    requests: &Resources,
+    declared_taints: &[Taint],
+    unavailable: &dyn Fn(&crate::scheduling::Offering) -> bool,
+) -> Vec<Ranked<'a>> {
+    let mut out: Vec<Ranked<'a>> = Vec::new();
+    for t in types {
+        let fits = requests.fits(&t.allocatable());
+        for o in &t.offerings {
+            let fit = if !fits {
+                Fit::TooSmall
+            } else if Requirements::from_labels(&o.labels)
+                .compatible(reqs)
+                .is_err()
+                || !crate::scheduling::instance_type::taints_declared(o, declared_taints)
+            {
+                Fit::Incompatible
+            } else if unavailable(o) {
+                Fit::Unavailable
+            } else {
+                Fit::Eligible
+            };
+            let load = match o.max_size {
+                Some(max) if max > 0 => f64::from(o.replicas) / f64::from(max),
+                _ => f64::from(o.replicas),
+            };
+            out.push(Ranked {
+                instance_type: t,
+                offering: o,
+                fit,
+                load,
+            });
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.fit != Fit::Eligible)
+            .cmp(&(b.fit != Fit::Eligible))
+            .then_with(|| a.offering.price.total_cmp(&b.offering.price))
+            .then_with(|| a.load.total_cmp(&b.load))
+            .then_with(|| {
+                a.offering
+                    .machine_deployment
+                    .cmp(&b.offering.machine_deployment)
+            })
+    });
+    out
+}
+
+fn choice(t: &InstanceType, o: &crate::scheduling::Offering) -> Choice {
+    Choice {
+        machine_deployment: o.machine_deployment.clone(),
+        instance_type: t.name.clone(),
+        zone: o.zone.clone(),
+        capacity_type: o.capacity_type.clone(),
+        price: o.price,
+        capacity: t.capacity.clone(),
+        allocatable: t.allocatable(),
+        labels: o.labels.clone(),
+    }
+}
+
+/// What one NodeClass resolves to, and whether it is ready (the Catalog actor publishes this;
+/// `explain` computes it the same way from a one-off read).
+pub fn resolve_nodeclass(
+    nc: &ClusterAPINodeClass,
+    mds: &[Arc<MachineDeployment>],
+    cx: &OfferingContext<'_>,
+) -> (offerings::Catalog, Result<(), String>) {
+    let selector = nc
+        .spec
+        .scalable_resource_selector
+        .as_ref()
+        .map(LabelSelector::try_from);
+    match selector.transpose() {
+        Err(e) => (
+            offerings::Catalog::default(),
+            Err(format!("spec.scalableResourceSelector: {e}")),
+        ),
+        Ok(sel) => {
+            let c = offerings::build(sel.as_ref(), mds, cx);
+            let ready = readiness(&c);
+            (c, ready)
+        }
+    }
+}
+
+fn readiness(c: &offerings::Catalog) -> Result<(), String> {
+    if c.deployments.is_empty() {
+        let mut m = "selects no usable MachineDeployment (a MachineDeployment needs the node.cluster.x-k8s.io/karpenter-member label and must match spec.scalableResourceSelector)".to_string();
+        if !c.problems.is_empty() {
+            m.push_str(": ");
+            m.push_str(&c.problems.join("; "));
+        }
+        return Err(m);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::api::resources::Quantity;
+    use crate::scheduling::Offering;
+
+    fn offering(md: &str, price: f64, replicas: i32, zone: &str) -> Offering {
+        Offering {
+            machine_deployment: md.into(),
+            zone: Some(zone.into()),
+            capacity_type: "on-demand".into(),
+            price,
+            available: true,
+            labels: BTreeMap::from([(
+                crate::api::wellknown::ZONE_LABEL.to_string(),
+                zone.to_string(),
+            )]),
+            taints: Vec::new(),
+            replicas,
+            max_size: Some(10),
+        }
+    }
+
+    fn it(name: &str, cpu: i64, offerings: Vec<Offering>) -> InstanceType {
+        InstanceType {
+            name: name.into(),
+            requirements: Requirements::default(),
+            capacity: Resources::new().with("cpu", Quantity::from_units(cpu)),
+            overhead: Resources::default(),
+            offerings,
+        }
+    }
+
+    #[test]
+    fn rank_puts_the_launch_choice_first_and_says_why_the_others_are_out() {
+        let types = vec![
+            it(
+                "big",
+                8,
+                vec![
+                    offering("ns/b-busy", 1.0, 5, "a"),
+                    offering("ns/b-idle", 1.0, 1, "a"),
+                    offering("ns/b-other-zone", 0.5, 0, "b"),
+                    offering("ns/b-failed", 0.1, 0, "a"),
+                ],
+            ),
+            it("tiny", 1, vec![offering("ns/tiny", 0.01, 0, "a")]),
+        ];
+        let reqs = Requirements::from_labels(&BTreeMap::from([(
+            crate::api::wellknown::ZONE_LABEL.to_string(),
+            "a".to_string(),
+        )]));
+        let requests = Resources::new().with("cpu", Quantity::from_units(2));
+        let failed = |o: &Offering| o.machine_deployment == "ns/b-failed";
+        let ranked = rank(&types, &reqs, &requests, &[], &failed);
+        let got: Vec<(&str, Fit)> = ranked
+            .iter()
+            .map(|r| (r.offering.machine_deployment.as_str(), r.fit))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                // Same price: the less loaded MachineDeployment first.
+                ("ns/b-idle", Fit::Eligible),
+                ("ns/b-busy", Fit::Eligible),
+                ("ns/tiny", Fit::TooSmall),
+                ("ns/b-failed", Fit::Unavailable),
+                ("ns/b-other-zone", Fit::Incompatible),
+            ]
+        );
+        // resolve takes the first.
+        let view = CatalogView::default();
+        view.insert(
+            "nc",
+            offerings::Catalog {
+                instance_types: types,
+                deployments: vec!["x".into()],
+                problems: Vec::new(),
+            },
+            None,
+        );
+        let excluded = HashSet::from(["ns/b-failed".to_string()]);
+        let choice = view
+            .resolve("nc", &reqs, &requests, &excluded, &[])
+            .expect("a choice");
+        assert_eq!(choice.machine_deployment, "ns/b-idle");
+    }
+}

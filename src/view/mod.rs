@@ -1,0 +1,32 @@
+//! The read layer: projections of the indexes (`state`) and the published catalog that the
+//! actors and the tools (`explain`, `init`) share. Each takes a plain [`Inputs`] (the indexes,
+//! the catalog view and the settings) and never an actor's context, so a one-off reading of the
+//! cluster answers with the same code the controller runs.
+//!
+//! - [`snapshot`]: the solver's view of the cluster (provisioner, disruption, `explain pod`).
+//! - [`catalog`]: each NodeClass's offerings and the launch's ranking of them.
+//! - [`usage`]: what each NodePool counts against its limits.
+//! - [`disruption`] and [`protection`]: the disruption candidates and what protects a node.
+//! - [`node`]: how a Node stands against its claim (ready, registered, initialized).
+//! - [`settings`]: the controller's settings as plain values.
+
+pub mod catalog;
+pub mod disruption;
+pub mod node;
+pub mod protection;
+pub mod settings;
+pub mod snapshot;
+pub mod usage;
+
+use crate::state::State;
+
+pub use catalog::CatalogView;
+pub use settings::Settings;
+
+/// What a projection reads: the indexes, the catalog as last published, and the settings.
+#[derive(Clone, Copy)]
+pub struct Inputs<'a> {
+    pub state: &'a State,
+    pub catalog: &'a CatalogView,
+    pub settings: &'a Settings,
+}
