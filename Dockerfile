@@ -1,5 +1,7 @@
 # syntax=docker/dockerfile:1.7
-# karpenter-capi: the release binary in an image built from scratch, run as a non-root user.
+# karpenter-capi: the release binary in an image built from scratch, run as a non-root user. The
+# binary is the controller alone: built without the default `simulator` feature, it has no
+# embedded simulated cluster and no `simulate` subcommand.
 #
 #   docker build -t registry.example.com/karpenter-capi:0.1.0 .
 #
@@ -22,7 +24,7 @@ COPY . .
 # filesystem is laid out in the same step, while the cached target directory is mounted.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin karpenter-capi \
+    cargo build --release --locked --no-default-features --bin karpenter-capi \
  && scripts/image-rootfs target/release/karpenter-capi /rootfs
 
 FROM scratch

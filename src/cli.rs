@@ -1,4 +1,5 @@
-//! The command line: `run` (the controller), `simulate` (the embedded cluster), `crds`, `version`.
+//! The command line: `run` (the controller), `simulate` (the embedded cluster, with the
+//! `simulator` feature; its flags are in `cli::simulate`), `crds`, `version`.
 //! Every `run` flag has an environment twin named as in Karpenter and the Go Cluster API provider,
 //! so existing Helm values and manifests carry over.
 
@@ -7,6 +8,11 @@ use std::time::Duration;
 
 use crate::scheduling::default_spread::DefaultConstraints;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[cfg(feature = "simulator")]
+mod simulate;
+#[cfg(feature = "simulator")]
+pub use simulate::{DEFAULT_KUBECONFIG_OUT, ReportFormat, Scenario, ServeArgs, SimulateArgs};
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
 /// them keeps every `Instant + duration` in the controller far from overflow (which panics).
@@ -41,37 +47,6 @@ pub fn positive_duration_arg(s: &str) -> Result<Duration, String> {
         return Err(format!("{s:?} must be greater than zero"));
     }
     Ok(d)
-}
-
-/// A duration flag of `simulate` within `[min, max]`, in the same Go syntax as every `run` flag
-/// (`2s`, `500ms`, `15m`).
-fn duration_in(
-    min: Duration,
-    max: Duration,
-) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync {
-    move |s: &str| {
-        let d = duration_arg(s)?;
-        if d < min || d > max {
-            return Err(format!(
-                "{s:?} is not between {} and {}",
-                crate::api::duration::format(min),
-                crate::api::duration::format(max)
-            ));
-        }
-        Ok(d)
-    }
-}
-
-/// A fraction in [0, 1].
-fn fraction_arg(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number"))?;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(format!("{s:?} is not between 0 and 1"));
-    }
-    Ok(v)
 }
 
 /// A tracing filter (`info`, `karpenter_capi=debug,kube=warn`), checked when the flag is parsed so
@@ -177,11 +152,24 @@ fn base64_arg(s: &str) -> Result<String, String> {
 #[command(
     name = "karpenter-capi",
     version,
-    about = "Just-in-time nodes for Cluster API clusters, with Karpenter's NodePool and NodeClaim API",
-    long_about = "karpenter-capi turns pending pods into right-sized nodes by scaling Cluster API \
+    about = "Just-in-time nodes for Cluster API clusters, with Karpenter's NodePool and NodeClaim API"
+)]
+#[cfg_attr(
+    feature = "simulator",
+    command(
+        long_about = "karpenter-capi turns pending pods into right-sized nodes by scaling Cluster API \
                   MachineDeployments, and removes them again when they are empty, drifted or expired.\n\n\
                   Try it without a cluster: `karpenter-capi simulate` starts an embedded simulated \
                   cluster (API server, Cluster API, kubelets and scheduler) and runs the controller on it."
+    )
+)]
+// A controller built without the simulator does not offer what it cannot run.
+#[cfg_attr(
+    not(feature = "simulator"),
+    command(
+        long_about = "karpenter-capi turns pending pods into right-sized nodes by scaling Cluster API \
+                  MachineDeployments, and removes them again when they are empty, drifted or expired."
+    )
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -193,6 +181,7 @@ pub enum Command {
     /// Run the controller against a real cluster (in-cluster config or KUBECONFIG).
     Run(Box<RunArgs>),
     /// Start the embedded simulated cluster and run the controller on it.
+    #[cfg(feature = "simulator")]
     Simulate(SimulateArgs),
     /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass) as YAML.
     Crds(CrdsArgs),
@@ -243,7 +232,11 @@ pub enum MinValuesPolicy {
 #[derive(Clone, Debug, Args)]
 pub struct LogArgs {
     /// Log level or tracing filter (error, warn, info, debug, or e.g. "karpenter_capi=debug,kube=info").
-    /// Default: info for `run`; warn for `simulate`, whose progress and report are its output.
+    #[cfg_attr(
+        feature = "simulator",
+        doc = "Default: info for `run`; warn for `simulate`, whose progress and report are its output."
+    )]
+    #[cfg_attr(not(feature = "simulator"), doc = "Default: info.")]
     #[arg(long, env = "LOG_LEVEL", value_parser = log_level_arg)]
     pub log_level: Option<String>,
     /// Log format: text for people, json for log pipelines.
@@ -401,100 +394,6 @@ pub struct RunArgs {
     pub kubeconfig_check_interval: Duration,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Scenario {
-    /// Pending pods become NodeClaims, Machines and Nodes (the full product).
-    Default,
-    /// NodeClaims created directly, as Karpenter's provisioner writes them: the launch path alone.
-    Launch,
-    /// Pending pods from Deployments through the provisioner.
-    Pods,
-    /// Provision pods (each Deployment with a PodDisruptionBudget, some do-not-disrupt), then
-    /// delete a third of the claims at once: the drain, measured.
-    Drain,
-    /// Provision pods, enable consolidation, scale most Deployments down, and measure how the
-    /// controller empties and replaces nodes (budgets, cost, nodes against a lower bound).
-    Consolidate,
-    /// Provision pods, change the NodePool template (every claim drifts and is replaced), then
-    /// roll out one MachineDeployment.
-    Drift,
-    /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
-    /// move to new nodes.
-    Expire,
-    /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
-    None,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ReportFormat {
-    Text,
-    Json,
-    /// One self-contained HTML file: charts over time and the JSON report's figures.
-    Html,
-}
-
-const HOUR: Duration = Duration::from_secs(3600);
-const DAY: Duration = Duration::from_secs(24 * 3600);
-
-/// The most claims or pods a simulation creates: more would only exhaust memory.
-const MAX_SIM_OBJECTS: u64 = 100_000;
-
-#[derive(Clone, Debug, Args)]
-pub struct SimulateArgs {
-    /// Which scenario to run.
-    #[arg(long, value_enum, default_value = "default")]
-    pub scenario: Scenario,
-    /// NodeClaims to create directly, without pods (launch scenario only).
-    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
-    pub claims: usize,
-    /// Pods to create, pending, in --deployments Deployments (every scenario but launch; with
-    /// `--scenario none --nodes N`, running pods bound to those nodes).
-    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
-    pub pods: usize,
-    /// With `--scenario none`: stand up this many Nodes (each a NodeClaim launched, registered
-    /// and initialized on its Machine) before serving, and bind `--pods` running pods to them.
-    #[arg(long, default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
-    pub nodes: usize,
-    /// Deployments the pods belong to (every scenario with pods).
-    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
-    pub deployments: usize,
-    /// MachineDeployments in the simulated cluster.
-    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
-    pub machine_deployments: usize,
-    /// Simulated provider delay before a Machine gets its provider ID (e.g. 2s; 0 to 1h).
-    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
-    pub provider_delay: Duration,
-    /// Uniform jitter added to the provider delay (e.g. 1s; 0 to 1h).
-    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
-    pub jitter: Duration,
-    /// Fraction of Machines that never get a provider ID (a stuck provider), 0 to 1.
-    #[arg(long, default_value_t = 0.0, value_parser = fraction_arg)]
-    pub fail_fraction: f64,
-    /// The controller's create timeout (see `run --create-timeout`; e.g. 10s; 1ms to 24h).
-    #[arg(long, value_parser = duration_in(Duration::from_millis(1), DAY))]
-    pub create_timeout: Option<Duration>,
-    /// Which Cluster API version the simulated cluster serves.
-    #[arg(long, value_enum, default_value = "v1beta2")]
-    pub cluster_api_version: CapiVersionArg,
-    /// The report: text, one JSON object, or one self-contained HTML page with charts.
-    #[arg(long, value_enum, default_value = "text")]
-    pub report: ReportFormat,
-    /// Write the report to this file instead of standard output. The HTML report is always a
-    /// file: without this flag it goes to `./simulate-report.html`.
-    #[arg(long, value_name = "PATH")]
-    pub report_out: Option<PathBuf>,
-    /// Give up waiting for the scenario to settle after this long (e.g. 300s, 15m; 1s to 168h).
-    #[arg(long, default_value = "5m", value_parser = duration_in(Duration::from_secs(1), 7 * DAY))]
-    pub deadline: Duration,
-    /// Seed for the simulated cluster's randomness (jitter, failures, names).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    #[command(flatten)]
-    pub serve: ServeArgs,
-    #[command(flatten)]
-    pub log: LogArgs,
-}
-
 /// How `explain` prints its report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ExplainOutput {
@@ -571,56 +470,6 @@ pub struct InitArgs {
     pub output: InitOutput,
 }
 
-/// `simulate --serve`: keep the simulated cluster up for kubectl and a separate controller.
-#[derive(Clone, Debug, Default, Args)]
-pub struct ServeArgs {
-    /// Keep the simulated cluster running after the scenario (and its report, with the
-    /// controller) until SIGINT or SIGTERM, with its kubeconfig at --kubeconfig-out.
-    #[arg(long, default_value_t = false, required_if_eq("scenario", "none"))]
-    pub serve: bool,
-    /// Run only the simulated cluster, no controller: point `karpenter-capi run --kubeconfig` at
-    /// it from another process. Needs --serve.
-    #[arg(long, default_value_t = false, requires = "serve")]
-    pub no_controller: bool,
-    /// Where to write the simulated cluster's kubeconfig (kept at exit). Default with --serve:
-    /// ./simulated.kubeconfig.
-    #[arg(long, value_parser = non_empty_path_arg)]
-    pub kubeconfig_out: Option<PathBuf>,
-    /// Port of the simulated API server on 127.0.0.1 (0: any free port), so the kubeconfig stays
-    /// valid across runs.
-    #[arg(long, default_value_t = 0)]
-    pub port: u16,
-}
-
-/// The kubeconfig path `--serve` writes when --kubeconfig-out is not given.
-pub const DEFAULT_KUBECONFIG_OUT: &str = "simulated.kubeconfig";
-
-impl ServeArgs {
-    /// Where the kubeconfig goes: the flag, else the default when serving, else nowhere extra.
-    pub fn kubeconfig_out(&self) -> Option<PathBuf> {
-        match (&self.kubeconfig_out, self.serve) {
-            (Some(p), _) => Some(p.clone()),
-            (None, true) => Some(PathBuf::from(DEFAULT_KUBECONFIG_OUT)),
-            (None, false) => None,
-        }
-    }
-}
-
-impl SimulateArgs {
-    /// `simulate`'s arguments from the words after `simulate`, parsed as the command line is
-    /// (for embedding a simulation, and the tests).
-    pub fn from_words(words: &[&str]) -> Result<Self, clap::Error> {
-        let argv = ["karpenter-capi", "simulate"].iter().chain(words);
-        match <Cli as Parser>::try_parse_from(argv)?.command {
-            Command::Simulate(args) => Ok(args),
-            _ => Err(clap::Error::raw(
-                clap::error::ErrorKind::InvalidSubcommand,
-                "not the simulate subcommand",
-            )),
-        }
-    }
-}
-
 #[derive(Clone, Debug, Args)]
 pub struct CrdsArgs {
     /// Write one file per CRD into this directory instead of printing them.
@@ -636,6 +485,22 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    /// A controller built without the simulator must not offer it, in any help it prints.
+    #[cfg(not(feature = "simulator"))]
+    #[test]
+    fn help_without_the_simulator_does_not_mention_it() {
+        let mut cli = Cli::command();
+        let root = cli.render_long_help().to_string();
+        let run = cli
+            .find_subcommand_mut("run")
+            .map(|run| run.render_long_help().to_string())
+            .unwrap_or_default();
+        assert!(run.contains("--log-level"), "{run}");
+        for help in [root, run] {
+            assert!(!help.to_lowercase().contains("simulat"), "{help}");
+        }
     }
 
     #[test]
@@ -768,45 +633,6 @@ mod tests {
         assert!(err.to_string().contains("--create-timeout"), "{err}");
     }
 
-    /// One syntax for durations in every subcommand: `10s` works for `run` and `simulate`
-    /// alike, and a bare `10` is refused by both with the same advice.
-    #[test]
-    fn durations_take_one_syntax_in_every_subcommand() {
-        let Command::Run(run) =
-            Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "10s"])
-                .unwrap()
-                .command
-        else {
-            panic!("expected run")
-        };
-        assert_eq!(run.controller.create_timeout, Duration::from_secs(10));
-        let sim = SimulateArgs::from_words(&[
-            "--create-timeout",
-            "10s",
-            "--provider-delay",
-            "1.5s",
-            "--jitter",
-            "500ms",
-            "--deadline",
-            "15m",
-        ])
-        .unwrap();
-        assert_eq!(sim.create_timeout, Some(Duration::from_secs(10)));
-        assert_eq!(sim.provider_delay, Duration::from_millis(1500));
-        assert_eq!(sim.jitter, Duration::from_millis(500));
-        assert_eq!(sim.deadline, Duration::from_secs(900));
-        for argv in [
-            vec!["karpenter-capi", "run", "--create-timeout", "10"],
-            vec!["karpenter-capi", "simulate", "--create-timeout", "10"],
-        ] {
-            let err = Cli::try_parse_from(&argv).unwrap_err().to_string();
-            assert!(
-                err.contains("\"10\" has no unit: write it with one, e.g. 10s or 10m"),
-                "{argv:?}: {err}"
-            );
-        }
-    }
-
     fn run_args(extra: &[&str]) -> Result<RunArgs, clap::Error> {
         let mut all = vec!["karpenter-capi", "run"];
         all.extend_from_slice(extra);
@@ -855,41 +681,5 @@ mod tests {
             Duration::ZERO
         );
         assert!(run_args(&["--kubeconfig-check-interval", "10"]).is_err());
-    }
-
-    fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {
-        let mut all = vec!["karpenter-capi", "simulate"];
-        all.extend_from_slice(args);
-        let Command::Simulate(sim) = Cli::try_parse_from(all)?.command else {
-            panic!("expected simulate")
-        };
-        Ok(sim.serve)
-    }
-
-    #[test]
-    fn serve_flags_default_and_depend_on_serve() {
-        let plain = serve_args(&[]).unwrap();
-        assert_eq!(plain.kubeconfig_out(), None, "no file without --serve");
-        let served = serve_args(&["--serve"]).unwrap();
-        assert_eq!(
-            served.kubeconfig_out(),
-            Some(PathBuf::from(DEFAULT_KUBECONFIG_OUT))
-        );
-        assert_eq!(served.port, 0);
-        let err = serve_args(&["--no-controller"]).unwrap_err();
-        assert!(err.to_string().contains("--serve"), "{err}");
-        let err = serve_args(&["--scenario", "none"]).unwrap_err();
-        assert!(err.to_string().contains("--serve"), "{err}");
-        let none = serve_args(&[
-            "--scenario",
-            "none",
-            "--serve",
-            "--no-controller",
-            "--port",
-            "6443",
-        ])
-        .unwrap();
-        assert!(none.no_controller);
-        assert_eq!(none.port, 6443);
     }
 }

@@ -5,6 +5,10 @@
 //! `state` (indexes fed by watches), `view` (the read-side projections actors and tools share),
 //! `actors` (behaviour), `sim` (the embedded simulated cluster), `explain` and `init` (read-only
 //! tools that answer with the controller's own code, docs/tools.md).
+//!
+//! `sim` and `simulate` (its scenarios and reports) exist only with the default-on `simulator`
+//! feature: `--no-default-features` builds the controller alone, and the compiler then refuses
+//! any controller code that reaches into the simulated cluster.
 
 pub mod actors;
 pub mod api;
@@ -20,7 +24,9 @@ pub mod leader;
 pub mod metrics;
 pub mod ratelimit;
 pub mod scheduling;
+#[cfg(feature = "simulator")]
 pub mod sim;
+#[cfg(feature = "simulator")]
 pub mod simulate;
 pub mod state;
 // Builders shared by unit tests, tests/ and benches/: compiled for the crate's own tests and

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use karpenter_capi::cli::{Cli, Command};
-use karpenter_capi::{api, app, explain, init, simulate};
+use karpenter_capi::{api, app, explain, init};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -29,12 +29,13 @@ fn main() -> ExitCode {
             let system = actix::System::new();
             report(system.block_on(app::run(*args)))
         }
+        #[cfg(feature = "simulator")]
         Command::Simulate(args) => {
             if let Err(e) = app::init_logging(&args.log, "warn") {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
-            match simulate::run(args) {
+            match karpenter_capi::simulate::run(args) {
                 Ok(ok) if ok => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(1),
                 Err(e) => {

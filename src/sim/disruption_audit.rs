@@ -8,8 +8,10 @@
 //! - the pool's node count: its claims that are `Initialized`, being-deleted ones included, less
 //!   those whose `InstanceTerminating` is True (Karpenter's accounting);
 //! - whenever the controller starts disrupting a claim (sets its `DisruptionReason`), the excess
-//!   of the claims being disrupted at that moment over the budget in force
-//!   (`disruption::budgets::limit` over that node count, for the reasons of the marked claims).
+//!   of the claims being disrupted at that moment over the budget in force (over that node
+//!   count, for the reasons of the marked claims). The audit reads the budgets from the
+//!   NodePool's raw spec with arithmetic of its own (see [`PoolBudgets`]), never with the
+//!   controller's budget code, so a bug there cannot pass its own audit.
 //!   The worst excess of each pool, where positive, is a violation. Claims being deleted for
 //!   other reasons (a Cluster API rollout deleting their Machines, a launch timeout, a user)
 //!   count against the budget, as they do in the controller, but they are no decision of the
@@ -25,10 +27,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use serde::Serialize;
+use serde_json::Value;
 use tokio::task::JoinHandle;
 
 use super::standin::{Shutdown, spawn_watch};
@@ -36,7 +40,9 @@ use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{DisruptionReason, NodePool};
 use crate::api::wellknown::NODEPOOL_LABEL;
-use crate::disruption::budgets;
+
+mod budgets;
+pub use budgets::PoolBudgets;
 
 /// Why a claim is being disrupted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,17 +165,17 @@ impl Tracked {
 /// The audit's state; pure, so it can be tested without a cluster.
 #[derive(Debug, Default)]
 pub struct AuditState {
-    pools: HashMap<String, NodePool>,
+    pools: HashMap<String, PoolBudgets>,
     claims: HashMap<String, Tracked>,
     decisions: Decisions,
     worst: BTreeMap<String, PoolAudit>,
 }
 
 impl AuditState {
-    pub fn set_pool(&mut self, np: NodePool, now_unix: i64) {
-        let name = np.name_any();
-        self.pools.insert(name.clone(), np);
-        self.evaluate(&name, now_unix, false);
+    /// A NodePool as it is now, as JSON.
+    pub fn set_pool(&mut self, name: &str, pool: &Value) {
+        self.pools.insert(name.to_string(), PoolBudgets::of(pool));
+        self.evaluate(name, false);
     }
 
     pub fn remove_pool(&mut self, name: &str) {
@@ -177,7 +183,7 @@ impl AuditState {
     }
 
     /// A claim as it is now.
-    pub fn apply(&mut self, facts: ClaimFacts, now_unix: i64) {
+    pub fn apply(&mut self, facts: ClaimFacts) {
         let pool = facts.pool.clone();
         let existed = self.claims.contains_key(&facts.name);
         let t = self
@@ -209,18 +215,18 @@ impl AuditState {
                 Cause::Other => d.other += 1,
             }
         }
-        self.evaluate(&pool, now_unix, newly_marked);
+        self.evaluate(&pool, newly_marked);
     }
 
     /// A claim is gone.
-    pub fn remove(&mut self, name: &str, now_unix: i64) {
+    pub fn remove(&mut self, name: &str) {
         if let Some(t) = self.claims.remove(name) {
-            self.evaluate(&t.facts.pool, now_unix, false);
+            self.evaluate(&t.facts.pool, false);
         }
     }
 
     /// `decision`: the controller has just started disrupting a claim of `pool`.
-    fn evaluate(&mut self, pool: &str, now_unix: i64, decision: bool) {
+    fn evaluate(&mut self, pool: &str, decision: bool) {
         let members = || self.claims.values().filter(|t| t.facts.pool == pool);
         let nodes = members().filter(|t| t.facts.node).count();
         let disrupting: Vec<&Tracked> = members().filter(|t| t.disrupting()).collect();
@@ -233,10 +239,10 @@ impl AuditState {
         if disrupting.is_empty() {
             return;
         }
-        let Some(np) = self.pools.get(pool) else {
+        let Some(budgets) = self.pools.get(pool) else {
             return;
         };
-        let limit = |r: DisruptionReason| budgets::limit(np, r, nodes, now_unix);
+        let limit = |r: DisruptionReason| budgets.limit(r, nodes);
         let mut reasons: Vec<DisruptionReason> =
             disrupting.iter().filter_map(|t| t.facts.marked).collect();
         let budget = if reasons.is_empty() {
@@ -321,10 +327,6 @@ impl DisruptionAudit {
     }
 }
 
-fn now_unix() -> i64 {
-    jiff::Timestamp::now().as_second()
-}
-
 pub fn spawn(client: Client, shutdown: Shutdown) -> (DisruptionAudit, Vec<JoinHandle<()>>) {
     let audit = DisruptionAudit::default();
     let state = audit.state.clone();
@@ -333,28 +335,30 @@ pub fn spawn(client: Client, shutdown: Shutdown) -> (DisruptionAudit, Vec<JoinHa
         Api::<NodeClaim>::all(client.clone()),
         shutdown.clone(),
         move |event| match event {
-            Event::Apply(c) | Event::InitApply(c) => {
-                state.lock().apply(ClaimFacts::of(&c), now_unix())
-            }
+            Event::Apply(c) | Event::InitApply(c) => state.lock().apply(ClaimFacts::of(&c)),
             Event::Delete(c) => {
                 // The last state first, so a claim that went without being seen deleting
                 // still counts as a decision.
                 let mut facts = ClaimFacts::of(&c);
                 facts.deleting = true;
                 let mut st = state.lock();
-                st.apply(facts, now_unix());
-                st.remove(&c.name_any(), now_unix());
+                st.apply(facts);
+                st.remove(&c.name_any());
             }
             _ => {}
         },
     );
     let state = audit.state.clone();
+    // NodePools untyped: the audit reads the budgets as written, not as the controller's types
+    // parse and default them.
     let pools = spawn_watch(
         "nodepools (disruption audit)",
-        Api::<NodePool>::all(client),
+        Api::<DynamicObject>::all_with(client, &ApiResource::erase::<NodePool>(&())),
         shutdown,
         move |event| match event {
-            Event::Apply(np) | Event::InitApply(np) => state.lock().set_pool(np, now_unix()),
+            Event::Apply(np) | Event::InitApply(np) => {
+                state.lock().set_pool(&np.name_any(), &np.data)
+            }
             Event::Delete(np) => state.lock().remove_pool(&np.name_any()),
             _ => {}
         },
@@ -368,10 +372,8 @@ mod tests {
 
     use super::*;
 
-    const NOW: i64 = 1_767_609_000;
-
-    fn pool(budgets: serde_json::Value) -> NodePool {
-        serde_json::from_value(json!({
+    fn pool(budgets: serde_json::Value) -> serde_json::Value {
+        json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
             "metadata": {"name": "p"},
             "spec": {
@@ -379,8 +381,7 @@ mod tests {
                     "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}},
                 "disruption": {"budgets": budgets},
             }
-        }))
-        .unwrap()
+        })
     }
 
     fn claim(name: &str) -> ClaimFacts {
@@ -396,9 +397,9 @@ mod tests {
 
     fn state_with(n: usize, budgets: serde_json::Value) -> AuditState {
         let mut s = AuditState::default();
-        s.set_pool(pool(budgets), NOW);
+        s.set_pool("p", &pool(budgets));
         for i in 0..n {
-            s.apply(claim(&format!("c{i}")), NOW);
+            s.apply(claim(&format!("c{i}")));
         }
         s
     }
@@ -408,24 +409,18 @@ mod tests {
         // 20 nodes, 10 %: two at a time.
         let mut s = state_with(20, json!([{"nodes": "10%"}]));
         for i in 0..2 {
-            s.apply(
-                ClaimFacts {
-                    marked: Some(DisruptionReason::Empty),
-                    ..claim(&format!("c{i}"))
-                },
-                NOW,
-            );
+            s.apply(ClaimFacts {
+                marked: Some(DisruptionReason::Empty),
+                ..claim(&format!("c{i}"))
+            });
         }
         for i in 0..2 {
-            s.apply(
-                ClaimFacts {
-                    marked: Some(DisruptionReason::Empty),
-                    deleting: true,
-                    ..claim(&format!("c{i}"))
-                },
-                NOW,
-            );
-            s.remove(&format!("c{i}"), NOW);
+            s.apply(ClaimFacts {
+                marked: Some(DisruptionReason::Empty),
+                deleting: true,
+                ..claim(&format!("c{i}"))
+            });
+            s.remove(&format!("c{i}"));
         }
         let r = s.report();
         assert_eq!(r.budget_violations, 0);
@@ -437,22 +432,16 @@ mod tests {
     fn the_worst_excess_counts_once_per_pool() {
         let mut s = state_with(10, json!([{"nodes": "1"}]));
         for i in 0..3 {
-            s.apply(
-                ClaimFacts {
-                    marked: Some(DisruptionReason::Drifted),
-                    ..claim(&format!("c{i}"))
-                },
-                NOW,
-            );
-        }
-        s.remove("c0", NOW);
-        s.apply(
-            ClaimFacts {
+            s.apply(ClaimFacts {
                 marked: Some(DisruptionReason::Drifted),
-                ..claim("c5")
-            },
-            NOW,
-        );
+                ..claim(&format!("c{i}"))
+            });
+        }
+        s.remove("c0");
+        s.apply(ClaimFacts {
+            marked: Some(DisruptionReason::Drifted),
+            ..claim("c5")
+        });
         let r = s.report();
         assert_eq!(r.budget_violations, 2);
         assert_eq!(r.pools["p"].budget_then, Some(1));
@@ -462,59 +451,78 @@ mod tests {
     fn expired_claims_are_outside_the_budget_and_counted_apart() {
         let mut s = state_with(4, json!([{"nodes": "0"}]));
         for i in 0..4 {
-            s.apply(
-                ClaimFacts {
-                    deleting: true,
-                    expired: true,
-                    ..claim(&format!("c{i}"))
-                },
-                NOW,
-            );
+            s.apply(ClaimFacts {
+                deleting: true,
+                expired: true,
+                ..claim(&format!("c{i}"))
+            });
         }
         let r = s.report();
         assert_eq!(r.budget_violations, 0);
         assert_eq!(r.decisions.expired, 4);
         // An unmarked deletion that is not expiry counts against the budget, but is no
         // decision of the controller: only a mark made while it is in progress is a violation.
-        s.apply(
-            ClaimFacts {
-                deleting: true,
-                ..claim("c9")
-            },
-            NOW,
-        );
+        s.apply(ClaimFacts {
+            deleting: true,
+            ..claim("c9")
+        });
         let r = s.report();
         assert_eq!(r.decisions.other, 1);
         assert_eq!(r.budget_violations, 0);
         assert_eq!(r.pools["p"].max_excess_any, 1);
-        s.apply(
-            ClaimFacts {
-                marked: Some(DisruptionReason::Empty),
-                ..claim("c8")
-            },
-            NOW,
-        );
+        s.apply(ClaimFacts {
+            marked: Some(DisruptionReason::Empty),
+            ..claim("c8")
+        });
         assert_eq!(s.report().budget_violations, 2);
     }
 
     #[test]
     fn a_mark_seen_before_deletion_names_the_decision() {
         let mut s = state_with(10, json!([{"nodes": "100%"}]));
-        s.apply(
-            ClaimFacts {
-                marked: Some(DisruptionReason::Underutilized),
-                ..claim("c1")
-            },
-            NOW,
-        );
-        s.apply(
-            ClaimFacts {
-                deleting: true,
-                ..claim("c1")
-            },
-            NOW,
-        );
+        s.apply(ClaimFacts {
+            marked: Some(DisruptionReason::Underutilized),
+            ..claim("c1")
+        });
+        s.apply(ClaimFacts {
+            deleting: true,
+            ..claim("c1")
+        });
         assert_eq!(s.report().decisions.underutilized, 1);
         assert_eq!(reason_of("Drifted"), Some(DisruptionReason::Drifted));
+    }
+
+    /// The controller starting one disruption more than the budget allows is a violation,
+    /// graded by the audit's own arithmetic: 10 % of 11 nodes rounds up to 2, so a third
+    /// claim marked at once is one too many; a reason whose own budget is 0 is over at once.
+    #[test]
+    fn an_over_budget_disruption_is_caught() {
+        let mut s = state_with(
+            11,
+            json!([{"nodes": "10%"}, {"nodes": "0", "reasons": ["Drifted"]}]),
+        );
+        let mark = |s: &mut AuditState, name: &str, reason| {
+            s.apply(ClaimFacts {
+                marked: Some(reason),
+                ..claim(name)
+            })
+        };
+        mark(&mut s, "c0", DisruptionReason::Underutilized);
+        mark(&mut s, "c1", DisruptionReason::Underutilized);
+        assert_eq!(s.report().budget_violations, 0, "two of 11 at 10 %");
+        mark(&mut s, "c2", DisruptionReason::Underutilized);
+        let r = s.report();
+        assert_eq!(r.budget_violations, 1);
+        assert_eq!(r.pools["p"].nodes_then, 11);
+        assert_eq!(r.pools["p"].budget_then, Some(2));
+
+        let mut s = state_with(
+            11,
+            json!([{"nodes": "10%"}, {"nodes": "0", "reasons": ["Drifted"]}]),
+        );
+        mark(&mut s, "c0", DisruptionReason::Drifted);
+        let r = s.report();
+        assert_eq!(r.budget_violations, 1);
+        assert_eq!(r.pools["p"].budget_then, Some(0));
     }
 }

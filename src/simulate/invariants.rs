@@ -1,17 +1,22 @@
-//! DESIGN.md section 4, checked against the simulated server's store once nothing is in flight:
-//! one Machine per claim and one claim per Machine, no leaked Machine, replicas equal to the live
-//! Machines of every managed MachineDeployment.
+//! The durable-state invariants, checked against the simulated server's store once nothing is in
+//! flight: one Machine per claim and one claim per Machine, no leaked Machine, replicas equal to
+//! the live Machines of every managed MachineDeployment.
+//!
+//! The objects are read as the store holds them (raw JSON: annotations, labels, spec.replicas),
+//! never through the controller's Cluster API model or its indexes, so a bug in how the controller
+//! reads them cannot hide a violation.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::wellknown::{MACHINE_ANNOTATION, MEMBER_LABEL};
-use crate::capi::model::{Machine, MachineDeployment};
+use crate::api::wellknown::{
+    DEPLOYMENT_NAME_LABEL, MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL,
+    NODECLAIM_ANNOTATION,
+};
 use crate::capi::version::CapiVersion;
 use crate::sim::Store;
-use crate::state::machines::{bound_claim, deployment_key};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Invariants {
@@ -38,29 +43,70 @@ fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
         .and_then(Value::as_str)
 }
 
+fn label<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+    obj.pointer("/metadata/labels")
+        .and_then(|l| l.get(key))
+        .and_then(Value::as_str)
+}
+
+/// `namespace/name`, as the claims' Machine annotation names a Machine.
+fn key_of(obj: &Value) -> Option<String> {
+    let name = obj.pointer("/metadata/name").and_then(Value::as_str)?;
+    let namespace = obj
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    Some(format!("{namespace}/{name}"))
+}
+
+/// A Machine as the invariants read it.
+struct RawMachine {
+    key: String,
+    name: String,
+    /// The NodeClaim its durable annotation names (empty counts as none).
+    claim: Option<String>,
+    /// `namespace/name` of its MachineDeployment, from Cluster API's label.
+    deployment: Option<String>,
+    deleting: bool,
+}
+
+impl RawMachine {
+    fn of(v: &Value) -> Option<Self> {
+        let key = key_of(v)?;
+        let (namespace, name) = key.split_once('/')?;
+        Some(Self {
+            name: name.to_string(),
+            claim: annotation(v, NODECLAIM_ANNOTATION)
+                .filter(|c| !c.is_empty())
+                .map(str::to_string),
+            deployment: label(v, DEPLOYMENT_NAME_LABEL).map(|md| format!("{namespace}/{md}")),
+            deleting: is_deleting(v),
+            key,
+        })
+    }
+}
+
 fn is_deleting(obj: &Value) -> bool {
     obj.pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null())
 }
 
-pub fn check(store: &Store, version: CapiVersion) -> Invariants {
+/// `_version`: the fields read here are the same in every Cluster API version the simulated
+/// cluster serves.
+pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
     let mut inv = Invariants::default();
-    let machines: Vec<Machine> = store
+    let machines: Vec<RawMachine> = store
         .list("machines", None)
         .iter()
-        .filter_map(|v| match Machine::from_value(v, version) {
-            Ok(m) => Some(m),
-            Err(e) => {
-                inv.problems.push(format!("unreadable Machine: {e}"));
-                None
+        .filter_map(|v| {
+            let m = RawMachine::of(v);
+            if m.is_none() {
+                inv.problems.push(format!("unreadable Machine: {v}"));
             }
+            m
         })
         .collect();
-    let mds: Vec<MachineDeployment> = store
-        .list("machinedeployments", None)
-        .iter()
-        .filter_map(|v| MachineDeployment::from_value(v, version).ok())
-        .collect();
+    let mds = store.list("machinedeployments", None);
     let claims: BTreeMap<String, Value> = store
         .list("nodeclaims", None)
         .into_iter()
@@ -75,8 +121,8 @@ pub fn check(store: &Store, version: CapiVersion) -> Invariants {
     // Invariant 1: one-to-one, and both halves agree.
     let mut by_claim: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for m in &machines {
-        if let Some(c) = bound_claim(m) {
-            by_claim.entry(c).or_default().push(m.key());
+        if let Some(c) = &m.claim {
+            by_claim.entry(c).or_default().push(m.key.clone());
         }
     }
     for (claim, ms) in &by_claim {
@@ -102,38 +148,47 @@ pub fn check(store: &Store, version: CapiVersion) -> Invariants {
                 cs.join(", ")
             ));
         }
-        let Some(m) = machines.iter().find(|m| m.key() == *machine) else {
+        let Some(m) = machines.iter().find(|m| m.key == *machine) else {
             continue;
         };
         if let Some(c) = cs.first()
-            && bound_claim(m) != Some(*c)
+            && m.claim.as_deref() != Some(*c)
         {
             inv.problems.push(format!(
                 "NodeClaim {c} names Machine {machine}, which names {:?}",
-                bound_claim(m)
+                m.claim
             ));
         }
     }
 
     // Invariant 2: no leak, replicas equal live Machines.
-    for md in mds.iter().filter(|md| md.labels.contains_key(MEMBER_LABEL)) {
-        let key = md.key();
-        let live: Vec<&Machine> = machines
+    for md in mds.iter().filter(|md| label(md, MEMBER_LABEL).is_some()) {
+        let Some(key) = key_of(md) else {
+            continue;
+        };
+        let live: Vec<&RawMachine> = machines
             .iter()
-            .filter(|m| {
-                deployment_key(m).as_deref() == Some(key.as_str()) && m.deletion_timestamp.is_none()
-            })
+            .filter(|m| m.deployment.as_deref() == Some(key.as_str()) && !m.deleting)
             .collect();
         let bound: BTreeSet<&str> = live
             .iter()
             .filter(|m| {
-                bound_claim(m).is_some_and(|c| claims.get(c).is_some_and(|cv| !is_deleting(cv)))
+                m.claim
+                    .as_deref()
+                    .is_some_and(|c| claims.get(c).is_some_and(|cv| !is_deleting(cv)))
             })
             .map(|m| m.name.as_str())
             .collect();
         inv.bound += bound.len();
-        let managed = crate::actors::scaler::managed_replicas(md);
-        let replicas = md.spec_replicas.unwrap_or(0);
+        // The replicas the controller says it owns; an absent or unreadable annotation is none.
+        let managed = annotation(md, MANAGED_REPLICAS_ANNOTATION)
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap_or(0)
+            .max(0);
+        let replicas = md
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         let baseline = (replicas - managed).max(0) as usize;
         let unbound = live.len() - bound.len();
         if unbound > baseline {

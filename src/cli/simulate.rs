@@ -1,0 +1,264 @@
+//! The `simulate` subcommand's flags (the embedded simulated cluster, only with the `simulator`
+//! feature): scenario, sizes, simulated provider behaviour, report and `--serve`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, ValueEnum};
+
+use super::{CapiVersionArg, Cli, Command, LogArgs, duration_arg, non_empty_path_arg};
+
+/// A duration flag of `simulate` within `[min, max]`, in the same Go syntax as every `run` flag
+/// (`2s`, `500ms`, `15m`).
+fn duration_in(
+    min: Duration,
+    max: Duration,
+) -> impl Fn(&str) -> Result<Duration, String> + Clone + Send + Sync {
+    move |s: &str| {
+        let d = duration_arg(s)?;
+        if d < min || d > max {
+            return Err(format!(
+                "{s:?} is not between {} and {}",
+                crate::api::duration::format(min),
+                crate::api::duration::format(max)
+            ));
+        }
+        Ok(d)
+    }
+}
+
+/// A fraction in [0, 1].
+fn fraction_arg(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(format!("{s:?} is not between 0 and 1"));
+    }
+    Ok(v)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// Pending pods become NodeClaims, Machines and Nodes (the full product).
+    Default,
+    /// NodeClaims created directly, as Karpenter's provisioner writes them: the launch path alone.
+    Launch,
+    /// Pending pods from Deployments through the provisioner.
+    Pods,
+    /// Provision pods (each Deployment with a PodDisruptionBudget, some do-not-disrupt), then
+    /// delete a third of the claims at once: the drain, measured.
+    Drain,
+    /// Provision pods, enable consolidation, scale most Deployments down, and measure how the
+    /// controller empties and replaces nodes (budgets, cost, nodes against a lower bound).
+    Consolidate,
+    /// Provision pods, change the NodePool template (every claim drifts and is replaced), then
+    /// roll out one MachineDeployment.
+    Drift,
+    /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
+    /// move to new nodes.
+    Expire,
+    /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    Text,
+    Json,
+    /// One self-contained HTML file: charts over time and the JSON report's figures.
+    Html,
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The most claims or pods a simulation creates: more would only exhaust memory.
+const MAX_SIM_OBJECTS: u64 = 100_000;
+
+#[derive(Clone, Debug, Args)]
+pub struct SimulateArgs {
+    /// Which scenario to run.
+    #[arg(long, value_enum, default_value = "default")]
+    pub scenario: Scenario,
+    /// NodeClaims to create directly, without pods (launch scenario only).
+    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
+    pub claims: usize,
+    /// Pods to create, pending, in --deployments Deployments (every scenario but launch; with
+    /// `--scenario none --nodes N`, running pods bound to those nodes).
+    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
+    pub pods: usize,
+    /// With `--scenario none`: stand up this many Nodes (each a NodeClaim launched, registered
+    /// and initialized on its Machine) before serving, and bind `--pods` running pods to them.
+    #[arg(long, default_value_t = 0, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
+    pub nodes: usize,
+    /// Deployments the pods belong to (every scenario with pods).
+    #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    pub deployments: usize,
+    /// MachineDeployments in the simulated cluster.
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
+    pub machine_deployments: usize,
+    /// Simulated provider delay before a Machine gets its provider ID (e.g. 2s; 0 to 1h).
+    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub provider_delay: Duration,
+    /// Uniform jitter added to the provider delay (e.g. 1s; 0 to 1h).
+    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub jitter: Duration,
+    /// Fraction of Machines that never get a provider ID (a stuck provider), 0 to 1.
+    #[arg(long, default_value_t = 0.0, value_parser = fraction_arg)]
+    pub fail_fraction: f64,
+    /// The controller's create timeout (see `run --create-timeout`; e.g. 10s; 1ms to 24h).
+    #[arg(long, value_parser = duration_in(Duration::from_millis(1), DAY))]
+    pub create_timeout: Option<Duration>,
+    /// Which Cluster API version the simulated cluster serves.
+    #[arg(long, value_enum, default_value = "v1beta2")]
+    pub cluster_api_version: CapiVersionArg,
+    /// The report: text, one JSON object, or one self-contained HTML page with charts.
+    #[arg(long, value_enum, default_value = "text")]
+    pub report: ReportFormat,
+    /// Write the report to this file instead of standard output. The HTML report is always a
+    /// file: without this flag it goes to `./simulate-report.html`.
+    #[arg(long, value_name = "PATH")]
+    pub report_out: Option<PathBuf>,
+    /// Give up waiting for the scenario to settle after this long (e.g. 300s, 15m; 1s to 168h).
+    #[arg(long, default_value = "5m", value_parser = duration_in(Duration::from_secs(1), 7 * DAY))]
+    pub deadline: Duration,
+    /// Seed for the simulated cluster's randomness (jitter, failures, names).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// `simulate --serve`: keep the simulated cluster up for kubectl and a separate controller.
+#[derive(Clone, Debug, Default, Args)]
+pub struct ServeArgs {
+    /// Keep the simulated cluster running after the scenario (and its report, with the
+    /// controller) until SIGINT or SIGTERM, with its kubeconfig at --kubeconfig-out.
+    #[arg(long, default_value_t = false, required_if_eq("scenario", "none"))]
+    pub serve: bool,
+    /// Run only the simulated cluster, no controller: point `karpenter-capi run --kubeconfig` at
+    /// it from another process. Needs --serve.
+    #[arg(long, default_value_t = false, requires = "serve")]
+    pub no_controller: bool,
+    /// Where to write the simulated cluster's kubeconfig (kept at exit). Default with --serve:
+    /// ./simulated.kubeconfig.
+    #[arg(long, value_parser = non_empty_path_arg)]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// Port of the simulated API server on 127.0.0.1 (0: any free port), so the kubeconfig stays
+    /// valid across runs.
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+}
+
+/// The kubeconfig path `--serve` writes when --kubeconfig-out is not given.
+pub const DEFAULT_KUBECONFIG_OUT: &str = "simulated.kubeconfig";
+
+impl ServeArgs {
+    /// Where the kubeconfig goes: the flag, else the default when serving, else nowhere extra.
+    pub fn kubeconfig_out(&self) -> Option<PathBuf> {
+        match (&self.kubeconfig_out, self.serve) {
+            (Some(p), _) => Some(p.clone()),
+            (None, true) => Some(PathBuf::from(DEFAULT_KUBECONFIG_OUT)),
+            (None, false) => None,
+        }
+    }
+}
+
+impl SimulateArgs {
+    /// `simulate`'s arguments from the words after `simulate`, parsed as the command line is
+    /// (for embedding a simulation, and the tests).
+    pub fn from_words(words: &[&str]) -> Result<Self, clap::Error> {
+        let argv = ["karpenter-capi", "simulate"].iter().chain(words);
+        match <Cli as Parser>::try_parse_from(argv)?.command {
+            Command::Simulate(args) => Ok(args),
+            _ => Err(clap::Error::raw(
+                clap::error::ErrorKind::InvalidSubcommand,
+                "not the simulate subcommand",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One syntax for durations in every subcommand: `10s` works for `run` and `simulate`
+    /// alike, and a bare `10` is refused by both with the same advice.
+    #[test]
+    fn durations_take_one_syntax_in_every_subcommand() {
+        let Command::Run(run) =
+            Cli::try_parse_from(["karpenter-capi", "run", "--create-timeout", "10s"])
+                .unwrap()
+                .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(run.controller.create_timeout, Duration::from_secs(10));
+        let sim = SimulateArgs::from_words(&[
+            "--create-timeout",
+            "10s",
+            "--provider-delay",
+            "1.5s",
+            "--jitter",
+            "500ms",
+            "--deadline",
+            "15m",
+        ])
+        .unwrap();
+        assert_eq!(sim.create_timeout, Some(Duration::from_secs(10)));
+        assert_eq!(sim.provider_delay, Duration::from_millis(1500));
+        assert_eq!(sim.jitter, Duration::from_millis(500));
+        assert_eq!(sim.deadline, Duration::from_secs(900));
+        for argv in [
+            vec!["karpenter-capi", "run", "--create-timeout", "10"],
+            vec!["karpenter-capi", "simulate", "--create-timeout", "10"],
+        ] {
+            let err = Cli::try_parse_from(&argv).unwrap_err().to_string();
+            assert!(
+                err.contains("\"10\" has no unit: write it with one, e.g. 10s or 10m"),
+                "{argv:?}: {err}"
+            );
+        }
+    }
+
+    fn serve_args(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let mut all = vec!["karpenter-capi", "simulate"];
+        all.extend_from_slice(args);
+        let Command::Simulate(sim) = Cli::try_parse_from(all)?.command else {
+            panic!("expected simulate")
+        };
+        Ok(sim.serve)
+    }
+
+    #[test]
+    fn serve_flags_default_and_depend_on_serve() {
+        let plain = serve_args(&[]).unwrap();
+        assert_eq!(plain.kubeconfig_out(), None, "no file without --serve");
+        let served = serve_args(&["--serve"]).unwrap();
+        assert_eq!(
+            served.kubeconfig_out(),
+            Some(PathBuf::from(DEFAULT_KUBECONFIG_OUT))
+        );
+        assert_eq!(served.port, 0);
+        let err = serve_args(&["--no-controller"]).unwrap_err();
+        assert!(err.to_string().contains("--serve"), "{err}");
+        let err = serve_args(&["--scenario", "none"]).unwrap_err();
+        assert!(err.to_string().contains("--serve"), "{err}");
+        let none = serve_args(&[
+            "--scenario",
+            "none",
+            "--serve",
+            "--no-controller",
+            "--port",
+            "6443",
+        ])
+        .unwrap();
+        assert!(none.no_controller);
+        assert_eq!(none.port, 6443);
+    }
+}
