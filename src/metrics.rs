@@ -15,13 +15,13 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub nodepool: String,
     pub machine_deployment: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CreatedLabels {
     pub reason: String,
     pub nodepool: String,
@@ -50,68 +50,68 @@ impl CreatedLabels {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MdLabels {
     pub machine_deployment: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     pub machine_deployment: String,
     pub result: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     pub method: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub method: String,
     pub error: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiErrorLabels {
     pub verb: String,
     pub resource: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodePoolLabels {
     pub nodepool: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
     pub controller: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UsageLabels {
     pub nodepool: String,
     pub resource_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub decision: String,
     pub reason: String,
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DisruptedLabels {
     pub reason: String,
     pub nodepool: String,
@@ -119,7 +119,7 @@ pub struct DisruptedLabels {
 }
 
 /// Upstream's labels of `karpenter_nodeclaims_terminated_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClaimTerminatedLabels {
     pub nodepool: String,
     pub capacity_type: String,
@@ -127,13 +127,13 @@ pub struct ClaimTerminatedLabels {
 }
 
 /// Upstream's labels of `karpenter_nodes_terminated_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeTerminatedLabels {
     pub nodepool: String,
     pub zone: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolDecisionLabels {
     pub nodepool: String,
     pub decision: String,
@@ -141,24 +141,24 @@ pub struct PoolDecisionLabels {
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConsolidationTypeLabels {
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvaluationLabels {
     pub reason: String,
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolReasonLabels {
     pub nodepool: String,
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -675,6 +675,138 @@ impl Registering<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Something whose series a test can create with default labels, so that the exposition
+    /// shows every family with its labels (and every histogram with its buckets).
+    trait Touch {
+        fn touch(&self);
+    }
+
+    impl<L, M, C> Touch for Family<L, M, C>
+    where
+        L: Clone + std::hash::Hash + Eq + Default,
+        C: prometheus_client::metrics::family::MetricConstructor<M>,
+    {
+        fn touch(&self) {
+            drop(self.get_or_create(&L::default()));
+        }
+    }
+
+    impl<N, A> Touch for Gauge<N, A> {
+        fn touch(&self) {}
+    }
+
+    impl Touch for Counter {
+        fn touch(&self) {}
+    }
+
+    impl Touch for Histogram {
+        fn touch(&self) {}
+    }
+
+    fn touch(metric: &impl Touch) {
+        metric.touch();
+    }
+
+    /// The full exposition with one series in every family, then every declared series name:
+    /// names, help texts, types, labels and buckets as a dashboard sees them.
+    /// A family's series come out in hash order, so each family's are sorted.
+    fn exposition(m: &Metrics) -> String {
+        let text = m.encode().replace(env!("CARGO_PKG_VERSION"), "VERSION");
+        let mut out = String::new();
+        let mut series: Vec<&str> = Vec::new();
+        for line in text.lines() {
+            if line.starts_with('#') {
+                series.sort_unstable();
+                for s in series.drain(..) {
+                    out.push_str(s);
+                    out.push('\n');
+                }
+                out.push_str(line);
+                out.push('\n');
+            } else {
+                series.push(line);
+            }
+        }
+        out.push_str("# declared\n");
+        for name in m.series_names() {
+            out.push_str(name);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Every family keeps its name, help, type, labels and buckets: `tests/fixtures/metrics.txt`
+    /// was written by the registration before it came from one table. Set
+    /// `KARPENTER_CAPI_WRITE_FIXTURE=1` to rewrite it after a deliberate change.
+    #[test]
+    fn exposition_unchanged() {
+        let m = Metrics::new();
+        touch(&m.nodeclaims_created);
+        touch(&m.nodeclaims_launched);
+        touch(&m.nodeclaims_registered);
+        touch(&m.nodeclaims_initialized);
+        touch(&m.nodeclaims_terminated);
+        touch(&m.nodes_created);
+        touch(&m.nodes_terminated);
+        touch(&m.create_timeouts);
+        touch(&m.registration_timeouts);
+        touch(&m.claim_launch_seconds);
+        touch(&m.provider_id_to_claim_seconds);
+        touch(&m.claim_initialized_seconds);
+        touch(&m.binding_seconds);
+        touch(&m.replica_write_seconds);
+        touch(&m.replica_write_batch);
+        touch(&m.replica_writes);
+        touch(&m.scaler_queue_depth);
+        touch(&m.scaler_spent_decrements);
+        touch(&m.api_errors);
+        touch(&m.reconcile_timeouts);
+        touch(&m.cloudprovider_duration);
+        touch(&m.cloudprovider_errors);
+        touch(&m.scheduling_duration);
+        touch(&m.pods_startup_duration);
+        touch(&m.unschedulable_pods);
+        touch(&m.scheduler_queue_depth);
+        touch(&m.ignored_pods);
+        touch(&m.extra_nodeclaims);
+        touch(&m.replanned_nodeclaims);
+        touch(&m.nodepools_usage);
+        touch(&m.nodepools_limit);
+        touch(&m.leader);
+        touch(&m.nodes_drained);
+        touch(&m.pods_eviction_requests);
+        touch(&m.pods_drained);
+        touch(&m.nodes_termination_duration);
+        touch(&m.nodes_lifetime_duration);
+        touch(&m.nodeclaims_termination_duration);
+        touch(&m.nodeclaims_instance_termination_duration);
+        touch(&m.disruption_decisions);
+        touch(&m.disruption_eligible_nodes);
+        touch(&m.nodepools_allowed_disruptions);
+        touch(&m.nodeclaims_disrupted);
+        touch(&m.disruption_evaluation_seconds);
+        touch(&m.disruption_decisions_by_nodepool);
+        touch(&m.disruption_failed_validations);
+        touch(&m.disruption_queue_failures);
+        touch(&m.disruption_consolidation_timeouts);
+        touch(&m.nodepools_nodes_consuming_budgets);
+        touch(&m.disruption_commands_in_flight);
+        touch(&m.consolidation_paused);
+        let got = exposition(&m);
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/metrics.txt");
+        if std::env::var_os("KARPENTER_CAPI_WRITE_FIXTURE").is_some() {
+            if let Err(e) = std::fs::write(path, &got) {
+                panic!("writing {path}: {e}");
+            }
+            return;
+        }
+        let want = include_str!("../tests/fixtures/metrics.txt");
+        for (i, (g, w)) in got.lines().zip(want.lines()).enumerate() {
+            assert_eq!(g, w, "line {} of the exposition differs", i + 1);
+        }
+        assert_eq!(got.lines().count(), want.lines().count(), "{got}");
+    }
 
     #[test]
     fn exposes_karpenter_names() {
