@@ -12,6 +12,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+use super::clock::now_rfc3339;
 use super::errors::ApiError;
 use super::registry::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
@@ -945,12 +946,6 @@ fn omit_empty_meta(obj: &mut Value) {
             _ => true,
         });
     }
-}
-
-pub fn now_rfc3339() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
 }
 
 /// What a create keeps of `status`: custom resources with a status subresource drop it, pods
