@@ -20,6 +20,8 @@ pub mod explain;
 pub mod http;
 pub mod init;
 pub mod kubeconfig_watch;
+#[cfg(test)]
+mod layers;
 pub mod leader;
 pub mod metrics;
 pub mod ratelimit;

@@ -15,13 +15,13 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
     pub nodepool: String,
     pub machine_deployment: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CreatedLabels {
     pub reason: String,
     pub nodepool: String,
@@ -50,68 +50,68 @@ impl CreatedLabels {
     }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MdLabels {
     pub machine_deployment: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     pub machine_deployment: String,
     pub result: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
     pub method: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub method: String,
     pub error: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiErrorLabels {
     pub verb: String,
     pub resource: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodePoolLabels {
     pub nodepool: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
     pub controller: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UsageLabels {
     pub nodepool: String,
     pub resource_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub decision: String,
     pub reason: String,
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DisruptedLabels {
     pub reason: String,
     pub nodepool: String,
@@ -119,7 +119,7 @@ pub struct DisruptedLabels {
 }
 
 /// Upstream's labels of `karpenter_nodeclaims_terminated_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClaimTerminatedLabels {
     pub nodepool: String,
     pub capacity_type: String,
@@ -127,13 +127,13 @@ pub struct ClaimTerminatedLabels {
 }
 
 /// Upstream's labels of `karpenter_nodes_terminated_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeTerminatedLabels {
     pub nodepool: String,
     pub zone: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolDecisionLabels {
     pub nodepool: String,
     pub decision: String,
@@ -141,24 +141,24 @@ pub struct PoolDecisionLabels {
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConsolidationTypeLabels {
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvaluationLabels {
     pub reason: String,
     pub consolidation_type: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolReasonLabels {
     pub nodepool: String,
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -186,131 +186,110 @@ fn batch_histogram() -> Histogram {
     Histogram::new(exponential_buckets(1.0, 2.0, 12))
 }
 
-/// All metrics of one controller instance. Cheap to share behind an `Arc`.
-pub struct Metrics {
-    registry: Registry,
-    /// Every registered family's series names (see `series_names`).
-    declared: Vec<String>,
+/// Declares every metric from one table, one row each: `field: Type [= constructor], "name",
+/// "help";` in the order /metrics lists them. The struct field, its construction (the type's
+/// default unless a constructor is given, as histograms need for their buckets) and its
+/// registration all come from that row; labels come from the label type.
+macro_rules! metrics {
+    ($( $(#[$attr:meta])* $field:ident: $ty:ty $(= $ctor:expr)?, $name:literal, $help:literal; )*) => {
+        /// All metrics of one controller instance. Cheap to share behind an `Arc`.
+        pub struct Metrics {
+            registry: Registry,
+            /// Every registered family's series names (see `series_names`).
+            declared: Vec<String>,
+            $( $(#[$attr])* pub $field: $ty, )*
+        }
+
+        impl Metrics {
+            /// Every metric of the table, none registered yet.
+            fn unregistered() -> Self {
+                Self {
+                    registry: Registry::default(),
+                    declared: Vec::new(),
+                    $( $field: metrics!(@new $($ctor)?), )*
+                }
+            }
+
+            /// Registers every metric of the table, in its order.
+            fn register_all(&self, r: &mut Registering) {
+                $( r.register($name, $help, self.$field.clone()); )*
+            }
+
+            /// Gives every family of the table one series, so a test sees all their labels.
+            #[cfg(test)]
+            fn touch_all(&self) {
+                $( tests::touch(&self.$field); )*
+            }
+        }
+    };
+    (@new) => { Default::default() };
+    (@new $ctor:expr) => { $ctor };
+}
+
+metrics! {
     // NodeClaim lifecycle (Karpenter's names, plus the MachineDeployment).
-    pub nodeclaims_created: Family<CreatedLabels, Counter>,
-    pub nodeclaims_launched: Family<PoolLabels, Counter>,
-    pub nodeclaims_registered: Family<PoolLabels, Counter>,
-    pub nodeclaims_initialized: Family<PoolLabels, Counter>,
-    pub nodeclaims_terminated: Family<ClaimTerminatedLabels, Counter>,
-    pub nodes_created: Family<NodePoolLabels, Counter>,
-    pub nodes_terminated: Family<NodeTerminatedLabels, Counter>,
+    nodeclaims_created: Family<CreatedLabels, Counter>, "karpenter_nodeclaims_created", "NodeClaims created, by reason, nodepool and whether minValues were relaxed";
+    nodeclaims_launched: Family<PoolLabels, Counter>, "karpenter_nodeclaims_launched", "NodeClaims whose Machine got a provider ID";
+    nodeclaims_registered: Family<PoolLabels, Counter>, "karpenter_nodeclaims_registered", "NodeClaims whose Node registered";
+    nodeclaims_initialized: Family<PoolLabels, Counter>, "karpenter_nodeclaims_initialized", "NodeClaims whose Node initialized";
+    nodeclaims_terminated: Family<ClaimTerminatedLabels, Counter>, "karpenter_nodeclaims_terminated", "NodeClaims terminated";
+    nodes_created: Family<NodePoolLabels, Counter>, "karpenter_nodes_created", "Nodes registered by NodeClaims";
+    nodes_terminated: Family<NodeTerminatedLabels, Counter>, "karpenter_nodes_terminated", "Nodes deleted by NodeClaims";
     // Cluster API specifics.
-    pub create_timeouts: Family<PoolLabels, Counter>,
-    pub registration_timeouts: Family<PoolLabels, Counter>,
-    pub claim_launch_seconds: HistogramFamily<MdLabels>,
-    pub provider_id_to_claim_seconds: HistogramFamily<MdLabels>,
-    pub claim_initialized_seconds: HistogramFamily<MdLabels>,
-    pub binding_seconds: HistogramFamily<MdLabels>,
-    pub replica_write_seconds: HistogramFamily<MdLabels>,
-    pub replica_write_batch: HistogramFamily<MdLabels>,
-    pub replica_writes: Family<WriteLabels, Counter>,
-    pub scaler_queue_depth: Family<MdLabels, Gauge>,
-    pub scaler_spent_decrements: Family<MdLabels, Counter>,
-    pub api_errors: Family<ApiErrorLabels, Counter>,
-    pub reconcile_timeouts: Family<ControllerLabels, Counter>,
+    create_timeouts: Family<PoolLabels, Counter>, "karpenter_capi_nodeclaims_create_timeouts", "NodeClaims deleted because their Machine got no provider ID within the create timeout";
+    registration_timeouts: Family<PoolLabels, Counter>, "karpenter_capi_nodeclaims_registration_timeouts", "NodeClaims deleted because no Node registered within the registration timeout";
+    claim_launch_seconds: HistogramFamily<MdLabels> = Family::new_with_constructor(latency_histogram), "karpenter_capi_nodeclaim_launch_duration_seconds", "NodeClaim created to Launched (Machine has a provider ID)";
+    provider_id_to_claim_seconds: HistogramFamily<MdLabels> = Family::new_with_constructor(fine_latency_histogram), "karpenter_capi_provider_id_to_claim_duration_seconds", "Machine provider ID observed to NodeClaim status updated";
+    claim_initialized_seconds: HistogramFamily<MdLabels> = Family::new_with_constructor(latency_histogram), "karpenter_capi_nodeclaim_initialization_duration_seconds", "NodeClaim created to Initialized";
+    binding_seconds: HistogramFamily<MdLabels> = Family::new_with_constructor(latency_histogram), "karpenter_capi_machine_binding_duration_seconds", "Machine request queued to Machine bound to its NodeClaim";
+    replica_write_seconds: HistogramFamily<MdLabels> = Family::new_with_constructor(latency_histogram), "karpenter_capi_replica_write_duration_seconds", "Latency of one compare-and-swap write of a MachineDeployment's replicas";
+    replica_write_batch: HistogramFamily<MdLabels> = Family::new_with_constructor(batch_histogram), "karpenter_capi_replica_write_batch_size", "Machine requests covered by one replica write";
+    replica_writes: Family<WriteLabels, Counter>, "karpenter_capi_replica_writes", "Replica writes by result (ok, conflict, error)";
+    scaler_queue_depth: Family<MdLabels, Gauge>, "karpenter_capi_scaler_queue_depth", "Machine requests waiting in a MachineDeployment's scaler";
+    scaler_spent_decrements: Family<MdLabels, Counter>, "karpenter_capi_scaler_spent_decrements", "Replica decrements Cluster API spent on another Machine than the one we marked (made again)";
+    api_errors: Family<ApiErrorLabels, Counter>, "karpenter_capi_api_errors", "Kubernetes API errors by verb and resource";
+    reconcile_timeouts: Family<ControllerLabels, Counter>, "karpenter_capi_reconcile_timeouts", "Reconciles or writes abandoned after their deadline, by controller (nodeclaim, scaler)";
     // Karpenter's cloud-provider view of the same work.
-    pub cloudprovider_duration: HistogramFamily<MethodLabels>,
-    pub cloudprovider_errors: Family<ErrorLabels, Counter>,
+    cloudprovider_duration: HistogramFamily<MethodLabels> = Family::new_with_constructor(latency_histogram), "karpenter_cloudprovider_duration_seconds", "Duration of cloud provider operations (create, delete, get)";
+    cloudprovider_errors: Family<ErrorLabels, Counter>, "karpenter_cloudprovider_errors", "Cloud provider errors by method and error";
     // Provisioning and disruption.
-    pub scheduling_duration: Histogram,
-    pub pods_startup_duration: Histogram,
-    pub unschedulable_pods: Gauge,
-    pub scheduler_queue_depth: Gauge,
-    pub ignored_pods: Gauge,
-    pub extra_nodeclaims: Counter,
-    pub replanned_nodeclaims: Counter,
-    pub nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    pub nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    scheduling_duration: Histogram = latency_histogram(), "karpenter_scheduler_scheduling_duration_seconds", "Duration of one scheduling solve";
+    pods_startup_duration: Histogram = latency_histogram(), "karpenter_pods_startup_duration_seconds", "Pod created to running on a provisioned node";
+    unschedulable_pods: Gauge, "karpenter_scheduler_unschedulable_pods_count", "Pods the last solve could not place";
+    scheduler_queue_depth: Gauge, "karpenter_scheduler_queue_depth", "Provisionable pods waiting for the next solve";
+    ignored_pods: Gauge, "karpenter_ignored_pod_count", "Pending pods ignored by the provisioner";
+    extra_nodeclaims: Counter, "karpenter_capi_extra_nodeclaims", "NodeClaims created for pods an earlier solve planned onto another NodeClaim still in flight";
+    replanned_nodeclaims: Counter, "karpenter_capi_replanned_nodeclaims", "NodeClaims created for pods an earlier solve planned onto a NodeClaim whose Node the scheduler filled with other pods";
+    nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_nodepools_usage", "Resources used by each NodePool's nodes";
+    nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_nodepools_limit", "Resource limits of each NodePool";
     // High availability.
-    pub leader: Gauge,
+    leader: Gauge, "karpenter_capi_leader", "1 while this replica holds the leader-election Lease, else 0";
     // Termination (Karpenter's names).
-    pub nodes_drained: Family<NodePoolLabels, Counter>,
-    pub pods_eviction_requests: Family<CodeLabels, Counter>,
-    pub pods_drained: Family<ReasonLabels, Counter>,
-    pub nodes_termination_duration: HistogramFamily<NodePoolLabels>,
-    pub nodes_lifetime_duration: HistogramFamily<NodePoolLabels>,
-    pub nodeclaims_termination_duration: HistogramFamily<NodePoolLabels>,
-    pub nodeclaims_instance_termination_duration: HistogramFamily<NodePoolLabels>,
+    nodes_drained: Family<NodePoolLabels, Counter>, "karpenter_nodes_drained", "Nodes drained by the controller before their Machine was released";
+    pods_eviction_requests: Family<CodeLabels, Counter>, "karpenter_pods_eviction_requests", "Pod eviction requests made by the controller, by response code";
+    pods_drained: Family<ReasonLabels, Counter>, "karpenter_pods_drained", "Pods drained (evicted or, at the deadline, deleted) during node termination, by reason";
+    nodes_termination_duration: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(latency_histogram), "karpenter_nodes_termination_duration_seconds", "Time from a Node's deletion to the removal of the controller's finalizer";
+    nodes_lifetime_duration: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(lifetime_histogram), "karpenter_nodes_lifetime_duration_seconds", "Lifetime of Nodes from creation to the removal of the controller's finalizer";
+    nodeclaims_termination_duration: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(latency_histogram), "karpenter_nodeclaims_termination_duration_seconds", "Time from a NodeClaim's deletion to the removal of its finalizer";
+    nodeclaims_instance_termination_duration: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(latency_histogram), "karpenter_nodeclaims_instance_termination_duration_seconds", "Time from the release of a NodeClaim's Machine to the Machine being gone";
     // Disruption (Karpenter's names).
-    pub disruption_decisions: Family<DecisionLabels, Counter>,
-    pub disruption_eligible_nodes: Family<ReasonLabels, Gauge>,
-    pub nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>,
-    pub nodeclaims_disrupted: Family<DisruptedLabels, Counter>,
-    pub disruption_evaluation_seconds: HistogramFamily<EvaluationLabels>,
-    pub disruption_decisions_by_nodepool: Family<PoolDecisionLabels, Counter>,
-    pub disruption_failed_validations: Family<ConsolidationTypeLabels, Counter>,
-    pub disruption_queue_failures: Family<DecisionLabels, Counter>,
-    pub disruption_consolidation_timeouts: Family<ConsolidationTypeLabels, Counter>,
-    pub nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>,
-    pub disruption_commands_in_flight: Gauge,
-    pub consolidation_paused: Gauge,
+    disruption_decisions: Family<DecisionLabels, Counter>, "karpenter_voluntary_disruption_decisions", "Disruption commands started, by decision (delete, replace), reason and consolidation type";
+    disruption_decisions_by_nodepool: Family<PoolDecisionLabels, Counter>, "karpenter_voluntary_disruption_decisions_by_nodepool", "Disruption commands started, by NodePool, decision, reason and consolidation type";
+    disruption_failed_validations: Family<ConsolidationTypeLabels, Counter>, "karpenter_voluntary_disruption_failed_validations", "Candidates chosen for disruption that failed validation, by consolidation type";
+    disruption_queue_failures: Family<DecisionLabels, Counter>, "karpenter_voluntary_disruption_queue_failures", "Disruption commands that failed once started (rolled back), by decision, reason and consolidation type";
+    disruption_consolidation_timeouts: Family<ConsolidationTypeLabels, Counter>, "karpenter_voluntary_disruption_consolidation_timeouts", "Consolidation searches cut short by their time limit, by consolidation type";
+    nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_nodes_consuming_budgets", "Nodes of each NodePool using up its disruption budget now, by reason";
+    disruption_eligible_nodes: Family<ReasonLabels, Gauge>, "karpenter_voluntary_disruption_eligible_nodes", "Nodes eligible for disruption in the last pass, by reason";
+    nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_allowed_disruptions", "Nodes each NodePool may still start disrupting now, by reason";
+    nodeclaims_disrupted: Family<DisruptedLabels, Counter>, "karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired), nodepool and capacity type";
+    disruption_evaluation_seconds: HistogramFamily<EvaluationLabels> = Family::new_with_constructor(latency_histogram), "karpenter_voluntary_disruption_decision_evaluation_duration_seconds", "Duration of one disruption pass's decision, by the reason and consolidation type of the method that decided (the last one tried when none did)";
+    disruption_commands_in_flight: Gauge, "karpenter_capi_disruption_commands_in_flight", "Disruption commands being carried out now (marked, replacements launching, candidates deleting)";
+    consolidation_paused: Gauge, "karpenter_capi_consolidation_paused", "1 while consolidation of non-empty nodes pauses because pods it moved needed new nodes";
 }
 
 impl Metrics {
     pub fn new() -> Arc<Self> {
-        let mut registry = Registry::default();
-        let m = Self {
-            nodeclaims_created: Family::default(),
-            nodeclaims_launched: Family::default(),
-            nodeclaims_registered: Family::default(),
-            nodeclaims_initialized: Family::default(),
-            nodeclaims_terminated: Family::default(),
-            nodes_created: Family::default(),
-            nodes_terminated: Family::default(),
-            create_timeouts: Family::default(),
-            registration_timeouts: Family::default(),
-            claim_launch_seconds: Family::new_with_constructor(latency_histogram),
-            provider_id_to_claim_seconds: Family::new_with_constructor(fine_latency_histogram),
-            claim_initialized_seconds: Family::new_with_constructor(latency_histogram),
-            binding_seconds: Family::new_with_constructor(latency_histogram),
-            replica_write_seconds: Family::new_with_constructor(latency_histogram),
-            replica_write_batch: Family::new_with_constructor(batch_histogram),
-            replica_writes: Family::default(),
-            scaler_queue_depth: Family::default(),
-            scaler_spent_decrements: Family::default(),
-            api_errors: Family::default(),
-            reconcile_timeouts: Family::default(),
-            cloudprovider_duration: Family::new_with_constructor(latency_histogram),
-            cloudprovider_errors: Family::default(),
-            scheduling_duration: latency_histogram(),
-            pods_startup_duration: latency_histogram(),
-            unschedulable_pods: Gauge::default(),
-            scheduler_queue_depth: Gauge::default(),
-            ignored_pods: Gauge::default(),
-            extra_nodeclaims: Counter::default(),
-            replanned_nodeclaims: Counter::default(),
-            nodepools_usage: Family::default(),
-            nodepools_limit: Family::default(),
-            leader: Gauge::default(),
-            nodes_drained: Family::default(),
-            pods_eviction_requests: Family::default(),
-            pods_drained: Family::default(),
-            nodes_termination_duration: Family::new_with_constructor(latency_histogram),
-            nodes_lifetime_duration: Family::new_with_constructor(lifetime_histogram),
-            nodeclaims_termination_duration: Family::new_with_constructor(latency_histogram),
-            nodeclaims_instance_termination_duration: Family::new_with_constructor(
-                latency_histogram,
-            ),
-            disruption_decisions: Family::default(),
-            disruption_eligible_nodes: Family::default(),
-            nodepools_allowed_disruptions: Family::default(),
-            nodeclaims_disrupted: Family::default(),
-            disruption_evaluation_seconds: Family::new_with_constructor(latency_histogram),
-            disruption_commands_in_flight: Gauge::default(),
-            consolidation_paused: Gauge::default(),
-            disruption_decisions_by_nodepool: Family::default(),
-            disruption_failed_validations: Family::default(),
-            disruption_queue_failures: Family::default(),
-            disruption_consolidation_timeouts: Family::default(),
-            nodepools_nodes_consuming_budgets: Family::default(),
-            registry: Registry::default(),
-            declared: Vec::new(),
-        };
+        let mut m = Self::unregistered();
         // Both series exist from the start, at zero, as upstream declares them: this controller
         // bounds its consolidation searches by count, not time, so they stay at zero.
         for t in ["multi", "single"] {
@@ -320,275 +299,19 @@ impl Metrics {
                 })
                 .inc_by(0);
         }
+        let mut registry = Registry::default();
         let r = &mut Registering {
             registry: &mut registry,
             declared: Vec::new(),
         };
-        r.register(
-            "karpenter_nodeclaims_created",
-            "NodeClaims created, by reason, nodepool and whether minValues were relaxed",
-            m.nodeclaims_created.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_launched",
-            "NodeClaims whose Machine got a provider ID",
-            m.nodeclaims_launched.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_registered",
-            "NodeClaims whose Node registered",
-            m.nodeclaims_registered.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_initialized",
-            "NodeClaims whose Node initialized",
-            m.nodeclaims_initialized.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_terminated",
-            "NodeClaims terminated",
-            m.nodeclaims_terminated.clone(),
-        );
-        r.register(
-            "karpenter_nodes_created",
-            "Nodes registered by NodeClaims",
-            m.nodes_created.clone(),
-        );
-        r.register(
-            "karpenter_nodes_terminated",
-            "Nodes deleted by NodeClaims",
-            m.nodes_terminated.clone(),
-        );
-        r.register(
-            "karpenter_capi_nodeclaims_create_timeouts",
-            "NodeClaims deleted because their Machine got no provider ID within the create timeout",
-            m.create_timeouts.clone(),
-        );
-        r.register(
-            "karpenter_capi_nodeclaims_registration_timeouts",
-            "NodeClaims deleted because no Node registered within the registration timeout",
-            m.registration_timeouts.clone(),
-        );
-        r.register(
-            "karpenter_capi_nodeclaim_launch_duration_seconds",
-            "NodeClaim created to Launched (Machine has a provider ID)",
-            m.claim_launch_seconds.clone(),
-        );
-        r.register(
-            "karpenter_capi_provider_id_to_claim_duration_seconds",
-            "Machine provider ID observed to NodeClaim status updated",
-            m.provider_id_to_claim_seconds.clone(),
-        );
-        r.register(
-            "karpenter_capi_nodeclaim_initialization_duration_seconds",
-            "NodeClaim created to Initialized",
-            m.claim_initialized_seconds.clone(),
-        );
-        r.register(
-            "karpenter_capi_machine_binding_duration_seconds",
-            "Machine request queued to Machine bound to its NodeClaim",
-            m.binding_seconds.clone(),
-        );
-        r.register(
-            "karpenter_capi_replica_write_duration_seconds",
-            "Latency of one compare-and-swap write of a MachineDeployment's replicas",
-            m.replica_write_seconds.clone(),
-        );
-        r.register(
-            "karpenter_capi_replica_write_batch_size",
-            "Machine requests covered by one replica write",
-            m.replica_write_batch.clone(),
-        );
-        r.register(
-            "karpenter_capi_replica_writes",
-            "Replica writes by result (ok, conflict, error)",
-            m.replica_writes.clone(),
-        );
-        r.register(
-            "karpenter_capi_scaler_queue_depth",
-            "Machine requests waiting in a MachineDeployment's scaler",
-            m.scaler_queue_depth.clone(),
-        );
-        r.register(
-            "karpenter_capi_scaler_spent_decrements",
-            "Replica decrements Cluster API spent on another Machine than the one we marked (made again)",
-            m.scaler_spent_decrements.clone(),
-        );
-        r.register(
-            "karpenter_capi_api_errors",
-            "Kubernetes API errors by verb and resource",
-            m.api_errors.clone(),
-        );
-        r.register(
-            "karpenter_capi_reconcile_timeouts",
-            "Reconciles or writes abandoned after their deadline, by controller (nodeclaim, scaler)",
-            m.reconcile_timeouts.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_duration_seconds",
-            "Duration of cloud provider operations (create, delete, get)",
-            m.cloudprovider_duration.clone(),
-        );
-        r.register(
-            "karpenter_cloudprovider_errors",
-            "Cloud provider errors by method and error",
-            m.cloudprovider_errors.clone(),
-        );
-        r.register(
-            "karpenter_scheduler_scheduling_duration_seconds",
-            "Duration of one scheduling solve",
-            m.scheduling_duration.clone(),
-        );
-        r.register(
-            "karpenter_pods_startup_duration_seconds",
-            "Pod created to running on a provisioned node",
-            m.pods_startup_duration.clone(),
-        );
-        r.register(
-            "karpenter_scheduler_unschedulable_pods_count",
-            "Pods the last solve could not place",
-            m.unschedulable_pods.clone(),
-        );
-        r.register(
-            "karpenter_scheduler_queue_depth",
-            "Provisionable pods waiting for the next solve",
-            m.scheduler_queue_depth.clone(),
-        );
-        r.register(
-            "karpenter_ignored_pod_count",
-            "Pending pods ignored by the provisioner",
-            m.ignored_pods.clone(),
-        );
-        r.register(
-            "karpenter_capi_extra_nodeclaims",
-            "NodeClaims created for pods an earlier solve planned onto another NodeClaim still in flight",
-            m.extra_nodeclaims.clone(),
-        );
-        r.register(
-            "karpenter_capi_replanned_nodeclaims",
-            "NodeClaims created for pods an earlier solve planned onto a NodeClaim whose Node the scheduler filled with other pods",
-            m.replanned_nodeclaims.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_usage",
-            "Resources used by each NodePool's nodes",
-            m.nodepools_usage.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_limit",
-            "Resource limits of each NodePool",
-            m.nodepools_limit.clone(),
-        );
-        r.register(
-            "karpenter_capi_leader",
-            "1 while this replica holds the leader-election Lease, else 0",
-            m.leader.clone(),
-        );
-        r.register(
-            "karpenter_nodes_drained",
-            "Nodes drained by the controller before their Machine was released",
-            m.nodes_drained.clone(),
-        );
-        r.register(
-            "karpenter_pods_eviction_requests",
-            "Pod eviction requests made by the controller, by response code",
-            m.pods_eviction_requests.clone(),
-        );
-        r.register(
-            "karpenter_pods_drained",
-            "Pods drained (evicted or, at the deadline, deleted) during node termination, by reason",
-            m.pods_drained.clone(),
-        );
-        r.register(
-            "karpenter_nodes_termination_duration_seconds",
-            "Time from a Node's deletion to the removal of the controller's finalizer",
-            m.nodes_termination_duration.clone(),
-        );
-        r.register(
-            "karpenter_nodes_lifetime_duration_seconds",
-            "Lifetime of Nodes from creation to the removal of the controller's finalizer",
-            m.nodes_lifetime_duration.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_termination_duration_seconds",
-            "Time from a NodeClaim's deletion to the removal of its finalizer",
-            m.nodeclaims_termination_duration.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_instance_termination_duration_seconds",
-            "Time from the release of a NodeClaim's Machine to the Machine being gone",
-            m.nodeclaims_instance_termination_duration.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_decisions",
-            "Disruption commands started, by decision (delete, replace), reason and consolidation type",
-            m.disruption_decisions.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_decisions_by_nodepool",
-            "Disruption commands started, by NodePool, decision, reason and consolidation type",
-            m.disruption_decisions_by_nodepool.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_failed_validations",
-            "Candidates chosen for disruption that failed validation, by consolidation type",
-            m.disruption_failed_validations.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_queue_failures",
-            "Disruption commands that failed once started (rolled back), by decision, reason and consolidation type",
-            m.disruption_queue_failures.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_consolidation_timeouts",
-            "Consolidation searches cut short by their time limit, by consolidation type",
-            m.disruption_consolidation_timeouts.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_nodes_consuming_budgets",
-            "Nodes of each NodePool using up its disruption budget now, by reason",
-            m.nodepools_nodes_consuming_budgets.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_eligible_nodes",
-            "Nodes eligible for disruption in the last pass, by reason",
-            m.disruption_eligible_nodes.clone(),
-        );
-        r.register(
-            "karpenter_nodepools_allowed_disruptions",
-            "Nodes each NodePool may still start disrupting now, by reason",
-            m.nodepools_allowed_disruptions.clone(),
-        );
-        r.register(
-            "karpenter_nodeclaims_disrupted",
-            "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired), nodepool and capacity type",
-            m.nodeclaims_disrupted.clone(),
-        );
-        r.register(
-            "karpenter_voluntary_disruption_decision_evaluation_duration_seconds",
-            "Duration of one disruption pass's decision, by the reason and consolidation type of the method that decided (the last one tried when none did)",
-            m.disruption_evaluation_seconds.clone(),
-        );
-        r.register(
-            "karpenter_capi_disruption_commands_in_flight",
-            "Disruption commands being carried out now (marked, replacements launching, candidates deleting)",
-            m.disruption_commands_in_flight.clone(),
-        );
-        r.register(
-            "karpenter_capi_consolidation_paused",
-            "1 while consolidation of non-empty nodes pauses because pods it moved needed new nodes",
-            m.consolidation_paused.clone(),
-        );
+        m.register_all(r);
         let info = Info::new(BuildLabels {
             version: env!("CARGO_PKG_VERSION").to_string(),
         });
         r.register("karpenter_build", "Build information", info);
-        let declared = std::mem::take(&mut r.declared);
-        Arc::new(Self {
-            registry,
-            declared,
-            ..m
-        })
+        m.declared = std::mem::take(&mut r.declared);
+        m.registry = registry;
+        Arc::new(m)
     }
 
     /// The names of every series /metrics can carry (`_total` of counters, `_bucket`, `_sum`
@@ -675,6 +398,88 @@ impl Registering<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Something whose series a test can create with default labels, so that the exposition
+    /// shows every family with its labels (and every histogram with its buckets).
+    pub(super) trait Touch {
+        fn touch(&self);
+    }
+
+    impl<L, M, C> Touch for Family<L, M, C>
+    where
+        L: Clone + std::hash::Hash + Eq + Default,
+        C: prometheus_client::metrics::family::MetricConstructor<M>,
+    {
+        fn touch(&self) {
+            drop(self.get_or_create(&L::default()));
+        }
+    }
+
+    impl<N, A> Touch for Gauge<N, A> {
+        fn touch(&self) {}
+    }
+
+    impl Touch for Counter {
+        fn touch(&self) {}
+    }
+
+    impl Touch for Histogram {
+        fn touch(&self) {}
+    }
+
+    pub(super) fn touch(metric: &impl Touch) {
+        metric.touch();
+    }
+
+    /// The full exposition with one series in every family, then every declared series name:
+    /// names, help texts, types, labels and buckets as a dashboard sees them.
+    /// A family's series come out in hash order, so each family's are sorted.
+    fn exposition(m: &Metrics) -> String {
+        let text = m.encode().replace(env!("CARGO_PKG_VERSION"), "VERSION");
+        let mut out = String::new();
+        let mut series: Vec<&str> = Vec::new();
+        for line in text.lines() {
+            if line.starts_with('#') {
+                series.sort_unstable();
+                for s in series.drain(..) {
+                    out.push_str(s);
+                    out.push('\n');
+                }
+                out.push_str(line);
+                out.push('\n');
+            } else {
+                series.push(line);
+            }
+        }
+        out.push_str("# declared\n");
+        for name in m.series_names() {
+            out.push_str(name);
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Every family keeps its name, help, type, labels and buckets: `tests/fixtures/metrics.txt`
+    /// was written by the registration before it came from one table. Set
+    /// `KARPENTER_CAPI_WRITE_FIXTURE=1` to rewrite it after a deliberate change.
+    #[test]
+    fn exposition_unchanged() {
+        let m = Metrics::new();
+        m.touch_all();
+        let got = exposition(&m);
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/metrics.txt");
+        if std::env::var_os("KARPENTER_CAPI_WRITE_FIXTURE").is_some() {
+            if let Err(e) = std::fs::write(path, &got) {
+                panic!("writing {path}: {e}");
+            }
+            return;
+        }
+        let want = include_str!("../tests/fixtures/metrics.txt");
+        for (i, (g, w)) in got.lines().zip(want.lines()).enumerate() {
+            assert_eq!(g, w, "line {} of the exposition differs", i + 1);
+        }
+        assert_eq!(got.lines().count(), want.lines().count(), "{got}");
+    }
 
     #[test]
     fn exposes_karpenter_names() {

@@ -475,6 +475,15 @@ fn with_label_keys(
     Some(selector)
 }
 
+/// A pod's `namespace/name`, the key pods go by in a solve's results.
+pub(super) fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -421,7 +421,7 @@ fn node_volumes(
     for pod in &snapshot.pods {
         let volumes = catalog.pod_volumes(pod);
         if !volumes.is_empty() {
-            let key = super::solver::pod_key(pod);
+            let key = super::pod::pod_key(pod);
             out.by_pod.insert(key, volumes);
         }
     }
@@ -523,7 +523,7 @@ fn pod_topology(
     if !has_claims {
         return Ok(None);
     }
-    let key = super::solver::pod_key(pod);
+    let key = super::pod::pod_key(pod);
     let alternatives = catalog.requirements(pod).and_then(|alts| {
         alts.unwrap_or_default()
             .iter()

@@ -3,9 +3,21 @@
 //! core/v1 requests are converted on the way in and out, as upstream's
 //! `pkg/apis/events/v1/conversion.go` does, so `kubectl describe` lists the controller's events.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::registry::ResourceDef;
+
+/// Renders a stored object for `def` at `version`: sets `apiVersion` and `kind` (all versions
+/// share one storage) and gives core/v1 Events their shape.
+pub fn stamp(obj: &mut Value, def: &ResourceDef, version: &str) {
+    if is_core_event(def) {
+        to_core(obj);
+    }
+    if let Some(o) = obj.as_object_mut() {
+        o.insert("apiVersion".into(), json!(def.api_version(version)));
+        o.insert("kind".into(), json!(def.kind));
+    }
+}
 
 /// (core/v1 field, events.k8s.io/v1 field): the top-level fields whose names differ.
 const RENAMES: [(&str, &str); 7] = [

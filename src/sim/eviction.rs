@@ -3,10 +3,11 @@
 
 use serde_json::{Value, json};
 
+use super::clock::now_rfc3339;
 use super::errors::ApiError;
 use super::registry::ResourceDef;
 use super::selectors::LabelSelector;
-use super::store::{DeleteOpts, Inner, Part, is_deleting, now_rfc3339};
+use super::store::{DeleteOpts, Inner, Part, is_deleting};
 
 /// The Status a successful binding or eviction answers with (HTTP 201).
 pub fn success() -> Value {

@@ -99,7 +99,7 @@ pub fn track(old: Option<&Value>, new: &mut Value) {
         entries.retain(|e| e["fieldsV1"].as_object().is_some_and(|f| !f.is_empty()));
         let api_version = new["apiVersion"].as_str().unwrap_or_default().to_string();
         let mine = entries.iter_mut().find(|e| manager.owns(e));
-        let now = super::store::now_rfc3339();
+        let now = super::clock::now_rfc3339();
         match mine {
             Some(e) => {
                 if let Some(Value::Object(fields)) = e.get_mut("fieldsV1") {

@@ -3,6 +3,7 @@
 //! What it does and does not do compared with kube-apiserver: docs/simulated-cluster.md.
 
 mod capi_defaults;
+mod clock;
 mod discovery;
 pub mod drain_audit;
 mod errors;

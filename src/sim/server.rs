@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::discovery;
 use super::drain_audit::{self, Removal, Violation};
 use super::errors::ApiError;
-use super::event_versions;
+use super::event_versions::{self, stamp};
 use super::eviction;
 use super::faults::Faults;
 use super::managed_fields;
@@ -37,18 +37,6 @@ pub struct Shared {
     pub faults: Arc<Faults>,
     pub address: String,
     pub bookmark_interval: Duration,
-}
-
-/// Renders a stored object for `def` at `version`: sets `apiVersion` and `kind` (all versions
-/// share one storage) and gives core/v1 Events their shape.
-pub fn stamp(obj: &mut Value, def: &ResourceDef, version: &str) {
-    if event_versions::is_core_event(def) {
-        event_versions::to_core(obj);
-    }
-    if let Some(o) = obj.as_object_mut() {
-        o.insert("apiVersion".into(), json!(def.api_version(version)));
-        o.insert("kind".into(), json!(def.kind));
-    }
 }
 
 fn json_response(code: u16, body: &Value) -> Response<Body> {

@@ -194,7 +194,7 @@ fn event_line(req: &WatchRequest, kind: &str, obj: &Value) -> Bytes {
         });
     }
     let mut obj = obj.clone();
-    super::server::stamp(&mut obj, &req.def, &req.version);
+    super::event_versions::stamp(&mut obj, &req.def, &req.version);
     if let Some(include) = req.table {
         let rv = obj.pointer("/metadata/resourceVersion").cloned();
         obj = super::table::render(
@@ -235,7 +235,7 @@ struct Event<'a> {
     object: Stamped<'a>,
 }
 
-/// A stored object served as `api_version` / `kind` (what `server::stamp` does to a copy).
+/// A stored object served as `api_version` / `kind` (what `event_versions::stamp` does to a copy).
 struct Stamped<'a> {
     map: &'a serde_json::Map<String, Value>,
     api_version: String,
@@ -295,7 +295,7 @@ mod tests {
             })
             .unwrap();
             let mut copy = stored.clone();
-            crate::sim::server::stamp(&mut copy, def, "v1beta1");
+            crate::sim::event_versions::stamp(&mut copy, def, "v1beta1");
             assert_eq!(
                 serde_json::from_slice::<Value>(&fast).unwrap(),
                 json!({"type": "MODIFIED", "object": copy})

@@ -1,0 +1,572 @@
+//! New claims: opening one from a NodePool for a pod that fits nowhere else, whether a later
+//! pod may join a claim opened earlier in the same solve, and what each claim becomes.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+
+use super::preferences::with_narrowing;
+use super::template::{
+    Pool, STATIC_POOL, TypeInfo, exceeded_limit, meet_min_values, unknown_label,
+};
+use super::{Ctx, Solver, fits, ports_conflict};
+use crate::api::requirements::{Requirement, Requirements};
+use crate::api::resources::Resources;
+use crate::api::wellknown::{CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, INSTANCE_TYPE_LABEL};
+use crate::scheduling::amounts::Amounts;
+use crate::scheduling::claim_index::{Cursor, HostTerms, room};
+use crate::scheduling::error::PodError;
+use crate::scheduling::pod::PodInfo;
+use crate::scheduling::selector::untolerated;
+use crate::scheduling::topology::{Domains, Narrowing, Place, Rejection, Source};
+use crate::scheduling::{MAX_INSTANCE_TYPES, MinValuesPolicy, NewClaim};
+
+/// A claim opened in this solve.
+pub(super) struct Claim {
+    pub(super) pool: usize,
+    pub(super) hostname: String,
+    pub(super) reqs: Requirements,
+    /// Sum of the pods' requests.
+    pub(super) used: Amounts,
+    /// Indices into the pool's types, cheapest first.
+    pub(super) types: Vec<usize>,
+    /// Element-wise maximum of the types' `avail`: a quick upper bound on what still fits.
+    pub(super) max_avail: Amounts,
+    pub(super) pods: Vec<usize>,
+    pub(super) host_ports: Vec<(i32, String)>,
+    /// Capacity counted against the pool's limits (its cheapest type's).
+    pub(super) charge: Amounts,
+    /// A minValues of its pool was lowered to open it (BestEffort).
+    pub(super) min_values_relaxed: bool,
+}
+
+/// A claim a pod may join: its usage, instance types and requirements (when they change) after.
+type Joined = (Amounts, Vec<usize>, Option<Requirements>);
+
+impl<'a> Solver<'a> {
+    pub(super) fn try_claims(&mut self, ctx: &Ctx) -> bool {
+        let carried: Vec<usize> = ctx
+            .active
+            .iter()
+            .copied()
+            .filter(|&g| self.topology.host_keyed(g))
+            .collect();
+        let matched: Vec<usize> = ctx
+            .prep
+            .matched
+            .iter()
+            .copied()
+            .filter(|&g| self.topology.host_keyed(g))
+            .collect();
+        let host_terms = HostTerms {
+            carried: &carried,
+            matched: &matched,
+        };
+        let mut at = Cursor::default();
+        while let Some(ci) = self.index.next(&mut at, &ctx.prep.amounts, &host_terms) {
+            let Some(claim) = self.claims.get(ci) else {
+                break;
+            };
+            if !claim.used.fits_with(&ctx.prep.amounts, &claim.max_avail)
+                || ports_conflict(&claim.host_ports, &ctx.pod.host_ports)
+            {
+                continue;
+            }
+            if untolerated(
+                &ctx.pod.tolerations,
+                self.pools[claim.pool].taints,
+                ctx.prefer_blocks,
+            )
+            .is_some()
+            {
+                continue;
+            }
+            let Some((used, types, reqs)) =
+                ctx.alternatives().find_map(|ctx| self.join(claim, &ctx))
+            else {
+                continue;
+            };
+            self.commit_to_claim(ci, ctx, used, types, reqs);
+            return true;
+        }
+        false
+    }
+
+    /// What claim `ci` becomes if `ctx`'s pod joins it: its usage, the types left and its
+    /// requirements when they change; `None` when the pod cannot join.
+    #[inline]
+    pub(super) fn join(&self, claim: &Claim, ctx: &Ctx) -> Option<Joined> {
+        let pool = &self.pools[claim.pool];
+        if (!ctx.reqs.is_empty() && claim.reqs.compatible(ctx.reqs).is_err())
+            || unknown_label(pool, ctx.reqs).is_some()
+        {
+            return None;
+        }
+        let Ok(narrowed) = self.admit_claim(ctx, claim) else {
+            return None;
+        };
+        let reqs = if ctx.reqs.is_empty() && narrowed.is_empty() {
+            None
+        } else {
+            Some(with_narrowing(claim.reqs.intersect(ctx.reqs), &narrowed))
+        };
+        let changed = reqs.as_ref().filter(|r| **r != claim.reqs);
+        let mut used = claim.used.clone();
+        used.add_assign(&ctx.prep.amounts);
+        let check_reqs = changed.unwrap_or(&claim.reqs);
+        let usable = changed.map(|r| self.usability(claim.pool, r));
+        let mut types = Vec::with_capacity(claim.types.len());
+        for &ti in &claim.types {
+            let Some(t) = pool.types.get(ti) else {
+                continue;
+            };
+            if fits(&used, &t.avail)
+                && !ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
+                && within_limits(pool, &t.capacity, &claim.charge)
+                && usable
+                    .as_ref()
+                    .is_none_or(|u| u.get(ti).is_some_and(Option::is_some))
+            {
+                types.push(ti);
+            }
+        }
+        // Joining never relaxes minValues (upstream's in-flight claims check them strictly):
+        // a claim keeps the types it was opened with, relaxed or not.
+        if types.is_empty()
+            || meet_min_values(pool, &types, check_reqs, MinValuesPolicy::Strict).is_err()
+        {
+            return None;
+        }
+        Some((used, types, reqs))
+    }
+
+    fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<Narrowing>, Rejection> {
+        if ctx.active.is_empty() && ctx.prep.matched.is_empty() {
+            return Ok(Vec::new());
+        }
+        let place = Place::Claim {
+            hostname: &claim.hostname,
+            requirements: &claim.reqs,
+        };
+        self.admit(ctx, &place)
+    }
+
+    fn commit_to_claim(
+        &mut self,
+        ci: usize,
+        ctx: &Ctx,
+        used: Amounts,
+        types: Vec<usize>,
+        reqs: Option<Requirements>,
+    ) {
+        let Some(claim) = self.claims.get_mut(ci) else {
+            return;
+        };
+        let Some(pool) = self.pools.get_mut(claim.pool) else {
+            return;
+        };
+        if types.len() != claim.types.len() {
+            claim.max_avail = max_avail(&pool.types, &types, self.dims.len());
+        }
+        claim.types = types;
+        claim.used = used;
+        if let Some(r) = reqs {
+            claim.reqs = r;
+        }
+        claim.host_ports.extend(ctx.pod.host_ports.iter().cloned());
+        if let Some(&i) = self.order.get(&ctx.pod.key) {
+            claim.pods.push(i);
+        }
+        recharge(pool, claim);
+        self.index
+            .update(ci, room(&claim.max_avail, &claim.used), claim.pods.len());
+        self.record_on_claim(ci, ctx);
+    }
+
+    /// After a pod joined claim `ci`: the topology groups it counts in record the claim's
+    /// domains, and the hostname-keyed ones say what they now refuse there.
+    fn record_on_claim(&mut self, ci: usize, ctx: &Ctx) {
+        let Some(claim) = self.claims.get(ci) else {
+            return;
+        };
+        self.topology.record(
+            &ctx.prep.matched,
+            ctx.owned,
+            |k, all| claim_domains(claim, &self.pools, k, all),
+            claim_source(claim, &self.pools),
+        );
+        for &g in ctx.prep.matched.iter().chain(ctx.owned) {
+            if self.topology.host_keyed(g) {
+                let (refuses, repels) = self.topology.host_blocks(g, &claim.hostname);
+                self.index.mark(ci, g, refuses, repels);
+            }
+        }
+    }
+}
+
+pub(super) fn finish_claim(
+    pool: &Pool,
+    c: &Claim,
+    usable: &[Option<(f64, Vec<&str>)>],
+    pending: &[PodInfo],
+) -> NewClaim {
+    let mut priced: Vec<(f64, &TypeInfo, &[&str])> = c
+        .types
+        .iter()
+        .filter_map(|&ti| {
+            let (price, cts) = usable.get(ti)?.as_ref()?;
+            Some((*price, pool.types.get(ti)?, cts.as_slice()))
+        })
+        .collect();
+    priced.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then_with(|| a.1.it.name.cmp(&b.1.it.name))
+    });
+    priced.truncate(MAX_INSTANCE_TYPES);
+    let names: Vec<String> = priced.iter().map(|(_, t, _)| t.it.name.clone()).collect();
+    let capacity_types: BTreeSet<&str> = priced
+        .iter()
+        .flat_map(|(_, _, cts)| cts.iter().copied())
+        .collect();
+    let mut reqs = c.reqs.clone();
+    let name_refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    reqs.add(Requirement::is_in(INSTANCE_TYPE_LABEL, &name_refs));
+    let ct: Vec<&str> = capacity_types.into_iter().collect();
+    if !ct.is_empty() {
+        reqs.add(Requirement::is_in(CAPACITY_TYPE_LABEL, &ct));
+    }
+    let mut requests = Resources::new();
+    let mut pods = Vec::with_capacity(c.pods.len());
+    for &pi in &c.pods {
+        if let Some(p) = pending.get(pi) {
+            requests.add_assign(&p.requests);
+            pods.push(p.key.clone());
+        }
+    }
+    if let Some((_, t, _)) = priced.first() {
+        requests.add_assign(&t.daemon);
+    }
+    NewClaim {
+        nodepool: pool.name.to_string(),
+        requirements: reqs,
+        requests,
+        pods,
+        instance_types: names,
+        min_values_relaxed: c.min_values_relaxed,
+    }
+}
+
+fn max_avail(types: &[TypeInfo], chosen: &[usize], len: usize) -> Amounts {
+    let mut out = Amounts(vec![i128::MIN; len]);
+    for t in chosen.iter().filter_map(|&i| types.get(i)) {
+        out.max_assign(&t.avail);
+    }
+    out
+}
+
+/// True when a type's capacity fits the pool's limits, counting `own` (the claim's current
+/// charge) as already free.
+fn within_limits(pool: &Pool, capacity: &Amounts, own: &Amounts) -> bool {
+    exceeded_limit(pool, capacity, own).is_none()
+}
+
+/// Moves a claim's charge against its pool's limits to its current cheapest type.
+fn recharge(pool: &mut Pool, claim: &mut Claim) {
+    if pool.limited.is_empty() {
+        return;
+    }
+    let Some(cap) = claim
+        .types
+        .first()
+        .and_then(|&i| pool.types.get(i))
+        .map(|t| t.capacity.clone())
+    else {
+        return;
+    };
+    pool.remaining.add_assign(&claim.charge);
+    pool.remaining.sub_assign(&cap);
+    claim.charge = cap;
+}
+
+/// A claim of this solve as a spread's node filter sees it: its requirements and its pool's
+/// taints.
+fn claim_source<'c>(claim: &'c Claim, pools: &'c [Pool]) -> Source<'c> {
+    Source::Claim {
+        requirements: &claim.reqs,
+        taints: pools.get(claim.pool).map(|p| p.taints).unwrap_or_default(),
+    }
+}
+
+/// Where a pod on `claim` may be for `key`: its hostname, the one value it is narrowed to, or
+/// the values it may still launch with (those its requirements name, else those its instance
+/// types' available offerings carry, as upstream's claim requirements include its types').
+/// `all`: whether an open claim's values are wanted (they cost a walk over its types).
+fn claim_domains<'c>(claim: &'c Claim, pools: &'c [Pool], key: &str, all: bool) -> Domains<'c> {
+    if key == HOSTNAME_LABEL {
+        return Domains::One(&claim.hostname);
+    }
+    if let Some(vs) = claim.reqs.values(key) {
+        return match vs.len() {
+            1 => Domains::from_one(vs.iter().next().map(String::as_str)),
+            _ if !all => Domains::Open(Vec::new()),
+            _ => Domains::Open(vs.iter().map(String::as_str).collect()),
+        };
+    }
+    if !all {
+        return Domains::Open(Vec::new());
+    }
+    let allowed = claim.reqs.get(key);
+    let mut out: BTreeSet<&str> = BTreeSet::new();
+    let types = pools
+        .get(claim.pool)
+        .map(|p| p.types.as_slice())
+        .unwrap_or_default();
+    for t in claim.types.iter().filter_map(|&ti| types.get(ti)) {
+        for o in t.it.offerings.iter().filter(|o| o.available) {
+            if let Some(v) = o.labels.get(key) {
+                out.insert(v);
+            }
+        }
+        out.extend(
+            t.it.requirements
+                .values(key)
+                .into_iter()
+                .flatten()
+                .map(String::as_str),
+        );
+    }
+    out.retain(|v| allowed.is_none_or(|r| r.has(v)));
+    match out.len() {
+        1 => Domains::from_one(out.into_iter().next()),
+        _ => Domains::Open(out.into_iter().collect()),
+    }
+}
+
+/// Why one NodePool could not open a claim for a pod.
+enum PoolMiss {
+    Incompatible(String),
+    Limit(String),
+    NoFit(String),
+}
+
+impl<'a> Solver<'a> {
+    pub(super) fn try_new_claim(&mut self, ctx: &Ctx) -> Result<(), PodError> {
+        let mut misses: Vec<(&str, PoolMiss)> = Vec::new();
+        for pi in 0..self.pools.len() {
+            let mut opened = None;
+            for alt in ctx.alternatives() {
+                opened = Some(self.open_claim(pi, &alt));
+                if matches!(opened, Some(Ok(_))) {
+                    break;
+                }
+            }
+            let Some(opened) = opened else {
+                continue;
+            };
+            match opened {
+                Ok(claim) => {
+                    let ci = self.claims.len();
+                    self.index
+                        .push(room(&claim.max_avail, &claim.used), claim.pods.len());
+                    self.claims.push(claim);
+                    if let (Some(claim), Some(pool)) =
+                        (self.claims.get_mut(ci), self.pools.get_mut(pi))
+                    {
+                        claim.charge = Amounts::zero(self.dims.len());
+                        recharge(pool, claim);
+                        if let Some(n) = pool.nodes_remaining.as_mut() {
+                            *n -= 1;
+                        }
+                    }
+                    self.record_on_claim(ci, ctx);
+                    return Ok(());
+                }
+                Err(miss) => misses.push((self.pools[pi].name, miss)),
+            }
+        }
+        for name in &self.static_pools {
+            misses.push((name, PoolMiss::Incompatible(STATIC_POOL.into())));
+        }
+        Err(summarise(misses))
+    }
+
+    fn open_claim(&self, pi: usize, ctx: &Ctx) -> Result<Claim, PoolMiss> {
+        let pool = &self.pools[pi];
+        if let Some(why) = &pool.broken {
+            return Err(PoolMiss::Incompatible(why.clone()));
+        }
+        if let Some(t) = untolerated(&ctx.pod.tolerations, pool.taints, ctx.prefer_blocks) {
+            return Err(PoolMiss::Incompatible(format!(
+                "taint {}={}:{} is not tolerated",
+                t.key,
+                t.value.as_deref().unwrap_or(""),
+                t.effect
+            )));
+        }
+        if let Err(e) = pool.reqs.compatible(ctx.reqs) {
+            return Err(PoolMiss::Incompatible(format!(
+                "incompatible requirements, {e}"
+            )));
+        }
+        if let Some(key) = unknown_label(pool, ctx.reqs) {
+            return Err(PoolMiss::Incompatible(format!(
+                "label {key:?} is not provided by the NodePool or its instance types"
+            )));
+        }
+        if pool.nodes_remaining.is_some_and(|n| n < 1) {
+            return Err(PoolMiss::Limit("nodes".into()));
+        }
+        let hostname = format!("{}-claim-{}", pool.name, self.claims.len());
+        let base = if ctx.reqs.is_empty() {
+            Cow::Borrowed(&pool.reqs)
+        } else {
+            Cow::Owned(pool.reqs.intersect(ctx.reqs))
+        };
+        let narrowed = if ctx.active.is_empty() && ctx.prep.matched.is_empty() {
+            Vec::new()
+        } else {
+            let place = Place::Claim {
+                hostname: &hostname,
+                requirements: &base,
+            };
+            self.admit(ctx, &place)
+                .map_err(|r| PoolMiss::Incompatible(self.topology.explain(r)))?
+        };
+        let reqs = with_narrowing(base.into_owned(), &narrowed);
+        let usable = (reqs != pool.reqs).then(|| self.usability(pi, &reqs));
+        let zero = Amounts::zero(self.dims.len());
+        let mut types = Vec::new();
+        let (mut matching, mut fitting) = (0usize, 0usize);
+        let mut limit_hit: Option<usize> = None;
+        for (ti, t) in pool.types.iter().enumerate() {
+            if usable
+                .as_ref()
+                .is_some_and(|u| !u.get(ti).is_some_and(Option::is_some))
+            {
+                continue;
+            }
+            matching += 1;
+            // Upstream's daemon overhead groups: a DaemonSet pod's host port is taken on every
+            // node of the types it runs on.
+            if !fits(&ctx.prep.amounts, &t.avail)
+                || ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
+            {
+                continue;
+            }
+            fitting += 1;
+            if let Some(d) = exceeded_limit(pool, &t.capacity, &zero) {
+                limit_hit.get_or_insert(d);
+                continue;
+            }
+            types.push(ti);
+        }
+        if types.is_empty() {
+            if let Some(d) = limit_hit {
+                return Err(PoolMiss::Limit(self.dims.name(d).to_string()));
+            }
+            return Err(PoolMiss::NoFit(
+                self.no_fit_details(pool, ctx, matching, fitting),
+            ));
+        }
+        let relaxed = meet_min_values(pool, &types, &reqs, self.min_values_policy)
+            .map_err(PoolMiss::NoFit)?;
+        let min_values_relaxed = relaxed.is_some();
+        let reqs = relaxed.unwrap_or(reqs);
+        let mut used = zero.clone();
+        used.add_assign(&ctx.prep.amounts);
+        Ok(Claim {
+            pool: pi,
+            max_avail: max_avail(&pool.types, &types, self.dims.len()),
+            hostname,
+            reqs,
+            used,
+            types,
+            pods: self.order.get(&ctx.pod.key).copied().into_iter().collect(),
+            host_ports: ctx.pod.host_ports.clone(),
+            charge: zero,
+            min_values_relaxed,
+        })
+    }
+
+    fn no_fit_details(&self, pool: &Pool, ctx: &Ctx, matching: usize, fitting: usize) -> String {
+        if pool.types.is_empty() {
+            return "the NodePool has no instance type with an available offering".into();
+        }
+        if matching == 0 {
+            return format!(
+                "none of {} instance types matches the requirements {}",
+                pool.types.len(),
+                describe(ctx.reqs)
+            );
+        }
+        debug_assert_eq!(fitting, 0);
+        if !ctx.pod.host_ports.is_empty()
+            && pool
+                .types
+                .iter()
+                .all(|t| ports_conflict(&t.daemon_ports, &ctx.pod.host_ports))
+        {
+            return "its host ports are taken by DaemonSet pods on every instance type".into();
+        }
+        let requests: Vec<String> = ctx
+            .pod
+            .requests
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let short: Vec<&str> = (0..self.dims.len())
+            .filter(|&d| {
+                let want = ctx.prep.amounts.get(d);
+                want > 0 && pool.types.iter().all(|t| t.avail.get(d) < want)
+            })
+            .map(|d| self.dims.name(d))
+            .collect();
+        if short.is_empty() {
+            format!(
+                "requests {} (plus DaemonSet overhead) fit no single instance type",
+                requests.join(", ")
+            )
+        } else {
+            format!(
+                "requests {} (plus DaemonSet overhead) exceed every instance type on {}",
+                requests.join(", "),
+                short.join(", ")
+            )
+        }
+    }
+}
+
+fn describe(reqs: &Requirements) -> String {
+    let parts: Vec<String> = reqs.iter().map(|r| format!("{} {r}", r.key())).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// One error for the pod from every pool's miss: a limit or a fit problem of the first pool
+/// that otherwise matched, else the list of why no pool matched.
+fn summarise(misses: Vec<(&str, PoolMiss)>) -> PodError {
+    if misses.is_empty() {
+        return PodError::NoNodePoolMatches {
+            details: "there are no NodePools".into(),
+        };
+    }
+    let mut reasons = Vec::new();
+    for (pool, miss) in misses {
+        match miss {
+            PoolMiss::Limit(resource) => {
+                return PodError::LimitReached {
+                    nodepool: pool.to_string(),
+                    resource,
+                };
+            }
+            PoolMiss::NoFit(details) => {
+                return PodError::NoInstanceTypeFits {
+                    nodepool: pool.to_string(),
+                    details,
+                };
+            }
+            PoolMiss::Incompatible(why) => reasons.push(format!("NodePool {pool:?}: {why}")),
+        }
+    }
+    PodError::NoNodePoolMatches {
+        details: reasons.join("; "),
+    }
+}

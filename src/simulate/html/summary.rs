@@ -1,0 +1,351 @@
+//! The report's opening summary: the answers a reader looks for first (invariants, nodes and
+//! cost, how fast pods were bound), as a short list of lines.
+
+use super::at_secs;
+use super::escape;
+use super::figure;
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::simulate::timeline::Timeline;
+
+/// Milliseconds as a latency reads best: `7.59 ms`, `594 ms`, `12.3 s` from ten seconds on.
+pub(super) fn duration_ms(ms: f64) -> String {
+    durations_ms(&[ms]).join("")
+}
+
+/// Several milliseconds in one unit, seconds when the largest is ten seconds or more, so
+/// `p50 6.23 s, p99 15 s` rather than `p50 6230 ms, p99 15 s`.
+pub(super) fn durations_ms(ms: &[f64]) -> Vec<String> {
+    let seconds = ms.iter().any(|m| m.abs() >= 10_000.0);
+    ms.iter()
+        .map(|m| {
+            if seconds {
+                format!("{} s", figure(m / 1000.0))
+            } else {
+                format!("{} ms", figure(*m))
+            }
+        })
+        .collect()
+}
+
+/// One line of the summary: its id (`summary-<id>`, for tests and links), what, and the value.
+pub(super) struct Line {
+    pub(super) id: &'static str,
+    pub(super) what: &'static str,
+    pub(super) value: String,
+    pub(super) bad: bool,
+}
+
+/// The summary: what the scenario ended with, in the words of its own report, each line only
+/// when the scenario has the figures.
+pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
+    let num = |path: &str| r.pointer(path).and_then(Value::as_f64);
+    let count = |path: &str| num(path).map(figure);
+    let mut lines = Vec::new();
+    let mut add = |id, what, value: String, bad| {
+        lines.push(Line {
+            id,
+            what,
+            value,
+            bad,
+        })
+    };
+    let scenario = r["scenario"].as_str().unwrap_or("simulation");
+    let ran = num("/elapsed_ms")
+        .map(|ms| {
+            format!(
+                ", {} from the workload's start to the report",
+                duration_ms(ms)
+            )
+        })
+        .unwrap_or_default();
+    add("scenario", "Scenario", format!("{scenario}{ran}"), false);
+
+    let ok = r["invariants_ok"].as_bool().unwrap_or(false);
+    let problems = r["problems"].as_array().map_or(0, Vec::len);
+    let verdict = match (ok, problems) {
+        (true, _) => "ok".to_string(),
+        (false, 0) => "VIOLATED".to_string(),
+        (false, n) => format!("VIOLATED ({n} listed below)"),
+    };
+    add("invariants", "Invariants", verdict, !ok);
+
+    let last = t.samples.last();
+    let d = |k: &str| format!("/disruption/{k}");
+    if let (Some(before), Some(after)) = (count(&d("nodes_before")), count(&d("nodes_after"))) {
+        let bound = count(&d("nodes_lower_bound"))
+            .map(|b| format!(" (the pods' requests need at least {b})"))
+            .unwrap_or_default();
+        add(
+            "nodes",
+            "Nodes before → after",
+            format!("{before} → {after}{bound}"),
+            false,
+        );
+    } else if let Some(s) = last {
+        let n = s.nodes.ready + s.nodes.not_ready + s.nodes.terminating;
+        add(
+            "nodes",
+            "Nodes at the end",
+            format!("{n} ({} ready)", s.nodes.ready),
+            false,
+        );
+    }
+    if let (Some(before), Some(after)) = (
+        num(&d("cost_per_hour_before")),
+        num(&d("cost_per_hour_after")),
+    ) {
+        add(
+            "cost",
+            "Cost per hour before → after",
+            format!("{} → {}", figure(before), figure(after)),
+            false,
+        );
+    } else if let Some(s) = last {
+        add(
+            "cost",
+            "Cost per hour at the end",
+            figure(s.cost_per_hour),
+            false,
+        );
+    }
+
+    if let Some(bound) = count("/pods/bound") {
+        let unbound = count("/pods/unschedulable").unwrap_or_else(|| "0".into());
+        let created = count("/pods/pending_at_start")
+            .map(|n| format!("{n} created pending; "))
+            .unwrap_or_default();
+        let bad = unbound != "0";
+        add(
+            "pods",
+            "Pods",
+            format!("{created}at the end {bound} bound, {unbound} unbound"),
+            bad,
+        );
+    }
+    if let Some(requested) = count("/claims/requested") {
+        let c = |k: &str| count(&format!("/claims/{k}")).unwrap_or_else(|| "0".into());
+        add(
+            "claims",
+            "NodeClaims",
+            format!(
+                "{requested} created: {} launched, {} initialized, {} deleted, {} timed out",
+                c("launched"),
+                c("initialized"),
+                c("deleted"),
+                c("timed_out")
+            ),
+            false,
+        );
+    }
+    if let (Some(cpu), Some(memory)) = (
+        num("/nodes/cpu_utilization"),
+        num("/nodes/memory_utilization"),
+    ) {
+        add(
+            "utilization",
+            "Requested of allocatable",
+            format!(
+                "{} % CPU, {} % memory",
+                figure(cpu * 100.0),
+                figure(memory * 100.0)
+            ),
+            false,
+        );
+    }
+
+    // Violations: the disruption or drain section's, and the Machines' invariants.
+    let section = ["/disruption", "/termination"]
+        .into_iter()
+        .find(|s| r.pointer(s).is_some());
+    let mut violations = Vec::new();
+    let mut any = 0.0;
+    let mut push = |n: Option<f64>, what: &str| {
+        if let Some(n) = n {
+            any += n;
+            violations.push(format!("{} {what}", figure(n)));
+        }
+    };
+    if let Some(s) = section {
+        push(num(&format!("{s}/budget_violations")), "budget");
+        push(num(&format!("{s}/pdb_violations")), "PodDisruptionBudget");
+        push(
+            num(&format!("{s}/do_not_disrupt_violations")),
+            "do-not-disrupt",
+        );
+    }
+    push(num("/machines/leaked"), "Machines leaked");
+    push(num("/machines/double_bound"), "Machines double-bound");
+    if !violations.is_empty() {
+        let mut value = violations.join(", ");
+        if let Some(excess) = num(&d("budget_excess_any")).filter(|e| *e > 0.0) {
+            let _ = write!(
+                value,
+                " (Cluster API's own deletions went {} over a budget: not the controller's)",
+                figure(excess)
+            );
+        }
+        add("violations", "Violations", value, any > 0.0);
+    }
+
+    if r.pointer("/disruption").is_some() {
+        let decisions: Vec<String> = ["empty", "underutilized", "drifted", "expired", "other"]
+            .into_iter()
+            .filter_map(|k| {
+                num(&format!("/disruption/decisions/{k}"))
+                    .filter(|n| *n > 0.0)
+                    .map(|n| format!("{} {k}", figure(n)))
+            })
+            .collect();
+        let decided = if decisions.is_empty() {
+            "no claims disrupted".to_string()
+        } else {
+            format!("claims disrupted: {}", decisions.join(", "))
+        };
+        let c = |k: &str| count(&d(k)).unwrap_or_else(|| "0".into());
+        add(
+            "disruption",
+            "Disruption",
+            format!(
+                "{decided}; {} of the {} claims before it are gone; at most {} disrupted at once; took {}",
+                c("claims_replaced"),
+                c("claims_before"),
+                c("max_disrupting"),
+                duration_ms(num(&d("phase_ms")).unwrap_or(0.0))
+            ),
+            false,
+        );
+    }
+    if let Some(ro) = r.pointer("/disruption/rollout") {
+        let c = |k: &str| {
+            ro.get(k)
+                .and_then(Value::as_f64)
+                .map(figure)
+                .unwrap_or_else(|| "0".into())
+        };
+        add(
+            "rollout",
+            "Rollout",
+            format!(
+                "{}: {} of {} claims replaced, {} of {} Machines up to date, at most {} disrupted at once",
+                ro["machine_deployment"].as_str().unwrap_or("?"),
+                c("claims_replaced"),
+                c("claims_before"),
+                c("machines_up_to_date"),
+                c("machines"),
+                c("max_disrupting")
+            ),
+            false,
+        );
+    }
+    if r.pointer("/termination").is_some() {
+        let c = |k: &str| count(&format!("/termination/{k}")).unwrap_or_else(|| "0".into());
+        add(
+            "drain",
+            "Drain",
+            format!(
+                "{} claims deleted, {} drained, {} Machines released; {} evictions, {} refused by a budget and retried",
+                c("claims_deleted"),
+                c("drained"),
+                c("machines_released"),
+                c("evictions"),
+                c("eviction_retries_429")
+            ),
+            false,
+        );
+    }
+
+    // Latencies, each where the scenario measured some.
+    let percentiles = |path: &str| {
+        let p = |q: &str| num(&format!("{path}/{q}"));
+        match durations_ms(&[p("p50")?, p("p99")?]).as_slice() {
+            [p50, p99] => Some(format!("p50 {p50}, p99 {p99}")),
+            _ => None,
+        }
+    };
+    // (id, what, the count that says the scenario measured any, where the percentiles are)
+    let latencies = [
+        (
+            "pending-to-bound",
+            "Pod pending → bound",
+            "/pods/bound",
+            "/latency_ms/pod_pending_to_bound",
+        ),
+        (
+            "claim-to-launched",
+            "NodeClaim created → Launched",
+            "/claims/launched",
+            "/latency_ms/claim_to_launched",
+        ),
+        (
+            "claim-to-initialized",
+            "NodeClaim created → Initialized",
+            "/claims/initialized",
+            "/latency_ms/claim_to_initialized",
+        ),
+        (
+            "drain-latency",
+            "NodeClaim deleted → drained",
+            "/termination/drained",
+            "/termination/drain_ms",
+        ),
+    ];
+    for (id, what, measured, path) in latencies {
+        if num(measured).is_some_and(|n| n > 0.0)
+            && let Some(v) = percentiles(path)
+        {
+            add(id, what, v, false);
+        }
+    }
+    if let Some(ms) = num(&d("pods_max_pending_ms")) {
+        add(
+            "longest-pending",
+            "Longest a pod waited during disruption",
+            duration_ms(ms),
+            false,
+        );
+    }
+    if !t.marks.is_empty() {
+        let phases: Vec<String> = t
+            .marks
+            .iter()
+            .map(|m| format!("{} at {}", m.label, at_secs(m.at_ms)))
+            .collect();
+        add("phases", "Phases", phases.join(" · "), false);
+    }
+    lines
+}
+
+pub(super) fn summary_section(r: &Value, t: &Timeline) -> String {
+    let mut s = String::from(
+        "<section id=\"summary\">\n<h2>Summary</h2>\n<table class=\"summary\">\n<tbody>\n",
+    );
+    for l in summary_lines(r, t) {
+        let class = if l.bad { " class=\"bad\"" } else { "" };
+        let _ = writeln!(
+            s,
+            "<tr id=\"summary-{}\"><th>{}</th><td{class}>{}</td></tr>",
+            l.id,
+            escape(l.what),
+            escape(&l.value)
+        );
+    }
+    s.push_str("</tbody>\n</table>\n");
+    let problems: Vec<&str> = r["problems"]
+        .as_array()
+        .map(|ps| ps.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if !problems.is_empty() {
+        s.push_str("<ul id=\"problems\" class=\"bad\">\n");
+        for p in problems {
+            let _ = writeln!(s, "<li>{}</li>", escape(p));
+        }
+        s.push_str("</ul>\n");
+    }
+    s.push_str(
+        "<p class=\"note\">Every figure was measured by the simulated cluster (its store, write log and audits), not reported by the controller.</p>\n</section>\n",
+    );
+    s
+}
