@@ -2,14 +2,16 @@
 //!
 //! The map of this crate is `DESIGN.md`: `api` (Karpenter-facing types), `capi` (the Cluster API
 //! model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions), `actors` (behaviour), `state` (indexes fed by watches),
-//! `sim` (the embedded simulated cluster), `explain` and `init` (read-only tools that answer with
-//! the controller's own code, docs/tools.md).
+//! `sim` (the embedded simulated cluster), `controlplane` (a real kube-apiserver, etcd,
+//! kube-scheduler and kube-controller-manager for tests, docs/fidelity.md), `explain` and `init`
+//! (read-only tools that answer with the controller's own code, docs/tools.md).
 
 pub mod actors;
 pub mod api;
 pub mod app;
 pub mod capi;
 pub mod cli;
+pub mod controlplane;
 pub mod disruption;
 pub mod explain;
 pub mod http;
