@@ -38,7 +38,7 @@ const LAYERS: &[&[&str]] = &[
     // Wiring the controller together.
     &["app"],
     // Read-only tools and the simulated cluster.
-    &["explain", "sim"],
+    &["explain", "sim", "controlplane"],
     // What drives them: `init`, and `simulate` (the simulated cluster with a controller).
     &["init", "simulate"],
     // Builders for tests and benches, over everything.

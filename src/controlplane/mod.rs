@@ -1,0 +1,545 @@
+//! A real Kubernetes control plane for tests: etcd, kube-apiserver, kube-scheduler and
+//! kube-controller-manager started from a `KUBEBUILDER_ASSETS` directory (controller-runtime
+//! envtest's convention), on loopback ports picked free, in a temporary directory.
+//!
+//! The simulated cluster (`sim`) is this project's own implementation of the API server and the
+//! scheduler; this module is the reference it is measured against (docs/fidelity.md). What runs:
+//! - etcd with `--unsafe-no-fsync` (its data is thrown away);
+//! - kube-apiserver with client-certificate authentication and `--authorization-mode=Node,RBAC`,
+//!   so permission mistakes fail as on a real cluster;
+//! - kube-scheduler, which binds pods;
+//! - kube-controller-manager with the controllers behind Deployments, ReplicaSets,
+//!   PodDisruptionBudget status, garbage collection and service-account tokens. No kubelet
+//!   renews Node leases, so node-lifecycle is left out: it would taint every Node unreachable.
+//!   For the same reason the `TaintNodesByCondition` admission plugin is off: it taints a new
+//!   Node not-ready, and only node-lifecycle lifts that taint.
+//!
+//! Certificates are made in-process (module `pki`); each component has its own user, so the
+//! bootstrap RBAC roles apply as on a kubeadm cluster. Every process is stopped (and the
+//! directory removed) when the [`ControlPlane`] is dropped, when its start fails, while a panic
+//! unwinds, and on SIGINT/SIGTERM (module `process`).
+
+mod pki;
+mod process;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
+use parking_lot::Mutex;
+
+use process::Processes;
+
+/// The variable naming the directory that holds the binaries (envtest's convention).
+pub const ASSETS_VARIABLE: &str = "KUBEBUILDER_ASSETS";
+
+/// The binaries, in start order.
+pub const BINARIES: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-scheduler",
+    "kube-controller-manager",
+];
+
+/// The controller-manager's controllers. Pod garbage collection is among them because a real
+/// cluster deletes the pods of a deleted Node through it, and the disruption flows delete Nodes.
+const CONTROLLERS: &str = "deployment-controller,replicaset-controller,disruption-controller,\
+garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,\
+serviceaccount-token-controller,namespace-controller,root-ca-certificate-publisher-controller";
+
+/// Lines of a binary's log quoted in an error.
+const TAIL_LINES: usize = 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "{ASSETS_VARIABLE} is not set: it names the directory holding etcd, kube-apiserver, \
+         kube-scheduler and kube-controller-manager"
+    )]
+    AssetsUnset,
+    #[error("{binary} is not in {} ({ASSETS_VARIABLE})", dir.display())]
+    MissingBinary { binary: &'static str, dir: PathBuf },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("making the control plane's certificates: {0}")]
+    Certificates(#[from] rcgen::Error),
+    #[error("starting {binary}: {source}")]
+    Spawn {
+        binary: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the control plane was stopped (signal) while starting")]
+    Stopped,
+    #[error(
+        "{binary} exited ({status}) while the control plane was starting; its log ends:\n{tail}"
+    )]
+    Exited {
+        binary: &'static str,
+        status: ExitStatus,
+        tail: String,
+    },
+    #[error("{binary} not ready after {waited:?} (last: {last}); its log ends:\n{tail}")]
+    NotReady {
+        binary: &'static str,
+        waited: Duration,
+        last: String,
+        tail: String,
+    },
+    #[error("reading the admin kubeconfig: {0}")]
+    Kubeconfig(#[from] KubeconfigError),
+    #[error("a client for the control plane: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// How to start a control plane.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The directory holding the four binaries.
+    pub assets: PathBuf,
+    /// How long the whole start may take. A loaded two-core machine needs tens of seconds.
+    pub startup_timeout: Duration,
+}
+
+impl Options {
+    /// The binaries from [`ASSETS_VARIABLE`], with a two-minute start-up budget.
+    pub fn from_env() -> Result<Self, Error> {
+        let assets = std::env::var_os(ASSETS_VARIABLE)
+            .filter(|v| !v.is_empty())
+            .ok_or(Error::AssetsUnset)?;
+        Ok(Options {
+            assets: PathBuf::from(assets),
+            startup_timeout: Duration::from_secs(120),
+        })
+    }
+}
+
+/// The ports one control plane listens on, all on 127.0.0.1.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    pub etcd_client: u16,
+    pub etcd_peer: u16,
+    pub apiserver: u16,
+    pub scheduler: u16,
+    pub controller_manager: u16,
+}
+
+impl Ports {
+    /// Every port, for checks that nothing listens after a stop.
+    pub fn all(&self) -> [u16; 5] {
+        [
+            self.etcd_client,
+            self.etcd_peer,
+            self.apiserver,
+            self.scheduler,
+            self.controller_manager,
+        ]
+    }
+
+    /// Free ports from the kernel. All are held until all are chosen, so no two coincide;
+    /// another process may still take one before the binary binds it, which then fails to
+    /// start with a clear error rather than joining someone else's server.
+    fn pick() -> Result<Self, Error> {
+        let listeners = (0..5)
+            .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| Error::Io {
+                what: "picking a free loopback port".into(),
+                source,
+            })?;
+        let ports = listeners
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| Error::Io {
+                what: "reading a picked port".into(),
+                source,
+            })?;
+        Ok(Ports {
+            etcd_client: ports[0],
+            etcd_peer: ports[1],
+            apiserver: ports[2],
+            scheduler: ports[3],
+            controller_manager: ports[4],
+        })
+    }
+}
+
+/// A running control plane. Dropping it stops every process and removes its directory.
+pub struct ControlPlane {
+    processes: Arc<Mutex<Processes>>,
+    client: kube::Client,
+    kubeconfig: PathBuf,
+    dir: PathBuf,
+    ports: Ports,
+    startup: Duration,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("dir", &self.dir)
+            .field("ports", &self.ports)
+            .field("startup", &self.startup)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Starts etcd, kube-apiserver, kube-scheduler and kube-controller-manager and returns once
+    /// the API server answers `/readyz` and the controller-manager has made the `default`
+    /// namespace's ServiceAccount (pods cannot be admitted before it exists).
+    pub async fn start(options: Options) -> Result<Self, Error> {
+        let began = Instant::now();
+        let deadline = began + options.startup_timeout;
+        for binary in BINARIES {
+            if !options.assets.join(binary).is_file() {
+                return Err(Error::MissingBinary {
+                    binary,
+                    dir: options.assets.clone(),
+                });
+            }
+        }
+        let tmp = tempfile::Builder::new()
+            .prefix("karpenter-capi-cp-")
+            .tempdir()
+            .map_err(|source| Error::Io {
+                what: "making the control plane's directory".into(),
+                source,
+            })?;
+        let dir = tmp.path().to_path_buf();
+        // From here on, dropping `processes` (an early return included) stops what started.
+        let processes = Arc::new(Mutex::new(Processes {
+            running: Vec::new(),
+            dir: Some(tmp),
+            stopped: false,
+        }));
+        process::register(&processes);
+
+        let pki = pki::write(&dir)?;
+        let ports = Ports::pick()?;
+        let server = format!("https://127.0.0.1:{}", ports.apiserver);
+        let kubeconfig = dir.join("admin.kubeconfig");
+        write_kubeconfig(&kubeconfig, &server, &pki.ca, &pki.admin)?;
+        let scheduler_kubeconfig = dir.join("kube-scheduler.kubeconfig");
+        write_kubeconfig(&scheduler_kubeconfig, &server, &pki.ca, &pki.scheduler)?;
+        let cm_kubeconfig = dir.join("kube-controller-manager.kubeconfig");
+        write_kubeconfig(&cm_kubeconfig, &server, &pki.ca, &pki.controller_manager)?;
+
+        let assets = options.assets.as_path();
+        let etcd_url = format!("http://127.0.0.1:{}", ports.etcd_client);
+        let peer_url = format!("http://127.0.0.1:{}", ports.etcd_peer);
+        process::spawn(
+            &processes,
+            assets,
+            &dir,
+            "etcd",
+            &args([
+                ("name", "default"),
+                ("data-dir", &path(&dir.join("etcd"))),
+                ("listen-client-urls", &etcd_url),
+                ("advertise-client-urls", &etcd_url),
+                ("listen-peer-urls", &peer_url),
+                ("initial-advertise-peer-urls", &peer_url),
+                ("initial-cluster", &format!("default={peer_url}")),
+                ("unsafe-no-fsync", "true"),
+                ("log-level", "warn"),
+            ]),
+        )?;
+        process::spawn(
+            &processes,
+            assets,
+            &dir,
+            "kube-apiserver",
+            &args([
+                ("advertise-address", "127.0.0.1"),
+                ("bind-address", "127.0.0.1"),
+                ("secure-port", &ports.apiserver.to_string()),
+                ("etcd-servers", &etcd_url),
+                ("cert-dir", &path(&dir.join("apiserver-certs"))),
+                ("tls-cert-file", &path(&pki.serving.cert)),
+                ("tls-private-key-file", &path(&pki.serving.key)),
+                ("client-ca-file", &path(&pki.ca)),
+                ("service-account-issuer", "https://kubernetes.default.svc"),
+                ("service-account-key-file", &path(&pki.service_account_pub)),
+                (
+                    "service-account-signing-key-file",
+                    &path(&pki.service_account_key),
+                ),
+                ("service-cluster-ip-range", pki::SERVICE_RANGE),
+                ("authorization-mode", "Node,RBAC"),
+                ("allow-privileged", "true"),
+                // This plugin taints every new Node not-ready until the node-lifecycle
+                // controller sees it Ready; that controller is off (no kubelet renews Leases),
+                // so the taint would never lift and nothing would schedule.
+                ("disable-admission-plugins", "TaintNodesByCondition"),
+                // The front-proxy CA: without it the scheduler and controller-manager read an
+                // empty request-header CA from the API server and log an error many times a
+                // second, burying anything useful in their logs.
+                ("requestheader-client-ca-file", &path(&pki.front_proxy_ca)),
+                ("requestheader-allowed-names", "front-proxy-client"),
+                ("requestheader-username-headers", "X-Remote-User"),
+                ("requestheader-group-headers", "X-Remote-Group"),
+                ("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
+            ]),
+        )?;
+
+        let client = client_for(&kubeconfig).await?;
+        wait_ready(&processes, "kube-apiserver", deadline, began, || {
+            let client = client.clone();
+            async move {
+                let req = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                match client.request_text(req).await {
+                    Ok(body) if body.trim() == "ok" => Ok(()),
+                    Ok(body) => Err(body),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await?;
+
+        process::spawn(
+            &processes,
+            assets,
+            &dir,
+            "kube-scheduler",
+            &args([
+                ("kubeconfig", &path(&scheduler_kubeconfig)),
+                ("authentication-kubeconfig", &path(&scheduler_kubeconfig)),
+                ("authorization-kubeconfig", &path(&scheduler_kubeconfig)),
+                ("leader-elect", "false"),
+                ("bind-address", "127.0.0.1"),
+                ("secure-port", &ports.scheduler.to_string()),
+            ]),
+        )?;
+        process::spawn(
+            &processes,
+            assets,
+            &dir,
+            "kube-controller-manager",
+            &args([
+                ("kubeconfig", &path(&cm_kubeconfig)),
+                ("authentication-kubeconfig", &path(&cm_kubeconfig)),
+                ("authorization-kubeconfig", &path(&cm_kubeconfig)),
+                ("leader-elect", "false"),
+                ("bind-address", "127.0.0.1"),
+                ("secure-port", &ports.controller_manager.to_string()),
+                ("controllers", CONTROLLERS),
+                // Each controller acts as its own ServiceAccount with the bootstrap role made
+                // for it, as on a kubeadm cluster, rather than with the manager's broad user.
+                ("use-service-account-credentials", "true"),
+                (
+                    "service-account-private-key-file",
+                    &path(&pki.service_account_key),
+                ),
+                ("root-ca-file", &path(&pki.ca)),
+            ]),
+        )?;
+
+        for (binary, port) in [
+            ("kube-scheduler", ports.scheduler),
+            ("kube-controller-manager", ports.controller_manager),
+        ] {
+            wait_ready(&processes, binary, deadline, began, || async move {
+                TcpStream::connect_timeout(
+                    &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+                    Duration::from_millis(200),
+                )
+                .map(drop)
+                .map_err(|e| format!("port {port}: {e}"))
+            })
+            .await?;
+        }
+        let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), "default");
+        wait_ready(
+            &processes,
+            "kube-controller-manager",
+            deadline,
+            began,
+            || {
+                let accounts = accounts.clone();
+                async move {
+                    match accounts.get_opt("default").await {
+                        Ok(Some(_)) => Ok(()),
+                        Ok(None) => Err("no ServiceAccount default/default yet".to_string()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+            },
+        )
+        .await?;
+
+        let startup = began.elapsed();
+        tracing::info!(?startup, %server, dir = %dir.display(), "control plane ready");
+        Ok(ControlPlane {
+            processes,
+            client,
+            kubeconfig,
+            dir,
+            ports,
+            startup,
+        })
+    }
+
+    /// A client authenticated as the cluster administrator (group `system:masters`).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// A new administrator client bound to the caller's runtime (kube clients keep their
+    /// connections on the runtime that made them).
+    pub async fn new_client(&self) -> Result<kube::Client, Error> {
+        client_for(&self.kubeconfig).await
+    }
+
+    /// The administrator's kubeconfig (for kubectl, helm or a controller process). It lives in
+    /// the control plane's directory and goes with it.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory holding certificates, kubeconfigs, etcd's data and each binary's log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn ports(&self) -> Ports {
+        self.ports
+    }
+
+    /// The process id of each binary, in start order.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.processes
+            .lock()
+            .running
+            .iter()
+            .map(|r| (r.binary, r.child.id()))
+            .collect()
+    }
+
+    /// The last `lines` lines of `binary`'s log (stdout and stderr), for a failing test to show.
+    pub fn log_tail(&self, binary: &str, lines: usize) -> String {
+        process::tail(&self.dir.join(format!("{binary}.log")), lines)
+    }
+
+    /// How long [`ControlPlane::start`] took.
+    pub fn startup(&self) -> Duration {
+        self.startup
+    }
+
+    /// Stops every process and removes the directory now (dropping does the same).
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.processes.lock().stop();
+    }
+}
+
+/// `--name=value` flags.
+fn args<const N: usize>(pairs: [(&str, &str); N]) -> Vec<String> {
+    pairs.iter().map(|(k, v)| format!("--{k}={v}")).collect()
+}
+
+fn path(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Polls `probe` every 200 ms until it succeeds, failing early when any process has exited.
+async fn wait_ready<F, Fut>(
+    processes: &Mutex<Processes>,
+    binary: &'static str,
+    deadline: Instant,
+    began: Instant,
+    mut probe: F,
+) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    loop {
+        let exited = processes.lock().exited();
+        if let Some((binary, status, log)) = exited {
+            return Err(Error::Exited {
+                binary,
+                status,
+                tail: process::tail(&log, TAIL_LINES),
+            });
+        }
+        let last = match probe().await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            let log = processes
+                .lock()
+                .running
+                .iter()
+                .find(|r| r.binary == binary)
+                .map(|r| r.log.clone());
+            return Err(Error::NotReady {
+                binary,
+                waited: began.elapsed(),
+                last,
+                tail: log.map_or_else(String::new, |l| process::tail(&l, TAIL_LINES)),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
+    let config = kube::Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(kubeconfig)?,
+        &KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// A kubeconfig naming certificate files by absolute path, so it works from any directory.
+fn write_kubeconfig(at: &Path, server: &str, ca: &Path, user: &pki::Pair) -> Result<(), Error> {
+    // JSON strings are YAML strings: this quotes paths whatever characters they hold.
+    let q = |p: &Path| serde_json::Value::String(path(p)).to_string();
+    let text = format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: karpenter-capi-control-plane
+  cluster:
+    server: {server}
+    certificate-authority: {ca}
+users:
+- name: user
+  user:
+    client-certificate: {cert}
+    client-key: {key}
+contexts:
+- name: default
+  context:
+    cluster: karpenter-capi-control-plane
+    user: user
+current-context: default
+",
+        ca = q(ca),
+        cert = q(&user.cert),
+        key = q(&user.key),
+    );
+    std::fs::write(at, text).map_err(|source| Error::Io {
+        what: format!("writing {}", at.display()),
+        source,
+    })
+}

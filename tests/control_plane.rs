@@ -1,0 +1,417 @@
+//! The real control plane (`karpenter_capi::controlplane`, binaries from `KUBEBUILDER_ASSETS`):
+//! the real kube-controller-manager and kube-scheduler turn a Deployment into pods bound to
+//! Nodes, the project's CRDs and the repository's NodePool example are accepted by the real
+//! kube-apiserver, and after a drop, a Ctrl-C (SIGINT) or a panic nothing it started is alive
+//! or listening and its directory is gone.
+
+mod assets;
+
+fn main() -> std::process::ExitCode {
+    // This binary re-runs itself as the process that is interrupted or panics (see `child`).
+    if let Ok(mode) = std::env::var(CHILD) {
+        return child(&mode);
+    }
+    assets::main(trials![
+        @tokio a_deployment_is_scheduled_onto_nodes_by_the_real_scheduler needs [ControlPlane],
+        @tokio the_crds_and_the_example_nodepool_are_accepted_by_kube_apiserver needs [ControlPlane],
+        @tokio nothing_is_left_running_or_listening_after_drop needs [ControlPlane],
+        nothing_is_left_after_ctrl_c needs [ControlPlane],
+        nothing_is_left_after_a_panic needs [ControlPlane],
+    ])
+}
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use karpenter_capi::controlplane::{ControlPlane, Options};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+/// Guards hangs only; pods are bound within seconds of the control plane being ready.
+const DEADLINE: Duration = Duration::from_secs(120);
+
+async fn start() -> ControlPlane {
+    let options = Options::from_env().expect("KUBEBUILDER_ASSETS (checked by the harness)");
+    let cp = ControlPlane::start(options)
+        .await
+        .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+    eprintln!("control plane ready in {:?}", cp.startup());
+    cp
+}
+
+/// Polls `check` every 250 ms until it returns `Some`, panicking with `what` at [`DEADLINE`],
+/// after the cluster's events and the end of the scheduler's and controller-manager's logs:
+/// what they say is the first thing to read when pods are not placed.
+async fn eventually<T, F, Fut>(cp: &ControlPlane, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if start.elapsed() >= DEADLINE {
+            if let Ok(events) = Api::<k8s_openapi::api::core::v1::Event>::all(cp.client())
+                .list(&Default::default())
+                .await
+            {
+                for e in events.items {
+                    eprintln!(
+                        "event {:?} {:?}: {:?}",
+                        e.involved_object.name, e.reason, e.message
+                    );
+                }
+            }
+            for binary in ["kube-scheduler", "kube-controller-manager"] {
+                eprintln!("--- {binary}:\n{}", cp.log_tail(binary, 40));
+            }
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn node(name: &str) -> Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        "status": {
+            "capacity": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "ready", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }],
+        },
+    }))
+    .expect("a Node")
+}
+
+/// Creates a Node and then its status: the API server drops status on create.
+async fn create_ready_node(client: &Client, name: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = node(name);
+    nodes
+        .create(&PostParams::default(), &n)
+        .await
+        .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
+    let status = json!({"status": n.status});
+    nodes
+        .patch_status(
+            name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&status),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("setting Node {name}'s status: {e}"));
+}
+
+async fn a_deployment_is_scheduled_onto_nodes_by_the_real_scheduler() {
+    let cp = start().await;
+    let client = cp.client();
+    for name in ["node-a", "node-b"] {
+        create_ready_node(&client, name).await;
+    }
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{
+                    "name": "web", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
+                }]},
+            },
+        },
+    }))
+    .expect("a Deployment");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("creating the Deployment");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let placed: BTreeMap<String, String> = eventually(&cp, "3 pods bound to nodes", || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&Default::default()).await.ok()?;
+            let placed: BTreeMap<String, String> = list
+                .items
+                .iter()
+                .filter_map(|p| {
+                    Some((
+                        p.metadata.name.clone()?,
+                        p.spec.as_ref()?.node_name.clone()?,
+                    ))
+                })
+                .collect();
+            (placed.len() == 3).then_some(placed)
+        }
+    })
+    .await;
+    for (pod, node) in &placed {
+        assert!(
+            node == "node-a" || node == "node-b",
+            "{pod} bound to {node}"
+        );
+        // The pod came from the real ReplicaSet controller (owner reference to a ReplicaSet).
+        let p = pods.get(pod).await.expect("the pod");
+        let owner = p
+            .metadata
+            .owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .next()
+            .map(|o| o.kind);
+        assert_eq!(owner.as_deref(), Some("ReplicaSet"), "{pod}'s owner");
+    }
+    eprintln!("placement: {placed:?}");
+}
+
+async fn the_crds_and_the_example_nodepool_are_accepted_by_kube_apiserver() {
+    let cp = start().await;
+    let client = cp.client();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in karpenter_capi::api::crds::all() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .unwrap_or_else(|e| panic!("kube-apiserver rejected CRD {name}: {e}"));
+        eventually(&cp, &format!("CRD {name} Established"), || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let c = crds.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/nodepool.yaml"
+    ))
+    .expect("examples/nodepool.yaml");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).expect("examples/nodepool.yaml");
+    let mut created = Vec::new();
+    for doc in docs {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        if kind != "NodePool" && kind != "ClusterAPINodeClass" {
+            continue;
+        }
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        let (group, version) = api_version.split_once('/').expect("a group/version");
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let object: DynamicObject = serde_json::from_value(doc).expect("an object");
+        // Created as written, so the real schema validation sees every field of the example.
+        let made = api
+            .create(&PostParams::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("kube-apiserver rejected the example {kind}: {e}"));
+        created.push(format!("{kind}/{}", made.metadata.name.unwrap_or_default()));
+    }
+    assert_eq!(
+        created,
+        ["ClusterAPINodeClass/default", "NodePool/default"],
+        "the example's objects"
+    );
+}
+
+/// Whether `pid` is a live process running one of the control plane's binaries (a pid reused by
+/// an unrelated process since does not count).
+fn alive(pid: u32, binary: &str) -> bool {
+    match std::fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(cmdline) => {
+            let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+            String::from_utf8_lossy(argv0).ends_with(binary)
+        }
+        Err(_) => false,
+    }
+}
+
+fn listening(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+        Duration::from_millis(500),
+    )
+    .is_ok()
+}
+
+/// What a control plane started: its processes, ports and directory.
+struct Footprint {
+    pids: Vec<(String, u32)>,
+    ports: Vec<u16>,
+    dir: PathBuf,
+}
+
+impl Footprint {
+    fn of(cp: &ControlPlane) -> Self {
+        Footprint {
+            pids: cp
+                .pids()
+                .into_iter()
+                .map(|(b, p)| (b.to_string(), p))
+                .collect(),
+            // etcd's client and peer ports, the API server's, and the scheduler's and
+            // controller-manager's serving ports.
+            ports: cp.ports().all().to_vec(),
+            dir: cp.dir().to_path_buf(),
+        }
+    }
+
+    fn assert_running(&self) {
+        assert_eq!(self.pids.len(), 4, "{:?}", self.pids);
+        for (binary, pid) in &self.pids {
+            assert!(alive(*pid, binary), "{binary} ({pid}) runs before the stop");
+        }
+        for port in &self.ports {
+            assert!(listening(*port), "port {port} listens before the stop");
+        }
+    }
+
+    fn assert_gone(&self) {
+        for (binary, pid) in &self.pids {
+            assert!(!alive(*pid, binary), "{binary} ({pid}) still runs");
+        }
+        for port in &self.ports {
+            assert!(!listening(*port), "port {port} still listens");
+        }
+        assert!(!self.dir.exists(), "{} still exists", self.dir.display());
+    }
+
+    /// One line, for the child to hand to its parent.
+    fn line(&self) -> String {
+        let pids: Vec<String> = self.pids.iter().map(|(b, p)| format!("{b}={p}")).collect();
+        let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
+        format!(
+            "{} {} {}",
+            pids.join(","),
+            ports.join(","),
+            self.dir.display()
+        )
+    }
+
+    fn parse(line: &str) -> Self {
+        let mut parts = line.splitn(3, ' ');
+        let (pids, ports, dir) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), Some(c)) => (a, b, c),
+            _ => panic!("the child's footprint line: {line:?}"),
+        };
+        Footprint {
+            pids: pids
+                .split(',')
+                .filter_map(|p| p.split_once('='))
+                .map(|(b, p)| (b.to_string(), p.parse().expect("a pid")))
+                .collect(),
+            ports: ports
+                .split(',')
+                .map(|p| p.parse().expect("a port"))
+                .collect(),
+            dir: PathBuf::from(dir),
+        }
+    }
+}
+
+async fn nothing_is_left_running_or_listening_after_drop() {
+    let cp = start().await;
+    let footprint = Footprint::of(&cp);
+    footprint.assert_running();
+    drop(cp);
+    footprint.assert_gone();
+}
+
+/// Set in the re-run child: `interrupt` (wait to be interrupted) or `panic`.
+const CHILD: &str = "KARPENTER_CAPI_CONTROL_PLANE_CHILD";
+
+/// The child: starts a control plane, prints its footprint, then waits for SIGINT or panics.
+fn child(mode: &str) -> std::process::ExitCode {
+    let mode = mode.to_string();
+    assets::tokio(async move {
+        let cp = start().await;
+        println!("FOOTPRINT {}", Footprint::of(&cp).line());
+        let _ = std::io::stdout().flush();
+        if mode == "panic" {
+            panic!("a panic with a control plane up, on purpose");
+        }
+        tokio::time::sleep(DEADLINE).await;
+        drop(cp);
+    });
+    std::process::ExitCode::FAILURE
+}
+
+/// Runs this binary as a child in `mode`, returns it and the footprint it reported.
+fn spawn_child(mode: &str) -> (std::process::Child, Footprint) {
+    let exe = std::env::current_exe().expect("this test binary");
+    let mut child = Command::new(exe)
+        .env(CHILD, mode)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("re-running this test binary");
+    let stdout = child.stdout.take().expect("the child's stdout");
+    let line = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("FOOTPRINT ").map(str::to_string))
+        .expect("the child's footprint (did its control plane start?)");
+    (child, Footprint::parse(&line))
+}
+
+fn wait_exit(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("the child's status") {
+            return status;
+        }
+        if start.elapsed() > DEADLINE {
+            let _ = child.kill();
+            panic!("the child did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn nothing_is_left_after_ctrl_c() {
+    let (mut child, footprint) = spawn_child("interrupt");
+    footprint.assert_running();
+    // SIGINT, as a terminal's Ctrl-C delivers it to the foreground process.
+    let sent = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(sent.success(), "kill -INT: {sent}");
+    let status = wait_exit(&mut child);
+    assert_eq!(status.code(), Some(130), "the child's exit: {status}");
+    footprint.assert_gone();
+}
+
+fn nothing_is_left_after_a_panic() {
+    let (mut child, footprint) = spawn_child("panic");
+    let status = wait_exit(&mut child);
+    assert_eq!(status.code(), Some(101), "the child's exit: {status}");
+    footprint.assert_gone();
+}
