@@ -26,6 +26,7 @@ use crate::capi::template::TemplateCapacity;
 use crate::capi::version::{self, CapiVersion};
 use crate::metrics::Metrics;
 use crate::state::State;
+use crate::state::compact::CompactNode;
 
 /// What one NodeClass resolves to, as the Catalog actor would publish it.
 pub struct Resolved {
@@ -225,7 +226,10 @@ pub async fn read(
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();
     state.claims.write().replace_all(claims);
-    state.nodes.write().replace_all(nodes);
+    state
+        .nodes
+        .write()
+        .replace_all(nodes.into_iter().map(CompactNode::new).collect());
     state.pods.write().replace_all(pods);
     state.daemonsets.write().replace_all(daemonsets);
     *state.nodepools.write() = nodepools
