@@ -14,7 +14,6 @@ use super::Shared;
 use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::version;
-use crate::state::compact::CompactMachine;
 use crate::state::machines::{bound_claim, deployment_key};
 
 pub enum CapiEvent {
@@ -28,7 +27,7 @@ impl Message for CapiEvent {
 
 pub struct CapiWatcher {
     shared: Arc<Shared>,
-    machine_buffer: Vec<CompactMachine>,
+    machine_buffer: Vec<Machine>,
     md_buffer: Vec<MachineDeployment>,
 }
 
@@ -91,14 +90,12 @@ impl CapiWatcher {
         match ev {
             watcher::Event::Init => self.machine_buffer.clear(),
             watcher::Event::InitApply(o) => match Machine::from_dynamic(&o, v) {
-                // Compacted as they arrive, so the initial list is never held whole.
-                Ok(m) => self.machine_buffer.push(CompactMachine::new(m)),
+                Ok(m) => self.machine_buffer.push(m),
                 Err(e) => tracing::warn!(error = %e, "ignoring malformed Machine"),
             },
             watcher::Event::InitDone => {
                 let fresh = std::mem::take(&mut self.machine_buffer);
-                (self.shared.state.machines.write())
-                    .replace_all(fresh.into_iter().map(|m| m.machine()));
+                self.shared.state.machines.write().replace_all(fresh);
                 self.everyone_reconciles();
             }
             watcher::Event::Apply(o) => match Machine::from_dynamic(&o, v) {

@@ -15,7 +15,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use parking_lot::Mutex;
 
 use crate::api::resources::Resources;
-use crate::capi::model::Machine;
 
 /// The shared strings. Entries no object holds any more are dropped whenever the set has
 /// doubled since the last sweep, so churn (pods come and go with their labels) cannot grow it
@@ -237,47 +236,6 @@ impl CompactNode {
     }
 }
 
-/// A Machine as the Machine index keeps it: the reduced model with its labels and annotations
-/// (most of its weight, and the same keys and values on every Machine of a MachineDeployment)
-/// shared.
-#[derive(Debug)]
-pub struct CompactMachine {
-    /// Everything but the labels and annotations, which are empty here.
-    rest: Machine,
-    labels: StrMap,
-    annotations: StrMap,
-}
-
-impl CompactMachine {
-    pub fn new(mut m: Machine) -> CompactMachine {
-        let labels = StrMap::new(&std::mem::take(&mut m.labels));
-        let annotations = StrMap::new(&std::mem::take(&mut m.annotations));
-        CompactMachine {
-            rest: m,
-            labels,
-            annotations,
-        }
-    }
-
-    /// The Machine that went in.
-    pub fn machine(&self) -> Machine {
-        Machine {
-            labels: self.labels.to_map(),
-            annotations: self.annotations.to_map(),
-            ..self.rest.clone()
-        }
-    }
-
-    /// The Machine's fields other than its labels and annotations, read in place.
-    pub fn fields(&self) -> &Machine {
-        &self.rest
-    }
-
-    pub fn annotations(&self) -> &StrMap {
-        &self.annotations
-    }
-}
-
 /// An object kept as the JSON merge patch (RFC 7386) that turns a shared prototype into it:
 /// the pods of one ReplicaSet (or of one set of labels) differ in a few fields (name, uid,
 /// node, times), so each keeps only those, about a quarter of its JSON.
@@ -424,22 +382,5 @@ mod tests {
         assert!(p.patch.len() < serde_json::to_vec(&other).unwrap().len());
         // A null cannot be said by a merge patch: the caller keeps such an object whole.
         assert!(Patched::new(&proto, &json!({"metadata": {"name": null}})).is_none());
-    }
-
-    #[test]
-    fn a_machine_comes_back_as_it_went_in() {
-        let v = json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "1",
-                         "labels": {"cluster.x-k8s.io/deployment-name": "md"},
-                         "annotations": {"karpenter.sh/nodeclaim": "c"}},
-            "spec": {"clusterName": "c", "bootstrap": {}, "providerID": "sim://m",
-                     "infrastructureRef": {"apiGroup": "infra", "kind": "K", "name": "t"}},
-        });
-        let m = Machine::from_value(&v, crate::capi::version::CapiVersion::V1Beta2).unwrap();
-        let c = CompactMachine::new(m.clone());
-        assert_eq!(c.machine(), m);
-        assert_eq!(c.annotations().get("karpenter.sh/nodeclaim"), Some("c"));
-        assert_eq!(c.fields().provider_id.as_deref(), Some("sim://m"));
     }
 }

@@ -1,12 +1,10 @@
 //! Machines and MachineDeployments of the management cluster, indexed the ways the actors ask:
-//! by MachineDeployment, by the NodeClaim a Machine is bound to, and by provider ID. Machines
-//! are kept compact (`compact::CompactMachine`) and rebuilt when asked for.
+//! by MachineDeployment, by the NodeClaim a Machine is bound to, and by provider ID.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::compact::CompactMachine;
 use super::versions::Freshness;
 use crate::api::wellknown::NODECLAIM_ANNOTATION;
 use crate::capi::model::{Machine, MachineDeployment};
@@ -31,7 +29,7 @@ pub fn deployment_key(m: &Machine) -> Option<String> {
 
 #[derive(Default)]
 pub struct Machines {
-    by_key: HashMap<String, CompactMachine>,
+    by_key: HashMap<String, Arc<Machine>>,
     by_md: HashMap<String, BTreeSet<String>>,
     /// claim name -> machine keys naming it (more than one is an invariant violation).
     by_claim: HashMap<String, BTreeSet<String>>,
@@ -48,7 +46,7 @@ impl Machines {
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<Machine>> {
-        self.by_key.get(key).map(|m| Arc::new(m.machine()))
+        self.by_key.get(key).cloned()
     }
 
     pub fn len(&self) -> usize {
@@ -63,22 +61,25 @@ impl Machines {
         self.synced
     }
 
+    pub fn all(&self) -> impl Iterator<Item = &Arc<Machine>> {
+        self.by_key.values()
+    }
+
     /// Machines of one MachineDeployment, oldest first (ties by name), so FIFO binding is stable.
     pub fn of_deployment(&self, md_key: &str) -> Vec<Arc<Machine>> {
-        let mut out: Vec<&CompactMachine> = self
+        let mut out: Vec<_> = self
             .by_md
             .get(md_key)
             .into_iter()
             .flatten()
-            .filter_map(|k| self.by_key.get(k))
+            .filter_map(|k| self.by_key.get(k).cloned())
             .collect();
         out.sort_by(|a, b| {
-            let (a, b) = (a.fields(), b.fields());
             a.creation_timestamp
                 .cmp(&b.creation_timestamp)
                 .then_with(|| a.name.cmp(&b.name))
         });
-        out.into_iter().map(|m| Arc::new(m.machine())).collect()
+        out
     }
 
     /// The Machine bound to a claim, if exactly one is; `Err` lists them when several are.
@@ -88,7 +89,7 @@ impl Machines {
         };
         match keys.len() {
             0 => Ok(None),
-            1 => Ok(keys.iter().next().and_then(|k| self.get(k))),
+            1 => Ok(keys.iter().next().and_then(|k| self.by_key.get(k).cloned())),
             _ => Err(keys.iter().cloned().collect()),
         }
     }
@@ -96,7 +97,7 @@ impl Machines {
     pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<Machine>> {
         self.by_provider_id
             .get(provider_id)
-            .and_then(|k| self.get(k))
+            .and_then(|k| self.by_key.get(k).cloned())
     }
 
     /// Apply one watched object unless a write response of ours is ahead of it (see
@@ -104,7 +105,7 @@ impl Machines {
     pub fn apply(&mut self, m: Machine) -> Option<Arc<Machine>> {
         let k = key(&m.namespace, &m.name);
         if !self.fresh.watched(&k, &m.resource_version) {
-            return self.get(&k);
+            return self.by_key.get(&k).cloned();
         }
         self.insert(k, m)
     }
@@ -114,7 +115,7 @@ impl Machines {
     pub fn apply_response(&mut self, m: Machine) -> Option<Arc<Machine>> {
         let k = key(&m.namespace, &m.name);
         if !self.fresh.responded(&k, &m.resource_version) {
-            return self.get(&k);
+            return self.by_key.get(&k).cloned();
         }
         self.insert(k, m)
     }
@@ -138,7 +139,7 @@ impl Machines {
         if let Some(pid) = m.provider_id.as_deref() {
             self.by_provider_id.insert(pid.to_string(), k.clone());
         }
-        self.by_key.insert(k, CompactMachine::new(m));
+        self.by_key.insert(k, Arc::new(m));
         old
     }
 
@@ -150,7 +151,6 @@ impl Machines {
     /// Take a Machine out of every index (before re-inserting it, or for good).
     fn detach(&mut self, k: &str) -> Option<Arc<Machine>> {
         let old = self.by_key.remove(k)?;
-        let old = Arc::new(old.machine());
         if self.by_key.len() < self.provider_id_seen.len() {
             self.provider_id_seen
                 .retain(|key, _| key == k || self.by_key.contains_key(key));
@@ -169,11 +169,8 @@ impl Machines {
         Some(old)
     }
 
-    /// Replace everything after a (re-)list; returns the Machines that disappeared.
-    pub fn replace_all(
-        &mut self,
-        machines: impl IntoIterator<Item = Machine>,
-    ) -> Vec<Arc<Machine>> {
+    /// Replace everything after a (re-)list; returns the keys that disappeared.
+    pub fn replace_all(&mut self, machines: Vec<Machine>) -> Vec<Arc<Machine>> {
         let mut old = std::mem::take(&mut self.by_key);
         self.by_md.clear();
         self.by_claim.clear();
@@ -186,7 +183,7 @@ impl Machines {
         self.synced = true;
         self.provider_id_seen
             .retain(|k, _| self.by_key.contains_key(k));
-        old.into_values().map(|m| Arc::new(m.machine())).collect()
+        old.into_values().collect()
     }
 
     /// Objects the freshness bookkeeping tracks (tests check it shrinks with the index).
