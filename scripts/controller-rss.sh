@@ -9,7 +9,9 @@
 # Env:   BIN (default target/release/karpenter-capi), SIM_BIN (the binary serving the cluster,
 #        default BIN: another build may serve while BIN is the controller under test), SETTLE (seconds after ready, default 30),
 #        PORT (simulated API server, default 16443), HEALTH_PORT (default 18081),
-#        MACHINE_DEPLOYMENTS (default 10), WORK (scratch dir, default a new temp dir).
+#        MACHINE_DEPLOYMENTS (default 10), WORK (scratch dir, default a new temp dir),
+#        CLUSTER_KUBECONFIG (a kubeconfig of a cluster already served by `simulate --serve
+#        --no-controller ...`: no stand-up, so several builds or runs read the same cluster).
 # Build first: cargo build --release
 set -euo pipefail
 
@@ -34,17 +36,21 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "standing up $NODES Nodes and $PODS pods (log: $WORK/sim.log)" >&2
-"$SIM_BIN" simulate --serve --no-controller --scenario none --nodes "$NODES" --pods "$PODS" \
-  --machine-deployments "$MDS" --deadline 1h --port "$PORT" \
-  --kubeconfig-out "$KUBECONFIG_OUT" >"$WORK/sim.log" 2>&1 &
-SIM=$!
-# The server says it is serving once the Nodes and pods are in.
-until grep -q "serving the simulated cluster" "$WORK/sim.log"; do
-  kill -0 "$SIM" 2>/dev/null || { cat "$WORK/sim.log" >&2; exit 1; }
-  sleep 1
-done
-echo "cluster up after ${SECONDS}s" >&2
+if [ -n "${CLUSTER_KUBECONFIG:-}" ]; then
+  KUBECONFIG_OUT=$CLUSTER_KUBECONFIG
+else
+  echo "standing up $NODES Nodes and $PODS pods (log: $WORK/sim.log)" >&2
+  "$SIM_BIN" simulate --serve --no-controller --scenario none --nodes "$NODES" --pods "$PODS" \
+    --machine-deployments "$MDS" --deadline 1h --port "$PORT" \
+    --kubeconfig-out "$KUBECONFIG_OUT" >"$WORK/sim.log" 2>&1 &
+  SIM=$!
+  # The server says it is serving once the Nodes and pods are in.
+  until grep -q "serving the simulated cluster" "$WORK/sim.log"; do
+    kill -0 "$SIM" 2>/dev/null || { cat "$WORK/sim.log" >&2; exit 1; }
+    sleep 1
+  done
+  echo "cluster up after ${SECONDS}s" >&2
+fi
 
 start=$SECONDS
 "$BIN" run --kubeconfig "$KUBECONFIG_OUT" --disable-leader-election \
@@ -63,7 +69,7 @@ hwm=$(status VmHWM)
 rss=$(status VmRSS)
 writes=$(grep -c '"offering chosen"\|deleting' "$WORK/controller.log" || true)
 # What was stood up, from the server's last progress line (claims lost to timeouts show here).
-stood=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/sim.log" | grep -o 'nodes [0-9]*' | tail -1 | awk '{print $2}')
+stood=$(sed 's/\x1b\[[0-9;]*m//g' "$WORK/sim.log" 2>/dev/null | grep -o 'nodes [0-9]*' | tail -1 | awk '{print $2}' || true)
 printf 'controller ready after %ss on %s Nodes (asked %s) / %s pods\n' "$ready" "${stood:-?}" "$NODES" "$PODS"
 printf 'at ready:          VmHWM %d MiB, VmRSS %d MiB\n' $((hwm_ready / 1024)) $((rss_ready / 1024))
 printf 'after %ss more:    VmHWM %d MiB, VmRSS %d MiB\n' "$SETTLE" $((hwm / 1024)) $((rss / 1024))

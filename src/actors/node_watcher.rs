@@ -11,12 +11,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
 use super::messages::Kick;
+use crate::state::compact::CompactNode;
 use crate::state::machines::bound_claim;
 use crate::state::nodes::provider_id;
 
 pub struct NodeWatcher {
     shared: Arc<Shared>,
-    buffer: Vec<Node>,
+    buffer: Vec<CompactNode>,
 }
 
 impl NodeWatcher {
@@ -27,8 +28,8 @@ impl NodeWatcher {
         }
     }
 
-    fn route(&self, n: &Node) {
-        let Some(pid) = provider_id(n) else { return };
+    fn route(&self, pid: Option<&str>) {
+        let Some(pid) = pid else { return };
         let claim = self
             .shared
             .state
@@ -67,27 +68,31 @@ impl StreamHandler<Result<watcher::Event<Node>, watcher::Error>> for NodeWatcher
     fn handle(&mut self, ev: Result<watcher::Event<Node>, watcher::Error>, _: &mut Self::Context) {
         match ev {
             Ok(watcher::Event::Init) => self.buffer.clear(),
-            Ok(watcher::Event::InitApply(n)) => self.buffer.push(n),
+            // Compacted as they arrive, so the initial list is never held whole.
+            Ok(watcher::Event::InitApply(n)) => self.buffer.push(CompactNode::new(n)),
             Ok(watcher::Event::InitDone) => {
                 let fresh = std::mem::take(&mut self.buffer);
                 let gone = self.shared.state.nodes.write().replace_all(fresh);
                 for n in gone {
-                    self.route(&n);
+                    self.route(n.provider_id());
                 }
-                let all: Vec<_> = self.shared.state.nodes.read().all().cloned().collect();
-                for n in all {
-                    self.route(&n);
+                let all: Vec<Box<str>> = (self.shared.state.nodes.read().all())
+                    .filter_map(|n| n.provider_id().map(Box::from))
+                    .collect();
+                for pid in all {
+                    self.route(Some(&pid));
                 }
                 self.shared.synced.notify_waiters();
             }
             Ok(watcher::Event::Apply(n)) => {
-                self.shared.state.nodes.write().apply(n.clone());
-                self.route(&n);
+                let pid = provider_id(&n).map(Box::<str>::from);
+                self.shared.state.nodes.write().apply(n);
+                self.route(pid.as_deref());
                 self.shared.router.disruption_changed();
             }
             Ok(watcher::Event::Delete(n)) => {
                 self.shared.state.nodes.write().remove(&n.name_any());
-                self.route(&n);
+                self.route(provider_id(&n));
                 self.shared.router.disruption_changed();
             }
             Err(e) => tracing::warn!(error = %e, "Node watch failed; it will re-list"),

@@ -446,7 +446,7 @@ impl Provisioner {
         let claims = self.shared.state.claims.read();
         let nodes = self.shared.state.nodes.read();
         self.nominations
-            .retain(|_, place| claims.contains(place) || nodes.get(place).is_some());
+            .retain(|_, place| claims.contains(place) || nodes.contains(place));
     }
 
     /// Whether a pod of a new claim was planned by an earlier solve onto another claim still

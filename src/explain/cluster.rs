@@ -25,6 +25,7 @@ use crate::capi::template::TemplateCapacity;
 use crate::capi::template::read_templates;
 use crate::capi::version::{self, CapiVersion};
 use crate::state::State;
+use crate::state::compact::CompactNode;
 use crate::state::feed::Index;
 use crate::view::catalog::{CatalogView, resolve_nodeclass};
 use crate::view::{Inputs, Settings};
@@ -239,7 +240,10 @@ pub async fn read(
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();
     state.claims.write().replace_all(claims);
-    state.nodes.write().replace_all(nodes);
+    state
+        .nodes
+        .write()
+        .replace_all(nodes.into_iter().map(CompactNode::new).collect());
     state.pods.write().replace_all(pods);
     state.daemonsets.write().replace_all(daemonsets);
     Index::reset(

@@ -3,6 +3,7 @@
 //! already knows). They mirror the API and make no decisions.
 
 pub mod claims;
+pub mod compact;
 pub mod daemonsets;
 pub mod feed;
 pub mod machines;

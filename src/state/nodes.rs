@@ -1,11 +1,13 @@
 //! Nodes of the workload cluster, by name and by provider ID (Cluster API matches provider IDs
-//! exactly, so the index is exact too).
+//! exactly, so the index is exact too). Kept compact (`compact::CompactNode`): a Node asked for
+//! by name or provider ID is rebuilt whole; a pass over all of them reads the compact form.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::ResourceExt;
+
+use super::compact::CompactNode;
 
 pub fn provider_id(n: &Node) -> Option<&str> {
     n.spec
@@ -16,23 +18,26 @@ pub fn provider_id(n: &Node) -> Option<&str> {
 
 #[derive(Default)]
 pub struct Nodes {
-    by_name: HashMap<String, Arc<Node>>,
-    by_provider_id: HashMap<String, String>,
+    by_name: HashMap<Arc<str>, CompactNode>,
+    by_provider_id: HashMap<Box<str>, Arc<str>>,
     synced: bool,
 }
 
 impl Nodes {
     pub fn get(&self, name: &str) -> Option<Arc<Node>> {
-        self.by_name.get(name).cloned()
+        self.by_name.get(name).map(|n| Arc::new(n.node()))
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
     }
 
     pub fn by_provider_id(&self, pid: &str) -> Option<Arc<Node>> {
-        self.by_provider_id
-            .get(pid)
-            .and_then(|n| self.by_name.get(n).cloned())
+        self.by_provider_id.get(pid).and_then(|n| self.get(n))
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Node>> {
+    /// Every Node in its compact form (nothing rebuilt).
+    pub fn all(&self) -> impl Iterator<Item = &CompactNode> {
         self.by_name.values()
     }
 
@@ -48,33 +53,37 @@ impl Nodes {
         self.synced
     }
 
-    pub fn apply(&mut self, mut n: Node) -> Option<Arc<Node>> {
-        super::trim::node(&mut n);
-        let name = n.name_any();
-        let old = self.remove(&name);
-        if let Some(pid) = provider_id(&n) {
-            self.by_provider_id.insert(pid.to_string(), name.clone());
-        }
-        self.by_name.insert(name, Arc::new(n));
-        old
+    pub fn apply(&mut self, n: Node) {
+        self.insert(CompactNode::new(n));
     }
 
-    pub fn remove(&mut self, name: &str) -> Option<Arc<Node>> {
+    fn insert(&mut self, n: CompactNode) {
+        self.remove(n.name());
+        if let Some(pid) = n.provider_id() {
+            self.by_provider_id
+                .insert(Box::from(pid), n.shared_name().clone());
+        }
+        self.by_name.insert(n.shared_name().clone(), n);
+    }
+
+    pub fn remove(&mut self, name: &str) -> Option<CompactNode> {
         let old = self.by_name.remove(name)?;
-        if let Some(pid) = provider_id(&old)
-            && self.by_provider_id.get(pid).map(String::as_str) == Some(name)
+        if let Some(pid) = old.provider_id()
+            && self.by_provider_id.get(pid).is_some_and(|n| **n == *name)
         {
             self.by_provider_id.remove(pid);
         }
         Some(old)
     }
 
-    pub fn replace_all(&mut self, nodes: Vec<Node>) -> Vec<Arc<Node>> {
+    /// Replace everything after a (re-)list (compacted as it arrived); returns the Nodes that
+    /// disappeared.
+    pub fn replace_all(&mut self, nodes: Vec<CompactNode>) -> Vec<CompactNode> {
         let mut old = std::mem::take(&mut self.by_name);
         self.by_provider_id.clear();
         for n in nodes {
-            old.remove(&n.name_any());
-            self.apply(n);
+            old.remove(n.name());
+            self.insert(n);
         }
         self.synced = true;
         old.into_values().collect()

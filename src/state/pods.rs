@@ -8,6 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::ResourceExt;
 
+use super::compact::Patched;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
 use crate::scheduling::selector::tolerates;
@@ -220,9 +221,10 @@ pub fn is_provisionable(p: &Pod) -> bool {
 }
 
 /// One pod as the index keeps it. Provisionable pods stay whole (every solve reads them, and
-/// there are few); every other pod is kept as its trimmed JSON, about a sixth of the memory of a
-/// `Pod` value (whose many optional fields take room even when empty), and decoded when read.
-/// What the hot paths ask of every bound pod is kept beside it, so they never decode.
+/// there are few); every other pod is kept as the difference of its trimmed JSON from the first
+/// pod of its family (`family`), a fraction of the memory of a `Pod` value (whose many optional
+/// fields take room even when empty), and decoded when read. What the hot paths ask of every
+/// bound pod is kept beside it, so they never decode.
 struct Entry {
     stored: Stored,
     /// The node it counts on (bound and not terminal): its requests are in `requested`. The
@@ -236,6 +238,8 @@ struct Entry {
 
 enum Stored {
     Whole(Arc<Pod>),
+    Patched(Patched),
+    /// The trimmed JSON, for a pod a merge patch cannot describe.
     Packed(Box<[u8]>),
 }
 
@@ -245,6 +249,13 @@ impl Entry {
             Stored::Whole(p) => Some(p.clone()),
             // Bytes this index wrote from a `Pod`: decoding them fails only on a bug, and then
             // the pod is left out rather than the controller stopped.
+            Stored::Patched(p) => match p.value().and_then(serde_json::from_value::<Pod>) {
+                Ok(p) => Some(Arc::new(p)),
+                Err(e) => {
+                    tracing::error!(error = %e, "a pod in the index could not be decoded");
+                    None
+                }
+            },
             Stored::Packed(bytes) => match serde_json::from_slice::<Pod>(bytes) {
                 Ok(p) => Some(Arc::new(p)),
                 Err(e) => {
@@ -254,6 +265,29 @@ impl Entry {
             },
         }
     }
+}
+
+/// Pods alike enough to share a prototype: those of one controller (ReplicaSet, StatefulSet,
+/// Job...), else those of one namespace with the same labels.
+fn family(p: &Pod) -> String {
+    let mut f = p.namespace().unwrap_or_default();
+    f.push('\0');
+    match p
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+    {
+        Some(o) => f.push_str(&o.uid),
+        None => {
+            for (k, v) in p.labels() {
+                f.push_str(k);
+                f.push('=');
+                f.push_str(v);
+                f.push('\0');
+            }
+        }
+    }
+    f
 }
 
 /// What a pod adds to its node's requests: its effective requests and one `pods`.
@@ -288,6 +322,10 @@ pub struct Pods {
     with_terms: usize,
     /// Per DaemonSet uid, the key of its newest pod (upstream's `GetDaemonSetPod`).
     daemon_pods: HashMap<String, Arc<str>>,
+    /// Per `family`, the JSON of its first pod, which its packed pods are stored against.
+    prototypes: HashMap<Box<str>, Arc<serde_json::Value>>,
+    /// How many prototypes were left by the last sweep of unused ones.
+    prototypes_swept: usize,
     synced: bool,
 }
 
@@ -417,9 +455,9 @@ impl Pods {
         let pod_terms = has_pod_terms(&p);
         self.with_terms += usize::from(pod_terms);
         let host_ports = has_host_ports(&p);
-        let stored = match serde_json::to_vec(&p) {
-            Ok(bytes) if !provisionable => Stored::Packed(bytes.into_boxed_slice()),
-            _ => Stored::Whole(Arc::new(p)),
+        let stored = match provisionable {
+            true => Stored::Whole(Arc::new(p)),
+            false => self.pack(p),
         };
         if let Some((uid, created)) = &daemonset {
             let newer = match self.daemon_pods.get::<str>(uid) {
@@ -451,6 +489,28 @@ impl Pods {
             self.newest_daemon_pod(&uid);
         }
         provisionable
+    }
+
+    /// A pod that is not provisionable, as the index stores it.
+    fn pack(&mut self, p: Pod) -> Stored {
+        let Ok(value) = serde_json::to_value(&p) else {
+            return Stored::Whole(Arc::new(p));
+        };
+        if self.prototypes.len() >= (self.prototypes_swept * 2).max(64) {
+            self.prototypes.retain(|_, v| Arc::strong_count(v) > 1);
+            self.prototypes_swept = self.prototypes.len();
+        }
+        let proto = self
+            .prototypes
+            .entry(family(&p).into_boxed_str())
+            .or_insert_with(|| Arc::new(value.clone()));
+        match Patched::new(proto, &value) {
+            Some(patched) => Stored::Patched(patched),
+            None => match serde_json::to_vec(&value) {
+                Ok(bytes) => Stored::Packed(bytes.into_boxed_slice()),
+                Err(_) => Stored::Whole(Arc::new(p)),
+            },
+        }
     }
 
     /// The shared name of a node: `by_node`'s key when the node has pods already.
@@ -510,7 +570,7 @@ impl Pods {
                 Stored::Whole(p) => node_name(p).is_some(),
                 // A bound pod is never provisionable, so never whole; `node` misses only
                 // terminal ones, which are events too.
-                Stored::Packed(_) => true,
+                Stored::Patched(_) | Stored::Packed(_) => true,
             })
             .filter_map(Entry::pod)
             .filter_map(|p| f(&p))
@@ -533,6 +593,8 @@ impl Pods {
         self.daemon_requested.clear();
         self.with_terms = 0;
         self.daemon_pods.clear();
+        self.prototypes.clear();
+        self.prototypes_swept = 0;
         for p in pods {
             self.apply(p);
         }

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::ResourceExt;
 
 use super::Inputs;
@@ -22,6 +22,7 @@ use crate::api::wellknown::{
 };
 use crate::scheduling::default_spread::DefaultSpread;
 use crate::scheduling::{self, ExistingNode, PoolInput, PreferencePolicy, Snapshot};
+use crate::state::compact::CompactNode;
 use crate::state::{State, pods};
 
 /// Which bound pods a snapshot carries. The solver reads bound pods for two things only: the
@@ -47,10 +48,14 @@ pub fn build<'a>(
 ) -> Snapshot {
     let st = view.state;
     let pods_idx = st.pods.read();
-    let node_list: Vec<Arc<Node>> = st.nodes.read().all().cloned().collect();
+    let nodes_idx = st.nodes.read();
+    let node_list: Vec<&CompactNode> = nodes_idx.all().collect();
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
     let claim_of_node = claims_by_node(&claims);
-    let deleting = deleting_nodes(node_list.iter(), &nodes_of_deleting_claims(claims.iter()));
+    let deleting = deleting_nodes(
+        node_list.iter().copied(),
+        &nodes_of_deleting_claims(claims.iter()),
+    );
     let mut pods: Vec<Pod> = pods_idx
         .provisionable()
         .iter()
@@ -90,39 +95,25 @@ pub fn build<'a>(
     };
     let mut nodes: Vec<ExistingNode> = Vec::new();
     for n in &node_list {
-        if deleting.contains(&n.name_any())
-            || n.spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false)
-        {
+        if deleting.contains(n.name()) || n.unschedulable() {
             continue;
         }
-        let name = n.name_any();
+        let name = n.name().to_string();
         let claim = claim_of_node.get(&name);
         let requested = pods_idx.requested_on(&name);
-        let allocatable = n
-            .status
-            .as_ref()
-            .and_then(|s| s.allocatable.as_ref())
-            .and_then(|a| Resources::from_k8s(a).ok())
-            .unwrap_or_default();
+        let allocatable = n.allocatable();
         let startup: Vec<Taint> = claim
             .and_then(|c| c.spec.startup_taints.clone())
             .unwrap_or_default();
         let mut node = ExistingNode {
             name: name.clone(),
-            labels: n.labels().clone(),
-            taints: n
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.clone())
-                .unwrap_or_default(),
+            labels: n.labels().to_map(),
+            taints: n.taints().to_vec(),
             allocatable,
             requested,
             daemon_requested: pods_idx.daemon_requested_on(&name),
             in_flight: false,
-            nodepool: n.labels().get(NODEPOOL_LABEL).cloned(),
+            nodepool: n.labels().get(NODEPOOL_LABEL).map(String::from),
         };
         // Until it is initialized a node's startup taints are its own start-up, not a refusal
         // (the solver drops ephemeral taints the same way); afterwards every taint counts. Its
@@ -142,7 +133,7 @@ pub fn build<'a>(
         nodes.push(node);
     }
     let node_names: std::collections::HashSet<String> =
-        node_list.iter().map(|n| n.name_any()).collect();
+        node_list.iter().map(|n| n.name().to_string()).collect();
     for c in &claims {
         let has_node = c
             .status
@@ -309,18 +300,12 @@ fn nodes_of_deleting_claims<'c>(
 /// `MarkedForDeletion`; `of_deleting_claims` from [`nodes_of_deleting_claims`]). They take no
 /// pods, and their pods are planned for elsewhere.
 fn deleting_nodes<'n>(
-    nodes: impl Iterator<Item = &'n Arc<Node>>,
+    nodes: impl Iterator<Item = &'n CompactNode>,
     of_deleting_claims: &HashSet<String>,
 ) -> HashSet<String> {
     nodes
-        .filter(|n| {
-            n.metadata.deletion_timestamp.is_some()
-                || n.metadata
-                    .name
-                    .as_ref()
-                    .is_some_and(|name| of_deleting_claims.contains(name))
-        })
-        .map(|n| n.name_any())
+        .filter(|n| n.deleting() || of_deleting_claims.contains(n.name()))
+        .map(|n| n.name().to_string())
         .collect()
 }
 

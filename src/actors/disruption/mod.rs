@@ -172,7 +172,7 @@ impl Disruption {
         // Nodes that are gone have no countdown to keep.
         {
             let nodes = self.shared.state.nodes.read();
-            self.pod_events.retain(|n, _| nodes.get(n).is_some());
+            self.pod_events.retain(|n, _| nodes.contains(n));
         }
         // Candidates a finished command deleted count as its own until the index shows them
         // deleting: a pass that comes before that watch event must not see their budget free.
