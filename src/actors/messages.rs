@@ -1,5 +1,5 @@
 //! The messages actors send each other, in one place so that both sides import them from here
-//! (the claim actor and the Scaler never import each other). DESIGN.md section 3 draws the flow.
+//! (the claim actor and the Scaler never import each other). docs/architecture.md draws the flow.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The behaviour, as actors (DESIGN.md section 3). Watches feed `state/` and route changes to the
+//! The behaviour, as actors (docs/architecture.md). Watches feed `state/` and route changes to the
 //! actor that waits; actors own in-flight state and side effects; decisions are pure functions
 //! (`scaler::plan`, `catalog::offerings`).
 //!

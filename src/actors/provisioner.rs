@@ -1,4 +1,4 @@
-//! The provisioner: pending pods become right-sized NodeClaims (REFERENCE.md section 4).
+//! The provisioner: pending pods become right-sized NodeClaims (Karpenter core v1's provisioning controller).
 //!
 //! It watches Pods and DaemonSets, batches provisionable pods (a batch ends after
 //! `BATCH_IDLE_DURATION` without a new pod, or `BATCH_MAX_DURATION` after it opened), takes a

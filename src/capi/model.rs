@@ -2,7 +2,7 @@
 //! `cluster.x-k8s.io/v1beta1` or `v1beta2` JSON. The rest of the controller never sees which
 //! version the management cluster speaks, except through the `version` field kept for writes.
 //!
-//! Where the versions differ (REFERENCE.md section 6):
+//! Where the versions differ:
 //! - `infrastructureRef`: v1beta1 `apiVersion` (split into group and version) vs v1beta2
 //!   `apiGroup` (version left to discovery);
 //! - failure reason/message: v1beta1 `status.failure*` vs v1beta2

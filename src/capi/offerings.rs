@@ -1,4 +1,4 @@
-//! Instance types from MachineDeployments (DESIGN.md section 5), as a pure function of the
+//! Instance types from MachineDeployments (docs/design.md), as a pure function of the
 //! MachineDeployments, their infrastructure templates and a NodeClass's selector.
 //!
 //! One MachineDeployment is one offering. MachineDeployments that share an instance-type label

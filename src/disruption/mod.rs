@@ -1,5 +1,5 @@
-//! Disruption decisions, pure (Karpenter core v1's disruption controller, REFERENCE.md
-//! section 5): given the candidates, a cluster snapshot and the budgets, pick at most one
+//! Disruption decisions, pure (Karpenter core v1's disruption controller;
+//! docs/disruption.md compares it rule by rule): given the candidates, a cluster snapshot and the budgets, pick at most one
 //! command, trying the methods in upstream's order: emptiness, drift, multi-node consolidation,
 //! single-node consolidation. The `actors::disruption` actor gathers the inputs, validates the
 //! command after a pause and carries it out. Expiration is not here: it is forceful and ignores

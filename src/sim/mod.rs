@@ -1,4 +1,4 @@
-//! The simulated cluster (DESIGN.md section 6): a real HTTP Kubernetes API server in-process on
+//! The simulated cluster (docs/simulated-cluster.md): a real HTTP Kubernetes API server in-process on
 //! 127.0.0.1, which the controller, tests and benchmarks reach through an ordinary `kube::Client`.
 //! What it does and does not do compared with kube-apiserver: docs/simulated-cluster.md.
 

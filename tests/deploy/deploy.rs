@@ -69,7 +69,7 @@ enum Scope {
 enum Use {
     /// Called today, from this code.
     Code(#[allow(dead_code)] &'static str),
-    /// Required by an actor DESIGN.md section 3 describes and the code does not have yet.
+    /// Required by an actor that is planned and the code does not have yet.
     Planned(#[allow(dead_code)] &'static str),
 }
 
@@ -137,7 +137,7 @@ const NEEDS: &[Need] = &[
     need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write")),
-    need(Management, "cluster.x-k8s.io", "machinesets", &["get", "list", "watch"], Planned("MachineSet walk, DESIGN.md section 2")),
+    need(Management, "cluster.x-k8s.io", "machinesets", &["get", "list", "watch"], Planned("MachineSet walk")),
     need(Management, "infrastructure.cluster.x-k8s.io", "*machinetemplates", &["get"], Code("actors/catalog.rs fetch_missing_templates")),
 ];
 

@@ -1,8 +1,8 @@
 //! Disruption end to end against the simulated cluster: emptiness within budgets, nodes that
 //! do-not-disrupt and PodDisruptionBudgets protect, drift replaced before it goes, forceful
 //! expiration, cheaper replacement, a failed replacement rolled back, and a controller killed
-//! mid-command whose marks the next one rolls back. Each test ends with the DESIGN.md section 4
-//! invariants and no drain rule broken.
+//! mid-command whose marks the next one rolls back. Each test ends with the controller's
+//! invariants (`simulate::invariants`) and no drain rule broken.
 
 use crate::common;
 

@@ -1,6 +1,6 @@
 //! The launch path end to end against the simulated cluster: NodeClaims become Machines, Nodes
 //! and initialized claims; concurrency, timeouts, max-size, deletion, restarts and both Cluster
-//! API versions. Every test ends with the DESIGN.md section 4 invariants.
+//! API versions. Every test ends with the controller's invariants.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

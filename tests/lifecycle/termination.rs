@@ -2,7 +2,7 @@
 //! Terminator before its Machine goes (Karpenter's order, PodDisruptionBudgets, do-not-disrupt,
 //! forced deletion at the claim's deadline), and `kubectl delete node` runs the same flow. The
 //! simulated server audits every pod removal; each test ends with no violation and the
-//! DESIGN.md section 4 invariants.
+//! controller's invariants (`simulate::invariants`).
 
 use std::time::{Duration, Instant};
 

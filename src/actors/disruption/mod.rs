@@ -1,5 +1,4 @@
-//! The Disruption actor (leader only; DESIGN.md's `Disruption --Disrupt--> NodeClaimActor`, here
-//! by deleting the claim, whose termination the Terminator drains). It loops as Karpenter core
+//! The Disruption actor (leader only; it disrupts a claim by deleting it, whose termination the Terminator drains). It loops as Karpenter core
 //! v1 does: a pass whenever the cluster changes (debounced) and at least every `poll`:
 //!
 //! 1. Expired claims are deleted, whatever the budgets say (expiration is forceful in v1).

@@ -2,7 +2,7 @@
 //!
 //! The actor is level-triggered: every message only records what arrived and asks for a
 //! reconcile; one reconcile runs at a time and reads the claim, its Machine and its Node from the
-//! indexes, then takes the next step(s) (REFERENCE.md section 3). Whatever a step needs to know
+//! indexes, then takes the next step(s) (Karpenter core v1's NodeClaim lifecycle). Whatever a step needs to know
 //! later is written to the API first, so a restarted controller resumes at the same step.
 
 use std::collections::HashSet;

@@ -33,7 +33,7 @@ use crate::view::node::{node_initialized, node_ready, same_taint};
 pub const READY_WAIT: Duration = Duration::from_secs(2);
 
 impl Step {
-    /// Registration (REFERENCE.md section 3): sync the claim onto the Node, take the
+    /// Registration (Karpenter core v1's NodeClaim lifecycle): sync the claim onto the Node, take the
     /// unregistered taint off, own the Node; then `Registered=True`.
     pub(super) async fn register(&mut self, node: &Node) -> Result<Next, Error> {
         let c = self.claim.clone();

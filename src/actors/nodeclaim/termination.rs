@@ -1,4 +1,4 @@
-//! Termination of a deleted claim (REFERENCE.md section 3, Karpenter core v1's termination flow):
+//! Termination of a deleted claim (Karpenter core v1's termination flow):
 //!
 //! 1. With a `terminationGracePeriod`, stamp `karpenter.sh/nodeclaim-termination-timestamp`
 //!    (deletion + grace): the moment every pod must be gone.

@@ -1,5 +1,5 @@
 //! Termination: draining a node the way Karpenter does before its Machine is released
-//! (DESIGN.md section 3, `NodeClaimActor --Drain(node)--> Terminator`). The decisions are pure
+//! (the claim actor sends `Drain(node)`; docs/architecture.md). The decisions are pure
 //! (`drain::plan`); this actor carries them out.
 //!
 //! The claim actor asks `Drain` on every reconcile of a terminating claim and gets where the drain

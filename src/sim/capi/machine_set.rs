@@ -246,7 +246,7 @@ impl Inner {
     }
 }
 
-/// Scale-down order inside one MachineSet (REFERENCE.md section 6): Machines already being
+/// Scale-down order inside one MachineSet (Cluster API's MachineSet controller): Machines already being
 /// deleted (they count until gone), then Machines marked with the delete-machine annotation,
 /// then Machines without a Node (still provisioning), then the oldest.
 pub(super) fn deletion_rank(m: &DynamicObject) -> (u8, Option<jiff::Timestamp>, String) {
