@@ -1,0 +1,260 @@
+use serde_json::json;
+
+use super::*;
+use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
+
+/// Why the claim may not be disrupted voluntarily, if anything protects it.
+fn protected(
+    c: &NodeClaim,
+    node: &Node,
+    on_node: &[Arc<Pod>],
+    pdbs: &PdbIndex,
+    now: Timestamp,
+) -> Option<String> {
+    node_protected(c, node).or_else(|| pods_protected(on_node, pdbs, now))
+}
+
+fn at(t: &str) -> Timestamp {
+    t.parse().expect("a timestamp")
+}
+
+fn claim_with(conditions: serde_json::Value, deleting: bool) -> NodeClaim {
+    let mut c: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": "c"},
+        "spec": {"requirements": [], "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}},
+        "status": {"conditions": conditions}
+    }))
+    .expect("a NodeClaim");
+    if deleting {
+        c.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            at("2026-01-01T09:00:00Z"),
+        ));
+    }
+    c
+}
+
+fn node_with(ready: &str) -> Node {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]}
+    }))
+    .expect("a Node")
+}
+
+fn cond(ty: &str) -> serde_json::Value {
+    json!({"type": ty, "status": "True", "reason": ty, "lastTransitionTime": "2026-01-01T08:00:00Z"})
+}
+
+fn pod_of(extra: serde_json::Value) -> Arc<Pod> {
+    let mut v = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns", "labels": {"app": "a"}},
+        "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
+        "status": {"phase": "Running", "startTime": "2026-01-01T09:59:00Z"}
+    });
+    crate::test_support::merge(&mut v, extra);
+    Arc::new(serde_json::from_value(v).expect("a Pod"))
+}
+
+fn pdb_index(spec: serde_json::Value, allowed: i32) -> PdbIndex {
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "b", "namespace": "ns"},
+        "spec": spec,
+        "status": {"disruptionsAllowed": allowed, "currentHealthy": 0, "desiredHealthy": 0,
+                   "expectedPods": 1}
+    }))
+    .expect("a PDB");
+    PdbIndex::new(&BTreeMap::from([("ns/b".to_string(), Arc::new(pdb))]))
+}
+
+/// Audit rows 8, 9, 10 and 24: which pods protect their node from voluntary disruption.
+#[test]
+fn candidates_are_protected_as_upstream_protects_them() {
+    let now = at("2026-01-01T10:00:00Z");
+    let claim = claim_with(json!([]), false);
+    let node = node_with("True");
+    let none = pdb_index(json!({"selector": {"matchLabels": {"other": "x"}}}), 0);
+    let protects = |p: Arc<Pod>, pdbs: &PdbIndex| protected(&claim, &node, &[p], pdbs, now);
+
+    // do-not-disrupt as a duration: protects until the pod has run that long.
+    let dnd =
+        |v: &str| pod_of(json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: v}}}));
+    assert!(
+        protects(dnd("30m"), &none).is_some(),
+        "started a minute ago"
+    );
+    assert!(protects(dnd("30s"), &none).is_none(), "ran past its 30s");
+    assert!(protects(dnd("true"), &none).is_some());
+    assert!(
+        protects(dnd("soon"), &none).is_none(),
+        "an invalid value protects nothing"
+    );
+
+    // A terminating pod protects nothing, do-not-disrupt or not.
+    let terminating = pod_of(json!({"metadata": {
+        "annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"},
+        "deletionTimestamp": "2026-01-01T09:59:30Z"}}));
+    assert!(protects(terminating, &none).is_none());
+
+    // A PDB that allows no disruption protects its pods, DaemonSet pods included...
+    let blocking = pdb_index(json!({"selector": {"matchLabels": {"app": "a"}}}), 0);
+    assert!(protects(pod_of(json!({})), &blocking).is_some());
+    let daemon = pod_of(
+        json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1",
+        "kind": "DaemonSet", "name": "ds", "uid": "d", "controller": true}]}}),
+    );
+    assert!(protects(daemon, &blocking).is_some());
+    // ...but not a pod that tolerates the disrupted taint (a drain leaves it).
+    let tolerating = pod_of(json!({"spec": {"tolerations": [
+        {"key": "karpenter.sh/disrupted", "operator": "Exists", "effect": "NoSchedule"}]}}));
+    assert!(protects(tolerating, &blocking).is_none());
+
+    // AlwaysAllow: an unhealthy pod may always be evicted; a healthy one is protected.
+    let always = pdb_index(
+        json!({"selector": {"matchLabels": {"app": "a"}},
+               "unhealthyPodEvictionPolicy": "AlwaysAllow"}),
+        0,
+    );
+    let unready = pod_of(json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}));
+    assert!(protects(unready, &always).is_none());
+    let ready = pod_of(json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
+    assert!(protects(ready, &always).is_some());
+}
+
+/// Audit rows 5 and 19: NotReady Nodes use up the budget; only initialized claims count,
+/// and not once their instance is terminating.
+#[test]
+fn budgets_count_as_upstream_does() {
+    let now = at("2026-01-01T10:00:00Z");
+    let initialized = claim_with(json!([cond("Initialized")]), false);
+    let standing =
+        |c: &NodeClaim, ready: &str| budget_standing(c, Some(&node_with(ready)), false, now);
+    assert_eq!(
+        standing(&initialized, "True"),
+        BudgetStanding {
+            counted: true,
+            disrupting: false
+        }
+    );
+    assert_eq!(
+        standing(&initialized, "False"),
+        BudgetStanding {
+            counted: true,
+            disrupting: true
+        },
+        "a NotReady node is disrupting"
+    );
+    assert_eq!(
+        standing(&initialized, "Unknown"),
+        BudgetStanding {
+            counted: true,
+            disrupting: true
+        }
+    );
+    let failed_launch = claim_with(json!([]), true);
+    assert_eq!(
+        standing(&failed_launch, "True"),
+        BudgetStanding {
+            counted: false,
+            disrupting: false
+        },
+        "a deleting claim that never initialized uses no budget"
+    );
+    let terminating = claim_with(
+        json!([cond("Initialized"), cond("InstanceTerminating")]),
+        true,
+    );
+    assert_eq!(
+        standing(&terminating, "True"),
+        BudgetStanding {
+            counted: false,
+            disrupting: false
+        }
+    );
+    let leaving = claim_with(json!([cond("Initialized")]), true);
+    assert_eq!(
+        standing(&leaving, "True"),
+        BudgetStanding {
+            counted: true,
+            disrupting: true
+        }
+    );
+    // Its Node already gone while the claim is deleted: still counted, and disrupting.
+    assert_eq!(
+        budget_standing(&leaving, None, false, now),
+        BudgetStanding {
+            counted: true,
+            disrupting: true
+        }
+    );
+
+    // 10 initialized claims, 3 of their Nodes NotReady, the default 10 % budget: nothing
+    // more may be disrupted.
+    let np: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"},
+        "spec": {"template": {"spec": {"requirements": [],
+                    "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}}}
+    }))
+    .expect("a NodePool");
+    let (mut total, mut busy) = (0, 0);
+    for i in 0..10 {
+        let s = standing(&initialized, if i < 3 { "False" } else { "True" });
+        total += usize::from(s.counted);
+        busy += usize::from(s.disrupting);
+    }
+    // Two more claims deleting before they ever initialized: outside the count.
+    for _ in 0..2 {
+        let s = standing(&failed_launch, "True");
+        total += usize::from(s.counted);
+        busy += usize::from(s.disrupting);
+    }
+    let allowed = crate::disruption::budgets::allowed(
+        &np,
+        DisruptionReason::Underutilized,
+        total,
+        busy,
+        now.as_second(),
+    );
+    assert_eq!((total, busy, allowed), (10, 3, 0));
+}
+
+#[test]
+fn consolidate_after_never_counts_from_before_the_actor_started() {
+    let np: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"},
+        "spec": {"template": {"spec": {"requirements": [],
+                    "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}},
+                 "disruption": {"consolidateAfter": "60s"}}
+    }))
+    .expect("a NodePool");
+    // Initialized an hour ago, no pod event seen since.
+    let claim: NodeClaim = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim", "metadata": {"name": "c"},
+        "spec": {"requirements": [], "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}},
+        "status": {"conditions": [{"type": "Initialized", "status": "True",
+            "reason": "Initialized", "lastTransitionTime": "2026-01-01T09:00:00Z"}]}
+    }))
+    .expect("a NodeClaim");
+    let pdbs = BTreeMap::new();
+    let executing = HashSet::new();
+    let mut pod_events = HashMap::new();
+    let memory = |started: &str, pod_events: &HashMap<String, Timestamp>| -> bool {
+        let mem = Memory {
+            pdbs: &pdbs,
+            pod_events,
+            started: at(started),
+            executing: &executing,
+            nominated: &executing,
+            now: at("2026-01-01T10:00:00Z"),
+        };
+        consolidatable(&claim, &np, "n", &mem)
+    };
+    // The actor started 30 s ago: it waits, though the node was idle for an hour.
+    assert!(!memory("2026-01-01T09:59:30Z", &pod_events));
+    // Started long enough ago.
+    assert!(memory("2026-01-01T09:58:00Z", &pod_events));
+    // A pod event 10 s ago restarts the countdown.
+    pod_events.insert("n".to_string(), at("2026-01-01T09:59:50Z"));
+    assert!(!memory("2026-01-01T09:00:00Z", &pod_events));
+}
