@@ -39,8 +39,5 @@ pub mod state;
 // through the `testing` feature, which only the crate's dev-dependency on itself turns on.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
-// Unit tests in flight on other branches still name the helpers' old home.
-#[cfg(test)]
-use testing as test_support;
 pub mod view;
 pub mod write_gate;

@@ -194,7 +194,7 @@ mod tests {
             "spec": {"nodeName": "n", "containers": []},
             "status": {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"},
         });
-        crate::test_support::merge(&mut v, extra);
+        crate::testing::merge(&mut v, extra);
         serde_json::from_value(v).expect("pod")
     }
 
@@ -221,7 +221,7 @@ mod tests {
     #[test]
     fn tiers_drain_in_order() {
         let mut critical_daemon = critical();
-        crate::test_support::merge(&mut critical_daemon, daemon());
+        crate::testing::merge(&mut critical_daemon, daemon());
         let pods = vec![
             pod("cd", critical_daemon),
             pod("c", critical()),
@@ -317,7 +317,7 @@ mod tests {
     fn the_deadline_forces_deletion_in_every_tier_with_the_grace_left() {
         let deadline = t("2026-01-01T01:00:40Z");
         let mut critical_keep = critical();
-        crate::test_support::merge(
+        crate::testing::merge(
             &mut critical_keep,
             json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"}}, "spec": {"terminationGracePeriodSeconds": 60}}),
         );

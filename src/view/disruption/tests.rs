@@ -52,7 +52,7 @@ fn pod_of(extra: serde_json::Value) -> Arc<Pod> {
         "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
         "status": {"phase": "Running", "startTime": "2026-01-01T09:59:00Z"}
     });
-    crate::test_support::merge(&mut v, extra);
+    crate::testing::merge(&mut v, extra);
     Arc::new(serde_json::from_value(v).expect("a Pod"))
 }
 
