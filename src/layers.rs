@@ -48,15 +48,7 @@ const LAYERS: &[&[&str]] = &[
 /// Arrows between siblings that close a circle and are being taken apart elsewhere; each entry
 /// goes when its arrow does (the test fails on an entry whose arrow is gone, so the list only
 /// shrinks).
-const ALLOWED: &[(&str, &str)] = &[
-    // Registration and initialization of a claim share helpers both ways.
-    (
-        "actors::nodeclaim::initialization",
-        "actors::nodeclaim::registration",
-    ),
-    // `nodepool_hash` forwards from the NodePool type to the drift hash, which reads NodePools.
-    ("api::nodepool", "api::drift_hash"),
-];
+const ALLOWED: &[(&str, &str)] = &[];
 
 type Module = Vec<String>;
 

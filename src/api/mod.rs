@@ -22,8 +22,8 @@ pub use nodeclaim::{
     NodeSelectorRequirementWithMinValues, Operator,
 };
 pub use nodeclass::{ClusterAPINodeClass, ClusterAPINodeClassSpec, ClusterAPINodeClassStatus};
-pub use nodepool::{
-    Budget, Disruption, NodeClaimTemplate, NodePool, NodePoolSpec, NodePoolStatus, nodepool_hash,
-};
+pub use nodepool::{Budget, Disruption, NodeClaimTemplate, NodePool, NodePoolSpec, NodePoolStatus};
+// The drift hash of a NodePool (upstream's), stamped on claims with the hash version `v3`.
+pub use drift_hash::nodepool_hash;
 pub use requirements::{Requirement, Requirements};
 pub use validation::{ValidationErrors, validate_nodeclaim, validate_nodeclass, validate_nodepool};

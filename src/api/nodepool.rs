@@ -334,12 +334,6 @@ impl NodePool {
     }
 }
 
-/// The drift hash of a NodePool, upstream's (see `drift_hash`), stamped on claims with the hash
-/// version `v3`.
-pub fn nodepool_hash(np: &NodePool) -> String {
-    super::drift_hash::nodepool_hash(np)
-}
-
 /// The hash earlier releases of this controller stamped as `v3`: FNV-1a 64 over canonical JSON
 /// of `spec.template` without requirements and resources. Read only to recognise their claims,
 /// which are re-stamped with upstream's hash rather than drifted.
@@ -406,6 +400,7 @@ fn write_canonical(v: &serde_json::Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::drift_hash::nodepool_hash;
     use crate::api::nodeclaim::Operator;
 
     fn pool() -> NodePool {

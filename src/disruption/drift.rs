@@ -15,8 +15,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::api::drift_hash::nodepool_hash;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::{NodePool, legacy_hash, nodepool_hash};
+use crate::api::nodepool::{NodePool, legacy_hash};
 use crate::api::requirements::Requirements;
 use crate::api::wellknown::{
     NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,

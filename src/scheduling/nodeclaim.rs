@@ -7,9 +7,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
 use super::NewClaim;
+use crate::api::drift_hash::nodepool_hash;
 use crate::api::duration::GoDuration;
 use crate::api::nodeclaim::{NodeClaim, NodeClaimSpec, ResourceRequirements};
-use crate::api::nodepool::{NodePool, nodepool_hash};
+use crate::api::nodepool::NodePool;
 use crate::api::wellknown::{
     HOSTNAME_LABEL, MIN_VALUES_RELAXED_ANNOTATION, NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION,
     NODEPOOL_HASH_VERSION_ANNOTATION, NODEPOOL_LABEL,

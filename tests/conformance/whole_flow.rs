@@ -16,8 +16,8 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use karpenter_capi::actors::Settings;
+use karpenter_capi::api::drift_hash::nodepool_hash;
 use karpenter_capi::api::duration::GoDuration;
-use karpenter_capi::api::nodepool::nodepool_hash;
 use karpenter_capi::api::wellknown::{GPU_COUNT_ANNOTATION, GPU_TYPE_ANNOTATION};
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::scheduling::MinValuesPolicy;

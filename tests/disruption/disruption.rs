@@ -14,9 +14,10 @@ use serde_json::{Value, json};
 
 use common::*;
 use karpenter_capi::actors::{DisruptionSettings, Settings};
+use karpenter_capi::api::drift_hash::nodepool_hash;
 use karpenter_capi::api::duration::NillableDuration;
 use karpenter_capi::api::nodeclaim::NodeClaim;
-use karpenter_capi::api::nodepool::{NodePool, nodepool_hash};
+use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::simulate::launch::{claim_for, seed_of, settle};
 use karpenter_capi::simulate::sim_settings;

@@ -117,7 +117,7 @@ pub async fn restamp(shared: &Shared, claim: &NodeClaim, np: &NodePool) -> Resul
         true,
         "/metadata/annotations",
         NODEPOOL_HASH_ANNOTATION,
-        &crate::api::nodepool::nodepool_hash(np),
+        &crate::api::drift_hash::nodepool_hash(np),
     );
     p.set_entry(
         true,
