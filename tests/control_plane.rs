@@ -2,22 +2,28 @@
 //! the real kube-controller-manager and kube-scheduler turn a Deployment into pods bound to
 //! Nodes, the project's CRDs and the repository's NodePool example are accepted by the real
 //! kube-apiserver, and after a drop, a Ctrl-C (SIGINT) or a panic nothing it started is alive
-//! or listening and its directory is gone.
+//! or listening and its directory is gone. Module `rbac`: the controller on it under the Helm
+//! chart's RBAC only.
 
+#[macro_use]
 mod assets;
+#[path = "control_plane/rbac.rs"]
+mod rbac;
 
 fn main() -> std::process::ExitCode {
     // This binary re-runs itself as the process that is interrupted or panics (see `child`).
     if let Ok(mode) = std::env::var(CHILD) {
         return child(&mode);
     }
-    assets::main(trials![
+    let mut tests = trials![
         @tokio a_deployment_is_scheduled_onto_nodes_by_the_real_scheduler needs [ControlPlane],
         @tokio the_crds_and_the_example_nodepool_are_accepted_by_kube_apiserver needs [ControlPlane],
         @tokio nothing_is_left_running_or_listening_after_drop needs [ControlPlane],
         nothing_is_left_after_ctrl_c needs [ControlPlane],
         nothing_is_left_after_a_panic needs [ControlPlane],
-    ])
+    ];
+    tests.extend(rbac::tests());
+    assets::main(tests)
 }
 
 use std::collections::BTreeMap;

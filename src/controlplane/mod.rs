@@ -21,6 +21,7 @@
 
 mod pki;
 mod process;
+pub mod rbac;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -50,6 +51,18 @@ pub const BINARIES: [&str; 4] = [
 const CONTROLLERS: &str = "deployment-controller,replicaset-controller,disruption-controller,\
 garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,\
 serviceaccount-token-controller,namespace-controller,root-ca-certificate-publisher-controller";
+
+/// The audit log's file name in the control plane's directory.
+const AUDIT_LOG: &str = "audit.log";
+
+/// Every request at the `Metadata` level (who, what, the response code; no bodies), once it
+/// completes (or, for a watch, once it starts).
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+";
 
 /// Lines of a binary's log quoted in an error.
 const TAIL_LINES: usize = 30;
@@ -107,6 +120,9 @@ pub struct Options {
     pub assets: PathBuf,
     /// How long the whole start may take. A loaded two-core machine needs tens of seconds.
     pub startup_timeout: Duration,
+    /// Whether kube-apiserver writes an audit log (every request's user, verb, object and
+    /// response code, at the `Metadata` level) to [`ControlPlane::audit_log`].
+    pub audit: bool,
 }
 
 impl Options {
@@ -118,6 +134,7 @@ impl Options {
         Ok(Options {
             assets: PathBuf::from(assets),
             startup_timeout: Duration::from_secs(120),
+            audit: false,
         })
     }
 }
@@ -181,6 +198,7 @@ pub struct ControlPlane {
     dir: PathBuf,
     ports: Ports,
     startup: Duration,
+    audit_log: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -235,6 +253,23 @@ impl ControlPlane {
         write_kubeconfig(&cm_kubeconfig, &server, &pki.ca, &pki.controller_manager)?;
 
         let assets = options.assets.as_path();
+        let audit_log = options.audit.then(|| dir.join(AUDIT_LOG));
+        let mut audit_flags = Vec::new();
+        if let Some(log) = &audit_log {
+            let policy = dir.join("audit-policy.yaml");
+            std::fs::write(&policy, AUDIT_POLICY).map_err(|source| Error::Io {
+                what: format!("writing {}", policy.display()),
+                source,
+            })?;
+            audit_flags = args([
+                ("audit-policy-file", &path(&policy)),
+                ("audit-log-path", &path(log)),
+                // Each event is written before its response returns, so a test that has seen
+                // a response finds the request in the log.
+                ("audit-log-mode", "blocking"),
+                ("audit-log-format", "json"),
+            ]);
+        }
         let etcd_url = format!("http://127.0.0.1:{}", ports.etcd_client);
         let peer_url = format!("http://127.0.0.1:{}", ports.etcd_peer);
         process::spawn(
@@ -289,7 +324,10 @@ impl ControlPlane {
                 ("requestheader-username-headers", "X-Remote-User"),
                 ("requestheader-group-headers", "X-Remote-Group"),
                 ("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
-            ]),
+            ])
+            .into_iter()
+            .chain(audit_flags)
+            .collect::<Vec<_>>(),
         )?;
 
         let client = client_for(&kubeconfig).await?;
@@ -388,6 +426,7 @@ impl ControlPlane {
             dir,
             ports,
             startup,
+            audit_log,
         })
     }
 
@@ -430,6 +469,11 @@ impl ControlPlane {
     /// The last `lines` lines of `binary`'s log (stdout and stderr), for a failing test to show.
     pub fn log_tail(&self, binary: &str, lines: usize) -> String {
         process::tail(&self.dir.join(format!("{binary}.log")), lines)
+    }
+
+    /// kube-apiserver's audit log (JSON lines), when [`Options::audit`] asked for one.
+    pub fn audit_log(&self) -> Option<&Path> {
+        self.audit_log.as_deref()
     }
 
     /// How long [`ControlPlane::start`] took.

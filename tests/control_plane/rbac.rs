@@ -1,0 +1,488 @@
+//! The controller on the real control plane under the Helm chart's RBAC only: the chart rendered
+//! with helm and applied with kubectl, the controller started in-process (two replicas with leader
+//! election, as the chart deploys it) with nothing but the chart's ServiceAccount token, the
+//! project's Cluster API and kubelet stand-ins beside it as the administrator, and the real
+//! kube-scheduler binding the pods. kube-apiserver's audit log is the witness: not one of the
+//! ServiceAccount's requests may be refused (a missing permission), and every permission the
+//! chart grants must be used by the flow or be on [`NOT_REACHED`] with the reason (an unused one).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use karpenter_capi::actors::Controller;
+use karpenter_capi::actors::Settings;
+use karpenter_capi::api::nodeclaim::NodeClaim;
+use karpenter_capi::api::wellknown::NODEPOOL_LABEL;
+use karpenter_capi::app::{self, Campaign, ClientOptions, Replica};
+use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::controlplane::rbac::{self, Permission, ServiceAccountAccess};
+use karpenter_capi::controlplane::{ControlPlane, Options};
+use karpenter_capi::http::Health;
+use karpenter_capi::leader;
+use karpenter_capi::metrics::Metrics;
+use karpenter_capi::scheduling::default_spread::DefaultConstraints;
+use karpenter_capi::sim::capi::CapiConfig;
+use karpenter_capi::sim::kubelet::KubeletConfig;
+use karpenter_capi::sim::standin::{ShutdownTrigger, shutdown_pair};
+use karpenter_capi::simulate::launch::seed_of;
+use karpenter_capi::write_gate::WriteGate;
+
+use crate::assets::{self, Asset};
+use crate::eventually;
+
+pub fn tests() -> Vec<assets::Test> {
+    trials![
+        @actix the_controller_runs_under_the_charts_rbac_only
+            needs [ControlPlane, Helm, Kubectl, Upstream],
+    ]
+}
+
+/// The release as the chart's docs install it.
+const RELEASE: &str = "karpenter-capi";
+const NAMESPACE: &str = "karpenter-capi";
+/// The chart's default `leaderElection.name`.
+const LEASE: &str = "karpenter-capi-leader-election";
+/// Where the workload and the MachineDeployments are.
+const WORKLOAD_NS: &str = "default";
+const APP: &str = "web";
+/// Pods of 1 CPU on 4-CPU nodes: more than one node's worth.
+const REPLICAS: i32 = 5;
+
+/// Cluster API's CRDs the flow needs, from the upstream folder.
+const UPSTREAM_CRDS: [&str; 4] = [
+    "crds/cluster.x-k8s.io_machinedeployments.yaml",
+    "crds/cluster.x-k8s.io_machinesets.yaml",
+    "crds/cluster.x-k8s.io_machines.yaml",
+    "crds/infrastructure.cluster.x-k8s.io_devmachinetemplates.yaml",
+];
+
+/// Permissions the chart grants that this flow does not exercise, each with the path that needs
+/// it. Anything else granted and unused fails the test: remove it from the chart.
+const NOT_REACHED: &[(&str, &str, &str, &str)] = &[];
+
+async fn the_controller_runs_under_the_charts_rbac_only() {
+    let cp = start_audited().await;
+    let admin = cp.client();
+    install_crds(&cp, &admin).await;
+    let access = install_chart(&cp).await;
+    eprintln!(
+        "chart RBAC applied; {} permissions granted to {}",
+        access.granted().len(),
+        access.username()
+    );
+    let standins = StandIns::start(&admin);
+    seed(&admin).await;
+
+    let (a, b) = tokio::join!(replica(&access, "a"), replica(&access, "b"));
+    let (leader, standby) = one_leader(&cp, a, b).await;
+    eprintln!("{} leads, {} stands by", leader.name, standby.name);
+
+    launch(&cp, &admin).await;
+    standins.stop();
+    leader.replica.abort();
+    standby.replica.shutdown().await;
+
+    let audited = rbac::audited(&cp, &access.username())
+        .unwrap_or_else(|e| panic!("reading the audit log: {e}"));
+    eprintln!(
+        "{} requests by the ServiceAccount audited",
+        audited.requests
+    );
+    assert!(
+        audited.forbidden.is_empty(),
+        "the API server refused the controller (missing permissions):\n{}",
+        audited.forbidden.join("\n")
+    );
+    report_unused(&access, &audited.used);
+}
+
+/// A control plane whose API server keeps an audit log.
+async fn start_audited() -> ControlPlane {
+    let options = Options {
+        audit: true,
+        ..Options::from_env().expect("KUBEBUILDER_ASSETS (checked by the harness)")
+    };
+    let cp = ControlPlane::start(options)
+        .await
+        .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+    eprintln!("control plane ready in {:?}", cp.startup());
+    cp
+}
+
+/// The project's CRDs and Cluster API's, each Established.
+async fn install_crds(cp: &ControlPlane, admin: &Client) {
+    let mut crds = karpenter_capi::api::crds::all();
+    for rel in UPSTREAM_CRDS {
+        let path = assets::upstream(rel);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()));
+        crds.push(crd);
+    }
+    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in &crds {
+        api.create(&PostParams::default(), crd)
+            .await
+            .unwrap_or_else(|e| panic!("creating CRD {}: {e}", crd.name_any()));
+    }
+    for crd in &crds {
+        let name = crd.name_any();
+        eventually(cp, &format!("CRD {name} Established"), || {
+            let api = api.clone();
+            let name = name.clone();
+            async move {
+                let c = api.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+async fn install_chart(cp: &ControlPlane) -> ServiceAccountAccess {
+    let helm = assets::tool(Asset::Helm);
+    let kubectl = assets::tool(Asset::Kubectl);
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/karpenter-capi");
+    rbac::install(
+        cp,
+        &rbac::Install {
+            helm: &helm,
+            kubectl: &kubectl,
+            chart: &chart,
+            release: RELEASE,
+            namespace: NAMESPACE,
+            helm_args: &[],
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("installing the chart's RBAC: {e}"))
+}
+
+/// The Cluster API and kubelet stand-ins, as the administrator (they play Cluster API's
+/// controllers and the kubelets, which have their own permissions in a cluster).
+struct StandIns {
+    trigger: ShutdownTrigger,
+}
+
+impl StandIns {
+    fn start(admin: &Client) -> Self {
+        let (trigger, shutdown) = shutdown_pair();
+        let version = CapiVersion::V1Beta2;
+        karpenter_capi::sim::capi::spawn(
+            admin.clone(),
+            CapiConfig {
+                version,
+                provider_delay: Duration::from_millis(200),
+                jitter: Duration::from_millis(100),
+                node_delete_delay: Duration::from_millis(100),
+                ..CapiConfig::default()
+            },
+            shutdown.clone(),
+        );
+        karpenter_capi::sim::kubelet::spawn(
+            admin.clone(),
+            KubeletConfig {
+                version,
+                node_ready_delay: Duration::from_millis(200),
+                ..KubeletConfig::default()
+            },
+            shutdown,
+        );
+        StandIns { trigger }
+    }
+
+    fn stop(&self) {
+        self.trigger.trigger();
+    }
+}
+
+/// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass and a
+/// NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
+async fn seed(admin: &Client) {
+    for i in 0..2 {
+        let md =
+            karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2, &seed_of(i, 10));
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            admin.clone(),
+            WORKLOAD_NS,
+            &CapiVersion::V1Beta2.machine_deployment(),
+        );
+        api.create(&PostParams::default(), &md)
+            .await
+            .unwrap_or_else(|e| panic!("creating MachineDeployment md-{i}: {e}"));
+    }
+    create(
+        admin,
+        json!({
+            "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
+            "metadata": {"name": "default"}, "spec": {},
+        }),
+    )
+    .await;
+    create(
+        admin,
+        json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "default"},
+            "spec": {
+                "template": {"spec": {
+                    "requirements": [{
+                        "key": "karpenter.sh/capacity-type", "operator": "In",
+                        "values": ["on-demand"],
+                    }],
+                    "nodeClassRef": {
+                        "group": "karpenter.cluster.x-k8s.io",
+                        "kind": "ClusterAPINodeClass", "name": "default",
+                    },
+                }},
+                "disruption": {
+                    "consolidationPolicy": "WhenEmptyOrUnderutilized",
+                    "consolidateAfter": "Never",
+                    "budgets": [{"nodes": "100%"}],
+                },
+            },
+        }),
+    )
+    .await;
+}
+
+/// Creates a cluster-scoped object of any kind as the administrator.
+async fn create(admin: &Client, doc: Value) {
+    let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+    let (group, version) = doc["apiVersion"]
+        .as_str()
+        .and_then(|v| v.split_once('/'))
+        .expect("a group/version");
+    let resource =
+        kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(group, version, &kind));
+    let api: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+    let object: DynamicObject = serde_json::from_value(doc).expect("an object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("creating the {kind}: {e}"));
+}
+
+/// One controller replica as `run` builds it in a chart's pod: its clients from the
+/// ServiceAccount's kubeconfig, a write gate, and a campaign for the chart's Lease in the release
+/// namespace.
+struct Member {
+    name: &'static str,
+    replica: Replica,
+}
+
+impl Member {
+    fn leads(&self) -> bool {
+        *self.replica.leading.borrow()
+    }
+}
+
+fn settings() -> Settings {
+    let mut s = Settings::default();
+    s.batching.idle = Duration::from_millis(300);
+    s.batching.max = Duration::from_secs(3);
+    s.min_drain_time = Duration::from_secs(1);
+    s.disruption.poll = Duration::from_secs(2);
+    s.disruption.validation = Duration::from_secs(2);
+    // Default topology spread constraints, so the workload watch (Services, ReplicaSets, ...)
+    // runs and its permissions are exercised too.
+    s.default_constraints = DefaultConstraints::parse(
+        "podTopologySpread:
+  defaultConstraints:
+  - maxSkew: 3
+    topologyKey: kubernetes.io/hostname
+    whenUnsatisfiable: ScheduleAnyway
+",
+    )
+    .expect("default constraints");
+    s
+}
+
+async fn replica(access: &ServiceAccountAccess, name: &'static str) -> Member {
+    let gate = WriteGate::default();
+    let options = ClientOptions {
+        agent: format!("karpenter-capi-rbac/{name}"),
+        gate: gate.clone(),
+        ..ClientOptions::default()
+    };
+    let client = app::client_from_kubeconfig_with(&access.kubeconfig, &options)
+        .await
+        .unwrap_or_else(|e| panic!("replica {name}'s client: {e}"));
+    // Short timings, so the standby takes over within seconds of the leader's death.
+    let mut election = leader::Config::new(NAMESPACE.into(), LEASE.into(), name.into());
+    election.lease_duration = Duration::from_secs(4);
+    election.renew_deadline = Duration::from_secs(3);
+    election.retry_period = Duration::from_millis(500);
+    let controller = Controller {
+        workload: client.clone(),
+        management: client.clone(),
+        capi_version: None,
+        settings: settings(),
+        metrics: Metrics::new(),
+        instance: name.into(),
+    };
+    let campaign = Campaign {
+        client,
+        config: election,
+    };
+    let replica = app::start_replica(
+        controller,
+        gate,
+        Arc::new(Health::default()),
+        Some(campaign),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("replica {name} starts: {e}"));
+    Member { name, replica }
+}
+
+/// Waits for exactly one leader; returns (leader, standby).
+async fn one_leader(cp: &ControlPlane, a: Member, b: Member) -> (Member, Member) {
+    eventually(cp, "one replica leading", || {
+        std::future::ready((a.leads() ^ b.leads()).then_some(()))
+    })
+    .await;
+    let (leader, standby) = if a.leads() { (a, b) } else { (b, a) };
+    let leases: Api<Lease> = Api::namespaced(cp.client(), NAMESPACE);
+    let holder = leases
+        .get(LEASE)
+        .await
+        .expect("the Lease")
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some(leader.name), "the Lease's holder");
+    (leader, standby)
+}
+
+/// A Deployment of pending pods becomes NodeClaims, raised replicas, Machines and Nodes, and the
+/// real scheduler binds every pod to a Node the controller launched.
+async fn launch(cp: &ControlPlane, admin: &Client) {
+    let deployment: Deployment = serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": APP, "namespace": WORKLOAD_NS},
+        "spec": {
+            "replicas": REPLICAS,
+            "selector": {"matchLabels": {"app": APP}},
+            "template": {
+                "metadata": {"labels": {"app": APP}},
+                "spec": {
+                    // No kubelet runs the pods: an evicted pod must go at once, not wait for one.
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{
+                        "name": APP, "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
+                    }],
+                },
+            },
+        },
+    }))
+    .expect("a Deployment");
+    Api::<Deployment>::namespaced(admin.clone(), WORKLOAD_NS)
+        .create(&PostParams::default(), &deployment)
+        .await
+        .expect("creating the Deployment");
+
+    let bound = eventually(cp, "every pod bound to a launched node", || {
+        every_pod_bound(admin)
+    })
+    .await;
+    let claims: Vec<NodeClaim> = Api::<NodeClaim>::all(admin.clone())
+        .list(&Default::default())
+        .await
+        .expect("listing NodeClaims")
+        .items;
+    let nodes: BTreeSet<String> = bound.iter().map(|(_, n)| n.clone()).collect();
+    eprintln!(
+        "launched: {} claims, pods on {} nodes: {bound:?}",
+        claims.len(),
+        nodes.len()
+    );
+    assert!(
+        nodes.len() >= 2,
+        "{REPLICAS} CPUs need two 4-CPU nodes: {bound:?}"
+    );
+    let replicas = machine_deployment_replicas(admin).await;
+    assert_eq!(
+        replicas.iter().sum::<i64>(),
+        claims.len() as i64,
+        "MachineDeployment replicas raised for each claim: {replicas:?}"
+    );
+    let machines = Api::<DynamicObject>::all_with(admin.clone(), &CapiVersion::V1Beta2.machine())
+        .list(&Default::default())
+        .await
+        .expect("listing Machines")
+        .items;
+    assert_eq!(machines.len(), claims.len(), "a Machine per claim");
+}
+
+/// (pod, node) of every pod of the Deployment once all are bound to Nodes of the NodePool.
+async fn every_pod_bound(admin: &Client) -> Option<Vec<(String, String)>> {
+    let pods = Api::<Pod>::namespaced(admin.clone(), WORKLOAD_NS)
+        .list(&kube::api::ListParams::default().labels(&format!("app={APP}")))
+        .await
+        .ok()?;
+    let nodes = Api::<Node>::all(admin.clone())
+        .list(&kube::api::ListParams::default().labels(NODEPOOL_LABEL))
+        .await
+        .ok()?;
+    let launched: BTreeSet<String> = nodes.items.iter().map(|n| n.name_any()).collect();
+    let bound: Vec<(String, String)> = pods
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.clone()?;
+            launched.contains(&node).then(|| (p.name_any(), node))
+        })
+        .collect();
+    (bound.len() == REPLICAS as usize && pods.items.len() == REPLICAS as usize).then_some(bound)
+}
+
+async fn machine_deployment_replicas(admin: &Client) -> Vec<i64> {
+    Api::<DynamicObject>::namespaced_with(
+        admin.clone(),
+        WORKLOAD_NS,
+        &CapiVersion::V1Beta2.machine_deployment(),
+    )
+    .list(&Default::default())
+    .await
+    .expect("listing MachineDeployments")
+    .items
+    .iter()
+    .map(|md| md.data["spec"]["replicas"].as_i64().unwrap_or(-1))
+    .collect()
+}
+
+/// Prints granted permissions the flow did not use and that [`NOT_REACHED`] does not explain.
+fn report_unused(access: &ServiceAccountAccess, used: &BTreeSet<Permission>) {
+    let granted = access.granted();
+    let explained: BTreeSet<Permission> = NOT_REACHED
+        .iter()
+        .map(|(g, r, v, _)| Permission::new(g, r, v))
+        .collect();
+    let unused: Vec<String> = granted
+        .difference(used)
+        .filter(|p| !explained.contains(p))
+        .map(ToString::to_string)
+        .collect();
+    let ungranted: Vec<String> = used.difference(&granted).map(ToString::to_string).collect();
+    eprintln!(
+        "used: {:#?}",
+        used.iter().map(ToString::to_string).collect::<Vec<_>>()
+    );
+    eprintln!("granted and unused: {unused:#?}");
+    eprintln!("used, not granted by the chart (default roles): {ungranted:#?}");
+}
