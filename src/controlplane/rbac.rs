@@ -9,7 +9,7 @@
 //! permissions one user exercised and which of its requests were refused, so a test can hold the
 //! chart to exactly what the controller uses.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -499,8 +499,8 @@ pub struct Audited {
     /// Every permission the user's requests exercised (resource requests only; discovery's
     /// non-resource URLs are every authenticated user's).
     pub used: BTreeSet<Permission>,
-    /// Each refused request (403): verb, URI and the reason the log gives.
-    pub forbidden: Vec<String>,
+    /// The refused requests (403), as `verb path`, with how many times each was refused.
+    pub forbidden: BTreeMap<String, usize>,
     /// How many requests the log holds for the user.
     pub requests: usize,
 }
@@ -535,14 +535,9 @@ pub fn audited(cp: &ControlPlane, user: &str) -> Result<Audited, Error> {
         out.requests += 1;
         let verb = event["verb"].as_str().unwrap_or_default();
         if event["responseStatus"]["code"] == 403 {
-            out.forbidden.push(format!(
-                "{verb} {}: {}",
-                event["requestURI"].as_str().unwrap_or_default(),
-                event["annotations"]["authorization.k8s.io/reason"]
-                    .as_str()
-                    .or(event["responseStatus"]["message"].as_str())
-                    .unwrap_or_default()
-            ));
+            let uri = event["requestURI"].as_str().unwrap_or_default();
+            let path = uri.split_once('?').map_or(uri, |(path, _)| path);
+            *out.forbidden.entry(format!("{verb} {path}")).or_default() += 1;
             continue;
         }
         let object = &event["objectRef"];

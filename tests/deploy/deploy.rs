@@ -50,8 +50,10 @@ const LEASE: &str = "karpenter-capi-leader-election";
 // What the controller calls. KEEP THIS TABLE IN STEP WITH THE CODE: when an actor starts using a
 // new resource or verb (grep for `Api::all`, `Api::namespaced`, `watcher(`, `.get(`, `.get_opt(`,
 // `.create(`, `.patch(`, `.patch_status(`, `.replace(`, `.delete(`, the event Recorder), add the
-// row here, then the rule in deploy/manifests and the chart; when a planned row gets its code,
-// turn `Planned` into `Code`. The tests below fail until RBAC matches this table exactly.
+// row here, then the rule in deploy/manifests and the chart. Nothing is granted ahead of the code:
+// tests/control_plane/rbac.rs runs the controller under the chart's RBAC on a real API server and
+// fails on a permission its audit log shows unused. The tests below fail until RBAC matches this
+// table exactly.
 // ---------------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,8 +71,6 @@ enum Scope {
 enum Use {
     /// Called today, from this code.
     Code(#[allow(dead_code)] &'static str),
-    /// Required by an actor that is planned and the code does not have yet.
-    Planned(#[allow(dead_code)] &'static str),
 }
 
 struct Need {
@@ -100,14 +100,13 @@ const fn need(
 }
 
 use Scope::{LeaderNamespace, Management, Workload};
-use Use::{Code, Planned};
+use Use::Code;
 
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
     need(Workload, "", "nodes", &["list", "watch"], Code("actors/node_watcher.rs watcher")),
     need(Workload, "", "nodes", &["patch", "delete"], Code("actors/nodeclaim.rs register, initialize, delete_node")),
     need(Workload, "", "pods", &["list", "watch"], Code("actors/provisioner.rs pod watcher (also the terminator's pod index)")),
-    need(Workload, "", "pods", &["get"], Planned("disruption")),
     need(Workload, "", "pods", &["delete"], Code("actors/terminator forced deletion at the termination deadline")),
     need(Workload, "", "pods/eviction", &["create"], Code("actors/terminator evict")),
     need(Workload, "", "persistentvolumeclaims", &["get"], Code("actors/terminator volumes of pods that are not drained")),
@@ -116,8 +115,8 @@ const NEEDS: &[Need] = &[
     need(Workload, "", "persistentvolumes", &["list", "watch"], Code("actors/controller.rs start_feeds: PersistentVolume feed (state::storage)")),
     need(Workload, "storage.k8s.io", "storageclasses", &["list", "watch"], Code("actors/controller.rs start_feeds: StorageClass feed (state::storage)")),
     need(Workload, "storage.k8s.io", "csinodes", &["list", "watch"], Code("actors/controller.rs start_feeds: CSINode feed (state::storage, volume limits)")),
-    need(Workload, "policy", "poddisruptionbudgets", &["get", "list", "watch"], Code("actors/controller.rs start_feeds: PodDisruptionBudget feed (state::pdbs; get: unused, kept for the chart's users)")),
-    need(Workload, "apps", "daemonsets", &["get", "list", "watch"], Code("actors/provisioner.rs DaemonSet watcher (get: unused, kept for the chart's users)")),
+    need(Workload, "policy", "poddisruptionbudgets", &["list", "watch"], Code("actors/controller.rs start_feeds: PodDisruptionBudget feed (state::pdbs)")),
+    need(Workload, "apps", "daemonsets", &["list", "watch"], Code("actors/provisioner.rs DaemonSet watcher")),
     need(Workload, "", "services", &["list", "watch"], Code("actors/controller.rs start_feeds: Service feed (state::workloads, default topology spread)")),
     need(Workload, "", "replicationcontrollers", &["list", "watch"], Code("actors/controller.rs start_feeds: ReplicationController feed (state::workloads, default topology spread)")),
     need(Workload, "apps", "replicasets", &["list", "watch"], Code("actors/controller.rs start_feeds: ReplicaSet feed (state::workloads, default topology spread)")),
@@ -126,7 +125,7 @@ const NEEDS: &[Need] = &[
     need(Workload, "karpenter.sh", "nodeclaims", &["get", "patch", "delete"], Code("actors/nodeclaim.rs reread, patch_claim, delete_claim")),
     need(Workload, "karpenter.sh", "nodeclaims", &["create"], Code("actors/provisioner.rs create")),
     need(Workload, "karpenter.sh", "nodeclaims/status", &["patch"], Code("actors/nodeclaim.rs patch_status")),
-    need(Workload, "karpenter.sh", "nodepools", &["get", "list", "watch"], Code("actors/controller.rs start_feeds: NodePool feed (state::nodepools; get: disruption, planned)")),
+    need(Workload, "karpenter.sh", "nodepools", &["list", "watch"], Code("actors/controller.rs start_feeds: NodePool feed (state::nodepools)")),
     need(Workload, "karpenter.sh", "nodepools/status", &["patch"], Code("actors/nodepools.rs status")),
     need(Workload, "karpenter.cluster.x-k8s.io", "clusterapinodeclasses", &["list", "watch"], Code("actors/catalog.rs watcher")),
     need(Workload, "karpenter.cluster.x-k8s.io", "clusterapinodeclasses/status", &["patch"], Code("actors/catalog.rs Ready condition")),
@@ -137,7 +136,6 @@ const NEEDS: &[Need] = &[
     need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write")),
-    need(Management, "cluster.x-k8s.io", "machinesets", &["get", "list", "watch"], Planned("MachineSet walk")),
     need(Management, "infrastructure.cluster.x-k8s.io", "*machinetemplates", &["get"], Code("actors/catalog.rs fetch_missing_templates")),
 ];
 

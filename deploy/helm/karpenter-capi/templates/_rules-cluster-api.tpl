@@ -10,10 +10,6 @@
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinedeployments]
   verbs: [get, list, watch, patch]
-# Planned: MachineSet walk and annotations. Read-only.
-- apiGroups: [cluster.x-k8s.io]
-  resources: [machinesets]
-  verbs: [get, list, watch]
 # Catalog: read each MachineDeployment's infrastructure template once (get only).
 {{- range .Values.rbac.clusterAPI.infrastructureTemplates }}
 - {apiGroups: [{{ .group | quote }}], resources: {{ toJson .resources }}, verbs: [get]}

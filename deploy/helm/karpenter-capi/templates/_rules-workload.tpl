@@ -10,7 +10,7 @@
 # Provisioner pod watch (the terminator drains from it); terminator: delete at the deadline.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, delete]
+  verbs: [list, watch, delete]
 # Terminator: evictions honour PodDisruptionBudgets.
 - apiGroups: [""]
   resources: [pods/eviction]
@@ -27,14 +27,14 @@
 - apiGroups: [storage.k8s.io]
   resources: [volumeattachments, storageclasses, csinodes]
   verbs: [list, watch]
-# Disruption: nodes with PDB-protected pods are not candidates.
+# Disruption: nodes with PDB-protected pods are not candidates (a watch).
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch]
-# Planned (provisioner): DaemonSet overhead on new nodes.
+  verbs: [list, watch]
+# Provisioner: DaemonSet overhead on new nodes (a watch).
 - apiGroups: [apps]
   resources: [daemonsets]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 # Workload watcher (only with default topology spread constraints): deduced selectors.
 - apiGroups: [""]
   resources: [services, replicationcontrollers]
@@ -49,10 +49,10 @@
 - apiGroups: [karpenter.sh]
   resources: [nodeclaims/status]
   verbs: [patch]
-# Planned (provisioner, disruption): NodePools and their status.
+# NodePool watch (provisioner, disruption); their status: usage and conditions.
 - apiGroups: [karpenter.sh]
   resources: [nodepools]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [karpenter.sh]
   resources: [nodepools/status]
   verbs: [patch]
