@@ -150,7 +150,7 @@ async fn the_controller_runs_under_the_charts_rbac_only() {
     eprintln!("{} leads, {} stands by", leader.name, standby.name);
 
     launch(&cp, &admin).await;
-    let leader = fail_over(&cp, leader, standby).await;
+    let leader = fail_over(&cp, &access, leader, standby).await;
     drain(&cp, &admin, &access).await;
     consolidate(&cp, &admin).await;
     leader.replica.shutdown().await;
@@ -376,10 +376,15 @@ fn settings() -> Settings {
     s
 }
 
+/// A replica's User-Agent, which tells the replicas apart in the audit log.
+fn agent(name: &str) -> String {
+    format!("karpenter-capi-rbac/{name}")
+}
+
 async fn replica(access: &ServiceAccountAccess, name: &'static str) -> Member {
     let gate = WriteGate::default();
     let options = ClientOptions {
-        agent: format!("karpenter-capi-rbac/{name}"),
+        agent: agent(name),
         gate: gate.clone(),
         ..ClientOptions::default()
     };
@@ -495,7 +500,36 @@ async fn launch(cp: &ControlPlane, admin: &Client) {
 
 /// The leader dies without releasing the Lease (a killed pod); the standby takes the Lease and
 /// carries on. Returns the new leader.
-async fn fail_over(cp: &ControlPlane, leader: Member, standby: Member) -> Member {
+async fn fail_over(
+    cp: &ControlPlane,
+    access: &ServiceAccountAccess,
+    leader: Member,
+    standby: Member,
+) -> Member {
+    let writes = rbac::audited(cp, &access.username())
+        .unwrap_or_else(|e| panic!("reading the audit log: {e}"))
+        .writes;
+    for (agent, permissions) in &writes {
+        let listed: Vec<String> = permissions.iter().map(ToString::to_string).collect();
+        eprintln!("writes by {agent}: {}", listed.join(", "));
+    }
+    let by_standby: Vec<String> = writes
+        .get(&agent(standby.name))
+        .into_iter()
+        .flatten()
+        .filter(|p| p.resource != "leases")
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        by_standby.is_empty(),
+        "the standby wrote while the leader led: {by_standby:?}"
+    );
+    assert!(
+        writes
+            .get(&agent(leader.name))
+            .is_some_and(|w| w.contains(&Permission::new("karpenter.sh", "nodeclaims", "create"))),
+        "the leader launched nothing: {writes:?}"
+    );
     let dead = leader.name;
     leader.replica.abort();
     eventually(cp, "the standby leading", || {
