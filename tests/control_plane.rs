@@ -191,6 +191,23 @@ async fn a_deployment_is_scheduled_onto_nodes_by_the_real_scheduler() {
     eprintln!("placement: {placed:?}");
 }
 
+/// Waits until CRD `name` is Established (its resource served).
+async fn established(cp: &ControlPlane, name: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(cp.client());
+    eventually(cp, &format!("CRD {name} Established"), || {
+        let crds = crds.clone();
+        async move {
+            let c = crds.get(name).await.ok()?;
+            c.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        }
+    })
+    .await;
+}
+
 async fn the_crds_and_the_example_nodepool_are_accepted_by_kube_apiserver() {
     let cp = start().await;
     let client = cp.client();
@@ -200,19 +217,7 @@ async fn the_crds_and_the_example_nodepool_are_accepted_by_kube_apiserver() {
         crds.create(&PostParams::default(), &crd)
             .await
             .unwrap_or_else(|e| panic!("kube-apiserver rejected CRD {name}: {e}"));
-        eventually(&cp, &format!("CRD {name} Established"), || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let c = crds.get(&name).await.ok()?;
-                c.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        })
-        .await;
+        established(&cp, &name).await;
     }
 
     let text = std::fs::read_to_string(concat!(

@@ -37,7 +37,7 @@ use karpenter_capi::simulate::launch::seed_of;
 use karpenter_capi::write_gate::WriteGate;
 
 use crate::assets::{self, Asset};
-use crate::eventually;
+use crate::{established, eventually};
 
 pub fn tests() -> Vec<assets::Test> {
     trials![
@@ -201,20 +201,7 @@ async fn install_crds(cp: &ControlPlane, admin: &Client) {
             .unwrap_or_else(|e| panic!("creating CRD {}: {e}", crd.name_any()));
     }
     for crd in &crds {
-        let name = crd.name_any();
-        eventually(cp, &format!("CRD {name} Established"), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let c = api.get(&name).await.ok()?;
-                c.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        })
-        .await;
+        established(cp, &crd.name_any()).await;
     }
 }
 
@@ -426,6 +413,12 @@ async fn one_leader(cp: &ControlPlane, a: Member, b: Member) -> (Member, Member)
     })
     .await;
     let (leader, standby) = if a.leads() { (a, b) } else { (b, a) };
+    assert_holds_lease(cp, &leader).await;
+    (leader, standby)
+}
+
+/// The chart's Lease names `member` its holder.
+async fn assert_holds_lease(cp: &ControlPlane, member: &Member) {
     let leases: Api<Lease> = Api::namespaced(cp.client(), NAMESPACE);
     let holder = leases
         .get(LEASE)
@@ -433,8 +426,7 @@ async fn one_leader(cp: &ControlPlane, a: Member, b: Member) -> (Member, Member)
         .expect("the Lease")
         .spec
         .and_then(|s| s.holder_identity);
-    assert_eq!(holder.as_deref(), Some(leader.name), "the Lease's holder");
-    (leader, standby)
+    assert_eq!(holder.as_deref(), Some(member.name), "the Lease's holder");
 }
 
 /// A Deployment of pending pods becomes NodeClaims, raised replicas, Machines and Nodes, and the
@@ -536,14 +528,7 @@ async fn fail_over(
         std::future::ready(standby.leads().then_some(()))
     })
     .await;
-    let leases: Api<Lease> = Api::namespaced(cp.client(), NAMESPACE);
-    let holder = leases
-        .get(LEASE)
-        .await
-        .expect("the Lease")
-        .spec
-        .and_then(|s| s.holder_identity);
-    assert_eq!(holder.as_deref(), Some(standby.name), "the Lease's holder");
+    assert_holds_lease(cp, &standby).await;
     eprintln!("{dead} killed; {} leads", standby.name);
     standby
 }
@@ -717,7 +702,11 @@ fn assert_granted_is_used(access: &ServiceAccountAccess, used: &BTreeSet<Permiss
     let listed = |ps: &mut dyn Iterator<Item = &Permission>| -> Vec<String> {
         ps.map(ToString::to_string).collect()
     };
-    eprintln!("used: {:#?}", listed(&mut used.iter()));
+    eprintln!(
+        "{} of {} granted permissions used",
+        used.intersection(&granted).count(),
+        granted.len()
+    );
     let unused = listed(
         &mut granted
             .difference(used)
