@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use karpenter_capi::actors::Controller;
 use karpenter_capi::actors::Settings;
 use karpenter_capi::api::nodeclaim::NodeClaim;
-use karpenter_capi::api::wellknown::{NODECLAIM_ANNOTATION, NODEPOOL_LABEL};
+use karpenter_capi::api::wellknown::{CLUSTER_NAME_LABEL, NODECLAIM_ANNOTATION, NODEPOOL_LABEL};
 use karpenter_capi::app::{self, Campaign, ClientOptions, Replica};
 use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::controlplane::rbac::{self, Permission, ServiceAccountAccess};
@@ -31,6 +31,7 @@ use karpenter_capi::leader;
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::scheduling::default_spread::DefaultConstraints;
 use karpenter_capi::sim::capi::CapiConfig;
+use karpenter_capi::sim::cluster::{CLUSTER_NAME, MachineDeploymentSeed};
 use karpenter_capi::sim::kubelet::KubeletConfig;
 use karpenter_capi::sim::standin::{ShutdownTrigger, shutdown_pair};
 use karpenter_capi::simulate::launch::seed_of;
@@ -43,7 +44,61 @@ pub fn tests() -> Vec<assets::Test> {
     trials![
         @actix the_controller_runs_under_the_charts_rbac_only
             needs [ControlPlane, Helm, Kubectl, Upstream],
+        @actix the_management_topology_runs_under_the_charts_rbac_only
+            needs [ControlPlane, Helm, Kubectl, Upstream],
     ]
+}
+
+/// How the chart is installed, and where the Cluster API objects are.
+struct Topology {
+    /// `helm template`'s arguments beyond the release and namespace.
+    helm_args: &'static [&'static str],
+    /// The MachineDeployments' namespace.
+    machines: &'static str,
+    /// Whether the controller reads only that namespace and that Cluster's MachineDeployments
+    /// (`CLUSTER_API_NAMESPACE`, `CLUSTER_NAME`), as the chart sets them in the management
+    /// topology.
+    scoped: bool,
+}
+
+/// The chart's default values: the workload topology with Cluster API in the same cluster
+/// (joined), every permission in ClusterRoles.
+const JOINED: Topology = Topology {
+    helm_args: &[],
+    machines: "default",
+    scoped: false,
+};
+
+/// The management topology: the release in its Cluster's namespace, Cluster API reached with a
+/// Role in that namespace only. The workload cluster's ClusterRole (which the chart renders for
+/// the workload cluster) is bound to the same ServiceAccount, as one control plane plays both
+/// clusters.
+const MANAGEMENT: Topology = Topology {
+    helm_args: &[
+        "--set",
+        "topology=management",
+        "--set",
+        // The stand-ins' Cluster (`sim::cluster::CLUSTER_NAME`).
+        "clusterAPI.clusterName=sim",
+        "--set",
+        "workloadCluster.rbac.render=true",
+        "--set",
+        "workloadCluster.rbac.subject.kind=ServiceAccount",
+        "--set",
+        "workloadCluster.rbac.subject.name=karpenter-capi",
+        "--set",
+        "workloadCluster.rbac.subject.namespace=karpenter-capi",
+    ],
+    machines: NAMESPACE,
+    scoped: true,
+};
+
+async fn the_controller_runs_under_the_charts_rbac_only() {
+    flow(&JOINED).await;
+}
+
+async fn the_management_topology_runs_under_the_charts_rbac_only() {
+    flow(&MANAGEMENT).await;
 }
 
 /// The release as the chart's docs install it.
@@ -51,7 +106,7 @@ const RELEASE: &str = "karpenter-capi";
 const NAMESPACE: &str = "karpenter-capi";
 /// The chart's default `leaderElection.name`.
 const LEASE: &str = "karpenter-capi-leader-election";
-/// Where the workload and the MachineDeployments are.
+/// Where the workload is.
 const WORKLOAD_NS: &str = "default";
 const APP: &str = "web";
 /// Pods of 1 CPU on 4-CPU nodes: more than one node's worth.
@@ -132,27 +187,29 @@ const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
-async fn the_controller_runs_under_the_charts_rbac_only() {
+/// Launch, failover, drain and consolidation with the chart installed as `t` says; then the
+/// audit log's account of the ServiceAccount's requests.
+async fn flow(t: &Topology) {
     let cp = start_audited().await;
     let admin = cp.client();
     install_crds(&cp, &admin).await;
-    let access = install_chart(&cp).await;
+    let access = install_chart(&cp, t).await;
     eprintln!(
         "chart RBAC applied; {} permissions granted to {}",
         access.granted().len(),
         access.username()
     );
     let standins = StandIns::start(&admin);
-    seed(&admin).await;
+    seed(&admin, t).await;
 
-    let (a, b) = tokio::join!(replica(&access, "a"), replica(&access, "b"));
+    let (a, b) = tokio::join!(replica(&access, "a", t), replica(&access, "b", t));
     let (leader, standby) = one_leader(&cp, a, b).await;
     eprintln!("{} leads, {} stands by", leader.name, standby.name);
 
-    launch(&cp, &admin).await;
+    launch(&cp, &admin, t).await;
     let leader = fail_over(&cp, &access, leader, standby).await;
     drain(&cp, &admin, &access).await;
-    consolidate(&cp, &admin).await;
+    consolidate(&cp, &admin, t).await;
     leader.replica.shutdown().await;
     standins.stop();
 
@@ -205,7 +262,7 @@ async fn install_crds(cp: &ControlPlane, admin: &Client) {
     }
 }
 
-async fn install_chart(cp: &ControlPlane) -> ServiceAccountAccess {
+async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
     let helm = assets::tool(Asset::Helm);
     let kubectl = assets::tool(Asset::Kubectl);
     let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/karpenter-capi");
@@ -217,7 +274,7 @@ async fn install_chart(cp: &ControlPlane) -> ServiceAccountAccess {
             chart: &chart,
             release: RELEASE,
             namespace: NAMESPACE,
-            helm_args: &[],
+            helm_args: t.helm_args,
         },
     )
     .await
@@ -264,13 +321,20 @@ impl StandIns {
 
 /// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass and a
 /// NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
-async fn seed(admin: &Client) {
+async fn seed(admin: &Client, t: &Topology) {
     for i in 0..2 {
-        let md =
-            karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2, &seed_of(i, 10));
+        let mut seed = MachineDeploymentSeed {
+            namespace: t.machines.into(),
+            ..seed_of(i, 10)
+        };
+        // Cluster API's defaulting webhook labels a MachineDeployment with its Cluster; no
+        // webhook runs here, so the label is written as the webhook would.
+        seed.labels
+            .insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
+        let md = karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2, &seed);
         let api: Api<DynamicObject> = Api::namespaced_with(
             admin.clone(),
-            WORKLOAD_NS,
+            t.machines,
             &CapiVersion::V1Beta2.machine_deployment(),
         );
         api.create(&PostParams::default(), &md)
@@ -342,8 +406,12 @@ impl Member {
     }
 }
 
-fn settings() -> Settings {
+fn settings(t: &Topology) -> Settings {
     let mut s = Settings::default();
+    if t.scoped {
+        s.capi_namespace = Some(t.machines.into());
+        s.cluster_name = Some(CLUSTER_NAME.into());
+    }
     s.batching.idle = Duration::from_millis(300);
     s.batching.max = Duration::from_secs(3);
     s.min_drain_time = Duration::from_secs(1);
@@ -368,7 +436,7 @@ fn agent(name: &str) -> String {
     format!("karpenter-capi-rbac/{name}")
 }
 
-async fn replica(access: &ServiceAccountAccess, name: &'static str) -> Member {
+async fn replica(access: &ServiceAccountAccess, name: &'static str, t: &Topology) -> Member {
     let gate = WriteGate::default();
     let options = ClientOptions {
         agent: agent(name),
@@ -387,7 +455,7 @@ async fn replica(access: &ServiceAccountAccess, name: &'static str) -> Member {
         workload: client.clone(),
         management: client.clone(),
         capi_version: None,
-        settings: settings(),
+        settings: settings(t),
         metrics: Metrics::new(),
         instance: name.into(),
     };
@@ -431,7 +499,7 @@ async fn assert_holds_lease(cp: &ControlPlane, member: &Member) {
 
 /// A Deployment of pending pods becomes NodeClaims, raised replicas, Machines and Nodes, and the
 /// real scheduler binds every pod to a Node the controller launched.
-async fn launch(cp: &ControlPlane, admin: &Client) {
+async fn launch(cp: &ControlPlane, admin: &Client, t: &Topology) {
     let deployment: Deployment = serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": APP, "namespace": WORKLOAD_NS},
@@ -476,7 +544,7 @@ async fn launch(cp: &ControlPlane, admin: &Client) {
         nodes.len() >= 2,
         "{REPLICAS} CPUs need two 4-CPU nodes: {bound:?}"
     );
-    let replicas = machine_deployment_replicas(admin).await;
+    let replicas = machine_deployment_replicas(admin, t).await;
     assert_eq!(
         replicas.iter().sum::<i64>(),
         claims.len() as i64,
@@ -600,7 +668,7 @@ async fn gone(admin: &Client, claim: &str, node: &str) -> Option<()> {
 
 /// The Deployment shrinks to one pod; consolidation removes the nodes it no longer needs, down to
 /// one claim, one Machine and one Node, and the MachineDeployments' replicas follow.
-async fn consolidate(cp: &ControlPlane, admin: &Client) {
+async fn consolidate(cp: &ControlPlane, admin: &Client, t: &Topology) {
     Api::<Deployment>::namespaced(admin.clone(), WORKLOAD_NS)
         .patch(
             APP,
@@ -633,7 +701,7 @@ async fn consolidate(cp: &ControlPlane, admin: &Client) {
             .list(&kube::api::ListParams::default().labels(NODEPOOL_LABEL))
             .await
             .ok()?;
-        let replicas: i64 = machine_deployment_replicas(admin).await.iter().sum();
+        let replicas: i64 = machine_deployment_replicas(admin, t).await.iter().sum();
         let pods = every_pod_bound_n(admin, 1).await?;
         (claims.items.len() == 1 && nodes.items.len() == 1 && replicas == 1).then_some(pods)
     })
@@ -670,10 +738,10 @@ async fn every_pod_bound_n(admin: &Client, n: usize) -> Option<Vec<(String, Stri
     (bound.len() == n && pods.items.len() == n).then_some(bound)
 }
 
-async fn machine_deployment_replicas(admin: &Client) -> Vec<i64> {
+async fn machine_deployment_replicas(admin: &Client, t: &Topology) -> Vec<i64> {
     Api::<DynamicObject>::namespaced_with(
         admin.clone(),
-        WORKLOAD_NS,
+        t.machines,
         &CapiVersion::V1Beta2.machine_deployment(),
     )
     .list(&Default::default())
