@@ -504,7 +504,8 @@ pub struct Audited {
     /// The permissions each User-Agent exercised with writes (every verb but get, list and
     /// watch): which replica wrote what, when replicas share the user.
     pub writes: BTreeMap<String, BTreeSet<Permission>>,
-    /// How many requests the log holds for the user.
+    /// How many requests the log holds for the user (a watch is logged when it starts and again
+    /// when it ends: one request).
     pub requests: usize,
 }
 
@@ -535,7 +536,9 @@ fn parse_audit(text: &str, user: &str) -> Result<Audited, (usize, serde_json::Er
         if event["user"]["username"] != user {
             continue;
         }
-        out.requests += 1;
+        if event["stage"] != "ResponseComplete" || event["verb"] != "watch" {
+            out.requests += 1;
+        }
         let verb = event["verb"].as_str().unwrap_or_default();
         if event["responseStatus"]["code"] == 403 {
             let uri = event["requestURI"].as_str().unwrap_or_default();
@@ -631,7 +634,11 @@ mod tests {
             .to_string()
         };
         let me = "system:serviceaccount:ns:sa";
+        // A watch, logged when it started and when it ended.
+        let started = event(me, "a", "watch", json!({"resource": "nodes"}), 200)
+            .replace("ResponseComplete", "ResponseStarted");
         let lines = [
+            started,
             event(
                 me,
                 "a",
