@@ -204,7 +204,10 @@ pub async fn install(
     cp: &ControlPlane,
     chart: &Install<'_>,
 ) -> Result<ServiceAccountAccess, Error> {
-    let docs = render(chart)?;
+    let docs: Vec<Value> = render(chart)?
+        .into_iter()
+        .filter(|d| RBAC_KINDS.iter().any(|k| d["kind"] == *k))
+        .collect();
     let account = docs
         .iter()
         .find(|d| d["kind"] == "ServiceAccount")
@@ -228,8 +231,8 @@ pub async fn install(
     Ok(access)
 }
 
-/// `helm template`, its RBAC documents only.
-fn render(chart: &Install<'_>) -> Result<Vec<Value>, Error> {
+/// `helm template`: every object the chart renders.
+pub fn render(chart: &Install<'_>) -> Result<Vec<Value>, Error> {
     let mut args = vec![
         "template".to_string(),
         chart.release.to_string(),
@@ -241,10 +244,7 @@ fn render(chart: &Install<'_>) -> Result<Vec<Value>, Error> {
     let out = run(chart.helm, &args, "helm template")?;
     let docs: Vec<Value> =
         serde_saphyr::from_multiple(&out).map_err(|e| Error::Rendered(format!("not YAML: {e}")))?;
-    Ok(docs
-        .into_iter()
-        .filter(|d| RBAC_KINDS.iter().any(|k| d["kind"] == *k))
-        .collect())
+    Ok(docs.into_iter().filter(Value::is_object).collect())
 }
 
 /// The rules of the rendered Roles and ClusterRoles bound to `account` of `namespace`.

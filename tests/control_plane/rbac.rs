@@ -7,6 +7,8 @@
 //! chart grants must be used by the flow or be on [`NOT_REACHED`] with the reason (an unused one).
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +47,8 @@ pub fn tests() -> Vec<assets::Test> {
         @actix the_controller_runs_under_the_charts_rbac_only
             needs [ControlPlane, Helm, Kubectl, Upstream],
         @actix the_management_topology_runs_under_the_charts_rbac_only
+            needs [ControlPlane, Helm, Kubectl, Upstream],
+        @actix the_controller_binary_runs_with_the_charts_environment_and_token
             needs [ControlPlane, Helm, Kubectl, Upstream],
     ]
 }
@@ -190,17 +194,7 @@ const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
 /// Launch, failover, drain and consolidation with the chart installed as `t` says; then the
 /// audit log's account of the ServiceAccount's requests.
 async fn flow(t: &Topology) {
-    let cp = start_audited().await;
-    let admin = cp.client();
-    install_crds(&cp, &admin).await;
-    let access = install_chart(&cp, t).await;
-    eprintln!(
-        "chart RBAC applied; {} permissions granted to {}",
-        access.granted().len(),
-        access.username()
-    );
-    let standins = StandIns::start(&admin);
-    seed(&admin, t).await;
+    let (cp, admin, access, standins) = prepare(t).await;
 
     let (a, b) = tokio::join!(replica(&access, "a", t), replica(&access, "b", t));
     let (leader, standby) = one_leader(&cp, a, b).await;
@@ -212,8 +206,62 @@ async fn flow(t: &Topology) {
     consolidate(&cp, &admin, t).await;
     leader.replica.shutdown().await;
     standins.stop();
+    let audited = nothing_refused(&cp, &access);
+    assert_granted_is_used(&access, &audited.used);
+}
 
-    let audited = rbac::audited(&cp, &access.username())
+/// The controller binary as the chart's Deployment runs it: `run` with the container's
+/// environment as rendered (the pod's name and namespace filled in as the downward API would,
+/// the probe ports made free ones) and the ServiceAccount's token in place of the projected
+/// one. It launches nodes for pending pods, and on SIGTERM it exits cleanly and releases the
+/// Lease; nothing it asked for is refused.
+async fn the_controller_binary_runs_with_the_charts_environment_and_token() {
+    let t = &JOINED;
+    let (cp, admin, access, standins) = prepare(t).await;
+    let env = chart_environment(t);
+    let mut controller = ControllerProcess::spawn(&cp, &access, &env);
+    launch(&cp, &admin, t).await;
+    controller.terminate();
+    let lease = Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+        .get(LEASE)
+        .await
+        .expect("the Lease")
+        .spec
+        .unwrap_or_default();
+    assert_eq!(lease.holder_identity, None, "the Lease released on SIGTERM");
+    standins.stop();
+    let audited = nothing_refused(&cp, &access);
+    let outside: Vec<String> = audited
+        .used
+        .difference(&access.granted())
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "used beyond the chart's grants: {outside:?}"
+    );
+}
+
+/// A control plane with the CRDs, the chart's RBAC as `t` installs it, the stand-ins running and
+/// the MachineDeployments, NodeClass and NodePool made.
+async fn prepare(t: &Topology) -> (ControlPlane, Client, ServiceAccountAccess, StandIns) {
+    let cp = start_audited().await;
+    let admin = cp.client();
+    install_crds(&cp, &admin).await;
+    let access = install_chart(&cp, t).await;
+    eprintln!(
+        "chart RBAC applied; {} permissions granted to {}",
+        access.granted().len(),
+        access.username()
+    );
+    let standins = StandIns::start(&admin);
+    seed(&admin, t).await;
+    (cp, admin, access, standins)
+}
+
+/// The ServiceAccount's requests in the audit log, none of them refused.
+fn nothing_refused(cp: &ControlPlane, access: &ServiceAccountAccess) -> rbac::Audited {
+    let audited = rbac::audited(cp, &access.username())
         .unwrap_or_else(|e| panic!("reading the audit log: {e}"));
     eprintln!(
         "{} requests by the ServiceAccount audited",
@@ -224,7 +272,100 @@ async fn flow(t: &Topology) {
         "the API server refused the controller (missing permissions): {:#?}",
         audited.forbidden
     );
-    assert_granted_is_used(&access, &audited.used);
+    audited
+}
+
+/// The controller container's environment as the chart renders it (literal values only).
+fn chart_environment(t: &Topology) -> Vec<(String, String)> {
+    let chart = Chart::new();
+    let docs =
+        rbac::render(&chart.install(t)).unwrap_or_else(|e| panic!("rendering the chart: {e}"));
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the chart's Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["args"], json!(["run"]), "the container's args");
+    container["env"]
+        .as_array()
+        .expect("the container's env")
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// `karpenter-capi run` in a child process, killed if the test ends without stopping it.
+struct ControllerProcess {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl ControllerProcess {
+    fn spawn(cp: &ControlPlane, access: &ServiceAccountAccess, env: &[(String, String)]) -> Self {
+        let log = cp.dir().join("karpenter-capi.log");
+        let out = std::fs::File::create(&log).expect("the controller's log");
+        let err = out.try_clone().expect("the controller's log");
+        let child = Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&access.kubeconfig)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            // The downward API's values in a pod.
+            .env("POD_NAME", "karpenter-capi-0")
+            .env("POD_NAMESPACE", NAMESPACE)
+            // Free ports: other processes on this machine may hold the chart's.
+            .env("METRICS_PORT", "0")
+            .env("HEALTH_PROBE_PORT", "0")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("starting karpenter-capi run");
+        ControllerProcess { child, log }
+    }
+
+    /// SIGTERM, as the kubelet stops a pod; the controller must exit 0 within its grace.
+    fn terminate(&mut self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill(1)");
+        assert!(sent.success(), "kill -TERM: {sent}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("the controller's status") {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the controller did not exit on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(status.success(), "the controller's exit: {status}");
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "--- karpenter-capi run:\n{}",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+        // Fails only when it already exited; the wait reaps it either way.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A control plane whose API server keeps an audit log.
@@ -262,23 +403,38 @@ async fn install_crds(cp: &ControlPlane, admin: &Client) {
     }
 }
 
-async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
-    let helm = assets::tool(Asset::Helm);
-    let kubectl = assets::tool(Asset::Kubectl);
-    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/karpenter-capi");
-    rbac::install(
-        cp,
-        &rbac::Install {
-            helm: &helm,
-            kubectl: &kubectl,
-            chart: &chart,
+/// The repository's chart, installed as `t` says, with the real helm and kubectl.
+struct Chart {
+    helm: PathBuf,
+    kubectl: PathBuf,
+    chart: PathBuf,
+}
+
+impl Chart {
+    fn new() -> Self {
+        Chart {
+            helm: assets::tool(Asset::Helm),
+            kubectl: assets::tool(Asset::Kubectl),
+            chart: Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/karpenter-capi"),
+        }
+    }
+
+    fn install<'a>(&'a self, t: &'a Topology) -> rbac::Install<'a> {
+        rbac::Install {
+            helm: &self.helm,
+            kubectl: &self.kubectl,
+            chart: &self.chart,
             release: RELEASE,
             namespace: NAMESPACE,
             helm_args: t.helm_args,
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("installing the chart's RBAC: {e}"))
+        }
+    }
+}
+
+async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
+    rbac::install(cp, &Chart::new().install(t))
+        .await
+        .unwrap_or_else(|e| panic!("installing the chart's RBAC: {e}"))
 }
 
 /// The Cluster API and kubelet stand-ins, as the administrator (they play Cluster API's
