@@ -853,16 +853,22 @@ async fn consolidate(cp: &ControlPlane, admin: &Client, t: &Topology) {
             .list(&Default::default())
             .await
             .ok()?;
-        let nodes = Api::<Node>::all(admin.clone())
-            .list(&kube::api::ListParams::default().labels(NODEPOOL_LABEL))
-            .await
-            .ok()?;
+        let nodes = launched_nodes(admin).await?;
         let replicas: i64 = machine_deployment_replicas(admin, t).await.iter().sum();
         let pods = every_pod_bound_n(admin, 1).await?;
-        (claims.items.len() == 1 && nodes.items.len() == 1 && replicas == 1).then_some(pods)
+        (claims.items.len() == 1 && nodes.len() == 1 && replicas == 1).then_some(pods)
     })
     .await;
     eprintln!("consolidated to one node: {left:?}");
+}
+
+/// The names of the Nodes the controller launched (labelled with their NodePool).
+async fn launched_nodes(admin: &Client) -> Option<BTreeSet<String>> {
+    let nodes = Api::<Node>::all(admin.clone())
+        .list(&kube::api::ListParams::default().labels(NODEPOOL_LABEL))
+        .await
+        .ok()?;
+    Some(nodes.items.iter().map(|n| n.name_any()).collect())
 }
 
 /// (pod, node) of every pod of the Deployment once all are bound to Nodes of the NodePool.
@@ -877,11 +883,7 @@ async fn every_pod_bound_n(admin: &Client, n: usize) -> Option<Vec<(String, Stri
         .list(&kube::api::ListParams::default().labels(&format!("app={APP}")))
         .await
         .ok()?;
-    let nodes = Api::<Node>::all(admin.clone())
-        .list(&kube::api::ListParams::default().labels(NODEPOOL_LABEL))
-        .await
-        .ok()?;
-    let launched: BTreeSet<String> = nodes.items.iter().map(|n| n.name_any()).collect();
+    let launched: BTreeSet<String> = launched_nodes(admin).await?;
     let bound: Vec<(String, String)> = pods
         .items
         .iter()
