@@ -19,6 +19,7 @@
 //! directory removed) when the [`ControlPlane`] is dropped, when its start fails, while a panic
 //! unwinds, and on SIGINT/SIGTERM (module `process`).
 
+pub mod audit;
 mod pki;
 mod process;
 
@@ -50,6 +51,10 @@ pub const BINARIES: [&str; 4] = [
 const CONTROLLERS: &str = "deployment-controller,replicaset-controller,disruption-controller,\
 garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,\
 serviceaccount-token-controller,namespace-controller,root-ca-certificate-publisher-controller";
+
+/// The user the controller's client certificate names, so the audit log tells its requests from
+/// the stand-ins' (the administrator) and the control plane's own.
+pub const CONTROLLER_USER: &str = "karpenter-capi-controller";
 
 /// Lines of a binary's log quoted in an error.
 const TAIL_LINES: usize = 30;
@@ -178,6 +183,8 @@ pub struct ControlPlane {
     processes: Arc<Mutex<Processes>>,
     client: kube::Client,
     kubeconfig: PathBuf,
+    controller_kubeconfig: PathBuf,
+    audit_log: PathBuf,
     dir: PathBuf,
     ports: Ports,
     startup: Duration,
@@ -233,6 +240,14 @@ impl ControlPlane {
         write_kubeconfig(&scheduler_kubeconfig, &server, &pki.ca, &pki.scheduler)?;
         let cm_kubeconfig = dir.join("kube-controller-manager.kubeconfig");
         write_kubeconfig(&cm_kubeconfig, &server, &pki.ca, &pki.controller_manager)?;
+        let controller_kubeconfig = dir.join("controller.kubeconfig");
+        write_kubeconfig(&controller_kubeconfig, &server, &pki.ca, &pki.controller)?;
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, audit::POLICY).map_err(|source| Error::Io {
+            what: format!("writing {}", audit_policy.display()),
+            source,
+        })?;
+        let audit_log = dir.join("audit.log");
 
         let assets = options.assets.as_path();
         let etcd_url = format!("http://127.0.0.1:{}", ports.etcd_client);
@@ -289,6 +304,11 @@ impl ControlPlane {
                 ("requestheader-username-headers", "X-Remote-User"),
                 ("requestheader-group-headers", "X-Remote-Group"),
                 ("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
+                // Every request, one JSON line each: the real backend's reports count from it.
+                ("audit-policy-file", &path(&audit_policy)),
+                ("audit-log-path", &path(&audit_log)),
+                ("audit-log-format", "json"),
+                ("audit-log-mode", "blocking"),
             ]),
         )?;
 
@@ -385,6 +405,8 @@ impl ControlPlane {
             processes,
             client,
             kubeconfig,
+            controller_kubeconfig,
+            audit_log,
             dir,
             ports,
             startup,
@@ -406,6 +428,17 @@ impl ControlPlane {
     /// the control plane's directory and goes with it.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// A kubeconfig for the controller, as the user [`CONTROLLER_USER`] (an administrator: in
+    /// `system:masters`), so the audit log names its requests apart.
+    pub fn controller_kubeconfig(&self) -> &Path {
+        &self.controller_kubeconfig
+    }
+
+    /// kube-apiserver's audit log (JSON lines, module [`audit`]).
+    pub fn audit_log(&self) -> &Path {
+        &self.audit_log
     }
 
     /// The directory holding certificates, kubeconfigs, etcd's data and each binary's log.

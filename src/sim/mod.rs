@@ -338,6 +338,7 @@ pub mod kubelet;
 pub mod pdb_status;
 pub mod pod_lifecycle;
 pub mod quantity;
+pub mod real;
 pub mod rollout;
 pub mod scheduler;
 pub mod standin;

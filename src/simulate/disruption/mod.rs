@@ -434,7 +434,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let count = |v: Violation| new_violations.iter().filter(|r| r.violation == v).count();
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let (_, cpu, memory, _) = SIZES[mds - 1];
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let live = live_claims(sim);
     let figures = DisruptionFigures {
         decisions: end.decisions.clone(),
@@ -494,7 +494,7 @@ fn round2(x: f64) -> f64 {
 
 /// How many of `names` still exist (live or terminating).
 fn live_or_deleting(sim: &BackgroundSim, names: &BTreeSet<String>) -> usize {
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     names
         .iter()
         .filter(|n| store.get("nodeclaims", "", n).is_some())
@@ -549,7 +549,7 @@ async fn consolidate(
 /// Roll out the MachineDeployment with the most Machines (a new infrastructure template name),
 /// wait until its Machines are all up to date and the cluster is stable.
 async fn roll_out(sim: &BackgroundSim, deadline: Duration) -> Result<RolloutFigures, Error> {
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let machines = store.list("machines", None);
     let mut per_md: BTreeMap<String, usize> = BTreeMap::new();
     for m in machines.iter().filter(|m| !deleting(m)) {
@@ -628,7 +628,7 @@ async fn roll_out(sim: &BackgroundSim, deadline: Duration) -> Result<RolloutFigu
 /// Live Machines of `md` and how many carry `UpToDate=True` (v1beta2 conditions, or v1beta1's
 /// `status.v1beta2.conditions`).
 fn up_to_date(sim: &BackgroundSim, md: &str) -> (usize, usize) {
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let live: Vec<Value> = store
         .list("machines", None)
         .into_iter()
