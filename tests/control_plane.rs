@@ -475,6 +475,37 @@ async fn the_pods_scenario_provisions_pods_that_kube_scheduler_binds() {
         .filter_map(|n| n.metadata.name)
         .collect();
     assert_eq!(pods.len(), 12);
+    let tainted: Vec<_> = Api::<Node>::all(cluster.new_client().expect("a client"))
+        .list(&Default::default())
+        .await
+        .expect("nodes")
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|ts| ts.iter().any(|t| t.key.starts_with("node.kubernetes.io/")))
+        })
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert!(
+        tainted.is_empty(),
+        "the node lifecycle controller lifted every not-ready taint: {tainted:?}"
+    );
+    let node_controller_writes = cluster
+        .stats()
+        .writes_for("nodes", "")
+        .into_iter()
+        .filter(|w| {
+            w.agent
+                .starts_with("system:serviceaccount:kube-system:node-controller ")
+        })
+        .count();
+    assert!(
+        node_controller_writes > 0,
+        "the node lifecycle controller tainted and untainted the new Nodes"
+    );
     for pod in &pods {
         let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
         assert!(

@@ -9,10 +9,12 @@
 //!   so permission mistakes fail as on a real cluster;
 //! - kube-scheduler, which binds pods;
 //! - kube-controller-manager with the controllers behind Deployments, ReplicaSets,
-//!   PodDisruptionBudget status, garbage collection and service-account tokens. No kubelet
-//!   renews Node leases, so node-lifecycle is left out: it would taint every Node unreachable.
-//!   For the same reason the `TaintNodesByCondition` admission plugin is off: it taints a new
-//!   Node not-ready, and only node-lifecycle lifts that taint.
+//!   PodDisruptionBudget status, garbage collection, service-account tokens and node lifecycle.
+//!   As upstream, the `TaintNodesByCondition` admission plugin taints every new Node
+//!   `node.kubernetes.io/not-ready` and the node lifecycle controller lifts it once the Node is
+//!   Ready; whoever registers Nodes must renew their Leases in `kube-node-lease` as a kubelet
+//!   does (the simulated cluster's kubelet stand-in does), or that controller marks the Node
+//!   unreachable after its grace period.
 //!
 //! Certificates are made in-process (module `pki`); each component has its own user, so the
 //! bootstrap RBAC roles apply as on a kubeadm cluster. Every process is stopped (and the
@@ -47,10 +49,12 @@ pub const BINARIES: [&str; 4] = [
 ];
 
 /// The controller-manager's controllers. Pod garbage collection is among them because a real
-/// cluster deletes the pods of a deleted Node through it, and the disruption flows delete Nodes.
+/// cluster deletes the pods of a deleted Node through it, and the disruption flows delete Nodes;
+/// node lifecycle because it lifts the not-ready taint every new Node is admitted with.
 const CONTROLLERS: &str = "deployment-controller,replicaset-controller,disruption-controller,\
 garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,\
-serviceaccount-token-controller,namespace-controller,root-ca-certificate-publisher-controller";
+serviceaccount-token-controller,namespace-controller,root-ca-certificate-publisher-controller,\
+node-lifecycle-controller";
 
 /// The user the controller's client certificate names, so the audit log tells its requests from
 /// the stand-ins' (the administrator) and the control plane's own.
@@ -292,10 +296,6 @@ impl ControlPlane {
                 ("service-cluster-ip-range", pki::SERVICE_RANGE),
                 ("authorization-mode", "Node,RBAC"),
                 ("allow-privileged", "true"),
-                // This plugin taints every new Node not-ready until the node-lifecycle
-                // controller sees it Ready; that controller is off (no kubelet renews Leases),
-                // so the taint would never lift and nothing would schedule.
-                ("disable-admission-plugins", "TaintNodesByCondition"),
                 // The front-proxy CA: without it the scheduler and controller-manager read an
                 // empty request-header CA from the API server and log an error many times a
                 // second, burying anything useful in their logs.

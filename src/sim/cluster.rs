@@ -600,6 +600,7 @@ fn spawn_standins(
             version: cfg.capi_version,
             node_ready_delay: cfg.node_ready_delay,
             device_plugin_delay: cfg.device_plugin_delay,
+            renew_leases: real,
         },
         shutdown.clone(),
     ));

@@ -62,6 +62,10 @@ pub struct KubeletConfig {
     /// domain, such as `nvidia.com/gpu`): until then the Node reports them as zero, as a real
     /// kubelet does. Zero: registered with the Node.
     pub device_plugin_delay: Duration,
+    /// Renew a Lease per registered Node (`node_lease`), as a kubelet does: on a real control
+    /// plane, whose node lifecycle controller reads them. The simulated server has no such
+    /// controller, so there the writes would only be load.
+    pub renew_leases: bool,
 }
 
 impl Default for KubeletConfig {
@@ -70,6 +74,7 @@ impl Default for KubeletConfig {
             version: CapiVersion::default(),
             node_ready_delay: Duration::from_millis(100),
             device_plugin_delay: Duration::ZERO,
+            renew_leases: false,
         }
     }
 }
@@ -96,6 +101,12 @@ pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<Join
         shutdown,
     });
     let mut tasks = Vec::new();
+    if inner.cfg.renew_leases {
+        tasks.extend(super::node_lease::spawn(
+            inner.client.clone(),
+            inner.shutdown.clone(),
+        ));
+    }
 
     let me = inner.clone();
     tasks.push(spawn_watch(

@@ -335,6 +335,7 @@ pub mod cluster;
 pub mod deployments;
 pub mod disruption_audit;
 pub mod kubelet;
+mod node_lease;
 pub mod pdb_status;
 pub mod pod_lifecycle;
 pub mod quantity;
