@@ -601,6 +601,7 @@ fn spawn_standins(
             node_ready_delay: cfg.node_ready_delay,
             device_plugin_delay: cfg.device_plugin_delay,
             renew_leases: real,
+            not_ready_taint: !real,
         },
         shutdown.clone(),
     ));

@@ -112,7 +112,12 @@ impl BackgroundSim {
 
     /// CPU spent by the controller's threads and by this cluster's since it started.
     pub fn cpu_ms(&self, claims: usize) -> cpu::CpuMs {
-        self.cpu.read(claims)
+        let mut ms = self.cpu.read(claims);
+        let pids = self
+            .cluster
+            .with_control_plane(|p| p.pids().into_iter().map(|(_, pid)| pid).collect::<Vec<_>>());
+        ms.control_plane = pids.and_then(|p| cpu::processes_ms(&p));
+        ms
     }
 
     pub fn cluster(&self) -> &Arc<SimCluster> {
