@@ -159,9 +159,9 @@ pub struct MachineDeploymentSeed {
 enum Served {
     Simulated(SimServer),
     Real {
-        backend: RealBackend,
+        backend: Box<RealBackend>,
         /// The administrator's client configuration, for `new_client`.
-        config: kube::Config,
+        config: Box<kube::Config>,
     },
 }
 
@@ -209,6 +209,7 @@ impl SimCluster {
                 .await
                 .map_err(crate::controlplane::Error::from)
                 .map_err(real::Error::from)?;
+                let (backend, config) = (Box::new(backend), Box::new(config));
                 (Served::Real { backend, config }, client, tasks)
             }
         };
@@ -238,7 +239,7 @@ impl SimCluster {
     pub fn new_client(&self) -> Result<Client, Error> {
         match &self.served {
             Served::Simulated(server) => Ok(server.client()),
-            Served::Real { config, .. } => Client::try_from(config.clone())
+            Served::Real { config, .. } => Client::try_from(kube::Config::clone(config))
                 .map_err(kube_err("a client for the real control plane")),
         }
     }
@@ -570,7 +571,8 @@ async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Error> {
 
 /// The stand-ins for what neither backend's API server does (Cluster API and its provider, the
 /// kubelet), and on the simulated backend for what kube-controller-manager and kube-scheduler
-/// do on a real one (Deployments, PodDisruptionBudget status, binding pods). The disruption
+/// do on a real one (Deployments, PodDisruptionBudget status, pod garbage collection, binding
+/// pods). The disruption
 /// audit runs on both: it measures, it models nothing.
 fn spawn_standins(
     cfg: &SimClusterConfig,
@@ -610,6 +612,7 @@ fn spawn_standins(
     tasks.extend(pod_lifecycle::spawn(
         client.clone(),
         cfg.pod_exit_delay,
+        !real,
         shutdown.clone(),
     ));
     if real {

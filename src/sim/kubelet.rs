@@ -571,6 +571,25 @@ pub async fn sim_nodes(client: &Client) -> Result<Vec<Node>, kube::Error> {
         .collect())
 }
 
+/// Removes the not-ready taint from a Ready Node, as the node lifecycle controller does. The
+/// Node is replaced at the version read, so a concurrent taint change (the controller lifting
+/// its unregistered taint) is a conflict to retry, never overwritten.
+async fn lift_not_ready(nodes: &Api<Node>, name: &str) -> Result<(), kube::Error> {
+    let mut node = nodes.get(name).await?;
+    let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut()) else {
+        return Ok(());
+    };
+    let before = taints.len();
+    taints.retain(|t| t.key != NOT_READY_TAINT_KEY);
+    if taints.len() == before {
+        return Ok(());
+    }
+    nodes
+        .replace(name, &PostParams::default(), &node)
+        .await
+        .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,23 +624,4 @@ mod tests {
             ]
         );
     }
-}
-
-/// Removes the not-ready taint from a Ready Node, as the node lifecycle controller does. The
-/// Node is replaced at the version read, so a concurrent taint change (the controller lifting
-/// its unregistered taint) is a conflict to retry, never overwritten.
-async fn lift_not_ready(nodes: &Api<Node>, name: &str) -> Result<(), kube::Error> {
-    let mut node = nodes.get(name).await?;
-    let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut()) else {
-        return Ok(());
-    };
-    let before = taints.len();
-    taints.retain(|t| t.key != NOT_READY_TAINT_KEY);
-    if taints.len() == before {
-        return Ok(());
-    }
-    nodes
-        .replace(name, &PostParams::default(), &node)
-        .await
-        .map(drop)
 }

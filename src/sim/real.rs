@@ -256,9 +256,12 @@ async fn install(client: &Client, upstream: Vec<(PathBuf, String)>) -> Result<()
     Ok(())
 }
 
+/// A pod as last mirrored, and when it was removed.
+type Buried = (Value, Instant);
+
 /// Pods removed from the mirror lately, by (namespace, name).
 #[derive(Clone, Default)]
-struct Tombstones(Arc<Mutex<HashMap<(String, String), (Value, Instant)>>>);
+struct Tombstones(Arc<Mutex<HashMap<(String, String), Buried>>>);
 
 impl Tombstones {
     fn bury(&self, ns: &str, name: &str, pod: Value) {
