@@ -63,6 +63,10 @@ const MIRRORED: [(&str, &str, &str); 9] = [
 /// How often the audit log is read.
 const AUDIT_POLL: Duration = Duration::from_millis(100);
 
+/// How long a pod removal waits for its pod to reach the mirror before it is given up (and
+/// said so).
+const UNMIRRORED_WAIT: Duration = Duration::from_secs(60);
+
 /// How long a deleted pod is remembered, so an audit line read after the mirror saw the pod go
 /// can still be checked against the pod as it was.
 const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
@@ -134,6 +138,7 @@ impl RealBackend {
             store: store.clone(),
             tombstones,
             controller_user: CONTROLLER_USER.to_string(),
+            unresolved: Vec::new(),
         }));
         tasks.push(tokio::spawn(read_audit(feed.clone(), shutdown)));
         let url = format!("https://127.0.0.1:{}", plane.ports().apiserver);
@@ -368,27 +373,65 @@ struct AuditFeed {
     store: Arc<Store>,
     tombstones: Tombstones,
     controller_user: String,
+    unresolved: Vec<(PodRemoval, Instant)>,
 }
 
 impl AuditFeed {
     /// Reads what the log gained since the last call into the counters.
     fn pump(&mut self) {
+        // Removals read earlier whose pod the mirror had not seen yet (its watch lags the log).
+        let waiting = std::mem::take(&mut self.unresolved);
+        for (removal, since) in waiting {
+            self.check(removal, since);
+        }
         match self.tail.read_new() {
             Ok(events) => {
                 for e in events {
-                    record(
-                        &self.stats,
-                        &self.store,
-                        &self.tombstones,
-                        &self.controller_user,
-                        &e,
-                    );
+                    if let Some(removal) = record(&self.stats, &self.controller_user, &e) {
+                        self.check(removal, Instant::now());
+                    }
                 }
             }
             // Every time: the requests of a batch that fails to read are missing from the report.
             Err(e) => tracing::error!(error = %e, "reading the real API server's audit log"),
         }
     }
+
+    /// Checks a pod removal against the drain rules once the mirror has (or had) the pod.
+    fn check(&mut self, r: PodRemoval, since: Instant) {
+        let pod = self
+            .store
+            .get("pods", &r.namespace, &r.name)
+            .or_else(|| self.tombstones.get(&r.namespace, &r.name));
+        let Some(pod) = pod else {
+            if since.elapsed() < UNMIRRORED_WAIT {
+                self.unresolved.push((r, since));
+            } else {
+                tracing::warn!(pod = %format!("{}/{}", r.namespace, r.name), "a pod the controller removed never reached the mirror; its removal is not audited");
+            }
+            return;
+        };
+        let found = drain_audit::audit_removed_pod(&self.store, &pod, &r.namespace, r.how, r.asked);
+        for v in found {
+            tracing::warn!(pod = %format!("{}/{}", r.namespace, r.name), violation = ?v, "real backend: drain rule broken");
+            self.stats.record_violation_at(
+                r.at_ms,
+                v,
+                &r.namespace,
+                &r.name,
+                crate::app::USER_AGENT,
+            );
+        }
+    }
+}
+
+/// The controller removing a pod (a delete or an eviction that succeeded), to check.
+struct PodRemoval {
+    how: Removal,
+    namespace: String,
+    name: String,
+    asked: jiff::Timestamp,
+    at_ms: u64,
 }
 
 /// Reads the audit log into the counters every [`AUDIT_POLL`] until shutdown.
@@ -402,14 +445,9 @@ async fn read_audit(feed: Arc<Mutex<AuditFeed>>, mut shutdown: Shutdown) {
     }
 }
 
-/// One audit event into the counters, as the simulated server counts the request itself.
-fn record(
-    stats: &Stats,
-    store: &Store,
-    tombstones: &Tombstones,
-    controller_user: &str,
-    e: &audit::Event,
-) {
+/// One audit event into the counters, as the simulated server counts the request itself; a pod
+/// removal by the controller is handed back to be checked against the drain rules.
+fn record(stats: &Stats, controller_user: &str, e: &audit::Event) -> Option<PodRemoval> {
     // The controller is told apart by its user; its requests carry the controller's agent so
     // the reports' filters read them as on the simulated backend.
     let agent = if e.username == controller_user {
@@ -418,13 +456,13 @@ fn record(
         format!("{} ({})", e.username, e.user_agent)
     };
     if e.resource.is_empty() {
-        return;
+        return None;
     }
     if e.is_request() {
         stats.count_request(&e.verb, &e.resource, &e.subresource, &agent);
     }
     if !e.is_successful_write() {
-        return;
+        return None;
     }
     let at_ms = stats.ms_at(e.at);
     stats.record_write_at(
@@ -436,24 +474,18 @@ fn record(
         &e.name,
         &agent,
     );
-    let removal = match (e.verb.as_str(), e.subresource.as_str()) {
-        ("delete", "") => Some(Removal::Delete),
-        ("create", "eviction") => Some(Removal::Eviction),
-        _ => None,
+    let how = match (e.verb.as_str(), e.subresource.as_str()) {
+        ("delete", "") => Removal::Delete,
+        ("create", "eviction") => Removal::Eviction,
+        _ => return None,
     };
-    if e.username != controller_user || e.resource != "pods" || !e.api_group.is_empty() {
-        return;
-    }
-    let Some(how) = removal else { return };
-    let Some(pod) = store
-        .get("pods", &e.namespace, &e.name)
-        .or_else(|| tombstones.get(&e.namespace, &e.name))
-    else {
-        tracing::warn!(pod = %format!("{}/{}", e.namespace, e.name), "a pod the controller removed was never mirrored; its removal is not audited");
-        return;
-    };
-    for v in drain_audit::audit_removed_pod(store, &pod, &e.namespace, how, e.received) {
-        tracing::warn!(pod = %format!("{}/{}", e.namespace, e.name), violation = ?v, "real backend: drain rule broken");
-        stats.record_violation_at(at_ms, v, &e.namespace, &e.name, &agent);
-    }
+    let controllers_pod =
+        e.username == controller_user && e.resource == "pods" && e.api_group.is_empty();
+    controllers_pod.then(|| PodRemoval {
+        how,
+        namespace: e.namespace.clone(),
+        name: e.name.clone(),
+        asked: e.received,
+        at_ms,
+    })
 }
