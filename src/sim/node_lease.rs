@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
@@ -25,6 +26,8 @@ const RENEW: Duration = Duration::from_secs(10);
 const LEASE_SECONDS: i32 = 40;
 const NAMESPACE: &str = "kube-node-lease";
 const MANAGER: &str = "sim-kubelet";
+/// Leases renewed at once.
+const RENEWERS: usize = 16;
 
 /// Starts the watch of Nodes and the renewer.
 pub fn spawn(client: Client, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
@@ -70,8 +73,22 @@ pub fn spawn(client: Client, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
                     .map(|(n, u)| (n.clone(), u.clone()))
                     .collect()
             };
-            for (node, uid) in due {
-                match renew(&leases, &node, &uid).await {
+            // Side by side, as every kubelet renews its own: one at a time, a hundred Nodes on a
+            // loaded machine take longer than a lease lasts, and node lifecycle then marks Nodes
+            // unreachable (tainting them, evicting their pods) and back, over and over.
+            let results: Vec<_> = futures::stream::iter(due)
+                .map(|(node, uid)| {
+                    let leases = leases.clone();
+                    async move {
+                        let r = renew(&leases, &node, &uid).await;
+                        (node, r)
+                    }
+                })
+                .buffer_unordered(RENEWERS)
+                .collect()
+                .await;
+            for (node, r) in results {
+                match r {
                     Ok(()) => {
                         renewed.insert(node, tokio::time::Instant::now());
                     }
