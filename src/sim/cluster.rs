@@ -23,7 +23,7 @@ use super::real::{self, RealBackend};
 use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
 use super::standin::{Shutdown, ShutdownTrigger, shutdown_pair};
 use super::{CapiVersions, Faults, SimConfig, SimError, SimServer, Stats, Store};
-use super::{deployments, pdb_status, pod_lifecycle};
+use super::{deployments, node_lease, pdb_status, pod_lifecycle};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 /// Cluster name every seeded Cluster API object belongs to.
@@ -607,11 +607,15 @@ fn spawn_standins(
             version: cfg.capi_version,
             node_ready_delay: cfg.node_ready_delay,
             device_plugin_delay: cfg.device_plugin_delay,
-            renew_leases: real,
             not_ready_taint: cfg.not_ready_taint && !real,
         },
         shutdown.clone(),
     ));
+    if real {
+        // A kubelet's Lease per Node, which the real node lifecycle controller reads (the
+        // simulated server has none, so there the writes would only be load).
+        tasks.extend(node_lease::spawn(client.clone(), shutdown.clone()));
+    }
     let (audit, t) = disruption_audit::spawn(client.clone(), shutdown.clone());
     tasks.extend(t);
     tasks.extend(pod_lifecycle::spawn(

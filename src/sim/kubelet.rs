@@ -62,10 +62,6 @@ pub struct KubeletConfig {
     /// domain, such as `nvidia.com/gpu`): until then the Node reports them as zero, as a real
     /// kubelet does. Zero: registered with the Node.
     pub device_plugin_delay: Duration,
-    /// Renew a Lease per registered Node (`node_lease`), as a kubelet does: on a real control
-    /// plane, whose node lifecycle controller reads them. The simulated server has no such
-    /// controller, so there the writes would only be load.
-    pub renew_leases: bool,
     /// Stand in for kube-apiserver's `TaintNodesByCondition` admission and the node lifecycle
     /// controller: register Nodes with the `node.kubernetes.io/not-ready` taint and lift it once
     /// the Node is Ready (the simulated backend; a real control plane does both itself).
@@ -78,7 +74,6 @@ impl Default for KubeletConfig {
             version: CapiVersion::default(),
             node_ready_delay: Duration::from_millis(100),
             device_plugin_delay: Duration::ZERO,
-            renew_leases: false,
             not_ready_taint: false,
         }
     }
@@ -106,12 +101,6 @@ pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<Join
         shutdown,
     });
     let mut tasks = Vec::new();
-    if inner.cfg.renew_leases {
-        tasks.extend(super::node_lease::spawn(
-            inner.client.clone(),
-            inner.shutdown.clone(),
-        ));
-    }
 
     let me = inner.clone();
     tasks.push(spawn_watch(
