@@ -99,8 +99,8 @@ pub struct SimClusterConfig {
     /// See [`KubeletConfig::device_plugin_delay`].
     pub device_plugin_delay: Duration,
     /// See [`KubeletConfig::not_ready_taint`] (simulated backend only; a real control plane
-    /// taints and untaints itself). Off by default: `simulate` turns it on; the test suites'
-    /// clusters keep Nodes untainted until the one test it broke is understood (fidelity.md).
+    /// taints and untaints itself). Off by default until the runs it failed are understood
+    /// (docs/fidelity.md).
     pub not_ready_taint: bool,
     pub node_delete_delay: Duration,
     /// How long a pod takes to exit once deleted (per pod: the

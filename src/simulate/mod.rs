@@ -286,8 +286,6 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
         fail_fraction: args.fail_fraction.clamp(0.0, 1.0),
         node_ready_delay: Duration::from_millis(100),
         node_delete_delay: Duration::from_millis(50),
-        // As strict as a real control plane: new Nodes are not-ready-tainted until Ready.
-        not_ready_taint: true,
         seed: args.seed,
         port: args.serve.port,
         kubeconfig_out: args.serve.kubeconfig_out(),
