@@ -37,8 +37,10 @@ const LAYERS: &[&[&str]] = &[
     &["actors"],
     // Wiring the controller together.
     &["app"],
+    // A real control plane (for tests, and the simulated cluster's real backend).
+    &["controlplane"],
     // Read-only tools and the simulated cluster.
-    &["explain", "sim", "controlplane"],
+    &["explain", "sim"],
     // What drives them: `init`, and `simulate` (the simulated cluster with a controller).
     &["init", "simulate"],
     // Builders for tests and benches, over everything.

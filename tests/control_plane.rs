@@ -2,8 +2,9 @@
 //! the real kube-controller-manager and kube-scheduler turn a Deployment into pods bound to
 //! Nodes, the project's CRDs and the repository's NodePool example are accepted by the real
 //! kube-apiserver, and after a drop, a Ctrl-C (SIGINT) or a panic nothing it started is alive
-//! or listening and its directory is gone. Module `rbac`: the controller on it under the Helm
-//! chart's RBAC only.
+//! or listening and its directory is gone. The simulated cluster on this backend (`simulate
+//! --control-plane real`) provisions pending pods end to end, kube-scheduler binding them.
+//! Module `rbac`: the controller on it under the Helm chart's RBAC only.
 
 #[macro_use]
 mod assets;
@@ -21,6 +22,7 @@ fn main() -> std::process::ExitCode {
         @tokio nothing_is_left_running_or_listening_after_drop needs [ControlPlane],
         nothing_is_left_after_ctrl_c needs [ControlPlane],
         nothing_is_left_after_a_panic needs [ControlPlane],
+        @actix the_pods_scenario_provisions_pods_that_kube_scheduler_binds needs [ControlPlane, Upstream],
     ];
     tests.extend(rbac::tests());
     assets::main(tests)
@@ -424,5 +426,139 @@ fn nothing_is_left_after_a_panic() {
     let (mut child, footprint) = spawn_child("panic");
     let status = wait_exit(&mut child);
     assert_eq!(status.code(), Some(101), "the child's exit: {status}");
+    footprint.assert_gone();
+}
+
+/// `simulate --control-plane real --scenario pods`, small: pending pods (made by the real
+/// ReplicaSet controller) -> NodeClaims -> Machines (the Cluster API stand-in) -> Nodes (the
+/// kubelet stand-in) -> pods bound by kube-scheduler; the report's figures come from the audit
+/// log. After the cluster is dropped nothing it started runs or listens.
+async fn the_pods_scenario_provisions_pods_that_kube_scheduler_binds() {
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::pods;
+
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--scenario",
+        "pods",
+        "--pods",
+        "12",
+        "--deployments",
+        "2",
+        "--machine-deployments",
+        "2",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = pods::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the pods scenario on a real control plane: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(
+        report.launch.invariants_ok,
+        "invariants: {:?}",
+        report.launch.problems
+    );
+    assert_eq!(report.pods.pending_at_start, 12);
+    assert_eq!(report.pods.bound, 12, "{}", report);
+    let claims = &report.launch.claims;
+    assert!(claims.requested >= 1, "{report}");
+    assert_eq!(claims.initialized, claims.requested, "{report}");
+    assert_eq!(report.launch.machines.bound, claims.requested, "{report}");
+    assert!(report.nodes.created >= 1, "{report}");
+
+    // Through the real API server: every pod is on a Node the kubelet stand-in registered
+    // for a Machine, and kube-scheduler (not a stand-in) bound each.
+    let client = cluster.new_client().expect("a client");
+    let pods: Vec<Pod> = Api::<Pod>::namespaced(client.clone(), "default")
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items;
+    let nodes: Vec<String> = Api::<Node>::all(client)
+        .list(&Default::default())
+        .await
+        .expect("nodes")
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert_eq!(pods.len(), 12);
+    let tainted: Vec<_> = Api::<Node>::all(cluster.new_client().expect("a client"))
+        .list(&Default::default())
+        .await
+        .expect("nodes")
+        .items
+        .into_iter()
+        .filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|ts| ts.iter().any(|t| t.key.starts_with("node.kubernetes.io/")))
+        })
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert!(
+        tainted.is_empty(),
+        "the node lifecycle controller lifted every not-ready taint: {tainted:?}"
+    );
+    let node_controller_writes = cluster
+        .stats()
+        .writes_for("nodes", "")
+        .into_iter()
+        .filter(|w| {
+            w.agent
+                .starts_with("system:serviceaccount:kube-system:node-controller ")
+        })
+        .count();
+    assert!(
+        node_controller_writes > 0,
+        "the node lifecycle controller tainted and untainted the new Nodes"
+    );
+    for pod in &pods {
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        assert!(
+            node.as_ref().is_some_and(|n| nodes.contains(n)),
+            "{:?} on {node:?}, Nodes {nodes:?}",
+            pod.metadata.name
+        );
+    }
+    let binders: std::collections::BTreeSet<String> = cluster
+        .stats()
+        .writes_for("pods", "binding")
+        .into_iter()
+        .map(|w| w.agent)
+        .collect();
+    assert_eq!(binders.len(), 1, "one binder, kube-scheduler: {binders:?}");
+    assert!(
+        binders
+            .iter()
+            .all(|a| a.starts_with("system:kube-scheduler ")),
+        "bindings by {binders:?}"
+    );
+    assert_eq!(cluster.stats().writes_for("pods", "binding").len(), 12);
+    assert!(
+        report.pod_latency_ms.pod_pending_to_bound.p99 > 0.0,
+        "pending -> bound measured from the audit log: {report}"
+    );
+    let controller_writes = cluster
+        .stats()
+        .writes()
+        .into_iter()
+        .filter(|w| w.agent == karpenter_capi::app::USER_AGENT)
+        .count();
+    assert!(
+        controller_writes > 0,
+        "the controller's writes are told apart by its user"
+    );
+
+    let footprint = cluster
+        .with_control_plane(Footprint::of)
+        .expect("a real control plane");
+    footprint.assert_running();
+    drop(kept);
+    cluster.stop_processes();
     footprint.assert_gone();
 }

@@ -63,6 +63,17 @@ pub enum Scenario {
     None,
 }
 
+/// What serves the simulated cluster's API.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ControlPlaneArg {
+    /// The project's own API server and scheduler stand-in, in-process.
+    #[default]
+    Simulated,
+    /// A real etcd, kube-apiserver, kube-scheduler and kube-controller-manager from
+    /// `KUBEBUILDER_ASSETS`, with the upstream Cluster API CRDs from `KARPENTER_CAPI_UPSTREAM`.
+    Real,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ReportFormat {
     Text,
@@ -114,6 +125,10 @@ pub struct SimulateArgs {
     /// Which Cluster API version the simulated cluster serves.
     #[arg(long, value_enum, default_value = "v1beta2")]
     pub cluster_api_version: CapiVersionArg,
+    /// The API server behind the scenario: the simulated one, or a real control plane
+    /// (binaries from KUBEBUILDER_ASSETS, Cluster API CRDs from KARPENTER_CAPI_UPSTREAM).
+    #[arg(long, value_enum, default_value = "simulated")]
+    pub control_plane: ControlPlaneArg,
     /// The report: text, one JSON object, or one self-contained HTML page with charts.
     #[arg(long, value_enum, default_value = "text")]
     pub report: ReportFormat,

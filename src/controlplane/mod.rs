@@ -9,16 +9,19 @@
 //!   so permission mistakes fail as on a real cluster;
 //! - kube-scheduler, which binds pods;
 //! - kube-controller-manager with the controllers behind Deployments, ReplicaSets,
-//!   PodDisruptionBudget status, garbage collection and service-account tokens. No kubelet
-//!   renews Node leases, so node-lifecycle is left out: it would taint every Node unreachable.
-//!   For the same reason the `TaintNodesByCondition` admission plugin is off: it taints a new
-//!   Node not-ready, and only node-lifecycle lifts that taint.
+//!   PodDisruptionBudget status, garbage collection, service-account tokens and node lifecycle.
+//!   As upstream, the `TaintNodesByCondition` admission plugin taints every new Node
+//!   `node.kubernetes.io/not-ready` and the node lifecycle controller lifts it once the Node is
+//!   Ready; whoever registers Nodes must renew their Leases in `kube-node-lease` as a kubelet
+//!   does (the simulated cluster's kubelet stand-in does), or that controller marks the Node
+//!   unreachable after its grace period.
 //!
 //! Certificates are made in-process (module `pki`); each component has its own user, so the
 //! bootstrap RBAC roles apply as on a kubeadm cluster. Every process is stopped (and the
 //! directory removed) when the [`ControlPlane`] is dropped, when its start fails, while a panic
 //! unwinds, and on SIGINT/SIGTERM (module `process`).
 
+pub mod audit;
 mod pki;
 mod process;
 pub mod rbac;
@@ -47,22 +50,16 @@ pub const BINARIES: [&str; 4] = [
 ];
 
 /// The controller-manager's controllers. Pod garbage collection is among them because a real
-/// cluster deletes the pods of a deleted Node through it, and the disruption flows delete Nodes.
+/// cluster deletes the pods of a deleted Node through it, and the disruption flows delete Nodes;
+/// node lifecycle because it lifts the not-ready taint every new Node is admitted with.
 const CONTROLLERS: &str = "deployment-controller,replicaset-controller,disruption-controller,\
 garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,\
-serviceaccount-token-controller,namespace-controller,root-ca-certificate-publisher-controller";
+serviceaccount-token-controller,namespace-controller,root-ca-certificate-publisher-controller,\
+node-lifecycle-controller";
 
-/// The audit log's file name in the control plane's directory.
-const AUDIT_LOG: &str = "audit.log";
-
-/// Every request at the `Metadata` level (who, what, the response code; no bodies), once it
-/// completes (or, for a watch, once it starts).
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: [RequestReceived]
-rules:
-- level: Metadata
-";
+/// The user the controller's client certificate names, so the audit log tells its requests from
+/// the stand-ins' (the administrator) and the control plane's own.
+pub const CONTROLLER_USER: &str = "karpenter-capi-controller";
 
 /// Lines of a binary's log quoted in an error.
 const TAIL_LINES: usize = 30;
@@ -120,9 +117,6 @@ pub struct Options {
     pub assets: PathBuf,
     /// How long the whole start may take. A loaded two-core machine needs tens of seconds.
     pub startup_timeout: Duration,
-    /// Whether kube-apiserver writes an audit log (every request's user, verb, object and
-    /// response code, at the `Metadata` level) to [`ControlPlane::audit_log`].
-    pub audit: bool,
 }
 
 impl Options {
@@ -134,7 +128,6 @@ impl Options {
         Ok(Options {
             assets: PathBuf::from(assets),
             startup_timeout: Duration::from_secs(120),
-            audit: false,
         })
     }
 }
@@ -195,10 +188,11 @@ pub struct ControlPlane {
     processes: Arc<Mutex<Processes>>,
     client: kube::Client,
     kubeconfig: PathBuf,
+    controller_kubeconfig: PathBuf,
+    audit_log: PathBuf,
     dir: PathBuf,
     ports: Ports,
     startup: Duration,
-    audit_log: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -251,25 +245,16 @@ impl ControlPlane {
         write_kubeconfig(&scheduler_kubeconfig, &server, &pki.ca, &pki.scheduler)?;
         let cm_kubeconfig = dir.join("kube-controller-manager.kubeconfig");
         write_kubeconfig(&cm_kubeconfig, &server, &pki.ca, &pki.controller_manager)?;
+        let controller_kubeconfig = dir.join("controller.kubeconfig");
+        write_kubeconfig(&controller_kubeconfig, &server, &pki.ca, &pki.controller)?;
+        let audit_policy = dir.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, audit::POLICY).map_err(|source| Error::Io {
+            what: format!("writing {}", audit_policy.display()),
+            source,
+        })?;
+        let audit_log = dir.join("audit.log");
 
         let assets = options.assets.as_path();
-        let audit_log = options.audit.then(|| dir.join(AUDIT_LOG));
-        let mut audit_flags = Vec::new();
-        if let Some(log) = &audit_log {
-            let policy = dir.join("audit-policy.yaml");
-            std::fs::write(&policy, AUDIT_POLICY).map_err(|source| Error::Io {
-                what: format!("writing {}", policy.display()),
-                source,
-            })?;
-            audit_flags = args([
-                ("audit-policy-file", &path(&policy)),
-                ("audit-log-path", &path(log)),
-                // Each event is written before its response returns, so a test that has seen
-                // a response finds the request in the log.
-                ("audit-log-mode", "blocking"),
-                ("audit-log-format", "json"),
-            ]);
-        }
         let etcd_url = format!("http://127.0.0.1:{}", ports.etcd_client);
         let peer_url = format!("http://127.0.0.1:{}", ports.etcd_peer);
         process::spawn(
@@ -312,10 +297,6 @@ impl ControlPlane {
                 ("service-cluster-ip-range", pki::SERVICE_RANGE),
                 ("authorization-mode", "Node,RBAC"),
                 ("allow-privileged", "true"),
-                // This plugin taints every new Node not-ready until the node-lifecycle
-                // controller sees it Ready; that controller is off (no kubelet renews Leases),
-                // so the taint would never lift and nothing would schedule.
-                ("disable-admission-plugins", "TaintNodesByCondition"),
                 // The front-proxy CA: without it the scheduler and controller-manager read an
                 // empty request-header CA from the API server and log an error many times a
                 // second, burying anything useful in their logs.
@@ -324,10 +305,12 @@ impl ControlPlane {
                 ("requestheader-username-headers", "X-Remote-User"),
                 ("requestheader-group-headers", "X-Remote-Group"),
                 ("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
-            ])
-            .into_iter()
-            .chain(audit_flags)
-            .collect::<Vec<_>>(),
+                // Every request, one JSON line each: the real backend's reports count from it.
+                ("audit-policy-file", &path(&audit_policy)),
+                ("audit-log-path", &path(&audit_log)),
+                ("audit-log-format", "json"),
+                ("audit-log-mode", "blocking"),
+            ]),
         )?;
 
         let client = client_for(&kubeconfig).await?;
@@ -423,10 +406,11 @@ impl ControlPlane {
             processes,
             client,
             kubeconfig,
+            controller_kubeconfig,
+            audit_log,
             dir,
             ports,
             startup,
-            audit_log,
         })
     }
 
@@ -445,6 +429,17 @@ impl ControlPlane {
     /// the control plane's directory and goes with it.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
+    }
+
+    /// A kubeconfig for the controller, as the user [`CONTROLLER_USER`] (an administrator: in
+    /// `system:masters`), so the audit log names its requests apart.
+    pub fn controller_kubeconfig(&self) -> &Path {
+        &self.controller_kubeconfig
+    }
+
+    /// kube-apiserver's audit log (JSON lines, module [`audit`]).
+    pub fn audit_log(&self) -> &Path {
+        &self.audit_log
     }
 
     /// The directory holding certificates, kubeconfigs, etcd's data and each binary's log.
@@ -469,11 +464,6 @@ impl ControlPlane {
     /// The last `lines` lines of `binary`'s log (stdout and stderr), for a failing test to show.
     pub fn log_tail(&self, binary: &str, lines: usize) -> String {
         process::tail(&self.dir.join(format!("{binary}.log")), lines)
-    }
-
-    /// kube-apiserver's audit log (JSON lines), when [`Options::audit`] asked for one.
-    pub fn audit_log(&self) -> Option<&Path> {
-        self.audit_log.as_deref()
     }
 
     /// How long [`ControlPlane::start`] took.

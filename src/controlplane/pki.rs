@@ -1,7 +1,7 @@
 //! The control plane's certificates and keys, made in-process: a CA, the API server's serving
-//! certificate, one client certificate per user (admin, scheduler, controller-manager) and the
-//! service-account signing key pair. Everything is written as PEM into the control plane's
-//! temporary directory, where the binaries read it.
+//! certificate, one client certificate per user (admin, scheduler, controller-manager, the
+//! controller under test) and the service-account signing key pair. Everything is written as
+//! PEM into the control plane's temporary directory, where the binaries read it.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -35,6 +35,8 @@ pub struct Pki {
     pub admin: Pair,
     pub scheduler: Pair,
     pub controller_manager: Pair,
+    /// The controller under test, an administrator under a user of its own.
+    pub controller: Pair,
     /// The service-account signing key (PKCS#8) and its public half.
     pub service_account_key: PathBuf,
     pub service_account_pub: PathBuf,
@@ -80,6 +82,14 @@ pub fn write(dir: &Path) -> Result<Pki, Error> {
         &ca,
     )?;
 
+    let controller = client(
+        dir,
+        "controller",
+        super::CONTROLLER_USER,
+        Some("system:masters"),
+        &ca,
+    )?;
+
     let sa = KeyPair::generate()?;
     let service_account_key = dir.join("sa.key");
     let service_account_pub = dir.join("sa.pub");
@@ -93,6 +103,7 @@ pub fn write(dir: &Path) -> Result<Pki, Error> {
         admin,
         scheduler,
         controller_manager,
+        controller,
         service_account_key,
         service_account_pub,
     })

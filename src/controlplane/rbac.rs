@@ -23,7 +23,7 @@ use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use serde_json::{Value, json};
 
-use super::ControlPlane;
+use super::{ControlPlane, audit};
 
 /// The kinds `install` applies from the rendered chart; everything else (the Deployment, the
 /// Service, ...) is the test's to stand in for.
@@ -83,14 +83,12 @@ pub enum Error {
     },
     #[error("the TokenRequest for ServiceAccount {0} came back without a token")]
     NoToken(String),
-    #[error("the control plane has no audit log (start it with Options::audit)")]
-    NoAuditLog,
     #[error("{} line {line}: {source}", log.display())]
     Audit {
         log: PathBuf,
         line: usize,
         #[source]
-        source: serde_json::Error,
+        source: super::audit::Error,
     },
 }
 
@@ -511,7 +509,7 @@ pub struct Audited {
 
 /// Reads the control plane's audit log for `user`'s requests.
 pub fn audited(cp: &ControlPlane, user: &str) -> Result<Audited, Error> {
-    let log = cp.audit_log().ok_or(Error::NoAuditLog)?;
+    let log = cp.audit_log();
     let text = std::fs::read_to_string(log).map_err(|source| Error::Io {
         what: format!("reading {}", log.display()),
         source,
@@ -524,7 +522,7 @@ pub fn audited(cp: &ControlPlane, user: &str) -> Result<Audited, Error> {
 }
 
 /// `user`'s requests in an audit log's text (JSON lines); an error names the line.
-fn parse_audit(text: &str, user: &str) -> Result<Audited, (usize, serde_json::Error)> {
+fn parse_audit(text: &str, user: &str) -> Result<Audited, (usize, audit::Error)> {
     let mut out = Audited::default();
     // A last line without its newline is still being written: only whole lines are events.
     let whole = text.rfind('\n').map_or("", |end| &text[..end]);
@@ -532,34 +530,31 @@ fn parse_audit(text: &str, user: &str) -> Result<Audited, (usize, serde_json::Er
         if line.trim().is_empty() {
             continue;
         }
-        let event: Value = serde_json::from_str(line).map_err(|e| (i + 1, e))?;
-        if event["user"]["username"] != user {
+        let event = audit::Event::parse(line).map_err(|e| (i + 1, e))?;
+        if event.username != user {
             continue;
         }
-        if event["stage"] != "ResponseComplete" || event["verb"] != "watch" {
+        if event.is_request() {
             out.requests += 1;
         }
-        let verb = event["verb"].as_str().unwrap_or_default();
-        if event["responseStatus"]["code"] == 403 {
-            let uri = event["requestURI"].as_str().unwrap_or_default();
+        let verb = event.verb.as_str();
+        if event.code == Some(403) {
+            let uri = event.request_uri.as_str();
             let path = uri.split_once('?').map_or(uri, |(path, _)| path);
             *out.forbidden.entry(format!("{verb} {path}")).or_default() += 1;
             continue;
         }
-        let object = &event["objectRef"];
-        let Some(resource) = object["resource"].as_str() else {
+        if event.resource.is_empty() {
             continue;
+        }
+        let resource = match event.subresource.as_str() {
+            "" => event.resource.clone(),
+            sub => format!("{}/{sub}", event.resource),
         };
-        let resource = match object["subresource"].as_str() {
-            Some(sub) => format!("{resource}/{sub}"),
-            None => resource.to_string(),
-        };
-        let group = object["apiGroup"].as_str().unwrap_or_default();
-        let permission = Permission::new(group, &resource, verb);
+        let permission = Permission::new(&event.api_group, &resource, verb);
         if !matches!(verb, "get" | "list" | "watch") {
-            let agent = event["userAgent"].as_str().unwrap_or_default().to_string();
             out.writes
-                .entry(agent)
+                .entry(event.user_agent.clone())
                 .or_default()
                 .insert(permission.clone());
         }
@@ -630,6 +625,8 @@ mod tests {
                 "requestURI": "/api/v1/x?watch=true", "userAgent": agent,
                 "user": {"username": user}, "objectRef": object,
                 "responseStatus": {"code": code},
+                "requestReceivedTimestamp": "2026-11-26T12:00:00Z",
+                "stageTimestamp": "2026-11-26T12:00:00Z",
             })
             .to_string()
         };
@@ -698,7 +695,9 @@ mod tests {
             BTreeSet::from([Permission::new("karpenter.sh", "nodeclaims", "patch")])
         );
         assert_eq!(
-            parse_audit("{}\nnot json\n", me).err().map(|e| e.0),
+            parse_audit(&format!("{}\nnot json\n", lines[0]), me)
+                .err()
+                .map(|e| e.0),
             Some(2)
         );
     }

@@ -19,10 +19,11 @@ use tokio::task::JoinHandle;
 use super::capi::{self, CapiConfig, CapiVersion, ProviderIdStyle, dynamic};
 use super::disruption_audit::{self, DisruptionAudit};
 use super::kubelet::{self, KubeletConfig};
+use super::real::{self, RealBackend};
 use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
-use super::standin::{ShutdownTrigger, shutdown_pair};
-use super::{CapiVersions, SimConfig, SimError, SimServer};
-use super::{deployments, pdb_status, pod_lifecycle};
+use super::standin::{Shutdown, ShutdownTrigger, shutdown_pair};
+use super::{CapiVersions, Faults, SimConfig, SimError, SimServer, Stats, Store};
+use super::{deployments, node_lease, pdb_status, pod_lifecycle};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 /// Cluster name every seeded Cluster API object belongs to.
@@ -44,6 +45,28 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error(transparent)]
+    Real(#[from] real::Error),
+    #[error("{0} exists only on the simulated backend, not on a real control plane")]
+    NotOnRealBackend(&'static str),
+    #[error(
+        "Cluster API {0:?} on a real control plane needs Cluster API's conversion webhook, which \
+         is not run; use v1beta2"
+    )]
+    VersionOnRealBackend(CapiVersion),
+}
+
+/// What serves the cluster's API.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The project's own API server (`SimServer`) and its scheduler stand-in.
+    #[default]
+    Simulated,
+    /// A real control plane from `KUBEBUILDER_ASSETS` (module `real`): kube-scheduler binds
+    /// pods, kube-controller-manager runs Deployments, ReplicaSets, PodDisruptionBudget status
+    /// and garbage collection.
+    Real,
 }
 
 fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
@@ -63,6 +86,8 @@ pub enum ServedVersions {
 
 #[derive(Clone, Debug)]
 pub struct SimClusterConfig {
+    /// The simulated server or a real control plane.
+    pub backend: Backend,
     /// The version the stand-ins (and the seeding helpers) write.
     pub capi_version: CapiVersion,
     /// The versions the server serves (must include `capi_version`).
@@ -73,6 +98,10 @@ pub struct SimClusterConfig {
     pub node_ready_delay: Duration,
     /// See [`KubeletConfig::device_plugin_delay`].
     pub device_plugin_delay: Duration,
+    /// See [`KubeletConfig::not_ready_taint`] (simulated backend only; a real control plane
+    /// taints and untaints itself). Off by default until the runs it failed are understood
+    /// (docs/fidelity.md).
+    pub not_ready_taint: bool,
     pub node_delete_delay: Duration,
     /// How long a pod takes to exit once deleted (per pod: the
     /// `sim.karpenter.cluster.x-k8s.io/exit-after` annotation); never past its grace period.
@@ -93,6 +122,7 @@ impl Default for SimClusterConfig {
     fn default() -> Self {
         let capi = CapiConfig::default();
         Self {
+            backend: Backend::default(),
             capi_version: CapiVersion::default(),
             served: ServedVersions::default(),
             provider_delay: capi.provider_delay,
@@ -100,6 +130,7 @@ impl Default for SimClusterConfig {
             fail_fraction: capi.fail_fraction,
             node_ready_delay: KubeletConfig::default().node_ready_delay,
             device_plugin_delay: Duration::ZERO,
+            not_ready_taint: false,
             node_delete_delay: capi.node_delete_delay,
             pod_exit_delay: Duration::from_millis(100),
             provider_id_style: capi.provider_id_style,
@@ -129,8 +160,18 @@ pub struct MachineDeploymentSeed {
     pub kubernetes_version: Option<String>,
 }
 
+/// The API server behind a [`SimCluster`].
+enum Served {
+    Simulated(SimServer),
+    Real {
+        backend: Box<RealBackend>,
+        /// The administrator's client configuration, for `new_client`.
+        config: Box<kube::Config>,
+    },
+}
+
 pub struct SimCluster {
-    server: SimServer,
+    served: Served,
     client: Client,
     cfg: SimClusterConfig,
     trigger: ShutdownTrigger,
@@ -140,79 +181,50 @@ pub struct SimCluster {
 }
 
 impl SimCluster {
-    /// Starts the API server and the stand-ins on the current runtime.
+    /// Starts the API server (or the real control plane) and the stand-ins on the current
+    /// runtime.
     pub async fn start(cfg: SimClusterConfig) -> Result<Self, Error> {
-        let served = match cfg.served {
-            ServedVersions::V1beta1 => CapiVersions::V1Beta1,
-            ServedVersions::V1beta2 => CapiVersions::V1Beta2,
-            ServedVersions::Both => CapiVersions::Both,
-        };
-        let server = SimServer::start(
-            SimConfig {
-                served_capi_versions: served,
-                seed: cfg.seed,
-                port: cfg.port,
-                ..SimConfig::default()
-            }
-            .with_infrastructure_templates(),
-        )
-        .await?;
-        if let Some(out) = &cfg.kubeconfig_out {
-            super::kubeconfig::write_file(out, server.url())?;
-        }
-        let client = server.client();
         let (trigger, shutdown) = shutdown_pair();
-        let mut tasks = capi::spawn(
-            server.client(),
-            CapiConfig {
-                version: cfg.capi_version,
-                provider_delay: cfg.provider_delay,
-                jitter: cfg.jitter,
-                fail_fraction: cfg.fail_fraction,
-                node_delete_delay: cfg.node_delete_delay,
-                provider_id_style: cfg.provider_id_style,
-                seed: cfg.seed,
-                stats: Some(server.stats()),
-            },
-            shutdown.clone(),
-        );
-        tasks.extend(kubelet::spawn(
-            server.client(),
-            KubeletConfig {
-                version: cfg.capi_version,
-                node_ready_delay: cfg.node_ready_delay,
-                device_plugin_delay: cfg.device_plugin_delay,
-            },
-            shutdown.clone(),
-        ));
-        tasks.extend(pdb_status::spawn(server.client(), shutdown.clone()));
-        let (audit, t) = disruption_audit::spawn(server.client(), shutdown.clone());
-        tasks.extend(t);
-        tasks.extend(deployments::spawn(
-            server.client(),
-            cfg.seed,
-            shutdown.clone(),
-        ));
-        tasks.extend(pod_lifecycle::spawn(
-            server.client(),
-            cfg.pod_exit_delay,
-            shutdown.clone(),
-        ));
-        let binds = if cfg.scheduler {
-            let (log, t) = scheduler::spawn(
-                server.client(),
-                SchedulerConfig {
-                    debounce: cfg.scheduler_debounce,
-                },
-                shutdown,
-            );
-            tasks.extend(t);
-            log
-        } else {
-            BindLog::default()
+        let (served, client, mut tasks) = match cfg.backend {
+            Backend::Simulated => {
+                let server = start_server(&cfg).await?;
+                let client = server.client();
+                (Served::Simulated(server), client, Vec::new())
+            }
+            Backend::Real => {
+                if cfg.capi_version != CapiVersion::V1Beta2 {
+                    return Err(Error::VersionOnRealBackend(cfg.capi_version));
+                }
+                let (backend, client, tasks) =
+                    RealBackend::start(cfg.seed, shutdown.clone()).await?;
+                if let Some(out) = &cfg.kubeconfig_out {
+                    std::fs::copy(backend.kubeconfig_path(), out).map_err(|source| {
+                        Error::Server(SimError::Kubeconfig {
+                            path: out.display().to_string(),
+                            source,
+                        })
+                    })?;
+                }
+                let config = kube::Config::from_custom_kubeconfig(
+                    kube::config::Kubeconfig::read_from(backend.kubeconfig_path())
+                        .map_err(crate::controlplane::Error::from)
+                        .map_err(real::Error::from)?,
+                    &kube::config::KubeConfigOptions::default(),
+                )
+                .await
+                .map_err(crate::controlplane::Error::from)
+                .map_err(real::Error::from)?;
+                let (backend, config) = (Box::new(backend), Box::new(config));
+                (Served::Real { backend, config }, client, tasks)
+            }
         };
+        let milestones = match &served {
+            Served::Simulated(server) => server.stats(),
+            Served::Real { backend, .. } => backend.stats(),
+        };
+        let (binds, audit) = spawn_standins(&cfg, &client, milestones, shutdown, &mut tasks);
         Ok(Self {
-            server,
+            served,
             client,
             cfg,
             trigger,
@@ -230,23 +242,111 @@ impl SimCluster {
     /// A client built fresh on the caller's runtime (a Client dies with the runtime it was
     /// built on, so a controller on another thread needs its own).
     pub fn new_client(&self) -> Result<Client, Error> {
-        Ok(self.server.client())
+        match &self.served {
+            Served::Simulated(server) => Ok(server.client()),
+            Served::Real { config, .. } => Client::try_from(kube::Config::clone(config))
+                .map_err(kube_err("a client for the real control plane")),
+        }
     }
 
-    /// The kubeconfig to give users: `kubeconfig_out` when set, else the server's own.
+    /// The kubeconfig to give users (an administrator's): `kubeconfig_out` when set, else the
+    /// server's own.
     pub fn kubeconfig_path(&self) -> &Path {
         self.cfg
             .kubeconfig_out
             .as_deref()
-            .unwrap_or_else(|| self.server.kubeconfig_path())
+            .unwrap_or_else(|| match &self.served {
+                Served::Simulated(server) => server.kubeconfig_path(),
+                Served::Real { backend, .. } => backend.kubeconfig_path(),
+            })
     }
 
+    /// The kubeconfig the controller under test is given. On the simulated backend, the same
+    /// as [`SimCluster::kubeconfig_path`] (the controller is told apart by its User-Agent);
+    /// on a real control plane, a user of its own (an administrator for now), so the audit log
+    /// tells its requests apart. This is where a client with narrower rights (the Helm chart's
+    /// ServiceAccount) is to be chosen.
+    pub fn controller_kubeconfig_path(&self) -> &Path {
+        match &self.served {
+            Served::Simulated(_) => self.kubeconfig_path(),
+            Served::Real { backend, .. } => backend.controller_kubeconfig_path(),
+        }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.cfg.backend
+    }
+
+    /// The API server's URL.
+    pub fn url(&self) -> &str {
+        match &self.served {
+            Served::Simulated(server) => server.url(),
+            Served::Real { backend, .. } => backend.url(),
+        }
+    }
+
+    /// The objects of the cluster, for reports and invariants: the simulated server's store, or
+    /// on a real control plane a mirror of it kept by watches.
+    pub fn store(&self) -> &Store {
+        match &self.served {
+            Served::Simulated(server) => server.store(),
+            Served::Real { backend, .. } => backend.store(),
+        }
+    }
+
+    /// The simulated server, for what exists only there (its fault injection, writing straight
+    /// into its store).
+    pub fn try_server(&self) -> Result<&SimServer, Error> {
+        match &self.served {
+            Served::Simulated(server) => Ok(server),
+            Served::Real { .. } => Err(Error::NotOnRealBackend("the simulated API server")),
+        }
+    }
+
+    /// The simulated server. Tests that inject faults call this; on a real control plane it
+    /// panics (use [`SimCluster::try_server`] where both backends are possible).
     pub fn server(&self) -> &SimServer {
-        &self.server
+        match self.try_server() {
+            Ok(server) => server,
+            Err(e) => panic!("{e}"),
+        }
     }
 
-    pub fn stats(&self) -> super::Stats {
-        self.server.stats()
+    /// Fault injection (the simulated server only).
+    pub fn faults(&self) -> Result<&Faults, Error> {
+        Ok(self.try_server()?.faults())
+    }
+
+    /// What the API server measured: counted by the simulated server itself, or read from the
+    /// real kube-apiserver's audit log.
+    pub fn stats(&self) -> Stats {
+        match &self.served {
+            Served::Simulated(server) => server.stats(),
+            Served::Real { backend, .. } => backend.stats(),
+        }
+    }
+
+    /// `f` of the real control plane (its processes, ports, logs); None on the simulated
+    /// backend and once stopped.
+    pub fn with_control_plane<R>(
+        &self,
+        f: impl FnOnce(&crate::controlplane::ControlPlane) -> R,
+    ) -> Option<R> {
+        match &self.served {
+            Served::Simulated(_) => None,
+            Served::Real { backend, .. } => backend.with_control_plane(f),
+        }
+    }
+
+    /// Stops the real control plane's processes now (idempotent; nothing on the simulated
+    /// backend, whose server ends with its runtime). A cluster kept alive elsewhere (an `Arc`
+    /// on a runtime shutting down) must not leave etcd and kube-apiserver running.
+    pub fn stop_processes(&self) {
+        if let Served::Real { backend, .. } = &self.served {
+            // The stand-ins first, so they do not report the API server gone as failures.
+            self.trigger.trigger();
+            backend.stop();
+        }
     }
 
     pub fn capi_version(&self) -> CapiVersion {
@@ -257,7 +357,8 @@ impl SimCluster {
         &self.cfg
     }
 
-    /// Pods the scheduler stand-in bound, in order, with the time of each binding.
+    /// Pods the scheduler stand-in bound, in order, with the time of each binding (none on a
+    /// real control plane, where kube-scheduler binds: read `spec.nodeName` there).
     pub fn bindings(&self) -> Vec<BindRecord> {
         self.binds.records()
     }
@@ -275,7 +376,10 @@ impl SimCluster {
                 tracing::warn!(error = %err, "stand-in task ended abnormally");
             }
         }
-        self.server.shutdown();
+        match &mut self.served {
+            Served::Simulated(server) => server.shutdown(),
+            Served::Real { backend, .. } => backend.stop(),
+        }
     }
 
     // ---- seeding ----
@@ -445,6 +549,102 @@ impl SimCluster {
             .map_err(kube_err(format!("list Machines of {ns}/{md}")))?
             .items)
     }
+}
+
+/// The simulated API server for `cfg`.
+async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Error> {
+    let served = match cfg.served {
+        ServedVersions::V1beta1 => CapiVersions::V1Beta1,
+        ServedVersions::V1beta2 => CapiVersions::V1Beta2,
+        ServedVersions::Both => CapiVersions::Both,
+    };
+    let server = SimServer::start(
+        SimConfig {
+            served_capi_versions: served,
+            seed: cfg.seed,
+            port: cfg.port,
+            ..SimConfig::default()
+        }
+        .with_infrastructure_templates(),
+    )
+    .await?;
+    if let Some(out) = &cfg.kubeconfig_out {
+        super::kubeconfig::write_file(out, server.url())?;
+    }
+    Ok(server)
+}
+
+/// The stand-ins for what neither backend's API server does (Cluster API and its provider, the
+/// kubelet), and on the simulated backend for what kube-controller-manager and kube-scheduler
+/// do on a real one (Deployments, PodDisruptionBudget status, pod garbage collection, binding
+/// pods). The disruption
+/// audit runs on both: it measures, it models nothing.
+fn spawn_standins(
+    cfg: &SimClusterConfig,
+    client: &Client,
+    milestones: Stats,
+    shutdown: Shutdown,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> (BindLog, DisruptionAudit) {
+    let real = cfg.backend == Backend::Real;
+    tasks.extend(capi::spawn(
+        client.clone(),
+        CapiConfig {
+            version: cfg.capi_version,
+            provider_delay: cfg.provider_delay,
+            jitter: cfg.jitter,
+            fail_fraction: cfg.fail_fraction,
+            node_delete_delay: cfg.node_delete_delay,
+            provider_id_style: cfg.provider_id_style,
+            seed: cfg.seed,
+            stats: Some(milestones),
+        },
+        shutdown.clone(),
+    ));
+    tasks.extend(kubelet::spawn(
+        client.clone(),
+        KubeletConfig {
+            version: cfg.capi_version,
+            node_ready_delay: cfg.node_ready_delay,
+            device_plugin_delay: cfg.device_plugin_delay,
+            not_ready_taint: cfg.not_ready_taint && !real,
+        },
+        shutdown.clone(),
+    ));
+    if real {
+        // A kubelet's Lease per Node, which the real node lifecycle controller reads (the
+        // simulated server has none, so there the writes would only be load).
+        tasks.extend(node_lease::spawn(client.clone(), shutdown.clone()));
+    }
+    let (audit, t) = disruption_audit::spawn(client.clone(), shutdown.clone());
+    tasks.extend(t);
+    tasks.extend(pod_lifecycle::spawn(
+        client.clone(),
+        cfg.pod_exit_delay,
+        !real,
+        shutdown.clone(),
+    ));
+    if real {
+        return (BindLog::default(), audit);
+    }
+    tasks.extend(pdb_status::spawn(client.clone(), shutdown.clone()));
+    tasks.extend(deployments::spawn(
+        client.clone(),
+        cfg.seed,
+        shutdown.clone(),
+    ));
+    if !cfg.scheduler {
+        return (BindLog::default(), audit);
+    }
+    let (log, t) = scheduler::spawn(
+        client.clone(),
+        SchedulerConfig {
+            debounce: cfg.scheduler_debounce,
+        },
+        shutdown,
+    );
+    tasks.extend(t);
+    (log, audit)
 }
 
 /// Requests and placement constraints of seeded pods.

@@ -42,6 +42,35 @@ pub(crate) fn audit(
     let Some(pod) = inner.get(pods, ns, name) else {
         return Vec::new();
     };
+    audit_pod(inner, registry, pods, ns, pod, how, now)
+}
+
+/// [`audit`] of a pod another API server removed (the real backend), against the mirror of
+/// that server in `store`: `pod` is the pod as last mirrored, `now` when the removal was asked.
+pub(crate) fn audit_removed_pod(
+    store: &super::store::Store,
+    pod: &Value,
+    ns: &str,
+    how: Removal,
+    now: jiff::Timestamp,
+) -> Vec<Violation> {
+    let registry = store.registry();
+    let Some(pods) = registry.lookup("", "v1", "pods") else {
+        return Vec::new();
+    };
+    let inner = store.lock();
+    audit_pod(&inner, registry, pods, ns, pod, how, now)
+}
+
+fn audit_pod(
+    inner: &Inner,
+    registry: &Registry,
+    pods: &ResourceDef,
+    ns: &str,
+    pod: &Value,
+    how: Removal,
+    now: jiff::Timestamp,
+) -> Vec<Violation> {
     let phase = pod.pointer("/status/phase").and_then(Value::as_str);
     if matches!(phase, Some("Succeeded" | "Failed")) || past_deadline(inner, registry, pod, now) {
         return Vec::new();

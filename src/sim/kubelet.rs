@@ -25,8 +25,8 @@ use super::standin::{
 use crate::api::wellknown::{
     ARCH_LABEL, CLUSTER_NAME_LABEL, CPU_ANNOTATION, DEFAULT_MAX_PODS, DEPLOYMENT_NAME_LABEL,
     EPHEMERAL_DISK_ANNOTATION, GPU_COUNT_ANNOTATION, HOSTNAME_LABEL, LABELS_ANNOTATION,
-    MAX_PODS_ANNOTATION, MEMORY_ANNOTATION, OS_LABEL, TAINTS_ANNOTATION, UNREGISTERED_TAINT_KEY,
-    capi_propagates,
+    MAX_PODS_ANNOTATION, MEMORY_ANNOTATION, NOT_READY_TAINT_KEY, OS_LABEL, TAINTS_ANNOTATION,
+    UNREGISTERED_TAINT_KEY, capi_propagates,
 };
 
 /// Marks Nodes this stand-in registered (so it never touches anybody else's Nodes).
@@ -62,6 +62,10 @@ pub struct KubeletConfig {
     /// domain, such as `nvidia.com/gpu`): until then the Node reports them as zero, as a real
     /// kubelet does. Zero: registered with the Node.
     pub device_plugin_delay: Duration,
+    /// Stand in for kube-apiserver's `TaintNodesByCondition` admission and the node lifecycle
+    /// controller: register Nodes with the `node.kubernetes.io/not-ready` taint and lift it once
+    /// the Node is Ready (the simulated backend; a real control plane does both itself).
+    pub not_ready_taint: bool,
 }
 
 impl Default for KubeletConfig {
@@ -70,6 +74,7 @@ impl Default for KubeletConfig {
             version: CapiVersion::default(),
             node_ready_delay: Duration::from_millis(100),
             device_plugin_delay: Duration::ZERO,
+            not_ready_taint: false,
         }
     }
 }
@@ -235,6 +240,10 @@ impl Inner {
             .or_insert_with(|| shape.os.clone());
         let mut taints = vec![json!({"key": UNREGISTERED_TAINT_KEY, "effect": "NoExecute"})];
         taints.extend(shape.taints.iter().cloned());
+        if self.cfg.not_ready_taint {
+            // What kube-apiserver's TaintNodesByCondition admission adds to every new Node.
+            taints.push(json!({"key": NOT_READY_TAINT_KEY, "effect": "NoSchedule"}));
+        }
         let mut annotations = BTreeMap::from([
             (SIM_NODE_ANNOTATION.to_string(), "true".to_string()),
             (NODE_MACHINE_ANNOTATION.to_string(), name.clone()),
@@ -331,6 +340,12 @@ impl Inner {
             })
             .await;
             tracing::debug!(node = %name, "node Ready");
+            if self.cfg.not_ready_taint {
+                let _ = retry("node not-ready taint", &self.shutdown, || {
+                    lift_not_ready(&nodes, &name)
+                })
+                .await;
+            }
         }
         self.readying.lock().remove(&name);
     }
@@ -543,6 +558,25 @@ pub async fn sim_nodes(client: &Client) -> Result<Vec<Node>, kube::Error> {
         .into_iter()
         .filter(|n| n.annotations().contains_key(SIM_NODE_ANNOTATION))
         .collect())
+}
+
+/// Removes the not-ready taint from a Ready Node, as the node lifecycle controller does. The
+/// Node is replaced at the version read, so a concurrent taint change (the controller lifting
+/// its unregistered taint) is a conflict to retry, never overwritten.
+async fn lift_not_ready(nodes: &Api<Node>, name: &str) -> Result<(), kube::Error> {
+    let mut node = nodes.get(name).await?;
+    let Some(taints) = node.spec.as_mut().and_then(|s| s.taints.as_mut()) else {
+        return Ok(());
+    };
+    let before = taints.len();
+    taints.retain(|t| t.key != NOT_READY_TAINT_KEY);
+    if taints.len() == before {
+        return Ok(());
+    }
+    nodes
+        .replace(name, &PostParams::default(), &node)
+        .await
+        .map(drop)
 }
 
 #[cfg(test)]

@@ -34,7 +34,14 @@ struct Inner {
     shutdown: Shutdown,
 }
 
-pub fn spawn(client: Client, default_exit: Duration, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
+/// `pod_gc`: also stand in for the pod garbage collector (off where a real
+/// kube-controller-manager runs one).
+pub fn spawn(
+    client: Client,
+    default_exit: Duration,
+    pod_gc: bool,
+    shutdown: Shutdown,
+) -> Vec<JoinHandle<()>> {
     let inner = Arc::new(Inner {
         client,
         default_exit,
@@ -57,6 +64,9 @@ pub fn spawn(client: Client, default_exit: Duration, shutdown: Shutdown) -> Vec<
             _ => {}
         },
     );
+    if !pod_gc {
+        return vec![pods];
+    }
     let me = inner.clone();
     let nodes = spawn_watch(
         "nodes (pod gc)",

@@ -85,6 +85,9 @@ struct Inner {
 #[derive(Debug, Clone)]
 pub struct Stats {
     started: Instant,
+    /// The wall clock at `started`, to place another server's timestamps (an audit log) on
+    /// this clock.
+    wall: jiff::Timestamp,
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -92,6 +95,7 @@ impl Stats {
     pub(crate) fn new() -> Self {
         Self {
             started: Instant::now(),
+            wall: jiff::Timestamp::now(),
             inner: Arc::new(Mutex::new(Inner {
                 requests: BTreeMap::new(),
                 by_agent: BTreeMap::new(),
@@ -145,7 +149,22 @@ impl Stats {
         name: &str,
         agent: &str,
     ) {
-        let at_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let at_ms = self.now_ms();
+        self.record_write_at(at_ms, verb, resource, subresource, namespace, name, agent);
+    }
+
+    /// A write another server made at `at_ms` on this clock (see [`Stats::ms_at`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record_write_at(
+        &self,
+        at_ms: u64,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+        namespace: &str,
+        name: &str,
+        agent: &str,
+    ) {
         self.inner.lock().writes.push(WriteRecord {
             at_ms,
             verb: verb.into(),
@@ -183,6 +202,12 @@ impl Stats {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// A wall-clock time on this clock (0 before it started).
+    pub fn ms_at(&self, t: jiff::Timestamp) -> u64 {
+        let us = t.as_microsecond() - self.wall.as_microsecond();
+        u64::try_from(us / 1000).unwrap_or(0)
+    }
+
     /// Record a stand-in's milestone.
     pub fn milestone(&self, what: &str, namespace: &str, name: &str) {
         let at_ms = self.now_ms();
@@ -212,6 +237,17 @@ impl Stats {
         agent: &str,
     ) {
         let at_ms = self.now_ms();
+        self.record_violation_at(at_ms, violation, namespace, name, agent);
+    }
+
+    pub(crate) fn record_violation_at(
+        &self,
+        at_ms: u64,
+        violation: super::drain_audit::Violation,
+        namespace: &str,
+        name: &str,
+        agent: &str,
+    ) {
         self.inner.lock().violations.push(ViolationRecord {
             at_ms,
             violation,

@@ -45,6 +45,21 @@ pub struct CpuMs {
     /// simulated_cluster` is the meter's own cost plus what ended threads spent in their last
     /// interval.
     pub process: f64,
+    /// On a real control plane, the CPU of its processes (etcd, kube-apiserver, kube-scheduler,
+    /// kube-controller-manager) since they started; `simulated_cluster` is then the stand-ins'
+    /// and the mirror's only. Null on the simulated backend, where the API server is
+    /// `simulated_cluster`.
+    pub control_plane: Option<f64>,
+}
+
+/// CPU milliseconds the processes `pids` have spent (None when any cannot be read).
+pub fn processes_ms(pids: &[u32]) -> Option<f64> {
+    let mut ticks = 0;
+    for pid in pids {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        ticks += parse_stat(&stat)?.1;
+    }
+    Some(ticks as f64 * 1000.0 / TICKS_PER_SECOND as f64)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,6 +145,7 @@ impl CpuMeter {
             per_claim_controller: per_claim(ms(controller)),
             per_claim_simulated_cluster: per_claim(ms(sim)),
             process: ms(process),
+            control_plane: None,
         }
     }
 }

@@ -199,7 +199,7 @@ async fn wait_gone(
     let start = Instant::now();
     let mut last_print = Instant::now();
     loop {
-        let store = sim.cluster().server().store();
+        let store = sim.cluster().store();
         let left = victims
             .iter()
             .filter(|(n, _)| store.get("nodeclaims", "", n).is_some())
@@ -230,7 +230,7 @@ fn termination_counts(
     victims: &[(String, Option<String>)],
 ) -> TerminationCounts {
     let stats = sim.cluster().stats();
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let writes = stats.writes();
     let controller = |agent: &str| agent.starts_with("karpenter-capi");
     let deleted_at: BTreeMap<String, u64> = writes

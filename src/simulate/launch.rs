@@ -191,7 +191,7 @@ pub async fn create_claims(
 /// managed MachineDeployment's replicas equal to its Machines. Reads the store in place (no
 /// copies) and stops at the first thing in flight, so a look during a burst costs little.
 pub fn quiet(cluster: &SimCluster) -> bool {
-    let store = cluster.server().store();
+    let store = cluster.store();
     let mut calm = true;
     store.visit("nodeclaims", |c| calm = calm && claim_settled(c));
     if !calm {
@@ -230,7 +230,7 @@ fn has_condition(obj: &Value, ty: &str) -> bool {
 
 /// What is still in flight, in words (empty when quiet).
 pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
-    let store = cluster.server().store();
+    let store = cluster.store();
     let mut why = Vec::new();
     for c in store.list("nodeclaims", None) {
         if c.pointer("/metadata/deletionTimestamp")
@@ -350,7 +350,7 @@ where
     Fut: Future<Output = Result<bool, Error>>,
 {
     let start = Instant::now();
-    let mut changes = sim.cluster().server().store().changes();
+    let mut changes = sim.cluster().store().changes();
     let mut done_since: Option<Instant> = None;
     loop {
         // Marked before looking, so a write during the look wakes the next wait.
@@ -385,7 +385,7 @@ where
 
 /// One line of what the simulated cluster holds right now.
 pub fn progress_line(cluster: &SimCluster) -> String {
-    let store = cluster.server().store();
+    let store = cluster.store();
     let (mut claims, mut launched, mut initialized) = (0, 0, 0);
     store.visit("nodeclaims", |c| {
         claims += 1;
@@ -508,7 +508,7 @@ pub fn measure(
             pid_to_write.push(w.saturating_sub(landed) as f64);
         }
     }
-    let inv = invariants::check(cluster.server().store(), cluster.capi_version());
+    let inv = invariants::check(cluster.store(), cluster.capi_version());
     Report {
         scenario: scenario.into(),
         claims: counts,

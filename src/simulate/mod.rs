@@ -26,9 +26,9 @@ use tokio::sync::watch;
 
 use crate::actors::{Controller, ControllerHandle, Settings};
 use crate::capi::version::CapiVersion;
-use crate::cli::{CapiVersionArg, Scenario, SimulateArgs};
+use crate::cli::{CapiVersionArg, ControlPlaneArg, Scenario, SimulateArgs};
 use crate::metrics::Metrics;
-use crate::sim::cluster::{ServedVersions, SimCluster, SimClusterConfig};
+use crate::sim::cluster::{Backend, ServedVersions, SimCluster, SimClusterConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -112,7 +112,12 @@ impl BackgroundSim {
 
     /// CPU spent by the controller's threads and by this cluster's since it started.
     pub fn cpu_ms(&self, claims: usize) -> cpu::CpuMs {
-        self.cpu.read(claims)
+        let mut ms = self.cpu.read(claims);
+        let pids = self
+            .cluster
+            .with_control_plane(|p| p.pids().into_iter().map(|(_, pid)| pid).collect::<Vec<_>>());
+        ms.control_plane = pids.and_then(|p| cpu::processes_ms(&p));
+        ms
     }
 
     pub fn cluster(&self) -> &Arc<SimCluster> {
@@ -157,10 +162,24 @@ impl BackgroundSim {
         .await
         .map_err(Error::Client)
     }
+
+    /// The controller's client, built on the caller's runtime: on a real control plane it
+    /// authenticates as the controller's own user (see `SimCluster::controller_kubeconfig_path`).
+    pub async fn controller_client_here(&self) -> Result<kube::Client, Error> {
+        crate::app::client_from_kubeconfig(
+            self.cluster.controller_kubeconfig_path(),
+            crate::app::Limits::UNLIMITED,
+        )
+        .await
+        .map_err(Error::Client)
+    }
 }
 
 impl Drop for BackgroundSim {
     fn drop(&mut self) {
+        // A real control plane's processes outlive this process unless stopped; the cluster
+        // may still be referenced by tasks of the runtime stopped below.
+        self.cluster.stop_processes();
         // The stand-ins and the server are tasks of this runtime; they end with it.
         if let Some(rt) = self.runtime.take() {
             rt.shutdown_background();
@@ -181,6 +200,15 @@ impl Kept {
     }
 }
 
+impl Drop for Kept {
+    fn drop(&mut self) {
+        // The controller before the cluster, so it does not log the API server going away.
+        if let Some(c) = self.controller.take() {
+            c.stop();
+        }
+    }
+}
+
 /// Says the simulated cluster is up. Its kubeconfig is named only where it outlives the run
 /// (`--serve`, `--kubeconfig-out`); otherwise it is a temporary file deleted at exit.
 pub fn announce(sim: &BackgroundSim, args: &SimulateArgs, kinds: &str) {
@@ -192,7 +220,7 @@ pub fn announce(sim: &BackgroundSim, args: &SimulateArgs, kinds: &str) {
     } else {
         eprintln!(
             "simulated cluster up at {} until the scenario ends (--serve keeps it up for kubectl)",
-            sim.cluster().server().url()
+            sim.cluster().url()
         );
     }
 }
@@ -220,7 +248,7 @@ pub async fn start_controller(
     settings: Settings,
     metrics: Arc<Metrics>,
 ) -> Result<ControllerHandle, Error> {
-    let client = sim.client_here().await?;
+    let client = sim.controller_client_here().await?;
     let (_tx, rx) = watch::channel(true);
     let controller = Controller {
         workload: client.clone(),
@@ -244,6 +272,10 @@ pub fn capi_version(arg: CapiVersionArg) -> CapiVersion {
 pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
     let version = capi_version(args.cluster_api_version);
     SimClusterConfig {
+        backend: match args.control_plane {
+            ControlPlaneArg::Simulated => Backend::Simulated,
+            ControlPlaneArg::Real => Backend::Real,
+        },
         capi_version: version,
         served: match version {
             CapiVersion::V1Beta1 => ServedVersions::V1beta1,

@@ -177,7 +177,7 @@ fn pod_bound(p: &Value) -> bool {
 /// Quiet for pods: launch-quiet, and every pod bound (or none bound for a while with nothing in
 /// flight, when some cannot be placed at all).
 fn all_bound(cluster: &SimCluster) -> bool {
-    cluster.server().store().all("pods", pod_bound)
+    cluster.store().all("pods", pod_bound)
 }
 
 /// Wait for every pod to be bound and the launch path to be quiet; give up on pods that stay
@@ -236,7 +236,7 @@ fn measure(
     let claims = observer.snapshot().len();
     let mut launch = launch::measure(sim, observer, claims, since_ms, "pods", metrics);
     launch.claims.requested = claims;
-    let store = cluster.server().store();
+    let store = cluster.store();
     let pods = store.list("pods", None);
     let bound = pods.iter().filter(|p| pod_bound(p)).count();
     let nodes = store.list("nodes", None);
@@ -330,7 +330,7 @@ fn measure(
 /// Wait until the Deployment stand-in has created `n` pods (not being deleted).
 pub async fn wait_for_pods(sim: &BackgroundSim, n: usize, deadline: Duration) -> Result<(), Error> {
     let start = Instant::now();
-    let mut changes = sim.cluster().server().store().changes();
+    let mut changes = sim.cluster().store().changes();
     loop {
         changes.mark_unchanged();
         // Counted on the cluster's runtime (the simulator's CPU), woken by its writes.
@@ -356,7 +356,7 @@ pub async fn wait_for_pods(sim: &BackgroundSim, n: usize, deadline: Duration) ->
 /// Pods not being deleted.
 pub fn live_pods(cluster: &SimCluster) -> usize {
     let mut n = 0;
-    cluster.server().store().visit("pods", |p| {
+    cluster.store().visit("pods", |p| {
         n += usize::from(
             p.pointer("/metadata/deletionTimestamp")
                 .is_none_or(Value::is_null),

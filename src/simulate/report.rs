@@ -210,6 +210,13 @@ impl fmt::Display for Report {
             cpu.per_claim_simulated_cluster,
             cpu.process
         )?;
+        if let Some(cp) = cpu.control_plane {
+            writeln!(
+                f,
+                "            real control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager) {cp:.0} ms; \
+                 \"simulated cluster\" above is the stand-ins' and the mirror's only"
+            )?;
+        }
         writeln!(
             f,
             "  latency:  provider ID -> claim p50 {:.0} ms p99 {:.0} ms (status write landed p50 {:.0} ms p99 {:.0} ms, of which the controller's own p50 {:.1} ms p99 {:.1} ms); claim -> launched p50 {:.0} ms p99 {:.0} ms; claim -> initialized p50 {:.0} ms p99 {:.0} ms",

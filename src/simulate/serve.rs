@@ -80,17 +80,15 @@ pub async fn hold(kept: Kept, signal: impl Future<Output = &'static str>) {
         "serving the simulated cluster at {} until SIGINT or SIGTERM (Ctrl-C)\n  \
          kubeconfig: {shown}\n  \
          kubectl --kubeconfig {shown} get nodeclaims,machines,nodes",
-        kept.sim.cluster().server().url()
+        kept.sim.cluster().url()
     );
     if kept.controller.is_none() {
         eprintln!("  karpenter-capi run --kubeconfig {shown}");
     }
     let name = signal.await;
     eprintln!("{name}: stopping the simulated cluster (the kubeconfig stays at {shown})");
-    if let Some(controller) = kept.controller {
-        controller.stop();
-    }
-    drop(kept.sim);
+    // Dropping stops the controller, then the cluster.
+    drop(kept);
 }
 
 /// The path as a user can paste it from anywhere (absolute when it can be resolved).

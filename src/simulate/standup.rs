@@ -65,7 +65,9 @@ pub async fn stand_up(
 
 /// Write `n` Running pods into the store, spread over every Node.
 async fn bind_pods(cluster: &crate::sim::cluster::SimCluster, n: usize) -> Result<(), Error> {
-    let store = cluster.server().store();
+    // Written straight into the simulated server's store: on a real control plane there is no
+    // such shortcut (and writing into the mirror would report pods the API server never had).
+    let store = cluster.try_server()?.store();
     let mut nodes: Vec<String> = Vec::new();
     store.visit("nodes", |node| {
         if let Some(name) = node.pointer("/metadata/name").and_then(Value::as_str) {

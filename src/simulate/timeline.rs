@@ -220,7 +220,7 @@ impl Sampler {
                 return;
             };
             let took = Instant::now();
-            let s = sample(c.server().store(), c.stats().now_ms());
+            let s = sample(c.store(), c.stats().now_ms());
             drop(c);
             self.record(s);
             let mut held = self.held.lock();
@@ -257,7 +257,7 @@ impl Sampler {
     /// The timeline so far, with one last sample taken now.
     pub fn timeline(&self, cluster: &SimCluster) -> Timeline {
         let stats = cluster.stats();
-        self.record(sample(cluster.server().store(), stats.now_ms()));
+        self.record(sample(cluster.store(), stats.now_ms()));
         let (samples, marks) = {
             let held = self.held.lock();
             (held.samples.clone(), held.marks.clone())

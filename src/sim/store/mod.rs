@@ -188,6 +188,46 @@ impl Store {
         Ok(())
     }
 
+    /// Mirroring another API server (the real backend): puts `obj` as that server sent it, with
+    /// no admission, defaulting or garbage collection, which the other server has done.
+    pub fn mirror_put(&self, def: &ResourceDef, ns: &str, obj: Value) {
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let mut inner = self.inner.lock();
+        let key = def.storage_key();
+        let prev = inner.get_shared(def, ns, &name).cloned();
+        let kind = match prev {
+            Some(_) => EventKind::Modified,
+            None => EventKind::Added,
+        };
+        let stored = inner.commit(&key, ns, kind, obj, prev);
+        inner.put(&key, ns, &name, stored);
+    }
+
+    /// Mirroring: the other server deleted `ns/name`.
+    pub fn mirror_remove(&self, def: &ResourceDef, ns: &str, name: &str) {
+        let mut inner = self.inner.lock();
+        let key = def.storage_key();
+        let prev = inner
+            .objects
+            .get_mut(&key)
+            .and_then(|m| m.remove(&(ns.to_string(), name.to_string())));
+        if let Some(prev) = prev {
+            let last = Value::clone(&prev);
+            inner.commit(&key, ns, EventKind::Deleted, last, Some(prev));
+        }
+    }
+
+    /// Mirroring: the names of every object of `def` in the mirror (for a relist to drop those
+    /// the other server no longer has).
+    pub fn mirror_keys(&self, def: &ResourceDef) -> Vec<(String, String)> {
+        let inner = self.inner.lock();
+        inner.iter(def, None).map(|(k, _)| k.clone()).collect()
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock()
     }

@@ -434,7 +434,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let count = |v: Violation| new_violations.iter().filter(|r| r.violation == v).count();
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let (_, cpu, memory, _) = SIZES[mds - 1];
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let live = live_claims(sim);
     let figures = DisruptionFigures {
         decisions: end.decisions.clone(),
@@ -494,7 +494,7 @@ fn round2(x: f64) -> f64 {
 
 /// How many of `names` still exist (live or terminating).
 fn live_or_deleting(sim: &BackgroundSim, names: &BTreeSet<String>) -> usize {
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     names
         .iter()
         .filter(|n| store.get("nodeclaims", "", n).is_some())
@@ -515,13 +515,17 @@ async fn consolidate(
     )
     .await?;
     let (n, k) = (args.pods, args.deployments.max(1));
+    let count = |d: usize| n / k + usize::from(d < n % k);
     let scaled: Vec<(String, usize)> = (0..k)
         .filter(|d| d % 10 < 7)
-        .map(|d| {
-            let count = n / k + usize::from(d < n % k);
-            (format!("app-{d}"), count.div_ceil(5))
-        })
+        .map(|d| (format!("app-{d}"), count(d).div_ceil(5)))
         .collect();
+    let remaining: usize = (0..k)
+        .map(|d| match d % 10 < 7 {
+            true => count(d).div_ceil(5),
+            false => count(d),
+        })
+        .sum();
     eprintln!(
         "consolidation on (WhenEmptyOrUnderutilized, consolidateAfter 0s); scaling {} of {k} Deployments to 20 % of their replicas",
         scaled.len()
@@ -535,6 +539,10 @@ async fn consolidate(
     })
     .await??;
     sim.mark("scaled down");
+    // The calm below is measured from the scale-down's end: on a real control plane the
+    // ReplicaSet controller removes the pods at its own pace (its client's 20 requests a
+    // second), and until they are gone the nodes are as full as before, so nothing changes.
+    wait_pods_at_most(sim, remaining, deadline).await?;
     // Consolidation waits for its validation (2 s) after every pass (1 s): 8 s without a change
     // means it found nothing more to do. A pause after an overshoot (10 s doubling to 5 min) is
     // not waited out: the report shows where consolidation stands when it pauses, and a long
@@ -546,10 +554,29 @@ async fn consolidate(
     .await
 }
 
+/// Waits until at most `n` pods exist (terminating ones included).
+async fn wait_pods_at_most(sim: &BackgroundSim, n: usize, deadline: Duration) -> Result<(), Error> {
+    let start = Instant::now();
+    loop {
+        let mut have = 0;
+        sim.cluster().store().visit("pods", |_| have += 1);
+        if have <= n {
+            return Ok(());
+        }
+        if start.elapsed() >= deadline {
+            return Err(Error::NotSettled {
+                after: deadline,
+                why: format!("{have} pods left after the scale-down to {n}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Roll out the MachineDeployment with the most Machines (a new infrastructure template name),
 /// wait until its Machines are all up to date and the cluster is stable.
 async fn roll_out(sim: &BackgroundSim, deadline: Duration) -> Result<RolloutFigures, Error> {
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let machines = store.list("machines", None);
     let mut per_md: BTreeMap<String, usize> = BTreeMap::new();
     for m in machines.iter().filter(|m| !deleting(m)) {
@@ -628,7 +655,7 @@ async fn roll_out(sim: &BackgroundSim, deadline: Duration) -> Result<RolloutFigu
 /// Live Machines of `md` and how many carry `UpToDate=True` (v1beta2 conditions, or v1beta1's
 /// `status.v1beta2.conditions`).
 fn up_to_date(sim: &BackgroundSim, md: &str) -> (usize, usize) {
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let live: Vec<Value> = store
         .list("machines", None)
         .into_iter()

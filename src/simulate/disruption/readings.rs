@@ -31,7 +31,6 @@ pub(super) fn has_condition(v: &Value, ty: &str) -> bool {
 /// Live (not deleting) claims.
 pub(super) fn live_claims(sim: &BackgroundSim) -> BTreeSet<String> {
     sim.cluster()
-        .server()
         .store()
         .list("nodeclaims", None)
         .iter()
@@ -42,12 +41,11 @@ pub(super) fn live_claims(sim: &BackgroundSim) -> BTreeSet<String> {
 
 /// The sum of the prices of the MachineDeployments of the live Machines.
 pub fn cost_per_hour(sim: &BackgroundSim) -> f64 {
-    crate::simulate::timeline::cost_per_hour(sim.cluster().server().store())
+    crate::simulate::timeline::cost_per_hour(sim.cluster().store())
 }
 
 pub(super) fn live_nodes(sim: &BackgroundSim) -> usize {
     sim.cluster()
-        .server()
         .store()
         .list("nodes", None)
         .iter()
@@ -129,7 +127,7 @@ pub fn max_pending_ms(sim: &BackgroundSim, since_ms: u64) -> u64 {
 /// Anything of a disruption in flight: a claim being deleted or marked, a Node tainted as
 /// disrupted.
 pub(super) fn disruption_in_flight(sim: &BackgroundSim) -> Option<String> {
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     for c in store.list("nodeclaims", None) {
         if deleting(&c) {
             return Some(format!("NodeClaim {} terminating", name_of(&c)));
@@ -152,7 +150,6 @@ pub(super) fn disruption_in_flight(sim: &BackgroundSim) -> Option<String> {
 
 pub(super) fn unbound_pods(sim: &BackgroundSim) -> usize {
     sim.cluster()
-        .server()
         .store()
         .list("pods", None)
         .iter()

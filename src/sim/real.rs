@@ -1,0 +1,491 @@
+//! The simulated cluster's real backend: a real control plane (`controlplane`: etcd,
+//! kube-apiserver, kube-scheduler, kube-controller-manager) in place of the simulated server,
+//! with the Cluster API CRDs (upstream's), the project's CRDs and the infrastructure template
+//! CRD installed.
+//!
+//! Reports read the cluster through the same two things as on the simulated backend, each fed
+//! from the real API server and never from the controller:
+//! - a mirror [`Store`] kept by watches (pods, Nodes, NodeClaims, NodePools, Cluster API objects,
+//!   PodDisruptionBudgets), for counts, invariants and settlement;
+//! - [`Stats`] fed by kube-apiserver's audit log: requests by verb, successful writes by target,
+//!   and who made them. A request counts as the controller's when its user is the controller's
+//!   (its own client certificate, [`CONTROLLER_USER`] until the chart's ServiceAccount is
+//!   plugged in), whatever User-Agent it sends. Pod removals by the controller are checked
+//!   against the drain rules (`drain_audit`) on the mirror, as the simulated server checks them.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::PostParams;
+use kube::core::{ApiResource, DynamicObject};
+use kube::runtime::watcher::Event;
+use kube::{Api, Client};
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+use super::drain_audit::{self, Removal};
+use super::registry::{CapiVersions, Registry, ResourceDef};
+use super::standin::{Shutdown, spawn_watch};
+use super::{SimConfig, Stats, Store};
+use crate::controlplane::{self, CONTROLLER_USER, ControlPlane, audit};
+
+/// The variable naming the directory of upstream CRDs and examples, and its default beside the
+/// checkout.
+pub const UPSTREAM_VARIABLE: &str = "KARPENTER_CAPI_UPSTREAM";
+
+/// The upstream CRDs installed: Cluster API's core kinds and the Dev infrastructure template the
+/// stand-ins' MachineDeployments point at.
+const UPSTREAM_CRDS: [&str; 5] = [
+    "cluster.x-k8s.io_machinedeployments.yaml",
+    "cluster.x-k8s.io_machinesets.yaml",
+    "cluster.x-k8s.io_machines.yaml",
+    "cluster.x-k8s.io_machinepools.yaml",
+    "infrastructure.cluster.x-k8s.io_devmachinetemplates.yaml",
+];
+
+/// What the mirror watches: (group, version, plural).
+const MIRRORED: [(&str, &str, &str); 9] = [
+    ("", "v1", "pods"),
+    ("", "v1", "nodes"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("apps", "v1", "deployments"),
+    ("karpenter.sh", "v1", "nodeclaims"),
+    ("karpenter.sh", "v1", "nodepools"),
+    ("cluster.x-k8s.io", "v1beta2", "machinedeployments"),
+    ("cluster.x-k8s.io", "v1beta2", "machinesets"),
+    ("cluster.x-k8s.io", "v1beta2", "machines"),
+];
+
+/// How often the audit log is read.
+const AUDIT_POLL: Duration = Duration::from_millis(100);
+
+/// How long a pod removal waits for its pod to reach the mirror before it is given up (and
+/// said so).
+const UNMIRRORED_WAIT: Duration = Duration::from_secs(60);
+
+/// How long a deleted pod is remembered, so an audit line read after the mirror saw the pod go
+/// can still be checked against the pod as it was.
+const TOMBSTONE_TTL: Duration = Duration::from_secs(600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the real control plane: {0}")]
+    ControlPlane(#[from] controlplane::Error),
+    #[error(
+        "the upstream Cluster API CRDs are not in {} (set {UPSTREAM_VARIABLE} to the directory \
+         holding crds/, e.g. ../shared/upstream): {source}",
+        dir.display()
+    )]
+    Upstream {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading the CRD {}: {reason}", file.display())]
+    Crd { file: PathBuf, reason: String },
+    #[error("installing CRDs on the real control plane: {0}")]
+    Install(#[source] kube::Error),
+    #[error("CRD {0} not Established after {1:?}")]
+    NotEstablished(String, Duration),
+    #[error("the mirror's registry: {0}")]
+    Registry(String),
+}
+
+/// The running real backend. Dropping it (or [`RealBackend::stop`]) stops the control plane.
+pub struct RealBackend {
+    plane: Mutex<Option<ControlPlane>>,
+    kubeconfig: PathBuf,
+    controller_kubeconfig: PathBuf,
+    url: String,
+    store: Arc<Store>,
+    stats: Stats,
+    feed: Arc<Mutex<AuditFeed>>,
+}
+
+impl RealBackend {
+    /// Checks the upstream CRDs are there, starts the control plane from `KUBEBUILDER_ASSETS`,
+    /// installs the CRDs and starts the mirror and the audit reader (tasks ending on `shutdown`).
+    pub async fn start(
+        seed: u64,
+        shutdown: Shutdown,
+    ) -> Result<(Self, Client, Vec<JoinHandle<()>>), Error> {
+        let crds = upstream_crds()?;
+        let options = controlplane::Options::from_env()?;
+        let plane = ControlPlane::start(options).await?;
+        let client = plane.new_client().await?;
+        install(&client, crds).await?;
+
+        let registry = Arc::new(
+            Registry::new(
+                CapiVersions::V1Beta2,
+                SimConfig::default()
+                    .with_infrastructure_templates()
+                    .extra_resources,
+            )
+            .map_err(Error::Registry)?,
+        );
+        let store = Arc::new(Store::new(registry, 1_000, 100_000, seed));
+        let stats = Stats::new();
+        let tombstones = Tombstones::default();
+        let mut tasks = mirror(&client, &store, &tombstones, &shutdown);
+        let feed = Arc::new(Mutex::new(AuditFeed {
+            tail: audit::Tail::new(plane.audit_log()),
+            stats: stats.clone(),
+            store: store.clone(),
+            tombstones,
+            controller_user: CONTROLLER_USER.to_string(),
+            unresolved: Vec::new(),
+        }));
+        tasks.push(tokio::spawn(read_audit(feed.clone(), shutdown)));
+        let url = format!("https://127.0.0.1:{}", plane.ports().apiserver);
+        let backend = RealBackend {
+            kubeconfig: plane.kubeconfig().to_path_buf(),
+            controller_kubeconfig: plane.controller_kubeconfig().to_path_buf(),
+            url,
+            plane: Mutex::new(Some(plane)),
+            store,
+            stats,
+            feed,
+        };
+        Ok((backend, client, tasks))
+    }
+
+    /// The administrator's kubeconfig (the stand-ins, kubectl).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The controller's kubeconfig: its own user, so the audit log tells its requests apart.
+    pub fn controller_kubeconfig_path(&self) -> &Path {
+        &self.controller_kubeconfig
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The counters, with the audit log read up to now first, so a report taken right after
+    /// the cluster settled counts its last requests.
+    pub fn stats(&self) -> Stats {
+        self.feed.lock().pump();
+        self.stats.clone()
+    }
+
+    /// `f` of the running control plane (None once stopped): its processes, ports, logs.
+    pub fn with_control_plane<R>(&self, f: impl FnOnce(&ControlPlane) -> R) -> Option<R> {
+        self.plane.lock().as_ref().map(f)
+    }
+
+    /// Stops every process of the control plane and removes its directory (idempotent).
+    pub fn stop(&self) {
+        if let Some(plane) = self.plane.lock().take() {
+            plane.stop();
+        }
+    }
+}
+
+impl Drop for RealBackend {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The upstream CRD files, read before anything starts, so a missing directory is a clear error
+/// and not a half-started control plane.
+fn upstream_crds() -> Result<Vec<(PathBuf, String)>, Error> {
+    let root = std::env::var_os(UPSTREAM_VARIABLE)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/upstream"));
+    let dir = root.join("crds");
+    UPSTREAM_CRDS
+        .iter()
+        .map(|f| {
+            let file = dir.join(f);
+            std::fs::read_to_string(&file)
+                .map(|text| (file, text))
+                .map_err(|source| Error::Upstream {
+                    dir: dir.clone(),
+                    source,
+                })
+        })
+        .collect()
+}
+
+/// Creates the upstream and the project's CRDs and waits until each is Established.
+async fn install(client: &Client, upstream: Vec<(PathBuf, String)>) -> Result<(), Error> {
+    let mut crds = crate::api::crds::all();
+    for (file, text) in upstream {
+        let crd: CustomResourceDefinition =
+            serde_saphyr::from_str(&text).map_err(|e| Error::Crd {
+                file: file.clone(),
+                reason: e.to_string(),
+            })?;
+        crds.push(crd);
+    }
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in &crds {
+        api.create(&PostParams::default(), crd)
+            .await
+            .map_err(Error::Install)?;
+    }
+    let began = Instant::now();
+    let limit = Duration::from_secs(60);
+    for crd in &crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        loop {
+            let got = api.get(&name).await.map_err(Error::Install)?;
+            let established = got
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            if began.elapsed() > limit {
+                return Err(Error::NotEstablished(name, limit));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+/// A pod as last mirrored, and when it was removed.
+type Buried = (Value, Instant);
+
+/// Pods removed from the mirror lately, by (namespace, name).
+#[derive(Clone, Default)]
+struct Tombstones(Arc<Mutex<HashMap<(String, String), Buried>>>);
+
+impl Tombstones {
+    fn bury(&self, ns: &str, name: &str, pod: Value) {
+        let mut map = self.0.lock();
+        map.retain(|_, (_, at)| at.elapsed() < TOMBSTONE_TTL);
+        map.insert((ns.to_string(), name.to_string()), (pod, Instant::now()));
+    }
+
+    fn get(&self, ns: &str, name: &str) -> Option<Value> {
+        self.0
+            .lock()
+            .get(&(ns.to_string(), name.to_string()))
+            .map(|(v, _)| v.clone())
+    }
+}
+
+/// One watch per mirrored kind, each keeping the store in step with the real API server.
+fn mirror(
+    client: &Client,
+    store: &Arc<Store>,
+    tombstones: &Tombstones,
+    shutdown: &Shutdown,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for (group, version, plural) in MIRRORED {
+        let Some(def) = store.registry().lookup(group, version, plural).cloned() else {
+            tracing::warn!(group, plural, "the mirror's registry lacks a mirrored kind");
+            continue;
+        };
+        let ar = ApiResource {
+            group: group.into(),
+            version: version.into(),
+            api_version: def.api_version(version),
+            kind: def.kind.clone(),
+            plural: plural.into(),
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        let store = store.clone();
+        let tombstones = tombstones.clone();
+        let mut relisted: HashSet<(String, String)> = HashSet::new();
+        tasks.push(spawn_watch(
+            "real-backend mirror",
+            api,
+            shutdown.clone(),
+            move |e| on_event(&store, &def, &tombstones, &mut relisted, e),
+        ));
+    }
+    tasks
+}
+
+fn on_event(
+    store: &Store,
+    def: &ResourceDef,
+    tombstones: &Tombstones,
+    relisted: &mut HashSet<(String, String)>,
+    event: Event<DynamicObject>,
+) {
+    let keyed = |o: &DynamicObject| {
+        let value = serde_json::to_value(o).unwrap_or(Value::Null);
+        let ns = o.metadata.namespace.clone().unwrap_or_default();
+        let name = o.metadata.name.clone().unwrap_or_default();
+        (ns, name, value)
+    };
+    match event {
+        Event::Init => relisted.clear(),
+        Event::InitApply(o) => {
+            let (ns, name, value) = keyed(&o);
+            store.mirror_put(def, &ns, value);
+            relisted.insert((ns, name));
+        }
+        Event::InitDone => {
+            for (ns, name) in store.mirror_keys(def) {
+                if !relisted.contains(&(ns.clone(), name.clone())) {
+                    remove(store, def, tombstones, &ns, &name);
+                }
+            }
+            relisted.clear();
+        }
+        Event::Apply(o) => {
+            let (ns, _, value) = keyed(&o);
+            store.mirror_put(def, &ns, value);
+        }
+        Event::Delete(o) => {
+            let (ns, name, _) = keyed(&o);
+            remove(store, def, tombstones, &ns, &name);
+        }
+    }
+}
+
+fn remove(store: &Store, def: &ResourceDef, tombstones: &Tombstones, ns: &str, name: &str) {
+    if def.plural == "pods"
+        && def.group.is_empty()
+        && let Some(pod) = store.get("pods", ns, name)
+    {
+        tombstones.bury(ns, name, pod);
+    }
+    store.mirror_remove(def, ns, name);
+}
+
+/// The audit log's reader and what it feeds.
+struct AuditFeed {
+    tail: audit::Tail,
+    stats: Stats,
+    store: Arc<Store>,
+    tombstones: Tombstones,
+    controller_user: String,
+    unresolved: Vec<(PodRemoval, Instant)>,
+}
+
+impl AuditFeed {
+    /// Reads what the log gained since the last call into the counters.
+    fn pump(&mut self) {
+        // Removals read earlier whose pod the mirror had not seen yet (its watch lags the log).
+        let waiting = std::mem::take(&mut self.unresolved);
+        for (removal, since) in waiting {
+            self.check(removal, since);
+        }
+        match self.tail.read_new() {
+            Ok(events) => {
+                for e in events {
+                    if let Some(removal) = record(&self.stats, &self.controller_user, &e) {
+                        self.check(removal, Instant::now());
+                    }
+                }
+            }
+            // Every time: the requests of a batch that fails to read are missing from the report.
+            Err(e) => tracing::error!(error = %e, "reading the real API server's audit log"),
+        }
+    }
+
+    /// Checks a pod removal against the drain rules once the mirror has (or had) the pod.
+    fn check(&mut self, r: PodRemoval, since: Instant) {
+        let pod = self
+            .store
+            .get("pods", &r.namespace, &r.name)
+            .or_else(|| self.tombstones.get(&r.namespace, &r.name));
+        let Some(pod) = pod else {
+            if since.elapsed() < UNMIRRORED_WAIT {
+                self.unresolved.push((r, since));
+            } else {
+                tracing::warn!(pod = %format!("{}/{}", r.namespace, r.name), "a pod the controller removed never reached the mirror; its removal is not audited");
+            }
+            return;
+        };
+        let found = drain_audit::audit_removed_pod(&self.store, &pod, &r.namespace, r.how, r.asked);
+        for v in found {
+            tracing::warn!(pod = %format!("{}/{}", r.namespace, r.name), violation = ?v, "real backend: drain rule broken");
+            self.stats.record_violation_at(
+                r.at_ms,
+                v,
+                &r.namespace,
+                &r.name,
+                crate::app::USER_AGENT,
+            );
+        }
+    }
+}
+
+/// The controller removing a pod (a delete or an eviction that succeeded), to check.
+struct PodRemoval {
+    how: Removal,
+    namespace: String,
+    name: String,
+    asked: jiff::Timestamp,
+    at_ms: u64,
+}
+
+/// Reads the audit log into the counters every [`AUDIT_POLL`] until shutdown.
+async fn read_audit(feed: Arc<Mutex<AuditFeed>>, mut shutdown: Shutdown) {
+    loop {
+        feed.lock().pump();
+        tokio::select! {
+            _ = shutdown.wait() => break,
+            _ = tokio::time::sleep(AUDIT_POLL) => {}
+        }
+    }
+}
+
+/// One audit event into the counters, as the simulated server counts the request itself; a pod
+/// removal by the controller is handed back to be checked against the drain rules.
+fn record(stats: &Stats, controller_user: &str, e: &audit::Event) -> Option<PodRemoval> {
+    // The controller is told apart by its user; its requests carry the controller's agent so
+    // the reports' filters read them as on the simulated backend.
+    let agent = if e.username == controller_user {
+        crate::app::USER_AGENT.to_string()
+    } else {
+        format!("{} ({})", e.username, e.user_agent)
+    };
+    if e.resource.is_empty() {
+        return None;
+    }
+    if e.is_request() {
+        stats.count_request(&e.verb, &e.resource, &e.subresource, &agent);
+    }
+    if !e.is_successful_write() {
+        return None;
+    }
+    let at_ms = stats.ms_at(e.at);
+    stats.record_write_at(
+        at_ms,
+        &e.verb,
+        &e.resource,
+        &e.subresource,
+        &e.namespace,
+        &e.name,
+        &agent,
+    );
+    let how = match (e.verb.as_str(), e.subresource.as_str()) {
+        ("delete", "") => Removal::Delete,
+        ("create", "eviction") => Removal::Eviction,
+        _ => return None,
+    };
+    let controllers_pod =
+        e.username == controller_user && e.resource == "pods" && e.api_group.is_empty();
+    controllers_pod.then(|| PodRemoval {
+        how,
+        namespace: e.namespace.clone(),
+        name: e.name.clone(),
+        asked: e.received,
+        at_ms,
+    })
+}
