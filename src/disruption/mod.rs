@@ -8,6 +8,7 @@
 pub mod budgets;
 pub mod consolidation;
 pub mod drift;
+pub mod spread;
 
 use std::collections::HashMap;
 
@@ -358,16 +359,7 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
 fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim>> {
     let moved: std::collections::HashSet<&str> = c.pods.iter().map(String::as_str).collect();
     let without = consolidation::without(snapshot, &[c]);
-    let own_room = {
-        let mut s = without.clone();
-        // Existing nodes stay (their labels are topology domains) but take no pod.
-        for n in &mut s.nodes {
-            n.requested = n.allocatable.clone();
-        }
-        s.pods
-            .retain(|p| moved.contains(crate::state::pods::key(p).as_str()));
-        s
-    };
+    let own_room = consolidation::own_room(&without, &moved);
     [own_room, without].iter().find_map(|s| {
         let (results, refused) = consolidation::simulate(s, &moved);
         refused.is_empty().then(|| {

@@ -698,3 +698,56 @@ fn moved_pods_do_not_land_on_nodes_inside_consolidate_after() {
     s.under_consolidate_after.insert("busy".to_string());
     assert_eq!(decide(&s, &c, &allow(1)), None);
 }
+
+/// The scheduler, not the plan, places moved pods: least allocated first, in the order they
+/// come back. Two nodes have 1.5 and 1 CPU free; the plan puts the candidate's 1.5-CPU pod in
+/// the 1.5 and its two small pods in the 1. Smallest first, the scheduler puts the small pods
+/// in the emptiest room and the big one finds none: the provisioner would launch a node for it.
+#[test]
+fn moved_pods_must_find_room_where_the_scheduler_spreads_them() {
+    let nodes = |candidate: &'static [(&'static str, &'static str)]| {
+        cluster(
+            &types(),
+            &[
+                Node {
+                    name: "c",
+                    ty: "large",
+                    ct: "on-demand",
+                    pods: candidate,
+                },
+                Node {
+                    name: "x",
+                    ty: "large",
+                    ct: "on-demand",
+                    pods: &[("x1", "6500m")],
+                },
+                Node {
+                    name: "y",
+                    ty: "large",
+                    ct: "on-demand",
+                    pods: &[("y1", "7")],
+                },
+            ],
+        )
+    };
+    let (s, c) = nodes(&[("big", "1500m"), ("s1", "500m"), ("s2", "500m")]);
+    let only_c = &c[..1];
+    let plan = consolidation::without(&s, &[&c[0]]);
+    let moved = c[0].pods.iter().map(String::as_str).collect();
+    assert!(
+        spread::stranded(&plan, &moved, None).is_some(),
+        "the spread strands the big pod"
+    );
+    // Its pods (2.5 CPU) need a large node of their own, no cheaper: the node stays.
+    assert_eq!(decide(&s, only_c, &allow(1)), None);
+
+    // With 2 CPU of pods a small node of their own holds them all, wherever they come back in
+    // the meantime: that is the move, not a delete into room the small pods would take.
+    let (s, c) = nodes(&[("big", "1500m"), ("s1", "250m"), ("s2", "250m")]);
+    let cmd = decide(&s, &c[..1], &allow(1)).expect("a command");
+    assert_eq!(cmd.decision(), "replace");
+    assert_eq!(
+        cmd.replacements[0].instance_types,
+        vec!["small".to_string()]
+    );
+}
