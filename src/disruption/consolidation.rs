@@ -117,6 +117,9 @@ pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
     // The plan counts on room the scheduler would fill with other pods first. A replacement
     // that holds every moved pod on its own still may, when it is cheaper and the pods find
     // room however they come back.
+    if !a_cheaper_type_holds(&snapshot, &moved, candidates) {
+        return Outcome::No(why);
+    }
     match plan(&own_room(&snapshot, &moved), &moved, candidates) {
         Outcome::Replace(new, price)
             if spread::stranded(&snapshot, &moved, Some(&new)).is_none() =>
@@ -125,6 +128,35 @@ pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
         }
         _ => Outcome::No(why),
     }
+}
+
+/// Whether some instance type could hold all the moved pods for less than the candidates cost
+/// (its cheapest offering; DaemonSets and constraints aside): without one, a replacement of
+/// their own is not worth a solve.
+fn a_cheaper_type_holds(
+    snapshot: &Snapshot,
+    moved: &HashSet<&str>,
+    candidates: &[&Candidate],
+) -> bool {
+    let current: f64 = candidates.iter().map(|c| c.price).sum();
+    let mut total = crate::api::resources::Resources::new();
+    for p in snapshot
+        .pods
+        .iter()
+        .filter(|p| moved.contains(pods::key(p).as_str()))
+    {
+        match p.spec.as_ref().map(scheduling::pod::pod_requests) {
+            Some(Ok(r)) => total.add_assign(&r),
+            _ => return false,
+        }
+    }
+    snapshot
+        .nodepools
+        .iter()
+        .flat_map(|p| &p.instance_types)
+        .filter(|t| total.fits(&t.allocatable()))
+        .flat_map(|t| &t.offerings)
+        .any(|o| o.available && o.price < current)
 }
 
 /// `snapshot` (the cluster without some candidates) with only the moved pods pending and no

@@ -82,8 +82,8 @@ pub fn stranded(
     let mut pods: Vec<PodInfo> = snapshot
         .pods
         .iter()
+        .filter(|p| moved.contains(crate::state::pods::key(p).as_str()))
         .filter_map(|p| PodInfo::read(p).ok())
-        .filter(|p| moved.contains(p.key.as_str()))
         .collect();
     if pods.is_empty() {
         return None;
