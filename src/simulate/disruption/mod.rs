@@ -515,13 +515,20 @@ async fn consolidate(
     )
     .await?;
     let (n, k) = (args.pods, args.deployments.max(1));
+    let replicas = |d: usize| n / k + usize::from(d < n % k);
     let scaled: Vec<(String, usize)> = (0..k)
         .filter(|d| d % 10 < 7)
-        .map(|d| {
-            let count = n / k + usize::from(d < n % k);
-            (format!("app-{d}"), count.div_ceil(5))
-        })
+        .map(|d| (format!("app-{d}"), replicas(d).div_ceil(5)))
         .collect();
+    let wanted: usize = (0..k)
+        .map(|d| {
+            if d % 10 < 7 {
+                replicas(d).div_ceil(5)
+            } else {
+                replicas(d)
+            }
+        })
+        .sum();
     eprintln!(
         "consolidation on (WhenEmptyOrUnderutilized, consolidateAfter 0s); scaling {} of {k} Deployments to 20 % of their replicas",
         scaled.len()
@@ -540,9 +547,25 @@ async fn consolidate(
     // not waited out: the report shows where consolidation stands when it pauses, and a long
     // pause would make the scenario's length depend on luck
     // (`karpenter_capi_consolidation_paused` says when it does).
-    wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
-        None
-    })
+    // The calm counts once the Deployments are down to their new replicas (a loaded machine
+    // may take longer than the calm to get there).
+    wait_stable(
+        sim,
+        "consolidate",
+        deadline,
+        Duration::from_secs(8),
+        |sim| {
+            let live = sim
+                .cluster()
+                .server()
+                .store()
+                .list("pods", None)
+                .iter()
+                .filter(|p| !deleting(p))
+                .count();
+            (live > wanted).then(|| format!("{live} pods, {wanted} after the scale-down"))
+        },
+    )
     .await
 }
 
