@@ -73,27 +73,30 @@ impl Room<'_> {
 
 /// The first moved pod that would find no room when the scheduler places the moved pods,
 /// smallest first or biggest first, on `snapshot`'s initialized nodes and `replacement`; with
-/// why. `snapshot` is the cluster without the candidates (their pods pending).
+/// why. `snapshot` is the cluster without the candidates (their pods pending). Pods already
+/// pending are ahead in the scheduler's queue: they are placed first (one that finds no room
+/// is the provisioner's, not this move's).
 pub fn stranded(
     snapshot: &Snapshot,
     moved: &HashSet<&str>,
     replacement: Option<&NewClaim>,
 ) -> Option<String> {
-    let mut pods: Vec<PodInfo> = snapshot
+    let (mut ours, mut waiting): (Vec<PodInfo>, Vec<PodInfo>) = snapshot
         .pods
         .iter()
-        .filter(|p| moved.contains(crate::state::pods::key(p).as_str()))
         .filter_map(|p| PodInfo::read(p).ok())
-        .collect();
-    if pods.is_empty() {
+        .partition(|p| moved.contains(p.key.as_str()));
+    if ours.is_empty() {
         return None;
     }
-    pods.sort_by(|a, b| {
+    let by_size = |a: &PodInfo, b: &PodInfo| {
         a.cpu()
             .cmp(&b.cpu())
             .then_with(|| a.memory().cmp(&b.memory()))
             .then_with(|| a.key.cmp(&b.key))
-    });
+    };
+    ours.sort_by(by_size);
+    waiting.sort_by(by_size);
     let mut rooms: Vec<Room> = snapshot
         .nodes
         .iter()
@@ -107,7 +110,7 @@ pub fn stranded(
         })
         .collect();
     if let Some(new) = replacement {
-        match replacement_room(snapshot, new, &pods) {
+        match replacement_room(snapshot, new, &ours) {
             Some(room) => rooms.push(room),
             None => {
                 return Some(format!(
@@ -118,35 +121,41 @@ pub fn stranded(
         }
     }
     rooms.sort_by(|a, b| a.name.cmp(b.name));
-    let smallest_first = pods.iter().collect::<Vec<_>>();
-    let biggest_first = pods.iter().rev().collect::<Vec<_>>();
-    [smallest_first, biggest_first].iter().find_map(|order| {
-        let which = place(&mut rooms.clone(), order)?;
-        Some(format!(
-            "pod {which} would find no room where the scheduler spreads the moved pods (least allocated first)"
-        ))
-    })
+    let smallest_first = (waiting.iter().collect(), ours.iter().collect());
+    let biggest_first = (waiting.iter().rev().collect(), ours.iter().rev().collect());
+    [smallest_first, biggest_first]
+        .iter()
+        .find_map(|(waiting, ours): &(Vec<&PodInfo>, Vec<&PodInfo>)| {
+            let mut rooms = rooms.clone();
+            for pod in waiting {
+                place(&mut rooms, pod);
+            }
+            let which = ours.iter().find(|pod| !place(&mut rooms, pod))?;
+            Some(format!(
+                "pod {} would find no room where the scheduler spreads the moved pods (least allocated first)",
+                which.key
+            ))
+        })
 }
 
-/// Places `pods` in order, each on the room with the best score that takes it; the first pod
-/// that fits nowhere, if any.
-fn place<'p>(rooms: &mut [Room], pods: &[&'p PodInfo]) -> Option<&'p str> {
-    for pod in pods {
-        let best = rooms
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.takes(pod))
-            .map(|(i, r)| (i, r.score(pod)))
-            .fold(None::<(usize, f64)>, |best, (i, s)| match best {
-                Some((_, b)) if b >= s => best,
-                _ => Some((i, s)),
-            });
-        match best {
-            Some((i, _)) => rooms[i].used.add_assign(&pod.requests),
-            None => return Some(pod.key.as_str()),
+/// Places `pod` on the room with the best score that takes it; false when none does.
+fn place(rooms: &mut [Room], pod: &PodInfo) -> bool {
+    let best = rooms
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.takes(pod))
+        .map(|(i, r)| (i, r.score(pod)))
+        .fold(None::<(usize, f64)>, |best, (i, s)| match best {
+            Some((_, b)) if b >= s => best,
+            _ => Some((i, s)),
+        });
+    match best {
+        Some((i, _)) => {
+            rooms[i].used.add_assign(&pod.requests);
+            true
         }
+        None => false,
     }
-    None
 }
 
 /// The replacement as a node: the smallest type it may launch, less what its claim holds

@@ -741,6 +741,25 @@ fn moved_pods_must_find_room_where_the_scheduler_spreads_them() {
     // Its pods (2.5 CPU) need a large node of their own, no cheaper: the node stays.
     assert_eq!(decide(&s, only_c, &allow(1)), None);
 
+    // A pod already pending is ahead of the moved ones in the scheduler's queue: alone, the
+    // big pod goes to the 1.5 CPU left; after a pending 1-CPU pod took the emptiest room it
+    // would not, so the move needs a small node of its own.
+    let (mut s, c) = nodes(&[("big", "1500m")]);
+    assert_eq!(
+        decide(&s, &c[..1], &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+    s.pods.push(
+        testing::pod("waiting")
+            .namespace("ns")
+            .requests("1", "1Gi")
+            .build(),
+    );
+    assert_eq!(
+        decide(&s, &c[..1], &allow(1)).map(|c| c.decision()),
+        Some("replace")
+    );
+
     // With 2 CPU of pods a small node of their own holds them all, wherever they come back in
     // the meantime: that is the move, not a delete into room the small pods would take.
     let (s, c) = nodes(&[("big", "1500m"), ("s1", "250m"), ("s2", "250m")]);
