@@ -440,14 +440,24 @@ pub fn revalidate(
 }
 
 /// Upstream's search: the longest prefix (by disruption cost) of the consolidatable candidates
-/// that can go for at most one cheaper replacement, found by binary search.
+/// that can go for at most one cheaper replacement, found by binary search. When that order
+/// finds nothing, the same search over the cheapest nodes first: small nodes that fold into
+/// one larger node (two with one big pod each into a node twice their size) sit far apart in
+/// the savings order, behind large nodes with few pods, so no prefix of it pairs them.
 fn multi_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
-    let mut pool: Vec<&Candidate> = within_budget(
-        sorted.iter().copied().filter(|c| c.underutilized_allowed()),
-        DisruptionReason::Underutilized,
-        allowed,
-    );
-    pool.truncate(MAX_MULTI_NODE_CANDIDATES);
+    let eligible = || sorted.iter().copied().filter(|c| c.underutilized_allowed());
+    let mut cheapest_first: Vec<&Candidate> = eligible().collect();
+    cheapest_first.sort_by(|a, b| a.price.total_cmp(&b.price));
+    [eligible().collect(), cheapest_first]
+        .into_iter()
+        .find_map(|order: Vec<&Candidate>| {
+            let mut pool = within_budget(order, DisruptionReason::Underutilized, allowed);
+            pool.truncate(MAX_MULTI_NODE_CANDIDATES);
+            longest_prefix(snapshot, &pool)
+        })
+}
+
+fn longest_prefix(snapshot: &Snapshot, pool: &[&Candidate]) -> Option<Command> {
     if pool.len() < 2 {
         return None;
     }

@@ -770,3 +770,52 @@ fn moved_pods_must_find_room_where_the_scheduler_spreads_them() {
         vec!["small".to_string()]
     );
 }
+
+/// Two small nodes with one 1.5-CPU pod each fold into one medium node, cheaper than both; a
+/// full large node with five such pods ranks before them by savings per disruption, so no
+/// prefix of that order pairs the small ones. The search tries the cheapest nodes first too.
+#[test]
+fn small_nodes_fold_into_a_larger_one_whatever_ranks_before_them() {
+    let types = vec![
+        it("small", 2, 1.0, &["on-demand"]),
+        it("medium", 4, 1.9, &["on-demand"]),
+        it("large", 8, 3.7, &["on-demand"]),
+    ];
+    let (s, c) = cluster(
+        &types,
+        &[
+            Node {
+                name: "full",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[
+                    ("f1", "1500m"),
+                    ("f2", "1500m"),
+                    ("f3", "1500m"),
+                    ("f4", "1500m"),
+                    ("f5", "1500m"),
+                ],
+            },
+            Node {
+                name: "s1",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("a", "1500m")],
+            },
+            Node {
+                name: "s2",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("b", "1500m")],
+            },
+        ],
+    );
+    let cmd = decide(&s, &c, &allow(3)).expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.claim_names(), vec!["claim-s1", "claim-s2"]);
+    assert_eq!(cmd.decision(), "replace");
+    assert_eq!(
+        cmd.replacements[0].instance_types,
+        vec!["medium".to_string()]
+    );
+}
