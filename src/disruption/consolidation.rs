@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::Candidate;
+use super::{Candidate, spread};
 use crate::api::requirements::Requirement;
 use crate::api::wellknown::{CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT};
 use crate::scheduling::{self, NewClaim, Snapshot};
@@ -105,7 +105,75 @@ pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
         .flat_map(|c| c.pods.iter().map(String::as_str))
         .collect();
     let snapshot = without(base, candidates);
-    let (results, refused) = simulate(&snapshot, &moved);
+    let planned = plan(&snapshot, &moved, candidates);
+    let stranded = match &planned {
+        Outcome::Delete => spread::stranded(&snapshot, &moved, None),
+        Outcome::Replace(new, _) => spread::stranded(&snapshot, &moved, Some(new)),
+        Outcome::No(_) => return planned,
+    };
+    let Some(why) = stranded else {
+        return planned;
+    };
+    // The plan counts on room the scheduler would fill with other pods first. A replacement
+    // that holds every moved pod on its own still may, when it is cheaper and the pods find
+    // room however they come back.
+    if !a_cheaper_type_holds(&snapshot, &moved, candidates) {
+        return Outcome::No(why);
+    }
+    match plan(&own_room(&snapshot, &moved), &moved, candidates) {
+        Outcome::Replace(new, price)
+            if spread::stranded(&snapshot, &moved, Some(&new)).is_none() =>
+        {
+            Outcome::Replace(new, price)
+        }
+        _ => Outcome::No(why),
+    }
+}
+
+/// Whether some instance type could hold all the moved pods for less than the candidates cost
+/// (its cheapest offering; DaemonSets and constraints aside): without one, a replacement of
+/// their own is not worth a solve.
+fn a_cheaper_type_holds(
+    snapshot: &Snapshot,
+    moved: &HashSet<&str>,
+    candidates: &[&Candidate],
+) -> bool {
+    let current: f64 = candidates.iter().map(|c| c.price).sum();
+    let mut total = crate::api::resources::Resources::new();
+    for p in snapshot
+        .pods
+        .iter()
+        .filter(|p| moved.contains(pods::key(p).as_str()))
+    {
+        match p.spec.as_ref().map(scheduling::pod::pod_requests) {
+            Some(Ok(r)) => total.add_assign(&r),
+            _ => return false,
+        }
+    }
+    snapshot
+        .nodepools
+        .iter()
+        .flat_map(|p| &p.instance_types)
+        .filter(|t| total.fits(&t.allocatable()))
+        .flat_map(|t| &t.offerings)
+        .any(|o| o.available && o.price < current)
+}
+
+/// `snapshot` (the cluster without some candidates) with only the moved pods pending and no
+/// room on the existing nodes, which stay for their labels (topology domains): what the moved
+/// pods need on new claims of their own.
+pub fn own_room(snapshot: &Snapshot, moved: &HashSet<&str>) -> Snapshot {
+    let mut s = snapshot.clone();
+    for n in &mut s.nodes {
+        n.requested = n.allocatable.clone();
+    }
+    s.pods.retain(|p| moved.contains(pods::key(p).as_str()));
+    s
+}
+
+/// The solver's plan for the moved pods: delete, one cheaper replacement, or no.
+fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -> Outcome {
+    let (results, refused) = simulate(snapshot, moved);
     if let Some(why) = refused.into_iter().next() {
         return Outcome::No(why);
     }
@@ -117,7 +185,7 @@ pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
         .collect();
     match needed.len() {
         0 => Outcome::Delete,
-        1 => cheaper_replacement(&snapshot, needed.remove(0), candidates),
+        1 => cheaper_replacement(snapshot, needed.remove(0), candidates),
         n => Outcome::No(format!("its pods would need {n} new nodes")),
     }
 }

@@ -8,6 +8,7 @@
 pub mod budgets;
 pub mod consolidation;
 pub mod drift;
+pub mod spread;
 
 use std::collections::HashMap;
 
@@ -358,16 +359,7 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
 fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim>> {
     let moved: std::collections::HashSet<&str> = c.pods.iter().map(String::as_str).collect();
     let without = consolidation::without(snapshot, &[c]);
-    let own_room = {
-        let mut s = without.clone();
-        // Existing nodes stay (their labels are topology domains) but take no pod.
-        for n in &mut s.nodes {
-            n.requested = n.allocatable.clone();
-        }
-        s.pods
-            .retain(|p| moved.contains(crate::state::pods::key(p).as_str()));
-        s
-    };
+    let own_room = consolidation::own_room(&without, &moved);
     [own_room, without].iter().find_map(|s| {
         let (results, refused) = consolidation::simulate(s, &moved);
         refused.is_empty().then(|| {
@@ -448,14 +440,24 @@ pub fn revalidate(
 }
 
 /// Upstream's search: the longest prefix (by disruption cost) of the consolidatable candidates
-/// that can go for at most one cheaper replacement, found by binary search.
+/// that can go for at most one cheaper replacement, found by binary search. When that order
+/// finds nothing, the same search over the cheapest nodes first: small nodes that fold into
+/// one larger node (two with one big pod each into a node twice their size) sit far apart in
+/// the savings order, behind large nodes with few pods, so no prefix of it pairs them.
 fn multi_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
-    let mut pool: Vec<&Candidate> = within_budget(
-        sorted.iter().copied().filter(|c| c.underutilized_allowed()),
-        DisruptionReason::Underutilized,
-        allowed,
-    );
-    pool.truncate(MAX_MULTI_NODE_CANDIDATES);
+    let eligible = || sorted.iter().copied().filter(|c| c.underutilized_allowed());
+    let mut cheapest_first: Vec<&Candidate> = eligible().collect();
+    cheapest_first.sort_by(|a, b| a.price.total_cmp(&b.price));
+    [eligible().collect(), cheapest_first]
+        .into_iter()
+        .find_map(|order: Vec<&Candidate>| {
+            let mut pool = within_budget(order, DisruptionReason::Underutilized, allowed);
+            pool.truncate(MAX_MULTI_NODE_CANDIDATES);
+            longest_prefix(snapshot, &pool)
+        })
+}
+
+fn longest_prefix(snapshot: &Snapshot, pool: &[&Candidate]) -> Option<Command> {
     if pool.len() < 2 {
         return None;
     }

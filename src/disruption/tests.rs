@@ -698,3 +698,124 @@ fn moved_pods_do_not_land_on_nodes_inside_consolidate_after() {
     s.under_consolidate_after.insert("busy".to_string());
     assert_eq!(decide(&s, &c, &allow(1)), None);
 }
+
+/// The scheduler, not the plan, places moved pods: least allocated first, in the order they
+/// come back. Two nodes have 1.5 and 1 CPU free; the plan puts the candidate's 1.5-CPU pod in
+/// the 1.5 and its two small pods in the 1. Smallest first, the scheduler puts the small pods
+/// in the emptiest room and the big one finds none: the provisioner would launch a node for it.
+#[test]
+fn moved_pods_must_find_room_where_the_scheduler_spreads_them() {
+    let nodes = |candidate: &'static [(&'static str, &'static str)]| {
+        cluster(
+            &types(),
+            &[
+                Node {
+                    name: "c",
+                    ty: "large",
+                    ct: "on-demand",
+                    pods: candidate,
+                },
+                Node {
+                    name: "x",
+                    ty: "large",
+                    ct: "on-demand",
+                    pods: &[("x1", "6500m")],
+                },
+                Node {
+                    name: "y",
+                    ty: "large",
+                    ct: "on-demand",
+                    pods: &[("y1", "7")],
+                },
+            ],
+        )
+    };
+    let (s, c) = nodes(&[("big", "1500m"), ("s1", "500m"), ("s2", "500m")]);
+    let only_c = &c[..1];
+    let plan = consolidation::without(&s, &[&c[0]]);
+    let moved = c[0].pods.iter().map(String::as_str).collect();
+    assert!(
+        spread::stranded(&plan, &moved, None).is_some(),
+        "the spread strands the big pod"
+    );
+    // Its pods (2.5 CPU) need a large node of their own, no cheaper: the node stays.
+    assert_eq!(decide(&s, only_c, &allow(1)), None);
+
+    // A pod already pending is ahead of the moved ones in the scheduler's queue: alone, the
+    // big pod goes to the 1.5 CPU left; after a pending 1-CPU pod took the emptiest room it
+    // would not, so the move needs a small node of its own.
+    let (mut s, c) = nodes(&[("big", "1500m")]);
+    assert_eq!(
+        decide(&s, &c[..1], &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+    s.pods.push(
+        testing::pod("waiting")
+            .namespace("ns")
+            .requests("1", "1Gi")
+            .build(),
+    );
+    assert_eq!(
+        decide(&s, &c[..1], &allow(1)).map(|c| c.decision()),
+        Some("replace")
+    );
+
+    // With 2 CPU of pods a small node of their own holds them all, wherever they come back in
+    // the meantime: that is the move, not a delete into room the small pods would take.
+    let (s, c) = nodes(&[("big", "1500m"), ("s1", "250m"), ("s2", "250m")]);
+    let cmd = decide(&s, &c[..1], &allow(1)).expect("a command");
+    assert_eq!(cmd.decision(), "replace");
+    assert_eq!(
+        cmd.replacements[0].instance_types,
+        vec!["small".to_string()]
+    );
+}
+
+/// Two small nodes with one 1.5-CPU pod each fold into one medium node, cheaper than both; a
+/// full large node with five such pods ranks before them by savings per disruption, so no
+/// prefix of that order pairs the small ones. The search tries the cheapest nodes first too.
+#[test]
+fn small_nodes_fold_into_a_larger_one_whatever_ranks_before_them() {
+    let types = vec![
+        it("small", 2, 1.0, &["on-demand"]),
+        it("medium", 4, 1.9, &["on-demand"]),
+        it("large", 8, 3.7, &["on-demand"]),
+    ];
+    let (s, c) = cluster(
+        &types,
+        &[
+            Node {
+                name: "full",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[
+                    ("f1", "1500m"),
+                    ("f2", "1500m"),
+                    ("f3", "1500m"),
+                    ("f4", "1500m"),
+                    ("f5", "1500m"),
+                ],
+            },
+            Node {
+                name: "s1",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("a", "1500m")],
+            },
+            Node {
+                name: "s2",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("b", "1500m")],
+            },
+        ],
+    );
+    let cmd = decide(&s, &c, &allow(3)).expect("a command");
+    assert_eq!(cmd.method, Method::MultiNodeConsolidation);
+    assert_eq!(cmd.claim_names(), vec!["claim-s1", "claim-s2"]);
+    assert_eq!(cmd.decision(), "replace");
+    assert_eq!(
+        cmd.replacements[0].instance_types,
+        vec!["medium".to_string()]
+    );
+}

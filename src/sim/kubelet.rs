@@ -198,7 +198,21 @@ impl Inner {
                 self.sync_labels(&nodes, &machine, &node).await?;
                 node
             }
-            None => self.create_node(&nodes, &machine, pid).await?,
+            None => {
+                let node = self.create_node(&nodes, &machine, pid).await?;
+                // The Machine may have gone while its Node was created, and the Node's removal
+                // with it (`forget_machine` found no Node yet): the cloud's node lifecycle
+                // controller removes a Node whose instance is gone.
+                let gone = machines
+                    .get_opt(name)
+                    .await?
+                    .is_none_or(|m| m.metadata.deletion_timestamp.is_some());
+                if gone {
+                    delete_quietly(&nodes, name).await?;
+                    return Ok(());
+                }
+                node
+            }
         };
         if str_at(&machine.data, &["status", "nodeRef", "name"]).is_none() {
             let node_ref = match self.cfg.version {

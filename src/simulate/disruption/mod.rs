@@ -548,9 +548,23 @@ async fn consolidate(
     // not waited out: the report shows where consolidation stands when it pauses, and a long
     // pause would make the scenario's length depend on luck
     // (`karpenter_capi_consolidation_paused` says when it does).
-    wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
-        None
-    })
+    // The calm counts only while the Deployments stay at their new replicas.
+    wait_stable(
+        sim,
+        "consolidate",
+        deadline,
+        Duration::from_secs(8),
+        |sim| {
+            let live = sim
+                .cluster()
+                .store()
+                .list("pods", None)
+                .iter()
+                .filter(|p| !deleting(p))
+                .count();
+            (live > remaining).then(|| format!("{live} pods, {remaining} after the scale-down"))
+        },
+    )
     .await
 }
 
