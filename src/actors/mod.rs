@@ -108,6 +108,14 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 404)
     }
+
+    /// The wait the server asked for when it refused the call (`Retry-After`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Api { source, .. } => crate::retry_after::retry_after(source),
+            _ => None,
+        }
+    }
 }
 
 /// Run `fut`, counting an API error by verb and resource on failure.

@@ -370,7 +370,9 @@ impl Provisioner {
         ctx: &mut Context<Self>,
     ) {
         self.shared.metrics.api_error("create", "nodeclaims");
-        let retry_in = self.create_backoff.next_delay();
+        let retry_in = self
+            .create_backoff
+            .next_delay_after(crate::retry_after::retry_after(e));
         tracing::warn!(nodepool = %nodepool, error = %e, retry_in = ?retry_in, "creating nodeclaim failed; solving its pods again");
         let message = format!(
             "Failed to create a NodeClaim of NodePool {nodepool} for this pod: {e}; retrying in {}",

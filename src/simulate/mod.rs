@@ -150,12 +150,21 @@ impl BackgroundSim {
 
     /// A client for the simulated cluster, built on the caller's runtime (the controller's).
     pub async fn client_here(&self) -> Result<kube::Client, Error> {
-        crate::app::client_from_kubeconfig(
-            self.cluster.kubeconfig_path(),
-            crate::app::Limits::UNLIMITED,
-        )
-        .await
-        .map_err(Error::Client)
+        self.client_counting(None).await
+    }
+
+    /// `client_here`, counting the requests the server throttled in `throttled`.
+    pub async fn client_counting(
+        &self,
+        throttled: Option<crate::retry_after::Throttled>,
+    ) -> Result<kube::Client, Error> {
+        let options = crate::app::ClientOptions {
+            throttled,
+            ..crate::app::ClientOptions::default()
+        };
+        crate::app::client_from_kubeconfig_with(self.cluster.kubeconfig_path(), &options)
+            .await
+            .map_err(Error::Client)
     }
 }
 
@@ -220,7 +229,9 @@ pub async fn start_controller(
     settings: Settings,
     metrics: Arc<Metrics>,
 ) -> Result<ControllerHandle, Error> {
-    let client = sim.client_here().await?;
+    let client = sim
+        .client_counting(Some(metrics.api_throttled.clone()))
+        .await?;
     let (_tx, rx) = watch::channel(true);
     let controller = Controller {
         workload: client.clone(),
