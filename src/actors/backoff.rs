@@ -25,7 +25,7 @@ pub struct Backoff {
 
 /// A different seed for every Backoff (jitter needs spread, not secrecy): the clock's nanoseconds
 /// mixed with a process-wide counter.
-fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()

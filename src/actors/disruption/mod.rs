@@ -13,12 +13,14 @@
 //!    candidates, create the replacements, wait until they are Initialized, then delete the
 //!    candidates. Several commands run at once, bounded only by the budgets (a command's marked
 //!    candidates count as disrupting), and the next decision is looked for as soon as one starts.
-//!    A command whose replacement fails is rolled back alone, and its candidates back off alone;
-//!    the others go on. A controller that dies mid-way leaves taints the next leader rolls back
+//!    Each write of a command retries the server's transient failures and reads back what may
+//!    have landed (`persist`); a command is rolled back only when its plan no longer holds or
+//!    its replacement fails, alone, and its candidates back off alone; the others go on. A controller that dies mid-way leaves taints the next leader rolls back
 //!    (step 2): the API holds everything needed to resume or undo.
 
 mod commands;
 mod execute;
+mod persist;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
