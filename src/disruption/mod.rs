@@ -8,6 +8,7 @@
 pub mod budgets;
 pub mod consolidation;
 pub mod drift;
+pub mod validation;
 
 use std::collections::HashMap;
 
