@@ -12,7 +12,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[cfg(feature = "simulator")]
 mod simulate;
 #[cfg(feature = "simulator")]
-pub use simulate::{DEFAULT_KUBECONFIG_OUT, ReportFormat, Scenario, ServeArgs, SimulateArgs};
+pub use simulate::{
+    DEFAULT_KUBECONFIG_OUT, FaultSpec, ReportFormat, Scenario, ServeArgs, SimulateArgs,
+};
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
 /// them keeps every `Instant + duration` in the controller far from overflow (which panics).

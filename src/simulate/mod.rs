@@ -251,6 +251,37 @@ pub fn capi_version(arg: CapiVersionArg) -> CapiVersion {
     }
 }
 
+/// The simulated cluster of a scenario, with the faults `--faults` asks for.
+pub async fn start_sim(args: &SimulateArgs) -> Result<BackgroundSim, Error> {
+    let sim = BackgroundSim::start(cluster_config(args)).await?;
+    inject(&sim, &args.faults);
+    Ok(sim)
+}
+
+/// Faults on the controller's own requests only (its User-Agent), as a proxy in front of the
+/// API server would inject them; the stand-ins and the scenario's own requests go through.
+pub fn inject(sim: &BackgroundSim, spec: &crate::cli::FaultSpec) {
+    if spec.is_none() {
+        return;
+    }
+    let faults = sim.cluster().server().faults();
+    faults.set_agent(Some(crate::app::USER_AGENT));
+    faults.set_rule(
+        "*",
+        crate::sim::FaultRule {
+            error_rate: spec.errors,
+            latency: spec.latency,
+            conflict_rate: spec.conflicts,
+            throttle_rate: spec.throttle,
+            retry_after: spec.retry_after,
+            ambiguous_rate: spec.ambiguous,
+            watch_expire_rate: spec.watch_expire,
+            ..Default::default()
+        },
+    );
+    faults.set_watch_cut_every(spec.watch_cuts);
+}
+
 /// The simulated cluster's configuration for a scenario.
 pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
     let version = capi_version(args.cluster_api_version);
