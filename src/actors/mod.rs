@@ -23,6 +23,7 @@ pub mod nodeclaim;
 pub mod nodepools;
 pub mod nomination;
 pub mod patch;
+pub mod persist;
 pub mod provisioner;
 pub mod router;
 pub mod scaler;

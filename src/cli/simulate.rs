@@ -75,7 +75,7 @@ impl FaultSpec {
 
 /// `errors=15%,ambiguous=5%,throttle=2%,retry-after=1s,conflicts=0.01,latency=50ms,
 /// watch-expire=10%,watch-cuts=3s`: fractions as `0.15` or `15%`, durations as every flag's.
-fn faults_arg(s: &str) -> Result<FaultSpec, String> {
+fn faults_arg(s: &str) -> Result<Box<FaultSpec>, String> {
     let fraction = |v: &str| match v.strip_suffix('%') {
         Some(p) => p
             .trim()
@@ -113,7 +113,7 @@ fn faults_arg(s: &str) -> Result<FaultSpec, String> {
             }
         }
     }
-    Ok(spec)
+    Ok(Box::new(spec))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -208,7 +208,7 @@ pub struct SimulateArgs {
     /// `errors=15%,ambiguous=5%` (keys: errors, ambiguous, throttle, retry-after, conflicts,
     /// latency, watch-expire, watch-cuts).
     #[arg(long, value_parser = faults_arg, default_value = "")]
-    pub faults: FaultSpec,
+    pub faults: Box<FaultSpec>,
     #[command(flatten)]
     pub serve: ServeArgs,
     #[command(flatten)]

@@ -12,8 +12,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
-use super::persist::persist;
 use crate::actors::patch::{JsonPatch, send};
+use crate::actors::persist::{name_suffix, persist};
 use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, Condition, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
@@ -312,17 +312,6 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
         names.push(name);
     }
     Ok(names)
-}
-
-/// Five characters from the alphabet kube-apiserver's `generateName` uses (no vowels, no
-/// look-alikes): 14 million names per pool.
-fn name_suffix() -> String {
-    use rand::{Rng, SeedableRng};
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(crate::actors::backoff::seed());
-    (0..5)
-        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
-        .collect()
 }
 
 /// The claim found under a replacement's name is the one this command sent: every label and

@@ -20,7 +20,6 @@
 
 mod commands;
 mod execute;
-mod persist;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

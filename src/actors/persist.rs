@@ -1,5 +1,6 @@
-//! A command's writes carried through a failing API server. Each write (a taint, a claim's
-//! mark, a replacement's create, a candidate's delete) is retried on transient errors with the
+//! Writes carried through a failing API server: a disruption command's (a taint, a claim's
+//! mark, a replacement's create, a candidate's delete), and the read-back of the provisioner's
+//! creates. Each write is retried on transient errors with the
 //! shared API backoff, the server's `Retry-After` as its floor. After any failure whose outcome
 //! is unknown (a 5xx, a timeout, a reset: the write may have landed) the object is read back
 //! from the API before the write is sent again, so it is never repeated blindly, as the Scaler
@@ -95,6 +96,17 @@ where
         tracing::info!(error = %e, retry_in = ?wait, "{what} failed; reading back and retrying");
         tokio::time::sleep(wait).await;
     }
+}
+
+/// Five characters from the alphabet kube-apiserver's `generateName` uses (no vowels, no
+/// look-alikes): 14 million names per pool.
+pub fn name_suffix() -> String {
+    use rand::{Rng, SeedableRng};
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(crate::actors::backoff::seed());
+    (0..5)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
 }
 
 #[cfg(test)]
