@@ -515,12 +515,14 @@ async fn consolidate(
     )
     .await?;
     let (n, k) = (args.pods, args.deployments.max(1));
+    let replicas = |d: usize| {
+        let count = n / k + usize::from(d < n % k);
+        if d % 10 < 7 { count.div_ceil(5) } else { count }
+    };
+    let remaining: usize = (0..k).map(replicas).sum();
     let scaled: Vec<(String, usize)> = (0..k)
         .filter(|d| d % 10 < 7)
-        .map(|d| {
-            let count = n / k + usize::from(d < n % k);
-            (format!("app-{d}"), count.div_ceil(5))
-        })
+        .map(|d| (format!("app-{d}"), replicas(d)))
         .collect();
     eprintln!(
         "consolidation on (WhenEmptyOrUnderutilized, consolidateAfter 0s); scaling {} of {k} Deployments to 20 % of their replicas",
@@ -540,9 +542,25 @@ async fn consolidate(
     // not waited out: the report shows where consolidation stands when it pauses, and a long
     // pause would make the scenario's length depend on luck
     // (`karpenter_capi_consolidation_paused` says when it does).
-    wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
-        None
-    })
+    // The calm is counted once the scale-down has reached the store: a slow controller (or a
+    // failing API server) must not find the scenario over before it could start.
+    wait_stable(
+        sim,
+        "consolidate",
+        deadline,
+        Duration::from_secs(8),
+        move |sim| {
+            let live = sim
+                .cluster()
+                .server()
+                .store()
+                .list("pods", Some(launch::NAMESPACE))
+                .iter()
+                .filter(|p| !deleting(p) && name_of(p).starts_with("app-"))
+                .count();
+            (live > remaining).then(|| format!("{} pods still to scale down", live - remaining))
+        },
+    )
     .await
 }
 
