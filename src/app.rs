@@ -381,7 +381,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
     let gate = WriteGate::default();
-    let options = client_options(&args, &gate);
+    let options = client_options(&args, &gate, &metrics);
     let workload = workload_client(args.kubeconfig.as_deref(), &options).await?;
     let management = management_client(&args.cluster_api, &workload, &options).await?;
     let (metrics_addr, health_addr) = http::serve(

@@ -27,8 +27,8 @@ const LAYERS: &[&[&str]] = &[
         "leader",
         "kubeconfig_watch",
     ],
-    // Indexes fed by watches; the HTTP endpoints.
-    &["state", "http"],
+    // Indexes fed by watches; the HTTP endpoints; the clients' retries on `Retry-After`.
+    &["state", "http", "retry_after"],
     // Pure disruption decisions over the indexes.
     &["disruption"],
     // Read-side projections of the indexes, shared by the actors and the tools.

@@ -29,6 +29,7 @@ mod layers;
 pub mod leader;
 pub mod metrics;
 pub mod ratelimit;
+pub mod retry_after;
 pub mod scheduling;
 #[cfg(feature = "simulator")]
 pub mod sim;

@@ -248,6 +248,7 @@ metrics! {
     scaler_queue_depth: Family<MdLabels, Gauge>, "karpenter_capi_scaler_queue_depth", "Machine requests waiting in a MachineDeployment's scaler";
     scaler_spent_decrements: Family<MdLabels, Counter>, "karpenter_capi_scaler_spent_decrements", "Replica decrements Cluster API spent on another Machine than the one we marked (made again)";
     api_errors: Family<ApiErrorLabels, Counter>, "karpenter_capi_api_errors", "Kubernetes API errors by verb and resource";
+    api_throttled: Family<ApiErrorLabels, Counter>, "karpenter_capi_api_throttled_requests", "Kubernetes API requests the server answered 429 or 503 with Retry-After, by verb and resource";
     reconcile_timeouts: Family<ControllerLabels, Counter>, "karpenter_capi_reconcile_timeouts", "Reconciles or writes abandoned after their deadline, by controller (nodeclaim, scaler)";
     // Karpenter's cloud-provider view of the same work.
     cloudprovider_duration: HistogramFamily<MethodLabels> = Family::new_with_constructor(latency_histogram), "karpenter_cloudprovider_duration_seconds", "Duration of cloud provider operations (create, delete, get)";

@@ -4,7 +4,8 @@
 //! The n-th retry waits a random time in `[d/2, d]` where `d = min(cap, base * 2^n)` ("equal
 //! jitter"): it grows fast enough that a broken API server is not hammered, the jitter keeps
 //! thousands of claim actors that failed together from retrying together, and the floor of `d/2`
-//! keeps a retry from firing at once. A success resets it.
+//! keeps a retry from firing at once. A success resets it. A wait the server asked for
+//! (`Retry-After`) is a floor under the delay.
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ pub struct Backoff {
 
 /// A different seed for every Backoff (jitter needs spread, not secrecy): the clock's nanoseconds
 /// mixed with a process-wide counter.
-fn seed() -> u64 {
+pub(crate) fn seed() -> u64 {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -67,6 +68,12 @@ impl Backoff {
         let d = self.next_with(&mut rng);
         self.rng = rng;
         d
+    }
+
+    /// The next delay, but not shorter than the wait the server asked for (`Retry-After`, as
+    /// `retry_after::retry_after` reads it from a refused call).
+    pub fn next_delay_after(&mut self, asked: Option<Duration>) -> Duration {
+        self.next_delay().max(asked.unwrap_or_default())
     }
 
     /// The next delay, with jitter from `rng` (tests pass a seeded one).
@@ -133,6 +140,17 @@ mod tests {
             "jitter spreads retries: {} distinct",
             seen.len()
         );
+    }
+
+    #[test]
+    fn the_servers_wait_is_a_floor() {
+        let mut b = Backoff::api();
+        assert_eq!(
+            b.next_delay_after(Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
+        );
+        assert!(b.next_delay_after(None) <= Duration::from_millis(400));
+        assert_eq!(b.attempts(), 2);
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod nodeclaim;
 pub mod nodepools;
 pub mod nomination;
 pub mod patch;
+pub mod persist;
 pub mod provisioner;
 pub mod router;
 pub mod scaler;
@@ -107,6 +108,14 @@ impl Error {
 
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 404)
+    }
+
+    /// The wait the server asked for when it refused the call (`Retry-After`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Api { source, .. } => crate::retry_after::retry_after(source),
+            _ => None,
+        }
     }
 }
 

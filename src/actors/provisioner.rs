@@ -21,6 +21,7 @@ use super::Shared;
 use super::backoff::Backoff;
 use super::batch::Batch;
 use super::nomination::{self, Nominations};
+use super::persist;
 use crate::api::nodeclaim::NodeClaim;
 use crate::metrics::CreatedLabels;
 use crate::scheduling::{self, PreferencePolicy, Results, Snapshot};
@@ -273,14 +274,20 @@ impl Provisioner {
     }
 
     /// Create one claim. Until the API answers it counts as in-flight capacity (`creating`);
-    /// a failure is reported on its pods, and the pods are solved again after a backoff.
+    /// a failure is reported on its pods, and the pods are solved again after a backoff. The
+    /// claim is named here (as `generateName` would), so a create whose answer was lost is read
+    /// back under its name before its pods are solved again: a create that landed is never
+    /// made twice.
     fn create(
         &mut self,
-        claim: NodeClaim,
+        mut claim: NodeClaim,
         nodepool: String,
         pods: Vec<String>,
         ctx: &mut Context<Self>,
     ) {
+        if let Some(prefix) = claim.metadata.generate_name.take() {
+            claim.metadata.name = Some(format!("{prefix}{}", persist::name_suffix()));
+        }
         let id = self.next_create;
         self.next_create += 1;
         self.creating.insert(
@@ -292,7 +299,7 @@ impl Provisioner {
         );
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
         ctx.spawn(
-            async move { api.create(&PostParams::default(), &claim).await }
+            async move { create_or_find(&api, &claim).await }
                 .into_actor(self)
                 .map(move |r, act, ctx| {
                     match r {
@@ -370,7 +377,9 @@ impl Provisioner {
         ctx: &mut Context<Self>,
     ) {
         self.shared.metrics.api_error("create", "nodeclaims");
-        let retry_in = self.create_backoff.next_delay();
+        let retry_in = self
+            .create_backoff
+            .next_delay_after(crate::retry_after::retry_after(e));
         tracing::warn!(nodepool = %nodepool, error = %e, retry_in = ?retry_in, "creating nodeclaim failed; solving its pods again");
         let message = format!(
             "Failed to create a NodeClaim of NodePool {nodepool} for this pod: {e}; retrying in {}",
@@ -624,5 +633,37 @@ impl Handler<Pending> for Provisioner {
     type Result = ();
     fn handle(&mut self, _: Pending, ctx: &mut Self::Context) {
         self.poke_batch(ctx);
+    }
+}
+
+/// Create `claim`; when the answer leaves it unknown whether the create landed, read the name
+/// back (through the server's transient failures) and take the claim found there as created.
+async fn create_or_find(api: &Api<NodeClaim>, claim: &NodeClaim) -> Result<NodeClaim, kube::Error> {
+    let e = match api.create(&PostParams::default(), claim).await {
+        Ok(created) => return Ok(created),
+        Err(e) => e,
+    };
+    let unknown = match &e {
+        kube::Error::Api(s) => s.code >= 500,
+        _ => true,
+    };
+    let name = claim.name_any();
+    if !unknown || name.is_empty() {
+        return Err(e);
+    }
+    let found = persist::persist(&format!("reading NodeClaim {name} back"), |_| async {
+        api.get_opt(&name)
+            .await
+            .map_err(|source| crate::actors::Error::Api {
+                verb: "get",
+                kind: "nodeclaims",
+                name: name.clone(),
+                source,
+            })
+    })
+    .await;
+    match found {
+        Ok(Some(found)) => Ok(found),
+        _ => Err(e),
     }
 }

@@ -75,6 +75,8 @@ pub struct ClientOptions {
     pub timeouts: Timeouts,
     /// Shared by the replica's clients so a shutdown stops all of their writes at once.
     pub gate: WriteGate,
+    /// Where requests the server throttled (`Retry-After`) are counted, when anywhere.
+    pub throttled: Option<crate::retry_after::Throttled>,
 }
 
 impl Default for ClientOptions {
@@ -84,6 +86,7 @@ impl Default for ClientOptions {
             agent: USER_AGENT.to_string(),
             timeouts: Timeouts::DEFAULT,
             gate: WriteGate::default(),
+            throttled: None,
         }
     }
 }
@@ -103,7 +106,8 @@ impl ClientOptions {
         // that grows to minutes, inside one call. Every caller here retries with its own capped
         // backoff and must see a refusal at once: a PodDisruptionBudget's 429 on an eviction is
         // an answer to report and back off from, not a reason to block a drain (or a leader's
-        // renewal) for minutes.
+        // renewal) for minutes. Only an answer that says when to come back (`Retry-After`) is
+        // sent again within the call (`RetryAfterLayer`).
         config.default_retry = false;
         config.connect_timeout = Some(self.timeouts.connect);
         config.read_timeout = Some(self.timeouts.read);
@@ -116,7 +120,8 @@ impl ClientOptions {
 }
 
 /// A client from a config: our user agent and deadlines, the rate limit in front of the HTTP
-/// stack.
+/// stack, and in front of that the retries the server asks for with `Retry-After` (each retry
+/// waits for its own token, as client-go's do).
 pub fn build_client(config: kube::Config, limits: Limits) -> Result<kube::Client, kube::Error> {
     build_client_with(config, &ClientOptions::limited(limits))
 }
@@ -131,6 +136,9 @@ pub fn build_client_with(
         .with_layer(&crate::ratelimit::RateLimitLayer::new(
             options.limits.qps,
             options.limits.burst,
+        ))
+        .with_layer(&crate::retry_after::RetryAfterLayer::new(
+            options.throttled.clone(),
         ))
         .build())
 }
@@ -151,8 +159,13 @@ pub async fn client_from_kubeconfig_with(
     build_client_with(config, options).map_err(|e| e.to_string())
 }
 
-pub(super) fn client_options(args: &RunArgs, gate: &WriteGate) -> ClientOptions {
+pub(super) fn client_options(
+    args: &RunArgs,
+    gate: &WriteGate,
+    metrics: &crate::metrics::Metrics,
+) -> ClientOptions {
     ClientOptions {
+        throttled: Some(metrics.api_throttled.clone()),
         limits: Limits {
             qps: args.kube_client_qps,
             burst: args.kube_client_burst,

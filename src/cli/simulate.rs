@@ -39,6 +39,83 @@ fn fraction_arg(s: &str) -> Result<f64, String> {
     Ok(v)
 }
 
+/// Faults the simulated API server injects into the controller's own requests (`--faults`), as
+/// a proxy between the controller and a real API server would: the stand-ins and the
+/// scenario's own requests are not touched.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FaultSpec {
+    /// `errors`: fraction of requests answered 500 or 503 before anything is applied.
+    pub errors: f64,
+    /// `ambiguous`: fraction of writes applied and answered 500 or 504 anyway.
+    pub ambiguous: f64,
+    /// `throttle`: fraction of requests answered 429 with `Retry-After`.
+    pub throttle: f64,
+    /// `retry-after`: the wait a 429 asks for (whole seconds, at least 1 s).
+    pub retry_after: Duration,
+    /// `conflicts`: fraction of updates and patches answered 409 Conflict.
+    pub conflicts: f64,
+    /// `latency`: added to every request.
+    pub latency: Duration,
+    /// `watch-expire`: fraction of watches resumed from a resourceVersion answered 410.
+    pub watch_expire: f64,
+    /// `watch-cuts`: every open watch is cut this often.
+    pub watch_cuts: Option<Duration>,
+}
+
+impl FaultSpec {
+    /// No fault at all (`retry-after` alone injects nothing).
+    pub fn is_none(&self) -> bool {
+        *self
+            == Self {
+                retry_after: self.retry_after,
+                ..Self::default()
+            }
+    }
+}
+
+/// `errors=15%,ambiguous=5%,throttle=2%,retry-after=1s,conflicts=0.01,latency=50ms,
+/// watch-expire=10%,watch-cuts=3s`: fractions as `0.15` or `15%`, durations as every flag's.
+fn faults_arg(s: &str) -> Result<Box<FaultSpec>, String> {
+    let fraction = |v: &str| match v.strip_suffix('%') {
+        Some(p) => p
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|x| (0.0..=100.0).contains(x))
+            .map(|x| x / 100.0)
+            .ok_or_else(|| format!("{v:?} is not a percentage from 0 to 100")),
+        None => fraction_arg(v),
+    };
+    let mut spec = FaultSpec {
+        retry_after: Duration::from_secs(1),
+        ..FaultSpec::default()
+    };
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((key, value)) = part.split_once('=') else {
+            return Err(format!("{part:?} is not key=value"));
+        };
+        let value = value.trim();
+        match key.trim() {
+            "errors" => spec.errors = fraction(value)?,
+            "ambiguous" => spec.ambiguous = fraction(value)?,
+            "throttle" => spec.throttle = fraction(value)?,
+            "conflicts" => spec.conflicts = fraction(value)?,
+            "watch-expire" => spec.watch_expire = fraction(value)?,
+            "retry-after" => spec.retry_after = duration_in(Duration::ZERO, HOUR)(value)?,
+            "latency" => spec.latency = duration_in(Duration::ZERO, HOUR)(value)?,
+            "watch-cuts" => {
+                spec.watch_cuts = Some(duration_in(Duration::from_millis(100), HOUR)(value)?)
+            }
+            other => {
+                return Err(format!(
+                    "unknown fault {other:?}: errors, ambiguous, throttle, retry-after, conflicts, latency, watch-expire, watch-cuts"
+                ));
+            }
+        }
+    }
+    Ok(Box::new(spec))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Pending pods become NodeClaims, Machines and Nodes (the full product).
@@ -142,6 +219,11 @@ pub struct SimulateArgs {
     /// Seed for the simulated cluster's randomness (jitter, failures, names).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Faults the simulated API server injects into the controller's own requests, e.g.
+    /// `errors=15%,ambiguous=5%` (keys: errors, ambiguous, throttle, retry-after, conflicts,
+    /// latency, watch-expire, watch-cuts).
+    #[arg(long, value_parser = faults_arg, default_value = "")]
+    pub faults: Box<FaultSpec>,
     #[command(flatten)]
     pub serve: ServeArgs,
     #[command(flatten)]
@@ -237,6 +319,29 @@ mod tests {
             assert!(
                 err.contains("\"10\" has no unit: write it with one, e.g. 10s or 10m"),
                 "{argv:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fault_spec_takes_fractions_percentages_and_durations() {
+        let sim = SimulateArgs::from_words(&[
+            "--faults",
+            "errors=15%,ambiguous=0.05,throttle=2%,retry-after=2s,watch-cuts=3s,watch-expire=10%",
+        ])
+        .unwrap();
+        let f = sim.faults;
+        assert!((f.errors - 0.15).abs() < 1e-9);
+        assert!((f.ambiguous - 0.05).abs() < 1e-9);
+        assert!((f.throttle - 0.02).abs() < 1e-9);
+        assert!((f.watch_expire - 0.1).abs() < 1e-9);
+        assert_eq!(f.retry_after, Duration::from_secs(2));
+        assert_eq!(f.watch_cuts, Some(Duration::from_secs(3)));
+        assert!(SimulateArgs::from_words(&[]).unwrap().faults.is_none());
+        for bad in ["errors=150%", "errors", "typo=1", "latency=5"] {
+            assert!(
+                SimulateArgs::from_words(&["--faults", bad]).is_err(),
+                "{bad}"
             );
         }
     }

@@ -9,6 +9,7 @@ pub mod budgets;
 pub mod consolidation;
 pub mod drift;
 pub mod spread;
+pub mod validation;
 
 use std::collections::HashMap;
 

@@ -113,6 +113,34 @@ impl ApiError {
         e
     }
 
+    /// 429 asking the client to come back after `seconds` (`details.retryAfterSeconds`, sent
+    /// as the `Retry-After` header too), as API Priority and Fairness answers.
+    pub fn throttled(seconds: u64) -> Self {
+        let mut e = Self::new(
+            429,
+            "TooManyRequests",
+            "too many requests, please try again later",
+        );
+        e.details = Some(json!({"retryAfterSeconds": seconds}));
+        e
+    }
+
+    /// The `Retry-After` a response with this error carries (kube-apiserver sets the header
+    /// from `details.retryAfterSeconds`).
+    pub fn retry_after(&self) -> Option<u64> {
+        self.details
+            .as_ref()?
+            .get("retryAfterSeconds")?
+            .as_u64()
+            .filter(|s| *s > 0)
+    }
+
+    /// 504, as kube-apiserver answers a request that did not finish in time (it may still
+    /// have been applied).
+    pub fn timeout(message: impl Into<String>) -> Self {
+        Self::new(504, "Timeout", message)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, "InternalError", message)
     }

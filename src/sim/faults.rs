@@ -1,5 +1,7 @@
-//! Fault injection, settable while the server runs: errors, latency, conflicts from a phantom
-//! concurrent writer, and watch connections cut on a period. Random choices come from one seeded
+//! Fault injection, settable while the server runs: errors, throttling with `Retry-After`,
+//! latency, conflicts from a phantom concurrent writer, writes that land but are answered with
+//! an error, watches resumed into an expired history (410), and watch connections cut on a
+//! period. Random choices come from one seeded
 //! generator, so a run with the same seed and the same request order makes the same choices.
 
 use std::collections::BTreeMap;
@@ -29,6 +31,17 @@ pub struct FaultRule {
     /// cache that lags behind the API server (a busy controller-manager), so one client acts
     /// on a view of these objects that misses the latest writes.
     pub watch_delay: Duration,
+    /// Fraction of requests answered 429 with `Retry-After` (API Priority and Fairness
+    /// shedding load) before the store is touched.
+    pub throttle_rate: f64,
+    /// The wait a throttled answer asks for, in whole seconds (at least 1, as kube-apiserver's).
+    pub retry_after: Duration,
+    /// Fraction of writes (create, update, patch, delete) that are applied and then answered
+    /// 500 or 504 anyway: the write landed, the client cannot tell.
+    pub ambiguous_rate: f64,
+    /// Fraction of watches resumed from a resourceVersion that are told it expired (410 in the
+    /// stream, as after a compaction), so the client must list again.
+    pub watch_expire_rate: f64,
 }
 
 /// What the server does to one request.
@@ -39,7 +52,23 @@ pub(crate) struct Decision {
     pub response_delay: Duration,
     /// Some(500 or 503).
     pub error: Option<u16>,
+    /// Some(seconds): answered 429 with `Retry-After`.
+    pub throttle: Option<u64>,
+    /// Some(500 or 504): the write is applied, then answered with this error.
+    pub ambiguous: Option<u16>,
+    /// A watch resumed from a resourceVersion is told it expired.
+    pub expire_watch: bool,
     pub conflict: bool,
+}
+
+/// A failure forced on the next requests of one verb on one resource (tests aim it at one
+/// write).
+#[derive(Debug, Clone)]
+struct Forced {
+    resource: String,
+    verb: String,
+    code: u16,
+    left: u32,
 }
 
 #[derive(Debug)]
@@ -52,6 +81,7 @@ struct Inner {
     agent: Option<String>,
     /// Resources whose faults hit every client even while `agent` is set.
     every_client: std::collections::BTreeSet<String>,
+    forced: Vec<Forced>,
 }
 
 /// The server's fault switches.
@@ -74,6 +104,7 @@ impl Faults {
                 watch_cut_every: None,
                 agent: None,
                 every_client: Default::default(),
+                forced: Vec::new(),
             }),
             cuts,
             delays_watches: std::sync::atomic::AtomicBool::new(false),
@@ -121,6 +152,40 @@ impl Faults {
         self.update(resource, |r| r.watch_delay = delay);
     }
 
+    /// A fraction of requests to `resource` is answered 429 with `Retry-After: after`.
+    pub fn set_throttle(&self, resource: &str, rate: f64, after: Duration) {
+        self.update(resource, |r| {
+            r.throttle_rate = rate.clamp(0.0, 1.0);
+            r.retry_after = after;
+        });
+    }
+
+    /// A fraction of writes to `resource` lands and is answered with an error anyway.
+    pub fn set_ambiguous_rate(&self, resource: &str, rate: f64) {
+        self.update(resource, |r| r.ambiguous_rate = rate.clamp(0.0, 1.0));
+    }
+
+    /// A fraction of watches of `resource` resumed from a resourceVersion get 410.
+    pub fn set_watch_expire_rate(&self, resource: &str, rate: f64) {
+        self.update(resource, |r| r.watch_expire_rate = rate.clamp(0.0, 1.0));
+    }
+
+    /// The next `times` `verb` requests on `resource` (from the clients faults apply to) are
+    /// answered `code` before the store is touched.
+    pub fn fail_next(&self, resource: &str, verb: &str, code: u16, times: u32) {
+        self.inner.lock().forced.push(Forced {
+            resource: resource.to_string(),
+            verb: verb.to_string(),
+            code,
+            left: times,
+        });
+    }
+
+    /// Forced failures not spent yet.
+    pub fn forced_left(&self) -> u32 {
+        self.inner.lock().forced.iter().map(|f| f.left).sum()
+    }
+
     pub fn set_rule(&self, resource: &str, rule: FaultRule) {
         self.update(resource, |r| *r = rule);
     }
@@ -153,6 +218,7 @@ impl Faults {
         inner.watch_cut_every = None;
         inner.agent = None;
         inner.every_client.clear();
+        inner.forced.clear();
         self.note_watch_delays(&inner);
     }
 
@@ -208,6 +274,19 @@ impl Faults {
         {
             return Decision::default();
         }
+        if let Some(f) = inner
+            .forced
+            .iter_mut()
+            .find(|f| f.left > 0 && f.resource == resource && f.verb == verb)
+        {
+            f.left -= 1;
+            let code = f.code;
+            inner.forced.retain(|f| f.left > 0);
+            return Decision {
+                error: Some(code),
+                ..Decision::default()
+            };
+        }
         let Some(rule) = inner
             .rules
             .get(resource)
@@ -224,10 +303,23 @@ impl Faults {
             d.latency += rule.write_latency;
             d.response_delay = rule.write_response_delay;
         }
-        if rule.error_rate > 0.0 && inner.rng.random_bool(rule.error_rate) {
-            d.error = Some(if inner.rng.random_bool(0.5) { 500 } else { 503 });
-        } else if write && rule.conflict_rate > 0.0 && inner.rng.random_bool(rule.conflict_rate) {
+        let rng = &mut inner.rng;
+        if rule.throttle_rate > 0.0 && rng.random_bool(rule.throttle_rate) {
+            d.throttle = Some(rule.retry_after.as_secs().max(1));
+        } else if rule.error_rate > 0.0 && rng.random_bool(rule.error_rate) {
+            d.error = Some(if rng.random_bool(0.5) { 500 } else { 503 });
+        } else if write && rule.conflict_rate > 0.0 && rng.random_bool(rule.conflict_rate) {
             d.conflict = true;
+        } else if (mutating || verb == "delete")
+            && rule.ambiguous_rate > 0.0
+            && rng.random_bool(rule.ambiguous_rate)
+        {
+            d.ambiguous = Some(if rng.random_bool(0.5) { 500 } else { 504 });
+        } else if verb == "watch"
+            && rule.watch_expire_rate > 0.0
+            && rng.random_bool(rule.watch_expire_rate)
+        {
+            d.expire_watch = true;
         }
         d
     }
@@ -264,6 +356,33 @@ mod tests {
         assert_eq!(f.watch_delay("machines", "ctl"), Duration::ZERO);
         f.set_every_client("machines");
         assert_eq!(f.watch_delay("machines", "ctl"), Duration::from_millis(300));
+    }
+
+    #[test]
+    fn throttles_ambiguous_writes_expired_watches_and_forced_failures() {
+        let f = Faults::new(5);
+        f.set_throttle("nodes", 1.0, Duration::from_millis(300));
+        assert_eq!(
+            f.decide("nodes", false).throttle,
+            Some(1),
+            "at least a second"
+        );
+        f.set_throttle("nodes", 0.0, Duration::ZERO);
+        f.set_ambiguous_rate("nodes", 1.0);
+        assert!(matches!(f.decide("nodes", true).ambiguous, Some(500 | 504)));
+        assert!(f.decide_for("nodes", "delete", "").ambiguous.is_some());
+        assert_eq!(
+            f.decide("nodes", false).ambiguous,
+            None,
+            "reads are not writes"
+        );
+        f.set_watch_expire_rate("pods", 1.0);
+        assert!(f.decide_for("pods", "watch", "").expire_watch);
+        f.fail_next("nodes", "patch", 500, 1);
+        assert_eq!(f.decide_for("nodes", "get", "").error, None);
+        assert_eq!(f.decide_for("nodes", "patch", "").error, Some(500));
+        assert_eq!(f.forced_left(), 0);
+        assert_eq!(f.decide_for("nodes", "patch", "").error, None);
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub struct WatchRequest {
     pub table: Option<super::table::Include>,
     /// Where an injected lag comes from (`Faults::set_watch_delay`).
     pub lag: Lag,
+    /// A fault: answer as if `from` had been compacted away (410 in the stream).
+    pub expired: bool,
 }
 
 /// A watch's source of injected lag: looked up per event, so a lag switched on reaches watches
@@ -50,7 +52,12 @@ pub fn start(
     cuts: tokio::sync::watch::Receiver<u64>,
 ) -> mpsc::Receiver<Bytes> {
     let (tx, rx) = mpsc::channel::<Bytes>(256);
-    let started = {
+    let started = if req.expired {
+        Err(ApiError::expired(format!(
+            "too old resource version: {} (injected fault)",
+            req.from.unwrap_or_default()
+        )))
+    } else {
         let inner = store.lock();
         inner.watch_from(&req.def, req.namespace.as_deref(), req.from, || {
             store.subscribe()

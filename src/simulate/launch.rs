@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::invariants;
 use super::observer::Observer;
 use super::report::{ApiCounts, ClaimCounts, Latencies, MachineCounts, Percentiles, Report};
-use super::{BackgroundSim, Error, Kept, cluster_config, sim_settings, start_controller};
+use super::{BackgroundSim, Error, Kept, sim_settings, start_controller};
 use crate::api::nodeclaim::{
     NodeClaim, NodeClaimSpec, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
     ResourceRequirements,
@@ -582,7 +582,7 @@ pub async fn create_claims_on(
 
 /// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
 pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
-    let sim = BackgroundSim::start(cluster_config(args)).await?;
+    let sim = super::start_sim(args).await?;
     super::announce(&sim, args, "nodeclaims,nodes");
     let pool = seed(&sim, args).await?;
     let mds = args.machine_deployments.max(1);

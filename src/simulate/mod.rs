@@ -155,24 +155,31 @@ impl BackgroundSim {
 
     /// A client for the simulated cluster, built on the caller's runtime (the controller's).
     pub async fn client_here(&self) -> Result<kube::Client, Error> {
-        crate::app::client_from_kubeconfig(
-            self.cluster.kubeconfig_path(),
-            crate::app::Limits::UNLIMITED,
-        )
-        .await
-        .map_err(Error::Client)
+        client_on_this_runtime(self.cluster.kubeconfig_path(), None).await
     }
 
-    /// The controller's client, built on the caller's runtime: on a real control plane it
-    /// authenticates as the controller's own user (see `SimCluster::controller_kubeconfig_path`).
-    pub async fn controller_client_here(&self) -> Result<kube::Client, Error> {
-        crate::app::client_from_kubeconfig(
-            self.cluster.controller_kubeconfig_path(),
-            crate::app::Limits::UNLIMITED,
-        )
+    /// The controller's client, built on the caller's runtime, counting the requests the server
+    /// throttled in `throttled`: on a real control plane it authenticates as the controller's
+    /// own user (see `SimCluster::controller_kubeconfig_path`).
+    pub async fn controller_client_here(
+        &self,
+        throttled: Option<crate::retry_after::Throttled>,
+    ) -> Result<kube::Client, Error> {
+        client_on_this_runtime(self.cluster.controller_kubeconfig_path(), throttled).await
+    }
+}
+
+async fn client_on_this_runtime(
+    kubeconfig: &std::path::Path,
+    throttled: Option<crate::retry_after::Throttled>,
+) -> Result<kube::Client, Error> {
+    let options = crate::app::ClientOptions {
+        throttled,
+        ..crate::app::ClientOptions::default()
+    };
+    crate::app::client_from_kubeconfig_with(kubeconfig, &options)
         .await
         .map_err(Error::Client)
-    }
 }
 
 impl Drop for BackgroundSim {
@@ -248,7 +255,9 @@ pub async fn start_controller(
     settings: Settings,
     metrics: Arc<Metrics>,
 ) -> Result<ControllerHandle, Error> {
-    let client = sim.controller_client_here().await?;
+    let client = sim
+        .controller_client_here(Some(metrics.api_throttled.clone()))
+        .await?;
     let (_tx, rx) = watch::channel(true);
     let controller = Controller {
         workload: client.clone(),
@@ -266,6 +275,39 @@ pub fn capi_version(arg: CapiVersionArg) -> CapiVersion {
         CapiVersionArg::V1beta1 => CapiVersion::V1Beta1,
         CapiVersionArg::V1beta2 => CapiVersion::V1Beta2,
     }
+}
+
+/// The simulated cluster of a scenario, with the faults `--faults` asks for.
+pub async fn start_sim(args: &SimulateArgs) -> Result<BackgroundSim, Error> {
+    let sim = BackgroundSim::start(cluster_config(args)).await?;
+    inject(&sim, &args.faults)?;
+    Ok(sim)
+}
+
+/// Faults on the controller's own requests only (its User-Agent), as a proxy in front of the
+/// API server would inject them; the stand-ins and the scenario's own requests go through.
+/// Only the simulated server injects faults: on a real control plane `--faults` is an error.
+pub fn inject(sim: &BackgroundSim, spec: &crate::cli::FaultSpec) -> Result<(), Error> {
+    if spec.is_none() {
+        return Ok(());
+    }
+    let faults = sim.cluster().faults()?;
+    faults.set_agent(Some(crate::app::USER_AGENT));
+    faults.set_rule(
+        "*",
+        crate::sim::FaultRule {
+            error_rate: spec.errors,
+            latency: spec.latency,
+            conflict_rate: spec.conflicts,
+            throttle_rate: spec.throttle,
+            retry_after: spec.retry_after,
+            ambiguous_rate: spec.ambiguous,
+            watch_expire_rate: spec.watch_expire,
+            ..Default::default()
+        },
+    );
+    faults.set_watch_cut_every(spec.watch_cuts);
+    Ok(())
 }
 
 /// The simulated cluster's configuration for a scenario.

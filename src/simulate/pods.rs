@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::launch::{self, progress_line};
 use super::observer::Observer;
 use super::report::{Percentiles, Report};
-use super::{BackgroundSim, Error, Kept, cluster_config, sim_settings, start_controller};
+use super::{BackgroundSim, Error, Kept, sim_settings, start_controller};
 use crate::api::resources::Resources;
 use crate::api::wellknown::*;
 use crate::cli::SimulateArgs;
@@ -423,7 +423,7 @@ pub async fn provision_with(
     shape: impl Fn(usize, &mut PodShape) + Send + 'static,
     tweak: impl FnOnce(&mut crate::actors::Settings),
 ) -> Result<Provisioned, Error> {
-    let sim = BackgroundSim::start(cluster_config(args)).await?;
+    let sim = super::start_sim(args).await?;
     super::announce(&sim, args, "pods,nodeclaims,nodes");
     seed_machine_deployments(&sim, args).await?;
     seed_nodepool(&sim, pool).await?;

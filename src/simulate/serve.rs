@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::path::Path;
 
-use super::{BackgroundSim, Error, Kept, cluster_config, launch, pods, sim_settings};
+use super::{BackgroundSim, Error, Kept, launch, pods, sim_settings};
 use crate::cli::{Scenario, SimulateArgs};
 use crate::metrics::Metrics;
 
@@ -21,7 +21,7 @@ pub async fn without_report(args: &SimulateArgs) -> Result<(), Error> {
             args.scenario
         )));
     }
-    let sim = BackgroundSim::start(cluster_config(args)).await?;
+    let sim = super::start_sim(args).await?;
     let controller = match args.serve.no_controller {
         true => None,
         false => {

@@ -907,3 +907,35 @@ async fn a_node_nominated_for_pending_pods_is_not_emptied() {
     let c = env.get("nodeclaims", "", &claim).expect("the claim stays");
     assert!(c["metadata"]["deletionTimestamp"].is_null(), "{c:#}");
 }
+
+/// A command's write the server fails once is read back and sent again: an empty node whose
+/// taint write is answered 500 still goes, and nothing is rolled back.
+#[actix::test]
+async fn a_taint_write_that_fails_once_is_retried_not_rolled_back() {
+    let env = env_fast().await;
+    let (claim, node) = env.stamped_claim("sim-0").await;
+    let faults = env.sim.cluster().server().faults();
+    // Only the controller's requests: the kubelet stand-in's Node writes go through.
+    faults.set_agent(Some(karpenter_capi::app::USER_AGENT));
+    faults.fail_next("nodes", "patch", 500, 1);
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s"}))
+        .await;
+    env.wait("the candidate gone", || {
+        (env.get("nodeclaims", "", &claim).is_none() && env.get("nodes", "", &node).is_none())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(faults.forced_left(), 0, "the taint write met the 500");
+    assert!(env.events("DisruptionFailed").is_empty(), "no rollback");
+    assert_eq!(
+        env.metric("karpenter_voluntary_disruption_queue_failures_total"),
+        0.0
+    );
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"empty\""),
+        1.0
+    );
+    faults.clear();
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}

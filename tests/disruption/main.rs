@@ -6,3 +6,4 @@ mod common;
 
 mod disruption;
 mod simulate_disruption;
+mod under_faults;

@@ -1,7 +1,8 @@
 //! The writes of disruption: stamping conditions, tainting and marking candidates, creating
 //! replacements, deleting candidates (the Terminator then drains them), and rolling a command
 //! back. Every write is guarded by the resourceVersion it was computed from, so a racing writer
-//! makes it fail cleanly and the next pass starts again from the indexes.
+//! makes it fail cleanly; a command's own writes then read the object again and retry
+//! (`persist`), the others leave it to the next pass, which starts again from the indexes.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::actors::patch::{JsonPatch, send};
+use crate::actors::persist::{name_suffix, persist};
 use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, Condition, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
@@ -165,35 +167,82 @@ async fn set_taint(shared: &Shared, node: &Node, on: bool) -> Result<(), Error> 
     Ok(())
 }
 
-/// The claim and Node of a candidate as the indexes hold them now.
-fn current(shared: &Shared, c: &Candidate) -> Option<(Arc<NodeClaim>, Arc<Node>)> {
-    let claim = shared.state.claims.read().get(&c.claim)?;
-    let node = shared.state.nodes.read().get(&c.node)?;
-    Some((claim, node))
+/// The candidate's Node: from the index, or from the API once a write's outcome is unknown
+/// (`fresh`). A Node being deleted is no longer a candidate's.
+async fn candidate_node(shared: &Shared, c: &Candidate, fresh: bool) -> Result<Arc<Node>, Error> {
+    let node = if fresh {
+        let api: Api<Node> = Api::all(shared.workload.clone());
+        let node = api.get_opt(&c.node).await.map_err(api_err(
+            &shared.metrics,
+            "get",
+            "nodes",
+            &c.node,
+        ))?;
+        node.map(Arc::new)
+    } else {
+        shared.state.nodes.read().get(&c.node)
+    };
+    node.filter(|n| n.metadata.deletion_timestamp.is_none())
+        .ok_or_else(|| Error::Gone {
+            what: format!("Node {}", c.node),
+        })
+}
+
+/// The candidate's claim, likewise; one being deleted is no longer a candidate.
+async fn candidate_claim(
+    shared: &Shared,
+    c: &Candidate,
+    fresh: bool,
+) -> Result<Arc<NodeClaim>, Error> {
+    let claim = if fresh {
+        read_claim(shared, &c.claim).await?.map(Arc::new)
+    } else {
+        shared.state.claims.read().get(&c.claim)
+    };
+    claim
+        .filter(|n| n.metadata.deletion_timestamp.is_none())
+        .ok_or_else(|| Error::Gone {
+            what: format!("NodeClaim {}", c.claim),
+        })
+}
+
+async fn read_claim(shared: &Shared, name: &str) -> Result<Option<NodeClaim>, Error> {
+    claims(shared)
+        .get_opt(name)
+        .await
+        .map_err(api_err(&shared.metrics, "get", CLAIM.1, name))
 }
 
 /// Taint every candidate's Node, then record why on the claim (`DisruptionReason`): the taint
-/// first, so a controller that dies in between leaves a taint the next one rolls back.
+/// first, so a controller that dies in between leaves a taint the next one rolls back. Each
+/// write goes through the server's transient failures (`persist`).
 pub async fn mark(shared: &Shared, cmd: &Command) -> Result<(), Error> {
     let reason = cmd.method.reason().as_str();
+    let message = format!("{reason} ({})", cmd.decision());
     for c in &cmd.candidates {
-        let Some((claim, node)) = current(shared, c) else {
-            return Err(Error::Gone {
-                what: format!("NodeClaim {} or Node {}", c.claim, c.node),
-            });
-        };
-        set_taint(shared, &node, true).await?;
-        let generation = claim.metadata.generation;
-        edit_conditions(shared, &claim, |conds| {
-            conditions::set(
-                conds,
-                conditions::DISRUPTION_REASON,
-                ConditionStatus::True,
-                reason,
-                &format!("{} ({})", cmd.method.reason().as_str(), cmd.decision()),
-                generation,
-                Timestamp::now(),
-            );
+        persist(&format!("tainting Node {}", c.node), |fresh| async move {
+            let node = candidate_node(shared, c, fresh).await?;
+            set_taint(shared, &node, true).await
+        })
+        .await?;
+        persist(&format!("marking NodeClaim {}", c.claim), |fresh| {
+            let message = &message;
+            async move {
+                let claim = candidate_claim(shared, c, fresh).await?;
+                let generation = claim.metadata.generation;
+                edit_conditions(shared, &claim, |conds| {
+                    conditions::set(
+                        conds,
+                        conditions::DISRUPTION_REASON,
+                        ConditionStatus::True,
+                        reason,
+                        message,
+                        generation,
+                        Timestamp::now(),
+                    );
+                })
+                .await
+            }
         })
         .await?;
     }
@@ -209,7 +258,9 @@ pub async fn unmark(shared: &Shared, claim: &NodeClaim, node: &Node) -> Result<(
     .await
 }
 
-/// Create the replacement claims; their names.
+/// Create the replacement claims; their names. Each is named here rather than by the server
+/// (`generateName`), so a create whose answer was lost is found by reading that name back and
+/// never made twice.
 pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<String>, Error> {
     let mut names = Vec::new();
     for new in &cmd.replacements {
@@ -218,19 +269,36 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
                 what: format!("NodePool {}", new.nodepool),
             });
         };
-        let claim = crate::scheduling::with_default_termination_grace_period(
+        let mut claim = crate::scheduling::with_default_termination_grace_period(
             crate::scheduling::nodeclaim_for(new, &np),
             shared.settings.default_termination_grace_period,
         );
-        let created = claims(shared)
-            .create(&PostParams::default(), &claim)
-            .await
-            .map_err(api_err(
-                &shared.metrics,
-                "create",
-                "nodeclaims",
-                &new.nodepool,
-            ))?;
+        let name = format!(
+            "{}{}",
+            claim.metadata.generate_name.take().unwrap_or_default(),
+            name_suffix()
+        );
+        claim.metadata.name = Some(name.clone());
+        let claim = &claim;
+        let created = persist(&format!("creating NodeClaim {name}"), |fresh| {
+            let name = &name;
+            async move {
+                if fresh && let Some(found) = read_claim(shared, name).await? {
+                    return if same_claim(&found, claim) {
+                        Ok(found)
+                    } else {
+                        Err(Error::Gone {
+                            what: format!("the name {name}, taken by another NodeClaim,"),
+                        })
+                    };
+                }
+                claims(shared)
+                    .create(&PostParams::default(), claim)
+                    .await
+                    .map_err(api_err(&shared.metrics, "create", CLAIM.1, &new.nodepool))
+            }
+        })
+        .await?;
         shared
             .metrics
             .nodeclaims_created
@@ -240,11 +308,20 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
                 &created,
             ))
             .inc();
-        let name = created.name_any();
         shared.state.claims.write().apply_response(created);
         names.push(name);
     }
     Ok(names)
+}
+
+/// The claim found under a replacement's name is the one this command sent: every label and
+/// annotation it was created with.
+fn same_claim(found: &NodeClaim, sent: &NodeClaim) -> bool {
+    let has = |have: &std::collections::BTreeMap<String, String>,
+               want: &std::collections::BTreeMap<String, String>| {
+        want.iter().all(|(k, v)| have.get(k) == Some(v))
+    };
+    has(found.labels(), sent.labels()) && has(found.annotations(), sent.annotations())
 }
 
 /// A claim for the fresh Machine of a RollingUpdate, replacing `old` (whose Machine the rollout
@@ -304,22 +381,34 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
 }
 
 /// Delete the candidates: their finalizer runs the Terminator's drain, then releases the
-/// Machines. Counted as upstream counts disruption.
+/// Machines. Counted as upstream counts disruption. A delete whose answer was lost is read
+/// back: a claim already deleting (or gone) is done.
 pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Error> {
     let reason = cmd.method.reason().as_str();
     for c in &cmd.candidates {
         let claim = shared.state.claims.read().get(&c.claim);
-        match claims(shared)
-            .delete(&c.claim, &DeleteParams::default())
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => continue,
-            Err(e) => {
-                return Err(api_err(&shared.metrics, "delete", "nodeclaims", &c.claim)(
-                    e,
-                ));
-            }
+        let deleted = persist(
+            &format!("deleting NodeClaim {}", c.claim),
+            |fresh| async move {
+                if fresh {
+                    let found = read_claim(shared, &c.claim).await?;
+                    if found.is_none_or(|f| f.metadata.deletion_timestamp.is_some()) {
+                        return Ok(true);
+                    }
+                }
+                match claims(shared)
+                    .delete(&c.claim, &DeleteParams::default())
+                    .await
+                {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+                    Err(e) => Err(api_err(&shared.metrics, "delete", CLAIM.1, &c.claim)(e)),
+                }
+            },
+        )
+        .await?;
+        if !deleted {
+            continue;
         }
         shared
             .metrics

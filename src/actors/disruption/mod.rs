@@ -13,8 +13,9 @@
 //!    candidates, create the replacements, wait until they are Initialized, then delete the
 //!    candidates. Several commands run at once, bounded only by the budgets (a command's marked
 //!    candidates count as disrupting), and the next decision is looked for as soon as one starts.
-//!    A command whose replacement fails is rolled back alone, and its candidates back off alone;
-//!    the others go on. A controller that dies mid-way leaves taints the next leader rolls back
+//!    Each write of a command retries the server's transient failures and reads back what may
+//!    have landed (`persist`); a command is rolled back only when its plan no longer holds or
+//!    its replacement fails, alone, and its candidates back off alone; the others go on. A controller that dies mid-way leaves taints the next leader rolls back
 //!    (step 2): the API holds everything needed to resume or undo.
 
 mod commands;
@@ -33,6 +34,7 @@ use super::backoff::Backoff;
 use super::events::Events;
 use crate::api::conditions;
 use crate::api::wellknown::REPLACES_ANNOTATION;
+use crate::disruption::validation::{self, Next, Pending, Stage};
 use crate::disruption::{self, Command};
 use crate::metrics::{ConsolidationTypeLabels, EvaluationLabels, PoolReasonLabels, ReasonLabels};
 use crate::view::disruption as view;
@@ -43,12 +45,6 @@ use crate::view::disruption as view;
 #[rtype(result = "()")]
 pub struct ClusterChanged {
     pub pod_event: Option<(String, Timestamp)>,
-}
-
-/// A decision waiting for its validation pass.
-struct Pending {
-    command: Command,
-    since: Instant,
 }
 
 /// A command being carried out: its replacements launch, then its candidates go.
@@ -270,23 +266,23 @@ impl Disruption {
         self.rotation = self
             .rotation
             .wrapping_add(disruption::MAX_SINGLE_NODE_SIMULATIONS);
-        let validation = self.settings().validation;
-        // A decision whose pause is over is validated rather than decided again.
-        let due = self
-            .pending
-            .as_ref()
-            .filter(|p| p.since.elapsed() >= validation)
-            .map(|p| p.command.clone());
+        // While a decision waits for its validation nothing else is decided, as upstream's loop
+        // waits: a pass that decided again would replace it whenever the cluster moved a
+        // little, and its clock would never run out. One whose period is over is validated
+        // rather than decided again.
+        let stage = validation::stage(
+            self.pending.as_ref(),
+            Instant::now(),
+            self.settings().validation,
+        );
+        let waiting = matches!(stage, Stage::Wait(_));
+        let due = match stage {
+            Stage::Validate(cmd) => Some(cmd),
+            _ => None,
+        };
         let validating = due
             .as_ref()
             .map(|p| (p.method.consolidation_type(), p.candidates.len()));
-        // While a decision waits for its validation nothing else is decided, as upstream's loop
-        // waits: a pass that decided again would replace it whenever the cluster moved a
-        // little, and its clock would never run out.
-        let waiting = self
-            .pending
-            .as_ref()
-            .is_some_and(|p| p.since.elapsed() < validation);
         let fut = async move {
             housekeeping(&shared, view).await;
             if waiting {
@@ -399,41 +395,21 @@ impl Disruption {
     }
 
     /// A command from this pass: carry it out when it is a pending one that passed its
-    /// validation; otherwise it becomes (or stays) the pending one and is validated after the
-    /// pause (`disruption::revalidate`).
+    /// validation (or drift); otherwise it becomes (or stays) the pending one and is validated
+    /// after the pause (`disruption::revalidate`).
     fn consider(&mut self, cmd: Option<(Command, bool)>, ctx: &mut Context<Self>) {
-        let Some((cmd, validated)) = cmd else {
-            self.pending = None;
-            return;
-        };
-        // Drift is carried out at once (upstream validates only emptiness and consolidation).
-        if validated || cmd.method == disruption::Method::Drift {
-            if validated {
-                self.pending = None;
-            }
-            self.execute(cmd, ctx);
-            return;
-        }
         let validation = self.settings().validation;
-        match self.pending.take() {
-            Some(p)
-                if p.command.method == cmd.method
-                    && p.command.claim_names() == cmd.claim_names()
-                    && p.since.elapsed() < validation =>
-            {
-                let left = validation.saturating_sub(p.since.elapsed());
-                self.pending = Some(p);
+        match validation::settle(&mut self.pending, cmd, Instant::now(), validation) {
+            Next::Execute(cmd) => self.execute(cmd, ctx),
+            Next::Validating { left, new } => {
+                if let Some(p) = self.pending.as_ref().filter(|_| new) {
+                    let cmd = &p.command;
+                    tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), "disruption candidate command; validating");
+                    self.candidate_events(cmd);
+                }
                 ctx.run_later(left, |act, ctx| act.pass(ctx));
             }
-            _ => {
-                tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), "disruption candidate command; validating");
-                self.candidate_events(&cmd);
-                self.pending = Some(Pending {
-                    command: cmd,
-                    since: Instant::now(),
-                });
-                ctx.run_later(validation, |act, ctx| act.pass(ctx));
-            }
+            Next::Idle => {}
         }
     }
 

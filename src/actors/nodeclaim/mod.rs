@@ -155,7 +155,7 @@ impl NodeClaimActor {
             );
         }
         if let Some(err) = out.error {
-            let d = self.backoff.next_delay();
+            let d = self.backoff.next_delay_after(err.retry_after());
             tracing::warn!(nodeclaim = %self.name, error = %err, retry_in = ?d, "reconcile failed; retrying");
             self.wake_in(d, ctx);
         } else if out.gone {

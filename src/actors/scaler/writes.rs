@@ -142,7 +142,7 @@ impl Scaler {
                     act.replan(ctx);
                 }
                 Err(e) => {
-                    let d = act.backoff.next_delay();
+                    let d = act.backoff.next_delay_after(e.retry_after());
                     tracing::warn!(machine = %mk, error = %e, retry_in = ?d, "reading the Machine back failed");
                     ctx.run_later(d, move |act, ctx| act.confirm_bind(claim, machine, asked_at, ctx));
                 }
@@ -355,7 +355,7 @@ impl Scaler {
                 act.reject_all(Rejection::DeploymentGone);
             }
             Err(e) => {
-                let d = act.backoff.next_delay();
+                let d = act.backoff.next_delay_after(e.retry_after());
                 tracing::warn!(machine_deployment = %act.md, error = %e, retry_in = ?d, "reading the MachineDeployment back failed");
                 ctx.run_later(d, move |act, ctx| act.confirm_write(w, delete_directly, ctx));
             }

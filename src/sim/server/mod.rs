@@ -57,7 +57,14 @@ fn json_response(code: u16, body: &Value) -> Response<Body> {
 }
 
 fn error_response(err: &ApiError) -> Response<Body> {
-    json_response(err.code, &err.to_status())
+    let mut resp = json_response(err.code, &err.to_status());
+    if let Some(secs) = err.retry_after() {
+        resp.headers_mut().insert(
+            hyper::header::RETRY_AFTER,
+            hyper::header::HeaderValue::from(secs),
+        );
+    }
+    resp
 }
 
 /// The parsed query string (percent-decoded).
@@ -200,7 +207,7 @@ async fn resp_with_body(
 ) -> Response<Body> {
     match first {
         ServeOutcome::Done(r) => r,
-        ServeOutcome::NeedsBody(verb, response_delay) => {
+        ServeOutcome::NeedsBody(verb, response_delay, ambiguous) => {
             let content_type = req
                 .headers()
                 .get(hyper::header::CONTENT_TYPE)
@@ -225,9 +232,15 @@ async fn resp_with_body(
             if !response_delay.is_zero() {
                 tokio::time::sleep(response_delay).await;
             }
-            match result {
-                Ok((code, v)) => json_response(code, &v),
-                Err(e) => error_response(&e),
+            match (result, ambiguous) {
+                (Ok(_), Some(500)) => error_response(&ApiError::internal(
+                    "injected fault: the write was applied, the answer is an error",
+                )),
+                (Ok(_), Some(_)) => error_response(&ApiError::timeout(
+                    "injected fault: the write was applied, the request timed out",
+                )),
+                (Ok((code, v)), None) => json_response(code, &v),
+                (Err(e), _) => error_response(&e),
             }
         }
     }
@@ -296,8 +309,9 @@ fn route(registry: &Registry, group: &str, version: &str, rest: &[&str]) -> Opti
 
 enum ServeOutcome {
     Done(Response<Body>),
-    /// A write, with how long to hold back its answer once applied (fault injection).
-    NeedsBody(&'static str, Duration),
+    /// A write, with how long to hold back its answer once applied, and the error it is
+    /// answered with although it was applied (fault injection).
+    NeedsBody(&'static str, Duration, Option<u16>),
 }
 
 fn verb_of(method: &Method, target: &Target, query: &Query) -> Result<&'static str, ApiError> {
@@ -337,6 +351,9 @@ async fn serve(
     if !decision.latency.is_zero() {
         tokio::time::sleep(decision.latency).await;
     }
+    if let Some(secs) = decision.throttle {
+        return Err(ApiError::throttled(secs));
+    }
     match decision.error {
         Some(500) => return Err(ApiError::internal("injected fault: internal error")),
         Some(_) => {
@@ -367,8 +384,13 @@ async fn serve(
             .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
         "list" => list(shared, target, query)
             .map(|v| ServeOutcome::Done(json_response(200, &as_table(target, v, table)))),
-        "watch" => start_watch(shared, target, query, table, agent).map(ServeOutcome::Done),
-        other => Ok(ServeOutcome::NeedsBody(other, decision.response_delay)),
+        "watch" => start_watch(shared, target, query, table, agent, decision.expire_watch)
+            .map(ServeOutcome::Done),
+        other => Ok(ServeOutcome::NeedsBody(
+            other,
+            decision.response_delay,
+            decision.ambiguous,
+        )),
     }
 }
 
@@ -497,6 +519,7 @@ fn start_watch(
     query: &Query,
     table: Option<table::Include>,
     agent: &str,
+    expire: bool,
 ) -> Result<Response<Body>, ApiError> {
     let (labels, fields) = selectors(target, query)?;
     let send_initial_events = query.flag("sendInitialEvents");
@@ -505,6 +528,8 @@ fn start_watch(
     } else {
         watch::parse_from(query.get("resourceVersion"))?
     };
+    // A fault: the history this watch resumes from was compacted away.
+    let expired = expire && from.is_some_and(|rv| rv > 0);
     let timeout = query
         .get("timeoutSeconds")
         .and_then(|t| t.parse::<u64>().ok())
@@ -526,6 +551,7 @@ fn start_watch(
             faults: shared.faults.clone(),
             agent: agent.to_string(),
         },
+        expired,
     };
     let rx = watch::start(&shared.store, req, shared.faults.subscribe_cuts());
     let stream = futures::stream::unfold(rx, |mut rx| async move {

@@ -554,15 +554,15 @@ async fn consolidate(
         "consolidate",
         deadline,
         Duration::from_secs(8),
-        |sim| {
+        move |sim| {
             let live = sim
                 .cluster()
                 .store()
-                .list("pods", None)
+                .list("pods", Some(launch::NAMESPACE))
                 .iter()
-                .filter(|p| !deleting(p))
+                .filter(|p| !deleting(p) && name_of(p).starts_with("app-"))
                 .count();
-            (live > remaining).then(|| format!("{live} pods, {remaining} after the scale-down"))
+            (live > remaining).then(|| format!("{} pods still to scale down", live - remaining))
         },
     )
     .await
