@@ -334,8 +334,8 @@ impl Provisioner {
         if claims.contains(node) {
             return nomination::target(Some(node), None);
         }
-        let n = self.shared.state.nodes.read().get(node)?;
-        let claim = crate::state::nodes::provider_id(&n)
+        let n = self.shared.state.nodes.read().compact(node)?.clone();
+        let claim = (n.provider_id())
             .and_then(|id| claims.by_provider_id(id))
             .map(|c| c.name_any());
         nomination::target(claim.as_deref(), Some(node))
