@@ -311,7 +311,7 @@ impl Provisioner {
                             // Into the index in the same turn it leaves `creating`, so no solve
                             // ever misses it.
                             let target = nomination::target(Some(&created.name_any()), None);
-                            act.shared.state.claims.write().apply_response(created);
+                            act.shared.state.claims.write().apply_response(Arc::new(created));
                             act.creating.remove(&id);
                             for pod in &pods {
                                 act.nominate(pod, target.clone());

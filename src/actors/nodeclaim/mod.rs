@@ -128,11 +128,13 @@ impl NodeClaimActor {
                 .fresh
                 .superseded(&self.name, &claim.resource_version().unwrap_or_default())
         {
+            // Held by the index and this actor alike, not copied.
+            let claim = crate::state::claims::trimmed(claim);
             self.shared
                 .state
                 .claims
                 .write()
-                .apply_own_response((*claim).clone());
+                .apply_own_response(claim.clone());
             self.claim = claim;
         }
         if let Some(md) = out.requested {
