@@ -115,7 +115,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             .and_then(|n| nodes.compact(n))
             .map(|n| &**n);
         let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
-        let standing = budget_standing(c, node.as_deref(), mem.executing.contains(&name), mem.now);
+        let standing = budget_standing(c, node, mem.executing.contains(&name), mem.now);
         if standing.counted {
             *total.entry(pool_name.clone()).or_default() += 1;
             if standing.disrupting {
@@ -124,7 +124,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         }
         let going =
             c.metadata.deletion_timestamp.is_some() || node.as_ref().is_some_and(|n| n.deleting());
-        let under_way = under_way(c, node.as_deref());
+        let under_way = under_way(c, node);
         let expiring = !going && expired(c, mem.now);
         if c.metadata.deletion_timestamp.is_some() {
             view.skipped.push((name, "it is being deleted"));
