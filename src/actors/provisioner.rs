@@ -318,7 +318,7 @@ impl Provisioner {
                             // Into the index in the same turn it leaves `creating`, so no solve
                             // ever misses it.
                             let target = nomination::target(Some(&created.name_any()), None);
-                            act.shared.state.claims.write().apply_response(created);
+                            act.shared.state.claims.write().apply_response(Arc::new(created));
                             act.creating.remove(&id);
                             for pod in &pods {
                                 act.nominate(pod, target.clone());
@@ -341,8 +341,8 @@ impl Provisioner {
         if claims.contains(node) {
             return nomination::target(Some(node), None);
         }
-        let n = self.shared.state.nodes.read().get(node)?;
-        let claim = crate::state::nodes::provider_id(&n)
+        let n = self.shared.state.nodes.read().compact(node)?.clone();
+        let claim = (n.provider_id())
             .and_then(|id| claims.by_provider_id(id))
             .map(|c| c.name_any());
         nomination::target(claim.as_deref(), Some(node))

@@ -184,7 +184,7 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
             Ok(watcher::Event::Apply(Lenient::Ok(c))) => {
                 self.malformed.remove(&c.name_any());
                 let c = Arc::new(c);
-                let old = self.shared.state.claims.write().apply((*c).clone());
+                let old = self.shared.state.claims.write().apply(c.clone());
                 if let Some(old) = &old
                     && recorded_deployment(old) != recorded_deployment(&c)
                 {

@@ -78,8 +78,12 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodeClaimReport, Error> 
         .or_else(|| provider_id(&claim).map(str::to_string));
     let node = pid
         .as_deref()
-        .and_then(|p| st.nodes.read().by_provider_id(p))
-        .map(|n| n.name_any())
+        .and_then(|p| {
+            st.nodes
+                .read()
+                .compact_by_provider_id(p)
+                .map(|n| n.name().to_string())
+        })
         .or_else(|| claim.status.as_ref().and_then(|s| s.node_name.clone()));
     let created = claim.metadata.creation_timestamp.as_ref().map(|t| t.0);
     let (waiting_for, since, deadline) = wait(

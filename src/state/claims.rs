@@ -33,6 +33,15 @@ pub fn provider_id(c: &NodeClaim) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// The claim as the index keeps it (`trim::meta`): the same `Arc` when there is nothing to
+/// drop (a watched claim: its decode dropped `managedFields` already), else a trimmed copy.
+pub fn trimmed(mut c: Arc<NodeClaim>) -> Arc<NodeClaim> {
+    if c.metadata.managed_fields.is_some() {
+        super::trim::meta(&mut Arc::make_mut(&mut c).metadata);
+    }
+    c
+}
+
 #[derive(Default)]
 pub struct Claims {
     by_name: HashMap<String, Arc<NodeClaim>>,
@@ -79,7 +88,9 @@ impl Claims {
     }
 
     /// Apply a watched claim unless a write response of ours is ahead of it (see `versions`).
-    pub fn apply(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+    /// The index keeps the same `Arc` (trimmed first if it has anything to trim), so a claim
+    /// actor handed it holds no second copy.
+    pub fn apply(&mut self, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
         let name = c.name_any();
         if !self
             .fresh
@@ -91,7 +102,7 @@ impl Claims {
     }
 
     /// Apply the answer of our own write, unless the watch already delivered it.
-    pub fn apply_response(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+    pub fn apply_response(&mut self, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
         let name = c.name_any();
         if !self
             .fresh
@@ -104,7 +115,7 @@ impl Claims {
 
     /// Apply the answer of the claim's own reconcile, whose writes are sent one after another
     /// (see `Freshness::superseded`), unless the watch already delivered it.
-    pub fn apply_own_response(&mut self, c: NodeClaim) -> Option<Arc<NodeClaim>> {
+    pub fn apply_own_response(&mut self, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
         let name = c.name_any();
         if !self
             .fresh
@@ -115,8 +126,8 @@ impl Claims {
         self.insert(name, c)
     }
 
-    fn insert(&mut self, name: String, mut c: NodeClaim) -> Option<Arc<NodeClaim>> {
-        super::trim::meta(&mut c.metadata);
+    fn insert(&mut self, name: String, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
+        let c = trimmed(c);
         let old = self.detach(&name);
         if c.metadata.deletion_timestamp.is_none()
             && recorded_machine(&c).is_none()
@@ -130,7 +141,7 @@ impl Claims {
         if let Some(pid) = provider_id(&c) {
             self.by_provider_id.insert(pid.to_string(), name.clone());
         }
-        self.by_name.insert(name, Arc::new(c));
+        self.by_name.insert(name, c);
         old
     }
 
@@ -164,7 +175,7 @@ impl Claims {
         self.fresh.clear();
         for c in claims {
             old.remove(&c.name_any());
-            self.apply(c);
+            self.apply(Arc::new(c));
         }
         self.synced = true;
         old.into_values().collect()

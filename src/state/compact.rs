@@ -125,11 +125,17 @@ fn unpack<T: serde::de::DeserializeOwned + Default>(bytes: Option<&[u8]>, kind: 
     })
 }
 
-/// A trimmed Node (`trim::node`) as the Node index keeps it: the fields the solver snapshot and
-/// the index read on every pass in place, the rest as JSON.
+/// A trimmed Node (`trim::node`) as the Node index keeps it: the fields the solver snapshot,
+/// the disruption pass and a settled claim's reconcile read on every pass in place, the rest as
+/// JSON.
 #[derive(Debug)]
 pub struct CompactNode {
     name: Arc<str>,
+    /// Read from the rest, which keeps them too: the `Ready` condition is True; the finalizers;
+    /// the UIDs of the owners.
+    ready: bool,
+    finalizers: Box<[Arc<str>]>,
+    owner_uids: Box<[Box<str>]>,
     labels: Option<StrMap>,
     annotations: Option<StrMap>,
     provider_id: Option<Box<str>>,
@@ -146,6 +152,15 @@ impl CompactNode {
         super::trim::node(&mut n);
         let meta = &mut n.metadata;
         let name = intern_or_new(meta.name.take().unwrap_or_default());
+        let finalizers = meta
+            .finalizers
+            .iter()
+            .flatten()
+            .map(|f| intern(f))
+            .collect();
+        let owner_uids = (meta.owner_references.iter().flatten())
+            .map(|o| Box::from(o.uid.as_str()))
+            .collect();
         let labels = meta.labels.take().map(|m| StrMap::new(&m));
         let annotations = meta.annotations.take().map(|m| StrMap::new(&m));
         let deletion_timestamp = meta.deletion_timestamp.take();
@@ -162,8 +177,14 @@ impl CompactNode {
             .as_mut()
             .and_then(|s| s.allocatable.take())
             .map(|a| StrMap::of_quantities(&a));
+        let ready = (n.status.as_ref().and_then(|s| s.conditions.as_ref()))
+            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+            .is_some_and(|c| c.status == "True");
         CompactNode {
             name,
+            ready,
+            finalizers,
+            owner_uids,
             labels,
             annotations,
             provider_id,
@@ -227,6 +248,19 @@ impl CompactNode {
 
     pub fn deleting(&self) -> bool {
         self.deletion_timestamp.is_some()
+    }
+
+    /// The `Ready` condition is True.
+    pub fn ready(&self) -> bool {
+        self.ready
+    }
+
+    pub fn has_finalizer(&self, finalizer: &str) -> bool {
+        self.finalizers.iter().any(|f| **f == *finalizer)
+    }
+
+    pub fn owned_by(&self, uid: &str) -> bool {
+        self.owner_uids.iter().any(|u| **u == *uid)
     }
 
     /// `status.allocatable`; empty when absent or unreadable, as the solver took it before.
@@ -320,7 +354,9 @@ mod tests {
                          "deletionTimestamp": "2026-01-02T00:00:00Z",
                          "labels": {"karpenter.sh/nodepool": "p", "zone": "a"},
                          "annotations": {"karpenter.sh/do-not-disrupt": "true"},
-                         "finalizers": ["karpenter.sh/termination"]},
+                         "finalizers": ["karpenter.sh/termination"],
+                         "ownerReferences": [{"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+                                              "name": "c1", "uid": "c1-uid"}]},
             "spec": {"providerID": "sim://n1", "unschedulable": true, "podCIDR": "10.0.0.0/24",
                      "taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]},
             "status": {
@@ -333,6 +369,7 @@ mod tests {
         let bare = json!({"metadata": {"name": "n2"}});
         let empty_maps = json!({"metadata": {"name": "n3", "labels": {}, "annotations": {}},
                                 "spec": {}, "status": {"allocatable": {}}});
+        let mut compacted = Vec::new();
         for v in [full, bare, empty_maps] {
             let mut n: Node = serde_json::from_value(v).unwrap();
             crate::state::trim::node(&mut n);
@@ -340,7 +377,12 @@ mod tests {
             assert_eq!(c.node(), n);
             assert_eq!(c.name(), n.metadata.name.as_deref().unwrap());
             assert_eq!(c.provider_id(), crate::state::nodes::provider_id(&n));
+            compacted.push(c);
         }
+        let (full, bare) = (&compacted[0], &compacted[1]);
+        assert!(full.ready() && !bare.ready());
+        assert!(full.has_finalizer("karpenter.sh/termination") && !bare.has_finalizer("x"));
+        assert!(full.owned_by("c1-uid") && !full.owned_by("other") && !bare.owned_by("c1-uid"));
     }
 
     #[test]

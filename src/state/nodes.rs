@@ -1,6 +1,7 @@
 //! Nodes of the workload cluster, by name and by provider ID (Cluster API matches provider IDs
 //! exactly, so the index is exact too). Kept compact (`compact::CompactNode`): a Node asked for
-//! by name or provider ID is rebuilt whole; a pass over all of them reads the compact form.
+//! by name or provider ID is rebuilt whole; a pass over all of them, and a reader that needs only
+//! the fields kept in place, reads the compact form.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ pub fn provider_id(n: &Node) -> Option<&str> {
 
 #[derive(Default)]
 pub struct Nodes {
-    by_name: HashMap<Arc<str>, CompactNode>,
+    by_name: HashMap<Arc<str>, Arc<CompactNode>>,
     by_provider_id: HashMap<Box<str>, Arc<str>>,
     synced: bool,
 }
@@ -26,6 +27,16 @@ pub struct Nodes {
 impl Nodes {
     pub fn get(&self, name: &str) -> Option<Arc<Node>> {
         self.by_name.get(name).map(|n| Arc::new(n.node()))
+    }
+
+    /// The compact form (nothing rebuilt).
+    pub fn compact(&self, name: &str) -> Option<&Arc<CompactNode>> {
+        self.by_name.get(name)
+    }
+
+    /// The compact form (nothing rebuilt).
+    pub fn compact_by_provider_id(&self, pid: &str) -> Option<&Arc<CompactNode>> {
+        self.by_provider_id.get(pid).and_then(|n| self.compact(n))
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -38,7 +49,7 @@ impl Nodes {
 
     /// Every Node in its compact form (nothing rebuilt).
     pub fn all(&self) -> impl Iterator<Item = &CompactNode> {
-        self.by_name.values()
+        self.by_name.values().map(|n| &**n)
     }
 
     pub fn len(&self) -> usize {
@@ -63,10 +74,10 @@ impl Nodes {
             self.by_provider_id
                 .insert(Box::from(pid), n.shared_name().clone());
         }
-        self.by_name.insert(n.shared_name().clone(), n);
+        self.by_name.insert(n.shared_name().clone(), Arc::new(n));
     }
 
-    pub fn remove(&mut self, name: &str) -> Option<CompactNode> {
+    pub fn remove(&mut self, name: &str) -> Option<Arc<CompactNode>> {
         let old = self.by_name.remove(name)?;
         if let Some(pid) = old.provider_id()
             && self.by_provider_id.get(pid).is_some_and(|n| **n == *name)
@@ -78,7 +89,7 @@ impl Nodes {
 
     /// Replace everything after a (re-)list (compacted as it arrived); returns the Nodes that
     /// disappeared.
-    pub fn replace_all(&mut self, nodes: Vec<CompactNode>) -> Vec<CompactNode> {
+    pub fn replace_all(&mut self, nodes: Vec<CompactNode>) -> Vec<Arc<CompactNode>> {
         let mut old = std::mem::take(&mut self.by_name);
         self.by_provider_id.clear();
         for n in nodes {

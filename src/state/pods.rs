@@ -232,8 +232,9 @@ struct Entry {
     node: Option<Arc<str>>,
     host_ports: bool,
     pod_terms: bool,
-    /// The controlling DaemonSet's uid and the pod's creation time, for DaemonSet pods.
-    daemonset: Option<(Box<str>, Option<Timestamp>)>,
+    /// The controlling DaemonSet's uid and the pod's creation time, for DaemonSet pods (boxed:
+    /// few pods have one, and every entry of the table would pay its room).
+    daemonset: Option<Box<(Box<str>, Option<Timestamp>)>>,
 }
 
 enum Stored {
@@ -405,7 +406,7 @@ impl Pods {
             .by_key
             .iter()
             .filter_map(|(k, e)| {
-                let (owner, created) = e.daemonset.as_ref()?;
+                let (owner, created) = e.daemonset.as_deref()?;
                 (**owner == *uid).then_some((created, k))
             })
             .max_by(|a, b| a.0.cmp(b.0).then_with(|| b.1.cmp(a.1)))
@@ -435,7 +436,7 @@ impl Pods {
             .map(|n| self.node_key(n));
         let daemonset = daemonset_of(&p).map(|uid| {
             let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-            (Box::from(uid), created)
+            Box::new((Box::from(uid), created))
         });
         if let Some(n) = &node {
             self.by_node.entry(n.clone()).or_default().insert(k.clone());
@@ -459,14 +460,14 @@ impl Pods {
             true => Stored::Whole(Arc::new(p)),
             false => self.pack(p),
         };
-        if let Some((uid, created)) = &daemonset {
+        if let Some((uid, created)) = daemonset.as_deref() {
             let newer = match self.daemon_pods.get::<str>(uid) {
                 None => true,
                 Some(known) if **known == *k => false,
                 Some(known) => self
                     .by_key
                     .get(known)
-                    .and_then(|e| e.daemonset.as_ref())
+                    .and_then(|e| e.daemonset.as_deref())
                     .is_none_or(|(_, at)| created > at),
             };
             if newer {
@@ -474,7 +475,7 @@ impl Pods {
             }
         }
         // The pod was its DaemonSet's newest and no longer belongs to it.
-        let moved = old.filter(|(uid, _)| daemonset.as_ref().is_none_or(|(u, _)| u != uid));
+        let moved = old.filter(|o| daemonset.as_deref().is_none_or(|(u, _)| *u != o.0));
         self.by_key.insert(
             k.clone(),
             Entry {
@@ -485,8 +486,8 @@ impl Pods {
                 daemonset,
             },
         );
-        if let Some((uid, _)) = moved {
-            self.newest_daemon_pod(&uid);
+        if let Some(moved) = moved {
+            self.newest_daemon_pod(&moved.0);
         }
         provisionable
     }
@@ -526,7 +527,7 @@ impl Pods {
         let Some(old) = self.forget(k) else {
             return false;
         };
-        if let Some((uid, _)) = &old.daemonset
+        if let Some((uid, _)) = old.daemonset.as_deref()
             && self.daemon_pods.get::<str>(uid).is_some_and(|n| **n == *k)
         {
             self.newest_daemon_pod(uid);

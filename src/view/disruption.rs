@@ -14,7 +14,6 @@ use kube::ResourceExt;
 
 use super::Inputs;
 use super::catalog::CatalogView;
-use super::node::node_ready;
 use super::protection::{PdbIndex, node_protected, pods_protected};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
@@ -28,6 +27,7 @@ use crate::disruption::{
 };
 use crate::scheduling::Snapshot;
 use crate::state::claims::{recorded_deployment, recorded_machine};
+use crate::state::compact::CompactNode;
 use crate::state::machines::{MachineDeployments, Machines};
 use crate::state::pods;
 
@@ -112,20 +112,19 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             .status
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
-            .and_then(|n| nodes.get(n));
+            .and_then(|n| nodes.compact(n))
+            .map(|n| &**n);
         let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
-        let standing = budget_standing(c, node.as_deref(), mem.executing.contains(&name), mem.now);
+        let standing = budget_standing(c, node, mem.executing.contains(&name), mem.now);
         if standing.counted {
             *total.entry(pool_name.clone()).or_default() += 1;
             if standing.disrupting {
                 *disrupting.entry(pool_name.clone()).or_default() += 1;
             }
         }
-        let going = c.metadata.deletion_timestamp.is_some()
-            || node
-                .as_ref()
-                .is_some_and(|n| n.metadata.deletion_timestamp.is_some());
-        let under_way = under_way(c, node.as_deref());
+        let going =
+            c.metadata.deletion_timestamp.is_some() || node.as_ref().is_some_and(|n| n.deleting());
+        let under_way = under_way(c, node);
         let expiring = !going && expired(c, mem.now);
         if c.metadata.deletion_timestamp.is_some() {
             view.skipped.push((name, "it is being deleted"));
@@ -144,7 +143,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         }
         if let Some(at) = node
             .as_ref()
-            .and_then(|n| pod_event_behind(c, mem.pod_events.get(&n.name_any())))
+            .and_then(|n| pod_event_behind(c, mem.pod_events.get(n.name())))
         {
             view.pod_event_times.push((c.clone(), at));
         }
@@ -153,14 +152,14 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
                 .push((name, "it is not initialized with a Node yet"));
             continue;
         };
-        if node.metadata.deletion_timestamp.is_some() {
+        if node.deleting() {
             view.skipped.push((name, "its Node is being deleted"));
             continue;
         }
         let ours = mem.executing.contains(&name);
         if under_way || ours {
             if !ours {
-                view.stale.push((node.clone(), c.clone()));
+                view.stale.push((Arc::new(node.node()), c.clone()));
             }
             view.skipped.push((
                 name,
@@ -183,7 +182,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
                 .filter(|_| on_delete),
         };
         let drift = drift::drifted(c, np, provider);
-        let on_node = pod_index.on_node(&node.name_any());
+        let on_node = pod_index.on_node(node.name());
         let price = inputs
             .catalog
             .offering(md)
@@ -197,9 +196,9 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             totals.0 += price;
             totals.1 += reschedule_cost;
         }
-        let consolidatable = consolidatable(c, np, &node.name_any(), mem);
+        let consolidatable = consolidatable(c, np, node.name(), mem);
         if !consolidatable && np.disruption().consolidate_after().duration().is_some() {
-            view.under_consolidate_after.insert(node.name_any());
+            view.under_consolidate_after.insert(node.name().to_string());
         }
         if stamp_needed(c, drift, consolidatable) {
             view.stamps.push(Stamp {
@@ -219,7 +218,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             view.blocked.push((c.clone(), why));
             continue;
         }
-        if let Some(why) = node_protected(c, &node) {
+        if let Some(why) = node_protected(c, node) {
             view.blocked.push((c.clone(), why));
             continue;
         }
@@ -246,7 +245,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         }
         view.candidates.push(Candidate {
             claim: name,
-            node: node.name_any(),
+            node: node.name().to_string(),
             nodepool: pool_name,
             price,
             instance_type: c
@@ -627,34 +626,27 @@ pub struct BudgetStanding {
 /// outage (Nodes NotReady) nothing more is disrupted voluntarily.
 pub fn budget_standing(
     c: &NodeClaim,
-    node: Option<&Node>,
+    node: Option<&CompactNode>,
     executing: bool,
     now: Timestamp,
 ) -> BudgetStanding {
     let counted = conditions::is_true(c.conditions(), conditions::INITIALIZED)
         && !conditions::is_true(c.conditions(), conditions::INSTANCE_TERMINATING);
     let going = c.metadata.deletion_timestamp.is_some()
-        || node.is_some_and(|n| n.metadata.deletion_timestamp.is_some())
+        || node.is_some_and(CompactNode::deleting)
         || expired(c, now);
     BudgetStanding {
         counted,
         // A claim of a command under way counts from the command's start, before its marks
         // reach the index: the next pass may come first.
-        disrupting: counted && (going || executing || node.is_some_and(|n| !node_ready(n))),
+        disrupting: counted && (going || executing || node.is_some_and(|n| !n.ready())),
     }
 }
 
 /// A disruption command has marked the claim (condition) or tainted its Node.
-fn under_way(c: &NodeClaim, node: Option<&Node>) -> bool {
-    node.is_some_and(has_disrupted_taint)
+fn under_way(c: &NodeClaim, node: Option<&CompactNode>) -> bool {
+    node.is_some_and(|n| n.taints().iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
         || conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some()
-}
-
-pub fn has_disrupted_taint(n: &Node) -> bool {
-    n.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts.iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
 }
 
 #[cfg(test)]

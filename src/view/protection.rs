@@ -6,17 +6,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
 use crate::scheduling::selector::Selector;
+use crate::state::compact::CompactNode;
 use crate::state::pods;
 
 /// `do-not-disrupt: "true"` on the claim or its Node.
-pub(super) fn node_protected(c: &NodeClaim, node: &Node) -> Option<String> {
+pub(super) fn node_protected(c: &NodeClaim, node: &CompactNode) -> Option<String> {
     let dnd = |a: &BTreeMap<String, String>| {
         a.get(DO_NOT_DISRUPT_ANNOTATION).map(String::as_str) == Some("true")
     };
@@ -25,7 +26,7 @@ pub(super) fn node_protected(c: &NodeClaim, node: &Node) -> Option<String> {
             "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the NodeClaim"
         ));
     }
-    if dnd(node.annotations()) {
+    if node.annotations().get(DO_NOT_DISRUPT_ANNOTATION) == Some("true") {
         return Some(format!(
             "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the Node"
         ));

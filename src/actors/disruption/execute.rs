@@ -52,7 +52,11 @@ async fn edit_conditions(
         p.set("/status/conditions", json!(conds));
     }
     let updated: NodeClaim = send(shared, CLAIM, &name, p, true).await?;
-    shared.state.claims.write().apply_response(updated);
+    shared
+        .state
+        .claims
+        .write()
+        .apply_response(Arc::new(updated));
     Ok(())
 }
 
@@ -69,7 +73,11 @@ pub async fn record_pod_event(
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
         .await
         .map_err(api_err(&shared.metrics, "patch", CLAIM.1, &name))?;
-    shared.state.claims.write().apply_response(updated);
+    shared
+        .state
+        .claims
+        .write()
+        .apply_response(Arc::new(updated));
     Ok(())
 }
 
@@ -128,7 +136,11 @@ pub async fn restamp(shared: &Shared, claim: &NodeClaim, np: &NodePool) -> Resul
         NODEPOOL_HASH_VERSION,
     );
     let updated: NodeClaim = send(shared, CLAIM, &name, p, false).await?;
-    shared.state.claims.write().apply_response(updated);
+    shared
+        .state
+        .claims
+        .write()
+        .apply_response(Arc::new(updated));
     Ok(())
 }
 
@@ -308,7 +320,11 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
                 &created,
             ))
             .inc();
-        shared.state.claims.write().apply_response(created);
+        shared
+            .state
+            .claims
+            .write()
+            .apply_response(Arc::new(created));
         names.push(name);
     }
     Ok(names)
@@ -376,7 +392,11 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
         "RolloutReplacement",
         format!("NodeClaim {name} takes the rollout's fresh Machine; this claim ends when Cluster API deletes its outdated Machine"),
     );
-    shared.state.claims.write().apply_response(created);
+    shared
+        .state
+        .claims
+        .write()
+        .apply_response(Arc::new(created));
     Ok(name)
 }
 

@@ -288,26 +288,38 @@ impl Disruption {
             if waiting {
                 return None;
             }
-            let snapshot = view::snapshot(
-                shared.view(),
-                &candidates,
-                &leaving,
-                &under_consolidate_after,
-            );
-            let started = Instant::now();
-            let decision = tokio::task::spawn_blocking(move || {
-                if let Some(pending) = due {
-                    let validated =
-                        disruption::revalidate(&snapshot, &candidates, &allowed, &pending);
-                    if validated.is_some() {
-                        return (validated, true, Vec::new());
+            // No candidate is drifted or consolidatable and no decision waits for validation:
+            // every method would pass, so the snapshot (every Node's labels and room, every bound
+            // pod) is not built for nothing.
+            let undecidable = due.is_none()
+                && !candidates
+                    .iter()
+                    .any(|c| c.drift.is_some() || c.consolidatable);
+            let mut started = Instant::now();
+            let decision = if undecidable {
+                Default::default()
+            } else {
+                let snapshot = view::snapshot(
+                    shared.view(),
+                    &candidates,
+                    &leaving,
+                    &under_consolidate_after,
+                );
+                started = Instant::now();
+                tokio::task::spawn_blocking(move || {
+                    if let Some(pending) = due {
+                        let validated =
+                            disruption::revalidate(&snapshot, &candidates, &allowed, &pending);
+                        if validated.is_some() {
+                            return (validated, true, Vec::new());
+                        }
                     }
-                }
-                let d = disruption::decide_explained(&snapshot, &candidates, &allowed);
-                (d.command, false, d.unconsolidatable)
-            })
-            .await
-            .unwrap_or_default();
+                    let d = disruption::decide_explained(&snapshot, &candidates, &allowed);
+                    (d.command, false, d.unconsolidatable)
+                })
+                .await
+                .unwrap_or_default()
+            };
             let (command, validated, unconsolidatable) = decision;
             let m = &shared.metrics;
             if let Some((consolidation_type, n)) = validating

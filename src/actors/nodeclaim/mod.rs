@@ -128,11 +128,13 @@ impl NodeClaimActor {
                 .fresh
                 .superseded(&self.name, &claim.resource_version().unwrap_or_default())
         {
+            // Held by the index and this actor alike, not copied.
+            let claim = crate::state::claims::trimmed(claim);
             self.shared
                 .state
                 .claims
                 .write()
-                .apply_own_response((*claim).clone());
+                .apply_own_response(claim.clone());
             self.claim = claim;
         }
         if let Some(md) = out.requested {
@@ -452,7 +454,15 @@ impl Step {
         if provider_id(&c) != Some(pid.as_str()) || !is_true(&c, conditions::LAUNCHED) {
             return self.launched(&md, &machine, &pid).await;
         }
-        let node = self.shared.state.nodes.read().by_provider_id(&pid);
+        // The compact Node: a settled claim's reconcile reads only what is kept in place; the
+        // whole Node is rebuilt when registration or initialization has work to do.
+        let node = self
+            .shared
+            .state
+            .nodes
+            .read()
+            .compact_by_provider_id(&pid)
+            .cloned();
         let Some(node) = node else {
             return match self.registration_deadline_left() {
                 Some(left) => Ok(Next::Wait(Some(left))),
@@ -463,7 +473,7 @@ impl Step {
             return self.register(&node).await;
         }
         if !is_true(&c, conditions::INITIALIZED) {
-            return self.initialize(&md, &node).await;
+            return self.initialize(&md, &node.node()).await;
         }
         Ok(Next::Wait(None))
     }

@@ -26,7 +26,8 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
 use crate::metrics::{Metrics, NodePoolLabels};
 use crate::state::claims::recorded_deployment;
-use crate::view::node::{node_initialized, node_ready, same_taint};
+use crate::state::compact::CompactNode;
+use crate::view::node::{node_initialized, same_taint};
 
 /// How long registration waits for a new Node to turn Ready so that it can initialize it in the
 /// same writes (measured from the Node's creationTimestamp, whole seconds: 1-2 s in effect).
@@ -35,14 +36,15 @@ pub const READY_WAIT: Duration = Duration::from_secs(2);
 impl Step {
     /// Registration (Karpenter core v1's NodeClaim lifecycle): sync the claim onto the Node, take the
     /// unregistered taint off, own the Node; then `Registered=True`.
-    pub(super) async fn register(&mut self, node: &Node) -> Result<Next, Error> {
+    pub(super) async fn register(&mut self, compact: &CompactNode) -> Result<Next, Error> {
         let c = self.claim.clone();
+        let node = &compact.node();
         let node_name = node.name_any();
         let initialize = !is_true(&c, conditions::INITIALIZED)
             && node_initialized(&registered_node(node, &c), &c).is_ok();
         if !initialize
-            && !node_registered(node, &c)
-            && !node_ready(node)
+            && !node_registered(compact, &c)
+            && !compact.ready()
             && let Some(created) = node.metadata.creation_timestamp.as_ref()
             && let Some(left) = left_until(created.0, READY_WAIT)
         {
@@ -51,7 +53,7 @@ impl Step {
         }
         let label_missing =
             node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true");
-        if !node_registered(node, &c) {
+        if !node_registered(compact, &c) {
             self.patch_node(&node_name, registration_patch(node, &c, initialize))
                 .await?;
         } else if initialize && label_missing {
@@ -140,23 +142,19 @@ fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
     taints
 }
 
-/// True when the Node already carries everything registration writes.
-pub(super) fn node_registered(node: &Node, c: &NodeClaim) -> bool {
-    let labels = node.labels();
-    let has_taint = |key: &str| {
-        node.spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .map(|ts| ts.iter().any(|t| t.key == key))
-            .unwrap_or(false)
-    };
-    labels.get(REGISTERED_LABEL).map(String::as_str) == Some("true")
-        && !has_taint(UNREGISTERED_TAINT_KEY)
-        && node.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
-        && node
-            .owner_references()
+/// True when the Node already carries everything registration writes (read in place: every
+/// reconcile of a settled claim asks).
+pub(super) fn node_registered(node: &CompactNode, c: &NodeClaim) -> bool {
+    node.labels().get(REGISTERED_LABEL) == Some("true")
+        && !node
+            .taints()
             .iter()
-            .any(|o| Some(&o.uid) == c.metadata.uid.as_ref())
+            .any(|t| t.key == UNREGISTERED_TAINT_KEY)
+        && node.has_finalizer(TERMINATION_FINALIZER)
+        && c.metadata
+            .uid
+            .as_deref()
+            .is_some_and(|uid| node.owned_by(uid))
 }
 
 pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) -> JsonPatch {

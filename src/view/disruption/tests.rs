@@ -6,7 +6,7 @@ use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
 /// Why the claim may not be disrupted voluntarily, if anything protects it.
 fn protected(
     c: &NodeClaim,
-    node: &Node,
+    node: &CompactNode,
     on_node: &[Arc<Pod>],
     pdbs: &PdbIndex,
     now: Timestamp,
@@ -33,12 +33,14 @@ fn claim_with(conditions: serde_json::Value, deleting: bool) -> NodeClaim {
     c
 }
 
-fn node_with(ready: &str) -> Node {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
-        "status": {"conditions": [{"type": "Ready", "status": ready}]}
-    }))
-    .expect("a Node")
+fn node_with(ready: &str) -> CompactNode {
+    CompactNode::new(
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"},
+            "status": {"conditions": [{"type": "Ready", "status": ready}]}
+        }))
+        .expect("a Node"),
+    )
 }
 
 fn cond(ty: &str) -> serde_json::Value {
