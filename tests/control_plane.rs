@@ -4,10 +4,15 @@
 //! kube-apiserver, and after a drop, a Ctrl-C (SIGINT) or a panic nothing it started is alive
 //! or listening and its directory is gone. The simulated cluster on this backend (`simulate
 //! --control-plane real`) provisions pending pods end to end, kube-scheduler binding them.
-//! Module `rbac`: the controller on it under the Helm chart's RBAC only.
+//! Module `rbac`: the controller on it under the Helm chart's RBAC only. Module `flows`: whole
+//! flows (launch, drain) written once and run on both backends.
 
 #[macro_use]
 mod assets;
+#[path = "common/mod.rs"]
+mod common;
+#[path = "control_plane/flows.rs"]
+mod flows;
 #[path = "control_plane/rbac.rs"]
 mod rbac;
 
@@ -25,6 +30,7 @@ fn main() -> std::process::ExitCode {
         @actix the_pods_scenario_provisions_pods_that_kube_scheduler_binds needs [ControlPlane, Upstream],
     ];
     tests.extend(rbac::tests());
+    tests.extend(flows::tests());
     assets::main(tests)
 }
 

@@ -1,6 +1,8 @@
 //! The simulated cluster with one controller, as every integration test uses it: one `Env`
 //! (cluster, seeded MachineDeployments, NodeClass and NodePool, the controller, store reads and
-//! writes) and one `eventually`. Pure builders (NodePool, pod, instance type) are in
+//! writes) and one `eventually`. An `Env` runs on either backend ([`EnvBuilder::backend`]): its
+//! reads go through `SimCluster::store()` (the real backend's mirror), and what only the
+//! simulated server has fails loudly on the real one ([`Env::simulated_only`]). Pure builders (NodePool, pod, instance type) are in
 //! `karpenter_capi::testing`.
 #![allow(dead_code)] // each test binary uses a part of this module
 
@@ -20,7 +22,7 @@ use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::cli::{Scenario, SimulateArgs};
 use karpenter_capi::metrics::Metrics;
-use karpenter_capi::sim::cluster::{MachineDeploymentSeed, SimClusterConfig};
+use karpenter_capi::sim::cluster::{Backend, MachineDeploymentSeed, SimClusterConfig};
 use karpenter_capi::simulate::launch::{
     self, claim_for, create_claims, seed_nodeclass_and_pool, seed_of, settle,
 };
@@ -141,6 +143,8 @@ pub struct Env {
 /// most), the NodeClass and NodePool `default`, and the simulation's controller settings.
 pub struct EnvBuilder {
     cluster: SimClusterConfig,
+    /// Applied over `cluster`'s, whichever is set first.
+    backend: Option<Backend>,
     seeds: Vec<MachineDeploymentSeed>,
     settings: Settings,
     limits: Option<Value>,
@@ -149,6 +153,12 @@ pub struct EnvBuilder {
 impl EnvBuilder {
     pub fn cluster(mut self, cluster: SimClusterConfig) -> Self {
         self.cluster = cluster;
+        self
+    }
+
+    /// Which API server the cluster runs on; the configuration's own otherwise.
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = Some(backend);
         self
     }
 
@@ -184,7 +194,10 @@ impl EnvBuilder {
     }
 
     /// The seeded cluster alone, for tests that start their own controllers.
-    pub async fn seeded(self) -> (BackgroundSim, NodePool) {
+    pub async fn seeded(mut self) -> (BackgroundSim, NodePool) {
+        if let Some(backend) = self.backend {
+            self.cluster.backend = backend;
+        }
         let sim = BackgroundSim::start(self.cluster)
             .await
             .expect("simulated cluster");
@@ -248,6 +261,7 @@ impl Env {
     pub fn builder() -> EnvBuilder {
         EnvBuilder {
             cluster: fast_cluster(),
+            backend: None,
             seeds: vec![seed_of(0, 10)],
             settings: sim_settings(None),
             limits: None,
@@ -304,12 +318,27 @@ impl Env {
             .name_any()
     }
 
+    pub fn backend(&self) -> Backend {
+        self.sim.cluster().backend()
+    }
+
+    /// Fails the test on the real backend: for what exists only on the simulated server (its
+    /// faults, Events in its store), so a test body shared by both backends cannot read an
+    /// empty answer there as a pass.
+    pub fn simulated_only(&self, what: &str) {
+        assert_eq!(
+            self.backend(),
+            Backend::Simulated,
+            "{what} exists only on the simulated backend"
+        );
+    }
+
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
-        self.sim.cluster().server().store().get(resource, ns, name)
+        self.sim.cluster().store().get(resource, ns, name)
     }
 
     pub fn list(&self, resource: &str) -> Vec<Value> {
-        self.sim.cluster().server().store().list(resource, None)
+        self.sim.cluster().store().list(resource, None)
     }
 
     pub async fn wait<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -402,7 +431,7 @@ impl Env {
 
     pub fn invariants_hold(&self) -> invariants::Invariants {
         let inv = invariants::check(
-            self.sim.cluster().server().store(),
+            self.sim.cluster().store(),
             self.sim.cluster().capi_version(),
         );
         assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
@@ -433,10 +462,18 @@ impl Env {
     }
 
     pub async fn pdb(&self, name: &str, app: &str, max_unavailable: i32) {
+        self.budget(name, app, json!({"maxUnavailable": max_unavailable}))
+            .await
+    }
+
+    /// Creates PodDisruptionBudget `name` over pods `app=<app>` with `budget`, or sets it.
+    async fn budget(&self, name: &str, app: &str, budget: Value) {
+        let mut spec = json!({"selector": {"matchLabels": {"app": app}}});
+        merge(&mut spec, budget.clone());
         let pdb: PodDisruptionBudget = serde_json::from_value(json!({
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": name, "namespace": NS},
-            "spec": {"maxUnavailable": max_unavailable, "selector": {"matchLabels": {"app": app}}},
+            "spec": spec,
         }))
         .expect("pdb");
         let api: Api<PodDisruptionBudget> = Api::namespaced(self.client().await, NS);
@@ -450,7 +487,7 @@ impl Env {
                 api.patch(
                     name,
                     &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": {"maxUnavailable": max_unavailable}})),
+                    &Patch::Merge(json!({"spec": budget})),
                 )
                 .await
                 .expect("patch pdb");
@@ -514,6 +551,8 @@ impl Env {
     }
 
     pub fn events(&self, reason: &str) -> Vec<Value> {
+        // The real backend's mirror does not watch Events.
+        self.simulated_only("Events in the store");
         // kube's Recorder writes events.k8s.io/v1 Events.
         let mut all = self.list("events.events.k8s.io");
         all.retain(|e| e["reason"] == reason);

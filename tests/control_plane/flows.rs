@@ -1,0 +1,291 @@
+//! Whole flows written once and run on both backends: each flow is an `async fn` taking the
+//! backend, registered as `flows::simulated::<flow>` (always run) and `flows::real::<flow>`
+//! (needs a control plane and the upstream CRDs, else ignored with the reason in one line).
+//! The bodies read through `Env`, whose reads are the same store on the simulated backend and
+//! the watch-kept mirror on the real one.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use karpenter_capi::actors::DisruptionSettings;
+use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::sim::cluster::{Backend, PodShape};
+
+use crate::common::{Env, NS, condition, standin_cluster};
+
+/// Registers every flow twice, once per backend, in the trial list.
+macro_rules! on_both_backends {
+    ($($flow:ident),* $(,)?) => {
+        pub mod simulated {
+            use karpenter_capi::sim::cluster::Backend;
+            $(async fn $flow() { super::$flow(Backend::Simulated).await })*
+            pub fn tests() -> Vec<crate::assets::Test> {
+                trials![$(@actix $flow),*]
+            }
+        }
+        pub mod real {
+            use karpenter_capi::sim::cluster::Backend;
+            $(async fn $flow() { super::$flow(Backend::Real).await })*
+            pub fn tests() -> Vec<crate::assets::Test> {
+                trials![$(@actix $flow needs [ControlPlane, Upstream]),*]
+            }
+        }
+    };
+}
+
+on_both_backends![
+    pending_pods_get_claims_nodes_and_bindings,
+    a_deleted_claim_drains_within_its_pdb,
+    a_deployment_scaled_down_is_consolidated_within_budgets,
+    a_changed_template_replaces_the_drifted_claims,
+];
+
+pub fn tests() -> Vec<crate::assets::Test> {
+    let mut all = simulated::tests();
+    all.extend(real::tests());
+    all
+}
+
+/// The controller on `backend` with the scheduler stand-in (kube-scheduler on the real backend),
+/// short batches and disruption passes at test speed.
+async fn env(backend: Backend) -> Env {
+    Env::builder()
+        .cluster(standin_cluster(CapiVersion::V1Beta2))
+        .backend(backend)
+        .short_batches()
+        .tune(|s| {
+            s.disruption = DisruptionSettings {
+                poll: Duration::from_millis(200),
+                debounce: Duration::from_millis(20),
+                validation: Duration::from_millis(300),
+                replacement_timeout: Duration::from_secs(60),
+            }
+        })
+        .start()
+        .await
+}
+
+/// Deployment `web` of `replicas` pods of `cpu`, all bound and the cluster quiet.
+async fn web(env: &Env, replicas: usize, cpu: &str) {
+    let shape = PodShape::new(cpu, "256Mi");
+    env.sim
+        .run(move |c| async move { c.create_deployment(NS, "web", replicas, &shape).await })
+        .await
+        .expect("the cluster's runtime")
+        .expect("a Deployment");
+    env.until_quiet(&format!("{replicas} pods bound"), |e| {
+        e.bound_pods() == replicas
+    })
+    .await;
+}
+
+async fn set_disruption(env: &Env, disruption: Value) {
+    patch_pool(env, json!({"spec": {"disruption": disruption}})).await;
+}
+
+async fn patch_pool(env: &Env, patch: Value) {
+    let api: Api<NodePool> = Api::all(env.client().await);
+    api.patch(
+        &env.pool.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .expect("patch the NodePool");
+}
+
+fn claim_names(env: &Env) -> BTreeSet<String> {
+    env.list("nodeclaims")
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
+        .collect()
+}
+
+/// No pool went over its disruption budget, and the drain rules and invariants held.
+fn assert_within_budgets(env: &Env) {
+    let audit = env.sim.cluster().disruption_audit().report();
+    assert_eq!(audit.budget_violations, 0, "{:#?}", audit.pools);
+    env.assert_clean();
+}
+
+/// Launch: pending pods -> claims -> Machines and Nodes -> every pod bound to a claim's Node
+/// (by the scheduler stand-in, or by kube-scheduler on the real backend).
+async fn pending_pods_get_claims_nodes_and_bindings(backend: Backend) {
+    let env = env(backend).await;
+    let shape = PodShape::new("500m", "256Mi");
+    env.sim
+        .run(move |c| async move { c.create_pods(NS, "web", 6, &shape).await })
+        .await
+        .expect("the cluster's runtime")
+        .expect("pending pods");
+
+    env.until_quiet("6 pods bound", |e| e.bound_pods() == 6)
+        .await;
+
+    let claims = env.list("nodeclaims");
+    assert!(!claims.is_empty(), "pods were bound with no claim");
+    let mut claim_nodes = Vec::new();
+    for c in &claims {
+        let name = &c["metadata"]["name"];
+        assert_eq!(
+            condition(c, "Initialized").map(|x| x["status"].clone()),
+            Some(json!("True")),
+            "claim {name}"
+        );
+        let node = c["status"]["nodeName"]
+            .as_str()
+            .expect("an initialized claim's node");
+        assert!(
+            env.get("nodes", "", node).is_some(),
+            "claim {name}'s node {node}"
+        );
+        claim_nodes.push(node.to_string());
+    }
+    for p in env.list("pods") {
+        let on = p.pointer("/spec/nodeName").and_then(Value::as_str);
+        assert!(
+            on.is_some_and(|n| claim_nodes.iter().any(|c| c == n)),
+            "pod {} on {on:?}, not on a claim's node {claim_nodes:?}",
+            p["metadata"]["name"]
+        );
+    }
+    assert_eq!(
+        env.list("machines").len(),
+        claims.len(),
+        "one Machine a claim"
+    );
+    env.assert_clean();
+}
+
+/// Drain: deleting a claim evicts its pods within their PodDisruptionBudget (one at a time);
+/// its Machine and Node go and the Deployment's pods are bound again elsewhere. The pods belong
+/// to a Deployment because kube-controller-manager allows no disruption by `maxUnavailable` for
+/// pods without a controller.
+async fn a_deleted_claim_drains_within_its_pdb(backend: Backend) {
+    let env = Env::builder()
+        .cluster(standin_cluster(CapiVersion::V1Beta2))
+        .backend(backend)
+        .short_batches()
+        .start()
+        .await;
+    env.pdb("web", "web", 1).await;
+    let shape = PodShape::new("500m", "256Mi");
+    env.sim
+        .run(move |c| async move { c.create_deployment(NS, "web", 3, &shape).await })
+        .await
+        .expect("the cluster's runtime")
+        .expect("a Deployment");
+    env.until_quiet("3 pods bound", |e| e.bound_pods() == 3)
+        .await;
+
+    let claim = env.list("nodeclaims").into_iter().next().expect("a claim");
+    let name = claim["metadata"]["name"]
+        .as_str()
+        .expect("a name")
+        .to_string();
+    let node = claim["status"]["nodeName"]
+        .as_str()
+        .expect("a node")
+        .to_string();
+    let on_node: Vec<String> = env
+        .list("pods")
+        .into_iter()
+        .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(&node))
+        .filter_map(|p| p["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    assert!(!on_node.is_empty(), "the claim's node runs the pods");
+
+    env.delete_claim(&name).await;
+    env.gone(&name, &node).await;
+    env.until_quiet("3 pods bound again", |e| e.bound_pods() == 3)
+        .await;
+
+    let evicted: Vec<String> = env
+        .removals()
+        .into_iter()
+        .filter(|(how, _)| how == "evict")
+        .map(|(_, p)| p)
+        .collect();
+    for p in &on_node {
+        assert!(evicted.contains(p), "{p} evicted: {evicted:?}");
+    }
+    // Every eviction was checked against the budget (by the simulated server, or on the real
+    // backend by the drain audit of the mirror): assert_clean fails on any broken drain rule.
+    env.assert_clean();
+}
+
+/// Consolidation: a Deployment scaled down leaves nodes it no longer needs; they are removed,
+/// one at a time by the pool's budget, and the pods left stay bound within their PDB.
+async fn a_deployment_scaled_down_is_consolidated_within_budgets(backend: Backend) {
+    let env = env(backend).await;
+    env.pdb("web", "web", 1).await;
+    // Two pods a 4-CPU node: three nodes.
+    web(&env, 6, "1500m").await;
+    let before = claim_names(&env).len();
+    assert!(before >= 3, "{before} claims for 6 pods of 1.5 CPUs");
+
+    set_disruption(
+        &env,
+        json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s",
+               "budgets": [{"nodes": "1"}]}),
+    )
+    .await;
+    env.sim
+        .run(|c| async move { c.scale_deployment(NS, "web", 2).await })
+        .await
+        .expect("the cluster's runtime")
+        .expect("scale the Deployment down");
+    env.until_quiet("the cluster consolidated to one node", |e| {
+        e.list("nodeclaims").len() == 1 && e.list("pods").len() == 2 && e.bound_pods() == 2
+    })
+    .await;
+
+    let audit = env.sim.cluster().disruption_audit().report();
+    assert!(
+        audit.decisions.empty + audit.decisions.underutilized >= 1,
+        "{:?}",
+        audit.decisions
+    );
+    assert_within_budgets(&env);
+}
+
+/// Drift: a changed NodePool template drifts every claim; each is replaced by a claim of the new
+/// template and the pods end bound on the new nodes.
+async fn a_changed_template_replaces_the_drifted_claims(backend: Backend) {
+    let env = env(backend).await;
+    env.pdb("web", "web", 1).await;
+    web(&env, 2, "500m").await;
+    let before = claim_names(&env);
+
+    set_disruption(
+        &env,
+        json!({"consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]}),
+    )
+    .await;
+    patch_pool(
+        &env,
+        json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}}),
+    )
+    .await;
+    env.until_quiet("every drifted claim replaced", |e| {
+        let now = claim_names(e);
+        !now.is_empty() && now.is_disjoint(&before) && e.bound_pods() == 2
+    })
+    .await;
+
+    for c in env.list("nodeclaims") {
+        assert_eq!(
+            c["metadata"]["labels"]["team"], "blue",
+            "{}",
+            c["metadata"]["name"]
+        );
+    }
+    let audit = env.sim.cluster().disruption_audit().report();
+    assert!(audit.decisions.drifted >= 1, "{:?}", audit.decisions);
+    assert_within_budgets(&env);
+}
