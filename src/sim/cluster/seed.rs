@@ -1,0 +1,279 @@
+//! Seeding the simulated cluster: MachineDeployments with their infrastructure templates, pods
+//! and Deployments, written through the cluster's client as a user would.
+
+use super::*;
+
+impl SimCluster {
+    /// A MachineDeployment of the configured version with `labels` on the MD, the given
+    /// annotations and replicas, and a matching DevMachineTemplate named after it.
+    pub async fn create_machine_deployment(
+        &self,
+        name: &str,
+        ns: &str,
+        annotations: BTreeMap<String, String>,
+        labels: BTreeMap<String, String>,
+        replicas: i64,
+    ) -> Result<DynamicObject, Error> {
+        self.create_machine_deployment_from(&MachineDeploymentSeed {
+            name: name.into(),
+            namespace: ns.into(),
+            replicas,
+            labels,
+            annotations,
+            ..Default::default()
+        })
+        .await
+    }
+
+    pub async fn create_machine_deployment_from(
+        &self,
+        seed: &MachineDeploymentSeed,
+    ) -> Result<DynamicObject, Error> {
+        let v = self.cfg.capi_version;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &seed.namespace,
+            &v.machine_deployment(),
+        );
+        let md = machine_deployment(v, seed);
+        api.create(&PostParams::default(), &md)
+            .await
+            .map_err(kube_err(format!(
+                "create MachineDeployment {}/{}",
+                seed.namespace, seed.name
+            )))
+    }
+
+    /// Sets a MachineDeployment's spec.replicas (as a user or the controller would).
+    pub async fn scale_machine_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: i64,
+    ) -> Result<(), Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            ns,
+            &self.cfg.capi_version.machine_deployment(),
+        );
+        crate::sim::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
+            .await
+            .map_err(kube_err(format!("scale MachineDeployment {ns}/{name}")))
+    }
+
+    /// A DevMachineTemplate whose `status.capacity` is `capacity` (resource -> quantity).
+    pub async fn create_machine_template(
+        &self,
+        ns: &str,
+        name: &str,
+        capacity: BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        let ar = infra_template_resource();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
+        let body = dynamic(json!({
+            "apiVersion": ar.api_version,
+            "kind": INFRA_TEMPLATE_KIND,
+            "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_NAME_LABEL: CLUSTER_NAME}},
+            "spec": {"template": {"spec": {"backend": {"inMemory": {}}}}},
+        }));
+        let what = format!("create {INFRA_TEMPLATE_KIND} {ns}/{name}");
+        api.create(&PostParams::default(), &body)
+            .await
+            .map_err(kube_err(what.clone()))?;
+        let status = json!({"status": {
+            "capacity": capacity,
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
+        }});
+        crate::sim::standin::merge_status(&api, name, &status)
+            .await
+            .map_err(kube_err(what))
+    }
+
+    /// `count` pods named `<prefix>-<i>` requesting `cpu`/`memory`, with an optional
+    /// nodeSelector and tolerations (pod spec fragments as JSON).
+    pub async fn create_pods(
+        &self,
+        ns: &str,
+        prefix: &str,
+        count: usize,
+        shape: &PodShape,
+    ) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        for i in 0..count {
+            let pod = shape.pod(&format!("{prefix}-{i}"), ns, None);
+            api.create(&PostParams::default(), &pod)
+                .await
+                .map_err(kube_err(format!("create Pod {ns}/{prefix}-{i}")))?;
+        }
+        Ok(())
+    }
+
+    /// A Deployment of `replicas` pods shaped by `shape`; the Deployment stand-in
+    /// (`deployments.rs`) creates its pods and keeps their number (returns before they exist).
+    pub async fn create_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: usize,
+        shape: &PodShape,
+    ) -> Result<(), Error> {
+        let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
+        let template = shape.pod(name, ns, None);
+        let mut labels = shape.labels.clone();
+        let app = labels
+            .entry("app".to_string())
+            .or_insert_with(|| name.to_string())
+            .clone();
+        let body = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": app}},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": app}},
+                "template": {
+                    "metadata": {"labels": labels, "annotations": shape.annotations},
+                    "spec": template.spec,
+                },
+            },
+        });
+        let deployment: Deployment = serde_json::from_value(body).map_err(|e| {
+            kube_err(format!("build Deployment {ns}/{name}"))(kube::Error::SerdeError(e))
+        })?;
+        deployments
+            .create(&PostParams::default(), &deployment)
+            .await
+            .map_err(kube_err(format!("create Deployment {ns}/{name}")))?;
+        Ok(())
+    }
+
+    /// Sets a Deployment's `spec.replicas`; the Deployment stand-in adds or removes pods.
+    pub async fn scale_deployment(
+        &self,
+        ns: &str,
+        name: &str,
+        replicas: usize,
+    ) -> Result<(), Error> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), ns);
+        crate::sim::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
+            .await
+            .map_err(kube_err(format!("scale Deployment {ns}/{name}")))
+    }
+
+    /// Machines of a MachineDeployment (every namespace when `ns` is None).
+    pub async fn machines_of(&self, ns: &str, md: &str) -> Result<Vec<DynamicObject>, Error> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), ns, &self.cfg.capi_version.machine());
+        Ok(api
+            .list(&ListParams::default().labels(&format!("{DEPLOYMENT_NAME_LABEL}={md}")))
+            .await
+            .map_err(kube_err(format!("list Machines of {ns}/{md}")))?
+            .items)
+    }
+}
+
+/// Requests and placement constraints of seeded pods.
+#[derive(Clone, Debug, Default)]
+pub struct PodShape {
+    pub cpu: String,
+    pub memory: String,
+    pub labels: BTreeMap<String, String>,
+    pub node_selector: BTreeMap<String, String>,
+    /// Raw `tolerations` list.
+    pub tolerations: Vec<Value>,
+    /// Raw `affinity` object.
+    pub affinity: Option<Value>,
+    /// Pod annotations (e.g. `karpenter.sh/do-not-disrupt`, the kubelet's `exit-after`).
+    pub annotations: BTreeMap<String, String>,
+    /// `terminationGracePeriodSeconds` (0, the default here, makes deletions immediate).
+    pub grace_seconds: i64,
+}
+
+impl PodShape {
+    pub fn new(cpu: &str, memory: &str) -> Self {
+        Self {
+            cpu: cpu.into(),
+            memory: memory.into(),
+            ..Default::default()
+        }
+    }
+
+    fn pod(&self, name: &str, ns: &str, owner: Option<Value>) -> Pod {
+        let mut body = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": self.labels, "annotations": self.annotations},
+            "spec": {
+                "containers": [{
+                    "name": "app", "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"requests": {"cpu": self.cpu, "memory": self.memory}},
+                }],
+                "terminationGracePeriodSeconds": self.grace_seconds,
+            },
+        });
+        if !self.node_selector.is_empty() {
+            body["spec"]["nodeSelector"] = json!(self.node_selector);
+        }
+        if !self.tolerations.is_empty() {
+            body["spec"]["tolerations"] = json!(self.tolerations);
+        }
+        if let Some(a) = &self.affinity {
+            body["spec"]["affinity"] = a.clone();
+        }
+        if let Some(o) = owner {
+            body["metadata"]["ownerReferences"] = json!([o]);
+        }
+        serde_json::from_value(body).unwrap_or_default()
+    }
+}
+
+/// A MachineDeployment body in `v`'s shape (after the upstream kubemark example and CRDs).
+pub fn machine_deployment(v: CapiVersion, seed: &MachineDeploymentSeed) -> DynamicObject {
+    let name = &seed.name;
+    let template_name = seed
+        .infrastructure_template
+        .clone()
+        .unwrap_or_else(|| name.clone());
+    let mut template_labels = seed.template_labels.clone();
+    template_labels.insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
+    template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), name.clone());
+    let (bootstrap_ref, infra_ref) = match v {
+        CapiVersion::V1Beta1 => (
+            json!({"apiVersion": format!("{BOOTSTRAP_GROUP}/v1beta1"), "kind": "KubeadmConfigTemplate", "name": name}),
+            json!({"apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"), "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
+        ),
+        CapiVersion::V1Beta2 => (
+            json!({"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfigTemplate", "name": name}),
+            json!({"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
+        ),
+    };
+    dynamic(json!({
+        "apiVersion": v.api_version(),
+        "kind": "MachineDeployment",
+        "metadata": {
+            "name": name,
+            "namespace": seed.namespace,
+            "labels": seed.labels,
+            "annotations": seed.annotations,
+        },
+        "spec": {
+            "clusterName": CLUSTER_NAME,
+            "replicas": seed.replicas,
+            "selector": {"matchLabels": {CLUSTER_NAME_LABEL: CLUSTER_NAME, DEPLOYMENT_NAME_LABEL: name}},
+            "template": {
+                "metadata": {"labels": template_labels},
+                "spec": {
+                    "bootstrap": {"configRef": bootstrap_ref},
+                    "clusterName": CLUSTER_NAME,
+                    "infrastructureRef": infra_ref,
+                    "version": seed.kubernetes_version.clone().unwrap_or_else(|| "v1.33.0".into()),
+                },
+            },
+        },
+    }))
+}
+
+pub fn infra_template_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(INFRA_GROUP, INFRA_VERSION, INFRA_TEMPLATE_KIND),
+        "devmachinetemplates",
+    )
+}
