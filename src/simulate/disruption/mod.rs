@@ -549,23 +549,10 @@ async fn consolidate(
     // not waited out: the report shows where consolidation stands when it pauses, and a long
     // pause would make the scenario's length depend on luck
     // (`karpenter_capi_consolidation_paused` says when it does).
-    // The calm counts only while the Deployments stay at their new replicas.
-    wait_stable(
-        sim,
-        "consolidate",
-        deadline,
-        Duration::from_secs(8),
-        move |sim| {
-            let live = sim
-                .cluster()
-                .store()
-                .list("pods", Some(launch::NAMESPACE))
-                .iter()
-                .filter(|p| !deleting(p) && name_of(p).starts_with("app-"))
-                .count();
-            (live > remaining).then(|| format!("{} pods still to scale down", live - remaining))
-        },
-    )
+    // The scale-down is complete (waited for above), so the calm has no further condition.
+    wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
+        None
+    })
     .await
 }
 
