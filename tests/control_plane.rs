@@ -4,15 +4,31 @@
 //! kube-apiserver, and after a drop, a Ctrl-C (SIGINT) or a panic nothing it started is alive
 //! or listening and its directory is gone. The simulated cluster on this backend (`simulate
 //! --control-plane real`) provisions pending pods end to end, kube-scheduler binding them.
-//! Module `rbac`: the controller on it under the Helm chart's RBAC only. Module `flows`: whole
-//! flows (launch, drain) written once and run on both backends.
+//! Module `rbac`: the controller on it under the Helm chart's RBAC only. Whole flows written
+//! once and run on both backends (`<module>::simulated::*` and `<module>::real::*`): `flows`
+//! (launch, drain, consolidation, drift), `provisioning`, `lifecycle` (expiry, rollouts, a
+//! restart mid-burst), `failover` (leader election), `malformed` (the corpus), `kubectl` and
+//! `init`.
 
 #[macro_use]
 mod assets;
 #[path = "common/mod.rs"]
 mod common;
+#[macro_use]
 #[path = "control_plane/flows.rs"]
 mod flows;
+#[path = "control_plane/failover.rs"]
+mod failover;
+#[path = "control_plane/init.rs"]
+mod init;
+#[path = "control_plane/kubectl.rs"]
+mod kubectl;
+#[path = "control_plane/lifecycle.rs"]
+mod lifecycle;
+#[path = "control_plane/malformed.rs"]
+mod malformed;
+#[path = "control_plane/provisioning.rs"]
+mod provisioning;
 #[path = "control_plane/rbac.rs"]
 mod rbac;
 
@@ -31,6 +47,12 @@ fn main() -> std::process::ExitCode {
     ];
     tests.extend(rbac::tests());
     tests.extend(flows::tests());
+    tests.extend(provisioning::tests());
+    tests.extend(lifecycle::tests());
+    tests.extend(failover::tests());
+    tests.extend(malformed::tests());
+    tests.extend(kubectl::tests());
+    tests.extend(init::tests());
     assets::main(tests)
 }
 

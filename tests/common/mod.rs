@@ -30,6 +30,9 @@ use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_co
 
 pub use karpenter_capi::testing::merge;
 
+pub mod claims;
+pub mod replicas;
+
 /// How long a wait may take before the test fails: only a guard against hangs (nothing asserts
 /// on durations), generous because the suite shares two cores with other builds.
 pub const DEADLINE: Duration = Duration::from_secs(120);

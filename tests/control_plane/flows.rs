@@ -5,36 +5,51 @@
 //! the watch-kept mirror on the real one.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
-use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use karpenter_capi::actors::DisruptionSettings;
-use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::sim::cluster::{Backend, PodShape};
 
+use crate::common::claims::fast_disruption;
 use crate::common::{Env, NS, condition, standin_cluster};
 
-/// Registers every flow twice, once per backend, in the trial list.
+/// Registers every flow twice, once per backend: `simulated::<flow>` and `real::<flow>`, listed
+/// by the module's `on_both()`. `needs [...]` adds what every flow of the list needs on both (the
+/// real ones need a control plane, the upstream CRDs and the tools the chart's RBAC is installed
+/// with besides).
 macro_rules! on_both_backends {
-    ($($flow:ident),* $(,)?) => {
+    ($($flow:ident),* $(,)?) => { on_both_backends!(needs []; $($flow),*); };
+    (needs $needs:tt; $($flow:ident),* $(,)?) => {
         pub mod simulated {
             use karpenter_capi::sim::cluster::Backend;
             $(async fn $flow() { super::$flow(Backend::Simulated).await })*
             pub fn tests() -> Vec<crate::assets::Test> {
-                trials![$(@actix $flow),*]
+                let mut all = Vec::new();
+                $(all.extend(on_both_backends!(@simulated $flow $needs));)*
+                all
             }
         }
         pub mod real {
             use karpenter_capi::sim::cluster::Backend;
             $(async fn $flow() { super::$flow(Backend::Real).await })*
             pub fn tests() -> Vec<crate::assets::Test> {
-                trials![$(@actix $flow needs [ControlPlane, Upstream]),*]
+                let mut all = Vec::new();
+                $(all.extend(on_both_backends!(@real $flow $needs));)*
+                all
             }
         }
+        fn on_both() -> Vec<crate::assets::Test> {
+            let mut all = simulated::tests();
+            all.extend(real::tests());
+            all
+        }
+    };
+    (@simulated $flow:ident [$($need:ident),*]) => {
+        trials![@actix $flow needs [$($need),*]]
+    };
+    (@real $flow:ident [$($need:ident),*]) => {
+        trials![@actix $flow needs [ControlPlane, Upstream, Helm, Kubectl $(, $need)*]]
     };
 }
 
@@ -46,60 +61,32 @@ on_both_backends![
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
-    let mut all = simulated::tests();
-    all.extend(real::tests());
-    all
+    on_both()
 }
 
 /// The controller on `backend` with the scheduler stand-in (kube-scheduler on the real backend),
 /// short batches and disruption passes at test speed.
-async fn env(backend: Backend) -> Env {
+pub async fn env(backend: Backend) -> Env {
     Env::builder()
         .cluster(standin_cluster(CapiVersion::V1Beta2))
         .backend(backend)
         .short_batches()
-        .tune(|s| {
-            s.disruption = DisruptionSettings {
-                poll: Duration::from_millis(200),
-                debounce: Duration::from_millis(20),
-                validation: Duration::from_millis(300),
-                replacement_timeout: Duration::from_secs(60),
-            }
-        })
+        .tune(|s| s.disruption = fast_disruption())
         .start()
         .await
 }
 
 /// Deployment `web` of `replicas` pods of `cpu`, all bound and the cluster quiet.
-async fn web(env: &Env, replicas: usize, cpu: &str) {
-    let shape = PodShape::new(cpu, "256Mi");
-    env.sim
-        .run(move |c| async move { c.create_deployment(NS, "web", replicas, &shape).await })
-        .await
-        .expect("the cluster's runtime")
-        .expect("a Deployment");
+pub async fn web(env: &Env, replicas: usize, cpu: &str) {
+    env.deployment("web", replicas, PodShape::new(cpu, "256Mi"))
+        .await;
     env.until_quiet(&format!("{replicas} pods bound"), |e| {
         e.bound_pods() == replicas
     })
     .await;
 }
 
-async fn set_disruption(env: &Env, disruption: Value) {
-    patch_pool(env, json!({"spec": {"disruption": disruption}})).await;
-}
-
-async fn patch_pool(env: &Env, patch: Value) {
-    let api: Api<NodePool> = Api::all(env.client().await);
-    api.patch(
-        &env.pool.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await
-    .expect("patch the NodePool");
-}
-
-fn claim_names(env: &Env) -> BTreeSet<String> {
+pub fn claim_names(env: &Env) -> BTreeSet<String> {
     env.list("nodeclaims")
         .iter()
         .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
@@ -107,7 +94,7 @@ fn claim_names(env: &Env) -> BTreeSet<String> {
 }
 
 /// No pool went over its disruption budget, and the drain rules and invariants held.
-fn assert_within_budgets(env: &Env) {
+pub fn assert_within_budgets(env: &Env) {
     let audit = env.sim.cluster().disruption_audit().report();
     assert_eq!(audit.budget_violations, 0, "{:#?}", audit.pools);
     env.assert_clean();
@@ -174,12 +161,8 @@ async fn a_deleted_claim_drains_within_its_pdb(backend: Backend) {
         .start()
         .await;
     env.pdb("web", "web", 1).await;
-    let shape = PodShape::new("500m", "256Mi");
-    env.sim
-        .run(move |c| async move { c.create_deployment(NS, "web", 3, &shape).await })
-        .await
-        .expect("the cluster's runtime")
-        .expect("a Deployment");
+    env.deployment("web", 3, PodShape::new("500m", "256Mi"))
+        .await;
     env.until_quiet("3 pods bound", |e| e.bound_pods() == 3)
         .await;
 
@@ -229,8 +212,7 @@ async fn a_deployment_scaled_down_is_consolidated_within_budgets(backend: Backen
     let before = claim_names(&env).len();
     assert!(before >= 3, "{before} claims for 6 pods of 1.5 CPUs");
 
-    set_disruption(
-        &env,
+    env.set_disruption(
         json!({"consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s",
                "budgets": [{"nodes": "1"}]}),
     )
@@ -262,16 +244,10 @@ async fn a_changed_template_replaces_the_drifted_claims(backend: Backend) {
     web(&env, 2, "500m").await;
     let before = claim_names(&env);
 
-    set_disruption(
-        &env,
-        json!({"consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]}),
-    )
-    .await;
-    patch_pool(
-        &env,
-        json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}}),
-    )
-    .await;
+    env.set_disruption(json!({"consolidateAfter": "Never", "budgets": [{"nodes": "100%"}]}))
+        .await;
+    env.patch_pool(json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}}))
+        .await;
     env.until_quiet("every drifted claim replaced", |e| {
         let now = claim_names(e);
         !now.is_empty() && now.is_disjoint(&before) && e.bound_pods() == 2

@@ -1,6 +1,6 @@
 //! What needs files or tools from outside the repository (upstream CRDs and examples,
-//! kubectl, helm): the API against upstream, the chart and manifests, `init`, kubectl against
-//! the simulated cluster. Its tests are listed through `trials!` (tests/assets) so a missing
+//! kubectl, helm): the API against upstream, the chart and manifests, kubectl against the
+//! simulated cluster (`init` runs on both backends, in the control_plane test binary). Its tests are listed through `trials!` (tests/assets) so a missing
 //! asset shows as an ignored test with its reason.
 
 #[macro_use]
@@ -11,14 +11,12 @@ mod common;
 
 mod api;
 mod deploy;
-mod init;
 mod kubectl;
 
 fn main() -> std::process::ExitCode {
     let mut tests = Vec::new();
     tests.extend(api::tests());
     tests.extend(deploy::tests());
-    tests.extend(init::tests());
     tests.extend(kubectl::tests());
     assets::main(tests)
 }

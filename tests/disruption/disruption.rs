@@ -1,8 +1,9 @@
 //! Disruption end to end against the simulated cluster: emptiness within budgets, nodes that
-//! do-not-disrupt and PodDisruptionBudgets protect, drift replaced before it goes, forceful
-//! expiration, cheaper replacement, a failed replacement rolled back, and a controller killed
-//! mid-command whose marks the next one rolls back. Each test ends with the controller's
-//! invariants (`simulate::invariants`) and no drain rule broken.
+//! do-not-disrupt and PodDisruptionBudgets protect, drift replaced before it goes, cheaper
+//! replacement, a failed replacement rolled back, and a controller killed mid-command whose marks
+//! the next one rolls back (expiry and Cluster API rollouts run on both backends, in the
+//! control_plane test binary). Each test ends with the controller's invariants
+//! (`simulate::invariants`) and no drain rule broken.
 
 use crate::common;
 
@@ -12,10 +13,10 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
+use common::claims::fast_disruption;
 use common::*;
-use karpenter_capi::actors::{DisruptionSettings, Settings};
+use karpenter_capi::actors::Settings;
 use karpenter_capi::api::drift_hash::nodepool_hash;
-use karpenter_capi::api::duration::NillableDuration;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::*;
@@ -25,12 +26,7 @@ use karpenter_capi::simulate::sim_settings;
 /// Disruption at test speed: passes every 200 ms, validation 300 ms.
 fn fast() -> Settings {
     Settings {
-        disruption: DisruptionSettings {
-            poll: Duration::from_millis(200),
-            debounce: Duration::from_millis(20),
-            validation: Duration::from_millis(300),
-            replacement_timeout: Duration::from_secs(60),
-        },
+        disruption: fast_disruption(),
         ..sim_settings(None)
     }
 }
@@ -40,33 +36,6 @@ async fn env_fast() -> Env {
 }
 
 impl Env {
-    async fn set_disruption(&self, disruption: Value) {
-        let api: Api<NodePool> = Api::all(self.client().await);
-        api.patch(
-            &self.pool.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"disruption": disruption}})),
-        )
-        .await
-        .expect("patch the NodePool");
-    }
-
-    /// A claim as the provisioner writes it (with the pool's drift hash) on `instance_type`.
-    async fn stamped_claim(&self, instance_type: &str) -> (String, String) {
-        let mut claim = claim_for(&self.pool, instance_type);
-        claim.annotations_mut().extend([
-            (
-                NODEPOOL_HASH_ANNOTATION.to_string(),
-                nodepool_hash(&self.pool),
-            ),
-            (
-                NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
-                NODEPOOL_HASH_VERSION.to_string(),
-            ),
-        ]);
-        self.create_and_wait(claim).await
-    }
-
     /// A claim running one pod, then a NodePool template change that drifts it.
     async fn drifting_claim_with_a_pod(&self) -> (String, String) {
         let (claim, node) = self.stamped_claim("sim-0").await;
@@ -88,20 +57,6 @@ impl Env {
         )
         .await
         .expect("change the template");
-    }
-
-    async fn create_and_wait(&self, claim: NodeClaim) -> (String, String) {
-        let name = self.create_claim(&claim).await;
-        let node = self
-            .wait("the claim initialized", || {
-                self.get("nodeclaims", "", &name).and_then(|c| {
-                    (condition(&c, "Initialized")?["status"] == "True")
-                        .then(|| c["status"]["nodeName"].as_str().map(String::from))
-                        .flatten()
-                })
-            })
-            .await;
-        (name, node)
     }
 
     /// Sample how many claims are being deleted at once until none is left; the most seen.
@@ -126,16 +81,6 @@ impl Env {
 
     fn claim_objects(&self) -> Vec<Value> {
         self.list("nodeclaims")
-    }
-
-    fn metric(&self, needle: &str) -> f64 {
-        self.metrics
-            .encode()
-            .lines()
-            .find(|l| l.starts_with(needle))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
     }
 }
 
@@ -258,27 +203,6 @@ async fn a_drifted_claim_is_replaced_before_it_goes() {
         ),
         1.0
     );
-    env.assert_clean();
-}
-
-#[actix::test]
-async fn expired_claims_go_whatever_the_budget() {
-    let env = env_fast().await;
-    env.set_disruption(json!({"consolidateAfter": "Never", "budgets": [{"nodes": "0"}]}))
-        .await;
-    let mut claim = claim_for(&env.pool, "sim-0");
-    claim.spec.expire_after = Some(NillableDuration::from_secs(3));
-    let (name, _) = env.create_and_wait(claim).await;
-    env.wait("the expired claim gone", || {
-        env.get("nodeclaims", "", &name).is_none().then_some(())
-    })
-    .await;
-    settle(&env.sim, DEADLINE).await.expect("settles");
-    assert_eq!(
-        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"expired\""),
-        1.0
-    );
-    assert!(!env.events("Expired").is_empty());
     env.assert_clean();
 }
 
@@ -458,131 +382,6 @@ async fn marks_left_by_a_killed_controller_are_rolled_back() {
     .await;
     assert!(env.get("nodeclaims", "", &old).is_some());
     settle(&env.sim, DEADLINE).await.expect("settles");
-    env.assert_clean();
-}
-
-impl Env {
-    async fn patch_md(&self, body: Value) {
-        let api: Api<kube::core::DynamicObject> = Api::namespaced_with(
-            self.client().await,
-            NS,
-            &self.sim.cluster().capi_version().machine_deployment(),
-        );
-        api.patch("md-0", &PatchParams::default(), &Patch::Merge(body))
-            .await
-            .expect("patch the MachineDeployment");
-    }
-
-    /// Writes to MachineDeployments by the controller after `since_ms`: (ms, verb, name).
-    fn controller_replica_writes_since(&self, since_ms: u64) -> Vec<(u64, String, String)> {
-        self.sim
-            .cluster()
-            .stats()
-            .writes()
-            .into_iter()
-            .filter(|w| {
-                w.at_ms > since_ms
-                    && w.agent == karpenter_capi::app::USER_AGENT
-                    && w.resource == "machinedeployments"
-            })
-            .map(|w| (w.at_ms, w.verb, w.name))
-            .collect()
-    }
-
-    fn machine_up_to_date(&self, m: &Value) -> Option<bool> {
-        m.pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .and_then(|cs| cs.iter().find(|c| c["type"] == "UpToDate"))
-            .map(|c| c["status"] == "True")
-    }
-}
-
-/// A template change under `OnDelete`: Cluster API replaces nothing, so the controller replaces
-/// the outdated Machines as drift, within the budgets.
-#[actix::test]
-async fn on_delete_rollouts_are_carried_out_as_drift() {
-    let env = env_fast().await;
-    env.patch_md(json!({"spec": {"rollout": {"strategy": {"type": "OnDelete"}}}}))
-        .await;
-    let (old, old_node) = env.stamped_claim("sim-0").await;
-    env.pod("app", &old_node, json!({"app": "app"}), json!({}))
-        .await;
-    env.patch_md(
-        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
-    )
-    .await;
-    env.wait(
-        "Drifted=True (MachineTemplateDrifted) on the old claim",
-        || {
-            let c = env.get("nodeclaims", "", &old)?;
-            (condition(&c, "Drifted")?["reason"] == "MachineTemplateDrifted").then_some(())
-        },
-    )
-    .await;
-    env.wait(
-        "the old claim replaced by one on an up-to-date Machine",
-        || {
-            let claims = env.claim_objects();
-            let machines = env.list("machines");
-            (env.get("nodeclaims", "", &old).is_none()
-                && claims.len() == 1
-                && condition(&claims[0], "Initialized").is_some_and(|c| c["status"] == "True")
-                && machines.len() == 1
-                && env.machine_up_to_date(&machines[0]) == Some(true))
-            .then_some(())
-        },
-    )
-    .await;
-    settle(&env.sim, DEADLINE).await.expect("settles");
-    assert_eq!(
-        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
-        1.0
-    );
-    env.assert_clean();
-}
-
-/// A template change under `RollingUpdate`: Cluster API replaces the Machines itself. As each
-/// fresh Machine appears, the Disruption actor creates a claim that takes it (annotated with the
-/// claim it replaces) before Cluster API deletes the outdated one, with no replica write at all
-/// (no release-and-recreate churn); the old claims end with their Machines and nothing leaks.
-#[actix::test]
-async fn rolling_update_fresh_machines_are_adopted_without_churn() {
-    let env = env_fast().await;
-    let (a, _) = env.stamped_claim("sim-0").await;
-    let (b, _) = env.stamped_claim("sim-0").await;
-    settle(&env.sim, DEADLINE).await.expect("settles");
-    env.patch_md(
-        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
-    )
-    .await;
-    // (The test's own client shares the controller's User-Agent: count from after its patch.)
-    let since = env.sim.cluster().stats().now_ms();
-    env.wait("two new claims initialized on up-to-date Machines", || {
-        let claims = env.claim_objects();
-        let machines = env.list("machines");
-        (env.get("nodeclaims", "", &a).is_none()
-            && env.get("nodeclaims", "", &b).is_none()
-            && claims.len() == 2
-            && claims.iter().all(|c| {
-                let replaced = &c["metadata"]["annotations"][REPLACES_ANNOTATION];
-                *replaced == a.as_str() || *replaced == b.as_str()
-            })
-            && claims
-                .iter()
-                .all(|c| condition(c, "Initialized").is_some_and(|c| c["status"] == "True"))
-            && machines.len() == 2
-            && machines
-                .iter()
-                .all(|m| env.machine_up_to_date(m) == Some(true)))
-        .then_some(())
-    })
-    .await;
-    settle(&env.sim, DEADLINE).await.expect("settles");
-    assert_eq!(
-        env.controller_replica_writes_since(since),
-        vec![],
-        "the fresh Machines were adopted, not released and created again (after {since} ms)"
-    );
     env.assert_clean();
 }
 

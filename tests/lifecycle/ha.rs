@@ -1,12 +1,8 @@
-//! High availability against the simulated cluster: two replicas with leader election (short
-//! timings), each with its own clients (told apart by User-Agent in the server's write log),
-//! Health and metrics. Both are Ready, exactly one writes, and the standby takes over after the
-//! leader is killed (within lease duration + 2 s) or stopped gracefully (within 2 s), and then
-//! provisions from the API state. Also: a leader whose Lease requests hang steps down in time,
-//! client deadlines end a hung request, and the binary releases the Lease on SIGTERM, also when
-//! the signal comes during start-up.
+//! High availability against the simulated cluster (the failover of two replicas runs on both
+//! backends, in the control_plane test binary): a leader whose Lease requests hang steps down in
+//! time, client deadlines end a hung request, and the binary releases the Lease on SIGTERM, also
+//! when the signal comes during start-up.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,279 +10,21 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use karpenter_capi::actors::Controller;
-use karpenter_capi::api::nodepool::NodePool;
-use karpenter_capi::app::{self, Campaign, ClientOptions, Replica, Timeouts};
-use karpenter_capi::http::{self, Health};
+use karpenter_capi::app::{self, Campaign, ClientOptions, Timeouts};
+use karpenter_capi::http::Health;
 use karpenter_capi::leader;
 use karpenter_capi::metrics::Metrics;
-use karpenter_capi::sim::cluster::SimClusterConfig;
-use karpenter_capi::simulate::launch::{create_claims, seed_of};
 use karpenter_capi::simulate::{BackgroundSim, sim_settings};
 use karpenter_capi::write_gate::WriteGate;
 
-use crate::common::Env;
-
-const LEASE: Duration = Duration::from_secs(3);
-const RENEW: Duration = Duration::from_secs(2);
-const RETRY: Duration = Duration::from_millis(500);
-const LEASE_NAME: &str = "karpenter-capi-ha";
-/// Only to detect a hang; the bounds under test are asserted separately.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-fn cluster() -> SimClusterConfig {
-    SimClusterConfig {
-        provider_delay: Duration::from_millis(50),
-        jitter: Duration::from_millis(20),
-        node_ready_delay: Duration::from_millis(50),
-        node_delete_delay: Duration::from_millis(20),
-        ..SimClusterConfig::default()
-    }
-}
-
-fn election(identity: &str) -> leader::Config {
-    let mut cfg = leader::Config::new("default".into(), LEASE_NAME.into(), identity.into());
-    cfg.lease_duration = LEASE;
-    cfg.renew_deadline = RENEW;
-    cfg.retry_period = RETRY;
-    cfg
-}
-
-fn agent(name: &str) -> String {
-    format!("karpenter-capi-ha/{name}")
-}
-
-struct Member {
-    name: &'static str,
-    replica: Replica,
-    metrics: Arc<Metrics>,
-    health_addr: SocketAddr,
-}
-
-impl Member {
-    fn leads(&self) -> bool {
-        *self.replica.leading.borrow()
-    }
-}
-
-async fn seeded() -> (BackgroundSim, NodePool) {
-    Env::builder()
-        .cluster(cluster())
-        .seeds(vec![seed_of(0, 100)])
-        .seeded()
-        .await
-}
-
-/// One replica as `run` builds it, with its own clients, gate, Health and metrics.
-async fn member(sim: &BackgroundSim, name: &'static str) -> Member {
-    let gate = WriteGate::default();
-    let options = ClientOptions {
-        agent: agent(name),
-        gate: gate.clone(),
-        ..ClientOptions::default()
-    };
-    let client = app::client_from_kubeconfig_with(&sim.kubeconfig(), &options)
-        .await
-        .expect("client");
-    let metrics = Metrics::new();
-    let health = Arc::new(Health::default());
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    let (_, health_addr) = http::serve(any, any, metrics.clone(), health.clone())
-        .await
-        .expect("probe endpoints");
-    let campaign = Campaign {
-        client: client.clone(),
-        config: election(name),
-    };
-    let controller = Controller {
-        workload: client.clone(),
-        management: client,
-        capi_version: None,
-        settings: sim_settings(None),
-        metrics: metrics.clone(),
-        instance: name.into(),
-    };
-    let replica = tokio::time::timeout(
-        PATIENCE,
-        app::start_replica(controller, gate, health, Some(campaign)),
-    )
-    .await
-    .expect("a replica starts (and is Ready) without waiting for the Lease")
-    .expect("replica");
-    Member {
-        name,
-        replica,
-        metrics,
-        health_addr,
-    }
-}
-
-async fn get(addr: SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
-    out
-}
-
-/// Start two replicas at once; returns (leader, standby) once one leads.
-async fn pair(sim: &BackgroundSim) -> (Member, Member) {
-    let (a, b) = tokio::join!(member(sim, "a"), member(sim, "b"));
-    for m in [&a, &b] {
-        let ready = get(m.health_addr, "/readyz").await;
-        assert!(
-            ready.starts_with("HTTP/1.1 200"),
-            "{} not Ready: {ready}",
-            m.name
-        );
-    }
-    let deadline = Instant::now() + PATIENCE;
-    while !(a.leads() ^ b.leads()) {
-        assert!(Instant::now() < deadline, "no single leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (leader, standby) = if a.leads() { (a, b) } else { (b, a) };
-    let gauge = |m: &Member| {
-        m.metrics
-            .encode()
-            .lines()
-            .find(|l| l.starts_with("karpenter_capi_leader "))
-            .map(str::to_string)
-    };
-    assert_eq!(gauge(&leader).as_deref(), Some("karpenter_capi_leader 1"));
-    assert_eq!(gauge(&standby).as_deref(), Some("karpenter_capi_leader 0"));
-    (leader, standby)
-}
-
-/// Writes other than the Lease, by one replica, at or after `since_ms` (server clock).
-fn writes_by(sim: &BackgroundSim, name: &str, since_ms: u64) -> Vec<(u64, String)> {
-    let agent = agent(name);
-    sim.cluster()
-        .stats()
-        .writes()
-        .into_iter()
-        .filter(|w| w.agent == agent && w.resource != "leases" && w.at_ms >= since_ms)
-        .map(|w| (w.at_ms, format!("{} {}/{}", w.verb, w.resource, w.name)))
-        .collect()
-}
-
-async fn claim(sim: &BackgroundSim, pool: &NodePool) -> String {
-    let pool = pool.clone();
-    sim.run(move |c| async move { create_claims(c.client(), &pool, 1, 1).await })
-        .await
-        .expect("sim")
-        .expect("create claim")
-        .remove(0)
-}
-
-fn launched(sim: &BackgroundSim, name: &str) -> bool {
-    sim.cluster()
-        .server()
-        .store()
-        .get("nodeclaims", "", name)
-        .and_then(|c| c.pointer("/status/conditions").cloned())
-        .and_then(|cs| cs.as_array().cloned())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c["type"] == "Launched" && c["status"] == "True")
-        })
-}
-
-async fn wait_launched(sim: &BackgroundSim, name: &str) {
-    let deadline = Instant::now() + PATIENCE;
-    while !launched(sim, name) {
-        assert!(Instant::now() < deadline, "claim {name} never launched");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Milliseconds (server clock) until `name` first writes at or after `since_ms`.
-async fn first_write_after(sim: &BackgroundSim, name: &str, since_ms: u64) -> u64 {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        if let Some((at, what)) = writes_by(sim, name, since_ms).first() {
-            println!(
-                "replica {name}: first write {what} {} ms after the leader stopped",
-                at - since_ms
-            );
-            return at - since_ms;
-        }
-        assert!(Instant::now() < deadline, "{name} never wrote");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Before the handover, only the leader writes.
-async fn only_the_leader_writes(sim: &BackgroundSim, pool: &NodePool, l: &Member, s: &Member) {
-    let first = claim(sim, pool).await;
-    wait_launched(sim, &first).await;
-    assert!(!writes_by(sim, l.name, 0).is_empty(), "the leader writes");
-    assert_eq!(
-        writes_by(sim, s.name, 0),
-        vec![],
-        "the standby must not write"
-    );
-}
-
-#[actix::test]
-async fn standby_is_ready_and_takes_over_after_the_leader_is_killed() {
-    let (sim, pool) = seeded().await;
-    let (l, s) = pair(&sim).await;
-    only_the_leader_writes(&sim, &pool, &l, &s).await;
-
-    // Kill: no release, in-flight work abandoned.
-    let stopped = sim.cluster().stats().now_ms();
-    l.replica.abort();
-    let second = claim(&sim, &pool).await;
-    let takeover = first_write_after(&sim, s.name, stopped).await;
-    println!("takeover after kill: {takeover} ms (bound: lease {LEASE:?} + 2 s)");
-    assert!(
-        takeover <= (LEASE + Duration::from_secs(2)).as_millis() as u64,
-        "standby wrote {takeover} ms after the leader was killed"
-    );
-    assert!(s.leads());
-    // The new leader works from the API state: the claim made during the handover launches.
-    wait_launched(&sim, &second).await;
-    s.replica.shutdown().await;
-}
-
-#[actix::test]
-async fn graceful_stop_hands_over_within_two_seconds() {
-    let (sim, pool) = seeded().await;
-    let (l, s) = pair(&sim).await;
-    only_the_leader_writes(&sim, &pool, &l, &s).await;
-
-    // The same path SIGTERM takes.
-    let stopped = sim.cluster().stats().now_ms();
-    let began = Instant::now();
-    let second = claim(&sim, &pool).await;
-    l.replica.shutdown().await;
-    let shutdown = began.elapsed();
-    let done = sim.cluster().stats().now_ms();
-    let takeover = first_write_after(&sim, s.name, stopped).await;
-    println!("graceful shutdown took {shutdown:?}; takeover: {takeover} ms (bound: 2 s)");
-    assert!(shutdown < app::SHUTDOWN_BOUND);
-    assert!(
-        takeover <= 2000,
-        "standby wrote {takeover} ms after the leader began shutting down"
-    );
-    assert_eq!(
-        writes_by(&sim, l.name, done),
-        vec![],
-        "the old leader writes nothing after its shutdown"
-    );
-    assert!(s.leads());
-    wait_launched(&sim, &second).await;
-    s.replica.shutdown().await;
-}
+use crate::common::replicas::*;
+use karpenter_capi::sim::cluster::Backend;
 
 #[actix::test]
 async fn a_leader_whose_lease_requests_hang_steps_down_within_the_renew_deadline() {
-    let (sim, _) = seeded().await;
+    let (sim, _) = seeded(Backend::Simulated).await;
     let client = sim.client_here().await.expect("client");
     let mut e = leader::Election::spawn(client, election("hung"));
     let mut status = e.status.clone();
@@ -321,7 +59,7 @@ async fn a_leader_whose_lease_requests_hang_steps_down_within_the_renew_deadline
 /// still syncing): the Lease is released then too, or a standby waits a whole lease duration.
 #[actix::test]
 async fn a_signal_during_start_up_releases_a_lease_already_taken() {
-    let (sim, _) = seeded().await;
+    let (sim, _) = seeded(Backend::Simulated).await;
     // Start-up cannot finish: listing Nodes hangs far longer than this test.
     sim.cluster()
         .server()

@@ -1,10 +1,10 @@
 //! Provisioning end to end: pods to claims through the simulated cluster, the
-//! solver on a mixed workload, the Cluster API model, and malformed objects.
+//! solver on a mixed workload and the Cluster API model (the malformed corpus runs on both
+//! backends, in the control_plane test binary).
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod capi;
-mod malformed;
 mod provisioning;
 mod scheduling;

@@ -63,18 +63,6 @@ impl Env {
             .next()
             .expect("the NodePool")
     }
-
-    async fn deployment(&self, name: &str, replicas: usize, shape: PodShape) {
-        let name = name.to_string();
-        self.sim
-            .run(move |c| async move {
-                c.create_deployment(launch::NAMESPACE, &name, replicas, &shape)
-                    .await
-                    .unwrap()
-            })
-            .await
-            .unwrap();
-    }
 }
 
 fn condition(obj: &Value, ty: &str) -> Option<Value> {
@@ -172,46 +160,6 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
         value("karpenter_nodepools_usage{nodepool=\"default\",resource_type=\"cpu\"}") > 0.0,
         "{text}"
     );
-}
-
-#[actix::test]
-async fn a_limit_stops_provisioning_and_says_why() {
-    let env = env(Some(json!({"cpu": "4"}))).await;
-    env.deployment("big", 6, PodShape::new("1500m", "1Gi"))
-        .await;
-    env.until_quiet("some pods bound and an event", |e| {
-        e.bound_pods() > 0 && !e.events("FailedScheduling").is_empty()
-    })
-    .await;
-    // Settle: no more claims appear.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let claims = env.list("nodeclaims");
-    let mut cpu = Quantity::ZERO;
-    for c in &claims {
-        let q: Quantity = c["status"]["capacity"]["cpu"]
-            .as_str()
-            .or(c["spec"]["resources"]["requests"]["cpu"].as_str())
-            .unwrap()
-            .parse()
-            .unwrap();
-        cpu = cpu + q;
-    }
-    assert!(
-        cpu <= "4".parse().unwrap(),
-        "{} claims with {cpu} CPU exceed the limit of 4",
-        claims.len()
-    );
-    assert!(
-        env.bound_pods() < 6,
-        "not every pod can fit under the limit"
-    );
-    let ev = env.events("FailedScheduling");
-    assert!(
-        ev.iter()
-            .any(|e| e["note"].as_str().unwrap_or_default().contains("limit")),
-        "{ev:#?}"
-    );
-    env.invariants_hold();
 }
 
 /// One pod selecting `key=value` next to two plain ones: once the plain ones are bound, the

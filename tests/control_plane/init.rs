@@ -1,6 +1,6 @@
-//! `karpenter-capi init` against the simulated cluster: usable and unusable MachineDeployments
-//! reported with the commands that fix them, and `-o yaml` applied with the real kubectl, then
-//! seen by the controller (its NodePool becomes Ready).
+//! `karpenter-capi init` on both backends: usable and unusable MachineDeployments reported with
+//! the commands that fix them, and `-o yaml` applied with the real kubectl, then seen by the
+//! controller (its NodePool becomes Ready).
 
 use crate::assets;
 use crate::common;
@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 
 use karpenter_capi::api::wellknown::{CPU_ANNOTATION, MEMBER_LABEL, MEMORY_ANNOTATION};
 use karpenter_capi::metrics::Metrics;
-use karpenter_capi::sim::cluster::MachineDeploymentSeed;
+use karpenter_capi::sim::cluster::{Backend, MachineDeploymentSeed, SimClusterConfig};
 use karpenter_capi::simulate::launch::seed_of;
 use karpenter_capi::simulate::{BackgroundSim, sim_settings, start_controller};
 
@@ -35,18 +35,29 @@ fn init_with(kubeconfig: &Path, output: &str, extra: &[&str]) -> (String, String
     (stdout, stderr)
 }
 
+on_both_backends![
+    needs [Kubectl];
+    init_reports_each_machine_deployment_with_its_fix,
+    init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready,
+];
+
 pub fn tests() -> Vec<assets::Test> {
-    trials![
-        @actix init_reports_each_machine_deployment_with_its_fix,
-        @actix init_names_the_cluster_filter_that_leaves_machine_deployments_out,
-        @actix init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready needs [Kubectl],
-    ]
+    let mut all = on_both();
+    // Simulated only: the filter reads the cluster-name label Cluster API's defaulting webhook
+    // writes, and no webhook runs on the real backend (docs/fidelity.md).
+    all.extend(trials![@actix init_names_the_cluster_filter_that_leaves_machine_deployments_out]);
+    all
 }
 
-/// A simulated cluster with one usable MachineDeployment and three that are not, each for
+/// A cluster on `backend` with one usable MachineDeployment and three that are not, each for
 /// another reason.
-async fn seeded() -> BackgroundSim {
-    let sim = BackgroundSim::start(fast_cluster()).await.expect("sim");
+async fn seeded(backend: Backend) -> BackgroundSim {
+    let sim = BackgroundSim::start(SimClusterConfig {
+        backend,
+        ..fast_cluster()
+    })
+    .await
+    .expect("the cluster");
     sim.run(|c| async move {
         let member = BTreeMap::from([(MEMBER_LABEL.to_string(), String::new())]);
         // Usable; usable but for the member label; a member with no capacity; a member with a
@@ -85,8 +96,8 @@ async fn seeded() -> BackgroundSim {
     sim
 }
 
-async fn init_reports_each_machine_deployment_with_its_fix() {
-    let sim = seeded().await;
+async fn init_reports_each_machine_deployment_with_its_fix(backend: Backend) {
+    let sim = seeded(backend).await;
     let kubeconfig = sim.kubeconfig();
     let (text, _) = init(&kubeconfig, "text");
     assert!(
@@ -136,8 +147,8 @@ async fn init_reports_each_machine_deployment_with_its_fix() {
     assert!(yaml.contains("kind: ClusterAPINodeClass") && yaml.contains("kind: NodePool"));
 }
 
-async fn init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready() {
-    let sim = seeded().await;
+async fn init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready(backend: Backend) {
+    let sim = seeded(backend).await;
     let kubeconfig = sim.kubeconfig();
     let (yaml, _) = init(&kubeconfig, "yaml");
     let kubectl = assets::tool(assets::Asset::Kubectl);
@@ -176,7 +187,7 @@ async fn init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready() {
     let _controller = start_controller(&sim, sim_settings(None), Metrics::new())
         .await
         .expect("controller");
-    let store = sim.cluster().server().store();
+    let store = sim.cluster().store();
     let deadline = std::time::Instant::now() + common::DEADLINE;
     loop {
         let np = store.get("nodepools", "", "default");
@@ -199,7 +210,7 @@ async fn init_yaml_applies_with_kubectl_and_the_nodepool_becomes_ready() {
 /// sets: the right name finds the MachineDeployments, a wrong one is named as the cause instead
 /// of an empty cluster or a missing member label.
 async fn init_names_the_cluster_filter_that_leaves_machine_deployments_out() {
-    let sim = seeded().await;
+    let sim = seeded(Backend::Simulated).await;
     let kubeconfig = sim.kubeconfig();
     let (right, _) = init_with(&kubeconfig, "text", &["--cluster-name", "sim"]);
     assert!(

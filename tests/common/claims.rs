@@ -1,0 +1,178 @@
+//! `Env`'s helpers for claims, pools and MachineDeployments shared by the disruption tests and
+//! the flows run on both backends, and the Events read through the API server (on either
+//! backend, where the real one's mirror keeps none).
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use karpenter_capi::actors::DisruptionSettings;
+use karpenter_capi::api::drift_hash::nodepool_hash;
+use karpenter_capi::api::nodeclaim::NodeClaim;
+use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::api::wellknown::{
+    NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
+};
+use karpenter_capi::sim::cluster::PodShape;
+use karpenter_capi::simulate::launch::claim_for;
+
+use super::{Env, NS, condition};
+
+/// Every `events.k8s.io/v1` Event, read through the API server, so on either backend (the real
+/// one's mirror keeps no Events).
+pub async fn served_events(client: &kube::Client) -> Vec<Value> {
+    let ar = ApiResource {
+        group: "events.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "events.k8s.io/v1".into(),
+        kind: "Event".into(),
+        plural: "events".into(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+    api.list(&Default::default())
+        .await
+        .expect("list Events")
+        .items
+        .into_iter()
+        .filter_map(|e| serde_json::to_value(e).ok())
+        .collect()
+}
+
+/// Disruption passes at test speed: every 200 ms, validation 300 ms.
+pub fn fast_disruption() -> DisruptionSettings {
+    DisruptionSettings {
+        poll: Duration::from_millis(200),
+        debounce: Duration::from_millis(20),
+        validation: Duration::from_millis(300),
+        replacement_timeout: Duration::from_secs(60),
+    }
+}
+
+impl Env {
+    /// Merges `patch` into the NodePool.
+    pub async fn patch_pool(&self, patch: Value) {
+        let api: Api<NodePool> = Api::all(self.client().await);
+        api.patch(
+            &self.pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .expect("patch the NodePool");
+    }
+
+    pub async fn set_disruption(&self, disruption: Value) {
+        self.patch_pool(json!({"spec": {"disruption": disruption}}))
+            .await;
+    }
+
+    /// A claim as the provisioner writes it (with the pool's drift hash) on `instance_type`.
+    pub async fn stamped_claim(&self, instance_type: &str) -> (String, String) {
+        let mut claim = claim_for(&self.pool, instance_type);
+        claim.annotations_mut().extend([
+            (
+                NODEPOOL_HASH_ANNOTATION.to_string(),
+                nodepool_hash(&self.pool),
+            ),
+            (
+                NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
+                NODEPOOL_HASH_VERSION.to_string(),
+            ),
+        ]);
+        self.create_and_wait(claim).await
+    }
+
+    /// Creates `claim` and waits until it is initialized; returns (claim, node).
+    pub async fn create_and_wait(&self, claim: NodeClaim) -> (String, String) {
+        let name = self.create_claim(&claim).await;
+        let node = self
+            .wait("the claim initialized", || {
+                self.get("nodeclaims", "", &name).and_then(|c| {
+                    (condition(&c, "Initialized")?["status"] == "True")
+                        .then(|| c["status"]["nodeName"].as_str().map(String::from))
+                        .flatten()
+                })
+            })
+            .await;
+        (name, node)
+    }
+
+    /// The controller's own metric starting with `needle` (0 when absent).
+    pub fn metric(&self, needle: &str) -> f64 {
+        self.metrics
+            .encode()
+            .lines()
+            .find(|l| l.starts_with(needle))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Merges `body` into MachineDeployment `md-0`.
+    pub async fn patch_md(&self, body: Value) {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client().await,
+            NS,
+            &self.sim.cluster().capi_version().machine_deployment(),
+        );
+        api.patch("md-0", &PatchParams::default(), &Patch::Merge(body))
+            .await
+            .expect("patch the MachineDeployment");
+    }
+
+    /// Writes to MachineDeployments by the controller after `since_ms`: (ms, verb, name).
+    pub fn controller_replica_writes_since(&self, since_ms: u64) -> Vec<(u64, String, String)> {
+        self.sim
+            .cluster()
+            .stats()
+            .writes()
+            .into_iter()
+            .filter(|w| {
+                w.at_ms > since_ms
+                    && w.agent == karpenter_capi::app::USER_AGENT
+                    && w.resource == "machinedeployments"
+            })
+            .map(|w| (w.at_ms, w.verb, w.name))
+            .collect()
+    }
+
+    pub fn machine_up_to_date(&self, m: &Value) -> Option<bool> {
+        m.pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "UpToDate"))
+            .map(|c| c["status"] == "True")
+    }
+
+    /// Deployment `name` of `replicas` pods of `shape` in the test namespace.
+    pub async fn deployment(&self, name: &str, replicas: usize, shape: PodShape) {
+        let name = name.to_string();
+        self.sim
+            .run(move |c| async move { c.create_deployment(NS, &name, replicas, &shape).await })
+            .await
+            .expect("the cluster's runtime")
+            .expect("a Deployment");
+    }
+
+    /// Every `events.k8s.io/v1` Event with `reason`, read through the API server.
+    pub async fn served_events(&self, reason: &str) -> Vec<Value> {
+        let mut all = served_events(&self.client().await).await;
+        all.retain(|e| e["reason"] == reason);
+        all
+    }
+
+    /// The notes of the Events with `reason` about objects whose names start with `prefix`.
+    pub async fn notes_about(&self, reason: &str, prefix: &str) -> Vec<String> {
+        self.served_events(reason)
+            .await
+            .iter()
+            .filter(|e| {
+                e["regarding"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+            .map(|e| e["note"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+}

@@ -1,0 +1,182 @@
+//! Provisioning on both backends: pods selecting an offering's labels land on that offering, a
+//! pod too large for every offering stays pending and is told why, and a NodePool limit stops
+//! provisioning and says so. The offerings are the `pods` scenario's four MachineDeployment
+//! sizes (2 to 16 CPUs) in three zones.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use karpenter_capi::api::resources::Quantity;
+use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, ZONE_LABEL};
+use karpenter_capi::sim::cluster::{Backend, PodShape, SimClusterConfig};
+use karpenter_capi::simulate::pods::seed_of;
+
+use crate::common::{Env, eventually};
+
+on_both_backends![
+    pods_selecting_an_offerings_labels_land_on_that_offering,
+    a_pod_too_large_for_every_offering_stays_pending_and_is_told_why,
+    a_limit_stops_provisioning_and_says_why,
+];
+
+pub fn tests() -> Vec<crate::assets::Test> {
+    on_both()
+}
+
+/// The four sizes (500 nodes each at most), the NodeClass and the default NodePool (with
+/// `limits`), and the controller with short batching windows, on `backend`.
+async fn env(backend: Backend, limits: Option<Value>) -> Env {
+    let mut builder = Env::builder()
+        .cluster(SimClusterConfig {
+            provider_delay: Duration::from_millis(30),
+            jitter: Duration::from_millis(30),
+            node_ready_delay: Duration::from_millis(30),
+            node_delete_delay: Duration::from_millis(20),
+            ..SimClusterConfig::default()
+        })
+        .backend(backend)
+        .seeds((0..4).map(|i| seed_of(i, 500)).collect())
+        .short_batches();
+    if let Some(limits) = limits {
+        builder = builder.limits(limits);
+    }
+    builder.start().await
+}
+
+/// The label `key` of the Node pod `pod` is bound to.
+fn node_label(env: &Env, pod: &Value, key: &str) -> Option<String> {
+    let node = pod.pointer("/spec/nodeName").and_then(Value::as_str)?;
+    let node = env.get("nodes", "", node)?;
+    node["metadata"]["labels"][key].as_str().map(String::from)
+}
+
+fn pods_of<'a>(pods: &'a [Value], prefix: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    pods.iter().filter(move |p| {
+        p["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(prefix))
+    })
+}
+
+/// A nodeSelector on the instance type and a required node affinity on the zone: each pod is
+/// bound (by the scheduler stand-in, or kube-scheduler) to a Node that carries the label.
+async fn pods_selecting_an_offerings_labels_land_on_that_offering(backend: Backend) {
+    let env = env(backend, None).await;
+    let mut pinned = PodShape::new("500m", "256Mi");
+    pinned
+        .node_selector
+        .insert(INSTANCE_TYPE_LABEL.into(), "large".into());
+    env.deployment("pinned", 2, pinned).await;
+    let mut zonal = PodShape::new("500m", "256Mi");
+    zonal.affinity = Some(
+        json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": ZONE_LABEL, "operator": "In", "values": ["sim-zone-1"]},
+            ]}],
+        }}}),
+    );
+    env.deployment("zonal", 2, zonal).await;
+    env.until_quiet("4 pods bound", |e| e.bound_pods() == 4)
+        .await;
+
+    let pods = env.list("pods");
+    for p in pods_of(&pods, "pinned-") {
+        assert_eq!(
+            node_label(&env, p, INSTANCE_TYPE_LABEL).as_deref(),
+            Some("large"),
+            "{}",
+            p["metadata"]["name"]
+        );
+    }
+    for p in pods_of(&pods, "zonal-") {
+        assert_eq!(
+            node_label(&env, p, ZONE_LABEL).as_deref(),
+            Some("sim-zone-1"),
+            "{}",
+            p["metadata"]["name"]
+        );
+    }
+    env.invariants_hold();
+}
+
+/// A pod asking for 64 CPUs (the largest offering has 16) beside two that fit: those are bound,
+/// it gets no claim, stays unscheduled (`PodScheduled=False`, by the scheduler) and the
+/// controller says why in a `FailedScheduling` Event.
+async fn a_pod_too_large_for_every_offering_stays_pending_and_is_told_why(backend: Backend) {
+    let env = env(backend, None).await;
+    env.deployment("huge", 1, PodShape::new("64", "1Gi")).await;
+    env.deployment("fine", 2, PodShape::new("100m", "128Mi"))
+        .await;
+    env.until_quiet("the pods that fit bound", |e| e.bound_pods() == 2)
+        .await;
+    let notes = eventually("a FailedScheduling Event for the huge pod", || async {
+        let notes = env.notes_about("FailedScheduling", "huge-").await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    eprintln!("the huge pod's notes: {notes:?}");
+
+    let pods = env.list("pods");
+    let huge: Vec<&Value> = pods_of(&pods, "huge-").collect();
+    assert_eq!(huge.len(), 1, "{pods:#?}");
+    assert!(huge[0].pointer("/spec/nodeName").is_none(), "{:#}", huge[0]);
+    let scheduled = crate::common::condition(huge[0], "PodScheduled");
+    assert_eq!(
+        scheduled.map(|c| (c["status"].clone(), c["reason"].clone())),
+        Some((json!("False"), json!("Unschedulable"))),
+        "{:#}",
+        huge[0]
+    );
+    for c in env.list("nodeclaims") {
+        let cpu: Quantity = c["spec"]["resources"]["requests"]["cpu"]
+            .as_str()
+            .unwrap_or("0")
+            .parse()
+            .expect("a claim's cpu request");
+        assert!(
+            cpu < "64".parse().expect("64"),
+            "a claim for the huge pod: {c:#}"
+        );
+    }
+    env.invariants_hold();
+}
+
+/// A NodePool limited to 4 CPUs and six pods of 1.5 CPUs: claims stop at the limit, the pods
+/// left are told the limit is why.
+async fn a_limit_stops_provisioning_and_says_why(backend: Backend) {
+    let env = env(backend, Some(json!({"cpu": "4"}))).await;
+    env.deployment("big", 6, PodShape::new("1500m", "1Gi"))
+        .await;
+    env.until_quiet("some pods bound", |e| e.bound_pods() > 0)
+        .await;
+    let notes = eventually("a FailedScheduling Event naming the limit", || async {
+        let notes = env.notes_about("FailedScheduling", "big-").await;
+        notes.iter().any(|n| n.contains("limit")).then_some(notes)
+    })
+    .await;
+    eprintln!("notes: {notes:?}");
+    // Settle: no more claims appear.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let claims = env.list("nodeclaims");
+    let mut cpu = Quantity::ZERO;
+    for c in &claims {
+        let q: Quantity = c["status"]["capacity"]["cpu"]
+            .as_str()
+            .or(c["spec"]["resources"]["requests"]["cpu"].as_str())
+            .expect("a claim's cpu")
+            .parse()
+            .expect("a quantity");
+        cpu = cpu + q;
+    }
+    assert!(
+        cpu <= "4".parse().expect("4"),
+        "{} claims with {cpu} CPU exceed the limit of 4",
+        claims.len()
+    );
+    assert!(
+        env.bound_pods() < 6,
+        "not every pod can fit under the limit"
+    );
+    env.invariants_hold();
+}
