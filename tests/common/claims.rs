@@ -164,15 +164,19 @@ impl Env {
 
     /// The notes of the Events with `reason` about objects whose names start with `prefix`.
     pub async fn notes_about(&self, reason: &str, prefix: &str) -> Vec<String> {
-        self.served_events(reason)
-            .await
-            .iter()
-            .filter(|e| {
-                e["regarding"]["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with(prefix))
-            })
-            .map(|e| e["note"].as_str().unwrap_or_default().to_string())
-            .collect()
+        notes_about(&self.served_events(reason).await, prefix)
     }
+}
+
+/// The notes of `events` about objects whose names start with `prefix`.
+pub fn notes_about(events: &[Value], prefix: &str) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| {
+            e["regarding"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .map(|e| e["note"].as_str().unwrap_or_default().to_string())
+        .collect()
 }

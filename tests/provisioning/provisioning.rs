@@ -14,6 +14,7 @@ use karpenter_capi::simulate::launch;
 use karpenter_capi::simulate::pods::{SHAPES, seed_of};
 
 use crate::common::Env;
+use crate::common::claims::notes_about;
 
 fn cluster() -> SimClusterConfig {
     SimClusterConfig {
@@ -174,16 +175,7 @@ async fn notes_for_a_pod_selecting(env: &Env, name: &str, key: &str, value: &str
         e.bound_pods() == 2 && !e.events("FailedScheduling").is_empty()
     })
     .await;
-    env.events("FailedScheduling")
-        .iter()
-        .filter(|e| {
-            e["regarding"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with(name)
-        })
-        .map(|e| e["note"].as_str().unwrap_or_default().to_string())
-        .collect()
+    notes_about(&env.events("FailedScheduling"), name)
 }
 
 /// A pod the solve puts on a claim whose node is still coming up is nominated to it
@@ -218,17 +210,7 @@ async fn a_pod_placed_on_an_in_flight_claim_is_nominated_to_it() {
     let claims = env.list("nodeclaims");
     assert_eq!(claims.len(), 1, "the second pod got no claim of its own");
     let claim = claims[0]["metadata"]["name"].as_str().unwrap_or_default();
-    let nominated = |prefix: &str| -> Vec<String> {
-        env.events("Nominated")
-            .iter()
-            .filter(|e| {
-                e["regarding"]["name"]
-                    .as_str()
-                    .is_some_and(|n| n.starts_with(prefix))
-            })
-            .map(|e| e["note"].as_str().unwrap_or_default().to_string())
-            .collect()
-    };
+    let nominated = |prefix: &str| notes_about(&env.events("Nominated"), prefix);
     let want = format!("Pod should schedule on: nodeclaim/{claim}");
     assert_eq!(nominated("first-"), vec![want.clone()]);
     // Before its Node registered the claim alone, after it the claim and the Node.
