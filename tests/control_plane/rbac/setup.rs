@@ -1,0 +1,301 @@
+//! Setting the stage for the RBAC flows: a control plane with an audit log, the project's and
+//! Cluster API's CRDs, the chart's RBAC installed with the real helm and kubectl, the Cluster API
+//! and kubelet stand-ins, the seeded MachineDeployments, NodeClass and NodePool, and the
+//! controller binary as the chart's Deployment runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use karpenter_capi::api::wellknown::CLUSTER_NAME_LABEL;
+use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::controlplane::rbac::{self, ServiceAccountAccess};
+use karpenter_capi::controlplane::{ControlPlane, Options};
+use karpenter_capi::sim::capi::CapiConfig;
+use karpenter_capi::sim::cluster::{CLUSTER_NAME, MachineDeploymentSeed};
+use karpenter_capi::sim::kubelet::KubeletConfig;
+use karpenter_capi::sim::standin::{ShutdownTrigger, shutdown_pair};
+use karpenter_capi::simulate::launch::seed_of;
+
+use super::{NAMESPACE, RELEASE, Topology, UPSTREAM_CRDS};
+use crate::assets::{self, Asset};
+use crate::established;
+
+/// The controller container's environment as the chart renders it (literal values only).
+pub(super) fn chart_environment(t: &Topology) -> Vec<(String, String)> {
+    let chart = Chart::new();
+    let docs =
+        rbac::render(&chart.install(t)).unwrap_or_else(|e| panic!("rendering the chart: {e}"));
+    let deployment = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment")
+        .expect("the chart's Deployment");
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["args"], json!(["run"]), "the container's args");
+    container["env"]
+        .as_array()
+        .expect("the container's env")
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// `karpenter-capi run` in a child process, killed if the test ends without stopping it.
+pub(super) struct ControllerProcess {
+    child: std::process::Child,
+    log: PathBuf,
+}
+
+impl ControllerProcess {
+    pub(super) fn spawn(
+        cp: &ControlPlane,
+        access: &ServiceAccountAccess,
+        env: &[(String, String)],
+    ) -> Self {
+        let log = cp.dir().join("karpenter-capi.log");
+        let out = std::fs::File::create(&log).expect("the controller's log");
+        let err = out.try_clone().expect("the controller's log");
+        let child = Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+            .arg("run")
+            .arg("--kubeconfig")
+            .arg(&access.kubeconfig)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            // The downward API's values in a pod.
+            .env("POD_NAME", "karpenter-capi-0")
+            .env("POD_NAMESPACE", NAMESPACE)
+            // Free ports: other processes on this machine may hold the chart's.
+            .env("METRICS_PORT", "0")
+            .env("HEALTH_PROBE_PORT", "0")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("starting karpenter-capi run");
+        ControllerProcess { child, log }
+    }
+
+    /// SIGTERM, as the kubelet stops a pod; the controller must exit 0 within its grace.
+    pub(super) fn terminate(&mut self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill(1)");
+        assert!(sent.success(), "kill -TERM: {sent}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("the controller's status") {
+                break status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the controller did not exit on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(status.success(), "the controller's exit: {status}");
+    }
+}
+
+impl Drop for ControllerProcess {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            eprintln!(
+                "--- karpenter-capi run:\n{}",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
+        // Fails only when it already exited; the wait reaps it either way.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A control plane (its API server keeps an audit log).
+pub(super) async fn start_audited() -> ControlPlane {
+    let options = Options::from_env().expect("KUBEBUILDER_ASSETS (checked by the harness)");
+    let cp = ControlPlane::start(options)
+        .await
+        .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
+    eprintln!("control plane ready in {:?}", cp.startup());
+    cp
+}
+
+/// The project's CRDs and Cluster API's, each Established.
+pub(super) async fn install_crds(cp: &ControlPlane, admin: &Client) {
+    let mut crds = karpenter_capi::api::crds::all();
+    for rel in UPSTREAM_CRDS {
+        let path = assets::upstream(rel);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not a CRD: {e}", path.display()));
+        crds.push(crd);
+    }
+    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    for crd in &crds {
+        api.create(&PostParams::default(), crd)
+            .await
+            .unwrap_or_else(|e| panic!("creating CRD {}: {e}", crd.name_any()));
+    }
+    for crd in &crds {
+        established(cp, &crd.name_any()).await;
+    }
+}
+
+/// The repository's chart, installed as `t` says, with the real helm and kubectl.
+struct Chart {
+    helm: PathBuf,
+    kubectl: PathBuf,
+    chart: PathBuf,
+}
+
+impl Chart {
+    fn new() -> Self {
+        Chart {
+            helm: assets::tool(Asset::Helm),
+            kubectl: assets::tool(Asset::Kubectl),
+            chart: Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/karpenter-capi"),
+        }
+    }
+
+    fn install<'a>(&'a self, t: &'a Topology) -> rbac::Install<'a> {
+        rbac::Install {
+            helm: &self.helm,
+            kubectl: &self.kubectl,
+            chart: &self.chart,
+            release: RELEASE,
+            namespace: NAMESPACE,
+            helm_args: t.helm_args,
+        }
+    }
+}
+
+pub(super) async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
+    rbac::install(cp, &Chart::new().install(t))
+        .await
+        .unwrap_or_else(|e| panic!("installing the chart's RBAC: {e}"))
+}
+
+/// The Cluster API and kubelet stand-ins, as the administrator (they play Cluster API's
+/// controllers and the kubelets, which have their own permissions in a cluster).
+pub(super) struct StandIns {
+    trigger: ShutdownTrigger,
+}
+
+impl StandIns {
+    pub(super) fn start(admin: &Client) -> Self {
+        let (trigger, shutdown) = shutdown_pair();
+        let version = CapiVersion::V1Beta2;
+        karpenter_capi::sim::capi::spawn(
+            admin.clone(),
+            CapiConfig {
+                version,
+                provider_delay: Duration::from_millis(200),
+                jitter: Duration::from_millis(100),
+                node_delete_delay: Duration::from_millis(100),
+                ..CapiConfig::default()
+            },
+            shutdown.clone(),
+        );
+        karpenter_capi::sim::kubelet::spawn(
+            admin.clone(),
+            KubeletConfig {
+                version,
+                node_ready_delay: Duration::from_millis(200),
+                ..KubeletConfig::default()
+            },
+            shutdown,
+        );
+        StandIns { trigger }
+    }
+
+    pub(super) fn stop(&self) {
+        self.trigger.trigger();
+    }
+}
+
+/// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass and a
+/// NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
+pub(super) async fn seed(admin: &Client, t: &Topology) {
+    for i in 0..2 {
+        let mut seed = MachineDeploymentSeed {
+            namespace: t.machines.into(),
+            ..seed_of(i, 10)
+        };
+        // Cluster API's defaulting webhook labels a MachineDeployment with its Cluster; no
+        // webhook runs here, so the label is written as the webhook would.
+        seed.labels
+            .insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
+        let md = karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2, &seed);
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            admin.clone(),
+            t.machines,
+            &CapiVersion::V1Beta2.machine_deployment(),
+        );
+        api.create(&PostParams::default(), &md)
+            .await
+            .unwrap_or_else(|e| panic!("creating MachineDeployment md-{i}: {e}"));
+    }
+    create(
+        admin,
+        json!({
+            "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
+            "metadata": {"name": "default"}, "spec": {},
+        }),
+    )
+    .await;
+    create(
+        admin,
+        json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+            "metadata": {"name": "default"},
+            "spec": {
+                "template": {"spec": {
+                    "requirements": [{
+                        "key": "karpenter.sh/capacity-type", "operator": "In",
+                        "values": ["on-demand"],
+                    }],
+                    "nodeClassRef": {
+                        "group": "karpenter.cluster.x-k8s.io",
+                        "kind": "ClusterAPINodeClass", "name": "default",
+                    },
+                }},
+                "disruption": {
+                    "consolidationPolicy": "WhenEmptyOrUnderutilized",
+                    "consolidateAfter": "Never",
+                    "budgets": [{"nodes": "100%"}],
+                },
+            },
+        }),
+    )
+    .await;
+}
+
+/// Creates a cluster-scoped object of any kind as the administrator.
+async fn create(admin: &Client, doc: Value) {
+    let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+    let (group, version) = doc["apiVersion"]
+        .as_str()
+        .and_then(|v| v.split_once('/'))
+        .expect("a group/version");
+    let resource =
+        kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(group, version, &kind));
+    let api: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+    let object: DynamicObject = serde_json::from_value(doc).expect("an object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("creating the {kind}: {e}"));
+}
