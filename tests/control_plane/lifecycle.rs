@@ -111,8 +111,15 @@ async fn on_delete_rollouts_are_carried_out_as_drift(backend: Backend) {
 /// fresh Machine appears, the Disruption actor creates a claim that takes it (annotated with the
 /// claim it replaces) before Cluster API deletes the outdated one, with no replica write at all
 /// (no release-and-recreate churn); the old claims end with their Machines and nothing leaks.
+///
+/// The pairing is exact on the simulated backend only: there Cluster API's stand-in marks every
+/// outdated Machine at once; on the real API server those writes land one by one, the controller
+/// may pair the first fresh Machine with the claim Cluster API does not delete first, and that
+/// claim's capacity, which no pod needs, is then released (docs/fidelity.md). On both, the
+/// rollout ends with every claim initialized on an up-to-date Machine and nothing leaked.
 async fn rolling_update_fresh_machines_are_adopted_without_churn(backend: Backend) {
     let env = env_fast(backend).await;
+    let exact = backend == Backend::Simulated;
     let (a, _) = env.stamped_claim("sim-0").await;
     let (b, _) = env.stamped_claim("sim-0").await;
     settle(&env.sim, DEADLINE).await.expect("settles");
@@ -123,31 +130,45 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn(backend: Backen
     // (On the simulated backend the test's own client shares the controller's User-Agent: count
     // from after its patch.)
     let since = env.sim.cluster().stats().now_ms();
-    env.wait("two new claims initialized on up-to-date Machines", || {
-        let claims = env.list("nodeclaims");
-        let machines = env.list("machines");
-        (env.get("nodeclaims", "", &a).is_none()
-            && env.get("nodeclaims", "", &b).is_none()
-            && claims.len() == 2
-            && claims.iter().all(|c| {
-                let replaced = &c["metadata"]["annotations"][REPLACES_ANNOTATION];
-                *replaced == a.as_str() || *replaced == b.as_str()
-            })
-            && claims
-                .iter()
-                .all(|c| condition(c, "Initialized").is_some_and(|c| c["status"] == "True"))
-            && machines.len() == 2
-            && machines
-                .iter()
-                .all(|m| env.machine_up_to_date(m) == Some(true)))
-        .then_some(())
-    })
+    env.wait(
+        "the old claims replaced, the rest initialized on up-to-date Machines",
+        || {
+            let claims = env.list("nodeclaims");
+            let machines = env.list("machines");
+            let adopted = claims.len() == 2
+                && claims.iter().all(|c| {
+                    let replaced = &c["metadata"]["annotations"][REPLACES_ANNOTATION];
+                    *replaced == a.as_str() || *replaced == b.as_str()
+                });
+            (env.get("nodeclaims", "", &a).is_none()
+                && env.get("nodeclaims", "", &b).is_none()
+                && !claims.is_empty()
+                && (adopted || !exact)
+                && claims
+                    .iter()
+                    .all(|c| condition(c, "Initialized").is_some_and(|c| c["status"] == "True"))
+                && machines.len() == claims.len()
+                && machines
+                    .iter()
+                    .all(|m| env.machine_up_to_date(m) == Some(true)))
+            .then_some(())
+        },
+    )
     .await;
     settle(&env.sim, DEADLINE).await.expect("settles");
+    let writes = env.controller_replica_writes_since(since);
+    eprintln!("replica writes during the rollout: {writes:?}");
+    if exact {
+        assert_eq!(
+            writes,
+            vec![],
+            "the fresh Machines were adopted, not released and created again (after {since} ms)"
+        );
+    }
     assert_eq!(
-        env.controller_replica_writes_since(since),
-        vec![],
-        "the fresh Machines were adopted, not released and created again (after {since} ms)"
+        env.replicas("md-0") as usize,
+        env.machines_of("md-0").len(),
+        "replicas equal the live Machines"
     );
     env.assert_clean();
 }
