@@ -110,6 +110,16 @@ pub enum Error {
     Client(#[from] kube::Error),
 }
 
+/// How many times a start whose port was taken meanwhile is made again.
+const START_ATTEMPTS: u32 = 3;
+
+impl Error {
+    /// A binary could not listen on its port: taken by another process after it was picked.
+    fn is_port_taken(&self) -> bool {
+        matches!(self, Error::Exited { tail, .. } if tail.contains("address already in use"))
+    }
+}
+
 /// How to start a control plane.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -209,7 +219,24 @@ impl ControlPlane {
     /// Starts etcd, kube-apiserver, kube-scheduler and kube-controller-manager and returns once
     /// the API server answers `/readyz` and the controller-manager has made the `default`
     /// namespace's ServiceAccount (pods cannot be admitted before it exists).
+    ///
+    /// The ports are free when picked but are only bound by the binaries a moment later, so
+    /// another process (another control plane, on a busy machine) can take one in between: a
+    /// start that fails on a taken port is stopped and made again on new ports, a few times.
     pub async fn start(options: Options) -> Result<Self, Error> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(options.clone()).await {
+                Err(e) if attempt < START_ATTEMPTS && e.is_port_taken() => {
+                    tracing::warn!(error = %e, attempt, "a control plane port was taken; starting again on new ports");
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(options: Options) -> Result<Self, Error> {
         let began = Instant::now();
         let deadline = began + options.startup_timeout;
         for binary in BINARIES {
@@ -576,4 +603,29 @@ current-context: default
         what: format!("writing {}", at.display()),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    fn exited(tail: &str) -> Error {
+        Error::Exited {
+            binary: "kube-controller-manager",
+            status: ExitStatus::from_raw(1 << 8),
+            tail: tail.into(),
+        }
+    }
+
+    #[test]
+    fn only_a_taken_port_makes_a_start_again() {
+        let taken = "E1126 run.go:72] \"command failed\" err=\"failed to create listener: failed \
+                     to listen on 127.0.0.1:41487: listen tcp 127.0.0.1:41487: bind: address \
+                     already in use\"";
+        assert!(exited(taken).is_port_taken());
+        assert!(!exited("unknown flag: --bogus").is_port_taken());
+        assert!(!Error::Stopped.is_port_taken());
+    }
 }
