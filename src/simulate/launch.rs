@@ -509,6 +509,8 @@ pub fn measure(
         }
     }
     let inv = invariants::check(cluster.store(), cluster.capi_version());
+    let mut problems = inv.problems;
+    problems.extend(refused_requests(&stats));
     Report {
         scenario: scenario.into(),
         claims: counts,
@@ -540,11 +542,24 @@ pub fn measure(
             claim_to_initialized: Percentiles::of(to_initialized),
         },
         cpu_ms: sim.cpu_ms(requested),
-        invariants_ok: inv.ok(),
-        problems: inv.problems,
+        invariants_ok: problems.is_empty(),
+        problems,
         elapsed_ms: stats.now_ms().saturating_sub(since_ms),
         timeline: sim.timeline(),
     }
+}
+
+/// The controller's requests the API server refused (on a real control plane, which authorizes
+/// them against the Helm chart's RBAC), as a problem: a permission the chart lacks fails the run.
+fn refused_requests(stats: &crate::sim::Stats) -> Option<String> {
+    let refused = stats.refused();
+    let total: u64 = refused.values().sum();
+    (total > 0).then(|| {
+        format!(
+            "the API server refused {total} of the controller's requests (permissions the Helm \
+             chart lacks): {refused:?}"
+        )
+    })
 }
 
 /// `simulate --scenario launch`.
