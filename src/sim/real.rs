@@ -52,11 +52,14 @@ const UPSTREAM_CRDS: [&str; 5] = [
 ];
 
 /// What the mirror watches: (group, version, plural).
-const MIRRORED: [(&str, &str, &str); 9] = [
+/// ReplicaSets because a budget's expected pods are counted from their Deployments' scale
+/// (the drain audit checks removals against budgets on the mirror).
+const MIRRORED: [(&str, &str, &str); 10] = [
     ("", "v1", "pods"),
     ("", "v1", "nodes"),
     ("policy", "v1", "poddisruptionbudgets"),
     ("apps", "v1", "deployments"),
+    ("apps", "v1", "replicasets"),
     ("karpenter.sh", "v1", "nodeclaims"),
     ("karpenter.sh", "v1", "nodepools"),
     ("cluster.x-k8s.io", "v1beta2", "machinedeployments"),
