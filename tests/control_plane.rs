@@ -5,7 +5,8 @@
 //! or listening and its directory is gone. The simulated cluster on this backend (`simulate
 //! --control-plane real`) provisions pending pods end to end, kube-scheduler binding them.
 //! Module `rbac`: the controller on it under the Helm chart's RBAC only. Module `flows`: whole
-//! flows (launch, drain) written once and run on both backends.
+//! flows (launch, drain) written once and run on both backends. Module `simulate`: nothing left
+//! running or listening after `karpenter-capi simulate --control-plane real` exits.
 
 #[macro_use]
 mod assets;
@@ -15,6 +16,8 @@ mod common;
 mod flows;
 #[path = "control_plane/rbac.rs"]
 mod rbac;
+#[path = "control_plane/simulate.rs"]
+mod simulate;
 
 fn main() -> std::process::ExitCode {
     // This binary re-runs itself as the process that is interrupted or panics (see `child`).
@@ -27,9 +30,11 @@ fn main() -> std::process::ExitCode {
         @tokio nothing_is_left_running_or_listening_after_drop needs [ControlPlane],
         nothing_is_left_after_ctrl_c needs [ControlPlane],
         nothing_is_left_after_a_panic needs [ControlPlane],
-        @actix the_pods_scenario_provisions_pods_that_kube_scheduler_binds needs [ControlPlane, Upstream],
+        @actix the_pods_scenario_provisions_pods_that_kube_scheduler_binds
+            needs [ControlPlane, Upstream, Helm, Kubectl],
     ];
     tests.extend(rbac::tests());
+    tests.extend(simulate::tests());
     tests.extend(flows::tests());
     assets::main(tests)
 }

@@ -32,7 +32,7 @@ macro_rules! on_both_backends {
             use karpenter_capi::sim::cluster::Backend;
             $(async fn $flow() { super::$flow(Backend::Real).await })*
             pub fn tests() -> Vec<crate::assets::Test> {
-                trials![$(@actix $flow needs [ControlPlane, Upstream]),*]
+                trials![$(@actix $flow needs [ControlPlane, Upstream, Helm, Kubectl]),*]
             }
         }
     };
