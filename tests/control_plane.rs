@@ -9,6 +9,8 @@
 //! (launch, drain, consolidation, drift), `provisioning`, `lifecycle` (expiry, rollouts, a
 //! restart mid-burst), `failover` (leader election), `malformed` (the corpus), `kubectl` and
 //! `init`.
+//! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
+//! --control-plane real` exits.
 
 #[macro_use]
 mod assets;
@@ -31,6 +33,8 @@ mod malformed;
 mod provisioning;
 #[path = "control_plane/rbac.rs"]
 mod rbac;
+#[path = "control_plane/simulate.rs"]
+mod simulate;
 
 fn main() -> std::process::ExitCode {
     // This binary re-runs itself as the process that is interrupted or panics (see `child`).
@@ -43,9 +47,11 @@ fn main() -> std::process::ExitCode {
         @tokio nothing_is_left_running_or_listening_after_drop needs [ControlPlane],
         nothing_is_left_after_ctrl_c needs [ControlPlane],
         nothing_is_left_after_a_panic needs [ControlPlane],
-        @actix the_pods_scenario_provisions_pods_that_kube_scheduler_binds needs [ControlPlane, Upstream],
+        @actix the_pods_scenario_provisions_pods_that_kube_scheduler_binds
+            needs [ControlPlane, Upstream, Helm, Kubectl],
     ];
     tests.extend(rbac::tests());
+    tests.extend(simulate::tests());
     tests.extend(flows::tests());
     tests.extend(provisioning::tests());
     tests.extend(lifecycle::tests());

@@ -458,8 +458,10 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
-    /// A kubeconfig for the controller, as the user [`CONTROLLER_USER`] (an administrator: in
-    /// `system:masters`), so the audit log names its requests apart.
+    /// A kubeconfig as the user [`CONTROLLER_USER`], an administrator (in `system:masters`)
+    /// whose requests the audit log names apart, for a test that wants the controller unbounded
+    /// by RBAC. The simulated cluster's real backend gives its controller the Helm chart's
+    /// ServiceAccount instead (`rbac`).
     pub fn controller_kubeconfig(&self) -> &Path {
         &self.controller_kubeconfig
     }

@@ -35,8 +35,9 @@ const RBAC_KINDS: [&str; 5] = [
     "RoleBinding",
 ];
 
-/// How long the ServiceAccount's token lives: longer than any test.
-const TOKEN_SECONDS: i64 = 3600;
+/// How long the ServiceAccount's token lives: a week, longer than any test or a
+/// `simulate --serve` session is kept up (the token is not renewed).
+const TOKEN_SECONDS: i64 = 7 * 24 * 3600;
 
 /// How long the authorizer may take to see new bindings (it reads them from its own watch).
 const GRANT_TIMEOUT: Duration = Duration::from_secs(30);

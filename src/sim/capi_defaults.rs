@@ -20,6 +20,13 @@ pub fn apply(def: &ResourceDef, obj: &mut Value) {
     if def.group != "cluster.x-k8s.io" || !KINDS.contains(&def.plural.as_str()) {
         return;
     }
+    label_with_cluster(obj);
+}
+
+/// The webhooks' label default on an object of one of their kinds: its `spec.clusterName` as
+/// its `cluster.x-k8s.io/cluster-name` label. Where no webhook runs (a real control plane
+/// without Cluster API), whoever creates the object applies it, as the webhook would.
+pub fn label_with_cluster(obj: &mut Value) {
     let Some(cluster) = obj["spec"]["clusterName"]
         .as_str()
         .filter(|c| !c.is_empty())

@@ -9,6 +9,7 @@
 use serde_json::Value;
 
 use super::eviction::would_violate_budget;
+use super::pdb_expected::WorkloadDefs;
 use super::registry::{Registry, ResourceDef};
 use super::store::Inner;
 use crate::api::wellknown::{DO_NOT_DISRUPT_ANNOTATION, TERMINATION_TIMESTAMP_ANNOTATION};
@@ -81,7 +82,7 @@ fn audit_pod(
     }
     if how == Removal::Delete
         && let Some(pdbs) = registry.lookup("policy", "v1", "poddisruptionbudgets")
-        && would_violate_budget(inner, pods, pdbs, ns, pod)
+        && would_violate_budget(inner, pods, pdbs, &WorkloadDefs::of(registry), ns, pod)
     {
         found.push(Violation::PdbViolation);
     }

@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 use super::clock::now_rfc3339;
 use super::errors::ApiError;
+use super::pdb_expected::{WorkloadDefs, expectation};
 use super::registry::ResourceDef;
 use super::selectors::LabelSelector;
 use super::store::{DeleteOpts, Inner, Part, is_deleting};
@@ -92,6 +93,7 @@ pub fn evict(
     inner: &mut Inner,
     pods: &ResourceDef,
     pdbs: Option<&ResourceDef>,
+    workloads: &WorkloadDefs,
     ns: &str,
     name: &str,
     body: &Value,
@@ -103,7 +105,7 @@ pub fn evict(
     if !ignores_budgets(&pod)
         && let Some(pdbs) = pdbs
     {
-        check_budgets(inner, pods, pdbs, ns, &pod)?;
+        check_budgets(inner, pods, pdbs, workloads, ns, &pod)?;
     }
     let opts = DeleteOpts {
         uid: body
@@ -129,10 +131,11 @@ pub fn would_violate_budget(
     inner: &Inner,
     pods: &ResourceDef,
     pdbs: &ResourceDef,
+    workloads: &WorkloadDefs,
     ns: &str,
     pod: &Value,
 ) -> bool {
-    !ignores_budgets(pod) && check_budgets(inner, pods, pdbs, ns, pod).is_err()
+    !ignores_budgets(pod) && check_budgets(inner, pods, pdbs, workloads, ns, pod).is_err()
 }
 
 /// Pods that do not count towards a budget can always go: finished, pending, or already deleting.
@@ -153,10 +156,14 @@ pub(crate) fn healthy(pod: &Value) -> bool {
         && !is_deleting(pod)
 }
 
+/// Whether the pod's budget allows one more disruption, counted as the disruption controller
+/// counts it (module `pdb_expected`): kube-apiserver refuses an eviction when the budget's
+/// status allows none.
 fn check_budgets(
     inner: &Inner,
     pods: &ResourceDef,
     pdbs: &ResourceDef,
+    workloads: &WorkloadDefs,
     ns: &str,
     pod: &Value,
 ) -> Result<(), ApiError> {
@@ -187,16 +194,17 @@ fn check_budgets(
         .map(|(_, p)| p)
         .filter(|p| selector.matches_object(p))
         .collect();
-    let expected = selected.len() as i64;
     let healthy = selected.iter().filter(|p| healthy(p)).count() as i64;
-    let desired = desired_healthy(pdb, expected).map_err(|field| {
+    let reader = workloads.reader(inner, ns);
+    let budget = expectation(pdb, &selected, &reader).map_err(|field| {
         ApiError::invalid(format!(
             "PodDisruptionBudget \"{pdb_name}\" is invalid: {field}"
         ))
     })?;
-    if healthy - desired >= 1 {
+    if budget.allowed(healthy) >= 1 {
         return Ok(());
     }
+    let desired = budget.desired;
     Err(ApiError::too_many_requests(
         "Cannot evict pod as it would violate the pod's disruption budget.",
         json!([{
@@ -204,56 +212,4 @@ fn check_budgets(
             "message": format!("The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently")
         }]),
     ))
-}
-
-/// Healthy pods the budget requires, percentages rounded up as the disruption controller does.
-pub(crate) fn desired_healthy(pdb: &Value, expected: i64) -> Result<i64, String> {
-    if let Some(min) = pdb.pointer("/spec/minAvailable") {
-        return scaled(min, expected).map_err(|e| format!("spec.minAvailable: {e}"));
-    }
-    if let Some(max) = pdb.pointer("/spec/maxUnavailable") {
-        let max = scaled(max, expected).map_err(|e| format!("spec.maxUnavailable: {e}"))?;
-        return Ok((expected - max).max(0));
-    }
-    Ok(1)
-}
-
-fn scaled(v: &Value, total: i64) -> Result<i64, String> {
-    if let Some(n) = v.as_i64() {
-        return Ok(n);
-    }
-    let s = v
-        .as_str()
-        .ok_or_else(|| format!("{v} is neither an integer nor a percentage"))?;
-    let pct: i64 = s
-        .strip_suffix('%')
-        .and_then(|p| p.parse().ok())
-        .ok_or_else(|| format!("{s:?} is neither an integer nor a percentage"))?;
-    Ok((pct * total + 99) / 100)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn budgets_round_up() {
-        assert_eq!(
-            desired_healthy(&json!({"spec": {"minAvailable": "50%"}}), 3),
-            Ok(2)
-        );
-        assert_eq!(
-            desired_healthy(&json!({"spec": {"maxUnavailable": "50%"}}), 3),
-            Ok(1)
-        );
-        assert_eq!(
-            desired_healthy(&json!({"spec": {"maxUnavailable": 1}}), 3),
-            Ok(2)
-        );
-        assert_eq!(
-            desired_healthy(&json!({"spec": {"minAvailable": 2}}), 3),
-            Ok(2)
-        );
-        assert!(desired_healthy(&json!({"spec": {"minAvailable": "x"}}), 3).is_err());
-    }
 }

@@ -360,6 +360,14 @@ impl Inner {
                 })
                 .await;
             }
+            self.readying.lock().remove(&name);
+            // A Node marked not Ready by someone else (node lifecycle, when a lease was late)
+            // while this ran got no new timer: its event found this one running. A kubelet
+            // posts its own Ready again at its next status update, so look once more.
+            if let Ok(Some(node)) = nodes.get_opt(&name).await {
+                self.on_node(node);
+            }
+            return;
         }
         self.readying.lock().remove(&name);
     }

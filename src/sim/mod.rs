@@ -13,6 +13,7 @@ mod faults;
 mod kubeconfig;
 mod managed_fields;
 mod patch;
+mod pdb_expected;
 mod registry;
 mod selectors;
 mod server;

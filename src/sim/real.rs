@@ -9,9 +9,10 @@
 //!   PodDisruptionBudgets), for counts, invariants and settlement;
 //! - [`Stats`] fed by kube-apiserver's audit log: requests by verb, successful writes by target,
 //!   and who made them. A request counts as the controller's when its user is the controller's
-//!   (its own client certificate, [`CONTROLLER_USER`] until the chart's ServiceAccount is
-//!   plugged in), whatever User-Agent it sends. Pod removals by the controller are checked
-//!   against the drain rules (`drain_audit`) on the mirror, as the simulated server checks them.
+//!   (the Helm chart's ServiceAccount, module `chart`), whatever User-Agent it sends. Pod
+//!   removals by the controller are checked against the drain rules (`drain_audit`) on the
+//!   mirror, as the simulated server checks them, and its refused requests (403: a permission
+//!   the chart lacks) are counted for the report.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -31,7 +32,10 @@ use super::drain_audit::{self, Removal};
 use super::registry::{CapiVersions, Registry, ResourceDef};
 use super::standin::{Shutdown, spawn_watch};
 use super::{SimConfig, Stats, Store};
-use crate::controlplane::{self, CONTROLLER_USER, ControlPlane, audit};
+use crate::controlplane::{self, ControlPlane, audit};
+
+mod chart;
+pub use chart::TOOLS_VARIABLE;
 
 /// The variable naming the directory of upstream CRDs and examples, and its default beside the
 /// checkout.
@@ -48,11 +52,14 @@ const UPSTREAM_CRDS: [&str; 5] = [
 ];
 
 /// What the mirror watches: (group, version, plural).
-const MIRRORED: [(&str, &str, &str); 9] = [
+/// ReplicaSets because a budget's expected pods are counted from their Deployments' scale
+/// (the drain audit checks removals against budgets on the mirror).
+const MIRRORED: [(&str, &str, &str); 10] = [
     ("", "v1", "pods"),
     ("", "v1", "nodes"),
     ("policy", "v1", "poddisruptionbudgets"),
     ("apps", "v1", "deployments"),
+    ("apps", "v1", "replicasets"),
     ("karpenter.sh", "v1", "nodeclaims"),
     ("karpenter.sh", "v1", "nodepools"),
     ("cluster.x-k8s.io", "v1beta2", "machinedeployments"),
@@ -93,6 +100,16 @@ pub enum Error {
     NotEstablished(String, Duration),
     #[error("the mirror's registry: {0}")]
     Registry(String),
+    #[error(
+        "{} is missing (set {TOOLS_VARIABLE} to the directory holding kubectl and helm; \
+         .ci/install-tools fetches them): the controller runs under the Helm chart's RBAC",
+        .0.display()
+    )]
+    Tool(PathBuf),
+    #[error("the Helm chart is not at {}", .0.display())]
+    Chart(PathBuf),
+    #[error("the Helm chart's RBAC for the controller: {0}")]
+    Rbac(#[from] controlplane::rbac::Error),
 }
 
 /// The running real backend. Dropping it (or [`RealBackend::stop`]) stops the control plane.
@@ -107,17 +124,20 @@ pub struct RealBackend {
 }
 
 impl RealBackend {
-    /// Checks the upstream CRDs are there, starts the control plane from `KUBEBUILDER_ASSETS`,
-    /// installs the CRDs and starts the mirror and the audit reader (tasks ending on `shutdown`).
+    /// Checks the upstream CRDs, the tools and the chart are there, starts the control plane
+    /// from `KUBEBUILDER_ASSETS`, installs the CRDs and the chart's RBAC (the controller's
+    /// access) and starts the mirror and the audit reader (tasks ending on `shutdown`).
     pub async fn start(
         seed: u64,
         shutdown: Shutdown,
     ) -> Result<(Self, Client, Vec<JoinHandle<()>>), Error> {
         let crds = upstream_crds()?;
+        let chart = chart::Chart::locate()?;
         let options = controlplane::Options::from_env()?;
         let plane = ControlPlane::start(options).await?;
         let client = plane.new_client().await?;
         install(&client, crds).await?;
+        let access = chart.install(&plane).await?;
 
         let registry = Arc::new(
             Registry::new(
@@ -137,14 +157,14 @@ impl RealBackend {
             stats: stats.clone(),
             store: store.clone(),
             tombstones,
-            controller_user: CONTROLLER_USER.to_string(),
+            controller_user: access.username(),
             unresolved: Vec::new(),
         }));
         tasks.push(tokio::spawn(read_audit(feed.clone(), shutdown)));
         let url = format!("https://127.0.0.1:{}", plane.ports().apiserver);
         let backend = RealBackend {
             kubeconfig: plane.kubeconfig().to_path_buf(),
-            controller_kubeconfig: plane.controller_kubeconfig().to_path_buf(),
+            controller_kubeconfig: access.kubeconfig.clone(),
             url,
             plane: Mutex::new(Some(plane)),
             store,
@@ -159,7 +179,8 @@ impl RealBackend {
         &self.kubeconfig
     }
 
-    /// The controller's kubeconfig: its own user, so the audit log tells its requests apart.
+    /// The controller's kubeconfig: the chart's ServiceAccount's token, so the controller holds
+    /// the chart's permissions only and the audit log tells its requests apart.
     pub fn controller_kubeconfig_path(&self) -> &Path {
         &self.controller_kubeconfig
     }
@@ -445,6 +466,18 @@ async fn read_audit(feed: Arc<Mutex<AuditFeed>>, mut shutdown: Shutdown) {
     }
 }
 
+/// A request of the controller's that RBAC refused: counted for the report (which fails on
+/// it), and said at once, the first time, so a run that then stalls shows why.
+fn refused(stats: &Stats, e: &audit::Event) {
+    let uri = e.request_uri.as_str();
+    let path = uri.split_once('?').map_or(uri, |(path, _)| path);
+    let request = format!("{} {path}", e.verb);
+    if !stats.refused().contains_key(&request) {
+        tracing::error!(%request, user = %e.username, "the API server refused the controller (a permission the Helm chart lacks)");
+    }
+    stats.record_refused(request);
+}
+
 /// One audit event into the counters, as the simulated server counts the request itself; a pod
 /// removal by the controller is handed back to be checked against the drain rules.
 fn record(stats: &Stats, controller_user: &str, e: &audit::Event) -> Option<PodRemoval> {
@@ -455,6 +488,9 @@ fn record(stats: &Stats, controller_user: &str, e: &audit::Event) -> Option<PodR
     } else {
         format!("{} ({})", e.username, e.user_agent)
     };
+    if e.username == controller_user && e.code == Some(403) && e.is_request() {
+        refused(stats, e);
+    }
     if e.resource.is_empty() {
         return None;
     }

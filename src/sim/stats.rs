@@ -79,6 +79,8 @@ struct Inner {
     writes: Vec<WriteRecord>,
     milestones: Vec<Milestone>,
     violations: Vec<ViolationRecord>,
+    /// Requests refused for want of a permission (403), as `verb path`, with their count.
+    refused: BTreeMap<String, u64>,
 }
 
 /// A cheap handle onto the server's counters (clones share them).
@@ -102,6 +104,7 @@ impl Stats {
                 writes: Vec::new(),
                 milestones: Vec::new(),
                 violations: Vec::new(),
+                refused: BTreeMap::new(),
             })),
         }
     }
@@ -261,6 +264,17 @@ impl Stats {
     /// the node's termination deadline.
     pub fn violations(&self) -> Vec<ViolationRecord> {
         self.inner.lock().violations.clone()
+    }
+
+    /// A request the API server refused for want of a permission (only a real control plane
+    /// authorizes; the simulated server never refuses).
+    pub(crate) fn record_refused(&self, request: String) {
+        *self.inner.lock().refused.entry(request).or_default() += 1;
+    }
+
+    /// The refused requests, as `verb path`, with how many times each was refused.
+    pub fn refused(&self) -> BTreeMap<String, u64> {
+        self.inner.lock().refused.clone()
     }
 
     /// Every successful write, in order.

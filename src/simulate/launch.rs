@@ -229,6 +229,34 @@ fn has_condition(obj: &Value, ty: &str) -> bool {
 }
 
 /// What is still in flight, in words (empty when quiet).
+/// Why a launched claim is not initialized yet, as far as the API shows: the controller's
+/// Initialized condition, and its Node's Ready condition and taints.
+fn node_state(store: &crate::sim::Store, claim: &Value) -> String {
+    let initialized = claim
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Initialized"))
+        .map(|c| format!("{} {} {}", c["status"], c["reason"], c["message"]))
+        .unwrap_or_else(|| "no Initialized condition".into());
+    let node = claim
+        .pointer("/status/nodeName")
+        .and_then(Value::as_str)
+        .and_then(|n| store.get("nodes", "", n));
+    let Some(node) = node else {
+        return format!("Initialized: {initialized}; no Node");
+    };
+    let ready = node
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+        .map(|c| format!("{} {}", c["status"], c["reason"]))
+        .unwrap_or_else(|| "none".into());
+    format!(
+        "Initialized: {initialized}; Node {} Ready {ready}, taints {}",
+        node["metadata"]["name"], node["spec"]["taints"]
+    )
+}
+
 pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
     let store = cluster.store();
     let mut why = Vec::new();
@@ -258,11 +286,12 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
                 ),
             };
             why.push(format!(
-                "NodeClaim {} not initialized (deleting: {}, finalizers {}, machine {}: {machine_state})",
+                "NodeClaim {} not initialized (deleting: {}, finalizers {}, machine {}: {machine_state}; {})",
                 c["metadata"]["name"],
                 c.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null()),
                 c["metadata"]["finalizers"],
-                c["metadata"]["annotations"][MACHINE_ANNOTATION]
+                c["metadata"]["annotations"][MACHINE_ANNOTATION],
+                node_state(store, &c)
             ));
         }
     }
@@ -509,6 +538,8 @@ pub fn measure(
         }
     }
     let inv = invariants::check(cluster.store(), cluster.capi_version());
+    let mut problems = inv.problems;
+    problems.extend(refused_requests(&stats));
     Report {
         scenario: scenario.into(),
         claims: counts,
@@ -540,11 +571,24 @@ pub fn measure(
             claim_to_initialized: Percentiles::of(to_initialized),
         },
         cpu_ms: sim.cpu_ms(requested),
-        invariants_ok: inv.ok(),
-        problems: inv.problems,
+        invariants_ok: problems.is_empty(),
+        problems,
         elapsed_ms: stats.now_ms().saturating_sub(since_ms),
         timeline: sim.timeline(),
     }
+}
+
+/// The controller's requests the API server refused (on a real control plane, which authorizes
+/// them against the Helm chart's RBAC), as a problem: a permission the chart lacks fails the run.
+fn refused_requests(stats: &crate::sim::Stats) -> Option<String> {
+    let refused = stats.refused();
+    let total: u64 = refused.values().sum();
+    (total > 0).then(|| {
+        format!(
+            "the API server refused {total} of the controller's requests (permissions the Helm \
+             chart lacks): {refused:?}"
+        )
+    })
 }
 
 /// `simulate --scenario launch`.

@@ -469,6 +469,14 @@ impl Env {
             .await
     }
 
+    /// A budget of `minAvailable: min_available` (none of `maxUnavailable`): the form that
+    /// counts pods with no controller. Under `maxUnavailable` the disruption controller expects
+    /// pods from their controllers' scale, so bare pods are never allowed a disruption.
+    pub async fn pdb_min_available(&self, name: &str, app: &str, min_available: i32) {
+        let budget = json!({"minAvailable": min_available, "maxUnavailable": null});
+        self.budget(name, app, budget).await
+    }
+
     /// Creates PodDisruptionBudget `name` over pods `app=<app>` with `budget`, or sets it.
     async fn budget(&self, name: &str, app: &str, budget: Value) {
         let mut spec = json!({"selector": {"matchLabels": {"app": app}}});
@@ -565,6 +573,10 @@ impl Env {
     pub fn assert_clean(&self) {
         let violations = self.sim.cluster().stats().violations();
         assert!(violations.is_empty(), "drain rules broken: {violations:#?}");
+        // On the real backend the controller runs under the Helm chart's RBAC: a refused request
+        // is a permission the chart lacks (the simulated server refuses none).
+        let refused = self.sim.cluster().stats().refused();
+        assert!(refused.is_empty(), "the API server refused the controller: {refused:?}");
         self.invariants_hold();
     }
 }

@@ -266,9 +266,9 @@ impl SimCluster {
 
     /// The kubeconfig the controller under test is given. On the simulated backend, the same
     /// as [`SimCluster::kubeconfig_path`] (the controller is told apart by its User-Agent);
-    /// on a real control plane, a user of its own (an administrator for now), so the audit log
-    /// tells its requests apart. This is where a client with narrower rights (the Helm chart's
-    /// ServiceAccount) is to be chosen.
+    /// on a real control plane, the Helm chart's ServiceAccount with the chart's RBAC and
+    /// nothing else, so a missing permission is refused and the audit log tells its requests
+    /// apart.
     pub fn controller_kubeconfig_path(&self) -> &Path {
         match &self.served {
             Served::Simulated(_) => self.kubeconfig_path(),

@@ -35,7 +35,10 @@ impl SimCluster {
             &seed.namespace,
             &v.machine_deployment(),
         );
-        let md = machine_deployment(v, seed);
+        let mut md = machine_deployment(v, seed);
+        if self.cfg.backend == Backend::Real {
+            md = labelled_as_the_webhook_would(md);
+        }
         api.create(&PostParams::default(), &md)
             .await
             .map_err(kube_err(format!(
@@ -269,6 +272,16 @@ pub fn machine_deployment(v: CapiVersion, seed: &MachineDeploymentSeed) -> Dynam
             },
         },
     }))
+}
+
+/// `md` with the label Cluster API's defaulting webhook adds on create (a real control plane
+/// runs no such webhook; the simulated server adds it itself).
+fn labelled_as_the_webhook_would(md: DynamicObject) -> DynamicObject {
+    let Ok(mut value) = serde_json::to_value(&md) else {
+        return md;
+    };
+    crate::sim::capi_defaults::label_with_cluster(&mut value);
+    serde_json::from_value(value).unwrap_or(md)
 }
 
 pub fn infra_template_resource() -> ApiResource {

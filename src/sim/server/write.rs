@@ -2,6 +2,7 @@
 //! scale subresource, with the admission, audit and violation records each write makes.
 
 use super::*;
+use crate::sim::pdb_expected::WorkloadDefs;
 
 /// Whether a create or update body is JSON (no Content-Type is read as JSON, as kube does).
 pub(super) fn is_json_body(content_type: &str) -> bool {
@@ -73,9 +74,11 @@ pub(super) fn write(
                 .registry
                 .lookup("policy", "v1", "poddisruptionbudgets")
                 .cloned();
+            let workloads = WorkloadDefs::of(&shared.registry);
             let mut inner = shared.store.lock();
             let broken = audit_removal(shared, &inner, target, &name, Removal::Eviction, agent);
-            let status = eviction::evict(&mut inner, def, pdbs.as_ref(), ns, &name, &b)?;
+            let status =
+                eviction::evict(&mut inner, def, pdbs.as_ref(), &workloads, ns, &name, &b)?;
             record_violations(shared, broken, ns, &name, agent);
             (201, status)
         }
