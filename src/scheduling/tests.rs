@@ -1096,6 +1096,49 @@ fn invalid_pods_are_reported_and_others_still_placed() {
 }
 
 #[test]
+fn an_empty_node_selector_term_matches_no_node() {
+    let with_terms = |name: &str, terms: Vec<NodeSelectorTerm>| {
+        let mut p = pod(name, "1", "1Gi");
+        spec(&mut p).affinity = Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: terms,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        p
+    };
+    let empty = NodeSelectorTerm {
+        match_expressions: Some(vec![]),
+        match_fields: None,
+    };
+    // Only empty terms: kube-scheduler matches no node, so no claim is made for it.
+    let r = one_pool(vec![with_terms(
+        "only-empty",
+        vec![empty.clone(), NodeSelectorTerm::default()],
+    )]);
+    assert!(r.new_claims.is_empty(), "{:?}", r.new_claims);
+    let (key, err) = &r.failures[0];
+    assert_eq!(key, "default/only-empty");
+    assert!(err.to_string().contains("nodeSelectorTerms"), "{err}");
+    // An empty term beside a real one adds nothing: the real one alone decides.
+    let r = one_pool(vec![with_terms(
+        "mixed",
+        vec![
+            empty,
+            NodeSelectorTerm {
+                match_expressions: Some(vec![node_req(ZONE_LABEL, "In", &[ZONES[1]])]),
+                match_fields: None,
+            },
+        ],
+    )]);
+    assert_eq!(r.new_claims.len(), 1, "{:?}", r.failures);
+    assert_eq!(zone_of(&r.new_claims[0]), [ZONES[1]]);
+}
+
+#[test]
 fn pods_are_packed_largest_first() {
     // Two 1.5-cpu pods and two 0.5-cpu pods fill two small nodes exactly when sorted.
     let pods = vec![

@@ -30,6 +30,12 @@ impl SimCluster {
         seed: &MachineDeploymentSeed,
     ) -> Result<DynamicObject, Error> {
         let v = self.cfg.capi_version;
+        // A user creates the template a MachineDeployment refers to first; a seed that names
+        // its own template leaves that to the caller (or means it to be missing).
+        if seed.infrastructure_template.is_none() {
+            self.create_template_object(&seed.namespace, &seed.name)
+                .await?;
+        }
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
             &seed.namespace,
@@ -61,13 +67,8 @@ impl SimCluster {
             .map_err(kube_err(format!("scale MachineDeployment {ns}/{name}")))
     }
 
-    /// A DevMachineTemplate whose `status.capacity` is `capacity` (resource -> quantity).
-    pub async fn create_machine_template(
-        &self,
-        ns: &str,
-        name: &str,
-        capacity: BTreeMap<String, String>,
-    ) -> Result<(), Error> {
+    /// The DevMachineTemplate `ns/name` without a status, unless it exists already.
+    async fn create_template_object(&self, ns: &str, name: &str) -> Result<(), Error> {
         let ar = infra_template_resource();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
         let body = dynamic(json!({
@@ -76,10 +77,27 @@ impl SimCluster {
             "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_NAME_LABEL: CLUSTER_NAME}},
             "spec": {"template": {"spec": {"backend": {"inMemory": {}}}}},
         }));
+        match api.create(&PostParams::default(), &body).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(kube_err(format!(
+                "create {INFRA_TEMPLATE_KIND} {ns}/{name}"
+            ))(e)),
+        }
+    }
+
+    /// A DevMachineTemplate whose `status.capacity` is `capacity` (resource -> quantity); one
+    /// that exists (created with its MachineDeployment) gets that status.
+    pub async fn create_machine_template(
+        &self,
+        ns: &str,
+        name: &str,
+        capacity: BTreeMap<String, String>,
+    ) -> Result<(), Error> {
+        let ar = infra_template_resource();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
         let what = format!("create {INFRA_TEMPLATE_KIND} {ns}/{name}");
-        api.create(&PostParams::default(), &body)
-            .await
-            .map_err(kube_err(what.clone()))?;
+        self.create_template_object(ns, name).await?;
         let status = json!({"status": {
             "capacity": capacity,
             "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
