@@ -13,7 +13,7 @@ use crate::api::Operator;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::Resources;
 use crate::api::wellknown::*;
-use crate::capi::annotations;
+use crate::capi::autoscaler;
 use crate::capi::model::{LabelSelector, MachineDeployment};
 use crate::capi::template::{self, TemplateCapacity};
 use crate::scheduling::{InstanceType, Offering};
@@ -91,8 +91,9 @@ pub fn offering(
     cx: &Context<'_>,
 ) -> Result<(String, Resources, Offering), String> {
     let key = md.key();
-    let sfz =
-        annotations::parse(&md.annotations).map_err(|e| format!("malformed annotation: {e}"))?;
+    // The driver annotations are checked like the rest; their content is not offered yet.
+    let (sfz, _drivers) =
+        autoscaler::parse_all(&md.annotations).map_err(|e| format!("malformed annotation: {e}"))?;
     let shape = template::merge(cx.templates.get(&key), &sfz);
     for needed in ["cpu", "memory"] {
         if shape.capacity.get(needed).is_zero() {
@@ -126,7 +127,8 @@ pub fn offering(
         zone: labels.get(ZONE_LABEL).cloned(),
         capacity_type,
         price: sfz.price.unwrap_or(0.0),
-        available: below_max && !(cx.unavailable)(&key),
+        // Paused (Cluster API's pause): no replica is written, so nothing launches there.
+        available: below_max && !(cx.unavailable)(&key) && !autoscaler::paused(md),
         labels,
         taints: shape.taints.iter().map(|t| t.to_k8s()).collect(),
         replicas,
@@ -363,6 +365,45 @@ mod tests {
             cat.instance_types
                 .iter()
                 .all(|t| t.offerings.iter().all(|o| !o.available))
+        );
+    }
+
+    #[test]
+    fn max_pods_and_the_pause_as_the_autoscaler_reads_them() {
+        let shaped = |extra: serde_json::Value| {
+            let mut a = json!({CPU_ANNOTATION: "2", MEMORY_ANNOTATION: "4Gi"});
+            crate::testing::merge(&mut a, extra);
+            build_all(&[md("m", a, true)])
+        };
+        let pods = |extra| shaped(extra).instance_types[0].capacity.get(RESOURCE_PODS);
+        assert_eq!(
+            pods(json!({})),
+            crate::api::resources::Quantity::from_units(110)
+        );
+        assert_eq!(
+            pods(json!({MAX_PODS_ANNOTATION: "7"})),
+            crate::api::resources::Quantity::from_units(7)
+        );
+        // 0 is unset to the autoscaler, so the default stands.
+        assert_eq!(
+            pods(json!({MAX_PODS_ANNOTATION: "0"})),
+            crate::api::resources::Quantity::from_units(110)
+        );
+        let paused = shaped(json!({crate::capi::autoscaler::PAUSED_ANNOTATION: "true"}));
+        assert!(
+            paused.instance_types[0]
+                .offerings
+                .iter()
+                .all(|o| !o.available)
+        );
+        let bad =
+            shaped(json!({crate::capi::autoscaler::CSI_DRIVER_ANNOTATION: "ebs.csi.aws.com=x"}));
+        assert!(bad.instance_types.is_empty());
+        assert!(
+            bad.problems[0].contains("default/m")
+                && bad.problems[0].contains(crate::capi::autoscaler::CSI_DRIVER_ANNOTATION),
+            "{:?}",
+            bad.problems
         );
     }
 }

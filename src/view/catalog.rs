@@ -218,7 +218,7 @@ impl CatalogView {
             None => Err(ResolveError::NoCompatibleOffering {
                 nodeclass: nodeclass.to_string(),
                 details: format!(
-                    "{} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {} too small for the requests, {} unavailable (max-size reached or recently failed)",
+                    "{} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {} too small for the requests, {} unavailable (max-size reached, MachineDeployment paused, or recently failed)",
                     count(Fit::Incompatible),
                     count(Fit::TooSmall),
                     count(Fit::Unavailable)
@@ -293,7 +293,7 @@ pub enum Fit {
     /// Its labels do not meet the claim's requirements, or its nodes carry taints the claim
     /// does not declare.
     Incompatible,
-    /// Max size reached, recently failed, or already turned the claim down.
+    /// Max size reached, paused, recently failed, or already turned the claim down.
     Unavailable,
 }
 

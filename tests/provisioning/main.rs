@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod autoscaler;
 mod capi;
 mod malformed;
 mod provisioning;
