@@ -1139,6 +1139,46 @@ fn an_empty_node_selector_term_matches_no_node() {
 }
 
 #[test]
+fn a_types_csi_attach_limits_bound_the_volumes_a_new_claim_takes() {
+    use crate::scheduling::volumes::{NodeVolumes, PodVolumes};
+    let pods: Vec<Pod> = (0..5)
+        .map(|i| pod(&format!("p{i}"), "100m", "128Mi"))
+        .collect();
+    let mut volumes = NodeVolumes::default();
+    for p in &pods {
+        let key = crate::scheduling::pod::pod_key(p);
+        let v: PodVolumes = BTreeMap::from([(
+            "ebs.csi.aws.com".to_string(),
+            [format!("{key}-data")].into_iter().collect(),
+        )]);
+        volumes.by_pod.insert(key, v);
+    }
+    let limited = |limit: Option<usize>| {
+        let mut types = standard_types();
+        for t in &mut types {
+            if let Some(l) = limit {
+                t.csi_limits.insert("ebs.csi.aws.com".into(), l);
+            }
+        }
+        solve_with_volumes(
+            &snapshot(pods.clone(), vec![pool(nodepool("default"), types)]),
+            &volumes,
+        )
+    };
+    // Without a limit the five small pods share one claim.
+    assert_eq!(limited(None).new_claims.len(), 1);
+    // Two volumes per node: three claims, none with more than two pods.
+    let r = limited(Some(2));
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.new_claims.len(), 3, "{:?}", r.new_claims);
+    assert!(r.new_claims.iter().all(|c| c.pods.len() <= 2));
+    // A limit of 0 volumes leaves no type for them.
+    let r = limited(Some(0));
+    assert!(r.new_claims.is_empty());
+    assert_eq!(r.failures.len(), 5);
+}
+
+#[test]
 fn pods_are_packed_largest_first() {
     // Two 1.5-cpu pods and two 0.5-cpu pods fill two small nodes exactly when sorted.
     let pods = vec![

@@ -514,6 +514,7 @@ mod tests {
             capacity: Resources::new().with("cpu", Quantity::from_units(cpu)),
             overhead: Resources::default(),
             offerings,
+            csi_limits: Default::default(),
         }
     }
 

@@ -191,6 +191,7 @@ impl TypeSpec {
             capacity: self.resources,
             overhead: res(&[("cpu", "100m"), ("memory", "10Mi")]),
             offerings,
+            csi_limits: Default::default(),
         }
     }
 }
