@@ -71,13 +71,10 @@ impl SimCluster {
     async fn create_template_object(&self, ns: &str, name: &str) -> Result<(), Error> {
         let ar = infra_template_resource();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
-        let body = dynamic(json!({
-            "apiVersion": ar.api_version,
-            "kind": INFRA_TEMPLATE_KIND,
-            "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_NAME_LABEL: CLUSTER_NAME}},
-            "spec": {"template": {"spec": {"backend": {"inMemory": {}}}}},
-        }));
-        match api.create(&PostParams::default(), &body).await {
+        match api
+            .create(&PostParams::default(), &infrastructure_template(ns, name))
+            .await
+        {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
             Err(e) => Err(kube_err(format!(
@@ -286,6 +283,16 @@ pub fn machine_deployment(v: CapiVersion, seed: &MachineDeploymentSeed) -> Dynam
                 },
             },
         },
+    }))
+}
+
+/// A DevMachineTemplate `ns/name` without a status (Cluster API's in-memory provider's shape).
+pub fn infrastructure_template(ns: &str, name: &str) -> DynamicObject {
+    dynamic(json!({
+        "apiVersion": infra_template_resource().api_version,
+        "kind": INFRA_TEMPLATE_KIND,
+        "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_NAME_LABEL: CLUSTER_NAME}},
+        "spec": {"template": {"spec": {"backend": {"inMemory": {}}}}},
     }))
 }
 
