@@ -462,6 +462,27 @@ async fn marks_left_by_a_killed_controller_are_rolled_back() {
 }
 
 impl Env {
+    /// Points md-0 at a new infrastructure template, created first as a user would (Cluster API
+    /// clones it into each Machine).
+    async fn change_template_of_md(&self, template: &str) {
+        let templates: Api<kube::core::DynamicObject> = Api::namespaced_with(
+            self.client().await,
+            NS,
+            &karpenter_capi::sim::cluster::infra_template_resource(),
+        );
+        templates
+            .create(
+                &PostParams::default(),
+                &karpenter_capi::sim::cluster::infrastructure_template(NS, template),
+            )
+            .await
+            .expect("create the new template");
+        self.patch_md(
+            json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": template}}}}}),
+        )
+        .await;
+    }
+
     async fn patch_md(&self, body: Value) {
         let api: Api<kube::core::DynamicObject> = Api::namespaced_with(
             self.client().await,
@@ -507,10 +528,7 @@ async fn on_delete_rollouts_are_carried_out_as_drift() {
     let (old, old_node) = env.stamped_claim("sim-0").await;
     env.pod("app", &old_node, json!({"app": "app"}), json!({}))
         .await;
-    env.patch_md(
-        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
-    )
-    .await;
+    env.change_template_of_md("sim-template-v2").await;
     env.wait(
         "Drifted=True (MachineTemplateDrifted) on the old claim",
         || {
@@ -551,10 +569,7 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn() {
     let (a, _) = env.stamped_claim("sim-0").await;
     let (b, _) = env.stamped_claim("sim-0").await;
     settle(&env.sim, DEADLINE).await.expect("settles");
-    env.patch_md(
-        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
-    )
-    .await;
+    env.change_template_of_md("sim-template-v2").await;
     // (The test's own client shares the controller's User-Agent: count from after its patch.)
     let since = env.sim.cluster().stats().now_ms();
     env.wait("two new claims initialized on up-to-date Machines", || {
