@@ -285,6 +285,33 @@ async fn the_crds_and_the_example_nodepool_are_accepted_by_kube_apiserver() {
         ["ClusterAPINodeClass/default", "NodePool/default"],
         "the example's objects"
     );
+
+    // createTimeout must be a Go duration of hours, minutes and seconds (upstream's pattern for
+    // durations): kube-apiserver refuses the rest, naming the field.
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "karpenter.cluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterAPINodeClass",
+    ));
+    let nodeclasses: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    for (i, bad) in ["forever", "-5m", "5 m", "1d"].into_iter().enumerate() {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
+            "metadata": {"name": format!("bad-timeout-{i}")}, "spec": {"createTimeout": bad},
+        }))
+        .expect("an object");
+        match nodeclasses.create(&PostParams::default(), &object).await {
+            Err(kube::Error::Api(s)) => {
+                assert_eq!(s.code, 422, "{bad}: {s:?}");
+                assert!(
+                    s.message.contains("spec.createTimeout"),
+                    "{bad}: {}",
+                    s.message
+                );
+            }
+            other => panic!("createTimeout {bad:?} was not refused: {other:?}"),
+        }
+    }
 }
 
 /// Whether `pid` is a live process running one of the control plane's binaries (a pid reused by

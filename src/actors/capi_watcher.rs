@@ -3,6 +3,7 @@
 //! bound to the Machine, the Catalog. A dropped watch re-lists; after a re-list every Scaler and
 //! claim actor reconciles from the fresh state.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -14,7 +15,7 @@ use super::Shared;
 use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::version;
-use crate::state::machines::{bound_claim, deployment_key};
+use crate::state::machines::{Unreadable, bound_claim, deployment_key};
 
 pub enum CapiEvent {
     Machine(Result<watcher::Event<DynamicObject>, watcher::Error>),
@@ -29,6 +30,7 @@ pub struct CapiWatcher {
     shared: Arc<Shared>,
     machine_buffer: Vec<Machine>,
     md_buffer: Vec<MachineDeployment>,
+    unreadable_buffer: BTreeMap<String, Unreadable>,
 }
 
 impl CapiWatcher {
@@ -37,6 +39,7 @@ impl CapiWatcher {
             shared,
             machine_buffer: Vec::new(),
             md_buffer: Vec::new(),
+            unreadable_buffer: BTreeMap::new(),
         }
     }
 
@@ -132,14 +135,25 @@ impl CapiWatcher {
     fn on_deployment(&mut self, ev: watcher::Event<DynamicObject>) {
         let v = self.shared.capi_version;
         match ev {
-            watcher::Event::Init => self.md_buffer.clear(),
+            watcher::Event::Init => {
+                self.md_buffer.clear();
+                self.unreadable_buffer.clear();
+            }
             watcher::Event::InitApply(o) => match MachineDeployment::from_dynamic(&o, v) {
                 Ok(md) => self.md_buffer.push(md),
-                Err(e) => tracing::warn!(error = %e, "ignoring malformed MachineDeployment"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "MachineDeployment cannot be read");
+                    let (k, u) = unreadable(&o, e.to_string());
+                    self.unreadable_buffer.insert(k, u);
+                }
             },
             watcher::Event::InitDone => {
                 let fresh = std::mem::take(&mut self.md_buffer);
-                self.shared.state.deployments.write().replace_all(fresh);
+                let unreadable = std::mem::take(&mut self.unreadable_buffer);
+                let mut deployments = self.shared.state.deployments.write();
+                deployments.replace_all(fresh);
+                deployments.replace_unreadable(unreadable);
+                drop(deployments);
                 self.everyone_reconciles();
             }
             watcher::Event::Apply(o) => match MachineDeployment::from_dynamic(&o, v) {
@@ -151,7 +165,19 @@ impl CapiWatcher {
                     }
                     self.shared.router.catalog_changed();
                 }
-                Err(e) => tracing::warn!(error = %e, "ignoring malformed MachineDeployment"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "MachineDeployment cannot be read");
+                    let (key, u) = unreadable(&o, e.to_string());
+                    self.shared
+                        .state
+                        .deployments
+                        .write()
+                        .mark_unreadable(key.clone(), u);
+                    if let Some(s) = self.shared.router.scaler(&key) {
+                        s.do_send(Poke);
+                    }
+                    self.shared.router.catalog_changed();
+                }
             },
             watcher::Event::Delete(o) => {
                 let key = format!(
@@ -197,4 +223,15 @@ impl StreamHandler<CapiEvent> for CapiWatcher {
             }
         }
     }
+}
+
+/// A MachineDeployment the model could not read, as the index keeps it.
+fn unreadable(o: &DynamicObject, error: String) -> (String, Unreadable) {
+    let key = format!(
+        "{}/{}",
+        o.metadata.namespace.clone().unwrap_or_default(),
+        o.metadata.name.clone().unwrap_or_default()
+    );
+    let labels = o.metadata.labels.clone().unwrap_or_default();
+    (key, Unreadable { labels, error })
 }

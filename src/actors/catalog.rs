@@ -27,10 +27,10 @@ use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{self, Context as OfferingContext};
 use crate::capi::template::TemplateCapacity;
-use crate::capi::template::read_template;
+use crate::capi::template::{ReadError, read_template};
 // Re-exported where the benchmarks have always found it.
 pub use crate::view::catalog::CatalogView;
-use crate::view::catalog::resolve_nodeclass;
+use crate::view::catalog::{LeftOut, resolve_nodeclass};
 
 /// MachineDeployments changed: rebuild (coalesced).
 #[derive(Message)]
@@ -56,6 +56,8 @@ struct TemplateRead {
     capacity: TemplateCapacity,
     /// Set while reads fail: when to try again (a transient error is never cached for good).
     retry_at: Option<Instant>,
+    /// The last read found no such template (`Kind namespace/name not found`).
+    missing: Option<String>,
     backoff: Backoff,
 }
 
@@ -107,20 +109,26 @@ impl Catalog {
     }
 
     fn rebuild(&mut self, ctx: &mut Context<Self>) {
-        let mds: Vec<Arc<MachineDeployment>> = self
-            .shared
-            .state
-            .deployments
-            .read()
-            .all()
-            .cloned()
-            .collect();
+        let (mds, unreadable) = {
+            let deployments = self.shared.state.deployments.read();
+            let mds: Vec<Arc<MachineDeployment>> = deployments.all().cloned().collect();
+            (mds, deployments.unreadable().clone())
+        };
         self.fetch_missing_templates(&mds, ctx);
         let templates: HashMap<String, TemplateCapacity> = self
             .templates
             .iter()
             .map(|(k, t)| (k.clone(), t.capacity.clone()))
             .collect();
+        let missing_templates: HashMap<String, String> = self
+            .templates
+            .iter()
+            .filter_map(|(k, t)| Some((k.clone(), t.missing.clone()?)))
+            .collect();
+        let left_out = LeftOut {
+            unreadable: &unreadable,
+            missing_templates: &missing_templates,
+        };
         let view = self.shared.catalog.clone();
         let unavailable = |md: &str| view.is_unavailable(md);
         let cx = OfferingContext {
@@ -149,7 +157,7 @@ impl Catalog {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         for (name, nc) in &nodeclasses {
-            let (catalog, ready) = resolve_nodeclass(nc, &mds, &cx);
+            let (catalog, ready) = resolve_nodeclass(nc, &mds, &left_out, &cx);
             self.update_status(nc, &catalog, &ready, ctx);
             self.report_problems(nc, &catalog.problems);
             self.shared
@@ -222,23 +230,37 @@ impl Catalog {
                 act.fetching.remove(&key);
                 let previous = act.templates.remove(&key);
                 let same_ref = previous.as_ref().is_some_and(|p| p.ref_id == ref_id);
+                let previous_missing = previous.as_ref().and_then(|p| p.missing.clone());
                 let (capacity, mut backoff) = match previous {
                     Some(p) if same_ref => (p.capacity, p.backoff),
                     _ => (TemplateCapacity::default(), Backoff::new(Duration::from_secs(1), Duration::from_secs(120))),
                 };
+                let was_missing = previous_missing.filter(|_| same_ref);
                 match r {
                     Ok(t) => {
                         backoff.reset();
-                        let changed = !same_ref || t != capacity;
-                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at: None, backoff });
+                        let changed = !same_ref || t != capacity || was_missing.is_some();
+                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at: None, missing: None, backoff });
                         if changed {
                             act.schedule_rebuild(ctx);
                         }
                     }
                     Err(e) => {
                         let delay = backoff.next_delay();
-                        tracing::debug!(machine_deployment = %key, error = %e, retry_in = ?delay, "infrastructure template not readable; using annotations (or the last capacity read) and retrying");
-                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity, retry_at: Some(Instant::now() + delay), backoff });
+                        // A template that does not exist is reported and its MachineDeployment
+                        // not offered; any other failure may pass, so the annotations (or the
+                        // last capacity read) stand meanwhile.
+                        let missing = matches!(e, ReadError::NotFound { .. }).then(|| e.to_string());
+                        if missing.is_some() {
+                            tracing::warn!(machine_deployment = %key, error = %e, retry_in = ?delay, "infrastructure template not found; not offering the MachineDeployment");
+                        } else {
+                            tracing::debug!(machine_deployment = %key, error = %e, retry_in = ?delay, "infrastructure template not readable; using annotations (or the last capacity read) and retrying");
+                        }
+                        let changed = missing != was_missing;
+                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity, retry_at: Some(Instant::now() + delay), missing, backoff });
+                        if changed {
+                            act.schedule_rebuild(ctx);
+                        }
                         ctx.run_later(delay, |act, ctx| act.schedule_rebuild(ctx));
                     }
                 }
@@ -326,15 +348,7 @@ impl Catalog {
         ctx: &mut Context<Self>,
     ) {
         let (status, reason, message) = match ready {
-            Ok(()) => (
-                ConditionStatus::True,
-                "Ready",
-                format!(
-                    "Resolved {} MachineDeployments into {} instance types",
-                    catalog.deployments.len(),
-                    catalog.instance_types.len()
-                ),
-            ),
+            Ok(()) => (ConditionStatus::True, "Ready", ready_message(catalog)),
             Err(m) => (ConditionStatus::False, not_ready_reason(catalog), m.clone()),
         };
         let mut conds = nc
@@ -369,6 +383,29 @@ impl Catalog {
             .into_actor(self),
         );
     }
+}
+
+/// What a Ready NodeClass resolved to, and the selected MachineDeployments it left out (each
+/// also an Event), so the condition alone tells an operator that some are not offered.
+fn ready_message(c: &offerings::Catalog) -> String {
+    let mut m = format!(
+        "Resolved {} MachineDeployments into {} instance types",
+        c.deployments.len(),
+        c.instance_types.len()
+    );
+    if !c.problems.is_empty() {
+        m.push_str(&format!("; left out: {}", c.problems.join("; ")));
+    }
+    // The API bounds a condition message at 32768 bytes.
+    if m.len() > 8192 {
+        let mut end = 8192;
+        while !m.is_char_boundary(end) {
+            end -= 1;
+        }
+        m.truncate(end);
+        m.push_str("...");
+    }
+    m
 }
 
 fn not_ready_reason(c: &offerings::Catalog) -> &'static str {

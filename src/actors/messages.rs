@@ -55,6 +55,8 @@ pub struct RequestRejected {
 pub enum Rejection {
     AtMaxSize,
     DeploymentGone,
+    /// Cluster API's pause is on the MachineDeployment: no replica is written until it lifts.
+    Paused,
 }
 
 // --- to a Scaler -----------------------------------------------------------------------------

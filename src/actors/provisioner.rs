@@ -266,7 +266,11 @@ impl Provisioner {
                 scheduling::nodeclaim_for(&new, pool),
                 self.shared.settings.default_termination_grace_period,
             );
-            if let Some(o) = super::nodeclaim::prelaunch(&self.shared.catalog, &mut claim) {
+            if let Some(o) = super::nodeclaim::prelaunch(
+                &self.shared.catalog,
+                &mut claim,
+                self.shared.settings.min_values_policy,
+            ) {
                 tracing::debug!(nodepool = %new.nodepool, machine_deployment = %o.machine_deployment, instance_type = %o.instance_type, price = o.price, "offering chosen at creation");
             }
             self.create(claim, new.nodepool.clone(), new.pods, ctx);

@@ -23,6 +23,10 @@ use crate::api::wellknown::{
     RESOURCE_EPHEMERAL_STORAGE, RESOURCE_MEMORY, RESOURCE_PODS, TAINTS_ANNOTATION,
 };
 
+/// The DRA driver that publishes the node's `gpu-count` GPUs as devices (Cluster Autoscaler's
+/// alternative to `gpu-type`; read in `capi::autoscaler`).
+pub const DRA_DRIVER_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/dra-driver";
+
 /// What the annotations say about the nodes an object would make. Absent annotations are
 /// `None` or empty; defaults (110 pods, price 0) are the caller's business.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -126,6 +130,8 @@ pub enum Problem {
     BadGpuType(String),
     #[error("min-size {min} is above max-size {max}")]
     MinAboveMax { min: i32, max: i32 },
+    #[error("entry {entry:?}: {why}")]
+    BadEntry { entry: String, why: String },
 }
 
 /// One bad annotation: its key, its value and why it was rejected.
@@ -256,6 +262,8 @@ impl<'a> Parser<'a> {
                 );
                 None
             }
+            // With a DRA driver the count is of its devices (`capi::autoscaler` reads it).
+            (None, _, Some(_)) if self.annotations.contains_key(DRA_DRIVER_ANNOTATION) => None,
             (None, _, Some(_)) => {
                 self.error(
                     GPU_COUNT_ANNOTATION,
@@ -489,7 +497,8 @@ impl ScaleFromZero {
         if let Some(disk) = self.ephemeral_disk {
             out.set(RESOURCE_EPHEMERAL_STORAGE, disk);
         }
-        if let Some(pods) = self.max_pods {
+        // The autoscaler reads maxPods 0 as unset (then 110).
+        if let Some(pods) = self.max_pods.filter(|p| *p > 0) {
             out.set(RESOURCE_PODS, Quantity::from_units(pods));
         }
         if let Some(gpu) = self.gpu.as_ref().filter(|g| g.count > 0) {

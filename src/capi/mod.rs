@@ -3,6 +3,7 @@
 //! IDs, version discovery and the patches the controller writes.
 
 pub mod annotations;
+pub mod autoscaler;
 mod json;
 pub mod model;
 pub mod offerings;

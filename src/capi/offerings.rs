@@ -13,7 +13,7 @@ use crate::api::Operator;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::Resources;
 use crate::api::wellknown::*;
-use crate::capi::annotations;
+use crate::capi::autoscaler;
 use crate::capi::model::{LabelSelector, MachineDeployment};
 use crate::capi::template::{self, TemplateCapacity};
 use crate::scheduling::{InstanceType, Offering};
@@ -61,7 +61,7 @@ pub fn build(
     cx: &Context<'_>,
 ) -> Catalog {
     let mut catalog = Catalog::default();
-    let mut by_type: BTreeMap<String, Vec<(Resources, Offering)>> = BTreeMap::new();
+    let mut by_type: BTreeMap<String, Vec<(Resources, CsiLimits, Offering)>> = BTreeMap::new();
     let mut sorted: Vec<&Arc<MachineDeployment>> =
         mds.iter().filter(|md| selected(md, selector)).collect();
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
@@ -69,7 +69,11 @@ pub fn build(
         match offering(md, cx) {
             Ok((name, capacity, o)) => {
                 catalog.deployments.push(o.machine_deployment.clone());
-                by_type.entry(name).or_default().push((capacity, o));
+                // Parsed already by `offering`, which refused the MachineDeployment if bad.
+                let csi = autoscaler::parse(&md.annotations)
+                    .map(|d| d.csi_limits())
+                    .unwrap_or_default();
+                by_type.entry(name).or_default().push((capacity, csi, o));
             }
             Err(problem) => catalog.problems.push(format!(
                 "MachineDeployment {}/{}: {problem}",
@@ -91,8 +95,9 @@ pub fn offering(
     cx: &Context<'_>,
 ) -> Result<(String, Resources, Offering), String> {
     let key = md.key();
-    let sfz =
-        annotations::parse(&md.annotations).map_err(|e| format!("malformed annotation: {e}"))?;
+    // The driver annotations are checked like the rest (`build` reads the CSI limits).
+    let (sfz, _drivers) =
+        autoscaler::parse_all(&md.annotations).map_err(|e| format!("malformed annotation: {e}"))?;
     let shape = template::merge(cx.templates.get(&key), &sfz);
     for needed in ["cpu", "memory"] {
         if shape.capacity.get(needed).is_zero() {
@@ -126,7 +131,8 @@ pub fn offering(
         zone: labels.get(ZONE_LABEL).cloned(),
         capacity_type,
         price: sfz.price.unwrap_or(0.0),
-        available: below_max && !(cx.unavailable)(&key),
+        // Paused (Cluster API's pause): no replica is written, so nothing launches there.
+        available: below_max && !(cx.unavailable)(&key) && !autoscaler::paused(md),
         labels,
         taints: shape.taints.iter().map(|t| t.to_k8s()).collect(),
         replicas,
@@ -135,23 +141,32 @@ pub fn offering(
     Ok((name, shape.capacity, o))
 }
 
+/// CSI attach limits by driver (the csi-driver annotation).
+type CsiLimits = BTreeMap<String, usize>;
+
 /// Merge the offerings of one instance type. Capacity is the smallest each resource is offered
-/// with, so a pod that fits the type fits every offering of it.
-fn instance_type(name: String, offerings: Vec<(Resources, Offering)>) -> InstanceType {
+/// with, and so is each CSI attach limit, so a pod that fits the type fits every offering of it.
+fn instance_type(name: String, offerings: Vec<(Resources, CsiLimits, Offering)>) -> InstanceType {
     let mut capacity: Option<Resources> = None;
-    for (c, _) in &offerings {
+    let mut csi_limits = CsiLimits::new();
+    for (c, csi, _) in &offerings {
         capacity = Some(match capacity {
             None => c.clone(),
             Some(acc) => min_each(&acc, c),
         });
+        for (driver, limit) in csi {
+            let l = csi_limits.entry(driver.clone()).or_insert(*limit);
+            *l = (*l).min(*limit);
+        }
     }
-    let offerings: Vec<Offering> = offerings.into_iter().map(|(_, o)| o).collect();
+    let offerings: Vec<Offering> = offerings.into_iter().map(|(_, _, o)| o).collect();
     InstanceType {
         requirements: type_requirements(&offerings),
         name,
         capacity: capacity.unwrap_or_default(),
         overhead: Resources::default(),
         offerings,
+        csi_limits,
     }
 }
 
@@ -363,6 +378,52 @@ mod tests {
             cat.instance_types
                 .iter()
                 .all(|t| t.offerings.iter().all(|o| !o.available))
+        );
+    }
+
+    #[test]
+    fn max_pods_and_the_pause_as_the_autoscaler_reads_them() {
+        let shaped = |extra: serde_json::Value| {
+            let mut a = json!({CPU_ANNOTATION: "2", MEMORY_ANNOTATION: "4Gi"});
+            crate::testing::merge(&mut a, extra);
+            build_all(&[md("m", a, true)])
+        };
+        let pods = |extra| shaped(extra).instance_types[0].capacity.get(RESOURCE_PODS);
+        assert_eq!(
+            pods(json!({})),
+            crate::api::resources::Quantity::from_units(110)
+        );
+        assert_eq!(
+            pods(json!({MAX_PODS_ANNOTATION: "7"})),
+            crate::api::resources::Quantity::from_units(7)
+        );
+        // 0 is unset to the autoscaler, so the default stands.
+        assert_eq!(
+            pods(json!({MAX_PODS_ANNOTATION: "0"})),
+            crate::api::resources::Quantity::from_units(110)
+        );
+        let paused = shaped(json!({crate::capi::autoscaler::PAUSED_ANNOTATION: "true"}));
+        assert!(
+            paused.instance_types[0]
+                .offerings
+                .iter()
+                .all(|o| !o.available)
+        );
+        let csi = shaped(
+            json!({crate::capi::autoscaler::CSI_DRIVER_ANNOTATION: "ebs.csi.aws.com=25,efs.csi.aws.com=0"}),
+        );
+        assert_eq!(
+            csi.instance_types[0].csi_limits,
+            BTreeMap::from([("ebs.csi.aws.com".to_string(), 25)])
+        );
+        let bad =
+            shaped(json!({crate::capi::autoscaler::CSI_DRIVER_ANNOTATION: "ebs.csi.aws.com=x"}));
+        assert!(bad.instance_types.is_empty());
+        assert!(
+            bad.problems[0].contains("default/m")
+                && bad.problems[0].contains(crate::capi::autoscaler::CSI_DRIVER_ANNOTATION),
+            "{:?}",
+            bad.problems
         );
     }
 }

@@ -164,6 +164,22 @@ pub fn merge(template: Option<&TemplateCapacity>, annotations: &ScaleFromZero) -
     }
 }
 
+/// Why a template could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ReadError {
+    /// The server says the template does not exist: Cluster API cannot clone it, so the
+    /// MachineDeployment's MachineSet cannot create Machines.
+    #[error("{kind} {namespace}/{name} not found")]
+    NotFound {
+        kind: String,
+        namespace: String,
+        name: String,
+    },
+    /// Anything else (discovery, permissions, a malformed status): may pass.
+    #[error("{0}")]
+    Other(String),
+}
+
 /// Read a MachineDeployment's infrastructure template's capacity (`group`, `kind`, `name` in
 /// namespace `ns`); the version is discovered unless the reference pins one.
 pub async fn read_template(
@@ -173,21 +189,26 @@ pub async fn read_template(
     kind: &str,
     ns: &str,
     name: &str,
-) -> Result<TemplateCapacity, String> {
+) -> Result<TemplateCapacity, ReadError> {
     let ver = match pinned {
         Some(v) => v,
         None => version::infrastructure_version(client, group)
             .await
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| ReadError::Other(e.to_string()))?,
     };
     let ar = version::infrastructure_template_resource(group, &ver, kind);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
     let obj = api.get(name).await.map_err(|e| match e {
-        // The server's own message ("... not found") rather than the whole Status.
-        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
-        e => e.to_string(),
+        kube::Error::Api(s) if s.code == 404 => ReadError::NotFound {
+            kind: kind.to_string(),
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        },
+        // The server's own message rather than the whole Status.
+        kube::Error::Api(s) => ReadError::Other(format!("{} ({})", s.message, s.code)),
+        e => ReadError::Other(e.to_string()),
     })?;
-    TemplateCapacity::from_dynamic(&obj).map_err(|e| e.to_string())
+    TemplateCapacity::from_dynamic(&obj).map_err(|e| ReadError::Other(e.to_string()))
 }
 
 /// The template capacity of every MachineDeployment that has a readable one (one-off reads for
@@ -195,7 +216,10 @@ pub async fn read_template(
 pub async fn read_templates(
     client: &kube::Client,
     mds: &[Arc<MachineDeployment>],
-) -> (HashMap<String, TemplateCapacity>, HashMap<String, String>) {
+) -> (
+    HashMap<String, TemplateCapacity>,
+    HashMap<String, ReadError>,
+) {
     let mut ok = HashMap::new();
     let mut failed = HashMap::new();
     for md in mds {

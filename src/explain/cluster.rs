@@ -22,12 +22,12 @@ use crate::api::wellknown::CLUSTER_NAME_LABEL;
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::offerings::{self, Context as OfferingContext};
 use crate::capi::template::TemplateCapacity;
-use crate::capi::template::read_templates;
+use crate::capi::template::{ReadError, read_templates};
 use crate::capi::version::{self, CapiVersion};
 use crate::state::State;
 use crate::state::compact::CompactNode;
 use crate::state::feed::Index;
-use crate::view::catalog::{CatalogView, resolve_nodeclass};
+use crate::view::catalog::{CatalogView, LeftOut, resolve_nodeclass};
 use crate::view::{Inputs, Settings};
 
 /// What one NodeClass resolves to, as the Catalog actor would publish it.
@@ -256,6 +256,15 @@ pub async fn read(
     );
 
     let (templates, template_errors) = read_templates(&management, &deployments).await;
+    let missing_templates: HashMap<String, String> = template_errors
+        .iter()
+        .filter(|(_, e)| matches!(e, ReadError::NotFound { .. }))
+        .map(|(k, e)| (k.clone(), e.to_string()))
+        .collect();
+    let template_errors: HashMap<String, String> = template_errors
+        .into_iter()
+        .map(|(k, e)| (k, e.to_string()))
+        .collect();
     // Launch failures mark offerings unavailable in the controller's memory only; a one-off
     // read cannot see them (max-size is seen).
     let never = |_: &str| false;
@@ -266,7 +275,12 @@ pub async fn read(
     let catalog = CatalogView::default();
     let mut resolved = BTreeMap::new();
     for nc in nodeclasses {
-        let (c, ready) = resolve_nodeclass(&nc, &deployments, &cx);
+        let unreadable = state.deployments.read().unreadable().clone();
+        let left_out = LeftOut {
+            unreadable: &unreadable,
+            missing_templates: &missing_templates,
+        };
+        let (c, ready) = resolve_nodeclass(&nc, &deployments, &left_out, &cx);
         catalog.insert(&nc.name_any(), c.clone(), nc.create_timeout());
         resolved.insert(
             nc.name_any(),

@@ -345,13 +345,14 @@ fn offerings_miss(it: &InstanceType, reqs: &Requirements, whose: &str) -> Option
     ))
 }
 
-/// Why an offering is unavailable: its max size, else a recent launch failure or timeout.
+/// Why an offering is unavailable: its max size, else Cluster API's pause on its
+/// MachineDeployment or a recent launch failure or timeout (the offering does not say which).
 pub fn unavailable_reason(o: &Offering) -> String {
     match o.max_size {
         Some(max) if o.replicas >= max => {
             format!("is at its max size ({} of {max} replicas)", o.replicas)
         }
-        _ => "is marked unavailable after a recent launch failure or timeout".into(),
+        _ => "is marked unavailable: its MachineDeployment is paused (cluster.x-k8s.io/paused), or a launch on it recently failed or timed out".into(),
     }
 }
 

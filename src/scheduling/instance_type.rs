@@ -41,6 +41,9 @@ pub struct InstanceType {
     /// Reserved for system daemons (kube-reserved, system-reserved, eviction threshold).
     pub overhead: Resources,
     pub offerings: Vec<Offering>,
+    /// CSI attach limits a node of this type declares, by driver (the smallest any offering
+    /// states): how many volumes of that driver a new claim of this type may take.
+    pub csi_limits: BTreeMap<String, usize>,
 }
 
 impl InstanceType {
@@ -176,6 +179,7 @@ mod tests {
                 capacity: Resources::default(),
                 overhead: Resources::default(),
                 offerings: vec![offering("ns/gpu", vec![gpu.clone()])],
+                csi_limits: BTreeMap::new(),
             },
             InstanceType {
                 name: "mixed".into(),
@@ -186,6 +190,7 @@ mod tests {
                     offering("ns/plain", vec![]),
                     offering("ns/tainted", vec![gpu.clone()]),
                 ],
+                csi_limits: BTreeMap::new(),
             },
         ];
         let plain_pool = for_declared_taints(types.clone(), &[]);

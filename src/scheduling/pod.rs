@@ -150,10 +150,20 @@ impl PodInfo {
             .map(|r| r.node_selector_terms.as_slice())
             .unwrap_or_default();
         for (i, term) in required_terms.iter().enumerate() {
+            // kube-scheduler: a term without expressions or fields matches no node, so it adds
+            // nothing to the ORed alternatives.
+            if term_is_empty(term) {
+                continue;
+            }
             let what = format!(
                 "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]"
             );
             node_terms.push(selector_reqs.intersect(&term_requirements(term, &what)?));
+        }
+        if node_terms.is_empty() && !required_terms.is_empty() {
+            return Err(
+                "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms: every term is empty, and an empty term matches no node".to_string(),
+            );
         }
         if node_terms.is_empty() {
             node_terms.push(selector_reqs);
@@ -209,6 +219,11 @@ impl PodInfo {
     pub fn memory(&self) -> Quantity {
         self.requests.get(RESOURCE_MEMORY)
     }
+}
+
+fn term_is_empty(term: &NodeSelectorTerm) -> bool {
+    term.match_expressions.as_ref().is_none_or(Vec::is_empty)
+        && term.match_fields.as_ref().is_none_or(Vec::is_empty)
 }
 
 fn term_requirements(term: &NodeSelectorTerm, what: &str) -> Result<Requirements, String> {

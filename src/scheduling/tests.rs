@@ -1096,6 +1096,89 @@ fn invalid_pods_are_reported_and_others_still_placed() {
 }
 
 #[test]
+fn an_empty_node_selector_term_matches_no_node() {
+    let with_terms = |name: &str, terms: Vec<NodeSelectorTerm>| {
+        let mut p = pod(name, "1", "1Gi");
+        spec(&mut p).affinity = Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: terms,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        p
+    };
+    let empty = NodeSelectorTerm {
+        match_expressions: Some(vec![]),
+        match_fields: None,
+    };
+    // Only empty terms: kube-scheduler matches no node, so no claim is made for it.
+    let r = one_pool(vec![with_terms(
+        "only-empty",
+        vec![empty.clone(), NodeSelectorTerm::default()],
+    )]);
+    assert!(r.new_claims.is_empty(), "{:?}", r.new_claims);
+    let (key, err) = &r.failures[0];
+    assert_eq!(key, "default/only-empty");
+    assert!(err.to_string().contains("nodeSelectorTerms"), "{err}");
+    // An empty term beside a real one adds nothing: the real one alone decides.
+    let r = one_pool(vec![with_terms(
+        "mixed",
+        vec![
+            empty,
+            NodeSelectorTerm {
+                match_expressions: Some(vec![node_req(ZONE_LABEL, "In", &[ZONES[1]])]),
+                match_fields: None,
+            },
+        ],
+    )]);
+    assert_eq!(r.new_claims.len(), 1, "{:?}", r.failures);
+    assert_eq!(zone_of(&r.new_claims[0]), [ZONES[1]]);
+}
+
+#[test]
+fn a_types_csi_attach_limits_bound_the_volumes_a_new_claim_takes() {
+    use crate::scheduling::volumes::{NodeVolumes, PodVolumes};
+    let pods: Vec<Pod> = (0..5)
+        .map(|i| pod(&format!("p{i}"), "100m", "128Mi"))
+        .collect();
+    let mut volumes = NodeVolumes::default();
+    for p in &pods {
+        let key = crate::scheduling::pod::pod_key(p);
+        let v: PodVolumes = BTreeMap::from([(
+            "ebs.csi.aws.com".to_string(),
+            [format!("{key}-data")].into_iter().collect(),
+        )]);
+        volumes.by_pod.insert(key, v);
+    }
+    let limited = |limit: Option<usize>| {
+        let mut types = standard_types();
+        for t in &mut types {
+            if let Some(l) = limit {
+                t.csi_limits.insert("ebs.csi.aws.com".into(), l);
+            }
+        }
+        solve_with_volumes(
+            &snapshot(pods.clone(), vec![pool(nodepool("default"), types)]),
+            &volumes,
+        )
+    };
+    // Without a limit the five small pods share one claim.
+    assert_eq!(limited(None).new_claims.len(), 1);
+    // Two volumes per node: three claims, none with more than two pods.
+    let r = limited(Some(2));
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.new_claims.len(), 3, "{:?}", r.new_claims);
+    assert!(r.new_claims.iter().all(|c| c.pods.len() <= 2));
+    // A limit of 0 volumes leaves no type for them.
+    let r = limited(Some(0));
+    assert!(r.new_claims.is_empty());
+    assert_eq!(r.failures.len(), 5);
+}
+
+#[test]
 fn pods_are_packed_largest_first() {
     // Two 1.5-cpu pods and two 0.5-cpu pods fill two small nodes exactly when sorted.
     let pods = vec![

@@ -391,7 +391,7 @@ pub fn csinode_limits(node: &k8s_openapi::api::storage::v1::CSINode) -> BTreeMap
 }
 
 /// Every limited existing node's usage (the claims of the pods bound to it) and the pending
-/// pods' volumes. Empty when no node declares a limit.
+/// pods' volumes. Empty when no node and no instance type declares a limit.
 fn node_volumes(
     snapshot: &super::Snapshot,
     catalog: &VolumeCatalog,
@@ -409,7 +409,11 @@ fn node_volumes(
             );
         }
     }
-    if out.by_node.is_empty() {
+    let typed = snapshot
+        .nodepools
+        .iter()
+        .any(|p| p.instance_types.iter().any(|t| !t.csi_limits.is_empty()));
+    if out.by_node.is_empty() && !typed {
         return out;
     }
     for pod in &snapshot.bound_pods {

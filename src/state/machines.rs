@@ -213,8 +213,20 @@ fn prune(index: &mut HashMap<String, BTreeSet<String>>, bucket: &str, k: &str) {
 #[derive(Default)]
 pub struct MachineDeployments {
     by_key: HashMap<String, Arc<MachineDeployment>>,
+    /// MachineDeployments the model cannot read, by key: kept (not dropped with a log line) so
+    /// a NodeClass that selects them can say so, and so an edit that breaks one removes what
+    /// was read of it before.
+    unreadable: BTreeMap<String, Unreadable>,
     fresh: Freshness,
     synced: bool,
+}
+
+/// A MachineDeployment the model could not read: its labels (what a NodeClass selects by) and
+/// why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unreadable {
+    pub labels: BTreeMap<String, String>,
+    pub error: String,
 }
 
 impl MachineDeployments {
@@ -256,6 +268,7 @@ impl MachineDeployments {
         if !take && let Some(cur) = self.by_key.get(&k) {
             return cur.clone();
         }
+        self.unreadable.remove(&k);
         let md = Arc::new(md);
         self.by_key.insert(k, md.clone());
         md
@@ -263,7 +276,27 @@ impl MachineDeployments {
 
     pub fn remove(&mut self, k: &str) -> Option<Arc<MachineDeployment>> {
         self.fresh.forget(k);
+        self.unreadable.remove(k);
         self.by_key.remove(k)
+    }
+
+    /// The watch delivered a version of `k` the model cannot read: what was read of it before
+    /// no longer stands.
+    pub fn mark_unreadable(&mut self, k: String, u: Unreadable) -> Option<Arc<MachineDeployment>> {
+        self.fresh.forget(&k);
+        let old = self.by_key.remove(&k);
+        self.unreadable.insert(k, u);
+        old
+    }
+
+    /// The MachineDeployments the model cannot read, by key.
+    pub fn unreadable(&self) -> &BTreeMap<String, Unreadable> {
+        &self.unreadable
+    }
+
+    /// After a re-list: these are the unreadable ones now.
+    pub fn replace_unreadable(&mut self, all: BTreeMap<String, Unreadable>) {
+        self.unreadable = all;
     }
 
     pub fn replace_all(&mut self, mds: Vec<MachineDeployment>) -> Vec<Arc<MachineDeployment>> {

@@ -225,6 +225,7 @@ impl InstanceTypeBuilder {
             overhead: self.overhead,
             offerings,
             name: self.name,
+            csi_limits: Default::default(),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! launch's ranking of offerings for a claim. Claims, the provisioner, disruption and `explain`
 //! read it alike.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,11 +11,13 @@ use k8s_openapi::api::core::v1::Taint;
 use parking_lot::RwLock;
 
 use crate::api::nodeclass::ClusterAPINodeClass;
-use crate::api::requirements::Requirements;
+use crate::api::requirements::{MinValuesError, Requirements};
 use crate::api::resources::Resources;
+use crate::api::wellknown::INSTANCE_TYPE_LABEL;
 use crate::capi::model::{LabelSelector, MachineDeployment};
 use crate::capi::offerings::{self, Context as OfferingContext};
 use crate::scheduling::InstanceType;
+use crate::state::machines::Unreadable;
 
 /// The offering a claim launches from, with what its node will look like.
 #[derive(Clone, Debug, PartialEq)]
@@ -57,6 +59,14 @@ pub enum ResolveError {
     Invalid(String),
     #[error("no available offering of ClusterAPINodeClass {nodeclass} is compatible: {details}")]
     NoCompatibleOffering { nodeclass: String, details: String },
+    #[error(
+        "validating minValues against the instance types of ClusterAPINodeClass {nodeclass} that can launch it: {source}"
+    )]
+    MinValues {
+        nodeclass: String,
+        #[source]
+        source: MinValuesError,
+    },
 }
 
 impl ResolveError {
@@ -67,6 +77,8 @@ impl ResolveError {
             ResolveError::NodeClassNotReady { .. } => "NodeClassNotReady",
             ResolveError::Invalid(_) => "InvalidNodeClaim",
             ResolveError::NoCompatibleOffering { .. } => "InsufficientCapacity",
+            // Upstream's launch reason for a cloud provider error it has no name for.
+            ResolveError::MinValues { .. } => "LaunchFailed",
         }
     }
 }
@@ -196,11 +208,17 @@ impl CatalogView {
         );
         let count = |fit: Fit| ranked.iter().filter(|r| r.fit == fit).count();
         match ranked.iter().find(|r| r.fit == Fit::Eligible) {
-            Some(r) => Ok(choice(r.instance_type, r.offering)),
+            Some(r) => {
+                min_values_met(&ranked, reqs).map_err(|source| ResolveError::MinValues {
+                    nodeclass: nodeclass.to_string(),
+                    source,
+                })?;
+                Ok(choice(r.instance_type, r.offering))
+            }
             None => Err(ResolveError::NoCompatibleOffering {
                 nodeclass: nodeclass.to_string(),
                 details: format!(
-                    "{} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {} too small for the requests, {} unavailable (max-size reached or recently failed)",
+                    "{} offerings incompatible with the requirements or carrying taints the NodePool does not declare, {} too small for the requests, {} unavailable (max-size reached, MachineDeployment paused, or recently failed)",
                     count(Fit::Incompatible),
                     count(Fit::TooSmall),
                     count(Fit::Unavailable)
@@ -275,7 +293,7 @@ pub enum Fit {
     /// Its labels do not meet the claim's requirements, or its nodes carry taints the claim
     /// does not declare.
     Incompatible,
-    /// Max size reached, recently failed, or already turned the claim down.
+    /// Max size reached, paused, recently failed, or already turned the claim down.
     Unavailable,
 }
 
@@ -342,6 +360,37 @@ pub fn rank<'a>(
     out
 }
 
+/// The claim's minValues against the instance types a launch may use (those with an eligible
+/// offering), as upstream's cloud provider checks them before it creates an instance: a key
+/// counts the distinct values those types offer within the requirements.
+pub fn min_values_met(ranked: &[Ranked<'_>], reqs: &Requirements) -> Result<(), MinValuesError> {
+    if !reqs.iter().any(|r| r.min_values().is_some()) {
+        return Ok(());
+    }
+    let mut types: Vec<&InstanceType> = Vec::new();
+    for r in ranked.iter().filter(|r| r.fit == Fit::Eligible) {
+        if !types.iter().any(|t| t.name == r.instance_type.name) {
+            types.push(r.instance_type);
+        }
+    }
+    reqs.check_min_values(|key| {
+        let allowed = reqs.get(key);
+        let mut values: HashSet<&str> = HashSet::new();
+        for t in &types {
+            if key == INSTANCE_TYPE_LABEL {
+                values.insert(&t.name);
+            } else if let Some(vs) = t.requirements.values(key) {
+                values.extend(
+                    vs.iter()
+                        .filter(|v| allowed.is_none_or(|r| r.has(v)))
+                        .map(String::as_str),
+                );
+            }
+        }
+        values.len()
+    })
+}
+
 fn choice(t: &InstanceType, o: &crate::scheduling::Offering) -> Choice {
     Choice {
         machine_deployment: o.machine_deployment.clone(),
@@ -355,13 +404,27 @@ fn choice(t: &InstanceType, o: &crate::scheduling::Offering) -> Choice {
     }
 }
 
+/// MachineDeployments that cannot be offered whatever their annotations say, by key.
+pub struct LeftOut<'a> {
+    /// Those the model cannot read.
+    pub unreadable: &'a BTreeMap<String, Unreadable>,
+    /// Those whose infrastructure template does not exist (`Kind namespace/name not found`).
+    pub missing_templates: &'a HashMap<String, String>,
+}
+
 /// What one NodeClass resolves to, and whether it is ready (the Catalog actor publishes this;
-/// `explain` computes it the same way from a one-off read).
+/// `explain` computes it the same way from a one-off read). A NodeClass whose fields validation
+/// refuses (objects stored before the CRD refused them) resolves to nothing; MachineDeployments
+/// it selects that cannot be read are problems like malformed annotations.
 pub fn resolve_nodeclass(
     nc: &ClusterAPINodeClass,
     mds: &[Arc<MachineDeployment>],
+    left_out: &LeftOut<'_>,
     cx: &OfferingContext<'_>,
 ) -> (offerings::Catalog, Result<(), String>) {
+    if let Err(e) = crate::api::validate_nodeclass(nc) {
+        return (offerings::Catalog::default(), Err(e.to_string()));
+    }
     let selector = nc
         .spec
         .scalable_resource_selector
@@ -373,7 +436,34 @@ pub fn resolve_nodeclass(
             Err(format!("spec.scalableResourceSelector: {e}")),
         ),
         Ok(sel) => {
-            let c = offerings::build(sel.as_ref(), mds, cx);
+            let (usable, missing): (Vec<Arc<MachineDeployment>>, Vec<Arc<MachineDeployment>>) = mds
+                .iter()
+                .cloned()
+                .partition(|md| !left_out.missing_templates.contains_key(&md.key()));
+            let mut c = offerings::build(sel.as_ref(), &usable, cx);
+            for md in missing
+                .iter()
+                .filter(|md| offerings::selected(md, sel.as_ref()))
+            {
+                let key = md.key();
+                let why = left_out
+                    .missing_templates
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_default();
+                c.problems.push(format!(
+                    "MachineDeployment {key}: infrastructure template {why}: Cluster API cannot create its Machines"
+                ));
+            }
+            for (key, u) in left_out.unreadable {
+                let member = u.labels.contains_key(crate::api::wellknown::MEMBER_LABEL);
+                if member && sel.as_ref().is_none_or(|s| s.matches(&u.labels)) {
+                    c.problems.push(format!(
+                        "MachineDeployment {key}: cannot be read: {}",
+                        u.error
+                    ));
+                }
+            }
             let ready = readiness(&c);
             (c, ready)
         }
@@ -424,6 +514,7 @@ mod tests {
             capacity: Resources::new().with("cpu", Quantity::from_units(cpu)),
             overhead: Resources::default(),
             offerings,
+            csi_limits: Default::default(),
         }
     }
 
@@ -480,5 +571,47 @@ mod tests {
             .resolve("nc", &reqs, &requests, &excluded, &[])
             .expect("a choice");
         assert_eq!(choice.machine_deployment, "ns/b-idle");
+    }
+
+    #[test]
+    fn min_values_count_only_the_types_that_can_launch() {
+        use crate::api::nodeclaim::{NodeSelectorRequirementWithMinValues, Operator};
+        let view = CatalogView::default();
+        view.insert(
+            "nc",
+            offerings::Catalog {
+                instance_types: vec![
+                    it("a", 4, vec![offering("ns/a", 0.1, 0, "z")]),
+                    it("b", 4, vec![offering("ns/b", 0.2, 0, "z")]),
+                ],
+                deployments: vec!["ns/a".into(), "ns/b".into()],
+                problems: Vec::new(),
+            },
+            None,
+        );
+        let reqs = |min: i64| {
+            Requirements::from_node_selector_requirements(&[NodeSelectorRequirementWithMinValues {
+                key: INSTANCE_TYPE_LABEL.into(),
+                operator: Operator::Exists,
+                values: None,
+                min_values: Some(min),
+            }])
+            .expect("requirements")
+        };
+        let none = HashSet::new();
+        let requests = Resources::new();
+        let err = view
+            .resolve("nc", &reqs(50), &requests, &none, &[])
+            .expect_err("50 types do not exist");
+        assert!(matches!(err, ResolveError::MinValues { .. }), "{err}");
+        assert!(err.to_string().contains(INSTANCE_TYPE_LABEL), "{err}");
+        assert_eq!(err.reason(), "LaunchFailed");
+        assert!(view.resolve("nc", &reqs(2), &requests, &none, &[]).is_ok());
+        // A type whose only offering cannot be used does not count.
+        let excluded = HashSet::from(["ns/b".to_string()]);
+        assert!(matches!(
+            view.resolve("nc", &reqs(2), &requests, &excluded, &[]),
+            Err(ResolveError::MinValues { .. })
+        ));
     }
 }

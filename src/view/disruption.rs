@@ -22,6 +22,8 @@ use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, INSTANCE_TYPE_LABEL,
     NODEPOOL_LABEL, REPLACES_ANNOTATION,
 };
+use crate::capi::autoscaler;
+use crate::capi::model::{Machine, MachineDeployment};
 use crate::disruption::{
     self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
 };
@@ -105,6 +107,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     // Per pool: hourly cost and reschedule disruption cost of all its initialized nodes.
     let mut pool_totals: HashMap<String, (f64, f64)> = HashMap::new();
     let mut disrupting: HashMap<String, usize> = HashMap::new();
+    let mut holds: HashMap<String, Option<Hold>> = HashMap::new();
     for c in &claims {
         let name = c.name_any();
         let pool_name = c.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default();
@@ -218,6 +221,26 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             view.blocked.push((c.clone(), why));
             continue;
         }
+        let hold = holds
+            .entry(md.to_string())
+            .or_insert_with(|| {
+                deployments
+                    .get(md)
+                    .and_then(|d| deployment_hold(&d, &machines.of_deployment(md)))
+            })
+            .clone();
+        let rolling_out = match hold {
+            Some(Hold::Paused(why)) => {
+                view.blocked.push((c.clone(), why));
+                continue;
+            }
+            Some(Hold::RollingOut(why)) if drift.is_none() => {
+                view.blocked.push((c.clone(), why));
+                continue;
+            }
+            Some(Hold::RollingOut(_)) => true,
+            None => false,
+        };
         if let Some(why) = node_protected(c, node) {
             view.blocked.push((c.clone(), why));
             continue;
@@ -227,7 +250,8 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         // period ends); for everything else they protect it.
         let pod_blocked = pods_protected(&on_node, &pdbs, mem.now);
         let eventual = drift.is_some() && c.spec.termination_grace_period.is_some();
-        let mut consolidatable = consolidatable;
+        // A drifted claim on a MachineDeployment mid-rollout stays a drift candidate only.
+        let mut consolidatable = consolidatable && !rolling_out;
         if let Some(why) = pod_blocked {
             if !eventual {
                 view.blocked.push((c.clone(), why));
@@ -318,6 +342,32 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         .filter_map(|(pool, reason)| pools.get(&pool).map(|np| (np.clone(), reason)))
         .collect();
     view
+}
+
+/// What Cluster API's own state of a MachineDeployment does to its nodes' disruption.
+#[derive(Clone, Debug)]
+enum Hold {
+    /// Paused: no replica is written, so none of its Machines could be given back.
+    Paused(String),
+    /// A rollout is under way: as the autoscaler, none of its nodes is scaled down meanwhile
+    /// (drift still replaces them).
+    RollingOut(String),
+}
+
+fn deployment_hold(md: &MachineDeployment, machines: &[Arc<Machine>]) -> Option<Hold> {
+    if autoscaler::paused(md) {
+        return Some(Hold::Paused(format!(
+            "its MachineDeployment {} is paused (\"{}\" annotation or spec.paused): Cluster API would not remove its Machine",
+            md.key(),
+            autoscaler::PAUSED_ANNOTATION
+        )));
+    }
+    autoscaler::mid_rollout(md, machines).then(|| {
+        Hold::RollingOut(format!(
+            "its MachineDeployment {} is mid-rollout (Machines not up to date remain): no scale-down until it completes",
+            md.key()
+        ))
+    })
 }
 
 /// A RollingUpdate in progress, as the claims see it: which claims sit on outdated Machines and

@@ -472,6 +472,7 @@ mod tests {
             capacity: Resources::new().with("cpu", Quantity::from_units(cpu)),
             overhead: Resources::new(),
             offerings: vec![],
+            csi_limits: Default::default(),
         }
     }
 

@@ -122,6 +122,27 @@ impl Env {
             .expect("patch the MachineDeployment");
     }
 
+    /// Points md-0 at a new infrastructure template, created first as a user would (Cluster API
+    /// clones it into each Machine).
+    pub async fn change_template_of_md(&self, template: &str) {
+        let templates: Api<DynamicObject> = Api::namespaced_with(
+            self.client().await,
+            NS,
+            &karpenter_capi::sim::cluster::infra_template_resource(),
+        );
+        templates
+            .create(
+                &kube::api::PostParams::default(),
+                &karpenter_capi::sim::cluster::infrastructure_template(NS, template),
+            )
+            .await
+            .expect("create the new template");
+        self.patch_md(
+            json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": template}}}}}),
+        )
+        .await;
+    }
+
     /// Writes to MachineDeployments by the controller after `since_ms`: (ms, verb, name).
     pub fn controller_replica_writes_since(&self, since_ms: u64) -> Vec<(u64, String, String)> {
         self.sim

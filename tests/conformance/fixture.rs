@@ -191,6 +191,7 @@ impl TypeSpec {
             capacity: self.resources,
             overhead: res(&[("cpu", "100m"), ("memory", "10Mi")]),
             offerings,
+            csi_limits: Default::default(),
         }
     }
 }
@@ -489,8 +490,13 @@ pub trait PodExt: Sized {
         let a = self.spec().affinity.get_or_insert_with(Affinity::default);
         a.node_affinity.get_or_insert_with(NodeAffinity::default)
     }
-    /// Adds the requirements to the first required term (creating it).
+    /// Adds the requirements to the first required term (creating it). None add nothing, as
+    /// upstream's pod builder makes no affinity for no requirements (an empty term would match
+    /// no node).
     fn required(mut self, reqs: Vec<NodeSelectorRequirement>) -> Self {
+        if reqs.is_empty() {
+            return self;
+        }
         let sel = self
             .node_affinity()
             .required_during_scheduling_ignored_during_execution

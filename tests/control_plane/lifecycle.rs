@@ -73,10 +73,7 @@ async fn on_delete_rollouts_are_carried_out_as_drift(backend: Backend) {
     let (old, old_node) = env.stamped_claim("sim-0").await;
     env.pod("app", &old_node, json!({"app": "app"}), json!({}))
         .await;
-    env.patch_md(
-        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
-    )
-    .await;
+    env.change_template_of_md("sim-template-v2").await;
     env.wait(
         "Drifted=True (MachineTemplateDrifted) on the old claim",
         || {
@@ -123,10 +120,7 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn(backend: Backen
     let (a, _) = env.stamped_claim("sim-0").await;
     let (b, _) = env.stamped_claim("sim-0").await;
     settle(&env.sim, DEADLINE).await.expect("settles");
-    env.patch_md(
-        json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": "sim-template-v2"}}}}}),
-    )
-    .await;
+    env.change_template_of_md("sim-template-v2").await;
     // (On the simulated backend the test's own client shares the controller's User-Agent: count
     // from after its patch.)
     let since = env.sim.cluster().stats().now_ms();

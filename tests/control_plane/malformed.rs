@@ -322,11 +322,19 @@ async fn create_all(sim: &BackgroundSim, objects: Vec<Value>) -> BTreeMap<String
                 let annotations: BTreeMap<String, String> =
                     serde_json::from_value(o["metadata"]["annotations"].clone())
                         .expect("annotations");
+                let mut labels: BTreeMap<String, String> =
+                    serde_json::from_value(o["metadata"]["labels"].clone()).unwrap_or_default();
+                labels.insert(MEMBER_LABEL.to_string(), String::new());
+                let infrastructure_template = o
+                    .pointer("/spec/template/spec/infrastructureRef/name")
+                    .and_then(Value::as_str)
+                    .map(String::from);
                 c.create_machine_deployment_from(&MachineDeploymentSeed {
                     name,
                     namespace: "default".into(),
-                    labels: BTreeMap::from([(MEMBER_LABEL.to_string(), String::new())]),
+                    labels,
                     annotations,
+                    infrastructure_template,
                     ..Default::default()
                 })
                 .await

@@ -50,7 +50,13 @@ fn nothing_is_left_after_a_simulate_run() {
 }
 
 fn nothing_is_left_after_simulate_serve_is_stopped() {
-    let mut child = spawn(&["--serve"]);
+    // Its kubeconfig goes to a temporary file, not into the checkout.
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "karpenter-capi-simulate-{}.kubeconfig",
+        std::process::id()
+    ));
+    let kubeconfig_arg = kubeconfig.to_string_lossy().into_owned();
+    let mut child = spawn(&["--serve", "--kubeconfig-out", &kubeconfig_arg]);
     let stderr = child.stderr.take().expect("simulate's stderr");
     let (tx, serving) = mpsc::channel();
     std::thread::spawn(move || {
@@ -81,6 +87,7 @@ fn nothing_is_left_after_simulate_serve_is_stopped() {
         "simulate's exit on SIGTERM: {status}"
     );
     assert_gone(&started);
+    let _ = std::fs::remove_file(&kubeconfig);
 }
 
 /// `karpenter-capi simulate` with the scenario and `extra`, told where every asset is.

@@ -739,3 +739,28 @@ async fn a_taint_write_that_fails_once_is_retried_not_rolled_back() {
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
 }
+
+/// Cluster API's pause on a MachineDeployment (`cluster.x-k8s.io/paused`) keeps its empty node:
+/// Cluster API would act on no replica change, so none of its Machines could be given back. Once
+/// the pause lifts, emptiness removes it.
+#[actix::test]
+async fn a_paused_machine_deployments_empty_node_waits_for_the_pause_to_lift() {
+    use karpenter_capi::capi::autoscaler::PAUSED_ANNOTATION;
+    let env = env_fast().await;
+    let (claim, _) = env.stamped_claim("sim-0").await;
+    env.patch_md(json!({"metadata": {"annotations": {PAUSED_ANNOTATION: "true"}}}))
+        .await;
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s"}))
+        .await;
+    // Several passes (every 200 ms) and validations (300 ms) go by.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = env.get("nodeclaims", "", &claim).expect("the claim stays");
+    assert!(c["metadata"]["deletionTimestamp"].is_null(), "{c:#}");
+    env.patch_md(json!({"metadata": {"annotations": {PAUSED_ANNOTATION: null}}}))
+        .await;
+    env.wait("the empty node gone once the pause lifted", || {
+        env.get("nodeclaims", "", &claim).is_none().then_some(())
+    })
+    .await;
+    env.assert_clean();
+}

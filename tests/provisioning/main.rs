@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod autoscaler;
 mod capi;
 mod provisioning;
 mod scheduling;

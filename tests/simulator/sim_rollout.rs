@@ -11,7 +11,7 @@ use karpenter_capi::api::wellknown::{DELETE_MACHINE_ANNOTATION, SET_NAME_LABEL};
 use karpenter_capi::sim::capi::{CapiVersion, TEMPLATE_HASH_LABEL};
 use karpenter_capi::sim::cluster::{SimCluster, SimClusterConfig};
 use karpenter_capi::sim::standin::{merge_patch, str_at};
-use kube::api::{DeleteParams, ListParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
@@ -23,6 +23,7 @@ struct Apis {
     mds: Api<DynamicObject>,
     sets: Api<DynamicObject>,
     machines: Api<DynamicObject>,
+    templates: Api<DynamicObject>,
 }
 
 impl Apis {
@@ -33,6 +34,11 @@ impl Apis {
             mds: Api::namespaced_with(cluster.client(), NS, &v.machine_deployment()),
             sets: Api::namespaced_with(cluster.client(), NS, &v.machine_set()),
             machines: Api::namespaced_with(cluster.client(), NS, &v.machine()),
+            templates: Api::namespaced_with(
+                cluster.client(),
+                NS,
+                &karpenter_capi::sim::cluster::infra_template_resource(),
+            ),
         }
     }
 
@@ -64,6 +70,14 @@ impl Apis {
 
     /// A change that needs new Machines: another infrastructure template.
     async fn change_infrastructure(&self, md: &str, template: &str) {
+        // The new template first, as a user would: Cluster API clones it into each Machine.
+        let _ = self
+            .templates
+            .create(
+                &PostParams::default(),
+                &karpenter_capi::sim::cluster::infrastructure_template(NS, template),
+            )
+            .await;
         let patch =
             json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": template}}}}});
         merge_patch(&self.mds, md, &patch).await.unwrap();

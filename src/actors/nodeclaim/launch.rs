@@ -21,6 +21,7 @@ use crate::api::resources::Resources;
 use crate::api::wellknown::*;
 use crate::capi::model::Machine;
 use crate::metrics::Metrics;
+use crate::scheduling::MinValuesPolicy;
 use crate::state::claims::recorded_machine;
 use crate::state::machines::key as machine_key;
 use crate::view::catalog::{CatalogView, Choice, ResolveError};
@@ -29,19 +30,24 @@ use crate::view::catalog::{CatalogView, Choice, ResolveError};
 const LAUNCH_RETRY: Duration = Duration::from_secs(10);
 
 /// The offering a claim launches on: the cheapest available one its requirements, requests and
-/// taints allow, but those in `excluded`.
+/// taints allow, but those in `excluded`. Its minValues must be met by the types that can launch
+/// it, unless `policy` is BestEffort (upstream's cloud providers skip that check then).
 pub fn resolve(
     catalog: &CatalogView,
     claim: &NodeClaim,
     excluded: &HashSet<String>,
+    policy: MinValuesPolicy,
 ) -> Result<Choice, ResolveError> {
     // Values the schema accepts but that make no sense (a negative request) are refused
     // with the field named, as upstream's CEL rules would have refused the object.
     crate::api::validation::validate_nodeclaim(claim)
         .map_err(|e| ResolveError::Invalid(e.to_string()))?;
     let spec = &claim.spec;
-    let reqs = Requirements::from_node_selector_requirements(&spec.requirements)
+    let mut reqs = Requirements::from_node_selector_requirements(&spec.requirements)
         .map_err(|e| ResolveError::Invalid(format!("spec.requirements: {e}")))?;
+    if policy == MinValuesPolicy::BestEffort {
+        reqs.relax_min_values(|_| 0);
+    }
     let requests = spec
         .resources
         .as_ref()
@@ -64,8 +70,12 @@ pub fn resolve(
 /// the offering's labels in the object created, so its first write is its creation (invariant 4
 /// holds: the MachineDeployment is on the claim before any replica is asked for). A claim whose
 /// offering cannot be chosen yet is created as it is, and its actor decides (and says why).
-pub fn prelaunch(catalog: &CatalogView, claim: &mut NodeClaim) -> Option<Choice> {
-    let choice = resolve(catalog, claim, &HashSet::new()).ok()?;
+pub fn prelaunch(
+    catalog: &CatalogView,
+    claim: &mut NodeClaim,
+    policy: MinValuesPolicy,
+) -> Option<Choice> {
+    let choice = resolve(catalog, claim, &HashSet::new(), policy).ok()?;
     let finalizers = claim.metadata.finalizers.get_or_insert_with(Vec::new);
     if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
         finalizers.push(TERMINATION_FINALIZER.to_string());
@@ -131,7 +141,12 @@ impl Step {
     }
 
     pub(super) fn resolve(&self) -> Result<Choice, ResolveError> {
-        resolve(&self.shared.catalog, &self.claim, &self.excluded)
+        resolve(
+            &self.shared.catalog,
+            &self.claim,
+            &self.excluded,
+            self.shared.settings.min_values_policy,
+        )
     }
 
     /// A launch that cannot start yet (or ever): say why in `Launched` and an Event, once.

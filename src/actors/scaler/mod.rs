@@ -25,6 +25,7 @@ use self::plan::Snapshot;
 use super::backoff::Backoff;
 use super::messages::{CancelRequest, Poke, Rejection, ReleaseMachine, RequestMachine, Stop};
 use super::{Error, Shared};
+use crate::capi::autoscaler;
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::metrics::Metrics;
 use crate::state::machines::key;
@@ -193,7 +194,10 @@ impl Scaler {
             waiting: &inputs.waiting,
             rolling_out: inputs.rolling_out,
         };
-        let plan = plan::plan(&snapshot);
+        let mut plan = plan::plan(&snapshot);
+        if autoscaler::paused(&inputs.md) {
+            self.hold_while_paused(&mut plan, &inputs.waiting);
+        }
         for machine in &inputs.spent {
             self.verify_spent(machine.clone(), ctx);
         }
@@ -225,6 +229,28 @@ impl Scaler {
             } else {
                 self.write(inputs.md, write, plan.delete_directly, ctx);
             }
+        }
+    }
+
+    /// Cluster API's pause: its controllers would not act on a replica change, so none is
+    /// written (nor a surplus Machine released, which leads to one). Free Machines may still be
+    /// bound; claims that need a new one are turned away to launch elsewhere. A Machine a
+    /// terminating claim gave back keeps its deletion mark and is decremented once the pause
+    /// lifts.
+    fn hold_while_paused(&mut self, plan: &mut plan::Plan, waiting: &[String]) {
+        if plan.write.take().is_some() || !plan.release.is_empty() {
+            tracing::debug!(machine_deployment = %self.md, "paused (cluster.x-k8s.io/paused or spec.paused): no replica write");
+        }
+        plan.release.clear();
+        plan.delete_directly.clear();
+        let binding: HashSet<&String> = plan.bind.iter().map(|(c, _)| c).collect();
+        let turned_away: Vec<String> = waiting
+            .iter()
+            .filter(|c| !binding.contains(c) && !plan.reject.contains(c))
+            .cloned()
+            .collect();
+        for claim in turned_away {
+            self.reject(&claim, Rejection::Paused);
         }
     }
 

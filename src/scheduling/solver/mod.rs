@@ -74,8 +74,8 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
     });
     let dims = learn_dims(snapshot, &pending, &daemons);
     let mut solver = Solver::new(snapshot, &dims, &daemons);
-    // No limited node: nothing to check per placement.
-    if !volumes.by_node.is_empty() {
+    // No limited node or instance type: nothing to check per placement.
+    if !volumes.by_node.is_empty() || !volumes.by_pod.is_empty() {
         solver.volumes = Some((volumes.by_node.clone(), &volumes.by_pod));
     }
     if !snapshot.volume_topology.is_empty() {

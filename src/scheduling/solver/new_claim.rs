@@ -18,6 +18,7 @@ use crate::scheduling::error::PodError;
 use crate::scheduling::pod::PodInfo;
 use crate::scheduling::selector::untolerated;
 use crate::scheduling::topology::{Domains, Narrowing, Place, Rejection, Source};
+use crate::scheduling::volumes::PodVolumes;
 use crate::scheduling::{MAX_INSTANCE_TYPES, MinValuesPolicy, NewClaim};
 
 /// A claim opened in this solve.
@@ -37,10 +38,19 @@ pub(super) struct Claim {
     pub(super) charge: Amounts,
     /// A minValues of its pool was lowered to open it (BestEffort).
     pub(super) min_values_relaxed: bool,
+    /// Its pods' volumes by the CSI driver that attaches them: its types' attach limits must
+    /// hold them.
+    pub(super) volumes: PodVolumes,
 }
 
-/// A claim a pod may join: its usage, instance types and requirements (when they change) after.
-type Joined = (Amounts, Vec<usize>, Option<Requirements>);
+/// A claim a pod may join: its usage, instance types, requirements (when they change) and
+/// volumes (when the pod brings some) after.
+type Joined = (
+    Amounts,
+    Vec<usize>,
+    Option<Requirements>,
+    Option<PodVolumes>,
+);
 
 impl<'a> Solver<'a> {
     pub(super) fn try_claims(&mut self, ctx: &Ctx) -> bool {
@@ -80,12 +90,10 @@ impl<'a> Solver<'a> {
             {
                 continue;
             }
-            let Some((used, types, reqs)) =
-                ctx.alternatives().find_map(|ctx| self.join(claim, &ctx))
-            else {
+            let Some(joined) = ctx.alternatives().find_map(|ctx| self.join(claim, &ctx)) else {
                 continue;
             };
-            self.commit_to_claim(ci, ctx, used, types, reqs);
+            self.commit_to_claim(ci, ctx, joined);
             return true;
         }
         false
@@ -112,6 +120,15 @@ impl<'a> Solver<'a> {
         let changed = reqs.as_ref().filter(|r| **r != claim.reqs);
         let mut used = claim.used.clone();
         used.add_assign(&ctx.prep.amounts);
+        let volumes = self.pod_volumes(&ctx.pod.key).map(|v| {
+            let mut all = claim.volumes.clone();
+            for (driver, claims) in v {
+                all.entry(driver.clone())
+                    .or_default()
+                    .extend(claims.iter().cloned());
+            }
+            all
+        });
         let check_reqs = changed.unwrap_or(&claim.reqs);
         let usable = changed.map(|r| self.usability(claim.pool, r));
         let mut types = Vec::with_capacity(claim.types.len());
@@ -125,6 +142,7 @@ impl<'a> Solver<'a> {
                 && usable
                     .as_ref()
                     .is_none_or(|u| u.get(ti).is_some_and(Option::is_some))
+                && volumes.as_ref().is_none_or(|v| attach_limits_hold(t, v))
             {
                 types.push(ti);
             }
@@ -136,7 +154,12 @@ impl<'a> Solver<'a> {
         {
             return None;
         }
-        Some((used, types, reqs))
+        Some((used, types, reqs, volumes))
+    }
+
+    /// The pod's volumes by CSI driver, when it has any and some node or type is limited.
+    fn pod_volumes(&self, pod: &str) -> Option<&PodVolumes> {
+        self.volumes.as_ref().and_then(|(_, pods)| pods.get(pod))
     }
 
     fn admit_claim(&self, ctx: &Ctx, claim: &Claim) -> Result<Vec<Narrowing>, Rejection> {
@@ -150,14 +173,8 @@ impl<'a> Solver<'a> {
         self.admit(ctx, &place)
     }
 
-    fn commit_to_claim(
-        &mut self,
-        ci: usize,
-        ctx: &Ctx,
-        used: Amounts,
-        types: Vec<usize>,
-        reqs: Option<Requirements>,
-    ) {
+    fn commit_to_claim(&mut self, ci: usize, ctx: &Ctx, joined: Joined) {
+        let (used, types, reqs, volumes) = joined;
         let Some(claim) = self.claims.get_mut(ci) else {
             return;
         };
@@ -171,6 +188,9 @@ impl<'a> Solver<'a> {
         claim.used = used;
         if let Some(r) = reqs {
             claim.reqs = r;
+        }
+        if let Some(v) = volumes {
+            claim.volumes = v;
         }
         claim.host_ports.extend(ctx.pod.host_ports.iter().cloned());
         if let Some(&i) = self.order.get(&ctx.pod.key) {
@@ -253,6 +273,15 @@ pub(super) fn finish_claim(
         instance_types: names,
         min_values_relaxed: c.min_values_relaxed,
     }
+}
+
+/// Whether a node of type `t` may attach `volumes`: each driver's distinct claims within the
+/// type's limit for it (upstream's volume limits, known here before the node exists from the
+/// csi-driver annotation).
+fn attach_limits_hold(t: &TypeInfo, volumes: &PodVolumes) -> bool {
+    t.it.csi_limits
+        .iter()
+        .all(|(driver, limit)| volumes.get(driver).is_none_or(|c| c.len() <= *limit))
 }
 
 fn max_avail(types: &[TypeInfo], chosen: &[usize], len: usize) -> Amounts {
@@ -434,6 +463,7 @@ impl<'a> Solver<'a> {
         let reqs = with_narrowing(base.into_owned(), &narrowed);
         let usable = (reqs != pool.reqs).then(|| self.usability(pi, &reqs));
         let zero = Amounts::zero(self.dims.len());
+        let pod_volumes = self.pod_volumes(&ctx.pod.key);
         let mut types = Vec::new();
         let (mut matching, mut fitting) = (0usize, 0usize);
         let mut limit_hit: Option<usize> = None;
@@ -449,6 +479,7 @@ impl<'a> Solver<'a> {
             // node of the types it runs on.
             if !fits(&ctx.prep.amounts, &t.avail)
                 || ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
+                || pod_volumes.is_some_and(|v| !attach_limits_hold(t, v))
             {
                 continue;
             }
@@ -484,6 +515,7 @@ impl<'a> Solver<'a> {
             host_ports: ctx.pod.host_ports.clone(),
             charge: zero,
             min_values_relaxed,
+            volumes: pod_volumes.cloned().unwrap_or_default(),
         })
     }
 

@@ -52,6 +52,14 @@ impl Inner {
             }
             return Ok(());
         };
+        // Cluster API's pause annotation: the MachineDeployment controller does nothing at all
+        // with it (no MachineSet scaled, no status written) until it goes.
+        if md
+            .annotations()
+            .contains_key(crate::capi::autoscaler::PAUSED_ANNOTATION)
+        {
+            return Ok(());
+        }
         let md_uid = md.uid().unwrap_or_default();
         let mut sets: Vec<DynamicObject> =
             Self::cached(&self.sets, ns, DEPLOYMENT_NAME_LABEL, name)

@@ -27,7 +27,7 @@ use super::{deployments, node_lease, pdb_status, pod_lifecycle};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 mod seed;
-pub use seed::{PodShape, infra_template_resource, machine_deployment};
+pub use seed::{PodShape, infra_template_resource, infrastructure_template, machine_deployment};
 
 /// Cluster name every seeded Cluster API object belongs to.
 pub const CLUSTER_NAME: &str = "sim";

@@ -30,6 +30,12 @@ impl SimCluster {
         seed: &MachineDeploymentSeed,
     ) -> Result<DynamicObject, Error> {
         let v = self.cfg.capi_version;
+        // A user creates the template a MachineDeployment refers to first; a seed that names
+        // its own template leaves that to the caller (or means it to be missing).
+        if seed.infrastructure_template.is_none() {
+            self.create_template_object(&seed.namespace, &seed.name)
+                .await?;
+        }
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
             &seed.namespace,
@@ -64,7 +70,24 @@ impl SimCluster {
             .map_err(kube_err(format!("scale MachineDeployment {ns}/{name}")))
     }
 
-    /// A DevMachineTemplate whose `status.capacity` is `capacity` (resource -> quantity).
+    /// The DevMachineTemplate `ns/name` without a status, unless it exists already.
+    async fn create_template_object(&self, ns: &str, name: &str) -> Result<(), Error> {
+        let ar = infra_template_resource();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
+        match api
+            .create(&PostParams::default(), &infrastructure_template(ns, name))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(kube_err(format!(
+                "create {INFRA_TEMPLATE_KIND} {ns}/{name}"
+            ))(e)),
+        }
+    }
+
+    /// A DevMachineTemplate whose `status.capacity` is `capacity` (resource -> quantity); one
+    /// that exists (created with its MachineDeployment) gets that status.
     pub async fn create_machine_template(
         &self,
         ns: &str,
@@ -73,16 +96,8 @@ impl SimCluster {
     ) -> Result<(), Error> {
         let ar = infra_template_resource();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
-        let body = dynamic(json!({
-            "apiVersion": ar.api_version,
-            "kind": INFRA_TEMPLATE_KIND,
-            "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_NAME_LABEL: CLUSTER_NAME}},
-            "spec": {"template": {"spec": {"backend": {"inMemory": {}}}}},
-        }));
         let what = format!("create {INFRA_TEMPLATE_KIND} {ns}/{name}");
-        api.create(&PostParams::default(), &body)
-            .await
-            .map_err(kube_err(what.clone()))?;
+        self.create_template_object(ns, name).await?;
         let status = json!({"status": {
             "capacity": capacity,
             "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
@@ -282,6 +297,16 @@ fn labelled_as_the_webhook_would(md: DynamicObject) -> DynamicObject {
     };
     crate::sim::capi_defaults::label_with_cluster(&mut value);
     serde_json::from_value(value).unwrap_or(md)
+}
+
+/// A DevMachineTemplate `ns/name` without a status (Cluster API's in-memory provider's shape).
+pub fn infrastructure_template(ns: &str, name: &str) -> DynamicObject {
+    dynamic(json!({
+        "apiVersion": infra_template_resource().api_version,
+        "kind": INFRA_TEMPLATE_KIND,
+        "metadata": {"name": name, "namespace": ns, "labels": {CLUSTER_NAME_LABEL: CLUSTER_NAME}},
+        "spec": {"template": {"spec": {"backend": {"inMemory": {}}}}},
+    }))
 }
 
 pub fn infra_template_resource() -> ApiResource {

@@ -46,7 +46,26 @@ pub(super) async fn roll_out(
             launch::NAMESPACE,
             &c.capi_version().machine_deployment(),
         );
-        let patch = json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": format!("{name}-v2")}}}}});
+        // The new template first, as a user would: Cluster API clones it into each Machine.
+        let template = format!("{name}-v2");
+        let templates: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+            c.client(),
+            launch::NAMESPACE,
+            &crate::sim::cluster::infra_template_resource(),
+        );
+        let body = crate::sim::cluster::infrastructure_template(launch::NAMESPACE, &template);
+        match templates.create(&Default::default(), &body).await {
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(source) => {
+                return Err(Error::Kube {
+                    what: format!("creating infrastructure template {template}"),
+                    source,
+                });
+            }
+            Ok(_) => {}
+        }
+        let patch =
+            json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": template}}}}});
         crate::sim::standin::merge_patch(&api, &name, &patch)
             .await
             .map_err(|source| Error::Kube {

@@ -239,6 +239,20 @@ pub(super) async fn seed(admin: &Client, t: &Topology) {
         // webhook runs here, so the label is written as the webhook would.
         seed.labels
             .insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
+        // The template it names: without one Cluster API could not create its Machines, and
+        // the controller does not offer it.
+        let templates: Api<DynamicObject> = Api::namespaced_with(
+            admin.clone(),
+            t.machines,
+            &karpenter_capi::sim::cluster::infra_template_resource(),
+        );
+        templates
+            .create(
+                &PostParams::default(),
+                &karpenter_capi::sim::cluster::infrastructure_template(t.machines, &seed.name),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("creating the template of md-{i}: {e}"));
         let md = karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2, &seed);
         let api: Api<DynamicObject> = Api::namespaced_with(
             admin.clone(),
