@@ -14,6 +14,7 @@ use super::Shared;
 use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::version;
+use crate::state::feed::Staleness;
 use crate::state::machines::{bound_claim, deployment_key};
 
 pub enum CapiEvent {
@@ -29,6 +30,8 @@ pub struct CapiWatcher {
     shared: Arc<Shared>,
     machine_buffer: Vec<Machine>,
     md_buffer: Vec<MachineDeployment>,
+    machines_stale: Staleness,
+    mds_stale: Staleness,
 }
 
 impl CapiWatcher {
@@ -37,6 +40,8 @@ impl CapiWatcher {
             shared,
             machine_buffer: Vec::new(),
             md_buffer: Vec::new(),
+            machines_stale: Staleness::new("Machines"),
+            mds_stale: Staleness::new("MachineDeployments"),
         }
     }
 
@@ -189,6 +194,11 @@ impl Actor for CapiWatcher {
 
 impl StreamHandler<CapiEvent> for CapiWatcher {
     fn handle(&mut self, ev: CapiEvent, _: &mut Self::Context) {
+        let m = &self.shared.metrics;
+        match &ev {
+            CapiEvent::Machine(ev) => self.machines_stale.saw(ev, m),
+            CapiEvent::Deployment(ev) => self.mds_stale.saw(ev, m),
+        }
         match ev {
             CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
             CapiEvent::Deployment(Ok(ev)) => self.on_deployment(ev),
