@@ -946,7 +946,7 @@ async fn a_taint_write_that_fails_once_is_retried_not_rolled_back() {
 async fn a_candidate_whose_delete_keeps_failing_holds_back_no_other() {
     let env = env_fast().await;
     let (a, _) = env.stamped_claim("sim-0").await;
-    let (b, _) = env.stamped_claim("sim-1").await;
+    let (b, _) = env.stamped_claim("sim-0").await;
     let faults = env.sim.cluster().server().faults();
     faults.set_agent(Some(karpenter_capi::app::USER_AGENT));
     // Three failures: whichever delete meets them backs off three times (and reads back).
