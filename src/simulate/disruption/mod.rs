@@ -445,6 +445,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         first_mark_ms: first_mark_ms.map_or(0, |t| t.saturating_sub(since_ms)),
         calm_ms: calm.as_millis() as u64,
         consolidation_paused_ms: paused.as_millis() as u64,
+        binds_before_taint: binds_before_taint(&p.sim, since_ms, 3000),
         ..TimeSplit::of_metrics(&baseline, &p.controller.shared.metrics)
     };
 

@@ -58,6 +58,10 @@ pub struct TimeSplit {
     /// how long consolidation of non-empty nodes was paused after such an overshoot.
     pub provisioner_launches: u64,
     pub consolidation_paused_ms: u64,
+    /// Pods the scheduler bound onto a node in the 3 s before the controller's disruption
+    /// taint on it (a decision's validation and the command's first writes): pods its
+    /// candidates took after the decision, whose room it did not plan.
+    pub binds_before_taint: u64,
 }
 
 impl TimeSplit {
@@ -132,7 +136,7 @@ impl std::fmt::Display for TimeSplit {
             .collect();
         write!(
             f,
-            "  time:     scenario: scale-down {:.1}s, first mark at {:.1}s, calm {:.1}s; {} commands ({} rolled back, {} candidates failed validation), stages summed: {}; {} write retries waited {:.1}s\n            {} drains {:.1}s summed (evictions {}; backoff {}); {} terminations {:.1}s summed ({:.1}s Machine release); {} relists {:.1}s stale; {} API errors; {} provisioner launches; consolidation paused {:.1}s",
+            "  time:     scenario: scale-down {:.1}s, first mark at {:.1}s, calm {:.1}s; {} commands ({} rolled back, {} candidates failed validation), stages summed: {}; {} write retries waited {:.1}s\n            {} drains {:.1}s summed (evictions {}; backoff {}); {} terminations {:.1}s summed ({:.1}s Machine release); {} relists {:.1}s stale; {} API errors; {} provisioner launches; consolidation paused {:.1}s; {} pods bound onto candidates in the 3s before their taint",
             s(self.scale_down_ms),
             s(self.first_mark_ms),
             s(self.calm_ms),
@@ -162,6 +166,7 @@ impl std::fmt::Display for TimeSplit {
             self.api_errors,
             self.provisioner_launches,
             s(self.consolidation_paused_ms),
+            self.binds_before_taint,
         )
     }
 }
