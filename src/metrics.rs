@@ -158,6 +158,33 @@ pub struct PoolReasonLabels {
     pub reason: String,
 }
 
+/// Which write of a disruption command: taint, mark, create, delete.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteKindLabels {
+    pub write: String,
+}
+
+/// A disruption command's stage: mark, launch, initialize, delete.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: String,
+}
+
+/// Why an eviction is retried: budget (a PodDisruptionBudget refused it) or error.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: String,
+}
+
+/// One watch of the controller's indexes (by the kind it lists).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WatchLabels {
+    pub watch: String,
+}
+
+/// A counter of seconds.
+pub type Seconds = Counter<f64, std::sync::atomic::AtomicU64>;
+
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
@@ -286,6 +313,14 @@ metrics! {
     disruption_evaluation_seconds: HistogramFamily<EvaluationLabels> = Family::new_with_constructor(latency_histogram), "karpenter_voluntary_disruption_decision_evaluation_duration_seconds", "Duration of one disruption pass's decision, by the reason and consolidation type of the method that decided (the last one tried when none did)";
     disruption_commands_in_flight: Gauge, "karpenter_capi_disruption_commands_in_flight", "Disruption commands being carried out now (marked, replacements launching, candidates deleting)";
     consolidation_paused: Gauge, "karpenter_capi_consolidation_paused", "1 while consolidation of non-empty nodes pauses because pods it moved needed new nodes";
+    // Where the time of disruption goes (a failing API server above all).
+    disruption_write_retries: Family<WriteKindLabels, Counter>, "karpenter_capi_disruption_write_retries", "Writes of disruption commands sent again after a transient failure or a conflict, by write (taint, mark, create, delete)";
+    disruption_write_backoff: Family<WriteKindLabels, Seconds>, "karpenter_capi_disruption_write_backoff_seconds", "Time the writes of disruption commands waited before they were sent again, by write";
+    disruption_stage_seconds: HistogramFamily<StageLabels> = Family::new_with_constructor(latency_histogram), "karpenter_capi_disruption_command_stage_duration_seconds", "Duration of each stage of a disruption command: mark (taints and DisruptionReason), launch (replacements created), initialize (replacements Initialized), delete (candidates deleted)";
+    drain_seconds: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(latency_histogram), "karpenter_capi_node_drain_duration_seconds", "Time from a Node's first drain request to its pods being gone";
+    eviction_backoff: Family<CauseLabels, Seconds>, "karpenter_capi_eviction_backoff_seconds", "Time evictions waited before they were sent again, by cause (budget: a PodDisruptionBudget refused; error: the request failed)";
+    watch_relists: Family<WatchLabels, Counter>, "karpenter_capi_watch_relists", "Lists a watch made again after it failed, was cut or was told its resourceVersion expired, by watch";
+    watch_stale_seconds: Family<WatchLabels, Seconds>, "karpenter_capi_watch_stale_seconds", "Time indexes spent behind the API server while their watch was down or re-listing (from the failure to the new list swapped in), by watch";
 }
 
 impl Metrics {
@@ -364,6 +399,26 @@ impl Metrics {
                 method: method.to_string(),
             })
             .observe(d.as_secs_f64());
+    }
+
+    /// One stage of a disruption command took `d`.
+    pub fn disruption_stage(&self, stage: &str, d: Duration) {
+        self.disruption_stage_seconds
+            .get_or_create(&StageLabels {
+                stage: stage.to_string(),
+            })
+            .observe(d.as_secs_f64());
+    }
+
+    /// A disruption command's `write` is sent again after waiting `waited`.
+    pub fn disruption_write_retry(&self, write: &str, waited: Duration) {
+        let labels = WriteKindLabels {
+            write: write.to_string(),
+        };
+        self.disruption_write_retries.get_or_create(&labels).inc();
+        self.disruption_write_backoff
+            .get_or_create(&labels)
+            .inc_by(waited.as_secs_f64());
     }
 
     pub fn api_error(&self, verb: &str, resource: &str) {

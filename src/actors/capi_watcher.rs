@@ -15,6 +15,7 @@ use super::Shared;
 use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::version;
+use crate::state::feed::Staleness;
 use crate::state::machines::{Unreadable, bound_claim, deployment_key};
 
 pub enum CapiEvent {
@@ -31,6 +32,8 @@ pub struct CapiWatcher {
     machine_buffer: Vec<Machine>,
     md_buffer: Vec<MachineDeployment>,
     unreadable_buffer: BTreeMap<String, Unreadable>,
+    machines_stale: Staleness,
+    mds_stale: Staleness,
 }
 
 impl CapiWatcher {
@@ -40,6 +43,8 @@ impl CapiWatcher {
             machine_buffer: Vec::new(),
             md_buffer: Vec::new(),
             unreadable_buffer: BTreeMap::new(),
+            machines_stale: Staleness::new("Machines"),
+            mds_stale: Staleness::new("MachineDeployments"),
         }
     }
 
@@ -215,6 +220,11 @@ impl Actor for CapiWatcher {
 
 impl StreamHandler<CapiEvent> for CapiWatcher {
     fn handle(&mut self, ev: CapiEvent, _: &mut Self::Context) {
+        let m = &self.shared.metrics;
+        match &ev {
+            CapiEvent::Machine(ev) => self.machines_stale.saw(ev, m),
+            CapiEvent::Deployment(ev) => self.mds_stale.saw(ev, m),
+        }
         match ev {
             CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
             CapiEvent::Deployment(Ok(ev)) => self.on_deployment(ev),

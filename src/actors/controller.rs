@@ -353,6 +353,7 @@ where
         shared.synced.clone(),
         move |said| changed(&s, said),
         what,
+        shared.metrics.clone(),
     ))
 }
 

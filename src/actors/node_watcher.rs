@@ -12,12 +12,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::Shared;
 use super::messages::Kick;
 use crate::state::compact::CompactNode;
+use crate::state::feed::Staleness;
 use crate::state::machines::bound_claim;
 use crate::state::nodes::provider_id;
 
 pub struct NodeWatcher {
     shared: Arc<Shared>,
     buffer: Vec<CompactNode>,
+    stale: Staleness,
 }
 
 impl NodeWatcher {
@@ -25,6 +27,7 @@ impl NodeWatcher {
         Self {
             shared,
             buffer: Vec::new(),
+            stale: Staleness::new("Nodes"),
         }
     }
 
@@ -66,6 +69,7 @@ impl Actor for NodeWatcher {
 
 impl StreamHandler<Result<watcher::Event<Node>, watcher::Error>> for NodeWatcher {
     fn handle(&mut self, ev: Result<watcher::Event<Node>, watcher::Error>, _: &mut Self::Context) {
+        self.stale.saw(&ev, &self.shared.metrics);
         match ev {
             Ok(watcher::Event::Init) => self.buffer.clear(),
             // Compacted as they arrive, so the initial list is never held whole.

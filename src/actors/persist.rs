@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use crate::actors::Error;
 use crate::actors::backoff::Backoff;
+use crate::metrics::Metrics;
 
 /// Attempts of one write before the command gives up: with the API backoff (200 ms doubling)
 /// the last one comes about 50 s after the first, and at a 30 % error rate all of them fail
@@ -57,12 +58,28 @@ pub async fn persist<T, Fut>(what: &str, mut attempt: impl FnMut(bool) -> Fut) -
 where
     Fut: Future<Output = Result<T, Error>>,
 {
-    persist_with(what, Backoff::api(), &mut attempt).await
+    persist_with(what, Backoff::api(), &mut |_| {}, &mut attempt).await
+}
+
+/// `persist` for one of a disruption command's writes (`write`: taint, mark, create, delete):
+/// each retry and its wait are counted, so a slow command shows where its time went.
+pub async fn persist_counted<T, Fut>(
+    metrics: &Metrics,
+    write: &str,
+    what: &str,
+    mut attempt: impl FnMut(bool) -> Fut,
+) -> Result<T, Error>
+where
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let mut count = |waited| metrics.disruption_write_retry(write, waited);
+    persist_with(what, Backoff::api(), &mut count, &mut attempt).await
 }
 
 async fn persist_with<T, Fut>(
     what: &str,
     mut backoff: Backoff,
+    retried: &mut impl FnMut(Duration),
     attempt: &mut impl FnMut(bool) -> Fut,
 ) -> Result<T, Error>
 where
@@ -95,6 +112,7 @@ where
         };
         tracing::info!(error = %e, retry_in = ?wait, "{what} failed; reading back and retrying");
         tokio::time::sleep(wait).await;
+        retried(wait);
     }
 }
 
@@ -134,7 +152,7 @@ mod tests {
         let answers = std::cell::RefCell::new(answers.into_iter());
         let seen = std::cell::RefCell::new(Vec::new());
         let fast = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
-        let r = persist_with("writing", fast, &mut |fresh| {
+        let r = persist_with("writing", fast, &mut |_| {}, &mut |fresh| {
             seen.borrow_mut().push(fresh);
             let next = answers.borrow_mut().next().unwrap_or(Ok(0));
             async move { next }

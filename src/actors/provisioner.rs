@@ -25,6 +25,7 @@ use super::persist;
 use crate::api::nodeclaim::NodeClaim;
 use crate::metrics::CreatedLabels;
 use crate::scheduling::{self, PreferencePolicy, Results, Snapshot};
+use crate::state::feed::Staleness;
 use crate::state::pods;
 
 /// Something the provisioner packs against changed; pending pods (if any) get a new batch.
@@ -50,6 +51,8 @@ pub struct Provisioner {
     /// would hold the whole cluster's pods at their full size until the list ends.
     pod_buffer: pods::Pods,
     ds_buffer: Vec<DaemonSet>,
+    pods_stale: Staleness,
+    daemonsets_stale: Staleness,
     batch: Batch,
     timer: Option<SpawnHandle>,
     /// Claims whose create has not answered yet, by a local id: the next solve counts them as
@@ -88,6 +91,8 @@ impl Provisioner {
             preference,
             pod_buffer: pods::Pods::default(),
             ds_buffer: Vec::new(),
+            pods_stale: Staleness::new("Pods"),
+            daemonsets_stale: Staleness::new("DaemonSets"),
             batch: Batch::new(batching),
             timer: None,
             creating: HashMap::new(),
@@ -523,6 +528,11 @@ impl Actor for Provisioner {
 
 impl StreamHandler<Watched> for Provisioner {
     fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
+        let m = &self.shared.metrics;
+        match &ev {
+            Watched::Pod(ev) => self.pods_stale.saw(ev, m),
+            Watched::DaemonSet(ev) => self.daemonsets_stale.saw(ev, m),
+        }
         match ev {
             Watched::Pod(Ok(ev)) => match ev {
                 watcher::Event::Init => self.pod_buffer = pods::Pods::default(),

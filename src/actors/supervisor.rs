@@ -15,6 +15,7 @@ use crate::api::decode::{Lenient, Malformed};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::state::claims::recorded_deployment;
+use crate::state::feed::Staleness;
 
 /// Start acting on claims (this replica became the leader and the caches are warm).
 #[derive(Message)]
@@ -35,6 +36,7 @@ pub struct Supervisor {
     /// Event (each distinct problem is told once, by the leader).
     malformed: std::collections::BTreeMap<String, (Malformed, bool)>,
     active: bool,
+    stale: Staleness,
 }
 
 impl Supervisor {
@@ -45,6 +47,7 @@ impl Supervisor {
             bad_buffer: Vec::new(),
             malformed: std::collections::BTreeMap::new(),
             active: false,
+            stale: Staleness::new("NodeClaims"),
         }
     }
 
@@ -139,6 +142,7 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
         ev: Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>,
         _: &mut Self::Context,
     ) {
+        self.stale.saw(&ev, &self.shared.metrics);
         match ev {
             Ok(watcher::Event::Init) => {
                 self.buffer.clear();

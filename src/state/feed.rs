@@ -5,11 +5,14 @@
 //! waits on notifications instead of polling.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher;
 use parking_lot::RwLock;
 use tokio::sync::Notify;
+
+use crate::metrics::{Metrics, WatchLabels};
 
 /// An index of objects of kind `K`, fed by one watch. One type may index several kinds (one
 /// implementation per kind), each with its own re-lists.
@@ -41,13 +44,16 @@ pub async fn feed<K, I, S>(
     synced: Arc<Notify>,
     mut changed: impl FnMut(I::Changed),
     what: &'static str,
+    metrics: Arc<Metrics>,
 ) where
     I: Index<K>,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let mut buffer: Vec<I::Kept> = Vec::new();
     let mut events = std::pin::pin!(events);
+    let mut stale = Staleness::new(what);
     while let Some(ev) = events.next().await {
+        stale.saw(&ev, &metrics);
         let said = match ev {
             Ok(watcher::Event::Init) => {
                 buffer.clear();
@@ -70,6 +76,57 @@ pub async fn feed<K, I, S>(
             }
         };
         changed(said);
+    }
+}
+
+/// How long one watch's index is behind the API server after the start-up: from the failure
+/// that made the watch list again (or the start of that list) until the new list is swapped
+/// in. Counted per watch in `karpenter_capi_watch_relists_total` and
+/// `karpenter_capi_watch_stale_seconds_total`; a failure the watch recovers from without a
+/// list (it resumes from its resourceVersion) is not counted.
+#[derive(Debug)]
+pub struct Staleness {
+    watch: &'static str,
+    since: Option<Instant>,
+    listed: bool,
+}
+
+impl Staleness {
+    pub fn new(watch: &'static str) -> Self {
+        Self {
+            watch,
+            since: None,
+            listed: false,
+        }
+    }
+
+    /// Note one event of the watch.
+    pub fn saw<K>(&mut self, ev: &Result<watcher::Event<K>, watcher::Error>, metrics: &Metrics) {
+        match ev {
+            Err(_) => {
+                self.since.get_or_insert_with(Instant::now);
+            }
+            Ok(watcher::Event::Init) => {
+                self.since.get_or_insert_with(Instant::now);
+            }
+            Ok(watcher::Event::InitDone) => {
+                let since = self.since.take();
+                if let Some(since) = since.filter(|_| self.listed) {
+                    let labels = WatchLabels {
+                        watch: self.watch.to_string(),
+                    };
+                    metrics.watch_relists.get_or_create(&labels).inc();
+                    metrics
+                        .watch_stale_seconds
+                        .get_or_create(&labels)
+                        .inc_by(since.elapsed().as_secs_f64());
+                }
+                self.listed = true;
+            }
+            // Events flow again: an earlier failure was resumed from, not re-listed.
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => self.since = None,
+            Ok(watcher::Event::InitApply(_)) => {}
+        }
     }
 }
 
@@ -130,6 +187,7 @@ mod tests {
             synced.clone(),
             |()| changes += 1,
             "test",
+            Metrics::new(),
         )
         .await;
         said.await;

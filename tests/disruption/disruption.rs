@@ -764,3 +764,32 @@ async fn a_paused_machine_deployments_empty_node_waits_for_the_pause_to_lift() {
     .await;
     env.assert_clean();
 }
+
+/// A command's candidates are deleted side by side: one whose delete the server keeps failing
+/// for a while is retried on its own, the other goes meanwhile, and nothing is rolled back.
+#[actix::test]
+async fn a_candidate_whose_delete_keeps_failing_holds_back_no_other() {
+    let env = env_fast().await;
+    let (a, _) = env.stamped_claim("sim-0").await;
+    let (b, _) = env.stamped_claim("sim-0").await;
+    let faults = env.sim.cluster().server().faults();
+    faults.set_agent(Some(karpenter_capi::app::USER_AGENT));
+    // Three failures: whichever delete meets them backs off three times (and reads back).
+    faults.fail_next("nodeclaims", "delete", 503, 3);
+    env.set_disruption(
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
+                              "budgets": [{"nodes": "100%"}]}),
+    )
+    .await;
+    env.wait("both candidates gone", || {
+        (env.get("nodeclaims", "", &a).is_none() && env.get("nodeclaims", "", &b).is_none())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(faults.forced_left(), 0, "the deletes met the 503s");
+    assert!(env.events("DisruptionFailed").is_empty(), "no rollback");
+    assert!(env.metric("karpenter_capi_disruption_write_retries_total{write=\"delete\"}") >= 1.0);
+    faults.clear();
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}

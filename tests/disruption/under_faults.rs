@@ -35,6 +35,14 @@ async fn consolidation_removes_nodes_under_faults() {
     assert_eq!(d.budget_violations, 0, "{r}");
     assert_eq!(d.pdb_violations + d.do_not_disrupt_violations, 0, "{r}");
     assert_eq!(d.pods_unbound_at_end, 0, "{r}");
+    // The report says where the phase's time went: the commands, their drains, the releases.
+    let t = &d.time;
+    assert!(t.commands > 0 && t.stage_s.contains_key("mark"), "{r}");
+    assert!(t.drains > 0 && t.terminations > 0, "{r}");
+    assert!(
+        t.api_errors > 0,
+        "the controller's own requests met the faults: {r}"
+    );
 }
 
 #[actix::test]

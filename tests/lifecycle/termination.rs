@@ -214,6 +214,30 @@ async fn kubectl_delete_node_drains_and_releases_the_machine() {
     env.assert_clean();
 }
 
+/// The claim asks its Scaler once to release its Machine, then waits for the Machine to go; a
+/// release the server fails (a 500, then a conflict) is the Scaler's to send again, read back
+/// first, and the claim still ends cleanly.
+#[actix::test]
+async fn a_machine_release_the_server_fails_is_sent_again() {
+    let env = env().await;
+    let (claim, node) = env.claim(None).await;
+    let faults = env.sim.cluster().server().faults();
+    // Only the controller's requests: Cluster API's stand-in writes its Machines as usual.
+    faults.set_agent(Some(karpenter_capi::app::USER_AGENT));
+    faults.fail_next("machines", "patch", 500, 1);
+    faults.fail_next("machines", "patch", 409, 1);
+    env.delete_claim(&claim).await;
+    env.gone(&claim, &node).await;
+    assert_eq!(
+        faults.forced_left(),
+        0,
+        "the release met the 500 and the 409"
+    );
+    faults.clear();
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}
+
 #[actix::test]
 async fn a_controller_killed_mid_drain_finishes_after_restart() {
     let mut env = env().await;

@@ -17,17 +17,27 @@ impl Disruption {
                 command: cmd.clone(),
                 replacements: Vec::new(),
                 started: Instant::now(),
+                launched: None,
                 deleting: false,
             },
         );
         self.count_in_flight();
         let shared = self.shared.clone();
         let fut = async move {
+            let m = &shared.metrics;
+            let stage = Instant::now();
             execute::mark(&shared, &cmd).await?;
+            m.disruption_stage("mark", stage.elapsed());
+            let stage = Instant::now();
             let names = execute::launch_replacements(&shared, &cmd).await?;
+            if !names.is_empty() {
+                m.disruption_stage("launch", stage.elapsed());
+            }
             execute::count_started(&shared, &cmd);
             if names.is_empty() {
+                let stage = Instant::now();
                 execute::delete_candidates(&shared, &cmd).await?;
+                m.disruption_stage("delete", stage.elapsed());
             }
             Ok::<_, crate::actors::Error>(names)
         };
@@ -61,6 +71,7 @@ impl Disruption {
                         }
                     }
                     e.replacements = names;
+                    e.launched = Some(Instant::now());
                 }
             }
             Err(e) => act.roll_back(id, format!("carrying out the command failed: {e}"), ctx),
@@ -114,20 +125,28 @@ impl Disruption {
         };
         // Still ours until the deletes answered: the claims stay listed as executing.
         e.deleting = true;
+        if let Some(launched) = e.launched {
+            self.shared
+                .metrics
+                .disruption_stage("initialize", launched.elapsed());
+        }
         let cmd = e.command.clone();
         let shared = self.shared.clone();
         ctx.spawn(
-            async move { execute::delete_candidates(&shared, &cmd).await }
-                .into_actor(self)
-                .map(move |r, act, ctx| match r {
-                    Ok(()) => {
-                        act.completed(id);
-                        act.soon(ctx);
-                    }
-                    Err(e) => {
-                        act.roll_back(id, format!("deleting the candidates failed: {e}"), ctx)
-                    }
-                }),
+            async move {
+                let stage = Instant::now();
+                let r = execute::delete_candidates(&shared, &cmd).await;
+                shared.metrics.disruption_stage("delete", stage.elapsed());
+                r
+            }
+            .into_actor(self)
+            .map(move |r, act, ctx| match r {
+                Ok(()) => {
+                    act.completed(id);
+                    act.soon(ctx);
+                }
+                Err(e) => act.roll_back(id, format!("deleting the candidates failed: {e}"), ctx),
+            }),
         );
     }
 

@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::actors::patch::{JsonPatch, send};
-use crate::actors::persist::{name_suffix, persist};
+use crate::actors::persist::{name_suffix, persist_counted};
 use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, Condition, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
@@ -227,38 +227,62 @@ async fn read_claim(shared: &Shared, name: &str) -> Result<Option<NodeClaim>, Er
 
 /// Taint every candidate's Node, then record why on the claim (`DisruptionReason`): the taint
 /// first, so a controller that dies in between leaves a taint the next one rolls back. Each
-/// write goes through the server's transient failures (`persist`).
+/// write goes through the server's transient failures (`persist`). The candidates are marked
+/// side by side: one whose writes keep failing must not hold the others back.
 pub async fn mark(shared: &Shared, cmd: &Command) -> Result<(), Error> {
     let reason = cmd.method.reason().as_str();
     let message = format!("{reason} ({})", cmd.decision());
-    for c in &cmd.candidates {
-        persist(&format!("tainting Node {}", c.node), |fresh| async move {
+    let marks = cmd
+        .candidates
+        .iter()
+        .map(|c| mark_one(shared, c, reason, &message));
+    all_done(futures::future::join_all(marks).await)
+}
+
+/// The first error of writes that ran side by side, or success.
+fn all_done(results: Vec<Result<(), Error>>) -> Result<(), Error> {
+    results.into_iter().collect()
+}
+
+async fn mark_one(
+    shared: &Shared,
+    c: &Candidate,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let m = &shared.metrics;
+    persist_counted(
+        m,
+        "taint",
+        &format!("tainting Node {}", c.node),
+        |fresh| async move {
             let node = candidate_node(shared, c, fresh).await?;
             set_taint(shared, &node, true).await
-        })
-        .await?;
-        persist(&format!("marking NodeClaim {}", c.claim), |fresh| {
-            let message = &message;
-            async move {
-                let claim = candidate_claim(shared, c, fresh).await?;
-                let generation = claim.metadata.generation;
-                edit_conditions(shared, &claim, |conds| {
-                    conditions::set(
-                        conds,
-                        conditions::DISRUPTION_REASON,
-                        ConditionStatus::True,
-                        reason,
-                        message,
-                        generation,
-                        Timestamp::now(),
-                    );
-                })
-                .await
-            }
-        })
-        .await?;
-    }
-    Ok(())
+        },
+    )
+    .await?;
+    persist_counted(
+        m,
+        "mark",
+        &format!("marking NodeClaim {}", c.claim),
+        |fresh| async move {
+            let claim = candidate_claim(shared, c, fresh).await?;
+            let generation = claim.metadata.generation;
+            edit_conditions(shared, &claim, |conds| {
+                conditions::set(
+                    conds,
+                    conditions::DISRUPTION_REASON,
+                    ConditionStatus::True,
+                    reason,
+                    message,
+                    generation,
+                    Timestamp::now(),
+                );
+            })
+            .await
+        },
+    )
+    .await
 }
 
 /// Undo `mark` on a claim and its Node (a failed replacement, or a command that no longer runs).
@@ -292,7 +316,8 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
         );
         claim.metadata.name = Some(name.clone());
         let claim = &claim;
-        let created = persist(&format!("creating NodeClaim {name}"), |fresh| {
+        let what = format!("creating NodeClaim {name}");
+        let created = persist_counted(&shared.metrics, "create", &what, |fresh| {
             let name = &name;
             async move {
                 if fresh && let Some(found) = read_claim(shared, name).await? {
@@ -402,58 +427,67 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
 
 /// Delete the candidates: their finalizer runs the Terminator's drain, then releases the
 /// Machines. Counted as upstream counts disruption. A delete whose answer was lost is read
-/// back: a claim already deleting (or gone) is done.
+/// back: a claim already deleting (or gone) is done. The candidates are deleted side by side,
+/// so one whose delete keeps failing does not hold back the others' drains.
 pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Error> {
+    let deletes = cmd
+        .candidates
+        .iter()
+        .map(|c| delete_candidate(shared, cmd, c));
+    all_done(futures::future::join_all(deletes).await)
+}
+
+async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Result<(), Error> {
     let reason = cmd.method.reason().as_str();
-    for c in &cmd.candidates {
-        let claim = shared.state.claims.read().get(&c.claim);
-        let deleted = persist(
-            &format!("deleting NodeClaim {}", c.claim),
-            |fresh| async move {
-                if fresh {
-                    let found = read_claim(shared, &c.claim).await?;
-                    if found.is_none_or(|f| f.metadata.deletion_timestamp.is_some()) {
-                        return Ok(true);
-                    }
+    let claim = shared.state.claims.read().get(&c.claim);
+    let deleted = persist_counted(
+        &shared.metrics,
+        "delete",
+        &format!("deleting NodeClaim {}", c.claim),
+        |fresh| async move {
+            if fresh {
+                let found = read_claim(shared, &c.claim).await?;
+                if found.is_none_or(|f| f.metadata.deletion_timestamp.is_some()) {
+                    return Ok(true);
                 }
-                match claims(shared)
-                    .delete(&c.claim, &DeleteParams::default())
-                    .await
-                {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-                    Err(e) => Err(api_err(&shared.metrics, "delete", CLAIM.1, &c.claim)(e)),
-                }
+            }
+            match claims(shared)
+                .delete(&c.claim, &DeleteParams::default())
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+                Err(e) => Err(api_err(&shared.metrics, "delete", CLAIM.1, &c.claim)(e)),
+            }
+        },
+    )
+    .await?;
+    if !deleted {
+        return Ok(());
+    }
+    shared
+        .metrics
+        .nodeclaims_disrupted
+        .get_or_create(&DisruptedLabels {
+            reason: reason.to_lowercase(),
+            nodepool: c.nodepool.clone(),
+            capacity_type: c.capacity_type.clone(),
+        })
+        .inc();
+    if let Some(claim) = claim {
+        on_claim_and_node(
+            shared,
+            &claim,
+            crate::actors::events::Events::normal,
+            "DisruptionTerminating",
+            |object| {
+                format!(
+                    "Disrupting {object}: {reason}/{} ({} method)",
+                    cmd.decision(),
+                    method_name(cmd)
+                )
             },
-        )
-        .await?;
-        if !deleted {
-            continue;
-        }
-        shared
-            .metrics
-            .nodeclaims_disrupted
-            .get_or_create(&DisruptedLabels {
-                reason: reason.to_lowercase(),
-                nodepool: c.nodepool.clone(),
-                capacity_type: c.capacity_type.clone(),
-            })
-            .inc();
-        if let Some(claim) = claim {
-            on_claim_and_node(
-                shared,
-                &claim,
-                crate::actors::events::Events::normal,
-                "DisruptionTerminating",
-                |object| {
-                    format!(
-                        "Disrupting {object}: {reason}/{} ({} method)",
-                        cmd.decision(),
-                        method_name(cmd)
-                    )
-                },
-            );
-        }
+        );
     }
     Ok(())
 }

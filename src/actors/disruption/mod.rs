@@ -53,6 +53,8 @@ struct Executing {
     command: Command,
     replacements: Vec<String>,
     started: Instant,
+    /// When its replacements were created (their initialization is timed from here).
+    launched: Option<Instant>,
     /// The candidates' deletes are under way: a pass in the meantime must not start them again
     /// (nor count the decision twice).
     deleting: bool,

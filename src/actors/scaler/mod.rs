@@ -56,6 +56,11 @@ pub struct Scaler {
     verifying: HashSet<String>,
     /// Machines with a release annotation in flight.
     releasing: HashSet<String>,
+    /// Releases claims asked for that have not landed yet, by Machine: whether the Node was
+    /// drained, and when the next attempt may go (a failed one waits out the backoff). A
+    /// claim asks once and then waits for the Machine to go, so a release that failed is
+    /// this Scaler's to send again.
+    to_release: HashMap<String, (bool, Instant)>,
     /// Claims turned down until they ask again.
     rejected: HashSet<String>,
     /// When each claim got its Machine from us; a bound claim missing from the index is only an
@@ -126,7 +131,15 @@ impl Handler<CancelRequest> for Scaler {
 impl Handler<ReleaseMachine> for Scaler {
     type Result = ();
     fn handle(&mut self, msg: ReleaseMachine, ctx: &mut Self::Context) {
-        self.release(msg.machine, msg.drained, ctx);
+        let at = self
+            .to_release
+            .get(&msg.machine)
+            .map_or_else(Instant::now, |(_, at)| *at);
+        self.to_release
+            .insert(msg.machine.clone(), (msg.drained, at));
+        if at <= Instant::now() {
+            self.release(msg.machine, msg.drained, ctx);
+        }
         self.replan(ctx);
     }
 }
@@ -148,6 +161,7 @@ impl Scaler {
             decremented: HashMap::new(),
             verifying: HashSet::new(),
             releasing: HashSet::new(),
+            to_release: HashMap::new(),
             rejected: HashSet::new(),
             bound_at: HashMap::new(),
             bounds: None,
@@ -205,6 +219,7 @@ impl Scaler {
             tracing::warn!(machine = %machine, machine_deployment = %self.md, "machine bound to a NodeClaim that no longer exists; releasing it");
             self.release(machine, false, ctx);
         }
+        self.release_asked(ctx);
         self.metrics()
             .scaler_queue_depth
             .get_or_create(&Metrics::md(&self.md))
@@ -361,6 +376,28 @@ impl Scaler {
         }));
     }
 
+    /// Send again the releases claims asked for that have not landed and whose backoff is
+    /// over; forget those whose Machine is marked, deleting or gone.
+    fn release_asked(&mut self, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let due: Vec<(String, bool)> = {
+            let machines = self.shared.state.machines.read();
+            self.to_release.retain(|k, _| {
+                machines
+                    .get(k)
+                    .is_some_and(|m| !marked_by_us(&m) && m.deletion_timestamp.is_none())
+            });
+            self.to_release
+                .iter()
+                .filter(|(k, (_, at))| *at <= now && !self.releasing.contains(*k))
+                .map(|(k, (drained, _))| (k.clone(), *drained))
+                .collect()
+        };
+        for (machine, drained) in due {
+            self.release(machine, drained, ctx);
+        }
+    }
+
     fn retry_later(&mut self, ctx: &mut Context<Self>) {
         if self.retry_scheduled {
             return;
@@ -384,6 +421,7 @@ impl Handler<super::tracked::Tracked> for Scaler {
                 ("decremented", self.decremented.len()),
                 ("verifying", self.verifying.len()),
                 ("releasing", self.releasing.len()),
+                ("to_release", self.to_release.len()),
                 ("rejected", self.rejected.len()),
                 ("bound_at", self.bound_at.len()),
             ]

@@ -203,15 +203,27 @@ impl Scaler {
                 Ok(updated) => {
                     tracing::info!(machine = %machine_key, machine_deployment = %act.md, "machine marked for deletion");
                     act.backoff.reset();
+                    act.to_release.remove(&machine_key);
                     act.shared.state.machines.write().apply_response(updated);
                     act.replan(ctx);
                 }
+                // A lost race: read the Machine again; the plan after it sends the release
+                // again from the new version.
                 Err(e) if e.is_conflict() => act.refresh_machine(machine, ctx),
-                Err(e) if e.is_not_found() => act.replan(ctx),
+                Err(e) if e.is_not_found() => {
+                    act.to_release.remove(&machine_key);
+                    act.replan(ctx);
+                }
                 Err(e) => {
                     // The mark may have landed: read the Machine back before planning again
-                    // (the mark is idempotent, and the next one is guarded anyway).
-                    tracing::warn!(machine = %machine_key, error = %e, "marking machine for deletion failed");
+                    // (the mark is idempotent, and the next one is guarded anyway), and send
+                    // it again once the backoff is over if it did not.
+                    let d = act.backoff.next_delay_after(e.retry_after());
+                    tracing::warn!(machine = %machine_key, error = %e, retry_in = ?d, "marking machine for deletion failed");
+                    if let Some(wanted) = act.to_release.get_mut(&machine_key) {
+                        wanted.1 = Instant::now() + d;
+                        ctx.run_later(d, |act, ctx| act.replan(ctx));
+                    }
                     act.refresh_machine(machine, ctx);
                 }
             }

@@ -25,7 +25,7 @@ use super::Shared;
 use super::backoff::Backoff;
 use super::patch::JsonPatch;
 use crate::api::wellknown::DISRUPTED_TAINT_KEY;
-use crate::metrics::{CodeLabels, NodePoolLabels, ReasonLabels};
+use crate::metrics::{CauseLabels, CodeLabels, NodePoolLabels, ReasonLabels};
 
 /// Label that takes a draining Node out of external load balancers (upstream sets it too).
 const EXCLUDE_LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -321,7 +321,10 @@ impl Terminator {
             };
             e.lookup_in_flight = false;
             match result {
-                Ok(v) => e.ignored_volumes = Some(v),
+                Ok(v) => {
+                    e.ignored_volumes = Some(v);
+                    act.retry.reset();
+                }
                 Err(err) => {
                     tracing::warn!(node = %node, error = %err, "reading PersistentVolumeClaims failed; retrying");
                     let at = Instant::now() + act.retry.next_delay();
@@ -339,13 +342,15 @@ impl Terminator {
             && !entry.drained
         {
             entry.drained = true;
+            let pool = NodePoolLabels {
+                nodepool: entry.nodepool.clone(),
+            };
+            self.shared.metrics.nodes_drained.get_or_create(&pool).inc();
             self.shared
                 .metrics
-                .nodes_drained
-                .get_or_create(&NodePoolLabels {
-                    nodepool: entry.nodepool.clone(),
-                })
-                .inc();
+                .drain_seconds
+                .get_or_create(&pool)
+                .observe(entry.started.elapsed().as_secs_f64());
             tracing::info!(node = %node_name, nodeclaim = %entry.claim, "node drained");
             self.shared.router.kick_claim(&entry.claim);
         }
@@ -476,8 +481,16 @@ impl Terminator {
             Err(e) => {
                 let blocked = matches!(&e, kube::Error::Api(s) if s.code == 429)
                     || matches!(&e, kube::Error::Api(s) if s.message.contains("more than one PodDisruptionBudget"));
-                entry.next = Instant::now() + entry.backoff.next_delay();
+                let wait = entry.backoff.next_delay();
+                entry.next = Instant::now() + wait;
                 let at = entry.next;
+                self.shared
+                    .metrics
+                    .eviction_backoff
+                    .get_or_create(&CauseLabels {
+                        cause: if blocked { "budget" } else { "error" }.into(),
+                    })
+                    .inc_by(wait.as_secs_f64());
                 if blocked {
                     let why =
                         format!("evicting pod {pod} violates its PodDisruptionBudget; retrying");
@@ -553,6 +566,9 @@ impl Terminator {
             match result {
                 Ok(_) => {
                     tracing::info!(node = %name, "tainted node {DISRUPTED_TAINT_KEY}:NoSchedule");
+                    // One backoff serves every node: a success starts it over, so failures
+                    // long ago do not stretch the next node's retry.
+                    act.retry.reset();
                     // The index may still hold the untainted Node until the watch catches up.
                     if let Some(e) = act.nodes.get_mut(&name) {
                         e.taint_done = true;

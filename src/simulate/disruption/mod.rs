@@ -8,8 +8,10 @@
 
 mod readings;
 mod rollout;
+mod time_split;
 
 pub use readings::*;
+pub use time_split::TimeSplit;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -101,6 +103,8 @@ pub struct DisruptionFigures {
     /// The most disruption commands the controller had under way at once (its
     /// `karpenter_capi_disruption_commands_in_flight` gauge, sampled every 100 ms).
     pub commands_max_in_flight: i64,
+    /// Where the phase's time went.
+    pub time: TimeSplit,
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -153,6 +157,7 @@ impl std::fmt::Display for DisruptionReport {
             d.pods_max_pending_ms,
             d.pods_unbound_at_end,
         )?;
+        write!(f, "\n{}", d.time)?;
         if let Some(r) = &d.rollout {
             write!(
                 f,
@@ -241,26 +246,39 @@ async fn wait_stable(
 /// most seen.
 struct InFlightSampler {
     max: Arc<std::sync::atomic::AtomicI64>,
+    /// Samples that found consolidation paused.
+    paused: Arc<std::sync::atomic::AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
+
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 impl InFlightSampler {
     fn start(metrics: &Arc<crate::metrics::Metrics>) -> Self {
         let max = Arc::new(std::sync::atomic::AtomicI64::new(0));
-        let (m, seen) = (metrics.clone(), max.clone());
+        let paused = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (m, seen, pauses) = (metrics.clone(), max.clone(), paused.clone());
         let task = tokio::spawn(async move {
             loop {
                 let now = m.disruption_commands_in_flight.get();
                 seen.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                if m.consolidation_paused.get() > 0 {
+                    pauses.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                tokio::time::sleep(SAMPLE_EVERY).await;
             }
         });
-        Self { max, task }
+        Self { max, paused, task }
     }
 
-    fn stop(self) -> i64 {
+    /// The most commands at once, and how long consolidation was paused.
+    fn stop(self) -> (i64, Duration) {
         self.task.abort();
-        self.max.load(std::sync::atomic::Ordering::Relaxed)
+        let paused = self.paused.load(std::sync::atomic::Ordering::Relaxed);
+        (
+            self.max.load(std::sync::atomic::Ordering::Relaxed),
+            SAMPLE_EVERY * u32::try_from(paused).unwrap_or(u32::MAX),
+        )
     }
 }
 
@@ -336,9 +354,16 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let mut rollout = None;
     let mut drift_phase = None;
     let in_flight = InFlightSampler::start(&p.controller.shared.metrics);
+    let baseline = time_split::Baseline::take(&p.controller.shared.metrics);
     let mut disruption_end_ms = None;
+    let mut scale_down = Duration::ZERO;
+    let calm = match scenario {
+        Scenario::Consolidate => CONSOLIDATE_CALM,
+        Scenario::Drift => DRIFT_CALM,
+        _ => EXPIRE_CALM,
+    };
     match scenario {
-        Scenario::Consolidate => consolidate(args, &p.sim, deadline).await?,
+        Scenario::Consolidate => scale_down = consolidate(args, &p.sim, deadline).await?,
         Scenario::Drift => {
             eprintln!(
                 "changing the NodePool template: every one of the {} claims drifts",
@@ -351,7 +376,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             .await?;
             p.sim.mark("template changed");
             let originals = claims_before.clone();
-            wait_stable(&p.sim, "drift", deadline, Duration::from_secs(3), |sim| {
+            wait_stable(&p.sim, "drift", deadline, DRIFT_CALM, |sim| {
                 let left = live_or_deleting(sim, &originals);
                 (left > 0).then(|| format!("{left} drifted claims left"))
             })
@@ -386,7 +411,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             let originals = claims_before.clone();
             // Expiry starts on the claims' own clocks: the chart shows when the first went.
             let expiring = std::cell::Cell::new(false);
-            wait_stable(&p.sim, "expire", deadline, Duration::from_secs(1), |sim| {
+            wait_stable(&p.sim, "expire", deadline, EXPIRE_CALM, |sim| {
                 if !expiring.get()
                     && live_claims(sim).intersection(&originals).count() < originals.len()
                 {
@@ -402,9 +427,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     }
     p.sim.mark("settled");
     let phase_ms = phase.elapsed().as_millis() as u64;
-    let commands_max_in_flight = in_flight.stop();
+    let (commands_max_in_flight, paused) = in_flight.stop();
     let end_ms = disruption_end_ms.unwrap_or_else(|| p.sim.cluster().stats().now_ms());
-    let duration_ms = p
+    let first_mark_ms = p
         .sim
         .cluster()
         .stats()
@@ -413,8 +438,16 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         .filter(|w| w.at_ms >= since_ms && w.agent == crate::app::USER_AGENT)
         .filter(|w| w.resource == "nodes" && w.verb == "patch")
         .map(|w| w.at_ms)
-        .min()
-        .map_or(0, |first| end_ms.saturating_sub(first));
+        .min();
+    let duration_ms = first_mark_ms.map_or(0, |first| end_ms.saturating_sub(first));
+    let time = TimeSplit {
+        scale_down_ms: scale_down.as_millis() as u64,
+        first_mark_ms: first_mark_ms.map_or(0, |t| t.saturating_sub(since_ms)),
+        calm_ms: calm.as_millis() as u64,
+        consolidation_paused_ms: paused.as_millis() as u64,
+        binds_before_taint: binds_before_taint(&p.sim, since_ms, 3000),
+        ..TimeSplit::of_metrics(&baseline, &p.controller.shared.metrics)
+    };
 
     let sim = &p.sim;
     let mut pods = p.measure();
@@ -467,6 +500,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         phase_ms,
         duration_ms,
         commands_max_in_flight,
+        time,
     };
     let problems = &mut pods.launch.problems;
     if figures.budget_violations > 0 {
@@ -502,13 +536,21 @@ fn live_or_deleting(sim: &BackgroundSim, names: &BTreeSet<String>) -> usize {
         .count()
 }
 
+/// How long each scenario waits with nothing changing before it calls the cluster settled.
+/// Consolidation waits for its validation (2 s) after every pass (1 s): 8 s without a change
+/// means it found nothing more to do.
+const CONSOLIDATE_CALM: Duration = Duration::from_secs(8);
+const DRIFT_CALM: Duration = Duration::from_secs(3);
+const EXPIRE_CALM: Duration = Duration::from_secs(1);
+
 /// Enable consolidation, scale 70 % of the Deployments down to 20 % of their replicas, wait
-/// until stable.
+/// until stable; how long the scale-down itself took.
 async fn consolidate(
     args: &SimulateArgs,
     sim: &BackgroundSim,
     deadline: Duration,
-) -> Result<(), Error> {
+) -> Result<Duration, Error> {
+    let start = Instant::now();
     patch_nodepool(
         sim,
         json!({"spec": {"disruption": {
@@ -544,16 +586,14 @@ async fn consolidate(
     // ReplicaSet controller removes the pods at its own pace (its client's 20 requests a
     // second), and until they are gone the nodes are as full as before, so nothing changes.
     wait_pods_at_most(sim, remaining, deadline).await?;
-    // Consolidation waits for its validation (2 s) after every pass (1 s): 8 s without a change
-    // means it found nothing more to do. A pause after an overshoot (10 s doubling to 5 min) is
+    let scale_down = start.elapsed();
+    // A pause after an overshoot (10 s doubling to 5 min) is
     // not waited out: the report shows where consolidation stands when it pauses, and a long
     // pause would make the scenario's length depend on luck
     // (`karpenter_capi_consolidation_paused` says when it does).
     // The scale-down is complete (waited for above), so the calm has no further condition.
-    wait_stable(sim, "consolidate", deadline, Duration::from_secs(8), |_| {
-        None
-    })
-    .await
+    wait_stable(sim, "consolidate", deadline, CONSOLIDATE_CALM, |_| None).await?;
+    Ok(scale_down)
 }
 
 /// Waits until at most `n` pods exist (terminating ones included).

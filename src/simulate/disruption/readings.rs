@@ -156,3 +156,29 @@ pub(super) fn unbound_pods(sim: &BackgroundSim) -> usize {
         .filter(|p| !deleting(p) && !bound(p))
         .count()
 }
+
+/// Pods the scheduler bound onto a node in the `window_ms` before the controller's first
+/// disruption taint on it in the phase (from `since_ms`): the time between a decision and its
+/// taint, when the candidate still takes pods whose room the decision did not plan.
+pub(super) fn binds_before_taint(sim: &BackgroundSim, since_ms: u64, window_ms: u64) -> u64 {
+    let stats = sim.cluster().stats();
+    let mut tainted: BTreeMap<String, u64> = BTreeMap::new();
+    for w in stats.writes().iter().filter(|w| {
+        w.at_ms >= since_ms
+            && w.agent == crate::app::USER_AGENT
+            && w.resource == "nodes"
+            && w.verb == "patch"
+    }) {
+        tainted.entry(w.name.clone()).or_insert(w.at_ms);
+    }
+    sim.cluster()
+        .bindings()
+        .iter()
+        .filter(|b| {
+            tainted.get(&b.node).is_some_and(|&taint| {
+                let at = stats.ms_at(b.bound_at);
+                at < taint && at + window_ms >= taint
+            })
+        })
+        .count() as u64
+}
