@@ -60,6 +60,10 @@ impl CapiVersion {
         machine_deployment_resource(self)
     }
 
+    pub fn machine_pool(self) -> ApiResource {
+        machine_pool_resource(self)
+    }
+
     pub const ALL: [CapiVersion; 2] = [CapiVersion::V1Beta2, CapiVersion::V1Beta1];
 
     pub fn as_str(self) -> &'static str {
@@ -168,6 +172,10 @@ pub fn machine_set_resource(version: CapiVersion) -> ApiResource {
 
 pub fn machine_deployment_resource(version: CapiVersion) -> ApiResource {
     capi_resource(version, "MachineDeployment", "machinedeployments")
+}
+
+pub fn machine_pool_resource(version: CapiVersion) -> ApiResource {
+    capi_resource(version, "MachinePool", "machinepools")
 }
 
 /// An infrastructure machine template kind (e.g. `DockerMachineTemplate`); the plural is the
