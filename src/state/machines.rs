@@ -22,9 +22,10 @@ pub fn bound_claim(m: &Machine) -> Option<&str> {
         .filter(|c| !c.is_empty())
 }
 
-/// The MachineDeployment key of a Machine, when it belongs to one.
+/// The key of a Machine's MachineDeployment or MachinePool (`ScalableRef::key`), when it
+/// belongs to one.
 pub fn deployment_key(m: &Machine) -> Option<String> {
-    m.deployment_name.as_deref().map(|md| key(&m.namespace, md))
+    m.scalable().map(|s| s.key())
 }
 
 #[derive(Default)]
