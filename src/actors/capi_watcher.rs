@@ -1,5 +1,6 @@
-//! One watch on Machines and one on MachineDeployments (management cluster). Each change updates
-//! the indexes and is routed to the actor that waits: the MachineDeployment's Scaler, the claim
+//! One watch on Machines, one on MachineDeployments and, where the management cluster serves
+//! them, one on MachinePools (the second scalable kind, indexed with the MachineDeployments).
+//! Each change updates the indexes and is routed to the actor that waits: the Scaler, the claim
 //! bound to the Machine, the Catalog. A dropped watch re-lists; after a re-list every Scaler and
 //! claim actor reconciles from the fresh state.
 
@@ -13,12 +14,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::Shared;
 use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::scalable::{ScalableKind, ScalableRef};
 use crate::capi::version;
 use crate::state::machines::{bound_claim, deployment_key};
 
 pub enum CapiEvent {
     Machine(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Deployment(Result<watcher::Event<DynamicObject>, watcher::Error>),
+    Pool(Result<watcher::Event<DynamicObject>, watcher::Error>),
 }
 
 impl Message for CapiEvent {
@@ -29,6 +32,7 @@ pub struct CapiWatcher {
     shared: Arc<Shared>,
     machine_buffer: Vec<Machine>,
     md_buffer: Vec<MachineDeployment>,
+    pool_buffer: Vec<MachineDeployment>,
 }
 
 impl CapiWatcher {
@@ -37,6 +41,7 @@ impl CapiWatcher {
             shared,
             machine_buffer: Vec::new(),
             md_buffer: Vec::new(),
+            pool_buffer: Vec::new(),
         }
     }
 
@@ -129,20 +134,26 @@ impl CapiWatcher {
         }
     }
 
-    fn on_deployment(&mut self, ev: watcher::Event<DynamicObject>) {
+    /// A MachineDeployment or MachinePool event (`kind`): both live in one index.
+    fn on_scalable(&mut self, kind: ScalableKind, ev: watcher::Event<DynamicObject>) {
         let v = self.shared.capi_version;
+        let parse = kind.parser();
+        let buffer = match kind {
+            ScalableKind::MachineDeployment => &mut self.md_buffer,
+            ScalableKind::MachinePool => &mut self.pool_buffer,
+        };
         match ev {
-            watcher::Event::Init => self.md_buffer.clear(),
-            watcher::Event::InitApply(o) => match MachineDeployment::from_dynamic(&o, v) {
-                Ok(md) => self.md_buffer.push(md),
-                Err(e) => tracing::warn!(error = %e, "ignoring malformed MachineDeployment"),
+            watcher::Event::Init => buffer.clear(),
+            watcher::Event::InitApply(o) => match parse(&o, v) {
+                Ok(md) => buffer.push(md),
+                Err(e) => tracing::warn!(error = %e, "ignoring malformed {kind}"),
             },
             watcher::Event::InitDone => {
-                let fresh = std::mem::take(&mut self.md_buffer);
-                self.shared.state.deployments.write().replace_all(fresh);
+                let fresh = std::mem::take(buffer);
+                self.shared.state.deployments.write().replace_all(kind, fresh);
                 self.everyone_reconciles();
             }
-            watcher::Event::Apply(o) => match MachineDeployment::from_dynamic(&o, v) {
+            watcher::Event::Apply(o) => match parse(&o, v) {
                 Ok(md) => {
                     let key = md.key();
                     self.shared.state.deployments.write().apply(md);
@@ -151,14 +162,15 @@ impl CapiWatcher {
                     }
                     self.shared.router.catalog_changed();
                 }
-                Err(e) => tracing::warn!(error = %e, "ignoring malformed MachineDeployment"),
+                Err(e) => tracing::warn!(error = %e, "ignoring malformed {kind}"),
             },
             watcher::Event::Delete(o) => {
-                let key = format!(
-                    "{}/{}",
-                    o.metadata.namespace.clone().unwrap_or_default(),
-                    o.metadata.name.clone().unwrap_or_default()
-                );
+                let key = ScalableRef::new(
+                    kind,
+                    o.metadata.namespace.as_deref().unwrap_or_default(),
+                    o.metadata.name.as_deref().unwrap_or_default(),
+                )
+                .key();
                 self.shared.state.deployments.write().remove(&key);
                 if let Some(s) = self.shared.router.scaler(&key) {
                     s.do_send(Poke);
@@ -166,6 +178,26 @@ impl CapiWatcher {
                 self.shared.router.catalog_changed();
             }
         }
+    }
+
+    /// Watches MachinePools once discovery says they are served; without them (or when
+    /// discovery fails) only MachineDeployments are scaled.
+    fn watch_pools(&self, ctx: &mut Context<Self>) {
+        let (client, v) = (self.shared.management.clone(), self.shared.capi_version);
+        let served = async move { version::serves_machine_pools(&client, v).await };
+        ctx.spawn(served.into_actor(self).map(|served, act, ctx| match served {
+            Ok(true) => {
+                let pools = watcher(
+                    act.api(&version::machine_pool_resource(act.shared.capi_version)),
+                    act.config(),
+                )
+                .default_backoff()
+                .map(CapiEvent::Pool);
+                ctx.add_stream(pools);
+            }
+            Ok(false) => tracing::info!("MachinePools are not served; scaling MachineDeployments only"),
+            Err(e) => tracing::warn!(error = %e, "MachinePool discovery failed; scaling MachineDeployments only"),
+        }));
     }
 }
 
@@ -184,6 +216,7 @@ impl Actor for CapiWatcher {
         .default_backoff()
         .map(CapiEvent::Deployment);
         ctx.add_stream(futures::stream::select(machines, mds));
+        self.watch_pools(ctx);
     }
 }
 
@@ -191,8 +224,9 @@ impl StreamHandler<CapiEvent> for CapiWatcher {
     fn handle(&mut self, ev: CapiEvent, _: &mut Self::Context) {
         match ev {
             CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
-            CapiEvent::Deployment(Ok(ev)) => self.on_deployment(ev),
-            CapiEvent::Machine(Err(e)) | CapiEvent::Deployment(Err(e)) => {
+            CapiEvent::Deployment(Ok(ev)) => self.on_scalable(ScalableKind::MachineDeployment, ev),
+            CapiEvent::Pool(Ok(ev)) => self.on_scalable(ScalableKind::MachinePool, ev),
+            CapiEvent::Machine(Err(e)) | CapiEvent::Deployment(Err(e)) | CapiEvent::Pool(Err(e)) => {
                 tracing::warn!(error = %e, "Cluster API watch failed; it will re-list");
             }
         }

@@ -38,6 +38,22 @@ impl ScalableKind {
         }
     }
 
+    /// The resource's plural, as API paths and metrics name it.
+    pub fn plural(self) -> &'static str {
+        match self {
+            ScalableKind::MachineDeployment => "machinedeployments",
+            ScalableKind::MachinePool => "machinepools",
+        }
+    }
+
+    /// Reads an object of this kind into the scalable model.
+    pub fn parser(self) -> fn(&DynamicObject, CapiVersion) -> Result<MachineDeployment, ModelError> {
+        match self {
+            ScalableKind::MachineDeployment => MachineDeployment::from_dynamic,
+            ScalableKind::MachinePool => MachineDeployment::from_pool_dynamic,
+        }
+    }
+
     /// The resource to read and write objects of this kind at `version`.
     pub fn resource(self, version: CapiVersion) -> ApiResource {
         match self {

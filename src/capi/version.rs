@@ -142,6 +142,19 @@ pub async fn infrastructure_version(client: &kube::Client, group: &str) -> Resul
         })
 }
 
+/// Whether the management cluster serves MachinePools at `version` (Cluster API's MachinePool
+/// feature may be off, or its CRD not installed), as the autoscaler asks before watching them.
+pub async fn serves_machine_pools(
+    client: &kube::Client,
+    version: CapiVersion,
+) -> Result<bool, Error> {
+    match client.list_api_group_resources(&version.api_version()).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "machinepools")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(Error::Discovery(e)),
+    }
+}
+
 /// Versions served for `group`, `None` when the group is absent.
 async fn served_versions(client: &kube::Client, group: &str) -> Result<Option<Vec<String>>, Error> {
     let groups = client.list_api_groups().await.map_err(Error::Discovery)?;

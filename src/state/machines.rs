@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::versions::Freshness;
 use crate::api::wellknown::NODECLAIM_ANNOTATION;
+use crate::capi::scalable::ScalableKind;
 use crate::capi::model::{Machine, MachineDeployment};
 
 /// `namespace/name`, the one way this crate names a namespaced Cluster API object.
@@ -233,14 +234,14 @@ impl MachineDeployments {
 
     /// Apply a watched object unless a write response of ours is ahead of it.
     pub fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
-        let k = key(&md.namespace, &md.name);
+        let k = md.key();
         let take = self.fresh.watched(&k, &md.resource_version);
         self.take_if(take, k, md)
     }
 
     /// Apply the answer of our own write or read, unless the watch already delivered it.
     pub fn apply_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
-        let k = key(&md.namespace, &md.name);
+        let k = md.key();
         let take = self.fresh.responded(&k, &md.resource_version);
         self.take_if(take, k, md)
     }
@@ -248,7 +249,7 @@ impl MachineDeployments {
     /// Apply the answer of the Scaler's own write or read: it sends one at a time, so each
     /// answer is newer than its last (see `Freshness::superseded`).
     pub fn apply_own_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
-        let k = key(&md.namespace, &md.name);
+        let k = md.key();
         let take = self.fresh.superseded(&k, &md.resource_version);
         self.take_if(take, k, md)
     }
@@ -267,14 +268,27 @@ impl MachineDeployments {
         self.by_key.remove(k)
     }
 
-    pub fn replace_all(&mut self, mds: Vec<MachineDeployment>) -> Vec<Arc<MachineDeployment>> {
-        let mut old = std::mem::take(&mut self.by_key);
-        self.fresh.clear();
+    /// Replaces every object of `kind` (MachineDeployments and MachinePools are listed by
+    /// separate watches); returns the ones that went.
+    pub fn replace_all(
+        &mut self,
+        kind: ScalableKind,
+        mds: Vec<MachineDeployment>,
+    ) -> Vec<Arc<MachineDeployment>> {
+        let (mut old, others): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut self.by_key)
+            .into_iter()
+            .partition(|(_, md)| md.kind == kind);
+        self.by_key = others;
+        for k in old.keys() {
+            self.fresh.forget(k);
+        }
         for md in mds {
-            old.remove(&key(&md.namespace, &md.name));
+            old.remove(&md.key());
             self.apply(md);
         }
-        self.synced = true;
+        if kind == ScalableKind::MachineDeployment {
+            self.synced = true;
+        }
         old.into_values().collect()
     }
 }
