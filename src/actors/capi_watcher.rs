@@ -150,7 +150,11 @@ impl CapiWatcher {
             },
             watcher::Event::InitDone => {
                 let fresh = std::mem::take(buffer);
-                self.shared.state.deployments.write().replace_all(kind, fresh);
+                self.shared
+                    .state
+                    .deployments
+                    .write()
+                    .replace_all(kind, fresh);
                 self.everyone_reconciles();
             }
             watcher::Event::Apply(o) => match parse(&o, v) {
@@ -226,7 +230,9 @@ impl StreamHandler<CapiEvent> for CapiWatcher {
             CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
             CapiEvent::Deployment(Ok(ev)) => self.on_scalable(ScalableKind::MachineDeployment, ev),
             CapiEvent::Pool(Ok(ev)) => self.on_scalable(ScalableKind::MachinePool, ev),
-            CapiEvent::Machine(Err(e)) | CapiEvent::Deployment(Err(e)) | CapiEvent::Pool(Err(e)) => {
+            CapiEvent::Machine(Err(e))
+            | CapiEvent::Deployment(Err(e))
+            | CapiEvent::Pool(Err(e)) => {
                 tracing::warn!(error = %e, "Cluster API watch failed; it will re-list");
             }
         }

@@ -47,7 +47,9 @@ impl ScalableKind {
     }
 
     /// Reads an object of this kind into the scalable model.
-    pub fn parser(self) -> fn(&DynamicObject, CapiVersion) -> Result<MachineDeployment, ModelError> {
+    pub fn parser(
+        self,
+    ) -> fn(&DynamicObject, CapiVersion) -> Result<MachineDeployment, ModelError> {
         match self {
             ScalableKind::MachineDeployment => MachineDeployment::from_dynamic,
             ScalableKind::MachinePool => MachineDeployment::from_pool_dynamic,

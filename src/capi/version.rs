@@ -148,7 +148,10 @@ pub async fn serves_machine_pools(
     client: &kube::Client,
     version: CapiVersion,
 ) -> Result<bool, Error> {
-    match client.list_api_group_resources(&version.api_version()).await {
+    match client
+        .list_api_group_resources(&version.api_version())
+        .await
+    {
         Ok(list) => Ok(list.resources.iter().any(|r| r.name == "machinepools")),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(Error::Discovery(e)),

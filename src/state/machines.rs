@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::versions::Freshness;
 use crate::api::wellknown::NODECLAIM_ANNOTATION;
-use crate::capi::scalable::ScalableKind;
 use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::scalable::ScalableKind;
 
 /// `namespace/name`, the one way this crate names a namespaced Cluster API object.
 pub fn key(namespace: &str, name: &str) -> String {

@@ -68,25 +68,45 @@ async fn launch_and_release(version: CapiVersion) {
     let mut bound = BTreeSet::new();
     for c in &claims {
         let ann = &c["metadata"]["annotations"];
-        assert_eq!(ann[MACHINE_DEPLOYMENT_ANNOTATION], "MachinePool/default/mp-0");
-        let machine = ann[MACHINE_ANNOTATION].as_str().expect("claim names its Machine");
+        assert_eq!(
+            ann[MACHINE_DEPLOYMENT_ANNOTATION],
+            "MachinePool/default/mp-0"
+        );
+        let machine = ann[MACHINE_ANNOTATION]
+            .as_str()
+            .expect("claim names its Machine");
         bound.insert(machine.to_string());
-        let initialized = c["status"]["conditions"]
-            .as_array()
-            .is_some_and(|cs| cs.iter().any(|x| x["type"] == "Initialized" && x["status"] == "True"));
+        let initialized = c["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|x| x["type"] == "Initialized" && x["status"] == "True")
+        });
         assert!(initialized, "{c:#}");
     }
-    assert_eq!(bound, pool_machines(&env), "every pool Machine bound to one claim");
+    assert_eq!(
+        bound,
+        pool_machines(&env),
+        "every pool Machine bound to one claim"
+    );
     let mp = pool(&env);
     assert_eq!(mp["spec"]["replicas"], 3);
-    assert_eq!(mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION], "3");
-    assert_eq!(mp["spec"]["providerIDList"].as_array().map(Vec::len), Some(3));
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "3"
+    );
+    assert_eq!(
+        mp["spec"]["providerIDList"].as_array().map(Vec::len),
+        Some(3)
+    );
 
     // Release: only the deleted claim's Machine goes, marked first, then the decrement.
     let victim = names[1].clone();
     let victim_machine = env
         .get("nodeclaims", "", &victim)
-        .and_then(|c| c["metadata"]["annotations"][MACHINE_ANNOTATION].as_str().map(String::from))
+        .and_then(|c| {
+            c["metadata"]["annotations"][MACHINE_ANNOTATION]
+                .as_str()
+                .map(String::from)
+        })
         .expect("victim's Machine");
     Api::<NodeClaim>::all(env.client().await)
         .delete(&victim, &DeleteParams::default())
@@ -95,10 +115,17 @@ async fn launch_and_release(version: CapiVersion) {
     env.settle().await;
     let mut expected = bound.clone();
     expected.remove(&victim_machine);
-    assert_eq!(pool_machines(&env), expected, "only the deleted claim's Machine went");
+    assert_eq!(
+        pool_machines(&env),
+        expected,
+        "only the deleted claim's Machine went"
+    );
     let mp = pool(&env);
     assert_eq!(mp["spec"]["replicas"], 2);
-    assert_eq!(mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION], "2");
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "2"
+    );
     assert!(env.get("nodeclaims", "", &victim).is_none());
     env.invariants_hold();
 }
@@ -111,4 +138,41 @@ async fn launch_and_release_on_pool_machines_v1beta2() {
 #[actix::test]
 async fn launch_and_release_on_pool_machines_v1beta1() {
     launch_and_release(CapiVersion::V1Beta1).await;
+}
+
+/// A pool whose instances cannot be targeted (no MachinePool Machines) is left out of the
+/// catalog with a Warning that says why, and its replicas are never touched: a claim that only
+/// it could serve stays unlaunched rather than raise replicas that could only be lowered
+/// blindly.
+#[actix::test]
+async fn a_pool_without_pool_machines_is_never_scaled() {
+    let env = Env::builder()
+        .cluster(cluster(CapiVersion::V1Beta2))
+        .seeds(Vec::new())
+        .pools(vec![(pool_seed(), false)])
+        // The claim no offering can serve times out (and goes) quickly, so the cluster settles.
+        .tune(|s| s.launch_timeout = Duration::from_secs(2))
+        .start()
+        .await;
+    env.claims(1, 1).await;
+    env.wait("the catalog's warning about the pool", || {
+        env.events("InvalidMachineDeployment")
+            .into_iter()
+            .find(|e| {
+                e["note"].as_str().is_some_and(|n| {
+                    n.contains("MachinePool default/mp-0: no MachinePool Machines")
+                })
+            })
+    })
+    .await;
+    env.settle().await;
+    let mp = pool(&env);
+    assert_eq!(mp["spec"]["replicas"], 0);
+    assert!(mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION].is_null());
+    assert_eq!(env.controller_writes("machinepools"), 0);
+    assert!(
+        env.list("nodeclaims").is_empty(),
+        "the unservable claim timed out"
+    );
+    env.invariants_hold();
 }
