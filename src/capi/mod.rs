@@ -5,6 +5,7 @@
 
 pub mod annotations;
 mod json;
+pub mod kind;
 pub mod model;
 pub mod offerings;
 pub mod patch;

@@ -22,12 +22,13 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::wellknown::{
-    CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_KIND, MACHINE_SET_KIND,
+    CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_KIND, MACHINE_POOL_KIND,
+    MACHINE_SET_KIND, POOL_NAME_LABEL,
 };
 pub use crate::capi::json::ModelError;
 use crate::capi::json::Reader;
+use crate::capi::kind::ScalableKind;
 use crate::capi::provider_id::ProviderId;
-use crate::capi::scalable::ScalableKind;
 use crate::capi::version::CapiVersion;
 
 /// `status.phase` of a Machine.
@@ -355,7 +356,7 @@ pub(super) fn read_meta(r: &Reader<'_>) -> Result<Meta, ModelError> {
 }
 
 /// The name of the controller owner of `kind`, if any.
-pub(super) fn controller_owner(r: &Reader<'_>, kind: &str) -> Result<Option<String>, ModelError> {
+fn controller_owner(r: &Reader<'_>, kind: &str) -> Result<Option<String>, ModelError> {
     let path = "metadata.ownerReferences";
     for (i, owner) in r.array(path)?.iter().enumerate() {
         let field = |name: &str| format!("{path}[{i}].{name}");
@@ -466,7 +467,8 @@ impl Machine {
         Ok(Machine {
             machine_set_name: controller_owner(&r, MACHINE_SET_KIND)?,
             deployment_name: meta.labels.get(DEPLOYMENT_NAME_LABEL).cloned(),
-            pool_name: crate::capi::scalable::pool_of(&r, &meta)?,
+            pool_name: controller_owner(&r, MACHINE_POOL_KIND)?
+                .or_else(|| meta.labels.get(POOL_NAME_LABEL).cloned()),
             cluster_name: r.req_str("spec.clusterName")?,
             provider_id: r.opt_str("spec.providerID")?,
             node_ref: r.opt_str("status.nodeRef.name")?,

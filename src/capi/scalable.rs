@@ -11,41 +11,17 @@
 use std::fmt;
 
 use kube::api::DynamicObject;
-use kube::discovery::ApiResource;
 use serde_json::Value;
 
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LABEL};
 use crate::capi::json::{ModelError, Reader};
+pub use crate::capi::kind::ScalableKind;
 use crate::capi::model::{
-    LabelSelector, Machine, MachineDeployment, Meta, controller_owner, dynamic_to_value,
-    read_infrastructure_ref, read_meta,
+    LabelSelector, Machine, MachineDeployment, dynamic_to_value, read_infrastructure_ref, read_meta,
 };
-use crate::capi::version::{CapiVersion, machine_deployment_resource, machine_pool_resource};
-
-/// Which kind of scalable resource.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub enum ScalableKind {
-    #[default]
-    MachineDeployment,
-    MachinePool,
-}
+use crate::capi::version::CapiVersion;
 
 impl ScalableKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ScalableKind::MachineDeployment => "MachineDeployment",
-            ScalableKind::MachinePool => MACHINE_POOL_KIND,
-        }
-    }
-
-    /// The resource's plural, as API paths and metrics name it.
-    pub fn plural(self) -> &'static str {
-        match self {
-            ScalableKind::MachineDeployment => "machinedeployments",
-            ScalableKind::MachinePool => "machinepools",
-        }
-    }
-
     /// Reads an object of this kind into the scalable model.
     pub fn parser(
         self,
@@ -54,20 +30,6 @@ impl ScalableKind {
             ScalableKind::MachineDeployment => MachineDeployment::from_dynamic,
             ScalableKind::MachinePool => MachineDeployment::from_pool_dynamic,
         }
-    }
-
-    /// The resource to read and write objects of this kind at `version`.
-    pub fn resource(self, version: CapiVersion) -> ApiResource {
-        match self {
-            ScalableKind::MachineDeployment => machine_deployment_resource(version),
-            ScalableKind::MachinePool => machine_pool_resource(version),
-        }
-    }
-}
-
-impl fmt::Display for ScalableKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
@@ -117,12 +79,6 @@ impl fmt::Display for ScalableRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
     }
-}
-
-/// A Machine's MachinePool: its controller owner of that kind, else the pool-name label.
-pub(super) fn pool_of(r: &Reader<'_>, meta: &Meta) -> Result<Option<String>, ModelError> {
-    Ok(controller_owner(r, MACHINE_POOL_KIND)?
-        .or_else(|| meta.labels.get(POOL_NAME_LABEL).cloned()))
 }
 
 impl Machine {

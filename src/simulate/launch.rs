@@ -12,10 +12,10 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 
 use super::invariants;
+use super::invariants::{SCALABLE_RESOURCES, scalable_of};
 use super::observer::Observer;
 use super::report::{ApiCounts, ClaimCounts, Latencies, MachineCounts, Percentiles, Report};
 use super::{BackgroundSim, Error, Kept, sim_settings, start_controller};
-use super::invariants::{SCALABLE_RESOURCES, scalable_of};
 use crate::api::nodeclaim::{
     NodeClaim, NodeClaimSpec, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
     ResourceRequirements,

@@ -47,11 +47,16 @@ async fn pool_machines_reported(c: &SimCluster, seed: &MachineDeploymentSeed) {
     let api: Api<DynamicObject> =
         Api::namespaced_with(c.client(), &seed.namespace, &infra_pool_resource());
     for _ in 0..200 {
-        let reported = api.get_opt(&seed.name).await.ok().flatten().is_some_and(|p| {
-            p.data
-                .pointer("/status/infrastructureMachineKind")
-                .is_some_and(|k| k.is_string())
-        });
+        let reported = api
+            .get_opt(&seed.name)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|p| {
+                p.data
+                    .pointer("/status/infrastructureMachineKind")
+                    .is_some_and(|k| k.is_string())
+            });
         if reported {
             return;
         }
