@@ -1,5 +1,6 @@
-//! One watch on Machines and one on MachineDeployments (management cluster). Each change updates
-//! the indexes and is routed to the actor that waits: the MachineDeployment's Scaler, the claim
+//! One watch on Machines, one on MachineDeployments and, where the management cluster serves
+//! them, one on MachinePools (the second scalable kind, indexed with the MachineDeployments).
+//! Each change updates the indexes and is routed to the actor that waits: the Scaler, the claim
 //! bound to the Machine, the Catalog. A dropped watch re-lists; after a re-list every Scaler and
 //! claim actor reconciles from the fresh state.
 
@@ -14,6 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::Shared;
 use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::scalable::{ScalableKind, ScalableRef};
 use crate::capi::version;
 use crate::state::feed::Staleness;
 use crate::state::machines::{Unreadable, bound_claim, deployment_key};
@@ -21,6 +23,7 @@ use crate::state::machines::{Unreadable, bound_claim, deployment_key};
 pub enum CapiEvent {
     Machine(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Deployment(Result<watcher::Event<DynamicObject>, watcher::Error>),
+    Pool(Result<watcher::Event<DynamicObject>, watcher::Error>),
 }
 
 impl Message for CapiEvent {
@@ -31,9 +34,12 @@ pub struct CapiWatcher {
     shared: Arc<Shared>,
     machine_buffer: Vec<Machine>,
     md_buffer: Vec<MachineDeployment>,
+    pool_buffer: Vec<MachineDeployment>,
     unreadable_buffer: BTreeMap<String, Unreadable>,
+    pool_unreadable_buffer: BTreeMap<String, Unreadable>,
     machines_stale: Staleness,
     mds_stale: Staleness,
+    pools_stale: Staleness,
 }
 
 impl CapiWatcher {
@@ -42,9 +48,12 @@ impl CapiWatcher {
             shared,
             machine_buffer: Vec::new(),
             md_buffer: Vec::new(),
+            pool_buffer: Vec::new(),
             unreadable_buffer: BTreeMap::new(),
+            pool_unreadable_buffer: BTreeMap::new(),
             machines_stale: Staleness::new("Machines"),
             mds_stale: Staleness::new("MachineDeployments"),
+            pools_stale: Staleness::new("MachinePools"),
         }
     }
 
@@ -137,31 +146,37 @@ impl CapiWatcher {
         }
     }
 
-    fn on_deployment(&mut self, ev: watcher::Event<DynamicObject>) {
+    /// A MachineDeployment or MachinePool event (`kind`): both live in one index.
+    fn on_scalable(&mut self, kind: ScalableKind, ev: watcher::Event<DynamicObject>) {
         let v = self.shared.capi_version;
+        let parse = kind.parser();
+        let (buffer, unreadable_buffer) = match kind {
+            ScalableKind::MachineDeployment => (&mut self.md_buffer, &mut self.unreadable_buffer),
+            ScalableKind::MachinePool => (&mut self.pool_buffer, &mut self.pool_unreadable_buffer),
+        };
         match ev {
             watcher::Event::Init => {
-                self.md_buffer.clear();
-                self.unreadable_buffer.clear();
+                buffer.clear();
+                unreadable_buffer.clear();
             }
-            watcher::Event::InitApply(o) => match MachineDeployment::from_dynamic(&o, v) {
-                Ok(md) => self.md_buffer.push(md),
+            watcher::Event::InitApply(o) => match parse(&o, v) {
+                Ok(md) => buffer.push(md),
                 Err(e) => {
-                    tracing::warn!(error = %e, "MachineDeployment cannot be read");
-                    let (k, u) = unreadable(&o, e.to_string());
-                    self.unreadable_buffer.insert(k, u);
+                    tracing::warn!(error = %e, "{kind} cannot be read");
+                    let (k, u) = unreadable(kind, &o, e.to_string());
+                    unreadable_buffer.insert(k, u);
                 }
             },
             watcher::Event::InitDone => {
-                let fresh = std::mem::take(&mut self.md_buffer);
-                let unreadable = std::mem::take(&mut self.unreadable_buffer);
+                let fresh = std::mem::take(buffer);
+                let unreadable = std::mem::take(unreadable_buffer);
                 let mut deployments = self.shared.state.deployments.write();
-                deployments.replace_all(fresh);
-                deployments.replace_unreadable(unreadable);
+                deployments.replace_all(kind, fresh);
+                deployments.replace_unreadable(kind, unreadable);
                 drop(deployments);
                 self.everyone_reconciles();
             }
-            watcher::Event::Apply(o) => match MachineDeployment::from_dynamic(&o, v) {
+            watcher::Event::Apply(o) => match parse(&o, v) {
                 Ok(md) => {
                     let key = md.key();
                     self.shared.state.deployments.write().apply(md);
@@ -171,8 +186,8 @@ impl CapiWatcher {
                     self.shared.router.catalog_changed();
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "MachineDeployment cannot be read");
-                    let (key, u) = unreadable(&o, e.to_string());
+                    tracing::warn!(error = %e, "{kind} cannot be read");
+                    let (key, u) = unreadable(kind, &o, e.to_string());
                     self.shared
                         .state
                         .deployments
@@ -185,11 +200,7 @@ impl CapiWatcher {
                 }
             },
             watcher::Event::Delete(o) => {
-                let key = format!(
-                    "{}/{}",
-                    o.metadata.namespace.clone().unwrap_or_default(),
-                    o.metadata.name.clone().unwrap_or_default()
-                );
+                let key = scalable_key(kind, &o);
                 self.shared.state.deployments.write().remove(&key);
                 if let Some(s) = self.shared.router.scaler(&key) {
                     s.do_send(Poke);
@@ -197,6 +208,26 @@ impl CapiWatcher {
                 self.shared.router.catalog_changed();
             }
         }
+    }
+
+    /// Watches MachinePools once discovery says they are served; without them (or when
+    /// discovery fails) only MachineDeployments are scaled.
+    fn watch_pools(&self, ctx: &mut Context<Self>) {
+        let (client, v) = (self.shared.management.clone(), self.shared.capi_version);
+        let served = async move { version::serves_machine_pools(&client, v).await };
+        ctx.spawn(served.into_actor(self).map(|served, act, ctx| match served {
+            Ok(true) => {
+                let pools = watcher(
+                    act.api(&version::machine_pool_resource(act.shared.capi_version)),
+                    act.config(),
+                )
+                .default_backoff()
+                .map(CapiEvent::Pool);
+                ctx.add_stream(pools);
+            }
+            Ok(false) => tracing::info!("MachinePools are not served; scaling MachineDeployments only"),
+            Err(e) => tracing::warn!(error = %e, "MachinePool discovery failed; scaling MachineDeployments only"),
+        }));
     }
 }
 
@@ -215,6 +246,7 @@ impl Actor for CapiWatcher {
         .default_backoff()
         .map(CapiEvent::Deployment);
         ctx.add_stream(futures::stream::select(machines, mds));
+        self.watch_pools(ctx);
     }
 }
 
@@ -224,24 +256,33 @@ impl StreamHandler<CapiEvent> for CapiWatcher {
         match &ev {
             CapiEvent::Machine(ev) => self.machines_stale.saw(ev, m),
             CapiEvent::Deployment(ev) => self.mds_stale.saw(ev, m),
+            CapiEvent::Pool(ev) => self.pools_stale.saw(ev, m),
         }
         match ev {
             CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
-            CapiEvent::Deployment(Ok(ev)) => self.on_deployment(ev),
-            CapiEvent::Machine(Err(e)) | CapiEvent::Deployment(Err(e)) => {
+            CapiEvent::Deployment(Ok(ev)) => self.on_scalable(ScalableKind::MachineDeployment, ev),
+            CapiEvent::Pool(Ok(ev)) => self.on_scalable(ScalableKind::MachinePool, ev),
+            CapiEvent::Machine(Err(e))
+            | CapiEvent::Deployment(Err(e))
+            | CapiEvent::Pool(Err(e)) => {
                 tracing::warn!(error = %e, "Cluster API watch failed; it will re-list");
             }
         }
     }
 }
 
-/// A MachineDeployment the model could not read, as the index keeps it.
-fn unreadable(o: &DynamicObject, error: String) -> (String, Unreadable) {
-    let key = format!(
-        "{}/{}",
-        o.metadata.namespace.clone().unwrap_or_default(),
-        o.metadata.name.clone().unwrap_or_default()
-    );
+/// The index key of a MachineDeployment or MachinePool object.
+fn scalable_key(kind: ScalableKind, o: &DynamicObject) -> String {
+    ScalableRef::new(
+        kind,
+        o.metadata.namespace.as_deref().unwrap_or_default(),
+        o.metadata.name.as_deref().unwrap_or_default(),
+    )
+    .key()
+}
+
+/// A MachineDeployment or MachinePool the model could not read, as the index keeps it.
+fn unreadable(kind: ScalableKind, o: &DynamicObject, error: String) -> (String, Unreadable) {
     let labels = o.metadata.labels.clone().unwrap_or_default();
-    (key, Unreadable { labels, error })
+    (scalable_key(kind, o), Unreadable { labels, error })
 }

@@ -60,6 +60,8 @@ pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
 pub const SET_NAME_LABEL: &str = "cluster.x-k8s.io/set-name";
+/// On every MachinePool Machine: the MachinePool it belongs to.
+pub const POOL_NAME_LABEL: &str = "cluster.x-k8s.io/pool-name";
 /// Cluster API skips its own drain of a Machine's Node when the Machine carries this (any value).
 pub const EXCLUDE_NODE_DRAINING_ANNOTATION: &str = "machine.cluster.x-k8s.io/exclude-node-draining";
 pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
@@ -127,6 +129,7 @@ pub const DEFAULT_OS: &str = "linux";
 /// Controller owner-reference kinds in the Cluster API ownership chain.
 pub const MACHINE_SET_KIND: &str = "MachineSet";
 pub const MACHINE_DEPLOYMENT_KIND: &str = "MachineDeployment";
+pub const MACHINE_POOL_KIND: &str = "MachinePool";
 
 /// Annotation on a MachineDeployment: how many of its replicas this controller added and has not
 /// yet removed. Written in the same compare-and-swap patch as `spec.replicas`, so that a restarted

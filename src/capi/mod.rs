@@ -1,14 +1,17 @@
-//! The Cluster API model: one internal Machine / MachineSet / MachineDeployment model read from
+//! The Cluster API model: one internal Machine / MachineSet / MachineDeployment (or MachinePool,
+//! the second scalable kind) model read from
 //! v1beta1 or v1beta2, scale-from-zero annotations, infrastructure template capacity, provider
 //! IDs, version discovery and the patches the controller writes.
 
 pub mod annotations;
 pub mod autoscaler;
 mod json;
+pub mod kind;
 pub mod model;
 pub mod offerings;
 pub mod patch;
 pub mod provider_id;
+pub mod scalable;
 pub mod template;
 pub mod version;
 
@@ -18,5 +21,6 @@ pub use model::{
     MachineSet, ModelError,
 };
 pub use provider_id::ProviderId;
+pub use scalable::{ScalableKind, ScalableRef};
 pub use template::{NodeShape, TemplateCapacity};
 pub use version::CapiVersion;

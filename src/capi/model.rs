@@ -22,10 +22,12 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::wellknown::{
-    CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_KIND, MACHINE_SET_KIND,
+    CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_KIND, MACHINE_POOL_KIND,
+    MACHINE_SET_KIND, POOL_NAME_LABEL,
 };
 pub use crate::capi::json::ModelError;
 use crate::capi::json::Reader;
+use crate::capi::kind::ScalableKind;
 use crate::capi::provider_id::ProviderId;
 use crate::capi::version::CapiVersion;
 
@@ -275,16 +277,16 @@ impl TryFrom<&k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector> for
 }
 
 /// Metadata every Cluster API object carries.
-struct Meta {
-    name: String,
-    namespace: String,
-    uid: String,
-    resource_version: String,
-    generation: Option<i64>,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-    creation_timestamp: Option<Timestamp>,
-    deletion_timestamp: Option<Timestamp>,
+pub(super) struct Meta {
+    pub(super) name: String,
+    pub(super) namespace: String,
+    pub(super) uid: String,
+    pub(super) resource_version: String,
+    pub(super) generation: Option<i64>,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) annotations: BTreeMap<String, String>,
+    pub(super) creation_timestamp: Option<Timestamp>,
+    pub(super) deletion_timestamp: Option<Timestamp>,
 }
 
 /// A Cluster API (v1beta2-style) condition's status: v1beta2 objects keep them in
@@ -339,7 +341,7 @@ fn infrastructure_deleted(
     Ok(None)
 }
 
-fn read_meta(r: &Reader<'_>) -> Result<Meta, ModelError> {
+pub(super) fn read_meta(r: &Reader<'_>) -> Result<Meta, ModelError> {
     Ok(Meta {
         name: r.req_str("metadata.name")?,
         namespace: r.req_str("metadata.namespace")?,
@@ -377,7 +379,7 @@ fn controller_owner(r: &Reader<'_>, kind: &str) -> Result<Option<String>, ModelE
     Ok(None)
 }
 
-fn read_infrastructure_ref(
+pub(super) fn read_infrastructure_ref(
     r: &Reader<'_>,
     path: &str,
     version: CapiVersion,
@@ -428,6 +430,9 @@ pub struct Machine {
     pub machine_set_name: Option<String>,
     /// From the `cluster.x-k8s.io/deployment-name` label.
     pub deployment_name: Option<String>,
+    /// A MachinePool Machine's pool: its controller owner of kind MachinePool, else the
+    /// `cluster.x-k8s.io/pool-name` label.
+    pub pool_name: Option<String>,
     pub cluster_name: String,
     /// `spec.providerID`; an empty string is `None`.
     pub provider_id: Option<String>,
@@ -462,6 +467,8 @@ impl Machine {
         Ok(Machine {
             machine_set_name: controller_owner(&r, MACHINE_SET_KIND)?,
             deployment_name: meta.labels.get(DEPLOYMENT_NAME_LABEL).cloned(),
+            pool_name: controller_owner(&r, MACHINE_POOL_KIND)?
+                .or_else(|| meta.labels.get(POOL_NAME_LABEL).cloned()),
             cluster_name: r.req_str("spec.clusterName")?,
             provider_id: r.opt_str("spec.providerID")?,
             node_ref: r.opt_str("status.nodeRef.name")?,
@@ -551,6 +558,10 @@ pub struct MachineDeployment {
     pub on_delete: bool,
     pub paused: bool,
     pub version: CapiVersion,
+    /// MachineDeployment, or MachinePool for a pool read by `MachineDeployment::from_pool_value`.
+    pub kind: ScalableKind,
+    /// A MachinePool's `spec.providerIDList` (empty for a MachineDeployment).
+    pub provider_id_list: Vec<String>,
 }
 
 impl MachineDeployment {
@@ -598,6 +609,8 @@ impl MachineDeployment {
             on_delete,
             paused: r.opt_bool("spec.paused")?.unwrap_or(false),
             version,
+            kind: ScalableKind::MachineDeployment,
+            provider_id_list: Vec::new(),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
@@ -617,9 +630,9 @@ impl MachineDeployment {
         Self::from_value(&dynamic_to_value("MachineDeployment", object)?, version)
     }
 
-    /// `namespace/name`.
+    /// `namespace/name` for a MachineDeployment, `MachinePool/namespace/name` for a pool.
     pub fn key(&self) -> String {
-        format!("{}/{}", self.namespace, self.name)
+        self.scalable().key()
     }
 
     pub fn is_deleting(&self) -> bool {
@@ -683,7 +696,7 @@ impl MachineSet {
     }
 }
 
-fn dynamic_to_value(kind: &str, object: &DynamicObject) -> Result<Value, ModelError> {
+pub(super) fn dynamic_to_value(kind: &str, object: &DynamicObject) -> Result<Value, ModelError> {
     serde_json::to_value(object).map_err(|e| ModelError::Serialize {
         object: format!(
             "{kind} {}/{}",

@@ -36,6 +36,13 @@ pub struct Context<'a> {
     pub unavailable: &'a dyn Fn(&str) -> bool,
 }
 
+/// Why a MachinePool is left out until its infrastructure pool is known to surface instances as
+/// Machines: without them no instance can be removed by name, and lowering replicas would let
+/// the cloud pick which node goes.
+pub const POOL_WITHOUT_MACHINES: &str = "no MachinePool Machines: its infrastructure pool does not \
+     report status.infrastructureMachineKind (or could not be read), so no instance could be \
+     removed by name; such pools are not offered";
+
 /// True when a MachineDeployment is a member and the NodeClass's selector picks it.
 pub fn selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> bool {
     not_selected(md, selector).is_none()
@@ -75,10 +82,9 @@ pub fn build(
                     .unwrap_or_default();
                 by_type.entry(name).or_default().push((capacity, csi, o));
             }
-            Err(problem) => catalog.problems.push(format!(
-                "MachineDeployment {}/{}: {problem}",
-                md.namespace, md.name
-            )),
+            Err(problem) => catalog
+                .problems
+                .push(format!("{}: {problem}", md.scalable())),
         }
     }
     catalog.instance_types = by_type
@@ -95,6 +101,14 @@ pub fn offering(
     cx: &Context<'_>,
 ) -> Result<(String, Resources, Offering), String> {
     let key = md.key();
+    if md.is_pool()
+        && cx
+            .templates
+            .get(&key)
+            .is_none_or(|t| t.machine_kind.is_none())
+    {
+        return Err(POOL_WITHOUT_MACHINES.to_string());
+    }
     // The driver annotations are checked like the rest (`build` reads the CSI limits).
     let (sfz, _drivers) =
         autoscaler::parse_all(&md.annotations).map_err(|e| format!("malformed annotation: {e}"))?;

@@ -43,6 +43,9 @@ pub struct TemplateCapacity {
     pub capacity: Resources,
     pub architecture: Option<String>,
     pub operating_system: Option<String>,
+    /// An infrastructure machine pool's `status.infrastructureMachineKind`: set when the
+    /// provider surfaces each instance as a Machine (MachinePool Machines).
+    pub machine_kind: Option<String>,
 }
 
 /// The node a MachineDeployment would make, as the scheduler sees it before it exists.
@@ -94,10 +97,17 @@ impl TemplateCapacity {
                 Some(_) => Err(wrong(&format!("status.nodeInfo.{field}"), "a string")),
             }
         };
+        let machine_kind = match status.and_then(|s| s.get("infrastructureMachineKind")) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(wrong("status.infrastructureMachineKind", "a string")),
+        };
         Ok(TemplateCapacity {
             capacity,
             architecture: text("architecture")?,
             operating_system: text("operatingSystem")?,
+            machine_kind,
         })
     }
 

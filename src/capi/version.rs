@@ -60,6 +60,10 @@ impl CapiVersion {
         machine_deployment_resource(self)
     }
 
+    pub fn machine_pool(self) -> ApiResource {
+        machine_pool_resource(self)
+    }
+
     pub const ALL: [CapiVersion; 2] = [CapiVersion::V1Beta2, CapiVersion::V1Beta1];
 
     pub fn as_str(self) -> &'static str {
@@ -138,6 +142,22 @@ pub async fn infrastructure_version(client: &kube::Client, group: &str) -> Resul
         })
 }
 
+/// Whether the management cluster serves MachinePools at `version` (Cluster API's MachinePool
+/// feature may be off, or its CRD not installed), as the autoscaler asks before watching them.
+pub async fn serves_machine_pools(
+    client: &kube::Client,
+    version: CapiVersion,
+) -> Result<bool, Error> {
+    match client
+        .list_api_group_resources(&version.api_version())
+        .await
+    {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "machinepools")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(Error::Discovery(e)),
+    }
+}
+
 /// Versions served for `group`, `None` when the group is absent.
 async fn served_versions(client: &kube::Client, group: &str) -> Result<Option<Vec<String>>, Error> {
     let groups = client.list_api_groups().await.map_err(Error::Discovery)?;
@@ -168,6 +188,10 @@ pub fn machine_set_resource(version: CapiVersion) -> ApiResource {
 
 pub fn machine_deployment_resource(version: CapiVersion) -> ApiResource {
     capi_resource(version, "MachineDeployment", "machinedeployments")
+}
+
+pub fn machine_pool_resource(version: CapiVersion) -> ApiResource {
+    capi_resource(version, "MachinePool", "machinepools")
 }
 
 /// An infrastructure machine template kind (e.g. `DockerMachineTemplate`); the plural is the

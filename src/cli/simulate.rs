@@ -151,6 +151,18 @@ pub enum ControlPlaneArg {
     Real,
 }
 
+/// Which scalable kind the scenario's node groups are (`--scalable`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ScalableArg {
+    /// MachineDeployments only.
+    #[default]
+    Machinedeployments,
+    /// MachinePools with MachinePool Machines only.
+    Machinepools,
+    /// Alternating: MachineDeployments first, then MachinePools.
+    Mixed,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ReportFormat {
     Text,
@@ -184,9 +196,14 @@ pub struct SimulateArgs {
     /// Deployments the pods belong to (every scenario with pods).
     #[arg(long, default_value_t = 5, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     pub deployments: usize,
-    /// MachineDeployments in the simulated cluster.
+    /// MachineDeployments in the simulated cluster (node groups, whatever their kind: see
+    /// --scalable).
     #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100))]
     pub machine_deployments: usize,
+    /// The kind of those node groups: MachineDeployments, MachinePools (with MachinePool
+    /// Machines), or a mix (even-numbered MachineDeployments, odd-numbered MachinePools).
+    #[arg(long, value_enum, default_value = "machinedeployments")]
+    pub scalable: ScalableArg,
     /// Simulated provider delay before a Machine gets its provider ID (e.g. 2s; 0 to 1h).
     #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
     pub provider_delay: Duration,

@@ -236,7 +236,10 @@ pub async fn read(
 
     let state = State::default();
     state.machines.write().replace_all(capi.machines);
-    state.deployments.write().replace_all(capi.deployments);
+    state.deployments.write().replace_all(
+        crate::capi::ScalableKind::MachineDeployment,
+        capi.deployments,
+    );
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();
     state.claims.write().replace_all(claims);

@@ -2,6 +2,7 @@
 //! kubelet plus Cluster API would make it look — provider ID, propagated Machine labels, the
 //! MachineDeployment's scale-from-zero capacity and labels, the `karpenter.sh/unregistered`
 //! taint, `Ready=False` and then `Ready=True` after a delay. The Machine gets its `nodeRef`.
+//! Instances of MachinePools without MachinePool Machines register the same way (`pool`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -25,9 +26,11 @@ use super::standin::{
 use crate::api::wellknown::{
     ARCH_LABEL, CLUSTER_NAME_LABEL, CPU_ANNOTATION, DEFAULT_MAX_PODS, DEPLOYMENT_NAME_LABEL,
     EPHEMERAL_DISK_ANNOTATION, GPU_COUNT_ANNOTATION, HOSTNAME_LABEL, LABELS_ANNOTATION,
-    MAX_PODS_ANNOTATION, MEMORY_ANNOTATION, NOT_READY_TAINT_KEY, OS_LABEL, TAINTS_ANNOTATION,
-    UNREGISTERED_TAINT_KEY, capi_propagates,
+    MAX_PODS_ANNOTATION, MEMORY_ANNOTATION, NOT_READY_TAINT_KEY, OS_LABEL, POOL_NAME_LABEL,
+    TAINTS_ANNOTATION, UNREGISTERED_TAINT_KEY, capi_propagates,
 };
+
+mod pool;
 
 /// Marks Nodes this stand-in registered (so it never touches anybody else's Nodes).
 pub const SIM_NODE_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/kubelet";
@@ -109,6 +112,8 @@ pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<Join
         inner.shutdown.clone(),
         move |event| me.on_machine_event(event),
     ));
+
+    tasks.extend(pool::spawn(&inner));
 
     let me = inner.clone();
     tasks.push(spawn_watch(
@@ -260,9 +265,16 @@ impl Inner {
         }
         let mut annotations = BTreeMap::from([
             (SIM_NODE_ANNOTATION.to_string(), "true".to_string()),
-            (NODE_MACHINE_ANNOTATION.to_string(), name.clone()),
             (NODE_CLUSTER_NAMESPACE_ANNOTATION.to_string(), ns),
         ]);
+        // An instance of a pool without MachinePool Machines has no Machine to name.
+        if machine
+            .types
+            .as_ref()
+            .is_none_or(|t| t.kind != pool::INSTANCE_KIND)
+        {
+            annotations.insert(NODE_MACHINE_ANNOTATION.to_string(), name.clone());
+        }
         if let Some(cluster) = machine.labels().get(CLUSTER_NAME_LABEL) {
             annotations.insert("cluster.x-k8s.io/cluster-name".into(), cluster.clone());
         }
@@ -393,19 +405,26 @@ impl Inner {
         }
     }
 
-    /// Capacity, labels, taints and platform for the Machine's MachineDeployment.
+    /// Capacity, labels, taints and platform for the Machine's MachineDeployment or MachinePool.
     async fn shape_of(&self, machine: &DynamicObject) -> NodeShape {
         let ns = machine.namespace().unwrap_or_default();
-        let md = match machine.labels().get(DEPLOYMENT_NAME_LABEL) {
-            Some(md) => Api::<DynamicObject>::namespaced_with(
-                self.client.clone(),
-                &ns,
-                &self.cfg.version.machine_deployment(),
-            )
-            .get_opt(md)
-            .await
-            .ok()
-            .flatten(),
+        let v = self.cfg.version;
+        let owner = match (
+            machine.labels().get(DEPLOYMENT_NAME_LABEL),
+            machine.labels().get(POOL_NAME_LABEL),
+        ) {
+            (Some(md), _) => Some((v.machine_deployment(), md)),
+            (None, Some(mp)) => Some((v.machine_pool(), mp)),
+            (None, None) => None,
+        };
+        let md = match owner {
+            Some((ar, name)) => {
+                Api::<DynamicObject>::namespaced_with(self.client.clone(), &ns, &ar)
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+            }
             None => None,
         };
         let template = match &md {
@@ -419,8 +438,8 @@ impl Inner {
         )
     }
 
-    /// The MachineDeployment's infrastructure template, for `status.capacity` and
-    /// `status.nodeInfo` when annotations leave gaps.
+    /// The MachineDeployment's infrastructure template (a MachinePool's infrastructure pool), for
+    /// `status.capacity` and `status.nodeInfo` when annotations leave gaps.
     async fn infrastructure_template(&self, md: &DynamicObject, ns: &str) -> Option<Value> {
         let r = at(&md.data, &["spec", "template", "spec", "infrastructureRef"])?;
         let kind = r.get("kind")?.as_str()?;

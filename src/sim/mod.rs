@@ -72,8 +72,9 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
-    /// Adds the infrastructure templates the project's tests use (Docker/Dev and Kubemark) and
-    /// the kubeadm bootstrap kinds MachineDeployments refer to, as a management cluster with
+    /// Adds the infrastructure templates the project's tests use (Docker/Dev and Kubemark), the Dev
+    /// infrastructure pool and the kubeadm bootstrap kinds MachineDeployments and MachinePools
+    /// refer to, as a management cluster with
     /// those providers installed serves them (so `kubectl apply` of a provider's example works).
     pub fn with_infrastructure_templates(mut self) -> Self {
         let infra = "infrastructure.cluster.x-k8s.io";
@@ -85,6 +86,10 @@ impl SimConfig {
         ] {
             self.add_kind(ResourceDef::custom(infra, &v, kind, plural, true).with_status());
         }
+        // The infrastructure pools MachinePools point at (the stand-in's cloud scaling group).
+        self.add_kind(
+            ResourceDef::custom(infra, &v, "DevMachinePool", "devmachinepools", true).with_status(),
+        );
         let bootstrap = "bootstrap.cluster.x-k8s.io";
         self.add_kind(ResourceDef::custom(
             bootstrap,

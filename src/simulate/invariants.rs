@@ -1,6 +1,7 @@
 //! The durable-state invariants, checked against the simulated server's store once nothing is in
 //! flight: one Machine per claim and one claim per Machine, no leaked Machine, replicas equal to
-//! the live Machines of every managed MachineDeployment.
+//! the live Machines of every managed MachineDeployment and MachinePool (with MachinePool
+//! Machines; a pool without them is checked never to have been scaled by the controller).
 //!
 //! The objects are read as the store holds them (raw JSON: annotations, labels, spec.replicas),
 //! never through the controller's Cluster API model or its indexes, so a bug in how the controller
@@ -13,7 +14,7 @@ use serde_json::Value;
 
 use crate::api::wellknown::{
     DEPLOYMENT_NAME_LABEL, MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL,
-    NODECLAIM_ANNOTATION,
+    NODECLAIM_ANNOTATION, POOL_NAME_LABEL,
 };
 use crate::capi::version::CapiVersion;
 use crate::sim::Store;
@@ -59,14 +60,29 @@ fn key_of(obj: &Value) -> Option<String> {
     Some(format!("{namespace}/{name}"))
 }
 
+/// The store's resources of the two scalable kinds, and the kind word messages use.
+pub(crate) const SCALABLE_RESOURCES: [(&str, &str); 2] = [
+    ("machinedeployments", "MachineDeployment"),
+    ("machinepools", "MachinePool"),
+];
+
+/// The resource and name of the MachineDeployment or MachinePool a Machine belongs to, by
+/// Cluster API's labels.
+pub(crate) fn scalable_of(m: &Value) -> Option<(&'static str, &str)> {
+    label(m, DEPLOYMENT_NAME_LABEL)
+        .map(|md| ("machinedeployments", md))
+        .or_else(|| label(m, POOL_NAME_LABEL).map(|mp| ("machinepools", mp)))
+}
+
 /// A Machine as the invariants read it.
 struct RawMachine {
     key: String,
     name: String,
     /// The NodeClaim its durable annotation names (empty counts as none).
     claim: Option<String>,
-    /// `namespace/name` of its MachineDeployment, from Cluster API's label.
-    deployment: Option<String>,
+    /// Resource and `namespace/name` of its MachineDeployment or MachinePool, from Cluster
+    /// API's labels.
+    deployment: Option<(&'static str, String)>,
     deleting: bool,
 }
 
@@ -79,7 +95,7 @@ impl RawMachine {
             claim: annotation(v, NODECLAIM_ANNOTATION)
                 .filter(|c| !c.is_empty())
                 .map(str::to_string),
-            deployment: label(v, DEPLOYMENT_NAME_LABEL).map(|md| format!("{namespace}/{md}")),
+            deployment: scalable_of(v).map(|(r, md)| (r, format!("{namespace}/{md}"))),
             deleting: is_deleting(v),
             key,
         })
@@ -106,7 +122,10 @@ pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
             m
         })
         .collect();
-    let mds = store.list("machinedeployments", None);
+    let scalables: Vec<(&str, &str, Value)> = SCALABLE_RESOURCES
+        .iter()
+        .flat_map(|(r, kind)| store.list(r, None).into_iter().map(move |v| (*r, *kind, v)))
+        .collect();
     let claims: BTreeMap<String, Value> = store
         .list("nodeclaims", None)
         .into_iter()
@@ -162,13 +181,21 @@ pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
     }
 
     // Invariant 2: no leak, replicas equal live Machines.
-    for md in mds.iter().filter(|md| label(md, MEMBER_LABEL).is_some()) {
+    for (resource, kind, md) in scalables
+        .iter()
+        .filter(|(_, _, md)| label(md, MEMBER_LABEL).is_some())
+    {
         let Some(key) = key_of(md) else {
             continue;
         };
         let live: Vec<&RawMachine> = machines
             .iter()
-            .filter(|m| m.deployment.as_deref() == Some(key.as_str()) && !m.deleting)
+            .filter(|m| {
+                m.deployment
+                    .as_ref()
+                    .is_some_and(|(r, k)| r == resource && *k == key)
+                    && !m.deleting
+            })
             .collect();
         let bound: BTreeSet<&str> = live
             .iter()
@@ -194,13 +221,18 @@ pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
         if unbound > baseline {
             inv.leaked += unbound - baseline;
             inv.problems.push(format!(
-                "MachineDeployment {key}: {} live Machines bound to no live NodeClaim beyond a baseline of {baseline}",
+                "{kind} {key}: {} live Machines bound to no live NodeClaim beyond a baseline of {baseline}",
                 unbound - baseline
             ));
         }
-        if replicas as usize != live.len() {
+        // A pool without MachinePool Machines has none to count; the controller must never
+        // have scaled it (no managed replicas), and then its replicas are the cloud's business.
+        let untouched_pool = *resource == "machinepools"
+            && live.is_empty()
+            && annotation(md, MANAGED_REPLICAS_ANNOTATION).is_none();
+        if replicas as usize != live.len() && !untouched_pool {
             inv.problems.push(format!(
-                "MachineDeployment {key}: spec.replicas {replicas} but {} live Machines",
+                "{kind} {key}: spec.replicas {replicas} but {} live Machines",
                 live.len()
             ));
         }

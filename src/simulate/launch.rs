@@ -12,6 +12,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 
 use super::invariants;
+use super::invariants::{SCALABLE_RESOURCES, scalable_of};
 use super::observer::Observer;
 use super::report::{ApiCounts, ClaimCounts, Latencies, MachineCounts, Percentiles, Report};
 use super::{BackgroundSim, Error, Kept, sim_settings, start_controller};
@@ -197,18 +198,23 @@ pub fn quiet(cluster: &SimCluster) -> bool {
     if !calm {
         return false;
     }
-    let mut machines_of: BTreeMap<String, i64> = BTreeMap::new();
+    let mut machines_of: BTreeMap<(&str, String), i64> = BTreeMap::new();
     store.visit("machines", |m| {
         calm = calm && !is_deleting(m);
-        if let Some(md) = m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL].as_str() {
-            *machines_of.entry(md.to_string()).or_default() += 1;
+        if let Some((resource, md)) = scalable_of(m) {
+            *machines_of.entry((resource, md.to_string())).or_default() += 1;
         }
     });
-    store.visit("machinedeployments", |md| {
-        let name = md["metadata"]["name"].as_str().unwrap_or_default();
-        let replicas = md["spec"]["replicas"].as_i64().unwrap_or(0);
-        calm = calm && replicas == machines_of.get(name).copied().unwrap_or(0);
-    });
+    for (resource, _) in SCALABLE_RESOURCES {
+        store.visit(resource, |md| {
+            let name = md["metadata"]["name"].as_str().unwrap_or_default();
+            let replicas = md["spec"]["replicas"].as_i64().unwrap_or(0);
+            let live = machines_of.get(&(resource, name.to_string())).copied();
+            // A pool without MachinePool Machines has none to count (and is never scaled).
+            let uncounted = resource == "machinepools" && live.is_none();
+            calm = calm && (uncounted || replicas == live.unwrap_or(0));
+        });
+    }
     calm
 }
 
@@ -302,24 +308,26 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
     }) {
         why.push(format!("Machine {} deleting", m["metadata"]["name"]));
     }
-    for md in store.list("machinedeployments", None) {
-        let name = md
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let replicas = md
-            .pointer("/spec/replicas")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let live = machines
-            .iter()
-            .filter(|m| m["metadata"]["labels"][DEPLOYMENT_NAME_LABEL].as_str() == Some(name))
-            .count() as i64;
-        if replicas != live {
-            why.push(format!(
-                "MachineDeployment {name}: spec.replicas {replicas}, {live} Machines, managed {}",
-                md["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION]
-            ));
+    for (resource, kind) in SCALABLE_RESOURCES {
+        for md in store.list(resource, None) {
+            let name = md
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let replicas = md
+                .pointer("/spec/replicas")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            let live = machines
+                .iter()
+                .filter(|m| scalable_of(m) == Some((resource, name)))
+                .count() as i64;
+            if replicas != live && !(resource == "machinepools" && live == 0) {
+                why.push(format!(
+                    "{kind} {name}: spec.replicas {replicas}, {live} Machines, managed {}",
+                    md["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION]
+                ));
+            }
         }
     }
     why
@@ -461,7 +469,7 @@ pub fn measure(
         .iter()
         .filter(|w| {
             w.agent == USER_AGENT
-                && w.resource == "machinedeployments"
+                && SCALABLE_RESOURCES.iter().any(|(r, _)| w.resource == *r)
                 && matches!(w.verb.as_str(), "patch" | "update")
         })
         .count();
@@ -601,10 +609,10 @@ pub async fn run(args: &SimulateArgs) -> Result<Report, Error> {
 pub async fn seed(sim: &BackgroundSim, args: &SimulateArgs) -> Result<NodePool, Error> {
     let mds = args.machine_deployments.max(1);
     let max_size = args.claims.max(1);
+    let scalable = args.scalable;
     sim.run(move |c| async move {
         for i in 0..mds {
-            c.create_machine_deployment_from(&seed_of(i, max_size))
-                .await?;
+            super::node_groups::create(&c, scalable, i, seed_of(i, max_size)).await?;
         }
         seed_nodeclass_and_pool(c.client()).await
     })

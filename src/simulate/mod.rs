@@ -8,6 +8,7 @@ pub mod drain;
 pub mod html;
 pub mod invariants;
 pub mod launch;
+pub mod node_groups;
 pub mod observer;
 pub mod output;
 pub mod pods;

@@ -462,10 +462,10 @@ pub async fn seed_machine_deployments(
 ) -> Result<(), Error> {
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let max_size = args.pods.max(10);
+    let scalable = args.scalable;
     sim.run(move |c| async move {
         for i in 0..mds {
-            c.create_machine_deployment_from(&seed_of(i, max_size))
-                .await?;
+            super::node_groups::create(&c, scalable, i, seed_of(i, max_size)).await?;
         }
         Ok::<_, crate::sim::cluster::Error>(())
     })

@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::versions::Freshness;
 use crate::api::wellknown::NODECLAIM_ANNOTATION;
 use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::scalable::{ScalableKind, ScalableRef};
 
 /// `namespace/name`, the one way this crate names a namespaced Cluster API object.
 pub fn key(namespace: &str, name: &str) -> String {
@@ -22,9 +23,10 @@ pub fn bound_claim(m: &Machine) -> Option<&str> {
         .filter(|c| !c.is_empty())
 }
 
-/// The MachineDeployment key of a Machine, when it belongs to one.
+/// The key of a Machine's MachineDeployment or MachinePool (`ScalableRef::key`), when it
+/// belongs to one.
 pub fn deployment_key(m: &Machine) -> Option<String> {
-    m.deployment_name.as_deref().map(|md| key(&m.namespace, md))
+    m.scalable().map(|s| s.key())
 }
 
 #[derive(Default)]
@@ -244,14 +246,14 @@ impl MachineDeployments {
 
     /// Apply a watched object unless a write response of ours is ahead of it.
     pub fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
-        let k = key(&md.namespace, &md.name);
+        let k = md.key();
         let take = self.fresh.watched(&k, &md.resource_version);
         self.take_if(take, k, md)
     }
 
     /// Apply the answer of our own write or read, unless the watch already delivered it.
     pub fn apply_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
-        let k = key(&md.namespace, &md.name);
+        let k = md.key();
         let take = self.fresh.responded(&k, &md.resource_version);
         self.take_if(take, k, md)
     }
@@ -259,7 +261,7 @@ impl MachineDeployments {
     /// Apply the answer of the Scaler's own write or read: it sends one at a time, so each
     /// answer is newer than its last (see `Freshness::superseded`).
     pub fn apply_own_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
-        let k = key(&md.namespace, &md.name);
+        let k = md.key();
         let take = self.fresh.superseded(&k, &md.resource_version);
         self.take_if(take, k, md)
     }
@@ -294,19 +296,34 @@ impl MachineDeployments {
         &self.unreadable
     }
 
-    /// After a re-list: these are the unreadable ones now.
-    pub fn replace_unreadable(&mut self, all: BTreeMap<String, Unreadable>) {
-        self.unreadable = all;
+    /// After a re-list of `kind`: these are its unreadable ones now (the other kind's stand).
+    pub fn replace_unreadable(&mut self, kind: ScalableKind, all: BTreeMap<String, Unreadable>) {
+        self.unreadable
+            .retain(|k, _| ScalableRef::parse(k).is_some_and(|r| r.kind != kind));
+        self.unreadable.extend(all);
     }
 
-    pub fn replace_all(&mut self, mds: Vec<MachineDeployment>) -> Vec<Arc<MachineDeployment>> {
-        let mut old = std::mem::take(&mut self.by_key);
-        self.fresh.clear();
+    /// Replaces every object of `kind` (MachineDeployments and MachinePools are listed by
+    /// separate watches); returns the ones that went.
+    pub fn replace_all(
+        &mut self,
+        kind: ScalableKind,
+        mds: Vec<MachineDeployment>,
+    ) -> Vec<Arc<MachineDeployment>> {
+        let (mut old, others): (HashMap<_, _>, HashMap<_, _>) = std::mem::take(&mut self.by_key)
+            .into_iter()
+            .partition(|(_, md)| md.kind == kind);
+        self.by_key = others;
+        for k in old.keys() {
+            self.fresh.forget(k);
+        }
         for md in mds {
-            old.remove(&key(&md.namespace, &md.name));
+            old.remove(&md.key());
             self.apply(md);
         }
-        self.synced = true;
+        if kind == ScalableKind::MachineDeployment {
+            self.synced = true;
+        }
         old.into_values().collect()
     }
 }

@@ -149,6 +149,8 @@ pub struct EnvBuilder {
     /// Applied over `cluster`'s, whichever is set first.
     backend: Option<Backend>,
     seeds: Vec<MachineDeploymentSeed>,
+    /// MachinePools from the same seeds, with (true) or without MachinePool Machines.
+    pools: Vec<(MachineDeploymentSeed, bool)>,
     settings: Settings,
     limits: Option<Value>,
 }
@@ -168,6 +170,13 @@ impl EnvBuilder {
     /// These MachineDeployments instead of `sim-0`.
     pub fn seeds(mut self, seeds: Vec<MachineDeploymentSeed>) -> Self {
         self.seeds = seeds;
+        self
+    }
+
+    /// These MachinePools as well (a seed's fields as a MachineDeployment's; the flag: with
+    /// MachinePool Machines).
+    pub fn pools(mut self, pools: Vec<(MachineDeploymentSeed, bool)>) -> Self {
+        self.pools = pools;
         self
     }
 
@@ -204,13 +213,18 @@ impl EnvBuilder {
         let sim = BackgroundSim::start(self.cluster)
             .await
             .expect("simulated cluster");
-        let (seeds, limits) = (self.seeds, self.limits);
+        let (seeds, pools, limits) = (self.seeds, self.pools, self.limits);
         let pool = sim
             .run(move |c| async move {
                 for s in &seeds {
                     c.create_machine_deployment_from(s)
                         .await
                         .expect("seed MachineDeployment");
+                }
+                for (s, pool_machines) in &pools {
+                    c.create_machine_pool_from(s, *pool_machines, None)
+                        .await
+                        .expect("seed MachinePool");
                 }
                 let pool = seed_nodeclass_and_pool(c.client())
                     .await
@@ -266,6 +280,7 @@ impl Env {
             cluster: fast_cluster(),
             backend: None,
             seeds: vec![seed_of(0, 10)],
+            pools: Vec::new(),
             settings: sim_settings(None),
             limits: None,
         }

@@ -117,8 +117,9 @@ const APP: &str = "web";
 const REPLICAS: i32 = 5;
 
 /// Cluster API's CRDs the flow needs, from the upstream folder.
-const UPSTREAM_CRDS: [&str; 4] = [
+const UPSTREAM_CRDS: [&str; 5] = [
     "crds/cluster.x-k8s.io_machinedeployments.yaml",
+    "crds/cluster.x-k8s.io_machinepools.yaml",
     "crds/cluster.x-k8s.io_machinesets.yaml",
     "crds/cluster.x-k8s.io_machines.yaml",
     "crds/infrastructure.cluster.x-k8s.io_devmachinetemplates.yaml",
@@ -170,6 +171,19 @@ const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "cluster.x-k8s.io",
+        "machinepools",
+        "get",
+        "a MachinePool is read back after a replica write; this flow scales MachineDeployments \
+      only (the MachinePool CRD is installed, so the watch runs)",
+    ),
+    (
+        "cluster.x-k8s.io",
+        "machinepools",
+        "patch",
+        "a MachinePool's replica write; this flow has no MachinePools",
+    ),
+    (
+        "cluster.x-k8s.io",
         "machines",
         "delete",
         "a Machine whose replica cannot be removed because its MachineDeployment is at min-size; \
@@ -188,6 +202,12 @@ const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
         "get",
         "other providers' templates: the catalog reads the kind its MachineDeployments name \
       (DevMachineTemplate here), and RBAC cannot match a suffix, so the chart lists each",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        "*machinepools",
+        "get",
+        "a MachinePool's infrastructure pool, read by the catalog; this flow has no MachinePools",
     ),
 ];
 

@@ -136,7 +136,10 @@ const NEEDS: &[Need] = &[
     need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write")),
+    need(Management, "cluster.x-k8s.io", "machinepools", &["list", "watch"], Code("actors/capi_watcher.rs watch_pools")),
+    need(Management, "cluster.x-k8s.io", "machinepools", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write of a MachinePool")),
     need(Management, "infrastructure.cluster.x-k8s.io", "*machinetemplates", &["get"], Code("actors/catalog.rs fetch_missing_templates")),
+    need(Management, "infrastructure.cluster.x-k8s.io", "*machinepools", &["get"], Code("actors/catalog.rs fetch_missing_templates (a MachinePool's infrastructure pool)")),
 ];
 
 /// Template kinds RBAC must list: the simulated cluster's and the Docker provider's.

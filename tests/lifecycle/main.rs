@@ -7,4 +7,5 @@ mod common;
 mod ha;
 mod hardening;
 mod launch;
+mod machine_pool;
 mod termination;

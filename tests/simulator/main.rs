@@ -6,6 +6,7 @@ mod common;
 
 mod measure_apart;
 mod report_html;
+mod sim_machine_pool;
 mod sim_rollout;
 mod sim_server;
 mod sim_standins;

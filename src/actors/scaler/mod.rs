@@ -27,6 +27,7 @@ use super::messages::{CancelRequest, Poke, Rejection, ReleaseMachine, RequestMac
 use super::{Error, Shared};
 use crate::capi::autoscaler;
 use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::scalable::ScalableRef;
 use crate::metrics::Metrics;
 use crate::state::machines::key;
 
@@ -298,11 +299,11 @@ impl Scaler {
     }
 
     fn refresh_deployment(&mut self, ctx: &mut Context<Self>) {
-        let Some((ns, name)) = self.md.split_once('/') else {
+        let Some(target) = ScalableRef::parse(&self.md) else {
             self.writing = false;
             return;
         };
-        let read = self.read_deployment(ns, name);
+        let read = self.read_deployment(&target.namespace, &target.name);
         ctx.spawn(read.into_actor(self).map(|r, act, ctx| {
             act.writing = false;
             act.refreshed(r, ctx)

@@ -15,6 +15,7 @@ use crate::actors::patch::JsonPatch;
 use crate::actors::{Error, Shared, api_err};
 use crate::api::wellknown::MANAGED_REPLICAS_ANNOTATION;
 use crate::capi::model::{Machine, MachineDeployment, ModelError};
+use crate::capi::scalable::{ScalableKind, ScalableRef};
 use crate::capi::version;
 use crate::capi::version::CapiVersion;
 use crate::metrics::{Metrics, WriteLabels};
@@ -29,11 +30,18 @@ impl Scaler {
         )
     }
 
+    /// The kind of the resource this Scaler scales, from its key.
+    fn kind(&self) -> ScalableKind {
+        ScalableRef::parse(&self.md)
+            .map(|r| r.kind)
+            .unwrap_or_default()
+    }
+
     fn md_api(&self, namespace: &str) -> Api<DynamicObject> {
         Api::namespaced_with(
             self.shared.management.clone(),
             namespace,
-            &version::machine_deployment_resource(self.shared.capi_version),
+            &self.kind().resource(self.shared.capi_version),
         )
     }
 
@@ -244,33 +252,27 @@ impl Scaler {
         let shared = self.shared.clone();
         let started = Instant::now();
         let w2 = w.clone();
+        let kind = self.kind();
         let fut = async move {
             let patch =
                 patches::replicas(&md, &w2)
                     .into_patch()
                     .map_err(|source| Error::Patch {
-                        kind: "MachineDeployment",
+                        kind: kind.as_str(),
                         name: md.name.clone(),
                         source,
                     })?;
             let obj = api
                 .patch(&md.name, &PatchParams::default(), &patch)
                 .await
-                .map_err(api_err(
-                    &shared.metrics,
-                    "patch",
-                    "machinedeployments",
-                    &md.name,
-                ))?;
-            MachineDeployment::from_dynamic(&obj, shared.capi_version).map_err(|source| {
-                Error::Model {
-                    kind: "MachineDeployment",
-                    name: md.name.clone(),
-                    source,
-                }
+                .map_err(api_err(&shared.metrics, "patch", kind.plural(), &md.name))?;
+            kind.parser()(&obj, shared.capi_version).map_err(|source| Error::Model {
+                kind: kind.as_str(),
+                name: md.name.clone(),
+                source,
             })
         };
-        let what = format!("replica write of MachineDeployment {}", self.md);
+        let what = format!("replica write of {kind} {}", self.md);
         let shared = self.shared.clone();
         let deadline = self.deadline();
         let fut = async move { bounded(&shared, deadline, what, fut).await };
@@ -345,11 +347,11 @@ impl Scaler {
         delete_directly: Vec<String>,
         ctx: &mut Context<Self>,
     ) {
-        let Some((ns, name)) = self.md.split_once('/') else {
+        let Some(target) = ScalableRef::parse(&self.md) else {
             self.writing = false;
             return;
         };
-        let read = self.read_deployment(ns, name);
+        let read = self.read_deployment(&target.namespace, &target.name);
         ctx.spawn(read.into_actor(self).map(move |r, act, ctx| match r {
             Ok(md) => {
                 let landed = md.spec_replicas == Some(w.to) && managed_replicas(&md) == w.managed_to
@@ -380,13 +382,14 @@ impl Scaler {
         ns: &str,
         name: &str,
     ) -> impl std::future::Future<Output = Result<MachineDeployment, Error>> + 'static {
+        let kind = self.kind();
         read_model(
             self.shared.clone(),
             self.md_api(ns),
             name.to_string(),
             self.deadline(),
-            ("MachineDeployment", "machinedeployments"),
-            MachineDeployment::from_dynamic,
+            (kind.as_str(), kind.plural()),
+            kind.parser(),
         )
     }
 

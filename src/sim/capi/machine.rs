@@ -241,13 +241,23 @@ fn drain_timeout(machine: &Value) -> Option<Duration> {
 pub const PROVIDER_ID_SET: &str = "provider-id-set";
 
 pub fn provider_id(style: ProviderIdStyle, rng: &SimRng, machine: &DynamicObject) -> String {
+    let zone = str_at(&machine.data, &["spec", "failureDomain"])
+        .or_else(|| machine.labels().get(ZONE_LABEL).map(String::as_str));
+    provider_id_for(style, rng, &machine.name_any(), zone)
+}
+
+/// The provider ID of instance `name` in zone `zone` (AWS's spelling needs one; default
+/// `us-east-1a`).
+pub fn provider_id_for(
+    style: ProviderIdStyle,
+    rng: &SimRng,
+    name: &str,
+    zone: Option<&str>,
+) -> String {
     match style {
-        ProviderIdStyle::Kubemark => format!("kubemark://{}", machine.name_any()),
+        ProviderIdStyle::Kubemark => format!("kubemark://{name}"),
         ProviderIdStyle::Aws => {
-            let zone = str_at(&machine.data, &["spec", "failureDomain"])
-                .map(str::to_string)
-                .or_else(|| machine.labels().get(ZONE_LABEL).cloned())
-                .unwrap_or_else(|| "us-east-1a".to_string());
+            let zone = zone.unwrap_or("us-east-1a");
             format!("aws:///{zone}/i-{}", rng.hex(17))
         }
         ProviderIdStyle::Vsphere => {

@@ -70,41 +70,13 @@ impl Inner {
                 "machine creation disabled on this (old) MachineSet"
             );
         } else if diff < 0 {
-            // Side by side: a real API server answers each create in milliseconds, so one at a
-            // time through the simulated one would make Cluster API the slow part of a burst.
-            let creates: Vec<_> = (0..diff.unsigned_abs())
-                .map(|_| self.create_machine(&ms, &machines_api))
+            let bodies = (0..diff.unsigned_abs())
+                .map(|_| self.set_machine(&ms))
                 .collect();
-            let results: Vec<Result<String, kube::Error>> = stream::iter(creates)
-                .buffer_unordered(WRITES_IN_FLIGHT)
-                .collect()
-                .await;
-            let (created, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
-            let created: Vec<String> = created.into_iter().filter_map(Result::ok).collect();
-            // Even when some failed, so the retry counts the ones that were made.
-            self.await_cached(&self.machines, &v.machine(), ns, &created)
-                .await;
-            if let Some(Err(err)) = failed.into_iter().next() {
-                return Err(err);
-            }
+            self.create_machines(ns, &machines_api, bodies).await?;
         } else if diff > 0 {
-            let mut ranked: Vec<&DynamicObject> = machines.iter().map(|m| &**m).collect();
-            ranked.sort_by_key(|m| deletion_rank(m));
-            let mut deleted = Vec::new();
-            for victim in ranked.iter().take(diff as usize) {
-                if victim.metadata.deletion_timestamp.is_some() {
-                    continue;
-                }
-                tracing::info!(ms = name, machine = %victim.name_any(), "scaling down: deleting Machine");
-                ignore_not_found(
-                    machines_api
-                        .delete(&victim.name_any(), &DeleteParams::default())
-                        .await,
-                )?;
-                deleted.push(victim.name_any());
-            }
-            self.await_deleting_in_cache(&self.machines, &v.machine(), ns, &deleted)
-                .await;
+            self.delete_surplus(ns, &machines_api, &machines, diff as usize, name)
+                .await?;
         }
         self.propagate_to_machines(&ms, &machines, &machines_api)
             .await?;
@@ -194,11 +166,74 @@ impl Inner {
         Ok(())
     }
 
-    async fn create_machine(
+    /// Creates `bodies` side by side and waits until the cache shows them, as Cluster API's
+    /// MachineSet controller waits for its creates, so the next reconcile cannot count them
+    /// missing and create them again.
+    pub(super) async fn create_machines(
         &self,
-        ms: &DynamicObject,
+        ns: &str,
         api: &Api<DynamicObject>,
-    ) -> Result<String, kube::Error> {
+        bodies: Vec<DynamicObject>,
+    ) -> Result<(), kube::Error> {
+        // Side by side: a real API server answers each create in milliseconds, so one at a
+        // time through the simulated one would make Cluster API the slow part of a burst.
+        let creates: Vec<_> = bodies
+            .iter()
+            .map(|body| async move {
+                // A name clash with a random suffix fails this pass; the retry draws another.
+                api.create(&PostParams::default(), body).await?;
+                tracing::debug!(machine = %body.name_any(), "created Machine");
+                Ok::<_, kube::Error>(body.name_any())
+            })
+            .collect();
+        let results: Vec<Result<String, kube::Error>> = stream::iter(creates)
+            .buffer_unordered(WRITES_IN_FLIGHT)
+            .collect()
+            .await;
+        let (created, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
+        let created: Vec<String> = created.into_iter().filter_map(Result::ok).collect();
+        // Even when some failed, so the retry counts the ones that were made.
+        let v = self.cfg.version;
+        self.await_cached(&self.machines, &v.machine(), ns, &created)
+            .await;
+        match failed.into_iter().next() {
+            Some(Err(err)) => Err(err),
+            _ => Ok(()),
+        }
+    }
+
+    /// Deletes `surplus` of `machines` in Cluster API's scale-down order ([`deletion_rank`]) and
+    /// waits until the cache shows them deleting.
+    pub(super) async fn delete_surplus(
+        &self,
+        ns: &str,
+        api: &Api<DynamicObject>,
+        machines: &[Arc<DynamicObject>],
+        surplus: usize,
+        owner: &str,
+    ) -> Result<(), kube::Error> {
+        let mut ranked: Vec<&DynamicObject> = machines.iter().map(|m| &**m).collect();
+        ranked.sort_by_key(|m| deletion_rank(m));
+        let mut deleted = Vec::new();
+        for victim in ranked.iter().take(surplus) {
+            if victim.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            tracing::info!(owner, machine = %victim.name_any(), "scaling down: deleting Machine");
+            ignore_not_found(
+                api.delete(&victim.name_any(), &DeleteParams::default())
+                    .await,
+            )?;
+            deleted.push(victim.name_any());
+        }
+        let v = self.cfg.version;
+        self.await_deleting_in_cache(&self.machines, &v.machine(), ns, &deleted)
+            .await;
+        Ok(())
+    }
+
+    /// A Machine of `ms` from its template, as Cluster API's MachineSet controller creates it.
+    fn set_machine(&self, ms: &DynamicObject) -> DynamicObject {
         let v = self.cfg.version;
         let ms_name = ms.name_any();
         let name = format!("{ms_name}-{}", self.rng.suffix());
@@ -226,7 +261,7 @@ impl Inner {
             }
             infra.insert("name".into(), json!(name));
         }
-        let body = dynamic(json!({
+        dynamic(json!({
             "apiVersion": v.api_version(),
             "kind": "Machine",
             "metadata": {
@@ -238,11 +273,7 @@ impl Inner {
                 "ownerReferences": [owner_ref(v, "MachineSet", ms)],
             },
             "spec": spec,
-        }));
-        // A name clash with a random suffix fails this pass; the retry draws another name.
-        api.create(&PostParams::default(), &body).await?;
-        tracing::debug!(ms = %ms_name, machine = %name, "created Machine");
-        Ok(name)
+        }))
     }
 }
 

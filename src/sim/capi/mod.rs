@@ -1,8 +1,9 @@
 //! Cluster API stand-in: MachineDeployment -> MachineSets (one per template revision, rolled
-//! out by RollingUpdate or OnDelete as planned in `rollout.rs`) -> Machines, a provider that assigns
+//! out by RollingUpdate or OnDelete as planned in `rollout.rs`) -> Machines, MachinePools (with
+//! or without MachinePool Machines, `machine_pool`), a provider that assigns
 //! provider IDs after a delay (with jitter and stuck Machines), MachineSet scale-down order and
 //! Machine deletion behind the `machine.cluster.x-k8s.io` finalizer. One file per Cluster API controller it stands in for: `machine_deployment`,
-//! `machine_set` and `machine` (with the infrastructure provider).
+//! `machine_set`, `machine_pool` and `machine` (with the infrastructure provider).
 //!
 //! One reconcile worker handles MachineDeployments and MachineSets one at a time, reading fresh
 //! state from the API server on every pass: a reconcile never acts on a stale cache, so it
@@ -26,15 +27,20 @@ use tokio::task::JoinHandle;
 
 mod machine;
 mod machine_deployment;
+mod machine_pool;
 mod machine_set;
 
-pub use machine::{PROVIDER_ID_SET, provider_id};
+pub use machine::{PROVIDER_ID_SET, provider_id, provider_id_for};
 pub use machine_deployment::up_to_date;
+pub use machine_pool::{
+    INFRA_MACHINE_KIND, INFRA_POOL_KIND, Instance, POOL_MACHINES_ANNOTATION, has_pool_machines,
+    infra_pool_resource, instances,
+};
 
 use super::standin::{
     Shutdown, SimRng, WorkQueue, at, is_not_found, log_retry, spawn_watch, str_at,
 };
-use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, SET_NAME_LABEL};
+use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, POOL_NAME_LABEL, SET_NAME_LABEL};
 
 /// Finalizer Cluster API puts on every Machine.
 pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
@@ -92,6 +98,7 @@ impl Default for CapiConfig {
 enum Work {
     Deployment { ns: String, name: String },
     Set { ns: String, name: String },
+    Pool { ns: String, name: String },
 }
 
 struct Inner {
@@ -103,6 +110,9 @@ struct Inner {
     provisioning: Mutex<HashSet<String>>,
     /// Machines (by uid) whose deletion task has started.
     deleting: Mutex<HashSet<String>>,
+    /// Instances of pools without MachinePool Machines still launching, by (namespace, name):
+    /// when their provider ID is due (`None`: never, a stuck instance).
+    launching: Mutex<HashMap<(String, String), Option<tokio::time::Instant>>>,
     /// Whether each Machine (by uid) was available when last seen: only a change of that (or
     /// a deletion) can let a rollout take its next step, so only that wakes the Deployment.
     available: Mutex<HashMap<String, bool>>,
@@ -135,6 +145,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         queue: WorkQueue::default(),
         provisioning: Mutex::new(HashSet::new()),
         deleting: Mutex::new(HashSet::new()),
+        launching: Mutex::new(HashMap::new()),
         available: Mutex::new(HashMap::new()),
         shutdown,
     });
@@ -176,6 +187,21 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
                         name: md.clone(),
                     });
                 }
+            }
+        },
+    ));
+
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "machinepools",
+        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine_pool()),
+        inner.shutdown.clone(),
+        move |event| {
+            if let Some(mp) = applied_or_deleted(event) {
+                me.queue.push(Work::Pool {
+                    ns: mp.namespace().unwrap_or_default(),
+                    name: mp.name_any(),
+                });
             }
         },
     ));
@@ -357,6 +383,12 @@ impl Inner {
                 name: set.clone(),
             });
         }
+        if let Some(pool) = machine.labels().get(POOL_NAME_LABEL) {
+            self.queue.push(Work::Pool {
+                ns: ns.clone(),
+                name: pool.clone(),
+            });
+        }
         let uid = machine.uid().unwrap_or_default();
         // A Machine becoming available (or going) may let a rollout take its next step; its
         // other changes cannot, and waking the Deployment on each would cost a list per event.
@@ -396,15 +428,17 @@ impl Inner {
         }
     }
 
-    async fn reconcile(&self, work: Work) {
+    async fn reconcile(self: &Arc<Self>, work: Work) {
         let result = match &work {
             Work::Deployment { ns, name } => self.reconcile_deployment(ns, name).await,
             Work::Set { ns, name } => self.reconcile_set(ns, name).await,
+            Work::Pool { ns, name } => self.reconcile_pool(ns, name).await,
         };
         if let Err(err) = result {
             let subject = match &work {
                 Work::Deployment { ns, name } => format!("MachineDeployment {ns}/{name}"),
                 Work::Set { ns, name } => format!("MachineSet {ns}/{name}"),
+                Work::Pool { ns, name } => format!("MachinePool {ns}/{name}"),
             };
             log_retry("cluster api stand-in: reconcile", &subject, &err);
             // A short pause so a persistent error does not spin; the key is queued again once

@@ -10,6 +10,10 @@
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinedeployments]
   verbs: [get, list, watch, patch]
+# The same for MachinePools, the second scalable kind (watched only where they are served).
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinepools]
+  verbs: [get, list, watch, patch]
 # Catalog: read each MachineDeployment's infrastructure template once (get only).
 {{- range .Values.rbac.clusterAPI.infrastructureTemplates }}
 - {apiGroups: [{{ .group | quote }}], resources: {{ toJson .resources }}, verbs: [get]}

@@ -1,0 +1,48 @@
+//! The two scalable kinds, MachineDeployment and MachinePool (`capi::scalable` reads and names
+//! them).
+
+use std::fmt;
+
+use kube::discovery::ApiResource;
+
+use crate::api::wellknown::MACHINE_POOL_KIND;
+use crate::capi::version::{CapiVersion, machine_deployment_resource, machine_pool_resource};
+
+/// Which kind of scalable resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub enum ScalableKind {
+    #[default]
+    MachineDeployment,
+    MachinePool,
+}
+
+impl ScalableKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ScalableKind::MachineDeployment => "MachineDeployment",
+            ScalableKind::MachinePool => MACHINE_POOL_KIND,
+        }
+    }
+
+    /// The resource's plural, as API paths and metrics name it.
+    pub fn plural(self) -> &'static str {
+        match self {
+            ScalableKind::MachineDeployment => "machinedeployments",
+            ScalableKind::MachinePool => "machinepools",
+        }
+    }
+
+    /// The resource to read and write objects of this kind at `version`.
+    pub fn resource(self, version: CapiVersion) -> ApiResource {
+        match self {
+            ScalableKind::MachineDeployment => machine_deployment_resource(version),
+            ScalableKind::MachinePool => machine_pool_resource(version),
+        }
+    }
+}
+
+impl fmt::Display for ScalableKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,182 @@
+//! The two scalable kinds (MachineDeployments and MachinePools) and the reference that names one:
+//! kind, namespace and name. A MachinePool is read into the same model as a MachineDeployment
+//! (`MachineDeployment` with `kind` MachinePool), so the catalog, the Scalers and binding handle
+//! both through one type; a pool's Machines (MachinePool Machines) name their pool as a
+//! MachineDeployment's name theirs.
+//!
+//! Keys: a MachineDeployment keeps the `namespace/name` key it always had (so claims written
+//! before MachinePools existed still resolve); a MachinePool's is `MachinePool/namespace/name`.
+//! Neither a namespace nor a name can hold a `/`, so the two never collide.
+
+use std::fmt;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LABEL};
+use crate::capi::json::{ModelError, Reader};
+pub use crate::capi::kind::ScalableKind;
+use crate::capi::model::{
+    LabelSelector, Machine, MachineDeployment, dynamic_to_value, read_infrastructure_ref, read_meta,
+};
+use crate::capi::version::CapiVersion;
+
+impl ScalableKind {
+    /// Reads an object of this kind into the scalable model.
+    pub fn parser(
+        self,
+    ) -> fn(&DynamicObject, CapiVersion) -> Result<MachineDeployment, ModelError> {
+        match self {
+            ScalableKind::MachineDeployment => MachineDeployment::from_dynamic,
+            ScalableKind::MachinePool => MachineDeployment::from_pool_dynamic,
+        }
+    }
+}
+
+/// One scalable resource: kind, namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScalableRef {
+    pub kind: ScalableKind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ScalableRef {
+    pub fn new(kind: ScalableKind, namespace: &str, name: &str) -> Self {
+        Self {
+            kind,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The key the indexes, the Scalers and the claim's annotation use (see the module doc).
+    pub fn key(&self) -> String {
+        match self.kind {
+            ScalableKind::MachineDeployment => format!("{}/{}", self.namespace, self.name),
+            ScalableKind::MachinePool => {
+                format!("{MACHINE_POOL_KIND}/{}/{}", self.namespace, self.name)
+            }
+        }
+    }
+
+    /// The reference a [`key`](Self::key) names; None when it is not one.
+    pub fn parse(key: &str) -> Option<ScalableRef> {
+        let parts: Vec<&str> = key.split('/').collect();
+        let (kind, ns, name) = match parts.as_slice() {
+            [ns, name] => (ScalableKind::MachineDeployment, *ns, *name),
+            [kind, ns, name] if *kind == MACHINE_POOL_KIND => {
+                (ScalableKind::MachinePool, *ns, *name)
+            }
+            _ => return None,
+        };
+        (!ns.is_empty() && !name.is_empty()).then(|| ScalableRef::new(kind, ns, name))
+    }
+}
+
+/// `MachinePool ns/name`, as messages and Events name it.
+impl fmt::Display for ScalableRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+    }
+}
+
+impl Machine {
+    /// The MachineDeployment or MachinePool this Machine belongs to, if any.
+    pub fn scalable(&self) -> Option<ScalableRef> {
+        match (&self.deployment_name, &self.pool_name) {
+            (Some(md), _) => Some(ScalableRef::new(
+                ScalableKind::MachineDeployment,
+                &self.namespace,
+                md,
+            )),
+            (None, Some(mp)) => Some(ScalableRef::new(
+                ScalableKind::MachinePool,
+                &self.namespace,
+                mp,
+            )),
+            (None, None) => None,
+        }
+    }
+}
+
+impl MachineDeployment {
+    pub fn scalable(&self) -> ScalableRef {
+        ScalableRef::new(self.kind, &self.namespace, &self.name)
+    }
+
+    pub fn is_pool(&self) -> bool {
+        self.kind == ScalableKind::MachinePool
+    }
+
+    /// A MachinePool in the scalable model: replicas and status as a MachineDeployment's, the
+    /// template's metadata and infrastructure reference (the infrastructure pool, where a
+    /// provider may publish capacity as a template does), `spec.providerIDList`, and the
+    /// selector of its MachinePool Machines (pool and cluster name). A pool has no rollout
+    /// strategy or deletion order of its own.
+    pub fn from_pool_value(value: &Value, version: CapiVersion) -> Result<Self, ModelError> {
+        let r = Reader::new(MACHINE_POOL_KIND, value);
+        let meta = read_meta(&r)?;
+        let cluster_name = r.req_str("spec.clusterName")?;
+        let provider_id_list = r
+            .array("spec.providerIDList")?
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| r.wrong(&format!("spec.providerIDList[{i}]"), "a string"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let selector = LabelSelector {
+            match_labels: [
+                (POOL_NAME_LABEL.to_string(), meta.name.clone()),
+                (CLUSTER_NAME_LABEL.to_string(), cluster_name.clone()),
+            ]
+            .into(),
+            match_expressions: Vec::new(),
+        };
+        Ok(MachineDeployment {
+            spec_replicas: r.opt_i32("spec.replicas")?,
+            status_replicas: r.opt_i32("status.replicas")?,
+            ready_replicas: r.opt_i32("status.readyReplicas")?,
+            available_replicas: r.opt_i32("status.availableReplicas")?,
+            observed_generation: r.opt_i64("status.observedGeneration")?,
+            selector,
+            status_selector: None,
+            template_labels: r.string_map("spec.template.metadata.labels")?,
+            template_annotations: r.string_map("spec.template.metadata.annotations")?,
+            infrastructure_ref: read_infrastructure_ref(
+                &r,
+                "spec.template.spec.infrastructureRef",
+                version,
+            )?,
+            cluster_name,
+            deletion_order: None,
+            on_delete: false,
+            paused: false,
+            version,
+            kind: ScalableKind::MachinePool,
+            provider_id_list,
+            name: meta.name,
+            namespace: meta.namespace,
+            uid: meta.uid,
+            resource_version: meta.resource_version,
+            generation: meta.generation,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            creation_timestamp: meta.creation_timestamp,
+            deletion_timestamp: meta.deletion_timestamp,
+        })
+    }
+
+    pub fn from_pool_dynamic(
+        object: &DynamicObject,
+        version: CapiVersion,
+    ) -> Result<Self, ModelError> {
+        Self::from_pool_value(&dynamic_to_value(MACHINE_POOL_KIND, object)?, version)
+    }
+}
+
+#[cfg(test)]
+mod tests;

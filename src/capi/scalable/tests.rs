@@ -1,0 +1,110 @@
+use serde_json::json;
+
+use super::*;
+
+fn pool(version: CapiVersion) -> Value {
+    let infra_ref = match version {
+        CapiVersion::V1Beta1 => json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1beta2",
+            "kind": "DevMachinePool", "name": "mp-infra",
+        }),
+        CapiVersion::V1Beta2 => json!({
+            "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DevMachinePool", "name": "mp-infra",
+        }),
+    };
+    json!({
+        "apiVersion": version.api_version(),
+        "kind": "MachinePool",
+        "metadata": {
+            "name": "mp", "namespace": "ns", "uid": "u1", "resourceVersion": "7", "generation": 2,
+            "labels": {"node.cluster.x-k8s.io/karpenter-member": ""},
+            "annotations": {"capacity.cluster-autoscaler.kubernetes.io/cpu": "4"},
+        },
+        "spec": {
+            "clusterName": "c1",
+            "replicas": 3,
+            "providerIDList": ["aws:///us-east-1a/i-1", "aws:///us-east-1a/i-2"],
+            "template": {
+                "metadata": {"labels": {"role": "worker"}},
+                "spec": {"clusterName": "c1", "infrastructureRef": infra_ref, "version": "v1.33.0"},
+            },
+        },
+        "status": {"replicas": 2, "readyReplicas": 1, "observedGeneration": 2},
+    })
+}
+
+#[test]
+fn reads_a_machine_pool_in_both_versions() {
+    for v in CapiVersion::ALL {
+        let mp = MachineDeployment::from_pool_value(&pool(v), v).unwrap();
+        assert!(mp.is_pool());
+        assert_eq!(mp.key(), "MachinePool/ns/mp");
+        assert_eq!(mp.spec_replicas, Some(3));
+        assert_eq!((mp.status_replicas, mp.ready_replicas), (Some(2), Some(1)));
+        assert_eq!(mp.provider_id_list.len(), 2);
+        assert_eq!(mp.infrastructure_ref.kind, "DevMachinePool");
+        assert_eq!(
+            mp.infrastructure_ref.api_group,
+            "infrastructure.cluster.x-k8s.io"
+        );
+        assert_eq!(mp.template_labels["role"], "worker");
+        assert_eq!(mp.selector.match_labels[POOL_NAME_LABEL], "mp");
+        assert_eq!(mp.selector.match_labels[CLUSTER_NAME_LABEL], "c1");
+        assert!(
+            mp.labels
+                .contains_key("node.cluster.x-k8s.io/karpenter-member")
+        );
+    }
+}
+
+#[test]
+fn a_malformed_provider_id_list_names_the_field() {
+    let mut v = pool(CapiVersion::V1Beta2);
+    v["spec"]["providerIDList"] = json!(["ok", 5]);
+    let err = MachineDeployment::from_pool_value(&v, CapiVersion::V1Beta2).unwrap_err();
+    assert!(err.to_string().contains("spec.providerIDList[1]"), "{err}");
+}
+
+#[test]
+fn keys_round_trip_and_stay_compatible() {
+    let md = ScalableRef::new(ScalableKind::MachineDeployment, "ns", "md");
+    assert_eq!(md.key(), "ns/md");
+    let mp = ScalableRef::new(ScalableKind::MachinePool, "ns", "mp");
+    assert_eq!(mp.key(), "MachinePool/ns/mp");
+    for r in [&md, &mp] {
+        assert_eq!(ScalableRef::parse(&r.key()).as_ref(), Some(r));
+    }
+    assert_eq!(mp.to_string(), "MachinePool ns/mp");
+    for bad in ["", "md", "ns/", "/md", "Other/ns/md", "a/b/c/d"] {
+        assert_eq!(ScalableRef::parse(bad), None, "{bad}");
+    }
+    assert_eq!(
+        ScalableKind::MachinePool
+            .resource(CapiVersion::V1Beta1)
+            .plural,
+        "machinepools"
+    );
+}
+
+#[test]
+fn a_machine_pool_machine_names_its_pool() {
+    let m = json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "Machine",
+        "metadata": {
+            "name": "mp-x", "namespace": "ns", "uid": "u2", "resourceVersion": "3",
+            "labels": {POOL_NAME_LABEL: "mp", CLUSTER_NAME_LABEL: "c1"},
+            "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+                "name": "mp", "uid": "u1", "controller": true}],
+        },
+        "spec": {"clusterName": "c1", "infrastructureRef": {
+            "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DevMachine", "name": "mp-x"}},
+    });
+    let machine = Machine::from_value(&m, CapiVersion::V1Beta2).unwrap();
+    assert_eq!(machine.pool_name.as_deref(), Some("mp"));
+    assert_eq!(machine.deployment_name, None);
+    assert_eq!(
+        machine.scalable(),
+        Some(ScalableRef::new(ScalableKind::MachinePool, "ns", "mp"))
+    );
+}

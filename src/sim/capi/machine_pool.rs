@@ -1,0 +1,395 @@
+//! The MachinePool controller and the infrastructure machine pool behind it (a `DevMachinePool`,
+//! standing in for a cloud scaling group), in the two modes Cluster API knows:
+//!
+//! - **MachinePool Machines**: the infrastructure pool reports `status.infrastructureMachineKind`
+//!   and every instance is surfaced as a Machine labelled `cluster.x-k8s.io/pool-name`, owned by
+//!   the MachinePool. Scale-down deletes the owner Machine (so Cluster API drains its Node), the
+//!   ones marked `cluster.x-k8s.io/delete-machine` first, as Cluster API's Docker pool does.
+//! - **Without them** (the pool's `sim.karpenter.cluster.x-k8s.io/machine-pool-machines: "false"`
+//!   annotation): instances live only in the pool's `status.instances` and `spec.providerIDList`;
+//!   scale-down terminates an instance the "cloud" picks (still launching, else the oldest) and
+//!   its Node goes with it, undrained, as a cloud's scale-in does.
+//!
+//! Both end in what Cluster API's MachinePool controller writes: `spec.providerIDList` copied
+//! from the infrastructure pool, and `status` (replicas, ready replicas, phase, the version's
+//! readiness fields).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use super::machine_deployment::desired_md_replicas;
+use super::{Inner, Work, controller_uid, dynamic, ignore_not_found, is_available, owner_ref};
+use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LABEL};
+use crate::capi::version::CapiVersion;
+use crate::sim::standin::{at, delete_quietly, str_at};
+
+/// Annotation on an infrastructure pool: `"false"` makes it a pool without MachinePool Machines.
+pub const POOL_MACHINES_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/machine-pool-machines";
+/// The infrastructure machine kind the simulated pools report (Cluster API's in-memory "Dev"
+/// provider's).
+pub const INFRA_MACHINE_KIND: &str = "DevMachine";
+/// Infrastructure group, version, kind and plural of the simulated infrastructure pools.
+pub const INFRA_POOL_GROUP: &str = "infrastructure.cluster.x-k8s.io";
+pub const INFRA_POOL_VERSION: &str = "v1beta2";
+pub const INFRA_POOL_KIND: &str = "DevMachinePool";
+
+pub fn infra_pool_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(INFRA_POOL_GROUP, INFRA_POOL_VERSION, INFRA_POOL_KIND),
+        "devmachinepools",
+    )
+}
+
+/// True when the infrastructure pool surfaces its instances as Machines.
+pub fn has_pool_machines(infra_pool: &DynamicObject) -> bool {
+    infra_pool
+        .annotations()
+        .get(POOL_MACHINES_ANNOTATION)
+        .is_none_or(|v| v != "false")
+}
+
+/// One instance of a pool without MachinePool Machines, as the pool's `status.instances` lists it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Instance {
+    pub instance_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_id: Option<String>,
+}
+
+/// The instances a pool without MachinePool Machines reports.
+pub fn instances(infra_pool: &DynamicObject) -> Vec<Instance> {
+    at(&infra_pool.data, &["status", "instances"])
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default()
+}
+
+/// What the infrastructure pool observed on one pass, for the MachinePool's status.
+struct Observed {
+    provider_ids: Vec<String>,
+    replicas: i64,
+    ready: i64,
+}
+
+impl Inner {
+    pub(super) async fn reconcile_pool(
+        self: &Arc<Self>,
+        ns: &str,
+        name: &str,
+    ) -> Result<(), kube::Error> {
+        let v = self.cfg.version;
+        let pools = self.api(&v.machine_pool(), ns);
+        let Some(mp) = pools.get_opt(name).await? else {
+            return self.collect_pool(ns, name).await;
+        };
+        if mp.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let Some(infra_name) = str_at(
+            &mp.data,
+            &["spec", "template", "spec", "infrastructureRef", "name"],
+        ) else {
+            return Ok(());
+        };
+        let infra_api = self.api(&infra_pool_resource(), ns);
+        let Some(infra) = infra_api.get_opt(infra_name).await? else {
+            // As Cluster API: nothing happens until the infrastructure pool exists.
+            self.requeue_later(ns, name, Duration::from_secs(1));
+            return Ok(());
+        };
+        let desired = desired_md_replicas(&mp);
+        let observed = if has_pool_machines(&infra) {
+            self.reconcile_pool_machines(&mp, desired).await?
+        } else {
+            self.reconcile_instances(&mp, &infra, desired).await?
+        };
+        self.write_infra_pool(&infra_api, &infra, &observed).await?;
+        if at(&mp.data, &["spec", "providerIDList"]) != Some(&json!(observed.provider_ids)) {
+            let patch = json!({"spec": {"providerIDList": observed.provider_ids}});
+            ignore_not_found(
+                pools
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
+            )?;
+        }
+        let status = pool_status(v, &mp, desired, &observed);
+        self.write_status_if_changed(&pools, &mp, status).await
+    }
+
+    /// The MachinePool is gone: Cluster API deletes its Machines (the garbage collector, by owner
+    /// reference); the instances of a pool without Machines go with the infrastructure pool.
+    async fn collect_pool(&self, ns: &str, name: &str) -> Result<(), kube::Error> {
+        let machines = self.api(&self.cfg.version.machine(), ns);
+        let by_label = ListParams::default().labels(&format!("{POOL_NAME_LABEL}={name}"));
+        for m in machines.list(&by_label).await?.items {
+            ignore_not_found(
+                machines
+                    .delete(&m.name_any(), &DeleteParams::default())
+                    .await,
+            )?;
+        }
+        Ok(())
+    }
+
+    fn requeue_later(self: &Arc<Self>, ns: &str, name: &str, after: Duration) {
+        let me = self.clone();
+        let work = Work::Pool {
+            ns: ns.to_string(),
+            name: name.to_string(),
+        };
+        tokio::spawn(async move {
+            if me.shutdown.sleep(after).await {
+                me.queue.push(work);
+            }
+        });
+    }
+
+    /// With MachinePool Machines: one Machine per instance, created and deleted like a
+    /// MachineSet's (deleting ones count until gone; scale-down takes the marked ones first).
+    async fn reconcile_pool_machines(
+        &self,
+        mp: &DynamicObject,
+        desired: i64,
+    ) -> Result<Observed, kube::Error> {
+        let (ns, name) = (mp.namespace().unwrap_or_default(), mp.name_any());
+        let uid = mp.uid().unwrap_or_default();
+        let machines: Vec<Arc<DynamicObject>> =
+            Self::cached(&self.machines, &ns, POOL_NAME_LABEL, &name)
+                .into_iter()
+                .filter(|m| controller_uid(m).as_deref() == Some(uid.as_str()))
+                .collect();
+        let api = self.api(&self.cfg.version.machine(), &ns);
+        let diff = machines.len() as i64 - desired;
+        if diff < 0 {
+            let bodies = (0..diff.unsigned_abs())
+                .map(|_| self.pool_machine(mp))
+                .collect();
+            self.create_machines(&ns, &api, bodies).await?;
+        } else if diff > 0 {
+            // As Cluster API's pools do, the Machines' delete-machine marks are read fresh just
+            // before choosing: a mark written right before the decrement may not be cached yet.
+            let by_label = ListParams::default().labels(&format!("{POOL_NAME_LABEL}={name}"));
+            let fresh: Vec<Arc<DynamicObject>> = api
+                .list(&by_label)
+                .await?
+                .items
+                .into_iter()
+                .filter(|m| controller_uid(m).as_deref() == Some(uid.as_str()))
+                .map(Arc::new)
+                .collect();
+            let surplus = (fresh.len() as i64 - desired).max(0) as usize;
+            self.delete_surplus(&ns, &api, &fresh, surplus, &name)
+                .await?;
+        }
+        let mut provider_ids: Vec<String> = machines
+            .iter()
+            .filter_map(|m| str_at(&m.data, &["spec", "providerID"]))
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        provider_ids.sort();
+        Ok(Observed {
+            provider_ids,
+            replicas: machines.len() as i64,
+            ready: machines.iter().filter(|m| is_available(m)).count() as i64,
+        })
+    }
+
+    /// A MachinePool Machine as Cluster API's MachinePool controller builds it for a new
+    /// infrastructure machine: named after it, owned by the pool, the template's labels and
+    /// annotations plus the pool-name and cluster-name labels, no bootstrap of its own.
+    fn pool_machine(&self, mp: &DynamicObject) -> DynamicObject {
+        let v = self.cfg.version;
+        let name = format!("{}-{}", mp.name_any(), self.rng.suffix());
+        let template = at(&mp.data, &["spec", "template"]);
+        let meta = |key: &str| super::string_map(template.and_then(|t| at(t, &["metadata", key])));
+        let cluster = str_at(&mp.data, &["spec", "clusterName"]).unwrap_or_default();
+        let mut labels = meta("labels");
+        labels.insert(POOL_NAME_LABEL.into(), mp.name_any());
+        labels.insert(CLUSTER_NAME_LABEL.into(), cluster.to_string());
+        let infra_ref = match v {
+            CapiVersion::V1Beta1 => json!({
+                "apiVersion": format!("{INFRA_POOL_GROUP}/{INFRA_POOL_VERSION}"),
+                "kind": INFRA_MACHINE_KIND, "name": name,
+            }),
+            CapiVersion::V1Beta2 => {
+                json!({"apiGroup": INFRA_POOL_GROUP, "kind": INFRA_MACHINE_KIND, "name": name})
+            }
+        };
+        let mut spec = json!({
+            "clusterName": cluster,
+            "bootstrap": {"dataSecretName": ""},
+            "infrastructureRef": infra_ref,
+        });
+        if let Some(version) = template.and_then(|t| str_at(t, &["spec", "version"])) {
+            spec["version"] = json!(version);
+        }
+        dynamic(json!({
+            "apiVersion": v.api_version(),
+            "kind": "Machine",
+            "metadata": {
+                "name": name,
+                "namespace": mp.namespace(),
+                "labels": labels,
+                "annotations": meta("annotations"),
+                "finalizers": [super::MACHINE_FINALIZER],
+                "ownerReferences": [owner_ref(v, MACHINE_POOL_KIND, mp)],
+            },
+            "spec": spec,
+        }))
+    }
+
+    /// Without MachinePool Machines: the pool adds instances that get a provider ID after the
+    /// provider's delay, and on scale-down terminates the ones it picks. This reconcile is the
+    /// only writer of the pool's instance list (the queue runs one pass per pool at a time).
+    async fn reconcile_instances(
+        self: &Arc<Self>,
+        mp: &DynamicObject,
+        infra: &DynamicObject,
+        desired: i64,
+    ) -> Result<Observed, kube::Error> {
+        let ns = mp.namespace().unwrap_or_default();
+        let mut list = instances(infra);
+        let now = tokio::time::Instant::now();
+        let surplus = list.len() as i64 - desired;
+        if surplus > 0 {
+            // Still launching first, then the oldest (the list is in launch order).
+            let mut order: Vec<usize> = (0..list.len()).collect();
+            order.sort_by_key(|&i| (list[i].provider_id.is_some(), i));
+            let mut victims: Vec<usize> = order.into_iter().take(surplus as usize).collect();
+            victims.sort_unstable_by(|a, b| b.cmp(a));
+            let nodes: Api<Node> = Api::all(self.client.clone());
+            for i in victims {
+                let gone = list.remove(i);
+                self.launching
+                    .lock()
+                    .remove(&(ns.clone(), gone.instance_name.clone()));
+                if gone.provider_id.is_some() {
+                    tracing::info!(pool = %mp.name_any(), instance = %gone.instance_name, "scale-in: terminating instance");
+                    delete_quietly(&nodes, &gone.instance_name).await?;
+                }
+            }
+        }
+        for _ in 0..(-surplus).max(0) {
+            let instance_name = format!("{}-{}", mp.name_any(), self.rng.suffix());
+            let ready_at = (!self.rng.chance(self.cfg.fail_fraction))
+                .then(|| now + self.rng.delay(self.cfg.provider_delay, self.cfg.jitter));
+            if let Some(at) = ready_at {
+                self.requeue_later(&ns, &mp.name_any(), at - now);
+            }
+            self.launching
+                .lock()
+                .insert((ns.clone(), instance_name.clone()), ready_at);
+            list.push(Instance {
+                instance_name,
+                provider_id: None,
+            });
+        }
+        let zone = mp
+            .data
+            .pointer("/spec/failureDomains/0")
+            .and_then(Value::as_str);
+        for instance in list.iter_mut().filter(|i| i.provider_id.is_none()) {
+            let key = (ns.clone(), instance.instance_name.clone());
+            let ready = self.launching.lock().get(&key).copied();
+            // An instance this stand-in did not launch (none: it never restarts) is up already.
+            if ready.is_none_or(|at| at.is_some_and(|at| at <= now)) {
+                let style = self.cfg.provider_id_style;
+                instance.provider_id = Some(super::machine::provider_id_for(
+                    style,
+                    &self.rng,
+                    &instance.instance_name,
+                    zone,
+                ));
+                self.launching.lock().remove(&key);
+            }
+        }
+        let mut provider_ids: Vec<String> =
+            list.iter().filter_map(|i| i.provider_id.clone()).collect();
+        provider_ids.sort();
+        let ready = provider_ids.len() as i64;
+        let patch = json!({"status": {"instances": list}});
+        if at(&infra.data, &["status", "instances"]) != Some(&patch["status"]["instances"]) {
+            let api = self.api(&infra_pool_resource(), &ns);
+            ignore_not_found(
+                api.patch_status(
+                    &infra.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await,
+            )?;
+        }
+        Ok(Observed {
+            provider_ids,
+            replicas: list.len() as i64,
+            ready,
+        })
+    }
+
+    /// The infrastructure pool's own fields: the provider IDs, the count, readiness, and (with
+    /// MachinePool Machines) the machine kind that tells Cluster API to surface them.
+    async fn write_infra_pool(
+        &self,
+        api: &Api<DynamicObject>,
+        infra: &DynamicObject,
+        observed: &Observed,
+    ) -> Result<(), kube::Error> {
+        let name = infra.name_any();
+        if at(&infra.data, &["spec", "providerIDList"]) != Some(&json!(observed.provider_ids)) {
+            let patch = json!({"spec": {"providerIDList": observed.provider_ids}});
+            ignore_not_found(
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
+            )?;
+        }
+        let mut status = json!({
+            "replicas": observed.replicas,
+            "ready": true,
+            "initialization": {"provisioned": true},
+        });
+        if has_pool_machines(infra) {
+            status["infrastructureMachineKind"] = json!(INFRA_MACHINE_KIND);
+        }
+        self.write_status_if_changed(api, infra, status).await
+    }
+}
+
+/// A MachinePool's status in `v`'s shape, as Cluster API's MachinePool controller reports it.
+fn pool_status(v: CapiVersion, mp: &DynamicObject, desired: i64, o: &Observed) -> Value {
+    let phase = if o.replicas == 0 && desired > 0 {
+        "Provisioning"
+    } else if desired > o.ready {
+        "ScalingUp"
+    } else if desired < o.ready {
+        "ScalingDown"
+    } else {
+        "Running"
+    };
+    let mut status = json!({
+        "replicas": o.replicas,
+        "readyReplicas": o.ready,
+        "availableReplicas": o.ready,
+        "phase": phase,
+        "observedGeneration": mp.metadata.generation.unwrap_or(0),
+    });
+    match v {
+        CapiVersion::V1Beta1 => {
+            status["bootstrapReady"] = json!(true);
+            status["infrastructureReady"] = json!(true);
+            status["unavailableReplicas"] = json!((o.replicas - o.ready).max(0));
+        }
+        CapiVersion::V1Beta2 => {
+            status["initialization"] =
+                json!({"bootstrapDataSecretCreated": true, "infrastructureProvisioned": true});
+            status["upToDateReplicas"] = json!(o.replicas);
+        }
+    }
+    status
+}
