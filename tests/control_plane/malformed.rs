@@ -41,6 +41,8 @@ const REFUSED_BY_THE_REAL_API_SERVER: &[(&str, &str)] = &[
     ("nc-requests", "schema: type (object)"),
     ("nc-taints", "schema: type (array)"),
     ("ncl-selector-list", "schema: type (object)"),
+    ("ncl-timeout-forever", "schema: pattern"),
+    ("ncl-timeout-negative", "schema: pattern"),
     ("ncl-timeout-number", "schema: type (string)"),
     ("np-bad-key", "schema: pattern"),
     ("np-budget-nodes", "schema: pattern"),
