@@ -11,6 +11,7 @@ pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodepool;
 pub mod requirements;
+pub mod resource_list;
 pub mod resources;
 pub mod validation;
 pub mod wellknown;

@@ -1,10 +1,7 @@
 //! NodeClaim (karpenter.sh/v1): one requested node, and the types NodePool's template shares
 //! with it (requirements, node class reference).
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::Taint;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -13,8 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::conditions::Condition;
 use super::duration::{GoDuration, NillableDuration};
 
-/// A resource name -> quantity map (corev1.ResourceList).
-pub type ResourceList = BTreeMap<String, Quantity>;
+pub use super::resource_list::ResourceList;
 
 /// The requirement operators Karpenter accepts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Taint;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -11,8 +12,7 @@ use serde::{Deserialize, Serialize};
 use super::conditions::Condition;
 use super::duration::{GoDuration, NillableDuration};
 use super::nodeclaim::{
-    NodeClassReference, NodeSelectorRequirementWithMinValues, ResourceList, requirements_cel,
-    taints_schema,
+    NodeClassReference, NodeSelectorRequirementWithMinValues, requirements_cel, taints_schema,
 };
 
 /// Default `expireAfter` when a template leaves it out.
@@ -69,7 +69,7 @@ pub struct NodePoolSpec {
     pub disruption: Option<Disruption>,
     /// Bounds on the capacity this pool may provision (`nodes` counts nodes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub limits: Option<ResourceList>,
+    pub limits: Option<BTreeMap<String, Quantity>>,
     /// Priority among pools (higher first); absent means 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
@@ -285,7 +285,7 @@ fn budget_duration_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema
 pub struct NodePoolStatus {
     /// Resources provisioned by this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub resources: Option<ResourceList>,
+    pub resources: Option<BTreeMap<String, Quantity>>,
     /// Number of nodes of this pool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("default" = 0))]

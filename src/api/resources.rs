@@ -664,8 +664,11 @@ impl Resources {
         self.0.values().all(Quantity::is_zero)
     }
 
-    pub fn from_k8s(list: &BTreeMap<String, K8sQuantity>) -> Result<Resources, ResourcesError> {
-        list.iter()
+    /// From a Kubernetes resource list (a Node's `BTreeMap`, a claim's `ResourceList`).
+    pub fn from_k8s<'a>(
+        list: impl IntoIterator<Item = (&'a String, &'a K8sQuantity)>,
+    ) -> Result<Resources, ResourcesError> {
+        list.into_iter()
             .map(|(key, q)| {
                 Quantity::from_k8s(q)
                     .map(|v| (key.clone(), v))
@@ -678,7 +681,8 @@ impl Resources {
             .map(Resources)
     }
 
-    pub fn to_k8s(&self) -> BTreeMap<String, K8sQuantity> {
+    /// As a Kubernetes resource list (a `BTreeMap`, or a claim's `ResourceList`).
+    pub fn to_k8s<L: FromIterator<(String, K8sQuantity)>>(&self) -> L {
         self.0
             .iter()
             .map(|(k, v)| (k.clone(), v.to_k8s()))

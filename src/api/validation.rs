@@ -386,10 +386,10 @@ fn check_nillable(errs: &mut ValidationErrors, path: &str, d: Option<NillableDur
 
 /// Resource quantities (limits, requests): each must be a quantity and not negative (the
 /// schema's pattern accepts a sign; a negative limit or request has no meaning).
-fn check_quantities(
+fn check_quantities<'a>(
     errs: &mut ValidationErrors,
     path: &str,
-    list: Option<&BTreeMap<String, K8sQuantity>>,
+    list: Option<impl IntoIterator<Item = (&'a String, &'a K8sQuantity)>>,
 ) {
     for (name, q) in list.into_iter().flatten() {
         let field = format!("{path}.{name}");

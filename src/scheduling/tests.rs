@@ -1258,8 +1258,8 @@ fn nodeclaim_is_written_as_karpenter_does() {
         .requests
         .as_ref()
         .unwrap();
-    assert_eq!(requests["cpu"].0, "1");
-    assert_eq!(requests["pods"].0, "1");
+    assert_eq!(requests.get("cpu").unwrap().0, "1");
+    assert_eq!(requests.get("pods").unwrap().0, "1");
     assert_eq!(claim.spec.taints.as_ref().unwrap()[0].key, "t");
     assert_eq!(claim.spec.node_class_ref.name, "default");
     // The claim passes the API's own validation.

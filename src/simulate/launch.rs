@@ -133,7 +133,7 @@ pub fn claim_for(pool: &NodePool, instance_type: &str) -> NodeClaim {
                 req(CAPACITY_TYPE_LABEL, &[CAPACITY_TYPE_ON_DEMAND]),
             ],
             resources: Some(ResourceRequirements {
-                requests: Some(BTreeMap::from([
+                requests: Some(crate::api::nodeclaim::ResourceList::from([
                     (
                         "cpu".to_string(),
                         k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),

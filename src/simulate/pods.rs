@@ -267,10 +267,15 @@ fn measure(
     }
     let mut total = Resources::new();
     for n in &nodes {
-        if let Some(a) = n
-            .pointer("/status/allocatable")
-            .and_then(|a| serde_json::from_value(a.clone()).ok())
-            && let Ok(r) = Resources::from_k8s(&a)
+        if let Some(a) = n.pointer("/status/allocatable").and_then(|a| {
+            serde_json::from_value::<
+                std::collections::BTreeMap<
+                    String,
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+                >,
+            >(a.clone())
+            .ok()
+        }) && let Ok(r) = Resources::from_k8s(&a)
         {
             total.add_assign(&r);
         }

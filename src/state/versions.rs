@@ -74,7 +74,11 @@ impl Freshness {
 
     /// The watch delivered `version` for `key`: whether to take it.
     pub fn watched(&mut self, key: &str, version: &str) -> bool {
-        let recent = self.recent.entry(key.to_string()).or_default();
+        // Most objects never change after the list: room for one version until a second comes.
+        let recent = self
+            .recent
+            .entry(key.to_string())
+            .or_insert_with(|| VecDeque::with_capacity(1));
         if recent.len() == RECENT {
             recent.pop_front();
         }

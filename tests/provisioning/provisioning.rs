@@ -91,7 +91,8 @@ async fn five_hundred_mixed_pods_are_all_bound_within_limits() {
         .list("nodes")
         .iter()
         .map(|n| {
-            let a = serde_json::from_value(n["status"]["allocatable"].clone()).unwrap();
+            let a: BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity> =
+                serde_json::from_value(n["status"]["allocatable"].clone()).unwrap();
             (
                 n["metadata"]["name"].as_str().unwrap().to_string(),
                 Resources::from_k8s(&a).unwrap(),

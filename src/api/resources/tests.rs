@@ -234,5 +234,5 @@ fn from_k8s_names_the_bad_key() {
     list.insert("memory".to_string(), K8sQuantity("4Gi".into()));
     let ours = Resources::from_k8s(&list).unwrap();
     assert_eq!(ours.get("memory"), q("4Gi"));
-    assert_eq!(ours.to_k8s(), list);
+    assert_eq!(ours.to_k8s::<BTreeMap<_, _>>(), list);
 }
