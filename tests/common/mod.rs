@@ -591,7 +591,10 @@ impl Env {
         // On the real backend the controller runs under the Helm chart's RBAC: a refused request
         // is a permission the chart lacks (the simulated server refuses none).
         let refused = self.sim.cluster().stats().refused();
-        assert!(refused.is_empty(), "the API server refused the controller: {refused:?}");
+        assert!(
+            refused.is_empty(),
+            "the API server refused the controller: {refused:?}"
+        );
         self.invariants_hold();
     }
 }
