@@ -572,6 +572,19 @@ async fn pods_of_a_deleting_node_and_new_pods_share_one_new_claim() {
     let old: Vec<String> = live_claims(&sim).iter().map(name_of).collect();
     assert_eq!(old.len(), 1, "one claim for the three pods");
     delete_held(&sim, old[0].clone()).await;
+    // As upstream's case, the node is deleting before the new pods arrive: once it carries the
+    // disrupted taint no scheduler binds them to it (before, one could, and they would never be
+    // pending to be nominated).
+    wait_for("the deleting node tainted", || {
+        let claim = store.get("nodeclaims", "", &old[0])?;
+        let node = store.get("nodes", "", claim["status"]["nodeName"].as_str()?)?;
+        node["spec"]["taints"]
+            .as_array()?
+            .iter()
+            .any(|t| t["key"] == karpenter_capi::api::wellknown::DISRUPTED_TAINT_KEY)
+            .then_some(())
+    })
+    .await;
     small_pod(&sim, "new-0").await;
     small_pod(&sim, "new-1").await;
     let notes = wait_for("both new pods nominated", || {
