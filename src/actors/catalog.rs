@@ -2,7 +2,9 @@
 //! infrastructure templates, rebuilds each NodeClass's instance types when a MachineDeployment or
 //! NodeClass changes (never on a timer) and publishes them as an immutable snapshot in a
 //! `CatalogView` (the read layer's `view::catalog`); claims and the provisioner read that view
-//! directly, like any other index.
+//! directly, like any other index. It also watches NodeOverlays: each rebuild applies them to
+//! every NodeClass's catalog before it is published (`capi::overlay`), so a new or changed
+//! overlay re-prices offerings at once, and writes each overlay's conditions.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -24,8 +26,10 @@ use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::decode::{Lenient, Malformed};
 use crate::api::nodeclass::ClusterAPINodeClass;
+use crate::api::nodeoverlay::{NodeOverlay, VALIDATION_SUCCEEDED};
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{self, Context as OfferingContext};
+use crate::capi::overlay::{self, Verdict};
 use crate::capi::template::TemplateCapacity;
 use crate::capi::template::{ReadError, read_template};
 // Re-exported where the benchmarks have always found it.
@@ -78,6 +82,13 @@ pub struct Catalog {
     /// NodeClasses the types cannot decode: published as not ready (so their NodePools say
     /// why), with `Ready=False` naming the field.
     malformed: HashMap<String, Malformed>,
+    /// NodeOverlays by name, and those the types cannot decode.
+    overlays: HashMap<String, Arc<NodeOverlay>>,
+    malformed_overlays: HashMap<String, Malformed>,
+    /// The overlay list has synced (or cannot be listed: no CRD), so a catalog may be published.
+    overlays_synced: bool,
+    /// An overlay changed since the last rebuild: consolidation looks again at the new prices.
+    overlays_changed: bool,
 }
 
 impl Catalog {
@@ -93,6 +104,10 @@ impl Catalog {
             built: false,
             reported: HashMap::new(),
             malformed: HashMap::new(),
+            overlays: HashMap::new(),
+            malformed_overlays: HashMap::new(),
+            overlays_synced: false,
+            overlays_changed: false,
         }
     }
 
@@ -156,8 +171,12 @@ impl Catalog {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        for (name, nc) in &nodeclasses {
-            let (catalog, ready) = resolve_nodeclass(nc, &mds, &left_out, &cx);
+        let mut resolved: Vec<(offerings::Catalog, Result<(), String>)> = nodeclasses
+            .iter()
+            .map(|(_, nc)| resolve_nodeclass(nc, &mds, &left_out, &cx))
+            .collect();
+        self.apply_overlays(&mut resolved, ctx);
+        for ((name, nc), (catalog, ready)) in nodeclasses.iter().zip(resolved) {
             self.update_status(nc, &catalog, &ready, ctx);
             self.report_problems(nc, &catalog.problems);
             self.shared
@@ -167,13 +186,107 @@ impl Catalog {
         self.shared.catalog.retain(&names);
         self.reported.retain(|k, _| names.contains(k));
         self.shared.catalog.forget_unavailable();
-        self.built = self.synced;
+        self.built = self.synced && self.overlays_synced;
+        if std::mem::take(&mut self.overlays_changed) {
+            self.shared.router.disruption_changed();
+        }
         if self.built {
             // Activation waits for the first catalog built after the NodeClass list.
             self.shared.synced.notify_waiters();
         }
         self.shared.router.provisioner_poke();
         self.shared.router.nodepools_changed();
+    }
+
+    /// Applies the NodeOverlays to the catalogs about to be published and writes each overlay's
+    /// `ValidationSucceeded` and `Ready` conditions, with upstream's reasons.
+    fn apply_overlays(
+        &mut self,
+        resolved: &mut [(offerings::Catalog, Result<(), String>)],
+        ctx: &mut Context<Self>,
+    ) {
+        let overlays: Vec<Arc<NodeOverlay>> = self.overlays.values().cloned().collect();
+        let refs: Vec<&NodeOverlay> = overlays.iter().map(|o| o.as_ref()).collect();
+        let mut catalogs: Vec<&mut offerings::Catalog> =
+            resolved.iter_mut().map(|(c, _)| c).collect();
+        let verdicts = overlay::apply(&refs, &mut catalogs);
+        for o in &overlays {
+            let verdict = verdicts
+                .get(&o.name_any())
+                .cloned()
+                .unwrap_or(Verdict::Applied);
+            self.write_overlay_status(
+                &o.name_any(),
+                o.conditions(),
+                o.metadata.generation,
+                &verdict,
+                ctx,
+            );
+        }
+        let bad: Vec<Malformed> = self.malformed_overlays.values().cloned().collect();
+        for m in bad {
+            let current: Vec<conditions::Condition> = m
+                .conditions
+                .clone()
+                .and_then(|c| serde_json::from_value(c).ok())
+                .unwrap_or_default();
+            let verdict = Verdict::Invalid(format!("cannot be read: {}", m.message()));
+            let name = m.metadata.name.clone().unwrap_or_default();
+            self.write_overlay_status(&name, &current, m.metadata.generation, &verdict, ctx);
+        }
+    }
+
+    /// One overlay's conditions from its verdict; written (and a Warning Event sent) only when
+    /// they change.
+    fn write_overlay_status(
+        &self,
+        name: &str,
+        current: &[conditions::Condition],
+        generation: Option<i64>,
+        verdict: &Verdict,
+        ctx: &mut Context<Self>,
+    ) {
+        let now = Timestamp::now();
+        let mut conds = current.to_vec();
+        let (status, reason, message) = match verdict.failure() {
+            None => (
+                ConditionStatus::True,
+                VALIDATION_SUCCEEDED.to_string(),
+                String::new(),
+            ),
+            Some((reason, message)) => (ConditionStatus::False, reason.to_string(), message),
+        };
+        let mut changed = conditions::set(
+            &mut conds,
+            VALIDATION_SUCCEEDED,
+            status,
+            &reason,
+            &message,
+            generation,
+            now,
+        );
+        changed |= conditions::set_root_ready(&mut conds, &[VALIDATION_SUCCEEDED], generation, now);
+        if !changed {
+            return;
+        }
+        if status == ConditionStatus::False {
+            tracing::warn!(nodeoverlay = %name, reason = %reason, message = %message, "NodeOverlay not applied");
+            let reference = k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some(NodeOverlay::api_version(&()).into_owned()),
+                kind: Some(NodeOverlay::kind(&()).into_owned()),
+                name: Some(name.to_string()),
+                ..Default::default()
+            };
+            self.shared.events.warning(reference, &reason, message);
+        }
+        ctx.spawn(
+            write_conditions::<NodeOverlay>(
+                self.shared.workload.clone(),
+                name.to_string(),
+                json!(conds),
+            )
+            .into_actor(self),
+        );
     }
 
     /// Read each MachineDeployment's infrastructure template: first when it appears, again
@@ -423,6 +536,66 @@ impl Actor for Catalog {
         // Per-object decoding: one NodeClass the types cannot read must not stop the watch.
         let api: Api<Lenient<ClusterAPINodeClass>> = Api::all(self.shared.workload.clone());
         ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
+        let overlays: Api<Lenient<NodeOverlay>> = Api::all(self.shared.workload.clone());
+        ctx.add_stream(
+            watcher(overlays, watcher::Config::default())
+                .default_backoff()
+                .map(OverlayEvent),
+        );
+    }
+}
+
+/// One event of the NodeOverlay watch (a newtype: the actor handles two watch streams).
+struct OverlayEvent(Result<watcher::Event<Lenient<NodeOverlay>>, watcher::Error>);
+
+impl StreamHandler<OverlayEvent> for Catalog {
+    fn handle(&mut self, OverlayEvent(ev): OverlayEvent, ctx: &mut Self::Context) {
+        match ev {
+            Ok(watcher::Event::Apply(Lenient::Ok(o)))
+            | Ok(watcher::Event::InitApply(Lenient::Ok(o))) => {
+                let name = o.name_any();
+                self.malformed_overlays.remove(&name);
+                // A status write of ours comes back as an event: only a new generation (or a
+                // new object) changes what the catalog applies.
+                let same = self
+                    .overlays
+                    .get(&name)
+                    .is_some_and(|old| old.spec == o.spec);
+                self.overlays.insert(name, Arc::new(o));
+                if same {
+                    return;
+                }
+            }
+            Ok(watcher::Event::Apply(Lenient::Bad(m)))
+            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
+                let name = m.metadata.name.clone().unwrap_or_default();
+                tracing::warn!(nodeoverlay = %name, problem = %m, "NodeOverlay cannot be decoded");
+                self.overlays.remove(&name);
+                self.malformed_overlays.insert(name, *m);
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                self.overlays.remove(&o.name_any());
+                self.malformed_overlays.remove(&o.name_any());
+            }
+            Ok(watcher::Event::Init) => {
+                self.overlays.clear();
+                self.malformed_overlays.clear();
+            }
+            Ok(watcher::Event::InitDone) => self.overlays_synced = true,
+            Err(e) => {
+                // Without the NodeOverlay CRD the list fails for good: the catalog goes on
+                // without overlays rather than never activating.
+                tracing::warn!(error = %e, "NodeOverlay watch failed; retrying");
+                if self.overlays_synced {
+                    return;
+                }
+                self.overlays_synced = true;
+            }
+        }
+        self.overlays_changed = true;
+        if self.synced {
+            self.schedule_rebuild(ctx);
+        }
     }
 }
 
@@ -485,6 +658,10 @@ impl Handler<Tracked> for Catalog {
                 ("fetching", self.fetching.len()),
                 ("reported", self.reported.len()),
                 ("nodeclasses", self.nodeclasses.len()),
+                (
+                    "nodeoverlays",
+                    self.overlays.len() + self.malformed_overlays.len(),
+                ),
             ]
             .into_iter()
             .collect(),

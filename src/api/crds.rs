@@ -8,6 +8,7 @@ use kube::CustomResourceExt;
 
 use super::nodeclaim::NodeClaim;
 use super::nodeclass::ClusterAPINodeClass;
+use super::nodeoverlay::NodeOverlay;
 use super::nodepool::NodePool;
 
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +33,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         (NodePool::crd(), true),
         (NodeClaim::crd(), false),
         (ClusterAPINodeClass::crd(), true),
+        (NodeOverlay::crd(), true),
     ]
     .into_iter()
     .map(|(crd, strict)| upstream_validation(tidy(crd), strict))
@@ -189,7 +191,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_three_named_documents() {
+    fn renders_four_named_documents() {
         let each = render_each().unwrap();
         let names: Vec<_> = each.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -197,11 +199,12 @@ mod tests {
             [
                 "karpenter.sh_nodepools.yaml",
                 "karpenter.sh_nodeclaims.yaml",
-                "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml"
+                "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
+                "karpenter.sh_nodeoverlays.yaml"
             ]
         );
         let all = render_yaml().unwrap();
-        assert_eq!(all.matches("---\n").count(), 3);
+        assert_eq!(all.matches("---\n").count(), 4);
         assert!(all.contains("name: nodepools.karpenter.sh"));
         let dir = tempfile::tempdir().unwrap();
         write_dir(dir.path()).unwrap();

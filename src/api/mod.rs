@@ -9,6 +9,7 @@ pub mod drift_hash;
 pub mod duration;
 pub mod nodeclaim;
 pub mod nodeclass;
+pub mod nodeoverlay;
 pub mod nodepool;
 pub mod requirements;
 pub mod resource_list;
@@ -23,8 +24,12 @@ pub use nodeclaim::{
     NodeSelectorRequirementWithMinValues, Operator,
 };
 pub use nodeclass::{ClusterAPINodeClass, ClusterAPINodeClassSpec, ClusterAPINodeClassStatus};
+pub use nodeoverlay::{NodeOverlay, NodeOverlaySpec, NodeOverlayStatus};
 pub use nodepool::{Budget, Disruption, NodeClaimTemplate, NodePool, NodePoolSpec, NodePoolStatus};
 // The drift hash of a NodePool (upstream's), stamped on claims with the hash version `v3`.
 pub use drift_hash::nodepool_hash;
 pub use requirements::{Requirement, Requirements};
-pub use validation::{ValidationErrors, validate_nodeclaim, validate_nodeclass, validate_nodepool};
+pub use validation::{
+    ValidationErrors, validate_nodeclaim, validate_nodeclass, validate_nodeoverlay,
+    validate_nodepool,
+};

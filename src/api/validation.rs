@@ -16,6 +16,7 @@ use super::nodeclaim::{
     NodeClaim, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
 };
 use super::nodeclass::ClusterAPINodeClass;
+use super::nodeoverlay::{NodeOverlay, price_change};
 use super::nodepool::{Budget, NodePool};
 use super::resources::Quantity;
 use super::wellknown::{CAPACITY_TYPE_LABEL, HOSTNAME_LABEL, KARPENTER_GROUP, NODEPOOL_LABEL};
@@ -216,6 +217,62 @@ pub fn validate_nodeclass(nc: &ClusterAPINodeClass) -> Result<(), ValidationErro
     }
     errs.into_result()
 }
+
+/// Upstream's runtime validation of a NodeOverlay (requirement keys and values, no well-known
+/// resource in `capacity`) plus what its CRD patterns refuse (weight, the price grammar), each
+/// naming the field: an overlay that fails is reported on its status and never applied.
+pub fn validate_nodeoverlay(o: &NodeOverlay) -> Result<(), ValidationErrors> {
+    let mut errs = ValidationErrors::default();
+    let spec = &o.spec;
+    let reqs: Vec<NodeSelectorRequirementWithMinValues> = spec
+        .requirements
+        .iter()
+        .map(|r| NodeSelectorRequirementWithMinValues {
+            key: r.key.clone(),
+            operator: r.operator,
+            values: r.values.clone(),
+            min_values: None,
+        })
+        .collect();
+    check_requirements(&mut errs, "spec.requirements", &reqs, Owner::NodeClaim);
+    for (i, r) in reqs.iter().enumerate() {
+        if r.operator == Operator::NotIn && r.values().is_empty() {
+            errs.push(
+                format!("spec.requirements[{i}].values"),
+                format!(
+                    "key {} with operator NotIn must have a value defined",
+                    r.key
+                ),
+            );
+        }
+    }
+    if let Some(capacity) = &spec.capacity {
+        for name in capacity.keys() {
+            if WELL_KNOWN_RESOURCES.contains(&name.as_str()) {
+                errs.push(
+                    format!("spec.capacity[{name:?}]"),
+                    format!("invalid capacity: {name} in resource, restricted"),
+                );
+            }
+        }
+    }
+    check_quantities(&mut errs, "spec.capacity", spec.capacity.as_ref());
+    if let Some(w) = spec.weight
+        && !(1..=10000).contains(&w)
+    {
+        errs.push(
+            "spec.weight",
+            format!("weight {w} must be between 1 and 10000"),
+        );
+    }
+    if let Err(e) = price_change(spec) {
+        errs.push(e.field, format!("{:?} {}", e.value, e.why));
+    }
+    errs.into_result()
+}
+
+/// The resources an overlay may not change: upstream's well-known ones.
+const WELL_KNOWN_RESOURCES: [&str; 4] = ["cpu", "memory", "ephemeral-storage", "pods"];
 
 fn check_requirements(
     errs: &mut ValidationErrors,

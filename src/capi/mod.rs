@@ -9,6 +9,7 @@ mod json;
 pub mod kind;
 pub mod model;
 pub mod offerings;
+pub mod overlay;
 pub mod patch;
 pub mod provider_id;
 pub mod scalable;

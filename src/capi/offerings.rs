@@ -26,6 +26,8 @@ pub struct Catalog {
     pub deployments: Vec<String>,
     /// One line per MachineDeployment that was selected but left out, naming it and why.
     pub problems: Vec<String>,
+    /// Offerings (by MachineDeployment) whose price a NodeOverlay set, with the price before.
+    pub price_overlays: BTreeMap<String, crate::capi::overlay::PriceOverlaid>,
 }
 
 /// Inputs for one MachineDeployment besides the object itself.

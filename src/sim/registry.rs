@@ -449,6 +449,15 @@ fn core_resources() -> Vec<ResourceDef> {
         )
         .with_status()
         .with_short_names(&["capinc"]),
+        ResourceDef::custom(
+            "karpenter.sh",
+            &["v1alpha1"],
+            "NodeOverlay",
+            "nodeoverlays",
+            false,
+        )
+        .with_status()
+        .with_short_names(&["overlays"]),
     ]
 }
 

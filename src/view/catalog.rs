@@ -168,6 +168,15 @@ impl CatalogView {
             })
     }
 
+    /// The NodeOverlay that set a MachineDeployment's price, with the price before it.
+    pub fn price_overlay(&self, md: &str) -> Option<crate::capi::overlay::PriceOverlaid> {
+        let inner = self.inner.read();
+        inner
+            .by_nodeclass
+            .values()
+            .find_map(|e| e.catalog.price_overlays.get(md).cloned())
+    }
+
     /// The cheapest available offering compatible with the claim; ties go to the least-loaded
     /// MachineDeployment.
     pub fn resolve(
@@ -563,6 +572,7 @@ mod tests {
                 instance_types: types,
                 deployments: vec!["x".into()],
                 problems: Vec::new(),
+                price_overlays: Default::default(),
             },
             None,
         );
@@ -586,6 +596,7 @@ mod tests {
                 ],
                 deployments: vec!["ns/a".into(), "ns/b".into()],
                 problems: Vec::new(),
+                price_overlays: Default::default(),
             },
             None,
         );

@@ -511,6 +511,7 @@ mod tests {
                 instance_types: vec![large],
                 deployments: vec!["ns/md-large".into()],
                 problems: vec![],
+                price_overlays: Default::default(),
             },
             None,
         );

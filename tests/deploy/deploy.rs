@@ -129,6 +129,8 @@ const NEEDS: &[Need] = &[
     need(Workload, "karpenter.sh", "nodepools/status", &["patch"], Code("actors/nodepools.rs status")),
     need(Workload, "karpenter.cluster.x-k8s.io", "clusterapinodeclasses", &["list", "watch"], Code("actors/catalog.rs watcher")),
     need(Workload, "karpenter.cluster.x-k8s.io", "clusterapinodeclasses/status", &["patch"], Code("actors/catalog.rs Ready condition")),
+    need(Workload, "karpenter.sh", "nodeoverlays", &["list", "watch"], Code("actors/catalog.rs NodeOverlay watcher")),
+    need(Workload, "karpenter.sh", "nodeoverlays/status", &["patch"], Code("actors/catalog.rs NodeOverlay conditions")),
     need(Workload, "events.k8s.io", "events", &["create", "patch"], Code("actors/events.rs kube Recorder")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["get", "create", "update"], Code("leader.rs get_opt, create, replace")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["list", "watch"], Code("leader.rs watch of the one Lease (metadata.name field selector)")),

@@ -63,6 +63,13 @@
 - apiGroups: [karpenter.cluster.x-k8s.io]
   resources: [clusterapinodeclasses/status]
   verbs: [patch]
+# Catalog: watch node overlays, patch their conditions.
+- apiGroups: [karpenter.sh]
+  resources: [nodeoverlays]
+  verbs: [list, watch]
+- apiGroups: [karpenter.sh]
+  resources: [nodeoverlays/status]
+  verbs: [patch]
 # Event recorder (events.k8s.io/v1): create, and patch when an event repeats.
 - apiGroups: [events.k8s.io]
   resources: [events]
