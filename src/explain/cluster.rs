@@ -17,6 +17,7 @@ use super::Error;
 use crate::api::decode::Lenient;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodeclass::ClusterAPINodeClass;
+use crate::api::nodeoverlay::NodeOverlay;
 use crate::api::nodepool::NodePool;
 use crate::api::wellknown::CLUSTER_NAME_LABEL;
 use crate::capi::model::{Machine, MachineDeployment};
@@ -206,6 +207,20 @@ where
     Ok(out)
 }
 
+/// The NodeOverlays, or none where the API does not serve them (a cluster without the CRD).
+async fn list_overlays(
+    client: &kube::Client,
+    malformed: &mut Vec<(String, String, String)>,
+) -> Result<Vec<NodeOverlay>, Error> {
+    match list_lenient(client, "NodeOverlays", malformed).await {
+        Err(Error::List {
+            source: kube::Error::Api(e),
+            ..
+        }) if e.code == 404 => Ok(Vec::new()),
+        other => other,
+    }
+}
+
 /// Read everything the controller watches and build its state from it.
 pub async fn read(
     workload: kube::Client,
@@ -276,14 +291,25 @@ pub async fn read(
         unavailable: &never,
     };
     let catalog = CatalogView::default();
+    let unreadable = state.deployments.read().unreadable().clone();
+    let left_out = LeftOut {
+        unreadable: &unreadable,
+        missing_templates: &missing_templates,
+    };
+    let mut each: Vec<(ClusterAPINodeClass, offerings::Catalog, Result<(), String>)> = nodeclasses
+        .into_iter()
+        .map(|nc| {
+            let (c, ready) = resolve_nodeclass(&nc, &deployments, &left_out, &cx);
+            (nc, c, ready)
+        })
+        .collect();
+    // The prices and capacity the Catalog actor publishes are after the NodeOverlays.
+    let overlays = list_overlays(&workload, &mut malformed).await?;
+    let refs: Vec<&NodeOverlay> = overlays.iter().collect();
+    let mut catalogs: Vec<&mut offerings::Catalog> = each.iter_mut().map(|(_, c, _)| c).collect();
+    crate::capi::overlay::apply(&refs, &mut catalogs);
     let mut resolved = BTreeMap::new();
-    for nc in nodeclasses {
-        let unreadable = state.deployments.read().unreadable().clone();
-        let left_out = LeftOut {
-            unreadable: &unreadable,
-            missing_templates: &missing_templates,
-        };
-        let (c, ready) = resolve_nodeclass(&nc, &deployments, &left_out, &cx);
+    for (nc, c, ready) in each {
         catalog.insert(&nc.name_any(), c.clone(), nc.create_timeout());
         resolved.insert(
             nc.name_any(),

@@ -42,6 +42,16 @@ pub struct OfferingView {
     pub unavailable_reason: Option<String>,
     pub replicas: i32,
     pub max_size: Option<i32>,
+    /// The NodeOverlay that set the price, and the price before it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub price_overlay: Option<PriceOverlayView>,
+}
+
+/// Where an offering's price came from, when a NodeOverlay set it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PriceOverlayView {
+    pub overlay: String,
+    pub base_price: f64,
 }
 
 impl OfferingView {
@@ -57,7 +67,19 @@ impl OfferingView {
                 .then(|| crate::scheduling::explain::unavailable_reason(o)),
             replicas: o.replicas,
             max_size: o.max_size,
+            price_overlay: None,
         }
+    }
+
+    /// The same, saying which NodeOverlay set the price (as the catalog records it).
+    pub fn overlaid(mut self, catalog: &crate::view::catalog::CatalogView) -> Self {
+        self.price_overlay = catalog
+            .price_overlay(&self.machine_deployment)
+            .map(|p| PriceOverlayView {
+                overlay: p.overlay,
+                base_price: p.base_price,
+            });
+        self
     }
 
     /// One line: `md  type  zone  capacity-type  $price/h  replicas/max  available`.
@@ -77,7 +99,16 @@ impl OfferingView {
                 Some(r) => format!(": unavailable, {r}"),
                 None => String::new(),
             }
-        )
+        ) + &self
+            .price_overlay
+            .as_ref()
+            .map(|p| {
+                format!(
+                    "; price {} after overlay {} (was {})",
+                    self.price, p.overlay, p.base_price
+                )
+            })
+            .unwrap_or_default()
     }
 }
 

@@ -147,7 +147,7 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
                         ),
                     });
                 } else {
-                    let view = OfferingView::new(&t.name, o);
+                    let view = OfferingView::new(&t.name, o).overlaid(&cluster.catalog);
                     if let Some(why) = &view.unavailable_reason {
                         left_out.push(LeftOut {
                             machine_deployment: o.machine_deployment.clone(),
