@@ -136,6 +136,9 @@ pub enum Scenario {
     /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
     /// move to new nodes.
     Expire,
+    /// The pods scenario with a NodeOverlay that makes the largest size the cheapest (and one
+    /// with a malformed price): provisioning picks the overlay-cheapest type.
+    Overlay,
     /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
     None,
 }

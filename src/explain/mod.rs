@@ -73,12 +73,13 @@ impl OfferingView {
 
     /// The same, saying which NodeOverlay set the price (as the catalog records it).
     pub fn overlaid(mut self, catalog: &crate::view::catalog::CatalogView) -> Self {
-        self.price_overlay = catalog
-            .price_overlay(&self.machine_deployment)
-            .map(|p| PriceOverlayView {
-                overlay: p.overlay,
-                base_price: p.base_price,
-            });
+        self.price_overlay =
+            catalog
+                .price_overlay(&self.machine_deployment)
+                .map(|p| PriceOverlayView {
+                    overlay: p.overlay,
+                    base_price: p.base_price,
+                });
         self
     }
 

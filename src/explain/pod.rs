@@ -164,7 +164,8 @@ fn considered(cluster: &Cluster, claim: &NodeClaim, chosen: Option<&str>) -> Vec
     rank(&types, &reqs, &requests, &declared, &unavailable)
         .into_iter()
         .map(|r| Considered {
-            offering: OfferingView::new(&r.instance_type.name, r.offering).overlaid(&cluster.catalog),
+            offering: OfferingView::new(&r.instance_type.name, r.offering)
+                .overlaid(&cluster.catalog),
             fit: r.fit,
             chosen: Some(r.offering.machine_deployment.as_str()) == chosen,
         })

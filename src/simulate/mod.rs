@@ -11,6 +11,7 @@ pub mod launch;
 pub mod node_groups;
 pub mod observer;
 pub mod output;
+pub mod overlay;
 pub mod pods;
 mod progress;
 pub mod report;
@@ -404,6 +405,19 @@ pub async fn run_scenario(args: &SimulateArgs) -> Result<(output::Outcome, Kept)
             let ok = r.launch.invariants_ok;
             (
                 outcome(r.to_string(), r.to_json(), ok, r.launch.timeline),
+                kept,
+            )
+        }
+        Scenario::Overlay => {
+            let (r, kept) = overlay::run_kept(args).await?;
+            let ok = r.invariants_ok();
+            (
+                outcome(
+                    r.to_string(),
+                    r.to_json(),
+                    ok,
+                    r.pods.launch.timeline.clone(),
+                ),
                 kept,
             )
         }

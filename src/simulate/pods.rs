@@ -432,6 +432,17 @@ pub async fn provision_with(
     super::announce(&sim, args, "pods,nodeclaims,nodes");
     seed_machine_deployments(&sim, args).await?;
     seed_nodepool(&sim, pool).await?;
+    provision_on(sim, args, shape, tweak).await
+}
+
+/// The second half of `provision_with`, on a cluster already seeded (a scenario may add objects
+/// of its own before the controller starts).
+pub async fn provision_on(
+    sim: BackgroundSim,
+    args: &SimulateArgs,
+    shape: impl Fn(usize, &mut PodShape) + Send + 'static,
+    tweak: impl FnOnce(&mut crate::actors::Settings),
+) -> Result<Provisioned, Error> {
     let observer = Observer::default();
     {
         let o = observer.clone();
