@@ -29,6 +29,8 @@ mod kubectl;
 mod lifecycle;
 #[path = "control_plane/malformed.rs"]
 mod malformed;
+#[path = "control_plane/overlay.rs"]
+mod overlay;
 #[path = "control_plane/provisioning.rs"]
 mod provisioning;
 #[path = "control_plane/rbac.rs"]
@@ -53,6 +55,7 @@ fn main() -> std::process::ExitCode {
     tests.extend(rbac::tests());
     tests.extend(simulate::tests());
     tests.extend(flows::tests());
+    tests.extend(overlay::tests());
     tests.extend(provisioning::tests());
     tests.extend(lifecycle::tests());
     tests.extend(failover::tests());
