@@ -227,8 +227,8 @@ impl StandIns {
     }
 }
 
-/// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass and a
-/// NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
+/// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass, a
+/// NodeOverlay and a NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
 pub(super) async fn seed(admin: &Client, t: &Topology) {
     for i in 0..2 {
         let mut seed = MachineDeploymentSeed {
@@ -268,6 +268,17 @@ pub(super) async fn seed(admin: &Client, t: &Topology) {
         json!({
             "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
             "metadata": {"name": "default"}, "spec": {},
+        }),
+    )
+    .await;
+    // A NodeOverlay that changes nothing (+0%), so the catalog's overlay watch and status
+    // write run under the chart's RBAC too.
+    create(
+        admin,
+        json!({
+            "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+            "metadata": {"name": "unchanged"},
+            "spec": {"requirements": [], "priceAdjustment": "+0%"},
         }),
     )
     .await;
