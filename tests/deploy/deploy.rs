@@ -931,8 +931,8 @@ fn chart_crds_are_copies_of_deploy_crds() {
     let generated = names("deploy/crds");
     assert_eq!(
         generated.len(),
-        3,
-        "NodePool, NodeClaim, ClusterAPINodeClass"
+        4,
+        "NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay"
     );
     assert_eq!(names(&format!("{CHART}/crds")), generated);
     for n in &generated {
