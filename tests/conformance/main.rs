@@ -14,6 +14,7 @@ mod doc_table;
 mod in_flight;
 mod instance_selection;
 mod instance_type_compat;
+mod nodeoverlay;
 mod preferential_fallback;
 mod provisioning;
 mod topology;
