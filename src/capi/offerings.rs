@@ -27,7 +27,16 @@ pub struct Catalog {
     /// One line per MachineDeployment that was selected but left out, naming it and why.
     pub problems: Vec<String>,
     /// Offerings (by MachineDeployment) whose price a NodeOverlay set, with the price before.
-    pub price_overlays: BTreeMap<String, crate::capi::overlay::PriceOverlaid>,
+    pub price_overlays: BTreeMap<String, PriceOverlaid>,
+}
+
+/// The price a NodeOverlay set on one offering (kept so `explain` can say where a price came
+/// from).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PriceOverlaid {
+    pub overlay: String,
+    pub base_price: f64,
+    pub change: crate::api::nodeoverlay::PriceChange,
 }
 
 /// Inputs for one MachineDeployment besides the object itself.

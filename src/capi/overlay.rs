@@ -19,15 +19,8 @@ use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validate_nodeoverlay;
 use crate::capi::offerings::Catalog;
+pub use crate::capi::offerings::PriceOverlaid;
 use crate::scheduling::Offering;
-
-/// The price an overlay set on one offering (kept so `explain` can say where a price came from).
-#[derive(Clone, Debug, PartialEq)]
-pub struct PriceOverlaid {
-    pub overlay: String,
-    pub base_price: f64,
-    pub change: PriceChange,
-}
 
 /// What became of one overlay.
 #[derive(Clone, Debug, PartialEq)]

@@ -34,7 +34,10 @@ fn types_in(values: &[&str]) -> Value {
 fn run(
     types: Vec<InstanceType>,
     overlays: &[NodeOverlay],
-) -> (Catalog, std::collections::BTreeMap<String, Option<&'static str>>) {
+) -> (
+    Catalog,
+    std::collections::BTreeMap<String, Option<&'static str>>,
+) {
     let mut catalog = Catalog {
         instance_types: types,
         ..Default::default()
@@ -134,7 +137,11 @@ fn a_well_known_resource_in_capacity_fails_runtime_validation() {
 
 /// Two overlays of weight 10 pricing the same offering: `overlay-b` is evaluated first and
 /// applies, `overlay-a` is `Conflict`.
-fn conflict(types: Vec<InstanceType>, a: Value, b: Value) -> (Option<&'static str>, Option<&'static str>) {
+fn conflict(
+    types: Vec<InstanceType>,
+    a: Value,
+    b: Value,
+) -> (Option<&'static str>, Option<&'static str>) {
     let (_, r) = run(types, &[overlay("overlay-a", a), overlay("overlay-b", b)]);
     (reason_of(&r, "overlay-a"), reason_of(&r, "overlay-b"))
 }
@@ -190,14 +197,19 @@ fn price_overlays_overlapping_on_a_spot_offering_conflict() {
 }
 
 /// Upstream's pricing tables: (field, value of overlay-a, value of overlay-b).
-const PRICE_ENTRIES: [(&str, &str, &str); 2] = [("price", "1.03", "23"), ("priceAdjustment", "+54", "-2")];
+const PRICE_ENTRIES: [(&str, &str, &str); 2] =
+    [("price", "1.03", "23"), ("priceAdjustment", "+54", "-2")];
 
 #[test]
 fn different_prices_on_overlapping_types_conflict() {
     for (field, va, vb) in PRICE_ENTRIES {
         let a = json!({"requirements": types_in(&["default-instance-type", "small-instance-type"]), "weight": 10, field: va});
         let b = json!({"requirements": types_in(&["default-instance-type", "gpu-vendor-instance-type"]), "weight": 10, field: vb});
-        assert_eq!(conflict(default_types(), a, b), (Some("Conflict"), None), "{field}");
+        assert_eq!(
+            conflict(default_types(), a, b),
+            (Some("Conflict"), None),
+            "{field}"
+        );
     }
 }
 
@@ -206,14 +218,19 @@ fn equal_prices_on_overlapping_types_still_conflict() {
     for (field, v) in [("price", "100"), ("priceAdjustment", "+100")] {
         let a = json!({"requirements": types_in(&["default-instance-type", "small-instance-type"]), "weight": 10, field: v});
         let b = json!({"requirements": types_in(&["default-instance-type", "gpu-vendor-instance-type"]), "weight": 10, field: v});
-        assert_eq!(conflict(default_types(), a, b), (Some("Conflict"), None), "{field}");
+        assert_eq!(
+            conflict(default_types(), a, b),
+            (Some("Conflict"), None),
+            "{field}"
+        );
     }
 }
 
 #[test]
 fn prices_on_mutually_exclusive_requirements_both_apply() {
     for (field, va, vb) in [("price", "54", "23"), ("priceAdjustment", "+54", "-2")] {
-        let a = json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, field: va});
+        let a =
+            json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, field: va});
         let b = json!({"requirements": [{"key": INSTANCE_TYPE_LABEL, "operator": "NotIn", "values": ["default-instance-type"]}], "weight": 10, field: vb});
         assert_eq!(conflict(default_types(), a, b), (None, None), "{field}");
     }
@@ -222,7 +239,8 @@ fn prices_on_mutually_exclusive_requirements_both_apply() {
 #[test]
 fn prices_of_different_weights_both_apply() {
     for (field, va, vb) in [("price", "34", "2"), ("priceAdjustment", "-4", "-2")] {
-        let a = json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, field: va});
+        let a =
+            json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, field: va});
         let b = json!({"requirements": types_in(&["default-instance-type", "gpu-vendor-instance-type"]), "weight": 20, field: vb});
         assert_eq!(conflict(default_types(), a, b), (None, None), "{field}");
     }
@@ -244,9 +262,18 @@ fn only_the_overlay_repeating_a_resource_conflicts() {
     let (_, r) = run(
         default_types(),
         &[
-            overlay("conflicting-overlay-1", json!({"requirements": types_in(&["default-instance-type", "small-instance-type"]), "weight": 10, "capacity": {"hugepage-1Gi": "2Gi"}})),
-            overlay("good-overlay-1", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": fuse("1")})),
-            overlay("conflicting-overlay-2", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": {"hugepage-1Gi": "3Gi"}})),
+            overlay(
+                "conflicting-overlay-1",
+                json!({"requirements": types_in(&["default-instance-type", "small-instance-type"]), "weight": 10, "capacity": {"hugepage-1Gi": "2Gi"}}),
+            ),
+            overlay(
+                "good-overlay-1",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": fuse("1")}),
+            ),
+            overlay(
+                "conflicting-overlay-2",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": {"hugepage-1Gi": "3Gi"}}),
+            ),
         ],
     );
     assert_eq!(reason_of(&r, "conflicting-overlay-1"), Some("Conflict"));
@@ -284,16 +311,25 @@ fn different_resources_on_overlapping_types_both_apply() {
 
 #[test]
 fn a_price_or_adjustment_reprices_the_selected_offering() {
-    for (field, v, want) in [("price", "13234.223", 13234.223), ("priceAdjustment", "+1000", 1001.02)] {
+    for (field, v, want) in [
+        ("price", "13234.223", 13234.223),
+        ("priceAdjustment", "+1000", 1001.02),
+    ] {
         let (c, r) = run(
             single_offering(),
-            &[overlay("o", json!({"requirements": types_in(&["default-instance-type"]), field: v}))],
+            &[overlay(
+                "o",
+                json!({"requirements": types_in(&["default-instance-type"]), field: v}),
+            )],
         );
         assert_eq!(reason_of(&r, "o"), None);
         let got = prices(&c, "default-instance-type");
         assert!((got[0] - want).abs() < 1e-9, "{field}: {got:?}");
         let recorded = &c.price_overlays[&c.instance_types[0].offerings[0].machine_deployment];
-        assert_eq!((recorded.overlay.as_str(), recorded.base_price), ("o", 1.02));
+        assert_eq!(
+            (recorded.overlay.as_str(), recorded.base_price),
+            ("o", 1.02)
+        );
     }
 }
 
@@ -302,7 +338,10 @@ fn an_overlay_that_selects_nothing_leaves_prices_alone() {
     for (field, v) in [("price", "13234.223"), ("priceAdjustment", "+1000")] {
         let (c, _) = run(
             single_offering(),
-            &[overlay("o", json!({"requirements": types_in(&["other-instance-type"]), field: v}))],
+            &[overlay(
+                "o",
+                json!({"requirements": types_in(&["other-instance-type"]), field: v}),
+            )],
         );
         assert_eq!(prices(&c, "default-instance-type"), [1.02], "{field}");
     }
@@ -312,23 +351,43 @@ fn an_overlay_that_selects_nothing_leaves_prices_alone() {
 fn an_invalid_overlay_adds_no_capacity() {
     let (c, r) = run(
         single_offering(),
-        &[overlay("bad", json!({"requirements": types_in(&["default-instance-type"]), "capacity": {"smarter-devices/fuse": "1", "memory": "1Gi"}}))],
+        &[overlay(
+            "bad",
+            json!({"requirements": types_in(&["default-instance-type"]), "capacity": {"smarter-devices/fuse": "1", "memory": "1Gi"}}),
+        )],
     );
     assert_eq!(reason_of(&r, "bad"), Some("RuntimeValidation"));
-    assert!(c.instance_types[0].capacity.get("smarter-devices/fuse").is_zero());
+    assert!(
+        c.instance_types[0]
+            .capacity
+            .get("smarter-devices/fuse")
+            .is_zero()
+    );
 }
 
 #[test]
 fn capacity_is_added_only_to_the_selected_types() {
     let (c, _) = run(
         default_types(),
-        &[overlay("o", json!({"requirements": types_in(&["default-instance-type"]), "capacity": fuse("1")}))],
+        &[overlay(
+            "o",
+            json!({"requirements": types_in(&["default-instance-type"]), "capacity": fuse("1")}),
+        )],
     );
     for t in &c.instance_types {
-        let want = if t.name == "default-instance-type" { q("1") } else { q("0") };
+        let want = if t.name == "default-instance-type" {
+            q("1")
+        } else {
+            q("0")
+        };
         assert_eq!(t.capacity.get("smarter-devices/fuse"), want, "{}", t.name);
         // Allocatable carries it too: what the solver packs against.
-        assert_eq!(t.allocatable().get("smarter-devices/fuse"), want, "{}", t.name);
+        assert_eq!(
+            t.allocatable().get("smarter-devices/fuse"),
+            want,
+            "{}",
+            t.name
+        );
     }
 }
 
@@ -337,8 +396,14 @@ fn capacity_from_several_overlays_merges_the_higher_weight_first() {
     let (c, r) = run(
         single_offering(),
         &[
-            overlay("low", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": {"smarter-devices/fuse": "1", "hugepage-1Gi": "2Gi"}})),
-            overlay("high", json!({"requirements": types_in(&["default-instance-type"]), "weight": 20, "capacity": fuse("99")})),
+            overlay(
+                "low",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": {"smarter-devices/fuse": "1", "hugepage-1Gi": "2Gi"}}),
+            ),
+            overlay(
+                "high",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 20, "capacity": fuse("99")}),
+            ),
         ],
     );
     assert_eq!((reason_of(&r, "low"), reason_of(&r, "high")), (None, None));
@@ -352,8 +417,14 @@ fn the_higher_weight_price_applies() {
     let (c, r) = run(
         single_offering(),
         &[
-            overlay("low", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "5"})),
-            overlay("high", json!({"requirements": types_in(&["default-instance-type"]), "weight": 20, "price": "0.5"})),
+            overlay(
+                "low",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "5"}),
+            ),
+            overlay(
+                "high",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 20, "price": "0.5"}),
+            ),
         ],
     );
     assert_eq!((reason_of(&r, "low"), reason_of(&r, "high")), (None, None));
@@ -365,13 +436,25 @@ fn price_and_capacity_from_two_overlays_both_apply() {
     let (c, r) = run(
         single_offering(),
         &[
-            overlay("price", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "0.5"})),
-            overlay("capacity", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": fuse("3")})),
+            overlay(
+                "price",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "0.5"}),
+            ),
+            overlay(
+                "capacity",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": fuse("3")}),
+            ),
         ],
     );
-    assert_eq!((reason_of(&r, "price"), reason_of(&r, "capacity")), (None, None));
+    assert_eq!(
+        (reason_of(&r, "price"), reason_of(&r, "capacity")),
+        (None, None)
+    );
     assert_eq!(prices(&c, "default-instance-type"), [0.5]);
-    assert_eq!(c.instance_types[0].capacity.get("smarter-devices/fuse"), q("3"));
+    assert_eq!(
+        c.instance_types[0].capacity.get("smarter-devices/fuse"),
+        q("3")
+    );
 }
 
 #[test]
@@ -382,13 +465,23 @@ fn a_conflicting_overlay_is_not_applied_in_part() {
     let (c, r) = run(
         default_types(),
         &[
-            overlay("overlay-a", json!({"requirements": types_in(&["default-instance-type", "small-instance-type"]), "weight": 10, "price": "0.01"})),
-            overlay("overlay-b", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "0.02"})),
+            overlay(
+                "overlay-a",
+                json!({"requirements": types_in(&["default-instance-type", "small-instance-type"]), "weight": 10, "price": "0.01"}),
+            ),
+            overlay(
+                "overlay-b",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "0.02"}),
+            ),
         ],
     );
     assert_eq!(reason_of(&r, "overlay-a"), Some("Conflict"));
     assert_eq!(prices(&c, "small-instance-type"), before);
-    assert!(prices(&c, "default-instance-type").iter().all(|p| *p == 0.02));
+    assert!(
+        prices(&c, "default-instance-type")
+            .iter()
+            .all(|p| *p == 0.02)
+    );
 }
 
 /// The conflict names the overlay applied, which upstream's message does not.
@@ -398,8 +491,14 @@ fn a_conflict_names_the_overlay_it_lost_to() {
         instance_types: single_offering(),
         ..Default::default()
     };
-    let a = overlay("overlay-a", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "1"}));
-    let b = overlay("overlay-b", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "2"}));
+    let a = overlay(
+        "overlay-a",
+        json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "1"}),
+    );
+    let b = overlay(
+        "overlay-b",
+        json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "2"}),
+    );
     let verdicts = apply(&[&a, &b], &mut [&mut catalog]);
     match &verdicts["overlay-a"] {
         Verdict::Conflict { with } => assert!(with.contains("overlay-b")),
@@ -411,7 +510,10 @@ fn a_conflict_names_the_overlay_it_lost_to() {
 fn a_price_on_a_capacity_type_reprices_only_those_offerings() {
     let (c, _) = run(
         four_offerings(),
-        &[overlay("o", json!({"requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]}], "priceAdjustment": "+1000"}))],
+        &[overlay(
+            "o",
+            json!({"requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]}], "priceAdjustment": "+1000"}),
+        )],
     );
     let got = prices(&c, "default-instance-type");
     assert_eq!((got[0], got[2], got[3]), (1.02, 3.02, 4.02));
@@ -422,9 +524,15 @@ fn a_price_on_a_capacity_type_reprices_only_those_offerings() {
 fn a_price_on_a_zone_reprices_only_that_offering() {
     let (c, _) = run(
         four_offerings(),
-        &[overlay("o", json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-3"]}], "price": "121.421"}))],
+        &[overlay(
+            "o",
+            json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-3"]}], "price": "121.421"}),
+        )],
     );
-    assert_eq!(prices(&c, "default-instance-type"), [1.02, 2.02, 121.421, 4.02]);
+    assert_eq!(
+        prices(&c, "default-instance-type"),
+        [1.02, 2.02, 121.421, 4.02]
+    );
 }
 
 #[test]
@@ -433,7 +541,10 @@ fn an_invalid_overlay_changes_no_price() {
         let key = format!("test.com.test/test-{}", "a".repeat(250));
         let (c, r) = run(
             single_offering(),
-            &[overlay("bad", json!({"requirements": [{"key": key, "operator": "Exists"}], field: v}))],
+            &[overlay(
+                "bad",
+                json!({"requirements": [{"key": key, "operator": "Exists"}], field: v}),
+            )],
         );
         assert_eq!(reason_of(&r, "bad"), Some("RuntimeValidation"));
         assert_eq!(prices(&c, "default-instance-type"), [1.02], "{field}");
@@ -445,14 +556,26 @@ fn overlays_on_different_offerings_each_price_their_own() {
     let (c, r) = run(
         four_offerings(),
         &[
-            overlay("zones", json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2", "test-zone-4"]}], "weight": 10, "price": "11"})),
-            overlay("spot", json!({"requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["spot"]}], "weight": 10, "priceAdjustment": "+1"})),
+            overlay(
+                "zones",
+                json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2", "test-zone-4"]}], "weight": 10, "price": "11"}),
+            ),
+            overlay(
+                "spot",
+                json!({"requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["spot"]}], "weight": 10, "priceAdjustment": "+1"}),
+            ),
         ],
     );
-    assert_eq!((reason_of(&r, "zones"), reason_of(&r, "spot")), (None, None));
+    assert_eq!(
+        (reason_of(&r, "zones"), reason_of(&r, "spot")),
+        (None, None)
+    );
     let got = prices(&c, "default-instance-type");
     assert_eq!((got[1], got[3]), (11.0, 11.0));
-    assert!((got[0] - 2.02).abs() < 1e-9 && (got[2] - 4.02).abs() < 1e-9, "{got:?}");
+    assert!(
+        (got[0] - 2.02).abs() < 1e-9 && (got[2] - 4.02).abs() < 1e-9,
+        "{got:?}"
+    );
 }
 
 /// Three one-offering types (spot in zone 1, on-demand in zone 2, reserved in zone 4).
@@ -480,8 +603,14 @@ fn capacity_overlays_on_offerings_reach_their_types() {
     let (c, _) = run(
         one_offering_each(),
         &[
-            overlay("zones", json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2", "test-zone-4"]}], "weight": 10, "capacity": fuse("1")})),
-            overlay("spot", json!({"requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["spot"]}], "weight": 10, "capacity": {"hugepages-1Gi": "2Gi"}})),
+            overlay(
+                "zones",
+                json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2", "test-zone-4"]}], "weight": 10, "capacity": fuse("1")}),
+            ),
+            overlay(
+                "spot",
+                json!({"requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["spot"]}], "weight": 10, "capacity": {"hugepages-1Gi": "2Gi"}}),
+            ),
         ],
     );
     assert_eq!(cap(&c, "zone-one", "hugepages-1Gi"), q("2Gi"));
@@ -496,12 +625,24 @@ fn two_overlays_add_different_resources_to_one_type() {
     let (c, r) = run(
         single_offering(),
         &[
-            overlay("fuse", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": fuse("1")})),
-            overlay("pages", json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": {"hugepages-1Gi": "2Gi"}})),
+            overlay(
+                "fuse",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": fuse("1")}),
+            ),
+            overlay(
+                "pages",
+                json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "capacity": {"hugepages-1Gi": "2Gi"}}),
+            ),
         ],
     );
-    assert_eq!((reason_of(&r, "fuse"), reason_of(&r, "pages")), (None, None));
-    assert_eq!(cap(&c, "default-instance-type", "smarter-devices/fuse"), q("1"));
+    assert_eq!(
+        (reason_of(&r, "fuse"), reason_of(&r, "pages")),
+        (None, None)
+    );
+    assert_eq!(
+        cap(&c, "default-instance-type", "smarter-devices/fuse"),
+        q("1")
+    );
     assert_eq!(cap(&c, "default-instance-type", "hugepages-1Gi"), q("2Gi"));
     assert_eq!(prices(&c, "default-instance-type"), [1.02]);
 }
@@ -511,8 +652,14 @@ fn capacity_overlays_of_different_weights_on_shared_offerings() {
     let (c, _) = run(
         one_offering_each(),
         &[
-            overlay("heavy", json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2"]}], "weight": 20, "capacity": fuse("1")})),
-            overlay("light", json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2", "test-zone-4"]}], "weight": 10, "capacity": {"hugepages-1Gi": "2Gi"}})),
+            overlay(
+                "heavy",
+                json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2"]}], "weight": 20, "capacity": fuse("1")}),
+            ),
+            overlay(
+                "light",
+                json!({"requirements": [{"key": ZONE_LABEL, "operator": "In", "values": ["test-zone-2", "test-zone-4"]}], "weight": 10, "capacity": {"hugepages-1Gi": "2Gi"}}),
+            ),
         ],
     );
     assert_eq!(cap(&c, "zone-two", "smarter-devices/fuse"), q("1"));

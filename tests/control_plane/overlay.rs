@@ -60,15 +60,14 @@ fn on_type(t: &str) -> Value {
 
 /// The overlay's Ready condition once it has one: (status, reason, message).
 async fn ready_of(api: &Api<NodeOverlay>, name: &str) -> (String, String, String) {
-    eventually(&format!("NodeOverlay {name} has a Ready condition"), || async {
-        let o = api.get(name).await.ok()?;
-        let c = o
-            .conditions()
-            .iter()
-            .find(|c| c.type_ == "Ready")?
-            .clone();
-        Some((c.status.as_str().to_string(), c.reason, c.message))
-    })
+    eventually(
+        &format!("NodeOverlay {name} has a Ready condition"),
+        || async {
+            let o = api.get(name).await.ok()?;
+            let c = o.conditions().iter().find(|c| c.type_ == "Ready")?.clone();
+            Some((c.status.as_str().to_string(), c.reason, c.message))
+        },
+    )
     .await
 }
 
@@ -98,7 +97,10 @@ async fn an_overlay_price_steers_provisioning_and_a_change_reprices_it(backend: 
     let api: Api<NodeOverlay> = Api::all(env.client().await);
     api.create(
         &PostParams::default(),
-        &overlay("negotiated", json!({"requirements": on_type("large"), "price": "0.01"})),
+        &overlay(
+            "negotiated",
+            json!({"requirements": on_type("large"), "price": "0.01"}),
+        ),
     )
     .await
     .expect("create the overlay");
@@ -119,10 +121,12 @@ async fn an_overlay_price_steers_provisioning_and_a_change_reprices_it(backend: 
     .expect("raise the price");
     // Kept off the first node (hostname anti-affinity), so the pod needs a new claim.
     let mut apart = PodShape::new("500m", "256Mi");
-    apart.affinity = Some(json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-        "labelSelector": {"matchLabels": {"app": "before"}},
-        "topologyKey": "kubernetes.io/hostname",
-    }]}}));
+    apart.affinity = Some(
+        json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": {"matchLabels": {"app": "before"}},
+            "topologyKey": "kubernetes.io/hostname",
+        }]}}),
+    );
     env.deployment("after", 1, apart).await;
     env.until_quiet("the second pod bound", |e| e.bound_pods() == 2)
         .await;
@@ -152,7 +156,10 @@ async fn a_malformed_price_is_refused_or_reported_and_never_applied(backend: Bac
         Ok(_) => {
             assert_eq!(backend, Backend::Simulated, "a real API server refuses it");
             let (status, reason, message) = ready_of(&api, "bad-price").await;
-            assert_eq!((status.as_str(), reason.as_str()), ("False", "RuntimeValidation"));
+            assert_eq!(
+                (status.as_str(), reason.as_str()),
+                ("False", "RuntimeValidation")
+            );
             assert!(message.contains("spec.priceAdjustment"), "{message}");
         }
     }
@@ -160,7 +167,10 @@ async fn a_malformed_price_is_refused_or_reported_and_never_applied(backend: Bac
     // valid: large at 0.09 beats small at 0.10; a -15% on small (0.085) would not be applied.
     api.create(
         &PostParams::default(),
-        &overlay("fine", json!({"requirements": on_type("large"), "price": "0.09"})),
+        &overlay(
+            "fine",
+            json!({"requirements": on_type("large"), "price": "0.09"}),
+        ),
     )
     .await
     .expect("create the valid overlay");
@@ -182,7 +192,10 @@ async fn overlays_of_equal_weight_on_the_same_offerings_conflict(backend: Backen
     for (name, price) in [("a-cheap", "0.02"), ("b-cheap", "0.03")] {
         api.create(
             &PostParams::default(),
-            &overlay(name, json!({"weight": 5, "requirements": on_type("medium"), "price": price})),
+            &overlay(
+                name,
+                json!({"weight": 5, "requirements": on_type("medium"), "price": price}),
+            ),
         )
         .await
         .expect("create the overlay");
