@@ -128,32 +128,11 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(OverlayReport, Kept), Erro
             .to_string();
         *claims_by_type.entry(t).or_default() += 1;
     }
-    let overlays: Vec<OverlayStatus> = creates
-        .into_iter()
-        .map(|(name, create)| {
-            let obj = store.get("nodeoverlays", "", &name);
-            let ready = obj.as_ref().and_then(|o| {
-                o.pointer("/status/conditions")?
-                    .as_array()?
-                    .iter()
-                    .find(|c| c["type"] == "Ready")
-                    .cloned()
-            });
-            let field = |k: &str| {
-                ready
-                    .as_ref()
-                    .and_then(|c| c[k].as_str())
-                    .map(str::to_string)
-            };
-            OverlayStatus {
-                ready: field("status"),
-                reason: field("reason"),
-                message: field("message"),
-                name,
-                create,
-            }
-        })
-        .collect();
+    // Through the API, not the store: on the real backend the store mirrors only some kinds.
+    let overlays = p
+        .sim
+        .run(move |c| async move { overlay_statuses(c.client(), creates).await })
+        .await?;
     let malformed_refused = overlays.iter().any(|s| {
         s.name == MALFORMED
             && (s.create != "created"
@@ -180,6 +159,31 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(OverlayReport, Kept), Erro
         },
         p.kept(),
     ))
+}
+
+/// Each overlay's `Ready` condition as the API serves it, beside how its create was answered.
+async fn overlay_statuses(
+    client: kube::Client,
+    creates: Vec<(String, String)>,
+) -> Vec<OverlayStatus> {
+    let api: kube::Api<crate::api::NodeOverlay> = kube::Api::all(client);
+    let mut out = Vec::new();
+    for (name, create) in creates {
+        let ready = api.get_opt(&name).await.ok().flatten().and_then(|o| {
+            o.conditions()
+                .iter()
+                .find(|c| c.type_ == crate::api::conditions::READY)
+                .cloned()
+        });
+        out.push(OverlayStatus {
+            ready: ready.as_ref().map(|c| c.status.as_str().to_string()),
+            reason: ready.as_ref().map(|c| c.reason.clone()),
+            message: ready.map(|c| c.message),
+            name,
+            create,
+        });
+    }
+    out
 }
 
 /// Creates the two overlays; returns how the API server answered each.

@@ -21,6 +21,7 @@ on_both_backends![
     an_overlay_price_steers_provisioning_and_a_change_reprices_it,
     a_malformed_price_is_refused_or_reported_and_never_applied,
     overlays_of_equal_weight_on_the_same_offerings_conflict,
+    the_overlay_scenario_launches_on_the_overlay_cheapest_type,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -216,4 +217,28 @@ async fn overlays_of_equal_weight_on_the_same_offerings_conflict(backend: Backen
         .expect("one claim");
     assert_eq!(claim["metadata"]["labels"][INSTANCE_TYPE_LABEL], "medium");
     env.invariants_hold();
+}
+
+/// `simulate --scenario overlay`: every claim on the overlaid (largest) size, and the malformed
+/// overlay refused, by the real API server's CRD pattern or on its status.
+async fn the_overlay_scenario_launches_on_the_overlay_cheapest_type(backend: Backend) {
+    use karpenter_capi::cli::{ControlPlaneArg, Scenario};
+    let args = karpenter_capi::cli::SimulateArgs {
+        pods: 40,
+        control_plane: match backend {
+            Backend::Simulated => ControlPlaneArg::Simulated,
+            Backend::Real => ControlPlaneArg::Real,
+        },
+        ..crate::common::scenario(Scenario::Overlay)
+    };
+    let (report, _kept) = karpenter_capi::simulate::overlay::run_kept(&args)
+        .await
+        .expect("the scenario runs");
+    let o = &report.overlay;
+    assert!(o.picked_overlay_cheapest, "{:?}", o.claims_by_type);
+    assert_eq!(o.overlaid_type, "large");
+    assert!(o.malformed_refused, "{:?}", o.overlays);
+    assert!(report.invariants_ok(), "{report}");
+    let json: Value = serde_json::from_str(&report.to_json()).expect("JSON");
+    assert_eq!(json["overlay"]["picked_overlay_cheapest"], true);
 }
