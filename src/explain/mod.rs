@@ -172,3 +172,80 @@ pub enum RunError {
     #[error("rendering the report: {0}")]
     Render(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashSet};
+
+    use super::*;
+    use crate::api::requirements::Requirements;
+    use crate::api::resources::{Quantity, Resources};
+    use crate::api::wellknown::INSTANCE_TYPE_LABEL;
+    use crate::capi::offerings::Catalog;
+    use crate::scheduling::InstanceType;
+    use crate::view::catalog::CatalogView;
+
+    fn one_type(name: &str, price: f64) -> InstanceType {
+        InstanceType {
+            name: name.into(),
+            requirements: Requirements::default(),
+            capacity: Resources::new().with("cpu", Quantity::from_units(4)),
+            overhead: Resources::default(),
+            offerings: vec![Offering {
+                machine_deployment: format!("ns/md-{name}"),
+                zone: None,
+                capacity_type: "on-demand".into(),
+                price,
+                available: true,
+                labels: BTreeMap::from([(INSTANCE_TYPE_LABEL.to_string(), name.to_string())]),
+                taints: Vec::new(),
+                replicas: 0,
+                max_size: None,
+            }],
+            csi_limits: Default::default(),
+        }
+    }
+
+    /// The launch takes the offering that is cheapest after the overlay, and the report says
+    /// which overlay set its price and what it was before.
+    #[test]
+    fn an_overlaid_price_is_chosen_and_explained() {
+        let overlay: crate::api::NodeOverlay = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+            "metadata": {"name": "negotiated"},
+            "spec": {"requirements": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": ["big"]}], "price": "0.19"},
+        }))
+        .unwrap();
+        let mut catalog = Catalog {
+            instance_types: vec![one_type("small", 0.3), one_type("big", 0.5)],
+            ..Default::default()
+        };
+        crate::capi::overlay::apply(&[&overlay], &mut [&mut catalog]);
+        let view = CatalogView::default();
+        view.insert("nc", catalog, None);
+        let choice = view
+            .resolve(
+                "nc",
+                &Requirements::default(),
+                &Resources::new(),
+                &HashSet::new(),
+                &[],
+            )
+            .unwrap();
+        assert_eq!((choice.instance_type.as_str(), choice.price), ("big", 0.19));
+        let types = view.instance_types("nc");
+        let big = types.iter().find(|t| t.name == "big").unwrap();
+        let line = OfferingView::new("big", &big.offerings[0])
+            .overlaid(&view)
+            .line();
+        assert!(
+            line.ends_with("; price 0.19 after overlay negotiated (was 0.5)"),
+            "{line}"
+        );
+        let small = types.iter().find(|t| t.name == "small").unwrap();
+        let line = OfferingView::new("small", &small.offerings[0])
+            .overlaid(&view)
+            .line();
+        assert!(!line.contains("overlay"), "{line}");
+    }
+}
