@@ -137,7 +137,7 @@ async fn an_overlay_price_steers_provisioning_and_a_change_reprices_it(backend: 
 
 /// `priceAdjustment: "-15 percent"` on every type: a real API server refuses it (the CRD's
 /// pattern); where it is stored, the overlay is `Ready=False` (`RuntimeValidation`) naming
-/// `spec.priceAdjustment`, and a pod lands on the cheapest type at its own price.
+/// `spec.priceAdjustment`; one whose weight is not a number likewise; neither is applied.
 async fn a_malformed_price_is_refused_or_reported_and_never_applied(backend: Backend) {
     let env = env(backend).await;
     let api: Api<NodeOverlay> = Api::all(env.client().await);
@@ -162,6 +162,38 @@ async fn a_malformed_price_is_refused_or_reported_and_never_applied(backend: Bac
                 ("False", "RuntimeValidation")
             );
             assert!(message.contains("spec.priceAdjustment"), "{message}");
+        }
+    }
+    // A weight the types cannot read: refused by a real API server's schema; where it is
+    // stored, reported as not readable, naming the field.
+    let dynamic: Api<kube::api::DynamicObject> = Api::all_with(
+        env.client().await,
+        &kube::api::ApiResource::erase::<NodeOverlay>(&()),
+    );
+    let unreadable: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1alpha1",
+        "kind": "NodeOverlay",
+        "metadata": {"name": "bad-weight"},
+        "spec": {"requirements": [], "weight": "heavy", "price": "0.01"},
+    }))
+    .expect("an object");
+    match dynamic.create(&PostParams::default(), &unreadable).await {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 422, "{e:?}"),
+        Err(e) => panic!("creating the overlay: {e}"),
+        Ok(_) => {
+            assert_eq!(backend, Backend::Simulated, "a real API server refuses it");
+            let message = eventually("bad-weight reported", || async {
+                let o = dynamic.get("bad-weight").await.ok()?;
+                let c = o
+                    .data
+                    .pointer("/status/conditions")?
+                    .as_array()?
+                    .iter()
+                    .find(|c| c["type"] == "ValidationSucceeded" && c["status"] == "False")?;
+                c["message"].as_str().map(String::from)
+            })
+            .await;
+            assert!(message.contains("weight"), "{message}");
         }
     }
     // An overlay that would make large the cheapest, were the bad one applied after it, is
