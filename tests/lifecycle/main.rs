@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod adoption;
 mod ha;
 mod hardening;
 mod launch;
