@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL};
 use crate::capi::model::{Machine, MachineDeployment};
-use crate::state::claims::{Claims, provider_id, recorded_deployment, recorded_machine};
+use crate::state::claims::{Claims, is_ours, provider_id, recorded_deployment, recorded_machine};
 use crate::state::machines::{bound_claim, claimed_elsewhere, key, released_elsewhere};
 
 /// The live Machines among `machines` that a claim names with `cluster.x-k8s.io/machine` while
@@ -73,7 +73,7 @@ pub fn managed_at_adoption(
     let free = live.len() - bound;
     let to_place = claims
         .all()
-        .filter(|c| super::super::supervisor::is_ours(c))
+        .filter(|c| is_ours(c))
         .filter(|c| unplaced(c))
         .count()
         + claims.waiting_on(md_key).len();
