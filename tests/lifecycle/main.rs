@@ -4,7 +4,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod adoption;
 mod ha;
 mod hardening;
 mod launch;

@@ -2,7 +2,7 @@
 //! `common::go_provider`, request by request as the provider and upstream Karpenter write it),
 //! the controller adopts every live claim and its Machine with no replica write, no deletion,
 //! no drain and no drift, finishes what was mid-flight, leaves other NodeClass kinds alone, and
-//! leaves a state the Go provider reads without repairing anything.
+//! leaves a state the Go provider reads without repairing anything. On both backends.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -11,12 +11,30 @@ use serde_json::{Value, json};
 
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::metrics::Metrics;
+use karpenter_capi::sim::cluster::Backend;
 use karpenter_capi::simulate::launch::{instance_type, seed_of};
 use karpenter_capi::simulate::{sim_settings, start_controller};
 
-use crate::common;
-use common::go_provider::{GO_MACHINE_ANNOTATION, GoProvider, UPSTREAM_HASH, launched, ours};
-use common::*;
+use crate::common::go_provider::{
+    GO_MACHINE_ANNOTATION, GoProvider, UPSTREAM_HASH, launched, ours,
+};
+use crate::common::{Env, NS, fast_cluster};
+
+on_both_backends![
+    the_go_providers_claims_are_adopted_without_a_replica_write_a_deletion_or_a_drift,
+    a_restart_in_the_middle_of_adoption_is_safe,
+];
+
+pub fn tests() -> Vec<crate::assets::Test> {
+    on_both()
+}
+
+/// The controller's own writes: its User-Agent (on the real backend the audit log names the
+/// writer `user (User-Agent)`), after it started.
+fn by_controller(w: &karpenter_capi::sim::WriteRecord, since_ms: u64) -> bool {
+    let agent = karpenter_capi::app::USER_AGENT;
+    w.at_ms > since_ms && (w.agent == agent || w.agent.ends_with(&format!(" ({agent})")))
+}
 
 /// What the Go provider left: live claims by the Machine each ends on, the claim being deleted,
 /// the claim of another NodeClass kind, and the replicas it set.
@@ -32,11 +50,12 @@ struct Left {
 
 /// Provider IDs arrive late enough that a Machine bound just now has none when the controller
 /// starts.
-async fn seeded() -> Env {
+async fn seeded(backend: Backend) -> Env {
     let mut cluster = fast_cluster();
     cluster.provider_delay = Duration::from_millis(1500);
     let (sim, pool) = Env::builder()
         .cluster(cluster)
+        .backend(backend)
         .seeds(vec![seed_of(0, 10), seed_of(1, 10)])
         .seeded()
         .await;
@@ -145,7 +164,7 @@ fn assert_untouched_and_go_readable(env: &Env, left: &Left) {
     let writes = env.sim.cluster().stats().writes();
     let ours: Vec<_> = writes
         .iter()
-        .filter(|w| w.at_ms > left.since_ms && w.agent == karpenter_capi::app::USER_AGENT)
+        .filter(|w| by_controller(w, left.since_ms))
         .collect();
     for w in &ours {
         println!(
@@ -254,9 +273,10 @@ fn assert_untouched_and_go_readable(env: &Env, left: &Left) {
     }
 }
 
-#[actix::test]
-async fn the_go_providers_claims_are_adopted_without_a_replica_write_a_deletion_or_a_drift() {
-    let mut env = seeded().await;
+async fn the_go_providers_claims_are_adopted_without_a_replica_write_a_deletion_or_a_drift(
+    backend: Backend,
+) {
+    let mut env = seeded(backend).await;
     let left = left_by_the_go_provider(&env).await;
     env.controller = Some(
         start_controller(&env.sim, sim_settings(None), env.metrics.clone())
@@ -268,9 +288,8 @@ async fn the_go_providers_claims_are_adopted_without_a_replica_write_a_deletion_
     env.invariants_hold();
 }
 
-#[actix::test]
-async fn a_restart_in_the_middle_of_adoption_is_safe() {
-    let mut env = seeded().await;
+async fn a_restart_in_the_middle_of_adoption_is_safe(backend: Backend) {
+    let mut env = seeded(backend).await;
     let left = left_by_the_go_provider(&env).await;
     env.controller = Some(
         start_controller(&env.sim, sim_settings(None), env.metrics.clone())
@@ -282,7 +301,7 @@ async fn a_restart_in_the_middle_of_adoption_is_safe() {
         let writes = env.sim.cluster().stats().writes();
         writes
             .iter()
-            .any(|w| w.at_ms > left.since_ms && w.resource == "machinedeployments")
+            .any(|w| by_controller(w, left.since_ms) && w.resource == "machinedeployments")
             .then_some(())
     })
     .await;
