@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, MACHINE_DEPLOYMENT_ANNOTATION};
 use karpenter_capi::capi::version::CapiVersion;
@@ -14,7 +14,8 @@ use karpenter_capi::sim::cluster::PodShape;
 use karpenter_capi::simulate::launch::seed_of;
 use karpenter_capi::simulate::{sim_settings, start_controller_shadowed};
 
-use crate::common::{Env, standin_cluster};
+use crate::common::claims::fast_disruption;
+use crate::common::{Env, NS, standin_cluster};
 
 const PODS: usize = 1000;
 
@@ -123,4 +124,118 @@ async fn a_shadow_run_writes_nothing_and_decides_what_a_real_run_does() {
         "the shadow run's claims are the real run's"
     );
     assert_eq!(shadowed.bound_pods(), 0, "no pod placed");
+}
+
+/// Three nodes of two pods each, the Deployment scaled down to two pods and consolidation
+/// switched on while no controller runs.
+async fn consolidatable() -> Env {
+    let mut env = Env::builder()
+        .cluster(standin_cluster(CapiVersion::V1Beta2))
+        .short_batches()
+        .tune(|s| s.disruption = fast_disruption())
+        .start()
+        .await;
+    env.deployment("web", 6, PodShape::new("1500m", "256Mi"))
+        .await;
+    env.until_quiet("6 pods bound", |e| e.bound_pods() == 6)
+        .await;
+    if let Some(c) = env.controller.take() {
+        c.stop();
+    }
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmptyOrUnderutilized",
+                              "consolidateAfter": "0s", "budgets": [{"nodes": "1"}]}))
+        .await;
+    env.sim
+        .run(|c| async move { c.scale_deployment(NS, "web", 2).await })
+        .await
+        .expect("the cluster's runtime")
+        .expect("scale the Deployment down");
+    env.until("two pods left", |e| e.list("pods").len() == 2)
+        .await;
+    env
+}
+
+fn settings() -> karpenter_capi::actors::Settings {
+    let mut s = sim_settings(None);
+    s.disruption = fast_disruption();
+    s
+}
+
+#[actix::test]
+async fn a_shadow_consolidation_writes_nothing_and_removes_what_a_real_run_removes() {
+    let mut env = consolidatable().await;
+    let since = env.sim.cluster().stats().now_ms();
+    let shadow = Shadow::new(None).expect("shadow");
+    env.controller = Some(
+        start_controller_shadowed(
+            &env.sim,
+            settings(),
+            env.metrics.clone(),
+            Some(shadow.clone()),
+        )
+        .await
+        .expect("shadow controller"),
+    );
+    let first_delete = |s: &Shadow| {
+        s.intended()
+            .into_iter()
+            .find(|i| i.verb == "delete" && i.resource == "nodeclaims")
+            .map(|i| i.name)
+    };
+    let shadowed = env
+        .wait("the shadow run's first consolidation", || {
+            first_delete(&shadow)
+        })
+        .await;
+    let writes: Vec<String> = env
+        .sim
+        .cluster()
+        .stats()
+        .writes()
+        .iter()
+        .filter(|w| w.at_ms > since && w.agent == karpenter_capi::app::USER_AGENT)
+        .map(|w| format!("{} {}/{} {}", w.verb, w.resource, w.subresource, w.name))
+        .collect();
+    assert!(writes.is_empty(), "the server saw writes: {writes:#?}");
+    let tainted = shadow.intended().iter().any(|i| {
+        i.verb == "patch"
+            && i.resource == "nodes"
+            && i.body.to_string().contains("karpenter.sh/disrupted")
+    });
+    assert!(
+        tainted,
+        "the command taints its node first: {:#?}",
+        shadow.intended()
+    );
+    if let Some(c) = env.controller.take() {
+        c.stop();
+    }
+
+    // The same state, allowed to write.
+    let since = env.sim.cluster().stats().now_ms();
+    env.controller = Some(
+        karpenter_capi::simulate::start_controller(&env.sim, settings(), env.metrics.clone())
+            .await
+            .expect("controller"),
+    );
+    let real = env
+        .wait("the real run's first consolidation", || {
+            env.sim
+                .cluster()
+                .stats()
+                .writes()
+                .into_iter()
+                .find(|w| {
+                    w.at_ms > since
+                        && w.agent == karpenter_capi::app::USER_AGENT
+                        && w.verb == "delete"
+                        && w.resource == "nodeclaims"
+                })
+                .map(|w| w.name)
+        })
+        .await;
+    assert_eq!(
+        shadowed, real,
+        "the shadow run removes the claim the real run removes"
+    );
 }
