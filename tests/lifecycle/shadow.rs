@@ -78,6 +78,9 @@ async fn a_shadow_run_writes_nothing_and_decides_what_a_real_run_does() {
         .await
         .expect("controller"),
     );
+    // Settled first with the launch path's own deadline: a thousand pods take a while when the
+    // machine is shared.
+    real.settle().await;
     real.until_quiet("every pod bound", |e| e.bound_pods() == PODS)
         .await;
     let wanted = tally(real.list("nodeclaims").iter().map(choice));
