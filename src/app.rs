@@ -42,6 +42,11 @@ pub enum Error {
     Logging(String),
     #[error("start-up was stopped")]
     Stopped,
+    #[error("opening the decision log {path}: {source}")]
+    DecisionLog {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Install the global tracing subscriber (text or JSON, filter from LOG_LEVEL, `default_level`
@@ -381,7 +386,16 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     let metrics = Metrics::new();
     let health = Arc::new(Health::default());
     let gate = WriteGate::default();
-    let options = client_options(&args, &gate, &metrics);
+    let mut options = client_options(&args, &gate, &metrics);
+    if args.dry_run {
+        let log = args.decision_log.as_deref();
+        let shadow = crate::shadow::Shadow::new(log).map_err(|source| Error::DecisionLog {
+            path: log.map(std::path::Path::to_path_buf).unwrap_or_default(),
+            source,
+        })?;
+        tracing::info!(decision_log = ?log, "dry run: every watch and decision runs, no write is sent; leader election is skipped (it writes a Lease)");
+        options.shadow = Some(shadow);
+    }
     let workload = workload_client(args.kubeconfig.as_deref(), &options).await?;
     let management = management_client(&args.cluster_api, &workload, &options).await?;
     let (metrics_addr, health_addr) = http::serve(
@@ -394,7 +408,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     tracing::info!(%metrics_addr, %health_addr, "serving metrics and probes");
 
     let identity = leader::default_identity();
-    let election = (!args.disable_leader_election).then(|| {
+    let election = (!args.disable_leader_election && !args.dry_run).then(|| {
         let namespace = args
             .leader_election_namespace
             .clone()

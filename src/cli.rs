@@ -377,6 +377,14 @@ pub struct RunArgs {
     /// Run without leader election (only safe with a single replica).
     #[arg(long, env = "DISABLE_LEADER_ELECTION", default_value_t = false)]
     pub disable_leader_election: bool,
+    /// Shadow mode: run every watch and decision against the cluster but send no write (no
+    /// object, status, Event or Lease); each write it would make goes to `--decision-log`.
+    /// Skips leader election, so it may run beside another controller.
+    #[arg(long, env = "DRY_RUN", default_value_t = false)]
+    pub dry_run: bool,
+    /// With `--dry-run`: the JSON-lines file of the writes it would have made.
+    #[arg(long, env = "DECISION_LOG", requires = "dry_run")]
+    pub decision_log: Option<PathBuf>,
     /// Name of the leader-election Lease.
     #[arg(
         long,

@@ -24,6 +24,7 @@ const LAYERS: &[&[&str]] = &[
         "metrics",
         "ratelimit",
         "write_gate",
+        "shadow",
         "leader",
         "kubeconfig_watch",
     ],

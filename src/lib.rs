@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod ratelimit;
 pub mod retry_after;
 pub mod scheduling;
+pub mod shadow;
 #[cfg(feature = "simulator")]
 pub mod sim;
 #[cfg(feature = "simulator")]

@@ -19,6 +19,8 @@ mod common;
 #[macro_use]
 #[path = "control_plane/flows.rs"]
 mod flows;
+#[path = "control_plane/adoption.rs"]
+mod adoption;
 #[path = "control_plane/failover.rs"]
 mod failover;
 #[path = "control_plane/init.rs"]
@@ -59,6 +61,7 @@ fn main() -> std::process::ExitCode {
     tests.extend(provisioning::tests());
     tests.extend(lifecycle::tests());
     tests.extend(failover::tests());
+    tests.extend(adoption::tests());
     tests.extend(malformed::tests());
     tests.extend(kubectl::tests());
     tests.extend(init::tests());

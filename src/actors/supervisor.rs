@@ -13,7 +13,7 @@ use super::messages::{CancelRequest, ClaimChanged, Gone, Poke};
 use super::nodeclaim::NodeClaimActor;
 use crate::api::decode::{Lenient, Malformed};
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
+use crate::state::claims::is_ours;
 use crate::state::claims::recorded_deployment;
 use crate::state::feed::Staleness;
 
@@ -21,12 +21,6 @@ use crate::state::feed::Staleness;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Activate;
-
-/// True when the claim's NodeClass is ours (other providers' claims are left alone).
-pub fn is_ours(c: &NodeClaim) -> bool {
-    let r = &c.spec.node_class_ref;
-    r.group == NODECLASS_GROUP && r.kind == NODECLASS_KIND
-}
 
 pub struct Supervisor {
     shared: Arc<Shared>,

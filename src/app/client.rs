@@ -77,6 +77,8 @@ pub struct ClientOptions {
     pub gate: WriteGate,
     /// Where requests the server throttled (`Retry-After`) are counted, when anywhere.
     pub throttled: Option<crate::retry_after::Throttled>,
+    /// Shadow mode: writes are recorded here and never sent.
+    pub shadow: Option<crate::shadow::Shadow>,
 }
 
 impl Default for ClientOptions {
@@ -87,6 +89,7 @@ impl Default for ClientOptions {
             timeouts: Timeouts::DEFAULT,
             gate: WriteGate::default(),
             throttled: None,
+            shadow: None,
         }
     }
 }
@@ -130,8 +133,7 @@ pub fn build_client_with(
     config: kube::Config,
     options: &ClientOptions,
 ) -> Result<kube::Client, kube::Error> {
-    let builder = kube::client::ClientBuilder::try_from(options.apply(config))?;
-    Ok(builder
+    let builder = kube::client::ClientBuilder::try_from(options.apply(config))?
         .with_layer(&options.gate.layer())
         .with_layer(&crate::ratelimit::RateLimitLayer::new(
             options.limits.qps,
@@ -139,8 +141,12 @@ pub fn build_client_with(
         ))
         .with_layer(&crate::retry_after::RetryAfterLayer::new(
             options.throttled.clone(),
-        ))
-        .build())
+        ));
+    // Outermost, so that a refused write takes no rate-limit token and reaches no layer below.
+    Ok(match &options.shadow {
+        Some(shadow) => builder.with_layer(&shadow.layer()).build(),
+        None => builder.build(),
+    })
 }
 
 /// A client from a kubeconfig file.

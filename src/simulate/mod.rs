@@ -257,9 +257,26 @@ pub async fn start_controller(
     settings: Settings,
     metrics: Arc<Metrics>,
 ) -> Result<ControllerHandle, Error> {
-    let client = sim
-        .controller_client_here(Some(metrics.api_throttled.clone()))
-        .await?;
+    start_controller_shadowed(sim, settings, metrics, None).await
+}
+
+/// The controller on `sim`, in shadow mode when `shadow` is given (its writes recorded there,
+/// none sent).
+pub async fn start_controller_shadowed(
+    sim: &BackgroundSim,
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shadow: Option<crate::shadow::Shadow>,
+) -> Result<ControllerHandle, Error> {
+    let options = crate::app::ClientOptions {
+        throttled: Some(metrics.api_throttled.clone()),
+        shadow,
+        ..crate::app::ClientOptions::default()
+    };
+    let client =
+        crate::app::client_from_kubeconfig_with(sim.cluster.controller_kubeconfig_path(), &options)
+            .await
+            .map_err(Error::Client)?;
     let (_tx, rx) = watch::channel(true);
     let controller = Controller {
         workload: client.clone(),

@@ -8,7 +8,15 @@ use kube::ResourceExt;
 
 use super::versions::Freshness;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::wellknown::{MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION};
+use crate::api::wellknown::{
+    MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION, NODECLASS_GROUP, NODECLASS_KIND,
+};
+
+/// True when the claim's NodeClass is ours (other providers' claims are left alone).
+pub fn is_ours(c: &NodeClaim) -> bool {
+    let r = &c.spec.node_class_ref;
+    r.group == NODECLASS_GROUP && r.kind == NODECLASS_KIND
+}
 
 /// The MachineDeployment (`ns/name`) a claim recorded before asking for a replica.
 pub fn recorded_deployment(c: &NodeClaim) -> Option<&str> {

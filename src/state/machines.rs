@@ -23,6 +23,21 @@ pub fn bound_claim(m: &Machine) -> Option<&str> {
         .filter(|c| !c.is_empty())
 }
 
+/// Carries the member label but no binding of ours: claimed by another provisioner (the Go
+/// Cluster API provider labels the Machines it binds and names them on the claim).
+pub fn claimed_elsewhere(m: &Machine) -> bool {
+    m.labels.contains_key(crate::api::wellknown::MEMBER_LABEL) && bound_claim(m).is_none()
+}
+
+/// Claimed by another provisioner that has marked it `cluster.x-k8s.io/delete-machine`: the
+/// Go provider marks, then decrements, so its replica is already gone (or about to go) and the
+/// Machine is Cluster API's to remove; counting or marking it again would remove a second one.
+pub fn released_elsewhere(m: &Machine) -> bool {
+    claimed_elsewhere(m)
+        && m.annotations
+            .contains_key(crate::api::wellknown::DELETE_MACHINE_ANNOTATION)
+}
+
 /// The key of a Machine's MachineDeployment or MachinePool (`ScalableRef::key`), when it
 /// belongs to one.
 pub fn deployment_key(m: &Machine) -> Option<String> {

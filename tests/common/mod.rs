@@ -31,6 +31,7 @@ use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_co
 pub use karpenter_capi::testing::merge;
 
 pub mod claims;
+pub mod go_provider;
 pub mod replicas;
 
 /// How long a wait may take before the test fails: only a guard against hangs (nothing asserts

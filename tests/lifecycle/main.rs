@@ -8,4 +8,5 @@ mod ha;
 mod hardening;
 mod launch;
 mod machine_pool;
+mod shadow;
 mod termination;

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::backoff::Backoff;
 use super::messages::{
-    ClaimChanged, Gone, Kick, MachineBound, Rejection, RequestMachine, RequestRejected,
+    ClaimChanged, Gone, Kick, MachineBound, Poke, Rejection, RequestMachine, RequestRejected,
 };
 use super::patch::JsonPatch;
 use super::scaler::Scaler;
@@ -27,6 +27,7 @@ use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
+use crate::state::machines::claimed_elsewhere;
 use crate::state::machines::key as machine_key;
 use crate::state::versions::Freshness;
 
@@ -396,9 +397,12 @@ impl Step {
             .map(str::to_string)
             .filter(|_| has_finalizer(&c))
         else {
+            if let Some(next) = self.adopt().await? {
+                return Ok(next);
+            }
             return self.launch_decision().await;
         };
-        let bound = self.shared.state.machines.read().bound_to(&self.name());
+        let bound = self.bound_machine();
         let machine = match bound {
             Ok(m) => m,
             Err(many) => {
@@ -431,6 +435,10 @@ impl Step {
             }
             return self.create_timeout(&md, None).await;
         };
+        if claimed_elsewhere(&machine) {
+            // Its Scaler adopts it; it may not be running yet.
+            self.scaler(&md).do_send(Poke);
+        }
         if machine.deletion_timestamp.is_some() {
             return self
                 .machine_gone(machine_key(&machine.namespace, &machine.name))
@@ -476,6 +484,47 @@ impl Step {
             return self.initialize(&md, &node.node()).await;
         }
         Ok(Next::Wait(None))
+    }
+
+    /// The Machine bound to this claim: by our binding, else (until the Scaler adopts it) the
+    /// one another provisioner bound and named on the claim.
+    fn bound_machine(&self) -> Result<Option<Arc<crate::capi::model::Machine>>, Vec<String>> {
+        let machines = self.shared.state.machines.read();
+        match machines.bound_to(&self.name()) {
+            Ok(None) => Ok(recorded_machine(&self.claim)
+                .and_then(|mk| machines.get(mk))
+                .filter(|m| claimed_elsewhere(m))),
+            other => other,
+        }
+    }
+
+    /// A claim another provisioner launched (it names its Machine, records no MachineDeployment
+    /// of ours): record the Machine's MachineDeployment and our finalizer, keeping everything
+    /// else, so the claim carries on from where it is. `None` when it is not such a claim.
+    async fn adopt(&mut self) -> Result<Option<Next>, Error> {
+        let c = self.claim.clone();
+        let Some(md) = self
+            .bound_machine()
+            .ok()
+            .flatten()
+            .and_then(|m| crate::state::machines::deployment_key(&m))
+        else {
+            return Ok(None);
+        };
+        tracing::info!(nodeclaim = %self.name(), machine_deployment = %md, "adopting the NodeClaim");
+        let mut p = JsonPatch::guarded(c.resource_version().as_deref());
+        if !has_finalizer(&c) {
+            let mut finalizers = c.finalizers().to_vec();
+            finalizers.push(TERMINATION_FINALIZER.to_string());
+            p.set("/metadata/finalizers", serde_json::json!(finalizers));
+        }
+        p.set_entry(
+            !c.annotations().is_empty(),
+            "/metadata/annotations",
+            MACHINE_DEPLOYMENT_ANNOTATION,
+            &md,
+        );
+        Ok(Some(Next::Continue(self.patch_claim(p, false).await?)))
     }
 
     fn scaler(&self, md: &str) -> Addr<Scaler> {

@@ -53,10 +53,8 @@ impl Step {
             Deadline::At(d) => d,
         };
         let node = self.claim_node();
-        let (bound, synced) = {
-            let machines = self.shared.state.machines.read();
-            (machines.bound_to(&self.name()), machines.synced())
-        };
+        let bound = self.bound_machine();
+        let synced = self.shared.state.machines.read().synced();
         let instance_gone = synced && matches!(bound, Ok(None));
         let machine = bound.ok().flatten();
         // Drain while the Machine still runs, so pods leave on their own terms. A NotReady Node
@@ -76,6 +74,7 @@ impl Step {
         }
         if let Some(machine) = machine {
             if machine.deletion_timestamp.is_none()
+                && !crate::state::machines::released_elsewhere(&machine)
                 && let Some(md) = crate::state::machines::deployment_key(&machine)
             {
                 self.scaler(&md).do_send(ReleaseMachine {
@@ -113,10 +112,7 @@ impl Step {
                 Ok(false) => {}
                 Ok(true) | Err(_) => return Ok(Next::Wait(Some(Duration::from_millis(200)))),
             }
-            if matches!(
-                self.shared.state.machines.read().bound_to(&self.name()),
-                Ok(Some(_))
-            ) {
+            if matches!(self.bound_machine(), Ok(Some(_))) {
                 return Ok(Next::Wait(Some(Duration::ZERO)));
             }
         }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 
+use super::adopt;
 use super::plan::MachineView;
 use super::{DELETE_MACHINE_VALUE, Scaler};
 use crate::actors::messages::{Rejection, RequestRejected};
@@ -16,7 +17,7 @@ use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION, REPLACES_A
 use crate::capi::annotations;
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::state::claims::recorded_deployment;
-use crate::state::machines::{Machines, bound_claim, key};
+use crate::state::machines::{Machines, bound_claim, key, released_elsewhere};
 
 /// True when the Machine carries our release mark (or any mark while bound to one of our claims).
 pub fn marked_by_us(m: &Machine) -> bool {
@@ -72,6 +73,10 @@ pub(super) struct Inputs {
     pub(super) min_size: i32,
     pub(super) max_size: Option<i32>,
     pub(super) rolling_out: bool,
+    /// Machines another provisioner bound (machine key to claim), to bind as ours.
+    pub(super) adopted: std::collections::BTreeMap<String, String>,
+    /// The managed count to record before adopting them (`None`: recorded already).
+    pub(super) adopt_managed: Option<i32>,
 }
 
 impl Scaler {
@@ -135,15 +140,23 @@ impl Scaler {
         } else {
             HashSet::new()
         };
+        let (adopted, adopt_managed) = {
+            let claims = self.shared.state.claims.read();
+            (
+                adopt::adopted(&all, &claims),
+                adopt::managed_at_adoption(&md, &self.md, &all, &claims),
+            )
+        };
         let views: Vec<MachineView> = all
             .iter()
-            .filter(|m| m.deletion_timestamp.is_none())
+            .filter(|m| m.deletion_timestamp.is_none() && !released_elsewhere(m))
             .map(|m| (key(&m.namespace, &m.name), m))
             .filter(|(k, _)| !self.decremented.contains_key(k))
             .map(|(k, m)| MachineView {
                 bound_to: bound_claim(m)
                     .map(str::to_string)
-                    .or_else(|| self.binding.get(&k).cloned()),
+                    .or_else(|| self.binding.get(&k).cloned())
+                    .or_else(|| adopted.get(&k).cloned()),
                 marked: marked_by_us(m),
                 replaced: m.up_to_date == Some(false)
                     && bound_claim(m).is_some_and(|c| replaced.contains(c)),
@@ -190,6 +203,8 @@ impl Scaler {
             min_size,
             max_size,
             rolling_out,
+            adopted,
+            adopt_managed,
         })
     }
 

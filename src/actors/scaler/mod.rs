@@ -9,6 +9,7 @@
 //! to the Machine first (the durable truth), guarded by the Machine's resourceVersion, then
 //! announced to the claim.
 
+mod adopt;
 mod bookkeeping;
 mod coalesce;
 mod patches;
@@ -200,6 +201,9 @@ impl Scaler {
             return;
         };
         self.gone_since = None;
+        if self.adopt(&inputs, ctx) {
+            return;
+        }
         let snapshot = Snapshot {
             spec_replicas: inputs.md.spec_replicas.unwrap_or(0),
             managed: managed_replicas(&inputs.md),
@@ -246,6 +250,32 @@ impl Scaler {
                 self.write(inputs.md, write, plan.delete_directly, ctx);
             }
         }
+    }
+
+    /// Take over what another provisioner left on this MachineDeployment: first record the
+    /// replicas we now own (spec.replicas unchanged), then bind each Machine it claimed to that
+    /// claim. True while the count is being recorded: nothing else is planned until it lands.
+    fn adopt(&mut self, inputs: &bookkeeping::Inputs, ctx: &mut Context<Self>) -> bool {
+        if let Some(managed) = inputs.adopt_managed {
+            if !self.writing {
+                let spec = inputs.md.spec_replicas.unwrap_or(0);
+                tracing::info!(machine_deployment = %self.md, replicas = spec, managed, "adopting the MachineDeployment");
+                let w = plan::ReplicaWrite {
+                    from: spec,
+                    to: spec,
+                    managed_from: 0,
+                    managed_to: managed,
+                    decrements: Vec::new(),
+                };
+                self.write(inputs.md.clone(), w, Vec::new(), ctx);
+            }
+            return true;
+        }
+        for (machine, claim) in &inputs.adopted {
+            tracing::info!(nodeclaim = %claim, machine = %machine, "adopting the Machine");
+            self.bind(claim.clone(), machine.clone(), ctx);
+        }
+        false
     }
 
     /// Cluster API's pause: its controllers would not act on a replica change, so none is
