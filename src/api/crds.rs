@@ -6,6 +6,7 @@ use std::path::Path;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+use super::capacity_buffer::CapacityBuffer;
 use super::nodeclaim::NodeClaim;
 use super::nodeclass::ClusterAPINodeClass;
 use super::nodepool::NodePool;
@@ -26,12 +27,14 @@ pub enum Error {
     },
 }
 
-/// Every CRD this project serves, in a stable order.
+/// Every CRD this project serves, in a stable order. CapacityBuffer is SIG Autoscaling's, shared
+/// with Cluster Autoscaler; it is generated here as upstream Karpenter ships it.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
         (NodePool::crd(), true),
         (NodeClaim::crd(), false),
         (ClusterAPINodeClass::crd(), true),
+        (CapacityBuffer::crd(), true),
     ]
     .into_iter()
     .map(|(crd, strict)| upstream_validation(tidy(crd), strict))
@@ -189,7 +192,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_three_named_documents() {
+    fn renders_four_named_documents() {
         let each = render_each().unwrap();
         let names: Vec<_> = each.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -197,11 +200,12 @@ mod tests {
             [
                 "karpenter.sh_nodepools.yaml",
                 "karpenter.sh_nodeclaims.yaml",
-                "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml"
+                "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
+                "autoscaling.x-k8s.io_capacitybuffers.yaml"
             ]
         );
         let all = render_yaml().unwrap();
-        assert_eq!(all.matches("---\n").count(), 3);
+        assert_eq!(all.matches("---\n").count(), 4);
         assert!(all.contains("name: nodepools.karpenter.sh"));
         let dir = tempfile::tempdir().unwrap();
         write_dir(dir.path()).unwrap();

@@ -295,6 +295,7 @@ fn our_crds_carry_every_upstream_property() {
         "karpenter.sh_nodepools.yaml",
         "karpenter.sh_nodeclaims.yaml",
         "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
+        "autoscaling.x-k8s.io_capacitybuffers.yaml",
     ] {
         let upstream = yaml_docs(&read(&assets::upstream(&format!("crds/{file}")))).remove(0);
         let name = upstream["metadata"]["name"].as_str().unwrap();
@@ -363,7 +364,7 @@ fn deploy_crds_match_generated_output() {
     }
     let all = crds::render_yaml().unwrap();
     let docs = yaml_docs(&all);
-    assert_eq!(docs.len(), 3);
+    assert_eq!(docs.len(), 4);
     assert!(docs.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
 }
 
@@ -786,6 +787,7 @@ fn our_crds_carry_upstream_validation() {
         "karpenter.sh_nodepools.yaml",
         "karpenter.sh_nodeclaims.yaml",
         "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
+        "autoscaling.x-k8s.io_capacitybuffers.yaml",
     ] {
         let upstream = yaml_docs(&read(&assets::upstream(&format!("crds/{file}")))).remove(0);
         let name = upstream["metadata"]["name"].as_str().unwrap();
