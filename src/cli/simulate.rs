@@ -136,6 +136,9 @@ pub enum Scenario {
     /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
     /// move to new nodes.
     Expire,
+    /// Provision the pods once, then keep a CapacityBuffer of as many chunks of their shape and
+    /// send the same burst again: pending -> bound with and without the buffer.
+    Buffer,
     /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
     None,
 }
