@@ -15,7 +15,9 @@ use karpenter_capi::sim::cluster::{PodShape, SimClusterConfig};
 use karpenter_capi::simulate::launch;
 use karpenter_capi::simulate::pods::seed_of;
 
-use crate::common::{Env, condition};
+use karpenter_capi::cli::{Scenario, SimulateArgs};
+
+use crate::common::{Env, condition, scenario};
 
 const NS: &str = launch::NAMESPACE;
 
@@ -290,4 +292,26 @@ async fn a_buffer_naming_a_missing_template_is_reported_and_nothing_else_is_affe
             .is_some_and(|c| c.0 == "False" && c.2.starts_with("spec.limits"))
     })
     .await;
+}
+
+/// `simulate --scenario buffer`: with launches slow (a 2 s provider delay), every pod of the
+/// burst that arrives within the buffer is bound before any launch made after it arrived, and
+/// the buffer is provisioned again behind it.
+#[actix::test]
+async fn the_buffer_scenario_binds_its_burst_before_any_launch() {
+    let args = SimulateArgs {
+        pods: 20,
+        provider_delay: Duration::from_secs(2),
+        ..scenario(Scenario::Buffer)
+    };
+    let (report, _kept) = karpenter_capi::simulate::buffer::run_kept(&args)
+        .await
+        .expect("the scenario runs");
+    let b = &report.buffer;
+    assert!(report.pods.launch.invariants_ok, "{report}");
+    assert_eq!(b.replicas, 20);
+    assert!(b.nodes_for_buffer > 0, "{report}");
+    assert_eq!(b.bound_before_a_launch, 20, "{report}");
+    assert!(b.refill_claims > 0, "{report}");
+    assert_eq!(b.provisioning_at_end, "True");
 }
