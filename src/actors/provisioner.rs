@@ -293,34 +293,29 @@ impl Provisioner {
         let buffers = self.shared.state.buffers.read();
         if buffers.is_empty() {
             drop(buffers);
-            self.shared.state.buffers.write().set_hosts(HashSet::new());
+            self.shared.state.buffers.write().set_hosts(HashMap::new());
             return results;
         }
         let mut placed: HashMap<String, crate::state::buffers::Placed> = buffers
             .buffers()
             .map(|b| (b.to_string(), Default::default()))
             .collect();
-        let mut hosts = HashSet::new();
-        let mut count = |pod: &str, how: fn(&mut crate::state::buffers::Placed)| match buffers
-            .owner(pod)
-            .and_then(|b| placed.get_mut(b))
-        {
-            Some(p) => {
-                how(p);
-                true
-            }
-            None => false,
+        let mut hosts: HashMap<String, HashSet<String>> = HashMap::new();
+        let mut count = |pod: &str, how: fn(&mut crate::state::buffers::Placed)| {
+            let buffer = buffers.owner(pod)?;
+            how(placed.get_mut(buffer)?);
+            Some(buffer.to_string())
         };
         results.placed_on_existing.retain(|(pod, node)| {
-            let placeholder = count(pod, |p| p.existing += 1);
-            if placeholder {
-                hosts.insert(node.clone());
-            }
-            !placeholder
+            let Some(buffer) = count(pod, |p| p.existing += 1) else {
+                return true;
+            };
+            hosts.entry(buffer).or_default().insert(node.clone());
+            false
         });
         results
             .failures
-            .retain(|(pod, _)| !count(pod, |p| p.failed += 1));
+            .retain(|(pod, _)| count(pod, |p| p.failed += 1).is_none());
         for claim in &results.new_claims {
             for pod in &claim.pods {
                 count(pod, |p| p.new_claims += 1);

@@ -25,8 +25,8 @@ pub struct BufferPods {
     pods: BTreeMap<String, Arc<Vec<Pod>>>,
     /// Placeholder pod key -> its buffer's key.
     owner: HashMap<String, String>,
-    /// Nodes the last solve put placeholder pods on.
-    hosts: HashSet<String>,
+    /// Buffer key -> the nodes the last solve put its placeholder pods on.
+    hosts: HashMap<String, HashSet<String>>,
 }
 
 impl BufferPods {
@@ -37,6 +37,8 @@ impl BufferPods {
             return false;
         }
         self.owner.retain(|_, b| b != buffer);
+        // Where the old pods were packed says nothing about the new ones.
+        self.hosts.remove(buffer);
         if pods.is_empty() {
             self.pods.remove(buffer);
             return true;
@@ -68,14 +70,14 @@ impl BufferPods {
         self.pods.keys().map(String::as_str)
     }
 
-    /// Records the nodes the last solve put placeholder pods on.
-    pub fn set_hosts(&mut self, hosts: HashSet<String>) {
+    /// Records the nodes the last solve put each buffer's placeholder pods on.
+    pub fn set_hosts(&mut self, hosts: HashMap<String, HashSet<String>>) {
         self.hosts = hosts;
     }
 
     /// Whether the last solve put placeholder pods on `node`: it holds buffer room, so it is
     /// not empty.
     pub fn hosts(&self, node: &str) -> bool {
-        self.hosts.contains(node)
+        self.hosts.values().any(|nodes| nodes.contains(node))
     }
 }

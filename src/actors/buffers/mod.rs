@@ -196,10 +196,12 @@ impl Buffers {
         self.write_status(&r.key, &cb, status, ctx);
     }
 
-    /// Hand the placeholder pods to the provisioner; a change makes it solve.
+    /// Hand the placeholder pods to the provisioner; a change makes it solve, and disruption
+    /// look again (the nodes that held the old ones may be empty now).
     fn publish_pods(&self, key: &str, pods: Vec<k8s_openapi::api::core::v1::Pod>) {
         if self.shared.state.buffers.write().set(key, pods) {
             self.shared.router.provisioner_poke();
+            self.shared.router.disruption_changed();
         }
     }
 
