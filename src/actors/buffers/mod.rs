@@ -45,7 +45,7 @@ pub struct Provisioned(pub HashMap<String, Placed>);
 type Referent = (&'static str, String, String);
 
 enum Watched {
-    Buffer(Result<watcher::Event<Lenient<CapacityBuffer>>, watcher::Error>),
+    Buffer(Box<Result<watcher::Event<Lenient<CapacityBuffer>>, watcher::Error>>),
     Referent(Option<Referent>),
 }
 
@@ -466,7 +466,7 @@ impl Actor for Buffers {
         let buffers: Api<Lenient<CapacityBuffer>> = Api::all(client.clone());
         let buffers = watcher(buffers, watcher::Config::default())
             .default_backoff()
-            .map(Watched::Buffer);
+            .map(|ev| Watched::Buffer(Box::new(ev)));
         ctx.add_stream(futures::stream::select_all([
             buffers.boxed(),
             referents::<PodTemplate>(client.clone(), "PodTemplate").boxed(),
@@ -480,8 +480,26 @@ impl Actor for Buffers {
 impl StreamHandler<Watched> for Buffers {
     fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
         match ev {
-            Watched::Buffer(Ok(watcher::Event::Apply(Lenient::Ok(cb))))
-            | Watched::Buffer(Ok(watcher::Event::InitApply(Lenient::Ok(cb)))) => {
+            Watched::Buffer(ev) => self.buffer_event(*ev, ctx),
+            Watched::Referent(Some(referent)) => {
+                for key in self.referencing(&referent) {
+                    self.reconcile(&key, ctx);
+                }
+            }
+            Watched::Referent(None) => {}
+        }
+    }
+}
+
+impl Buffers {
+    fn buffer_event(
+        &mut self,
+        ev: Result<watcher::Event<Lenient<CapacityBuffer>>, watcher::Error>,
+        ctx: &mut Context<Self>,
+    ) {
+        match ev {
+            Ok(watcher::Event::Apply(Lenient::Ok(cb)))
+            | Ok(watcher::Event::InitApply(Lenient::Ok(cb))) => {
                 let key = buffer_key(&cb);
                 if let Some(listed) = self.listed.as_mut() {
                     listed.insert(key.clone());
@@ -496,28 +514,29 @@ impl StreamHandler<Watched> for Buffers {
                     self.reconcile(&key, ctx);
                 }
             }
-            Watched::Buffer(Ok(watcher::Event::Apply(Lenient::Bad(m))))
-            | Watched::Buffer(Ok(watcher::Event::InitApply(Lenient::Bad(m)))) => {
+            Ok(watcher::Event::Apply(Lenient::Bad(m)))
+            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
                 // The API server's schema keeps most of these out; one that slips through
                 // provisions nothing and is named once.
                 let key = buffer_key(&Lenient::<CapacityBuffer>::Bad(m.clone()));
                 if let Some(listed) = self.listed.as_mut() {
                     listed.insert(key.clone());
                 }
+                let told = self.reported.get(&key).cloned();
                 self.forget(&key);
                 let message = m.message();
-                if self.reported.get(&key) != Some(&message) {
+                if told.as_ref() != Some(&message) {
                     self.shared.events.warning(
                         m.object_ref::<CapacityBuffer>(),
                         resolve::RESOLUTION_FAILED,
                         format!("CapacityBuffer {key}: {message}"),
                     );
-                    self.reported.insert(key, message);
                 }
+                self.reported.insert(key, message);
             }
-            Watched::Buffer(Ok(watcher::Event::Delete(cb))) => self.forget(&buffer_key(&cb)),
-            Watched::Buffer(Ok(watcher::Event::Init)) => self.listed = Some(Default::default()),
-            Watched::Buffer(Ok(watcher::Event::InitDone)) => {
+            Ok(watcher::Event::Delete(cb)) => self.forget(&buffer_key(&cb)),
+            Ok(watcher::Event::Init) => self.listed = Some(Default::default()),
+            Ok(watcher::Event::InitDone) => {
                 // Buffers deleted while the watch was down.
                 let listed = self.listed.take().unwrap_or_default();
                 let gone: Vec<String> = self
@@ -530,15 +549,9 @@ impl StreamHandler<Watched> for Buffers {
                     self.forget(&key);
                 }
             }
-            Watched::Buffer(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(error = %e, "capacity buffer watch failed; it will re-list");
             }
-            Watched::Referent(Some(referent)) => {
-                for key in self.referencing(&referent) {
-                    self.reconcile(&key, ctx);
-                }
-            }
-            Watched::Referent(None) => {}
         }
     }
 }
