@@ -11,24 +11,16 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use karpenter_capi::api::capacity_buffer::CapacityBuffer;
-use karpenter_capi::sim::cluster::{PodShape, SimClusterConfig};
+use karpenter_capi::sim::cluster::PodShape;
 use karpenter_capi::simulate::launch;
 use karpenter_capi::simulate::pods::seed_of;
 
 use karpenter_capi::cli::{Scenario, SimulateArgs};
 
+use crate::autoscaler::cluster;
 use crate::common::{Env, condition, scenario};
 
 const NS: &str = launch::NAMESPACE;
-
-fn cluster() -> SimClusterConfig {
-    SimClusterConfig {
-        provider_delay: Duration::from_millis(30),
-        node_ready_delay: Duration::from_millis(30),
-        node_delete_delay: Duration::from_millis(20),
-        ..SimClusterConfig::default()
-    }
-}
 
 async fn env() -> Env {
     Env::builder()
