@@ -186,7 +186,8 @@ pub enum Command {
     /// Start the embedded simulated cluster and run the controller on it.
     #[cfg(feature = "simulator")]
     Simulate(SimulateArgs),
-    /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass) as YAML.
+    /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass,
+    /// CapacityBuffer) as YAML.
     Crds(CrdsArgs),
     /// Explain, read-only, why a pod is pending or where it went, what a NodeClaim waits for,
     /// or what a NodePool can launch (docs/tools.md).

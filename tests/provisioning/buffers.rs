@@ -284,6 +284,11 @@ async fn a_buffer_naming_a_missing_template_is_reported_and_nothing_else_is_affe
             .is_some_and(|c| c.0 == "False" && c.2.starts_with("spec.limits"))
     })
     .await;
+    let status = buffer_status(&env, "orphan");
+    assert!(
+        status["replicas"].is_null() && status["podTemplateRef"].is_null(),
+        "a buffer that no longer resolves keeps no chunk count nor template: {status:#}"
+    );
 }
 
 /// `simulate --scenario buffer`: with launches slow (a 2 s provider delay), every pod of the

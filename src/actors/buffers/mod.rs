@@ -275,7 +275,15 @@ impl Buffers {
             &cb.namespace().unwrap_or_default(),
         );
         let name = cb.name_any();
-        let body = json!({ "status": status });
+        // Every field named, unset ones as null: a merge patch leaves out what it does not
+        // name, and a buffer that stops resolving must lose its old replicas and template.
+        let body = json!({ "status": {
+            "podTemplateRef": status.pod_template_ref,
+            "replicas": status.replicas,
+            "podTemplateGeneration": status.pod_template_generation,
+            "conditions": status.conditions,
+            "provisioningStrategy": status.provisioning_strategy,
+        }});
         ctx.spawn(
             async move {
                 if let Err(e) = api
