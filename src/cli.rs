@@ -522,6 +522,16 @@ mod tests {
     use clap::CommandFactory;
 
     #[test]
+    fn feature_gates_read_as_karpenters_and_refuse_unknown_gates() {
+        assert_eq!(feature_gates_arg(""), Ok(FeatureGates::default()));
+        assert!(feature_gates_arg("CapacityBuffer=true").is_ok_and(|g| g.capacity_buffer));
+        assert!(feature_gates_arg(" CapacityBuffer=false ,").is_ok_and(|g| !g.capacity_buffer));
+        for bad in ["CapacityBuffer", "CapacityBuffer=yes", "NodeRepair=true"] {
+            assert!(feature_gates_arg(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
     }

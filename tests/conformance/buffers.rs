@@ -313,3 +313,102 @@ fn a_buffer_of_zero_replicas_has_no_virtual_pods() {
     .expect("resolves");
     assert!(resolve::placeholder_pods(&cb, &resolved).is_empty());
 }
+
+// ---- sanitizeVirtualPodSpec (pkg/state/virtualpods/utilities_test.go) ----
+
+/// A chunk's pod as JSON, resolved and turned into its one placeholder.
+fn placeholder_of(spec: serde_json::Value) -> k8s_openapi::api::core::v1::PodSpec {
+    let cb = buffer(json!({"podTemplateRef": {"name": "pt"}, "replicas": 1}));
+    let template: PodTemplateSpec =
+        serde_json::from_value(json!({"spec": spec})).expect("a pod template");
+    let resolved = resolve::resolve(
+        &cb,
+        Source {
+            template,
+            scalable_replicas: None,
+            pod_template: Some(("pt".into(), 1)),
+        },
+    )
+    .expect("resolves");
+    let mut pods = resolve::placeholder_pods(&cb, &resolved);
+    pods.remove(0).spec.expect("a spec")
+}
+
+fn with_volumes(volumes: serde_json::Value) -> serde_json::Value {
+    json!({
+        "volumes": volumes,
+        "containers": [{"name": "c", "image": "i", "volumeMounts": [
+            {"name": "data", "mountPath": "/data"},
+            {"name": "scratch", "mountPath": "/scratch"},
+            {"name": "config", "mountPath": "/config"},
+        ]}],
+    })
+}
+
+fn names(spec: &k8s_openapi::api::core::v1::PodSpec) -> (Vec<String>, Vec<String>) {
+    let volumes = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
+    let mounts = spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| m.name.clone())
+        .collect();
+    (volumes, mounts)
+}
+
+#[test]
+fn ephemeral_volumes_and_their_mounts_are_dropped() {
+    let spec = placeholder_of(with_volumes(json!([
+        {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
+        {"name": "config", "configMap": {"name": "cm"}},
+    ])));
+    assert_eq!(
+        names(&spec),
+        (
+            vec!["config".to_string()],
+            vec!["data".to_string(), "config".to_string()]
+        )
+    );
+}
+
+#[test]
+fn claim_and_ephemeral_volumes_are_dropped_together() {
+    let spec = placeholder_of(with_volumes(json!([
+        {"name": "data", "persistentVolumeClaim": {"claimName": "pvc"}},
+        {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}},
+        {"name": "config", "configMap": {"name": "cm"}},
+    ])));
+    assert_eq!(
+        names(&spec),
+        (vec!["config".to_string()], vec!["config".to_string()])
+    );
+}
+
+#[test]
+fn tolerations_node_selector_and_affinity_are_kept() {
+    let spec = placeholder_of(json!({
+        "containers": [{"name": "c", "image": "i"}],
+        "nodeSelector": {"disk": "ssd"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"app": "web"}}},
+        ]}},
+    }));
+    assert_eq!(
+        spec.node_selector
+            .unwrap_or_default()
+            .get("disk")
+            .map(String::as_str),
+        Some("ssd")
+    );
+    assert_eq!(
+        spec.tolerations.unwrap_or_default()[0].key.as_deref(),
+        Some("gpu")
+    );
+    assert!(spec.affinity.and_then(|a| a.pod_anti_affinity).is_some());
+}
