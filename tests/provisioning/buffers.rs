@@ -312,3 +312,47 @@ async fn the_buffer_scenario_binds_its_burst_before_any_launch() {
     assert!(b.refill_claims > 0, "{report}");
     assert_eq!(b.provisioning_at_end, "True");
 }
+
+/// Upstream's "should not provision buffer capacity beyond NodePool CPU limit" and "should
+/// respect nodeSelector from PodTemplate": a buffer of twenty 1-CPU chunks that must land on
+/// `large` (8-CPU) nodes, under a NodePool limit of 8 CPUs, gets one such node and no more, and
+/// says it needs new capacity.
+#[actix::test]
+async fn a_buffer_is_placed_as_its_template_says_and_within_the_pools_limits() {
+    let env = Env::builder()
+        .cluster(cluster())
+        .seeds((0..4).map(|i| seed_of(i, 50)).collect())
+        .short_batches()
+        .limits(json!({"cpu": "8"}))
+        .tune(|s| s.capacity_buffers = true)
+        .start()
+        .await;
+    let mut t = template("pinned");
+    t["template"]["spec"]["nodeSelector"] =
+        json!({karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL: "large"});
+    create(&env, t).await;
+    create(
+        &env,
+        buffer(
+            "big",
+            json!({"podTemplateRef": {"name": "pinned"}, "replicas": 20}),
+        ),
+    )
+    .await;
+    env.until_quiet("one node launched and the buffer short of room", |e| {
+        !initialized_nodes(e).is_empty()
+            && condition_of(e, "big", "Provisioning")
+                .is_some_and(|c| c.0 == "False" && c.1 == "RequiresNewCapacity")
+    })
+    .await;
+    let claims = env.list("nodeclaims");
+    assert_eq!(claims.len(), 1, "8 CPUs hold one large node: {claims:#?}");
+    let node = env
+        .get("nodes", "", &initialized_nodes(&env)[0])
+        .expect("the node");
+    assert_eq!(
+        node["metadata"]["labels"][karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL],
+        "large"
+    );
+    env.assert_clean();
+}
