@@ -356,3 +356,54 @@ async fn a_buffer_is_placed_as_its_template_says_and_within_the_pools_limits() {
     );
     env.assert_clean();
 }
+
+/// A `scalableRef` this provider cannot read (another kind or group) or that does not exist is
+/// not ready, naming `spec.scalableRef`; a buffer's size follows its spec down and up.
+#[actix::test]
+async fn scalable_refs_it_cannot_read_are_named_and_sizes_follow_the_spec() {
+    let env = env().await;
+    create(
+        &env,
+        buffer("jobs", json!({"scalableRef": {"apiGroup": "batch", "kind": "Job", "name": "j"}, "replicas": 1})),
+    )
+    .await;
+    create(
+        &env,
+        buffer("ghost", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "none"}, "replicas": 1})),
+    )
+    .await;
+    env.until("both named as not ready", |e| {
+        let jobs = condition_of(e, "jobs", "ReadyForProvisioning");
+        let ghost = condition_of(e, "ghost", "ReadyForProvisioning");
+        jobs.is_some_and(|c| c.1 == "ResolutionFailed" && c.2.starts_with("spec.scalableRef"))
+            && ghost.is_some_and(|c| {
+                c.1 == "ScalableRefNotFound" && c.2.starts_with("spec.scalableRef")
+            })
+    })
+    .await;
+
+    create(&env, template("chunk")).await;
+    create(
+        &env,
+        buffer(
+            "sized",
+            json!({"podTemplateRef": {"name": "chunk"}, "replicas": 3}),
+        ),
+    )
+    .await;
+    env.until("3 chunks", |e| buffer_status(e, "sized")["replicas"] == 3)
+        .await;
+    let api: Api<CapacityBuffer> = Api::namespaced(env.client().await, NS);
+    for (spec, want) in [
+        (json!({"spec": {"replicas": 1}}), 1),
+        (json!({"spec": {"replicas": 10, "limits": {"cpu": "5"}}}), 5),
+    ] {
+        api.patch("sized", &PatchParams::default(), &Patch::Merge(spec))
+            .await
+            .expect("patch the buffer");
+        env.until(&format!("{want} chunks"), |e| {
+            buffer_status(e, "sized")["replicas"] == want
+        })
+        .await;
+    }
+}
