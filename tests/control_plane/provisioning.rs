@@ -195,35 +195,10 @@ async fn a_limit_stops_provisioning_and_says_why(backend: Backend) {
 /// then bind to the Node launched for it (kube-scheduler, or the stand-in, finds the room), and
 /// the buffer is provisioned again.
 async fn pods_arriving_within_a_capacity_buffer_bind_on_its_room(backend: Backend) {
-    use k8s_openapi::api::core::v1::PodTemplate;
-    use karpenter_capi::api::capacity_buffer::CapacityBuffer;
-    use kube::api::{Api, PostParams};
     let env = env_tuned(backend, None, |s| s.capacity_buffers = true).await;
     let ns = karpenter_capi::simulate::launch::NAMESPACE;
-    let client = env.client().await;
-    let template: PodTemplate = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PodTemplate",
-        "metadata": {"name": "chunk", "namespace": ns},
-        "template": {"spec": {"containers": [{
-            "name": "app", "image": "registry.k8s.io/pause:3.10",
-            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}},
-        }]}},
-    }))
-    .expect("a PodTemplate");
-    Api::<PodTemplate>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &template)
-        .await
-        .expect("create the PodTemplate");
-    let buffer: CapacityBuffer = serde_json::from_value(json!({
-        "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer",
-        "metadata": {"name": "headroom", "namespace": ns},
-        "spec": {"podTemplateRef": {"name": "chunk"}, "replicas": 2},
-    }))
-    .expect("a CapacityBuffer");
-    Api::<CapacityBuffer>::namespaced(client, ns)
-        .create(&PostParams::default(), &buffer)
-        .await
-        .expect("create the CapacityBuffer");
+    env.capacity_buffer(ns, ("chunk", "1", "1Gi"), "headroom", 2)
+        .await;
     let fits = |e: &Env| {
         e.get("capacitybuffers", ns, "headroom").is_some_and(|b| {
             crate::common::condition(&b, "Provisioning").is_some_and(|c| c["status"] == "True")

@@ -3,8 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PodTemplate;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
 use crate::common::claims::fast_disruption;
@@ -12,33 +11,6 @@ use crate::common::*;
 use karpenter_capi::actors::Settings;
 use karpenter_capi::api::capacity_buffer::CapacityBuffer;
 use karpenter_capi::simulate::sim_settings;
-
-async fn buffer(env: &Env, replicas: i32) {
-    let client = env.client().await;
-    let template: PodTemplate = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "PodTemplate",
-        "metadata": {"name": "chunk", "namespace": NS},
-        "template": {"spec": {"containers": [{
-            "name": "app", "image": "registry.k8s.io/pause:3.10",
-            "resources": {"requests": {"cpu": "500m", "memory": "256Mi"}},
-        }]}},
-    }))
-    .expect("a PodTemplate");
-    Api::<PodTemplate>::namespaced(client.clone(), NS)
-        .create(&PostParams::default(), &template)
-        .await
-        .expect("create the PodTemplate");
-    let b: CapacityBuffer = serde_json::from_value(json!({
-        "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer",
-        "metadata": {"name": "headroom", "namespace": NS},
-        "spec": {"podTemplateRef": {"name": "chunk"}, "replicas": replicas},
-    }))
-    .expect("a CapacityBuffer");
-    Api::<CapacityBuffer>::namespaced(client, NS)
-        .create(&PostParams::default(), &b)
-        .await
-        .expect("create the CapacityBuffer");
-}
 
 fn live_claims(env: &Env) -> usize {
     env.list("nodeclaims")
@@ -58,7 +30,8 @@ async fn a_node_holding_a_buffers_room_is_kept_until_the_buffer_goes() {
         ..sim_settings(None)
     })
     .await;
-    buffer(&env, 1).await;
+    env.capacity_buffer(NS, ("chunk", "500m", "256Mi"), "headroom", 1)
+        .await;
     env.until("the buffer's node launched and the buffer fits it", |e| {
         let fits = e
             .get("capacitybuffers", NS, "headroom")
