@@ -186,7 +186,8 @@ pub enum Command {
     /// Start the embedded simulated cluster and run the controller on it.
     #[cfg(feature = "simulator")]
     Simulate(SimulateArgs),
-    /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass) as YAML.
+    /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass,
+    /// CapacityBuffer) as YAML.
     Crds(CrdsArgs),
     /// Explain, read-only, why a pod is pending or where it went, what a NodeClaim waits for,
     /// or what a NodePool can launch (docs/tools.md).
@@ -292,6 +293,41 @@ pub struct ControllerArgs {
     /// Empty (the default): no default constraints.
     #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
     pub scheduler_config: SchedulerConfigArg,
+    /// Optional features, as Karpenter's `Name=true|false,...`: `CapacityBuffer` keeps
+    /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream).
+    #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false", value_parser = feature_gates_arg)]
+    pub feature_gates: FeatureGates,
+}
+
+/// The features `--feature-gates` turns on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeatureGates {
+    pub capacity_buffer: bool,
+}
+
+/// `Name=bool` pairs, comma separated; a gate this controller does not know is refused, so a
+/// typo never passes for a feature that is off.
+fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
+    let mut gates = FeatureGates::default();
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not Name=true or Name=false"))?;
+        let on = match value.trim() {
+            "true" => true,
+            "false" => false,
+            v => return Err(format!("{name}: {v:?} is not true or false")),
+        };
+        match name.trim() {
+            "CapacityBuffer" => gates.capacity_buffer = on,
+            other => {
+                return Err(format!(
+                    "{other:?} is not a feature gate of this controller (known: CapacityBuffer)"
+                ));
+            }
+        }
+    }
+    Ok(gates)
 }
 
 /// A parsed `--scheduler-config`: the default constraints it sets, if any.
@@ -492,6 +528,16 @@ pub struct CrdsArgs {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn feature_gates_read_as_karpenters_and_refuse_unknown_gates() {
+        assert_eq!(feature_gates_arg(""), Ok(FeatureGates::default()));
+        assert!(feature_gates_arg("CapacityBuffer=true").is_ok_and(|g| g.capacity_buffer));
+        assert!(feature_gates_arg(" CapacityBuffer=false ,").is_ok_and(|g| !g.capacity_buffer));
+        for bad in ["CapacityBuffer", "CapacityBuffer=yes", "NodeRepair=true"] {
+            assert!(feature_gates_arg(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn cli_is_well_formed() {

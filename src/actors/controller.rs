@@ -107,6 +107,9 @@ impl Actors {
         if let Some(d) = router.take_disruption() {
             d.do_send(super::messages::Stop);
         }
+        if let Some(b) = router.take_buffers() {
+            b.do_send(super::messages::Stop);
+        }
     }
 }
 
@@ -256,6 +259,10 @@ async fn activate(actors: &Actors) {
     let disruption = super::disruption::Disruption::new(shared.clone()).start();
     shared.router.set_disruption(disruption);
     shared.router.set_active();
+    if shared.settings.capacity_buffers {
+        let buffers = super::buffers::Buffers::new(shared.clone()).start();
+        shared.router.set_buffers(buffers);
+    }
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();
     shared.router.nodepools_changed();

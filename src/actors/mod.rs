@@ -12,6 +12,7 @@
 
 pub mod backoff;
 pub mod batch;
+pub mod buffers;
 pub mod capi_watcher;
 pub mod catalog;
 pub mod controller;
@@ -165,5 +166,6 @@ stoppable!(
     provisioner::Provisioner,
     terminator::Terminator,
     disruption::Disruption,
+    buffers::Buffers,
     nodeclaim::NodeClaimActor
 );

@@ -138,6 +138,7 @@ impl Provisioner {
     fn wants_batch(&self) -> bool {
         self.shared.router.is_active()
             && (self.shared.state.pods.read().provisionable_count() > 0
+                || !self.shared.state.buffers.read().is_empty()
                 || crate::view::snapshot::has_reschedulable_pods(&self.shared.state))
     }
 
@@ -213,6 +214,7 @@ impl Provisioner {
         pools: &HashMap<String, crate::api::nodepool::NodePool>,
         ctx: &mut Context<Self>,
     ) {
+        let results = self.take_placeholders(results);
         let m = &self.shared.metrics;
         m.unschedulable_pods.set(results.failures.len() as i64);
         let ignored = results
@@ -280,6 +282,49 @@ impl Provisioner {
             }
             self.create(claim, new.nodepool.clone(), new.pods, ctx);
         }
+    }
+
+    /// CapacityBuffers' placeholders leave the results here: where they went becomes their
+    /// buffers' `Provisioning` condition (and the nodes holding buffer room are remembered), a
+    /// claim opened for them is created as any other, and nothing is reported or nominated for
+    /// them (they are no pods of the cluster; a nomination would keep their claim from
+    /// disruption for good).
+    fn take_placeholders(&mut self, mut results: Results) -> Results {
+        let buffers = self.shared.state.buffers.read();
+        if buffers.is_empty() {
+            drop(buffers);
+            self.shared.state.buffers.write().set_hosts(HashMap::new());
+            return results;
+        }
+        let mut placed: HashMap<String, crate::state::buffers::Placed> = buffers
+            .buffers()
+            .map(|b| (b.to_string(), Default::default()))
+            .collect();
+        let mut hosts: HashMap<String, HashSet<String>> = HashMap::new();
+        let mut count = |pod: &str, how: fn(&mut crate::state::buffers::Placed)| {
+            let buffer = buffers.owner(pod)?;
+            how(placed.get_mut(buffer)?);
+            Some(buffer.to_string())
+        };
+        results.placed_on_existing.retain(|(pod, node)| {
+            let Some(buffer) = count(pod, |p| p.existing += 1) else {
+                return true;
+            };
+            hosts.entry(buffer).or_default().insert(node.clone());
+            false
+        });
+        results
+            .failures
+            .retain(|(pod, _)| count(pod, |p| p.failed += 1).is_none());
+        for claim in &results.new_claims {
+            for pod in &claim.pods {
+                count(pod, |p| p.new_claims += 1);
+            }
+        }
+        drop(buffers);
+        self.shared.state.buffers.write().set_hosts(hosts);
+        self.shared.router.buffers_provisioned(placed);
+        results
     }
 
     /// Create one claim. Until the API answers it counts as in-flight capacity (`creating`);
@@ -360,6 +405,9 @@ impl Provisioner {
     /// Publish `Nominated` on a pod placed on `target` (once per target, rate-limited).
     fn nominate(&mut self, pod_key: &str, target: Option<nomination::Target>) {
         let Some(target) = target else { return };
+        if self.shared.state.buffers.read().owner(pod_key).is_some() {
+            return;
+        }
         let now = Instant::now();
         // Disruption leaves the place alone while the plan holds (upstream's nominated node).
         self.shared.state.nominated.write().insert(
@@ -578,7 +626,20 @@ impl StreamHandler<Watched> for Provisioner {
                         self.shared.router.drain_node_changed(node);
                         self.shared.router.pod_changed(node, at);
                     }
+                    let newly_bound = pods::node_name(&p).is_some()
+                        && self
+                            .shared
+                            .state
+                            .pods
+                            .read()
+                            .get(&key)
+                            .is_none_or(|old| pods::node_name(&old).is_none());
                     let provisionable = self.shared.state.pods.write().apply(p);
+                    // A pod bound where a buffer's placeholders were packed takes their room:
+                    // the buffer is packed again.
+                    if newly_bound && !self.shared.state.buffers.read().is_empty() {
+                        self.poke_batch(ctx);
+                    }
                     if provisionable {
                         self.extend_batch(Some(&key), ctx);
                         self.waiting.entry(key).or_insert_with(Instant::now);

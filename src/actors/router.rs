@@ -10,6 +10,7 @@ use parking_lot::RwLock;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::buffers::{Buffers, Provisioned};
 use super::catalog::Rebuild;
 use super::disruption::{ClusterChanged, Disruption};
 use super::nodeclaim::NodeClaimActor;
@@ -27,6 +28,7 @@ pub struct Router {
     nodepools: Arc<RwLock<Option<Recipient<Refresh>>>>,
     terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
     disruption: Arc<RwLock<Option<Addr<Disruption>>>>,
+    buffers: Arc<RwLock<Option<Addr<Buffers>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -67,6 +69,26 @@ impl Router {
 
     pub fn take_disruption(&self) -> Option<Addr<Disruption>> {
         self.disruption.write().take()
+    }
+
+    /// The CapacityBuffer actor (leader only, behind its feature gate); `take_buffers` hands it
+    /// over to be stopped.
+    pub fn set_buffers(&self, b: Addr<Buffers>) {
+        *self.buffers.write() = Some(b);
+    }
+
+    pub fn take_buffers(&self) -> Option<Addr<Buffers>> {
+        self.buffers.write().take()
+    }
+
+    /// A solve placed the buffers' placeholder pods: their `Provisioning` conditions follow.
+    pub fn buffers_provisioned(
+        &self,
+        placed: std::collections::HashMap<String, crate::state::buffers::Placed>,
+    ) {
+        if let Some(b) = self.buffers.read().as_ref() {
+            b.do_send(Provisioned(placed));
+        }
     }
 
     /// Claims, Nodes or pods changed: disruption looks again (debounced there).

@@ -6,6 +6,7 @@ use std::path::Path;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
+use super::capacity_buffer::CapacityBuffer;
 use super::nodeclaim::NodeClaim;
 use super::nodeclass::ClusterAPINodeClass;
 use super::nodeoverlay::NodeOverlay;
@@ -27,13 +28,15 @@ pub enum Error {
     },
 }
 
-/// Every CRD this project serves, in a stable order.
+/// Every CRD this project serves, in a stable order. CapacityBuffer is SIG Autoscaling's, shared
+/// with Cluster Autoscaler; it is generated here as upstream Karpenter ships it.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
         (NodePool::crd(), true),
         (NodeClaim::crd(), false),
         (ClusterAPINodeClass::crd(), true),
         (NodeOverlay::crd(), true),
+        (CapacityBuffer::crd(), true),
     ]
     .into_iter()
     .map(|(crd, strict)| upstream_validation(tidy(crd), strict))
@@ -191,7 +194,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn renders_four_named_documents() {
+    fn renders_every_named_document() {
         let each = render_each().unwrap();
         let names: Vec<_> = each.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
@@ -200,7 +203,8 @@ mod tests {
                 "karpenter.sh_nodepools.yaml",
                 "karpenter.sh_nodeclaims.yaml",
                 "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
-                "karpenter.sh_nodeoverlays.yaml"
+                "karpenter.sh_nodeoverlays.yaml",
+                "autoscaling.x-k8s.io_capacitybuffers.yaml"
             ]
         );
         let all = render_yaml().unwrap();

@@ -1,6 +1,7 @@
-//! Karpenter-facing types: NodePool, NodeClaim, ClusterAPINodeClass, well-known keys,
+//! Karpenter-facing types: NodePool, NodeClaim, ClusterAPINodeClass, CapacityBuffer, well-known keys,
 //! requirement algebra, resource arithmetic, validation and CRD generation.
 
+pub mod capacity_buffer;
 pub mod conditions;
 pub mod crds;
 pub mod cron;

@@ -139,6 +139,9 @@ pub enum Scenario {
     /// The pods scenario with a NodeOverlay that makes the largest size the cheapest (and one
     /// with a malformed price): provisioning picks the overlay-cheapest type.
     Overlay,
+    /// Provision the pods once, then keep a CapacityBuffer of as many chunks of their shape and
+    /// send the same burst again: pending -> bound with and without the buffer.
+    Buffer,
     /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
     None,
 }

@@ -177,11 +177,24 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
     if let Some(why) = refused.into_iter().next() {
         return Outcome::No(why);
     }
-    // Claims opened only for pods that were pending anyway are the provisioner's business.
+    // Claims opened only for pods that were pending anyway are the provisioner's business; but
+    // a CapacityBuffer's placeholder that needs a claim once the candidates are gone means the
+    // candidates hold its room, which must not go (as upstream, whose simulation counts every
+    // claim opened).
+    let placeholders: HashSet<String> = snapshot
+        .pods
+        .iter()
+        .filter(|p| crate::api::capacity_buffer::is_placeholder(p))
+        .map(pods::key)
+        .collect();
     let mut needed: Vec<NewClaim> = results
         .new_claims
         .into_iter()
-        .filter(|n| n.pods.iter().any(|p| moved.contains(p.as_str())))
+        .filter(|n| {
+            n.pods
+                .iter()
+                .any(|p| moved.contains(p.as_str()) || placeholders.contains(p))
+        })
         .collect();
     match needed.len() {
         0 => Outcome::Delete,

@@ -109,6 +109,8 @@ pub struct PodInfo {
     /// (hostPort, protocol) pairs.
     pub host_ports: Vec<(i32, String)>,
     pub terms: Vec<Term>,
+    /// A CapacityBuffer's placeholder: it holds room, so it yields to real pods of its size.
+    pub placeholder: bool,
 }
 
 impl PodInfo {
@@ -209,6 +211,7 @@ impl PodInfo {
             preferred_node,
             tolerations: spec.and_then(|s| s.tolerations.clone()).unwrap_or_default(),
             host_ports,
+            placeholder: crate::api::capacity_buffer::is_placeholder(pod),
         })
     }
 

@@ -54,7 +54,7 @@ const UPSTREAM_CRDS: [&str; 5] = [
 /// What the mirror watches: (group, version, plural).
 /// ReplicaSets because a budget's expected pods are counted from their Deployments' scale
 /// (the drain audit checks removals against budgets on the mirror).
-const MIRRORED: [(&str, &str, &str); 10] = [
+const MIRRORED: [(&str, &str, &str); 11] = [
     ("", "v1", "pods"),
     ("", "v1", "nodes"),
     ("policy", "v1", "poddisruptionbudgets"),
@@ -65,6 +65,7 @@ const MIRRORED: [(&str, &str, &str); 10] = [
     ("cluster.x-k8s.io", "v1beta2", "machinedeployments"),
     ("cluster.x-k8s.io", "v1beta2", "machinesets"),
     ("cluster.x-k8s.io", "v1beta2", "machines"),
+    ("autoscaling.x-k8s.io", "v1beta1", "capacitybuffers"),
 ];
 
 /// How often the audit log is read.

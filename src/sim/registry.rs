@@ -458,6 +458,17 @@ fn core_resources() -> Vec<ResourceDef> {
         )
         .with_status()
         .with_short_names(&["overlays"]),
+        // A buffer's chunk shape (`spec.podTemplateRef`): stored and served, nothing acts on it.
+        b("", "v1", "PodTemplate", "podtemplates", true),
+        ResourceDef::custom(
+            "autoscaling.x-k8s.io",
+            &["v1beta1"],
+            "CapacityBuffer",
+            "capacitybuffers",
+            true,
+        )
+        .with_status()
+        .with_short_names(&["cb"]),
     ]
 }
 

@@ -2,6 +2,7 @@
 //! an actix System, a scenario that drives both, and a report measured by the simulated server.
 //! Tests use the same pieces (`Harness`), so what the README shows is what the tests check.
 
+pub mod buffer;
 pub mod cpu;
 pub mod disruption;
 pub mod drain;
@@ -412,6 +413,14 @@ pub async fn run_scenario(args: &SimulateArgs) -> Result<(output::Outcome, Kept)
         Scenario::Consolidate | Scenario::Drift | Scenario::Expire => {
             let (r, kept) = disruption::run_kept(args).await?;
             let ok = r.invariants_ok();
+            (
+                outcome(r.to_string(), r.to_json(), ok, r.pods.launch.timeline),
+                kept,
+            )
+        }
+        Scenario::Buffer => {
+            let (r, kept) = buffer::run_kept(args).await?;
+            let ok = r.pods.launch.invariants_ok;
             (
                 outcome(r.to_string(), r.to_json(), ok, r.pods.launch.timeline),
                 kept,

@@ -2,6 +2,7 @@
 //! shape: watches write, everyone reads, nobody calls the API to answer a question the index
 //! already knows). They mirror the API and make no decisions.
 
+pub mod buffers;
 pub mod claims;
 pub mod compact;
 pub mod daemonsets;
@@ -61,4 +62,6 @@ pub struct State {
     /// the place and until when the plan holds. Disruption leaves those places alone while a
     /// pod planned there is still pending, as upstream's nominated nodes.
     pub nominated: Arc<RwLock<std::collections::HashMap<String, (String, std::time::Instant)>>>,
+    /// CapacityBuffers' placeholder pods, and the nodes the last solve put them on.
+    pub buffers: Arc<RwLock<buffers::BufferPods>>,
 }

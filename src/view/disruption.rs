@@ -252,6 +252,11 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         let eventual = drift.is_some() && c.spec.termination_grace_period.is_some();
         // A drifted claim on a MachineDeployment mid-rollout stays a drift candidate only.
         let mut consolidatable = consolidatable && !rolling_out;
+        // A node the last solve put a CapacityBuffer's placeholders on holds the buffer's room:
+        // not empty, and not consolidated (upstream's emptiness check); drift still replaces it.
+        if moving.is_empty() && st.buffers.read().hosts(node.name()) {
+            consolidatable = false;
+        }
         if let Some(why) = pod_blocked {
             if !eventual {
                 view.blocked.push((c.clone(), why));

@@ -37,6 +37,9 @@ pub struct Settings {
     pub min_drain_time: Duration,
     /// Disruption's timing (consolidation, drift, expiration).
     pub disruption: DisruptionSettings,
+    /// CapacityBuffers are kept as placeholder pods (`--feature-gates CapacityBuffer=true`; off
+    /// by default, as upstream).
+    pub capacity_buffers: bool,
 }
 
 /// How often and how carefully disruption acts (Karpenter core's constants; tests shorten them).
@@ -97,6 +100,7 @@ impl Default for Settings {
             min_values_policy: crate::scheduling::MinValuesPolicy::Strict,
             default_termination_grace_period: None,
             default_constraints: None,
+            capacity_buffers: false,
             deadlines: Deadlines::default(),
             min_drain_time: Duration::from_secs(5),
             disruption: DisruptionSettings::default(),

@@ -66,6 +66,9 @@ pub fn build<'a>(
     let rescheduled = reschedulable_pods(&pods_idx, &deleting, st.pdbs.read().all());
     let rescheduled_keys: HashSet<String> = rescheduled.iter().map(pods::key).collect();
     pods.extend(rescheduled);
+    // CapacityBuffers' placeholders are packed like pending pods, so their room is kept; a
+    // disruption simulation has to find them room too.
+    pods.extend(st.buffers.read().all().cloned());
     let default_spread = default_spread(view);
     // Default constraints spread pods that carry no term of their own: every bound pod may be
     // counted then.

@@ -480,6 +480,43 @@ impl Env {
         .await;
     }
 
+    /// A PodTemplate `template` of one container requesting `cpu`/`memory`, and a
+    /// CapacityBuffer `buffer` of `replicas` chunks of it, in namespace `ns`.
+    pub async fn capacity_buffer(
+        &self,
+        ns: &str,
+        (template, cpu, memory): (&str, &str, &str),
+        buffer: &str,
+        replicas: i32,
+    ) {
+        use k8s_openapi::api::core::v1::PodTemplate;
+        use karpenter_capi::api::capacity_buffer::CapacityBuffer;
+        let client = self.client().await;
+        let t: PodTemplate = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PodTemplate",
+            "metadata": {"name": template, "namespace": ns},
+            "template": {"spec": {"containers": [{
+                "name": "app", "image": "registry.k8s.io/pause:3.10",
+                "resources": {"requests": {"cpu": cpu, "memory": memory}},
+            }]}},
+        }))
+        .expect("a PodTemplate");
+        Api::<PodTemplate>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &t)
+            .await
+            .expect("create the PodTemplate");
+        let b: CapacityBuffer = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer",
+            "metadata": {"name": buffer, "namespace": ns},
+            "spec": {"podTemplateRef": {"name": template}, "replicas": replicas},
+        }))
+        .expect("a CapacityBuffer");
+        Api::<CapacityBuffer>::namespaced(client, ns)
+            .create(&PostParams::default(), &b)
+            .await
+            .expect("create the CapacityBuffer");
+    }
+
     pub async fn pdb(&self, name: &str, app: &str, max_unavailable: i32) {
         self.budget(name, app, json!({"maxUnavailable": max_unavailable}))
             .await

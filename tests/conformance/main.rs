@@ -8,6 +8,7 @@ mod fixture;
 
 mod batching;
 mod binpacking;
+mod buffers;
 mod custom_constraints;
 mod default_constraints;
 mod doc_table;

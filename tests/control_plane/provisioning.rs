@@ -18,6 +18,7 @@ on_both_backends![
     pods_selecting_an_offerings_labels_land_on_that_offering,
     a_pod_too_large_for_every_offering_stays_pending_and_is_told_why,
     a_limit_stops_provisioning_and_says_why,
+    pods_arriving_within_a_capacity_buffer_bind_on_its_room,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -27,6 +28,14 @@ pub fn tests() -> Vec<crate::assets::Test> {
 /// The four sizes (500 nodes each at most), the NodeClass and the default NodePool (with
 /// `limits`), and the controller with short batching windows, on `backend`.
 async fn env(backend: Backend, limits: Option<Value>) -> Env {
+    env_tuned(backend, limits, |_| {}).await
+}
+
+async fn env_tuned(
+    backend: Backend,
+    limits: Option<Value>,
+    tune: impl FnOnce(&mut karpenter_capi::actors::Settings),
+) -> Env {
     let mut builder = Env::builder()
         .cluster(SimClusterConfig {
             provider_delay: Duration::from_millis(30),
@@ -37,7 +46,8 @@ async fn env(backend: Backend, limits: Option<Value>) -> Env {
         })
         .backend(backend)
         .seeds((0..4).map(|i| seed_of(i, 500)).collect())
-        .short_batches();
+        .short_batches()
+        .tune(tune);
     if let Some(limits) = limits {
         builder = builder.limits(limits);
     }
@@ -179,4 +189,43 @@ async fn a_limit_stops_provisioning_and_says_why(backend: Backend) {
         "not every pod can fit under the limit"
     );
     env.invariants_hold();
+}
+
+/// A CapacityBuffer of two 1-CPU chunks is launched before any pod asks; two pods of that size
+/// then bind to the Node launched for it (kube-scheduler, or the stand-in, finds the room), and
+/// the buffer is provisioned again.
+async fn pods_arriving_within_a_capacity_buffer_bind_on_its_room(backend: Backend) {
+    let env = env_tuned(backend, None, |s| s.capacity_buffers = true).await;
+    let ns = karpenter_capi::simulate::launch::NAMESPACE;
+    env.capacity_buffer(ns, ("chunk", "1", "1Gi"), "headroom", 2)
+        .await;
+    let fits = |e: &Env| {
+        e.get("capacitybuffers", ns, "headroom").is_some_and(|b| {
+            crate::common::condition(&b, "Provisioning").is_some_and(|c| c["status"] == "True")
+        })
+    };
+    env.until_quiet("the buffer's capacity launched and fits", |e| {
+        fits(e) && !e.list("nodes").is_empty()
+    })
+    .await;
+    let buffer_nodes: Vec<String> = env
+        .list("nodes")
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    let claims_before = env.list("nodeclaims").len();
+    env.deployment("web", 2, PodShape::new("1", "1Gi")).await;
+    env.until("both pods bound", |e| e.bound_pods() == 2).await;
+    for p in pods_of(&env.list("pods"), "web") {
+        let node = p["spec"]["nodeName"].as_str().unwrap_or_default();
+        assert!(
+            buffer_nodes.iter().any(|n| n == node),
+            "{node} was not launched for the buffer ({buffer_nodes:?})"
+        );
+    }
+    env.until_quiet("the buffer refilled", |e| {
+        e.list("nodeclaims").len() > claims_before && fits(e)
+    })
+    .await;
+    env.assert_clean();
 }

@@ -19,6 +19,7 @@ use serde_json::json;
 
 use karpenter_capi::actors::Controller;
 use karpenter_capi::actors::Settings;
+use karpenter_capi::api::capacity_buffer::CapacityBuffer;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::wellknown::{NODECLAIM_ANNOTATION, NODEPOOL_LABEL};
 use karpenter_capi::app::{self, Campaign, ClientOptions, Replica};
@@ -204,6 +205,24 @@ const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
       (DevMachineTemplate here), and RBAC cannot match a suffix, so the chart lists each",
     ),
     (
+        "",
+        "podtemplates",
+        "get",
+        "a CapacityBuffer's podTemplateRef; this flow's buffer names a Deployment (its watch runs)",
+    ),
+    (
+        "apps",
+        "replicasets",
+        "get",
+        "a CapacityBuffer whose scalableRef is a ReplicaSet; this flow's names a Deployment",
+    ),
+    (
+        "apps",
+        "statefulsets",
+        "get",
+        "a CapacityBuffer whose scalableRef is a StatefulSet; this flow's names a Deployment",
+    ),
+    (
         "infrastructure.cluster.x-k8s.io",
         "*machinepools",
         "get",
@@ -221,6 +240,7 @@ async fn flow(t: &Topology) {
     eprintln!("{} leads, {} stands by", leader.name, standby.name);
 
     launch(&cp, &admin, t).await;
+    buffer(&cp, &admin).await;
     let leader = fail_over(&cp, &access, leader, standby).await;
     drain(&cp, &admin, &access).await;
     consolidate(&cp, &admin, t).await;
@@ -331,6 +351,8 @@ fn settings(t: &Topology) -> Settings {
 ",
     )
     .expect("default constraints");
+    // CapacityBuffers on, so the buffer actor's watches, reads and status writes run too.
+    s.capacity_buffers = true;
     s
 }
 
@@ -459,6 +481,30 @@ async fn launch(cp: &ControlPlane, admin: &Client, t: &Topology) {
         .expect("listing Machines")
         .items;
     assert_eq!(machines.len(), claims.len(), "a Machine per claim");
+}
+
+/// A CapacityBuffer of no chunks on the Deployment: the controller reads the Deployment and
+/// writes the buffer's status (and launches nothing for it).
+async fn buffer(cp: &ControlPlane, admin: &Client) {
+    let buffer: CapacityBuffer = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer",
+        "metadata": {"name": "headroom", "namespace": WORKLOAD_NS},
+        "spec": {"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": APP}, "replicas": 0},
+    }))
+    .expect("a CapacityBuffer");
+    let api = Api::<CapacityBuffer>::namespaced(admin.clone(), WORKLOAD_NS);
+    api.create(&PostParams::default(), &buffer)
+        .await
+        .expect("creating the CapacityBuffer");
+    eventually(cp, "the buffer's status written", || async {
+        let b = api.get("headroom").await.ok()?;
+        let ready = b
+            .conditions()
+            .iter()
+            .any(|c| c.type_ == "ReadyForProvisioning" && c.is_true());
+        (ready && b.status.as_ref()?.replicas == Some(0)).then_some(())
+    })
+    .await;
 }
 
 /// The leader dies without releasing the Lease (a killed pod); the standby takes the Lease and

@@ -296,6 +296,7 @@ fn our_crds_carry_every_upstream_property() {
         "karpenter.sh_nodeclaims.yaml",
         "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
         "karpenter.sh_nodeoverlays.yaml",
+        "autoscaling.x-k8s.io_capacitybuffers.yaml",
     ] {
         let upstream = yaml_docs(&read(&assets::upstream(&format!("crds/{file}")))).remove(0);
         let name = upstream["metadata"]["name"].as_str().unwrap();
@@ -788,6 +789,7 @@ fn our_crds_carry_upstream_validation() {
         "karpenter.sh_nodeclaims.yaml",
         "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
         "karpenter.sh_nodeoverlays.yaml",
+        "autoscaling.x-k8s.io_capacitybuffers.yaml",
     ] {
         let upstream = yaml_docs(&read(&assets::upstream(&format!("crds/{file}")))).remove(0);
         let name = upstream["metadata"]["name"].as_str().unwrap();

@@ -131,6 +131,12 @@ const NEEDS: &[Need] = &[
     need(Workload, "karpenter.cluster.x-k8s.io", "clusterapinodeclasses/status", &["patch"], Code("actors/catalog.rs Ready condition")),
     need(Workload, "karpenter.sh", "nodeoverlays", &["list", "watch"], Code("actors/catalog.rs NodeOverlay watcher")),
     need(Workload, "karpenter.sh", "nodeoverlays/status", &["patch"], Code("actors/catalog.rs NodeOverlay conditions")),
+    need(Workload, "autoscaling.x-k8s.io", "capacitybuffers", &["list", "watch"], Code("actors/buffers watcher")),
+    need(Workload, "autoscaling.x-k8s.io", "capacitybuffers/status", &["patch"], Code("actors/buffers status")),
+    need(Workload, "", "podtemplates", &["get", "list", "watch"], Code("actors/buffers resolve and watcher")),
+    need(Workload, "apps", "deployments", &["get", "list", "watch"], Code("actors/buffers resolve and watcher")),
+    need(Workload, "apps", "replicasets", &["get", "list", "watch"], Code("actors/buffers resolve and watcher")),
+    need(Workload, "apps", "statefulsets", &["get", "list", "watch"], Code("actors/buffers resolve and watcher")),
     need(Workload, "events.k8s.io", "events", &["create", "patch"], Code("actors/events.rs kube Recorder")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["get", "create", "update"], Code("leader.rs get_opt, create, replace")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["list", "watch"], Code("leader.rs watch of the one Lease (metadata.name field selector)")),
@@ -931,8 +937,8 @@ fn chart_crds_are_copies_of_deploy_crds() {
     let generated = names("deploy/crds");
     assert_eq!(
         generated.len(),
-        4,
-        "NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay"
+        5,
+        "NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay, CapacityBuffer"
     );
     assert_eq!(names(&format!("{CHART}/crds")), generated);
     for n in &generated {

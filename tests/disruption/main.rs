@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod buffers;
 mod disruption;
 mod simulate_disruption;
 mod under_faults;

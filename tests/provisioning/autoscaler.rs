@@ -14,7 +14,8 @@ use serde_json::Value;
 
 use crate::common::Env;
 
-fn cluster() -> SimClusterConfig {
+/// A quick simulated cluster with the scheduler stand-in (also the buffers tests').
+pub fn cluster() -> SimClusterConfig {
     SimClusterConfig {
         provider_delay: Duration::from_millis(30),
         node_ready_delay: Duration::from_millis(30),

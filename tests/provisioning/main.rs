@@ -6,6 +6,7 @@
 mod common;
 
 mod autoscaler;
+mod buffers;
 mod capi;
 mod provisioning;
 mod scheduling;

@@ -65,11 +65,13 @@ pub fn solve_with_volumes<'a>(snapshot: &'a Snapshot, volumes: &'a NodeVolumes) 
         .filter_map(|p| PodInfo::read(p).ok())
         .collect();
 
-    // Karpenter's order: biggest cpu, then memory, first; by key for determinism.
+    // Karpenter's order: biggest cpu, then memory, first; by key for determinism. A buffer's
+    // placeholder goes after the real pods of its size, so they take the room first.
     pending.sort_by(|a, b| {
         b.cpu()
             .cmp(&a.cpu())
             .then_with(|| b.memory().cmp(&a.memory()))
+            .then_with(|| a.placeholder.cmp(&b.placeholder))
             .then_with(|| a.key.cmp(&b.key))
     });
     let dims = learn_dims(snapshot, &pending, &daemons);

@@ -70,6 +70,21 @@
 - apiGroups: [karpenter.sh]
   resources: [nodeoverlays/status]
   verbs: [patch]
+# CapacityBuffers (--feature-gates CapacityBuffer=true): watch buffers, write their status;
+# resolve their chunk's pod template (PodTemplates and the apps workloads a scalableRef names:
+# read once, then followed by a watch).
+- apiGroups: [autoscaling.x-k8s.io]
+  resources: [capacitybuffers]
+  verbs: [list, watch]
+- apiGroups: [autoscaling.x-k8s.io]
+  resources: [capacitybuffers/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [podtemplates]
+  verbs: [get, list, watch]
+- apiGroups: [apps]
+  resources: [deployments, replicasets, statefulsets]
+  verbs: [get, list, watch]
 # Event recorder (events.k8s.io/v1): create, and patch when an event repeats.
 - apiGroups: [events.k8s.io]
   resources: [events]

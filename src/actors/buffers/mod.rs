@@ -1,0 +1,572 @@
+//! The CapacityBuffer actor (leader only, with `--feature-gates CapacityBuffer=true`): resolves
+//! each buffer's chunk (its PodTemplate, or the pod template of the Deployment, StatefulSet or
+//! ReplicaSet its `scalableRef` names) and size into placeholder pods the provisioner packs
+//! with the pending pods, and writes the buffer's status: `replicas`, `podTemplateRef`,
+//! `ReadyForProvisioning`, and `Provisioning` from where the last solve put the placeholders.
+//!
+//! Event-driven: a buffer is resolved again when it changes and when an object it references
+//! changes (each kind is watched; only changes to referenced objects cost a read).
+
+pub mod resolve;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use jiff::Timestamp;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::core::v1::{PodTemplate, PodTemplateSpec};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+
+use super::Shared;
+use crate::api::capacity_buffer::{
+    ACTIVE_CAPACITY, CapacityBuffer, CapacityBufferStatus, PROVISIONING, READY_FOR_PROVISIONING,
+};
+use crate::api::conditions::{self, ConditionStatus};
+use crate::api::decode::Lenient;
+use crate::state::buffers::Placed;
+use resolve::{NotReady, Source};
+
+/// `Provisioning` reasons (upstream Karpenter's).
+pub const FITS_EXISTING_CAPACITY: &str = "FitsExistingCapacity";
+pub const REQUIRES_NEW_CAPACITY: &str = "RequiresNewCapacity";
+pub const NOT_READY_FOR_PROVISIONING: &str = "NotReadyForProvisioning";
+pub const BUFFER_EMPTY: &str = "BufferEmpty";
+
+/// Where the last solve put each buffer's placeholder pods (buffer key -> placements).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Provisioned(pub HashMap<String, Placed>);
+
+/// A watched object a buffer may reference: (kind, namespace, name).
+type Referent = (&'static str, String, String);
+
+enum Watched {
+    Buffer(Box<Result<watcher::Event<Lenient<CapacityBuffer>>, watcher::Error>>),
+    Referent(Option<Referent>),
+}
+
+impl Message for Watched {
+    type Result = ();
+}
+
+/// A buffer's resolution, with the status it leads to.
+struct Resolution {
+    key: String,
+    generation: Option<i64>,
+    outcome: Result<resolve::Resolved, NotReady>,
+}
+
+impl Message for Resolution {
+    type Result = ();
+}
+
+pub struct Buffers {
+    shared: Arc<Shared>,
+    buffers: HashMap<String, CapacityBuffer>,
+    /// Status as this actor last wrote or read it, per buffer.
+    statuses: HashMap<String, CapacityBufferStatus>,
+    /// The last problem reported in an Event, per buffer (one Event per new problem).
+    reported: HashMap<String, String>,
+    /// The buffers a (re-)list has shown so far; at its end the others are gone.
+    listed: Option<std::collections::HashSet<String>>,
+}
+
+impl Buffers {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            buffers: HashMap::new(),
+            statuses: HashMap::new(),
+            reported: HashMap::new(),
+            listed: None,
+        }
+    }
+
+    /// Read what the buffer references and resolve it (off the actor).
+    fn reconcile(&mut self, key: &str, ctx: &mut Context<Self>) {
+        let Some(cb) = self.buffers.get(key).cloned() else {
+            return;
+        };
+        if cb.strategy() != ACTIVE_CAPACITY {
+            // Another strategy is another autoscaler's: neither packed nor written.
+            self.publish_pods(key, Vec::new());
+            return;
+        }
+        let client = self.shared.workload.clone();
+        let key = key.to_string();
+        let generation = cb.metadata.generation;
+        ctx.spawn(
+            async move {
+                let outcome = match read_source(client, &cb).await {
+                    Ok(source) => resolve::resolve(&cb, source),
+                    Err(e) => Err(e),
+                };
+                Resolution {
+                    key,
+                    generation,
+                    outcome,
+                }
+            }
+            .into_actor(self)
+            .map(|r, act, ctx| act.resolved(r, ctx)),
+        );
+    }
+
+    fn resolved(&mut self, r: Resolution, ctx: &mut Context<Self>) {
+        let Some(cb) = self.buffers.get(&r.key).cloned() else {
+            return;
+        };
+        if cb.metadata.generation != r.generation {
+            // Overtaken by a newer spec, whose own resolution is on its way.
+            return;
+        }
+        let mut status = self.statuses.get(&r.key).cloned().unwrap_or_default();
+        let mut conds = status.conditions.take().unwrap_or_default();
+        let now = Timestamp::now();
+        let generation = cb.metadata.generation;
+        status.provisioning_strategy = Some(cb.strategy().to_string());
+        match r.outcome {
+            Ok(resolved) => {
+                self.reported.remove(&r.key);
+                status.replicas = Some(resolved.replicas);
+                status.pod_template_ref = resolved.pod_template.clone();
+                status.pod_template_generation = resolved.pod_template_generation;
+                conditions::set(
+                    &mut conds,
+                    READY_FOR_PROVISIONING,
+                    ConditionStatus::True,
+                    resolve::RESOLVED,
+                    "Pod template resolved successfully",
+                    generation,
+                    now,
+                );
+                if resolved.replicas == 0 {
+                    conditions::set(
+                        &mut conds,
+                        PROVISIONING,
+                        ConditionStatus::False,
+                        BUFFER_EMPTY,
+                        "Buffer has zero desired replicas",
+                        generation,
+                        now,
+                    );
+                }
+                let pods = resolve::placeholder_pods(&cb, &resolved);
+                self.publish_pods(&r.key, pods);
+            }
+            Err(problem) => {
+                status.replicas = None;
+                status.pod_template_ref = None;
+                status.pod_template_generation = None;
+                conditions::set(
+                    &mut conds,
+                    READY_FOR_PROVISIONING,
+                    ConditionStatus::False,
+                    problem.reason,
+                    &problem.message,
+                    generation,
+                    now,
+                );
+                conditions::set(
+                    &mut conds,
+                    PROVISIONING,
+                    ConditionStatus::False,
+                    NOT_READY_FOR_PROVISIONING,
+                    "Buffer is not ReadyForProvisioning",
+                    generation,
+                    now,
+                );
+                if self.reported.get(&r.key) != Some(&problem.message) {
+                    tracing::warn!(capacitybuffer = %r.key, reason = problem.reason, problem = %problem.message, "capacity buffer not ready for provisioning");
+                    self.shared.events.warning(
+                        cb.object_ref(&()),
+                        problem.reason,
+                        format!("CapacityBuffer {}: {}", r.key, problem.message),
+                    );
+                    self.reported.insert(r.key.clone(), problem.message);
+                }
+                self.publish_pods(&r.key, Vec::new());
+            }
+        }
+        status.conditions = Some(conds);
+        self.write_status(&r.key, &cb, status, ctx);
+    }
+
+    /// Hand the placeholder pods to the provisioner; a change makes it solve, and disruption
+    /// look again (the nodes that held the old ones may be empty now).
+    fn publish_pods(&self, key: &str, pods: Vec<k8s_openapi::api::core::v1::Pod>) {
+        if self.shared.state.buffers.write().set(key, pods) {
+            self.shared.router.provisioner_poke();
+            self.shared.router.disruption_changed();
+        }
+    }
+
+    /// The solve's placements become each ready buffer's `Provisioning` condition: True when
+    /// every placeholder fits capacity that exists (Nodes and claims already made), False when
+    /// some need new claims or fit nowhere.
+    fn provisioned(&mut self, placed: HashMap<String, Placed>, ctx: &mut Context<Self>) {
+        let now = Timestamp::now();
+        for (key, p) in placed {
+            let Some(cb) = self.buffers.get(&key).cloned() else {
+                continue;
+            };
+            let mut status = self.statuses.get(&key).cloned().unwrap_or_default();
+            if !conditions::is_true(
+                status.conditions.as_deref().unwrap_or_default(),
+                READY_FOR_PROVISIONING,
+            ) {
+                continue;
+            }
+            let desired = status.replicas.unwrap_or_default();
+            let (state, reason, message) = if p.new_claims > 0 || p.failed > 0 {
+                (
+                    ConditionStatus::False,
+                    REQUIRES_NEW_CAPACITY,
+                    format!(
+                        "{}/{desired} virtual pods required new capacity, {} failed",
+                        p.new_claims, p.failed
+                    ),
+                )
+            } else {
+                (
+                    ConditionStatus::True,
+                    FITS_EXISTING_CAPACITY,
+                    format!("All {desired} virtual pods fit on existing capacity"),
+                )
+            };
+            let mut conds = status.conditions.take().unwrap_or_default();
+            let changed = conditions::set(
+                &mut conds,
+                PROVISIONING,
+                state,
+                reason,
+                &message,
+                cb.metadata.generation,
+                now,
+            );
+            status.conditions = Some(conds);
+            if changed {
+                self.write_status(&key, &cb, status, ctx);
+            }
+        }
+    }
+
+    /// Write the whole status when it differs from what the buffer carries.
+    fn write_status(
+        &mut self,
+        key: &str,
+        cb: &CapacityBuffer,
+        status: CapacityBufferStatus,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.statuses.get(key) == Some(&status) {
+            return;
+        }
+        self.statuses.insert(key.to_string(), status.clone());
+        if !self.shared.router.is_active() {
+            return;
+        }
+        let api: Api<CapacityBuffer> = Api::namespaced(
+            self.shared.workload.clone(),
+            &cb.namespace().unwrap_or_default(),
+        );
+        let name = cb.name_any();
+        // Every field named, unset ones as null: a merge patch leaves out what it does not
+        // name, and a buffer that stops resolving must lose its old replicas and template.
+        let body = json!({ "status": {
+            "podTemplateRef": status.pod_template_ref,
+            "replicas": status.replicas,
+            "podTemplateGeneration": status.pod_template_generation,
+            "conditions": status.conditions,
+            "provisioningStrategy": status.provisioning_strategy,
+        }});
+        ctx.spawn(
+            async move {
+                if let Err(e) = api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                {
+                    tracing::warn!(capacitybuffer = %name, error = %e, "writing capacity buffer status failed");
+                }
+            }
+            .into_actor(self),
+        );
+    }
+
+    /// The buffers that reference `referent`.
+    fn referencing(&self, (kind, namespace, name): &Referent) -> Vec<String> {
+        self.buffers
+            .iter()
+            .filter(|(_, cb)| cb.namespace().as_deref() == Some(namespace.as_str()))
+            .filter(
+                |(_, cb)| match (&cb.spec.pod_template_ref, &cb.spec.scalable_ref) {
+                    (Some(t), _) => *kind == "PodTemplate" && t.name == *name,
+                    (None, Some(s)) => s.kind == *kind && s.name == *name,
+                    (None, None) => false,
+                },
+            )
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    fn forget(&mut self, key: &str) {
+        self.buffers.remove(key);
+        self.statuses.remove(key);
+        self.reported.remove(key);
+        self.publish_pods(key, Vec::new());
+    }
+}
+
+fn buffer_key(cb: &impl Resource) -> String {
+    format!(
+        "{}/{}",
+        cb.meta().namespace.as_deref().unwrap_or_default(),
+        cb.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The chunk's pod template and the workload's replicas, read from the API.
+async fn read_source(client: kube::Client, cb: &CapacityBuffer) -> Result<Source, NotReady> {
+    let namespace = cb.namespace().unwrap_or_default();
+    if let Some(r) = &cb.spec.pod_template_ref {
+        let api: Api<PodTemplate> = Api::namespaced(client, &namespace);
+        return match api.get_opt(&r.name).await {
+            Ok(Some(t)) => Ok(Source {
+                template: t.template.unwrap_or_default(),
+                scalable_replicas: None,
+                pod_template: Some((r.name.clone(), t.metadata.generation.unwrap_or_default())),
+            }),
+            Ok(None) => Err(NotReady::new(
+                resolve::POD_TEMPLATE_NOT_FOUND,
+                format!(
+                    "spec.podTemplateRef: PodTemplate {namespace}/{} not found",
+                    r.name
+                ),
+            )),
+            Err(e) => Err(NotReady::new(
+                resolve::RESOLUTION_FAILED,
+                format!("spec.podTemplateRef: reading PodTemplate {}: {e}", r.name),
+            )),
+        };
+    }
+    let Some(r) = &cb.spec.scalable_ref else {
+        return Err(NotReady::new(
+            resolve::RESOLUTION_FAILED,
+            "spec: neither podTemplateRef nor scalableRef is set",
+        ));
+    };
+    let group = if r.api_group.is_empty() {
+        "apps"
+    } else {
+        r.api_group.as_str()
+    };
+    let read = match (group, r.kind.as_str()) {
+        ("apps", "Deployment") => {
+            read_workload::<Deployment>(client, &namespace, &r.name, |d| {
+                d.spec.map(|s| (s.template, s.replicas))
+            })
+            .await
+        }
+        ("apps", "StatefulSet") => {
+            read_workload::<StatefulSet>(client, &namespace, &r.name, |d| {
+                d.spec.map(|s| (s.template, s.replicas))
+            })
+            .await
+        }
+        ("apps", "ReplicaSet") => {
+            read_workload::<ReplicaSet>(client, &namespace, &r.name, |d| {
+                d.spec.and_then(|s| Some((s.template?, s.replicas)))
+            })
+            .await
+        }
+        _ => {
+            return Err(NotReady::new(
+                resolve::RESOLUTION_FAILED,
+                format!(
+                    "spec.scalableRef: {}/{} is not supported (apps Deployment, StatefulSet or \
+                     ReplicaSet)",
+                    r.api_group, r.kind
+                ),
+            ));
+        }
+    };
+    match read {
+        Ok(Some((template, replicas))) => Ok(Source {
+            template,
+            scalable_replicas: Some(replicas.unwrap_or(1)),
+            pod_template: None,
+        }),
+        Ok(None) => Err(NotReady::new(
+            resolve::SCALABLE_REF_NOT_FOUND,
+            format!(
+                "spec.scalableRef: {} {namespace}/{} not found",
+                r.kind, r.name
+            ),
+        )),
+        Err(e) => Err(NotReady::new(
+            resolve::RESOLUTION_FAILED,
+            format!("spec.scalableRef: reading {} {}: {e}", r.kind, r.name),
+        )),
+    }
+}
+
+type Template = (PodTemplateSpec, Option<i32>);
+
+async fn read_workload<K>(
+    client: kube::Client,
+    namespace: &str,
+    name: &str,
+    template: fn(K) -> Option<Template>,
+) -> Result<Option<Template>, kube::Error>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client, namespace);
+    Ok(api.get_opt(name).await?.and_then(template))
+}
+
+/// Changes to objects of kind `K`, reduced to which object changed.
+fn referents<K>(
+    client: kube::Client,
+    kind: &'static str,
+) -> impl futures::Stream<Item = Watched> + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    use futures::StreamExt;
+    let api: Api<K> = Api::all(client);
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |ev| {
+            let obj = match ev {
+                Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::Delete(o)) => Some(o),
+                // The initial list: every buffer is resolved when it is listed anyway.
+                _ => None,
+            };
+            Watched::Referent(obj.map(|o| {
+                (
+                    kind,
+                    o.meta().namespace.clone().unwrap_or_default(),
+                    o.meta().name.clone().unwrap_or_default(),
+                )
+            }))
+        })
+}
+
+impl Actor for Buffers {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        use futures::StreamExt;
+        let client = self.shared.workload.clone();
+        let buffers: Api<Lenient<CapacityBuffer>> = Api::all(client.clone());
+        let buffers = watcher(buffers, watcher::Config::default())
+            .default_backoff()
+            .map(|ev| Watched::Buffer(Box::new(ev)));
+        ctx.add_stream(futures::stream::select_all([
+            buffers.boxed(),
+            referents::<PodTemplate>(client.clone(), "PodTemplate").boxed(),
+            referents::<Deployment>(client.clone(), "Deployment").boxed(),
+            referents::<StatefulSet>(client.clone(), "StatefulSet").boxed(),
+            referents::<ReplicaSet>(client, "ReplicaSet").boxed(),
+        ]));
+    }
+}
+
+impl StreamHandler<Watched> for Buffers {
+    fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
+        match ev {
+            Watched::Buffer(ev) => self.buffer_event(*ev, ctx),
+            Watched::Referent(Some(referent)) => {
+                for key in self.referencing(&referent) {
+                    self.reconcile(&key, ctx);
+                }
+            }
+            Watched::Referent(None) => {}
+        }
+    }
+}
+
+impl Buffers {
+    fn buffer_event(
+        &mut self,
+        ev: Result<watcher::Event<Lenient<CapacityBuffer>>, watcher::Error>,
+        ctx: &mut Context<Self>,
+    ) {
+        match ev {
+            Ok(watcher::Event::Apply(Lenient::Ok(cb)))
+            | Ok(watcher::Event::InitApply(Lenient::Ok(cb))) => {
+                let key = buffer_key(&cb);
+                if let Some(listed) = self.listed.as_mut() {
+                    listed.insert(key.clone());
+                }
+                let spec_changed = self.buffers.get(&key).is_none_or(|old| {
+                    old.spec != cb.spec || old.metadata.generation != cb.metadata.generation
+                });
+                self.statuses
+                    .insert(key.clone(), cb.status.clone().unwrap_or_default());
+                self.buffers.insert(key.clone(), cb);
+                if spec_changed {
+                    self.reconcile(&key, ctx);
+                }
+            }
+            Ok(watcher::Event::Apply(Lenient::Bad(m)))
+            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
+                // The API server's schema keeps most of these out; one that slips through
+                // provisions nothing and is named once.
+                let key = buffer_key(&Lenient::<CapacityBuffer>::Bad(m.clone()));
+                if let Some(listed) = self.listed.as_mut() {
+                    listed.insert(key.clone());
+                }
+                let told = self.reported.get(&key).cloned();
+                self.forget(&key);
+                let message = m.message();
+                if told.as_ref() != Some(&message) {
+                    self.shared.events.warning(
+                        m.object_ref::<CapacityBuffer>(),
+                        resolve::RESOLUTION_FAILED,
+                        format!("CapacityBuffer {key}: {message}"),
+                    );
+                }
+                self.reported.insert(key, message);
+            }
+            Ok(watcher::Event::Delete(cb)) => self.forget(&buffer_key(&cb)),
+            Ok(watcher::Event::Init) => self.listed = Some(Default::default()),
+            Ok(watcher::Event::InitDone) => {
+                // Buffers deleted while the watch was down.
+                let listed = self.listed.take().unwrap_or_default();
+                let gone: Vec<String> = self
+                    .buffers
+                    .keys()
+                    .filter(|k| !listed.contains(*k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    self.forget(&key);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "capacity buffer watch failed; it will re-list");
+            }
+        }
+    }
+}
+
+impl Handler<Provisioned> for Buffers {
+    type Result = ();
+    fn handle(&mut self, msg: Provisioned, ctx: &mut Self::Context) {
+        self.provisioned(msg.0, ctx);
+    }
+}

@@ -1,0 +1,83 @@
+//! CapacityBuffers as the provisioner packs them: each ready buffer's placeholder pods (never
+//! written to the cluster), and where the last solve put them. The buffer actor fills the pods;
+//! the provisioner records the placements, which keep a node holding only buffer room from
+//! counting as empty.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+
+/// Where one buffer's pods went in a solve.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placed {
+    /// On a Node or a claim that exists.
+    pub existing: usize,
+    /// On claims the solve opened.
+    pub new_claims: usize,
+    /// Nowhere.
+    pub failed: usize,
+}
+
+#[derive(Default)]
+pub struct BufferPods {
+    /// Buffer key (`namespace/name`) -> its placeholder pods.
+    pods: BTreeMap<String, Arc<Vec<Pod>>>,
+    /// Placeholder pod key -> its buffer's key.
+    owner: HashMap<String, String>,
+    /// Buffer key -> the nodes the last solve put its placeholder pods on.
+    hosts: HashMap<String, HashSet<String>>,
+}
+
+impl BufferPods {
+    /// Sets (or with no pods, clears) a buffer's placeholder pods; true when they changed.
+    pub fn set(&mut self, buffer: &str, pods: Vec<Pod>) -> bool {
+        let old = self.pods.get(buffer).map(|p| p.as_slice()).unwrap_or(&[]);
+        if old == pods.as_slice() {
+            return false;
+        }
+        self.owner.retain(|_, b| b != buffer);
+        // Where the old pods were packed says nothing about the new ones.
+        self.hosts.remove(buffer);
+        if pods.is_empty() {
+            self.pods.remove(buffer);
+            return true;
+        }
+        for p in &pods {
+            self.owner
+                .insert(crate::state::pods::key(p), buffer.to_string());
+        }
+        self.pods.insert(buffer.to_string(), Arc::new(pods));
+        true
+    }
+
+    /// Every placeholder pod, buffer by buffer.
+    pub fn all(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values().flat_map(|p| p.iter())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pods.is_empty()
+    }
+
+    /// The buffer a pod key belongs to, when it is a placeholder.
+    pub fn owner(&self, pod: &str) -> Option<&str> {
+        self.owner.get(pod).map(String::as_str)
+    }
+
+    /// The buffers that have placeholder pods.
+    pub fn buffers(&self) -> impl Iterator<Item = &str> {
+        self.pods.keys().map(String::as_str)
+    }
+
+    /// Records the nodes the last solve put each buffer's placeholder pods on.
+    pub fn set_hosts(&mut self, hosts: HashMap<String, HashSet<String>>) {
+        self.hosts = hosts;
+    }
+
+    /// Whether the last solve put placeholder pods on `node`: it holds buffer room, so it is
+    /// not empty.
+    pub fn hosts(&self, node: &str) -> bool {
+        self.hosts.values().any(|nodes| nodes.contains(node))
+    }
+}
