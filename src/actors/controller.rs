@@ -107,6 +107,9 @@ impl Actors {
         if let Some(d) = router.take_disruption() {
             d.do_send(super::messages::Stop);
         }
+        if let Some(s) = router.take_static_capacity() {
+            s.do_send(super::messages::Stop);
+        }
     }
 }
 
@@ -255,6 +258,8 @@ async fn activate(actors: &Actors) {
     shared.router.set_terminator(terminator);
     let disruption = super::disruption::Disruption::new(shared.clone()).start();
     shared.router.set_disruption(disruption);
+    let static_capacity = super::static_capacity::StaticCapacity::new(shared.clone()).start();
+    shared.router.set_static_capacity(static_capacity);
     shared.router.set_active();
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();

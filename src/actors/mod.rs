@@ -27,6 +27,7 @@ pub mod persist;
 pub mod provisioner;
 pub mod router;
 pub mod scaler;
+pub mod static_capacity;
 pub mod supervisor;
 pub mod terminator;
 pub mod tracked;
@@ -165,5 +166,6 @@ stoppable!(
     provisioner::Provisioner,
     terminator::Terminator,
     disruption::Disruption,
+    static_capacity::StaticCapacity,
     nodeclaim::NodeClaimActor
 );

@@ -16,6 +16,7 @@ use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
 use super::provisioner::Pending;
 use super::scaler::Scaler;
+use super::static_capacity::{Hold, StaticCapacity};
 use super::terminator::{NodeChanged, Terminator};
 
 #[derive(Clone, Default)]
@@ -27,6 +28,7 @@ pub struct Router {
     nodepools: Arc<RwLock<Option<Recipient<Refresh>>>>,
     terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
     disruption: Arc<RwLock<Option<Addr<Disruption>>>>,
+    static_capacity: Arc<RwLock<Option<Addr<StaticCapacity>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -69,10 +71,29 @@ impl Router {
         self.disruption.write().take()
     }
 
-    /// Claims, Nodes or pods changed: disruption looks again (debounced there).
+    /// Claims, Nodes or pods changed: disruption looks again (debounced there), and so do the
+    /// static pools (a disruption mark on a Node changes what they count).
     pub fn disruption_changed(&self) {
         if let Some(d) = self.disruption.read().as_ref() {
             d.do_send(ClusterChanged::default());
+        }
+        self.static_changed();
+    }
+
+    /// The StaticCapacity actor (leader only); `take_static_capacity` hands it over to be
+    /// stopped.
+    pub fn set_static_capacity(&self, s: Addr<StaticCapacity>) {
+        *self.static_capacity.write() = Some(s);
+    }
+
+    pub fn take_static_capacity(&self) -> Option<Addr<StaticCapacity>> {
+        self.static_capacity.write().take()
+    }
+
+    /// NodePools, claims or Nodes changed: static pools look at their counts again.
+    pub fn static_changed(&self) {
+        if let Some(s) = self.static_capacity.read().as_ref() {
+            s.do_send(Hold);
         }
     }
 
@@ -179,6 +200,7 @@ impl Router {
         if let Some(r) = self.nodepools.read().as_ref() {
             r.do_send(Refresh);
         }
+        self.static_changed();
     }
 
     pub fn set_active(&self) {
