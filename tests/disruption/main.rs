@@ -6,4 +6,5 @@ mod common;
 
 mod disruption;
 mod simulate_disruption;
+mod static_pools;
 mod under_faults;
