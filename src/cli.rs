@@ -292,6 +292,53 @@ pub struct ControllerArgs {
     /// Empty (the default): no default constraints.
     #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
     pub scheduler_config: SchedulerConfigArg,
+    /// Optional features, as Karpenter's `Name=true|false,...`: `NodeRepair` replaces nodes
+    /// whose `Ready` stays False or Unknown for 30 minutes (off by default, as upstream);
+    /// `StaticCapacity` holds static NodePools at `spec.replicas` (on by default here).
+    #[arg(long, env = "FEATURE_GATES", default_value = "NodeRepair=false,StaticCapacity=true", value_parser = feature_gates_arg)]
+    pub feature_gates: FeatureGates,
+}
+
+/// The features `--feature-gates` turns on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeatureGates {
+    pub node_repair: bool,
+    pub static_capacity: bool,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        Self {
+            node_repair: false,
+            static_capacity: true,
+        }
+    }
+}
+
+/// `Name=bool` pairs, comma separated; a gate this controller does not know is refused, so a
+/// typo never passes for a feature that is off.
+fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
+    let mut gates = FeatureGates::default();
+    for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| format!("{pair:?} is not Name=true or Name=false"))?;
+        let on = match value.trim() {
+            "true" => true,
+            "false" => false,
+            v => return Err(format!("{name}: {v:?} is not true or false")),
+        };
+        match name.trim() {
+            "NodeRepair" => gates.node_repair = on,
+            "StaticCapacity" => gates.static_capacity = on,
+            other => {
+                return Err(format!(
+                    "{other:?} is not a feature gate of this controller (known: NodeRepair, StaticCapacity)"
+                ));
+            }
+        }
+    }
+    Ok(gates)
 }
 
 /// A parsed `--scheduler-config`: the default constraints it sets, if any.

@@ -25,6 +25,7 @@ pub mod nomination;
 pub mod patch;
 pub mod persist;
 pub mod provisioner;
+pub mod repair;
 pub mod router;
 pub mod scaler;
 pub mod static_capacity;
@@ -167,5 +168,6 @@ stoppable!(
     terminator::Terminator,
     disruption::Disruption,
     static_capacity::StaticCapacity,
+    repair::NodeRepair,
     nodeclaim::NodeClaimActor
 );

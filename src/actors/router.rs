@@ -15,6 +15,7 @@ use super::disruption::{ClusterChanged, Disruption};
 use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
 use super::provisioner::Pending;
+use super::repair::{Look, NodeRepair};
 use super::scaler::Scaler;
 use super::static_capacity::{Hold, StaticCapacity};
 use super::terminator::{NodeChanged, Terminator};
@@ -29,6 +30,7 @@ pub struct Router {
     terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
     disruption: Arc<RwLock<Option<Addr<Disruption>>>>,
     static_capacity: Arc<RwLock<Option<Addr<StaticCapacity>>>>,
+    repair: Arc<RwLock<Option<Addr<NodeRepair>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -71,13 +73,26 @@ impl Router {
         self.disruption.write().take()
     }
 
-    /// Claims, Nodes or pods changed: disruption looks again (debounced there), and so do the
-    /// static pools (a disruption mark on a Node changes what they count).
+    /// Claims, Nodes or Machines changed: disruption looks again (debounced there), and so do
+    /// the static pools (a disruption mark on a Node changes what they count) and node repair.
     pub fn disruption_changed(&self) {
         if let Some(d) = self.disruption.read().as_ref() {
             d.do_send(ClusterChanged::default());
         }
         self.static_changed();
+        if let Some(r) = self.repair.read().as_ref() {
+            r.do_send(Look);
+        }
+    }
+
+    /// The NodeRepair actor (leader only, behind its feature gate); `take_repair` hands it
+    /// over to be stopped.
+    pub fn set_repair(&self, r: Addr<NodeRepair>) {
+        *self.repair.write() = Some(r);
+    }
+
+    pub fn take_repair(&self) -> Option<Addr<NodeRepair>> {
+        self.repair.write().take()
     }
 
     /// The StaticCapacity actor (leader only); `take_static_capacity` hands it over to be

@@ -310,6 +310,33 @@ fn condition_status(
         }))
 }
 
+/// Cluster API's manual remediation request, acted on by a MachineHealthCheck.
+pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
+
+/// Whether a MachineHealthCheck watches over the Machine: the conditions only an MHC sets, in
+/// any of the condition lists either API version carries, or the remediation request.
+fn health_checked(r: &Reader<'_>, annotations: &BTreeMap<String, String>) -> Result<bool, ModelError> {
+    if annotations.contains_key(REMEDIATE_MACHINE_ANNOTATION) {
+        return Ok(true);
+    }
+    for path in [
+        "status.conditions",
+        "status.v1beta2.conditions",
+        "status.deprecated.v1beta1.conditions",
+    ] {
+        let found = r.array(path)?.iter().any(|c| {
+            matches!(
+                c.get("type").and_then(Value::as_str),
+                Some("HealthCheckSucceeded" | "OwnerRemediated")
+            )
+        });
+        if found {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// The failure reason we report for a v1beta2 Machine whose infrastructure went away.
 pub const INFRASTRUCTURE_DELETED: &str = "InfrastructureDeleted";
 
@@ -444,6 +471,10 @@ pub struct Machine {
     /// The `UpToDate` condition Cluster API's MachineDeployment controller sets (False: the
     /// Machine's MachineSet is outdated, a rollout would replace it); None when not reported.
     pub up_to_date: Option<bool>,
+    /// A MachineHealthCheck watches over it: its `HealthCheckSucceeded` or `OwnerRemediated`
+    /// condition is reported (Cluster API sets them only on Machines an MHC targets), or the
+    /// `cluster.x-k8s.io/remediate-machine` annotation asks an MHC to remediate it.
+    pub health_checked: bool,
     pub infrastructure_ref: InfrastructureRef,
     pub version: CapiVersion,
 }
@@ -476,6 +507,7 @@ impl Machine {
             failure_reason,
             failure_message,
             up_to_date: condition_status(&r, version, "UpToDate")?,
+            health_checked: health_checked(&r, &meta.annotations)?,
             infrastructure_ref: read_infrastructure_ref(&r, "spec.infrastructureRef", version)?,
             version,
             name: meta.name,
