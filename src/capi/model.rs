@@ -315,7 +315,10 @@ pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machi
 
 /// Whether a MachineHealthCheck watches over the Machine: the conditions only an MHC sets, in
 /// any of the condition lists either API version carries, or the remediation request.
-fn health_checked(r: &Reader<'_>, annotations: &BTreeMap<String, String>) -> Result<bool, ModelError> {
+fn health_checked(
+    r: &Reader<'_>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<bool, ModelError> {
     if annotations.contains_key(REMEDIATE_MACHINE_ANNOTATION) {
         return Ok(true);
     }

@@ -161,3 +161,42 @@ pub async fn holds_through_a_node_deletion_and_a_drift(env: &Env) {
         2.0
     );
 }
+
+impl Env {
+    /// Sets the Node's `Ready` condition to `status` (False or Unknown) from now, as a failing
+    /// kubelet or the node lifecycle controller would. The kubelet stand-in lets go of the Node
+    /// first (it would report it Ready again).
+    pub async fn node_ready(&self, node: &str, status: &str) {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client().await);
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    karpenter_capi::sim::kubelet::SIM_NODE_ANNOTATION: null}}})),
+            )
+            .await
+            .expect("the kubelet stand-in lets go of the Node");
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        nodes
+            .patch_status(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": [{
+                    "type": "Ready", "status": status, "reason": "KubeletNotReady",
+                    "message": "container runtime is down",
+                    "lastHeartbeatTime": now, "lastTransitionTime": now}]}})),
+            )
+            .await
+            .expect("set the Node's Ready condition");
+    }
+
+    /// The Node of claim `claim`.
+    pub fn node_of(&self, claim: &str) -> String {
+        self.get("nodeclaims", "", claim)
+            .and_then(|c| c["status"]["nodeName"].as_str().map(String::from))
+            .expect("the claim's Node")
+    }
+}

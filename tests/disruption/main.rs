@@ -5,6 +5,7 @@
 mod common;
 
 mod disruption;
+mod repair;
 mod simulate_disruption;
 mod static_pools;
 mod under_faults;

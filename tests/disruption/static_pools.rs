@@ -8,7 +8,6 @@ use serde_json::json;
 
 use common::claims::fast_disruption;
 use common::static_pools::{self, env_static};
-use common::*;
 use karpenter_capi::actors::Settings;
 use karpenter_capi::simulate::sim_settings;
 
