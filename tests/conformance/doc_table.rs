@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-const MODULES: [(&str, &str); 11] = [
+const MODULES: [(&str, &str); 13] = [
     ("custom_constraints", include_str!("custom_constraints.rs")),
     (
         "preferential_fallback",
@@ -24,6 +24,8 @@ const MODULES: [(&str, &str); 11] = [
     ("in_flight", include_str!("in_flight.rs")),
     ("whole_flow", include_str!("whole_flow.rs")),
     ("volumes", include_str!("volumes.rs")),
+    ("static_capacity", include_str!("static_capacity.rs")),
+    ("node_repair", include_str!("node_repair.rs")),
 ];
 
 /// `module::test` -> ignored?
