@@ -136,6 +136,12 @@ pub enum Scenario {
     /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
     /// move to new nodes.
     Expire,
+    /// A static NodePool (`spec.replicas` from --pods, at least 5) holds its count through a
+    /// Node deletion and a template drift.
+    Static,
+    /// Node repair on (toleration 2 s): a Node gone `Ready=False` is replaced; with two of the
+    /// static pool's Nodes `Unknown` (over 20 %) nothing is.
+    Repair,
     /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
     None,
 }

@@ -8,6 +8,7 @@ use serde_json::json;
 
 use common::claims::fast_disruption;
 use common::static_pools::{self, env_static};
+use common::{condition as _, scenario};
 use karpenter_capi::actors::Settings;
 use karpenter_capi::simulate::sim_settings;
 
@@ -89,4 +90,53 @@ async fn a_restart_mid_scale_neither_overshoots_nor_leaks() {
     env.holds(4).await;
     assert_eq!(env.claims_created(), 4);
     env.assert_clean();
+}
+
+/// `simulate --scenario static`: the pool holds its count through a Node deletion and a drift,
+/// never more than one node short or over (its Drifted budget is one node).
+#[actix::test]
+async fn the_static_scenario_holds_the_count_through_a_deletion_and_a_drift() {
+    use karpenter_capi::cli::{Scenario, SimulateArgs};
+    let args = SimulateArgs {
+        pods: 5,
+        ..scenario(Scenario::Static)
+    };
+    let (r, _kept) = karpenter_capi::simulate::static_pool::run_kept(&args)
+        .await
+        .expect("the static scenario");
+    assert!(r.invariants_ok, "{r}");
+    let phases: Vec<(&str, usize, usize, usize)> = r
+        .phases
+        .iter()
+        .map(|p| (p.phase.as_str(), p.live, p.fewest_live, p.most_live))
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            ("launched", 5, 0, 5),
+            ("a Node deleted", 5, 4, 5),
+            ("every node drifted and replaced", 5, 5, 6),
+        ],
+        "{r}"
+    );
+    assert_eq!(
+        r.phases[2].created, 11,
+        "one launch per deletion and per drifted node"
+    );
+}
+
+/// `simulate --scenario repair`: one unhealthy Node replaced, then two of five held back.
+#[actix::test]
+async fn the_repair_scenario_replaces_one_node_and_holds_back_over_a_fifth() {
+    use karpenter_capi::cli::{Scenario, SimulateArgs};
+    let args = SimulateArgs {
+        pods: 5,
+        ..scenario(Scenario::Repair)
+    };
+    let (r, _kept) = karpenter_capi::simulate::static_pool::run_kept(&args)
+        .await
+        .expect("the repair scenario");
+    assert!(r.invariants_ok, "{r}");
+    assert_eq!((r.repaired, r.repair_blocked), (1, 2), "{r}");
+    assert_eq!(r.phases.last().map(|p| p.created), Some(6), "{r}");
 }
