@@ -42,7 +42,12 @@ pub async fn without_report(args: &SimulateArgs) -> Result<(), Error> {
 fn phased(scenario: Scenario) -> bool {
     matches!(
         scenario,
-        Scenario::Drain | Scenario::Consolidate | Scenario::Drift | Scenario::Expire
+        Scenario::Drain
+            | Scenario::Consolidate
+            | Scenario::Drift
+            | Scenario::Expire
+            | Scenario::Static
+            | Scenario::Repair
     )
 }
 
