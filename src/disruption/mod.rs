@@ -578,6 +578,37 @@ pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 
     cost.clamp(-10.0, 10.0)
 }
 
+/// Upstream's eviction cost of `p`, from its `controller.kubernetes.io/pod-deletion-cost` and
+/// priority.
+pub fn pod_eviction_cost(p: &k8s_openapi::api::core::v1::Pod) -> f64 {
+    eviction_cost(
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("controller.kubernetes.io/pod-deletion-cost"))
+            .map(String::as_str),
+        p.spec.as_ref().and_then(|s| s.priority),
+    )
+}
+
+/// Upstream's disruption cost of a claim: the eviction costs of the pods that move, times the
+/// share of the node's lifetime left.
+pub fn claim_disruption_cost(
+    c: &crate::api::nodeclaim::NodeClaim,
+    moving: &[&std::sync::Arc<k8s_openapi::api::core::v1::Pod>],
+    now: jiff::Timestamp,
+) -> f64 {
+    let evictions: f64 = moving.iter().map(|p| pod_eviction_cost(p)).sum();
+    let age = c
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| std::time::Duration::try_from(now.duration_since(t.0)).unwrap_or_default())
+        .unwrap_or_default();
+    let expire = c.spec.expire_after.and_then(|d| d.duration());
+    evictions * lifetime_remaining(age, expire)
+}
+
 /// The share of a node's lifetime left before it expires (1 when it never expires).
 pub fn lifetime_remaining(
     age: std::time::Duration,

@@ -298,7 +298,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
                 .cloned()
                 .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
             pods: moving.iter().map(|p| pods::key(p)).collect(),
-            disruption_cost: disruption_cost(c, &moving, mem.now),
+            disruption_cost: disruption::claim_disruption_cost(c, &moving, mem.now),
             drift,
             consolidatable,
             policy: np.disruption().consolidation_policy(),
@@ -642,31 +642,8 @@ fn offered_by_nodeclass(
 fn reschedule_cost(moving: &[&Arc<Pod>]) -> f64 {
     1.0 + moving
         .iter()
-        .map(|p| eviction_cost_of(p).max(0.0))
+        .map(|p| disruption::pod_eviction_cost(p).max(0.0))
         .sum::<f64>()
-}
-
-fn eviction_cost_of(p: &Pod) -> f64 {
-    disruption::eviction_cost(
-        p.annotations()
-            .get("controller.kubernetes.io/pod-deletion-cost")
-            .map(String::as_str),
-        p.spec.as_ref().and_then(|s| s.priority),
-    )
-}
-
-/// Upstream's disruption cost: the eviction costs of the pods that move, times the share of the
-/// node's lifetime left.
-pub(super) fn disruption_cost(c: &NodeClaim, moving: &[&Arc<Pod>], now: Timestamp) -> f64 {
-    let evictions: f64 = moving.iter().map(|p| eviction_cost_of(p)).sum();
-    let age = c
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| since(t.0, now))
-        .unwrap_or_default();
-    let expire = c.spec.expire_after.and_then(|d| d.duration());
-    evictions * disruption::lifetime_remaining(age, expire)
 }
 
 /// Where a claim stands in its pool's disruption budget.

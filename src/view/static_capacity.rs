@@ -132,7 +132,7 @@ fn member(c: &NodeClaim, on_node: &[Arc<Pod>], now: Timestamp) -> Member {
         launched: provider_id(c).is_some(),
         empty: !do_not_disrupt && on_node.iter().all(|p| pods::is_daemonset_pod(p)),
         do_not_disrupt,
-        cost: super::disruption::disruption_cost(c, &moving, now),
+        cost: disruption::claim_disruption_cost(c, &moving, now),
     }
 }
 
