@@ -85,6 +85,9 @@ pub fn counts(
         .filter(|(_, np)| np.is_static() && ours(np) && np.metadata.deletion_timestamp.is_none())
         .map(|(name, np)| (name.clone(), (np.clone(), Count::default())))
         .collect();
+    if out.is_empty() {
+        return out;
+    }
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
     let nodes = st.nodes.read();
     let pod_index = st.pods.read();
