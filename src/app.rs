@@ -104,6 +104,11 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
         default_termination_grace_period: c.default_termination_grace_period,
         default_constraints: c.scheduler_config.0.clone(),
         capacity_buffers: c.feature_gates.capacity_buffer,
+        node_repair: c
+            .feature_gates
+            .node_repair
+            .then_some(crate::view::settings::REPAIR_TOLERATION),
+        static_capacity: c.feature_gates.static_capacity,
         ..Settings::default()
     }
 }

@@ -294,15 +294,30 @@ pub struct ControllerArgs {
     #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
     pub scheduler_config: SchedulerConfigArg,
     /// Optional features, as Karpenter's `Name=true|false,...`: `CapacityBuffer` keeps
-    /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream).
-    #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false", value_parser = feature_gates_arg)]
+    /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream);
+    /// `NodeRepair` replaces nodes whose `Ready` stays False or Unknown for 30 minutes (off by
+    /// default, as upstream); `StaticCapacity` holds static NodePools at `spec.replicas` (on by
+    /// default here).
+    #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false,NodeRepair=false,StaticCapacity=true", value_parser = feature_gates_arg)]
     pub feature_gates: FeatureGates,
 }
 
 /// The features `--feature-gates` turns on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FeatureGates {
     pub capacity_buffer: bool,
+    pub node_repair: bool,
+    pub static_capacity: bool,
+}
+
+impl Default for FeatureGates {
+    fn default() -> Self {
+        Self {
+            capacity_buffer: false,
+            node_repair: false,
+            static_capacity: true,
+        }
+    }
 }
 
 /// `Name=bool` pairs, comma separated; a gate this controller does not know is refused, so a
@@ -320,9 +335,11 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
         };
         match name.trim() {
             "CapacityBuffer" => gates.capacity_buffer = on,
+            "NodeRepair" => gates.node_repair = on,
+            "StaticCapacity" => gates.static_capacity = on,
             other => {
                 return Err(format!(
-                    "{other:?} is not a feature gate of this controller (known: CapacityBuffer)"
+                    "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity)"
                 ));
             }
         }
@@ -534,7 +551,9 @@ mod tests {
         assert_eq!(feature_gates_arg(""), Ok(FeatureGates::default()));
         assert!(feature_gates_arg("CapacityBuffer=true").is_ok_and(|g| g.capacity_buffer));
         assert!(feature_gates_arg(" CapacityBuffer=false ,").is_ok_and(|g| !g.capacity_buffer));
-        for bad in ["CapacityBuffer", "CapacityBuffer=yes", "NodeRepair=true"] {
+        assert!(feature_gates_arg("NodeRepair=true").is_ok_and(|g| g.node_repair));
+        assert!(feature_gates_arg("StaticCapacity=false").is_ok_and(|g| !g.static_capacity));
+        for bad in ["CapacityBuffer", "CapacityBuffer=yes", "Drift=true"] {
             assert!(feature_gates_arg(bad).is_err(), "{bad}");
         }
     }

@@ -111,6 +111,15 @@ pub struct DecisionLabels {
     pub consolidation_type: String,
 }
 
+/// Upstream's labels of `karpenter_nodeclaims_unhealthy_disrupted_total`.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UnhealthyLabels {
+    pub condition: String,
+    pub nodepool: String,
+    pub capacity_type: String,
+    pub image_id: String,
+}
+
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DisruptedLabels {
     pub reason: String,
@@ -309,7 +318,10 @@ metrics! {
     nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_nodes_consuming_budgets", "Nodes of each NodePool using up its disruption budget now, by reason";
     disruption_eligible_nodes: Family<ReasonLabels, Gauge>, "karpenter_voluntary_disruption_eligible_nodes", "Nodes eligible for disruption in the last pass, by reason";
     nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_allowed_disruptions", "Nodes each NodePool may still start disrupting now, by reason";
-    nodeclaims_disrupted: Family<DisruptedLabels, Counter>, "karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired), nodepool and capacity type";
+    nodeclaims_disrupted: Family<DisruptedLabels, Counter>, "karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired, unhealthy), nodepool and capacity type";
+    // Node repair (Karpenter's name, then ours).
+    nodeclaims_unhealthy_disrupted: Family<UnhealthyLabels, Counter>, "karpenter_nodeclaims_unhealthy_disrupted", "Unhealthy NodeClaims node repair deleted, by the Node condition, nodepool, capacity type and image ID";
+    nodes_repair_blocked: Family<NodePoolLabels, Gauge>, "karpenter_capi_nodes_repair_blocked", "Nodes past their repair toleration that node repair holds back now (over 20% of the NodePool unhealthy, or a MachineHealthCheck watches over the Machine), by NodePool";
     disruption_evaluation_seconds: HistogramFamily<EvaluationLabels> = Family::new_with_constructor(latency_histogram), "karpenter_voluntary_disruption_decision_evaluation_duration_seconds", "Duration of one disruption pass's decision, by the reason and consolidation type of the method that decided (the last one tried when none did)";
     disruption_commands_in_flight: Gauge, "karpenter_capi_disruption_commands_in_flight", "Disruption commands being carried out now (marked, replacements launching, candidates deleting)";
     consolidation_paused: Gauge, "karpenter_capi_consolidation_paused", "1 while consolidation of non-empty nodes pauses because pods it moved needed new nodes";

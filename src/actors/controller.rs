@@ -110,6 +110,12 @@ impl Actors {
         if let Some(b) = router.take_buffers() {
             b.do_send(super::messages::Stop);
         }
+        if let Some(s) = router.take_static_capacity() {
+            s.do_send(super::messages::Stop);
+        }
+        if let Some(r) = router.take_repair() {
+            r.do_send(super::messages::Stop);
+        }
     }
 }
 
@@ -258,6 +264,14 @@ async fn activate(actors: &Actors) {
     shared.router.set_terminator(terminator);
     let disruption = super::disruption::Disruption::new(shared.clone()).start();
     shared.router.set_disruption(disruption);
+    if shared.settings.static_capacity {
+        let static_capacity = super::static_capacity::StaticCapacity::new(shared.clone()).start();
+        shared.router.set_static_capacity(static_capacity);
+    }
+    if let Some(toleration) = shared.settings.node_repair {
+        let repair = super::repair::NodeRepair::new(shared.clone(), toleration).start();
+        shared.router.set_repair(repair);
+    }
     shared.router.set_active();
     if shared.settings.capacity_buffers {
         let buffers = super::buffers::Buffers::new(shared.clone()).start();

@@ -26,8 +26,10 @@ pub mod nomination;
 pub mod patch;
 pub mod persist;
 pub mod provisioner;
+pub mod repair;
 pub mod router;
 pub mod scaler;
+pub mod static_capacity;
 pub mod supervisor;
 pub mod terminator;
 pub mod tracked;
@@ -167,5 +169,7 @@ stoppable!(
     terminator::Terminator,
     disruption::Disruption,
     buffers::Buffers,
+    static_capacity::StaticCapacity,
+    repair::NodeRepair,
     nodeclaim::NodeClaimActor
 );

@@ -713,7 +713,10 @@ impl Handler<Pending> for Provisioner {
 
 /// Create `claim`; when the answer leaves it unknown whether the create landed, read the name
 /// back (through the server's transient failures) and take the claim found there as created.
-async fn create_or_find(api: &Api<NodeClaim>, claim: &NodeClaim) -> Result<NodeClaim, kube::Error> {
+pub(super) async fn create_or_find(
+    api: &Api<NodeClaim>,
+    claim: &NodeClaim,
+) -> Result<NodeClaim, kube::Error> {
     let e = match api.create(&PostParams::default(), claim).await {
         Ok(created) => return Ok(created),
         Err(e) => e,

@@ -16,7 +16,9 @@ use super::disruption::{ClusterChanged, Disruption};
 use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
 use super::provisioner::Pending;
+use super::repair::{Look, NodeRepair};
 use super::scaler::Scaler;
+use super::static_capacity::{Hold, StaticCapacity};
 use super::terminator::{NodeChanged, Terminator};
 
 #[derive(Clone, Default)]
@@ -29,6 +31,8 @@ pub struct Router {
     terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
     disruption: Arc<RwLock<Option<Addr<Disruption>>>>,
     buffers: Arc<RwLock<Option<Addr<Buffers>>>>,
+    static_capacity: Arc<RwLock<Option<Addr<StaticCapacity>>>>,
+    repair: Arc<RwLock<Option<Addr<NodeRepair>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -91,10 +95,42 @@ impl Router {
         }
     }
 
-    /// Claims, Nodes or pods changed: disruption looks again (debounced there).
+    /// Claims, Nodes, Machines or pods changed: disruption looks again (debounced there), and so do
+    /// the static pools (a disruption mark on a Node changes what they count) and node repair.
     pub fn disruption_changed(&self) {
         if let Some(d) = self.disruption.read().as_ref() {
             d.do_send(ClusterChanged::default());
+        }
+        self.static_changed();
+        if let Some(r) = self.repair.read().as_ref() {
+            r.do_send(Look);
+        }
+    }
+
+    /// The NodeRepair actor (leader only, behind its feature gate); `take_repair` hands it
+    /// over to be stopped.
+    pub fn set_repair(&self, r: Addr<NodeRepair>) {
+        *self.repair.write() = Some(r);
+    }
+
+    pub fn take_repair(&self) -> Option<Addr<NodeRepair>> {
+        self.repair.write().take()
+    }
+
+    /// The StaticCapacity actor (leader only); `take_static_capacity` hands it over to be
+    /// stopped.
+    pub fn set_static_capacity(&self, s: Addr<StaticCapacity>) {
+        *self.static_capacity.write() = Some(s);
+    }
+
+    pub fn take_static_capacity(&self) -> Option<Addr<StaticCapacity>> {
+        self.static_capacity.write().take()
+    }
+
+    /// NodePools, claims or Nodes changed: static pools look at their counts again.
+    pub fn static_changed(&self) {
+        if let Some(s) = self.static_capacity.read().as_ref() {
+            s.do_send(Hold);
         }
     }
 
@@ -201,6 +237,7 @@ impl Router {
         if let Some(r) = self.nodepools.read().as_ref() {
             r.do_send(Refresh);
         }
+        self.static_changed();
     }
 
     pub fn set_active(&self) {

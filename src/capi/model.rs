@@ -310,6 +310,36 @@ fn condition_status(
         }))
 }
 
+/// Cluster API's manual remediation request, acted on by a MachineHealthCheck.
+pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
+
+/// Whether a MachineHealthCheck watches over the Machine: the conditions only an MHC sets, in
+/// any of the condition lists either API version carries, or the remediation request.
+fn health_checked(
+    r: &Reader<'_>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<bool, ModelError> {
+    if annotations.contains_key(REMEDIATE_MACHINE_ANNOTATION) {
+        return Ok(true);
+    }
+    for path in [
+        "status.conditions",
+        "status.v1beta2.conditions",
+        "status.deprecated.v1beta1.conditions",
+    ] {
+        let found = r.array(path)?.iter().any(|c| {
+            matches!(
+                c.get("type").and_then(Value::as_str),
+                Some("HealthCheckSucceeded" | "OwnerRemediated")
+            )
+        });
+        if found {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// The failure reason we report for a v1beta2 Machine whose infrastructure went away.
 pub const INFRASTRUCTURE_DELETED: &str = "InfrastructureDeleted";
 
@@ -444,6 +474,10 @@ pub struct Machine {
     /// The `UpToDate` condition Cluster API's MachineDeployment controller sets (False: the
     /// Machine's MachineSet is outdated, a rollout would replace it); None when not reported.
     pub up_to_date: Option<bool>,
+    /// A MachineHealthCheck watches over it: its `HealthCheckSucceeded` or `OwnerRemediated`
+    /// condition is reported (Cluster API sets them only on Machines an MHC targets), or the
+    /// `cluster.x-k8s.io/remediate-machine` annotation asks an MHC to remediate it.
+    pub health_checked: bool,
     pub infrastructure_ref: InfrastructureRef,
     pub version: CapiVersion,
 }
@@ -476,6 +510,7 @@ impl Machine {
             failure_reason,
             failure_message,
             up_to_date: condition_status(&r, version, "UpToDate")?,
+            health_checked: health_checked(&r, &meta.annotations)?,
             infrastructure_ref: read_infrastructure_ref(&r, "spec.infrastructureRef", version)?,
             version,
             name: meta.name,
@@ -705,4 +740,60 @@ pub(super) fn dynamic_to_value(kind: &str, object: &DynamicObject) -> Result<Val
         ),
         reason: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod health_check_tests {
+    use super::*;
+    use serde_json::json;
+
+    fn machine(version: CapiVersion, annotations: Value, status: Value) -> Machine {
+        let v = json!({
+            "metadata": {"name": "m", "namespace": "ns", "uid": "u", "resourceVersion": "1",
+                "annotations": annotations},
+            "spec": {"clusterName": "c", "bootstrap": {},
+                "infrastructureRef": {"apiGroup": "infra", "apiVersion": "infra/v1", "kind": "K", "name": "t"}},
+            "status": status,
+        });
+        Machine::from_value(&v, version).expect("machine")
+    }
+
+    #[test]
+    fn a_machine_health_check_is_seen_in_either_api_version() {
+        let cond = |t: &str| json!([{"type": t, "status": "False"}]);
+        let none = json!({});
+        for (version, status) in [
+            (
+                CapiVersion::V1Beta2,
+                json!({"conditions": cond("HealthCheckSucceeded")}),
+            ),
+            (
+                CapiVersion::V1Beta2,
+                json!({"deprecated": {"v1beta1": {"conditions": cond("OwnerRemediated")}}}),
+            ),
+            (
+                CapiVersion::V1Beta1,
+                json!({"conditions": cond("HealthCheckSucceeded")}),
+            ),
+            (
+                CapiVersion::V1Beta1,
+                json!({"v1beta2": {"conditions": cond("OwnerRemediated")}}),
+            ),
+        ] {
+            assert!(
+                machine(version, none.clone(), status.clone()).health_checked,
+                "{status}"
+            );
+        }
+        for version in [CapiVersion::V1Beta1, CapiVersion::V1Beta2] {
+            let plain = machine(version, none.clone(), json!({"conditions": cond("Ready")}));
+            assert!(!plain.health_checked);
+            let asked = machine(
+                version,
+                json!({REMEDIATE_MACHINE_ANNOTATION: ""}),
+                json!({}),
+            );
+            assert!(asked.health_checked);
+        }
+    }
 }

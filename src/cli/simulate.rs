@@ -142,6 +142,12 @@ pub enum Scenario {
     /// Provision the pods once, then keep a CapacityBuffer of as many chunks of their shape and
     /// send the same burst again: pending -> bound with and without the buffer.
     Buffer,
+    /// A static NodePool (`spec.replicas` from --pods, at least 5) holds its count through a
+    /// Node deletion and a template drift.
+    Static,
+    /// Node repair on (toleration 2 s): a Node gone `Ready=False` is replaced; with two of the
+    /// static pool's Nodes `Unknown` (over 20 %) nothing is.
+    Repair,
     /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
     None,
 }

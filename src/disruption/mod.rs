@@ -55,6 +55,9 @@ pub struct Candidate {
     /// `consolidateAfter` has passed since the node's last pod event, and the pool consolidates.
     pub consolidatable: bool,
     pub policy: ConsolidationPolicy,
+    /// Its NodePool is static (`spec.replicas`): only drift takes it, and replaces it by one
+    /// claim of the pool's template whatever its pods need (upstream's static drift).
+    pub static_pool: bool,
 }
 
 impl Candidate {
@@ -71,6 +74,7 @@ impl Candidate {
     /// (an empty node is emptiness's, under the Empty budget, as upstream keeps it).
     fn underutilized_allowed(&self) -> bool {
         self.consolidatable
+            && !self.static_pool
             && self.policy != ConsolidationPolicy::WhenEmpty
             && !self.pods.is_empty()
     }
@@ -141,6 +145,10 @@ pub struct Allowed {
     /// starting this far into its order (the actor moves it on each pass), so candidates past
     /// the first ones are reached too when those cannot move.
     pub rotation: usize,
+    /// Per static NodePool: how many drift replacements it may launch now. Its `limits.nodes`
+    /// less its claims (running, deleting and under disruption), and none while it holds more
+    /// than `spec.replicas` (a scale-down finishes first), as upstream reserves them.
+    pub static_room: HashMap<String, usize>,
 }
 
 impl Allowed {
@@ -188,6 +196,7 @@ pub fn decide_explained(
     });
     let mut decision = Decision::default();
     decision.command = emptiness(&sorted, allowed)
+        .or_else(|| static_drift(snapshot, &by_drift, allowed))
         .or_else(|| drift(snapshot, &by_drift, allowed))
         .or_else(|| multi_node(snapshot, &sorted, allowed))
         .or_else(|| {
@@ -318,9 +327,32 @@ fn emptiness(sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
     let empty = sorted
         .iter()
         .copied()
-        .filter(|c| c.consolidatable && c.pods.is_empty());
+        .filter(|c| c.consolidatable && !c.static_pool && c.pods.is_empty());
     let chosen = within_budget(empty, DisruptionReason::Empty, allowed);
     (!chosen.is_empty()).then(|| command(Method::Emptiness, chosen, Vec::new()))
+}
+
+/// The oldest drifted node of a static NodePool whose budget and room allow a replacement,
+/// replaced by one claim of the pool's template (its pods are not simulated: the pool holds its
+/// count, the scheduler places them). Upstream's StaticDrift, which runs before drift.
+fn static_drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+    sorted
+        .iter()
+        .copied()
+        .filter(|c| c.static_pool && c.drift.is_some())
+        .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0)
+        .filter(|c| allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0))
+        .find_map(|c| {
+            static_replacement(snapshot, c).map(|r| command(Method::Drift, vec![c], vec![r]))
+        })
+}
+
+fn static_replacement(snapshot: &Snapshot, c: &Candidate) -> Option<NewClaim> {
+    snapshot
+        .nodepools
+        .iter()
+        .find(|p| p.nodepool.metadata.name.as_deref() == Some(c.nodepool.as_str()))
+        .and_then(|p| crate::scheduling::static_claim(&p.nodepool))
 }
 
 /// Empty drifted nodes go together; otherwise the first drifted node whose pods can be placed
@@ -329,7 +361,7 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
     let drifted: Vec<&Candidate> = sorted
         .iter()
         .copied()
-        .filter(|c| c.drift.is_some())
+        .filter(|c| c.drift.is_some() && !c.static_pool)
         .collect();
     let empty = within_budget(
         drifted.iter().copied().filter(|c| c.pods.is_empty()),
@@ -402,6 +434,8 @@ pub fn revalidate(
                 return None;
             }
             match fresh.as_slice() {
+                [one] if one.static_pool => static_replacement(snapshot, one)
+                    .map(|r| command(Method::Drift, fresh, vec![r])),
                 [one] if !one.pods.is_empty() => {
                     drift_replacements(snapshot, one).map(|r| command(Method::Drift, fresh, r))
                 }
@@ -542,6 +576,37 @@ pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 
         cost += f64::from(p) / 2f64.powi(25);
     }
     cost.clamp(-10.0, 10.0)
+}
+
+/// Upstream's eviction cost of `p`, from its `controller.kubernetes.io/pod-deletion-cost` and
+/// priority.
+pub fn pod_eviction_cost(p: &k8s_openapi::api::core::v1::Pod) -> f64 {
+    eviction_cost(
+        p.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("controller.kubernetes.io/pod-deletion-cost"))
+            .map(String::as_str),
+        p.spec.as_ref().and_then(|s| s.priority),
+    )
+}
+
+/// Upstream's disruption cost of a claim: the eviction costs of the pods that move, times the
+/// share of the node's lifetime left.
+pub fn claim_disruption_cost(
+    c: &crate::api::nodeclaim::NodeClaim,
+    moving: &[&std::sync::Arc<k8s_openapi::api::core::v1::Pod>],
+    now: jiff::Timestamp,
+) -> f64 {
+    let evictions: f64 = moving.iter().map(|p| pod_eviction_cost(p)).sum();
+    let age = c
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| std::time::Duration::try_from(now.duration_since(t.0)).unwrap_or_default())
+        .unwrap_or_default();
+    let expire = c.spec.expire_after.and_then(|d| d.duration());
+    evictions * lifetime_remaining(age, expire)
 }
 
 /// The share of a node's lifetime left before it expires (1 when it never expires).

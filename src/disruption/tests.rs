@@ -334,6 +334,53 @@ fn when_empty_pools_only_delete_empty_nodes() {
     assert_eq!(decide(&s, &c, &allow(1)), None);
 }
 
+/// Upstream's static drift: a static pool's drifted node, empty or not, is replaced by one claim
+/// of the pool's template (no pods planned onto it), within the Drifted budget and the room its
+/// `limits.nodes` leaves; nothing else takes a static pool's nodes.
+#[test]
+fn a_static_pools_drifted_node_is_replaced_one_for_one() {
+    let (s, mut c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "busy",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("p", "1")],
+            },
+            Node {
+                name: "idle",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[],
+            },
+        ],
+    );
+    for x in &mut c {
+        x.static_pool = true;
+        x.consolidatable = false;
+    }
+    c[0].drift = Some(Drift::NodePoolDrifted);
+    let mut a = allow(1);
+    assert_eq!(decide(&s, &c, &a), None, "no room reserved: nothing");
+    a.static_room.insert("default".into(), 1);
+    let cmd = decide(&s, &c, &a).expect("a command");
+    assert_eq!(cmd.method, Method::Drift);
+    assert_eq!(cmd.claim_names(), ["claim-busy"]);
+    let [r] = cmd.replacements.as_slice() else {
+        panic!("one replacement: {cmd:?}")
+    };
+    assert!(r.pods.is_empty() && r.instance_types.is_empty(), "{r:?}");
+    assert_eq!(revalidate(&s, &c, &a, &cmd), Some(cmd.clone()));
+    a.budgets
+        .insert(("default".into(), DisruptionReason::Drifted), 0);
+    assert_eq!(decide(&s, &c, &a), None, "the Drifted budget holds it");
+    // Never emptiness or consolidation, even when marked consolidatable.
+    c[0].drift = None;
+    c[1].consolidatable = true;
+    assert_eq!(decide(&s, &c, &allow(1)), None);
+}
+
 #[test]
 fn a_drifted_node_is_replaced_even_without_savings() {
     let (s, mut c) = cluster(

@@ -108,6 +108,7 @@ mod tests {
                 pool_disruption: 1.0,
                 consolidatable: true,
                 policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
+                static_pool: false,
             })
             .collect();
         Command {

@@ -34,7 +34,7 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
 
 pub use error::PodError;
 pub use instance_type::{InstanceType, Offering};
-pub use nodeclaim::{nodeclaim_for, with_default_termination_grace_period};
+pub use nodeclaim::{nodeclaim_for, static_claim, with_default_termination_grace_period};
 pub use solver::{nodepool_requirements, solve, solve_with_volumes};
 
 use crate::api::nodepool::NodePool;

@@ -86,6 +86,22 @@ pub fn nodeclaim_for(new: &NewClaim, nodepool: &NodePool) -> NodeClaim {
     }
 }
 
+/// What a static NodePool (`spec.replicas`) launches to hold its count: its template and
+/// nothing else, no pods and no requests, as upstream's static claims leave the instance type
+/// to the cloud provider (here: the cheapest offering the requirements allow). None when the
+/// template's requirements cannot be read (the pool launches nothing).
+pub fn static_claim(nodepool: &NodePool) -> Option<NewClaim> {
+    let requirements = super::nodepool_requirements(nodepool).ok()?;
+    Some(NewClaim {
+        nodepool: nodepool.metadata.name.clone().unwrap_or_default(),
+        requirements,
+        requests: crate::api::resources::Resources::new(),
+        pods: Vec::new(),
+        instance_types: Vec::new(),
+        min_values_relaxed: false,
+    })
+}
+
 /// `claim` with the controller's `--default-termination-grace-period` when its NodePool sets
 /// none (upstream's `DefaultTerminationGracePeriod`); a NodePool's own value always wins.
 pub fn with_default_termination_grace_period(

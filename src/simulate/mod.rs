@@ -18,6 +18,7 @@ mod progress;
 pub mod report;
 pub mod serve;
 pub mod standup;
+pub mod static_pool;
 pub mod timeline;
 
 use std::future::Future;
@@ -444,6 +445,14 @@ pub async fn run_scenario(args: &SimulateArgs) -> Result<(output::Outcome, Kept)
                     ok,
                     r.pods.launch.timeline.clone(),
                 ),
+                kept,
+            )
+        }
+        Scenario::Static | Scenario::Repair => {
+            let (r, kept) = static_pool::run_kept(args).await?;
+            let ok = r.invariants_ok;
+            (
+                outcome(r.to_string(), r.to_json(), ok, Default::default()),
                 kept,
             )
         }

@@ -47,6 +47,8 @@ fn phased(scenario: Scenario) -> bool {
             | Scenario::Drift
             | Scenario::Expire
             | Scenario::Buffer
+            | Scenario::Static
+            | Scenario::Repair
     )
 }
 

@@ -393,6 +393,7 @@ pub fn candidate(
         drifted_since: None,
         consolidatable: true,
         policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
+        static_pool: false,
         pool_cost: 0.0,
         pool_disruption: 0.0,
     }

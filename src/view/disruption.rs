@@ -91,6 +91,12 @@ pub struct Memory<'a> {
 
 pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     let st = inputs.state;
+    // Before the indexes below are locked for the pass (counting reads them too).
+    let static_room: HashMap<String, usize> =
+        super::static_capacity::counts(inputs, mem.executing, &HashSet::new(), mem.now)
+            .into_iter()
+            .map(|(name, (np, count))| (name, super::static_capacity::drift_room(&np, &count)))
+            .collect();
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
     let pools = st.nodepools.read().all().clone();
     let nodes = st.nodes.read();
@@ -101,6 +107,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     let pdbs = PdbIndex::new(mem.pdbs);
 
     let mut view = View::default();
+    view.allowed.static_room = static_room;
     let rollout = Rollout::new(&claims, &machines, &deployments);
     view.rollout = rollout.replace_now(&claims, &machines, &deployments);
     let mut total: HashMap<String, usize> = HashMap::new();
@@ -264,7 +271,8 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             }
             consolidatable = false;
         }
-        if np.is_static() {
+        // A static pool's nodes are held: only drift replaces them, one for one.
+        if np.is_static() && drift.is_none() {
             view.blocked.push((
                 c.clone(),
                 "its NodePool is static (spec.replicas): its nodes are held, not consolidated"
@@ -272,6 +280,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             ));
             continue;
         }
+        let consolidatable = consolidatable && !np.is_static();
         view.candidates.push(Candidate {
             claim: name,
             node: node.name().to_string(),
@@ -294,10 +303,11 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
                 .cloned()
                 .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
             pods: moving.iter().map(|p| pods::key(p)).collect(),
-            disruption_cost: disruption_cost(c, &moving, mem.now),
+            disruption_cost: disruption::claim_disruption_cost(c, &moving, mem.now),
             drift,
             consolidatable,
             policy: np.disruption().consolidation_policy(),
+            static_pool: np.is_static(),
         });
     }
     for c in &mut view.candidates {
@@ -637,31 +647,8 @@ fn offered_by_nodeclass(
 fn reschedule_cost(moving: &[&Arc<Pod>]) -> f64 {
     1.0 + moving
         .iter()
-        .map(|p| eviction_cost_of(p).max(0.0))
+        .map(|p| disruption::pod_eviction_cost(p).max(0.0))
         .sum::<f64>()
-}
-
-fn eviction_cost_of(p: &Pod) -> f64 {
-    disruption::eviction_cost(
-        p.annotations()
-            .get("controller.kubernetes.io/pod-deletion-cost")
-            .map(String::as_str),
-        p.spec.as_ref().and_then(|s| s.priority),
-    )
-}
-
-/// Upstream's disruption cost: the eviction costs of the pods that move, times the share of the
-/// node's lifetime left.
-fn disruption_cost(c: &NodeClaim, moving: &[&Arc<Pod>], now: Timestamp) -> f64 {
-    let evictions: f64 = moving.iter().map(|p| eviction_cost_of(p)).sum();
-    let age = c
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| since(t.0, now))
-        .unwrap_or_default();
-    let expire = c.spec.expire_after.and_then(|d| d.duration());
-    evictions * disruption::lifetime_remaining(age, expire)
 }
 
 /// Where a claim stands in its pool's disruption budget.

@@ -8,14 +8,18 @@
 //! - [`usage`]: what each NodePool counts against its limits.
 //! - [`disruption`] and [`protection`]: the disruption candidates and what protects a node.
 //! - [`node`]: how a Node stands against its claim (ready, registered, initialized).
+//! - [`repair`]: which unhealthy Nodes node repair replaces, and which it holds back.
+//! - [`static_capacity`]: what each static NodePool holds and needs.
 //! - [`settings`]: the controller's settings as plain values.
 
 pub mod catalog;
 pub mod disruption;
 pub mod node;
 pub mod protection;
+pub mod repair;
 pub mod settings;
 pub mod snapshot;
+pub mod static_capacity;
 pub mod usage;
 
 use crate::state::State;

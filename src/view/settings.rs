@@ -40,7 +40,17 @@ pub struct Settings {
     /// CapacityBuffers are kept as placeholder pods (`--feature-gates CapacityBuffer=true`; off
     /// by default, as upstream).
     pub capacity_buffers: bool,
+    /// Node repair (`--feature-gates NodeRepair=true`): how long a Node may stay `Ready` False
+    /// or Unknown before its claim is replaced. None: off (upstream's default).
+    pub node_repair: Option<Duration>,
+    /// Static NodePools are held at `spec.replicas` (`--feature-gates StaticCapacity=false`
+    /// turns it off).
+    pub static_capacity: bool,
 }
+
+/// Node repair's toleration of an unhealthy Node: upstream's providers tolerate `Ready` False
+/// or Unknown for 30 minutes.
+pub const REPAIR_TOLERATION: Duration = Duration::from_secs(30 * 60);
 
 /// How often and how carefully disruption acts (Karpenter core's constants; tests shorten them).
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +114,8 @@ impl Default for Settings {
             deadlines: Deadlines::default(),
             min_drain_time: Duration::from_secs(5),
             disruption: DisruptionSettings::default(),
+            node_repair: None,
+            static_capacity: true,
         }
     }
 }

@@ -33,6 +33,7 @@ pub use karpenter_capi::testing::merge;
 pub mod claims;
 pub mod go_provider;
 pub mod replicas;
+pub mod static_pools;
 
 /// How long a wait may take before the test fails: only a guard against hangs (nothing asserts
 /// on durations), generous because the suite shares two cores with other builds.

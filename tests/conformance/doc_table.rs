@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-const MODULES: [(&str, &str); 13] = [
+const MODULES: [(&str, &str); 15] = [
     ("custom_constraints", include_str!("custom_constraints.rs")),
     (
         "preferential_fallback",
@@ -26,6 +26,8 @@ const MODULES: [(&str, &str); 13] = [
     ("volumes", include_str!("volumes.rs")),
     ("nodeoverlay", include_str!("nodeoverlay.rs")),
     ("buffers", include_str!("buffers.rs")),
+    ("static_capacity", include_str!("static_capacity.rs")),
+    ("node_repair", include_str!("node_repair.rs")),
 ];
 
 /// `module::test` -> ignored?

@@ -58,6 +58,7 @@ on_both_backends![
     a_deleted_claim_drains_within_its_pdb,
     a_deployment_scaled_down_is_consolidated_within_budgets,
     a_changed_template_replaces_the_drifted_claims,
+    a_static_pool_holds_its_count,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -264,4 +265,11 @@ async fn a_changed_template_replaces_the_drifted_claims(backend: Backend) {
     let audit = env.sim.cluster().disruption_audit().report();
     assert!(audit.decisions.drifted >= 1, "{:?}", audit.decisions);
     assert_within_budgets(&env);
+}
+
+/// Static NodePool: the pool holds `spec.replicas` through a Node deleted under it and a drift.
+async fn a_static_pool_holds_its_count(backend: Backend) {
+    let env = env(backend).await;
+    crate::common::static_pools::holds_through_a_node_deletion_and_a_drift(&env).await;
+    env.assert_clean();
 }

@@ -6,5 +6,7 @@ mod common;
 
 mod buffers;
 mod disruption;
+mod repair;
 mod simulate_disruption;
+mod static_pools;
 mod under_faults;

@@ -21,6 +21,8 @@
 mod commands;
 mod execute;
 
+pub use execute::on_claim_and_node;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -136,11 +136,9 @@ impl Step {
     }
 
     /// The claim's termination deadline: stamped once from its `terminationGracePeriod`, then
-    /// read back from the annotation (so a restarted controller keeps the same deadline).
+    /// read back from the annotation (so a restarted controller keeps the same deadline). An
+    /// annotation is honoured without a grace period too, as upstream's: node repair stamps now.
     async fn termination_deadline(&mut self, c: &NodeClaim) -> Result<Deadline, Error> {
-        let Some(grace) = c.spec.termination_grace_period.as_ref().map(|g| g.0) else {
-            return Ok(Deadline::At(None));
-        };
         if let Some(v) = c.annotations().get(TERMINATION_TIMESTAMP_ANNOTATION) {
             return match v.parse::<Timestamp>() {
                 Ok(t) => Ok(Deadline::At(Some(t))),
@@ -159,6 +157,9 @@ impl Step {
                 }
             };
         }
+        let Some(grace) = c.spec.termination_grace_period.as_ref().map(|g| g.0) else {
+            return Ok(Deadline::At(None));
+        };
         let deleted = c
             .metadata
             .deletion_timestamp

@@ -1,0 +1,231 @@
+//! Node repair (`--feature-gates NodeRepair=true`; off by default, as upstream): a claim whose
+//! Node has stayed `Ready` False or Unknown past the toleration is deleted at once, its
+//! termination deadline set to now (upstream's forceful repair), and replaced as any deleted
+//! claim is (its pods pend again; a static pool launches another). The rules are in
+//! `view::repair`. Leader only; woken by Node and Machine changes and at the next toleration's
+//! end, never polling.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+use super::Shared;
+use super::backoff::Backoff;
+use super::disruption::on_claim_and_node;
+use super::events::Events;
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::wellknown::TERMINATION_TIMESTAMP_ANNOTATION;
+use crate::metrics::{DisruptedLabels, NodePoolLabels, UnhealthyLabels};
+use crate::view::repair::{self, Repair};
+
+/// Nodes, Machines or claims changed: look again (coalesced).
+#[derive(Message, Default)]
+#[rtype(result = "()")]
+pub struct Look;
+
+const COALESCE: Duration = Duration::from_millis(200);
+
+pub struct NodeRepair {
+    shared: Arc<Shared>,
+    toleration: Duration,
+    scheduled: bool,
+    /// The wake-up for the next toleration's end, when one is set.
+    wake: Option<(jiff::Timestamp, SpawnHandle)>,
+    backoff: Backoff,
+    /// Claims being repaired (delete sent) whose deletion the index does not show yet.
+    repairing: HashSet<String>,
+    /// NodePools whose blocked-repair gauge is set, so it is cleared when none is left.
+    blocked_pools: HashSet<String>,
+}
+
+impl NodeRepair {
+    pub fn new(shared: Arc<Shared>, toleration: Duration) -> Self {
+        Self {
+            shared,
+            toleration,
+            scheduled: false,
+            wake: None,
+            backoff: Backoff::api(),
+            repairing: HashSet::new(),
+            blocked_pools: HashSet::new(),
+        }
+    }
+
+    fn schedule(&mut self, ctx: &mut Context<Self>) {
+        if self.scheduled {
+            return;
+        }
+        self.scheduled = true;
+        ctx.run_later(COALESCE, |act, ctx| {
+            act.scheduled = false;
+            act.look(ctx);
+        });
+    }
+
+    /// Wake when the next toleration ends (nothing else would: the Node does not change then).
+    fn wake_at(&mut self, at: Option<jiff::Timestamp>, ctx: &mut Context<Self>) {
+        if self.wake.as_ref().map(|(t, _)| *t) == at {
+            return;
+        }
+        if let Some((_, h)) = self.wake.take() {
+            ctx.cancel_future(h);
+        }
+        let Some(at) = at else { return };
+        let wait = at
+            .duration_since(jiff::Timestamp::now())
+            .try_into()
+            .unwrap_or(Duration::ZERO);
+        let h = ctx.run_later(wait, |act, ctx| {
+            act.wake = None;
+            act.look(ctx);
+        });
+        self.wake = Some((at, h));
+    }
+
+    fn look(&mut self, ctx: &mut Context<Self>) {
+        if !self.shared.router.is_active() {
+            return;
+        }
+        {
+            let claims = self.shared.state.claims.read();
+            self.repairing.retain(|n| {
+                claims
+                    .get(n)
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
+            });
+        }
+        let decision = repair::decide(self.shared.view(), self.toleration, jiff::Timestamp::now());
+        self.wake_at(decision.next, ctx);
+        let mut blocked_now: std::collections::HashMap<String, i64> = Default::default();
+        for (claim, node, why) in &decision.blocked {
+            tracing::info!(nodeclaim = %claim.name_any(), node = %node, reason = %why, "node repair blocked");
+            let pool = claim
+                .labels()
+                .get(crate::api::wellknown::NODEPOOL_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            *blocked_now.entry(pool).or_default() += 1;
+            on_claim_and_node(
+                &self.shared,
+                claim,
+                Events::warning,
+                "NodeRepairBlocked",
+                |_| why.clone(),
+            );
+        }
+        self.publish_blocked(blocked_now);
+        for r in decision.repair {
+            if self.repairing.insert(r.claim.name_any()) {
+                self.repair(r, ctx);
+            }
+        }
+    }
+
+    fn publish_blocked(&mut self, now: std::collections::HashMap<String, i64>) {
+        let gauge = &self.shared.metrics.nodes_repair_blocked;
+        for pool in self.blocked_pools.drain() {
+            if !now.contains_key(&pool) {
+                gauge.remove(&NodePoolLabels { nodepool: pool });
+            }
+        }
+        for (pool, n) in now {
+            gauge
+                .get_or_create(&NodePoolLabels {
+                    nodepool: pool.clone(),
+                })
+                .set(n);
+            self.blocked_pools.insert(pool);
+        }
+    }
+
+    /// Stamp the termination deadline at now, then delete the claim (upstream's order: the drain
+    /// that follows waits for nothing).
+    fn repair(&mut self, r: Repair, ctx: &mut Context<Self>) {
+        let name = r.claim.name_any();
+        tracing::info!(nodeclaim = %name, node = %r.node, reason = %r.why, "deleting unhealthy node");
+        let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
+        let now = jiff::Timestamp::now()
+            .strftime("%Y-%m-%dT%H:%M:%SZ")
+            .to_string();
+        let patch = json!({"metadata": {"annotations": {TERMINATION_TIMESTAMP_ANNOTATION: now}}});
+        let target = name.clone();
+        ctx.spawn(
+            async move {
+                let due = r.claim.annotations().get(TERMINATION_TIMESTAMP_ANNOTATION);
+                if due.is_none_or(|d| d.parse::<jiff::Timestamp>().is_err()) {
+                    api.patch(&target, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                }
+                api.delete(&target, &DeleteParams::default()).await?;
+                Ok::<Repair, kube::Error>(r)
+            }
+            .into_actor(self)
+            .map(move |res, act, ctx| match res {
+                Ok(r) => {
+                    act.backoff.reset();
+                    act.count(&r);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(nodeclaim = %name, error = %e, "repairing an unhealthy node failed");
+                    act.repairing.remove(&name);
+                    let d = act.backoff.next_delay();
+                    ctx.run_later(d, |act, ctx| act.look(ctx));
+                }
+            }),
+        );
+    }
+
+    /// Upstream's metrics, and the Event saying why the claim goes.
+    fn count(&self, r: &Repair) {
+        let m = &self.shared.metrics;
+        let capacity_type = repair::capacity_type(&r.claim);
+        m.nodeclaims_disrupted
+            .get_or_create(&DisruptedLabels {
+                reason: "unhealthy".into(),
+                nodepool: r.nodepool.clone(),
+                capacity_type: capacity_type.clone(),
+            })
+            .inc();
+        m.nodeclaims_unhealthy_disrupted
+            .get_or_create(&UnhealthyLabels {
+                condition: r.condition.clone(),
+                nodepool: r.nodepool.clone(),
+                capacity_type,
+                image_id: r
+                    .claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.image_id.clone())
+                    .unwrap_or_default(),
+            })
+            .inc();
+        on_claim_and_node(
+            &self.shared,
+            &r.claim,
+            Events::warning,
+            "NodeRepair",
+            |object| format!("Replacing {object}: {}", r.why),
+        );
+    }
+}
+
+impl Actor for NodeRepair {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.schedule(ctx);
+    }
+}
+
+impl Handler<Look> for NodeRepair {
+    type Result = ();
+    fn handle(&mut self, _: Look, ctx: &mut Self::Context) {
+        self.schedule(ctx);
+    }
+}

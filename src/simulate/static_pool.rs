@@ -1,0 +1,386 @@
+//! `--scenario static` and `--scenario repair`: a static NodePool (`spec.replicas`, taken from
+//! `--pods`, at least 5) holds its count through a Node deleted under it and a template drift;
+//! with node repair on, a Node gone `Ready=False` is replaced, and with more than 20 % of the pool
+//! unhealthy nothing is. The report gives the pool's count after each phase and the fewest and
+//! most live claims seen while it recovered.
+
+use std::fmt;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::{BackgroundSim, Error, Kept, invariants, sim_settings, start_controller};
+use crate::api::nodepool::NodePool;
+use crate::api::wellknown::NODEPOOL_LABEL;
+use crate::cli::{Scenario, SimulateArgs};
+use crate::metrics::Metrics;
+
+/// The static pool's name.
+pub const POOL: &str = "static";
+/// Node repair's toleration in the scenario (upstream's is 30 minutes).
+const TOLERATION: Duration = Duration::from_secs(2);
+
+/// A static copy of `pool` named `name`: the same template, `replicas`, no weight and no
+/// limits but `nodes` (what the CRD allows a static pool).
+pub fn static_copy(pool: &NodePool, name: &str, replicas: i64) -> NodePool {
+    let mut spec = pool.spec.clone();
+    spec.replicas = Some(replicas);
+    spec.weight = None;
+    spec.limits = spec
+        .limits
+        .map(|l| l.into_iter().filter(|(k, _)| k == "nodes").collect());
+    let mut np = NodePool::new(name, spec);
+    np.metadata.labels = pool.metadata.labels.clone();
+    np
+}
+
+/// The pool after one phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct Phase {
+    pub phase: String,
+    /// Claims of the pool not being deleted, and of them the initialized ones.
+    pub live: usize,
+    pub initialized: usize,
+    /// The fewest and most live claims seen while the phase ran.
+    pub fewest_live: usize,
+    pub most_live: usize,
+    /// Claims the controller has created for the pool so far.
+    pub created: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StaticReport {
+    pub scenario: String,
+    pub replicas: usize,
+    pub phases: Vec<Phase>,
+    /// Repair: claims replaced as unhealthy, and Nodes whose repair was held back.
+    pub repaired: usize,
+    pub repair_blocked: usize,
+    pub invariants_ok: bool,
+    pub problems: Vec<String>,
+}
+
+impl StaticReport {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+}
+
+impl fmt::Display for StaticReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "scenario {}: static NodePool {POOL}, spec.replicas {}",
+            self.scenario, self.replicas
+        )?;
+        for p in &self.phases {
+            writeln!(
+                f,
+                "  {:<32} {} live ({} initialized), {}..{} live meanwhile, {} created so far",
+                p.phase, p.live, p.initialized, p.fewest_live, p.most_live, p.created
+            )?;
+        }
+        if self.scenario == "repair" {
+            writeln!(
+                f,
+                "  repair: {} replaced, {} held back",
+                self.repaired, self.repair_blocked
+            )?;
+        }
+        writeln!(
+            f,
+            "  invariants: {}",
+            if self.invariants_ok { "ok" } else { "VIOLATED" }
+        )?;
+        for p in &self.problems {
+            writeln!(f, "    {p}")?;
+        }
+        Ok(())
+    }
+}
+
+struct Run {
+    sim: BackgroundSim,
+    replicas: usize,
+    deadline: Duration,
+    phases: Vec<Phase>,
+    created: usize,
+}
+
+impl Run {
+    fn claims(&self) -> Vec<Value> {
+        self.sim
+            .cluster()
+            .store()
+            .list("nodeclaims", None)
+            .into_iter()
+            .filter(|c| c["metadata"]["labels"][NODEPOOL_LABEL] == POOL)
+            .collect()
+    }
+
+    fn live(&self) -> Vec<Value> {
+        let mut live = self.claims();
+        live.retain(|c| c["metadata"]["deletionTimestamp"].is_null());
+        live
+    }
+
+    fn initialized(c: &Value) -> bool {
+        c["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter()
+                .any(|x| x["type"] == "Initialized" && x["status"] == "True")
+        })
+    }
+
+    fn node_of(c: &Value) -> Option<String> {
+        c["status"]["nodeName"].as_str().map(String::from)
+    }
+
+    /// Waits until `done` holds, recording the phase and the fewest and most live claims seen.
+    async fn phase(&mut self, name: &str, done: impl Fn(&Run) -> bool) -> Result<(), Error> {
+        let start = std::time::Instant::now();
+        let (mut fewest, mut most) = (usize::MAX, 0);
+        loop {
+            let live = self.live().len();
+            fewest = fewest.min(live);
+            most = most.max(live);
+            if done(self) {
+                break;
+            }
+            if start.elapsed() > self.deadline {
+                return Err(Error::NotSettled {
+                    after: self.deadline,
+                    why: format!("phase {name:?}: {live} live claims"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let live = self.live();
+        self.created = self.created_now();
+        self.phases.push(Phase {
+            phase: name.into(),
+            live: live.len(),
+            initialized: live.iter().filter(|c| Self::initialized(c)).count(),
+            fewest_live: fewest,
+            most_live: most,
+            created: self.created,
+        });
+        eprintln!("{name}: {} live claims", live.len());
+        Ok(())
+    }
+
+    /// The pool holds exactly its replicas, all initialized, nothing deleting.
+    fn holds(&self) -> bool {
+        let all = self.claims();
+        all.len() == self.replicas && all.iter().all(Self::initialized)
+    }
+
+    async fn run<T: Send + 'static, F>(
+        &self,
+        what: &str,
+        f: impl FnOnce(kube::Client) -> F + Send + 'static,
+    ) -> Result<T, Error>
+    where
+        F: std::future::Future<Output = Result<T, kube::Error>> + Send,
+    {
+        let what = what.to_string();
+        self.sim
+            .run(move |c| async move { f(c.client()).await })
+            .await?
+            .map_err(|source| Error::Kube { what, source })
+    }
+
+    /// Sets a Node's `Ready` to `status`, as a failing kubelet would; the kubelet stand-in lets
+    /// go of it first (it would report it Ready again).
+    async fn sicken(&self, node: String, status: &'static str) -> Result<(), Error> {
+        self.run("marking a Node unhealthy", move |client| async move {
+            let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+            nodes
+                .patch(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {
+                        crate::sim::kubelet::SIM_NODE_ANNOTATION: null}}})),
+                )
+                .await?;
+            let now = jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string();
+            nodes
+                .patch_status(
+                    &node,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"conditions": [{
+                        "type": "Ready", "status": status, "reason": "KubeletNotReady",
+                        "lastHeartbeatTime": now, "lastTransitionTime": now}]}})),
+                )
+                .await
+                .map(|_| ())
+        })
+        .await
+    }
+}
+
+/// `--scenario static` or `--scenario repair`.
+pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error> {
+    let repair = args.scenario == Scenario::Repair;
+    let sim = super::start_sim(args).await?;
+    super::announce(&sim, args, "nodeclaims,nodes");
+    super::pods::seed_machine_deployments(&sim, args).await?;
+    let replicas = args.pods.max(5);
+    let seeded = sim
+        .run(|c| async move { super::launch::seed_nodeclass_and_pool(c.client()).await })
+        .await??;
+    let pool = static_copy(&seeded, POOL, replicas as i64);
+    let mut settings = sim_settings(args.create_timeout);
+    super::disruption::fast_disruption(&mut settings);
+    if repair {
+        settings.node_repair = Some(TOLERATION);
+    }
+    let metrics = Metrics::new();
+    let controller = start_controller(&sim, settings, metrics.clone()).await?;
+    let mut run = Run {
+        sim,
+        replicas,
+        deadline: args.deadline,
+        phases: Vec::new(),
+        created: 0,
+    };
+    run.run("creating the static NodePool", move |client| async move {
+        Api::<NodePool>::all(client)
+            .create(&PostParams::default(), &pool)
+            .await
+            .map(|_| ())
+    })
+    .await?;
+    run.phase("launched", Run::holds).await?;
+    if repair {
+        repair_phases(&mut run).await?;
+    } else {
+        static_phases(&mut run).await?;
+    }
+    let inv = invariants::check(run.sim.cluster().store(), run.sim.cluster().capi_version());
+    let encoded = metrics.encode();
+    let metric = |name: &str| -> usize {
+        encoded
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as usize
+    };
+    let report = StaticReport {
+        scenario: if repair { "repair" } else { "static" }.into(),
+        replicas,
+        phases: run.phases,
+        repaired: metric("karpenter_nodeclaims_unhealthy_disrupted_total"),
+        repair_blocked: metric("karpenter_capi_nodes_repair_blocked"),
+        invariants_ok: inv.ok(),
+        problems: inv.problems.iter().map(|p| format!("{p:?}")).collect(),
+    };
+    Ok((report, Kept::new(run.sim, Some(controller))))
+}
+
+/// A Node deleted under the pool, then a template change that drifts every node.
+async fn static_phases(run: &mut Run) -> Result<(), Error> {
+    let victim = run
+        .live()
+        .first()
+        .and_then(Run::node_of)
+        .unwrap_or_default();
+    run.run("deleting a Node", move |client| async move {
+        Api::<k8s_openapi::api::core::v1::Node>::all(client)
+            .delete(&victim, &DeleteParams::default())
+            .await
+            .map(|_| ())
+    })
+    .await?;
+    let before = run.created;
+    run.phase("a Node deleted", move |r| {
+        r.holds() && r.created_now() > before
+    })
+    .await?;
+    let old: Vec<String> = run.live().iter().map(|c| c.name_any_json()).collect();
+    run.run("changing the template", |client| async move {
+        Api::<NodePool>::all(client)
+            .patch(
+                POOL,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"spec": {"template": {"metadata": {"labels": {"phase": "drifted"}}}}}),
+                ),
+            )
+            .await
+            .map(|_| ())
+    })
+    .await?;
+    run.phase("every node drifted and replaced", move |r| {
+        r.holds() && r.claims().iter().all(|c| !old.contains(&c.name_any_json()))
+    })
+    .await
+}
+
+/// One Node `Ready=False` (replaced past the toleration), then two of five `Unknown` (more than
+/// 20 %: held back).
+async fn repair_phases(run: &mut Run) -> Result<(), Error> {
+    let live = run.live();
+    let first = live.first().map(|c| c.name_any_json()).unwrap_or_default();
+    if let Some(node) = live.first().and_then(Run::node_of) {
+        run.sicken(node, "False").await?;
+    }
+    run.phase("one Node Ready=False, replaced", move |r| {
+        r.holds() && !r.claims().iter().any(|c| c.name_any_json() == first)
+    })
+    .await?;
+    let sick: Vec<String> = run.live().iter().take(2).filter_map(Run::node_of).collect();
+    for node in sick.clone() {
+        run.sicken(node, "Unknown").await?;
+    }
+    // Held back: the decision is told by an Event per Node, and nothing is deleted.
+    run.phase("two Nodes Unknown, held back", move |r| {
+        let told = r
+            .sim
+            .cluster()
+            .store()
+            .list("events.events.k8s.io", None)
+            .into_iter()
+            .filter(|e| e["reason"] == "NodeRepairBlocked" && e["regarding"]["kind"] == "Node")
+            .filter(|e| {
+                e["regarding"]["name"]
+                    .as_str()
+                    .is_some_and(|n| sick.iter().any(|s| s == n))
+            })
+            .count();
+        told == sick.len() && r.claims().len() == r.replicas
+    })
+    .await
+}
+
+trait NameJson {
+    fn name_any_json(&self) -> String;
+}
+
+impl NameJson for Value {
+    fn name_any_json(&self) -> String {
+        self["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+impl Run {
+    fn created_now(&self) -> usize {
+        self.sim
+            .cluster()
+            .stats()
+            .writes()
+            .iter()
+            .filter(|w| {
+                w.agent == crate::app::USER_AGENT
+                    && w.resource == "nodeclaims"
+                    && w.verb == "create"
+            })
+            .count()
+    }
+}

@@ -1,0 +1,211 @@
+//! Node repair (upstream's node health controller with a cloud provider's repair policies): which
+//! claims to replace because their Node has stayed unhealthy past its toleration, and which are
+//! held back and why.
+//!
+//! The policies are the ones a Cluster API provider can honestly claim: Cluster API reports no
+//! instance health of its own that a Node condition does not already carry, so only the kubelet's
+//! `Ready` condition counts, `False` or `Unknown` (the kubelet stopped reporting), each tolerated
+//! for the same duration. Repair is held back in a NodePool where more than 20 % of the Nodes
+//! (rounded up) are unhealthy, as upstream computes it, and for a Machine a MachineHealthCheck
+//! watches over: Cluster API's own remediation owns it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::Inputs;
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::wellknown::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
+use crate::state::claims::recorded_machine;
+use crate::state::compact::CompactNode;
+
+/// Upstream's threshold: at most this share of a NodePool's Nodes may be unhealthy for a repair.
+pub const ALLOWED_UNHEALTHY_PERCENT: usize = 20;
+
+/// A Node condition and status that, held past the toleration, calls for a repair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    pub condition: &'static str,
+    pub status: &'static str,
+}
+
+/// The repair policies of this provider: the kubelet's `Ready`, False or Unknown.
+pub const POLICIES: [Policy; 2] = [
+    Policy {
+        condition: "Ready",
+        status: "False",
+    },
+    Policy {
+        condition: "Ready",
+        status: "Unknown",
+    },
+];
+
+/// One claim to replace.
+#[derive(Clone, Debug)]
+pub struct Repair {
+    pub claim: Arc<NodeClaim>,
+    pub node: String,
+    pub nodepool: String,
+    /// The condition, as upstream's `condition` label writes it (`ready`).
+    pub condition: String,
+    /// `Ready=Unknown since 2026-…` (for the Event).
+    pub why: String,
+}
+
+/// What one look at the cluster decides.
+#[derive(Debug, Default)]
+pub struct Decision {
+    pub repair: Vec<Repair>,
+    /// (claim, node, why it is not repaired though its toleration has passed).
+    pub blocked: Vec<(Arc<NodeClaim>, String, String)>,
+    /// The next time a toleration ends (look again then).
+    pub next: Option<Timestamp>,
+}
+
+/// The unhealthy policy a Node matches: the policy and since when.
+fn unhealthy(node: &CompactNode) -> Option<(Policy, Timestamp)> {
+    if node.ready() {
+        return None;
+    }
+    let n = node.node();
+    let c = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())?
+        .iter()
+        .find(|c| c.type_ == "Ready")?
+        .clone();
+    let policy = POLICIES
+        .iter()
+        .find(|p| p.condition == c.type_ && p.status == c.status)?;
+    let since = c.last_transition_time.map(|t| t.0)?;
+    Some((*policy, since))
+}
+
+/// Upstream's rounding: 20 % of `total`, rounded up (one of three may be unhealthy).
+pub fn threshold(total: usize) -> usize {
+    (total * ALLOWED_UNHEALTHY_PERCENT).div_ceil(100)
+}
+
+pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decision {
+    let st = inputs.state;
+    let nodes = st.nodes.read();
+    let machines = st.machines.read();
+    // Per NodePool (by the Node's label, as upstream lists them): Nodes and unhealthy ones.
+    let mut pools: HashMap<String, (usize, usize)> = HashMap::new();
+    let mut cluster = (0usize, 0usize);
+    for n in nodes.all() {
+        let sick = unhealthy(n).is_some();
+        cluster.0 += 1;
+        cluster.1 += usize::from(sick);
+        if let Some(pool) = n.labels().get(NODEPOOL_LABEL) {
+            let e = pools.entry(pool.to_string()).or_default();
+            e.0 += 1;
+            e.1 += usize::from(sick);
+        }
+    }
+    let mut out = Decision::default();
+    let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
+    for c in claims {
+        if c.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(node) = c
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .and_then(|n| nodes.compact(n))
+        else {
+            continue;
+        };
+        if node.deleting() {
+            continue;
+        }
+        let Some((policy, since)) = unhealthy(node) else {
+            continue;
+        };
+        let due = since
+            .checked_add(jiff::SignedDuration::try_from(toleration).unwrap_or_default())
+            .unwrap_or(since);
+        if now < due {
+            out.next = Some(out.next.map_or(due, |n| n.min(due)));
+            continue;
+        }
+        let pool = c.labels().get(NODEPOOL_LABEL).cloned();
+        let (total, sick) = match &pool {
+            Some(p) => pools.get(p).copied().unwrap_or_default(),
+            None => cluster,
+        };
+        let machine = recorded_machine(&c)
+            .and_then(|m| machines.get(m))
+            .or_else(|| machines.bound_to(&c.name_any()).ok().flatten());
+        if let Some(m) = machine.filter(|m| m.health_checked) {
+            out.blocked.push((
+                c.clone(),
+                node.name().to_string(),
+                format!(
+                    "a MachineHealthCheck watches over Machine {}: Cluster API's remediation is left to it",
+                    m.key()
+                ),
+            ));
+            continue;
+        }
+        if sick > threshold(total) {
+            let scope = if pool.is_some() {
+                "nodepool"
+            } else {
+                "cluster"
+            };
+            out.blocked.push((
+                c.clone(),
+                node.name().to_string(),
+                format!(
+                    "more than {ALLOWED_UNHEALTHY_PERCENT}% nodes are unhealthy in the {scope} ({sick} of {total})"
+                ),
+            ));
+            continue;
+        }
+        out.repair.push(Repair {
+            node: node.name().to_string(),
+            nodepool: pool.unwrap_or_default(),
+            condition: policy.condition.to_lowercase(),
+            why: format!(
+                "Node {} has been {}={} since {since}, past its toleration of {}s",
+                node.name(),
+                policy.condition,
+                policy.status,
+                toleration.as_secs()
+            ),
+            claim: c,
+        });
+    }
+    out
+}
+
+/// The capacity type label of a claim (upstream's metric label).
+pub fn capacity_type(c: &NodeClaim) -> String {
+    c.labels()
+        .get(CAPACITY_TYPE_LABEL)
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifth_rounded_up_may_be_unhealthy() {
+        assert_eq!(threshold(0), 0);
+        assert_eq!(threshold(1), 1);
+        assert_eq!(threshold(3), 1);
+        assert_eq!(threshold(5), 1);
+        assert_eq!(threshold(6), 2);
+        assert_eq!(threshold(10), 2);
+        assert_eq!(threshold(11), 3);
+    }
+}
