@@ -26,6 +26,13 @@ pub struct Catalog {
     pub deployments: Vec<String>,
     /// One line per MachineDeployment that was selected but left out, naming it and why.
     pub problems: Vec<String>,
+    /// Keys of the offered MachinePools without MachinePool Machines: offered for scale-up
+    /// only (see [`scale_up_only`]).
+    pub scale_up_only: Vec<String>,
+    /// Keys of the selected MachinePools not offered yet because their infrastructure pool has
+    /// not been read ([`POOL_UNREAD`]): a claim only they could serve waits for the read
+    /// rather than be found unlaunchable.
+    pub pending: Vec<String>,
 }
 
 /// Inputs for one MachineDeployment besides the object itself.
@@ -36,12 +43,27 @@ pub struct Context<'a> {
     pub unavailable: &'a dyn Fn(&str) -> bool,
 }
 
-/// Why a MachinePool is left out until its infrastructure pool is known to surface instances as
-/// Machines: without them no instance can be removed by name, and lowering replicas would let
-/// the cloud pick which node goes.
-pub const POOL_WITHOUT_MACHINES: &str = "no MachinePool Machines: its infrastructure pool does not \
-     report status.infrastructureMachineKind (or could not be read), so no instance could be \
-     removed by name; such pools are not offered";
+/// Why a MachinePool is left out until its infrastructure pool has been read and either reports
+/// a machine kind or is provisioned without one: only then is it known whether its instances can
+/// be removed by name (MachinePool Machines) or not.
+pub const POOL_UNREAD: &str = "its infrastructure pool has not been read or provisioned yet, so \
+     whether it has MachinePool Machines is not known; offered once it is";
+
+/// True for a MachinePool whose infrastructure pool is provisioned and reports no
+/// `status.infrastructureMachineKind`: its instances live only in `spec.providerIDList`, no
+/// Machine names one, so none can be removed by name. Such a pool is offered for scale-up only:
+/// its claims bind to provider IDs that newly appear, are never chosen for consolidation or
+/// drift, and a deleted one hands its instance back to the pool rather than lower replicas
+/// blindly (the cloud would choose which instance goes).
+pub fn scale_up_only(
+    md: &MachineDeployment,
+    templates: &HashMap<String, TemplateCapacity>,
+) -> bool {
+    md.is_pool()
+        && templates
+            .get(&md.key())
+            .is_some_and(|t| t.provisioned && t.machine_kind.is_none())
+}
 
 /// True when a MachineDeployment is a member and the NodeClass's selector picks it.
 pub fn selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> bool {
@@ -75,6 +97,9 @@ pub fn build(
     for md in sorted {
         match offering(md, cx) {
             Ok((name, capacity, o)) => {
+                if scale_up_only(md, cx.templates) {
+                    catalog.scale_up_only.push(o.machine_deployment.clone());
+                }
                 catalog.deployments.push(o.machine_deployment.clone());
                 // Parsed already by `offering`, which refused the MachineDeployment if bad.
                 let csi = autoscaler::parse(&md.annotations)
@@ -82,9 +107,14 @@ pub fn build(
                     .unwrap_or_default();
                 by_type.entry(name).or_default().push((capacity, csi, o));
             }
-            Err(problem) => catalog
-                .problems
-                .push(format!("{}: {problem}", md.scalable())),
+            Err(problem) => {
+                if problem == POOL_UNREAD {
+                    catalog.pending.push(md.key());
+                }
+                catalog
+                    .problems
+                    .push(format!("{}: {problem}", md.scalable()))
+            }
         }
     }
     catalog.instance_types = by_type
@@ -105,9 +135,9 @@ pub fn offering(
         && cx
             .templates
             .get(&key)
-            .is_none_or(|t| t.machine_kind.is_none())
+            .is_none_or(|t| t.machine_kind.is_none() && !t.provisioned)
     {
-        return Err(POOL_WITHOUT_MACHINES.to_string());
+        return Err(POOL_UNREAD.to_string());
     }
     // The driver annotations are checked like the rest (`build` reads the CSI limits).
     let (sfz, _drivers) =

@@ -510,7 +510,7 @@ mod tests {
             crate::capi::offerings::Catalog {
                 instance_types: vec![large],
                 deployments: vec!["ns/md-large".into()],
-                problems: vec![],
+                ..Default::default()
             },
             None,
         );

@@ -7,8 +7,8 @@ use super::DELETE_MACHINE_VALUE;
 use super::plan::ReplicaWrite;
 use crate::actors::patch::{JsonPatch, escape};
 use crate::api::wellknown::{
-    DELETE_MACHINE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION, MANAGED_REPLICAS_ANNOTATION,
-    MEMBER_LABEL, NODECLAIM_ANNOTATION,
+    DELETE_MACHINE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION, HANDED_BACK_ANNOTATION,
+    MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL, NODECLAIM_ANNOTATION,
 };
 use crate::capi::model::{Machine, MachineDeployment};
 
@@ -84,6 +84,15 @@ pub(super) fn replicas(md: &MachineDeployment, w: &ReplicaWrite) -> JsonPatch {
         MANAGED_REPLICAS_ANNOTATION,
         &w.managed_to.to_string(),
     );
+    if !w.handed_back.is_empty() {
+        // The map exists now: the entry above made it if it was missing.
+        p.set_entry(
+            true,
+            "/metadata/annotations",
+            HANDED_BACK_ANNOTATION,
+            &super::instances::handed_back_value(md, &w.handed_back),
+        );
+    }
     p
 }
 
