@@ -315,6 +315,55 @@ mod tests {
         )
     }
 
+    /// A member MachinePool `mp` sized like `sized`.
+    fn pool() -> Arc<MachineDeployment> {
+        let v = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+            "metadata": {"name": "mp", "namespace": "default", "uid": "mp", "resourceVersion": "1",
+                         "labels": {MEMBER_LABEL: ""}, "annotations": sized("2", "4Gi", "", "0.1")},
+            "spec": {"clusterName": "c", "replicas": 0,
+                     "template": {"spec": {"infrastructureRef": {
+                         "apiGroup": "infrastructure.cluster.x-k8s.io",
+                         "kind": "DevMachinePool", "name": "mp"}}}},
+        });
+        Arc::new(MachineDeployment::from_pool_value(&v, CapiVersion::V1Beta2).unwrap())
+    }
+
+    #[test]
+    fn a_pool_is_offered_once_its_infrastructure_pool_says_which_kind_it_is() {
+        let mp = pool();
+        let never = |_: &str| false;
+        let with = |t: Option<TemplateCapacity>| {
+            let templates: HashMap<String, TemplateCapacity> =
+                t.into_iter().map(|t| (mp.key(), t)).collect();
+            let cx = Context {
+                templates: &templates,
+                unavailable: &never,
+            };
+            build(None, std::slice::from_ref(&mp), &cx)
+        };
+        // Unread, or read before it is provisioned: held, not offered.
+        for t in [None, Some(TemplateCapacity::default())] {
+            let c = with(t);
+            assert!(c.deployments.is_empty());
+            assert_eq!(c.pending, vec![mp.key()]);
+        }
+        // MachinePool Machines: offered in full.
+        let c = with(Some(TemplateCapacity {
+            machine_kind: Some("DevMachine".into()),
+            ..TemplateCapacity::default()
+        }));
+        assert_eq!(c.deployments, vec![mp.key()]);
+        assert!(c.scale_up_only.is_empty() && c.pending.is_empty());
+        // Provisioned without a machine kind: offered for scale-up only.
+        let c = with(Some(TemplateCapacity {
+            provisioned: true,
+            ..TemplateCapacity::default()
+        }));
+        assert_eq!(c.deployments, vec![mp.key()]);
+        assert_eq!(c.scale_up_only, vec![mp.key()]);
+    }
+
     #[test]
     fn shared_instance_type_label_makes_one_type_with_two_offerings() {
         let mds = [
