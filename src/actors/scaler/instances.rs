@@ -14,7 +14,7 @@
 //! instances`, leaving `spec.replicas` alone. The two land together, so a restart on either
 //! side of it counts the instance exactly once.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,39 +23,14 @@ use kube::ResourceExt;
 use kube::api::{Api, PatchParams};
 
 use super::Scaler;
+use super::patches::handed_back;
 use super::plan::{MachineView, Plan};
 use crate::actors::patch::JsonPatch;
 use crate::actors::{Error, api_err};
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::wellknown::{HANDED_BACK_ANNOTATION, INSTANCE_ANNOTATION};
+use crate::api::wellknown::INSTANCE_ANNOTATION;
 use crate::capi::model::MachineDeployment;
 use crate::state::claims::recorded_instance;
-
-/// The provider IDs a pool's handed-back annotation lists.
-pub fn handed_back(md: &MachineDeployment) -> HashSet<String> {
-    md.annotations
-        .get(HANDED_BACK_ANNOTATION)
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The handed-back annotation after handing `more` back: still-listed instances only, so it
-/// shrinks as the cloud removes them.
-pub(super) fn handed_back_value(md: &MachineDeployment, more: &[String]) -> String {
-    let listed: HashSet<&String> = md.provider_id_list.iter().collect();
-    let mut all: BTreeSet<String> = handed_back(md)
-        .into_iter()
-        .filter(|p| listed.contains(p))
-        .collect();
-    all.extend(more.iter().cloned());
-    all.into_iter().collect::<Vec<_>>().join(",")
-}
 
 impl Scaler {
     /// The pool's instances as the planner's Machines, oldest first, and how many listed
@@ -260,7 +235,9 @@ impl Scaler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actors::scaler::patches::handed_back_value;
     use crate::actors::scaler::plan::{ReplicaWrite, plan};
+    use crate::api::wellknown::HANDED_BACK_ANNOTATION;
 
     #[test]
     fn a_decrement_becomes_a_hand_back_that_keeps_the_replica() {

@@ -34,7 +34,7 @@ use crate::state::machines::key;
 
 use bookkeeping::Removal;
 pub use bookkeeping::{managed_replicas, marked_by_us, size_bounds};
-pub use instances::handed_back;
+pub use patches::handed_back;
 
 /// The value we put in `cluster.x-k8s.io/delete-machine`, so that a mark set by somebody else on a
 /// baseline Machine is never mistaken for one of ours.
