@@ -43,6 +43,7 @@ fn bench_plan(c: &mut Criterion) {
                     managed: n as i32,
                     min_size: 0,
                     max_size: None,
+                    set_aside: 0,
                     machines: &machines,
                     waiting: &waiting,
                     rolling_out: false,

@@ -1,5 +1,5 @@
 //! `karpenter-capi init`: where the first NodePool comes from. Reads the management cluster's
-//! MachineDeployments, judges each with the catalog's own rules (`capi::offerings::offering`,
+//! MachineDeployments and MachinePools, judges each with the catalog's own rules (`capi::offerings::offering`,
 //! the membership label), and proposes a ClusterAPINodeClass and a NodePool covering the usable
 //! ones, with the `kubectl label` / `kubectl annotate` commands that would make the others
 //! usable. Read-only: it prints, it never writes.
@@ -64,7 +64,13 @@ pub fn propose(
     let mut sorted: Vec<&Arc<MachineDeployment>> = mds.iter().collect();
     sorted.sort_by_key(|md| md.key());
     for md in sorted {
-        let target = format!("machinedeployment {} -n {}", md.name, md.namespace);
+        // `machinedeployment` or `machinepool`, as kubectl names the resource.
+        let target = format!(
+            "{} {} -n {}",
+            md.kind.as_str().to_lowercase(),
+            md.name,
+            md.namespace
+        );
         let mut v = Verdict {
             machine_deployment: md.key(),
             usable: false,
@@ -86,6 +92,11 @@ pub fn propose(
         }
         match offering(md, cx) {
             Ok((instance_type, _, o)) => {
+                if crate::capi::offerings::scale_up_only(md, cx.templates) {
+                    v.warnings.push(
+                        "no MachinePool Machines: offered for scale-up only (no instance can be removed by name; a deleted claim's instance is cordoned and handed back to the pool)".into(),
+                    );
+                }
                 if o.price == 0.0 {
                     v.warnings.push(format!(
                         "no {PRICE_ANNOTATION} annotation: priced 0, so it is always the cheapest"

@@ -337,6 +337,7 @@ impl Catalog {
             );
             let pinned = r.version.clone();
             let md_version = md.resource_version.clone();
+            let is_pool = md.is_pool();
             let fut =
                 async move { read_template(&client, &group, pinned, &kind, &ns, &name).await };
             ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
@@ -351,9 +352,20 @@ impl Catalog {
                 let was_missing = previous_missing.filter(|_| same_ref);
                 match r {
                     Ok(t) => {
-                        backoff.reset();
+                        // An infrastructure pool that has not said yet whether it has
+                        // MachinePool Machines keeps its MachinePool out of the catalog: read it
+                        // again soon rather than when the pool next changes.
+                        let undecided = is_pool && t.machine_kind.is_none() && !t.provisioned;
+                        let retry_at = if undecided {
+                            let d = backoff.next_delay();
+                            ctx.run_later(d, |act, ctx| act.schedule_rebuild(ctx));
+                            Some(Instant::now() + d)
+                        } else {
+                            backoff.reset();
+                            None
+                        };
                         let changed = !same_ref || t != capacity || was_missing.is_some();
-                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at: None, missing: None, backoff });
+                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at, missing: None, backoff });
                         if changed {
                             act.schedule_rebuild(ctx);
                         }

@@ -71,6 +71,13 @@ pub const MEMBER_LABEL: &str = "node.cluster.x-k8s.io/karpenter-member";
 pub const MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/machine";
 /// Annotation on a Machine naming the NodeClaim bound to it (the other half of invariant 1).
 pub const NODECLAIM_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/nodeclaim";
+/// Annotation on a NodeClaim of a MachinePool without MachinePool Machines: the provider ID of
+/// the pool instance bound to it (the durable binding; no Machine exists to carry it).
+pub const INSTANCE_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/instance";
+/// Annotation on a MachinePool without MachinePool Machines: the provider IDs (comma-separated)
+/// of instances whose claims were deleted and that were handed back to the pool as baseline
+/// capacity (no specific instance can be removed). Written with the managed-replicas count.
+pub const HANDED_BACK_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/handed-back-instances";
 /// Annotation on a NodeClaim naming the MachineDeployment it waits on, written before the
 /// replica write so a restarted controller can account for the pending replica (invariant 4).
 pub const MACHINE_DEPLOYMENT_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/machine-deployment";

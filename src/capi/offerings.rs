@@ -28,6 +28,13 @@ pub struct Catalog {
     pub problems: Vec<String>,
     /// Offerings (by MachineDeployment) whose price a NodeOverlay set, with the price before.
     pub price_overlays: BTreeMap<String, PriceOverlaid>,
+    /// Keys of the offered MachinePools without MachinePool Machines: offered for scale-up
+    /// only (see [`scale_up_only`]).
+    pub scale_up_only: Vec<String>,
+    /// Keys of the selected MachinePools not offered yet because their infrastructure pool has
+    /// not been read ([`POOL_UNREAD`]): a claim only they could serve waits for the read
+    /// rather than be found unlaunchable.
+    pub pending: Vec<String>,
 }
 
 /// The price a NodeOverlay set on one offering (kept so `explain` can say where a price came
@@ -47,12 +54,27 @@ pub struct Context<'a> {
     pub unavailable: &'a dyn Fn(&str) -> bool,
 }
 
-/// Why a MachinePool is left out until its infrastructure pool is known to surface instances as
-/// Machines: without them no instance can be removed by name, and lowering replicas would let
-/// the cloud pick which node goes.
-pub const POOL_WITHOUT_MACHINES: &str = "no MachinePool Machines: its infrastructure pool does not \
-     report status.infrastructureMachineKind (or could not be read), so no instance could be \
-     removed by name; such pools are not offered";
+/// Why a MachinePool is left out until its infrastructure pool has been read and either reports
+/// a machine kind or is provisioned without one: only then is it known whether its instances can
+/// be removed by name (MachinePool Machines) or not.
+pub const POOL_UNREAD: &str = "its infrastructure pool has not been read or provisioned yet, so \
+     whether it has MachinePool Machines is not known; offered once it is";
+
+/// True for a MachinePool whose infrastructure pool is provisioned and reports no
+/// `status.infrastructureMachineKind`: its instances live only in `spec.providerIDList`, no
+/// Machine names one, so none can be removed by name. Such a pool is offered for scale-up only:
+/// its claims bind to provider IDs that newly appear, are never chosen for consolidation or
+/// drift, and a deleted one hands its instance back to the pool rather than lower replicas
+/// blindly (the cloud would choose which instance goes).
+pub fn scale_up_only(
+    md: &MachineDeployment,
+    templates: &HashMap<String, TemplateCapacity>,
+) -> bool {
+    md.is_pool()
+        && templates
+            .get(&md.key())
+            .is_some_and(|t| t.provisioned && t.machine_kind.is_none())
+}
 
 /// True when a MachineDeployment is a member and the NodeClass's selector picks it.
 pub fn selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> bool {
@@ -86,6 +108,9 @@ pub fn build(
     for md in sorted {
         match offering(md, cx) {
             Ok((name, capacity, o)) => {
+                if scale_up_only(md, cx.templates) {
+                    catalog.scale_up_only.push(o.machine_deployment.clone());
+                }
                 catalog.deployments.push(o.machine_deployment.clone());
                 // Parsed already by `offering`, which refused the MachineDeployment if bad.
                 let csi = autoscaler::parse(&md.annotations)
@@ -93,9 +118,14 @@ pub fn build(
                     .unwrap_or_default();
                 by_type.entry(name).or_default().push((capacity, csi, o));
             }
-            Err(problem) => catalog
-                .problems
-                .push(format!("{}: {problem}", md.scalable())),
+            Err(problem) => {
+                if problem == POOL_UNREAD {
+                    catalog.pending.push(md.key());
+                }
+                catalog
+                    .problems
+                    .push(format!("{}: {problem}", md.scalable()))
+            }
         }
     }
     catalog.instance_types = by_type
@@ -116,9 +146,9 @@ pub fn offering(
         && cx
             .templates
             .get(&key)
-            .is_none_or(|t| t.machine_kind.is_none())
+            .is_none_or(|t| t.machine_kind.is_none() && !t.provisioned)
     {
-        return Err(POOL_WITHOUT_MACHINES.to_string());
+        return Err(POOL_UNREAD.to_string());
     }
     // The driver annotations are checked like the rest (`build` reads the CSI limits).
     let (sfz, _drivers) =
@@ -294,6 +324,55 @@ mod tests {
                 unavailable: &never,
             },
         )
+    }
+
+    /// A member MachinePool `mp` sized like `sized`.
+    fn pool() -> Arc<MachineDeployment> {
+        let v = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+            "metadata": {"name": "mp", "namespace": "default", "uid": "mp", "resourceVersion": "1",
+                         "labels": {MEMBER_LABEL: ""}, "annotations": sized("2", "4Gi", "", "0.1")},
+            "spec": {"clusterName": "c", "replicas": 0,
+                     "template": {"spec": {"infrastructureRef": {
+                         "apiGroup": "infrastructure.cluster.x-k8s.io",
+                         "kind": "DevMachinePool", "name": "mp"}}}},
+        });
+        Arc::new(MachineDeployment::from_pool_value(&v, CapiVersion::V1Beta2).unwrap())
+    }
+
+    #[test]
+    fn a_pool_is_offered_once_its_infrastructure_pool_says_which_kind_it_is() {
+        let mp = pool();
+        let never = |_: &str| false;
+        let with = |t: Option<TemplateCapacity>| {
+            let templates: HashMap<String, TemplateCapacity> =
+                t.into_iter().map(|t| (mp.key(), t)).collect();
+            let cx = Context {
+                templates: &templates,
+                unavailable: &never,
+            };
+            build(None, std::slice::from_ref(&mp), &cx)
+        };
+        // Unread, or read before it is provisioned: held, not offered.
+        for t in [None, Some(TemplateCapacity::default())] {
+            let c = with(t);
+            assert!(c.deployments.is_empty());
+            assert_eq!(c.pending, vec![mp.key()]);
+        }
+        // MachinePool Machines: offered in full.
+        let c = with(Some(TemplateCapacity {
+            machine_kind: Some("DevMachine".into()),
+            ..TemplateCapacity::default()
+        }));
+        assert_eq!(c.deployments, vec![mp.key()]);
+        assert!(c.scale_up_only.is_empty() && c.pending.is_empty());
+        // Provisioned without a machine kind: offered for scale-up only.
+        let c = with(Some(TemplateCapacity {
+            provisioned: true,
+            ..TemplateCapacity::default()
+        }));
+        assert_eq!(c.deployments, vec![mp.key()]);
+        assert_eq!(c.scale_up_only, vec![mp.key()]);
     }
 
     #[test]

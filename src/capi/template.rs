@@ -46,6 +46,10 @@ pub struct TemplateCapacity {
     /// An infrastructure machine pool's `status.infrastructureMachineKind`: set when the
     /// provider surfaces each instance as a Machine (MachinePool Machines).
     pub machine_kind: Option<String>,
+    /// The object reports itself provisioned (`status.ready`, or v1beta2's
+    /// `status.initialization.provisioned`): an infrastructure pool that is and reports no
+    /// machine kind has no MachinePool Machines (before that, it may simply not have said yet).
+    pub provisioned: bool,
 }
 
 /// The node a MachineDeployment would make, as the scheduler sees it before it exists.
@@ -108,6 +112,10 @@ impl TemplateCapacity {
             architecture: text("architecture")?,
             operating_system: text("operatingSystem")?,
             machine_kind,
+            provisioned: status.is_some_and(|s| {
+                s.get("ready") == Some(&Value::Bool(true))
+                    || s.pointer("/initialization/provisioned") == Some(&Value::Bool(true))
+            }),
         })
     }
 

@@ -22,6 +22,7 @@ use crate::api::nodepool::NodePool;
 use crate::api::wellknown::CLUSTER_NAME_LABEL;
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::offerings::{self, Context as OfferingContext};
+use crate::capi::scalable::{ScalableKind, ScalableRef};
 use crate::capi::template::TemplateCapacity;
 use crate::capi::template::{ReadError, read_templates};
 use crate::capi::version::{self, CapiVersion};
@@ -103,7 +104,8 @@ pub fn cluster_filter(
     }
 }
 
-/// The Cluster API objects of the management cluster, as the controller's watches see them
+/// The Cluster API objects of the management cluster (MachineDeployments and, where served,
+/// MachinePools), as the controller's watches see them
 /// (same namespace and cluster-name filters).
 pub async fn read_capi(
     management: &kube::Client,
@@ -124,10 +126,24 @@ pub async fn read_capi(
     // leaves out can be named.
     let lp = ListParams::default();
     let list_err = |what: &'static str| move |e: kube::Error| Error::List { what, source: e };
-    let mds = api(&version::machine_deployment_resource(v))
-        .list(&lp)
-        .await
-        .map_err(list_err("MachineDeployments"))?;
+    let mut scalables = Vec::new();
+    for kind in [ScalableKind::MachineDeployment, ScalableKind::MachinePool] {
+        match api(&kind.resource(v)).list(&lp).await {
+            Ok(list) => scalables.extend(list.items.into_iter().map(|o| (kind, o))),
+            // MachinePools are optional in Cluster API (a feature gate): not served is none.
+            Err(kube::Error::Api(s)) if s.code == 404 && kind == ScalableKind::MachinePool => {}
+            Err(e) => {
+                return Err(Error::List {
+                    what: if kind == ScalableKind::MachinePool {
+                        "MachinePools"
+                    } else {
+                        "MachineDeployments"
+                    },
+                    source: e,
+                });
+            }
+        }
+    }
     let machines = api(&version::machine_resource(v))
         .list(&lp)
         .await
@@ -135,13 +151,13 @@ pub async fn read_capi(
     let mut deployments = Vec::new();
     let mut unreadable = Vec::new();
     let mut excluded = Vec::new();
-    for o in &mds.items {
-        let key = format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+    for (kind, o) in &scalables {
+        let key = ScalableRef::new(*kind, &o.namespace().unwrap_or_default(), &o.name_any()).key();
         if let Some(why) = cluster_filter(cluster_name, o.labels()) {
             excluded.push((key, why));
             continue;
         }
-        match MachineDeployment::from_dynamic(o, v) {
+        match kind.parser()(o, v) {
             Ok(md) => deployments.push(md),
             Err(e) => unreadable.push((key, e.to_string())),
         }

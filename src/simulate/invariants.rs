@@ -1,7 +1,9 @@
 //! The durable-state invariants, checked against the simulated server's store once nothing is in
 //! flight: one Machine per claim and one claim per Machine, no leaked Machine, replicas equal to
-//! the live Machines of every managed MachineDeployment and MachinePool (with MachinePool
-//! Machines; a pool without them is checked never to have been scaled by the controller).
+//! the live Machines of every managed MachineDeployment and MachinePool. A pool without
+//! MachinePool Machines is checked the same way over its instances (`spec.providerIDList`), each
+//! bound by the claim that names it (`karpenter.cluster.x-k8s.io/instance`), one claim per
+//! instance.
 //!
 //! The objects are read as the store holds them (raw JSON: annotations, labels, spec.replicas),
 //! never through the controller's Cluster API model or its indexes, so a bug in how the controller
@@ -13,8 +15,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::api::wellknown::{
-    DEPLOYMENT_NAME_LABEL, MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL,
-    NODECLAIM_ANNOTATION, POOL_NAME_LABEL,
+    DEPLOYMENT_NAME_LABEL, INSTANCE_ANNOTATION, MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION,
+    MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL, NODECLAIM_ANNOTATION, POOL_NAME_LABEL,
 };
 use crate::capi::version::CapiVersion;
 use crate::sim::Store;
@@ -102,6 +104,64 @@ impl RawMachine {
     }
 }
 
+/// The instances of every MachinePool without MachinePool Machines (no Machine names it), as
+/// Machines bound to the claim that names their provider ID; two claims naming one instance
+/// are counted as double-bound.
+fn pool_instances(
+    scalables: &[(&str, &str, Value)],
+    machines: &[RawMachine],
+    claims: &BTreeMap<String, Value>,
+    inv: &mut Invariants,
+) -> Vec<RawMachine> {
+    let with_machines: BTreeSet<&str> = machines
+        .iter()
+        .filter_map(|m| m.deployment.as_ref())
+        .filter(|(r, _)| *r == "machinepools")
+        .map(|(_, k)| k.as_str())
+        .collect();
+    let mut out = Vec::new();
+    for (_, _, mp) in scalables.iter().filter(|(r, _, _)| *r == "machinepools") {
+        let Some(key) = key_of(mp) else { continue };
+        if with_machines.contains(key.as_str()) {
+            continue;
+        }
+        let recorded = format!("MachinePool/{key}");
+        let mut holders: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (name, c) in claims {
+            if annotation(c, MACHINE_DEPLOYMENT_ANNOTATION) == Some(recorded.as_str())
+                && let Some(pid) = annotation(c, INSTANCE_ANNOTATION)
+            {
+                holders.entry(pid).or_default().push(name);
+            }
+        }
+        for (pid, cs) in holders.iter().filter(|(_, cs)| cs.len() > 1) {
+            inv.double_bound += 1;
+            inv.problems.push(format!(
+                "instance {pid} is named by NodeClaims {}",
+                cs.join(", ")
+            ));
+        }
+        let listed: BTreeSet<&str> = mp
+            .pointer("/spec/providerIDList")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        out.extend(listed.into_iter().map(|pid| {
+            RawMachine {
+                key: pid.to_string(),
+                name: pid.to_string(),
+                claim: holders
+                    .get(pid)
+                    .and_then(|cs| cs.first())
+                    .map(|c| c.to_string()),
+                deployment: Some(("machinepools", key.clone())),
+                deleting: false,
+            }
+        }));
+    }
+    out
+}
+
 fn is_deleting(obj: &Value) -> bool {
     obj.pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null())
@@ -136,6 +196,9 @@ pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
                 .map(|n| (n, c))
         })
         .collect();
+
+    let mut machines = machines;
+    machines.extend(pool_instances(&scalables, &machines, &claims, &mut inv));
 
     // Invariant 1: one-to-one, and both halves agree.
     let mut by_claim: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -225,12 +288,7 @@ pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
                 unbound - baseline
             ));
         }
-        // A pool without MachinePool Machines has none to count; the controller must never
-        // have scaled it (no managed replicas), and then its replicas are the cloud's business.
-        let untouched_pool = *resource == "machinepools"
-            && live.is_empty()
-            && annotation(md, MANAGED_REPLICAS_ANNOTATION).is_none();
-        if replicas as usize != live.len() && !untouched_pool {
+        if replicas as usize != live.len() {
             inv.problems.push(format!(
                 "{kind} {key}: spec.replicas {replicas} but {} live Machines",
                 live.len()

@@ -210,9 +210,14 @@ pub fn quiet(cluster: &SimCluster) -> bool {
             let name = md["metadata"]["name"].as_str().unwrap_or_default();
             let replicas = md["spec"]["replicas"].as_i64().unwrap_or(0);
             let live = machines_of.get(&(resource, name.to_string())).copied();
-            // A pool without MachinePool Machines has none to count (and is never scaled).
-            let uncounted = resource == "machinepools" && live.is_none();
-            calm = calm && (uncounted || replicas == live.unwrap_or(0));
+            // A pool without MachinePool Machines counts its listed instances instead.
+            let live = match live {
+                None if resource == "machinepools" => md["spec"]["providerIDList"]
+                    .as_array()
+                    .map_or(0, |a| a.len() as i64),
+                live => live.unwrap_or(0),
+            };
+            calm = calm && replicas == live;
         });
     }
     calm

@@ -9,7 +9,8 @@ use kube::ResourceExt;
 use super::versions::Freshness;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{
-    MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION, NODECLASS_GROUP, NODECLASS_KIND,
+    INSTANCE_ANNOTATION, MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION, NODECLASS_GROUP,
+    NODECLASS_KIND,
 };
 
 /// True when the claim's NodeClass is ours (other providers' claims are left alone).
@@ -34,6 +35,14 @@ pub fn recorded_machine(c: &NodeClaim) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// The pool instance (provider ID) bound to a claim of a pool without MachinePool Machines.
+pub fn recorded_instance(c: &NodeClaim) -> Option<&str> {
+    c.annotations()
+        .get(INSTANCE_ANNOTATION)
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+}
+
 pub fn provider_id(c: &NodeClaim) -> Option<&str> {
     c.status
         .as_ref()
@@ -54,6 +63,9 @@ pub fn trimmed(mut c: Arc<NodeClaim>) -> Arc<NodeClaim> {
 pub struct Claims {
     by_name: HashMap<String, Arc<NodeClaim>>,
     waiting_by_md: HashMap<String, BTreeSet<String>>,
+    /// Pool instances (provider ID -> claim) bound to claims, by MachinePool key (pools without
+    /// MachinePool Machines).
+    instances_by_md: HashMap<String, HashMap<String, String>>,
     by_provider_id: HashMap<String, String>,
     fresh: Freshness,
     synced: bool,
@@ -87,6 +99,11 @@ impl Claims {
     /// Live claims that recorded this MachineDeployment and have no Machine yet.
     pub fn waiting_on(&self, md_key: &str) -> BTreeSet<String> {
         self.waiting_by_md.get(md_key).cloned().unwrap_or_default()
+    }
+
+    /// The instances (provider ID -> claim) claims of this pool recorded.
+    pub fn instances_of(&self, md_key: &str) -> Option<&HashMap<String, String>> {
+        self.instances_by_md.get(md_key)
     }
 
     pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<NodeClaim>> {
@@ -139,6 +156,7 @@ impl Claims {
         let old = self.detach(&name);
         if c.metadata.deletion_timestamp.is_none()
             && recorded_machine(&c).is_none()
+            && recorded_instance(&c).is_none()
             && let Some(md) = recorded_deployment(&c)
         {
             self.waiting_by_md
@@ -148,6 +166,12 @@ impl Claims {
         }
         if let Some(pid) = provider_id(&c) {
             self.by_provider_id.insert(pid.to_string(), name.clone());
+        }
+        if let (Some(md), Some(pid)) = (recorded_deployment(&c), recorded_instance(&c)) {
+            self.instances_by_md
+                .entry(md.to_string())
+                .or_default()
+                .insert(pid.to_string(), name.clone());
         }
         self.by_name.insert(name, c);
         old
@@ -173,12 +197,23 @@ impl Claims {
         {
             self.by_provider_id.remove(pid);
         }
+        if let (Some(md), Some(pid)) = (recorded_deployment(&old), recorded_instance(&old))
+            && let Some(held) = self.instances_by_md.get_mut(md)
+        {
+            if held.get(pid).map(String::as_str) == Some(name) {
+                held.remove(pid);
+            }
+            if held.is_empty() {
+                self.instances_by_md.remove(md);
+            }
+        }
         Some(old)
     }
 
     pub fn replace_all(&mut self, claims: Vec<NodeClaim>) -> Vec<Arc<NodeClaim>> {
         let mut old = std::mem::take(&mut self.by_name);
         self.waiting_by_md.clear();
+        self.instances_by_md.clear();
         self.by_provider_id.clear();
         self.fresh.clear();
         for c in claims {

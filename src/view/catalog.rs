@@ -60,6 +60,10 @@ pub enum ResolveError {
     #[error("no available offering of ClusterAPINodeClass {nodeclass} is compatible: {details}")]
     NoCompatibleOffering { nodeclass: String, details: String },
     #[error(
+        "no offering of ClusterAPINodeClass {nodeclass} is compatible yet, and {pending} of its MachinePools are not offered until their infrastructure pools are read"
+    )]
+    PoolsPending { nodeclass: String, pending: usize },
+    #[error(
         "validating minValues against the instance types of ClusterAPINodeClass {nodeclass} that can launch it: {source}"
     )]
     MinValues {
@@ -77,6 +81,7 @@ impl ResolveError {
             ResolveError::NodeClassNotReady { .. } => "NodeClassNotReady",
             ResolveError::Invalid(_) => "InvalidNodeClaim",
             ResolveError::NoCompatibleOffering { .. } => "InsufficientCapacity",
+            ResolveError::PoolsPending { .. } => "MachinePoolsPending",
             // Upstream's launch reason for a cloud provider error it has no name for.
             ResolveError::MinValues { .. } => "LaunchFailed",
         }
@@ -153,6 +158,16 @@ impl CatalogView {
             .map(|e| e.ready.clone())
     }
 
+    /// True for a MachinePool offered for scale-up only (`capi::offerings::scale_up_only`): no
+    /// instance of it can be removed by name.
+    pub fn scale_up_only(&self, md: &str) -> bool {
+        self.inner
+            .read()
+            .by_nodeclass
+            .values()
+            .any(|e| e.catalog.scale_up_only.iter().any(|k| k == md))
+    }
+
     /// The offering backed by a MachineDeployment (any NodeClass), for a claim's status.
     pub fn offering(&self, md: &str) -> Option<Choice> {
         let inner = self.inner.read();
@@ -224,6 +239,12 @@ impl CatalogView {
                 })?;
                 Ok(choice(r.instance_type, r.offering))
             }
+            // A pool that may serve the claim is not read yet (right after a start): wait for
+            // it rather than find the claim unlaunchable.
+            None if !entry.catalog.pending.is_empty() => Err(ResolveError::PoolsPending {
+                nodeclass: nodeclass.to_string(),
+                pending: entry.catalog.pending.len(),
+            }),
             None => Err(ResolveError::NoCompatibleOffering {
                 nodeclass: nodeclass.to_string(),
                 details: format!(
@@ -571,8 +592,7 @@ mod tests {
             offerings::Catalog {
                 instance_types: types,
                 deployments: vec!["x".into()],
-                problems: Vec::new(),
-                price_overlays: Default::default(),
+                ..Default::default()
             },
             None,
         );
@@ -595,8 +615,7 @@ mod tests {
                     it("b", 4, vec![offering("ns/b", 0.2, 0, "z")]),
                 ],
                 deployments: vec!["ns/a".into(), "ns/b".into()],
-                problems: Vec::new(),
-                price_overlays: Default::default(),
+                ..Default::default()
             },
             None,
         );

@@ -28,7 +28,7 @@ use crate::disruption::{
     self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
 };
 use crate::scheduling::Snapshot;
-use crate::state::claims::{recorded_deployment, recorded_machine};
+use crate::state::claims::{recorded_deployment, recorded_instance, recorded_machine};
 use crate::state::compact::CompactNode;
 use crate::state::machines::{MachineDeployments, Machines};
 use crate::state::pods;
@@ -138,6 +138,13 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         let expiring = !going && expired(c, mem.now);
         if c.metadata.deletion_timestamp.is_some() {
             view.skipped.push((name, "it is being deleted"));
+            continue;
+        }
+        // No instance of such a pool can be removed by name: deleting its claim would leave a
+        // cordoned instance behind (handed back to the pool), so nothing disrupts it by choice.
+        if recorded_instance(c).is_some() {
+            view.skipped
+                .push((name, "its MachinePool cannot remove a specific instance"));
             continue;
         }
         if expiring {

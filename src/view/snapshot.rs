@@ -513,8 +513,7 @@ mod tests {
             crate::capi::offerings::Catalog {
                 instance_types: vec![large],
                 deployments: vec!["ns/md-large".into()],
-                problems: vec![],
-                price_overlays: Default::default(),
+                ..Default::default()
             },
             None,
         );

@@ -1,6 +1,8 @@
 //! Claims on a MachinePool with MachinePool Machines, end to end in both Cluster API versions:
 //! launch binds claims to the pool's Machines through the pool's Scaler, and deleting a claim
-//! releases exactly its Machine (delete-machine, then the decrement).
+//! releases exactly its Machine (delete-machine, then the decrement). On a pool without them,
+//! claims bind to new provider IDs (restart-safe), and a deleted claim's instance is handed back,
+//! never removed blindly.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -140,39 +142,163 @@ async fn launch_and_release_on_pool_machines_v1beta1() {
     launch_and_release(CapiVersion::V1Beta1).await;
 }
 
-/// A pool whose instances cannot be targeted (no MachinePool Machines) is left out of the
-/// catalog with a Warning that says why, and its replicas are never touched: a claim that only
-/// it could serve stays unlaunched rather than raise replicas that could only be lowered
-/// blindly.
-#[actix::test]
-async fn a_pool_without_pool_machines_is_never_scaled() {
-    let env = Env::builder()
+/// Claims on a pool without MachinePool Machines, bound by instance: (claim, provider ID).
+fn instances(env: &Env) -> Vec<(String, String)> {
+    env.list("nodeclaims")
+        .iter()
+        .filter_map(|c| {
+            let pid = c["metadata"]["annotations"][INSTANCE_ANNOTATION].as_str()?;
+            Some((c["metadata"]["name"].as_str()?.to_string(), pid.to_string()))
+        })
+        .collect()
+}
+
+fn listed(env: &Env) -> BTreeSet<String> {
+    pool(env)["spec"]["providerIDList"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn initialized(c: &Value) -> bool {
+    c["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|x| x["type"] == "Initialized" && x["status"] == "True")
+    })
+}
+
+async fn instance_pool_env() -> Env {
+    Env::builder()
         .cluster(cluster(CapiVersion::V1Beta2))
         .seeds(Vec::new())
         .pools(vec![(pool_seed(), false)])
-        // The claim no offering can serve times out (and goes) quickly, so the cluster settles.
-        .tune(|s| s.launch_timeout = Duration::from_secs(2))
         .start()
-        .await;
-    env.claims(1, 1).await;
-    env.wait("the catalog's warning about the pool", || {
-        env.events("InvalidMachineDeployment")
+        .await
+}
+
+/// A pool whose instances cannot be targeted (no MachinePool Machines) is offered for scale-up:
+/// each claim binds to a provider ID that newly appeared in `spec.providerIDList`, recorded on
+/// the claim, one claim per instance, and launches and initializes on it.
+#[actix::test]
+async fn a_pool_without_pool_machines_scales_up_and_binds_new_instances() {
+    let env = instance_pool_env().await;
+    env.claims(3, 1).await;
+    env.settle().await;
+    let held = instances(&env);
+    assert_eq!(held.len(), 3, "{:#?}", env.list("nodeclaims"));
+    let pids: BTreeSet<String> = held.iter().map(|(_, p)| p.clone()).collect();
+    assert_eq!(
+        pids,
+        listed(&env),
+        "every listed instance bound to one claim"
+    );
+    for c in env.list("nodeclaims") {
+        assert!(initialized(&c), "{c:#}");
+        assert_eq!(
+            c["status"]["providerID"].as_str(),
+            c["metadata"]["annotations"][INSTANCE_ANNOTATION].as_str()
+        );
+    }
+    let mp = pool(&env);
+    assert_eq!(mp["spec"]["replicas"], 3);
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "3"
+    );
+    env.invariants_hold();
+}
+
+/// A controller killed in the middle of a burst on such a pool: the new one neither raises a
+/// replica twice (no leak) nor gives one instance to two claims.
+#[actix::test]
+async fn a_restart_mid_burst_neither_leaks_nor_double_binds_instances() {
+    let mut env = instance_pool_env().await;
+    env.claims(6, 1).await;
+    env.wait("a first instance bound", || {
+        (!instances(&env).is_empty()).then_some(())
+    })
+    .await;
+    env.restart().await;
+    env.claims(4, 1).await;
+    env.settle().await;
+    let held = instances(&env);
+    let pids: BTreeSet<String> = held.iter().map(|(_, p)| p.clone()).collect();
+    assert_eq!(held.len(), 10, "every claim bound");
+    assert_eq!(pids.len(), 10, "no instance bound twice: {held:?}");
+    assert_eq!(pids, listed(&env));
+    let mp = pool(&env);
+    assert_eq!(mp["spec"]["replicas"], 10);
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "10"
+    );
+    env.invariants_hold();
+}
+
+/// Deleting a claim of such a pool never lowers replicas (the cloud would choose which instance
+/// goes): its Node is drained and cordoned, the instance handed back to the pool as baseline
+/// (never bound again), and the claim's condition and an Event say why.
+#[actix::test]
+async fn deleting_a_claim_of_such_a_pool_hands_its_instance_back() {
+    let env = instance_pool_env().await;
+    let names = env.claims(2, 1).await;
+    env.settle().await;
+    let victim = names[0].clone();
+    let claim = env.get("nodeclaims", "", &victim).expect("the claim");
+    let pid = claim["metadata"]["annotations"][INSTANCE_ANNOTATION]
+        .as_str()
+        .expect("bound")
+        .to_string();
+    let node = claim["status"]["nodeName"]
+        .as_str()
+        .expect("a node")
+        .to_string();
+    Api::<NodeClaim>::all(env.client().await)
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait("the InstanceNotRemovable event", || {
+        env.events("InstanceNotRemovable")
             .into_iter()
-            .find(|e| {
-                e["note"].as_str().is_some_and(|n| {
-                    n.contains("MachinePool default/mp-0: no MachinePool Machines")
-                })
-            })
+            .find(|e| e["note"].as_str().is_some_and(|n| n.contains(&pid)))
     })
     .await;
     env.settle().await;
-    let mp = pool(&env);
-    assert_eq!(mp["spec"]["replicas"], 0);
-    assert!(mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION].is_null());
-    assert_eq!(env.controller_writes("machinepools"), 0);
     assert!(
-        env.list("nodeclaims").is_empty(),
-        "the unservable claim timed out"
+        env.get("nodeclaims", "", &victim).is_none(),
+        "the claim went"
     );
+    let mp = pool(&env);
+    assert_eq!(mp["spec"]["replicas"], 2, "the replica was kept");
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "1"
+    );
+    assert_eq!(
+        mp["metadata"]["annotations"][HANDED_BACK_ANNOTATION].as_str(),
+        Some(pid.as_str())
+    );
+    assert!(listed(&env).contains(&pid), "the instance still runs");
+    let n = env.get("nodes", "", &node).expect("the Node stays");
+    assert_eq!(n["spec"]["unschedulable"], true, "cordoned");
+    assert!(
+        n["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(|f| f.iter().all(|x| x != TERMINATION_FINALIZER)),
+        "{n:#}"
+    );
+    assert!(n["metadata"]["labels"][NODEPOOL_LABEL].is_null());
+
+    // A new claim gets a new instance, never the handed-back one.
+    env.claims(1, 1).await;
+    env.settle().await;
+    let held = instances(&env);
+    assert_eq!(held.len(), 2);
+    assert!(held.iter().all(|(_, p)| *p != pid), "{held:?}");
+    assert_eq!(pool(&env)["spec"]["replicas"], 3);
     env.invariants_hold();
 }

@@ -253,7 +253,7 @@ impl Step {
     pub(super) async fn launched(
         &mut self,
         md: &str,
-        machine: &Machine,
+        machine: Option<&Machine>,
         pid: &str,
     ) -> Result<Next, Error> {
         let offering = self.shared.catalog.offering(md);
@@ -285,11 +285,14 @@ impl Step {
             .get_or_create(&Metrics::pool(&self.nodepool(), md))
             .inc();
         Metrics::observe(&m.claim_launch_seconds, md, since(self.created()));
-        let mk = machine_key(&machine.namespace, &machine.name);
-        if let Some(seen) = self.shared.state.machines.read().provider_id_seen(&mk) {
+        let mk = machine.map(|m| machine_key(&m.namespace, &m.name));
+        if let Some(seen) = mk
+            .as_ref()
+            .and_then(|mk| self.shared.state.machines.read().provider_id_seen(mk))
+        {
             Metrics::observe(&m.provider_id_to_claim_seconds, md, seen.elapsed());
         }
-        tracing::info!(nodeclaim = %self.name(), machine = %mk, provider_id = %pid, machine_deployment = %md, "launched");
+        tracing::info!(nodeclaim = %self.name(), machine = ?mk, provider_id = %pid, machine_deployment = %md, "launched");
         Ok(Next::Continue(updated))
     }
 }

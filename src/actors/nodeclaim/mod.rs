@@ -26,7 +26,7 @@ use super::{Error, Shared, api_err};
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
-use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
+use crate::state::claims::{provider_id, recorded_deployment, recorded_instance, recorded_machine};
 use crate::state::machines::claimed_elsewhere;
 use crate::state::machines::key as machine_key;
 use crate::state::versions::Freshness;
@@ -420,6 +420,9 @@ impl Step {
             }
         };
         let Some(machine) = machine else {
+            if let Some(pid) = recorded_instance(&c) {
+                return self.on_instance(&md, pid).await;
+            }
             if let Some(recorded) = recorded_machine(&c)
                 && self.shared.state.machines.read().synced()
             {
@@ -460,8 +463,28 @@ impl Step {
             };
         };
         if provider_id(&c) != Some(pid.as_str()) || !is_true(&c, conditions::LAUNCHED) {
-            return self.launched(&md, &machine, &pid).await;
+            return self.launched(&md, Some(&machine), &pid).await;
         }
+        self.on_node(&md, &pid).await
+    }
+
+    /// A claim bound to an instance of a pool without MachinePool Machines: launched once
+    /// bound (the instance has its provider ID already), gone when the pool no longer lists it.
+    async fn on_instance(&mut self, md: &str, pid: &str) -> Result<Next, Error> {
+        if instance_gone(&self.shared, md, pid) {
+            return self.machine_gone(format!("instance {pid} of {md}")).await;
+        }
+        let c = self.claim.clone();
+        if provider_id(&c) != Some(pid) || !is_true(&c, conditions::LAUNCHED) {
+            return self.launched(md, None, pid).await;
+        }
+        self.on_node(md, pid).await
+    }
+
+    /// Launched: registration and initialization once the Node appears.
+    async fn on_node(&mut self, md: &str, pid: &str) -> Result<Next, Error> {
+        let c = self.claim.clone();
+        let md = md.to_string();
         // The compact Node: a settled claim's reconcile reads only what is kept in place; the
         // whole Node is rebuilt when registration or initialization has work to do.
         let node = self
@@ -469,7 +492,7 @@ impl Step {
             .state
             .nodes
             .read()
-            .compact_by_provider_id(&pid)
+            .compact_by_provider_id(pid)
             .cloned();
         let Some(node) = node else {
             return match self.registration_deadline_left() {
@@ -660,6 +683,15 @@ impl Step {
         p.set("/status", status);
         self.patch_claim(p, true).await
     }
+}
+
+/// The pool no longer lists the instance (or is gone), as far as the synced index shows.
+fn instance_gone(shared: &Shared, md: &str, pid: &str) -> bool {
+    let deployments = shared.state.deployments.read();
+    deployments.synced()
+        && deployments
+            .get(md)
+            .is_none_or(|p| !p.provider_id_list.iter().any(|x| x == pid))
 }
 
 fn has_finalizer(c: &NodeClaim) -> bool {

@@ -31,13 +31,16 @@ use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
 use crate::metrics::{ClaimTerminatedLabels, NodePoolLabels, NodeTerminatedLabels};
-use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
+use crate::state::claims::{provider_id, recorded_deployment, recorded_instance, recorded_machine};
 use crate::state::machines::key as machine_key;
 use crate::view::node::node_ready;
 
 /// How long a terminating claim waits before it asks again on its own (progress normally arrives
 /// as a kick from the Terminator, the Machine watch or the Node watch).
 const RESYNC: Duration = Duration::from_secs(30);
+
+/// The reason (condition and Event) a claim's instance is handed back rather than removed.
+const INSTANCE_NOT_REMOVABLE: &str = "InstanceNotRemovable";
 
 /// Upstream's eviction reason when the claim carries no `DisruptionReason`.
 const FORCEFUL: &str = "Forceful Termination";
@@ -52,6 +55,9 @@ impl Step {
             Deadline::Stamped(updated) => return Ok(Next::Continue(updated)),
             Deadline::At(d) => d,
         };
+        if let Some(pid) = recorded_instance(&c) {
+            return self.terminate_instance(&c, pid, deadline).await;
+        }
         let node = self.claim_node();
         let bound = self.bound_machine();
         let synced = self.shared.state.machines.read().synced();
@@ -101,7 +107,112 @@ impl Step {
         if let Some(n) = &node {
             self.delete_node(n).await?;
         }
-        if let Some(md) = recorded_deployment(&c) {
+        self.finish(&c, node.as_deref()).await
+    }
+
+    /// The instance of a pool without MachinePool Machines: drained like any other, then handed
+    /// back to the pool (its replica kept: no specific instance can be removed, and lowering
+    /// replicas would let the cloud choose which one goes). Its Node stays cordoned, let go by
+    /// this claim, and the claim and an Event say why. An instance the pool no longer lists
+    /// is gone, and its Node with it.
+    async fn terminate_instance(
+        &mut self,
+        c: &NodeClaim,
+        pid: &str,
+        deadline: Option<Timestamp>,
+    ) -> Result<Next, Error> {
+        let node = self.claim_node();
+        let md = recorded_deployment(c).unwrap_or_default().to_string();
+        if super::instance_gone(&self.shared, &md, pid) {
+            if let Some(n) = &node {
+                self.delete_node(n).await?;
+            }
+            return self.finish(c, node.as_deref()).await;
+        }
+        if let Some(n) = &node
+            && let Some(next) = self.drain(c, n, deadline).await?
+        {
+            return Ok(next);
+        }
+        let handed_back = self
+            .shared
+            .state
+            .deployments
+            .read()
+            .get(&md)
+            .is_some_and(|p| crate::actors::scaler::handed_back(&p).contains(pid));
+        if !handed_back {
+            self.scaler(&md).do_send(ReleaseMachine {
+                machine: pid.to_string(),
+                drained: node.is_some(),
+            });
+            let message = format!(
+                "{} has no MachinePool Machines: no specific instance can be removed, and lowering its replicas would let the cloud choose which instance goes; instance {pid} is drained, cordoned and handed back to the pool (its replica kept) for an operator to remove",
+                crate::capi::scalable::ScalableRef::parse(&md)
+                    .map(|r| r.to_string())
+                    .unwrap_or_else(|| md.clone())
+            );
+            let updated = self
+                .set_conditions(&[(
+                    conditions::INSTANCE_TERMINATING,
+                    ConditionStatus::False,
+                    INSTANCE_NOT_REMOVABLE,
+                    &message,
+                )])
+                .await?;
+            if let Some(u) = updated {
+                self.shared
+                    .events
+                    .warning(object_ref(c), INSTANCE_NOT_REMOVABLE, message);
+                self.claim = u;
+            }
+            return Ok(Next::Wait(Some(RESYNC)));
+        }
+        if let Some(n) = &node {
+            self.let_node_go(n).await?;
+        }
+        self.finish(c, node.as_deref()).await
+    }
+
+    /// Leave the Node of a handed-back instance to the pool: cordoned (nothing new lands on an
+    /// instance that should go), without our finalizer, owner reference, NodePool label or
+    /// disruption taint, so nothing of ours counts or deletes it any more.
+    async fn let_node_go(&mut self, node: &Node) -> Result<(), Error> {
+        let uid = self.claim.metadata.uid.clone();
+        let mut p = JsonPatch::guarded(node.resource_version().as_deref());
+        let finalizers: Vec<&String> = node
+            .finalizers()
+            .iter()
+            .filter(|f| *f != TERMINATION_FINALIZER)
+            .collect();
+        p.set("/metadata/finalizers", json!(finalizers));
+        let owners: Vec<_> = node
+            .owner_references()
+            .iter()
+            .filter(|o| Some(&o.uid) != uid.as_ref())
+            .collect();
+        p.set("/metadata/ownerReferences", json!(owners));
+        let mut labels = node.labels().clone();
+        labels.remove(NODEPOOL_LABEL);
+        p.set("/metadata/labels", json!(labels));
+        let taints: Vec<_> = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|ts| ts.iter().filter(|t| t.key != DISRUPTED_TAINT_KEY).collect())
+            .unwrap_or_default();
+        p.set("/spec/taints", json!(taints));
+        p.set("/spec/unschedulable", json!(true));
+        let name = node.name_any();
+        match self.patch_node(&name, p).await {
+            Err(e) if e.is_not_found() => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Nothing of the claim's instance is left to wait for: let the claim go.
+    async fn finish(&mut self, c: &NodeClaim, node: Option<&Node>) -> Result<Next, Error> {
+        if let Some(md) = recorded_deployment(c) {
             // Make sure no bind for us is in flight before we let go (else it would orphan a
             // Machine): if one is, wait for it to land and release that Machine instead.
             match self
@@ -124,12 +235,12 @@ impl Step {
             .collect();
         p.set("/metadata/finalizers", json!(finalizers));
         self.patch_claim(p, false).await?;
-        if let Some(n) = &node
+        if let Some(n) = node
             && let Some(t) = self.shared.router.terminator()
         {
             t.do_send(Forget(n.name_any()));
         }
-        observe_terminated(&self.shared, &c);
+        observe_terminated(&self.shared, c);
         self.terminated = true;
         tracing::info!(nodeclaim = %self.name(), "terminated");
         Ok(Next::Done)

@@ -16,7 +16,7 @@ use crate::api::wellknown::{DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATI
 use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION, REPLACES_ANNOTATION};
 use crate::capi::annotations;
 use crate::capi::model::{Machine, MachineDeployment};
-use crate::state::claims::recorded_deployment;
+use crate::state::claims::{recorded_deployment, recorded_instance};
 use crate::state::machines::{Machines, bound_claim, key, released_elsewhere};
 
 /// True when the Machine carries our release mark (or any mark while bound to one of our claims).
@@ -77,7 +77,20 @@ pub(super) struct Inputs {
     pub(super) adopted: std::collections::BTreeMap<String, String>,
     /// The managed count to record before adopting them (`None`: recorded already).
     pub(super) adopt_managed: Option<i32>,
+    /// Baseline replicas the views leave out (see `plan::Snapshot::set_aside`).
+    pub(super) set_aside: i32,
 }
+
+/// What [`Scaler::machine_views`] reads off the Machines: the decrements Cluster API spent
+/// elsewhere, the planner's views, whether a rollout is under way, the Machines to adopt and
+/// the managed count to record first.
+type MachineSide = (
+    Vec<Arc<Machine>>,
+    Vec<MachineView>,
+    bool,
+    std::collections::BTreeMap<String, String>,
+    Option<i32>,
+);
 
 impl Scaler {
     /// Machines bound to a claim that is gone (deleted while a bind was landing, or removed by
@@ -116,6 +129,72 @@ impl Scaler {
         let (min_size, max_size) = size_bounds(&md.annotations, self.bounds);
         self.bounds = Some((min_size, max_size));
 
+        let ((spent, views, rolling_out, adopted, adopt_managed), set_aside) =
+            if self.instances_only() {
+                let (views, set_aside) = self.instance_views(&md);
+                ((Vec::new(), views, false, Default::default(), None), set_aside)
+            } else {
+                (self.machine_views(&md), 0)
+            };
+
+        let claims = self.shared.state.claims.read();
+        if claims.synced() {
+            // A turned-down claim that is gone will never ask again.
+            self.rejected.retain(|c| claims.contains(c));
+        }
+        let mut waiting: BTreeSet<String> = claims.waiting_on(&self.md);
+        self.asked.retain(|(c, at)| match claims.get(c) {
+            // Not in the index yet (its write is newer than our watch): keep asking for a
+            // while; a claim the index never shows is gone, and must not hold a replica.
+            None => at.elapsed() < Duration::from_secs(30),
+            // The index may not have seen the write that recorded this MachineDeployment.
+            Some(cl) => {
+                cl.metadata.deletion_timestamp.is_none()
+                    && recorded_deployment(&cl).is_none_or(|md| md == self.md)
+            }
+        });
+        waiting.extend(self.asked.iter().map(|(c, _)| c.clone()));
+        let bound_now: HashSet<&str> = views.iter().filter_map(|v| v.bound_to.as_deref()).collect();
+        let machines = self.shared.state.machines.read();
+        let mut waiting: Vec<String> = waiting
+            .into_iter()
+            .filter(|c| !self.rejected.contains(c) && !bound_now.contains(c.as_str()))
+            .filter(|c| matches!(machines.bound_to(c), Ok(None)))
+            .filter(|c| {
+                claims
+                    .get(c)
+                    .is_none_or(|cl| recorded_instance(&cl).is_none())
+            })
+            .collect();
+        waiting.sort_by_cached_key(|c| {
+            (
+                claims
+                    .get(c)
+                    .and_then(|cl| cl.metadata.creation_timestamp.clone()),
+                c.clone(),
+            )
+        });
+        Some(Inputs {
+            md,
+            spent,
+            machines: views,
+            waiting,
+            min_size,
+            max_size,
+            rolling_out,
+            set_aside,
+            adopted,
+            adopt_managed,
+        })
+    }
+
+    /// The MachineDeployment's (or pool's) Machines as the planner sees them, the decrements
+    /// Cluster API spent elsewhere, whether a rollout is under way, and the Machines another
+    /// provisioner bound that are to be adopted.
+    fn machine_views(
+        &mut self,
+        md: &MachineDeployment,
+    ) -> MachineSide {
         let machines = self.shared.state.machines.read();
         let all = machines.of_deployment(&self.md);
         let live_keys: HashSet<String> = all
@@ -124,7 +203,7 @@ impl Scaler {
             .map(|m| key(&m.namespace, &m.name))
             .collect();
         self.decremented.retain(|k, _| live_keys.contains(k));
-        let spent = self.spent_decrements(&md, &machines);
+        let spent = self.spent_decrements(md, &machines);
         self.binding.retain(|mk, _| {
             machines
                 .get(mk)
@@ -164,48 +243,7 @@ impl Scaler {
             })
             .collect();
 
-        let claims = self.shared.state.claims.read();
-        if claims.synced() {
-            // A turned-down claim that is gone will never ask again.
-            self.rejected.retain(|c| claims.contains(c));
-        }
-        let mut waiting: BTreeSet<String> = claims.waiting_on(&self.md);
-        self.asked.retain(|(c, at)| match claims.get(c) {
-            // Not in the index yet (its write is newer than our watch): keep asking for a
-            // while; a claim the index never shows is gone, and must not hold a replica.
-            None => at.elapsed() < Duration::from_secs(30),
-            // The index may not have seen the write that recorded this MachineDeployment.
-            Some(cl) => {
-                cl.metadata.deletion_timestamp.is_none()
-                    && recorded_deployment(&cl).is_none_or(|md| md == self.md)
-            }
-        });
-        waiting.extend(self.asked.iter().map(|(c, _)| c.clone()));
-        let bound_now: HashSet<&str> = views.iter().filter_map(|v| v.bound_to.as_deref()).collect();
-        let mut waiting: Vec<String> = waiting
-            .into_iter()
-            .filter(|c| !self.rejected.contains(c) && !bound_now.contains(c.as_str()))
-            .filter(|c| matches!(machines.bound_to(c), Ok(None)))
-            .collect();
-        waiting.sort_by_cached_key(|c| {
-            (
-                claims
-                    .get(c)
-                    .and_then(|cl| cl.metadata.creation_timestamp.clone()),
-                c.clone(),
-            )
-        });
-        Some(Inputs {
-            md,
-            spent,
-            machines: views,
-            waiting,
-            min_size,
-            max_size,
-            rolling_out,
-            adopted,
-            adopt_managed,
-        })
+        (spent, views, rolling_out, adopted, adopt_managed)
     }
 
     pub(super) fn reject_all(&mut self, why: Rejection) {

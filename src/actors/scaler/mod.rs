@@ -12,6 +12,7 @@
 mod adopt;
 mod bookkeeping;
 mod coalesce;
+mod instances;
 mod patches;
 pub mod plan;
 mod writes;
@@ -34,6 +35,7 @@ use crate::state::machines::key;
 
 use bookkeeping::Removal;
 pub use bookkeeping::{managed_replicas, marked_by_us, size_bounds};
+pub use patches::handed_back;
 
 /// The value we put in `cluster.x-k8s.io/delete-machine`, so that a mark set by somebody else on a
 /// baseline Machine is never mistaken for one of ours.
@@ -50,8 +52,12 @@ pub struct Scaler {
     shared: Arc<Shared>,
     /// Claims that asked, with when they asked (for the binding latency metric).
     asked: VecDeque<(String, Instant)>,
-    /// Machine key -> claim, for binds in flight or written but not yet seen in the index.
+    /// Machine key (or pool instance's provider ID) -> claim, for binds in flight or written
+    /// but not yet seen in the index.
     binding: HashMap<String, String>,
+    /// Instances of a pool without MachinePool Machines that their deleted claims gave back,
+    /// until the hand-back write lands (see `instances`).
+    handing_back: HashSet<String>,
     /// Machines whose replica we removed (or deleted directly); they are on their way out.
     decremented: HashMap<String, Removal>,
     /// Decremented Machines being read back because Cluster API settled without removing them.
@@ -133,6 +139,11 @@ impl Handler<CancelRequest> for Scaler {
 impl Handler<ReleaseMachine> for Scaler {
     type Result = ();
     fn handle(&mut self, msg: ReleaseMachine, ctx: &mut Self::Context) {
+        if self.instances_only() {
+            self.handing_back.insert(msg.machine);
+            self.replan(ctx);
+            return;
+        }
         let at = self
             .to_release
             .get(&msg.machine)
@@ -160,6 +171,7 @@ impl Scaler {
             shared,
             asked: VecDeque::new(),
             binding: HashMap::new(),
+            handing_back: HashSet::new(),
             decremented: HashMap::new(),
             verifying: HashSet::new(),
             releasing: HashSet::new(),
@@ -175,6 +187,12 @@ impl Scaler {
             backoff: Backoff::api(),
             gone_since: None,
         }
+    }
+
+    /// A MachinePool without MachinePool Machines (offered for scale-up only): its instances
+    /// are provider IDs, bound on the claim (see `instances`).
+    fn instances_only(&self) -> bool {
+        self.shared.catalog.scale_up_only(&self.md)
     }
 
     fn metrics(&self) -> &Metrics {
@@ -209,11 +227,16 @@ impl Scaler {
             managed: managed_replicas(&inputs.md),
             min_size: inputs.min_size,
             max_size: inputs.max_size,
+            set_aside: inputs.set_aside,
             machines: &inputs.machines,
             waiting: &inputs.waiting,
             rolling_out: inputs.rolling_out,
         };
         let mut plan = plan::plan(&snapshot);
+        let instances = self.instances_only();
+        if instances {
+            Self::instance_plan(&mut plan);
+        }
         if autoscaler::paused(&inputs.md) {
             self.hold_while_paused(&mut plan, &inputs.waiting);
         }
@@ -231,7 +254,11 @@ impl Scaler {
             .set(inputs.waiting.len() as i64);
 
         for (claim, machine) in plan.bind {
-            self.bind(claim, machine, ctx);
+            if instances {
+                self.bind_instance(claim, machine, ctx);
+            } else {
+                self.bind(claim, machine, ctx);
+            }
         }
         for claim in plan.reject {
             self.reject(&claim, Rejection::AtMaxSize);
@@ -266,6 +293,7 @@ impl Scaler {
                     managed_from: 0,
                     managed_to: managed,
                     decrements: Vec::new(),
+                    handed_back: Vec::new(),
                 };
                 self.write(inputs.md.clone(), w, Vec::new(), ctx);
             }
@@ -449,6 +477,7 @@ impl Handler<super::tracked::Tracked> for Scaler {
             [
                 ("asked", self.asked.len()),
                 ("binding", self.binding.len()),
+                ("handing_back", self.handing_back.len()),
                 ("decremented", self.decremented.len()),
                 ("verifying", self.verifying.len()),
                 ("releasing", self.releasing.len()),

@@ -1,14 +1,16 @@
 //! The JSON patches a Scaler sends, each guarded so that a concurrent writer makes it conflict
 //! rather than be overwritten.
 
+use std::collections::{BTreeSet, HashSet};
+
 use serde_json::{Value, json};
 
 use super::DELETE_MACHINE_VALUE;
 use super::plan::ReplicaWrite;
 use crate::actors::patch::{JsonPatch, escape};
 use crate::api::wellknown::{
-    DELETE_MACHINE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION, MANAGED_REPLICAS_ANNOTATION,
-    MEMBER_LABEL, NODECLAIM_ANNOTATION,
+    DELETE_MACHINE_ANNOTATION, EXCLUDE_NODE_DRAINING_ANNOTATION, HANDED_BACK_ANNOTATION,
+    MANAGED_REPLICAS_ANNOTATION, MEMBER_LABEL, NODECLAIM_ANNOTATION,
 };
 use crate::capi::model::{Machine, MachineDeployment};
 
@@ -84,7 +86,42 @@ pub(super) fn replicas(md: &MachineDeployment, w: &ReplicaWrite) -> JsonPatch {
         MANAGED_REPLICAS_ANNOTATION,
         &w.managed_to.to_string(),
     );
+    if !w.handed_back.is_empty() {
+        // The map exists now: the entry above made it if it was missing.
+        p.set_entry(
+            true,
+            "/metadata/annotations",
+            HANDED_BACK_ANNOTATION,
+            &handed_back_value(md, &w.handed_back),
+        );
+    }
     p
+}
+
+/// The provider IDs a pool's handed-back annotation lists.
+pub fn handed_back(md: &MachineDeployment) -> HashSet<String> {
+    md.annotations
+        .get(HANDED_BACK_ANNOTATION)
+        .map(|v| {
+            v.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The handed-back annotation after handing `more` back: still-listed instances only, so it
+/// shrinks as the cloud removes them.
+pub(super) fn handed_back_value(md: &MachineDeployment, more: &[String]) -> String {
+    let listed: HashSet<&String> = md.provider_id_list.iter().collect();
+    let mut all: BTreeSet<String> = handed_back(md)
+        .into_iter()
+        .filter(|p| listed.contains(p))
+        .collect();
+    all.extend(more.iter().cloned());
+    all.into_iter().collect::<Vec<_>>().join(",")
 }
 
 /// A string map as a JSON patch `test` value: an empty one is an absent member (null).

@@ -29,6 +29,9 @@ pub struct Snapshot<'a> {
     pub managed: i32,
     pub min_size: i32,
     pub max_size: Option<i32>,
+    /// Baseline replicas not among `machines` (a pool's handed-back instances): the baseline
+    /// left to find among them is that much smaller.
+    pub set_aside: i32,
     /// Live Machines (not deleting, not already decremented), oldest first.
     pub machines: &'a [MachineView],
     /// Claims waiting for a Machine, oldest first.
@@ -63,6 +66,9 @@ pub struct ReplicaWrite {
     pub managed_to: i32,
     /// Marked Machines this write removes (empty for a scale-up).
     pub decrements: Vec<String>,
+    /// Instances of a pool without MachinePool Machines handed back to the pool by this write
+    /// (their replicas kept, no longer ours).
+    pub handed_back: Vec<String>,
 }
 
 impl ReplicaWrite {
@@ -73,7 +79,7 @@ impl ReplicaWrite {
 
 pub fn plan(s: &Snapshot<'_>) -> Plan {
     let mut plan = Plan::default();
-    let baseline = (s.spec_replicas - s.managed).max(0);
+    let baseline = (s.spec_replicas - s.managed - s.set_aside).max(0);
     let bound = s.machines.iter().filter(|m| m.bound_to.is_some()).count() as i32;
     let marked: Vec<&MachineView> = s
         .machines
@@ -125,6 +131,7 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
                 managed_from: s.managed,
                 managed_to: s.managed + need,
                 decrements: Vec::new(),
+                handed_back: Vec::new(),
             });
         }
         return plan;
@@ -148,6 +155,7 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
             managed_from: s.managed,
             managed_to: (s.managed - k).max(0),
             decrements: dec.to_vec(),
+            handed_back: Vec::new(),
         });
         return plan;
     }
@@ -207,6 +215,7 @@ mod tests {
             managed,
             min_size: 0,
             max_size: None,
+            set_aside: 0,
             machines,
             waiting,
             rolling_out: false,

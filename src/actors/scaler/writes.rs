@@ -158,7 +158,7 @@ impl Scaler {
         }));
     }
 
-    fn deadline(&self) -> Duration {
+    pub(super) fn deadline(&self) -> Duration {
         self.shared.settings.deadlines.scaler_write
     }
 
@@ -331,6 +331,7 @@ impl Scaler {
         for m in &delete_directly {
             self.decremented.insert(m.clone(), Removal::Deleted);
         }
+        self.handed_back_written(&w.handed_back);
         for m in delete_directly {
             self.delete_machine(m, ctx);
         }
@@ -447,7 +448,7 @@ async fn read_model<T>(
 }
 
 /// Run `fut` with a deadline; a timeout is counted and becomes `Error::Timeout`.
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     shared: &Shared,
     deadline: Duration,
     what: String,
