@@ -15,6 +15,7 @@ mod managed_fields;
 mod patch;
 mod pdb_expected;
 mod registry;
+mod schema;
 mod selectors;
 mod server;
 mod stats;

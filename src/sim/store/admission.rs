@@ -118,6 +118,7 @@ impl Inner {
         }
         self.default_storage_class(def, &mut obj);
         crate::sim::capi_defaults::apply(def, &mut obj);
+        crate::sim::validate::admit_custom(&self.registry, def, &mut obj, None)?;
         omit_empty_meta(&mut obj);
         crate::sim::managed_fields::track(None, &mut obj);
         crate::sim::validate::check(def, &obj)?;
