@@ -22,6 +22,7 @@ mod stats;
 mod store;
 mod table;
 mod validate;
+mod validate_pod;
 mod watch;
 
 use std::net::SocketAddr;

@@ -11,8 +11,7 @@ use cel::{Context, Env, ExecutionError, Program};
 use serde_json::Value;
 
 use super::Cause;
-use super::check::shown;
-use super::compile::Type;
+use super::fields::{join, shown};
 
 /// Functions a rule may call: cel-rust's standard library and macros, and the Kubernetes
 /// library functions added here. A rule calling anything else fails to compile, so that a CRD
@@ -64,8 +63,8 @@ fn env() -> &'static Arc<Env> {
 }
 
 impl Rule {
-    /// Compiles one entry of `x-kubernetes-validations` on a node of type `ty`.
-    pub fn compile(spec: &Value, _ty: Option<Type>) -> Result<Self, String> {
+    /// Compiles one entry of `x-kubernetes-validations`.
+    pub fn compile(spec: &Value) -> Result<Self, String> {
         let source = spec
             .get("rule")
             .and_then(Value::as_str)
@@ -119,7 +118,7 @@ impl Rule {
             Err(e) => format!("{}: {}", self.source, evaluation_error(&e)),
         };
         let field = match &self.field_path {
-            Some(p) => super::compile::join(path, p),
+            Some(p) => join(path, p),
             None => path.to_string(),
         };
         causes.push(Cause {

@@ -3,7 +3,8 @@
 use serde_json::Value;
 
 use super::Cause;
-use super::compile::{Node, Type, join};
+use super::compile::{Node, Type};
+use super::fields::{join, shown};
 
 impl Node {
     /// Checks `v` (found at `path`) and everything under it; `old` is the stored value at the
@@ -238,17 +239,6 @@ fn type_invalid(path: &str, v: &Value, want: &str) -> Cause {
         reason: "FieldValueTypeInvalid",
         field: path.to_string(),
         message: format!("Invalid value: {got}: {path} in body must be of type {want}: {got}"),
-    }
-}
-
-/// A value as kube-apiserver quotes it in a field error: scalars as they are, a map or a list
-/// by its type.
-pub fn shown(v: &Value) -> String {
-    match v {
-        Value::Object(_) => "\"object\"".to_string(),
-        Value::Array(_) => "\"array\"".to_string(),
-        Value::Null => "\"null\"".to_string(),
-        other => other.to_string(),
     }
 }
 

@@ -7,6 +7,7 @@ use regex::Regex;
 use serde_json::{Map, Value};
 
 use super::cel::Rule;
+use super::fields::join;
 
 /// The JSON type a node requires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,7 +145,7 @@ impl Node {
         if let Some(rules) = s.get("x-kubernetes-validations").and_then(Value::as_array) {
             for r in rules {
                 node.rules.push(
-                    Rule::compile(r, node.ty)
+                    Rule::compile(r)
                         .map_err(|e| format!("{}: x-kubernetes-validations: {e}", at(path)))?,
                 );
             }
@@ -204,15 +205,6 @@ impl Node {
                 child.prune_and_default(v, false);
             }
         }
-    }
-}
-
-/// `parent.child`, or `child` at the root.
-pub fn join(path: &str, child: &str) -> String {
-    if path.is_empty() {
-        child.to_string()
-    } else {
-        format!("{path}.{child}")
     }
 }
 

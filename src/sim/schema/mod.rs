@@ -12,6 +12,7 @@
 mod cel;
 mod check;
 mod compile;
+mod fields;
 
 use serde_json::Value;
 
