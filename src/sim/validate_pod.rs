@@ -71,7 +71,7 @@ fn undecodable_quantity(pod: &Value) -> Result<(), ApiError> {
                 if !ok {
                     return Err(ApiError::bad_request(format!(
                         "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '{}'",
-                        crate::api::crds::QUANTITY_PATTERN
+                        r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
                     )));
                 }
             }
@@ -259,6 +259,12 @@ fn requirement(r: &Value, path: &str, ops: &[&str], causes: &mut Causes) {
             values,
             "Required value: must be specified single value when `operator` is 'Lt' or 'Gt'".into(),
         )),
+        // Node selectors say so in their own words; label selectors list what is supported.
+        _ if !ops.contains(&op) && ops.contains(&"Gt") => causes.push(invalid(
+            &format!("{path}.operator"),
+            &format!("{op:?}"),
+            "not a valid selector operator",
+        )),
         _ if !ops.contains(&op) => causes.push((
             "FieldValueNotSupported",
             format!("{path}.operator"),
@@ -400,7 +406,11 @@ mod tests {
                 {"matchExpressions": [{"key": "team", "operator": op, "values": values}]}]}}}}))
         };
         let e = check_create(&term("Maybe", json!(["a"]))).unwrap_err();
-        assert!(e.message.contains("Unsupported value: \"Maybe\""), "{e}");
+        assert!(
+            e.message
+                .contains("Invalid value: \"Maybe\": not a valid selector operator"),
+            "{e}"
+        );
         assert!(check_create(&term("In", json!([]))).is_err());
         assert!(check_create(&term("Gt", json!(["1", "2"]))).is_err());
         assert!(check_create(&term("In", json!(["a"]))).is_ok());

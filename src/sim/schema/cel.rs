@@ -111,11 +111,17 @@ impl Rule {
         if let Some(old) = old {
             ctx.add_variable_from_value("oldSelf", to_cel(old));
         }
+        // kube-apiserver quotes a scalar it refuses, not a map or a list, unless the rule
+        // failed to evaluate.
+        let quoted = |why: String| match v {
+            Value::Object(_) | Value::Array(_) => why,
+            _ => format!("{}: {why}", shown(v)),
+        };
         let why = match self.program.execute(&ctx) {
             Ok(cel::Value::Bool(true)) => return,
-            Ok(cel::Value::Bool(false)) => self.message(&ctx),
-            Ok(other) => format!("{}: rule evaluated to {other:?}, not a bool", self.source),
-            Err(e) => format!("{}: {}", self.source, evaluation_error(&e)),
+            Ok(cel::Value::Bool(false)) => quoted(self.message(&ctx)),
+            Ok(other) => format!("{}: rule evaluated to {other:?}, not a bool", shown(v)),
+            Err(e) => format!("{}: {e} evaluating rule: {}", shown(v), self.message(&ctx)),
         };
         let field = match &self.field_path {
             Some(p) => join(path, p),
@@ -124,7 +130,7 @@ impl Rule {
         causes.push(Cause {
             reason: self.reason,
             field,
-            message: format!("Invalid value: {}: {why}", shown(v)),
+            message: format!("Invalid value: {why}"),
         });
     }
 
@@ -175,10 +181,6 @@ fn find(This(this): This<Arc<String>>, re: Arc<String>) -> Result<cel::Value, Ex
         .map(|m| m.as_str().to_string())
         .unwrap_or_default()
         .into())
-}
-
-fn evaluation_error(e: &ExecutionError) -> String {
-    e.to_string()
 }
 
 /// A JSON value as CEL sees it: integers as `int`, other numbers as `double`.

@@ -23,7 +23,6 @@ impl Node {
             causes.push(type_invalid(path, v, self.type_name()));
             return;
         }
-        let before = causes.len();
         if !self.enumeration.is_empty() && !self.enumeration.contains(v) {
             let supported: Vec<String> = self.enumeration.iter().map(Value::to_string).collect();
             causes.push(Cause {
@@ -43,10 +42,37 @@ impl Node {
             Value::Object(m) => self.object(m, old, path, causes),
             _ => {}
         }
-        if causes.len() == before {
-            for rule in &self.rules {
-                rule.check(v, old, path, causes);
+    }
+
+    /// Evaluates the CEL rules of this node and of every node under it, on a value that passed
+    /// [`Node::check`]; unchanged values are skipped as there.
+    pub fn check_rules(&self, v: &Value, old: Option<&Value>, path: &str, causes: &mut Vec<Cause>) {
+        if old == Some(v) || v.is_null() || !self.has_rules {
+            return;
+        }
+        for rule in &self.rules {
+            rule.check(v, old, path, causes);
+        }
+        match v {
+            Value::Array(items) => {
+                let Some(item) = &self.items else { return };
+                let old_items = old.and_then(Value::as_array);
+                for (i, x) in items.iter().enumerate() {
+                    let old_item = old_items.and_then(|o| self.correlate(x, o));
+                    item.check_rules(x, old_item, &format!("{path}[{i}]"), causes);
+                }
             }
+            Value::Object(m) => {
+                for (k, x) in m {
+                    let child = match (self.properties.get(k), &self.additional) {
+                        (Some(c), _) => c,
+                        (None, Some(a)) => a,
+                        (None, None) => continue,
+                    };
+                    child.check_rules(x, old.and_then(|o| o.get(k)), &join(path, k), causes);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -79,7 +105,7 @@ impl Node {
         if let Some(max) = self.max_length
             && len() > max
         {
-            causes.push(Cause {
+            return causes.push(Cause {
                 reason: "FieldValueTooLong",
                 field: path.to_string(),
                 message: format!("Too long: may not be more than {max} bytes"),
@@ -88,7 +114,7 @@ impl Node {
         if let Some(min) = self.min_length
             && len() < min
         {
-            causes.push(invalid(
+            return causes.push(invalid(
                 path,
                 v,
                 format!("{path} in body should be at least {min} chars long"),
@@ -97,7 +123,7 @@ impl Node {
         if let Some((text, re)) = &self.pattern
             && !re.is_match(s)
         {
-            causes.push(invalid(
+            return causes.push(invalid(
                 path,
                 v,
                 format!("{path} in body should match '{text}'"),
@@ -234,7 +260,17 @@ pub fn invalid(path: &str, v: &Value, why: String) -> Cause {
 }
 
 fn type_invalid(path: &str, v: &Value, want: &str) -> Cause {
-    let got = shown(v);
+    // kube-apiserver names the type it got, not the value.
+    let got = match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    let got = format!("{got:?}");
     Cause {
         reason: "FieldValueTypeInvalid",
         field: path.to_string(),

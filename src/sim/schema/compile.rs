@@ -74,6 +74,8 @@ pub struct Node {
     /// `x-kubernetes-list-type: map` keys, by which an update's items are matched to the old.
     pub list_map_keys: Vec<String>,
     pub rules: Vec<Rule>,
+    /// Whether this node or any under it has rules (the rules pass skips the rest).
+    pub has_rules: bool,
 }
 
 impl Node {
@@ -150,6 +152,10 @@ impl Node {
                 );
             }
         }
+        node.has_rules = !node.rules.is_empty()
+            || node.properties.values().any(|p| p.has_rules)
+            || node.additional.as_ref().is_some_and(|a| a.has_rules)
+            || node.items.as_ref().is_some_and(|i| i.has_rules);
         Ok(node)
     }
 

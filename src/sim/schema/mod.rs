@@ -29,6 +29,15 @@ pub struct Cause {
     pub message: String,
 }
 
+/// Field errors after which kube-apiserver does not evaluate CEL rules.
+const BLOCKING: [&str; 5] = [
+    "FieldValueTypeInvalid",
+    "FieldValueNotSupported",
+    "FieldValueRequired",
+    "FieldValueTooLong",
+    "FieldValueTooMany",
+];
+
 /// The compiled schema of one served version of a custom resource.
 #[derive(Debug)]
 pub struct Schema {
@@ -48,6 +57,19 @@ impl Schema {
         self.root.prune_and_default(obj, true);
         let mut causes = Vec::new();
         self.root.check(obj, old, "", &mut causes);
+        // As kube-apiserver does, rules are not evaluated over a value of the wrong shape or
+        // size (their cost could not be bounded); it says so.
+        if causes.iter().any(|c| BLOCKING.contains(&c.reason)) {
+            if self.root.has_rules {
+                causes.push(Cause {
+                    reason: "FieldValueInvalid",
+                    field: "<nil>".to_string(),
+                    message: "Invalid value: null: some validation rules were not checked because the object was invalid; correct the existing errors to complete validation".to_string(),
+                });
+            }
+        } else {
+            self.root.check_rules(obj, old, "", &mut causes);
+        }
         if causes.is_empty() {
             Ok(())
         } else {
