@@ -37,6 +37,7 @@ pub fn admit_custom(
             .pointer("/metadata/name")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        tracing::debug!(kind = %def.kind, name, ?causes, "simulated server: invalid custom resource refused");
         let causes: Vec<_> = causes
             .into_iter()
             .map(|c| (c.reason, c.field, c.message))

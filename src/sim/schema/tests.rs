@@ -131,3 +131,17 @@ fn a_rule_calling_an_unknown_function_does_not_compile() {
     .unwrap_err();
     assert!(e.contains("isQuantity"), "{e}");
 }
+
+/// What the API server stores of a claim still reads back as a claim.
+#[test]
+fn a_stored_claim_reads_back() {
+    use crate::api::nodeclaim::NodeClaim;
+    let r = crate::sim::registry::Registry::new(Default::default(), vec![]).unwrap();
+    let def = r.by_name("nodeclaims").unwrap().clone();
+    let pool = crate::testing::nodepool("default");
+    let claim = crate::simulate::launch::claim_for(&pool, "sim-0");
+    let mut v = serde_json::to_value(&claim).unwrap();
+    crate::sim::validate::admit_custom(&r, &def, &mut v, None).unwrap();
+    let back: Result<NodeClaim, _> = serde_json::from_value(v.clone());
+    assert!(back.is_ok(), "{back:?}\n{v:#}");
+}
