@@ -90,6 +90,42 @@ impl ApiError {
         Self::new(422, "Invalid", message)
     }
 
+    /// 422 Invalid with one cause per field, as kube-apiserver answers a write that fails
+    /// validation: `Kind.group "name" is invalid: field: message` (several in brackets).
+    pub fn invalid_fields(
+        group: &str,
+        kind: &str,
+        name: &str,
+        causes: &[(&'static str, String, String)],
+    ) -> Self {
+        let qualified = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
+        let listed: Vec<String> = causes
+            .iter()
+            .map(|(_, field, message)| format!("{field}: {message}"))
+            .collect();
+        let all = match listed.as_slice() {
+            [one] => one.clone(),
+            _ => format!("[{}]", listed.join(", ")),
+        };
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("{qualified} {name:?} is invalid: {all}"),
+        );
+        let causes: Vec<Value> = causes
+            .iter()
+            .map(|(reason, field, message)| {
+                json!({"reason": reason, "message": message, "field": field})
+            })
+            .collect();
+        e.details = Some(json!({"name": name, "group": group, "kind": kind, "causes": causes}));
+        e
+    }
+
     /// 410 Expired: a watch or continue token older than the retained history.
     pub fn expired(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)

@@ -15,12 +15,14 @@ mod managed_fields;
 mod patch;
 mod pdb_expected;
 mod registry;
+mod schema;
 mod selectors;
 mod server;
 mod stats;
 mod store;
 mod table;
 mod validate;
+mod validate_pod;
 mod watch;
 
 use std::net::SocketAddr;

@@ -3,7 +3,12 @@
 //! All served versions of one resource share one storage, as in a real server; objects are
 //! handed out with `apiVersion` rewritten to the version asked for (no field conversion).
 
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
 use serde::Serialize;
+
+use super::schema::Schema;
 
 /// Which Cluster API versions (`cluster.x-k8s.io`) the server serves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -145,7 +150,11 @@ impl ResourceDef {
 #[derive(Debug, Clone)]
 pub struct Registry {
     defs: Vec<ResourceDef>,
+    schemas: Arc<Schemas>,
 }
+
+/// Compiled CRD schemas by `group/plural/version`.
+type Schemas = HashMap<String, Arc<Schema>>;
 
 const CAPI: &str = "cluster.x-k8s.io";
 
@@ -199,7 +208,19 @@ impl Registry {
             }
             defs.push(def);
         }
-        Ok(Self { defs })
+        let schemas = crd_schemas()?.clone();
+        Ok(Self { defs, schemas })
+    }
+
+    /// The compiled schema of a custom resource at `version` (None for built-ins, and for
+    /// custom resources this project has no CRD for, such as Cluster API's).
+    pub fn schema(&self, def: &ResourceDef, version: &str) -> Option<&Schema> {
+        if def.builtin {
+            return None;
+        }
+        self.schemas
+            .get(&format!("{}/{}/{version}", def.group, def.plural))
+            .map(Arc::as_ref)
     }
 
     pub fn all(&self) -> &[ResourceDef] {
@@ -265,6 +286,35 @@ impl Registry {
             .iter()
             .filter(move |d| d.group == group && d.serves(version))
     }
+}
+
+/// The schemas of every CRD this project serves (`crate::api::crds::all`), compiled once per
+/// process; a schema or CEL rule that does not compile fails every registry.
+fn crd_schemas() -> Result<&'static Arc<Schemas>, String> {
+    static SCHEMAS: OnceLock<Result<Arc<Schemas>, String>> = OnceLock::new();
+    SCHEMAS
+        .get_or_init(|| {
+            let mut schemas = Schemas::new();
+            for crd in crate::api::crds::all() {
+                let (group, plural) = (&crd.spec.group, &crd.spec.names.plural);
+                for v in &crd.spec.versions {
+                    let Some(open_api) = v
+                        .schema
+                        .as_ref()
+                        .and_then(|s| s.open_api_v3_schema.as_ref())
+                        .and_then(|s| serde_json::to_value(s).ok())
+                    else {
+                        continue;
+                    };
+                    let schema = Schema::compile(&open_api)
+                        .map_err(|e| format!("CRD {plural}.{group} {}: {e}", v.name))?;
+                    schemas.insert(format!("{group}/{plural}/{}", v.name), Arc::new(schema));
+                }
+            }
+            Ok(Arc::new(schemas))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
 }
 
 /// Kubernetes version priority: GA > beta > alpha, then the higher number.

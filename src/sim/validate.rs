@@ -5,13 +5,46 @@
 use serde_json::Value;
 
 use super::errors::ApiError;
-use super::registry::ResourceDef;
+use super::registry::{Registry, ResourceDef};
 
 /// Upstream `pkg/apis/core/validation/events.go`: `NoteLengthLimit` (bytes, Go `len`).
 pub const EVENT_NOTE_LIMIT: usize = 1024;
 /// Upstream `ReasonLengthLimit` and `ActionLengthLimit`.
 pub const EVENT_REASON_LIMIT: usize = 128;
 pub const EVENT_ACTION_LIMIT: usize = 128;
+
+/// A custom resource about to be stored, against its CRD's schema and rules: pruned and
+/// defaulted in place, then validated (against `old`, the stored object, on an update).
+pub fn admit_custom(
+    registry: &Registry,
+    def: &ResourceDef,
+    obj: &mut Value,
+    old: Option<&Value>,
+) -> Result<(), ApiError> {
+    let version = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .and_then(|v| v.rsplit('/').next())
+        .unwrap_or_else(|| def.preferred_version());
+    let Some(schema) = registry
+        .schema(def, version)
+        .or_else(|| registry.schema(def, def.preferred_version()))
+    else {
+        return Ok(());
+    };
+    schema.admit(obj, old).map_err(|causes| {
+        let name = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        tracing::debug!(kind = %def.kind, name, ?causes, "simulated server: invalid custom resource refused");
+        let causes: Vec<_> = causes
+            .into_iter()
+            .map(|c| (c.reason, c.field, c.message))
+            .collect();
+        ApiError::invalid_fields(&def.group, &def.kind, name, &causes)
+    })
+}
 
 /// Checks `obj` (the object about to be stored, after merge or patch) for `def`.
 pub fn check(def: &ResourceDef, obj: &Value) -> Result<(), ApiError> {

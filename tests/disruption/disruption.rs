@@ -599,19 +599,35 @@ async fn a_drifted_claim_with_a_grace_period_is_replaced_despite_blocking_pods()
 }
 
 /// Audit row 16: the nodes of a static NodePool (spec.replicas) are held, never consolidated.
+/// The pool is static from its creation: the API server refuses to turn a dynamic pool static.
 #[actix::test]
 async fn a_static_pools_empty_node_is_not_consolidated() {
     let env = env_fast().await;
-    let (claim, _) = env.stamped_claim("sim-0").await;
     let api: Api<NodePool> = Api::all(env.client().await);
-    api.patch(
-        &env.pool.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": 1, "disruption": {
-            "consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s"}}})),
-    )
-    .await
-    .expect("make the pool static");
+    let mut pool = karpenter_capi::testing::nodepool("static");
+    pool.metadata.uid = None;
+    let mut pool = serde_json::to_value(&pool).expect("a NodePool");
+    pool["spec"]["replicas"] = json!(1);
+    pool["spec"]["disruption"] =
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s"});
+    let pool = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(pool).expect("a NodePool"),
+        )
+        .await
+        .expect("create the static pool");
+    // A static pool's nodes come from elsewhere (this controller provisions none for it): a
+    // claim of the pool, stamped with its hash, stands for one.
+    let mut claim = claim_for(&pool, "sim-0");
+    claim.annotations_mut().extend([
+        (NODEPOOL_HASH_ANNOTATION.to_string(), nodepool_hash(&pool)),
+        (
+            NODEPOOL_HASH_VERSION_ANNOTATION.to_string(),
+            NODEPOOL_HASH_VERSION.to_string(),
+        ),
+    ]);
+    let (claim, _) = env.create_and_wait(claim).await;
     // Several passes (every 200 ms) and validations (300 ms) go by.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let c = env.get("nodeclaims", "", &claim).expect("the claim stays");

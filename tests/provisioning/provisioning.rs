@@ -256,10 +256,12 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
             let api: Api<NodePool> = Api::all(c.client());
             let np: NodePool = serde_json::from_value(json!({
                 "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "broken"},
+                // A budget schedule that is no cron schedule (minute 61): the CRD's pattern
+                // lets it through on a real API server too, the controller refuses it.
                 "spec": {"weight": 100, "template": {"spec": {
-                    "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "Gt", "values": ["a", "b"]}],
+                    "requirements": [],
                     "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass", "name": "default"}
-                }}}
+                }}, "disruption": {"budgets": [{"nodes": "10%", "schedule": "61 * * * *", "duration": "1h"}]}}
             }))
             .unwrap();
             api.create(&PostParams::default(), &np).await.unwrap();
@@ -281,7 +283,10 @@ async fn an_invalid_nodepool_is_not_ready_and_not_used() {
     let v = condition(&broken, "ValidationSucceeded").unwrap();
     assert_eq!(v["status"], "False");
     assert!(
-        v["message"].as_str().unwrap().contains("requirements[0]"),
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("budgets[0].schedule"),
         "{v:#}"
     );
     env.deployment("app", 3, PodShape::new("100m", "128Mi"))

@@ -47,6 +47,17 @@ fn mds(s: &SimServer, version: &str) -> Api<DynamicObject> {
     )
 }
 
+/// A NodeClaim spec its CRD accepts.
+fn claim_spec() -> Value {
+    json!({"nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass", "name": "default"},
+        "requirements": []})
+}
+
+/// A NodePool spec its CRD accepts, of `weight`.
+fn pool_spec(weight: i64) -> Value {
+    json!({"template": {"spec": claim_spec()}, "weight": weight})
+}
+
 fn dynamic(ar: &ApiResource, value: Value) -> DynamicObject {
     let mut value = value;
     value["apiVersion"] = json!(ar.api_version);
@@ -302,7 +313,7 @@ async fn deletion_waits_for_finalizers() {
     let api = nodeclaims(&s);
     let claim = dynamic(
         &ar,
-        json!({"metadata": {"name": "c", "finalizers": ["karpenter.sh/termination"]}, "spec": {}}),
+        json!({"metadata": {"name": "c", "finalizers": ["karpenter.sh/termination"]}, "spec": claim_spec()}),
     );
     let created = api.create(&PostParams::default(), &claim).await.unwrap();
     let rv = created.resource_version().unwrap();
@@ -350,7 +361,10 @@ async fn deletion_waits_for_finalizers() {
     let created = api
         .create(
             &PostParams::default(),
-            &dynamic(&ar, json!({"metadata": {"name": "d"}, "spec": {}})),
+            &dynamic(
+                &ar,
+                json!({"metadata": {"name": "d"}, "spec": claim_spec()}),
+            ),
         )
         .await
         .unwrap();
@@ -409,14 +423,15 @@ async fn garbage_collection_follows_owner_references() {
 #[tokio::test]
 async fn status_subresource_and_generation() {
     let s = sim().await;
-    let ar = ar("karpenter.sh", "v1", "NodeClaim", "nodeclaims");
-    let api = nodeclaims(&s);
+    // A NodePool: its spec may change (a NodeClaim's is immutable) and it has a status.
+    let ar = ar("karpenter.sh", "v1", "NodePool", "nodepools");
+    let api: Api<DynamicObject> = Api::all_with(s.client(), &ar);
     let created = api
         .create(
             &PostParams::default(),
             &dynamic(
                 &ar,
-                json!({"metadata": {"name": "c"}, "spec": {"a": 1}, "status": {"x": 1}}),
+                json!({"metadata": {"name": "c"}, "spec": pool_spec(1), "status": {"nodes": 1}}),
             ),
         )
         .await
@@ -431,23 +446,23 @@ async fn status_subresource_and_generation() {
         .patch_status(
             "c",
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"x": 2}, "spec": {"a": 9}})),
+            &Patch::Merge(json!({"status": {"nodes": 2}, "spec": {"weight": 9}})),
         )
         .await
         .unwrap();
-    assert_eq!(st.data["status"]["x"], 2);
-    assert_eq!(st.data["spec"]["a"], 1, "status write ignores spec");
+    assert_eq!(st.data["status"]["nodes"], 2);
+    assert_eq!(st.data["spec"]["weight"], 1, "status write ignores spec");
     assert_eq!(st.metadata.generation, Some(1));
 
     let main = api
         .patch(
             "c",
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"x": 3}, "metadata": {"labels": {"l": "v"}}})),
+            &Patch::Merge(json!({"status": {"nodes": 3}, "metadata": {"labels": {"l": "v"}}})),
         )
         .await
         .unwrap();
-    assert_eq!(main.data["status"]["x"], 2, "main write ignores status");
+    assert_eq!(main.data["status"]["nodes"], 2, "main write ignores status");
     assert_eq!(
         main.metadata.generation,
         Some(1),
@@ -458,19 +473,19 @@ async fn status_subresource_and_generation() {
         .patch(
             "c",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"a": 2}})),
+            &Patch::Merge(json!({"spec": {"weight": 2}})),
         )
         .await
         .unwrap();
     assert_eq!(main.metadata.generation, Some(2));
 
     let mut whole = api.get_status("c").await.unwrap();
-    whole.data["status"] = json!({"x": 4});
+    whole.data["status"] = json!({"nodes": 4});
     let replaced = api
         .replace_status("c", &PostParams::default(), &whole)
         .await
         .unwrap();
-    assert_eq!(replaced.data["status"]["x"], 4);
+    assert_eq!(replaced.data["status"]["nodes"], 4);
 }
 
 #[tokio::test]
@@ -660,7 +675,10 @@ async fn merge_json_and_strategic_patches() {
     nodeclaims(&s)
         .create(
             &PostParams::default(),
-            &dynamic(&ar, json!({"metadata": {"name": "c"}, "spec": {}})),
+            &dynamic(
+                &ar,
+                json!({"metadata": {"name": "c"}, "spec": claim_spec()}),
+            ),
         )
         .await
         .unwrap();
@@ -797,7 +815,7 @@ async fn generate_name_binding_and_eviction() {
             &PostParams::default(),
             &dynamic(
                 &ar,
-                json!({"metadata": {"generateName": "default-"}, "spec": {}}),
+                json!({"metadata": {"generateName": "default-"}, "spec": claim_spec()}),
             ),
         )
         .await

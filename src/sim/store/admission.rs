@@ -5,6 +5,7 @@
 use super::EventKind;
 use super::Inner;
 use super::Part;
+use super::is_pod;
 use super::set_meta;
 use std::sync::Arc;
 
@@ -118,9 +119,13 @@ impl Inner {
         }
         self.default_storage_class(def, &mut obj);
         crate::sim::capi_defaults::apply(def, &mut obj);
+        crate::sim::validate::admit_custom(&self.registry, def, &mut obj, None)?;
         omit_empty_meta(&mut obj);
         crate::sim::managed_fields::track(None, &mut obj);
         crate::sim::validate::check(def, &obj)?;
+        if is_pod(def) {
+            crate::sim::validate_pod::check_create(&obj)?;
+        }
         let stored = self.commit(&key, ns, EventKind::Added, obj, None);
         self.put(&key, ns, &name, stored.clone());
         self.uids.insert(uid, (key, ns.to_string(), name));

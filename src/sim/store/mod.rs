@@ -445,6 +445,7 @@ impl Inner {
                 .unwrap_or(json!("")),
         );
         super::capi_defaults::apply(def, &mut merged);
+        super::validate::admit_custom(&self.registry, def, &mut merged, Some(&old))?;
         omit_empty_meta(&mut merged);
         super::managed_fields::track(Some(&old), &mut merged);
         if merged == *old {
