@@ -208,7 +208,7 @@ mod tests {
             ]
         );
         let all = render_yaml().unwrap();
-        assert_eq!(all.matches("---\n").count(), 4);
+        assert_eq!(all.matches("---\n").count(), 5);
         assert!(all.contains("name: nodepools.karpenter.sh"));
         let dir = tempfile::tempdir().unwrap();
         write_dir(dir.path()).unwrap();

@@ -365,7 +365,7 @@ fn deploy_crds_match_generated_output() {
     }
     let all = crds::render_yaml().unwrap();
     let docs = yaml_docs(&all);
-    assert_eq!(docs.len(), 4);
+    assert_eq!(docs.len(), 5);
     assert!(docs.iter().all(|d| d["kind"] == "CustomResourceDefinition"));
 }
 
