@@ -107,7 +107,11 @@ impl CapiWatcher {
         match ev {
             watcher::Event::Init => self.machine_buffer.clear(),
             watcher::Event::InitApply(o) => match Machine::from_dynamic(&o, v) {
-                Ok(m) => self.machine_buffer.push(m),
+                // Shared as they arrive, so the list's buffer holds one copy of each label set.
+                Ok(mut m) => {
+                    m.labels = self.shared.state.machines.write().share_labels(m.labels);
+                    self.machine_buffer.push(m);
+                }
                 Err(e) => tracing::warn!(error = %e, "ignoring malformed Machine"),
             },
             watcher::Event::InitDone => {

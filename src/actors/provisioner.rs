@@ -562,8 +562,10 @@ impl Actor for Provisioner {
         use futures::StreamExt;
         let pods: Api<Pod> = Api::all(self.shared.workload.clone());
         let ds: Api<DaemonSet> = Api::all(self.shared.workload.clone());
-        // Trimmed as they arrive, so the initial list's buffer holds trimmed pods too.
-        let pods = watcher(pods, watcher::Config::default())
+        // Trimmed as they arrive, so the initial list's buffer holds trimmed pods too. Pages of
+        // 100, not 500: the pod list ends last, on top of every other index, and a page is held
+        // twice (its body and its decoded pods) while it is cut down.
+        let pods = watcher(pods, watcher::Config::default().page_size(100))
             .modify(crate::state::trim::pod)
             .default_backoff()
             .map(Watched::Pod);

@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use kube::api::DynamicObject;
@@ -452,7 +453,9 @@ pub struct Machine {
     pub uid: String,
     pub resource_version: String,
     pub generation: Option<i64>,
-    pub labels: BTreeMap<String, String>,
+    /// Shared: the Machines of one MachineSet carry the same labels, and the index keeps one
+    /// copy of them (`state::machines`).
+    pub labels: Arc<BTreeMap<String, String>>,
     pub annotations: BTreeMap<String, String>,
     pub creation_timestamp: Option<Timestamp>,
     pub deletion_timestamp: Option<Timestamp>,
@@ -518,7 +521,7 @@ impl Machine {
             uid: meta.uid,
             resource_version: meta.resource_version,
             generation: meta.generation,
-            labels: meta.labels,
+            labels: Arc::new(meta.labels),
             annotations: meta.annotations,
             creation_timestamp: meta.creation_timestamp,
             deletion_timestamp: meta.deletion_timestamp,

@@ -1,7 +1,7 @@
 //! Machines and MachineDeployments of the management cluster, indexed the ways the actors ask:
 //! by MachineDeployment, by the NodeClaim a Machine is bound to, and by provider ID.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,6 +53,10 @@ pub struct Machines {
     by_provider_id: HashMap<String, String>,
     /// When each Machine's provider ID was first observed (for the provider-ID-to-claim metric).
     provider_id_seen: HashMap<String, Instant>,
+    /// One copy of each label set the Machines carry (those of one MachineSet are alike).
+    labels: HashSet<Arc<BTreeMap<String, String>>>,
+    /// How many label sets were left by the last sweep of unused ones.
+    labels_swept: usize,
     fresh: Freshness,
     synced: bool,
 }
@@ -137,7 +141,8 @@ impl Machines {
         self.insert(k, m)
     }
 
-    fn insert(&mut self, k: String, m: Machine) -> Option<Arc<Machine>> {
+    fn insert(&mut self, k: String, mut m: Machine) -> Option<Arc<Machine>> {
+        m.labels = self.share_labels(m.labels);
         if m.provider_id.is_some() {
             self.provider_id_seen
                 .entry(k.clone())
@@ -158,6 +163,23 @@ impl Machines {
         }
         self.by_key.insert(k, Arc::new(m));
         old
+    }
+
+    /// The index's copy of `labels`, kept from now on if it has none; label sets no Machine
+    /// uses any more are dropped once their number has doubled since the last sweep.
+    pub fn share_labels(
+        &mut self,
+        labels: Arc<BTreeMap<String, String>>,
+    ) -> Arc<BTreeMap<String, String>> {
+        if let Some(known) = self.labels.get(&labels) {
+            return known.clone();
+        }
+        if self.labels.len() >= (self.labels_swept * 2).max(64) {
+            self.labels.retain(|l| Arc::strong_count(l) > 1);
+            self.labels_swept = self.labels.len();
+        }
+        self.labels.insert(labels.clone());
+        labels
     }
 
     pub fn remove(&mut self, k: &str) -> Option<Arc<Machine>> {
@@ -391,6 +413,22 @@ mod tests {
                 "newer events apply again"
             );
         }
+    }
+
+    #[test]
+    fn machines_with_the_same_labels_share_one_copy() {
+        let mut idx = Machines::default();
+        let mut other = machine("1", None);
+        other.name = "m2".into();
+        idx.apply(machine("1", None));
+        idx.apply(other);
+        let labels = |k: &str| idx.get(k).map(|m| m.labels.clone());
+        let (a, b) = (labels("ns/m"), labels("ns/m2"));
+        assert!(a.zip(b).is_some_and(|(a, b)| Arc::ptr_eq(&a, &b)));
+        assert_eq!(
+            idx.get("ns/m2").and_then(|m| m.deployment_name.clone()),
+            Some("md".to_string())
+        );
     }
 
     #[test]
