@@ -132,7 +132,10 @@ impl Scaler {
         let ((spent, views, rolling_out, adopted, adopt_managed), set_aside) =
             if self.instances_only() {
                 let (views, set_aside) = self.instance_views(&md);
-                ((Vec::new(), views, false, Default::default(), None), set_aside)
+                (
+                    (Vec::new(), views, false, Default::default(), None),
+                    set_aside,
+                )
             } else {
                 (self.machine_views(&md), 0)
             };
@@ -191,10 +194,7 @@ impl Scaler {
     /// The MachineDeployment's (or pool's) Machines as the planner sees them, the decrements
     /// Cluster API spent elsewhere, whether a rollout is under way, and the Machines another
     /// provisioner bound that are to be adopted.
-    fn machine_views(
-        &mut self,
-        md: &MachineDeployment,
-    ) -> MachineSide {
+    fn machine_views(&mut self, md: &MachineDeployment) -> MachineSide {
         let machines = self.shared.state.machines.read();
         let all = machines.of_deployment(&self.md);
         let live_keys: HashSet<String> = all
@@ -223,7 +223,7 @@ impl Scaler {
             let claims = self.shared.state.claims.read();
             (
                 adopt::adopted(&all, &claims),
-                adopt::managed_at_adoption(&md, &self.md, &all, &claims),
+                adopt::managed_at_adoption(md, &self.md, &all, &claims),
             )
         };
         let views: Vec<MachineView> = all
