@@ -13,6 +13,7 @@ pub mod overlay;
 pub mod patch;
 pub mod provider_id;
 pub mod scalable;
+mod selector;
 pub mod template;
 pub mod version;
 

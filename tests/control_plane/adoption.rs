@@ -100,10 +100,14 @@ async fn left_by_the_go_provider(env: &Env) -> Left {
     // Another provider's claim.
     let aws = json!({"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"});
     let g = go.create_claim("aws-g", &it0, aws).await;
+    // On the real backend the store is a watch's mirror: wait until it shows the last claim
+    // written, so that every identity below is read from it.
     let foreign_rv = env
-        .get("nodeclaims", "", &g)
-        .and_then(|c| c["metadata"]["resourceVersion"].as_str().map(String::from))
-        .unwrap_or_default();
+        .wait("the other kind's claim in the store", || {
+            env.get("nodeclaims", "", &g)
+                .and_then(|c| c["metadata"]["resourceVersion"].as_str().map(String::from))
+        })
+        .await;
     let uids = env
         .list("nodeclaims")
         .iter()
