@@ -28,9 +28,9 @@ use crate::api::wellknown::{
 };
 pub use crate::capi::json::ModelError;
 use crate::capi::json::Reader;
-pub use crate::capi::selector::{LabelSelector, SelectorOperator, SelectorRequirement};
 use crate::capi::kind::ScalableKind;
 use crate::capi::provider_id::ProviderId;
+pub use crate::capi::selector::{LabelSelector, SelectorOperator, SelectorRequirement};
 use crate::capi::version::CapiVersion;
 
 /// `status.phase` of a Machine.
