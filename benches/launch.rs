@@ -133,9 +133,64 @@ fn bench_catalog(c: &mut Criterion) {
     });
 }
 
+/// NodeOverlays on a catalog of 100 MachineDeployments shared by 10 NodePools: applying them on
+/// a rebuild, and reading each pool's instance types as the solver's snapshot does.
+fn bench_overlay(c: &mut Criterion) {
+    use karpenter_capi::api::NodeOverlay;
+    use karpenter_capi::capi::overlay;
+    let mds = deployments(100);
+    let templates = HashMap::new();
+    let never = |_: &str| false;
+    let cat = offerings::build(
+        None,
+        &mds,
+        &Context {
+            templates: &templates,
+            unavailable: &never,
+        },
+    );
+    let overlay = |name: &str, spec: serde_json::Value| -> NodeOverlay {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+            "metadata": {"name": name}, "spec": spec,
+        }))
+        .expect("a NodeOverlay")
+    };
+    let types: Vec<String> = (0..50).map(|i| format!("sim-{i}")).collect();
+    let overlays = [
+        overlay(
+            "negotiated",
+            serde_json::json!({"requirements": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": types}], "price": "0.05"}),
+        ),
+        overlay(
+            "fuse",
+            serde_json::json!({"requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}], "capacity": {"smarter-devices/fuse": "1"}}),
+        ),
+    ];
+    let refs: Vec<&NodeOverlay> = overlays.iter().collect();
+    let pools: Vec<String> = (0..10).map(|i| format!("pool-{i}")).collect();
+    c.bench_function("overlay_apply_100_mds_10_pools", |b| {
+        b.iter(|| {
+            let mut one = cat.clone();
+            black_box(overlay::apply(&refs, &mut [&mut one]))
+        })
+    });
+    let mut applied = cat.clone();
+    overlay::apply(&refs, &mut [&mut applied]);
+    let view = CatalogView::default();
+    view.insert("default", applied, None);
+    c.bench_function("pool_instance_types_100_mds_10_pools", |b| {
+        b.iter(|| {
+            for _p in &pools {
+                black_box(view.instance_types("default"));
+            }
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(20).measurement_time(std::time::Duration::from_secs(3));
-    targets = bench_plan, bench_catalog
+    targets = bench_plan, bench_catalog, bench_overlay
 }
 criterion_main!(benches);
