@@ -126,7 +126,7 @@ fn bench_catalog(c: &mut Criterion) {
     c.bench_function("resolve_one_claim_100_mds", |b| {
         b.iter(|| {
             black_box(
-                view.resolve("default", &reqs, &requests, &excluded, &[])
+                view.resolve("default", None, &reqs, &requests, &excluded, &[])
                     .map(|c| c.price),
             )
         })
@@ -134,10 +134,13 @@ fn bench_catalog(c: &mut Criterion) {
 }
 
 /// NodeOverlays on a catalog of 100 MachineDeployments shared by 10 NodePools: applying them on
-/// a rebuild, and reading each pool's instance types as the solver's snapshot does.
+/// a rebuild, and reading each pool's instance types as the solver's snapshot does. `shared`:
+/// no overlay names a pool-level label, so every pool sees the NodeClass's catalog; `per_pool`:
+/// one more overlay selects `karpenter.sh/nodepool`, so each pool gets a catalog of its own.
 fn bench_overlay(c: &mut Criterion) {
     use karpenter_capi::api::NodeOverlay;
-    use karpenter_capi::capi::overlay;
+    use karpenter_capi::api::nodepool::NodePool;
+    use karpenter_capi::view::catalog::apply_overlays;
     let mds = deployments(100);
     let templates = HashMap::new();
     let never = |_: &str| false;
@@ -157,7 +160,7 @@ fn bench_overlay(c: &mut Criterion) {
         .expect("a NodeOverlay")
     };
     let types: Vec<String> = (0..50).map(|i| format!("sim-{i}")).collect();
-    let overlays = [
+    let shared = vec![
         overlay(
             "negotiated",
             serde_json::json!({"requirements": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": types}], "price": "0.05"}),
@@ -167,25 +170,47 @@ fn bench_overlay(c: &mut Criterion) {
             serde_json::json!({"requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}], "capacity": {"smarter-devices/fuse": "1"}}),
         ),
     ];
-    let refs: Vec<&NodeOverlay> = overlays.iter().collect();
-    let pools: Vec<String> = (0..10).map(|i| format!("pool-{i}")).collect();
-    c.bench_function("overlay_apply_100_mds_10_pools", |b| {
-        b.iter(|| {
-            let mut one = cat.clone();
-            black_box(overlay::apply(&refs, &mut [&mut one]))
+    let mut per_pool = shared.clone();
+    per_pool.push(overlay(
+        "pool-3-discount",
+        serde_json::json!({"requirements": [{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["pool-3"]}], "priceAdjustment": "-10%", "weight": 5}),
+    ));
+    let pools: Vec<Arc<NodePool>> = (0..10)
+        .map(|i| {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                    "metadata": {"name": format!("pool-{i}")},
+                    "spec": {"template": {"spec": {
+                        "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass", "name": "default"},
+                        "requirements": [],
+                    }}},
+                }))
+                .expect("a NodePool"),
+            )
         })
-    });
-    let mut applied = cat.clone();
-    overlay::apply(&refs, &mut [&mut applied]);
-    let view = CatalogView::default();
-    view.insert("default", applied, None);
-    c.bench_function("pool_instance_types_100_mds_10_pools", |b| {
-        b.iter(|| {
-            for _p in &pools {
-                black_box(view.instance_types("default"));
-            }
-        })
-    });
+        .collect();
+    for (case, overlays) in [("shared", &shared), ("per_pool", &per_pool)] {
+        let refs: Vec<&NodeOverlay> = overlays.iter().collect();
+        c.bench_function(&format!("overlay_apply_100_mds_10_pools/{case}"), |b| {
+            b.iter(|| {
+                let mut one = cat.clone();
+                black_box(apply_overlays(&refs, vec![("default", &mut one)], &pools))
+            })
+        });
+        let mut applied = cat.clone();
+        let (_, by_pool) = apply_overlays(&refs, vec![("default", &mut applied)], &pools);
+        let view = CatalogView::default();
+        view.insert("default", applied, None);
+        view.publish_pools(by_pool);
+        c.bench_function(&format!("pool_instance_types_100_mds_10_pools/{case}"), |b| {
+            b.iter(|| {
+                for p in &pools {
+                    black_box(view.pool_instance_types("default", p.metadata.name.as_deref()));
+                }
+            })
+        });
+    }
 }
 
 criterion_group! {

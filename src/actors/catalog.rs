@@ -3,10 +3,11 @@
 //! NodeClass changes (never on a timer) and publishes them as an immutable snapshot in a
 //! `CatalogView` (the read layer's `view::catalog`); claims and the provisioner read that view
 //! directly, like any other index. It also watches NodeOverlays: each rebuild applies them to
-//! every NodeClass's catalog before it is published (`capi::overlay`), so a new or changed
-//! overlay re-prices offerings at once, and writes each overlay's conditions.
+//! every NodeClass's catalog as each NodePool sees it before it is published (`capi::overlay`),
+//! so a new or changed overlay re-prices offerings at once, and writes each overlay's
+//! conditions; a NodePool whose name, NodeClass or template labels change rebuilds too.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -29,17 +30,27 @@ use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::api::nodeoverlay::{NodeOverlay, VALIDATION_SUCCEEDED};
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{self, Context as OfferingContext};
-use crate::capi::overlay::{self, Verdict};
+use crate::api::nodepool::NodePool;
+use crate::capi::overlay::Verdict;
 use crate::capi::template::TemplateCapacity;
 use crate::capi::template::{ReadError, read_template};
 // Re-exported where the benchmarks have always found it.
 pub use crate::view::catalog::CatalogView;
-use crate::view::catalog::{LeftOut, resolve_nodeclass};
+use crate::view::catalog::{LeftOut, PoolCatalogs, apply_overlays, resolve_nodeclass};
 
 /// MachineDeployments changed: rebuild (coalesced).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct Rebuild;
+
+/// NodePools changed: rebuild if overlays are applied and what they see of the pools changed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct NodePoolsChanged;
+
+/// What overlays see of the NodePools: whether the list has synced, and each pool's name,
+/// NodeClass and template labels.
+type PoolsSeen = (bool, Vec<(String, String, BTreeMap<String, String>)>);
 
 /// Wait until the first rebuild after the NodeClass list has synced.
 #[derive(Message)]
@@ -89,6 +100,9 @@ pub struct Catalog {
     overlays_synced: bool,
     /// An overlay changed since the last rebuild: consolidation looks again at the new prices.
     overlays_changed: bool,
+    /// The NodePools as the overlays were last applied for them: a NodePool change that leaves
+    /// them alone (its status, its limits) rebuilds nothing.
+    pools_seen: Option<PoolsSeen>,
 }
 
 impl Catalog {
@@ -108,6 +122,7 @@ impl Catalog {
             malformed_overlays: HashMap::new(),
             overlays_synced: false,
             overlays_changed: false,
+            pools_seen: None,
         }
     }
 
@@ -175,7 +190,8 @@ impl Catalog {
             .iter()
             .map(|(_, nc)| resolve_nodeclass(nc, &mds, &left_out, &cx))
             .collect();
-        self.apply_overlays(&mut resolved, ctx);
+        let each: Vec<&str> = nodeclasses.iter().map(|(n, _)| n.as_str()).collect();
+        let by_pool = self.apply_overlays(&each, &mut resolved, ctx);
         for ((name, nc), (catalog, ready)) in nodeclasses.iter().zip(resolved) {
             self.update_status(nc, &catalog, &ready, ctx);
             self.report_problems(nc, &catalog.problems);
@@ -183,6 +199,7 @@ impl Catalog {
                 .catalog
                 .publish(name.clone(), catalog, nc.create_timeout(), ready);
         }
+        self.shared.catalog.publish_pools(by_pool);
         self.shared.catalog.retain(&names);
         self.reported.retain(|k, _| names.contains(k));
         self.shared.catalog.forget_unavailable();
@@ -198,18 +215,33 @@ impl Catalog {
         self.shared.router.nodepools_changed();
     }
 
-    /// Applies the NodeOverlays to the catalogs about to be published and writes each overlay's
-    /// `ValidationSucceeded` and `Ready` conditions, with upstream's reasons.
+    /// Applies the NodeOverlays to the catalogs about to be published (of the NodeClasses
+    /// `names`), as each NodePool sees them, and writes each overlay's `ValidationSucceeded` and
+    /// `Ready` conditions, with upstream's reasons, once the NodePool list has synced (before,
+    /// a conflict between pools cannot be told). Returns the pools' own catalogs.
     fn apply_overlays(
         &mut self,
+        names: &[&str],
         resolved: &mut [(offerings::Catalog, Result<(), String>)],
         ctx: &mut Context<Self>,
-    ) {
+    ) -> PoolCatalogs {
         let overlays: Vec<Arc<NodeOverlay>> = self.overlays.values().cloned().collect();
         let refs: Vec<&NodeOverlay> = overlays.iter().map(|o| o.as_ref()).collect();
-        let mut catalogs: Vec<&mut offerings::Catalog> =
-            resolved.iter_mut().map(|(c, _)| c).collect();
-        let verdicts = overlay::apply(&refs, &mut catalogs);
+        let (pools_synced, nodepools) = {
+            let index = self.shared.state.nodepools.read();
+            let pools: Vec<Arc<NodePool>> = index.values().cloned().collect();
+            (index.synced(), pools)
+        };
+        self.pools_seen = Some(pools_seen(pools_synced, &nodepools));
+        let catalogs: Vec<(&str, &mut offerings::Catalog)> = names
+            .iter()
+            .copied()
+            .zip(resolved.iter_mut().map(|(c, _)| c))
+            .collect();
+        let (verdicts, by_pool) = apply_overlays(&refs, catalogs, &nodepools);
+        if !pools_synced {
+            return by_pool;
+        }
         for o in &overlays {
             let verdict = verdicts
                 .get(&o.name_any())
@@ -234,6 +266,7 @@ impl Catalog {
             let name = m.metadata.name.clone().unwrap_or_default();
             self.write_overlay_status(&name, &current, m.metadata.generation, &verdict, ctx);
         }
+        by_pool
     }
 
     /// One overlay's conditions from its verdict; written (and a Warning Event sent) only when
@@ -659,6 +692,43 @@ impl Handler<Rebuild> for Catalog {
             self.schedule_rebuild(ctx);
         }
     }
+}
+
+impl Handler<NodePoolsChanged> for Catalog {
+    type Result = ();
+    fn handle(&mut self, _: NodePoolsChanged, ctx: &mut Self::Context) {
+        if !self.synced || self.overlays.is_empty() {
+            return;
+        }
+        let now = {
+            let index = self.shared.state.nodepools.read();
+            let pools: Vec<Arc<NodePool>> = index.values().cloned().collect();
+            pools_seen(index.synced(), &pools)
+        };
+        if self.pools_seen.as_ref() != Some(&now) {
+            self.schedule_rebuild(ctx);
+        }
+    }
+}
+
+/// What overlays see of `pools`, in a stable order.
+fn pools_seen(synced: bool, pools: &[Arc<NodePool>]) -> PoolsSeen {
+    let mut seen: Vec<(String, String, BTreeMap<String, String>)> = pools
+        .iter()
+        .map(|np| {
+            let t = &np.spec.template;
+            (
+                np.name_any(),
+                t.spec.node_class_ref.name.clone(),
+                t.metadata
+                    .as_ref()
+                    .and_then(|m| m.labels.clone())
+                    .unwrap_or_default(),
+            )
+        })
+        .collect();
+    seen.sort();
+    (synced, seen)
 }
 
 impl Handler<Tracked> for Catalog {

@@ -248,7 +248,9 @@ async fn follow(actors: Actors, mut leader: watch::Receiver<bool>, active: watch
 async fn activate(actors: &Actors) {
     let shared = &actors.shared;
     let catalog = Catalog::new(shared.clone()).start();
-    shared.router.set_catalog(catalog.clone().recipient());
+    shared
+        .router
+        .set_catalog(catalog.clone().recipient(), catalog.clone().recipient());
     *actors.catalog.lock() = Some(catalog.clone());
     // Claims must not resolve against an empty catalog: wait for the NodeClass list (the
     // Catalog notifies once its first catalog after the list is published).
@@ -311,6 +313,7 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
             |s, ()| {
                 s.router.provisioner_poke();
                 s.router.nodepools_changed();
+                s.router.catalog_pools_changed();
             },
             "NodePools",
         ),

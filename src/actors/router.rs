@@ -11,7 +11,7 @@ use parking_lot::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::buffers::{Buffers, Provisioned};
-use super::catalog::Rebuild;
+use super::catalog::{NodePoolsChanged, Rebuild};
 use super::disruption::{ClusterChanged, Disruption};
 use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
@@ -26,6 +26,7 @@ pub struct Router {
     claims: Arc<RwLock<HashMap<String, Addr<NodeClaimActor>>>>,
     scalers: Arc<RwLock<HashMap<String, Addr<Scaler>>>>,
     catalog: Arc<RwLock<Option<Recipient<Rebuild>>>>,
+    catalog_pools: Arc<RwLock<Option<Recipient<NodePoolsChanged>>>>,
     provisioner: Arc<RwLock<Option<Recipient<Pending>>>>,
     nodepools: Arc<RwLock<Option<Recipient<Refresh>>>>,
     terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
@@ -206,8 +207,16 @@ impl Router {
             .collect()
     }
 
-    pub fn set_catalog(&self, r: Recipient<Rebuild>) {
+    pub fn set_catalog(&self, r: Recipient<Rebuild>, pools: Recipient<NodePoolsChanged>) {
         *self.catalog.write() = Some(r);
+        *self.catalog_pools.write() = Some(pools);
+    }
+
+    /// Tell the Catalog (if it runs here) that NodePools changed: overlays may see them anew.
+    pub fn catalog_pools_changed(&self) {
+        if let Some(r) = self.catalog_pools.read().as_ref() {
+            r.do_send(NodePoolsChanged);
+        }
     }
 
     /// Tell the Catalog (if it runs here) that MachineDeployments changed.

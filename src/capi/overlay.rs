@@ -1,23 +1,33 @@
-//! NodeOverlays applied to the catalog, as upstream's overlay store applies them to instance
-//! types: overlays in weight order (higher first; at equal weight the name later in the
-//! alphabet first), each validated, then checked for a conflict with an overlay of the same
-//! weight that already changes the same offering's price or the same extended resource, and
-//! only then recorded. The first price recorded for an offering is the one that applies, so
-//! only the highest-weight price overlay counts; capacity merges, a resource set by a higher
-//! weight standing.
+//! NodeOverlays applied to the catalog, as upstream's overlay store applies them to the
+//! instance types each NodePool sees: overlays in weight order (higher first; at equal weight
+//! the name later in the alphabet first), each validated, then checked for a conflict with an
+//! overlay of the same weight that already changes the same offering's price or the same
+//! extended resource for some NodePool, and only then recorded for every NodePool (never in
+//! part). The first price recorded for an offering is the one that applies, so only the
+//! highest-weight price overlay counts; capacity merges, a resource set by a higher weight
+//! standing.
 //!
-//! An offering here is one MachineDeployment; an overlay selects it when every requirement
-//! holds on the labels its nodes will carry (instance type, zone, capacity type, arch, os and
-//! the MachineDeployment's node labels). A key the nodes do not carry matches only `NotIn` and
-//! `DoesNotExist`, as upstream's compatibility check treats an undefined label.
+//! An offering here is one MachineDeployment; an overlay selects it for a NodePool when every
+//! requirement holds on the labels the pool's nodes from it will carry: the offering's
+//! (instance type, zone, capacity type, arch, os and the MachineDeployment's node labels), the
+//! pool's template labels and `karpenter.sh/nodepool`. A key the nodes do not carry matches only
+//! `NotIn` and `DoesNotExist`, as upstream's compatibility check treats an undefined label (and
+//! a key the pool and the offering set to different values, as upstream's empty intersection).
+//!
+//! Pools share their NodeClass's catalog: only where an overlay's requirements name
+//! `karpenter.sh/nodepool` or a key of a pool's template labels does a pool get a catalog of its
+//! own, one per distinct set of those labels, so the common case costs no copy at all.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::api::nodeclaim::NodeSelectorRequirementWithMinValues;
 use crate::api::nodeoverlay::{NodeOverlay, PriceChange, price_change};
+use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::validate_nodeoverlay;
+use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
 use crate::capi::offerings::Catalog;
 pub use crate::capi::offerings::PriceOverlaid;
 use crate::scheduling::Offering;
@@ -51,6 +61,64 @@ impl Verdict {
     }
 }
 
+/// A NodePool as overlays see it: its name, its template's labels, and which of the catalogs
+/// passed to [`apply`] is its NodeClass's.
+#[derive(Clone, Debug)]
+pub struct Pool<'a> {
+    pub name: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub catalog: usize,
+}
+
+/// The NodePools that take their instance types from one of `nodeclasses` (by name, in the
+/// order of the catalogs), as [`apply`] wants them. Upstream lists every NodePool; one whose
+/// NodeClass is not ours or not there has no instance types to overlay.
+pub fn pools_of<'a>(
+    nodepools: impl IntoIterator<Item = &'a NodePool>,
+    nodeclasses: &[&str],
+) -> Vec<Pool<'a>> {
+    static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+    nodepools
+        .into_iter()
+        .filter_map(|np| {
+            let r = &np.spec.template.spec.node_class_ref;
+            if r.group != NODECLASS_GROUP || r.kind != NODECLASS_KIND {
+                return None;
+            }
+            let catalog = nodeclasses.iter().position(|n| *n == r.name)?;
+            Some(Pool {
+                name: np.metadata.name.as_deref()?,
+                labels: np
+                    .spec
+                    .template
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.labels.as_ref())
+                    .unwrap_or(&NO_LABELS),
+                catalog,
+            })
+        })
+        .collect()
+}
+
+/// What applying the overlays decided, besides the NodeClass catalogs changed in place.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Each overlay's verdict, by name.
+    pub verdicts: BTreeMap<String, Verdict>,
+    /// The catalog a NodePool sees, for the pools that see their NodeClass's differently (an
+    /// overlay names `karpenter.sh/nodepool` or one of their template labels); pools with the
+    /// same such labels share one. Every other pool sees its NodeClass's catalog as changed.
+    pub pools: BTreeMap<String, Arc<Catalog>>,
+}
+
+impl Applied {
+    /// The catalog `pool` sees, given its NodeClass's (`nodeclass`, as changed in place).
+    pub fn seen_by<'c>(&'c self, pool: &str, nodeclass: &'c Catalog) -> &'c Catalog {
+        self.pools.get(pool).map_or(nodeclass, |c| c.as_ref())
+    }
+}
+
 /// A validated overlay, ready to match.
 struct Parsed<'a> {
     name: &'a str,
@@ -78,36 +146,64 @@ struct CapacitySlot {
     lowest_name: String,
 }
 
-/// Offering slots are keyed by (catalog index, MachineDeployment); an instance type's by
-/// (catalog index, type name): two NodeClasses may select the same MachineDeployment.
+/// Upstream's store for one NodePool: prices by MachineDeployment, capacity by instance type.
 #[derive(Default)]
 struct Store {
-    prices: HashMap<(usize, String), PriceSlot>,
-    capacity: HashMap<(usize, String), CapacitySlot>,
+    prices: HashMap<String, PriceSlot>,
+    capacity: HashMap<String, CapacitySlot>,
 }
 
-/// Applies `overlays` to `catalogs` in place (prices and capacity), recording on each catalog
-/// which offerings an overlay priced, and returns each overlay's verdict by name.
+/// The NodePools that see one catalog alike: those of one NodeClass whose labels the overlays
+/// name are the same (`labels`, with `karpenter.sh/nodepool` among them when an overlay names
+/// it). The first group of each catalog has no such labels: the NodeClass's own view, which
+/// pools without such labels, and readers without a pool, see.
+struct Group {
+    catalog: usize,
+    labels: BTreeMap<String, String>,
+    /// Some NodePool sees the catalog this way: upstream evaluates conflicts only there.
+    evaluated: bool,
+    store: Store,
+}
+
+/// Applies `overlays` to `catalogs` as the NodePools in `pools` see them: prices and capacity
+/// changed in place for each NodeClass's own view, a catalog of its own for each pool that sees
+/// it differently, and each overlay's verdict by name.
 pub fn apply(
     overlays: &[&NodeOverlay],
     catalogs: &mut [&mut Catalog],
-) -> BTreeMap<String, Verdict> {
+    pools: &[Pool<'_>],
+) -> Applied {
     let mut sorted: Vec<&NodeOverlay> = overlays.to_vec();
     sorted.sort_by(|a, b| {
         b.weight()
             .cmp(&a.weight())
             .then_with(|| b.metadata.name.cmp(&a.metadata.name))
     });
+    let parsed: Vec<(String, Result<Parsed<'_>, String>)> = sorted
+        .into_iter()
+        .map(|o| (o.metadata.name.clone().unwrap_or_default(), parse(o)))
+        .collect();
+    let named: BTreeSet<&str> = parsed
+        .iter()
+        .filter_map(|(_, p)| p.as_ref().ok())
+        .flat_map(|p| p.requirements.keys())
+        .collect();
+    let (mut groups, of_pool) = group(pools, catalogs.len(), &named);
     let mut verdicts = BTreeMap::new();
-    let mut store = Store::default();
-    for o in sorted {
-        let name = o.metadata.name.clone().unwrap_or_default();
-        let verdict = match parse(o) {
+    for (name, p) in parsed {
+        let verdict = match p {
             Err(message) => Verdict::Invalid(message),
             Ok(p) => {
-                let with = conflicts(&store, &p, catalogs);
+                let with: BTreeSet<String> = groups
+                    .iter()
+                    .filter(|g| g.evaluated)
+                    .flat_map(|g| conflicts(g, &p, catalogs[g.catalog]))
+                    .collect();
                 if with.is_empty() {
-                    record(&mut store, &p, catalogs);
+                    for g in &mut groups {
+                        let catalog: &Catalog = catalogs[g.catalog];
+                        record(g, &p, catalog);
+                    }
                     Verdict::Applied
                 } else {
                     Verdict::Conflict { with }
@@ -116,10 +212,72 @@ pub fn apply(
         };
         verdicts.insert(name, verdict);
     }
-    for (i, catalog) in catalogs.iter_mut().enumerate() {
-        write(&store, i, catalog);
+    // The pools' own catalogs are copied from the NodeClass's before its own view is written.
+    let own: Vec<Option<Arc<Catalog>>> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            (i >= catalogs.len()).then(|| {
+                let mut c = catalogs[g.catalog].clone();
+                write(&g.store, &mut c);
+                Arc::new(c)
+            })
+        })
+        .collect();
+    for (g, catalog) in groups.iter().zip(catalogs.iter_mut()) {
+        write(&g.store, catalog);
     }
-    verdicts
+    let pools = of_pool
+        .into_iter()
+        .filter_map(|(pool, g)| Some((pool.to_string(), own[g].clone()?)))
+        .collect();
+    Applied { verdicts, pools }
+}
+
+/// The groups of NodePools that see a catalog alike (one per catalog first, for its own view),
+/// and each pool's group.
+fn group<'p>(
+    pools: &[Pool<'p>],
+    catalogs: usize,
+    named: &BTreeSet<&str>,
+) -> (Vec<Group>, Vec<(&'p str, usize)>) {
+    let mut groups: Vec<Group> = (0..catalogs)
+        .map(|catalog| Group {
+            catalog,
+            labels: BTreeMap::new(),
+            evaluated: false,
+            store: Store::default(),
+        })
+        .collect();
+    let mut index: HashMap<(usize, BTreeMap<String, String>), usize> = HashMap::new();
+    let mut of_pool = Vec::new();
+    for p in pools.iter().filter(|p| p.catalog < catalogs) {
+        let mut labels: BTreeMap<String, String> = p
+            .labels
+            .iter()
+            .filter(|(k, _)| named.contains(k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if named.contains(NODEPOOL_LABEL) {
+            labels.insert(NODEPOOL_LABEL.to_string(), p.name.to_string());
+        }
+        let g = if labels.is_empty() {
+            p.catalog
+        } else {
+            *index.entry((p.catalog, labels.clone())).or_insert_with(|| {
+                groups.push(Group {
+                    catalog: p.catalog,
+                    labels,
+                    evaluated: false,
+                    store: Store::default(),
+                });
+                groups.len() - 1
+            })
+        };
+        groups[g].evaluated = true;
+        of_pool.push((p.name, g));
+    }
+    (groups, of_pool)
 }
 
 fn parse(o: &NodeOverlay) -> Result<Parsed<'_>, String> {
@@ -152,42 +310,46 @@ fn parse(o: &NodeOverlay) -> Result<Parsed<'_>, String> {
     })
 }
 
-/// True when the overlay's requirements hold on the labels the offering's nodes will carry.
-fn selects(reqs: &Requirements, o: &Offering) -> bool {
-    reqs.iter().all(|r| match o.labels.get(r.key()) {
-        Some(v) => r.has(v),
-        None => r.allows_absent(),
+/// True when the overlay's requirements hold on the labels a node of the group's pools from
+/// this offering will carry: the pools' labels the overlays name, and the offering's.
+fn selects(reqs: &Requirements, pool: &BTreeMap<String, String>, o: &Offering) -> bool {
+    reqs.iter().all(|r| {
+        let value = match (pool.get(r.key()), o.labels.get(r.key())) {
+            (Some(a), Some(b)) if a != b => None,
+            (Some(a), _) => Some(a),
+            (None, b) => b,
+        };
+        match value {
+            Some(v) => r.has(v),
+            None => r.allows_absent(),
+        }
     })
 }
 
-/// Each (catalog, type index, matched offering indexes) the overlay selects.
-fn selected<'c>(
-    p: &Parsed<'_>,
-    catalogs: &'c [&mut Catalog],
-) -> Vec<(usize, &'c str, Vec<&'c Offering>)> {
+/// Each (type name, matched offerings) the overlay selects in the group's view of `catalog`.
+fn selected<'c>(p: &Parsed<'_>, g: &Group, catalog: &'c Catalog) -> Vec<(&'c str, Vec<&'c Offering>)> {
     let mut out = Vec::new();
-    for (i, c) in catalogs.iter().enumerate() {
-        for t in &c.instance_types {
-            let matched: Vec<&Offering> = t
-                .offerings
-                .iter()
-                .filter(|o| selects(&p.requirements, o))
-                .collect();
-            if !matched.is_empty() {
-                out.push((i, t.name.as_str(), matched));
-            }
+    for t in &catalog.instance_types {
+        let matched: Vec<&Offering> = t
+            .offerings
+            .iter()
+            .filter(|o| selects(&p.requirements, &g.labels, o))
+            .collect();
+        if !matched.is_empty() {
+            out.push((t.name.as_str(), matched));
         }
     }
     out
 }
 
-/// The overlays of equal weight, recorded before, that already change what `p` would.
-fn conflicts(store: &Store, p: &Parsed<'_>, catalogs: &[&mut Catalog]) -> BTreeSet<String> {
+/// The overlays of equal weight, recorded before in this group, that already change what `p`
+/// would.
+fn conflicts(g: &Group, p: &Parsed<'_>, catalog: &Catalog) -> BTreeSet<String> {
     let mut with = BTreeSet::new();
-    for (i, type_name, offerings) in selected(p, catalogs) {
+    for (type_name, offerings) in selected(p, g, catalog) {
         if p.price.is_some() {
             for o in offerings {
-                if let Some(s) = store.prices.get(&(i, o.machine_deployment.clone()))
+                if let Some(s) = g.store.prices.get(&o.machine_deployment)
                     && s.lowest_weight == p.weight
                 {
                     with.insert(s.lowest_name.clone());
@@ -195,7 +357,7 @@ fn conflicts(store: &Store, p: &Parsed<'_>, catalogs: &[&mut Catalog]) -> BTreeS
             }
         }
         if !p.capacity.is_empty()
-            && let Some(s) = store.capacity.get(&(i, type_name.to_string()))
+            && let Some(s) = g.store.capacity.get(type_name)
             && s.lowest_weight == p.weight
             && p.capacity
                 .iter()
@@ -207,13 +369,15 @@ fn conflicts(store: &Store, p: &Parsed<'_>, catalogs: &[&mut Catalog]) -> BTreeS
     with
 }
 
-fn record(store: &mut Store, p: &Parsed<'_>, catalogs: &[&mut Catalog]) {
-    for (i, type_name, offerings) in selected(p, catalogs) {
+fn record(g: &mut Group, p: &Parsed<'_>, catalog: &Catalog) {
+    let selected = selected(p, g, catalog);
+    let store = &mut g.store;
+    for (type_name, offerings) in selected {
         if let Some(change) = p.price {
             for o in offerings {
                 store
                     .prices
-                    .entry((i, o.machine_deployment.clone()))
+                    .entry(o.machine_deployment.clone())
                     .and_modify(|s| {
                         s.lowest_weight = p.weight;
                         s.lowest_name = p.name.to_string();
@@ -230,7 +394,7 @@ fn record(store: &mut Store, p: &Parsed<'_>, catalogs: &[&mut Catalog]) {
             let keys: BTreeSet<String> = p.capacity.iter().map(|(k, _)| k.to_string()).collect();
             let slot = store
                 .capacity
-                .entry((i, type_name.to_string()))
+                .entry(type_name.to_string())
                 .or_insert_with(|| CapacitySlot {
                     update: Resources::new(),
                     lowest_weight: p.weight,
@@ -249,17 +413,17 @@ fn record(store: &mut Store, p: &Parsed<'_>, catalogs: &[&mut Catalog]) {
     }
 }
 
-/// Writes the recorded changes into catalog `i`.
-fn write(store: &Store, i: usize, catalog: &mut Catalog) {
+/// Writes the recorded changes into a catalog.
+fn write(store: &Store, catalog: &mut Catalog) {
     catalog.price_overlays.clear();
     for t in &mut catalog.instance_types {
-        if let Some(s) = store.capacity.get(&(i, t.name.clone())) {
+        if let Some(s) = store.capacity.get(&t.name) {
             for (k, q) in s.update.iter() {
                 t.capacity.set(k, *q);
             }
         }
         for o in &mut t.offerings {
-            if let Some(s) = store.prices.get(&(i, o.machine_deployment.clone())) {
+            if let Some(s) = store.prices.get(&o.machine_deployment) {
                 catalog.price_overlays.insert(
                     o.machine_deployment.clone(),
                     PriceOverlaid {

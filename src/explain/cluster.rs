@@ -29,7 +29,7 @@ use crate::capi::version::{self, CapiVersion};
 use crate::state::State;
 use crate::state::compact::CompactNode;
 use crate::state::feed::Index;
-use crate::view::catalog::{CatalogView, LeftOut, resolve_nodeclass};
+use crate::view::catalog::{CatalogView, LeftOut, apply_overlays, resolve_nodeclass};
 use crate::view::{Inputs, Settings};
 
 /// What one NodeClass resolves to, as the Catalog actor would publish it.
@@ -322,8 +322,15 @@ pub async fn read(
     // The prices and capacity the Catalog actor publishes are after the NodeOverlays.
     let overlays = list_overlays(&workload, &mut malformed).await?;
     let refs: Vec<&NodeOverlay> = overlays.iter().collect();
-    let mut catalogs: Vec<&mut offerings::Catalog> = each.iter_mut().map(|(_, c, _)| c).collect();
-    crate::capi::overlay::apply(&refs, &mut catalogs);
+    let names: Vec<String> = each.iter().map(|(nc, _, _)| nc.name_any()).collect();
+    let catalogs: Vec<(&str, &mut offerings::Catalog)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(each.iter_mut().map(|(_, c, _)| c))
+        .collect();
+    let pools: Vec<Arc<NodePool>> = state.nodepools.read().values().cloned().collect();
+    let (_, by_pool) = apply_overlays(&refs, catalogs, &pools);
+    catalog.publish_pools(by_pool);
     let mut resolved = BTreeMap::new();
     for (nc, c, ready) in each {
         catalog.insert(&nc.name_any(), c.clone(), nc.create_timeout());

@@ -71,15 +71,18 @@ impl OfferingView {
         }
     }
 
-    /// The same, saying which NodeOverlay set the price (as the catalog records it).
-    pub fn overlaid(mut self, catalog: &crate::view::catalog::CatalogView) -> Self {
-        self.price_overlay =
-            catalog
-                .price_overlay(&self.machine_deployment)
-                .map(|p| PriceOverlayView {
-                    overlay: p.overlay,
-                    base_price: p.base_price,
-                });
+    /// The same, saying which NodeOverlay set the price for `pool` (as the catalog records it).
+    pub fn overlaid(
+        mut self,
+        catalog: &crate::view::catalog::CatalogView,
+        pool: Option<&str>,
+    ) -> Self {
+        self.price_overlay = catalog
+            .price_overlay(&self.machine_deployment, pool)
+            .map(|p| PriceOverlayView {
+                overlay: p.overlay,
+                base_price: p.base_price,
+            });
         self
     }
 
@@ -220,12 +223,13 @@ mod tests {
             instance_types: vec![one_type("small", 0.3), one_type("big", 0.5)],
             ..Default::default()
         };
-        crate::capi::overlay::apply(&[&overlay], &mut [&mut catalog]);
+        crate::capi::overlay::apply(&[&overlay], &mut [&mut catalog], &[]);
         let view = CatalogView::default();
         view.insert("nc", catalog, None);
         let choice = view
             .resolve(
                 "nc",
+                None,
                 &Requirements::default(),
                 &Resources::new(),
                 &HashSet::new(),
@@ -236,7 +240,7 @@ mod tests {
         let types = view.instance_types("nc");
         let big = types.iter().find(|t| t.name == "big").unwrap();
         let line = OfferingView::new("big", &big.offerings[0])
-            .overlaid(&view)
+            .overlaid(&view, None)
             .line();
         assert!(
             line.ends_with("; price 0.19 after overlay negotiated (was 0.5)"),
@@ -244,7 +248,7 @@ mod tests {
         );
         let small = types.iter().find(|t| t.name == "small").unwrap();
         let line = OfferingView::new("small", &small.offerings[0])
-            .overlaid(&view)
+            .overlaid(&view, None)
             .line();
         assert!(!line.contains("overlay"), "{line}");
     }

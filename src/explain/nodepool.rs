@@ -124,7 +124,9 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
         }
         let reqs = pool_requirements(&np, &mut notes);
         let declared = declared_taints(&spec.taints, &spec.startup_taints);
-        for t in &r.catalog.instance_types {
+        // As this pool sees them: NodeOverlays may select it by name or template labels.
+        let seen = cluster.catalog.pool_instance_types(&nodeclass, Some(name));
+        for t in &seen {
             for o in &t.offerings {
                 if !taints_declared(o, &declared) {
                     left_out.push(LeftOut {
@@ -147,7 +149,8 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
                         ),
                     });
                 } else {
-                    let view = OfferingView::new(&t.name, o).overlaid(&cluster.catalog);
+                    let view =
+                        OfferingView::new(&t.name, o).overlaid(&cluster.catalog, Some(name));
                     if let Some(why) = &view.unavailable_reason {
                         left_out.push(LeftOut {
                             machine_deployment: o.machine_deployment.clone(),

@@ -159,13 +159,16 @@ fn considered(cluster: &Cluster, claim: &NodeClaim, chosen: Option<&str>) -> Vec
         .and_then(|r| Resources::from_k8s(r).ok())
         .unwrap_or_default();
     let declared = declared_taints(&spec.taints, &spec.startup_taints);
-    let types = cluster.catalog.instance_types(&spec.node_class_ref.name);
+    let pool = claim.labels().get(NODEPOOL_LABEL).map(String::as_str);
+    let types = cluster
+        .catalog
+        .pool_instance_types(&spec.node_class_ref.name, pool);
     let unavailable = |o: &crate::scheduling::Offering| !o.available;
     rank(&types, &reqs, &requests, &declared, &unavailable)
         .into_iter()
         .map(|r| Considered {
             offering: OfferingView::new(&r.instance_type.name, r.offering)
-                .overlaid(&cluster.catalog),
+                .overlaid(&cluster.catalog, pool),
             fit: r.fit,
             chosen: Some(r.offering.machine_deployment.as_str()) == chosen,
         })

@@ -11,11 +11,14 @@ use k8s_openapi::api::core::v1::Taint;
 use parking_lot::RwLock;
 
 use crate::api::nodeclass::ClusterAPINodeClass;
+use crate::api::nodeoverlay::NodeOverlay;
+use crate::api::nodepool::NodePool;
 use crate::api::requirements::{MinValuesError, Requirements};
 use crate::api::resources::Resources;
 use crate::api::wellknown::INSTANCE_TYPE_LABEL;
 use crate::capi::model::{LabelSelector, MachineDeployment};
 use crate::capi::offerings::{self, Context as OfferingContext};
+use crate::capi::overlay::{self, Verdict};
 use crate::scheduling::InstanceType;
 use crate::state::machines::Unreadable;
 
@@ -98,7 +101,21 @@ struct Entry {
 #[derive(Default)]
 struct Inner {
     by_nodeclass: HashMap<String, Entry>,
+    /// The catalog a NodePool sees where NodeOverlays make it differ from its NodeClass's
+    /// (`capi::overlay::Applied::pools`), with that NodeClass's name.
+    by_pool: PoolCatalogs,
     unavailable: HashMap<String, Instant>,
+}
+
+impl Inner {
+    /// The catalog `pool` sees of `nodeclass`: its own where overlays gave it one, else the
+    /// NodeClass's (also for readers without a pool).
+    fn catalog(&self, nodeclass: &str, pool: Option<&str>) -> Option<&Arc<offerings::Catalog>> {
+        match pool.and_then(|p| self.by_pool.get(p)) {
+            Some((nc, c)) if nc == nodeclass => Some(c),
+            _ => self.by_nodeclass.get(nodeclass).map(|e| &e.catalog),
+        }
+    }
 }
 
 /// Read side of the catalog, shared by every actor.
@@ -131,13 +148,20 @@ impl CatalogView {
             .and_then(|e| e.create_timeout)
     }
 
+    /// The NodeClass's instance types, as a NodePool without labels an overlay names sees them.
     pub fn instance_types(&self, nodeclass: &str) -> Vec<InstanceType> {
+        self.pool_instance_types(nodeclass, None)
+    }
+
+    /// The instance types `pool` takes from `nodeclass`, NodeOverlays applied as that pool sees
+    /// them (its name and template labels), offerings recently marked unavailable so.
+    pub fn pool_instance_types(&self, nodeclass: &str, pool: Option<&str>) -> Vec<InstanceType> {
         let inner = self.inner.read();
-        let Some(e) = inner.by_nodeclass.get(nodeclass) else {
+        let Some(catalog) = inner.catalog(nodeclass, pool) else {
             return Vec::new();
         };
         let now = Instant::now();
-        let mut types = e.catalog.instance_types.clone();
+        let mut types = catalog.instance_types.clone();
         for o in types.iter_mut().flat_map(|t| t.offerings.iter_mut()) {
             if inner
                 .unavailable
@@ -170,33 +194,51 @@ impl CatalogView {
 
     /// The offering backed by a MachineDeployment (any NodeClass), for a claim's status.
     pub fn offering(&self, md: &str) -> Option<Choice> {
+        self.pool_offering(md, None)
+    }
+
+    /// The offering backed by a MachineDeployment as `pool` sees it (its price and capacity
+    /// after the NodeOverlays that select it for that pool).
+    pub fn pool_offering(&self, md: &str, pool: Option<&str>) -> Option<Choice> {
         let inner = self.inner.read();
-        inner
-            .by_nodeclass
-            .values()
-            .flat_map(|e| e.catalog.instance_types.iter())
-            .find_map(|t| {
+        let find = |c: &offerings::Catalog| {
+            c.instance_types.iter().find_map(|t| {
                 t.offerings
                     .iter()
                     .find(|o| o.machine_deployment == md)
                     .map(|o| choice(t, o))
             })
+        };
+        pool.and_then(|p| inner.by_pool.get(p))
+            .and_then(|(_, c)| find(c))
+            .or_else(|| inner.by_nodeclass.values().find_map(|e| find(&e.catalog)))
     }
 
-    /// The NodeOverlay that set a MachineDeployment's price, with the price before it.
-    pub fn price_overlay(&self, md: &str) -> Option<crate::capi::overlay::PriceOverlaid> {
+    /// The NodeOverlay that set a MachineDeployment's price for `pool` (None: as a pool without
+    /// labels an overlay names sees it), with the price before it.
+    pub fn price_overlay(
+        &self,
+        md: &str,
+        pool: Option<&str>,
+    ) -> Option<crate::capi::overlay::PriceOverlaid> {
         let inner = self.inner.read();
-        inner
-            .by_nodeclass
-            .values()
-            .find_map(|e| e.catalog.price_overlays.get(md).cloned())
+        match pool.and_then(|p| inner.by_pool.get(p)) {
+            Some((_, c)) if c.deployments.iter().any(|d| d == md) => {
+                c.price_overlays.get(md).cloned()
+            }
+            _ => inner
+                .by_nodeclass
+                .values()
+                .find_map(|e| e.catalog.price_overlays.get(md).cloned()),
+        }
     }
 
-    /// The cheapest available offering compatible with the claim; ties go to the least-loaded
-    /// MachineDeployment.
+    /// The cheapest available offering compatible with the claim of `pool` (its prices after the
+    /// NodeOverlays as that pool sees them); ties go to the least-loaded MachineDeployment.
     pub fn resolve(
         &self,
         nodeclass: &str,
+        pool: Option<&str>,
         reqs: &Requirements,
         requests: &Resources,
         excluded: &HashSet<String>,
@@ -223,8 +265,9 @@ impl CatalogView {
                     .get(&o.machine_deployment)
                     .is_some_and(|u| *u > now)
         };
+        let catalog = inner.catalog(nodeclass, pool).unwrap_or(&entry.catalog);
         let ranked = rank(
-            &entry.catalog.instance_types,
+            &catalog.instance_types,
             reqs,
             requests,
             declared_taints,
@@ -241,9 +284,9 @@ impl CatalogView {
             }
             // A pool that may serve the claim is not read yet (right after a start): wait for
             // it rather than find the claim unlaunchable.
-            None if !entry.catalog.pending.is_empty() => Err(ResolveError::PoolsPending {
+            None if !catalog.pending.is_empty() => Err(ResolveError::PoolsPending {
                 nodeclass: nodeclass.to_string(),
-                pending: entry.catalog.pending.len(),
+                pending: catalog.pending.len(),
             }),
             None => Err(ResolveError::NoCompatibleOffering {
                 nodeclass: nodeclass.to_string(),
@@ -273,6 +316,12 @@ impl CatalogView {
         self.inner.write().by_nodeclass.insert(nodeclass, entry);
     }
 
+    /// Publish the catalogs NodePools see where NodeOverlays make them differ from their
+    /// NodeClass's (pool name -> (NodeClass, catalog)); every other pool's entry goes.
+    pub fn publish_pools(&self, pools: PoolCatalogs) {
+        self.inner.write().by_pool = pools;
+    }
+
     /// Publish a NodeClass's catalog directly (benchmarks and tools that have no Catalog actor).
     pub fn insert(
         &self,
@@ -295,11 +344,37 @@ impl CatalogView {
 
     /// Keep only these NodeClasses (the others are gone).
     pub(crate) fn retain(&self, names: &HashSet<String>) {
-        self.inner
-            .write()
-            .by_nodeclass
-            .retain(|k, _| names.contains(k));
+        let mut inner = self.inner.write();
+        inner.by_nodeclass.retain(|k, _| names.contains(k));
+        inner.by_pool.retain(|_, (nc, _)| names.contains(nc));
     }
+}
+
+/// The catalogs NodePools see where NodeOverlays make them differ from their NodeClass's: pool
+/// name -> (NodeClass, catalog), as [`CatalogView::publish_pools`] takes them.
+pub type PoolCatalogs = HashMap<String, (String, Arc<offerings::Catalog>)>;
+
+/// Applies the NodeOverlays to the NodeClass catalogs about to be published (by NodeClass name)
+/// as `nodepools` see them: each catalog changed in place as a pool without labels an overlay
+/// names sees it, the catalogs of the pools that see theirs differently, and each overlay's
+/// verdict. The Catalog actor runs it on every rebuild; `explain` on its one-off read.
+pub fn apply_overlays(
+    overlays: &[&NodeOverlay],
+    catalogs: Vec<(&str, &mut offerings::Catalog)>,
+    nodepools: &[Arc<NodePool>],
+) -> (BTreeMap<String, Verdict>, PoolCatalogs) {
+    let names: Vec<&str> = catalogs.iter().map(|(n, _)| *n).collect();
+    let pools = overlay::pools_of(nodepools.iter().map(|p| p.as_ref()), &names);
+    let mut each: Vec<&mut offerings::Catalog> = catalogs.into_iter().map(|(_, c)| c).collect();
+    let applied = overlay::apply(overlays, &mut each, &pools);
+    let by_pool = pools
+        .iter()
+        .filter_map(|p| {
+            let own = applied.pools.get(p.name)?.clone();
+            Some((p.name.to_string(), (names[p.catalog].to_string(), own)))
+        })
+        .collect();
+    (applied.verdicts, by_pool)
 }
 
 /// A pool's (or claim's) taints and startup taints together.
@@ -598,7 +673,7 @@ mod tests {
         );
         let excluded = HashSet::from(["ns/b-failed".to_string()]);
         let choice = view
-            .resolve("nc", &reqs, &requests, &excluded, &[])
+            .resolve("nc", None, &reqs, &requests, &excluded, &[])
             .expect("a choice");
         assert_eq!(choice.machine_deployment, "ns/b-idle");
     }
@@ -631,16 +706,16 @@ mod tests {
         let none = HashSet::new();
         let requests = Resources::new();
         let err = view
-            .resolve("nc", &reqs(50), &requests, &none, &[])
+            .resolve("nc", None, &reqs(50), &requests, &none, &[])
             .expect_err("50 types do not exist");
         assert!(matches!(err, ResolveError::MinValues { .. }), "{err}");
         assert!(err.to_string().contains(INSTANCE_TYPE_LABEL), "{err}");
         assert_eq!(err.reason(), "LaunchFailed");
-        assert!(view.resolve("nc", &reqs(2), &requests, &none, &[]).is_ok());
+        assert!(view.resolve("nc", None, &reqs(2), &requests, &none, &[]).is_ok());
         // A type whose only offering cannot be used does not count.
         let excluded = HashSet::from(["ns/b".to_string()]);
         assert!(matches!(
-            view.resolve("nc", &reqs(2), &requests, &excluded, &[]),
+            view.resolve("nc", None, &reqs(2), &requests, &excluded, &[]),
             Err(ResolveError::MinValues { .. })
         ));
     }

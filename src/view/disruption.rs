@@ -200,9 +200,10 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         };
         let drift = drift::drifted(c, np, provider);
         let on_node = pod_index.on_node(node.name());
+        // What its pool pays: NodeOverlays may price the offering for that pool alone.
         let price = inputs
             .catalog
-            .offering(md)
+            .pool_offering(md, Some(&pool_name))
             .as_ref()
             .map(|o| o.price)
             .unwrap_or(0.0);

@@ -200,8 +200,10 @@ pub fn build<'a>(
             continue;
         }
         let (mut res, count) = usage.get(&np.name_any()).cloned().unwrap_or_default();
+        // As this pool sees them: NodeOverlays may select it by name or template labels.
         let instance_types = scheduling::instance_type::for_declared_taints(
-            view.catalog.instance_types(&r.name),
+            view.catalog
+                .pool_instance_types(&r.name, Some(&np.name_any())),
             &declared_taints(
                 &np.spec.template.spec.taints,
                 &np.spec.template.spec.startup_taints,
@@ -439,12 +441,13 @@ pub fn in_flight(c: &NodeClaim, catalog: &CatalogView) -> ExistingNode {
     }
 }
 
-/// What the offering chosen for a claim not launched yet allocates: what launch will write as
-/// its `status.allocatable`. None before an offering is chosen, or when the catalog no longer
-/// lists that MachineDeployment.
+/// What the offering chosen for a claim not launched yet allocates (as its pool sees it): what
+/// launch will write as its `status.allocatable`. None before an offering is chosen, or when
+/// the catalog no longer lists that MachineDeployment.
 fn chosen_allocatable(c: &NodeClaim, catalog: &CatalogView) -> Option<Resources> {
     let md = c.annotations().get(MACHINE_DEPLOYMENT_ANNOTATION)?;
-    catalog.offering(md).map(|o| o.allocatable)
+    let pool = c.labels().get(NODEPOOL_LABEL).map(String::as_str);
+    catalog.pool_offering(md, pool).map(|o| o.allocatable)
 }
 
 #[cfg(test)]

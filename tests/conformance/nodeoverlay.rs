@@ -1,7 +1,8 @@
 //! Karpenter core's NodeOverlay suite (`pkg/controllers/nodeoverlay/suite_test.go`): overlays
-//! applied to a catalog through `capi::overlay::apply`, the function the Catalog actor runs
-//! before it publishes (and `explain` runs on its one-off read). Upstream's fake instance
-//! types are the fixture's (one MachineDeployment per zone x capacity type x OS); the
+//! applied to a catalog as NodePools see it through `capi::overlay::apply`, the function the
+//! Catalog actor runs before it publishes (and `explain` runs on its one-off read). Upstream's
+//! fake instance types are the fixture's (one MachineDeployment per zone x capacity type x OS);
+//! upstream's NodePool of every case is one pool of the NodeClass without labels; the
 //! condition upstream writes is read from the verdict (`Verdict::failure`), as the Catalog
 //! writes it.
 
@@ -10,7 +11,7 @@ use serde_json::{Value, json};
 use karpenter_capi::api::NodeOverlay;
 use karpenter_capi::api::wellknown::{CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL};
 use karpenter_capi::capi::offerings::Catalog;
-use karpenter_capi::capi::overlay::{Verdict, apply};
+use karpenter_capi::capi::overlay::{Applied, Pool, Verdict, apply};
 use karpenter_capi::scheduling::InstanceType;
 
 use crate::fixture::{default_types, itype, q};
@@ -29,32 +30,61 @@ fn types_in(values: &[&str]) -> Value {
     json!([{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": values}])
 }
 
-/// Applies `overlays` to one catalog of `types`; the catalog after, and each overlay's reason
-/// for `ValidationSucceeded=False` (None when it is True).
-fn run(
+type Reasons = std::collections::BTreeMap<String, Option<&'static str>>;
+
+/// Upstream's NodePool of every case (no labels).
+const POOL: &str = "default";
+
+/// Applies `overlays` to one catalog of `types` seen by upstream's one NodePool; the catalog
+/// after, and each overlay's reason for `ValidationSucceeded=False` (None when it is True).
+fn run(types: Vec<InstanceType>, overlays: &[NodeOverlay]) -> (Catalog, Reasons) {
+    let (catalog, applied) = run_pools(types, overlays, &[(POOL, &[])]);
+    assert!(applied.pools.is_empty(), "{POOL} sees the NodeClass's catalog");
+    (catalog, reasons(applied))
+}
+
+/// The same, seen by these NodePools (name, template labels) of the NodeClass: its catalog
+/// after, and what the pools see of it ([`Applied::seen_by`]).
+fn run_pools(
     types: Vec<InstanceType>,
     overlays: &[NodeOverlay],
-) -> (
-    Catalog,
-    std::collections::BTreeMap<String, Option<&'static str>>,
-) {
+    pools: &[(&str, &[(&str, &str)])],
+) -> (Catalog, Applied) {
     let mut catalog = Catalog {
         instance_types: types,
         ..Default::default()
     };
-    let refs: Vec<&NodeOverlay> = overlays.iter().collect();
-    let verdicts = apply(&refs, &mut [&mut catalog]);
-    let reasons = verdicts
-        .into_iter()
-        .map(|(k, v)| (k, v.failure().map(|(r, _)| r)))
+    let labels: Vec<std::collections::BTreeMap<String, String>> = pools
+        .iter()
+        .map(|(_, l)| {
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
         .collect();
-    (catalog, reasons)
+    let pools: Vec<Pool<'_>> = pools
+        .iter()
+        .zip(&labels)
+        .map(|((name, _), labels)| Pool {
+            name,
+            labels,
+            catalog: 0,
+        })
+        .collect();
+    let refs: Vec<&NodeOverlay> = overlays.iter().collect();
+    let applied = apply(&refs, &mut [&mut catalog], &pools);
+    (catalog, applied)
 }
 
-fn reason_of(
-    reasons: &std::collections::BTreeMap<String, Option<&'static str>>,
-    name: &str,
-) -> Option<&'static str> {
+fn reasons(applied: Applied) -> Reasons {
+    applied
+        .verdicts
+        .into_iter()
+        .map(|(k, v)| (k, v.failure().map(|(r, _)| r)))
+        .collect()
+}
+
+fn reason_of(reasons: &Reasons, name: &str) -> Option<&'static str> {
     *reasons.get(name).expect("a verdict")
 }
 
@@ -499,8 +529,14 @@ fn a_conflict_names_the_overlay_it_lost_to() {
         "overlay-b",
         json!({"requirements": types_in(&["default-instance-type"]), "weight": 10, "price": "2"}),
     );
-    let verdicts = apply(&[&a, &b], &mut [&mut catalog]);
-    match &verdicts["overlay-a"] {
+    let labels = Default::default();
+    let pool = Pool {
+        name: POOL,
+        labels: &labels,
+        catalog: 0,
+    };
+    let applied = apply(&[&a, &b], &mut [&mut catalog], &[pool]);
+    match &applied.verdicts["overlay-a"] {
         Verdict::Conflict { with } => assert!(with.contains("overlay-b")),
         other => panic!("{other:?}"),
     }
@@ -666,4 +702,278 @@ fn capacity_overlays_of_different_weights_on_shared_offerings() {
     assert_eq!(cap(&c, "zone-two", "hugepages-1Gi"), q("2Gi"));
     assert_eq!(cap(&c, "zone-four", "hugepages-1Gi"), q("2Gi"));
     assert!(cap(&c, "zone-four", "smarter-devices/fuse").is_zero());
+}
+
+// Overlays per NodePool: upstream applies them to the instance types each NodePool sees, which
+// carry the pool's name (`karpenter.sh/nodepool`) and its template labels.
+
+const ONE: &str = "nodepool-one";
+const TWO: &str = "nodepool-two";
+
+fn on_pool(pool: &str) -> Value {
+    json!([{"key": "karpenter.sh/nodepool", "operator": "In", "values": [pool]}])
+}
+
+/// The single offering's price as `pool` sees it.
+fn price_seen(c: &Catalog, applied: &Applied, pool: &str) -> f64 {
+    prices(applied.seen_by(pool, c), "default-instance-type")[0]
+}
+
+#[test]
+fn a_price_on_one_pool_reprices_it_alone() {
+    for (field, v, want) in [
+        ("price", "13234.223", 13234.223),
+        ("priceAdjustment", "+1000", 1001.02),
+    ] {
+        let (c, applied) = run_pools(
+            single_offering(),
+            &[overlay(
+                "o",
+                json!({"requirements": on_pool(ONE), "weight": 10, field: v}),
+            )],
+            &[(ONE, &[]), (TWO, &[])],
+        );
+        assert!((price_seen(&c, &applied, ONE) - want).abs() < 1e-9, "{field}");
+        assert_eq!(price_seen(&c, &applied, TWO), 1.02, "{field}");
+    }
+}
+
+#[test]
+fn each_pool_takes_its_own_overlays_price() {
+    for (field, va, vb, want_one, want_two) in [
+        ("price", "13234.223", "232.11", 13234.223, 232.11),
+        ("priceAdjustment", "+1000", "+2500", 1001.02, 2501.02),
+    ] {
+        let (c, applied) = run_pools(
+            single_offering(),
+            &[
+                overlay(
+                    "overlay-a",
+                    json!({"requirements": on_pool(ONE), "weight": 10, field: va}),
+                ),
+                overlay(
+                    "overlay-b",
+                    json!({"requirements": on_pool(TWO), "weight": 10, field: vb}),
+                ),
+            ],
+            &[(ONE, &[]), (TWO, &[])],
+        );
+        let r = reasons(Applied {
+            verdicts: applied.verdicts.clone(),
+            pools: Default::default(),
+        });
+        assert_eq!(
+            (reason_of(&r, "overlay-a"), reason_of(&r, "overlay-b")),
+            (None, None),
+            "{field}"
+        );
+        assert!((price_seen(&c, &applied, ONE) - want_one).abs() < 1e-9, "{field}");
+        assert!((price_seen(&c, &applied, TWO) - want_two).abs() < 1e-9, "{field}");
+    }
+}
+
+#[test]
+fn a_price_on_a_template_label_reprices_only_the_pools_with_it() {
+    for (field, v, want) in [
+        ("price", "13234.223", 13234.223),
+        ("priceAdjustment", "+1000", 1001.02),
+    ] {
+        let (c, applied) = run_pools(
+            single_offering(),
+            &[overlay(
+                "o",
+                json!({"requirements": [{"key": "test-label", "operator": "In", "values": ["test-value"]}], "weight": 10, field: v}),
+            )],
+            &[(ONE, &[]), (TWO, &[("test-label", "test-value")])],
+        );
+        assert_eq!(price_seen(&c, &applied, ONE), 1.02, "{field}");
+        assert!((price_seen(&c, &applied, TWO) - want).abs() < 1e-9, "{field}");
+    }
+}
+
+/// Whether a NodeOverlay priced the type's offerings, in what `pool` sees (upstream's
+/// `IsPricingOverlayApplied`).
+fn priced(c: &Catalog, applied: &Applied, pool: &str, t: &str) -> bool {
+    let seen = applied.seen_by(pool, c);
+    seen.instance_types
+        .iter()
+        .filter(|it| it.name == t)
+        .flat_map(|it| &it.offerings)
+        .any(|o| seen.price_overlays.contains_key(&o.machine_deployment))
+}
+
+#[test]
+fn a_conflict_in_one_pool_is_not_applied_to_the_others() {
+    for (field, va, vb) in [("price", "382", "100"), ("priceAdjustment", "+10", "-23")] {
+        let (c, applied) = run_pools(
+            default_types(),
+            &[
+                overlay(
+                    "overlay-a",
+                    json!({"requirements": types_in(&["default-instance-type", "small-instance-type", "gpu-vendor-b-instance-type"]), "weight": 10, field: va}),
+                ),
+                overlay(
+                    "overlay-b",
+                    json!({"requirements": types_in(&["small-instance-type", "gpu-vendor-instance-type"]), "weight": 10, field: vb}),
+                ),
+            ],
+            &[(ONE, &[]), (TWO, &[])],
+        );
+        assert_eq!(
+            applied.verdicts["overlay-a"].failure().map(|(r, _)| r),
+            Some("Conflict"),
+            "{field}"
+        );
+        assert_eq!(applied.verdicts["overlay-b"], Verdict::Applied, "{field}");
+        for pool in [ONE, TWO] {
+            for (t, want) in [
+                ("default-instance-type", false),
+                ("gpu-vendor-b-instance-type", false),
+                ("gpu-vendor-instance-type", true),
+                ("small-instance-type", true),
+            ] {
+                assert_eq!(priced(&c, &applied, pool, t), want, "{field} {pool} {t}");
+            }
+        }
+    }
+}
+
+fn cap_seen(c: &Catalog, applied: &Applied, pool: &str, r: &str) -> karpenter_capi::api::resources::Quantity {
+    cap(applied.seen_by(pool, c), "default-instance-type", r)
+}
+
+#[test]
+fn capacity_on_one_pool_reaches_it_alone() {
+    let (c, applied) = run_pools(
+        single_offering(),
+        &[overlay(
+            "o",
+            json!({"requirements": on_pool(ONE), "weight": 10, "capacity": fuse("1")}),
+        )],
+        &[(ONE, &[]), (TWO, &[])],
+    );
+    assert_eq!(cap_seen(&c, &applied, ONE, "smarter-devices/fuse"), q("1"));
+    assert!(cap_seen(&c, &applied, TWO, "smarter-devices/fuse").is_zero());
+}
+
+#[test]
+fn each_pool_takes_its_own_capacity() {
+    let (c, applied) = run_pools(
+        single_offering(),
+        &[
+            overlay(
+                "overlay-a",
+                json!({"requirements": on_pool(ONE), "weight": 10, "capacity": fuse("1")}),
+            ),
+            overlay(
+                "overlay-b",
+                json!({"requirements": on_pool(TWO), "weight": 10, "capacity": {"dumb-devices/bar": "2"}}),
+            ),
+        ],
+        &[(ONE, &[]), (TWO, &[])],
+    );
+    assert_eq!(applied.verdicts["overlay-a"], Verdict::Applied);
+    assert_eq!(applied.verdicts["overlay-b"], Verdict::Applied);
+    assert_eq!(cap_seen(&c, &applied, ONE, "smarter-devices/fuse"), q("1"));
+    assert_eq!(cap_seen(&c, &applied, TWO, "dumb-devices/bar"), q("2"));
+}
+
+#[test]
+fn capacity_on_a_template_label_reaches_only_the_pools_with_it() {
+    let (c, applied) = run_pools(
+        single_offering(),
+        &[overlay(
+            "o",
+            json!({"requirements": [{"key": "test-label", "operator": "In", "values": ["test-value"]}], "weight": 10, "capacity": fuse("1")}),
+        )],
+        &[(ONE, &[]), (TWO, &[("test-label", "test-value")])],
+    );
+    assert!(cap_seen(&c, &applied, ONE, "smarter-devices/fuse").is_zero());
+    assert_eq!(cap_seen(&c, &applied, TWO, "smarter-devices/fuse"), q("1"));
+}
+
+#[test]
+fn a_capacity_conflict_in_one_pool_is_not_applied_to_the_others() {
+    let (c, applied) = run_pools(
+        default_types(),
+        &[
+            overlay(
+                "overlay-a",
+                json!({"requirements": types_in(&["default-instance-type", "small-instance-type"]), "weight": 10, "capacity": {"smarter-devices/buz": "54"}}),
+            ),
+            overlay(
+                "overlay-b",
+                json!({"requirements": types_in(&["small-instance-type", "gpu-vendor-instance-type"]), "weight": 10, "capacity": {"smarter-devices/buz": "21"}}),
+            ),
+        ],
+        &[(ONE, &[]), (TWO, &[])],
+    );
+    assert_eq!(
+        applied.verdicts["overlay-a"].failure().map(|(r, _)| r),
+        Some("Conflict")
+    );
+    assert_eq!(applied.verdicts["overlay-b"], Verdict::Applied);
+    for pool in [ONE, TWO] {
+        let seen = applied.seen_by(pool, &c);
+        for (t, want) in [
+            ("default-instance-type", "0"),
+            ("gpu-vendor-b-instance-type", "0"),
+            ("gpu-vendor-instance-type", "21"),
+            ("small-instance-type", "21"),
+        ] {
+            assert_eq!(cap(seen, t, "smarter-devices/buz"), q(want), "{pool} {t}");
+        }
+    }
+}
+
+/// Our own: pools that see a catalog alike share it (no copy), and a conflict is found in the
+/// one pool where two overlays of equal weight both select an offering.
+#[test]
+fn pools_share_a_catalog_unless_an_overlay_tells_them_apart() {
+    let teams: &[(&str, &[(&str, &str)])] = &[
+        (ONE, &[("team", "a")]),
+        (TWO, &[("team", "b")]),
+        ("nodepool-three", &[("team", "b")]),
+    ];
+    let (_, applied) = run_pools(
+        single_offering(),
+        &[overlay(
+            "o",
+            json!({"requirements": types_in(&["default-instance-type"]), "price": "0.5"}),
+        )],
+        teams,
+    );
+    assert!(applied.pools.is_empty(), "no overlay names a pool-level label");
+    let on_team_a = overlay(
+        "on-team-a",
+        json!({"requirements": [{"key": "team", "operator": "In", "values": ["a"]}], "weight": 10, "price": "0.5"}),
+    );
+    let (c, applied) = run_pools(single_offering(), std::slice::from_ref(&on_team_a), teams);
+    assert_eq!(applied.pools.len(), 3);
+    assert!(std::sync::Arc::ptr_eq(
+        &applied.pools[TWO],
+        &applied.pools["nodepool-three"]
+    ));
+    assert_eq!(price_seen(&c, &applied, ONE), 0.5);
+    assert_eq!(price_seen(&c, &applied, TWO), 1.02);
+    // Readers without a pool see the NodeClass's catalog: no pool label, nothing selected.
+    assert_eq!(prices(&c, "default-instance-type"), [1.02]);
+    let (_, applied) = run_pools(
+        single_offering(),
+        &[
+            on_team_a,
+            overlay(
+                "on-one",
+                json!({"requirements": on_pool(ONE), "weight": 10, "price": "0.7"}),
+            ),
+        ],
+        teams,
+    );
+    // on-team-a (evaluated first: the later name) prices pool one's offering; on-one would
+    // too: a conflict, found in pool one alone.
+    assert_eq!(applied.verdicts["on-team-a"], Verdict::Applied);
+    assert_eq!(
+        applied.verdicts["on-one"].failure().map(|(r, _)| r),
+        Some("Conflict")
+    );
 }

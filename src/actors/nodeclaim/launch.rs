@@ -59,6 +59,7 @@ pub fn resolve(
     let declared = crate::view::catalog::declared_taints(&spec.taints, &spec.startup_taints);
     catalog.resolve(
         &spec.node_class_ref.name,
+        claim.labels().get(NODEPOOL_LABEL).map(String::as_str),
         &reqs,
         &requests,
         excluded,
@@ -256,7 +257,8 @@ impl Step {
         machine: Option<&Machine>,
         pid: &str,
     ) -> Result<Next, Error> {
-        let offering = self.shared.catalog.offering(md);
+        let pool = self.claim.labels().get(NODEPOOL_LABEL).cloned();
+        let offering = self.shared.catalog.pool_offering(md, pool.as_deref());
         let generation = self.claim.metadata.generation;
         let updated = self
             .conditions_true(&[conditions::LAUNCHED], |status| {
