@@ -203,13 +203,16 @@ fn bench_overlay(c: &mut Criterion) {
         let view = CatalogView::default();
         view.insert("default", applied, None);
         view.publish_pools(by_pool);
-        c.bench_function(&format!("pool_instance_types_100_mds_10_pools/{case}"), |b| {
-            b.iter(|| {
-                for p in &pools {
-                    black_box(view.pool_instance_types("default", p.metadata.name.as_deref()));
-                }
-            })
-        });
+        c.bench_function(
+            &format!("pool_instance_types_100_mds_10_pools/{case}"),
+            |b| {
+                b.iter(|| {
+                    for p in &pools {
+                        black_box(view.pool_instance_types("default", p.metadata.name.as_deref()));
+                    }
+                })
+            },
+        );
     }
 }
 

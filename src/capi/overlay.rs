@@ -327,7 +327,11 @@ fn selects(reqs: &Requirements, pool: &BTreeMap<String, String>, o: &Offering) -
 }
 
 /// Each (type name, matched offerings) the overlay selects in the group's view of `catalog`.
-fn selected<'c>(p: &Parsed<'_>, g: &Group, catalog: &'c Catalog) -> Vec<(&'c str, Vec<&'c Offering>)> {
+fn selected<'c>(
+    p: &Parsed<'_>,
+    g: &Group,
+    catalog: &'c Catalog,
+) -> Vec<(&'c str, Vec<&'c Offering>)> {
     let mut out = Vec::new();
     for t in &catalog.instance_types {
         let matched: Vec<&Offering> = t

@@ -149,8 +149,7 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
                         ),
                     });
                 } else {
-                    let view =
-                        OfferingView::new(&t.name, o).overlaid(&cluster.catalog, Some(name));
+                    let view = OfferingView::new(&t.name, o).overlaid(&cluster.catalog, Some(name));
                     if let Some(why) = &view.unavailable_reason {
                         left_out.push(LeftOut {
                             machine_deployment: o.machine_deployment.clone(),

@@ -711,7 +711,10 @@ mod tests {
         assert!(matches!(err, ResolveError::MinValues { .. }), "{err}");
         assert!(err.to_string().contains(INSTANCE_TYPE_LABEL), "{err}");
         assert_eq!(err.reason(), "LaunchFailed");
-        assert!(view.resolve("nc", None, &reqs(2), &requests, &none, &[]).is_ok());
+        assert!(
+            view.resolve("nc", None, &reqs(2), &requests, &none, &[])
+                .is_ok()
+        );
         // A type whose only offering cannot be used does not count.
         let excluded = HashSet::from(["ns/b".to_string()]);
         assert!(matches!(

@@ -39,7 +39,10 @@ const POOL: &str = "default";
 /// after, and each overlay's reason for `ValidationSucceeded=False` (None when it is True).
 fn run(types: Vec<InstanceType>, overlays: &[NodeOverlay]) -> (Catalog, Reasons) {
     let (catalog, applied) = run_pools(types, overlays, &[(POOL, &[])]);
-    assert!(applied.pools.is_empty(), "{POOL} sees the NodeClass's catalog");
+    assert!(
+        applied.pools.is_empty(),
+        "{POOL} sees the NodeClass's catalog"
+    );
     (catalog, reasons(applied))
 }
 
@@ -733,7 +736,10 @@ fn a_price_on_one_pool_reprices_it_alone() {
             )],
             &[(ONE, &[]), (TWO, &[])],
         );
-        assert!((price_seen(&c, &applied, ONE) - want).abs() < 1e-9, "{field}");
+        assert!(
+            (price_seen(&c, &applied, ONE) - want).abs() < 1e-9,
+            "{field}"
+        );
         assert_eq!(price_seen(&c, &applied, TWO), 1.02, "{field}");
     }
 }
@@ -767,8 +773,14 @@ fn each_pool_takes_its_own_overlays_price() {
             (None, None),
             "{field}"
         );
-        assert!((price_seen(&c, &applied, ONE) - want_one).abs() < 1e-9, "{field}");
-        assert!((price_seen(&c, &applied, TWO) - want_two).abs() < 1e-9, "{field}");
+        assert!(
+            (price_seen(&c, &applied, ONE) - want_one).abs() < 1e-9,
+            "{field}"
+        );
+        assert!(
+            (price_seen(&c, &applied, TWO) - want_two).abs() < 1e-9,
+            "{field}"
+        );
     }
 }
 
@@ -787,7 +799,10 @@ fn a_price_on_a_template_label_reprices_only_the_pools_with_it() {
             &[(ONE, &[]), (TWO, &[("test-label", "test-value")])],
         );
         assert_eq!(price_seen(&c, &applied, ONE), 1.02, "{field}");
-        assert!((price_seen(&c, &applied, TWO) - want).abs() < 1e-9, "{field}");
+        assert!(
+            (price_seen(&c, &applied, TWO) - want).abs() < 1e-9,
+            "{field}"
+        );
     }
 }
 
@@ -838,7 +853,12 @@ fn a_conflict_in_one_pool_is_not_applied_to_the_others() {
     }
 }
 
-fn cap_seen(c: &Catalog, applied: &Applied, pool: &str, r: &str) -> karpenter_capi::api::resources::Quantity {
+fn cap_seen(
+    c: &Catalog,
+    applied: &Applied,
+    pool: &str,
+    r: &str,
+) -> karpenter_capi::api::resources::Quantity {
     cap(applied.seen_by(pool, c), "default-instance-type", r)
 }
 
@@ -943,7 +963,10 @@ fn pools_share_a_catalog_unless_an_overlay_tells_them_apart() {
         )],
         teams,
     );
-    assert!(applied.pools.is_empty(), "no overlay names a pool-level label");
+    assert!(
+        applied.pools.is_empty(),
+        "no overlay names a pool-level label"
+    );
     let on_team_a = overlay(
         "on-team-a",
         json!({"requirements": [{"key": "team", "operator": "In", "values": ["a"]}], "weight": 10, "price": "0.5"}),

@@ -2,7 +2,8 @@
 //! a change to it re-prices the catalog by watch, without a restart; a malformed price is
 //! refused (by the CRD's pattern on a real API server) or reported on the overlay's status
 //! naming the field, and never applied; two overlays of the same weight that price the same
-//! offerings are reported as a conflict naming the one applied.
+//! offerings are reported as a conflict naming the one applied; an overlay that selects one
+//! NodePool prices the offerings for that pool alone.
 
 use std::time::Duration;
 
@@ -11,7 +12,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use karpenter_capi::api::NodeOverlay;
-use karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL;
+use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
 use karpenter_capi::sim::cluster::{Backend, PodShape, SimClusterConfig};
 use karpenter_capi::simulate::pods::seed_of;
 
@@ -22,6 +24,7 @@ on_both_backends![
     a_malformed_price_is_refused_or_reported_and_never_applied,
     overlays_of_equal_weight_on_the_same_offerings_conflict,
     the_overlay_scenario_launches_on_the_overlay_cheapest_type,
+    an_overlay_on_one_nodepool_prices_that_pool_alone,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -69,6 +72,17 @@ async fn ready_of(api: &Api<NodeOverlay>, name: &str) -> (String, String, String
             Some((c.status.as_str().to_string(), c.reason, c.message))
         },
     )
+    .await
+}
+
+/// The overlay's Ready condition once its status is `status`: an overlay created before the
+/// one it conflicts with is applied (`True`) until the controller sees the other.
+async fn ready_once(api: &Api<NodeOverlay>, name: &str, status: &str) -> (String, String, String) {
+    eventually(&format!("NodeOverlay {name} is Ready={status}"), || async {
+        let o = api.get(name).await.ok()?;
+        let c = o.conditions().iter().find(|c| c.type_ == "Ready")?.clone();
+        (c.status.as_str() == status).then(|| (c.status.as_str().to_string(), c.reason, c.message))
+    })
     .await
 }
 
@@ -233,7 +247,7 @@ async fn overlays_of_equal_weight_on_the_same_offerings_conflict(backend: Backen
         .await
         .expect("create the overlay");
     }
-    let (status, reason, message) = ready_of(&api, "a-cheap").await;
+    let (status, reason, message) = ready_once(&api, "a-cheap", "False").await;
     assert_eq!((status.as_str(), reason.as_str()), ("False", "Conflict"));
     assert!(message.contains("b-cheap"), "{message}");
     assert_eq!(ready_of(&api, "b-cheap").await.0, "True");
@@ -273,4 +287,69 @@ async fn the_overlay_scenario_launches_on_the_overlay_cheapest_type(backend: Bac
     assert!(report.invariants_ok(), "{report}");
     let json: Value = serde_json::from_str(&report.to_json()).expect("JSON");
     assert_eq!(json["overlay"]["picked_overlay_cheapest"], true);
+}
+
+/// Two NodePools of the one NodeClass, `default` and `other`; an overlay that selects
+/// `karpenter.sh/nodepool: default` and `large` prices large at 0.01 for that pool alone. A pod
+/// kept to `default` lands on large, the cheapest there; a pod kept to `other` lands on small,
+/// the cheapest at the annotated prices; the claims say which pool made them.
+async fn an_overlay_on_one_nodepool_prices_that_pool_alone(backend: Backend) {
+    let env = env(backend).await;
+    let client = env.client().await;
+    let mut other: NodePool = serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": "other"},
+        "spec": serde_json::to_value(&env.pool.spec).expect("the seeded pool's spec"),
+    }))
+    .expect("a NodePool");
+    other.status = None;
+    Api::<NodePool>::all(client.clone())
+        .create(&PostParams::default(), &other)
+        .await
+        .expect("create the second NodePool");
+    let api: Api<NodeOverlay> = Api::all(client);
+    api.create(
+        &PostParams::default(),
+        &overlay(
+            "default-pool-deal",
+            json!({"requirements": [
+                {"key": NODEPOOL_LABEL, "operator": "In", "values": [env.pool.metadata.name]},
+                {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": ["large"]},
+            ], "price": "0.01"}),
+        ),
+    )
+    .await
+    .expect("create the overlay");
+    assert_eq!(ready_of(&api, "default-pool-deal").await.0, "True");
+    for (deployment, pool) in [("in-default", "default"), ("in-other", "other")] {
+        let mut shape = PodShape::new("500m", "256Mi");
+        shape.node_selector = [(NODEPOOL_LABEL.to_string(), pool.to_string())].into();
+        env.deployment(deployment, 1, shape).await;
+    }
+    env.until_quiet("both pods bound", |e| e.bound_pods() == 2)
+        .await;
+    assert_eq!(types_of(&env, "in-default-"), ["large"]);
+    assert_eq!(types_of(&env, "in-other-"), ["small"]);
+    let mut made: Vec<(String, String)> = env
+        .list("nodeclaims")
+        .iter()
+        .map(|c| {
+            let label = |k: &str| {
+                c["metadata"]["labels"][k]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            };
+            (label(NODEPOOL_LABEL), label(INSTANCE_TYPE_LABEL))
+        })
+        .collect();
+    made.sort();
+    assert_eq!(
+        made,
+        [
+            ("default".to_string(), "large".to_string()),
+            ("other".to_string(), "small".to_string())
+        ]
+    );
+    env.invariants_hold();
 }
