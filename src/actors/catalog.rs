@@ -706,6 +706,8 @@ impl Handler<NodePoolsChanged> for Catalog {
             pools_seen(index.synced(), &pools)
         };
         if self.pools_seen.as_ref() != Some(&now) {
+            // The prices a pool sees may change: consolidation looks again, as for an overlay.
+            self.overlays_changed = true;
             self.schedule_rebuild(ctx);
         }
     }

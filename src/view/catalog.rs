@@ -678,6 +678,75 @@ mod tests {
         assert_eq!(choice.machine_deployment, "ns/b-idle");
     }
 
+    /// A pool an overlay selects by name resolves, prices and explains its claims at the
+    /// overlaid price; another pool of the NodeClass, and a claim without a pool, at the
+    /// NodeClass's.
+    #[test]
+    fn a_pool_of_its_own_is_read_where_its_claims_are() {
+        let overlay: crate::api::NodeOverlay = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+            "metadata": {"name": "deal"},
+            "spec": {"requirements": [{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["one"]}], "price": "0.05"},
+        }))
+        .unwrap();
+        let pool = |name: &str| -> Arc<NodePool> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                    "metadata": {"name": name},
+                    "spec": {"template": {"spec": {"requirements": [], "nodeClassRef": {
+                        "group": crate::api::wellknown::NODECLASS_GROUP,
+                        "kind": crate::api::wellknown::NODECLASS_KIND,
+                        "name": "nc"}}}},
+                }))
+                .unwrap(),
+            )
+        };
+        let mut catalog = offerings::Catalog {
+            instance_types: vec![it("a", 4, vec![offering("ns/a", 0.5, 0, "z")])],
+            deployments: vec!["ns/a".into()],
+            ..Default::default()
+        };
+        let (verdicts, by_pool) = apply_overlays(
+            &[&overlay],
+            vec![("nc", &mut catalog)],
+            &[pool("one"), pool("two")],
+        );
+        assert_eq!(verdicts["deal"], Verdict::Applied);
+        let view = CatalogView::default();
+        view.insert("nc", catalog, None);
+        view.publish_pools(by_pool);
+        let price = |pool: Option<&str>| {
+            view.resolve(
+                "nc",
+                pool,
+                &Requirements::default(),
+                &Resources::new(),
+                &HashSet::new(),
+                &[],
+            )
+            .unwrap()
+            .price
+        };
+        assert_eq!(price(Some("one")), 0.05);
+        assert_eq!(price(Some("two")), 0.5);
+        assert_eq!(price(None), 0.5);
+        assert_eq!(view.pool_offering("ns/a", Some("one")).unwrap().price, 0.05);
+        assert_eq!(view.offering("ns/a").unwrap().price, 0.5);
+        assert_eq!(
+            view.pool_instance_types("nc", Some("one"))[0].offerings[0].price,
+            0.05
+        );
+        assert_eq!(
+            view.price_overlay("ns/a", Some("one")).unwrap().overlay,
+            "deal"
+        );
+        assert!(view.price_overlay("ns/a", Some("two")).is_none());
+        // A pool's own catalog goes with its NodeClass.
+        view.retain(&HashSet::new());
+        assert!(view.pool_offering("ns/a", Some("one")).is_none());
+    }
+
     #[test]
     fn min_values_count_only_the_types_that_can_launch() {
         use crate::api::nodeclaim::{NodeSelectorRequirementWithMinValues, Operator};
