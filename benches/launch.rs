@@ -70,6 +70,21 @@ fn deployments(n: usize) -> Vec<Arc<MachineDeployment>> {
         .collect()
 }
 
+/// The catalog of `n` MachineDeployments, without templates.
+fn catalog_of(n: usize) -> offerings::Catalog {
+    let mds = deployments(n);
+    let templates = HashMap::new();
+    let never = |_: &str| false;
+    offerings::build(
+        None,
+        &mds,
+        &Context {
+            templates: &templates,
+            unavailable: &never,
+        },
+    )
+}
+
 fn bench_catalog(c: &mut Criterion) {
     let mut g = c.benchmark_group("catalog_build");
     for n in [10usize, 100] {
@@ -93,17 +108,7 @@ fn bench_catalog(c: &mut Criterion) {
     g.finish();
 
     // Resolving one claim against 100 MachineDeployments (the catalog's hot read).
-    let mds = deployments(100);
-    let templates = HashMap::new();
-    let never = |_: &str| false;
-    let cat = offerings::build(
-        None,
-        &mds,
-        &Context {
-            templates: &templates,
-            unavailable: &never,
-        },
-    );
+    let cat = catalog_of(100);
     let mut reqs = Requirements::default();
     reqs.add(
         Requirement::new(INSTANCE_TYPE_LABEL, Operator::In, &["sim-42".to_string()])
@@ -141,17 +146,7 @@ fn bench_overlay(c: &mut Criterion) {
     use karpenter_capi::api::NodeOverlay;
     use karpenter_capi::api::nodepool::NodePool;
     use karpenter_capi::view::catalog::apply_overlays;
-    let mds = deployments(100);
-    let templates = HashMap::new();
-    let never = |_: &str| false;
-    let cat = offerings::build(
-        None,
-        &mds,
-        &Context {
-            templates: &templates,
-            unavailable: &never,
-        },
-    );
+    let cat = catalog_of(100);
     let overlay = |name: &str, spec: serde_json::Value| -> NodeOverlay {
         serde_json::from_value(serde_json::json!({
             "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
