@@ -217,8 +217,8 @@ impl Catalog {
 
     /// Applies the NodeOverlays to the catalogs about to be published (of the NodeClasses
     /// `names`), as each NodePool sees them, and writes each overlay's `ValidationSucceeded` and
-    /// `Ready` conditions, with upstream's reasons, once the NodePool list has synced (before,
-    /// a conflict between pools cannot be told). Returns the pools' own catalogs.
+    /// `Ready` conditions, with upstream's reasons (a valid one's once the NodePool list has
+    /// synced: before, a conflict in some pool cannot be told). Returns the pools' own catalogs.
     fn apply_overlays(
         &mut self,
         names: &[&str],
@@ -239,10 +239,7 @@ impl Catalog {
             .zip(resolved.iter_mut().map(|(c, _)| c))
             .collect();
         let (verdicts, by_pool) = apply_overlays(&refs, catalogs, &nodepools);
-        if !pools_synced {
-            return by_pool;
-        }
-        for o in &overlays {
+        for o in overlays.iter().filter(|_| pools_synced) {
             let verdict = verdicts
                 .get(&o.name_any())
                 .cloned()
