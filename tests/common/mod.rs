@@ -32,6 +32,7 @@ pub use karpenter_capi::testing::merge;
 
 pub mod claims;
 pub mod go_provider;
+pub mod repair;
 pub mod replicas;
 pub mod static_pools;
 
