@@ -56,6 +56,11 @@ pub fn buffer(name: &str, spec: Value) -> Value {
     })
 }
 
+/// Creates CapacityBuffer `name` of `spec` in the test namespace.
+pub async fn create_buffer(env: &Env, name: &str, spec: Value) {
+    create(env, buffer(name, spec)).await;
+}
+
 pub fn buffer_status(env: &Env, name: &str) -> Value {
     env.get("capacitybuffers", NS, name)
         .map(|b| b["status"].clone())
@@ -78,12 +83,10 @@ pub fn condition_of(env: &Env, name: &str, ty: &str) -> Option<(String, String, 
 /// provisions. Once the template exists the buffer resolves; a size its template cannot give
 /// (limits on a resource it does not request) is named again.
 pub async fn a_buffer_naming_a_missing_template_is_reported(env: &Env) {
-    create(
+    create_buffer(
         env,
-        buffer(
-            "orphan",
-            json!({"podTemplateRef": {"name": "nowhere"}, "replicas": 3}),
-        ),
+        "orphan",
+        json!({"podTemplateRef": {"name": "nowhere"}, "replicas": 3}),
     )
     .await;
     env.until("the buffer is not ready", |e| {

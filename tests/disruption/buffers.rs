@@ -6,7 +6,7 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
-use crate::common::buffers::{buffer, condition_of, create, template};
+use crate::common::buffers::{condition_of, create, create_buffer, template};
 use crate::common::claims::fast_disruption;
 use crate::common::*;
 use karpenter_capi::actors::Settings;
@@ -106,12 +106,10 @@ async fn buffers_created_and_deleted_in_a_row_leak_no_node() {
     )
     .await;
     create(&env, template("chunk")).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "seed",
-            json!({"podTemplateRef": {"name": "chunk"}, "replicas": 1}),
-        ),
+        "seed",
+        json!({"podTemplateRef": {"name": "chunk"}, "replicas": 1}),
     )
     .await;
     env.wait("a claim for the seed buffer", || {
@@ -121,12 +119,10 @@ async fn buffers_created_and_deleted_in_a_row_leak_no_node() {
     delete_buffer(&env, "seed").await;
     for i in 0..5 {
         let name = format!("rapid-{i}");
-        create(
+        create_buffer(
             &env,
-            buffer(
-                &name,
-                json!({"podTemplateRef": {"name": "chunk"}, "replicas": 2}),
-            ),
+            &name,
+            json!({"podTemplateRef": {"name": "chunk"}, "replicas": 2}),
         )
         .await;
         env.until("the buffer resolved", |e| {

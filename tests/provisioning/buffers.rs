@@ -17,7 +17,7 @@ use karpenter_capi::simulate::pods::seed_of;
 use karpenter_capi::cli::{Scenario, SimulateArgs};
 
 use crate::autoscaler::cluster;
-use crate::common::buffers::{self, buffer, buffer_status, condition_of, create, template};
+use crate::common::buffers::{self, buffer_status, condition_of, create, create_buffer, template};
 use crate::common::{Env, condition, scenario};
 
 const NS: &str = launch::NAMESPACE;
@@ -71,12 +71,10 @@ fn nodes_of_pods(env: &Env, app: &str) -> Vec<Option<String>> {
 async fn pods_that_arrive_within_the_buffer_bind_on_its_capacity_and_it_refills() {
     let env = env().await;
     create(&env, template("chunk")).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "headroom",
-            json!({"podTemplateRef": {"name": "chunk"}, "replicas": 2}),
-        ),
+        "headroom",
+        json!({"podTemplateRef": {"name": "chunk"}, "replicas": 2}),
     )
     .await;
     env.until_quiet("the buffer's capacity launched and fits", |e| {
@@ -132,14 +130,7 @@ async fn pods_that_arrive_within_the_buffer_bind_on_its_capacity_and_it_refills(
 async fn a_scalable_ref_buffer_follows_its_deployment() {
     let env = env().await;
     deployment(&env, "api", 3).await;
-    create(
-        &env,
-        buffer(
-            "api-headroom",
-            json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "api"}, "percentage": 50}),
-        ),
-    )
-    .await;
+    create_buffer(&env, "api-headroom", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "api"}, "percentage": 50})).await;
     env.until("2 chunks (50% of 3, rounded up)", |e| {
         buffer_status(e, "api-headroom")["replicas"] == 2
     })
@@ -209,12 +200,10 @@ async fn a_buffer_is_placed_as_its_template_says_and_within_the_pools_limits() {
     t["template"]["spec"]["nodeSelector"] =
         json!({karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL: "large"});
     create(&env, t).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "big",
-            json!({"podTemplateRef": {"name": "pinned"}, "replicas": 20}),
-        ),
+        "big",
+        json!({"podTemplateRef": {"name": "pinned"}, "replicas": 20}),
     )
     .await;
     env.until_quiet("one node launched and the buffer short of room", |e| {
@@ -240,16 +229,13 @@ async fn a_buffer_is_placed_as_its_template_says_and_within_the_pools_limits() {
 #[actix::test]
 async fn scalable_refs_it_cannot_read_are_named_and_sizes_follow_the_spec() {
     let env = env().await;
-    create(
+    create_buffer(
         &env,
-        buffer("jobs", json!({"scalableRef": {"apiGroup": "batch", "kind": "Job", "name": "j"}, "replicas": 1})),
+        "jobs",
+        json!({"scalableRef": {"apiGroup": "batch", "kind": "Job", "name": "j"}, "replicas": 1}),
     )
     .await;
-    create(
-        &env,
-        buffer("ghost", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "none"}, "replicas": 1})),
-    )
-    .await;
+    create_buffer(&env, "ghost", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "none"}, "replicas": 1})).await;
     env.until("both named as not ready", |e| {
         let jobs = condition_of(e, "jobs", "ReadyForProvisioning");
         let ghost = condition_of(e, "ghost", "ReadyForProvisioning");
@@ -261,12 +247,10 @@ async fn scalable_refs_it_cannot_read_are_named_and_sizes_follow_the_spec() {
     .await;
 
     create(&env, template("chunk")).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "sized",
-            json!({"podTemplateRef": {"name": "chunk"}, "replicas": 3}),
-        ),
+        "sized",
+        json!({"podTemplateRef": {"name": "chunk"}, "replicas": 3}),
     )
     .await;
     env.until("3 chunks", |e| buffer_status(e, "sized")["replicas"] == 3)
@@ -337,22 +321,8 @@ async fn a_statefulset_and_a_fixed_size_deployment_buffer_are_provisioned() {
     let env = env().await;
     workload(&env, "StatefulSet", "db", 5, json!({})).await;
     deployment(&env, "app", 2).await;
-    create(
-        &env,
-        buffer(
-            "db-headroom",
-            json!({"scalableRef": {"apiGroup": "apps", "kind": "StatefulSet", "name": "db"}, "percentage": 20}),
-        ),
-    )
-    .await;
-    create(
-        &env,
-        buffer(
-            "app-headroom",
-            json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "app"}, "replicas": 3}),
-        ),
-    )
-    .await;
+    create_buffer(&env, "db-headroom", json!({"scalableRef": {"apiGroup": "apps", "kind": "StatefulSet", "name": "db"}, "percentage": 20})).await;
+    create_buffer(&env, "app-headroom", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "app"}, "replicas": 3})).await;
     env.until_quiet("both buffers resolved and provisioned", |e| {
         buffer_status(e, "db-headroom")["replicas"] == 1
             && buffer_status(e, "app-headroom")["replicas"] == 3
@@ -376,20 +346,16 @@ async fn two_buffers_are_each_provisioned() {
     small["template"]["spec"]["containers"][0]["resources"]["requests"] =
         json!({"cpu": "500m", "memory": "256Mi"});
     create(&env, small).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "a",
-            json!({"podTemplateRef": {"name": "large-chunk"}, "replicas": 2}),
-        ),
+        "a",
+        json!({"podTemplateRef": {"name": "large-chunk"}, "replicas": 2}),
     )
     .await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "b",
-            json!({"podTemplateRef": {"name": "small-chunk"}, "replicas": 3}),
-        ),
+        "b",
+        json!({"podTemplateRef": {"name": "small-chunk"}, "replicas": 3}),
     )
     .await;
     env.until_quiet("both buffers provisioned", |e| {
@@ -413,12 +379,10 @@ async fn placeholders_keep_their_templates_anti_affinity() {
     let mut t = template("spread-buffer");
     t["template"]["spec"]["affinity"] = spread("spread-buffer");
     create(&env, t).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "spread",
-            json!({"podTemplateRef": {"name": "spread-buffer"}, "replicas": 3}),
-        ),
+        "spread",
+        json!({"podTemplateRef": {"name": "spread-buffer"}, "replicas": 3}),
     )
     .await;
     env.until_quiet("three nodes, one per chunk", |e| {
@@ -446,14 +410,7 @@ async fn placeholders_of_a_deployment_keep_its_anti_affinity() {
     .await;
     env.until_quiet("the Deployment's pod bound", |e| e.bound_pods() == 1)
         .await;
-    create(
-        &env,
-        buffer(
-            "spread",
-            json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "spread-deploy"}, "replicas": 3}),
-        ),
-    )
-    .await;
+    create_buffer(&env, "spread", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "spread-deploy"}, "replicas": 3})).await;
     env.until_quiet("four nodes: the pod's and one per chunk", |e| {
         initialized_nodes(e).len() == 4
             && condition_of(e, "spread", "Provisioning")
