@@ -151,4 +151,8 @@ pub async fn a_buffer_naming_a_missing_template_is_reported(env: &Env) {
         status["replicas"].is_null() && status["podTemplateRef"].is_null(),
         "a buffer that no longer resolves keeps no chunk count nor template: {status:#}"
     );
+    // What the resolved buffer launched finishes launching before the cluster is checked (a
+    // real API server shows a Machine between its MachineDeployment's scale and its Node).
+    env.until_quiet("the buffer's launches settled", |_| true)
+        .await;
 }

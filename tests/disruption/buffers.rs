@@ -199,5 +199,6 @@ async fn an_expired_buffer_node_is_refilled() {
     .await;
     assert!(env.metric("karpenter_nodeclaims_disrupted_total{reason=\"expired\"") >= 1.0);
     delete_buffer(&env, "headroom").await;
+    env.until_quiet("the last launch settled", |_| true).await;
     env.assert_clean();
 }
