@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
 
 use karpenter_capi::actors::Settings;
 use karpenter_capi::sim::cluster::Backend;
@@ -91,5 +92,50 @@ pub async fn with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired(en
     assert_eq!(
         env.metric("karpenter_capi_nodes_repair_blocked{nodepool=\"fixed\"}"),
         2.0
+    );
+}
+
+/// A Machine a MachineHealthCheck watches over (here asked to be remediated by the
+/// `cluster.x-k8s.io/remediate-machine` annotation) is left to Cluster API's remediation.
+pub async fn a_machine_a_health_check_watches_is_left_to_it(env: &Env) {
+    env.static_pool(1, None).await;
+    let claims = env.holds(1).await;
+    let machine = env
+        .get("nodeclaims", "", &claims[0])
+        .and_then(|c| {
+            c["metadata"]["annotations"]["cluster.x-k8s.io/machine"]
+                .as_str()
+                .map(String::from)
+        })
+        .expect("the claim's Machine");
+    let (ns, name) = machine.split_once('/').expect("ns/name");
+    let machines: Api<DynamicObject> = Api::namespaced_with(
+        env.client().await,
+        ns,
+        &env.sim.cluster().capi_version().machine(),
+    );
+    machines
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "cluster.x-k8s.io/remediate-machine": ""}}})),
+        )
+        .await
+        .expect("ask for remediation");
+    env.node_ready(&env.node_of(&claims[0]), "False").await;
+    let blocked = env
+        .served_events_about("NodeRepairBlocked", "NodeClaim", 1)
+        .await;
+    assert!(
+        blocked[0]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("MachineHealthCheck watches over Machine")),
+        "{blocked:#?}"
+    );
+    assert_eq!(
+        env.live_static_claims().len(),
+        1,
+        "left to the MachineHealthCheck"
     );
 }

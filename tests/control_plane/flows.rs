@@ -62,6 +62,7 @@ on_both_backends![
     static_replicas_above_limits_nodes_are_held_at_the_limit,
     an_unhealthy_node_is_replaced_past_its_toleration,
     with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired,
+    a_machine_a_health_check_watches_is_left_to_repair_by_it,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -297,5 +298,12 @@ async fn with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired(backen
     let env = crate::common::repair::env_repair_on(backend).await;
     crate::common::repair::with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired(&env)
         .await;
+    env.assert_clean();
+}
+
+/// Node repair beside Cluster API's: a Machine a MachineHealthCheck remediates is left to it.
+async fn a_machine_a_health_check_watches_is_left_to_repair_by_it(backend: Backend) {
+    let env = crate::common::repair::env_repair_on(backend).await;
+    crate::common::repair::a_machine_a_health_check_watches_is_left_to_it(&env).await;
     env.assert_clean();
 }

@@ -4,7 +4,7 @@
 //! MachineHealthCheck watches over, nothing is.
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::common;
@@ -78,51 +78,11 @@ async fn a_repair_ignores_budgets_and_do_not_disrupt() {
 }
 
 /// A Machine a MachineHealthCheck watches over (here asked to be remediated by the
-/// `cluster.x-k8s.io/remediate-machine` annotation) is left to Cluster API's remediation.
+/// `cluster.x-k8s.io/remediate-machine` annotation) is left to Cluster API's remediation (on both
+/// backends in `tests/control_plane/flows.rs`).
 #[actix::test]
 async fn a_machine_a_health_check_watches_is_left_to_it() {
     let env = env_repair().await;
-    env.static_pool(1, None).await;
-    let claims = env.holds(1).await;
-    let machine = env
-        .get("nodeclaims", "", &claims[0])
-        .and_then(|c| {
-            c["metadata"]["annotations"]["cluster.x-k8s.io/machine"]
-                .as_str()
-                .map(String::from)
-        })
-        .expect("the claim's Machine");
-    let (ns, name) = machine.split_once('/').expect("ns/name");
-    let machines: Api<DynamicObject> = Api::namespaced_with(
-        env.client().await,
-        ns,
-        &env.sim.cluster().capi_version().machine(),
-    );
-    machines
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "cluster.x-k8s.io/remediate-machine": ""}}})),
-        )
-        .await
-        .expect("ask for remediation");
-    env.node_ready(&env.node_of(&claims[0]), "False").await;
-    let blocked = env
-        .wait("NodeRepairBlocked on the claim", || {
-            env.events("NodeRepairBlocked").into_iter().next()
-        })
-        .await;
-    assert!(
-        blocked["note"]
-            .as_str()
-            .is_some_and(|n| n.contains("MachineHealthCheck watches over Machine")),
-        "{blocked:#}"
-    );
-    assert_eq!(
-        env.live_static_claims().len(),
-        1,
-        "left to the MachineHealthCheck"
-    );
+    repair::a_machine_a_health_check_watches_is_left_to_it(&env).await;
     env.assert_clean();
 }
