@@ -149,15 +149,13 @@ impl NodeRepair {
         let name = r.claim.name_any();
         tracing::info!(nodeclaim = %name, node = %r.node, reason = %r.why, "deleting unhealthy node");
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
-        let now = jiff::Timestamp::now()
-            .strftime("%Y-%m-%dT%H:%M:%SZ")
-            .to_string();
-        let patch = json!({"metadata": {"annotations": {TERMINATION_TIMESTAMP_ANNOTATION: now}}});
+        let stamp = repair::termination_stamp(&r.claim, jiff::Timestamp::now());
         let target = name.clone();
         ctx.spawn(
             async move {
-                let due = r.claim.annotations().get(TERMINATION_TIMESTAMP_ANNOTATION);
-                if due.is_none_or(|d| d.parse::<jiff::Timestamp>().is_err()) {
+                if let Some(now) = stamp {
+                    let patch =
+                        json!({"metadata": {"annotations": {TERMINATION_TIMESTAMP_ANNOTATION: now}}});
                     api.patch(&target, &PatchParams::default(), &Patch::Merge(&patch))
                         .await?;
                 }

@@ -18,7 +18,9 @@ use kube::ResourceExt;
 
 use super::Inputs;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::wellknown::{CAPACITY_TYPE_LABEL, NODEPOOL_LABEL};
+use crate::api::wellknown::{
+    CAPACITY_TYPE_LABEL, NODEPOOL_LABEL, TERMINATION_TIMESTAMP_ANNOTATION,
+};
 use crate::state::claims::recorded_machine;
 use crate::state::compact::CompactNode;
 
@@ -184,6 +186,19 @@ pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decis
         });
     }
     out
+}
+
+/// The termination deadline a repair stamps on the claim before deleting it, when it must write
+/// one: now. A deadline already passed is kept (the drain is already forceful); one later than
+/// now, from the NodePool's `terminationGracePeriod`, is brought forward, as upstream does, so
+/// the drain of an unhealthy node waits for nothing.
+pub fn termination_stamp(c: &NodeClaim, now: Timestamp) -> Option<String> {
+    let stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    match c.annotations().get(TERMINATION_TIMESTAMP_ANNOTATION) {
+        Some(due) if *due == stamp => None,
+        Some(due) if due.parse::<Timestamp>().is_ok_and(|d| d < now) => None,
+        _ => Some(stamp),
+    }
 }
 
 /// The capacity type label of a claim (upstream's metric label).

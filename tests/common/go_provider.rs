@@ -124,34 +124,37 @@ impl GoProvider {
 
     /// The create batch: raise `spec.replicas` by one (read, add, update).
     pub async fn raise(&self, md: &str) {
-        let mut obj = self
-            .deployments()
-            .get(md)
-            .await
-            .expect("read the MachineDeployment");
-        let replicas = obj.data["spec"]["replicas"].as_i64().unwrap_or(0);
-        obj.data["spec"]["replicas"] = json!(replicas + 1);
-        obj.metadata.managed_fields = None;
-        self.deployments()
-            .replace(md, &PostParams::default(), &obj)
-            .await
-            .expect("raise the replicas");
+        self.step_replicas(md, 1).await;
     }
 
     /// The delete batch's decrement.
     pub async fn lower(&self, md: &str) {
-        let mut obj = self
-            .deployments()
-            .get(md)
-            .await
-            .expect("read the MachineDeployment");
-        let replicas = obj.data["spec"]["replicas"].as_i64().unwrap_or(0);
-        obj.data["spec"]["replicas"] = json!((replicas - 1).max(0));
-        obj.metadata.managed_fields = None;
-        self.deployments()
-            .replace(md, &PostParams::default(), &obj)
-            .await
-            .expect("lower the replicas");
+        self.step_replicas(md, -1).await;
+    }
+
+    /// Read, change `spec.replicas` by `by` (not below 0), update; on a conflict (a stand-in
+    /// wrote the MachineDeployment between the read and the update) read again, as the Go
+    /// provider's client retries on conflict.
+    async fn step_replicas(&self, md: &str, by: i64) {
+        loop {
+            let mut obj = self
+                .deployments()
+                .get(md)
+                .await
+                .expect("read the MachineDeployment");
+            let replicas = obj.data["spec"]["replicas"].as_i64().unwrap_or(0);
+            obj.data["spec"]["replicas"] = json!((replicas + by).max(0));
+            obj.metadata.managed_fields = None;
+            match self
+                .deployments()
+                .replace(md, &PostParams::default(), &obj)
+                .await
+            {
+                Ok(_) => return,
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(e) => panic!("change the replicas by {by}: {e}"),
+            }
+        }
     }
 
     /// The create batch's poll: a Machine of `md` not claimed (no member label), not marked,

@@ -30,8 +30,10 @@ use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_co
 
 pub use karpenter_capi::testing::merge;
 
+pub mod buffers;
 pub mod claims;
 pub mod go_provider;
+pub mod repair;
 pub mod replicas;
 pub mod static_pools;
 

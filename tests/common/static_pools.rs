@@ -11,7 +11,7 @@ use karpenter_capi::sim::cluster::Backend;
 use karpenter_capi::simulate::sim_settings;
 
 use super::claims::fast_disruption;
-use super::{Env, condition};
+use super::{Env, condition, eventually};
 
 pub const POOL: &str = "fixed";
 
@@ -31,24 +31,27 @@ pub async fn env_static() -> Env {
     env_static_on(Backend::Simulated).await
 }
 
+/// A static NodePool `name` of `replicas` on the seeded pool's NodeClass, without limits.
+pub fn static_pool_of(env: &Env, name: &str, replicas: i64) -> NodePool {
+    let mut spec = serde_json::to_value(&env.pool.spec).expect("spec");
+    spec["replicas"] = json!(replicas);
+    if let Some(s) = spec.as_object_mut() {
+        s.remove("weight");
+        s.remove("limits");
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .expect("static NodePool")
+}
+
 impl Env {
     /// A static NodePool `fixed` on the seeded pool's NodeClass, with these replicas and
     /// `limits` (created static: a pool cannot turn static later).
     pub async fn static_pool(&self, replicas: i64, limits: Option<Value>) {
-        let mut spec = serde_json::to_value(&self.pool.spec).expect("spec");
-        spec["replicas"] = json!(replicas);
-        spec.as_object_mut().map(|s| s.remove("weight"));
-        match limits {
-            Some(l) => spec["limits"] = l,
-            None => {
-                spec.as_object_mut().map(|s| s.remove("limits"));
-            }
-        }
-        let np: NodePool = serde_json::from_value(json!({
-            "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-            "metadata": {"name": POOL}, "spec": spec,
-        }))
-        .expect("static NodePool");
+        let mut np = static_pool_of(self, POOL, replicas);
+        np.spec.limits = limits.map(|l| serde_json::from_value(l).expect("limits"));
         let api: Api<NodePool> = Api::all(self.client().await);
         api.create(&PostParams::default(), &np)
             .await
@@ -160,6 +163,30 @@ pub async fn holds_through_a_node_deletion_and_a_drift(env: &Env) {
         env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\",nodepool=\"fixed\""),
         2.0
     );
+}
+
+/// Bad input: replicas above `limits.nodes`. The pool is held at the limit and says so with a
+/// Warning on the NodePool; raising the limit lets it reach its replicas.
+pub async fn replicas_above_limits_nodes_are_held_at_the_limit(env: &Env) {
+    env.static_pool(3, Some(json!({"nodes": "2"}))).await;
+    env.holds(2).await;
+    let warned = eventually("a NodePoolLimitReached Warning", || async {
+        env.served_events("NodePoolLimitReached")
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert!(
+        warned["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("spec.replicas 3 is above limits.nodes 2")),
+        "{warned:#}"
+    );
+    assert_eq!(env.claims_created(), 2);
+    env.patch_static_pool(json!({"spec": {"limits": {"nodes": "5"}}}))
+        .await;
+    env.holds(3).await;
 }
 
 impl Env {

@@ -3,14 +3,25 @@
 //! the StaticCapacity actor carries out (`view::static_capacity`). The whole flows (a restart,
 //! the Ready NodePool, the template) are in `tests/disruption/static_pools.rs`.
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use std::collections::HashSet;
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use karpenter_capi::api::decode::Lenient;
 use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::state::State;
+use karpenter_capi::state::feed::Index;
 use karpenter_capi::testing;
-use karpenter_capi::view::static_capacity::{Count, Member, Plan, plan, scale_down};
+use karpenter_capi::view::static_capacity::{Count, Member, Plan, counts, plan, scale_down};
+use karpenter_capi::view::{CatalogView, Inputs, Settings};
 
 fn static_pool(replicas: i64, nodes_limit: Option<&str>) -> NodePool {
-    let mut np = testing::nodepool("static");
+    named_static_pool("static", replicas, nodes_limit)
+}
+
+fn named_static_pool(name: &str, replicas: i64, nodes_limit: Option<&str>) -> NodePool {
+    let mut np = testing::nodepool(name);
     np.spec.replicas = Some(replicas);
     np.spec.weight = None;
     np.spec.limits =
@@ -153,4 +164,52 @@ fn busy_nodes_go_by_disruption_cost_with_do_not_disrupt_last() {
         member("cheap", true, false, false, 2.0),
     ];
     assert_eq!(scale_down(&c, 3), ["cheap", "expensive", "protected"]);
+}
+
+/// The static pools the actor holds (`counts`), of these NodePools.
+fn held(pools: Vec<NodePool>) -> Vec<String> {
+    let st = State::default();
+    Index::reset(
+        &mut *st.nodepools.write(),
+        pools.into_iter().map(Lenient::Ok).collect(),
+    );
+    let (catalog, settings) = (CatalogView::default(), Settings::default());
+    let inputs = Inputs {
+        state: &st,
+        catalog: &catalog,
+        settings: &settings,
+    };
+    counts(
+        inputs,
+        &HashSet::new(),
+        &HashSet::new(),
+        jiff::Timestamp::now(),
+    )
+    .into_keys()
+    .collect()
+}
+
+#[test]
+fn only_static_pools_of_this_provider_not_being_deleted_are_held() {
+    let mut foreign = named_static_pool("foreign", 1, None);
+    let r = &mut foreign.spec.template.spec.node_class_ref;
+    (r.group, r.kind, r.name) = (
+        "test.group".into(),
+        "UnmanagedNodeClass".into(),
+        "test".into(),
+    );
+    let mut deleting = named_static_pool("deleting", 1, None);
+    deleting.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::now()));
+    deleting.metadata.finalizers = Some(vec!["test/hold".into()]);
+    let mut dynamic = named_static_pool("dynamic", 1, None);
+    dynamic.spec.replicas = None;
+    assert_eq!(
+        held(vec![
+            foreign,
+            deleting,
+            dynamic,
+            named_static_pool("fixed", 1, None)
+        ]),
+        ["fixed"]
+    );
 }

@@ -59,6 +59,10 @@ on_both_backends![
     a_deployment_scaled_down_is_consolidated_within_budgets,
     a_changed_template_replaces_the_drifted_claims,
     a_static_pool_holds_its_count,
+    static_replicas_above_limits_nodes_are_held_at_the_limit,
+    an_unhealthy_node_is_replaced_past_its_toleration,
+    with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired,
+    a_machine_a_health_check_watches_is_left_to_repair_by_it,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -271,5 +275,35 @@ async fn a_changed_template_replaces_the_drifted_claims(backend: Backend) {
 async fn a_static_pool_holds_its_count(backend: Backend) {
     let env = env(backend).await;
     crate::common::static_pools::holds_through_a_node_deletion_and_a_drift(&env).await;
+    env.assert_clean();
+}
+
+/// Bad input: a static pool's `spec.replicas` above its `limits.nodes` is held at the limit and
+/// told on the NodePool.
+async fn static_replicas_above_limits_nodes_are_held_at_the_limit(backend: Backend) {
+    let env = env(backend).await;
+    crate::common::static_pools::replicas_above_limits_nodes_are_held_at_the_limit(&env).await;
+    env.assert_clean();
+}
+
+/// Node repair: a Node `Ready=False` past the toleration (one second here) is replaced.
+async fn an_unhealthy_node_is_replaced_past_its_toleration(backend: Backend) {
+    let env = crate::common::repair::env_repair_on(backend).await;
+    crate::common::repair::an_unhealthy_node_is_replaced_past_its_toleration(&env).await;
+    env.assert_clean();
+}
+
+/// Node repair's 20 % guard: two of three Nodes unhealthy, neither is replaced.
+async fn with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired(backend: Backend) {
+    let env = crate::common::repair::env_repair_on(backend).await;
+    crate::common::repair::with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired(&env)
+        .await;
+    env.assert_clean();
+}
+
+/// Node repair beside Cluster API's: a Machine a MachineHealthCheck remediates is left to it.
+async fn a_machine_a_health_check_watches_is_left_to_repair_by_it(backend: Backend) {
+    let env = crate::common::repair::env_repair_on(backend).await;
+    crate::common::repair::a_machine_a_health_check_watches_is_left_to_it(&env).await;
     env.assert_clean();
 }

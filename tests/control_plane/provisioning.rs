@@ -19,6 +19,7 @@ on_both_backends![
     a_pod_too_large_for_every_offering_stays_pending_and_is_told_why,
     a_limit_stops_provisioning_and_says_why,
     pods_arriving_within_a_capacity_buffer_bind_on_its_room,
+    a_buffer_naming_a_missing_template_is_reported,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -227,5 +228,13 @@ async fn pods_arriving_within_a_capacity_buffer_bind_on_its_room(backend: Backen
         e.list("nodeclaims").len() > claims_before && fits(e)
     })
     .await;
+    env.assert_clean();
+}
+
+/// Bad input: a CapacityBuffer naming a PodTemplate that does not exist is not ready, named in
+/// its condition and a Warning; nothing launches for it and a pod still provisions.
+async fn a_buffer_naming_a_missing_template_is_reported(backend: Backend) {
+    let env = env_tuned(backend, None, |s| s.capacity_buffers = true).await;
+    crate::common::buffers::a_buffer_naming_a_missing_template_is_reported(&env).await;
     env.assert_clean();
 }

@@ -3,60 +3,27 @@
 //! the toleration is replaced; with more than 20 % of the pool unhealthy, or a Machine a
 //! MachineHealthCheck watches over, nothing is.
 
-use std::time::Duration;
-
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use crate::common;
-use common::claims::fast_disruption;
+use common::repair::{self, env_repair_on};
 use common::*;
-use karpenter_capi::actors::Settings;
-use karpenter_capi::simulate::sim_settings;
+use karpenter_capi::api::wellknown::TERMINATION_TIMESTAMP_ANNOTATION;
+use karpenter_capi::sim::cluster::Backend;
 
-/// Repair on, with a toleration of one second.
 async fn env_repair() -> Env {
-    Env::builder()
-        .settings(Settings {
-            disruption: fast_disruption(),
-            node_repair: Some(Duration::from_secs(1)),
-            ..sim_settings(None)
-        })
-        .start()
-        .await
+    env_repair_on(Backend::Simulated).await
 }
 
 /// Upstream's repair: the Node `Ready=False` past its toleration goes at once, counted and told,
-/// and the static pool launches its replacement.
+/// and the static pool launches its replacement (on both backends in
+/// `tests/control_plane/flows.rs`).
 #[actix::test]
 async fn an_unhealthy_node_is_replaced_past_its_toleration() {
     let env = env_repair().await;
-    env.static_pool(3, None).await;
-    let claims = env.holds(3).await;
-    let sick = claims[0].clone();
-    let node = env.node_of(&sick);
-    env.node_ready(&node, "False").await;
-    env.gone(&sick, &node).await;
-    let now = env.holds(3).await;
-    assert!(!now.contains(&sick));
-    let told = env.events("NodeRepair");
-    assert!(
-        told.iter().any(|e| e["regarding"]["kind"] == "Node"
-            && e["note"]
-                .as_str()
-                .is_some_and(|n| n.contains("Ready=False"))),
-        "{told:#?}"
-    );
-    assert_eq!(
-        env.metric(
-            "karpenter_nodeclaims_unhealthy_disrupted_total{condition=\"ready\",nodepool=\"fixed\""
-        ),
-        1.0
-    );
-    assert_eq!(
-        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"unhealthy\",nodepool=\"fixed\""),
-        1.0
-    );
+    repair::an_unhealthy_node_is_replaced_past_its_toleration(&env).await;
     env.assert_clean();
 }
 
@@ -65,81 +32,57 @@ async fn an_unhealthy_node_is_replaced_past_its_toleration() {
 #[actix::test]
 async fn with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired() {
     let env = env_repair().await;
+    repair::with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired(&env).await;
+    env.assert_clean();
+}
+
+/// Upstream's forceful termination: a budget of zero nodes and a `karpenter.sh/do-not-disrupt`
+/// Node do not hold a repair back (they hold voluntary disruption only). The claim is stamped
+/// with its termination deadline before it is deleted.
+#[actix::test]
+async fn a_repair_ignores_budgets_and_do_not_disrupt() {
+    let env = env_repair().await;
     env.static_pool(3, None).await;
+    env.patch_static_pool(json!({"spec": {"disruption": {"budgets": [{"nodes": "0"}]}}}))
+        .await;
     let claims = env.holds(3).await;
-    for c in &claims[..2] {
-        env.node_ready(&env.node_of(c), "Unknown").await;
-    }
-    let blocked = env
-        .wait("NodeRepairBlocked on both unhealthy claims", || {
-            let e = env.events("NodeRepairBlocked");
-            (e.iter()
-                .filter(|e| e["regarding"]["kind"] == "NodeClaim")
-                .count()
-                == 2)
-                .then_some(e)
+    let sick = claims[0].clone();
+    let node = env.node_of(&sick);
+    let nodes: Api<Node> = Api::all(env.client().await);
+    nodes
+        .patch(
+            &node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "karpenter.sh/do-not-disrupt": "true"}}})),
+        )
+        .await
+        .expect("annotate the Node do-not-disrupt");
+    env.node_ready(&node, "False").await;
+    let stamped = env
+        .wait("the claim stamped and deleting", || {
+            env.get("nodeclaims", "", &sick).filter(|c| {
+                !c["metadata"]["deletionTimestamp"].is_null()
+                    && !c["metadata"]["annotations"][TERMINATION_TIMESTAMP_ANNOTATION].is_null()
+            })
         })
         .await;
-    assert!(
-        blocked.iter().all(|e| e["note"].as_str().is_some_and(
-            |n| n.contains("more than 20% nodes are unhealthy in the nodepool (2 of 3)")
-        )),
-        "{blocked:#?}"
-    );
-    assert_eq!(env.live_static_claims().len(), 3, "nothing repaired");
-    assert_eq!(
-        env.metric("karpenter_capi_nodes_repair_blocked{nodepool=\"fixed\"}"),
-        2.0
-    );
+    let due = stamped["metadata"]["annotations"][TERMINATION_TIMESTAMP_ANNOTATION]
+        .as_str()
+        .and_then(|d| d.parse::<jiff::Timestamp>().ok())
+        .expect("a readable deadline");
+    assert!(due <= jiff::Timestamp::now(), "the drain waits for nothing");
+    env.gone(&sick, &node).await;
+    env.holds(3).await;
     env.assert_clean();
 }
 
 /// A Machine a MachineHealthCheck watches over (here asked to be remediated by the
-/// `cluster.x-k8s.io/remediate-machine` annotation) is left to Cluster API's remediation.
+/// `cluster.x-k8s.io/remediate-machine` annotation) is left to Cluster API's remediation (on both
+/// backends in `tests/control_plane/flows.rs`).
 #[actix::test]
 async fn a_machine_a_health_check_watches_is_left_to_it() {
     let env = env_repair().await;
-    env.static_pool(1, None).await;
-    let claims = env.holds(1).await;
-    let machine = env
-        .get("nodeclaims", "", &claims[0])
-        .and_then(|c| {
-            c["metadata"]["annotations"]["cluster.x-k8s.io/machine"]
-                .as_str()
-                .map(String::from)
-        })
-        .expect("the claim's Machine");
-    let (ns, name) = machine.split_once('/').expect("ns/name");
-    let machines: Api<DynamicObject> = Api::namespaced_with(
-        env.client().await,
-        ns,
-        &env.sim.cluster().capi_version().machine(),
-    );
-    machines
-        .patch(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "cluster.x-k8s.io/remediate-machine": ""}}})),
-        )
-        .await
-        .expect("ask for remediation");
-    env.node_ready(&env.node_of(&claims[0]), "False").await;
-    let blocked = env
-        .wait("NodeRepairBlocked on the claim", || {
-            env.events("NodeRepairBlocked").into_iter().next()
-        })
-        .await;
-    assert!(
-        blocked["note"]
-            .as_str()
-            .is_some_and(|n| n.contains("MachineHealthCheck watches over Machine")),
-        "{blocked:#}"
-    );
-    assert_eq!(
-        env.live_static_claims().len(),
-        1,
-        "left to the MachineHealthCheck"
-    );
+    repair::a_machine_a_health_check_watches_is_left_to_it(&env).await;
     env.assert_clean();
 }

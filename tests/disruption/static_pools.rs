@@ -4,12 +4,16 @@
 
 use crate::common;
 
+use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use common::claims::fast_disruption;
+use common::condition;
 use common::scenario;
 use common::static_pools::{self, env_static};
 use karpenter_capi::actors::Settings;
+use karpenter_capi::api::nodepool::NodePool;
+use karpenter_capi::api::wellknown::NODEPOOL_LABEL;
 use karpenter_capi::simulate::sim_settings;
 
 /// Upstream's static provisioning and drift: the pool launches its replicas with no pod
@@ -48,28 +52,78 @@ async fn scaling_replicas_down_removes_the_empty_node_first() {
 }
 
 /// Bad input: replicas above `limits.nodes`. The pool is held at the limit and says so with a
-/// Warning on the NodePool.
+/// Warning on the NodePool (on both backends in `tests/control_plane/flows.rs`).
 #[actix::test]
 async fn replicas_above_limits_nodes_are_held_at_the_limit() {
     let env = env_static().await;
-    env.static_pool(3, Some(json!({"nodes": "2"}))).await;
-    env.holds(2).await;
-    let warned = env
-        .wait("a NodePoolLimitReached Warning", || {
-            env.events("NodePoolLimitReached").into_iter().next()
-        })
-        .await;
-    assert!(
-        warned["note"]
-            .as_str()
-            .is_some_and(|n| n.contains("spec.replicas 3 is above limits.nodes 2")),
-        "{warned:#}"
+    static_pools::replicas_above_limits_nodes_are_held_at_the_limit(&env).await;
+    env.assert_clean();
+}
+
+/// Upstream's early returns, whole flow: a static pool of another provider's NodeClass, and one
+/// that is not Ready (its NodeClass does not exist), launch nothing; once the second is Ready it
+/// launches, and a create the API server refuses is retried rather than given up or doubled.
+#[actix::test]
+async fn pools_not_ours_or_not_ready_launch_nothing_and_a_refused_create_is_retried() {
+    let env = env_static().await;
+    let api: Api<NodePool> = Api::all(env.client().await);
+    let mut foreign = static_pools::static_pool_of(&env, "foreign", 1);
+    let r = &mut foreign.spec.template.spec.node_class_ref;
+    (r.group, r.kind, r.name) = (
+        "test.group".into(),
+        "UnmanagedNodeClass".into(),
+        "test".into(),
     );
-    assert_eq!(env.claims_created(), 2);
-    // Raising the limit lets the pool reach its replicas.
-    env.patch_static_pool(json!({"spec": {"limits": {"nodes": "5"}}}))
-        .await;
+    api.create(&PostParams::default(), &foreign)
+        .await
+        .expect("create the foreign pool");
+    let mut fixed = static_pools::static_pool_of(&env, static_pools::POOL, 2);
+    fixed.spec.template.spec.node_class_ref.name = "missing".into();
+    api.create(&PostParams::default(), &fixed)
+        .await
+        .expect("create the pool of a missing NodeClass");
+    env.wait("the pool of a missing NodeClass is not Ready", || {
+        env.get("nodepools", "", static_pools::POOL)
+            .filter(|np| condition(np, "Ready").is_some_and(|c| c["status"] == "False"))
+    })
+    .await;
+    let faults = env.sim.cluster().server().faults();
+    faults.set_agent(Some(karpenter_capi::app::USER_AGENT));
+    faults.fail_next("nodeclaims", "create", 500, 1);
+    let class = env.pool.spec.template.spec.node_class_ref.name.clone();
+    env.patch_static_pool(
+        json!({"spec": {"template": {"spec": {"nodeClassRef": {"name": class}}}}}),
+    )
+    .await;
+    env.holds(2).await;
+    assert_eq!(faults.forced_left(), 0, "a create met the 500");
+    assert_eq!(env.claims_created(), 2, "the refused create made nothing");
+    assert!(
+        env.list("nodeclaims")
+            .iter()
+            .all(|c| c["metadata"]["labels"][NODEPOOL_LABEL] == static_pools::POOL),
+        "nothing for the foreign pool"
+    );
+    faults.clear();
+    env.assert_clean();
+}
+
+/// Upstream's failed deletion on scale-down: the deletes the API server refuses are retried
+/// after a backoff until the pool holds its new count, and nothing else is removed.
+#[actix::test]
+async fn a_refused_scale_down_delete_is_retried() {
+    let env = env_static().await;
+    env.static_pool(3, None).await;
     env.holds(3).await;
+    let faults = env.sim.cluster().server().faults();
+    faults.set_agent(Some(karpenter_capi::app::USER_AGENT));
+    faults.fail_next("nodeclaims", "delete", 503, 2);
+    env.patch_static_pool(json!({"spec": {"replicas": 1}}))
+        .await;
+    env.holds(1).await;
+    assert_eq!(faults.forced_left(), 0, "the deletes met the 503s");
+    assert_eq!(env.claims_created(), 3, "nothing relaunched");
+    faults.clear();
     env.assert_clean();
 }
 

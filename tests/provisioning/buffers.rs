@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::PodTemplate;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -18,6 +17,7 @@ use karpenter_capi::simulate::pods::seed_of;
 use karpenter_capi::cli::{Scenario, SimulateArgs};
 
 use crate::autoscaler::cluster;
+use crate::common::buffers::{self, buffer_status, condition_of, create, create_buffer, template};
 use crate::common::{Env, condition, scenario};
 
 const NS: &str = launch::NAMESPACE;
@@ -36,51 +36,6 @@ fn shape() -> PodShape {
     PodShape::new("1", "1Gi")
 }
 
-async fn create(env: &Env, body: Value) {
-    let client = env.client().await;
-    match body["kind"].as_str() {
-        Some("PodTemplate") => {
-            let t: PodTemplate = serde_json::from_value(body).expect("a PodTemplate");
-            Api::<PodTemplate>::namespaced(client, NS)
-                .create(&PostParams::default(), &t)
-                .await
-                .expect("create PodTemplate");
-        }
-        _ => {
-            let b: CapacityBuffer = serde_json::from_value(body).expect("a CapacityBuffer");
-            Api::<CapacityBuffer>::namespaced(client, NS)
-                .create(&PostParams::default(), &b)
-                .await
-                .expect("create CapacityBuffer");
-        }
-    }
-}
-
-/// A PodTemplate of `shape`'s pod.
-fn template(name: &str) -> Value {
-    let s = shape();
-    json!({
-        "apiVersion": "v1", "kind": "PodTemplate",
-        "metadata": {"name": name, "namespace": NS},
-        "template": {
-            "metadata": {"labels": {"app": name}},
-            "spec": {"containers": [{
-                "name": "app",
-                "image": "registry.k8s.io/pause:3.10",
-                "resources": {"requests": {"cpu": s.cpu, "memory": s.memory}},
-            }]},
-        },
-    })
-}
-
-fn buffer(name: &str, spec: Value) -> Value {
-    json!({
-        "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityBuffer",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-    })
-}
-
 async fn deployment(env: &Env, name: &str, replicas: usize) {
     let name = name.to_string();
     env.sim
@@ -91,22 +46,6 @@ async fn deployment(env: &Env, name: &str, replicas: usize) {
         })
         .await
         .expect("the simulated cluster");
-}
-
-fn buffer_status(env: &Env, name: &str) -> Value {
-    env.get("capacitybuffers", NS, name)
-        .map(|b| b["status"].clone())
-        .unwrap_or(Value::Null)
-}
-
-fn condition_of(env: &Env, name: &str, ty: &str) -> Option<(String, String, String)> {
-    let b = env.get("capacitybuffers", NS, name)?;
-    let c = condition(&b, ty)?;
-    Some((
-        c["status"].as_str()?.to_string(),
-        c["reason"].as_str()?.to_string(),
-        c["message"].as_str().unwrap_or_default().to_string(),
-    ))
 }
 
 fn initialized_nodes(env: &Env) -> Vec<String> {
@@ -132,12 +71,10 @@ fn nodes_of_pods(env: &Env, app: &str) -> Vec<Option<String>> {
 async fn pods_that_arrive_within_the_buffer_bind_on_its_capacity_and_it_refills() {
     let env = env().await;
     create(&env, template("chunk")).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "headroom",
-            json!({"podTemplateRef": {"name": "chunk"}, "replicas": 2}),
-        ),
+        "headroom",
+        json!({"podTemplateRef": {"name": "chunk"}, "replicas": 2}),
     )
     .await;
     env.until_quiet("the buffer's capacity launched and fits", |e| {
@@ -193,14 +130,7 @@ async fn pods_that_arrive_within_the_buffer_bind_on_its_capacity_and_it_refills(
 async fn a_scalable_ref_buffer_follows_its_deployment() {
     let env = env().await;
     deployment(&env, "api", 3).await;
-    create(
-        &env,
-        buffer(
-            "api-headroom",
-            json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "api"}, "percentage": 50}),
-        ),
-    )
-    .await;
+    create_buffer(&env, "api-headroom", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "api"}, "percentage": 50})).await;
     env.until("2 chunks (50% of 3, rounded up)", |e| {
         buffer_status(e, "api-headroom")["replicas"] == 2
     })
@@ -221,74 +151,13 @@ async fn a_scalable_ref_buffer_follows_its_deployment() {
 
 /// A buffer naming a PodTemplate that does not exist is not ready, with a condition and a
 /// Warning Event naming `spec.podTemplateRef`; nothing launches for it and a pod still
-/// provisions. Once the template exists the buffer is provisioned.
+/// provisions. Once the template exists the buffer is provisioned (on both backends in
+/// `tests/control_plane/provisioning.rs`).
 #[actix::test]
 async fn a_buffer_naming_a_missing_template_is_reported_and_nothing_else_is_affected() {
     let env = env().await;
-    create(
-        &env,
-        buffer(
-            "orphan",
-            json!({"podTemplateRef": {"name": "nowhere"}, "replicas": 3}),
-        ),
-    )
-    .await;
-    env.until("the buffer is not ready", |e| {
-        condition_of(e, "orphan", "ReadyForProvisioning").is_some_and(|c| c.0 == "False")
-    })
-    .await;
-    let (_, reason, message) = condition_of(&env, "orphan", "ReadyForProvisioning").unwrap();
-    assert_eq!(reason, "PodTemplateNotFound");
-    assert!(message.contains("spec.podTemplateRef"), "{message}");
-    let provisioning = condition_of(&env, "orphan", "Provisioning").expect("Provisioning");
-    assert_eq!(
-        (provisioning.0.as_str(), provisioning.1.as_str()),
-        ("False", "NotReadyForProvisioning")
-    );
-    let events = env.events("PodTemplateNotFound");
-    assert_eq!(events.len(), 1, "{events:#?}");
-    assert!(
-        events[0]["note"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("spec.podTemplateRef")
-    );
-
-    deployment(&env, "web", 1).await;
-    env.until_quiet("the pod bound", |e| e.bound_pods() == 1)
-        .await;
-    assert_eq!(
-        env.list("nodeclaims").len(),
-        1,
-        "one claim, for the pod only"
-    );
-
-    create(&env, template("nowhere")).await;
-    env.until("the buffer resolves once its template exists", |e| {
-        condition_of(e, "orphan", "ReadyForProvisioning").is_some_and(|c| c.0 == "True")
-            && buffer_status(e, "orphan")["replicas"] == 3
-    })
-    .await;
-
-    // A spec the API server accepts but this controller cannot size: named, nothing launched.
-    let api: Api<CapacityBuffer> = Api::namespaced(env.client().await, NS);
-    api.patch(
-        "orphan",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": null, "limits": {"nvidia.com/gpu": "2"}}})),
-    )
-    .await
-    .expect("patch the buffer");
-    env.until("limits the template does not request are named", |e| {
-        condition_of(e, "orphan", "ReadyForProvisioning")
-            .is_some_and(|c| c.0 == "False" && c.2.starts_with("spec.limits"))
-    })
-    .await;
-    let status = buffer_status(&env, "orphan");
-    assert!(
-        status["replicas"].is_null() && status["podTemplateRef"].is_null(),
-        "a buffer that no longer resolves keeps no chunk count nor template: {status:#}"
-    );
+    buffers::a_buffer_naming_a_missing_template_is_reported(&env).await;
+    env.assert_clean();
 }
 
 /// `simulate --scenario buffer`: with launches slow (a 2 s provider delay), every pod of the
@@ -331,12 +200,10 @@ async fn a_buffer_is_placed_as_its_template_says_and_within_the_pools_limits() {
     t["template"]["spec"]["nodeSelector"] =
         json!({karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL: "large"});
     create(&env, t).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "big",
-            json!({"podTemplateRef": {"name": "pinned"}, "replicas": 20}),
-        ),
+        "big",
+        json!({"podTemplateRef": {"name": "pinned"}, "replicas": 20}),
     )
     .await;
     env.until_quiet("one node launched and the buffer short of room", |e| {
@@ -362,16 +229,13 @@ async fn a_buffer_is_placed_as_its_template_says_and_within_the_pools_limits() {
 #[actix::test]
 async fn scalable_refs_it_cannot_read_are_named_and_sizes_follow_the_spec() {
     let env = env().await;
-    create(
+    create_buffer(
         &env,
-        buffer("jobs", json!({"scalableRef": {"apiGroup": "batch", "kind": "Job", "name": "j"}, "replicas": 1})),
+        "jobs",
+        json!({"scalableRef": {"apiGroup": "batch", "kind": "Job", "name": "j"}, "replicas": 1}),
     )
     .await;
-    create(
-        &env,
-        buffer("ghost", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "none"}, "replicas": 1})),
-    )
-    .await;
+    create_buffer(&env, "ghost", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "none"}, "replicas": 1})).await;
     env.until("both named as not ready", |e| {
         let jobs = condition_of(e, "jobs", "ReadyForProvisioning");
         let ghost = condition_of(e, "ghost", "ReadyForProvisioning");
@@ -383,12 +247,10 @@ async fn scalable_refs_it_cannot_read_are_named_and_sizes_follow_the_spec() {
     .await;
 
     create(&env, template("chunk")).await;
-    create(
+    create_buffer(
         &env,
-        buffer(
-            "sized",
-            json!({"podTemplateRef": {"name": "chunk"}, "replicas": 3}),
-        ),
+        "sized",
+        json!({"podTemplateRef": {"name": "chunk"}, "replicas": 3}),
     )
     .await;
     env.until("3 chunks", |e| buffer_status(e, "sized")["replicas"] == 3)
@@ -406,4 +268,155 @@ async fn scalable_refs_it_cannot_read_are_named_and_sizes_follow_the_spec() {
         })
         .await;
     }
+}
+
+/// Creates `kind` (Deployment or StatefulSet) `name` of `replicas` pods of `shape`'s size,
+/// labelled `app: name`, with `affinity` in its pod template.
+async fn workload(env: &Env, kind: &str, name: &str, replicas: i32, affinity: Value) {
+    let s = shape();
+    let body = json!({
+        "apiVersion": "apps/v1", "kind": kind,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "affinity": affinity,
+                    "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"requests": {"cpu": s.cpu, "memory": s.memory}}}],
+                },
+            },
+        },
+    });
+    let client = env.client().await;
+    let ar = kube::api::ApiResource {
+        group: "apps".into(),
+        version: "v1".into(),
+        api_version: "apps/v1".into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    let obj: kube::api::DynamicObject = serde_json::from_value(body).expect("a workload");
+    Api::<kube::api::DynamicObject>::namespaced_with(client, NS, &ar)
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create the workload");
+}
+
+/// Required anti-affinity on the hostname among pods labelled `app: app`.
+fn spread(app: &str) -> Value {
+    json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"app": app}},
+        "topologyKey": "kubernetes.io/hostname"}]}})
+}
+
+/// Upstream's "should resolve a StatefulSet" (20 % of 5 is one chunk) and "should provision
+/// buffer capacity using scalableRef with fixed replicas" (a Deployment's buffer of 3 chunks,
+/// whatever the Deployment's size): both resolve and are provisioned.
+#[actix::test]
+async fn a_statefulset_and_a_fixed_size_deployment_buffer_are_provisioned() {
+    let env = env().await;
+    workload(&env, "StatefulSet", "db", 5, json!({})).await;
+    deployment(&env, "app", 2).await;
+    create_buffer(&env, "db-headroom", json!({"scalableRef": {"apiGroup": "apps", "kind": "StatefulSet", "name": "db"}, "percentage": 20})).await;
+    create_buffer(&env, "app-headroom", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "app"}, "replicas": 3})).await;
+    env.until_quiet("both buffers resolved and provisioned", |e| {
+        buffer_status(e, "db-headroom")["replicas"] == 1
+            && buffer_status(e, "app-headroom")["replicas"] == 3
+            && ["db-headroom", "app-headroom"].iter().all(|b| {
+                condition_of(e, b, "ReadyForProvisioning").is_some_and(|c| c.1 == "Resolved")
+                    && condition_of(e, b, "Provisioning").is_some_and(|c| c.0 == "True")
+            })
+    })
+    .await;
+    env.assert_clean();
+}
+
+/// Upstream's "should provision capacity independently for multiple buffers": two buffers of
+/// different templates (two 1-CPU chunks, three of 500m) each resolve to their own size and
+/// each is provisioned.
+#[actix::test]
+async fn two_buffers_are_each_provisioned() {
+    let env = env().await;
+    create(&env, template("large-chunk")).await;
+    let mut small = template("small-chunk");
+    small["template"]["spec"]["containers"][0]["resources"]["requests"] =
+        json!({"cpu": "500m", "memory": "256Mi"});
+    create(&env, small).await;
+    create_buffer(
+        &env,
+        "a",
+        json!({"podTemplateRef": {"name": "large-chunk"}, "replicas": 2}),
+    )
+    .await;
+    create_buffer(
+        &env,
+        "b",
+        json!({"podTemplateRef": {"name": "small-chunk"}, "replicas": 3}),
+    )
+    .await;
+    env.until_quiet("both buffers provisioned", |e| {
+        buffer_status(e, "a")["replicas"] == 2
+            && buffer_status(e, "b")["replicas"] == 3
+            && ["a", "b"].iter().all(|b| {
+                condition_of(e, b, "Provisioning")
+                    .is_some_and(|c| c.0 == "True" && c.1 == "FitsExistingCapacity")
+            })
+    })
+    .await;
+    assert!(!initialized_nodes(&env).is_empty());
+    env.assert_clean();
+}
+
+/// Upstream's "should respect pod anti-affinity between virtual buffer pods": three chunks that
+/// may not share a host get three nodes, and then fit them.
+#[actix::test]
+async fn placeholders_keep_their_templates_anti_affinity() {
+    let env = env().await;
+    let mut t = template("spread-buffer");
+    t["template"]["spec"]["affinity"] = spread("spread-buffer");
+    create(&env, t).await;
+    create_buffer(
+        &env,
+        "spread",
+        json!({"podTemplateRef": {"name": "spread-buffer"}, "replicas": 3}),
+    )
+    .await;
+    env.until_quiet("three nodes, one per chunk", |e| {
+        initialized_nodes(e).len() == 3
+            && condition_of(e, "spread", "Provisioning")
+                .is_some_and(|c| c.0 == "True" && c.1 == "FitsExistingCapacity")
+    })
+    .await;
+    assert_eq!(env.list("nodeclaims").len(), 3);
+    env.assert_clean();
+}
+
+/// Upstream's "... using scalableRef": the chunks of a Deployment whose pods may not share a
+/// host keep off each other and off the Deployment's own pod: four nodes in all.
+#[actix::test]
+async fn placeholders_of_a_deployment_keep_its_anti_affinity() {
+    let env = env().await;
+    workload(
+        &env,
+        "Deployment",
+        "spread-deploy",
+        1,
+        spread("spread-deploy"),
+    )
+    .await;
+    env.until_quiet("the Deployment's pod bound", |e| e.bound_pods() == 1)
+        .await;
+    create_buffer(&env, "spread", json!({"scalableRef": {"apiGroup": "apps", "kind": "Deployment", "name": "spread-deploy"}, "replicas": 3})).await;
+    env.until_quiet("four nodes: the pod's and one per chunk", |e| {
+        initialized_nodes(e).len() == 4
+            && condition_of(e, "spread", "Provisioning")
+                .is_some_and(|c| c.0 == "True" && c.1 == "FitsExistingCapacity")
+    })
+    .await;
+    assert_eq!(env.list("nodeclaims").len(), 4);
+    env.assert_clean();
 }
