@@ -91,6 +91,10 @@ impl Freshness {
             }
             Some((_, at)) if at.elapsed() < PENDING_TTL => false,
             Some(_) => {
+                tracing::debug!(
+                    key,
+                    "the watch did not confirm our response in time; taking its version"
+                );
                 self.pending.remove(key);
                 true
             }

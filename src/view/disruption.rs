@@ -20,7 +20,7 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, INSTANCE_TYPE_LABEL,
-    NODEPOOL_LABEL, REPLACES_ANNOTATION,
+    NODEPOOL_LABEL, REPLACES_ANNOTATION, SET_NAME_LABEL,
 };
 use crate::capi::autoscaler;
 use crate::capi::model::{Machine, MachineDeployment};
@@ -464,8 +464,11 @@ impl Rollout {
         }
         let mut out = Vec::new();
         for (md, mut olds) in by_md {
-            let fresh = machines
-                .of_deployment(md)
+            let of_md = machines.of_deployment(md);
+            if !marks_complete(&of_md) {
+                continue;
+            }
+            let fresh = of_md
                 .iter()
                 .filter(|m| m.up_to_date == Some(true) && !m.is_deleting())
                 .filter(|m| crate::state::machines::bound_claim(m).is_none())
@@ -485,6 +488,20 @@ impl Rollout {
         }
         out
     }
+}
+
+/// Whether Cluster API has marked every outdated Machine of a MachineDeployment: the Machines
+/// still up to date all belong to one MachineSet (the new one). Cluster API marks each Machine
+/// in its own reconcile while the new MachineSet already creates fresh ones, so until then the
+/// claims seen outdated are only some of those its rollout deletes, and pairing the first fresh
+/// Machine with one of them could foresee the wrong one (the rollout deletes in its own order).
+fn marks_complete(machines: &[Arc<Machine>]) -> bool {
+    let sets: HashSet<Option<&String>> = machines
+        .iter()
+        .filter(|m| m.up_to_date == Some(true) && !m.is_deleting())
+        .map(|m| m.labels.get(SET_NAME_LABEL))
+        .collect();
+    sets.len() <= 1
 }
 
 /// The claim is alive on a Machine that a RollingUpdate MachineDeployment has outdated.

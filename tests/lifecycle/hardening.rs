@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -54,6 +55,20 @@ async fn env(seeds: Vec<MachineDeploymentSeed>, tune: impl FnOnce(&mut Settings)
 impl Env {
     fn faults(&self) -> &karpenter_capi::sim::Faults {
         self.sim.cluster().server().faults()
+    }
+
+    /// Machines through a client of the cluster's own (one faults do not reach).
+    fn machine_api(&self) -> Api<DynamicObject> {
+        self.machine_api_with(self.sim.cluster().new_client().expect("a client"))
+    }
+
+    fn machine_api_with(&self, client: kube::Client) -> Api<DynamicObject> {
+        let v = self.sim.cluster().capi_version();
+        Api::namespaced_with(
+            client,
+            NAMESPACE,
+            &karpenter_capi::capi::version::machine_resource(v),
+        )
     }
 
     async fn delete_claims(&self) {
@@ -275,6 +290,102 @@ async fn a_decrement_cluster_api_spent_on_another_machine_is_made_again() {
     env.faults().clear();
     env.settle().await;
     env.invariants_hold();
+}
+
+/// The controller's Machine watch lags 15 s behind the API server while the Machines keep being
+/// written (as Cluster API's status writes do), as on a loaded machine. The index holds a bind's
+/// answer only until the watch should have confirmed it (10 s); after that, the watch's versions
+/// from before the bind land and the index shows the Machine unbound for a while. A claim must
+/// not take that for its Machine being gone. Before: every such claim was deleted
+/// (`MachineDeleted`) and its Machine released, which in a 1,000-claim burst on a loaded machine
+/// deleted hundreds of claims.
+#[actix::test]
+async fn a_lagging_machine_watch_never_ends_a_bound_claim() {
+    let env = env(vec![seed_of(0, 20)], |_| {}).await;
+    env.faults()
+        .set_watch_delay("machines", Duration::from_secs(15));
+    let touched = Arc::new(AtomicI64::new(0));
+    let seen = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    tokio::spawn(touch_machines(
+        env.machine_api(),
+        touched.clone(),
+        stop.clone(),
+    ));
+    // A watch of our own under the controller's User-Agent lags as the controller's does: once
+    // it shows a write, the controller's watch has shown everything before it.
+    let lagging = karpenter_capi::app::client_from_kubeconfig_with(
+        env.sim.cluster().controller_kubeconfig_path(),
+        &karpenter_capi::app::ClientOptions::default(),
+    )
+    .await
+    .expect("a client with the controller's User-Agent");
+    tokio::spawn(last_touch_seen(
+        env.machine_api_with(lagging),
+        seen.clone(),
+        stop.clone(),
+    ));
+    env.claims(2, 1).await;
+    env.until("both claims initialized", |e| e.initialized() == 2)
+        .await;
+    let mark = touched.load(Ordering::Relaxed) + 1;
+    env.until(
+        "the lagging watch past every write before the claims initialized",
+        |_| seen.load(Ordering::Relaxed) >= mark,
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    assert!(
+        env.events("MachineDeleted").is_empty(),
+        "a claim was deleted for a Machine that was there: {:#?}",
+        env.events("MachineDeleted")
+    );
+    assert_eq!(env.initialized(), 2);
+    assert_eq!(env.machines_of("md-0").len(), 2);
+    env.faults().clear();
+    env.settle().await;
+    env.invariants_hold();
+}
+
+/// Writes a counter into a label of every Machine, twice a second, until `stop`.
+async fn touch_machines(api: Api<DynamicObject>, touched: Arc<AtomicI64>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let n = touched.fetch_add(1, Ordering::Relaxed) + 1;
+        let patch = json!({"metadata": {"labels": {"touched": n.to_string()}}});
+        for m in api
+            .list(&Default::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+        {
+            let name = m.metadata.name.unwrap_or_default();
+            let _ = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The highest `touched` label a watch through `api` has shown, until `stop`.
+async fn last_touch_seen(api: Api<DynamicObject>, seen: Arc<AtomicI64>, stop: Arc<AtomicBool>) {
+    use futures::StreamExt;
+    let mut events = kube::runtime::watcher(api, Default::default()).boxed();
+    while !stop.load(Ordering::Relaxed) {
+        let Some(Ok(event)) = events.next().await else {
+            continue;
+        };
+        let touched = |m: &DynamicObject| {
+            if let Some(n) = m.labels().get("touched").and_then(|v| v.parse().ok()) {
+                seen.fetch_max(n, Ordering::Relaxed);
+            }
+        };
+        match event {
+            kube::runtime::watcher::Event::Apply(m)
+            | kube::runtime::watcher::Event::InitApply(m) => touched(&m),
+            _ => {}
+        }
+    }
 }
 
 /// Item 5: binds land but their answers never come. No claim may end up with two Machines and

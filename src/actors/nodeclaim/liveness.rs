@@ -8,14 +8,21 @@ use std::time::Duration;
 use jiff::Timestamp;
 use kube::ResourceExt;
 
+use kube::api::{Api, DynamicObject};
+
 use super::{Next, Step, left_until, object_ref};
-use crate::actors::Error;
+use crate::actors::{Error, api_err};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::CAPACITY_TYPE_LABEL;
 use crate::capi::model::Machine;
+use crate::capi::version;
 use crate::metrics::{DisruptedLabels, Metrics};
 use crate::state::claims::provider_id;
+use crate::state::machines::bound_claim;
+
+/// How soon a claim looks again after finding the Machine index behind the API server.
+const INDEX_BEHIND_RECHECK: Duration = Duration::from_secs(1);
 
 impl Step {
     pub(super) fn create_timeout_setting(&self) -> Duration {
@@ -177,6 +184,50 @@ impl Step {
                 capacity_type: label(CAPACITY_TYPE_LABEL),
             })
             .inc();
+    }
+
+    /// The Machine index shows no Machine bound to this claim, though the claim recorded one.
+    /// The index is a cache fed by a watch, and one that lags can go back to a version from
+    /// before the bind; deleting the claim cannot be undone, so the Machine is read from the API
+    /// server first, as upstream's liveness asks the cloud provider rather than its own cache.
+    pub(super) async fn recorded_machine_unseen(&mut self, mk: String) -> Result<Next, Error> {
+        let live = self.read_machine(&mk).await?;
+        let name = self.name();
+        match live {
+            Some(m) if m.deletion_timestamp.is_none() && bound_claim(&m) == Some(name.as_str()) => {
+                tracing::info!(nodeclaim = %name, machine = %mk, "the Machine index is behind the API server (it lost the binding); waiting for the watch");
+                self.shared.state.machines.write().apply_response(m);
+                Ok(Next::Wait(Some(INDEX_BEHIND_RECHECK)))
+            }
+            _ => self.machine_gone(mk).await,
+        }
+    }
+
+    /// GET the Machine with key `mk` (`namespace/name`); `None` when it does not exist.
+    async fn read_machine(&self, mk: &str) -> Result<Option<Machine>, Error> {
+        let (namespace, name) = mk.split_once('/').unwrap_or(("", mk));
+        let v = self.shared.capi_version;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.shared.management.clone(),
+            namespace,
+            &version::machine_resource(v),
+        );
+        let Some(obj) = api.get_opt(name).await.map_err(api_err(
+            &self.shared.metrics,
+            "get",
+            "machines",
+            name,
+        ))?
+        else {
+            return Ok(None);
+        };
+        Machine::from_dynamic(&obj, v)
+            .map(Some)
+            .map_err(|source| Error::Model {
+                kind: "Machine",
+                name: name.to_string(),
+                source,
+            })
     }
 
     /// Garbage collection: the claim's Machine is gone, so is the claim.

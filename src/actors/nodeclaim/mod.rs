@@ -425,7 +425,7 @@ impl Step {
             if let Some(recorded) = recorded_machine(&c)
                 && self.shared.state.machines.read().synced()
             {
-                return self.machine_gone(recorded.to_string()).await;
+                return self.recorded_machine_unseen(recorded.to_string()).await;
             }
             if let Some(left) = self.create_deadline_left() {
                 if self.requested.as_deref() == Some(md.as_str()) {

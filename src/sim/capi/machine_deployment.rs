@@ -18,6 +18,7 @@ use super::string_map;
 use crate::capi::version::CapiVersion;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{StreamExt, stream};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -252,6 +253,9 @@ impl Inner {
 
     /// The Machine `UpToDate` condition: True on Machines of the up-to-date MachineSet, False on
     /// the others. Written only when it changes, with the resourceVersion as precondition.
+    /// Cluster API's Machine controller sets it in each Machine's own reconcile, while the new
+    /// MachineSet already creates fresh Machines: each write here waits a random part of the
+    /// provider jitter first, so the marks land one by one among those creates, not at once.
     async fn sync_up_to_date(
         &self,
         ns: &str,
@@ -270,8 +274,16 @@ impl Inner {
                     return None;
                 }
                 let want = owner == new_uid;
-                (up_to_date(&m.data, self.cfg.version) != Some(want))
-                    .then(|| self.write_up_to_date(&api, m.name_any(), want))
+                (up_to_date(&m.data, self.cfg.version) != Some(want)).then(|| {
+                    let after = self.rng.delay(Duration::ZERO, self.cfg.jitter);
+                    let (api, name) = (&api, m.name_any());
+                    async move {
+                        if !self.shutdown.sleep(after).await {
+                            return Ok(());
+                        }
+                        self.write_up_to_date(api, name, want).await
+                    }
+                })
             })
             .collect();
         stream::iter(writes)

@@ -104,8 +104,8 @@ pub struct SimClusterConfig {
     /// See [`KubeletConfig::device_plugin_delay`].
     pub device_plugin_delay: Duration,
     /// See [`KubeletConfig::not_ready_taint`] (simulated backend only; a real control plane
-    /// taints and untaints itself). Off by default until the runs it failed are understood
-    /// (docs/fidelity.md).
+    /// taints and untaints itself). On by default, as kube-apiserver and
+    /// kube-controller-manager do it.
     pub not_ready_taint: bool,
     pub node_delete_delay: Duration,
     /// How long a pod takes to exit once deleted (per pod: the
@@ -135,7 +135,7 @@ impl Default for SimClusterConfig {
             fail_fraction: capi.fail_fraction,
             node_ready_delay: KubeletConfig::default().node_ready_delay,
             device_plugin_delay: Duration::ZERO,
-            not_ready_taint: false,
+            not_ready_taint: true,
             node_delete_delay: capi.node_delete_delay,
             pod_exit_delay: Duration::from_millis(100),
             provider_id_style: capi.provider_id_style,
