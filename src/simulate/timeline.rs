@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, PRICE_ANNOTATION};
+use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, POOL_NAME_LABEL, PRICE_ANNOTATION};
 use crate::app::USER_AGENT;
 use crate::sim::Store;
 use crate::sim::cluster::SimCluster;
@@ -132,31 +132,58 @@ fn node_phases(store: &Store) -> NodePhases {
     p
 }
 
-/// The sum of the prices (the MachineDeployments' price annotation) of the live Machines.
+/// The sum of the prices (the node groups' price annotation) of the live Machines; a
+/// MachinePool without MachinePool Machines counts each instance it lists.
 pub fn cost_per_hour(store: &Store) -> f64 {
-    let mut prices: BTreeMap<(String, String), f64> = BTreeMap::new();
-    store.visit("machinedeployments", |md| {
-        let price = str_at(md, &["metadata", "annotations", PRICE_ANNOTATION])
-            .parse()
-            .unwrap_or(0.0);
-        let key = (
-            str_at(md, &["metadata", "namespace"]).to_string(),
-            str_at(md, &["metadata", "name"]).to_string(),
-        );
-        prices.insert(key, price);
-    });
+    // (kind's Machine label, namespace, name) -> price
+    let mut prices: BTreeMap<(&str, String, String), f64> = BTreeMap::new();
+    let mut listed: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (resource, label) in [
+        ("machinedeployments", DEPLOYMENT_NAME_LABEL),
+        ("machinepools", POOL_NAME_LABEL),
+    ] {
+        store.visit(resource, |g| {
+            let price = str_at(g, &["metadata", "annotations", PRICE_ANNOTATION])
+                .parse()
+                .unwrap_or(0.0);
+            let ns = str_at(g, &["metadata", "namespace"]).to_string();
+            let name = str_at(g, &["metadata", "name"]).to_string();
+            if resource == "machinepools" {
+                let n = g
+                    .pointer("/spec/providerIDList")
+                    .and_then(Value::as_array)
+                    .map_or(0, Vec::len);
+                listed.insert((ns.clone(), name.clone()), n);
+            }
+            prices.insert((label, ns, name), price);
+        });
+    }
     let mut total = 0.0;
     store.visit("machines", |m| {
         if deleting(m) {
             return;
         }
-        let md = str_at(m, &["metadata", "labels", DEPLOYMENT_NAME_LABEL]);
-        let key = (
-            str_at(m, &["metadata", "namespace"]).to_string(),
-            md.to_string(),
-        );
-        total += prices.get(&key).copied().unwrap_or(0.0);
+        let ns = str_at(m, &["metadata", "namespace"]).to_string();
+        for label in [DEPLOYMENT_NAME_LABEL, POOL_NAME_LABEL] {
+            let group = str_at(m, &["metadata", "labels", label]);
+            if group.is_empty() {
+                continue;
+            }
+            listed.remove(&(ns.clone(), group.to_string()));
+            total += prices
+                .get(&(label, ns.clone(), group.to_string()))
+                .copied()
+                .unwrap_or(0.0);
+        }
     });
+    // Pools with no Machine at all: their instances are only in spec.providerIDList.
+    for ((ns, name), n) in listed {
+        let price = prices
+            .get(&(POOL_NAME_LABEL, ns, name))
+            .copied()
+            .unwrap_or(0.0);
+        total += price * n as f64;
+    }
     total
 }
 

@@ -24,7 +24,7 @@ use karpenter_capi::simulate::launch::{claim_for, seed_of, settle};
 use karpenter_capi::simulate::sim_settings;
 
 /// Disruption at test speed: passes every 200 ms, validation 300 ms.
-fn fast() -> Settings {
+pub(crate) fn fast() -> Settings {
     Settings {
         disruption: fast_disruption(),
         ..sim_settings(None)
@@ -46,7 +46,7 @@ impl Env {
     }
 
     /// A NodePool template change: every claim stamped with the old hash drifts.
-    async fn change_the_template(&self) {
+    pub(crate) async fn change_the_template(&self) {
         let api: Api<NodePool> = Api::all(self.client().await);
         api.patch(
             &self.pool.name_any(),

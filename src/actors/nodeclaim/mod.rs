@@ -84,6 +84,7 @@ impl NodeClaimActor {
         }
         self.running = true;
         self.again = false;
+        let started = self.claim.resource_version();
         let step = Step {
             shared: self.shared.clone(),
             claim: self.claim.clone(),
@@ -108,21 +109,26 @@ impl NodeClaimActor {
                 },
             }
         };
-        ctx.spawn(bounded.into_actor(self).map(|out, act, ctx| {
+        ctx.spawn(bounded.into_actor(self).map(move |out, act, ctx| {
             act.running = false;
-            act.apply(out, ctx);
+            act.apply(out, started.as_deref(), ctx);
             if act.again {
                 act.kick(ctx);
             }
         }));
     }
 
-    fn apply(&mut self, out: Outcome, ctx: &mut Context<Self>) {
+    /// Take a reconcile's outcome; `started` is the claim version it started from.
+    fn apply(&mut self, out: Outcome, started: Option<&str>, ctx: &mut Context<Self>) {
         // One reconcile runs at a time and each of its requests is sent after the previous one
         // answered, so its answer is newer than any earlier one: take it even while an earlier
         // answer still waits for the watch (else the next guarded write starts from a version
-        // we already replaced, and conflicts).
+        // we already replaced, and conflicts). A reconcile that wrote and read nothing hands
+        // back the version it started from, which is no answer at all: a newer version the
+        // watch delivered meanwhile (a Scaler's binding) must not be replaced by it, or the
+        // claim would wait on its stale copy until something else changed it.
         if let Some(claim) = out.claim
+            && claim.resource_version().as_deref() != started
             && claim.resource_version() != self.claim.resource_version()
             && self
                 .fresh
