@@ -253,6 +253,21 @@ pub struct SimulateArgs {
     /// latency, watch-expire, watch-cuts).
     #[arg(long, value_parser = faults_arg, default_value = "")]
     pub faults: Box<FaultSpec>,
+    /// What-if of a live cluster: read it once, read-only (its Cluster API objects and their
+    /// infrastructure templates, NodePools, NodeClasses, NodeOverlays, NodeClaims, Nodes, pods,
+    /// PodDisruptionBudgets and DaemonSets; never a Secret), load it into the simulated cluster,
+    /// run the controller there for --duration and report what it would do. Replaces
+    /// --scenario.
+    #[arg(long, value_name = "KUBECONFIG", value_parser = non_empty_path_arg)]
+    pub from_cluster: Option<PathBuf>,
+    /// With --from-cluster: the management cluster's kubeconfig, where the Cluster API objects
+    /// are, when it is not the cluster --from-cluster names.
+    #[arg(long = "cluster-api-kubeconfig", value_name = "KUBECONFIG", requires = "from_cluster", value_parser = non_empty_path_arg)]
+    pub from_cluster_api: Option<PathBuf>,
+    /// With --from-cluster: how long the controller runs on the loaded copy (e.g. 2m; 1s to
+    /// 24h).
+    #[arg(long, default_value = "1m", value_parser = duration_in(Duration::from_secs(1), DAY))]
+    pub duration: Duration,
     #[command(flatten)]
     pub serve: ServeArgs,
     #[command(flatten)]

@@ -198,7 +198,10 @@ impl Inner {
             return Ok(());
         }
         let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = match nodes.get_opt(name).await? {
+        // A Machine that has a Node already names it (a cluster loaded from elsewhere names its
+        // Nodes as its cloud does); a new one gets a Node named after it.
+        let node_name = str_at(&machine.data, &["status", "nodeRef", "name"]).unwrap_or(name);
+        let node = match nodes.get_opt(node_name).await? {
             Some(node) => {
                 self.sync_labels(&nodes, &machine, &node).await?;
                 node

@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod cpu;
 pub mod disruption;
 pub mod drain;
+pub mod from_cluster;
 pub mod html;
 pub mod invariants;
 pub mod launch;
@@ -56,6 +57,8 @@ pub enum Error {
     Report(#[from] output::Error),
     #[error("{0}")]
     Usage(String),
+    #[error(transparent)]
+    FromCluster(Box<from_cluster::Error>),
 }
 
 /// The simulated cluster running on a runtime of its own (one worker thread), so that the
@@ -362,6 +365,9 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
+        if let Some(source) = &args.from_cluster {
+            return what_if(source, &args).await;
+        }
         if args.serve.no_controller || args.scenario == Scenario::None {
             return serve::without_report(&args).await.map(|()| true);
         }
@@ -386,6 +392,31 @@ pub fn run(args: SimulateArgs) -> Result<bool, Error> {
             }
         }
     })
+}
+
+/// `--from-cluster`: the what-if of a live cluster, reported in the form `--report` asks for;
+/// with `--serve` the copy and its controller keep running after the report.
+async fn what_if(source: &std::path::Path, args: &SimulateArgs) -> Result<bool, Error> {
+    let fail = |e| Error::FromCluster(Box::new(e));
+    let (r, kept) = from_cluster::what_if(
+        source,
+        args.from_cluster_api.as_deref(),
+        args.duration,
+        true,
+    )
+    .await
+    .map_err(fail)?;
+    let outcome = output::Outcome {
+        text: r.to_string(),
+        json: r.to_json(),
+        invariants_ok: r.invariants_ok,
+        timeline: r.timeline,
+    };
+    outcome.emit(args.report, args.report_out.as_deref())?;
+    if args.serve.serve {
+        serve::hold(kept, crate::app::shutdown_signal()).await;
+    }
+    Ok(outcome.invariants_ok)
 }
 
 /// Runs the scenario `args` names (not `none`), reports it in every form, and keeps its

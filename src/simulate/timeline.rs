@@ -92,7 +92,8 @@ fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
     at(v, path).and_then(Value::as_str).unwrap_or_default()
 }
 
-fn pending(pod: &Value) -> bool {
+/// A pod waiting for a node: unbound, not finished, not being deleted.
+pub fn pending(pod: &Value) -> bool {
     !deleting(pod)
         && str_at(pod, &["spec", "nodeName"]).is_empty()
         && !matches!(str_at(pod, &["status", "phase"]), "Succeeded" | "Failed")

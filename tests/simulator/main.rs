@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod from_cluster;
 mod measure_apart;
 mod report_html;
 mod sim_machine_pool;

@@ -121,6 +121,9 @@ pub struct SimClusterConfig {
     /// Also write the kubeconfig here (`simulate --kubeconfig-out`); the file is left in place
     /// when the cluster stops, unlike the server's own temporary one.
     pub kubeconfig_out: Option<PathBuf>,
+    /// More kinds the simulated server serves (another cluster's infrastructure templates,
+    /// `simulate --from-cluster`); those it serves already are kept as they are.
+    pub extra_resources: Vec<super::ResourceDef>,
 }
 
 impl Default for SimClusterConfig {
@@ -144,6 +147,7 @@ impl Default for SimClusterConfig {
             scheduler_debounce: SchedulerConfig::default().debounce,
             port: 0,
             kubeconfig_out: None,
+            extra_resources: Vec::new(),
         }
     }
 }
@@ -395,16 +399,17 @@ async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Error> {
         ServedVersions::V1beta2 => CapiVersions::V1Beta2,
         ServedVersions::Both => CapiVersions::Both,
     };
-    let server = SimServer::start(
-        SimConfig {
-            served_capi_versions: served,
-            seed: cfg.seed,
-            port: cfg.port,
-            ..SimConfig::default()
-        }
-        .with_infrastructure_templates(),
-    )
-    .await?;
+    let mut config = SimConfig {
+        served_capi_versions: served,
+        seed: cfg.seed,
+        port: cfg.port,
+        ..SimConfig::default()
+    }
+    .with_infrastructure_templates();
+    for def in &cfg.extra_resources {
+        config.add_kind(def.clone());
+    }
+    let server = SimServer::start(config).await?;
     if let Some(out) = &cfg.kubeconfig_out {
         super::kubeconfig::write_file(out, server.url())?;
     }

@@ -188,6 +188,59 @@ impl Store {
         Ok(())
     }
 
+    /// Loading objects read from another cluster (`simulate --from-cluster`): each is stored as
+    /// that cluster has it (name, UID, creation time, owners, finalizers, status), with no
+    /// admission or defaulting (its own server did both), a resourceVersion of this store and
+    /// one ADDED event. A namespace that does not exist yet is created first. Returns how many
+    /// were stored; an object whose name is taken is an error.
+    pub fn restore(
+        &self,
+        def: &ResourceDef,
+        objs: impl IntoIterator<Item = Value>,
+    ) -> Result<usize, ApiError> {
+        let mut inner = self.inner.lock();
+        let key = def.storage_key();
+        let namespaces = self.registry.by_name("namespaces").cloned();
+        let mut n = 0;
+        for mut obj in objs {
+            let meta = |o: &Value, f: &str| {
+                o.pointer(&format!("/metadata/{f}"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let (name, uid) = (meta(&obj, "name"), meta(&obj, "uid"));
+            let ns = if def.namespaced {
+                meta(&obj, "namespace")
+            } else {
+                String::new()
+            };
+            if name.is_empty() || uid.is_empty() {
+                return Err(ApiError::invalid(format!(
+                    "{} {ns}/{name}: a loaded object needs a name and a uid",
+                    def.kind
+                )));
+            }
+            if let Some(nsdef) = namespaces.as_ref().filter(|_| !ns.is_empty())
+                && inner.get(nsdef, "", &ns).is_none()
+            {
+                inner.create(nsdef, "", json!({"metadata": {"name": ns}}))?;
+            }
+            if inner.get(def, &ns, &name).is_some() {
+                return Err(ApiError::already_exists(&def.group, &def.plural, &name));
+            }
+            if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+                m.remove("managedFields");
+            }
+            let stored = inner.commit(&key, &ns, EventKind::Added, obj, None);
+            inner.put(&key, &ns, &name, stored);
+            inner.uids.insert(uid, (key.clone(), ns, name));
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Mirroring another API server (the real backend): puts `obj` as that server sent it, with
     /// no admission, defaulting or garbage collection, which the other server has done.
     pub fn mirror_put(&self, def: &ResourceDef, ns: &str, obj: Value) {
