@@ -177,10 +177,23 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
     if let Some(why) = refused.into_iter().next() {
         return Outcome::No(why);
     }
+    // Pods of nodes already leaving were counted on finding room when their node was given up:
+    // room these candidates' pods would take from them is not free (upstream's simulation
+    // requires every pod but the pending ones to schedule). Under a slow API server drains
+    // overlap the next decisions, and such a plan made the provisioner launch for them.
+    if let Some((pod, why)) = results
+        .failures
+        .iter()
+        .find(|(p, _)| snapshot.displaced.contains(p))
+    {
+        return Outcome::No(format!(
+            "pod {pod} of a node already leaving would not schedule: {why}"
+        ));
+    }
     // Claims opened only for pods that were pending anyway are the provisioner's business; but
-    // a CapacityBuffer's placeholder that needs a claim once the candidates are gone means the
-    // candidates hold its room, which must not go (as upstream, whose simulation counts every
-    // claim opened).
+    // a CapacityBuffer's placeholder or a leaving node's pod that needs a claim once the
+    // candidates are gone means the candidates hold its room, which must not go (as upstream,
+    // whose simulation counts every claim opened).
     let placeholders: HashSet<String> = snapshot
         .pods
         .iter()
@@ -191,9 +204,11 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
         .new_claims
         .into_iter()
         .filter(|n| {
-            n.pods
-                .iter()
-                .any(|p| moved.contains(p.as_str()) || placeholders.contains(p))
+            n.pods.iter().any(|p| {
+                moved.contains(p.as_str())
+                    || placeholders.contains(p)
+                    || snapshot.displaced.contains(p)
+            })
         })
         .collect();
     match needed.len() {

@@ -866,3 +866,46 @@ fn small_nodes_fold_into_a_larger_one_whatever_ranks_before_them() {
         vec!["medium".to_string()]
     );
 }
+
+/// Pods of a node already leaving (a command under way, or a deleting node) were counted on
+/// finding room when their node was given up. A candidate whose removal leaves them none must
+/// stay, though pods merely pending would not hold it back: the provisioner launches for those
+/// anyway, but for the leaving node's pods the launch is the consolidation's doing. Here the
+/// only room for a leaving node's 1.5-CPU pod is the candidate's node, and the candidate's own
+/// pod fits in the 1 CPU left elsewhere.
+#[test]
+fn a_candidate_keeps_the_room_pods_of_a_leaving_node_need() {
+    let (mut s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "z",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("z1", "500m")],
+            },
+            Node {
+                name: "x",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("x1", "7")],
+            },
+        ],
+    );
+    s.pods.push(
+        testing::pod("from-leaving")
+            .namespace("ns")
+            .requests("1500m", "1Gi")
+            .build(),
+    );
+    let only_z = &c[..1];
+    // Pending anyway: the provisioner's business, the candidate goes.
+    assert_eq!(
+        decide(&s, only_z, &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+    // Displaced by a node that is leaving: the candidate holds its room and stays (a small
+    // replacement for that pod would cost what the candidate does).
+    s.displaced.insert("ns/from-leaving".to_string());
+    assert_eq!(decide(&s, only_z, &allow(1)), None);
+}

@@ -104,6 +104,10 @@ pub struct Snapshot {
     /// Pods pending anyway may still go there.
     pub moved: HashSet<String>,
     pub under_consolidate_after: HashSet<String>,
+    /// Pods among `pods` that are bound to a node already leaving (being deleted, or a
+    /// candidate of a disruption command under way), by key: not pending yet, but they will be,
+    /// and the room they need was counted on when their node was given up.
+    pub displaced: HashSet<String>,
 }
 
 /// A node the pods may go to without a new claim.

@@ -566,8 +566,10 @@ pub fn snapshot(
         crate::disruption::consolidation::without(&snapshot, &leaving)
     };
     // Their pods are not the next decision's moved pods: nodes inside consolidateAfter may
-    // take them, as upstream lets pods of deleting nodes go there.
-    snapshot.moved.clear();
+    // take them, as upstream lets pods of deleting nodes go there. They are displaced, as the
+    // pods of deleting nodes are: the next decision must leave them room.
+    let leaving_pods = std::mem::take(&mut snapshot.moved);
+    snapshot.displaced.extend(leaving_pods);
     snapshot.under_consolidate_after = under_consolidate_after.clone();
     snapshot
 }

@@ -255,6 +255,7 @@ pub fn build<'a>(
         // Set by disruption's simulations.
         moved: Default::default(),
         under_consolidate_after: Default::default(),
+        displaced: rescheduled_keys,
     }
 }
 

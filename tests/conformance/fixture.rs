@@ -746,6 +746,7 @@ impl Env {
             nominated: Default::default(),
             moved: Default::default(),
             under_consolidate_after: Default::default(),
+            displaced: Default::default(),
         }
     }
     /// Configure default topology spread constraints, through the `--scheduler-config`

@@ -349,6 +349,7 @@ impl Disruption {
                 })
                 .observe(started.elapsed().as_secs_f64());
             for (claim, why) in &unconsolidatable {
+                tracing::debug!(nodeclaim = %claim, why = %why, "cannot be consolidated");
                 let c = shared.state.claims.read().get(claim);
                 if let Some(c) = c {
                     execute::on_claim_and_node(

@@ -35,6 +35,7 @@ pub struct Pending;
 pub use crate::view::settings::Batching;
 
 mod watch;
+mod why;
 
 enum Watched {
     Pod(Result<watcher::Event<Pod>, watcher::Error>),
@@ -184,10 +185,14 @@ impl Provisioner {
             .iter()
             .map(|p| (p.nodepool.name_any(), p.nodepool.clone()))
             .collect();
+        let index = self.shared.state.pods.clone();
         let fut = async move {
             tokio::task::spawn_blocking(move || {
                 let mut results = scheduling::solve_with_volumes(&snapshot, &volumes);
                 results.failures.extend(volume_failures);
+                for line in why::launches(&snapshot, &results, &index.read()) {
+                    tracing::debug!(why = %line, "launching for pods existing nodes did not take");
+                }
                 results
             })
             .await
