@@ -306,6 +306,9 @@ fn typed(o: DynamicObject, ar: &ApiResource) -> Value {
     v
 }
 
+/// The templates to read: by (apiVersion, kind), each (namespace, name, the owner in words).
+type Refs = BTreeMap<(String, String), BTreeSet<(String, String, String)>>;
+
 /// The infrastructure template (or pool) each MachineDeployment and MachinePool refers to,
 /// each read once, grouped by kind. One that is gone is noted and left out: the controller
 /// then sees what it would see on the source.
@@ -315,7 +318,7 @@ async fn templates(
     owners: impl Iterator<Item = &Value>,
     notes: &mut Vec<String>,
 ) -> Result<Vec<Kind>, Error> {
-    let mut refs: BTreeMap<(String, String), BTreeSet<(String, String, String)>> = BTreeMap::new();
+    let mut refs: Refs = BTreeMap::new();
     for o in owners {
         let r = &o["spec"]["template"]["spec"]["infrastructureRef"];
         let (Some(kind), Some(name)) = (r["kind"].as_str(), r["name"].as_str()) else {
