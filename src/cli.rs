@@ -185,7 +185,7 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Start the embedded simulated cluster and run the controller on it.
     #[cfg(feature = "simulator")]
-    Simulate(SimulateArgs),
+    Simulate(Box<SimulateArgs>),
     /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass,
     /// CapacityBuffer) as YAML.
     Crds(CrdsArgs),

@@ -48,7 +48,7 @@ fn main() -> ExitCode {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
-            match karpenter_capi::simulate::run(args) {
+            match karpenter_capi::simulate::run(*args) {
                 Ok(ok) if ok => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(1),
                 Err(e) => {

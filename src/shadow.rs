@@ -3,8 +3,13 @@
 //! one JSON line in the decision log) and answered here as the API server would have answered
 //! it had it succeeded, so the caller carries on: a create gets back its object with a name and
 //! UID, a patch the object read now with the patch applied, a delete the object marked deleting.
-//! Nothing of it reaches the server, so nothing comes back through a watch: what follows from a
-//! write (a claim's actor, a Machine) is not simulated.
+//! Nothing of it reaches the server; the layer shows the answers back to the controller's own
+//! reads and watches instead (`overlay`), so its later decisions build on its earlier ones as
+//! in a writing run. What only another controller would do after a write (Cluster API making
+//! a Machine, a kubelet a Node) is not simulated.
+//!
+//! `Shadow::recording` is the same record with every write sent: the log of a writing run, to
+//! compare with a dry run's decision for decision.
 
 use std::fs::File;
 use std::future::Future;
@@ -23,6 +28,8 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tower::{BoxError, Layer, Service};
+
+mod overlay;
 
 /// One write the controller meant to make.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -43,6 +50,9 @@ struct Inner {
     intended: Mutex<Vec<Intended>>,
     log: Mutex<Option<File>>,
     serial: AtomicU64,
+    overlay: overlay::Overlay,
+    /// Record and send (a writing run's log) rather than refuse.
+    pass_through: bool,
 }
 
 /// Shared by every client of the process; clones share the record.
@@ -68,7 +78,18 @@ impl Shadow {
         Ok(shadow)
     }
 
-    /// Every write refused so far, in order.
+    /// Every write recorded and sent, in memory: a writing run's decisions in the form a dry
+    /// run logs them.
+    pub fn recording() -> Self {
+        Shadow {
+            inner: Arc::new(Inner {
+                pass_through: true,
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// Every write refused (or, recording, sent) so far, in order.
     pub fn intended(&self) -> Vec<Intended> {
         self.inner.intended.lock().clone()
     }
@@ -137,8 +158,11 @@ where
         let inner = self.inner.clone();
         let shadow = self.shadow.clone();
         Box::pin(async move {
-            if read_only(req.method()) {
+            if shadow.inner.pass_through && read_only(req.method()) {
                 return send(&inner, req).await;
+            }
+            if read_only(req.method()) {
+                return read(&inner, &shadow, req).await;
             }
             let (parts, body) = req.into_parts();
             let bytes = body.collect_bytes().await.map_err(Box::new)?;
@@ -159,35 +183,50 @@ where
                 name: path.name.clone(),
                 body: body.clone(),
             });
+            if shadow.inner.pass_through {
+                let req = Request::from_parts(parts, Body::from(bytes.to_vec()));
+                return send(&inner, req).await;
+            }
+            let overlay = &shadow.inner.overlay;
             let kind = parts
                 .headers
                 .get(hyper::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or("")
                 .to_string();
+            let evicted = path.subresource == "eviction";
             match parts.method {
-                Method::POST if !path.subresource.is_empty() => {
+                Method::POST if !path.subresource.is_empty() && !evicted => {
                     Ok(answer(StatusCode::CREATED, &status_success()))
                 }
-                Method::POST => Ok(answer(StatusCode::CREATED, &created(body, &shadow))),
-                Method::PUT => Ok(answer(StatusCode::OK, &body)),
-                Method::PATCH | Method::DELETE => {
-                    let get = Request::get(path.object.as_str())
-                        .body(Body::empty())
-                        .map_err(Box::new)?;
-                    let current = send(&inner, get).await?;
-                    if !current.status().is_success() {
-                        return Ok(current);
-                    }
-                    let bytes = current.into_body().collect().await?.to_bytes();
-                    let object: Value = serde_json::from_slice(&bytes)?;
-                    let result = if parts.method == Method::DELETE {
-                        Ok(deleting(object))
-                    } else {
+                Method::POST if !evicted => {
+                    let object = created(body, &shadow);
+                    overlay.put(&path.collection, object.clone(), true);
+                    Ok(answer(StatusCode::CREATED, &object))
+                }
+                Method::PUT => {
+                    overlay.put(&path.collection, body.clone(), false);
+                    Ok(answer(StatusCode::OK, &body))
+                }
+                Method::PATCH | Method::DELETE | Method::POST => {
+                    let object = match current(&inner, overlay, &path).await? {
+                        Ok(o) => o,
+                        Err(refused) => return Ok(refused),
+                    };
+                    let result = if parts.method == Method::PATCH {
                         patched(object, body, &kind)
+                    } else {
+                        // A delete, or an eviction, which deletes the pod.
+                        Ok(deleting(object))
                     };
                     Ok(match result {
-                        Ok(o) => answer(StatusCode::OK, &o),
+                        Ok(o) => {
+                            overlay.put(&path.collection, o.clone(), false);
+                            match evicted {
+                                true => answer(StatusCode::CREATED, &status_success()),
+                                false => answer(StatusCode::OK, &o),
+                            }
+                        }
                         Err(message) => answer(StatusCode::CONFLICT, &status_conflict(&message)),
                     })
                 }
@@ -195,6 +234,80 @@ where
             }
         })
     }
+}
+
+/// A read answered with the dry run's writes in place: an object it wrote from what it wrote,
+/// a list with them merged, a watch with them spliced in.
+async fn read<S>(
+    inner: &tokio::sync::Mutex<S>,
+    shadow: &Shadow,
+    req: Request<Body>,
+) -> Result<Answer, BoxError>
+where
+    S: Service<Request<Body>, Response = Answer>,
+    S::Error: Into<BoxError>,
+{
+    let overlay = &shadow.inner.overlay;
+    let path = Path_::parse(req.uri().path());
+    let watch = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+    if req.method() != Method::GET {
+        return send(inner, req).await;
+    }
+    if !path.name.is_empty() && path.subresource.is_empty() {
+        if let Some(written) = overlay.get(&path.key()) {
+            return Ok(match written {
+                Some(o) => answer(StatusCode::OK, &o),
+                None => answer(StatusCode::NOT_FOUND, &status_not_found(&path)),
+            });
+        }
+        return send(inner, req).await;
+    }
+    if !path.name.is_empty() {
+        return send(inner, req).await;
+    }
+    let response = send(inner, req).await?;
+    if !response.status().is_success() {
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    if watch {
+        let body = overlay.watch(&path.collection, &path.namespace, body);
+        return Ok(Response::from_parts(parts, body));
+    }
+    let bytes = body.collect().await?.to_bytes();
+    let mut list: Value = serde_json::from_slice(&bytes)?;
+    overlay.merge_list(&path.collection, &path.namespace, &mut list);
+    Ok(answer(parts.status, &list))
+}
+
+/// The object a patch, delete or eviction applies to: as the dry run left it, else as the
+/// server has it; Err is the server's (or a not-found) answer to pass on.
+async fn current<S>(
+    inner: &tokio::sync::Mutex<S>,
+    overlay: &overlay::Overlay,
+    path: &Path_,
+) -> Result<Result<Value, Answer>, BoxError>
+where
+    S: Service<Request<Body>, Response = Answer>,
+    S::Error: Into<BoxError>,
+{
+    match overlay.get(&path.key()) {
+        Some(Some(o)) => return Ok(Ok(o)),
+        Some(None) => return Ok(Err(answer(StatusCode::NOT_FOUND, &status_not_found(path)))),
+        None => {}
+    }
+    let get = Request::get(path.object.as_str())
+        .body(Body::empty())
+        .map_err(Box::new)?;
+    let current = send(inner, get).await?;
+    if !current.status().is_success() {
+        return Ok(Err(current));
+    }
+    let bytes = current.into_body().collect().await?.to_bytes();
+    Ok(Ok(serde_json::from_slice(&bytes)?))
 }
 
 async fn send<S>(inner: &tokio::sync::Mutex<S>, req: Request<Body>) -> Result<Answer, BoxError>
@@ -226,6 +339,11 @@ fn answer(status: StatusCode, body: &Value) -> Answer {
 
 fn status_success() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201})
+}
+
+fn status_not_found(path: &Path_) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+           "code": 404, "message": format!("{} \"{}\" not found", path.resource, path.name)})
 }
 
 fn status_conflict(message: &str) -> Value {
@@ -274,6 +392,8 @@ struct Path_ {
     subresource: String,
     /// The object's own path (no subresource, no query).
     object: String,
+    /// The resource's path across namespaces: `/api/v1/pods`, `/apis/group/version/resource`.
+    collection: String,
 }
 
 impl Path_ {
@@ -293,13 +413,25 @@ impl Path_ {
         }
         let at = |i: usize| rest.get(i).map(|s| s.to_string()).unwrap_or_default();
         let object_len = consumed + rest.len().min(2);
+        let prefix = segs.get(..start).unwrap_or(&segs[..]).join("/");
         Path_ {
+            collection: format!("/{prefix}/{}", at(0)),
             resource: at(0),
             name: at(1),
             subresource: at(2),
             namespace,
             object: format!("/{}", segs[..object_len.min(segs.len())].join("/")),
         }
+    }
+}
+
+impl Path_ {
+    fn key(&self) -> overlay::Key {
+        (
+            self.collection.clone(),
+            self.namespace.clone(),
+            self.name.clone(),
+        )
     }
 }
 
@@ -320,6 +452,7 @@ mod tests {
             ("pods", "default", "web-1", "eviction")
         );
         assert_eq!(p.object, "/api/v1/namespaces/default/pods/web-1");
+        assert_eq!(p.collection, "/api/v1/pods");
         let p = Path_::parse("/apis/karpenter.sh/v1/nodeclaims/c-1/status");
         assert_eq!(p.resource, "nodeclaims");
         assert_eq!(p.object, "/apis/karpenter.sh/v1/nodeclaims/c-1");

@@ -253,6 +253,17 @@ pub struct SimulateArgs {
     /// latency, watch-expire, watch-cuts).
     #[arg(long, value_parser = faults_arg, default_value = "")]
     pub faults: Box<FaultSpec>,
+    #[command(flatten)]
+    pub from: Box<FromClusterArgs>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// `simulate --from-cluster`: a what-if of a live cluster.
+#[derive(Clone, Debug, Default, Args)]
+pub struct FromClusterArgs {
     /// What-if of a live cluster: read it once, read-only (its Cluster API objects and their
     /// infrastructure templates, NodePools, NodeClasses, NodeOverlays, NodeClaims, Nodes, pods,
     /// PodDisruptionBudgets and DaemonSets; never a Secret), load it into the simulated cluster,
@@ -268,10 +279,6 @@ pub struct SimulateArgs {
     /// 24h).
     #[arg(long, default_value = "1m", value_parser = duration_in(Duration::from_secs(1), DAY))]
     pub duration: Duration,
-    #[command(flatten)]
-    pub serve: ServeArgs,
-    #[command(flatten)]
-    pub log: LogArgs,
 }
 
 /// `simulate --serve`: keep the simulated cluster up for kubectl and a separate controller.
@@ -315,7 +322,7 @@ impl SimulateArgs {
     pub fn from_words(words: &[&str]) -> Result<Self, clap::Error> {
         let argv = ["karpenter-capi", "simulate"].iter().chain(words);
         match <Cli as Parser>::try_parse_from(argv)?.command {
-            Command::Simulate(args) => Ok(args),
+            Command::Simulate(args) => Ok(*args),
             _ => Err(clap::Error::raw(
                 clap::error::ErrorKind::InvalidSubcommand,
                 "not the simulate subcommand",

@@ -365,7 +365,7 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
-        if let Some(source) = &args.from_cluster {
+        if let Some(source) = &args.from.from_cluster {
             return what_if(source, &args).await;
         }
         if args.serve.no_controller || args.scenario == Scenario::None {
@@ -400,8 +400,8 @@ async fn what_if(source: &std::path::Path, args: &SimulateArgs) -> Result<bool, 
     let fail = |e| Error::FromCluster(Box::new(e));
     let (r, kept) = from_cluster::what_if(
         source,
-        args.from_cluster_api.as_deref(),
-        args.duration,
+        args.from.from_cluster_api.as_deref(),
+        args.from.duration,
         true,
     )
     .await

@@ -1,15 +1,18 @@
 //! Shadow mode (`run --dry-run`): the controller runs its watches and decisions on the cluster
-//! but the server sees no write from it (counted by the server, by verb), and what it would have
-//! written matches what the same controller writes from the same state when allowed to.
+//! but the server sees no write from it (counted by the server, by verb), and its decision log
+//! matches, decision for decision, the log of the same controller allowed to write from the same
+//! state (recorded by the same layer, `Shadow::recording`).
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, MACHINE_DEPLOYMENT_ANNOTATION};
+use karpenter_capi::api::wellknown::{
+    DISRUPTED_TAINT_KEY, INSTANCE_TYPE_LABEL, MACHINE_DEPLOYMENT_ANNOTATION,
+};
 use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::metrics::Metrics;
-use karpenter_capi::shadow::Shadow;
+use karpenter_capi::shadow::{Intended, Shadow};
 use karpenter_capi::sim::cluster::PodShape;
 use karpenter_capi::simulate::launch::seed_of;
 use karpenter_capi::simulate::{sim_settings, start_controller_shadowed};
@@ -18,6 +21,122 @@ use crate::common::claims::fast_disruption;
 use crate::common::{Env, NS, standin_cluster};
 
 const PODS: usize = 1000;
+
+/// One decision, without what differs between two runs by chance (generated names, times).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Decision {
+    /// A claim: its MachineDeployment, instance type and the requests of the pods it is for.
+    Claim {
+        md: String,
+        instance_type: String,
+        requests: String,
+    },
+    /// A replica write on a MachineDeployment: from, to.
+    Replicas { md: String, from: i64, to: i64 },
+    /// A node tainted for disruption.
+    Taint { node: String },
+    /// A claim's disruption reason.
+    Reason { claim: String, reason: String },
+    /// A claim deleted.
+    Delete { claim: String },
+}
+
+fn decision(i: &Intended) -> Option<Decision> {
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    match (i.verb.as_str(), i.resource.as_str(), i.subresource.as_str()) {
+        ("create", "nodeclaims", "") => Some(Decision::Claim {
+            md: s(&i.body["metadata"]["annotations"][MACHINE_DEPLOYMENT_ANNOTATION]),
+            instance_type: s(&i.body["metadata"]["labels"][INSTANCE_TYPE_LABEL]),
+            requests: i.body["spec"]["resources"]["requests"].to_string(),
+        }),
+        ("patch", "machinedeployments", "") => {
+            let ops = i.body.as_array()?;
+            let at = |op: &str| {
+                ops.iter()
+                    .find(|o| o["path"] == "/spec/replicas" && o["op"] == op)
+                    .and_then(|o| o["value"].as_i64())
+            };
+            Some(Decision::Replicas {
+                md: i.name.clone(),
+                from: at("test").unwrap_or(-1),
+                to: at("replace").or_else(|| at("add"))?,
+            })
+        }
+        ("patch", "nodes", "") if i.body.to_string().contains(DISRUPTED_TAINT_KEY) => {
+            Some(Decision::Taint {
+                node: i.name.clone(),
+            })
+        }
+        ("patch" | "update", "nodeclaims", "status") => {
+            let c = conditions(&i.body)
+                .into_iter()
+                .find(|c| c["type"] == "DisruptionReason" && c["status"] == "True")?;
+            Some(Decision::Reason {
+                claim: i.name.clone(),
+                reason: s(&c["reason"]),
+            })
+        }
+        ("delete", "nodeclaims", "") => Some(Decision::Delete {
+            claim: i.name.clone(),
+        }),
+        _ => None,
+    }
+}
+
+/// The conditions a status write sets: a merge patch's, or a JSON patch's (on
+/// `/status/conditions` or the whole `/status`).
+fn conditions(body: &Value) -> Vec<Value> {
+    let of = |status: &Value| status["conditions"].as_array().cloned().unwrap_or_default();
+    match body.as_array() {
+        None => of(&body["status"]),
+        Some(ops) => ops
+            .iter()
+            .flat_map(|o| match o["path"].as_str() {
+                Some("/status/conditions") => o["value"].as_array().cloned().unwrap_or_default(),
+                Some("/status") => of(&o["value"]),
+                _ => Vec::new(),
+            })
+            .collect(),
+    }
+}
+
+/// The decisions of a log: claims as a multiset (they are made concurrently), and the rest
+/// per object in the order first made (a status write repeated when the object changes again
+/// is the same decision).
+fn decisions(s: &Shadow) -> BTreeMap<String, Vec<Decision>> {
+    let mut by: BTreeMap<String, Vec<Decision>> = BTreeMap::new();
+    for d in s.intended().iter().filter_map(decision) {
+        let again = !matches!(d, Decision::Claim { .. } | Decision::Replicas { .. })
+            && by.values().flatten().any(|seen| *seen == d);
+        if again {
+            continue;
+        }
+        let key = match &d {
+            Decision::Claim { .. } => "claims".to_string(),
+            Decision::Replicas { md, .. } => format!("replicas {md}"),
+            Decision::Taint { node } => format!("node {node}"),
+            Decision::Reason { claim, .. } | Decision::Delete { claim } => {
+                format!("claim {claim}")
+            }
+        };
+        by.entry(key).or_default().push(d);
+    }
+    if let Some(claims) = by.get_mut("claims") {
+        claims.sort();
+    }
+    by
+}
+
+fn controller_writes(env: &Env, since: u64) -> Vec<String> {
+    env.sim
+        .cluster()
+        .stats()
+        .writes()
+        .iter()
+        .filter(|w| w.at_ms >= since && w.agent == karpenter_capi::app::USER_AGENT)
+        .map(|w| format!("{} {}/{} {}", w.verb, w.resource, w.subresource, w.name))
+        .collect()
+}
 
 /// Three MachineDeployments and `PODS` pending pods; no controller yet.
 async fn pending() -> Env {
@@ -37,43 +156,18 @@ async fn pending() -> Env {
     env
 }
 
-/// A claim's choice: its MachineDeployment and instance type.
-fn choice(claim: &Value) -> (String, String) {
-    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
-    (
-        s(&claim["metadata"]["annotations"][MACHINE_DEPLOYMENT_ANNOTATION]),
-        s(&claim["metadata"]["labels"][INSTANCE_TYPE_LABEL]),
-    )
-}
-
-fn tally(choices: impl Iterator<Item = (String, String)>) -> BTreeMap<(String, String), usize> {
-    let mut t = BTreeMap::new();
-    for c in choices {
-        *t.entry(c).or_default() += 1;
-    }
-    t
-}
-
-fn controller_writes(env: &Env) -> Vec<String> {
-    env.sim
-        .cluster()
-        .stats()
-        .writes()
-        .iter()
-        .filter(|w| w.agent == karpenter_capi::app::USER_AGENT)
-        .map(|w| format!("{} {}/{} {}", w.verb, w.resource, w.subresource, w.name))
-        .collect()
-}
-
 #[actix::test]
 async fn a_shadow_run_writes_nothing_and_decides_what_a_real_run_does() {
-    // Allowed to write: the claims it creates for the pending pods.
+    // Allowed to write, recorded: the claims it creates for the pending pods and the replica
+    // writes that launch them.
     let mut real = pending().await;
+    let recorded = Shadow::recording();
     real.controller = Some(
-        karpenter_capi::simulate::start_controller(
+        start_controller_shadowed(
             &real.sim,
             sim_settings(None),
             real.metrics.clone(),
+            Some(recorded.clone()),
         )
         .await
         .expect("controller"),
@@ -83,11 +177,29 @@ async fn a_shadow_run_writes_nothing_and_decides_what_a_real_run_does() {
     real.settle().await;
     real.until_quiet("every pod bound", |e| e.bound_pods() == PODS)
         .await;
-    let wanted = tally(real.list("nodeclaims").iter().map(choice));
+    // The claims the writing run kept, by offering. Its log holds more under load (claims
+    // that timed out and were replaced, replica writes batched as the server's latency made
+    // them), so the claims it ends with are what the dry run is held to.
+    let offering = |c: &Value| {
+        let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+        (
+            s(&c["metadata"]["annotations"][MACHINE_DEPLOYMENT_ANNOTATION]),
+            s(&c["metadata"]["labels"][INSTANCE_TYPE_LABEL]),
+        )
+    };
+    let mut wanted: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for c in real.list("nodeclaims") {
+        *wanted.entry(offering(&c)).or_default() += 1;
+    }
     let claims: usize = wanted.values().sum();
+    println!(
+        "writing run: {:?}",
+        decisions(&recorded).get("claims").map(Vec::len)
+    );
     drop(real);
 
-    // The same state in shadow mode.
+    // The same state in shadow mode: each claim decided once (its own creates come back to
+    // it), on the offerings the writing run kept.
     let mut shadowed = pending().await;
     let shadow = Shadow::new(None).expect("shadow");
     shadowed.controller = Some(
@@ -100,7 +212,7 @@ async fn a_shadow_run_writes_nothing_and_decides_what_a_real_run_does() {
         .await
         .expect("shadow controller"),
     );
-    let creates = |s: &Shadow| -> Vec<Value> {
+    let created = |s: &Shadow| -> Vec<Value> {
         s.intended()
             .into_iter()
             .filter(|i| i.verb == "create" && i.resource == "nodeclaims")
@@ -109,22 +221,19 @@ async fn a_shadow_run_writes_nothing_and_decides_what_a_real_run_does() {
     };
     shadowed
         .wait("the shadow run's claims", || {
-            (creates(&shadow).len() >= claims).then_some(())
+            (created(&shadow).len() >= claims).then_some(())
         })
         .await;
-    let mut by_verb: BTreeMap<String, usize> = BTreeMap::new();
-    for i in shadow.intended() {
-        *by_verb
-            .entry(format!("{} {}/{}", i.verb, i.resource, i.subresource))
-            .or_default() += 1;
-    }
-    println!("real run: {claims} claims; shadow run intended: {by_verb:#?}");
-    let writes = controller_writes(&shadowed);
+    shadowed.settle().await;
+    let writes = controller_writes(&shadowed, 0);
     assert!(writes.is_empty(), "the server saw writes: {writes:#?}");
-    let decided = tally(creates(&shadow).iter().take(claims).map(choice));
+    let mut decided: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for c in created(&shadow) {
+        *decided.entry(offering(&c)).or_default() += 1;
+    }
     assert_eq!(
         decided, wanted,
-        "the shadow run's claims are the real run's"
+        "the shadow run's claims are the real run's, each once"
     );
     assert_eq!(shadowed.bound_pods(), 0, "no pod placed");
 }
@@ -165,7 +274,7 @@ fn settings() -> karpenter_capi::actors::Settings {
 }
 
 #[actix::test]
-async fn a_shadow_consolidation_writes_nothing_and_removes_what_a_real_run_removes() {
+async fn a_shadow_consolidation_writes_nothing_and_decides_what_a_real_run_does() {
     let mut env = consolidatable().await;
     let since = env.sim.cluster().stats().now_ms();
     let shadow = Shadow::new(None).expect("shadow");
@@ -179,66 +288,56 @@ async fn a_shadow_consolidation_writes_nothing_and_removes_what_a_real_run_remov
         .await
         .expect("shadow controller"),
     );
-    let first_delete = |s: &Shadow| {
-        s.intended()
-            .into_iter()
-            .find(|i| i.verb == "delete" && i.resource == "nodeclaims")
-            .map(|i| i.name)
+    let deleted = |s: &Shadow| {
+        decisions(s)
+            .values()
+            .flatten()
+            .any(|d| matches!(d, Decision::Delete { .. }))
     };
-    let shadowed = env
-        .wait("the shadow run's first consolidation", || {
-            first_delete(&shadow)
-        })
-        .await;
-    let writes: Vec<String> = env
-        .sim
-        .cluster()
-        .stats()
-        .writes()
-        .iter()
-        .filter(|w| w.at_ms > since && w.agent == karpenter_capi::app::USER_AGENT)
-        .map(|w| format!("{} {}/{} {}", w.verb, w.resource, w.subresource, w.name))
-        .collect();
+    env.wait("the shadow run's consolidation", || {
+        deleted(&shadow).then_some(())
+    })
+    .await;
+    env.settle().await;
+    let writes = controller_writes(&env, since);
     assert!(writes.is_empty(), "the server saw writes: {writes:#?}");
-    let tainted = shadow.intended().iter().any(|i| {
-        i.verb == "patch"
-            && i.resource == "nodes"
-            && i.body.to_string().contains("karpenter.sh/disrupted")
-    });
-    assert!(
-        tainted,
-        "the command taints its node first: {:#?}",
-        shadow.intended()
-    );
     if let Some(c) = env.controller.take() {
         c.stop();
     }
+    let decided = decisions(&shadow);
 
-    // The same state, allowed to write.
-    let since = env.sim.cluster().stats().now_ms();
+    // The same state, allowed to write, recorded.
+    let recorded = Shadow::recording();
     env.controller = Some(
-        karpenter_capi::simulate::start_controller(&env.sim, settings(), env.metrics.clone())
-            .await
-            .expect("controller"),
+        start_controller_shadowed(
+            &env.sim,
+            settings(),
+            env.metrics.clone(),
+            Some(recorded.clone()),
+        )
+        .await
+        .expect("controller"),
     );
-    let real = env
-        .wait("the real run's first consolidation", || {
-            env.sim
-                .cluster()
-                .stats()
-                .writes()
-                .into_iter()
-                .find(|w| {
-                    w.at_ms > since
-                        && w.agent == karpenter_capi::app::USER_AGENT
-                        && w.verb == "delete"
-                        && w.resource == "nodeclaims"
-                })
-                .map(|w| w.name)
-        })
-        .await;
-    assert_eq!(
-        shadowed, real,
-        "the shadow run removes the claim the real run removes"
+    // Every object the dry run decided about gets the same decisions, in the same order, in
+    // the writing run. The writing run may go on past the point where the dry run stops:
+    // after the first command's claim is gone, which only Cluster API and the kubelet make
+    // happen, and they see no dry-run write.
+    let same = |real: &BTreeMap<String, Vec<Decision>>| {
+        decided.iter().all(|(k, v)| real.get(k) == Some(v))
+    };
+    env.wait("the real run's decisions", || {
+        same(&decisions(&recorded)).then_some(())
+    })
+    .await;
+    env.settle().await;
+    let real = decisions(&recorded);
+    println!("dry run: {decided:#?}\nwriting run: {real:#?}");
+    assert!(same(&real), "dry run: {decided:#?}\nwriting run: {real:#?}");
+    assert!(
+        decided
+            .values()
+            .flatten()
+            .any(|d| matches!(d, Decision::Reason { .. })),
+        "the command records its reason: {decided:#?}"
     );
 }
