@@ -227,12 +227,9 @@ impl Catalog {
     ) -> PoolCatalogs {
         let overlays: Vec<Arc<NodeOverlay>> = self.overlays.values().cloned().collect();
         let refs: Vec<&NodeOverlay> = overlays.iter().map(|o| o.as_ref()).collect();
-        let (pools_synced, nodepools) = {
-            let index = self.shared.state.nodepools.read();
-            let pools: Vec<Arc<NodePool>> = index.values().cloned().collect();
-            (index.synced(), pools)
-        };
-        self.pools_seen = Some(pools_seen(pools_synced, &nodepools));
+        let (nodepools, seen) = self.pools_now();
+        let pools_synced = seen.0;
+        self.pools_seen = Some(seen);
         let catalogs: Vec<(&str, &mut offerings::Catalog)> = names
             .iter()
             .copied()
@@ -264,6 +261,14 @@ impl Catalog {
             self.write_overlay_status(&name, &current, m.metadata.generation, &verdict, ctx);
         }
         by_pool
+    }
+
+    /// The NodePools now, and what overlays see of them.
+    fn pools_now(&self) -> (Vec<Arc<NodePool>>, PoolsSeen) {
+        let index = self.shared.state.nodepools.read();
+        let pools: Vec<Arc<NodePool>> = index.values().cloned().collect();
+        let seen = pools_seen(index.synced(), &pools);
+        (pools, seen)
     }
 
     /// One overlay's conditions from its verdict; written (and a Warning Event sent) only when
@@ -697,11 +702,7 @@ impl Handler<NodePoolsChanged> for Catalog {
         if !self.synced || self.overlays.is_empty() {
             return;
         }
-        let now = {
-            let index = self.shared.state.nodepools.read();
-            let pools: Vec<Arc<NodePool>> = index.values().cloned().collect();
-            pools_seen(index.synced(), &pools)
-        };
+        let (_, now) = self.pools_now();
         if self.pools_seen.as_ref() != Some(&now) {
             // The prices a pool sees may change: consolidation looks again, as for an overlay.
             self.overlays_changed = true;
