@@ -272,3 +272,76 @@ async fn a_pool_without_pool_machines_is_never_drifted() {
     );
     env.assert_clean();
 }
+
+/// A change of the pool's own template (`patch` merged into the MachinePool): its Machines stay
+/// `UpToDate` (Cluster API sets that on every pool Machine), yet the claim bound under the old
+/// template drifts and is replaced on the pool, as on a MachineDeployment under OnDelete.
+async fn pool_template_drift(version: CapiVersion, patch: Value) {
+    let env = env_of(version, Vec::new(), vec![(pool_seed("mp-0", 0), true)]).await;
+    let (old, node) = env.stamped_claim("sim-0").await;
+    env.pod("app", &node, json!({"app": "app"}), json!({}))
+        .await;
+    let old_machine = claim_annotation(&env, &old, MACHINE_ANNOTATION).expect("bound");
+    let bound_under =
+        claim_annotation(&env, &old, POOL_TEMPLATE_HASH_ANNOTATION).expect("template recorded");
+    env.set_disruption(json!({"budgets": [{"nodes": "100%"}]}))
+        .await;
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(env.client().await, NS, &version.machine_pool());
+    api.patch(
+        "mp-0",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .expect("change the pool's template");
+    env.wait("Drifted=True on the old claim", || {
+        let c = env.get("nodeclaims", "", &old)?;
+        (condition(&c, "Drifted")?["reason"] == "MachineTemplateDrifted").then_some(())
+    })
+    .await;
+    let replacement = env
+        .wait("the old claim replaced by an initialized one", || {
+            let claims = env.list("nodeclaims");
+            let [c] = claims.as_slice() else {
+                return None;
+            };
+            let name = c["metadata"]["name"].as_str()?;
+            (name != old && condition(c, "Initialized").is_some_and(|x| x["status"] == "True"))
+                .then(|| name.to_string())
+        })
+        .await;
+    env.settle().await;
+    let new_machine = claim_annotation(&env, &replacement, MACHINE_ANNOTATION).expect("bound");
+    assert_ne!(new_machine, old_machine);
+    assert_eq!(pool_machines(&env, "mp-0"), BTreeSet::from([new_machine]));
+    let now = claim_annotation(&env, &replacement, POOL_TEMPLATE_HASH_ANNOTATION);
+    assert!(
+        now.is_some_and(|h| h != bound_under),
+        "bound under the new template"
+    );
+    assert_eq!(pool(&env, "mp-0")["spec"]["replicas"], 1);
+    assert_eq!(
+        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
+        1.0
+    );
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_pool_version_change_drifts_its_claims_v1beta2() {
+    pool_template_drift(
+        CapiVersion::V1Beta2,
+        json!({"spec": {"template": {"spec": {"version": "v1.34.0"}}}}),
+    )
+    .await;
+}
+
+#[actix::test]
+async fn a_pool_bootstrap_change_drifts_its_claims_v1beta1() {
+    pool_template_drift(
+        CapiVersion::V1Beta1,
+        json!({"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": "mp-0-v2"}}}}}}),
+    )
+    .await;
+}
