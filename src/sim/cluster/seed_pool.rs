@@ -1,9 +1,9 @@
 //! Seeding MachinePools: the MachinePool and the infrastructure pool (`DevMachinePool`) it
 //! points at, with or without MachinePool Machines, written as a user would.
 
+use super::seed::machine_pool;
 use super::*;
 use crate::api::wellknown::POOL_NAME_LABEL;
-use super::seed::machine_pool;
 use crate::capi::kind::ScalableKind;
 use crate::sim::capi::{INFRA_POOL_KIND, POOL_MACHINES_ANNOTATION, infra_pool_resource};
 
