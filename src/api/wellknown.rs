@@ -74,6 +74,11 @@ pub const NODECLAIM_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/nodeclaim";
 /// Annotation on a NodeClaim of a MachinePool without MachinePool Machines: the provider ID of
 /// the pool instance bound to it (the durable binding; no Machine exists to carry it).
 pub const INSTANCE_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/instance";
+/// Annotation on a NodeClaim bound to a MachinePool Machine: the hash of the pool's template
+/// (`spec.template.spec`) when its Machine was bound. A pool's Machines carry no `UpToDate` of
+/// their own (Cluster API sets it true on every one), so a template changed since is the
+/// claim's drift.
+pub const POOL_TEMPLATE_HASH_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/pool-template-hash";
 /// Annotation on a MachinePool without MachinePool Machines: the provider IDs (comma-separated)
 /// of instances whose claims were deleted and that were handed back to the pool as baseline
 /// capacity (no specific instance can be removed). Written with the managed-replicas count.

@@ -436,6 +436,9 @@ pub struct MachineDeployment {
     pub kind: ScalableKind,
     /// A MachinePool's `spec.providerIDList` (empty for a MachineDeployment).
     pub provider_id_list: Vec<String>,
+    /// A MachinePool's template hash (`capi::scalable::pool_template_hash`); None for a
+    /// MachineDeployment, whose Machines report `UpToDate` themselves.
+    pub template_hash: Option<String>,
 }
 
 impl MachineDeployment {
@@ -485,6 +488,7 @@ impl MachineDeployment {
             version,
             kind: ScalableKind::MachineDeployment,
             provider_id_list: Vec::new(),
+            template_hash: None,
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,

@@ -158,6 +158,7 @@ impl MachineDeployment {
             version,
             kind: ScalableKind::MachinePool,
             provider_id_list,
+            template_hash: Some(pool_template_hash(value)),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
@@ -175,6 +176,53 @@ impl MachineDeployment {
         version: CapiVersion,
     ) -> Result<Self, ModelError> {
         Self::from_pool_value(&dynamic_to_value(MACHINE_POOL_KIND, object)?, version)
+    }
+}
+
+/// The fields of a Machine's template whose change makes Cluster API roll a MachineDeployment's
+/// Machines out (the rest, such as drain timeouts, are propagated in place).
+const ROLLOUT_FIELDS: [&str; 4] = ["version", "bootstrap", "infrastructureRef", "failureDomain"];
+
+/// The hash of a MachinePool's template as a rollout sees it (`ROLLOUT_FIELDS` of
+/// `spec.template.spec`): FNV-1a over their JSON with keys sorted, so it is the same whatever
+/// order the API server wrote the fields in and across releases of this controller.
+pub fn pool_template_hash(pool: &Value) -> String {
+    let spec = pool.pointer("/spec/template/spec");
+    let fields: serde_json::Map<String, Value> = ROLLOUT_FIELDS
+        .iter()
+        .filter_map(|f| Some((f.to_string(), spec?.get(*f)?.clone())))
+        .collect();
+    let mut text = String::new();
+    canonical(&Value::Object(fields), &mut text);
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    format!("{h:016x}")
+}
+
+fn canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for k in keys {
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical(&m[k], out);
+                out.push(',');
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for x in a {
+                canonical(x, out);
+                out.push(',');
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
     }
 }
 

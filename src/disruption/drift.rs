@@ -11,7 +11,9 @@
 //! - `NodeClassDrifted`: the claim's MachineDeployment is gone or no longer selected by its
 //!   ClusterAPINodeClass.
 //! - `MachineTemplateDrifted`: Cluster API reports the claim's Machine `UpToDate=False` (its
-//!   MachineSet belongs to an outdated template; under `OnDelete` nothing else replaces it).
+//!   MachineSet belongs to an outdated template; under `OnDelete` nothing else replaces it),
+//!   or, on a MachinePool (whose Machines are always `UpToDate`), the pool's template changed
+//!   since the claim's Machine was bound.
 
 use std::collections::BTreeMap;
 
@@ -65,7 +67,8 @@ pub struct Provider {
     /// The claim's MachineDeployment is still offered by the claim's NodeClass. None when the
     /// catalog cannot tell yet (not built, NodeClass not ready): no verdict then.
     pub offered: Option<bool>,
-    /// The Machine's `UpToDate` condition (None: not reported).
+    /// The Machine's `UpToDate` condition, or on a pool whether its template is the one the
+    /// claim was bound under (None: not reported, not recorded).
     pub machine_up_to_date: Option<bool>,
 }
 

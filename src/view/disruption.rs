@@ -20,7 +20,7 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, INSTANCE_TYPE_LABEL,
-    NODEPOOL_LABEL, REPLACES_ANNOTATION, SET_NAME_LABEL,
+    NODEPOOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION, REPLACES_ANNOTATION, SET_NAME_LABEL,
 };
 use crate::capi::autoscaler;
 use crate::capi::model::{Machine, MachineDeployment};
@@ -190,13 +190,21 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         // Only under OnDelete is an outdated Machine ours to replace; under RollingUpdate
         // Cluster API replaces it itself (and the Scaler lets the new claims adopt the fresh
         // Machines).
-        let on_delete = deployments.get(md).is_some_and(|d| d.on_delete);
+        let group = deployments.get(md);
+        let on_delete = group.as_ref().is_some_and(|d| d.on_delete);
         let provider = drift::Provider {
             offered: offered.get(nodeclass).map(|mds| mds.contains(md)),
-            machine_up_to_date: machine
-                .as_ref()
-                .and_then(|m| m.up_to_date)
-                .filter(|_| on_delete),
+            machine_up_to_date: match group.as_ref().and_then(|d| d.template_hash.as_deref()) {
+                // A pool's Machines are all `UpToDate`; its template is compared instead.
+                Some(now) => c
+                    .annotations()
+                    .get(POOL_TEMPLATE_HASH_ANNOTATION)
+                    .map(|bound_under| bound_under == now),
+                None => machine
+                    .as_ref()
+                    .and_then(|m| m.up_to_date)
+                    .filter(|_| on_delete),
+            },
         };
         let drift = drift::drifted(c, np, provider);
         let on_node = pod_index.on_node(node.name());

@@ -72,6 +72,41 @@ fn eligible(env: &Env, reason: &str) -> f64 {
     ))
 }
 
+/// The end of a disruption on pool `mp-0`: one replica left, ours, one claim disrupted for
+/// `reason`, and everything clean.
+fn one_replica_left(env: &Env, reason: &str) {
+    let mp = pool(env, "mp-0");
+    assert_eq!(mp["spec"]["replicas"], 1);
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "1"
+    );
+    assert_eq!(
+        env.metric(&format!(
+            "karpenter_nodeclaims_disrupted_total{{reason=\"{reason}\""
+        )),
+        1.0
+    );
+    env.assert_clean();
+}
+
+/// Waits until `old` is gone and one initialized claim (also passing `check`) replaced it;
+/// returns the replacement's name.
+async fn replaced(env: &Env, old: &str, check: impl Fn(&Value) -> bool) -> String {
+    env.wait("the old claim replaced by an initialized one", || {
+        let claims = env.list("nodeclaims");
+        let [c] = claims.as_slice() else {
+            return None;
+        };
+        let name = c["metadata"]["name"].as_str()?;
+        (name != old
+            && check(c)
+            && condition(c, "Initialized").is_some_and(|x| x["status"] == "True"))
+        .then(|| name.to_string())
+    })
+    .await
+}
+
 /// Two claims on a pool with MachinePool Machines, one running a pod: consolidation removes
 /// the empty one, its Machine marked and the replica lowered, and keeps the other.
 async fn consolidation_on_pool_machines(version: CapiVersion) {
@@ -99,17 +134,7 @@ async fn consolidation_on_pool_machines(version: CapiVersion) {
         env.get("nodeclaims", "", &busy).is_some(),
         "the busy claim stays"
     );
-    let mp = pool(&env, "mp-0");
-    assert_eq!(mp["spec"]["replicas"], 1);
-    assert_eq!(
-        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
-        "1"
-    );
-    assert_eq!(
-        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"empty\""),
-        1.0
-    );
-    env.assert_clean();
+    one_replica_left(&env, "empty");
 }
 
 #[actix::test]
@@ -132,19 +157,7 @@ async fn drift_on_pool_machines(version: CapiVersion) {
         .await;
     let old_machine = claim_annotation(&env, &old, MACHINE_ANNOTATION).expect("bound");
     env.change_the_template().await;
-    let replacement = env
-        .wait("the old claim replaced by an initialized one", || {
-            let claims = env.list("nodeclaims");
-            let [c] = claims.as_slice() else {
-                return None;
-            };
-            let name = c["metadata"]["name"].as_str()?;
-            (name != old
-                && c["metadata"]["labels"]["team"] == "blue"
-                && condition(c, "Initialized").is_some_and(|x| x["status"] == "True"))
-            .then(|| name.to_string())
-        })
-        .await;
+    let replacement = replaced(&env, &old, |c| c["metadata"]["labels"]["team"] == "blue").await;
     env.settle().await;
     let new_machine = claim_annotation(&env, &replacement, MACHINE_ANNOTATION).expect("bound");
     assert_ne!(new_machine, old_machine);
@@ -153,17 +166,7 @@ async fn drift_on_pool_machines(version: CapiVersion) {
         BTreeSet::from([new_machine]),
         "the drifted claim's Machine went, the replacement's stays"
     );
-    let mp = pool(&env, "mp-0");
-    assert_eq!(mp["spec"]["replicas"], 1);
-    assert_eq!(
-        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
-        "1"
-    );
-    assert_eq!(
-        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
-        1.0
-    );
-    env.assert_clean();
+    one_replica_left(&env, "drifted");
 }
 
 #[actix::test]
@@ -221,6 +224,25 @@ fn untouched(env: &Env, on_pool: &[String]) {
     assert!(mp["metadata"]["annotations"][HANDED_BACK_ANNOTATION].is_null());
 }
 
+/// Waits until the MachineDeployment's `control` claim was disrupted for `reason` and no
+/// candidate for it is left, then checks the pool's claims were left alone.
+async fn only_the_control_goes(env: &Env, control: &str, on_pool: &[String], reason: &str) {
+    env.until_quiet(
+        &format!("the MachineDeployment's claim disrupted ({reason}), nothing else eligible"),
+        |e| e.get("nodeclaims", "", control).is_none() && eligible(e, reason) == 0.0,
+    )
+    .await;
+    env.settle().await;
+    untouched(env, on_pool);
+    assert_eq!(
+        env.metric(&format!(
+            "karpenter_nodeclaims_disrupted_total{{reason=\"{reason}\""
+        )),
+        1.0
+    );
+    env.assert_clean();
+}
+
 /// Empty nodes on both: emptiness takes every empty candidate it may in one command (a budget
 /// of 100 %), so the pool's would go with the MachineDeployment's if they were candidates.
 #[actix::test]
@@ -231,18 +253,7 @@ async fn a_pool_without_pool_machines_is_never_consolidated() {
                               "budgets": [{"nodes": "100%"}]}),
     )
     .await;
-    env.until_quiet(
-        "the MachineDeployment's empty claim consolidated, nothing else eligible",
-        |e| e.get("nodeclaims", "", &control).is_none() && eligible(e, "empty") == 0.0,
-    )
-    .await;
-    env.settle().await;
-    untouched(&env, &on_pool);
-    assert_eq!(
-        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"empty\""),
-        1.0
-    );
-    env.assert_clean();
+    only_the_control_goes(&env, &control, &on_pool, "empty").await;
 }
 
 /// A NodePool template change drifts every claim stamped with the old hash: the
@@ -259,16 +270,63 @@ async fn a_pool_without_pool_machines_is_never_drifted() {
     env.set_disruption(json!({"budgets": [{"nodes": "100%"}]}))
         .await;
     env.change_the_template().await;
-    env.until_quiet(
-        "the MachineDeployment's claim replaced, nothing else eligible",
-        |e| e.get("nodeclaims", "", &control).is_none() && eligible(e, "drifted") == 0.0,
+    only_the_control_goes(&env, &control, &on_pool, "drifted").await;
+}
+
+/// A change of the pool's own template (`patch` merged into the MachinePool): its Machines stay
+/// `UpToDate` (Cluster API sets that on every pool Machine), yet the claim bound under the old
+/// template drifts and is replaced on the pool, as on a MachineDeployment under OnDelete.
+async fn pool_template_drift(version: CapiVersion, patch: Value) {
+    let env = env_of(version, Vec::new(), vec![(pool_seed("mp-0", 0), true)]).await;
+    let (old, node) = env.stamped_claim("sim-0").await;
+    env.pod("app", &node, json!({"app": "app"}), json!({}))
+        .await;
+    let old_machine = claim_annotation(&env, &old, MACHINE_ANNOTATION).expect("bound");
+    let bound_under =
+        claim_annotation(&env, &old, POOL_TEMPLATE_HASH_ANNOTATION).expect("template recorded");
+    env.set_disruption(json!({"budgets": [{"nodes": "100%"}]}))
+        .await;
+    let api: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(env.client().await, NS, &version.machine_pool());
+    api.patch(
+        "mp-0",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(patch),
+    )
+    .await
+    .expect("change the pool's template");
+    env.wait("Drifted=True on the old claim", || {
+        let c = env.get("nodeclaims", "", &old)?;
+        (condition(&c, "Drifted")?["reason"] == "MachineTemplateDrifted").then_some(())
+    })
+    .await;
+    let replacement = replaced(&env, &old, |_| true).await;
+    env.settle().await;
+    let new_machine = claim_annotation(&env, &replacement, MACHINE_ANNOTATION).expect("bound");
+    assert_ne!(new_machine, old_machine);
+    assert_eq!(pool_machines(&env, "mp-0"), BTreeSet::from([new_machine]));
+    let now = claim_annotation(&env, &replacement, POOL_TEMPLATE_HASH_ANNOTATION);
+    assert!(
+        now.is_some_and(|h| h != bound_under),
+        "bound under the new template"
+    );
+    one_replica_left(&env, "drifted");
+}
+
+#[actix::test]
+async fn a_pool_version_change_drifts_its_claims_v1beta2() {
+    pool_template_drift(
+        CapiVersion::V1Beta2,
+        json!({"spec": {"template": {"spec": {"version": "v1.34.0"}}}}),
     )
     .await;
-    env.settle().await;
-    untouched(&env, &on_pool);
-    assert_eq!(
-        env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
-        1.0
-    );
-    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_pool_bootstrap_change_drifts_its_claims_v1beta1() {
+    pool_template_drift(
+        CapiVersion::V1Beta1,
+        json!({"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": "mp-0-v2"}}}}}}),
+    )
+    .await;
 }

@@ -230,7 +230,7 @@ impl Step {
         Ok(Next::Wait(None))
     }
 
-    pub(super) async fn record_machine(&mut self, mk: &str) -> Result<Next, Error> {
+    pub(super) async fn record_machine(&mut self, md: &str, mk: &str) -> Result<Next, Error> {
         let c = self.claim.clone();
         let mut p = JsonPatch::guarded(c.resource_version().as_deref());
         p.set_entry(
@@ -239,6 +239,23 @@ impl Step {
             MACHINE_ANNOTATION,
             mk,
         );
+        // A pool's Machines never report an outdated template: the claim keeps the template
+        // it was bound under, and a pool template changed since is its drift.
+        let pool_template = self
+            .shared
+            .state
+            .deployments
+            .read()
+            .get(md)
+            .and_then(|d| d.template_hash.clone());
+        if let Some(hash) = pool_template {
+            p.set_entry(
+                !c.annotations().is_empty(),
+                "/metadata/annotations",
+                POOL_TEMPLATE_HASH_ANNOTATION,
+                &hash,
+            );
+        }
         let updated = self.patch_claim(p, false).await?;
         // Karpenter's cloud-provider Create: the claim was accepted (created) until a Machine
         // is bound to it, observed once, when the binding is first recorded on the claim.

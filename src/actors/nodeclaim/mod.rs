@@ -454,7 +454,7 @@ impl Step {
         }
         let mk = machine_key(&machine.namespace, &machine.name);
         if recorded_machine(&c) != Some(mk.as_str()) {
-            return self.record_machine(&mk).await;
+            return self.record_machine(&md, &mk).await;
         }
         // Cluster API gave up on this Machine: fail the claim now rather than at the create
         // timeout (which slow-provider users raise to 15-30 minutes).

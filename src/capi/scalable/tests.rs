@@ -108,3 +108,41 @@ fn a_machine_pool_machine_names_its_pool() {
         Some(ScalableRef::new(ScalableKind::MachinePool, "ns", "mp"))
     );
 }
+
+#[test]
+fn a_pool_template_hash_changes_with_a_rollout_field_only() {
+    let v = CapiVersion::V1Beta2;
+    let base = pool(v);
+    let hash = |p: &Value| {
+        MachineDeployment::from_pool_value(p, v)
+            .unwrap()
+            .template_hash
+    };
+    assert!(hash(&base).is_some());
+    let mut replicas = base.clone();
+    replicas["spec"]["replicas"] = json!(9);
+    replicas["spec"]["template"]["spec"]["deletion"] = json!({"nodeDrainTimeoutSeconds": 5});
+    assert_eq!(hash(&replicas), hash(&base), "not a rollout field");
+    for (field, value) in [
+        ("version", json!("v1.34.0")),
+        (
+            "bootstrap",
+            json!({"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "new"}}),
+        ),
+        (
+            "infrastructureRef",
+            json!({"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DevMachinePool", "name": "other"}),
+        ),
+    ] {
+        let mut changed = base.clone();
+        changed["spec"]["template"]["spec"][field] = value;
+        assert_ne!(hash(&changed), hash(&base), "{field}");
+    }
+    // The same fields written in another order hash the same.
+    let mut reordered = base.clone();
+    let spec = reordered["spec"]["template"]["spec"].take();
+    let mut fields: Vec<(String, Value)> = spec.as_object().unwrap().clone().into_iter().collect();
+    fields.reverse();
+    reordered["spec"]["template"]["spec"] = Value::Object(fields.into_iter().collect());
+    assert_eq!(hash(&reordered), hash(&base));
+}

@@ -28,8 +28,9 @@ use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 mod seed;
 mod seed_pool;
-pub use seed::{PodShape, infra_template_resource, infrastructure_template, machine_deployment};
-pub use seed_pool::machine_pool;
+pub use seed::{
+    PodShape, infra_template_resource, infrastructure_template, machine_deployment, machine_pool,
+};
 
 /// Cluster name every seeded Cluster API object belongs to.
 pub const CLUSTER_NAME: &str = "sim";

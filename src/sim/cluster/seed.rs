@@ -2,6 +2,8 @@
 //! and Deployments, written through the cluster's client as a user would.
 
 use super::*;
+use crate::capi::kind::ScalableKind;
+use crate::sim::capi::INFRA_POOL_KIND;
 
 impl SimCluster {
     /// A MachineDeployment of the configured version with `labels` on the MD, the given
@@ -60,14 +62,27 @@ impl SimCluster {
         name: &str,
         replicas: i64,
     ) -> Result<(), Error> {
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            ns,
-            &self.cfg.capi_version.machine_deployment(),
-        );
+        self.scale_group(ScalableKind::MachineDeployment, ns, name, replicas)
+            .await
+    }
+
+    /// Sets `spec.replicas` of a node group of `kind`.
+    pub(super) async fn scale_group(
+        &self,
+        kind: ScalableKind,
+        ns: &str,
+        name: &str,
+        replicas: i64,
+    ) -> Result<(), Error> {
+        let v = self.cfg.capi_version;
+        let resource = match kind {
+            ScalableKind::MachineDeployment => v.machine_deployment(),
+            ScalableKind::MachinePool => v.machine_pool(),
+        };
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &resource);
         crate::sim::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
             .await
-            .map_err(kube_err(format!("scale MachineDeployment {ns}/{name}")))
+            .map_err(kube_err(format!("scale {} {ns}/{name}", kind.as_str())))
     }
 
     /// The DevMachineTemplate `ns/name` without a status, unless it exists already.
@@ -98,11 +113,7 @@ impl SimCluster {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
         let what = format!("create {INFRA_TEMPLATE_KIND} {ns}/{name}");
         self.create_template_object(ns, name).await?;
-        let status = json!({"status": {
-            "capacity": capacity,
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
-        }});
-        crate::sim::standin::merge_status(&api, name, &status)
+        crate::sim::standin::merge_status(&api, name, &capacity_status(&capacity))
             .await
             .map_err(kube_err(what))
     }
@@ -177,14 +188,24 @@ impl SimCluster {
             .map_err(kube_err(format!("scale Deployment {ns}/{name}")))
     }
 
-    /// Machines of a MachineDeployment (every namespace when `ns` is None).
+    /// Machines of a MachineDeployment.
     pub async fn machines_of(&self, ns: &str, md: &str) -> Result<Vec<DynamicObject>, Error> {
+        self.machines_labelled(ns, DEPLOYMENT_NAME_LABEL, md).await
+    }
+
+    /// Machines of namespace `ns` whose `label` is `group`.
+    pub(super) async fn machines_labelled(
+        &self,
+        ns: &str,
+        label: &str,
+        group: &str,
+    ) -> Result<Vec<DynamicObject>, Error> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), ns, &self.cfg.capi_version.machine());
         Ok(api
-            .list(&ListParams::default().labels(&format!("{DEPLOYMENT_NAME_LABEL}={md}")))
+            .list(&ListParams::default().labels(&format!("{label}={group}")))
             .await
-            .map_err(kube_err(format!("list Machines of {ns}/{md}")))?
+            .map_err(kube_err(format!("list Machines of {ns}/{group}")))?
             .items)
     }
 }
@@ -245,48 +266,84 @@ impl PodShape {
 
 /// A MachineDeployment body in `v`'s shape (after the upstream kubemark example and CRDs).
 pub fn machine_deployment(v: CapiVersion, seed: &MachineDeploymentSeed) -> DynamicObject {
+    node_group(v, seed, ScalableKind::MachineDeployment)
+}
+
+/// A MachinePool body in `v`'s shape (after the upstream CRDs): the template names the
+/// infrastructure pool, not a machine template.
+pub fn machine_pool(v: CapiVersion, seed: &MachineDeploymentSeed) -> DynamicObject {
+    node_group(v, seed, ScalableKind::MachinePool)
+}
+
+/// The one body both kinds share: the seed's metadata, replicas and template, whose bootstrap
+/// and infrastructure references are in `v`'s shape. A MachineDeployment selects its Machines
+/// by the deployment-name label its template carries and refers to a machine template; a
+/// MachinePool's template names the infrastructure pool and a bootstrap config (no selector:
+/// Cluster API labels its Machines itself).
+fn node_group(v: CapiVersion, seed: &MachineDeploymentSeed, kind: ScalableKind) -> DynamicObject {
     let name = &seed.name;
-    let template_name = seed
+    let infra_name = seed
         .infrastructure_template
         .clone()
         .unwrap_or_else(|| name.clone());
+    let deployment = kind == ScalableKind::MachineDeployment;
+    let (bootstrap_kind, infra_kind) = if deployment {
+        ("KubeadmConfigTemplate", INFRA_TEMPLATE_KIND)
+    } else {
+        ("KubeadmConfig", INFRA_POOL_KIND)
+    };
     let mut template_labels = seed.template_labels.clone();
     template_labels.insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
-    template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), name.clone());
+    if deployment {
+        template_labels.insert(DEPLOYMENT_NAME_LABEL.into(), name.clone());
+    }
     let (bootstrap_ref, infra_ref) = match v {
         CapiVersion::V1Beta1 => (
-            json!({"apiVersion": format!("{BOOTSTRAP_GROUP}/v1beta1"), "kind": "KubeadmConfigTemplate", "name": name}),
-            json!({"apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"), "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
+            json!({"apiVersion": format!("{BOOTSTRAP_GROUP}/v1beta1"), "kind": bootstrap_kind, "name": name}),
+            json!({"apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"), "kind": infra_kind, "name": infra_name}),
         ),
         CapiVersion::V1Beta2 => (
-            json!({"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfigTemplate", "name": name}),
-            json!({"apiGroup": INFRA_GROUP, "kind": INFRA_TEMPLATE_KIND, "name": template_name}),
+            json!({"apiGroup": BOOTSTRAP_GROUP, "kind": bootstrap_kind, "name": name}),
+            json!({"apiGroup": INFRA_GROUP, "kind": infra_kind, "name": infra_name}),
         ),
     };
+    let mut spec = json!({
+        "clusterName": CLUSTER_NAME,
+        "replicas": seed.replicas,
+        "template": {
+            "metadata": {"labels": template_labels},
+            "spec": {
+                "bootstrap": {"configRef": bootstrap_ref},
+                "clusterName": CLUSTER_NAME,
+                "infrastructureRef": infra_ref,
+                "version": seed.kubernetes_version.clone().unwrap_or_else(|| "v1.33.0".into()),
+            },
+        },
+    });
+    if deployment {
+        spec["selector"] =
+            json!({"matchLabels": {CLUSTER_NAME_LABEL: CLUSTER_NAME, DEPLOYMENT_NAME_LABEL: name}});
+    }
     dynamic(json!({
         "apiVersion": v.api_version(),
-        "kind": "MachineDeployment",
+        "kind": kind.as_str(),
         "metadata": {
             "name": name,
             "namespace": seed.namespace,
             "labels": seed.labels,
             "annotations": seed.annotations,
         },
-        "spec": {
-            "clusterName": CLUSTER_NAME,
-            "replicas": seed.replicas,
-            "selector": {"matchLabels": {CLUSTER_NAME_LABEL: CLUSTER_NAME, DEPLOYMENT_NAME_LABEL: name}},
-            "template": {
-                "metadata": {"labels": template_labels},
-                "spec": {
-                    "bootstrap": {"configRef": bootstrap_ref},
-                    "clusterName": CLUSTER_NAME,
-                    "infrastructureRef": infra_ref,
-                    "version": seed.kubernetes_version.clone().unwrap_or_else(|| "v1.33.0".into()),
-                },
-            },
-        },
+        "spec": spec,
     }))
+}
+
+/// The status an infrastructure template or pool publishes its node shape in (`capacity`:
+/// resource -> quantity), as a provider does for scale from zero.
+pub(super) fn capacity_status(capacity: &BTreeMap<String, String>) -> Value {
+    json!({"status": {
+        "capacity": capacity,
+        "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
+    }})
 }
 
 /// `md` with the label Cluster API's defaulting webhook adds on create (a real control plane

@@ -1,8 +1,10 @@
 //! Seeding MachinePools: the MachinePool and the infrastructure pool (`DevMachinePool`) it
 //! points at, with or without MachinePool Machines, written as a user would.
 
+use super::seed::machine_pool;
 use super::*;
 use crate::api::wellknown::POOL_NAME_LABEL;
+use crate::capi::kind::ScalableKind;
 use crate::sim::capi::{INFRA_POOL_KIND, POOL_MACHINES_ANNOTATION, infra_pool_resource};
 
 impl SimCluster {
@@ -43,10 +45,7 @@ impl SimCluster {
             .await
             .map_err(kube_err(what.clone()))?;
         if let Some(capacity) = capacity {
-            let status = json!({"status": {
-                "capacity": capacity,
-                "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
-            }});
+            let status = super::seed::capacity_status(&capacity);
             crate::sim::standin::merge_status(&infra_api, &infra_name, &status)
                 .await
                 .map_err(kube_err(what))?;
@@ -69,69 +68,12 @@ impl SimCluster {
         name: &str,
         replicas: i64,
     ) -> Result<(), Error> {
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
-            ns,
-            &self.cfg.capi_version.machine_pool(),
-        );
-        crate::sim::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
+        self.scale_group(ScalableKind::MachinePool, ns, name, replicas)
             .await
-            .map_err(kube_err(format!("scale MachinePool {ns}/{name}")))
     }
 
     /// The MachinePool Machines of pool `ns/mp`.
     pub async fn machines_of_pool(&self, ns: &str, mp: &str) -> Result<Vec<DynamicObject>, Error> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), ns, &self.cfg.capi_version.machine());
-        Ok(api
-            .list(&ListParams::default().labels(&format!("{POOL_NAME_LABEL}={mp}")))
-            .await
-            .map_err(kube_err(format!("list Machines of MachinePool {ns}/{mp}")))?
-            .items)
+        self.machines_labelled(ns, POOL_NAME_LABEL, mp).await
     }
-}
-
-/// A MachinePool body in `v`'s shape (after the upstream CRDs): the template names the
-/// infrastructure pool, not a machine template.
-pub fn machine_pool(v: CapiVersion, seed: &MachineDeploymentSeed) -> DynamicObject {
-    let name = &seed.name;
-    let infra_name = seed
-        .infrastructure_template
-        .clone()
-        .unwrap_or_else(|| name.clone());
-    let mut template_labels = seed.template_labels.clone();
-    template_labels.insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
-    let (bootstrap_ref, infra_ref) = match v {
-        CapiVersion::V1Beta1 => (
-            json!({"apiVersion": format!("{BOOTSTRAP_GROUP}/v1beta1"), "kind": "KubeadmConfig", "name": name}),
-            json!({"apiVersion": format!("{INFRA_GROUP}/{INFRA_VERSION}"), "kind": INFRA_POOL_KIND, "name": infra_name}),
-        ),
-        CapiVersion::V1Beta2 => (
-            json!({"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfig", "name": name}),
-            json!({"apiGroup": INFRA_GROUP, "kind": INFRA_POOL_KIND, "name": infra_name}),
-        ),
-    };
-    dynamic(json!({
-        "apiVersion": v.api_version(),
-        "kind": "MachinePool",
-        "metadata": {
-            "name": name,
-            "namespace": seed.namespace,
-            "labels": seed.labels,
-            "annotations": seed.annotations,
-        },
-        "spec": {
-            "clusterName": CLUSTER_NAME,
-            "replicas": seed.replicas,
-            "template": {
-                "metadata": {"labels": template_labels},
-                "spec": {
-                    "bootstrap": {"configRef": bootstrap_ref},
-                    "clusterName": CLUSTER_NAME,
-                    "infrastructureRef": infra_ref,
-                    "version": seed.kubernetes_version.clone().unwrap_or_else(|| "v1.33.0".into()),
-                },
-            },
-        },
-    }))
 }
