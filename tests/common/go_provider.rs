@@ -124,34 +124,38 @@ impl GoProvider {
 
     /// The create batch: raise `spec.replicas` by one (read, add, update).
     pub async fn raise(&self, md: &str) {
-        let mut obj = self
-            .deployments()
-            .get(md)
-            .await
-            .expect("read the MachineDeployment");
-        let replicas = obj.data["spec"]["replicas"].as_i64().unwrap_or(0);
-        obj.data["spec"]["replicas"] = json!(replicas + 1);
-        obj.metadata.managed_fields = None;
-        self.deployments()
-            .replace(md, &PostParams::default(), &obj)
-            .await
-            .expect("raise the replicas");
+        self.add_replicas(md, 1).await;
     }
 
     /// The delete batch's decrement.
     pub async fn lower(&self, md: &str) {
-        let mut obj = self
-            .deployments()
-            .get(md)
-            .await
-            .expect("read the MachineDeployment");
-        let replicas = obj.data["spec"]["replicas"].as_i64().unwrap_or(0);
-        obj.data["spec"]["replicas"] = json!((replicas - 1).max(0));
-        obj.metadata.managed_fields = None;
-        self.deployments()
-            .replace(md, &PostParams::default(), &obj)
-            .await
-            .expect("lower the replicas");
+        self.add_replicas(md, -1).await;
+    }
+
+    /// Read, add `delta` (not below zero), update; read again on a conflict (Cluster API's status
+    /// writes change the resourceVersion), as client-go's `RetryOnConflict` does.
+    async fn add_replicas(&self, md: &str, delta: i64) {
+        loop {
+            let mut obj = self
+                .deployments()
+                .get(md)
+                .await
+                .expect("read the MachineDeployment");
+            let replicas = obj.data["spec"]["replicas"].as_i64().unwrap_or(0);
+            obj.data["spec"]["replicas"] = json!((replicas + delta).max(0));
+            obj.metadata.managed_fields = None;
+            match self
+                .deployments()
+                .replace(md, &PostParams::default(), &obj)
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                r => {
+                    r.expect("update the replicas");
+                    return;
+                }
+            }
+        }
     }
 
     /// The create batch's poll: a Machine of `md` not claimed (no member label), not marked,
