@@ -23,6 +23,7 @@ pub mod node_watcher;
 pub mod nodeclaim;
 pub mod nodepools;
 pub mod nomination;
+pub mod pass;
 pub mod patch;
 pub mod persist;
 pub mod provisioner;

@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Shared;
-use super::backoff::Backoff;
+use super::pass::{Coalesced, Pass};
 use super::patch::write_conditions;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::decode::Malformed;
@@ -38,14 +38,11 @@ pub struct NodePools {
     shared: Arc<Shared>,
     /// The last decode problem reported by Event per NodePool, so each is told once.
     told: BTreeMap<String, String>,
-    scheduled: bool,
+    pass: Coalesced,
     /// Metric series published per NodePool (usage and limit resource types), so the ones that
     /// go away (a resource back to zero, a deleted pool) are removed, not exported for ever.
     usage_series: HashMap<String, BTreeSet<String>>,
     limit_series: HashMap<String, BTreeSet<String>>,
-    /// Retry delay after a failed status write; reset by one that succeeds.
-    backoff: Backoff,
-    retry_scheduled: bool,
 }
 
 impl NodePools {
@@ -53,36 +50,10 @@ impl NodePools {
         Self {
             shared,
             told: BTreeMap::new(),
-            scheduled: false,
+            pass: Coalesced::new(COALESCE),
             usage_series: HashMap::new(),
             limit_series: HashMap::new(),
-            backoff: Backoff::api(),
-            retry_scheduled: false,
         }
-    }
-
-    fn schedule(&mut self, ctx: &mut Context<Self>) {
-        if self.scheduled {
-            return;
-        }
-        self.scheduled = true;
-        ctx.run_later(COALESCE, |act, ctx| {
-            act.scheduled = false;
-            act.refresh(ctx);
-        });
-    }
-
-    /// A status write failed: refresh again after a backoff (once, however many failed).
-    fn retry_later(&mut self, ctx: &mut Context<Self>) {
-        if self.retry_scheduled {
-            return;
-        }
-        self.retry_scheduled = true;
-        let d = self.backoff.next_delay();
-        ctx.run_later(d, |act, ctx| {
-            act.retry_scheduled = false;
-            act.refresh(ctx);
-        });
     }
 
     /// Pools that are gone keep no metric series.
@@ -166,7 +137,7 @@ impl NodePools {
                 }
                 .into_actor(self)
                 .map(|r, act, ctx| match r {
-                    Ok(_) => act.backoff.reset(),
+                    Ok(_) => act.pass.backoff.reset(),
                     // A deleted pool needs no status.
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => {
@@ -382,6 +353,16 @@ fn desired_status(
     status.resources = Some(resources.to_k8s());
     status.nodes = Some(nodes);
     status
+}
+
+impl Pass for NodePools {
+    fn coalesced(&mut self) -> &mut Coalesced {
+        &mut self.pass
+    }
+
+    fn pass(&mut self, ctx: &mut Context<Self>) {
+        self.refresh(ctx);
+    }
 }
 
 impl Actor for NodePools {

@@ -15,9 +15,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::Shared;
-use super::backoff::Backoff;
 use super::disruption::on_claim_and_node;
 use super::events::Events;
+use super::pass::{Coalesced, Pass};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::TERMINATION_TIMESTAMP_ANNOTATION;
 use crate::metrics::{DisruptedLabels, NodePoolLabels, UnhealthyLabels};
@@ -33,10 +33,9 @@ const COALESCE: Duration = Duration::from_millis(200);
 pub struct NodeRepair {
     shared: Arc<Shared>,
     toleration: Duration,
-    scheduled: bool,
+    pass: Coalesced,
     /// The wake-up for the next toleration's end, when one is set.
     wake: Option<(jiff::Timestamp, SpawnHandle)>,
-    backoff: Backoff,
     /// Claims being repaired (delete sent) whose deletion the index does not show yet.
     repairing: HashSet<String>,
     /// NodePools whose blocked-repair gauge is set, so it is cleared when none is left.
@@ -48,23 +47,11 @@ impl NodeRepair {
         Self {
             shared,
             toleration,
-            scheduled: false,
+            pass: Coalesced::new(COALESCE),
             wake: None,
-            backoff: Backoff::api(),
             repairing: HashSet::new(),
             blocked_pools: HashSet::new(),
         }
-    }
-
-    fn schedule(&mut self, ctx: &mut Context<Self>) {
-        if self.scheduled {
-            return;
-        }
-        self.scheduled = true;
-        ctx.run_later(COALESCE, |act, ctx| {
-            act.scheduled = false;
-            act.look(ctx);
-        });
     }
 
     /// Wake when the next toleration ends (nothing else would: the Node does not change then).
@@ -165,14 +152,14 @@ impl NodeRepair {
             .into_actor(self)
             .map(move |res, act, ctx| match res {
                 Ok(r) => {
-                    act.backoff.reset();
+                    act.pass.backoff.reset();
                     act.count(&r);
                 }
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => {
                     tracing::warn!(nodeclaim = %name, error = %e, "repairing an unhealthy node failed");
                     act.repairing.remove(&name);
-                    let d = act.backoff.next_delay();
+                    let d = act.pass.backoff.next_delay();
                     ctx.run_later(d, |act, ctx| act.look(ctx));
                 }
             }),
@@ -210,6 +197,16 @@ impl NodeRepair {
             "NodeRepair",
             |object| format!("Replacing {object}: {}", r.why),
         );
+    }
+}
+
+impl Pass for NodeRepair {
+    fn coalesced(&mut self) -> &mut Coalesced {
+        &mut self.pass
+    }
+
+    fn pass(&mut self, ctx: &mut Context<Self>) {
+        self.look(ctx);
     }
 }
 

@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams};
 use kube::{Resource, ResourceExt};
 
 use super::Shared;
-use super::backoff::Backoff;
+use super::pass::{Coalesced, Pass};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::NodePool;
@@ -34,9 +34,7 @@ const COALESCE: Duration = Duration::from_millis(100);
 
 pub struct StaticCapacity {
     shared: Arc<Shared>,
-    scheduled: bool,
-    retry_scheduled: bool,
-    backoff: Backoff,
+    pass: Coalesced,
     /// Per pool: names of claims being created, not yet in the index.
     creating: HashMap<String, HashSet<String>>,
     /// Claims being deleted whose deletion the index does not show yet.
@@ -49,35 +47,11 @@ impl StaticCapacity {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
-            scheduled: false,
-            retry_scheduled: false,
-            backoff: Backoff::api(),
+            pass: Coalesced::new(COALESCE),
             creating: HashMap::new(),
             deleting: HashSet::new(),
             told: BTreeMap::new(),
         }
-    }
-
-    fn schedule(&mut self, ctx: &mut Context<Self>) {
-        if self.scheduled {
-            return;
-        }
-        self.scheduled = true;
-        ctx.run_later(COALESCE, |act, ctx| {
-            act.scheduled = false;
-            act.reconcile(ctx);
-        });
-    }
-
-    fn retry_later(&mut self, ctx: &mut Context<Self>) {
-        if self.retry_scheduled {
-            return;
-        }
-        self.retry_scheduled = true;
-        ctx.run_later(self.backoff.next_delay(), |act, ctx| {
-            act.retry_scheduled = false;
-            act.reconcile(ctx);
-        });
     }
 
     /// Forget in-flight writes the index now shows.
@@ -191,7 +165,7 @@ impl StaticCapacity {
                 .map(move |r, act, ctx| {
                     match r {
                         Ok(created) => {
-                            act.backoff.reset();
+                            act.pass.backoff.reset();
                             act.shared
                                 .metrics
                                 .nodeclaims_created
@@ -234,8 +208,8 @@ impl StaticCapacity {
             }
             .into_actor(self)
             .map(|r, act, ctx| match r {
-                Ok(_) => act.backoff.reset(),
-                Err(kube::Error::Api(s)) if s.code == 404 => act.backoff.reset(),
+                Ok(_) => act.pass.backoff.reset(),
+                Err(kube::Error::Api(s)) if s.code == 404 => act.pass.backoff.reset(),
                 Err(e) => {
                     tracing::warn!(error = %e, "deleting a static pool's nodeclaim failed");
                     // Counted as running again; the retry decides afresh.
@@ -244,6 +218,16 @@ impl StaticCapacity {
                 }
             }),
         );
+    }
+}
+
+impl Pass for StaticCapacity {
+    fn coalesced(&mut self) -> &mut Coalesced {
+        &mut self.pass
+    }
+
+    fn pass(&mut self, ctx: &mut Context<Self>) {
+        self.reconcile(ctx);
     }
 }
 

@@ -23,6 +23,17 @@ use crate::api::wellknown::{CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, ZONE_LABEL
 use crate::disruption::{Allowed, Candidate};
 use crate::scheduling::{InstanceType, Offering, PoolInput};
 
+/// A NodeOverlay named `name` with `spec` as a user writes it.
+pub fn node_overlay(name: &str, spec: serde_json::Value) -> crate::api::NodeOverlay {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.sh/v1alpha1",
+        "kind": "NodeOverlay",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("a NodeOverlay")
+}
+
 /// The zones instance types are offered in unless a test says otherwise.
 pub const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 

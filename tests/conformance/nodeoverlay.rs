@@ -13,18 +13,9 @@ use karpenter_capi::api::wellknown::{CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, Z
 use karpenter_capi::capi::offerings::Catalog;
 use karpenter_capi::capi::overlay::{Applied, Pool, Verdict, apply};
 use karpenter_capi::scheduling::InstanceType;
+use karpenter_capi::testing::node_overlay as overlay;
 
 use crate::fixture::{default_types, itype, q};
-
-fn overlay(name: &str, spec: Value) -> NodeOverlay {
-    serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1alpha1",
-        "kind": "NodeOverlay",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .expect("a NodeOverlay")
-}
 
 fn types_in(values: &[&str]) -> Value {
     json!([{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": values}])

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use karpenter_capi::actors::Settings;
 use karpenter_capi::api::duration::NillableDuration;
 use karpenter_capi::api::wellknown::REPLACES_ANNOTATION;
 use karpenter_capi::capi::version::CapiVersion;
@@ -17,7 +16,7 @@ use karpenter_capi::sim::cluster::{Backend, ServedVersions, SimClusterConfig};
 use karpenter_capi::simulate::launch::{claim_for, create_claims, seed_of, settle};
 use karpenter_capi::simulate::{sim_settings, start_controller};
 
-use crate::common::claims::fast_disruption;
+use crate::common::static_pools::env_static_on;
 use crate::common::{DEADLINE, Env, condition};
 
 on_both_backends![
@@ -31,21 +30,8 @@ pub fn tests() -> Vec<crate::assets::Test> {
     on_both()
 }
 
-/// The termination and disruption tests' cluster (pods placed by the test) on `backend`, with
-/// disruption passes at test speed.
-async fn env_fast(backend: Backend) -> Env {
-    Env::builder()
-        .backend(backend)
-        .settings(Settings {
-            disruption: fast_disruption(),
-            ..sim_settings(None)
-        })
-        .start()
-        .await
-}
-
 async fn expired_claims_go_whatever_the_budget(backend: Backend) {
-    let env = env_fast(backend).await;
+    let env = env_static_on(backend).await;
     env.set_disruption(json!({"consolidateAfter": "Never", "budgets": [{"nodes": "0"}]}))
         .await;
     let mut claim = claim_for(&env.pool, "sim-0");
@@ -67,7 +53,7 @@ async fn expired_claims_go_whatever_the_budget(backend: Backend) {
 /// A template change under `OnDelete`: Cluster API replaces nothing, so the controller replaces
 /// the outdated Machines as drift, within the budgets.
 async fn on_delete_rollouts_are_carried_out_as_drift(backend: Backend) {
-    let env = env_fast(backend).await;
+    let env = env_static_on(backend).await;
     env.patch_md(json!({"spec": {"rollout": {"strategy": {"type": "OnDelete"}}}}))
         .await;
     let (old, old_node) = env.stamped_claim("sim-0").await;
@@ -115,7 +101,7 @@ async fn on_delete_rollouts_are_carried_out_as_drift(backend: Backend) {
 /// claim's capacity, which no pod needs, is then released (docs/fidelity.md). On both, the
 /// rollout ends with every claim initialized on an up-to-date Machine and nothing leaked.
 async fn rolling_update_fresh_machines_are_adopted_without_churn(backend: Backend) {
-    let env = env_fast(backend).await;
+    let env = env_static_on(backend).await;
     let exact = backend == Backend::Simulated;
     let (a, _) = env.stamped_claim("sim-0").await;
     let (b, _) = env.stamped_claim("sim-0").await;

@@ -16,6 +16,7 @@ use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::{INSTANCE_TYPE_LABEL, NODEPOOL_LABEL};
 use karpenter_capi::sim::cluster::{Backend, PodShape, SimClusterConfig};
 use karpenter_capi::simulate::pods::seed_of;
+use karpenter_capi::testing::node_overlay as overlay;
 
 use crate::common::{Env, eventually};
 
@@ -46,16 +47,6 @@ async fn env(backend: Backend) -> Env {
         .short_batches()
         .start()
         .await
-}
-
-fn overlay(name: &str, spec: Value) -> NodeOverlay {
-    serde_json::from_value(json!({
-        "apiVersion": "karpenter.sh/v1alpha1",
-        "kind": "NodeOverlay",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .expect("a NodeOverlay")
 }
 
 fn on_type(t: &str) -> Value {

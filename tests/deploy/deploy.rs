@@ -105,11 +105,11 @@ use Use::Code;
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
     need(Workload, "", "nodes", &["list", "watch"], Code("actors/node_watcher.rs watcher")),
-    need(Workload, "", "nodes", &["patch", "delete"], Code("actors/nodeclaim.rs register, initialize, delete_node")),
+    need(Workload, "", "nodes", &["patch", "delete"], Code("actors/nodeclaim/ register, initialize, delete_node")),
     need(Workload, "", "pods", &["list", "watch"], Code("actors/provisioner/mod.rs pod watcher (also the terminator's pod index)")),
     need(Workload, "", "pods", &["delete"], Code("actors/terminator forced deletion at the termination deadline")),
     need(Workload, "", "pods/eviction", &["create"], Code("actors/terminator evict")),
-    need(Workload, "", "persistentvolumeclaims", &["get"], Code("actors/terminator volumes of pods that are not drained")),
+    need(Workload, "", "persistentvolumeclaims", &["get"], Code("actors/terminator/volumes.rs volumes of pods that are not drained")),
     need(Workload, "storage.k8s.io", "volumeattachments", &["list", "watch"], Code("actors/controller.rs start_feeds: VolumeAttachment feed (state::volumes)")),
     need(Workload, "", "persistentvolumeclaims", &["list", "watch"], Code("actors/controller.rs start_feeds: PersistentVolumeClaim feed (state::storage)")),
     need(Workload, "", "persistentvolumes", &["list", "watch"], Code("actors/controller.rs start_feeds: PersistentVolume feed (state::storage)")),

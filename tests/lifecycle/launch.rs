@@ -20,7 +20,8 @@ use karpenter_capi::simulate::sim_settings;
 
 use crate::common::Env;
 
-fn cluster(version: CapiVersion) -> SimClusterConfig {
+/// Both Cluster API versions' cluster with short stand-in delays (the MachinePool tests too).
+pub(crate) fn cluster(version: CapiVersion) -> SimClusterConfig {
     SimClusterConfig {
         capi_version: version,
         served: match version {

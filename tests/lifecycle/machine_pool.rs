@@ -5,7 +5,6 @@
 //! never removed blindly.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 use kube::api::{Api, DeleteParams};
 use serde_json::Value;
@@ -13,25 +12,11 @@ use serde_json::Value;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::capi::version::CapiVersion;
-use karpenter_capi::sim::cluster::{MachineDeploymentSeed, ServedVersions, SimClusterConfig};
+use karpenter_capi::sim::cluster::MachineDeploymentSeed;
 use karpenter_capi::simulate::launch::seed_of;
 
 use crate::common::Env;
-
-fn cluster(version: CapiVersion) -> SimClusterConfig {
-    SimClusterConfig {
-        capi_version: version,
-        served: match version {
-            CapiVersion::V1Beta1 => ServedVersions::V1beta1,
-            CapiVersion::V1Beta2 => ServedVersions::V1beta2,
-        },
-        provider_delay: Duration::from_millis(50),
-        jitter: Duration::from_millis(50),
-        node_ready_delay: Duration::from_millis(50),
-        node_delete_delay: Duration::from_millis(20),
-        ..SimClusterConfig::default()
-    }
-}
+use crate::launch::cluster;
 
 /// MachinePool `mp-0`: `seed_of(0)`'s instance type, shape and price, renamed.
 fn pool_seed() -> MachineDeploymentSeed {
