@@ -1,0 +1,202 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::api::resources::Quantity;
+use crate::scheduling::Offering;
+
+fn offering(md: &str, price: f64, replicas: i32, zone: &str) -> Offering {
+    Offering {
+        machine_deployment: md.into(),
+        zone: Some(zone.into()),
+        capacity_type: "on-demand".into(),
+        price,
+        available: true,
+        labels: BTreeMap::from([(
+            crate::api::wellknown::ZONE_LABEL.to_string(),
+            zone.to_string(),
+        )]),
+        taints: Vec::new(),
+        replicas,
+        max_size: Some(10),
+    }
+}
+
+fn it(name: &str, cpu: i64, offerings: Vec<Offering>) -> InstanceType {
+    InstanceType {
+        name: name.into(),
+        requirements: Requirements::default(),
+        capacity: Resources::new().with("cpu", Quantity::from_units(cpu)),
+        overhead: Resources::default(),
+        offerings,
+        csi_limits: Default::default(),
+    }
+}
+
+#[test]
+fn rank_puts_the_launch_choice_first_and_says_why_the_others_are_out() {
+    let types = vec![
+        it(
+            "big",
+            8,
+            vec![
+                offering("ns/b-busy", 1.0, 5, "a"),
+                offering("ns/b-idle", 1.0, 1, "a"),
+                offering("ns/b-other-zone", 0.5, 0, "b"),
+                offering("ns/b-failed", 0.1, 0, "a"),
+            ],
+        ),
+        it("tiny", 1, vec![offering("ns/tiny", 0.01, 0, "a")]),
+    ];
+    let reqs = Requirements::from_labels(&BTreeMap::from([(
+        crate::api::wellknown::ZONE_LABEL.to_string(),
+        "a".to_string(),
+    )]));
+    let requests = Resources::new().with("cpu", Quantity::from_units(2));
+    let failed = |o: &Offering| o.machine_deployment == "ns/b-failed";
+    let ranked = rank(&types, &reqs, &requests, &[], &failed);
+    let got: Vec<(&str, Fit)> = ranked
+        .iter()
+        .map(|r| (r.offering.machine_deployment.as_str(), r.fit))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            // Same price: the less loaded MachineDeployment first.
+            ("ns/b-idle", Fit::Eligible),
+            ("ns/b-busy", Fit::Eligible),
+            ("ns/tiny", Fit::TooSmall),
+            ("ns/b-failed", Fit::Unavailable),
+            ("ns/b-other-zone", Fit::Incompatible),
+        ]
+    );
+    // resolve takes the first.
+    let view = CatalogView::default();
+    view.insert(
+        "nc",
+        offerings::Catalog {
+            instance_types: types,
+            deployments: vec!["x".into()],
+            ..Default::default()
+        },
+        None,
+    );
+    let excluded = HashSet::from(["ns/b-failed".to_string()]);
+    let choice = view
+        .resolve("nc", None, &reqs, &requests, &excluded, &[])
+        .expect("a choice");
+    assert_eq!(choice.machine_deployment, "ns/b-idle");
+}
+
+/// A pool an overlay selects by name resolves, prices and explains its claims at the
+/// overlaid price; another pool of the NodeClass, and a claim without a pool, at the
+/// NodeClass's.
+#[test]
+fn a_pool_of_its_own_is_read_where_its_claims_are() {
+    let overlay: crate::api::NodeOverlay = serde_json::from_value(serde_json::json!({
+        "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
+        "metadata": {"name": "deal"},
+        "spec": {"requirements": [{"key": "karpenter.sh/nodepool", "operator": "In", "values": ["one"]}], "price": "0.05"},
+    }))
+    .unwrap();
+    let pool = |name: &str| -> Arc<NodePool> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                "metadata": {"name": name},
+                "spec": {"template": {"spec": {"requirements": [], "nodeClassRef": {
+                    "group": crate::api::wellknown::NODECLASS_GROUP,
+                    "kind": crate::api::wellknown::NODECLASS_KIND,
+                    "name": "nc"}}}},
+            }))
+            .unwrap(),
+        )
+    };
+    let mut catalog = offerings::Catalog {
+        instance_types: vec![it("a", 4, vec![offering("ns/a", 0.5, 0, "z")])],
+        deployments: vec!["ns/a".into()],
+        ..Default::default()
+    };
+    let (verdicts, by_pool) = apply_overlays(
+        &[&overlay],
+        vec![("nc", &mut catalog)],
+        &[pool("one"), pool("two")],
+    );
+    assert_eq!(verdicts["deal"], Verdict::Applied);
+    let view = CatalogView::default();
+    view.insert("nc", catalog, None);
+    view.publish_pools(by_pool);
+    let price = |pool: Option<&str>| {
+        view.resolve(
+            "nc",
+            pool,
+            &Requirements::default(),
+            &Resources::new(),
+            &HashSet::new(),
+            &[],
+        )
+        .unwrap()
+        .price
+    };
+    assert_eq!(price(Some("one")), 0.05);
+    assert_eq!(price(Some("two")), 0.5);
+    assert_eq!(price(None), 0.5);
+    assert_eq!(view.pool_offering("ns/a", Some("one")).unwrap().price, 0.05);
+    assert_eq!(view.offering("ns/a").unwrap().price, 0.5);
+    assert_eq!(
+        view.pool_instance_types("nc", Some("one"))[0].offerings[0].price,
+        0.05
+    );
+    assert_eq!(
+        view.price_overlay("ns/a", Some("one")).unwrap().overlay,
+        "deal"
+    );
+    assert!(view.price_overlay("ns/a", Some("two")).is_none());
+    // A pool's own catalog goes with its NodeClass.
+    view.retain(&HashSet::new());
+    assert!(view.pool_offering("ns/a", Some("one")).is_none());
+}
+
+#[test]
+fn min_values_count_only_the_types_that_can_launch() {
+    use crate::api::nodeclaim::{NodeSelectorRequirementWithMinValues, Operator};
+    let view = CatalogView::default();
+    view.insert(
+        "nc",
+        offerings::Catalog {
+            instance_types: vec![
+                it("a", 4, vec![offering("ns/a", 0.1, 0, "z")]),
+                it("b", 4, vec![offering("ns/b", 0.2, 0, "z")]),
+            ],
+            deployments: vec!["ns/a".into(), "ns/b".into()],
+            ..Default::default()
+        },
+        None,
+    );
+    let reqs = |min: i64| {
+        Requirements::from_node_selector_requirements(&[NodeSelectorRequirementWithMinValues {
+            key: INSTANCE_TYPE_LABEL.into(),
+            operator: Operator::Exists,
+            values: None,
+            min_values: Some(min),
+        }])
+        .expect("requirements")
+    };
+    let none = HashSet::new();
+    let requests = Resources::new();
+    let err = view
+        .resolve("nc", None, &reqs(50), &requests, &none, &[])
+        .expect_err("50 types do not exist");
+    assert!(matches!(err, ResolveError::MinValues { .. }), "{err}");
+    assert!(err.to_string().contains(INSTANCE_TYPE_LABEL), "{err}");
+    assert_eq!(err.reason(), "LaunchFailed");
+    assert!(
+        view.resolve("nc", None, &reqs(2), &requests, &none, &[])
+            .is_ok()
+    );
+    // A type whose only offering cannot be used does not count.
+    let excluded = HashSet::from(["ns/b".to_string()]);
+    assert!(matches!(
+        view.resolve("nc", None, &reqs(2), &requests, &excluded, &[]),
+        Err(ResolveError::MinValues { .. })
+    ));
+}
