@@ -47,6 +47,7 @@ fn bench_plan(c: &mut Criterion) {
                     machines: &machines,
                     waiting: &waiting,
                     rolling_out: false,
+                    unplaced: 0,
                 }))
             })
         });

@@ -18,7 +18,7 @@ use karpenter_capi::simulate::{sim_settings, start_controller};
 use crate::common::go_provider::{
     GO_MACHINE_ANNOTATION, GoProvider, UPSTREAM_HASH, launched, ours,
 };
-use crate::common::{Env, NS, fast_cluster};
+use crate::common::{Env, NS, eventually_explained, fast_cluster};
 
 on_both_backends![
     the_go_providers_claims_are_adopted_without_a_replica_write_a_deletion_or_a_drift,
@@ -146,7 +146,7 @@ fn condition(c: &Value, t: &str) -> Option<String> {
 
 /// Every live claim initialized on its Machine, bound by our annotation; the deleting one gone.
 async fn adopted(env: &Env, left: &Left) {
-    env.until("every claim adopted and settled", |e| {
+    let done = |e: &Env| {
         e.get("nodeclaims", "", &left.deleting).is_none()
             && left.live.iter().all(|(c, m)| {
                 let claim = e.get("nodeclaims", "", c);
@@ -156,8 +156,54 @@ async fn adopted(env: &Env, left: &Left) {
                         m["metadata"]["annotations"][NODECLAIM_ANNOTATION] == c.as_str()
                     })
             })
-    })
+    };
+    eventually_explained(
+        "every claim adopted and settled",
+        || std::future::ready(done(env).then_some(())),
+        || adoption_state(env, left),
+    )
     .await;
+}
+
+/// For a failed wait: each claim the Go provider left with its Machine, every Machine of the
+/// MachineDeployments, and what the controller wrote.
+fn adoption_state(env: &Env, left: &Left) -> String {
+    let mut out = String::new();
+    for (c, m) in &left.live {
+        let claim = env.get("nodeclaims", "", c);
+        let machine = env.get("machines", NS, m);
+        out += &format!(
+            "{c}: initialized {:?}; expected Machine {m} exists {}, bound to {}\n",
+            claim.as_ref().and_then(|c| condition(c, "Initialized")),
+            machine.is_some(),
+            machine
+                .as_ref()
+                .map(|m| m["metadata"]["annotations"][NODECLAIM_ANNOTATION].to_string())
+                .unwrap_or_default(),
+        );
+    }
+    for md in left.replicas.keys() {
+        for m in env.machines_of(md) {
+            out += &format!(
+                "{md} Machine {} created {} deleting {} bound to {} provider ID {}\n",
+                name(&m),
+                m["metadata"]["creationTimestamp"],
+                !m["metadata"]["deletionTimestamp"].is_null(),
+                m["metadata"]["annotations"][NODECLAIM_ANNOTATION],
+                m["spec"]["providerID"],
+            );
+        }
+    }
+    for w in env.sim.cluster().stats().writes() {
+        let machine_churn = w.resource == "machines" && (w.verb == "create" || w.verb == "delete");
+        if by_controller(&w, left.since_ms) || machine_churn {
+            out += &format!(
+                "{}: {} {} {}/{} at {} ms\n",
+                w.agent, w.verb, w.resource, w.subresource, w.name, w.at_ms
+            );
+        }
+    }
+    out
 }
 
 fn assert_untouched_and_go_readable(env: &Env, left: &Left) {

@@ -39,7 +39,7 @@ pub fn adopted(machines: &[std::sync::Arc<Machine>], claims: &Claims) -> BTreeMa
 
 /// Claims still to be placed by anyone: neither a MachineDeployment nor a Machine recorded, not
 /// launched, not deleting (the Go provider's claims between its replica raise and its bind).
-fn unplaced(c: &NodeClaim) -> bool {
+pub(super) fn unplaced(c: &NodeClaim) -> bool {
     c.metadata.deletion_timestamp.is_none()
         && recorded_deployment(c).is_none()
         && recorded_machine(c).is_none()

@@ -16,7 +16,7 @@ use crate::api::wellknown::{DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATI
 use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION, REPLACES_ANNOTATION};
 use crate::capi::annotations;
 use crate::capi::model::{Machine, MachineDeployment};
-use crate::state::claims::{recorded_deployment, recorded_instance};
+use crate::state::claims::{is_ours, recorded_deployment, recorded_instance};
 use crate::state::machines::{Machines, bound_claim, key, released_elsewhere};
 
 /// True when the Machine carries our release mark (or any mark while bound to one of our claims).
@@ -79,6 +79,8 @@ pub(super) struct Inputs {
     pub(super) adopt_managed: Option<i32>,
     /// Baseline replicas the views leave out (see `plan::Snapshot::set_aside`).
     pub(super) set_aside: i32,
+    /// Claims of ours not yet on any MachineDeployment (see `plan::Snapshot::unplaced`).
+    pub(super) unplaced: i32,
 }
 
 /// What [`Scaler::machine_views`] reads off the Machines: the decrements Cluster API spent
@@ -177,7 +179,12 @@ impl Scaler {
                 c.clone(),
             )
         });
+        let unplaced = claims
+            .all()
+            .filter(|c| is_ours(c) && adopt::unplaced(c))
+            .count() as i32;
         Some(Inputs {
+            unplaced,
             md,
             spent,
             machines: views,

@@ -273,6 +273,7 @@ mod tests {
             machines: &[],
             waiting: &w,
             rolling_out: false,
+            unplaced: 0,
         });
         Scaler::instance_plan(&mut p);
         let w = p.write.expect("a write");

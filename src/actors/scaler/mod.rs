@@ -231,6 +231,7 @@ impl Scaler {
             machines: &inputs.machines,
             waiting: &inputs.waiting,
             rolling_out: inputs.rolling_out,
+            unplaced: inputs.unplaced,
         };
         let mut plan = plan::plan(&snapshot);
         let instances = self.instances_only();

@@ -41,6 +41,11 @@ pub struct Snapshot<'a> {
     /// claims that replace the rolled-out ones to adopt, not released (which would only make
     /// Cluster API create them again).
     pub rolling_out: bool,
+    /// Claims of ours that have chosen no MachineDeployment yet. Adopting another
+    /// provisioner's replicas counts a free Machine for each of its claims caught between the
+    /// replica raise and the bind; until such a claim chooses, that many spare Machines are
+    /// kept for it rather than released (and created again when it chooses this one).
+    pub unplaced: i32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -164,7 +169,7 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
         // Surplus pending replicas (a claim gave up before its Machine came): release the
         // newest spare Machines of ours; a replica whose Machine has not appeared yet is released
         // when it does (never lower replicas blindly).
-        let surplus = (s.managed - desired) as usize;
+        let surplus = (s.managed - desired - s.unplaced).max(0) as usize;
         plan.release = spare
             .iter()
             .rev()
@@ -219,6 +224,7 @@ mod tests {
             machines,
             waiting,
             rolling_out: false,
+            unplaced: 0,
         }
     }
 
@@ -303,6 +309,33 @@ mod tests {
         let p = plan(&snap(2, 1, &ms, &[]));
         assert_eq!(p.release, vec!["ours".to_string()]);
         assert_eq!(p.write, None);
+    }
+
+    #[test]
+    fn a_spare_is_kept_while_a_claim_has_not_chosen_its_machine_deployment() {
+        // Adopted: three Machines bound, one free that the Go provider raised for a claim
+        // that has not chosen yet. It stays until that claim chooses; then it binds there.
+        let ms = [
+            m("a-m", Some("a"), false),
+            m("b-m", Some("b"), false),
+            m("c-m", Some("c"), false),
+            m("free", None, false),
+        ];
+        let choosing = Snapshot {
+            unplaced: 1,
+            ..snap(4, 4, &ms, &[])
+        };
+        assert_eq!(plan(&choosing), Plan::default());
+        let w = waiting(&["f"]);
+        assert_eq!(
+            plan(&snap(4, 4, &ms, &w)).bind,
+            vec![("f".to_string(), "free".to_string())]
+        );
+        // It chose another MachineDeployment: the spare goes back.
+        assert_eq!(
+            plan(&snap(4, 4, &ms, &[])).release,
+            vec!["free".to_string()]
+        );
     }
 
     #[test]
