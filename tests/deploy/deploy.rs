@@ -106,6 +106,7 @@ use Use::Code;
 const NEEDS: &[Need] = &[
     need(Workload, "", "nodes", &["list", "watch"], Code("actors/node_watcher.rs watcher")),
     need(Workload, "", "nodes", &["patch", "delete"], Code("actors/nodeclaim/ register, initialize, delete_node")),
+    need(Workload, "", "nodes", &["get"], Code("actors/nodeclaim/termination.rs node_not_indexed_yet")),
     need(Workload, "", "pods", &["list", "watch"], Code("actors/provisioner/mod.rs pod watcher (also the terminator's pod index)")),
     need(Workload, "", "pods", &["delete"], Code("actors/terminator forced deletion at the termination deadline")),
     need(Workload, "", "pods/eviction", &["create"], Code("actors/terminator evict")),

@@ -347,6 +347,42 @@ async fn a_lagging_machine_watch_never_ends_a_bound_claim() {
     env.invariants_hold();
 }
 
+/// A claim deleted while the controller's Node watch lags (its Node joined and runs a pod, but
+/// the index does not show it yet) drains the Node itself before letting its Machine go: a Node
+/// missing from the index is not taken for no Node. Before: the claim released its Machine at
+/// once, leaving the drain to Cluster API (no disrupted taint, no termination grace period, no
+/// Karpenter eviction order).
+#[actix::test]
+async fn a_lagging_node_watch_never_skips_a_drain() {
+    let env = env(vec![seed_of(0, 20)], |_| {}).await;
+    env.faults()
+        .set_watch_delay("nodes", Duration::from_secs(10));
+    let name = env.create_claim(&claim_for(&env.pool, "sim-0")).await;
+    let node = env
+        .wait("the claim's Machine with its Node", || {
+            env.machines_of("md-0")
+                .iter()
+                .find(|m| m["metadata"]["annotations"][NODECLAIM_ANNOTATION] == name.as_str())
+                .and_then(|m| m["status"]["nodeRef"]["name"].as_str().map(String::from))
+        })
+        .await;
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    env.delete_claim(&name).await;
+    env.until("the claim gone", |e| {
+        e.get("nodeclaims", "", &name).is_none()
+    })
+    .await;
+    assert_eq!(
+        env.evictions_of("web-0"),
+        vec![USER_AGENT.to_string()],
+        "the controller drains, not Cluster API"
+    );
+    env.faults().clear();
+    env.settle().await;
+    env.invariants_hold();
+}
+
 /// Writes a counter into a label of every Machine, twice a second, until `stop`.
 async fn touch_machines(api: Api<DynamicObject>, touched: Arc<AtomicI64>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {

@@ -63,6 +63,11 @@ impl Step {
         let synced = self.shared.state.machines.read().synced();
         let instance_gone = synced && matches!(bound, Ok(None));
         let machine = bound.ok().flatten();
+        if node.is_none() && self.node_not_indexed_yet(&c, machine.as_deref()).await? {
+            // The Node watch lags behind the API server: draining now would see no Node and
+            // let the Machine go with its pods still running. The watch's kick brings us back.
+            return Ok(Next::Wait(Some(RESYNC)));
+        }
         // Drain while the Machine still runs, so pods leave on their own terms. A NotReady Node
         // whose Machine is gone has no kubelet left to stop any pod: evictions there would only
         // wait on budgets for nothing, so it is let go at once.
@@ -335,6 +340,41 @@ impl Step {
             DrainState::Done { .. } => None,
             _ => Some(Next::Wait(Some(RESYNC))),
         })
+    }
+
+    /// Whether the claim's Node exists on the API server though the Node index does not show
+    /// it yet. Its name comes from the claim (registered) or its Machine's `nodeRef`; without
+    /// either, no Node of it ever registered. One read, on the rare path where the index has
+    /// no Node for a claim that had one.
+    async fn node_not_indexed_yet(
+        &self,
+        c: &NodeClaim,
+        machine: Option<&crate::capi::model::Machine>,
+    ) -> Result<bool, Error> {
+        let names = c
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .into_iter()
+            .chain(machine.and_then(|m| m.node_ref.clone()));
+        let api: Api<Node> = Api::all(self.shared.workload.clone());
+        for name in names {
+            let found = api.get_opt(&name).await.map_err(api_err(
+                &self.shared.metrics,
+                "get",
+                "nodes",
+                &name,
+            ))?;
+            let same_instance = |n: &Node| {
+                let id = n.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+                provider_id(c).is_none() || id == provider_id(c)
+            };
+            if found.as_ref().is_some_and(same_instance) {
+                tracing::debug!(nodeclaim = %self.name(), node = %name, "node not in the index yet; waiting for the watch");
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     pub(super) fn claim_node(&self) -> Option<Arc<Node>> {

@@ -3,10 +3,11 @@
 # ClusterRole installed with the controller (workload topology) and the one rendered for the
 # workload cluster of the management topology (workload-cluster-rbac.yaml).
 {{- define "karpenter-capi.workloadRules" -}}
-# Node watcher: list/watch; registration, initialization, finalizer: patch; termination: delete.
+# Node watcher: list/watch; registration, initialization, finalizer: patch; termination: get
+# (a Node the lagging watch does not show yet), delete.
 - apiGroups: [""]
   resources: [nodes]
-  verbs: [list, watch, patch, delete]
+  verbs: [get, list, watch, patch, delete]
 # Provisioner pod watch (the terminator drains from it); terminator: delete at the deadline.
 - apiGroups: [""]
   resources: [pods]
