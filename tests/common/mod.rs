@@ -45,6 +45,17 @@ pub const DEADLINE: Duration = Duration::from_secs(120);
 pub const SETTLE: Duration = Duration::from_secs(300);
 pub const NS: &str = "default";
 
+/// With `RUST_LOG` set (`RUST_LOG=karpenter_capi=debug cargo test ...`), the controller's and
+/// the stand-ins' logs go to the test's output; without it, nothing is logged.
+pub fn logs() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+    }
+}
+
 /// Polls `check` until it returns Some, failing the test after [`DEADLINE`].
 pub async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
@@ -211,6 +222,7 @@ impl EnvBuilder {
 
     /// The seeded cluster alone, for tests that start their own controllers.
     pub async fn seeded(mut self) -> (BackgroundSim, NodePool) {
+        logs();
         if let Some(backend) = self.backend {
             self.cluster.backend = backend;
         }

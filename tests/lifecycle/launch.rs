@@ -18,7 +18,7 @@ use karpenter_capi::sim::cluster::{MachineDeploymentSeed, ServedVersions, SimClu
 use karpenter_capi::simulate::launch::{self, seed_of};
 use karpenter_capi::simulate::sim_settings;
 
-use crate::common::Env;
+use crate::common::{DEADLINE, Env};
 
 /// Both Cluster API versions' cluster with short stand-in delays (the MachinePool tests too).
 pub(crate) fn cluster(version: CapiVersion) -> SimClusterConfig {
@@ -463,7 +463,7 @@ async fn malformed_annotations_and_selectors_become_conditions_and_events() {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(30),
+            start.elapsed() < DEADLINE,
             "no Ready condition on the broken NodeClass"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -528,7 +528,7 @@ async fn a_node_not_ready_after_registration_says_why_it_is_not_initialized() {
             break x;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(30),
+            start.elapsed() < DEADLINE,
             "no Initialized=Unknown/NodeNotReady: {:#?}",
             env.list("nodeclaims")
         );
