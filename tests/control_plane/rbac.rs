@@ -134,6 +134,13 @@ const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
     (
         "",
         "nodes",
+        "get",
+        "a terminating claim whose Node the Node watch does not show yet: read by name before \
+      draining (hardening::a_lagging_node_watch_never_skips_a_drain); this flow's watch keeps up",
+    ),
+    (
+        "",
+        "nodes",
         "delete",
         "a Node that outlives its Machine: Cluster API (and its stand-in) deletes the Node before \
       it releases the Machine, so only a provider that leaves one behind gets here",
