@@ -466,18 +466,26 @@ impl Provisioner {
     /// A pod we provisioned for got a node: Karpenter's pod startup duration, from the pod's
     /// creation to its binding.
     fn observe_startup(&mut self, key: &str, p: &Pod) {
-        if pods::node_name(p).is_none() || self.waiting.remove(key).is_none() {
+        if pods::node_name(p).is_none() {
             return;
         }
-        if let Some(created) = p.metadata.creation_timestamp.as_ref() {
-            let took = jiff::Timestamp::now().duration_since(created.0);
-            if let Ok(took) = Duration::try_from(took) {
-                self.shared
-                    .metrics
-                    .pods_startup_duration
-                    .observe(took.as_secs_f64());
-            }
-        }
+        let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        self.started(key, created);
+    }
+
+    /// `key`, one of the pods we provisioned for, is bound: observe its startup once, from its
+    /// creation (or, without one, from when we first saw it pending).
+    pub(super) fn started(&mut self, key: &str, created: Option<jiff::Timestamp>) {
+        let Some(first_seen) = self.waiting.remove(key) else {
+            return;
+        };
+        let took = created
+            .and_then(|c| Duration::try_from(jiff::Timestamp::now().duration_since(c)).ok())
+            .unwrap_or_else(|| first_seen.elapsed());
+        self.shared
+            .metrics
+            .pods_startup_duration
+            .observe(took.as_secs_f64());
     }
 
     /// Everything the solver looks at, copied out of the indexes; creates not answered yet

@@ -38,6 +38,15 @@ impl StreamHandler<Watched> for Provisioner {
                     for (node, at) in events {
                         self.shared.router.pod_changed(&node, Some(at));
                     }
+                    // Pods we provisioned for that were bound while the watch was down.
+                    let bound = fresh.each_on_a_node(|p| {
+                        let key = pods::key(p);
+                        let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+                        self.waiting.contains_key(&key).then_some((key, created))
+                    });
+                    for (key, created) in bound {
+                        self.started(&key, created);
+                    }
                     self.shared.state.pods.write().replace_with(fresh);
                     // Pods deleted while the watch was down never get a Delete event.
                     let index = self.shared.state.pods.read();
