@@ -313,6 +313,8 @@ impl Disruption {
                 );
                 started = Instant::now();
                 tokio::task::spawn_blocking(move || {
+                    let mut snapshot = snapshot;
+                    disruption::consolidation::keep_room_of_pods_about_to_bind(&mut snapshot);
                     if let Some(pending) = due {
                         let validated =
                             disruption::revalidate(&snapshot, &candidates, &allowed, &pending);
