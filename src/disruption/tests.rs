@@ -869,35 +869,13 @@ fn small_nodes_fold_into_a_larger_one_whatever_ranks_before_them() {
 
 /// Pods of a node already leaving (a command under way, or a deleting node) were counted on
 /// finding room when their node was given up. A candidate whose removal leaves them none must
-/// stay, though pods merely pending would not hold it back: the provisioner launches for those
-/// anyway, but for the leaving node's pods the launch is the consolidation's doing. Here the
+/// stay, though a pod nothing marks would not hold it back: the provisioner launches for such
+/// a pod anyway, but for the leaving node's pods the launch is the consolidation's doing. Here the
 /// only room for a leaving node's 1.5-CPU pod is the candidate's node, and the candidate's own
 /// pod fits in the 1 CPU left elsewhere.
 #[test]
 fn a_candidate_keeps_the_room_pods_of_a_leaving_node_need() {
-    let (mut s, c) = cluster(
-        &types(),
-        &[
-            Node {
-                name: "z",
-                ty: "small",
-                ct: "on-demand",
-                pods: &[("z1", "500m")],
-            },
-            Node {
-                name: "x",
-                ty: "large",
-                ct: "on-demand",
-                pods: &[("x1", "7")],
-            },
-        ],
-    );
-    s.pods.push(
-        testing::pod("from-leaving")
-            .namespace("ns")
-            .requests("1500m", "1Gi")
-            .build(),
-    );
+    let (mut s, c) = z_and_x_with_a_pending_pod("1500m");
     let only_z = &c[..1];
     // Merely pending (nothing marks it as counted on): the provisioner's business, the
     // candidate goes.
@@ -907,7 +885,7 @@ fn a_candidate_keeps_the_room_pods_of_a_leaving_node_need() {
     );
     // Displaced by a node that is leaving: the candidate holds its room and stays (a small
     // replacement for that pod would cost what the candidate does).
-    s.displaced.insert("ns/from-leaving".to_string());
+    s.displaced.insert("ns/pending".to_string());
     assert_eq!(decide(&s, only_z, &allow(1)), None);
 }
 
