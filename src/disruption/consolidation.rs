@@ -171,6 +171,44 @@ pub fn own_room(snapshot: &Snapshot, moved: &HashSet<&str>) -> Snapshot {
     s
 }
 
+/// Marks the pending pods the cluster as it is has room for (`about_to_bind`): the scheduler
+/// is about to bind them there, so a decision must not count that room as free. Pods a previous
+/// command evicted are pending again for a moment; taken for the provisioner's, they were left
+/// a new claim in the simulation while the candidates' pods took their room, then the
+/// scheduler bound them first and the candidates' pods found none when their drain came, and
+/// the provisioner launched for them. Pods that fit no existing node now are the provisioner's
+/// either way; pods of leaving nodes and CapacityBuffer placeholders are judged on their own.
+pub fn keep_room_of_pods_about_to_bind(snapshot: &mut Snapshot) {
+    let pending: HashSet<String> = snapshot
+        .pods
+        .iter()
+        .filter(|p| !crate::api::capacity_buffer::is_placeholder(p))
+        .map(pods::key)
+        .filter(|k| !snapshot.displaced.contains(k) && !snapshot.moved.contains(k))
+        .collect();
+    if pending.is_empty() {
+        return;
+    }
+    snapshot.about_to_bind = scheduling::solve(snapshot)
+        .placed_on_existing
+        .into_iter()
+        .map(|(pod, _)| pod)
+        .filter(|pod| pending.contains(pod))
+        .collect();
+}
+
+/// Why the room `pod` needs was counted on before this decision, if it was: its node is
+/// leaving, or it is pending with room now.
+fn counted_on(snapshot: &Snapshot, pod: &str) -> Option<&'static str> {
+    if snapshot.displaced.contains(pod) {
+        Some("of a node already leaving")
+    } else if snapshot.about_to_bind.contains(pod) {
+        Some("(pending, with room now)")
+    } else {
+        None
+    }
+}
+
 /// The solver's plan for the moved pods: delete, one cheaper replacement, or no.
 fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -> Outcome {
     let (results, refused) = simulate(snapshot, moved);
@@ -181,14 +219,14 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
     // room these candidates' pods would take from them is not free (upstream's simulation
     // requires every pod but the pending ones to schedule). Under a slow API server drains
     // overlap the next decisions, and such a plan made the provisioner launch for them.
-    if let Some((pod, why)) = results
+    // Likewise pods pending now that the cluster as it is has room for: the scheduler binds
+    // them before the candidates' pods come back.
+    if let Some((pod, whose, why)) = results
         .failures
         .iter()
-        .find(|(p, _)| snapshot.displaced.contains(p))
+        .find_map(|(p, why)| counted_on(snapshot, p).map(|whose| (p, whose, why)))
     {
-        return Outcome::No(format!(
-            "pod {pod} of a node already leaving would not schedule: {why}"
-        ));
+        return Outcome::No(format!("pod {pod} {whose} would not schedule: {why}"));
     }
     // Claims opened only for pods that were pending anyway are the provisioner's business; but
     // a CapacityBuffer's placeholder or a leaving node's pod that needs a claim once the
@@ -207,7 +245,7 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
             n.pods.iter().any(|p| {
                 moved.contains(p.as_str())
                     || placeholders.contains(p)
-                    || snapshot.displaced.contains(p)
+                    || counted_on(snapshot, p).is_some()
             })
         })
         .collect();

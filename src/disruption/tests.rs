@@ -869,12 +869,29 @@ fn small_nodes_fold_into_a_larger_one_whatever_ranks_before_them() {
 
 /// Pods of a node already leaving (a command under way, or a deleting node) were counted on
 /// finding room when their node was given up. A candidate whose removal leaves them none must
-/// stay, though pods merely pending would not hold it back: the provisioner launches for those
-/// anyway, but for the leaving node's pods the launch is the consolidation's doing. Here the
+/// stay, though a pod nothing marks would not hold it back: the provisioner launches for such
+/// a pod anyway, but for the leaving node's pods the launch is the consolidation's doing. Here the
 /// only room for a leaving node's 1.5-CPU pod is the candidate's node, and the candidate's own
 /// pod fits in the 1 CPU left elsewhere.
 #[test]
 fn a_candidate_keeps_the_room_pods_of_a_leaving_node_need() {
+    let (mut s, c) = z_and_x_with_a_pending_pod("1500m");
+    let only_z = &c[..1];
+    // Merely pending (nothing marks it as counted on): the provisioner's business, the
+    // candidate goes.
+    assert_eq!(
+        decide(&s, only_z, &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+    // Displaced by a node that is leaving: the candidate holds its room and stays (a small
+    // replacement for that pod would cost what the candidate does).
+    s.displaced.insert("ns/pending".to_string());
+    assert_eq!(decide(&s, only_z, &allow(1)), None);
+}
+
+/// Two nodes (z: 1.5 CPU free, x: 1 CPU free) and a pending pod; the candidate is z, whose own
+/// pod fits in x's room.
+fn z_and_x_with_a_pending_pod(cpu: &str) -> (Snapshot, Vec<Candidate>) {
     let (mut s, c) = cluster(
         &types(),
         &[
@@ -893,19 +910,40 @@ fn a_candidate_keeps_the_room_pods_of_a_leaving_node_need() {
         ],
     );
     s.pods.push(
-        testing::pod("from-leaving")
+        testing::pod("pending")
             .namespace("ns")
-            .requests("1500m", "1Gi")
+            .requests(cpu, "1Gi")
             .build(),
     );
-    let only_z = &c[..1];
-    // Pending anyway: the provisioner's business, the candidate goes.
+    (s, c)
+}
+
+/// A pod pending now that fits the cluster as it is (a pod a drain just evicted, say) is about
+/// to be bound: the scheduler binds it before the candidates' pods come back. Here its only room
+/// is the candidate's node, so the candidate stays (a small replacement for it would cost what
+/// the candidate does), where taking it for the provisioner's business let the candidate go and
+/// left the candidate's pod, once evicted, without room.
+#[test]
+fn a_candidate_keeps_the_room_a_pending_pod_is_about_to_take() {
+    let (mut s, c) = z_and_x_with_a_pending_pod("1500m");
+    consolidation::keep_room_of_pods_about_to_bind(&mut s);
     assert_eq!(
-        decide(&s, only_z, &allow(1)).map(|c| c.decision()),
+        s.about_to_bind,
+        std::collections::HashSet::from(["ns/pending".to_string()]),
+        "the pending pod fits z now"
+    );
+    assert_eq!(decide(&s, &c[..1], &allow(1)), None);
+}
+
+/// A pending pod that no existing node has room for now needs a launch whatever consolidation
+/// does: it does not hold a candidate back.
+#[test]
+fn a_pending_pod_without_room_now_does_not_hold_a_candidate() {
+    let (mut s, c) = z_and_x_with_a_pending_pod("3");
+    consolidation::keep_room_of_pods_about_to_bind(&mut s);
+    assert!(s.about_to_bind.is_empty(), "{:?}", s.about_to_bind);
+    assert_eq!(
+        decide(&s, &c[..1], &allow(1)).map(|c| c.decision()),
         Some("delete")
     );
-    // Displaced by a node that is leaving: the candidate holds its room and stays (a small
-    // replacement for that pod would cost what the candidate does).
-    s.displaced.insert("ns/from-leaving".to_string());
-    assert_eq!(decide(&s, only_z, &allow(1)), None);
 }

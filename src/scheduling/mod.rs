@@ -108,6 +108,10 @@ pub struct Snapshot {
     /// candidate of a disruption command under way), by key: not pending yet, but they will be,
     /// and the room they need was counted on when their node was given up.
     pub displaced: HashSet<String>,
+    /// For a disruption simulation: pending pods among `pods` that the cluster as it is has
+    /// room for, by key (see `disruption::consolidation::keep_room_of_pods_about_to_bind`):
+    /// the scheduler is about to bind them there, so that room is not free for moved pods.
+    pub about_to_bind: HashSet<String>,
 }
 
 /// A node the pods may go to without a new claim.

@@ -256,6 +256,8 @@ pub fn build<'a>(
         moved: Default::default(),
         under_consolidate_after: Default::default(),
         displaced: rescheduled_keys,
+        // Set by disruption before it decides.
+        about_to_bind: Default::default(),
     }
 }
 

@@ -747,6 +747,7 @@ impl Env {
             moved: Default::default(),
             under_consolidate_after: Default::default(),
             displaced: Default::default(),
+            about_to_bind: Default::default(),
         }
     }
     /// Configure default topology spread constraints, through the `--scheduler-config`

@@ -313,6 +313,14 @@ impl Disruption {
                 );
                 started = Instant::now();
                 tokio::task::spawn_blocking(move || {
+                    let mut snapshot = snapshot;
+                    disruption::consolidation::keep_room_of_pods_about_to_bind(&mut snapshot);
+                    if !snapshot.about_to_bind.is_empty() {
+                        tracing::debug!(
+                            pods = snapshot.about_to_bind.len(),
+                            "pending pods the cluster has room for now: their room is kept"
+                        );
+                    }
                     if let Some(pending) = due {
                         let validated =
                             disruption::revalidate(&snapshot, &candidates, &allowed, &pending);

@@ -34,6 +34,13 @@ pub(super) fn launches(snapshot: &Snapshot, results: &Results, index: &pods::Pod
         })
         .collect();
     let tainted = snapshot.nodes.len() - open.len();
+    // CPU free on the initialized open nodes together: far more than a launch's pods need
+    // means the room is there but cut into pieces too small for them.
+    let free_cpu_millis: i64 = open
+        .iter()
+        .filter(|(_, _, in_flight)| !in_flight)
+        .map(|(_, free, _)| free.get("cpu").as_millis())
+        .sum();
     results
         .new_claims
         .iter()
@@ -58,7 +65,10 @@ pub(super) fn launches(snapshot: &Snapshot, results: &Results, index: &pods::Pod
                 if open.iter().any(|(_, free, _)| r.fits(free)) {
                     fit_somewhere += 1;
                 }
-                if smallest.as_ref().is_none_or(|s| r.get("cpu") < s.get("cpu")) {
+                if smallest
+                    .as_ref()
+                    .is_none_or(|s| r.get("cpu") < s.get("cpu"))
+                {
                     smallest = Some(r);
                 }
             }
@@ -77,7 +87,8 @@ pub(super) fn launches(snapshot: &Snapshot, results: &Results, index: &pods::Pod
                 .collect();
             format!(
                 "pods={} from={from:?} nominated={nominated} fit_one_by_one={fit_somewhere} \
-                 smallest={}m/{}Mi nodes_open={} nodes_tainted={tainted} room_for_smallest={room:?}",
+                 smallest={}m/{}Mi nodes_open={} nodes_tainted={tainted} \
+                 free_cpu_on_open_nodes={free_cpu_millis}m room_for_smallest={room:?}",
                 claim.pods.len(),
                 smallest.get("cpu").as_millis(),
                 smallest.get("memory").as_units() >> 20,
