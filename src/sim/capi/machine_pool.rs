@@ -42,6 +42,9 @@ use crate::sim::standin::{at, delete_quietly, spawn_watch, str_at};
 
 /// Annotation on an infrastructure pool: `"false"` makes it a pool without MachinePool Machines.
 pub const POOL_MACHINES_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/machine-pool-machines";
+/// Annotation on an infrastructure pool: `"false"` turns its rollouts off, as AWS's
+/// `refreshPreferences.disable` does: outdated instances stay until something removes them.
+pub const INSTANCE_REFRESH_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/instance-refresh";
 /// The infrastructure machine kind the simulated pools report (Cluster API's in-memory "Dev"
 /// provider's).
 pub const INFRA_MACHINE_KIND: &str = "DevMachine";
@@ -197,7 +200,11 @@ impl Inner {
     }
 
     /// The MachinePools in `ns` whose template names infrastructure pool `name` reconcile.
-    pub(super) async fn pools_of_infra_pool(&self, ns: &str, name: &str) -> Result<(), kube::Error> {
+    pub(super) async fn pools_of_infra_pool(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<(), kube::Error> {
         let pools = self.api(&self.cfg.version.machine_pool(), ns);
         for mp in pools.list(&ListParams::default()).await?.items {
             let infra = str_at(
@@ -244,11 +251,17 @@ impl Inner {
                 .filter(|m| controller_uid(m).as_deref() == Some(uid.as_str()))
                 .collect();
         let spec_now = instance_spec(mp, infra);
+        let refreshes = infra
+            .annotations()
+            .get(INSTANCE_REFRESH_ANNOTATION)
+            .is_none_or(|v| v != "false");
         let outdated = |m: &DynamicObject| {
-            self.pool_instance_specs
-                .lock()
-                .get(&(ns.clone(), m.name_any()))
-                .is_some_and(|made_from| *made_from != spec_now)
+            refreshes
+                && self
+                    .pool_instance_specs
+                    .lock()
+                    .get(&(ns.clone(), m.name_any()))
+                    .is_some_and(|made_from| *made_from != spec_now)
         };
         let current = machines.iter().filter(|m| !outdated(m)).count() as i64;
         let rolling_out = machines
@@ -256,7 +269,8 @@ impl Inner {
             .any(|m| m.metadata.deletion_timestamp.is_none() && outdated(m));
         let api = self.api(&self.cfg.version.machine(), &ns);
         if current < desired {
-            let bodies: Vec<DynamicObject> = (current..desired).map(|_| self.pool_machine(mp)).collect();
+            let bodies: Vec<DynamicObject> =
+                (current..desired).map(|_| self.pool_machine(mp)).collect();
             {
                 let mut specs = self.pool_instance_specs.lock();
                 for b in &bodies {
@@ -287,7 +301,8 @@ impl Inner {
                     .filter(|m| m.metadata.deletion_timestamp.is_none())
                     .partition(|m| outdated(m));
                 let from_old = surplus.min(old.len());
-                self.delete_surplus(&ns, &api, &old, from_old, &name).await?;
+                self.delete_surplus(&ns, &api, &old, from_old, &name)
+                    .await?;
                 self.delete_surplus(&ns, &api, &new, surplus - from_old, &name)
                     .await?;
             } else {

@@ -33,8 +33,8 @@ mod machine_set;
 pub use machine::{PROVIDER_ID_SET, provider_id, provider_id_for};
 pub use machine_deployment::up_to_date;
 pub use machine_pool::{
-    INFRA_MACHINE_KIND, INFRA_POOL_KIND, Instance, POOL_MACHINES_ANNOTATION, has_pool_machines,
-    infra_pool_resource, instances,
+    INFRA_MACHINE_KIND, INFRA_POOL_KIND, INSTANCE_REFRESH_ANNOTATION, Instance,
+    POOL_MACHINES_ANNOTATION, has_pool_machines, infra_pool_resource, instances,
 };
 
 use super::standin::{
@@ -96,11 +96,23 @@ impl Default for CapiConfig {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Work {
-    Deployment { ns: String, name: String },
-    Set { ns: String, name: String },
-    Pool { ns: String, name: String },
+    Deployment {
+        ns: String,
+        name: String,
+    },
+    Set {
+        ns: String,
+        name: String,
+    },
+    Pool {
+        ns: String,
+        name: String,
+    },
     /// An infrastructure pool changed: its MachinePools reconcile (a rollout may be due).
-    InfraPool { ns: String, name: String },
+    InfraPool {
+        ns: String,
+        name: String,
+    },
 }
 
 struct Inner {
