@@ -82,22 +82,16 @@ pub(super) async fn roll_out(
         })
         .map(name_of)
         .collect();
-    match &group {
-        Group::Deployment(md) => {
-            eprintln!(
-                "rolling out MachineDeployment {md} ({} claims on it): new infrastructure template",
-                claims_on_group.len()
-            );
-            start_deployment_rollout(sim, md.clone()).await?;
-        }
-        Group::Pool(mp) => {
-            eprintln!(
-                "rolling out MachinePool {mp} ({} claims on it): Kubernetes {POOL_ROLLOUT_VERSION}",
-                claims_on_group.len()
-            );
-            start_pool_rollout(sim, mp.clone()).await?;
-        }
-    }
+    let how = match &group {
+        Group::Deployment(_) => "new infrastructure template".to_string(),
+        Group::Pool(_) => format!("Kubernetes {POOL_ROLLOUT_VERSION}"),
+    };
+    eprintln!(
+        "rolling out {} ({} claims on it): {how}",
+        group.report_name(),
+        claims_on_group.len()
+    );
+    start_rollout(sim, group.clone()).await?;
     sim.mark("rollout started");
     let originals = claims_on_group.clone();
     let target = group.clone();
@@ -131,57 +125,49 @@ pub(super) async fn roll_out(
     })
 }
 
-/// A new infrastructure template, then the MachineDeployment pointed at it, as a user would:
-/// Cluster API clones the template into each new Machine.
-async fn start_deployment_rollout(sim: &BackgroundSim, name: String) -> Result<(), Error> {
+/// Starts the rollout as a user would: a MachineDeployment gets a new infrastructure template
+/// (created first; Cluster API clones it into each new Machine), a MachinePool a new Kubernetes
+/// version (an upgrade).
+async fn start_rollout(sim: &BackgroundSim, group: Group) -> Result<(), Error> {
     sim.run(move |c| async move {
-        let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
-            c.client(),
-            launch::NAMESPACE,
-            &c.capi_version().machine_deployment(),
-        );
-        let template = format!("{name}-v2");
-        let templates: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
-            c.client(),
-            launch::NAMESPACE,
-            &crate::sim::cluster::infra_template_resource(),
-        );
-        let body = crate::sim::cluster::infrastructure_template(launch::NAMESPACE, &template);
-        match templates.create(&Default::default(), &body).await {
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(source) => {
-                return Err(Error::Kube {
-                    what: format!("creating infrastructure template {template}"),
-                    source,
-                });
+        let (resource, name, patch) = match &group {
+            Group::Deployment(name) => {
+                let template = format!("{name}-v2");
+                let templates: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
+                    c.client(),
+                    launch::NAMESPACE,
+                    &crate::sim::cluster::infra_template_resource(),
+                );
+                let body =
+                    crate::sim::cluster::infrastructure_template(launch::NAMESPACE, &template);
+                match templates.create(&Default::default(), &body).await {
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(source) => {
+                        return Err(Error::Kube {
+                            what: format!("creating infrastructure template {template}"),
+                            source,
+                        });
+                    }
+                    Ok(_) => {}
+                }
+                (
+                    c.capi_version().machine_deployment(),
+                    name,
+                    json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": template}}}}}),
+                )
             }
-            Ok(_) => {}
-        }
-        let patch =
-            json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": template}}}}});
-        crate::sim::standin::merge_patch(&api, &name, &patch)
+            Group::Pool(name) => (
+                c.capi_version().machine_pool(),
+                name,
+                json!({"spec": {"template": {"spec": {"version": POOL_ROLLOUT_VERSION}}}}),
+            ),
+        };
+        let api: kube::Api<kube::core::DynamicObject> =
+            kube::Api::namespaced_with(c.client(), launch::NAMESPACE, &resource);
+        crate::sim::standin::merge_patch(&api, name, &patch)
             .await
             .map_err(|source| Error::Kube {
-                what: format!("rolling out MachineDeployment {name}"),
-                source,
-            })
-    })
-    .await?
-}
-
-/// The MachinePool's template moved to a new Kubernetes version, as an upgrade does.
-async fn start_pool_rollout(sim: &BackgroundSim, name: String) -> Result<(), Error> {
-    sim.run(move |c| async move {
-        let api: kube::Api<kube::core::DynamicObject> = kube::Api::namespaced_with(
-            c.client(),
-            launch::NAMESPACE,
-            &c.capi_version().machine_pool(),
-        );
-        let patch = json!({"spec": {"template": {"spec": {"version": POOL_ROLLOUT_VERSION}}}});
-        crate::sim::standin::merge_patch(&api, &name, &patch)
-            .await
-            .map_err(|source| Error::Kube {
-                what: format!("rolling out MachinePool {name}"),
+                what: format!("rolling out {}", group.report_name()),
                 source,
             })
     })
