@@ -62,6 +62,10 @@ pub struct Synced;
 /// small, but a scale-up changes a MachineDeployment's status many times a second.
 const TEMPLATE_REREAD_MIN: Duration = Duration::from_secs(5);
 
+/// A MachinePool's infrastructure pool is re-read at least this often: an edit of it in place
+/// (its instances' drift) need not change the MachinePool.
+const POOL_REREAD: Duration = Duration::from_secs(30);
+
 /// What we last read of one MachineDeployment's infrastructure template.
 struct TemplateRead {
     /// The reference it was read through (group/version/kind/name).
@@ -201,6 +205,20 @@ impl Catalog {
                 .publish(name.clone(), catalog, nc.create_timeout(), ready);
         }
         self.shared.catalog.publish_pools(by_pool);
+        self.shared.catalog.publish_instance_hashes(
+            mds.iter()
+                .filter(|md| md.is_pool())
+                .filter_map(|md| {
+                    let hash = self
+                        .templates
+                        .get(&md.key())?
+                        .capacity
+                        .instance_hash
+                        .clone()?;
+                    Some((md.key(), hash))
+                })
+                .collect(),
+        );
         self.shared.catalog.retain(&names);
         self.reported.retain(|k, _| names.contains(k));
         self.shared.catalog.forget_unavailable();
@@ -218,7 +236,8 @@ impl Catalog {
 
     /// Read each MachineDeployment's infrastructure template: first when it appears, again
     /// when its reference changes, when the MachineDeployment changes (a provider fills a
-    /// template's status.capacity after the fact; at most every TEMPLATE_REREAD_MIN), and,
+    /// template's status.capacity after the fact; at most every TEMPLATE_REREAD_MIN), a
+    /// MachinePool's infrastructure pool also every POOL_REREAD, and,
     /// while reads fail, after a backoff. A template that cannot be read leaves the annotations
     /// in charge (or the last capacity read). Entries of MachineDeployments that are gone go.
     fn fetch_missing_templates(&mut self, mds: &[Arc<MachineDeployment>], ctx: &mut Context<Self>) {
@@ -244,6 +263,7 @@ impl Catalog {
                     None if t.md_version != md.resource_version => {
                         Some(t.read_at + TEMPLATE_REREAD_MIN)
                     }
+                    None if md.is_pool() => Some(t.read_at + POOL_REREAD),
                     None => None,
                 },
             };

@@ -79,6 +79,10 @@ pub const INSTANCE_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/instance";
 /// their own (Cluster API sets it true on every one), so a template changed since is the
 /// claim's drift.
 pub const POOL_TEMPLATE_HASH_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/pool-template-hash";
+/// Annotation on a NodeClaim bound to a MachinePool Machine: the hash of the infrastructure
+/// pool's instance fields (e.g. an AWSMachinePool's launch template) when its Machine was bound;
+/// an edit of them in place since is the claim's drift, as a pool template change is.
+pub const INFRA_POOL_HASH_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/infrastructure-pool-hash";
 /// Annotation on a MachinePool without MachinePool Machines: the provider IDs (comma-separated)
 /// of instances whose claims were deleted and that were handed back to the pool as baseline
 /// capacity (no specific instance can be removed). Written with the managed-replicas count.

@@ -187,10 +187,32 @@ const ROLLOUT_FIELDS: [&str; 4] = ["version", "bootstrap", "infrastructureRef", 
 /// `spec.template.spec`): FNV-1a over their JSON with keys sorted, so it is the same whatever
 /// order the API server wrote the fields in and across releases of this controller.
 pub fn pool_template_hash(pool: &Value) -> String {
-    let spec = pool.pointer("/spec/template/spec");
-    let fields: serde_json::Map<String, Value> = ROLLOUT_FIELDS
+    fields_hash(pool.pointer("/spec/template/spec"), &ROLLOUT_FIELDS)
+}
+
+/// The fields of an infrastructure machine pool's `spec` that say what its instances are made
+/// of, so that a provider replaces its instances when they change: `template` (Cluster API's
+/// Docker and in-memory pools, whose instances follow its image; Azure's pools), and AWS's
+/// `awsLaunchTemplate` and `mixedInstancesPolicy` (a new launch template version, rolled out by
+/// an instance refresh). The rest (sizes, tags, the provider IDs the provider writes) replace no
+/// instance.
+const INSTANCE_FIELDS: [&str; 3] = ["template", "awsLaunchTemplate", "mixedInstancesPolicy"];
+
+/// The hash of an infrastructure machine pool's instance fields (`INSTANCE_FIELDS` of `spec`),
+/// as [`pool_template_hash`] hashes; None when it has none of them (nothing to compare).
+pub fn infrastructure_pool_hash(infra_pool: &Value) -> Option<String> {
+    let spec = infra_pool.get("spec")?;
+    INSTANCE_FIELDS
         .iter()
-        .filter_map(|f| Some((f.to_string(), spec?.get(*f)?.clone())))
+        .any(|f| spec.get(*f).is_some_and(|v| !v.is_null()))
+        .then(|| fields_hash(Some(spec), &INSTANCE_FIELDS))
+}
+
+/// FNV-1a over the canonical JSON of `fields` of `object` (those present).
+fn fields_hash(object: Option<&Value>, fields: &[&str]) -> String {
+    let fields: serde_json::Map<String, Value> = fields
+        .iter()
+        .filter_map(|f| Some((f.to_string(), object?.get(*f)?.clone())))
         .collect();
     let mut text = String::new();
     canonical(&Value::Object(fields), &mut text);

@@ -50,6 +50,10 @@ pub struct TemplateCapacity {
     /// `status.initialization.provisioned`): an infrastructure pool that is and reports no
     /// machine kind has no MachinePool Machines (before that, it may simply not have said yet).
     pub provisioned: bool,
+    /// An infrastructure machine pool's instance fields, hashed
+    /// (`capi::scalable::infrastructure_pool_hash`): an edit in place that replaces its
+    /// instances changes it.
+    pub instance_hash: Option<String>,
 }
 
 /// The node a MachineDeployment would make, as the scheduler sees it before it exists.
@@ -116,6 +120,7 @@ impl TemplateCapacity {
                 s.get("ready") == Some(&Value::Bool(true))
                     || s.pointer("/initialization/provisioned") == Some(&Value::Bool(true))
             }),
+            instance_hash: crate::capi::scalable::infrastructure_pool_hash(template),
         })
     }
 

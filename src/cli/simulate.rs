@@ -131,7 +131,8 @@ pub enum Scenario {
     /// controller empties and replaces nodes (budgets, cost, nodes against a lower bound).
     Consolidate,
     /// Provision pods, change the NodePool template (every claim drifts and is replaced), then
-    /// roll out one MachineDeployment.
+    /// roll out the node group with the most Machines (a MachineDeployment's new infrastructure
+    /// template, or a MachinePool's new Kubernetes version).
     Drift,
     /// Provision pods on claims with a short `expireAfter`; every claim expires and its pods
     /// move to new nodes.

@@ -105,6 +105,8 @@ struct Inner {
     /// (`capi::overlay::Applied::pools`), with that NodeClass's name.
     by_pool: PoolCatalogs,
     unavailable: HashMap<String, Instant>,
+    /// MachinePool key -> hash of its infrastructure pool's instance fields, as last read.
+    instance_hashes: HashMap<String, String>,
 }
 
 impl Inner {
@@ -320,6 +322,16 @@ impl CatalogView {
     /// NodeClass's (pool name -> (NodeClass, catalog)); every other pool's entry goes.
     pub fn publish_pools(&self, pools: PoolCatalogs) {
         self.inner.write().by_pool = pools;
+    }
+
+    /// Publish the MachinePools' infrastructure pool hashes (`TemplateCapacity::instance_hash`).
+    pub fn publish_instance_hashes(&self, hashes: HashMap<String, String>) {
+        self.inner.write().instance_hashes = hashes;
+    }
+
+    /// The hash of MachinePool `md`'s infrastructure pool instance fields, as last read.
+    pub fn instance_hash(&self, md: &str) -> Option<String> {
+        self.inner.read().instance_hashes.get(md).cloned()
     }
 
     /// Publish a NodeClass's catalog directly (benchmarks and tools that have no Catalog actor).

@@ -19,8 +19,8 @@ use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, INSTANCE_TYPE_LABEL,
-    NODEPOOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION,
+    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, INFRA_POOL_HASH_ANNOTATION,
+    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION,
 };
 use crate::disruption::{
     self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
@@ -195,11 +195,9 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         let provider = drift::Provider {
             offered: offered.get(nodeclass).map(|mds| mds.contains(md)),
             machine_up_to_date: match group.as_ref().and_then(|d| d.template_hash.as_deref()) {
-                // A pool's Machines are all `UpToDate`; its template is compared instead.
-                Some(now) => c
-                    .annotations()
-                    .get(POOL_TEMPLATE_HASH_ANNOTATION)
-                    .map(|bound_under| bound_under == now),
+                // A pool's Machines are all `UpToDate`; its template and its infrastructure
+                // pool's instance fields are compared instead.
+                Some(now) => pool_up_to_date(c, now, inputs.catalog.instance_hash(md).as_deref()),
                 None => machine
                     .as_ref()
                     .and_then(|m| m.up_to_date)
@@ -573,3 +571,21 @@ fn under_way(c: &NodeClaim, node: Option<&CompactNode>) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether claim `c` on a MachinePool Machine is bound under the pool's current template
+/// (`template_now`) and infrastructure pool (`infra_now`); None when it recorded neither.
+fn pool_up_to_date(c: &NodeClaim, template_now: &str, infra_now: Option<&str>) -> Option<bool> {
+    let annotations = c.annotations();
+    let template = annotations
+        .get(POOL_TEMPLATE_HASH_ANNOTATION)
+        .map(|bound_under| bound_under == template_now);
+    let infra = match (annotations.get(INFRA_POOL_HASH_ANNOTATION), infra_now) {
+        (Some(bound_under), Some(now)) => Some(bound_under == now),
+        _ => None,
+    };
+    match (template, infra) {
+        (Some(false), _) | (_, Some(false)) => Some(false),
+        (Some(true), _) | (None, Some(true)) => Some(true),
+        (None, None) => None,
+    }
+}

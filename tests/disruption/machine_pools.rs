@@ -2,7 +2,8 @@
 //! MachinePool Machines, consolidation removes exactly the emptied claim's Machine and drift
 //! replaces a claim on the pool, as on a MachineDeployment. A pool without them (no instance can
 //! be removed by name) is never chosen: its claims stay while a MachineDeployment's claim beside
-//! them is consolidated or drifted away.
+//! them is consolidated or drifted away. A pool's own template and its infrastructure pool
+//! edited in place drift its claims; a pool rolled out by its provider ends up all new.
 
 use crate::common;
 
@@ -13,6 +14,7 @@ use serde_json::{Value, json};
 use common::*;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::capi::version::CapiVersion;
+use karpenter_capi::sim::capi::{INSTANCE_REFRESH_ANNOTATION, infra_pool_resource};
 use karpenter_capi::sim::cluster::MachineDeploymentSeed;
 use karpenter_capi::simulate::launch::seed_of;
 
@@ -273,28 +275,50 @@ async fn a_pool_without_pool_machines_is_never_drifted() {
     only_the_control_goes(&env, &control, &on_pool, "drifted").await;
 }
 
-/// A change of the pool's own template (`patch` merged into the MachinePool): its Machines stay
-/// `UpToDate` (Cluster API sets that on every pool Machine), yet the claim bound under the old
-/// template drifts and is replaced on the pool, as on a MachineDeployment under OnDelete.
-async fn pool_template_drift(version: CapiVersion, patch: Value) {
+/// What a pool template drift test edits: the MachinePool or its infrastructure pool (a merge
+/// patch each).
+enum Edit {
+    Pool(Value),
+    InfraPool(Value),
+}
+
+/// A change of the pool's own template or of its infrastructure pool in place: its Machines
+/// stay `UpToDate` (Cluster API sets that on every pool Machine), yet the claim bound under the
+/// old template drifts and is replaced on the pool, as on a MachineDeployment under OnDelete.
+/// The provider's instance refresh is off (as an AWS pool's may be), so the controller's drift
+/// is the only thing that replaces the instance; `recorded` is the claim annotation that
+/// changes.
+async fn pool_template_drift(version: CapiVersion, edit: Edit, recorded: &str) {
     let env = env_of(version, Vec::new(), vec![(pool_seed("mp-0", 0), true)]).await;
+    let infra_pools: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(env.client().await, NS, &infra_pool_resource());
+    let params = kube::api::PatchParams::default();
+    infra_pools
+        .patch(
+            "mp-0",
+            &params,
+            &kube::api::Patch::Merge(
+                json!({"metadata": {"annotations": {INSTANCE_REFRESH_ANNOTATION: "false"}}}),
+            ),
+        )
+        .await
+        .expect("instance refresh off");
     let (old, node) = env.stamped_claim("sim-0").await;
     env.pod("app", &node, json!({"app": "app"}), json!({}))
         .await;
     let old_machine = claim_annotation(&env, &old, MACHINE_ANNOTATION).expect("bound");
-    let bound_under =
-        claim_annotation(&env, &old, POOL_TEMPLATE_HASH_ANNOTATION).expect("template recorded");
+    let bound_under = claim_annotation(&env, &old, recorded).expect("template recorded");
     env.set_disruption(json!({"budgets": [{"nodes": "100%"}]}))
         .await;
-    let api: kube::Api<kube::api::DynamicObject> =
+    let pools: kube::Api<kube::api::DynamicObject> =
         kube::Api::namespaced_with(env.client().await, NS, &version.machine_pool());
-    api.patch(
-        "mp-0",
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(patch),
-    )
-    .await
-    .expect("change the pool's template");
+    let (api, patch) = match edit {
+        Edit::Pool(patch) => (&pools, patch),
+        Edit::InfraPool(patch) => (&infra_pools, patch),
+    };
+    api.patch("mp-0", &params, &kube::api::Patch::Merge(patch))
+        .await
+        .expect("change the pool's template");
     env.wait("Drifted=True on the old claim", || {
         let c = env.get("nodeclaims", "", &old)?;
         (condition(&c, "Drifted")?["reason"] == "MachineTemplateDrifted").then_some(())
@@ -305,7 +329,7 @@ async fn pool_template_drift(version: CapiVersion, patch: Value) {
     let new_machine = claim_annotation(&env, &replacement, MACHINE_ANNOTATION).expect("bound");
     assert_ne!(new_machine, old_machine);
     assert_eq!(pool_machines(&env, "mp-0"), BTreeSet::from([new_machine]));
-    let now = claim_annotation(&env, &replacement, POOL_TEMPLATE_HASH_ANNOTATION);
+    let now = claim_annotation(&env, &replacement, recorded);
     assert!(
         now.is_some_and(|h| h != bound_under),
         "bound under the new template"
@@ -317,7 +341,8 @@ async fn pool_template_drift(version: CapiVersion, patch: Value) {
 async fn a_pool_version_change_drifts_its_claims_v1beta2() {
     pool_template_drift(
         CapiVersion::V1Beta2,
-        json!({"spec": {"template": {"spec": {"version": "v1.34.0"}}}}),
+        Edit::Pool(json!({"spec": {"template": {"spec": {"version": "v1.34.0"}}}})),
+        POOL_TEMPLATE_HASH_ANNOTATION,
     )
     .await;
 }
@@ -326,7 +351,105 @@ async fn a_pool_version_change_drifts_its_claims_v1beta2() {
 async fn a_pool_bootstrap_change_drifts_its_claims_v1beta1() {
     pool_template_drift(
         CapiVersion::V1Beta1,
-        json!({"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": "mp-0-v2"}}}}}}),
+        Edit::Pool(
+            json!({"spec": {"template": {"spec": {"bootstrap": {"configRef": {"name": "mp-0-v2"}}}}}}),
+        ),
+        POOL_TEMPLATE_HASH_ANNOTATION,
     )
     .await;
+}
+
+/// The infrastructure pool's instance template edited in place (as an AWSMachinePool's launch
+/// template is): the MachinePool itself does not change.
+fn infra_pool_edit() -> Edit {
+    Edit::InfraPool(json!({"spec": {"template": {"backend": {"inMemory": {
+        "vm": {"provisioning": {"startupDuration": "2s"}}
+    }}}}}))
+}
+
+#[actix::test]
+async fn an_infrastructure_pool_edit_drifts_its_claims_v1beta2() {
+    pool_template_drift(
+        CapiVersion::V1Beta2,
+        infra_pool_edit(),
+        INFRA_POOL_HASH_ANNOTATION,
+    )
+    .await;
+}
+
+#[actix::test]
+async fn an_infrastructure_pool_edit_drifts_its_claims_v1beta1() {
+    pool_template_drift(
+        CapiVersion::V1Beta1,
+        infra_pool_edit(),
+        INFRA_POOL_HASH_ANNOTATION,
+    )
+    .await;
+}
+
+/// A pool rollout with the provider's instance refresh on (as Cluster API's Docker pool does
+/// it): the provider replaces the outdated instances while the controller drifts their claims.
+/// Whichever gets to an instance first, at the end every pool Machine runs the new version, no
+/// claim of the old ones is left, and nothing leaked or was bound twice.
+async fn pool_rollout(version: CapiVersion) {
+    let env = env_of(version, Vec::new(), vec![(pool_seed("mp-0", 0), true)]).await;
+    let mut originals = BTreeSet::new();
+    for _ in 0..3 {
+        let (claim, node) = env.stamped_claim("sim-0").await;
+        env.pod(
+            &format!("app-{claim}"),
+            &node,
+            json!({"app": "app"}),
+            json!({}),
+        )
+        .await;
+        originals.insert(claim);
+    }
+    env.set_disruption(json!({"budgets": [{"nodes": "100%"}]}))
+        .await;
+    let pools: kube::Api<kube::api::DynamicObject> =
+        kube::Api::namespaced_with(env.client().await, NS, &version.machine_pool());
+    pools
+        .patch(
+            "mp-0",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({"spec": {"template": {"spec": {"version": "v1.34.0"}}}}),
+            ),
+        )
+        .await
+        .expect("roll the pool out");
+    env.until_quiet("every pool Machine up to date, no old claim left", |e| {
+        let machines: Vec<Value> = e
+            .list("machines")
+            .into_iter()
+            .filter(|m| m["metadata"]["labels"][POOL_NAME_LABEL] == "mp-0")
+            .collect();
+        machines.iter().all(|m| m["spec"]["version"] == "v1.34.0")
+            && originals
+                .iter()
+                .all(|c| e.get("nodeclaims", "", c).is_none())
+    })
+    .await;
+    env.settle().await;
+    for c in env.list("nodeclaims") {
+        let machine = c["metadata"]["annotations"][MACHINE_ANNOTATION]
+            .as_str()
+            .expect("bound");
+        let m = env
+            .get("machines", NS, machine.rsplit('/').next().unwrap_or(""))
+            .expect("its Machine");
+        assert_eq!(m["spec"]["version"], "v1.34.0", "{machine}");
+    }
+    env.assert_clean();
+}
+
+#[actix::test]
+async fn a_pool_rollout_replaces_every_instance_v1beta2() {
+    pool_rollout(CapiVersion::V1Beta2).await;
+}
+
+#[actix::test]
+async fn a_pool_rollout_replaces_every_instance_v1beta1() {
+    pool_rollout(CapiVersion::V1Beta1).await;
 }

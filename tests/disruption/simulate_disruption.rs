@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use karpenter_capi::cli::{Scenario, SimulateArgs};
+use karpenter_capi::cli::{CapiVersionArg, ScalableArg, Scenario, SimulateArgs};
 use karpenter_capi::simulate::disruption::{self, DisruptionReport};
 use serde_json::Value;
 
@@ -99,6 +99,42 @@ async fn drift_replaces_every_claim_and_a_rollout_completes() {
     assert!(rollout.claims_before > 0, "{r}");
     assert_eq!(rollout.claims_replaced, rollout.claims_before, "{r}");
     assert_eq!(rollout.machines_up_to_date, rollout.machines, "{r}");
+}
+
+/// The drift scenario on MachinePools with MachinePool Machines: every drifted claim replaced,
+/// then the largest pool rolled out to a new version by its provider while the controller drifts
+/// the claims bound under the old template, every one replaced and every Machine on the new
+/// version, invariants (no leak, no double binding) holding.
+async fn drift_and_a_pool_rollout(version: CapiVersionArg) {
+    let a = SimulateArgs {
+        scalable: ScalableArg::Machinepools,
+        cluster_api_version: version,
+        ..args(Scenario::Drift, 100, 5)
+    };
+    let r = disruption::run(&a).await.expect("the scenario runs");
+    common_checks(&r);
+    let d = &r.disruption;
+    assert!(d.claims_before > 0, "{r}");
+    assert_eq!(d.claims_replaced, d.claims_before, "{r}");
+    let rollout = d.rollout.as_ref().expect("a rollout");
+    assert!(
+        rollout.machine_deployment.starts_with("MachinePool/"),
+        "{r}"
+    );
+    assert!(rollout.claims_before > 0, "{r}");
+    assert_eq!(rollout.claims_replaced, rollout.claims_before, "{r}");
+    assert!(rollout.machines > 0, "{r}");
+    assert_eq!(rollout.machines_up_to_date, rollout.machines, "{r}");
+}
+
+#[actix::test]
+async fn drift_and_a_pool_rollout_complete_on_machine_pools_v1beta2() {
+    drift_and_a_pool_rollout(CapiVersionArg::V1beta2).await;
+}
+
+#[actix::test]
+async fn drift_and_a_pool_rollout_complete_on_machine_pools_v1beta1() {
+    drift_and_a_pool_rollout(CapiVersionArg::V1beta1).await;
 }
 
 #[actix::test]

@@ -2,7 +2,7 @@
 //! launch binds claims to the pool's Machines through the pool's Scaler, and deleting a claim
 //! releases exactly its Machine (delete-machine, then the decrement). On a pool without them,
 //! claims bind to new provider IDs (restart-safe), and a deleted claim's instance is handed back,
-//! never removed blindly.
+//! never removed blindly. The pods scenario provisions on pools and on a mix of both kinds.
 
 use std::collections::BTreeSet;
 
@@ -286,4 +286,40 @@ async fn deleting_a_claim_of_such_a_pool_hands_its_instance_back() {
     assert!(held.iter().all(|(_, p)| *p != pid), "{held:?}");
     assert_eq!(pool(&env)["spec"]["replicas"], 3);
     env.invariants_hold();
+}
+
+/// The pods scenario (pending pods through the provisioner) on MachinePools only and on a mix
+/// with MachineDeployments, in both Cluster API versions: every pod bound, every claim launched,
+/// and the invariants (replicas equal live Machines, no leak, one-to-one binding) hold.
+#[actix::test]
+async fn the_pods_scenario_provisions_on_pools_and_a_mix_in_both_versions() {
+    use karpenter_capi::cli::{CapiVersionArg, ScalableArg, Scenario, SimulateArgs};
+    for scalable in [ScalableArg::Machinepools, ScalableArg::Mixed] {
+        for version in [CapiVersionArg::V1beta2, CapiVersionArg::V1beta1] {
+            let a = SimulateArgs {
+                pods: 60,
+                deployments: 4,
+                scalable,
+                cluster_api_version: version,
+                ..crate::common::scenario(Scenario::Pods)
+            };
+            let r = karpenter_capi::simulate::pods::run(&a)
+                .await
+                .expect("the scenario runs");
+            let what = format!("{scalable:?} {version:?}: {r}");
+            let json: Value = serde_json::from_str(&r.to_json()).expect("JSON report");
+            assert_eq!(json["invariants_ok"], true, "{what}");
+            assert_eq!(json["pods"]["bound"], 60, "{what}");
+            assert_eq!(json["machines"]["leaked"], 0, "{what}");
+            assert_eq!(json["machines"]["double_bound"], 0, "{what}");
+            assert!(
+                json["claims"]["launched"].as_u64().unwrap_or(0) > 0,
+                "{what}"
+            );
+            assert_eq!(
+                json["claims"]["launched"], json["claims"]["requested"],
+                "{what}"
+            );
+        }
+    }
 }

@@ -255,6 +255,15 @@ impl Step {
                 POOL_TEMPLATE_HASH_ANNOTATION,
                 &hash,
             );
+            // And what its infrastructure pool makes instances of, edited in place or not.
+            if let Some(infra) = self.shared.catalog.instance_hash(md) {
+                p.set_entry(
+                    !c.annotations().is_empty(),
+                    "/metadata/annotations",
+                    INFRA_POOL_HASH_ANNOTATION,
+                    &infra,
+                );
+            }
         }
         let updated = self.patch_claim(p, false).await?;
         // Karpenter's cloud-provider Create: the claim was accepted (created) until a Machine

@@ -146,3 +146,46 @@ fn a_pool_template_hash_changes_with_a_rollout_field_only() {
     reordered["spec"]["template"]["spec"] = Value::Object(fields.into_iter().collect());
     assert_eq!(hash(&reordered), hash(&base));
 }
+
+#[test]
+fn an_infrastructure_pool_hash_changes_with_an_instance_field_only() {
+    let base = json!({
+        "kind": "AWSMachinePool",
+        "spec": {
+            "minSize": 1, "maxSize": 10,
+            "providerIDList": ["aws:///us-east-1a/i-1"],
+            "awsLaunchTemplate": {"instanceType": "m5.large", "ami": {"id": "ami-1"}},
+        },
+    });
+    let hash = infrastructure_pool_hash(&base);
+    assert!(hash.is_some());
+    let mut scaled = base.clone();
+    scaled["spec"]["maxSize"] = json!(20);
+    scaled["spec"]["providerIDList"] = json!(["aws:///us-east-1a/i-1", "aws:///us-east-1a/i-2"]);
+    scaled["status"] = json!({"replicas": 2});
+    assert_eq!(infrastructure_pool_hash(&scaled), hash, "no instance field");
+    let mut edited = base.clone();
+    edited["spec"]["awsLaunchTemplate"]["instanceType"] = json!("m5.xlarge");
+    assert_ne!(infrastructure_pool_hash(&edited), hash, "launch template");
+    let mut mixed = base.clone();
+    mixed["spec"]["mixedInstancesPolicy"] = json!({"overrides": [{"instanceType": "m5a.large"}]});
+    assert_ne!(
+        infrastructure_pool_hash(&mixed),
+        hash,
+        "mixed instances policy"
+    );
+
+    let dev = json!({"spec": {"template": {"backend": {"inMemory": {}}}}});
+    let mut dev_edited = dev.clone();
+    dev_edited["spec"]["template"]["backend"]["inMemory"] = json!({"vm": {}});
+    assert_ne!(
+        infrastructure_pool_hash(&dev),
+        infrastructure_pool_hash(&dev_edited)
+    );
+    // Nothing that says what the instances are made of: nothing to compare.
+    assert_eq!(
+        infrastructure_pool_hash(&json!({"spec": {"minSize": 1}})),
+        None
+    );
+    assert_eq!(infrastructure_pool_hash(&json!({})), None);
+}

@@ -10,10 +10,18 @@
 //!   scale-down terminates an instance the "cloud" picks (still launching, else the oldest) and
 //!   its Node goes with it, undrained, as a cloud's scale-in does.
 //!
+//! A rollout, as Cluster API's Docker pool does one: an instance is outdated once the pool's
+//! Kubernetes version or the infrastructure pool's `spec.template` (what a container's image
+//! follows) differs from what it was made from; the pool makes up-to-date instances until it
+//! has `spec.replicas` of them, and deletes outdated Machines first while it has more ready
+//! Machines than replicas. Only the provider knows what an instance was made from: every pool
+//! Machine says `UpToDate=True` throughout, as Cluster API's MachinePool controller writes it.
+//!
 //! Both end in what Cluster API's MachinePool controller writes: `spec.providerIDList` copied
 //! from the infrastructure pool, and `status` (replicas, ready replicas, phase, the version's
 //! readiness fields).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,13 +32,19 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::machine_deployment::desired_md_replicas;
-use super::{Inner, Work, controller_uid, dynamic, ignore_not_found, is_available, owner_ref};
+use super::{
+    Inner, Work, applied_or_deleted, controller_uid, dynamic, ignore_not_found, is_available,
+    owner_ref,
+};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LABEL};
 use crate::capi::version::CapiVersion;
-use crate::sim::standin::{at, delete_quietly, str_at};
+use crate::sim::standin::{at, delete_quietly, spawn_watch, str_at};
 
 /// Annotation on an infrastructure pool: `"false"` makes it a pool without MachinePool Machines.
 pub const POOL_MACHINES_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/machine-pool-machines";
+/// Annotation on an infrastructure pool: `"false"` turns its rollouts off, as AWS's
+/// `refreshPreferences.disable` does: outdated instances stay until something removes them.
+pub const INSTANCE_REFRESH_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/instance-refresh";
 /// The infrastructure machine kind the simulated pools report (Cluster API's in-memory "Dev"
 /// provider's).
 pub const INFRA_MACHINE_KIND: &str = "DevMachine";
@@ -77,6 +91,54 @@ struct Observed {
     ready: i64,
 }
 
+/// What an instance of `mp` is made from now: the template's Kubernetes version and the
+/// infrastructure pool's `spec.template` (Cluster API's Docker pool compares the container
+/// image, which both choose).
+fn instance_spec(mp: &DynamicObject, infra: &DynamicObject) -> Value {
+    json!({
+        "version": at(&mp.data, &["spec", "template", "spec", "version"]),
+        "template": at(&infra.data, &["spec", "template"]),
+    })
+}
+
+/// Watches the infrastructure pools, as the provider's controller and Cluster API's MachinePool
+/// controller do: an edit of one's `spec.template` in place outdates its instances. Only such an
+/// edit wakes the pools (the stand-in's own status writes do not). A control plane without the
+/// simulated provider's CRD has no infrastructure pools to watch.
+pub(super) fn watch_infra_pools(inner: Arc<Inner>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let api: Api<DynamicObject> = Api::all_with(inner.client.clone(), &infra_pool_resource());
+        if let Err(kube::Error::Api(s)) = api.list(&ListParams::default().limit(1)).await
+            && s.code == 404
+        {
+            tracing::debug!("no {INFRA_POOL_KIND} resource served: not watching them");
+            return;
+        }
+        let me = inner.clone();
+        let mut seen: HashMap<(String, String), Option<Value>> = HashMap::new();
+        let watch = spawn_watch(
+            "devmachinepools",
+            api,
+            inner.shutdown.clone(),
+            move |event| {
+                let Some(p) = applied_or_deleted(event) else {
+                    return;
+                };
+                let key = (p.namespace().unwrap_or_default(), p.name_any());
+                let template = at(&p.data, &["spec", "template"]).cloned();
+                let before = seen.insert(key.clone(), template.clone());
+                if before.is_some_and(|b| b != template) {
+                    me.queue.push(Work::InfraPool {
+                        ns: key.0,
+                        name: key.1,
+                    });
+                }
+            },
+        );
+        let _ = watch.await;
+    })
+}
+
 impl Inner {
     pub(super) async fn reconcile_pool(
         self: &Arc<Self>,
@@ -105,7 +167,7 @@ impl Inner {
         };
         let desired = desired_md_replicas(&mp);
         let observed = if has_pool_machines(&infra) {
-            self.reconcile_pool_machines(&mp, desired).await?
+            self.reconcile_pool_machines(&mp, &infra, desired).await?
         } else {
             self.reconcile_instances(&mp, &infra, desired).await?
         };
@@ -137,6 +199,28 @@ impl Inner {
         Ok(())
     }
 
+    /// The MachinePools in `ns` whose template names infrastructure pool `name` reconcile.
+    pub(super) async fn pools_of_infra_pool(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<(), kube::Error> {
+        let pools = self.api(&self.cfg.version.machine_pool(), ns);
+        for mp in pools.list(&ListParams::default()).await?.items {
+            let infra = str_at(
+                &mp.data,
+                &["spec", "template", "spec", "infrastructureRef", "name"],
+            );
+            if infra == Some(name) {
+                self.queue.push(Work::Pool {
+                    ns: ns.to_string(),
+                    name: mp.name_any(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     fn requeue_later(self: &Arc<Self>, ns: &str, name: &str, after: Duration) {
         let me = self.clone();
         let work = Work::Pool {
@@ -151,10 +235,12 @@ impl Inner {
     }
 
     /// With MachinePool Machines: one Machine per instance, created and deleted like a
-    /// MachineSet's (deleting ones count until gone; scale-down takes the marked ones first).
+    /// MachineSet's (deleting ones count until gone; scale-down takes the marked ones first),
+    /// and rolled out as the module doc says.
     async fn reconcile_pool_machines(
         &self,
         mp: &DynamicObject,
+        infra: &DynamicObject,
         desired: i64,
     ) -> Result<Observed, kube::Error> {
         let (ns, name) = (mp.namespace().unwrap_or_default(), mp.name_any());
@@ -164,14 +250,36 @@ impl Inner {
                 .into_iter()
                 .filter(|m| controller_uid(m).as_deref() == Some(uid.as_str()))
                 .collect();
+        let spec_now = instance_spec(mp, infra);
+        let refreshes = infra
+            .annotations()
+            .get(INSTANCE_REFRESH_ANNOTATION)
+            .is_none_or(|v| v != "false");
+        let outdated = |m: &DynamicObject| {
+            refreshes
+                && self
+                    .pool_instance_specs
+                    .lock()
+                    .get(&(ns.clone(), m.name_any()))
+                    .is_some_and(|made_from| *made_from != spec_now)
+        };
+        let current = machines.iter().filter(|m| !outdated(m)).count() as i64;
+        let rolling_out = machines
+            .iter()
+            .any(|m| m.metadata.deletion_timestamp.is_none() && outdated(m));
         let api = self.api(&self.cfg.version.machine(), &ns);
-        let diff = machines.len() as i64 - desired;
-        if diff < 0 {
-            let bodies = (0..diff.unsigned_abs())
-                .map(|_| self.pool_machine(mp))
-                .collect();
+        if current < desired {
+            let bodies: Vec<DynamicObject> =
+                (current..desired).map(|_| self.pool_machine(mp)).collect();
+            {
+                let mut specs = self.pool_instance_specs.lock();
+                for b in &bodies {
+                    specs.insert((ns.clone(), b.name_any()), spec_now.clone());
+                }
+            }
             self.create_machines(&ns, &api, bodies).await?;
-        } else if diff > 0 {
+        }
+        if rolling_out || machines.len() as i64 > desired {
             // As Cluster API's pools do, the Machines' delete-machine marks are read fresh just
             // before choosing: a mark written right before the decrement may not be cached yet.
             let by_label = ListParams::default().labels(&format!("{POOL_NAME_LABEL}={name}"));
@@ -183,9 +291,25 @@ impl Inner {
                 .filter(|m| controller_uid(m).as_deref() == Some(uid.as_str()))
                 .map(Arc::new)
                 .collect();
-            let surplus = (fresh.len() as i64 - desired).max(0) as usize;
-            self.delete_surplus(&ns, &api, &fresh, surplus, &name)
-                .await?;
+            if rolling_out {
+                // Never fewer ready Machines than replicas: an outdated one goes once a
+                // surplus is ready, then a marked or surplus current one.
+                let ready = fresh.iter().filter(|m| is_available(m)).count() as i64;
+                let surplus = (ready - desired).max(0) as usize;
+                let (old, new): (Vec<_>, Vec<_>) = fresh
+                    .into_iter()
+                    .filter(|m| m.metadata.deletion_timestamp.is_none())
+                    .partition(|m| outdated(m));
+                let from_old = surplus.min(old.len());
+                self.delete_surplus(&ns, &api, &old, from_old, &name)
+                    .await?;
+                self.delete_surplus(&ns, &api, &new, surplus - from_old, &name)
+                    .await?;
+            } else {
+                let surplus = (fresh.len() as i64 - desired).max(0) as usize;
+                self.delete_surplus(&ns, &api, &fresh, surplus, &name)
+                    .await?;
+            }
         }
         let mut provider_ids: Vec<String> = machines
             .iter()

@@ -33,8 +33,8 @@ mod machine_set;
 pub use machine::{PROVIDER_ID_SET, provider_id, provider_id_for};
 pub use machine_deployment::up_to_date;
 pub use machine_pool::{
-    INFRA_MACHINE_KIND, INFRA_POOL_KIND, Instance, POOL_MACHINES_ANNOTATION, has_pool_machines,
-    infra_pool_resource, instances,
+    INFRA_MACHINE_KIND, INFRA_POOL_KIND, INSTANCE_REFRESH_ANNOTATION, Instance,
+    POOL_MACHINES_ANNOTATION, has_pool_machines, infra_pool_resource, instances,
 };
 
 use super::standin::{
@@ -96,9 +96,23 @@ impl Default for CapiConfig {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Work {
-    Deployment { ns: String, name: String },
-    Set { ns: String, name: String },
-    Pool { ns: String, name: String },
+    Deployment {
+        ns: String,
+        name: String,
+    },
+    Set {
+        ns: String,
+        name: String,
+    },
+    Pool {
+        ns: String,
+        name: String,
+    },
+    /// An infrastructure pool changed: its MachinePools reconcile (a rollout may be due).
+    InfraPool {
+        ns: String,
+        name: String,
+    },
 }
 
 struct Inner {
@@ -113,6 +127,10 @@ struct Inner {
     /// Instances of pools without MachinePool Machines still launching, by (namespace, name):
     /// when their provider ID is due (`None`: never, a stuck instance).
     launching: Mutex<HashMap<(String, String), Option<tokio::time::Instant>>>,
+    /// What each MachinePool Machine's instance was made from, by (namespace, Machine name):
+    /// the provider's own record (a container's image), compared with the pool's current
+    /// spec to find the outdated instances a rollout replaces.
+    pool_instance_specs: Mutex<HashMap<(String, String), Value>>,
     /// Whether each Machine (by uid) was available when last seen: only a change of that (or
     /// a deletion) can let a rollout take its next step, so only that wakes the Deployment.
     available: Mutex<HashMap<String, bool>>,
@@ -146,6 +164,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         provisioning: Mutex::new(HashSet::new()),
         deleting: Mutex::new(HashSet::new()),
         launching: Mutex::new(HashMap::new()),
+        pool_instance_specs: Mutex::new(HashMap::new()),
         available: Mutex::new(HashMap::new()),
         shutdown,
     });
@@ -205,6 +224,8 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
             }
         },
     ));
+
+    tasks.push(machine_pool::watch_infra_pools(inner.clone()));
 
     let me = inner.clone();
     tasks.push(spawn_watch(
@@ -409,6 +430,9 @@ impl Inner {
         if deleted {
             self.provisioning.lock().remove(&uid);
             self.deleting.lock().remove(&uid);
+            self.pool_instance_specs
+                .lock()
+                .remove(&(ns.clone(), machine.name_any()));
             return;
         }
         if machine.metadata.deletion_timestamp.is_some() {
@@ -433,12 +457,14 @@ impl Inner {
             Work::Deployment { ns, name } => self.reconcile_deployment(ns, name).await,
             Work::Set { ns, name } => self.reconcile_set(ns, name).await,
             Work::Pool { ns, name } => self.reconcile_pool(ns, name).await,
+            Work::InfraPool { ns, name } => self.pools_of_infra_pool(ns, name).await,
         };
         if let Err(err) = result {
             let subject = match &work {
                 Work::Deployment { ns, name } => format!("MachineDeployment {ns}/{name}"),
                 Work::Set { ns, name } => format!("MachineSet {ns}/{name}"),
                 Work::Pool { ns, name } => format!("MachinePool {ns}/{name}"),
+                Work::InfraPool { ns, name } => format!("{INFRA_POOL_KIND} {ns}/{name}"),
             };
             log_retry("cluster api stand-in: reconcile", &subject, &err);
             // A short pause so a persistent error does not spin; the key is queued again once

@@ -48,15 +48,16 @@ pub fn fast_disruption(s: &mut Settings) {
     s.disruption.validation = Duration::from_secs(2);
 }
 
-/// The MachineDeployment rolled out in the drift scenario's second phase.
+/// The node group rolled out in the drift scenario's second phase.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RolloutFigures {
+    /// A MachineDeployment's name, or `MachinePool/<name>`.
     pub machine_deployment: String,
-    /// Live claims on that MachineDeployment when the rollout began.
+    /// Live claims on that node group when the rollout began.
     pub claims_before: usize,
     /// Of those, the ones gone at the end.
     pub claims_replaced: usize,
-    /// Live Machines of the MachineDeployment at the end, and how many are up to date.
+    /// Live Machines of the node group at the end, and how many are up to date.
     pub machines: usize,
     pub machines_up_to_date: usize,
     /// During the rollout: the most claims being disrupted at once (Cluster API deleting
@@ -91,7 +92,7 @@ pub struct DisruptionFigures {
     pub pods_unbound_at_end: usize,
     pub pdb_violations: usize,
     pub do_not_disrupt_violations: usize,
-    /// The drift scenario's MachineDeployment rollout.
+    /// The drift scenario's rollout of a MachineDeployment or MachinePool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutFigures>,
     /// How long the disruption phase took, until stable.
