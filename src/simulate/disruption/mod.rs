@@ -364,7 +364,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         _ => EXPIRE_CALM,
     };
     match scenario {
-        Scenario::Consolidate => scale_down = consolidate(args, &p.sim, deadline).await?,
+        Scenario::Consolidate => {
+            scale_down = consolidate(args, &p.sim, &p.controller.shared.metrics, deadline).await?
+        }
         Scenario::Drift => {
             eprintln!(
                 "changing the NodePool template: every one of the {} claims drifts",
@@ -549,6 +551,7 @@ const EXPIRE_CALM: Duration = Duration::from_secs(1);
 async fn consolidate(
     args: &SimulateArgs,
     sim: &BackgroundSim,
+    metrics: &Arc<crate::metrics::Metrics>,
     deadline: Duration,
 ) -> Result<Duration, Error> {
     let start = Instant::now();
@@ -592,8 +595,17 @@ async fn consolidate(
     // not waited out: the report shows where consolidation stands when it pauses, and a long
     // pause would make the scenario's length depend on luck
     // (`karpenter_capi_consolidation_paused` says when it does).
-    // The scale-down is complete (waited for above), so the calm has no further condition.
-    wait_stable(sim, "consolidate", deadline, CONSOLIDATE_CALM, |_| None).await?;
+    // The calm counts only once two disruption passes have looked at the scaled-down cluster
+    // (the first may have begun before the pods were gone): on a loaded machine the first
+    // pass can take longer than the calm, and "nothing changed" would then mean "not looked".
+    const PASSES: &str =
+        "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count";
+    let passes = || time_split::total(&metrics.encode(), PASSES);
+    let before = passes();
+    wait_stable(sim, "consolidate", deadline, CONSOLIDATE_CALM, |_| {
+        (passes() < before + 2.0).then(|| "no disruption pass since the scale-down".to_string())
+    })
+    .await?;
     Ok(scale_down)
 }
 

@@ -188,7 +188,7 @@ fn series<'a>(exposition: &'a str, name: &'a str) -> impl Iterator<Item = (&'a s
 }
 
 /// Every series of `name` summed.
-fn total(exposition: &str, name: &str) -> f64 {
+pub(super) fn total(exposition: &str, name: &str) -> f64 {
     series(exposition, name).map(|(_, v)| v).sum()
 }
 
