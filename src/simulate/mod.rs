@@ -76,6 +76,15 @@ impl BackgroundSim {
     /// Start the cluster on a new runtime. The runtime is built on a thread of its own so this
     /// works from inside another runtime (the controller's actix System).
     pub async fn start(cfg: SimClusterConfig) -> Result<Self, Error> {
+        Self::start_preloaded(cfg, None).await
+    }
+
+    /// [`BackgroundSim::start`], with `preload` in the store before the stand-ins start
+    /// ([`SimCluster::start_preloaded`]).
+    pub async fn start_preloaded(
+        cfg: SimClusterConfig,
+        preload: Option<crate::sim::cluster::Preload>,
+    ) -> Result<Self, Error> {
         let cpu = cpu::CpuMeter::start();
         let (tx, rx) = tokio::sync::oneshot::channel();
         // Named so the CPU meter counts the cluster's start (seeding its store) as the cluster's.
@@ -89,7 +98,7 @@ impl BackgroundSim {
                 .build()
                 .map_err(Error::Runtime)
                 .and_then(|rt| {
-                    let cluster = rt.block_on(SimCluster::start(cfg))?;
+                    let cluster = rt.block_on(SimCluster::start_preloaded(cfg, preload))?;
                     Ok((rt, cluster))
                 });
             let _ = tx.send(started);

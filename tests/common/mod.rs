@@ -43,6 +43,10 @@ pub const DEADLINE: Duration = Duration::from_secs(120);
 /// How long a cluster may take to settle: the 1,000-claim launch settles in about 40 s on an
 /// idle 2-core machine and took over 120 s once with other builds beside it.
 pub const SETTLE: Duration = Duration::from_secs(300);
+/// How long a launch for 1,000 pending pods may take from the Deployment's creation until
+/// every pod is bound: under a minute on an idle 2-core machine, over 120 s at load 20, when
+/// the controller's thread gets a tenth of a core.
+pub const LAUNCH: Duration = Duration::from_secs(600);
 pub const NS: &str = "default";
 
 /// With `RUST_LOG` set (`RUST_LOG=karpenter_capi=debug cargo test ...`), the controller's and
@@ -73,6 +77,21 @@ pub async fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T 
 /// [`eventually`], with `explain`'s account of the state added to the failure.
 pub async fn eventually_explained<T, F, Fut>(
     what: &str,
+    check: F,
+    explain: impl FnOnce() -> String,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_within(DEADLINE, Duration::from_millis(50), what, check, explain).await
+}
+
+/// [`eventually_explained`] with its own deadline, looking every `every`.
+pub async fn eventually_within<T, F, Fut>(
+    deadline: Duration,
+    every: Duration,
+    what: &str,
     mut check: F,
     explain: impl FnOnce() -> String,
 ) -> T
@@ -80,7 +99,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let deadline = tokio::time::Instant::now() + deadline;
     loop {
         if let Some(v) = check().await {
             return v;
@@ -88,7 +107,7 @@ where
         if tokio::time::Instant::now() >= deadline {
             panic!("timed out waiting for {what}\n{}", explain());
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -388,6 +407,31 @@ impl Env {
     pub async fn until_quiet(&self, what: &str, done: impl Fn(&Env) -> bool) {
         self.until(what, |e| done(e) && launch::quiet(e.sim.cluster()))
             .await
+    }
+
+    /// Waits, up to [`LAUNCH`], until `pods` pods are bound and the launch path is quiet: the
+    /// end of a large launch, however long the machine's load makes it. Looked at on the
+    /// cluster's runtime when the store changes, not polled from the controller's thread,
+    /// which a loaded machine starves already.
+    pub async fn until_launched(&self, pods: usize) {
+        let sim = &self.sim;
+        let done = launch::wait_until(sim, LAUNCH, || async move {
+            sim.run(move |c| async move {
+                let mut bound = 0;
+                c.store().visit("pods", |p| {
+                    bound += usize::from(p.pointer("/spec/nodeName").is_some_and(Value::is_string))
+                });
+                bound == pods && launch::quiet(&c)
+            })
+            .await
+        })
+        .await
+        .expect("the cluster's runtime");
+        assert!(
+            done,
+            "timed out waiting for {pods} pods bound\n{}",
+            self.explain()
+        );
     }
 
     /// Where the cluster stands, for a failed wait.

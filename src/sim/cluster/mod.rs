@@ -55,12 +55,20 @@ pub enum Error {
     Real(#[from] real::Error),
     #[error("{0} exists only on the simulated backend, not on a real control plane")]
     NotOnRealBackend(&'static str),
+    #[error("{0}")]
+    Preload(String),
     #[error(
         "Cluster API {0:?} on a real control plane needs Cluster API's conversion webhook, which \
          is not run; use v1beta2"
     )]
     VersionOnRealBackend(CapiVersion),
 }
+
+/// Objects put into the simulated server's store after it starts and before any stand-in
+/// does, so the stand-ins' first lists hold them all, as a real controller's informers do on a
+/// cluster that is already there. Loaded while they run instead, a MachineSet could be seen
+/// before its Machines (two watches keep no order between them) and scaled up a second time.
+pub type Preload = Box<dyn FnOnce(&Store) -> Result<(), String> + Send>;
 
 /// What serves the cluster's API.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,12 +202,29 @@ impl SimCluster {
     /// Starts the API server (or the real control plane) and the stand-ins on the current
     /// runtime.
     pub async fn start(cfg: SimClusterConfig) -> Result<Self, Error> {
+        Self::start_preloaded(cfg, None).await
+    }
+
+    /// [`SimCluster::start`], with `preload` put into the store before the stand-ins start
+    /// (simulated backend only).
+    pub async fn start_preloaded(
+        cfg: SimClusterConfig,
+        preload: Option<Preload>,
+    ) -> Result<Self, Error> {
         let (trigger, shutdown) = shutdown_pair();
         let (served, client, mut tasks) = match cfg.backend {
             Backend::Simulated => {
                 let server = start_server(&cfg).await?;
+                if let Some(load) = preload {
+                    load(server.store()).map_err(Error::Preload)?;
+                }
                 let client = server.client();
                 (Served::Simulated(server), client, Vec::new())
+            }
+            Backend::Real if preload.is_some() => {
+                return Err(Error::NotOnRealBackend(
+                    "loading objects before the stand-ins",
+                ));
             }
             Backend::Real => {
                 if cfg.capi_version != CapiVersion::V1Beta2 {

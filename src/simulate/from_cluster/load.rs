@@ -6,9 +6,8 @@
 use super::Error;
 use super::read::{Kind, Snapshot};
 use crate::capi::version::CapiVersion;
-use crate::sim::ResourceDef;
-use crate::sim::cluster::{ServedVersions, SimClusterConfig};
-use crate::simulate::BackgroundSim;
+use crate::sim::cluster::{Preload, ServedVersions, SimClusterConfig};
+use crate::sim::{ResourceDef, Store};
 
 /// The simulated cluster for `snap`: its Cluster API version, and the template kinds it does
 /// not serve yet.
@@ -36,12 +35,11 @@ fn def_of(k: &Kind) -> ResourceDef {
     ResourceDef::custom(&k.group, &[&k.version], &k.kind, &k.plural, k.namespaced).with_status()
 }
 
-/// Puts every object of `snap` into the simulated server's store; returns how many.
-pub async fn load(sim: &BackgroundSim, snap: &Snapshot) -> Result<usize, Error> {
+/// Every object of `snap`, to be put into the simulated server's store before its stand-ins
+/// start ([`crate::sim::cluster::Preload`]), so they find the cluster already there.
+pub fn preload(snap: &Snapshot) -> Preload {
     let kinds = snap.kinds.clone();
-    sim.run(move |c| async move {
-        let store = c.try_server()?.store();
-        let mut n = 0;
+    Box::new(move |store: &Store| {
         for k in kinds {
             let def = store
                 .registry()
@@ -53,13 +51,16 @@ pub async fn load(sim: &BackgroundSim, snap: &Snapshot) -> Result<usize, Error> 
                         "the simulated cluster does not serve {}/{}",
                         k.group, k.version
                     ),
-                })?;
-            n += store.restore(&def, k.objects).map_err(|e| Error::Load {
-                kind: k.kind.clone(),
-                why: e.message.clone(),
-            })?;
+                })
+                .map_err(|e| e.to_string())?;
+            store
+                .restore(&def, k.objects)
+                .map_err(|e| Error::Load {
+                    kind: k.kind.clone(),
+                    why: e.message.clone(),
+                })
+                .map_err(|e| e.to_string())?;
         }
-        Ok(n)
+        Ok(())
     })
-    .await?
 }

@@ -72,9 +72,10 @@ pub async fn start(
         format!("read the source in {:.1}s", read_ms as f64 / 1000.0),
     );
 
-    let sim = BackgroundSim::start(load::cluster_config(&snap)).await?;
     let loading = Instant::now();
-    load::load(&sim, &snap).await?;
+    let sim =
+        BackgroundSim::start_preloaded(load::cluster_config(&snap), Some(load::preload(&snap)))
+            .await?;
     let load_ms = loading.elapsed().as_millis() as u64;
     workloads::spawn(&sim);
     let before = Figures::of(sim.cluster().store());
