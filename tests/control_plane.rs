@@ -7,8 +7,8 @@
 //! Module `rbac`: the controller on it under the Helm chart's RBAC only. Whole flows written
 //! once and run on both backends (`<module>::simulated::*` and `<module>::real::*`): `flows`
 //! (launch, drain, consolidation, drift), `provisioning`, `lifecycle` (expiry, rollouts, a
-//! restart mid-burst), `failover` (leader election), `malformed` (the corpus), `kubectl` and
-//! `init`.
+//! restart mid-burst), `failover` (leader election), `malformed` (the corpus), `capi_schema`
+//! (malformed MachineDeployments refused alike), `kubectl` and `init`.
 //! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
 //! --control-plane real` exits.
 
@@ -21,6 +21,8 @@ mod common;
 mod flows;
 #[path = "control_plane/adoption.rs"]
 mod adoption;
+#[path = "control_plane/capi_schema.rs"]
+mod capi_schema;
 #[path = "control_plane/failover.rs"]
 mod failover;
 #[path = "control_plane/init.rs"]
@@ -63,6 +65,7 @@ fn main() -> std::process::ExitCode {
     tests.extend(failover::tests());
     tests.extend(adoption::tests());
     tests.extend(malformed::tests());
+    tests.extend(capi_schema::tests());
     tests.extend(kubectl::tests());
     tests.extend(init::tests());
     assets::main(tests)

@@ -21,6 +21,7 @@ mod server;
 mod stats;
 mod store;
 mod table;
+mod upstream;
 mod validate;
 mod validate_pod;
 mod watch;

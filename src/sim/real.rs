@@ -37,19 +37,11 @@ use crate::controlplane::{self, ControlPlane, audit};
 mod chart;
 pub use chart::TOOLS_VARIABLE;
 
-/// The variable naming the directory of upstream CRDs and examples, and its default beside the
-/// checkout.
-pub const UPSTREAM_VARIABLE: &str = "KARPENTER_CAPI_UPSTREAM";
+pub use super::upstream::UPSTREAM_VARIABLE;
 
-/// The upstream CRDs installed: Cluster API's core kinds and the Dev infrastructure template the
-/// stand-ins' MachineDeployments point at.
-const UPSTREAM_CRDS: [&str; 5] = [
-    "cluster.x-k8s.io_machinedeployments.yaml",
-    "cluster.x-k8s.io_machinesets.yaml",
-    "cluster.x-k8s.io_machines.yaml",
-    "cluster.x-k8s.io_machinepools.yaml",
-    "infrastructure.cluster.x-k8s.io_devmachinetemplates.yaml",
-];
+/// The upstream CRDs installed besides Cluster API's core kinds: the Dev infrastructure
+/// template the stand-ins' MachineDeployments point at.
+const DEV_TEMPLATE_CRD: &str = "infrastructure.cluster.x-k8s.io_devmachinetemplates.yaml";
 
 /// What the mirror watches: (group, version, plural).
 /// ReplicaSets because a budget's expected pods are counted from their Deployments' scale
@@ -223,13 +215,10 @@ impl Drop for RealBackend {
 /// The upstream CRD files, read before anything starts, so a missing directory is a clear error
 /// and not a half-started control plane.
 fn upstream_crds() -> Result<Vec<(PathBuf, String)>, Error> {
-    let root = std::env::var_os(UPSTREAM_VARIABLE)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/upstream"));
-    let dir = root.join("crds");
-    UPSTREAM_CRDS
+    let dir = super::upstream::crds_dir();
+    super::upstream::CAPI_CRDS
         .iter()
+        .chain(std::iter::once(&DEV_TEMPLATE_CRD))
         .map(|f| {
             let file = dir.join(f);
             std::fs::read_to_string(&file)

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::Serialize;
 
 use super::schema::Schema;
@@ -288,14 +289,15 @@ impl Registry {
     }
 }
 
-/// The schemas of every CRD this project serves (`crate::api::crds::all`), compiled once per
-/// process; a schema or CEL rule that does not compile fails every registry.
+/// The schemas of every CRD this project serves (`crate::api::crds::all`) and of Cluster API's
+/// kinds (upstream's CRDs, where the upstream directory holds them), compiled once per process;
+/// a schema or CEL rule that does not compile fails every registry.
 fn crd_schemas() -> Result<&'static Arc<Schemas>, String> {
     static SCHEMAS: OnceLock<Result<Arc<Schemas>, String>> = OnceLock::new();
     SCHEMAS
         .get_or_init(|| {
             let mut schemas = Schemas::new();
-            for crd in crate::api::crds::all() {
+            for crd in crate::api::crds::all().into_iter().chain(capi_crds()?) {
                 let (group, plural) = (&crd.spec.group, &crd.spec.names.plural);
                 for v in &crd.spec.versions {
                     let Some(open_api) = v
@@ -315,6 +317,25 @@ fn crd_schemas() -> Result<&'static Arc<Schemas>, String> {
         })
         .as_ref()
         .map_err(Clone::clone)
+}
+
+/// Cluster API's CRDs from the upstream directory: kube-apiserver checks Cluster API's kinds
+/// against them, so the simulated server does too. A file that is not there is skipped (the
+/// repository does not carry them, and a build without the directory must still run); one that
+/// is there but unreadable fails.
+fn capi_crds() -> Result<Vec<CustomResourceDefinition>, String> {
+    let dir = super::upstream::crds_dir();
+    let mut crds = Vec::new();
+    for name in super::upstream::CAPI_CRDS {
+        let file = dir.join(name);
+        let text = match std::fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("reading {}: {e}", file.display())),
+        };
+        crds.push(serde_saphyr::from_str(&text).map_err(|e| format!("{}: {e}", file.display()))?);
+    }
+    Ok(crds)
 }
 
 /// Kubernetes version priority: GA > beta > alpha, then the higher number.

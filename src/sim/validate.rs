@@ -32,18 +32,52 @@ pub fn admit_custom(
     else {
         return Ok(());
     };
-    schema.admit(obj, old).map_err(|causes| {
-        let name = obj
-            .pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        tracing::debug!(kind = %def.kind, name, ?causes, "simulated server: invalid custom resource refused");
-        let causes: Vec<_> = causes
-            .into_iter()
-            .map(|c| (c.reason, c.field, c.message))
-            .collect();
-        ApiError::invalid_fields(&def.group, &def.kind, name, &causes)
-    })
+    let mut causes: Vec<_> = schema
+        .admit(obj, old)
+        .err()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| (c.reason, c.field, c.message))
+        .collect();
+    if def.scale {
+        causes.extend(scale_spec(obj));
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    let name = obj
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    tracing::debug!(kind = %def.kind, name, ?causes, "simulated server: invalid custom resource refused");
+    Err(ApiError::invalid_fields(
+        &def.group, &def.kind, name, &causes,
+    ))
+}
+
+/// apiextensions-apiserver's check of a scale subresource's `specReplicasPath` (`.spec.replicas`
+/// for every scalable custom resource served here), after the schema's: the value must read as
+/// an int64 and not be negative, worded as Go's unstructured accessor words it.
+fn scale_spec(obj: &Value) -> Option<(&'static str, String, String)> {
+    const PATH: &str = ".spec.replicas";
+    let v = obj.pointer("/spec/replicas").filter(|v| !v.is_null())?;
+    let message = match v.as_i64() {
+        Some(n) if n < 0 => format!("Invalid value: {n}: should be a non-negative integer"),
+        Some(_) => return None,
+        None => {
+            let (shown, go_type) = match v {
+                Value::String(s) => (s.clone(), "string"),
+                Value::Bool(b) => (b.to_string(), "bool"),
+                Value::Number(n) => (n.to_string(), "float64"),
+                Value::Array(_) => (v.to_string(), "[]interface {}"),
+                _ => (v.to_string(), "map[string]interface {}"),
+            };
+            format!(
+                "Invalid value: 0: {PATH} accessor error: {shown} is of the type {go_type}, expected int64"
+            )
+        }
+    };
+    Some(("FieldValueInvalid", PATH.to_string(), message))
 }
 
 /// Checks `obj` (the object about to be stored, after merge or patch) for `def`.

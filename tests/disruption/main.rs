@@ -6,6 +6,7 @@ mod common;
 
 mod buffers;
 mod disruption;
+mod lagging_pod_watch;
 mod machine_pools;
 mod repair;
 mod simulate_disruption;

@@ -502,7 +502,15 @@ async fn scale_subresource_of_a_machine_deployment_and_shared_versions() {
             &PostParams::default(),
             &dynamic(
                 &v1b1,
-                json!({"metadata": {"name": "md"}, "spec": {"replicas": 1, "clusterName": "c"}}),
+                json!({"metadata": {"name": "md"}, "spec": {
+                    "replicas": 1, "clusterName": "c",
+                    "selector": {"matchLabels": {"md": "md"}},
+                    "template": {"metadata": {"labels": {"md": "md"}}, "spec": {
+                        "clusterName": "c",
+                        "bootstrap": {"dataSecretName": "bootstrap"},
+                        "infrastructureRef": {"kind": "DevMachineTemplate", "name": "t"},
+                    }},
+                }}),
             ),
         )
         .await

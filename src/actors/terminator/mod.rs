@@ -339,9 +339,13 @@ impl Terminator {
                 };
                 self.shared.events.normal(pod_ref(pod), event_reason, note);
             }
-            // Gone, or a different pod by that name now: nothing left to do for this one.
+            // Gone, or a different pod by that name now: nothing left to do for this one. The
+            // entry stays, marked removed, so the pod is not asked again while the pod watch
+            // still shows it (someone else, e.g. Cluster API draining the Machine, removed it
+            // first): forgetting it re-sent the eviction at once, a tight loop of 404s for as
+            // long as the watch lagged, which under load made it lag further.
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                self.pods.remove(&pod.uid);
+                entry.removed = true;
             }
             Err(e) => {
                 let blocked = matches!(&e, kube::Error::Api(s) if s.code == 429)

@@ -111,15 +111,29 @@ impl Inner {
         tracing::debug!(machine = %name, %provider_id, "provider ID set");
     }
 
-    /// Cluster API's drain of a deleted Machine's Node: evict (PodDisruptionBudgets apply) every
-    /// pod but DaemonSet and mirror pods, and wait until they are gone, at most `timeout`
-    /// (`nodeDrainTimeout`; without one, Cluster API waits for ever, the stand-in 2 minutes).
+    /// Cluster API's drain of a deleted Machine's Node: cordon it, evict (PodDisruptionBudgets
+    /// apply) every pod but DaemonSet and mirror pods, and wait until they are gone, at most
+    /// `timeout` (`nodeDrainTimeout`; without one, Cluster API waits for ever, the stand-in 2
+    /// minutes). Without the cordon the scheduler binds the evicted pods' replacements back onto
+    /// the Node, and the drain runs until its timeout deletes the Node under them.
     async fn drain_node(&self, node: &str, timeout: Option<Duration>) {
         use k8s_openapi::api::core::v1::Pod;
         let pods: Api<Pod> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let until = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(120));
+        let mut cordoned = false;
         while tokio::time::Instant::now() < until {
+            if !cordoned {
+                let cordon = json!({"spec": {"unschedulable": true}});
+                match merge_patch(&nodes, node, &cordon).await {
+                    Ok(()) => cordoned = true,
+                    // Deleted by someone else: nothing is left to drain.
+                    Err(kube::Error::Api(s)) if s.code == 404 => return,
+                    // Retried on the next round, as Cluster API requeues a failed cordon.
+                    Err(_) => {}
+                }
+            }
             let Ok(list) = pods.list(&lp).await else {
                 if !self.shutdown.sleep(Duration::from_millis(200)).await {
                     return;

@@ -191,6 +191,11 @@ impl Node {
             });
         }
         for (k, child) in &self.properties {
+            // An object's own metadata is ObjectMeta whatever the schema says of it (upstream
+            // CRDs declare it a bare `type: object`): kube-apiserver never prunes inside it.
+            if keeps_meta && k == "metadata" {
+                continue;
+            }
             match m.get(k) {
                 Some(Value::Null) if !child.nullable => match &child.default {
                     Some(d) => {
