@@ -63,7 +63,15 @@ impl Step {
         let synced = self.shared.state.machines.read().synced();
         let instance_gone = synced && matches!(bound, Ok(None));
         let machine = bound.ok().flatten();
-        if node.is_none() && self.node_not_indexed_yet(&c, machine.as_deref()).await? {
+        // Only a Machine still running can have pods on a Node the index does not show: once it
+        // is deleting or gone, Cluster API removes its Node, and no read is needed.
+        let running = machine
+            .as_deref()
+            .filter(|m| m.deletion_timestamp.is_none());
+        if node.is_none()
+            && let Some(m) = running
+            && self.node_not_indexed_yet(&c, m).await?
+        {
             // The Node watch lags behind the API server: draining now would see no Node and
             // let the Machine go with its pods still running. The watch's kick brings us back.
             return Ok(Next::Wait(Some(RESYNC)));
@@ -343,20 +351,22 @@ impl Step {
     }
 
     /// Whether the claim's Node exists on the API server though the Node index does not show
-    /// it yet. Its name comes from the claim (registered) or its Machine's `nodeRef`; without
-    /// either, no Node of it ever registered. One read, on the rare path where the index has
-    /// no Node for a claim that had one.
+    /// it yet. Its name comes from the claim (registered) or its running Machine's `nodeRef`;
+    /// without either, no Node of it ever registered. One read, on the rare path where the
+    /// index has no Node for a claim whose Machine still runs.
     async fn node_not_indexed_yet(
         &self,
         c: &NodeClaim,
-        machine: Option<&crate::capi::model::Machine>,
+        machine: &crate::capi::model::Machine,
     ) -> Result<bool, Error> {
-        let names = c
+        // Usually one name twice (the claim's and the Machine's): read it once.
+        let names: std::collections::BTreeSet<String> = c
             .status
             .as_ref()
             .and_then(|s| s.node_name.clone())
             .into_iter()
-            .chain(machine.and_then(|m| m.node_ref.clone()));
+            .chain(machine.node_ref.clone())
+            .collect();
         let api: Api<Node> = Api::all(self.shared.workload.clone());
         for name in names {
             let found = api.get_opt(&name).await.map_err(api_err(

@@ -79,8 +79,6 @@ pub(super) struct Inputs {
     pub(super) adopt_managed: Option<i32>,
     /// Baseline replicas the views leave out (see `plan::Snapshot::set_aside`).
     pub(super) set_aside: i32,
-    /// Claims of ours not yet on any MachineDeployment (see `plan::Snapshot::unplaced`).
-    pub(super) unplaced: i32,
 }
 
 /// What [`Scaler::machine_views`] reads off the Machines: the decrements Cluster API spent
@@ -120,6 +118,16 @@ impl Scaler {
                 (!claims.contains(c) && !fresh && !in_flight).then(|| m.key.clone())
             })
             .collect()
+    }
+
+    /// Claims of ours not yet on any MachineDeployment (see `plan::Snapshot::unplaced`): a scan
+    /// of every claim, so counted only when a plan would release a spare Machine.
+    pub(super) fn unplaced(&self) -> i32 {
+        let claims = self.shared.state.claims.read();
+        claims
+            .all()
+            .filter(|c| is_ours(c) && adopt::unplaced(c))
+            .count() as i32
     }
 
     /// Gather the planner's inputs; `None` when the MachineDeployment is gone.
@@ -179,12 +187,7 @@ impl Scaler {
                 c.clone(),
             )
         });
-        let unplaced = claims
-            .all()
-            .filter(|c| is_ours(c) && adopt::unplaced(c))
-            .count() as i32;
         Some(Inputs {
-            unplaced,
             md,
             spent,
             machines: views,

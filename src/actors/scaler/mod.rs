@@ -222,7 +222,7 @@ impl Scaler {
         if self.adopt(&inputs, ctx) {
             return;
         }
-        let snapshot = Snapshot {
+        let mut snapshot = Snapshot {
             spec_replicas: inputs.md.spec_replicas.unwrap_or(0),
             managed: managed_replicas(&inputs.md),
             min_size: inputs.min_size,
@@ -231,9 +231,15 @@ impl Scaler {
             machines: &inputs.machines,
             waiting: &inputs.waiting,
             rolling_out: inputs.rolling_out,
-            unplaced: inputs.unplaced,
+            unplaced: 0,
         };
         let mut plan = plan::plan(&snapshot);
+        if !plan.release.is_empty() {
+            snapshot.unplaced = self.unplaced();
+            if snapshot.unplaced > 0 {
+                plan = plan::plan(&snapshot);
+            }
+        }
         let instances = self.instances_only();
         if instances {
             Self::instance_plan(&mut plan);

@@ -602,8 +602,13 @@ async fn consolidate(
         "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count";
     let passes = || time_split::total(&metrics.encode(), PASSES);
     let before = passes();
+    // Once seen, two passes stay seen: the metrics are not encoded again on every poll.
+    let looked = std::cell::Cell::new(false);
     wait_stable(sim, "consolidate", deadline, CONSOLIDATE_CALM, |_| {
-        (passes() < before + 2.0).then(|| "no disruption pass since the scale-down".to_string())
+        if !looked.get() {
+            looked.set(passes() >= before + 2.0);
+        }
+        (!looked.get()).then(|| "no disruption pass since the scale-down".to_string())
     })
     .await?;
     Ok(scale_down)
