@@ -133,6 +133,32 @@ pub fn standin_cluster(version: CapiVersion) -> SimClusterConfig {
     }
 }
 
+/// Marks Machine `name` for deletion and waits until Cluster API's stand-in cache has the
+/// mark. Its MachineSet decides from that cache, as the real one does: a scale-down it sees
+/// before the mark is spent on another Machine (the controller reads such spent decrements
+/// back), so a test about the order once the mark is seen waits for it.
+pub async fn mark_for_deletion(cluster: &karpenter_capi::sim::cluster::SimCluster, name: &str) {
+    use karpenter_capi::api::wellknown::DELETE_MACHINE_ANNOTATION;
+    use kube::ResourceExt;
+    let api: kube::Api<kube::core::DynamicObject> =
+        kube::Api::namespaced_with(cluster.client(), NS, &cluster.capi_version().machine());
+    karpenter_capi::sim::standin::merge_patch(
+        &api,
+        name,
+        &serde_json::json!({"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}),
+    )
+    .await
+    .expect("mark the Machine");
+    eventually("the mark in Cluster API's cache", || async {
+        cluster
+            .capi_caches()
+            .machine(NS, name)
+            .filter(|m| m.annotations().contains_key(DELETE_MACHINE_ANNOTATION))
+            .map(|_| ())
+    })
+    .await;
+}
+
 /// MachineDeployment `name` of 4 CPUs and 16 GiB, a member of the autoscaled set, for the
 /// stand-in tests.
 pub fn md_seed(name: &str, replicas: i64) -> MachineDeploymentSeed {

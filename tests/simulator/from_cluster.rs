@@ -21,13 +21,16 @@ const PENDING: usize = 20;
 /// claims, Machines and NodePool as the controller left them), `RUNNING` pods on them, and a
 /// Deployment of `PENDING` pods of 2 CPUs nothing placed: the source has no scheduler and no
 /// controller, so they stay pending there.
-async fn source() -> BackgroundSim {
+async fn source(dir: &std::path::Path) -> BackgroundSim {
     let a = SimulateArgs {
         nodes: NODES,
         pods: RUNNING,
         serve: ServeArgs {
             serve: true,
             no_controller: true,
+            // Not the default `./simulated.kubeconfig`: another test or run in the same
+            // directory would point this test's controller at its own cluster.
+            kubeconfig_out: Some(dir.join("source.kubeconfig")),
             ..ServeArgs::default()
         },
         ..scenario(Scenario::None)
@@ -60,7 +63,9 @@ async fn source() -> BackgroundSim {
 
 #[actix::test]
 async fn a_what_if_reads_the_source_only_and_reports_what_the_controller_does_to_the_copy() {
-    let source = source().await;
+    crate::common::logs();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let source = source(dir.path()).await;
     let claims_before = source.cluster().store().list("nodeclaims", None).len();
     let running = from_cluster::start(&source.kubeconfig(), None, false)
         .await

@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use karpenter_capi::api::wellknown::{DELETE_MACHINE_ANNOTATION, SET_NAME_LABEL};
+use karpenter_capi::api::wellknown::SET_NAME_LABEL;
 use karpenter_capi::sim::capi::{CapiVersion, TEMPLATE_HASH_LABEL};
 use karpenter_capi::sim::cluster::{SimCluster, SimClusterConfig};
 use karpenter_capi::sim::standin::{merge_patch, str_at};
@@ -16,7 +16,7 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::common::{NS, eventually, md_seed as seed, standin_cluster as fast};
+use crate::common::{NS, eventually, mark_for_deletion, md_seed as seed, standin_cluster as fast};
 
 struct Apis {
     v: CapiVersion,
@@ -415,13 +415,7 @@ async fn replicas_decrease_during_rollout_takes_the_annotated_machine(v: CapiVer
         })
         .unwrap()
         .name_any();
-    merge_patch(
-        &apis.machines,
-        &marked,
-        &json!({"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}),
-    )
-    .await
-    .unwrap();
+    mark_for_deletion(&cluster, &marked).await;
     let before = names(&before);
     let old_set = apis.sets("md-down").await[0].name_any();
     apis.set_strategy("md-down", rolling(1, 0)).await;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use karpenter_capi::api::wellknown::{
-    CLUSTER_NAME_LABEL, CPU_ANNOTATION, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
-    LABELS_ANNOTATION, MEMBER_LABEL, MEMORY_ANNOTATION, SET_NAME_LABEL, UNREGISTERED_TAINT_KEY,
+    CLUSTER_NAME_LABEL, CPU_ANNOTATION, DEPLOYMENT_NAME_LABEL, LABELS_ANNOTATION, MEMBER_LABEL,
+    MEMORY_ANNOTATION, SET_NAME_LABEL, UNREGISTERED_TAINT_KEY,
 };
 use karpenter_capi::sim::capi::CapiVersion;
 use karpenter_capi::sim::cluster::{
@@ -21,7 +21,7 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use crate::common::{NS, eventually, md_seed, standin_cluster as fast};
+use crate::common::{NS, eventually, mark_for_deletion, md_seed, standin_cluster as fast};
 
 /// A stand-in MachineDeployment whose template also carries a label that is not propagated,
 /// and node labels by annotation.
@@ -258,15 +258,7 @@ async fn scale_down_removes_the_annotated_machine() {
         .max_by_key(|m| m.metadata.creation_timestamp.clone().map(|t| t.0))
         .unwrap()
         .name_any();
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(cluster.client(), NS, &CapiVersion::V1Beta2.machine());
-    merge_patch(
-        &api,
-        &victim,
-        &json!({"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}),
-    )
-    .await
-    .unwrap();
+    mark_for_deletion(&cluster, &victim).await;
     cluster
         .scale_machine_deployment(NS, "md-c", 2)
         .await

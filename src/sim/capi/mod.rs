@@ -149,8 +149,26 @@ const RECONCILE_WORKERS: usize = 4;
 /// Writes of one reconcile (Machine creates, `UpToDate` conditions) in flight at once.
 const WRITES_IN_FLIGHT: usize = 16;
 
+/// What the stand-in's informer caches hold, read-only. A real Cluster API controller decides
+/// from its cache, so a test whose outcome depends on it having seen a write (a
+/// `delete-machine` mark before a scale-down) waits here rather than on the API server.
+#[derive(Clone)]
+pub struct Caches {
+    machines: Store<DynamicObject>,
+}
+
+impl Caches {
+    /// The Machine `ns/name` as the stand-in's cache last saw it.
+    pub fn machine(&self, ns: &str, name: &str) -> Option<Arc<DynamicObject>> {
+        self.machines
+            .state()
+            .into_iter()
+            .find(|m| m.name_any() == name && m.namespace().as_deref() == Some(ns))
+    }
+}
+
 /// Starts the Cluster API stand-in on the current runtime; every task stops on `shutdown`.
-pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
+pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> (Vec<JoinHandle<()>>, Caches) {
     let mut machine_cache = reflector::store::Writer::new(cfg.version.machine());
     let mut set_cache = reflector::store::Writer::new(cfg.version.machine_set());
     let inner = Arc::new(Inner {
@@ -168,6 +186,9 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
         available: Mutex::new(HashMap::new()),
         shutdown,
     });
+    let caches = Caches {
+        machines: inner.machines.clone(),
+    };
     let v = inner.cfg.version;
     let mut tasks = Vec::new();
 
@@ -256,7 +277,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> Vec<JoinHan
             }
         }));
     }
-    tasks
+    (tasks, caches)
 }
 
 /// The objects of an event that may need a reconcile (a relist re-delivers everything).

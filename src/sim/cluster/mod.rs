@@ -196,6 +196,7 @@ pub struct SimCluster {
     tasks: Vec<JoinHandle<()>>,
     binds: BindLog,
     audit: DisruptionAudit,
+    capi: capi::Caches,
 }
 
 impl SimCluster {
@@ -257,7 +258,7 @@ impl SimCluster {
             Served::Simulated(server) => server.stats(),
             Served::Real { backend, .. } => backend.stats(),
         };
-        let (binds, audit) = spawn_standins(&cfg, &client, milestones, shutdown, &mut tasks);
+        let (binds, audit, capi) = spawn_standins(&cfg, &client, milestones, shutdown, &mut tasks);
         Ok(Self {
             served,
             client,
@@ -266,7 +267,13 @@ impl SimCluster {
             tasks,
             binds,
             audit,
+            capi,
         })
+    }
+
+    /// What Cluster API's stand-in caches hold (see [`capi::Caches`]).
+    pub fn capi_caches(&self) -> &capi::Caches {
+        &self.capi
     }
 
     /// A client for this cluster, built on the current runtime.
@@ -453,9 +460,9 @@ fn spawn_standins(
     milestones: Stats,
     shutdown: Shutdown,
     tasks: &mut Vec<JoinHandle<()>>,
-) -> (BindLog, DisruptionAudit) {
+) -> (BindLog, DisruptionAudit, capi::Caches) {
     let real = cfg.backend == Backend::Real;
-    tasks.extend(capi::spawn(
+    let (capi_tasks, capi) = capi::spawn(
         client.clone(),
         CapiConfig {
             version: cfg.capi_version,
@@ -468,7 +475,8 @@ fn spawn_standins(
             stats: Some(milestones),
         },
         shutdown.clone(),
-    ));
+    );
+    tasks.extend(capi_tasks);
     tasks.extend(kubelet::spawn(
         client.clone(),
         KubeletConfig {
@@ -493,7 +501,7 @@ fn spawn_standins(
         shutdown.clone(),
     ));
     if real {
-        return (BindLog::default(), audit);
+        return (BindLog::default(), audit, capi);
     }
     tasks.extend(pdb_status::spawn(client.clone(), shutdown.clone()));
     tasks.extend(deployments::spawn(
@@ -502,7 +510,7 @@ fn spawn_standins(
         shutdown.clone(),
     ));
     if !cfg.scheduler {
-        return (BindLog::default(), audit);
+        return (BindLog::default(), audit, capi);
     }
     let (log, t) = scheduler::spawn(
         client.clone(),
@@ -512,5 +520,5 @@ fn spawn_standins(
         shutdown,
     );
     tasks.extend(t);
-    (log, audit)
+    (log, audit, capi)
 }
