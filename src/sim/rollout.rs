@@ -3,9 +3,10 @@
 //! fenceposts, and how many replicas each MachineSet gets on one reconcile pass (after Cluster
 //! API's rollout planner for RollingUpdate and OnDelete).
 //!
-//! Every count here is a Machine count observed by the caller from fresh Machines:
-//! `actual` includes Machines being deleted (Cluster API's MachineSet `status.replicas` does),
-//! `available` counts Machines with a Node that are not being deleted.
+//! The counts are Machine counts observed by the caller from its Machine cache: `actual`
+//! includes Machines being deleted (Cluster API's MachineSet `status.replicas` does),
+//! `available` counts Machines with a Node that are not being deleted; `reported` is the set's
+//! own `status.replicas`, read from the same copy as its spec.
 
 use std::collections::BTreeMap;
 
@@ -125,6 +126,11 @@ pub struct SetCounts {
     pub spec: i64,
     /// Machines that exist, those being deleted included.
     pub actual: i64,
+    /// The set's own `status.replicas`, from the same (possibly stale) copy as `spec`. Cluster
+    /// API's surge arithmetic adds up `max(spec, status)` per set: a cache whose set lags its
+    /// Machines then sees a scale-up still under way, never Machines beyond the spec to take
+    /// back.
+    pub reported: i64,
     /// Machines with a Node that are not being deleted.
     pub available: i64,
 }
@@ -153,7 +159,7 @@ fn new_set_replicas(
     let current: i64 = olds
         .iter()
         .chain(std::iter::once(new))
-        .map(|s| s.spec.max(s.actual))
+        .map(|s| s.spec.max(s.reported))
         .sum();
     let ceiling = replicas + strategy.max_surge(replicas);
     if current >= ceiling {
@@ -172,6 +178,7 @@ pub fn initial_new_set_replicas(replicas: i64, strategy: &Strategy, olds: &[SetC
         name: String::new(),
         spec: 0,
         actual: 0,
+        reported: 0,
         available: 0,
     };
     new_set_replicas(replicas, strategy, &new, olds).max(0)
@@ -403,8 +410,22 @@ mod tests {
             name: name.into(),
             spec,
             actual,
+            reported: actual,
             available,
         }
+    }
+
+    #[test]
+    fn a_set_whose_cached_spec_lags_its_machines_is_not_scaled_down() {
+        // The set was scaled 1 -> 4 and made its four Machines; the Machine cache has them, the
+        // set cache still shows spec 1 / status 1. Cluster API sums the set's own spec and
+        // status (1): room for three more, so the set goes to 4, not back to 2.
+        let new = SetCounts {
+            reported: 1,
+            ..set("new", 1, 4, 4)
+        };
+        let intents = plan_rolling_update(4, &rolling(1, 0), &new, &[]);
+        assert_eq!(intents.get("new"), Some(&4), "{intents:?}");
     }
 
     fn rolling(surge: i64, unavailable: i64) -> Strategy {

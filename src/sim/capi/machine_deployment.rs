@@ -474,6 +474,9 @@ fn set_counts(ms: &DynamicObject, machines: &[Arc<DynamicObject>]) -> SetCounts 
         name: ms.name_any(),
         spec: set_replicas(ms),
         actual,
+        reported: at(&ms.data, &["status", "replicas"])
+            .and_then(Value::as_i64)
+            .unwrap_or(0),
         available,
     }
 }

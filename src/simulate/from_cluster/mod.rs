@@ -113,12 +113,39 @@ pub async fn what_if(
             super::launch::progress_line(running.sim.cluster()),
         );
     }
+    running.quiesce(progress).await?;
     Ok(running.finish())
 }
+
+/// How long a what-if waits, after its run, for what the controller started to land.
+const QUIESCE_FOR: Duration = Duration::from_secs(120);
 
 impl Running {
     pub fn sim(&self) -> &BackgroundSim {
         &self.sim
+    }
+
+    /// Waits (at most [`QUIESCE_FOR`]) until nothing is in flight in the copy: claims launched
+    /// but not initialized, replicas written but their Machines not made yet. The report's
+    /// invariants hold for a quiet cluster; taken mid-launch they would flag a replica write
+    /// whose Machine is on its way. A copy still busy then is reported as it stands.
+    pub async fn quiesce(&self, progress: bool) -> Result<(), Error> {
+        let cluster = self.sim.cluster();
+        let quiet = super::launch::wait_until(&self.sim, QUIESCE_FOR, || async {
+            Ok(super::launch::quiet(cluster))
+        })
+        .await?;
+        if !quiet {
+            say(
+                progress,
+                format!(
+                    "still in flight after {}s more: {}",
+                    QUIESCE_FOR.as_secs(),
+                    super::launch::unsettled(cluster).join("; ")
+                ),
+            );
+        }
+        Ok(())
     }
 
     /// The report on what the controller did since it started.
