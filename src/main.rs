@@ -17,7 +17,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// after ten seconds, so a burst of decoding leaves no standing peak. A C string: the address
 /// of its first byte.
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &u8 = &b"tcache:false,dirty_decay_ms:0,muzzy_decay_ms:0\0"[0];
+static MALLOC_CONF: &u8 = &b"tcache:true,dirty_decay_ms:0,muzzy_decay_ms:0\0"[0];
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
