@@ -27,6 +27,7 @@ const LAYERS: &[&[&str]] = &[
         "shadow",
         "leader",
         "kubeconfig_watch",
+        "thread_cache",
     ],
     // Indexes fed by watches; the HTTP endpoints; the clients' retries on `Retry-After`.
     &["state", "http", "retry_after"],

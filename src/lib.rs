@@ -41,5 +41,6 @@ pub mod state;
 // through the `testing` feature, which only the crate's dev-dependency on itself turns on.
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod thread_cache;
 pub mod view;
 pub mod write_gate;

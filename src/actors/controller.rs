@@ -177,6 +177,8 @@ impl Controller {
         shared
             .router
             .set_provisioner(provisioner.clone().recipient());
+        // The feeds run on this thread: the indexes pack tighter built without the thread cache.
+        let cache = crate::thread_cache::set(false);
         let feeds = Feeds::new(start_feeds(&shared));
         wait_for(&shared, |s| {
             s.machines.read().synced()
@@ -190,6 +192,9 @@ impl Controller {
                 && s.nodepools.read().synced()
         })
         .await;
+        if let Some(cache) = cache {
+            crate::thread_cache::set(cache);
+        }
         tracing::info!("caches synced");
         let actors = Actors {
             shared: shared.clone(),
