@@ -71,32 +71,43 @@ impl Room<'_> {
     }
 }
 
-/// The first moved pod that would find no room when the scheduler places the moved pods,
-/// smallest first or biggest first, on `snapshot`'s initialized nodes and `replacement`; with
-/// why. `snapshot` is the cluster without the candidates (their pods pending). Pods already
-/// pending are ahead in the scheduler's queue: they are placed first (one that finds no room
-/// is the provisioner's, not this move's).
+/// The first pod that would find no room when the scheduler places the moved pods, smallest
+/// first or biggest first, on `snapshot`'s initialized nodes and `replacement`; with why.
+/// `snapshot` is the cluster without the candidates (their pods pending). Pods already pending
+/// are ahead in the scheduler's queue: they are placed first (one that finds no room is the
+/// provisioner's, not this move's). Pods of nodes already leaving (`displaced`) are not pending
+/// yet: their drains run beside this move's, so they come back mixed with the moved pods and
+/// are placed together with them, each needing room of its own, as upstream simulates the pods
+/// of deleting nodes and of the candidates in one solve. Checked apart, a leaving node's pod and
+/// a moved pod could each count on the same gap, and the one that came back second found none.
+/// A leaving node's pod that finds no room even without the moved pods (its room is a
+/// replacement still launching) is not this move's doing.
 pub fn stranded(
     snapshot: &Snapshot,
     moved: &HashSet<&str>,
     replacement: Option<&NewClaim>,
 ) -> Option<String> {
-    let (mut ours, mut waiting): (Vec<PodInfo>, Vec<PodInfo>) = snapshot
-        .pods
-        .iter()
-        .filter_map(|p| PodInfo::read(p).ok())
-        .partition(|p| moved.contains(p.key.as_str()));
+    let mut ours = Vec::new();
+    let mut displaced = Vec::new();
+    let mut waiting = Vec::new();
+    for p in snapshot.pods.iter().filter_map(|p| PodInfo::read(p).ok()) {
+        if moved.contains(p.key.as_str()) {
+            ours.push(p);
+        } else if snapshot.displaced.contains(&p.key) {
+            displaced.push(p);
+        } else {
+            waiting.push(p);
+        }
+    }
     if ours.is_empty() {
         return None;
     }
-    let by_size = |a: &PodInfo, b: &PodInfo| {
-        a.cpu()
-            .cmp(&b.cpu())
-            .then_with(|| a.memory().cmp(&b.memory()))
-            .then_with(|| a.key.cmp(&b.key))
-    };
-    ours.sort_by(by_size);
-    waiting.sort_by(by_size);
+    let mut coming_back: Vec<&PodInfo> = ours.iter().chain(&displaced).collect();
+    let mut waiting: Vec<&PodInfo> = waiting.iter().collect();
+    let mut displaced: Vec<&PodInfo> = displaced.iter().collect();
+    for pods in [&mut coming_back, &mut waiting, &mut displaced] {
+        pods.sort_by(|a, b| by_size(a, b));
+    }
     let mut rooms: Vec<Room> = snapshot
         .nodes
         .iter()
@@ -110,7 +121,7 @@ pub fn stranded(
         })
         .collect();
     if let Some(new) = replacement {
-        match replacement_room(snapshot, new, &ours) {
+        match replacement_room(snapshot, new, &coming_back) {
             Some(room) => rooms.push(room),
             None => {
                 return Some(format!(
@@ -121,21 +132,47 @@ pub fn stranded(
         }
     }
     rooms.sort_by(|a, b| a.name.cmp(b.name));
-    let smallest_first = (waiting.iter().collect(), ours.iter().collect());
-    let biggest_first = (waiting.iter().rev().collect(), ours.iter().rev().collect());
-    [smallest_first, biggest_first]
-        .iter()
-        .find_map(|(waiting, ours): &(Vec<&PodInfo>, Vec<&PodInfo>)| {
-            let mut rooms = rooms.clone();
-            for pod in waiting {
-                place(&mut rooms, pod);
-            }
-            let which = ours.iter().find(|pod| !place(&mut rooms, pod))?;
-            Some(format!(
-                "pod {} would find no room where the scheduler spreads the moved pods (least allocated first)",
-                which.key
-            ))
-        })
+    [false, true].iter().find_map(|&biggest_first| {
+        let mut rooms = rooms.clone();
+        for pod in in_order(&waiting, biggest_first) {
+            place(&mut rooms, pod);
+        }
+        let mut alone = rooms.clone();
+        let housed_alone: HashSet<&str> = in_order(&displaced, biggest_first)
+            .into_iter()
+            .filter(|pod| place(&mut alone, pod))
+            .map(|pod| pod.key.as_str())
+            .collect();
+        let which = in_order(&coming_back, biggest_first).into_iter().find(|pod| {
+            !place(&mut rooms, pod)
+                && (moved.contains(pod.key.as_str()) || housed_alone.contains(pod.key.as_str()))
+        })?;
+        let whose = if moved.contains(which.key.as_str()) {
+            ""
+        } else {
+            " of a node already leaving"
+        };
+        Some(format!(
+            "pod {}{whose} would find no room where the scheduler spreads the moved pods (least allocated first)",
+            which.key
+        ))
+    })
+}
+
+fn by_size(a: &PodInfo, b: &PodInfo) -> std::cmp::Ordering {
+    a.cpu()
+        .cmp(&b.cpu())
+        .then_with(|| a.memory().cmp(&b.memory()))
+        .then_with(|| a.key.cmp(&b.key))
+}
+
+/// `pods` (sorted smallest first) in the order they come back.
+fn in_order<'p>(pods: &[&'p PodInfo], biggest_first: bool) -> Vec<&'p PodInfo> {
+    if biggest_first {
+        pods.iter().rev().copied().collect()
+    } else {
+        pods.to_vec()
+    }
 }
 
 /// Places `pod` on the room with the best score that takes it; false when none does.
@@ -159,11 +196,12 @@ fn place(rooms: &mut [Room], pod: &PodInfo) -> bool {
 }
 
 /// The replacement as a node: the smallest type it may launch, less what its claim holds
-/// besides the moved pods (DaemonSets, pods pending anyway).
+/// besides `pods` (the moved pods and the leaving nodes', placed again: DaemonSets, pods
+/// pending anyway).
 fn replacement_room<'a>(
     snapshot: &'a Snapshot,
     new: &'a NewClaim,
-    pods: &[PodInfo],
+    pods: &[&PodInfo],
 ) -> Option<Room<'a>> {
     let pool = snapshot
         .nodepools
@@ -179,7 +217,7 @@ fn replacement_room<'a>(
                 .cmp(&b.get("cpu"))
                 .then_with(|| a.get("memory").cmp(&b.get("memory")))
         })?;
-    let by_key: HashMap<&str, &PodInfo> = pods.iter().map(|p| (p.key.as_str(), p)).collect();
+    let by_key: HashMap<&str, &PodInfo> = pods.iter().map(|p| (p.key.as_str(), *p)).collect();
     let mut moved_here = Resources::new();
     for p in new.pods.iter().filter_map(|k| by_key.get(k.as_str())) {
         moved_here.add_assign(&p.requests);

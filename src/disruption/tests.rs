@@ -889,6 +889,75 @@ fn a_candidate_keeps_the_room_pods_of_a_leaving_node_need() {
     assert_eq!(decide(&s, only_z, &allow(1)), None);
 }
 
+/// A leaving node's pod and a moved pod each fit the one 1.5-CPU gap, but not both: a
+/// 1.5-CPU pod of a node already leaving goes to `r1` (1.5 CPU free) and the candidate's 1-CPU
+/// pod to `r2` (1 CPU free) in a packing, but their drains run side by side and the scheduler
+/// puts the small pod, when it comes back first, in the emptiest room, `r1`: the leaving node's
+/// pod then finds none, and the provisioner launches for it. The candidate stays (a node of
+/// its own for its pod costs what it does).
+#[test]
+fn a_moved_pod_and_a_leaving_nodes_pod_do_not_count_on_the_same_gap() {
+    let (mut s, c) = cluster(
+        &types(),
+        &[
+            Node {
+                name: "z",
+                ty: "small",
+                ct: "on-demand",
+                pods: &[("z1", "1")],
+            },
+            Node {
+                name: "r1",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("r1a", "6500m")],
+            },
+            Node {
+                name: "r2",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("r2a", "7")],
+            },
+        ],
+    );
+    // Alone, the candidate's pod has room: the emptiest, r1.
+    assert_eq!(
+        decide(&s, &c[..1], &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+    s.pods.push(
+        testing::pod("leaving")
+            .namespace("ns")
+            .requests("1500m", "1Gi")
+            .build(),
+    );
+    s.displaced.insert("ns/leaving".to_string());
+    let plan = consolidation::without(&s, &[&c[0]]);
+    let moved = c[0].pods.iter().map(String::as_str).collect();
+    let why = spread::stranded(&plan, &moved, None);
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("ns/leaving of a node already leaving")),
+        "{why:?}"
+    );
+    assert_eq!(decide(&s, &c[..1], &allow(1)), None);
+
+    // Where the leaving node's pod has no room on the nodes there are (its room is a
+    // replacement still launching), the candidate's pod takes none from it.
+    let mut launching = s.nodes[1].clone();
+    launching.name = "launching".into();
+    launching.in_flight = true;
+    launching.requested = Resources::new();
+    s.nodes.push(launching);
+    if let Some(n) = s.nodes.iter_mut().find(|n| n.name == "r1") {
+        n.requested = n.allocatable.sub(&res("1", "1Gi"));
+    }
+    assert_eq!(
+        decide(&s, &c[..1], &allow(1)).map(|c| c.decision()),
+        Some("delete")
+    );
+}
+
 /// Two nodes (z: 1.5 CPU free, x: 1 CPU free) and a pending pod; the candidate is z, whose own
 /// pod fits in x's room.
 fn z_and_x_with_a_pending_pod(cpu: &str) -> (Snapshot, Vec<Candidate>) {

@@ -375,6 +375,7 @@ impl Provisioner {
                                 ))
                                 .inc();
                             tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "created nodeclaim");
+                            tracing::debug!(nodeclaim = %created.name_any(), pods = ?pods, "the pods the new claim is for");
                             // Into the index in the same turn it leaves `creating`, so no solve
                             // ever misses it.
                             let target = nomination::target(Some(&created.name_any()), None);
