@@ -415,42 +415,67 @@ pub fn revalidate(
     allowed: &Allowed,
     pending: &Command,
 ) -> Option<Command> {
+    revalidate_explained(snapshot, candidates, allowed, pending).ok()
+}
+
+/// [`revalidate`], with why a command that no longer holds was dropped.
+pub fn revalidate_explained(
+    snapshot: &Snapshot,
+    candidates: &[Candidate],
+    allowed: &Allowed,
+    pending: &Command,
+) -> Result<Command, String> {
     let fresh: Vec<&Candidate> = pending
         .candidates
         .iter()
-        .map(|p| candidates.iter().find(|c| c.claim == p.claim))
-        .collect::<Option<_>>()?;
+        .map(|p| {
+            candidates
+                .iter()
+                .find(|c| c.claim == p.claim)
+                .ok_or_else(|| format!("{} is no longer a candidate", p.claim))
+        })
+        .collect::<Result<_, _>>()?;
     let reason = pending.method.reason();
     if within_budget(fresh.iter().copied(), reason, allowed).len() != fresh.len() {
-        return None;
+        return Err("the disruption budget no longer allows every candidate".into());
     }
+    let held = |ok: bool, why: &str| ok.then_some(()).ok_or_else(|| why.to_string());
     match pending.method {
-        Method::Emptiness => fresh
-            .iter()
-            .all(|c| c.consolidatable && c.pods.is_empty())
-            .then(|| command(Method::Emptiness, fresh, Vec::new())),
+        Method::Emptiness => {
+            held(
+                fresh.iter().all(|c| c.consolidatable && c.pods.is_empty()),
+                "a candidate is no longer empty and consolidatable",
+            )?;
+            Ok(command(Method::Emptiness, fresh, Vec::new()))
+        }
         Method::Drift => {
-            if !fresh.iter().all(|c| c.drift.is_some()) {
-                return None;
-            }
+            held(
+                fresh.iter().all(|c| c.drift.is_some()),
+                "a candidate is no longer drifted",
+            )?;
             match fresh.as_slice() {
                 [one] if one.static_pool => static_replacement(snapshot, one)
-                    .map(|r| command(Method::Drift, fresh, vec![r])),
-                [one] if !one.pods.is_empty() => {
-                    drift_replacements(snapshot, one).map(|r| command(Method::Drift, fresh, r))
+                    .map(|r| command(Method::Drift, fresh, vec![r]))
+                    .ok_or_else(|| "no replacement for the static node".to_string()),
+                [one] if !one.pods.is_empty() => drift_replacements(snapshot, one)
+                    .map(|r| command(Method::Drift, fresh, r))
+                    .ok_or_else(|| "its pods no longer fit with replacements".to_string()),
+                _ => {
+                    held(
+                        fresh.iter().all(|c| c.pods.is_empty()),
+                        "a candidate of a batch is no longer empty",
+                    )?;
+                    Ok(command(Method::Drift, fresh, Vec::new()))
                 }
-                _ => fresh
-                    .iter()
-                    .all(|c| c.pods.is_empty())
-                    .then(|| command(Method::Drift, fresh, Vec::new())),
             }
         }
         Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
-            if !fresh.iter().all(|c| c.underutilized_allowed()) {
-                return None;
-            }
+            held(
+                fresh.iter().all(|c| c.underutilized_allowed()),
+                "a candidate is no longer consolidatable",
+            )?;
             let now = match judged(&fresh, consolidation::evaluate(snapshot, &fresh)) {
-                Outcome::No(_) => return None,
+                Outcome::No(why) => return Err(format!("the simulation no longer holds: {why}")),
                 ok => finish(pending.method, fresh, ok),
             };
             // Upstream's validation carries out the plan it announced or none: a delete that now
@@ -466,7 +491,15 @@ pub fn revalidate(
                             .iter()
                             .all(|t| n.instance_types.contains(t))
                     });
-            same_shape.then(|| Command {
+            held(
+                same_shape,
+                &format!(
+                    "it now takes {} replacement(s) where it announced {}, or fewer instance types",
+                    now.replacements.len(),
+                    pending.replacements.len()
+                ),
+            )?;
+            Ok(Command {
                 replacements: pending.replacements.clone(),
                 ..now
             })

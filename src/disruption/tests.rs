@@ -493,9 +493,22 @@ fn a_pending_command_is_carried_out_only_while_it_still_holds() {
         ],
     );
     assert_eq!(revalidate(&s2, &c2, &allow(1), &pending), None);
-    // The candidate is protected now (no longer a candidate), or the budget closed.
+    // The candidate is protected now (no longer a candidate), or the budget closed; the
+    // explained form says which.
     assert_eq!(revalidate(&s, &c[1..], &allow(1), &pending), None);
     assert_eq!(revalidate(&s, &c, &allow(0), &pending), None);
+    let why = |s: &Snapshot, c: &[Candidate], n| {
+        revalidate_explained(s, c, &allow(n), &pending)
+            .err()
+            .unwrap_or_default()
+    };
+    assert!(why(&s, &c[1..], 1).contains("is no longer a candidate"));
+    assert!(why(&s, &c, 0).contains("budget"));
+    assert!(
+        why(&s2, &c2, 1).contains("no longer"),
+        "{}",
+        why(&s2, &c2, 1)
+    );
 }
 
 /// Upstream refuses a plan that moves pods onto capacity that is not there yet: an in-flight

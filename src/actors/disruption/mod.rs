@@ -322,10 +322,18 @@ impl Disruption {
                         );
                     }
                     if let Some(pending) = due {
-                        let validated =
-                            disruption::revalidate(&snapshot, &candidates, &allowed, &pending);
-                        if validated.is_some() {
-                            return (validated, true, Vec::new());
+                        match disruption::revalidate_explained(
+                            &snapshot,
+                            &candidates,
+                            &allowed,
+                            &pending,
+                        ) {
+                            Ok(validated) => return (Some(validated), true, Vec::new()),
+                            Err(why) => tracing::debug!(
+                                claims = ?pending.claim_names(),
+                                why = %why,
+                                "disruption command dropped at validation"
+                            ),
                         }
                     }
                     let d = disruption::decide_explained(&snapshot, &candidates, &allowed);
