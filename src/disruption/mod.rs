@@ -408,18 +408,8 @@ fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim
 /// Upstream's validation: after the pause, the pending command's candidates must all still be
 /// candidates for the same reason, within the budgets, and (for consolidation and drift with
 /// pods) the simulation must still hold. Returns the command refreshed with today's
-/// replacements, or None when it no longer holds.
+/// replacements, or why it no longer holds.
 pub fn revalidate(
-    snapshot: &Snapshot,
-    candidates: &[Candidate],
-    allowed: &Allowed,
-    pending: &Command,
-) -> Option<Command> {
-    revalidate_explained(snapshot, candidates, allowed, pending).ok()
-}
-
-/// [`revalidate`], with why a command that no longer holds was dropped.
-pub fn revalidate_explained(
     snapshot: &Snapshot,
     candidates: &[Candidate],
     allowed: &Allowed,

@@ -371,7 +371,7 @@ fn a_static_pools_drifted_node_is_replaced_one_for_one() {
         panic!("one replacement: {cmd:?}")
     };
     assert!(r.pods.is_empty() && r.instance_types.is_empty(), "{r:?}");
-    assert_eq!(revalidate(&s, &c, &a, &cmd), Some(cmd.clone()));
+    assert_eq!(revalidate(&s, &c, &a, &cmd).ok(), Some(cmd.clone()));
     a.budgets
         .insert(("default".into(), DisruptionReason::Drifted), 0);
     assert_eq!(decide(&s, &c, &a), None, "the Drifted budget holds it");
@@ -471,7 +471,7 @@ fn a_pending_command_is_carried_out_only_while_it_still_holds() {
     assert_eq!(pending.claim_names(), vec!["claim-a"]);
     // Another node became empty meanwhile: the pending command still holds as it was.
     assert_eq!(
-        revalidate(&s, &c, &allow(1), &pending),
+        revalidate(&s, &c, &allow(1), &pending).ok(),
         Some(pending.clone())
     );
     // A pod landed on the candidate: it is no longer empty.
@@ -492,13 +492,13 @@ fn a_pending_command_is_carried_out_only_while_it_still_holds() {
             },
         ],
     );
-    assert_eq!(revalidate(&s2, &c2, &allow(1), &pending), None);
+    assert_eq!(revalidate(&s2, &c2, &allow(1), &pending).ok(), None);
     // The candidate is protected now (no longer a candidate), or the budget closed; the
     // explained form says which.
-    assert_eq!(revalidate(&s, &c[1..], &allow(1), &pending), None);
-    assert_eq!(revalidate(&s, &c, &allow(0), &pending), None);
+    assert_eq!(revalidate(&s, &c[1..], &allow(1), &pending).ok(), None);
+    assert_eq!(revalidate(&s, &c, &allow(0), &pending).ok(), None);
     let why = |s: &Snapshot, c: &[Candidate], n| {
-        revalidate_explained(s, c, &allow(n), &pending)
+        revalidate(s, c, &allow(n), &pending)
             .err()
             .unwrap_or_default()
     };
@@ -731,7 +731,7 @@ fn validation_rejects_a_changed_plan() {
     let pending = decide(&s, &c, &allow(1)).expect("a command");
     assert_eq!(pending.decision(), "delete");
     assert_eq!(
-        revalidate(&s, &c, &allow(1), &pending),
+        revalidate(&s, &c, &allow(1), &pending).ok(),
         Some(pending.clone())
     );
     // `room` filled up meanwhile: `big` could still go, but only for a new small node.
@@ -743,7 +743,7 @@ fn validation_rejects_a_changed_plan() {
         decide(&full, &c, &allow(1)).map(|c| c.decision()),
         Some("replace")
     );
-    assert_eq!(revalidate(&full, &c, &allow(1), &pending), None);
+    assert_eq!(revalidate(&full, &c, &allow(1), &pending).ok(), None);
 }
 
 /// Audit row 18: a node still inside its pool's `consolidateAfter` (it just received pods) takes

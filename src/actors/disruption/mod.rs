@@ -322,12 +322,7 @@ impl Disruption {
                         );
                     }
                     if let Some(pending) = due {
-                        match disruption::revalidate_explained(
-                            &snapshot,
-                            &candidates,
-                            &allowed,
-                            &pending,
-                        ) {
+                        match disruption::revalidate(&snapshot, &candidates, &allowed, &pending) {
                             Ok(validated) => return (Some(validated), true, Vec::new()),
                             Err(why) => tracing::debug!(
                                 claims = ?pending.claim_names(),

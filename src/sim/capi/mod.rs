@@ -161,8 +161,6 @@ impl Caches {
     /// The Machine `ns/name` as the stand-in's cache last saw it.
     pub fn machine(&self, ns: &str, name: &str) -> Option<Arc<DynamicObject>> {
         self.machines
-            .state()
-            .into_iter()
             .find(|m| m.name_any() == name && m.namespace().as_deref() == Some(ns))
     }
 }
