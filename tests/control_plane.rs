@@ -556,24 +556,44 @@ async fn the_pods_scenario_provisions_pods_that_kube_scheduler_binds() {
         .filter_map(|n| n.metadata.name)
         .collect();
     assert_eq!(pods.len(), 12);
-    let tainted: Vec<_> = Api::<Node>::all(cluster.new_client().expect("a client"))
-        .list(&Default::default())
-        .await
-        .expect("nodes")
-        .items
-        .into_iter()
-        .filter(|n| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.taints.as_ref())
-                .is_some_and(|ts| ts.iter().any(|t| t.key.starts_with("node.kubernetes.io/")))
-        })
-        .filter_map(|n| n.metadata.name)
-        .collect();
-    assert!(
-        tainted.is_empty(),
-        "the node lifecycle controller lifted every not-ready taint: {tainted:?}"
-    );
+    // kube-controller-manager's node lifecycle controller lifts `not-ready:NoExecute` on its
+    // next monitor pass after the Node turns Ready, which may come after the last pod is bound:
+    // pods tolerate that taint for 300 s (DefaultTolerationSeconds), so kube-scheduler binds
+    // them before it goes. Wait for the passes rather than race them.
+    let nodes_api = Api::<Node>::all(cluster.new_client().expect("a client"));
+    let started = Instant::now();
+    loop {
+        let tainted: Vec<(String, Vec<String>)> = nodes_api
+            .list(&Default::default())
+            .await
+            .expect("nodes")
+            .items
+            .into_iter()
+            .filter_map(|n| {
+                let keys: Vec<String> = n
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter(|t| t.key.starts_with("node.kubernetes.io/"))
+                    .map(|t| format!("{}:{}", t.key, t.effect))
+                    .collect();
+                (!keys.is_empty()).then(|| (n.metadata.name.unwrap_or_default(), keys))
+            })
+            .collect();
+        if tainted.is_empty() {
+            break;
+        }
+        if started.elapsed() < Duration::from_millis(250) {
+            eprintln!("waiting for the node lifecycle controller: {tainted:?}");
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the node lifecycle controller lifted every not-ready taint: {tainted:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let node_controller_writes = cluster
         .stats()
         .writes_for("nodes", "")
