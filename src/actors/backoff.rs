@@ -41,6 +41,15 @@ impl Backoff {
         Self::new(Duration::from_millis(200), Duration::from_secs(30))
     }
 
+    /// The policy for a write on a path someone waits on (a disruption command's taint, mark,
+    /// create and delete, each read back before it is sent again): 50 ms, doubling, at most
+    /// 30 s. A 5xx without `Retry-After` does not ask for time, and a command's writes are its
+    /// critical path. A server that asks for time still gets it (`Retry-After` is the floor),
+    /// and controller-runtime's per-item requeue starts lower still (5 ms).
+    pub fn write() -> Self {
+        Self::new(Duration::from_millis(50), Duration::from_secs(30))
+    }
+
     pub fn new(base: Duration, cap: Duration) -> Self {
         Self {
             base,

@@ -1,7 +1,7 @@
 //! Writes carried through a failing API server: a disruption command's (a taint, a claim's
 //! mark, a replacement's create, a candidate's delete), and the read-back of the provisioner's
 //! creates. Each write is retried on transient errors with the
-//! shared API backoff, the server's `Retry-After` as its floor. After any failure whose outcome
+//! write backoff (`Backoff::write`), the server's `Retry-After` as its floor. After any failure whose outcome
 //! is unknown (a 5xx, a timeout, a reset: the write may have landed) the object is read back
 //! from the API before the write is sent again, so it is never repeated blindly, as the Scaler
 //! reads back its replica writes. A command gives up, and is rolled back, only when the plan no
@@ -16,10 +16,11 @@ use crate::actors::Error;
 use crate::actors::backoff::Backoff;
 use crate::metrics::Metrics;
 
-/// Attempts of one write before the command gives up: with the API backoff (200 ms doubling)
-/// the last one comes about 50 s after the first, and at a 30 % error rate all of them fail
-/// about once in 15,000 writes.
-pub const MAX_ATTEMPTS: u32 = 8;
+/// Attempts of one write before the command gives up: with the write backoff (50 ms doubling)
+/// the last one comes 19-26 s after the first (the requests' own time aside), as the eighth did
+/// with the API backoff (200 ms doubling), and at a 30 % error rate all of them fail about once
+/// in 170,000 writes.
+pub const MAX_ATTEMPTS: u32 = 10;
 
 /// Conflicts in a row that re-reading did not resolve: someone else keeps writing the object.
 pub const MAX_CONFLICTS: u32 = 3;
@@ -58,7 +59,7 @@ pub async fn persist<T, Fut>(what: &str, mut attempt: impl FnMut(bool) -> Fut) -
 where
     Fut: Future<Output = Result<T, Error>>,
 {
-    persist_with(what, Backoff::api(), &mut |_| {}, &mut attempt).await
+    persist_with(what, Backoff::write(), &mut |_| {}, &mut attempt).await
 }
 
 /// `persist` for one of a disruption command's writes (`write`: taint, mark, create, delete):
@@ -73,7 +74,7 @@ where
     Fut: Future<Output = Result<T, Error>>,
 {
     let mut count = |waited| metrics.disruption_write_retry(write, waited);
-    persist_with(what, Backoff::api(), &mut count, &mut attempt).await
+    persist_with(what, Backoff::write(), &mut count, &mut attempt).await
 }
 
 async fn persist_with<T, Fut>(

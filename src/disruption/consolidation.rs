@@ -197,6 +197,42 @@ pub fn keep_room_of_pods_about_to_bind(snapshot: &mut Snapshot) {
         .collect();
 }
 
+/// Pods on their way to a node now: those of nodes draining (deleting nodes, and the candidates
+/// of commands under way, but for `not_draining_yet`: candidates whose replacement is still
+/// launching) and the pending pods the cluster has room for ([`keep_room_of_pods_about_to_bind`]
+/// marks them). kube-scheduler puts them on the least allocated nodes, cutting up the gaps a
+/// decision made now would pack the moved pods into; its validation then solves the cluster as
+/// they left it and drops it.
+pub fn pods_on_their_way(snapshot: &Snapshot, not_draining_yet: &HashSet<String>) -> usize {
+    let draining = snapshot
+        .displaced
+        .iter()
+        .filter(|k| !not_draining_yet.contains(*k))
+        .count();
+    draining + snapshot.about_to_bind.len()
+}
+
+/// While pods are on their way ([`pods_on_their_way`]) and `may_wait`, the candidates with pods
+/// are not consolidated this pass: decided now, a move counts on gaps those pods are about to
+/// cut up. Empty nodes and drift go on. Returns the pods on their way and the candidates held.
+pub fn wait_for_pods_on_their_way(
+    snapshot: &Snapshot,
+    candidates: &mut [Candidate],
+    not_draining_yet: &HashSet<String>,
+    may_wait: bool,
+) -> (usize, usize) {
+    let moving = pods_on_their_way(snapshot, not_draining_yet);
+    if moving == 0 || !may_wait {
+        return (moving, 0);
+    }
+    let held = candidates
+        .iter_mut()
+        .filter(|c| c.consolidatable && !c.pods.is_empty())
+        .map(|c| c.consolidatable = false)
+        .count();
+    (moving, held)
+}
+
 /// Why the room `pod` needs was counted on before this decision, if it was: its node is
 /// leaving, or it is pending with room now.
 fn counted_on(snapshot: &Snapshot, pod: &str) -> Option<&'static str> {
@@ -252,7 +288,34 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
     match needed.len() {
         0 => Outcome::Delete,
         1 => cheaper_replacement(snapshot, needed.remove(0), candidates),
-        n => Outcome::No(format!("its pods would need {n} new nodes")),
+        n => {
+            let whose: Vec<String> = needed
+                .iter()
+                .flat_map(|c| &c.pods)
+                .take(6)
+                .map(|p| {
+                    let why = if moved.contains(p.as_str()) {
+                        "moved"
+                    } else if let Some(whose) = counted_on(snapshot, p) {
+                        whose
+                    } else if placeholders.contains(p) {
+                        "(a CapacityBuffer's placeholder)"
+                    } else {
+                        "(pending)"
+                    };
+                    format!("{p} {why}")
+                })
+                .collect();
+            Outcome::No(format!(
+                "its pods would need {n} new nodes (for {}{})",
+                whose.join(", "),
+                if needed.iter().map(|c| c.pods.len()).sum::<usize>() > 6 {
+                    ", ..."
+                } else {
+                    ""
+                }
+            ))
+        }
     }
 }
 

@@ -407,38 +407,21 @@ fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim
 
 /// Upstream's validation: after the pause, the pending command's candidates must all still be
 /// candidates for the same reason, within the budgets, and (for consolidation and drift with
-/// pods) the simulation must still hold. Returns the command refreshed with today's
-/// replacements, or why it no longer holds.
+/// pods) the simulation must still hold. Emptiness alone goes on with the candidates still
+/// empty, as upstream's emptiness validator filters rather than refuses: a node a moved pod
+/// landed on meanwhile stays, the others go. Returns the command refreshed with today's
+/// candidates and replacements, or why it no longer holds.
 pub fn revalidate(
     snapshot: &Snapshot,
     candidates: &[Candidate],
     allowed: &Allowed,
     pending: &Command,
 ) -> Result<Command, String> {
-    let fresh: Vec<&Candidate> = pending
-        .candidates
-        .iter()
-        .map(|p| {
-            candidates
-                .iter()
-                .find(|c| c.claim == p.claim)
-                .ok_or_else(|| format!("{} is no longer a candidate", p.claim))
-        })
-        .collect::<Result<_, _>>()?;
-    let reason = pending.method.reason();
-    if within_budget(fresh.iter().copied(), reason, allowed).len() != fresh.len() {
-        return Err("the disruption budget no longer allows every candidate".into());
-    }
     let held = |ok: bool, why: &str| ok.then_some(()).ok_or_else(|| why.to_string());
     match pending.method {
-        Method::Emptiness => {
-            held(
-                fresh.iter().all(|c| c.consolidatable && c.pods.is_empty()),
-                "a candidate is no longer empty and consolidatable",
-            )?;
-            Ok(command(Method::Emptiness, fresh, Vec::new()))
-        }
+        Method::Emptiness => still_empty(candidates, allowed, pending),
         Method::Drift => {
+            let fresh = every_one_fresh(candidates, allowed, pending)?;
             held(
                 fresh.iter().all(|c| c.drift.is_some()),
                 "a candidate is no longer drifted",
@@ -460,6 +443,7 @@ pub fn revalidate(
             }
         }
         Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
+            let fresh = every_one_fresh(candidates, allowed, pending)?;
             held(
                 fresh.iter().all(|c| c.underutilized_allowed()),
                 "a candidate is no longer consolidatable",
@@ -495,6 +479,63 @@ pub fn revalidate(
             })
         }
     }
+}
+
+/// Today's view of each of the pending command's candidates, refused unless every one is still
+/// a candidate and the budgets still allow them all.
+fn every_one_fresh<'a>(
+    candidates: &'a [Candidate],
+    allowed: &Allowed,
+    pending: &Command,
+) -> Result<Vec<&'a Candidate>, String> {
+    let fresh: Vec<&Candidate> = pending
+        .candidates
+        .iter()
+        .map(|p| {
+            candidates
+                .iter()
+                .find(|c| c.claim == p.claim)
+                .ok_or_else(|| format!("{} is no longer a candidate", p.claim))
+        })
+        .collect::<Result<_, _>>()?;
+    if within_budget(fresh.iter().copied(), pending.method.reason(), allowed).len() != fresh.len() {
+        return Err("the disruption budget no longer allows every candidate".into());
+    }
+    Ok(fresh)
+}
+
+/// The pending emptiness command's candidates that are still candidates, empty and
+/// consolidatable, within the budgets; refused only when none is.
+fn still_empty(
+    candidates: &[Candidate],
+    allowed: &Allowed,
+    pending: &Command,
+) -> Result<Command, String> {
+    let mut why = Vec::new();
+    let still: Vec<&Candidate> = pending
+        .candidates
+        .iter()
+        .filter_map(|p| {
+            let now = candidates.iter().find(|c| c.claim == p.claim);
+            match now {
+                None => why.push(format!("{} is no longer a candidate", p.claim)),
+                Some(c) if !c.pods.is_empty() => why.push(format!("{} has pods", p.claim)),
+                Some(c) if !c.consolidatable => {
+                    why.push(format!("{} is no longer consolidatable", p.claim))
+                }
+                Some(_) => {}
+            }
+            now.filter(|c| c.consolidatable && c.pods.is_empty())
+        })
+        .collect();
+    let kept = within_budget(still.iter().copied(), DisruptionReason::Empty, allowed);
+    if kept.is_empty() {
+        if !still.is_empty() {
+            why.push("the disruption budget allows none".into());
+        }
+        return Err(format!("no candidate is still empty: {}", why.join(", ")));
+    }
+    Ok(command(Method::Emptiness, kept, Vec::new()))
 }
 
 /// Upstream's search: the longest prefix (by disruption cost) of the consolidatable candidates

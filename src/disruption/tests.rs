@@ -505,10 +505,113 @@ fn a_pending_command_is_carried_out_only_while_it_still_holds() {
     assert!(why(&s, &c[1..], 1).contains("is no longer a candidate"));
     assert!(why(&s, &c, 0).contains("budget"));
     assert!(
-        why(&s2, &c2, 1).contains("no longer"),
+        why(&s2, &c2, 1).contains("claim-a has pods"),
         "{}",
         why(&s2, &c2, 1)
     );
+}
+
+/// Upstream's emptiness validator filters: the candidates a pod landed on meanwhile stay, the
+/// rest of the command goes on (a consolidation, by contrast, holds whole or not at all).
+#[test]
+fn an_emptiness_command_goes_on_without_the_nodes_that_got_pods() {
+    let node = |name, pods| Node {
+        name,
+        ty: "small",
+        ct: "on-demand",
+        pods,
+    };
+    let (s, c) = cluster(&types(), &[node("a", &[]), node("b", &[]), node("c", &[])]);
+    let pending = decide(&s, &c, &allow(3)).expect("a command");
+    assert_eq!(pending.method, Method::Emptiness);
+    assert_eq!(pending.claim_names().len(), 3);
+    // A moved pod landed on b before the validation.
+    let (s2, c2) = cluster(
+        &types(),
+        &[node("a", &[]), node("b", &[("p", "1")]), node("c", &[])],
+    );
+    let kept = revalidate(&s2, &c2, &allow(3), &pending).expect("the rest still holds");
+    assert_eq!(kept.method, Method::Emptiness);
+    assert_eq!(kept.claim_names(), vec!["claim-a", "claim-c"]);
+    // The budget shrank to one meanwhile: one goes.
+    let one = revalidate(&s, &c, &allow(1), &pending).expect("within the budget");
+    assert_eq!(one.claim_names(), vec!["claim-a"]);
+    // Every candidate got a pod: nothing is left to carry out.
+    let (s3, c3) = cluster(
+        &types(),
+        &[
+            node("a", &[("p", "1")]),
+            node("b", &[("q", "1")]),
+            node("c", &[("r", "1")]),
+        ],
+    );
+    let why = revalidate(&s3, &c3, &allow(3), &pending).expect_err("none left");
+    assert!(why.contains("no candidate is still empty"), "{why}");
+}
+
+/// What consolidation of nodes with pods waits for: pods of draining nodes and pending pods
+/// with room now, not the pods of a command whose replacement is still launching.
+#[test]
+fn pods_on_their_way_are_the_draining_ones_and_those_about_to_bind() {
+    let (mut s, _) = cluster(
+        &types(),
+        &[Node {
+            name: "a",
+            ty: "large",
+            ct: "on-demand",
+            pods: &[("a1", "1")],
+        }],
+    );
+    let none = std::collections::HashSet::new();
+    assert_eq!(consolidation::pods_on_their_way(&s, &none), 0);
+    s.displaced
+        .extend(["ns/d1".to_string(), "ns/d2".to_string()]);
+    s.about_to_bind.insert("ns/p".to_string());
+    assert_eq!(consolidation::pods_on_their_way(&s, &none), 3);
+    let not_yet = std::collections::HashSet::from(["ns/d2".to_string()]);
+    assert_eq!(consolidation::pods_on_their_way(&s, &not_yet), 2);
+}
+
+/// While pods are on their way, nodes with pods wait; empty nodes go on; once waited long
+/// enough (`may_wait` false) nothing is held.
+#[test]
+fn consolidation_of_nodes_with_pods_waits_for_pods_on_their_way() {
+    let node = |name, pods| Node {
+        name,
+        ty: "small",
+        ct: "on-demand",
+        pods,
+    };
+    let (mut s, c) = cluster(&types(), &[node("busy", &[("p", "1")]), node("empty", &[])]);
+    let none = std::collections::HashSet::new();
+    let mut quiet = c.clone();
+    assert_eq!(
+        consolidation::wait_for_pods_on_their_way(&s, &mut quiet, &none, true),
+        (0, 0)
+    );
+    assert!(quiet.iter().all(|c| c.consolidatable));
+    s.displaced.insert("ns/elsewhere".to_string());
+    let mut held = c.clone();
+    assert_eq!(
+        consolidation::wait_for_pods_on_their_way(&s, &mut held, &none, true),
+        (1, 1)
+    );
+    let waiting: Vec<&str> = held
+        .iter()
+        .filter(|c| !c.consolidatable)
+        .map(|c| c.node.as_str())
+        .collect();
+    assert_eq!(waiting, vec!["busy"]);
+    // The empty node still goes; the busy one is not decided on this pass.
+    let cmd = decide(&s, &held, &allow(2)).expect("emptiness");
+    assert_eq!(cmd.method, Method::Emptiness);
+    assert_eq!(cmd.claim_names(), vec!["claim-empty"]);
+    let mut late = c.clone();
+    assert_eq!(
+        consolidation::wait_for_pods_on_their_way(&s, &mut late, &none, false),
+        (1, 0)
+    );
+    assert!(late.iter().all(|c| c.consolidatable));
 }
 
 /// Upstream refuses a plan that moves pods onto capacity that is not there yet: an in-flight

@@ -274,10 +274,9 @@ impl Inner {
                             }
                         });
                 match fit {
-                    Ok(free_cpu) => {
-                        // Least-allocated first, like kube-scheduler's default scoring.
-                        if best.is_none_or(|(_, f)| free_cpu > f) {
-                            best = Some((i, free_cpu));
+                    Ok(score) => {
+                        if best.is_none_or(|(_, f)| score > f) {
+                            best = Some((i, score));
                         }
                     }
                     Err(reason) => *reasons.entry(reason).or_default() += 1,
@@ -522,7 +521,8 @@ mod tests {
         let n = node(json!({}), json!([]), "2");
         let p = pod(json!({"containers": container("1500m")}));
         let r = pod_requests(&p);
-        assert_eq!(fits(&p, &r, &n, &Usage::default()), Ok(500));
+        // 0.5 of 2 CPUs and 3 of 4 GiB left free: (0.25 + 0.75) / 2.
+        assert_eq!(fits(&p, &r, &n, &Usage::default()), Ok(500_000));
         let mut used = Usage::default();
         used.add(&r);
         assert_eq!(fits(&p, &r, &n, &used), Err("Insufficient cpu".into()));
@@ -532,6 +532,35 @@ mod tests {
         two.add(&rs);
         two.add(&rs);
         assert_eq!(fits(&small, &rs, &n, &two), Err("Too many pods".into()));
+    }
+
+    #[test]
+    fn the_least_allocated_node_by_cpu_and_memory_share_scores_highest() {
+        // A 1 CPU / 3 GiB pod. On `cpu` it leaves 3 of 8 CPUs and none of 3 GiB free; on
+        // `mem`, 1 of 2 CPUs and 3 of 6 GiB. More CPU stays free on `cpu` (3 against 1), but
+        // kube-scheduler averages the shares: 0.19 against 0.5.
+        let at = |name: &str, cpu: &str, memory: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"allocatable": {"cpu": cpu, "memory": memory, "pods": "10"}},
+            }))
+            .unwrap()
+        };
+        let p = pod(
+            json!({"containers": [{"name": "c", "resources": {"requests": {"cpu": "1", "memory": "3Gi"}}}]}),
+        );
+        let r = pod_requests(&p);
+        let score = |n: &Node, used_cpu: &str| {
+            let mut used = Usage::default();
+            used.0.insert(
+                "cpu".into(),
+                crate::sim::quantity::parse_milli(used_cpu).unwrap(),
+            );
+            fits(&p, &r, n, &used).unwrap()
+        };
+        let cpu_rich = score(&at("cpu", "8", "3Gi"), "4");
+        let balanced = score(&at("mem", "2", "6Gi"), "0");
+        assert!(balanced > cpu_rich, "{balanced} <= {cpu_rich}");
     }
 
     #[test]

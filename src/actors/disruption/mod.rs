@@ -74,6 +74,10 @@ struct Aftermath {
 /// pods' rescheduling and a provisioning batch fit well inside.
 const AFTERMATH: Duration = Duration::from_secs(60);
 
+/// How many validation periods consolidation of nodes with pods waits at most for pods on their
+/// way (a drain a PodDisruptionBudget holds up is not waited for).
+const SETTLE_PERIODS: u32 = 4;
+
 /// How long a rolled-back candidate's failures are remembered after its backoff ends.
 const FAILURE_MEMORY: Duration = Duration::from_secs(600);
 
@@ -119,6 +123,9 @@ pub struct Disruption {
     consolidation_backoff: Backoff,
     /// Where the next pass's single-node search window starts.
     rotation: usize,
+    /// Since when pods have been on their way to nodes (drains, pods about to bind), while they
+    /// are.
+    moving_since: Option<Instant>,
 }
 
 impl Disruption {
@@ -141,6 +148,7 @@ impl Disruption {
             consolidation_quiet_until: None,
             consolidation_backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
             rotation: 0,
+            moving_since: None,
         }
     }
 
@@ -289,10 +297,24 @@ impl Disruption {
         let validating = due
             .as_ref()
             .map(|p| (p.method.consolidation_type(), p.candidates.len()));
+        // Pods of a command whose replacement is still launching stay where they are for now.
+        let not_draining_yet: HashSet<String> = self
+            .executing
+            .values()
+            .filter(|e| !e.deleting && !e.command.replacements.is_empty())
+            .flat_map(|e| {
+                e.command
+                    .candidates
+                    .iter()
+                    .flat_map(|c| c.pods.iter().cloned())
+            })
+            .collect();
+        let settle = self.settings().validation * SETTLE_PERIODS;
+        let may_settle = self.moving_since.is_none_or(|t| t.elapsed() < settle);
         let fut = async move {
             housekeeping(&shared, view).await;
             if waiting {
-                return None;
+                return (None, None);
             }
             // No candidate is drifted or consolidatable and no decision waits for validation:
             // every method would pass, so the snapshot (every Node's labels and room, every bound
@@ -302,7 +324,7 @@ impl Disruption {
                     .iter()
                     .any(|c| c.drift.is_some() || c.consolidatable);
             let mut started = Instant::now();
-            let decision = if undecidable {
+            let (decision, on_their_way) = if undecidable {
                 Default::default()
             } else {
                 let snapshot = view::snapshot(
@@ -323,7 +345,16 @@ impl Disruption {
                     }
                     if let Some(pending) = due {
                         match disruption::revalidate(&snapshot, &candidates, &allowed, &pending) {
-                            Ok(validated) => return (Some(validated), true, Vec::new()),
+                            Ok(validated) => {
+                                if validated.candidates.len() < pending.candidates.len() {
+                                    tracing::debug!(
+                                        claims = ?pending.claim_names(),
+                                        kept = ?validated.claim_names(),
+                                        "disruption command goes on without candidates no longer valid"
+                                    );
+                                }
+                                return ((Some(validated), true, Vec::new()), None);
+                            }
                             Err(why) => tracing::debug!(
                                 claims = ?pending.claim_names(),
                                 why = %why,
@@ -331,22 +362,39 @@ impl Disruption {
                             ),
                         }
                     }
+                    let mut candidates = candidates;
+                    let (moving, held) = disruption::consolidation::wait_for_pods_on_their_way(
+                        &snapshot,
+                        &mut candidates,
+                        &not_draining_yet,
+                        may_settle,
+                    );
+                    if held > 0 {
+                        tracing::debug!(pods = moving, candidates = held, "consolidation waits for pods on their way to land");
+                    }
                     let d = disruption::decide_explained(&snapshot, &candidates, &allowed);
-                    (d.command, false, d.unconsolidatable)
+                    ((d.command, false, d.unconsolidatable), Some(moving))
                 })
                 .await
                 .unwrap_or_default()
             };
             let (command, validated, unconsolidatable) = decision;
             let m = &shared.metrics;
-            if let Some((consolidation_type, n)) = validating
-                && !validated
-            {
-                m.disruption_failed_validations
-                    .get_or_create(&ConsolidationTypeLabels {
-                        consolidation_type: consolidation_type.into(),
-                    })
-                    .inc_by(n as u64);
+            // Candidates the validation left out: all of a command dropped, or the ones an
+            // emptiness command goes on without.
+            if let Some((consolidation_type, n)) = validating {
+                let carried = command
+                    .as_ref()
+                    .filter(|_| validated)
+                    .map_or(0, |c| c.candidates.len());
+                let failed = n.saturating_sub(carried);
+                if failed > 0 {
+                    m.disruption_failed_validations
+                        .get_or_create(&ConsolidationTypeLabels {
+                            consolidation_type: consolidation_type.into(),
+                        })
+                        .inc_by(failed as u64);
+                }
             }
             // One pass tries the methods in order until one decides: the time is the deciding
             // method's, or the last method's when none did.
@@ -372,10 +420,11 @@ impl Disruption {
                     );
                 }
             }
-            command.map(|c| (c, validated))
+            (command.map(|c| (c, validated)), on_their_way)
         };
-        ctx.spawn(fut.into_actor(self).map(move |cmd, act, ctx| {
+        ctx.spawn(fut.into_actor(self).map(move |(cmd, moving), act, ctx| {
             act.running = false;
+            act.note_pods_on_their_way(moving);
             for (id, p) in progress {
                 match p {
                     Progress::Ready => act.finish(id, ctx),
@@ -390,6 +439,18 @@ impl Disruption {
                 act.soon(ctx);
             }
         }));
+    }
+
+    /// Consolidation waits for pods on their way at most `SETTLE_PERIODS` validation periods
+    /// from when they were first seen (`None`: this pass did not look).
+    fn note_pods_on_their_way(&mut self, pods: Option<usize>) {
+        match pods {
+            Some(0) => self.moving_since = None,
+            Some(_) => {
+                self.moving_since.get_or_insert_with(Instant::now);
+            }
+            None => {}
+        }
     }
 
     fn publish_metrics(&self, view: &view::View) {

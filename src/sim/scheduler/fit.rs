@@ -76,7 +76,8 @@ pub fn pod_requests(pod: &Pod) -> Usage {
     total
 }
 
-/// Ok(free cpu after placing) when `pod` fits `node`, else the kube-scheduler style reason.
+/// Ok(the node's score for `pod`, see [`least_allocated`]) when `pod` fits `node`, else the
+/// kube-scheduler style reason.
 pub fn fits(pod: &Pod, requests: &Usage, node: &Node, used: &Usage) -> Result<i128, String> {
     fits_allocatable(pod, requests, node, &allocatable(node), used)
 }
@@ -152,7 +153,27 @@ pub(super) fn fits_allocatable(
             });
         }
     }
-    Ok(allocatable.get("cpu") - used.get("cpu") - requests.get("cpu"))
+    Ok(least_allocated(requests, allocatable, used))
+}
+
+/// Fixed-point scale of [`least_allocated`]: finer than kube-scheduler's 0-100, whose ties it
+/// breaks at random (the stand-in takes the first node in name order instead).
+const SCORE_SCALE: i128 = 1_000_000;
+
+/// kube-scheduler's default score (`NodeResourcesFit`, strategy `LeastAllocated`, CPU and
+/// memory weighted 1 each): the share of each left free once `requests` is placed, averaged.
+/// A node missing one of the two scores 0 for it. Free CPU alone (what the stand-in scored
+/// before) sends a memory-heavy pod to a node whose memory is nearly full.
+fn least_allocated(requests: &Usage, allocatable: &Usage, used: &Usage) -> i128 {
+    let share = |r: &str| {
+        let total = allocatable.get(r);
+        let after = used.get(r) + requests.get(r);
+        match total > 0 && after <= total {
+            true => (total - after) * SCORE_SCALE / total,
+            false => 0,
+        }
+    };
+    (share("cpu") + share("memory")) / 2
 }
 
 /// A node's allocatable (its capacity when it reports none) in milli-units.
