@@ -7,8 +7,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 
 use super::compact::CompactNode;
+use super::versions::Freshness;
 
 pub fn provider_id(n: &Node) -> Option<&str> {
     n.spec
@@ -22,6 +24,11 @@ pub struct Nodes {
     by_name: HashMap<Arc<str>, Arc<CompactNode>>,
     by_provider_id: HashMap<Box<str>, Arc<str>>,
     synced: bool,
+    /// Our write responses against the watch (see `versions`): a response that lost the race
+    /// with the watch must not put back a Node the watch already moved past (a claim's
+    /// registration answer landing after the kubelet lifted the not-ready taint left the index
+    /// showing the taint until the Node changed again, and the claim waiting for it).
+    fresh: Freshness,
 }
 
 impl Nodes {
@@ -64,12 +71,25 @@ impl Nodes {
         self.synced
     }
 
+    /// Apply one watched Node unless a write response of ours is ahead of it.
     pub fn apply(&mut self, n: Node) {
-        self.insert(CompactNode::new(n));
+        let version = n.metadata.resource_version.clone().unwrap_or_default();
+        if self.fresh.watched(&n.name_any(), &version) {
+            self.insert(CompactNode::new(n));
+        }
+    }
+
+    /// Apply the answer of our own write, unless the watch already delivered it (then the
+    /// index may hold something newer).
+    pub fn apply_response(&mut self, n: Node) {
+        let version = n.metadata.resource_version.clone().unwrap_or_default();
+        if self.fresh.responded(&n.name_any(), &version) {
+            self.insert(CompactNode::new(n));
+        }
     }
 
     fn insert(&mut self, n: CompactNode) {
-        self.remove(n.name());
+        self.take_out(n.name());
         if let Some(pid) = n.provider_id() {
             self.by_provider_id
                 .insert(Box::from(pid), n.shared_name().clone());
@@ -77,7 +97,13 @@ impl Nodes {
         self.by_name.insert(n.shared_name().clone(), Arc::new(n));
     }
 
+    /// The Node is gone (a watch delete).
     pub fn remove(&mut self, name: &str) -> Option<Arc<CompactNode>> {
+        self.fresh.forget(name);
+        self.take_out(name)
+    }
+
+    fn take_out(&mut self, name: &str) -> Option<Arc<CompactNode>> {
         let old = self.by_name.remove(name)?;
         if let Some(pid) = old.provider_id()
             && self.by_provider_id.get(pid).is_some_and(|n| **n == *name)
@@ -92,11 +118,67 @@ impl Nodes {
     pub fn replace_all(&mut self, nodes: Vec<CompactNode>) -> Vec<Arc<CompactNode>> {
         let mut old = std::mem::take(&mut self.by_name);
         self.by_provider_id.clear();
+        self.fresh.clear();
         for n in nodes {
             old.remove(n.name());
             self.insert(n);
         }
         self.synced = true;
         old.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(version: &str, tainted: bool) -> Node {
+        let taints = if tainted {
+            serde_json::json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}])
+        } else {
+            serde_json::json!([])
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "resourceVersion": version},
+            "spec": {"providerID": "kubemark://n", "taints": taints},
+        }))
+        .expect("a Node")
+    }
+
+    fn tainted(nodes: &Nodes) -> bool {
+        nodes
+            .get("n")
+            .and_then(|n| n.spec.clone())
+            .and_then(|s| s.taints)
+            .is_some_and(|t| !t.is_empty())
+    }
+
+    /// Our registration patch answered with version 1 (taint still on); the watch delivered 1
+    /// and then 2 (the kubelet lifted the taint) before that answer was applied: the index
+    /// keeps 2.
+    #[test]
+    fn a_write_answer_that_lost_the_race_with_the_watch_does_not_put_back_an_older_node() {
+        let mut nodes = Nodes::default();
+        nodes.apply(node("1", true));
+        nodes.apply(node("2", false));
+        nodes.apply_response(node("1", true));
+        assert!(!tainted(&nodes), "the watch's newer Node stays");
+    }
+
+    /// The answer first: watch events older than it are skipped, its own version confirms it,
+    /// newer ones are taken.
+    #[test]
+    fn a_write_answer_ahead_of_the_watch_holds_until_the_watch_reaches_it() {
+        let mut nodes = Nodes::default();
+        nodes.apply(node("1", true));
+        nodes.apply_response(node("3", false));
+        nodes.apply(node("2", true));
+        assert!(!tainted(&nodes), "an older watch event is skipped");
+        nodes.apply(node("3", false));
+        nodes.apply(node("4", true));
+        assert!(tainted(&nodes), "past our answer the watch is taken again");
+        assert!(nodes.by_provider_id("kubemark://n").is_some());
+        nodes.remove("n");
+        assert!(nodes.get("n").is_none());
     }
 }

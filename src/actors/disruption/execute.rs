@@ -175,7 +175,7 @@ async fn set_taint(shared: &Shared, node: &Node, on: bool) -> Result<(), Error> 
         p.set("/spec/taints", json!(taints));
     }
     let updated: Node = send(shared, ("Node", "nodes"), &name, p, false).await?;
-    shared.state.nodes.write().apply(updated);
+    shared.state.nodes.write().apply_response(updated);
     Ok(())
 }
 

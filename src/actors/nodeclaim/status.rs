@@ -87,7 +87,7 @@ impl Step {
             .patch(name, &PatchParams::default(), &patch)
             .await
             .map_err(api_err(&self.shared.metrics, "patch", "nodes", name))?;
-        self.shared.state.nodes.write().apply(updated);
+        self.shared.state.nodes.write().apply_response(updated);
         Ok(())
     }
 
