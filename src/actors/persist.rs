@@ -1,7 +1,7 @@
 //! Writes carried through a failing API server: a disruption command's (a taint, a claim's
 //! mark, a replacement's create, a candidate's delete), and the read-back of the provisioner's
-//! creates. Each write is retried on transient errors with the
-//! write backoff (`Backoff::write`), the server's `Retry-After` as its floor. After any failure whose outcome
+//! creates. Each write is retried on transient errors with the write backoff
+//! (`Backoff::write`), the server's `Retry-After` as its floor. After any failure whose outcome
 //! is unknown (a 5xx, a timeout, a reset: the write may have landed) the object is read back
 //! from the API before the write is sent again, so it is never repeated blindly, as the Scaler
 //! reads back its replica writes. A command gives up, and is rolled back, only when the plan no
