@@ -109,6 +109,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             .node_repair
             .then_some(crate::view::settings::REPAIR_TOLERATION),
         static_capacity: c.feature_gates.static_capacity,
+        node_overlay: c.feature_gates.node_overlay,
         ..Settings::default()
     }
 }
@@ -431,6 +432,9 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         );
         Campaign { client, config }
     });
+    for (gate, on, why) in &args.controller.feature_gates.no_effect {
+        tracing::info!(gate = %gate, value = on, why = %why, "feature gate has no effect here");
+    }
     let controller = Controller {
         workload,
         management,

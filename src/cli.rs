@@ -297,17 +297,24 @@ pub struct ControllerArgs {
     /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream);
     /// `NodeRepair` replaces nodes whose `Ready` stays False or Unknown for 30 minutes (off by
     /// default, as upstream); `StaticCapacity` holds static NodePools at `spec.replicas` (on by
-    /// default here).
-    #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false,NodeRepair=false,StaticCapacity=true", value_parser = feature_gates_arg)]
+    /// default here); `NodeOverlay` applies NodeOverlays (on by default here: docs/limitations.md
+    /// says why). Every other gate upstream's default string carries (`ReservedCapacity`,
+    /// `SpotToSpotConsolidation`, ...) is accepted, so upstream's value can be copied as it is,
+    /// and logged once at start as having no effect here.
+    #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false,NodeRepair=false,StaticCapacity=true,NodeOverlay=true", value_parser = feature_gates_arg)]
     pub feature_gates: FeatureGates,
 }
 
-/// The features `--feature-gates` turns on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The features `--feature-gates` turns on, and the upstream gates it was given that change
+/// nothing here.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeatureGates {
     pub capacity_buffer: bool,
     pub node_repair: bool,
     pub static_capacity: bool,
+    pub node_overlay: bool,
+    /// Upstream gates named that have no effect here, with the value given and why.
+    pub no_effect: Vec<(String, bool, &'static str)>,
 }
 
 impl Default for FeatureGates {
@@ -316,12 +323,43 @@ impl Default for FeatureGates {
             capacity_buffer: false,
             node_repair: false,
             static_capacity: true,
+            node_overlay: true,
+            no_effect: Vec::new(),
         }
     }
 }
 
-/// `Name=bool` pairs, comma separated; a gate this controller does not know is refused, so a
-/// typo never passes for a feature that is off.
+/// Upstream Karpenter's gates (core v1.14 and v1.15, and `Drift` from before v1) that this
+/// controller accepts without acting on, and why each changes nothing here.
+const UPSTREAM_ONLY_GATES: &[(&str, &str)] = &[
+    (
+        "ReservedCapacity",
+        "Cluster API offers no reserved capacity type; every offering is on-demand or spot as its labels say",
+    ),
+    (
+        "SpotToSpotConsolidation",
+        "spot offerings are consolidated like any other: no spot capacity pool list to keep wide here",
+    ),
+    (
+        "Drift",
+        "drift is always on (the gate was removed upstream in v1)",
+    ),
+    (
+        "TerminateFirstDrift",
+        "not implemented yet: drift always launches the replacement first",
+    ),
+    (
+        "TerminateFirstRepair",
+        "not implemented yet: repair does not launch a replacement first",
+    ),
+    (
+        "PodDeletionCostManagement",
+        "not implemented yet: no pod-deletion-cost is written",
+    ),
+];
+
+/// `Name=bool` pairs, comma separated; a gate neither this controller nor upstream knows is
+/// refused, so a typo never passes for a feature that is off.
 fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
     let mut gates = FeatureGates::default();
     for pair in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -337,11 +375,17 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
             "CapacityBuffer" => gates.capacity_buffer = on,
             "NodeRepair" => gates.node_repair = on,
             "StaticCapacity" => gates.static_capacity = on,
-            other => {
-                return Err(format!(
-                    "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity)"
-                ));
-            }
+            "NodeOverlay" => gates.node_overlay = on,
+            other => match UPSTREAM_ONLY_GATES.iter().find(|(n, _)| *n == other) {
+                Some((n, why)) => gates.no_effect.push((n.to_string(), on, why)),
+                None => {
+                    let upstream: Vec<&str> = UPSTREAM_ONLY_GATES.iter().map(|(n, _)| *n).collect();
+                    return Err(format!(
+                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay; accepted with no effect: {})",
+                        upstream.join(", ")
+                    ));
+                }
+            },
         }
     }
     Ok(gates)

@@ -78,6 +78,10 @@ struct TemplateRead {
     retry_at: Option<Instant>,
     /// The last read found no such template (`Kind namespace/name not found`).
     missing: Option<String>,
+    /// The last read failed otherwise, with the error; cleared by a read that succeeds.
+    error: Option<String>,
+    /// Some read of this reference succeeded, so `capacity` is what the template said.
+    read_ok: bool,
     backoff: Backoff,
 }
 
@@ -160,9 +164,23 @@ impl Catalog {
             .iter()
             .filter_map(|(k, t)| Some((k.clone(), t.missing.clone()?)))
             .collect();
+        // Groups whose template has no answer yet: unknown, never taken for gone.
+        let unread_templates: HashSet<String> = mds
+            .iter()
+            .map(|md| md.key())
+            .filter(|k| !self.templates.contains_key(k))
+            .collect();
+        let failing_templates: HashMap<String, String> = self
+            .templates
+            .iter()
+            .filter(|(_, t)| !t.read_ok)
+            .filter_map(|(k, t)| Some((k.clone(), t.error.clone()?)))
+            .collect();
         let left_out = LeftOut {
             unreadable: &unreadable,
             missing_templates: &missing_templates,
+            unread_templates: &unread_templates,
+            failing_templates: &failing_templates,
         };
         let view = self.shared.catalog.clone();
         let unavailable = |md: &str| view.is_unavailable(md);
@@ -292,9 +310,10 @@ impl Catalog {
                 let previous = act.templates.remove(&key);
                 let same_ref = previous.as_ref().is_some_and(|p| p.ref_id == ref_id);
                 let previous_missing = previous.as_ref().and_then(|p| p.missing.clone());
-                let (capacity, mut backoff) = match previous {
-                    Some(p) if same_ref => (p.capacity, p.backoff),
-                    _ => (TemplateCapacity::default(), Backoff::new(Duration::from_secs(1), Duration::from_secs(120))),
+                let previous_error = previous.as_ref().filter(|_| same_ref).and_then(|p| p.error.clone());
+                let (capacity, read_ok, mut backoff) = match previous {
+                    Some(p) if same_ref => (p.capacity, p.read_ok, p.backoff),
+                    _ => (TemplateCapacity::default(), false, Backoff::new(Duration::from_secs(1), Duration::from_secs(120))),
                 };
                 let was_missing = previous_missing.filter(|_| same_ref);
                 match r {
@@ -311,8 +330,8 @@ impl Catalog {
                             backoff.reset();
                             None
                         };
-                        let changed = !same_ref || t != capacity || was_missing.is_some();
-                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at, missing: None, backoff });
+                        let changed = !same_ref || t != capacity || was_missing.is_some() || !read_ok;
+                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at, missing: None, error: None, read_ok: true, backoff });
                         if changed {
                             act.schedule_rebuild(ctx);
                         }
@@ -328,8 +347,10 @@ impl Catalog {
                         } else {
                             tracing::debug!(machine_deployment = %key, error = %e, retry_in = ?delay, "infrastructure template not readable; using annotations (or the last capacity read) and retrying");
                         }
-                        let changed = missing != was_missing;
-                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity, retry_at: Some(Instant::now() + delay), missing, backoff });
+                        let error = missing.is_none().then(|| e.to_string());
+                        // The first answer, or a change of what is wrong, is news to the catalog.
+                        let changed = missing != was_missing || error != previous_error || !same_ref;
+                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity, retry_at: Some(Instant::now() + delay), missing, error, read_ok, backoff });
                         if changed {
                             act.schedule_rebuild(ctx);
                         }

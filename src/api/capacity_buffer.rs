@@ -80,11 +80,11 @@ pub struct CapacityBufferSpec {
     /// An object with a scale subresource whose pod template is the shape of one chunk.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scalable_ref: Option<ScalableRef>,
-    /// How many chunks to keep; with `percentage`, the smaller of the two.
+    /// How many chunks to keep; with `percentage`, the larger of the two.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub replicas: Option<i32>,
-    /// Chunks as a percentage of the `scalableRef`'s replicas, rounded up to at least 1.
+    /// Chunks as a percentage of the `scalableRef`'s replicas, rounded up to at least 1; left out while it has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub percentage: Option<i32>,

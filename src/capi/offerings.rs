@@ -24,6 +24,14 @@ pub struct Catalog {
     pub instance_types: Vec<InstanceType>,
     /// `namespace/name` of every MachineDeployment that became an offering.
     pub deployments: Vec<String>,
+    /// Key of every group the NodeClass selects, offered or left out. Drift reads this, not
+    /// `deployments`: a claim's group drifts it only when the group is gone or no longer
+    /// selected, never because the catalog could not read it (see [`Catalog::unknown`]).
+    pub selected: BTreeSet<String>,
+    /// Selected groups left out because what they offer is not known (malformed annotations,
+    /// an infrastructure template not read yet, missing, or failing with no capacity known),
+    /// by key, with why. Their claims are neither drifted nor joined by new launches.
+    pub unknown: BTreeMap<String, String>,
     /// One line per MachineDeployment that was selected but left out, naming it and why.
     pub problems: Vec<String>,
     /// Offerings (by MachineDeployment) whose price a NodeOverlay set, with the price before.
@@ -31,10 +39,25 @@ pub struct Catalog {
     /// Keys of the offered MachinePools without MachinePool Machines: offered for scale-up
     /// only (see [`scale_up_only`]).
     pub scale_up_only: Vec<String>,
-    /// Keys of the selected MachinePools not offered yet because their infrastructure pool has
-    /// not been read ([`POOL_UNREAD`]): a claim only they could serve waits for the read
-    /// rather than be found unlaunchable.
+    /// Keys of the selected groups not offered yet because their infrastructure template or
+    /// pool has not been read, or a pool has not said whether it has MachinePool Machines
+    /// ([`POOL_UNREAD`], [`TEMPLATE_UNREAD`]): a claim only they could serve waits for the
+    /// read rather than be found unlaunchable.
     pub pending: Vec<String>,
+    /// Keys of the selected groups whose template's first read has not answered yet (a subset
+    /// of `pending`): the provisioner places no claim for the NodeClass until this is empty,
+    /// so a start or failover never sends claims to a dearer group meanwhile.
+    pub unread: Vec<String>,
+}
+
+impl Catalog {
+    /// Leaves a selected group out for a reason that says nothing of what it offers: it stays
+    /// selected (no drift) and is reported on the NodeClass.
+    pub fn leave_out_unknown(&mut self, md: &MachineDeployment, why: String) {
+        self.selected.insert(md.key());
+        self.problems.push(format!("{}: {why}", md.scalable()));
+        self.unknown.insert(md.key(), why);
+    }
 }
 
 /// The price a NodeOverlay set on one offering (kept so `explain` can say where a price came
@@ -45,6 +68,12 @@ pub struct PriceOverlaid {
     pub base_price: f64,
     pub change: crate::api::nodeoverlay::PriceChange,
 }
+
+/// Why a MachineDeployment whose capacity comes from its infrastructure template is left out
+/// until the template has been read once: after a start or a failover the first catalog must
+/// not offer it half-known, nor treat it as gone.
+pub const TEMPLATE_UNREAD: &str = "its infrastructure template has not been read yet; offered \
+     once it is";
 
 /// Inputs for one MachineDeployment besides the object itself.
 pub struct Context<'a> {
@@ -106,6 +135,7 @@ pub fn build(
         mds.iter().filter(|md| selected(md, selector)).collect();
     sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     for md in sorted {
+        catalog.selected.insert(md.key());
         match offering(md, cx) {
             Ok((name, capacity, o)) => {
                 if scale_up_only(md, cx.templates) {
@@ -122,9 +152,7 @@ pub fn build(
                 if problem == POOL_UNREAD {
                     catalog.pending.push(md.key());
                 }
-                catalog
-                    .problems
-                    .push(format!("{}: {problem}", md.scalable()))
+                catalog.leave_out_unknown(md, problem);
             }
         }
     }

@@ -8,9 +8,27 @@ fn feature_gates_read_as_karpenters_and_refuse_unknown_gates() {
     assert!(feature_gates_arg(" CapacityBuffer=false ,").is_ok_and(|g| !g.capacity_buffer));
     assert!(feature_gates_arg("NodeRepair=true").is_ok_and(|g| g.node_repair));
     assert!(feature_gates_arg("StaticCapacity=false").is_ok_and(|g| !g.static_capacity));
-    for bad in ["CapacityBuffer", "CapacityBuffer=yes", "Drift=true"] {
+    for bad in ["CapacityBuffer", "CapacityBuffer=yes", "Drfit=true"] {
         assert!(feature_gates_arg(bad).is_err(), "{bad}");
     }
+}
+
+/// Upstream's own default value (core's options, v1.14 and v1.15) must start the controller:
+/// operators copy it from Karpenter's chart. NodeOverlay follows it; the rest changes nothing.
+#[test]
+fn upstreams_full_default_string_is_accepted() {
+    let upstream = "NodeRepair=false,ReservedCapacity=true,SpotToSpotConsolidation=false,NodeOverlay=false,StaticCapacity=false,CapacityBuffer=false";
+    let gates = feature_gates_arg(upstream).expect("upstream's default string");
+    assert!(!gates.node_overlay && !gates.static_capacity && !gates.node_repair);
+    let named: Vec<&str> = gates.no_effect.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(named, ["ReservedCapacity", "SpotToSpotConsolidation"]);
+    let v115 = format!(
+        "{upstream},TerminateFirstDrift=true,TerminateFirstRepair=false,PodDeletionCostManagement=false,Drift=true"
+    );
+    assert!(feature_gates_arg(&v115).is_ok_and(|g| g.no_effect.len() == 6));
+    // And through the command line as a user passes it.
+    let cli = Cli::try_parse_from(["karpenter-capi", "run", "--feature-gates", upstream]);
+    assert!(cli.is_ok(), "{:?}", cli.err());
 }
 
 #[test]

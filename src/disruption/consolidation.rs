@@ -382,6 +382,21 @@ fn cheaper_replacement(
             "no replacement is cheaper than the current {current:.4}/h"
         ));
     }
+    // The cheaper types alone must still meet the claim's minValues (as the solve left them,
+    // lowered under BestEffort), or the replacement would launch from fewer options than its
+    // NodePool asks for (upstream's RemoveInstanceTypeOptionsByPriceAndMinValues).
+    let remaining: Vec<&crate::scheduling::InstanceType> = pool
+        .instance_types
+        .iter()
+        .filter(|t| new.instance_types.contains(&t.name))
+        .collect();
+    if let Err(unmet) =
+        requirements.check_min_values(|key| distinct_values(&remaining, &requirements, key))
+    {
+        return Outcome::No(format!(
+            "the instance types cheaper than the current {current:.4}/h cannot meet minValues: {unmet}"
+        ));
+    }
     // The claim may launch only the cheaper types.
     let types: Vec<&str> = new.instance_types.iter().map(String::as_str).collect();
     new.requirements.add(Requirement::is_in(
@@ -401,4 +416,27 @@ fn cheaper_replacement(
         .min_by(f64::total_cmp)
         .unwrap_or(current);
     Outcome::Replace(new, cheapest)
+}
+
+/// How many distinct values of `key` these instance types offer within `reqs` (what a
+/// minValues on `key` counts).
+fn distinct_values(
+    types: &[&crate::scheduling::InstanceType],
+    reqs: &crate::api::requirements::Requirements,
+    key: &str,
+) -> usize {
+    let allowed = reqs.get(key);
+    let mut values: HashSet<&str> = HashSet::new();
+    for t in types {
+        if key == crate::api::wellknown::INSTANCE_TYPE_LABEL {
+            values.insert(&t.name);
+        } else if let Some(vs) = t.requirements.values(key) {
+            values.extend(
+                vs.iter()
+                    .filter(|v| allowed.is_none_or(|r| r.has(v)))
+                    .map(String::as_str),
+            );
+        }
+    }
+    values.len()
 }

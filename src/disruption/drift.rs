@@ -9,7 +9,9 @@
 //!   hash differed, while its NodePool is unchanged.
 //! - `RequirementsDrifted`: the claim's labels no longer satisfy the NodePool's requirements.
 //! - `NodeClassDrifted`: the claim's MachineDeployment is gone or no longer selected by its
-//!   ClusterAPINodeClass.
+//!   ClusterAPINodeClass. Only a known change counts: a selected group the catalog cannot read
+//!   (malformed annotations, a template not read yet or failing) is unknown, not gone, so one
+//!   typo or a slow management cluster during a failover never replaces a node group.
 //! - `MachineTemplateDrifted`: Cluster API reports the claim's Machine `UpToDate=False` (its
 //!   MachineSet belongs to an outdated template; under `OnDelete` nothing else replaces it),
 //!   or, on a MachinePool (whose Machines are always `UpToDate`), the pool's template changed
@@ -64,9 +66,10 @@ impl Drift {
 /// What drift looks at besides the claim and its pool.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Provider {
-    /// The claim's MachineDeployment is still offered by the claim's NodeClass. None when the
-    /// catalog cannot tell yet (not built, NodeClass not ready): no verdict then.
-    pub offered: Option<bool>,
+    /// The claim's MachineDeployment still exists and is selected by the claim's NodeClass,
+    /// whether or not the catalog could read what it offers. None when the catalog cannot tell
+    /// yet (not built, NodeClass not ready): no verdict then.
+    pub selected: Option<bool>,
     /// The Machine's `UpToDate` condition, or on a pool whether its template is the one the
     /// claim was bound under (None: not reported, not recorded).
     pub machine_up_to_date: Option<bool>,
@@ -80,7 +83,7 @@ pub fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> Option<D
     if requirements_drifted(claim.metadata.labels.as_ref(), np) {
         return Some(Drift::RequirementsDrifted);
     }
-    if provider.offered == Some(false) {
+    if provider.selected == Some(false) {
         return Some(Drift::NodeClassDrifted);
     }
     if provider.machine_up_to_date == Some(false) {
@@ -328,17 +331,17 @@ mod tests {
         let np = pool(json!([]), json!({}));
         let c = claim(json!({}), json!({}));
         let gone = Provider {
-            offered: Some(false),
+            selected: Some(false),
             machine_up_to_date: None,
         };
         assert_eq!(drifted(&c, &np, gone), Some(Drift::NodeClassDrifted));
         let unknown = Provider {
-            offered: None,
+            selected: None,
             machine_up_to_date: None,
         };
         assert_eq!(drifted(&c, &np, unknown), None);
         let outdated = Provider {
-            offered: Some(true),
+            selected: Some(true),
             machine_up_to_date: Some(false),
         };
         assert_eq!(

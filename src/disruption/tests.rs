@@ -1132,3 +1132,36 @@ fn a_pending_pod_without_room_now_does_not_hold_a_candidate() {
         Some("delete")
     );
 }
+
+/// Upstream's RemoveInstanceTypeOptionsByPriceAndMinValues: the types cheaper than the
+/// candidate must meet the NodePool's minValues on their own, or no replacement is made.
+#[test]
+fn a_replacement_meets_min_values_with_the_cheaper_types_alone() {
+    let types = vec![
+        it("small", 2, 1.0, &["on-demand"]),
+        it("medium", 4, 2.0, &["on-demand"]),
+        it("large", 8, 4.0, &["on-demand"]),
+        it("xlarge", 16, 8.0, &["on-demand"]),
+    ];
+    // Four types hold the pod; two of them are cheaper than the large node it is on.
+    for (min, replaced) in [(2, true), (3, false)] {
+        let (mut s, c) = cluster(
+            &types,
+            &[Node {
+                name: "big",
+                ty: "large",
+                ct: "on-demand",
+                pods: &[("p", "1")],
+            }],
+        );
+        let mut req = crate::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
+            INSTANCE_TYPE_LABEL,
+            crate::api::nodeclaim::Operator::Exists,
+            &[],
+        );
+        req.min_values = Some(min);
+        s.nodepools[0].nodepool.spec.template.spec.requirements = vec![req];
+        let cmd = decide(&s, &c, &allow(1));
+        assert_eq!(cmd.is_some(), replaced, "minValues {min}: {cmd:?}");
+    }
+}

@@ -3,7 +3,7 @@
 //! builder, catalog and disruption view), from a one-off list instead of watches; nothing is
 //! written and no actor is built.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -308,9 +308,14 @@ pub async fn read(
     };
     let catalog = CatalogView::default();
     let unreadable = state.deployments.read().unreadable().clone();
+    // A one-off read answers every template: none is unread, and a failing one has never
+    // been read.
+    let unread_templates = HashSet::new();
     let left_out = LeftOut {
         unreadable: &unreadable,
         missing_templates: &missing_templates,
+        unread_templates: &unread_templates,
+        failing_templates: &template_errors,
     };
     let mut each: Vec<(ClusterAPINodeClass, offerings::Catalog, Result<(), String>)> = nodeclasses
         .into_iter()

@@ -63,7 +63,7 @@ pub enum ResolveError {
     #[error("no available offering of ClusterAPINodeClass {nodeclass} is compatible: {details}")]
     NoCompatibleOffering { nodeclass: String, details: String },
     #[error(
-        "no offering of ClusterAPINodeClass {nodeclass} is compatible yet, and {pending} of its MachinePools are not offered until their infrastructure pools are read"
+        "no offering of ClusterAPINodeClass {nodeclass} is compatible yet, and {pending} of its MachineDeployments or MachinePools are not offered until their infrastructure templates or pools are read"
     )]
     PoolsPending { nodeclass: String, pending: usize },
     #[error(
@@ -182,6 +182,36 @@ impl CatalogView {
             .by_nodeclass
             .get(nodeclass)
             .map(|e| e.ready.clone())
+    }
+
+    /// Every group the NodeClass selects, offered or not (None: no catalog published for it).
+    /// A claim drifts for its group only when the group is not in here.
+    pub fn selected(&self, nodeclass: &str) -> Option<HashSet<String>> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .get(nodeclass)
+            .map(|e| e.catalog.selected.iter().cloned().collect())
+    }
+
+    /// Why a selected group is left out with what it offers unknown (any NodeClass), if it is.
+    pub fn unknown(&self, md: &str) -> Option<String> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .values()
+            .find_map(|e| e.catalog.unknown.get(md).cloned())
+    }
+
+    /// The selected groups of these NodeClasses whose template's first read has not answered
+    /// yet: while there are any, the provisioner places nothing for them.
+    pub fn unread<'n>(&self, nodeclasses: impl IntoIterator<Item = &'n str>) -> Vec<String> {
+        let inner = self.inner.read();
+        nodeclasses
+            .into_iter()
+            .filter_map(|nc| inner.by_nodeclass.get(nc))
+            .flat_map(|e| e.catalog.unread.iter().cloned())
+            .collect()
     }
 
     /// True for a MachinePool offered for scale-up only (`capi::offerings::scale_up_only`): no
@@ -521,18 +551,55 @@ fn choice(t: &InstanceType, o: &crate::scheduling::Offering) -> Choice {
     }
 }
 
-/// MachineDeployments that cannot be offered whatever their annotations say, by key.
+/// What the catalog knows of each group's infrastructure template and object beyond the
+/// groups themselves, by key: the groups it cannot offer whatever their annotations say.
 pub struct LeftOut<'a> {
     /// Those the model cannot read.
     pub unreadable: &'a BTreeMap<String, Unreadable>,
     /// Those whose infrastructure template does not exist (`Kind namespace/name not found`).
     pub missing_templates: &'a HashMap<String, String>,
+    /// Those whose template's first read has not answered yet.
+    pub unread_templates: &'a HashSet<String>,
+    /// Those whose template reads fail (other than not found) and never succeeded, with the
+    /// last error.
+    pub failing_templates: &'a HashMap<String, String>,
+}
+
+impl LeftOut<'_> {
+    /// Why a MachineDeployment (not a pool: `capi::offerings::offering` judges those by what
+    /// their infrastructure pool said) cannot be offered yet whatever its annotations say.
+    fn held(&self, md: &MachineDeployment) -> Option<String> {
+        let key = md.key();
+        if let Some(why) = self.missing_templates.get(&key) {
+            return Some(format!(
+                "infrastructure template {why}: Cluster API cannot create its Machines"
+            ));
+        }
+        if md.is_pool() {
+            return None;
+        }
+        if self.unread_templates.contains(&key) {
+            return Some(offerings::TEMPLATE_UNREAD.to_string());
+        }
+        let error = self.failing_templates.get(&key)?;
+        // Complete annotations stand on their own while the template cannot be read; a
+        // malformed value is reported as such by the offering itself.
+        let annotated = crate::capi::autoscaler::parse_all(&md.annotations)
+            .map(|(sfz, _)| sfz.cpu.is_some() && sfz.memory.is_some())
+            .unwrap_or(true);
+        (!annotated).then(|| {
+            format!(
+                "its capacity is not known: its infrastructure template could not be read ({error}) and the annotations do not give cpu and memory; offered once a read succeeds"
+            )
+        })
+    }
 }
 
 /// What one NodeClass resolves to, and whether it is ready (the Catalog actor publishes this;
 /// `explain` computes it the same way from a one-off read). A NodeClass whose fields validation
 /// refuses (objects stored before the CRD refused them) resolves to nothing; MachineDeployments
-/// it selects that cannot be read are problems like malformed annotations.
+/// it selects that cannot be read are problems like malformed annotations, and stay selected
+/// (`offerings::Catalog::unknown`): what cannot be read is never taken for gone.
 pub fn resolve_nodeclass(
     nc: &ClusterAPINodeClass,
     mds: &[Arc<MachineDeployment>],
@@ -547,44 +614,50 @@ pub fn resolve_nodeclass(
         .scalable_resource_selector
         .as_ref()
         .map(LabelSelector::try_from);
-    match selector.transpose() {
-        Err(e) => (
-            offerings::Catalog::default(),
-            Err(format!("spec.scalableResourceSelector: {e}")),
-        ),
-        Ok(sel) => {
-            let (usable, missing): (Vec<Arc<MachineDeployment>>, Vec<Arc<MachineDeployment>>) = mds
-                .iter()
-                .cloned()
-                .partition(|md| !left_out.missing_templates.contains_key(&md.key()));
-            let mut c = offerings::build(sel.as_ref(), &usable, cx);
-            for md in missing
-                .iter()
-                .filter(|md| offerings::selected(md, sel.as_ref()))
-            {
-                let key = md.key();
-                let why = left_out
-                    .missing_templates
-                    .get(&key)
-                    .cloned()
-                    .unwrap_or_default();
-                c.problems.push(format!(
-                    "MachineDeployment {key}: infrastructure template {why}: Cluster API cannot create its Machines"
-                ));
-            }
-            for (key, u) in left_out.unreadable {
-                let member = u.labels.contains_key(crate::api::wellknown::MEMBER_LABEL);
-                if member && sel.as_ref().is_none_or(|s| s.matches(&u.labels)) {
-                    c.problems.push(format!(
-                        "MachineDeployment {key}: cannot be read: {}",
-                        u.error
-                    ));
-                }
-            }
-            let ready = readiness(&c);
-            (c, ready)
+    let sel = match selector.transpose() {
+        Ok(sel) => sel,
+        Err(e) => {
+            return (
+                offerings::Catalog::default(),
+                Err(format!("spec.scalableResourceSelector: {e}")),
+            );
+        }
+    };
+    let mut usable = Vec::with_capacity(mds.len());
+    let mut held = Vec::new();
+    for md in mds {
+        match left_out.held(md) {
+            None => usable.push(md.clone()),
+            Some(why) => held.push((md, why)),
         }
     }
+    let mut c = offerings::build(sel.as_ref(), &usable, cx);
+    for (md, why) in held {
+        if !offerings::selected(md, sel.as_ref()) {
+            continue;
+        }
+        if why == offerings::TEMPLATE_UNREAD {
+            c.pending.push(md.key());
+        }
+        c.leave_out_unknown(md, why);
+    }
+    for (key, u) in left_out.unreadable {
+        let member = u.labels.contains_key(crate::api::wellknown::MEMBER_LABEL);
+        if member && sel.as_ref().is_none_or(|s| s.matches(&u.labels)) {
+            let why = format!("cannot be read: {}", u.error);
+            c.problems.push(format!("MachineDeployment {key}: {why}"));
+            c.selected.insert(key.clone());
+            c.unknown.insert(key.clone(), why);
+        }
+    }
+    c.unread = c
+        .selected
+        .iter()
+        .filter(|k| left_out.unread_templates.contains(*k))
+        .cloned()
+        .collect();
+    let ready = readiness(&c);
+    (c, ready)
 }
 
 fn readiness(c: &offerings::Catalog) -> Result<(), String> {

@@ -70,6 +70,9 @@ pub struct View {
     /// Nodes whose pool's `consolidateAfter` has not passed since their last pod event: a
     /// consolidation moves no pod onto them.
     pub under_consolidate_after: HashSet<String>,
+    /// Claims whose group the catalog cannot read (malformed, template not read or failing):
+    /// drift is not decided for them until it can, and each says why.
+    pub unknown_group: Vec<(Arc<NodeClaim>, String)>,
 }
 
 /// What the pass knows that the indexes do not.
@@ -103,7 +106,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     let pod_index = st.pods.read();
     let machines = st.machines.read();
     let deployments = st.deployments.read();
-    let offered = offered_by_nodeclass(inputs.catalog, &pools);
+    let selected = selected_by_nodeclass(inputs.catalog, &pools);
     let pdbs = PdbIndex::new(mem.pdbs);
 
     let mut view = View::default();
@@ -192,8 +195,11 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         // Machines).
         let group = deployments.get(md);
         let on_delete = group.as_ref().is_some_and(|d| d.on_delete);
+        if let Some(why) = inputs.catalog.unknown(md) {
+            view.unknown_group.push((c.clone(), why));
+        }
         let provider = drift::Provider {
-            offered: offered.get(nodeclass).map(|mds| mds.contains(md)),
+            selected: selected.get(nodeclass).map(|mds| mds.contains(md)),
             machine_up_to_date: match group.as_ref().and_then(|d| d.template_hash.as_deref()) {
                 // A pool's Machines are all `UpToDate`; its template and its infrastructure
                 // pool's instance fields are compared instead.
@@ -263,6 +269,15 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             None => false,
         };
         if let Some(why) = node_protected(c, node) {
+            view.blocked.push((c.clone(), why));
+            continue;
+        }
+        // Drift launches its replacement first, so only consolidation is held at min size.
+        if let Some(why) = group
+            .as_deref()
+            .filter(|_| drift.is_none())
+            .and_then(at_min_size)
+        {
             view.blocked.push((c.clone(), why));
             continue;
         }
@@ -499,8 +514,28 @@ fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bo
     drifted_now != drift.map(Drift::reason) || consolidatable_now != consolidatable
 }
 
-/// The MachineDeployments each NodeClass offers, for NodeClasses the catalog is sure of.
-fn offered_by_nodeclass(
+/// Cluster Autoscaler's rule: a group at its min-size annotation gives up no node by choice.
+/// Removing one would lower no replica (Cluster API keeps the group at min size): the Machine
+/// would be deleted and made again, a drain and a boot for nothing.
+fn at_min_size(group: &crate::capi::model::MachineDeployment) -> Option<String> {
+    let min: i32 = group
+        .annotations
+        .get(crate::api::wellknown::MIN_SIZE_ANNOTATION)?
+        .trim()
+        .trim_start_matches('+')
+        .parse()
+        .ok()?;
+    let replicas = group.spec_replicas?;
+    (min > 0 && replicas <= min).then(|| {
+        format!(
+            "its {} is at its min size ({replicas} replicas, min {min}): Cluster API would only make its Machine again",
+            group.scalable()
+        )
+    })
+}
+
+/// The groups each NodeClass selects (offered or not), for NodeClasses the catalog is sure of.
+fn selected_by_nodeclass(
     catalog: &CatalogView,
     pools: &HashMap<String, Arc<NodePool>>,
 ) -> HashMap<String, HashSet<String>> {
@@ -510,12 +545,9 @@ fn offered_by_nodeclass(
         if out.contains_key(nc) || catalog.nodeclass_ready(nc) != Some(Ok(())) {
             continue;
         }
-        let mds: HashSet<String> = catalog
-            .instance_types(nc)
-            .iter()
-            .flat_map(|t| t.offerings.iter().map(|o| o.machine_deployment.clone()))
-            .collect();
-        out.insert(nc.clone(), mds);
+        if let Some(selected) = catalog.selected(nc) {
+            out.insert(nc.clone(), selected);
+        }
     }
     out
 }

@@ -46,6 +46,9 @@ pub struct Settings {
     /// Static NodePools are held at `spec.replicas` (`--feature-gates StaticCapacity=false`
     /// turns it off).
     pub static_capacity: bool,
+    /// NodeOverlays are applied (`--feature-gates NodeOverlay=false` ignores them, as upstream
+    /// does with its gate off: no price or capacity changes, no overlay status written).
+    pub node_overlay: bool,
 }
 
 /// Node repair's toleration of an unhealthy Node: upstream's providers tolerate `Ready` False
@@ -116,6 +119,7 @@ impl Default for Settings {
             disruption: DisruptionSettings::default(),
             node_repair: None,
             static_capacity: true,
+            node_overlay: true,
         }
     }
 }

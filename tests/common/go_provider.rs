@@ -110,6 +110,9 @@ impl GoProvider {
                     {"key": NODEPOOL_LABEL, "operator": "In", "values": [NODEPOOL]},
                     {"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": [instance_type]},
                     {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]},
+                    // The core copies the NodePool's requirements (the adoption tests' pool
+                    // requires the label Cluster API propagates from each node group).
+                    {"key": "node.cluster.x-k8s.io/pool", "operator": "In", "values": ["md-0", "md-1"]},
                 ],
                 "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
             },
@@ -344,6 +347,16 @@ pub async fn launched(
     go.bind(&machine, &claim).await;
     go.launch_and_register(env, &claim, &machine, instance_type)
         .await;
+    // The offering's labels the provider returned at launch include the label Cluster API
+    // propagates from the group's template, which the adoption tests' NodePool requires.
+    go.claims()
+        .patch(
+            &claim,
+            &GoProvider::params(),
+            &Patch::Merge(json!({"metadata": {"labels": {"node.cluster.x-k8s.io/pool": md}}})),
+        )
+        .await
+        .expect("claim labels");
     (claim, machine)
 }
 

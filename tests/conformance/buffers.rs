@@ -219,15 +219,23 @@ fn percentage_only() {
     );
 }
 
-/// Upstream Karpenter takes the larger of `replicas` and `percentage` (5 here); the API's own
-/// text and Cluster Autoscaler take the smaller, which this provider follows so one buffer is
-/// the same headroom under either autoscaler.
+/// The larger of `replicas` and `percentage`, as upstream Karpenter's `computeReplicas`, the
+/// SIG Autoscaling API text and Cluster Autoscaler's core (since 2026-07) take it.
 #[test]
-fn replicas_and_percentage_take_the_smaller_as_the_api_says() {
+fn replicas_and_percentage_take_the_larger() {
     let spec = json!({"replicas": 5, "percentage": 20});
-    assert_eq!(scalable_chunks(spec, Some(10), cpu("1")), Ok(2));
-    let spec = json!({"replicas": 5, "percentage": 80});
     assert_eq!(scalable_chunks(spec, Some(10), cpu("1")), Ok(5));
+    let spec = json!({"replicas": 5, "percentage": 80});
+    assert_eq!(scalable_chunks(spec, Some(10), cpu("1")), Ok(8));
+}
+
+/// Upstream adds the percentage only while the workload has replicas.
+#[test]
+fn a_percentage_of_a_workload_at_zero_is_left_out() {
+    let spec = json!({"replicas": 2, "percentage": 50});
+    assert_eq!(scalable_chunks(spec, Some(0), cpu("1")), Ok(2));
+    let spec = json!({"percentage": 50});
+    assert_eq!(scalable_chunks(spec, Some(0), cpu("1")), Ok(0));
 }
 
 #[test]

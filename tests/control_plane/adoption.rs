@@ -67,8 +67,18 @@ async fn seeded(backend: Backend) -> Env {
     }
 }
 
+/// The NodePool requires the label Cluster API propagates from each MachineDeployment's
+/// template (`node.cluster.x-k8s.io/pool`), as users' NodePools select node groups: a claim
+/// the Go provider left without it drifts unless its adoption writes it (issue 37).
+const POOL_LABEL: &str = "node.cluster.x-k8s.io/pool";
+
 async fn left_by_the_go_provider(env: &Env) -> Left {
     let go = GoProvider::new(env).await;
+    env.patch_pool(json!({"spec": {"template": {"spec": {"requirements": [
+        {"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]},
+        {"key": POOL_LABEL, "operator": "In", "values": ["md-0", "md-1"]},
+    ]}}}}))
+    .await;
     go.stamp_nodepool().await;
     let (it0, it1) = (instance_type(0), instance_type(1));
     let mut taken = BTreeSet::new();
@@ -328,13 +338,28 @@ async fn the_go_providers_claims_are_adopted_without_a_replica_write_a_deletion_
 ) {
     let mut env = seeded(backend).await;
     let left = left_by_the_go_provider(&env).await;
+    // Disruption passes every 200 ms: a drift of the adopted claims would show within the
+    // wait below (the Go provider's in-flight claims drifted 5-6 s after their launch).
+    let settings = karpenter_capi::actors::Settings {
+        disruption: crate::common::claims::fast_disruption(),
+        ..sim_settings(None)
+    };
     env.controller = Some(
-        start_controller(&env.sim, sim_settings(None), env.metrics.clone())
+        start_controller(&env.sim, settings, env.metrics.clone())
             .await
             .expect("controller"),
     );
     adopted(&env, &left).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
     assert_untouched_and_go_readable(&env, &left);
+    for c in left.live.keys() {
+        let claim = env.get("nodeclaims", "", c).expect("live claim");
+        assert!(
+            claim["metadata"]["labels"][POOL_LABEL].is_string(),
+            "{c} carries the label its NodePool requires: {:#}",
+            claim["metadata"]["labels"]
+        );
+    }
     env.invariants_hold();
 }
 

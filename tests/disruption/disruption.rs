@@ -809,3 +809,71 @@ async fn a_candidate_whose_delete_keeps_failing_holds_back_no_other() {
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
 }
+
+/// Issue 37: a selected MachineDeployment the catalog cannot read is unknown, not gone. Its
+/// claims are not drifted (one annotation typo must not replace a node group), nothing new
+/// launches on it, its claims say why (an Event), and once it reads again nothing has moved.
+#[actix::test]
+async fn a_machine_deployment_that_cannot_be_read_drifts_none_of_its_claims() {
+    let env = env_fast().await;
+    env.sim
+        .run(|c| async move {
+            c.create_machine_deployment_from(&seed_of(1, 10))
+                .await
+                .expect("a second MachineDeployment, so the NodeClass stays usable");
+        })
+        .await
+        .expect("seeding");
+    let (claim, _) = env.stamped_claim("sim-0").await;
+    // A labels entry without `=` (Cluster Autoscaler skips it) and a cpu that is no quantity
+    // (refused by both): either way md-0 must not be taken for gone.
+    env.patch_md(json!({"metadata": {"annotations": {
+        LABELS_ANNOTATION: "team=a,oops",
+        CPU_ANNOTATION: "lots",
+    }}}))
+    .await;
+    env.wait("md-0 unknown to the catalog", || {
+        env.controller
+            .as_ref()
+            .and_then(|c| c.shared.catalog.unknown("default/md-0"))
+    })
+    .await;
+    env.wait("the claim told why its drift is not decided", || {
+        env.events("MachineDeploymentUnknown")
+            .into_iter()
+            .find(|e| e["regarding"]["name"] == claim.as_str())
+    })
+    .await;
+    // Many disruption passes (every 200 ms) while md-0 stays unreadable.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let c = env
+        .get("nodeclaims", "", &claim)
+        .expect("the claim is kept");
+    assert!(
+        c["metadata"]["deletionTimestamp"].is_null(),
+        "the claim was deleted"
+    );
+    assert!(
+        condition(&c, "Drifted").is_none_or(|d| d["status"] != "True"),
+        "the claim drifted: {c}"
+    );
+    let seeded = seed_of(0, 10).annotations;
+    env.patch_md(json!({"metadata": {"annotations": {
+        CPU_ANNOTATION: seeded[CPU_ANNOTATION],
+        LABELS_ANNOTATION: seeded[LABELS_ANNOTATION],
+    }}}))
+    .await;
+    env.wait("md-0 offered again", || {
+        env.controller
+            .as_ref()
+            .and_then(|c| c.shared.catalog.offering("default/md-0"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let c = env
+        .get("nodeclaims", "", &claim)
+        .expect("the claim is kept");
+    assert!(condition(&c, "Drifted").is_none_or(|d| d["status"] != "True"));
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}

@@ -1,10 +1,11 @@
 //! A CapacityBuffer resolved: how many chunks, of which pod, and the status that says so. Pure:
 //! the actor reads the referenced objects and hands them in.
 //!
-//! The chunk count follows the API's own text, which is also Cluster Autoscaler's behaviour, so
-//! one buffer means the same headroom whichever autoscaler reads it: `replicas` and
-//! `percentage` (of the `scalableRef`'s replicas, rounded up to at least 1) together take the
-//! smaller; `limits` bound the result, or alone give as many chunks as fit in them.
+//! The chunk count follows the API's own text, which is also Cluster Autoscaler's core (since
+//! 2026-07) and Karpenter's `computeReplicas` (v1.14.1), so one buffer means the same headroom
+//! whichever autoscaler reads it: `replicas` and `percentage` (of the `scalableRef`'s replicas,
+//! rounded up to at least 1; left out while the workload has no replicas) together take the
+//! larger; `limits` bound the result, or alone give as many chunks as fit in them.
 
 use std::collections::BTreeMap;
 
@@ -68,10 +69,17 @@ pub fn resolve(cb: &CapacityBuffer, source: Source) -> Result<Resolved, NotReady
     if let Some(r) = spec.replicas {
         sizes.push(r.max(0));
     }
+    // A percentage of a workload scaled to zero asks for nothing, but it is still a size: the
+    // buffer resolves to what `replicas` says, or to none.
+    let mut sized = !sizes.is_empty();
     if let (Some(p), Some(_)) = (spec.percentage, &spec.scalable_ref) {
-        sizes.push(percentage_of(source.scalable_replicas.unwrap_or(1), p));
+        sized = true;
+        let of = source.scalable_replicas.unwrap_or(1);
+        if of > 0 {
+            sizes.push(percentage_of(of, p));
+        }
     }
-    let wanted = sizes.into_iter().min();
+    let wanted = sized.then(|| sizes.into_iter().max().unwrap_or(0));
     let by_limits = match &spec.limits {
         Some(limits) => Some(chunks_within(limits, &source.template)?),
         None => None,
@@ -285,14 +293,23 @@ mod tests {
     }
 
     #[test]
-    fn replicas_and_percentage_take_the_smaller_and_limits_bound_them() {
+    fn replicas_and_percentage_take_the_larger_and_limits_bound_them() {
         let both = CapacityBufferSpec {
             scalable_ref: deployment(),
             replicas: Some(5),
             percentage: Some(20),
             ..CapacityBufferSpec::default()
         };
-        assert_eq!(replicas_of(both.clone(), scalable(10)), Ok(2));
+        // max(5, 20 % of 10 = 2): the API's text and upstream's computeReplicas.
+        assert_eq!(replicas_of(both.clone(), scalable(10)), Ok(5));
+        assert_eq!(replicas_of(both.clone(), scalable(40)), Ok(8));
+        // A workload at zero replicas: the percentage is left out, replicas stand alone.
+        assert_eq!(replicas_of(both.clone(), scalable(0)), Ok(5));
+        let percentage_only = CapacityBufferSpec {
+            replicas: None,
+            ..both.clone()
+        };
+        assert_eq!(replicas_of(percentage_only, scalable(0)), Ok(0));
         let capped = CapacityBufferSpec {
             percentage: Some(80),
             replicas: Some(10),

@@ -31,7 +31,13 @@ impl Catalog {
         resolved: &mut [(offerings::Catalog, Result<(), String>)],
         ctx: &mut Context<Self>,
     ) -> PoolCatalogs {
-        let overlays: Vec<Arc<NodeOverlay>> = self.overlays.values().cloned().collect();
+        // With the NodeOverlay gate off, overlays are ignored as upstream ignores them: nothing
+        // re-priced, no status written.
+        let overlays: Vec<Arc<NodeOverlay>> = if self.shared.settings.node_overlay {
+            self.overlays.values().cloned().collect()
+        } else {
+            Vec::new()
+        };
         let refs: Vec<&NodeOverlay> = overlays.iter().map(|o| o.as_ref()).collect();
         let (nodepools, seen) = self.pools_now();
         let pools_synced = seen.0;
@@ -55,7 +61,10 @@ impl Catalog {
                 ctx,
             );
         }
-        let bad: Vec<Malformed> = self.malformed_overlays.values().cloned().collect();
+        let bad: Vec<Malformed> = match self.shared.settings.node_overlay {
+            true => self.malformed_overlays.values().cloned().collect(),
+            false => Vec::new(),
+        };
         for m in bad {
             let current: Vec<conditions::Condition> = m
                 .conditions

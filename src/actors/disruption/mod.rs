@@ -590,6 +590,20 @@ async fn housekeeping(shared: &Shared, view: view::View) {
         .filter(|s| s.drift.is_some() || s.consolidatable)
         .map(|s| s.claim.metadata.name.as_deref().unwrap_or_default())
         .collect();
+    for (c, why) in &view.unknown_group {
+        // A repeat within the Events' window writes nothing, so once per pass is fine.
+        execute::on_claim_and_node(
+            shared,
+            c,
+            Events::warning,
+            "MachineDeploymentUnknown",
+            |object| {
+                format!(
+                    "Drift of {object} is not decided while its group cannot be read, and nothing new launches there: {why}"
+                )
+            },
+        );
+    }
     for (c, why) in &view.blocked {
         let drifted_or_idle = interesting.contains(c.name_any().as_str())
             || conditions::is_true(c.conditions(), conditions::DRIFTED)

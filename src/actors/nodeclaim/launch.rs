@@ -89,12 +89,41 @@ pub fn prelaunch(
             MACHINE_DEPLOYMENT_ANNOTATION.to_string(),
             choice.machine_deployment.clone(),
         );
+    let labels = launch_labels(claim, &choice);
     claim
         .metadata
         .labels
         .get_or_insert_with(Default::default)
-        .extend(choice.node_labels());
+        .extend(labels);
     Some(choice)
+}
+
+/// The labels a launched claim carries that `claim` lacks or has otherwise: each single-valued
+/// requirement of its spec and every label of the offering it launches on (upstream's
+/// PopulateNodeClaimDetails). A claim another provisioner created (the Go provider writes only
+/// its creation labels) thus ends with the labels one of ours has, and never drifts for labels
+/// this controller did not write.
+pub fn launch_labels(claim: &NodeClaim, offering: &Choice) -> Vec<(String, String)> {
+    let mut wanted: std::collections::BTreeMap<String, String> = Default::default();
+    if let Ok(reqs) = Requirements::from_node_selector_requirements(&claim.spec.requirements) {
+        for r in reqs.iter() {
+            if r.key() == HOSTNAME_LABEL || r.allows_absent() {
+                continue;
+            }
+            if let Some(values) = r.finite_values()
+                && values.len() == 1
+                && let Some(v) = values.iter().next()
+            {
+                wanted.insert(r.key().to_string(), v.clone());
+            }
+        }
+    }
+    wanted.extend(offering.labels.clone());
+    wanted.extend(offering.node_labels());
+    wanted
+        .into_iter()
+        .filter(|(k, v)| claim.labels().get(k) != Some(v))
+        .collect()
 }
 
 impl Step {
@@ -131,10 +160,8 @@ impl Step {
             &offering.machine_deployment,
         );
         let has_labels = !c.labels().is_empty();
-        for (k, v) in offering.node_labels() {
-            if c.labels().get(&k) != Some(&v) {
-                p.set_entry(has_labels, "/metadata/labels", &k, &v);
-            }
+        for (k, v) in launch_labels(&c, &offering) {
+            p.set_entry(has_labels, "/metadata/labels", &k, &v);
         }
         let updated = self.patch_claim(p, false).await?;
         tracing::info!(nodeclaim = %self.name(), machine_deployment = %offering.machine_deployment, instance_type = %offering.instance_type, price = offering.price, "offering chosen");
@@ -285,6 +312,20 @@ impl Step {
     ) -> Result<Next, Error> {
         let pool = self.claim.labels().get(NODEPOOL_LABEL).cloned();
         let offering = self.shared.catalog.pool_offering(md, pool.as_deref());
+        // An adopted claim (bound by another provisioner's Machine) skipped the launch decision:
+        // its labels are written here, before it is Launched, so drift never sees it without
+        // them. A claim of ours has them all already and costs no write.
+        if let Some(o) = &offering {
+            let missing = launch_labels(&self.claim, o);
+            if !missing.is_empty() {
+                let mut p = JsonPatch::guarded(self.claim.resource_version().as_deref());
+                let has_labels = !self.claim.labels().is_empty();
+                for (k, v) in &missing {
+                    p.set_entry(has_labels, "/metadata/labels", k, v);
+                }
+                self.claim = self.patch_claim(p, false).await?;
+            }
+        }
         let generation = self.claim.metadata.generation;
         let updated = self
             .conditions_true(&[conditions::LAUNCHED], |status| {
@@ -322,5 +363,57 @@ impl Step {
         }
         tracing::info!(nodeclaim = %self.name(), machine = ?mk, provider_id = %pid, machine_deployment = %md, "launched");
         Ok(Next::Continue(updated))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parity row 31: the Go provider's claim shape (its creation labels only) gets what one of
+    /// ours carries; labels it already has with the same value are not written again.
+    #[test]
+    fn launch_labels_are_the_requirements_and_the_offerings() {
+        let claim: NodeClaim = serde_json::from_value(json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": "default-x", "labels": {
+                NODEPOOL_LABEL: "default", "team": "a"}},
+            "spec": {"nodeClassRef": {"group": "karpenter.cluster.x-k8s.io",
+                                      "kind": "ClusterAPINodeClass", "name": "default"},
+                     "requirements": [
+                         {"key": "node.cluster.x-k8s.io/pool", "operator": "In", "values": ["md-0"]},
+                         {"key": ZONE_LABEL, "operator": "In", "values": ["a", "b"]},
+                         {"key": "team", "operator": "In", "values": ["a"]},
+                         {"key": "gpu", "operator": "DoesNotExist"}]}
+        }))
+        .expect("a NodeClaim");
+        let offering = Choice {
+            machine_deployment: "default/md-0".into(),
+            instance_type: "sim-0".into(),
+            zone: Some("a".into()),
+            capacity_type: CAPACITY_TYPE_ON_DEMAND.into(),
+            price: 0.2,
+            capacity: Resources::new(),
+            allocatable: Resources::new(),
+            labels: [
+                (INSTANCE_TYPE_LABEL, "sim-0"),
+                (ZONE_LABEL, "a"),
+                (CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND),
+                ("node.cluster.x-k8s.io/pool", "md-0"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into(),
+        };
+        let got: std::collections::BTreeMap<String, String> =
+            launch_labels(&claim, &offering).into_iter().collect();
+        let want: std::collections::BTreeMap<String, String> = [
+            (INSTANCE_TYPE_LABEL, "sim-0"),
+            (ZONE_LABEL, "a"),
+            (CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND),
+            ("node.cluster.x-k8s.io/pool", "md-0"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .into();
+        assert_eq!(got, want);
     }
 }

@@ -65,8 +65,27 @@ impl Step {
         } else {
             &[conditions::REGISTERED]
         };
+        // Why it is not initialized yet rides on the same write (upstream shows the reason on
+        // `Initialized=Unknown`), rather than a second status write right after this one.
+        let not_initialized = (!initialize)
+            .then(|| node_initialized(&registered_node(node, &c), &c).err())
+            .flatten();
+        let generation = c.metadata.generation;
         let updated = self
-            .conditions_true(types, |status| status.node_name = Some(node_name.clone()))
+            .conditions_true(types, |status| {
+                status.node_name = Some(node_name.clone());
+                if let Some(why) = &not_initialized {
+                    conditions::set(
+                        status.conditions.get_or_insert_with(Vec::new),
+                        conditions::INITIALIZED,
+                        conditions::ConditionStatus::Unknown,
+                        why.reason,
+                        &why.message,
+                        generation,
+                        jiff::Timestamp::now(),
+                    );
+                }
+            })
             .await?;
         let md = recorded_deployment(&c).unwrap_or_default().to_string();
         let m = &self.shared.metrics;

@@ -169,6 +169,19 @@ impl Provisioner {
         if snapshot.pods.is_empty() {
             return;
         }
+        // A group whose template has no answer yet (a start, a failover) may be the one the
+        // pods should go to: placing them now could pick a dearer group. The catalog's rebuild
+        // after the read pokes the batch again.
+        let unread = self.shared.catalog.unread(
+            snapshot
+                .nodepools
+                .iter()
+                .map(|p| p.nodepool.spec.template.spec.node_class_ref.name.as_str()),
+        );
+        if !unread.is_empty() {
+            tracing::debug!(groups = ?unread, "waiting for the first read of these groups' templates before placing pods");
+            return;
+        }
         // Volume zones bound where each pod may go; pods whose claims cannot be used drop out;
         // existing nodes' CSI attach limits bound the pods they take.
         let (volumes, volume_failures) = {

@@ -200,3 +200,96 @@ fn min_values_count_only_the_types_that_can_launch() {
         Err(ResolveError::MinValues { .. })
     ));
 }
+
+/// A MachineDeployment for `resolve_nodeclass`: a member, capacity from `annotations` alone.
+fn member(name: &str, annotations: serde_json::Value) -> Arc<MachineDeployment> {
+    let v = serde_json::json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta1",
+        "kind": "MachineDeployment",
+        "metadata": {"name": name, "namespace": "default", "uid": name, "resourceVersion": "1",
+                     "labels": {crate::api::wellknown::MEMBER_LABEL: ""}, "annotations": annotations},
+        "spec": {"clusterName": "c", "replicas": 1,
+                 "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": name}},
+                 "template": {"spec": {"clusterName": "c", "bootstrap": {"dataSecretName": "x"},
+                     "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                                           "kind": "DevMachineTemplate", "name": name}}}}
+    });
+    Arc::new(
+        MachineDeployment::from_value(&v, crate::capi::version::CapiVersion::V1Beta1)
+            .expect("a MachineDeployment"),
+    )
+}
+
+/// Issue 37: every selected group stays selected whatever the catalog could read of it, so
+/// drift takes none for gone; what it could not read is unknown, with why, and a template not
+/// read yet holds the provisioner (unread) and the launch (pending).
+#[test]
+fn groups_the_catalog_cannot_read_stay_selected_and_unknown() {
+    use crate::api::nodeclass::{ClusterAPINodeClass, ClusterAPINodeClassSpec};
+    use crate::api::wellknown::{CPU_ANNOTATION, MEMORY_ANNOTATION};
+    let sized = serde_json::json!({CPU_ANNOTATION: "4", MEMORY_ANNOTATION: "16Gi"});
+    let mds = vec![
+        member("good", sized.clone()),
+        member(
+            "typo",
+            serde_json::json!({CPU_ANNOTATION: "lots", MEMORY_ANNOTATION: "16Gi"}),
+        ),
+        // Capacity from the template only: unread, then failing.
+        member("unread", serde_json::json!({})),
+        member("failing", serde_json::json!({})),
+        // Complete annotations stand while the template fails; not read yet, they wait too.
+        member("annotated-failing", sized.clone()),
+        member("annotated-unread", sized),
+    ];
+    let templates: HashMap<String, crate::capi::template::TemplateCapacity> = HashMap::new();
+    let never = |_: &str| false;
+    let cx = OfferingContext {
+        templates: &templates,
+        unavailable: &never,
+    };
+    let unreadable = BTreeMap::new();
+    let missing = HashMap::new();
+    let unread: HashSet<String> = ["default/unread", "default/annotated-unread"]
+        .map(String::from)
+        .into();
+    let failing: HashMap<String, String> = [
+        ("default/failing", "forbidden (403)"),
+        ("default/annotated-failing", "forbidden (403)"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .into();
+    let left_out = LeftOut {
+        unreadable: &unreadable,
+        missing_templates: &missing,
+        unread_templates: &unread,
+        failing_templates: &failing,
+    };
+    let nc = ClusterAPINodeClass::new("nc", ClusterAPINodeClassSpec::default());
+    let (c, ready) = resolve_nodeclass(&nc, &mds, &left_out, &cx);
+    assert_eq!(ready, Ok(()));
+    assert_eq!(c.deployments, ["default/annotated-failing", "default/good"]);
+    assert_eq!(c.selected.len(), 6, "{:?}", c.selected);
+    let unknown: Vec<&str> = c.unknown.keys().map(String::as_str).collect();
+    assert_eq!(
+        unknown,
+        [
+            "default/annotated-unread",
+            "default/failing",
+            "default/typo",
+            "default/unread"
+        ]
+    );
+    assert!(c.unknown["default/failing"].contains("forbidden (403)"));
+    assert!(c.unknown["default/typo"].contains(CPU_ANNOTATION));
+    assert_eq!(c.unread, ["default/annotated-unread", "default/unread"]);
+    let mut pending = c.pending.clone();
+    pending.sort();
+    assert_eq!(pending, ["default/annotated-unread", "default/unread"]);
+    // What the disruption view reads: selected, so no claim of these drifts.
+    let view = CatalogView::default();
+    view.publish("nc".into(), c, None, Ok(()));
+    let selected = view.selected("nc").expect("published");
+    assert!(selected.contains("default/typo") && selected.contains("default/unread"));
+    assert!(view.unknown("default/typo").is_some());
+    assert_eq!(view.unread(["nc"]).len(), 2);
+}

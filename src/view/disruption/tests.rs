@@ -260,3 +260,35 @@ fn consolidate_after_never_counts_from_before_the_actor_started() {
     pod_events.insert("n".to_string(), at("2026-01-01T09:59:50Z"));
     assert!(!memory("2026-01-01T09:00:00Z", &pod_events));
 }
+
+/// Parity row 30: Cluster Autoscaler's min size holds consolidation off a group at it.
+#[test]
+fn a_group_at_its_min_size_gives_up_no_node_to_consolidation() {
+    let group = |replicas: i32, min: Option<&str>| {
+        let mut annotations = json!({});
+        if let Some(min) = min {
+            annotations = json!({crate::api::wellknown::MIN_SIZE_ANNOTATION: min});
+        }
+        let v = json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta1", "kind": "MachineDeployment",
+            "metadata": {"name": "md", "namespace": "ns", "uid": "u", "resourceVersion": "1",
+                         "annotations": annotations},
+            "spec": {"clusterName": "c", "replicas": replicas,
+                     "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": "md"}},
+                     "template": {"spec": {"clusterName": "c", "bootstrap": {"dataSecretName": "x"},
+                         "infrastructureRef": {"apiVersion": "infrastructure.cluster.x-k8s.io/v1beta1",
+                                               "kind": "DevMachineTemplate", "name": "t"}}}}
+        });
+        crate::capi::model::MachineDeployment::from_value(
+            &v,
+            crate::capi::version::CapiVersion::V1Beta1,
+        )
+        .expect("a MachineDeployment")
+    };
+    let why = at_min_size(&group(2, Some("2"))).expect("held at its min size");
+    assert!(why.contains("min 2"), "{why}");
+    assert!(at_min_size(&group(1, Some("+2"))).is_some());
+    assert_eq!(at_min_size(&group(3, Some("2"))), None);
+    assert_eq!(at_min_size(&group(0, Some("0"))), None);
+    assert_eq!(at_min_size(&group(1, None)), None);
+}
