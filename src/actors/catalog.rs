@@ -217,7 +217,13 @@ impl Catalog {
         let by_pool = self.apply_overlays(&each, &mut resolved, ctx);
         for ((name, nc), (catalog, ready)) in nodeclasses.iter().zip(resolved) {
             self.update_status(nc, &catalog, &ready, ctx);
-            self.report_problems(nc, &catalog.problems);
+            let reported: Vec<String> = catalog
+                .problems
+                .iter()
+                .chain(&catalog.skipped)
+                .cloned()
+                .collect();
+            self.report_problems(nc, &reported);
             self.shared
                 .catalog
                 .publish(name.clone(), catalog, nc.create_timeout(), ready);
@@ -378,7 +384,7 @@ impl Catalog {
         let seen = self.reported.entry(name.clone()).or_default();
         for p in problems {
             if seen.insert(p.clone()) {
-                tracing::warn!(nodeclass = %name, problem = %p, "MachineDeployment left out of the catalog");
+                tracing::warn!(nodeclass = %name, problem = %p, "MachineDeployment left out of the catalog, or an annotation entry of it ignored");
                 self.shared.events.warning(
                     nc.object_ref(&()),
                     "InvalidMachineDeployment",
@@ -488,6 +494,9 @@ fn ready_message(c: &offerings::Catalog) -> String {
     );
     if !c.problems.is_empty() {
         m.push_str(&format!("; left out: {}", c.problems.join("; ")));
+    }
+    if !c.skipped.is_empty() {
+        m.push_str(&format!("; ignored: {}", c.skipped.join("; ")));
     }
     // The API bounds a condition message at 32768 bytes.
     if m.len() > 8192 {

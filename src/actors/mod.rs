@@ -110,6 +110,11 @@ impl Error {
         matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 409 || s.code == 422)
     }
 
+    /// A lost compare-and-swap on a Node: our copy of it is behind the server's.
+    pub fn is_node_conflict(&self) -> bool {
+        self.is_conflict() && matches!(self, Error::Api { kind: "nodes", .. })
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 404)
     }

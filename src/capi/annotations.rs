@@ -5,10 +5,27 @@
 //! tell an operator everything that is wrong with an object, and it never panics: these values
 //! are typed by hand into YAML.
 //!
+//! What Cluster Autoscaler accepts is accepted here too (issue 37): users carry these
+//! annotations over from it, and a MachineDeployment it scales must not be refused here. Where it
+//! passes over part of a value (one entry of a list, a GPU type without a count, an empty value)
+//! so does this parser, and records what it passed over in [`ScaleFromZero::skipped`] for the
+//! NodeClass status, where the autoscaler only logs it. Only what it refuses, failing the node
+//! group, is an [`AnnotationError`]. The citations `CA <file>:<line>` name
+//! kubernetes/autoscaler's cluster-autoscaler/cloudprovider/clusterapi/ directory at commit
+//! 35e8a280425c76a4040f57ae0fa232a952c02024 (tag cluster-autoscaler-1.36.1; the lines are the
+//! same at master 55c37cd5eb550756c5ccc5a89e9068d77797e575).
+//!
+//! Deliberate differences from the autoscaler: surrounding whitespace is trimmed (it refuses
+//! `" 4"` and drops `" a=b:NoSchedule"`, which is never what the author meant); labels and taint
+//! entries a Node could not carry (invalid key or value, or a label this controller sets itself)
+//! are skipped where it keeps them; negative capacities and counts stay errors where it builds a
+//! node with negative capacity (one that fits no pod, so the group is as unusable either way).
+//!
 //! GPUs: `gpu-type` may be a resource name (it contains a `/`, e.g. `nvidia.com/gpu` or
 //! `amd.com/gpu`), which then names the extended resource the count is published under; any
 //! other value (e.g. `nvidia-tesla-t4`) is taken as the accelerator model and the count is
-//! published as `nvidia.com/gpu`, the resource the NVIDIA device plugin registers.
+//! published as `nvidia.com/gpu`, the resource the NVIDIA device plugin registers. (The
+//! autoscaler publishes the count under the gpu-type string whatever it is.)
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,25 +39,62 @@ use crate::api::wellknown::{
     MIN_SIZE_ANNOTATION, NVIDIA_GPU_RESOURCE, PRICE_ANNOTATION, RESOURCE_CPU,
     RESOURCE_EPHEMERAL_STORAGE, RESOURCE_MEMORY, RESOURCE_PODS, TAINTS_ANNOTATION,
 };
+use crate::capi::model::TemplateTaint;
 
 /// The DRA driver that publishes the node's `gpu-count` GPUs as devices (Cluster Autoscaler's
 /// alternative to `gpu-type`; read in `capi::autoscaler`).
 pub const DRA_DRIVER_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/dra-driver";
 
+/// Where a scalable resource's own taints are: the `key` of a [`Skipped`] entry from them.
+pub const TEMPLATE_TAINTS_FIELD: &str = "spec.template.spec.taints";
+
 /// What the annotations say about the nodes an object would make. Absent annotations are
 /// `None` or empty; defaults (110 pods, price 0) are the caller's business.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ScaleFromZero {
+    /// Never zero: a zero cpu, memory or ephemeral-disk is `None` (the template's value is used).
     pub cpu: Option<Quantity>,
     pub memory: Option<Quantity>,
     pub ephemeral_disk: Option<Quantity>,
     pub max_pods: Option<i64>,
     pub gpu: Option<Gpu>,
     pub labels: BTreeMap<String, String>,
+    /// The taints annotation's; after [`with_template_taints`](Self::with_template_taints),
+    /// merged with the scalable resource's own.
     pub taints: Vec<Taint>,
     pub min_size: Option<i32>,
     pub max_size: Option<i32>,
     pub price: Option<f64>,
+    /// What was passed over rather than refused, in the order met, for the NodeClass status.
+    pub skipped: Vec<Skipped>,
+}
+
+/// An annotation entry (or a whole value, or an entry of `spec.template.spec.taints`) left out
+/// the way Cluster Autoscaler leaves it out, instead of refusing the object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The annotation, or [`TEMPLATE_TAINTS_FIELD`].
+    pub key: String,
+    /// The entry as written (for a single-valued annotation, the value).
+    pub entry: String,
+    /// Why, and what is used instead.
+    pub reason: String,
+}
+
+/// `annotation <key>: "<entry>" ignored: <reason>`, one line for a status message.
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = if self.key == TEMPLATE_TAINTS_FIELD {
+            "field"
+        } else {
+            "annotation"
+        };
+        write!(
+            f,
+            "{what} {}: {:?} ignored: {}",
+            self.key, self.entry, self.reason
+        )
+    }
 }
 
 /// GPUs per node: `count` of extended resource `resource`, of model `gpu_type`.
@@ -106,6 +160,11 @@ impl fmt::Display for Taint {
 }
 
 /// What is wrong with one annotation value.
+///
+/// `Empty`, `BadLabel`, `DuplicateLabel`, `BadTaint`, `MissingCompanion`, `BadGpuType` and
+/// `BadEntry` are no longer produced: since issue 37 what they described is passed over and
+/// recorded as [`Skipped`], as Cluster Autoscaler passes it over. They stay until the tests
+/// outside `src/capi` that still name them are updated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Problem {
     #[error("{0}")]
@@ -172,42 +231,59 @@ impl fmt::Display for AnnotationErrors {
 
 impl std::error::Error for AnnotationErrors {}
 
-/// Reads the scale-from-zero annotations, reporting every malformed one.
+/// Why an empty capacity or count value is passed over.
+const EMPTY_IS_UNSET: &str = "empty: treated as unset, as Cluster Autoscaler treats it";
+
+/// Reads the scale-from-zero annotations, reporting every malformed one; entries Cluster
+/// Autoscaler passes over are passed over and listed in [`ScaleFromZero::skipped`].
 pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ScaleFromZero, AnnotationErrors> {
     let mut p = Parser {
         annotations,
         errors: Vec::new(),
+        skipped: Vec::new(),
     };
-    let gpu_type = p.raw(GPU_TYPE_ANNOTATION);
-    let gpu_count = p.field(GPU_COUNT_ANNOTATION, parse_count);
-    let mut out = ScaleFromZero {
-        cpu: p.field(CPU_ANNOTATION, parse_quantity),
-        memory: p.field(MEMORY_ANNOTATION, parse_quantity),
-        ephemeral_disk: p.field(EPHEMERAL_DISK_ANNOTATION, parse_quantity),
-        max_pods: p.field(MAX_PODS_ANNOTATION, parse_count),
-        gpu: None,
-        labels: p.field(LABELS_ANNOTATION, parse_labels).unwrap_or_default(),
-        taints: p.field(TAINTS_ANNOTATION, parse_taints).unwrap_or_default(),
-        min_size: p.field(MIN_SIZE_ANNOTATION, parse_size),
-        max_size: p.field(MAX_SIZE_ANNOTATION, parse_size),
-        price: p.field(PRICE_ANNOTATION, parse_price),
-    };
-    out.gpu = p.gpu(gpu_type, gpu_count);
-    if let (Some(min), Some(max)) = (out.min_size, out.max_size)
+    let cpu = p.capacity(CPU_ANNOTATION);
+    let memory = p.capacity(MEMORY_ANNOTATION);
+    let ephemeral_disk = p.capacity(EPHEMERAL_DISK_ANNOTATION);
+    let max_pods = p.count(MAX_PODS_ANNOTATION);
+    let gpu_count = p.count(GPU_COUNT_ANNOTATION);
+    let gpu = p.gpu(gpu_count);
+    let labels = p.list(LABELS_ANNOTATION, parse_labels).unwrap_or_default();
+    let taints = p.list(TAINTS_ANNOTATION, parse_taints).unwrap_or_default();
+    let min_size = p.size(MIN_SIZE_ANNOTATION);
+    let max_size = p.size(MAX_SIZE_ANNOTATION);
+    let price = p.field(PRICE_ANNOTATION, parse_price);
+    // CA clusterapi_utils.go:210 (kubernetes/autoscaler@35e8a280425c) refuses it too.
+    if let (Some(min), Some(max)) = (min_size, max_size)
         && min > max
     {
         p.error(MIN_SIZE_ANNOTATION, Problem::MinAboveMax { min, max });
     }
-    if p.errors.is_empty() {
-        Ok(out)
-    } else {
-        Err(AnnotationErrors(p.errors))
+    if !p.errors.is_empty() {
+        return Err(AnnotationErrors(p.errors));
     }
+    Ok(ScaleFromZero {
+        cpu,
+        memory,
+        ephemeral_disk,
+        max_pods,
+        gpu,
+        labels,
+        taints,
+        min_size,
+        max_size,
+        price,
+        skipped: p.skipped,
+    })
 }
+
+/// An entry a list parser passed over, and why.
+type Dropped = (String, String);
 
 struct Parser<'a> {
     annotations: &'a BTreeMap<String, String>,
     errors: Vec<AnnotationError>,
+    skipped: Vec<Skipped>,
 }
 
 impl<'a> Parser<'a> {
@@ -224,6 +300,14 @@ impl<'a> Parser<'a> {
         });
     }
 
+    fn skip(&mut self, key: &str, entry: impl Into<String>, reason: impl Into<String>) {
+        self.skipped.push(Skipped {
+            key: key.to_string(),
+            entry: entry.into(),
+            reason: reason.into(),
+        });
+    }
+
     /// The parsed annotation, or `None` when absent or bad (the error is recorded).
     fn field<T>(&mut self, key: &str, parse: fn(&str) -> Result<T, Problem>) -> Option<T> {
         let raw = self.raw(key)?;
@@ -236,45 +320,160 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn gpu(&mut self, gpu_type: Option<&str>, count: Option<i64>) -> Option<Gpu> {
-        let gpu_type = gpu_type.map(str::trim);
-        match (gpu_type, count, self.raw(GPU_COUNT_ANNOTATION)) {
-            (Some(""), _, _) => {
-                self.error(GPU_TYPE_ANNOTATION, Problem::Empty);
+    /// cpu, memory, ephemeral-disk: a Kubernetes quantity.
+    fn capacity(&mut self, key: &str) -> Option<Quantity> {
+        let raw = self.raw(key)?;
+        let value = raw.trim();
+        // CA clusterapi_utils.go:252 (kubernetes/autoscaler@35e8a280425c): an empty value is
+        // read as no annotation at all.
+        if value.is_empty() {
+            self.skip(key, raw, EMPTY_IS_UNSET);
+            return None;
+        }
+        match parse_quantity(value) {
+            // CA clusterapi_unstructured.go:311, 319 and 327 (kubernetes/autoscaler@35e8a280425c):
+            // a zero cpu, memory or ephemeral-disk is left out of the annotation capacity, so the
+            // infrastructure template's status.capacity (or nothing) stands.
+            Ok(q) if q.is_zero() => {
+                self.skip(
+                    key,
+                    raw,
+                    "zero: the infrastructure template's status.capacity is used instead, as \
+                     Cluster Autoscaler does",
+                );
                 None
             }
-            (Some(gpu_type), _, _) if gpu_type_problem(gpu_type).is_some() => {
-                let why = gpu_type_problem(gpu_type).unwrap_or_default();
-                self.error(GPU_TYPE_ANNOTATION, Problem::BadGpuType(why));
+            Ok(q) => Some(q),
+            Err(problem) => {
+                self.error(key, problem);
                 None
             }
-            (Some(gpu_type), Some(count), _) => Some(Gpu {
+        }
+    }
+
+    /// maxPods and gpu-count: a base-10 integer.
+    fn count(&mut self, key: &str) -> Option<i64> {
+        let raw = self.raw(key)?;
+        let value = raw.trim();
+        // CA clusterapi_utils.go:259 (kubernetes/autoscaler@35e8a280425c): empty is unset.
+        if value.is_empty() {
+            self.skip(key, raw, EMPTY_IS_UNSET);
+            return None;
+        }
+        // CA clusterapi_utils.go:260 (kubernetes/autoscaler@35e8a280425c) reads it with Go's
+        // strconv.ParseInt, which takes a leading `+` ("+58"). A negative count is accepted there
+        // too and makes a node nothing fits; here it is refused, which leaves the group as
+        // unusable and says why.
+        match parse_go_int(value).and_then(non_negative) {
+            Ok(n) => Some(n),
+            Err(problem) => {
+                self.error(key, problem);
+                None
+            }
+        }
+    }
+
+    /// min-size and max-size.
+    fn size(&mut self, key: &str) -> Option<i32> {
+        let raw = self.raw(key)?;
+        // CA clusterapi_utils.go:153, 184 (kubernetes/autoscaler@35e8a280425c): Go's strconv.Atoi,
+        // so a leading `+` is fine and an empty value is refused; :197 and :206 refuse a
+        // negative one.
+        let n = match parse_go_int(raw.trim()).and_then(non_negative) {
+            Ok(n) => n,
+            Err(problem) => {
+                self.error(key, problem);
+                return None;
+            }
+        };
+        // Atoi takes any 64-bit value; replicas are 32-bit, so a larger bound cannot bind.
+        match i32::try_from(n) {
+            Ok(n) => Some(n),
+            Err(_) => {
+                self.skip(
+                    key,
+                    raw,
+                    format!(
+                        "above {}: {} is used (replica counts are 32-bit)",
+                        i32::MAX,
+                        i32::MAX
+                    ),
+                );
+                Some(i32::MAX)
+            }
+        }
+    }
+
+    /// A comma-separated list whose bad entries are passed over (recorded) rather than refused.
+    fn list<T>(&mut self, key: &str, parse: fn(&str) -> (T, Vec<Dropped>)) -> Option<T> {
+        let raw = self.raw(key)?;
+        let (out, dropped) = parse(raw);
+        for (entry, reason) in dropped {
+            self.skip(key, entry, reason);
+        }
+        Some(out)
+    }
+
+    /// The GPU the annotations describe. CA clusterapi_unstructured.go:336
+    /// (kubernetes/autoscaler@35e8a280425c) publishes one only when both gpu-type and a non-zero
+    /// gpu-count are there, and ignores either alone, so that is no error here either.
+    fn gpu(&mut self, count: Option<i64>) -> Option<Gpu> {
+        let count_raw = self.raw(GPU_COUNT_ANNOTATION);
+        // A count written but unreadable has its error already; nothing more to say about it.
+        let count_failed = count.is_none() && count_raw.is_some_and(|c| !c.trim().is_empty());
+        let Some(raw_type) = self.raw(GPU_TYPE_ANNOTATION) else {
+            // With a DRA driver the count is of its devices (`capi::autoscaler` reads it).
+            if let (Some(n), Some(raw)) = (count, count_raw)
+                && n > 0
+                && !self.annotations.contains_key(DRA_DRIVER_ANNOTATION)
+            {
+                self.skip(
+                    GPU_COUNT_ANNOTATION,
+                    raw,
+                    format!(
+                        "no {GPU_TYPE_ANNOTATION} or {DRA_DRIVER_ANNOTATION} says what the GPUs \
+                         are: none is published, as Cluster Autoscaler does"
+                    ),
+                );
+            }
+            return None;
+        };
+        let gpu_type = raw_type.trim();
+        if gpu_type.is_empty() {
+            self.skip(
+                GPU_TYPE_ANNOTATION,
+                raw_type,
+                "empty: no GPU is published, as Cluster Autoscaler does",
+            );
+            return None;
+        }
+        // The autoscaler takes any string as the resource name; one that is not a valid
+        // resource name (or model) is one no pod can request, so publishing nothing is the same.
+        if let Some(why) = gpu_type_problem(gpu_type) {
+            self.skip(
+                GPU_TYPE_ANNOTATION,
+                raw_type,
+                format!("{why}: no GPU is published (no pod could request it)"),
+            );
+            return None;
+        }
+        match count {
+            Some(count) => Some(Gpu {
                 gpu_type: gpu_type.to_string(),
                 resource: gpu_resource(gpu_type),
                 count,
             }),
-            (Some(_), None, None) => {
-                self.error(
+            None if count_failed => None,
+            None => {
+                self.skip(
                     GPU_TYPE_ANNOTATION,
-                    Problem::MissingCompanion {
-                        other: GPU_COUNT_ANNOTATION,
-                    },
+                    raw_type,
+                    format!(
+                        "no {GPU_COUNT_ANNOTATION}: no GPU is published, as Cluster Autoscaler does"
+                    ),
                 );
                 None
             }
-            // With a DRA driver the count is of its devices (`capi::autoscaler` reads it).
-            (None, _, Some(_)) if self.annotations.contains_key(DRA_DRIVER_ANNOTATION) => None,
-            (None, _, Some(_)) => {
-                self.error(
-                    GPU_COUNT_ANNOTATION,
-                    Problem::MissingCompanion {
-                        other: GPU_TYPE_ANNOTATION,
-                    },
-                );
-                None
-            }
-            // A count that failed to parse was already reported.
-            _ => None,
         }
     }
 }
@@ -328,19 +527,19 @@ fn parse_quantity(raw: &str) -> Result<Quantity, Problem> {
     Ok(q)
 }
 
-fn parse_count(raw: &str) -> Result<i64, Problem> {
-    if raw.starts_with('-') && raw.len() > 1 && raw[1..].bytes().all(|b| b.is_ascii_digit()) {
-        return Err(Problem::Negative);
-    }
-    if raw.is_empty() || !raw.bytes().all(|b| b.is_ascii_digit()) {
+/// A base-10 integer as Go's `strconv.ParseInt`/`Atoi` read one, which is how the autoscaler
+/// reads counts and sizes: an optional `+` or `-`, then ASCII digits only, within 64 bits.
+fn parse_go_int(raw: &str) -> Result<i64, Problem> {
+    let digits = raw.strip_prefix(['+', '-']).unwrap_or(raw);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Problem::NotAnInteger);
     }
+    // Rust's own parse takes the same sign; only an overflow can fail here.
     raw.parse::<i64>().map_err(|_| Problem::NotAnInteger)
 }
 
-fn parse_size(raw: &str) -> Result<i32, Problem> {
-    let n = parse_count(raw)?;
-    i32::try_from(n).map_err(|_| Problem::NotAnInteger)
+fn non_negative(n: i64) -> Result<i64, Problem> {
+    if n < 0 { Err(Problem::Negative) } else { Ok(n) }
 }
 
 fn parse_price(raw: &str) -> Result<f64, Problem> {
@@ -363,64 +562,132 @@ fn parse_price(raw: &str) -> Result<f64, Problem> {
     Ok(price)
 }
 
-/// `k=v,k2=v2`; blank entries (a trailing comma) are ignored.
-fn parse_labels(raw: &str) -> Result<BTreeMap<String, String>, Problem> {
+/// `k=v,k2=v2`; blank entries (a trailing comma) are ignored. CA clusterapi_unstructured.go:
+/// 215-224 (kubernetes/autoscaler@35e8a280425c) passes over an entry without `=` and lets a
+/// later entry for a key win, and never refuses the annotation; so here a bad entry is passed
+/// over (and recorded), never the group. It does not check the rest; here an entry a Node could
+/// not carry, or a label this controller sets itself, is passed over as well.
+fn parse_labels(raw: &str) -> (BTreeMap<String, String>, Vec<Dropped>) {
     let mut labels = BTreeMap::new();
+    let mut dropped = Vec::new();
     for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let bad = |why: String| Problem::BadLabel {
-            entry: entry.to_string(),
-            why,
-        };
-        let (key, value) = entry
-            .split_once('=')
-            .ok_or_else(|| bad("expected key=value".into()))?;
-        let (key, value) = (key.trim(), value.trim());
-        validate_label_key(key).map_err(bad)?;
-        validate_label_value(value).map_err(bad)?;
-        if let Some(why) = restricted_label(key) {
-            return Err(bad(why));
-        }
-        if labels.insert(key.to_string(), value.to_string()).is_some() {
-            return Err(Problem::DuplicateLabel {
-                key: key.to_string(),
-            });
+        match parse_label(entry) {
+            Ok((key, value)) => {
+                if let Some(earlier) = labels.insert(key.to_string(), value.to_string())
+                    && earlier != value
+                {
+                    dropped.push((
+                        format!("{key}={earlier}"),
+                        "a later entry sets the same label, and wins (as in Cluster Autoscaler)"
+                            .to_string(),
+                    ));
+                }
+            }
+            Err(why) => dropped.push((entry.to_string(), why)),
         }
     }
-    Ok(labels)
+    (labels, dropped)
 }
 
-/// `key=value:Effect` or `key:Effect`, comma separated; blank entries are ignored.
-fn parse_taints(raw: &str) -> Result<Vec<Taint>, Problem> {
-    let mut taints = Vec::new();
-    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let bad = |why: String| Problem::BadTaint {
-            entry: entry.to_string(),
-            why,
-        };
-        let (key_value, effect) = entry
-            .rsplit_once(':')
-            .ok_or_else(|| bad("expected key=value:Effect or key:Effect".into()))?;
-        let effect = TaintEffect::parse(effect.trim()).ok_or_else(|| {
-            bad(format!(
-                "effect {:?} is not NoSchedule, PreferNoSchedule or NoExecute",
-                effect.trim()
-            ))
-        })?;
-        let (key, value) = match key_value.split_once('=') {
-            Some((k, v)) => (k.trim(), Some(v.trim())),
-            None => (key_value.trim(), None),
-        };
-        validate_label_key(key).map_err(bad)?;
-        if let Some(v) = value {
-            validate_label_value(v).map_err(bad)?;
-        }
-        taints.push(Taint {
-            key: key.to_string(),
-            value: value.filter(|v| !v.is_empty()).map(str::to_string),
-            effect,
-        });
+fn parse_label(entry: &str) -> Result<(&str, &str), String> {
+    let (key, value) = entry
+        .split_once('=')
+        .ok_or_else(|| "expected key=value".to_string())?;
+    let (key, value) = (key.trim(), value.trim());
+    validate_label_key(key)?;
+    validate_label_value(value)?;
+    match restricted_label(key) {
+        Some(why) => Err(why),
+        None => Ok((key, value)),
     }
-    Ok(taints)
+}
+
+/// `key=value:Effect` or `key:Effect`, comma separated; blank entries are ignored. CA
+/// clusterapi_unstructured.go:258-276 (kubernetes/autoscaler@35e8a280425c) passes over an entry
+/// it cannot read (its parseTaint, :658-696, refuses more than one `:` or `=`, and a key or value
+/// that is not a valid label key or value) and lets a later entry with the same key and effect
+/// replace the earlier one; so here too a bad entry is passed over (and recorded), never the
+/// group. It keeps an entry with no effect, or an effect that is none of the three, with that
+/// effect; the scheduler ignores such a taint (it acts on NoSchedule and NoExecute, and scores
+/// PreferNoSchedule), so passing it over here changes nothing but says so.
+fn parse_taints(raw: &str) -> (Vec<Taint>, Vec<Dropped>) {
+    let mut taints = Vec::new();
+    let mut dropped = Vec::new();
+    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match parse_taint(entry) {
+            Ok(taint) => {
+                if let Some(earlier) = upsert_taint(&mut taints, taint.clone())
+                    && earlier != taint
+                {
+                    dropped.push((
+                        earlier.to_string(),
+                        "a later entry has the same key and effect, and replaces it (as in \
+                         Cluster Autoscaler)"
+                            .to_string(),
+                    ));
+                }
+            }
+            Err(why) => dropped.push((entry.to_string(), why)),
+        }
+    }
+    (taints, dropped)
+}
+
+fn parse_taint(entry: &str) -> Result<Taint, String> {
+    const FORM: &str = "expected key=value:Effect or key:Effect";
+    let parts: Vec<&str> = entry.split(':').collect();
+    let (key_value, effect) = match parts.as_slice() {
+        [key_value, effect] => (*key_value, effect.trim()),
+        [_] => {
+            return Err(format!(
+                "no effect ({FORM}); a taint without one keeps no pod off a node"
+            ));
+        }
+        _ => return Err(format!("more than one ':' ({FORM})")),
+    };
+    let (key, value) = match key_value.split('=').collect::<Vec<_>>().as_slice() {
+        [key] => (key.trim(), None),
+        [key, value] => (key.trim(), Some(value.trim())),
+        _ => return Err(format!("more than one '=' ({FORM})")),
+    };
+    validate_label_key(key)?;
+    if let Some(v) = value {
+        validate_label_value(v)?;
+    }
+    let effect = match effect {
+        "" => {
+            return Err(format!(
+                "no effect ({FORM}); a taint without one keeps no pod off a node"
+            ));
+        }
+        other => TaintEffect::parse(other).ok_or_else(|| {
+            format!(
+                "effect {other:?} is not NoSchedule, PreferNoSchedule or NoExecute; the \
+                 scheduler ignores a taint with any other effect"
+            )
+        })?,
+    };
+    Ok(Taint {
+        key: key.to_string(),
+        value: value.filter(|v| !v.is_empty()).map(str::to_string),
+        effect,
+    })
+}
+
+/// Puts `taint` in place of the one with its key and effect, else at the end, as CA
+/// clusterapi_unstructured.go:265-275 (kubernetes/autoscaler@35e8a280425c) merges taints; returns
+/// the one it replaced.
+fn upsert_taint(taints: &mut Vec<Taint>, taint: Taint) -> Option<Taint> {
+    match taints
+        .iter_mut()
+        .find(|t| t.key == taint.key && t.effect == taint.effect)
+    {
+        Some(slot) => Some(std::mem::replace(slot, taint)),
+        None => {
+            taints.push(taint);
+            None
+        }
+    }
 }
 
 /// A Kubernetes qualified name: optional DNS-subdomain prefix (<= 253) and `/`, then a name of
@@ -483,6 +750,51 @@ fn validate_dns_subdomain(s: &str) -> Result<(), String> {
 }
 
 impl ScaleFromZero {
+    /// Merges the scalable resource's own taints (`spec.template.spec.taints`, Cluster API's
+    /// taint propagation) into [`taints`](Self::taints), as CA clusterapi_unstructured.go:229-283
+    /// (kubernetes/autoscaler@35e8a280425c, cluster-autoscaler-1.36.1) builds a node's taints:
+    /// the resource's taints first, in their order, whatever their propagation; then each taint
+    /// of the annotation replaces the one with its key and effect, or is appended. A resource
+    /// taint with no key, or an effect none of the three, is passed over and recorded (the API
+    /// server's schema allows neither; the autoscaler would keep it, to no effect on scheduling).
+    pub fn with_template_taints(mut self, template: &[TemplateTaint]) -> ScaleFromZero {
+        let mut merged = Vec::new();
+        for t in template {
+            let effect = TaintEffect::parse(&t.effect);
+            match effect {
+                Some(effect) if !t.key.is_empty() => merged.push(Taint {
+                    key: t.key.clone(),
+                    value: t.value.clone().filter(|v| !v.is_empty()),
+                    effect,
+                }),
+                _ => {
+                    let value = t
+                        .value
+                        .as_deref()
+                        .map_or(String::new(), |v| format!("={v}"));
+                    let reason = if t.key.is_empty() {
+                        "no key".to_string()
+                    } else {
+                        format!(
+                            "effect {:?} is not NoSchedule, PreferNoSchedule or NoExecute",
+                            t.effect
+                        )
+                    };
+                    self.skipped.push(Skipped {
+                        key: TEMPLATE_TAINTS_FIELD.to_string(),
+                        entry: format!("{}{value}:{}", t.key, t.effect),
+                        reason,
+                    });
+                }
+            }
+        }
+        for taint in std::mem::take(&mut self.taints) {
+            upsert_taint(&mut merged, taint);
+        }
+        self.taints = merged;
+        self
+    }
+
     /// The resources these annotations state: cpu, memory, ephemeral-storage, pods and the GPU
     /// resource (when the count is positive). Keys without an annotation are absent, so the
     /// result can override a template key by key.
@@ -522,7 +834,7 @@ mod restricted_tests {
     }
 
     #[test]
-    fn restricted_labels_and_bad_gpu_types_are_rejected_naming_the_annotation() {
+    fn restricted_labels_and_bad_gpu_types_are_skipped_naming_the_annotation() {
         for (key, value) in [
             (LABELS_ANNOTATION, "kubernetes.io/hostname=node-1"),
             (LABELS_ANNOTATION, "karpenter.sh/nodepool=default"),
@@ -531,8 +843,11 @@ mod restricted_tests {
             (GPU_TYPE_ANNOTATION, "a/b/c"),
             (GPU_TYPE_ANNOTATION, "NVIDIA Tesla T4"),
         ] {
-            let err = parse_one(key, value).expect_err(value);
-            assert!(err.to_string().contains(key), "{key}={value}: {err}");
+            let sfz = parse_one(key, value).expect(value);
+            assert!(sfz.labels.is_empty() && sfz.gpu.is_none(), "{key}={value}");
+            assert_eq!(sfz.skipped.len(), 1, "{key}={value}: {:?}", sfz.skipped);
+            assert_eq!(sfz.skipped[0].key, key);
+            assert!(sfz.skipped[0].to_string().contains(key), "{key}={value}");
         }
         for (key, value) in [
             (LABELS_ANNOTATION, "node.kubernetes.io/role=gpu"),
@@ -540,7 +855,339 @@ mod restricted_tests {
             (GPU_TYPE_ANNOTATION, "nvidia-tesla-t4"),
             (GPU_TYPE_ANNOTATION, "amd.com/gpu"),
         ] {
-            assert!(parse_one(key, value).is_ok(), "{key}={value}");
+            let sfz = parse_one(key, value).expect(value);
+            assert!(sfz.skipped.is_empty(), "{key}={value}: {:?}", sfz.skipped);
+        }
+    }
+}
+
+/// What Cluster Autoscaler accepts is accepted (issue 37). Values are those of its sources and
+/// tests: kubernetes/autoscaler@35e8a280425c, cluster-autoscaler/cloudprovider/clusterapi/.
+#[cfg(test)]
+mod autoscaler_leniency_tests {
+    use super::*;
+    use crate::capi::template::{TemplateCapacity, merge};
+
+    fn of(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn skipped_entries(sfz: &ScaleFromZero, key: &str) -> Vec<String> {
+        sfz.skipped
+            .iter()
+            .filter(|s| s.key == key)
+            .map(|s| s.entry.clone())
+            .collect()
+    }
+
+    fn taint_texts(taints: &[Taint]) -> Vec<String> {
+        taints.iter().map(ToString::to_string).collect()
+    }
+
+    // clusterapi_unstructured.go:219-222: an entry without `=` is passed over. The value is
+    // TestAnnotations' (clusterapi_unstructured_test.go:372) with `=value4` taken off key4.
+    #[test]
+    fn a_label_entry_without_equals_is_skipped_not_refused() {
+        let sfz = parse(&of(&[(LABELS_ANNOTATION, "key3=value3,key4,key5=value5")]))
+            .expect("the other labels stand");
+        assert_eq!(sfz.labels, of(&[("key3", "value3"), ("key5", "value5")]));
+        assert_eq!(skipped_entries(&sfz, LABELS_ANNOTATION), ["key4"]);
+        let text = sfz.skipped[0].to_string();
+        assert!(
+            text.contains(LABELS_ANNOTATION)
+                && text.contains("\"key4\"")
+                && text.contains("key=value"),
+            "{text}"
+        );
+    }
+
+    // clusterapi_unstructured.go:221: a later entry for the same key wins.
+    #[test]
+    fn a_label_given_twice_takes_the_later_value() {
+        let sfz = parse(&of(&[(LABELS_ANNOTATION, "key3=value3,key3=value4")])).expect("valid");
+        assert_eq!(sfz.labels, of(&[("key3", "value4")]));
+        assert_eq!(skipped_entries(&sfz, LABELS_ANNOTATION), ["key3=value3"]);
+    }
+
+    // clusterapi_unstructured.go:258-264 and parseTaint (:658-696): an entry that does not parse
+    // is passed over, the rest kept. TestAnnotations' value (clusterapi_unstructured_test.go:371)
+    // with an entry of each kind parseTaint refuses, or keeps with an effect no scheduler acts
+    // on, put between its two taints.
+    #[test]
+    fn a_bad_taint_entry_is_skipped_not_refused() {
+        let sfz = parse(&of(&[(
+            TAINTS_ANNOTATION,
+            "key1=value1:NoSchedule,key9,key9=value9,key9:Bogus,key9=value9:,a=b=c:NoSchedule,\
+             a:b:NoSchedule,key9=bad value:NoSchedule,key2=value2:NoExecute",
+        )]))
+        .expect("the good taints stand");
+        assert_eq!(
+            taint_texts(&sfz.taints),
+            ["key1=value1:NoSchedule", "key2=value2:NoExecute"]
+        );
+        assert_eq!(
+            skipped_entries(&sfz, TAINTS_ANNOTATION),
+            [
+                "key9",
+                "key9=value9",
+                "key9:Bogus",
+                "key9=value9:",
+                "a=b=c:NoSchedule",
+                "a:b:NoSchedule",
+                "key9=bad value:NoSchedule"
+            ]
+        );
+        assert!(sfz.skipped.iter().all(|s| !s.reason.is_empty()));
+    }
+
+    // clusterapi_unstructured.go:265-275: a later taint with the same key and effect replaces
+    // the earlier one in place; another effect is another taint.
+    #[test]
+    fn a_taint_given_twice_takes_the_later_value() {
+        let sfz = parse(&of(&[(
+            TAINTS_ANNOTATION,
+            "dedicated=gpu:NoSchedule,dedicated=gpu:NoExecute,dedicated=override:NoSchedule",
+        )]))
+        .expect("valid");
+        assert_eq!(
+            taint_texts(&sfz.taints),
+            ["dedicated=override:NoSchedule", "dedicated=gpu:NoExecute"]
+        );
+        assert_eq!(
+            skipped_entries(&sfz, TAINTS_ANNOTATION),
+            ["dedicated=gpu:NoSchedule"]
+        );
+    }
+
+    fn template_taint(key: &str, value: &str, effect: &str) -> TemplateTaint {
+        TemplateTaint {
+            key: key.into(),
+            value: Some(value.into()),
+            effect: effect.into(),
+            propagation: Some("Always".into()),
+        }
+    }
+
+    // clusterapi_unstructured.go:229-283, with TestNodeGroupTemplateNodeInfo's two cases
+    // (clusterapi_nodegroup_test.go:1702-1751): the resource's own taints come first, and an
+    // annotation taint with the same key and effect overrides one of them.
+    #[test]
+    fn template_taints_are_merged_with_the_annotation_as_the_autoscaler_merges_them() {
+        let spec = [template_taint("dedicated", "gpu", "NoSchedule")];
+        let alone = parse(&of(&[(CPU_ANNOTATION, "2"), (MEMORY_ANNOTATION, "2048Mi")]))
+            .expect("valid")
+            .with_template_taints(&spec);
+        assert_eq!(taint_texts(&alone.taints), ["dedicated=gpu:NoSchedule"]);
+
+        let overridden = parse(&of(&[(TAINTS_ANNOTATION, "dedicated=override:NoSchedule")]))
+            .expect("valid")
+            .with_template_taints(&spec);
+        assert_eq!(
+            taint_texts(&overridden.taints),
+            ["dedicated=override:NoSchedule"]
+        );
+
+        // Another effect is appended; OnInitialization taints count too; a taint the schema
+        // would not have let through is skipped under the field's name.
+        let mut on_init = template_taint("startup", "x", "NoExecute");
+        on_init.propagation = Some("OnInitialization".into());
+        let spec = [
+            template_taint("dedicated", "gpu", "NoSchedule"),
+            on_init,
+            template_taint("odd", "x", "Sometimes"),
+        ];
+        let both = parse(&of(&[(
+            TAINTS_ANNOTATION,
+            "dedicated=override:PreferNoSchedule",
+        )]))
+        .expect("valid")
+        .with_template_taints(&spec);
+        assert_eq!(
+            taint_texts(&both.taints),
+            [
+                "dedicated=gpu:NoSchedule",
+                "startup=x:NoExecute",
+                "dedicated=override:PreferNoSchedule"
+            ]
+        );
+        assert_eq!(
+            skipped_entries(&both, TEMPLATE_TAINTS_FIELD),
+            ["odd=x:Sometimes"]
+        );
+        assert!(
+            both.skipped[0]
+                .to_string()
+                .starts_with("field spec.template.spec.taints")
+        );
+    }
+
+    // clusterapi_unstructured.go:336: a GPU needs both a type and a non-zero count; either
+    // alone is ignored. The count is TestParseGPUCapacity's (clusterapi_utils_test.go:567).
+    #[test]
+    fn a_gpu_type_without_a_count_is_ignored() {
+        let sfz = parse(&of(&[(GPU_TYPE_ANNOTATION, "nvidia.com/gpu")])).expect("ignored");
+        assert_eq!(sfz.gpu, None);
+        assert_eq!(
+            skipped_entries(&sfz, GPU_TYPE_ANNOTATION),
+            ["nvidia.com/gpu"]
+        );
+        assert!(sfz.capacity().get("nvidia.com/gpu").is_zero());
+
+        let sfz = parse(&of(&[(GPU_COUNT_ANNOTATION, "13")])).expect("ignored");
+        assert_eq!(sfz.gpu, None);
+        assert_eq!(skipped_entries(&sfz, GPU_COUNT_ANNOTATION), ["13"]);
+
+        let sfz = parse(&of(&[
+            (GPU_TYPE_ANNOTATION, " "),
+            (GPU_COUNT_ANNOTATION, "13"),
+        ]))
+        .expect("ignored");
+        assert_eq!(sfz.gpu, None);
+        assert_eq!(sfz.skipped.len(), 1);
+
+        // A count CA refuses (clusterapi_utils_test.go:572) is still an error, once.
+        let err = parse(&of(&[
+            (GPU_TYPE_ANNOTATION, "nvidia.com/gpu"),
+            (GPU_COUNT_ANNOTATION, "13Mi"),
+        ]))
+        .expect_err("13Mi is no integer");
+        assert_eq!(err.0.len(), 1, "{err}");
+        assert_eq!(err.0[0].key, GPU_COUNT_ANNOTATION);
+    }
+
+    // clusterapi_utils.go:260 and :153/:184 read integers with Go's strconv, which takes a
+    // leading `+`.
+    #[test]
+    fn integers_may_have_a_leading_plus() {
+        let sfz = parse(&of(&[
+            (MAX_PODS_ANNOTATION, "+58"),
+            (GPU_TYPE_ANNOTATION, "nvidia.com/gpu"),
+            (GPU_COUNT_ANNOTATION, "+2"),
+            (MIN_SIZE_ANNOTATION, "+1"),
+            (MAX_SIZE_ANNOTATION, "+3"),
+        ]))
+        .expect("Go's strconv takes a leading +");
+        assert_eq!(sfz.max_pods, Some(58));
+        assert_eq!(sfz.gpu.map(|g| g.count), Some(2));
+        assert_eq!((sfz.min_size, sfz.max_size), (Some(1), Some(3)));
+        assert!(sfz.skipped.is_empty(), "{:?}", sfz.skipped);
+        // Values CA refuses (clusterapi_utils_test.go:605, 615) still are.
+        for bad in ["not-a-quantity", "13Mi", "+", "+-5", "1.5"] {
+            assert!(parse(&of(&[(MAX_PODS_ANNOTATION, bad)])).is_err(), "{bad}");
+        }
+    }
+
+    // clusterapi_unstructured.go:311, 319, 327: a zero cpu, memory or ephemeral-disk is left
+    // out, so the infrastructure template's status.capacity stands.
+    #[test]
+    fn a_zero_capacity_takes_the_templates_value() {
+        let sfz = parse(&of(&[
+            (CPU_ANNOTATION, "0"),
+            (MEMORY_ANNOTATION, "0Gi"),
+            (EPHEMERAL_DISK_ANNOTATION, "0"),
+        ]))
+        .expect("zero is valid");
+        assert_eq!(
+            (sfz.cpu, sfz.memory, sfz.ephemeral_disk),
+            (None, None, None)
+        );
+        assert_eq!(sfz.skipped.len(), 3);
+        let mut template = TemplateCapacity::default();
+        for (key, value) in [
+            ("cpu", "8"),
+            ("memory", "32Gi"),
+            ("ephemeral-storage", "100Gi"),
+        ] {
+            template
+                .capacity
+                .set(key, value.parse().expect("a quantity"));
+        }
+        let shape = merge(Some(&template), &sfz);
+        assert_eq!(shape.capacity.get("cpu"), "8".parse().expect("a quantity"));
+        assert_eq!(
+            shape.capacity.get("memory"),
+            "32Gi".parse().expect("a quantity")
+        );
+        assert_eq!(
+            shape.capacity.get("ephemeral-storage"),
+            "100Gi".parse().expect("a quantity")
+        );
+    }
+
+    // clusterapi_utils.go:252 and :259: an empty value is no annotation; min/max sizes are read
+    // by Atoi (:153), which refuses an empty string.
+    #[test]
+    fn an_empty_capacity_or_count_is_unset() {
+        let sfz = parse(&of(&[
+            (CPU_ANNOTATION, ""),
+            (MEMORY_ANNOTATION, ""),
+            (EPHEMERAL_DISK_ANNOTATION, ""),
+            (MAX_PODS_ANNOTATION, ""),
+            (GPU_COUNT_ANNOTATION, ""),
+        ]))
+        .expect("empty is unset");
+        assert_eq!(
+            (sfz.cpu, sfz.memory, sfz.ephemeral_disk, sfz.max_pods),
+            (None, None, None, None)
+        );
+        assert_eq!(sfz.skipped.len(), 5);
+        assert!(parse(&of(&[(MIN_SIZE_ANNOTATION, "")])).is_err());
+    }
+
+    // TestUtilParseScalingBounds (clusterapi_utils_test.go:51-125) and Atoi's 64-bit range.
+    #[test]
+    fn sizes_are_read_as_the_autoscaler_reads_them() {
+        for (min, max) in [
+            ("-1", "0"),
+            ("not-an-int", "0"),
+            ("0", "-1"),
+            ("0", "not-an-int"),
+            ("1", "0"),
+        ] {
+            let err = parse(&of(&[
+                (MIN_SIZE_ANNOTATION, min),
+                (MAX_SIZE_ANNOTATION, max),
+            ]))
+            .expect_err("refused by the autoscaler too");
+            assert!(!err.0.is_empty());
+        }
+        let ok = parse(&of(&[
+            (MIN_SIZE_ANNOTATION, "0"),
+            (MAX_SIZE_ANNOTATION, "1"),
+        ]))
+        .expect("valid");
+        assert_eq!((ok.min_size, ok.max_size), (Some(0), Some(1)));
+        let big = parse(&of(&[(MAX_SIZE_ANNOTATION, "99999999999")])).expect("Atoi takes it");
+        assert_eq!(big.max_size, Some(i32::MAX));
+        assert_eq!(skipped_entries(&big, MAX_SIZE_ANNOTATION), ["99999999999"]);
+    }
+
+    // TestParseCPUCapacity and TestParseMemoryCapacity (clusterapi_utils_test.go:465-531).
+    #[test]
+    fn the_autoscalers_own_quantities_read_the_same() {
+        for (key, value, expect) in [
+            (CPU_ANNOTATION, "123m", "123m"),
+            (CPU_ANNOTATION, "1", "1"),
+            (CPU_ANNOTATION, "0.1", "100m"),
+            (CPU_ANNOTATION, "+2", "2"),
+            (MEMORY_ANNOTATION, "1024", "1024"),
+            (MEMORY_ANNOTATION, "456Mi", "456Mi"),
+            (MEMORY_ANNOTATION, "8Gi", "8Gi"),
+            (MEMORY_ANNOTATION, "1e3", "1000"),
+        ] {
+            let sfz = parse(&of(&[(key, value)])).expect(value);
+            let expect: Quantity = expect.parse().expect("a quantity");
+            assert_eq!(
+                sfz.capacity().get(key.rsplit('/').next().unwrap_or(key)),
+                expect,
+                "{value}"
+            );
+        }
+        for key in [CPU_ANNOTATION, MEMORY_ANNOTATION] {
+            assert!(parse(&of(&[(key, "not-a-quantity")])).is_err());
         }
     }
 }

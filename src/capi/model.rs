@@ -399,6 +399,51 @@ impl Machine {
     }
 }
 
+/// One entry of a scalable resource's `spec.template.spec.taints` (Cluster API >= 1.12, both
+/// API versions): the taints Cluster API puts on the nodes of its Machines. Kept as written:
+/// turning it into a node taint (and merging it with the taints annotation) is
+/// `ScaleFromZero::with_template_taints`'s business.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateTaint {
+    pub key: String,
+    /// Absent and empty are the same (Go's `omitempty`).
+    pub value: Option<String>,
+    pub effect: String,
+    /// `Always` or `OnInitialization`. Either way the taint is on the node when it joins, which
+    /// is all a scale-from-zero node shape describes, so nothing reads it to build one.
+    pub propagation: Option<String>,
+}
+
+/// `spec.template.spec.taints`, read as Cluster Autoscaler 1.36 reads it (kubernetes/autoscaler
+/// cluster-autoscaler/cloudprovider/clusterapi/clusterapi_unstructured.go:232-252 at
+/// 35e8a280425c, tag cluster-autoscaler-1.36.1): a list that is not a list counts as none, an
+/// item that is not an object is passed over and a field that is not a string is empty. Never an
+/// error: the API server's schema keeps all of that from happening, and a taint list that could
+/// not be read must not take the whole MachineDeployment out of the model.
+pub(super) fn read_template_taints(r: &Reader<'_>) -> Vec<TemplateTaint> {
+    let Some(Value::Array(items)) = r.get("spec.template.spec.taints") else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| {
+            let item = item.as_object()?;
+            let text = |field: &str| {
+                item.get(field)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+            };
+            Some(TemplateTaint {
+                key: text("key").unwrap_or_default(),
+                value: text("value"),
+                effect: text("effect").unwrap_or_default(),
+                propagation: text("propagation"),
+            })
+        })
+        .collect()
+}
+
 /// A Cluster API MachineDeployment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MachineDeployment {
@@ -423,6 +468,8 @@ pub struct MachineDeployment {
     pub status_selector: Option<String>,
     pub template_labels: BTreeMap<String, String>,
     pub template_annotations: BTreeMap<String, String>,
+    /// `spec.template.spec.taints` (see [`read_template_taints`]).
+    pub template_taints: Vec<TemplateTaint>,
     pub infrastructure_ref: InfrastructureRef,
     pub cluster_name: String,
     pub deletion_order: Option<DeletionOrder>,
@@ -476,6 +523,7 @@ impl MachineDeployment {
             status_selector: r.opt_str("status.selector")?,
             template_labels: r.string_map("spec.template.metadata.labels")?,
             template_annotations: r.string_map("spec.template.metadata.annotations")?,
+            template_taints: read_template_taints(&r),
             infrastructure_ref: read_infrastructure_ref(
                 &r,
                 "spec.template.spec.infrastructureRef",

@@ -34,6 +34,9 @@ pub struct Catalog {
     pub unknown: BTreeMap<String, String>,
     /// One line per MachineDeployment that was selected but left out, naming it and why.
     pub problems: Vec<String>,
+    /// One line per annotation entry an offered group's annotations carry that was ignored
+    /// (as Cluster Autoscaler ignores it), naming the group, the annotation and why.
+    pub skipped: Vec<String>,
     /// Offerings (by MachineDeployment) whose price a NodeOverlay set, with the price before.
     pub price_overlays: BTreeMap<String, PriceOverlaid>,
     /// Keys of the offered MachinePools without MachinePool Machines: offered for scale-up
@@ -143,9 +146,17 @@ pub fn build(
                 }
                 catalog.deployments.push(o.machine_deployment.clone());
                 // Parsed already by `offering`, which refused the MachineDeployment if bad.
-                let csi = autoscaler::parse(&md.annotations)
-                    .map(|d| d.csi_limits())
-                    .unwrap_or_default();
+                let (csi, skipped) = match autoscaler::parse_scalable(md) {
+                    Ok((sfz, drivers)) => {
+                        let mut skipped = sfz.skipped;
+                        skipped.extend(drivers.skipped.iter().cloned());
+                        (drivers.csi_limits(), skipped)
+                    }
+                    Err(_) => Default::default(),
+                };
+                catalog
+                    .skipped
+                    .extend(skipped.iter().map(|s| format!("{}: {s}", md.scalable())));
                 by_type.entry(name).or_default().push((capacity, csi, o));
             }
             Err(problem) => {
@@ -178,9 +189,10 @@ pub fn offering(
     {
         return Err(POOL_UNREAD.to_string());
     }
-    // The driver annotations are checked like the rest (`build` reads the CSI limits).
+    // The driver annotations are checked like the rest (`build` reads the CSI limits); the
+    // group's own `spec.template.spec.taints` are merged in as Cluster Autoscaler 1.36 does.
     let (sfz, _drivers) =
-        autoscaler::parse_all(&md.annotations).map_err(|e| format!("malformed annotation: {e}"))?;
+        autoscaler::parse_scalable(md).map_err(|e| format!("malformed annotation: {e}"))?;
     let shape = template::merge(cx.templates.get(&key), &sfz);
     for needed in ["cpu", "memory"] {
         if shape.capacity.get(needed).is_zero() {
@@ -298,6 +310,13 @@ fn type_requirements(offerings: &[Offering]) -> Requirements {
                 .collect::<BTreeSet<_>>(),
         ),
     ] {
+        // No offering in any zone: its nodes carry no zone label, so a pod that requires a
+        // zone must not be planned onto it (a claim's single-valued zone requirement would
+        // otherwise become a label the node was never in).
+        if values.is_empty() && key == ZONE_LABEL {
+            reqs.add(Requirement::does_not_exist(ZONE_LABEL));
+            continue;
+        }
         if values.is_empty() {
             continue;
         }
@@ -548,14 +567,91 @@ mod tests {
             csi.instance_types[0].csi_limits,
             BTreeMap::from([("ebs.csi.aws.com".to_string(), 25)])
         );
-        let bad =
-            shaped(json!({crate::capi::autoscaler::CSI_DRIVER_ANNOTATION: "ebs.csi.aws.com=x"}));
-        assert!(bad.instance_types.is_empty());
-        assert!(
-            bad.problems[0].contains("default/m")
-                && bad.problems[0].contains(crate::capi::autoscaler::CSI_DRIVER_ANNOTATION),
-            "{:?}",
-            bad.problems
+        // A malformed entry is passed over, as Cluster Autoscaler passes it over: the group is
+        // offered without that limit, and the entry is reported naming the annotation.
+        let bad = shaped(json!({
+            crate::capi::autoscaler::CSI_DRIVER_ANNOTATION: "ebs.csi.aws.com=x,efs.csi.aws.com=3"
+        }));
+        assert!(bad.problems.is_empty(), "{:?}", bad.problems);
+        assert_eq!(bad.deployments, ["default/m"]);
+        assert_eq!(bad.instance_types.len(), 1);
+        assert_eq!(
+            bad.instance_types[0].csi_limits,
+            BTreeMap::from([("efs.csi.aws.com".to_string(), 3)])
         );
+        assert_eq!(bad.skipped.len(), 1, "{:?}", bad.skipped);
+        assert!(
+            bad.skipped[0].contains("default/m")
+                && bad.skipped[0].contains(&format!(
+                    "annotation {}: \"ebs.csi.aws.com=x\" ignored: ",
+                    crate::capi::autoscaler::CSI_DRIVER_ANNOTATION
+                )),
+            "{:?}",
+            bad.skipped
+        );
+        // A well-formed group reports nothing ignored.
+        assert!(csi.skipped.is_empty(), "{:?}", csi.skipped);
+    }
+
+    /// A type none of whose offerings is in a zone has nodes without a zone label, so its
+    /// requirements say so (`DoesNotExist`) and a pod that requires a zone is never planned onto
+    /// it; a type offered in zones lists them (`In`).
+    #[test]
+    fn zone_less_offerings_require_the_zone_label_absent() {
+        let cat = build_all(&[
+            md(
+                "zoned",
+                sized(
+                    "2",
+                    "4Gi",
+                    "node.kubernetes.io/instance-type=zoned,topology.kubernetes.io/zone=z1",
+                    "1",
+                ),
+                true,
+            ),
+            md(
+                "zoned-2",
+                sized(
+                    "2",
+                    "4Gi",
+                    "node.kubernetes.io/instance-type=zoned,topology.kubernetes.io/zone=z2",
+                    "1",
+                ),
+                true,
+            ),
+            md("zoneless", sized("2", "4Gi", "", "1"), true),
+        ]);
+        assert!(cat.problems.is_empty(), "{:?}", cat.problems);
+        let of = |name: &str| {
+            cat.instance_types
+                .iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("no type {name}"))
+        };
+        let zoneless = of("zoneless")
+            .requirements
+            .get(ZONE_LABEL)
+            .expect("a zone requirement");
+        assert_eq!(zoneless.operator(), Operator::DoesNotExist);
+        assert!(zoneless.allows_absent() && !zoneless.has("z1"));
+        let zoned = of("zoned")
+            .requirements
+            .get(ZONE_LABEL)
+            .expect("a zone requirement");
+        assert_eq!(zoned.operator(), Operator::In);
+        assert_eq!(
+            zoned
+                .finite_values()
+                .map(|v| v.iter().cloned().collect::<Vec<_>>()),
+            Some(vec!["z1".to_string(), "z2".to_string()])
+        );
+        assert!(!zoned.allows_absent());
+        // A pod requiring a zone is compatible with the zoned type only.
+        let wants_z1 = Requirements::from_labels(&BTreeMap::from([(
+            ZONE_LABEL.to_string(),
+            "z1".to_string(),
+        )]));
+        assert!(of("zoneless").requirements.compatible(&wants_z1).is_err());
+        assert!(of("zoned").requirements.compatible(&wants_z1).is_ok());
     }
 }

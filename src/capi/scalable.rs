@@ -17,7 +17,8 @@ use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LAB
 use crate::capi::json::{ModelError, Reader};
 pub use crate::capi::kind::ScalableKind;
 use crate::capi::model::{
-    LabelSelector, Machine, MachineDeployment, dynamic_to_value, read_infrastructure_ref, read_meta,
+    LabelSelector, Machine, MachineDeployment, dynamic_to_value, read_infrastructure_ref,
+    read_meta, read_template_taints,
 };
 use crate::capi::version::CapiVersion;
 
@@ -146,6 +147,9 @@ impl MachineDeployment {
             status_selector: None,
             template_labels: r.string_map("spec.template.metadata.labels")?,
             template_annotations: r.string_map("spec.template.metadata.annotations")?,
+            // A MachinePool's template carries them at the same path as a MachineDeployment's,
+            // and the autoscaler reads them the same way for both kinds.
+            template_taints: read_template_taints(&r),
             infrastructure_ref: read_infrastructure_ref(
                 &r,
                 "spec.template.spec.infrastructureRef",

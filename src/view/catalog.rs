@@ -584,7 +584,7 @@ impl LeftOut<'_> {
         let error = self.failing_templates.get(&key)?;
         // Complete annotations stand on their own while the template cannot be read; a
         // malformed value is reported as such by the offering itself.
-        let annotated = crate::capi::autoscaler::parse_all(&md.annotations)
+        let annotated = crate::capi::autoscaler::parse_scalable(md)
             .map(|(sfz, _)| sfz.cpu.is_some() && sfz.memory.is_some())
             .unwrap_or(true);
         (!annotated).then(|| {

@@ -128,7 +128,20 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             .and_then(|n| nodes.compact(n))
             .map(|n| &**n);
         let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
-        let standing = budget_standing(c, node, mem.executing.contains(&name), mem.now);
+        // Cluster API deleting the claim's Machine (a rollout, a MachineHealthCheck, a user)
+        // is a disruption from that moment: the claim's own deletion follows a watch event
+        // later, and a decision made in between must already count it.
+        let machine_going = machines
+            .bound_to(&name)
+            .ok()
+            .flatten()
+            .is_some_and(|m| m.deletion_timestamp.is_some());
+        let standing = budget_standing(
+            c,
+            node,
+            mem.executing.contains(&name) || machine_going,
+            mem.now,
+        );
         if standing.counted {
             *total.entry(pool_name.clone()).or_default() += 1;
             if standing.disrupting {
@@ -572,7 +585,8 @@ pub struct BudgetStanding {
 
 /// Upstream's budget accounting: only initialized claims count, less those whose instance is
 /// already terminating; of them, the ones whose Node is not Ready, the ones going away (claim or
-/// Node deleting, or expired) and those of the commands under way are disrupting. A claim whose
+/// Node deleting, or expired) and those of the commands under way (or, as the caller says,
+/// whose Machine Cluster API is deleting) are disrupting. A claim whose
 /// Node is already gone still counts while it is deleted (upstream keeps its state node for the
 /// claim alone). A launch that never initialized uses no budget when it is deleted, and during an
 /// outage (Nodes NotReady) nothing more is disrupted voluntarily.

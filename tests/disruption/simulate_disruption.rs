@@ -123,7 +123,8 @@ async fn drift_and_a_pool_rollout(version: CapiVersionArg) {
     );
     assert!(rollout.claims_before > 0, "{r}");
     assert_eq!(rollout.claims_replaced, rollout.claims_before, "{r}");
-    assert!(rollout.machines > 0, "{r}");
+    // The drifted claims' replacements go to the cheapest room, which need not be this pool:
+    // it may end with no Machine at all (seen on a loaded machine), and then none is outdated.
     assert_eq!(rollout.machines_up_to_date, rollout.machines, "{r}");
 }
 

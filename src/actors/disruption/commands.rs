@@ -6,6 +6,11 @@ use super::*;
 
 impl Disruption {
     pub(super) fn execute(&mut self, cmd: Command, ctx: &mut Context<Self>) {
+        if let Some(why) = self.over_budget_now(&cmd) {
+            tracing::debug!(method = ?cmd.method, claims = ?cmd.claim_names(), why = %why, "not disrupting: the budget changed since the decision");
+            self.soon(ctx);
+            return;
+        }
         tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), in_flight = self.executing.len() + 1, "disrupting");
         // Ours from the first write on: the next pass must not roll the taints back.
         let id = self.next_id;

@@ -193,48 +193,7 @@ impl Disruption {
                     .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
             });
         }
-        let executing: HashSet<String> = self
-            .executing
-            .values()
-            .flat_map(|e| e.command.candidates.iter().map(|c| c.claim.clone()))
-            .chain(self.deleted.iter().cloned())
-            .collect();
-        let mut nominated = self.nominations();
-        {
-            // The provisioner's plans too: a node it planned pods onto stays while one of them
-            // is still pending and the plan holds.
-            let now = Instant::now();
-            let pods = self.shared.state.pods.read();
-            let mut planned = self.shared.state.nominated.write();
-            planned.retain(|pod, (_, until)| {
-                *until > now
-                    && pods
-                        .get(pod)
-                        .is_some_and(|p| crate::state::pods::node_name(&p).is_none())
-            });
-            nominated.extend(planned.values().map(|(place, _)| place.clone()));
-        }
-        {
-            let claims = self.shared.state.claims.read();
-            self.own_replacements.retain(|c| claims.contains(c));
-        }
-        // A candidate's backoff is remembered a while after it ends, so failing again soon
-        // backs off longer.
-        let at = Instant::now();
-        self.failed
-            .retain(|_, (until, _)| *until + FAILURE_MEMORY > at);
-        let pdbs = self.shared.state.pdbs.read().all().clone();
-        let mut view = view::gather(
-            self.shared.view(),
-            &view::Memory {
-                pdbs: &pdbs,
-                pod_events: &self.pod_events,
-                started: self.started,
-                executing: &executing,
-                nominated: &nominated,
-                now,
-            },
-        );
+        let mut view = self.gather_now(now);
         self.publish_metrics(&view);
         let shared = self.shared.clone();
         let progress: Vec<(u64, Progress)> = self
@@ -248,6 +207,7 @@ impl Disruption {
         // (at 5,000 nodes a copy held every node's pod names twice).
         let mut candidates = std::mem::take(&mut view.candidates);
         // Candidates of a command rolled back a moment ago wait out their own backoff.
+        let at = Instant::now();
         candidates.retain(|c| {
             self.failed
                 .get(&c.claim)
@@ -483,6 +443,76 @@ impl Disruption {
                 .get_or_create(&labels)
                 .set(*busy as i64);
         }
+    }
+
+    /// What the pass sees now: the indexes read afresh, with this actor's memory (commands
+    /// under way, nominations, pod events). Also the last look before a command starts.
+    fn gather_now(&mut self, now: jiff::Timestamp) -> view::View {
+        let executing: HashSet<String> = self
+            .executing
+            .values()
+            .flat_map(|e| e.command.candidates.iter().map(|c| c.claim.clone()))
+            .chain(self.deleted.iter().cloned())
+            .collect();
+        let mut nominated = self.nominations();
+        {
+            // The provisioner's plans too: a node it planned pods onto stays while one of them
+            // is still pending and the plan holds.
+            let now = Instant::now();
+            let pods = self.shared.state.pods.read();
+            let mut planned = self.shared.state.nominated.write();
+            planned.retain(|pod, (_, until)| {
+                *until > now
+                    && pods
+                        .get(pod)
+                        .is_some_and(|p| crate::state::pods::node_name(&p).is_none())
+            });
+            nominated.extend(planned.values().map(|(place, _)| place.clone()));
+        }
+        {
+            let claims = self.shared.state.claims.read();
+            self.own_replacements.retain(|c| claims.contains(c));
+        }
+        // A candidate's backoff is remembered a while after it ends, so failing again soon
+        // backs off longer.
+        let at = Instant::now();
+        self.failed
+            .retain(|_, (until, _)| *until + FAILURE_MEMORY > at);
+        let pdbs = self.shared.state.pdbs.read().all().clone();
+        view::gather(
+            self.shared.view(),
+            &view::Memory {
+                pdbs: &pdbs,
+                pod_events: &self.pod_events,
+                started: self.started,
+                executing: &executing,
+                nominated: &nominated,
+                now,
+            },
+        )
+    }
+
+    /// The budgets may have moved since the pass decided (its housekeeping writes, the
+    /// snapshot and the solve take a while, longer on a loaded machine): Cluster API may have
+    /// deleted Machines meanwhile (a rollout) or another command started. Checked on a fresh
+    /// read right before the command's first write, so a decision never exceeds a budget that
+    /// a slower index would have hidden from it.
+    fn over_budget_now(&mut self, cmd: &Command) -> Option<String> {
+        let view = self.gather_now(jiff::Timestamp::now());
+        let reason = cmd.method.reason();
+        let mut per_pool: HashMap<&str, usize> = HashMap::new();
+        for c in &cmd.candidates {
+            *per_pool.entry(c.nodepool.as_str()).or_default() += 1;
+        }
+        per_pool.into_iter().find_map(|(pool, n)| {
+            let allowed = view.allowed.get(pool, reason);
+            (n > allowed).then(|| {
+                format!(
+                    "NodePool {pool} now allows {allowed} more {} disruptions, the command needs {n}",
+                    reason.as_str()
+                )
+            })
+        })
     }
 
     /// A command from this pass: carry it out when it is a pending one that passed its

@@ -300,6 +300,10 @@ struct Step {
 /// How many steps one reconcile may take before yielding (each step is at most one write).
 const MAX_STEPS: usize = 10;
 
+/// How long a claim whose Node patch lost a race waits for the Node watch before it plans
+/// again without it (the watch's event usually comes first and kicks it sooner).
+const NODE_CONFLICT_WAIT: Duration = Duration::from_millis(250);
+
 enum Next {
     /// The claim changed: take the next step right away.
     Continue(Arc<NodeClaim>),
@@ -334,6 +338,15 @@ impl Step {
                 Ok(Next::Done) => {
                     out.done = true;
                     out.terminated = self.terminated;
+                    return out;
+                }
+                // The Node changed under a guarded patch (the kubelet, the node lifecycle
+                // controller): the index holds the old copy until the Node watch delivers the
+                // new one, and that event kicks this claim. Planning again now would patch the
+                // same stale copy, a PATCH and a GET per step, as fast as the server answers.
+                Err(e) if e.is_node_conflict() => {
+                    out.claim = Some(self.claim.clone());
+                    out.wake_in = Some(NODE_CONFLICT_WAIT);
                     return out;
                 }
                 Err(e) if e.is_conflict() => match self.reread().await {

@@ -1,3 +1,4 @@
+use crate::capi::model::TemplateTaint;
 use serde_json::json;
 
 use super::*;
@@ -188,4 +189,76 @@ fn an_infrastructure_pool_hash_changes_with_an_instance_field_only() {
         None
     );
     assert_eq!(infrastructure_pool_hash(&json!({})), None);
+}
+
+/// A MachineDeployment like the pool above, for the template taints.
+fn deployment(version: CapiVersion) -> Value {
+    let mut md = pool(version);
+    md["kind"] = json!("MachineDeployment");
+    md["spec"]["selector"] = json!({"matchLabels": {"cluster.x-k8s.io/deployment-name": "mp"}});
+    md
+}
+
+// CA clusterapi_unstructured.go:232-252 (kubernetes/autoscaler@35e8a280425c, tag
+// cluster-autoscaler-1.36.1) reads `spec.template.spec.taints` of either kind, in both API
+// versions (Cluster API >= 1.12's taint propagation); the taint is TestNodeGroupTemplateNodeInfo's
+// (clusterapi_nodegroup_test.go:1708-1709).
+#[test]
+fn template_taints_are_read_from_either_kind_in_both_versions() {
+    let taints = json!([
+        {"key": "dedicated", "value": "gpu", "effect": "NoSchedule", "propagation": "Always"},
+        {"key": "boot", "effect": "NoExecute", "propagation": "OnInitialization"},
+    ]);
+    let expected = vec![
+        TemplateTaint {
+            key: "dedicated".into(),
+            value: Some("gpu".into()),
+            effect: "NoSchedule".into(),
+            propagation: Some("Always".into()),
+        },
+        TemplateTaint {
+            key: "boot".into(),
+            value: None,
+            effect: "NoExecute".into(),
+            propagation: Some("OnInitialization".into()),
+        },
+    ];
+    for v in CapiVersion::ALL {
+        let mut mp = pool(v);
+        mp["spec"]["template"]["spec"]["taints"] = taints.clone();
+        let mp = MachineDeployment::from_pool_value(&mp, v).unwrap();
+        assert_eq!(mp.template_taints, expected, "{v:?} MachinePool");
+        let mut md = deployment(v);
+        md["spec"]["template"]["spec"]["taints"] = taints.clone();
+        let md = MachineDeployment::from_value(&md, v).unwrap();
+        assert_eq!(md.template_taints, expected, "{v:?} MachineDeployment");
+        // None written: none read.
+        let plain = MachineDeployment::from_value(&deployment(v), v).unwrap();
+        assert!(plain.template_taints.is_empty());
+    }
+}
+
+// As CA reads them (clusterapi_unstructured.go:234-239): a taint list it cannot read is no
+// taints, an item that is not an object is passed over, and neither fails the object.
+#[test]
+fn unreadable_template_taints_never_fail_the_object() {
+    let v = CapiVersion::V1Beta2;
+    let mut md = deployment(v);
+    md["spec"]["template"]["spec"]["taints"] = json!("dedicated=gpu:NoSchedule");
+    assert!(
+        MachineDeployment::from_value(&md, v)
+            .unwrap()
+            .template_taints
+            .is_empty()
+    );
+    md["spec"]["template"]["spec"]["taints"] =
+        json!(["junk", {"key": "k", "value": 5, "effect": "NoSchedule"}]);
+    let read = MachineDeployment::from_value(&md, v)
+        .unwrap()
+        .template_taints;
+    assert_eq!(read.len(), 1);
+    assert_eq!(
+        (read[0].key.as_str(), read[0].value.as_deref()),
+        ("k", None)
+    );
 }
