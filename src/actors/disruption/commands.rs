@@ -4,13 +4,24 @@
 
 use super::*;
 
+/// How a command's start ended.
+enum Started {
+    /// Marked, its replacements (if any) created under these names.
+    Launched(Vec<String>),
+    /// Not started: the server showed its budget taken (nothing written).
+    Withdrawn(String),
+}
+
 impl Disruption {
     pub(super) fn execute(&mut self, cmd: Command, ctx: &mut Context<Self>) {
-        if let Some(why) = self.over_budget_now(&cmd) {
-            tracing::debug!(method = ?cmd.method, claims = ?cmd.claim_names(), why = %why, "not disrupting: the budget changed since the decision");
-            self.soon(ctx);
-            return;
-        }
+        let rooms = match self.budget_now(&cmd) {
+            Ok(rooms) => rooms,
+            Err(why) => {
+                tracing::debug!(method = ?cmd.method, claims = ?cmd.claim_names(), why = %why, "not disrupting: the budget changed since the decision");
+                self.soon(ctx);
+                return;
+            }
+        };
         tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), in_flight = self.executing.len() + 1, "disrupting");
         // Ours from the first write on: the next pass must not roll the taints back.
         let id = self.next_id;
@@ -30,6 +41,9 @@ impl Disruption {
         let shared = self.shared.clone();
         let fut = async move {
             let m = &shared.metrics;
+            if let Some(why) = execute::over_budget_on_server(&shared, &cmd, &rooms).await {
+                return Ok(Started::Withdrawn(why));
+            }
             let stage = Instant::now();
             execute::mark(&shared, &cmd).await?;
             m.disruption_stage("mark", stage.elapsed());
@@ -44,14 +58,21 @@ impl Disruption {
                 execute::delete_candidates(&shared, &cmd).await?;
                 m.disruption_stage("delete", stage.elapsed());
             }
-            Ok::<_, crate::actors::Error>(names)
+            Ok::<_, crate::actors::Error>(Started::Launched(names))
         };
         ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| match r {
-            Ok(names) if names.is_empty() => {
+            Ok(Started::Withdrawn(why)) => {
+                // Nothing was written: no rollback, no backoff for its candidates.
+                tracing::debug!(why = %why, "not disrupting: the server shows the budget taken since the decision");
+                act.executing.remove(&id);
+                act.count_in_flight();
+                act.soon(ctx);
+            }
+            Ok(Started::Launched(names)) if names.is_empty() => {
                 act.completed(id);
                 act.soon(ctx);
             }
-            Ok(names) => {
+            Ok(Started::Launched(names)) => {
                 act.own_replacements.extend(names.iter().cloned());
                 if let Some(e) = act.executing.get_mut(&id) {
                     let candidates: Vec<String> = e

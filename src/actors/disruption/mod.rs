@@ -494,25 +494,40 @@ impl Disruption {
 
     /// The budgets may have moved since the pass decided (its housekeeping writes, the
     /// snapshot and the solve take a while, longer on a loaded machine): Cluster API may have
-    /// deleted Machines meanwhile (a rollout) or another command started. Checked on a fresh
-    /// read right before the command's first write, so a decision never exceeds a budget that
-    /// a slower index would have hidden from it.
-    fn over_budget_now(&mut self, cmd: &Command) -> Option<String> {
+    /// deleted Machines meanwhile (a rollout) or another command started. Read afresh from
+    /// the indexes right before the command's first write: Err says why it no longer fits,
+    /// Ok what each of its pools allows now, for the server-side check that follows
+    /// (`execute::over_budget_on_server`).
+    fn budget_now(&mut self, cmd: &Command) -> Result<Vec<execute::PoolRoom>, String> {
         let view = self.gather_now(jiff::Timestamp::now());
         let reason = cmd.method.reason();
         let mut per_pool: HashMap<&str, usize> = HashMap::new();
         for c in &cmd.candidates {
             *per_pool.entry(c.nodepool.as_str()).or_default() += 1;
         }
-        per_pool.into_iter().find_map(|(pool, n)| {
+        let mut rooms = Vec::with_capacity(per_pool.len());
+        for (pool, needed) in per_pool {
             let allowed = view.allowed.get(pool, reason);
-            (n > allowed).then(|| {
-                format!(
-                    "NodePool {pool} now allows {allowed} more {} disruptions, the command needs {n}",
+            if needed > allowed {
+                return Err(format!(
+                    "NodePool {pool} now allows {allowed} more {} disruptions, the command needs {needed}",
                     reason.as_str()
-                )
-            })
-        })
+                ));
+            }
+            let busy = view
+                .budget_use
+                .iter()
+                .find(|(p, r, _, _)| p == pool && *r == reason)
+                .map_or(0, |(_, _, _, busy)| *busy);
+            rooms.push(execute::PoolRoom {
+                pool: pool.to_string(),
+                reason,
+                allowed,
+                busy,
+                needed,
+            });
+        }
+        Ok(rooms)
     }
 
     /// A command from this pass: carry it out when it is a pending one that passed its
