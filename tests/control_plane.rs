@@ -10,7 +10,8 @@
 //! restart mid-burst), `failover` (leader election), `malformed` (the corpus), `capi_schema`
 //! (malformed MachineDeployments refused alike), `kubectl` and `init`.
 //! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
-//! --control-plane real` exits.
+//! --control-plane real` exits. Module `cluster_api`: Cluster API's real manager (webhooks,
+//! conversion, nothing left after a drop) and whole flows on it (`--cluster-api real`).
 
 #[macro_use]
 mod assets;
@@ -23,6 +24,8 @@ mod flows;
 mod adoption;
 #[path = "control_plane/capi_schema.rs"]
 mod capi_schema;
+#[path = "control_plane/cluster_api.rs"]
+mod cluster_api;
 #[path = "control_plane/failover.rs"]
 mod failover;
 #[path = "control_plane/init.rs"]
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
     tests.extend(capi_schema::tests());
     tests.extend(kubectl::tests());
     tests.extend(init::tests());
+    tests.extend(cluster_api::tests());
     assets::main(tests)
 }
 

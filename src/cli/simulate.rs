@@ -164,6 +164,18 @@ pub enum ControlPlaneArg {
     Real,
 }
 
+/// Who plays Cluster API's controllers (`--cluster-api`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ClusterApiArg {
+    /// The project's Cluster API stand-in, in-process.
+    #[default]
+    Simulated,
+    /// Cluster API's real core controller manager (v1.14.2 for v1beta2, v1.10.10 for v1beta1:
+    /// --cluster-api-version), from KARPENTER_CAPI_CLUSTER_API (`.ci/install-cluster-api`);
+    /// needs --control-plane real.
+    Real,
+}
+
 /// Which scalable kind the scenario's node groups are (`--scalable`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum ScalableArg {
@@ -236,6 +248,10 @@ pub struct SimulateArgs {
     /// (binaries from KUBEBUILDER_ASSETS, Cluster API CRDs from KARPENTER_CAPI_UPSTREAM).
     #[arg(long, value_enum, default_value = "simulated")]
     pub control_plane: ControlPlaneArg,
+    /// Who plays Cluster API: the project's stand-in, or Cluster API's real manager (needs
+    /// --control-plane real; v1.14.2, or v1.10.10 with --cluster-api-version v1beta1).
+    #[arg(long, value_enum, default_value = "simulated")]
+    pub cluster_api: ClusterApiArg,
     /// The report: text, one JSON object, or one self-contained HTML page with charts.
     #[arg(long, value_enum, default_value = "text")]
     pub report: ReportFormat,

@@ -22,6 +22,7 @@
 //! unwinds, and on SIGINT/SIGTERM (module `process`).
 
 pub mod audit;
+pub mod cluster_api;
 mod pki;
 mod process;
 pub mod rbac;
@@ -60,6 +61,11 @@ node-lifecycle-controller";
 /// The user the controller's client certificate names, so the audit log tells its requests from
 /// the stand-ins' (the administrator) and the control plane's own.
 pub const CONTROLLER_USER: &str = "karpenter-capi-controller";
+
+/// The user of Cluster API's manager's client certificate (module `cluster_api`).
+pub const CLUSTER_API_USER: &str = "cluster-api-controller-manager";
+/// The user of the `<cluster>-kubeconfig` Secret's certificate (the workload cluster's admin).
+pub const CLUSTER_API_WORKLOAD_USER: &str = "cluster-api-workload-admin";
 
 /// Lines of a binary's log quoted in an error.
 const TAIL_LINES: usize = 30;
@@ -199,6 +205,8 @@ pub struct ControlPlane {
     client: kube::Client,
     kubeconfig: PathBuf,
     controller_kubeconfig: PathBuf,
+    cluster_api_kubeconfig: PathBuf,
+    pki: pki::Pki,
     audit_log: PathBuf,
     dir: PathBuf,
     ports: Ports,
@@ -274,6 +282,8 @@ impl ControlPlane {
         write_kubeconfig(&cm_kubeconfig, &server, &pki.ca, &pki.controller_manager)?;
         let controller_kubeconfig = dir.join("controller.kubeconfig");
         write_kubeconfig(&controller_kubeconfig, &server, &pki.ca, &pki.controller)?;
+        let cluster_api_kubeconfig = dir.join("cluster-api.kubeconfig");
+        write_kubeconfig(&cluster_api_kubeconfig, &server, &pki.ca, &pki.cluster_api)?;
         let audit_policy = dir.join("audit-policy.yaml");
         std::fs::write(&audit_policy, audit::POLICY).map_err(|source| Error::Io {
             what: format!("writing {}", audit_policy.display()),
@@ -434,6 +444,8 @@ impl ControlPlane {
             client,
             kubeconfig,
             controller_kubeconfig,
+            cluster_api_kubeconfig,
+            pki,
             audit_log,
             dir,
             ports,
@@ -464,6 +476,49 @@ impl ControlPlane {
     /// ServiceAccount instead (`rbac`).
     pub fn controller_kubeconfig(&self) -> &Path {
         &self.controller_kubeconfig
+    }
+
+    /// A kubeconfig as Cluster API's controller manager ([`CLUSTER_API_USER`]), which
+    /// holds only the RBAC [`cluster_api::ClusterApi::start`] grants it.
+    pub fn cluster_api_kubeconfig(&self) -> &Path {
+        &self.cluster_api_kubeconfig
+    }
+
+    /// A self-contained kubeconfig (certificates inline, as Cluster API reads it from the
+    /// `<cluster>-kubeconfig` Secret) for this API server as the workload cluster's
+    /// administrator, the user [`CLUSTER_API_WORKLOAD_USER`].
+    pub fn workload_kubeconfig(&self) -> Result<String, Error> {
+        let read = |p: &Path| {
+            std::fs::read(p).map_err(|source| Error::Io {
+                what: format!("reading {}", p.display()),
+                source,
+            })
+        };
+        let ca = base64(read(&self.pki.ca)?);
+        let cert = base64(read(&self.pki.cluster_api_workload.cert)?);
+        let key = base64(read(&self.pki.cluster_api_workload.key)?);
+        Ok(format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: workload
+  cluster:
+    server: https://127.0.0.1:{port}
+    certificate-authority-data: {ca}
+users:
+- name: cluster-api
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: workload
+  context:
+    cluster: workload
+    user: cluster-api
+current-context: workload
+",
+            port = self.ports.apiserver
+        ))
     }
 
     /// kube-apiserver's audit log (JSON lines, module [`audit`]).
@@ -517,6 +572,15 @@ fn args<const N: usize>(pairs: [(&str, &str); N]) -> Vec<String> {
     pairs.iter().map(|(k, v)| format!("--{k}={v}")).collect()
 }
 
+/// Standard base64 of `bytes` (as the API's byte fields and kubeconfigs' `*-data` spell them).
+pub(crate) fn base64(bytes: Vec<u8>) -> String {
+    // k8s-openapi's ByteString serializes as standard base64.
+    match serde_json::to_value(k8s_openapi::ByteString(bytes)) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
 fn path(p: &Path) -> String {
     p.display().to_string()
 }
@@ -527,6 +591,22 @@ async fn wait_ready<F, Fut>(
     binary: &'static str,
     deadline: Instant,
     began: Instant,
+    probe: F,
+) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    wait_ready_tail(processes, binary, deadline, began, TAIL_LINES, probe).await
+}
+
+/// [`wait_ready`], quoting `tail_lines` of a log in its errors.
+async fn wait_ready_tail<F, Fut>(
+    processes: &Mutex<Processes>,
+    binary: &'static str,
+    deadline: Instant,
+    began: Instant,
+    tail_lines: usize,
     mut probe: F,
 ) -> Result<(), Error>
 where
@@ -539,7 +619,7 @@ where
             return Err(Error::Exited {
                 binary,
                 status,
-                tail: process::tail(&log, TAIL_LINES),
+                tail: process::tail(&log, tail_lines),
             });
         }
         let last = match probe().await {
@@ -557,7 +637,7 @@ where
                 binary,
                 waited: began.elapsed(),
                 last,
-                tail: log.map_or_else(String::new, |l| process::tail(&l, TAIL_LINES)),
+                tail: log.map_or_else(String::new, |l| process::tail(&l, tail_lines)),
             });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

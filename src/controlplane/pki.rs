@@ -37,6 +37,13 @@ pub struct Pki {
     pub controller_manager: Pair,
     /// The controller under test, an administrator under a user of its own.
     pub controller: Pair,
+    /// Cluster API's controller manager (module `cluster_api`): a user with no group, granted
+    /// upstream's ClusterRole only.
+    pub cluster_api: Pair,
+    /// What the `<cluster>-kubeconfig` Secret gives Cluster API for the workload cluster (here the
+    /// same API server): an administrator, as the kubeconfig a control-plane provider writes,
+    /// under a user of its own so the audit log tells its requests apart.
+    pub cluster_api_workload: Pair,
     /// The service-account signing key (PKCS#8) and its public half.
     pub service_account_key: PathBuf,
     pub service_account_pub: PathBuf,
@@ -90,6 +97,15 @@ pub fn write(dir: &Path) -> Result<Pki, Error> {
         &ca,
     )?;
 
+    let cluster_api = client(dir, "cluster-api", super::CLUSTER_API_USER, None, &ca)?;
+    let cluster_api_workload = client(
+        dir,
+        "cluster-api-workload",
+        super::CLUSTER_API_WORKLOAD_USER,
+        Some("system:masters"),
+        &ca,
+    )?;
+
     let sa = KeyPair::generate()?;
     let service_account_key = dir.join("sa.key");
     let service_account_pub = dir.join("sa.pub");
@@ -104,13 +120,15 @@ pub fn write(dir: &Path) -> Result<Pki, Error> {
         scheduler,
         controller_manager,
         controller,
+        cluster_api,
+        cluster_api_workload,
         service_account_key,
         service_account_pub,
     })
 }
 
 /// A self-signed CA, its certificate written to `cert`; its key stays in memory.
-fn authority(cert: &Path, common: &str) -> Result<Issuer<'static, KeyPair>, Error> {
+pub(super) fn authority(cert: &Path, common: &str) -> Result<Issuer<'static, KeyPair>, Error> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::default();
     params.distinguished_name = name(common, None);
@@ -124,7 +142,7 @@ fn authority(cert: &Path, common: &str) -> Result<Issuer<'static, KeyPair>, Erro
     Ok(Issuer::new(params, key))
 }
 
-fn name(common: &str, organization: Option<&str>) -> DistinguishedName {
+pub(super) fn name(common: &str, organization: Option<&str>) -> DistinguishedName {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, common);
     if let Some(o) = organization {
@@ -146,7 +164,7 @@ fn client(
     leaf(dir, file, params, ca)
 }
 
-fn leaf(
+pub(super) fn leaf(
     dir: &Path,
     file: &str,
     mut params: CertificateParams,

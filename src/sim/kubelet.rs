@@ -69,6 +69,12 @@ pub struct KubeletConfig {
     /// controller: register Nodes with the `node.kubernetes.io/not-ready` taint and lift it once
     /// the Node is Ready (the simulated backend; a real control plane does both itself).
     pub not_ready_taint: bool,
+    /// Cluster API's real manager runs (`--cluster-api real`): the kubelet only registers its
+    /// Node (with the pressure conditions a kubelet reports, which Cluster API's NodeHealthy
+    /// waits for) and leaves to Cluster API what the stand-in otherwise plays of it: the
+    /// Machine's nodeRef and phase, the Node's Machine annotations, syncing Machine labels to
+    /// the Node, and deleting the Node of a deleted Machine.
+    pub cluster_api_real: bool,
 }
 
 impl Default for KubeletConfig {
@@ -78,6 +84,7 @@ impl Default for KubeletConfig {
             node_ready_delay: Duration::from_millis(100),
             device_plugin_delay: Duration::ZERO,
             not_ready_taint: false,
+            cluster_api_real: false,
         }
     }
 }
@@ -160,10 +167,11 @@ impl Inner {
                         .push((m.namespace().unwrap_or_default(), m.name_any()));
                 }
             }
-            Event::Delete(m) => {
+            Event::Delete(m) if !self.cfg.cluster_api_real => {
                 let me = self.clone();
                 tokio::spawn(async move { me.forget_machine(m).await });
             }
+            Event::Delete(_) => {}
             Event::Init | Event::InitDone => {}
         }
     }
@@ -202,6 +210,7 @@ impl Inner {
         // Nodes as its cloud does); a new one gets a Node named after it.
         let node_name = str_at(&machine.data, &["status", "nodeRef", "name"]).unwrap_or(name);
         let node = match nodes.get_opt(node_name).await? {
+            Some(node) if self.cfg.cluster_api_real => node,
             Some(node) => {
                 self.sync_labels(&nodes, &machine, &node).await?;
                 node
@@ -222,7 +231,9 @@ impl Inner {
                 node
             }
         };
-        if str_at(&machine.data, &["status", "nodeRef", "name"]).is_none() {
+        if !self.cfg.cluster_api_real
+            && str_at(&machine.data, &["status", "nodeRef", "name"]).is_none()
+        {
             let node_ref = match self.cfg.version {
                 CapiVersion::V1Beta1 => json!({
                     "apiVersion": "v1", "kind": "Node",
@@ -266,20 +277,22 @@ impl Inner {
             // What kube-apiserver's TaintNodesByCondition admission adds to every new Node.
             taints.push(json!({"key": NOT_READY_TAINT_KEY, "effect": "NoSchedule"}));
         }
-        let mut annotations = BTreeMap::from([
-            (SIM_NODE_ANNOTATION.to_string(), "true".to_string()),
-            (NODE_CLUSTER_NAMESPACE_ANNOTATION.to_string(), ns),
-        ]);
-        // An instance of a pool without MachinePool Machines has no Machine to name.
-        if machine
-            .types
-            .as_ref()
-            .is_none_or(|t| t.kind != pool::INSTANCE_KIND)
-        {
-            annotations.insert(NODE_MACHINE_ANNOTATION.to_string(), name.clone());
-        }
-        if let Some(cluster) = machine.labels().get(CLUSTER_NAME_LABEL) {
-            annotations.insert("cluster.x-k8s.io/cluster-name".into(), cluster.clone());
+        let mut annotations =
+            BTreeMap::from([(SIM_NODE_ANNOTATION.to_string(), "true".to_string())]);
+        // Cluster API's annotations naming the Machine: the real manager writes its own.
+        if !self.cfg.cluster_api_real {
+            annotations.insert(NODE_CLUSTER_NAMESPACE_ANNOTATION.to_string(), ns);
+            // An instance of a pool without MachinePool Machines has no Machine to name.
+            if machine
+                .types
+                .as_ref()
+                .is_none_or(|t| t.kind != pool::INSTANCE_KIND)
+            {
+                annotations.insert(NODE_MACHINE_ANNOTATION.to_string(), name.clone());
+            }
+            if let Some(cluster) = machine.labels().get(CLUSTER_NAME_LABEL) {
+                annotations.insert("cluster.x-k8s.io/cluster-name".into(), cluster.clone());
+            }
         }
         let body = json!({
             "apiVersion": "v1",
@@ -312,7 +325,7 @@ impl Inner {
         let status = json!({"status": {
             "capacity": registered,
             "allocatable": registered,
-            "conditions": [condition("False", "KubeletNotReady", "container runtime starting")],
+            "conditions": self.conditions(condition("False", "KubeletNotReady", "container runtime starting")),
             "nodeInfo": {
                 "architecture": shape.arch, "operatingSystem": shape.os,
                 "kubeletVersion": kubelet_version, "kubeProxyVersion": kubelet_version,
@@ -332,6 +345,30 @@ impl Inner {
             });
         }
         Ok(created)
+    }
+
+    /// The Node's conditions with `ready`: with Cluster API's real manager, also the pressure
+    /// conditions a kubelet reports (False), without which Cluster API's NodeHealthy stays
+    /// Unknown and no Machine becomes Available. (A merge patch replaces the whole list.)
+    fn conditions(&self, ready: Value) -> Vec<Value> {
+        let mut all = vec![ready];
+        if self.cfg.cluster_api_real {
+            let now = jiff::Timestamp::now()
+                .strftime("%Y-%m-%dT%H:%M:%SZ")
+                .to_string();
+            for (kind, reason) in [
+                ("MemoryPressure", "KubeletHasSufficientMemory"),
+                ("DiskPressure", "KubeletHasNoDiskPressure"),
+                ("PIDPressure", "KubeletHasSufficientPID"),
+            ] {
+                all.push(json!({
+                    "type": kind, "status": "False", "reason": reason,
+                    "message": format!("kubelet reports no {kind}"),
+                    "lastHeartbeatTime": now, "lastTransitionTime": now,
+                }));
+            }
+        }
+        all
     }
 
     /// Cluster API keeps propagated Machine labels in sync on the Node (the controller's
@@ -362,7 +399,7 @@ impl Inner {
         if self.shutdown.sleep(self.cfg.node_ready_delay).await {
             let nodes: Api<Node> = Api::all(self.client.clone());
             let patch = json!({"status": {
-                "conditions": [condition("True", "KubeletReady", "kubelet is posting ready status")],
+                "conditions": self.conditions(condition("True", "KubeletReady", "kubelet is posting ready status")),
             }});
             let _ = retry("node ready", &self.shutdown, || {
                 merge_status(&nodes, &name, &patch)

@@ -28,13 +28,16 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use super::capi::CapiVersion;
 use super::drain_audit::{self, Removal};
 use super::registry::{CapiVersions, Registry, ResourceDef};
 use super::standin::{Shutdown, spawn_watch};
 use super::{SimConfig, Stats, Store};
+use crate::controlplane::cluster_api::{self, ClusterApi};
 use crate::controlplane::{self, ControlPlane, audit};
 
 mod chart;
+pub mod provider;
 pub use chart::TOOLS_VARIABLE;
 
 pub use super::upstream::UPSTREAM_VARIABLE;
@@ -54,11 +57,14 @@ const MIRRORED: [(&str, &str, &str); 11] = [
     ("apps", "v1", "replicasets"),
     ("karpenter.sh", "v1", "nodeclaims"),
     ("karpenter.sh", "v1", "nodepools"),
-    ("cluster.x-k8s.io", "v1beta2", "machinedeployments"),
-    ("cluster.x-k8s.io", "v1beta2", "machinesets"),
-    ("cluster.x-k8s.io", "v1beta2", "machines"),
+    ("cluster.x-k8s.io", CAPI_VERSION, "machinedeployments"),
+    ("cluster.x-k8s.io", CAPI_VERSION, "machinesets"),
+    ("cluster.x-k8s.io", CAPI_VERSION, "machines"),
     ("autoscaling.x-k8s.io", "v1beta1", "capacitybuffers"),
 ];
+
+/// Stands for the Cluster API version in use in [`MIRRORED`].
+const CAPI_VERSION: &str = "(cluster-api)";
 
 /// How often the audit log is read.
 const AUDIT_POLL: Duration = Duration::from_millis(100);
@@ -103,11 +109,22 @@ pub enum Error {
     Chart(PathBuf),
     #[error("the Helm chart's RBAC for the controller: {0}")]
     Rbac(#[from] controlplane::rbac::Error),
+    #[error("Cluster API: {0}")]
+    ClusterApi(#[from] cluster_api::Error),
+    #[error("the workload cluster's objects for Cluster API: {0}")]
+    Provider(#[source] kube::Error),
 }
 
 /// The running real backend. Dropping it (or [`RealBackend::stop`]) stops the control plane.
 pub struct RealBackend {
     plane: Mutex<Option<ControlPlane>>,
+    /// Cluster API's real manager (`--cluster-api real`), stopped before the control plane.
+    cluster_api: Mutex<Option<ClusterApi>>,
+    /// The release of that manager (kept after it stopped, for reports).
+    cluster_api_release: Option<String>,
+    capi_version: CapiVersion,
+    workload_kubeconfig: String,
+    apiserver_port: u16,
     kubeconfig: PathBuf,
     controller_kubeconfig: PathBuf,
     url: String,
@@ -119,22 +136,50 @@ pub struct RealBackend {
 impl RealBackend {
     /// Checks the upstream CRDs, the tools and the chart are there, starts the control plane
     /// from `KUBEBUILDER_ASSETS`, installs the CRDs and the chart's RBAC (the controller's
-    /// access) and starts the mirror and the audit reader (tasks ending on `shutdown`).
+    /// access) and starts the mirror and the audit reader (tasks ending on `shutdown`). With
+    /// `cluster_api_release`, Cluster API's real manager of that release runs too (its CRDs in
+    /// place of upstream's, module `controlplane::cluster_api`), with the providers' CRDs
+    /// (module `provider`; the workload cluster's objects come with [`Self::ensure_cluster`]).
     pub async fn start(
         seed: u64,
+        capi_version: CapiVersion,
+        cluster_api_release: Option<String>,
         shutdown: Shutdown,
     ) -> Result<(Self, Client, Vec<JoinHandle<()>>), Error> {
-        let crds = upstream_crds()?;
+        let capi_options = cluster_api_release
+            .as_deref()
+            .map(|release| cluster_api::Options {
+                provider_groups: provider::groups(),
+                ..cluster_api::Options::from_env(release)
+            });
+        if let Some(o) = &capi_options {
+            o.check()?;
+        }
+        let crds = upstream_crds(capi_options.is_none())?;
         let chart = chart::Chart::locate()?;
         let options = controlplane::Options::from_env()?;
         let plane = ControlPlane::start(options).await?;
         let client = plane.new_client().await?;
-        install(&client, crds).await?;
+        install(&client, crds, capi_options.is_some()).await?;
         let access = chart.install(&plane).await?;
+        let workload_kubeconfig = plane.workload_kubeconfig()?;
+        let apiserver_port = plane.ports().apiserver;
+        let capi = match capi_options {
+            Some(o) => {
+                let capi = ClusterApi::start(&plane, o).await?;
+                provider::install_crds(&client).await?;
+                Some(capi)
+            }
+            None => None,
+        };
 
+        let served = match capi_version {
+            CapiVersion::V1Beta1 => CapiVersions::V1Beta1,
+            CapiVersion::V1Beta2 => CapiVersions::V1Beta2,
+        };
         let registry = Arc::new(
             Registry::new(
-                CapiVersions::V1Beta2,
+                served,
                 SimConfig::default()
                     .with_infrastructure_templates()
                     .extra_resources,
@@ -144,7 +189,7 @@ impl RealBackend {
         let store = Arc::new(Store::new(registry, 1_000, 100_000, seed));
         let stats = Stats::new();
         let tombstones = Tombstones::default();
-        let mut tasks = mirror(&client, &store, &tombstones, &shutdown);
+        let mut tasks = mirror(&client, &store, &tombstones, capi_version, &shutdown);
         let feed = Arc::new(Mutex::new(AuditFeed {
             tail: audit::Tail::new(plane.audit_log()),
             stats: stats.clone(),
@@ -160,11 +205,50 @@ impl RealBackend {
             controller_kubeconfig: access.kubeconfig.clone(),
             url,
             plane: Mutex::new(Some(plane)),
+            cluster_api: Mutex::new(capi),
+            cluster_api_release,
+            capi_version,
+            workload_kubeconfig,
+            apiserver_port,
             store,
             stats,
             feed,
         };
         Ok((backend, client, tasks))
+    }
+
+    /// The release of Cluster API's real manager, when one runs (or ran) here.
+    pub fn cluster_api_release(&self) -> Option<&str> {
+        self.cluster_api_release.as_deref()
+    }
+
+    /// `f` of Cluster API's running manager (None without one, or once stopped).
+    pub fn with_cluster_api<R>(&self, f: impl FnOnce(&ClusterApi) -> R) -> Option<R> {
+        self.cluster_api.lock().as_ref().map(f)
+    }
+
+    /// The workload cluster `cluster`'s objects for Cluster API in namespace `ns` (a Cluster,
+    /// its providers' objects and its kubeconfig Secret), where Cluster API's real manager
+    /// runs; nothing otherwise. Idempotent.
+    pub async fn ensure_cluster(
+        &self,
+        client: &Client,
+        ns: &str,
+        cluster: &str,
+    ) -> Result<(), Error> {
+        if self.cluster_api_release.is_none() {
+            return Ok(());
+        }
+        provider::ensure_cluster(
+            client,
+            ns,
+            cluster,
+            self.capi_version,
+            self.apiserver_port,
+            &self.workload_kubeconfig,
+        )
+        .await
+        .map_err(Error::Provider)
     }
 
     /// The administrator's kubeconfig (the stand-ins, kubectl).
@@ -200,6 +284,10 @@ impl RealBackend {
 
     /// Stops every process of the control plane and removes its directory (idempotent).
     pub fn stop(&self) {
+        // Cluster API's manager first: it would only log the API server going away.
+        if let Some(capi) = self.cluster_api.lock().take() {
+            capi.stop();
+        }
         if let Some(plane) = self.plane.lock().take() {
             plane.stop();
         }
@@ -214,10 +302,16 @@ impl Drop for RealBackend {
 
 /// The upstream CRD files, read before anything starts, so a missing directory is a clear error
 /// and not a half-started control plane.
-fn upstream_crds() -> Result<Vec<(PathBuf, String)>, Error> {
+/// Cluster API's core CRDs are among them unless `with_capi` is false (Cluster API's real
+/// manager installs its own).
+fn upstream_crds(with_capi: bool) -> Result<Vec<(PathBuf, String)>, Error> {
     let dir = super::upstream::crds_dir();
-    super::upstream::CAPI_CRDS
-        .iter()
+    let capi: &[&str] = if with_capi {
+        &super::upstream::CAPI_CRDS
+    } else {
+        &[]
+    };
+    capi.iter()
         .chain(std::iter::once(&DEV_TEMPLATE_CRD))
         .map(|f| {
             let file = dir.join(f);
@@ -231,15 +325,29 @@ fn upstream_crds() -> Result<Vec<(PathBuf, String)>, Error> {
         .collect()
 }
 
-/// Creates the upstream and the project's CRDs and waits until each is Established.
-async fn install(client: &Client, upstream: Vec<(PathBuf, String)>) -> Result<(), Error> {
+/// Creates the upstream and the project's CRDs and waits until each is Established. With
+/// `contract_labels`, the infrastructure template's CRD carries the labels that tell Cluster
+/// API's real manager its contract version (as a provider's CRDs do).
+async fn install(
+    client: &Client,
+    upstream: Vec<(PathBuf, String)>,
+    contract_labels: bool,
+) -> Result<(), Error> {
     let mut crds = crate::api::crds::all();
     for (file, text) in upstream {
-        let crd: CustomResourceDefinition =
+        let mut crd: CustomResourceDefinition =
             serde_saphyr::from_str(&text).map_err(|e| Error::Crd {
                 file: file.clone(),
                 reason: e.to_string(),
             })?;
+        if contract_labels && file.ends_with(DEV_TEMPLATE_CRD) {
+            let labels = crd.metadata.labels.get_or_insert_with(Default::default);
+            if let Some(map) = provider::contract_labels().as_object() {
+                for (k, v) in map {
+                    labels.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+                }
+            }
+        }
         crds.push(crd);
     }
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -299,10 +407,20 @@ fn mirror(
     client: &Client,
     store: &Arc<Store>,
     tombstones: &Tombstones,
+    capi_version: CapiVersion,
     shutdown: &Shutdown,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
+    let capi = match capi_version {
+        CapiVersion::V1Beta1 => "v1beta1",
+        CapiVersion::V1Beta2 => "v1beta2",
+    };
     for (group, version, plural) in MIRRORED {
+        let version = if version == CAPI_VERSION {
+            capi
+        } else {
+            version
+        };
         let Some(def) = store.registry().lookup(group, version, plural).cloned() else {
             tracing::warn!(group, plural, "the mirror's registry lacks a mirrored kind");
             continue;
@@ -491,9 +609,16 @@ fn record(stats: &Stats, controller_user: &str, e: &audit::Event) -> Option<PodR
         return None;
     }
     let at_ms = stats.ms_at(e.at);
+    // A server-side apply that made its object (answered 201, as Cluster API's manager makes
+    // its Machines and MachineSets) is a create in the write log, as a POST is.
+    let verb = if e.verb == "patch" && e.code == Some(201) {
+        "create"
+    } else {
+        e.verb.as_str()
+    };
     stats.record_write_at(
         at_ms,
-        &e.verb,
+        verb,
         &e.resource,
         &e.subresource,
         &e.namespace,

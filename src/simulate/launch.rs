@@ -498,11 +498,14 @@ pub fn measure(
     // before its milestone (the milestone is taken when that write's answer is back, by which
     // time the controller may already have written the claim), and the claim's first status
     // write is its Launched write.
-    let mut first_status_write: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut status_writes: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     let mut standin_machine_writes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for w in &writes {
         if w.agent == USER_AGENT && w.resource == "nodeclaims" && w.subresource == "status" {
-            first_status_write.entry(w.name.as_str()).or_insert(w.at_ms);
+            status_writes
+                .entry(w.name.as_str())
+                .or_default()
+                .push(w.at_ms);
         } else if w.agent != USER_AGENT && w.resource == "machines" {
             standin_machine_writes
                 .entry(format!("{}/{}", w.namespace, w.name))
@@ -541,11 +544,14 @@ pub fn measure(
         if let (Some(m), Some(l)) = (pid_at, t.launched_ms) {
             pid_to_claim.push(l.saturating_sub(*m) as f64);
         }
-        if let (Some(machine), Some(m), Some(w)) = (
+        // The claim's first status write once the provider ID landed: its Launched write (a
+        // claim that waited, e.g. for its template to be read, wrote its status before).
+        if let (Some(machine), Some(m), Some(ws)) = (
             t.machine.as_deref(),
             pid_at,
-            first_status_write.get(name.as_str()),
+            status_writes.get(name.as_str()),
         ) && let Some(landed) = provider_landed(machine, *m)
+            && let Some(w) = ws.iter().find(|w| **w >= landed)
         {
             pid_to_write.push(w.saturating_sub(landed) as f64);
         }

@@ -31,9 +31,12 @@ use tokio::sync::watch;
 
 use crate::actors::{Controller, ControllerHandle, Settings};
 use crate::capi::version::CapiVersion;
-use crate::cli::{CapiVersionArg, ControlPlaneArg, Scenario, SimulateArgs};
+use crate::cli::{CapiVersionArg, ClusterApiArg, ControlPlaneArg, Scenario, SimulateArgs};
+use crate::controlplane::cluster_api;
 use crate::metrics::Metrics;
-use crate::sim::cluster::{Backend, ServedVersions, SimCluster, SimClusterConfig};
+use crate::sim::cluster::{
+    Backend, ClusterApiBackend, ServedVersions, SimCluster, SimClusterConfig,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -312,6 +315,7 @@ pub fn capi_version(arg: CapiVersionArg) -> CapiVersion {
 
 /// The simulated cluster of a scenario, with the faults `--faults` asks for.
 pub async fn start_sim(args: &SimulateArgs) -> Result<BackgroundSim, Error> {
+    check_cluster_api(args)?;
     let sim = BackgroundSim::start(cluster_config(args)).await?;
     inject(&sim, &args.faults)?;
     Ok(sim)
@@ -343,6 +347,59 @@ pub fn inject(sim: &BackgroundSim, spec: &crate::cli::FaultSpec) -> Result<(), E
     Ok(())
 }
 
+/// The release of Cluster API's real manager for `--cluster-api-version`.
+pub fn cluster_api_release(arg: CapiVersionArg) -> &'static str {
+    match arg {
+        CapiVersionArg::V1beta1 => cluster_api::RELEASE_V1BETA1,
+        CapiVersionArg::V1beta2 => cluster_api::RELEASE_V1BETA2,
+    }
+}
+
+/// `--cluster-api real` needs the real control plane and the installed release: said before
+/// anything starts, naming the variable and the script that installs it.
+pub fn check_cluster_api(args: &SimulateArgs) -> Result<(), Error> {
+    if args.cluster_api != ClusterApiArg::Real {
+        return Ok(());
+    }
+    if args.control_plane != ControlPlaneArg::Real {
+        return Err(Error::Usage(
+            "--cluster-api real runs Cluster API's manager against a real API server: add \
+             --control-plane real"
+                .into(),
+        ));
+    }
+    cluster_api::Options::from_env(cluster_api_release(args.cluster_api_version))
+        .check()
+        .map_err(|e| Error::Usage(e.to_string()))
+}
+
+/// The report's `backend`: what served the API and who played Cluster API.
+pub fn backend_json(cluster: &SimCluster) -> serde_json::Value {
+    let control_plane = match cluster.backend() {
+        Backend::Simulated => "simulated",
+        Backend::Real => "real",
+    };
+    let cluster_api = match cluster.cluster_api_release() {
+        Some(version) => serde_json::json!({"kind": "real", "version": version}),
+        None => serde_json::json!({"kind": "simulated"}),
+    };
+    serde_json::json!({
+        "control_plane": {"kind": control_plane},
+        "cluster_api": cluster_api,
+    })
+}
+
+/// `json` (one report object) with `backend` added.
+fn with_backend(json: String, cluster: &SimCluster) -> String {
+    match serde_json::from_str::<serde_json::Value>(&json) {
+        Ok(serde_json::Value::Object(mut o)) => {
+            o.insert("backend".into(), backend_json(cluster));
+            serde_json::Value::Object(o).to_string()
+        }
+        _ => json,
+    }
+}
+
 /// The simulated cluster's configuration for a scenario.
 pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
     let version = capi_version(args.cluster_api_version);
@@ -350,6 +407,12 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
         backend: match args.control_plane {
             ControlPlaneArg::Simulated => Backend::Simulated,
             ControlPlaneArg::Real => Backend::Real,
+        },
+        cluster_api: match args.cluster_api {
+            ClusterApiArg::Simulated => ClusterApiBackend::Simulated,
+            ClusterApiArg::Real => ClusterApiBackend::Real {
+                release: cluster_api_release(args.cluster_api_version).to_string(),
+            },
         },
         capi_version: version,
         served: match version {
@@ -431,6 +494,23 @@ async fn what_if(source: &std::path::Path, args: &SimulateArgs) -> Result<bool, 
 /// Runs the scenario `args` names (not `none`), reports it in every form, and keeps its
 /// cluster and controller (for `--serve`).
 pub async fn run_scenario(args: &SimulateArgs) -> Result<(output::Outcome, Kept), Error> {
+    let (mut outcome, kept) = run_scenario_unnamed(args).await?;
+    let cluster = kept.sim.cluster();
+    outcome.json = with_backend(outcome.json, cluster);
+    if cluster.backend() == Backend::Real {
+        let capi = match cluster.cluster_api_release() {
+            Some(release) => format!("Cluster API {release} (real manager)"),
+            None => "Cluster API stand-in".to_string(),
+        };
+        outcome.text = format!(
+            "{}\n  backend:  real control plane, {capi}",
+            outcome.text.trim_end()
+        );
+    }
+    Ok((outcome, kept))
+}
+
+async fn run_scenario_unnamed(args: &SimulateArgs) -> Result<(output::Outcome, Kept), Error> {
     let outcome = |text: String, json: String, invariants_ok: bool, timeline| output::Outcome {
         text,
         json,

@@ -10,9 +10,11 @@
 //! | upstream CRDs and example manifests | `KARPENTER_CAPI_UPSTREAM` | `../shared/upstream` |
 //! | kubectl v1.35 and helm v4 | `KARPENTER_CAPI_TOOLS` | `$CARGO_TARGET_DIR/tools/bin` (`.ci/install-tools`) |
 //! | etcd, kube-apiserver, kube-scheduler, kube-controller-manager | `KUBEBUILDER_ASSETS` | none: envtest's variable, set on purpose |
+//! | Cluster API's core manager v1.14.2 and v1.10.10 with their manifests | `KARPENTER_CAPI_CLUSTER_API` | `$CARGO_TARGET_DIR/cluster-api` (`.ci/install-cluster-api`, needs Go) |
 //!
 //! `KARPENTER_CAPI_REQUIRE_ASSETS=1` (set by `.ci/run`) turns every such skip into a failure, so
-//! CI always runs everything.
+//! CI always runs everything; `KARPENTER_CAPI_REQUIRE_ASSETS_EXCEPT=cluster-api` (comma-separated
+//! asset names) keeps the skip for those assets only (`.ci/run`, on a machine without Go).
 //!
 //! Binaries with such tests set `harness = false`; each module lists its tests through
 //! [`trials!`] and the binary's `main` hands them all to [`main`]. Test functions are private, so
@@ -27,6 +29,8 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 /// Set (to anything but empty, `0` or `false`) where a missing asset is a failure: CI.
 pub const REQUIRE: &str = "KARPENTER_CAPI_REQUIRE_ASSETS";
+/// Assets (by [`Asset::key`], comma-separated) still skipped, not failed, where [`REQUIRE`] is set.
+pub const REQUIRE_EXCEPT: &str = "KARPENTER_CAPI_REQUIRE_ASSETS_EXCEPT";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Asset {
@@ -38,6 +42,11 @@ pub enum Asset {
     Helm,
     /// A real control plane's binaries (`karpenter_capi::controlplane`).
     ControlPlane,
+    /// Cluster API's core manager v1.14.2 (v1beta2) with its manifests
+    /// (`karpenter_capi::controlplane::cluster_api`).
+    ClusterApi,
+    /// Cluster API's core manager v1.10.10 (v1beta1 only).
+    ClusterApiV1beta1,
 }
 
 impl Asset {
@@ -46,6 +55,28 @@ impl Asset {
             Asset::Upstream => "KARPENTER_CAPI_UPSTREAM",
             Asset::Kubectl | Asset::Helm => "KARPENTER_CAPI_TOOLS",
             Asset::ControlPlane => karpenter_capi::controlplane::ASSETS_VARIABLE,
+            Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
+                karpenter_capi::controlplane::cluster_api::VARIABLE
+            }
+        }
+    }
+
+    /// The name [`REQUIRE_EXCEPT`] lists it by.
+    fn key(self) -> &'static str {
+        match self {
+            Asset::Upstream => "upstream",
+            Asset::Kubectl | Asset::Helm => "tools",
+            Asset::ControlPlane => "control-plane",
+            Asset::ClusterApi | Asset::ClusterApiV1beta1 => "cluster-api",
+        }
+    }
+
+    /// The Cluster API release, for the Cluster API assets.
+    pub fn release(self) -> &'static str {
+        use karpenter_capi::controlplane::cluster_api::{RELEASE_V1BETA1, RELEASE_V1BETA2};
+        match self {
+            Asset::ClusterApiV1beta1 => RELEASE_V1BETA1,
+            _ => RELEASE_V1BETA2,
         }
     }
 
@@ -57,6 +88,8 @@ impl Asset {
             Asset::ControlPlane => {
                 "a control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
             }
+            Asset::ClusterApi => "Cluster API's core manager v1.14.2",
+            Asset::ClusterApiV1beta1 => "Cluster API's core manager v1.10.10",
         }
     }
 
@@ -69,6 +102,10 @@ impl Asset {
             Asset::ControlPlane => {
                 "run `../shared/control-plane/unpack target/control-plane` and export \
                  KUBEBUILDER_ASSETS=\"$PWD/target/control-plane\""
+            }
+            Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
+                "run .ci/install-cluster-api (builds it with Go from the module proxy, ~5 min per \
+                 version) and export KARPENTER_CAPI_CLUSTER_API to the directory it prints"
             }
         }
     }
@@ -83,6 +120,9 @@ impl Asset {
             Asset::Upstream => repo.join("../shared/upstream"),
             // envtest's variable has no default: a control plane is used only when asked for.
             Asset::ControlPlane => PathBuf::new(),
+            Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
+                self.within(karpenter_capi::controlplane::cluster_api::root_from_env())
+            }
             Asset::Kubectl | Asset::Helm => {
                 let target = std::env::var_os("CARGO_TARGET_DIR")
                     .filter(|v| !v.is_empty())
@@ -96,6 +136,7 @@ impl Asset {
     fn within(self, dir: PathBuf) -> PathBuf {
         match self {
             Asset::Upstream | Asset::ControlPlane => dir,
+            Asset::ClusterApi | Asset::ClusterApiV1beta1 => dir.join(self.release()),
             Asset::Kubectl => dir.join("kubectl"),
             Asset::Helm => dir.join("helm"),
         }
@@ -109,6 +150,13 @@ impl Asset {
             Asset::ControlPlane => karpenter_capi::controlplane::BINARIES
                 .iter()
                 .all(|b| at.join(b).is_file()),
+            Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
+                let options = karpenter_capi::controlplane::cluster_api::Options {
+                    root: at.parent().map(Path::to_path_buf).unwrap_or_default(),
+                    ..karpenter_capi::controlplane::cluster_api::Options::from_env(self.release())
+                };
+                options.check().is_ok()
+            }
         }
     }
 
@@ -146,6 +194,13 @@ fn required() -> bool {
     std::env::var(REQUIRE).is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
 
+/// Whether a missing `asset` fails: [`REQUIRE`] is set and [`REQUIRE_EXCEPT`] does not name it.
+fn required_for(asset: Asset) -> bool {
+    let excepted =
+        std::env::var(REQUIRE_EXCEPT).is_ok_and(|v| v.split(',').any(|k| k.trim() == asset.key()));
+    required() && !excepted
+}
+
 /// One test: its name, what it needs from outside the repository, and its body.
 pub struct Test {
     pub name: &'static str,
@@ -174,7 +229,6 @@ macro_rules! trials {
 /// missing ignored and its reason printed, or failed where [`REQUIRE`] is set.
 pub fn main(tests: Vec<Test>) -> ExitCode {
     let args = Arguments::from_args();
-    let require = required();
     let mut missing: Vec<Asset> = Vec::new();
     let trials = tests
         .into_iter()
@@ -190,10 +244,11 @@ pub fn main(tests: Vec<Test>) -> ExitCode {
             let name = t.name.split_once("::").map_or(t.name, |(_, rest)| rest);
             Trial::ignorable_test(name, move || {
                 if let Some(first) = absent.first() {
-                    return if require {
+                    let failing = absent.iter().find(|a| required_for(**a));
+                    return if let Some(a) = failing {
                         Err(Failed::from(format!(
                             "needs {} ({REQUIRE} is set)",
-                            first.missing()
+                            a.missing()
                         )))
                     } else {
                         Ok(Completion::ignored_with(format!(
@@ -209,8 +264,12 @@ pub fn main(tests: Vec<Test>) -> ExitCode {
         })
         .collect();
     if !missing.is_empty() && !args.list {
-        let what = if require { "failing" } else { "skipping" };
         for a in missing {
+            let what = if required_for(a) {
+                "failing"
+            } else {
+                "skipping"
+            };
             eprintln!("note: {what} the tests that need {}", a.missing());
         }
     }

@@ -158,6 +158,13 @@ pub struct Caches {
 }
 
 impl Caches {
+    /// Caches that hold nothing (Cluster API's real manager runs instead of the stand-in).
+    pub fn empty(version: CapiVersion) -> Self {
+        Caches {
+            machines: reflector::store::Writer::new(version.machine()).as_reader(),
+        }
+    }
+
     /// The Machine `ns/name` as the stand-in's cache last saw it.
     pub fn machine(&self, ns: &str, name: &str) -> Option<Arc<DynamicObject>> {
         self.machines

@@ -62,6 +62,26 @@ pub enum Error {
          is not run; use v1beta2"
     )]
     VersionOnRealBackend(CapiVersion),
+    #[error("Cluster API's real manager needs the real control plane (--control-plane real)")]
+    RealClusterApiNeedsRealControlPlane,
+}
+
+/// Who plays Cluster API's controllers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ClusterApiBackend {
+    /// The project's stand-in (`sim::capi`), on either backend.
+    #[default]
+    Simulated,
+    /// Cluster API's real core manager of this release (real control plane only; module
+    /// `controlplane::cluster_api`), the simulator playing only its providers
+    /// (`sim::real::provider`) and the kubelets.
+    Real { release: String },
+}
+
+impl ClusterApiBackend {
+    pub fn is_real(&self) -> bool {
+        matches!(self, ClusterApiBackend::Real { .. })
+    }
 }
 
 /// Objects put into the simulated server's store after it starts and before any stand-in
@@ -102,6 +122,8 @@ pub enum ServedVersions {
 pub struct SimClusterConfig {
     /// The simulated server or a real control plane.
     pub backend: Backend,
+    /// Cluster API's stand-in or its real manager.
+    pub cluster_api: ClusterApiBackend,
     /// The version the stand-ins (and the seeding helpers) write.
     pub capi_version: CapiVersion,
     /// The versions the server serves (must include `capi_version`).
@@ -140,6 +162,7 @@ impl Default for SimClusterConfig {
         let capi = CapiConfig::default();
         Self {
             backend: Backend::default(),
+            cluster_api: ClusterApiBackend::default(),
             capi_version: CapiVersion::default(),
             served: ServedVersions::default(),
             provider_delay: capi.provider_delay,
@@ -213,6 +236,9 @@ impl SimCluster {
         preload: Option<Preload>,
     ) -> Result<Self, Error> {
         let (trigger, shutdown) = shutdown_pair();
+        if cfg.cluster_api.is_real() && cfg.backend != Backend::Real {
+            return Err(Error::RealClusterApiNeedsRealControlPlane);
+        }
         let (served, client, mut tasks) = match cfg.backend {
             Backend::Simulated => {
                 let server = start_server(&cfg).await?;
@@ -228,11 +254,17 @@ impl SimCluster {
                 ));
             }
             Backend::Real => {
-                if cfg.capi_version != CapiVersion::V1Beta2 {
+                // Without Cluster API's conversion webhook only the stand-in's version is served.
+                let release = match &cfg.cluster_api {
+                    ClusterApiBackend::Real { release } => Some(release.clone()),
+                    ClusterApiBackend::Simulated => None,
+                };
+                if release.is_none() && cfg.capi_version != CapiVersion::V1Beta2 {
                     return Err(Error::VersionOnRealBackend(cfg.capi_version));
                 }
                 let (backend, client, tasks) =
-                    RealBackend::start(cfg.seed, shutdown.clone()).await?;
+                    RealBackend::start(cfg.seed, cfg.capi_version, release, shutdown.clone())
+                        .await?;
                 if let Some(out) = &cfg.kubeconfig_out {
                     std::fs::copy(backend.kubeconfig_path(), out).map_err(|source| {
                         Error::Server(SimError::Kubeconfig {
@@ -250,6 +282,10 @@ impl SimCluster {
                 .await
                 .map_err(crate::controlplane::Error::from)
                 .map_err(real::Error::from)?;
+                // The workload cluster's objects where Cluster API's real manager runs.
+                backend
+                    .ensure_cluster(&client, "default", CLUSTER_NAME)
+                    .await?;
                 let (backend, config) = (Box::new(backend), Box::new(config));
                 (Served::Real { backend, config }, client, tasks)
             }
@@ -368,6 +404,25 @@ impl SimCluster {
         }
     }
 
+    /// Cluster API's real manager's release, when one runs here (`--cluster-api real`).
+    pub fn cluster_api_release(&self) -> Option<&str> {
+        match &self.served {
+            Served::Simulated(_) => None,
+            Served::Real { backend, .. } => backend.cluster_api_release(),
+        }
+    }
+
+    /// `f` of Cluster API's real manager (its process, ports, log); None without one.
+    pub fn with_cluster_api<R>(
+        &self,
+        f: impl FnOnce(&crate::controlplane::cluster_api::ClusterApi) -> R,
+    ) -> Option<R> {
+        match &self.served {
+            Served::Simulated(_) => None,
+            Served::Real { backend, .. } => backend.with_cluster_api(f),
+        }
+    }
+
     /// `f` of the real control plane (its processes, ports, logs); None on the simulated
     /// backend and once stopped.
     pub fn with_control_plane<R>(
@@ -462,21 +517,41 @@ fn spawn_standins(
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> (BindLog, DisruptionAudit, capi::Caches) {
     let real = cfg.backend == Backend::Real;
-    let (capi_tasks, capi) = capi::spawn(
-        client.clone(),
-        CapiConfig {
-            version: cfg.capi_version,
-            provider_delay: cfg.provider_delay,
-            jitter: cfg.jitter,
-            fail_fraction: cfg.fail_fraction,
-            node_delete_delay: cfg.node_delete_delay,
-            provider_id_style: cfg.provider_id_style,
-            seed: cfg.seed,
-            stats: Some(milestones),
-        },
-        shutdown.clone(),
-    );
-    tasks.extend(capi_tasks);
+    let real_capi = cfg.cluster_api.is_real();
+    let capi = if real_capi {
+        // Cluster API's own controllers run; the simulator plays only its providers.
+        tasks.extend(real::provider::spawn(
+            client.clone(),
+            real::provider::ProviderConfig {
+                version: cfg.capi_version,
+                provider_delay: cfg.provider_delay,
+                jitter: cfg.jitter,
+                fail_fraction: cfg.fail_fraction,
+                provider_id_style: cfg.provider_id_style,
+                seed: cfg.seed,
+                stats: Some(milestones),
+            },
+            shutdown.clone(),
+        ));
+        capi::Caches::empty(cfg.capi_version)
+    } else {
+        let (capi_tasks, capi) = capi::spawn(
+            client.clone(),
+            CapiConfig {
+                version: cfg.capi_version,
+                provider_delay: cfg.provider_delay,
+                jitter: cfg.jitter,
+                fail_fraction: cfg.fail_fraction,
+                node_delete_delay: cfg.node_delete_delay,
+                provider_id_style: cfg.provider_id_style,
+                seed: cfg.seed,
+                stats: Some(milestones),
+            },
+            shutdown.clone(),
+        );
+        tasks.extend(capi_tasks);
+        capi
+    };
     tasks.extend(kubelet::spawn(
         client.clone(),
         KubeletConfig {
@@ -484,6 +559,7 @@ fn spawn_standins(
             node_ready_delay: cfg.node_ready_delay,
             device_plugin_delay: cfg.device_plugin_delay,
             not_ready_taint: cfg.not_ready_taint && !real,
+            cluster_api_real: real_capi,
         },
         shutdown.clone(),
     ));

@@ -44,7 +44,12 @@ impl SimCluster {
             &v.machine_deployment(),
         );
         let mut md = machine_deployment(v, seed);
-        if self.cfg.backend == Backend::Real {
+        if self.cfg.cluster_api.is_real() {
+            // Cluster API's real manager: its Cluster must exist, and it bootstraps from a
+            // data secret (no bootstrap provider runs); its own webhook labels the object.
+            self.ensure_cluster(&seed.namespace).await?;
+            md = with_bootstrap_data_secret(md);
+        } else if self.cfg.backend == Backend::Real {
             md = labelled_as_the_webhook_would(md);
         }
         api.create(&PostParams::default(), &md)
@@ -53,6 +58,17 @@ impl SimCluster {
                 "create MachineDeployment {}/{}",
                 seed.namespace, seed.name
             )))
+    }
+
+    /// The workload cluster's objects for Cluster API's real manager in `ns` (a Cluster, its
+    /// providers' objects, its kubeconfig Secret); nothing when the stand-in plays Cluster API.
+    pub async fn ensure_cluster(&self, ns: &str) -> Result<(), Error> {
+        match &self.served {
+            Served::Real { backend, .. } => Ok(backend
+                .ensure_cluster(&self.client, ns, CLUSTER_NAME)
+                .await?),
+            Served::Simulated(_) => Ok(()),
+        }
     }
 
     /// Sets a MachineDeployment's spec.replicas (as a user or the controller would).
@@ -353,6 +369,20 @@ fn labelled_as_the_webhook_would(md: DynamicObject) -> DynamicObject {
         return md;
     };
     crate::sim::capi_defaults::label_with_cluster(&mut value);
+    serde_json::from_value(value).unwrap_or(md)
+}
+
+/// `md` bootstrapped from a data secret named after it (`<name>-bootstrap`), as a provider's
+/// bootstrap controller would leave it, in place of the bootstrap config template no
+/// bootstrap provider serves here.
+fn with_bootstrap_data_secret(md: DynamicObject) -> DynamicObject {
+    let Ok(mut value) = serde_json::to_value(&md) else {
+        return md;
+    };
+    let name = md.metadata.name.clone().unwrap_or_default();
+    if let Some(spec) = value.pointer_mut("/spec/template/spec") {
+        spec["bootstrap"] = json!({"dataSecretName": format!("{name}-bootstrap")});
+    }
     serde_json::from_value(value).unwrap_or(md)
 }
 

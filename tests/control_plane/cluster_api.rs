@@ -1,0 +1,377 @@
+//! Cluster API's real core manager (`karpenter_capi::controlplane::cluster_api`, built by
+//! `.ci/install-cluster-api`) on the real control plane: it starts, its webhooks default and
+//! validate a MachineDeployment and its conversion webhook serves v1beta1 reads of v1beta2
+//! objects, and nothing it started runs or listens after a drop; then whole flows
+//! (`simulate --control-plane real --cluster-api real`) with its controllers making the
+//! MachineSets and Machines, setting nodeRef and syncing the Nodes, the simulator playing only
+//! the infrastructure provider and the kubelets.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use karpenter_capi::controlplane::ControlPlane;
+use karpenter_capi::controlplane::cluster_api::{
+    ClusterApi, MANAGER_USER, Options, RELEASE_V1BETA1, RELEASE_V1BETA2,
+};
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+use crate::assets;
+use crate::{alive, listening};
+
+pub fn tests() -> Vec<assets::Test> {
+    trials![
+        @tokio the_manager_starts_its_webhooks_default_and_validate_and_nothing_is_left
+            needs [ControlPlane, ClusterApi],
+        @actix the_launch_flow_runs_on_real_cluster_api
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_pods_flow_runs_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
+    ]
+}
+
+fn md_resource(version: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", version, "MachineDeployment"),
+        "machinedeployments",
+    )
+}
+
+async fn the_manager_starts_its_webhooks_default_and_validate_and_nothing_is_left() {
+    let cp = crate::start().await;
+    let client = cp.client();
+    // The providers' CRDs first: converting a v1beta2 reference to v1beta1 reads its CRD's
+    // contract label.
+    karpenter_capi::sim::real::provider::install_crds(&client)
+        .await
+        .expect("the providers' CRDs");
+    let template = karpenter_capi::sim::real::provider::crd(
+        "infrastructure.cluster.x-k8s.io",
+        "v1beta2",
+        "DevMachineTemplate",
+        "devmachinetemplates",
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(template).expect("a CRD"),
+    )
+    .await
+    .expect("the DevMachineTemplate CRD");
+    crate::established(&cp, "devmachinetemplates.infrastructure.cluster.x-k8s.io").await;
+    let options = Options {
+        provider_groups: karpenter_capi::sim::real::provider::groups(),
+        ..Options::from_env(RELEASE_V1BETA2)
+    };
+    let capi = ClusterApi::start(&cp, options)
+        .await
+        .unwrap_or_else(|e| panic!("starting Cluster API's manager: {e}"));
+    eprintln!(
+        "Cluster API {} ready in {:?}",
+        capi.version(),
+        capi.startup()
+    );
+    let pid = capi.pid().expect("the manager's pid");
+    let ports = capi.ports();
+    let dir = capi.dir().to_path_buf();
+    assert!(alive(pid, "manager"), "the manager ({pid}) runs");
+    for port in [ports.webhook, ports.health] {
+        assert!(listening(port), "port {port} listens");
+    }
+
+    // Defaulting: the mutating webhook adds the cluster-name label, the selector and the
+    // rollout strategy.
+    let mds: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &md_resource("v1beta2"));
+    let md: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+        "metadata": {"name": "md-webhook", "namespace": "default"},
+        "spec": {
+            "clusterName": "c1",
+            "replicas": 0,
+            "template": {"spec": {
+                "clusterName": "c1",
+                "version": "v1.33.0",
+                "bootstrap": {"dataSecretName": "md-webhook-bootstrap"},
+                "infrastructureRef": {
+                    "apiGroup": "infrastructure.cluster.x-k8s.io",
+                    "kind": "DevMachineTemplate", "name": "md-webhook",
+                },
+            }},
+        },
+    }))
+    .expect("a MachineDeployment");
+    let made = eventually_ok("creating a MachineDeployment through the webhooks", || {
+        let (mds, md) = (mds.clone(), md.clone());
+        async move { mds.create(&PostParams::default(), &md).await }
+    })
+    .await;
+    let data = &made.data;
+    assert_eq!(
+        made.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("cluster.x-k8s.io/cluster-name"))
+            .map(String::as_str),
+        Some("c1"),
+        "the cluster-name label, defaulted: {made:?}"
+    );
+    let selector = data.pointer("/spec/selector/matchLabels").cloned();
+    assert_eq!(
+        selector,
+        Some(json!({
+            "cluster.x-k8s.io/cluster-name": "c1",
+            "cluster.x-k8s.io/deployment-name": "md-webhook",
+        })),
+        "the selector, defaulted"
+    );
+    assert_eq!(
+        data.pointer("/spec/rollout/strategy/type")
+            .and_then(Value::as_str),
+        Some("RollingUpdate"),
+        "the rollout strategy, defaulted: {data}"
+    );
+
+    // Validation: the cluster name is immutable.
+    let refused = mds
+        .patch(
+            "md-webhook",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"clusterName": "c2"}})),
+        )
+        .await;
+    match refused {
+        Err(kube::Error::Api(s)) => assert!(
+            s.message.contains("immutable"),
+            "refused for the wrong reason: {}",
+            s.message
+        ),
+        other => panic!("changing spec.clusterName was not refused: {other:?}"),
+    }
+
+    // Conversion: the v1beta2 object read as v1beta1 names its template by apiVersion.
+    let old: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), "default", &md_resource("v1beta1"));
+    let read = old.get("md-webhook").await.expect("a v1beta1 read");
+    assert_eq!(
+        read.data
+            .pointer("/spec/template/spec/infrastructureRef/apiVersion")
+            .and_then(Value::as_str),
+        Some("infrastructure.cluster.x-k8s.io/v1beta2"),
+        "converted by the webhook: {}",
+        read.data
+    );
+
+    drop(capi);
+    assert!(!alive(pid, "manager"), "the manager ({pid}) still runs");
+    for port in ports.all() {
+        assert!(!listening(port), "port {port} still listens");
+    }
+    assert!(!dir.exists(), "{} still exists", dir.display());
+    drop(cp);
+}
+
+/// Retries `op` (the webhook may still be warming its certificate) for 30 s.
+async fn eventually_ok<T, F, Fut>(what: &str, mut op: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let began = Instant::now();
+    loop {
+        match op().await {
+            Ok(v) => return v,
+            Err(e) if began.elapsed() < Duration::from_secs(30) => {
+                eprintln!("{what}: {e}; again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// What a run on real Cluster API must show beyond its report: the manager made every
+/// Machine (by server-side apply), set every nodeRef, and is gone with the control plane.
+fn assert_cluster_api_did_its_part(
+    cluster: &karpenter_capi::sim::cluster::SimCluster,
+    claims: usize,
+) {
+    let stats = cluster.stats();
+    let by_manager = |resource: &str, sub: &str, verb: &str| {
+        stats
+            .writes_for(resource, sub)
+            .into_iter()
+            .filter(|w| w.agent.starts_with(&format!("{MANAGER_USER} ")) && w.verb == verb)
+            .count()
+    };
+    assert_eq!(
+        by_manager("machines", "", "create"),
+        claims,
+        "Cluster API's manager created every Machine"
+    );
+    assert!(
+        by_manager("machinesets", "", "create") >= 1,
+        "Cluster API's manager created the MachineSets"
+    );
+    assert!(
+        by_manager("machines", "status", "patch") >= claims,
+        "Cluster API's manager wrote the Machines' status (nodeRef)"
+    );
+    let mut unbound = Vec::new();
+    cluster.store().visit("machines", |m| {
+        if m.pointer("/status/nodeRef/name").is_none() {
+            unbound.push(m.pointer("/metadata/name").cloned());
+        }
+    });
+    assert!(unbound.is_empty(), "Machines without nodeRef: {unbound:?}");
+}
+
+fn report_names_real_cluster_api(
+    cluster: &karpenter_capi::sim::cluster::SimCluster,
+    release: &str,
+) {
+    let backend = karpenter_capi::simulate::backend_json(cluster);
+    assert_eq!(
+        backend,
+        json!({"control_plane": {"kind": "real"}, "cluster_api": {"kind": "real", "version": release}}),
+    );
+}
+
+/// What the run left: the control plane's and the manager's processes and ports.
+fn footprint(cluster: &karpenter_capi::sim::cluster::SimCluster) -> (Vec<(String, u32)>, Vec<u16>) {
+    let (mut pids, mut ports) = cluster
+        .with_control_plane(|cp: &ControlPlane| {
+            (
+                cp.pids()
+                    .into_iter()
+                    .map(|(b, p)| (b.to_string(), p))
+                    .collect::<Vec<_>>(),
+                cp.ports().all().to_vec(),
+            )
+        })
+        .expect("a real control plane");
+    let (pid, capi_ports) = cluster
+        .with_cluster_api(|c| (c.pid(), c.ports().all()))
+        .expect("Cluster API's manager");
+    pids.push(("manager".into(), pid.expect("the manager's pid")));
+    ports.extend(capi_ports);
+    (pids, ports)
+}
+
+fn assert_footprint(pids: &[(String, u32)], ports: &[u16], running: bool) {
+    for (binary, pid) in pids {
+        assert_eq!(alive(*pid, binary), running, "{binary} ({pid}) running");
+    }
+    for port in ports {
+        assert_eq!(listening(*port), running, "port {port} listening");
+    }
+}
+
+/// `simulate --control-plane real --cluster-api real --scenario launch --claims 10` (v1.14.2):
+/// every claim launched, registered and initialized on a Machine Cluster API made and bound.
+async fn the_launch_flow_runs_on_real_cluster_api() {
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::launch;
+
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--scenario",
+        "launch",
+        "--claims",
+        "10",
+        "--machine-deployments",
+        "2",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = launch::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the launch scenario on real Cluster API: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(report.invariants_ok, "invariants: {:?}", report.problems);
+    let c = &report.claims;
+    assert_eq!(
+        (
+            c.requested,
+            c.launched,
+            c.registered,
+            c.initialized,
+            c.timed_out
+        ),
+        (10, 10, 10, 10, 0),
+        "{report}"
+    );
+    assert_eq!(report.machines.created, 10, "{report}");
+    assert_eq!(report.machines.bound, 10, "{report}");
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    assert_cluster_api_did_its_part(&cluster, 10);
+    let (pids, ports) = footprint(&cluster);
+    assert_footprint(&pids, &ports, true);
+    drop(kept);
+    cluster.stop_processes();
+    assert_footprint(&pids, &ports, false);
+}
+
+/// `simulate --control-plane real --cluster-api real --cluster-api-version v1beta1 --scenario
+/// pods` (v1.10.10): pending pods get claims, Machines Cluster API makes, Nodes, and bindings.
+async fn the_pods_flow_runs_on_real_cluster_api_v1beta1() {
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::pods;
+
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--cluster-api-version",
+        "v1beta1",
+        "--scenario",
+        "pods",
+        "--pods",
+        "12",
+        "--deployments",
+        "2",
+        "--machine-deployments",
+        "2",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = pods::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the pods scenario on real Cluster API v1beta1: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(
+        report.launch.invariants_ok,
+        "invariants: {:?}",
+        report.launch.problems
+    );
+    assert_eq!(report.pods.bound, 12, "{report}");
+    let claims = &report.launch.claims;
+    assert!(claims.requested >= 1, "{report}");
+    assert_eq!(claims.initialized, claims.requested, "{report}");
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA1);
+    assert_cluster_api_did_its_part(&cluster, claims.requested);
+    let client = cluster.new_client().expect("a client");
+    let pods: Vec<Pod> = Api::<Pod>::namespaced(client, "default")
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items;
+    assert!(
+        pods.iter()
+            .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())),
+        "every pod bound"
+    );
+    let (pids, ports) = footprint(&cluster);
+    assert_footprint(&pids, &ports, true);
+    drop(kept);
+    cluster.stop_processes();
+    assert_footprint(&pids, &ports, false);
+}
