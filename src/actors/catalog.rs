@@ -217,9 +217,11 @@ impl Catalog {
         let by_pool = self.apply_overlays(&each, &mut resolved, ctx);
         for ((name, nc), (catalog, ready)) in nodeclasses.iter().zip(resolved) {
             self.update_status(nc, &catalog, &ready, ctx);
+            // A template not read yet is a moment of every start, not a problem to tell.
             let reported: Vec<String> = catalog
                 .problems
                 .iter()
+                .filter(|p| !p.ends_with(offerings::TEMPLATE_UNREAD))
                 .chain(&catalog.skipped)
                 .cloned()
                 .collect();

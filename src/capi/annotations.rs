@@ -89,10 +89,23 @@ impl fmt::Display for Skipped {
         } else {
             "annotation"
         };
+        // A long entry (a 10,000-character label value) is cut, so the reason still fits in an
+        // Event's 1024 bytes.
+        const SHOWN: usize = 120;
+        let mut entry = self.entry.as_str();
+        let mut cut = "";
+        if entry.len() > SHOWN {
+            let mut end = SHOWN;
+            while !entry.is_char_boundary(end) {
+                end -= 1;
+            }
+            entry = &entry[..end];
+            cut = "...";
+        }
         write!(
             f,
-            "{what} {}: {:?} ignored: {}",
-            self.key, self.entry, self.reason
+            "{what} {}: {:?}{cut} ignored: {}",
+            self.key, entry, self.reason
         )
     }
 }

@@ -112,9 +112,15 @@ pub fn absent_label<'r>(
 /// True when an offering's labels satisfy `reqs` on the keys the offering defines (a key the
 /// offering does not define is for the node template to set, as in Karpenter).
 pub fn offering_allowed(o: &Offering, reqs: &Requirements) -> bool {
-    Requirements::from_labels(&o.labels)
-        .compatible(reqs)
-        .is_ok()
+    let mut own = Requirements::from_labels(&o.labels);
+    // An offering in no zone makes nodes with no zone label: a claim that requires a zone is
+    // not for it (as `capi::offerings` says of a type none of whose offerings has a zone).
+    if !o.labels.contains_key(crate::api::wellknown::ZONE_LABEL) {
+        own.add(crate::api::requirements::Requirement::does_not_exist(
+            crate::api::wellknown::ZONE_LABEL,
+        ));
+    }
+    own.compatible(reqs).is_ok()
 }
 
 /// True when every taint a node from this offering carries (the MachineDeployment's taints
@@ -205,5 +211,22 @@ mod tests {
             &offering("x", vec![taint("dedicated", Some("gpu"), "NoSchedule")]),
             &[other]
         ));
+    }
+
+    /// An offering in no zone is not for a claim that requires one, even where other offerings
+    /// of its instance type are in zones (the type then requires `zone In [...]`).
+    #[test]
+    fn a_zone_less_offering_is_not_allowed_for_a_zone() {
+        use crate::api::wellknown::ZONE_LABEL;
+        let zone_less = offering("ns/b", Vec::new());
+        let mut zoned = offering("ns/a", Vec::new());
+        zoned.labels.insert(ZONE_LABEL.into(), "z1".into());
+        let in_z1 = Requirements::from_labels(&BTreeMap::from([(
+            ZONE_LABEL.to_string(),
+            "z1".to_string(),
+        )]));
+        assert!(offering_allowed(&zoned, &in_z1));
+        assert!(!offering_allowed(&zone_less, &in_z1));
+        assert!(offering_allowed(&zone_less, &Requirements::default()));
     }
 }

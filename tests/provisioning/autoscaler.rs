@@ -1,7 +1,7 @@
 //! Cluster Autoscaler's clusterapi annotations through the whole product on the simulated
 //! cluster: Cluster API's pause keeps the controller's hands off a MachineDeployment's
-//! replicas, `maxPods` bounds how many pods a new node takes, and malformed driver annotations
-//! are reported naming the MachineDeployment and the annotation.
+//! replicas, `maxPods` bounds how many pods a new node takes, and a malformed driver annotation
+//! entry is passed over and reported naming the MachineDeployment and the annotation.
 
 use std::time::Duration;
 
@@ -112,14 +112,16 @@ async fn max_pods_bounds_the_pods_a_new_node_takes() {
     }
 }
 
-/// A csi-driver annotation that is not `driver=limit` leaves the MachineDeployment out of the
-/// catalog with an Event naming it and the annotation; the others keep serving.
+/// A csi-driver entry that is not `driver=limit` is passed over, as Cluster Autoscaler passes
+/// it over (issue 37): the MachineDeployment stays offered (and, cheapest, is launched on) with
+/// its other limits, and the ignored entry is reported in an Event and in the NodeClass's Ready
+/// message naming the MachineDeployment and the annotation.
 #[actix::test]
 async fn a_malformed_csi_driver_annotation_is_reported_and_the_rest_serve() {
     let mut seeds: Vec<_> = (0..2).map(|i| seed_of(i, 50)).collect();
     seeds[0].annotations.insert(
         CSI_DRIVER_ANNOTATION.to_string(),
-        "ebs.csi.aws.com".to_string(),
+        "ebs.csi.aws.com,efs.csi.aws.com=3".to_string(),
     );
     let env = Env::builder()
         .cluster(cluster())
@@ -132,13 +134,43 @@ async fn a_malformed_csi_driver_annotation_is_reported_and_the_rest_serve() {
         .await;
     assert_eq!(
         launched_on(&env),
-        [format!("{}/md-medium", launch::NAMESPACE)]
+        [format!("{}/md-small", launch::NAMESPACE)],
+        "md-small is still offered, and is the cheapest"
     );
-    env.wait("an Event naming md-small and the annotation", || {
-        env.list("events.events.k8s.io").into_iter().find(|e| {
-            let note = e["note"].as_str().unwrap_or_default();
-            note.contains("md-small") && note.contains(CSI_DRIVER_ANNOTATION)
-        })
-    })
+    let ignored = format!("annotation {CSI_DRIVER_ANNOTATION}: \"ebs.csi.aws.com\" ignored: ");
+    let names_it = |text: &str| {
+        text.contains(&format!("{}/md-small", launch::NAMESPACE)) && text.contains(&ignored)
+    };
+    env.wait(
+        "an InvalidMachineDeployment Event naming md-small and the ignored entry",
+        || {
+            env.events("InvalidMachineDeployment")
+                .into_iter()
+                .find(|e| names_it(e["note"].as_str().unwrap_or_default()))
+        },
+    )
     .await;
+    // Ignored, never refused: no report says md-small was left out for the annotation (a
+    // start reports each group once as not read yet, which says nothing of its annotations).
+    for e in env.events("InvalidMachineDeployment") {
+        let note = e["note"].as_str().unwrap_or_default();
+        assert!(
+            !note.contains("malformed annotation")
+                && (!note.contains(CSI_DRIVER_ANNOTATION) || names_it(note)),
+            "unexpected report: {note}"
+        );
+    }
+    // The NodeClass stays Ready and its message says what was ignored.
+    let message = env
+        .wait("the Ready message naming the ignored entry", || {
+            let nc = env.list("clusterapinodeclasses").into_iter().next()?;
+            let ready = crate::common::condition(&nc, "Ready")?;
+            let message = ready["message"].as_str()?.to_string();
+            (ready["status"] == "True" && message.contains("; ignored: ")).then_some(message)
+        })
+        .await;
+    assert!(
+        names_it(&message) && !message.contains("left out"),
+        "{message}"
+    );
 }

@@ -617,47 +617,72 @@ fn gpu_needs_type_and_count() {
     .unwrap();
     assert!(!sfz.capacity().0.contains_key("nvidia.com/gpu"));
 
-    let errs = gpu(&[(GPU_TYPE_ANNOTATION, "nvidia-tesla-t4")]).unwrap_err();
-    assert_eq!(errs.0.len(), 1);
-    assert_eq!(errs.0[0].key, GPU_TYPE_ANNOTATION);
-    assert_eq!(
-        errs.0[0].problem,
-        Problem::MissingCompanion {
-            other: GPU_COUNT_ANNOTATION
-        }
+    // Either alone publishes no GPU, as Cluster Autoscaler publishes none (issue 37): the
+    // annotation is passed over and recorded naming its partner, not refused.
+    let sfz = gpu(&[(GPU_TYPE_ANNOTATION, "nvidia-tesla-t4")]).unwrap();
+    assert_eq!(sfz.gpu, None);
+    assert!(!sfz.capacity().0.contains_key("nvidia.com/gpu"));
+    assert_eq!(sfz.skipped.len(), 1, "{:?}", sfz.skipped);
+    assert_eq!(sfz.skipped[0].key, GPU_TYPE_ANNOTATION);
+    assert_eq!(sfz.skipped[0].entry, "nvidia-tesla-t4");
+    assert!(
+        sfz.skipped[0].reason.contains(GPU_COUNT_ANNOTATION),
+        "{}",
+        sfz.skipped[0]
     );
-    let errs = gpu(&[(GPU_COUNT_ANNOTATION, "1")]).unwrap_err();
-    assert_eq!(errs.0[0].key, GPU_COUNT_ANNOTATION);
-    assert!(matches!(
-        errs.0[0].problem,
-        Problem::MissingCompanion { .. }
-    ));
+    let sfz = gpu(&[(GPU_COUNT_ANNOTATION, "1")]).unwrap();
+    assert_eq!(sfz.gpu, None);
+    assert!(!sfz.capacity().0.contains_key("nvidia.com/gpu"));
+    assert_eq!(sfz.skipped.len(), 1, "{:?}", sfz.skipped);
+    assert_eq!(sfz.skipped[0].key, GPU_COUNT_ANNOTATION);
+    assert_eq!(sfz.skipped[0].entry, "1");
+    assert!(
+        sfz.skipped[0].reason.contains(GPU_TYPE_ANNOTATION),
+        "{}",
+        sfz.skipped[0]
+    );
+    // A blank type is no type.
+    let sfz = gpu(&[(GPU_TYPE_ANNOTATION, " "), (GPU_COUNT_ANNOTATION, "1")]).unwrap();
+    assert_eq!(sfz.gpu, None);
+    assert_eq!(sfz.skipped.len(), 1, "{:?}", sfz.skipped);
+    assert_eq!(sfz.skipped[0].key, GPU_TYPE_ANNOTATION);
+    assert!(
+        sfz.skipped[0].to_string().contains("ignored"),
+        "{}",
+        sfz.skipped[0]
+    );
+    // A count that is no integer is refused, as the autoscaler refuses it, once.
     let errs = gpu(&[(GPU_TYPE_ANNOTATION, "t4"), (GPU_COUNT_ANNOTATION, "two")]).unwrap_err();
     assert_eq!(errs.0.len(), 1, "{errs}");
+    assert_eq!(errs.0[0].key, GPU_COUNT_ANNOTATION);
     assert_eq!(errs.0[0].problem, Problem::NotAnInteger);
-    let errs = gpu(&[(GPU_TYPE_ANNOTATION, " "), (GPU_COUNT_ANNOTATION, "1")]).unwrap_err();
-    assert_eq!(errs.0[0].problem, Problem::Empty);
 }
 
 #[test]
 fn every_malformed_annotation_is_reported_at_once() {
-    let bad = map(&[
+    // Values Cluster Autoscaler refuses, and so are refused here.
+    let refused = [
         (CPU_ANNOTATION, "four"),
         (MEMORY_ANNOTATION, "-1Gi"),
         (EPHEMERAL_DISK_ANNOTATION, "1Qi"),
         (MAX_PODS_ANNOTATION, "1.5"),
-        (LABELS_ANNOTATION, "a=b,novalue"),
-        (TAINTS_ANNOTATION, "dedicated=batch:NoFly"),
         (MIN_SIZE_ANNOTATION, "-1"),
         (MAX_SIZE_ANNOTATION, "ten"),
         (PRICE_ANNOTATION, "NaN"),
-    ]);
+    ];
+    // List entries it passes over (issue 37): passed over here too, never an error.
+    let passed_over = [
+        (LABELS_ANNOTATION, "a=b,novalue"),
+        (TAINTS_ANNOTATION, "dedicated=batch:NoFly"),
+    ];
+    let bad = map(&[&refused[..], &passed_over[..]].concat());
     let errs = annotations::parse(&bad).unwrap_err();
-    let keys: Vec<&str> = errs.iter().map(|e| e.key.as_str()).collect();
-    for key in bad.keys() {
-        assert!(keys.contains(&key.as_str()), "no error for {key}: {errs}");
-    }
-    assert_eq!(errs.0.len(), bad.len());
+    let mut keys: Vec<&str> = errs.iter().map(|e| e.key.as_str()).collect();
+    keys.sort_unstable();
+    let mut expected: Vec<&str> = refused.iter().map(|(k, _)| *k).collect();
+    expected.sort_unstable();
+    assert_eq!(keys, expected, "{errs}");
+    assert_eq!(errs.0.len(), refused.len(), "{errs}");
     let cpu = errs.for_key(CPU_ANNOTATION).next().unwrap();
     assert_eq!(cpu.value, "four");
     assert!(matches!(cpu.problem, Problem::Quantity(_)));
@@ -675,19 +700,54 @@ fn every_malformed_annotation_is_reported_at_once() {
     );
     let text = errs.to_string();
     assert!(
-        text.contains(TAINTS_ANNOTATION) && text.contains("NoFly"),
+        text.contains(MAX_SIZE_ANNOTATION) && text.contains("\"ten\""),
         "{text}"
     );
     assert!(text.contains("\"four\""), "{text}");
+    assert!(
+        !text.contains(TAINTS_ANNOTATION) && !text.contains(LABELS_ANNOTATION),
+        "{text}"
+    );
+
+    // Without the refused values the rest is read, and each entry passed over is recorded
+    // naming its annotation.
+    let sfz = annotations::parse(&map(&passed_over)).unwrap();
+    assert_eq!(sfz.labels, map(&[("a", "b")]));
+    assert!(sfz.taints.is_empty(), "{:?}", sfz.taints);
+    let skipped: Vec<(&str, &str)> = sfz
+        .skipped
+        .iter()
+        .map(|s| (s.key.as_str(), s.entry.as_str()))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            (LABELS_ANNOTATION, "novalue"),
+            (TAINTS_ANNOTATION, "dedicated=batch:NoFly")
+        ]
+    );
+    let taint = sfz.skipped[1].to_string();
+    assert!(
+        taint.starts_with(&format!(
+            "annotation {TAINTS_ANNOTATION}: \"dedicated=batch:NoFly\" ignored: "
+        )) && taint.contains("NoFly"),
+        "{taint}"
+    );
 }
 
 #[test]
 fn label_and_taint_syntax_is_validated() {
     let one = |key: &str, value: &str| annotations::parse(&map(&[(key, value)]));
-    let label_problem = |value: &str| {
-        one(LABELS_ANNOTATION, value).unwrap_err().0[0]
-            .problem
-            .clone()
+    // A bad entry is passed over, not refused (issue 37): the value parses, the entry is left
+    // out and recorded under the annotation, as written. Returns the reason.
+    let skipped_alone = |key: &str, value: &str| {
+        let sfz = one(key, value).unwrap_or_else(|e| panic!("{value}: refused: {e}"));
+        assert!(sfz.labels.is_empty() && sfz.taints.is_empty(), "{value}");
+        assert_eq!(sfz.skipped.len(), 1, "{value}: {:?}", sfz.skipped);
+        assert_eq!(sfz.skipped[0].key, key, "{value}");
+        assert_eq!(sfz.skipped[0].entry, value);
+        assert!(!sfz.skipped[0].reason.is_empty(), "{value}");
+        sfz.skipped[0].reason.clone()
     };
 
     assert_eq!(
@@ -707,16 +767,22 @@ fn label_and_taint_syntax_is_validated() {
         "/k=v",
         "example.com/=v",
     ] {
-        assert!(
-            matches!(label_problem(bad), Problem::BadLabel { .. }),
-            "{bad}"
-        );
+        skipped_alone(LABELS_ANNOTATION, bad);
     }
     let long = format!("k={}", "v".repeat(64));
-    assert!(matches!(label_problem(&long), Problem::BadLabel { .. }));
+    assert!(skipped_alone(LABELS_ANNOTATION, &long).contains("63"));
+    // The good entries around a bad one stand.
+    let sfz = one(LABELS_ANNOTATION, "a=b,k=v w,c=d").unwrap();
+    assert_eq!(sfz.labels, map(&[("a", "b"), ("c", "d")]));
+    assert_eq!(sfz.skipped.len(), 1);
+    assert_eq!(sfz.skipped[0].entry, "k=v w");
+    // A label given twice: the later value wins, and the earlier one is recorded.
+    let sfz = one(LABELS_ANNOTATION, "a=1,a=2").unwrap();
+    assert_eq!(sfz.labels, map(&[("a", "2")]));
+    assert_eq!(sfz.skipped.len(), 1);
     assert_eq!(
-        label_problem("a=1,a=2"),
-        Problem::DuplicateLabel { key: "a".into() }
+        (sfz.skipped[0].key.as_str(), sfz.skipped[0].entry.as_str()),
+        (LABELS_ANNOTATION, "a=1")
     );
 
     let taints = one(
@@ -743,13 +809,23 @@ fn label_and_taint_syntax_is_validated() {
         "a b:NoSchedule",
         "a=b c:NoExecute",
     ] {
-        let errs = one(TAINTS_ANNOTATION, bad).unwrap_err();
-        assert!(
-            matches!(errs.0[0].problem, Problem::BadTaint { .. }),
-            "{bad}: {errs}"
-        );
-        assert_eq!(errs.0[0].value, bad);
+        skipped_alone(TAINTS_ANNOTATION, bad);
     }
+    let sfz = one(TAINTS_ANNOTATION, "a=b:noschedule, c=d:NoExecute").unwrap();
+    assert_eq!(
+        sfz.taints
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["c=d:NoExecute"]
+    );
+    assert_eq!(sfz.skipped.len(), 1);
+    assert_eq!(sfz.skipped[0].entry, "a=b:noschedule");
+    assert!(
+        sfz.skipped[0].to_string().contains(TAINTS_ANNOTATION),
+        "{}",
+        sfz.skipped[0]
+    );
 }
 
 #[test]
@@ -767,13 +843,26 @@ fn sizes_and_price() {
     );
     let errs = parse(&[(MIN_SIZE_ANNOTATION, "5"), (MAX_SIZE_ANNOTATION, "3")]).unwrap_err();
     assert_eq!(errs.0[0].problem, Problem::MinAboveMax { min: 5, max: 3 });
+    // Above 32 bits: read (Go's Atoi takes it) and clamped, since replicas are 32-bit; the
+    // clamp is recorded.
+    let big = parse(&[(MAX_SIZE_ANNOTATION, "99999999999")]).unwrap();
+    assert_eq!(big.max_size, Some(i32::MAX));
+    assert_eq!(big.skipped.len(), 1, "{:?}", big.skipped);
     assert_eq!(
-        parse(&[(MAX_SIZE_ANNOTATION, "99999999999")])
-            .unwrap_err()
-            .0[0]
-            .problem,
-        Problem::NotAnInteger
+        (big.skipped[0].key.as_str(), big.skipped[0].entry.as_str()),
+        (MAX_SIZE_ANNOTATION, "99999999999")
     );
+    // Go's leading `+`.
+    let plus = parse(&[(MIN_SIZE_ANNOTATION, "+1"), (MAX_SIZE_ANNOTATION, "+3")]).unwrap();
+    assert_eq!((plus.min_size, plus.max_size), (Some(1), Some(3)));
+    // Beyond 64 bits even Atoi refuses it; so does an empty size.
+    for bad in ["99999999999999999999", "", "ten", "1.5"] {
+        assert_eq!(
+            parse(&[(MAX_SIZE_ANNOTATION, bad)]).unwrap_err().0[0].problem,
+            Problem::NotAnInteger,
+            "{bad}"
+        );
+    }
     for bad in ["inf", "-0.5", "1e3", "", "0x10", "1.2.3"] {
         assert!(parse(&[(PRICE_ANNOTATION, bad)]).is_err(), "{bad}");
     }

@@ -247,6 +247,50 @@ async fn a_pod_pinned_to_a_hostname_is_told_the_label_is_restricted() {
     env.invariants_hold();
 }
 
+/// A MachineDeployment without a zone label makes nodes without one, so a pod that requires a
+/// zone none is in is never planned onto it (its instance type requires the zone label absent):
+/// the pod gets a FailedScheduling Event naming the zone, no claim and no nomination, even though
+/// the zone-less group is the cheapest (the malformed corpus's `pod-zone-nowhere` was sometimes
+/// nominated onto a claim of such a group).
+#[actix::test]
+async fn a_pod_requiring_a_zone_is_not_planned_onto_a_zone_less_group() {
+    use karpenter_capi::api::wellknown::{
+        ARCH_LABEL, CAPACITY_TYPE_LABEL, INSTANCE_TYPE_LABEL, LABELS_ANNOTATION, OS_LABEL,
+        PRICE_ANNOTATION, ZONE_LABEL,
+    };
+    let mut zoneless = seed_of(0, 500);
+    zoneless.name = "md-zoneless".into();
+    zoneless.annotations.insert(
+        LABELS_ANNOTATION.into(),
+        format!(
+            "{INSTANCE_TYPE_LABEL}=zoneless,{ARCH_LABEL}=amd64,{OS_LABEL}=linux,\
+             {CAPACITY_TYPE_LABEL}=on-demand"
+        ),
+    );
+    zoneless
+        .annotations
+        .insert(PRICE_ANNOTATION.into(), "0.01".into());
+    let mut seeds: Vec<_> = (0..4).map(|i| seed_of(i, 500)).collect();
+    seeds.push(zoneless);
+    let env = Env::builder()
+        .cluster(cluster())
+        .seeds(seeds)
+        .short_batches()
+        .start()
+        .await;
+    let notes = notes_for_a_pod_selecting(&env, "nowhere", ZONE_LABEL, "nowhere").await;
+    assert!(notes.iter().any(|n| n.contains(ZONE_LABEL)), "{notes:#?}");
+    let nominated = notes_about(&env.events("Nominated"), "nowhere-");
+    assert!(nominated.is_empty(), "{nominated:#?}");
+    for c in env.list("nodeclaims") {
+        let reqs = c["spec"]["requirements"].to_string();
+        assert!(!reqs.contains("\"nowhere\""), "{c:#}");
+    }
+    // The zone-less group is offered: the plain pods went there, the cheapest.
+    assert!(env.replicas("md-zoneless") >= 1);
+    env.invariants_hold();
+}
+
 #[actix::test]
 async fn an_invalid_nodepool_is_not_ready_and_not_used() {
     let env = env(None).await;
