@@ -662,8 +662,11 @@ pub async fn over_budget_on_server(
 ) -> Option<String> {
     let ours: HashSet<&str> = cmd.candidates.iter().map(|c| c.claim.as_str()).collect();
     for room in rooms {
-        let params = kube::api::ListParams::default()
-            .labels(&format!("{}={}", crate::api::wellknown::NODEPOOL_LABEL, room.pool));
+        let params = kube::api::ListParams::default().labels(&format!(
+            "{}={}",
+            crate::api::wellknown::NODEPOOL_LABEL,
+            room.pool
+        ));
         let listed = match claims(shared).list(&params).await {
             Ok(l) => l,
             Err(e) => {
