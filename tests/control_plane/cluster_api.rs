@@ -29,6 +29,10 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
         @actix the_pods_flow_runs_on_real_cluster_api_v1beta1
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
+        @actix the_drain_flow_runs_on_real_cluster_api
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_consolidate_flow_runs_on_real_cluster_api
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
     ]
 }
 
@@ -369,6 +373,113 @@ async fn the_pods_flow_runs_on_real_cluster_api_v1beta1() {
             .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())),
         "every pod bound"
     );
+    let (pids, ports) = footprint(&cluster);
+    assert_footprint(&pids, &ports, true);
+    drop(kept);
+    cluster.stop_processes();
+    assert_footprint(&pids, &ports, false);
+}
+
+/// `simulate --control-plane real --cluster-api real --scenario drain --pods 60 --deployments 4`
+/// (v1.14.2): three claims deleted at once are drained by the controller within the PDBs and
+/// the do-not-disrupt pods, their Machines released (marked `exclude-node-draining`, so Cluster
+/// API's own drain does not run) and deleted by Cluster API with their Nodes.
+async fn the_drain_flow_runs_on_real_cluster_api() {
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::drain;
+
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--scenario",
+        "drain",
+        "--pods",
+        "60",
+        "--deployments",
+        "4",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = drain::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the drain scenario on real Cluster API: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(
+        report.invariants_ok(),
+        "invariants: {:?}",
+        report.pods.launch.problems
+    );
+    let t = &report.termination;
+    assert_eq!(t.claims_deleted, 3, "{report}");
+    assert_eq!(t.drained, 3, "{report}");
+    assert_eq!(t.machines_released, 3, "{report}");
+    assert_eq!(
+        (t.pdb_violations, t.do_not_disrupt_violations),
+        (0, 0),
+        "{report}"
+    );
+    assert_eq!(report.pods.pods.bound, 60, "{report}");
+    assert_eq!(report.pods.pods.unschedulable, 0, "{report}");
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created);
+    let (pids, ports) = footprint(&cluster);
+    assert_footprint(&pids, &ports, true);
+    drop(kept);
+    cluster.stop_processes();
+    assert_footprint(&pids, &ports, false);
+}
+
+/// `simulate --control-plane real --cluster-api real --scenario consolidate --pods 200
+/// --deployments 10` (v1.14.2): after 7 of 10 Deployments shrink, the controller consolidates
+/// the pool (empty and underutilized nodes, one at a time) with no budget, PDB or
+/// do-not-disrupt violation, Cluster API removing the released Machines and their Nodes.
+async fn the_consolidate_flow_runs_on_real_cluster_api() {
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::disruption;
+
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--scenario",
+        "consolidate",
+        "--pods",
+        "200",
+        "--deployments",
+        "10",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = disruption::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the consolidate scenario on real Cluster API: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(
+        report.invariants_ok(),
+        "invariants: {:?}",
+        report.pods.launch.problems
+    );
+    let d = &report.disruption;
+    assert!(d.nodes_after < d.nodes_before, "{report}");
+    assert!(d.nodes_after >= d.nodes_lower_bound, "{report}");
+    assert!(d.cost_per_hour_after < d.cost_per_hour_before, "{report}");
+    assert_eq!(
+        (
+            d.budget_violations,
+            d.pdb_violations,
+            d.do_not_disrupt_violations
+        ),
+        (0, 0, 0),
+        "{report}"
+    );
+    assert_eq!(d.pods_unbound_at_end, 0, "{report}");
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created);
     let (pids, ports) = footprint(&cluster);
     assert_footprint(&pids, &ports, true);
     drop(kept);
