@@ -390,9 +390,9 @@ fn cheaper_replacement(
         .iter()
         .filter(|t| new.instance_types.contains(&t.name))
         .collect();
-    if let Err(unmet) =
-        requirements.check_min_values(|key| distinct_values(&remaining, &requirements, key))
-    {
+    if let Err(unmet) = requirements.check_min_values(|key| {
+        crate::scheduling::instance_type::distinct_values(&remaining, &requirements, key)
+    }) {
         return Outcome::No(format!(
             "the instance types cheaper than the current {current:.4}/h cannot meet minValues: {unmet}"
         ));
@@ -416,27 +416,4 @@ fn cheaper_replacement(
         .min_by(f64::total_cmp)
         .unwrap_or(current);
     Outcome::Replace(new, cheapest)
-}
-
-/// How many distinct values of `key` these instance types offer within `reqs` (what a
-/// minValues on `key` counts).
-fn distinct_values(
-    types: &[&crate::scheduling::InstanceType],
-    reqs: &crate::api::requirements::Requirements,
-    key: &str,
-) -> usize {
-    let allowed = reqs.get(key);
-    let mut values: HashSet<&str> = HashSet::new();
-    for t in types {
-        if key == crate::api::wellknown::INSTANCE_TYPE_LABEL {
-            values.insert(&t.name);
-        } else if let Some(vs) = t.requirements.values(key) {
-            values.extend(
-                vs.iter()
-                    .filter(|v| allowed.is_none_or(|r| r.has(v)))
-                    .map(String::as_str),
-            );
-        }
-    }
-    values.len()
 }

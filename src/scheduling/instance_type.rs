@@ -123,6 +123,25 @@ pub fn offering_allowed(o: &Offering, reqs: &Requirements) -> bool {
     own.compatible(reqs).is_ok()
 }
 
+/// How many distinct values of `key` these instance types offer within `reqs`: what a
+/// `minValues` on `key` counts (the launch's check, and consolidation's after its price filter).
+pub fn distinct_values(types: &[&InstanceType], reqs: &Requirements, key: &str) -> usize {
+    let allowed = reqs.get(key);
+    let mut values: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for t in types {
+        if key == crate::api::wellknown::INSTANCE_TYPE_LABEL {
+            values.insert(&t.name);
+        } else if let Some(vs) = t.requirements.values(key) {
+            values.extend(
+                vs.iter()
+                    .filter(|v| allowed.is_none_or(|r| r.has(v)))
+                    .map(String::as_str),
+            );
+        }
+    }
+    values.len()
+}
+
 /// True when every taint a node from this offering carries (the MachineDeployment's taints
 /// annotation) is one the NodePool declares in `taints` or `startupTaints`. Cluster API puts
 /// those taints on the node whatever we ask, so only a pool that declares them (and whose pods

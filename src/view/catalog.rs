@@ -15,7 +15,6 @@ use crate::api::nodeoverlay::NodeOverlay;
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::{MinValuesError, Requirements};
 use crate::api::resources::Resources;
-use crate::api::wellknown::INSTANCE_TYPE_LABEL;
 use crate::capi::model::{LabelSelector, MachineDeployment};
 use crate::capi::offerings::{self, Context as OfferingContext};
 use crate::capi::overlay::{self, Verdict};
@@ -521,20 +520,7 @@ pub fn min_values_met(ranked: &[Ranked<'_>], reqs: &Requirements) -> Result<(), 
         }
     }
     reqs.check_min_values(|key| {
-        let allowed = reqs.get(key);
-        let mut values: HashSet<&str> = HashSet::new();
-        for t in &types {
-            if key == INSTANCE_TYPE_LABEL {
-                values.insert(&t.name);
-            } else if let Some(vs) = t.requirements.values(key) {
-                values.extend(
-                    vs.iter()
-                        .filter(|v| allowed.is_none_or(|r| r.has(v)))
-                        .map(String::as_str),
-                );
-            }
-        }
-        values.len()
+        crate::scheduling::instance_type::distinct_values(&types, reqs, key)
     })
 }
 

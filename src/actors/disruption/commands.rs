@@ -41,7 +41,7 @@ impl Disruption {
         let shared = self.shared.clone();
         let fut = async move {
             let m = &shared.metrics;
-            if let Some(why) = execute::over_budget_on_server(&shared, &cmd, &rooms).await {
+            if let Some(why) = budget_check::over_budget_on_server(&shared, &cmd, &rooms).await {
                 return Ok(Started::Withdrawn(why));
             }
             let stage = Instant::now();

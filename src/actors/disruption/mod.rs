@@ -18,6 +18,7 @@
 //!    its replacement fails, alone, and its candidates back off alone; the others go on. A controller that dies mid-way leaves taints the next leader rolls back
 //!    (step 2): the API holds everything needed to resume or undo.
 
+mod budget_check;
 mod commands;
 mod execute;
 
@@ -497,8 +498,8 @@ impl Disruption {
     /// deleted Machines meanwhile (a rollout) or another command started. Read afresh from
     /// the indexes right before the command's first write: Err says why it no longer fits,
     /// Ok what each of its pools allows now, for the server-side check that follows
-    /// (`execute::over_budget_on_server`).
-    fn budget_now(&mut self, cmd: &Command) -> Result<Vec<execute::PoolRoom>, String> {
+    /// (`budget_check::over_budget_on_server`).
+    fn budget_now(&mut self, cmd: &Command) -> Result<Vec<budget_check::PoolRoom>, String> {
         let view = self.gather_now(jiff::Timestamp::now());
         let reason = cmd.method.reason();
         let mut per_pool: HashMap<&str, usize> = HashMap::new();
@@ -519,7 +520,7 @@ impl Disruption {
                 .iter()
                 .find(|(p, r, _, _)| p == pool && *r == reason)
                 .map_or(0, |(_, _, _, busy)| *busy);
-            rooms.push(execute::PoolRoom {
+            rooms.push(budget_check::PoolRoom {
                 pool: pool.to_string(),
                 reason,
                 allowed,

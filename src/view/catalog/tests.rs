@@ -1,3 +1,4 @@
+use crate::api::wellknown::INSTANCE_TYPE_LABEL;
 use std::collections::BTreeMap;
 
 use super::*;
