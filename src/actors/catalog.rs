@@ -65,6 +65,11 @@ const TEMPLATE_REREAD_MIN: Duration = Duration::from_secs(5);
 /// A MachinePool's infrastructure pool is re-read at least this often: an edit of it in place
 /// (its instances' drift) need not change the MachinePool.
 const POOL_REREAD: Duration = Duration::from_secs(30);
+/// How long the first catalog waits for the first answer about each MachineDeployment's
+/// template. Published earlier, it would leave those MachineDeployments out, and the claims a
+/// new leader finds waiting (or that are created at once) would wait a launch retry for them;
+/// a read that hangs must not hold activation for ever either.
+const FIRST_READS_WAIT: Duration = Duration::from_secs(10);
 
 /// What we last read of one MachineDeployment's infrastructure template.
 struct TemplateRead {
@@ -112,6 +117,9 @@ pub struct Catalog {
     /// The NodePools as the overlays were last applied for them: a NodePool change that leaves
     /// them alone (its status, its limits) rebuilds nothing.
     pools_seen: Option<PoolsSeen>,
+    /// When the first catalog stops waiting for first template answers (set at the first
+    /// rebuild that still lacks one).
+    first_reads_until: Option<Instant>,
 }
 
 impl Catalog {
@@ -132,6 +140,7 @@ impl Catalog {
             overlays_synced: false,
             overlays_changed: false,
             pools_seen: None,
+            first_reads_until: None,
         }
     }
 
@@ -248,7 +257,10 @@ impl Catalog {
         self.shared.catalog.retain(&names);
         self.reported.retain(|k, _| names.contains(k));
         self.shared.catalog.forget_unavailable();
-        self.built = self.synced && self.overlays_synced;
+        self.built = self.built
+            || (self.synced
+                && self.overlays_synced
+                && self.first_reads_over(&unread_templates, ctx));
         if std::mem::take(&mut self.overlays_changed) {
             self.shared.router.disruption_changed();
         }
@@ -258,6 +270,24 @@ impl Catalog {
         }
         self.shared.router.provisioner_poke();
         self.shared.router.nodepools_changed();
+    }
+
+    /// Whether the first catalog may be published as far as templates go: every
+    /// MachineDeployment's template has had its first answer (read, missing or failing), or
+    /// FIRST_READS_WAIT has passed since the first rebuild that lacked one.
+    fn first_reads_over(&mut self, unread: &HashSet<String>, ctx: &mut Context<Self>) -> bool {
+        if unread.is_empty() {
+            return true;
+        }
+        let now = Instant::now();
+        let until = *self.first_reads_until.get_or_insert_with(|| {
+            ctx.run_later(FIRST_READS_WAIT, |act, ctx| act.schedule_rebuild(ctx));
+            now + FIRST_READS_WAIT
+        });
+        if now >= until {
+            tracing::warn!(unread = ?unread, "first template reads still unanswered; publishing the catalog without those MachineDeployments");
+        }
+        now >= until
     }
 
     /// Read each MachineDeployment's infrastructure template: first when it appears, again
