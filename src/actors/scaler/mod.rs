@@ -12,6 +12,7 @@
 mod adopt;
 mod bookkeeping;
 mod coalesce;
+pub mod effect;
 mod instances;
 mod patches;
 pub mod plan;
@@ -89,6 +90,9 @@ pub struct Scaler {
     backoff: Backoff,
     /// Since when the MachineDeployment has been missing (the Scaler stops after a while).
     gone_since: Option<Instant>,
+    /// The last write that changed `spec.replicas`, until a write in the other direction may
+    /// follow it (see `effect`).
+    last_write: Option<effect::LastWrite>,
 }
 
 impl Actor for Scaler {
@@ -186,6 +190,7 @@ impl Scaler {
             coalesce: coalesce::Coalescer::default(),
             backoff: Backoff::api(),
             gone_since: None,
+            last_write: None,
         }
     }
 
@@ -276,7 +281,9 @@ impl Scaler {
         if let Some(write) = plan.write
             && !self.writing
         {
-            if write.delta() > 0
+            if self.undoes_unacted(&inputs.md, &write) {
+                tracing::debug!(machine_deployment = %self.md, from = write.from, to = write.to, "waiting for Cluster API to act on the last replica write before undoing part of it");
+            } else if write.delta() > 0
                 && let Some(wait) = self.coalesce.hold(Instant::now())
             {
                 self.hold_for(wait, ctx);
@@ -284,6 +291,29 @@ impl Scaler {
                 self.write(inputs.md, write, plan.delete_directly, ctx);
             }
         }
+    }
+
+    /// Whether `write` goes the other way from the last write while Cluster API has not acted
+    /// on that one yet (see `effect`). Machine and MachineDeployment events plan again.
+    fn undoes_unacted(&self, md: &MachineDeployment, write: &plan::ReplicaWrite) -> bool {
+        let machines = self.shared.state.machines.read();
+        let leaving = |k: &str| {
+            machines
+                .get(k)
+                .is_none_or(|m| m.deletion_timestamp.is_some())
+        };
+        let seen = effect::Seen {
+            spec_replicas: md.spec_replicas.unwrap_or(0),
+            observed_generation: md.observed_generation,
+            status_replicas: md.status_replicas,
+            leaving: &leaving,
+        };
+        effect::must_wait(
+            self.last_write.as_ref(),
+            write.delta(),
+            &seen,
+            Instant::now(),
+        )
     }
 
     /// Take over what another provisioner left on this MachineDeployment: first record the

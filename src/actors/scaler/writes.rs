@@ -319,6 +319,15 @@ impl Scaler {
         self.backoff.reset();
         tracing::info!(machine_deployment = %self.md, from = w.from, to = w.to, managed = w.managed_to, "replicas written");
         let generation = updated.generation;
+        if w.delta() != 0 {
+            self.last_write = Some(super::effect::LastWrite {
+                raised: w.delta() > 0,
+                to: w.to,
+                generation,
+                decrements: w.decrements.clone(),
+                at: Instant::now(),
+            });
+        }
         self.shared
             .state
             .deployments

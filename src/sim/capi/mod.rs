@@ -62,6 +62,9 @@ pub enum ProviderIdStyle {
     Vsphere,
 }
 
+/// How long after a MachineDeployment event the stand-in reconciles it (see the watch).
+const SPEC_EVENT_LATENCY: Duration = Duration::from_millis(150);
+
 #[derive(Clone, Debug)]
 pub struct CapiConfig {
     pub version: CapiVersion,
@@ -204,9 +207,17 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> (Vec<JoinHa
         inner.shutdown.clone(),
         move |event| {
             if let Some(md) = applied_or_deleted(event) {
-                me.queue.push(Work::Deployment {
+                let work = Work::Deployment {
                     ns: md.namespace().unwrap_or_default(),
                     name: md.name_any(),
+                };
+                // Real Cluster API reconciles a changed MachineDeployment well after the
+                // write (informer, queue, its own reads) and reads the spec then: two replica
+                // writes closer than that read as one, and the first is never acted on.
+                let me = me.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(SPEC_EVENT_LATENCY).await;
+                    me.queue.push(work);
                 });
             }
         },
