@@ -186,7 +186,7 @@ pub enum Command {
     /// Start the embedded simulated cluster and run the controller on it.
     #[cfg(feature = "simulator")]
     Simulate(Box<SimulateArgs>),
-    /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass,
+    /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay,
     /// CapacityBuffer) as YAML.
     Crds(CrdsArgs),
     /// Explain, read-only, why a pod is pending or where it went, what a NodeClaim waits for,

