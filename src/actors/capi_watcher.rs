@@ -16,7 +16,7 @@ use super::Shared;
 use super::messages::{Kick, Poke};
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::scalable::{ScalableKind, ScalableRef};
-use crate::capi::version;
+use crate::capi::{autoscaler, version};
 use crate::state::feed::Staleness;
 use crate::state::machines::{Unreadable, bound_claim, deployment_key};
 
@@ -24,6 +24,7 @@ pub enum CapiEvent {
     Machine(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Deployment(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Pool(Result<watcher::Event<DynamicObject>, watcher::Error>),
+    Cluster(Result<watcher::Event<DynamicObject>, watcher::Error>),
 }
 
 impl Message for CapiEvent {
@@ -40,6 +41,11 @@ pub struct CapiWatcher {
     machines_stale: Staleness,
     mds_stale: Staleness,
     pools_stale: Staleness,
+    /// Clusters by `namespace/name`: whether Cluster API's pause holds each (see
+    /// `on_cluster`), and a re-list in progress.
+    clusters: BTreeMap<String, bool>,
+    cluster_buffer: BTreeMap<String, bool>,
+    clusters_stale: Staleness,
 }
 
 impl CapiWatcher {
@@ -54,6 +60,9 @@ impl CapiWatcher {
             machines_stale: Staleness::new("Machines"),
             mds_stale: Staleness::new("MachineDeployments"),
             pools_stale: Staleness::new("MachinePools"),
+            clusters: BTreeMap::new(),
+            cluster_buffer: BTreeMap::new(),
+            clusters_stale: Staleness::new("Clusters"),
         }
     }
 
@@ -214,6 +223,67 @@ impl CapiWatcher {
         }
     }
 
+    /// A Cluster changed: a paused Cluster pauses its MachineDeployments for every Cluster API
+    /// controller, so it does here too (no replica write, no offering, no disruption of its
+    /// nodes). Only a change of which Clusters are paused reaches the actors.
+    fn on_cluster(&mut self, ev: watcher::Event<DynamicObject>) {
+        let key = |o: &DynamicObject| {
+            format!(
+                "{}/{}",
+                o.metadata.namespace.as_deref().unwrap_or_default(),
+                o.metadata.name.as_deref().unwrap_or_default()
+            )
+        };
+        match ev {
+            watcher::Event::Init => self.cluster_buffer.clear(),
+            watcher::Event::InitApply(o) => {
+                self.cluster_buffer
+                    .insert(key(&o), autoscaler::cluster_paused(&o));
+            }
+            watcher::Event::InitDone => self.clusters = std::mem::take(&mut self.cluster_buffer),
+            watcher::Event::Apply(o) => {
+                self.clusters
+                    .insert(key(&o), autoscaler::cluster_paused(&o));
+            }
+            watcher::Event::Delete(o) => {
+                self.clusters.remove(&key(&o));
+            }
+        }
+        let paused = self
+            .clusters
+            .iter()
+            .filter(|(_, p)| **p)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if self
+            .shared
+            .state
+            .deployments
+            .write()
+            .set_paused_clusters(paused)
+        {
+            tracing::info!(paused = ?self.clusters.iter().filter(|(_, p)| **p).map(|(k, _)| k.as_str()).collect::<Vec<_>>(), "Cluster API pause changed");
+            for (_, s) in self.shared.router.scalers() {
+                s.do_send(Poke);
+            }
+            self.shared.router.catalog_changed();
+            self.shared.router.disruption_changed();
+        }
+    }
+
+    /// Clusters, to follow their pause: only the one named by `--cluster-name` when set.
+    fn watch_clusters(&self, ctx: &mut Context<Self>) {
+        let cfg = watcher::Config::default();
+        let cfg = match &self.shared.settings.cluster_name {
+            Some(c) => cfg.fields(&format!("metadata.name={c}")),
+            None => cfg,
+        };
+        let clusters = watcher(self.api(&self.shared.capi_version.cluster()), cfg)
+            .default_backoff()
+            .map(CapiEvent::Cluster);
+        ctx.add_stream(clusters);
+    }
+
     /// Watches MachinePools once discovery says they are served; without them (or when
     /// discovery fails) only MachineDeployments are scaled.
     fn watch_pools(&self, ctx: &mut Context<Self>) {
@@ -251,6 +321,7 @@ impl Actor for CapiWatcher {
         .map(CapiEvent::Deployment);
         ctx.add_stream(futures::stream::select(machines, mds));
         self.watch_pools(ctx);
+        self.watch_clusters(ctx);
     }
 }
 
@@ -261,15 +332,18 @@ impl StreamHandler<CapiEvent> for CapiWatcher {
             CapiEvent::Machine(ev) => self.machines_stale.saw(ev, m),
             CapiEvent::Deployment(ev) => self.mds_stale.saw(ev, m),
             CapiEvent::Pool(ev) => self.pools_stale.saw(ev, m),
+            CapiEvent::Cluster(ev) => self.clusters_stale.saw(ev, m),
         }
         match ev {
             CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
             CapiEvent::Deployment(Ok(ev)) => self.on_scalable(ScalableKind::MachineDeployment, ev),
             CapiEvent::Pool(Ok(ev)) => self.on_scalable(ScalableKind::MachinePool, ev),
+            CapiEvent::Cluster(Ok(ev)) => self.on_cluster(ev),
             CapiEvent::Machine(Err(e))
             | CapiEvent::Deployment(Err(e))
-            | CapiEvent::Pool(Err(e)) => {
-                tracing::warn!(error = %e, "Cluster API watch failed; it will re-list");
+            | CapiEvent::Pool(Err(e))
+            | CapiEvent::Cluster(Err(e)) => {
+                tracing::warn!(error = %e, watch = "Cluster API", "watch failed; it will re-list");
             }
         }
     }

@@ -157,10 +157,17 @@ impl Catalog {
     }
 
     fn rebuild(&mut self, ctx: &mut Context<Self>) {
-        let (mds, unreadable) = {
+        let (mds, unreadable, cluster_paused) = {
             let deployments = self.shared.state.deployments.read();
             let mds: Vec<Arc<MachineDeployment>> = deployments.all().cloned().collect();
-            (mds, deployments.unreadable().clone())
+            // A paused Cluster's MachineDeployments are not offered (their own pause is read
+            // where the offering is made).
+            let cluster_paused: HashSet<String> = mds
+                .iter()
+                .filter(|md| deployments.cluster_paused(md))
+                .map(|md| md.key())
+                .collect();
+            (mds, deployments.unreadable().clone(), cluster_paused)
         };
         self.fetch_missing_templates(&mds, ctx);
         let templates: HashMap<String, TemplateCapacity> = self
@@ -192,7 +199,7 @@ impl Catalog {
             failing_templates: &failing_templates,
         };
         let view = self.shared.catalog.clone();
-        let unavailable = |md: &str| view.is_unavailable(md);
+        let unavailable = |md: &str| view.is_unavailable(md) || cluster_paused.contains(md);
         let cx = OfferingContext {
             templates: &templates,
             unavailable: &unavailable,

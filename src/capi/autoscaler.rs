@@ -187,6 +187,23 @@ pub fn paused(md: &MachineDeployment) -> bool {
     md.paused || md.annotations.contains_key(PAUSED_ANNOTATION)
 }
 
+/// Cluster API's pause on a Cluster: `spec.paused` or the `cluster.x-k8s.io/paused` annotation.
+/// Every Cluster API controller leaves the Cluster's objects alone then (its MachineDeployments
+/// and MachineSets included), so a paused Cluster pauses each of its MachineDeployments.
+pub fn cluster_paused(cluster: &kube::api::DynamicObject) -> bool {
+    let spec_paused = cluster
+        .data
+        .pointer("/spec/paused")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    spec_paused
+        || cluster
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(PAUSED_ANNOTATION))
+}
+
 /// A RollingUpdate under way: some live Machine of the MachineDeployment is not up to date
 /// (Cluster API's `UpToDate` condition False), i.e. an older MachineSet still holds Machines,
 /// which is how the autoscaler recognises a rollout. OnDelete MachineDeployments never roll out

@@ -64,6 +64,10 @@ impl CapiVersion {
         machine_pool_resource(self)
     }
 
+    pub fn cluster(self) -> ApiResource {
+        capi_resource(self, "Cluster", "clusters")
+    }
+
     pub const ALL: [CapiVersion; 2] = [CapiVersion::V1Beta2, CapiVersion::V1Beta1];
 
     pub fn as_str(self) -> &'static str {

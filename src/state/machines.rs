@@ -258,6 +258,8 @@ pub struct MachineDeployments {
     unreadable: BTreeMap<String, Unreadable>,
     fresh: Freshness,
     synced: bool,
+    /// Clusters (`namespace/name`) Cluster API's pause holds (see `autoscaler::cluster_paused`).
+    paused_clusters: BTreeSet<String>,
 }
 
 /// A MachineDeployment the model could not read: its labels (what a NodeClass selects by) and
@@ -271,6 +273,26 @@ pub struct Unreadable {
 impl MachineDeployments {
     pub fn get(&self, key: &str) -> Option<Arc<MachineDeployment>> {
         self.by_key.get(key).cloned()
+    }
+
+    /// Whether Cluster API leaves `md` alone: its own pause, or its Cluster's.
+    pub fn paused(&self, md: &MachineDeployment) -> bool {
+        crate::capi::autoscaler::paused(md) || self.cluster_paused(md)
+    }
+
+    /// Whether `md`'s Cluster is paused.
+    pub fn cluster_paused(&self, md: &MachineDeployment) -> bool {
+        !self.paused_clusters.is_empty()
+            && self
+                .paused_clusters
+                .contains(&format!("{}/{}", md.namespace, md.cluster_name))
+    }
+
+    /// The paused Clusters become exactly `paused`; true when that changed anything.
+    pub fn set_paused_clusters(&mut self, paused: BTreeSet<String>) -> bool {
+        let changed = self.paused_clusters != paused;
+        self.paused_clusters = paused;
+        changed
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Arc<MachineDeployment>> {

@@ -264,9 +264,10 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         let hold = holds
             .entry(md.to_string())
             .or_insert_with(|| {
-                deployments
-                    .get(md)
-                    .and_then(|d| deployment_hold(&d, &machines.of_deployment(md)))
+                deployments.get(md).and_then(|d| {
+                    let cluster_paused = deployments.cluster_paused(&d);
+                    deployment_hold(&d, cluster_paused, &machines.of_deployment(md))
+                })
             })
             .clone();
         let rolling_out = match hold {

@@ -122,6 +122,32 @@ impl Env {
             .expect("patch the MachineDeployment");
     }
 
+    /// Pauses (or resumes) Cluster API's Cluster of the seeded MachineDeployments by its
+    /// `spec.paused`, creating the Cluster where none exists (the stand-in needs none), and
+    /// waits until the controller has seen it.
+    pub async fn set_cluster_paused(&self, paused: bool) {
+        let ar = self.sim.cluster().capi_version().cluster();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client().await, NS, &ar);
+        let name = karpenter_capi::sim::cluster::CLUSTER_NAME;
+        let body = json!({"spec": {"paused": paused}});
+        if api.get_opt(name).await.expect("read the Cluster").is_some() {
+            api.patch(name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .expect("patch the Cluster");
+        } else {
+            let obj = DynamicObject::new(name, &ar).within(NS).data(body);
+            api.create(&kube::api::PostParams::default(), &obj)
+                .await
+                .expect("create the Cluster");
+        }
+        self.wait("the controller sees the Cluster's pause", || {
+            let c = self.controller.as_ref()?;
+            let d = c.shared.state.deployments.read();
+            (d.all().any(|md| d.cluster_paused(md)) == paused).then_some(())
+        })
+        .await;
+    }
+
     /// Points md-0 at a new infrastructure template, created first as a user would (Cluster API
     /// clones it into each Machine).
     pub async fn change_template_of_md(&self, template: &str) {

@@ -782,6 +782,25 @@ async fn a_paused_machine_deployments_empty_node_waits_for_the_pause_to_lift() {
     env.assert_clean();
 }
 
+/// The same for a paused Cluster (`spec.paused`): it pauses each of its MachineDeployments.
+#[actix::test]
+async fn a_paused_clusters_empty_node_waits_for_the_pause_to_lift() {
+    let env = env_fast().await;
+    let (claim, _) = env.stamped_claim("sim-0").await;
+    env.set_cluster_paused(true).await;
+    env.set_disruption(json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s"}))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let c = env.get("nodeclaims", "", &claim).expect("the claim stays");
+    assert!(c["metadata"]["deletionTimestamp"].is_null(), "{c:#}");
+    env.set_cluster_paused(false).await;
+    env.wait("the empty node gone once the pause lifted", || {
+        env.get("nodeclaims", "", &claim).is_none().then_some(())
+    })
+    .await;
+    env.assert_clean();
+}
+
 /// A command's candidates are deleted side by side: one whose delete the server keeps failing
 /// for a while is retried on its own, the other goes meanwhile, and nothing is rolled back.
 #[actix::test]

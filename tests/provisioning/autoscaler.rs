@@ -89,6 +89,47 @@ async fn a_paused_machine_deployment_is_neither_scaled_nor_launched_on() {
     );
 }
 
+/// Cluster API's pause on the Cluster (`spec.paused`) holds every MachineDeployment of it, as
+/// it holds every Cluster API controller: while it lasts nothing is offered, no replica is
+/// written and the pods wait; once it lifts they launch.
+#[actix::test]
+async fn a_paused_cluster_holds_its_machine_deployments_until_it_resumes() {
+    let seeds: Vec<_> = (0..2).map(|i| seed_of(i, 50)).collect();
+    let env = Env::builder()
+        .cluster(cluster())
+        .seeds(seeds)
+        .short_batches()
+        .start()
+        .await;
+    env.set_cluster_paused(true).await;
+    pods(&env, "web", 2, PodShape::new("100m", "128Mi")).await;
+    // Several provisioning batches go by.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(env.bound_pods(), 0);
+    let md_writes = |env: &Env| {
+        env.sim
+            .cluster()
+            .stats()
+            .writes()
+            .into_iter()
+            .filter(|w| {
+                w.agent == karpenter_capi::app::USER_AGENT && w.resource == "machinedeployments"
+            })
+            .count()
+    };
+    assert_eq!(
+        md_writes(&env),
+        0,
+        "a replica write while the Cluster is paused"
+    );
+    env.set_cluster_paused(false).await;
+    env.until_quiet("the pods bound once the pause lifted", |e| {
+        e.bound_pods() == 2
+    })
+    .await;
+    assert!(md_writes(&env) > 0);
+}
+
 /// maxPods 3 on the only MachineDeployment offered: seven small pods need three nodes, though
 /// their cpu and memory would fit on one.
 #[actix::test]

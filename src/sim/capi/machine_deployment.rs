@@ -61,6 +61,11 @@ impl Inner {
         {
             return Ok(());
         }
+        // Nor while its Cluster is paused (`spec.paused` or the annotation): every Cluster API
+        // controller skips a paused Cluster's objects.
+        if self.cluster_paused(ns, &md).await? {
+            return Ok(());
+        }
         let md_uid = md.uid().unwrap_or_default();
         let mut sets: Vec<DynamicObject> =
             Self::cached(&self.sets, ns, DEPLOYMENT_NAME_LABEL, name)
@@ -179,6 +184,26 @@ impl Inner {
 
     /// The up-to-date MachineSet with the MachineDeployment's in-place fields: labels, template
     /// metadata, annotations, deletion order, and the template fields that need no new Machines.
+    /// Whether the MachineDeployment's Cluster is paused (a missing Cluster is not).
+    async fn cluster_paused(&self, ns: &str, md: &DynamicObject) -> Result<bool, kube::Error> {
+        let Some(name) = md.data.pointer("/spec/clusterName").and_then(Value::as_str) else {
+            return Ok(false);
+        };
+        let clusters = self.api(&self.cfg.version.cluster(), ns);
+        let Some(cluster) = clusters.get_opt(name).await? else {
+            return Ok(false);
+        };
+        let spec_paused = cluster
+            .data
+            .pointer("/spec/paused")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let annotated = cluster
+            .annotations()
+            .contains_key("cluster.x-k8s.io/paused");
+        Ok(spec_paused || annotated)
+    }
+
     fn in_place_update(&self, md: &DynamicObject, ms: &DynamicObject) -> DynamicObject {
         let v = self.cfg.version;
         let mut d = ms.clone();

@@ -24,7 +24,19 @@ pub(super) enum Hold {
     RollingOut(String),
 }
 
-pub(super) fn deployment_hold(md: &MachineDeployment, machines: &[Arc<Machine>]) -> Option<Hold> {
+pub(super) fn deployment_hold(
+    md: &MachineDeployment,
+    cluster_paused: bool,
+    machines: &[Arc<Machine>],
+) -> Option<Hold> {
+    if cluster_paused {
+        return Some(Hold::Paused(format!(
+            "its MachineDeployment {}'s Cluster {} is paused (spec.paused or the \"{}\" annotation): Cluster API would not remove its Machine",
+            md.key(),
+            md.cluster_name,
+            autoscaler::PAUSED_ANNOTATION
+        )));
+    }
     if autoscaler::paused(md) {
         return Some(Hold::Paused(format!(
             "its MachineDeployment {} is paused (\"{}\" annotation or spec.paused): Cluster API would not remove its Machine",

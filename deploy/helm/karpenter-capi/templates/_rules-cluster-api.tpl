@@ -10,6 +10,10 @@
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinedeployments]
   verbs: [get, list, watch, patch]
+# Watcher: Clusters, for Cluster API's pause (spec.paused or the annotation), read only.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [clusters]
+  verbs: [list, watch]
 # The same for MachinePools, the second scalable kind (watched only where they are served).
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinepools]
