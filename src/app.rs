@@ -51,27 +51,43 @@ pub enum Error {
 
 /// Install the global tracing subscriber (text or JSON, filter from LOG_LEVEL, `default_level`
 /// when it is not set). Text is coloured only on a terminal, and never when `NO_COLOR` is set
-/// (no-color.org), so redirected logs hold no escape codes.
+/// (no-color.org), so redirected logs hold no escape codes. Repeated warnings and the kube
+/// client's own errors are counted rather than printed (`logging`), unless the filter asks for
+/// debug.
 pub fn init_logging(args: &LogArgs, default_level: &str) -> Result<(), Error> {
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::{EnvFilter, Layer as _, filter::LevelFilter};
     let level = args.log_level.as_deref().unwrap_or(default_level);
     let filter = EnvFilter::try_new(level)
         .map_err(|e| Error::Logging(format!("LOG_LEVEL {level:?}: {e}")))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let result = match args.log_format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder
+    let verbose = filter
+        .max_level_hint()
+        .is_none_or(|l| l >= LevelFilter::DEBUG);
+    let quiet = crate::logging::Quiet::new(verbose);
+    let format = match args.log_format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_writer(std::io::stderr)
+            .boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_target(false)
             .with_ansi(colour(
                 std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 std::env::var_os("NO_COLOR").as_deref(),
             ))
-            .try_init(),
+            .with_writer(std::io::stderr)
+            .boxed(),
     };
-    // A second init (tests, simulate after run) keeps the first subscriber; that is fine.
-    let _ = result;
+    let installed = tracing_subscriber::registry()
+        .with(filter)
+        .with(format.with_filter(quiet.clone()))
+        .try_init();
+    // A second init (tests, simulate after run) keeps the first subscriber and its counts.
+    if installed.is_ok() {
+        crate::logging::install(quiet);
+    }
     Ok(())
 }
 
@@ -400,7 +416,10 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
             path: log.map(std::path::Path::to_path_buf).unwrap_or_default(),
             source,
         })?;
-        tracing::info!(decision_log = ?log, "dry run: every watch and decision runs, no write is sent; leader election is skipped (it writes a Lease)");
+        tracing::info!(
+            decision_log = log.map(|p| tracing::field::display(p.display())),
+            "dry run: every watch and decision runs, no write is sent; leader election is skipped (it writes a Lease)"
+        );
         options.shadow = Some(shadow);
     }
     let workload = workload_client(args.kubeconfig.as_deref(), &options).await?;
@@ -439,7 +458,10 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
         workload,
         management,
         capi_version: capi_version(args.cluster_api.cluster_api_version),
-        settings: settings(&args.controller, &args.cluster_api),
+        settings: Settings {
+            dry_run: args.dry_run,
+            ..settings(&args.controller, &args.cluster_api)
+        },
         metrics,
         instance: identity,
     };

@@ -28,6 +28,7 @@ const LAYERS: &[&[&str]] = &[
         "leader",
         "kubeconfig_watch",
         "thread_cache",
+        "logging",
     ],
     // Indexes fed by watches; the HTTP endpoints; the clients' retries on `Retry-After`.
     &["state", "http", "retry_after"],

@@ -27,6 +27,7 @@ pub mod kubeconfig_watch;
 #[cfg(test)]
 mod layers;
 pub mod leader;
+pub mod logging;
 pub mod metrics;
 pub mod ratelimit;
 pub mod retry_after;

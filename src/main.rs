@@ -40,7 +40,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             let system = actix::System::new();
-            report(system.block_on(app::run(*args)))
+            let result = system.block_on(app::run(*args));
+            karpenter_capi::logging::flush();
+            report(result)
         }
         #[cfg(feature = "simulator")]
         Command::Simulate(args) => {
@@ -48,7 +50,9 @@ fn main() -> ExitCode {
                 eprintln!("error: {e}");
                 return ExitCode::from(2);
             }
-            match karpenter_capi::simulate::run(*args) {
+            let result = karpenter_capi::simulate::run(*args);
+            karpenter_capi::logging::flush();
+            match result {
                 Ok(ok) if ok => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(1),
                 Err(e) => {

@@ -89,6 +89,11 @@ impl Shadow {
         }
     }
 
+    /// A dry run's shadow: no write is sent (a recording one sends them all).
+    pub fn refuses_writes(&self) -> bool {
+        !self.inner.pass_through
+    }
+
     /// Every write refused (or, recording, sent) so far, in order.
     pub fn intended(&self) -> Vec<Intended> {
         self.inner.intended.lock().clone()

@@ -1046,8 +1046,11 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
     {
         let name = entry.file_name().to_string_lossy().into_owned();
         let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
-        let has_rules = text.lines().any(|l| l.trim_start().starts_with("rules:"))
-            || text.contains("apiGroups:");
+        // A PrometheusRule's `rules:` are alerts, not RBAC.
+        let rbac = !text.contains("kind: PrometheusRule");
+        let has_rules = rbac
+            && (text.lines().any(|l| l.trim_start().starts_with("rules:"))
+                || text.contains("apiGroups:"));
         if has_rules && !known.contains(&name.as_str()) {
             let helper = text.contains("include \"karpenter-capi.workloadRules\"")
                 || text.contains("include \"karpenter-capi.clusterAPIRules\"");

@@ -99,7 +99,7 @@ impl StreamHandler<Result<watcher::Event<Node>, watcher::Error>> for NodeWatcher
                 self.route(provider_id(&n));
                 self.shared.router.disruption_changed();
             }
-            Err(e) => tracing::warn!(error = %e, "Node watch failed; it will re-list"),
+            Err(e) => tracing::warn!(error = %e, watch = "Nodes", "watch failed; it will re-list"),
         }
     }
 }

@@ -134,7 +134,7 @@ impl NodeRepair {
     /// that follows waits for nothing).
     fn repair(&mut self, r: Repair, ctx: &mut Context<Self>) {
         let name = r.claim.name_any();
-        tracing::info!(nodeclaim = %name, node = %r.node, reason = %r.why, "deleting unhealthy node");
+        tracing::info!(nodeclaim = %name, node = %r.node, reason = %r.why, "{}", self.shared.settings.say("deleting unhealthy node", "would delete unhealthy node"));
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
         let stamp = repair::termination_stamp(&r.claim, jiff::Timestamp::now());
         let target = name.clone();

@@ -175,7 +175,7 @@ impl StaticCapacity {
                                     &created,
                                 ))
                                 .inc();
-                            tracing::info!(nodeclaim = %name, nodepool = %pool, "created nodeclaim to hold the static pool's replicas");
+                            tracing::info!(nodeclaim = %name, nodepool = %pool, "{}", act.shared.settings.say("created nodeclaim to hold the static pool's replicas", "would create NodeClaim to hold the static pool's replicas"));
                             act.shared
                                 .state
                                 .claims
@@ -198,7 +198,7 @@ impl StaticCapacity {
         if !self.deleting.insert(claim.clone()) {
             return;
         }
-        tracing::info!(nodeclaim = %claim, nodepool = %pool, "deleting nodeclaim: the static pool holds more than spec.replicas");
+        tracing::info!(nodeclaim = %claim, nodepool = %pool, "{}", self.shared.settings.say("deleting nodeclaim: the static pool holds more than spec.replicas", "would delete NodeClaim: the static pool holds more than spec.replicas"));
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
         ctx.spawn(
             async move {

@@ -215,7 +215,9 @@ impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> f
                 // Pods that waited for this claim may need another.
                 self.shared.router.provisioner_poke();
             }
-            Err(e) => tracing::warn!(error = %e, "NodeClaim watch failed; it will re-list"),
+            Err(e) => {
+                tracing::warn!(error = %e, watch = "NodeClaims", "watch failed; it will re-list")
+            }
         }
     }
 }

@@ -1165,3 +1165,35 @@ fn a_replacement_meets_min_values_with_the_cheaper_types_alone() {
         assert_eq!(cmd.is_some(), replaced, "minValues {min}: {cmd:?}");
     }
 }
+
+/// The metrics' start-up series name every method with the decisions it can take.
+#[test]
+fn the_metrics_declare_every_method_with_its_decisions() {
+    let methods = [
+        Method::Emptiness,
+        Method::Drift,
+        Method::MultiNodeConsolidation,
+        Method::SingleNodeConsolidation,
+    ];
+    let expected: Vec<(String, &str, &[&str])> = methods
+        .iter()
+        .map(|m| {
+            let decisions: &[&str] = match m {
+                Method::Emptiness => &["delete"],
+                Method::Drift
+                | Method::MultiNodeConsolidation
+                | Method::SingleNodeConsolidation => &["delete", "replace"],
+            };
+            (
+                m.reason().as_str().to_lowercase(),
+                m.consolidation_type(),
+                decisions,
+            )
+        })
+        .collect();
+    let declared: Vec<(String, &str, &[&str])> = crate::metrics::DISRUPTION_METHOD_SERIES
+        .iter()
+        .map(|(r, t, d)| (r.to_string(), *t, *d))
+        .collect();
+    assert_eq!(declared, expected);
+}

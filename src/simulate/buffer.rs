@@ -88,7 +88,15 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
     let nodes_before = sim.cluster().store().list("nodes", None).len();
 
     create_buffer(sim, n, cpu, memory).await?;
+    eprintln!("a CapacityBuffer of {n} chunks created; waiting for its nodes");
+    let printer = &super::progress::Progress::new();
     let provisioned = launch::wait_until(sim, args.deadline, || async {
+        if printer.due() {
+            let line = sim
+                .run(|c| async move { launch::progress_line(&c) })
+                .await?;
+            printer.print(&line);
+        }
         sim.run(|c| async move {
             Ok(launch::quiet(&c)
                 && provisioning(&c.store().get("capacitybuffers", launch::NAMESPACE, BUFFER))
@@ -116,7 +124,16 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
     })
     .await??;
     sim.mark("burst created");
+    eprintln!(
+        "a second burst of {n} pods created within the buffer; waiting for them to be bound and the buffer refilled"
+    );
     let settled = launch::wait_until(sim, args.deadline, || async {
+        if printer.due() {
+            let line = sim
+                .run(|c| async move { launch::progress_line(&c) })
+                .await?;
+            printer.print(&line);
+        }
         sim.run(|c| async move {
             let store = c.store();
             let bound = store
@@ -150,8 +167,10 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
         .count();
     let provisioning_at_end =
         provisioning(&store.get("capacitybuffers", launch::NAMESPACE, BUFFER));
+    let mut pods = p.measure();
+    pods.launch.scenario = "buffer".into();
     let report = BufferReport {
-        pods: p.measure(),
+        pods,
         buffer: BufferSection {
             replicas: n,
             nodes_for_buffer,

@@ -197,7 +197,7 @@ async fn wait_gone(
     deadline: Duration,
 ) -> Result<(), Error> {
     let start = Instant::now();
-    let mut last_print = Instant::now();
+    let printer = super::progress::Progress::new();
     loop {
         let store = sim.cluster().store();
         let left = victims
@@ -213,12 +213,8 @@ async fn wait_gone(
                 why: format!("{left} deleted NodeClaims still terminating"),
             });
         }
-        if last_print.elapsed() >= Duration::from_secs(1) {
-            last_print = Instant::now();
-            eprintln!(
-                "  {:>5.1}s  {left} claims still terminating",
-                start.elapsed().as_secs_f64()
-            );
+        if printer.due() {
+            printer.print(&format!("{left} claims still terminating"));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -285,6 +285,12 @@ pub async fn start_controller_shadowed(
     metrics: Arc<Metrics>,
     shadow: Option<crate::shadow::Shadow>,
 ) -> Result<ControllerHandle, Error> {
+    let settings = Settings {
+        dry_run: shadow
+            .as_ref()
+            .is_some_and(crate::shadow::Shadow::refuses_writes),
+        ..settings
+    };
     let options = crate::app::ClientOptions {
         throttled: Some(metrics.api_throttled.clone()),
         shadow,

@@ -19,6 +19,20 @@ pub fn is_pool(scalable: ScalableArg, i: usize) -> bool {
     }
 }
 
+/// `n` node groups of the kind `--scalable` asks for, as progress lines name them:
+/// "3 MachinePools", not "3 MachineDeployments", when they are MachinePools.
+pub fn named(scalable: ScalableArg, n: usize) -> String {
+    let (one, many) = match scalable {
+        ScalableArg::Machinedeployments => ("MachineDeployment", "MachineDeployments"),
+        ScalableArg::Machinepools => ("MachinePool", "MachinePools"),
+        ScalableArg::Mixed => (
+            "node group (a MachineDeployment or a MachinePool)",
+            "node groups (MachineDeployments and MachinePools)",
+        ),
+    };
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Creates node group `i` from `seed` (a MachineDeployment seed named `md-<i>`): the
 /// MachineDeployment itself, or a MachinePool `mp-<i>` with the same annotations and labels.
 pub async fn create(

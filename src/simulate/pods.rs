@@ -525,7 +525,10 @@ pub async fn create_deployments(
 ) -> Result<(), Error> {
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let (n, k) = (args.pods, args.deployments.max(1));
-    eprintln!("creating {n} pending pods in {k} Deployments over {mds} MachineDeployment sizes");
+    eprintln!(
+        "creating {n} pending pods in {k} Deployments over {} (one size each)",
+        super::node_groups::named(args.scalable, mds)
+    );
     sim.run(move |c| async move {
         for d in 0..k {
             let count = n / k + usize::from(d < n % k);

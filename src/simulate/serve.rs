@@ -63,8 +63,9 @@ async fn create_workload(sim: &BackgroundSim, args: &SimulateArgs) -> Result<(),
             let pool = launch::seed(sim, args).await?;
             let mds = args.machine_deployments.max(1);
             eprintln!(
-                "creating {} NodeClaims over {mds} MachineDeployments",
-                args.claims
+                "creating {} NodeClaims over {}",
+                args.claims,
+                super::node_groups::named(args.scalable, mds)
             );
             launch::create_claims_on(sim, pool, args.claims, mds).await
         }

@@ -41,8 +41,9 @@ pub async fn stand_up(
         false => Some(start_controller(sim, sim_settings(None), Metrics::new()).await?),
     };
     eprintln!(
-        "standing up {} Nodes over {mds} MachineDeployments",
-        args.nodes
+        "standing up {} Nodes over {}",
+        args.nodes,
+        super::node_groups::named(args.scalable, mds)
     );
     // In batches, each settled before the next: one burst of thousands of claims runs into
     // the controller's create timeout on a small machine and loses claims.

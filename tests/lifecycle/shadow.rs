@@ -4,6 +4,7 @@
 //! state (recorded by the same layer, `Shadow::recording`).
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -141,6 +142,10 @@ fn controller_writes(env: &Env, since: u64) -> Vec<String> {
 
 /// Three MachineDeployments and `PODS` pending pods; no controller yet.
 async fn pending() -> Env {
+    pending_pods(PODS).await
+}
+
+async fn pending_pods(pods: usize) -> Env {
     let (sim, pool) = Env::builder()
         .cluster(standin_cluster(CapiVersion::V1Beta2))
         .seeds((0..3).map(|i| seed_of(i, 400)).collect())
@@ -152,9 +157,101 @@ async fn pending() -> Env {
         metrics: Metrics::new(),
         controller: None,
     };
-    env.deployment("web", PODS, PodShape::new("100m", "128Mi"))
+    env.deployment("web", pods, PodShape::new("100m", "128Mi"))
         .await;
     env
+}
+
+/// What the controller logs on this thread (its actors run on the test's System), at info.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Captures until the guard is dropped.
+    fn start(&self) -> tracing::subscriber::DefaultGuard {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+/// The lines of a dry run's log that read as done: a dry run must say what it would do.
+fn said_as_done(log: &str) -> Vec<&str> {
+    // Each as it follows the target (`...::writes: replicas written`).
+    const DONE: &[&str] = &[
+        ": created nodeclaim",
+        ": replicas written",
+        ": machine marked for deletion",
+        ": disrupting",
+        ": tainted node",
+        "; deleting its NodeClaim",
+        ": terminated",
+        ": deleting",
+        ": adopting",
+    ];
+    log.lines()
+        .filter(|l| DONE.iter().any(|d| l.contains(d)))
+        .collect()
+}
+
+#[actix::test]
+async fn a_shadow_run_logs_its_decisions_as_not_carried_out() {
+    let log = Captured::default();
+    let _capture = log.start();
+    let mut env = pending_pods(20).await;
+    let shadow = Shadow::new(None).expect("shadow");
+    env.controller = Some(
+        start_controller_shadowed(
+            &env.sim,
+            sim_settings(None),
+            env.metrics.clone(),
+            Some(shadow.clone()),
+        )
+        .await
+        .expect("shadow controller"),
+    );
+    eventually_within(
+        LAUNCH,
+        Duration::from_millis(200),
+        "the shadow run's replica write in its log",
+        || std::future::ready(log.text().contains("would write replicas").then_some(())),
+        || log.text(),
+    )
+    .await;
+    let text = log.text();
+    assert!(text.contains("would create NodeClaim"), "{text}");
+    let done = said_as_done(&text);
+    assert!(
+        done.is_empty(),
+        "a dry run logged writes as made: {done:#?}"
+    );
 }
 
 #[actix::test]
@@ -280,6 +377,8 @@ fn settings() -> karpenter_capi::actors::Settings {
 async fn a_shadow_consolidation_writes_nothing_and_decides_what_a_real_run_does() {
     let mut env = consolidatable().await;
     let since = env.sim.cluster().stats().now_ms();
+    let log = Captured::default();
+    let capture = log.start();
     let shadow = Shadow::new(None).expect("shadow");
     env.controller = Some(
         start_controller_shadowed(
@@ -307,6 +406,14 @@ async fn a_shadow_consolidation_writes_nothing_and_decides_what_a_real_run_does(
     if let Some(c) = env.controller.take() {
         c.stop();
     }
+    drop(capture);
+    let text = log.text();
+    assert!(text.contains("would disrupt"), "{text}");
+    let done = said_as_done(&text);
+    assert!(
+        done.is_empty(),
+        "a dry run logged writes as made: {done:#?}"
+    );
     let decided = decisions(&shadow);
 
     // The same state, allowed to write, recorded.

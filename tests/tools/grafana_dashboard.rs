@@ -1,8 +1,8 @@
 //! deploy/grafana/karpenter-capi.json against the controller: every metric any panel or variable
 //! queries is one the controller exposes on /metrics (read over HTTP from a controller that
-//! provisioned pods on the simulated cluster; families still without series, which the encoding
-//! leaves out, are checked against the registry's declared names), and the dashboard covers
-//! what operators watch.
+//! provisioned pods on the simulated cluster; families still without series, which /metrics
+//! shows by their HELP and TYPE lines only, are checked against the registry's declared series
+//! names), and the dashboard covers what operators watch.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -212,8 +212,9 @@ async fn every_metric_the_dashboard_queries_is_on_metrics() {
 
     let text = get_metrics(addr).await;
     let sampled = sampled(&text);
-    // /metrics leaves out families without series yet (no disruption happened here), so the
-    // registry's declared names stand in for those; whatever has samples is declared.
+    // Families without series yet (no disruption happened here) show only their HELP and TYPE
+    // lines, under the family's name, so the registry's declared series names stand in for
+    // those; whatever has samples is declared.
     assert!(
         sampled.is_subset(&declared),
         "undeclared: {:?}",

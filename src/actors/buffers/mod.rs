@@ -558,7 +558,7 @@ impl Buffers {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "capacity buffer watch failed; it will re-list");
+                tracing::warn!(error = %e, watch = "CapacityBuffers", "watch failed; it will re-list");
             }
         }
     }

@@ -182,7 +182,7 @@ impl StreamHandler<OverlayEvent> for Catalog {
             Err(e) => {
                 // Without the NodeOverlay CRD the list fails for good: the catalog goes on
                 // without overlays rather than never activating.
-                tracing::warn!(error = %e, "NodeOverlay watch failed; retrying");
+                tracing::warn!(error = %e, watch = "NodeOverlays", "watch failed; it will re-list");
                 if self.overlays_synced {
                     return;
                 }

@@ -22,7 +22,7 @@ impl Disruption {
                 return;
             }
         };
-        tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), in_flight = self.executing.len() + 1, "disrupting");
+        tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), in_flight = self.executing.len() + 1, "{}", self.shared.settings.say("disrupting", "would disrupt"));
         // Ours from the first write on: the next pass must not roll the taints back.
         let id = self.next_id;
         self.next_id += 1;

@@ -411,7 +411,7 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
         .get_or_create(&CreatedLabels::of("rollout", pool, &created))
         .inc();
     let name = created.name_any();
-    tracing::info!(nodeclaim = %name, replaces = %old_name, "a Cluster API rollout made a fresh Machine: replacing the outdated one's claim");
+    tracing::info!(nodeclaim = %name, replaces = %old_name, "{}", shared.settings.say("a Cluster API rollout made a fresh Machine: replacing the outdated one's claim", "a Cluster API rollout made a fresh Machine: would replace the outdated one's claim"));
     shared.events.normal(
         old.object_ref(&()),
         "RolloutReplacement",

@@ -615,7 +615,7 @@ async fn housekeeping(shared: &Shared, view: view::View) {
         }
     }
     for (node, claim) in &view.stale {
-        tracing::info!(node = %node.name_any(), nodeclaim = %claim.name_any(), "removing a disruption mark no command owns");
+        tracing::info!(node = %node.name_any(), nodeclaim = %claim.name_any(), "{}", shared.settings.say("removing a disruption mark no command owns", "would remove a disruption mark no command owns"));
         if let Err(e) = execute::unmark(shared, claim, node).await {
             tracing::warn!(node = %node.name_any(), error = %e, "rolling back a disruption mark failed");
         }

@@ -361,7 +361,7 @@ impl Step {
         {
             Metrics::observe(&m.provider_id_to_claim_seconds, md, seen.elapsed());
         }
-        tracing::info!(nodeclaim = %self.name(), machine = ?mk, provider_id = %pid, machine_deployment = %md, "launched");
+        tracing::info!(nodeclaim = %self.name(), machine = mk.as_deref(), provider_id = %pid, machine_deployment = %md, "launched");
         Ok(Next::Continue(updated))
     }
 }

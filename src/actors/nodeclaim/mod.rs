@@ -407,7 +407,7 @@ impl Step {
             && n.metadata.deletion_timestamp.is_some()
             && n.finalizers().iter().any(|f| f == TERMINATION_FINALIZER)
         {
-            tracing::info!(nodeclaim = %self.name(), node = %n.name_any(), "node deleted; deleting its NodeClaim");
+            tracing::info!(nodeclaim = %self.name(), node = %n.name_any(), "{}", self.shared.settings.say("node deleted; deleting its NodeClaim", "node deleted; would delete its NodeClaim"));
             self.delete_claim().await?;
             return Ok(Next::Wait(None));
         }
@@ -552,7 +552,7 @@ impl Step {
         else {
             return Ok(None);
         };
-        tracing::info!(nodeclaim = %self.name(), machine_deployment = %md, "adopting the NodeClaim");
+        tracing::info!(nodeclaim = %self.name(), machine_deployment = %md, "{}", self.shared.settings.say("adopting the NodeClaim", "would adopt the NodeClaim"));
         let mut p = JsonPatch::guarded(c.resource_version().as_deref());
         if !has_finalizer(&c) {
             let mut finalizers = c.finalizers().to_vec();

@@ -255,7 +255,7 @@ impl Step {
         }
         observe_terminated(&self.shared, c);
         self.terminated = true;
-        tracing::info!(nodeclaim = %self.name(), "terminated");
+        tracing::info!(nodeclaim = %self.name(), "{}", self.shared.settings.say("terminated", "would have terminated (finalizer not removed)"));
         Ok(Next::Done)
     }
 

@@ -278,13 +278,13 @@ impl Provisioner {
                     // Capacity made twice for the same pods: what the solver's nominated pass
                     // prevents.
                     self.shared.metrics.extra_nodeclaims.inc();
-                    tracing::warn!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "a new claim is made for a pod an earlier solve planned onto a claim still in flight");
+                    tracing::warn!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "{}", self.shared.settings.say("a new claim is made for a pod an earlier solve planned onto a claim still in flight", "would make a new claim for a pod an earlier solve planned onto a claim still in flight"));
                 }
                 Some(Elsewhere::Registered { pod, claim }) => {
                     // The scheduler bound other pods to the Node planned for this one (it does
                     // not follow our plans; upstream's neither).
                     self.shared.metrics.replanned_nodeclaims.inc();
-                    tracing::info!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "a new claim is made for a pod whose planned Node took other pods");
+                    tracing::info!(nodepool = %new.nodepool, pod = %pod, planned_on = %claim, "{}", self.shared.settings.say("a new claim is made for a pod whose planned Node took other pods", "would make a new claim for a pod whose planned Node took other pods"));
                 }
                 None => {}
             }
@@ -387,7 +387,7 @@ impl Provisioner {
                                     &created,
                                 ))
                                 .inc();
-                            tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "created nodeclaim");
+                            tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "{}", act.shared.settings.say("created nodeclaim", "would create NodeClaim"));
                             tracing::debug!(nodeclaim = %created.name_any(), pods = ?pods, "the pods the new claim is for");
                             // Into the index in the same turn it leaves `creating`, so no solve
                             // ever misses it.

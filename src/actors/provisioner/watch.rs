@@ -126,7 +126,7 @@ impl StreamHandler<Watched> for Provisioner {
                 }
             },
             Watched::Pod(Err(e)) | Watched::DaemonSet(Err(e)) => {
-                tracing::warn!(error = %e, "pod or daemonset watch failed; it will re-list");
+                tracing::warn!(error = %e, watch = "Pods, DaemonSets", "watch failed; it will re-list");
             }
         }
     }

@@ -28,7 +28,6 @@ use self::plan::Snapshot;
 use super::backoff::Backoff;
 use super::messages::{CancelRequest, Poke, Rejection, ReleaseMachine, RequestMachine, Stop};
 use super::{Error, Shared};
-use crate::capi::autoscaler;
 use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::scalable::ScalableRef;
 use crate::metrics::Metrics;
@@ -249,7 +248,8 @@ impl Scaler {
         if instances {
             Self::instance_plan(&mut plan);
         }
-        if autoscaler::paused(&inputs.md) {
+        let paused = self.shared.state.deployments.read().paused(&inputs.md);
+        if paused {
             self.hold_while_paused(&mut plan, &inputs.waiting);
         }
         for machine in &inputs.spent {
@@ -323,7 +323,7 @@ impl Scaler {
         if let Some(managed) = inputs.adopt_managed {
             if !self.writing {
                 let spec = inputs.md.spec_replicas.unwrap_or(0);
-                tracing::info!(machine_deployment = %self.md, replicas = spec, managed, "adopting the MachineDeployment");
+                tracing::info!(machine_deployment = %self.md, replicas = spec, managed, "{}", self.shared.settings.say("adopting the MachineDeployment", "would adopt the MachineDeployment"));
                 let w = plan::ReplicaWrite {
                     from: spec,
                     to: spec,
@@ -337,7 +337,7 @@ impl Scaler {
             return true;
         }
         for (machine, claim) in &inputs.adopted {
-            tracing::info!(nodeclaim = %claim, machine = %machine, "adopting the Machine");
+            tracing::info!(nodeclaim = %claim, machine = %machine, "{}", self.shared.settings.say("adopting the Machine", "would adopt the Machine"));
             self.bind(claim.clone(), machine.clone(), ctx);
         }
         false
@@ -350,7 +350,7 @@ impl Scaler {
     /// lifts.
     fn hold_while_paused(&mut self, plan: &mut plan::Plan, waiting: &[String]) {
         if plan.write.take().is_some() || !plan.release.is_empty() {
-            tracing::debug!(machine_deployment = %self.md, "paused (cluster.x-k8s.io/paused or spec.paused): no replica write");
+            tracing::debug!(machine_deployment = %self.md, "paused (cluster.x-k8s.io/paused or spec.paused, on it or its Cluster): no replica write");
         }
         plan.release.clear();
         plan.delete_directly.clear();

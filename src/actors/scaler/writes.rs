@@ -209,7 +209,7 @@ impl Scaler {
             act.releasing.remove(&machine_key);
             match result {
                 Ok(updated) => {
-                    tracing::info!(machine = %machine_key, machine_deployment = %act.md, "machine marked for deletion");
+                    tracing::info!(machine = %machine_key, machine_deployment = %act.md, "{}", act.shared.settings.say("machine marked for deletion", "would mark the Machine for deletion"));
                     act.backoff.reset();
                     act.to_release.remove(&machine_key);
                     act.shared.state.machines.write().apply_response(updated);
@@ -317,7 +317,7 @@ impl Scaler {
     ) {
         self.writing = false;
         self.backoff.reset();
-        tracing::info!(machine_deployment = %self.md, from = w.from, to = w.to, managed = w.managed_to, "replicas written");
+        tracing::info!(machine_deployment = %self.md, from = w.from, to = w.to, managed = w.managed_to, "{}", self.shared.settings.say("replicas written", "would write replicas"));
         let generation = updated.generation;
         if w.delta() != 0 {
             self.last_write = Some(super::effect::LastWrite {

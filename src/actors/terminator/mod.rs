@@ -216,7 +216,7 @@ impl Terminator {
                 .drain_seconds
                 .get_or_create(&pool)
                 .observe(entry.started.elapsed().as_secs_f64());
-            tracing::info!(node = %node_name, nodeclaim = %entry.claim, "node drained");
+            tracing::info!(node = %node_name, nodeclaim = %entry.claim, "{}", self.shared.settings.say("node drained", "would have drained the node (no pod evicted)"));
             self.shared.router.kick_claim(&entry.claim);
         }
     }
@@ -434,7 +434,7 @@ impl Terminator {
             }
             match result {
                 Ok(_) => {
-                    tracing::info!(node = %name, "tainted node {DISRUPTED_TAINT_KEY}:NoSchedule");
+                    tracing::info!(node = %name, "{} {DISRUPTED_TAINT_KEY}:NoSchedule", act.shared.settings.say("tainted node", "would taint node"));
                     // One backoff serves every node: a success starts it over, so failures
                     // long ago do not stretch the next node's retry.
                     act.retry.reset();
