@@ -271,17 +271,26 @@ impl CapiWatcher {
         }
     }
 
-    /// Clusters, to follow their pause: only the one named by `--cluster-name` when set.
+    /// Clusters, to follow their pause (only the one named by `--cluster-name` when set), once
+    /// discovery says they are served: without them no Cluster can be paused.
     fn watch_clusters(&self, ctx: &mut Context<Self>) {
-        let cfg = watcher::Config::default();
-        let cfg = match &self.shared.settings.cluster_name {
-            Some(c) => cfg.fields(&format!("metadata.name={c}")),
-            None => cfg,
-        };
-        let clusters = watcher(self.api(&self.shared.capi_version.cluster()), cfg)
-            .default_backoff()
-            .map(CapiEvent::Cluster);
-        ctx.add_stream(clusters);
+        let (client, v) = (self.shared.management.clone(), self.shared.capi_version);
+        let served = async move { version::serves_clusters(&client, v).await };
+        ctx.spawn(served.into_actor(self).map(|served, act, ctx| match served {
+            Ok(true) => {
+                let cfg = watcher::Config::default();
+                let cfg = match &act.shared.settings.cluster_name {
+                    Some(c) => cfg.fields(&format!("metadata.name={c}")),
+                    None => cfg,
+                };
+                let clusters = watcher(act.api(&act.shared.capi_version.cluster()), cfg)
+                    .default_backoff()
+                    .map(CapiEvent::Cluster);
+                ctx.add_stream(clusters);
+            }
+            Ok(false) => tracing::info!("Clusters are not served; following MachineDeployments' own pause only"),
+            Err(e) => tracing::warn!(error = %e, "Cluster discovery failed; following MachineDeployments' own pause only"),
+        }));
     }
 
     /// Watches MachinePools once discovery says they are served; without them (or when

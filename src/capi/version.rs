@@ -152,11 +152,21 @@ pub async fn serves_machine_pools(
     client: &kube::Client,
     version: CapiVersion,
 ) -> Result<bool, Error> {
+    serves(client, version, "machinepools").await
+}
+
+/// Whether the management cluster serves Clusters at `version` (Cluster API always does; a
+/// cluster with only the scalable kinds' CRDs does not).
+pub async fn serves_clusters(client: &kube::Client, version: CapiVersion) -> Result<bool, Error> {
+    serves(client, version, "clusters").await
+}
+
+async fn serves(client: &kube::Client, version: CapiVersion, plural: &str) -> Result<bool, Error> {
     match client
         .list_api_group_resources(&version.api_version())
         .await
     {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "machinepools")),
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == plural)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(Error::Discovery(e)),
     }

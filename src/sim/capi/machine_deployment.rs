@@ -189,9 +189,25 @@ impl Inner {
         let Some(name) = md.data.pointer("/spec/clusterName").and_then(Value::as_str) else {
             return Ok(false);
         };
-        let clusters = self.api(&self.cfg.version.cluster(), ns);
-        let Some(cluster) = clusters.get_opt(name).await? else {
+        let served = *self
+            .clusters_served
+            .get_or_init(|| async {
+                self.client
+                    .list_api_group_resources(&self.cfg.version.api_version())
+                    .await
+                    .is_ok_and(|l| l.resources.iter().any(|r| r.name == "clusters"))
+            })
+            .await;
+        if !served {
             return Ok(false);
+        }
+        let clusters = self.api(&self.cfg.version.cluster(), ns);
+        // Not found, or Clusters not served at all (a control plane with only the scalable
+        // kinds' CRDs): no Cluster to pause anything.
+        let cluster = match clusters.get(name).await {
+            Ok(c) => c,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+            Err(e) => return Err(e),
         };
         let spec_paused = cluster
             .data

@@ -62,9 +62,6 @@ pub enum ProviderIdStyle {
     Vsphere,
 }
 
-/// How long after a MachineDeployment event the stand-in reconciles it (see the watch).
-const SPEC_EVENT_LATENCY: Duration = Duration::from_millis(150);
-
 #[derive(Clone, Debug)]
 pub struct CapiConfig {
     pub version: CapiVersion,
@@ -143,6 +140,9 @@ struct Inner {
     sets: Store<DynamicObject>,
     /// Signalled after either cache applied a watch event.
     cache_changed: Notify,
+    /// Whether the API server serves Clusters (asked once): where it does not (a control plane
+    /// with only the scalable kinds' CRDs), no Cluster is read on each reconcile.
+    clusters_served: tokio::sync::OnceCell<bool>,
     shutdown: Shutdown,
 }
 
@@ -192,6 +192,7 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> (Vec<JoinHa
         launching: Mutex::new(HashMap::new()),
         pool_instance_specs: Mutex::new(HashMap::new()),
         available: Mutex::new(HashMap::new()),
+        clusters_served: tokio::sync::OnceCell::new(),
         shutdown,
     });
     let caches = Caches {
@@ -207,17 +208,9 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> (Vec<JoinHa
         inner.shutdown.clone(),
         move |event| {
             if let Some(md) = applied_or_deleted(event) {
-                let work = Work::Deployment {
+                me.queue.push(Work::Deployment {
                     ns: md.namespace().unwrap_or_default(),
                     name: md.name_any(),
-                };
-                // Real Cluster API reconciles a changed MachineDeployment well after the
-                // write (informer, queue, its own reads) and reads the spec then: two replica
-                // writes closer than that read as one, and the first is never acted on.
-                let me = me.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(SPEC_EVENT_LATENCY).await;
-                    me.queue.push(work);
                 });
             }
         },
