@@ -200,8 +200,17 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
             ));
             continue;
         }
-        let machine = recorded_deployment(c).and_then(|_| machines.bound_to(&name).ok().flatten());
-        let md = recorded_deployment(c).unwrap_or_default();
+        // A claim another provisioner launched names no MachineDeployment of ours until its
+        // adoption lands: read as one on no selected MachineDeployment it would drift, so it
+        // waits for that write.
+        let Some(md) = recorded_deployment(c) else {
+            view.skipped.push((
+                name,
+                "its MachineDeployment is not recorded yet (its adoption is under way)",
+            ));
+            continue;
+        };
+        let machine = machines.bound_to(&name).ok().flatten();
         let nodeclass = &c.spec.node_class_ref.name;
         // Only under OnDelete is an outdated Machine ours to replace; under RollingUpdate
         // Cluster API replaces it itself (and the Scaler lets the new claims adopt the fresh

@@ -336,16 +336,6 @@ fn assert_untouched_and_go_readable(env: &Env, left: &Left) {
 async fn the_go_providers_claims_are_adopted_without_a_replica_write_a_deletion_or_a_drift(
     backend: Backend,
 ) {
-    if backend == Backend::Real {
-        // A regression found at the end of the 2026-11-29 session and not yet understood: on
-        // the real control plane the adopted go-c (md-1) is drifted and deleted about 120 ms
-        // after its adoption (4 runs of 4); the simulated variant passes. Disabled so the rest
-        // lands; tracked on issue 37 (adoption) as the first thing to fix.
-        eprintln!(
-            "SKIPPED (known regression, issue 37): the real-backend adoption of the Go provider's claims"
-        );
-        return;
-    }
     let mut env = seeded(backend).await;
     let left = left_by_the_go_provider(&env).await;
     // Disruption passes every 200 ms: a drift of the adopted claims would show within the
