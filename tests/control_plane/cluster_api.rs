@@ -289,6 +289,19 @@ fn footprint(cluster: &karpenter_capi::sim::cluster::SimCluster) -> (Vec<(String
     (pids, ports)
 }
 
+/// A flow's end: Cluster API's manager and the control plane run and listen while the run is
+/// kept, and nothing of them is left once it is dropped and the processes stopped.
+fn stops_leaving_nothing(
+    cluster: &karpenter_capi::sim::cluster::SimCluster,
+    kept: karpenter_capi::simulate::Kept,
+) {
+    let (pids, ports) = footprint(cluster);
+    assert_footprint(&pids, &ports, true);
+    drop(kept);
+    cluster.stop_processes();
+    assert_footprint(&pids, &ports, false);
+}
+
 fn assert_footprint(pids: &[(String, u32)], ports: &[u16], running: bool) {
     for (binary, pid) in pids {
         assert_eq!(alive(*pid, binary), running, "{binary} ({pid}) running");
@@ -340,11 +353,7 @@ async fn the_launch_flow_runs_on_real_cluster_api() {
     assert_eq!(report.machines.bound, 10, "{report}");
     report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
     assert_cluster_api_did_its_part(&cluster, 10).await;
-    let (pids, ports) = footprint(&cluster);
-    assert_footprint(&pids, &ports, true);
-    drop(kept);
-    cluster.stop_processes();
-    assert_footprint(&pids, &ports, false);
+    stops_leaving_nothing(&cluster, kept);
 }
 
 /// `simulate --control-plane real --cluster-api real --cluster-api-version v1beta1 --scenario
@@ -398,11 +407,7 @@ async fn the_pods_flow_runs_on_real_cluster_api_v1beta1() {
             .all(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some())),
         "every pod bound"
     );
-    let (pids, ports) = footprint(&cluster);
-    assert_footprint(&pids, &ports, true);
-    drop(kept);
-    cluster.stop_processes();
-    assert_footprint(&pids, &ports, false);
+    stops_leaving_nothing(&cluster, kept);
 }
 
 /// `simulate --control-plane real --cluster-api real --scenario drain --pods 60 --deployments 4`
@@ -450,11 +455,7 @@ async fn the_drain_flow_runs_on_real_cluster_api() {
     assert_eq!(report.pods.pods.unschedulable, 0, "{report}");
     report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
-    let (pids, ports) = footprint(&cluster);
-    assert_footprint(&pids, &ports, true);
-    drop(kept);
-    cluster.stop_processes();
-    assert_footprint(&pids, &ports, false);
+    stops_leaving_nothing(&cluster, kept);
 }
 
 /// `simulate --control-plane real --cluster-api real --scenario consolidate --pods 60
@@ -506,11 +507,7 @@ async fn the_consolidate_flow_runs_on_real_cluster_api() {
     assert_eq!(d.pods_unbound_at_end, 0, "{report}");
     report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
-    let (pids, ports) = footprint(&cluster);
-    assert_footprint(&pids, &ports, true);
-    drop(kept);
-    cluster.stop_processes();
-    assert_footprint(&pids, &ports, false);
+    stops_leaving_nothing(&cluster, kept);
 }
 
 /// `simulate --control-plane real --cluster-api real --scenario drift` (v1.14.2, the default
@@ -561,11 +558,7 @@ async fn the_drift_flow_runs_on_real_cluster_api() {
     assert_eq!(rollout.budget_violations, 0, "{report}");
     report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
-    let (pids, ports) = footprint(&cluster);
-    assert_footprint(&pids, &ports, true);
-    drop(kept);
-    cluster.stop_processes();
-    assert_footprint(&pids, &ports, false);
+    stops_leaving_nothing(&cluster, kept);
 }
 
 /// `simulate --control-plane real --cluster-api real --scenario expire --pods 40 --deployments
@@ -610,9 +603,5 @@ async fn the_expire_flow_runs_on_real_cluster_api() {
     assert_eq!(d.pods_unbound_at_end, 0, "{report}");
     report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
-    let (pids, ports) = footprint(&cluster);
-    assert_footprint(&pids, &ports, true);
-    drop(kept);
-    cluster.stop_processes();
-    assert_footprint(&pids, &ports, false);
+    stops_leaving_nothing(&cluster, kept);
 }
