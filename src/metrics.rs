@@ -1,19 +1,23 @@
 //! Every metric in one place. Names follow Karpenter's where the meaning is the same (so existing
 //! dashboards keep working) and add the Cluster API ones under `karpenter_capi_`.
 //!
-//! Counters are registered without the `_total` suffix: prometheus-client appends it.
+//! Counters are registered without the `_total` suffix: prometheus-client appends it. What a
+//! fresh /metrics shows before the first event is `declared`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::{Metric, Registry};
+use prometheus_client::registry::Registry;
+
+mod declared;
+pub use declared::DISRUPTION_METHOD_SERIES;
+use declared::Registering;
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
@@ -167,16 +171,6 @@ pub struct PoolReasonLabels {
     pub reason: String,
 }
 
-/// The disruption methods' `reason` and `consolidation_type` labels with the decisions each can
-/// take: (reason, consolidation type, decisions). Kept here, below `disruption` in the layers;
-/// `disruption::tests` checks it against the methods.
-pub const DISRUPTION_METHOD_SERIES: &[(&str, &str, &[&str])] = &[
-    ("empty", "empty", &["delete"]),
-    ("drifted", "", &["delete", "replace"]),
-    ("underutilized", "multi", &["delete", "replace"]),
-    ("underutilized", "single", &["delete", "replace"]),
-];
-
 /// Which write of a disruption command: taint, mark, create, delete.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteKindLabels {
@@ -292,6 +286,8 @@ metrics! {
     replica_write_batch: HistogramFamily<MdLabels> = Family::new_with_constructor(batch_histogram), "karpenter_capi_replica_write_batch_size", "Machine requests covered by one replica write";
     replica_writes: Family<WriteLabels, Counter>, "karpenter_capi_replica_writes", "Replica writes by result (ok, conflict, error)";
     scaler_queue_depth: Family<MdLabels, Gauge>, "karpenter_capi_scaler_queue_depth", "Machine requests waiting in a MachineDeployment's scaler";
+    handed_back_instances: Family<MdLabels, Gauge>, "karpenter_capi_handed_back_instances", "Running instances of a MachinePool without MachinePool Machines that deleted claims handed back to it (the next claim on the pool takes one back)";
+    handed_back_price: Family<MdLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_capi_handed_back_instances_price", "Summed price (the pool's price annotation per instance) of the handed-back instances still running";
     scaler_spent_decrements: Family<MdLabels, Counter>, "karpenter_capi_scaler_spent_decrements", "Replica decrements Cluster API spent on another Machine than the one we marked (made again)";
     api_errors: Family<ApiErrorLabels, Counter>, "karpenter_capi_api_errors", "Kubernetes API errors by verb and resource";
     api_throttled: Family<ApiErrorLabels, Counter>, "karpenter_capi_api_throttled_requests", "Kubernetes API requests the server answered 429 or 503 with Retry-After, by verb and resource";
@@ -362,94 +358,6 @@ impl Metrics {
         m.declared = std::mem::take(&mut r.declared);
         m.registry = registry;
         Arc::new(m)
-    }
-
-    /// Creates, at zero, every series whose labels come from a fixed list, so that they are on
-    /// /metrics before the first event: `rate()` and `increase()` count that event (Prometheus
-    /// cannot count the step of a series that appears already at 1), dashboards draw a line from
-    /// the start and the alerts of the chart's PrometheusRule see them. Families labelled by a
-    /// NodePool, MachineDeployment, API verb and resource, watch or response code get series on
-    /// first use only (docs/operations.md lists them); their HELP and TYPE lines are there from
-    /// the start all the same.
-    fn declare_bounded_series(&mut self) {
-        // Both exist from the start, as upstream declares them: this controller bounds its
-        // consolidation searches by count, not time, so they stay at zero.
-        for t in ["multi", "single"] {
-            self.disruption_consolidation_timeouts
-                .get_or_create(&ConsolidationTypeLabels {
-                    consolidation_type: t.into(),
-                })
-                .inc_by(0);
-        }
-        // The callers of `reconcile_timeout`: the NodeClaim actor and the scaler.
-        for controller in ["nodeclaim", "scaler"] {
-            self.reconcile_timeouts
-                .get_or_create(&ControllerLabels {
-                    controller: controller.into(),
-                })
-                .inc_by(0);
-        }
-        // The writes of a disruption command (`persist_counted`'s callers).
-        for write in ["taint", "mark", "create", "delete"] {
-            let labels = WriteKindLabels {
-                write: write.into(),
-            };
-            self.disruption_write_retries
-                .get_or_create(&labels)
-                .inc_by(0);
-            self.disruption_write_backoff
-                .get_or_create(&labels)
-                .inc_by(0.0);
-        }
-        for cause in ["budget", "error"] {
-            self.eviction_backoff
-                .get_or_create(&CauseLabels {
-                    cause: cause.into(),
-                })
-                .inc_by(0.0);
-        }
-        // Histograms: creating the series is enough, every bucket starts at zero.
-        for stage in ["mark", "launch", "initialize", "delete"] {
-            drop(self.disruption_stage_seconds.get_or_create(&StageLabels {
-                stage: stage.into(),
-            }));
-        }
-        for method in ["Create", "Delete"] {
-            drop(self.cloudprovider_duration.get_or_create(&MethodLabels {
-                method: method.into(),
-            }));
-        }
-        // What a disruption pass publishes for each reason (`publish_metrics`).
-        for reason in ["empty", "drifted", "underutilized"] {
-            self.disruption_eligible_nodes
-                .get_or_create(&ReasonLabels {
-                    reason: reason.into(),
-                })
-                .set(0);
-        }
-        // Every disruption method's labels with the decisions it can take (emptiness never
-        // replaces); `disruption`'s tests hold this list to its methods.
-        for (reason, consolidation_type, decisions) in DISRUPTION_METHOD_SERIES {
-            let (reason, consolidation_type) = (reason.to_string(), *consolidation_type);
-            for decision in decisions.iter() {
-                let labels = DecisionLabels {
-                    decision: (*decision).into(),
-                    reason: reason.clone(),
-                    consolidation_type: consolidation_type.into(),
-                };
-                self.disruption_decisions.get_or_create(&labels).inc_by(0);
-                self.disruption_queue_failures
-                    .get_or_create(&labels)
-                    .inc_by(0);
-            }
-            drop(
-                self.disruption_evaluation_seconds
-                    .get_or_create(&EvaluationLabels {
-                        reason: reason.clone(),
-                        consolidation_type: consolidation_type.into(),
-                    }),
-            );
-        }
     }
 
     /// The names of every series /metrics can carry (`_total` of counters, `_bucket`, `_sum`
@@ -531,48 +439,6 @@ impl Metrics {
                 resource: resource.to_string(),
             })
             .inc();
-    }
-}
-
-/// The registry being filled, remembering each family's series names as it goes.
-struct Registering<'a> {
-    registry: &'a mut Registry,
-    declared: Vec<String>,
-}
-
-impl Registering<'_> {
-    fn register(&mut self, name: &str, help: &str, metric: impl Metric) {
-        let suffixes: &[&str] = match metric.metric_type() {
-            MetricType::Counter => &["_total"],
-            MetricType::Histogram => &["_bucket", "_sum", "_count"],
-            MetricType::Info => &["_info"],
-            _ => &[""],
-        };
-        self.declared
-            .extend(suffixes.iter().map(|s| format!("{name}{s}")));
-        self.registry.register(name, help, Declared(metric));
-    }
-}
-
-/// A registered metric whose HELP and TYPE lines are encoded even while it has no series.
-/// prometheus-client leaves a family without series out of the exposition altogether, so a
-/// fresh controller's /metrics would not name it: dashboards would find nothing to query and an
-/// alert could not tell "no controller" from "nothing happened yet". OpenMetrics allows a family
-/// of no samples.
-#[derive(Debug)]
-struct Declared<M>(M);
-
-impl<M: EncodeMetric> EncodeMetric for Declared<M> {
-    fn encode(&self, encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        self.0.encode(encoder)
-    }
-
-    fn metric_type(&self) -> MetricType {
-        self.0.metric_type()
-    }
-
-    fn is_empty(&self) -> bool {
-        false
     }
 }
 
@@ -660,59 +526,6 @@ mod tests {
             assert_eq!(g, w, "line {} of the exposition differs", i + 1);
         }
         assert_eq!(got.lines().count(), want.lines().count(), "{got}");
-    }
-
-    /// A fresh controller's /metrics names every family (HELP and TYPE), and every family
-    /// whose labels come from a fixed list already has its series, at zero.
-    #[test]
-    fn every_family_is_declared_from_the_start() {
-        let m = Metrics::new();
-        let text = m.encode();
-        let types: Vec<(&str, &str)> = text
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE "))
-            .filter_map(|l| l.split_once(' '))
-            .collect();
-        // A series name is its family's plus the suffix of the family's type (a gauge's name,
-        // `..._pods_count` among them, is its family's own).
-        let suffixes = |ty: &str| -> &'static [&'static str] {
-            match ty {
-                "counter" => &["_total"],
-                "histogram" => &["_bucket", "_sum", "_count"],
-                "info" => &["_info"],
-                _ => &[""],
-            }
-        };
-        for name in m.series_names() {
-            assert!(
-                types.iter().any(|(family, ty)| suffixes(ty)
-                    .iter()
-                    .any(|s| *name == format!("{family}{s}"))),
-                "{name}: no family of its type on a fresh /metrics:\n{text}"
-            );
-        }
-        for series in [
-            "karpenter_capi_reconcile_timeouts_total{controller=\"nodeclaim\"} 0",
-            "karpenter_capi_reconcile_timeouts_total{controller=\"scaler\"} 0",
-            "karpenter_voluntary_disruption_decisions_total{decision=\"delete\",reason=\"empty\",consolidation_type=\"empty\"} 0",
-            "karpenter_voluntary_disruption_decisions_total{decision=\"replace\",reason=\"drifted\",consolidation_type=\"\"} 0",
-            "karpenter_voluntary_disruption_queue_failures_total{decision=\"replace\",reason=\"underutilized\",consolidation_type=\"single\"} 0",
-            "karpenter_voluntary_disruption_eligible_nodes{reason=\"drifted\"} 0",
-            "karpenter_capi_eviction_backoff_seconds_total{cause=\"budget\"} 0",
-            "karpenter_capi_disruption_write_retries_total{write=\"taint\"} 0",
-            "karpenter_cloudprovider_duration_seconds_count{method=\"Create\"} 0",
-            "karpenter_capi_disruption_command_stage_duration_seconds_count{stage=\"initialize\"} 0",
-        ] {
-            assert!(
-                text.contains(series),
-                "{series} missing from a fresh /metrics:\n{text}"
-            );
-        }
-        // Emptiness deletes only: no series for a decision it cannot take.
-        assert!(
-            !text.contains("decision=\"replace\",reason=\"empty\""),
-            "{text}"
-        );
     }
 
     #[test]

@@ -7,8 +7,9 @@
 //! Module `rbac`: the controller on it under the Helm chart's RBAC only. Whole flows written
 //! once and run on both backends (`<module>::simulated::*` and `<module>::real::*`): `flows`
 //! (launch, drain, consolidation, drift), `provisioning`, `lifecycle` (expiry, rollouts, a
-//! restart mid-burst), `failover` (leader election), `malformed` (the corpus), `capi_schema`
-//! (malformed MachineDeployments refused alike), `kubectl` and `init`.
+//! restart mid-burst; a restart with template reads refused, real only), `failover` (leader
+//! election), `malformed` (the corpus), `capi_schema` (malformed MachineDeployments refused
+//! alike), `kubectl` and `init`.
 //! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
 //! --control-plane real` exits. Module `cluster_api`: Cluster API's real manager (webhooks,
 //! conversion, nothing left after a drop) and whole flows on it (`--cluster-api real`).

@@ -26,8 +26,11 @@ use clap::CommandFactory;
 use karpenter_capi::cli::Cli;
 use serde_json::Value;
 
+#[path = "common/chart.rs"]
+mod chart;
+use chart::{CHART, strings, stripped_docs};
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-const CHART: &str = "deploy/helm/karpenter-capi";
 
 // ---------------------------------------------------------------------------------------------
 // The documents
@@ -986,30 +989,16 @@ fn every_flag_the_docs_mention_exists() {
 /// limited to named objects (`resourceNames`).
 type Grant = (String, String, String, bool);
 
-/// A Helm template with the lines holding template actions removed (what is left is YAML, as
-/// tests/deploy/deploy.rs reads the chart); the Lease's name is kept as a placeholder, so that its
-/// rule keeps its `resourceNames`.
+/// A Helm template read as tests/deploy reads the chart (`chart::stripped_docs`); the Lease's
+/// name is kept as a placeholder, so that its rule keeps its `resourceNames`.
 fn stripped_template(file: &str) -> Value {
     let text = read(&format!("{CHART}/templates/{file}"))
         .replace("{{ .Values.leaderElection.name | quote }}", "\"the-lease\"");
-    let kept: Vec<&str> = text.lines().filter(|l| !l.contains("{{")).collect();
-    let docs: Vec<Value> = serde_saphyr::from_multiple(&kept.join("\n"))
-        .unwrap_or_else(|e| panic!("templates/{file} (stripped): {e}"));
-    let docs: Vec<Value> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    let docs = stripped_docs(&text, &format!("templates/{file} (stripped)"));
     match docs.len() {
         1 => docs.into_iter().next().unwrap_or_default(),
         _ => Value::Array(docs),
     }
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn grants_of_rules(rules: &Value) -> BTreeSet<Grant> {

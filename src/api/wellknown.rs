@@ -87,6 +87,10 @@ pub const INFRA_POOL_HASH_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/infrast
 /// of instances whose claims were deleted and that were handed back to the pool as baseline
 /// capacity (no specific instance can be removed). Written with the managed-replicas count.
 pub const HANDED_BACK_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/handed-back-instances";
+/// Annotation on the Node of a handed-back instance (value: the claim that let it go): cordoned
+/// and cleared of that claim's labels and taints, free for the next claim on its pool, whose
+/// registration lifts the cordon and takes the annotation off.
+pub const HANDED_BACK_NODE_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/handed-back-by";
 /// Annotation on a NodeClaim naming the MachineDeployment it waits on, written before the
 /// replica write so a restarted controller can account for the pending replica (invariant 4).
 pub const MACHINE_DEPLOYMENT_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/machine-deployment";
@@ -96,6 +100,9 @@ pub const REPLACES_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/replaces";
 pub const MIN_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 pub const MAX_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
 pub const PRICE_ANNOTATION: &str = "cluster.x-k8s.io/machine-current-price";
+/// The price under Cluster Autoscaler's capacity prefix (the name the Go provider's pending change
+/// reads). `PRICE_ANNOTATION` wins when both are set and differ.
+pub const CA_PRICE_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/price";
 
 // ---- Scale-from-zero annotations (Cluster Autoscaler's convention) ----
 pub const CAPACITY_ANNOTATION_PREFIX: &str = "capacity.cluster-autoscaler.kubernetes.io/";

@@ -34,9 +34,9 @@ use k8s_openapi::api::core::v1::Taint as K8sTaint;
 
 use crate::api::resources::{Quantity, QuantityError, Resources};
 use crate::api::wellknown::{
-    CPU_ANNOTATION, EPHEMERAL_DISK_ANNOTATION, GPU_COUNT_ANNOTATION, GPU_TYPE_ANNOTATION,
-    LABELS_ANNOTATION, MAX_PODS_ANNOTATION, MAX_SIZE_ANNOTATION, MEMORY_ANNOTATION,
-    MIN_SIZE_ANNOTATION, NVIDIA_GPU_RESOURCE, PRICE_ANNOTATION, RESOURCE_CPU,
+    CA_PRICE_ANNOTATION, CPU_ANNOTATION, EPHEMERAL_DISK_ANNOTATION, GPU_COUNT_ANNOTATION,
+    GPU_TYPE_ANNOTATION, LABELS_ANNOTATION, MAX_PODS_ANNOTATION, MAX_SIZE_ANNOTATION,
+    MEMORY_ANNOTATION, MIN_SIZE_ANNOTATION, NVIDIA_GPU_RESOURCE, PRICE_ANNOTATION, RESOURCE_CPU,
     RESOURCE_EPHEMERAL_STORAGE, RESOURCE_MEMORY, RESOURCE_PODS, TAINTS_ANNOTATION,
 };
 use crate::capi::model::TemplateTaint;
@@ -265,7 +265,7 @@ pub fn parse(annotations: &BTreeMap<String, String>) -> Result<ScaleFromZero, An
     let taints = p.list(TAINTS_ANNOTATION, parse_taints).unwrap_or_default();
     let min_size = p.size(MIN_SIZE_ANNOTATION);
     let max_size = p.size(MAX_SIZE_ANNOTATION);
-    let price = p.field(PRICE_ANNOTATION, parse_price);
+    let price = p.price();
     // CA clusterapi_utils.go:210 (kubernetes/autoscaler@35e8a280425c) refuses it too.
     if let (Some(min), Some(max)) = (min_size, max_size)
         && min > max
@@ -330,6 +330,29 @@ impl<'a> Parser<'a> {
                 self.error(key, problem);
                 None
             }
+        }
+    }
+
+    /// The hourly price: `cluster.x-k8s.io/machine-current-price`, else Cluster Autoscaler's
+    /// `capacity.cluster-autoscaler.kubernetes.io/price`. When both are set and differ the first
+    /// wins (it is the one Cluster API users already set) and the other is reported as skipped.
+    fn price(&mut self) -> Option<f64> {
+        let current = self.field(PRICE_ANNOTATION, parse_price);
+        let ca = self.field(CA_PRICE_ANNOTATION, parse_price);
+        match (current, ca) {
+            (Some(c), Some(other)) if c != other => {
+                let raw = self
+                    .raw(CA_PRICE_ANNOTATION)
+                    .unwrap_or_default()
+                    .to_string();
+                self.skip(
+                    CA_PRICE_ANNOTATION,
+                    raw,
+                    format!("{PRICE_ANNOTATION} is set too and wins"),
+                );
+                Some(c)
+            }
+            (c, ca) => c.or(ca),
         }
     }
 
@@ -1202,5 +1225,48 @@ mod autoscaler_leniency_tests {
         for key in [CPU_ANNOTATION, MEMORY_ANNOTATION] {
             assert!(parse(&of(&[(key, "not-a-quantity")])).is_err());
         }
+    }
+}
+
+#[cfg(test)]
+mod price_tests {
+    use super::*;
+
+    fn price_of(pairs: &[(&str, &str)]) -> Result<ScaleFromZero, AnnotationErrors> {
+        parse(
+            &pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn either_price_annotation_prices_the_group() {
+        let current = price_of(&[(PRICE_ANNOTATION, "0.5")]).expect("parses");
+        assert_eq!(current.price, Some(0.5));
+        let ca = price_of(&[(CA_PRICE_ANNOTATION, "0.25")]).expect("parses");
+        assert_eq!(ca.price, Some(0.25));
+        assert!(ca.skipped.is_empty());
+        let same =
+            price_of(&[(PRICE_ANNOTATION, "0.5"), (CA_PRICE_ANNOTATION, "0.5")]).expect("parses");
+        assert_eq!(same.price, Some(0.5));
+        assert!(same.skipped.is_empty());
+    }
+
+    #[test]
+    fn machine_current_price_wins_and_the_other_is_reported() {
+        let both =
+            price_of(&[(PRICE_ANNOTATION, "0.5"), (CA_PRICE_ANNOTATION, "0.1")]).expect("parses");
+        assert_eq!(both.price, Some(0.5));
+        assert_eq!(both.skipped.len(), 1);
+        assert_eq!(both.skipped[0].key, CA_PRICE_ANNOTATION);
+        assert_eq!(both.skipped[0].entry, "0.1");
+    }
+
+    #[test]
+    fn a_malformed_ca_price_is_an_error_naming_it() {
+        let e = price_of(&[(CA_PRICE_ANNOTATION, "cheap")]).expect_err("refused");
+        assert!(e.to_string().contains(CA_PRICE_ANNOTATION), "{e}");
     }
 }

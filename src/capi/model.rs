@@ -489,6 +489,21 @@ pub struct MachineDeployment {
 }
 
 impl MachineDeployment {
+    /// The provider IDs a pool's handed-back annotation lists (instances a deleted claim gave
+    /// back to a pool without MachinePool Machines; see the Scaler's `instances`).
+    pub fn handed_back(&self) -> std::collections::HashSet<String> {
+        self.annotations
+            .get(crate::api::wellknown::HANDED_BACK_ANNOTATION)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     pub fn from_value(
         value: &Value,
         version: CapiVersion,

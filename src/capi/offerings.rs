@@ -220,7 +220,9 @@ pub fn offering(
         .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string());
     labels.insert(CAPACITY_TYPE_LABEL.to_string(), capacity_type.clone());
     let replicas = md.spec_replicas.unwrap_or(0);
-    let below_max = sfz.max_size.is_none_or(|max| replicas < max);
+    // A handed-back instance is taken again without a replica raise (see the Scaler's
+    // `instances`), so a pool at max-size that has one still offers it.
+    let below_max = sfz.max_size.is_none_or(|max| replicas < max) || !md.handed_back().is_empty();
     let o = Offering {
         machine_deployment: key.clone(),
         zone: labels.get(ZONE_LABEL).cloned(),

@@ -34,6 +34,9 @@ pub struct NodePoolReport {
     pub left_out: Vec<LeftOut>,
     /// Per limited resource (and `nodes`): (used, limit).
     pub usage: BTreeMap<String, Usage>,
+    /// Instances deleted claims handed back to pools without MachinePool Machines, still
+    /// running (paid for) until the next claim on the pool takes one or the pool shrinks.
+    pub handed_back: Vec<HandedBack>,
     /// Things the read could not see or check.
     pub notes: Vec<String>,
 }
@@ -43,6 +46,14 @@ pub struct NodePoolReport {
 pub struct LeftOut {
     pub machine_deployment: String,
     pub reason: String,
+}
+
+/// A pool's handed-back instances, at the pool's price each.
+#[derive(Debug, Serialize)]
+pub struct HandedBack {
+    pub machine_deployment: String,
+    pub instances: Vec<String>,
+    pub price_each: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -183,7 +194,9 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
          the running controller and are shown here as available"
             .into(),
     );
+    let handed_back = handed_back(cluster, &offerings);
     Ok(NodePoolReport {
+        handed_back,
         nodepool: np.name_any(),
         nodeclass,
         nodeclass_ready: nodeclass_ready.is_ok(),
@@ -194,6 +207,41 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
         usage: usage(cluster, &np),
         notes,
     })
+}
+
+/// The handed-back instances still listed by the pools this NodePool launches on.
+fn handed_back(cluster: &Cluster, offerings: &[OfferingView]) -> Vec<HandedBack> {
+    let mut out: Vec<HandedBack> = Vec::new();
+    for o in offerings {
+        if out
+            .iter()
+            .any(|h| h.machine_deployment == o.machine_deployment)
+        {
+            continue;
+        }
+        let Some(md) = cluster
+            .deployments
+            .iter()
+            .find(|md| md.key() == o.machine_deployment)
+        else {
+            continue;
+        };
+        let back = md.handed_back();
+        let instances: Vec<String> = md
+            .provider_id_list
+            .iter()
+            .filter(|p| back.contains(*p))
+            .cloned()
+            .collect();
+        if !instances.is_empty() {
+            out.push(HandedBack {
+                machine_deployment: o.machine_deployment.clone(),
+                instances,
+                price_each: o.price,
+            });
+        }
+    }
+    out
 }
 
 /// The pool's requirements as the solver reads them.
@@ -275,6 +323,22 @@ impl fmt::Display for NodePoolReport {
                     f,
                     "    MachineDeployment {}: {}",
                     l.machine_deployment, l.reason
+                )?;
+            }
+        }
+        if !self.handed_back.is_empty() {
+            writeln!(
+                f,
+                "  handed-back instances (running and paid for; the next claim on the pool takes one back):"
+            )?;
+            for h in &self.handed_back {
+                writeln!(
+                    f,
+                    "    {}: {} at {} each ({})",
+                    h.machine_deployment,
+                    h.instances.len(),
+                    h.price_each,
+                    h.instances.join(", ")
                 )?;
             }
         }

@@ -136,6 +136,9 @@ pub struct PoolAudit {
     /// Node count and budget at the worst excess.
     pub nodes_then: usize,
     pub budget_then: Option<usize>,
+    /// At the worst excess: the claim just marked and every claim being disrupted then, each
+    /// with why (its mark's reason, or `deleting`), so a violation names its moment.
+    pub disrupting_then: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -175,7 +178,7 @@ impl AuditState {
     /// A NodePool as it is now, as JSON.
     pub fn set_pool(&mut self, name: &str, pool: &Value) {
         self.pools.insert(name.to_string(), PoolBudgets::of(pool));
-        self.evaluate(name, false);
+        self.evaluate(name, None);
     }
 
     pub fn remove_pool(&mut self, name: &str) {
@@ -185,6 +188,7 @@ impl AuditState {
     /// A claim as it is now.
     pub fn apply(&mut self, facts: ClaimFacts) {
         let pool = facts.pool.clone();
+        let facts_name = facts.name.clone();
         let existed = self.claims.contains_key(&facts.name);
         let t = self
             .claims
@@ -215,18 +219,19 @@ impl AuditState {
                 Cause::Other => d.other += 1,
             }
         }
-        self.evaluate(&pool, newly_marked);
+        let name = facts_name.clone();
+        self.evaluate(&pool, newly_marked.then_some(name.as_str()));
     }
 
     /// A claim is gone.
     pub fn remove(&mut self, name: &str) {
         if let Some(t) = self.claims.remove(name) {
-            self.evaluate(&t.facts.pool, false);
+            self.evaluate(&t.facts.pool, None);
         }
     }
 
-    /// `decision`: the controller has just started disrupting a claim of `pool`.
-    fn evaluate(&mut self, pool: &str, decision: bool) {
+    /// `decision`: the controller has just started disrupting a claim of `pool` (named).
+    fn evaluate(&mut self, pool: &str, decision: Option<&str>) {
         let members = || self.claims.values().filter(|t| t.facts.pool == pool);
         let nodes = members().filter(|t| t.facts.node).count();
         let disrupting: Vec<&Tracked> = members().filter(|t| t.disrupting()).collect();
@@ -266,10 +271,18 @@ impl AuditState {
         };
         let excess = disrupting.len() as i64 - budget as i64;
         worst.max_excess_any = worst.max_excess_any.max(excess);
-        if decision && excess > worst.max_excess {
+        if let Some(marked) = decision
+            && excess > worst.max_excess
+        {
             worst.max_excess = excess;
             worst.nodes_then = nodes;
             worst.budget_then = Some(budget);
+            worst.disrupting_then = std::iter::once(format!("marked now: {marked}"))
+                .chain(disrupting.iter().map(|t| {
+                    let why = t.facts.marked.map_or("deleting", |r| r.as_str());
+                    format!("{} ({why})", t.facts.name)
+                }))
+                .collect();
         }
     }
 

@@ -173,7 +173,10 @@ impl Run {
     /// The pool holds exactly its replicas, all initialized, nothing deleting.
     fn holds(&self) -> bool {
         let all = self.claims();
-        all.len() == self.replicas && all.iter().all(Self::initialized)
+        all.len() == self.replicas
+            && all
+                .iter()
+                .all(|c| Self::initialized(c) && c["metadata"]["deletionTimestamp"].is_null())
     }
 
     async fn run<T: Send + 'static, F>(

@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -19,19 +18,24 @@ use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, DISRUPTED_TAINT_KEY, INFRA_POOL_HASH_ANNOTATION,
-    INSTANCE_TYPE_LABEL, NODEPOOL_LABEL, POOL_TEMPLATE_HASH_ANNOTATION,
+    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL,
 };
-use crate::disruption::{
-    self, Allowed, Candidate, Drift, budgets, consolidation::reschedulable, drift,
-};
+use crate::capi::model::MachineDeployment;
+use crate::disruption::{self, Allowed, Candidate, Drift, consolidation::reschedulable, drift};
 use crate::scheduling::Snapshot;
 use crate::state::claims::{recorded_deployment, recorded_instance};
 use crate::state::compact::CompactNode;
 use crate::state::pods;
+use crate::state::{MachineDeployments, Machines, Nodes, Pods};
 
+mod budget;
+mod claim;
 mod rollout;
-use rollout::{Hold, Rollout, deployment_hold};
+use budget::BudgetCount;
+pub use budget::{BudgetStanding, budget_standing};
+pub use claim::POD_EVENT_WRITE_STEP;
+use claim::{consolidatable, expired, pod_event_behind, pool_up_to_date, stamp_needed, under_way};
+use rollout::{Hold, Rollout, at_min_size, deployment_hold};
 
 /// A claim whose `Drifted` or `Consolidatable` condition should change.
 #[derive(Clone, Debug)]
@@ -93,184 +97,368 @@ pub struct Memory<'a> {
 }
 
 pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
-    let st = inputs.state;
     // Before the indexes below are locked for the pass (counting reads them too).
-    let static_room: HashMap<String, usize> =
-        super::static_capacity::counts(inputs, mem.executing, &HashSet::new(), mem.now)
-            .into_iter()
-            .map(|(name, (np, count))| (name, super::static_capacity::drift_room(&np, &count)))
-            .collect();
+    let static_room = static_room(inputs, mem);
+    let st = inputs.state;
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
     let pools = st.nodepools.read().all().clone();
     let nodes = st.nodes.read();
-    let pod_index = st.pods.read();
+    let pods = st.pods.read();
     let machines = st.machines.read();
     let deployments = st.deployments.read();
-    let selected = selected_by_nodeclass(inputs.catalog, &pools);
-    let pdbs = PdbIndex::new(mem.pdbs);
-
+    let mut pass = Pass {
+        inputs,
+        mem,
+        pools: &pools,
+        nodes: &nodes,
+        pods: &pods,
+        machines: &machines,
+        deployments: &deployments,
+        selected: selected_by_nodeclass(inputs.catalog, &pools),
+        pdbs: PdbIndex::new(mem.pdbs),
+        rollout: Rollout::new(&claims, &machines, &deployments),
+        holds: HashMap::new(),
+        counts: HashMap::new(),
+        totals: HashMap::new(),
+    };
     let mut view = View::default();
     view.allowed.static_room = static_room;
-    let rollout = Rollout::new(&claims, &machines, &deployments);
-    view.rollout = rollout.replace_now(&claims, &machines, &deployments);
-    let mut total: HashMap<String, usize> = HashMap::new();
-    // Per pool: hourly cost and reschedule disruption cost of all its initialized nodes.
-    let mut pool_totals: HashMap<String, (f64, f64)> = HashMap::new();
-    let mut disrupting: HashMap<String, usize> = HashMap::new();
-    let mut holds: HashMap<String, Option<Hold>> = HashMap::new();
+    view.rollout = pass.rollout.replace_now(&claims, &machines, &deployments);
     for c in &claims {
+        pass.weigh(c, &mut view);
+    }
+    share_pool_totals(&mut view.candidates, &pass.totals);
+    (view.allowed.budgets, view.budget_use) = budget::allow(&pools, &pass.counts, mem.now);
+    view.budget_blocked = budget::blocked(&view.candidates, &view.allowed, &pools);
+    view
+}
+
+/// Per static NodePool, the drift replacements it may launch now.
+fn static_room(inputs: Inputs<'_>, mem: &Memory<'_>) -> HashMap<String, usize> {
+    super::static_capacity::counts(inputs, mem.executing, &HashSet::new(), mem.now)
+        .into_iter()
+        .map(|(name, (np, count))| (name, super::static_capacity::drift_room(&np, &count)))
+        .collect()
+}
+
+/// One pass over the claims: the indexes it reads, locked, and what it learns on the way.
+struct Pass<'a> {
+    inputs: Inputs<'a>,
+    mem: &'a Memory<'a>,
+    pools: &'a HashMap<String, Arc<NodePool>>,
+    nodes: &'a Nodes,
+    pods: &'a Pods,
+    machines: &'a Machines,
+    deployments: &'a MachineDeployments,
+    /// The groups each NodeClass selects.
+    selected: HashMap<String, HashSet<String>>,
+    pdbs: PdbIndex,
+    rollout: Rollout,
+    /// What each MachineDeployment's own state holds back, read once a pass.
+    holds: HashMap<String, Option<Hold>>,
+    /// Per pool: its claims in its budget.
+    counts: HashMap<String, BudgetCount>,
+    /// Per pool: hourly cost and reschedule disruption cost of all its weighed claims.
+    totals: HashMap<String, (f64, f64)>,
+}
+
+/// A claim the pass weighs: in an existing NodePool, initialized on a Node that stays, no
+/// command under way for it, its MachineDeployment recorded.
+struct Weighable<'a> {
+    claim: &'a Arc<NodeClaim>,
+    name: String,
+    pool: String,
+    np: &'a Arc<NodePool>,
+    node: &'a CompactNode,
+    md: &'a str,
+}
+
+/// What disrupting a weighable claim would gain and cost.
+struct Worth<'p> {
+    drift: Option<Drift>,
+    /// What its pool pays for it (NodeOverlays may price the offering for that pool alone).
+    price: f64,
+    /// The pods a disruption would move.
+    moving: Vec<&'p Arc<Pod>>,
+    reschedule_cost: f64,
+    /// `consolidateAfter` has passed, before anything else holds consolidation back.
+    consolidatable: bool,
+}
+
+impl<'a> Pass<'a> {
+    /// Counts the claim in its pool's budget, then files it: skipped, expired, blocked or a
+    /// candidate, with the records it is behind on.
+    fn weigh(&mut self, c: &'a Arc<NodeClaim>, view: &mut View) {
         let name = c.name_any();
-        let pool_name = c.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default();
-        let node = c
-            .status
+        let pool = c.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default();
+        let node = self.node_of(c);
+        self.count_in_budget(c, &name, &pool, node);
+        let Some(w) = self.admit(c, name, pool, node, view) else {
+            return;
+        };
+        if let Some(why) = self.inputs.catalog.unknown(w.md) {
+            view.unknown_group.push((c.clone(), why));
+        }
+        let group = self.deployments.get(w.md);
+        let on_node = self.pods.on_node(w.node.name());
+        let worth = self.worth(&w, group.as_deref(), &on_node);
+        let totals = self.totals.entry(w.pool.clone()).or_default();
+        totals.0 += worth.price;
+        totals.1 += worth.reschedule_cost;
+        note_conditions(&w, &worth, view);
+        match self.restraint(&w, group.as_deref(), &worth, &on_node) {
+            Err(why) => view.blocked.push((c.clone(), why)),
+            Ok(may_consolidate) => {
+                let candidate = candidate(w, worth, may_consolidate, self.mem.now);
+                view.candidates.push(candidate);
+            }
+        }
+    }
+
+    fn node_of(&self, c: &NodeClaim) -> Option<&'a CompactNode> {
+        let nodes = self.nodes;
+        c.status
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .and_then(|n| nodes.compact(n))
-            .map(|n| &**n);
-        let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
+            .map(|n| &**n)
+    }
+
+    /// Every claim counts in its pool's budget, the ones this pass does not weigh too.
+    fn count_in_budget(
+        &mut self,
+        c: &NodeClaim,
+        name: &str,
+        pool: &str,
+        node: Option<&CompactNode>,
+    ) {
         // Cluster API deleting the claim's Machine (a rollout, a MachineHealthCheck, a user)
         // is a disruption from that moment: the claim's own deletion follows a watch event
         // later, and a decision made in between must already count it.
-        let machine_going = machines
-            .bound_to(&name)
+        let machine_going = self
+            .machines
+            .bound_to(name)
             .ok()
             .flatten()
             .is_some_and(|m| m.deletion_timestamp.is_some());
-        let standing = budget_standing(
-            c,
+        let executing = self.mem.executing.contains(name) || machine_going;
+        let standing = budget_standing(c, node, executing, self.mem.now);
+        self.counts
+            .entry(pool.to_string())
+            .or_default()
+            .add(standing);
+    }
+
+    /// The claim, if the pass weighs it; else it is filed as skipped or expired, and why.
+    fn admit(
+        &self,
+        c: &'a Arc<NodeClaim>,
+        name: String,
+        pool: String,
+        node: Option<&'a CompactNode>,
+        view: &mut View,
+    ) -> Option<Weighable<'a>> {
+        let np = self.pool_to_weigh(c, &name, &pool, node, view)?;
+        self.note_records_behind(c, np, node, view);
+        let (node, md) = self.settled(c, &name, node, view)?;
+        Some(Weighable {
+            claim: c,
+            name,
+            pool,
+            np,
             node,
-            mem.executing.contains(&name) || machine_going,
-            mem.now,
-        );
-        if standing.counted {
-            *total.entry(pool_name.clone()).or_default() += 1;
-            if standing.disrupting {
-                *disrupting.entry(pool_name.clone()).or_default() += 1;
-            }
-        }
-        let going =
-            c.metadata.deletion_timestamp.is_some() || node.as_ref().is_some_and(|n| n.deleting());
-        let under_way = under_way(c, node);
-        let expiring = !going && expired(c, mem.now);
+            md,
+        })
+    }
+
+    /// The claim's NodePool, unless the claim is going already, cannot be removed by name or
+    /// has expired (those are filed here).
+    fn pool_to_weigh(
+        &self,
+        c: &Arc<NodeClaim>,
+        name: &str,
+        pool: &str,
+        node: Option<&CompactNode>,
+        view: &mut View,
+    ) -> Option<&'a Arc<NodePool>> {
         if c.metadata.deletion_timestamp.is_some() {
-            view.skipped.push((name, "it is being deleted"));
-            continue;
+            return skip(view, name, "it is being deleted");
         }
         // No instance of such a pool can be removed by name: deleting its claim would leave a
         // cordoned instance behind (handed back to the pool), so nothing disrupts it by choice.
         if recorded_instance(c).is_some() {
-            view.skipped
-                .push((name, "its MachinePool cannot remove a specific instance"));
-            continue;
+            return skip(
+                view,
+                name,
+                "its MachinePool cannot remove a specific instance",
+            );
         }
-        if expiring {
+        if !node.is_some_and(CompactNode::deleting) && expired(c, self.mem.now) {
             view.expired.push(c.clone());
-            continue;
+            return None;
         }
-        let Some(np) = pools.get(&pool_name) else {
-            view.skipped.push((name, "its NodePool does not exist"));
-            continue;
-        };
+        match self.pools.get(pool) {
+            Some(np) => Some(np),
+            None => skip(view, name, "its NodePool does not exist"),
+        }
+    }
+
+    /// The claim's records that are behind: its NodePool hash, and its last pod event.
+    fn note_records_behind(
+        &self,
+        c: &Arc<NodeClaim>,
+        np: &Arc<NodePool>,
+        node: Option<&CompactNode>,
+        view: &mut View,
+    ) {
         if drift::needs_restamp(c, np) {
             view.restamp.push((c.clone(), np.clone()));
         }
-        if let Some(at) = node
-            .as_ref()
-            .and_then(|n| pod_event_behind(c, mem.pod_events.get(n.name())))
+        if let Some(at) = node.and_then(|n| pod_event_behind(c, self.mem.pod_events.get(n.name())))
         {
             view.pod_event_times.push((c.clone(), at));
         }
+    }
+
+    /// The claim's Node and MachineDeployment, once it is initialized on a Node that stays, no
+    /// command is under way for it and its MachineDeployment is recorded; else it is filed as
+    /// skipped (and, marked by a command no longer running, as stale).
+    fn settled(
+        &self,
+        c: &'a Arc<NodeClaim>,
+        name: &str,
+        node: Option<&'a CompactNode>,
+        view: &mut View,
+    ) -> Option<(&'a CompactNode, &'a str)> {
+        let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
         let (Some(node), true) = (node, initialized) else {
-            view.skipped
-                .push((name, "it is not initialized with a Node yet"));
-            continue;
+            return skip(view, name, "it is not initialized with a Node yet");
         };
         if node.deleting() {
-            view.skipped.push((name, "its Node is being deleted"));
-            continue;
+            return skip(view, name, "its Node is being deleted");
         }
-        let ours = mem.executing.contains(&name);
-        if under_way || ours {
+        let ours = self.mem.executing.contains(name);
+        if under_way(c, Some(node)) || ours {
             if !ours {
                 view.stale.push((Arc::new(node.node()), c.clone()));
             }
-            view.skipped.push((
+            return skip(
+                view,
                 name,
                 "a disruption command is already under way for it (karpenter.sh/disrupted taint or DisruptionReason condition)",
-            ));
-            continue;
+            );
         }
         // A claim another provisioner launched names no MachineDeployment of ours until its
         // adoption lands: read as one on no selected MachineDeployment it would drift, so it
         // waits for that write.
         let Some(md) = recorded_deployment(c) else {
-            view.skipped.push((
+            return skip(
+                view,
                 name,
                 "its MachineDeployment is not recorded yet (its adoption is under way)",
-            ));
-            continue;
+            );
         };
-        let machine = machines.bound_to(&name).ok().flatten();
-        let nodeclass = &c.spec.node_class_ref.name;
+        Some((node, md))
+    }
+
+    fn worth<'p>(
+        &self,
+        w: &Weighable<'a>,
+        group: Option<&MachineDeployment>,
+        on_node: &'p [Arc<Pod>],
+    ) -> Worth<'p> {
+        let moving: Vec<&Arc<Pod>> = on_node.iter().filter(|p| reschedulable(p)).collect();
+        Worth {
+            drift: self.drift(w, group),
+            price: self
+                .inputs
+                .catalog
+                .pool_offering(w.md, Some(&w.pool))
+                .as_ref()
+                .map(|o| o.price)
+                .unwrap_or(0.0),
+            reschedule_cost: reschedule_cost(&moving),
+            moving,
+            consolidatable: consolidatable(
+                w.claim,
+                w.np,
+                self.mem.pod_events.get(w.node.name()).copied(),
+                self.mem.started,
+                self.mem.now,
+            ),
+        }
+    }
+
+    /// Whether the claim drifted from its NodePool or from what its group makes now.
+    fn drift(&self, w: &Weighable<'a>, group: Option<&MachineDeployment>) -> Option<Drift> {
         // Only under OnDelete is an outdated Machine ours to replace; under RollingUpdate
         // Cluster API replaces it itself (and the Scaler lets the new claims adopt the fresh
         // Machines).
-        let group = deployments.get(md);
-        let on_delete = group.as_ref().is_some_and(|d| d.on_delete);
-        if let Some(why) = inputs.catalog.unknown(md) {
-            view.unknown_group.push((c.clone(), why));
-        }
+        let on_delete = group.is_some_and(|d| d.on_delete);
+        let nodeclass = &w.claim.spec.node_class_ref.name;
         let provider = drift::Provider {
-            selected: selected.get(nodeclass).map(|mds| mds.contains(md)),
-            machine_up_to_date: match group.as_ref().and_then(|d| d.template_hash.as_deref()) {
+            selected: self.selected.get(nodeclass).map(|mds| mds.contains(w.md)),
+            machine_up_to_date: match group.and_then(|d| d.template_hash.as_deref()) {
                 // A pool's Machines are all `UpToDate`; its template and its infrastructure
                 // pool's instance fields are compared instead.
-                Some(now) => pool_up_to_date(c, now, inputs.catalog.instance_hash(md).as_deref()),
-                None => machine
-                    .as_ref()
+                Some(now) => {
+                    let infra_now = self.inputs.catalog.instance_hash(w.md);
+                    pool_up_to_date(w.claim, now, infra_now.as_deref())
+                }
+                None => self
+                    .machines
+                    .bound_to(&w.name)
+                    .ok()
+                    .flatten()
                     .and_then(|m| m.up_to_date)
                     .filter(|_| on_delete),
             },
         };
-        let drift = drift::drifted(c, np, provider);
-        let on_node = pod_index.on_node(node.name());
-        // What its pool pays: NodeOverlays may price the offering for that pool alone.
-        let price = inputs
-            .catalog
-            .pool_offering(md, Some(&pool_name))
-            .as_ref()
-            .map(|o| o.price)
-            .unwrap_or(0.0);
-        let moving: Vec<&Arc<Pod>> = on_node.iter().filter(|p| reschedulable(p)).collect();
-        let reschedule_cost = reschedule_cost(&moving);
-        {
-            let totals = pool_totals.entry(pool_name.clone()).or_default();
-            totals.0 += price;
-            totals.1 += reschedule_cost;
+        drift::drifted(w.claim, w.np, provider)
+    }
+
+    /// Why nothing may disrupt the claim now; when something may, whether consolidation may
+    /// too (drift always may).
+    fn restraint(
+        &mut self,
+        w: &Weighable<'a>,
+        group: Option<&MachineDeployment>,
+        worth: &Worth<'_>,
+        on_node: &[Arc<Pod>],
+    ) -> Result<bool, String> {
+        if self.mem.nominated.contains(&w.name) {
+            return Err("pods are planned onto it (nominated: the replacement of a disruption, or a node the provisioner chose for pending pods)".to_string());
         }
-        let consolidatable = consolidatable(c, np, node.name(), mem);
-        if !consolidatable && np.disruption().consolidate_after().duration().is_some() {
-            view.under_consolidate_after.insert(node.name().to_string());
+        refuse(self.rollout.protects(&w.name))?;
+        let rolling_out = self.deployment_holds(w.md, worth.drift)?;
+        refuse(node_protected(w.claim, w.node))?;
+        // Drift launches its replacement first, so only consolidation is held at min size.
+        refuse(
+            group
+                .filter(|_| worth.drift.is_none())
+                .and_then(at_min_size),
+        )?;
+        // A node the last solve put a CapacityBuffer's placeholders on holds the buffer's room:
+        // not empty, and not consolidated (upstream's emptiness check); drift still replaces it.
+        let holds_buffer =
+            worth.moving.is_empty() && self.inputs.state.buffers.read().hosts(w.node.name());
+        let pods_hold = self.pods_hold(w.claim, worth.drift, on_node)?;
+        // A static pool's nodes are held: only drift replaces them, one for one.
+        if w.np.is_static() && worth.drift.is_none() {
+            return Err(
+                "its NodePool is static (spec.replicas): its nodes are held, not consolidated"
+                    .to_string(),
+            );
         }
-        if stamp_needed(c, drift, consolidatable) {
-            view.stamps.push(Stamp {
-                claim: c.clone(),
-                drift,
-                consolidatable,
-            });
-        }
-        if mem.nominated.contains(&name) {
-            view.blocked.push((
-                c.clone(),
-                "pods are planned onto it (nominated: the replacement of a disruption, or a node the provisioner chose for pending pods)".to_string(),
-            ));
-            continue;
-        }
-        if let Some(why) = rollout.protects(&name) {
-            view.blocked.push((c.clone(), why));
-            continue;
-        }
-        let hold = holds
+        Ok(!rolling_out && !holds_buffer && !pods_hold && !w.np.is_static())
+    }
+
+    /// Whether the claim's MachineDeployment holds it: paused, or mid-rollout, where a drifted
+    /// claim stays a drift candidate only (then `Ok(true)`).
+    fn deployment_holds(&mut self, md: &str, drift: Option<Drift>) -> Result<bool, String> {
+        let (deployments, machines) = (self.deployments, self.machines);
+        let hold = self
+            .holds
             .entry(md.to_string())
             .or_insert_with(|| {
                 deployments.get(md).and_then(|d| {
@@ -279,136 +467,106 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
                 })
             })
             .clone();
-        let rolling_out = match hold {
-            Some(Hold::Paused(why)) => {
-                view.blocked.push((c.clone(), why));
-                continue;
-            }
-            Some(Hold::RollingOut(why)) if drift.is_none() => {
-                view.blocked.push((c.clone(), why));
-                continue;
-            }
-            Some(Hold::RollingOut(_)) => true,
-            None => false,
+        match hold {
+            Some(Hold::Paused(why)) => Err(why),
+            Some(Hold::RollingOut(why)) if drift.is_none() => Err(why),
+            Some(Hold::RollingOut(_)) => Ok(true),
+            None => Ok(false),
+        }
+    }
+
+    /// Whether the claim's pods hold it. Upstream's eventual disruption class: a drifted claim
+    /// with a terminationGracePeriod is replaced even when its pods block eviction (the drain
+    /// honours them until the grace period ends), only not consolidated (then `Ok(true)`); for
+    /// everything else they protect it.
+    fn pods_hold(
+        &self,
+        c: &NodeClaim,
+        drift: Option<Drift>,
+        on_node: &[Arc<Pod>],
+    ) -> Result<bool, String> {
+        let Some(why) = pods_protected(on_node, &self.pdbs, self.mem.now) else {
+            return Ok(false);
         };
-        if let Some(why) = node_protected(c, node) {
-            view.blocked.push((c.clone(), why));
-            continue;
-        }
-        // Drift launches its replacement first, so only consolidation is held at min size.
-        if let Some(why) = group
-            .as_deref()
-            .filter(|_| drift.is_none())
-            .and_then(at_min_size)
-        {
-            view.blocked.push((c.clone(), why));
-            continue;
-        }
-        // Upstream's eventual disruption class: a drifted claim with a terminationGracePeriod is
-        // replaced even when its pods block eviction (the drain honours them until the grace
-        // period ends); for everything else they protect it.
-        let pod_blocked = pods_protected(&on_node, &pdbs, mem.now);
         let eventual = drift.is_some() && c.spec.termination_grace_period.is_some();
-        // A drifted claim on a MachineDeployment mid-rollout stays a drift candidate only.
-        let mut consolidatable = consolidatable && !rolling_out;
-        // A node the last solve put a CapacityBuffer's placeholders on holds the buffer's room:
-        // not empty, and not consolidated (upstream's emptiness check); drift still replaces it.
-        if moving.is_empty() && st.buffers.read().hosts(node.name()) {
-            consolidatable = false;
-        }
-        if let Some(why) = pod_blocked {
-            if !eventual {
-                view.blocked.push((c.clone(), why));
-                continue;
-            }
-            consolidatable = false;
-        }
-        // A static pool's nodes are held: only drift replaces them, one for one.
-        if np.is_static() && drift.is_none() {
-            view.blocked.push((
-                c.clone(),
-                "its NodePool is static (spec.replicas): its nodes are held, not consolidated"
-                    .to_string(),
-            ));
-            continue;
-        }
-        let consolidatable = consolidatable && !np.is_static();
-        view.candidates.push(Candidate {
-            claim: name,
-            node: node.name().to_string(),
-            nodepool: pool_name,
-            price,
-            instance_type: c
-                .labels()
-                .get(INSTANCE_TYPE_LABEL)
-                .cloned()
-                .unwrap_or_default(),
-            reschedule_cost,
-            drifted_since: conditions::get(c.conditions(), conditions::DRIFTED)
-                .filter(|d| d.is_true())
-                .map(|d| d.last_transition_time.0.as_second()),
-            pool_cost: 0.0,
-            pool_disruption: 0.0,
-            capacity_type: c
-                .labels()
-                .get(CAPACITY_TYPE_LABEL)
-                .cloned()
-                .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
-            pods: moving.iter().map(|p| pods::key(p)).collect(),
-            disruption_cost: disruption::claim_disruption_cost(c, &moving, mem.now),
-            drift,
-            consolidatable,
-            policy: np.disruption().consolidation_policy(),
-            static_pool: np.is_static(),
+        if eventual { Ok(true) } else { Err(why) }
+    }
+}
+
+/// Files the claim as one the pass does not weigh, and why.
+fn skip<T>(view: &mut View, name: &str, why: &'static str) -> Option<T> {
+    view.skipped.push((name.to_string(), why));
+    None
+}
+
+/// `Err` with the reason, when there is one.
+fn refuse(why: Option<String>) -> Result<(), String> {
+    why.map_or(Ok(()), Err)
+}
+
+/// What the claim's consolidatability means beyond this pass: its Node, inside its pool's
+/// `consolidateAfter`, takes no moved pod; and its Drifted and Consolidatable conditions are
+/// stamped when they are out of date.
+fn note_conditions(w: &Weighable<'_>, worth: &Worth<'_>, view: &mut View) {
+    if !worth.consolidatable && w.np.disruption().consolidate_after().duration().is_some() {
+        view.under_consolidate_after
+            .insert(w.node.name().to_string());
+    }
+    if stamp_needed(w.claim, worth.drift, worth.consolidatable) {
+        view.stamps.push(Stamp {
+            claim: w.claim.clone(),
+            drift: worth.drift,
+            consolidatable: worth.consolidatable,
         });
     }
-    for c in &mut view.candidates {
-        if let Some((cost, disruption)) = pool_totals.get(&c.nodepool) {
+}
+
+/// The candidate a claim nothing holds back makes; consolidatable only if `may_consolidate`.
+fn candidate(
+    w: Weighable<'_>,
+    worth: Worth<'_>,
+    may_consolidate: bool,
+    now: Timestamp,
+) -> Candidate {
+    let c = w.claim;
+    Candidate {
+        claim: w.name,
+        node: w.node.name().to_string(),
+        nodepool: w.pool,
+        price: worth.price,
+        instance_type: c
+            .labels()
+            .get(INSTANCE_TYPE_LABEL)
+            .cloned()
+            .unwrap_or_default(),
+        reschedule_cost: worth.reschedule_cost,
+        drifted_since: conditions::get(c.conditions(), conditions::DRIFTED)
+            .filter(|d| d.is_true())
+            .map(|d| d.last_transition_time.0.as_second()),
+        pool_cost: 0.0,
+        pool_disruption: 0.0,
+        capacity_type: c
+            .labels()
+            .get(CAPACITY_TYPE_LABEL)
+            .cloned()
+            .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
+        pods: worth.moving.iter().map(|p| pods::key(p)).collect(),
+        disruption_cost: disruption::claim_disruption_cost(c, &worth.moving, now),
+        drift: worth.drift,
+        consolidatable: worth.consolidatable && may_consolidate,
+        policy: w.np.disruption().consolidation_policy(),
+        static_pool: w.np.is_static(),
+    }
+}
+
+/// Each candidate's pool totals, which the `Balanced` policy weighs a move against.
+fn share_pool_totals(candidates: &mut [Candidate], totals: &HashMap<String, (f64, f64)>) {
+    for c in candidates {
+        if let Some((cost, disruption)) = totals.get(&c.nodepool) {
             c.pool_cost = *cost;
             c.pool_disruption = *disruption;
         }
     }
-    let now_unix = mem.now.as_second();
-    for (name, np) in &pools {
-        for reason in [
-            DisruptionReason::Empty,
-            DisruptionReason::Drifted,
-            DisruptionReason::Underutilized,
-        ] {
-            let n = total.get(name).copied().unwrap_or(0);
-            let busy = disrupting.get(name).copied().unwrap_or(0);
-            let left = budgets::allowed(np, reason, n, busy, now_unix);
-            view.allowed.budgets.insert((name.clone(), reason), left);
-            let whole = budgets::allowed(np, reason, n, 0, now_unix);
-            view.budget_use.push((name.clone(), reason, whole, busy));
-        }
-    }
-    let mut blocked: HashSet<(String, DisruptionReason)> = HashSet::new();
-    for c in &view.candidates {
-        let eligible = [
-            (
-                DisruptionReason::Empty,
-                c.consolidatable && c.pods.is_empty(),
-            ),
-            (DisruptionReason::Drifted, c.drift.is_some()),
-            (
-                DisruptionReason::Underutilized,
-                c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty,
-            ),
-        ];
-        for (reason, yes) in eligible {
-            if yes && view.allowed.get(&c.nodepool, reason) == 0 {
-                blocked.insert((c.nodepool.clone(), reason));
-            }
-        }
-    }
-    let mut blocked: Vec<(String, DisruptionReason)> = blocked.into_iter().collect();
-    blocked.sort();
-    view.budget_blocked = blocked
-        .into_iter()
-        .filter_map(|(pool, reason)| pools.get(&pool).map(|np| (np.clone(), reason)))
-        .collect();
-    view
 }
 
 /// The solver's view of the cluster, as the provisioner sees it, with every pod of the nodes a
@@ -463,100 +621,6 @@ pub fn snapshot(
     snapshot
 }
 
-fn expired(c: &NodeClaim, now: Timestamp) -> bool {
-    let Some(after) = c.spec.expire_after.and_then(|d| d.duration()) else {
-        return false;
-    };
-    let Some(created) = c.metadata.creation_timestamp.as_ref() else {
-        return false;
-    };
-    since(created.0, now) >= after
-}
-
-fn since(t: Timestamp, now: Timestamp) -> Duration {
-    Duration::try_from(now.duration_since(t)).unwrap_or_default()
-}
-
-/// Pod events move `status.lastPodEventTime` in steps of at least this (Karpenter v1.0's dedupe):
-/// a node filling up writes its claim a few times, not once per pod. The countdown itself uses
-/// the exact time held in memory.
-pub const POD_EVENT_WRITE_STEP: Duration = Duration::from_secs(10);
-
-/// The time to record as the claim's last pod event, if the record is that far behind.
-fn pod_event_behind(c: &NodeClaim, seen: Option<&Timestamp>) -> Option<Timestamp> {
-    let seen = *seen?;
-    let recorded = c
-        .status
-        .as_ref()
-        .and_then(|s| s.last_pod_event_time.as_ref())
-        .map(|t| t.0);
-    match recorded {
-        Some(r) if seen <= r || since(r, seen) < POD_EVENT_WRITE_STEP => None,
-        _ => Some(seen),
-    }
-}
-
-/// `consolidateAfter` has passed since the node's last pod event (or its initialization), and
-/// the pool consolidates at all.
-fn consolidatable(c: &NodeClaim, np: &NodePool, node: &str, mem: &Memory<'_>) -> bool {
-    let Some(after) = np.disruption().consolidate_after().duration() else {
-        return false;
-    };
-    let initialized = conditions::get(c.conditions(), conditions::INITIALIZED)
-        .map(|i| i.last_transition_time.0)
-        .unwrap_or(mem.now);
-    let recorded = c
-        .status
-        .as_ref()
-        .and_then(|s| s.last_pod_event_time.as_ref())
-        .map(|t| t.0);
-    let last = [
-        Some(initialized),
-        recorded,
-        mem.pod_events.get(node).copied(),
-    ]
-    .into_iter()
-    .flatten()
-    .max()
-    .unwrap_or(mem.started);
-    // Before this actor started we saw no pod events: assume one at start (never early).
-    let last = if after.is_zero() {
-        last
-    } else {
-        last.max(mem.started)
-    };
-    since(last, mem.now) >= after
-}
-
-fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bool {
-    let conds = c.conditions();
-    let drifted_now = conditions::get(conds, conditions::DRIFTED)
-        .filter(|d| d.is_true())
-        .map(|d| d.reason.as_str());
-    let consolidatable_now = conditions::is_true(conds, conditions::CONSOLIDATABLE);
-    drifted_now != drift.map(Drift::reason) || consolidatable_now != consolidatable
-}
-
-/// Cluster Autoscaler's rule: a group at its min-size annotation gives up no node by choice.
-/// Removing one would lower no replica (Cluster API keeps the group at min size): the Machine
-/// would be deleted and made again, a drain and a boot for nothing.
-fn at_min_size(group: &crate::capi::model::MachineDeployment) -> Option<String> {
-    let min: i32 = group
-        .annotations
-        .get(crate::api::wellknown::MIN_SIZE_ANNOTATION)?
-        .trim()
-        .trim_start_matches('+')
-        .parse()
-        .ok()?;
-    let replicas = group.spec_replicas?;
-    (min > 0 && replicas <= min).then(|| {
-        format!(
-            "its {} is at its min size ({replicas} replicas, min {min}): Cluster API would only make its Machine again",
-            group.scalable()
-        )
-    })
-}
-
 /// The groups each NodeClass selects (offered or not), for NodeClasses the catalog is sure of.
 fn selected_by_nodeclass(
     catalog: &CatalogView,
@@ -584,64 +648,5 @@ fn reschedule_cost(moving: &[&Arc<Pod>]) -> f64 {
         .sum::<f64>()
 }
 
-/// Where a claim stands in its pool's disruption budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BudgetStanding {
-    /// It is one of the pool's nodes the budget's percentage is of.
-    pub counted: bool,
-    /// It uses up a disruption of the budget now.
-    pub disrupting: bool,
-}
-
-/// Upstream's budget accounting: only initialized claims count, less those whose instance is
-/// already terminating; of them, the ones whose Node is not Ready, the ones going away (claim or
-/// Node deleting, or expired) and those of the commands under way (or, as the caller says,
-/// whose Machine Cluster API is deleting) are disrupting. A claim whose
-/// Node is already gone still counts while it is deleted (upstream keeps its state node for the
-/// claim alone). A launch that never initialized uses no budget when it is deleted, and during an
-/// outage (Nodes NotReady) nothing more is disrupted voluntarily.
-pub fn budget_standing(
-    c: &NodeClaim,
-    node: Option<&CompactNode>,
-    executing: bool,
-    now: Timestamp,
-) -> BudgetStanding {
-    let counted = conditions::is_true(c.conditions(), conditions::INITIALIZED)
-        && !conditions::is_true(c.conditions(), conditions::INSTANCE_TERMINATING);
-    let going = c.metadata.deletion_timestamp.is_some()
-        || node.is_some_and(CompactNode::deleting)
-        || expired(c, now);
-    BudgetStanding {
-        counted,
-        // A claim of a command under way counts from the command's start, before its marks
-        // reach the index: the next pass may come first.
-        disrupting: counted && (going || executing || node.is_some_and(|n| !n.ready())),
-    }
-}
-
-/// A disruption command has marked the claim (condition) or tainted its Node.
-fn under_way(c: &NodeClaim, node: Option<&CompactNode>) -> bool {
-    node.is_some_and(|n| n.taints().iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
-        || conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some()
-}
-
 #[cfg(test)]
 mod tests;
-
-/// Whether claim `c` on a MachinePool Machine is bound under the pool's current template
-/// (`template_now`) and infrastructure pool (`infra_now`); None when it recorded neither.
-fn pool_up_to_date(c: &NodeClaim, template_now: &str, infra_now: Option<&str>) -> Option<bool> {
-    let annotations = c.annotations();
-    let template = annotations
-        .get(POOL_TEMPLATE_HASH_ANNOTATION)
-        .map(|bound_under| bound_under == template_now);
-    let infra = match (annotations.get(INFRA_POOL_HASH_ANNOTATION), infra_now) {
-        (Some(bound_under), Some(now)) => Some(bound_under == now),
-        _ => None,
-    };
-    match (template, infra) {
-        (Some(false), _) | (_, Some(false)) => Some(false),
-        (Some(true), _) | (None, Some(true)) => Some(true),
-        (None, None) => None,
-    }
-}

@@ -31,11 +31,14 @@ use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_co
 pub use karpenter_capi::testing::merge;
 
 pub mod buffers;
+pub mod chart;
 pub mod claims;
+pub mod exposition;
 pub mod go_provider;
 pub mod repair;
 pub mod replicas;
 pub mod static_pools;
+pub mod unknown_groups;
 
 /// How long a wait may take before the test fails: only a guard against hangs (nothing asserts
 /// on durations), generous because the suite shares two cores with other builds.

@@ -4,7 +4,9 @@
 //! objects, and nothing it started runs or listens after a drop; then whole flows
 //! (`simulate --control-plane real --cluster-api real`) with its controllers making the
 //! MachineSets and Machines, setting nodeRef and syncing the Nodes, the simulator playing only
-//! the infrastructure provider and the kubelets.
+//! the infrastructure provider and the kubelets; a paused Cluster held by both the controller
+//! and the manager; and (module `process`) nothing left after a `simulate --cluster-api real`
+//! process ends.
 
 use std::time::{Duration, Instant};
 
@@ -21,8 +23,12 @@ use serde_json::{Value, json};
 use crate::assets;
 use crate::{alive, listening};
 
+/// `simulate --cluster-api real` as a process of its own: nothing left after it exits.
+#[path = "cluster_api_process.rs"]
+mod process;
+
 pub fn tests() -> Vec<assets::Test> {
-    trials![
+    let mut tests = trials![
         @tokio the_manager_starts_its_webhooks_default_and_validate_and_nothing_is_left
             needs [ControlPlane, ClusterApi],
         @actix the_launch_flow_runs_on_real_cluster_api
@@ -37,7 +43,13 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
         @actix the_expire_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
-    ]
+        @actix the_static_flow_runs_on_real_cluster_api
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix a_paused_cluster_holds_launch_and_disruption_on_real_cluster_api
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+    ];
+    tests.extend(process::tests());
+    tests
 }
 
 fn md_resource(version: &str) -> ApiResource {
@@ -604,4 +616,254 @@ async fn the_expire_flow_runs_on_real_cluster_api() {
     report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
     stops_leaving_nothing(&cluster, kept);
+}
+
+/// `simulate --control-plane real --cluster-api real --scenario static --pods 10` (v1.14.2): the
+/// static NodePool launches its 10 claims, a Node deleted under it is replaced, then a template
+/// change drifts every node and each is replaced within the Drifted budget (10 %: one node),
+/// Cluster API making and removing the Machines. 56-160 s here: some runs stall 30-40 s once
+/// to three times where a raise and a decrement cancel out in Cluster API (docs/fidelity.md).
+/// By hand `--pods 100` passed too.
+async fn the_static_flow_runs_on_real_cluster_api() {
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::static_pool;
+
+    const REPLICAS: usize = 10;
+    crate::common::logs();
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--scenario",
+        "static",
+        "--pods",
+        "10",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = static_pool::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the static scenario on real Cluster API: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(report.invariants_ok, "invariants: {:?}", report.problems);
+    assert_eq!(report.replicas, REPLICAS, "{report}");
+    let names: Vec<&str> = report.phases.iter().map(|p| p.phase.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "launched",
+            "a Node deleted",
+            "every node drifted and replaced"
+        ],
+        "{report}"
+    );
+    let (launched, deleted, drifted) = (&report.phases[0], &report.phases[1], &report.phases[2]);
+    // Each phase ends once the pool holds exactly its replicas, all initialized and none
+    // deleting (the deleted Node's claim, still finalizing, is not one of them).
+    for p in [launched, deleted, drifted] {
+        assert_eq!((p.live, p.initialized), (REPLICAS, REPLICAS), "{report}");
+    }
+    // The deleted Node's claim goes and one replacement comes; the drifted ones are replaced
+    // before they go, one at a time (10 % of 10 nodes).
+    assert!(
+        deleted.fewest_live >= REPLICAS - 1 && deleted.most_live == REPLICAS,
+        "{report}"
+    );
+    assert!(
+        drifted.fewest_live == REPLICAS && drifted.most_live <= REPLICAS + 1,
+        "{report}"
+    );
+    assert_eq!(
+        drifted.created,
+        2 * REPLICAS + 1,
+        "one launch per deletion and per drifted node: {report}"
+    );
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    assert_cluster_api_did_its_part(&cluster, drifted.created).await;
+    // Nothing leaked: one live Machine per live claim, each on a Node.
+    let live_machines = cluster
+        .store()
+        .list("machines", None)
+        .into_iter()
+        .filter(|m| m.pointer("/metadata/deletionTimestamp").is_none())
+        .count();
+    assert_eq!(live_machines, REPLICAS, "{report}");
+    stops_leaving_nothing(&cluster, kept);
+}
+
+/// The controller's writes to MachineDeployments after `since_ms` (the API server's clock).
+fn controller_md_writes_since(
+    cluster: &karpenter_capi::sim::cluster::SimCluster,
+    since_ms: u64,
+) -> Vec<(u64, String, String)> {
+    cluster
+        .stats()
+        .writes_for("machinedeployments", "")
+        .into_iter()
+        .filter(|w| w.at_ms > since_ms && w.agent == karpenter_capi::app::USER_AGENT)
+        .map(|w| (w.at_ms, w.verb, w.name))
+        .collect()
+}
+
+/// Whether every MachineDeployment carries Cluster API's own `Paused` condition at `status`
+/// (`"True"` or `"False"`): the real manager's word that it sees the pause (v1beta2).
+fn manager_says_paused(env: &crate::common::Env, status: &str) -> bool {
+    let mds = env.list("machinedeployments");
+    !mds.is_empty()
+        && mds
+            .iter()
+            .all(|md| crate::common::condition(md, "Paused").is_some_and(|c| c["status"] == status))
+}
+
+/// A paused Cluster (`spec.paused`) on real Cluster API v1.14.2, as
+/// `tests/provisioning/autoscaler.rs::a_paused_cluster_holds_its_machine_deployments_until_it_resumes`
+/// and `tests/disruption/disruption.rs::a_paused_clusters_empty_node_waits_for_the_pause_to_lift`
+/// on the stand-in: while the real manager reports its MachineDeployments `Paused`, pending pods
+/// get no claim, no replica write lands and no Machine is made; once it lifts, the manager makes
+/// the Machines and the pods bind. Then, paused again, the emptied nodes stay (no claim deleted,
+/// no replica write, no Machine deleted) until the pause lifts, when they are consolidated away
+/// and Cluster API deletes their Machines.
+async fn a_paused_cluster_holds_launch_and_disruption_on_real_cluster_api() {
+    use crate::common::claims::fast_disruption;
+    use crate::common::{Env, NS};
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::sim::cluster::PodShape;
+    use karpenter_capi::simulate::pods::seed_of;
+
+    // The cluster `simulate --control-plane real --cluster-api real` runs.
+    let args = SimulateArgs::from_words(&["--control-plane", "real", "--cluster-api", "real"])
+        .expect("simulate's arguments");
+    let env = Env::builder()
+        .cluster(karpenter_capi::simulate::cluster_config(&args))
+        .seeds((0..2).map(|i| seed_of(i, 50)).collect())
+        .short_batches()
+        .tune(|s| s.disruption = fast_disruption())
+        .start()
+        .await;
+    let cluster = env.sim.cluster().clone();
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+
+    // Paused: the controller and Cluster API's manager both see it.
+    env.set_cluster_paused(true).await;
+    env.until(
+        "Cluster API's manager reports the MachineDeployments Paused",
+        |e| manager_says_paused(e, "True"),
+    )
+    .await;
+    let paused_at = cluster.stats().now_ms();
+    env.deployment("web", 2, PodShape::new("100m", "128Mi"))
+        .await;
+    env.until("the pods exist, pending", |e| e.list("pods").len() == 2)
+        .await;
+    // Several provisioning batches (200 ms idle, 2 s at most) go by.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        env.bound_pods(),
+        0,
+        "a pod bound while the Cluster is paused"
+    );
+    assert_eq!(
+        controller_md_writes_since(&cluster, paused_at),
+        [],
+        "a replica write while the Cluster is paused"
+    );
+    let claims = env.list("nodeclaims");
+    assert!(
+        claims.is_empty(),
+        "a claim while the Cluster is paused (nothing is offered): {claims:#?}"
+    );
+    assert!(env.list("machines").is_empty(), "a Machine while paused");
+
+    // Resumed: the controller writes replicas, Cluster API makes the Machines, the pods bind.
+    env.set_cluster_paused(false).await;
+    env.until_quiet("the pods bound once the pause lifted", |e| {
+        e.bound_pods() == 2
+    })
+    .await;
+    assert!(
+        !controller_md_writes_since(&cluster, paused_at).is_empty(),
+        "no replica write after the pause lifted"
+    );
+    let launched = env.list("nodeclaims").len();
+    assert!(launched >= 1, "no claim for the pods");
+    assert_cluster_api_did_its_part(&cluster, launched).await;
+    assert!(
+        manager_says_paused(&env, "False"),
+        "the Paused condition lifted"
+    );
+
+    // Paused again, the Deployment emptied: its nodes are empty and consolidation may take
+    // them, but not while the pause holds.
+    env.set_cluster_paused(true).await;
+    env.set_disruption(
+        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
+                              "budgets": [{"nodes": "100%"}]}),
+    )
+    .await;
+    let paused_again_at = cluster.stats().now_ms();
+    let machines_before: Vec<Value> = env.list("machines");
+    env.sim
+        .run(|c| async move { c.scale_deployment(NS, "web", 0).await })
+        .await
+        .expect("the cluster's runtime")
+        .expect("scale the Deployment to 0");
+    env.until("the pods gone", |e| e.list("pods").is_empty())
+        .await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let claims = env.list("nodeclaims");
+    assert_eq!(claims.len(), launched, "a claim went while paused");
+    assert!(
+        claims
+            .iter()
+            .all(|c| c.pointer("/metadata/deletionTimestamp").is_none()),
+        "a claim deleted while the Cluster is paused: {claims:#?}"
+    );
+    assert_eq!(
+        controller_md_writes_since(&cluster, paused_again_at),
+        [],
+        "a replica write while the Cluster is paused"
+    );
+    let machines = env.list("machines");
+    assert_eq!(
+        machines.len(),
+        machines_before.len(),
+        "a Machine went while paused"
+    );
+    assert!(
+        machines
+            .iter()
+            .all(|m| m.pointer("/metadata/deletionTimestamp").is_none()),
+        "a Machine deleted while the Cluster is paused"
+    );
+
+    // Resumed: the empty nodes go, Cluster API deleting their Machines and Nodes.
+    env.set_cluster_paused(false).await;
+    env.until_quiet("the empty nodes consolidated once the pause lifted", |e| {
+        e.list("nodeclaims").is_empty()
+            && e.list("machines").is_empty()
+            && e.list("nodes").is_empty()
+    })
+    .await;
+    assert!(
+        !controller_md_writes_since(&cluster, paused_again_at).is_empty(),
+        "no replica write after the pause lifted"
+    );
+    let by_manager = cluster
+        .stats()
+        .writes_for("machines", "")
+        .into_iter()
+        .filter(|w| w.at_ms > paused_again_at && w.verb == "delete")
+        .filter(|w| w.agent.starts_with(&format!("{MANAGER_USER} ")))
+        .count();
+    assert_eq!(by_manager, launched, "Cluster API deleted the Machines");
+    env.invariants_hold();
+    let crate::common::Env {
+        sim, controller, ..
+    } = env;
+    stops_leaving_nothing(
+        &cluster,
+        karpenter_capi::simulate::Kept::new(sim, controller),
+    );
 }

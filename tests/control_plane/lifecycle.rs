@@ -1,7 +1,9 @@
 //! A claim's life on both backends: expiry (`expireAfter` replaces a claim whatever the
 //! budget), Cluster API rollouts (a MachineDeployment template change under `OnDelete` carried
 //! out as drift, under `RollingUpdate` adopted without churn) and a controller killed in the
-//! middle of a burst and started again (nothing leaked, nothing bound twice).
+//! middle of a burst and started again (nothing leaked, nothing bound twice). On kube-apiserver
+//! only (its simulated run is in the disruption binary): a restart while the controller may not
+//! read a MachineDeployment's infrastructure template drifts nothing and launches nothing there.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -27,7 +29,24 @@ on_both_backends![
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
-    on_both()
+    let mut all = on_both();
+    // Its simulated run is the disruption binary's test of the same name (without the suffix).
+    all.extend(trials![
+        @actix a_template_only_machine_deployment_unreadable_after_a_restart_drifts_and_launches_nothing_on_kube_apiserver
+            needs [ControlPlane, Upstream, Helm, Kubectl],
+    ]);
+    all
+}
+
+/// Issue 37's restart case (`common::unknown_groups`) on kube-apiserver: md-0's template reads
+/// fail with a 403, the Helm chart's ClusterRole having lost `devmachinetemplates` before the
+/// restart, and are granted again afterwards.
+async fn a_template_only_machine_deployment_unreadable_after_a_restart_drifts_and_launches_nothing_on_kube_apiserver()
+ {
+    crate::common::unknown_groups::template_reads_failing_after_a_restart_drift_and_launch_nothing(
+        Backend::Real,
+    )
+    .await;
 }
 
 async fn expired_claims_go_whatever_the_budget(backend: Backend) {

@@ -145,7 +145,7 @@ fn watch(
 }
 
 /// Every live process descending from `root`.
-fn descendants(root: u32) -> Vec<u32> {
+pub(crate) fn descendants(root: u32) -> Vec<u32> {
     let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
@@ -169,7 +169,7 @@ fn descendants(root: u32) -> Vec<u32> {
 }
 
 /// The parent pid, from /proc/<pid>/stat (after the command's closing parenthesis).
-fn parent_of(pid: u32) -> Option<u32> {
+pub(crate) fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     rest.split_whitespace().nth(1)?.parse().ok()

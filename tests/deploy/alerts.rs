@@ -10,18 +10,14 @@
 //! the same metrics.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
-use std::sync::Arc;
 
-use karpenter_capi::http::{self, Health};
 use karpenter_capi::metrics::Metrics;
-use karpenter_capi::sim::cluster::PodShape;
-use karpenter_capi::simulate::{BackgroundSim, launch, pods, sim_settings, start_controller};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::assets::{self, Asset, tool};
-use crate::deploy::{CHART, assert_ok, helm_template, path, read, run_tool, values, yaml_docs};
+use crate::common::chart::{CHART, yaml_docs};
+use crate::common::exposition::{Served, family_types, sampled, samples};
+use crate::deploy::{assert_ok, helm_template, path, read, run_tool, values};
 
 pub fn tests() -> Vec<assets::Test> {
     trials![
@@ -284,15 +280,11 @@ fn template_alerts() -> Vec<(String, String)> {
 fn exported_labels() -> BTreeMap<String, BTreeSet<String>> {
     let text = read(&path("tests/fixtures/metrics.txt"));
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let labels = out.entry(line[..name_end].to_string()).or_default();
-        if line[name_end..].starts_with('{') {
-            let end = line.rfind('}').expect("closing brace");
-            labels.extend(matcher_labels(&line[name_end + 1..end]));
+    for (name, rest) in samples(&text) {
+        let labels = out.entry(name.to_string()).or_default();
+        if let Some(inner) = rest.strip_prefix('{') {
+            let end = inner.rfind('}').expect("closing brace");
+            labels.extend(matcher_labels(&inner[..end]));
         }
     }
     out
@@ -316,37 +308,6 @@ fn family<'a>(series: &'a str, types: &BTreeMap<String, String>) -> (&'a str, &'
         }
     }
     (series, "gauge")
-}
-
-/// The TYPE line of every family an OpenMetrics exposition declares.
-fn declared(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_once(' '))
-        .map(|(n, t)| (n.to_string(), t.to_string()))
-        .collect()
-}
-
-/// The series names with samples in an exposition.
-fn sampled(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l[..l.find(['{', ' ']).unwrap_or(l.len())].to_string())
-        .collect()
-}
-
-async fn get_metrics(addr: SocketAddr) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.expect("response");
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    body.split_once("\r\n\r\n")
-        .expect("headers end")
-        .1
-        .to_string()
 }
 
 fn prometheus_rule_is_optional_and_off_by_default() {
@@ -448,34 +409,12 @@ async fn every_metric_the_alerts_read_is_on_a_live_metrics() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 
     // The controller on the simulated cluster, /metrics served as in production.
-    let sim = BackgroundSim::start(crate::common::standin_cluster(
-        karpenter_capi::sim::capi::CapiVersion::V1Beta2,
-    ))
-    .await
-    .expect("simulated cluster");
-    sim.run(|c| async move {
-        c.create_machine_deployment_from(&pods::seed_of(0, 10))
-            .await
-            .expect("MachineDeployment");
-        launch::seed_nodeclass_and_pool(c.client())
-            .await
-            .expect("NodePool");
-    })
-    .await
-    .expect("seed");
-    let metrics = Metrics::new();
-    let _controller = start_controller(&sim, sim_settings(None), metrics.clone())
-        .await
-        .expect("controller");
-    let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let (addr, _) = http::serve(local, local, metrics, Arc::new(Health::default()))
-        .await
-        .expect("metrics endpoint");
+    let served = Served::start(1, Metrics::new()).await;
 
     // Fresh: before any pod, every family the alerts read is declared with the right TYPE, so
     // a dashboard finds it and an alert does not mistake it for a missing controller.
-    let fresh = get_metrics(addr).await;
-    let types = declared(&fresh);
+    let fresh = served.scrape().await;
+    let types = family_types(&fresh);
     for metric in &used {
         let (fam, ty) = family(metric, &types);
         assert_eq!(
@@ -502,22 +441,9 @@ async fn every_metric_the_alerts_read_is_on_a_live_metrics() {
     }
 
     // A tiny launch: the families labelled by NodePool and MachineDeployment get series.
-    sim.run(|c| async move {
-        c.create_deployment(crate::common::NS, "app", 2, &PodShape::new("500m", "1Gi"))
-            .await
-            .expect("Deployment");
-    })
-    .await
-    .expect("pods");
-    let store = sim.cluster().clone();
-    crate::common::eventually("every pod bound", || {
-        let pods = store.server().store().list("pods", None);
-        let bound = pods.len() == 2 && pods.iter().all(|p| p["spec"]["nodeName"].is_string());
-        async move { bound.then_some(()) }
-    })
-    .await;
-    let text = get_metrics(addr).await;
-    let types = declared(&text);
+    served.bind_pods(2).await;
+    let text = served.scrape().await;
+    let types = family_types(&text);
     let samples = sampled(&text);
     for metric in &used {
         let (fam, ty) = family(metric, &types);

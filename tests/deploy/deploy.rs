@@ -16,6 +16,7 @@ use karpenter_capi::cli::Cli;
 use serde_json::Value;
 
 use crate::assets;
+use crate::common::chart::{CHART, strings, stripped_docs, yaml_docs};
 use assets::{Asset, tool};
 
 pub fn tests() -> Vec<assets::Test> {
@@ -41,7 +42,6 @@ pub fn tests() -> Vec<assets::Test> {
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const MANIFESTS: &str = "deploy/manifests";
-pub(crate) const CHART: &str = "deploy/helm/karpenter-capi";
 pub(crate) const NAMESPACE: &str = "karpenter-capi";
 const SERVICE_ACCOUNT: &str = "karpenter-capi";
 const LEASE: &str = "karpenter-capi-leader-election";
@@ -167,14 +167,6 @@ pub(crate) fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display()))
 }
 
-pub(crate) fn yaml_docs(text: &str, origin: &str) -> Vec<Value> {
-    serde_saphyr::from_multiple::<Value>(text)
-        .unwrap_or_else(|e| panic!("{origin}: not valid YAML: {e}"))
-        .into_iter()
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
 /// Files of `dir` ending in one of `exts`, sorted by name.
 fn files(dir: &str, exts: &[&str]) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(path(dir))
@@ -220,22 +212,9 @@ fn one<'a>(docs: &'a [(String, Value)], k: &str) -> &'a Value {
     found[0]
 }
 
-/// A Helm template with every line that holds a template action removed. The templates are
-/// written so that what is left is valid YAML: the fixed parts (rules, hardening, probes) can be
-/// checked without Helm.
-fn strip_template(text: &str) -> String {
-    text.lines()
-        .filter(|l| !l.contains("{{"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 fn chart_template(file: &str) -> Vec<Value> {
     let p = path(&format!("{CHART}/templates/{file}"));
-    yaml_docs(
-        &strip_template(&read(&p)),
-        &format!("templates/{file} (stripped)"),
-    )
+    stripped_docs(&read(&p), &format!("templates/{file} (stripped)"))
 }
 
 pub(crate) fn values() -> Value {
@@ -255,16 +234,6 @@ struct Rule {
     resources: Vec<String>,
     verbs: Vec<String>,
     names: Vec<String>,
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn rules(role: &Value) -> Vec<Rule> {
@@ -923,8 +892,7 @@ fn every_yaml_file_parses() {
         }
     }
     for p in files(&format!("{CHART}/templates"), &["yaml"]) {
-        let stripped = strip_template(&read(&p));
-        yaml_docs(&stripped, &format!("{} (stripped)", p.display()));
+        stripped_docs(&read(&p), &format!("{} (stripped)", p.display()));
     }
     assert!(count >= 15, "only {count} documents found");
 }

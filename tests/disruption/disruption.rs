@@ -897,3 +897,19 @@ async fn a_machine_deployment_that_cannot_be_read_drifts_none_of_its_claims() {
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
 }
+
+/// Issue 37, the restart half: md-0's capacity comes only from its infrastructure template, a
+/// claim runs on it, and the controller restarts while every read of that template fails (the
+/// server's faults: 500/503 for the controller). md-0 is unknown, not gone: its claim is not
+/// drifted or deleted over many disruption passes, nothing launches on it (a new claim goes to
+/// the dearer md-1), the claim and the NodeClass say why; once the reads succeed md-0 is offered
+/// and launched on again, nothing drifted. The same body runs on kube-apiserver (the chart's
+/// ClusterRole without the template kind) in the control_plane binary's lifecycle module.
+#[actix::test]
+async fn a_template_only_machine_deployment_unreadable_after_a_restart_drifts_and_launches_nothing()
+{
+    common::unknown_groups::template_reads_failing_after_a_restart_drift_and_launch_nothing(
+        karpenter_capi::sim::cluster::Backend::Simulated,
+    )
+    .await;
+}

@@ -5,6 +5,7 @@
 //! never removed blindly. The pods scenario provisions on pools and on a mix of both kinds.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use kube::api::{Api, DeleteParams};
 use serde_json::Value;
@@ -12,7 +13,7 @@ use serde_json::Value;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::capi::version::CapiVersion;
-use karpenter_capi::sim::cluster::MachineDeploymentSeed;
+use karpenter_capi::sim::cluster::{MachineDeploymentSeed, SimClusterConfig};
 use karpenter_capi::simulate::launch::seed_of;
 
 use crate::common::Env;
@@ -225,10 +226,12 @@ async fn a_restart_mid_burst_neither_leaks_nor_double_binds_instances() {
 }
 
 /// Deleting a claim of such a pool never lowers replicas (the cloud would choose which instance
-/// goes): its Node is drained and cordoned, the instance handed back to the pool as baseline
-/// (never bound again), and the claim's condition and an Event say why.
+/// goes): its Node is drained, cordoned and cleared of the claim's labels and taints, the
+/// instance handed back to the pool, and the claim's condition and an Event say why. The next
+/// claim on the pool takes that instance back (capacity already paid for) instead of raising
+/// replicas, and its registration lifts the cordon.
 #[actix::test]
-async fn deleting_a_claim_of_such_a_pool_hands_its_instance_back() {
+async fn deleting_a_claim_of_such_a_pool_hands_its_instance_back_for_the_next_claim() {
     let env = instance_pool_env().await;
     let names = env.claims(2, 1).await;
     env.settle().await;
@@ -276,15 +279,209 @@ async fn deleting_a_claim_of_such_a_pool_hands_its_instance_back() {
             .is_none_or(|f| f.iter().all(|x| x != TERMINATION_FINALIZER)),
         "{n:#}"
     );
-    assert!(n["metadata"]["labels"][NODEPOOL_LABEL].is_null());
+    for gone in [NODEPOOL_LABEL, REGISTERED_LABEL, INITIALIZED_LABEL] {
+        assert!(n["metadata"]["labels"][gone].is_null(), "{gone}: {n:#}");
+    }
+    assert!(
+        !n["metadata"]["labels"][INSTANCE_TYPE_LABEL].is_null(),
+        "what describes the instance stays: {n:#}"
+    );
+    assert_eq!(
+        n["metadata"]["annotations"][HANDED_BACK_NODE_ANNOTATION].as_str(),
+        Some(victim.as_str())
+    );
+    assert!(no_karpenter_taint(&n), "{n:#}");
+    let handed_back_metric =
+        "karpenter_capi_handed_back_instances{machine_deployment=\"MachinePool/default/mp-0\"}";
+    env.wait("the handed-back instance reported", || {
+        (env.metric(handed_back_metric) == 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        env.metric("karpenter_capi_handed_back_instances_price{") > 0.0,
+        "priced at the pool's price"
+    );
+    let report = explain_nodepool(&env);
+    assert_eq!(
+        report["handed_back"],
+        serde_json::json!([{"machine_deployment": "MachinePool/default/mp-0",
+                            "instances": [pid.clone()],
+                            "price_each": report["offerings"][0]["price"]}]),
+        "{report:#}"
+    );
 
-    // A new claim gets a new instance, never the handed-back one.
-    env.claims(1, 1).await;
+    // The next claim takes the handed-back instance: no replica raised.
+    let next = env.claims(1, 1).await;
     env.settle().await;
     let held = instances(&env);
     assert_eq!(held.len(), 2);
-    assert!(held.iter().all(|(_, p)| *p != pid), "{held:?}");
-    assert_eq!(pool(&env)["spec"]["replicas"], 3);
+    assert!(
+        held.contains(&(next[0].clone(), pid.clone())),
+        "the new claim holds the handed-back instance: {held:?}"
+    );
+    let mp = pool(&env);
+    assert_eq!(mp["spec"]["replicas"], 2, "no replica raised");
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "2"
+    );
+    assert!(
+        mp["metadata"]["annotations"][HANDED_BACK_ANNOTATION]
+            .as_str()
+            .is_none_or(str::is_empty),
+        "{mp:#}"
+    );
+    let c = env.get("nodeclaims", "", &next[0]).expect("the new claim");
+    assert!(initialized(&c), "{c:#}");
+    assert_eq!(c["status"]["nodeName"].as_str(), Some(node.as_str()));
+    let n = env.get("nodes", "", &node).expect("the Node");
+    assert_ne!(n["spec"]["unschedulable"], true, "the cordon lifted: {n:#}");
+    assert!(n["metadata"]["annotations"][HANDED_BACK_NODE_ANNOTATION].is_null());
+    assert_eq!(n["metadata"]["labels"][REGISTERED_LABEL], "true");
+    env.wait("no handed-back instance reported", || {
+        (env.metric(handed_back_metric) == 0.0).then_some(())
+    })
+    .await;
+    env.invariants_hold();
+}
+
+/// Two handed-back instances taken back by two claims, the controller killed as soon as the
+/// first take-back bind shows: the new controller finishes both take-backs, counts each instance
+/// once (no replica raised, the managed count back to four), and binds no instance twice.
+#[actix::test]
+async fn a_restart_mid_take_back_counts_each_instance_once() {
+    let mut env = instance_pool_env().await;
+    let names = env.claims(4, 1).await;
+    env.settle().await;
+    let api = Api::<NodeClaim>::all(env.client().await);
+    for victim in &names[..2] {
+        api.delete(victim, &DeleteParams::default()).await.unwrap();
+    }
+    env.wait("both instances handed back", || {
+        let back = pool(&env)["metadata"]["annotations"][HANDED_BACK_ANNOTATION]
+            .as_str()
+            .map(|v| v.split(',').count());
+        (back == Some(2) && instances(&env).len() == 2).then_some(())
+    })
+    .await;
+    env.settle().await;
+    let before: BTreeSet<String> = listed(&env);
+    let next = env.claims(2, 1).await;
+    env.wait("a take-back bind shows", || {
+        instances(&env)
+            .iter()
+            .any(|(c, _)| next.contains(c))
+            .then_some(())
+    })
+    .await;
+    env.restart().await;
+    env.settle().await;
+    let held = instances(&env);
+    let pids: BTreeSet<String> = held.iter().map(|(_, p)| p.clone()).collect();
+    assert_eq!(held.len(), 4, "every live claim bound: {held:?}");
+    assert_eq!(pids.len(), 4, "no instance bound twice: {held:?}");
+    assert_eq!(listed(&env), before, "no instance added");
+    let mp = pool(&env);
+    assert_eq!(mp["spec"]["replicas"], 4);
+    assert_eq!(
+        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
+        "4"
+    );
+    assert!(
+        mp["metadata"]["annotations"][HANDED_BACK_ANNOTATION]
+            .as_str()
+            .is_none_or(str::is_empty),
+        "{mp:#}"
+    );
+    env.invariants_hold();
+}
+
+/// `karpenter-capi explain nodepool default -o json` against the env's cluster.
+fn explain_nodepool(env: &Env) -> Value {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+        .args([
+            "explain",
+            "nodepool",
+            "default",
+            "-o",
+            "json",
+            "--kubeconfig",
+        ])
+        .arg(env.sim.kubeconfig())
+        .output()
+        .expect("running karpenter-capi explain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("explain printed JSON")
+}
+
+/// No Karpenter taint (unregistered, disrupted) left on a Node.
+fn no_karpenter_taint(n: &Value) -> bool {
+    n["spec"]["taints"].as_array().is_none_or(|ts| {
+        ts.iter()
+            .all(|t| t["key"] != UNREGISTERED_TAINT_KEY && t["key"] != DISRUPTED_TAINT_KEY)
+    })
+}
+
+/// A claim of such a pool deleted before its Node registered: the instance is handed back, and
+/// its Node, whenever it joins, never keeps `karpenter.sh/unregistered:NoExecute` (it could never
+/// run a pod): cordoned and, once Ready, free for the next claim, which takes it.
+#[actix::test]
+async fn an_instance_whose_claim_went_before_registration_keeps_no_unregistered_taint() {
+    let env = Env::builder()
+        .cluster(SimClusterConfig {
+            node_ready_delay: Duration::from_secs(3),
+            ..cluster(CapiVersion::V1Beta2)
+        })
+        .seeds(Vec::new())
+        .pools(vec![(pool_seed(), false)])
+        .start()
+        .await;
+    let names = env.claims(1, 1).await;
+    let pid = env
+        .wait("the claim bound to an instance", || {
+            instances(&env).into_iter().next().map(|(_, p)| p)
+        })
+        .await;
+    Api::<NodeClaim>::all(env.client().await)
+        .delete(&names[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    env.wait("the claim gone", || {
+        env.get("nodeclaims", "", &names[0]).is_none().then_some(())
+    })
+    .await;
+    let node = env
+        .wait("the instance's Node settled and Ready", || {
+            env.list("nodes").into_iter().find(|n| {
+                n["spec"]["providerID"] == pid.as_str()
+                    && no_karpenter_taint(n)
+                    && n["spec"]["unschedulable"] == true
+                    && n["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    })
+            })
+        })
+        .await;
+    assert!(
+        node["metadata"]["labels"][NODEPOOL_LABEL].is_null(),
+        "{node:#}"
+    );
+    assert_eq!(
+        pool(&env)["metadata"]["annotations"][HANDED_BACK_ANNOTATION].as_str(),
+        Some(pid.as_str())
+    );
+
+    let next = env.claims(1, 1).await;
+    env.settle().await;
+    assert_eq!(instances(&env), vec![(next[0].clone(), pid.clone())]);
+    assert_eq!(pool(&env)["spec"]["replicas"], 1, "no replica raised");
+    let c = env.get("nodeclaims", "", &next[0]).expect("the new claim");
+    assert!(initialized(&c), "{c:#}");
     env.invariants_hold();
 }
 

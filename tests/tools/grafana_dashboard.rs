@@ -5,15 +5,11 @@
 //! names), and the dashboard covers what operators watch.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
-use std::sync::Arc;
 
-use karpenter_capi::http::{self, Health};
 use karpenter_capi::metrics::Metrics;
-use karpenter_capi::sim::cluster::PodShape;
-use karpenter_capi::simulate::{BackgroundSim, launch, pods, sim_settings, start_controller};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::exposition::{Served, sampled};
 
 const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -125,28 +121,6 @@ fn dashboard_metrics(dashboard: &Value) -> BTreeSet<String> {
     names
 }
 
-/// The series names with samples in an OpenMetrics exposition.
-fn sampled(text: &str) -> BTreeSet<String> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| l[..l.find(['{', ' ']).unwrap_or(l.len())].to_string())
-        .collect()
-}
-
-async fn get_metrics(addr: SocketAddr) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.expect("response");
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    body.split_once("\r\n\r\n")
-        .expect("headers end")
-        .1
-        .to_string()
-}
-
 #[test]
 fn promql_names_are_told_from_functions_labels_and_keywords() {
     let names = metric_names(
@@ -169,48 +143,12 @@ async fn every_metric_the_dashboard_queries_is_on_metrics() {
     let queried = dashboard_metrics(&dashboard);
 
     // A controller that provisioned pods, so the launch path's series have samples.
-    let sim = BackgroundSim::start(crate::common::standin_cluster(
-        karpenter_capi::sim::capi::CapiVersion::V1Beta2,
-    ))
-    .await
-    .expect("simulated cluster");
-    sim.run(|c| async move {
-        for i in 0..2 {
-            c.create_machine_deployment_from(&pods::seed_of(i, 10))
-                .await
-                .expect("MachineDeployment");
-        }
-        launch::seed_nodeclass_and_pool(c.client())
-            .await
-            .expect("NodePool");
-    })
-    .await
-    .expect("seed");
     let metrics = Metrics::new();
     let declared: BTreeSet<String> = metrics.series_names().iter().cloned().collect();
-    let _controller = start_controller(&sim, sim_settings(None), metrics.clone())
-        .await
-        .expect("controller");
-    let local = SocketAddr::from(([127, 0, 0, 1], 0));
-    let (addr, _) = http::serve(local, local, metrics, Arc::new(Health::default()))
-        .await
-        .expect("metrics endpoint");
-    sim.run(|c| async move {
-        c.create_deployment(crate::common::NS, "app", 6, &PodShape::new("500m", "1Gi"))
-            .await
-            .expect("Deployment");
-    })
-    .await
-    .expect("pods");
-    let store = sim.cluster().clone();
-    crate::common::eventually("every pod bound", || {
-        let pods = store.server().store().list("pods", None);
-        let bound = pods.len() == 6 && pods.iter().all(|p| p["spec"]["nodeName"].is_string());
-        async move { bound.then_some(()) }
-    })
-    .await;
+    let served = Served::start(2, metrics).await;
+    served.bind_pods(6).await;
 
-    let text = get_metrics(addr).await;
+    let text = served.scrape().await;
     let sampled = sampled(&text);
     // Families without series yet (no disruption happened here) show only their HELP and TYPE
     // lines, under the family's name, so the registry's declared series names stand in for

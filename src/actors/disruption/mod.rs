@@ -20,6 +20,7 @@
 
 mod budget_check;
 mod commands;
+mod decide;
 mod execute;
 
 pub use execute::on_claim_and_node;
@@ -39,7 +40,7 @@ use crate::api::conditions;
 use crate::api::wellknown::REPLACES_ANNOTATION;
 use crate::disruption::validation::{self, Next, Pending, Stage};
 use crate::disruption::{self, Command};
-use crate::metrics::{ConsolidationTypeLabels, EvaluationLabels, PoolReasonLabels, ReasonLabels};
+use crate::metrics::{PoolReasonLabels, ReasonLabels};
 use crate::view::disruption as view;
 
 /// Something disruption looks at changed; `pod_event` is a pod event on a node, at its time (the
@@ -169,6 +170,9 @@ impl Disruption {
         }));
     }
 
+    /// One pass: the view gathered and published, housekeeping written, and (unless a decision
+    /// waits for its validation) the due command validated or the next one decided, off the
+    /// actor; back on it, the commands under way go on and the decision is considered.
     fn pass(&mut self, ctx: &mut Context<Self>) {
         if self.running {
             self.again = true;
@@ -179,21 +183,7 @@ impl Disruption {
         }
         self.running = true;
         let now = Timestamp::now();
-        // Nodes that are gone have no countdown to keep.
-        {
-            let nodes = self.shared.state.nodes.read();
-            self.pod_events.retain(|n, _| nodes.contains(n));
-        }
-        // Candidates a finished command deleted count as its own until the index shows them
-        // deleting: a pass that comes before that watch event must not see their budget free.
-        {
-            let claims = self.shared.state.claims.read();
-            self.deleted.retain(|name| {
-                claims
-                    .get(name)
-                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
-            });
-        }
+        self.forget_what_is_gone();
         let mut view = self.gather_now(now);
         self.publish_metrics(&view);
         let shared = self.shared.clone();
@@ -204,24 +194,91 @@ impl Disruption {
             .map(|e| (e.id, self.progress(e)))
             .collect();
         self.judge_aftermath();
+        let question = self.question(&mut view);
+        // While a decision waits for its validation nothing else is decided, as upstream's loop
+        // waits: a pass that decided again would replace it whenever the cluster moved a
+        // little, and its clock would never run out.
+        let waiting = question.is_none();
+        let fut = async move {
+            housekeeping(&shared, view).await;
+            match question {
+                Some(q) => decide::decide(&shared, q).await,
+                None => (None, None),
+            }
+        };
+        ctx.spawn(fut.into_actor(self).map(move |(cmd, moving), act, ctx| {
+            act.after_pass(progress, waiting, cmd, moving, ctx)
+        }));
+    }
+
+    /// Nodes that are gone have no countdown to keep; candidates a finished command deleted
+    /// count as its own until the index shows them deleting (a pass that comes before that
+    /// watch event must not see their budget free).
+    fn forget_what_is_gone(&mut self) {
+        {
+            let nodes = self.shared.state.nodes.read();
+            self.pod_events.retain(|n, _| nodes.contains(n));
+        }
+        let claims = self.shared.state.claims.read();
+        self.deleted.retain(|name| {
+            claims
+                .get(name)
+                .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
+        });
+    }
+
+    /// What the decision is asked, or None while a pending decision waits for its validation.
+    /// One whose period is over is validated rather than decided again.
+    fn question(&mut self, view: &mut view::View) -> Option<decide::Question> {
+        let candidates = self.decision_candidates(view);
+        let leaving = self.leaving();
+        let under_consolidate_after = std::mem::take(&mut view.under_consolidate_after);
+        let allowed = self.next_allowed(&view.allowed);
+        let stage = validation::stage(
+            self.pending.as_ref(),
+            Instant::now(),
+            self.settings().validation,
+        );
+        let due = match stage {
+            Stage::Wait(_) => return None,
+            Stage::Validate(cmd) => Some(cmd),
+            Stage::Decide => None,
+        };
+        Some(decide::Question {
+            candidates,
+            leaving,
+            under_consolidate_after,
+            allowed,
+            due,
+            not_draining_yet: self.not_draining_yet(),
+            may_settle: self.may_settle(),
+        })
+    }
+
+    /// The view's candidates a decision may take: those of a command rolled back a moment ago
+    /// wait out their own backoff, and while consolidation is paused only empty nodes and
+    /// drift go.
+    fn decision_candidates(&self, view: &mut view::View) -> Vec<disruption::Candidate> {
         // Moved out, not copied: housekeeping reads the rest of the view, never the candidates
         // (at 5,000 nodes a copy held every node's pod names twice).
         let mut candidates = std::mem::take(&mut view.candidates);
-        // Candidates of a command rolled back a moment ago wait out their own backoff.
         let at = Instant::now();
         candidates.retain(|c| {
             self.failed
                 .get(&c.claim)
                 .is_none_or(|(until, _)| *until <= at)
         });
-        // The running commands' nodes go away: the next decision plans their pods as pending
-        // (upstream adds the pods of nodes marked for deletion to every simulation), so two
-        // commands do not count on the same room.
-        let leaving: Vec<disruption::Candidate> = self
-            .executing
-            .values()
-            .flat_map(|e| e.command.candidates.iter().cloned())
-            .collect();
+        if self.consolidation_paused() {
+            for c in candidates.iter_mut().filter(|c| !c.pods.is_empty()) {
+                c.consolidatable = false;
+            }
+        }
+        candidates
+    }
+
+    /// Consolidation of non-empty nodes stays quiet after a consolidation that overshot; the
+    /// gauge says so.
+    fn consolidation_paused(&self) -> bool {
         let paused = self
             .consolidation_quiet_until
             .is_some_and(|t| Instant::now() < t);
@@ -229,38 +286,33 @@ impl Disruption {
             .metrics
             .consolidation_paused
             .set(i64::from(paused));
-        if paused {
-            // Only empty nodes and drift while consolidation stays quiet.
-            for c in candidates.iter_mut().filter(|c| !c.pods.is_empty()) {
-                c.consolidatable = false;
-            }
-        }
-        let under_consolidate_after = std::mem::take(&mut view.under_consolidate_after);
-        let mut allowed = view.allowed.clone();
+        paused
+    }
+
+    /// The running commands' nodes go away: the next decision plans their pods as pending
+    /// (upstream adds the pods of nodes marked for deletion to every simulation), so two
+    /// commands do not count on the same room.
+    fn leaving(&self) -> Vec<disruption::Candidate> {
+        self.executing
+            .values()
+            .flat_map(|e| e.command.candidates.iter().cloned())
+            .collect()
+    }
+
+    /// The budgets the decision may use, its single-node search window moved on for the next
+    /// pass.
+    fn next_allowed(&mut self, allowed: &disruption::Allowed) -> disruption::Allowed {
+        let mut allowed = allowed.clone();
         allowed.rotation = self.rotation;
         self.rotation = self
             .rotation
             .wrapping_add(disruption::MAX_SINGLE_NODE_SIMULATIONS);
-        // While a decision waits for its validation nothing else is decided, as upstream's loop
-        // waits: a pass that decided again would replace it whenever the cluster moved a
-        // little, and its clock would never run out. One whose period is over is validated
-        // rather than decided again.
-        let stage = validation::stage(
-            self.pending.as_ref(),
-            Instant::now(),
-            self.settings().validation,
-        );
-        let waiting = matches!(stage, Stage::Wait(_));
-        let due = match stage {
-            Stage::Validate(cmd) => Some(cmd),
-            _ => None,
-        };
-        let validating = due
-            .as_ref()
-            .map(|p| (p.method.consolidation_type(), p.candidates.len()));
-        // Pods of a command whose replacement is still launching stay where they are for now.
-        let not_draining_yet: HashSet<String> = self
-            .executing
+        allowed
+    }
+
+    /// Pods of a command whose replacement is still launching stay where they are for now.
+    fn not_draining_yet(&self) -> HashSet<String> {
+        self.executing
             .values()
             .filter(|e| !e.deleting && !e.command.replacements.is_empty())
             .flat_map(|e| {
@@ -269,137 +321,40 @@ impl Disruption {
                     .iter()
                     .flat_map(|c| c.pods.iter().cloned())
             })
-            .collect();
+            .collect()
+    }
+
+    /// Consolidation waits for pods on their way at most `SETTLE_PERIODS` validation periods.
+    fn may_settle(&self) -> bool {
         let settle = self.settings().validation * SETTLE_PERIODS;
-        let may_settle = self.moving_since.is_none_or(|t| t.elapsed() < settle);
-        let fut = async move {
-            housekeeping(&shared, view).await;
-            if waiting {
-                return (None, None);
+        self.moving_since.is_none_or(|t| t.elapsed() < settle)
+    }
+
+    /// The pass's end, back on the actor: the commands that progressed finish or roll back, the
+    /// decision is considered, and a pass asked for meanwhile comes soon.
+    fn after_pass(
+        &mut self,
+        progress: Vec<(u64, Progress)>,
+        waiting: bool,
+        cmd: Option<(Command, bool)>,
+        moving: Option<usize>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.running = false;
+        self.note_pods_on_their_way(moving);
+        for (id, p) in progress {
+            match p {
+                Progress::Ready => self.finish(id, ctx),
+                Progress::Failed(why) => self.roll_back(id, why, ctx),
+                Progress::Waiting => {}
             }
-            // No candidate is drifted or consolidatable and no decision waits for validation:
-            // every method would pass, so the snapshot (every Node's labels and room, every bound
-            // pod) is not built for nothing.
-            let undecidable = due.is_none()
-                && !candidates
-                    .iter()
-                    .any(|c| c.drift.is_some() || c.consolidatable);
-            let mut started = Instant::now();
-            let (decision, on_their_way) = if undecidable {
-                Default::default()
-            } else {
-                let snapshot = view::snapshot(
-                    shared.view(),
-                    &candidates,
-                    &leaving,
-                    &under_consolidate_after,
-                );
-                started = Instant::now();
-                tokio::task::spawn_blocking(move || {
-                    let mut snapshot = snapshot;
-                    disruption::consolidation::keep_room_of_pods_about_to_bind(&mut snapshot);
-                    if !snapshot.about_to_bind.is_empty() {
-                        tracing::debug!(
-                            pods = snapshot.about_to_bind.len(),
-                            "pending pods the cluster has room for now: their room is kept"
-                        );
-                    }
-                    if let Some(pending) = due {
-                        match disruption::revalidate(&snapshot, &candidates, &allowed, &pending) {
-                            Ok(validated) => {
-                                if validated.candidates.len() < pending.candidates.len() {
-                                    tracing::debug!(
-                                        claims = ?pending.claim_names(),
-                                        kept = ?validated.claim_names(),
-                                        "disruption command goes on without candidates no longer valid"
-                                    );
-                                }
-                                return ((Some(validated), true, Vec::new()), None);
-                            }
-                            Err(why) => tracing::debug!(
-                                claims = ?pending.claim_names(),
-                                why = %why,
-                                "disruption command dropped at validation"
-                            ),
-                        }
-                    }
-                    let mut candidates = candidates;
-                    let (moving, held) = disruption::consolidation::wait_for_pods_on_their_way(
-                        &snapshot,
-                        &mut candidates,
-                        &not_draining_yet,
-                        may_settle,
-                    );
-                    if held > 0 {
-                        tracing::debug!(pods = moving, candidates = held, "consolidation waits for pods on their way to land");
-                    }
-                    let d = disruption::decide_explained(&snapshot, &candidates, &allowed);
-                    ((d.command, false, d.unconsolidatable), Some(moving))
-                })
-                .await
-                .unwrap_or_default()
-            };
-            let (command, validated, unconsolidatable) = decision;
-            let m = &shared.metrics;
-            // Candidates the validation left out: all of a command dropped, or the ones an
-            // emptiness command goes on without.
-            if let Some((consolidation_type, n)) = validating {
-                let carried = command
-                    .as_ref()
-                    .filter(|_| validated)
-                    .map_or(0, |c| c.candidates.len());
-                let failed = n.saturating_sub(carried);
-                if failed > 0 {
-                    m.disruption_failed_validations
-                        .get_or_create(&ConsolidationTypeLabels {
-                            consolidation_type: consolidation_type.into(),
-                        })
-                        .inc_by(failed as u64);
-                }
-            }
-            // One pass tries the methods in order until one decides: the time is the deciding
-            // method's, or the last method's when none did.
-            let method = command
-                .as_ref()
-                .map_or(disruption::Method::SingleNodeConsolidation, |c| c.method);
-            m.disruption_evaluation_seconds
-                .get_or_create(&EvaluationLabels {
-                    reason: method.reason().as_str().to_lowercase(),
-                    consolidation_type: method.consolidation_type().into(),
-                })
-                .observe(started.elapsed().as_secs_f64());
-            for (claim, why) in &unconsolidatable {
-                tracing::debug!(nodeclaim = %claim, why = %why, "cannot be consolidated");
-                let c = shared.state.claims.read().get(claim);
-                if let Some(c) = c {
-                    execute::on_claim_and_node(
-                        &shared,
-                        &c,
-                        Events::normal,
-                        "Unconsolidatable",
-                        |object| format!("{object} cannot be consolidated: {why}"),
-                    );
-                }
-            }
-            (command.map(|c| (c, validated)), on_their_way)
-        };
-        ctx.spawn(fut.into_actor(self).map(move |(cmd, moving), act, ctx| {
-            act.running = false;
-            act.note_pods_on_their_way(moving);
-            for (id, p) in progress {
-                match p {
-                    Progress::Ready => act.finish(id, ctx),
-                    Progress::Failed(why) => act.roll_back(id, why, ctx),
-                    Progress::Waiting => {}
-                }
-            }
-            if !waiting {
-                act.consider(cmd, ctx);
-            }
-            if std::mem::take(&mut act.again) {
-                act.soon(ctx);
-            }
-        }));
+        }
+        if !waiting {
+            self.consider(cmd, ctx);
+        }
+        if std::mem::take(&mut self.again) {
+            self.soon(ctx);
+        }
     }
 
     /// Consolidation waits for pods on their way at most `SETTLE_PERIODS` validation periods

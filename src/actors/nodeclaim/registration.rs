@@ -137,7 +137,8 @@ pub(super) fn initialized_label_patch(node: &Node) -> JsonPatch {
 }
 
 /// The Node's taints after registration: without the unregistered taint, with the claim's
-/// taints and startup taints (each once).
+/// taints and startup taints (each once). A handed-back instance taken again gets no startup
+/// taints: whatever lifts them (a CNI agent, a device plugin) ran on it once and will not again.
 fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
     let mut taints: Vec<Taint> = node
         .spec
@@ -147,12 +148,13 @@ fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
         .into_iter()
         .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
         .collect();
-    let wanted = c
+    let startup = c
         .spec
-        .taints
+        .startup_taints
         .iter()
         .flatten()
-        .chain(c.spec.startup_taints.iter().flatten());
+        .filter(|_| !taken_back(node));
+    let wanted = c.spec.taints.iter().flatten().chain(startup);
     for t in wanted {
         if !taints.iter().any(|have| same_taint(have, t)) {
             taints.push(t.clone());
@@ -183,6 +185,15 @@ pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) 
         if node.labels().get(&k) != Some(&v) {
             p.set_entry(has_labels, "/metadata/labels", &k, &v);
         }
+    }
+    if taken_back(node) {
+        // A handed-back instance's Node, cordoned when its last claim let it go: this claim
+        // takes it as its own, so the cordon and the mark go.
+        p.set("/spec/unschedulable", json!(false));
+        p.remove(&format!(
+            "/metadata/annotations/{}",
+            crate::actors::patch::escape(HANDED_BACK_NODE_ANNOTATION)
+        ));
     }
     let has_annotations = !node.annotations().is_empty();
     for (k, v) in c.annotations() {
@@ -216,4 +227,9 @@ pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) 
     }
     p.set("/metadata/ownerReferences", json!(owners));
     p
+}
+
+/// The Node of a handed-back instance a claim took again (see the Scaler's `instances`).
+fn taken_back(node: &Node) -> bool {
+    node.annotations().contains_key(HANDED_BACK_NODE_ANNOTATION)
 }

@@ -188,10 +188,14 @@ impl Step {
     }
 
     /// Leave the Node of a handed-back instance to the pool: cordoned (nothing new lands on an
-    /// instance that should go), without our finalizer, owner reference, NodePool label or
-    /// disruption taint, so nothing of ours counts or deletes it any more.
+    /// instance that should go), without our finalizer, owner reference or anything this
+    /// claim put there (its labels and taints, the unregistered and disruption taints, the
+    /// registered and initialized labels), so nothing of ours counts or deletes it any more and
+    /// the next claim on the pool can take it as it would a new instance. The annotation says
+    /// who let it go (and that registration may lift the cordon).
     async fn let_node_go(&mut self, node: &Node) -> Result<(), Error> {
-        let uid = self.claim.metadata.uid.clone();
+        let c = self.claim.clone();
+        let uid = c.metadata.uid.clone();
         let mut p = JsonPatch::guarded(node.resource_version().as_deref());
         let finalizers: Vec<&String> = node
             .finalizers()
@@ -205,16 +209,11 @@ impl Step {
             .filter(|o| Some(&o.uid) != uid.as_ref())
             .collect();
         p.set("/metadata/ownerReferences", json!(owners));
-        let mut labels = node.labels().clone();
-        labels.remove(NODEPOOL_LABEL);
-        p.set("/metadata/labels", json!(labels));
-        let taints: Vec<_> = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .map(|ts| ts.iter().filter(|t| t.key != DISRUPTED_TAINT_KEY).collect())
-            .unwrap_or_default();
-        p.set("/spec/taints", json!(taints));
+        p.set("/metadata/labels", json!(released_labels(node, &c)));
+        let mut annotations = node.annotations().clone();
+        annotations.insert(HANDED_BACK_NODE_ANNOTATION.to_string(), c.name_any());
+        p.set("/metadata/annotations", json!(annotations));
+        p.set("/spec/taints", json!(released_taints(node, &c)));
         p.set("/spec/unschedulable", json!(true));
         let name = node.name_any();
         match self.patch_node(&name, p).await {
@@ -546,4 +545,46 @@ fn drain_conditions(
             ),
         ],
     }
+}
+
+/// A handed-back instance's Node labels once its claim lets it go: the claim's own labels and
+/// Karpenter's lifecycle labels go; those that describe the instance itself (the Kubernetes
+/// well-known labels under `kubernetes.io`, and the capacity type) stay true of it and stay.
+fn released_labels(node: &Node, c: &NodeClaim) -> std::collections::BTreeMap<String, String> {
+    let describes_instance = |k: &str| {
+        k == CAPACITY_TYPE_LABEL
+            || k.split_once('/').is_some_and(|(domain, _)| {
+                domain == "kubernetes.io" || domain.ends_with(".kubernetes.io")
+            })
+    };
+    let mut labels = node.labels().clone();
+    labels.retain(|k, _| {
+        let ours = k == NODEPOOL_LABEL || k == REGISTERED_LABEL || k == INITIALIZED_LABEL;
+        !ours && (describes_instance(k) || !c.labels().contains_key(k))
+    });
+    labels
+}
+
+/// A handed-back instance's Node taints once its claim lets it go: without the claim's taints
+/// and startup taints, and without the unregistered and disruption taints (an instance left
+/// with `karpenter.sh/unregistered:NoExecute` could never run a pod again).
+fn released_taints(node: &Node, c: &NodeClaim) -> Vec<k8s_openapi::api::core::v1::Taint> {
+    let claims = c
+        .spec
+        .taints
+        .iter()
+        .flatten()
+        .chain(c.spec.startup_taints.iter().flatten())
+        .collect::<Vec<_>>();
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|ts| {
+            ts.iter()
+                .filter(|t| t.key != DISRUPTED_TAINT_KEY && t.key != UNREGISTERED_TAINT_KEY)
+                .filter(|t| !claims.iter().any(|ct| crate::view::node::same_taint(t, ct)))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 
 use super::adopt;
 use super::plan::MachineView;
+use super::take_back::InstanceSide;
 use super::{DELETE_MACHINE_VALUE, Scaler};
 use crate::actors::messages::{Rejection, RequestRejected};
 use crate::api::wellknown::{DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION};
@@ -77,8 +78,9 @@ pub(super) struct Inputs {
     pub(super) adopted: std::collections::BTreeMap<String, String>,
     /// The managed count to record before adopting them (`None`: recorded already).
     pub(super) adopt_managed: Option<i32>,
-    /// Baseline replicas the views leave out (see `plan::Snapshot::set_aside`).
-    pub(super) set_aside: i32,
+    /// A pool without MachinePool Machines: its handed-back instances (its views are in
+    /// `machines`; empty for any other kind).
+    pub(super) instances: InstanceSide,
 }
 
 /// What [`Scaler::machine_views`] reads off the Machines: the decrements Cluster API spent
@@ -139,16 +141,14 @@ impl Scaler {
         let (min_size, max_size) = size_bounds(&md.annotations, self.bounds);
         self.bounds = Some((min_size, max_size));
 
-        let ((spent, views, rolling_out, adopted, adopt_managed), set_aside) =
-            if self.instances_only() {
-                let (views, set_aside) = self.instance_views(&md);
-                (
-                    (Vec::new(), views, false, Default::default(), None),
-                    set_aside,
-                )
-            } else {
-                (self.machine_views(&md), 0)
-            };
+        let (machine_side, instances) = if self.instances_only() {
+            let mut side = self.instance_views(&md);
+            let views = std::mem::take(&mut side.views);
+            ((Vec::new(), views, false, Default::default(), None), side)
+        } else {
+            (self.machine_views(&md), InstanceSide::default())
+        };
+        let (spent, views, rolling_out, adopted, adopt_managed) = machine_side;
 
         let claims = self.shared.state.claims.read();
         if claims.synced() {
@@ -195,7 +195,7 @@ impl Scaler {
             min_size,
             max_size,
             rolling_out,
-            set_aside,
+            instances,
             adopted,
             adopt_managed,
         })

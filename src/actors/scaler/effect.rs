@@ -7,7 +7,10 @@
 //! nothing and deletes nothing, and the marked Machine and the waiting claim stay as they were
 //! (seen with Cluster API v1.14's manager: a drift that never finished). So a write in the
 //! opposite direction waits until Cluster API has visibly acted on the last one: a raise once
-//! the MachineDeployment's status counts the Machines it asked for, a decrement once every
+//! as many Machines as it asked for exist and are not being deleted (status counts a Machine
+//! being deleted too, so a raise made while an older Machine was on its way out read as done
+//! before Cluster API made the new one: seen on real Cluster API as a static pool's replacement
+//! waiting out `ACT_WAIT`; a pool without Machines falls back on its status), a decrement once every
 //! Machine it removed is deleting or gone (or Cluster API settled without removing it, which
 //! the spent-decrement check handles). Never longer than `ACT_WAIT`: a raise that Cluster API
 //! holds (a preflight check, a paused Cluster) must not hold every decrement behind it.
@@ -35,6 +38,9 @@ pub struct Seen<'a> {
     pub spec_replicas: i32,
     pub observed_generation: Option<i64>,
     pub status_replicas: Option<i32>,
+    /// Its Machines that are not being deleted (`None`: a pool without MachinePool Machines,
+    /// whose instances only its status counts).
+    pub live_machines: Option<i32>,
     /// Whether a Machine (by key) is deleting or gone.
     pub leaving: &'a dyn Fn(&str) -> bool,
 }
@@ -51,7 +57,8 @@ pub fn acted(last: &LastWrite, seen: &Seen<'_>, now: Instant) -> bool {
             (_, None) => true,
             (None, Some(_)) => false,
         };
-        observed && seen.status_replicas.is_some_and(|r| r >= last.to)
+        let counted = seen.live_machines.or(seen.status_replicas);
+        observed && counted.is_some_and(|r| r >= last.to)
     } else {
         last.decrements.iter().all(|m| (seen.leaving)(m))
     }
@@ -89,6 +96,7 @@ mod tests {
             spec_replicas: spec,
             observed_generation: Some(observed),
             status_replicas: Some(status),
+            live_machines: None,
             leaving,
         }
     }
@@ -102,6 +110,19 @@ mod tests {
         assert!(must_wait(Some(&last), -1, &seen(9, 11, 8, &none), now));
         assert!(must_wait(Some(&last), -1, &seen(9, 12, 8, &none), now));
         assert!(!must_wait(Some(&last), -1, &seen(9, 12, 9, &none), now));
+    }
+
+    #[test]
+    fn a_machine_being_deleted_does_not_make_a_raise_look_done() {
+        let now = Instant::now();
+        let last = raise(10, 12, now);
+        let none = |_: &str| false;
+        // Status counts 10 (one of them deleting); only 9 live Machines: not acted on yet.
+        let mut s = seen(10, 12, 10, &none);
+        s.live_machines = Some(9);
+        assert!(must_wait(Some(&last), -1, &s, now));
+        s.live_machines = Some(10);
+        assert!(!must_wait(Some(&last), -1, &s, now));
     }
 
     #[test]

@@ -13,29 +13,43 @@
 //! the managed count and records the provider ID in `karpenter.cluster.x-k8s.io/handed-back-
 //! instances`, leaving `spec.replicas` alone. The two land together, so a restart on either
 //! side of it counts the instance exactly once.
+//!
+//! A handed-back instance is capacity already paid for, so the next claim that waits on the pool
+//! takes it back before any replica is raised (every instance of a pool is the same offering):
+//! the claim's instance annotation first (the durable truth, as for any bind), then one write
+//! that strikes the instance from the handed-back list and counts it as ours again. A handed-back
+//! instance held by a live claim is "taken back" until that write lands; the planner counts it as
+//! ours meanwhile, and no replica write goes out while a take-back bind is still unseen, so a
+//! restart anywhere in between counts it once. Only an instance whose Node was let go (see
+//! termination) and is Ready is taken: one that never joined is left to the pool's own scale-down.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
 use actix::prelude::*;
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, PatchParams};
 
 use super::Scaler;
 use super::patches::handed_back;
-use super::plan::{MachineView, Plan};
+use super::plan::MachineView;
+use super::take_back::{InstanceSide, TakeBack, free_to_take, let_go};
 use crate::actors::patch::JsonPatch;
 use crate::actors::{Error, api_err};
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::wellknown::INSTANCE_ANNOTATION;
+use crate::api::wellknown::{
+    HANDED_BACK_NODE_ANNOTATION, INSTANCE_ANNOTATION, UNREGISTERED_TAINT_KEY,
+};
 use crate::capi::model::MachineDeployment;
+use crate::metrics::Metrics;
 use crate::state::claims::recorded_instance;
 
 impl Scaler {
-    /// The pool's instances as the planner's Machines, oldest first, and how many listed
-    /// instances were handed back (baseline the views leave out).
-    pub(super) fn instance_views(&mut self, md: &MachineDeployment) -> (Vec<MachineView>, i32) {
+    /// The pool's instances as the planner's Machines, oldest first; how many listed instances
+    /// were handed back (baseline the views leave out); and which of those are taken back.
+    pub(super) fn instance_views(&mut self, md: &MachineDeployment) -> InstanceSide {
         let back = handed_back(md);
         let claims = self.shared.state.claims.read();
         let empty = HashMap::new();
@@ -48,49 +62,138 @@ impl Scaler {
                     .is_some_and(|c| recorded_instance(&c).is_none())
         });
         self.handing_back.retain(|pid| !back.contains(pid));
+        let live_holder = |pid: &str| {
+            held.get(pid).filter(|c| {
+                claims
+                    .get(c)
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
+            })
+        };
         let nodes = self.shared.state.nodes.read();
         let mut seen = HashSet::new();
-        let set_aside = md
-            .provider_id_list
-            .iter()
-            .filter(|p| back.contains(*p))
-            .collect::<HashSet<_>>()
-            .len() as i32;
-        let mut views: Vec<(Option<jiff::Timestamp>, usize, MachineView)> = md
-            .provider_id_list
-            .iter()
-            .enumerate()
-            .filter(|(_, pid)| !back.contains(*pid) && seen.insert(pid.as_str()))
-            .map(|(i, pid)| {
-                let created = nodes
-                    .by_provider_id(pid)
-                    .and_then(|n| n.metadata.creation_timestamp.as_ref().map(|t| t.0));
-                let bound_to = held.get(pid).or_else(|| self.binding.get(pid)).cloned();
-                let view = MachineView {
-                    key: pid.clone(),
-                    marked: bound_to.is_some() && self.handing_back.contains(pid),
-                    bound_to,
-                    replaced: false,
+        let mut side = InstanceSide {
+            views: Vec::new(),
+            set_aside: 0,
+            take_back: TakeBack::default(),
+            unsettled: Vec::new(),
+        };
+        let mut views: Vec<(Option<jiff::Timestamp>, usize, MachineView)> = Vec::new();
+        for (i, pid) in md.provider_id_list.iter().enumerate() {
+            if !seen.insert(pid.as_str()) {
+                continue;
+            }
+            let holder = if back.contains(pid) {
+                let taken = match (live_holder(pid), self.binding.get(pid)) {
+                    (Some(c), _) => {
+                        side.take_back.held.push(pid.clone());
+                        Some(c.clone())
+                    }
+                    (None, Some(c)) => {
+                        side.take_back.in_flight += 1;
+                        Some(c.clone())
+                    }
+                    (None, None) => None,
                 };
-                (created, i, view)
-            })
-            .collect();
+                if taken.is_none() {
+                    side.set_aside += 1;
+                    let node = nodes.compact_by_provider_id(pid);
+                    if held.contains_key(pid) {
+                        // Its deleted claim is still letting it go.
+                    } else if free_to_take(node) {
+                        side.take_back.free.push(pid.clone());
+                    } else if node.is_some_and(|n| !n.deleting() && !let_go(n)) {
+                        side.unsettled.extend(nodes.by_provider_id(pid));
+                    }
+                    continue;
+                }
+                taken
+            } else {
+                held.get(pid).or_else(|| self.binding.get(pid)).cloned()
+            };
+            let created = nodes
+                .by_provider_id(pid)
+                .and_then(|n| n.metadata.creation_timestamp.as_ref().map(|t| t.0));
+            let view = MachineView {
+                key: pid.clone(),
+                marked: holder.is_some() && self.handing_back.contains(pid),
+                bound_to: holder,
+                replaced: false,
+            };
+            views.push((created, i, view));
+        }
         // Instances with a Node, oldest Node first; those without one yet are the newest.
         views.sort_by_key(|(created, i, _)| (created.is_none(), *created, *i));
-        (views.into_iter().map(|(_, _, v)| v).collect(), set_aside)
+        side.views = views.into_iter().map(|(_, _, v)| v).collect();
+        side
     }
 
-    /// The plan, as a pool that cannot remove an instance carries it out: nothing released (no
-    /// spare can be removed by name), and a decrement becomes a hand-back that keeps the replica.
-    pub(super) fn instance_plan(plan: &mut Plan) {
-        plan.release.clear();
-        let direct = std::mem::take(&mut plan.delete_directly);
-        if let Some(w) = plan.write.as_mut()
-            && (!w.decrements.is_empty() || !direct.is_empty())
-        {
-            w.to = w.from;
-            w.handed_back = std::mem::take(&mut w.decrements);
-            w.handed_back.extend(direct);
+    /// The handed-back instances still running (the baseline the views leave out), and what
+    /// they cost at the pool's price, for operators to see capacity paid for and unused.
+    pub(super) fn report_handed_back(&self, running: i32) {
+        let md = Metrics::md(&self.md);
+        let m = &self.shared.metrics;
+        m.handed_back_instances
+            .get_or_create(&md)
+            .set(i64::from(running));
+        let price = self
+            .shared
+            .catalog
+            .offering(&self.md)
+            .map_or(0.0, |o| o.price);
+        m.handed_back_price
+            .get_or_create(&md)
+            .set(f64::from(running) * price);
+    }
+
+    /// Nodes of handed-back instances that joined after their claim was gone (deleted before
+    /// registration): the kubelet registered them with `karpenter.sh/unregistered:NoExecute`,
+    /// and nothing else would ever lift it. Left to the pool as termination leaves the others:
+    /// cordoned, the taint lifted, marked free to take. A failed patch is retried at the next
+    /// plan (the Node still lacks the mark).
+    pub(super) fn settle_handed_back_nodes(
+        &mut self,
+        nodes: Vec<Arc<Node>>,
+        ctx: &mut Context<Self>,
+    ) {
+        for node in nodes {
+            let name = node.name_any();
+            if !self.settling.insert(name.clone()) {
+                continue;
+            }
+            let mut p = JsonPatch::guarded(node.resource_version().as_deref());
+            let taints: Vec<_> = (node.spec.as_ref().and_then(|s| s.taints.as_ref()))
+                .into_iter()
+                .flatten()
+                .filter(|t| t.key != UNREGISTERED_TAINT_KEY)
+                .collect();
+            p.set("/spec/taints", serde_json::json!(taints));
+            p.set("/spec/unschedulable", serde_json::json!(true));
+            p.set_entry(
+                !node.annotations().is_empty(),
+                "/metadata/annotations",
+                HANDED_BACK_NODE_ANNOTATION,
+                "",
+            );
+            let shared = self.shared.clone();
+            let n = name.clone();
+            let fut = async move {
+                let patch = p.into_patch().map_err(|source| Error::Patch {
+                    kind: "Node",
+                    name: n.clone(),
+                    source,
+                })?;
+                Api::<Node>::all(shared.workload.clone())
+                    .patch(&n, &PatchParams::default(), &patch)
+                    .await
+                    .map_err(api_err(&shared.metrics, "patch", "nodes", &n))
+            };
+            ctx.spawn(fut.into_actor(self).map(move |r, act, _| {
+                act.settling.remove(&name);
+                match r {
+                    Ok(_) => tracing::info!(node = %name, pool = %act.md, "the Node of a handed-back instance joined after its claim was gone: cordoned and its unregistered taint lifted"),
+                    Err(e) => tracing::debug!(node = %name, error = %e, "settling a handed-back instance's Node failed; retried at the next plan"),
+                }
+            }));
         }
     }
 
@@ -236,64 +339,32 @@ impl Scaler {
 mod tests {
     use super::*;
     use crate::actors::scaler::patches::handed_back_value;
-    use crate::actors::scaler::plan::{ReplicaWrite, plan};
     use crate::api::wellknown::HANDED_BACK_ANNOTATION;
 
-    #[test]
-    fn a_decrement_becomes_a_hand_back_that_keeps_the_replica() {
-        let mut p = Plan {
-            write: Some(ReplicaWrite {
-                from: 3,
-                to: 2,
-                managed_from: 3,
-                managed_to: 1,
-                decrements: vec!["p1".into()],
-                handed_back: Vec::new(),
-            }),
-            delete_directly: vec!["p2".into()],
-            release: vec!["p3".into()],
-            ..Plan::default()
-        };
-        Scaler::instance_plan(&mut p);
-        let w = p.write.expect("a write");
-        assert_eq!((w.from, w.to, w.managed_to), (3, 3, 1));
-        assert_eq!(w.handed_back, vec!["p1".to_string(), "p2".to_string()]);
-        assert!(w.decrements.is_empty() && p.release.is_empty() && p.delete_directly.is_empty());
-    }
-
-    #[test]
-    fn a_scale_up_stays_a_scale_up() {
-        let w = vec!["a".to_string()];
-        let mut p = plan(&crate::actors::scaler::plan::Snapshot {
-            spec_replicas: 1,
-            managed: 0,
-            min_size: 0,
-            max_size: None,
-            set_aside: 0,
-            machines: &[],
-            waiting: &w,
-            rolling_out: false,
-            unplaced: 0,
-        });
-        Scaler::instance_plan(&mut p);
-        let w = p.write.expect("a write");
-        assert_eq!((w.from, w.to, w.managed_to), (1, 2, 1));
-        assert!(w.handed_back.is_empty());
-    }
-
-    #[test]
-    fn the_hand_back_list_keeps_only_listed_instances() {
+    /// A pool without MachinePool Machines listing instances `a` and `b`, with `back` handed back.
+    fn pool_listing_a_and_b(back: &str) -> MachineDeployment {
         let v = serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
             "metadata": {"name": "mp", "namespace": "ns", "uid": "u", "resourceVersion": "1",
-                         "annotations": {HANDED_BACK_ANNOTATION: "gone,a"}},
+                         "annotations": {HANDED_BACK_ANNOTATION: back}},
             "spec": {"clusterName": "c", "replicas": 2, "providerIDList": ["a", "b"],
                      "template": {"spec": {"infrastructureRef": {
                          "apiGroup": "infrastructure.cluster.x-k8s.io",
                          "kind": "DevMachinePool", "name": "mp"}}}},
         });
-        let md = MachineDeployment::from_pool_value(&v, crate::capi::version::CapiVersion::V1Beta2)
-            .expect("a pool");
-        assert_eq!(handed_back_value(&md, &["b".into()]), "a,b");
+        MachineDeployment::from_pool_value(&v, crate::capi::version::CapiVersion::V1Beta2)
+            .expect("a pool")
+    }
+
+    #[test]
+    fn a_taken_back_instance_leaves_the_hand_back_list() {
+        let md = pool_listing_a_and_b("a,b");
+        assert_eq!(handed_back_value(&md, &[], &["a".into()]), "b");
+    }
+
+    #[test]
+    fn the_hand_back_list_keeps_only_listed_instances() {
+        let md = pool_listing_a_and_b("gone,a");
+        assert_eq!(handed_back_value(&md, &["b".into()], &[]), "a,b");
     }
 }

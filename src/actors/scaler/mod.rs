@@ -16,6 +16,7 @@ pub mod effect;
 mod instances;
 mod patches;
 pub mod plan;
+mod take_back;
 mod writes;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -58,6 +59,8 @@ pub struct Scaler {
     /// Instances of a pool without MachinePool Machines that their deleted claims gave back,
     /// until the hand-back write lands (see `instances`).
     handing_back: HashSet<String>,
+    /// Nodes of handed-back instances being left to the pool (see `instances`).
+    settling: HashSet<String>,
     /// Machines whose replica we removed (or deleted directly); they are on their way out.
     decremented: HashMap<String, Removal>,
     /// Decremented Machines being read back because Cluster API settled without removing them.
@@ -108,10 +111,11 @@ impl Actor for Scaler {
     fn stopped(&mut self, ctx: &mut Self::Context) {
         self.shared.router.remove_scaler(&self.md, &ctx.address());
         // A gauge of a MachineDeployment nobody scales any more would be exported for ever.
-        self.shared
-            .metrics
-            .scaler_queue_depth
-            .remove(&Metrics::md(&self.md));
+        let md = Metrics::md(&self.md);
+        let m = &self.shared.metrics;
+        m.scaler_queue_depth.remove(&md);
+        m.handed_back_instances.remove(&md);
+        m.handed_back_price.remove(&md);
     }
 }
 
@@ -175,6 +179,7 @@ impl Scaler {
             asked: VecDeque::new(),
             binding: HashMap::new(),
             handing_back: HashSet::new(),
+            settling: HashSet::new(),
             decremented: HashMap::new(),
             verifying: HashSet::new(),
             releasing: HashSet::new(),
@@ -217,7 +222,7 @@ impl Scaler {
     }
 
     fn replan_now(&mut self, ctx: &mut Context<Self>) {
-        let Some(inputs) = self.inputs() else {
+        let Some(mut inputs) = self.inputs() else {
             self.reject_all(Rejection::DeploymentGone);
             self.stop_if_abandoned(ctx);
             return;
@@ -226,12 +231,13 @@ impl Scaler {
         if self.adopt(&inputs, ctx) {
             return;
         }
+        let managed = managed_replicas(&inputs.md);
         let mut snapshot = Snapshot {
             spec_replicas: inputs.md.spec_replicas.unwrap_or(0),
-            managed: managed_replicas(&inputs.md),
+            managed: managed + inputs.instances.take_back.ours(),
             min_size: inputs.min_size,
             max_size: inputs.max_size,
-            set_aside: inputs.set_aside,
+            set_aside: inputs.instances.set_aside,
             machines: &inputs.machines,
             waiting: &inputs.waiting,
             rolling_out: inputs.rolling_out,
@@ -246,7 +252,15 @@ impl Scaler {
         }
         let instances = self.instances_only();
         if instances {
-            Self::instance_plan(&mut plan);
+            self.report_handed_back(inputs.instances.set_aside);
+            self.settle_handed_back_nodes(std::mem::take(&mut inputs.instances.unsettled), ctx);
+            take_back::instance_plan(
+                &mut plan,
+                &inputs.instances.take_back,
+                snapshot.spec_replicas,
+                managed,
+                &inputs.waiting,
+            );
         }
         let paused = self.shared.state.deployments.read().paused(&inputs.md);
         if paused {
@@ -302,10 +316,18 @@ impl Scaler {
                 .get(k)
                 .is_none_or(|m| m.deletion_timestamp.is_some())
         };
+        let live_machines = (!self.instances_only()).then(|| {
+            machines
+                .of_deployment(&self.md)
+                .iter()
+                .filter(|m| m.deletion_timestamp.is_none())
+                .count() as i32
+        });
         let seen = effect::Seen {
             spec_replicas: md.spec_replicas.unwrap_or(0),
             observed_generation: md.observed_generation,
             status_replicas: md.status_replicas,
+            live_machines,
             leaving: &leaving,
         };
         effect::must_wait(
@@ -331,6 +353,7 @@ impl Scaler {
                     managed_to: managed,
                     decrements: Vec::new(),
                     handed_back: Vec::new(),
+                    reclaimed: Vec::new(),
                 };
                 self.write(inputs.md.clone(), w, Vec::new(), ctx);
             }

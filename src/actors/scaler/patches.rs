@@ -86,13 +86,13 @@ pub(super) fn replicas(md: &MachineDeployment, w: &ReplicaWrite) -> JsonPatch {
         MANAGED_REPLICAS_ANNOTATION,
         &w.managed_to.to_string(),
     );
-    if !w.handed_back.is_empty() {
+    if !w.handed_back.is_empty() || !w.reclaimed.is_empty() {
         // The map exists now: the entry above made it if it was missing.
         p.set_entry(
             true,
             "/metadata/annotations",
             HANDED_BACK_ANNOTATION,
-            &handed_back_value(md, &w.handed_back),
+            &handed_back_value(md, &w.handed_back, &w.reclaimed),
         );
     }
     p
@@ -100,25 +100,20 @@ pub(super) fn replicas(md: &MachineDeployment, w: &ReplicaWrite) -> JsonPatch {
 
 /// The provider IDs a pool's handed-back annotation lists.
 pub fn handed_back(md: &MachineDeployment) -> HashSet<String> {
-    md.annotations
-        .get(HANDED_BACK_ANNOTATION)
-        .map(|v| {
-            v.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    md.handed_back()
 }
 
-/// The handed-back annotation after handing `more` back: still-listed instances only, so it
-/// shrinks as the cloud removes them.
-pub(super) fn handed_back_value(md: &MachineDeployment, more: &[String]) -> String {
+/// The handed-back annotation after handing `more` back and taking `taken` again: still-listed
+/// instances only, so it shrinks as the cloud removes them.
+pub(super) fn handed_back_value(
+    md: &MachineDeployment,
+    more: &[String],
+    taken: &[String],
+) -> String {
     let listed: HashSet<&String> = md.provider_id_list.iter().collect();
     let mut all: BTreeSet<String> = handed_back(md)
         .into_iter()
-        .filter(|p| listed.contains(p))
+        .filter(|p| listed.contains(p) && !taken.contains(p))
         .collect();
     all.extend(more.iter().cloned());
     all.into_iter().collect::<Vec<_>>().join(",")

@@ -74,6 +74,9 @@ pub struct ReplicaWrite {
     /// Instances of a pool without MachinePool Machines handed back to the pool by this write
     /// (their replicas kept, no longer ours).
     pub handed_back: Vec<String>,
+    /// Handed-back instances of such a pool that claims took again: ours once more (counted in
+    /// `managed_to`), struck from the handed-back list by this write.
+    pub reclaimed: Vec<String>,
 }
 
 impl ReplicaWrite {
@@ -137,6 +140,7 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
                 managed_to: s.managed + need,
                 decrements: Vec::new(),
                 handed_back: Vec::new(),
+                reclaimed: Vec::new(),
             });
         }
         return plan;
@@ -161,6 +165,7 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
             managed_to: (s.managed - k).max(0),
             decrements: dec.to_vec(),
             handed_back: Vec::new(),
+            reclaimed: Vec::new(),
         });
         return plan;
     }

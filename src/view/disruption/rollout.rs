@@ -1,6 +1,6 @@
 //! What Cluster API's rollouts and pauses do to disruption: a paused or rolling-out
-//! MachineDeployment holds its nodes, and claims on Machines a RollingUpdate outdated are
-//! replaced as the rollout makes room.
+//! MachineDeployment holds its nodes, one at its min size gives none up by choice, and claims on
+//! Machines a RollingUpdate outdated are replaced as the rollout makes room.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -49,6 +49,26 @@ pub(super) fn deployment_hold(
             "its MachineDeployment {} is mid-rollout (Machines not up to date remain): no scale-down until it completes",
             md.key()
         ))
+    })
+}
+
+/// Cluster Autoscaler's rule: a group at its min-size annotation gives up no node by choice.
+/// Removing one would lower no replica (Cluster API keeps the group at min size): the Machine
+/// would be deleted and made again, a drain and a boot for nothing.
+pub(super) fn at_min_size(group: &MachineDeployment) -> Option<String> {
+    let min: i32 = group
+        .annotations
+        .get(crate::api::wellknown::MIN_SIZE_ANNOTATION)?
+        .trim()
+        .trim_start_matches('+')
+        .parse()
+        .ok()?;
+    let replicas = group.spec_replicas?;
+    (min > 0 && replicas <= min).then(|| {
+        format!(
+            "its {} is at its min size ({replicas} replicas, min {min}): Cluster API would only make its Machine again",
+            group.scalable()
+        )
     })
 }
 

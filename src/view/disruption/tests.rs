@@ -191,6 +191,21 @@ fn budgets_count_as_upstream_does() {
         }
     );
 
+    // Marked by a command rolled back a moment ago (its marks not yet removed): disrupting
+    // until they go, as the cluster shows it.
+    let still_marked = claim_with(
+        json!([cond("Initialized"), cond("DisruptionReason")]),
+        false,
+    );
+    assert_eq!(
+        standing(&still_marked, "True"),
+        BudgetStanding {
+            counted: true,
+            disrupting: true
+        },
+        "a claim still marked uses the budget"
+    );
+
     // 10 initialized claims, 3 of their Nodes NotReady, the default 10 % budget: nothing
     // more may be disrupted.
     let np: NodePool = serde_json::from_value(json!({
@@ -250,7 +265,13 @@ fn consolidate_after_never_counts_from_before_the_actor_started() {
             nominated: &executing,
             now: at("2026-01-01T10:00:00Z"),
         };
-        consolidatable(&claim, &np, "n", &mem)
+        consolidatable(
+            &claim,
+            &np,
+            mem.pod_events.get("n").copied(),
+            mem.started,
+            mem.now,
+        )
     };
     // The actor started 30 s ago: it waits, though the node was idle for an hour.
     assert!(!memory("2026-01-01T09:59:30Z", &pod_events));
