@@ -21,7 +21,6 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Shared;
-use super::backoff::Backoff;
 use super::patch::write_conditions;
 use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
@@ -30,14 +29,14 @@ use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::api::nodeoverlay::NodeOverlay;
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{self, Context as OfferingContext};
-use crate::capi::template::TemplateCapacity;
-use crate::capi::template::{ReadError, read_template};
 // Re-exported where the benchmarks have always found it.
 pub use crate::view::catalog::CatalogView;
 use crate::view::catalog::{LeftOut, resolve_nodeclass};
 
 mod overlays;
+mod templates;
 use overlays::OverlayEvent;
+use templates::TemplateRead;
 
 /// MachineDeployments changed: rebuild (coalesced).
 #[derive(Message)]
@@ -58,37 +57,11 @@ type PoolsSeen = (bool, Vec<(String, String, BTreeMap<String, String>)>);
 #[rtype(result = "bool")]
 pub struct Synced;
 
-/// A MachineDeployment that changed re-reads its template at most this often: templates are
-/// small, but a scale-up changes a MachineDeployment's status many times a second.
-const TEMPLATE_REREAD_MIN: Duration = Duration::from_secs(5);
-
-/// A MachinePool's infrastructure pool is re-read at least this often: an edit of it in place
-/// (its instances' drift) need not change the MachinePool.
-const POOL_REREAD: Duration = Duration::from_secs(30);
 /// How long the first catalog waits for the first answer about each MachineDeployment's
 /// template. Published earlier, it would leave those MachineDeployments out, and the claims a
 /// new leader finds waiting (or that are created at once) would wait a launch retry for them;
 /// a read that hangs must not hold activation for ever either.
 const FIRST_READS_WAIT: Duration = Duration::from_secs(10);
-
-/// What we last read of one MachineDeployment's infrastructure template.
-struct TemplateRead {
-    /// The reference it was read through (group/version/kind/name).
-    ref_id: String,
-    /// The MachineDeployment's resourceVersion when it was read (re-read when it changes).
-    md_version: String,
-    read_at: Instant,
-    capacity: TemplateCapacity,
-    /// Set while reads fail: when to try again (a transient error is never cached for good).
-    retry_at: Option<Instant>,
-    /// The last read found no such template (`Kind namespace/name not found`).
-    missing: Option<String>,
-    /// The last read failed otherwise, with the error; cleared by a read that succeeds.
-    error: Option<String>,
-    /// Some read of this reference succeeded, so `capacity` is what the template said.
-    read_ok: bool,
-    backoff: Backoff,
-}
 
 pub struct Catalog {
     shared: Arc<Shared>,
@@ -170,42 +143,43 @@ impl Catalog {
             (mds, deployments.unreadable().clone(), cluster_paused)
         };
         self.fetch_missing_templates(&mds, ctx);
-        let templates: HashMap<String, TemplateCapacity> = self
-            .templates
-            .iter()
-            .map(|(k, t)| (k.clone(), t.capacity.clone()))
-            .collect();
-        let missing_templates: HashMap<String, String> = self
-            .templates
-            .iter()
-            .filter_map(|(k, t)| Some((k.clone(), t.missing.clone()?)))
-            .collect();
-        // Groups whose template has no answer yet: unknown, never taken for gone.
-        let unread_templates: HashSet<String> = mds
-            .iter()
-            .map(|md| md.key())
-            .filter(|k| !self.templates.contains_key(k))
-            .collect();
-        let failing_templates: HashMap<String, String> = self
-            .templates
-            .iter()
-            .filter(|(_, t)| !t.read_ok)
-            .filter_map(|(k, t)| Some((k.clone(), t.error.clone()?)))
-            .collect();
+        let reads = self.template_views(&mds);
         let left_out = LeftOut {
             unreadable: &unreadable,
-            missing_templates: &missing_templates,
-            unread_templates: &unread_templates,
-            failing_templates: &failing_templates,
+            missing_templates: &reads.missing,
+            unread_templates: &reads.unread,
+            failing_templates: &reads.failing,
         };
         let view = self.shared.catalog.clone();
         let unavailable = |md: &str| view.is_unavailable(md) || cluster_paused.contains(md);
         let cx = OfferingContext {
-            templates: &templates,
+            templates: &reads.capacity,
             unavailable: &unavailable,
         };
         let mut names: HashSet<String> = self.nodeclasses.keys().cloned().collect();
+        names.extend(self.publish_malformed(ctx));
+        self.publish_nodeclasses(&mds, &left_out, &cx, ctx);
+        self.publish_instance_hashes(&mds);
+        self.shared.catalog.retain(&names);
+        self.reported.retain(|k, _| names.contains(k));
+        self.shared.catalog.forget_unavailable();
+        self.built = self.built
+            || (self.synced && self.overlays_synced && self.first_reads_over(&reads.unread, ctx));
+        if std::mem::take(&mut self.overlays_changed) {
+            self.shared.router.disruption_changed();
+        }
+        if self.built {
+            // Activation waits for the first catalog built after the NodeClass list.
+            self.shared.synced.notify_waiters();
+        }
+        self.shared.router.provisioner_poke();
+        self.shared.router.nodepools_changed();
+    }
+
+    /// NodeClasses that do not decode: published as not ready, with why. Their names.
+    fn publish_malformed(&mut self, ctx: &mut Context<Self>) -> Vec<String> {
         let bad: Vec<Malformed> = self.malformed.values().cloned().collect();
+        let mut names = Vec::new();
         for m in bad {
             let Some(name) = m.metadata.name.clone() else {
                 continue;
@@ -218,8 +192,20 @@ impl Catalog {
                 None,
                 Err(message),
             );
-            names.insert(name);
+            names.push(name);
         }
+        names
+    }
+
+    /// Each NodeClass resolved against the node groups, overlaid as each NodePool sees it, its
+    /// status written, its problems told, and published (with the per-pool views).
+    fn publish_nodeclasses(
+        &mut self,
+        mds: &[Arc<MachineDeployment>],
+        left_out: &LeftOut<'_>,
+        cx: &OfferingContext<'_>,
+        ctx: &mut Context<Self>,
+    ) {
         let nodeclasses: Vec<(String, Arc<ClusterAPINodeClass>)> = self
             .nodeclasses
             .iter()
@@ -227,7 +213,7 @@ impl Catalog {
             .collect();
         let mut resolved: Vec<(offerings::Catalog, Result<(), String>)> = nodeclasses
             .iter()
-            .map(|(_, nc)| resolve_nodeclass(nc, &mds, &left_out, &cx))
+            .map(|(_, nc)| resolve_nodeclass(nc, mds, left_out, cx))
             .collect();
         let each: Vec<&str> = nodeclasses.iter().map(|(n, _)| n.as_str()).collect();
         let by_pool = self.apply_overlays(&each, &mut resolved, ctx);
@@ -247,6 +233,11 @@ impl Catalog {
                 .publish(name.clone(), catalog, nc.create_timeout(), ready);
         }
         self.shared.catalog.publish_pools(by_pool);
+    }
+
+    /// The instance hash each MachinePool's infrastructure pool was last read with (pool drift
+    /// compares its instances with it).
+    fn publish_instance_hashes(&self, mds: &[Arc<MachineDeployment>]) {
         self.shared.catalog.publish_instance_hashes(
             mds.iter()
                 .filter(|md| md.is_pool())
@@ -261,22 +252,6 @@ impl Catalog {
                 })
                 .collect(),
         );
-        self.shared.catalog.retain(&names);
-        self.reported.retain(|k, _| names.contains(k));
-        self.shared.catalog.forget_unavailable();
-        self.built = self.built
-            || (self.synced
-                && self.overlays_synced
-                && self.first_reads_over(&unread_templates, ctx));
-        if std::mem::take(&mut self.overlays_changed) {
-            self.shared.router.disruption_changed();
-        }
-        if self.built {
-            // Activation waits for the first catalog built after the NodeClass list.
-            self.shared.synced.notify_waiters();
-        }
-        self.shared.router.provisioner_poke();
-        self.shared.router.nodepools_changed();
     }
 
     /// Whether the first catalog may be published as far as templates go: every
@@ -297,133 +272,15 @@ impl Catalog {
         now >= until
     }
 
-    /// Read each MachineDeployment's infrastructure template: first when it appears, again
-    /// when its reference changes, when the MachineDeployment changes (a provider fills a
-    /// template's status.capacity after the fact; at most every TEMPLATE_REREAD_MIN), a
-    /// MachinePool's infrastructure pool also every POOL_REREAD, and,
-    /// while reads fail, after a backoff. A template that cannot be read leaves the annotations
-    /// in charge (or the last capacity read). Entries of MachineDeployments that are gone go.
-    fn fetch_missing_templates(&mut self, mds: &[Arc<MachineDeployment>], ctx: &mut Context<Self>) {
-        let live: HashSet<String> = mds.iter().map(|md| md.key()).collect();
-        self.templates.retain(|k, _| live.contains(k));
-        let now = Instant::now();
-        let mut next_due: Option<Instant> = None;
-        for md in mds {
-            let key = md.key();
-            let r = &md.infrastructure_ref;
-            let ref_id = format!(
-                "{}/{}/{}/{}",
-                r.api_group,
-                r.version.clone().unwrap_or_default(),
-                r.kind,
-                r.name
-            );
-            let due = match self.templates.get(&key) {
-                None => Some(now),
-                Some(t) if t.ref_id != ref_id => Some(now),
-                Some(t) => match t.retry_at {
-                    Some(at) => Some(at),
-                    None if t.md_version != md.resource_version => {
-                        Some(t.read_at + TEMPLATE_REREAD_MIN)
-                    }
-                    None if md.is_pool() => Some(t.read_at + POOL_REREAD),
-                    None => None,
-                },
-            };
-            let Some(due) = due else { continue };
-            if due > now {
-                next_due = Some(next_due.map_or(due, |n| n.min(due)));
-                continue;
-            }
-            if !self.fetching.insert(key.clone()) {
-                continue;
-            }
-            let client = self.shared.management.clone();
-            let (group, kind, name, ns) = (
-                r.api_group.clone(),
-                r.kind.clone(),
-                r.name.clone(),
-                md.namespace.clone(),
-            );
-            let pinned = r.version.clone();
-            let md_version = md.resource_version.clone();
-            let is_pool = md.is_pool();
-            let fut =
-                async move { read_template(&client, &group, pinned, &kind, &ns, &name).await };
-            ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| {
-                act.fetching.remove(&key);
-                let previous = act.templates.remove(&key);
-                let same_ref = previous.as_ref().is_some_and(|p| p.ref_id == ref_id);
-                let previous_missing = previous.as_ref().and_then(|p| p.missing.clone());
-                let previous_error = previous.as_ref().filter(|_| same_ref).and_then(|p| p.error.clone());
-                let (capacity, read_ok, mut backoff) = match previous {
-                    Some(p) if same_ref => (p.capacity, p.read_ok, p.backoff),
-                    _ => (TemplateCapacity::default(), false, Backoff::new(Duration::from_secs(1), Duration::from_secs(120))),
-                };
-                let was_missing = previous_missing.filter(|_| same_ref);
-                match r {
-                    Ok(t) => {
-                        // An infrastructure pool that has not said yet whether it has
-                        // MachinePool Machines keeps its MachinePool out of the catalog: read it
-                        // again soon rather than when the pool next changes.
-                        let undecided = is_pool && t.machine_kind.is_none() && !t.provisioned;
-                        let retry_at = if undecided {
-                            let d = backoff.next_delay();
-                            ctx.run_later(d, |act, ctx| act.schedule_rebuild(ctx));
-                            Some(Instant::now() + d)
-                        } else {
-                            backoff.reset();
-                            None
-                        };
-                        let changed = !same_ref || t != capacity || was_missing.is_some() || !read_ok;
-                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity: t, retry_at, missing: None, error: None, read_ok: true, backoff });
-                        if changed {
-                            act.schedule_rebuild(ctx);
-                        }
-                    }
-                    Err(e) => {
-                        let delay = backoff.next_delay();
-                        // A template that does not exist is reported and its MachineDeployment
-                        // not offered; any other failure may pass, so the annotations (or the
-                        // last capacity read) stand meanwhile.
-                        let missing = matches!(e, ReadError::NotFound { .. }).then(|| e.to_string());
-                        if missing.is_some() {
-                            tracing::warn!(machine_deployment = %key, error = %e, retry_in = ?delay, "infrastructure template not found; not offering the MachineDeployment");
-                        } else {
-                            tracing::debug!(machine_deployment = %key, error = %e, retry_in = ?delay, "infrastructure template not readable; using annotations (or the last capacity read) and retrying");
-                        }
-                        let error = missing.is_none().then(|| e.to_string());
-                        // The first answer, or a change of what is wrong, is news to the catalog.
-                        let changed = missing != was_missing || error != previous_error || !same_ref;
-                        act.templates.insert(key, TemplateRead { ref_id, md_version, read_at: Instant::now(), capacity, retry_at: Some(Instant::now() + delay), missing, error, read_ok, backoff });
-                        if changed {
-                            act.schedule_rebuild(ctx);
-                        }
-                        ctx.run_later(delay, |act, ctx| act.schedule_rebuild(ctx));
-                    }
-                }
-            }));
-        }
-        if let Some(due) = next_due
-            && !self.reread_scheduled
-        {
-            self.reread_scheduled = true;
-            ctx.run_later(due.saturating_duration_since(now), |act, ctx| {
-                act.reread_scheduled = false;
-                act.schedule_rebuild(ctx);
-            });
-        }
-    }
-
-    /// A MachineDeployment left out of a usable NodeClass (Ready stays True) is still something
-    /// an operator must see: one Warning Event on the NodeClass per new problem, naming the
-    /// MachineDeployment and the annotation.
+    /// A node group (MachineDeployment or MachinePool) left out of a usable NodeClass (Ready
+    /// stays True) is still something an operator must see: one Warning Event on the NodeClass
+    /// per new problem, naming the node group and the annotation.
     fn report_problems(&mut self, nc: &ClusterAPINodeClass, problems: &[String]) {
         let name = nc.name_any();
         let seen = self.reported.entry(name.clone()).or_default();
         for p in problems {
             if seen.insert(p.clone()) {
-                tracing::warn!(nodeclass = %name, problem = %p, "MachineDeployment left out of the catalog, or an annotation entry of it ignored");
+                tracing::warn!(nodeclass = %name, problem = %p, "node group (MachineDeployment or MachinePool) left out of the catalog, or an annotation entry of it ignored");
                 self.shared.events.warning(
                     nc.object_ref(&()),
                     "InvalidMachineDeployment",

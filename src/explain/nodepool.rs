@@ -8,7 +8,7 @@ use std::fmt;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, Resolved};
 use super::{Error, OfferingView};
 use crate::api::requirements::Requirements;
 use crate::api::resources::Quantity;
@@ -73,18 +73,52 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
             kind: "NodePool",
             name: name.to_string(),
         })?;
-    let spec = &np.spec.template.spec;
-    let nodeclass = spec.node_class_ref.name.clone();
+    let nodeclass = np.spec.template.spec.node_class_ref.name.clone();
     let mut notes: Vec<String> = cluster
         .malformed
         .iter()
         .map(|(kind, n, why)| format!("{kind} {n} cannot be read: {why}"))
         .collect();
-    let mut left_out = Vec::new();
-    let mut offerings = Vec::new();
-    let mut types: Vec<String> = Vec::new();
     let resolved = cluster.nodeclasses.get(&nodeclass);
-    let nodeclass_ready = match resolved {
+    let nodeclass_ready = nodeclass_readiness(cluster, &nodeclass, resolved);
+    let mut left_out = excluded(cluster);
+    let mut usable = Usable::default();
+    if let Some(r) = resolved {
+        left_out.extend(not_selected_by(cluster, &nodeclass, r));
+        left_out.extend(catalog_problems(r));
+        let reqs = pool_requirements(&np, &mut notes);
+        usable = usable_offerings(cluster, &np, &reqs);
+        left_out.append(&mut usable.left_out);
+        notes.extend(unreadable_templates(cluster, r));
+    }
+    left_out.sort_by(|a, b| a.machine_deployment.cmp(&b.machine_deployment));
+    notes.push(
+        "offerings the controller marked unavailable after a failed launch are known only to \
+         the running controller and are shown here as available"
+            .into(),
+    );
+    let handed_back = handed_back(cluster, &usable.offerings);
+    Ok(NodePoolReport {
+        handed_back,
+        nodepool: np.name_any(),
+        nodeclass,
+        nodeclass_ready: nodeclass_ready.is_ok(),
+        nodeclass_problem: nodeclass_ready.err(),
+        offerings: usable.offerings,
+        instance_types: usable.instance_types,
+        left_out,
+        usage: usage(cluster, &np),
+        notes,
+    })
+}
+
+/// Whether the NodeClass resolves to offerings, and why not.
+fn nodeclass_readiness(
+    cluster: &Cluster,
+    nodeclass: &str,
+    resolved: Option<&Resolved>,
+) -> Result<(), String> {
+    match resolved {
         None => Err(format!("ClusterAPINodeClass {nodeclass} not found")),
         // The catalog's own message blames the member label and the selector; when the cluster
         // filter left nothing to select from, that filter is the cause.
@@ -100,113 +134,150 @@ pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
             ))
         }
         Some(r) => r.ready.clone(),
-    };
-    for (md, why) in &cluster.excluded {
-        left_out.push(LeftOut {
+    }
+}
+
+/// The node groups the cluster filter (`--cluster-name`) left out.
+fn excluded(cluster: &Cluster) -> Vec<LeftOut> {
+    cluster
+        .excluded
+        .iter()
+        .map(|(md, why)| LeftOut {
             machine_deployment: md.clone(),
             reason: why.clone(),
-        });
-    }
-    if let Some(r) = resolved {
-        let selector = r
-            .nodeclass
-            .spec
-            .scalable_resource_selector
-            .as_ref()
-            .map(LabelSelector::try_from)
-            .and_then(Result::ok);
-        for md in &cluster.deployments {
-            if let Some(why) = not_selected(md, selector.as_ref()) {
-                left_out.push(LeftOut {
-                    machine_deployment: md.key(),
-                    reason: format!("not selected by ClusterAPINodeClass {nodeclass}: {why}"),
-                });
-            }
-        }
-        for p in &r.catalog.problems {
+        })
+        .collect()
+}
+
+/// The node groups the NodeClass's selector does not select.
+fn not_selected_by(cluster: &Cluster, nodeclass: &str, r: &Resolved) -> Vec<LeftOut> {
+    let selector = r
+        .nodeclass
+        .spec
+        .scalable_resource_selector
+        .as_ref()
+        .map(LabelSelector::try_from)
+        .and_then(Result::ok);
+    cluster
+        .deployments
+        .iter()
+        .filter_map(|md| {
+            not_selected(md, selector.as_ref()).map(|why| LeftOut {
+                machine_deployment: md.key(),
+                reason: format!("not selected by ClusterAPINodeClass {nodeclass}: {why}"),
+            })
+        })
+        .collect()
+}
+
+/// The selected node groups the catalog's own build left out, with its words.
+fn catalog_problems(r: &Resolved) -> Vec<LeftOut> {
+    r.catalog
+        .problems
+        .iter()
+        .map(|p| {
             let (md, why) = p
                 .strip_prefix("MachineDeployment ")
                 .and_then(|rest| rest.split_once(": "))
                 .unwrap_or(("?", p.as_str()));
-            left_out.push(LeftOut {
+            LeftOut {
                 machine_deployment: md.to_string(),
                 reason: why.to_string(),
-            });
-        }
-        let reqs = pool_requirements(&np, &mut notes);
-        let declared = declared_taints(&spec.taints, &spec.startup_taints);
-        // As this pool sees them: NodeOverlays may select it by name or template labels.
-        let seen = cluster.catalog.pool_instance_types(&nodeclass, Some(name));
-        for t in &seen {
-            for o in &t.offerings {
-                if !taints_declared(o, &declared) {
-                    left_out.push(LeftOut {
-                        machine_deployment: o.machine_deployment.clone(),
-                        reason: format!(
-                            "its nodes carry taints the NodePool does not declare in taints or startupTaints: {}",
-                            o.taints
-                                .iter()
-                                .map(|t| format!("{}={}:{}", t.key, t.value.as_deref().unwrap_or(""), t.effect))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    });
-                } else if !offering_allowed(o, &reqs) {
-                    left_out.push(LeftOut {
-                        machine_deployment: o.machine_deployment.clone(),
-                        reason: format!(
-                            "its labels do not meet the NodePool's requirements ({})",
-                            describe(&reqs)
-                        ),
-                    });
-                } else {
-                    let view = OfferingView::new(&t.name, o).overlaid(&cluster.catalog, Some(name));
-                    if let Some(why) = &view.unavailable_reason {
-                        left_out.push(LeftOut {
-                            machine_deployment: o.machine_deployment.clone(),
-                            reason: format!("unavailable: {why}"),
-                        });
-                    } else if !types.contains(&t.name) {
-                        types.push(t.name.clone());
-                    }
-                    offerings.push(view);
-                }
             }
+        })
+        .collect()
+}
+
+/// The NodePool's view of the catalog's offerings.
+#[derive(Default)]
+struct Usable {
+    /// Those it can launch from (unavailable ones included, marked).
+    offerings: Vec<OfferingView>,
+    /// Instance types with at least one available usable offering.
+    instance_types: Vec<String>,
+    /// Offerings it cannot use, and why.
+    left_out: Vec<LeftOut>,
+}
+
+/// Each offering as this NodePool sees it (NodeOverlays may select it by name or template
+/// labels): usable, or left out for undeclared taints, unmet requirements or unavailability.
+fn usable_offerings(
+    cluster: &Cluster,
+    np: &crate::api::nodepool::NodePool,
+    reqs: &Requirements,
+) -> Usable {
+    let spec = &np.spec.template.spec;
+    let name = np.name_any();
+    let declared = declared_taints(&spec.taints, &spec.startup_taints);
+    let mut usable = Usable::default();
+    let seen = cluster
+        .catalog
+        .pool_instance_types(&spec.node_class_ref.name, Some(&name));
+    for t in &seen {
+        for o in &t.offerings {
+            let refused = if !taints_declared(o, &declared) {
+                Some(format!(
+                    "its nodes carry taints the NodePool does not declare in taints or startupTaints: {}",
+                    o.taints
+                        .iter()
+                        .map(|t| format!(
+                            "{}={}:{}",
+                            t.key,
+                            t.value.as_deref().unwrap_or(""),
+                            t.effect
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))
+            } else if !offering_allowed(o, reqs) {
+                Some(format!(
+                    "its labels do not meet the NodePool's requirements ({})",
+                    describe(reqs)
+                ))
+            } else {
+                None
+            };
+            if let Some(reason) = refused {
+                usable.left_out.push(LeftOut {
+                    machine_deployment: o.machine_deployment.clone(),
+                    reason,
+                });
+                continue;
+            }
+            let view = OfferingView::new(&t.name, o).overlaid(&cluster.catalog, Some(&name));
+            if let Some(why) = &view.unavailable_reason {
+                usable.left_out.push(LeftOut {
+                    machine_deployment: o.machine_deployment.clone(),
+                    reason: format!("unavailable: {why}"),
+                });
+            } else if !usable.instance_types.contains(&t.name) {
+                usable.instance_types.push(t.name.clone());
+            }
+            usable.offerings.push(view);
         }
-        let mut unreadable: Vec<(&String, &String)> = cluster.template_errors.iter().collect();
-        unreadable.sort();
-        for (md, e) in unreadable {
-            // Only where it matters: a MachineDeployment left out for want of capacity.
-            if r.catalog
+    }
+    usable
+}
+
+/// Notes for the MachineDeployments left out for want of capacity whose infrastructure
+/// template cannot be read (only there does the unread template matter).
+fn unreadable_templates(cluster: &Cluster, r: &Resolved) -> Vec<String> {
+    let mut unreadable: Vec<(&String, &String)> = cluster.template_errors.iter().collect();
+    unreadable.sort();
+    unreadable
+        .into_iter()
+        .filter(|(md, _)| {
+            r.catalog
                 .problems
                 .iter()
                 .any(|p| p.contains(md.as_str()) && p.contains("capacity"))
-            {
-                notes.push(format!(
-                    "MachineDeployment {md}: its infrastructure template cannot be read ({e}), so only annotations could give its capacity"
-                ));
-            }
-        }
-    }
-    left_out.sort_by(|a, b| a.machine_deployment.cmp(&b.machine_deployment));
-    notes.push(
-        "offerings the controller marked unavailable after a failed launch are known only to \
-         the running controller and are shown here as available"
-            .into(),
-    );
-    let handed_back = handed_back(cluster, &offerings);
-    Ok(NodePoolReport {
-        handed_back,
-        nodepool: np.name_any(),
-        nodeclass,
-        nodeclass_ready: nodeclass_ready.is_ok(),
-        nodeclass_problem: nodeclass_ready.err(),
-        offerings,
-        instance_types: types,
-        left_out,
-        usage: usage(cluster, &np),
-        notes,
-    })
+        })
+        .map(|(md, e)| {
+            format!(
+                "MachineDeployment {md}: its infrastructure template cannot be read ({e}), so only annotations could give its capacity"
+            )
+        })
+        .collect()
 }
 
 /// The handed-back instances still listed by the pools this NodePool launches on.

@@ -140,6 +140,7 @@ impl Run {
     /// Waits until `done` holds, recording the phase and the fewest and most live claims seen.
     async fn phase(&mut self, name: &str, done: impl Fn(&Run) -> bool) -> Result<(), Error> {
         let start = std::time::Instant::now();
+        let progress = super::progress::Progress::new();
         let (mut fewest, mut most) = (usize::MAX, 0);
         loop {
             let live = self.live().len();
@@ -147,6 +148,9 @@ impl Run {
             most = most.max(live);
             if done(self) {
                 break;
+            }
+            if progress.due() {
+                progress.print(&format!("waiting for {name:?}: {live} live claims"));
             }
             if start.elapsed() > self.deadline {
                 return Err(Error::NotSettled {
