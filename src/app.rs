@@ -126,6 +126,10 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             .then_some(crate::view::settings::REPAIR_TOLERATION),
         static_capacity: c.feature_gates.static_capacity,
         node_overlay: c.feature_gates.node_overlay,
+        disruption: crate::view::settings::DisruptionSettings {
+            paused: c.disruption_paused,
+            ..Default::default()
+        },
         ..Settings::default()
     }
 }

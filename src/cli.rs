@@ -303,6 +303,12 @@ pub struct ControllerArgs {
     /// and logged once at start as having no effect here.
     #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false,NodeRepair=false,StaticCapacity=true,NodeOverlay=true", value_parser = feature_gates_arg)]
     pub feature_gates: FeatureGates,
+    /// Pause all voluntary disruption: no drift, emptiness or consolidation decision is made
+    /// while set (commands already under way finish; expiry, node repair and provisioning go
+    /// on). One NodePool alone: the karpenter.cluster.x-k8s.io/disruption-paused: "true"
+    /// annotation.
+    #[arg(long, env = "DISRUPTION_PAUSED", default_value_t = false)]
+    pub disruption_paused: bool,
 }
 
 /// The features `--feature-gates` turns on, and the upstream gates it was given that change

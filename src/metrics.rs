@@ -319,6 +319,7 @@ metrics! {
     disruption_decisions: Family<DecisionLabels, Counter>, "karpenter_voluntary_disruption_decisions", "Disruption commands started, by decision (delete, replace), reason and consolidation type";
     disruption_decisions_by_nodepool: Family<PoolDecisionLabels, Counter>, "karpenter_voluntary_disruption_decisions_by_nodepool", "Disruption commands started, by NodePool, decision, reason and consolidation type";
     disruption_failed_validations: Family<ConsolidationTypeLabels, Counter>, "karpenter_voluntary_disruption_failed_validations", "Candidates chosen for disruption that failed validation, by consolidation type";
+    disruption_drift_backoffs: Family<NodePoolLabels, Counter>, "karpenter_voluntary_disruption_drift_backoffs", "Drift back-off windows a NodePool entered because its drift replacements failed to launch (each window once, however many launches failed in it), by NodePool";
     disruption_queue_failures: Family<DecisionLabels, Counter>, "karpenter_voluntary_disruption_queue_failures", "Disruption commands that failed once started (rolled back), by decision, reason and consolidation type";
     disruption_consolidation_timeouts: Family<ConsolidationTypeLabels, Counter>, "karpenter_voluntary_disruption_consolidation_timeouts", "Consolidation searches cut short by their time limit, by consolidation type";
     nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_nodes_consuming_budgets", "Nodes of each NodePool using up its disruption budget now, by reason";

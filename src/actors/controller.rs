@@ -161,6 +161,7 @@ impl Controller {
             router: Router::default(),
             catalog: CatalogView::default(),
             synced: Arc::new(tokio::sync::Notify::new()),
+            deletion_gate: Default::default(),
         });
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let node_watcher = NodeWatcher::new(shared.clone()).start();

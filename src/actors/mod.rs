@@ -18,6 +18,7 @@ pub mod catalog;
 pub mod controller;
 pub mod disruption;
 pub mod events;
+pub mod gate;
 pub mod messages;
 pub mod node_watcher;
 pub mod nodeclaim;
@@ -62,6 +63,9 @@ pub struct Shared {
     /// Signalled whenever a watch finishes a (re-)list, so start-up can wait for warm caches
     /// without polling.
     pub synced: Arc<tokio::sync::Notify>,
+    /// Orders the controller's own claim deletions against a disruption command's budget
+    /// check and mark (see `gate`).
+    pub deletion_gate: gate::DeletionGate,
 }
 
 impl Shared {

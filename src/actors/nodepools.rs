@@ -22,6 +22,8 @@ use crate::api::nodepool::{NodePool, NodePoolStatus};
 use crate::api::resources::Resources;
 use crate::api::validation::validate_nodepool;
 use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
+use crate::capi::autoscaler;
+use crate::disruption::pause;
 use crate::metrics::UsageLabels;
 use crate::view::usage::usage_by_pool;
 
@@ -113,6 +115,7 @@ impl NodePools {
                 .status
                 .as_ref()
                 .map(|_| conditions::is_true(np.conditions(), conditions::READY));
+            tell_pause_transition(&self.shared, &np, &status);
             let ready = status
                 .conditions
                 .as_deref()
@@ -347,12 +350,97 @@ fn desired_status(
             now,
         );
     }
+    set_disruption_paused(shared, np, &mut conds, generation, now);
     conditions::set_nodepool_ready(&mut conds, generation, now);
     // Keep transition times stable: only conditions that changed got `now`.
     status.conditions = Some(conds);
     status.resources = Some(resources.to_k8s());
     status.nodes = Some(nodes);
     status
+}
+
+/// `DisruptionPaused`: True while an operator's pause (the setting, the pool's annotation) or
+/// Cluster API's pause on all its node groups holds the pool's voluntary disruption; False once
+/// a pause ended; absent on a pool never paused.
+fn set_disruption_paused(
+    shared: &Shared,
+    np: &NodePool,
+    conds: &mut Vec<conditions::Condition>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let pause = pause::paused(shared.settings.disruption.paused, np)
+        .or_else(|| cluster_api_pause(shared, np));
+    let had = conditions::get(conds, conditions::DISRUPTION_PAUSED).is_some();
+    if let Some((st, reason, msg)) = pause::condition(pause.as_ref(), had) {
+        conditions::set(
+            conds,
+            conditions::DISRUPTION_PAUSED,
+            st,
+            reason,
+            &msg,
+            generation,
+            now,
+        );
+    }
+}
+
+/// Cluster API's pause as the pool sees it: every node group its NodeClass selects is paused
+/// (its Cluster, or itself). A pool with some groups paused is not: its other nodes still go,
+/// and the paused ones say why on their own (`DisruptionBlocked`).
+fn cluster_api_pause(shared: &Shared, np: &NodePool) -> Option<pause::Pause> {
+    let nodeclass = &np.spec.template.spec.node_class_ref.name;
+    let selected = shared.catalog.selected(nodeclass)?;
+    let deployments = shared.state.deployments.read();
+    let mut why = BTreeSet::new();
+    for key in &selected {
+        let md = deployments.get(key)?;
+        if deployments.cluster_paused(&md) {
+            why.insert(format!("Cluster {}/{}", md.namespace, md.cluster_name));
+        } else if autoscaler::paused(&md) {
+            why.insert(md.scalable().to_string());
+        } else {
+            return None;
+        }
+    }
+    (!why.is_empty())
+        .then(|| pause::Pause::ClusterApi(why.into_iter().collect::<Vec<_>>().join(", ")))
+}
+
+/// One Event on the NodePool, and a log line, when its pause starts or ends.
+fn tell_pause_transition(shared: &Shared, np: &NodePool, status: &NodePoolStatus) {
+    let was = conditions::get(np.conditions(), conditions::DISRUPTION_PAUSED)
+        .and_then(|c| c.status.as_bool());
+    let Some(now) = status
+        .conditions
+        .as_deref()
+        .and_then(|c| conditions::get(c, conditions::DISRUPTION_PAUSED))
+    else {
+        return;
+    };
+    let name = np.name_any();
+    match pause::transition(was, now.is_true()) {
+        Some(pause::Transition::Started) => {
+            tracing::info!(nodepool = %name, reason = %now.reason, "voluntary disruption paused: {}", now.message);
+            shared.events.normal(
+                np.object_ref(&()),
+                "DisruptionPaused",
+                format!(
+                    "Voluntary disruption of NodePool {name} is paused: {}",
+                    now.message
+                ),
+            );
+        }
+        Some(pause::Transition::Ended) => {
+            tracing::info!(nodepool = %name, "voluntary disruption resumed");
+            shared.events.normal(
+                np.object_ref(&()),
+                "DisruptionResumed",
+                format!("Voluntary disruption of NodePool {name} goes on again"),
+            );
+        }
+        None => {}
+    }
 }
 
 impl Pass for NodePools {

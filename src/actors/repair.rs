@@ -138,8 +138,10 @@ impl NodeRepair {
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
         let stamp = repair::termination_stamp(&r.claim, jiff::Timestamp::now());
         let target = name.clone();
+        let gate = self.shared.deletion_gate.clone();
         ctx.spawn(
             async move {
+                let _gate = gate.hold("deleting an unhealthy node's NodeClaim").await;
                 if let Some(now) = stamp {
                     let patch =
                         json!({"metadata": {"annotations": {TERMINATION_TIMESTAMP_ANNOTATION: now}}});

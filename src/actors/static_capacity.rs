@@ -200,8 +200,10 @@ impl StaticCapacity {
         }
         tracing::info!(nodeclaim = %claim, nodepool = %pool, "{}", self.shared.settings.say("deleting nodeclaim: the static pool holds more than spec.replicas", "would delete NodeClaim: the static pool holds more than spec.replicas"));
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
+        let gate = self.shared.deletion_gate.clone();
         ctx.spawn(
             async move {
+                let _gate = gate.hold("deleting a static pool's NodeClaim").await;
                 api.delete(&claim, &DeleteParams::default())
                     .await
                     .map(|_| claim)

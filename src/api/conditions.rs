@@ -22,6 +22,9 @@ pub const DISRUPTION_REASON: &str = "DisruptionReason";
 pub const VALIDATION_SUCCEEDED: &str = "ValidationSucceeded";
 pub const NODE_CLASS_READY: &str = "NodeClassReady";
 pub const NODE_REGISTRATION_HEALTHY: &str = "NodeRegistrationHealthy";
+/// True while nothing decides to disrupt the pool's nodes by choice (a setting, an annotation,
+/// Cluster API's pause); not one of `Ready`'s dependents: a paused pool still provisions.
+pub const DISRUPTION_PAUSED: &str = "DisruptionPaused";
 
 /// The conditions whose conjunction is a NodeClaim's `Ready`.
 pub const NODECLAIM_READY_DEPENDENTS: [&str; 3] = [LAUNCHED, REGISTERED, INITIALIZED];

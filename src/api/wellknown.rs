@@ -98,6 +98,9 @@ pub const MACHINE_DEPLOYMENT_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/mach
 /// outdated Machine it replaces (it takes the rollout's fresh Machine before the old one goes).
 pub const REPLACES_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/replaces";
 pub const MIN_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
+/// Annotation on a NodePool that pauses its voluntary disruption while its value is "true"
+/// (upstream's RFC for a disruption pause names none yet, so this controller's own domain).
+pub const DISRUPTION_PAUSED_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/disruption-paused";
 pub const MAX_SIZE_ANNOTATION: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
 pub const PRICE_ANNOTATION: &str = "cluster.x-k8s.io/machine-current-price";
 /// The price under Cluster Autoscaler's capacity prefix (the name the Go provider's pending change

@@ -8,6 +8,8 @@
 pub mod budgets;
 pub mod consolidation;
 pub mod drift;
+pub mod drift_backoff;
+pub mod pause;
 pub mod spread;
 pub mod validation;
 

@@ -426,6 +426,12 @@ impl<'a> Pass<'a> {
         worth: &Worth<'_>,
         on_node: &[Arc<Pod>],
     ) -> Result<bool, String> {
+        // An operator's pause holds every voluntary disruption of the pool, as Cluster API's
+        // pause (`deployment_holds`) holds its groups' nodes: filed as blocked, with the reason.
+        refuse(
+            disruption::pause::paused(self.inputs.settings.disruption.paused, w.np)
+                .map(|p| p.message()),
+        )?;
         if self.mem.nominated.contains(&w.name) {
             return Err("pods are planned onto it (nominated: the replacement of a disruption, or a node the provisioner chose for pending pods)".to_string());
         }

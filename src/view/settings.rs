@@ -78,6 +78,14 @@ pub struct DisruptionSettings {
     pub validation: Duration,
     /// Replacements that are not Initialized within this roll the command back.
     pub replacement_timeout: Duration,
+    /// No voluntary disruption decision at all (`--disruption-paused`): drift, emptiness and
+    /// consolidation wait; expiry, repair and commands already under way go on.
+    pub paused: bool,
+    /// A NodePool whose drift replacements fail to launch is left out of drift for this long
+    /// after its first failure, doubling with each failed window up to `drift_backoff_cap`
+    /// (upstream's RFC: 1 minute to 10 minutes; tests shorten them).
+    pub drift_backoff: Duration,
+    pub drift_backoff_cap: Duration,
 }
 
 impl Default for DisruptionSettings {
@@ -87,6 +95,9 @@ impl Default for DisruptionSettings {
             debounce: Duration::from_secs(1),
             validation: Duration::from_secs(15),
             replacement_timeout: Duration::from_secs(20 * 60),
+            paused: false,
+            drift_backoff: Duration::from_secs(60),
+            drift_backoff_cap: Duration::from_secs(600),
         }
     }
 }

@@ -47,6 +47,7 @@ pub fn fast_disruption() -> DisruptionSettings {
         debounce: Duration::from_millis(20),
         validation: Duration::from_millis(300),
         replacement_timeout: Duration::from_secs(60),
+        ..DisruptionSettings::default()
     }
 }
 

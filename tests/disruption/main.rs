@@ -8,6 +8,7 @@ mod buffers;
 mod disruption;
 mod lagging_pod_watch;
 mod machine_pools;
+mod pause;
 mod repair;
 mod simulate_disruption;
 mod static_pools;

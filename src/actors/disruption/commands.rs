@@ -10,6 +10,8 @@ enum Started {
     Launched(Vec<String>),
     /// Not started: the server showed its budget taken (nothing written).
     Withdrawn(String),
+    /// Marked, but its replacements could not be created.
+    LaunchFailed(String),
 }
 
 impl Disruption {
@@ -41,14 +43,23 @@ impl Disruption {
         let shared = self.shared.clone();
         let fut = async move {
             let m = &shared.metrics;
+            // From the server's count to the mark, no claim deletion of ours lands between.
+            let gate = shared
+                .deletion_gate
+                .hold("disruption command's budget check")
+                .await;
             if let Some(why) = budget_check::over_budget_on_server(&shared, &cmd, &rooms).await {
                 return Ok(Started::Withdrawn(why));
             }
             let stage = Instant::now();
             execute::mark(&shared, &cmd).await?;
+            drop(gate);
             m.disruption_stage("mark", stage.elapsed());
             let stage = Instant::now();
-            let names = execute::launch_replacements(&shared, &cmd).await?;
+            let names = match execute::launch_replacements(&shared, &cmd).await {
+                Ok(names) => names,
+                Err(e) => return Ok(Started::LaunchFailed(e.to_string())),
+            };
             if !names.is_empty() {
                 m.disruption_stage("launch", stage.elapsed());
             }
@@ -67,6 +78,11 @@ impl Disruption {
                 act.executing.remove(&id);
                 act.count_in_flight();
                 act.soon(ctx);
+            }
+            Ok(Started::LaunchFailed(why)) => {
+                let why = format!("creating the replacements failed: {why}");
+                act.drift_launch_failed(id, &why);
+                act.roll_back(id, why, ctx);
             }
             Ok(Started::Launched(names)) if names.is_empty() => {
                 act.completed(id);
@@ -182,6 +198,7 @@ impl Disruption {
             return;
         };
         self.count_in_flight();
+        self.drift_replaced(&e);
         for c in &e.command.candidates {
             self.failed.remove(&c.claim);
             self.deleted.insert(c.claim.clone());

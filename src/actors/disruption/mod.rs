@@ -21,11 +21,12 @@
 mod budget_check;
 mod commands;
 mod decide;
+mod drift_backoff;
 mod execute;
 
 pub use execute::on_claim_and_node;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,7 @@ use super::backoff::Backoff;
 use super::events::Events;
 use crate::api::conditions;
 use crate::api::wellknown::REPLACES_ANNOTATION;
+use crate::disruption::drift_backoff::DriftBackoff;
 use crate::disruption::validation::{self, Next, Pending, Stage};
 use crate::disruption::{self, Command};
 use crate::metrics::{PoolReasonLabels, ReasonLabels};
@@ -128,10 +130,13 @@ pub struct Disruption {
     /// Since when pods have been on their way to nodes (drains, pods about to bind), while they
     /// are.
     moving_since: Option<Instant>,
+    /// NodePools whose drift replacements failed to launch wait before drifting again.
+    drift_backoff: DriftBackoff,
 }
 
 impl Disruption {
     pub fn new(shared: Arc<Shared>) -> Self {
+        let timing = shared.settings.disruption;
         Self {
             shared,
             pod_events: HashMap::new(),
@@ -151,6 +156,7 @@ impl Disruption {
             consolidation_backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(300)),
             rotation: 0,
             moving_since: None,
+            drift_backoff: DriftBackoff::new(timing.drift_backoff, timing.drift_backoff_cap),
         }
     }
 
@@ -256,9 +262,9 @@ impl Disruption {
     }
 
     /// The view's candidates a decision may take: those of a command rolled back a moment ago
-    /// wait out their own backoff, and while consolidation is paused only empty nodes and
-    /// drift go.
-    fn decision_candidates(&self, view: &mut view::View) -> Vec<disruption::Candidate> {
+    /// wait out their own backoff, while consolidation is paused only empty nodes and drift
+    /// go, and the drifted nodes of a pool whose drift backs off are not drifted.
+    fn decision_candidates(&mut self, view: &mut view::View) -> Vec<disruption::Candidate> {
         // Moved out, not copied: housekeeping reads the rest of the view, never the candidates
         // (at 5,000 nodes a copy held every node's pod names twice).
         let mut candidates = std::mem::take(&mut view.candidates);
@@ -273,6 +279,7 @@ impl Disruption {
                 c.consolidatable = false;
             }
         }
+        self.hold_backed_off_drift(&mut candidates);
         candidates
     }
 
@@ -345,7 +352,10 @@ impl Disruption {
         for (id, p) in progress {
             match p {
                 Progress::Ready => self.finish(id, ctx),
-                Progress::Failed(why) => self.roll_back(id, why, ctx),
+                Progress::Failed(why) => {
+                    self.drift_launch_failed(id, &why);
+                    self.roll_back(id, why, ctx);
+                }
                 Progress::Waiting => {}
             }
         }

@@ -91,8 +91,10 @@ impl Step {
         Ok(())
     }
 
+    /// Deletes the claim, ordered against a disruption command's budget check (`gate`).
     pub(super) async fn delete_claim(&self) -> Result<(), Error> {
         let name = self.name();
+        let _gate = self.shared.deletion_gate.hold("deleting a NodeClaim").await;
         match self.api().delete(&name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

@@ -16,12 +16,27 @@ use kube::core::DynamicObject;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use crate::api::wellknown::{EXCLUDE_NODE_DRAINING_ANNOTATION, ZONE_LABEL};
+use crate::api::wellknown::{EXCLUDE_NODE_DRAINING_ANNOTATION, SET_NAME_LABEL, ZONE_LABEL};
 use crate::sim::standin::{
     GaveUp, SimRng, delete_quietly, merge_patch, merge_status, retry, str_at,
 };
 
 impl Inner {
+    /// Whether the Machine's MachineSet (as the cache last saw it) says its launches fail
+    /// (`FAIL_LAUNCHES_ANNOTATION`). Read from the cache: no request per Machine.
+    fn launches_fail(&self, ns: &str, machine: &DynamicObject) -> bool {
+        let Some(set) = machine.labels().get(SET_NAME_LABEL) else {
+            return false;
+        };
+        self.sets
+            .find(|s| s.name_any() == *set && s.namespace().as_deref() == Some(ns))
+            .is_some_and(|s| {
+                s.annotations()
+                    .get(super::FAIL_LAUNCHES_ANNOTATION)
+                    .is_some_and(|v| v == "true")
+            })
+    }
+
     pub(super) async fn provision(self: Arc<Self>, ns: String, machine: DynamicObject) {
         let name = machine.name_any();
         let api = self.api(&self.cfg.version.machine(), &ns);
@@ -50,7 +65,7 @@ impl Inner {
         if write.is_err() {
             return;
         }
-        if self.rng.chance(self.cfg.fail_fraction) {
+        if self.rng.chance(self.cfg.fail_fraction) || self.launches_fail(&ns, &machine) {
             tracing::info!(machine = %name, "simulated provider: this Machine never gets a providerID");
             return;
         }

@@ -46,6 +46,11 @@ use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, POOL_NAME_LABEL, SET_NAME_LAB
 pub const MACHINE_FINALIZER: &str = "machine.cluster.x-k8s.io";
 /// Label tying a MachineSet and its Machines to one template revision.
 pub const TEMPLATE_HASH_LABEL: &str = "machine-template-hash";
+/// Annotation on a MachineDeployment (carried to its MachineSets, as Cluster API carries the
+/// MachineDeployment's annotations): while "true", the provider never finishes its new Machines
+/// (no provider ID), as `fail_fraction` 1 would, for this offering alone and settable while the
+/// cluster runs. A test's offering whose launches fail.
+pub const FAIL_LAUNCHES_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/fail-launches";
 
 pub use crate::capi::version::CapiVersion;
 

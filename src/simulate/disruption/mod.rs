@@ -354,6 +354,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let phase = Instant::now();
     let mut rollout = None;
     let mut drift_phase = None;
+    // The rollout's own audit, so a violation there names its moment too.
+    let mut rollout_phase = None;
     let in_flight = InFlightSampler::start(&p.controller.shared.metrics);
     let baseline = time_split::Baseline::take(&p.controller.shared.metrics);
     let mut disruption_end_ms = None;
@@ -404,6 +406,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
                 .values()
                 .map(|p| p.max_excess_any.max(0) as usize)
                 .sum();
+            rollout_phase = Some(during.pools);
             rollout = Some(r);
         }
         Scenario::Expire => {
@@ -508,8 +511,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let problems = &mut pods.launch.problems;
     if figures.budget_violations > 0 {
         problems.push(format!(
-            "disruption budgets exceeded by {} (server's disruption audit: {:?})",
-            figures.budget_violations, audit.pools
+            "disruption budgets exceeded by {} (server's disruption audit: {:?}; during the rollout: {:?})",
+            figures.budget_violations, audit.pools, rollout_phase
         ));
     }
     if figures.pdb_violations + figures.do_not_disrupt_violations > 0 {
