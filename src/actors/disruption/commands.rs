@@ -25,7 +25,23 @@ impl Disruption {
             }
         };
         tracing::info!(method = ?cmd.method, decision = cmd.decision(), claims = ?cmd.claim_names(), replacements = cmd.replacements.len(), in_flight = self.executing.len() + 1, "{}", self.shared.settings.say("disrupting", "would disrupt"));
-        // Ours from the first write on: the next pass must not roll the taints back.
+        let id = self.track(&cmd);
+        let fut = start(self.shared.clone(), cmd, rooms);
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(move |r, act, ctx| act.started(id, r, ctx)),
+        );
+        // The budgets may allow another command now: look for it at once, as upstream's loop
+        // does after starting a command (not after the debounce or the poll).
+        if self.running {
+            self.again = true;
+        } else {
+            ctx.run_later(Duration::ZERO, |act, ctx| act.pass(ctx));
+        }
+    }
+
+    /// Ours from the first write on: the next pass must not roll the taints back. Its id.
+    fn track(&mut self, cmd: &Command) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.executing.insert(
@@ -40,91 +56,68 @@ impl Disruption {
             },
         );
         self.count_in_flight();
-        let shared = self.shared.clone();
-        let fut = async move {
-            let m = &shared.metrics;
-            // From the server's count to the mark, no claim deletion of ours lands between.
-            let gate = shared
-                .deletion_gate
-                .hold("disruption command's budget check")
-                .await;
-            if let Some(why) = budget_check::over_budget_on_server(&shared, &cmd, &rooms).await {
-                return Ok(Started::Withdrawn(why));
-            }
-            let stage = Instant::now();
-            execute::mark(&shared, &cmd).await?;
-            drop(gate);
-            m.disruption_stage("mark", stage.elapsed());
-            let stage = Instant::now();
-            let names = match execute::launch_replacements(&shared, &cmd).await {
-                Ok(names) => names,
-                Err(e) => return Ok(Started::LaunchFailed(e.to_string())),
-            };
-            if !names.is_empty() {
-                m.disruption_stage("launch", stage.elapsed());
-            }
-            execute::count_started(&shared, &cmd);
-            if names.is_empty() {
-                let stage = Instant::now();
-                execute::delete_candidates(&shared, &cmd).await?;
-                m.disruption_stage("delete", stage.elapsed());
-            }
-            Ok::<_, crate::actors::Error>(Started::Launched(names))
-        };
-        ctx.spawn(fut.into_actor(self).map(move |r, act, ctx| match r {
+        id
+    }
+
+    /// How command `id`'s start ended.
+    fn started(
+        &mut self,
+        id: u64,
+        r: Result<Started, crate::actors::Error>,
+        ctx: &mut Context<Self>,
+    ) {
+        match r {
             Ok(Started::Withdrawn(why)) => {
                 // Nothing was written: no rollback, no backoff for its candidates.
                 tracing::debug!(why = %why, "not disrupting: the server shows the budget taken since the decision");
-                act.executing.remove(&id);
-                act.count_in_flight();
-                act.soon(ctx);
+                self.executing.remove(&id);
+                self.count_in_flight();
+                self.soon(ctx);
             }
             Ok(Started::LaunchFailed(why)) => {
                 let why = format!("creating the replacements failed: {why}");
-                act.drift_launch_failed(id, &why);
-                act.roll_back(id, why, ctx);
+                self.drift_launch_failed(id, &why);
+                self.roll_back(id, why, ctx);
             }
             Ok(Started::Launched(names)) if names.is_empty() => {
-                act.completed(id);
-                act.soon(ctx);
+                self.completed(id);
+                self.soon(ctx);
             }
-            Ok(Started::Launched(names)) => {
-                act.own_replacements.extend(names.iter().cloned());
-                if let Some(e) = act.executing.get_mut(&id) {
-                    let candidates: Vec<String> = e
-                        .command
-                        .candidates
-                        .iter()
-                        .map(|c| c.claim.clone())
-                        .collect();
-                    for n in &names {
-                        act.nominated.insert(
-                            n.clone(),
-                            Nomination {
-                                candidates: candidates.clone(),
-                                done: None,
-                            },
-                        );
-                    }
-                    for n in &names {
-                        let claim = act.shared.state.claims.read().get(n);
-                        if let Some(claim) = claim {
-                            execute::replacement_waiting(&act.shared, &claim, &e.command);
-                        }
-                    }
-                    e.replacements = names;
-                    e.launched = Some(Instant::now());
-                }
-            }
-            Err(e) => act.roll_back(id, format!("carrying out the command failed: {e}"), ctx),
-        }));
-        // The budgets may allow another command now: look for it at once, as upstream's loop
-        // does after starting a command (not after the debounce or the poll).
-        if self.running {
-            self.again = true;
-        } else {
-            ctx.run_later(Duration::ZERO, |act, ctx| act.pass(ctx));
+            Ok(Started::Launched(names)) => self.replacements_launched(id, names),
+            Err(e) => self.roll_back(id, format!("carrying out the command failed: {e}"), ctx),
         }
+    }
+
+    /// Command `id`'s replacements are created: they are nominated for its candidates' pods and
+    /// waited for.
+    fn replacements_launched(&mut self, id: u64, names: Vec<String>) {
+        self.own_replacements.extend(names.iter().cloned());
+        let Some(e) = self.executing.get_mut(&id) else {
+            return;
+        };
+        let candidates: Vec<String> = e
+            .command
+            .candidates
+            .iter()
+            .map(|c| c.claim.clone())
+            .collect();
+        for n in &names {
+            self.nominated.insert(
+                n.clone(),
+                Nomination {
+                    candidates: candidates.clone(),
+                    done: None,
+                },
+            );
+        }
+        for n in &names {
+            let claim = self.shared.state.claims.read().get(n);
+            if let Some(claim) = claim {
+                execute::replacement_waiting(&self.shared, &claim, &e.command);
+            }
+        }
+        e.replacements = names;
+        e.launched = Some(Instant::now());
     }
 
     /// Where the replacements of the running command stand.
@@ -334,6 +327,43 @@ fn overshoot<'a>(
         .filter(|(_, c)| !c.annotations().contains_key(REPLACES_ANNOTATION))
         .map(|(name, _)| name)
         .collect()
+}
+
+/// A command's writes up to its replacements: the budget checked on the server and the marks
+/// (no claim deletion of ours lands between the two: `gate`), then the replacements, or the
+/// candidates' deletion when there are none.
+async fn start(
+    shared: Arc<Shared>,
+    cmd: Command,
+    rooms: Vec<budget_check::PoolRoom>,
+) -> Result<Started, crate::actors::Error> {
+    let m = &shared.metrics;
+    let gate = shared
+        .deletion_gate
+        .hold("disruption command's budget check")
+        .await;
+    if let Some(why) = budget_check::over_budget_on_server(&shared, &cmd, &rooms).await {
+        return Ok(Started::Withdrawn(why));
+    }
+    let stage = Instant::now();
+    execute::mark(&shared, &cmd).await?;
+    drop(gate);
+    m.disruption_stage("mark", stage.elapsed());
+    let stage = Instant::now();
+    let names = match execute::launch_replacements(&shared, &cmd).await {
+        Ok(names) => names,
+        Err(e) => return Ok(Started::LaunchFailed(e.to_string())),
+    };
+    if !names.is_empty() {
+        m.disruption_stage("launch", stage.elapsed());
+    }
+    execute::count_started(&shared, &cmd);
+    if names.is_empty() {
+        let stage = Instant::now();
+        execute::delete_candidates(&shared, &cmd).await?;
+        m.disruption_stage("delete", stage.elapsed());
+    }
+    Ok(Started::Launched(names))
 }
 
 #[cfg(test)]
