@@ -381,18 +381,25 @@ async fn a_restart_mid_take_back_counts_each_instance_once() {
     assert_eq!(held.len(), 4, "every live claim bound: {held:?}");
     assert_eq!(pids.len(), 4, "no instance bound twice: {held:?}");
     assert_eq!(listed(&env), before, "no instance added");
-    let mp = pool(&env);
-    assert_eq!(mp["spec"]["replicas"], 4);
-    assert_eq!(
-        mp["metadata"]["annotations"][MANAGED_REPLICAS_ANNOTATION],
-        "4"
-    );
-    assert!(
-        mp["metadata"]["annotations"][HANDED_BACK_ANNOTATION]
-            .as_str()
-            .is_none_or(str::is_empty),
-        "{mp:#}"
-    );
+    // The new controller's pool write (the managed count, the list struck) may land after the
+    // launch path is quiet: wait for it rather than assume it came first (it once had not, on
+    // a loaded machine); a wrong count never converges and fails the wait.
+    let mp = env
+        .wait(
+            "the pool counts four instances as ours, none handed back",
+            || {
+                let mp = pool(&env);
+                let annotations = &mp["metadata"]["annotations"];
+                (mp["spec"]["replicas"] == 4
+                    && annotations[MANAGED_REPLICAS_ANNOTATION] == "4"
+                    && annotations[HANDED_BACK_ANNOTATION]
+                        .as_str()
+                        .is_none_or(str::is_empty))
+                .then_some(mp)
+            },
+        )
+        .await;
+    assert_eq!(mp["spec"]["replicas"], 4, "no replica raised: {mp:#}");
     env.invariants_hold();
 }
 
