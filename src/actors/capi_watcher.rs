@@ -1,10 +1,11 @@
 //! One watch on Machines, one on MachineDeployments and, where the management cluster serves
-//! them, one on MachinePools (the second scalable kind, indexed with the MachineDeployments).
+//! them, one on MachinePools (the second scalable kind, indexed with the MachineDeployments),
+//! and one on MachineSets, kept only for a failing preflight check that holds a scale-up.
 //! Each change updates the indexes and is routed to the actor that waits: the Scaler, the claim
 //! bound to the Machine, the Catalog. A dropped watch re-lists; after a re-list every Scaler and
 //! claim actor reconciles from the fresh state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -14,7 +15,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
 use super::messages::{Kick, Poke};
-use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::model::{Machine, MachineDeployment, MachineSet};
+use crate::capi::preflight::PreflightHold;
 use crate::capi::scalable::{ScalableKind, ScalableRef};
 use crate::capi::{autoscaler, version};
 use crate::state::feed::Staleness;
@@ -25,6 +27,7 @@ pub enum CapiEvent {
     Deployment(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Pool(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Cluster(Result<watcher::Event<DynamicObject>, watcher::Error>),
+    MachineSet(Result<watcher::Event<DynamicObject>, watcher::Error>),
 }
 
 impl Message for CapiEvent {
@@ -41,11 +44,32 @@ pub struct CapiWatcher {
     machines_stale: Staleness,
     mds_stale: Staleness,
     pools_stale: Staleness,
-    /// Clusters by `namespace/name`: whether Cluster API's pause holds each (see
-    /// `on_cluster`), and a re-list in progress.
-    clusters: BTreeMap<String, bool>,
-    cluster_buffer: BTreeMap<String, bool>,
+    /// Clusters by `namespace/name`: what the controller follows of each (see `on_cluster`),
+    /// and a re-list in progress.
+    clusters: BTreeMap<String, ClusterView>,
+    cluster_buffer: BTreeMap<String, ClusterView>,
     clusters_stale: Staleness,
+    /// MachineSets holding a scale-up by a failing preflight check, during a re-list.
+    set_buffer: BTreeMap<String, (String, PreflightHold)>,
+    sets_stale: Staleness,
+}
+
+/// What the controller follows of a Cluster.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct ClusterView {
+    /// Cluster API's pause holds it (`autoscaler::cluster_paused`).
+    paused: bool,
+    /// Its topology's entries that set replicas (`capi::topology`).
+    topology_replicas: BTreeSet<crate::capi::topology::Entry>,
+}
+
+impl ClusterView {
+    fn of(cluster: &DynamicObject) -> Self {
+        Self {
+            paused: autoscaler::cluster_paused(cluster),
+            topology_replicas: crate::capi::topology::entries_with_replicas(cluster),
+        }
+    }
 }
 
 impl CapiWatcher {
@@ -63,6 +87,8 @@ impl CapiWatcher {
             clusters: BTreeMap::new(),
             cluster_buffer: BTreeMap::new(),
             clusters_stale: Staleness::new("Clusters"),
+            set_buffer: BTreeMap::new(),
+            sets_stale: Staleness::new("MachineSets"),
         }
     }
 
@@ -223,9 +249,10 @@ impl CapiWatcher {
         }
     }
 
-    /// A Cluster changed: a paused Cluster pauses its MachineDeployments for every Cluster API
+    /// A Cluster changed. A paused Cluster pauses its MachineDeployments for every Cluster API
     /// controller, so it does here too (no replica write, no offering, no disruption of its
-    /// nodes). Only a change of which Clusters are paused reaches the actors.
+    /// nodes); a topology entry that sets replicas takes its node group's replicas from
+    /// everyone else (`capi::topology`). Only a change of either reaches the actors.
     fn on_cluster(&mut self, ev: watcher::Event<DynamicObject>) {
         let key = |o: &DynamicObject| {
             format!(
@@ -237,32 +264,39 @@ impl CapiWatcher {
         match ev {
             watcher::Event::Init => self.cluster_buffer.clear(),
             watcher::Event::InitApply(o) => {
-                self.cluster_buffer
-                    .insert(key(&o), autoscaler::cluster_paused(&o));
+                self.cluster_buffer.insert(key(&o), ClusterView::of(&o));
             }
             watcher::Event::InitDone => self.clusters = std::mem::take(&mut self.cluster_buffer),
             watcher::Event::Apply(o) => {
-                self.clusters
-                    .insert(key(&o), autoscaler::cluster_paused(&o));
+                self.clusters.insert(key(&o), ClusterView::of(&o));
             }
             watcher::Event::Delete(o) => {
                 self.clusters.remove(&key(&o));
             }
         }
-        let paused = self
+        let paused: BTreeSet<String> = self
             .clusters
             .iter()
-            .filter(|(_, p)| **p)
+            .filter(|(_, c)| c.paused)
             .map(|(k, _)| k.clone())
             .collect();
-        if self
-            .shared
-            .state
-            .deployments
-            .write()
-            .set_paused_clusters(paused)
-        {
-            tracing::info!(paused = ?self.clusters.iter().filter(|(_, p)| **p).map(|(k, _)| k.as_str()).collect::<Vec<_>>(), "Cluster API pause changed");
+        let topology = self
+            .clusters
+            .iter()
+            .filter(|(_, c)| !c.topology_replicas.is_empty())
+            .map(|(k, c)| (k.clone(), c.topology_replicas.clone()))
+            .collect();
+        let mut deployments = self.shared.state.deployments.write();
+        let pause_changed = deployments.set_paused_clusters(paused.clone());
+        let topology_changed = deployments.set_topology_replicas(topology);
+        drop(deployments);
+        if pause_changed {
+            tracing::info!(paused = ?paused, "Cluster API pause changed");
+        }
+        if topology_changed {
+            tracing::info!("ClusterClass topology replicas changed");
+        }
+        if pause_changed || topology_changed {
             for (_, s) in self.shared.router.scalers() {
                 s.do_send(Poke);
             }
@@ -271,7 +305,52 @@ impl CapiWatcher {
         }
     }
 
-    /// Clusters, to follow their pause (only the one named by `--cluster-name` when set), once
+    /// A MachineSet changed: whether a preflight check holds its scale-up. Only a change of
+    /// what a MachineDeployment's waiting claims would say reaches them (a kick each).
+    fn on_machine_set(&mut self, ev: watcher::Event<DynamicObject>) {
+        let v = self.shared.capi_version;
+        match ev {
+            watcher::Event::Init => self.set_buffer.clear(),
+            watcher::Event::InitApply(o) => {
+                if let Some((set, md, Some(hold))) = set_hold(&o, v) {
+                    self.set_buffer.insert(set, (md, hold));
+                }
+            }
+            watcher::Event::InitDone => {
+                let fresh = std::mem::take(&mut self.set_buffer);
+                let changed = self.shared.state.preflight.write().replace_all(fresh);
+                for md in changed {
+                    self.kick_waiting(&md);
+                }
+            }
+            watcher::Event::Apply(o) => {
+                if let Some((set, md, hold)) = set_hold(&o, v)
+                    && self.shared.state.preflight.write().set(&set, &md, hold)
+                {
+                    self.kick_waiting(&md);
+                }
+            }
+            watcher::Event::Delete(o) => {
+                if let Some((set, md, _)) = set_hold(&o, v)
+                    && self.shared.state.preflight.write().set(&set, &md, None)
+                {
+                    self.kick_waiting(&md);
+                }
+            }
+        }
+    }
+
+    /// The claims waiting for a Machine of `md` look again (their `Launched` condition names
+    /// a preflight hold, or no longer does).
+    fn kick_waiting(&self, md: &str) {
+        let waiting = self.shared.state.claims.read().waiting_on(md);
+        tracing::info!(machine_deployment = %md, hold = ?self.shared.state.preflight.read().of_deployment(md), claims = waiting.len(), "MachineSet preflight hold changed");
+        for claim in waiting {
+            self.shared.router.kick_claim(&claim);
+        }
+    }
+
+    /// Clusters, to follow their pause and topology (only the one named by `--cluster-name` when set), once
     /// discovery says they are served: without them no Cluster can be paused.
     fn watch_clusters(&self, ctx: &mut Context<Self>) {
         let (client, v) = (self.shared.management.clone(), self.shared.capi_version);
@@ -329,6 +408,12 @@ impl Actor for CapiWatcher {
         .default_backoff()
         .map(CapiEvent::Deployment);
         ctx.add_stream(futures::stream::select(machines, mds));
+        // MachineSets only for what holds a scale-up: Cluster API reports a failing preflight
+        // check on the set, not on its MachineDeployment.
+        let sets = watcher(self.api(&version::machine_set_resource(v)), self.config())
+            .default_backoff()
+            .map(CapiEvent::MachineSet);
+        ctx.add_stream(sets);
         self.watch_pools(ctx);
         self.watch_clusters(ctx);
     }
@@ -342,16 +427,19 @@ impl StreamHandler<CapiEvent> for CapiWatcher {
             CapiEvent::Deployment(ev) => self.mds_stale.saw(ev, m),
             CapiEvent::Pool(ev) => self.pools_stale.saw(ev, m),
             CapiEvent::Cluster(ev) => self.clusters_stale.saw(ev, m),
+            CapiEvent::MachineSet(ev) => self.sets_stale.saw(ev, m),
         }
         match ev {
             CapiEvent::Machine(Ok(ev)) => self.on_machine(ev),
             CapiEvent::Deployment(Ok(ev)) => self.on_scalable(ScalableKind::MachineDeployment, ev),
             CapiEvent::Pool(Ok(ev)) => self.on_scalable(ScalableKind::MachinePool, ev),
             CapiEvent::Cluster(Ok(ev)) => self.on_cluster(ev),
+            CapiEvent::MachineSet(Ok(ev)) => self.on_machine_set(ev),
             CapiEvent::Machine(Err(e))
             | CapiEvent::Deployment(Err(e))
             | CapiEvent::Pool(Err(e))
-            | CapiEvent::Cluster(Err(e)) => {
+            | CapiEvent::Cluster(Err(e))
+            | CapiEvent::MachineSet(Err(e)) => {
                 tracing::warn!(error = %e, watch = "Cluster API", "watch failed; it will re-list");
             }
         }
@@ -366,6 +454,34 @@ fn scalable_key(kind: ScalableKind, o: &DynamicObject) -> String {
         o.metadata.name.as_deref().unwrap_or_default(),
     )
     .key()
+}
+
+/// A MachineSet of a MachineDeployment: its key, its MachineDeployment's key and the preflight
+/// hold it reports. None for a set of no MachineDeployment, or one the model cannot read (a
+/// set Cluster API could not read would hold nothing either).
+fn set_hold(
+    o: &DynamicObject,
+    v: crate::capi::CapiVersion,
+) -> Option<(String, String, Option<PreflightHold>)> {
+    let ms = match MachineSet::from_dynamic(o, v) {
+        Ok(ms) => ms,
+        Err(e) => {
+            tracing::warn!(error = %e, "ignoring malformed MachineSet");
+            return None;
+        }
+    };
+    let md = ScalableRef::new(
+        ScalableKind::MachineDeployment,
+        &ms.namespace,
+        ms.deployment_name.as_deref()?,
+    )
+    .key();
+    let set = ms.key();
+    let hold = ms.preflight.map(|message| PreflightHold {
+        machine_set: set.clone(),
+        message,
+    });
+    Some((set, md, hold))
 }
 
 /// A MachineDeployment or MachinePool the model could not read, as the index keeps it.

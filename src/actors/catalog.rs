@@ -130,7 +130,7 @@ impl Catalog {
     }
 
     fn rebuild(&mut self, ctx: &mut Context<Self>) {
-        let (mds, unreadable, cluster_paused) = {
+        let (mds, unreadable, cluster_paused, replicas_held) = {
             let deployments = self.shared.state.deployments.read();
             let mds: Vec<Arc<MachineDeployment>> = deployments.all().cloned().collect();
             // A paused Cluster's MachineDeployments are not offered (their own pause is read
@@ -140,7 +140,12 @@ impl Catalog {
                 .filter(|md| deployments.cluster_paused(md))
                 .map(|md| md.key())
                 .collect();
-            (mds, deployments.unreadable().clone(), cluster_paused)
+            let replicas_held: HashMap<String, String> = mds
+                .iter()
+                .filter_map(|md| Some((md.key(), deployments.replicas_held(md)?)))
+                .collect();
+            let unreadable = deployments.unreadable().clone();
+            (mds, unreadable, cluster_paused, replicas_held)
         };
         self.fetch_missing_templates(&mds, ctx);
         let reads = self.template_views(&mds);
@@ -149,6 +154,7 @@ impl Catalog {
             missing_templates: &reads.missing,
             unread_templates: &reads.unread,
             failing_templates: &reads.failing,
+            replicas_held: &replicas_held,
         };
         let view = self.shared.catalog.clone();
         let unavailable = |md: &str| view.is_unavailable(md) || cluster_paused.contains(md);

@@ -55,7 +55,8 @@ pub struct RequestRejected {
 pub enum Rejection {
     AtMaxSize,
     DeploymentGone,
-    /// Cluster API's pause is on the MachineDeployment: no replica is written until it lifts.
+    /// Cluster API's pause is on the MachineDeployment, or its Cluster's topology holds its
+    /// replicas: no replica is written until that ends.
     Paused,
 }
 

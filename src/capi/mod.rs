@@ -11,10 +11,12 @@ pub mod model;
 pub mod offerings;
 pub mod overlay;
 pub mod patch;
+pub mod preflight;
 pub mod provider_id;
 pub mod scalable;
 mod selector;
 pub mod template;
+pub mod topology;
 pub mod version;
 
 pub use annotations::{AnnotationError, AnnotationErrors, ScaleFromZero, Taint, TaintEffect};

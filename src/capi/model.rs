@@ -581,8 +581,9 @@ impl MachineDeployment {
     }
 }
 
-/// A Cluster API MachineSet: only what is needed to walk Machine -> MachineDeployment and to
-/// read scale-from-zero annotations placed on it.
+/// A Cluster API MachineSet: only what is needed to walk Machine -> MachineDeployment, to
+/// read scale-from-zero annotations placed on it, and whether a preflight check holds its
+/// scale-up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MachineSet {
     pub name: String,
@@ -598,6 +599,9 @@ pub struct MachineSet {
     pub annotations: BTreeMap<String, String>,
     pub deletion_timestamp: Option<Timestamp>,
     pub version: CapiVersion,
+    /// The failing preflight checks' messages while they hold a scale-up
+    /// (`preflight::failing_checks`).
+    pub preflight: Option<String>,
 }
 
 impl MachineSet {
@@ -614,6 +618,7 @@ impl MachineSet {
             replicas: r.opt_i32("spec.replicas")?,
             status_replicas: r.opt_i32("status.replicas")?,
             version,
+            preflight: super::preflight::failing_checks(value),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,

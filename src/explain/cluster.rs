@@ -3,7 +3,7 @@
 //! builder, catalog and disruption view), from a one-off list instead of watches; nothing is
 //! written and no actor is built.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -82,6 +82,10 @@ pub struct CapiObjects {
     /// why), so a wrong or unlabelled cluster name is named instead of looking like an empty
     /// cluster.
     pub excluded: Vec<(String, String)>,
+    /// The Clusters (`namespace/name`) Cluster API's pause holds.
+    pub paused_clusters: BTreeSet<String>,
+    /// By Cluster, the topology entries that set replicas (`capi::topology`).
+    pub topology_replicas: BTreeMap<String, BTreeSet<crate::capi::topology::Entry>>,
 }
 
 /// Why `--cluster-name` leaves out an object with these labels, or None if it keeps it. The
@@ -148,6 +152,7 @@ pub async fn read_capi(
         .list(&lp)
         .await
         .map_err(list_err("Machines"))?;
+    let clusters = read_clusters(management, v, namespace, cluster_name).await?;
     let mut deployments = Vec::new();
     let mut unreadable = Vec::new();
     let mut excluded = Vec::new();
@@ -173,7 +178,52 @@ pub async fn read_capi(
             .collect(),
         unreadable,
         excluded,
+        paused_clusters: clusters
+            .iter()
+            .filter(|c| crate::capi::autoscaler::cluster_paused(c))
+            .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
+            .collect(),
+        topology_replicas: clusters
+            .iter()
+            .map(|c| {
+                let key = format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any());
+                (key, crate::capi::topology::entries_with_replicas(c))
+            })
+            .filter(|(_, entries)| !entries.is_empty())
+            .collect(),
     })
+}
+
+/// The Clusters the controller follows (their pause and topology), as its watch selects them;
+/// none where Clusters are not served (Cluster API's core CRDs without the Cluster kind).
+async fn read_clusters(
+    management: &kube::Client,
+    v: CapiVersion,
+    namespace: Option<&str>,
+    cluster_name: Option<&str>,
+) -> Result<Vec<DynamicObject>, Error> {
+    let ar = v.cluster();
+    let api: Api<DynamicObject> = match namespace {
+        Some(ns) => Api::namespaced_with(management.clone(), ns, &ar),
+        None => Api::all_with(management.clone(), &ar),
+    };
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Ok(list
+            .items
+            .into_iter()
+            .filter(|c| cluster_name.is_none_or(|want| c.name_any() == want))
+            .collect()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(Vec::new()),
+        // A reader without access to Clusters still gets the rest explained.
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            tracing::warn!(error = %s.message, "Clusters cannot be listed: their pause and topology are not shown");
+            Ok(Vec::new())
+        }
+        Err(e) => Err(Error::List {
+            what: "Clusters",
+            source: e,
+        }),
+    }
 }
 
 /// Every object of a kind, in all namespaces when it is namespaced.
@@ -267,10 +317,15 @@ pub async fn read(
 
     let state = State::default();
     state.machines.write().replace_all(capi.machines);
-    state.deployments.write().replace_all(
-        crate::capi::ScalableKind::MachineDeployment,
-        capi.deployments,
-    );
+    {
+        let mut deployments = state.deployments.write();
+        deployments.replace_all(
+            crate::capi::ScalableKind::MachineDeployment,
+            capi.deployments,
+        );
+        deployments.set_paused_clusters(capi.paused_clusters);
+        deployments.set_topology_replicas(capi.topology_replicas);
+    }
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();
     state.claims.write().replace_all(claims);
@@ -311,11 +366,19 @@ pub async fn read(
     // A one-off read answers every template: none is unread, and a failing one has never
     // been read.
     let unread_templates = HashSet::new();
+    let replicas_held: HashMap<String, String> = {
+        let deployments = state.deployments.read();
+        deployments
+            .all()
+            .filter_map(|md| Some((md.key(), deployments.replicas_held(md)?)))
+            .collect()
+    };
     let left_out = LeftOut {
         unreadable: &unreadable,
         missing_templates: &missing_templates,
         unread_templates: &unread_templates,
         failing_templates: &template_errors,
+        replicas_held: &replicas_held,
     };
     let mut each: Vec<(ClusterAPINodeClass, offerings::Catalog, Result<(), String>)> = nodeclasses
         .into_iter()

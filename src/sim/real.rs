@@ -38,6 +38,7 @@ use crate::controlplane::{self, ControlPlane, audit};
 
 mod chart;
 pub mod provider;
+pub mod topology;
 pub use chart::TOOLS_VARIABLE;
 
 pub use super::upstream::UPSTREAM_VARIABLE;
@@ -113,6 +114,8 @@ pub enum Error {
     ClusterApi(#[from] cluster_api::Error),
     #[error("the workload cluster's objects for Cluster API: {0}")]
     Provider(#[source] kube::Error),
+    #[error("{0}")]
+    Topology(String),
 }
 
 /// The running real backend. Dropping it (or [`RealBackend::stop`]) stops the control plane.
@@ -149,7 +152,7 @@ impl RealBackend {
         let capi_options = cluster_api_release
             .as_deref()
             .map(|release| cluster_api::Options {
-                provider_groups: provider::groups(),
+                provider_groups: [provider::groups(), topology::groups()].concat(),
                 ..cluster_api::Options::from_env(release)
             });
         if let Some(o) = &capi_options {
@@ -168,6 +171,7 @@ impl RealBackend {
             Some(o) => {
                 let capi = ClusterApi::start(&plane, o).await?;
                 provider::install_crds(&client).await?;
+                topology::install_crds(&client).await?;
                 Some(capi)
             }
             None => None,
@@ -249,6 +253,37 @@ impl RealBackend {
         )
         .await
         .map_err(Error::Provider)
+    }
+
+    /// A ClusterClass-managed workload cluster `cluster` in `ns` whose worker entries are
+    /// `workers` (module `topology`), where Cluster API's real manager runs (v1beta2).
+    pub async fn ensure_topology_cluster(
+        &self,
+        client: &Client,
+        ns: &str,
+        cluster: &str,
+        workers: Value,
+    ) -> Result<(), Error> {
+        if self.cluster_api_release.is_none() || self.capi_version != CapiVersion::V1Beta2 {
+            return Err(Error::Topology(
+                "a ClusterClass-managed cluster needs Cluster API's real manager on v1beta2".into(),
+            ));
+        }
+        let version = topology::kubernetes_version(client).await;
+        let spec = topology::TopologyCluster {
+            namespace: ns,
+            name: cluster,
+            kubernetes_version: &version,
+            workload_kubeconfig: &self.workload_kubeconfig,
+        };
+        topology::ensure_cluster(client, &spec, workers)
+            .await
+            .map_err(Error::Provider)
+    }
+
+    /// The API server's port (the workload clusters' control-plane endpoint).
+    pub fn apiserver_port(&self) -> u16 {
+        self.apiserver_port
     }
 
     /// The administrator's kubeconfig (the stand-ins, kubectl).

@@ -260,6 +260,9 @@ pub struct MachineDeployments {
     synced: bool,
     /// Clusters (`namespace/name`) Cluster API's pause holds (see `autoscaler::cluster_paused`).
     paused_clusters: BTreeSet<String>,
+    /// By Cluster (`namespace/name`), the topology entries that set replicas (see
+    /// `capi::topology`).
+    topology_replicas: BTreeMap<String, BTreeSet<crate::capi::topology::Entry>>,
 }
 
 /// A MachineDeployment the model could not read: its labels (what a NodeClass selects by) and
@@ -292,6 +295,32 @@ impl MachineDeployments {
     pub fn set_paused_clusters(&mut self, paused: BTreeSet<String>) -> bool {
         let changed = self.paused_clusters != paused;
         self.paused_clusters = paused;
+        changed
+    }
+
+    /// Why `md`'s replicas belong to its Cluster's topology, not to the controller (None when
+    /// they do not).
+    pub fn replicas_held(&self, md: &MachineDeployment) -> Option<String> {
+        let set = self
+            .topology_replicas
+            .get(&format!("{}/{}", md.namespace, md.cluster_name))?;
+        crate::capi::topology::replicas_held(md, set)
+    }
+
+    /// Whether Cluster API leaves `md`'s replicas to the controller: not paused, and not held
+    /// by a topology. The one rule every replica write asks.
+    pub fn writable(&self, md: &MachineDeployment) -> bool {
+        !self.paused(md) && self.replicas_held(md).is_none()
+    }
+
+    /// The topologies' entries that set replicas become exactly `entries` (Clusters without
+    /// any left out); true when that changed anything.
+    pub fn set_topology_replicas(
+        &mut self,
+        entries: BTreeMap<String, BTreeSet<crate::capi::topology::Entry>>,
+    ) -> bool {
+        let changed = self.topology_replicas != entries;
+        self.topology_replicas = entries;
         changed
     }
 

@@ -12,6 +12,7 @@ pub mod nodepools;
 pub mod nodes;
 pub mod pdbs;
 pub mod pods;
+pub mod preflight;
 pub mod registration_health;
 pub mod reschedulable;
 pub mod storage;
@@ -41,6 +42,8 @@ pub use workloads::WorkloadIndex;
 pub struct State {
     pub machines: Arc<RwLock<Machines>>,
     pub deployments: Arc<RwLock<MachineDeployments>>,
+    /// MachineSet preflight checks holding a MachineDeployment's scale-up.
+    pub preflight: Arc<RwLock<preflight::PreflightHolds>>,
     pub claims: Arc<RwLock<Claims>>,
     pub nodes: Arc<RwLock<Nodes>>,
     pub pods: Arc<RwLock<Pods>>,

@@ -549,13 +549,19 @@ pub struct LeftOut<'a> {
     /// Those whose template reads fail (other than not found) and never succeeded, with the
     /// last error.
     pub failing_templates: &'a HashMap<String, String>,
+    /// Those whose replicas their Cluster's topology sets (`capi::topology`), with why.
+    pub replicas_held: &'a HashMap<String, String>,
 }
 
 impl LeftOut<'_> {
-    /// Why a MachineDeployment (not a pool: `capi::offerings::offering` judges those by what
-    /// their infrastructure pool said) cannot be offered yet whatever its annotations say.
+    /// Why a node group cannot be offered whatever its annotations say: its replicas are not
+    /// the controller's to write, or (a MachineDeployment only: `capi::offerings::offering`
+    /// judges pools by what their infrastructure pool said) its template is not known yet.
     fn held(&self, md: &MachineDeployment) -> Option<String> {
         let key = md.key();
+        if let Some(why) = self.replicas_held.get(&key) {
+            return Some(why.clone());
+        }
         if let Some(why) = self.missing_templates.get(&key) {
             return Some(format!(
                 "infrastructure template {why}: Cluster API cannot create its Machines"

@@ -469,7 +469,13 @@ impl<'a> Pass<'a> {
             .or_insert_with(|| {
                 deployments.get(md).and_then(|d| {
                     let cluster_paused = deployments.cluster_paused(&d);
-                    deployment_hold(&d, cluster_paused, &machines.of_deployment(md))
+                    let replicas_held = deployments.replicas_held(&d);
+                    deployment_hold(
+                        &d,
+                        cluster_paused,
+                        replicas_held,
+                        &machines.of_deployment(md),
+                    )
                 })
             })
             .clone();

@@ -149,6 +149,38 @@ impl Env {
         .await;
     }
 
+    /// Gives the Cluster a ClusterClass topology whose workers are `machine_deployments` (the
+    /// `spec.topology.workers.machineDeployments` list, replaced whole), creating the Cluster
+    /// if need be, and waits until the controller sees whether a group's replicas are held.
+    pub async fn set_cluster_topology(&self, machine_deployments: Value) {
+        let ar = self.sim.cluster().capi_version().cluster();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client().await, NS, &ar);
+        let name = karpenter_capi::sim::cluster::CLUSTER_NAME;
+        let holds = machine_deployments
+            .as_array()
+            .is_some_and(|l| l.iter().any(|e| !e["replicas"].is_null()));
+        let body = json!({"spec": {"topology": {
+            "classRef": {"name": "sim-class"}, "version": "v1.33.0",
+            "workers": {"machineDeployments": machine_deployments},
+        }}});
+        if api.get_opt(name).await.expect("read the Cluster").is_some() {
+            api.patch(name, &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .expect("patch the Cluster");
+        } else {
+            let obj = DynamicObject::new(name, &ar).within(NS).data(body);
+            api.create(&kube::api::PostParams::default(), &obj)
+                .await
+                .expect("create the Cluster");
+        }
+        self.wait("the controller sees the Cluster's topology", || {
+            let c = self.controller.as_ref()?;
+            let d = c.shared.state.deployments.read();
+            (d.all().any(|md| d.replicas_held(md).is_some()) == holds).then_some(())
+        })
+        .await;
+    }
+
     /// Points md-0 at a new infrastructure template, created first as a user would (Cluster API
     /// clones it into each Machine).
     pub async fn change_template_of_md(&self, template: &str) {

@@ -27,6 +27,18 @@ use crate::{alive, listening};
 #[path = "cluster_api_process.rs"]
 mod process;
 
+/// A MachineHealthCheck beside node repair, and Cluster API's drain beside the controller's.
+#[path = "cluster_api_health.rs"]
+mod health;
+
+/// A MachineSet preflight check holding a scale-up.
+#[path = "cluster_api_preflight.rs"]
+mod preflight;
+
+/// A ClusterClass-managed cluster: the topology controller beside the controller's replicas.
+#[path = "cluster_api_topology.rs"]
+mod topology;
+
 pub fn tests() -> Vec<assets::Test> {
     let mut tests = trials![
         @tokio the_manager_starts_its_webhooks_default_and_validate_and_nothing_is_left
@@ -49,6 +61,9 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
     ];
     tests.extend(process::tests());
+    tests.extend(health::tests());
+    tests.extend(preflight::tests());
+    tests.extend(topology::tests());
     tests
 }
 
@@ -303,6 +318,18 @@ fn footprint(cluster: &karpenter_capi::sim::cluster::SimCluster) -> (Vec<(String
 
 /// A flow's end: Cluster API's manager and the control plane run and listen while the run is
 /// kept, and nothing of them is left once it is dropped and the processes stopped.
+/// `env`'s cluster and controller stopped: nothing they started is left.
+fn env_stops_leaving_nothing(env: crate::common::Env) {
+    let cluster = env.sim.cluster().clone();
+    let crate::common::Env {
+        sim, controller, ..
+    } = env;
+    stops_leaving_nothing(
+        &cluster,
+        karpenter_capi::simulate::Kept::new(sim, controller),
+    );
+}
+
 fn stops_leaving_nothing(
     cluster: &karpenter_capi::sim::cluster::SimCluster,
     kept: karpenter_capi::simulate::Kept,
@@ -859,11 +886,5 @@ async fn a_paused_cluster_holds_launch_and_disruption_on_real_cluster_api() {
         .count();
     assert_eq!(by_manager, launched, "Cluster API deleted the Machines");
     env.invariants_hold();
-    let crate::common::Env {
-        sim, controller, ..
-    } = env;
-    stops_leaving_nothing(
-        &cluster,
-        karpenter_capi::simulate::Kept::new(sim, controller),
-    );
+    env_stops_leaving_nothing(env);
 }

@@ -145,6 +145,7 @@ const NEEDS: &[Need] = &[
     need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write")),
+    need(Management, "cluster.x-k8s.io", "machinesets", &["list", "watch"], Code("actors/capi_watcher.rs on_machine_set: a preflight check holding a scale-up")),
     need(Management, "cluster.x-k8s.io", "clusters", &["list", "watch"], Code("actors/capi_watcher.rs watch_clusters: Cluster API's pause")),
     need(Management, "cluster.x-k8s.io", "machinepools", &["list", "watch"], Code("actors/capi_watcher.rs watch_pools")),
     need(Management, "cluster.x-k8s.io", "machinepools", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write of a MachinePool")),

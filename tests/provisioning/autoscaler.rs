@@ -1,6 +1,6 @@
 //! Cluster Autoscaler's clusterapi annotations through the whole product on the simulated
-//! cluster: Cluster API's pause keeps the controller's hands off a MachineDeployment's
-//! replicas, `maxPods` bounds how many pods a new node takes, and a malformed driver annotation
+//! cluster: Cluster API's pause, and a ClusterClass topology that sets replicas, keep the
+//! controller's hands off a MachineDeployment's replicas, `maxPods` bounds how many pods a new node takes, and a malformed driver annotation
 //! entry is passed over and reported naming the MachineDeployment and the annotation.
 
 use std::time::Duration;
@@ -12,7 +12,7 @@ use karpenter_capi::simulate::launch;
 use karpenter_capi::simulate::pods::seed_of;
 use serde_json::Value;
 
-use crate::common::Env;
+use crate::common::{Env, condition};
 
 /// A quick simulated cluster with the scheduler stand-in (also the buffers tests').
 pub fn cluster() -> SimClusterConfig {
@@ -121,6 +121,180 @@ async fn a_paused_cluster_holds_its_machine_deployments_until_it_resumes() {
     })
     .await;
     assert!(md_writes(&env, None) > 0);
+}
+
+/// A ClusterClass topology entry that sets `replicas` holds its MachineDeployment (Cluster API's
+/// topology controller applies that value on every reconcile): the controller neither offers
+/// nor scales the group (md-small, the cheapest), the NodeClass's Ready message names the field
+/// to unset, and the pod launches on the next cheapest. Once the entry leaves `replicas` unset,
+/// as Cluster API advises for autoscalers, md-small is offered again and the next pod goes there.
+#[actix::test]
+async fn a_topology_that_sets_replicas_holds_its_machine_deployment() {
+    use karpenter_capi::capi::topology::{DEPLOYMENT_NAME_LABEL, OWNED_LABEL};
+    let mut seeds: Vec<_> = (0..4).map(|i| seed_of(i, 50)).collect();
+    seeds[0]
+        .labels
+        .insert(OWNED_LABEL.to_string(), String::new());
+    seeds[0]
+        .labels
+        .insert(DEPLOYMENT_NAME_LABEL.to_string(), "workers".to_string());
+    // Cluster API's webhook refuses topology replicas beside the autoscaler's bounds.
+    seeds[0]
+        .annotations
+        .remove(karpenter_capi::api::wellknown::MAX_SIZE_ANNOTATION);
+    let env = Env::builder()
+        .cluster(cluster())
+        .seeds(seeds)
+        .short_batches()
+        .start()
+        .await;
+    env.set_cluster_topology(
+        serde_json::json!([{"class": "default", "name": "workers", "replicas": 0}]),
+    )
+    .await;
+    pods(&env, "web", 1, PodShape::new("100m", "128Mi")).await;
+    env.until_quiet("the pod bound", |e| e.bound_pods() == 1)
+        .await;
+    assert_eq!(
+        launched_on(&env),
+        [format!("{}/md-medium", launch::NAMESPACE)],
+        "the next cheapest, not md-small whose replicas the topology holds"
+    );
+    assert_eq!(md_writes(&env, Some("md-small")), 0, "a write to md-small");
+    let field = "spec.topology.workers.machineDeployments[name=workers].replicas";
+    let message = env
+        .wait("the Ready message naming the topology's field", || {
+            let nc = env.list("clusterapinodeclasses").into_iter().next()?;
+            let message = crate::common::condition(&nc, "Ready")?["message"]
+                .as_str()?
+                .to_string();
+            message.contains(field).then_some(message)
+        })
+        .await;
+    assert!(
+        message.contains(&format!("{}/md-small", launch::NAMESPACE)),
+        "{message}"
+    );
+
+    env.set_cluster_topology(serde_json::json!([{"class": "default", "name": "workers"}]))
+        .await;
+    // A pod only md-small's nodes can take (the first node has room for it otherwise).
+    let mut only_small = PodShape::new("100m", "128Mi");
+    only_small.node_selector.insert(
+        karpenter_capi::api::wellknown::INSTANCE_TYPE_LABEL.to_string(),
+        "small".to_string(),
+    );
+    pods(&env, "api", 1, only_small).await;
+    env.until_quiet("the second pod bound", |e| e.bound_pods() == 2)
+        .await;
+    assert!(
+        launched_on(&env).contains(&format!("{}/md-small", launch::NAMESPACE)),
+        "md-small offered again: {:?}",
+        launched_on(&env)
+    );
+    assert!(md_writes(&env, Some("md-small")) > 0);
+}
+
+/// Cluster API's MachineSet preflight check `ControlPlaneIsStable` holds a scale-up (the
+/// stand-in's switch makes the control plane "upgrading"): the replica raise lands, no Machine
+/// is made, and the waiting claim's `Launched` condition (Unknown, reason `PreflightCheckFailed`)
+/// names the MachineSet and quotes Cluster API's message, with one Event. Once the check
+/// passes the same claim launches and the pod binds. Both API versions' condition shapes.
+#[actix::test]
+async fn a_preflight_check_holding_the_scale_up_is_named_on_the_claim_until_it_passes() {
+    use karpenter_capi::capi::CapiVersion;
+    use karpenter_capi::sim::capi::CONTROL_PLANE_UPGRADING_ANNOTATION;
+    use karpenter_capi::sim::cluster::ServedVersions;
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+
+    for version in [CapiVersion::V1Beta2, CapiVersion::V1Beta1] {
+        let mut seed = seed_of(0, 50);
+        seed.annotations.insert(
+            CONTROL_PLANE_UPGRADING_ANNOTATION.to_string(),
+            "true".to_string(),
+        );
+        let env = Env::builder()
+            .cluster(SimClusterConfig {
+                capi_version: version,
+                served: match version {
+                    CapiVersion::V1Beta1 => ServedVersions::V1beta1,
+                    CapiVersion::V1Beta2 => ServedVersions::V1beta2,
+                },
+                ..cluster()
+            })
+            .seeds(vec![seed])
+            .short_batches()
+            .start()
+            .await;
+        pods(&env, "web", 1, PodShape::new("100m", "128Mi")).await;
+        let held = env
+            .wait("the waiting claim names the preflight check", || {
+                env.list("nodeclaims").into_iter().find(|c| {
+                    condition(c, "Launched").is_some_and(|l| l["reason"] == "PreflightCheckFailed")
+                })
+            })
+            .await;
+        let launched = condition(&held, "Launched").expect("Launched");
+        assert_eq!(launched["status"], "Unknown", "{version:?}: {held:#}");
+        let sets = env.list("machinesets");
+        let set = sets[0]["metadata"]["name"]
+            .as_str()
+            .expect("the MachineSet's name");
+        let message = launched["message"].as_str().expect("a message");
+        let ns = launch::NAMESPACE;
+        for quoted in [
+            format!("MachineSet {ns}/{set}"),
+            format!(
+                "SimControlPlane {ns}/sim is upgrading (\"ControlPlaneIsStable\" preflight check failed)"
+            ),
+        ] {
+            assert!(
+                message.contains(&quoted),
+                "{version:?}: {quoted} not in {message}"
+            );
+        }
+        // Held for a while: the raise landed, nothing was made.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            env.replicas("md-small"),
+            1,
+            "{version:?}: the replica raise"
+        );
+        assert!(
+            env.list("machines").is_empty(),
+            "{version:?}: a Machine while held"
+        );
+        assert_eq!(env.bound_pods(), 0);
+        assert_eq!(
+            env.events("PreflightCheckFailed").len(),
+            1,
+            "{version:?}: one Event"
+        );
+
+        // The upgrade done: the check passes, the same claim launches.
+        let mds: Api<DynamicObject> = Api::namespaced_with(
+            env.client().await,
+            ns,
+            &env.sim.cluster().capi_version().machine_deployment(),
+        );
+        let lift = serde_json::json!({"metadata": {"annotations": {CONTROL_PLANE_UPGRADING_ANNOTATION: "false"}}});
+        mds.patch("md-small", &PatchParams::default(), &Patch::Merge(lift))
+            .await
+            .expect("lift the switch");
+        env.until_quiet("the pod bound once the check passed", |e| {
+            e.bound_pods() == 1
+        })
+        .await;
+        let claims = env.list("nodeclaims");
+        assert_eq!(claims.len(), 1, "{version:?}: {claims:#?}");
+        assert_eq!(
+            claims[0]["metadata"]["name"], held["metadata"]["name"],
+            "{version:?}"
+        );
+        let launched = condition(&claims[0], "Launched").expect("Launched");
+        assert_eq!(launched["status"], "True", "{version:?}: {launched:#}");
+        env.invariants_hold();
+    }
 }
 
 /// maxPods 3 on the only MachineDeployment offered: seven small pods need three nodes, though

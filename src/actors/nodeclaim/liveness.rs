@@ -66,7 +66,14 @@ impl Step {
             .mark_unavailable(md, self.shared.settings.unavailable_offering_ttl);
         let what = match machine {
             Some(m) => format!("Machine {}/{} got no provider ID", m.namespace, m.name),
-            None => "no Machine was created".to_string(),
+            // Cluster API held it back: the timeout says which check, not only that it waited.
+            None => match self.preflight_hold(md) {
+                Some(h) => format!(
+                    "no Machine was created ({})",
+                    super::preflight::held_message(md, &h)
+                ),
+                None => "no Machine was created".to_string(),
+            },
         };
         self.shared.events.warning(
             object_ref(&c),

@@ -33,6 +33,7 @@ pub(crate) mod initialization;
 mod launch;
 pub use launch::prelaunch;
 mod liveness;
+mod preflight;
 mod registration;
 mod status;
 mod termination;
@@ -447,6 +448,9 @@ impl Step {
                 return self.recorded_machine_unseen(recorded.to_string()).await;
             }
             if let Some(left) = self.create_deadline_left() {
+                if let Some(next) = self.say_why_waiting(&md).await? {
+                    return Ok(next);
+                }
                 if self.requested.as_deref() == Some(md.as_str()) {
                     return Ok(Next::Wait(Some(left)));
                 }

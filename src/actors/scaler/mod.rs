@@ -262,8 +262,8 @@ impl Scaler {
                 &inputs.waiting,
             );
         }
-        let paused = self.shared.state.deployments.read().paused(&inputs.md);
-        if paused {
+        let writable = self.shared.state.deployments.read().writable(&inputs.md);
+        if !writable {
             self.hold_while_paused(&mut plan, &inputs.waiting);
         }
         for machine in &inputs.spent {
@@ -366,14 +366,15 @@ impl Scaler {
         false
     }
 
-    /// Cluster API's pause: its controllers would not act on a replica change, so none is
-    /// written (nor a surplus Machine released, which leads to one). Free Machines may still be
+    /// Cluster API's pause (its controllers would not act on a replica change) or a topology
+    /// that sets the replicas (its controller would undo one): none is written (nor a surplus
+    /// Machine released, which leads to one). Free Machines may still be
     /// bound; claims that need a new one are turned away to launch elsewhere. A Machine a
     /// terminating claim gave back keeps its deletion mark and is decremented once the pause
     /// lifts.
     fn hold_while_paused(&mut self, plan: &mut plan::Plan, waiting: &[String]) {
         if plan.write.take().is_some() || !plan.release.is_empty() {
-            tracing::debug!(machine_deployment = %self.md, "paused (cluster.x-k8s.io/paused or spec.paused, on it or its Cluster): no replica write");
+            tracing::debug!(machine_deployment = %self.md, "paused (cluster.x-k8s.io/paused or spec.paused, on it or its Cluster) or its replicas held by its Cluster's topology: no replica write");
         }
         plan.release.clear();
         plan.delete_directly.clear();

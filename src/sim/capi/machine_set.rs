@@ -12,6 +12,7 @@ use super::is_available;
 use super::machine_deployment::up_to_date;
 use super::object;
 use super::owner_ref;
+use super::preflight;
 use super::selector_string;
 use super::set_replicas;
 use super::string_map;
@@ -64,11 +65,15 @@ impl Inner {
             .annotations()
             .get(DISABLE_MACHINE_CREATE_ANNOTATION)
             .is_some_and(|v| v == "true");
+        // Cluster API runs its preflight checks only when it would create Machines.
+        let held = (diff < 0).then(|| preflight::failure(&ms)).flatten();
         if diff < 0 && create_disabled {
             tracing::debug!(
                 ms = name,
                 "machine creation disabled on this (old) MachineSet"
             );
+        } else if let Some(why) = &held {
+            tracing::debug!(ms = name, %why, "scale up on hold: a preflight check fails");
         } else if diff < 0 {
             let bodies = (0..diff.unsigned_abs())
                 .map(|_| self.set_machine(&ms))
@@ -100,6 +105,12 @@ impl Inner {
                     .filter(|m| up_to_date(&m.data, v) == Some(true))
                     .count();
                 status["upToDateReplicas"] = json!(up_to_date)
+            }
+        }
+        if preflight::switched(&ms) {
+            for (k, v) in preflight::status_conditions(v, &ms, observed, replicas, held.as_deref())
+            {
+                status[k] = v;
             }
         }
         self.write_status_if_changed(&sets_api, &ms, status).await

@@ -29,6 +29,7 @@ mod machine;
 mod machine_deployment;
 mod machine_pool;
 mod machine_set;
+mod preflight;
 
 pub use machine::{PROVIDER_ID_SET, provider_id, provider_id_for};
 pub use machine_deployment::up_to_date;
@@ -36,6 +37,7 @@ pub use machine_pool::{
     INFRA_MACHINE_KIND, INFRA_POOL_KIND, INSTANCE_REFRESH_ANNOTATION, Instance,
     POOL_MACHINES_ANNOTATION, has_pool_machines, infra_pool_resource, instances,
 };
+pub use preflight::{CONTROL_PLANE_KIND, CONTROL_PLANE_UPGRADING_ANNOTATION};
 
 use super::standin::{
     Shutdown, SimRng, WorkQueue, at, is_not_found, log_retry, spawn_watch, str_at,

@@ -64,6 +64,11 @@ pub enum Error {
     VersionOnRealBackend(CapiVersion),
     #[error("Cluster API's real manager needs the real control plane (--control-plane real)")]
     RealClusterApiNeedsRealControlPlane,
+    #[error(
+        "a ClusterClass topology needs Cluster API's real manager (--cluster-api real): the \
+         stand-in has no topology controller"
+    )]
+    TopologyNeedsRealClusterApi,
 }
 
 /// Who plays Cluster API's controllers.
@@ -294,7 +299,18 @@ impl SimCluster {
             Served::Simulated(server) => server.stats(),
             Served::Real { backend, .. } => backend.stats(),
         };
-        let (binds, audit, capi) = spawn_standins(&cfg, &client, milestones, shutdown, &mut tasks);
+        let (binds, audit, capi) =
+            spawn_standins(&cfg, &client, milestones, shutdown.clone(), &mut tasks);
+        if let Served::Real { backend, .. } = &served
+            && cfg.cluster_api.is_real()
+        {
+            // The providers' side of ClusterClass-managed clusters (none unless one is made).
+            tasks.extend(real::topology::spawn(
+                client.clone(),
+                backend.apiserver_port(),
+                shutdown,
+            ));
+        }
         Ok(Self {
             served,
             client,

@@ -71,6 +71,24 @@ impl SimCluster {
         }
     }
 
+    /// A ClusterClass-managed workload cluster `name` in `ns` whose
+    /// `spec.topology.workers.machineDeployments` are `workers`, applied again on every call
+    /// (Cluster API's topology controller then makes and updates their MachineDeployments).
+    /// Only where Cluster API's real manager runs: the stand-in has no topology controller.
+    pub async fn ensure_topology_cluster(
+        &self,
+        ns: &str,
+        name: &str,
+        workers: Value,
+    ) -> Result<(), Error> {
+        match &self.served {
+            Served::Real { backend, .. } => Ok(backend
+                .ensure_topology_cluster(&self.client, ns, name, workers)
+                .await?),
+            Served::Simulated(_) => Err(Error::TopologyNeedsRealClusterApi),
+        }
+    }
+
     /// Sets a MachineDeployment's spec.replicas (as a user or the controller would).
     pub async fn scale_machine_deployment(
         &self,

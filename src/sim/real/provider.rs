@@ -43,7 +43,8 @@ pub const INFRA_VERSION: &str = "v1beta2";
 /// The minimal control-plane provider's group, version and kind.
 pub const CONTROL_PLANE_GROUP: &str = "controlplane.sim.karpenter.cluster.x-k8s.io";
 pub const CONTROL_PLANE_VERSION: &str = "v1beta2";
-pub const CONTROL_PLANE_KIND: &str = "SimControlPlane";
+/// (The kind's name lives with the Cluster API stand-in, whose preflight message names it too.)
+pub use crate::sim::capi::CONTROL_PLANE_KIND;
 
 /// The infrastructure kinds this provider serves besides DevMachineTemplate (upstream's CRD):
 /// (kind, plural).
@@ -241,6 +242,78 @@ pub async fn ensure_cluster(
         .patch(cluster, &apply_params(), &Patch::Apply(&body))
         .await?;
     Ok(())
+}
+
+fn control_plane_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    let cp = resource(
+        CONTROL_PLANE_GROUP,
+        CONTROL_PLANE_VERSION,
+        CONTROL_PLANE_KIND,
+        "simcontrolplanes",
+    );
+    Api::namespaced_with(client.clone(), ns, &cp)
+}
+
+/// A control-plane upgrade begins, as a control-plane provider shows it: `spec.version` raised
+/// (one patch release above `status.version`, which stays). Cluster API's MachineSet preflight
+/// check `ControlPlaneIsStable` then holds every scale-up of the Cluster (the contract's
+/// "upgrading": a spec version above the status version). Returns the version it upgrades to.
+pub async fn begin_control_plane_upgrade(
+    client: &Client,
+    ns: &str,
+    cluster: &str,
+) -> Result<String, UpgradeError> {
+    let api = control_plane_api(client, ns);
+    let cp = api.get(cluster).await?;
+    let current = str_at(&cp.data, &["status", "version"])
+        .ok_or(UpgradeError::NoVersion)?
+        .to_string();
+    let to = next_patch_release(&current).ok_or(UpgradeError::Unparsable(current))?;
+    api.patch(
+        cluster,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"version": to}})),
+    )
+    .await?;
+    Ok(to)
+}
+
+/// The upgrade is done: `status.version` reaches `spec.version`, and the preflight check passes.
+pub async fn finish_control_plane_upgrade(
+    client: &Client,
+    ns: &str,
+    cluster: &str,
+) -> Result<(), UpgradeError> {
+    let api = control_plane_api(client, ns);
+    let cp = api.get(cluster).await?;
+    let to = str_at(&cp.data, &["spec", "version"])
+        .ok_or(UpgradeError::NoVersion)?
+        .to_string();
+    api.patch_status(
+        cluster,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"version": to}})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What went wrong starting or finishing a control-plane upgrade.
+#[derive(Debug, thiserror::Error)]
+pub enum UpgradeError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error("the control plane reports no version")]
+    NoVersion,
+    #[error("the control plane's version {0:?} is not vMAJOR.MINOR.PATCH")]
+    Unparsable(String),
+}
+
+/// `v1.36.2` -> `v1.36.3`.
+fn next_patch_release(version: &str) -> Option<String> {
+    let (head, patch) = version.rsplit_once('.')?;
+    let patch: u64 = patch.parse().ok()?;
+    Some(format!("{head}.{}", patch + 1))
 }
 
 /// `name` of `ar` in `ns` with `body`'s spec, then its status.

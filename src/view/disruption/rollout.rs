@@ -1,6 +1,7 @@
-//! What Cluster API's rollouts and pauses do to disruption: a paused or rolling-out
-//! MachineDeployment holds its nodes, one at its min size gives none up by choice, and claims on
-//! Machines a RollingUpdate outdated are replaced as the rollout makes room.
+//! What Cluster API's rollouts, pauses and topologies do to disruption: a paused or rolling-out
+//! MachineDeployment, or one whose replicas its Cluster's topology sets, holds its nodes; one
+//! at its min size gives none up by choice; and claims on Machines a RollingUpdate outdated
+//! are replaced as the rollout makes room.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -17,7 +18,8 @@ use crate::state::machines::{MachineDeployments, Machines};
 /// What Cluster API's own state of a MachineDeployment does to its nodes' disruption.
 #[derive(Clone, Debug)]
 pub(super) enum Hold {
-    /// Paused: no replica is written, so none of its Machines could be given back.
+    /// Paused, or its replicas held by its Cluster's topology: no replica is written, so none
+    /// of its Machines could be given back.
     Paused(String),
     /// A rollout is under way: as the autoscaler, none of its nodes is scaled down meanwhile
     /// (drift still replaces them).
@@ -27,8 +29,12 @@ pub(super) enum Hold {
 pub(super) fn deployment_hold(
     md: &MachineDeployment,
     cluster_paused: bool,
+    replicas_held: Option<String>,
     machines: &[Arc<Machine>],
 ) -> Option<Hold> {
+    if let Some(why) = replicas_held {
+        return Some(Hold::Paused(format!("its {}: {why}", md.scalable())));
+    }
     if cluster_paused {
         return Some(Hold::Paused(format!(
             "its MachineDeployment {}'s Cluster {} is paused (spec.paused or the \"{}\" annotation): Cluster API would not remove its Machine",
@@ -203,4 +209,36 @@ fn outdated_under_rolling_update(
             .ok()
             .flatten()
             .is_some_and(|m| m.up_to_date == Some(false) && !m.is_deleting())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn md() -> MachineDeployment {
+        let v = serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+            "metadata": {"name": "md", "namespace": "ns", "uid": "u", "resourceVersion": "1"},
+            "spec": {"clusterName": "c",
+                     "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": "md"}},
+                     "template": {"spec": {"clusterName": "c", "bootstrap": {},
+                                  "infrastructureRef": {"apiGroup": "infra", "kind": "K", "name": "t"}}}}
+        });
+        MachineDeployment::from_value(&v, crate::capi::CapiVersion::V1Beta2).expect("an MD")
+    }
+
+    /// Replicas a topology holds stop every disruption of the group's nodes (drift included:
+    /// a `Paused` hold is never a drift candidate's exception), naming the group and why.
+    #[test]
+    fn replicas_held_by_a_topology_hold_the_nodes_as_a_pause_does() {
+        let why = "its replicas belong to Cluster ns/c's topology".to_string();
+        match deployment_hold(&md(), false, Some(why), &[]) {
+            Some(Hold::Paused(m)) => {
+                assert!(m.contains("MachineDeployment ns/md"), "{m}");
+                assert!(m.contains("Cluster ns/c's topology"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(deployment_hold(&md(), false, None, &[]).is_none());
+    }
 }

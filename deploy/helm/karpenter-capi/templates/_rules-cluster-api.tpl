@@ -10,6 +10,10 @@
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinedeployments]
   verbs: [get, list, watch, patch]
+# Watcher: MachineSets, for a preflight check holding a scale-up (their conditions), read only.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinesets]
+  verbs: [list, watch]
 # Watcher: Clusters, for Cluster API's pause (spec.paused or the annotation), read only.
 - apiGroups: [cluster.x-k8s.io]
   resources: [clusters]
