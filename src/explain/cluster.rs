@@ -273,6 +273,127 @@ where
     Ok(out)
 }
 
+/// The controller's state as its watches would hold it after a list of each kind.
+fn state_of(
+    capi: CapiObjects,
+    claims: Vec<NodeClaim>,
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    daemonsets: Vec<DaemonSet>,
+    pdbs: Vec<PodDisruptionBudget>,
+    nodepools: Vec<NodePool>,
+) -> State {
+    let state = State::default();
+    state.machines.write().replace_all(capi.machines);
+    {
+        let mut deployments = state.deployments.write();
+        deployments.replace_all(
+            crate::capi::ScalableKind::MachineDeployment,
+            capi.deployments,
+        );
+        deployments.set_paused_clusters(capi.paused_clusters);
+        deployments.set_topology_replicas(capi.topology_replicas);
+    }
+    state.claims.write().replace_all(claims);
+    state
+        .nodes
+        .write()
+        .replace_all(nodes.into_iter().map(CompactNode::new).collect());
+    state.pods.write().replace_all(pods);
+    state.daemonsets.write().replace_all(daemonsets);
+    Index::reset(
+        &mut *state.pdbs.write(),
+        pdbs.into_iter().map(Arc::new).collect(),
+    );
+    Index::reset(
+        &mut *state.nodepools.write(),
+        nodepools.into_iter().map(Lenient::Ok).collect(),
+    );
+    state
+}
+
+/// Each NodeClass resolved as the Catalog actor resolves it (the same `resolve_nodeclass`,
+/// then the NodeOverlays), from a one-off read: the catalog view, each NodeClass's result, and
+/// the template errors as text.
+fn resolve_all(
+    state: &State,
+    nodeclasses: Vec<ClusterAPINodeClass>,
+    deployments: &[Arc<MachineDeployment>],
+    templates: &HashMap<String, TemplateCapacity>,
+    template_errors: HashMap<String, ReadError>,
+    overlays: &[NodeOverlay],
+) -> (
+    CatalogView,
+    BTreeMap<String, Resolved>,
+    HashMap<String, String>,
+) {
+    let missing_templates: HashMap<String, String> = template_errors
+        .iter()
+        .filter(|(_, e)| matches!(e, ReadError::NotFound { .. }))
+        .map(|(k, e)| (k.clone(), e.to_string()))
+        .collect();
+    let template_errors: HashMap<String, String> = template_errors
+        .into_iter()
+        .map(|(k, e)| (k, e.to_string()))
+        .collect();
+    // Launch failures mark offerings unavailable in the controller's memory only; a one-off
+    // read cannot see them (max-size is seen).
+    let never = |_: &str| false;
+    let cx = OfferingContext {
+        templates,
+        unavailable: &never,
+    };
+    let (unreadable, replicas_held) = {
+        let deployments = state.deployments.read();
+        let held: HashMap<String, String> = deployments
+            .all()
+            .filter_map(|md| Some((md.key(), deployments.replicas_held(md)?)))
+            .collect();
+        (deployments.unreadable().clone(), held)
+    };
+    // A one-off read answers every template: none is unread, and a failing one has never
+    // been read.
+    let unread_templates = HashSet::new();
+    let left_out = LeftOut {
+        unreadable: &unreadable,
+        missing_templates: &missing_templates,
+        unread_templates: &unread_templates,
+        failing_templates: &template_errors,
+        replicas_held: &replicas_held,
+    };
+    let mut each: Vec<(ClusterAPINodeClass, offerings::Catalog, Result<(), String>)> = nodeclasses
+        .into_iter()
+        .map(|nc| {
+            let (c, ready) = resolve_nodeclass(&nc, deployments, &left_out, &cx);
+            (nc, c, ready)
+        })
+        .collect();
+    let refs: Vec<&NodeOverlay> = overlays.iter().collect();
+    let names: Vec<String> = each.iter().map(|(nc, _, _)| nc.name_any()).collect();
+    let catalogs: Vec<(&str, &mut offerings::Catalog)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(each.iter_mut().map(|(_, c, _)| c))
+        .collect();
+    let pools: Vec<Arc<NodePool>> = state.nodepools.read().values().cloned().collect();
+    let (_, by_pool) = apply_overlays(&refs, catalogs, &pools);
+    let catalog = CatalogView::default();
+    catalog.publish_pools(by_pool);
+    let mut resolved = BTreeMap::new();
+    for (nc, c, ready) in each {
+        catalog.insert(&nc.name_any(), c.clone(), nc.create_timeout());
+        resolved.insert(
+            nc.name_any(),
+            Resolved {
+                nodeclass: Arc::new(nc),
+                catalog: c,
+                ready,
+            },
+        );
+    }
+    (catalog, resolved, template_errors)
+}
+
 /// The NodeOverlays, or none where the API does not serve them (a cluster without the CRD).
 async fn list_overlays(
     client: &kube::Client,
@@ -295,7 +416,7 @@ pub async fn read(
     settings: Settings,
 ) -> Result<Cluster, Error> {
     let mut malformed = Vec::new();
-    let capi = read_capi(
+    let mut capi = read_capi(
         &management,
         forced,
         settings.capi_namespace.as_deref(),
@@ -305,7 +426,7 @@ pub async fn read(
     for (md, why) in &capi.unreadable {
         malformed.push(("MachineDeployment".into(), md.clone(), why.clone()));
     }
-    let excluded = capi.excluded;
+    let excluded = std::mem::take(&mut capi.excluded);
     let nodepools: Vec<NodePool> = list_lenient(&workload, "NodePools", &mut malformed).await?;
     let claims: Vec<NodeClaim> = list_lenient(&workload, "NodeClaims", &mut malformed).await?;
     let nodeclasses: Vec<ClusterAPINodeClass> =
@@ -315,102 +436,20 @@ pub async fn read(
     let daemonsets: Vec<DaemonSet> = list_all(&workload, "DaemonSets").await?;
     let pdbs: Vec<PodDisruptionBudget> = list_all(&workload, "PodDisruptionBudgets").await?;
 
-    let state = State::default();
-    state.machines.write().replace_all(capi.machines);
-    {
-        let mut deployments = state.deployments.write();
-        deployments.replace_all(
-            crate::capi::ScalableKind::MachineDeployment,
-            capi.deployments,
-        );
-        deployments.set_paused_clusters(capi.paused_clusters);
-        deployments.set_topology_replicas(capi.topology_replicas);
-    }
+    let state = state_of(capi, claims, nodes, pods, daemonsets, pdbs, nodepools);
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();
-    state.claims.write().replace_all(claims);
-    state
-        .nodes
-        .write()
-        .replace_all(nodes.into_iter().map(CompactNode::new).collect());
-    state.pods.write().replace_all(pods);
-    state.daemonsets.write().replace_all(daemonsets);
-    Index::reset(
-        &mut *state.pdbs.write(),
-        pdbs.into_iter().map(Arc::new).collect(),
-    );
-    Index::reset(
-        &mut *state.nodepools.write(),
-        nodepools.into_iter().map(Lenient::Ok).collect(),
-    );
-
     let (templates, template_errors) = read_templates(&management, &deployments).await;
-    let missing_templates: HashMap<String, String> = template_errors
-        .iter()
-        .filter(|(_, e)| matches!(e, ReadError::NotFound { .. }))
-        .map(|(k, e)| (k.clone(), e.to_string()))
-        .collect();
-    let template_errors: HashMap<String, String> = template_errors
-        .into_iter()
-        .map(|(k, e)| (k, e.to_string()))
-        .collect();
-    // Launch failures mark offerings unavailable in the controller's memory only; a one-off
-    // read cannot see them (max-size is seen).
-    let never = |_: &str| false;
-    let cx = OfferingContext {
-        templates: &templates,
-        unavailable: &never,
-    };
-    let catalog = CatalogView::default();
-    let unreadable = state.deployments.read().unreadable().clone();
-    // A one-off read answers every template: none is unread, and a failing one has never
-    // been read.
-    let unread_templates = HashSet::new();
-    let replicas_held: HashMap<String, String> = {
-        let deployments = state.deployments.read();
-        deployments
-            .all()
-            .filter_map(|md| Some((md.key(), deployments.replicas_held(md)?)))
-            .collect()
-    };
-    let left_out = LeftOut {
-        unreadable: &unreadable,
-        missing_templates: &missing_templates,
-        unread_templates: &unread_templates,
-        failing_templates: &template_errors,
-        replicas_held: &replicas_held,
-    };
-    let mut each: Vec<(ClusterAPINodeClass, offerings::Catalog, Result<(), String>)> = nodeclasses
-        .into_iter()
-        .map(|nc| {
-            let (c, ready) = resolve_nodeclass(&nc, &deployments, &left_out, &cx);
-            (nc, c, ready)
-        })
-        .collect();
     // The prices and capacity the Catalog actor publishes are after the NodeOverlays.
     let overlays = list_overlays(&workload, &mut malformed).await?;
-    let refs: Vec<&NodeOverlay> = overlays.iter().collect();
-    let names: Vec<String> = each.iter().map(|(nc, _, _)| nc.name_any()).collect();
-    let catalogs: Vec<(&str, &mut offerings::Catalog)> = names
-        .iter()
-        .map(String::as_str)
-        .zip(each.iter_mut().map(|(_, c, _)| c))
-        .collect();
-    let pools: Vec<Arc<NodePool>> = state.nodepools.read().values().cloned().collect();
-    let (_, by_pool) = apply_overlays(&refs, catalogs, &pools);
-    catalog.publish_pools(by_pool);
-    let mut resolved = BTreeMap::new();
-    for (nc, c, ready) in each {
-        catalog.insert(&nc.name_any(), c.clone(), nc.create_timeout());
-        resolved.insert(
-            nc.name_any(),
-            Resolved {
-                nodeclass: Arc::new(nc),
-                catalog: c,
-                ready,
-            },
-        );
-    }
+    let (catalog, resolved, template_errors) = resolve_all(
+        &state,
+        nodeclasses,
+        &deployments,
+        &templates,
+        template_errors,
+        &overlays,
+    );
     Ok(Cluster {
         state,
         catalog,

@@ -127,20 +127,8 @@ impl Env {
     /// `spec.paused`, creating the Cluster where none exists (the stand-in needs none), and
     /// waits until the controller has seen it.
     pub async fn set_cluster_paused(&self, paused: bool) {
-        let ar = self.sim.cluster().capi_version().cluster();
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client().await, NS, &ar);
-        let name = karpenter_capi::sim::cluster::CLUSTER_NAME;
-        let body = json!({"spec": {"paused": paused}});
-        if api.get_opt(name).await.expect("read the Cluster").is_some() {
-            api.patch(name, &PatchParams::default(), &Patch::Merge(body))
-                .await
-                .expect("patch the Cluster");
-        } else {
-            let obj = DynamicObject::new(name, &ar).within(NS).data(body);
-            api.create(&kube::api::PostParams::default(), &obj)
-                .await
-                .expect("create the Cluster");
-        }
+        self.merge_into_cluster(json!({"spec": {"paused": paused}}))
+            .await;
         self.wait("the controller sees the Cluster's pause", || {
             let c = self.controller.as_ref()?;
             let d = c.shared.state.deployments.read();
@@ -149,20 +137,11 @@ impl Env {
         .await;
     }
 
-    /// Gives the Cluster a ClusterClass topology whose workers are `machine_deployments` (the
-    /// `spec.topology.workers.machineDeployments` list, replaced whole), creating the Cluster
-    /// if need be, and waits until the controller sees whether a group's replicas are held.
-    pub async fn set_cluster_topology(&self, machine_deployments: Value) {
+    /// Merges `body` into the seeded Cluster, creating it with `body` if it does not exist.
+    async fn merge_into_cluster(&self, body: Value) {
         let ar = self.sim.cluster().capi_version().cluster();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client().await, NS, &ar);
         let name = karpenter_capi::sim::cluster::CLUSTER_NAME;
-        let holds = machine_deployments
-            .as_array()
-            .is_some_and(|l| l.iter().any(|e| !e["replicas"].is_null()));
-        let body = json!({"spec": {"topology": {
-            "classRef": {"name": "sim-class"}, "version": "v1.33.0",
-            "workers": {"machineDeployments": machine_deployments},
-        }}});
         if api.get_opt(name).await.expect("read the Cluster").is_some() {
             api.patch(name, &PatchParams::default(), &Patch::Merge(body))
                 .await
@@ -173,6 +152,20 @@ impl Env {
                 .await
                 .expect("create the Cluster");
         }
+    }
+
+    /// Gives the Cluster a ClusterClass topology whose workers are `machine_deployments` (the
+    /// `spec.topology.workers.machineDeployments` list, replaced whole), creating the Cluster
+    /// if need be, and waits until the controller sees whether a group's replicas are held.
+    pub async fn set_cluster_topology(&self, machine_deployments: Value) {
+        let holds = machine_deployments
+            .as_array()
+            .is_some_and(|l| l.iter().any(|e| !e["replicas"].is_null()));
+        let body = json!({"spec": {"topology": {
+            "classRef": {"name": "sim-class"}, "version": "v1.33.0",
+            "workers": {"machineDeployments": machine_deployments},
+        }}});
+        self.merge_into_cluster(body).await;
         self.wait("the controller sees the Cluster's topology", || {
             let c = self.controller.as_ref()?;
             let d = c.shared.state.deployments.read();
