@@ -37,6 +37,7 @@ use crate::controlplane::cluster_api::{self, ClusterApi};
 use crate::controlplane::{self, ControlPlane, audit};
 
 mod chart;
+pub mod pool;
 pub mod provider;
 pub mod topology;
 pub use chart::TOOLS_VARIABLE;
@@ -50,7 +51,7 @@ const DEV_TEMPLATE_CRD: &str = "infrastructure.cluster.x-k8s.io_devmachinetempla
 /// What the mirror watches: (group, version, plural).
 /// ReplicaSets because a budget's expected pods are counted from their Deployments' scale
 /// (the drain audit checks removals against budgets on the mirror).
-const MIRRORED: [(&str, &str, &str); 11] = [
+const MIRRORED: [(&str, &str, &str); 12] = [
     ("", "v1", "pods"),
     ("", "v1", "nodes"),
     ("policy", "v1", "poddisruptionbudgets"),
@@ -61,6 +62,7 @@ const MIRRORED: [(&str, &str, &str); 11] = [
     ("cluster.x-k8s.io", CAPI_VERSION, "machinedeployments"),
     ("cluster.x-k8s.io", CAPI_VERSION, "machinesets"),
     ("cluster.x-k8s.io", CAPI_VERSION, "machines"),
+    ("cluster.x-k8s.io", CAPI_VERSION, "machinepools"),
     ("autoscaling.x-k8s.io", "v1beta1", "capacitybuffers"),
 ];
 

@@ -362,9 +362,19 @@ impl Env {
 
     /// Kill the controller and start one with these settings.
     pub async fn restart_with(&mut self, settings: Settings) {
+        self.kill();
+        self.start_with(settings).await;
+    }
+
+    /// Kill the controller (in-flight work abandoned, as in a crash); the cluster runs on.
+    pub fn kill(&mut self) {
         if let Some(c) = self.controller.take() {
             c.stop();
         }
+    }
+
+    /// Start a controller with these settings (after `kill`).
+    pub async fn start_with(&mut self, settings: Settings) {
         self.controller = Some(
             start_controller(&self.sim, settings, self.metrics.clone())
                 .await

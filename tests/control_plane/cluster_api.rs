@@ -5,8 +5,8 @@
 //! (`simulate --control-plane real --cluster-api real`) with its controllers making the
 //! MachineSets and Machines, setting nodeRef and syncing the Nodes, the simulator playing only
 //! the infrastructure provider and the kubelets; a paused Cluster held by both the controller
-//! and the manager; and (module `process`) nothing left after a `simulate --cluster-api real`
-//! process ends.
+//! and the manager; MachinePools with and without MachinePool Machines (module `pools`); and
+//! (module `process`) nothing left after a `simulate --cluster-api real` process ends.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,10 @@ mod preflight;
 #[path = "cluster_api_topology.rs"]
 mod topology;
 
+/// MachinePools, with and without MachinePool Machines, served by the simulator's provider.
+#[path = "cluster_api_pools.rs"]
+mod pools;
+
 pub fn tests() -> Vec<assets::Test> {
     let mut tests = trials![
         @tokio the_manager_starts_its_webhooks_default_and_validate_and_nothing_is_left
@@ -64,6 +68,7 @@ pub fn tests() -> Vec<assets::Test> {
     tests.extend(health::tests());
     tests.extend(preflight::tests());
     tests.extend(topology::tests());
+    tests.extend(pools::tests());
     tests
 }
 

@@ -18,6 +18,7 @@ use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::app::USER_AGENT;
+use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::sim::cluster::{MachineDeploymentSeed, PodShape, SimClusterConfig};
 use karpenter_capi::simulate::launch::{NAMESPACE, NODECLASS, claim_for, seed_of};
 
@@ -259,6 +260,15 @@ async fn an_ambiguous_decrement_is_read_back_and_never_repeated() {
 #[actix::test]
 async fn a_decrement_cluster_api_spent_on_another_machine_is_made_again() {
     let env = env(vec![seed_of(0, 20)], |_| {}).await;
+    // Cluster API's default order takes equal Machines by name; Oldest makes its choice of the
+    // unmarked Machine (its cache lacks the mark) the old one, for certain.
+    env.patch_md(match env.sim.cluster().capi_version() {
+        CapiVersion::V1Beta1 => {
+            json!({"spec": {"strategy": {"rollingUpdate": {"deletePolicy": "Oldest"}}}})
+        }
+        CapiVersion::V1Beta2 => json!({"spec": {"deletion": {"order": "Oldest"}}}),
+    })
+    .await;
     env.claims(1, 1).await;
     env.settle().await;
     // Creation timestamps have one-second resolution: the second Machine must be the younger.

@@ -263,6 +263,61 @@ async fn a_controller_killed_mid_drain_finishes_after_restart() {
     env.assert_clean();
 }
 
+/// A claim deleted before it learned its instance (its create timeout while Cluster API was
+/// still provisioning, or a user) whose Node registered meanwhile: termination finds the Node
+/// through the claim's Machine, drains it and releases the Machine, rather than waiting for
+/// the claim's own provider ID that never comes.
+#[actix::test]
+async fn a_claim_deleted_before_it_learned_its_node_drains_the_node_its_machine_names() {
+    let cfg = SimClusterConfig {
+        provider_delay: Duration::from_secs(3),
+        jitter: Duration::ZERO,
+        ..fast_cluster()
+    };
+    let mut env = env_cfg(cfg, sim_settings(None)).await;
+    let api: Api<NodeClaim> = Api::all(env.client().await);
+    let claim = api
+        .create(&PostParams::default(), &claim_for(&env.pool, "sim-0"))
+        .await
+        .expect("create claim")
+        .name_any();
+    let bound = |env: &Env| {
+        env.list("machines")
+            .into_iter()
+            .find(|m| m["metadata"]["annotations"][NODECLAIM_ANNOTATION] == claim.as_str())
+    };
+    env.wait("a Machine bound to the claim", || bound(&env).map(|_| ()))
+        .await;
+    // The controller goes before the Machine has a provider ID; Cluster API and the kubelet
+    // carry on: the Machine gets its instance, its Node registers and the nodeRef is set.
+    env.kill();
+    let node = env
+        .wait("the Machine's Node registered and referenced", || {
+            let m = bound(&env)?;
+            let node = m["status"]["nodeRef"]["name"].as_str()?.to_string();
+            env.get("nodes", "", &node).map(|_| node)
+        })
+        .await;
+    let c = env.get("nodeclaims", "", &claim).expect("claim");
+    assert!(
+        c["status"]["providerID"].as_str().is_none_or(str::is_empty),
+        "the claim never learned its instance: {c}"
+    );
+    env.pod("web-0", &node, json!({"app": "web"}), json!({}))
+        .await;
+    api.delete(&claim, &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    env.start_with(sim_settings(None)).await;
+    env.gone(&claim, &node).await;
+    assert!(
+        !env.evictions_of("web-0").is_empty(),
+        "the pod was evicted, not lost with its Node"
+    );
+    settle(&env.sim, DEADLINE).await.expect("settles");
+    env.assert_clean();
+}
+
 #[actix::test]
 async fn a_machine_deleted_by_someone_else_ends_its_claim_cleanly() {
     let env = env().await;

@@ -58,11 +58,13 @@ impl Step {
         if let Some(pid) = recorded_instance(&c) {
             return self.terminate_instance(&c, pid, deadline).await;
         }
-        let node = self.claim_node();
         let bound = self.bound_machine();
         let synced = self.shared.state.machines.read().synced();
         let instance_gone = synced && matches!(bound, Ok(None));
         let machine = bound.ok().flatten();
+        let node = self
+            .claim_node()
+            .or_else(|| self.machine_node(machine.as_deref()));
         // Only a Machine still running can have pods on a Node the index does not show: once it
         // is deleting or gone, Cluster API removes its Node, and no read is needed.
         let running = machine
@@ -374,9 +376,11 @@ impl Step {
                 "nodes",
                 &name,
             ))?;
+            // The claim's instance, or (when the claim never learned it) its Machine's.
+            let expected = provider_id(c).or(machine.provider_id.as_deref());
             let same_instance = |n: &Node| {
                 let id = n.spec.as_ref().and_then(|s| s.provider_id.as_deref());
-                provider_id(c).is_none() || id == provider_id(c)
+                expected.is_none() || id == expected
             };
             if found.as_ref().is_some_and(same_instance) {
                 tracing::debug!(nodeclaim = %self.name(), node = %name, "node not in the index yet; waiting for the watch");
@@ -384,6 +388,18 @@ impl Step {
             }
         }
         Ok(false)
+    }
+
+    /// The Node of a claim that never learned it (a create timeout while its Machine was
+    /// being provisioned): the one its Machine names. Without it, a Node that registered after
+    /// the claim gave up would never be drained, and its Machine never released.
+    fn machine_node(&self, machine: Option<&crate::capi::model::Machine>) -> Option<Arc<Node>> {
+        let m = machine?;
+        let nodes = self.shared.state.nodes.read();
+        m.provider_id
+            .as_deref()
+            .and_then(|pid| nodes.by_provider_id(pid))
+            .or_else(|| m.node_ref.as_deref().and_then(|n| nodes.get(n)))
     }
 
     pub(super) fn claim_node(&self) -> Option<Arc<Node>> {

@@ -277,8 +277,10 @@ impl Scaler {
     /// Decremented Machines that Cluster API will not remove: the MachineDeployment's status
     /// is at its current generation (no older than our write) and counts as many Machines as
     /// replicas, yet they are still here and not deleting. Their MachineSet spent the decrement
-    /// on another Machine: its cache had not seen our mark yet, or another Machine was being
-    /// deleted at that moment (a MachineHealthCheck, a user), or a rollout chose elsewhere.
+    /// elsewhere: it had fewer Machines than replicas (Cluster API removes Machines only beyond
+    /// the replicas, so a decrement while it is still creating cancels a creation instead), its
+    /// cache had not seen our mark yet, another Machine was being deleted at that moment (a
+    /// MachineHealthCheck, a user), or a rollout chose elsewhere.
     pub(super) fn spent_decrements(
         &self,
         md: &MachineDeployment,

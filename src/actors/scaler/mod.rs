@@ -486,7 +486,7 @@ impl Scaler {
                 && m.deletion_timestamp.is_none()
                 && act.decremented.remove(&mk).is_some()
             {
-                tracing::warn!(machine = %mk, machine_deployment = %act.md, "Cluster API settled without removing a Machine whose replica we removed (its MachineSet removed another); lowering replicas for it again");
+                tracing::warn!(machine = %mk, machine_deployment = %act.md, "Cluster API settled without removing a Machine whose replica we removed (its MachineSet spent the decrement on a Machine it had not created yet, or removed another); lowering replicas for it again");
                 act.metrics()
                     .scaler_spent_decrements
                     .get_or_create(&Metrics::md(&act.md))

@@ -32,6 +32,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::machine_deployment::desired_md_replicas;
+use super::machine_set::DeletionOrder;
 use super::{
     Inner, Work, applied_or_deleted, controller_uid, dynamic, ignore_not_found, is_available,
     owner_ref,
@@ -39,6 +40,10 @@ use super::{
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LABEL};
 use crate::capi::version::CapiVersion;
 use crate::sim::standin::{at, delete_quietly, spawn_watch, str_at};
+
+/// A pool's infrastructure provider removes its surplus healthy instances oldest first, as
+/// CAPD's pools do (marked and unhealthy ones before them, as in a MachineSet).
+const POOL_ORDER: DeletionOrder = DeletionOrder::Oldest;
 
 /// Annotation on an infrastructure pool: `"false"` makes it a pool without MachinePool Machines.
 pub const POOL_MACHINES_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/machine-pool-machines";
@@ -301,13 +306,13 @@ impl Inner {
                     .filter(|m| m.metadata.deletion_timestamp.is_none())
                     .partition(|m| outdated(m));
                 let from_old = surplus.min(old.len());
-                self.delete_surplus(&ns, &api, &old, from_old, &name)
+                self.delete_surplus(&ns, &api, &old, from_old, &name, POOL_ORDER)
                     .await?;
-                self.delete_surplus(&ns, &api, &new, surplus - from_old, &name)
+                self.delete_surplus(&ns, &api, &new, surplus - from_old, &name, POOL_ORDER)
                     .await?;
             } else {
                 let surplus = (fresh.len() as i64 - desired).max(0) as usize;
-                self.delete_surplus(&ns, &api, &fresh, surplus, &name)
+                self.delete_surplus(&ns, &api, &fresh, surplus, &name, POOL_ORDER)
                     .await?;
             }
         }

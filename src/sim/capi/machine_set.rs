@@ -80,7 +80,8 @@ impl Inner {
                 .collect();
             self.create_machines(ns, &machines_api, bodies).await?;
         } else if diff > 0 {
-            self.delete_surplus(ns, &machines_api, &machines, diff as usize, name)
+            let order = DeletionOrder::of(&ms);
+            self.delete_surplus(ns, &machines_api, &machines, diff as usize, name, order)
                 .await?;
         }
         self.propagate_to_machines(&ms, &machines, &machines_api)
@@ -222,9 +223,10 @@ impl Inner {
         machines: &[Arc<DynamicObject>],
         surplus: usize,
         owner: &str,
+        order: DeletionOrder,
     ) -> Result<(), kube::Error> {
         let mut ranked: Vec<&DynamicObject> = machines.iter().map(|m| &**m).collect();
-        ranked.sort_by_key(|m| deletion_rank(m));
+        ranked.sort_by_key(|m| deletion_rank(order, m));
         let mut deleted = Vec::new();
         for victim in ranked.iter().take(surplus) {
             if victim.metadata.deletion_timestamp.is_some() {
@@ -288,22 +290,73 @@ impl Inner {
     }
 }
 
-/// Scale-down order inside one MachineSet (Cluster API's MachineSet controller): Machines already being
-/// deleted (they count until gone), then Machines marked with the delete-machine annotation,
-/// then Machines without a Node (still provisioning), then the oldest.
-pub(super) fn deletion_rank(m: &DynamicObject) -> (u8, Option<jiff::Timestamp>, String) {
+/// The order a MachineSet removes its healthy Machines in (`spec.deletion.order` in v1beta2,
+/// `spec.deletePolicy` in v1beta1; Random when unset, as Cluster API defaults it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum DeletionOrder {
+    Random,
+    Newest,
+    Oldest,
+}
+
+impl DeletionOrder {
+    pub(super) fn of(ms: &DynamicObject) -> Self {
+        let order = str_at(&ms.data, &["spec", "deletion", "order"])
+            .or_else(|| str_at(&ms.data, &["spec", "deletePolicy"]));
+        match order {
+            Some("Newest") => Self::Newest,
+            Some("Oldest") => Self::Oldest,
+            _ => Self::Random,
+        }
+    }
+}
+
+/// Scale-down order inside one MachineSet, as Cluster API's MachineSet controller sorts: Machines
+/// already being deleted (they count until gone), then those marked with the delete-machine
+/// annotation, then unhealthy ones (no Node yet, a failure, `NodeHealthy` or
+/// `HealthCheckSucceeded` False), then the healthy ones by the set's order; equal ranks by
+/// name. Random is no shuffle: equal priorities fall to the name, so with Cluster API's random
+/// name suffixes an unmarked Machine's turn has nothing to do with its age.
+pub(super) fn deletion_rank(order: DeletionOrder, m: &DynamicObject) -> (u8, i64, String) {
     let rank = if m.metadata.deletion_timestamp.is_some() {
         0
     } else if m.annotations().contains_key(DELETE_MACHINE_ANNOTATION) {
         1
-    } else if !has_node_ref(m) {
+    } else if !healthy(m) {
         2
     } else {
         3
     };
-    (
-        rank,
-        m.metadata.creation_timestamp.clone().map(|t| t.0),
-        m.name_any(),
-    )
+    let created = m
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(0, |t| t.0.as_second());
+    let age = match (rank, order) {
+        (3, DeletionOrder::Oldest) => created,
+        (3, DeletionOrder::Newest) => -created,
+        _ => 0,
+    };
+    (rank, age, m.name_any())
+}
+
+/// Cluster API's `isMachineHealthy`, on the conditions its own version reads (`status.conditions`).
+fn healthy(m: &DynamicObject) -> bool {
+    let failed = ["failureReason", "failureMessage"]
+        .iter()
+        .any(|f| at(&m.data, &["status", f]).is_some_and(|v| !v.is_null()));
+    let condition_false = |kind: &str| {
+        at(&m.data, &["status", "conditions"])
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c.get("type").and_then(Value::as_str) == Some(kind)
+                    && c.get("status").and_then(Value::as_str) == Some("False")
+            })
+    };
+    has_node_ref(m)
+        && !failed
+        && !condition_false("NodeHealthy")
+        && !condition_false("HealthCheckSucceeded")
 }

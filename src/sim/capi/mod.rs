@@ -633,7 +633,7 @@ fn ignore_not_found(r: Result<impl Sized, kube::Error>) -> Result<(), kube::Erro
 #[cfg(test)]
 mod tests {
     use super::machine_deployment::desired_md_replicas;
-    use super::machine_set::deletion_rank;
+    use super::machine_set::{DeletionOrder, deletion_rank};
     use super::*;
     use crate::api::wellknown::{DELETE_MACHINE_ANNOTATION, MIN_SIZE_ANNOTATION};
 
@@ -654,18 +654,49 @@ mod tests {
     }
 
     #[test]
-    fn scale_down_prefers_annotated_then_provisioning_then_oldest() {
-        let mut ms = [
-            machine("old-running", "2026-01-01T00:00:00Z", false, true),
-            machine("new-running", "2026-01-03T00:00:00Z", false, true),
-            machine("provisioning", "2026-01-04T00:00:00Z", false, false),
-            machine("marked", "2026-01-05T00:00:00Z", true, true),
-        ];
-        ms.sort_by_key(deletion_rank);
-        let order: Vec<String> = ms.iter().map(|m| m.name_any()).collect();
+    fn scale_down_takes_annotated_then_unhealthy_then_the_sets_order() {
+        let machines = || {
+            let mut unhealthy = machine("b-unhealthy", "2026-01-02T00:00:00Z", false, true);
+            unhealthy.data["status"]["conditions"] =
+                json!([{"type": "NodeHealthy", "status": "False"}]);
+            [
+                machine("d-old-running", "2026-01-01T00:00:00Z", false, true),
+                machine("a-new-running", "2026-01-03T00:00:00Z", false, true),
+                machine("c-provisioning", "2026-01-04T00:00:00Z", false, false),
+                unhealthy,
+                machine("z-marked", "2026-01-05T00:00:00Z", true, true),
+            ]
+        };
+        let order = |o: DeletionOrder| {
+            let mut ms = machines();
+            ms.sort_by_key(|m| deletion_rank(o, m));
+            ms.iter().map(|m| m.name_any()).collect::<Vec<_>>()
+        };
+        let first = ["z-marked", "b-unhealthy", "c-provisioning"];
+        let then =
+            |rest: [&'static str; 2]| -> Vec<&'static str> { [&first[..], &rest[..]].concat() };
+        // Random sorts equal priorities by name: no preference for age.
         assert_eq!(
-            order,
-            ["marked", "provisioning", "old-running", "new-running"]
+            order(DeletionOrder::Random),
+            then(["a-new-running", "d-old-running"])
+        );
+        assert_eq!(
+            order(DeletionOrder::Oldest),
+            then(["d-old-running", "a-new-running"])
+        );
+        assert_eq!(
+            order(DeletionOrder::Newest),
+            then(["a-new-running", "d-old-running"])
+        );
+        let set = |spec: Value| dynamic(json!({"metadata": {"name": "s"}, "spec": spec}));
+        assert_eq!(DeletionOrder::of(&set(json!({}))), DeletionOrder::Random);
+        assert_eq!(
+            DeletionOrder::of(&set(json!({"deletion": {"order": "Oldest"}}))),
+            DeletionOrder::Oldest
+        );
+        assert_eq!(
+            DeletionOrder::of(&set(json!({"deletePolicy": "Newest"}))),
+            DeletionOrder::Newest
         );
     }
 

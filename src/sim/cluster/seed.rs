@@ -382,7 +382,7 @@ pub(super) fn capacity_status(capacity: &BTreeMap<String, String>) -> Value {
 
 /// `md` with the label Cluster API's defaulting webhook adds on create (a real control plane
 /// runs no such webhook; the simulated server adds it itself).
-fn labelled_as_the_webhook_would(md: DynamicObject) -> DynamicObject {
+pub(super) fn labelled_as_the_webhook_would(md: DynamicObject) -> DynamicObject {
     let Ok(mut value) = serde_json::to_value(&md) else {
         return md;
     };
@@ -393,7 +393,7 @@ fn labelled_as_the_webhook_would(md: DynamicObject) -> DynamicObject {
 /// `md` bootstrapped from a data secret named after it (`<name>-bootstrap`), as a provider's
 /// bootstrap controller would leave it, in place of the bootstrap config template no
 /// bootstrap provider serves here.
-fn with_bootstrap_data_secret(md: DynamicObject) -> DynamicObject {
+pub(super) fn with_bootstrap_data_secret(md: DynamicObject) -> DynamicObject {
     let Ok(mut value) = serde_json::to_value(&md) else {
         return md;
     };

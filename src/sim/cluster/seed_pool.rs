@@ -1,7 +1,7 @@
 //! Seeding MachinePools: the MachinePool and the infrastructure pool (`DevMachinePool`) it
 //! points at, with or without MachinePool Machines, written as a user would.
 
-use super::seed::machine_pool;
+use super::seed::{labelled_as_the_webhook_would, machine_pool, with_bootstrap_data_secret};
 use super::*;
 use crate::api::wellknown::POOL_NAME_LABEL;
 use crate::capi::kind::ScalableKind;
@@ -53,7 +53,18 @@ impl SimCluster {
         let v = self.cfg.capi_version;
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &seed.namespace, &v.machine_pool());
-        api.create(&PostParams::default(), &machine_pool(v, seed))
+        let mut mp = machine_pool(v, seed);
+        if self.cfg.cluster_api.is_real() {
+            // Cluster API's real manager: its Cluster must exist, and the pool bootstraps from
+            // a data secret (no bootstrap provider runs), as seeded MachineDeployments do; its
+            // own webhook labels the object. The infrastructure provider (`sim::real::pool`)
+            // serves the DevMachinePool.
+            self.ensure_cluster(&seed.namespace).await?;
+            mp = with_bootstrap_data_secret(mp);
+        } else if self.cfg.backend == Backend::Real {
+            mp = labelled_as_the_webhook_would(mp);
+        }
+        api.create(&PostParams::default(), &mp)
             .await
             .map_err(kube_err(format!(
                 "create MachinePool {}/{}",

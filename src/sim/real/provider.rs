@@ -1,16 +1,20 @@
 //! What a cloud plays when Cluster API's real manager runs (`simulate --cluster-api real`):
 //! nothing Cluster API's own controllers do (no MachineSet or Machine is made, no nodeRef set,
-//! no Machine deleted, no Node drained or deleted here), only its providers' side of the
-//! contracts:
+//! no Node drained or deleted here), only its providers' side of the contracts. The one Machine
+//! write is the infrastructure pool's own part of the MachinePool Machines contract: scaling a
+//! DevMachinePool down deletes the owner Machine of the instance it removes (module `pool`).
+//! The contracts played:
 //! - the infrastructure and control-plane CRDs (CAPD's Dev* kinds, a minimal control plane),
 //!   labelled with the contract labels that tell Cluster API which version implements which
 //!   contract;
 //! - per namespace a Cluster referring to a DevCluster (ready, with its endpoint) and to a
 //!   control plane that reports initialized, its version and `externalManagedControlPlane`, and
 //!   the `<cluster>-kubeconfig` Secret for the workload cluster (the same API server);
-//! - an infrastructure provider that, for each DevMachine Cluster API clones from a template,
-//!   after the scenario's provider delay sets `spec.providerID` and the provisioned status (or,
-//!   for `--fail-fraction` of them, never does).
+//! - an infrastructure provider that, for each DevMachine Cluster API clones from a template
+//!   (or a DevMachinePool makes for an instance), after the scenario's provider delay sets
+//!   `spec.providerID` and the provisioned status (or, for `--fail-fraction` of them, never
+//!   does);
+//! - the infrastructure side of the MachinePool contract for DevMachinePools (module `pool`).
 //!
 //! The kubelets registering Nodes under those provider IDs are the kubelet stand-in's
 //! (`sim::kubelet`, told Cluster API is real so it leaves nodeRef, label sync and Node deletion
@@ -386,6 +390,13 @@ pub fn spawn(client: Client, cfg: ProviderConfig, shutdown: Shutdown) -> Vec<Joi
                 me.on_dev_machine(m);
             }
         },
+    ));
+    // The scaling groups behind MachinePools (module `pool`); their DevMachines are
+    // provisioned by the loop above like any other.
+    tasks.extend(super::pool::spawn(
+        client.clone(),
+        inner.cfg.clone(),
+        shutdown.clone(),
     ));
     let me = inner.clone();
     tasks.push(spawn_watch(
