@@ -124,11 +124,66 @@ pub struct UnhealthyLabels {
     pub image_id: String,
 }
 
+/// Upstream's labels of `karpenter_nodeclaims_disrupted_total` and
+/// `karpenter_pods_disruption_initiated_total` (Karpenter v1.15 added the last two).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DisruptedLabels {
     pub reason: String,
     pub nodepool: String,
     pub capacity_type: String,
+    /// The pool's policy in snake case (`when_empty`, `when_empty_or_underutilized`,
+    /// `balanced`) when emptiness or consolidation disrupted the claim; empty for every other
+    /// reason (drift, expiry, repair, timeouts), as upstream leaves it.
+    pub consolidation_policy: String,
+    /// How the claim's drain ends ([`termination_mode`]).
+    pub termination_mode: String,
+}
+
+impl DisruptedLabels {
+    /// The labels of `claim` disrupted for `reason` in `nodepool`; `policy` only for emptiness
+    /// and consolidation.
+    pub fn of(
+        reason: impl Into<String>,
+        nodepool: impl Into<String>,
+        claim: &crate::api::nodeclaim::NodeClaim,
+        policy: Option<crate::api::nodepool::ConsolidationPolicy>,
+    ) -> DisruptedLabels {
+        DisruptedLabels {
+            reason: reason.into(),
+            nodepool: nodepool.into(),
+            capacity_type: claim
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(crate::api::wellknown::CAPACITY_TYPE_LABEL))
+                .cloned()
+                .unwrap_or_default(),
+            consolidation_policy: policy.map_or("", consolidation_policy).to_string(),
+            termination_mode: termination_mode(claim).to_string(),
+        }
+    }
+}
+
+/// Upstream's `consolidation_policy` label value: the policy's name in snake case.
+pub fn consolidation_policy(policy: crate::api::nodepool::ConsolidationPolicy) -> &'static str {
+    use crate::api::nodepool::ConsolidationPolicy;
+    match policy {
+        ConsolidationPolicy::WhenEmpty => "when_empty",
+        ConsolidationPolicy::WhenEmptyOrUnderutilized => "when_empty_or_underutilized",
+        ConsolidationPolicy::Balanced => "balanced",
+    }
+}
+
+/// Upstream's `termination_mode` label value, read from the claim's
+/// `spec.terminationGracePeriod`: none is `graceful` (the drain waits for every
+/// PodDisruptionBudget and do-not-disrupt pod), zero `forceful` (nothing is waited for), any
+/// other `eventual` (waited for until the grace period ends).
+pub fn termination_mode(claim: &crate::api::nodeclaim::NodeClaim) -> &'static str {
+    match &claim.spec.termination_grace_period {
+        None => "graceful",
+        Some(d) if d.0.is_zero() => "forceful",
+        Some(_) => "eventual",
+    }
 }
 
 /// Upstream's labels of `karpenter_nodeclaims_terminated_total`.
@@ -139,7 +194,7 @@ pub struct ClaimTerminatedLabels {
     pub zone: String,
 }
 
-/// Upstream's labels of `karpenter_nodes_terminated_total`.
+/// Upstream's labels of `karpenter_nodes_created_total` and `karpenter_nodes_terminated_total`.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeTerminatedLabels {
     pub nodepool: String,
@@ -273,7 +328,7 @@ metrics! {
     nodeclaims_registered: Family<PoolLabels, Counter>, "karpenter_nodeclaims_registered", "NodeClaims whose Node registered";
     nodeclaims_initialized: Family<PoolLabels, Counter>, "karpenter_nodeclaims_initialized", "NodeClaims whose Node initialized";
     nodeclaims_terminated: Family<ClaimTerminatedLabels, Counter>, "karpenter_nodeclaims_terminated", "NodeClaims terminated";
-    nodes_created: Family<NodePoolLabels, Counter>, "karpenter_nodes_created", "Nodes registered by NodeClaims";
+    nodes_created: Family<NodeTerminatedLabels, Counter>, "karpenter_nodes_created", "Nodes registered by NodeClaims, by nodepool and zone";
     nodes_terminated: Family<NodeTerminatedLabels, Counter>, "karpenter_nodes_terminated", "Nodes deleted by NodeClaims";
     // Cluster API specifics.
     create_timeouts: Family<PoolLabels, Counter>, "karpenter_capi_nodeclaims_create_timeouts", "NodeClaims deleted because their Machine got no provider ID within the create timeout";
@@ -325,7 +380,8 @@ metrics! {
     nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_nodes_consuming_budgets", "Nodes of each NodePool using up its disruption budget now, by reason";
     disruption_eligible_nodes: Family<ReasonLabels, Gauge>, "karpenter_voluntary_disruption_eligible_nodes", "Nodes eligible for disruption in the last pass, by reason";
     nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_allowed_disruptions", "Nodes each NodePool may still start disrupting now, by reason";
-    nodeclaims_disrupted: Family<DisruptedLabels, Counter>, "karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired, unhealthy), nodepool and capacity type";
+    nodeclaims_disrupted: Family<DisruptedLabels, Counter>, "karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired, unhealthy, launch_timeout, registration_timeout), nodepool, capacity type, consolidation policy (emptiness and consolidation only) and termination mode (graceful, eventual, forceful)";
+    pods_disruption_initiated: Family<DisruptedLabels, Counter>, "karpenter_pods_disruption_initiated", "Pods whose disruption began, added when the NodeClaim of their node is disrupted: the node's reschedulable pods (not DaemonSet or static pods), with the labels of karpenter_nodeclaims_disrupted";
     // Node repair (Karpenter's name, then ours).
     nodeclaims_unhealthy_disrupted: Family<UnhealthyLabels, Counter>, "karpenter_nodeclaims_unhealthy_disrupted", "Unhealthy NodeClaims node repair deleted, by the Node condition, nodepool, capacity type and image ID";
     nodes_repair_blocked: Family<NodePoolLabels, Gauge>, "karpenter_capi_nodes_repair_blocked", "Nodes past their repair toleration that node repair holds back now (over 20% of the NodePool unhealthy, or a MachineHealthCheck watches over the Machine), by NodePool";
@@ -527,6 +583,62 @@ mod tests {
             assert_eq!(g, w, "line {} of the exposition differs", i + 1);
         }
         assert_eq!(got.lines().count(), want.lines().count(), "{got}");
+    }
+
+    /// Karpenter v1.15's disruption labels (kubernetes-sigs/karpenter#3179, #3015): the
+    /// termination mode from the claim's grace period, the policy in snake case, in upstream's
+    /// label order, and the pods counter beside the claims counter with the same labels.
+    #[test]
+    fn disrupted_labels_as_karpenter_v1_15() {
+        use crate::api::nodeclaim::NodeClaim;
+        use crate::api::nodepool::ConsolidationPolicy;
+        let claim = |grace: Option<&str>| -> NodeClaim {
+            let mut spec = serde_json::json!({
+                "nodeClassRef": {"group": "g", "kind": "K", "name": "n"},
+                "requirements": [],
+            });
+            if let Some(g) = grace {
+                spec["terminationGracePeriod"] = g.into();
+            }
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+                "metadata": {"name": "c", "labels": {"karpenter.sh/capacity-type": "spot"}},
+                "spec": spec,
+            }))
+            .expect("a NodeClaim")
+        };
+        assert_eq!(termination_mode(&claim(None)), "graceful");
+        assert_eq!(termination_mode(&claim(Some("0s"))), "forceful");
+        assert_eq!(termination_mode(&claim(Some("1h"))), "eventual");
+        assert_eq!(
+            [
+                ConsolidationPolicy::WhenEmpty,
+                ConsolidationPolicy::WhenEmptyOrUnderutilized,
+                ConsolidationPolicy::Balanced
+            ]
+            .map(consolidation_policy),
+            ["when_empty", "when_empty_or_underutilized", "balanced"]
+        );
+
+        let m = Metrics::new();
+        let empty = DisruptedLabels::of(
+            "empty",
+            "default",
+            &claim(Some("30m")),
+            Some(ConsolidationPolicy::WhenEmptyOrUnderutilized),
+        );
+        m.nodeclaims_disrupted.get_or_create(&empty).inc();
+        m.pods_disruption_initiated.get_or_create(&empty).inc_by(3);
+        let expired = DisruptedLabels::of("expired", "default", &claim(None), None);
+        m.nodeclaims_disrupted.get_or_create(&expired).inc();
+        let text = m.encode();
+        for line in [
+            "karpenter_nodeclaims_disrupted_total{reason=\"empty\",nodepool=\"default\",capacity_type=\"spot\",consolidation_policy=\"when_empty_or_underutilized\",termination_mode=\"eventual\"} 1",
+            "karpenter_pods_disruption_initiated_total{reason=\"empty\",nodepool=\"default\",capacity_type=\"spot\",consolidation_policy=\"when_empty_or_underutilized\",termination_mode=\"eventual\"} 3",
+            "karpenter_nodeclaims_disrupted_total{reason=\"expired\",nodepool=\"default\",capacity_type=\"spot\",consolidation_policy=\"\",termination_mode=\"graceful\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
     }
 
     #[test]

@@ -172,13 +172,11 @@ impl NodeRepair {
     fn count(&self, r: &Repair) {
         let m = &self.shared.metrics;
         let capacity_type = repair::capacity_type(&r.claim);
-        m.nodeclaims_disrupted
-            .get_or_create(&DisruptedLabels {
-                reason: "unhealthy".into(),
-                nodepool: r.nodepool.clone(),
-                capacity_type: capacity_type.clone(),
-            })
-            .inc();
+        let labels = DisruptedLabels::of("unhealthy", r.nodepool.clone(), &r.claim, None);
+        m.nodeclaims_disrupted.get_or_create(&labels).inc();
+        m.pods_disruption_initiated.get_or_create(&labels).inc_by(
+            super::disruption::reschedulable_pods(&self.shared, &r.claim),
+        );
         m.nodeclaims_unhealthy_disrupted
             .get_or_create(&UnhealthyLabels {
                 condition: r.condition.clone(),

@@ -260,6 +260,56 @@ mod tests {
         ),
     ];
 
+    /// Templates using what Karpenter v1.15 added (Gte and Lte requirements, a zero grace
+    /// period), hashed by upstream's own code at kubernetes-sigs/karpenter 2266468 (main on
+    /// 2026-08-20, the v1.15 line: `NodePoolHashVersion` still "v3", `Hash()` and the template's
+    /// types unchanged since v1.14.1, hashstructure still v2.0.2) and at v1.14.1, which gave the
+    /// same values; both also gave every value of [`VECTORS`] again.
+    const V1_15_VECTORS: &[(&str, &str)] = &[
+        (
+            r#"{"spec": {"nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass", "name": "default"}, "requirements": [{"key": "example.com/generation", "operator": "Gte", "values": ["3"]}, {"key": "example.com/memory-gib", "operator": "Lte", "values": ["256"]}], "expireAfter": "720h"}}"#,
+            "18334128632711491354",
+        ),
+        (
+            r#"{"metadata": {"labels": {"team": "a"}}, "spec": {"nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass", "name": "default"}, "requirements": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"], "minValues": 1}], "expireAfter": "720h", "terminationGracePeriod": "0s", "taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]}}"#,
+            "6453564428879478967",
+        ),
+    ];
+
+    /// Karpenter v1.15 did not change the NodePool hash: same version, same values, so claims
+    /// stamped by v1.14 or v1.15 (upstream's or the Go provider's) and by this controller are
+    /// read alike. `consolidateAfter`, which v1.15's CRD now defaults, is outside
+    /// `spec.template`: a pool stored without it (v1.14.1 required it) hashes as one with it.
+    #[test]
+    fn karpenter_v1_15_hashes_as_v1_14_did() {
+        assert_eq!(crate::api::wellknown::NODEPOOL_HASH_VERSION, "v3");
+        for (i, (template, want)) in V1_15_VECTORS.iter().enumerate() {
+            assert_eq!(
+                nodepool_hash(&pool(template)),
+                *want,
+                "vector {i}: {template}"
+            );
+        }
+        let with = |disruption: serde_json::Value| -> NodePool {
+            let mut np = pool(VECTORS[0].0);
+            np.spec.disruption = serde_json::from_value(disruption).expect("disruption");
+            np
+        };
+        let hash = nodepool_hash(&pool(VECTORS[0].0));
+        for disruption in [
+            serde_json::json!(null),
+            serde_json::json!({"consolidationPolicy": "WhenEmpty"}),
+            serde_json::json!({"consolidateAfter": "0s", "budgets": [{"nodes": "10%"}]}),
+            serde_json::json!({"consolidateAfter": "10m"}),
+        ] {
+            assert_eq!(
+                nodepool_hash(&with(disruption.clone())),
+                hash,
+                "{disruption}"
+            );
+        }
+    }
+
     fn pool(template: &str) -> NodePool {
         let template: serde_json::Value = serde_json::from_str(template).expect("vector JSON");
         serde_json::from_value(serde_json::json!({

@@ -250,6 +250,47 @@ mod tests {
         );
     }
 
+    /// Karpenter v1.15 kept the hash (version v3, same values: `drift_hash`'s
+    /// `karpenter_v1_15_hashes_as_v1_14_did`), so a claim stamped by upstream v1.14 or v1.15 is
+    /// not drifted or re-stamped here under a pool as v1.15's API server stores it
+    /// (`consolidateAfter` defaulted), and a claim stamped here is not drifted by upstream's rule
+    /// under the same pool as v1.14.1 stored it.
+    #[test]
+    fn claims_stamped_by_karpenter_v1_14_and_v1_15_do_not_drift() {
+        let template = json!({"spec": {"requirements": [
+                {"key": "example.com/generation", "operator": "Gte", "values": ["3"]}],
+            "expireAfter": "720h",
+            "nodeClassRef": {"group": "karpenter.cluster.x-k8s.io",
+                             "kind": "ClusterAPINodeClass", "name": "default"}}});
+        let stored = |disruption: serde_json::Value| -> NodePool {
+            serde_json::from_value(json!({
+                "apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p"},
+                "spec": {"template": template.clone(), "disruption": disruption}
+            }))
+            .expect("a NodePool")
+        };
+        let v1_14 = stored(json!({"consolidateAfter": "30s"}));
+        let v1_15 = stored(
+            json!({"consolidateAfter": "0s", "budgets": [{"nodes": "10%"}],
+                                  "consolidationPolicy": "WhenEmptyOrUnderutilized"}),
+        );
+        // Upstream's value for this template at v1.14.1 and on the v1.15 line alike.
+        // Its node's label meets the Gte requirement (requirements drift is read from labels).
+        let labels = json!({"example.com/generation": "4"});
+        let upstream = claim(
+            labels.clone(),
+            json!({NODEPOOL_HASH_ANNOTATION: "18334128632711491354",
+                   NODEPOOL_HASH_VERSION_ANNOTATION: "v3"}),
+        );
+        for np in [&v1_14, &v1_15] {
+            assert_eq!(drifted(&upstream, np, Provider::default()), None);
+            assert!(!needs_restamp(&upstream, np));
+        }
+        let here = claim(labels, stamped(&v1_15, NODEPOOL_HASH_VERSION));
+        assert!(!upstream_drifts(&here, &v1_14));
+        assert_eq!(drifted(&here, &v1_14, Provider::default()), None);
+    }
+
     /// A claim stamped by an earlier release of this controller (its own hash, same version) is
     /// re-stamped while its NodePool is unchanged, and drifts once the template changes.
     #[test]

@@ -396,6 +396,15 @@ impl Pods {
             .collect()
     }
 
+    /// How many pods on a node need a new home if it goes ([`is_reschedulable`]): what
+    /// `karpenter_pods_disruption_initiated_total` adds when the node's claim is disrupted.
+    pub fn reschedulable_on_node(&self, node: &str) -> usize {
+        self.on_node(node)
+            .iter()
+            .filter(|p| is_reschedulable(p))
+            .count()
+    }
+
     /// The requests of the pods on a node (DaemonSet pods included), one `pods` each: what
     /// [`Pods::on_node`] would sum to, without decoding them.
     pub fn requested_on(&self, node: &str) -> Resources {

@@ -7,10 +7,14 @@ use crate::assets;
 use std::collections::BTreeMap;
 
 use karpenter_capi::api::crds;
+use karpenter_capi::api::duration::NillableDuration;
 use karpenter_capi::api::nodeclaim::{NodeClaim, NodeSelectorRequirementWithMinValues, Operator};
 use karpenter_capi::api::nodeclass::ClusterAPINodeClass;
+use karpenter_capi::api::nodeoverlay::NodeOverlay;
 use karpenter_capi::api::nodepool::{Budget, NodePool};
-use karpenter_capi::api::validation::{validate_nodeclaim, validate_nodeclass, validate_nodepool};
+use karpenter_capi::api::validation::{
+    validate_nodeclaim, validate_nodeclass, validate_nodeoverlay, validate_nodepool,
+};
 use serde_json::Value;
 
 pub fn tests() -> Vec<assets::Test> {
@@ -25,6 +29,8 @@ pub fn tests() -> Vec<assets::Test> {
         our_crds_carry_upstream_validation needs [Upstream],
         the_upstream_kubemark_example_parses needs [Upstream],
         the_repository_example_round_trips_and_validates,
+        karpenter_v1_15_manifests_round_trip_and_validate,
+        our_crds_default_and_enumerate_as_karpenter_v1_15,
     ]
 }
 
@@ -878,4 +884,205 @@ fn the_repository_example_round_trips_and_validates() {
         kinds.push(kind);
     }
     assert_eq!(kinds, ["ClusterAPINodeClass", "NodePool", "Deployment"]);
+}
+
+/// Manifests written for Karpenter v1.15's API (kubernetes-sigs/karpenter#3220: `consolidateAfter`
+/// defaulted to `0s` instead of required; #2924: the requirement operators listed whole, Gte and
+/// Lte among them), here and not copied: a v1.14.1 CRD refuses the first and third NodePools.
+const KARPENTER_V1_15: &str = r#"
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: no-consolidate-after}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: kubernetes.io/arch, operator: In, values: [amd64]}
+        - {key: karpenter.sh/capacity-type, operator: NotIn, values: [spot]}
+        - {key: topology.kubernetes.io/zone, operator: Exists}
+        - {key: example.com/gpu, operator: DoesNotExist}
+        - {key: example.com/cpu, operator: Gt, values: ["1"]}
+        - {key: example.com/cpu-max, operator: Lt, values: ["65"]}
+        - {key: example.com/generation, operator: Gte, values: ["3"]}
+        - {key: example.com/memory-gib, operator: Lte, values: ["256"]}
+      nodeClassRef: {group: karpenter.cluster.x-k8s.io, kind: ClusterAPINodeClass, name: default}
+  disruption:
+    consolidationPolicy: WhenEmpty
+---
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: as-stored}
+spec:
+  template:
+    spec:
+      requirements:
+        - {key: example.com/generation, operator: Gte, values: ["3"]}
+      nodeClassRef: {group: karpenter.cluster.x-k8s.io, kind: ClusterAPINodeClass, name: default}
+      expireAfter: 720h
+  disruption:
+    consolidateAfter: 0s
+    consolidationPolicy: WhenEmptyOrUnderutilized
+    budgets:
+      - {nodes: "10%"}
+---
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: static-no-consolidate-after}
+spec:
+  replicas: 3
+  template:
+    spec:
+      requirements: []
+      nodeClassRef: {group: karpenter.cluster.x-k8s.io, kind: ClusterAPINodeClass, name: default}
+  disruption:
+    budgets:
+      - {nodes: "1"}
+  limits: {nodes: "5"}
+---
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata: {name: no-disruption}
+spec:
+  template:
+    spec:
+      requirements: []
+      nodeClassRef: {group: karpenter.cluster.x-k8s.io, kind: ClusterAPINodeClass, name: default}
+---
+apiVersion: karpenter.sh/v1
+kind: NodeClaim
+metadata:
+  name: v115-abcde
+  labels: {karpenter.sh/nodepool: no-consolidate-after}
+spec:
+  requirements:
+    - {key: karpenter.sh/nodepool, operator: In, values: [no-consolidate-after]}
+    - {key: example.com/generation, operator: Gte, values: ["3"], minValues: 1}
+    - {key: example.com/memory-gib, operator: Lte, values: ["256"]}
+  nodeClassRef: {group: karpenter.cluster.x-k8s.io, kind: ClusterAPINodeClass, name: default}
+  expireAfter: 720h
+---
+apiVersion: karpenter.sh/v1alpha1
+kind: NodeOverlay
+metadata: {name: newer-generations}
+spec:
+  requirements:
+    - {key: example.com/generation, operator: Gte, values: ["5"]}
+    - {key: example.com/memory-gib, operator: Lte, values: ["64"]}
+  priceAdjustment: "-10%"
+  weight: 10
+"#;
+
+/// What v1.15 added is read, kept and written back unchanged, and means what it means upstream:
+/// a pool without `consolidateAfter` consolidates as one with `0s` does.
+fn karpenter_v1_15_manifests_round_trip_and_validate() {
+    let mut kinds = Vec::new();
+    let mut pools = BTreeMap::new();
+    for doc in yaml_docs(KARPENTER_V1_15) {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        match kind.as_str() {
+            "NodePool" => {
+                assert_round_trips::<NodePool>(&doc, true);
+                let np: NodePool = serde_json::from_value(doc.clone()).unwrap();
+                validate_nodepool(&np).unwrap_or_else(|e| panic!("{}: {e}", doc["metadata"]));
+                pools.insert(doc["metadata"]["name"].as_str().unwrap().to_string(), np);
+            }
+            "NodeClaim" => {
+                assert_round_trips::<NodeClaim>(&doc, true);
+                validate_nodeclaim(&serde_json::from_value(doc.clone()).unwrap()).unwrap();
+            }
+            "NodeOverlay" => {
+                assert_round_trips::<NodeOverlay>(&doc, true);
+                validate_nodeoverlay(&serde_json::from_value(doc.clone()).unwrap()).unwrap();
+            }
+            other => panic!("unexpected kind {other:?}"),
+        }
+        kinds.push(kind);
+    }
+    assert_eq!(
+        kinds,
+        [
+            "NodePool",
+            "NodePool",
+            "NodePool",
+            "NodePool",
+            "NodeClaim",
+            "NodeOverlay"
+        ]
+    );
+    // Upstream's defaulted `0s`: consolidate as soon as a node qualifies.
+    let zero = NillableDuration::After(std::time::Duration::ZERO);
+    for name in [
+        "no-consolidate-after",
+        "as-stored",
+        "static-no-consolidate-after",
+        "no-disruption",
+    ] {
+        assert_eq!(pools[name].disruption().consolidate_after(), zero, "{name}");
+    }
+    assert!(pools["static-no-consolidate-after"].is_static());
+}
+
+/// Our CRDs carry v1.15's schema for what changed since v1.14.1 (checked here without
+/// upstream's files; `our_crds_carry_upstream_validation` compares every keyword with them):
+/// `consolidateAfter` defaults to `0s` and is not required, and every requirement's operator
+/// lists the eight operators in upstream's order.
+fn our_crds_default_and_enumerate_as_karpenter_v1_15() {
+    let ours: BTreeMap<String, Value> = crds::all()
+        .into_iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap(),
+                serde_json::to_value(c).unwrap(),
+            )
+        })
+        .collect();
+    let spec = |crd: &str| {
+        ours[crd]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+    };
+    let disruption = spec("nodepools.karpenter.sh")["properties"]["disruption"].clone();
+    assert_eq!(
+        disruption["properties"]["consolidateAfter"]["default"],
+        "0s"
+    );
+    assert_eq!(disruption["default"]["consolidateAfter"], "0s");
+    let required = disruption["required"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !required.iter().any(|r| r == "consolidateAfter"),
+        "{required:?}"
+    );
+    let operators = [
+        "In",
+        "NotIn",
+        "Exists",
+        "DoesNotExist",
+        "Gt",
+        "Lt",
+        "Gte",
+        "Lte",
+    ];
+    for (crd, requirements) in [
+        (
+            "nodepools.karpenter.sh",
+            spec("nodepools.karpenter.sh")["properties"]["template"]["properties"]["spec"]
+                ["properties"]["requirements"]
+                .clone(),
+        ),
+        (
+            "nodeclaims.karpenter.sh",
+            spec("nodeclaims.karpenter.sh")["properties"]["requirements"].clone(),
+        ),
+        (
+            "nodeoverlays.karpenter.sh",
+            spec("nodeoverlays.karpenter.sh")["properties"]["requirements"].clone(),
+        ),
+    ] {
+        assert_eq!(
+            requirements["items"]["properties"]["operator"]["enum"],
+            serde_json::json!(operators),
+            "{crd}"
+        );
+    }
 }

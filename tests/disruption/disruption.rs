@@ -198,6 +198,17 @@ async fn a_drifted_claim_is_replaced_before_it_goes() {
         env.metric("karpenter_nodeclaims_disrupted_total{reason=\"drifted\""),
         1.0
     );
+    // Drift is no consolidation: no policy (Karpenter v1.15's label left empty, as upstream's
+    // queue leaves it), and the drifted node's one pod counted.
+    let drift = ["reason=\"drifted\"", "consolidation_policy=\"\""];
+    assert_eq!(
+        series_sum(&env, "karpenter_nodeclaims_disrupted_total", &drift),
+        1.0
+    );
+    assert_eq!(
+        series_sum(&env, "karpenter_pods_disruption_initiated_total", &drift),
+        1.0
+    );
     assert_eq!(
         env.metric(
             "karpenter_voluntary_disruption_decisions_total{decision=\"replace\",reason=\"drifted\""
@@ -420,7 +431,45 @@ async fn several_nodes_fold_into_the_one_that_stays() {
         env.metric("karpenter_nodeclaims_disrupted_total{reason=\"underutilized\""),
         2.0
     );
+    // Karpenter v1.15's labels: the pool's policy (a consolidation) and the claims' termination
+    // mode (no grace period: graceful); and its pods counter, one pod on each deleted node.
+    let v1_15 = [
+        "reason=\"underutilized\"",
+        "consolidation_policy=\"when_empty_or_underutilized\"",
+        "termination_mode=\"graceful\"",
+    ];
+    assert_eq!(
+        series_sum(&env, "karpenter_nodeclaims_disrupted_total", &v1_15),
+        2.0
+    );
+    assert_eq!(
+        series_sum(&env, "karpenter_pods_disruption_initiated_total", &v1_15),
+        2.0
+    );
+    // Upstream's zone label on nodes created: the claims' zone, never left empty here.
+    assert_eq!(
+        series_sum(&env, "karpenter_nodes_created_total", &["zone=\"\""]),
+        0.0
+    );
+    assert!(
+        series_sum(
+            &env,
+            "karpenter_nodes_created_total",
+            &["nodepool=\"default\",zone=\""]
+        ) >= 3.0
+    );
     env.assert_clean();
+}
+
+/// The sum of the series of `name` whose labels include each of `labels` (`key="value"`).
+fn series_sum(env: &Env, name: &str, labels: &[&str]) -> f64 {
+    env.metrics
+        .encode()
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 #[actix::test]
@@ -648,7 +697,8 @@ fn the_parity_table_names_tests_that_exist() {
         .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
         .collect();
     let numbers: Vec<&str> = rows.iter().map(|r| r[0]).collect();
-    let want: Vec<String> = (1..=31).map(|n| n.to_string()).collect();
+    // 1-31: the v1.14.1 audit; 32-37: what changed on the way to v1.15.
+    let want: Vec<String> = (1..=37).map(|n| n.to_string()).collect();
     assert_eq!(numbers, want, "one row per audit row, in order");
     for row in &rows {
         assert_eq!(row.len(), 5, "row {}: five cells", row[0]);

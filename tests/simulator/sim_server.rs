@@ -1115,3 +1115,58 @@ async fn empty_metadata_maps_are_dropped_and_null_tests_guard_absent_maps() {
     assert_eq!(e.code, 422, "{e:?}");
     assert!(e.message.contains("is missing path"), "{e:?}");
 }
+
+/// Karpenter v1.15 (kubernetes-sigs/karpenter#3220) defaults `consolidateAfter` to `0s` where
+/// v1.14.1 required it: our CRD served by the simulated server does the same, for a dynamic pool
+/// whose `disruption` omits it, one without `disruption` at all, and a static pool (upstream's
+/// own cases in `nodepool_validation_cel_test.go`); a value that is set is kept.
+#[tokio::test]
+async fn consolidate_after_is_defaulted_as_karpenter_v1_15_defaults_it() {
+    let s = sim().await;
+    let ar = ar("karpenter.sh", "v1", "NodePool", "nodepools");
+    let api: Api<DynamicObject> = Api::all_with(s.client(), &ar);
+    let cases = [
+        (
+            "dynamic",
+            json!({"template": {"spec": claim_spec()},
+                "disruption": {"consolidationPolicy": "WhenEmpty"}}),
+            "0s",
+        ),
+        (
+            "no-disruption",
+            json!({"template": {"spec": claim_spec()}}),
+            "0s",
+        ),
+        (
+            "static",
+            json!({"replicas": 3, "template": {"spec": claim_spec()},
+                "disruption": {"budgets": [{"nodes": "1"}]}}),
+            "0s",
+        ),
+        (
+            "set",
+            json!({"template": {"spec": claim_spec()},
+                "disruption": {"consolidateAfter": "5m"}}),
+            "5m",
+        ),
+    ];
+    for (name, spec, want) in cases {
+        let created = api
+            .create(
+                &PostParams::default(),
+                &dynamic(&ar, json!({"metadata": {"name": name}, "spec": spec})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let disruption = &created.data["spec"]["disruption"];
+        assert_eq!(disruption["consolidateAfter"], want, "{name}: {disruption}");
+        // The other defaults of the same object, as upstream's CRD has them.
+        if name != "static" {
+            assert_eq!(disruption["budgets"], json!([{"nodes": "10%"}]), "{name}");
+        }
+        let typed: karpenter_capi::api::nodepool::NodePool =
+            serde_json::from_value(serde_json::to_value(&created).unwrap()).unwrap();
+        let want: karpenter_capi::api::duration::NillableDuration = want.parse().unwrap();
+        assert_eq!(typed.disruption().consolidate_after(), want, "{name}");
+    }
+}

@@ -19,7 +19,7 @@ use crate::api::conditions::{self, Condition, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::NodePool;
 use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, DISRUPTED_TAINT_KEY, INITIALIZED_LABEL, MACHINE_DEPLOYMENT_ANNOTATION,
+    DISRUPTED_TAINT_KEY, INITIALIZED_LABEL, MACHINE_DEPLOYMENT_ANNOTATION,
     NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
     NODEPOOL_LABEL, REGISTERED_LABEL, REPLACES_ANNOTATION, TERMINATION_FINALIZER,
 };
@@ -465,15 +465,19 @@ async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Resu
     if !deleted {
         return Ok(());
     }
+    let labels = disrupted_labels(cmd, c, claim.as_deref());
     shared
         .metrics
         .nodeclaims_disrupted
-        .get_or_create(&DisruptedLabels {
-            reason: reason.to_lowercase(),
-            nodepool: c.nodepool.clone(),
-            capacity_type: c.capacity_type.clone(),
-        })
+        .get_or_create(&labels)
         .inc();
+    // Upstream counts the pods the candidate was chosen with (its reschedulable pods), not
+    // what is left on the node when the delete lands.
+    shared
+        .metrics
+        .pods_disruption_initiated
+        .get_or_create(&labels)
+        .inc_by(c.pods.len() as u64);
     if let Some(claim) = claim {
         on_claim_and_node(
             shared,
@@ -594,6 +598,27 @@ pub fn count_started(shared: &Shared, cmd: &Command) {
     }
 }
 
+/// The labels of a candidate a command deleted: the pool's consolidation policy only when the
+/// method has a consolidation type (emptiness and consolidation; upstream's queue leaves it empty
+/// for drift), the termination mode from the claim (`graceful` when the index no longer holds
+/// it: no grace period known).
+fn disrupted_labels(cmd: &Command, c: &Candidate, claim: Option<&NodeClaim>) -> DisruptedLabels {
+    let consolidating = !cmd.method.consolidation_type().is_empty();
+    DisruptedLabels {
+        reason: cmd.method.reason().as_str().to_lowercase(),
+        nodepool: c.nodepool.clone(),
+        capacity_type: c.capacity_type.clone(),
+        consolidation_policy: if consolidating {
+            crate::metrics::consolidation_policy(c.policy).to_string()
+        } else {
+            String::new()
+        },
+        termination_mode: claim
+            .map_or("graceful", crate::metrics::termination_mode)
+            .to_string(),
+    }
+}
+
 pub fn method_name(cmd: &Command) -> &'static str {
     match cmd.method {
         crate::disruption::Method::Emptiness => "emptiness",
@@ -601,6 +626,18 @@ pub fn method_name(cmd: &Command) -> &'static str {
         crate::disruption::Method::MultiNodeConsolidation => "multi-node consolidation",
         crate::disruption::Method::SingleNodeConsolidation => "single-node consolidation",
     }
+}
+
+/// The reschedulable pods on the claim's Node as the indexes hold them now, before its drain
+/// starts (upstream lists them at the same moment); 0 without a Node.
+pub fn reschedulable_pods(shared: &Shared, claim: &NodeClaim) -> u64 {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .map_or(0, |node| {
+            shared.state.pods.read().reschedulable_on_node(node) as u64
+        })
 }
 
 /// Expiration is forceful: the claim goes whatever the budgets say (its drain still honours
@@ -612,16 +649,22 @@ pub async fn expire(shared: &Shared, claim: &NodeClaim) -> Result<(), Error> {
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
         Err(e) => return Err(api_err(&shared.metrics, "delete", "nodeclaims", &name)(e)),
     }
-    let labels = claim.labels();
+    let nodepool = claim
+        .labels()
+        .get(NODEPOOL_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let labels = DisruptedLabels::of("expired", nodepool, claim, None);
     shared
         .metrics
         .nodeclaims_disrupted
-        .get_or_create(&DisruptedLabels {
-            reason: "expired".into(),
-            nodepool: labels.get(NODEPOOL_LABEL).cloned().unwrap_or_default(),
-            capacity_type: labels.get(CAPACITY_TYPE_LABEL).cloned().unwrap_or_default(),
-        })
+        .get_or_create(&labels)
         .inc();
+    shared
+        .metrics
+        .pods_disruption_initiated
+        .get_or_create(&labels)
+        .inc_by(reschedulable_pods(shared, claim));
     let after = claim
         .spec
         .expire_after

@@ -24,7 +24,7 @@ mod decide;
 mod drift_backoff;
 mod execute;
 
-pub use execute::on_claim_and_node;
+pub use execute::{on_claim_and_node, reschedulable_pods};
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use kube::ResourceExt;
 
 use kube::api::{Api, DynamicObject};
 
@@ -14,7 +13,6 @@ use super::{Next, Step, left_until, object_ref};
 use crate::actors::{Error, api_err};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::wellknown::CAPACITY_TYPE_LABEL;
 use crate::capi::model::Machine;
 use crate::capi::version;
 use crate::metrics::{DisruptedLabels, Metrics};
@@ -181,15 +179,17 @@ impl Step {
     /// A claim deleted by a liveness timeout counts as disrupted, as upstream counts it
     /// (`launch_timeout` or `registration_timeout`).
     pub(super) fn count_timeout(&self, reason: &str) {
-        let label = |k: &str| self.claim.labels().get(k).cloned().unwrap_or_default();
+        // No pods count here: a claim that never launched or registered has none, and upstream
+        // adds none for these reasons either.
         self.shared
             .metrics
             .nodeclaims_disrupted
-            .get_or_create(&DisruptedLabels {
-                reason: reason.to_string(),
-                nodepool: self.nodepool(),
-                capacity_type: label(CAPACITY_TYPE_LABEL),
-            })
+            .get_or_create(&DisruptedLabels::of(
+                reason,
+                self.nodepool(),
+                &self.claim,
+                None,
+            ))
             .inc();
     }
 

@@ -24,7 +24,7 @@ use crate::actors::patch::JsonPatch;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
-use crate::metrics::{Metrics, NodePoolLabels};
+use crate::metrics::{Metrics, NodeTerminatedLabels};
 use crate::state::claims::recorded_deployment;
 use crate::state::compact::CompactNode;
 use crate::view::node::{node_initialized, same_taint};
@@ -92,9 +92,11 @@ impl Step {
         m.nodeclaims_registered
             .get_or_create(&Metrics::pool(&self.nodepool(), &md))
             .inc();
+        // Upstream's zone: the claim's, as launch labelled it (the Node's may come later).
         m.nodes_created
-            .get_or_create(&NodePoolLabels {
+            .get_or_create(&NodeTerminatedLabels {
                 nodepool: self.nodepool(),
+                zone: c.labels().get(ZONE_LABEL).cloned().unwrap_or_default(),
             })
             .inc();
         tracing::info!(nodeclaim = %self.name(), node = %node_name, "registered");

@@ -220,3 +220,32 @@ fn pod_events_are_scheduling_and_termination() {
     )).unwrap()]);
     assert_eq!(pod_event_time(None, &ds, now), None);
 }
+
+/// What `karpenter_pods_disruption_initiated_total` adds for a node (upstream's
+/// `ReschedulablePods`): its running pods, not its DaemonSet or static (mirror) pods, nor pods of
+/// other nodes.
+#[test]
+fn reschedulable_pods_of_a_node_leave_daemonset_and_static_pods_out() {
+    let mut idx = Pods::default();
+    let on = |p: Pod, node: &str| {
+        let mut v = serde_json::to_value(p).unwrap();
+        json_patch_merge(
+            &mut v,
+            json!({"spec": {"nodeName": node}, "status": {"phase": "Running"}}),
+        );
+        serde_json::from_value::<Pod>(v).unwrap()
+    };
+    idx.apply(on(pod(json!({"metadata": {"name": "a"}})), "n1"));
+    idx.apply(on(pod(json!({"metadata": {"name": "b"}})), "n1"));
+    idx.apply(on(daemon("ds", "u1", "2024-01-01T00:00:00Z"), "n1"));
+    idx.apply(on(
+        pod(json!({"metadata": {"name": "static",
+            "annotations": {"kubernetes.io/config.mirror": "x"}}})),
+        "n1",
+    ));
+    idx.apply(on(pod(json!({"metadata": {"name": "elsewhere"}})), "n2"));
+    assert_eq!(idx.on_node("n1").len(), 4);
+    assert_eq!(idx.reschedulable_on_node("n1"), 2);
+    assert_eq!(idx.reschedulable_on_node("n2"), 1);
+    assert_eq!(idx.reschedulable_on_node("gone"), 0);
+}
