@@ -8,7 +8,8 @@
 //! - **Without them** (the pool's `sim.karpenter.cluster.x-k8s.io/machine-pool-machines: "false"`
 //!   annotation): instances live only in the pool's `status.instances` and `spec.providerIDList`;
 //!   scale-down terminates an instance the "cloud" picks (still launching, else the oldest) and
-//!   its Node goes with it, undrained, as a cloud's scale-in does.
+//!   its Node goes with it, undrained, as a cloud's scale-in does. The cloud's rules are in
+//!   `cloud_pool`, which the infrastructure pool beside real Cluster API shares.
 //!
 //! A rollout, as Cluster API's Docker pool does one: an instance is outdated once the pool's
 //! Kubernetes version or the infrastructure pool's `spec.template` (what a container's image
@@ -31,6 +32,14 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
+// The instance list is the cloud's (`cloud_pool`); `capi` hands it on to the kubelet stand-in
+// and the tests, which read the pools through `capi`.
+pub use super::cloud_pool::{Instance, instances};
+
+use super::cloud_pool::{
+    Cloud, Launches, infra_pool_status, instance_provider_ids, machine_provider_ids, pool_zone,
+    write_report,
+};
 use super::machine_deployment::desired_md_replicas;
 use super::machine_set::DeletionOrder;
 use super::{
@@ -71,22 +80,6 @@ pub fn has_pool_machines(infra_pool: &DynamicObject) -> bool {
         .annotations()
         .get(POOL_MACHINES_ANNOTATION)
         .is_none_or(|v| v != "false")
-}
-
-/// One instance of a pool without MachinePool Machines, as the pool's `status.instances` lists it.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Instance {
-    pub instance_name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider_id: Option<String>,
-}
-
-/// The instances a pool without MachinePool Machines reports.
-pub fn instances(infra_pool: &DynamicObject) -> Vec<Instance> {
-    at(&infra_pool.data, &["status", "instances"])
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .unwrap_or_default()
 }
 
 /// What the infrastructure pool observed on one pass, for the MachinePool's status.
@@ -176,7 +169,9 @@ impl Inner {
         } else {
             self.reconcile_instances(&mp, &infra, desired).await?
         };
-        self.write_infra_pool(&infra_api, &infra, &observed).await?;
+        let infra_status = infra_pool_status(observed.replicas, has_pool_machines(&infra));
+        let report = write_report(&infra_api, &infra, &observed.provider_ids, infra_status);
+        ignore_not_found(report.await)?;
         if at(&mp.data, &["spec", "providerIDList"]) != Some(&json!(observed.provider_ids)) {
             let patch = json!({"spec": {"providerIDList": observed.provider_ids}});
             ignore_not_found(
@@ -316,15 +311,8 @@ impl Inner {
                     .await?;
             }
         }
-        let mut provider_ids: Vec<String> = machines
-            .iter()
-            .filter_map(|m| str_at(&m.data, &["spec", "providerID"]))
-            .filter(|p| !p.is_empty())
-            .map(str::to_string)
-            .collect();
-        provider_ids.sort();
         Ok(Observed {
-            provider_ids,
+            provider_ids: machine_provider_ids(machines.iter().map(Arc::as_ref)),
             replicas: machines.len() as i64,
             ready: machines.iter().filter(|m| is_available(m)).count() as i64,
         })
@@ -374,119 +362,72 @@ impl Inner {
         }))
     }
 
-    /// Without MachinePool Machines: the pool adds instances that get a provider ID after the
-    /// provider's delay, and on scale-down terminates the ones it picks. This reconcile is the
-    /// only writer of the pool's instance list (the queue runs one pass per pool at a time).
+    /// Without MachinePool Machines: the cloud resizes the pool's instance list (`cloud_pool`),
+    /// and, as Cluster API would once they leave `providerIDList`, the Nodes of the instances it
+    /// terminates go with them. This reconcile is the only writer of the pool's instance list
+    /// (the queue runs one pass per pool at a time).
     async fn reconcile_instances(
         self: &Arc<Self>,
         mp: &DynamicObject,
         infra: &DynamicObject,
         desired: i64,
     ) -> Result<Observed, kube::Error> {
-        let ns = mp.namespace().unwrap_or_default();
+        let (ns, name) = (mp.namespace().unwrap_or_default(), mp.name_any());
+        let cloud = self.cloud(&ns);
         let mut list = instances(infra);
-        let now = tokio::time::Instant::now();
-        let surplus = list.len() as i64 - desired;
-        if surplus > 0 {
-            // Still launching first, then the oldest (the list is in launch order).
-            let mut order: Vec<usize> = (0..list.len()).collect();
-            order.sort_by_key(|&i| (list[i].provider_id.is_some(), i));
-            let mut victims: Vec<usize> = order.into_iter().take(surplus as usize).collect();
-            victims.sort_unstable_by(|a, b| b.cmp(a));
-            let nodes: Api<Node> = Api::all(self.client.clone());
-            for i in victims {
-                let gone = list.remove(i);
-                self.launching
-                    .lock()
-                    .remove(&(ns.clone(), gone.instance_name.clone()));
-                if gone.provider_id.is_some() {
-                    tracing::info!(pool = %mp.name_any(), instance = %gone.instance_name, "scale-in: terminating instance");
-                    delete_quietly(&nodes, &gone.instance_name).await?;
-                }
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        for gone in cloud.scale_in(&mut list, desired) {
+            if gone.provider_id.is_some() {
+                tracing::info!(pool = %name, instance = %gone.instance_name, "scale-in: terminating instance");
+                delete_quietly(&nodes, &gone.instance_name).await?;
             }
         }
-        for _ in 0..(-surplus).max(0) {
-            let instance_name = format!("{}-{}", mp.name_any(), self.rng.suffix());
-            let ready_at = (!self.rng.chance(self.cfg.fail_fraction))
-                .then(|| now + self.rng.delay(self.cfg.provider_delay, self.cfg.jitter));
-            if let Some(at) = ready_at {
-                self.requeue_later(&ns, &mp.name_any(), at - now);
-            }
-            self.launching
-                .lock()
-                .insert((ns.clone(), instance_name.clone()), ready_at);
-            list.push(Instance {
-                instance_name,
-                provider_id: None,
-            });
+        for due_in in cloud.launch(&mut list, desired, &name) {
+            self.requeue_later(&ns, &name, due_in);
         }
-        let zone = mp
-            .data
-            .pointer("/spec/failureDomains/0")
-            .and_then(Value::as_str);
-        for instance in list.iter_mut().filter(|i| i.provider_id.is_none()) {
-            let key = (ns.clone(), instance.instance_name.clone());
-            let ready = self.launching.lock().get(&key).copied();
-            // An instance this stand-in did not launch (none: it never restarts) is up already.
-            if ready.is_none_or(|at| at.is_some_and(|at| at <= now)) {
-                let style = self.cfg.provider_id_style;
-                instance.provider_id = Some(super::machine::provider_id_for(
-                    style,
-                    &self.rng,
-                    &instance.instance_name,
-                    zone,
-                ));
-                self.launching.lock().remove(&key);
-            }
-        }
-        let mut provider_ids: Vec<String> =
-            list.iter().filter_map(|i| i.provider_id.clone()).collect();
-        provider_ids.sort();
-        let ready = provider_ids.len() as i64;
-        let patch = json!({"status": {"instances": list}});
-        if at(&infra.data, &["status", "instances"]) != Some(&patch["status"]["instances"]) {
-            let api = self.api(&infra_pool_resource(), &ns);
-            ignore_not_found(
-                api.patch_status(
-                    &infra.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await,
-            )?;
-        }
+        cloud.finish_launches(&mut list, pool_zone(mp));
+        self.write_instances(infra, &list).await?;
+        let provider_ids = instance_provider_ids(&list);
         Ok(Observed {
+            ready: provider_ids.len() as i64,
             provider_ids,
             replicas: list.len() as i64,
-            ready,
         })
     }
 
-    /// The infrastructure pool's own fields: the provider IDs, the count, readiness, and (with
-    /// MachinePool Machines) the machine kind that tells Cluster API to surface them.
-    async fn write_infra_pool(
+    /// The cloud behind this stand-in's pools, for one pass over a pool in `ns`.
+    fn cloud(&self, ns: &str) -> Cloud<'_> {
+        let launches = Launches {
+            delay: self.cfg.provider_delay,
+            jitter: self.cfg.jitter,
+            fail_fraction: self.cfg.fail_fraction,
+            provider_id_style: self.cfg.provider_id_style,
+        };
+        Cloud::new(&self.rng, &self.launching, launches, ns)
+    }
+
+    /// The infrastructure pool's `status.instances`, written when it changed.
+    async fn write_instances(
         &self,
-        api: &Api<DynamicObject>,
         infra: &DynamicObject,
-        observed: &Observed,
+        list: &[Instance],
     ) -> Result<(), kube::Error> {
-        let name = infra.name_any();
-        if at(&infra.data, &["spec", "providerIDList"]) != Some(&json!(observed.provider_ids)) {
-            let patch = json!({"spec": {"providerIDList": observed.provider_ids}});
-            ignore_not_found(
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await,
-            )?;
+        let patch = json!({"status": {"instances": list}});
+        if at(&infra.data, &["status", "instances"]) == Some(&patch["status"]["instances"]) {
+            return Ok(());
         }
-        let mut status = json!({
-            "replicas": observed.replicas,
-            "ready": true,
-            "initialization": {"provisioned": true},
-        });
-        if has_pool_machines(infra) {
-            status["infrastructureMachineKind"] = json!(INFRA_MACHINE_KIND);
-        }
-        self.write_status_if_changed(api, infra, status).await
+        let api = self.api(
+            &infra_pool_resource(),
+            &infra.namespace().unwrap_or_default(),
+        );
+        ignore_not_found(
+            api.patch_status(
+                &infra.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await,
+        )
     }
 }
 

@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+pub mod cloud_pool;
 mod machine;
 mod machine_deployment;
 mod machine_pool;

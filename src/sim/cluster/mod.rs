@@ -535,18 +535,26 @@ fn spawn_standins(
     let real = cfg.backend == Backend::Real;
     let real_capi = cfg.cluster_api.is_real();
     let capi = if real_capi {
-        // Cluster API's own controllers run; the simulator plays only its providers.
+        // Cluster API's own controllers run; the simulator plays only its providers: the
+        // machines' and the scaling groups' behind MachinePools (whose DevMachines the first
+        // provisions like any other).
+        let provider = real::provider::ProviderConfig {
+            version: cfg.capi_version,
+            provider_delay: cfg.provider_delay,
+            jitter: cfg.jitter,
+            fail_fraction: cfg.fail_fraction,
+            provider_id_style: cfg.provider_id_style,
+            seed: cfg.seed,
+            stats: Some(milestones),
+        };
+        tasks.extend(real::pool::spawn(
+            client.clone(),
+            provider.clone(),
+            shutdown.clone(),
+        ));
         tasks.extend(real::provider::spawn(
             client.clone(),
-            real::provider::ProviderConfig {
-                version: cfg.capi_version,
-                provider_delay: cfg.provider_delay,
-                jitter: cfg.jitter,
-                fail_fraction: cfg.fail_fraction,
-                provider_id_style: cfg.provider_id_style,
-                seed: cfg.seed,
-                stats: Some(milestones),
-            },
+            provider,
             shutdown.clone(),
         ));
         capi::Caches::empty(cfg.capi_version)

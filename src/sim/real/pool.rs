@@ -34,7 +34,8 @@
 //!   provider ID) and `spec.providerIDList`; a new one gets its provider ID after the provider
 //!   delay, and a scale-down terminates the ones the cloud picks (still launching first, then
 //!   the oldest). Their Nodes are the kubelet stand-in's; Cluster API's MachinePool controller
-//!   deletes the Node of an instance that left `providerIDList` (`deleteRetiredNodes`).
+//!   deletes the Node of an instance that left `providerIDList` (`deleteRetiredNodes`). The
+//!   cloud's rules are the stand-in's own (`sim::capi::cloud_pool`).
 //!
 //! It shares no code with the controller under test.
 
@@ -42,20 +43,22 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use kube::core::DynamicObject;
 use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::provider::{INFRA_GROUP, INFRA_VERSION, ProviderConfig, dev_machine_resource};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, POOL_NAME_LABEL};
+use crate::sim::capi::cloud_pool::{
+    Cloud, Instance, Launches, Launching, infra_pool_status, instance_provider_ids, instances,
+    machine_provider_ids, pool_zone, write_report,
+};
 use crate::sim::capi::{
-    INFRA_MACHINE_KIND, INFRA_POOL_KIND, Instance, has_pool_machines, infra_pool_resource,
-    instances, provider_id_for,
+    INFRA_MACHINE_KIND, INFRA_POOL_KIND, has_pool_machines, infra_pool_resource,
 };
 use crate::sim::standin::{
     Shutdown, SimRng, WorkQueue, at, delete_quietly, log_retry, spawn_watch, str_at,
@@ -76,10 +79,11 @@ struct Inner {
     cfg: ProviderConfig,
     rng: SimRng,
     queue: WorkQueue<Key>,
-    /// Instances of pools without MachinePool Machines still launching: when each gets its
-    /// provider ID (None: never, `--fail-fraction`). Only this module writes those pools'
-    /// instance lists, one reconcile per pool at a time.
-    launching: Mutex<HashMap<Key, Option<Instant>>>,
+    /// How the cloud behind the pools without MachinePool Machines launches (`cfg`'s).
+    launches: Launches,
+    /// Those pools' instances still launching. Only this module writes their instance lists,
+    /// one reconcile per pool at a time.
+    launching: Launching,
     shutdown: Shutdown,
 }
 
@@ -89,6 +93,12 @@ pub fn spawn(client: Client, cfg: ProviderConfig, shutdown: Shutdown) -> Vec<Joi
     let inner = Arc::new(Inner {
         rng: SimRng::new(cfg.seed ^ 0x9001_d00d),
         client: client.clone(),
+        launches: Launches {
+            delay: cfg.provider_delay,
+            jitter: cfg.jitter,
+            fail_fraction: cfg.fail_fraction,
+            provider_id_style: cfg.provider_id_style,
+        },
         cfg,
         queue: WorkQueue::default(),
         launching: Mutex::new(HashMap::new()),
@@ -225,17 +235,17 @@ impl Inner {
             .unwrap_or(1)
             .max(0);
         let observed = if has_pool_machines(&infra) {
-            self.reconcile_pool_machines(&mp, &infra, desired).await?
+            self.reconcile_dev_machines(&mp, &infra, desired).await?
         } else {
-            self.reconcile_instances(&mp, &infra, desired).await?
+            self.reconcile_instances(&mp, &infra, desired)
         };
-        self.write_pool(&pools, &infra, &observed).await?;
+        write_report(&pools, &infra, &observed.provider_ids, observed.status()).await?;
         Ok(observed.again)
     }
 
     /// With MachinePool Machines: one DevMachine per instance, created while fewer exist than
     /// asked for; a surplus of ready ones removed by deleting their owner Machines.
-    async fn reconcile_pool_machines(
+    async fn reconcile_dev_machines(
         &self,
         mp: &DynamicObject,
         infra: &DynamicObject,
@@ -303,16 +313,9 @@ impl Inner {
             surplus -= 1;
         }
 
-        let mut provider_ids: Vec<String> = mine
-            .iter()
-            .filter_map(|m| str_at(&m.data, &["spec", "providerID"]))
-            .filter(|p| !p.is_empty())
-            .map(str::to_string)
-            .collect();
-        provider_ids.sort();
         let settled = mine.len() as i64 == desired && mine.iter().all(|m| !is_deleting(m));
         Ok(Observed {
-            provider_ids,
+            provider_ids: machine_provider_ids(&mine),
             replicas: mine.len() as i64,
             instances: None,
             machine_kind: true,
@@ -336,11 +339,7 @@ impl Inner {
             .cloned()
             .filter(Value::is_object)
             .unwrap_or_else(|| json!({}));
-        if let Some(zone) = mp
-            .data
-            .pointer("/spec/failureDomains/0")
-            .and_then(Value::as_str)
-        {
+        if let Some(zone) = pool_zone(mp) {
             spec["failureDomain"] = json!(zone);
         }
         let ar = dev_machine_resource();
@@ -363,124 +362,34 @@ impl Inner {
         api.create(&PostParams::default(), &body).await.map(drop)
     }
 
-    /// Without MachinePool Machines: the pool adds instances that get a provider ID after the
-    /// provider's delay, and on scale-down terminates the ones it picks.
-    async fn reconcile_instances(
+    /// Without MachinePool Machines: the cloud resizes the pool's instance list (`cloud_pool`);
+    /// Cluster API's MachinePool controller deletes the Nodes of the instances it terminates.
+    fn reconcile_instances(
         &self,
         mp: &DynamicObject,
         infra: &DynamicObject,
         desired: i64,
-    ) -> Result<Observed, kube::Error> {
-        let ns = mp.namespace().unwrap_or_default();
+    ) -> Observed {
+        let cloud = Cloud::new(
+            &self.rng,
+            &self.launching,
+            self.launches,
+            &mp.namespace().unwrap_or_default(),
+        );
         let mut list = instances(infra);
-        let now = Instant::now();
-        let surplus = list.len() as i64 - desired;
-        if surplus > 0 {
-            // Still launching first, then the oldest (the list is in launch order).
-            let mut order: Vec<usize> = (0..list.len()).collect();
-            order.sort_by_key(|&i| (list[i].provider_id.is_some(), i));
-            let mut victims: Vec<usize> = order.into_iter().take(surplus as usize).collect();
-            victims.sort_unstable_by(|a, b| b.cmp(a));
-            for i in victims {
-                let gone = list.remove(i);
-                tracing::info!(pool = %infra.name_any(), instance = %gone.instance_name, "scale-in: terminating instance");
-                self.launching
-                    .lock()
-                    .remove(&(ns.clone(), gone.instance_name));
-            }
+        for gone in cloud.scale_in(&mut list, desired) {
+            tracing::info!(pool = %infra.name_any(), instance = %gone.instance_name, "scale-in: terminating instance");
         }
-        for _ in 0..(-surplus).max(0) {
-            let instance_name = format!("{}-{}", mp.name_any(), self.rng.suffix());
-            let ready_at = (!self.rng.chance(self.cfg.fail_fraction))
-                .then(|| now + self.rng.delay(self.cfg.provider_delay, self.cfg.jitter));
-            self.launching
-                .lock()
-                .insert((ns.clone(), instance_name.clone()), ready_at);
-            list.push(Instance {
-                instance_name,
-                provider_id: None,
-            });
-        }
-        let zone = mp
-            .data
-            .pointer("/spec/failureDomains/0")
-            .and_then(Value::as_str);
-        let mut next: Option<Duration> = None;
-        for instance in list.iter_mut().filter(|i| i.provider_id.is_none()) {
-            let key = (ns.clone(), instance.instance_name.clone());
-            let ready = self.launching.lock().get(&key).copied();
-            match ready {
-                // Launched.
-                Some(Some(at)) if at <= now => {}
-                Some(Some(at)) => {
-                    let wait = at - now;
-                    next = Some(next.map_or(wait, |n| n.min(wait)));
-                    continue;
-                }
-                // Never launches.
-                Some(None) => continue,
-                // Listed before this provider started (it never restarts within a run): up.
-                None => {}
-            }
-            instance.provider_id = Some(provider_id_for(
-                self.cfg.provider_id_style,
-                &self.rng,
-                &instance.instance_name,
-                zone,
-            ));
-            self.launching.lock().remove(&key);
-        }
-        let mut provider_ids: Vec<String> =
-            list.iter().filter_map(|i| i.provider_id.clone()).collect();
-        provider_ids.sort();
-        Ok(Observed {
-            provider_ids,
+        // The next pass is when the soonest launch is due (`next_due`), not one per launch.
+        cloud.launch(&mut list, desired, &mp.name_any());
+        cloud.finish_launches(&mut list, pool_zone(mp));
+        Observed {
+            provider_ids: instance_provider_ids(&list),
             replicas: list.len() as i64,
+            again: cloud.next_due(&list),
             instances: Some(list),
             machine_kind: false,
-            again: next,
-        })
-    }
-
-    /// The pool's contract fields, each written only when it changed.
-    async fn write_pool(
-        &self,
-        api: &Api<DynamicObject>,
-        infra: &DynamicObject,
-        o: &Observed,
-    ) -> Result<(), kube::Error> {
-        let name = infra.name_any();
-        if at(&infra.data, &["spec", "providerIDList"]) != Some(&json!(o.provider_ids)) {
-            let patch = json!({"spec": {"providerIDList": o.provider_ids}});
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
         }
-        let mut status = json!({
-            "replicas": o.replicas,
-            "ready": true,
-            "initialization": {"provisioned": true},
-        });
-        if o.machine_kind {
-            status["infrastructureMachineKind"] = json!(INFRA_MACHINE_KIND);
-        }
-        if let Some(list) = &o.instances {
-            status["instances"] = json!(list);
-        }
-        let current = at(&infra.data, &["status"]);
-        let changed = status.as_object().is_some_and(|fields| {
-            fields
-                .iter()
-                .any(|(k, v)| current.and_then(|c| c.get(k)) != Some(v))
-        });
-        if changed {
-            api.patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "status": status })),
-            )
-            .await?;
-        }
-        Ok(())
     }
 }
 
@@ -494,4 +403,15 @@ struct Observed {
     machine_kind: bool,
     /// When to look again, if the pool is not at its size yet.
     again: Option<Duration>,
+}
+
+impl Observed {
+    /// The pool's contract status, with its instance list if it keeps one.
+    fn status(&self) -> Value {
+        let mut status = infra_pool_status(self.replicas, self.machine_kind);
+        if let Some(list) = &self.instances {
+            status["instances"] = json!(list);
+        }
+        status
+    }
 }

@@ -391,13 +391,6 @@ pub fn spawn(client: Client, cfg: ProviderConfig, shutdown: Shutdown) -> Vec<Joi
             }
         },
     ));
-    // The scaling groups behind MachinePools (module `pool`); their DevMachines are
-    // provisioned by the loop above like any other.
-    tasks.extend(super::pool::spawn(
-        client.clone(),
-        inner.cfg.clone(),
-        shutdown.clone(),
-    ));
     let me = inner.clone();
     tasks.push(spawn_watch(
         "machines (provider-ID milestones)",
