@@ -327,8 +327,8 @@ async fn static_phases(run: &mut Run) -> Result<(), Error> {
     .await
 }
 
-/// One Node `Ready=False` (replaced past the toleration), then two of five `Unknown` (more than
-/// 20 %: held back).
+/// One Node `Ready=False` (replaced past the toleration), then over a fifth of the pool's Nodes
+/// `Unknown` (two of five; more than the 20 % repair allows: held back).
 async fn repair_phases(run: &mut Run) -> Result<(), Error> {
     let live = run.live();
     let first = live.first().map(|c| c.name_any_json()).unwrap_or_default();
@@ -339,12 +339,20 @@ async fn repair_phases(run: &mut Run) -> Result<(), Error> {
         r.holds() && !r.claims().iter().any(|c| c.name_any_json() == first)
     })
     .await?;
-    let sick: Vec<String> = run.live().iter().take(2).filter_map(Run::node_of).collect();
+    // Repair allows a fifth of the pool rounded up (upstream's scaled percentage): one more is
+    // held back.
+    let over_a_fifth = crate::view::repair::threshold(run.replicas) + 1;
+    let sick: Vec<String> = run
+        .live()
+        .iter()
+        .take(over_a_fifth)
+        .filter_map(Run::node_of)
+        .collect();
     for node in sick.clone() {
         run.sicken(node, "Unknown").await?;
     }
     // Held back: the decision is told by an Event per Node, and nothing is deleted.
-    run.phase("two Nodes Unknown, held back", move |r| {
+    run.phase("over a fifth Unknown, held back", move |r| {
         let told = r
             .sim
             .cluster()

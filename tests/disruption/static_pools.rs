@@ -184,18 +184,22 @@ async fn the_static_scenario_holds_the_count_through_a_deletion_and_a_drift() {
     );
 }
 
-/// `simulate --scenario repair`: one unhealthy Node replaced, then two of five held back.
+/// `simulate --scenario repair`: one unhealthy Node replaced, then over a fifth held back (two
+/// of five, four of eleven, as a fifth rounds up: the scenario sickens enough Nodes for any
+/// `--pods`).
 #[actix::test]
 async fn the_repair_scenario_replaces_one_node_and_holds_back_over_a_fifth() {
     use karpenter_capi::cli::{Scenario, SimulateArgs};
-    let args = SimulateArgs {
-        pods: 5,
-        ..scenario(Scenario::Repair)
-    };
-    let (r, _kept) = karpenter_capi::simulate::static_pool::run_kept(&args)
-        .await
-        .expect("the repair scenario");
-    assert!(r.invariants_ok, "{r}");
-    assert_eq!((r.repaired, r.repair_blocked), (1, 2), "{r}");
-    assert_eq!(r.phases.last().map(|p| p.created), Some(6), "{r}");
+    for (pods, held) in [(5, 2), (11, 4)] {
+        let args = SimulateArgs {
+            pods,
+            ..scenario(Scenario::Repair)
+        };
+        let (r, _kept) = karpenter_capi::simulate::static_pool::run_kept(&args)
+            .await
+            .expect("the repair scenario");
+        assert!(r.invariants_ok, "{r}");
+        assert_eq!((r.repaired, r.repair_blocked), (1, held), "{r}");
+        assert_eq!(r.phases.last().map(|p| p.created), Some(pods + 1), "{r}");
+    }
 }
