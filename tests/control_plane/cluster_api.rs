@@ -53,8 +53,12 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix the_drain_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_drain_flow_runs_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix the_consolidate_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_consolidate_flow_runs_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix the_drift_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
         @actix the_expire_flow_runs_on_real_cluster_api
@@ -459,6 +463,15 @@ async fn the_pods_flow_runs_on_real_cluster_api_v1beta1() {
 /// the do-not-disrupt pods, their Machines released (marked `exclude-node-draining`, so Cluster
 /// API's own drain does not run) and deleted by Cluster API with their Nodes.
 async fn the_drain_flow_runs_on_real_cluster_api() {
+    drain_flow("v1beta2", RELEASE_V1BETA2).await;
+}
+
+/// The drain flow on v1.10.10 (v1beta1 only: what the Go provider's users run).
+async fn the_drain_flow_runs_on_real_cluster_api_v1beta1() {
+    drain_flow("v1beta1", RELEASE_V1BETA1).await;
+}
+
+async fn drain_flow(version: &str, release: &str) {
     use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::drain;
 
@@ -467,6 +480,8 @@ async fn the_drain_flow_runs_on_real_cluster_api() {
         "real",
         "--cluster-api",
         "real",
+        "--cluster-api-version",
+        version,
         "--scenario",
         "drain",
         "--pods",
@@ -497,7 +512,7 @@ async fn the_drain_flow_runs_on_real_cluster_api() {
     );
     assert_eq!(report.pods.pods.bound, 60, "{report}");
     assert_eq!(report.pods.pods.unschedulable, 0, "{report}");
-    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    report_names_real_cluster_api(&cluster, release);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
     stops_leaving_nothing(&cluster, kept);
 }
@@ -508,6 +523,15 @@ async fn the_drain_flow_runs_on_real_cluster_api() {
 /// the pool (empty and underutilized nodes, one at a time) with no budget, PDB or
 /// do-not-disrupt violation, Cluster API removing the released Machines and their Nodes.
 async fn the_consolidate_flow_runs_on_real_cluster_api() {
+    consolidate_flow("v1beta2", RELEASE_V1BETA2).await;
+}
+
+/// The consolidate flow on v1.10.10 (v1beta1 only).
+async fn the_consolidate_flow_runs_on_real_cluster_api_v1beta1() {
+    consolidate_flow("v1beta1", RELEASE_V1BETA1).await;
+}
+
+async fn consolidate_flow(version: &str, release: &str) {
     use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::disruption;
 
@@ -516,6 +540,8 @@ async fn the_consolidate_flow_runs_on_real_cluster_api() {
         "real",
         "--cluster-api",
         "real",
+        "--cluster-api-version",
+        version,
         "--scenario",
         "consolidate",
         "--pods",
@@ -549,7 +575,7 @@ async fn the_consolidate_flow_runs_on_real_cluster_api() {
         "{report}"
     );
     assert_eq!(d.pods_unbound_at_end, 0, "{report}");
-    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    report_names_real_cluster_api(&cluster, release);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
     stops_leaving_nothing(&cluster, kept);
 }
