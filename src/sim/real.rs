@@ -50,8 +50,11 @@ const DEV_TEMPLATE_CRD: &str = "infrastructure.cluster.x-k8s.io_devmachinetempla
 
 /// What the mirror watches: (group, version, plural).
 /// ReplicaSets because a budget's expected pods are counted from their Deployments' scale
-/// (the drain audit checks removals against budgets on the mirror).
-const MIRRORED: [(&str, &str, &str); 12] = [
+/// (the drain audit checks removals against budgets on the mirror); Events because scenarios
+/// and tests read what the controller told (the repair scenario waits for its
+/// `NodeRepairBlocked` Events).
+const MIRRORED: [(&str, &str, &str); 13] = [
+    ("events.k8s.io", "v1", "events"),
     ("", "v1", "pods"),
     ("", "v1", "nodes"),
     ("policy", "v1", "poddisruptionbudgets"),
