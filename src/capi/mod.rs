@@ -5,6 +5,7 @@
 
 pub mod annotations;
 pub mod autoscaler;
+pub mod deletion;
 mod json;
 pub mod kind;
 pub mod model;

@@ -11,7 +11,8 @@ use kube::ResourceExt;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{REPLACES_ANNOTATION, SET_NAME_LABEL};
 use crate::capi::autoscaler;
-use crate::capi::model::{Machine, MachineDeployment};
+use crate::capi::deletion;
+use crate::capi::model::{DeletionOrder, Machine, MachineDeployment};
 use crate::state::claims::{recorded_deployment, recorded_machine};
 use crate::state::machines::{MachineDeployments, Machines};
 
@@ -163,15 +164,19 @@ impl Rollout {
                 .filter(|m| crate::state::machines::bound_claim(m).is_none())
                 .count();
             let free = fresh.saturating_sub(waiting.get(md).copied().unwrap_or(0));
-            // Cluster API's rollout deletes old Machines in its deletion order; the oldest
-            // Machine first is its `Oldest` order (Random, the default, cannot be foreseen: a
-            // claim it deletes first just ends, and its pods go through the provisioner).
+            // Cluster API's rollout deletes old Machines in its MachineSet's deletion order
+            // (`capi::deletion`; Random, the default, by name): the first fresh Machines go to
+            // the claims whose Machines it deletes first.
+            let order = mds
+                .get(md)
+                .and_then(|d| d.deletion_order)
+                .unwrap_or(DeletionOrder::Random);
             olds.sort_by_cached_key(|c| {
                 machines
                     .bound_to(&c.name_any())
                     .ok()
                     .flatten()
-                    .map(|m| (m.creation_timestamp, m.name.clone()))
+                    .map(|m| deletion::turn(order, &m))
             });
             out.extend(olds.into_iter().take(free).cloned());
         }
