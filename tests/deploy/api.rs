@@ -287,16 +287,21 @@ fn column_signature(crd: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-fn our_crds_carry_every_upstream_property() {
-    let ours: BTreeMap<String, Value> = crds::all()
+/// Our CRDs as JSON, by name.
+fn our_crds_by_name() -> BTreeMap<String, Value> {
+    crds::all()
         .into_iter()
         .map(|c| {
             (
-                c.metadata.name.clone().unwrap(),
-                serde_json::to_value(c).unwrap(),
+                c.metadata.name.clone().expect("our CRDs are named"),
+                serde_json::to_value(c).expect("our CRDs serialise"),
             )
         })
-        .collect();
+        .collect()
+}
+
+fn our_crds_carry_every_upstream_property() {
+    let ours = our_crds_by_name();
     for file in [
         "karpenter.sh_nodepools.yaml",
         "karpenter.sh_nodeclaims.yaml",
@@ -780,15 +785,7 @@ fn version_schema_keywords(crd: &Value) -> BTreeMap<String, Value> {
 }
 
 fn our_crds_carry_upstream_validation() {
-    let ours: BTreeMap<String, Value> = crds::all()
-        .into_iter()
-        .map(|c| {
-            (
-                c.metadata.name.clone().unwrap(),
-                serde_json::to_value(c).unwrap(),
-            )
-        })
-        .collect();
+    let ours = our_crds_by_name();
     let mut problems = Vec::new();
     for file in [
         "karpenter.sh_nodepools.yaml",
@@ -1027,15 +1024,7 @@ fn karpenter_v1_15_manifests_round_trip_and_validate() {
 /// `consolidateAfter` defaults to `0s` and is not required, and every requirement's operator
 /// lists the eight operators in upstream's order.
 fn our_crds_default_and_enumerate_as_karpenter_v1_15() {
-    let ours: BTreeMap<String, Value> = crds::all()
-        .into_iter()
-        .map(|c| {
-            (
-                c.metadata.name.clone().unwrap(),
-                serde_json::to_value(c).unwrap(),
-            )
-        })
-        .collect();
+    let ours = our_crds_by_name();
     let spec = |crd: &str| {
         ours[crd]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
     };

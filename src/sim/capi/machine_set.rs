@@ -360,3 +360,56 @@ fn healthy(m: &DynamicObject) -> bool {
         && !condition_false("NodeHealthy")
         && !condition_false("HealthCheckSucceeded")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::machine;
+    use super::*;
+
+    #[test]
+    fn scale_down_takes_annotated_then_unhealthy_then_the_sets_order() {
+        let machines = || {
+            let mut unhealthy = machine("b-unhealthy", "2026-01-02T00:00:00Z", false, true);
+            unhealthy.data["status"]["conditions"] =
+                json!([{"type": "NodeHealthy", "status": "False"}]);
+            [
+                machine("d-old-running", "2026-01-01T00:00:00Z", false, true),
+                machine("a-new-running", "2026-01-03T00:00:00Z", false, true),
+                machine("c-provisioning", "2026-01-04T00:00:00Z", false, false),
+                unhealthy,
+                machine("z-marked", "2026-01-05T00:00:00Z", true, true),
+            ]
+        };
+        let order = |o: DeletionOrder| {
+            let mut ms = machines();
+            ms.sort_by_key(|m| deletion_rank(o, m));
+            ms.iter().map(|m| m.name_any()).collect::<Vec<_>>()
+        };
+        let first = ["z-marked", "b-unhealthy", "c-provisioning"];
+        let then =
+            |rest: [&'static str; 2]| -> Vec<&'static str> { [&first[..], &rest[..]].concat() };
+        // Random sorts equal priorities by name: no preference for age.
+        assert_eq!(
+            order(DeletionOrder::Random),
+            then(["a-new-running", "d-old-running"])
+        );
+        assert_eq!(
+            order(DeletionOrder::Oldest),
+            then(["d-old-running", "a-new-running"])
+        );
+        assert_eq!(
+            order(DeletionOrder::Newest),
+            then(["a-new-running", "d-old-running"])
+        );
+        let set = |spec: Value| dynamic(json!({"metadata": {"name": "s"}, "spec": spec}));
+        assert_eq!(DeletionOrder::of(&set(json!({}))), DeletionOrder::Random);
+        assert_eq!(
+            DeletionOrder::of(&set(json!({"deletion": {"order": "Oldest"}}))),
+            DeletionOrder::Oldest
+        );
+        assert_eq!(
+            DeletionOrder::of(&set(json!({"deletePolicy": "Newest"}))),
+            DeletionOrder::Newest
+        );
+    }
+}
