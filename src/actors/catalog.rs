@@ -1,11 +1,13 @@
-//! The instance-type catalog. The Catalog actor watches ClusterAPINodeClasses, reads
-//! infrastructure templates, rebuilds each NodeClass's instance types when a MachineDeployment or
-//! NodeClass changes (never on a timer) and publishes them as an immutable snapshot in a
-//! `CatalogView` (the read layer's `view::catalog`); claims and the provisioner read that view
-//! directly, like any other index. It also watches NodeOverlays: each rebuild applies them to
-//! every NodeClass's catalog as each NodePool sees it before it is published (`capi::overlay`),
-//! so a new or changed overlay re-prices offerings at once, and writes each overlay's
-//! conditions; a NodePool whose name, NodeClass or template labels change rebuilds too.
+//! The instance-type catalog. The Catalog actor reads infrastructure templates, rebuilds each
+//! ClusterAPINodeClass's instance types when a MachineDeployment or NodeClass changes (never on
+//! a timer) and publishes them as an immutable snapshot in a `CatalogView` (the read layer's
+//! `view::catalog`); claims and the provisioner read that view directly, like any other index.
+//! NodeClasses and NodeOverlays come from their indexes (`state::named`, fed by `state::feed`
+//! like every other kind, so a re-list is swapped in whole and a rebuild never sees half of
+//! one); their feeds ask for a rebuild. Each rebuild applies the overlays to every NodeClass's
+//! catalog as each NodePool sees it before it is published (`capi::overlay`), so a new or
+//! changed overlay re-prices offerings at once, and writes each overlay's conditions; a NodePool
+//! whose name, NodeClass or template labels change rebuilds too.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -14,9 +16,6 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use futures::StreamExt;
 use jiff::Timestamp;
-use kube::api::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -24,9 +23,8 @@ use super::Shared;
 use super::patch::write_conditions;
 use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
-use crate::api::decode::{Lenient, Malformed};
+use crate::api::decode::Malformed;
 use crate::api::nodeclass::ClusterAPINodeClass;
-use crate::api::nodeoverlay::NodeOverlay;
 use crate::capi::model::MachineDeployment;
 use crate::capi::offerings::{self, Context as OfferingContext};
 // Re-exported where the benchmarks have always found it.
@@ -35,13 +33,15 @@ use crate::view::catalog::{LeftOut, resolve_nodeclass};
 
 mod overlays;
 mod templates;
-use overlays::OverlayEvent;
 use templates::TemplateRead;
 
-/// MachineDeployments changed: rebuild (coalesced).
+/// MachineDeployments, NodeClasses or NodeOverlays changed: rebuild (coalesced).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Rebuild;
+pub struct Rebuild {
+    /// A NodeOverlay's spec changed: consolidation looks again at the new prices.
+    pub overlays: bool,
+}
 
 /// NodePools changed: rebuild if overlays are applied and what they see of the pools changed.
 #[derive(Message)]
@@ -65,26 +65,16 @@ const FIRST_READS_WAIT: Duration = Duration::from_secs(10);
 
 pub struct Catalog {
     shared: Arc<Shared>,
-    nodeclasses: HashMap<String, Arc<ClusterAPINodeClass>>,
     /// By MachineDeployment key.
     templates: HashMap<String, TemplateRead>,
     fetching: HashSet<String>,
     /// A rebuild is already scheduled for a template re-read that is not due yet.
     reread_scheduled: bool,
     rebuild_scheduled: bool,
-    synced: bool,
     /// A catalog has been published since the NodeClass list synced.
     built: bool,
     /// Problems already reported per NodeClass (so each is one Event, not one per rebuild).
     reported: HashMap<String, HashSet<String>>,
-    /// NodeClasses the types cannot decode: published as not ready (so their NodePools say
-    /// why), with `Ready=False` naming the field.
-    malformed: HashMap<String, Malformed>,
-    /// NodeOverlays by name, and those the types cannot decode.
-    overlays: HashMap<String, Arc<NodeOverlay>>,
-    malformed_overlays: HashMap<String, Malformed>,
-    /// The overlay list has synced (or cannot be listed: no CRD), so a catalog may be published.
-    overlays_synced: bool,
     /// An overlay changed since the last rebuild: consolidation looks again at the new prices.
     overlays_changed: bool,
     /// The NodePools as the overlays were last applied for them: a NodePool change that leaves
@@ -99,22 +89,22 @@ impl Catalog {
     pub fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
-            nodeclasses: HashMap::new(),
             templates: HashMap::new(),
             fetching: HashSet::new(),
             reread_scheduled: false,
             rebuild_scheduled: false,
-            synced: false,
             built: false,
             reported: HashMap::new(),
-            malformed: HashMap::new(),
-            overlays: HashMap::new(),
-            malformed_overlays: HashMap::new(),
-            overlays_synced: false,
             overlays_changed: false,
             pools_seen: None,
             first_reads_until: None,
         }
+    }
+
+    /// The NodeClass list (fed by `state::feed`, on every replica from the start) has
+    /// completed at least once: a catalog built before would leave every NodeClass out.
+    fn synced(&self) -> bool {
+        self.shared.state.nodeclasses.read().synced()
     }
 
     fn schedule_rebuild(&mut self, ctx: &mut Context<Self>) {
@@ -162,7 +152,15 @@ impl Catalog {
             templates: &reads.capacity,
             unavailable: &unavailable,
         };
-        let mut names: HashSet<String> = self.nodeclasses.keys().cloned().collect();
+        let mut names: HashSet<String> = self
+            .shared
+            .state
+            .nodeclasses
+            .read()
+            .all()
+            .keys()
+            .cloned()
+            .collect();
         names.extend(self.publish_malformed(ctx));
         self.publish_nodeclasses(&mds, &left_out, &cx, ctx);
         self.publish_instance_hashes(&mds);
@@ -170,7 +168,9 @@ impl Catalog {
         self.reported.retain(|k, _| names.contains(k));
         self.shared.catalog.forget_unavailable();
         self.built = self.built
-            || (self.synced && self.overlays_synced && self.first_reads_over(&reads.unread, ctx));
+            || (self.synced()
+                && self.shared.state.overlays.read().synced()
+                && self.first_reads_over(&reads.unread, ctx));
         if std::mem::take(&mut self.overlays_changed) {
             self.shared.router.disruption_changed();
         }
@@ -184,7 +184,17 @@ impl Catalog {
 
     /// NodeClasses that do not decode: published as not ready, with why. Their names.
     fn publish_malformed(&mut self, ctx: &mut Context<Self>) -> Vec<String> {
-        let bad: Vec<Malformed> = self.malformed.values().cloned().collect();
+        // Published as not ready (so their NodePools say why), with `Ready=False` naming the
+        // field.
+        let bad: Vec<Malformed> = self
+            .shared
+            .state
+            .nodeclasses
+            .read()
+            .malformed()
+            .values()
+            .cloned()
+            .collect();
         let mut names = Vec::new();
         for m in bad {
             let Some(name) = m.metadata.name.clone() else {
@@ -213,7 +223,11 @@ impl Catalog {
         ctx: &mut Context<Self>,
     ) {
         let nodeclasses: Vec<(String, Arc<ClusterAPINodeClass>)> = self
+            .shared
+            .state
             .nodeclasses
+            .read()
+            .all()
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -422,65 +436,13 @@ fn not_ready_reason(c: &offerings::Catalog) -> &'static str {
 
 impl Actor for Catalog {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        // Per-object decoding: one NodeClass the types cannot read must not stop the watch.
-        let api: Api<Lenient<ClusterAPINodeClass>> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
-        let overlays: Api<Lenient<NodeOverlay>> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(
-            watcher(overlays, watcher::Config::default())
-                .default_backoff()
-                .map(OverlayEvent),
-        );
-    }
-}
-
-impl StreamHandler<Result<watcher::Event<Lenient<ClusterAPINodeClass>>, watcher::Error>>
-    for Catalog
-{
-    fn handle(
-        &mut self,
-        ev: Result<watcher::Event<Lenient<ClusterAPINodeClass>>, watcher::Error>,
-        ctx: &mut Self::Context,
-    ) {
-        match ev {
-            Ok(watcher::Event::Apply(Lenient::Ok(nc)))
-            | Ok(watcher::Event::InitApply(Lenient::Ok(nc))) => {
-                self.malformed.remove(&nc.name_any());
-                self.nodeclasses.insert(nc.name_any(), Arc::new(nc));
-            }
-            Ok(watcher::Event::Apply(Lenient::Bad(m)))
-            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
-                let name = m.metadata.name.clone().unwrap_or_default();
-                tracing::warn!(nodeclass = %name, problem = %m, "ClusterAPINodeClass cannot be decoded");
-                self.nodeclasses.remove(&name);
-                self.malformed.insert(name, *m);
-            }
-            Ok(watcher::Event::Delete(nc)) => {
-                self.nodeclasses.remove(&nc.name_any());
-                self.malformed.remove(&nc.name_any());
-            }
-            Ok(watcher::Event::Init) => {
-                self.nodeclasses.clear();
-                self.malformed.clear();
-            }
-            Ok(watcher::Event::InitDone) => self.synced = true,
-            Err(e) => {
-                tracing::warn!(error = %e, "ClusterAPINodeClass watch failed; retrying");
-                return;
-            }
-        }
-        if self.synced {
-            self.schedule_rebuild(ctx);
-        }
-    }
 }
 
 impl Handler<Rebuild> for Catalog {
     type Result = ();
-    fn handle(&mut self, _: Rebuild, ctx: &mut Self::Context) {
-        if self.synced {
+    fn handle(&mut self, msg: Rebuild, ctx: &mut Self::Context) {
+        self.overlays_changed |= msg.overlays;
+        if self.synced() {
             self.schedule_rebuild(ctx);
         }
     }
@@ -494,11 +456,8 @@ impl Handler<Tracked> for Catalog {
                 ("templates", self.templates.len()),
                 ("fetching", self.fetching.len()),
                 ("reported", self.reported.len()),
-                ("nodeclasses", self.nodeclasses.len()),
-                (
-                    "nodeoverlays",
-                    self.overlays.len() + self.malformed_overlays.len(),
-                ),
+                ("nodeclasses", self.shared.state.nodeclasses.read().len()),
+                ("nodeoverlays", self.shared.state.overlays.read().len()),
             ]
             .into_iter()
             .collect(),
@@ -509,7 +468,7 @@ impl Handler<Tracked> for Catalog {
 impl Handler<Synced> for Catalog {
     type Result = bool;
     fn handle(&mut self, _: Synced, ctx: &mut Self::Context) -> bool {
-        if self.synced && !self.built {
+        if self.synced() && !self.built {
             self.rebuild(ctx);
         }
         self.built

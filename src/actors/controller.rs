@@ -302,6 +302,8 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
     use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 
     use crate::api::decode::Lenient;
+    use crate::api::nodeclass::ClusterAPINodeClass;
+    use crate::api::nodeoverlay::NodeOverlay;
     use crate::api::nodepool::NodePool;
     // A storage or workload change may change what a pending pod needs (a claim that was
     // missing, a deduced selector): the provisioner looks again.
@@ -316,12 +318,29 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
         spawn_feed::<Lenient<NodePool>, _>(
             shared,
             &shared.state.nodepools,
-            |s, ()| {
+            |s, _| {
                 s.router.provisioner_poke();
                 s.router.nodepools_changed();
                 s.router.catalog_pools_changed();
             },
             "NodePools",
+        ),
+        spawn_feed::<Lenient<ClusterAPINodeClass>, _>(
+            shared,
+            &shared.state.nodeclasses,
+            |s, _| s.router.catalog_changed(),
+            "ClusterAPINodeClasses",
+        ),
+        // Only a new spec changes what the catalog applies (our status writes come back too).
+        spawn_feed::<Lenient<NodeOverlay>, _>(
+            shared,
+            &shared.state.overlays,
+            |s, spec_changed| {
+                if spec_changed {
+                    s.router.catalog_overlays_changed();
+                }
+            },
+            "NodeOverlays",
         ),
         spawn_feed::<PodDisruptionBudget, _>(
             shared,

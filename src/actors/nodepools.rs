@@ -1,6 +1,6 @@
 //! Keeps each NodePool's status true: `resources` and `nodes` from its claims, and `Ready` from
 //! `ValidationSucceeded` and `NodeClassReady`, each with a reason an operator can act on. The
-//! NodePool index it reads (`state::nodepools`, the one the provisioner reads too) is fed by its
+//! NodePool index it reads (`state::named`, the one the provisioner reads too) is fed by its
 //! own watch (`state::feed`), which asks for a refresh on every change.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -219,10 +219,17 @@ impl Router {
         }
     }
 
-    /// Tell the Catalog (if it runs here) that MachineDeployments changed.
+    /// Tell the Catalog (if it runs here) that MachineDeployments or NodeClasses changed.
     pub fn catalog_changed(&self) {
         if let Some(r) = self.catalog.read().as_ref() {
-            r.do_send(Rebuild);
+            r.do_send(Rebuild { overlays: false });
+        }
+    }
+
+    /// Tell the Catalog (if it runs here) that a NodeOverlay's spec changed.
+    pub fn catalog_overlays_changed(&self) {
+        if let Some(r) = self.catalog.read().as_ref() {
+            r.do_send(Rebuild { overlays: true });
         }
     }
 

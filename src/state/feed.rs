@@ -33,6 +33,12 @@ pub trait Index<K> {
     fn reset(&mut self, all: Vec<Self::Kept>) -> Self::Changed;
     /// A whole list of this kind has been seen at least once.
     fn synced(&self) -> bool;
+    /// The watch failed (it will list again by itself). An index whose kind may not exist at
+    /// all (an optional CRD) can take that as an empty list and say what changed; by default
+    /// nothing changes.
+    fn failed(&mut self) -> Option<Self::Changed> {
+        None
+    }
 }
 
 /// Feeds `index` from a watch's `events` until the stream ends. `synced` is notified after
@@ -72,7 +78,11 @@ pub async fn feed<K, I, S>(
             Ok(watcher::Event::Delete(o)) => index.write().delete(I::keep(o)),
             Err(e) => {
                 tracing::warn!(error = %e, watch = what, "watch failed; it will re-list");
-                continue;
+                let Some(said) = index.write().failed() else {
+                    continue;
+                };
+                synced.notify_waiters();
+                said
             }
         };
         changed(said);

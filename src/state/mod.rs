@@ -8,7 +8,7 @@ pub mod compact;
 pub mod daemonsets;
 pub mod feed;
 pub mod machines;
-pub mod nodepools;
+pub mod named;
 pub mod nodes;
 pub mod pdbs;
 pub mod pods;
@@ -29,7 +29,7 @@ use parking_lot::RwLock;
 pub use claims::Claims;
 pub use daemonsets::DaemonSets;
 pub use machines::{MachineDeployments, Machines};
-pub use nodepools::NodePoolIndex;
+pub use named::{NodeClassIndex, NodeOverlayIndex, NodePoolIndex};
 pub use nodes::Nodes;
 pub use pdbs::PodDisruptionBudgets;
 pub use pods::Pods;
@@ -56,6 +56,10 @@ pub struct State {
     pub workloads: Arc<RwLock<WorkloadIndex>>,
     /// NodePools: the ones that decode, and the ones that do not (kept apart).
     pub nodepools: Arc<RwLock<NodePoolIndex>>,
+    /// ClusterAPINodeClasses, and the ones that do not decode: the catalog is built from them.
+    pub nodeclasses: Arc<RwLock<NodeClassIndex>>,
+    /// NodeOverlays (an empty list when their CRD is not installed).
+    pub overlays: Arc<RwLock<NodeOverlayIndex>>,
     /// PodDisruptionBudgets: the provisioner plans only for the pods of a deleting node that
     /// can be evicted at all; disruption reads which pods they protect.
     pub pdbs: Arc<RwLock<PodDisruptionBudgets>>,

@@ -72,6 +72,16 @@ impl Env {
         )
     }
 
+    /// MachineDeployments through a client of the cluster's own (one faults do not reach).
+    fn machine_deployment_api(&self) -> Api<DynamicObject> {
+        let v = self.sim.cluster().capi_version();
+        Api::namespaced_with(
+            self.sim.cluster().new_client().expect("a client"),
+            NAMESPACE,
+            &karpenter_capi::capi::version::machine_deployment_resource(v),
+        )
+    }
+
     async fn delete_claims(&self) {
         let names: Vec<String> = self
             .list("nodeclaims")
@@ -792,4 +802,61 @@ async fn template_capacity_is_retried_after_errors_and_reread_after_changes() {
         .expect("change template");
     env.until("the new capacity", |e| cpu(e).as_deref() == Some("8"))
         .await;
+}
+
+/// A NodeClass watch that lists again (its resourceVersion expired) while MachineDeployments
+/// change: the catalog keeps every NodeClass through the list, because the list is swapped in
+/// whole. Before: the Catalog's own watch handler cleared its NodeClasses at the list's start,
+/// and a rebuild during the list unpublished them, so the NodePool said `NodeClassNotFound`
+/// (and provisioning saw no offering) until the list completed.
+#[actix::test]
+async fn a_nodeclass_relist_never_unpublishes_the_catalog() {
+    let env = env(vec![seed_of(0, 10)], |_| {}).await;
+    let ready = |e: &Env| {
+        e.get("nodepools", "", "default").and_then(|np| {
+            crate::common::condition(&np, "NodeClassReady")
+                .and_then(|c| c["status"].as_str().map(String::from))
+        })
+    };
+    env.until("the NodePool's NodeClass ready", |e| {
+        ready(e).as_deref() == Some("True")
+    })
+    .await;
+    // The controller's next NodeClass list takes 2 s and its watch cannot resume.
+    env.faults()
+        .set_latency("clusterapinodeclasses", Duration::from_secs(2));
+    env.faults()
+        .set_watch_expire_rate("clusterapinodeclasses", 1.0);
+    env.faults().cut_watches();
+    // Meanwhile a MachineDeployment changes every 100 ms (each one a catalog rebuild), and the
+    // NodePool's condition is sampled as often.
+    let mds = env.machine_deployment_api();
+    let mut seen = BTreeMap::new();
+    let until = Instant::now() + Duration::from_secs(8);
+    let mut i = 0;
+    while Instant::now() < until {
+        i += 1;
+        let touch = json!({"metadata": {"annotations": {"test/touch": i.to_string()}}});
+        mds.patch("md-0", &PatchParams::default(), &Patch::Merge(&touch))
+            .await
+            .expect("touch md-0");
+        *seen.entry(ready(&env).unwrap_or_default()).or_insert(0) += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let relists = metric(
+        &env.metrics.encode(),
+        "karpenter_capi_watch_relists_total{watch=\"ClusterAPINodeClasses\"}",
+    );
+    assert!(
+        relists >= 1.0,
+        "the NodeClass watch listed again: {relists}"
+    );
+    assert_eq!(
+        seen.keys().collect::<Vec<_>>(),
+        vec!["True"],
+        "NodeClassReady while the NodeClasses were listed again (samples by status): {seen:?}"
+    );
+    env.faults().clear();
+    env.settle().await;
+    env.invariants_hold();
 }

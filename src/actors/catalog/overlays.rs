@@ -1,19 +1,18 @@
-//! The Catalog's NodeOverlays: their watch, their application to the catalogs about to be
-//! published (as each NodePool sees them), and their status conditions.
+//! The Catalog's NodeOverlays (from `state::overlays`): their application to the catalogs
+//! about to be published (as each NodePool sees them), and their status conditions.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
 use jiff::Timestamp;
-use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::{Catalog, NodePoolsChanged, PoolsSeen};
 use crate::actors::patch::write_conditions;
 use crate::api::conditions::{self, ConditionStatus};
-use crate::api::decode::{Lenient, Malformed};
+use crate::api::decode::Malformed;
 use crate::api::nodeoverlay::{NodeOverlay, VALIDATION_SUCCEEDED};
 use crate::api::nodepool::NodePool;
 use crate::capi::offerings;
@@ -34,7 +33,13 @@ impl Catalog {
         // With the NodeOverlay gate off, overlays are ignored as upstream ignores them: nothing
         // re-priced, no status written.
         let overlays: Vec<Arc<NodeOverlay>> = if self.shared.settings.node_overlay {
-            self.overlays.values().cloned().collect()
+            self.shared
+                .state
+                .overlays
+                .read()
+                .values()
+                .cloned()
+                .collect()
         } else {
             Vec::new()
         };
@@ -62,7 +67,10 @@ impl Catalog {
             );
         }
         let bad: Vec<Malformed> = match self.shared.settings.node_overlay {
-            true => self.malformed_overlays.values().cloned().collect(),
+            true => {
+                let index = self.shared.state.overlays.read();
+                index.malformed().values().cloned().collect()
+            }
             false => Vec::new(),
         };
         for m in bad {
@@ -140,66 +148,10 @@ impl Catalog {
     }
 }
 
-/// One event of the NodeOverlay watch (a newtype: the actor handles two watch streams).
-pub(super) struct OverlayEvent(
-    pub(super) Result<watcher::Event<Lenient<NodeOverlay>>, watcher::Error>,
-);
-
-impl StreamHandler<OverlayEvent> for Catalog {
-    fn handle(&mut self, OverlayEvent(ev): OverlayEvent, ctx: &mut Self::Context) {
-        match ev {
-            Ok(watcher::Event::Apply(Lenient::Ok(o)))
-            | Ok(watcher::Event::InitApply(Lenient::Ok(o))) => {
-                let name = o.name_any();
-                self.malformed_overlays.remove(&name);
-                // A status write of ours comes back as an event: only a new generation (or a
-                // new object) changes what the catalog applies.
-                let same = self
-                    .overlays
-                    .get(&name)
-                    .is_some_and(|old| old.spec == o.spec);
-                self.overlays.insert(name, Arc::new(o));
-                if same {
-                    return;
-                }
-            }
-            Ok(watcher::Event::Apply(Lenient::Bad(m)))
-            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
-                let name = m.metadata.name.clone().unwrap_or_default();
-                tracing::warn!(nodeoverlay = %name, problem = %m, "NodeOverlay cannot be decoded");
-                self.overlays.remove(&name);
-                self.malformed_overlays.insert(name, *m);
-            }
-            Ok(watcher::Event::Delete(o)) => {
-                self.overlays.remove(&o.name_any());
-                self.malformed_overlays.remove(&o.name_any());
-            }
-            Ok(watcher::Event::Init) => {
-                self.overlays.clear();
-                self.malformed_overlays.clear();
-            }
-            Ok(watcher::Event::InitDone) => self.overlays_synced = true,
-            Err(e) => {
-                // Without the NodeOverlay CRD the list fails for good: the catalog goes on
-                // without overlays rather than never activating.
-                tracing::warn!(error = %e, watch = "NodeOverlays", "watch failed; it will re-list");
-                if self.overlays_synced {
-                    return;
-                }
-                self.overlays_synced = true;
-            }
-        }
-        self.overlays_changed = true;
-        if self.synced {
-            self.schedule_rebuild(ctx);
-        }
-    }
-}
-
 impl Handler<NodePoolsChanged> for Catalog {
     type Result = ();
     fn handle(&mut self, _: NodePoolsChanged, ctx: &mut Self::Context) {
-        if !self.synced || self.overlays.is_empty() {
+        if !self.synced() || self.shared.state.overlays.read().is_empty() {
             return;
         }
         let (_, now) = self.pools_now();
