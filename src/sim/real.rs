@@ -261,7 +261,7 @@ impl RealBackend {
     }
 
     /// A ClusterClass-managed workload cluster `cluster` in `ns` whose worker entries are
-    /// `workers` (module `topology`), where Cluster API's real manager runs (v1beta2).
+    /// `workers` (module `topology`), where Cluster API's real manager runs (either version).
     pub async fn ensure_topology_cluster(
         &self,
         client: &Client,
@@ -269,9 +269,9 @@ impl RealBackend {
         cluster: &str,
         workers: Value,
     ) -> Result<(), Error> {
-        if self.cluster_api_release.is_none() || self.capi_version != CapiVersion::V1Beta2 {
+        if self.cluster_api_release.is_none() {
             return Err(Error::Topology(
-                "a ClusterClass-managed cluster needs Cluster API's real manager on v1beta2".into(),
+                "a ClusterClass-managed cluster needs Cluster API's real manager".into(),
             ));
         }
         let version = topology::kubernetes_version(client).await;
@@ -280,6 +280,7 @@ impl RealBackend {
             name: cluster,
             kubernetes_version: &version,
             workload_kubeconfig: &self.workload_kubeconfig,
+            capi_version: self.capi_version,
         };
         topology::ensure_cluster(client, &spec, workers)
             .await

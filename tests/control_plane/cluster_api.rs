@@ -63,7 +63,13 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
         @actix the_expire_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_expire_flow_runs_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix the_static_flow_runs_on_real_cluster_api
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_static_flow_runs_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
+        @actix the_repair_scenario_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
         @actix a_paused_cluster_holds_launch_and_disruption_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
@@ -635,6 +641,15 @@ async fn the_drift_flow_runs_on_real_cluster_api() {
 /// 4` (v1.14.2; 56 s here): every claim expires and goes whatever the budget, its pods move to
 /// the replacements, Cluster API removes the Machines.
 async fn the_expire_flow_runs_on_real_cluster_api() {
+    expire_flow("v1beta2", RELEASE_V1BETA2).await;
+}
+
+/// The expire flow on v1.10.10 (v1beta1 only).
+async fn the_expire_flow_runs_on_real_cluster_api_v1beta1() {
+    expire_flow("v1beta1", RELEASE_V1BETA1).await;
+}
+
+async fn expire_flow(version: &str, release: &str) {
     use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::disruption;
 
@@ -643,6 +658,8 @@ async fn the_expire_flow_runs_on_real_cluster_api() {
         "real",
         "--cluster-api",
         "real",
+        "--cluster-api-version",
+        version,
         "--scenario",
         "expire",
         "--pods",
@@ -671,7 +688,7 @@ async fn the_expire_flow_runs_on_real_cluster_api() {
         "{report}"
     );
     assert_eq!(d.pods_unbound_at_end, 0, "{report}");
-    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    report_names_real_cluster_api(&cluster, release);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
     stops_leaving_nothing(&cluster, kept);
 }
@@ -683,6 +700,15 @@ async fn the_expire_flow_runs_on_real_cluster_api() {
 /// to three times where a raise and a decrement cancel out in Cluster API (docs/fidelity.md).
 /// By hand `--pods 100` passed too.
 async fn the_static_flow_runs_on_real_cluster_api() {
+    static_flow("v1beta2", RELEASE_V1BETA2).await;
+}
+
+/// The static flow on v1.10.10 (v1beta1 only).
+async fn the_static_flow_runs_on_real_cluster_api_v1beta1() {
+    static_flow("v1beta1", RELEASE_V1BETA1).await;
+}
+
+async fn static_flow(version: &str, release: &str) {
     use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::static_pool;
 
@@ -693,6 +719,8 @@ async fn the_static_flow_runs_on_real_cluster_api() {
         "real",
         "--cluster-api",
         "real",
+        "--cluster-api-version",
+        version,
         "--scenario",
         "static",
         "--pods",
@@ -738,7 +766,7 @@ async fn the_static_flow_runs_on_real_cluster_api() {
         2 * REPLICAS + 1,
         "one launch per deletion and per drifted node: {report}"
     );
-    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    report_names_real_cluster_api(&cluster, release);
     assert_cluster_api_did_its_part(&cluster, drifted.created).await;
     // Nothing leaked: one live Machine per live claim, each on a Node.
     let live_machines = cluster
@@ -748,6 +776,112 @@ async fn the_static_flow_runs_on_real_cluster_api() {
         .filter(|m| m.pointer("/metadata/deletionTimestamp").is_none())
         .count();
     assert_eq!(live_machines, REPLICAS, "{report}");
+    stops_leaving_nothing(&cluster, kept);
+}
+
+/// `simulate --control-plane real --cluster-api real --scenario repair --pods 5` (v1.14.2): a
+/// static pool of 5 with node repair on (2 s toleration). One Node gone `Ready=False` is replaced
+/// (its claim deleted, Cluster API deleting its Machine and making the new one); then more than a
+/// fifth of the pool `Unknown` is held back, each such Node told by a `NodeRepairBlocked` Event
+/// the phase reads from the real backend's mirror, which must therefore hold the Events the
+/// API server serves.
+async fn the_repair_scenario_runs_on_real_cluster_api() {
+    use k8s_openapi::api::events::v1::Event;
+    use karpenter_capi::cli::SimulateArgs;
+    use karpenter_capi::simulate::static_pool;
+
+    const REPLICAS: usize = 5;
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--scenario",
+        "repair",
+        "--pods",
+        "5",
+        "--deadline",
+        "300s",
+    ])
+    .expect("simulate's arguments");
+    let (report, kept) = static_pool::run_kept(&args)
+        .await
+        .unwrap_or_else(|e| panic!("the repair scenario on real Cluster API: {e}"));
+    let cluster = kept.sim.cluster().clone();
+    assert!(report.invariants_ok, "invariants: {:?}", report.problems);
+    // The JSON report (what `--report json` prints) carries the same figures.
+    let json: Value = serde_json::from_str(&report.to_json()).expect("the JSON report");
+    assert_eq!(json["scenario"], "repair", "{json}");
+    assert_eq!(json["invariants_ok"], true, "{json}");
+    assert_eq!(report.replicas, REPLICAS, "{report}");
+    let names: Vec<&str> = report.phases.iter().map(|p| p.phase.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "launched",
+            "one Node Ready=False, replaced",
+            "over a fifth Unknown, held back"
+        ],
+        "{report}"
+    );
+    let (launched, replaced, held) = (&report.phases[0], &report.phases[1], &report.phases[2]);
+    for p in [launched, replaced, held] {
+        assert_eq!((p.live, p.initialized), (REPLICAS, REPLICAS), "{report}");
+    }
+    // Exactly one replacement, and none while the Unknown Nodes are held back.
+    assert_eq!(launched.created, REPLICAS, "{report}");
+    assert_eq!(replaced.created, REPLICAS + 1, "{report}");
+    assert_eq!(held.created, REPLICAS + 1, "{report}");
+    assert_eq!(
+        held.fewest_live, REPLICAS,
+        "a claim went while held back: {report}"
+    );
+    // Upstream's rule: a fifth of the pool rounded up may be repaired; the scenario sickens one
+    // more, so every one of them is held back.
+    let over_a_fifth = karpenter_capi::view::repair::threshold(REPLICAS) + 1;
+    assert_eq!(
+        (report.repaired, report.repair_blocked),
+        (1, over_a_fifth),
+        "(replaced, held back): {report}"
+    );
+    assert_eq!(
+        (json["repaired"].as_u64(), json["repair_blocked"].as_u64()),
+        (Some(1), Some(over_a_fifth as u64)),
+        "{json}"
+    );
+
+    // The mirror's Events (what the phase read) are the API server's: the same NodeRepairBlocked
+    // Nodes in both, one per held-back Node.
+    let blocked_nodes = |events: Vec<Value>| -> std::collections::BTreeSet<String> {
+        events
+            .iter()
+            .filter(|e| e["reason"] == "NodeRepairBlocked" && e["regarding"]["kind"] == "Node")
+            .filter_map(|e| e["regarding"]["name"].as_str().map(String::from))
+            .collect()
+    };
+    let mirrored = blocked_nodes(cluster.store().list("events.events.k8s.io", None));
+    let served: Vec<Value> = Api::<Event>::all(cluster.new_client().expect("a client"))
+        .list(&Default::default())
+        .await
+        .expect("list Events")
+        .items
+        .into_iter()
+        .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
+        .collect();
+    let served = blocked_nodes(served);
+    assert_eq!(mirrored.len(), over_a_fifth, "mirrored: {mirrored:?}");
+    assert_eq!(mirrored, served, "the mirror's NodeRepairBlocked Nodes");
+
+    // Cluster API made every Machine (the replacement's too) and deleted the one released.
+    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    assert_cluster_api_did_its_part(&cluster, held.created).await;
+    let deleted_by_manager = cluster
+        .stats()
+        .writes_for("machines", "")
+        .into_iter()
+        .filter(|w| w.verb == "delete" && w.agent.starts_with(&format!("{MANAGER_USER} ")))
+        .count();
+    assert_eq!(deleted_by_manager, 1, "Machines Cluster API deleted");
     stops_leaving_nothing(&cluster, kept);
 }
 

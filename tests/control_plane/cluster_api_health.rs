@@ -1,6 +1,7 @@
 //! Cluster API's own health checking and draining beside the controller's, on real Cluster API
-//! v1.14.2 (`simulate --control-plane real --cluster-api real`'s cluster, the simulator playing
-//! only the infrastructure provider and the kubelets):
+//! v1.14.2 (v1beta2) and v1.10.10 (v1beta1), the same bodies at both (`simulate --control-plane
+//! real --cluster-api real`'s cluster, the simulator playing only the infrastructure provider and
+//! the kubelets):
 //!
 //! - a MachineHealthCheck and node repair both on: a Node gone `Ready=False` is replaced once,
 //!   by Cluster API (its MHC marks the Machine, its MachineSet deletes it), the controller
@@ -17,7 +18,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use karpenter_capi::controlplane::cluster_api::{MANAGER_USER, WORKLOAD_USER};
+use karpenter_capi::controlplane::cluster_api::{
+    MANAGER_USER, RELEASE_V1BETA1, RELEASE_V1BETA2, WORKLOAD_USER,
+};
 use karpenter_capi::sim::cluster::{PodShape, SimCluster};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
@@ -31,14 +34,38 @@ pub fn tests() -> Vec<assets::Test> {
     trials![
         @actix a_machine_health_check_replaces_an_unhealthy_node_once_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix a_machine_health_check_replaces_an_unhealthy_node_once_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix without_a_machine_health_check_node_repair_replaces_it_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix without_a_machine_health_check_node_repair_replaces_it_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix a_claim_the_controller_drained_is_not_drained_again_by_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix a_claim_the_controller_drained_is_not_drained_again_by_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix a_machine_cluster_api_deletes_first_is_drained_once
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix a_machine_cluster_api_deletes_first_is_drained_once_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
     ]
 }
+
+/// Which Cluster API a test runs on: `--cluster-api-version` and the release it starts.
+#[derive(Clone, Copy)]
+struct At {
+    version: &'static str,
+    release: &'static str,
+}
+
+const V1BETA2: At = At {
+    version: "v1beta2",
+    release: RELEASE_V1BETA2,
+};
+const V1BETA1: At = At {
+    version: "v1beta1",
+    release: RELEASE_V1BETA1,
+};
 
 /// The Deployment whose pods the node under test carries.
 const APP: &str = "web";
@@ -48,15 +75,22 @@ const PODS: usize = 3;
 /// (one second here), so an MHC slower than repair must still be the one that acts.
 const MHC_TIMEOUT_SECONDS: i64 = 5;
 
-/// The cluster `simulate --control-plane real --cluster-api real` runs, one MachineDeployment,
-/// the controller with short batches, disruption passes at test speed and, when `repair`, node
-/// repair on with a one-second toleration.
-async fn real_env(repair: bool) -> Env {
+/// The cluster `simulate --control-plane real --cluster-api real --cluster-api-version
+/// <at.version>` runs, one MachineDeployment, the controller with short batches, disruption
+/// passes at test speed and, when `repair`, node repair on with a one-second toleration.
+async fn real_env(repair: bool, at: At) -> Env {
     use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::pods::seed_of;
 
-    let args = SimulateArgs::from_words(&["--control-plane", "real", "--cluster-api", "real"])
-        .expect("simulate's arguments");
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--cluster-api-version",
+        at.version,
+    ])
+    .expect("simulate's arguments");
     let env = Env::builder()
         .cluster(karpenter_capi::simulate::cluster_config(&args))
         .seeds(vec![seed_of(0, 10)])
@@ -67,10 +101,7 @@ async fn real_env(repair: bool) -> Env {
         })
         .start()
         .await;
-    super::report_names_real_cluster_api(
-        env.sim.cluster(),
-        karpenter_capi::controlplane::cluster_api::RELEASE_V1BETA2,
-    );
+    super::report_names_real_cluster_api(env.sim.cluster(), at.release);
     env
 }
 
@@ -125,39 +156,59 @@ fn machine_of(env: &Env, claim: &str) -> String {
         .expect("the claim's Machine")
 }
 
-fn mhc_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineHealthCheck"),
-        "machinehealthchecks",
-    )
-}
-
-/// A MachineHealthCheck over the MachineDeployment's Machines, as a user writes one: Ready
-/// False or Unknown for `MHC_TIMEOUT_SECONDS` is unhealthy, remediation allowed while at most
-/// one Machine is.
-async fn machine_health_check(env: &Env, md: &str) {
-    let api: Api<DynamicObject> = Api::namespaced_with(env.client().await, NS, &mhc_resource());
-    let mhc: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineHealthCheck",
-        "metadata": {"name": APP, "namespace": NS},
-        "spec": {
+/// A MachineHealthCheck over the MachineDeployment's Machines, as a user writes one at API
+/// version `version`: Ready False or Unknown for `MHC_TIMEOUT_SECONDS` is unhealthy,
+/// remediation allowed while at most one Machine is. v1beta1 (v1.10.10 serves nothing newer)
+/// names the conditions `unhealthyConditions` with a duration string and the limit
+/// `maxUnhealthy`; v1beta2 moved them under `checks` (whole seconds) and `remediation.triggerIf`.
+fn machine_health_check_of(version: &str, md: &str) -> Value {
+    let selector = json!({"matchLabels": {"cluster.x-k8s.io/deployment-name": md}});
+    let spec = if version == "v1beta1" {
+        let timeout = format!("{MHC_TIMEOUT_SECONDS}s");
+        json!({
             "clusterName": karpenter_capi::sim::cluster::CLUSTER_NAME,
-            "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": md}},
+            "selector": selector,
+            "unhealthyConditions": [
+                {"type": "Ready", "status": "False", "timeout": timeout},
+                {"type": "Ready", "status": "Unknown", "timeout": timeout},
+            ],
+            "maxUnhealthy": 1,
+        })
+    } else {
+        json!({
+            "clusterName": karpenter_capi::sim::cluster::CLUSTER_NAME,
+            "selector": selector,
             "checks": {"unhealthyNodeConditions": [
                 {"type": "Ready", "status": "False", "timeoutSeconds": MHC_TIMEOUT_SECONDS},
                 {"type": "Ready", "status": "Unknown", "timeoutSeconds": MHC_TIMEOUT_SECONDS},
             ]},
             "remediation": {"triggerIf": {"unhealthyLessThanOrEqualTo": 1}},
-        },
-    }))
-    .expect("a MachineHealthCheck");
+        })
+    };
+    json!({
+        "apiVersion": format!("cluster.x-k8s.io/{version}"), "kind": "MachineHealthCheck",
+        "metadata": {"name": APP, "namespace": NS},
+        "spec": spec,
+    })
+}
+
+/// Creates [`machine_health_check_of`] at `at`'s API version.
+async fn machine_health_check(env: &Env, md: &str, at: At) {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cluster.x-k8s.io", at.version, "MachineHealthCheck"),
+        "machinehealthchecks",
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(env.client().await, NS, &resource);
+    let mhc: DynamicObject = serde_json::from_value(machine_health_check_of(at.version, md))
+        .expect("a MachineHealthCheck");
     api.create(&PostParams::default(), &mhc)
         .await
         .expect("create the MachineHealthCheck");
 }
 
 /// Whether Cluster API's MHC has reported on every Machine (`HealthCheckSucceeded`, which
-/// only an MHC sets).
+/// only an MHC sets; `status.conditions` carries it at both versions, as a v1beta1 condition at
+/// v1.10.10 and a v1beta2 one at v1.14.2).
 fn every_machine_health_checked(env: &Env) -> bool {
     let machines = env.list("machines");
     !machines.is_empty()
@@ -292,14 +343,22 @@ fn one_machine_per_claim(env: &Env) {
 /// one Machine created and one deleted, nothing counted as repaired). Each pod is evicted once
 /// at most, by whichever drain reached it first.
 async fn a_machine_health_check_replaces_an_unhealthy_node_once_on_real_cluster_api() {
-    let env = real_env(true).await;
+    machine_health_check_replaces_once(V1BETA2).await;
+}
+
+async fn a_machine_health_check_replaces_an_unhealthy_node_once_on_real_cluster_api_v1beta1() {
+    machine_health_check_replaces_once(V1BETA1).await;
+}
+
+async fn machine_health_check_replaces_once(at: At) {
+    let env = real_env(true, at).await;
     let cluster = env.sim.cluster().clone();
     pods_bound(&env).await;
     let md = env.list("machinedeployments")[0]["metadata"]["name"]
         .as_str()
         .expect("the MachineDeployment's name")
         .to_string();
-    machine_health_check(&env, &md).await;
+    machine_health_check(&env, &md, at).await;
     env.until(
         "Cluster API's MHC reports every Machine healthy",
         every_machine_health_checked,
@@ -380,7 +439,15 @@ async fn a_machine_health_check_replaces_an_unhealthy_node_once_on_real_cluster_
 /// replaces the `Ready=False` Node (its `NodeRepair` Event and count), Cluster API deleting the
 /// released Machine; one claim made for it.
 async fn without_a_machine_health_check_node_repair_replaces_it_on_real_cluster_api() {
-    let env = real_env(true).await;
+    node_repair_replaces_it(V1BETA2).await;
+}
+
+async fn without_a_machine_health_check_node_repair_replaces_it_on_real_cluster_api_v1beta1() {
+    node_repair_replaces_it(V1BETA1).await;
+}
+
+async fn node_repair_replaces_it(at: At) {
+    let env = real_env(true, at).await;
     let cluster = env.sim.cluster().clone();
     pods_bound(&env).await;
     let (sick, node) = busiest(&env);
@@ -424,7 +491,15 @@ const STAYS: &str = "tolerates-all";
 /// deletes it: Cluster API evicts nothing, not even the pod the controller's drain leaves (it
 /// tolerates `karpenter.sh/disrupted`), which goes with its Node.
 async fn a_claim_the_controller_drained_is_not_drained_again_by_cluster_api() {
-    let env = real_env(false).await;
+    controller_drained_claim(V1BETA2).await;
+}
+
+async fn a_claim_the_controller_drained_is_not_drained_again_by_cluster_api_v1beta1() {
+    controller_drained_claim(V1BETA1).await;
+}
+
+async fn controller_drained_claim(at: At) {
+    let env = real_env(false, at).await;
     let cluster = env.sim.cluster().clone();
     pods_bound(&env).await;
     let (claim, node) = busiest(&env);
@@ -478,7 +553,15 @@ async fn a_claim_the_controller_drained_is_not_drained_again_by_cluster_api() {
 /// Both skip a pod already terminating, so each pod is evicted once at most; the Machine is
 /// replaced once (the MachineSet's new Machine taken by the claim made for the pods).
 async fn a_machine_cluster_api_deletes_first_is_drained_once() {
-    let env = real_env(false).await;
+    machine_deleted_first(V1BETA2).await;
+}
+
+async fn a_machine_cluster_api_deletes_first_is_drained_once_v1beta1() {
+    machine_deleted_first(V1BETA1).await;
+}
+
+async fn machine_deleted_first(at: At) {
+    let env = real_env(false, at).await;
     let cluster = env.sim.cluster().clone();
     pods_bound(&env).await;
     let (claim, node) = busiest(&env);

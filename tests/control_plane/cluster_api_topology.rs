@@ -1,5 +1,6 @@
-//! A ClusterClass-managed cluster on Cluster API's real manager (v1.14.2, its topology
-//! controller on): worker MachineDeployments made by the topology controller from a
+//! A ClusterClass-managed cluster on Cluster API's real manager (v1.14.2 and v1.10.10, the
+//! same body at both, its topology controller on; the ClusterClass and Cluster are written in
+//! each version's shape by `sim::real::topology`): worker MachineDeployments made by the topology controller from a
 //! ClusterClass, carrying the autoscaler's min/max annotations and the capacity annotations in
 //! their topology metadata. An entry that leaves `replicas` unset is the controller's to scale,
 //! and the topology controller never fights it (no replica write undone, no Machine deleted or
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use karpenter_capi::api::wellknown::{MAX_SIZE_ANNOTATION, MEMBER_LABEL, MIN_SIZE_ANNOTATION};
 use karpenter_capi::capi::topology::DEPLOYMENT_NAME_LABEL;
-use karpenter_capi::controlplane::cluster_api::{MANAGER_USER, RELEASE_V1BETA2};
+use karpenter_capi::controlplane::cluster_api::{MANAGER_USER, RELEASE_V1BETA1, RELEASE_V1BETA2};
 use karpenter_capi::sim::real::topology::WORKER_CLASS;
 use serde_json::{Value, json};
 
@@ -22,6 +23,8 @@ pub fn tests() -> Vec<assets::Test> {
     trials![
         @actix a_clusterclass_topology_leaves_unset_replicas_to_the_controller_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix a_clusterclass_topology_leaves_unset_replicas_to_the_controller_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
     ]
 }
 
@@ -86,13 +89,29 @@ fn manager_md_writes_since(
 /// leaves the controller's replicas as they are. Emptied, the nodes are consolidated away and
 /// the topology does not bring their Machines back.
 async fn a_clusterclass_topology_leaves_unset_replicas_to_the_controller_on_real_cluster_api() {
+    topology_leaves_unset_replicas("v1beta2", RELEASE_V1BETA2).await;
+}
+
+async fn a_clusterclass_topology_leaves_unset_replicas_to_the_controller_on_real_cluster_api_v1beta1()
+ {
+    topology_leaves_unset_replicas("v1beta1", RELEASE_V1BETA1).await;
+}
+
+async fn topology_leaves_unset_replicas(version: &str, release: &str) {
     use crate::common::claims::fast_disruption;
     use crate::common::{Env, NS};
     use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::sim::cluster::PodShape;
 
-    let args = SimulateArgs::from_words(&["--control-plane", "real", "--cluster-api", "real"])
-        .expect("simulate's arguments");
+    let args = SimulateArgs::from_words(&[
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--cluster-api-version",
+        version,
+    ])
+    .expect("simulate's arguments");
     let env = Env::builder()
         .cluster(karpenter_capi::simulate::cluster_config(&args))
         .seeds(Vec::new())
@@ -101,7 +120,7 @@ async fn a_clusterclass_topology_leaves_unset_replicas_to_the_controller_on_real
         .start()
         .await;
     let cluster = env.sim.cluster().clone();
-    super::report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    super::report_names_real_cluster_api(&cluster, release);
     let apply_topology = || async {
         env.sim
             .run(|c| async move { c.ensure_topology_cluster(NS, CLUSTER, workers()).await })

@@ -30,6 +30,7 @@ use super::provider::{
     CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_VERSION, INFRA_GROUP, INFRA_VERSION, crd,
 };
 use crate::controlplane::cluster_api::established;
+use crate::sim::capi::CapiVersion;
 use crate::sim::standin::{Shutdown, log_retry, retry, spawn_watch, str_at};
 
 /// The bootstrap provider's group and version.
@@ -124,18 +125,20 @@ pub async fn kubernetes_version(client: &Client) -> String {
 }
 
 /// What the workload cluster `cluster` is made of: its namespace, Kubernetes version, the
-/// control-plane endpoint and kubeconfig its providers would give it.
+/// control-plane endpoint and kubeconfig its providers would give it, and the Cluster API
+/// version its ClusterClass and Cluster are written in.
 pub struct TopologyCluster<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub kubernetes_version: &'a str,
     pub workload_kubeconfig: &'a str,
+    pub capi_version: CapiVersion,
 }
 
 /// The ClusterClass [`CLASS`] with its four templates (a DevMachineTemplate for the workers),
 /// then the Cluster `cluster` on it with `workers` as its
 /// `spec.topology.workers.machineDeployments` and its `<cluster>-kubeconfig` Secret, as a user
-/// and the control-plane provider make them. Cluster API v1beta2 only. Idempotent.
+/// and the control-plane provider make them, at `cluster.capi_version`. Idempotent.
 pub async fn ensure_cluster(
     client: &Client,
     cluster: &TopologyCluster<'_>,
@@ -186,19 +189,34 @@ pub async fn ensure_cluster(
             .patch(name, &apply_params(), &Patch::Apply(&body))
             .await?;
     }
-    apply_class(client, ns).await?;
+    let version = cluster.capi_version;
+    let (class_ar, class) = class_of(version, ns);
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &class_ar)
+        .patch(CLASS, &apply_params(), &Patch::Apply(&class))
+        .await?;
     apply_kubeconfig(client, cluster).await?;
-    let ar = resource("cluster.x-k8s.io", "v1beta2", "Cluster", "clusters");
+    let ar = resource(
+        "cluster.x-k8s.io",
+        version_str(version),
+        "Cluster",
+        "clusters",
+    );
+    // v1beta1 names the class by a string, v1beta2 by a reference.
+    let class_field = match version {
+        CapiVersion::V1Beta1 => ("class", json!(CLASS)),
+        CapiVersion::V1Beta2 => ("classRef", json!({"name": CLASS})),
+    };
+    let mut topology = json!({
+        "version": cluster.kubernetes_version,
+        "workers": {"machineDeployments": workers},
+    });
+    topology[class_field.0] = class_field.1;
     let body = json!({
         "apiVersion": ar.api_version, "kind": "Cluster",
         "metadata": {"name": cluster.name, "namespace": ns},
         "spec": {
             "clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}},
-            "topology": {
-                "classRef": {"name": CLASS},
-                "version": cluster.kubernetes_version,
-                "workers": {"machineDeployments": workers},
-            },
+            "topology": topology,
         },
     });
     Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
@@ -207,12 +225,51 @@ pub async fn ensure_cluster(
     Ok(())
 }
 
-/// The ClusterClass: the cluster, control-plane and one worker class, each from its template.
-async fn apply_class(client: &Client, ns: &str) -> Result<(), kube::Error> {
-    let template = |group: &str, version: &str, kind: &str, name: &str| json!({"templateRef": {"apiVersion": format!("{group}/{version}"), "kind": kind, "name": name}});
+/// The API version Cluster API's own kinds are written in (v1.10.10 serves only v1beta1).
+fn version_str(version: CapiVersion) -> &'static str {
+    match version {
+        CapiVersion::V1Beta1 => "v1beta1",
+        CapiVersion::V1Beta2 => "v1beta2",
+    }
+}
+
+/// The ClusterClass at `version`, and its resource: the cluster, control-plane and one worker
+/// class, each from its template. v1beta1 refers to a template as `ref` (an object reference)
+/// and nests a worker class's two under `template`; v1beta2 uses `templateRef` and puts them
+/// beside the class name.
+fn class_of(version: CapiVersion, ns: &str) -> (ApiResource, Value) {
+    let template = |group: &str, version_of: &str, kind: &str, name: &str| {
+        let reference =
+            json!({"apiVersion": format!("{group}/{version_of}"), "kind": kind, "name": name});
+        match version {
+            CapiVersion::V1Beta1 => json!({"ref": reference}),
+            CapiVersion::V1Beta2 => json!({"templateRef": reference}),
+        }
+    };
+    let bootstrap = template(
+        BOOTSTRAP_GROUP,
+        BOOTSTRAP_VERSION,
+        "SimBootstrapConfigTemplate",
+        BOOTSTRAP_TEMPLATE,
+    );
+    let infrastructure = template(
+        INFRA_GROUP,
+        INFRA_VERSION,
+        "DevMachineTemplate",
+        WORKER_TEMPLATE,
+    );
+    let worker = match version {
+        CapiVersion::V1Beta1 => json!({
+            "class": WORKER_CLASS,
+            "template": {"bootstrap": bootstrap, "infrastructure": infrastructure},
+        }),
+        CapiVersion::V1Beta2 => json!({
+            "class": WORKER_CLASS, "bootstrap": bootstrap, "infrastructure": infrastructure,
+        }),
+    };
     let ar = resource(
         "cluster.x-k8s.io",
-        "v1beta2",
+        version_str(version),
         "ClusterClass",
         "clusterclasses",
     );
@@ -222,17 +279,10 @@ async fn apply_class(client: &Client, ns: &str) -> Result<(), kube::Error> {
         "spec": {
             "infrastructure": template(INFRA_GROUP, INFRA_VERSION, "DevClusterTemplate", INFRA_CLUSTER_TEMPLATE),
             "controlPlane": template(CONTROL_PLANE_GROUP, CONTROL_PLANE_VERSION, "SimControlPlaneTemplate", CONTROL_PLANE_TEMPLATE),
-            "workers": {"machineDeployments": [{
-                "class": WORKER_CLASS,
-                "bootstrap": template(BOOTSTRAP_GROUP, BOOTSTRAP_VERSION, "SimBootstrapConfigTemplate", BOOTSTRAP_TEMPLATE),
-                "infrastructure": template(INFRA_GROUP, INFRA_VERSION, "DevMachineTemplate", WORKER_TEMPLATE),
-            }]},
+            "workers": {"machineDeployments": [worker]},
         },
     });
-    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
-        .patch(CLASS, &apply_params(), &Patch::Apply(&body))
-        .await
-        .map(drop)
+    (ar, body)
 }
 
 /// The `<cluster>-kubeconfig` Secret Cluster API reaches the workload cluster with.
