@@ -7,7 +7,6 @@
 //! at kubernetes/autoscaler@35e8a280425c).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use crate::api::wellknown::GPU_COUNT_ANNOTATION;
 use crate::capi::annotations::{
@@ -208,7 +207,7 @@ pub fn cluster_paused(cluster: &kube::api::DynamicObject) -> bool {
 /// (Cluster API's `UpToDate` condition False), i.e. an older MachineSet still holds Machines,
 /// which is how the autoscaler recognises a rollout. OnDelete MachineDeployments never roll out
 /// on their own (their outdated Machines wait for a deletion), so they never count.
-pub fn mid_rollout(md: &MachineDeployment, machines: &[Arc<Machine>]) -> bool {
+pub fn mid_rollout(md: &MachineDeployment, machines: &[&Machine]) -> bool {
     !md.on_delete
         && machines
             .iter()
@@ -386,7 +385,7 @@ mod tests {
         assert_eq!(taints, ["dedicated=override:NoSchedule", "boot:NoExecute"]);
     }
 
-    fn machine(name: &str, up_to_date: &str) -> Arc<Machine> {
+    fn machine(name: &str, up_to_date: &str) -> std::sync::Arc<Machine> {
         let v = serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": "1",
@@ -395,7 +394,9 @@ mod tests {
                      "infrastructureRef": {"apiGroup": "infra", "kind": "K", "name": name}},
             "status": {"conditions": [{"type": "UpToDate", "status": up_to_date}]}
         });
-        Arc::new(Machine::from_value(&v, crate::capi::CapiVersion::V1Beta2).expect("a Machine"))
+        std::sync::Arc::new(
+            Machine::from_value(&v, crate::capi::CapiVersion::V1Beta2).expect("a Machine"),
+        )
     }
 
     #[test]
@@ -405,8 +406,13 @@ mod tests {
             "RollingUpdate"
         )));
         assert!(!paused(&md(serde_json::json!({}), "RollingUpdate")));
-        let fresh = [machine("a", "True"), machine("b", "True")];
-        let rolling = [machine("a", "True"), machine("b", "False")];
+        let (a, b, outdated) = (
+            machine("a", "True"),
+            machine("b", "True"),
+            machine("b", "False"),
+        );
+        let fresh = [&*a, &*b];
+        let rolling = [&*a, &*outdated];
         let rolling_update = md(serde_json::json!({}), "RollingUpdate");
         assert!(!mid_rollout(&rolling_update, &fresh));
         assert!(mid_rollout(&rolling_update, &rolling));

@@ -630,41 +630,17 @@ fn finish(method: Method, candidates: Vec<&Candidate>, outcome: Outcome) -> Comm
     command(method, candidates, replacements)
 }
 
-/// Upstream's eviction cost of one pod: 1, moved by its deletion cost and priority, clamped.
-pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 {
-    let mut cost = 1.0;
-    if let Some(d) = deletion_cost.and_then(|d| d.trim().parse::<f64>().ok())
-        && d.is_finite()
-    {
-        cost += d / 2f64.powi(27);
-    }
-    if let Some(p) = priority {
-        cost += f64::from(p) / 2f64.powi(25);
-    }
-    cost.clamp(-10.0, 10.0)
-}
-
-/// Upstream's eviction cost of `p`, from its `controller.kubernetes.io/pod-deletion-cost` and
-/// priority.
-pub fn pod_eviction_cost(p: &k8s_openapi::api::core::v1::Pod) -> f64 {
-    eviction_cost(
-        p.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("controller.kubernetes.io/pod-deletion-cost"))
-            .map(String::as_str),
-        p.spec.as_ref().and_then(|s| s.priority),
-    )
-}
+// A pod's eviction cost is kept in the pod index's summaries, so its rule lives there.
+pub use crate::state::pods::eviction_cost;
 
 /// Upstream's disruption cost of a claim: the eviction costs of the pods that move, times the
 /// share of the node's lifetime left.
 pub fn claim_disruption_cost(
     c: &crate::api::nodeclaim::NodeClaim,
-    moving: &[&std::sync::Arc<k8s_openapi::api::core::v1::Pod>],
+    moving: &[&crate::state::pods::PodSummary],
     now: jiff::Timestamp,
 ) -> f64 {
-    let evictions: f64 = moving.iter().map(|p| pod_eviction_cost(p)).sum();
+    let evictions: f64 = moving.iter().map(|p| p.eviction_cost()).sum();
     let age = c
         .metadata
         .creation_timestamp

@@ -1,10 +1,11 @@
 //! Machines and MachineDeployments of the management cluster, indexed the ways the actors ask:
 //! by MachineDeployment, by the NodeClaim a Machine is bound to, and by provider ID.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::shared::Shared;
 use super::versions::Freshness;
 use crate::api::wellknown::NODECLAIM_ANNOTATION;
 use crate::capi::model::{Machine, MachineDeployment};
@@ -47,16 +48,17 @@ pub fn deployment_key(m: &Machine) -> Option<String> {
 #[derive(Default)]
 pub struct Machines {
     by_key: HashMap<String, Arc<Machine>>,
-    by_md: HashMap<String, BTreeSet<String>>,
+    /// The Machines of each MachineDeployment (or MachinePool) in [`Turn`] order, kept so on
+    /// every change: the Scaler and the disruption pass read them on every replan and pass,
+    /// and sorting a copy each time was most of a burst's replan on a real control plane.
+    by_md: HashMap<String, BTreeMap<Turn, Arc<Machine>>>,
     /// claim name -> machine keys naming it (more than one is an invariant violation).
     by_claim: HashMap<String, BTreeSet<String>>,
     by_provider_id: HashMap<String, String>,
     /// When each Machine's provider ID was first observed (for the provider-ID-to-claim metric).
     provider_id_seen: HashMap<String, Instant>,
     /// One copy of each label set the Machines carry (those of one MachineSet are alike).
-    labels: HashSet<Arc<BTreeMap<String, String>>>,
-    /// How many label sets were left by the last sweep of unused ones.
-    labels_swept: usize,
+    labels: Shared<BTreeMap<String, String>>,
     fresh: Freshness,
     synced: bool,
 }
@@ -87,20 +89,13 @@ impl Machines {
     }
 
     /// Machines of one MachineDeployment, oldest first (ties by name), so FIFO binding is stable.
-    pub fn of_deployment(&self, md_key: &str) -> Vec<Arc<Machine>> {
-        let mut out: Vec<_> = self
-            .by_md
+    pub fn of_deployment(&self, md_key: &str) -> Vec<&Machine> {
+        self.by_md
             .get(md_key)
             .into_iter()
-            .flatten()
-            .filter_map(|k| self.by_key.get(k).cloned())
-            .collect();
-        out.sort_by(|a, b| {
-            a.creation_timestamp
-                .cmp(&b.creation_timestamp)
-                .then_with(|| a.name.cmp(&b.name))
-        });
-        out
+            .flat_map(BTreeMap::values)
+            .map(|m| &**m)
+            .collect()
     }
 
     /// The Machine bound to a claim, if exactly one is; `Err` lists them when several are.
@@ -149,8 +144,12 @@ impl Machines {
                 .or_insert_with(Instant::now);
         }
         let old = self.detach(&k);
+        let m = Arc::new(m);
         if let Some(md) = deployment_key(&m) {
-            self.by_md.entry(md).or_default().insert(k.clone());
+            self.by_md
+                .entry(md)
+                .or_default()
+                .insert(Turn::of(&m), m.clone());
         }
         if let Some(claim) = bound_claim(&m) {
             self.by_claim
@@ -161,25 +160,16 @@ impl Machines {
         if let Some(pid) = m.provider_id.as_deref() {
             self.by_provider_id.insert(pid.to_string(), k.clone());
         }
-        self.by_key.insert(k, Arc::new(m));
+        self.by_key.insert(k, m);
         old
     }
 
-    /// The index's copy of `labels`, kept from now on if it has none; label sets no Machine
-    /// uses any more are dropped once their number has doubled since the last sweep.
+    /// The index's copy of `labels`, kept from now on if it has none (see [`Shared`]).
     pub fn share_labels(
         &mut self,
         labels: Arc<BTreeMap<String, String>>,
     ) -> Arc<BTreeMap<String, String>> {
-        if let Some(known) = self.labels.get(&labels) {
-            return known.clone();
-        }
-        if self.labels.len() >= (self.labels_swept * 2).max(64) {
-            self.labels.retain(|l| Arc::strong_count(l) > 1);
-            self.labels_swept = self.labels.len();
-        }
-        self.labels.insert(labels.clone());
-        labels
+        self.labels.share(labels)
     }
 
     pub fn remove(&mut self, k: &str) -> Option<Arc<Machine>> {
@@ -194,8 +184,13 @@ impl Machines {
             self.provider_id_seen
                 .retain(|key, _| key == k || self.by_key.contains_key(key));
         }
-        if let Some(md) = deployment_key(&old) {
-            prune(&mut self.by_md, &md, k);
+        if let Some(md) = deployment_key(&old)
+            && let Some(of_md) = self.by_md.get_mut(&md)
+        {
+            of_md.remove(&Turn::of(&old));
+            if of_md.is_empty() {
+                self.by_md.remove(&md);
+            }
         }
         if let Some(claim) = bound_claim(&old) {
             prune(&mut self.by_claim, claim, k);
@@ -237,6 +232,25 @@ impl Machines {
             .filter(|(_, ms)| ms.len() > 1)
             .map(|(c, ms)| (c.clone(), ms.iter().cloned().collect()))
             .collect()
+    }
+}
+
+/// A Machine's place among its MachineDeployment's: oldest first, then by name (the namespace
+/// only makes the order total: a MachineDeployment's Machines share its namespace).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Turn {
+    created: Option<jiff::Timestamp>,
+    name: String,
+    namespace: String,
+}
+
+impl Turn {
+    fn of(m: &Machine) -> Self {
+        Self {
+            created: m.creation_timestamp,
+            name: m.name.clone(),
+            namespace: m.namespace.clone(),
+        }
     }
 }
 
@@ -480,6 +494,53 @@ mod tests {
             idx.get("ns/m2").and_then(|m| m.deployment_name.clone()),
             Some("md".to_string())
         );
+    }
+
+    /// A Machine of MachineDeployment `md`, created at `created` (seconds).
+    fn member(name: &str, md: &str, created: i64) -> Machine {
+        let mut m = machine("1", None);
+        m.name = name.into();
+        m.deployment_name = Some(md.into());
+        m.creation_timestamp = jiff::Timestamp::from_second(created).ok();
+        m
+    }
+
+    fn names(idx: &Machines, md: &str) -> Vec<String> {
+        idx.of_deployment(md)
+            .iter()
+            .map(|m| m.name.clone())
+            .collect()
+    }
+
+    #[test]
+    fn machines_of_a_deployment_stay_oldest_first_through_apply_delete_and_relist() {
+        let mut idx = Machines::default();
+        for (name, created) in [("c", 20), ("b", 10), ("a", 20), ("d", 5)] {
+            idx.apply(member(name, "md", created));
+        }
+        idx.apply(member("x", "other", 1));
+        // Oldest first, ties by name.
+        assert_eq!(names(&idx, "ns/md"), ["d", "b", "a", "c"]);
+        // An update keeps one entry in its place, and reads back new.
+        let mut updated = member("b", "md", 10);
+        updated.resource_version = "2".into();
+        updated.provider_id = Some("p://b".into());
+        idx.apply(updated);
+        assert_eq!(names(&idx, "ns/md"), ["d", "b", "a", "c"]);
+        assert!(idx.of_deployment("ns/md")[1].provider_id.is_some());
+        // A Machine that moves to another MachineDeployment leaves the first.
+        idx.apply(member("a", "other", 20));
+        assert_eq!(names(&idx, "ns/md"), ["d", "b", "c"]);
+        assert_eq!(names(&idx, "ns/other"), ["x", "a"]);
+        idx.remove("ns/d");
+        assert_eq!(names(&idx, "ns/md"), ["b", "c"]);
+        // A re-list keeps only what it lists, in order.
+        idx.replace_all(vec![member("e", "md", 30), member("c", "md", 20)]);
+        assert_eq!(names(&idx, "ns/md"), ["c", "e"]);
+        assert!(idx.of_deployment("ns/other").is_empty());
+        idx.remove("ns/c");
+        idx.remove("ns/e");
+        assert!(idx.by_md.is_empty(), "no empty MachineDeployment is kept");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod pods;
 pub mod preflight;
 pub mod registration_health;
 pub mod reschedulable;
+pub mod shared;
 pub mod storage;
 pub mod trim;
 pub mod versions;

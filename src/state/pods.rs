@@ -1,7 +1,7 @@
 //! Pods of the workload cluster: the provisionable ones (what the provisioner packs) and the
 //! bound ones by node (what already uses each node's room).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -9,9 +9,13 @@ use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::ResourceExt;
 
 use super::compact::Patched;
+use super::shared::Shared;
 use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
 use crate::scheduling::selector::tolerates;
+
+mod summary;
+pub use summary::PodSummary;
 
 pub fn key(p: &Pod) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
@@ -71,33 +75,87 @@ pub fn is_reschedulable(p: &Pod) -> bool {
 /// matters: active, not tolerating the disrupted taint, not static, and not `do-not-disrupt` now
 /// (those are waited for, not evicted).
 pub fn is_evictable(p: &Pod, now: Timestamp) -> bool {
-    is_active(p)
-        && !tolerates_disrupted(p)
-        && !is_mirror_pod(p)
-        && !owned_by(p, "Node")
-        && !do_not_disrupt(p, now)
+    evictable_unless_protected(p) && !do_not_disrupt(p, now)
+}
+
+/// [`is_evictable`] but for `do-not-disrupt`, the one part that changes with time alone.
+pub fn evictable_unless_protected(p: &Pod) -> bool {
+    is_active(p) && !tolerates_disrupted(p) && !is_mirror_pod(p) && !owned_by(p, "Node")
 }
 
 /// `karpenter.sh/do-not-disrupt`: "true", or a duration ("30m") still running since the pod
 /// started. An invalid value protects nothing (as upstream treats it); see `invalid_do_not_disrupt`.
 pub fn do_not_disrupt(pod: &Pod, now: Timestamp) -> bool {
-    let Some(v) = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION) else {
-        return false;
-    };
-    if v == "true" {
-        return true;
+    do_not_disrupt_protection(pod).is_some_and(|p| p.holds_at(now))
+}
+
+/// How long `karpenter.sh/do-not-disrupt` protects a pod: read from the pod alone, so the
+/// index can keep it (see [`PodSummary`]) and only `now` is asked later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protection {
+    /// "true"; or a duration on a pod not started yet (protected until it has run for the
+    /// duration), or one too long to add to its start time.
+    Always,
+    /// A duration running since the pod started: protected before this instant.
+    Until(Timestamp),
+}
+
+impl Protection {
+    pub fn holds_at(self, now: Timestamp) -> bool {
+        match self {
+            Protection::Always => true,
+            Protection::Until(until) => now < until,
+        }
     }
-    let Ok(d) = crate::api::duration::parse(v) else {
-        return false;
-    };
+}
+
+/// The pod's [`Protection`], None when it has none (no annotation, or an invalid value).
+pub fn do_not_disrupt_protection(pod: &Pod) -> Option<Protection> {
+    let v = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION)?;
+    if v == "true" {
+        return Some(Protection::Always);
+    }
+    let d = crate::api::duration::parse(v).ok()?;
     let Some(started) = pod.status.as_ref().and_then(|s| s.start_time.as_ref()) else {
-        // Not started: protected until it has run for the duration.
-        return true;
+        return Some(Protection::Always);
     };
-    jiff::SignedDuration::try_from(d)
+    let until = jiff::SignedDuration::try_from(d)
         .ok()
-        .and_then(|d| started.0.checked_add(d).ok())
-        .is_none_or(|until| now < until)
+        .and_then(|d| started.0.checked_add(d).ok());
+    Some(until.map_or(Protection::Always, Protection::Until))
+}
+
+/// Upstream's eviction cost of one pod: 1, moved by its deletion cost and priority, clamped.
+pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 {
+    let mut cost = 1.0;
+    if let Some(d) = deletion_cost.and_then(|d| d.trim().parse::<f64>().ok())
+        && d.is_finite()
+    {
+        cost += d / 2f64.powi(27);
+    }
+    if let Some(p) = priority {
+        cost += f64::from(p) / 2f64.powi(25);
+    }
+    cost.clamp(-10.0, 10.0)
+}
+
+/// Upstream's eviction cost of `p`, from its `controller.kubernetes.io/pod-deletion-cost` and
+/// priority.
+pub fn pod_eviction_cost(p: &Pod) -> f64 {
+    eviction_cost(
+        p.annotations()
+            .get("controller.kubernetes.io/pod-deletion-cost")
+            .map(String::as_str),
+        p.spec.as_ref().and_then(|s| s.priority),
+    )
+}
+
+/// The pod's `Ready` condition is False (upstream's test for an unhealthy pod; Unknown is not).
+pub fn not_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "False"))
 }
 
 /// A do-not-disrupt value that is neither "true" nor a duration: the reason to report on the pod.
@@ -227,6 +285,8 @@ pub fn is_provisionable(p: &Pod) -> bool {
 /// bound pod is kept beside it, so they never decode.
 struct Entry {
     stored: Stored,
+    /// What a disruption pass reads of it.
+    summary: PodSummary,
     /// The node it counts on (bound and not terminal): its requests are in `requested`. The
     /// name is shared with `by_node`'s key (one copy per node, not per pod).
     node: Option<Arc<str>>,
@@ -359,6 +419,8 @@ pub struct Pods {
     prototypes: HashMap<Box<str>, Arc<serde_json::Value>>,
     /// How many prototypes were left by the last sweep of unused ones.
     prototypes_swept: usize,
+    /// The label sets of the summaries, one copy each.
+    labels: Shared<BTreeMap<String, String>>,
     synced: bool,
 }
 
@@ -396,12 +458,23 @@ impl Pods {
             .collect()
     }
 
+    /// What [`Pods::on_node`] returns, as summaries (nothing decoded).
+    pub fn summaries_on(&self, node: &str) -> Vec<&PodSummary> {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.by_key.get(k))
+            .map(|e| &e.summary)
+            .collect()
+    }
+
     /// How many pods on a node need a new home if it goes ([`is_reschedulable`]): what
     /// `karpenter_pods_disruption_initiated_total` adds when the node's claim is disrupted.
     pub fn reschedulable_on_node(&self, node: &str) -> usize {
-        self.on_node(node)
+        self.summaries_on(node)
             .iter()
-            .filter(|p| is_reschedulable(p))
+            .filter(|p| p.is_reschedulable())
             .count()
     }
 
@@ -491,6 +564,7 @@ impl Pods {
         let pod_terms = has_pod_terms(&p);
         self.with_terms += usize::from(pod_terms);
         let host_ports = has_host_ports(&p);
+        let summary = PodSummary::new(k.clone(), &p, self.labels.share_ref(p.labels()));
         let stored = match provisionable {
             true => Stored::Whole(Arc::new(p)),
             false => self.pack(p),
@@ -515,6 +589,7 @@ impl Pods {
             k.clone(),
             Entry {
                 stored,
+                summary,
                 node,
                 host_ports,
                 pod_terms,
@@ -631,6 +706,7 @@ impl Pods {
         self.daemon_pods.clear();
         self.prototypes.clear();
         self.prototypes_swept = 0;
+        self.labels.clear();
         for p in pods {
             self.apply(p);
         }

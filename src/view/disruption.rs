@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
@@ -21,11 +21,11 @@ use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL,
 };
 use crate::capi::model::MachineDeployment;
-use crate::disruption::{self, Allowed, Candidate, Drift, consolidation::reschedulable, drift};
+use crate::disruption::{self, Allowed, Candidate, Drift, drift};
 use crate::scheduling::Snapshot;
 use crate::state::claims::{recorded_deployment, recorded_instance};
 use crate::state::compact::CompactNode;
-use crate::state::pods;
+use crate::state::pods::PodSummary;
 use crate::state::{MachineDeployments, Machines, Nodes, Pods};
 
 mod budget;
@@ -179,7 +179,7 @@ struct Worth<'p> {
     /// What its pool pays for it (NodeOverlays may price the offering for that pool alone).
     price: f64,
     /// The pods a disruption would move.
-    moving: Vec<&'p Arc<Pod>>,
+    moving: Vec<&'p PodSummary>,
     reschedule_cost: f64,
     /// `consolidateAfter` has passed, before anything else holds consolidation back.
     consolidatable: bool,
@@ -200,7 +200,8 @@ impl<'a> Pass<'a> {
             view.unknown_group.push((c.clone(), why));
         }
         let group = self.deployments.get(w.md);
-        let on_node = self.pods.on_node(w.node.name());
+        // Summaries, not pods: this runs for every node on every pass.
+        let on_node = self.pods.summaries_on(w.node.name());
         let worth = self.worth(&w, group.as_deref(), &on_node);
         let totals = self.totals.entry(w.pool.clone()).or_default();
         totals.0 += worth.price;
@@ -365,9 +366,13 @@ impl<'a> Pass<'a> {
         &self,
         w: &Weighable<'a>,
         group: Option<&MachineDeployment>,
-        on_node: &'p [Arc<Pod>],
+        on_node: &[&'p PodSummary],
     ) -> Worth<'p> {
-        let moving: Vec<&Arc<Pod>> = on_node.iter().filter(|p| reschedulable(p)).collect();
+        let moving: Vec<&PodSummary> = on_node
+            .iter()
+            .copied()
+            .filter(|p| p.is_reschedulable())
+            .collect();
         Worth {
             drift: self.drift(w, group),
             price: self
@@ -424,7 +429,7 @@ impl<'a> Pass<'a> {
         w: &Weighable<'a>,
         group: Option<&MachineDeployment>,
         worth: &Worth<'_>,
-        on_node: &[Arc<Pod>],
+        on_node: &[&PodSummary],
     ) -> Result<bool, String> {
         // An operator's pause holds every voluntary disruption of the pool, as Cluster API's
         // pause (`deployment_holds`) holds its groups' nodes: filed as blocked, with the reason.
@@ -495,7 +500,7 @@ impl<'a> Pass<'a> {
         &self,
         c: &NodeClaim,
         drift: Option<Drift>,
-        on_node: &[Arc<Pod>],
+        on_node: &[&PodSummary],
     ) -> Result<bool, String> {
         let Some(why) = pods_protected(on_node, &self.pdbs, self.mem.now) else {
             return Ok(false);
@@ -562,7 +567,7 @@ fn candidate(
             .get(CAPACITY_TYPE_LABEL)
             .cloned()
             .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
-        pods: worth.moving.iter().map(|p| pods::key(p)).collect(),
+        pods: worth.moving.iter().map(|p| p.key().to_string()).collect(),
         disruption_cost: disruption::claim_disruption_cost(c, &worth.moving, now),
         drift: worth.drift,
         consolidatable: worth.consolidatable && may_consolidate,
@@ -653,10 +658,10 @@ fn selected_by_nodeclass(
 
 /// Upstream's reschedule disruption cost: 1 for the node itself, plus each moving pod's
 /// eviction cost where it is positive.
-fn reschedule_cost(moving: &[&Arc<Pod>]) -> f64 {
+fn reschedule_cost(moving: &[&PodSummary]) -> f64 {
     1.0 + moving
         .iter()
-        .map(|p| disruption::pod_eviction_cost(p).max(0.0))
+        .map(|p| p.eviction_cost().max(0.0))
         .sum::<f64>()
 }
 

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 
@@ -14,7 +13,7 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
 use crate::scheduling::selector::Selector;
 use crate::state::compact::CompactNode;
-use crate::state::pods;
+use crate::state::pods::PodSummary;
 
 /// `do-not-disrupt: "true"` on the claim or its Node.
 pub(super) fn node_protected(c: &NodeClaim, node: &CompactNode) -> Option<String> {
@@ -36,22 +35,22 @@ pub(super) fn node_protected(c: &NodeClaim, node: &CompactNode) -> Option<String
 
 /// A pod that blocks the node's eviction: do-not-disrupt, or a PodDisruptionBudget.
 pub(super) fn pods_protected(
-    on_node: &[Arc<Pod>],
+    on_node: &[&PodSummary],
     pdbs: &PdbIndex,
     now: Timestamp,
 ) -> Option<String> {
     // Upstream's `IsDisruptable`: an active pod (DaemonSet and static ones included) whose
     // do-not-disrupt is "true" or a duration still running since it started.
-    for p in on_node.iter().filter(|p| pods::is_active(p)) {
-        if pods::do_not_disrupt(p, now) {
+    for p in on_node.iter().filter(|p| p.is_active()) {
+        if p.do_not_disrupt(now) {
             return Some(format!(
                 "pod {} has the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation",
-                pods::key(p)
+                p.key()
             ));
         }
     }
     // Upstream's `CanEvictPods`: every pod a drain would evict, DaemonSet pods included.
-    for p in on_node.iter().filter(|p| pods::is_evictable(p, now)) {
+    for p in on_node.iter().filter(|p| p.is_evictable(now)) {
         if let Some(why) = pdbs.blocks(p) {
             return Some(why);
         }
@@ -108,11 +107,11 @@ impl PdbIndex {
 
     /// Upstream's rule: a pod whose PodDisruptionBudget allows no disruption now, or that more
     /// than one budget selects (the Eviction API refuses those), blocks its node.
-    fn blocks(&self, p: &Pod) -> Option<String> {
-        let ns = p.namespace().unwrap_or_default();
+    fn blocks(&self, p: &PodSummary) -> Option<String> {
+        let ns = p.namespace();
         let matching: Vec<&Budget> = self
             .by_ns
-            .get(&ns)
+            .get(ns)
             .map(|v| {
                 v.iter()
                     .filter(|b| b.selector.matches(p.labels()))
@@ -121,26 +120,18 @@ impl PdbIndex {
             .unwrap_or_default();
         match matching.as_slice() {
             [] => None,
-            [b] if b.always_allow_unhealthy && not_ready(p) => None,
+            [b] if b.always_allow_unhealthy && p.not_ready() => None,
             [b] if b.disruptions_allowed <= 0 => Some(format!(
                 "PodDisruptionBudget {ns}/{} prevents evicting pod {}",
                 b.name,
-                pods::key(p)
+                p.key()
             )),
             [_] => None,
             many => Some(format!(
                 "pod {} is selected by {} PodDisruptionBudgets",
-                pods::key(p),
+                p.key(),
                 many.len()
             )),
         }
     }
-}
-
-/// The pod's `Ready` condition is False (upstream's test for an unhealthy pod; Unknown is not).
-fn not_ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "False"))
 }

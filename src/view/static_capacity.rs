@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::Inputs;
@@ -22,7 +21,7 @@ use crate::api::resources::Quantity;
 use crate::api::wellknown::{DISRUPTED_TAINT_KEY, NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
 use crate::disruption;
 use crate::state::claims::provider_id;
-use crate::state::pods;
+use crate::state::pods::PodSummary;
 
 /// One running claim of a static pool, as scale-down weighs it.
 #[derive(Clone, Debug)]
@@ -111,8 +110,8 @@ pub fn counts(
             count.disrupting += 1;
             continue;
         }
-        let on_node: Vec<Arc<Pod>> = node
-            .map(|n| pod_index.on_node(n.name()))
+        let on_node: Vec<&PodSummary> = node
+            .map(|n| pod_index.summaries_on(n.name()))
             .unwrap_or_default();
         count.running.push(member(&c, &on_node, now));
     }
@@ -124,16 +123,17 @@ fn ours(np: &NodePool) -> bool {
     r.group == NODECLASS_GROUP && r.kind == NODECLASS_KIND
 }
 
-fn member(c: &NodeClaim, on_node: &[Arc<Pod>], now: Timestamp) -> Member {
-    let do_not_disrupt = on_node.iter().any(|p| pods::do_not_disrupt(p, now));
-    let moving: Vec<&Arc<Pod>> = on_node
+fn member(c: &NodeClaim, on_node: &[&PodSummary], now: Timestamp) -> Member {
+    let do_not_disrupt = on_node.iter().any(|p| p.do_not_disrupt(now));
+    let moving: Vec<&PodSummary> = on_node
         .iter()
-        .filter(|p| disruption::consolidation::reschedulable(p))
+        .copied()
+        .filter(|p| p.is_reschedulable())
         .collect();
     Member {
         claim: c.name_any(),
         launched: provider_id(c).is_some(),
-        empty: !do_not_disrupt && on_node.iter().all(|p| pods::is_daemonset_pod(p)),
+        empty: !do_not_disrupt && on_node.iter().all(|p| p.is_daemonset()),
         do_not_disrupt,
         cost: disruption::claim_disruption_cost(c, &moving, now),
     }

@@ -18,7 +18,7 @@ use crate::state::machines::{bound_claim, claimed_elsewhere, key, released_elsew
 
 /// The live Machines among `machines` that a claim names with `cluster.x-k8s.io/machine` while
 /// no binding of ours does: machine key to claim name.
-pub fn adopted(machines: &[std::sync::Arc<Machine>], claims: &Claims) -> BTreeMap<String, String> {
+pub fn adopted(machines: &[&Machine], claims: &Claims) -> BTreeMap<String, String> {
     let wanted: HashSet<String> = machines
         .iter()
         .filter(|m| m.deletion_timestamp.is_none() && !released_elsewhere(m))
@@ -53,14 +53,15 @@ pub(super) fn unplaced(c: &NodeClaim) -> bool {
 pub fn managed_at_adoption(
     md: &MachineDeployment,
     md_key: &str,
-    machines: &[std::sync::Arc<Machine>],
+    machines: &[&Machine],
     claims: &Claims,
 ) -> Option<i32> {
     if md.annotations.contains_key(MANAGED_REPLICAS_ANNOTATION) {
         return None;
     }
-    let live: Vec<&std::sync::Arc<Machine>> = machines
+    let live: Vec<&Machine> = machines
         .iter()
+        .copied()
         .filter(|m| m.deletion_timestamp.is_none() && !released_elsewhere(m))
         .collect();
     if !live.iter().any(|m| claimed_elsewhere(m)) {

@@ -249,3 +249,166 @@ fn reschedulable_pods_of_a_node_leave_daemonset_and_static_pods_out() {
     assert_eq!(idx.reschedulable_on_node("n2"), 1);
     assert_eq!(idx.reschedulable_on_node("gone"), 0);
 }
+
+/// Every fact of `s` is what the rule in this module says of `p` (the summary's one promise).
+fn assert_summarises(s: &PodSummary, p: &Pod, at: &[Timestamp]) {
+    assert_eq!(s.key(), key(p));
+    assert_eq!(s.namespace(), p.namespace().unwrap_or_default());
+    assert_eq!(s.labels(), p.labels());
+    assert_eq!(s.is_active(), is_active(p), "{}", s.key());
+    assert_eq!(s.is_reschedulable(), is_reschedulable(p), "{}", s.key());
+    assert_eq!(s.is_daemonset(), is_daemonset_pod(p), "{}", s.key());
+    assert_eq!(s.not_ready(), not_ready(p), "{}", s.key());
+    assert_eq!(s.eviction_cost(), pod_eviction_cost(p), "{}", s.key());
+    for now in at {
+        assert_eq!(
+            s.do_not_disrupt(*now),
+            do_not_disrupt(p, *now),
+            "{} at {now}",
+            s.key()
+        );
+        assert_eq!(
+            s.is_evictable(*now),
+            is_evictable(p, *now),
+            "{} at {now}",
+            s.key()
+        );
+    }
+}
+
+#[test]
+fn summaries_follow_their_pods_through_updates_moves_and_deletes() {
+    let at: Vec<Timestamp> = [
+        "2026-01-01T10:00:00Z",
+        "2026-01-01T10:29:00Z",
+        "2026-01-01T11:00:00Z",
+    ]
+    .iter()
+    .map(|t| t.parse().unwrap())
+    .collect();
+    let bound = |name: &str, node: &str, extra: serde_json::Value| {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ns", "labels": {"app": "web"}},
+            "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+            "status": {"phase": "Running", "startTime": "2026-01-01T10:00:00Z",
+                       "conditions": [{"type": "Ready", "status": "True"}]}
+        });
+        json_patch_merge(&mut v, extra);
+        serde_json::from_value::<Pod>(v).unwrap()
+    };
+    let pods = [
+        bound("plain", "n1", json!({})),
+        bound(
+            "for-30m",
+            "n1",
+            json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "30m"}}}),
+        ),
+        bound(
+            "invalid",
+            "n1",
+            json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: "soon"}}}),
+        ),
+        bound(
+            "costly",
+            "n1",
+            json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "100"}},
+                                     "spec": {"priority": 1000}}),
+        ),
+        bound(
+            "unready",
+            "n1",
+            json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+        ),
+        bound(
+            "tolerant",
+            "n1",
+            json!({"spec": {"tolerations": [{"key": DISRUPTED_TAINT_KEY, "operator": "Exists"}]}}),
+        ),
+        bound(
+            "ds",
+            "n1",
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                 "name": "d", "uid": "u", "controller": true}]}}),
+        ),
+        bound(
+            "sts-going",
+            "n1",
+            json!({"metadata": {"deletionTimestamp": "2026-01-01T10:00:00Z",
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "s", "uid": "s"}]}}),
+        ),
+    ];
+    let mut idx = Pods::default();
+    for p in &pods {
+        idx.apply(p.clone());
+    }
+    let check = |idx: &Pods, node: &str| {
+        let summaries = idx.summaries_on(node);
+        let decoded = idx.on_node(node);
+        assert_eq!(summaries.len(), decoded.len(), "{node}");
+        for p in decoded {
+            let s = summaries.iter().find(|s| s.key() == key(&p));
+            assert_summarises(s.expect("a summary for every pod"), &p, &at);
+        }
+    };
+    check(&idx, "n1");
+    assert_eq!(idx.summaries_on("n1").len(), pods.len());
+    // Pods of one template share one copy of their labels.
+    let summaries = idx.summaries_on("n1");
+    assert!(
+        summaries
+            .windows(2)
+            .all(|w| std::ptr::eq(w[0].labels(), w[1].labels()))
+    );
+    // An update: protected now, other labels, another node.
+    idx.apply(bound(
+        "plain",
+        "n2",
+        json!({"metadata": {"labels": {"app": "api"},
+        "annotations": {DO_NOT_DISRUPT_ANNOTATION: "true"}}}),
+    ));
+    check(&idx, "n1");
+    check(&idx, "n2");
+    let moved = idx.summaries_on("n2");
+    assert_eq!(moved.len(), 1);
+    assert!(moved[0].do_not_disrupt(at[2]));
+    assert_eq!(
+        moved[0].labels().get("app").map(String::as_str),
+        Some("api")
+    );
+    // A terminal pod leaves its node's summaries; a deleted one leaves them too.
+    idx.apply(bound(
+        "costly",
+        "n1",
+        json!({"status": {"phase": "Succeeded"}}),
+    ));
+    assert!(idx.remove("ns/ds"));
+    check(&idx, "n1");
+    assert_eq!(idx.summaries_on("n1").len(), pods.len() - 3);
+    assert_eq!(idx.reschedulable_on_node("n1"), 5);
+    idx.remove("ns/plain");
+    assert!(idx.summaries_on("n2").is_empty());
+}
+
+#[test]
+fn do_not_disrupt_protects_for_its_duration_from_the_pod_start() {
+    let dnd = |value: &str, started: Option<&str>| {
+        let mut p = pod(json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: value}}}));
+        if let (Some(s), Some(t)) = (p.status.as_mut(), started) {
+            s.start_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                t.parse().unwrap(),
+            ));
+        }
+        do_not_disrupt_protection(&p)
+    };
+    let t = |s: &str| s.parse::<Timestamp>().unwrap();
+    assert_eq!(dnd("true", None), Some(Protection::Always));
+    assert_eq!(dnd("30m", None), Some(Protection::Always));
+    assert_eq!(
+        dnd("30m", Some("2026-01-01T10:00:00Z")),
+        Some(Protection::Until(t("2026-01-01T10:30:00Z")))
+    );
+    assert_eq!(dnd("false", Some("2026-01-01T10:00:00Z")), None);
+    let until = Protection::Until(t("2026-01-01T10:30:00Z"));
+    assert!(until.holds_at(t("2026-01-01T10:29:59Z")));
+    assert!(!until.holds_at(t("2026-01-01T10:30:00Z")));
+}

@@ -31,7 +31,7 @@ pub(super) fn deployment_hold(
     md: &MachineDeployment,
     cluster_paused: bool,
     replicas_held: Option<String>,
-    machines: &[Arc<Machine>],
+    machines: &[&Machine],
 ) -> Option<Hold> {
     if let Some(why) = replicas_held {
         return Some(Hold::Paused(format!("its {}: {why}", md.scalable())));
@@ -189,7 +189,7 @@ impl Rollout {
 /// in its own reconcile while the new MachineSet already creates fresh ones, so until then the
 /// claims seen outdated are only some of those its rollout deletes, and pairing the first fresh
 /// Machine with one of them could foresee the wrong one (the rollout deletes in its own order).
-fn marks_complete(machines: &[Arc<Machine>]) -> bool {
+fn marks_complete(machines: &[&Machine]) -> bool {
     let sets: HashSet<Option<&String>> = machines
         .iter()
         .filter(|m| m.up_to_date == Some(true) && !m.is_deleting())

@@ -1,3 +1,4 @@
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 use super::*;
@@ -11,7 +12,9 @@ fn protected(
     pdbs: &PdbIndex,
     now: Timestamp,
 ) -> Option<String> {
-    node_protected(c, node).or_else(|| pods_protected(on_node, pdbs, now))
+    let summaries: Vec<PodSummary> = on_node.iter().map(|p| PodSummary::of(p)).collect();
+    let summaries: Vec<&PodSummary> = summaries.iter().collect();
+    node_protected(c, node).or_else(|| pods_protected(&summaries, pdbs, now))
 }
 
 fn at(t: &str) -> Timestamp {
