@@ -63,6 +63,10 @@ pub struct Machines {
     synced: bool,
 }
 
+/// How many provider-ID times of Machines that are gone may be kept beyond the live ones'
+/// before they are swept.
+const PROVIDER_ID_SEEN_SLACK: usize = 64;
+
 impl Machines {
     pub fn provider_id_seen(&self, key: &str) -> Option<Instant> {
         self.provider_id_seen.get(key).copied()
@@ -180,7 +184,11 @@ impl Machines {
     /// Take a Machine out of every index (before re-inserting it, or for good).
     fn detach(&mut self, k: &str) -> Option<Arc<Machine>> {
         let old = self.by_key.remove(k)?;
-        if self.by_key.len() < self.provider_id_seen.len() {
+        // Times of Machines that are gone are dropped in one pass once they are as many as
+        // the live ones (and `k`'s kept: it may be re-inserted). A pass on every detach cost a
+        // hash of every key on every Machine update once all had provider IDs: quadratic in a
+        // burst.
+        if self.provider_id_seen.len() > 2 * self.by_key.len() + PROVIDER_ID_SEEN_SLACK {
             self.provider_id_seen
                 .retain(|key, _| key == k || self.by_key.contains_key(key));
         }
@@ -494,6 +502,41 @@ mod tests {
             idx.get("ns/m2").and_then(|m| m.deployment_name.clone()),
             Some("md".to_string())
         );
+    }
+
+    /// Provider-ID times of deleted Machines are swept, in bulk: updates of live Machines
+    /// keep every time (the metric reads them once the claim learns its provider ID), and the
+    /// times kept never outnumber twice the live Machines plus the slack.
+    #[test]
+    fn provider_id_times_survive_updates_and_are_swept_after_deletions() {
+        let mut idx = Machines::default();
+        let with_pid = |name: &str, rv: &str| {
+            let mut m = member(name, "md", 1);
+            m.resource_version = rv.into();
+            m.provider_id = Some(format!("sim://{name}"));
+            m
+        };
+        let n = 200;
+        for i in 0..n {
+            idx.apply(with_pid(&format!("m{i}"), "1"));
+        }
+        let first = idx.provider_id_seen("ns/m0");
+        for i in 0..n {
+            idx.apply(with_pid(&format!("m{i}"), "2"));
+        }
+        assert_eq!(
+            idx.provider_id_seen("ns/m0"),
+            first,
+            "an update keeps the time"
+        );
+        assert_eq!(idx.provider_id_seen.len(), n);
+        for i in 0..n - 10 {
+            idx.remove(&format!("ns/m{i}"));
+            assert!(
+                idx.provider_id_seen.len() <= 2 * idx.by_key.len() + PROVIDER_ID_SEEN_SLACK + 1
+            );
+        }
+        assert!(idx.provider_id_seen(&format!("ns/m{}", n - 1)).is_some());
     }
 
     /// A Machine of MachineDeployment `md`, created at `created` (seconds).
