@@ -953,3 +953,129 @@ async fn deployments_replace_evicted_pods_and_scale_down() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(live().await.len(), 1);
 }
+
+/// The `Paused` condition of `obj` as (status, reason, message), where Cluster API keeps its
+/// v1beta2 conditions in `v`.
+fn paused_condition(obj: &DynamicObject, v: CapiVersion) -> Option<(String, String, String)> {
+    let path = match v {
+        CapiVersion::V1Beta1 => "/status/v1beta2/conditions",
+        CapiVersion::V1Beta2 => "/status/conditions",
+    };
+    let c = obj
+        .data
+        .pointer(path)?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Paused")?;
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
+/// As Cluster API's controllers (`EnsurePausedCondition`): every MachineDeployment and
+/// MachineSet reports `Paused` False (`NotPaused`); `spec.paused` on their Cluster turns it
+/// True (`Paused`, "Cluster spec.paused is set to true") and holds them (raised replicas make
+/// no Machine); lifting it turns it False again.
+async fn paused_cluster_sets_and_clears_the_paused_condition(v: CapiVersion) {
+    let cluster = SimCluster::start(fast(v)).await.unwrap();
+    let client = cluster.client();
+    cluster
+        .create_machine_deployment_from(&seed("md-paused", 1))
+        .await
+        .unwrap();
+    running(&cluster, "md-paused", 1).await;
+    let mds: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &v.machine_deployment());
+    let sets: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &v.machine_set());
+    let by_md = ListParams::default().labels(&format!("{DEPLOYMENT_NAME_LABEL}=md-paused"));
+    let conditions = || async {
+        let md = mds.get("md-paused").await.unwrap();
+        let mut all = vec![paused_condition(&md, v)];
+        for ms in sets.list(&by_md).await.unwrap().items {
+            all.push(paused_condition(&ms, v));
+        }
+        all
+    };
+    let all_are = |status: &'static str, reason: &'static str, message: &'static str| {
+        let conditions = &conditions;
+        async move {
+            let all = conditions().await;
+            let want = Some((status.to_string(), reason.to_string(), message.to_string()));
+            (all.len() >= 2 && all.iter().all(|c| *c == want)).then_some(())
+        }
+    };
+    eventually(
+        "Paused False on the MachineDeployment and its MachineSet",
+        || all_are("False", "NotPaused", ""),
+    )
+    .await;
+
+    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &v.cluster());
+    let pause = |paused: bool| {
+        let clusters = &clusters;
+        async move {
+            let body = json!({"spec": {"paused": paused}});
+            if clusters.get_opt(CLUSTER_NAME).await.unwrap().is_some() {
+                merge_patch(clusters, CLUSTER_NAME, &body).await.unwrap();
+            } else {
+                let c = DynamicObject::new(CLUSTER_NAME, &v.cluster())
+                    .within(NS)
+                    .data(body);
+                clusters
+                    .create(&kube::api::PostParams::default(), &c)
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    pause(true).await;
+    eventually(
+        "Paused True on the MachineDeployment and its MachineSet",
+        || all_are("True", "Paused", "Cluster spec.paused is set to true"),
+    )
+    .await;
+    // Held: the set makes no Machine for replicas raised while the Cluster is paused.
+    let set = sets.list(&by_md).await.unwrap().items[0].name_any();
+    merge_patch(&sets, &set, &json!({"spec": {"replicas": 2}}))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        machines(&cluster, "md-paused").await.len(),
+        1,
+        "a paused Cluster's MachineSet made a Machine"
+    );
+
+    pause(false).await;
+    eventually("Paused False again", || all_are("False", "NotPaused", "")).await;
+    running(&cluster, "md-paused", 1).await;
+
+    // The MachineDeployment's own annotation pauses it alone, in Cluster API's words.
+    merge_patch(
+        &mds,
+        "md-paused",
+        &json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": ""}}}),
+    )
+    .await
+    .unwrap();
+    eventually("Paused True on the annotated MachineDeployment", || async {
+        let md = mds.get("md-paused").await.unwrap();
+        (paused_condition(&md, v)
+            == Some((
+                "True".into(),
+                "Paused".into(),
+                "MachineDeployment has the cluster.x-k8s.io/paused annotation".into(),
+            )))
+        .then_some(())
+    })
+    .await;
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_cluster_sets_and_clears_the_paused_condition_v1beta2() {
+    paused_cluster_sets_and_clears_the_paused_condition(CapiVersion::V1Beta2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_cluster_sets_and_clears_the_paused_condition_v1beta1() {
+    paused_cluster_sets_and_clears_the_paused_condition(CapiVersion::V1Beta1).await;
+}

@@ -5,14 +5,17 @@
 use super::Inner;
 use super::TEMPLATE_HASH_LABEL;
 use super::WRITES_IN_FLIGHT;
+use super::condition;
 use super::controller_uid;
 use super::dynamic;
 use super::ignore_not_found;
 use super::is_available;
+use super::now_rfc3339;
 use super::object;
 use super::owner_ref;
 use super::selector_string;
 use super::set_annotation;
+use super::set_condition;
 use super::set_replicas;
 use super::string_map;
 use crate::capi::version::CapiVersion;
@@ -53,19 +56,17 @@ impl Inner {
             }
             return Ok(());
         };
-        // Cluster API's pause annotation: the MachineDeployment controller does nothing at all
-        // with it (no MachineSet scaled, no status written) until it goes.
-        if md
-            .annotations()
-            .contains_key(crate::capi::autoscaler::PAUSED_ANNOTATION)
-        {
+        // Cluster API's pause (the Cluster's `spec.paused` or the MachineDeployment's
+        // `cluster.x-k8s.io/paused` annotation): the `Paused` condition says so and nothing else
+        // happens (no MachineSet scaled, no status written) until it lifts.
+        let cluster_paused = self.cluster_paused(ns, &md).await?;
+        let pause = self
+            .ensure_paused_condition(&mds, &md, "MachineDeployment", cluster_paused)
+            .await?;
+        if pause.stop {
             return Ok(());
         }
-        // Nor while its Cluster is paused (`spec.paused` or the annotation): every Cluster API
-        // controller skips a paused Cluster's objects.
-        if self.cluster_paused(ns, &md).await? {
-            return Ok(());
-        }
+        let md = pause.fresh.unwrap_or(md);
         let md_uid = md.uid().unwrap_or_default();
         let mut sets: Vec<DynamicObject> =
             Self::cached(&self.sets, ns, DEPLOYMENT_NAME_LABEL, name)
@@ -162,14 +163,30 @@ impl Inner {
             for ms in sets.iter_mut() {
                 if let Some(n) = intents.get(&ms.name_any()) {
                     tracing::info!(md = name, ms = %ms.name_any(), replicas = n, "scaling MachineSet");
-                    let patch = json!({"spec": {"replicas": n}});
-                    *ms = sets_api
-                        .patch(
-                            &ms.name_any(),
-                            &PatchParams::default(),
-                            &Patch::Merge(&patch),
-                        )
-                        .await?;
+                    match self.scale_set(&sets_api, ms, *n).await {
+                        Ok(scaled) => *ms = scaled,
+                        Err(err) if is_conflict(&err) => {
+                            // Planned from a cached MachineSet the server has moved past: wait
+                            // for the cache to catch up and plan again, as a conflict requeues
+                            // in controller-runtime, rather than act on the stale view.
+                            tracing::debug!(md = name, ms = %ms.name_any(), "MachineSet changed since cached: planning again");
+                            let stale = ms.resource_version().unwrap_or_default();
+                            self.await_cache_past(
+                                &self.sets,
+                                &v.machine_set(),
+                                ns,
+                                &ms.name_any(),
+                                &stale,
+                            )
+                            .await;
+                            self.queue.push(super::Work::Deployment {
+                                ns: ns.to_string(),
+                                name: name.to_string(),
+                            });
+                            return Ok(());
+                        }
+                        Err(err) => return Err(err),
+                    }
                 }
             }
         }
@@ -182,44 +199,29 @@ impl Inner {
             .await
     }
 
-    /// The up-to-date MachineSet with the MachineDeployment's in-place fields: labels, template
-    /// metadata, annotations, deletion order, and the template fields that need no new Machines.
-    /// Whether the MachineDeployment's Cluster is paused (a missing Cluster is not).
-    async fn cluster_paused(&self, ns: &str, md: &DynamicObject) -> Result<bool, kube::Error> {
-        let Some(name) = md.data.pointer("/spec/clusterName").and_then(Value::as_str) else {
-            return Ok(false);
-        };
-        let served = *self
-            .clusters_served
-            .get_or_init(|| async {
-                self.client
-                    .list_api_group_resources(&self.cfg.version.api_version())
-                    .await
-                    .is_ok_and(|l| l.resources.iter().any(|r| r.name == "clusters"))
-            })
-            .await;
-        if !served {
-            return Ok(false);
+    /// Sets `ms`'s `spec.replicas` to `replicas`, on condition that the server still holds the
+    /// version of `ms` the decision was made from (its cached resourceVersion): a reconcile
+    /// working from a stale cache gets a 409 Conflict instead of undoing a newer write.
+    pub(super) async fn scale_set(
+        &self,
+        api: &Api<DynamicObject>,
+        ms: &DynamicObject,
+        replicas: i64,
+    ) -> Result<DynamicObject, kube::Error> {
+        let mut patch = json!({"spec": {"replicas": replicas}});
+        if let Some(rv) = ms.resource_version() {
+            patch["metadata"] = json!({"resourceVersion": rv});
         }
-        let clusters = self.api(&self.cfg.version.cluster(), ns);
-        // Not found, or Clusters not served at all (a control plane with only the scalable
-        // kinds' CRDs): no Cluster to pause anything.
-        let cluster = match clusters.get(name).await {
-            Ok(c) => c,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        let spec_paused = cluster
-            .data
-            .pointer("/spec/paused")
-            .and_then(Value::as_bool)
-            == Some(true);
-        let annotated = cluster
-            .annotations()
-            .contains_key("cluster.x-k8s.io/paused");
-        Ok(spec_paused || annotated)
+        api.patch(
+            &ms.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
     }
 
+    /// The up-to-date MachineSet with the MachineDeployment's in-place fields: labels, template
+    /// metadata, annotations, deletion order, and the template fields that need no new Machines.
     fn in_place_update(&self, md: &DynamicObject, ms: &DynamicObject) -> DynamicObject {
         let v = self.cfg.version;
         let mut d = ms.clone();
@@ -542,22 +544,9 @@ fn copy_or_remove(target: &mut serde_json::Map<String, Value>, key: &str, from: 
     }
 }
 
-/// Where a Machine's v1beta2-style conditions live: `status.conditions` in v1beta2,
-/// `status.v1beta2.conditions` on v1beta1 objects (Cluster API 1.9 and later).
-fn conditions_path(v: CapiVersion) -> &'static str {
-    match v {
-        CapiVersion::V1Beta1 => "/status/v1beta2/conditions",
-        CapiVersion::V1Beta2 => "/status/conditions",
-    }
-}
-
 /// The Machine's UpToDate condition status, when it has one.
 pub fn up_to_date(machine: &Value, v: CapiVersion) -> Option<bool> {
-    machine
-        .pointer(conditions_path(v))?
-        .as_array()?
-        .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(UP_TO_DATE_CONDITION))
+    condition(machine, v, UP_TO_DATE_CONDITION)
         .and_then(|c| c.get("status").and_then(Value::as_str))
         .map(|s| s == "True")
 }
@@ -569,27 +558,10 @@ fn set_up_to_date(machine: &mut DynamicObject, v: CapiVersion, up_to_date: bool)
         "status": if up_to_date { "True" } else { "False" },
         "reason": if up_to_date { "UpToDate" } else { "NotUpToDate" },
         "message": if up_to_date { "" } else { "* MachineDeployment's template changed: the Machine's MachineSet is outdated" },
-        "lastTransitionTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
+        "lastTransitionTime": now_rfc3339(),
         "observedGeneration": generation,
     });
-    let data = &mut machine.data;
-    if !data.get("status").is_some_and(Value::is_object) {
-        data["status"] = json!({});
-    }
-    let mut parent = &mut data["status"];
-    if v == CapiVersion::V1Beta1 {
-        if !parent.get("v1beta2").is_some_and(Value::is_object) {
-            parent["v1beta2"] = json!({});
-        }
-        parent = &mut parent["v1beta2"];
-    }
-    if !parent.get("conditions").is_some_and(Value::is_array) {
-        parent["conditions"] = json!([]);
-    }
-    if let Some(list) = parent["conditions"].as_array_mut() {
-        list.retain(|c| c.get("type").and_then(Value::as_str) != Some(UP_TO_DATE_CONDITION));
-        list.push(condition);
-    }
+    set_condition(machine, v, condition);
 }
 
 /// spec.replicas as Cluster API defaults it: absent means the autoscaler min-size, else 1.
@@ -602,4 +574,138 @@ pub(super) fn desired_md_replicas(md: &DynamicObject) -> i64 {
         .and_then(|s| s.trim().parse::<i64>().ok())
         .map(|n| n.max(0))
         .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Work;
+    use super::*;
+    use crate::sim::cluster::{MachineDeploymentSeed, SimCluster, SimClusterConfig};
+    use crate::sim::standin::shutdown_pair;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+
+    async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A MachineSet scale planned from a cached copy the server has moved past is refused
+    /// (409 Conflict) instead of undoing the newer write, and the MachineDeployment is planned
+    /// again once the cache has caught up, as controller-runtime requeues on a conflict.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_scale_from_a_stale_cache_is_refused_and_planned_again() {
+        let cluster = SimCluster::start(SimClusterConfig {
+            provider_delay: Duration::from_millis(30),
+            jitter: Duration::from_millis(20),
+            ..SimClusterConfig::default()
+        })
+        .await
+        .expect("a simulated cluster");
+        let v = cluster.capi_version();
+        let client = cluster.client();
+        let ns = "default";
+        cluster
+            .create_machine_deployment_from(&MachineDeploymentSeed {
+                name: "md-stale".into(),
+                namespace: ns.into(),
+                replicas: 1,
+                ..MachineDeploymentSeed::default()
+            })
+            .await
+            .expect("a MachineDeployment");
+        let sets: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &v.machine_set());
+        let mds: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &v.machine_deployment());
+        let by_md = ListParams::default().labels(&format!("{DEPLOYMENT_NAME_LABEL}=md-stale"));
+        let replicas_are = |n: i64| {
+            let (sets, by_md) = (&sets, &by_md);
+            async move {
+                let list = sets.list(by_md).await.ok()?.items;
+                (list.len() == 1 && set_replicas(&list[0]) == n).then(|| list[0].clone())
+            }
+        };
+        // What a lagging informer still holds: the set at 1 replica.
+        let stale = wait_for("the MachineSet at 1 replica", || replicas_are(1)).await;
+        // The newer write: the MachineDeployment raised, its set scaled to 3 by the stand-in.
+        mds.patch(
+            "md-stale",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("raise the MachineDeployment");
+        let fresh = wait_for("the MachineSet at 3 replicas", || replicas_are(3)).await;
+
+        // A second stand-in whose set cache lags.
+        let (_trigger, shutdown) = shutdown_pair();
+        let mut set_cache = reflector::store::Writer::new(v.machine_set());
+        let machine_cache = reflector::store::Writer::<DynamicObject>::new(v.machine());
+        set_cache.apply_watcher_event(&Event::Apply(stale.clone()));
+        let inner = Arc::new(Inner::new(
+            client.clone(),
+            crate::sim::capi::CapiConfig {
+                version: v,
+                ..Default::default()
+            },
+            shutdown.clone(),
+            machine_cache.as_reader(),
+            set_cache.as_reader(),
+        ));
+
+        // The write itself: made from the stale copy, it is refused and the newer value stays.
+        let refused = inner.scale_set(&sets, &stale, 1).await;
+        assert!(
+            matches!(&refused, Err(e) if is_conflict(e)),
+            "a scale from the stale copy must be refused with 409, got {refused:?}"
+        );
+        let now = sets.get(&stale.name_any()).await.expect("the MachineSet");
+        assert_eq!(set_replicas(&now), 3, "the stale write undid the newer one");
+
+        // The reconcile: it plans from the stale cache, is refused, waits for the cache and
+        // queues itself again.
+        let catch_up = {
+            let inner = inner.clone();
+            let fresh = sets.get(&fresh.name_any()).await.expect("the MachineSet");
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                set_cache.apply_watcher_event(&Event::Apply(fresh));
+                inner.cache_changed.notify_waiters();
+                set_cache
+            })
+        };
+        inner
+            .reconcile_deployment(ns, "md-stale")
+            .await
+            .expect("a conflict is not an error of the reconcile");
+        let requeued = tokio::time::timeout(Duration::from_secs(1), inner.queue.pop(&shutdown))
+            .await
+            .ok()
+            .flatten();
+        assert_eq!(
+            requeued,
+            Some(Work::Deployment {
+                ns: ns.into(),
+                name: "md-stale".into()
+            }),
+            "the refused reconcile must be queued again"
+        );
+        let _ = catch_up.await;
+        let now = sets.get(&stale.name_any()).await.expect("the MachineSet");
+        assert_eq!(set_replicas(&now), 3);
+        cluster.shutdown().await;
+    }
 }

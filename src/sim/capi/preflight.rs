@@ -126,8 +126,24 @@ pub fn status_conditions(
     };
     let machines_created = machines_created.map(|c| with_time(c, before));
 
-    let v1beta1_list = json!(machines_created.into_iter().collect::<Vec<_>>());
-    let v1beta2_list = json!([scaling_up]);
+    // The lists are written whole: the conditions other writers put there (Paused) stay.
+    let others = |path: &[&str], type_: &str| -> Vec<Value> {
+        let mut at = status;
+        for p in path {
+            at = at.and_then(|a| a.get(*p));
+        }
+        at.and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|c| c.get("type").and_then(Value::as_str) != Some(type_))
+            .cloned()
+            .collect()
+    };
+    let mut v1beta1_list = others(v1beta1_path, "MachinesCreated");
+    v1beta1_list.extend(machines_created);
+    let mut v1beta2_list = others(v1beta2_path, "ScalingUp");
+    v1beta2_list.push(scaling_up);
+    let (v1beta1_list, v1beta2_list) = (json!(v1beta1_list), json!(v1beta2_list));
     match version {
         CapiVersion::V1Beta2 => vec![
             ("conditions", v1beta2_list),

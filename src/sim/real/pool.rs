@@ -51,7 +51,9 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::provider::{INFRA_GROUP, INFRA_VERSION, ProviderConfig, dev_machine_resource};
+use super::provider::{
+    INFRA_GROUP, INFRA_VERSION, ProviderConfig, dev_machine_resource, infra_paused,
+};
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, POOL_NAME_LABEL};
 use crate::sim::capi::cloud_pool::{
     Cloud, Instance, Launches, Launching, infra_pool_status, instance_provider_ids, instances,
@@ -84,6 +86,9 @@ struct Inner {
     /// Those pools' instances still launching. Only this module writes their instance lists,
     /// one reconcile per pool at a time.
     launching: Launching,
+    /// Pools skipped because their Cluster or themselves are paused: a Cluster event in their
+    /// namespace queues them again.
+    held: Mutex<std::collections::HashSet<Key>>,
     shutdown: Shutdown,
 }
 
@@ -102,9 +107,27 @@ pub fn spawn(client: Client, cfg: ProviderConfig, shutdown: Shutdown) -> Vec<Joi
         cfg,
         queue: WorkQueue::default(),
         launching: Mutex::new(HashMap::new()),
+        held: Mutex::new(Default::default()),
         shutdown: shutdown.clone(),
     });
     let mut tasks = Vec::new();
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "clusters (infrastructure pool provider)",
+        Api::<DynamicObject>::all_with(client.clone(), &inner.cfg.version.cluster()),
+        shutdown.clone(),
+        move |event| {
+            if let Event::Apply(c) | Event::InitApply(c) | Event::Delete(c) = event {
+                let ns = c.namespace().unwrap_or_default();
+                let mut held = me.held.lock();
+                let again: Vec<Key> = held.iter().filter(|k| k.0 == ns).cloned().collect();
+                for key in again {
+                    held.remove(&key);
+                    me.queue.push(key);
+                }
+            }
+        },
+    ));
     let me = inner.clone();
     tasks.push(spawn_watch(
         "devmachinepools (infrastructure provider)",
@@ -230,6 +253,17 @@ impl Inner {
         if is_deleting(&mp) {
             return Ok(None);
         }
+        // A paused Cluster's pool (or a pool annotated paused) is left as it is: no instance
+        // launched, reported or removed until the pause lifts, as real providers honour it.
+        // Held before looking, so a Cluster event while we look still queues the pool again.
+        let cluster = str_at(&mp.data, &["spec", "clusterName"]).unwrap_or_default();
+        let key = (ns.to_string(), name.to_string());
+        self.held.lock().insert(key.clone());
+        if infra_paused(&self.client, self.cfg.version, &infra, cluster).await? {
+            tracing::debug!(pool = %name, "infrastructure pool provider: paused");
+            return Ok(None);
+        }
+        self.held.lock().remove(&key);
         let desired = at(&mp.data, &["spec", "replicas"])
             .and_then(Value::as_i64)
             .unwrap_or(1)

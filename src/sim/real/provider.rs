@@ -32,8 +32,10 @@ use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::api::wellknown::CLUSTER_NAME_LABEL;
 use crate::controlplane::cluster_api::established;
 use crate::sim::Stats;
 use crate::sim::capi::{CapiVersion, PROVIDER_ID_SET, ProviderIdStyle, provider_id_for};
@@ -366,7 +368,54 @@ struct Inner {
     started: Mutex<HashSet<String>>,
     /// Machines (by uid) whose provider ID was seen.
     seen: Mutex<HashSet<String>>,
+    /// Signalled on every Cluster event: a provisioning held by its Cluster's pause looks again.
+    cluster_changed: Notify,
     shutdown: Shutdown,
+}
+
+/// Cluster API's pause annotation, which providers honour on their own objects.
+const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+/// How often a held provisioning looks again without a Cluster event (its DevMachine's own
+/// annotation may go, and its events do not reach the waiting task).
+const PAUSE_RECHECK: Duration = Duration::from_secs(1);
+
+/// Whether Cluster `name` in `ns` has `spec.paused` (a missing one does not), read fresh.
+pub(super) async fn cluster_paused(
+    client: &Client,
+    version: CapiVersion,
+    ns: &str,
+    name: &str,
+) -> Result<bool, kube::Error> {
+    if name.is_empty() {
+        return Ok(false);
+    }
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &version.cluster());
+    Ok(api
+        .get_opt(name)
+        .await?
+        .is_some_and(|c| c.data.pointer("/spec/paused").and_then(Value::as_bool) == Some(true)))
+}
+
+/// Whether an infrastructure object is paused, as the provider contract asks providers to
+/// honour it: its Cluster (the `cluster.x-k8s.io/cluster-name` label) has `spec.paused`, or the
+/// object carries `cluster.x-k8s.io/paused`.
+pub(super) async fn infra_paused(
+    client: &Client,
+    version: CapiVersion,
+    obj: &DynamicObject,
+    cluster: &str,
+) -> Result<bool, kube::Error> {
+    if obj.annotations().contains_key(PAUSED_ANNOTATION) {
+        return Ok(true);
+    }
+    cluster_paused(
+        client,
+        version,
+        &obj.namespace().unwrap_or_default(),
+        cluster,
+    )
+    .await
 }
 
 /// Starts the infrastructure provider (and the provider-ID milestones) on the current runtime.
@@ -377,9 +426,21 @@ pub fn spawn(client: Client, cfg: ProviderConfig, shutdown: Shutdown) -> Vec<Joi
         cfg,
         started: Mutex::new(HashSet::new()),
         seen: Mutex::new(HashSet::new()),
+        cluster_changed: Notify::new(),
         shutdown: shutdown.clone(),
     });
     let mut tasks = Vec::new();
+    let me = inner.clone();
+    tasks.push(spawn_watch(
+        "clusters (infrastructure provider)",
+        Api::<DynamicObject>::all_with(client.clone(), &inner.cfg.version.cluster()),
+        shutdown.clone(),
+        move |event| {
+            if let Event::Apply(_) | Event::InitApply(_) | Event::Delete(_) = event {
+                me.cluster_changed.notify_waiters();
+            }
+        },
+    ));
     let me = inner.clone();
     tasks.push(spawn_watch(
         "devmachines (infrastructure provider)",
@@ -435,6 +496,45 @@ impl Inner {
         }
     }
 
+    /// DevMachine `name` read fresh once neither it nor its Cluster is paused; None when it is
+    /// gone or being deleted, or on shutdown.
+    async fn await_unpaused(&self, api: &Api<DynamicObject>, name: &str) -> Option<DynamicObject> {
+        let mut stop = self.shutdown.clone();
+        let mut logged = false;
+        loop {
+            // Registered before reading, so a Cluster event meanwhile still wakes us.
+            let changed = self.cluster_changed.notified();
+            let fresh = retry("devmachine get", &self.shutdown, || api.get(name))
+                .await
+                .ok()?;
+            if fresh.metadata.deletion_timestamp.is_some() {
+                return None;
+            }
+            let cluster = fresh
+                .labels()
+                .get(CLUSTER_NAME_LABEL)
+                .cloned()
+                .unwrap_or_default();
+            let paused = retry("paused check", &self.shutdown, || {
+                infra_paused(&self.client, self.cfg.version, &fresh, &cluster)
+            })
+            .await
+            .ok()?;
+            if !paused {
+                return Some(fresh);
+            }
+            if !logged {
+                tracing::debug!(devmachine = %name, cluster, "simulated provider: paused, holding the instance");
+                logged = true;
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep(PAUSE_RECHECK) => {}
+                _ = stop.wait() => return None,
+            }
+        }
+    }
+
     /// The cloud makes the instance: after the delay, the DevMachine gets its provider ID and
     /// reports itself provisioned.
     async fn provision(&self, m: DynamicObject) {
@@ -444,19 +544,21 @@ impl Inner {
             tracing::info!(devmachine = %name, "simulated provider: this DevMachine never gets a providerID");
             return;
         }
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &ns, &dev_machine_resource());
+        // A paused Cluster's instances are not launched until it resumes, and one paused while
+        // launching is not reported until then (real providers skip a paused object's
+        // reconcile).
+        if self.await_unpaused(&api, &name).await.is_none() {
+            return;
+        }
         let delay = self.rng.delay(self.cfg.provider_delay, self.cfg.jitter);
         if !self.shutdown.sleep(delay).await {
             return;
         }
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &ns, &dev_machine_resource());
-        let fresh = match retry("devmachine get", &self.shutdown, || api.get(&name)).await {
-            Ok(m) => m,
-            Err(_) => return,
-        };
-        if fresh.metadata.deletion_timestamp.is_some() {
+        let Some(fresh) = self.await_unpaused(&api, &name).await else {
             return;
-        }
+        };
         // The instance is named after its Machine (the kubelet names its Node so).
         let machine = fresh
             .owner_references()
@@ -500,5 +602,116 @@ impl Inner {
             }
         }
         tracing::debug!(devmachine = %name, %provider_id, "provider ID set");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::ResourceDef;
+    use crate::sim::cluster::{CLUSTER_NAME, SimCluster, SimClusterConfig};
+    use crate::sim::standin::shutdown_pair;
+    use kube::api::PostParams;
+
+    /// As the provider contract asks ("InfraMachine: pausing"): a DevMachine of a paused
+    /// Cluster gets no provider ID until the pause lifts, then gets it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_clusters_dev_machine_waits_for_the_pause_to_lift() {
+        let cluster = SimCluster::start(SimClusterConfig {
+            extra_resources: vec![
+                ResourceDef::custom(
+                    INFRA_GROUP,
+                    &[INFRA_VERSION],
+                    "DevMachine",
+                    "devmachines",
+                    true,
+                )
+                .with_status(),
+            ],
+            ..SimClusterConfig::default()
+        })
+        .await
+        .expect("a simulated cluster");
+        let v = cluster.capi_version();
+        let client = cluster.client();
+        let ns = "default";
+        let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &v.cluster());
+        let paused = |p: bool| json!({"spec": {"paused": p}});
+        if clusters
+            .get_opt(CLUSTER_NAME)
+            .await
+            .expect("a read")
+            .is_some()
+        {
+            clusters
+                .patch(
+                    CLUSTER_NAME,
+                    &PatchParams::default(),
+                    &Patch::Merge(paused(true)),
+                )
+                .await
+                .expect("pause the Cluster");
+        } else {
+            let c = DynamicObject::new(CLUSTER_NAME, &v.cluster())
+                .within(ns)
+                .data(paused(true));
+            clusters
+                .create(&PostParams::default(), &c)
+                .await
+                .expect("a paused Cluster");
+        }
+        let (_trigger, shutdown) = shutdown_pair();
+        let _tasks = spawn(
+            client.clone(),
+            ProviderConfig {
+                version: v,
+                provider_delay: Duration::from_millis(20),
+                jitter: Duration::ZERO,
+                fail_fraction: 0.0,
+                provider_id_style: ProviderIdStyle::default(),
+                seed: 1,
+                stats: None,
+            },
+            shutdown,
+        );
+        let dms: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &dev_machine_resource());
+        let dm = DynamicObject::new("dm-1", &dev_machine_resource())
+            .within(ns)
+            .data(json!({"spec": {}}));
+        let mut dm = dm;
+        dm.metadata.labels =
+            Some([(CLUSTER_NAME_LABEL.to_string(), CLUSTER_NAME.to_string())].into());
+        dms.create(&PostParams::default(), &dm)
+            .await
+            .expect("a DevMachine");
+        let provider_id = || async {
+            let m = dms.get("dm-1").await.expect("the DevMachine");
+            str_at(&m.data, &["spec", "providerID"]).map(str::to_string)
+        };
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(
+            provider_id().await,
+            None,
+            "a paused Cluster's instance was launched"
+        );
+
+        clusters
+            .patch(
+                CLUSTER_NAME,
+                &PatchParams::default(),
+                &Patch::Merge(paused(false)),
+            )
+            .await
+            .expect("lift the pause");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while provider_id().await.is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "no provider ID after the pause lifted"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cluster.shutdown().await;
     }
 }
