@@ -5,7 +5,9 @@
 //! their topology metadata. An entry that leaves `replicas` unset is the controller's to scale,
 //! and the topology controller never fights it (no replica write undone, no Machine deleted or
 //! made behind the controller's back, through a re-applied topology and a scale-down); an entry
-//! that sets `replicas` is held (never offered or written, the NodeClass names the field), as
+//! that sets `replicas` is held (never offered or written, the NodeClass names the field, and
+//! `karpenter-capi explain nodepool` lists it as left out for that field while offering the
+//! other), as
 //! `tests/provisioning/autoscaler.rs::a_topology_that_sets_replicas_holds_its_machine_deployment`
 //! checks on the stand-in.
 
@@ -148,6 +150,7 @@ async fn topology_leaves_unset_replicas(version: &str, release: &str) {
     let field = "spec.topology.workers.machineDeployments[name=fixed].replicas";
     let message = ready_message_naming(&env, field).await;
     assert!(message.contains(&format!("{NS}/{fixed}")), "{message}");
+    explain_names_the_held_entry(&env, &autoscaled, &fixed, field);
 
     // Small pods: one node of `fixed`'s size holds them and is the cheapest choice, were it
     // offered.
@@ -253,6 +256,72 @@ async fn ready_message_naming(env: &crate::common::Env, text: &str) -> String {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("the NodeClass's Ready message never named {text:?}; last: {last:?}")
+}
+
+/// `karpenter-capi explain nodepool` (the real binary, `-o json`, the cluster's kubeconfig) as
+/// a user asks it why a cheaper group is never used: `fixed` is left out, the reason naming its
+/// topology field, and `autoscaled` is offered.
+fn explain_names_the_held_entry(
+    env: &crate::common::Env,
+    autoscaled: &str,
+    fixed: &str,
+    field: &str,
+) {
+    use crate::common::NS;
+    use kube::ResourceExt;
+    let pool = env.pool.name_any();
+    let explain = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+            .args(["explain", "nodepool", &pool])
+            .args(extra)
+            .arg("--kubeconfig")
+            .arg(env.sim.kubeconfig())
+            .output()
+            .expect("running karpenter-capi explain");
+        assert!(
+            out.status.success(),
+            "explain nodepool {pool} {extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let json = explain(&["-o", "json"]);
+    let report: Value = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("explain printed no JSON ({e}): {json}"));
+    let key = |md: &str| format!("{NS}/{md}");
+    let left_out = report["left_out"].as_array().cloned().unwrap_or_default();
+    let held = left_out
+        .iter()
+        .find(|l| l["machine_deployment"] == key(fixed).as_str())
+        .unwrap_or_else(|| panic!("{fixed} not left out: {report:#}"));
+    let reason = held["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(field) && reason.contains(&format!("Cluster {NS}/{CLUSTER}")),
+        "the reason names the topology's field: {reason}"
+    );
+    let offered = |md: &str| {
+        report["offerings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|o| o["machine_deployment"] == key(md).as_str())
+    };
+    assert!(offered(autoscaled), "{autoscaled} offered: {report:#}");
+    assert!(!offered(fixed), "{fixed} offered: {report:#}");
+    assert!(
+        left_out
+            .iter()
+            .all(|l| l["machine_deployment"] != key(autoscaled).as_str()),
+        "{autoscaled} left out: {report:#}"
+    );
+    // The text a person reads says the same, on the held group's line.
+    let text = explain(&[]);
+    assert!(
+        text.lines().any(
+            |l| l.contains(&format!("MachineDeployment {}: ", key(fixed))) && l.contains(field)
+        ),
+        "{fixed} left out for its topology field in:\n{text}"
+    );
 }
 
 /// Machines not being deleted.
