@@ -280,6 +280,9 @@ pub struct MachineDeployments {
     unreadable: BTreeMap<String, Unreadable>,
     fresh: Freshness,
     synced: bool,
+    /// The kinds whose list has completed at least once: MachinePools are listed by a watch of
+    /// their own, started after discovery, so `synced` (MachineDeployments) says nothing of them.
+    listed: BTreeSet<ScalableKind>,
     /// Clusters (`namespace/name`) Cluster API's pause holds (see `autoscaler::cluster_paused`).
     paused_clusters: BTreeSet<String>,
     /// By Cluster (`namespace/name`), the topology entries that set replicas (see
@@ -352,6 +355,12 @@ impl MachineDeployments {
 
     pub fn synced(&self) -> bool {
         self.synced
+    }
+
+    /// The objects of `kind` have been listed at least once: one missing from the index is
+    /// gone, not merely not listed yet.
+    pub fn listed(&self, kind: ScalableKind) -> bool {
+        self.listed.contains(&kind)
     }
 
     /// Apply a watched object unless a write response of ours is ahead of it.
@@ -434,6 +443,7 @@ impl MachineDeployments {
         if kind == ScalableKind::MachineDeployment {
             self.synced = true;
         }
+        self.listed.insert(kind);
         old.into_values().collect()
     }
 }
@@ -537,6 +547,18 @@ mod tests {
             );
         }
         assert!(idx.provider_id_seen(&format!("ns/m{}", n - 1)).is_some());
+    }
+
+    /// MachinePools are listed by a watch of their own, after MachineDeployments: until their
+    /// list completes, no pool counts as gone.
+    #[test]
+    fn each_scalable_kind_says_when_it_was_listed() {
+        let mut mds = MachineDeployments::default();
+        mds.replace_all(ScalableKind::MachineDeployment, Vec::new());
+        assert!(mds.synced() && mds.listed(ScalableKind::MachineDeployment));
+        assert!(!mds.listed(ScalableKind::MachinePool));
+        mds.replace_all(ScalableKind::MachinePool, Vec::new());
+        assert!(mds.listed(ScalableKind::MachinePool));
     }
 
     /// A Machine of MachineDeployment `md`, created at `created` (seconds).

@@ -24,6 +24,7 @@ use super::{Error, Shared, api_err};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::*;
+use crate::capi::scalable::ScalableKind;
 use crate::state::claims::{provider_id, recorded_deployment, recorded_instance, recorded_machine};
 use crate::state::machines::claimed_elsewhere;
 use crate::state::machines::key as machine_key;
@@ -601,7 +602,9 @@ impl Step {
 /// The pool no longer lists the instance (or is gone), as far as the synced index shows.
 fn instance_gone(shared: &Shared, md: &str, pid: &str) -> bool {
     let deployments = shared.state.deployments.read();
-    deployments.synced()
+    // MachinePools are listed after MachineDeployments (by a watch started once discovery
+    // answers): before their list, a pool missing from the index is not a pool that is gone.
+    deployments.listed(ScalableKind::MachinePool)
         && deployments
             .get(md)
             .is_none_or(|p| !p.provider_id_list.iter().any(|x| x == pid))

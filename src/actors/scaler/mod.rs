@@ -30,7 +30,7 @@ use super::backoff::Backoff;
 use super::messages::{CancelRequest, Poke, Rejection, ReleaseMachine, RequestMachine, Stop};
 use super::{Error, Shared};
 use crate::capi::model::{Machine, MachineDeployment};
-use crate::capi::scalable::ScalableRef;
+use crate::capi::scalable::{ScalableKind, ScalableRef};
 use crate::metrics::Metrics;
 use crate::state::machines::key;
 
@@ -403,7 +403,9 @@ impl Scaler {
     /// The MachineDeployment is gone: once nothing of ours is in flight for a while, stop and
     /// leave the router, so a deleted MachineDeployment does not keep a Scaler for ever.
     fn stop_if_abandoned(&mut self, ctx: &mut Context<Self>) {
-        if !self.shared.state.deployments.read().synced()
+        // Its kind listed: before, a MachinePool missing from the index is not gone.
+        let kind = ScalableRef::parse(&self.md).map_or(ScalableKind::MachineDeployment, |r| r.kind);
+        if !self.shared.state.deployments.read().listed(kind)
             || self.writing
             || !self.binding.is_empty()
             || !self.releasing.is_empty()
