@@ -697,6 +697,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--server",
             "--server-side",
             "--show-labels",
+            "--timeout",
             "--token",
             "--type",
             "--user",

@@ -1,5 +1,6 @@
-//! Keeps each NodePool's status true: `resources` and `nodes` from its claims, and `Ready` from
-//! `ValidationSucceeded` and `NodeClassReady`, each with a reason an operator can act on. The
+//! Keeps each NodePool's status true: `resources` and `nodes` from its claims, `Ready` from
+//! `ValidationSucceeded` and `NodeClassReady`, each with a reason an operator can act on, and
+//! the rollout status (`view::rollout`) on each NodePool and ClusterAPINodeClass. The
 //! NodePool index it reads (`state::named`, the one the provisioner reads too) is fed by its
 //! own watch (`state::feed`), which asks for a refresh on every change.
 
@@ -18,6 +19,7 @@ use super::pass::{Coalesced, Pass};
 use super::patch::write_conditions;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::decode::Malformed;
+use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::api::nodepool::{NodePool, NodePoolStatus};
 use crate::api::resources::Resources;
 use crate::api::validation::validate_nodepool;
@@ -25,6 +27,7 @@ use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::capi::autoscaler;
 use crate::disruption::pause;
 use crate::metrics::UsageLabels;
+use crate::view::rollout::{Rollout, rollouts_of};
 use crate::view::usage::usage_by_pool;
 
 /// Claims or the catalog changed: recompute statuses (coalesced).
@@ -98,12 +101,14 @@ impl NodePools {
             .cloned()
             .collect();
         let usage = usage_by_pool(&self.shared.state);
+        let (rollouts, class_rollouts) = rollouts_of(&self.shared.state);
         let present: BTreeSet<String> = pools.iter().map(|np| np.name_any()).collect();
         self.forget_missing(&present);
         self.refresh_malformed(ctx);
         for np in pools {
             let (resources, nodes) = usage.get(&np.name_any()).cloned().unwrap_or_default();
-            let status = desired_status(&self.shared, &np, &resources, nodes);
+            let rollout = rollouts.get(&np.name_any()).copied().unwrap_or_default();
+            let status = desired_status(&self.shared, &np, &resources, nodes, &rollout);
             self.publish_metrics(&np, &resources);
             if np.status.as_ref() == Some(&status) {
                 continue;
@@ -145,6 +150,65 @@ impl NodePools {
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => {
                         tracing::warn!(error = %e, "updating NodePool status failed; retrying");
+                        act.retry_later(ctx);
+                    }
+                }),
+            );
+        }
+        self.refresh_nodeclasses(ctx, &class_rollouts);
+    }
+
+    /// Each ClusterAPINodeClass's rollout status, over the claims that use it. The Catalog
+    /// writes its `Ready` condition; this writes the counts and `NodesUpToDate` only, read back
+    /// from the index's copy so neither drops the other's condition for long (the next pass of
+    /// either restores it).
+    fn refresh_nodeclasses(
+        &mut self,
+        ctx: &mut Context<Self>,
+        rollouts: &BTreeMap<String, Rollout>,
+    ) {
+        let classes: Vec<Arc<ClusterAPINodeClass>> = self
+            .shared
+            .state
+            .nodeclasses
+            .read()
+            .values()
+            .cloned()
+            .collect();
+        for nc in classes {
+            let name = nc.name_any();
+            let rollout = rollouts.get(&name).copied().unwrap_or_default();
+            let current = nc.status.clone().unwrap_or_default();
+            let mut desired = current.clone();
+            let mut conds = desired.conditions.take().unwrap_or_default();
+            set_nodes_up_to_date(
+                &mut conds,
+                &rollout,
+                nc.metadata.generation,
+                Timestamp::now(),
+            );
+            desired.conditions = Some(conds);
+            desired.observed_generation = nc.metadata.generation;
+            desired.nodes = Some(rollout.nodes);
+            desired.up_to_date_nodes = Some(rollout.up_to_date);
+            desired.ready_nodes = Some(rollout.ready);
+            desired.up_to_date_and_ready_nodes = Some(rollout.up_to_date_and_ready);
+            if desired == current {
+                continue;
+            }
+            let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
+            let body = json!({ "status": desired });
+            ctx.spawn(
+                async move {
+                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                        .await
+                }
+                .into_actor(self)
+                .map(|r, act, ctx| match r {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "updating ClusterAPINodeClass status failed; retrying");
                         act.retry_later(ctx);
                     }
                 }),
@@ -263,6 +327,7 @@ fn desired_status(
     np: &NodePool,
     resources: &Resources,
     nodes: i64,
+    rollout: &Rollout,
 ) -> NodePoolStatus {
     let mut status = np.status.clone().unwrap_or_default();
     let mut conds = status.conditions.take().unwrap_or_default();
@@ -351,12 +416,36 @@ fn desired_status(
         );
     }
     set_disruption_paused(shared, np, &mut conds, generation, now);
+    set_nodes_up_to_date(&mut conds, rollout, generation, now);
     conditions::set_nodepool_ready(&mut conds, generation, now);
     // Keep transition times stable: only conditions that changed got `now`.
     status.conditions = Some(conds);
     status.resources = Some(resources.to_k8s());
     status.nodes = Some(nodes);
+    status.observed_generation = generation;
+    status.up_to_date_nodes = Some(rollout.up_to_date);
+    status.ready_nodes = Some(rollout.ready);
+    status.up_to_date_and_ready_nodes = Some(rollout.up_to_date_and_ready);
     status
+}
+
+/// `NodesUpToDate` from the rollout counts (`view::rollout`).
+fn set_nodes_up_to_date(
+    conds: &mut Vec<conditions::Condition>,
+    rollout: &Rollout,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let v = rollout.verdict();
+    conditions::set(
+        conds,
+        conditions::NODES_UP_TO_DATE,
+        v.status,
+        v.reason,
+        &v.message,
+        generation,
+        now,
+    );
 }
 
 /// `DisruptionPaused`: True while an operator's pause (the setting, the pool's annotation) or

@@ -25,6 +25,10 @@ pub const NODE_REGISTRATION_HEALTHY: &str = "NodeRegistrationHealthy";
 /// True while nothing decides to disrupt the pool's nodes by choice (a setting, an annotation,
 /// Cluster API's pause); not one of `Ready`'s dependents: a paused pool still provisions.
 pub const DISRUPTION_PAUSED: &str = "DisruptionPaused";
+/// NodePool and ClusterAPINodeClass: True once every node is up to date with the spec and Ready
+/// (rollout status, upstream RFC #3216); not one of `Ready`'s dependents: a pool mid-rollout
+/// still provisions.
+pub const NODES_UP_TO_DATE: &str = "NodesUpToDate";
 
 /// The conditions whose conjunction is a NodeClaim's `Ready`.
 pub const NODECLAIM_READY_DEPENDENTS: [&str; 3] = [LAUNCHED, REGISTERED, INITIALIZED];

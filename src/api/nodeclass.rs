@@ -42,10 +42,26 @@ pub struct ClusterAPINodeClassSpec {
 
 /// ClusterAPINodeClassStatus is the status for ClusterAPINodeClasses.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct ClusterAPINodeClassStatus {
     /// Signals for health and readiness.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+    /// Rollout status: the generation the counts below were computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Rollout status: nodes whose NodeClaims use this class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<i64>,
+    /// Rollout status: of those, the nodes matching their specs (not drifted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date_nodes: Option<i64>,
+    /// Rollout status: of those, the nodes whose NodeClaim is Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_nodes: Option<i64>,
+    /// Rollout status: of those, the nodes both up to date and Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date_and_ready_nodes: Option<i64>,
 }
 
 impl ClusterAPINodeClass {
@@ -59,5 +75,30 @@ impl ClusterAPINodeClass {
             .as_ref()
             .and_then(|s| s.conditions.as_deref())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rollout counts are written under the names the CRD declares (camelCase, as
+    /// NodePool's), or the API server would prune them.
+    #[test]
+    fn rollout_status_fields_are_camel_case() {
+        let status = ClusterAPINodeClassStatus {
+            observed_generation: Some(2),
+            nodes: Some(3),
+            up_to_date_nodes: Some(1),
+            ready_nodes: Some(3),
+            up_to_date_and_ready_nodes: Some(1),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(&status).expect("serialises");
+        assert_eq!(
+            v,
+            serde_json::json!({"observedGeneration": 2, "nodes": 3, "upToDateNodes": 1,
+                               "readyNodes": 3, "upToDateAndReadyNodes": 1})
+        );
     }
 }

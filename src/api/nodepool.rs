@@ -297,6 +297,18 @@ pub struct NodePoolStatus {
     /// The generation of the referenced node class last observed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_class_observed_generation: Option<i64>,
+    /// Rollout status: the generation the counts below were computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Rollout status: nodes matching the pool's current spec (not drifted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date_nodes: Option<i64>,
+    /// Rollout status: nodes whose NodeClaim is Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_nodes: Option<i64>,
+    /// Rollout status: nodes both up to date and Ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_to_date_and_ready_nodes: Option<i64>,
 }
 
 impl NodePool {

@@ -8,6 +8,7 @@
 //! - [`usage`]: what each NodePool counts against its limits.
 //! - [`disruption`] and [`protection`]: the disruption candidates and what protects a node.
 //! - [`node`]: how a Node stands against its claim (ready, registered, initialized).
+//! - [`rollout`]: how far each NodePool's and NodeClass's nodes are rolled out (`NodesUpToDate`).
 //! - [`repair`]: which unhealthy Nodes node repair replaces, and which it holds back.
 //! - [`static_capacity`]: what each static NodePool holds and needs.
 //! - [`settings`]: the controller's settings as plain values.
@@ -17,6 +18,7 @@ pub mod disruption;
 pub mod node;
 pub mod protection;
 pub mod repair;
+pub mod rollout;
 pub mod settings;
 pub mod snapshot;
 pub mod static_capacity;

@@ -10,6 +10,7 @@ mod lagging_pod_watch;
 mod machine_pools;
 mod pause;
 mod repair;
+mod rollout_status;
 mod simulate_disruption;
 mod static_pools;
 mod under_faults;
