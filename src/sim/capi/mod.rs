@@ -14,9 +14,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::Event;
 use kube::{Api, Client, ResourceExt};
 use parking_lot::Mutex;
@@ -25,11 +25,14 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+mod cache;
 pub mod cloud_pool;
+mod conditions;
 mod machine;
 mod machine_deployment;
 mod machine_pool;
 mod machine_set;
+mod paused;
 mod preflight;
 
 pub use machine::{PROVIDER_ID_SET, provider_id, provider_id_for};
@@ -41,7 +44,7 @@ pub use machine_pool::{
 pub use preflight::{CONTROL_PLANE_KIND, CONTROL_PLANE_UPGRADING_ANNOTATION};
 
 use super::standin::{
-    Shutdown, SimRng, WorkQueue, at, is_conflict, is_not_found, log_retry, spawn_watch, str_at,
+    Shutdown, SimRng, WorkQueue, at, is_not_found, log_retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, POOL_NAME_LABEL, SET_NAME_LABEL};
 
@@ -356,309 +359,6 @@ impl Inner {
         Api::namespaced_with(self.client.clone(), ns, ar)
     }
 
-    /// False when shutdown came first.
-    async fn caches_synced(&self) -> bool {
-        let mut stop = self.shutdown.clone();
-        tokio::select! {
-            synced = async {
-                self.machines.wait_until_ready().await.is_ok()
-                    && self.sets.wait_until_ready().await.is_ok()
-            } => synced,
-            _ = stop.wait() => false,
-        }
-    }
-
-    /// The cached objects of namespace `ns` whose label `key` is `value`.
-    fn cached(
-        store: &Store<DynamicObject>,
-        ns: &str,
-        key: &str,
-        value: &str,
-    ) -> Vec<Arc<DynamicObject>> {
-        // Shared, not copied: a reconcile reads them (a deep copy of every Machine of a set per
-        // reconcile was most of the stand-in's CPU in a burst).
-        store
-            .state()
-            .into_iter()
-            .filter(|o| o.metadata.namespace.as_deref() == Some(ns))
-            .filter(|o| o.labels().get(key).map(String::as_str) == Some(value))
-            .collect()
-    }
-
-    /// Waits until the cache shows the objects this reconcile just created, as Cluster API's
-    /// MachineSet controller waits for its creates, so the next reconcile cannot count them
-    /// missing and create them again. One already deleted again (the server says 404) is not
-    /// waited for. Gives up after a while (the watch may be down): the objects exist either way.
-    async fn await_cached(
-        &self,
-        store: &Store<DynamicObject>,
-        ar: &ApiResource,
-        ns: &str,
-        names: &[String],
-    ) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let mut missing: Vec<&String> = names.iter().collect();
-        let mut stop = self.shutdown.clone();
-        let mut asked = tokio::time::Instant::now();
-        loop {
-            // Registered before looking, so an event applied meanwhile still wakes us.
-            let changed = self.cache_changed.notified();
-            missing.retain(|n| {
-                store
-                    .get(&ObjectRef::new_with(n, ar.clone()).within(ns))
-                    .is_none()
-            });
-            if missing.is_empty() {
-                return;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
-            // Woken by the watch. An object deleted again before the cache saw it never shows,
-            // so every 200 ms the server is asked which of the missing ones are gone.
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = stop.wait() => return,
-            }
-            if asked.elapsed() < Duration::from_millis(200) {
-                continue;
-            }
-            asked = tokio::time::Instant::now();
-            let api = self.api(ar, ns);
-            let mut gone = HashSet::new();
-            for n in &missing {
-                if let Ok(None) = api.get_opt(n).await {
-                    gone.insert(n.to_string());
-                }
-            }
-            missing.retain(|n| !gone.contains(*n));
-        }
-        tracing::warn!(
-            ?missing,
-            "cluster api stand-in: created objects not in the cache after 10 s"
-        );
-    }
-
-    /// Waits until the cache shows these just-deleted objects deleting (or gone), as Cluster
-    /// API's MachineSet controller waits for its deletes: a cache that lags would otherwise
-    /// still count a victim as live and take a second Machine for the same surplus. Gives up
-    /// after 10 s (the watch may be down).
-    async fn await_deleting_in_cache(
-        &self,
-        store: &Store<DynamicObject>,
-        ar: &ApiResource,
-        ns: &str,
-        names: &[String],
-    ) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let mut stop = self.shutdown.clone();
-        loop {
-            let changed = self.cache_changed.notified();
-            let live = names.iter().any(|n| {
-                store
-                    .get(&ObjectRef::new_with(n, ar.clone()).within(ns))
-                    .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
-            });
-            if !live {
-                return;
-            }
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = stop.wait() => return,
-            }
-        }
-        tracing::warn!(
-            ?names,
-            "cluster api stand-in: deleted objects not shown deleting in the cache after 10 s"
-        );
-    }
-
-    /// Waits until the cache holds object `name` at another resourceVersion than `stale` (or
-    /// not at all): after a write refused because it was made from that stale version, the
-    /// next reconcile then reads what the server refused it over, as controller-runtime's
-    /// requeue after a conflict reads an informer that has caught up. Gives up after 10 s (the
-    /// watch may be down).
-    async fn await_cache_past(
-        &self,
-        store: &Store<DynamicObject>,
-        ar: &ApiResource,
-        ns: &str,
-        name: &str,
-        stale: &str,
-    ) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let mut stop = self.shutdown.clone();
-        let key = ObjectRef::new_with(name, ar.clone()).within(ns);
-        loop {
-            let changed = self.cache_changed.notified();
-            let cached = store.get(&key);
-            if cached
-                .and_then(|o| o.metadata.resource_version.clone())
-                .as_deref()
-                != Some(stale)
-            {
-                return;
-            }
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = stop.wait() => return,
-            }
-        }
-        tracing::warn!(
-            name,
-            "cluster api stand-in: the cache still holds a version the server refused after 10 s"
-        );
-    }
-
-    /// Cluster API's `Paused` condition on `obj` (a MachineDeployment or MachineSet of `kind`)
-    /// made current, as every Cluster API controller does first (`EnsurePausedCondition`):
-    /// True while its Cluster has `spec.paused` or it carries the `cluster.x-k8s.io/paused`
-    /// annotation, else False. Written only when it changes, from a fresh read with its
-    /// resourceVersion and again on a conflict, as Cluster API's patch helper writes
-    /// conditions. [`Pause::stop`] says whether the reconcile ends here.
-    async fn ensure_paused_condition(
-        &self,
-        api: &Api<DynamicObject>,
-        obj: &DynamicObject,
-        kind: &str,
-        cluster_paused: bool,
-    ) -> Result<Pause, kube::Error> {
-        let v = self.cfg.version;
-        let annotated = obj.annotations().contains_key(PAUSED_ANNOTATION);
-        let paused = cluster_paused || annotated;
-        let want = paused_condition(kind, cluster_paused, annotated, obj.metadata.generation);
-        let have = condition(&obj.data, v, PAUSED_CONDITION);
-        let same_except_generation = have.is_some_and(|h| {
-            ["status", "reason", "message"]
-                .iter()
-                .all(|k| h.get(*k).unwrap_or(&Value::Null) == &want[*k])
-        });
-        let same = same_except_generation
-            && have.and_then(|h| h.get("observedGeneration")) == Some(&want["observedGeneration"]);
-        if same {
-            return Ok(Pause {
-                stop: paused,
-                fresh: None,
-            });
-        }
-        let name = obj.name_any();
-        for attempt in 0..5 {
-            let Some(mut fresh) = api.get_opt(&name).await? else {
-                return Ok(Pause {
-                    stop: true,
-                    fresh: None,
-                });
-            };
-            let mut c = want.clone();
-            let before = condition(&fresh.data, v, PAUSED_CONDITION);
-            // The transition time moves only when the status does.
-            let kept = before
-                .filter(|b| b.get("status") == c.get("status"))
-                .and_then(|b| b.get("lastTransitionTime").cloned());
-            c["lastTransitionTime"] = kept.unwrap_or_else(|| json!(now_rfc3339()));
-            set_condition(&mut fresh, v, c);
-            match api
-                .replace_status(&name, &PostParams::default(), &fresh)
-                .await
-            {
-                Ok(written) => {
-                    // As Cluster API: a change of the pause ends this reconcile (the write's
-                    // event brings the next one); only a newer generation on a False
-                    // condition lets it go on.
-                    return Ok(Pause {
-                        stop: paused || !same_except_generation,
-                        fresh: Some(written),
-                    });
-                }
-                Err(err) if is_not_found(&err) => {
-                    return Ok(Pause {
-                        stop: true,
-                        fresh: None,
-                    });
-                }
-                Err(err) if is_conflict(&err) && attempt < 4 => continue,
-                Err(err) => return Err(err),
-            }
-        }
-        Ok(Pause {
-            stop: true,
-            fresh: None,
-        })
-    }
-
-    /// Whether the API server serves Clusters (asked once).
-    async fn serves_clusters(&self) -> bool {
-        *self
-            .clusters_served
-            .get_or_init(|| async {
-                self.client
-                    .list_api_group_resources(&self.cfg.version.api_version())
-                    .await
-                    .is_ok_and(|l| l.resources.iter().any(|r| r.name == "clusters"))
-            })
-            .await
-    }
-
-    /// Queues the MachineDeployments and MachineSets of Cluster `ns/cluster`, listed from the
-    /// server (a MachineDeployment paused before it made a set has none in the cache).
-    async fn queue_cluster_objects(&self, ns: &str, cluster: &str) -> Result<(), kube::Error> {
-        let v = self.cfg.version;
-        let of_cluster =
-            |o: &DynamicObject| str_at(&o.data, &["spec", "clusterName"]) == Some(cluster);
-        for md in self
-            .api(&v.machine_deployment(), ns)
-            .list(&Default::default())
-            .await?
-            .items
-        {
-            if of_cluster(&md) {
-                self.queue.push(Work::Deployment {
-                    ns: ns.to_string(),
-                    name: md.name_any(),
-                });
-            }
-        }
-        for ms in self
-            .api(&v.machine_set(), ns)
-            .list(&Default::default())
-            .await?
-            .items
-        {
-            if of_cluster(&ms) {
-                self.queue.push(Work::Set {
-                    ns: ns.to_string(),
-                    name: ms.name_any(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether `obj`'s Cluster (its `spec.clusterName`) has `spec.paused`; a missing Cluster,
-    /// or a control plane that serves no Clusters, pauses nothing. Only `spec.paused` counts:
-    /// Cluster API's controllers read the Cluster's field and the object's own annotation,
-    /// never an annotation on the Cluster (that one pauses the Cluster's own controller).
-    async fn cluster_paused(&self, ns: &str, obj: &DynamicObject) -> Result<bool, kube::Error> {
-        let Some(name) = obj
-            .data
-            .pointer("/spec/clusterName")
-            .and_then(Value::as_str)
-        else {
-            return Ok(false);
-        };
-        if !self.serves_clusters().await {
-            return Ok(false);
-        }
-        let clusters = self.api(&self.cfg.version.cluster(), ns);
-        Ok(clusters
-            .get_opt(name)
-            .await?
-            .is_some_and(|c| c.data.pointer("/spec/paused").and_then(Value::as_bool) == Some(true)))
-    }
-
     fn on_machine_event(self: &Arc<Self>, event: Event<DynamicObject>) {
         let (machine, deleted) = match event {
             Event::Apply(m) | Event::InitApply(m) => (m, false),
@@ -771,92 +471,6 @@ impl Inner {
         }
         Ok(())
     }
-}
-
-/// What [`Inner::ensure_paused_condition`] found.
-struct Pause {
-    /// The reconcile ends here: the object is paused, gone, or its pause just changed.
-    stop: bool,
-    /// The object as the condition write left it, when it wrote.
-    fresh: Option<DynamicObject>,
-}
-
-/// Cluster API's pause annotation, on the Cluster's objects themselves.
-pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
-/// Cluster API's v1beta2 `Paused` condition type (also its True reason).
-pub const PAUSED_CONDITION: &str = "Paused";
-
-/// The `Paused` condition Cluster API sets on an object of `kind`, worded as it words it.
-fn paused_condition(
-    kind: &str,
-    cluster_paused: bool,
-    annotated: bool,
-    generation: Option<i64>,
-) -> Value {
-    let mut why = Vec::new();
-    if cluster_paused {
-        why.push("Cluster spec.paused is set to true".to_string());
-    }
-    if annotated {
-        why.push(format!("{kind} has the {PAUSED_ANNOTATION} annotation"));
-    }
-    let paused = !why.is_empty();
-    json!({
-        "type": PAUSED_CONDITION,
-        "status": if paused { "True" } else { "False" },
-        "reason": if paused { PAUSED_CONDITION } else { "NotPaused" },
-        "message": why.join(", "),
-        "observedGeneration": generation.unwrap_or(0),
-    })
-}
-
-/// Where an object's v1beta2-style conditions live: `status.conditions` in v1beta2,
-/// `status.v1beta2.conditions` on v1beta1 objects (Cluster API 1.9 and later).
-fn conditions_path(v: CapiVersion) -> &'static str {
-    match v {
-        CapiVersion::V1Beta1 => "/status/v1beta2/conditions",
-        CapiVersion::V1Beta2 => "/status/conditions",
-    }
-}
-
-/// The v1beta2-style condition `kind` of an object, when it has one.
-fn condition<'a>(obj: &'a Value, v: CapiVersion, kind: &str) -> Option<&'a Value> {
-    obj.pointer(conditions_path(v))?
-        .as_array()?
-        .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some(kind))
-}
-
-/// Puts `condition` among `obj`'s v1beta2-style conditions, replacing one of its type.
-fn set_condition(obj: &mut DynamicObject, v: CapiVersion, condition: Value) {
-    let kind = condition.get("type").cloned();
-    let data = &mut obj.data;
-    if !data.get("status").is_some_and(Value::is_object) {
-        data["status"] = json!({});
-    }
-    let mut parent = &mut data["status"];
-    if v == CapiVersion::V1Beta1 {
-        if !parent.get("v1beta2").is_some_and(Value::is_object) {
-            parent["v1beta2"] = json!({});
-        }
-        parent = &mut parent["v1beta2"];
-    }
-    if !parent.get("conditions").is_some_and(Value::is_array) {
-        parent["conditions"] = json!([]);
-    }
-    if let Some(list) = parent["conditions"].as_array_mut() {
-        match list.iter_mut().find(|c| c.get("type") == kind.as_ref()) {
-            Some(slot) => *slot = condition,
-            None => list.push(condition),
-        }
-    }
-}
-
-/// Now, to the second, as conditions carry it.
-fn now_rfc3339() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
 }
 
 fn ns_of(o: &DynamicObject) -> String {

@@ -1,6 +1,8 @@
 use super::*;
 use serde_json::json;
 
+use crate::api::wellknown::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
+
 fn pod(extra: serde_json::Value) -> Pod {
     let mut v = json!({
         "metadata": {"name": "p", "namespace": "ns"},
