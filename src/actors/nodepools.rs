@@ -138,24 +138,44 @@ impl NodePools {
                     format!("NodePool {name} is not ready: {msg}"),
                 );
             }
-            ctx.spawn(
-                async move {
-                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                        .await
-                }
-                .into_actor(self)
-                .map(|r, act, ctx| match r {
-                    Ok(_) => act.pass.backoff.reset(),
-                    // A deleted pool needs no status.
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "updating NodePool status failed; retrying");
-                        act.retry_later(ctx);
-                    }
-                }),
-            );
+            self.write_status(ctx, api, name, body, true);
         }
         self.refresh_nodeclasses(ctx, &class_rollouts);
+    }
+
+    /// Merge-patches `name`'s status with `body`; a failure retries the whole refresh later,
+    /// and a success resets the back-off when `resets` (the NodePools' own writes).
+    fn write_status<K>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        api: Api<K>,
+        name: String,
+        body: serde_json::Value,
+        resets: bool,
+    ) where
+        K: kube::Resource<DynamicType = ()>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug
+            + 'static,
+    {
+        ctx.spawn(
+            async move {
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+            }
+            .into_actor(self)
+            .map(move |r, act, ctx| match r {
+                Ok(_) if resets => act.pass.backoff.reset(),
+                Ok(_) => {}
+                // A deleted object needs no status.
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, kind = %K::kind(&()), "updating status failed; retrying");
+                    act.retry_later(ctx);
+                }
+            }),
+        );
     }
 
     /// Each ClusterAPINodeClass's rollout status, over the claims that use it. The Catalog
@@ -197,22 +217,7 @@ impl NodePools {
                 continue;
             }
             let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
-            let body = json!({ "status": desired });
-            ctx.spawn(
-                async move {
-                    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
-                        .await
-                }
-                .into_actor(self)
-                .map(|r, act, ctx| match r {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => {
-                        tracing::warn!(error = %e, "updating ClusterAPINodeClass status failed; retrying");
-                        act.retry_later(ctx);
-                    }
-                }),
-            );
+            self.write_status(ctx, api, name, json!({ "status": desired }), false);
         }
     }
 
@@ -333,9 +338,33 @@ fn desired_status(
     let mut conds = status.conditions.take().unwrap_or_default();
     let now = Timestamp::now();
     let generation = np.metadata.generation;
+    set_validation(np, &mut conds, generation, now);
+    set_nodeclass_ready(shared, np, &mut conds, generation, now);
+    set_registration_healthy(shared, np, &mut conds, generation, now);
+    set_disruption_paused(shared, np, &mut conds, generation, now);
+    set_nodes_up_to_date(&mut conds, rollout, generation, now);
+    conditions::set_nodepool_ready(&mut conds, generation, now);
+    // Keep transition times stable: only conditions that changed got `now`.
+    status.conditions = Some(conds);
+    status.resources = Some(resources.to_k8s());
+    status.nodes = Some(nodes);
+    status.observed_generation = generation;
+    status.up_to_date_nodes = Some(rollout.up_to_date);
+    status.ready_nodes = Some(rollout.ready);
+    status.up_to_date_and_ready_nodes = Some(rollout.up_to_date_and_ready);
+    status
+}
+
+/// `ValidationSucceeded`: the NodePool's own validation, as the webhook-less CRD leaves it to us.
+fn set_validation(
+    np: &NodePool,
+    conds: &mut Vec<conditions::Condition>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     match validate_nodepool(np) {
         Ok(()) => conditions::set(
-            &mut conds,
+            conds,
             conditions::VALIDATION_SUCCEEDED,
             ConditionStatus::True,
             "ValidationSucceeded",
@@ -344,7 +373,7 @@ fn desired_status(
             now,
         ),
         Err(e) => conditions::set(
-            &mut conds,
+            conds,
             conditions::VALIDATION_SUCCEEDED,
             ConditionStatus::False,
             "ValidationFailed",
@@ -353,6 +382,16 @@ fn desired_status(
             now,
         ),
     };
+}
+
+/// `NodeClassReady`: the referenced ClusterAPINodeClass is ours, known and ready in the catalog.
+fn set_nodeclass_ready(
+    shared: &Shared,
+    np: &NodePool,
+    conds: &mut Vec<conditions::Condition>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
     let r = &np.spec.template.spec.node_class_ref;
     let (st, reason, msg) = if r.group != NODECLASS_GROUP || r.kind != NODECLASS_KIND {
         (
@@ -379,7 +418,7 @@ fn desired_status(
         }
     };
     conditions::set(
-        &mut conds,
+        conds,
         conditions::NODE_CLASS_READY,
         st,
         reason,
@@ -387,7 +426,17 @@ fn desired_status(
         generation,
         now,
     );
-    let current = conditions::get(&conds, conditions::NODE_REGISTRATION_HEALTHY)
+}
+
+/// `NodeRegistrationHealthy` from recent launch outcomes, when the record has a verdict.
+fn set_registration_healthy(
+    shared: &Shared,
+    np: &NodePool,
+    conds: &mut Vec<conditions::Condition>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let current = conditions::get(conds, conditions::NODE_REGISTRATION_HEALTHY)
         .map(|c| (c.status.as_bool(), c.observed_generation));
     let desired =
         shared
@@ -406,7 +455,7 @@ fn desired_status(
             Some(v) => (ConditionStatus::False, v.reason, v.message),
         };
         conditions::set(
-            &mut conds,
+            conds,
             conditions::NODE_REGISTRATION_HEALTHY,
             st,
             &reason,
@@ -415,18 +464,6 @@ fn desired_status(
             now,
         );
     }
-    set_disruption_paused(shared, np, &mut conds, generation, now);
-    set_nodes_up_to_date(&mut conds, rollout, generation, now);
-    conditions::set_nodepool_ready(&mut conds, generation, now);
-    // Keep transition times stable: only conditions that changed got `now`.
-    status.conditions = Some(conds);
-    status.resources = Some(resources.to_k8s());
-    status.nodes = Some(nodes);
-    status.observed_generation = generation;
-    status.up_to_date_nodes = Some(rollout.up_to_date);
-    status.ready_nodes = Some(rollout.ready);
-    status.up_to_date_and_ready_nodes = Some(rollout.up_to_date_and_ready);
-    status
 }
 
 /// `NodesUpToDate` from the rollout counts (`view::rollout`).

@@ -299,6 +299,21 @@ fn cluster_api_part_missing(
     (!unbound.is_empty()).then(|| format!("Machines without nodeRef: {unbound:?}"))
 }
 
+/// `simulate --control-plane real --cluster-api real --cluster-api-version VERSION REST...`:
+/// the arguments every real-Cluster-API flow starts from.
+fn real_args(version: &str, rest: &[&str]) -> karpenter_capi::cli::SimulateArgs {
+    let mut words = vec![
+        "--control-plane",
+        "real",
+        "--cluster-api",
+        "real",
+        "--cluster-api-version",
+        version,
+    ];
+    words.extend_from_slice(rest);
+    karpenter_capi::cli::SimulateArgs::from_words(&words).expect("simulate's arguments")
+}
+
 fn report_names_real_cluster_api(
     cluster: &karpenter_capi::sim::cluster::SimCluster,
     release: &str,
@@ -413,28 +428,23 @@ async fn the_launch_flow_runs_on_real_cluster_api() {
 /// `simulate --control-plane real --cluster-api real --cluster-api-version v1beta1 --scenario
 /// pods` (v1.10.10): pending pods get claims, Machines Cluster API makes, Nodes, and bindings.
 async fn the_pods_flow_runs_on_real_cluster_api_v1beta1() {
-    use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::pods;
 
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--cluster-api-version",
+    let args = real_args(
         "v1beta1",
-        "--scenario",
-        "pods",
-        "--pods",
-        "12",
-        "--deployments",
-        "2",
-        "--machine-deployments",
-        "2",
-        "--deadline",
-        "300s",
-    ])
-    .expect("simulate's arguments");
+        &[
+            "--scenario",
+            "pods",
+            "--pods",
+            "12",
+            "--deployments",
+            "2",
+            "--machine-deployments",
+            "2",
+            "--deadline",
+            "300s",
+        ],
+    );
     let (report, kept) = pods::run_kept(&args)
         .await
         .unwrap_or_else(|e| panic!("the pods scenario on real Cluster API v1beta1: {e}"));
@@ -478,26 +488,21 @@ async fn the_drain_flow_runs_on_real_cluster_api_v1beta1() {
 }
 
 async fn drain_flow(version: &str, release: &str) {
-    use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::drain;
 
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--cluster-api-version",
+    let args = real_args(
         version,
-        "--scenario",
-        "drain",
-        "--pods",
-        "60",
-        "--deployments",
-        "4",
-        "--deadline",
-        "300s",
-    ])
-    .expect("simulate's arguments");
+        &[
+            "--scenario",
+            "drain",
+            "--pods",
+            "60",
+            "--deployments",
+            "4",
+            "--deadline",
+            "300s",
+        ],
+    );
     let (report, kept) = drain::run_kept(&args)
         .await
         .unwrap_or_else(|e| panic!("the drain scenario on real Cluster API: {e}"));
@@ -538,26 +543,21 @@ async fn the_consolidate_flow_runs_on_real_cluster_api_v1beta1() {
 }
 
 async fn consolidate_flow(version: &str, release: &str) {
-    use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::disruption;
 
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--cluster-api-version",
+    let args = real_args(
         version,
-        "--scenario",
-        "consolidate",
-        "--pods",
-        "60",
-        "--deployments",
-        "4",
-        "--deadline",
-        "300s",
-    ])
-    .expect("simulate's arguments");
+        &[
+            "--scenario",
+            "consolidate",
+            "--pods",
+            "60",
+            "--deployments",
+            "4",
+            "--deadline",
+            "300s",
+        ],
+    );
     let (report, kept) = disruption::run_kept(&args)
         .await
         .unwrap_or_else(|e| panic!("the consolidate scenario on real Cluster API: {e}"));
@@ -650,26 +650,21 @@ async fn the_expire_flow_runs_on_real_cluster_api_v1beta1() {
 }
 
 async fn expire_flow(version: &str, release: &str) {
-    use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::disruption;
 
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--cluster-api-version",
+    let args = real_args(
         version,
-        "--scenario",
-        "expire",
-        "--pods",
-        "40",
-        "--deployments",
-        "4",
-        "--deadline",
-        "300s",
-    ])
-    .expect("simulate's arguments");
+        &[
+            "--scenario",
+            "expire",
+            "--pods",
+            "40",
+            "--deployments",
+            "4",
+            "--deadline",
+            "300s",
+        ],
+    );
     let (report, kept) = disruption::run_kept(&args)
         .await
         .unwrap_or_else(|e| panic!("the expire scenario on real Cluster API: {e}"));
@@ -709,26 +704,14 @@ async fn the_static_flow_runs_on_real_cluster_api_v1beta1() {
 }
 
 async fn static_flow(version: &str, release: &str) {
-    use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::static_pool;
 
     const REPLICAS: usize = 10;
     crate::common::logs();
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--cluster-api-version",
+    let args = real_args(
         version,
-        "--scenario",
-        "static",
-        "--pods",
-        "10",
-        "--deadline",
-        "300s",
-    ])
-    .expect("simulate's arguments");
+        &["--scenario", "static", "--pods", "10", "--deadline", "300s"],
+    );
     let (report, kept) = static_pool::run_kept(&args)
         .await
         .unwrap_or_else(|e| panic!("the static scenario on real Cluster API: {e}"));

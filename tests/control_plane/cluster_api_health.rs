@@ -79,18 +79,9 @@ const MHC_TIMEOUT_SECONDS: i64 = 5;
 /// <at.version>` runs, one MachineDeployment, the controller with short batches, disruption
 /// passes at test speed and, when `repair`, node repair on with a one-second toleration.
 async fn real_env(repair: bool, at: At) -> Env {
-    use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::simulate::pods::seed_of;
 
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--cluster-api-version",
-        at.version,
-    ])
-    .expect("simulate's arguments");
+    let args = super::real_args(at.version, &[]);
     let env = Env::builder()
         .cluster(karpenter_capi::simulate::cluster_config(&args))
         .seeds(vec![seed_of(0, 10)])

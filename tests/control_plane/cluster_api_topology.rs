@@ -102,18 +102,9 @@ async fn a_clusterclass_topology_leaves_unset_replicas_to_the_controller_on_real
 async fn topology_leaves_unset_replicas(version: &str, release: &str) {
     use crate::common::claims::fast_disruption;
     use crate::common::{Env, NS};
-    use karpenter_capi::cli::SimulateArgs;
     use karpenter_capi::sim::cluster::PodShape;
 
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--cluster-api-version",
-        version,
-    ])
-    .expect("simulate's arguments");
+    let args = super::real_args(version, &[]);
     let env = Env::builder()
         .cluster(karpenter_capi::simulate::cluster_config(&args))
         .seeds(Vec::new())
