@@ -19,8 +19,12 @@ use crate::metrics::Metrics;
 
 /// The static pool's name.
 pub const POOL: &str = "static";
-/// Node repair's toleration in the scenario (upstream's is 30 minutes).
-const TOLERATION: Duration = Duration::from_secs(2);
+/// Node repair's toleration in the scenario (upstream's is 30 minutes): longer than any new
+/// Node stays `Ready=False` while it registers, so only the Nodes the scenario sickens are due.
+const TOLERATION: Duration = Duration::from_secs(60);
+/// How long ago a sickened Node's `Ready` is dated to have turned: one second short of the
+/// toleration, so its repair falls due a second after the scenario sickens it.
+const SICK_FOR: Duration = Duration::from_secs(59);
 
 /// A static copy of `pool` named `name`: the same template, `replicas`, no weight and no
 /// limits but `nodes` (what the CRD allows a static pool).
@@ -198,8 +202,8 @@ impl Run {
             .map_err(|source| Error::Kube { what, source })
     }
 
-    /// Sets a Node's `Ready` to `status`, as a failing kubelet would; the kubelet stand-in lets
-    /// go of it first (it would report it Ready again).
+    /// Sets a Node's `Ready` to `status`, as a kubelet failing for `SICK_FOR` would; the
+    /// kubelet stand-in lets go of it first (it would report it Ready again).
     async fn sicken(&self, node: String, status: &'static str) -> Result<(), Error> {
         self.run("marking a Node unhealthy", move |client| async move {
             let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
@@ -211,16 +215,16 @@ impl Run {
                         crate::sim::kubelet::SIM_NODE_ANNOTATION: null}}})),
                 )
                 .await?;
-            let now = jiff::Timestamp::now()
-                .strftime("%Y-%m-%dT%H:%M:%SZ")
-                .to_string();
+            let now = jiff::Timestamp::now();
+            let since = now.checked_sub(SICK_FOR).unwrap_or(now);
+            let stamp = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
             nodes
                 .patch_status(
                     &node,
                     &PatchParams::default(),
                     &Patch::Merge(json!({"status": {"conditions": [{
                         "type": "Ready", "status": status, "reason": "KubeletNotReady",
-                        "lastHeartbeatTime": now, "lastTransitionTime": now}]}})),
+                        "lastHeartbeatTime": stamp(now), "lastTransitionTime": stamp(since)}]}})),
                 )
                 .await
                 .map(|_| ())

@@ -14,14 +14,21 @@ use karpenter_capi::simulate::sim_settings;
 use super::claims::fast_disruption;
 use super::{Env, eventually};
 
-/// Node repair on with a toleration of one second (the setting `--feature-gates NodeRepair=true`
-/// fills with upstream's 30 minutes), disruption passes at test speed, on `backend`.
+/// Node repair's toleration in tests (`--feature-gates NodeRepair=true` fills in upstream's 30
+/// minutes): longer than any new Node stays `Ready=False` while it registers, even under load,
+/// so only the Nodes a test sickens are ever due.
+pub const TOLERATION: Duration = Duration::from_secs(60);
+/// How long ago `Env::node_ready` dates the change: one second short of the toleration, so a
+/// sickened Node's repair falls due a second later.
+pub const SICK_FOR: Duration = Duration::from_secs(59);
+
+/// Node repair on with `TOLERATION`, disruption passes at test speed, on `backend`.
 pub async fn env_repair_on(backend: Backend) -> Env {
     Env::builder()
         .backend(backend)
         .settings(Settings {
             disruption: fast_disruption(),
-            node_repair: Some(Duration::from_secs(1)),
+            node_repair: Some(TOLERATION),
             ..sim_settings(None)
         })
         .start()

@@ -190,9 +190,9 @@ pub async fn replicas_above_limits_nodes_are_held_at_the_limit(env: &Env) {
 }
 
 impl Env {
-    /// Sets the Node's `Ready` condition to `status` (False or Unknown) from now, as a failing
-    /// kubelet or the node lifecycle controller would. The kubelet stand-in lets go of the Node
-    /// first (it would report it Ready again).
+    /// Sets the Node's `Ready` condition to `status` (False or Unknown), dated `SICK_FOR` ago,
+    /// as a kubelet failing that long or the node lifecycle controller would. The kubelet
+    /// stand-in lets go of the Node first (it would report it Ready again).
     pub async fn node_ready(&self, node: &str, status: &str) {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client().await);
         nodes
@@ -204,9 +204,9 @@ impl Env {
             )
             .await
             .expect("the kubelet stand-in lets go of the Node");
-        let now = jiff::Timestamp::now()
-            .strftime("%Y-%m-%dT%H:%M:%SZ")
-            .to_string();
+        let now = jiff::Timestamp::now();
+        let since = now.checked_sub(super::repair::SICK_FOR).unwrap_or(now);
+        let stamp = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         nodes
             .patch_status(
                 node,
@@ -214,7 +214,7 @@ impl Env {
                 &Patch::Merge(json!({"status": {"conditions": [{
                     "type": "Ready", "status": status, "reason": "KubeletNotReady",
                     "message": "container runtime is down",
-                    "lastHeartbeatTime": now, "lastTransitionTime": now}]}})),
+                    "lastHeartbeatTime": stamp(now), "lastTransitionTime": stamp(since)}]}})),
             )
             .await
             .expect("set the Node's Ready condition");

@@ -763,7 +763,7 @@ async fn static_flow(version: &str, release: &str) {
 }
 
 /// `simulate --control-plane real --cluster-api real --scenario repair --pods 5` (v1.14.2): a
-/// static pool of 5 with node repair on (2 s toleration). One Node gone `Ready=False` is replaced
+/// static pool of 5 with node repair on (due a second after a Node is sickened). One Node gone `Ready=False` is replaced
 /// (its claim deleted, Cluster API deleting its Machine and making the new one); then more than a
 /// fifth of the pool `Unknown` is held back, each such Node told by a `NodeRepairBlocked` Event
 /// the phase reads from the real backend's mirror, which must therefore hold the Events the

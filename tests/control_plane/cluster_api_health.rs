@@ -16,7 +16,6 @@
 //! workload cluster client, which drains).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use karpenter_capi::controlplane::cluster_api::{
     MANAGER_USER, RELEASE_V1BETA1, RELEASE_V1BETA2, WORKLOAD_USER,
@@ -71,13 +70,14 @@ const V1BETA1: At = At {
 const APP: &str = "web";
 const PODS: usize = 3;
 
-/// The MachineHealthCheck's unhealthy-node timeout: past the controller's repair toleration
-/// (one second here), so an MHC slower than repair must still be the one that acts.
-const MHC_TIMEOUT_SECONDS: i64 = 5;
+/// The MachineHealthCheck's unhealthy-node timeout: four seconds past the controller's repair
+/// toleration (a Node `Env::node_ready` sickens is due for repair a second later, for the MHC
+/// five), so an MHC slower than repair must still be the one that acts.
+const MHC_TIMEOUT_SECONDS: i64 = crate::common::repair::TOLERATION.as_secs() as i64 + 4;
 
 /// The cluster `simulate --control-plane real --cluster-api real --cluster-api-version
 /// <at.version>` runs, one MachineDeployment, the controller with short batches, disruption
-/// passes at test speed and, when `repair`, node repair on with a one-second toleration.
+/// passes at test speed and, when `repair`, node repair on with the tests' toleration.
 async fn real_env(repair: bool, at: At) -> Env {
     use karpenter_capi::simulate::pods::seed_of;
 
@@ -88,7 +88,7 @@ async fn real_env(repair: bool, at: At) -> Env {
         .short_batches()
         .tune(|s| {
             s.disruption = fast_disruption();
-            s.node_repair = repair.then_some(Duration::from_secs(1));
+            s.node_repair = repair.then_some(crate::common::repair::TOLERATION);
         })
         .start()
         .await;

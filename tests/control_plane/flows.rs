@@ -286,7 +286,7 @@ async fn static_replicas_above_limits_nodes_are_held_at_the_limit(backend: Backe
     env.assert_clean();
 }
 
-/// Node repair: a Node `Ready=False` past the toleration (one second here) is replaced.
+/// Node repair: a Node `Ready=False` past the toleration is replaced.
 async fn an_unhealthy_node_is_replaced_past_its_toleration(backend: Backend) {
     let env = crate::common::repair::env_repair_on(backend).await;
     crate::common::repair::an_unhealthy_node_is_replaced_past_its_toleration(&env).await;
