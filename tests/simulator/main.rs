@@ -8,6 +8,7 @@ mod from_cluster;
 mod measure_apart;
 mod report_html;
 mod sim_machine_pool;
+mod sim_pause;
 mod sim_rollout;
 mod sim_server;
 mod sim_standins;

@@ -40,6 +40,9 @@ impl Inner {
     pub(super) async fn provision(self: Arc<Self>, ns: String, machine: DynamicObject) {
         let name = machine.name_any();
         let api = self.api(&self.cfg.version.machine(), &ns);
+        if !self.hold_while_paused(&ns, &machine).await {
+            return;
+        }
         // Phases go Pending -> Provisioning in this one task, so no other writer can reorder them.
         if str_at(&machine.data, &["status", "phase"]).is_none() {
             let pending = json!({"status": {"phase": "Pending"}});
@@ -79,6 +82,10 @@ impl Inner {
             Err(_) => return,
         };
         if fresh.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        // A pause that came during the launch holds the provider ID back too.
+        if !self.hold_while_paused(&ns, &fresh).await {
             return;
         }
         let spec = json!({"spec": {"providerID": provider_id}});
@@ -202,6 +209,11 @@ impl Inner {
 
     pub(super) async fn delete_machine(self: Arc<Self>, ns: String, name: String) {
         let api = self.api(&self.cfg.version.machine(), &ns);
+        // Cluster API deletes nothing of a paused Machine: it stays, finalizer and all.
+        match retry("machine get", &self.shutdown, || api.get(&name)).await {
+            Ok(m) if self.hold_while_paused(&ns, &m).await => {}
+            _ => return,
+        }
         let deleting = json!({"status": {"phase": "Deleting"}});
         if retry("machine deleting", &self.shutdown, || {
             merge_status(&api, &name, &deleting)

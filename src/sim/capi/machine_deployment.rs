@@ -59,14 +59,12 @@ impl Inner {
         // Cluster API's pause (the Cluster's `spec.paused` or the MachineDeployment's
         // `cluster.x-k8s.io/paused` annotation): the `Paused` condition says so and nothing else
         // happens (no MachineSet scaled, no status written) until it lifts.
-        let cluster_paused = self.cluster_paused(ns, &md).await?;
-        let pause = self
-            .ensure_paused_condition(&mds, &md, "MachineDeployment", cluster_paused)
-            .await?;
-        if pause.stop {
+        let Some(md) = self
+            .unless_paused(ns, &mds, md, "MachineDeployment")
+            .await?
+        else {
             return Ok(());
-        }
-        let md = pause.fresh.unwrap_or(md);
+        };
         let md_uid = md.uid().unwrap_or_default();
         let mut sets: Vec<DynamicObject> =
             Self::cached(&self.sets, ns, DEPLOYMENT_NAME_LABEL, name)

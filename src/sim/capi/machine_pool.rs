@@ -151,6 +151,11 @@ impl Inner {
         if mp.metadata.deletion_timestamp.is_some() {
             return Ok(());
         }
+        // Cluster API's pause, as for MachineSets: the pool's `Paused` condition says so and
+        // no instance or Machine is made or removed until it lifts.
+        let Some(mp) = self.unless_paused(ns, &pools, mp, "MachinePool").await? else {
+            return Ok(());
+        };
         let Some(infra_name) = str_at(
             &mp.data,
             &["spec", "template", "spec", "infrastructureRef", "name"],

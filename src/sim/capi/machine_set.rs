@@ -54,14 +54,9 @@ impl Inner {
         // Cluster API's pause (the Cluster's `spec.paused` or the set's own annotation): the
         // `Paused` condition says so and the set neither creates nor deletes a Machine until it
         // lifts.
-        let cluster_paused = self.cluster_paused(ns, &ms).await?;
-        let pause = self
-            .ensure_paused_condition(&sets_api, &ms, "MachineSet", cluster_paused)
-            .await?;
-        if pause.stop {
+        let Some(ms) = self.unless_paused(ns, &sets_api, ms, "MachineSet").await? else {
             return Ok(());
-        }
-        let ms = pause.fresh.unwrap_or(ms);
+        };
         let ms_uid = ms.uid().unwrap_or_default();
         let machines: Vec<Arc<DynamicObject>> =
             Self::cached(&self.machines, ns, SET_NAME_LABEL, name)

@@ -154,6 +154,9 @@ struct Inner {
     /// Whether the API server serves Clusters (asked once): where it does not (a control plane
     /// with only the scalable kinds' CRDs), no Cluster is read on each reconcile.
     clusters_served: tokio::sync::OnceCell<bool>,
+    /// Clusters with `spec.paused` as the Cluster watch last saw them, by (namespace, name):
+    /// Machines' provider and deletion tasks hold on it without a request each.
+    paused_clusters: Mutex<HashSet<(String, String)>>,
     shutdown: Shutdown,
 }
 
@@ -270,11 +273,14 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> (Vec<JoinHa
         let mut last: HashMap<(String, String), bool> = HashMap::new();
         let on = me.clone();
         let watch = spawn_watch("clusters", api, me.shutdown.clone(), move |event| {
+            let gone = matches!(event, Event::Delete(_));
             let Some(cluster) = applied_or_deleted(event) else {
                 return;
             };
             let key = (cluster.namespace().unwrap_or_default(), cluster.name_any());
-            let paused = cluster.data.pointer("/spec/paused").and_then(Value::as_bool) == Some(true);
+            let paused = !gone
+                && cluster.data.pointer("/spec/paused").and_then(Value::as_bool) == Some(true);
+            on.note_cluster_pause(&key, paused);
             if last.insert(key.clone(), paused).unwrap_or(false) != paused {
                 let on = on.clone();
                 tokio::spawn(async move {
@@ -351,6 +357,7 @@ impl Inner {
             pool_instance_specs: Mutex::new(HashMap::new()),
             available: Mutex::new(HashMap::new()),
             clusters_served: tokio::sync::OnceCell::new(),
+            paused_clusters: Mutex::new(HashSet::new()),
             shutdown,
         }
     }

@@ -88,6 +88,61 @@ impl Inner {
         })
     }
 
+    /// Cluster API's pause, where each of its reconcilers starts: `obj`'s `Paused` condition
+    /// made current ([`Inner::ensure_paused_condition`]). `None` when the reconcile ends here,
+    /// else the object to go on with (as the condition write left it, when it wrote).
+    pub(super) async fn unless_paused(
+        &self,
+        ns: &str,
+        api: &Api<DynamicObject>,
+        obj: DynamicObject,
+        kind: &str,
+    ) -> Result<Option<DynamicObject>, kube::Error> {
+        let cluster_paused = self.cluster_paused(ns, &obj).await?;
+        let pause = self
+            .ensure_paused_condition(api, &obj, kind, cluster_paused)
+            .await?;
+        Ok((!pause.stop).then(|| pause.fresh.unwrap_or(obj)))
+    }
+
+    /// Records whether Cluster `key` is paused, as its watch saw it.
+    pub(super) fn note_cluster_pause(&self, key: &(String, String), paused: bool) {
+        let mut held = self.paused_clusters.lock();
+        if paused {
+            held.insert(key.clone());
+        } else {
+            held.remove(key);
+        }
+    }
+
+    /// Waits while `machine` is paused (its Cluster's `spec.paused`, as the Cluster watch last
+    /// saw it, or its own `cluster.x-k8s.io/paused` annotation), as Cluster API's Machine
+    /// controller and every infrastructure provider stop there: no provider ID, no drain, no
+    /// finalizer removed until the pause lifts. Polls the watch's record, not the server.
+    /// False when the stand-in shuts down.
+    pub(super) async fn hold_while_paused(&self, ns: &str, machine: &DynamicObject) -> bool {
+        let cluster = str_at(&machine.data, &["spec", "clusterName"]).map(str::to_string);
+        let key = cluster.map(|c| (ns.to_string(), c));
+        let annotated = machine.annotations().contains_key(PAUSED_ANNOTATION);
+        let mut told = false;
+        loop {
+            let paused = annotated
+                || key
+                    .as_ref()
+                    .is_some_and(|k| self.paused_clusters.lock().contains(k));
+            if !paused {
+                return true;
+            }
+            if !told {
+                tracing::debug!(machine = %machine.name_any(), "cluster api stand-in: Machine paused; holding");
+                told = true;
+            }
+            if !self.shutdown.sleep(PAUSE_POLL).await {
+                return false;
+            }
+        }
+    }
+
     /// Whether the API server serves Clusters (asked once).
     pub(super) async fn serves_clusters(&self) -> bool {
         *self
@@ -101,8 +156,9 @@ impl Inner {
             .await
     }
 
-    /// Queues the MachineDeployments and MachineSets of Cluster `ns/cluster`, listed from the
-    /// server (a MachineDeployment paused before it made a set has none in the cache).
+    /// Queues the MachineDeployments, MachineSets and MachinePools of Cluster `ns/cluster`,
+    /// listed from the server (a MachineDeployment paused before it made a set has none in the
+    /// cache).
     pub(super) async fn queue_cluster_objects(
         &self,
         ns: &str,
@@ -134,6 +190,19 @@ impl Inner {
                 self.queue.push(Work::Set {
                     ns: ns.to_string(),
                     name: ms.name_any(),
+                });
+            }
+        }
+        // MachinePools only where their CRD is served.
+        let pools = self
+            .api(&v.machine_pool(), ns)
+            .list(&Default::default())
+            .await;
+        for mp in pools.map(|l| l.items).unwrap_or_default() {
+            if of_cluster(&mp) {
+                self.queue.push(Work::Pool {
+                    ns: ns.to_string(),
+                    name: mp.name_any(),
                 });
             }
         }
@@ -177,6 +246,9 @@ pub(super) struct Pause {
 
 /// Cluster API's pause annotation, on the Cluster's objects themselves.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+/// How often a paused Machine's task looks again (a watch of the Cluster records the pause).
+const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// Cluster API's v1beta2 `Paused` condition type (also its True reason).
 pub const PAUSED_CONDITION: &str = "Paused";
 
