@@ -22,9 +22,10 @@ pub const POOL: &str = "static";
 /// Node repair's toleration in the scenario (upstream's is 30 minutes): longer than any new
 /// Node stays `Ready=False` while it registers, so only the Nodes the scenario sickens are due.
 const TOLERATION: Duration = Duration::from_secs(60);
-/// How long ago a sickened Node's `Ready` is dated to have turned: one second short of the
-/// toleration, so its repair falls due a second after the scenario sickens it.
-const SICK_FOR: Duration = Duration::from_secs(59);
+/// How long ago a sickened Node's `Ready` is dated to have turned: three seconds short of the
+/// toleration, so its repair falls due three seconds after the scenario sickens it, time
+/// enough to sicken the rest of a phase's Nodes before the first is due, even under load.
+const SICK_FOR: Duration = Duration::from_secs(57);
 
 /// A static copy of `pool` named `name`: the same template, `replicas`, no weight and no
 /// limits but `nodes` (what the CRD allows a static pool).

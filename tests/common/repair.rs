@@ -18,9 +18,10 @@ use super::{Env, eventually};
 /// minutes): longer than any new Node stays `Ready=False` while it registers, even under load,
 /// so only the Nodes a test sickens are ever due.
 pub const TOLERATION: Duration = Duration::from_secs(60);
-/// How long ago `Env::node_ready` dates the change: one second short of the toleration, so a
-/// sickened Node's repair falls due a second later.
-pub const SICK_FOR: Duration = Duration::from_secs(59);
+/// How long ago `Env::node_ready` dates the change: three seconds short of the toleration, so
+/// a sickened Node's repair falls due three seconds later, time enough for a test to sicken
+/// its other Nodes before the first is due, even under load.
+pub const SICK_FOR: Duration = Duration::from_secs(57);
 
 /// Node repair on with `TOLERATION`, disruption passes at test speed, on `backend`.
 pub async fn env_repair_on(backend: Backend) -> Env {

@@ -43,6 +43,14 @@ mod topology;
 #[path = "cluster_api_pools.rs"]
 mod pools;
 
+/// Static NodePools and node repair (the static and repair scenarios).
+#[path = "cluster_api_static.rs"]
+mod statics;
+
+/// A paused Cluster: launch and disruption held until the pause lifts.
+#[path = "cluster_api_paused.rs"]
+mod paused;
+
 pub fn tests() -> Vec<assets::Test> {
     let mut tests = trials![
         @tokio the_manager_starts_its_webhooks_default_and_validate_and_nothing_is_left
@@ -61,23 +69,19 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix the_drift_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
+        @actix the_drift_flow_runs_on_real_cluster_api_v1beta1
+            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
         @actix the_expire_flow_runs_on_real_cluster_api
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
         @actix the_expire_flow_runs_on_real_cluster_api_v1beta1
             needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
-        @actix the_static_flow_runs_on_real_cluster_api
-            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
-        @actix the_static_flow_runs_on_real_cluster_api_v1beta1
-            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApiV1beta1],
-        @actix the_repair_scenario_runs_on_real_cluster_api
-            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
-        @actix a_paused_cluster_holds_launch_and_disruption_on_real_cluster_api
-            needs [ControlPlane, Upstream, Helm, Kubectl, ClusterApi],
     ];
     tests.extend(process::tests());
     tests.extend(health::tests());
     tests.extend(preflight::tests());
     tests.extend(topology::tests());
+    tests.extend(statics::tests());
+    tests.extend(paused::tests());
     tests.extend(pools::tests());
     tests
 }
@@ -593,20 +597,26 @@ async fn consolidate_flow(version: &str, release: &str) {
 /// a decrement (`actors::scaler::effect`), the pair cancelled out unseen and this run never
 /// settled (a marked Machine and a waiting claim for ever).
 async fn the_drift_flow_runs_on_real_cluster_api() {
-    use karpenter_capi::cli::SimulateArgs;
+    drift_flow("v1beta2", RELEASE_V1BETA2, &[]).await;
+}
+
+/// The drift flow on v1.10.10 (v1beta1 only), over 40 pods in 4 Deployments (the MachineSet
+/// rollout and the claims' replacement are the same at any size; the v1.14 run covers 100).
+async fn the_drift_flow_runs_on_real_cluster_api_v1beta1() {
+    drift_flow(
+        "v1beta1",
+        RELEASE_V1BETA1,
+        &["--pods", "40", "--deployments", "4"],
+    )
+    .await;
+}
+
+async fn drift_flow(version: &str, release: &str, size: &[&str]) {
     use karpenter_capi::simulate::disruption;
 
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--scenario",
-        "drift",
-        "--deadline",
-        "300s",
-    ])
-    .expect("simulate's arguments");
+    let mut words = vec!["--scenario", "drift", "--deadline", "300s"];
+    words.extend_from_slice(size);
+    let args = real_args(version, &words);
     let (report, kept) = disruption::run_kept(&args)
         .await
         .unwrap_or_else(|e| panic!("the drift scenario on real Cluster API: {e}"));
@@ -632,7 +642,7 @@ async fn the_drift_flow_runs_on_real_cluster_api() {
     let rollout = d.rollout.as_ref().expect("the drift scenario's rollout");
     assert_eq!(rollout.machines_up_to_date, rollout.machines, "{report}");
     assert_eq!(rollout.budget_violations, 0, "{report}");
-    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
+    report_names_real_cluster_api(&cluster, release);
     assert_cluster_api_did_its_part(&cluster, report.pods.launch.machines.created).await;
     stops_leaving_nothing(&cluster, kept);
 }
@@ -688,186 +698,6 @@ async fn expire_flow(version: &str, release: &str) {
     stops_leaving_nothing(&cluster, kept);
 }
 
-/// `simulate --control-plane real --cluster-api real --scenario static --pods 10` (v1.14.2): the
-/// static NodePool launches its 10 claims, a Node deleted under it is replaced, then a template
-/// change drifts every node and each is replaced within the Drifted budget (10 %: one node),
-/// Cluster API making and removing the Machines. 56-160 s here: some runs stall 30-40 s once
-/// to three times where a raise and a decrement cancel out in Cluster API (docs/fidelity.md).
-/// By hand `--pods 100` passed too.
-async fn the_static_flow_runs_on_real_cluster_api() {
-    static_flow("v1beta2", RELEASE_V1BETA2).await;
-}
-
-/// The static flow on v1.10.10 (v1beta1 only).
-async fn the_static_flow_runs_on_real_cluster_api_v1beta1() {
-    static_flow("v1beta1", RELEASE_V1BETA1).await;
-}
-
-async fn static_flow(version: &str, release: &str) {
-    use karpenter_capi::simulate::static_pool;
-
-    const REPLICAS: usize = 10;
-    crate::common::logs();
-    let args = real_args(
-        version,
-        &["--scenario", "static", "--pods", "10", "--deadline", "300s"],
-    );
-    let (report, kept) = static_pool::run_kept(&args)
-        .await
-        .unwrap_or_else(|e| panic!("the static scenario on real Cluster API: {e}"));
-    let cluster = kept.sim.cluster().clone();
-    assert!(report.invariants_ok, "invariants: {:?}", report.problems);
-    assert_eq!(report.replicas, REPLICAS, "{report}");
-    let names: Vec<&str> = report.phases.iter().map(|p| p.phase.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "launched",
-            "a Node deleted",
-            "every node drifted and replaced"
-        ],
-        "{report}"
-    );
-    let (launched, deleted, drifted) = (&report.phases[0], &report.phases[1], &report.phases[2]);
-    // Each phase ends once the pool holds exactly its replicas, all initialized and none
-    // deleting (the deleted Node's claim, still finalizing, is not one of them).
-    for p in [launched, deleted, drifted] {
-        assert_eq!((p.live, p.initialized), (REPLICAS, REPLICAS), "{report}");
-    }
-    // The deleted Node's claim goes and one replacement comes; the drifted ones are replaced
-    // before they go, one at a time (10 % of 10 nodes).
-    assert!(
-        deleted.fewest_live >= REPLICAS - 1 && deleted.most_live == REPLICAS,
-        "{report}"
-    );
-    assert!(
-        drifted.fewest_live == REPLICAS && drifted.most_live <= REPLICAS + 1,
-        "{report}"
-    );
-    assert_eq!(
-        drifted.created,
-        2 * REPLICAS + 1,
-        "one launch per deletion and per drifted node: {report}"
-    );
-    report_names_real_cluster_api(&cluster, release);
-    assert_cluster_api_did_its_part(&cluster, drifted.created).await;
-    // Nothing leaked: one live Machine per live claim, each on a Node.
-    let live_machines = cluster
-        .store()
-        .list("machines", None)
-        .into_iter()
-        .filter(|m| m.pointer("/metadata/deletionTimestamp").is_none())
-        .count();
-    assert_eq!(live_machines, REPLICAS, "{report}");
-    stops_leaving_nothing(&cluster, kept);
-}
-
-/// `simulate --control-plane real --cluster-api real --scenario repair --pods 5` (v1.14.2): a
-/// static pool of 5 with node repair on (due a second after a Node is sickened). One Node gone `Ready=False` is replaced
-/// (its claim deleted, Cluster API deleting its Machine and making the new one); then more than a
-/// fifth of the pool `Unknown` is held back, each such Node told by a `NodeRepairBlocked` Event
-/// the phase reads from the real backend's mirror, which must therefore hold the Events the
-/// API server serves.
-async fn the_repair_scenario_runs_on_real_cluster_api() {
-    use k8s_openapi::api::events::v1::Event;
-    use karpenter_capi::cli::SimulateArgs;
-    use karpenter_capi::simulate::static_pool;
-
-    const REPLICAS: usize = 5;
-    let args = SimulateArgs::from_words(&[
-        "--control-plane",
-        "real",
-        "--cluster-api",
-        "real",
-        "--scenario",
-        "repair",
-        "--pods",
-        "5",
-        "--deadline",
-        "300s",
-    ])
-    .expect("simulate's arguments");
-    let (report, kept) = static_pool::run_kept(&args)
-        .await
-        .unwrap_or_else(|e| panic!("the repair scenario on real Cluster API: {e}"));
-    let cluster = kept.sim.cluster().clone();
-    assert!(report.invariants_ok, "invariants: {:?}", report.problems);
-    // The JSON report (what `--report json` prints) carries the same figures.
-    let json: Value = serde_json::from_str(&report.to_json()).expect("the JSON report");
-    assert_eq!(json["scenario"], "repair", "{json}");
-    assert_eq!(json["invariants_ok"], true, "{json}");
-    assert_eq!(report.replicas, REPLICAS, "{report}");
-    let names: Vec<&str> = report.phases.iter().map(|p| p.phase.as_str()).collect();
-    assert_eq!(
-        names,
-        [
-            "launched",
-            "one Node Ready=False, replaced",
-            "over a fifth Unknown, held back"
-        ],
-        "{report}"
-    );
-    let (launched, replaced, held) = (&report.phases[0], &report.phases[1], &report.phases[2]);
-    for p in [launched, replaced, held] {
-        assert_eq!((p.live, p.initialized), (REPLICAS, REPLICAS), "{report}");
-    }
-    // Exactly one replacement, and none while the Unknown Nodes are held back.
-    assert_eq!(launched.created, REPLICAS, "{report}");
-    assert_eq!(replaced.created, REPLICAS + 1, "{report}");
-    assert_eq!(held.created, REPLICAS + 1, "{report}");
-    assert_eq!(
-        held.fewest_live, REPLICAS,
-        "a claim went while held back: {report}"
-    );
-    // Upstream's rule: a fifth of the pool rounded up may be repaired; the scenario sickens one
-    // more, so every one of them is held back.
-    let over_a_fifth = karpenter_capi::view::repair::threshold(REPLICAS) + 1;
-    assert_eq!(
-        (report.repaired, report.repair_blocked),
-        (1, over_a_fifth),
-        "(replaced, held back): {report}"
-    );
-    assert_eq!(
-        (json["repaired"].as_u64(), json["repair_blocked"].as_u64()),
-        (Some(1), Some(over_a_fifth as u64)),
-        "{json}"
-    );
-
-    // The mirror's Events (what the phase read) are the API server's: the same NodeRepairBlocked
-    // Nodes in both, one per held-back Node.
-    let blocked_nodes = |events: Vec<Value>| -> std::collections::BTreeSet<String> {
-        events
-            .iter()
-            .filter(|e| e["reason"] == "NodeRepairBlocked" && e["regarding"]["kind"] == "Node")
-            .filter_map(|e| e["regarding"]["name"].as_str().map(String::from))
-            .collect()
-    };
-    let mirrored = blocked_nodes(cluster.store().list("events.events.k8s.io", None));
-    let served: Vec<Value> = Api::<Event>::all(cluster.new_client().expect("a client"))
-        .list(&Default::default())
-        .await
-        .expect("list Events")
-        .items
-        .into_iter()
-        .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
-        .collect();
-    let served = blocked_nodes(served);
-    assert_eq!(mirrored.len(), over_a_fifth, "mirrored: {mirrored:?}");
-    assert_eq!(mirrored, served, "the mirror's NodeRepairBlocked Nodes");
-
-    // Cluster API made every Machine (the replacement's too) and deleted the one released.
-    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
-    assert_cluster_api_did_its_part(&cluster, held.created).await;
-    let deleted_by_manager = cluster
-        .stats()
-        .writes_for("machines", "")
-        .into_iter()
-        .filter(|w| w.verb == "delete" && w.agent.starts_with(&format!("{MANAGER_USER} ")))
-        .count();
-    assert_eq!(deleted_by_manager, 1, "Machines Cluster API deleted");
-    stops_leaving_nothing(&cluster, kept);
-}
-
 /// The controller's writes to MachineDeployments after `since_ms` (the API server's clock).
 fn controller_md_writes_since(
     cluster: &karpenter_capi::sim::cluster::SimCluster,
@@ -880,159 +710,4 @@ fn controller_md_writes_since(
         .filter(|w| w.at_ms > since_ms && w.agent == karpenter_capi::app::USER_AGENT)
         .map(|w| (w.at_ms, w.verb, w.name))
         .collect()
-}
-
-/// Whether every MachineDeployment carries Cluster API's own `Paused` condition at `status`
-/// (`"True"` or `"False"`): the real manager's word that it sees the pause (v1beta2).
-fn manager_says_paused(env: &crate::common::Env, status: &str) -> bool {
-    let mds = env.list("machinedeployments");
-    !mds.is_empty()
-        && mds
-            .iter()
-            .all(|md| crate::common::condition(md, "Paused").is_some_and(|c| c["status"] == status))
-}
-
-/// A paused Cluster (`spec.paused`) on real Cluster API v1.14.2, as
-/// `tests/provisioning/autoscaler.rs::a_paused_cluster_holds_its_machine_deployments_until_it_resumes`
-/// and `tests/disruption/disruption.rs::a_paused_clusters_empty_node_waits_for_the_pause_to_lift`
-/// on the stand-in: while the real manager reports its MachineDeployments `Paused`, pending pods
-/// get no claim, no replica write lands and no Machine is made; once it lifts, the manager makes
-/// the Machines and the pods bind. Then, paused again, the emptied nodes stay (no claim deleted,
-/// no replica write, no Machine deleted) until the pause lifts, when they are consolidated away
-/// and Cluster API deletes their Machines.
-async fn a_paused_cluster_holds_launch_and_disruption_on_real_cluster_api() {
-    use crate::common::claims::fast_disruption;
-    use crate::common::{Env, NS};
-    use karpenter_capi::cli::SimulateArgs;
-    use karpenter_capi::sim::cluster::PodShape;
-    use karpenter_capi::simulate::pods::seed_of;
-
-    // The cluster `simulate --control-plane real --cluster-api real` runs.
-    let args = SimulateArgs::from_words(&["--control-plane", "real", "--cluster-api", "real"])
-        .expect("simulate's arguments");
-    let env = Env::builder()
-        .cluster(karpenter_capi::simulate::cluster_config(&args))
-        .seeds((0..2).map(|i| seed_of(i, 50)).collect())
-        .short_batches()
-        .tune(|s| s.disruption = fast_disruption())
-        .start()
-        .await;
-    let cluster = env.sim.cluster().clone();
-    report_names_real_cluster_api(&cluster, RELEASE_V1BETA2);
-
-    // Paused: the controller and Cluster API's manager both see it.
-    env.set_cluster_paused(true).await;
-    env.until(
-        "Cluster API's manager reports the MachineDeployments Paused",
-        |e| manager_says_paused(e, "True"),
-    )
-    .await;
-    let paused_at = cluster.stats().now_ms();
-    env.deployment("web", 2, PodShape::new("100m", "128Mi"))
-        .await;
-    env.until("the pods exist, pending", |e| e.list("pods").len() == 2)
-        .await;
-    // Several provisioning batches (200 ms idle, 2 s at most) go by.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    assert_eq!(
-        env.bound_pods(),
-        0,
-        "a pod bound while the Cluster is paused"
-    );
-    assert_eq!(
-        controller_md_writes_since(&cluster, paused_at),
-        [],
-        "a replica write while the Cluster is paused"
-    );
-    let claims = env.list("nodeclaims");
-    assert!(
-        claims.is_empty(),
-        "a claim while the Cluster is paused (nothing is offered): {claims:#?}"
-    );
-    assert!(env.list("machines").is_empty(), "a Machine while paused");
-
-    // Resumed: the controller writes replicas, Cluster API makes the Machines, the pods bind.
-    env.set_cluster_paused(false).await;
-    env.until_quiet("the pods bound once the pause lifted", |e| {
-        e.bound_pods() == 2
-    })
-    .await;
-    assert!(
-        !controller_md_writes_since(&cluster, paused_at).is_empty(),
-        "no replica write after the pause lifted"
-    );
-    let launched = env.list("nodeclaims").len();
-    assert!(launched >= 1, "no claim for the pods");
-    assert_cluster_api_did_its_part(&cluster, launched).await;
-    assert!(
-        manager_says_paused(&env, "False"),
-        "the Paused condition lifted"
-    );
-
-    // Paused again, the Deployment emptied: its nodes are empty and consolidation may take
-    // them, but not while the pause holds.
-    env.set_cluster_paused(true).await;
-    env.set_disruption(
-        json!({"consolidationPolicy": "WhenEmpty", "consolidateAfter": "0s",
-                              "budgets": [{"nodes": "100%"}]}),
-    )
-    .await;
-    let paused_again_at = cluster.stats().now_ms();
-    let machines_before: Vec<Value> = env.list("machines");
-    env.sim
-        .run(|c| async move { c.scale_deployment(NS, "web", 0).await })
-        .await
-        .expect("the cluster's runtime")
-        .expect("scale the Deployment to 0");
-    env.until("the pods gone", |e| e.list("pods").is_empty())
-        .await;
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let claims = env.list("nodeclaims");
-    assert_eq!(claims.len(), launched, "a claim went while paused");
-    assert!(
-        claims
-            .iter()
-            .all(|c| c.pointer("/metadata/deletionTimestamp").is_none()),
-        "a claim deleted while the Cluster is paused: {claims:#?}"
-    );
-    assert_eq!(
-        controller_md_writes_since(&cluster, paused_again_at),
-        [],
-        "a replica write while the Cluster is paused"
-    );
-    let machines = env.list("machines");
-    assert_eq!(
-        machines.len(),
-        machines_before.len(),
-        "a Machine went while paused"
-    );
-    assert!(
-        machines
-            .iter()
-            .all(|m| m.pointer("/metadata/deletionTimestamp").is_none()),
-        "a Machine deleted while the Cluster is paused"
-    );
-
-    // Resumed: the empty nodes go, Cluster API deleting their Machines and Nodes.
-    env.set_cluster_paused(false).await;
-    env.until_quiet("the empty nodes consolidated once the pause lifted", |e| {
-        e.list("nodeclaims").is_empty()
-            && e.list("machines").is_empty()
-            && e.list("nodes").is_empty()
-    })
-    .await;
-    assert!(
-        !controller_md_writes_since(&cluster, paused_again_at).is_empty(),
-        "no replica write after the pause lifted"
-    );
-    let by_manager = cluster
-        .stats()
-        .writes_for("machines", "")
-        .into_iter()
-        .filter(|w| w.at_ms > paused_again_at && w.verb == "delete")
-        .filter(|w| w.agent.starts_with(&format!("{MANAGER_USER} ")))
-        .count();
-    assert_eq!(by_manager, launched, "Cluster API deleted the Machines");
-    env.invariants_hold();
-    env_stops_leaving_nothing(env);
 }

@@ -71,8 +71,8 @@ const APP: &str = "web";
 const PODS: usize = 3;
 
 /// The MachineHealthCheck's unhealthy-node timeout: four seconds past the controller's repair
-/// toleration (a Node `Env::node_ready` sickens is due for repair a second later, for the MHC
-/// five), so an MHC slower than repair must still be the one that acts.
+/// toleration (a Node `Env::node_ready` sickens is due for repair three seconds later, for the
+/// MHC seven), so an MHC slower than repair must still be the one that acts.
 const MHC_TIMEOUT_SECONDS: i64 = crate::common::repair::TOLERATION.as_secs() as i64 + 4;
 
 /// The cluster `simulate --control-plane real --cluster-api real --cluster-api-version
@@ -363,7 +363,7 @@ async fn machine_health_check_replaces_once(at: At) {
     let claims_before = env.claims_created();
     env.node_ready(&node, "False").await;
 
-    // The controller's repair is due after one second and held back: the MHC owns it.
+    // The controller's repair is due three seconds on and held back: the MHC owns it.
     let blocked = env
         .served_events_about("NodeRepairBlocked", "NodeClaim", 1)
         .await;

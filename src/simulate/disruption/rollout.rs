@@ -191,13 +191,13 @@ fn up_to_date(sim: &BackgroundSim, group: &Group) -> (usize, usize) {
                 return m.pointer("/spec/version").and_then(Value::as_str)
                     == Some(POOL_ROLLOUT_VERSION);
             }
-            let conds = m
-                .pointer("/status/conditions")
-                .or_else(|| m.pointer("/status/v1beta2/conditions"));
-            conds.and_then(Value::as_array).is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c["type"] == "UpToDate" && c["status"] == "True")
-            })
+            // A v1beta1 Machine has both lists: its v1beta1 conditions (no `UpToDate`) and
+            // the v1beta2 ones beside them.
+            ["/status/conditions", "/status/v1beta2/conditions"]
+                .iter()
+                .filter_map(|at| m.pointer(at).and_then(Value::as_array))
+                .flatten()
+                .any(|c| c["type"] == "UpToDate" && c["status"] == "True")
         })
         .count();
     (live.len(), fresh)
