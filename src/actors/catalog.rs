@@ -20,7 +20,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Shared;
-use super::patch::write_conditions;
+use super::patch::{edit_conditions, write_conditions};
 use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::decode::Malformed;
@@ -366,34 +366,41 @@ impl Catalog {
             Ok(()) => (ConditionStatus::True, "Ready", ready_message(catalog)),
             Err(m) => (ConditionStatus::False, not_ready_reason(catalog), m.clone()),
         };
-        let mut conds = nc
+        let current = nc
             .status
             .as_ref()
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
-        let changed = conditions::set(
-            &mut conds,
-            conditions::READY,
-            status,
-            reason,
-            &message,
-            nc.metadata.generation,
-            Timestamp::now(),
-        );
-        if !changed {
+        let (generation, now) = (nc.metadata.generation, Timestamp::now());
+        let said = message.clone();
+        let set_ready = move |conds: &mut Vec<conditions::Condition>| {
+            conditions::set(
+                conds,
+                conditions::READY,
+                status,
+                reason,
+                &message,
+                generation,
+                now,
+            )
+        };
+        if !set_ready(&mut current.clone()) {
             return;
         }
         if status == ConditionStatus::False {
-            self.shared
-                .events
-                .warning(nc.object_ref(&()), reason, message.clone());
+            self.shared.events.warning(nc.object_ref(&()), reason, said);
         }
-        let name = nc.name_any();
+        // The NodePools actor writes this list too (`NodesUpToDate`): guarded by the
+        // resourceVersion, re-read on a conflict.
         ctx.spawn(
-            write_conditions::<ClusterAPINodeClass>(
+            edit_conditions::<ClusterAPINodeClass, _>(
                 self.shared.workload.clone(),
-                name,
-                json!(conds),
+                nc.name_any(),
+                nc.metadata.resource_version.clone(),
+                current,
+                move |c| {
+                    set_ready(c);
+                },
             )
             .into_actor(self),
         );

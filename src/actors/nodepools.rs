@@ -170,6 +170,8 @@ impl NodePools {
                 Ok(_) => {}
                 // A deleted object needs no status.
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
+                // Another writer got there first: computed again from the index.
+                Err(kube::Error::Api(s)) if s.code == 409 => act.retry_later(ctx),
                 Err(e) => {
                     tracing::warn!(error = %e, kind = %K::kind(&()), "updating status failed; retrying");
                     act.retry_later(ctx);
@@ -216,8 +218,15 @@ impl NodePools {
             if desired == current {
                 continue;
             }
+            // The Catalog writes this conditions list too (`Ready`): the write is guarded by
+            // the resourceVersion it was computed from, and a conflict retries the refresh
+            // once the index has the Catalog's write.
             let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
-            self.write_status(ctx, api, name, json!({ "status": desired }), false);
+            let body = json!({
+                "metadata": {"resourceVersion": nc.metadata.resource_version},
+                "status": desired,
+            });
+            self.write_status(ctx, api, name, body, false);
         }
     }
 

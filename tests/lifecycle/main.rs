@@ -9,4 +9,5 @@ mod hardening;
 mod launch;
 mod machine_pool;
 mod shadow;
+mod status_writers;
 mod termination;
