@@ -1,6 +1,6 @@
 //! Pod deletion cost management (`--feature-gates PodDeletionCostManagement=true`; alpha and off
 //! by default, as upstream): once a period (upstream's minute) the managed nodes are ranked in
-//! the order disruption would remove them and the ReplicaSet pods on them get their
+//! the order disruption would remove them and the pods on them get their
 //! `controller.kubernetes.io/pod-deletion-cost`, so a scale-in empties those nodes first. The
 //! rules are in `view::deletion_cost`; this actor reads the indexes, sends the writes and
 //! remembers what it wrote, which is how a value someone else changed is told apart. Leader

@@ -1,8 +1,9 @@
 //! Pod deletion cost management (`--feature-gates PodDeletionCostManagement=true`, Karpenter
 //! v1.15's alpha): the managed nodes ranked in the order disruption would remove them, and the
-//! `controller.kubernetes.io/pod-deletion-cost` each ReplicaSet pod on them should carry, so that
-//! a ReplicaSet scale-in (lower cost deleted first) empties those nodes first and consolidation
-//! has fewer pods to evict. The actor (`actors::deletion_cost`) writes what [`plan`] says.
+//! `controller.kubernetes.io/pod-deletion-cost` each pod on them should carry, so that a
+//! ReplicaSet scale-in (lower cost deleted first) empties those nodes first and consolidation
+//! has fewer pods to evict. Upstream writes it on every pod of a ranked node; only a ReplicaSet
+//! reads it, and DaemonSet and static pods are left out here (no scale-in chooses among them). The actor (`actors::deletion_cost`) writes what [`plan`] says.
 //!
 //! Ownership is marked with `karpenter.sh/managed-deletion-cost: "true"`: a deletion cost without
 //! it is the pod owner's and never touched; a managed value someone else changed is released
@@ -19,7 +20,9 @@ use super::disruption::{View, under_way};
 use crate::api::wellknown::{MANAGED_DELETION_COST_ANNOTATION, POD_DELETION_COST_ANNOTATION};
 use crate::disruption::Candidate;
 use crate::state::Pods;
-use crate::state::pods::{deletion_cost_managed, is_active, key, node_name};
+use crate::state::pods::{
+    deletion_cost_managed, is_active, is_daemonset_pod, is_mirror_pod, key, node_name,
+};
 
 /// Upstream's bound: at most this many nodes carry deletion costs, so a large cluster's ranking
 /// costs a bounded number of pod writes a period.
@@ -104,7 +107,7 @@ pub struct Write {
     pub action: Action,
 }
 
-/// The writes that bring every ReplicaSet pod to the ranking. `written` holds, per pod key, the
+/// The writes that bring every pod a scale-in may choose to the ranking. `written` holds, per pod key, the
 /// value this controller last wrote there (a managed value that differs was changed by someone
 /// else). Nothing is written for a pod already as it should be, so an unchanged ranking writes
 /// nothing.
@@ -119,7 +122,7 @@ pub fn plan(ranking: &[String], pods: &Pods, written: &HashMap<String, String>) 
         let Some(node) = node_name(&pod) else {
             continue;
         };
-        if !replica_set_pod(&pod) || !is_active(&pod) {
+        if !scaled_in_by_choice(&pod) {
             continue;
         }
         let wanted = position.get(node).map(|i| cost_at(*i));
@@ -146,8 +149,10 @@ fn action(pod: &Pod, wanted: Option<i32>, ours: Option<&String>) -> Option<Actio
             _ => None,
         };
     }
-    // With no record (this controller restarted), the marker vouches for the value.
-    if ours.is_some_and(|ours| current != Some(ours)) {
+    // With no record (this controller restarted), the marker vouches for the value; a value
+    // removed but for the marker is written again (upstream reads only a different value as
+    // someone else's).
+    if ours.is_some_and(|ours| current.is_some_and(|now| now != ours)) {
         return Some(Action::Release);
     }
     match wanted {
@@ -157,11 +162,10 @@ fn action(pod: &Pod, wanted: Option<i32>, ours: Option<&String>) -> Option<Actio
     }
 }
 
-/// Controlled by a ReplicaSet: the only controller that reads the deletion cost.
-pub fn replica_set_pod(p: &Pod) -> bool {
-    p.owner_references().iter().any(|o| {
-        o.controller == Some(true) && o.kind == "ReplicaSet" && o.api_version.starts_with("apps/")
-    })
+/// A pod a workload's scale-in may choose: active, and neither a DaemonSet's (one per node,
+/// never scaled in) nor a static pod (the kubelet's).
+fn scaled_in_by_choice(p: &Pod) -> bool {
+    is_active(p) && !is_daemonset_pod(p) && !is_mirror_pod(p)
 }
 
 #[cfg(test)]

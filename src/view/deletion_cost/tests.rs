@@ -87,23 +87,27 @@ fn ranking_is_capped_and_costs_rise_by_position_below_zero() {
 }
 
 #[test]
-fn ranked_replica_set_pods_get_the_cost_and_the_marker() {
-    let mut job = pod("job").node("n1").build();
-    job.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "batch/v1".into(),
-        kind: "Job".into(),
-        name: "j".into(),
-        uid: "j".into(),
+fn ranked_nodes_pods_get_the_cost_and_the_marker() {
+    let mut ds = pod("ds").node("n1").build();
+    ds.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "DaemonSet".into(),
+        name: "d".into(),
+        uid: "d".into(),
         controller: Some(true),
         ..Default::default()
     }]);
+    let mut mirror = pod("static").node("n1").build();
+    mirror.metadata.annotations =
+        Some([("kubernetes.io/config.mirror".to_string(), "x".to_string())].into());
     let got = planned(
         &["n1", "n2"],
         vec![
             rs_pod("a", "n1", &[]),
             rs_pod("b", "n2", &[]),
             rs_pod("c", "n3", &[]),
-            job,
+            ds,
+            mirror,
         ],
         &[],
     );
@@ -112,7 +116,7 @@ fn ranked_replica_set_pods_get_the_cost_and_the_marker() {
     assert_eq!(
         got.len(),
         2,
-        "unranked node and non-ReplicaSet pods untouched: {got:?}"
+        "unranked node, DaemonSet and static pods untouched: {got:?}"
     );
 }
 
@@ -141,7 +145,7 @@ fn a_changed_managed_value_is_released() {
         &[("changed", "-50"), ("emptied", "-50"), ("kept", "-50")],
     );
     assert_eq!(got.get("changed"), Some(&Action::Release));
-    assert_eq!(got.get("emptied"), Some(&Action::Release));
+    assert_eq!(got.get("emptied"), Some(&Action::Set(cost_at(0))));
     assert_eq!(got.get("kept"), None);
 }
 
