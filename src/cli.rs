@@ -299,7 +299,7 @@ pub struct ControllerArgs {
     /// default, as upstream); `StaticCapacity` holds static NodePools at `spec.replicas` (on by
     /// default here); `NodeOverlay` applies NodeOverlays (on by default here: docs/limitations.md
     /// says why); `PodDeletionCostManagement` writes `controller.kubernetes.io/pod-deletion-cost`
-    /// on ReplicaSet pods so a scale-in empties the nodes disruption would remove first (off by
+    /// on the pods of the nodes so a ReplicaSet scale-in empties the nodes disruption would remove first (off by
     /// default, as upstream; alpha). Every other gate upstream's default string carries (`ReservedCapacity`,
     /// `SpotToSpotConsolidation`, ...) is accepted, so upstream's value can be copied as it is,
     /// and logged once at start as having no effect here.

@@ -14,7 +14,7 @@
   verbs: [list, watch, delete]
 {{- if contains "PodDeletionCostManagement=true" .Values.controller.featureGates }}
 # Pod deletion cost (--feature-gates PodDeletionCostManagement=true): the deletion cost and its
-# ownership sentinel on ReplicaSet pods. Only with the gate, as upstream's chart.
+# ownership sentinel on the pods of ranked nodes. Only with the gate, as upstream's chart.
 - apiGroups: [""]
   resources: [pods]
   verbs: [patch]
