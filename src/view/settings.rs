@@ -71,7 +71,6 @@ pub const DELETION_COST_PERIOD: Duration = Duration::from_secs(60);
 
 /// Node repair's toleration of an unhealthy Node: upstream's providers tolerate `Ready` False
 /// or Unknown for 30 minutes.
-
 pub const REPAIR_TOLERATION: Duration = Duration::from_secs(30 * 60);
 
 /// How often and how carefully disruption acts (Karpenter core's constants; tests shorten them).
