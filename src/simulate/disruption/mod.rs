@@ -6,6 +6,7 @@
 //! its store (nodes, Machines, prices) and the invariants. The controller runs disruption faster
 //! than in production (`fast_disruption`) so a scenario takes a minute or two.
 
+mod ranked;
 mod readings;
 mod rollout;
 mod time_split;
@@ -25,7 +26,6 @@ use super::pods::{PodReport, SIZES, provision_with};
 use super::{BackgroundSim, Error, Kept};
 use crate::actors::Settings;
 use crate::api::resources::Resources;
-use crate::api::wellknown::MANAGED_DELETION_COST_ANNOTATION;
 use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY};
 use crate::cli::{Scenario, SimulateArgs};
 use crate::sim::disruption_audit::Decisions;
@@ -560,7 +560,7 @@ async fn consolidate(
 ) -> Result<Duration, Error> {
     // Before consolidation is on, so both runs (with and without the gate) start it alike.
     if args.feature_gates.pod_deletion_cost {
-        wait_ranked(sim, deadline).await?;
+        ranked::wait_ranked(sim, deadline).await?;
     }
     let start = Instant::now();
     patch_nodepool(
@@ -620,42 +620,6 @@ async fn consolidate(
     })
     .await?;
     Ok(scale_down)
-}
-
-/// With pod deletion cost management on: waits until the pods carrying a managed deletion cost
-/// stop changing in number over more than a ranking period, so the scale-down meets the
-/// ranking rather than racing its first writes.
-async fn wait_ranked(sim: &BackgroundSim, deadline: Duration) -> Result<(), Error> {
-    let start = Instant::now();
-    let managed = || {
-        let mut n = 0;
-        sim.cluster().store().visit("pods", |p| {
-            n += usize::from(
-                p.pointer("/metadata/annotations")
-                    .and_then(|a| a.get(MANAGED_DELETION_COST_ANNOTATION))
-                    .is_some_and(|v| v == "true"),
-            )
-        });
-        n
-    };
-    let (mut last, mut since) = (managed(), Instant::now());
-    let still = crate::simulate::pods::SIM_DELETION_COST_PERIOD * 2;
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = managed();
-        if now != last {
-            (last, since) = (now, Instant::now());
-        } else if last > 0 && since.elapsed() >= still {
-            eprintln!("pod deletion cost: {last} pods ranked before the scale-down");
-            return Ok(());
-        }
-        if start.elapsed() >= deadline {
-            return Err(Error::NotSettled {
-                after: deadline,
-                why: format!("pod deletion costs still changing ({last} pods ranked)"),
-            });
-        }
-    }
 }
 
 /// Waits until at most `n` pods exist (terminating ones included).
