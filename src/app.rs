@@ -126,6 +126,10 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             .then_some(crate::view::settings::REPAIR_TOLERATION),
         static_capacity: c.feature_gates.static_capacity,
         node_overlay: c.feature_gates.node_overlay,
+        pod_deletion_cost: c
+            .feature_gates
+            .pod_deletion_cost
+            .then_some(crate::view::settings::DELETION_COST_PERIOD),
         disruption: crate::view::settings::DisruptionSettings {
             paused: c.disruption_paused,
             ..Default::default()

@@ -298,7 +298,9 @@ pub struct ControllerArgs {
     /// `NodeRepair` replaces nodes whose `Ready` stays False or Unknown for 30 minutes (off by
     /// default, as upstream); `StaticCapacity` holds static NodePools at `spec.replicas` (on by
     /// default here); `NodeOverlay` applies NodeOverlays (on by default here: docs/limitations.md
-    /// says why). Every other gate upstream's default string carries (`ReservedCapacity`,
+    /// says why); `PodDeletionCostManagement` writes `controller.kubernetes.io/pod-deletion-cost`
+    /// on the pods of the nodes so a ReplicaSet scale-in empties the nodes disruption would remove first (off by
+    /// default, as upstream; alpha). Every other gate upstream's default string carries (`ReservedCapacity`,
     /// `SpotToSpotConsolidation`, ...) is accepted, so upstream's value can be copied as it is,
     /// and logged once at start as having no effect here.
     #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false,NodeRepair=false,StaticCapacity=true,NodeOverlay=true", value_parser = feature_gates_arg)]
@@ -319,6 +321,7 @@ pub struct FeatureGates {
     pub node_repair: bool,
     pub static_capacity: bool,
     pub node_overlay: bool,
+    pub pod_deletion_cost: bool,
     /// Upstream gates named that have no effect here, with the value given and why.
     pub no_effect: Vec<(String, bool, &'static str)>,
 }
@@ -330,6 +333,7 @@ impl Default for FeatureGates {
             node_repair: false,
             static_capacity: true,
             node_overlay: true,
+            pod_deletion_cost: false,
             no_effect: Vec::new(),
         }
     }
@@ -358,10 +362,6 @@ const UPSTREAM_ONLY_GATES: &[(&str, &str)] = &[
         "TerminateFirstRepair",
         "not implemented yet: repair does not launch a replacement first",
     ),
-    (
-        "PodDeletionCostManagement",
-        "not implemented yet: no pod-deletion-cost is written",
-    ),
 ];
 
 /// `Name=bool` pairs, comma separated; a gate neither this controller nor upstream knows is
@@ -382,12 +382,13 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
             "NodeRepair" => gates.node_repair = on,
             "StaticCapacity" => gates.static_capacity = on,
             "NodeOverlay" => gates.node_overlay = on,
+            "PodDeletionCostManagement" => gates.pod_deletion_cost = on,
             other => match UPSTREAM_ONLY_GATES.iter().find(|(n, _)| *n == other) {
                 Some((n, why)) => gates.no_effect.push((n.to_string(), on, why)),
                 None => {
                     let upstream: Vec<&str> = UPSTREAM_ONLY_GATES.iter().map(|(n, _)| *n).collect();
                     return Err(format!(
-                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay; accepted with no effect: {})",
+                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay, PodDeletionCostManagement; accepted with no effect: {})",
                         upstream.join(", ")
                     ));
                 }

@@ -88,6 +88,11 @@ pub struct NodePoolLabels {
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
     pub code: String,
 }
@@ -385,6 +390,9 @@ metrics! {
     // Node repair (Karpenter's name, then ours).
     nodeclaims_unhealthy_disrupted: Family<UnhealthyLabels, Counter>, "karpenter_nodeclaims_unhealthy_disrupted", "Unhealthy NodeClaims node repair deleted, by the Node condition, nodepool, capacity type and image ID";
     nodes_repair_blocked: Family<NodePoolLabels, Gauge>, "karpenter_capi_nodes_repair_blocked", "Nodes past their repair toleration that node repair holds back now (over 20% of the NodePool unhealthy, or a MachineHealthCheck watches over the Machine), by NodePool";
+    // Pod deletion cost management (Karpenter v1.15's names).
+    pod_deletion_cost_pods_updated: Family<ResultLabels, Counter>, "karpenter_pod_deletion_cost_pods_updated", "Pod deletion cost writes (a cost and its ownership marker set, cleared or released), by result (success, error)";
+    pod_deletion_cost_nodes_ranked: Counter, "karpenter_pod_deletion_cost_nodes_ranked", "Nodes ranked by pod deletion cost management, summed over its passes";
     disruption_evaluation_seconds: HistogramFamily<EvaluationLabels> = Family::new_with_constructor(latency_histogram), "karpenter_voluntary_disruption_decision_evaluation_duration_seconds", "Duration of one disruption pass's decision, by the reason and consolidation type of the method that decided (the last one tried when none did)";
     disruption_commands_in_flight: Gauge, "karpenter_capi_disruption_commands_in_flight", "Disruption commands being carried out now (marked, replacements launching, candidates deleting)";
     consolidation_paused: Gauge, "karpenter_capi_consolidation_paused", "1 while consolidation of non-empty nodes pauses because pods it moved needed new nodes";

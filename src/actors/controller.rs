@@ -116,6 +116,9 @@ impl Actors {
         if let Some(r) = router.take_repair() {
             r.do_send(super::messages::Stop);
         }
+        if let Some(d) = router.take_deletion_cost() {
+            d.do_send(super::messages::Stop);
+        }
     }
 }
 
@@ -279,6 +282,10 @@ async fn activate(actors: &Actors) {
     if let Some(toleration) = shared.settings.node_repair {
         let repair = super::repair::NodeRepair::new(shared.clone(), toleration).start();
         shared.router.set_repair(repair);
+    }
+    if let Some(period) = shared.settings.pod_deletion_cost {
+        let deletion_cost = super::deletion_cost::DeletionCost::new(shared.clone(), period).start();
+        shared.router.set_deletion_cost(deletion_cost);
     }
     shared.router.set_active();
     if shared.settings.capacity_buffers {

@@ -16,6 +16,7 @@ pub mod buffers;
 pub mod capi_watcher;
 pub mod catalog;
 pub mod controller;
+pub mod deletion_cost;
 pub mod disruption;
 pub mod events;
 pub mod gate;
@@ -181,5 +182,6 @@ stoppable!(
     buffers::Buffers,
     static_capacity::StaticCapacity,
     repair::NodeRepair,
+    deletion_cost::DeletionCost,
     nodeclaim::NodeClaimActor
 );

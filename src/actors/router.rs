@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::buffers::{Buffers, Provisioned};
 use super::catalog::{NodePoolsChanged, Rebuild};
+use super::deletion_cost::DeletionCost;
 use super::disruption::{ClusterChanged, Disruption};
 use super::nodeclaim::NodeClaimActor;
 use super::nodepools::Refresh;
@@ -34,6 +35,7 @@ pub struct Router {
     buffers: Arc<RwLock<Option<Addr<Buffers>>>>,
     static_capacity: Arc<RwLock<Option<Addr<StaticCapacity>>>>,
     repair: Arc<RwLock<Option<Addr<NodeRepair>>>>,
+    deletion_cost: Arc<RwLock<Option<Addr<DeletionCost>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -116,6 +118,16 @@ impl Router {
 
     pub fn take_repair(&self) -> Option<Addr<NodeRepair>> {
         self.repair.write().take()
+    }
+
+    /// The pod deletion cost actor (leader only, behind its feature gate); `take_deletion_cost`
+    /// hands it over to be stopped.
+    pub fn set_deletion_cost(&self, d: Addr<DeletionCost>) {
+        *self.deletion_cost.write() = Some(d);
+    }
+
+    pub fn take_deletion_cost(&self) -> Option<Addr<DeletionCost>> {
+        self.deletion_cost.write().take()
     }
 
     /// The StaticCapacity actor (leader only); `take_static_capacity` hands it over to be

@@ -9,6 +9,14 @@ pub const REGISTERED_LABEL: &str = "karpenter.sh/registered";
 pub const INITIALIZED_LABEL: &str = "karpenter.sh/initialized";
 pub const NODECLASS_LABEL_PREFIX: &str = "karpenter.cluster.x-k8s.io/";
 pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+/// On a Pod: its owner's steer of consolidation's eviction cost (v1.15), read before the
+/// deletion cost.
+pub const DISRUPTION_COST_ANNOTATION: &str = "karpenter.sh/disruption-cost";
+/// On a Pod: "true" while its deletion cost is the controller's ranking (pod deletion cost
+/// management), not its owner's.
+pub const MANAGED_DELETION_COST_ANNOTATION: &str = "karpenter.sh/managed-deletion-cost";
+/// On a Pod: Kubernetes' ReplicaSet scale-in order (lower goes first).
+pub const POD_DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// On a deleted claim with a terminationGracePeriod: when every pod of its node must be gone
 /// (RFC 3339), as upstream Karpenter writes it.
 pub const TERMINATION_TIMESTAMP_ANNOTATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";

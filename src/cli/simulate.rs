@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
 
-use super::{CapiVersionArg, Cli, Command, LogArgs, duration_arg, non_empty_path_arg};
+use super::{
+    CapiVersionArg, Cli, Command, FeatureGates, LogArgs, duration_arg, feature_gates_arg,
+    non_empty_path_arg,
+};
 
 /// A duration flag of `simulate` within `[min, max]`, in the same Go syntax as every `run` flag
 /// (`2s`, `500ms`, `15m`).
@@ -196,6 +199,21 @@ pub enum ReportFormat {
     Html,
 }
 
+/// `--feature-gates` for a simulation: only the gates a simulation acts on may change.
+fn simulation_gates_arg(s: &str) -> Result<FeatureGates, String> {
+    let gates = feature_gates_arg(s)?;
+    let defaults = FeatureGates::default();
+    let acted_on = FeatureGates {
+        pod_deletion_cost: gates.pod_deletion_cost,
+        no_effect: gates.no_effect.clone(),
+        ..defaults
+    };
+    if gates != acted_on {
+        return Err("a simulation acts on PodDeletionCostManagement only; leave the other gates at their defaults".to_string());
+    }
+    Ok(gates)
+}
+
 const HOUR: Duration = Duration::from_secs(3600);
 const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -207,6 +225,12 @@ pub struct SimulateArgs {
     /// Which scenario to run.
     #[arg(long, value_enum, default_value = "default")]
     pub scenario: Scenario,
+    /// Karpenter's feature gates, as `run --feature-gates` reads them. A simulation acts on
+    /// `PodDeletionCostManagement` only (its ranking then runs every second, not every minute,
+    /// and the consolidate scenario waits for it before scaling down); a value that changes
+    /// another gate from its default is refused rather than silently ignored.
+    #[arg(long, default_value = "", value_parser = simulation_gates_arg)]
+    pub feature_gates: FeatureGates,
     /// NodeClaims to create directly, without pods (launch scenario only).
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub claims: usize,

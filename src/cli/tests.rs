@@ -8,6 +8,8 @@ fn feature_gates_read_as_karpenters_and_refuse_unknown_gates() {
     assert!(feature_gates_arg(" CapacityBuffer=false ,").is_ok_and(|g| !g.capacity_buffer));
     assert!(feature_gates_arg("NodeRepair=true").is_ok_and(|g| g.node_repair));
     assert!(feature_gates_arg("StaticCapacity=false").is_ok_and(|g| !g.static_capacity));
+    assert!(!FeatureGates::default().pod_deletion_cost);
+    assert!(feature_gates_arg("PodDeletionCostManagement=true").is_ok_and(|g| g.pod_deletion_cost));
     for bad in ["CapacityBuffer", "CapacityBuffer=yes", "Drfit=true"] {
         assert!(feature_gates_arg(bad).is_err(), "{bad}");
     }
@@ -25,7 +27,7 @@ fn upstreams_full_default_string_is_accepted() {
     let v115 = format!(
         "{upstream},TerminateFirstDrift=true,TerminateFirstRepair=false,PodDeletionCostManagement=false,Drift=true"
     );
-    assert!(feature_gates_arg(&v115).is_ok_and(|g| g.no_effect.len() == 6));
+    assert!(feature_gates_arg(&v115).is_ok_and(|g| g.no_effect.len() == 5));
     // And through the command line as a user passes it.
     let cli = Cli::try_parse_from(["karpenter-capi", "run", "--feature-gates", upstream]);
     assert!(cli.is_ok(), "{:?}", cli.err());

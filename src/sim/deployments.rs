@@ -2,8 +2,7 @@
 //! disruption needs: every Deployment keeps `spec.replicas` pods of its own (pods whose controller
 //! owner reference carries the Deployment's uid) that are neither being deleted nor finished.
 //! Missing pods are created from `spec.template` (named `<deployment>-<5 random characters>`),
-//! surplus pods are deleted gracefully (unbound ones first, then the newest, as a ReplicaSet
-//! prefers). A pod with a `deletionTimestamp` no longer counts, so an evicted pod is replaced at
+//! surplus pods are deleted gracefully in the ReplicaSet controller's order ([`plan`]). A pod with a `deletionTimestamp` no longer counts, so an evicted pod is replaced at
 //! once and its replacement waits, pending, for the scheduler stand-in. There is no ReplicaSet
 //! object in between, no rollout of template changes and no status; pods already created keep
 //! the template they were made from.
@@ -123,7 +122,11 @@ pub struct Plan {
 }
 
 /// The plan for a Deployment of `replicas` over the pods it owns (`owned`, already filtered by
-/// owner uid). Surplus pods go unbound first, then newest first (creation time, then name).
+/// owner uid). Surplus pods go in kube-controller-manager's ReplicaSet order
+/// (`ActivePodsWithRanks`): unbound first; then Pending, Unknown, Running; not Ready before
+/// Ready; lower `controller.kubernetes.io/pod-deletion-cost` first; more of the Deployment's
+/// pods on the same node first; then the newest (creation time, then name). Ready duration
+/// and restart counts, which kube weighs before age, do not differ among this stand-in's pods.
 pub fn plan(replicas: usize, owned: &[Value]) -> Plan {
     let mut active: Vec<&Value> = owned.iter().filter(|p| counts(p)).collect();
     if active.len() <= replicas {
@@ -132,29 +135,69 @@ pub fn plan(replicas: usize, owned: &[Value]) -> Plan {
             delete: Vec::new(),
         };
     }
-    let created = |p: &Value| {
-        p.pointer("/metadata/creationTimestamp")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
-    let name = |p: &Value| {
-        p.pointer("/metadata/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string()
-    };
+    let mut on_node: HashMap<&str, usize> = HashMap::new();
+    for p in &active {
+        *on_node.entry(node_of(p)).or_default() += 1;
+    }
+    let related = |p: &Value| on_node.get(node_of(p)).copied().unwrap_or(0);
     active.sort_by(|a, b| {
         bound(a)
             .cmp(&bound(b))
-            .then_with(|| created(b).cmp(&created(a)))
-            .then_with(|| name(b).cmp(&name(a)))
+            .then_with(|| phase_ordinal(a).cmp(&phase_ordinal(b)))
+            .then_with(|| ready(a).cmp(&ready(b)))
+            .then_with(|| deletion_cost(a).cmp(&deletion_cost(b)))
+            .then_with(|| related(b).cmp(&related(a)))
+            .then_with(|| {
+                text(b, "/metadata/creationTimestamp").cmp(text(a, "/metadata/creationTimestamp"))
+            })
+            .then_with(|| text(b, "/metadata/name").cmp(text(a, "/metadata/name")))
     });
     let surplus = active.len() - replicas;
     Plan {
         create: 0,
-        delete: active.iter().take(surplus).map(|p| name(p)).collect(),
+        delete: active
+            .iter()
+            .take(surplus)
+            .map(|p| text(p, "/metadata/name").to_string())
+            .collect(),
     }
+}
+
+fn text<'a>(p: &'a Value, pointer: &str) -> &'a str {
+    p.pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+fn node_of(p: &Value) -> &str {
+    text(p, "/spec/nodeName")
+}
+
+/// kube's `podPhaseToOrdinal`: Pending before Unknown before Running.
+fn phase_ordinal(p: &Value) -> u8 {
+    match text(p, "/status/phase") {
+        "Unknown" => 1,
+        "Running" => 2,
+        _ => 0,
+    }
+}
+
+fn ready(p: &Value) -> bool {
+    p.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+        })
+}
+
+/// The pod's deletion cost; 0 when unset or not an int32, as kube reads it.
+fn deletion_cost(p: &Value) -> i32 {
+    p.pointer("/metadata/annotations")
+        .and_then(|a| a.get("controller.kubernetes.io/pod-deletion-cost"))
+        .and_then(Value::as_str)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A pod body for Deployment `d` (its template, a generated name, the owner reference).
@@ -316,6 +359,52 @@ mod tests {
         ];
         assert_eq!(plan(2, &owned).delete, vec!["pending", "new"]);
         assert_eq!(plan(0, &owned).delete, vec!["pending", "new", "mid", "old"]);
+    }
+
+    fn with_cost(mut p: Value, cost: &str) -> Value {
+        p["metadata"]["annotations"] = json!({"controller.kubernetes.io/pod-deletion-cost": cost});
+        p
+    }
+
+    /// kube-controller-manager's ReplicaSet order: the deletion cost before co-location and
+    /// age, after binding, phase and readiness.
+    #[test]
+    fn surplus_goes_by_deletion_cost_before_age() {
+        let t = "2026-01-01T00:00:00Z";
+        let owned = vec![
+            with_cost(pod("cheap-old", t, Some("a"), false, "Running"), "-50"),
+            pod(
+                "plain-new",
+                "2026-01-01T00:00:09Z",
+                Some("b"),
+                false,
+                "Running",
+            ),
+            with_cost(
+                pod("dear", "2026-01-01T00:00:09Z", Some("b"), false, "Running"),
+                "100",
+            ),
+            with_cost(
+                pod("bad", "2026-01-01T00:00:08Z", Some("b"), false, "Running"),
+                "x",
+            ),
+            with_cost(pod("starting", t, Some("a"), false, "Pending"), "1000"),
+        ];
+        assert_eq!(
+            plan(0, &owned).delete,
+            vec!["starting", "cheap-old", "plain-new", "bad", "dear"]
+        );
+    }
+
+    #[test]
+    fn surplus_goes_from_the_node_with_most_of_the_pods_at_equal_cost() {
+        let t = "2026-01-01T00:00:00Z";
+        let owned = vec![
+            pod("alone", "2026-01-01T00:00:09Z", Some("a"), false, "Running"),
+            pod("crowded-1", t, Some("b"), false, "Running"),
+            pod("crowded-2", t, Some("b"), false, "Running"),
+        ];
+        assert_eq!(plan(2, &owned).delete, vec!["crowded-2"]);
     }
 
     #[test]

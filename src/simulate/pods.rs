@@ -421,6 +421,10 @@ pub async fn provision(
     provision_with(args, pool, shape, |_| {}).await
 }
 
+/// Pod deletion cost ranking in a simulation (`--feature-gates PodDeletionCostManagement=true`):
+/// every second, as disruption passes are (production: a minute).
+pub const SIM_DELETION_COST_PERIOD: Duration = Duration::from_secs(1);
+
 /// `provision`, with `settings` editing the controller's settings before it starts.
 pub async fn provision_with(
     args: &SimulateArgs,
@@ -451,6 +455,10 @@ pub async fn provision_on(
     let mut settings = sim_settings(args.create_timeout);
     settings.batching.idle = Duration::from_millis(300);
     settings.batching.max = Duration::from_secs(3);
+    settings.pod_deletion_cost = args
+        .feature_gates
+        .pod_deletion_cost
+        .then_some(SIM_DELETION_COST_PERIOD);
     tweak(&mut settings);
     let controller = start_controller(&sim, settings, Metrics::new()).await?;
     let since_ms = sim.cluster().stats().now_ms();

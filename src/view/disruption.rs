@@ -34,7 +34,8 @@ mod rollout;
 use budget::BudgetCount;
 pub use budget::{BudgetStanding, budget_standing};
 pub use claim::POD_EVENT_WRITE_STEP;
-use claim::{consolidatable, expired, pod_event_behind, pool_up_to_date, stamp_needed, under_way};
+pub(in crate::view) use claim::under_way;
+use claim::{consolidatable, expired, pod_event_behind, pool_up_to_date, stamp_needed};
 use rollout::{Hold, Rollout, at_min_size, deployment_hold};
 
 /// A claim whose `Drifted` or `Consolidatable` condition should change.

@@ -7,6 +7,8 @@
 //! - [`catalog`]: each NodeClass's offerings and the launch's ranking of them.
 //! - [`usage`]: what each NodePool counts against its limits.
 //! - [`disruption`] and [`protection`]: the disruption candidates and what protects a node.
+//! - [`deletion_cost`]: the nodes a ReplicaSet scale-in should empty first, and the pod
+//!   deletion costs that say so.
 //! - [`node`]: how a Node stands against its claim (ready, registered, initialized).
 //! - [`rollout`]: how far each NodePool's and NodeClass's nodes are rolled out (`NodesUpToDate`).
 //! - [`repair`]: which unhealthy Nodes node repair replaces, and which it holds back.
@@ -14,6 +16,7 @@
 //! - [`settings`]: the controller's settings as plain values.
 
 pub mod catalog;
+pub mod deletion_cost;
 pub mod disruption;
 pub mod node;
 pub mod protection;

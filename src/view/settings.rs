@@ -49,6 +49,10 @@ pub struct Settings {
     /// NodeOverlays are applied (`--feature-gates NodeOverlay=false` ignores them, as upstream
     /// does with its gate off: no price or capacity changes, no overlay status written).
     pub node_overlay: bool,
+    /// Pod deletion cost management (`--feature-gates PodDeletionCostManagement=true`): how
+    /// often the nodes are ranked and the pods' deletion costs written. None: off (upstream's
+    /// default).
+    pub pod_deletion_cost: Option<Duration>,
     /// Shadow mode (`run --dry-run`): no write reaches the server, so the decision log lines
     /// say what would have been done ([`Settings::say`]).
     pub dry_run: bool,
@@ -61,6 +65,9 @@ impl Settings {
         if self.dry_run { would } else { done }
     }
 }
+
+/// Upstream's pod deletion cost period: one ranking a minute at most.
+pub const DELETION_COST_PERIOD: Duration = Duration::from_secs(60);
 
 /// Node repair's toleration of an unhealthy Node: upstream's providers tolerate `Ready` False
 /// or Unknown for 30 minutes.
@@ -142,6 +149,7 @@ impl Default for Settings {
             node_repair: None,
             static_capacity: true,
             node_overlay: true,
+            pod_deletion_cost: None,
             dry_run: false,
         }
     }

@@ -23,6 +23,7 @@ pub fn tests() -> Vec<assets::Test> {
     trials![
         manifests_rbac_grants_exactly_what_the_controller_calls,
         chart_rbac_grants_exactly_what_the_controller_calls,
+        chart_grants_gated_rules_only_with_the_gate,
         manifests_deployment_is_hardened_probed_and_spread,
         chart_deployment_is_hardened_probed_and_spread,
         deployment_env_values_are_valid_run_flags_and_agree,
@@ -71,6 +72,25 @@ enum Scope {
 enum Use {
     /// Called today, from this code.
     Code(#[allow(dead_code)] &'static str),
+    /// Called from this code only with the feature gate on: granted then, and only then.
+    Gated(&'static str, #[allow(dead_code)] &'static str),
+}
+
+/// The gate a row needs, if any.
+fn gate_of(n: &Need) -> Option<&'static str> {
+    match n.by {
+        Use::Code(_) => None,
+        Use::Gated(gate, _) => Some(gate),
+    }
+}
+
+/// The gates `FEATURE_GATES` turns on (`Name=true` pairs).
+fn gates_on(feature_gates: &str) -> Vec<String> {
+    feature_gates
+        .split(',')
+        .filter_map(|p| p.trim().strip_suffix("=true"))
+        .map(str::to_string)
+        .collect()
 }
 
 struct Need {
@@ -100,7 +120,9 @@ const fn need(
 }
 
 use Scope::{LeaderNamespace, Management, Workload};
-use Use::Code;
+use Use::{Code, Gated};
+
+const DELETION_COST: &str = "PodDeletionCostManagement";
 
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
@@ -109,6 +131,7 @@ const NEEDS: &[Need] = &[
     need(Workload, "", "nodes", &["get"], Code("actors/nodeclaim/termination.rs node_not_indexed_yet")),
     need(Workload, "", "pods", &["list", "watch"], Code("actors/provisioner/mod.rs pod watcher (also the terminator's pod index)")),
     need(Workload, "", "pods", &["delete"], Code("actors/terminator forced deletion at the termination deadline")),
+    need(Workload, "", "pods", &["patch"], Gated(DELETION_COST, "actors/deletion_cost.rs the deletion cost and its sentinel")),
     need(Workload, "", "pods/eviction", &["create"], Code("actors/terminator evict")),
     need(Workload, "", "persistentvolumeclaims", &["get"], Code("actors/terminator/volumes.rs volumes of pods that are not drained")),
     need(Workload, "storage.k8s.io", "volumeattachments", &["list", "watch"], Code("actors/controller.rs start_feeds: VolumeAttachment feed (state::volumes)")),
@@ -259,9 +282,13 @@ fn resource_matches(need: &str, granted: &str) -> bool {
 }
 
 /// Checks `granted` against the table rows of `scope`: every needed (group, resource, verb) is
-/// granted, nothing else is, and no wildcard is used. Returns the problems found.
-fn audit(scope: Scope, granted: &[Rule]) -> Vec<String> {
-    let needs: Vec<&Need> = NEEDS.iter().filter(|n| n.scope == scope).collect();
+/// granted, nothing else is, and no wildcard is used; a gated row counts only when `gates` has
+/// its gate. Returns the problems found.
+fn audit(scope: Scope, granted: &[Rule], gates: &[&str]) -> Vec<String> {
+    let needs: Vec<&Need> = NEEDS
+        .iter()
+        .filter(|n| n.scope == scope && gate_of(n).is_none_or(|g| gates.contains(&g)))
+        .collect();
     let mut problems = Vec::new();
     for r in granted {
         for field in [&r.groups, &r.resources, &r.verbs] {
@@ -384,9 +411,10 @@ fn manifests_rbac_grants_exactly_what_the_controller_calls() {
         }
     }
 
-    let mut problems = audit(Workload, &workload);
-    problems.extend(audit(LeaderNamespace, &lease_rules));
-    problems.extend(audit(Management, &management));
+    // The manifests install the default gates: nothing gated is granted.
+    let mut problems = audit(Workload, &workload, &[]);
+    problems.extend(audit(LeaderNamespace, &lease_rules, &[]));
+    problems.extend(audit(Management, &management, &[]));
     assert!(
         problems.is_empty(),
         "RBAC vs NEEDS:\n{}",
@@ -449,9 +477,12 @@ fn chart_rbac_grants_exactly_what_the_controller_calls() {
             names: vec![],
         });
     }
-    let mut problems = audit(Workload, &workload);
-    problems.extend(audit(LeaderNamespace, &lease));
-    problems.extend(audit(Management, &management));
+    // Stripped of its template lines the helper lists every rule, the gated ones too (that each
+    // sits inside its gate's `if` is checked by `chart_grants_gated_rules_only_with_the_gate`).
+    let gated: Vec<&str> = NEEDS.iter().filter_map(gate_of).collect();
+    let mut problems = audit(Workload, &workload, &gated);
+    problems.extend(audit(LeaderNamespace, &lease, &[]));
+    problems.extend(audit(Management, &management, &[]));
     assert!(
         problems.is_empty(),
         "chart RBAC vs NEEDS:\n{}",
@@ -478,6 +509,43 @@ fn chart_rbac_grants_exactly_what_the_controller_calls() {
         template_resources(&management),
         template_resources(&manifests)
     );
+}
+
+/// Each gated rule of the workload helper sits inside an `if` on its gate in
+/// `controller.featureGates`, and the default values leave the gate off (upstream's chart grants
+/// `pods` `patch` only with `PodDeletionCostManagement=true`).
+fn chart_grants_gated_rules_only_with_the_gate() {
+    let tpl = read(&path(&format!("{CHART}/templates/_rules-workload.tpl")));
+    for n in NEEDS.iter().filter(|n| gate_of(n).is_some()) {
+        let gate = gate_of(n).unwrap_or_default();
+        let open =
+            format!("{{{{- if contains \"{gate}=true\" .Values.controller.featureGates }}}}");
+        let start = tpl
+            .find(&open)
+            .unwrap_or_else(|| panic!("no rule guarded by {gate} in _rules-workload.tpl"));
+        let block = &tpl[start..];
+        let block = &block[..block.find("{{- end }}").expect("the guard ends")];
+        let rule = format!(
+            "- apiGroups: [{:?}]\n  resources: [{}]\n  verbs: [{}]",
+            n.group,
+            n.resource,
+            n.verbs.join(", ")
+        );
+        assert!(
+            block.contains(&rule),
+            "{rule} inside the {gate} guard:\n{block}"
+        );
+        let outside = tpl.replace(block, "");
+        assert!(!outside.contains(&rule), "{rule} also outside its guard");
+        let defaults = values()["controller"]["featureGates"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            !gates_on(&defaults).iter().any(|g| g == gate),
+            "{gate} is off by default"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1069,6 +1137,13 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "pod deletion cost management on",
+        &[
+            "--set-string",
+            "controller.featureGates=PodDeletionCostManagement=true",
+        ],
+    ),
+    (
         "Grafana dashboard on",
         &[
             "--set",
@@ -1165,6 +1240,13 @@ fn helm_lints_and_renders_the_chart() {
 /// workload cluster). A part a value set leaves out is not audited; which parts each topology
 /// has is checked by the callers.
 fn rendered_rbac_problems(docs: &[Value]) -> Vec<String> {
+    let feature_gates = docs
+        .iter()
+        .find(|d| kind(d) == "Deployment")
+        .and_then(|d| literal_env(container(d)).get("FEATURE_GATES").cloned())
+        .unwrap_or_default();
+    let on = gates_on(&feature_gates);
+    let gates: Vec<&str> = on.iter().map(String::as_str).collect();
     let (mut workload, mut lease, mut capi) = (Vec::new(), Vec::new(), Vec::new());
     for d in docs
         .iter()
@@ -1179,10 +1261,10 @@ fn rendered_rbac_problems(docs: &[Value]) -> Vec<String> {
         };
         part.extend(rules(d));
     }
-    let mut problems = audit(LeaderNamespace, &lease);
+    let mut problems = audit(LeaderNamespace, &lease, &gates);
     for (scope, part) in [(Workload, &workload), (Management, &capi)] {
         if !part.is_empty() {
-            problems.extend(audit(scope, part));
+            problems.extend(audit(scope, part, &gates));
         }
     }
     problems

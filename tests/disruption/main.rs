@@ -5,6 +5,7 @@
 mod common;
 
 mod buffers;
+mod deletion_cost;
 mod disruption;
 mod lagging_pod_watch;
 mod machine_pools;

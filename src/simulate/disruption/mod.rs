@@ -6,6 +6,7 @@
 //! its store (nodes, Machines, prices) and the invariants. The controller runs disruption faster
 //! than in production (`fast_disruption`) so a scenario takes a minute or two.
 
+mod ranked;
 mod readings;
 mod rollout;
 mod time_split;
@@ -557,6 +558,10 @@ async fn consolidate(
     metrics: &Arc<crate::metrics::Metrics>,
     deadline: Duration,
 ) -> Result<Duration, Error> {
+    // Before consolidation is on, so both runs (with and without the gate) start it alike.
+    if args.feature_gates.pod_deletion_cost {
+        ranked::wait_ranked(sim, deadline).await?;
+    }
     let start = Instant::now();
     patch_nodepool(
         sim,

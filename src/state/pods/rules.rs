@@ -7,7 +7,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use kube::ResourceExt;
 
-use crate::api::wellknown::{DISRUPTED_TAINT_KEY, DO_NOT_DISRUPT_ANNOTATION};
+use crate::api::wellknown::{
+    DISRUPTED_TAINT_KEY, DISRUPTION_COST_ANNOTATION, DO_NOT_DISRUPT_ANNOTATION,
+    MANAGED_DELETION_COST_ANNOTATION, POD_DELETION_COST_ANNOTATION,
+};
 use crate::scheduling::selector::tolerates;
 
 pub fn key(p: &Pod) -> String {
@@ -132,15 +135,31 @@ pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 
     cost.clamp(-10.0, 10.0)
 }
 
-/// Upstream's eviction cost of `p`, from its `controller.kubernetes.io/pod-deletion-cost` and
-/// priority.
+/// Upstream's eviction cost of `p`, from its [`steering_cost`] and priority.
 pub fn pod_eviction_cost(p: &Pod) -> f64 {
-    eviction_cost(
-        p.annotations()
-            .get("controller.kubernetes.io/pod-deletion-cost")
-            .map(String::as_str),
-        p.spec.as_ref().and_then(|s| s.priority),
-    )
+    eviction_cost(steering_cost(p), p.spec.as_ref().and_then(|s| s.priority))
+}
+
+/// The cost the pod's owner gave consolidation, as v1.15 reads it: `karpenter.sh/disruption-cost`
+/// when set; else `controller.kubernetes.io/pod-deletion-cost`, unless that value is the
+/// controller's own ranking ([`deletion_cost_managed`]), which says nothing of the pod's worth
+/// and would otherwise feed the ranking back into the consolidation it follows.
+pub fn steering_cost(p: &Pod) -> Option<&str> {
+    let a = p.annotations();
+    if let Some(v) = a.get(DISRUPTION_COST_ANNOTATION) {
+        return Some(v);
+    }
+    if deletion_cost_managed(p) {
+        return None;
+    }
+    a.get(POD_DELETION_COST_ANNOTATION).map(String::as_str)
+}
+
+/// The pod's deletion cost is the controller's (its sentinel says so), not its owner's.
+pub fn deletion_cost_managed(p: &Pod) -> bool {
+    p.annotations()
+        .get(MANAGED_DELETION_COST_ANNOTATION)
+        .is_some_and(|v| v == "true")
 }
 
 /// The pod's `Ready` condition is False (upstream's test for an unhealthy pod; Unknown is not).

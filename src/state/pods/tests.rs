@@ -414,3 +414,48 @@ fn do_not_disrupt_protects_for_its_duration_from_the_pod_start() {
     assert!(until.holds_at(t("2026-01-01T10:29:59Z")));
     assert!(!until.holds_at(t("2026-01-01T10:30:00Z")));
 }
+
+fn with_annotations(annotations: serde_json::Value) -> Pod {
+    pod(json!({"metadata": {"annotations": annotations}}))
+}
+
+#[test]
+fn disruption_cost_annotation_wins() {
+    let p = with_annotations(json!({
+        "karpenter.sh/disruption-cost": "-1000000000",
+        "controller.kubernetes.io/pod-deletion-cost": "1000000000",
+    }));
+    assert_eq!(steering_cost(&p), Some("-1000000000"));
+    assert!(pod_eviction_cost(&p) < 1.0);
+    // And over a managed deletion cost too.
+    let p = with_annotations(json!({
+        "karpenter.sh/disruption-cost": "1000000000",
+        "controller.kubernetes.io/pod-deletion-cost": "-5",
+        "karpenter.sh/managed-deletion-cost": "true",
+    }));
+    assert!(pod_eviction_cost(&p) > 1.0);
+}
+
+#[test]
+fn a_managed_deletion_cost_is_ignored_for_consolidation() {
+    let users =
+        with_annotations(json!({"controller.kubernetes.io/pod-deletion-cost": "1000000000"}));
+    assert!(
+        pod_eviction_cost(&users) > 1.0,
+        "the owner's deletion cost steers"
+    );
+    let managed = with_annotations(json!({
+        "controller.kubernetes.io/pod-deletion-cost": "1000000000",
+        "karpenter.sh/managed-deletion-cost": "true",
+    }));
+    assert!(deletion_cost_managed(&managed));
+    assert_eq!(steering_cost(&managed), None);
+    assert_eq!(pod_eviction_cost(&managed), 1.0);
+    // Only "true" marks it managed.
+    let released = with_annotations(json!({
+        "controller.kubernetes.io/pod-deletion-cost": "1000000000",
+        "karpenter.sh/managed-deletion-cost": "false",
+    }));
+    assert!(!deletion_cost_managed(&released));
+    assert!(pod_eviction_cost(&released) > 1.0);
+}

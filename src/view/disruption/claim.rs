@@ -94,7 +94,7 @@ pub(super) fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: 
 }
 
 /// A disruption command has marked the claim (condition) or tainted its Node.
-pub(super) fn under_way(c: &NodeClaim, node: Option<&CompactNode>) -> bool {
+pub(in crate::view) fn under_way(c: &NodeClaim, node: Option<&CompactNode>) -> bool {
     node.is_some_and(|n| n.taints().iter().any(|t| t.key == DISRUPTED_TAINT_KEY))
         || conditions::get(c.conditions(), conditions::DISRUPTION_REASON).is_some()
 }

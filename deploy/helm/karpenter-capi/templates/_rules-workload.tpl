@@ -12,6 +12,13 @@
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, delete]
+{{- if contains "PodDeletionCostManagement=true" .Values.controller.featureGates }}
+# Pod deletion cost (--feature-gates PodDeletionCostManagement=true): the deletion cost and its
+# ownership sentinel on the pods of ranked nodes. Only with the gate, as upstream's chart.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [patch]
+{{- end }}
 # Terminator: evictions honour PodDisruptionBudgets.
 - apiGroups: [""]
   resources: [pods/eviction]
