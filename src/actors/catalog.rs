@@ -20,7 +20,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::Shared;
-use super::patch::{edit_conditions, write_conditions};
+use super::patch::{Guarded, write_conditions, write_conditions_guarded};
 use super::tracked::Tracked;
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::decode::Malformed;
@@ -62,6 +62,9 @@ pub struct Synced;
 /// new leader finds waiting (or that are created at once) would wait a launch retry for them;
 /// a read that hangs must not hold activation for ever either.
 const FIRST_READS_WAIT: Duration = Duration::from_secs(10);
+/// After a NodeClass status write lost to the NodePools actor's: time for the index to get the
+/// newer copy before the rebuild computes the condition again.
+const CONFLICT_RETRY: Duration = Duration::from_millis(500);
 
 pub struct Catalog {
     shared: Arc<Shared>,
@@ -366,43 +369,44 @@ impl Catalog {
             Ok(()) => (ConditionStatus::True, "Ready", ready_message(catalog)),
             Err(m) => (ConditionStatus::False, not_ready_reason(catalog), m.clone()),
         };
-        let current = nc
+        let mut conds = nc
             .status
             .as_ref()
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
-        let (generation, now) = (nc.metadata.generation, Timestamp::now());
-        let said = message.clone();
-        let set_ready = move |conds: &mut Vec<conditions::Condition>| {
-            conditions::set(
-                conds,
-                conditions::READY,
-                status,
-                reason,
-                &message,
-                generation,
-                now,
-            )
-        };
-        if !set_ready(&mut current.clone()) {
+        let changed = conditions::set(
+            &mut conds,
+            conditions::READY,
+            status,
+            reason,
+            &message,
+            nc.metadata.generation,
+            Timestamp::now(),
+        );
+        if !changed {
             return;
         }
         if status == ConditionStatus::False {
-            self.shared.events.warning(nc.object_ref(&()), reason, said);
+            self.shared
+                .events
+                .warning(nc.object_ref(&()), reason, message.clone());
         }
-        // The NodePools actor writes this list too (`NodesUpToDate`): guarded by the
-        // resourceVersion, re-read on a conflict.
+        // The NodePools actor writes this list too (`NodesUpToDate`): the write is guarded by
+        // the resourceVersion of the index's copy, and a conflict rebuilds once the index has
+        // the newer one.
         ctx.spawn(
-            edit_conditions::<ClusterAPINodeClass, _>(
+            write_conditions_guarded::<ClusterAPINodeClass>(
                 self.shared.workload.clone(),
                 nc.name_any(),
                 nc.metadata.resource_version.clone(),
-                current,
-                move |c| {
-                    set_ready(c);
-                },
+                json!(conds),
             )
-            .into_actor(self),
+            .into_actor(self)
+            .map(|written, _, ctx| {
+                if written == Guarded::Conflict {
+                    ctx.run_later(CONFLICT_RETRY, |act, ctx| act.schedule_rebuild(ctx));
+                }
+            }),
         );
     }
 }

@@ -129,68 +129,54 @@ where
     }
 }
 
-/// How often [`edit_conditions`] re-reads after a conflict before leaving it to the writer's
-/// next refresh.
-const CONFLICT_RETRIES: usize = 5;
+/// What a [`write_conditions_guarded`] came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guarded {
+    Written,
+    /// The object changed since the copy the conditions were computed from: compute again
+    /// from a newer copy.
+    Conflict,
+    /// Gone, or the write failed (logged): the caller's next refresh writes again.
+    Dropped,
+}
 
-/// One writer's edit of `status.conditions` that another writer shares (a
+/// Merge-patch `status.conditions` of a cluster-scoped object that another writer shares (a
 /// ClusterAPINodeClass's: the Catalog writes `Ready`, the NodePools actor `NodesUpToDate` and
 /// the rollout counts). A merge patch replaces the list whole, so the write carries the
-/// resourceVersion of the copy `edit` was applied to (`resource_version` and `conditions`, the
-/// caller's index copy), and on a conflict the object is read again and `edit` applied to what
-/// the other writer left. Read as a `DynamicObject`, so an object the types cannot decode is
-/// still written. Best effort as [`write_conditions`]: a failure is logged and the caller's next
-/// refresh writes again.
-pub async fn edit_conditions<K, F>(
+/// resourceVersion of the copy `conditions` were computed from: a writer a step behind gets a
+/// conflict instead of dropping the other's condition, and computes again from its index once
+/// that has caught up (no read of its own, which the chart's RBAC does not grant).
+pub async fn write_conditions_guarded<K>(
     client: kube::Client,
     name: String,
     resource_version: Option<String>,
-    conditions: Vec<crate::api::conditions::Condition>,
-    edit: F,
-) where
+    conditions: Value,
+) -> Guarded
+where
     K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>,
-    F: Fn(&mut Vec<crate::api::conditions::Condition>),
 {
     let ar = kube::core::ApiResource::erase::<K>(&());
     let api: kube::Api<kube::core::DynamicObject> = kube::Api::all_with(client, &ar);
-    let (mut rv, mut conds) = (resource_version, conditions);
-    for _ in 0..CONFLICT_RETRIES {
-        edit(&mut conds);
-        let body = json!({"metadata": {"resourceVersion": rv}, "status": {"conditions": conds}});
-        let sent = api
-            .patch_status(
-                &name,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(&body),
-            )
-            .await;
-        match sent {
-            Ok(_) => return,
-            Err(kube::Error::Api(s)) if s.code == 404 => return,
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => {
-                tracing::warn!(kind = %K::kind(&()), name = %name, error = %e, "updating status conditions failed");
-                return;
-            }
-        }
-        match api.get_opt(&name).await {
-            Ok(Some(fresh)) => {
-                rv = fresh.metadata.resource_version.clone();
-                conds = fresh
-                    .data
-                    .pointer("/status/conditions")
-                    .cloned()
-                    .and_then(|c| serde_json::from_value(c).ok())
-                    .unwrap_or_default();
-            }
-            Ok(None) => return,
-            Err(e) => {
-                tracing::warn!(kind = %K::kind(&()), name = %name, error = %e, "reading status conditions again after a conflict failed");
-                return;
-            }
+    let body = json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": {"conditions": conditions},
+    });
+    let sent = api
+        .patch_status(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&body),
+        )
+        .await;
+    match sent {
+        Ok(_) => Guarded::Written,
+        Err(kube::Error::Api(s)) if s.code == 409 => Guarded::Conflict,
+        Err(kube::Error::Api(s)) if s.code == 404 => Guarded::Dropped,
+        Err(e) => {
+            tracing::warn!(kind = %K::kind(&()), name = %name, error = %e, "updating status conditions failed");
+            Guarded::Dropped
         }
     }
-    tracing::debug!(kind = %K::kind(&()), name = %name, "status conditions still conflicting; the next refresh writes them");
 }
 
 #[cfg(test)]
