@@ -9,6 +9,9 @@ pub const REGISTERED_LABEL: &str = "karpenter.sh/registered";
 pub const INITIALIZED_LABEL: &str = "karpenter.sh/initialized";
 pub const NODECLASS_LABEL_PREFIX: &str = "karpenter.cluster.x-k8s.io/";
 pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+/// On a Node or NodeClaim: `"true"` (no other value) keeps node repair from replacing it
+/// (Karpenter v1.15, alpha). `do-not-disrupt` does not: repair is not held by it.
+pub const DO_NOT_REPAIR_ANNOTATION: &str = "karpenter.sh/do-not-repair";
 /// On a deleted claim with a terminationGracePeriod: when every pod of its node must be gone
 /// (RFC 3339), as upstream Karpenter writes it.
 pub const TERMINATION_TIMESTAMP_ANNOTATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";

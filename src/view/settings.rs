@@ -43,6 +43,10 @@ pub struct Settings {
     /// Node repair (`--feature-gates NodeRepair=true`): how long a Node may stay `Ready` False
     /// or Unknown before its claim is replaced. None: off (upstream's default).
     pub node_repair: Option<Duration>,
+    /// Node repair as Karpenter v1.14 did it (`--legacy-node-repair`): the claim deleted at
+    /// once, outside the budgets, with no replacement first. Otherwise repair is a disruption
+    /// method (v1.15). Only one of the two runs.
+    pub legacy_node_repair: bool,
     /// Static NodePools are held at `spec.replicas` (`--feature-gates StaticCapacity=false`
     /// turns it off).
     pub static_capacity: bool,
@@ -55,6 +59,16 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The toleration of node repair run as a budgeted disruption (v1.15), when it is on.
+    pub fn voluntary_repair(&self) -> Option<Duration> {
+        self.node_repair.filter(|_| !self.legacy_node_repair)
+    }
+
+    /// The toleration of node repair run as v1.14 did (`--legacy-node-repair`), when it is on.
+    pub fn legacy_repair(&self) -> Option<Duration> {
+        self.node_repair.filter(|_| self.legacy_node_repair)
+    }
+
     /// A decision's log message: `done` when the controller writes, `would` in a dry run,
     /// where the same decision is made and the write never sent.
     pub fn say(&self, done: &'static str, would: &'static str) -> &'static str {
@@ -79,7 +93,8 @@ pub struct DisruptionSettings {
     /// Replacements that are not Initialized within this roll the command back.
     pub replacement_timeout: Duration,
     /// No voluntary disruption decision at all (`--disruption-paused`): drift, emptiness and
-    /// consolidation wait; expiry, repair and commands already under way go on.
+    /// consolidation wait (and node repair, unless in its legacy mode); expiry and commands
+    /// already under way go on.
     pub paused: bool,
     /// A NodePool whose drift replacements fail to launch is left out of drift for this long
     /// after its first failure, doubling with each failed window up to `drift_backoff_cap`
@@ -140,6 +155,7 @@ impl Default for Settings {
             min_drain_time: Duration::from_secs(5),
             disruption: DisruptionSettings::default(),
             node_repair: None,
+            legacy_node_repair: false,
             static_capacity: true,
             node_overlay: true,
             dry_run: false,

@@ -440,6 +440,7 @@ pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Err
 async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Result<(), Error> {
     let reason = cmd.method.reason().as_str();
     let claim = shared.state.claims.read().get(&c.claim);
+    super::repair::stamp_deadline(shared, cmd, c, claim.as_deref()).await?;
     let deleted = persist_counted(
         &shared.metrics,
         "delete",
@@ -479,6 +480,7 @@ async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Resu
         .get_or_create(&labels)
         .inc_by(c.pods.len() as u64);
     if let Some(claim) = claim {
+        super::repair::count_repaired(shared, cmd, c, &claim);
         on_claim_and_node(
             shared,
             &claim,
@@ -621,6 +623,7 @@ fn disrupted_labels(cmd: &Command, c: &Candidate, claim: Option<&NodeClaim>) -> 
 
 pub fn method_name(cmd: &Command) -> &'static str {
     match cmd.method {
+        crate::disruption::Method::Repair => "repair",
         crate::disruption::Method::Emptiness => "emptiness",
         crate::disruption::Method::Drift => "drift",
         crate::disruption::Method::MultiNodeConsolidation => "multi-node consolidation",
