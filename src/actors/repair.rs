@@ -6,7 +6,7 @@
 //! `view::repair`. Leader only; woken by Node and Machine changes and at the next toleration's
 //! end, never polling.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +16,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::Shared;
-use super::disruption::on_claim_and_node;
-use super::events::Events;
+use super::disruption::{announce_blocked, count_repaired};
 use super::pass::{Coalesced, Pass};
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::wellknown::{NODEPOOL_LABEL, TERMINATION_TIMESTAMP_ANNOTATION};
-use crate::metrics::{DisruptedLabels, NodePoolLabels, UnhealthyLabels};
+use crate::api::wellknown::TERMINATION_TIMESTAMP_ANNOTATION;
+use crate::metrics::DisruptedLabels;
 use crate::view::repair::{self, Repair};
 
 /// Nodes, Machines or claims changed: look again (coalesced).
@@ -145,69 +144,6 @@ impl NodeRepair {
         );
         count_repaired(&self.shared, &r.claim, &r.condition, &r.why);
     }
-}
-
-/// `NodeRepairBlocked` on each held-back claim and its Node, and the per-pool gauge of them;
-/// `pools` remembers the pools the gauge is set for, so it is cleared when none is left.
-pub fn announce_blocked(
-    shared: &Shared,
-    blocked: &[(Arc<NodeClaim>, String, String)],
-    pools: &mut HashSet<String>,
-) {
-    let mut now: HashMap<String, i64> = HashMap::new();
-    for (claim, node, why) in blocked {
-        tracing::info!(nodeclaim = %claim.name_any(), node = %node, reason = %why, "node repair blocked");
-        let pool = claim
-            .labels()
-            .get(NODEPOOL_LABEL)
-            .cloned()
-            .unwrap_or_default();
-        *now.entry(pool).or_default() += 1;
-        on_claim_and_node(shared, claim, Events::warning, "NodeRepairBlocked", |_| {
-            why.clone()
-        });
-    }
-    let gauge = &shared.metrics.nodes_repair_blocked;
-    for pool in pools.drain() {
-        if !now.contains_key(&pool) {
-            gauge.remove(&NodePoolLabels { nodepool: pool });
-        }
-    }
-    for (pool, n) in now {
-        gauge
-            .get_or_create(&NodePoolLabels {
-                nodepool: pool.clone(),
-            })
-            .set(n);
-        pools.insert(pool);
-    }
-}
-
-/// Upstream's `karpenter_nodeclaims_unhealthy_disrupted_total`, counted once the repaired claim
-/// is deleted, and the `NodeRepair` Event saying why it went.
-pub fn count_repaired(shared: &Shared, claim: &NodeClaim, condition: &str, why: &str) {
-    let nodepool = claim
-        .labels()
-        .get(NODEPOOL_LABEL)
-        .cloned()
-        .unwrap_or_default();
-    shared
-        .metrics
-        .nodeclaims_unhealthy_disrupted
-        .get_or_create(&UnhealthyLabels {
-            condition: condition.to_string(),
-            nodepool,
-            capacity_type: repair::capacity_type(claim),
-            image_id: claim
-                .status
-                .as_ref()
-                .and_then(|s| s.image_id.clone())
-                .unwrap_or_default(),
-        })
-        .inc();
-    on_claim_and_node(shared, claim, Events::warning, "NodeRepair", |object| {
-        format!("Replacing {object}: {why}")
-    });
 }
 
 impl Pass for NodeRepair {

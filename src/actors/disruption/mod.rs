@@ -23,9 +23,11 @@ mod commands;
 mod decide;
 mod drift_backoff;
 mod execute;
+mod notes;
 mod repair;
 
 pub use execute::{on_claim_and_node, reschedulable_pods};
+pub use repair::{announce_blocked, count_repaired};
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -197,11 +199,7 @@ impl Disruption {
         let mut view = self.gather_now(now);
         self.publish_metrics(&view);
         let blocked = std::mem::take(&mut view.repair_blocked);
-        crate::actors::repair::announce_blocked(
-            &self.shared,
-            &blocked,
-            &mut self.repair_blocked_pools,
-        );
+        announce_blocked(&self.shared, &blocked, &mut self.repair_blocked_pools);
         let shared = self.shared.clone();
         let progress: Vec<(u64, Progress)> = self
             .executing
