@@ -178,3 +178,27 @@ impl Default for Batching {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only one of node repair's two modes runs: the Disruption actor's (v1.15) or the legacy
+    /// actor (v1.14), and neither while the gate is off.
+    #[test]
+    fn only_one_repair_mode_runs() {
+        let on = Some(REPAIR_TOLERATION);
+        let modes = |node_repair, legacy_node_repair| {
+            let s = Settings {
+                node_repair,
+                legacy_node_repair,
+                ..Settings::default()
+            };
+            (s.voluntary_repair(), s.legacy_repair())
+        };
+        assert_eq!(modes(on, false), (on, None));
+        assert_eq!(modes(on, true), (None, on));
+        assert_eq!(modes(None, true), (None, None));
+        assert_eq!(modes(None, false), (None, None));
+    }
+}
