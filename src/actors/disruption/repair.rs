@@ -12,7 +12,6 @@ use serde_json::json;
 
 use super::notes::on_claim_and_node;
 use crate::actors::events::Events;
-
 use crate::actors::persist::persist_counted;
 use crate::actors::{Error, Shared, api_err};
 use crate::api::nodeclaim::NodeClaim;
