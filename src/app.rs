@@ -124,6 +124,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             .feature_gates
             .node_repair
             .then_some(crate::view::settings::REPAIR_TOLERATION),
+        legacy_node_repair: c.legacy_node_repair,
         static_capacity: c.feature_gates.static_capacity,
         node_overlay: c.feature_gates.node_overlay,
         pod_deletion_cost: c

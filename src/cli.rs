@@ -305,12 +305,18 @@ pub struct ControllerArgs {
     /// and logged once at start as having no effect here.
     #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false,NodeRepair=false,StaticCapacity=true,NodeOverlay=true", value_parser = feature_gates_arg)]
     pub feature_gates: FeatureGates,
-    /// Pause all voluntary disruption: no drift, emptiness or consolidation decision is made
-    /// while set (commands already under way finish; expiry, node repair and provisioning go
-    /// on). One NodePool alone: the karpenter.cluster.x-k8s.io/disruption-paused: "true"
+    /// Pause all voluntary disruption: no repair, drift, emptiness or consolidation decision is
+    /// made while set (commands already under way finish; expiry, legacy node repair and
+    /// provisioning go on). One NodePool alone: the karpenter.cluster.x-k8s.io/disruption-paused: "true"
     /// annotation.
     #[arg(long, env = "DISRUPTION_PAUSED", default_value_t = false)]
     pub disruption_paused: bool,
+    /// With `NodeRepair` on: repair as Karpenter v1.14 did, deleting an unhealthy node's claim
+    /// at once, outside the disruption budgets and with no replacement launched first. Off (the
+    /// default): repair is a disruption method as in v1.15, first in each pass, within the
+    /// NodePool's `Unhealthy` budget, its replacement initialized before the node goes.
+    #[arg(long, env = "LEGACY_NODE_REPAIR", default_value_t = false)]
+    pub legacy_node_repair: bool,
 }
 
 /// The features `--feature-gates` turns on, and the upstream gates it was given that change
@@ -360,7 +366,7 @@ const UPSTREAM_ONLY_GATES: &[(&str, &str)] = &[
     ),
     (
         "TerminateFirstRepair",
-        "not implemented yet: repair does not launch a replacement first",
+        "not implemented yet: repair always launches the replacement first (or, with --legacy-node-repair, none)",
     ),
 ];
 

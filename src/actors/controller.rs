@@ -279,7 +279,8 @@ async fn activate(actors: &Actors) {
         let static_capacity = super::static_capacity::StaticCapacity::new(shared.clone()).start();
         shared.router.set_static_capacity(static_capacity);
     }
-    if let Some(toleration) = shared.settings.node_repair {
+    // In v1.15's mode repair is a method of the Disruption actor; only the legacy one runs apart.
+    if let Some(toleration) = shared.settings.legacy_repair() {
         let repair = super::repair::NodeRepair::new(shared.clone(), toleration).start();
         shared.router.set_repair(repair);
     }

@@ -1,4 +1,5 @@
-//! Node repair (`--feature-gates NodeRepair=true`; off by default, as upstream): a claim whose
+//! Node repair in its legacy mode (`--feature-gates NodeRepair=true --legacy-node-repair`,
+//! Karpenter v1.14's behaviour; without the flag repair is a disruption method): a claim whose
 //! Node has stayed `Ready` False or Unknown past the toleration is deleted at once, its
 //! termination deadline set to now (upstream's forceful repair), and replaced as any deleted
 //! claim is (its pods pend again; a static pool launches another). The rules are in
@@ -15,12 +16,11 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::Shared;
-use super::disruption::on_claim_and_node;
-use super::events::Events;
+use super::disruption::{announce_blocked, count_repaired};
 use super::pass::{Coalesced, Pass};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::TERMINATION_TIMESTAMP_ANNOTATION;
-use crate::metrics::{DisruptedLabels, NodePoolLabels, UnhealthyLabels};
+use crate::metrics::DisruptedLabels;
 use crate::view::repair::{self, Repair};
 
 /// Nodes, Machines or claims changed: look again (coalesced).
@@ -88,45 +88,11 @@ impl NodeRepair {
         }
         let decision = repair::decide(self.shared.view(), self.toleration, jiff::Timestamp::now());
         self.wake_at(decision.next, ctx);
-        let mut blocked_now: std::collections::HashMap<String, i64> = Default::default();
-        for (claim, node, why) in &decision.blocked {
-            tracing::info!(nodeclaim = %claim.name_any(), node = %node, reason = %why, "node repair blocked");
-            let pool = claim
-                .labels()
-                .get(crate::api::wellknown::NODEPOOL_LABEL)
-                .cloned()
-                .unwrap_or_default();
-            *blocked_now.entry(pool).or_default() += 1;
-            on_claim_and_node(
-                &self.shared,
-                claim,
-                Events::warning,
-                "NodeRepairBlocked",
-                |_| why.clone(),
-            );
-        }
-        self.publish_blocked(blocked_now);
+        announce_blocked(&self.shared, &decision.blocked, &mut self.blocked_pools);
         for r in decision.repair {
             if self.repairing.insert(r.claim.name_any()) {
                 self.repair(r, ctx);
             }
-        }
-    }
-
-    fn publish_blocked(&mut self, now: std::collections::HashMap<String, i64>) {
-        let gauge = &self.shared.metrics.nodes_repair_blocked;
-        for pool in self.blocked_pools.drain() {
-            if !now.contains_key(&pool) {
-                gauge.remove(&NodePoolLabels { nodepool: pool });
-            }
-        }
-        for (pool, n) in now {
-            gauge
-                .get_or_create(&NodePoolLabels {
-                    nodepool: pool.clone(),
-                })
-                .set(n);
-            self.blocked_pools.insert(pool);
         }
     }
 
@@ -171,32 +137,12 @@ impl NodeRepair {
     /// Upstream's metrics, and the Event saying why the claim goes.
     fn count(&self, r: &Repair) {
         let m = &self.shared.metrics;
-        let capacity_type = repair::capacity_type(&r.claim);
         let labels = DisruptedLabels::of("unhealthy", r.nodepool.clone(), &r.claim, None);
         m.nodeclaims_disrupted.get_or_create(&labels).inc();
         m.pods_disruption_initiated.get_or_create(&labels).inc_by(
             super::disruption::reschedulable_pods(&self.shared, &r.claim),
         );
-        m.nodeclaims_unhealthy_disrupted
-            .get_or_create(&UnhealthyLabels {
-                condition: r.condition.clone(),
-                nodepool: r.nodepool.clone(),
-                capacity_type,
-                image_id: r
-                    .claim
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.image_id.clone())
-                    .unwrap_or_default(),
-            })
-            .inc();
-        on_claim_and_node(
-            &self.shared,
-            &r.claim,
-            Events::warning,
-            "NodeRepair",
-            |object| format!("Replacing {object}: {}", r.why),
-        );
+        count_repaired(&self.shared, &r.claim, &r.condition, &r.why);
     }
 }
 

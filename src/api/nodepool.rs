@@ -189,6 +189,9 @@ pub enum DisruptionReason {
     Underutilized,
     Empty,
     Drifted,
+    /// Node repair (Karpenter v1.15): a node unhealthy past its toleration, replaced within
+    /// the budgets that name this reason (or none).
+    Unhealthy,
 }
 
 impl DisruptionReason {
@@ -197,6 +200,7 @@ impl DisruptionReason {
             DisruptionReason::Underutilized => "Underutilized",
             DisruptionReason::Empty => "Empty",
             DisruptionReason::Drifted => "Drifted",
+            DisruptionReason::Unhealthy => "Unhealthy",
         }
     }
 }

@@ -17,6 +17,9 @@ pub const DISRUPTION_COST_ANNOTATION: &str = "karpenter.sh/disruption-cost";
 pub const MANAGED_DELETION_COST_ANNOTATION: &str = "karpenter.sh/managed-deletion-cost";
 /// On a Pod: Kubernetes' ReplicaSet scale-in order (lower goes first).
 pub const POD_DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// On a Node or NodeClaim: `"true"` (no other value) keeps node repair from replacing it
+/// (Karpenter v1.15, alpha). `do-not-disrupt` does not: repair is not held by it.
+pub const DO_NOT_REPAIR_ANNOTATION: &str = "karpenter.sh/do-not-repair";
 /// On a deleted claim with a terminationGracePeriod: when every pod of its node must be gone
 /// (RFC 3339), as upstream Karpenter writes it.
 pub const TERMINATION_TIMESTAMP_ANNOTATION: &str = "karpenter.sh/nodeclaim-termination-timestamp";

@@ -232,3 +232,15 @@ fn kubeconfig_check_interval_defaults_to_ten_seconds_and_zero_turns_it_off() {
     );
     assert!(run_args(&["--kubeconfig-check-interval", "10"]).is_err());
 }
+
+/// `--legacy-node-repair` (env `LEGACY_NODE_REPAIR`, as upstream's option) is off by default:
+/// node repair runs as v1.15's budgeted disruption unless it is given.
+#[test]
+fn legacy_node_repair_is_off_by_default() {
+    let gates = ["--feature-gates", "NodeRepair=true"];
+    let run = run_args(&gates).unwrap();
+    assert!(run.controller.feature_gates.node_repair);
+    assert!(!run.controller.legacy_node_repair);
+    let legacy = run_args(&[gates[0], gates[1], "--legacy-node-repair"]).unwrap();
+    assert!(legacy.controller.legacy_node_repair);
+}

@@ -1,7 +1,8 @@
 //! Disruption decisions, pure (Karpenter core v1's disruption controller;
 //! docs/disruption.md compares it rule by rule): given the candidates, a cluster snapshot and the budgets, pick at most one
-//! command, trying the methods in upstream's order: emptiness, drift, multi-node consolidation,
-//! single-node consolidation. The `actors::disruption` actor gathers the inputs, validates the
+//! command, trying the methods in upstream's order: repair (v1.15, when node repair is on and
+//! not in its legacy mode), emptiness, drift, multi-node consolidation, single-node
+//! consolidation. The `actors::disruption` actor gathers the inputs, validates the
 //! command after a pause and carries it out. Expiration is not here: it is forceful and ignores
 //! budgets, so the actor applies it directly.
 
@@ -10,6 +11,7 @@ pub mod consolidation;
 pub mod drift;
 pub mod drift_backoff;
 pub mod pause;
+pub mod repair;
 pub mod spread;
 pub mod validation;
 
@@ -20,6 +22,7 @@ use crate::scheduling::{NewClaim, Snapshot};
 
 pub use consolidation::Outcome;
 pub use drift::Drift;
+pub use repair::RepairVerdict;
 
 /// At most this many candidates go into one multi-node consolidation (upstream's cap).
 pub const MAX_MULTI_NODE_CANDIDATES: usize = 100;
@@ -57,9 +60,11 @@ pub struct Candidate {
     /// `consolidateAfter` has passed since the node's last pod event, and the pool consolidates.
     pub consolidatable: bool,
     pub policy: ConsolidationPolicy,
-    /// Its NodePool is static (`spec.replicas`): only drift takes it, and replaces it by one
-    /// claim of the pool's template whatever its pods need (upstream's static drift).
+    /// Its NodePool is static (`spec.replicas`): only drift and repair take it, and replace it
+    /// by one claim of the pool's template whatever its pods need (upstream's static drift).
     pub static_pool: bool,
+    /// Its Node is unhealthy past its toleration and nothing holds its repair back.
+    pub repair: Option<RepairVerdict>,
 }
 
 impl Candidate {
@@ -84,6 +89,7 @@ impl Candidate {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Method {
+    Repair,
     Emptiness,
     Drift,
     MultiNodeConsolidation,
@@ -93,6 +99,7 @@ pub enum Method {
 impl Method {
     pub fn reason(self) -> DisruptionReason {
         match self {
+            Method::Repair => DisruptionReason::Unhealthy,
             Method::Emptiness => DisruptionReason::Empty,
             Method::Drift => DisruptionReason::Drifted,
             Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
@@ -105,7 +112,7 @@ impl Method {
     pub fn consolidation_type(self) -> &'static str {
         match self {
             Method::Emptiness => "empty",
-            Method::Drift => "",
+            Method::Repair | Method::Drift => "",
             Method::MultiNodeConsolidation => "multi",
             Method::SingleNodeConsolidation => "single",
         }
@@ -197,7 +204,8 @@ pub fn decide_explained(
             .then_with(|| a.claim.cmp(&b.claim))
     });
     let mut decision = Decision::default();
-    decision.command = emptiness(&sorted, allowed)
+    decision.command = repair::repair(snapshot, &sorted, allowed)
+        .or_else(|| emptiness(&sorted, allowed))
         .or_else(|| static_drift(snapshot, &by_drift, allowed))
         .or_else(|| drift(snapshot, &by_drift, allowed))
         .or_else(|| multi_node(snapshot, &sorted, allowed))
@@ -421,6 +429,7 @@ pub fn revalidate(
 ) -> Result<Command, String> {
     let held = |ok: bool, why: &str| ok.then_some(()).ok_or_else(|| why.to_string());
     match pending.method {
+        Method::Repair => repair::revalidate(snapshot, candidates, allowed, pending),
         Method::Emptiness => still_empty(candidates, allowed, pending),
         Method::Drift => {
             let fresh = every_one_fresh(candidates, allowed, pending)?;
@@ -664,5 +673,7 @@ pub fn lifetime_remaining(
     }
 }
 
+#[cfg(test)]
+mod repair_tests;
 #[cfg(test)]
 mod tests;

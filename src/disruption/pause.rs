@@ -4,9 +4,10 @@
 //! disruption pass asks [`paused`] for each candidate's pool, the NodePools actor asks
 //! [`condition`] and [`transition`] for the pool's status and Events.
 //!
-//! Voluntary means drift, emptiness and consolidation. Expiry is forceful in Karpenter v1 (it
-//! ignores budgets and do-not-disrupt), so a pause does not hold it, nor node repair; commands
-//! already under way finish, since rolling one back mid-way would cost the drain it started.
+//! Voluntary means node repair (Karpenter v1.15's mode), drift, emptiness and consolidation.
+//! Expiry is forceful in Karpenter v1 (it ignores budgets and do-not-disrupt), so a pause does
+//! not hold it, nor node repair in its legacy mode; commands already under way finish, since
+//! rolling one back mid-way would cost the drain it started.
 
 use kube::ResourceExt;
 

@@ -18,7 +18,7 @@ fn res(cpu: &str, mem: &str) -> Resources {
 }
 
 /// An instance type of `cpu` CPUs (2 GiB each) in one zone, one offering per capacity type.
-fn it(name: &str, cpu: i64, price: f64, cts: &[&str]) -> InstanceType {
+pub(super) fn it(name: &str, cpu: i64, price: f64, cts: &[&str]) -> InstanceType {
     testing::instance_type(name, cpu, cpu * 2)
         .zones(&["z"])
         .capacity_types(cts)
@@ -39,14 +39,14 @@ fn pod(name: &str, node: &str, cpu: &str) -> Pod {
 }
 
 /// A node of type `ty` (from `types`) with these pods.
-struct Node<'a> {
-    name: &'a str,
-    ty: &'a str,
-    ct: &'a str,
-    pods: &'a [(&'a str, &'a str)],
+pub(super) struct Node<'a> {
+    pub(super) name: &'a str,
+    pub(super) ty: &'a str,
+    pub(super) ct: &'a str,
+    pub(super) pods: &'a [(&'a str, &'a str)],
 }
 
-fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candidate>) {
+pub(super) fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candidate>) {
     let mut snapshot = Snapshot {
         nodepools: vec![PoolInput {
             nodepool: nodepool(),
@@ -106,11 +106,11 @@ fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, Vec<Candida
     (snapshot, candidates)
 }
 
-fn allow(n: usize) -> Allowed {
+pub(super) fn allow(n: usize) -> Allowed {
     testing::allowed(n)
 }
 
-fn types() -> Vec<InstanceType> {
+pub(super) fn types() -> Vec<InstanceType> {
     vec![
         it("small", 2, 1.0, &["on-demand"]),
         it("large", 8, 4.0, &["on-demand"]),
@@ -1170,6 +1170,7 @@ fn a_replacement_meets_min_values_with_the_cheaper_types_alone() {
 #[test]
 fn the_metrics_declare_every_method_with_its_decisions() {
     let methods = [
+        Method::Repair,
         Method::Emptiness,
         Method::Drift,
         Method::MultiNodeConsolidation,
@@ -1180,7 +1181,8 @@ fn the_metrics_declare_every_method_with_its_decisions() {
         .map(|m| {
             let decisions: &[&str] = match m {
                 Method::Emptiness => &["delete"],
-                Method::Drift
+                Method::Repair
+                | Method::Drift
                 | Method::MultiNodeConsolidation
                 | Method::SingleNodeConsolidation => &["delete", "replace"],
             };

@@ -65,7 +65,9 @@ pub fn settle(
         *pending = None;
         return Next::Idle;
     };
-    if validated || command.method == Method::Drift {
+    // Drift and repair are carried out at once, as upstream does: their replacements launch
+    // first, so nothing goes before the cluster has room for it.
+    if validated || matches!(command.method, Method::Drift | Method::Repair) {
         if validated {
             *pending = None;
         }
@@ -109,6 +111,7 @@ mod tests {
                 consolidatable: true,
                 policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
                 static_pool: false,
+                repair: None,
             })
             .collect();
         Command {

@@ -269,6 +269,7 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
                 cand.consolidatable && cand.pods.is_empty(),
             ),
             (DisruptionReason::Drifted, cand.drift.is_some()),
+            (DisruptionReason::Unhealthy, cand.repair.is_some()),
             (
                 DisruptionReason::Underutilized,
                 cand.consolidatable && cand.policy != ConsolidationPolicy::WhenEmpty,

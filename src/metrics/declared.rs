@@ -15,6 +15,7 @@ use super::{
 /// take: (reason, consolidation type, decisions). Kept in `metrics`, below `disruption` in the layers;
 /// `disruption::tests` checks it against the methods.
 pub const DISRUPTION_METHOD_SERIES: &[(&str, &str, &[&str])] = &[
+    ("unhealthy", "", &["delete", "replace"]),
     ("empty", "empty", &["delete"]),
     ("drifted", "", &["delete", "replace"]),
     ("underutilized", "multi", &["delete", "replace"]),
@@ -94,7 +95,7 @@ impl Metrics {
 
     fn declare_disruption_pass_series(&self) {
         // What a disruption pass publishes for each reason (`publish_metrics`).
-        for reason in ["empty", "drifted", "underutilized"] {
+        for reason in ["unhealthy", "empty", "drifted", "underutilized"] {
             self.disruption_eligible_nodes
                 .get_or_create(&ReasonLabels {
                     reason: reason.into(),

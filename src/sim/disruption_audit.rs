@@ -108,6 +108,7 @@ fn reason_of(s: &str) -> Option<DisruptionReason> {
         DisruptionReason::Empty,
         DisruptionReason::Underutilized,
         DisruptionReason::Drifted,
+        DisruptionReason::Unhealthy,
     ]
     .into_iter()
     .find(|r| r.as_str().eq_ignore_ascii_case(s))
@@ -119,6 +120,8 @@ pub struct Decisions {
     pub empty: usize,
     pub underutilized: usize,
     pub drifted: usize,
+    /// Repaired within the budgets (Karpenter v1.15's voluntary node repair).
+    pub unhealthy: usize,
     pub expired: usize,
     pub other: usize,
 }
@@ -215,6 +218,7 @@ impl AuditState {
                 Cause::Reason(DisruptionReason::Empty) => d.empty += 1,
                 Cause::Reason(DisruptionReason::Underutilized) => d.underutilized += 1,
                 Cause::Reason(DisruptionReason::Drifted) => d.drifted += 1,
+                Cause::Reason(DisruptionReason::Unhealthy) => d.unhealthy += 1,
                 Cause::Expired => d.expired += 1,
                 Cause::Other => d.other += 1,
             }
@@ -256,6 +260,7 @@ impl AuditState {
                 DisruptionReason::Empty,
                 DisruptionReason::Drifted,
                 DisruptionReason::Underutilized,
+                DisruptionReason::Unhealthy,
             ];
             if all.iter().any(|r| limit(*r).is_none()) {
                 None

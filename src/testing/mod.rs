@@ -405,18 +405,20 @@ pub fn candidate(
         consolidatable: true,
         policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
         static_pool: false,
+        repair: None,
         pool_cost: 0.0,
         pool_disruption: 0.0,
     }
 }
 
-/// A budget of `nodes` for emptiness, drift and consolidation in pool `default`.
+/// A budget of `nodes` for emptiness, drift, consolidation and repair in pool `default`.
 pub fn allowed(nodes: usize) -> Allowed {
     let mut allowed = Allowed::default();
     for reason in [
         DisruptionReason::Empty,
         DisruptionReason::Drifted,
         DisruptionReason::Underutilized,
+        DisruptionReason::Unhealthy,
     ] {
         allowed.budgets.insert(("default".into(), reason), nodes);
     }

@@ -16,13 +16,12 @@ use super::catalog::CatalogView;
 use super::protection::{PdbIndex, node_protected, pods_protected};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
+use crate::api::nodepool::{DisruptionReason, NodePool};
 use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL,
 };
 use crate::capi::model::MachineDeployment;
 use crate::disruption::{self, Allowed, Candidate, Drift, drift};
-use crate::scheduling::Snapshot;
 use crate::state::claims::{recorded_deployment, recorded_instance};
 use crate::state::compact::CompactNode;
 use crate::state::pods::PodSummary;
@@ -30,13 +29,16 @@ use crate::state::{MachineDeployments, Machines, Nodes, Pods};
 
 mod budget;
 mod claim;
+mod repair;
 mod rollout;
+mod snapshot;
 use budget::BudgetCount;
 pub use budget::{BudgetStanding, budget_standing};
 pub use claim::POD_EVENT_WRITE_STEP;
 pub(in crate::view) use claim::under_way;
 use claim::{consolidatable, expired, pod_event_behind, pool_up_to_date, stamp_needed};
 use rollout::{Hold, Rollout, at_min_size, deployment_hold};
+pub use snapshot::snapshot;
 
 /// A claim whose `Drifted` or `Consolidatable` condition should change.
 #[derive(Clone, Debug)]
@@ -51,6 +53,8 @@ pub struct View {
     pub candidates: Vec<Candidate>,
     /// Claims that would be candidates but for this (do-not-disrupt, a PodDisruptionBudget).
     pub blocked: Vec<(Arc<NodeClaim>, String)>,
+    /// Claims due for repair that are held back: (claim, node, why), for `NodeRepairBlocked`.
+    pub repair_blocked: Vec<(Arc<NodeClaim>, String, String)>,
     pub allowed: Allowed,
     /// Per pool and reason: the budget's allowance before nodes under way are subtracted, and
     /// those nodes (upstream's allowed_disruptions and nodes_consuming_budgets gauges).
@@ -100,6 +104,7 @@ pub struct Memory<'a> {
 pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     // Before the indexes below are locked for the pass (counting reads them too).
     let static_room = static_room(inputs, mem);
+    let mut due = repair::due(inputs, mem.now);
     let st = inputs.state;
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
     let pools = st.nodepools.read().all().clone();
@@ -121,8 +126,12 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         holds: HashMap::new(),
         counts: HashMap::new(),
         totals: HashMap::new(),
+        due: std::mem::take(&mut due.by_claim),
     };
-    let mut view = View::default();
+    let mut view = View {
+        repair_blocked: due.blocked,
+        ..View::default()
+    };
     view.allowed.static_room = static_room;
     view.rollout = pass.rollout.replace_now(&claims, &machines, &deployments);
     for c in &claims {
@@ -161,6 +170,8 @@ struct Pass<'a> {
     counts: HashMap<String, BudgetCount>,
     /// Per pool: hourly cost and reschedule disruption cost of all its weighed claims.
     totals: HashMap<String, (f64, f64)>,
+    /// Claims unhealthy past their toleration (node repair as a disruption method).
+    due: HashMap<String, crate::view::repair::Repair>,
 }
 
 /// A claim the pass weighs: in an existing NodePool, initialized on a Node that stays, no
@@ -208,12 +219,44 @@ impl<'a> Pass<'a> {
         totals.0 += worth.price;
         totals.1 += worth.reschedule_cost;
         note_conditions(&w, &worth, view);
-        match self.restraint(&w, group.as_deref(), &worth, &on_node) {
-            Err(why) => view.blocked.push((c.clone(), why)),
-            Ok(may_consolidate) => {
-                let candidate = candidate(w, worth, may_consolidate, self.mem.now);
-                view.candidates.push(candidate);
+        let repair = self.repair(&w, view);
+        let now = self.mem.now;
+        match (
+            self.restraint(&w, group.as_deref(), &worth, &on_node),
+            repair,
+        ) {
+            (Err(why), None) => view.blocked.push((c.clone(), why)),
+            // What holds a healthy node back does not hold its repair: a candidate for that
+            // alone.
+            (Err(_), Some(r)) => view.candidates.push(Candidate {
+                drift: None,
+                drifted_since: None,
+                repair: Some(r),
+                ..candidate(w, worth, false, now)
+            }),
+            (Ok(may_consolidate), r) => view.candidates.push(Candidate {
+                repair: r,
+                ..candidate(w, worth, may_consolidate, now)
+            }),
+        }
+    }
+
+    /// The claim's repair verdict when it is due for repair and nothing holds its repair back
+    /// (what does is filed for `NodeRepairBlocked`).
+    fn repair(&mut self, w: &Weighable<'a>, view: &mut View) -> Option<disruption::RepairVerdict> {
+        let due = repair::verdict(self.due.get(&w.name)?);
+        let paused = match self.hold(w.md) {
+            Some(Hold::Paused(why)) => Some(why),
+            _ => None,
+        };
+        let operator = self.inputs.settings.disruption.paused;
+        match repair::held(w.claim, w.node, w.np, operator, paused) {
+            Some(why) => {
+                let node = w.node.name().to_string();
+                view.repair_blocked.push((w.claim.clone(), node, why));
+                None
             }
+            None => Some(due),
         }
     }
 
@@ -468,9 +511,18 @@ impl<'a> Pass<'a> {
     /// Whether the claim's MachineDeployment holds it: paused, or mid-rollout, where a drifted
     /// claim stays a drift candidate only (then `Ok(true)`).
     fn deployment_holds(&mut self, md: &str, drift: Option<Drift>) -> Result<bool, String> {
+        match self.hold(md) {
+            Some(Hold::Paused(why)) => Err(why),
+            Some(Hold::RollingOut(why)) if drift.is_none() => Err(why),
+            Some(Hold::RollingOut(_)) => Ok(true),
+            None => Ok(false),
+        }
+    }
+
+    /// What the MachineDeployment's own state holds back, read once a pass.
+    fn hold(&mut self, md: &str) -> Option<Hold> {
         let (deployments, machines) = (self.deployments, self.machines);
-        let hold = self
-            .holds
+        self.holds
             .entry(md.to_string())
             .or_insert_with(|| {
                 deployments.get(md).and_then(|d| {
@@ -484,13 +536,7 @@ impl<'a> Pass<'a> {
                     )
                 })
             })
-            .clone();
-        match hold {
-            Some(Hold::Paused(why)) => Err(why),
-            Some(Hold::RollingOut(why)) if drift.is_none() => Err(why),
-            Some(Hold::RollingOut(_)) => Ok(true),
-            None => Ok(false),
-        }
+            .clone()
     }
 
     /// Whether the claim's pods hold it. Upstream's eventual disruption class: a drifted claim
@@ -574,6 +620,7 @@ fn candidate(
         consolidatable: worth.consolidatable && may_consolidate,
         policy: w.np.disruption().consolidation_policy(),
         static_pool: w.np.is_static(),
+        repair: None,
     }
 }
 
@@ -585,58 +632,6 @@ fn share_pool_totals(candidates: &mut [Candidate], totals: &HashMap<String, (f64
             c.pool_disruption = *disruption;
         }
     }
-}
-
-/// The solver's view of the cluster, as the provisioner sees it, with every pod of the nodes a
-/// decision may simulate removing: candidates with pods that are drifted, or consolidatable
-/// under a policy that moves pods (empty ones go without a solve).
-pub fn snapshot(
-    view: Inputs<'_>,
-    candidates: &[Candidate],
-    leaving: &[Candidate],
-    under_consolidate_after: &HashSet<String>,
-) -> Snapshot {
-    let none: [(&u64, &NodeClaim); 0] = [];
-    let moving: HashSet<String> = candidates
-        .iter()
-        .filter(|c| !c.pods.is_empty())
-        .filter(|c| {
-            c.drift.is_some() || (c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty)
-        })
-        .chain(leaving)
-        .map(|c| c.node.clone())
-        .collect();
-    let mut snapshot = super::snapshot::build(
-        view,
-        none,
-        view.settings.preference,
-        super::snapshot::BoundPods::Needed { moving: &moving },
-    );
-    // A moved pod's volumes bound where it may go, as they bound a pending pod.
-    let on_moving = snapshot.bound_pods.iter().filter(|p| {
-        p.spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_ref())
-            .is_some_and(|n| moving.contains(n))
-    });
-    snapshot.volume_topology = crate::scheduling::volumes::topology_of(
-        on_moving.map(|p| &**p),
-        &view.state.storage.read().catalog,
-    );
-    // The nodes of the commands under way are going: their pods are planned as pending.
-    let leaving: Vec<&Candidate> = leaving.iter().collect();
-    let mut snapshot = if leaving.is_empty() {
-        snapshot
-    } else {
-        crate::disruption::consolidation::without(&snapshot, &leaving)
-    };
-    // Their pods are not the next decision's moved pods: nodes inside consolidateAfter may
-    // take them, as upstream lets pods of deleting nodes go there. They are displaced, as the
-    // pods of deleting nodes are: the next decision must leave them room.
-    let leaving_pods = std::mem::take(&mut snapshot.moved);
-    snapshot.displaced.extend(leaving_pods);
-    snapshot.under_consolidate_after = under_consolidate_after.clone();
-    snapshot
 }
 
 /// The groups each NodeClass selects (offered or not), for NodeClasses the catalog is sure of.

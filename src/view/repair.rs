@@ -56,6 +56,8 @@ pub struct Repair {
     pub condition: String,
     /// `Ready=Unknown since 2026-…` (for the Event).
     pub why: String,
+    /// How long past its toleration it is (orders repairs as a disruption method).
+    pub overdue: Duration,
 }
 
 /// What one look at the cluster decides.
@@ -91,6 +93,17 @@ fn unhealthy(node: &CompactNode) -> Option<(Policy, Timestamp)> {
 /// Upstream's rounding: 20 % of `total`, rounded up (one of three may be unhealthy).
 pub fn threshold(total: usize) -> usize {
     (total * ALLOWED_UNHEALTHY_PERCENT).div_ceil(100)
+}
+
+/// Upstream's guard: why repair is held back where `sick` of `total` Nodes are unhealthy, if
+/// that is more than a fifth (rounded up). A mass failure is an outage, not sick nodes:
+/// replacing them all at once would only add load.
+pub fn guard(scope: &str, sick: usize, total: usize) -> Option<String> {
+    (sick > threshold(total)).then(|| {
+        format!(
+            "more than {ALLOWED_UNHEALTHY_PERCENT}% nodes are unhealthy in the {scope} ({sick} of {total})"
+        )
+    })
 }
 
 pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decision {
@@ -156,19 +169,13 @@ pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decis
             ));
             continue;
         }
-        if sick > threshold(total) {
-            let scope = if pool.is_some() {
-                "nodepool"
-            } else {
-                "cluster"
-            };
-            out.blocked.push((
-                c.clone(),
-                node.name().to_string(),
-                format!(
-                    "more than {ALLOWED_UNHEALTHY_PERCENT}% nodes are unhealthy in the {scope} ({sick} of {total})"
-                ),
-            ));
+        let scope = if pool.is_some() {
+            "nodepool"
+        } else {
+            "cluster"
+        };
+        if let Some(why) = guard(scope, sick, total) {
+            out.blocked.push((c.clone(), node.name().to_string(), why));
             continue;
         }
         out.repair.push(Repair {
@@ -182,6 +189,7 @@ pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decis
                 policy.status,
                 toleration.as_secs()
             ),
+            overdue: Duration::try_from(now.duration_since(due)).unwrap_or_default(),
             claim: c,
         });
     }
@@ -222,5 +230,20 @@ mod tests {
         assert_eq!(threshold(6), 2);
         assert_eq!(threshold(10), 2);
         assert_eq!(threshold(11), 3);
+    }
+
+    #[test]
+    fn the_unhealthy_fraction_guard_holds_a_pool() {
+        assert_eq!(
+            guard("nodepool", 3, 10).as_deref(),
+            Some("more than 20% nodes are unhealthy in the nodepool (3 of 10)")
+        );
+        assert_eq!(guard("nodepool", 2, 10), None);
+        assert_eq!(
+            guard("nodepool", 1, 3),
+            None,
+            "one of three rounds up to allowed"
+        );
+        assert!(guard("cluster", 2, 3).is_some());
     }
 }

@@ -43,6 +43,10 @@ pub struct Settings {
     /// Node repair (`--feature-gates NodeRepair=true`): how long a Node may stay `Ready` False
     /// or Unknown before its claim is replaced. None: off (upstream's default).
     pub node_repair: Option<Duration>,
+    /// Node repair as Karpenter v1.14 did it (`--legacy-node-repair`): the claim deleted at
+    /// once, outside the budgets, with no replacement first. Otherwise repair is a disruption
+    /// method (v1.15). Only one of the two runs.
+    pub legacy_node_repair: bool,
     /// Static NodePools are held at `spec.replicas` (`--feature-gates StaticCapacity=false`
     /// turns it off).
     pub static_capacity: bool,
@@ -59,6 +63,16 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The toleration of node repair run as a budgeted disruption (v1.15), when it is on.
+    pub fn voluntary_repair(&self) -> Option<Duration> {
+        self.node_repair.filter(|_| !self.legacy_node_repair)
+    }
+
+    /// The toleration of node repair run as v1.14 did (`--legacy-node-repair`), when it is on.
+    pub fn legacy_repair(&self) -> Option<Duration> {
+        self.node_repair.filter(|_| self.legacy_node_repair)
+    }
+
     /// A decision's log message: `done` when the controller writes, `would` in a dry run,
     /// where the same decision is made and the write never sent.
     pub fn say(&self, done: &'static str, would: &'static str) -> &'static str {
@@ -86,7 +100,8 @@ pub struct DisruptionSettings {
     /// Replacements that are not Initialized within this roll the command back.
     pub replacement_timeout: Duration,
     /// No voluntary disruption decision at all (`--disruption-paused`): drift, emptiness and
-    /// consolidation wait; expiry, repair and commands already under way go on.
+    /// consolidation wait (and node repair, unless in its legacy mode); expiry and commands
+    /// already under way go on.
     pub paused: bool,
     /// A NodePool whose drift replacements fail to launch is left out of drift for this long
     /// after its first failure, doubling with each failed window up to `drift_backoff_cap`
@@ -147,6 +162,7 @@ impl Default for Settings {
             min_drain_time: Duration::from_secs(5),
             disruption: DisruptionSettings::default(),
             node_repair: None,
+            legacy_node_repair: false,
             static_capacity: true,
             node_overlay: true,
             pod_deletion_cost: None,
@@ -168,5 +184,29 @@ impl Default for Batching {
             idle: Duration::from_secs(1),
             max: Duration::from_secs(10),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only one of node repair's two modes runs: the Disruption actor's (v1.15) or the legacy
+    /// actor (v1.14), and neither while the gate is off.
+    #[test]
+    fn only_one_repair_mode_runs() {
+        let on = Some(REPAIR_TOLERATION);
+        let modes = |node_repair, legacy_node_repair| {
+            let s = Settings {
+                node_repair,
+                legacy_node_repair,
+                ..Settings::default()
+            };
+            (s.voluntary_repair(), s.legacy_repair())
+        };
+        assert_eq!(modes(on, false), (on, None));
+        assert_eq!(modes(on, true), (None, on));
+        assert_eq!(modes(None, true), (None, None));
+        assert_eq!(modes(None, false), (None, None));
     }
 }

@@ -23,13 +23,24 @@ pub const TOLERATION: Duration = Duration::from_secs(60);
 /// its other Nodes before the first is due, even under load.
 pub const SICK_FOR: Duration = Duration::from_secs(57);
 
-/// Node repair on with `TOLERATION`, disruption passes at test speed, on `backend`.
+/// Node repair on with `TOLERATION`, disruption passes at test speed, on `backend`: repair as
+/// a budgeted disruption method (Karpenter v1.15).
 pub async fn env_repair_on(backend: Backend) -> Env {
+    env_repair_mode(backend, false).await
+}
+
+/// The same with `--legacy-node-repair`: repair as Karpenter v1.14 did it.
+pub async fn env_repair_legacy_on(backend: Backend) -> Env {
+    env_repair_mode(backend, true).await
+}
+
+async fn env_repair_mode(backend: Backend, legacy_node_repair: bool) -> Env {
     Env::builder()
         .backend(backend)
         .settings(Settings {
             disruption: fast_disruption(),
             node_repair: Some(TOLERATION),
+            legacy_node_repair,
             ..sim_settings(None)
         })
         .start()
@@ -48,8 +59,8 @@ impl Env {
     }
 }
 
-/// Upstream's repair: the Node `Ready=False` past its toleration goes at once, counted and told,
-/// and the static pool launches its replacement.
+/// Upstream's repair: the Node `Ready=False` past its toleration goes, counted and told, and the
+/// static pool holds its count (v1.15: the replacement first; legacy: at once, then replaced).
 pub async fn an_unhealthy_node_is_replaced_past_its_toleration(env: &Env) {
     env.static_pool(3, None).await;
     let claims = env.holds(3).await;

@@ -184,9 +184,9 @@ async fn the_static_scenario_holds_the_count_through_a_deletion_and_a_drift() {
     );
 }
 
-/// `simulate --scenario repair`: one unhealthy Node replaced, then over a fifth held back (two
-/// of five, four of eleven, as a fifth rounds up: the scenario sickens enough Nodes for any
-/// `--pods`).
+/// `simulate --scenario repair`: one unhealthy Node replaced, its replacement first, then over a
+/// fifth held back (two of five, four of eleven, as a fifth rounds up: the scenario sickens
+/// enough Nodes for any `--pods`).
 #[actix::test]
 async fn the_repair_scenario_replaces_one_node_and_holds_back_over_a_fifth() {
     use karpenter_capi::cli::{Scenario, SimulateArgs};
@@ -201,5 +201,12 @@ async fn the_repair_scenario_replaces_one_node_and_holds_back_over_a_fifth() {
         assert!(r.invariants_ok, "{r}");
         assert_eq!((r.repaired, r.repair_blocked), (1, held), "{r}");
         assert_eq!(r.phases.last().map(|p| p.created), Some(pods + 1), "{r}");
+        // v1.15's repair launches the replacement first: the pool never runs one short.
+        assert!(
+            r.phases
+                .iter()
+                .all(|p| p.phase == "launched" || p.fewest_live >= pods),
+            "{r}"
+        );
     }
 }

@@ -45,14 +45,15 @@ pub(super) async fn decide(
         .due
         .as_ref()
         .map(|p| (p.method.consolidation_type(), p.candidates.len()));
-    // No candidate is drifted or consolidatable and no decision waits for validation: every
+    // No candidate is due for repair, drifted or consolidatable and no decision waits for
+    // validation: every
     // method would pass, so the snapshot (every Node's labels and room, every bound pod) is
     // not built for nothing.
     let undecidable = q.due.is_none()
         && !q
             .candidates
             .iter()
-            .any(|c| c.drift.is_some() || c.consolidatable);
+            .any(|c| c.drift.is_some() || c.consolidatable || c.repair.is_some());
     let mut started = Instant::now();
     let ((command, validated, unconsolidatable), on_their_way) = if undecidable {
         Default::default()

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Taint};
+use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
@@ -26,6 +26,8 @@ use crate::api::wellknown::{
 use crate::disruption::{Candidate, Command};
 use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels, PoolDecisionLabels};
 use crate::view::disruption::Stamp;
+
+pub use super::notes::{Publish, on_claim_and_node};
 
 const CLAIM: (&str, &str) = ("NodeClaim", "nodeclaims");
 
@@ -440,6 +442,7 @@ pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Err
 async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Result<(), Error> {
     let reason = cmd.method.reason().as_str();
     let claim = shared.state.claims.read().get(&c.claim);
+    super::repair::stamp_deadline(shared, cmd, c, claim.as_deref()).await?;
     let deleted = persist_counted(
         &shared.metrics,
         "delete",
@@ -479,6 +482,7 @@ async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Resu
         .get_or_create(&labels)
         .inc_by(c.pods.len() as u64);
     if let Some(claim) = claim {
+        super::repair::count_command(shared, cmd, c, &claim);
         on_claim_and_node(
             shared,
             &claim,
@@ -494,41 +498,6 @@ async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Resu
         );
     }
     Ok(())
-}
-
-/// `Events::normal` or `Events::warning`.
-pub type Publish = fn(&crate::actors::events::Events, ObjectReference, &str, String);
-
-/// Publish a disruption Event on a claim and on its Node when it has one (`status.nodeName`, as
-/// the index holds it), as upstream does, so `kubectl describe node` shows it too. `note` gets
-/// the object it is for ("NodeClaim x" or "Node y"). The writer keys its repeat suppression on
-/// the object, so the two Events never fold into one.
-pub fn on_claim_and_node(
-    shared: &Shared,
-    claim: &NodeClaim,
-    publish: Publish,
-    reason: &str,
-    note: impl Fn(&str) -> String,
-) {
-    let node = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .and_then(|n| shared.state.nodes.read().get(n));
-    if let Some(node) = node {
-        publish(
-            &shared.events,
-            node.object_ref(&()),
-            reason,
-            note(&format!("Node {}", node.name_any())),
-        );
-    }
-    publish(
-        &shared.events,
-        claim.object_ref(&()),
-        reason,
-        note(&format!("NodeClaim {}", claim.name_any())),
-    );
 }
 
 /// `on_claim_and_node` for each of a command's candidates the index still holds.
@@ -621,6 +590,7 @@ fn disrupted_labels(cmd: &Command, c: &Candidate, claim: Option<&NodeClaim>) -> 
 
 pub fn method_name(cmd: &Command) -> &'static str {
     match cmd.method {
+        crate::disruption::Method::Repair => "repair",
         crate::disruption::Method::Emptiness => "emptiness",
         crate::disruption::Method::Drift => "drift",
         crate::disruption::Method::MultiNodeConsolidation => "multi-node consolidation",

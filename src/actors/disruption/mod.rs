@@ -23,8 +23,11 @@ mod commands;
 mod decide;
 mod drift_backoff;
 mod execute;
+mod notes;
+mod repair;
 
 pub use execute::{on_claim_and_node, reschedulable_pods};
+pub use repair::{announce_blocked, count_repaired};
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -132,6 +135,8 @@ pub struct Disruption {
     moving_since: Option<Instant>,
     /// NodePools whose drift replacements failed to launch wait before drifting again.
     drift_backoff: DriftBackoff,
+    /// NodePools whose blocked-repair gauge is set, so it is cleared when none is left.
+    repair_blocked_pools: HashSet<String>,
 }
 
 impl Disruption {
@@ -157,6 +162,7 @@ impl Disruption {
             rotation: 0,
             moving_since: None,
             drift_backoff: DriftBackoff::new(timing.drift_backoff, timing.drift_backoff_cap),
+            repair_blocked_pools: HashSet::new(),
         }
     }
 
@@ -192,6 +198,8 @@ impl Disruption {
         self.forget_what_is_gone();
         let mut view = self.gather_now(now);
         self.publish_metrics(&view);
+        let blocked = std::mem::take(&mut view.repair_blocked);
+        announce_blocked(&self.shared, &blocked, &mut self.repair_blocked_pools);
         let shared = self.shared.clone();
         let progress: Vec<(u64, Progress)> = self
             .executing
@@ -381,11 +389,12 @@ impl Disruption {
 
     fn publish_metrics(&self, view: &view::View) {
         let m = &self.shared.metrics;
-        for reason in ["empty", "drifted", "underutilized"] {
+        for reason in ["unhealthy", "empty", "drifted", "underutilized"] {
             let n = view
                 .candidates
                 .iter()
                 .filter(|c| match reason {
+                    "unhealthy" => c.repair.is_some(),
                     "empty" => c.consolidatable && c.pods.is_empty(),
                     "drifted" => c.drift.is_some(),
                     _ => c.consolidatable,

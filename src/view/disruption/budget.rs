@@ -13,10 +13,11 @@ use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
 use crate::disruption::{Allowed, Candidate, budgets};
 use crate::state::compact::CompactNode;
 
-const REASONS: [DisruptionReason; 3] = [
+const REASONS: [DisruptionReason; 4] = [
     DisruptionReason::Empty,
     DisruptionReason::Drifted,
     DisruptionReason::Underutilized,
+    DisruptionReason::Unhealthy,
 ];
 
 /// Where a claim stands in its pool's disruption budget.
@@ -26,6 +27,9 @@ pub struct BudgetStanding {
     pub counted: bool,
     /// It uses up a disruption of the budget now.
     pub disrupting: bool,
+    /// It is disrupting only because its Node is not Ready: down, but nothing is taking it
+    /// down. Repair's own budget does not count it (see [`allow`]).
+    pub down: bool,
 }
 
 /// Upstream's budget accounting: only initialized claims count, less those whose instance is
@@ -50,11 +54,13 @@ pub fn budget_standing(
         || node.is_some_and(CompactNode::deleting)
         || expired(c, now)
         || under_way(c, node);
+    let not_ready = node.is_some_and(|n| !n.ready());
     BudgetStanding {
         counted,
         // A claim of a command under way counts from the command's start, before its marks
         // reach the index: the next pass may come first.
-        disrupting: counted && (going || executing || node.is_some_and(|n| !n.ready())),
+        disrupting: counted && (going || executing || not_ready),
+        down: counted && not_ready && !going && !executing,
     }
 }
 
@@ -63,6 +69,7 @@ pub fn budget_standing(
 pub(super) struct BudgetCount {
     counted: usize,
     disrupting: usize,
+    down: usize,
 }
 
 impl BudgetCount {
@@ -71,6 +78,9 @@ impl BudgetCount {
             self.counted += 1;
             if standing.disrupting {
                 self.disrupting += 1;
+            }
+            if standing.down {
+                self.down += 1;
             }
         }
     }
@@ -84,6 +94,12 @@ pub(super) type Allowances = (
 
 /// Per pool and reason: how many nodes may start disrupting now, and the budget's whole
 /// allowance beside the nodes disrupting.
+///
+/// A node that is merely down (NotReady, nothing disrupting it) uses the budgets of every
+/// reason, as upstream counts it, except repair's own: otherwise the node a repair is for
+/// would use up the slot it needs (10 % of a pool of ten or fewer is one node), and repair
+/// would never act where it matters most. Repairs under way still count, so the `Unhealthy`
+/// budget paces how many nodes repair takes down at once.
 pub(super) fn allow(
     pools: &HashMap<String, Arc<NodePool>>,
     counts: &HashMap<String, BudgetCount>,
@@ -94,7 +110,11 @@ pub(super) fn allow(
     for (name, np) in pools {
         let count = counts.get(name).copied().unwrap_or_default();
         for reason in REASONS {
-            let (n, busy) = (count.counted, count.disrupting);
+            let busy = match reason {
+                DisruptionReason::Unhealthy => count.disrupting - count.down,
+                _ => count.disrupting,
+            };
+            let n = count.counted;
             left.insert(
                 (name.clone(), reason),
                 budgets::allowed(np, reason, n, busy, now_unix),
@@ -118,6 +138,7 @@ pub(super) fn blocked(
             c.consolidatable && c.pods.is_empty(),
             c.drift.is_some(),
             c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty,
+            c.repair.is_some(),
         ];
         for (reason, yes) in REASONS.into_iter().zip(eligible) {
             if yes && allowed.get(&c.nodepool, reason) == 0 {

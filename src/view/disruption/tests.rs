@@ -139,14 +139,16 @@ fn budgets_count_as_upstream_does() {
         standing(&initialized, "True"),
         BudgetStanding {
             counted: true,
-            disrupting: false
+            disrupting: false,
+            down: false
         }
     );
     assert_eq!(
         standing(&initialized, "False"),
         BudgetStanding {
             counted: true,
-            disrupting: true
+            disrupting: true,
+            down: true
         },
         "a NotReady node is disrupting"
     );
@@ -154,7 +156,8 @@ fn budgets_count_as_upstream_does() {
         standing(&initialized, "Unknown"),
         BudgetStanding {
             counted: true,
-            disrupting: true
+            disrupting: true,
+            down: true
         }
     );
     let failed_launch = claim_with(json!([]), true);
@@ -162,7 +165,8 @@ fn budgets_count_as_upstream_does() {
         standing(&failed_launch, "True"),
         BudgetStanding {
             counted: false,
-            disrupting: false
+            disrupting: false,
+            down: false
         },
         "a deleting claim that never initialized uses no budget"
     );
@@ -174,7 +178,8 @@ fn budgets_count_as_upstream_does() {
         standing(&terminating, "True"),
         BudgetStanding {
             counted: false,
-            disrupting: false
+            disrupting: false,
+            down: false
         }
     );
     let leaving = claim_with(json!([cond("Initialized")]), true);
@@ -182,7 +187,8 @@ fn budgets_count_as_upstream_does() {
         standing(&leaving, "True"),
         BudgetStanding {
             counted: true,
-            disrupting: true
+            disrupting: true,
+            down: false
         }
     );
     // Its Node already gone while the claim is deleted: still counted, and disrupting.
@@ -190,7 +196,8 @@ fn budgets_count_as_upstream_does() {
         budget_standing(&leaving, None, false, now),
         BudgetStanding {
             counted: true,
-            disrupting: true
+            disrupting: true,
+            down: false
         }
     );
 
@@ -204,7 +211,8 @@ fn budgets_count_as_upstream_does() {
         standing(&still_marked, "True"),
         BudgetStanding {
             counted: true,
-            disrupting: true
+            disrupting: true,
+            down: false
         },
         "a claim still marked uses the budget"
     );
@@ -315,4 +323,81 @@ fn a_group_at_its_min_size_gives_up_no_node_to_consolidation() {
     assert_eq!(at_min_size(&group(3, Some("2"))), None);
     assert_eq!(at_min_size(&group(0, Some("0"))), None);
     assert_eq!(at_min_size(&group(1, None)), None);
+}
+
+/// Repair's own budget does not count a node merely down: with the default 10 % of ten nodes,
+/// the one NotReady node would otherwise use the only slot its repair needs. A repair under
+/// way does count, and every other reason still counts the NotReady node.
+#[test]
+fn a_down_node_does_not_use_up_its_own_repair_budget() {
+    let now = at("2026-01-01T10:00:00Z");
+    let np = Arc::new(crate::testing::nodepool("default"));
+    let pools: HashMap<String, Arc<NodePool>> = [("default".to_string(), np)].into();
+    let initialized = claim_with(json!([cond("Initialized")]), false);
+    let count = |down: usize, repairing: usize| {
+        let mut count = BudgetCount::default();
+        for i in 0..10 {
+            let ready = if i < down + repairing {
+                "False"
+            } else {
+                "True"
+            };
+            let executing = i >= down && i < down + repairing;
+            count.add(budget_standing(
+                &initialized,
+                Some(&node_with(ready)),
+                executing,
+                now,
+            ));
+        }
+        [("default".to_string(), count)].into()
+    };
+    let allowed = |counts: &HashMap<String, BudgetCount>, reason| {
+        budget::allow(&pools, counts, now).0[&("default".to_string(), reason)]
+    };
+    let one_down = count(1, 0);
+    assert_eq!(allowed(&one_down, DisruptionReason::Unhealthy), 1);
+    assert_eq!(allowed(&one_down, DisruptionReason::Drifted), 0);
+    let one_repairing = count(1, 1);
+    assert_eq!(allowed(&one_repairing, DisruptionReason::Unhealthy), 0);
+}
+
+/// `karpenter.sh/do-not-repair: "true"` on the claim or its Node vetoes repair (no other value
+/// does); `do-not-disrupt` does not; the operator's pause and a paused MachineDeployment hold it.
+#[test]
+fn do_not_repair_true_vetoes_and_do_not_disrupt_does_not() {
+    use crate::api::wellknown::DO_NOT_REPAIR_ANNOTATION;
+    let np = crate::testing::nodepool("default");
+    let annotated = |key: &str, value: &str| {
+        let mut c = claim_with(json!([cond("Initialized")]), false);
+        c.metadata.annotations = Some([(key.to_string(), value.to_string())].into());
+        c
+    };
+    let node = node_with("False");
+    let held = |c: &NodeClaim, n: &CompactNode| repair::held(c, n, &np, false, None);
+    assert!(
+        held(&annotated(DO_NOT_REPAIR_ANNOTATION, "true"), &node)
+            .is_some_and(|why| why.contains("on the NodeClaim"))
+    );
+    assert_eq!(
+        held(&annotated(DO_NOT_REPAIR_ANNOTATION, "false"), &node),
+        None
+    );
+    assert_eq!(
+        held(&annotated(DO_NOT_DISRUPT_ANNOTATION, "true"), &node),
+        None
+    );
+    let mut on_node = node.node();
+    on_node.metadata.annotations = Some([(DO_NOT_REPAIR_ANNOTATION.into(), "true".into())].into());
+    let on_node = CompactNode::new(on_node);
+    let plain = claim_with(json!([cond("Initialized")]), false);
+    assert!(held(&plain, &on_node).is_some_and(|why| why.contains("on the Node")));
+    assert!(
+        repair::held(&plain, &node, &np, true, None).is_some(),
+        "operator pause"
+    );
+    assert_eq!(
+        repair::held(&plain, &node, &np, false, Some("paused".into())).as_deref(),
+        Some("paused")
+    );
 }
