@@ -649,7 +649,11 @@ fn record(stats: &Stats, controller_user: &str, e: &audit::Event) -> Option<PodR
     if !e.is_successful_write() {
         return None;
     }
-    let at_ms = stats.ms_at(e.at);
+    // A write is placed when the API server received it, not when its response completed: a
+    // write it caused (a watcher acting on it) is received after it was committed, so always
+    // after this, while the first write's response may complete a few milliseconds after the
+    // second's (seen: a claim deleted "4 ms before" the Machine deletion it followed).
+    let at_ms = stats.ms_at(e.received);
     // A server-side apply that made its object (answered 201, as Cluster API's manager makes
     // its Machines and MachineSets) is a create in the write log, as a POST is.
     let verb = if e.verb == "patch" && e.code == Some(201) {
