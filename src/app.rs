@@ -133,6 +133,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             .then_some(crate::view::settings::DELETION_COST_PERIOD),
         disruption: crate::view::settings::DisruptionSettings {
             paused: c.disruption_paused,
+            terminate_first_drift: c.feature_gates.terminate_first_drift,
             ..Default::default()
         },
         ..Settings::default()

@@ -328,6 +328,9 @@ pub struct FeatureGates {
     pub static_capacity: bool,
     pub node_overlay: bool,
     pub pod_deletion_cost: bool,
+    /// A static NodePool at its `limits.nodes` takes a drifted node before its replacement
+    /// (`TerminateFirstDrift`, alpha and off, as upstream).
+    pub terminate_first_drift: bool,
     /// Upstream gates named that have no effect here, with the value given and why.
     pub no_effect: Vec<(String, bool, &'static str)>,
 }
@@ -340,6 +343,7 @@ impl Default for FeatureGates {
             static_capacity: true,
             node_overlay: true,
             pod_deletion_cost: false,
+            terminate_first_drift: false,
             no_effect: Vec::new(),
         }
     }
@@ -359,10 +363,6 @@ const UPSTREAM_ONLY_GATES: &[(&str, &str)] = &[
     (
         "Drift",
         "drift is always on (the gate was removed upstream in v1)",
-    ),
-    (
-        "TerminateFirstDrift",
-        "not implemented yet: drift always launches the replacement first",
     ),
     (
         "TerminateFirstRepair",
@@ -389,12 +389,13 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
             "StaticCapacity" => gates.static_capacity = on,
             "NodeOverlay" => gates.node_overlay = on,
             "PodDeletionCostManagement" => gates.pod_deletion_cost = on,
+            "TerminateFirstDrift" => gates.terminate_first_drift = on,
             other => match UPSTREAM_ONLY_GATES.iter().find(|(n, _)| *n == other) {
                 Some((n, why)) => gates.no_effect.push((n.to_string(), on, why)),
                 None => {
                     let upstream: Vec<&str> = UPSTREAM_ONLY_GATES.iter().map(|(n, _)| *n).collect();
                     return Err(format!(
-                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay, PodDeletionCostManagement; accepted with no effect: {})",
+                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay, PodDeletionCostManagement, TerminateFirstDrift; accepted with no effect: {})",
                         upstream.join(", ")
                     ));
                 }

@@ -27,7 +27,18 @@ fn upstreams_full_default_string_is_accepted() {
     let v115 = format!(
         "{upstream},TerminateFirstDrift=true,TerminateFirstRepair=false,PodDeletionCostManagement=false,Drift=true"
     );
-    assert!(feature_gates_arg(&v115).is_ok_and(|g| g.no_effect.len() == 5));
+    let v115 = feature_gates_arg(&v115).expect("v1.15's gates");
+    assert!(v115.terminate_first_drift);
+    let named: Vec<&str> = v115.no_effect.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(
+        named,
+        [
+            "ReservedCapacity",
+            "SpotToSpotConsolidation",
+            "TerminateFirstRepair",
+            "Drift"
+        ]
+    );
     // And through the command line as a user passes it.
     let cli = Cli::try_parse_from(["karpenter-capi", "run", "--feature-gates", upstream]);
     assert!(cli.is_ok(), "{:?}", cli.err());

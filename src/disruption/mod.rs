@@ -158,6 +158,9 @@ pub struct Allowed {
     /// less its claims (running, deleting and under disruption), and none while it holds more
     /// than `spec.replicas` (a scale-down finishes first), as upstream reserves them.
     pub static_room: HashMap<String, usize>,
+    /// Static NodePools whose drifted nodes go before their replacement (`TerminateFirstDrift`
+    /// and no room under `limits.nodes`: `view::static_capacity::terminate_first`).
+    pub terminate_first: std::collections::HashSet<String>,
 }
 
 impl Allowed {
@@ -344,16 +347,22 @@ fn emptiness(sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
 
 /// The oldest drifted node of a static NodePool whose budget and room allow a replacement,
 /// replaced by one claim of the pool's template (its pods are not simulated: the pool holds its
-/// count, the scheduler places them). Upstream's StaticDrift, which runs before drift.
+/// count, the scheduler places them). Upstream's StaticDrift, which runs before drift. A pool
+/// with no room that takes its nodes first (`Allowed::terminate_first`) has the node deleted
+/// alone, and its own count launches the refill once it is gone.
 fn static_drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
     sorted
         .iter()
         .copied()
         .filter(|c| c.static_pool && c.drift.is_some())
         .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0)
-        .filter(|c| allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0))
         .find_map(|c| {
-            static_replacement(snapshot, c).map(|r| command(Method::Drift, vec![c], vec![r]))
+            if allowed.terminate_first.contains(&c.nodepool) {
+                return Some(command(Method::Drift, vec![c], Vec::new()));
+            }
+            let room = allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0);
+            let replacement = room.then(|| static_replacement(snapshot, c)).flatten()?;
+            Some(command(Method::Drift, vec![c], vec![replacement]))
         })
 }
 
@@ -438,6 +447,18 @@ pub fn revalidate(
                 "a candidate is no longer drifted",
             )?;
             match fresh.as_slice() {
+                // Terminate-first: still no room for a replacement.
+                [one] if one.static_pool && pending.replacements.is_empty() => {
+                    held(
+                        allowed.terminate_first.contains(&one.nodepool)
+                            || allowed
+                                .static_room
+                                .get(&one.nodepool)
+                                .is_none_or(|r| *r == 0),
+                        "the static pool has room for a replacement now",
+                    )?;
+                    Ok(command(Method::Drift, fresh, Vec::new()))
+                }
                 [one] if one.static_pool => static_replacement(snapshot, one)
                     .map(|r| command(Method::Drift, fresh, vec![r]))
                     .ok_or_else(|| "no replacement for the static node".to_string()),

@@ -381,6 +381,42 @@ fn a_static_pools_drifted_node_is_replaced_one_for_one() {
     assert_eq!(decide(&s, &c, &allow(1)), None);
 }
 
+/// Terminate-first drift (`TerminateFirstDrift`): a static pool with no room under its
+/// `limits.nodes` has the drifted node deleted alone (its count refills it); without the gate
+/// nothing happens, and the Drifted budget still holds it.
+#[test]
+fn a_static_pool_at_its_limit_takes_a_drifted_node_first_with_the_gate() {
+    let (s, mut c) = cluster(
+        &types(),
+        &[Node {
+            name: "busy",
+            ty: "small",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    c[0].static_pool = true;
+    c[0].consolidatable = false;
+    c[0].drift = Some(Drift::NodePoolDrifted);
+    let mut a = allow(1);
+    a.static_room.insert("default".into(), 0);
+    assert_eq!(
+        decide(&s, &c, &a),
+        None,
+        "without the gate: held at the limit"
+    );
+    a.terminate_first.insert("default".into());
+    let cmd = decide(&s, &c, &a).expect("a command");
+    assert_eq!(cmd.method, Method::Drift);
+    assert_eq!(cmd.claim_names(), ["claim-busy"]);
+    assert!(cmd.replacements.is_empty(), "deleted first: {cmd:?}");
+    assert_eq!(cmd.decision(), "delete");
+    assert_eq!(revalidate(&s, &c, &a, &cmd).ok(), Some(cmd.clone()));
+    a.budgets
+        .insert(("default".into(), DisruptionReason::Drifted), 0);
+    assert_eq!(decide(&s, &c, &a), None, "the Drifted budget holds it");
+}
+
 #[test]
 fn a_drifted_node_is_replaced_even_without_savings() {
     let (s, mut c) = cluster(

@@ -103,7 +103,7 @@ pub struct Memory<'a> {
 
 pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     // Before the indexes below are locked for the pass (counting reads them too).
-    let static_room = static_room(inputs, mem);
+    let (static_room, terminate_first) = static_room(inputs, mem);
     let mut due = repair::due(inputs, mem.now);
     let st = inputs.state;
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
@@ -133,6 +133,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         ..View::default()
     };
     view.allowed.static_room = static_room;
+    view.allowed.terminate_first = terminate_first;
     view.rollout = pass.rollout.replace_now(&claims, &machines, &deployments);
     for c in &claims {
         pass.weigh(c, &mut view);
@@ -143,12 +144,20 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     view
 }
 
-/// Per static NodePool, the drift replacements it may launch now.
-fn static_room(inputs: Inputs<'_>, mem: &Memory<'_>) -> HashMap<String, usize> {
-    super::static_capacity::counts(inputs, mem.executing, &HashSet::new(), mem.now)
-        .into_iter()
-        .map(|(name, (np, count))| (name, super::static_capacity::drift_room(&np, &count)))
-        .collect()
+/// Per static NodePool, the drift replacements it may launch now; and, with
+/// `TerminateFirstDrift`, the pools whose drifted nodes go before their replacement.
+fn static_room(inputs: Inputs<'_>, mem: &Memory<'_>) -> (HashMap<String, usize>, HashSet<String>) {
+    use super::static_capacity::{counts, drift_room, terminate_first};
+    let gate = inputs.settings.disruption.terminate_first_drift;
+    let mut room = HashMap::new();
+    let mut first = HashSet::new();
+    for (name, (np, count)) in counts(inputs, mem.executing, &HashSet::new(), mem.now) {
+        if gate && terminate_first(&np, &count) {
+            first.insert(name.clone());
+        }
+        room.insert(name, drift_room(&np, &count));
+    }
+    (room, first)
 }
 
 /// One pass over the claims: the indexes it reads, locked, and what it learns on the way.

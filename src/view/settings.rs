@@ -108,6 +108,10 @@ pub struct DisruptionSettings {
     /// (upstream's RFC: 1 minute to 10 minutes; tests shorten them).
     pub drift_backoff: Duration,
     pub drift_backoff_cap: Duration,
+    /// `--feature-gates TerminateFirstDrift=true`: a static NodePool with no room under its
+    /// `limits.nodes` for a replacement has its drifted nodes taken first, one at a time, and
+    /// refilled by its own count (upstream's terminate-first drift, alpha).
+    pub terminate_first_drift: bool,
 }
 
 impl Default for DisruptionSettings {
@@ -120,6 +124,7 @@ impl Default for DisruptionSettings {
             paused: false,
             drift_backoff: Duration::from_secs(60),
             drift_backoff_cap: Duration::from_secs(600),
+            terminate_first_drift: false,
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct Member {
     pub claim: String,
     /// It has a provider ID (upstream's "resolved"): unlaunched claims go first.
     pub launched: bool,
+    /// Its Node is initialized.
+    pub initialized: bool,
     /// Only DaemonSet pods, none of them do-not-disrupt.
     pub empty: bool,
     /// A pod on it is do-not-disrupt: it goes last.
@@ -133,6 +135,7 @@ fn member(c: &NodeClaim, on_node: &[&PodSummary], now: Timestamp) -> Member {
     Member {
         claim: c.name_any(),
         launched: provider_id(c).is_some(),
+        initialized: conditions::is_true(c.conditions(), conditions::INITIALIZED),
         empty: !do_not_disrupt && on_node.iter().all(|p| p.is_daemonset()),
         do_not_disrupt,
         cost: disruption::claim_disruption_cost(c, &moving, now),
@@ -202,6 +205,22 @@ pub fn drift_room(np: &NodePool, count: &Count) -> usize {
     }
 }
 
+/// Whether drift takes the pool's drifted nodes before their replacements (terminate-first,
+/// with `TerminateFirstDrift` on): its `limits.nodes` leaves no room for a replacement, it is
+/// not scaling down (that goes first, as for [`drift_room`]), and nothing of it is under way:
+/// no claim disrupting or deleting and every one initialized, so one node at a time is out
+/// (a refill still launching does not count against the budget, which alone would let the next
+/// go at once).
+pub fn terminate_first(np: &NodePool, count: &Count) -> bool {
+    let replicas = usize::try_from(np.spec.replicas.unwrap_or(0)).unwrap_or(0);
+    let settled = count.disrupting == 0
+        && count.deleting == 0
+        && count.running.len() <= replicas
+        && count.running.iter().all(|m| m.initialized);
+    let full = matches!(node_limit(np), Ok(Some(limit)) if usize::try_from(limit).unwrap_or(0) <= count.total());
+    settled && full
+}
+
 /// Upstream's scale-down order: claims not launched yet, then empty nodes, then the rest with
 /// do-not-disrupt pods last and the lowest disruption cost first.
 pub fn scale_down(running: &[Member], n: usize) -> Vec<String> {
@@ -241,6 +260,7 @@ mod tests {
         Member {
             claim: claim.into(),
             launched,
+            initialized: launched,
             empty,
             do_not_disrupt: dnd,
             cost,
@@ -254,6 +274,27 @@ mod tests {
                 .collect(),
             ..Count::default()
         }
+    }
+
+    #[test]
+    fn terminate_first_only_at_the_limit_and_with_nothing_under_way() {
+        let at_limit = pool(3, Some("3"));
+        assert!(terminate_first(&at_limit, &running(3)));
+        // Room for a replacement: replace first.
+        assert!(!terminate_first(&pool(3, Some("4")), &running(3)));
+        assert!(!terminate_first(&pool(3, None), &running(3)));
+        // One going (or its refill not yet initialized): the next waits.
+        let mut going = running(2);
+        going.deleting = 1;
+        assert!(!terminate_first(&at_limit, &going));
+        let mut disrupting = running(2);
+        disrupting.disrupting = 1;
+        assert!(!terminate_first(&at_limit, &disrupting));
+        let mut refilling = running(3);
+        refilling.running[2].initialized = false;
+        assert!(!terminate_first(&at_limit, &refilling));
+        // Scaling down (more than replicas): that goes first.
+        assert!(!terminate_first(&pool(2, Some("3")), &running(3)));
     }
 
     #[test]

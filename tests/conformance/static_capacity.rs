@@ -33,6 +33,7 @@ fn member(claim: &str, launched: bool, empty: bool, do_not_disrupt: bool, cost: 
     Member {
         claim: claim.into(),
         launched,
+        initialized: launched,
         empty,
         do_not_disrupt,
         cost,

@@ -60,6 +60,80 @@ async fn replicas_above_limits_nodes_are_held_at_the_limit() {
     env.assert_clean();
 }
 
+/// Terminate-first drift (`--feature-gates TerminateFirstDrift=true`): a static pool whose
+/// `limits.nodes` equals its replicas has no room for a replacement. Without the gate its
+/// drifted nodes stay (nothing launched, nothing deleted); with it each drifted node is deleted
+/// first and the pool's count refills it, one at a time (never two down at once), until every
+/// node carries the new template.
+#[actix::test]
+async fn a_static_pool_at_its_limit_rolls_its_drift_terminating_first_with_the_gate() {
+    for gate in [false, true] {
+        let mut disruption = fast_disruption();
+        disruption.terminate_first_drift = gate;
+        let env = common::Env::builder()
+            .settings(Settings {
+                disruption,
+                ..sim_settings(None)
+            })
+            .start()
+            .await;
+        env.static_pool(3, Some(json!({"nodes": "3"}))).await;
+        let first = env.holds(3).await;
+        env.patch_static_pool(
+            json!({"spec": {"template": {"metadata": {"labels": {"team": "blue"}}}}}),
+        )
+        .await;
+        if !gate {
+            env.until("every node Drifted", |e| {
+                first.iter().all(|n| {
+                    e.get("nodeclaims", "", n).is_some_and(|c| {
+                        condition(&c, "Drifted").is_some_and(|d| d["status"] == "True")
+                    })
+                })
+            })
+            .await;
+            // Several disruption passes go by: no room, so nothing is replaced or deleted.
+            tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+            assert_eq!(env.claims_created(), 3, "without the gate nothing launches");
+            assert!(first.iter().all(|n| {
+                env.get("nodeclaims", "", n)
+                    .is_some_and(|c| c["metadata"]["deletionTimestamp"].is_null())
+            }));
+            env.assert_clean();
+            continue;
+        }
+        let mut fewest = usize::MAX;
+        env.wait(
+            "every drifted node replaced by one of the new template",
+            || {
+                let live = env.live_static_claims();
+                let initialized = live
+                    .iter()
+                    .filter(|c| condition(c, "Initialized").is_some_and(|i| i["status"] == "True"))
+                    .count();
+                fewest = fewest.min(initialized);
+                (live.len() == 3
+                    && initialized == 3
+                    && live
+                        .iter()
+                        .all(|c| c["metadata"]["labels"]["team"] == "blue")
+                    && !first.iter().any(|n| env.get("nodeclaims", "", n).is_some()))
+                .then_some(())
+            },
+        )
+        .await;
+        assert!(fewest >= 2, "two nodes down at once: {fewest} initialized");
+        assert_eq!(env.claims_created(), 6, "one refill per drifted node");
+        assert_eq!(
+            env.metric(
+                "karpenter_nodeclaims_disrupted_total{reason=\"drifted\",nodepool=\"fixed\""
+            ),
+            3.0
+        );
+        env.assert_clean();
+    }
+}
+
 /// Upstream's early returns, whole flow: a static pool of another provider's NodeClass, and one
 /// that is not Ready (its NodeClass does not exist), launch nothing; once the second is Ready it
 /// launches, and a create the API server refuses is retried rather than given up or doubled.
