@@ -108,28 +108,21 @@ impl Inner {
         ns: &str,
         names: &[String],
     ) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let mut stop = self.shutdown.clone();
-        loop {
-            let changed = self.cache_changed.notified();
-            let live = names.iter().any(|n| {
-                store
-                    .get(&ObjectRef::new_with(n, ar.clone()).within(ns))
-                    .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
-            });
-            if !live {
-                return;
-            }
-            tokio::select! {
-                _ = changed => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = stop.wait() => return,
-            }
+        let settled = self
+            .until_cache(|| {
+                !names.iter().any(|n| {
+                    store
+                        .get(&ObjectRef::new_with(n, ar.clone()).within(ns))
+                        .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
+                })
+            })
+            .await;
+        if !settled {
+            tracing::warn!(
+                ?names,
+                "cluster api stand-in: deleted objects not shown deleting in the cache after 10 s"
+            );
         }
-        tracing::warn!(
-            ?names,
-            "cluster api stand-in: deleted objects not shown deleting in the cache after 10 s"
-        );
     }
 
     /// Waits until the cache holds object `name` at another resourceVersion than `stale` (or
@@ -145,28 +138,40 @@ impl Inner {
         name: &str,
         stale: &str,
     ) {
+        let key = ObjectRef::new_with(name, ar.clone()).within(ns);
+        let settled = self
+            .until_cache(|| {
+                store
+                    .get(&key)
+                    .and_then(|o| o.metadata.resource_version.clone())
+                    .as_deref()
+                    != Some(stale)
+            })
+            .await;
+        if !settled {
+            tracing::warn!(
+                name,
+                "cluster api stand-in: the cache still holds a version the server refused after 10 s"
+            );
+        }
+    }
+
+    /// Waits, woken by the caches' watch events, until `done` holds. False when 10 s pass
+    /// first (the watch may be down); true on shutdown too (nothing is left to wait for).
+    async fn until_cache(&self, mut done: impl FnMut() -> bool) -> bool {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         let mut stop = self.shutdown.clone();
-        let key = ObjectRef::new_with(name, ar.clone()).within(ns);
         loop {
+            // Registered before looking, so an event applied meanwhile still wakes us.
             let changed = self.cache_changed.notified();
-            let cached = store.get(&key);
-            if cached
-                .and_then(|o| o.metadata.resource_version.clone())
-                .as_deref()
-                != Some(stale)
-            {
-                return;
+            if done() {
+                return true;
             }
             tokio::select! {
                 _ = changed => {}
-                _ = tokio::time::sleep_until(deadline) => break,
-                _ = stop.wait() => return,
+                _ = tokio::time::sleep_until(deadline) => return false,
+                _ = stop.wait() => return true,
             }
         }
-        tracing::warn!(
-            name,
-            "cluster api stand-in: the cache still holds a version the server refused after 10 s"
-        );
     }
 }

@@ -157,6 +157,8 @@ struct Inner {
     /// Clusters with `spec.paused` as the Cluster watch last saw them, by (namespace, name):
     /// Machines' provider and deletion tasks hold on it without a request each.
     paused_clusters: Mutex<HashSet<(String, String)>>,
+    /// Signalled when `paused_clusters` changes.
+    pause_changed: Notify,
     shutdown: Shutdown,
 }
 
@@ -358,6 +360,7 @@ impl Inner {
             available: Mutex::new(HashMap::new()),
             clusters_served: tokio::sync::OnceCell::new(),
             paused_clusters: Mutex::new(HashSet::new()),
+            pause_changed: Notify::new(),
             shutdown,
         }
     }

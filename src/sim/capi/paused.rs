@@ -4,6 +4,7 @@
 
 use kube::api::PostParams;
 use kube::core::DynamicObject;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
@@ -108,24 +109,41 @@ impl Inner {
     /// Records whether Cluster `key` is paused, as its watch saw it.
     pub(super) fn note_cluster_pause(&self, key: &(String, String), paused: bool) {
         let mut held = self.paused_clusters.lock();
-        if paused {
-            held.insert(key.clone());
+        let changed = if paused {
+            held.insert(key.clone())
         } else {
-            held.remove(key);
+            held.remove(key)
+        };
+        drop(held);
+        if changed {
+            self.pause_changed.notify_waiters();
         }
     }
 
     /// Waits while `machine` is paused (its Cluster's `spec.paused`, as the Cluster watch last
-    /// saw it, or its own `cluster.x-k8s.io/paused` annotation), as Cluster API's Machine
-    /// controller and every infrastructure provider stop there: no provider ID, no drain, no
-    /// finalizer removed until the pause lifts. Polls the watch's record, not the server.
-    /// False when the stand-in shuts down.
+    /// saw it, or its own `cluster.x-k8s.io/paused` annotation, as the Machine cache holds it),
+    /// as Cluster API's Machine controller and every infrastructure provider stop there: no
+    /// provider ID, no drain, no finalizer removed until the pause lifts. Woken by either watch,
+    /// never the server. False when the stand-in shuts down.
     pub(super) async fn hold_while_paused(&self, ns: &str, machine: &DynamicObject) -> bool {
         let cluster = str_at(&machine.data, &["spec", "clusterName"]).map(str::to_string);
         let key = cluster.map(|c| (ns.to_string(), c));
-        let annotated = machine.annotations().contains_key(PAUSED_ANNOTATION);
+        let cached =
+            ObjectRef::new_with(&machine.name_any(), self.cfg.version.machine()).within(ns);
+        let mut stop = self.shutdown.clone();
         let mut told = false;
         loop {
+            // Registered before looking, so a change applied meanwhile still wakes us.
+            let machine_changed = self.cache_changed.notified();
+            let pause_changed = self.pause_changed.notified();
+            let annotated = self
+                .machines
+                .get(&cached)
+                .map_or_else(
+                    || machine.annotations().clone(),
+                    |m| m.annotations().clone(),
+                )
+                .contains_key(PAUSED_ANNOTATION);
             let paused = annotated
                 || key
                     .as_ref()
@@ -137,8 +155,10 @@ impl Inner {
                 tracing::debug!(machine = %machine.name_any(), "cluster api stand-in: Machine paused; holding");
                 told = true;
             }
-            if !self.shutdown.sleep(PAUSE_POLL).await {
-                return false;
+            tokio::select! {
+                _ = machine_changed => {}
+                _ = pause_changed => {}
+                _ = stop.wait() => return false,
             }
         }
     }
@@ -247,8 +267,6 @@ pub(super) struct Pause {
 /// Cluster API's pause annotation, on the Cluster's objects themselves.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 
-/// How often a paused Machine's task looks again (a watch of the Cluster records the pause).
-const PAUSE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 /// Cluster API's v1beta2 `Paused` condition type (also its True reason).
 pub const PAUSED_CONDITION: &str = "Paused";
 
