@@ -123,7 +123,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
         node_repair: c
             .feature_gates
             .node_repair
-            .then_some(crate::view::settings::REPAIR_TOLERATION),
+            .then(|| c.repair_policies.0.clone()),
         legacy_node_repair: c.legacy_node_repair,
         static_capacity: c.feature_gates.static_capacity,
         node_overlay: c.feature_gates.node_overlay,

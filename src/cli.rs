@@ -293,6 +293,12 @@ pub struct ControllerArgs {
     /// Empty (the default): no default constraints.
     #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
     pub scheduler_config: SchedulerConfigArg,
+    /// With `NodeRepair` on: the Node conditions that call for a repair, as a YAML or JSON
+    /// document `policies: [{conditionType, conditionStatus, tolerationDuration, reasonRegex,
+    /// priority, terminationGracePeriod, action}]` (docs/static-and-repair.md). Empty (the
+    /// default): `Ready` False or Unknown for 30 minutes, replaced forcefully, as upstream.
+    #[arg(long, env = "REPAIR_POLICIES", default_value = "", value_parser = repair_policies_arg)]
+    pub repair_policies: RepairPoliciesArg,
     /// Optional features, as Karpenter's `Name=true|false,...`: `CapacityBuffer` keeps
     /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream);
     /// `NodeRepair` replaces nodes whose `Ready` stays False or Unknown for 30 minutes (off by
@@ -412,6 +418,16 @@ pub struct SchedulerConfigArg(pub Option<DefaultConstraints>);
 fn scheduler_config_arg(s: &str) -> Result<SchedulerConfigArg, String> {
     DefaultConstraints::parse(s)
         .map(SchedulerConfigArg)
+        .map_err(|e| e.to_string())
+}
+
+/// A parsed `--repair-policies`.
+#[derive(Clone, Debug)]
+pub struct RepairPoliciesArg(pub crate::api::repair_policy::RepairPolicies);
+
+fn repair_policies_arg(s: &str) -> Result<RepairPoliciesArg, String> {
+    crate::api::repair_policy::RepairPolicies::parse(s)
+        .map(RepairPoliciesArg)
         .map_err(|e| e.to_string())
 }
 

@@ -280,8 +280,8 @@ async fn activate(actors: &Actors) {
         shared.router.set_static_capacity(static_capacity);
     }
     // In v1.15's mode repair is a method of the Disruption actor; only the legacy one runs apart.
-    if let Some(toleration) = shared.settings.legacy_repair() {
-        let repair = super::repair::NodeRepair::new(shared.clone(), toleration).start();
+    if let Some(policies) = shared.settings.legacy_repair() {
+        let repair = super::repair::NodeRepair::new(shared.clone(), policies.clone()).start();
         shared.router.set_repair(repair);
     }
     if let Some(period) = shared.settings.pod_deletion_cost {

@@ -59,9 +59,13 @@ impl Actor for NodeWatcher {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let api: Api<Node> = Api::all(self.shared.workload.clone());
+        // Besides `Ready`, the conditions node repair's policies watch.
+        let kept: Vec<String> = (self.shared.settings.node_repair.iter())
+            .flat_map(|p| p.condition_types())
+            .collect();
         ctx.add_stream(
             watcher(api, watcher::Config::default())
-                .modify(crate::state::trim::node)
+                .modify(move |n| crate::state::trim::node_keeping(n, &kept))
                 .default_backoff(),
         );
     }

@@ -1,7 +1,8 @@
 //! Node repair in its legacy mode (`--feature-gates NodeRepair=true --legacy-node-repair`,
 //! Karpenter v1.14's behaviour; without the flag repair is a disruption method): a claim whose
-//! Node has stayed `Ready` False or Unknown past the toleration is deleted at once, its
-//! termination deadline set to now (upstream's forceful repair), and replaced as any deleted
+//! Node has stayed unhealthy past its policy's toleration (`Ready` False or Unknown by default)
+//! is deleted at once, its termination deadline set to now (upstream's forceful repair; a
+//! policy's `terminationGracePeriod` gives the drain that long), and replaced as any deleted
 //! claim is (its pods pend again; a static pool launches another). The rules are in
 //! `view::repair`. Leader only; woken by Node and Machine changes and at the next toleration's
 //! end, never polling.
@@ -21,7 +22,7 @@ use super::pass::{Coalesced, Pass};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::TERMINATION_TIMESTAMP_ANNOTATION;
 use crate::metrics::DisruptedLabels;
-use crate::view::repair::{self, Repair};
+use crate::view::repair::{self, Repair, RepairPolicies};
 
 /// Nodes, Machines or claims changed: look again (coalesced).
 #[derive(Message, Default)]
@@ -32,7 +33,7 @@ const COALESCE: Duration = Duration::from_millis(200);
 
 pub struct NodeRepair {
     shared: Arc<Shared>,
-    toleration: Duration,
+    policies: RepairPolicies,
     pass: Coalesced,
     /// The wake-up for the next toleration's end, when one is set.
     wake: Option<(jiff::Timestamp, SpawnHandle)>,
@@ -43,10 +44,10 @@ pub struct NodeRepair {
 }
 
 impl NodeRepair {
-    pub fn new(shared: Arc<Shared>, toleration: Duration) -> Self {
+    pub fn new(shared: Arc<Shared>, policies: RepairPolicies) -> Self {
         Self {
             shared,
-            toleration,
+            policies,
             pass: Coalesced::new(COALESCE),
             wake: None,
             repairing: HashSet::new(),
@@ -86,7 +87,7 @@ impl NodeRepair {
                     .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
             });
         }
-        let decision = repair::decide(self.shared.view(), self.toleration, jiff::Timestamp::now());
+        let decision = repair::decide(self.shared.view(), &self.policies, jiff::Timestamp::now());
         self.wake_at(decision.next, ctx);
         announce_blocked(&self.shared, &decision.blocked, &mut self.blocked_pools);
         for r in decision.repair {
@@ -96,13 +97,14 @@ impl NodeRepair {
         }
     }
 
-    /// Stamp the termination deadline at now, then delete the claim (upstream's order: the drain
+    /// Stamp the termination deadline (now, unless the policy gives the drain longer), then delete the claim (upstream's order: the drain
     /// that follows waits for nothing).
     fn repair(&mut self, r: Repair, ctx: &mut Context<Self>) {
         let name = r.claim.name_any();
         tracing::info!(nodeclaim = %name, node = %r.node, reason = %r.why, "{}", self.shared.settings.say("deleting unhealthy node", "would delete unhealthy node"));
         let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
-        let stamp = repair::termination_stamp(&r.claim, jiff::Timestamp::now());
+        let stamp =
+            repair::termination_stamp(&r.claim, jiff::Timestamp::now(), r.termination_grace_period);
         let target = name.clone();
         let gate = self.shared.deletion_gate.clone();
         ctx.spawn(

@@ -12,6 +12,7 @@ pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodeoverlay;
 pub mod nodepool;
+pub mod repair_policy;
 pub mod requirements;
 pub mod resource_list;
 pub mod resources;

@@ -139,6 +139,51 @@ fn scheduler_config_is_parsed_and_checked_at_the_flag() {
 }
 
 #[test]
+fn repair_policies_are_parsed_and_checked_at_the_flag() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["karpenter-capi", "run"];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args).map(|cli| match cli.command {
+            Command::Run(run) => run.controller.repair_policies,
+            _ => panic!("expected run"),
+        })
+    };
+    let described = |p: RepairPoliciesArg| {
+        (p.0.policies().iter())
+            .map(|p| p.describe())
+            .collect::<Vec<_>>()
+    };
+    // Upstream's default: Ready False or Unknown.
+    assert_eq!(
+        described(run(&[]).unwrap()),
+        ["Ready=False", "Ready=Unknown"]
+    );
+    let set = run(&[
+        "--repair-policies",
+        r#"{"policies": [{"conditionType": "Ready", "conditionStatus": "Unknown", "tolerationDuration": "5m"},
+            {"conditionType": "Ready", "conditionStatus": "Unknown", "reasonRegex": "NodeStatusNeverUpdated", "tolerationDuration": "15m"}]}"#,
+    ])
+    .unwrap();
+    assert_eq!(
+        described(set),
+        [
+            "Ready=Unknown",
+            "Ready=Unknown (reason ~ NodeStatusNeverUpdated)"
+        ]
+    );
+    let err = run(&[
+        "--repair-policies",
+        "policies: [{conditionType: Ready, conditionStatus: 'False', tolerationDuration: 5m, priority: 200}]",
+    ])
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("policies[0].priority: 200 must be between 0 and 100"),
+        "{err}"
+    );
+}
+
+#[test]
 fn explain_and_init_take_run_client_flags_and_an_output_format() {
     let cli = Cli::try_parse_from([
         "karpenter-capi",

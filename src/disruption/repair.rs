@@ -22,16 +22,20 @@ pub const AGING: Duration = Duration::from_secs(30 * 60);
 pub struct RepairVerdict {
     /// The condition, as upstream's `condition` label writes it (`ready`).
     pub condition: String,
-    /// Upstream's score: time past the toleration over [`AGING`]. The highest goes first.
+    /// Upstream's score: the dense rank of its policy's priority plus the time past the
+    /// toleration over [`AGING`]. The highest goes first.
     pub score: f64,
+    /// How long the drain may take (zero: forceful).
+    pub termination_grace_period: Duration,
     /// `Node x has been Ready=False since …` (for the Event).
     pub why: String,
 }
 
-/// The score of a node `overdue` past its toleration (this provider has one policy priority,
-/// so upstream's priority rank adds nothing).
-pub fn score(overdue: Duration) -> f64 {
-    overdue.as_secs_f64() / AGING.as_secs_f64()
+/// The score of a node `overdue` past the toleration of a policy of priority rank `rank`: a
+/// more urgent diagnosis goes first, and one waiting [`AGING`] longer climbs a rank, so a
+/// flood of low-priority repairs cannot starve a real fault for long, nor a fault the floods.
+pub fn score(rank: usize, overdue: Duration) -> f64 {
+    rank as f64 + overdue.as_secs_f64() / AGING.as_secs_f64()
 }
 
 /// Upstream's order: the highest score first, then the lower disruption cost, then the name.

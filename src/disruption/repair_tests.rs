@@ -10,6 +10,7 @@ fn sick(c: &mut Candidate, score: f64) {
         condition: "ready".into(),
         score,
         why: format!("Node {} has been Ready=False", c.node),
+        termination_grace_period: std::time::Duration::ZERO,
     });
     c.consolidatable = false;
 }
@@ -153,8 +154,11 @@ fn a_node_whose_pods_cannot_be_placed_is_not_repaired_now() {
 }
 
 #[test]
-fn the_score_is_time_past_the_toleration_over_half_an_hour() {
+fn the_score_is_the_priority_rank_plus_time_past_the_toleration_over_half_an_hour() {
     use std::time::Duration;
-    assert_eq!(repair::score(Duration::ZERO), 0.0);
-    assert_eq!(repair::score(Duration::from_secs(45 * 60)), 1.5);
+    assert_eq!(repair::score(0, Duration::ZERO), 0.0);
+    assert_eq!(repair::score(0, Duration::from_secs(45 * 60)), 1.5);
+    assert_eq!(repair::score(2, Duration::from_secs(15 * 60)), 2.5);
+    // A rank above is caught up by half an hour's wait.
+    assert!(repair::score(0, Duration::from_secs(31 * 60)) > repair::score(1, Duration::ZERO));
 }

@@ -248,7 +248,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error
     let mut settings = sim_settings(args.create_timeout);
     super::disruption::fast_disruption(&mut settings);
     if repair {
-        settings.node_repair = Some(TOLERATION);
+        settings.node_repair = Some(crate::view::repair::RepairPolicies::ready(TOLERATION));
     }
     let metrics = Metrics::new();
     let controller = start_controller(&sim, settings, metrics.clone()).await?;

@@ -147,9 +147,10 @@ pub struct CompactNode {
 }
 
 impl CompactNode {
-    /// Compacts a Node (trimmed first: the index keeps nothing `trim::node` drops).
+    /// Compacts a Node (trimmed first: the index keeps nothing `trim::node_body` drops; which
+    /// conditions it keeps is the watch's choice, `trim::node_keeping`).
     pub fn new(mut n: Node) -> CompactNode {
-        super::trim::node(&mut n);
+        super::trim::node_body(&mut n);
         let meta = &mut n.metadata;
         let name = intern_or_new(meta.name.take().unwrap_or_default());
         let finalizers = meta

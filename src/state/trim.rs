@@ -72,22 +72,34 @@ fn container(c: &mut Container) {
 }
 
 /// A Node as the controller reads it. Kept: metadata, the spec (provider ID, taints,
-/// unschedulable) and from the status allocatable, the `Ready` condition (its status, reason
-/// and transition time) and the phase. Dropped: the image list (on real nodes tens of
-/// kilobytes), capacity (what the solver and the limits count is allocatable on a Node and
-/// capacity on its claim), the other conditions (the pressure conditions a real kubelet posts)
-/// and the Ready condition's heartbeat and message, node info, addresses, daemon endpoints,
-/// volumes in use or attached (VolumeAttachments are watched instead), config and features.
+/// unschedulable) and from the status allocatable, the phase, and the `Ready` condition and the
+/// ones `kept` names (the conditions the repair policies watch), each with its status, reason
+/// and transition time. Dropped: the image list (on real nodes tens of kilobytes), capacity
+/// (what the solver and the limits count is allocatable on a Node and capacity on its claim),
+/// the other conditions (the pressure conditions a real kubelet posts), the conditions'
+/// heartbeats and messages, node info, addresses, daemon endpoints, volumes in use or attached
+/// (VolumeAttachments are watched instead), config and features.
+pub fn node_keeping(n: &mut Node, kept: &[String]) {
+    if let Some(cs) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+        cs.retain(|c| c.type_ == "Ready" || kept.contains(&c.type_));
+    }
+    node_body(n);
+}
+
+/// [`node_keeping`] with no condition but `Ready`.
 pub fn node(n: &mut Node) {
+    node_keeping(n, &[]);
+}
+
+/// Everything [`node_keeping`] drops but the conditions it leaves out: the Node index's own
+/// trim, after the watch's (which knows the policies) chose the conditions.
+pub fn node_body(n: &mut Node) {
     meta(&mut n.metadata);
     if let Some(status) = n.status.as_mut() {
         status.capacity = None;
-        if let Some(cs) = status.conditions.as_mut() {
-            cs.retain(|c| c.type_ == "Ready");
-            for c in cs.iter_mut() {
-                c.last_heartbeat_time = None;
-                c.message = None;
-            }
+        for c in status.conditions.iter_mut().flatten() {
+            c.last_heartbeat_time = None;
+            c.message = None;
         }
         status.images = None;
         status.node_info = None;
@@ -272,6 +284,21 @@ mod tests {
         for dropped in ["images", "nodeInfo", "addresses", "capacity"] {
             assert!(v["status"].get(dropped).is_none(), "status.{dropped} kept");
         }
+        let with_pressure = |kept: &[String]| {
+            let mut m: Node = serde_json::from_value(json!({"status": {"conditions": [
+                {"type": "MemoryPressure", "status": "True", "message": "low on memory"},
+                {"type": "KernelDeadlock", "status": "True", "reason": "DockerHung"},
+                {"type": "Ready", "status": "True"}]}}))
+            .unwrap();
+            node_keeping(&mut m, kept);
+            serde_json::to_value(&m).unwrap()["status"]["conditions"].clone()
+        };
+        assert_eq!(
+            with_pressure(&["KernelDeadlock".to_string()]),
+            json!([{"type": "KernelDeadlock", "status": "True", "reason": "DockerHung"},
+                   {"type": "Ready", "status": "True"}]),
+            "the conditions a repair policy watches are kept"
+        );
         assert_eq!(crate::state::nodes::provider_id(&n), Some("sim://n1"));
         // What the controller decides from a Node is the same after trimming.
         assert!(crate::actors::nodeclaim::initialization::node_ready(&n));

@@ -2,10 +2,11 @@
 //! claims to replace because their Node has stayed unhealthy past its toleration, and which are
 //! held back and why.
 //!
-//! The policies are the ones a Cluster API provider can honestly claim: Cluster API reports no
-//! instance health of its own that a Node condition does not already carry, so only the kubelet's
-//! `Ready` condition counts, `False` or `Unknown` (the kubelet stopped reporting), each tolerated
-//! for the same duration. Repair is held back in a NodePool where more than 20 % of the Nodes
+//! The policies (`policy`) are the operator's: Cluster API reports no instance health of its own
+//! that a Node condition does not already carry, so by default only the kubelet's `Ready`
+//! counts, `False` or `Unknown` (the kubelet stopped reporting), each tolerated for the same
+//! duration; `--repair-policies` adds the conditions a node problem detector writes, by reason.
+//! Repair is held back in a NodePool where more than 20 % of the Nodes
 //! (rounded up) are unhealthy, as upstream computes it, and for a Machine a MachineHealthCheck
 //! watches over: Cluster API's own remediation owns it.
 
@@ -24,27 +25,11 @@ use crate::api::wellknown::{
 use crate::state::claims::recorded_machine;
 use crate::state::compact::CompactNode;
 
+use crate::api::repair_policy as policy;
+pub use crate::api::repair_policy::RepairPolicies;
+
 /// Upstream's threshold: at most this share of a NodePool's Nodes may be unhealthy for a repair.
 pub const ALLOWED_UNHEALTHY_PERCENT: usize = 20;
-
-/// A Node condition and status that, held past the toleration, calls for a repair.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Policy {
-    pub condition: &'static str,
-    pub status: &'static str,
-}
-
-/// The repair policies of this provider: the kubelet's `Ready`, False or Unknown.
-pub const POLICIES: [Policy; 2] = [
-    Policy {
-        condition: "Ready",
-        status: "False",
-    },
-    Policy {
-        condition: "Ready",
-        status: "Unknown",
-    },
-];
 
 /// One claim to replace.
 #[derive(Clone, Debug)]
@@ -54,10 +39,14 @@ pub struct Repair {
     pub nodepool: String,
     /// The condition, as upstream's `condition` label writes it (`ready`).
     pub condition: String,
-    /// `Ready=Unknown since 2026-…` (for the Event).
+    /// `Node x has been Ready=Unknown (NodeStatusUnknown) since 2026-…` (for the Event).
     pub why: String,
-    /// How long past its toleration it is (orders repairs as a disruption method).
+    /// How long past its toleration it is, and the dense rank of its policy's priority (which
+    /// order repairs as a disruption method).
     pub overdue: Duration,
+    pub rank: usize,
+    /// How long its drain may take (zero: forceful).
+    pub termination_grace_period: Duration,
 }
 
 /// What one look at the cluster decides.
@@ -70,24 +59,33 @@ pub struct Decision {
     pub next: Option<Timestamp>,
 }
 
-/// The unhealthy policy a Node matches: the policy and since when.
-fn unhealthy(node: &CompactNode) -> Option<(Policy, Timestamp)> {
-    if node.ready() {
-        return None;
-    }
+/// What the policies make of a Node now.
+fn assess(policies: &RepairPolicies, node: &CompactNode, now: Timestamp) -> policy::Assessment {
     let n = node.node();
-    let c = n
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())?
-        .iter()
-        .find(|c| c.type_ == "Ready")?
-        .clone();
-    let policy = POLICIES
-        .iter()
-        .find(|p| p.condition == c.type_ && p.status == c.status)?;
-    let since = c.last_transition_time.map(|t| t.0)?;
-    Some((*policy, since))
+    let conditions = n.status.as_ref().and_then(|s| s.conditions.as_deref());
+    policies.assess(conditions.unwrap_or_default(), now)
+}
+
+/// Why the repair is made, for its Event and log line.
+fn why(node: &str, due: &policy::Due) -> String {
+    let reason = if due.reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", due.reason)
+    };
+    let reboot = if due.reboot_asked {
+        "; its policy asks a reboot, done as a replacement: Cluster API has no reboot"
+    } else {
+        ""
+    };
+    format!(
+        "Node {node} has been {}={}{reason} since {}, past its toleration of {}s ({}){reboot}",
+        due.condition,
+        due.status,
+        due.since,
+        due.toleration.as_secs(),
+        due.policy,
+    )
 }
 
 /// Upstream's rounding: 20 % of `total`, rounded up (one of three may be unhealthy).
@@ -106,7 +104,7 @@ pub fn guard(scope: &str, sick: usize, total: usize) -> Option<String> {
     })
 }
 
-pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decision {
+pub fn decide(inputs: Inputs<'_>, policies: &RepairPolicies, now: Timestamp) -> Decision {
     let st = inputs.state;
     let nodes = st.nodes.read();
     let machines = st.machines.read();
@@ -114,7 +112,7 @@ pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decis
     let mut pools: HashMap<String, (usize, usize)> = HashMap::new();
     let mut cluster = (0usize, 0usize);
     for n in nodes.all() {
-        let sick = unhealthy(n).is_some();
+        let sick = assess(policies, n, now).unhealthy;
         cluster.0 += 1;
         cluster.1 += usize::from(sick);
         if let Some(pool) = n.labels().get(NODEPOOL_LABEL) {
@@ -140,16 +138,13 @@ pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decis
         if node.deleting() {
             continue;
         }
-        let Some((policy, since)) = unhealthy(node) else {
+        let assessment = assess(policies, node, now);
+        if let Some(next) = assessment.next {
+            out.next = Some(out.next.map_or(next, |n| n.min(next)));
+        }
+        let Some(due) = assessment.due else {
             continue;
         };
-        let due = since
-            .checked_add(jiff::SignedDuration::try_from(toleration).unwrap_or_default())
-            .unwrap_or(since);
-        if now < due {
-            out.next = Some(out.next.map_or(due, |n| n.min(due)));
-            continue;
-        }
         let pool = c.labels().get(NODEPOOL_LABEL).cloned();
         let (total, sick) = match &pool {
             Some(p) => pools.get(p).copied().unwrap_or_default(),
@@ -181,15 +176,11 @@ pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decis
         out.repair.push(Repair {
             node: node.name().to_string(),
             nodepool: pool.unwrap_or_default(),
-            condition: policy.condition.to_lowercase(),
-            why: format!(
-                "Node {} has been {}={} since {since}, past its toleration of {}s",
-                node.name(),
-                policy.condition,
-                policy.status,
-                toleration.as_secs()
-            ),
-            overdue: Duration::try_from(now.duration_since(due)).unwrap_or_default(),
+            why: why(node.name(), &due),
+            condition: due.condition.to_lowercase(),
+            overdue: due.overdue,
+            rank: due.rank,
+            termination_grace_period: due.termination_grace_period,
             claim: c,
         });
     }
@@ -197,14 +188,19 @@ pub fn decide(inputs: Inputs<'_>, toleration: Duration, now: Timestamp) -> Decis
 }
 
 /// The termination deadline a repair stamps on the claim before deleting it, when it must write
-/// one: now. A deadline already passed is kept (the drain is already forceful); one later than
-/// now, from the NodePool's `terminationGracePeriod`, is brought forward, as upstream does, so
-/// the drain of an unhealthy node waits for nothing.
-pub fn termination_stamp(c: &NodeClaim, now: Timestamp) -> Option<String> {
-    let stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+/// one: `grace` from now (now itself for a forceful repair, the default). A deadline already
+/// sooner is kept; a later one, from the NodePool's `terminationGracePeriod`, is brought
+/// forward, as upstream does, so the drain of an unhealthy node waits no longer than its
+/// policy allows.
+pub fn termination_stamp(c: &NodeClaim, now: Timestamp, grace: Duration) -> Option<String> {
+    let deadline = jiff::SignedDuration::try_from(grace)
+        .ok()
+        .and_then(|g| now.checked_add(g).ok())
+        .unwrap_or(now);
+    let stamp = deadline.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
     match c.annotations().get(TERMINATION_TIMESTAMP_ANNOTATION) {
         Some(due) if *due == stamp => None,
-        Some(due) if due.parse::<Timestamp>().is_ok_and(|d| d < now) => None,
+        Some(due) if due.parse::<Timestamp>().is_ok_and(|d| d < deadline) => None,
         _ => Some(stamp),
     }
 }

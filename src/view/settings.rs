@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::api::repair_policy::RepairPolicies;
+
 /// Controller settings that actors read.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -40,9 +42,10 @@ pub struct Settings {
     /// CapacityBuffers are kept as placeholder pods (`--feature-gates CapacityBuffer=true`; off
     /// by default, as upstream).
     pub capacity_buffers: bool,
-    /// Node repair (`--feature-gates NodeRepair=true`): how long a Node may stay `Ready` False
-    /// or Unknown before its claim is replaced. None: off (upstream's default).
-    pub node_repair: Option<Duration>,
+    /// Node repair (`--feature-gates NodeRepair=true`): which Node conditions, held how long,
+    /// call for a replacement (`--repair-policies`; by default `Ready` False or Unknown for
+    /// 30 minutes). None: off (upstream's default).
+    pub node_repair: Option<RepairPolicies>,
     /// Node repair as Karpenter v1.14 did it (`--legacy-node-repair`): the claim deleted at
     /// once, outside the budgets, with no replacement first. Otherwise repair is a disruption
     /// method (v1.15). Only one of the two runs.
@@ -63,14 +66,18 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The toleration of node repair run as a budgeted disruption (v1.15), when it is on.
-    pub fn voluntary_repair(&self) -> Option<Duration> {
-        self.node_repair.filter(|_| !self.legacy_node_repair)
+    /// The policies of node repair run as a budgeted disruption (v1.15), when it is on.
+    pub fn voluntary_repair(&self) -> Option<&RepairPolicies> {
+        self.node_repair
+            .as_ref()
+            .filter(|_| !self.legacy_node_repair)
     }
 
-    /// The toleration of node repair run as v1.14 did (`--legacy-node-repair`), when it is on.
-    pub fn legacy_repair(&self) -> Option<Duration> {
-        self.node_repair.filter(|_| self.legacy_node_repair)
+    /// The policies of node repair run as v1.14 did (`--legacy-node-repair`), when it is on.
+    pub fn legacy_repair(&self) -> Option<&RepairPolicies> {
+        self.node_repair
+            .as_ref()
+            .filter(|_| self.legacy_node_repair)
     }
 
     /// A decision's log message: `done` when the controller writes, `would` in a dry run,
@@ -82,10 +89,6 @@ impl Settings {
 
 /// Upstream's pod deletion cost period: one ranking a minute at most.
 pub const DELETION_COST_PERIOD: Duration = Duration::from_secs(60);
-
-/// Node repair's toleration of an unhealthy Node: upstream's providers tolerate `Ready` False
-/// or Unknown for 30 minutes.
-pub const REPAIR_TOLERATION: Duration = Duration::from_secs(30 * 60);
 
 /// How often and how carefully disruption acts (Karpenter core's constants; tests shorten them).
 #[derive(Clone, Copy, Debug)]
@@ -200,18 +203,17 @@ mod tests {
     /// actor (v1.14), and neither while the gate is off.
     #[test]
     fn only_one_repair_mode_runs() {
-        let on = Some(REPAIR_TOLERATION);
-        let modes = |node_repair, legacy_node_repair| {
+        let modes = |on: bool, legacy_node_repair| {
             let s = Settings {
-                node_repair,
+                node_repair: on.then(|| RepairPolicies::ready(Duration::from_secs(60))),
                 legacy_node_repair,
                 ..Settings::default()
             };
-            (s.voluntary_repair(), s.legacy_repair())
+            (s.voluntary_repair().is_some(), s.legacy_repair().is_some())
         };
-        assert_eq!(modes(on, false), (on, None));
-        assert_eq!(modes(on, true), (None, on));
-        assert_eq!(modes(None, true), (None, None));
-        assert_eq!(modes(None, false), (None, None));
+        assert_eq!(modes(true, false), (true, false));
+        assert_eq!(modes(true, true), (false, true));
+        assert_eq!(modes(false, true), (false, false));
+        assert_eq!(modes(false, false), (false, false));
     }
 }

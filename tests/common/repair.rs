@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use karpenter_capi::actors::Settings;
 use karpenter_capi::sim::cluster::Backend;
 use karpenter_capi::simulate::sim_settings;
+use karpenter_capi::view::repair::RepairPolicies;
 
 use super::claims::fast_disruption;
 use super::{Env, eventually};
@@ -35,11 +36,25 @@ pub async fn env_repair_legacy_on(backend: Backend) -> Env {
 }
 
 async fn env_repair_mode(backend: Backend, legacy_node_repair: bool) -> Env {
+    env_repair_with(
+        backend,
+        RepairPolicies::ready(TOLERATION),
+        legacy_node_repair,
+    )
+    .await
+}
+
+/// Node repair on with `policies` (`--repair-policies`), disruption passes at test speed.
+pub async fn env_repair_with(
+    backend: Backend,
+    policies: RepairPolicies,
+    legacy_node_repair: bool,
+) -> Env {
     Env::builder()
         .backend(backend)
         .settings(Settings {
             disruption: fast_disruption(),
-            node_repair: Some(TOLERATION),
+            node_repair: Some(policies),
             legacy_node_repair,
             ..sim_settings(None)
         })

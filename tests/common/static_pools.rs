@@ -194,6 +194,21 @@ impl Env {
     /// as a kubelet failing that long or the node lifecycle controller would. The kubelet
     /// stand-in lets go of the Node first (it would report it Ready again).
     pub async fn node_ready(&self, node: &str, status: &str) {
+        let now = jiff::Timestamp::now();
+        let since = now.checked_sub(super::repair::SICK_FOR).unwrap_or(now);
+        let stamp = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        self.node_conditions(
+            node,
+            json!([{"type": "Ready", "status": status, "reason": "KubeletNotReady",
+                "message": "container runtime is down",
+                "lastHeartbeatTime": stamp(now), "lastTransitionTime": stamp(since)}]),
+        )
+        .await;
+    }
+
+    /// Node `node`'s conditions set to `conditions` (the whole list), the kubelet stand-in
+    /// letting go of it first so it does not write them back.
+    pub async fn node_conditions(&self, node: &str, conditions: Value) {
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client().await);
         nodes
             .patch(
@@ -204,20 +219,14 @@ impl Env {
             )
             .await
             .expect("the kubelet stand-in lets go of the Node");
-        let now = jiff::Timestamp::now();
-        let since = now.checked_sub(super::repair::SICK_FOR).unwrap_or(now);
-        let stamp = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         nodes
             .patch_status(
                 node,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"conditions": [{
-                    "type": "Ready", "status": status, "reason": "KubeletNotReady",
-                    "message": "container runtime is down",
-                    "lastHeartbeatTime": stamp(now), "lastTransitionTime": stamp(since)}]}})),
+                &Patch::Merge(json!({"status": {"conditions": conditions}})),
             )
             .await
-            .expect("set the Node's Ready condition");
+            .expect("set the Node's conditions");
     }
 
     /// The Node of claim `claim`.

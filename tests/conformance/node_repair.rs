@@ -15,7 +15,7 @@ use serde_json::json;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::wellknown::{NODEPOOL_LABEL, TERMINATION_TIMESTAMP_ANNOTATION};
 use karpenter_capi::state::State;
-use karpenter_capi::view::repair::{POLICIES, decide, termination_stamp, threshold};
+use karpenter_capi::view::repair::{RepairPolicies, decide, termination_stamp, threshold};
 use karpenter_capi::view::{CatalogView, Inputs, Settings};
 
 /// Upstream's providers' toleration.
@@ -88,7 +88,7 @@ fn look(st: &State, now: Timestamp) -> (Vec<String>, Vec<String>, Option<Timesta
             catalog: &catalog,
             settings: &settings,
         },
-        TOLERATION,
+        &RepairPolicies::ready(TOLERATION),
         now,
     );
     let mut repair: Vec<String> = d
@@ -107,9 +107,20 @@ fn look(st: &State, now: Timestamp) -> (Vec<String>, Vec<String>, Option<Timesta
 }
 
 #[test]
-fn only_ready_false_or_unknown_calls_for_a_repair() {
-    let policies: Vec<(&str, &str)> = POLICIES.iter().map(|p| (p.condition, p.status)).collect();
-    assert_eq!(policies, [("Ready", "False"), ("Ready", "Unknown")]);
+fn by_default_only_ready_false_or_unknown_calls_for_a_repair() {
+    let defaults = RepairPolicies::parse("").expect("the defaults");
+    let policies: Vec<(&str, &str, Duration)> = defaults
+        .policies()
+        .iter()
+        .map(|p| (p.condition.as_str(), p.status.as_str(), p.toleration))
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            ("Ready", "False", TOLERATION),
+            ("Ready", "Unknown", TOLERATION)
+        ]
+    );
 }
 
 #[test]
@@ -237,7 +248,7 @@ fn stamped(due: Option<Timestamp>) -> NodeClaim {
 fn a_repair_stamps_the_termination_deadline_at_now() {
     let now = Timestamp::now();
     assert_eq!(
-        termination_stamp(&stamped(None), now),
+        termination_stamp(&stamped(None), now, Duration::ZERO),
         Some(now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
     );
 }
@@ -246,7 +257,7 @@ fn a_repair_stamps_the_termination_deadline_at_now() {
 fn a_later_deadline_from_the_pools_grace_period_is_brought_forward() {
     let now = Timestamp::now();
     assert_eq!(
-        termination_stamp(&stamped(Some(now + minutes(120))), now),
+        termination_stamp(&stamped(Some(now + minutes(120))), now, Duration::ZERO),
         Some(now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string())
     );
 }
@@ -255,7 +266,29 @@ fn a_later_deadline_from_the_pools_grace_period_is_brought_forward() {
 fn a_deadline_already_passed_is_kept() {
     let now = Timestamp::now();
     assert_eq!(
-        termination_stamp(&stamped(Some(now - minutes(3))), now),
+        termination_stamp(&stamped(Some(now - minutes(3))), now, Duration::ZERO),
+        None
+    );
+}
+
+/// Ahead of upstream's suite (reason-aware policies, #3336): a policy's
+/// `terminationGracePeriod` gives the drain that long, a sooner deadline is kept and a later
+/// one brought forward to it.
+#[test]
+fn a_policys_grace_period_sets_the_deadline_that_far_ahead() {
+    let now = Timestamp::now();
+    let grace = Duration::from_secs(10 * 60);
+    let at = |t: Timestamp| Some(t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+    assert_eq!(
+        termination_stamp(&stamped(None), now, grace),
+        at(now + minutes(10))
+    );
+    assert_eq!(
+        termination_stamp(&stamped(Some(now + minutes(120))), now, grace),
+        at(now + minutes(10))
+    );
+    assert_eq!(
+        termination_stamp(&stamped(Some(now + minutes(5))), now, grace),
         None
     );
 }

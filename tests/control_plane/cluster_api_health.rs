@@ -88,7 +88,11 @@ async fn real_env(repair: bool, at: At) -> Env {
         .short_batches()
         .tune(|s| {
             s.disruption = fast_disruption();
-            s.node_repair = repair.then_some(crate::common::repair::TOLERATION);
+            s.node_repair = repair.then(|| {
+                karpenter_capi::view::repair::RepairPolicies::ready(
+                    crate::common::repair::TOLERATION,
+                )
+            });
         })
         .start()
         .await;

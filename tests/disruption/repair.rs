@@ -270,3 +270,88 @@ async fn legacy_repair_leaves_a_machine_a_health_check_watches_to_it() {
     repair::a_machine_a_health_check_watches_is_left_to_it(&env).await;
     env.assert_clean();
 }
+
+/// A node problem detector's condition, as `--repair-policies` names it by reason
+/// (Karpenter's reason-aware repair policies, #3336): `KernelDeadlock=True` for a hung
+/// container runtime is due after the tests' toleration and drained within its policy's
+/// ten minutes, the Event naming the policy; the same condition with a reason no policy names
+/// takes the fallback's hour and stays.
+const KERNEL_POLICIES: &str = r#"
+policies:
+- {conditionType: Ready, conditionStatus: "False", tolerationDuration: 1h}
+- {conditionType: KernelDeadlock, conditionStatus: "True", tolerationDuration: 1h}
+- conditionType: KernelDeadlock
+  conditionStatus: "True"
+  reasonRegex: DockerHung|ContainerdHung
+  tolerationDuration: 60s
+  terminationGracePeriod: 10m
+  priority: 50
+"#;
+
+/// Node `node` (let go of by the kubelet stand-in) with `KernelDeadlock=True` for `reason`,
+/// since `repair::SICK_FOR` ago, beside a `Ready=True`.
+async fn kernel_deadlock(env: &Env, node: &str, reason: &str) {
+    let now = jiff::Timestamp::now();
+    let since = now.checked_sub(repair::SICK_FOR).unwrap_or(now);
+    let stamp = |t: jiff::Timestamp| t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+    env.node_conditions(
+        node,
+        json!([
+            {"type": "Ready", "status": "True", "reason": "KubeletReady",
+             "lastHeartbeatTime": stamp(now), "lastTransitionTime": stamp(since)},
+            {"type": "KernelDeadlock", "status": "True", "reason": reason,
+             "message": "task blocked for more than 120 seconds",
+             "lastHeartbeatTime": stamp(now), "lastTransitionTime": stamp(since)},
+        ]),
+    )
+    .await;
+}
+
+#[actix::test]
+async fn a_reason_policy_repairs_its_condition_and_bounds_the_drain() {
+    use karpenter_capi::view::repair::RepairPolicies;
+    let policies = RepairPolicies::parse(KERNEL_POLICIES).expect("valid policies");
+    let env = repair::env_repair_with(Backend::Simulated, policies, false).await;
+    env.static_pool(6, None).await;
+    let claims = env.holds(6).await;
+    let (hung, other) = (claims[0].clone(), claims[1].clone());
+    let (hung_node, other_node) = (env.node_of(&hung), env.node_of(&other));
+    kernel_deadlock(&env, &other_node, "KernelOops").await;
+    kernel_deadlock(&env, &hung_node, "DockerHung").await;
+    let deleting = env
+        .wait("the hung node's claim deleting", || {
+            env.get("nodeclaims", "", &hung)
+                .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
+        })
+        .await;
+    let deleted_at = time_of(&deleting["metadata"]["deletionTimestamp"]).expect("a deletion time");
+    let due = time_of(&deleting["metadata"]["annotations"][TERMINATION_TIMESTAMP_ANNOTATION])
+        .expect("a termination deadline on the deleted claim");
+    let grace = due.duration_since(deleted_at);
+    assert!(
+        grace > jiff::SignedDuration::from_mins(9) && grace <= jiff::SignedDuration::from_mins(10),
+        "the drain is given the policy's ten minutes, not forced: {grace:?}"
+    );
+    let told = env.served_events_about("NodeRepair", "Node", 1).await;
+    assert!(
+        told.iter().all(|e| e["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("KernelDeadlock=True (DockerHung)")
+                && n.contains("(KernelDeadlock=True (reason ~ DockerHung|ContainerdHung))"))),
+        "{told:#?}"
+    );
+    env.gone(&hung, &hung_node).await;
+    env.holds(6).await;
+    assert_eq!(
+        env.metric(
+            "karpenter_nodeclaims_unhealthy_disrupted_total{condition=\"kerneldeadlock\",nodepool=\"fixed\""
+        ),
+        1.0
+    );
+    let kept = env.get("nodeclaims", "", &other).expect("the other claim");
+    assert!(
+        kept["metadata"]["deletionTimestamp"].is_null(),
+        "an unnamed reason waits for the fallback's hour"
+    );
+    env.assert_clean();
+}

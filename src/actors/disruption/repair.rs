@@ -20,7 +20,8 @@ use crate::disruption::{Candidate, Command, Method};
 use crate::metrics::{NodePoolLabels, UnhealthyLabels};
 use crate::view::repair::{capacity_type, termination_stamp};
 
-/// Before a repair's delete: the termination deadline at now (an earlier one is kept). A claim
+/// Before a repair's delete: the termination deadline its policy allows, now for a forceful
+/// repair (an earlier one is kept). A claim
 /// the stamp cannot reach is not deleted (the error stops the command's delete).
 pub(super) async fn stamp_deadline(
     shared: &Shared,
@@ -31,7 +32,13 @@ pub(super) async fn stamp_deadline(
     if cmd.method != Method::Repair {
         return Ok(());
     }
-    let Some(stamp) = claim.and_then(|cl| termination_stamp(cl, jiff::Timestamp::now())) else {
+    let grace = c
+        .repair
+        .as_ref()
+        .map(|r| r.termination_grace_period)
+        .unwrap_or_default();
+    let Some(stamp) = claim.and_then(|cl| termination_stamp(cl, jiff::Timestamp::now(), grace))
+    else {
         return Ok(());
     };
     let api: Api<NodeClaim> = Api::all(shared.workload.clone());

@@ -31,10 +31,10 @@ pub(super) struct Due {
 /// What is due when node repair runs as a disruption method; nothing otherwise (off, or the
 /// legacy actor's). Read before the pass locks the indexes (the decision reads them too).
 pub(super) fn due(inputs: Inputs<'_>, now: Timestamp) -> Due {
-    let Some(toleration) = inputs.settings.voluntary_repair() else {
+    let Some(policies) = inputs.settings.voluntary_repair() else {
         return Due::default();
     };
-    let decision = decide(inputs, toleration, now);
+    let decision = decide(inputs, policies, now);
     Due {
         by_claim: decision
             .repair
@@ -80,7 +80,8 @@ pub(super) fn held(
 pub(super) fn verdict(r: &Repair) -> RepairVerdict {
     RepairVerdict {
         condition: r.condition.clone(),
-        score: repair::score(r.overdue),
+        score: repair::score(r.rank, r.overdue),
+        termination_grace_period: r.termination_grace_period,
         why: r.why.clone(),
     }
 }
