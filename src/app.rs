@@ -134,6 +134,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
         disruption: crate::view::settings::DisruptionSettings {
             paused: c.disruption_paused,
             terminate_first_drift: c.feature_gates.terminate_first_drift,
+            terminate_first_repair: c.feature_gates.terminate_first_repair,
             ..Default::default()
         },
         ..Settings::default()

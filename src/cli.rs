@@ -337,6 +337,8 @@ pub struct FeatureGates {
     /// A static NodePool at its `limits.nodes` takes a drifted node before its replacement
     /// (`TerminateFirstDrift`, alpha and off, as upstream).
     pub terminate_first_drift: bool,
+    /// The same for an unhealthy node node repair replaces (`TerminateFirstRepair`).
+    pub terminate_first_repair: bool,
     /// Upstream gates named that have no effect here, with the value given and why.
     pub no_effect: Vec<(String, bool, &'static str)>,
 }
@@ -350,6 +352,7 @@ impl Default for FeatureGates {
             node_overlay: true,
             pod_deletion_cost: false,
             terminate_first_drift: false,
+            terminate_first_repair: false,
             no_effect: Vec::new(),
         }
     }
@@ -369,10 +372,6 @@ const UPSTREAM_ONLY_GATES: &[(&str, &str)] = &[
     (
         "Drift",
         "drift is always on (the gate was removed upstream in v1)",
-    ),
-    (
-        "TerminateFirstRepair",
-        "not implemented yet: repair always launches the replacement first (or, with --legacy-node-repair, none)",
     ),
 ];
 
@@ -396,12 +395,13 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
             "NodeOverlay" => gates.node_overlay = on,
             "PodDeletionCostManagement" => gates.pod_deletion_cost = on,
             "TerminateFirstDrift" => gates.terminate_first_drift = on,
+            "TerminateFirstRepair" => gates.terminate_first_repair = on,
             other => match UPSTREAM_ONLY_GATES.iter().find(|(n, _)| *n == other) {
                 Some((n, why)) => gates.no_effect.push((n.to_string(), on, why)),
                 None => {
                     let upstream: Vec<&str> = UPSTREAM_ONLY_GATES.iter().map(|(n, _)| *n).collect();
                     return Err(format!(
-                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay, PodDeletionCostManagement, TerminateFirstDrift; accepted with no effect: {})",
+                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay, PodDeletionCostManagement, TerminateFirstDrift, TerminateFirstRepair; accepted with no effect: {})",
                         upstream.join(", ")
                     ));
                 }

@@ -28,16 +28,11 @@ fn upstreams_full_default_string_is_accepted() {
         "{upstream},TerminateFirstDrift=true,TerminateFirstRepair=false,PodDeletionCostManagement=false,Drift=true"
     );
     let v115 = feature_gates_arg(&v115).expect("v1.15's gates");
-    assert!(v115.terminate_first_drift);
+    assert!(v115.terminate_first_drift && !v115.terminate_first_repair);
     let named: Vec<&str> = v115.no_effect.iter().map(|(n, _, _)| n.as_str()).collect();
     assert_eq!(
         named,
-        [
-            "ReservedCapacity",
-            "SpotToSpotConsolidation",
-            "TerminateFirstRepair",
-            "Drift"
-        ]
+        ["ReservedCapacity", "SpotToSpotConsolidation", "Drift"]
     );
     // And through the command line as a user passes it.
     let cli = Cli::try_parse_from(["karpenter-capi", "run", "--feature-gates", upstream]);

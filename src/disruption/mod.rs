@@ -158,12 +158,18 @@ pub struct Allowed {
     /// less its claims (running, deleting and under disruption), and none while it holds more
     /// than `spec.replicas` (a scale-down finishes first), as upstream reserves them.
     pub static_room: HashMap<String, usize>,
-    /// Static NodePools whose drifted nodes go before their replacement (`TerminateFirstDrift`
-    /// and no room under `limits.nodes`: `view::static_capacity::terminate_first`).
-    pub terminate_first: std::collections::HashSet<String>,
+    /// Static NodePools, and the reasons, whose nodes go before their replacement
+    /// (`TerminateFirstDrift` for `Drifted`, `TerminateFirstRepair` for `Unhealthy`, and no
+    /// room under `limits.nodes`: `view::static_capacity::terminate_first`).
+    pub terminate_first: std::collections::HashSet<(String, DisruptionReason)>,
 }
 
 impl Allowed {
+    /// Whether `pool`'s nodes disrupted for `reason` go before their replacement.
+    pub fn terminates_first(&self, pool: &str, reason: DisruptionReason) -> bool {
+        self.terminate_first.contains(&(pool.to_string(), reason))
+    }
+
     pub fn get(&self, pool: &str, reason: DisruptionReason) -> usize {
         self.budgets
             .get(&(pool.to_string(), reason))
@@ -357,7 +363,7 @@ fn static_drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -
         .filter(|c| c.static_pool && c.drift.is_some())
         .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0)
         .find_map(|c| {
-            if allowed.terminate_first.contains(&c.nodepool) {
+            if allowed.terminates_first(&c.nodepool, DisruptionReason::Drifted) {
                 return Some(command(Method::Drift, vec![c], Vec::new()));
             }
             let room = allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0);
@@ -450,7 +456,7 @@ pub fn revalidate(
                 // Terminate-first: still no room for a replacement.
                 [one] if one.static_pool && pending.replacements.is_empty() => {
                     held(
-                        allowed.terminate_first.contains(&one.nodepool)
+                        allowed.terminates_first(&one.nodepool, DisruptionReason::Drifted)
                             || allowed
                                 .static_room
                                 .get(&one.nodepool)

@@ -66,18 +66,22 @@ pub(super) fn repair(
 }
 
 /// The command repairing `c`: a static pool's node is replaced by one claim of its template
-/// (when the pool has room for it), an empty node is deleted alone, and a node with pods is
-/// replaced by the claims its pods need (drift's plan), or not repaired now when they would not
-/// all schedule.
+/// (when the pool has room for it), or deleted alone and refilled by the pool's count when the
+/// pool takes its nodes first (`TerminateFirstRepair` at `limits.nodes`); an empty node is
+/// deleted alone, and a node with pods is replaced by the claims its pods need (drift's plan),
+/// or not repaired now when they would not all schedule.
 fn replaced(snapshot: &Snapshot, c: &Candidate, allowed: &Allowed) -> Option<Command> {
-    let replacements = if c.static_pool {
-        let room = allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0);
-        vec![room.then(|| static_replacement(snapshot, c)).flatten()?]
-    } else if c.pods.is_empty() {
-        Vec::new()
-    } else {
-        drift_replacements(snapshot, c)?
-    };
+    let replacements =
+        if c.static_pool && allowed.terminates_first(&c.nodepool, DisruptionReason::Unhealthy) {
+            Vec::new()
+        } else if c.static_pool {
+            let room = allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0);
+            vec![room.then(|| static_replacement(snapshot, c)).flatten()?]
+        } else if c.pods.is_empty() {
+            Vec::new()
+        } else {
+            drift_replacements(snapshot, c)?
+        };
     Some(command(Method::Repair, vec![c], replacements))
 }
 

@@ -63,6 +63,29 @@ fn a_static_pools_unhealthy_node_is_replaced_by_its_template() {
     assert_eq!(cmd.replacements.len(), 1);
 }
 
+/// `TerminateFirstRepair`: a static pool at its limit has its unhealthy node deleted alone (its
+/// count refills it), within the `Unhealthy` budget; terminate-first for drift alone does not.
+#[test]
+fn a_static_pool_at_its_limit_takes_an_unhealthy_node_first_with_the_gate() {
+    let (s, mut c) = cluster(&types(), &[node("sick", &[("p", "1")])]);
+    sick(&mut c[0], 1.0);
+    c[0].static_pool = true;
+    let mut a = allow(1);
+    a.static_room.insert("default".into(), 0);
+    a.terminate_first
+        .insert(("default".into(), DisruptionReason::Drifted));
+    assert_eq!(decide(&s, &c, &a), None, "drift's gate is not repair's");
+    a.terminate_first
+        .insert(("default".into(), DisruptionReason::Unhealthy));
+    let cmd = decide(&s, &c, &a).expect("a command");
+    assert_eq!((cmd.method, cmd.decision()), (Method::Repair, "delete"));
+    assert!(cmd.replacements.is_empty(), "deleted first: {cmd:?}");
+    assert_eq!(revalidate(&s, &c, &a, &cmd).ok(), Some(cmd.clone()));
+    a.budgets
+        .insert(("default".into(), DisruptionReason::Unhealthy), 0);
+    assert_eq!(decide(&s, &c, &a), None, "the Unhealthy budget holds it");
+}
+
 #[test]
 fn repair_runs_before_drift_and_consolidation() {
     let (s, mut c) = cluster(

@@ -405,7 +405,8 @@ fn a_static_pool_at_its_limit_takes_a_drifted_node_first_with_the_gate() {
         None,
         "without the gate: held at the limit"
     );
-    a.terminate_first.insert("default".into());
+    a.terminate_first
+        .insert(("default".into(), DisruptionReason::Drifted));
     let cmd = decide(&s, &c, &a).expect("a command");
     assert_eq!(cmd.method, Method::Drift);
     assert_eq!(cmd.claim_names(), ["claim-busy"]);

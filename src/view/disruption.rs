@@ -145,15 +145,26 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
 }
 
 /// Per static NodePool, the drift replacements it may launch now; and, with
-/// `TerminateFirstDrift`, the pools whose drifted nodes go before their replacement.
-fn static_room(inputs: Inputs<'_>, mem: &Memory<'_>) -> (HashMap<String, usize>, HashSet<String>) {
+/// `TerminateFirstDrift` or `TerminateFirstRepair`, the pools whose drifted or unhealthy nodes
+/// go before their replacement.
+fn static_room(
+    inputs: Inputs<'_>,
+    mem: &Memory<'_>,
+) -> (HashMap<String, usize>, HashSet<(String, DisruptionReason)>) {
     use super::static_capacity::{counts, drift_room, terminate_first};
-    let gate = inputs.settings.disruption.terminate_first_drift;
+    let gates = &inputs.settings.disruption;
+    let reasons: Vec<DisruptionReason> = [
+        (gates.terminate_first_drift, DisruptionReason::Drifted),
+        (gates.terminate_first_repair, DisruptionReason::Unhealthy),
+    ]
+    .into_iter()
+    .filter_map(|(on, reason)| on.then_some(reason))
+    .collect();
     let mut room = HashMap::new();
     let mut first = HashSet::new();
     for (name, (np, count)) in counts(inputs, mem.executing, &HashSet::new(), mem.now) {
-        if gate && terminate_first(&np, &count) {
-            first.insert(name.clone());
+        if !reasons.is_empty() && terminate_first(&np, &count) {
+            first.extend(reasons.iter().map(|r| (name.clone(), *r)));
         }
         room.insert(name, drift_room(&np, &count));
     }

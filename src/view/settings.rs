@@ -115,6 +115,9 @@ pub struct DisruptionSettings {
     /// `limits.nodes` for a replacement has its drifted nodes taken first, one at a time, and
     /// refilled by its own count (upstream's terminate-first drift, alpha).
     pub terminate_first_drift: bool,
+    /// `--feature-gates TerminateFirstRepair=true`: the same for a node due for repair in such
+    /// a pool (upstream's terminate-first repair, alpha).
+    pub terminate_first_repair: bool,
 }
 
 impl Default for DisruptionSettings {
@@ -128,6 +131,7 @@ impl Default for DisruptionSettings {
             drift_backoff: Duration::from_secs(60),
             drift_backoff_cap: Duration::from_secs(600),
             terminate_first_drift: false,
+            terminate_first_repair: false,
         }
     }
 }

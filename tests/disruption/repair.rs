@@ -355,3 +355,61 @@ async fn a_reason_policy_repairs_its_condition_and_bounds_the_drain() {
     );
     env.assert_clean();
 }
+
+/// Terminate-first repair (`--feature-gates TerminateFirstRepair=true`): a static pool whose
+/// `limits.nodes` equals its replicas has no room for a replacement. Without the gate its
+/// unhealthy node stays (nothing launched, nothing deleted); with it the node is deleted first,
+/// within the `Unhealthy` budget, and the pool's count refills it.
+#[actix::test]
+async fn a_static_pool_at_its_limit_repairs_terminating_first_with_the_gate() {
+    for gate in [false, true] {
+        let mut disruption = common::claims::fast_disruption();
+        disruption.terminate_first_repair = gate;
+        let env = common::Env::builder()
+            .settings(karpenter_capi::actors::Settings {
+                disruption,
+                node_repair: Some(karpenter_capi::view::repair::RepairPolicies::ready(
+                    repair::TOLERATION,
+                )),
+                ..karpenter_capi::simulate::sim_settings(None)
+            })
+            .start()
+            .await;
+        env.static_pool(3, Some(json!({"nodes": "3"}))).await;
+        let first = env.holds(3).await;
+        let sick = first[0].clone();
+        let node = env.node_of(&sick);
+        env.node_ready(&node, "False").await;
+        if !gate {
+            // Due three seconds on; several passes go by: no room, so nothing happens.
+            tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+            assert_eq!(env.claims_created(), 3, "without the gate nothing launches");
+            let still = env.get("nodeclaims", "", &sick).expect("the claim");
+            assert!(still["metadata"]["deletionTimestamp"].is_null(), "kept");
+            env.assert_clean();
+            continue;
+        }
+        let deleting = env
+            .wait("the unhealthy claim deleting", || {
+                env.get("nodeclaims", "", &sick)
+                    .filter(|c| !c["metadata"]["deletionTimestamp"].is_null())
+            })
+            .await;
+        assert_eq!(
+            env.claims_created(),
+            3,
+            "deleted before any replacement was made: {deleting:#}"
+        );
+        env.gone(&sick, &node).await;
+        let now = env.holds(3).await;
+        assert!(!now.contains(&sick));
+        assert_eq!(env.claims_created(), 4, "one refill");
+        assert_eq!(
+            env.metric(
+                "karpenter_nodeclaims_disrupted_total{reason=\"unhealthy\",nodepool=\"fixed\""
+            ),
+            1.0
+        );
+        env.assert_clean();
+    }
+}
