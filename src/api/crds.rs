@@ -7,6 +7,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use super::capacity_buffer::CapacityBuffer;
+use super::capacity_quota::CapacityQuota;
 use super::nodeclaim::NodeClaim;
 use super::nodeclass::ClusterAPINodeClass;
 use super::nodeoverlay::NodeOverlay;
@@ -37,6 +38,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         (ClusterAPINodeClass::crd(), true),
         (NodeOverlay::crd(), true),
         (CapacityBuffer::crd(), true),
+        (CapacityQuota::crd(), true),
     ]
     .into_iter()
     .map(|(crd, strict)| upstream_validation(tidy(crd), strict))
