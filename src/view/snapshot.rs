@@ -47,6 +47,13 @@ pub fn build<'a>(
     which: BoundPods<'_>,
 ) -> Snapshot {
     let st = view.state;
+    let creating: Vec<(&u64, &NodeClaim)> = creating.into_iter().collect();
+    // Counted before the other indexes are locked (it reads the claims and nodes itself).
+    let quotas: Vec<scheduling::quota::QuotaInput> =
+        super::quotas::count(view, &creating.iter().map(|(_, c)| *c).collect::<Vec<_>>())
+            .into_iter()
+            .filter_map(|c| c.input.ok())
+            .collect();
     let pods_idx = st.pods.read();
     let nodes_idx = st.nodes.read();
     let node_list: Vec<&CompactNode> = nodes_idx.all().collect();
@@ -258,6 +265,7 @@ pub fn build<'a>(
         displaced: rescheduled_keys,
         // Set by disruption before it decides.
         about_to_bind: Default::default(),
+        quotas,
     }
 }
 
@@ -357,7 +365,7 @@ fn default_spread(view: Inputs<'_>) -> Option<DefaultSpread> {
 /// largest of them, key by key, as upstream's scheduler subtracts a new claim's largest instance
 /// type from the remaining limits. Otherwise a second solve while the first one's claims are
 /// launching could overshoot a pool's limits.
-fn launch_headroom(
+pub(super) fn launch_headroom(
     allowed: Option<&Requirement>,
     counted: &Resources,
     types: &[scheduling::InstanceType],
