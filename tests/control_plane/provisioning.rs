@@ -21,6 +21,7 @@ on_both_backends![
     pods_arriving_within_a_capacity_buffer_bind_on_its_room,
     a_buffer_naming_a_missing_template_is_reported,
     a_capacity_quota_caps_provisioning_at_its_limit,
+    a_malformed_capacity_quota_is_named_and_caps_nothing,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -366,5 +367,48 @@ async fn a_capacity_quota_caps_provisioning_at_its_limit(backend: Backend) {
         quota_used(e, "default-pool").is_some_and(|(used, _)| counts(e, &used, &cpu.to_string()))
     })
     .await;
+    env.invariants_hold();
+}
+
+/// Bad input: a CapacityQuota whose selector has an operator no selector knows (the schema
+/// lets any string through) is not enforced: `Reconciled` False, `ReconciliationFailed`,
+/// naming the field, and one Warning Event on it; a pod it would have held launches.
+async fn a_malformed_capacity_quota_is_named_and_caps_nothing(backend: Backend) {
+    let env = env_tuned(backend, None, |s| s.capacity_quotas = true).await;
+    put_quota(
+        &env,
+        "bad-selector",
+        json!({
+            "selector": {"matchExpressions": [{"key": "karpenter.sh/nodepool", "operator": "Near"}]},
+            "limits": {"resources": {"nodes": "0"}},
+        }),
+    )
+    .await;
+    env.until("the quota's condition names the field", |e| {
+        e.get("capacityquotas", "", "bad-selector")
+            .and_then(|q| crate::common::condition(&q, "Reconciled").cloned())
+            .is_some_and(|c| {
+                c["status"] == "False"
+                    && c["reason"] == "ReconciliationFailed"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("spec.selector") && m.contains("Near"))
+            })
+    })
+    .await;
+    let notes = eventually("a Warning Event on the quota", || async {
+        let notes = env
+            .notes_about("ReconciliationFailed", "bad-selector")
+            .await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(
+        notes.iter().all(|n| n.contains("spec.selector")),
+        "{notes:?}"
+    );
+    env.deployment("web", 1, PodShape::new("1", "1Gi")).await;
+    env.until_quiet("the pod bound", |e| e.bound_pods() == 1)
+        .await;
     env.invariants_hold();
 }
