@@ -1569,6 +1569,31 @@ fn explain_reports_topology_and_affinity_from_the_solver() {
 }
 
 #[test]
+fn explain_names_the_quota_that_holds_a_pod() {
+    let mut snap = snapshot(
+        vec![],
+        vec![pool(nodepool("default"), vec![it("small", 2, 4)])],
+    );
+    snap.quotas = vec![quota(
+        "pool-cap",
+        &[(crate::api::wellknown::NODEPOOL_LABEL, "default")],
+        &[("cpu", "4")],
+        &[("cpu", "4")],
+    )];
+    let p = pod("p", "1", "1Gi");
+    let v = explain::rule_out(&p, &snap).expect("readable");
+    let r = type_verdict(&v[0], "small")
+        .ruled_out
+        .as_ref()
+        .expect("held by the quota");
+    assert_eq!(r.constraint, explain::Constraint::Limits, "{r:?}");
+    assert_eq!(
+        r.message,
+        "CapacityQuota \"pool-cap\" has reached its limit on \"cpu\""
+    );
+}
+
+#[test]
 fn explain_rejects_an_unreadable_pod_as_the_solver_does() {
     let mut p = pod("p", "1", "1Gi");
     spec(&mut p).containers[0].resources = Some(ResourceRequirements {

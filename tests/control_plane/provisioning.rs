@@ -353,6 +353,7 @@ async fn a_capacity_quota_caps_provisioning_at_its_limit(backend: Backend) {
         quota_used(&env, "elsewhere").map(|(u, _)| u),
         Some(json!({"nodes": "0"}))
     );
+    explain_names_the_quota(&env);
     put_quota(
         &env,
         "default-pool",
@@ -411,4 +412,42 @@ async fn a_malformed_capacity_quota_is_named_and_caps_nothing(backend: Backend) 
     env.until_quiet("the pod bound", |e| e.bound_pods() == 1)
         .await;
     env.invariants_hold();
+}
+
+/// `karpenter-capi explain pod` (the real binary, the gate on, the cluster's kubeconfig) on a
+/// pod the quota holds names the quota and the resource.
+fn explain_names_the_quota(env: &Env) {
+    let pods = env.list("pods");
+    let pending = pods_of(&pods, "big")
+        .find(|p| p.pointer("/spec/nodeName").is_none())
+        .expect("a pending pod");
+    let target = format!(
+        "{}/{}",
+        pending["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default(),
+        pending["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+        .args([
+            "explain",
+            "pod",
+            &target,
+            "--feature-gates",
+            "CapacityQuota=true",
+        ])
+        .arg("--kubeconfig")
+        .arg(env.sim.kubeconfig())
+        .output()
+        .expect("running karpenter-capi explain");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "explain pod {target}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("CapacityQuota \"default-pool\" has reached its limit on \"cpu\""),
+        "explain pod {target}:\n{text}"
+    );
 }
