@@ -32,14 +32,22 @@ pub struct Counted {
 pub fn parse(q: &CapacityQuota) -> Result<QuotaInput, Malformed> {
     let limits = q.limits()?;
     let empty = Default::default();
-    let selector = Selector::parse(
-        Some(q.spec.selector.as_ref().unwrap_or(&empty)),
-        "spec.selector",
-    )
-    .map_err(|problem| Malformed {
-        field: "spec.selector".into(),
-        problem,
-    })?;
+    // The selector parser names its fields as an affinity term's; a quota's has no
+    // `labelSelector` level.
+    let selector = Selector::parse(Some(q.spec.selector.as_ref().unwrap_or(&empty)), "spec")
+        .map_err(|e| {
+            let e = e.replacen("spec.labelSelector.", "spec.selector.", 1);
+            match e.split_once(": ") {
+                Some((field, problem)) => Malformed {
+                    field: field.to_string(),
+                    problem: problem.to_string(),
+                },
+                None => Malformed {
+                    field: "spec.selector".into(),
+                    problem: e,
+                },
+            }
+        })?;
     Ok(QuotaInput {
         name: q.name_any(),
         selector,
@@ -154,4 +162,44 @@ fn pool_types(view: Inputs<'_>, pool: &str) -> Vec<InstanceType> {
     };
     let class = &np.spec.template.spec.node_class_ref.name;
     view.catalog.pool_instance_types(class, Some(pool))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_bad_selector_is_named_by_its_field() {
+        let q: CapacityQuota = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityQuota",
+            "metadata": {"name": "q"},
+            "spec": {
+                "selector": {"matchExpressions": [{"key": "team", "operator": "Near"}]},
+                "limits": {"resources": {"nodes": "1"}},
+            },
+        }))
+        .unwrap();
+        let err = parse(&q).err().unwrap();
+        assert_eq!(err.field, "spec.selector.matchExpressions[0]");
+        assert!(err.problem.contains("\"Near\""), "{err}");
+        let bad_limit: CapacityQuota = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityQuota",
+            "metadata": {"name": "q"},
+            "spec": {"limits": {"resources": {"cpu": "1500m"}}},
+        }))
+        .unwrap();
+        assert_eq!(
+            parse(&bad_limit).err().unwrap().field,
+            "spec.limits.resources.cpu"
+        );
+        let fine: CapacityQuota = serde_json::from_value(json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityQuota",
+            "metadata": {"name": "q"},
+            "spec": {"limits": {"resources": {"cpu": "8"}}},
+        }))
+        .unwrap();
+        assert!(parse(&fine).is_ok_and(|i| i.selector.matches(&Default::default())));
+    }
 }
