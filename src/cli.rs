@@ -187,7 +187,7 @@ pub enum Command {
     #[cfg(feature = "simulator")]
     Simulate(Box<SimulateArgs>),
     /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay,
-    /// CapacityBuffer) as YAML.
+    /// CapacityBuffer, CapacityQuota) as YAML.
     Crds(CrdsArgs),
     /// Explain, read-only, why a pod is pending or where it went, what a NodeClaim waits for,
     /// or what a NodePool can launch (docs/tools.md).
@@ -296,7 +296,7 @@ pub struct ControllerArgs {
     /// Optional features, as Karpenter's `Name=true|false,...`: `CapacityBuffer` keeps
     /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream);
     /// `CapacityQuota` caps provisioning by autoscaling.x-k8s.io CapacityQuotas and writes their
-    /// status (off by default, as Cluster Autoscaler's `--capacity-quotas-enabled`);
+    /// status (off by default, as Cluster Autoscaler's `capacity-quotas-enabled` option);
     /// `NodeRepair` replaces nodes whose `Ready` stays False or Unknown for 30 minutes (off by
     /// default, as upstream); `StaticCapacity` holds static NodePools at `spec.replicas` (on by
     /// default here); `NodeOverlay` applies NodeOverlays (on by default here: docs/limitations.md
