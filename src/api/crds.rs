@@ -206,11 +206,12 @@ mod tests {
                 "karpenter.sh_nodeclaims.yaml",
                 "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
                 "karpenter.sh_nodeoverlays.yaml",
-                "autoscaling.x-k8s.io_capacitybuffers.yaml"
+                "autoscaling.x-k8s.io_capacitybuffers.yaml",
+                "autoscaling.x-k8s.io_capacityquotas.yaml"
             ]
         );
         let all = render_yaml().unwrap();
-        assert_eq!(all.matches("---\n").count(), 5);
+        assert_eq!(all.matches("---\n").count(), 6);
         assert!(all.contains("name: nodepools.karpenter.sh"));
         let dir = tempfile::tempdir().unwrap();
         write_dir(dir.path()).unwrap();

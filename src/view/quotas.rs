@@ -12,7 +12,7 @@ use std::sync::Arc;
 use kube::ResourceExt;
 
 use super::Inputs;
-use super::snapshot::launch_headroom;
+use super::usage::{claim_requests, launch_headroom};
 use crate::api::capacity_quota::{CapacityQuota, Malformed};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::{Requirement, Requirements};
@@ -145,13 +145,7 @@ fn claim_capacity(c: &NodeClaim, reqs: &Requirements, types: &[InstanceType]) ->
     {
         return cap;
     }
-    let counted = c
-        .spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| Resources::from_k8s(r).ok())
-        .unwrap_or_default();
+    let counted = claim_requests(c);
     let extra = launch_headroom(reqs.get(INSTANCE_TYPE_LABEL), &counted, types);
     counted.add(&extra)
 }

@@ -172,16 +172,7 @@ async fn a_limit_stops_provisioning_and_says_why(backend: Backend) {
     // Settle: no more claims appear.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let claims = env.list("nodeclaims");
-    let mut cpu = Quantity::ZERO;
-    for c in &claims {
-        let q: Quantity = c["status"]["capacity"]["cpu"]
-            .as_str()
-            .or(c["spec"]["resources"]["requests"]["cpu"].as_str())
-            .expect("a claim's cpu")
-            .parse()
-            .expect("a quantity");
-        cpu = cpu + q;
-    }
+    let cpu = claims_cpu(&env);
     assert!(
         cpu <= "4".parse().expect("4"),
         "{} claims with {cpu} CPU exceed the limit of 4",

@@ -301,6 +301,23 @@ fn our_crds_by_name() -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// Each path upstream's schema has that ours lacks, or has with another type.
+fn path_problems(
+    theirs: &BTreeMap<String, Option<String>>,
+    have: &BTreeMap<String, Option<String>>,
+) -> Vec<String> {
+    theirs
+        .iter()
+        .filter_map(|(path, ty)| match (have.get(path), ty) {
+            (None, _) => Some(format!("missing {path}")),
+            (Some(got), Some(want)) if got.as_ref() != Some(want) => {
+                Some(format!("{path}: type {want}, ours {got:?}"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 fn our_crds_carry_every_upstream_property() {
     let ours = our_crds_by_name();
     for file in [
@@ -316,16 +333,7 @@ fn our_crds_carry_every_upstream_property() {
 
         let theirs = version_schema_paths(&upstream);
         let have = version_schema_paths(mine);
-        let problems: Vec<String> = theirs
-            .iter()
-            .filter_map(|(path, ty)| match (have.get(path), ty) {
-                (None, _) => Some(format!("missing {path}")),
-                (Some(got), Some(want)) if got.as_ref() != Some(want) => {
-                    Some(format!("{path}: type {want}, ours {got:?}"))
-                }
-                _ => None,
-            })
-            .collect();
+        let problems = path_problems(&theirs, &have);
         assert!(problems.is_empty(), "{file}:\n{}", problems.join("\n"));
         assert!(
             theirs.len() > 5,
@@ -1123,16 +1131,7 @@ fn capacity_quota_crd_is_cluster_autoscalers() {
         version_schema_paths(&upstream_one),
         version_schema_paths(mine),
     );
-    let mut problems: Vec<String> = theirs
-        .iter()
-        .filter_map(|(path, ty)| match (have.get(path), ty) {
-            (None, _) => Some(format!("missing {path}")),
-            (Some(got), Some(want)) if got.as_ref() != Some(want) => {
-                Some(format!("{path}: type {want}, ours {got:?}"))
-            }
-            _ => None,
-        })
-        .collect();
+    let mut problems = path_problems(&theirs, &have);
     problems.extend(
         have.keys()
             .filter(|p| !theirs.contains_key(*p))
