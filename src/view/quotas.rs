@@ -164,6 +164,84 @@ mod tests {
 
     use super::*;
 
+    fn quota(name: &str, team: &str) -> CapacityQuota {
+        serde_json::from_value(json!({
+            "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityQuota",
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": {"team": team}},
+                "limits": {"resources": {"cpu": "100", "nodes": "10"}},
+            },
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, team: &str, body: serde_json::Value) -> NodeClaim {
+        let mut v = json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "labels": {"team": team}},
+            "spec": {"nodeClassRef": {"group": "karpenter.cluster.x-k8s.io", "kind": "ClusterAPINodeClass", "name": "default"}, "requirements": []},
+        });
+        crate::testing::merge(&mut v, body);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn node(name: &str, team: &str, cpu: &str) -> k8s_openapi::api::core::v1::Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"team": team}},
+            "status": {"allocatable": {"cpu": cpu, "pods": "110"}},
+        }))
+        .unwrap()
+    }
+
+    /// Nodes count at their claim's capacity (else allocatable), claims not yet Nodes and
+    /// creates not answered yet at what they ask for, deleting claims not at all; each only in
+    /// the quotas whose selector matches.
+    #[test]
+    fn usage_counts_matching_nodes_and_claims_to_come() {
+        let state = crate::state::State::default();
+        for q in [quota("a", "a"), quota("b", "b")] {
+            state.quotas.write().insert(q.name_any(), Arc::new(q));
+        }
+        {
+            let mut nodes = state.nodes.write();
+            nodes.apply(node("n-a", "a", "4"));
+            nodes.apply(node("n-b", "b", "2"));
+        }
+        {
+            let mut claims = state.claims.write();
+            let launched = json!({"status": {"nodeName": "n-a", "capacity": {"cpu": "8"}}});
+            claims.apply(Arc::new(claim("c-a", "a", launched)));
+            let asks = json!({"spec": {"resources": {"requests": {"cpu": "1"}}}});
+            claims.apply(Arc::new(claim("c-new", "a", asks)));
+            let going = json!({
+                "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z", "finalizers": ["x"]},
+                "spec": {"resources": {"requests": {"cpu": "5"}}},
+            });
+            claims.apply(Arc::new(claim("c-going", "a", going)));
+        }
+        let creating = claim(
+            "c-creating",
+            "a",
+            json!({"spec": {"resources": {"requests": {"cpu": "2"}}}}),
+        );
+        let catalog = crate::view::CatalogView::default();
+        let settings = crate::view::Settings::default();
+        let view = Inputs {
+            state: &state,
+            catalog: &catalog,
+            settings: &settings,
+        };
+        let counted = count(view, &[&creating]);
+        let usage = |name: &str| {
+            let c = counted.iter().find(|c| c.quota.name_any() == name).unwrap();
+            let u = &c.input.as_ref().unwrap().usage;
+            (u.get("cpu").as_units(), u.get("nodes").as_units())
+        };
+        assert_eq!(usage("a"), (8 + 1 + 2, 3));
+        assert_eq!(usage("b"), (2, 1));
+    }
+
     #[test]
     fn a_bad_selector_is_named_by_its_field() {
         let q: CapacityQuota = serde_json::from_value(json!({
