@@ -1568,6 +1568,34 @@ fn explain_reports_topology_and_affinity_from_the_solver() {
     assert_eq!(r.constraint, explain::Constraint::Affinity, "{r:?}");
 }
 
+/// A claim whose zone is still open may land in a zone's quota and is charged to it; once a
+/// pod joining it fixes another zone, the quota gets its room back for a claim in its zone.
+#[test]
+fn a_claim_narrowed_out_of_a_quota_gives_its_room_back() {
+    let mut snap = snapshot(
+        vec![
+            pod("any-zone", "1500m", "1Gi"),
+            with_zone(pod("in-b", "400m", "1Gi"), "zone-b"),
+            with_zone(pod("in-a", "300m", "1Gi"), "zone-a"),
+        ],
+        vec![pool(nodepool("default"), vec![it("medium", 4, 8)])],
+    );
+    snap.quotas = vec![quota(
+        "zone-a",
+        &[(ZONE_LABEL, "zone-a")],
+        &[("nodes", "1")],
+        &[],
+    )];
+    let r = solve(&snap);
+    assert!(r.failures.is_empty(), "{r:#?}");
+    assert_eq!(r.new_claims.len(), 2, "{r:#?}");
+}
+
+fn with_zone(mut p: Pod, zone: &str) -> Pod {
+    spec(&mut p).node_selector = Some([(ZONE_LABEL.to_string(), zone.to_string())].into());
+    p
+}
+
 #[test]
 fn explain_names_the_quota_that_holds_a_pod() {
     let mut snap = snapshot(

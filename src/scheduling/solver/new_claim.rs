@@ -37,8 +37,8 @@ pub(super) struct Claim {
     pub(super) host_ports: Vec<(i32, String)>,
     /// Capacity counted against the pool's limits and its quotas' (its cheapest type's).
     pub(super) charge: Amounts,
-    /// The CapacityQuotas (indices into the solver's) that may cover it, fixed when it opens:
-    /// its requirements only narrow after, so the set can only be too large, never miss one.
+    /// The CapacityQuotas (indices into the solver's) that may cover it, chosen when it opens:
+    /// its requirements only narrow after, so the set only shrinks (`release_uncovered`).
     pub(super) quotas: Vec<usize>,
     /// A minValues of its pool was lowered to open it (BestEffort).
     pub(super) min_values_relaxed: bool,
@@ -200,6 +200,7 @@ impl<'a> Solver<'a> {
         claim.used = used;
         if let Some(r) = reqs {
             claim.reqs = r;
+            release_uncovered(pool, &mut self.quotas, claim);
         }
         if let Some(v) = volumes {
             claim.volumes = v;
@@ -308,6 +309,26 @@ fn max_avail(types: &[TypeInfo], chosen: &[usize], len: usize) -> Amounts {
 /// charge) as already free.
 fn within_limits(pool: &Pool, capacity: &Amounts, own: &Amounts) -> bool {
     exceeded_limit(pool, capacity, own).is_none()
+}
+
+/// After a claim's requirements narrowed (a pod joined with a node selector, or the topology
+/// chose its zone): the quotas that can no longer cover it get back its charge and its node.
+/// Narrowing only takes quotas away, so none is added.
+fn release_uncovered(pool: &Pool, quotas: &mut [QuotaCap], claim: &mut Claim) {
+    let known = |k: &str| pool.known_keys.contains(k);
+    claim.quotas.retain(|&qi| {
+        let Some(q) = quotas.get_mut(qi) else {
+            return false;
+        };
+        if q.may_cover(&claim.reqs, &known) {
+            return true;
+        }
+        q.remaining.add_assign(&claim.charge);
+        if let Some(n) = q.nodes_remaining.as_mut() {
+            *n += 1;
+        }
+        false
+    });
 }
 
 /// Moves a claim's charge against its pool's limits and its quotas to its current cheapest
