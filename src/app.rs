@@ -120,6 +120,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
         default_termination_grace_period: c.default_termination_grace_period,
         default_constraints: c.scheduler_config.0.clone(),
         capacity_buffers: c.feature_gates.capacity_buffer,
+        capacity_quotas: c.feature_gates.capacity_quota,
         node_repair: c
             .feature_gates
             .node_repair

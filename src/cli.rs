@@ -187,7 +187,7 @@ pub enum Command {
     #[cfg(feature = "simulator")]
     Simulate(Box<SimulateArgs>),
     /// Print the CustomResourceDefinitions (NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay,
-    /// CapacityBuffer) as YAML.
+    /// CapacityBuffer, CapacityQuota) as YAML.
     Crds(CrdsArgs),
     /// Explain, read-only, why a pod is pending or where it went, what a NodeClaim waits for,
     /// or what a NodePool can launch (docs/tools.md).
@@ -301,6 +301,8 @@ pub struct ControllerArgs {
     pub repair_policies: RepairPoliciesArg,
     /// Optional features, as Karpenter's `Name=true|false,...`: `CapacityBuffer` keeps
     /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream);
+    /// `CapacityQuota` caps provisioning by autoscaling.x-k8s.io CapacityQuotas and writes their
+    /// status (off by default, as Cluster Autoscaler's `capacity-quotas-enabled` option);
     /// `NodeRepair` replaces nodes whose `Ready` stays False or Unknown for 30 minutes (off by
     /// default, as upstream); `StaticCapacity` holds static NodePools at `spec.replicas` (on by
     /// default here); `NodeOverlay` applies NodeOverlays (on by default here: docs/limitations.md
@@ -330,6 +332,8 @@ pub struct ControllerArgs {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeatureGates {
     pub capacity_buffer: bool,
+    /// CapacityQuotas cap provisioning (`CapacityQuota`, off by default).
+    pub capacity_quota: bool,
     pub node_repair: bool,
     pub static_capacity: bool,
     pub node_overlay: bool,
@@ -347,6 +351,7 @@ impl Default for FeatureGates {
     fn default() -> Self {
         Self {
             capacity_buffer: false,
+            capacity_quota: false,
             node_repair: false,
             static_capacity: true,
             node_overlay: true,
@@ -390,6 +395,7 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
         };
         match name.trim() {
             "CapacityBuffer" => gates.capacity_buffer = on,
+            "CapacityQuota" => gates.capacity_quota = on,
             "NodeRepair" => gates.node_repair = on,
             "StaticCapacity" => gates.static_capacity = on,
             "NodeOverlay" => gates.node_overlay = on,
@@ -401,7 +407,7 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
                 None => {
                     let upstream: Vec<&str> = UPSTREAM_ONLY_GATES.iter().map(|(n, _)| *n).collect();
                     return Err(format!(
-                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, NodeRepair, StaticCapacity, NodeOverlay, PodDeletionCostManagement, TerminateFirstDrift, TerminateFirstRepair; accepted with no effect: {})",
+                        "{other:?} is not a feature gate of this controller (known: CapacityBuffer, CapacityQuota, NodeRepair, StaticCapacity, NodeOverlay, PodDeletionCostManagement, TerminateFirstDrift, TerminateFirstRepair; accepted with no effect: {})",
                         upstream.join(", ")
                     ));
                 }

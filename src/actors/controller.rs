@@ -110,6 +110,9 @@ impl Actors {
         if let Some(b) = router.take_buffers() {
             b.do_send(super::messages::Stop);
         }
+        if let Some(q) = router.take_quotas() {
+            q.do_send(super::messages::Stop);
+        }
         if let Some(s) = router.take_static_capacity() {
             s.do_send(super::messages::Stop);
         }
@@ -292,6 +295,10 @@ async fn activate(actors: &Actors) {
     if shared.settings.capacity_buffers {
         let buffers = super::buffers::Buffers::new(shared.clone()).start();
         shared.router.set_buffers(buffers);
+    }
+    if shared.settings.capacity_quotas {
+        let quotas = super::quotas::Quotas::new(shared.clone()).start();
+        shared.router.set_quotas(quotas);
     }
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();

@@ -29,6 +29,7 @@ pub mod pass;
 pub mod patch;
 pub mod persist;
 pub mod provisioner;
+pub mod quotas;
 pub mod repair;
 pub mod router;
 pub mod scaler;
@@ -180,6 +181,7 @@ stoppable!(
     terminator::Terminator,
     disruption::Disruption,
     buffers::Buffers,
+    quotas::Quotas,
     static_capacity::StaticCapacity,
     repair::NodeRepair,
     deletion_cost::DeletionCost,

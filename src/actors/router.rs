@@ -33,6 +33,7 @@ pub struct Router {
     terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
     disruption: Arc<RwLock<Option<Addr<Disruption>>>>,
     buffers: Arc<RwLock<Option<Addr<Buffers>>>>,
+    quotas: Arc<RwLock<Option<Addr<super::quotas::Quotas>>>>,
     static_capacity: Arc<RwLock<Option<Addr<StaticCapacity>>>>,
     repair: Arc<RwLock<Option<Addr<NodeRepair>>>>,
     deletion_cost: Arc<RwLock<Option<Addr<DeletionCost>>>>,
@@ -86,6 +87,16 @@ impl Router {
 
     pub fn take_buffers(&self) -> Option<Addr<Buffers>> {
         self.buffers.write().take()
+    }
+
+    /// The CapacityQuota actor (leader only, behind its feature gate); `take_quotas` hands it
+    /// over to be stopped.
+    pub fn set_quotas(&self, q: Addr<super::quotas::Quotas>) {
+        *self.quotas.write() = Some(q);
+    }
+
+    pub fn take_quotas(&self) -> Option<Addr<super::quotas::Quotas>> {
+        self.quotas.write().take()
     }
 
     /// A solve placed the buffers' placeholder pods: their `Provisioning` conditions follow.

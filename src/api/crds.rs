@@ -7,6 +7,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use super::capacity_buffer::CapacityBuffer;
+use super::capacity_quota::CapacityQuota;
 use super::nodeclaim::NodeClaim;
 use super::nodeclass::ClusterAPINodeClass;
 use super::nodeoverlay::NodeOverlay;
@@ -37,6 +38,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         (ClusterAPINodeClass::crd(), true),
         (NodeOverlay::crd(), true),
         (CapacityBuffer::crd(), true),
+        (CapacityQuota::crd(), true),
     ]
     .into_iter()
     .map(|(crd, strict)| upstream_validation(tidy(crd), strict))
@@ -204,11 +206,12 @@ mod tests {
                 "karpenter.sh_nodeclaims.yaml",
                 "karpenter.cluster.x-k8s.io_clusterapinodeclasses.yaml",
                 "karpenter.sh_nodeoverlays.yaml",
-                "autoscaling.x-k8s.io_capacitybuffers.yaml"
+                "autoscaling.x-k8s.io_capacitybuffers.yaml",
+                "autoscaling.x-k8s.io_capacityquotas.yaml"
             ]
         );
         let all = render_yaml().unwrap();
-        assert_eq!(all.matches("---\n").count(), 5);
+        assert_eq!(all.matches("---\n").count(), 6);
         assert!(all.contains("name: nodepools.karpenter.sh"));
         let dir = tempfile::tempdir().unwrap();
         write_dir(dir.path()).unwrap();

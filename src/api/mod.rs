@@ -2,6 +2,7 @@
 //! requirement algebra, resource arithmetic, validation and CRD generation.
 
 pub mod capacity_buffer;
+pub mod capacity_quota;
 pub mod conditions;
 pub mod crds;
 pub mod cron;

@@ -7,6 +7,8 @@ fn feature_gates_read_as_karpenters_and_refuse_unknown_gates() {
     assert!(feature_gates_arg("CapacityBuffer=true").is_ok_and(|g| g.capacity_buffer));
     assert!(feature_gates_arg(" CapacityBuffer=false ,").is_ok_and(|g| !g.capacity_buffer));
     assert!(feature_gates_arg("NodeRepair=true").is_ok_and(|g| g.node_repair));
+    assert!(!FeatureGates::default().capacity_quota);
+    assert!(feature_gates_arg("CapacityQuota=true").is_ok_and(|g| g.capacity_quota));
     assert!(feature_gates_arg("StaticCapacity=false").is_ok_and(|g| !g.static_capacity));
     assert!(!FeatureGates::default().pod_deletion_cost);
     assert!(feature_gates_arg("PodDeletionCostManagement=true").is_ok_and(|g| g.pod_deletion_cost));

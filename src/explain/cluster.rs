@@ -408,6 +408,24 @@ async fn list_overlays(
     }
 }
 
+/// The CapacityQuotas (with the gate on), or none where the API does not serve them (no CRD)
+/// or this reader may not list them: a pod is then explained without them.
+async fn list_quotas(
+    client: &kube::Client,
+    malformed: &mut Vec<(String, String, String)>,
+) -> Result<Vec<crate::api::capacity_quota::CapacityQuota>, Error> {
+    match list_lenient(client, "CapacityQuotas", malformed).await {
+        Err(Error::List {
+            source: kube::Error::Api(e),
+            ..
+        }) if e.code == 404 || e.code == 403 => {
+            tracing::warn!(error = %e.message, "CapacityQuotas cannot be listed: pods are explained without them");
+            Ok(Vec::new())
+        }
+        other => other,
+    }
+}
+
 /// Read everything the controller watches and build its state from it.
 pub async fn read(
     workload: kube::Client,
@@ -437,6 +455,13 @@ pub async fn read(
     let pdbs: Vec<PodDisruptionBudget> = list_all(&workload, "PodDisruptionBudgets").await?;
 
     let state = state_of(capi, claims, nodes, pods, daemonsets, pdbs, nodepools);
+    if settings.capacity_quotas {
+        let quotas = list_quotas(&workload, &mut malformed).await?;
+        *state.quotas.write() = quotas
+            .into_iter()
+            .map(|q| (q.name_any(), Arc::new(q)))
+            .collect();
+    }
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();
     let (templates, template_errors) = read_templates(&management, &deployments).await;

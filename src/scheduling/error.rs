@@ -18,6 +18,10 @@ pub enum PodError {
     /// A NodePool would admit the pod but its `spec.limits` leave no room.
     #[error("NodePool {nodepool:?} has reached its limit on {resource:?}")]
     LimitReached { nodepool: String, resource: String },
+    /// A NodePool would admit the pod but a CapacityQuota covering its new node has no room:
+    /// the quota's limit, less what the nodes it selects use, is less than one more node.
+    #[error("CapacityQuota {quota:?} has reached its limit on {resource:?}")]
+    QuotaReached { quota: String, resource: String },
     /// A NodePool admits the pod but none of its instance types can hold it.
     #[error("no instance type of NodePool {nodepool:?} fits the pod: {details}")]
     NoInstanceTypeFits { nodepool: String, details: String },
@@ -36,6 +40,13 @@ mod tests {
                     resource: "cpu".into(),
                 },
                 "NodePool \"default\" has reached its limit on \"cpu\"",
+            ),
+            (
+                PodError::QuotaReached {
+                    quota: "team-a".into(),
+                    resource: "nodes".into(),
+                },
+                "CapacityQuota \"team-a\" has reached its limit on \"nodes\"",
             ),
             (
                 PodError::NoInstanceTypeFits {

@@ -404,7 +404,10 @@ fn whole_solve(
             Constraint::Topology
         } else if message.contains("affinity") {
             Constraint::Affinity
-        } else if matches!(e, PodError::LimitReached { .. }) {
+        } else if matches!(
+            e,
+            PodError::LimitReached { .. } | PodError::QuotaReached { .. }
+        ) {
             Constraint::Limits
         } else if spreads {
             Constraint::Topology

@@ -25,6 +25,7 @@ pub mod explain;
 pub mod instance_type;
 pub mod nodeclaim;
 pub mod pod;
+pub mod quota;
 pub mod selector;
 mod solver;
 pub mod topology;
@@ -112,6 +113,8 @@ pub struct Snapshot {
     /// room for, by key (see `disruption::consolidation::keep_room_of_pods_about_to_bind`):
     /// the scheduler is about to bind them there, so that room is not free for moved pods.
     pub about_to_bind: HashSet<String>,
+    /// CapacityQuotas to enforce (valid ones only), with what their nodes use.
+    pub quotas: Vec<quota::QuotaInput>,
 }
 
 /// A node the pods may go to without a new claim.

@@ -62,6 +62,38 @@ impl Selector {
             Rule::DoesNotExist(k) => !labels.contains_key(k),
         })
     }
+
+    /// Whether a node whose labels are known only as far as `label` says may match: a node
+    /// yet to launch (a claim) whose zone or instance type is still one of several. Used where
+    /// counting a node that turns out not to match is safe and missing one is not (quotas).
+    pub fn could_match<'v>(&self, label: impl Fn(&str) -> MaybeLabel<'v>) -> bool {
+        let Some(rules) = &self.rules else {
+            return false;
+        };
+        rules.iter().all(|r| match r {
+            Rule::In(k, vs) => match label(k) {
+                MaybeLabel::Absent => false,
+                MaybeLabel::OneOf(have) => have.iter().any(|v| vs.contains(*v)),
+                MaybeLabel::Any => true,
+            },
+            Rule::NotIn(k, vs) => match label(k) {
+                MaybeLabel::OneOf(have) => have.iter().any(|v| !vs.contains(*v)),
+                MaybeLabel::Absent | MaybeLabel::Any => true,
+            },
+            Rule::Exists(k) => !matches!(label(k), MaybeLabel::Absent),
+            Rule::DoesNotExist(k) => !matches!(label(k), MaybeLabel::OneOf(_)),
+        })
+    }
+}
+
+/// What a node to come may carry for one label key.
+pub enum MaybeLabel<'v> {
+    /// It will not carry the key.
+    Absent,
+    /// It will carry the key, with one of these values.
+    OneOf(Vec<&'v str>),
+    /// It may carry the key, with any value, or not.
+    Any,
 }
 
 /// Whether `tolerations` tolerate `taint`.

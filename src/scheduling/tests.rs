@@ -599,6 +599,114 @@ fn limits_count_existing_usage_and_exclude_big_types() {
     );
 }
 
+fn quota(
+    name: &str,
+    match_labels: &[(&str, &str)],
+    limits: Pairs,
+    usage: Pairs,
+) -> super::quota::QuotaInput {
+    let sel = LabelSelector {
+        match_labels: Some(
+            match_labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    super::quota::QuotaInput {
+        name: name.into(),
+        selector: super::selector::Selector::parse(Some(&sel), "spec.selector").unwrap(),
+        limits: res(limits),
+        usage: res(usage),
+    }
+}
+
+#[test]
+fn quotas_cap_new_claims_across_pools() {
+    // (quota limits, its usage, pods of 1.5 cpu, expected claims, expected failure resource)
+    let cases: &[(Pairs, Pairs, usize, usize, Option<&str>)] = &[
+        (&[("cpu", "4")], &[], 2, 2, None),
+        // Each claim charges its cheapest type (2 cpu): the third is out of cpu.
+        (&[("cpu", "4")], &[], 3, 2, Some("cpu")),
+        (&[("nodes", "2")], &[], 3, 2, Some("nodes")),
+        // What the selected nodes use counts.
+        (&[("nodes", "2")], &[("nodes", "1")], 3, 1, Some("nodes")),
+        (&[("cpu", "6")], &[("cpu", "4")], 2, 1, Some("cpu")),
+        // At or over the limit already: nothing.
+        (&[("nodes", "2")], &[("nodes", "3")], 1, 0, Some("nodes")),
+    ];
+    for (limits, usage, pods, claims, failure) in cases {
+        // Two pools the quota covers (by a template label both carry): its room is shared.
+        let mut pools = Vec::new();
+        for name in ["a", "b"] {
+            let mut np = nodepool(name);
+            np.spec.template.metadata = Some(TemplateMetadata {
+                labels: Some([("team".to_string(), "x".to_string())].into()),
+                ..Default::default()
+            });
+            pools.push(pool(np, vec![it("small", 2, 4)]));
+        }
+        let pods = (0..*pods)
+            .map(|i| pod(&format!("p{i}"), "1500m", "1Gi"))
+            .collect();
+        let mut snap = snapshot(pods, pools);
+        snap.quotas = vec![quota("team-x", &[("team", "x")], limits, usage)];
+        let r = solve(&snap);
+        assert_eq!(r.new_claims.len(), *claims, "{limits:?} {usage:?}: {r:#?}");
+        match failure {
+            None => assert!(r.failures.is_empty(), "{limits:?}: {r:?}"),
+            Some(resource) => assert_eq!(
+                r.failures[0].1,
+                PodError::QuotaReached {
+                    quota: "team-x".into(),
+                    resource: resource.to_string()
+                },
+                "{limits:?} {usage:?}"
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_quota_selecting_other_nodes_limits_nothing_and_a_limited_pool_gives_way() {
+    let mut limited = nodepool("limited");
+    limited.spec.weight = Some(10);
+    limited.spec.template.metadata = Some(TemplateMetadata {
+        labels: Some([("team".to_string(), "x".to_string())].into()),
+        ..Default::default()
+    });
+    let free = nodepool("free");
+    let pods: Vec<_> = (0..3)
+        .map(|i| pod(&format!("p{i}"), "1500m", "1Gi"))
+        .collect();
+    // A quota on team y: no pool's nodes carry it, so all three launch in the heavier pool.
+    let mut snap = snapshot(
+        pods.clone(),
+        vec![
+            pool(limited.clone(), vec![it("small", 2, 4)]),
+            pool(free.clone(), vec![it("small", 2, 4)]),
+        ],
+    );
+    snap.quotas = vec![quota("team-y", &[("team", "y")], &[("nodes", "0")], &[])];
+    let r = solve(&snap);
+    assert!(r.failures.is_empty(), "{r:?}");
+    assert!(
+        r.new_claims.iter().all(|c| c.nodepool == "limited"),
+        "{r:#?}"
+    );
+    // A quota of one node on team x: one claim there, the rest go to the other pool.
+    snap.quotas = vec![quota("team-x", &[("team", "x")], &[("nodes", "1")], &[])];
+    let r = solve(&snap);
+    assert!(r.failures.is_empty(), "{r:?}");
+    let in_limited = r
+        .new_claims
+        .iter()
+        .filter(|c| c.nodepool == "limited")
+        .count();
+    assert_eq!((in_limited, r.new_claims.len()), (1, 3), "{r:#?}");
+}
+
 #[test]
 fn min_values_keep_enough_types() {
     let mut np = nodepool("default");
@@ -1458,6 +1566,59 @@ fn explain_reports_topology_and_affinity_from_the_solver() {
         .as_ref()
         .expect("out");
     assert_eq!(r.constraint, explain::Constraint::Affinity, "{r:?}");
+}
+
+/// A claim whose zone is still open may land in a zone's quota and is charged to it; once a
+/// pod joining it fixes another zone, the quota gets its room back for a claim in its zone.
+#[test]
+fn a_claim_narrowed_out_of_a_quota_gives_its_room_back() {
+    let mut snap = snapshot(
+        vec![
+            pod("any-zone", "1500m", "1Gi"),
+            with_zone(pod("in-b", "400m", "1Gi"), "zone-b"),
+            with_zone(pod("in-a", "300m", "1Gi"), "zone-a"),
+        ],
+        vec![pool(nodepool("default"), vec![it("medium", 4, 8)])],
+    );
+    snap.quotas = vec![quota(
+        "zone-a",
+        &[(ZONE_LABEL, "zone-a")],
+        &[("nodes", "1")],
+        &[],
+    )];
+    let r = solve(&snap);
+    assert!(r.failures.is_empty(), "{r:#?}");
+    assert_eq!(r.new_claims.len(), 2, "{r:#?}");
+}
+
+fn with_zone(mut p: Pod, zone: &str) -> Pod {
+    spec(&mut p).node_selector = Some([(ZONE_LABEL.to_string(), zone.to_string())].into());
+    p
+}
+
+#[test]
+fn explain_names_the_quota_that_holds_a_pod() {
+    let mut snap = snapshot(
+        vec![],
+        vec![pool(nodepool("default"), vec![it("small", 2, 4)])],
+    );
+    snap.quotas = vec![quota(
+        "pool-cap",
+        &[(crate::api::wellknown::NODEPOOL_LABEL, "default")],
+        &[("cpu", "4")],
+        &[("cpu", "4")],
+    )];
+    let p = pod("p", "1", "1Gi");
+    let v = explain::rule_out(&p, &snap).expect("readable");
+    let r = type_verdict(&v[0], "small")
+        .ruled_out
+        .as_ref()
+        .expect("held by the quota");
+    assert_eq!(r.constraint, explain::Constraint::Limits, "{r:?}");
+    assert_eq!(
+        r.message,
+        "CapacityQuota \"pool-cap\" has reached its limit on \"cpu\""
+    );
 }
 
 #[test]

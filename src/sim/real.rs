@@ -53,7 +53,7 @@ const DEV_TEMPLATE_CRD: &str = "infrastructure.cluster.x-k8s.io_devmachinetempla
 /// (the drain audit checks removals against budgets on the mirror); Events because scenarios
 /// and tests read what the controller told (the repair scenario waits for its
 /// `NodeRepairBlocked` Events).
-const MIRRORED: [(&str, &str, &str); 13] = [
+const MIRRORED: [(&str, &str, &str); 14] = [
     ("events.k8s.io", "v1", "events"),
     ("", "v1", "pods"),
     ("", "v1", "nodes"),
@@ -67,6 +67,7 @@ const MIRRORED: [(&str, &str, &str); 13] = [
     ("cluster.x-k8s.io", CAPI_VERSION, "machines"),
     ("cluster.x-k8s.io", CAPI_VERSION, "machinepools"),
     ("autoscaling.x-k8s.io", "v1beta1", "capacitybuffers"),
+    ("autoscaling.x-k8s.io", "v1beta1", "capacityquotas"),
 ];
 
 /// Stands for the Cluster API version in use in [`MIRRORED`].

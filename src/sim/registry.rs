@@ -540,6 +540,15 @@ fn core_resources() -> Vec<ResourceDef> {
         )
         .with_status()
         .with_short_names(&["cb"]),
+        ResourceDef::custom(
+            "autoscaling.x-k8s.io",
+            &["v1beta1"],
+            "CapacityQuota",
+            "capacityquotas",
+            false,
+        )
+        .with_status()
+        .with_short_names(&["cq"]),
     ]
 }
 

@@ -72,4 +72,8 @@ pub struct State {
     pub nominated: Arc<RwLock<std::collections::HashMap<String, (String, std::time::Instant)>>>,
     /// CapacityBuffers' placeholder pods, and the nodes the last solve put them on.
     pub buffers: Arc<RwLock<buffers::BufferPods>>,
+    /// CapacityQuotas by name, as watched (`--feature-gates CapacityQuota=true`; empty without).
+    pub quotas: Arc<
+        RwLock<std::collections::BTreeMap<String, Arc<crate::api::capacity_quota::CapacityQuota>>>,
+    >,
 }

@@ -6,6 +6,7 @@
 //! - [`snapshot`]: the solver's view of the cluster (provisioner, disruption, `explain pod`).
 //! - [`catalog`]: each NodeClass's offerings and the launch's ranking of them.
 //! - [`usage`]: what each NodePool counts against its limits.
+//! - [`quotas`]: the CapacityQuotas to enforce and what their nodes use.
 //! - [`disruption`] and [`protection`]: the disruption candidates and what protects a node.
 //! - [`deletion_cost`]: the nodes a ReplicaSet scale-in should empty first, and the pod
 //!   deletion costs that say so.
@@ -20,6 +21,7 @@ pub mod deletion_cost;
 pub mod disruption;
 pub mod node;
 pub mod protection;
+pub mod quotas;
 pub mod repair;
 pub mod rollout;
 pub mod settings;

@@ -42,6 +42,9 @@ pub struct Settings {
     /// CapacityBuffers are kept as placeholder pods (`--feature-gates CapacityBuffer=true`; off
     /// by default, as upstream).
     pub capacity_buffers: bool,
+    /// CapacityQuotas cap provisioning and get their status written
+    /// (`--feature-gates CapacityQuota=true`; off by default).
+    pub capacity_quotas: bool,
     /// Node repair (`--feature-gates NodeRepair=true`): which Node conditions, held how long,
     /// call for a replacement (`--repair-policies`; by default `Ready` False or Unknown for
     /// 30 minutes). None: off (upstream's default).
@@ -170,6 +173,7 @@ impl Default for Settings {
             default_termination_grace_period: None,
             default_constraints: None,
             capacity_buffers: false,
+            capacity_quotas: false,
             deadlines: Deadlines::default(),
             min_drain_time: Duration::from_secs(5),
             disruption: DisruptionSettings::default(),

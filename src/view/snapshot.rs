@@ -12,6 +12,7 @@ use kube::ResourceExt;
 
 use super::Inputs;
 use super::catalog::{CatalogView, declared_taints};
+use super::usage::{claim_requests, launch_headroom};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::requirements::{Requirement, Requirements};
 use crate::api::resources::{Quantity, Resources};
@@ -47,6 +48,13 @@ pub fn build<'a>(
     which: BoundPods<'_>,
 ) -> Snapshot {
     let st = view.state;
+    let creating: Vec<(&u64, &NodeClaim)> = creating.into_iter().collect();
+    // Counted before the other indexes are locked (it reads the claims and nodes itself).
+    let quotas: Vec<scheduling::quota::QuotaInput> =
+        super::quotas::count(view, &creating.iter().map(|(_, c)| *c).collect::<Vec<_>>())
+            .into_iter()
+            .filter_map(|c| c.input.ok())
+            .collect();
     let pods_idx = st.pods.read();
     let nodes_idx = st.nodes.read();
     let node_list: Vec<&CompactNode> = nodes_idx.all().collect();
@@ -162,13 +170,7 @@ pub fn build<'a>(
                 .and_then(|s| s.capacity.as_ref())
                 .is_none()
         {
-            let counted = c
-                .spec
-                .resources
-                .as_ref()
-                .and_then(|r| r.requests.as_ref())
-                .and_then(|r| Resources::from_k8s(r).ok())
-                .unwrap_or_default();
+            let counted = claim_requests(c);
             unlaunched
                 .entry(pool.clone())
                 .or_default()
@@ -258,6 +260,7 @@ pub fn build<'a>(
         displaced: rescheduled_keys,
         // Set by disruption before it decides.
         about_to_bind: Default::default(),
+        quotas,
     }
 }
 
@@ -350,29 +353,6 @@ fn default_spread(view: Inputs<'_>) -> Option<DefaultSpread> {
         constraints,
         workloads: view.state.workloads.read().selectors(),
     })
-}
-
-/// What a claim not launched yet may still add to its pool's usage beyond `counted` (its
-/// requests): it launches as one of the instance types it allows, so it is counted as the
-/// largest of them, key by key, as upstream's scheduler subtracts a new claim's largest instance
-/// type from the remaining limits. Otherwise a second solve while the first one's claims are
-/// launching could overshoot a pool's limits.
-fn launch_headroom(
-    allowed: Option<&Requirement>,
-    counted: &Resources,
-    types: &[scheduling::InstanceType],
-) -> Resources {
-    let largest = types
-        .iter()
-        .filter(|t| allowed.is_none_or(|r| r.has(&t.name)))
-        .fold(Resources::new(), |acc, t| acc.max_with(&t.capacity));
-    let mut extra = Resources::new();
-    for (key, value) in largest.sub(counted).iter() {
-        if *value > Quantity::ZERO {
-            extra = extra.with(key, *value);
-        }
-    }
-    extra
 }
 
 /// The instance-type requirement of a claim (None: any type of its pool).

@@ -1,11 +1,16 @@
-//! What each NodePool uses: the claims that count against its limits.
+//! What each NodePool uses: the claims that count against its limits, and what a claim not
+//! launched yet counts for (its requests, raised to the largest type it may launch as), which
+//! CapacityQuotas count the same way.
 
 use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 
-use crate::api::resources::Resources;
+use crate::api::nodeclaim::NodeClaim;
+use crate::api::requirements::Requirement;
+use crate::api::resources::{Quantity, Resources};
 use crate::api::wellknown::NODEPOOL_LABEL;
+use crate::scheduling;
 use crate::state::State;
 
 /// Per NodePool: the summed capacity of its live claims and how many there are.
@@ -30,4 +35,37 @@ pub fn usage_by_pool(state: &State) -> BTreeMap<String, (Resources, i64)> {
         }
     }
     out
+}
+
+/// What a claim not launched yet may still add to its pool's usage beyond `counted` (its
+/// requests): it launches as one of the instance types it allows, so it is counted as the
+/// largest of them, key by key, as upstream's scheduler subtracts a new claim's largest instance
+/// type from the remaining limits. Otherwise a second solve while the first one's claims are
+/// launching could overshoot a pool's limits.
+pub fn launch_headroom(
+    allowed: Option<&Requirement>,
+    counted: &Resources,
+    types: &[scheduling::InstanceType],
+) -> Resources {
+    let largest = types
+        .iter()
+        .filter(|t| allowed.is_none_or(|r| r.has(&t.name)))
+        .fold(Resources::new(), |acc, t| acc.max_with(&t.capacity));
+    let mut extra = Resources::new();
+    for (key, value) in largest.sub(counted).iter() {
+        if *value > Quantity::ZERO {
+            extra = extra.with(key, *value);
+        }
+    }
+    extra
+}
+
+/// What a claim asks for (`spec.resources.requests`): what counts for it before it launches.
+pub fn claim_requests(c: &NodeClaim) -> Resources {
+    c.spec
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| Resources::from_k8s(r).ok())
+        .unwrap_or_default()
 }

@@ -748,6 +748,7 @@ impl Env {
             under_consolidate_after: Default::default(),
             displaced: Default::default(),
             about_to_bind: Default::default(),
+            quotas: Default::default(),
         }
     }
     /// Configure default topology spread constraints, through the `--scheduler-config`

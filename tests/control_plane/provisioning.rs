@@ -1,6 +1,6 @@
 //! Provisioning on both backends: pods selecting an offering's labels land on that offering, a
 //! pod too large for every offering stays pending and is told why, and a NodePool limit stops
-//! provisioning and says so. The offerings are the `pods` scenario's four MachineDeployment
+//! provisioning and says so, and so does a CapacityQuota. The offerings are the `pods` scenario's four MachineDeployment
 //! sizes (2 to 16 CPUs) in three zones.
 
 use std::time::Duration;
@@ -20,6 +20,8 @@ on_both_backends![
     a_limit_stops_provisioning_and_says_why,
     pods_arriving_within_a_capacity_buffer_bind_on_its_room,
     a_buffer_naming_a_missing_template_is_reported,
+    a_capacity_quota_caps_provisioning_at_its_limit,
+    a_malformed_capacity_quota_is_named_and_caps_nothing,
 ];
 
 pub fn tests() -> Vec<crate::assets::Test> {
@@ -170,16 +172,7 @@ async fn a_limit_stops_provisioning_and_says_why(backend: Backend) {
     // Settle: no more claims appear.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let claims = env.list("nodeclaims");
-    let mut cpu = Quantity::ZERO;
-    for c in &claims {
-        let q: Quantity = c["status"]["capacity"]["cpu"]
-            .as_str()
-            .or(c["spec"]["resources"]["requests"]["cpu"].as_str())
-            .expect("a claim's cpu")
-            .parse()
-            .expect("a quantity");
-        cpu = cpu + q;
-    }
+    let cpu = claims_cpu(&env);
     assert!(
         cpu <= "4".parse().expect("4"),
         "{} claims with {cpu} CPU exceed the limit of 4",
@@ -237,4 +230,215 @@ async fn a_buffer_naming_a_missing_template_is_reported(backend: Backend) {
     let env = env_tuned(backend, None, |s| s.capacity_buffers = true).await;
     crate::common::buffers::a_buffer_naming_a_missing_template_is_reported(&env).await;
     env.assert_clean();
+}
+
+/// Creates (or, when it exists, replaces the spec of) CapacityQuota `name`.
+async fn put_quota(env: &Env, name: &str, spec: Value) {
+    use karpenter_capi::api::capacity_quota::CapacityQuota;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let api: Api<CapacityQuota> = Api::all(env.client().await);
+    if env.get("capacityquotas", "", name).is_some() {
+        api.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": spec})),
+        )
+        .await
+        .expect("patch the CapacityQuota");
+        return;
+    }
+    let q: CapacityQuota = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityQuota",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .expect("a CapacityQuota");
+    api.create(&PostParams::default(), &q)
+        .await
+        .expect("create the CapacityQuota");
+}
+
+/// `status.used.resources` of quota `name`, when written, and whether `Reconciled` is True.
+fn quota_used(env: &Env, name: &str) -> Option<(Value, bool)> {
+    let q = env.get("capacityquotas", "", name)?;
+    let reconciled =
+        crate::common::condition(&q, "Reconciled").is_some_and(|c| c["status"] == "True");
+    Some((q.pointer("/status/used/resources")?.clone(), reconciled))
+}
+
+/// `used` says `cpu` CPUs and as many nodes as there are.
+fn counts(env: &Env, used: &Value, cpu: &str) -> bool {
+    let q = |v: &Value| v.as_str().and_then(|s| s.parse::<Quantity>().ok());
+    q(&used["cpu"]) == cpu.parse().ok()
+        && q(&used["nodes"]) == Some(Quantity::from_units(env.list("nodes").len() as i64))
+}
+
+/// The summed CPU capacity (launched, else requested) of the claims.
+fn claims_cpu(env: &Env) -> Quantity {
+    let mut cpu = Quantity::ZERO;
+    for c in env.list("nodeclaims") {
+        let q: Quantity = c["status"]["capacity"]["cpu"]
+            .as_str()
+            .or(c["spec"]["resources"]["requests"]["cpu"].as_str())
+            .expect("a claim's cpu")
+            .parse()
+            .expect("a quantity");
+        cpu = cpu + q;
+    }
+    cpu
+}
+
+/// A CapacityQuota of 4 CPUs on the default NodePool's nodes and six pods of 1.5 CPUs (one
+/// per 2-CPU node, or two per 4-CPU node): provisioning stops at exactly 4 CPUs of nodes, the
+/// pods left stay pending told the quota and the resource, and the quota's status counts the
+/// 4 CPUs and the nodes. A
+/// quota selecting nodes no pool launches (at 0 nodes) holds nothing back. Raising the quota
+/// to 12 CPUs launches the rest, and its status follows.
+async fn a_capacity_quota_caps_provisioning_at_its_limit(backend: Backend) {
+    let env = env_tuned(backend, None, |s| s.capacity_quotas = true).await;
+    let pool_nodes = json!({"matchLabels": {"karpenter.sh/nodepool": "default"}});
+    put_quota(
+        &env,
+        "default-pool",
+        json!({"selector": pool_nodes, "limits": {"resources": {"cpu": "4", "nodes": "10"}}}),
+    )
+    .await;
+    put_quota(
+        &env,
+        "elsewhere",
+        json!({"selector": {"matchLabels": {"team": "other"}}, "limits": {"resources": {"nodes": "0"}}}),
+    )
+    .await;
+    env.until("both quotas reconciled", |e| {
+        quota_used(e, "default-pool").is_some_and(|(_, ok)| ok)
+            && quota_used(e, "elsewhere").is_some_and(|(_, ok)| ok)
+    })
+    .await;
+    env.deployment("big", 6, PodShape::new("1500m", "1Gi"))
+        .await;
+    env.until_quiet("two pods bound", |e| e.bound_pods() == 2)
+        .await;
+    let notes = eventually("a FailedScheduling Event naming the quota", || async {
+        let notes = env.notes_about("FailedScheduling", "big-").await;
+        notes
+            .iter()
+            .any(|n| n.contains("CapacityQuota \"default-pool\" has reached its limit on \"cpu\""))
+            .then_some(notes)
+    })
+    .await;
+    eprintln!("notes: {notes:?}");
+    // Settle: no more claims appear.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        claims_cpu(&env),
+        "4".parse().expect("4"),
+        "claims: {:#?}",
+        env.list("nodeclaims")
+    );
+    assert_eq!(env.bound_pods(), 2);
+    env.until("the quota's status counts the 4 CPUs and every node", |e| {
+        quota_used(e, "default-pool").is_some_and(|(used, ok)| ok && counts(e, &used, "4"))
+    })
+    .await;
+    assert_eq!(
+        quota_used(&env, "elsewhere").map(|(u, _)| u),
+        Some(json!({"nodes": "0"}))
+    );
+    explain_names_the_quota(&env);
+    put_quota(
+        &env,
+        "default-pool",
+        json!({"selector": pool_nodes, "limits": {"resources": {"cpu": "12", "nodes": "10"}}}),
+    )
+    .await;
+    env.until_quiet("every pod bound", |e| e.bound_pods() == 6)
+        .await;
+    let cpu = claims_cpu(&env);
+    assert!(cpu <= "12".parse().expect("12"), "{cpu} CPUs of claims");
+    env.until("the quota's status follows", |e| {
+        quota_used(e, "default-pool").is_some_and(|(used, _)| counts(e, &used, &cpu.to_string()))
+    })
+    .await;
+    env.invariants_hold();
+}
+
+/// Bad input: a CapacityQuota whose selector has an operator no selector knows (the schema
+/// lets any string through) is not enforced: `Reconciled` False, `ReconciliationFailed`,
+/// naming the field, and one Warning Event on it; a pod it would have held launches.
+async fn a_malformed_capacity_quota_is_named_and_caps_nothing(backend: Backend) {
+    let env = env_tuned(backend, None, |s| s.capacity_quotas = true).await;
+    put_quota(
+        &env,
+        "bad-selector",
+        json!({
+            "selector": {"matchExpressions": [{"key": "karpenter.sh/nodepool", "operator": "Near"}]},
+            "limits": {"resources": {"nodes": "0"}},
+        }),
+    )
+    .await;
+    env.until("the quota's condition names the field", |e| {
+        e.get("capacityquotas", "", "bad-selector")
+            .and_then(|q| crate::common::condition(&q, "Reconciled").cloned())
+            .is_some_and(|c| {
+                c["status"] == "False"
+                    && c["reason"] == "ReconciliationFailed"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("spec.selector") && m.contains("Near"))
+            })
+    })
+    .await;
+    let notes = eventually("a Warning Event on the quota", || async {
+        let notes = env
+            .notes_about("ReconciliationFailed", "bad-selector")
+            .await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(
+        notes.iter().all(|n| n.contains("spec.selector")),
+        "{notes:?}"
+    );
+    env.deployment("web", 1, PodShape::new("1", "1Gi")).await;
+    env.until_quiet("the pod bound", |e| e.bound_pods() == 1)
+        .await;
+    env.invariants_hold();
+}
+
+/// `karpenter-capi explain pod` (the real binary, the gate on, the cluster's kubeconfig) on a
+/// pod the quota holds names the quota and the resource.
+fn explain_names_the_quota(env: &Env) {
+    let pods = env.list("pods");
+    let pending = pods_of(&pods, "big")
+        .find(|p| p.pointer("/spec/nodeName").is_none())
+        .expect("a pending pod");
+    let target = format!(
+        "{}/{}",
+        pending["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default(),
+        pending["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+        .args([
+            "explain",
+            "pod",
+            &target,
+            "--feature-gates",
+            "CapacityQuota=true",
+        ])
+        .arg("--kubeconfig")
+        .arg(env.sim.kubeconfig())
+        .output()
+        .expect("running karpenter-capi explain");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "explain pod {target}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("CapacityQuota \"default-pool\" has reached its limit on \"cpu\""),
+        "explain pod {target}:\n{text}"
+    );
 }

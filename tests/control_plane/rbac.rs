@@ -261,6 +261,7 @@ async fn flow(t: &Topology) {
 
     launch(&cp, &admin, t).await;
     buffer(&cp, &admin).await;
+    quota(&cp, &admin).await;
     let leader = fail_over(&cp, &access, leader, standby).await;
     drain(&cp, &admin, &access).await;
     consolidate(&cp, &admin, t).await;
@@ -373,6 +374,8 @@ fn settings(t: &Topology) -> Settings {
     .expect("default constraints");
     // CapacityBuffers on, so the buffer actor's watches, reads and status writes run too.
     s.capacity_buffers = true;
+    // CapacityQuotas on, so the quota actor's watch and status writes run too.
+    s.capacity_quotas = true;
     s
 }
 
@@ -523,6 +526,30 @@ async fn buffer(cp: &ControlPlane, admin: &Client) {
             .iter()
             .any(|c| c.type_ == "ReadyForProvisioning" && c.is_true());
         (ready && b.status.as_ref()?.replicas == Some(0)).then_some(())
+    })
+    .await;
+}
+
+/// A CapacityQuota on every node: the controller watches it and writes its status.
+async fn quota(cp: &ControlPlane, admin: &Client) {
+    use karpenter_capi::api::capacity_quota::CapacityQuota;
+    let quota: CapacityQuota = serde_json::from_value(json!({
+        "apiVersion": "autoscaling.x-k8s.io/v1beta1", "kind": "CapacityQuota",
+        "metadata": {"name": "everything"},
+        "spec": {"limits": {"resources": {"cpu": "1000", "nodes": "100"}}},
+    }))
+    .expect("a CapacityQuota");
+    let api = Api::<CapacityQuota>::all(admin.clone());
+    api.create(&PostParams::default(), &quota)
+        .await
+        .expect("creating the CapacityQuota");
+    eventually(cp, "the quota's status written", || async {
+        let q = api.get("everything").await.ok()?;
+        let reconciled = q
+            .conditions()
+            .iter()
+            .any(|c| c.type_ == "Reconciled" && c.is_true());
+        (reconciled && q.status.as_ref()?.used.is_some()).then_some(())
     })
     .await;
 }

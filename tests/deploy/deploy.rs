@@ -157,6 +157,8 @@ const NEEDS: &[Need] = &[
     need(Workload, "karpenter.sh", "nodeoverlays/status", &["patch"], Code("actors/catalog/overlays.rs NodeOverlay conditions")),
     need(Workload, "autoscaling.x-k8s.io", "capacitybuffers", &["list", "watch"], Code("actors/buffers watcher")),
     need(Workload, "autoscaling.x-k8s.io", "capacitybuffers/status", &["patch"], Code("actors/buffers status")),
+    need(Workload, "autoscaling.x-k8s.io", "capacityquotas", &["list", "watch"], Code("actors/quotas watcher")),
+    need(Workload, "autoscaling.x-k8s.io", "capacityquotas/status", &["patch"], Code("actors/quotas status")),
     need(Workload, "", "podtemplates", &["get", "list", "watch"], Code("actors/buffers resolve and watcher")),
     need(Workload, "apps", "deployments", &["get", "list", "watch"], Code("actors/buffers resolve and watcher")),
     need(Workload, "apps", "replicasets", &["get", "list", "watch"], Code("actors/buffers resolve and watcher")),
@@ -976,8 +978,8 @@ fn chart_crds_are_copies_of_deploy_crds() {
     let generated = names("deploy/crds");
     assert_eq!(
         generated.len(),
-        5,
-        "NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay, CapacityBuffer"
+        6,
+        "NodePool, NodeClaim, ClusterAPINodeClass, NodeOverlay, CapacityBuffer, CapacityQuota"
     );
     assert_eq!(names(&format!("{CHART}/crds")), generated);
     for n in &generated {

@@ -13,6 +13,7 @@ use super::amounts::{Amounts, Dims};
 use super::claim_index::ClaimIndex;
 use super::error::PodError;
 use super::pod::{PodInfo, TermKind, pod_key};
+use super::quota::QuotaCap;
 use super::topology::{Domains, Narrowing, Place, Rejection, Source, Topology};
 use super::volumes::{NodeVolumes, PodVolumes, VolumeTopology, VolumeUsage};
 use super::{MinValuesPolicy, NewClaim, PoolInput, PreferencePolicy, Results, Snapshot};
@@ -143,6 +144,13 @@ pub(super) fn learn_dims(snapshot: &Snapshot, pending: &[PodInfo], daemons: &[Po
             }
         }
     }
+    for q in &snapshot.quotas {
+        for (key, _) in q.limits.iter() {
+            if key != crate::api::capacity_quota::NODES {
+                dims.intern(key);
+            }
+        }
+    }
     dims
 }
 
@@ -159,6 +167,8 @@ struct Solver<'a> {
     dims: &'a Dims,
     /// Dynamic NodePools only, by weight.
     pools: Vec<Pool<'a>>,
+    /// CapacityQuotas, charged by the claims opened under them.
+    quotas: Vec<QuotaCap>,
     /// Names of the static NodePools, left out of provisioning (named in a pod's failure).
     static_pools: Vec<&'a str>,
     nodes: Vec<Node<'a>>,
@@ -235,6 +245,11 @@ impl<'a> Solver<'a> {
         Solver {
             dims,
             pools,
+            quotas: snapshot
+                .quotas
+                .iter()
+                .map(|q| QuotaCap::new(q, dims))
+                .collect(),
             static_pools: statics
                 .iter()
                 .map(|p| p.nodepool.metadata.name.as_deref().unwrap_or_default())

@@ -16,6 +16,7 @@ use crate::scheduling::amounts::Amounts;
 use crate::scheduling::claim_index::{Cursor, HostTerms, room};
 use crate::scheduling::error::PodError;
 use crate::scheduling::pod::PodInfo;
+use crate::scheduling::quota::{QuotaCap, first_exceeded};
 use crate::scheduling::selector::untolerated;
 use crate::scheduling::topology::{Domains, Narrowing, Place, Rejection, Source};
 use crate::scheduling::volumes::PodVolumes;
@@ -34,8 +35,11 @@ pub(super) struct Claim {
     pub(super) max_avail: Amounts,
     pub(super) pods: Vec<usize>,
     pub(super) host_ports: Vec<(i32, String)>,
-    /// Capacity counted against the pool's limits (its cheapest type's).
+    /// Capacity counted against the pool's limits and its quotas' (its cheapest type's).
     pub(super) charge: Amounts,
+    /// The CapacityQuotas (indices into the solver's) that may cover it, chosen when it opens:
+    /// its requirements only narrow after, so the set only shrinks (`release_uncovered`).
+    pub(super) quotas: Vec<usize>,
     /// A minValues of its pool was lowered to open it (BestEffort).
     pub(super) min_values_relaxed: bool,
     /// Its pods' volumes by the CSI driver that attaches them: its types' attach limits must
@@ -139,6 +143,14 @@ impl<'a> Solver<'a> {
             if fits(&used, &t.avail)
                 && !ports_conflict(&t.daemon_ports, &ctx.pod.host_ports)
                 && within_limits(pool, &t.capacity, &claim.charge)
+                && first_exceeded(
+                    &self.quotas,
+                    &claim.quotas,
+                    &t.capacity,
+                    &claim.charge,
+                    self.dims,
+                )
+                .is_none()
                 && usable
                     .as_ref()
                     .is_none_or(|u| u.get(ti).is_some_and(Option::is_some))
@@ -188,6 +200,7 @@ impl<'a> Solver<'a> {
         claim.used = used;
         if let Some(r) = reqs {
             claim.reqs = r;
+            release_uncovered(pool, &mut self.quotas, claim);
         }
         if let Some(v) = volumes {
             claim.volumes = v;
@@ -196,7 +209,7 @@ impl<'a> Solver<'a> {
         if let Some(&i) = self.order.get(&ctx.pod.key) {
             claim.pods.push(i);
         }
-        recharge(pool, claim);
+        recharge(pool, &mut self.quotas, claim);
         self.index
             .update(ci, room(&claim.max_avail, &claim.used), claim.pods.len());
         self.record_on_claim(ci, ctx);
@@ -298,9 +311,30 @@ fn within_limits(pool: &Pool, capacity: &Amounts, own: &Amounts) -> bool {
     exceeded_limit(pool, capacity, own).is_none()
 }
 
-/// Moves a claim's charge against its pool's limits to its current cheapest type.
-fn recharge(pool: &mut Pool, claim: &mut Claim) {
-    if pool.limited.is_empty() {
+/// After a claim's requirements narrowed (a pod joined with a node selector, or the topology
+/// chose its zone): the quotas that can no longer cover it get back its charge and its node.
+/// Narrowing only takes quotas away, so none is added.
+fn release_uncovered(pool: &Pool, quotas: &mut [QuotaCap], claim: &mut Claim) {
+    let known = |k: &str| pool.known_keys.contains(k);
+    claim.quotas.retain(|&qi| {
+        let Some(q) = quotas.get_mut(qi) else {
+            return false;
+        };
+        if q.may_cover(&claim.reqs, &known) {
+            return true;
+        }
+        q.remaining.add_assign(&claim.charge);
+        if let Some(n) = q.nodes_remaining.as_mut() {
+            *n += 1;
+        }
+        false
+    });
+}
+
+/// Moves a claim's charge against its pool's limits and its quotas to its current cheapest
+/// type.
+fn recharge(pool: &mut Pool, quotas: &mut [QuotaCap], claim: &mut Claim) {
+    if pool.limited.is_empty() && claim.quotas.is_empty() {
         return;
     }
     let Some(cap) = claim
@@ -313,6 +347,12 @@ fn recharge(pool: &mut Pool, claim: &mut Claim) {
     };
     pool.remaining.add_assign(&claim.charge);
     pool.remaining.sub_assign(&cap);
+    for &qi in &claim.quotas {
+        if let Some(q) = quotas.get_mut(qi) {
+            q.remaining.add_assign(&claim.charge);
+            q.remaining.sub_assign(&cap);
+        }
+    }
     claim.charge = cap;
 }
 
@@ -374,6 +414,8 @@ fn claim_domains<'c>(claim: &'c Claim, pools: &'c [Pool], key: &str, all: bool) 
 enum PoolMiss {
     Incompatible(String),
     Limit(String),
+    /// A CapacityQuota (its name) has no room on a resource.
+    Quota(String, String),
     NoFit(String),
 }
 
@@ -401,9 +443,18 @@ impl<'a> Solver<'a> {
                         (self.claims.get_mut(ci), self.pools.get_mut(pi))
                     {
                         claim.charge = Amounts::zero(self.dims.len());
-                        recharge(pool, claim);
+                        recharge(pool, &mut self.quotas, claim);
                         if let Some(n) = pool.nodes_remaining.as_mut() {
                             *n -= 1;
+                        }
+                        for &qi in &claim.quotas {
+                            if let Some(n) = self
+                                .quotas
+                                .get_mut(qi)
+                                .and_then(|q| q.nodes_remaining.as_mut())
+                            {
+                                *n -= 1;
+                            }
                         }
                     }
                     self.record_on_claim(ci, ctx);
@@ -461,12 +512,23 @@ impl<'a> Solver<'a> {
                 .map_err(|r| PoolMiss::Incompatible(self.topology.explain(r)))?
         };
         let reqs = with_narrowing(base.into_owned(), &narrowed);
+        let known = |k: &str| pool.known_keys.contains(k);
+        let quotas: Vec<usize> = (self.quotas.iter().enumerate())
+            .filter(|(_, q)| q.may_cover(&reqs, &known))
+            .map(|(i, _)| i)
+            .collect();
+        if let Some(q) =
+            (quotas.iter().filter_map(|&q| self.quotas.get(q))).find(|q| !q.node_left())
+        {
+            return Err(PoolMiss::Quota(q.name.clone(), "nodes".into()));
+        }
         let usable = (reqs != pool.reqs).then(|| self.usability(pi, &reqs));
         let zero = Amounts::zero(self.dims.len());
         let pod_volumes = self.pod_volumes(&ctx.pod.key);
         let mut types = Vec::new();
         let (mut matching, mut fitting) = (0usize, 0usize);
         let mut limit_hit: Option<usize> = None;
+        let mut quota_hit: Option<(&str, String)> = None;
         for (ti, t) in pool.types.iter().enumerate() {
             if usable
                 .as_ref()
@@ -488,11 +550,19 @@ impl<'a> Solver<'a> {
                 limit_hit.get_or_insert(d);
                 continue;
             }
+            if let Some(hit) = first_exceeded(&self.quotas, &quotas, &t.capacity, &zero, self.dims)
+            {
+                quota_hit.get_or_insert(hit);
+                continue;
+            }
             types.push(ti);
         }
         if types.is_empty() {
             if let Some(d) = limit_hit {
                 return Err(PoolMiss::Limit(self.dims.name(d).to_string()));
+            }
+            if let Some((name, resource)) = quota_hit {
+                return Err(PoolMiss::Quota(name.to_string(), resource));
             }
             return Err(PoolMiss::NoFit(
                 self.no_fit_details(pool, ctx, matching, fitting),
@@ -514,6 +584,7 @@ impl<'a> Solver<'a> {
             pods: self.order.get(&ctx.pod.key).copied().into_iter().collect(),
             host_ports: ctx.pod.host_ports.clone(),
             charge: zero,
+            quotas,
             min_values_relaxed,
             volumes: pod_volumes.cloned().unwrap_or_default(),
         })
@@ -588,6 +659,9 @@ fn summarise(misses: Vec<(&str, PoolMiss)>) -> PodError {
                     nodepool: pool.to_string(),
                     resource,
                 };
+            }
+            PoolMiss::Quota(quota, resource) => {
+                return PodError::QuotaReached { quota, resource };
             }
             PoolMiss::NoFit(details) => {
                 return PodError::NoInstanceTypeFits {

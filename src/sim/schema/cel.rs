@@ -38,6 +38,9 @@ const FUNCTIONS: &[&str] = &[
     "type",
     // Kubernetes' regex library.
     "find",
+    // Kubernetes' quantity library, as far as CRDs here use it (CapacityQuota's limits).
+    "quantity",
+    "isInteger",
 ];
 
 /// One compiled rule.
@@ -170,6 +173,8 @@ fn context() -> Context<'static, 'static> {
     let mut ctx = Context::with_env(env().clone());
     // Names the standard library does not declare cannot conflict.
     let _ = ctx.add_function("find", find);
+    let _ = ctx.add_function("quantity", quantity);
+    let _ = ctx.add_function("isInteger", is_integer);
     ctx
 }
 
@@ -181,6 +186,26 @@ fn find(This(this): This<Arc<String>>, re: Arc<String>) -> Result<cel::Value, Ex
         .map(|m| m.as_str().to_string())
         .unwrap_or_default()
         .into())
+}
+
+/// `quantity(s)`: the quantity `s` (kept as its string, which `isInteger` reads); an error for a
+/// string that is not one, as Kubernetes'.
+fn quantity(s: Arc<String>) -> Result<cel::Value, ExecutionError> {
+    s.parse::<crate::api::resources::Quantity>()
+        .map_err(|e| ExecutionError::function_error("quantity", e))?;
+    Ok(cel::Value::String(s))
+}
+
+/// `q.isInteger()`: the quantity is a whole number. A milli quantity never is (Kubernetes keeps
+/// it at scale -3, which does not convert to an integer without a rescale it does not do).
+fn is_integer(This(this): This<Arc<String>>) -> Result<cel::Value, ExecutionError> {
+    let q = this
+        .parse::<crate::api::resources::Quantity>()
+        .map_err(|e| ExecutionError::function_error("isInteger", e))?;
+    let milli = this.trim_end().ends_with('m');
+    Ok(cel::Value::Bool(
+        !milli && q.as_nanos() % 1_000_000_000 == 0,
+    ))
 }
 
 /// A JSON value as CEL sees it: integers as `int`, other numbers as `double`.

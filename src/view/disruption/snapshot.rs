@@ -35,6 +35,10 @@ pub fn snapshot(
         view.settings.preference,
         crate::view::snapshot::BoundPods::Needed { moving: &moving },
     );
+    // CapacityQuotas cap provisioning only, as upstream's: a replacement is made in place of
+    // what it replaces, and the candidates still count in the quotas' usage here, so a quota
+    // at its limit would otherwise refuse every replacing consolidation.
+    snapshot.quotas.clear();
     // A moved pod's volumes bound where it may go, as they bound a pending pod.
     let on_moving = snapshot.bound_pods.iter().filter(|p| {
         p.spec

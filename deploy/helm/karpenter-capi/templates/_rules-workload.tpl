@@ -93,6 +93,13 @@
 - apiGroups: [apps]
   resources: [deployments, replicasets, statefulsets]
   verbs: [get, list, watch]
+# CapacityQuotas (--feature-gates CapacityQuota=true): watch quotas, write their status.
+- apiGroups: [autoscaling.x-k8s.io]
+  resources: [capacityquotas]
+  verbs: [list, watch]
+- apiGroups: [autoscaling.x-k8s.io]
+  resources: [capacityquotas/status]
+  verbs: [patch]
 # Event recorder (events.k8s.io/v1): create, and patch when an event repeats.
 - apiGroups: [events.k8s.io]
   resources: [events]
