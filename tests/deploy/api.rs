@@ -31,7 +31,7 @@ pub fn tests() -> Vec<assets::Test> {
         the_repository_example_round_trips_and_validates,
         karpenter_v1_15_manifests_round_trip_and_validate,
         our_crds_default_and_enumerate_as_karpenter_v1_15,
-        capacity_quota_crd_is_cluster_autoscalers needs [Upstream],
+        capacity_quota_crd_is_cluster_autoscalers needs [UpstreamCapacityQuota],
     ]
 }
 
@@ -1097,9 +1097,7 @@ fn our_crds_default_and_enumerate_as_karpenter_v1_15() {
 /// version's every property, type and validation keyword. Upstream also serves the deprecated
 /// `v1alpha1` (the same schema); we serve `v1beta1` only.
 fn capacity_quota_crd_is_cluster_autoscalers() {
-    let upstream = yaml_docs(&read(&assets::upstream(
-        "crds/autoscaling.x-k8s.io_capacityquotas.yaml",
-    )))
+    let upstream = yaml_docs(&read(&assets::upstream(assets::CAPACITY_QUOTA_CRD)))
     .remove(0);
     let name = upstream["metadata"]["name"].as_str().unwrap();
     assert_eq!(name, "capacityquotas.autoscaling.x-k8s.io");
