@@ -89,7 +89,12 @@ impl NodeRepair {
         }
         let decision = repair::decide(self.shared.view(), &self.policies, jiff::Timestamp::now());
         self.wake_at(decision.next, ctx);
-        announce_blocked(&self.shared, &decision.blocked, &mut self.blocked_pools);
+        announce_blocked(
+            &self.shared,
+            &decision.blocked,
+            &decision.held_pools,
+            &mut self.blocked_pools,
+        );
         for r in decision.repair {
             if self.repairing.insert(r.claim.name_any()) {
                 self.repair(r, ctx);

@@ -55,6 +55,8 @@ pub struct View {
     pub blocked: Vec<(Arc<NodeClaim>, String)>,
     /// Claims due for repair that are held back: (claim, node, why), for `NodeRepairBlocked`.
     pub repair_blocked: Vec<(Arc<NodeClaim>, String, String)>,
+    /// NodePools node repair's unhealthy-fraction guard holds, with why.
+    pub repair_held_pools: BTreeMap<String, String>,
     pub allowed: Allowed,
     /// Per pool and reason: the budget's allowance before nodes under way are subtracted, and
     /// those nodes (upstream's allowed_disruptions and nodes_consuming_budgets gauges).
@@ -130,6 +132,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     };
     let mut view = View {
         repair_blocked: due.blocked,
+        repair_held_pools: due.held_pools,
         ..View::default()
     };
     view.allowed.static_room = static_room;

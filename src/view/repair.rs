@@ -10,7 +10,7 @@
 //! (rounded up) are unhealthy, as upstream computes it, and for a Machine a MachineHealthCheck
 //! watches over: Cluster API's own remediation owns it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,6 +55,9 @@ pub struct Decision {
     pub repair: Vec<Repair>,
     /// (claim, node, why it is not repaired though its toleration has passed).
     pub blocked: Vec<(Arc<NodeClaim>, String, String)>,
+    /// NodePools the unhealthy-fraction guard holds, with why (upstream tells the NodePool
+    /// too).
+    pub held_pools: BTreeMap<String, String>,
     /// The next time a toleration ends (look again then).
     pub next: Option<Timestamp>,
 }
@@ -170,6 +173,9 @@ pub fn decide(inputs: Inputs<'_>, policies: &RepairPolicies, now: Timestamp) -> 
             "cluster"
         };
         if let Some(why) = guard(scope, sick, total) {
+            if let Some(p) = &pool {
+                out.held_pools.insert(p.clone(), why.clone());
+            }
             out.blocked.push((c.clone(), node.name().to_string(), why));
             continue;
         }

@@ -122,6 +122,18 @@ pub async fn with_more_than_a_fifth_of_the_pool_unhealthy_nothing_is_repaired(en
         )),
         "{blocked:#?}"
     );
+    // And the NodePool is told, as upstream tells it.
+    let pool = env
+        .served_events_about("NodeRepairBlocked", "NodePool", 1)
+        .await;
+    assert!(
+        pool.iter()
+            .all(|e| e["regarding"]["name"] == super::static_pools::POOL
+                && e["note"].as_str().is_some_and(
+                    |n| n.contains("more than 20% nodes are unhealthy in the nodepool")
+                )),
+        "{pool:#?}"
+    );
     assert_eq!(env.live_static_claims().len(), 3, "nothing repaired");
     assert_eq!(
         env.metric("karpenter_capi_nodes_repair_blocked{nodepool=\"fixed\"}"),

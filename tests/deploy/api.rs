@@ -1097,8 +1097,7 @@ fn our_crds_default_and_enumerate_as_karpenter_v1_15() {
 /// version's every property, type and validation keyword. Upstream also serves the deprecated
 /// `v1alpha1` (the same schema); we serve `v1beta1` only.
 fn capacity_quota_crd_is_cluster_autoscalers() {
-    let upstream = yaml_docs(&read(&assets::upstream(assets::CAPACITY_QUOTA_CRD)))
-    .remove(0);
+    let upstream = yaml_docs(&read(&assets::upstream(assets::CAPACITY_QUOTA_CRD))).remove(0);
     let name = upstream["metadata"]["name"].as_str().unwrap();
     assert_eq!(name, "capacityquotas.autoscaling.x-k8s.io");
     let ours = our_crds_by_name();

@@ -199,7 +199,13 @@ impl Disruption {
         let mut view = self.gather_now(now);
         self.publish_metrics(&view);
         let blocked = std::mem::take(&mut view.repair_blocked);
-        announce_blocked(&self.shared, &blocked, &mut self.repair_blocked_pools);
+        let held = std::mem::take(&mut view.repair_held_pools);
+        announce_blocked(
+            &self.shared,
+            &blocked,
+            &held,
+            &mut self.repair_blocked_pools,
+        );
         let shared = self.shared.clone();
         let progress: Vec<(u64, Progress)> = self
             .executing

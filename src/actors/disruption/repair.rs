@@ -3,11 +3,11 @@
 //! waits for nothing, and the repair counted and told once the delete landed; and the Events
 //! and gauge of repairs held back, which the legacy actor (`actors::repair`) shares.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use super::notes::on_claim_and_node;
@@ -63,13 +63,24 @@ pub(super) fn count_command(shared: &Shared, cmd: &Command, c: &Candidate, claim
     }
 }
 
-/// `NodeRepairBlocked` on each held-back claim and its Node, and the per-pool gauge of them;
-/// `pools` remembers the pools the gauge is set for, so it is cleared when none is left.
+/// `NodeRepairBlocked` on each held-back claim and its Node, and on each NodePool the
+/// unhealthy-fraction guard holds (`held_pools`, as upstream tells it), and the per-pool gauge
+/// of them; `pools` remembers the pools the gauge is set for, so it is cleared when none is
+/// left.
 pub fn announce_blocked(
     shared: &Shared,
     blocked: &[(Arc<NodeClaim>, String, String)],
+    held_pools: &BTreeMap<String, String>,
     pools: &mut HashSet<String>,
 ) {
+    for (pool, why) in held_pools {
+        let np = shared.state.nodepools.read().get(pool).cloned();
+        if let Some(np) = np {
+            shared
+                .events
+                .warning(np.object_ref(&()), "NodeRepairBlocked", why.clone());
+        }
+    }
     let mut now: HashMap<String, i64> = HashMap::new();
     for (claim, node, why) in blocked {
         tracing::info!(nodeclaim = %claim.name_any(), node = %node, reason = %why, "node repair blocked");

@@ -6,7 +6,7 @@
 //! MachineDeployment (no replica write can replace the node), and, as in every mode, by the
 //! unhealthy-fraction guard and a MachineHealthCheck (`view::repair::decide`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -26,6 +26,7 @@ use crate::view::repair::{Repair, decide};
 pub(super) struct Due {
     pub(super) by_claim: HashMap<String, Repair>,
     pub(super) blocked: Vec<(Arc<NodeClaim>, String, String)>,
+    pub(super) held_pools: BTreeMap<String, String>,
 }
 
 /// What is due when node repair runs as a disruption method; nothing otherwise (off, or the
@@ -42,6 +43,7 @@ pub(super) fn due(inputs: Inputs<'_>, now: Timestamp) -> Due {
             .map(|r| (r.claim.name_any(), r))
             .collect(),
         blocked: decision.blocked,
+        held_pools: decision.held_pools,
     }
 }
 
