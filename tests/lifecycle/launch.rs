@@ -588,3 +588,38 @@ async fn a_node_not_ready_after_registration_says_why_it_is_not_initialized() {
     };
     assert_eq!(initialized["status"], "Unknown", "{initialized:#}");
 }
+
+/// Upstream's `InsufficientCapacityError` on the pods (kubernetes-sigs/karpenter#3143): a claim
+/// whose Machine never gets a provider ID times out, and each pod a solve planned onto it is
+/// told so, naming the claim and why, besides the claim's own `CreateTimeout`.
+#[actix::test]
+async fn a_launch_that_times_out_is_told_to_the_pods_waiting_for_it() {
+    let mut cfg = cluster(CapiVersion::V1Beta2);
+    cfg.fail_fraction = 1.0;
+    let env = env(cfg, vec![seed_of(0, 10)], Some(Duration::from_secs(2))).await;
+    env.deployment(
+        "waits",
+        2,
+        karpenter_capi::sim::cluster::PodShape::new("100m", "128Mi"),
+    )
+    .await;
+    let told = env
+        .served_events_about("InsufficientCapacityError", "Pod", 2)
+        .await;
+    for e in &told {
+        let note = e["note"].as_str().unwrap_or_default();
+        assert!(
+            note.starts_with("NodeClaim ")
+                && note.contains(", nominated for this pod, failed to launch: ")
+                && note
+                    .contains("got no provider ID within 2s from MachineDeployment default/md-0"),
+            "{note}"
+        );
+        assert_eq!(e["type"], "Warning");
+    }
+    let pods: std::collections::BTreeSet<&str> = told
+        .iter()
+        .filter_map(|e| e["regarding"]["name"].as_str())
+        .collect();
+    assert_eq!(pods.len(), 2, "each waiting pod is told: {told:#?}");
+}

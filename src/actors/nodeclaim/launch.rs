@@ -240,6 +240,7 @@ impl Step {
     pub(super) async fn insufficient_capacity(&mut self, e: ResolveError) -> Result<Next, Error> {
         let c = self.claim.clone();
         tracing::warn!(nodeclaim = %self.name(), error = %e, "no offering can launch this claim; deleting it");
+        self.tell_nominated_pods(&e.to_string());
         self.shared.events.warning(
             object_ref(&c),
             e.reason(),

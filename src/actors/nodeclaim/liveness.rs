@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use kube::Resource;
 use kube::api::{Api, DynamicObject};
 
 use super::{Next, Step, left_until, object_ref};
@@ -83,6 +84,10 @@ impl Step {
             ),
         );
         tracing::warn!(nodeclaim = %self.name(), machine_deployment = %md, "create timeout");
+        self.tell_nominated_pods(&format!(
+            "{what} within {} from MachineDeployment {md}",
+            crate::api::duration::format(timeout)
+        ));
         let (reason, message) = conditions::get(c.conditions(), conditions::LAUNCHED)
             .filter(|l| !l.is_true() && !l.reason.is_empty())
             .map(|l| (l.reason.clone(), l.message.clone()))
@@ -129,8 +134,32 @@ impl Step {
             ),
         );
         tracing::warn!(nodeclaim = %self.name(), machine = %machine.name, reason = %why, "machine failed");
+        self.tell_nominated_pods(&format!(
+            "Machine {}/{} of MachineDeployment {md} failed ({why})",
+            machine.namespace, machine.name
+        ));
         self.delete_claim().await?;
         Ok(Next::Wait(None))
+    }
+
+    /// Upstream's `InsufficientCapacityError` on each pod a solve planned onto this claim
+    /// (kubernetes-sigs/karpenter#3143): the launch failed, so the pods that wait for it are
+    /// told why where their owners look, not only in the claim's Events and the logs. The
+    /// provisioner solves them again once the claim is gone.
+    pub(super) fn tell_nominated_pods(&self, why: &str) {
+        let name = self.name();
+        let pods: Vec<String> = (self.shared.state.nominated.read().iter())
+            .filter(|(_, (place, _))| *place == name)
+            .map(|(pod, _)| pod.clone())
+            .collect();
+        let index = self.shared.state.pods.read();
+        for pod in pods.iter().filter_map(|key| index.get(key)) {
+            self.shared.events.warning(
+                pod.object_ref(&()),
+                "InsufficientCapacityError",
+                format!("NodeClaim {name}, nominated for this pod, failed to launch: {why}"),
+            );
+        }
     }
 
     pub(super) async fn registration_timeout(&mut self, md: &str) -> Result<Next, Error> {
