@@ -152,6 +152,10 @@ pub enum Scenario {
     /// Node repair on (toleration 2 s): a Node gone `Ready=False` is replaced; with two of the
     /// static pool's Nodes `Unknown` (over 20 %) nothing is.
     Repair,
+    /// A static NodePool at its `limits.nodes` drifts: replace-first stalls (no room for a
+    /// replacement), then the controller restarted with `TerminateFirstDrift` rolls it one node
+    /// at a time.
+    FullPool,
     /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
     None,
 }

@@ -574,7 +574,7 @@ async fn run_scenario_unnamed(args: &SimulateArgs) -> Result<(output::Outcome, K
                 kept,
             )
         }
-        Scenario::Static | Scenario::Repair => {
+        Scenario::Static | Scenario::Repair | Scenario::FullPool => {
             let (r, kept) = static_pool::run_kept(args).await?;
             let ok = r.invariants_ok;
             (

@@ -49,6 +49,7 @@ fn phased(scenario: Scenario) -> bool {
             | Scenario::Buffer
             | Scenario::Static
             | Scenario::Repair
+            | Scenario::FullPool
     )
 }
 

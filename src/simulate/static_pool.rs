@@ -55,6 +55,15 @@ pub struct Phase {
     pub created: usize,
 }
 
+/// What replace-first did with a drifted pool at its limit, over a window of disruption passes.
+#[derive(Clone, Debug, Serialize)]
+pub struct Stalled {
+    pub drifted: usize,
+    pub replaced: usize,
+    pub created: usize,
+    pub window_seconds: u64,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct StaticReport {
     pub scenario: String,
@@ -63,6 +72,9 @@ pub struct StaticReport {
     /// Repair: claims replaced as unhealthy, and Nodes whose repair was held back.
     pub repaired: usize,
     pub repair_blocked: usize,
+    /// Full pool: drifted nodes replace-first left in place, and claims it created meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<Stalled>,
     pub invariants_ok: bool,
     pub problems: Vec<String>,
 }
@@ -85,6 +97,13 @@ impl fmt::Display for StaticReport {
                 f,
                 "  {:<32} {} live ({} initialized), {}..{} live meanwhile, {} created so far",
                 p.phase, p.live, p.initialized, p.fewest_live, p.most_live, p.created
+            )?;
+        }
+        if let Some(s) = &self.stalled {
+            writeln!(
+                f,
+                "  without TerminateFirstDrift: {} drifted nodes, {} replaced, {} claims created in {} s",
+                s.drifted, s.replaced, s.created, s.window_seconds
             )?;
         }
         if self.scenario == "repair" {
@@ -112,6 +131,8 @@ struct Run {
     deadline: Duration,
     phases: Vec<Phase>,
     created: usize,
+    /// The claims before the template drifted.
+    original: Vec<String>,
 }
 
 impl Run {
@@ -179,6 +200,15 @@ impl Run {
         Ok(())
     }
 
+    /// The pool holds its replicas and none of them is one from before the drift.
+    fn all_replaced(&self) -> bool {
+        self.holds()
+            && self
+                .claims()
+                .iter()
+                .all(|c| !self.original.contains(&c.name_any_json()))
+    }
+
     /// The pool holds exactly its replicas, all initialized, nothing deleting.
     fn holds(&self) -> bool {
         let all = self.claims();
@@ -237,6 +267,7 @@ impl Run {
 /// `--scenario static` or `--scenario repair`.
 pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error> {
     let repair = args.scenario == Scenario::Repair;
+    let full = args.scenario == Scenario::FullPool;
     let sim = super::start_sim(args).await?;
     super::announce(&sim, args, "nodeclaims,nodes");
     super::pods::seed_machine_deployments(&sim, args).await?;
@@ -244,20 +275,27 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error
     let seeded = sim
         .run(|c| async move { super::launch::seed_nodeclass_and_pool(c.client()).await })
         .await??;
-    let pool = static_copy(&seeded, POOL, replicas as i64);
+    let mut pool = static_copy(&seeded, POOL, replicas as i64);
+    if full {
+        pool.spec.limits = Some(
+            serde_json::from_value(json!({"nodes": replicas.to_string()}))
+                .map_err(|e| Error::Usage(format!("the pool's limits: {e}")))?,
+        );
+    }
     let mut settings = sim_settings(args.create_timeout);
     super::disruption::fast_disruption(&mut settings);
     if repair {
         settings.node_repair = Some(crate::view::repair::RepairPolicies::ready(TOLERATION));
     }
     let metrics = Metrics::new();
-    let controller = start_controller(&sim, settings, metrics.clone()).await?;
+    let controller = start_controller(&sim, settings.clone(), metrics.clone()).await?;
     let mut run = Run {
         sim,
         replicas,
         deadline: args.deadline,
         phases: Vec::new(),
         created: 0,
+        original: Vec::new(),
     };
     run.run("creating the static NodePool", move |client| async move {
         Api::<NodePool>::all(client)
@@ -267,11 +305,23 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error
     })
     .await?;
     run.phase("launched", Run::holds).await?;
-    if repair {
+    let mut stalled = None;
+    let controller = if repair {
         repair_phases(&mut run).await?;
+        controller
+    } else if full {
+        stalled = Some(replace_first_stalls(&mut run).await?);
+        // The same controller restarted with the gate, as an operator would turn it on.
+        controller.stop();
+        settings.disruption.terminate_first_drift = true;
+        let controller = start_controller(&run.sim, settings, metrics.clone()).await?;
+        run.phase("terminate-first rolled the drift", Run::all_replaced)
+            .await?;
+        controller
     } else {
         static_phases(&mut run).await?;
-    }
+        controller
+    };
     let inv = invariants::check(run.sim.cluster().store(), run.sim.cluster().capi_version());
     let encoded = metrics.encode();
     let metric = |name: &str| -> usize {
@@ -282,7 +332,13 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error
             .sum::<f64>() as usize
     };
     let report = StaticReport {
-        scenario: if repair { "repair" } else { "static" }.into(),
+        scenario: match args.scenario {
+            Scenario::Repair => "repair",
+            Scenario::FullPool => "full-pool",
+            _ => "static",
+        }
+        .into(),
+        stalled,
         replicas,
         phases: run.phases,
         repaired: metric("karpenter_nodeclaims_unhealthy_disrupted_total"),
@@ -312,7 +368,48 @@ async fn static_phases(run: &mut Run) -> Result<(), Error> {
         r.holds() && r.created_now() > before
     })
     .await?;
-    let old: Vec<String> = run.live().iter().map(|c| c.name_any_json()).collect();
+    run.original = run.live().iter().map(|c| c.name_any_json()).collect();
+    drift_the_template(run).await?;
+    run.phase("every node drifted and replaced", Run::all_replaced)
+        .await
+}
+
+/// The pool at its limit drifts with `TerminateFirstDrift` off: every claim is marked
+/// `Drifted`, and over a window of disruption passes nothing is replaced (no room for a
+/// replacement first).
+async fn replace_first_stalls(run: &mut Run) -> Result<Stalled, Error> {
+    run.original = run.live().iter().map(|c| c.name_any_json()).collect();
+    drift_the_template(run).await?;
+    run.phase("every node drifted", |r| {
+        r.live().iter().all(|c| {
+            c["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|d| d["type"] == "Drifted" && d["status"] == "True")
+            })
+        })
+    })
+    .await?;
+    let before = run.created_now();
+    tokio::time::sleep(STALL_WINDOW).await;
+    let replaced = run
+        .original
+        .iter()
+        .filter(|n| !run.live().iter().any(|c| c.name_any_json() == **n))
+        .count();
+    run.phase("replace-first stalled", |_| true).await?;
+    Ok(Stalled {
+        drifted: run.original.len(),
+        replaced,
+        created: run.created_now() - before,
+        window_seconds: STALL_WINDOW.as_secs(),
+    })
+}
+
+/// How long the full-pool scenario watches replace-first do nothing: several disruption passes
+/// at the scenario's pace.
+const STALL_WINDOW: Duration = Duration::from_secs(5);
+
+async fn drift_the_template(run: &Run) -> Result<(), Error> {
     run.run("changing the template", |client| async move {
         Api::<NodePool>::all(client)
             .patch(
@@ -324,10 +421,6 @@ async fn static_phases(run: &mut Run) -> Result<(), Error> {
             )
             .await
             .map(|_| ())
-    })
-    .await?;
-    run.phase("every node drifted and replaced", move |r| {
-        r.holds() && r.claims().iter().all(|c| !old.contains(&c.name_any_json()))
     })
     .await
 }

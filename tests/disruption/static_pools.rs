@@ -284,3 +284,39 @@ async fn the_repair_scenario_replaces_one_node_and_holds_back_over_a_fifth() {
         );
     }
 }
+
+/// `simulate --scenario full-pool` (issue 42's full pool): a static pool at its `limits.nodes`
+/// drifts; replace-first stalls (nothing replaced or created over the window), then with
+/// `TerminateFirstDrift` every drifted claim is replaced, never two nodes down at once (the
+/// `Drifted` budget of one at five replicas).
+#[actix::test]
+async fn the_full_pool_scenario_stalls_replace_first_and_rolls_terminate_first() {
+    use karpenter_capi::cli::Scenario;
+    let args = karpenter_capi::cli::SimulateArgs {
+        pods: 5,
+        ..scenario(Scenario::FullPool)
+    };
+    let (r, _kept) = karpenter_capi::simulate::static_pool::run_kept(&args)
+        .await
+        .expect("the full-pool scenario");
+    assert!(r.invariants_ok, "{r}");
+    let stalled = r.stalled.as_ref().expect("what replace-first did");
+    assert_eq!(
+        (stalled.drifted, stalled.replaced, stalled.created),
+        (5, 0, 0),
+        "{r}"
+    );
+    let rolled = r.phases.last().expect("phases");
+    assert_eq!(rolled.phase, "terminate-first rolled the drift", "{r}");
+    assert_eq!(
+        (rolled.live, rolled.initialized, rolled.created),
+        (5, 5, 10),
+        "{r}"
+    );
+    assert!(rolled.fewest_live >= 4 && rolled.most_live <= 5, "{r}");
+    assert!(
+        r.to_json().contains("\"stalled\":{\"drifted\":5"),
+        "{}",
+        r.to_json()
+    );
+}
