@@ -190,17 +190,22 @@ pub fn plan(np: &NodePool, count: &Count, creating: usize) -> Plan {
 }
 
 /// How many drift replacements the pool may launch now: none while it holds more than
-/// `replicas` (its scale-down goes first), else `limits.nodes` less every claim it has.
+/// `replicas` (its scale-down goes first), else `limits.nodes` less every claim it has and
+/// less the claims it is short of `replicas`: its own refills come first. Without that
+/// reservation a claim gone (a terminate-first drift, a deleted Node) left room that drift and
+/// the pool's scale-up both took, one claim over the limit each time (seen: 33 live claims
+/// under `limits.nodes: 30` while `simulate --scenario full-pool --pods 30` rolled).
 pub fn drift_room(np: &NodePool, count: &Count) -> usize {
     let replicas = usize::try_from(np.spec.replicas.unwrap_or(0)).unwrap_or(0);
-    if count.running.len() + count.disrupting > replicas {
+    let held = count.running.len() + count.disrupting;
+    if held > replicas {
         return 0;
     }
     match node_limit(np) {
         Ok(None) => usize::MAX,
         Ok(Some(limit)) => usize::try_from(limit)
             .unwrap_or(0)
-            .saturating_sub(count.total()),
+            .saturating_sub(count.total() + (replicas - held)),
         Err(_) => 0,
     }
 }
@@ -373,6 +378,10 @@ mod tests {
         assert_eq!(drift_room(&pool(3, Some("4")), &running(3)), 1);
         assert_eq!(drift_room(&pool(3, Some("3")), &running(3)), 0);
         assert_eq!(drift_room(&pool(2, None), &running(3)), 0);
+        // A claim gone: the room it left is the pool's refill's, not drift's.
+        assert_eq!(drift_room(&pool(3, Some("3")), &running(2)), 0);
+        assert_eq!(drift_room(&pool(3, Some("4")), &running(2)), 1);
+        assert_eq!(drift_room(&pool(3, Some("5")), &running(2)), 2);
         assert!(matches!(
             plan(&pool(3, Some("many")), &running(0), 0),
             Plan::Broken(_)
