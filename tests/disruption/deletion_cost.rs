@@ -189,13 +189,14 @@ async fn a_changed_value_is_released_and_an_owners_value_is_never_touched() {
     })
     .await;
     assert_eq!(cost(&env, web_b).as_deref(), Some("7"), "their value stays");
-    let conflicts = env.events("PodDeletionCostThirdPartyConflict");
-    assert!(
-        conflicts
+    // The Event is written after the release it tells of (Events are sent on their own), so it
+    // is waited for, not read at once.
+    env.until("the conflict told by a Warning on the pod", |e| {
+        e.events("PodDeletionCostThirdPartyConflict")
             .iter()
-            .any(|e: &Value| e["regarding"]["name"] == web_b && e["type"] == "Warning"),
-        "{conflicts:#?}"
-    );
+            .any(|e: &Value| e["regarding"]["name"] == web_b && e["type"] == "Warning")
+    })
+    .await;
     // A few more passes: the released pod and the owner's pod stay as their writers left them.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(cost(&env, web_b).as_deref(), Some("7"));
