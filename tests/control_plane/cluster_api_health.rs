@@ -100,26 +100,52 @@ async fn real_env(repair: bool, at: At) -> Env {
     env
 }
 
-/// `PODS` pods of Deployment `APP`, one per node, bound on the controller's capacity, every
-/// live claim carrying one, and Cluster API's part done (every Machine made by the manager and
-/// bound to its Node); returns the claims.
+/// `PODS` pods of Deployment `APP`, one per node, bound on the controller's capacity, Cluster
+/// API's part done (every Machine made by the manager and bound to its Node), and no claim
+/// besides the pods' own; returns the claims.
 ///
 /// One pod per node ([`POD_CPU`]) so the scenario does not depend on how provisioning batched
 /// the pods: a pod the tests evict from its node fits on no other, so exactly one new node is
-/// made for it. Three small pods sometimes came as two claims on a loaded machine (the pods
-/// reached two solves), and then the evicted pods fitted on the other node and no replacement
-/// claim was made.
+/// made for it. On a loaded machine provisioning has made a claim more than the pods needed
+/// (three small pods came as two claims, three large ones as four: a finding of its own, on
+/// issue 40); an empty one is deleted here, as an operator would, so every test starts from one
+/// pod per node.
 async fn pods_bound(env: &Env) -> Vec<String> {
     env.deployment(APP, PODS, PodShape::new(POD_CPU, "128Mi"))
         .await;
-    env.until_quiet(
-        "the pods bound, one per node, every claim carrying one",
-        |e| e.bound_pods() == PODS && live(e, "nodeclaims") == PODS,
-    )
+    env.until_quiet("the pods bound", |e| e.bound_pods() == PODS)
+        .await;
+    super::assert_cluster_api_did_its_part(env.sim.cluster(), env.claims_created()).await;
+    for claim in claims_without_a_pod(env) {
+        env.delete_claim(&claim).await;
+    }
+    env.until_quiet("one claim, Machine and Node per pod", |e| {
+        e.bound_pods() == PODS
+            && live(e, "nodeclaims") == PODS
+            && live(e, "machines") == PODS
+            && live(e, "nodes") == PODS
+    })
     .await;
-    let claims = names(&env.list("nodeclaims"));
-    super::assert_cluster_api_did_its_part(env.sim.cluster(), claims.len()).await;
-    claims
+    names(&env.list("nodeclaims"))
+}
+
+/// Claims whose Node carries none of the Deployment's pods.
+fn claims_without_a_pod(env: &Env) -> Vec<String> {
+    let carrying: Vec<String> = env
+        .list("pods")
+        .into_iter()
+        .filter(|p| p["metadata"]["labels"]["app"] == APP)
+        .filter_map(|p| p["spec"]["nodeName"].as_str().map(String::from))
+        .collect();
+    env.list("nodeclaims")
+        .into_iter()
+        .filter(|c| {
+            c["status"]["nodeName"]
+                .as_str()
+                .is_none_or(|n| !carrying.iter().any(|m| m == n))
+        })
+        .filter_map(|c| c["metadata"]["name"].as_str().map(String::from))
+        .collect()
 }
 
 /// More than half of a `small` node's two CPUs: two of the Deployment's pods never share a node.
