@@ -6,6 +6,7 @@
 //! command after a pause and carries it out. Expiration is not here: it is forceful and ignores
 //! budgets, so the actor applies it directly.
 
+mod allowed;
 pub mod budgets;
 pub mod consolidation;
 pub mod drift;
@@ -20,6 +21,7 @@ use std::collections::HashMap;
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::scheduling::{NewClaim, Snapshot};
 
+pub use allowed::Allowed;
 pub use consolidation::Outcome;
 pub use drift::Drift;
 pub use repair::RepairVerdict;
@@ -142,39 +144,6 @@ impl Command {
         let mut names: Vec<String> = self.candidates.iter().map(|c| c.claim.clone()).collect();
         names.sort();
         names
-    }
-}
-
-/// How many more nodes each pool may start disrupting, per reason, and where this pass's
-/// single-node search starts.
-#[derive(Clone, Debug, Default)]
-pub struct Allowed {
-    pub budgets: HashMap<(String, DisruptionReason), usize>,
-    /// The single-node search looks at [`MAX_SINGLE_NODE_SIMULATIONS`] candidates a pass,
-    /// starting this far into its order (the actor moves it on each pass), so candidates past
-    /// the first ones are reached too when those cannot move.
-    pub rotation: usize,
-    /// Per static NodePool: how many drift replacements it may launch now. Its `limits.nodes`
-    /// less its claims (running, deleting and under disruption), and none while it holds more
-    /// than `spec.replicas` (a scale-down finishes first), as upstream reserves them.
-    pub static_room: HashMap<String, usize>,
-    /// Static NodePools, and the reasons, whose nodes go before their replacement
-    /// (`TerminateFirstDrift` for `Drifted`, `TerminateFirstRepair` for `Unhealthy`, and no
-    /// room under `limits.nodes`: `view::static_capacity::terminate_first`).
-    pub terminate_first: std::collections::HashSet<(String, DisruptionReason)>,
-}
-
-impl Allowed {
-    /// Whether `pool`'s nodes disrupted for `reason` go before their replacement.
-    pub fn terminates_first(&self, pool: &str, reason: DisruptionReason) -> bool {
-        self.terminate_first.contains(&(pool.to_string(), reason))
-    }
-
-    pub fn get(&self, pool: &str, reason: DisruptionReason) -> usize {
-        self.budgets
-            .get(&(pool.to_string(), reason))
-            .copied()
-            .unwrap_or(0)
     }
 }
 
