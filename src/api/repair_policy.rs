@@ -187,6 +187,14 @@ impl RepairPolicies {
         &self.policies
     }
 
+    /// Whether a Node whose `Ready` is True matches no policy: only `Ready` is watched, and
+    /// never as True (the default policies). Such a Node needs no look at its conditions.
+    pub fn ready_is_healthy(&self) -> bool {
+        self.policies
+            .iter()
+            .all(|p| p.condition == "Ready" && p.status != "True")
+    }
+
     /// The condition types the policies watch, each once.
     pub fn condition_types(&self) -> Vec<String> {
         let types: BTreeSet<&str> = self.policies.iter().map(|p| p.condition.as_str()).collect();

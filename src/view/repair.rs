@@ -62,8 +62,12 @@ pub struct Decision {
     pub next: Option<Timestamp>,
 }
 
-/// What the policies make of a Node now.
+/// What the policies make of a Node now. A ready Node under policies that watch only `Ready`
+/// is healthy without unpacking it (every Node is looked at on every pass).
 fn assess(policies: &RepairPolicies, node: &CompactNode, now: Timestamp) -> policy::Assessment {
+    if node.ready() && policies.ready_is_healthy() {
+        return policy::Assessment::default();
+    }
     let n = node.node();
     let conditions = n.status.as_ref().and_then(|s| s.conditions.as_deref());
     policies.assess(conditions.unwrap_or_default(), now)
@@ -114,8 +118,15 @@ pub fn decide(inputs: Inputs<'_>, policies: &RepairPolicies, now: Timestamp) -> 
     // Per NodePool (by the Node's label, as upstream lists them): Nodes and unhealthy ones.
     let mut pools: HashMap<String, (usize, usize)> = HashMap::new();
     let mut cluster = (0usize, 0usize);
+    // Each Node assessed once; only the unhealthy ones are kept (a Node no policy applies to has
+    // nothing due and nothing to wait for).
+    let mut unhealthy: HashMap<String, policy::Assessment> = HashMap::new();
     for n in nodes.all() {
-        let sick = assess(policies, n, now).unhealthy;
+        let assessment = assess(policies, n, now);
+        let sick = assessment.unhealthy;
+        if sick {
+            unhealthy.insert(n.name().to_string(), assessment);
+        }
         cluster.0 += 1;
         cluster.1 += usize::from(sick);
         if let Some(pool) = n.labels().get(NODEPOOL_LABEL) {
@@ -141,7 +152,7 @@ pub fn decide(inputs: Inputs<'_>, policies: &RepairPolicies, now: Timestamp) -> 
         if node.deleting() {
             continue;
         }
-        let assessment = assess(policies, node, now);
+        let assessment = unhealthy.remove(node.name()).unwrap_or_default();
         if let Some(next) = assessment.next {
             out.next = Some(out.next.map_or(next, |n| n.min(next)));
         }

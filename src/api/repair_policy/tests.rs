@@ -265,3 +265,17 @@ fn bad_documents_are_refused_naming_the_policy_and_field() {
         "an unknown field is refused, not ignored"
     );
 }
+
+#[test]
+fn only_the_default_ready_policies_leave_a_ready_node_unlooked_at() {
+    assert!(
+        RepairPolicies::parse("")
+            .expect("defaults")
+            .ready_is_healthy()
+    );
+    assert!(
+        !RepairPolicies::parse(NPD)
+            .expect("valid")
+            .ready_is_healthy()
+    );
+}
