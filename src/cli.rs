@@ -338,7 +338,8 @@ pub struct FeatureGates {
     pub static_capacity: bool,
     pub node_overlay: bool,
     pub pod_deletion_cost: bool,
-    /// A static NodePool at its `limits.nodes` takes a drifted node before its replacement
+    /// A static NodePool at its `limits.nodes`, or a dynamic one whose replacement can only
+    /// launch in the node's own room, takes a drifted node before its replacement
     /// (`TerminateFirstDrift`, alpha and off, as upstream).
     pub terminate_first_drift: bool,
     /// The same for an unhealthy node node repair replaces (`TerminateFirstRepair`).

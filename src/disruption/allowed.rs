@@ -23,6 +23,10 @@ pub struct Allowed {
     /// (`TerminateFirstDrift` for `Drifted`, `TerminateFirstRepair` for `Unhealthy`, and no
     /// room under `limits.nodes`: `view::static_capacity::terminate_first`).
     pub terminate_first: HashSet<(String, DisruptionReason)>,
+    /// The reasons whose terminate-first gate is on. A dynamic pool's node disrupted for one
+    /// of them goes before its replacement when that replacement can only launch in the room
+    /// the node itself holds (`super::terminate_first`).
+    pub terminate_first_gates: HashSet<DisruptionReason>,
 }
 
 impl Allowed {

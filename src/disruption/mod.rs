@@ -14,6 +14,7 @@ pub mod drift_backoff;
 pub mod pause;
 pub mod repair;
 pub mod spread;
+mod terminate_first;
 pub mod validation;
 
 use std::collections::HashMap;
@@ -51,6 +52,9 @@ pub struct Candidate {
     pub reschedule_cost: f64,
     /// The claim's instance type (`node.kubernetes.io/instance-type`).
     pub instance_type: String,
+    /// `namespace/name` of the MachineDeployment its Machine belongs to: the offering whose
+    /// slot (under max-size, or on a full inventory) the node holds.
+    pub machine_deployment: String,
     pub drift: Option<Drift>,
     /// When the claim's `Drifted` condition turned true (Unix seconds; None: this pass): the
     /// oldest drift goes first.
@@ -350,7 +354,9 @@ fn static_replacement(snapshot: &Snapshot, c: &Candidate) -> Option<NewClaim> {
 }
 
 /// Empty drifted nodes go together; otherwise the first drifted node whose pods can be placed
-/// (on other nodes and any number of new claims; drift does not ask for savings).
+/// (on other nodes and any number of new claims; drift does not ask for savings), or that goes
+/// before its replacement because that can only launch in its own room
+/// ([`terminate_first::goes_first`]).
 fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
     let drifted: Vec<&Candidate> = sorted
         .iter()
@@ -368,8 +374,13 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
     let open = drifted
         .into_iter()
         .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0);
-    open.into_iter()
-        .find_map(|c| drift_replacements(snapshot, c).map(|r| command(Method::Drift, vec![c], r)))
+    open.into_iter().find_map(|c| {
+        let replacements = drift_replacements(snapshot, c).or_else(|| {
+            terminate_first::goes_first(snapshot, c, allowed, DisruptionReason::Drifted)
+                .then(Vec::new)
+        })?;
+        Some(command(Method::Drift, vec![c], replacements))
+    })
 }
 
 /// The claims a drifted node's pods need (drift asks for no savings), or None when some pod
@@ -437,6 +448,24 @@ pub fn revalidate(
                 [one] if one.static_pool => static_replacement(snapshot, one)
                     .map(|r| command(Method::Drift, fresh, vec![r]))
                     .ok_or_else(|| "no replacement for the static node".to_string()),
+                // Terminate-first: still no room for a replacement beside it, and room once
+                // it is gone.
+                [one] if !one.pods.is_empty() && pending.replacements.is_empty() => {
+                    held(
+                        drift_replacements(snapshot, one).is_none(),
+                        "there is room for a replacement beside it now",
+                    )?;
+                    held(
+                        terminate_first::goes_first(
+                            snapshot,
+                            one,
+                            allowed,
+                            DisruptionReason::Drifted,
+                        ),
+                        "its pods no longer fit even in the room it frees",
+                    )?;
+                    Ok(command(Method::Drift, fresh, Vec::new()))
+                }
                 [one] if !one.pods.is_empty() => drift_replacements(snapshot, one)
                     .map(|r| command(Method::Drift, fresh, r))
                     .ok_or_else(|| "its pods no longer fit with replacements".to_string()),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{
     Allowed, Candidate, Command, Method, command, drift_replacements, every_one_fresh,
-    static_replacement,
+    static_replacement, terminate_first,
 };
 use crate::api::nodepool::DisruptionReason;
 use crate::scheduling::Snapshot;
@@ -69,7 +69,8 @@ pub(super) fn repair(
 /// (when the pool has room for it), or deleted alone and refilled by the pool's count when the
 /// pool takes its nodes first (`TerminateFirstRepair` at `limits.nodes`); an empty node is
 /// deleted alone, and a node with pods is replaced by the claims its pods need (drift's plan),
-/// or not repaired now when they would not all schedule.
+/// deleted first when those can only launch in its own room (`TerminateFirstRepair`), or not
+/// repaired now when they would not all schedule.
 fn replaced(snapshot: &Snapshot, c: &Candidate, allowed: &Allowed) -> Option<Command> {
     let replacements =
         if c.static_pool && allowed.terminates_first(&c.nodepool, DisruptionReason::Unhealthy) {
@@ -80,7 +81,10 @@ fn replaced(snapshot: &Snapshot, c: &Candidate, allowed: &Allowed) -> Option<Com
         } else if c.pods.is_empty() {
             Vec::new()
         } else {
-            drift_replacements(snapshot, c)?
+            drift_replacements(snapshot, c).or_else(|| {
+                terminate_first::goes_first(snapshot, c, allowed, DisruptionReason::Unhealthy)
+                    .then(Vec::new)
+            })?
         };
     Some(command(Method::Repair, vec![c], replacements))
 }

@@ -1,7 +1,7 @@
 //! Node repair as a disruption method (Karpenter v1.15), on the same hand-built clusters as
 //! the other methods' tests: one test per rule.
 
-use super::tests::{Node, allow, cluster, it, types};
+use super::tests::{Node, allow, cluster, full_at_max_size, it, types};
 use super::*;
 
 /// Due for repair, `score` past its toleration (in units of upstream's aging constant).
@@ -84,6 +84,22 @@ fn a_static_pool_at_its_limit_takes_an_unhealthy_node_first_with_the_gate() {
     a.budgets
         .insert(("default".into(), DisruptionReason::Unhealthy), 0);
     assert_eq!(decide(&s, &c, &a), None, "the Unhealthy budget holds it");
+}
+
+/// `TerminateFirstRepair` in a dynamic pool: the unhealthy node's MachineDeployment is at its
+/// max size and nothing else can launch, so its replacement can only take its slot; with the
+/// gate it goes first, without it the repair waits.
+#[test]
+fn a_dynamic_pool_at_its_max_size_takes_an_unhealthy_node_first_with_the_gate() {
+    let (s, mut c) = cluster(&full_at_max_size(), &[node("sick", &[("p", "1")])]);
+    sick(&mut c[0], 1.0);
+    let mut a = allow(1);
+    a.terminate_first_gates.insert(DisruptionReason::Drifted);
+    assert_eq!(decide(&s, &c, &a), None, "drift's gate is not repair's");
+    a.terminate_first_gates.insert(DisruptionReason::Unhealthy);
+    let cmd = decide(&s, &c, &a).expect("a command");
+    assert_eq!((cmd.method, cmd.decision()), (Method::Repair, "delete"));
+    assert_eq!(revalidate(&s, &c, &a, &cmd).ok(), Some(cmd.clone()));
 }
 
 #[test]

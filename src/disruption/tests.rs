@@ -117,6 +117,36 @@ pub(super) fn types() -> Vec<InstanceType> {
     ]
 }
 
+/// [`types`] with every offering unavailable but small's, which is at its max size with one
+/// replica: the node on it is the only room there is.
+pub(super) fn full_at_max_size() -> Vec<InstanceType> {
+    let mut full = types();
+    for t in &mut full {
+        for o in &mut t.offerings {
+            o.available = false;
+        }
+    }
+    let small = &mut full[0].offerings[0];
+    (small.replicas, small.max_size) = (1, Some(1));
+    full
+}
+
+/// One drifted small node `busy` running one pod of 1 CPU, on `types`.
+fn drifted_busy(types: &[InstanceType]) -> (Snapshot, Vec<Candidate>) {
+    let (s, mut c) = cluster(
+        types,
+        &[Node {
+            name: "busy",
+            ty: "small",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    );
+    c[0].consolidatable = false;
+    c[0].drift = Some(Drift::NodePoolDrifted);
+    (s, c)
+}
+
 #[test]
 fn empty_nodes_go_together_within_the_budget() {
     let (s, c) = cluster(
@@ -386,18 +416,8 @@ fn a_static_pools_drifted_node_is_replaced_one_for_one() {
 /// nothing happens, and the Drifted budget still holds it.
 #[test]
 fn a_static_pool_at_its_limit_takes_a_drifted_node_first_with_the_gate() {
-    let (s, mut c) = cluster(
-        &types(),
-        &[Node {
-            name: "busy",
-            ty: "small",
-            ct: "on-demand",
-            pods: &[("p", "1")],
-        }],
-    );
+    let (s, mut c) = drifted_busy(&types());
     c[0].static_pool = true;
-    c[0].consolidatable = false;
-    c[0].drift = Some(Drift::NodePoolDrifted);
     let mut a = allow(1);
     a.static_room.insert("default".into(), 0);
     assert_eq!(
@@ -416,6 +436,77 @@ fn a_static_pool_at_its_limit_takes_a_drifted_node_first_with_the_gate() {
     a.budgets
         .insert(("default".into(), DisruptionReason::Drifted), 0);
     assert_eq!(decide(&s, &c, &a), None, "the Drifted budget holds it");
+}
+
+/// A dynamic pool's drifted node on a MachineDeployment at its max size (every other offering
+/// unavailable): replace-first waits; with `TerminateFirstDrift` the node goes alone, since its
+/// replacement fits in the slot it frees. A node on another MachineDeployment frees nothing the
+/// replacement could use, so it stays even with the gate.
+#[test]
+fn a_dynamic_pool_at_its_max_size_takes_a_drifted_node_first_with_the_gate() {
+    let (s, mut c) = drifted_busy(&full_at_max_size());
+    let mut a = allow(1);
+    assert_eq!(decide(&s, &c, &a), None, "without the gate: no room, wait");
+    a.terminate_first_gates.insert(DisruptionReason::Drifted);
+    let cmd = decide(&s, &c, &a).expect("a command");
+    assert_eq!((cmd.method, cmd.decision()), (Method::Drift, "delete"));
+    assert_eq!(cmd.claim_names(), ["claim-busy"]);
+    assert_eq!(revalidate(&s, &c, &a, &cmd).ok(), Some(cmd.clone()));
+    // Room beside it after the pause: the announced delete no longer holds.
+    let mut roomy = s.clone();
+    roomy.nodepools[0].instance_types[1].offerings[0].available = true;
+    assert!(revalidate(&roomy, &c, &a, &cmd).is_err());
+    let mut closed = a.clone();
+    closed
+        .budgets
+        .insert(("default".into(), DisruptionReason::Drifted), 0);
+    assert_eq!(decide(&s, &c, &closed), None, "the Drifted budget holds it");
+    // One node of the pool down at a time: not while a claim of the pool still launches, nor
+    // while a pending pod would take the slot first.
+    let mut refilling = s.clone();
+    let mut launching = refilling.nodes[0].clone();
+    (launching.name, launching.in_flight) = ("launching".into(), true);
+    refilling.nodes.push(launching);
+    assert_eq!(decide(&refilling, &c, &a), None, "a refill is under way");
+    let mut waiting = s.clone();
+    let mut pending = pod("early", "", "2");
+    if let Some(spec) = pending.spec.as_mut() {
+        spec.node_name = None;
+    }
+    waiting.pods.push(pending);
+    assert_eq!(decide(&waiting, &c, &a), None, "a pending pod came first");
+    c[0].machine_deployment = "ns/elsewhere".into();
+    assert_eq!(
+        decide(&s, &c, &a),
+        None,
+        "its own slot is not the one needed"
+    );
+}
+
+/// The same at the NodePool's `limits`: a replacement beside the node would pass them, one in
+/// its place does not.
+#[test]
+fn a_dynamic_pool_at_its_limits_takes_a_drifted_node_first_with_the_gate() {
+    let (mut s, c) = drifted_busy(&types());
+    let pool = &mut s.nodepools[0];
+    pool.nodepool.spec.limits = Some(
+        [(
+            "cpu".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()),
+        )]
+        .into_iter()
+        .collect(),
+    );
+    pool.usage = res("2", "4Gi").with("nodes", crate::api::resources::Quantity::from_units(1));
+    let mut a = allow(1);
+    assert_eq!(
+        decide(&s, &c, &a),
+        None,
+        "without the gate: at the limit, wait"
+    );
+    a.terminate_first_gates.insert(DisruptionReason::Drifted);
+    let cmd = decide(&s, &c, &a).expect("a command");
+    assert_eq!((cmd.method, cmd.decision()), (Method::Drift, "delete"));
 }
 
 #[test]

@@ -104,6 +104,7 @@ mod tests {
                 disruption_cost: 1.0,
                 reschedule_cost: 2.0,
                 instance_type: "m".into(),
+                machine_deployment: "ns/m".into(),
                 drift: None,
                 drifted_since: None,
                 pool_cost: 1.0,

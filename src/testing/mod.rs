@@ -399,6 +399,8 @@ pub fn candidate(
         disruption_cost: pods.len() as f64,
         reschedule_cost: 1.0 + pods.len() as f64,
         instance_type: instance_type.into(),
+        // As `instance_type(..).zones(&["z"])` names its offerings' MachineDeployments.
+        machine_deployment: format!("ns/{instance_type}-z-{capacity_type}"),
         pods,
         drift: None,
         drifted_since: None,

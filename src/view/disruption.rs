@@ -137,6 +137,7 @@ pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     };
     view.allowed.static_room = static_room;
     view.allowed.terminate_first = terminate_first;
+    view.allowed.terminate_first_gates = terminate_first_gates(inputs).collect();
     view.rollout = pass.rollout.replace_now(&claims, &machines, &deployments);
     for c in &claims {
         pass.weigh(c, &mut view);
@@ -155,14 +156,7 @@ fn static_room(
     mem: &Memory<'_>,
 ) -> (HashMap<String, usize>, HashSet<(String, DisruptionReason)>) {
     use super::static_capacity::{counts, drift_room, terminate_first};
-    let gates = &inputs.settings.disruption;
-    let reasons: Vec<DisruptionReason> = [
-        (gates.terminate_first_drift, DisruptionReason::Drifted),
-        (gates.terminate_first_repair, DisruptionReason::Unhealthy),
-    ]
-    .into_iter()
-    .filter_map(|(on, reason)| on.then_some(reason))
-    .collect();
+    let reasons: Vec<DisruptionReason> = terminate_first_gates(inputs).collect();
     let mut room = HashMap::new();
     let mut first = HashSet::new();
     for (name, (np, count)) in counts(inputs, mem.executing, &HashSet::new(), mem.now) {
@@ -172,6 +166,17 @@ fn static_room(
         room.insert(name, drift_room(&np, &count));
     }
     (room, first)
+}
+
+/// The reasons whose terminate-first gate is on (`TerminateFirstDrift`, `TerminateFirstRepair`).
+fn terminate_first_gates(inputs: Inputs<'_>) -> impl Iterator<Item = DisruptionReason> {
+    let gates = &inputs.settings.disruption;
+    [
+        (gates.terminate_first_drift, DisruptionReason::Drifted),
+        (gates.terminate_first_repair, DisruptionReason::Unhealthy),
+    ]
+    .into_iter()
+    .filter_map(|(on, reason)| on.then_some(reason))
 }
 
 /// One pass over the claims: the indexes it reads, locked, and what it learns on the way.
@@ -626,6 +631,7 @@ fn candidate(
             .get(INSTANCE_TYPE_LABEL)
             .cloned()
             .unwrap_or_default(),
+        machine_deployment: w.md.to_string(),
         reschedule_cost: worth.reschedule_cost,
         drifted_since: conditions::get(c.conditions(), conditions::DRIFTED)
             .filter(|d| d.is_true())

@@ -14,4 +14,5 @@ mod repair;
 mod rollout_status;
 mod simulate_disruption;
 mod static_pools;
+mod terminate_first;
 mod under_faults;

@@ -1,0 +1,95 @@
+//! Terminate-first for dynamic NodePools (Karpenter v1.15's `TerminateFirstDrift` and
+//! `TerminateFirstRepair`, carried over from static pools to the constraints Cluster API has).
+//!
+//! Replace-first needs room for the replacement beside the node it replaces. On a Cluster API
+//! cluster that room is often the node's own: its MachineDeployment is at its
+//! `cluster-api-autoscaler-node-group-max-size`, its infrastructure is full (a bare-metal or
+//! vSphere inventory, seen as launches on it failing or timing out), or the NodePool is at its
+//! `limits`. Then replace-first waits forever. With the reason's gate on, such a node goes
+//! first: its pods go pending, and once it is gone the provisioner launches into the slot it
+//! freed. The test is the same simulation replace-first runs, once more with the node's own room
+//! given back; only a node whose replacement needs exactly that room goes first, so a node
+//! whose pods fit nowhere at all is never deleted on the hope of it.
+
+use super::{Allowed, Candidate, drift_replacements};
+use crate::api::nodepool::DisruptionReason;
+use crate::api::resources::Quantity;
+use crate::scheduling::Snapshot;
+
+/// Whether `c`, whose replacement cannot be planned beside it, goes before its replacement for
+/// `reason`: the reason's gate is on, nothing of its pool is under way, and the replacement fits
+/// once `c`'s own room is freed.
+pub(super) fn goes_first(
+    snapshot: &Snapshot,
+    c: &Candidate,
+    allowed: &Allowed,
+    reason: DisruptionReason,
+) -> bool {
+    if c.static_pool || !allowed.terminate_first_gates.contains(&reason) {
+        return false;
+    }
+    if launching(snapshot, &c.nodepool) {
+        return false;
+    }
+    let freed = freed(snapshot, c);
+    !waiting_for_room(&freed, &c.nodepool) && drift_replacements(&freed, c).is_some()
+}
+
+/// A claim of `pool` not yet initialized: the last node taken first may be refilling. One
+/// node of the pool down at a time, as for static pools: a refill uses no budget, so the budget
+/// alone would let the next node go while the last one's pods still wait.
+fn launching(snapshot: &Snapshot, pool: &str) -> bool {
+    snapshot
+        .nodes
+        .iter()
+        .any(|n| n.nodepool.as_deref() == Some(pool) && !n.initialized())
+}
+
+/// Pods already pending, or on their way from a leaving node, that would take the room `c`
+/// frees (a new claim of `pool` in the freed snapshot, `c` still in place): they came first,
+/// and `c`'s pods would find the slot taken.
+fn waiting_for_room(freed: &Snapshot, pool: &str) -> bool {
+    !freed.pods.is_empty()
+        && crate::scheduling::solve(freed)
+            .new_claims
+            .iter()
+            .any(|n| n.nodepool == pool)
+}
+
+/// The snapshot as it will be once `c`'s node is gone: its MachineDeployment one replica
+/// smaller (and so its offering launchable again, unless still at max-size), and its NodePool's
+/// usage without the node.
+pub(super) fn freed(snapshot: &Snapshot, c: &Candidate) -> Snapshot {
+    let mut s = snapshot.clone();
+    let Some(pool) = s
+        .nodepools
+        .iter_mut()
+        .find(|p| p.nodepool.metadata.name.as_deref() == Some(c.nodepool.as_str()))
+    else {
+        return s;
+    };
+    let node = pool
+        .instance_types
+        .iter()
+        .find(|t| t.name == c.instance_type)
+        .map(|t| t.capacity.clone())
+        .unwrap_or_default()
+        .with("nodes", Quantity::from_units(1));
+    for (key, value) in node.iter() {
+        if let Some(used) = pool.usage.0.get_mut(key) {
+            *used = used.saturating_sub(*value).max(Quantity::ZERO);
+        }
+    }
+    let own = pool
+        .instance_types
+        .iter_mut()
+        .flat_map(|t| t.offerings.iter_mut())
+        .filter(|o| o.machine_deployment == c.machine_deployment);
+    for o in own {
+        o.replicas = (o.replicas - 1).max(0);
+        // Whatever held it (max-size, a failed or timed-out launch on a full inventory), the
+        // slot the node leaves is one more Machine it can take, unless it is over max-size.
+        o.available = o.max_size.is_none_or(|max| o.replicas < max);
+    }
+    s
+}
