@@ -114,6 +114,12 @@ pub struct UsageLabels {
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QuotaLabels {
+    pub capacity_quota: String,
+    pub resource_type: String,
+}
+
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub decision: String,
     pub reason: String,
@@ -365,6 +371,8 @@ metrics! {
     replanned_nodeclaims: Counter, "karpenter_capi_replanned_nodeclaims", "NodeClaims created for pods an earlier solve planned onto a NodeClaim whose Node the scheduler filled with other pods";
     nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_nodepools_usage", "Resources used by each NodePool's nodes";
     nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_nodepools_limit", "Resource limits of each NodePool";
+    capacity_quota_usage: Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_capi_capacity_quota_usage", "What the nodes and in-flight claims a CapacityQuota selects use, per resource its limits name (as its status.used, of enforced quotas)";
+    capacity_quota_limit: Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_capi_capacity_quota_limit", "The limits of each enforced CapacityQuota";
     // High availability.
     leader: Gauge, "karpenter_capi_leader", "1 while this replica holds the leader-election Lease, else 0";
     // Termination (Karpenter's names).

@@ -9,7 +9,7 @@
 //! Usage changes with every Node and claim, so the status is recomputed from the indexes on a
 //! short period (no API read) and written only when it changes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,8 @@ use crate::api::capacity_quota::{
 };
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::decode::Lenient;
+use crate::metrics::QuotaLabels;
+use crate::scheduling::quota::QuotaInput;
 use crate::view::quotas::count;
 
 /// How often the status is recomputed from the indexes.
@@ -47,6 +49,9 @@ pub struct Quotas {
     reported: HashMap<String, String>,
     /// The quotas a (re-)list has shown so far; at its end the others are gone.
     listed: Option<HashSet<String>>,
+    /// The resources whose gauges are published, per quota, so a resource a quota no longer
+    /// limits, and a quota gone or no longer enforced, lose their series.
+    series: HashMap<String, BTreeSet<String>>,
 }
 
 impl Quotas {
@@ -56,6 +61,7 @@ impl Quotas {
             written: HashMap::new(),
             reported: HashMap::new(),
             listed: None,
+            series: HashMap::new(),
         }
     }
 
@@ -68,12 +74,42 @@ impl Quotas {
             self.changed();
         }
         self.written.remove(name);
+        self.publish(name, None);
+    }
+
+    /// Sets the usage and limit gauges of an enforced quota to `input`'s, or (None) removes
+    /// them: a quota that caps nothing must not show limits on a dashboard.
+    fn publish(&mut self, name: &str, input: Option<&QuotaInput>) {
+        let m = &self.shared.metrics;
+        let labels = |resource: &str| QuotaLabels {
+            capacity_quota: name.to_string(),
+            resource_type: resource.to_string(),
+        };
+        let now: BTreeSet<String> = input
+            .map(|i| i.limits.iter().map(|(k, _)| k.to_string()).collect())
+            .unwrap_or_default();
+        if let Some(input) = input {
+            for (resource, limit) in input.limits.iter() {
+                let l = labels(resource);
+                m.capacity_quota_limit.get_or_create(&l).set(limit.as_f64());
+                (m.capacity_quota_usage.get_or_create(&l)).set(input.usage.get(resource).as_f64());
+            }
+        }
+        let before = match now.is_empty() {
+            true => self.series.remove(name),
+            false => self.series.insert(name.to_string(), now.clone()),
+        };
+        for resource in before.unwrap_or_default().difference(&now) {
+            m.capacity_quota_limit.remove(&labels(resource));
+            m.capacity_quota_usage.remove(&labels(resource));
+        }
     }
 
     /// Recompute every quota's status and write those that changed.
     fn refresh(&mut self, ctx: &mut Context<Self>) {
         let now = Timestamp::now();
         for c in count(self.shared.view(), &[]) {
+            self.publish(&c.quota.name_any(), c.input.as_ref().ok());
             let q = c.quota;
             let name = q.name_any();
             let old = q.status.clone().unwrap_or_default();

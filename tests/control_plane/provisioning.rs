@@ -344,6 +344,19 @@ async fn a_capacity_quota_caps_provisioning_at_its_limit(backend: Backend) {
         quota_used(&env, "elsewhere").map(|(u, _)| u),
         Some(json!({"nodes": "0"}))
     );
+    let gauge = |family: &str, quota: &str, resource: &str| {
+        env.metric(&format!(
+            "karpenter_capi_capacity_quota_{family}{{capacity_quota=\"{quota}\",resource_type=\"{resource}\"}}"
+        ))
+    };
+    assert_eq!(gauge("limit", "default-pool", "cpu"), 4.0);
+    assert_eq!(gauge("usage", "default-pool", "cpu"), 4.0);
+    assert!(
+        env.metrics
+            .encode()
+            .contains("karpenter_capi_capacity_quota_limit{capacity_quota=\"elsewhere\",resource_type=\"nodes\"} 0"),
+        "a quota limited to 0 nodes shows its limit"
+    );
     explain_names_the_quota(&env);
     put_quota(
         &env,
@@ -398,6 +411,12 @@ async fn a_malformed_capacity_quota_is_named_and_caps_nothing(backend: Backend) 
     assert!(
         notes.iter().all(|n| n.contains("spec.selector")),
         "{notes:?}"
+    );
+    assert!(
+        !env.metrics
+            .encode()
+            .contains("capacity_quota=\"bad-selector\""),
+        "a quota that caps nothing shows no limit"
     );
     env.deployment("web", 1, PodShape::new("1", "1Gi")).await;
     env.until_quiet("the pod bound", |e| e.bound_pods() == 1)
