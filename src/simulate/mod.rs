@@ -578,7 +578,7 @@ async fn run_scenario_unnamed(args: &SimulateArgs) -> Result<(output::Outcome, K
             let (r, kept) = static_pool::run_kept(args).await?;
             let ok = r.invariants_ok;
             (
-                outcome(r.to_string(), r.to_json(), ok, Default::default()),
+                outcome(r.to_string(), r.to_json(), ok, r.timeline.clone()),
                 kept,
             )
         }

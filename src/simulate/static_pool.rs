@@ -77,6 +77,9 @@ pub struct StaticReport {
     pub stalled: Option<Stalled>,
     pub invariants_ok: bool,
     pub problems: Vec<String>,
+    /// The cluster over time, each phase's end marked: the HTML report's charts.
+    #[serde(skip)]
+    pub timeline: super::timeline::Timeline,
 }
 
 impl StaticReport {
@@ -197,6 +200,7 @@ impl Run {
             created: self.created,
         });
         eprintln!("{name}: {} live claims", live.len());
+        self.sim.mark(name);
         Ok(())
     }
 
@@ -331,7 +335,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as usize
     };
+    let timeline = run.sim.timeline();
     let report = StaticReport {
+        timeline,
         scenario: match args.scenario {
             Scenario::Repair => "repair",
             Scenario::FullPool => "full-pool",

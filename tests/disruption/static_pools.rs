@@ -319,4 +319,18 @@ async fn the_full_pool_scenario_stalls_replace_first_and_rolls_terminate_first()
         "{}",
         r.to_json()
     );
+    // The HTML report charts the run with each phase marked, and lists the stall.
+    let html = karpenter_capi::simulate::html::render(&r.to_json(), &r.timeline).expect("HTML");
+    for phase in ["replace-first stalled", "terminate-first rolled the drift"] {
+        assert!(html.contains(phase), "{phase} marked in the HTML report");
+    }
+    assert!(
+        html.contains("stalled.drifted</td><td class=\"v\">5"),
+        "the stall in the HTML report's figures"
+    );
+    assert!(
+        r.timeline.samples.len() > 1,
+        "the charts have samples: {}",
+        r.timeline.samples.len()
+    );
 }
