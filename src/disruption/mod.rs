@@ -7,10 +7,12 @@
 //! budgets, so the actor applies it directly.
 
 mod allowed;
+pub mod blocker;
 pub mod budgets;
 pub mod consolidation;
 pub mod drift;
 pub mod drift_backoff;
+pub mod pass;
 pub mod pause;
 pub mod repair;
 pub mod spread;
@@ -22,6 +24,7 @@ use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::scheduling::{NewClaim, Snapshot};
 
 pub use allowed::Allowed;
+pub use blocker::{Blocked, Blocker, Hold};
 pub use consolidation::Outcome;
 pub use drift::Drift;
 pub use repair::RepairVerdict;
@@ -67,6 +70,9 @@ pub struct Candidate {
     pub static_pool: bool,
     /// Its Node is unhealthy past its toleration and nothing holds its repair back.
     pub repair: Option<RepairVerdict>,
+    /// Why it is not `consolidatable`, when something holds consolidation back (for the
+    /// blockers a pass records; None when consolidatable).
+    pub hold: Option<Hold>,
 }
 
 impl Candidate {
@@ -152,15 +158,19 @@ pub fn decide(snapshot: &Snapshot, candidates: &[Candidate], allowed: &Allowed) 
     decide_explained(snapshot, candidates, allowed).command
 }
 
-/// A decision, and why the candidates single-node consolidation looked at could not go.
+/// A decision, why the candidates single-node consolidation looked at could not go, and what
+/// stopped every other candidate.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decision {
     pub command: Option<Command>,
     /// (claim, why it cannot be consolidated), for `Unconsolidatable` Events.
-    pub unconsolidatable: Vec<(String, String)>,
+    pub unconsolidatable: Vec<(String, Hold)>,
+    /// Every candidate not in the command, with the first thing that stopped it.
+    pub blocked: Vec<Blocked>,
 }
 
-/// `decide`, keeping the reasons consolidation gave up on candidates.
+/// `decide`, keeping the reasons consolidation gave up on candidates and each other
+/// candidate's first blocker.
 pub fn decide_explained(
     snapshot: &Snapshot,
     candidates: &[Candidate],
@@ -181,21 +191,38 @@ pub fn decide_explained(
             .cmp(&b.drifted_since.unwrap_or(i64::MAX))
             .then_with(|| a.claim.cmp(&b.claim))
     });
-    let mut decision = Decision::default();
-    decision.command = repair::repair(snapshot, &sorted, allowed)
+    // What the methods that looked at a candidate and passed it by said, first method first.
+    let mut refused: Vec<(String, Hold)> = Vec::new();
+    let mut unconsolidatable = Vec::new();
+    let command = repair::repair(snapshot, &sorted, allowed)
         .or_else(|| emptiness(&sorted, allowed))
-        .or_else(|| static_drift(snapshot, &by_drift, allowed))
-        .or_else(|| drift(snapshot, &by_drift, allowed))
+        .or_else(|| static_drift(snapshot, &by_drift, allowed, &mut refused))
+        .or_else(|| drift(snapshot, &by_drift, allowed, &mut refused))
         .or_else(|| multi_node(snapshot, &sorted, allowed))
         .or_else(|| {
             single_node(
                 snapshot,
                 &interleave_pools(&sorted),
                 allowed,
-                &mut decision.unconsolidatable,
+                &mut unconsolidatable,
             )
         });
-    decision
+    refused.extend(unconsolidatable.iter().cloned());
+    let blocked = candidates
+        .iter()
+        .filter_map(|c| {
+            blocker::first_blocker(c, allowed, command.as_ref(), &refused).map(|hold| Blocked {
+                claim: c.claim.clone(),
+                nodepool: c.nodepool.clone(),
+                hold,
+            })
+        })
+        .collect();
+    Decision {
+        command,
+        unconsolidatable,
+        blocked,
+    }
 }
 
 /// The candidates taken in turn from each pool (each pool in its own order), so that one pool
@@ -223,7 +250,7 @@ fn interleave_pools<'a>(sorted: &[&'a Candidate]) -> Vec<&'a Candidate> {
 /// cost it saves is at least half the share of the pool's disruption it causes (k = 2). Pools
 /// with another policy always approve. Savings of a move across pools are split by each pool's
 /// share of the candidates' cost.
-fn balanced_approves(candidates: &[&Candidate], savings: f64) -> Result<(), String> {
+fn balanced_approves(candidates: &[&Candidate], savings: f64) -> Result<(), Hold> {
     const K: f64 = 2.0;
     let total_cost: f64 = candidates.iter().map(|c| c.price).sum();
     let mut pools: Vec<&str> = candidates.iter().map(|c| c.nodepool.as_str()).collect();
@@ -256,11 +283,14 @@ fn balanced_approves(candidates: &[&Candidate], savings: f64) -> Result<(), Stri
             savings_fraction / disruption_fraction
         };
         if score < 1.0 / K {
-            return Err(format!(
-                "NodePool {pool} consolidates Balanced: the move saves {:.1}% of its cost for {:.1}% of its disruption (score {score:.2}, below {:.2})",
-                savings_fraction * 100.0,
-                disruption_fraction * 100.0,
-                1.0 / K
+            return Err(Hold::new(
+                Blocker::Balanced,
+                format!(
+                    "NodePool {pool} consolidates Balanced: the move saves {:.1}% of its cost for {:.1}% of its disruption (score {score:.2}, below {:.2})",
+                    savings_fraction * 100.0,
+                    disruption_fraction * 100.0,
+                    1.0 / K
+                ),
             ));
         }
     }
@@ -325,7 +355,12 @@ fn emptiness(sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
 /// count, the scheduler places them). Upstream's StaticDrift, which runs before drift. A pool
 /// with no room that takes its nodes first (`Allowed::terminate_first`) has the node deleted
 /// alone, and its own count launches the refill once it is gone.
-fn static_drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+fn static_drift(
+    snapshot: &Snapshot,
+    sorted: &[&Candidate],
+    allowed: &Allowed,
+    refused: &mut Vec<(String, Hold)>,
+) -> Option<Command> {
     sorted
         .iter()
         .copied()
@@ -336,8 +371,15 @@ fn static_drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -
                 return Some(command(Method::Drift, vec![c], Vec::new()));
             }
             let room = allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0);
-            let replacement = room.then(|| static_replacement(snapshot, c)).flatten()?;
-            Some(command(Method::Drift, vec![c], vec![replacement]))
+            let replacement = room.then(|| static_replacement(snapshot, c)).flatten();
+            if replacement.is_none() {
+                let why = format!(
+                    "static NodePool {} has no room under limits.nodes for its replacement",
+                    c.nodepool
+                );
+                refused.push((c.claim.clone(), Hold::new(Blocker::StaticPool, why)));
+            }
+            Some(command(Method::Drift, vec![c], vec![replacement?]))
         })
 }
 
@@ -351,7 +393,12 @@ fn static_replacement(snapshot: &Snapshot, c: &Candidate) -> Option<NewClaim> {
 
 /// Empty drifted nodes go together; otherwise the first drifted node whose pods can be placed
 /// (on other nodes and any number of new claims; drift does not ask for savings).
-fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+fn drift(
+    snapshot: &Snapshot,
+    sorted: &[&Candidate],
+    allowed: &Allowed,
+    refused: &mut Vec<(String, Hold)>,
+) -> Option<Command> {
     let drifted: Vec<&Candidate> = sorted
         .iter()
         .copied()
@@ -369,7 +416,14 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
         .into_iter()
         .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0);
     open.into_iter()
-        .find_map(|c| drift_replacements(snapshot, c).map(|r| command(Method::Drift, vec![c], r)))
+        .find_map(|c| match drift_replacements(snapshot, c) {
+            Some(r) => Some(command(Method::Drift, vec![c], r)),
+            None => {
+                let why = "its pods would not all schedule, even with replacements";
+                refused.push((c.claim.clone(), Hold::new(Blocker::NoFeasibleSchedule, why)));
+                None
+            }
+        })
 }
 
 /// The claims a drifted node's pods need (drift asks for no savings), or None when some pod
@@ -456,7 +510,9 @@ pub fn revalidate(
                 "a candidate is no longer consolidatable",
             )?;
             let now = match judged(&fresh, consolidation::evaluate(snapshot, &fresh)) {
-                Outcome::No(why) => return Err(format!("the simulation no longer holds: {why}")),
+                Outcome::No(hold) => {
+                    return Err(format!("the simulation no longer holds: {hold}"));
+                }
                 ok => finish(pending.method, fresh, ok),
             };
             // Upstream's validation carries out the plan it announced or none: a delete that now
@@ -595,7 +651,7 @@ fn single_node(
     snapshot: &Snapshot,
     sorted: &[&Candidate],
     allowed: &Allowed,
-    why_not: &mut Vec<(String, String)>,
+    why_not: &mut Vec<(String, Hold)>,
 ) -> Option<Command> {
     // One node goes, so any candidate whose pool allows one more may be it.
     let eligible: Vec<&Candidate> = sorted
@@ -616,15 +672,19 @@ fn single_node(
     };
     (0..n.min(MAX_SINGLE_NODE_SIMULATIONS))
         .map(|i| eligible[(start + i) % n])
-        .find_map(
-            |c| match judged(&[c], consolidation::evaluate(snapshot, &[c])) {
-                Outcome::No(why) => {
-                    why_not.push((c.claim.clone(), why));
-                    None
-                }
-                ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
-            },
-        )
+        .find_map(|c| match removal(snapshot, c) {
+            Outcome::No(why) => {
+                why_not.push((c.claim.clone(), why));
+                None
+            }
+            ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
+        })
+}
+
+/// What removing one candidate would take, as single-node consolidation judges it (and
+/// `explain node --remove` repeats it).
+pub fn removal(snapshot: &Snapshot, c: &Candidate) -> Outcome {
+    judged(&[c], consolidation::evaluate(snapshot, &[c]))
 }
 
 fn finish(method: Method, candidates: Vec<&Candidate>, outcome: Outcome) -> Command {
