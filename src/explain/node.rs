@@ -181,11 +181,11 @@ fn standing(report: &mut NodeReport, claim: &str, v: &View, d: &Decision) {
         r.blocker = blocker.map(|b| b.label().to_string());
         r.why = Some(why.to_string());
     };
-    if let Some(cmd) = d.command.as_ref() {
-        if cmd.candidates.iter().any(|c| c.claim == claim) {
-            report.disrupted_by = Some(format!("{:?} ({})", cmd.method, cmd.decision()));
-            return;
-        }
+    if let Some(cmd) = d.command.as_ref()
+        && cmd.candidates.iter().any(|c| c.claim == claim)
+    {
+        report.disrupted_by = Some(format!("{:?} ({})", cmd.method, cmd.decision()));
+        return;
     }
     if let Some(b) = d.blocked.iter().find(|b| b.claim == claim) {
         return set(report, Some(b.hold.blocker), &b.hold.why);

@@ -15,3 +15,4 @@ mod rollout_status;
 mod simulate_disruption;
 mod static_pools;
 mod under_faults;
+mod why_not;

@@ -199,3 +199,46 @@ fn back_offs_and_a_dropped_validation_name_their_blocker() {
     pass::churned(&pending, "a pod moved", &mut d);
     assert_eq!(blocker_of(&d, "claim-idle"), Some(Blocker::ValidationChurn));
 }
+
+/// docs/tools.md's blockers table has one row per value, in `Blocker::ALL`'s order, and every
+/// test a row names exists.
+#[test]
+fn the_blockers_table_names_every_value_and_tests_that_exist() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/tools.md")).expect("docs/tools.md");
+    let table = doc
+        .split("| Blocker | Meaning | Produced by | Test |")
+        .nth(1)
+        .expect("the blockers table");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with("| "))
+        .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect();
+    let values: Vec<String> = rows
+        .iter()
+        .map(|r| r[0].trim_matches('`').to_string())
+        .collect();
+    let labels: Vec<String> = Blocker::ALL.iter().map(|b| b.label().to_string()).collect();
+    assert_eq!(values, labels, "one row per blocker, in order");
+    for row in &rows {
+        let tests: Vec<&str> = row[3]
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|t| t.contains("::"))
+            .collect();
+        assert!(!tests.is_empty(), "{} names no test", row[0]);
+        for t in tests {
+            let (file, name) = t.rsplit_once("::").expect("file::test");
+            let src = std::fs::read_to_string(root.join(file))
+                .unwrap_or_else(|e| panic!("{}: {file}: {e}", row[0]));
+            assert!(
+                src.contains(&format!("fn {name}(")),
+                "{}: no test {name} in {file}",
+                row[0]
+            );
+        }
+    }
+}
