@@ -17,31 +17,17 @@ use serde_json::{Value, json};
 use common::*;
 use karpenter_capi::api::wellknown::*;
 use karpenter_capi::sim::cluster::{PodShape, SimClusterConfig};
-use karpenter_capi::simulate::launch::{claim_for, seed_of, settle};
+use karpenter_capi::simulate::launch::{claim_for, settle};
 
 use crate::disruption::fast;
 
-/// Runs `karpenter-capi explain node ...` with `-o json` against the simulated cluster.
+/// `karpenter-capi explain node NODE [--remove] -o json` against the simulated cluster.
 fn explain_node(kubeconfig: &Path, node: &str, remove: bool) -> Value {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"));
-    cmd.args(["explain", "node", node, "-o", "json", "--kubeconfig"])
-        .arg(kubeconfig);
+    let mut args = vec!["node", node];
     if remove {
-        cmd.arg("--remove");
+        args.push("--remove");
     }
-    let out = cmd.output().expect("running karpenter-capi explain node");
-    assert!(
-        out.status.success(),
-        "explain node {node} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "explain node printed no JSON ({e}):\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    common::explain::explain_json(kubeconfig, &args)
 }
 
 /// A cluster whose scheduler stand-in binds pending pods, with disruption at test speed.
@@ -95,6 +81,15 @@ impl Env {
     }
 }
 
+/// The what-if in `report` saves `per_hour`.
+fn assert_saves(report: &Value, per_hour: f64) {
+    let saves = report["remove"]["savings_per_hour"].as_f64();
+    assert!(
+        saves.is_some_and(|s| (s - per_hour).abs() < 1e-9),
+        "saves {per_hour}/h: {report:#}"
+    );
+}
+
 /// The one destination in `removal` (its pods' nodes and new claims).
 fn only_destination(report: &Value) -> &Value {
     let ds = report["remove"]["destinations"]
@@ -132,12 +127,7 @@ async fn explain_node_remove_predicts_the_delete_consolidation_makes() {
         kept_node.as_str(),
         "{now:#}"
     );
-    assert!(
-        now["remove"]["savings_per_hour"]
-            .as_f64()
-            .is_some_and(|s| (s - 0.2).abs() < 1e-9),
-        "{now:#}"
-    );
+    assert_saves(&now, 0.2);
     let other = explain_node(&kubeconfig, &kept_node, false);
     assert_eq!(other["blocker"], "do_not_disrupt", "{other:#}");
 
@@ -164,21 +154,7 @@ async fn explain_node_remove_predicts_the_delete_consolidation_makes() {
 async fn explain_node_remove_predicts_the_replacement_consolidation_makes() {
     let env = env_scheduling().await;
     let kubeconfig = env.sim.kubeconfig();
-    env.sim
-        .run(|c| async move {
-            c.create_machine_deployment_from(&seed_of(1, 10))
-                .await
-                .expect("a pricier MachineDeployment");
-        })
-        .await
-        .expect("seeding");
-    env.wait("the catalog offering sim-1", || {
-        env.controller
-            .as_ref()
-            .and_then(|c| c.shared.catalog.offering("default/md-1"))
-            .map(|_| ())
-    })
-    .await;
+    env.offer_pricier_sim_1().await;
     let mut claim = claim_for(&env.pool, "sim-1");
     claim.spec.expire_after = None;
     let (pricey, node) = env.create_and_wait(claim).await;
@@ -194,12 +170,7 @@ async fn explain_node_remove_predicts_the_replacement_consolidation_makes() {
     let replacement = &now["remove"]["replacement"];
     assert_eq!(replacement["instance_types"], json!(["sim-0"]), "{now:#}");
     assert_eq!(only_destination(&now)["new_claim"], "default", "{now:#}");
-    assert!(
-        now["remove"]["savings_per_hour"]
-            .as_f64()
-            .is_some_and(|s| (s - 0.01).abs() < 1e-9),
-        "{now:#}"
-    );
+    assert_saves(&now, 0.01);
     assert_eq!(
         now["remove"]["stopped_by"][0]["blocker"],
         "consolidation_disabled"
@@ -319,4 +290,30 @@ async fn explain_node_names_the_pdb_and_the_budget_that_stop_it() {
     .await;
     settle(&env.sim, DEADLINE).await.expect("settles");
     env.assert_clean();
+}
+
+/// docs/tools.md's blockers table has one row per `Blocker`, in `Blocker::ALL`'s order, and every
+/// test a row names exists.
+#[test]
+fn the_blockers_table_names_every_value_and_tests_that_exist() {
+    use karpenter_capi::disruption::Blocker;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/tools.md")).expect("docs/tools.md");
+    let table = doc
+        .split("| Blocker | Meaning | Produced by | Test |")
+        .nth(1)
+        .expect("the blockers table");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with("| "))
+        .map(|l| l.trim_matches('|').split(" | ").map(str::trim).collect())
+        .collect();
+    let values: Vec<&str> = rows.iter().map(|r| r[0].trim_matches('`')).collect();
+    let labels: Vec<&str> = Blocker::ALL.iter().map(|b| b.label()).collect();
+    assert_eq!(values, labels, "one row per blocker, in order");
+    for row in &rows {
+        assert_eq!(row.len(), 4, "row {}: four cells", row[0]);
+        common::explain::assert_named_tests_exist(row[0], row[3]);
+    }
 }
