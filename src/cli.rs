@@ -585,6 +585,18 @@ pub enum ExplainCommand {
         #[command(flatten)]
         args: ExplainArgs,
     },
+    /// A Node's NodeClaim and NodePool, and what the disruption pass makes of it now: taken by
+    /// which method, or the first thing that stops it (its blocker).
+    Node {
+        name: String,
+        /// What if it went now: where each of its pods would go, what it would save per hour,
+        /// and which budget, PodDisruptionBudget or do-not-disrupt would stop it (nothing is
+        /// written).
+        #[arg(long)]
+        remove: bool,
+        #[command(flatten)]
+        args: ExplainArgs,
+    },
 }
 
 /// How `init` prints its proposal.

@@ -231,6 +231,14 @@ pub struct EvaluationLabels {
     pub consolidation_type: String,
 }
 
+/// A NodePool and the first thing that stopped a node's voluntary disruption
+/// (`disruption::Blocker`'s labels).
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolBlockerLabels {
+    pub nodepool: String,
+    pub blocker: String,
+}
+
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolReasonLabels {
     pub nodepool: String,
@@ -393,6 +401,7 @@ metrics! {
     nodepools_nodes_consuming_budgets: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_nodes_consuming_budgets", "Nodes of each NodePool using up its disruption budget now, by reason";
     disruption_eligible_nodes: Family<ReasonLabels, Gauge>, "karpenter_voluntary_disruption_eligible_nodes", "Nodes eligible for disruption in the last pass, by reason";
     nodepools_allowed_disruptions: Family<PoolReasonLabels, Gauge>, "karpenter_nodepools_allowed_disruptions", "Nodes each NodePool may still start disrupting now, by reason";
+    disruption_blocked_nodes: Family<PoolBlockerLabels, Gauge>, "karpenter_voluntary_disruption_blocked_nodes", "Nodes the last disruption pass did not disrupt, by NodePool and the first thing that stopped each (its blocker, docs/tools.md)";
     nodeclaims_disrupted: Family<DisruptedLabels, Counter>, "karpenter_nodeclaims_disrupted", "NodeClaims disrupted, by reason (empty, underutilized, drifted, expired, unhealthy, launch_timeout, registration_timeout), nodepool, capacity type, consolidation policy (emptiness and consolidation only) and termination mode (graceful, eventual, forceful)";
     pods_disruption_initiated: Family<DisruptedLabels, Counter>, "karpenter_pods_disruption_initiated", "Pods whose disruption began, added when the NodeClaim of their node is disrupted: the node's reschedulable pods (not DaemonSet or static pods), with the labels of karpenter_nodeclaims_disrupted";
     // Node repair (Karpenter's name, then ours).

@@ -101,6 +101,7 @@ impl DeletionCost {
                 executing: &none,
                 nominated: &none,
                 now: jiff::Timestamp::now(),
+                keep_held: false,
             },
         );
         let ranking = deletion_cost::rank(inputs, &view);

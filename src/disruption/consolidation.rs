@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{Candidate, spread};
+use super::{Blocker, Candidate, Hold, spread};
 use crate::api::requirements::Requirement;
 use crate::api::wellknown::{CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_SPOT};
 use crate::scheduling::{self, NewClaim, Snapshot};
@@ -21,8 +21,8 @@ pub enum Outcome {
     /// Their pods need this one new claim, cheaper than the candidates (instance types already
     /// cut to the cheaper ones).
     Replace(NewClaim, f64),
-    /// Not worth it or not possible, with the reason (for Events and `explain`).
-    No(String),
+    /// Not worth it or not possible, with the reason (for Events, blockers and `explain`).
+    No(Hold),
 }
 
 /// The snapshot with the candidates' nodes gone and their pods pending again (DaemonSet,
@@ -117,6 +117,7 @@ pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
     // The plan counts on room the scheduler would fill with other pods first. A replacement
     // that holds every moved pod on its own still may, when it is cheaper and the pods find
     // room however they come back.
+    let why = Hold::new(Blocker::NoFeasibleSchedule, why);
     if !a_cheaper_type_holds(&snapshot, &moved, candidates) {
         return Outcome::No(why);
     }
@@ -225,10 +226,11 @@ pub fn wait_for_pods_on_their_way(
     if moving == 0 || !may_wait {
         return (moving, 0);
     }
+    let why = format!("consolidation waits for {moving} pod(s) on their way to other nodes");
     let held = candidates
         .iter_mut()
         .filter(|c| c.consolidatable && !c.pods.is_empty())
-        .map(|c| c.consolidatable = false)
+        .map(|c| super::blocker::hold_consolidation(c, Hold::new(Blocker::PodsOnTheirWay, &why)))
         .count();
     (moving, held)
 }
@@ -249,7 +251,7 @@ fn counted_on(snapshot: &Snapshot, pod: &str) -> Option<&'static str> {
 fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -> Outcome {
     let (results, refused) = simulate(snapshot, moved);
     if let Some(why) = refused.into_iter().next() {
-        return Outcome::No(why);
+        return Outcome::No(Hold::new(Blocker::NoFeasibleSchedule, why));
     }
     // Pods of nodes already leaving were counted on finding room when their node was given up:
     // room these candidates' pods would take from them is not free (upstream's simulation
@@ -262,7 +264,10 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
         .iter()
         .find_map(|(p, why)| counted_on(snapshot, p).map(|whose| (p, whose, why)))
     {
-        return Outcome::No(format!("pod {pod} {whose} would not schedule: {why}"));
+        return Outcome::No(Hold::new(
+            Blocker::NoFeasibleSchedule,
+            format!("pod {pod} {whose} would not schedule: {why}"),
+        ));
     }
     // Claims opened only for pods that were pending anyway are the provisioner's business; but
     // a CapacityBuffer's placeholder or a leaving node's pod that needs a claim once the
@@ -306,14 +311,17 @@ fn plan(snapshot: &Snapshot, moved: &HashSet<&str>, candidates: &[&Candidate]) -
                     format!("{p} {why}")
                 })
                 .collect();
-            Outcome::No(format!(
-                "its pods would need {n} new nodes (for {}{})",
-                whose.join(", "),
-                if needed.iter().map(|c| c.pods.len()).sum::<usize>() > 6 {
-                    ", ..."
-                } else {
-                    ""
-                }
+            Outcome::No(Hold::new(
+                Blocker::NoFeasibleSchedule,
+                format!(
+                    "its pods would need {n} new nodes (for {}{})",
+                    whose.join(", "),
+                    if needed.iter().map(|c| c.pods.len()).sum::<usize>() > 6 {
+                        ", ..."
+                    } else {
+                        ""
+                    }
+                ),
             ))
         }
     }
@@ -343,16 +351,18 @@ fn cheaper_replacement(
     let (spot_allowed, on_demand_allowed) =
         (allows(CAPACITY_TYPE_SPOT), allows(CAPACITY_TYPE_ON_DEMAND));
     if all_spot && spot_allowed {
-        return Outcome::No(
-            "spot-to-spot replacement is not enabled (as upstream's default)".into(),
-        );
+        return Outcome::No(Hold::new(
+            Blocker::SpotToSpot,
+            "spot-to-spot replacement is not enabled (as upstream's default)",
+        ));
     }
     let Some(pool) = snapshot
         .nodepools
         .iter()
         .find(|p| p.nodepool.metadata.name.as_deref() == Some(new.nodepool.as_str()))
     else {
-        return Outcome::No(format!("NodePool {} is gone", new.nodepool));
+        let why = format!("NodePool {} is gone", new.nodepool);
+        return Outcome::No(Hold::new(Blocker::NoFeasibleSchedule, why));
     };
     let price_of = |name: &str, reqs: &crate::api::requirements::Requirements| {
         pool.instance_types
@@ -378,8 +388,9 @@ fn cheaper_replacement(
         }
     }
     if new.instance_types.is_empty() {
-        return Outcome::No(format!(
-            "no replacement is cheaper than the current {current:.4}/h"
+        return Outcome::No(Hold::new(
+            Blocker::NotCheaper,
+            format!("no replacement is cheaper than the current {current:.4}/h"),
         ));
     }
     // The cheaper types alone must still meet the claim's minValues (as the solve left them,
@@ -393,8 +404,11 @@ fn cheaper_replacement(
     if let Err(unmet) = requirements.check_min_values(|key| {
         crate::scheduling::instance_type::distinct_values(&remaining, &requirements, key)
     }) {
-        return Outcome::No(format!(
-            "the instance types cheaper than the current {current:.4}/h cannot meet minValues: {unmet}"
+        return Outcome::No(Hold::new(
+            Blocker::MinValues,
+            format!(
+                "the instance types cheaper than the current {current:.4}/h cannot meet minValues: {unmet}"
+            ),
         ));
     }
     // The claim may launch only the cheaper types.

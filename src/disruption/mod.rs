@@ -7,12 +7,15 @@
 //! budgets, so the actor applies it directly.
 
 mod allowed;
+pub mod blocker;
 pub mod budgets;
 pub mod consolidation;
 pub mod drift;
 pub mod drift_backoff;
+pub mod pass;
 pub mod pause;
 pub mod repair;
+mod revalidate;
 pub mod spread;
 mod terminate_first;
 pub mod validation;
@@ -23,9 +26,12 @@ use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::scheduling::{NewClaim, Snapshot};
 
 pub use allowed::Allowed;
+pub use blocker::{Blocked, Blocker, Hold};
 pub use consolidation::Outcome;
 pub use drift::Drift;
 pub use repair::RepairVerdict;
+use revalidate::every_one_fresh;
+pub use revalidate::revalidate;
 
 /// At most this many candidates go into one multi-node consolidation (upstream's cap).
 pub const MAX_MULTI_NODE_CANDIDATES: usize = 100;
@@ -71,6 +77,9 @@ pub struct Candidate {
     pub static_pool: bool,
     /// Its Node is unhealthy past its toleration and nothing holds its repair back.
     pub repair: Option<RepairVerdict>,
+    /// Why it is not `consolidatable`, when something holds consolidation back (for the
+    /// blockers a pass records; None when consolidatable).
+    pub hold: Option<Hold>,
 }
 
 impl Candidate {
@@ -156,15 +165,19 @@ pub fn decide(snapshot: &Snapshot, candidates: &[Candidate], allowed: &Allowed) 
     decide_explained(snapshot, candidates, allowed).command
 }
 
-/// A decision, and why the candidates single-node consolidation looked at could not go.
+/// A decision, why the candidates single-node consolidation looked at could not go, and what
+/// stopped every other candidate.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decision {
     pub command: Option<Command>,
     /// (claim, why it cannot be consolidated), for `Unconsolidatable` Events.
-    pub unconsolidatable: Vec<(String, String)>,
+    pub unconsolidatable: Vec<(String, Hold)>,
+    /// Every candidate not in the command, with the first thing that stopped it.
+    pub blocked: Vec<Blocked>,
 }
 
-/// `decide`, keeping the reasons consolidation gave up on candidates.
+/// `decide`, keeping the reasons consolidation gave up on candidates and each other
+/// candidate's first blocker.
 pub fn decide_explained(
     snapshot: &Snapshot,
     candidates: &[Candidate],
@@ -185,21 +198,45 @@ pub fn decide_explained(
             .cmp(&b.drifted_since.unwrap_or(i64::MAX))
             .then_with(|| a.claim.cmp(&b.claim))
     });
-    let mut decision = Decision::default();
-    decision.command = repair::repair(snapshot, &sorted, allowed)
+    // What the methods that looked at a candidate and passed it by said, first method first.
+    let mut refused: Vec<(String, Hold)> = Vec::new();
+    let mut unconsolidatable = Vec::new();
+    let command = repair::repair(snapshot, &sorted, allowed)
         .or_else(|| emptiness(&sorted, allowed))
-        .or_else(|| static_drift(snapshot, &by_drift, allowed))
-        .or_else(|| drift(snapshot, &by_drift, allowed))
+        .or_else(|| static_drift(snapshot, &by_drift, allowed, &mut refused))
+        .or_else(|| drift(snapshot, &by_drift, allowed, &mut refused))
         .or_else(|| multi_node(snapshot, &sorted, allowed))
         .or_else(|| {
             single_node(
                 snapshot,
                 &interleave_pools(&sorted),
                 allowed,
-                &mut decision.unconsolidatable,
+                &mut unconsolidatable,
             )
         });
-    decision
+    refused.extend(unconsolidatable.iter().cloned());
+    // The first method's word on each claim, looked up once per candidate (a pass may refuse
+    // thousands of drifted nodes).
+    let mut first_refusal: HashMap<&str, &Hold> = HashMap::with_capacity(refused.len());
+    for (claim, hold) in &refused {
+        first_refusal.entry(claim.as_str()).or_insert(hold);
+    }
+    let blocked = candidates
+        .iter()
+        .filter_map(|c| {
+            let refusal = first_refusal.get(c.claim.as_str()).copied();
+            blocker::first_blocker(c, allowed, command.as_ref(), refusal).map(|hold| Blocked {
+                claim: c.claim.clone(),
+                nodepool: c.nodepool.clone(),
+                hold,
+            })
+        })
+        .collect();
+    Decision {
+        command,
+        unconsolidatable,
+        blocked,
+    }
 }
 
 /// The candidates taken in turn from each pool (each pool in its own order), so that one pool
@@ -227,7 +264,7 @@ fn interleave_pools<'a>(sorted: &[&'a Candidate]) -> Vec<&'a Candidate> {
 /// cost it saves is at least half the share of the pool's disruption it causes (k = 2). Pools
 /// with another policy always approve. Savings of a move across pools are split by each pool's
 /// share of the candidates' cost.
-fn balanced_approves(candidates: &[&Candidate], savings: f64) -> Result<(), String> {
+fn balanced_approves(candidates: &[&Candidate], savings: f64) -> Result<(), Hold> {
     const K: f64 = 2.0;
     let total_cost: f64 = candidates.iter().map(|c| c.price).sum();
     let mut pools: Vec<&str> = candidates.iter().map(|c| c.nodepool.as_str()).collect();
@@ -260,11 +297,14 @@ fn balanced_approves(candidates: &[&Candidate], savings: f64) -> Result<(), Stri
             savings_fraction / disruption_fraction
         };
         if score < 1.0 / K {
-            return Err(format!(
-                "NodePool {pool} consolidates Balanced: the move saves {:.1}% of its cost for {:.1}% of its disruption (score {score:.2}, below {:.2})",
-                savings_fraction * 100.0,
-                disruption_fraction * 100.0,
-                1.0 / K
+            return Err(Hold::new(
+                Blocker::Balanced,
+                format!(
+                    "NodePool {pool} consolidates Balanced: the move saves {:.1}% of its cost for {:.1}% of its disruption (score {score:.2}, below {:.2})",
+                    savings_fraction * 100.0,
+                    disruption_fraction * 100.0,
+                    1.0 / K
+                ),
             ));
         }
     }
@@ -329,7 +369,12 @@ fn emptiness(sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
 /// count, the scheduler places them). Upstream's StaticDrift, which runs before drift. A pool
 /// with no room that takes its nodes first (`Allowed::terminate_first`) has the node deleted
 /// alone, and its own count launches the refill once it is gone.
-fn static_drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+fn static_drift(
+    snapshot: &Snapshot,
+    sorted: &[&Candidate],
+    allowed: &Allowed,
+    refused: &mut Vec<(String, Hold)>,
+) -> Option<Command> {
     sorted
         .iter()
         .copied()
@@ -340,8 +385,15 @@ fn static_drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -
                 return Some(command(Method::Drift, vec![c], Vec::new()));
             }
             let room = allowed.static_room.get(&c.nodepool).is_some_and(|r| *r > 0);
-            let replacement = room.then(|| static_replacement(snapshot, c)).flatten()?;
-            Some(command(Method::Drift, vec![c], vec![replacement]))
+            let replacement = room.then(|| static_replacement(snapshot, c)).flatten();
+            if replacement.is_none() {
+                let why = format!(
+                    "static NodePool {} has no room under limits.nodes for its replacement",
+                    c.nodepool
+                );
+                refused.push((c.claim.clone(), Hold::new(Blocker::StaticPool, why)));
+            }
+            Some(command(Method::Drift, vec![c], vec![replacement?]))
         })
 }
 
@@ -357,7 +409,12 @@ fn static_replacement(snapshot: &Snapshot, c: &Candidate) -> Option<NewClaim> {
 /// (on other nodes and any number of new claims; drift does not ask for savings), or that goes
 /// before its replacement because that can only launch in its own room
 /// ([`terminate_first::goes_first`]).
-fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
+fn drift(
+    snapshot: &Snapshot,
+    sorted: &[&Candidate],
+    allowed: &Allowed,
+    refused: &mut Vec<(String, Hold)>,
+) -> Option<Command> {
     let drifted: Vec<&Candidate> = sorted
         .iter()
         .copied()
@@ -378,8 +435,12 @@ fn drift(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Optio
         let replacements = drift_replacements(snapshot, c).or_else(|| {
             terminate_first::goes_first(snapshot, c, allowed, DisruptionReason::Drifted)
                 .then(Vec::new)
-        })?;
-        Some(command(Method::Drift, vec![c], replacements))
+        });
+        if replacements.is_none() {
+            let why = "its pods would not all schedule, even with replacements";
+            refused.push((c.claim.clone(), Hold::new(Blocker::NoFeasibleSchedule, why)));
+        }
+        Some(command(Method::Drift, vec![c], replacements?))
     })
 }
 
@@ -408,170 +469,6 @@ fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim
                 .collect()
         })
     })
-}
-
-/// Upstream's validation: after the pause, the pending command's candidates must all still be
-/// candidates for the same reason, within the budgets, and (for consolidation and drift with
-/// pods) the simulation must still hold. Emptiness alone goes on with the candidates still
-/// empty, as upstream's emptiness validator filters rather than refuses: a node a moved pod
-/// landed on meanwhile stays, the others go. Returns the command refreshed with today's
-/// candidates and replacements, or why it no longer holds.
-pub fn revalidate(
-    snapshot: &Snapshot,
-    candidates: &[Candidate],
-    allowed: &Allowed,
-    pending: &Command,
-) -> Result<Command, String> {
-    let held = |ok: bool, why: &str| ok.then_some(()).ok_or_else(|| why.to_string());
-    match pending.method {
-        Method::Repair => repair::revalidate(snapshot, candidates, allowed, pending),
-        Method::Emptiness => still_empty(candidates, allowed, pending),
-        Method::Drift => {
-            let fresh = every_one_fresh(candidates, allowed, pending)?;
-            held(
-                fresh.iter().all(|c| c.drift.is_some()),
-                "a candidate is no longer drifted",
-            )?;
-            match fresh.as_slice() {
-                // Terminate-first: still no room for a replacement.
-                [one] if one.static_pool && pending.replacements.is_empty() => {
-                    held(
-                        allowed.terminates_first(&one.nodepool, DisruptionReason::Drifted)
-                            || allowed
-                                .static_room
-                                .get(&one.nodepool)
-                                .is_none_or(|r| *r == 0),
-                        "the static pool has room for a replacement now",
-                    )?;
-                    Ok(command(Method::Drift, fresh, Vec::new()))
-                }
-                [one] if one.static_pool => static_replacement(snapshot, one)
-                    .map(|r| command(Method::Drift, fresh, vec![r]))
-                    .ok_or_else(|| "no replacement for the static node".to_string()),
-                // Terminate-first: still no room for a replacement beside it, and room once
-                // it is gone.
-                [one] if !one.pods.is_empty() && pending.replacements.is_empty() => {
-                    held(
-                        drift_replacements(snapshot, one).is_none(),
-                        "there is room for a replacement beside it now",
-                    )?;
-                    held(
-                        terminate_first::goes_first(
-                            snapshot,
-                            one,
-                            allowed,
-                            DisruptionReason::Drifted,
-                        ),
-                        "its pods no longer fit even in the room it frees",
-                    )?;
-                    Ok(command(Method::Drift, fresh, Vec::new()))
-                }
-                [one] if !one.pods.is_empty() => drift_replacements(snapshot, one)
-                    .map(|r| command(Method::Drift, fresh, r))
-                    .ok_or_else(|| "its pods no longer fit with replacements".to_string()),
-                _ => {
-                    held(
-                        fresh.iter().all(|c| c.pods.is_empty()),
-                        "a candidate of a batch is no longer empty",
-                    )?;
-                    Ok(command(Method::Drift, fresh, Vec::new()))
-                }
-            }
-        }
-        Method::MultiNodeConsolidation | Method::SingleNodeConsolidation => {
-            let fresh = every_one_fresh(candidates, allowed, pending)?;
-            held(
-                fresh.iter().all(|c| c.underutilized_allowed()),
-                "a candidate is no longer consolidatable",
-            )?;
-            let now = match judged(&fresh, consolidation::evaluate(snapshot, &fresh)) {
-                Outcome::No(why) => return Err(format!("the simulation no longer holds: {why}")),
-                ok => finish(pending.method, fresh, ok),
-            };
-            // Upstream's validation carries out the plan it announced or none: a delete that now
-            // needs a replacement (or the reverse) is a different decision, and so is a
-            // replacement that could no longer launch every type the announced one named.
-            let same_shape = now.replacements.len() == pending.replacements.len()
-                && now
-                    .replacements
-                    .iter()
-                    .zip(&pending.replacements)
-                    .all(|(n, p)| {
-                        p.instance_types
-                            .iter()
-                            .all(|t| n.instance_types.contains(t))
-                    });
-            held(
-                same_shape,
-                &format!(
-                    "it now takes {} replacement(s) where it announced {}, or fewer instance types",
-                    now.replacements.len(),
-                    pending.replacements.len()
-                ),
-            )?;
-            Ok(Command {
-                replacements: pending.replacements.clone(),
-                ..now
-            })
-        }
-    }
-}
-
-/// Today's view of each of the pending command's candidates, refused unless every one is still
-/// a candidate and the budgets still allow them all.
-fn every_one_fresh<'a>(
-    candidates: &'a [Candidate],
-    allowed: &Allowed,
-    pending: &Command,
-) -> Result<Vec<&'a Candidate>, String> {
-    let fresh: Vec<&Candidate> = pending
-        .candidates
-        .iter()
-        .map(|p| {
-            candidates
-                .iter()
-                .find(|c| c.claim == p.claim)
-                .ok_or_else(|| format!("{} is no longer a candidate", p.claim))
-        })
-        .collect::<Result<_, _>>()?;
-    if within_budget(fresh.iter().copied(), pending.method.reason(), allowed).len() != fresh.len() {
-        return Err("the disruption budget no longer allows every candidate".into());
-    }
-    Ok(fresh)
-}
-
-/// The pending emptiness command's candidates that are still candidates, empty and
-/// consolidatable, within the budgets; refused only when none is.
-fn still_empty(
-    candidates: &[Candidate],
-    allowed: &Allowed,
-    pending: &Command,
-) -> Result<Command, String> {
-    let mut why = Vec::new();
-    let still: Vec<&Candidate> = pending
-        .candidates
-        .iter()
-        .filter_map(|p| {
-            let now = candidates.iter().find(|c| c.claim == p.claim);
-            match now {
-                None => why.push(format!("{} is no longer a candidate", p.claim)),
-                Some(c) if !c.pods.is_empty() => why.push(format!("{} has pods", p.claim)),
-                Some(c) if !c.consolidatable => {
-                    why.push(format!("{} is no longer consolidatable", p.claim))
-                }
-                Some(_) => {}
-            }
-            now.filter(|c| c.consolidatable && c.pods.is_empty())
-        })
-        .collect();
-    let kept = within_budget(still.iter().copied(), DisruptionReason::Empty, allowed);
-    if kept.is_empty() {
-        if !still.is_empty() {
-            why.push("the disruption budget allows none".into());
-        }
-        return Err(format!("no candidate is still empty: {}", why.join(", ")));
-    }
-    Ok(command(Method::Emptiness, kept, Vec::new()))
 }
 
 /// Upstream's search: the longest prefix (by disruption cost) of the consolidatable candidates
@@ -624,7 +521,7 @@ fn single_node(
     snapshot: &Snapshot,
     sorted: &[&Candidate],
     allowed: &Allowed,
-    why_not: &mut Vec<(String, String)>,
+    why_not: &mut Vec<(String, Hold)>,
 ) -> Option<Command> {
     // One node goes, so any candidate whose pool allows one more may be it.
     let eligible: Vec<&Candidate> = sorted
@@ -645,15 +542,19 @@ fn single_node(
     };
     (0..n.min(MAX_SINGLE_NODE_SIMULATIONS))
         .map(|i| eligible[(start + i) % n])
-        .find_map(
-            |c| match judged(&[c], consolidation::evaluate(snapshot, &[c])) {
-                Outcome::No(why) => {
-                    why_not.push((c.claim.clone(), why));
-                    None
-                }
-                ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
-            },
-        )
+        .find_map(|c| match removal(snapshot, c) {
+            Outcome::No(why) => {
+                why_not.push((c.claim.clone(), why));
+                None
+            }
+            ok => Some(finish(Method::SingleNodeConsolidation, vec![c], ok)),
+        })
+}
+
+/// What removing one candidate would take, as single-node consolidation judges it (and
+/// `explain node --remove` repeats it).
+pub fn removal(snapshot: &Snapshot, c: &Candidate) -> Outcome {
+    judged(&[c], consolidation::evaluate(snapshot, &[c]))
 }
 
 fn finish(method: Method, candidates: Vec<&Candidate>, outcome: Outcome) -> Command {

@@ -1327,3 +1327,5 @@ fn the_metrics_declare_every_method_with_its_decisions() {
         .collect();
     assert_eq!(declared, expected);
 }
+
+mod blockers;

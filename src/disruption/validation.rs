@@ -113,6 +113,7 @@ mod tests {
                 policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
                 static_pool: false,
                 repair: None,
+                hold: None,
             })
             .collect();
         Command {

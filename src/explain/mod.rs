@@ -1,11 +1,13 @@
 //! `karpenter-capi explain`: why a pod is pending or where it went, what a NodeClaim waits
-//! for, what a NodePool can launch. Read-only, against a live cluster, and answered by the
+//! for, what a NodePool can launch, what stops a node's disruption and what its removal would
+//! take. Read-only, against a live cluster, and answered by the
 //! controller's own code: the cluster is read once into the controller's indexes and catalog
 //! view ([`cluster`]), then the snapshot builder, the solver (with
 //! [`crate::scheduling::explain`]), the catalog and the disruption view decide, as they would in
 //! the controller. Each report is serializable (`-o json`) and displays as text.
 
 pub mod cluster;
+pub mod node;
 pub mod nodeclaim;
 pub mod nodepool;
 pub mod pod;
@@ -127,7 +129,8 @@ pub async fn run(cmd: crate::cli::ExplainCommand) -> Result<String, RunError> {
     let args = match &cmd {
         ExplainCommand::Pod { args, .. }
         | ExplainCommand::Nodeclaim { args, .. }
-        | ExplainCommand::Nodepool { args, .. } => args,
+        | ExplainCommand::Nodepool { args, .. }
+        | ExplainCommand::Node { args, .. } => args,
     };
     let (workload, management) =
         crate::app::clients(args.kubeconfig.as_deref(), &args.cluster_api).await?;
@@ -160,6 +163,10 @@ pub async fn run(cmd: crate::cli::ExplainCommand) -> Result<String, RunError> {
         }
         ExplainCommand::Nodepool { name, .. } => {
             let r = nodepool::explain(&cluster, name)?;
+            render(r.to_string(), serde_json::to_value(&r))
+        }
+        ExplainCommand::Node { name, remove, .. } => {
+            let r = node::explain(&cluster, name, *remove)?;
             render(r.to_string(), serde_json::to_value(&r))
         }
     }

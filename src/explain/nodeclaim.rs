@@ -248,6 +248,7 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
         executing: &executing,
         nominated: &executing,
         now: Timestamp::now(),
+        keep_held: false,
     };
     let v = view::gather(cluster.view(), &mem);
     let mut out = Disruption {
@@ -289,8 +290,8 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
         }
         return out;
     }
-    if let Some((_, why)) = v.blocked.iter().find(|(k, _)| k.name_any() == name) {
-        out.reason = Some(why.clone());
+    if let Some((_, hold)) = v.blocked.iter().find(|(k, _)| k.name_any() == name) {
+        out.reason = Some(hold.why.clone());
         return out;
     }
     if v.expired.iter().any(|k| k.name_any() == name) {
@@ -300,8 +301,8 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
     out.reason = Some(
         v.skipped
             .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, why)| why.to_string())
+            .find(|(k, _, _)| *k == name)
+            .map(|(_, why, _)| why.to_string())
             .unwrap_or_else(|| "the disruption view does not list it".into()),
     );
     out

@@ -408,6 +408,7 @@ pub fn candidate(
         policy: ConsolidationPolicy::WhenEmptyOrUnderutilized,
         static_pool: false,
         repair: None,
+        hold: None,
         pool_cost: 0.0,
         pool_disruption: 0.0,
     }

@@ -21,7 +21,7 @@ use crate::api::wellknown::{
     CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL,
 };
 use crate::capi::model::MachineDeployment;
-use crate::disruption::{self, Allowed, Candidate, Drift, drift};
+use crate::disruption::{self, Allowed, Blocker, Candidate, Drift, drift};
 use crate::state::claims::{recorded_deployment, recorded_instance};
 use crate::state::compact::CompactNode;
 use crate::state::pods::PodSummary;
@@ -36,7 +36,10 @@ use budget::BudgetCount;
 pub use budget::{BudgetStanding, budget_standing};
 pub use claim::POD_EVENT_WRITE_STEP;
 pub(in crate::view) use claim::under_way;
-use claim::{consolidatable, expired, pod_event_behind, pool_up_to_date, stamp_needed};
+use claim::{
+    consolidatable, consolidate_after_hold, expired, pod_event_behind, pool_up_to_date,
+    stamp_needed,
+};
 use rollout::{Hold, Rollout, at_min_size, deployment_hold};
 pub use snapshot::snapshot;
 
@@ -52,7 +55,9 @@ pub struct Stamp {
 pub struct View {
     pub candidates: Vec<Candidate>,
     /// Claims that would be candidates but for this (do-not-disrupt, a PodDisruptionBudget).
-    pub blocked: Vec<(Arc<NodeClaim>, String)>,
+    pub blocked: Vec<(Arc<NodeClaim>, disruption::Hold)>,
+    /// With `Memory::keep_held`: the candidates the blocked claims would make.
+    pub held_candidates: Vec<Candidate>,
     /// Claims due for repair that are held back: (claim, node, why), for `NodeRepairBlocked`.
     pub repair_blocked: Vec<(Arc<NodeClaim>, String, String)>,
     /// NodePools node repair's unhealthy-fraction guard holds, with why.
@@ -76,8 +81,9 @@ pub struct View {
     pub pod_event_times: Vec<(Arc<NodeClaim>, Timestamp)>,
     /// Pools with candidates for a reason whose budget allows no disruption now.
     pub budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
-    /// Claims this pass does not weigh at all, and why (for `explain`; the pass ignores them).
-    pub skipped: Vec<(String, &'static str)>,
+    /// Claims this pass does not weigh at all, and why (for `explain`; the pass ignores them),
+    /// with the blocker of those not already going.
+    pub skipped: Vec<(String, &'static str, Option<Blocker>)>,
     /// Nodes whose pool's `consolidateAfter` has not passed since their last pod event: a
     /// consolidation moves no pod onto them.
     pub under_consolidate_after: HashSet<String>,
@@ -101,6 +107,9 @@ pub struct Memory<'a> {
     /// candidates: still empty a moment before their pods arrive, they would go as empty.
     pub nominated: &'a HashSet<String>,
     pub now: Timestamp,
+    /// Keep the candidate a blocked claim would make too (`View::held_candidates`): `explain
+    /// node --remove` simulates removing a node whatever holds it; the pass does not need them.
+    pub keep_held: bool,
 }
 
 pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
@@ -253,18 +262,24 @@ impl<'a> Pass<'a> {
             self.restraint(&w, group.as_deref(), &worth, &on_node),
             repair,
         ) {
-            (Err(why), None) => view.blocked.push((c.clone(), why)),
+            (Err(hold), None) => {
+                if self.mem.keep_held {
+                    let held = candidate(w, worth, Some(hold.clone()), now);
+                    view.held_candidates.push(held);
+                }
+                view.blocked.push((c.clone(), hold));
+            }
             // What holds a healthy node back does not hold its repair: a candidate for that
             // alone.
-            (Err(_), Some(r)) => view.candidates.push(Candidate {
+            (Err(hold), Some(r)) => view.candidates.push(Candidate {
                 drift: None,
                 drifted_since: None,
                 repair: Some(r),
-                ..candidate(w, worth, false, now)
+                ..candidate(w, worth, Some(hold), now)
             }),
-            (Ok(may_consolidate), r) => view.candidates.push(Candidate {
+            (Ok(consolidation_hold), r) => view.candidates.push(Candidate {
                 repair: r,
-                ..candidate(w, worth, may_consolidate, now)
+                ..candidate(w, worth, consolidation_hold, now)
             }),
         }
     }
@@ -355,7 +370,7 @@ impl<'a> Pass<'a> {
         view: &mut View,
     ) -> Option<&'a Arc<NodePool>> {
         if c.metadata.deletion_timestamp.is_some() {
-            return skip(view, name, "it is being deleted");
+            return skip(view, name, "it is being deleted", None);
         }
         // No instance of such a pool can be removed by name: deleting its claim would leave a
         // cordoned instance behind (handed back to the pool), so nothing disrupts it by choice.
@@ -364,6 +379,7 @@ impl<'a> Pass<'a> {
                 view,
                 name,
                 "its MachinePool cannot remove a specific instance",
+                Some(Blocker::NotRemovable),
             );
         }
         if !node.is_some_and(CompactNode::deleting) && expired(c, self.mem.now) {
@@ -372,7 +388,12 @@ impl<'a> Pass<'a> {
         }
         match self.pools.get(pool) {
             Some(np) => Some(np),
-            None => skip(view, name, "its NodePool does not exist"),
+            None => skip(
+                view,
+                name,
+                "its NodePool does not exist",
+                Some(Blocker::Unmanaged),
+            ),
         }
     }
 
@@ -405,10 +426,11 @@ impl<'a> Pass<'a> {
     ) -> Option<(&'a CompactNode, &'a str)> {
         let initialized = conditions::is_true(c.conditions(), conditions::INITIALIZED);
         let (Some(node), true) = (node, initialized) else {
-            return skip(view, name, "it is not initialized with a Node yet");
+            let why = "it is not initialized with a Node yet";
+            return skip(view, name, why, Some(Blocker::NotInitialized));
         };
         if node.deleting() {
-            return skip(view, name, "its Node is being deleted");
+            return skip(view, name, "its Node is being deleted", None);
         }
         let ours = self.mem.executing.contains(name);
         if under_way(c, Some(node)) || ours {
@@ -419,6 +441,7 @@ impl<'a> Pass<'a> {
                 view,
                 name,
                 "a disruption command is already under way for it (karpenter.sh/disrupted taint or DisruptionReason condition)",
+                None,
             );
         }
         // A claim another provisioner launched names no MachineDeployment of ours until its
@@ -429,6 +452,7 @@ impl<'a> Pass<'a> {
                 view,
                 name,
                 "its MachineDeployment is not recorded yet (its adoption is under way)",
+                Some(Blocker::Unmanaged),
             );
         };
         Some((node, md))
@@ -494,56 +518,78 @@ impl<'a> Pass<'a> {
         drift::drifted(w.claim, w.np, provider)
     }
 
-    /// Why nothing may disrupt the claim now; when something may, whether consolidation may
-    /// too (drift always may).
+    /// What holds every disruption of the claim now (`Err`); when nothing does, what holds its
+    /// consolidation (`Ok(Some)`: drift still may), in the order the rules are checked.
     fn restraint(
         &mut self,
         w: &Weighable<'a>,
         group: Option<&MachineDeployment>,
         worth: &Worth<'_>,
         on_node: &[&PodSummary],
-    ) -> Result<bool, String> {
+    ) -> Result<Option<disruption::Hold>, disruption::Hold> {
+        use disruption::Hold;
         // An operator's pause holds every voluntary disruption of the pool, as Cluster API's
         // pause (`deployment_holds`) holds its groups' nodes: filed as blocked, with the reason.
         refuse(
             disruption::pause::paused(self.inputs.settings.disruption.paused, w.np)
-                .map(|p| p.message()),
+                .map(|p| Hold::new(Blocker::Paused, p.message())),
         )?;
         if self.mem.nominated.contains(&w.name) {
-            return Err("pods are planned onto it (nominated: the replacement of a disruption, or a node the provisioner chose for pending pods)".to_string());
+            return Err(Hold::new(
+                Blocker::Nominated,
+                "pods are planned onto it (nominated: the replacement of a disruption, or a node the provisioner chose for pending pods)",
+            ));
         }
-        refuse(self.rollout.protects(&w.name))?;
+        refuse(
+            self.rollout
+                .protects(&w.name)
+                .map(held(Blocker::RollingOut)),
+        )?;
         let rolling_out = self.deployment_holds(w.md, worth.drift)?;
         refuse(node_protected(w.claim, w.node))?;
         // Drift launches its replacement first, so only consolidation is held at min size.
         refuse(
             group
                 .filter(|_| worth.drift.is_none())
-                .and_then(at_min_size),
+                .and_then(at_min_size)
+                .map(held(Blocker::MinSize)),
         )?;
         // A node the last solve put a CapacityBuffer's placeholders on holds the buffer's room:
         // not empty, and not consolidated (upstream's emptiness check); drift still replaces it.
-        let holds_buffer =
-            worth.moving.is_empty() && self.inputs.state.buffers.read().hosts(w.node.name());
+        let holds_buffer = (worth.moving.is_empty()
+            && self.inputs.state.buffers.read().hosts(w.node.name()))
+        .then(|| {
+            Hold::new(
+                Blocker::BufferPods,
+                "it holds a CapacityBuffer's placeholder pods",
+            )
+        });
         let pods_hold = self.pods_hold(w.claim, worth.drift, on_node)?;
         // A static pool's nodes are held: only drift replaces them, one for one.
-        if w.np.is_static() && worth.drift.is_none() {
-            return Err(
-                "its NodePool is static (spec.replicas): its nodes are held, not consolidated"
-                    .to_string(),
-            );
+        let static_pool = w.np.is_static().then(|| {
+            Hold::new(
+                Blocker::StaticPool,
+                "its NodePool is static (spec.replicas): its nodes are held, not consolidated",
+            )
+        });
+        if let (Some(hold), None) = (&static_pool, worth.drift) {
+            return Err(hold.clone());
         }
-        Ok(!rolling_out && !holds_buffer && !pods_hold && !w.np.is_static())
+        Ok(rolling_out.or(holds_buffer).or(pods_hold).or(static_pool))
     }
 
     /// Whether the claim's MachineDeployment holds it: paused, or mid-rollout, where a drifted
-    /// claim stays a drift candidate only (then `Ok(true)`).
-    fn deployment_holds(&mut self, md: &str, drift: Option<Drift>) -> Result<bool, String> {
+    /// claim stays a drift candidate only (then `Ok(Some)`, consolidation held).
+    fn deployment_holds(
+        &mut self,
+        md: &str,
+        drift: Option<Drift>,
+    ) -> Result<Option<disruption::Hold>, disruption::Hold> {
         match self.hold(md) {
-            Some(Hold::Paused(why)) => Err(why),
-            Some(Hold::RollingOut(why)) if drift.is_none() => Err(why),
-            Some(Hold::RollingOut(_)) => Ok(true),
-            None => Ok(false),
+            Some(Hold::Paused(why)) => Err(held(Blocker::Paused)(why)),
+            Some(Hold::RollingOut(why)) if drift.is_none() => Err(held(Blocker::RollingOut)(why)),
+            Some(Hold::RollingOut(why)) => Ok(Some(held(Blocker::RollingOut)(why))),
+            None => Ok(None),
         }
     }
 
@@ -569,31 +615,36 @@ impl<'a> Pass<'a> {
 
     /// Whether the claim's pods hold it. Upstream's eventual disruption class: a drifted claim
     /// with a terminationGracePeriod is replaced even when its pods block eviction (the drain
-    /// honours them until the grace period ends), only not consolidated (then `Ok(true)`); for
+    /// honours them until the grace period ends), only not consolidated (then `Ok(Some)`); for
     /// everything else they protect it.
     fn pods_hold(
         &self,
         c: &NodeClaim,
         drift: Option<Drift>,
         on_node: &[&PodSummary],
-    ) -> Result<bool, String> {
-        let Some(why) = pods_protected(on_node, &self.pdbs, self.mem.now) else {
-            return Ok(false);
+    ) -> Result<Option<disruption::Hold>, disruption::Hold> {
+        let Some(hold) = pods_protected(on_node, &self.pdbs, self.mem.now) else {
+            return Ok(None);
         };
         let eventual = drift.is_some() && c.spec.termination_grace_period.is_some();
-        if eventual { Ok(true) } else { Err(why) }
+        if eventual { Ok(Some(hold)) } else { Err(hold) }
     }
 }
 
-/// Files the claim as one the pass does not weigh, and why.
-fn skip<T>(view: &mut View, name: &str, why: &'static str) -> Option<T> {
-    view.skipped.push((name.to_string(), why));
+/// Files the claim as one the pass does not weigh, and why (a blocker unless it is going).
+fn skip<T>(view: &mut View, name: &str, why: &'static str, blocker: Option<Blocker>) -> Option<T> {
+    view.skipped.push((name.to_string(), why, blocker));
     None
 }
 
-/// `Err` with the reason, when there is one.
-fn refuse(why: Option<String>) -> Result<(), String> {
-    why.map_or(Ok(()), Err)
+/// `Err` with the hold, when there is one.
+fn refuse(hold: Option<disruption::Hold>) -> Result<(), disruption::Hold> {
+    hold.map_or(Ok(()), Err)
+}
+
+/// `why`, held by `blocker`.
+fn held(blocker: Blocker) -> impl Fn(String) -> disruption::Hold {
+    move |why| disruption::Hold::new(blocker, why)
 }
 
 /// What the claim's consolidatability means beyond this pass: its Node, inside its pool's
@@ -613,14 +664,16 @@ fn note_conditions(w: &Weighable<'_>, worth: &Worth<'_>, view: &mut View) {
     }
 }
 
-/// The candidate a claim nothing holds back makes; consolidatable only if `may_consolidate`.
+/// The candidate a claim nothing holds back makes; consolidatable only if nothing holds its
+/// consolidation (`hold`) and `consolidateAfter` has passed.
 fn candidate(
     w: Weighable<'_>,
     worth: Worth<'_>,
-    may_consolidate: bool,
+    hold: Option<disruption::Hold>,
     now: Timestamp,
 ) -> Candidate {
     let c = w.claim;
+    let hold = hold.or_else(|| consolidate_after_hold(w.np, worth.consolidatable));
     Candidate {
         claim: w.name,
         node: w.node.name().to_string(),
@@ -646,10 +699,11 @@ fn candidate(
         pods: worth.moving.iter().map(|p| p.key().to_string()).collect(),
         disruption_cost: disruption::claim_disruption_cost(c, &worth.moving, now),
         drift: worth.drift,
-        consolidatable: worth.consolidatable && may_consolidate,
+        consolidatable: hold.is_none(),
         policy: w.np.disruption().consolidation_policy(),
         static_pool: w.np.is_static(),
         repair: None,
+        hold,
     }
 }
 

@@ -11,26 +11,29 @@ use kube::ResourceExt;
 
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::DO_NOT_DISRUPT_ANNOTATION;
+use crate::disruption::{Blocker, Hold};
 use crate::scheduling::selector::Selector;
 use crate::state::compact::CompactNode;
 use crate::state::pods::PodSummary;
 
 /// `do-not-disrupt: "true"` on the claim or its Node.
-pub(super) fn node_protected(c: &NodeClaim, node: &CompactNode) -> Option<String> {
+pub(super) fn node_protected(c: &NodeClaim, node: &CompactNode) -> Option<Hold> {
     let dnd = |a: &BTreeMap<String, String>| {
         a.get(DO_NOT_DISRUPT_ANNOTATION).map(String::as_str) == Some("true")
     };
-    if dnd(c.annotations()) {
-        return Some(format!(
-            "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the NodeClaim"
-        ));
-    }
-    if node.annotations().get(DO_NOT_DISRUPT_ANNOTATION) == Some("true") {
-        return Some(format!(
-            "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the Node"
-        ));
-    }
-    None
+    let on = if dnd(c.annotations()) {
+        "NodeClaim"
+    } else if node.annotations().get(DO_NOT_DISRUPT_ANNOTATION) == Some("true") {
+        "Node"
+    } else {
+        return None;
+    };
+    Some(Hold::new(
+        Blocker::DoNotDisrupt,
+        format!(
+            "disruption is blocked through the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation on the {on}"
+        ),
+    ))
 }
 
 /// A pod that blocks the node's eviction: do-not-disrupt, or a PodDisruptionBudget.
@@ -38,21 +41,22 @@ pub(super) fn pods_protected(
     on_node: &[&PodSummary],
     pdbs: &PdbIndex,
     now: Timestamp,
-) -> Option<String> {
+) -> Option<Hold> {
     // Upstream's `IsDisruptable`: an active pod (DaemonSet and static ones included) whose
     // do-not-disrupt is "true" or a duration still running since it started.
     for p in on_node.iter().filter(|p| p.is_active()) {
         if p.do_not_disrupt(now) {
-            return Some(format!(
+            let why = format!(
                 "pod {} has the \"{DO_NOT_DISRUPT_ANNOTATION}\" annotation",
                 p.key()
-            ));
+            );
+            return Some(Hold::new(Blocker::DoNotDisrupt, why));
         }
     }
     // Upstream's `CanEvictPods`: every pod a drain would evict, DaemonSet pods included.
     for p in on_node.iter().filter(|p| p.is_evictable(now)) {
         if let Some(why) = pdbs.blocks(p) {
-            return Some(why);
+            return Some(Hold::new(Blocker::Pdb, why));
         }
     }
     None

@@ -33,6 +33,7 @@ pub use karpenter_capi::testing::merge;
 pub mod buffers;
 pub mod chart;
 pub mod claims;
+pub mod explain;
 pub mod exposition;
 pub mod go_provider;
 pub mod repair;

@@ -82,6 +82,26 @@ impl Env {
     fn claim_objects(&self) -> Vec<Value> {
         self.list("nodeclaims")
     }
+
+    /// MachineDeployment `md-1` (`sim-1`, 0.21/h against `sim-0`'s 0.20/h, same shape), once
+    /// the catalog offers it.
+    pub(crate) async fn offer_pricier_sim_1(&self) {
+        self.sim
+            .run(|c| async move {
+                c.create_machine_deployment_from(&seed_of(1, 10))
+                    .await
+                    .expect("a pricier MachineDeployment");
+            })
+            .await
+            .expect("seeding");
+        self.wait("the catalog offering sim-1", || {
+            self.controller
+                .as_ref()
+                .and_then(|c| c.shared.catalog.offering("default/md-1"))
+                .map(|_| ())
+        })
+        .await;
+    }
 }
 
 fn tainted(node: &Value) -> bool {
@@ -221,21 +241,7 @@ async fn a_drifted_claim_is_replaced_before_it_goes() {
 #[actix::test]
 async fn an_underutilized_node_is_replaced_by_a_cheaper_one() {
     let env = env_fast().await;
-    env.sim
-        .run(|c| async move {
-            c.create_machine_deployment_from(&seed_of(1, 10))
-                .await
-                .expect("a pricier MachineDeployment");
-        })
-        .await
-        .expect("seeding");
-    env.wait("the catalog offering sim-1", || {
-        env.controller
-            .as_ref()
-            .and_then(|c| c.shared.catalog.offering("default/md-1"))
-            .map(|_| ())
-    })
-    .await;
+    env.offer_pricier_sim_1().await;
     // sim-1 costs 0.21/h, sim-0 0.20/h, same shape: moving the pod saves money.
     let mut claim = claim_for(&env.pool, "sim-1");
     claim.spec.expire_after = None;
@@ -708,23 +714,7 @@ fn the_parity_table_names_tests_that_exist() {
             row[0],
             row[2]
         );
-        let tests: Vec<&str> = row[4]
-            .split('`')
-            .skip(1)
-            .step_by(2)
-            .filter(|t| t.contains("::"))
-            .collect();
-        assert!(!tests.is_empty(), "row {} names no test", row[0]);
-        for t in tests {
-            let (file, name) = t.rsplit_once("::").expect("file::test");
-            let src = std::fs::read_to_string(root.join(file))
-                .unwrap_or_else(|e| panic!("row {}: {file}: {e}", row[0]));
-            assert!(
-                src.contains(&format!("fn {name}(")),
-                "row {}: no test {name} in {file}",
-                row[0]
-            );
-        }
+        common::explain::assert_named_tests_exist(row[0], row[4]);
     }
 }
 

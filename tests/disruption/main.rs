@@ -16,3 +16,4 @@ mod simulate_disruption;
 mod static_pools;
 mod terminate_first;
 mod under_faults;
+mod why_not;

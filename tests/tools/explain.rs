@@ -25,25 +25,7 @@ use common::{NS, env_cfg, fast_cluster};
 
 /// Runs the binary with `--kubeconfig` and `-o json`; returns the parsed report.
 fn explain(kubeconfig: &Path, args: &[&str]) -> Value {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
-        .arg("explain")
-        .args(args)
-        .args(["-o", "json", "--kubeconfig"])
-        .arg(kubeconfig)
-        .output()
-        .expect("running karpenter-capi explain");
-    assert!(
-        out.status.success(),
-        "explain {args:?} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "explain {args:?} printed no JSON ({e}):\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
+    common::explain::explain_json(kubeconfig, args)
 }
 
 fn pod(name: &str, cpu: &str, extra: Value) -> Pod {

@@ -7,8 +7,8 @@ use std::time::Instant;
 use super::execute;
 use crate::actors::Shared;
 use crate::actors::events::Events;
-use crate::disruption::{self, Allowed, Candidate, Command};
-use crate::metrics::{ConsolidationTypeLabels, EvaluationLabels, Metrics};
+use crate::disruption::{self, Allowed, Blocked, Candidate, Command, Hold};
+use crate::metrics::{ConsolidationTypeLabels, EvaluationLabels, Metrics, PoolBlockerLabels};
 use crate::scheduling::Snapshot;
 use crate::view::disruption as view;
 
@@ -26,20 +26,30 @@ pub(super) struct Question {
     pub(super) not_draining_yet: HashSet<String>,
     /// Consolidation may still wait for pods on their way.
     pub(super) may_settle: bool,
+    /// Nodes the pass held before any decision (the view's and the actor's holds), with their
+    /// first blocker.
+    pub(super) held: Vec<Blocked>,
 }
 
-/// A command, whether it is the due one validated, and the claims consolidation gave up on
-/// (with why); then the pods on their way to nodes (None: not looked at).
-type Solved = (
-    (Option<Command>, bool, Vec<(String, String)>),
-    Option<usize>,
-);
+/// What the decision came to.
+#[derive(Default)]
+struct Solved {
+    command: Option<Command>,
+    /// It is the due command, validated.
+    validated: bool,
+    /// The claims consolidation gave up on, with why.
+    unconsolidatable: Vec<(String, Hold)>,
+    /// Every candidate not taken, with its first blocker.
+    blocked: Vec<Blocked>,
+    /// The pods on their way to nodes (None: not looked at).
+    on_their_way: Option<usize>,
+}
 
 /// The command the pass comes to, with whether it is the due one that passed its validation,
 /// and the pods on their way to nodes (None: not looked at).
 pub(super) async fn decide(
     shared: &Shared,
-    q: Question,
+    mut q: Question,
 ) -> (Option<(Command, bool)>, Option<usize>) {
     let validating = q
         .due
@@ -55,8 +65,12 @@ pub(super) async fn decide(
             .iter()
             .any(|c| c.drift.is_some() || c.consolidatable || c.repair.is_some());
     let mut started = Instant::now();
-    let ((command, validated, unconsolidatable), on_their_way) = if undecidable {
-        Default::default()
+    let mut held = std::mem::take(&mut q.held);
+    let solved = if undecidable {
+        Solved {
+            blocked: disruption::pass::blocked_besides(&q.candidates, &q.allowed, None),
+            ..Solved::default()
+        }
     } else {
         let snapshot = view::snapshot(
             shared.view(),
@@ -70,10 +84,39 @@ pub(super) async fn decide(
             .unwrap_or_default()
     };
     let m = &shared.metrics;
+    let Solved {
+        command,
+        validated,
+        unconsolidatable,
+        blocked,
+        on_their_way,
+    } = solved;
     count_failed_validations(m, validating, command.as_ref().filter(|_| validated));
     time_evaluation(m, command.as_ref(), started);
     announce_unconsolidatable(shared, &unconsolidatable);
+    held.extend(blocked);
+    publish_blockers(m, &held);
     (command.map(|c| (c, validated)), on_their_way)
+}
+
+/// `karpenter_voluntary_disruption_blocked_nodes`: this pass's nodes per pool and first
+/// blocker. Set whole each pass, so a pool or blocker gone from the pass leaves no stale series.
+fn publish_blockers(m: &Metrics, blocked: &[Blocked]) {
+    let mut counts: std::collections::BTreeMap<(&str, &'static str), i64> = Default::default();
+    for b in blocked {
+        *counts
+            .entry((b.nodepool.as_str(), b.hold.blocker.label()))
+            .or_default() += 1;
+    }
+    m.disruption_blocked_nodes.clear();
+    for ((nodepool, blocker), n) in counts {
+        m.disruption_blocked_nodes
+            .get_or_create(&PoolBlockerLabels {
+                nodepool: nodepool.to_string(),
+                blocker: blocker.to_string(),
+            })
+            .set(n);
+    }
 }
 
 /// On a blocking thread: the due command validated, if it still holds; else a new decision,
@@ -86,39 +129,50 @@ fn solve(mut snapshot: Snapshot, q: Question) -> Solved {
             "pending pods the cluster has room for now: their room is kept"
         );
     }
-    if let Some(validated) = q
-        .due
-        .as_ref()
-        .and_then(|pending| validated(&snapshot, &q.candidates, &q.allowed, pending))
-    {
-        return ((Some(validated), true, Vec::new()), None);
-    }
-    let mut candidates = q.candidates;
-    let (moving, held) = disruption::consolidation::wait_for_pods_on_their_way(
+    let dropped = match q.due.as_ref().map(|pending| {
+        (
+            pending,
+            validated(&snapshot, &q.candidates, &q.allowed, pending),
+        )
+    }) {
+        Some((_, Ok(cmd))) => {
+            return Solved {
+                blocked: disruption::pass::blocked_besides(&q.candidates, &q.allowed, Some(&cmd)),
+                command: Some(cmd),
+                validated: true,
+                ..Solved::default()
+            };
+        }
+        Some((pending, Err(why))) => Some((pending, why)),
+        None => None,
+    };
+    let (mut d, moving) = disruption::pass::settle_and_decide(
         &snapshot,
-        &mut candidates,
+        q.candidates,
+        &q.allowed,
         &q.not_draining_yet,
         q.may_settle,
     );
-    if held > 0 {
-        tracing::debug!(
-            pods = moving,
-            candidates = held,
-            "consolidation waits for pods on their way to land"
-        );
+    if let Some((pending, why)) = dropped {
+        disruption::pass::churned(pending, &why, &mut d);
     }
-    let d = disruption::decide_explained(&snapshot, &candidates, &q.allowed);
-    ((d.command, false, d.unconsolidatable), Some(moving))
+    Solved {
+        command: d.command,
+        validated: false,
+        unconsolidatable: d.unconsolidatable,
+        blocked: d.blocked,
+        on_their_way: Some(moving),
+    }
 }
 
 /// The pending command as it still holds (it goes on without candidates no longer valid), or
-/// None when it is dropped.
+/// why it is dropped.
 fn validated(
     snapshot: &Snapshot,
     candidates: &[Candidate],
     allowed: &Allowed,
     pending: &Command,
-) -> Option<Command> {
+) -> Result<Command, String> {
     match disruption::revalidate(snapshot, candidates, allowed, pending) {
         Ok(validated) => {
             if validated.candidates.len() < pending.candidates.len() {
@@ -128,7 +182,7 @@ fn validated(
                     "disruption command goes on without candidates no longer valid"
                 );
             }
-            Some(validated)
+            Ok(validated)
         }
         Err(why) => {
             tracing::debug!(
@@ -136,7 +190,7 @@ fn validated(
                 why = %why,
                 "disruption command dropped at validation"
             );
-            None
+            Err(why)
         }
     }
 }
@@ -173,7 +227,7 @@ fn time_evaluation(m: &Metrics, command: Option<&Command>, started: Instant) {
         .observe(started.elapsed().as_secs_f64());
 }
 
-fn announce_unconsolidatable(shared: &Shared, unconsolidatable: &[(String, String)]) {
+fn announce_unconsolidatable(shared: &Shared, unconsolidatable: &[(String, Hold)]) {
     for (claim, why) in unconsolidatable {
         tracing::debug!(nodeclaim = %claim, why = %why, "cannot be consolidated");
         let c = shared.state.claims.read().get(claim);

@@ -17,6 +17,14 @@ impl Disruption {
         for c in candidates.iter_mut().filter(|c| c.drift.is_some()) {
             if self.drift_backoff.backed_off(&c.nodepool, now) {
                 c.drift = None;
+                // Drift would have taken it: the back-off is what stopped it first.
+                if !c.consolidatable {
+                    let why = format!(
+                        "NodePool {}'s drift backs off after failed launches",
+                        c.nodepool
+                    );
+                    c.hold = Some(disruption::Hold::new(disruption::Blocker::Backoff, why));
+                }
             }
         }
     }

@@ -41,7 +41,7 @@ use super::Shared;
 use super::backoff::Backoff;
 use super::events::Events;
 use crate::api::conditions;
-use crate::api::wellknown::REPLACES_ANNOTATION;
+use crate::api::wellknown::{NODEPOOL_LABEL, REPLACES_ANNOTATION};
 use crate::disruption::drift_backoff::DriftBackoff;
 use crate::disruption::validation::{self, Next, Pending, Stage};
 use crate::disruption::{self, Command};
@@ -250,7 +250,8 @@ impl Disruption {
     /// What the decision is asked, or None while a pending decision waits for its validation.
     /// One whose period is over is validated rather than decided again.
     fn question(&mut self, view: &mut view::View) -> Option<decide::Question> {
-        let candidates = self.decision_candidates(view);
+        let (candidates, mut held) = self.decision_candidates(view);
+        held.extend(self.held_by_the_view(view));
         let leaving = self.leaving();
         let under_consolidate_after = std::mem::take(&mut view.under_consolidate_after);
         let allowed = self.next_allowed(&view.allowed);
@@ -272,29 +273,62 @@ impl Disruption {
             due,
             not_draining_yet: self.not_draining_yet(),
             may_settle: self.may_settle(),
+            held,
         })
     }
 
+    /// The nodes the view held (blocked, and skipped for a reason other than going), with
+    /// their first blocker.
+    fn held_by_the_view(&self, view: &view::View) -> Vec<disruption::Blocked> {
+        let claims = self.shared.state.claims.read();
+        let pool_of = |name: &str| {
+            claims
+                .get(name)
+                .and_then(|c| c.labels().get(NODEPOOL_LABEL).cloned())
+                .unwrap_or_default()
+        };
+        let blocked = view.blocked.iter().map(|(c, hold)| disruption::Blocked {
+            claim: c.name_any(),
+            nodepool: c.labels().get(NODEPOOL_LABEL).cloned().unwrap_or_default(),
+            hold: hold.clone(),
+        });
+        let skipped = view.skipped.iter().filter_map(|(name, why, blocker)| {
+            Some(disruption::Blocked {
+                claim: name.clone(),
+                nodepool: pool_of(name),
+                hold: disruption::Hold::new((*blocker)?, *why),
+            })
+        });
+        blocked.chain(skipped).collect()
+    }
+
     /// The view's candidates a decision may take: those of a command rolled back a moment ago
-    /// wait out their own backoff, while consolidation is paused only empty nodes and drift
-    /// go, and the drifted nodes of a pool whose drift backs off are not drifted.
-    fn decision_candidates(&mut self, view: &mut view::View) -> Vec<disruption::Candidate> {
+    /// wait out their own backoff (returned as held), while consolidation is paused only empty
+    /// nodes and drift go, and the drifted nodes of a pool whose drift backs off are not
+    /// drifted.
+    fn decision_candidates(
+        &mut self,
+        view: &mut view::View,
+    ) -> (Vec<disruption::Candidate>, Vec<disruption::Blocked>) {
+        use disruption::{Blocker, Hold, blocker};
         // Moved out, not copied: housekeeping reads the rest of the view, never the candidates
         // (at 5,000 nodes a copy held every node's pod names twice).
         let mut candidates = std::mem::take(&mut view.candidates);
         let at = Instant::now();
-        candidates.retain(|c| {
-            self.failed
-                .get(&c.claim)
-                .is_none_or(|(until, _)| *until <= at)
+        let held = blocker::hold_back(&mut candidates, |c| {
+            let (until, _) = self.failed.get(&c.claim).filter(|(until, _)| *until > at)?;
+            let left = until.duration_since(at).as_secs();
+            let why = format!("its command was rolled back; it backs off for {left}s more");
+            Some(Hold::new(Blocker::Backoff, why))
         });
         if self.consolidation_paused() {
+            let why = "consolidation pauses after a consolidation whose pods needed new nodes";
             for c in candidates.iter_mut().filter(|c| !c.pods.is_empty()) {
-                c.consolidatable = false;
+                blocker::hold_consolidation(c, Hold::new(Blocker::Backoff, why));
             }
         }
         self.hold_backed_off_drift(&mut candidates);
-        candidates
+        (candidates, held)
     }
 
     /// Consolidation of non-empty nodes stays quiet after a consolidation that overshot; the
@@ -469,6 +503,7 @@ impl Disruption {
                 executing: &executing,
                 nominated: &nominated,
                 now,
+                keep_held: false,
             },
         )
     }

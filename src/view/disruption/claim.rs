@@ -14,7 +14,7 @@ use crate::api::nodepool::NodePool;
 use crate::api::wellknown::{
     DISRUPTED_TAINT_KEY, INFRA_POOL_HASH_ANNOTATION, POOL_TEMPLATE_HASH_ANNOTATION,
 };
-use crate::disruption::Drift;
+use crate::disruption::{Blocker, Drift, Hold};
 use crate::state::compact::CompactNode;
 
 pub(super) fn expired(c: &NodeClaim, now: Timestamp) -> bool {
@@ -82,6 +82,28 @@ pub(super) fn consolidatable(
         last.max(started)
     };
     since(last, now) >= after
+}
+
+/// Why the pool's `consolidateAfter` keeps consolidation off the node now, if it does: never
+/// (`Never`), or not yet (`consolidatable` is [`consolidatable`]'s answer).
+pub(super) fn consolidate_after_hold(np: &NodePool, consolidatable: bool) -> Option<Hold> {
+    if consolidatable {
+        return None;
+    }
+    let name = np.metadata.name.as_deref().unwrap_or_default();
+    Some(match np.disruption().consolidate_after().duration() {
+        None => Hold::new(
+            Blocker::ConsolidationDisabled,
+            format!("NodePool {name} has consolidateAfter: Never"),
+        ),
+        Some(after) => Hold::new(
+            Blocker::NotConsolidatable,
+            format!(
+                "NodePool {name}'s consolidateAfter ({}) has not passed since the node's last pod event",
+                crate::api::duration::format(after)
+            ),
+        ),
+    })
 }
 
 pub(super) fn stamp_needed(c: &NodeClaim, drift: Option<Drift>, consolidatable: bool) -> bool {

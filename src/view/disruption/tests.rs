@@ -11,7 +11,7 @@ fn protected(
     on_node: &[Arc<Pod>],
     pdbs: &PdbIndex,
     now: Timestamp,
-) -> Option<String> {
+) -> Option<crate::disruption::Hold> {
     let summaries: Vec<PodSummary> = on_node.iter().map(|p| PodSummary::of(p)).collect();
     let summaries: Vec<&PodSummary> = summaries.iter().collect();
     node_protected(c, node).or_else(|| pods_protected(&summaries, pdbs, now))
@@ -275,6 +275,7 @@ fn consolidate_after_never_counts_from_before_the_actor_started() {
             executing: &executing,
             nominated: &executing,
             now: at("2026-01-01T10:00:00Z"),
+            keep_held: false,
         };
         consolidatable(
             &claim,
@@ -401,3 +402,5 @@ fn do_not_repair_true_vetoes_and_do_not_disrupt_does_not() {
         Some("paused")
     );
 }
+
+mod blockers;
