@@ -17,9 +17,7 @@ use super::protection::{PdbIndex, node_protected, pods_protected};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::{DisruptionReason, NodePool};
-use crate::api::wellknown::{
-    CAPACITY_TYPE_LABEL, CAPACITY_TYPE_ON_DEMAND, INSTANCE_TYPE_LABEL, NODEPOOL_LABEL,
-};
+use crate::api::wellknown::NODEPOOL_LABEL;
 use crate::capi::model::MachineDeployment;
 use crate::disruption::{self, Allowed, Blocker, Candidate, Drift, drift};
 use crate::state::claims::{recorded_deployment, recorded_instance};
@@ -28,7 +26,9 @@ use crate::state::pods::PodSummary;
 use crate::state::{MachineDeployments, Machines, Nodes, Pods};
 
 mod budget;
+mod candidate;
 mod claim;
+use candidate::{candidate, reschedule_cost, share_pool_totals};
 mod repair;
 mod rollout;
 mod snapshot;
@@ -664,59 +664,6 @@ fn note_conditions(w: &Weighable<'_>, worth: &Worth<'_>, view: &mut View) {
     }
 }
 
-/// The candidate a claim nothing holds back makes; consolidatable only if nothing holds its
-/// consolidation (`hold`) and `consolidateAfter` has passed.
-fn candidate(
-    w: Weighable<'_>,
-    worth: Worth<'_>,
-    hold: Option<disruption::Hold>,
-    now: Timestamp,
-) -> Candidate {
-    let c = w.claim;
-    let hold = hold.or_else(|| consolidate_after_hold(w.np, worth.consolidatable));
-    Candidate {
-        claim: w.name,
-        node: w.node.name().to_string(),
-        nodepool: w.pool,
-        price: worth.price,
-        instance_type: c
-            .labels()
-            .get(INSTANCE_TYPE_LABEL)
-            .cloned()
-            .unwrap_or_default(),
-        machine_deployment: w.md.to_string(),
-        reschedule_cost: worth.reschedule_cost,
-        drifted_since: conditions::get(c.conditions(), conditions::DRIFTED)
-            .filter(|d| d.is_true())
-            .map(|d| d.last_transition_time.0.as_second()),
-        pool_cost: 0.0,
-        pool_disruption: 0.0,
-        capacity_type: c
-            .labels()
-            .get(CAPACITY_TYPE_LABEL)
-            .cloned()
-            .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
-        pods: worth.moving.iter().map(|p| p.key().to_string()).collect(),
-        disruption_cost: disruption::claim_disruption_cost(c, &worth.moving, now),
-        drift: worth.drift,
-        consolidatable: hold.is_none(),
-        policy: w.np.disruption().consolidation_policy(),
-        static_pool: w.np.is_static(),
-        repair: None,
-        hold,
-    }
-}
-
-/// Each candidate's pool totals, which the `Balanced` policy weighs a move against.
-fn share_pool_totals(candidates: &mut [Candidate], totals: &HashMap<String, (f64, f64)>) {
-    for c in candidates {
-        if let Some((cost, disruption)) = totals.get(&c.nodepool) {
-            c.pool_cost = *cost;
-            c.pool_disruption = *disruption;
-        }
-    }
-}
-
 /// The groups each NodeClass selects (offered or not), for NodeClasses the catalog is sure of.
 fn selected_by_nodeclass(
     catalog: &CatalogView,
@@ -733,15 +680,6 @@ fn selected_by_nodeclass(
         }
     }
     out
-}
-
-/// Upstream's reschedule disruption cost: 1 for the node itself, plus each moving pod's
-/// eviction cost where it is positive.
-fn reschedule_cost(moving: &[&PodSummary]) -> f64 {
-    1.0 + moving
-        .iter()
-        .map(|p| p.eviction_cost().max(0.0))
-        .sum::<f64>()
 }
 
 #[cfg(test)]
