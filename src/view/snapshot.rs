@@ -59,29 +59,90 @@ pub fn build<'a>(
     let nodes_idx = st.nodes.read();
     let node_list: Vec<&CompactNode> = nodes_idx.all().collect();
     let claims: Vec<Arc<NodeClaim>> = st.claims.read().all().cloned().collect();
-    let claim_of_node = claims_by_node(&claims);
     let deleting = deleting_nodes(
         node_list.iter().copied(),
         &nodes_of_deleting_claims(claims.iter()),
     );
+    let (pods, rescheduled_keys) = pods_to_place(view, &pods_idx, &deleting);
+    let default_spread = default_spread(view);
+    let bound_pods = bound_pods(
+        &pods_idx,
+        which,
+        default_spread.is_some(),
+        &rescheduled_keys,
+    );
+    let mut nodes = existing_nodes(&node_list, &deleting, &claims, &pods_idx);
+    nodes.extend(in_flight_claims(&claims, &node_list, view.catalog));
+    let mut usage = super::usage::usage_by_pool(st);
+    let mut unlaunched = unlaunched_by_pool(&claims);
+    nodes.extend(creating_claims(
+        &creating,
+        view.catalog,
+        &mut usage,
+        &mut unlaunched,
+    ));
+    Snapshot {
+        pods,
+        bound_pods,
+        nodes,
+        nodepools: pool_inputs(view, &usage, &unlaunched),
+        daemonsets: daemon_pods(view, &pods_idx),
+        preference_policy: preference,
+        min_values_policy: view.settings.min_values_policy,
+        // Namespaces are not watched yet: only empty namespaceSelectors match.
+        namespaces: Default::default(),
+        default_spread,
+        // Set by whoever solves: the provisioner for pending pods, disruption for moved ones.
+        volume_topology: Default::default(),
+        // Set by the provisioner from its plans; disruption simulates without them.
+        nominated: Default::default(),
+        // Set by disruption's simulations.
+        moved: Default::default(),
+        under_consolidate_after: Default::default(),
+        displaced: rescheduled_keys,
+        // Set by disruption before it decides.
+        about_to_bind: Default::default(),
+        quotas,
+    }
+}
+
+/// What a pool counts per claim not launched yet: the instance types it may launch as, and
+/// what `usage` counts it at so far.
+type Unlaunched = HashMap<String, Vec<(Option<Requirement>, Resources)>>;
+
+/// The pods to place: the provisionable ones, the pods leaving nodes will give up (planned
+/// for now, and left out of the bound pods, so a pod is never counted both where it is and
+/// where it will go), and CapacityBuffers' placeholders (packed like pending pods, so their
+/// room is kept; a disruption simulation has to find them room too). Also the keys of the
+/// pods given up.
+fn pods_to_place(
+    view: Inputs<'_>,
+    pods_idx: &pods::Pods,
+    deleting: &HashSet<String>,
+) -> (Vec<Pod>, HashSet<String>) {
+    let st = view.state;
     let mut pods: Vec<Pod> = pods_idx
         .provisionable()
         .iter()
         .map(|p| (**p).clone())
         .collect();
-    // The pods those nodes will give up, planned for now (they are left out of the bound pods,
-    // so a pod is never counted both where it is and where it will go).
-    let rescheduled = reschedulable_pods(&pods_idx, &deleting, st.pdbs.read().all());
+    let rescheduled = reschedulable_pods(pods_idx, deleting, st.pdbs.read().all());
     let rescheduled_keys: HashSet<String> = rescheduled.iter().map(pods::key).collect();
     pods.extend(rescheduled);
-    // CapacityBuffers' placeholders are packed like pending pods, so their room is kept; a
-    // disruption simulation has to find them room too.
     pods.extend(st.buffers.read().all().cloned());
-    let default_spread = default_spread(view);
-    // Default constraints spread pods that carry no term of their own: every bound pod may be
-    // counted then.
-    let terms = pods_idx.any_with_pod_terms() || default_spread.is_some();
-    // Shared with the index, not copied (its pods are immutable once in).
+    (pods, rescheduled_keys)
+}
+
+/// The bound pods the solve reads (shared with the index, not copied: its pods are immutable
+/// once in), without those their leaving nodes give up. Default constraints spread pods that
+/// carry no term of their own: every bound pod may be counted then.
+fn bound_pods(
+    pods_idx: &pods::Pods,
+    which: BoundPods<'_>,
+    default_spread: bool,
+    rescheduled_keys: &HashSet<String>,
+) -> Vec<Arc<Pod>> {
+    let terms = pods_idx.any_with_pod_terms() || default_spread;
     let bound_pods: Vec<Arc<Pod>> = match which {
         BoundPods::Needed { moving } if !terms => {
             let mut out: Vec<Arc<Pod>> = pods_idx
@@ -96,70 +157,92 @@ pub fn build<'a>(
         }
         _ => pods_idx.bound(),
     };
-    let bound_pods: Vec<Arc<Pod>> = if rescheduled_keys.is_empty() {
-        bound_pods
-    } else {
-        bound_pods
-            .into_iter()
-            .filter(|p| !rescheduled_keys.contains(&pods::key(p)))
-            .collect()
+    if rescheduled_keys.is_empty() {
+        return bound_pods;
+    }
+    bound_pods
+        .into_iter()
+        .filter(|p| !rescheduled_keys.contains(&pods::key(p)))
+        .collect()
+}
+
+/// The Nodes pods may still go to (not leaving, not cordoned), with what their pods request.
+fn existing_nodes(
+    node_list: &[&CompactNode],
+    deleting: &HashSet<String>,
+    claims: &[Arc<NodeClaim>],
+    pods_idx: &pods::Pods,
+) -> Vec<ExistingNode> {
+    let claim_of_node = claims_by_node(claims);
+    node_list
+        .iter()
+        .filter(|n| !deleting.contains(n.name()) && !n.unschedulable())
+        .map(|n| existing_node(n, claim_of_node.get(n.name()), pods_idx))
+        .collect()
+}
+
+fn existing_node(
+    n: &CompactNode,
+    claim: Option<&Arc<NodeClaim>>,
+    pods_idx: &pods::Pods,
+) -> ExistingNode {
+    let name = n.name().to_string();
+    let startup: Vec<Taint> = claim
+        .and_then(|c| c.spec.startup_taints.clone())
+        .unwrap_or_default();
+    let mut node = ExistingNode {
+        requested: pods_idx.requested_on(&name),
+        daemon_requested: pods_idx.daemon_requested_on(&name),
+        name,
+        labels: n.labels().to_map(),
+        taints: n.taints().to_vec(),
+        allocatable: n.allocatable(),
+        in_flight: false,
+        nodepool: n.labels().get(NODEPOOL_LABEL).map(String::from),
     };
-    let mut nodes: Vec<ExistingNode> = Vec::new();
-    for n in &node_list {
-        if deleting.contains(n.name()) || n.unschedulable() {
-            continue;
+    // Until it is initialized a node's startup taints are its own start-up, not a refusal
+    // (the solver drops ephemeral taints the same way); afterwards every taint counts. Its
+    // kubelet may also report an extended resource as zero until the device plugin
+    // registers: the claim's launched allocatable stands in for it (upstream's
+    // `StateNode.Allocatable`), so a second GPU pod does not get a second node.
+    if !node.initialized() {
+        if let Some(launched) = claim.and_then(|c| launched_allocatable(c)) {
+            fill_zeroed(&mut node.allocatable, &launched);
         }
-        let name = n.name().to_string();
-        let claim = claim_of_node.get(&name);
-        let requested = pods_idx.requested_on(&name);
-        let allocatable = n.allocatable();
-        let startup: Vec<Taint> = claim
-            .and_then(|c| c.spec.startup_taints.clone())
-            .unwrap_or_default();
-        let mut node = ExistingNode {
-            name: name.clone(),
-            labels: n.labels().to_map(),
-            taints: n.taints().to_vec(),
-            allocatable,
-            requested,
-            daemon_requested: pods_idx.daemon_requested_on(&name),
-            in_flight: false,
-            nodepool: n.labels().get(NODEPOOL_LABEL).map(String::from),
-        };
-        // Until it is initialized a node's startup taints are its own start-up, not a refusal
-        // (the solver drops ephemeral taints the same way); afterwards every taint counts. Its
-        // kubelet may also report an extended resource as zero until the device plugin
-        // registers: the claim's launched allocatable stands in for it (upstream's
-        // `StateNode.Allocatable`), so a second GPU pod does not get a second node.
-        if !node.initialized() {
-            if let Some(launched) = claim.and_then(|c| launched_allocatable(c)) {
-                fill_zeroed(&mut node.allocatable, &launched);
-            }
-            node.taints.retain(|t| {
-                !startup
-                    .iter()
-                    .any(|s| s.key == t.key && s.effect == t.effect)
-            });
-        }
-        nodes.push(node);
+        node.taints.retain(|t| {
+            !startup
+                .iter()
+                .any(|s| s.key == t.key && s.effect == t.effect)
+        });
     }
-    let node_names: std::collections::HashSet<String> =
-        node_list.iter().map(|n| n.name().to_string()).collect();
-    for c in &claims {
-        let has_node = c
-            .status
-            .as_ref()
-            .and_then(|s| s.node_name.as_ref())
-            .is_some_and(|n| node_names.contains(n));
-        if has_node || c.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        nodes.push(in_flight(c, view.catalog));
-    }
-    let mut usage = super::usage::usage_by_pool(st);
-    // Claims not launched yet, by pool, with what `usage` counts them at so far.
-    // (the instance types each may launch as, what `usage` counts it at so far)
-    let mut unlaunched: HashMap<String, Vec<(Option<Requirement>, Resources)>> = HashMap::new();
+    node
+}
+
+/// Claims whose Node has not registered (and that are not being deleted), as the room they
+/// will bring.
+fn in_flight_claims(
+    claims: &[Arc<NodeClaim>],
+    node_list: &[&CompactNode],
+    catalog: &CatalogView,
+) -> Vec<ExistingNode> {
+    let node_names: HashSet<&str> = node_list.iter().map(|n| n.name()).collect();
+    claims
+        .iter()
+        .filter(|c| {
+            let has_node = c
+                .status
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_some_and(|n| node_names.contains(n));
+            !has_node && c.metadata.deletion_timestamp.is_none()
+        })
+        .map(|c| in_flight(c, catalog))
+        .collect()
+}
+
+/// Claims not launched yet (no capacity in their status), by pool.
+fn unlaunched_by_pool(claims: &[Arc<NodeClaim>]) -> Unlaunched {
+    let mut unlaunched: Unlaunched = HashMap::new();
     for c in claims
         .iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -170,16 +253,25 @@ pub fn build<'a>(
                 .and_then(|s| s.capacity.as_ref())
                 .is_none()
         {
-            let counted = claim_requests(c);
             unlaunched
                 .entry(pool.clone())
                 .or_default()
-                .push((allowed_types(c), counted));
+                .push((allowed_types(c), claim_requests(c)));
         }
     }
-    // Creates not answered yet are capacity too (and count against the pools' limits).
+    unlaunched
+}
+
+/// Creates not answered yet: room too, and counted against their pools' limits.
+fn creating_claims(
+    creating: &[(&u64, &NodeClaim)],
+    catalog: &CatalogView,
+    usage: &mut BTreeMap<String, (Resources, i64)>,
+    unlaunched: &mut Unlaunched,
+) -> Vec<ExistingNode> {
+    let mut nodes = Vec::with_capacity(creating.len());
     for (id, c) in creating {
-        let mut node = in_flight(c, view.catalog);
+        let mut node = in_flight(c, catalog);
         node.name = format!("creating-{id}");
         if let Some(pool) = c.labels().get(NODEPOOL_LABEL) {
             let entry = usage.entry(pool.clone()).or_default();
@@ -192,8 +284,18 @@ pub fn build<'a>(
         }
         nodes.push(node);
     }
+    nodes
+}
+
+/// Each NodePool of ours that can provision, with the instance types it sees and its usage,
+/// claims not launched yet counted at the most they may launch as.
+fn pool_inputs(
+    view: Inputs<'_>,
+    usage: &BTreeMap<String, (Resources, i64)>,
+    unlaunched: &Unlaunched,
+) -> Vec<PoolInput> {
     let mut nodepools = Vec::new();
-    for np in st.nodepools.read().values() {
+    for np in view.state.nodepools.read().values() {
         if np.metadata.deletion_timestamp.is_some() || validate_nodepool(np).is_err() {
             continue;
         }
@@ -220,7 +322,12 @@ pub fn build<'a>(
             usage: res.with("nodes", Quantity::from_units(count)),
         });
     }
-    let daemonsets = st
+    nodepools
+}
+
+/// The pod each DaemonSet would run on a new node.
+fn daemon_pods(view: Inputs<'_>, pods_idx: &pods::Pods) -> Vec<Pod> {
+    view.state
         .daemonsets
         .read()
         .all()
@@ -238,30 +345,7 @@ pub fn build<'a>(
                 running.as_deref(),
             ))
         })
-        .collect();
-    Snapshot {
-        pods,
-        bound_pods,
-        nodes,
-        nodepools,
-        daemonsets,
-        preference_policy: preference,
-        min_values_policy: view.settings.min_values_policy,
-        // Namespaces are not watched yet: only empty namespaceSelectors match.
-        namespaces: Default::default(),
-        default_spread,
-        // Set by whoever solves: the provisioner for pending pods, disruption for moved ones.
-        volume_topology: Default::default(),
-        // Set by the provisioner from its plans; disruption simulates without them.
-        nominated: Default::default(),
-        // Set by disruption's simulations.
-        moved: Default::default(),
-        under_consolidate_after: Default::default(),
-        displaced: rescheduled_keys,
-        // Set by disruption before it decides.
-        about_to_bind: Default::default(),
-        quotas,
-    }
+        .collect()
 }
 
 /// Each claim by the name of its Node.
