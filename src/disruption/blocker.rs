@@ -36,7 +36,9 @@ pub enum Blocker {
     ConsolidationDisabled,
     /// `consolidateAfter` has not passed since its last pod event.
     NotConsolidatable,
-    /// Consolidation waits for pods on their way to other nodes to land.
+    /// Consolidation waits for pods on their way to other nodes to land; or, with a
+    /// terminate-first gate on, a drifted node waits while pods already pending need its
+    /// NodePool's room.
     PodsOnTheirWay,
     /// A back-off after a failure: its own rolled-back command, its pool's drift launches
     /// failing, or consolidation pausing after an overshoot.

@@ -432,6 +432,11 @@ fn drift(
         .into_iter()
         .filter(|c| allowed.get(&c.nodepool, DisruptionReason::Drifted) > 0);
     open.into_iter().find_map(|c| {
+        if terminate_first::waits(snapshot, c, allowed, DisruptionReason::Drifted) {
+            let why = "its MachineDeployment is at its limit and its NodePool's last launch, or pods already pending for its room, come first";
+            refused.push((c.claim.clone(), Hold::new(Blocker::PodsOnTheirWay, why)));
+            return None;
+        }
         let replacements = drift_replacements(snapshot, c).or_else(|| {
             terminate_first::goes_first(snapshot, c, allowed, DisruptionReason::Drifted)
                 .then(Vec::new)

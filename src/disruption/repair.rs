@@ -80,6 +80,8 @@ fn replaced(snapshot: &Snapshot, c: &Candidate, allowed: &Allowed) -> Option<Com
             vec![room.then(|| static_replacement(snapshot, c)).flatten()?]
         } else if c.pods.is_empty() {
             Vec::new()
+        } else if terminate_first::waits(snapshot, c, allowed, DisruptionReason::Unhealthy) {
+            return None;
         } else {
             drift_replacements(snapshot, c).or_else(|| {
                 terminate_first::goes_first(snapshot, c, allowed, DisruptionReason::Unhealthy)

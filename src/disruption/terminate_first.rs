@@ -35,6 +35,37 @@ pub(super) fn goes_first(
     !waiting_for_room(&freed, &c.nodepool) && drift_replacements(&freed, c).is_some()
 }
 
+/// Whether `c`'s drift or repair waits this pass, replace-first included, with the reason's
+/// gate on: its MachineDeployment is constrained (unavailable, or one Machine short of its
+/// max size) and a claim of its pool is still launching, or pods already pending need a new
+/// claim of its pool. The catalog counts a MachineDeployment's room from its replicas, which a
+/// claim just created has not raised yet: a replacement planned then takes a slot that is not
+/// there, fails to launch, and backs the pool's drift off; and between a node taken first and
+/// its refill's claim, a replacement would take the slot the refill's pods wait for (both seen
+/// in the flow test). So a constrained pool goes one node at a time.
+pub(super) fn waits(
+    snapshot: &Snapshot,
+    c: &Candidate,
+    allowed: &Allowed,
+    reason: DisruptionReason,
+) -> bool {
+    !c.static_pool
+        && allowed.terminate_first_gates.contains(&reason)
+        && constrained(snapshot, c)
+        && (launching(snapshot, &c.nodepool) || waiting_for_room(snapshot, &c.nodepool))
+}
+
+/// `c`'s own MachineDeployment is unavailable, or has room for one more Machine at most.
+fn constrained(snapshot: &Snapshot, c: &Candidate) -> bool {
+    snapshot
+        .nodepools
+        .iter()
+        .filter(|p| p.nodepool.metadata.name.as_deref() == Some(c.nodepool.as_str()))
+        .flat_map(|p| p.instance_types.iter().flat_map(|t| &t.offerings))
+        .filter(|o| o.machine_deployment == c.machine_deployment)
+        .any(|o| !o.available || o.max_size.is_some_and(|max| o.replicas + 1 >= max))
+}
+
 /// A claim of `pool` not yet initialized: the last node taken first may be refilling. One
 /// node of the pool down at a time, as for static pools: a refill uses no budget, so the budget
 /// alone would let the next node go while the last one's pods still wait.
@@ -45,12 +76,12 @@ fn launching(snapshot: &Snapshot, pool: &str) -> bool {
         .any(|n| n.nodepool.as_deref() == Some(pool) && !n.initialized())
 }
 
-/// Pods already pending, or on their way from a leaving node, that would take the room `c`
-/// frees (a new claim of `pool` in the freed snapshot, `c` still in place): they came first,
-/// and `c`'s pods would find the slot taken.
-fn waiting_for_room(freed: &Snapshot, pool: &str) -> bool {
-    !freed.pods.is_empty()
-        && crate::scheduling::solve(freed)
+/// Pods already pending, or on their way from a leaving node, that need a new claim of `pool`
+/// in `snapshot`: in the freed snapshot (`c` still in place), they would take the room `c`
+/// frees, and `c`'s pods would find the slot taken.
+fn waiting_for_room(snapshot: &Snapshot, pool: &str) -> bool {
+    !snapshot.pods.is_empty()
+        && crate::scheduling::solve(snapshot)
             .new_claims
             .iter()
             .any(|n| n.nodepool == pool)

@@ -475,6 +475,25 @@ fn a_dynamic_pool_at_its_max_size_takes_a_drifted_node_first_with_the_gate() {
     }
     waiting.pods.push(pending);
     assert_eq!(decide(&waiting, &c, &a), None, "a pending pod came first");
+    // Not replaced first either, when its MachineDeployment has a slot the pending pod needs:
+    // the pod came first, and the node waits with that blocker.
+    let mut slot = waiting.clone();
+    let small = &mut slot.nodepools[0].instance_types[0].offerings[0];
+    (small.replicas, small.max_size, small.available) = (1, Some(2), true);
+    let d = decide_explained(&slot, &c, &a);
+    assert_eq!(d.command, None, "the free slot is the pending pod's");
+    let held = d
+        .blocked
+        .iter()
+        .find(|b| b.claim == "claim-busy")
+        .expect("held");
+    assert_eq!(held.hold.blocker, Blocker::PodsOnTheirWay, "{held:?}");
+    let mut off = a.clone();
+    off.terminate_first_gates.clear();
+    assert!(
+        decide(&slot, &c, &off).is_some_and(|cmd| cmd.decision() == "replace"),
+        "without the gate drift replaces first, as before"
+    );
     c[0].machine_deployment = "ns/elsewhere".into();
     assert_eq!(
         decide(&s, &c, &a),
