@@ -143,6 +143,43 @@ async fn drift_replaces_every_claim_and_a_rollout_completes() {
     assert!(json["disruption"]["blocked_nodes"]["budget"]["max_nodes"].is_u64());
 }
 
+/// `--pause-disruption`: the NodePool's pause, set with the template change, holds every
+/// drifted claim until it is lifted, the report counting them under `paused`; then drift
+/// replaces them all.
+#[actix::test]
+async fn a_pause_holds_drift_until_it_is_lifted() {
+    let a = SimulateArgs {
+        pause_disruption: Duration::from_secs(5),
+        ..args(Scenario::Drift, 40, 4)
+    };
+    let r = disruption::run(&a).await.expect("the scenario runs");
+    common_checks(&r);
+    let d = &r.disruption;
+    let pause = d.pause.expect("the pause reported");
+    assert_eq!(
+        (pause.held_ms, pause.drifted_while_paused),
+        (5000, 0),
+        "{r}"
+    );
+    let paused = d.blocked_nodes.get("paused").copied().unwrap_or_default();
+    assert!(paused.max_nodes > 0 && paused.seconds_held >= 3, "{r}");
+    assert_eq!(paused.at_end, 0, "{r}");
+    assert_eq!(d.claims_replaced, d.claims_before, "{r}");
+    assert!(
+        d.nodes_up_to_date_after_ms.is_some_and(|ms| ms > 5000),
+        "{r}"
+    );
+    let marks: Vec<&str> = r
+        .pods
+        .launch
+        .timeline
+        .marks
+        .iter()
+        .map(|m| m.label.as_str())
+        .collect();
+    assert!(marks.contains(&"pause lifted"), "{marks:?}");
+}
+
 /// The drift scenario on MachinePools with MachinePool Machines: every drifted claim replaced,
 /// then the largest pool rolled out to a new version by its provider while the controller drifts
 /// the claims bound under the old template, every one replaced and every Machine on the new

@@ -28,7 +28,9 @@ use super::pods::{PodReport, SIZES, provision_with};
 use super::{BackgroundSim, Error, Kept};
 use crate::actors::Settings;
 use crate::api::resources::Resources;
-use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY};
+use crate::api::wellknown::{
+    DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY, DISRUPTION_PAUSED_ANNOTATION,
+};
 use crate::cli::{Scenario, SimulateArgs};
 use crate::sim::disruption_audit::Decisions;
 use crate::sim::drain_audit::Violation;
@@ -70,6 +72,15 @@ pub struct RolloutFigures {
     pub budget_excess_any: usize,
 }
 
+/// The drift scenario's pause (`--pause-disruption`): the NodePool's disruption paused from the
+/// template change for `held_ms`, then lifted.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PauseFigures {
+    pub held_ms: u64,
+    /// Claims the controller decided to drift while the pause held (the goal: 0).
+    pub drifted_while_paused: usize,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct DisruptionFigures {
     /// Claims deleted, by why (counted by the server's disruption audit).
@@ -103,6 +114,9 @@ pub struct DisruptionFigures {
     /// polled every 250 ms).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nodes_up_to_date_after_ms: Option<u64>,
+    /// Drift with `--pause-disruption`: how the pause held the drifted claims.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PauseFigures>,
     /// Nodes the controller's disruption passes held back during the phase, by blocker (its
     /// `karpenter_voluntary_disruption_blocked_nodes` gauge summed over the NodePools, sampled
     /// every second: see `blockers`).
@@ -176,6 +190,14 @@ impl std::fmt::Display for DisruptionReport {
                 f,
                 "\n  NodesUpToDate True {:.1}s after the template change",
                 ms as f64 / 1000.0
+            )?;
+        }
+        if let Some(p) = &d.pause {
+            write!(
+                f,
+                "\n  paused:   {:.1}s from the template change; {} claims drifted meanwhile",
+                p.held_ms as f64 / 1000.0,
+                p.drifted_while_paused
             )?;
         }
         write!(f, "\n  blocked:  {}", blocked_in_words(&d.blocked_nodes))?;
@@ -401,6 +423,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let baseline = time_split::Baseline::take(&p.controller.shared.metrics);
     let mut disruption_end_ms = None;
     let mut nodes_up_to_date_after_ms = None;
+    let mut pause = None;
     let mut scale_down = Duration::ZERO;
     let calm = match scenario {
         Scenario::Consolidate => CONSOLIDATE_CALM,
@@ -416,13 +439,16 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
                 "changing the NodePool template: every one of the {} claims drifts",
                 claims_before.len()
             );
-            patch_nodepool(
-                &p.sim,
-                json!({"spec": {"template": {"metadata": {"labels": {DRIFT_LABEL: "2"}}}}}),
-            )
-            .await?;
+            let mut change =
+                json!({"spec": {"template": {"metadata": {"labels": {DRIFT_LABEL: "2"}}}}});
+            if !args.pause_disruption.is_zero() {
+                // In the same write, so no pass sees the change unpaused.
+                change["metadata"] = json!({"annotations": {DISRUPTION_PAUSED_ANNOTATION: "true"}});
+            }
+            patch_nodepool(&p.sim, change).await?;
             p.sim.mark("template changed");
             let changed_ms = p.sim.cluster().stats().now_ms();
+            pause = hold_paused(&p.sim, args.pause_disruption).await?;
             let originals = claims_before.clone();
             // The phase ends only once the pool says so too: a rollout is over for its users
             // when `NodesUpToDate` is True, not when the old claims are gone.
@@ -562,6 +588,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         do_not_disrupt_violations: count(Violation::DoNotDisrupt),
         rollout,
         nodes_up_to_date_after_ms,
+        pause,
         blocked_nodes,
         phase_ms,
         duration_ms,
@@ -573,6 +600,12 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         problems.push(format!(
             "disruption budgets exceeded by {} (server's disruption audit: {:?}; during the rollout: {:?})",
             figures.budget_violations, audit.pools, rollout_phase
+        ));
+    }
+    if let Some(p) = figures.pause.filter(|p| p.drifted_while_paused > 0) {
+        problems.push(format!(
+            "{} claims drifted while the NodePool's disruption was paused",
+            p.drifted_while_paused
         ));
     }
     if figures.pdb_violations + figures.do_not_disrupt_violations > 0 {
@@ -591,6 +624,27 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+/// Keeps the NodePool's disruption paused (the caller set the annotation) for `held`, then
+/// lifts it; what the controller decided meanwhile. Nothing when `held` is zero.
+async fn hold_paused(sim: &BackgroundSim, held: Duration) -> Result<Option<PauseFigures>, Error> {
+    if held.is_zero() {
+        return Ok(None);
+    }
+    eprintln!("disruption paused on the NodePool for {held:?}");
+    tokio::time::sleep(held).await;
+    let drifted_while_paused = sim.cluster().disruption_audit().report().decisions.drifted;
+    patch_nodepool(
+        sim,
+        json!({"metadata": {"annotations": {DISRUPTION_PAUSED_ANNOTATION: null}}}),
+    )
+    .await?;
+    sim.mark("pause lifted");
+    Ok(Some(PauseFigures {
+        held_ms: held.as_millis() as u64,
+        drifted_while_paused,
+    }))
 }
 
 /// How many of `names` still exist (live or terminating).

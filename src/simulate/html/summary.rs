@@ -270,6 +270,19 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             false,
         );
     }
+    if let Some(held) = num(&d("pause/held_ms")) {
+        let drifted = num(&d("pause/drifted_while_paused")).unwrap_or(0.0);
+        add(
+            "pause",
+            "Disruption paused",
+            format!(
+                "{} from the template change; {} claims drifted meanwhile",
+                duration_ms(held),
+                figure(drifted)
+            ),
+            drifted > 0.0,
+        );
+    }
     if let Some(blocked) = r.pointer("/disruption/blocked_nodes") {
         add(
             "blocked",
