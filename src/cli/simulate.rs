@@ -290,6 +290,12 @@ pub struct SimulateArgs {
     /// Give up waiting for the scenario to settle after this long (e.g. 300s, 15m; 1s to 168h).
     #[arg(long, default_value = "5m", value_parser = duration_in(Duration::from_secs(1), 7 * DAY))]
     pub deadline: Duration,
+    /// The drift scenario only: pause the NodePool's disruption (its
+    /// `karpenter.cluster.x-k8s.io/disruption-paused` annotation) when its template changes and
+    /// lift the pause after this long (e.g. 10s; 0s, the default: no pause), so the report shows
+    /// the pause holding the drifted nodes (`disruption.pause`, blocker `paused`).
+    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub pause_disruption: Duration,
     /// Seed for the simulated cluster's randomness (jitter, failures, names).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,

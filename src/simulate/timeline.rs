@@ -1,6 +1,7 @@
 //! The report's time series: a sampler on the simulated cluster's runtime counts, from the
-//! server's own store, pending pods, nodes and NodeClaims by phase and the cost per hour; the
-//! replica writes come from the server's write log afterwards. The controller reports nothing.
+//! server's own store, pending pods, nodes and NodeClaims by phase, the cost per hour and the
+//! NodePools' up-to-date nodes; the replica writes come from the server's write log afterwards.
+//! The controller is never asked: even its NodePool status is read as the server stores it.
 //!
 //! Sampling costs one walk of the store (no copies) every interval. The interval starts at
 //! 250 ms, doubles whenever `MAX_SAMPLES` are held (every other sample is dropped then), so a
@@ -43,6 +44,15 @@ pub struct ClaimPhases {
     pub terminating: usize,
 }
 
+/// The NodePools' rollout status summed over the pools: `status.nodes` and
+/// `status.upToDateNodes` as the controller last wrote them (issue 43), so a chart shows a
+/// template change rolling out as the pools report it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct UpToDate {
+    pub nodes: usize,
+    pub up_to_date: usize,
+}
+
 /// The cluster at one moment, on the server's clock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Sample {
@@ -51,6 +61,7 @@ pub struct Sample {
     pub nodes: NodePhases,
     pub claims: ClaimPhases,
     pub cost_per_hour: f64,
+    pub pool_status: UpToDate,
 }
 
 /// A moment the scenario moved from one phase to the next (`provisioned`, `scaled down`,
@@ -133,6 +144,22 @@ fn node_phases(store: &Store) -> NodePhases {
     p
 }
 
+/// The NodePools' `status.nodes` and `status.upToDateNodes`, summed; a pool whose status has
+/// no counts yet adds nothing.
+fn pool_status(store: &Store) -> UpToDate {
+    let mut u = UpToDate::default();
+    let count = |v: &Value, field: &str| {
+        at(v, &["status", field])
+            .and_then(Value::as_u64)
+            .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX))
+    };
+    store.visit("nodepools", |p| {
+        u.nodes += count(p, "nodes");
+        u.up_to_date += count(p, "upToDateNodes");
+    });
+    u
+}
+
 /// The sum of the prices (the node groups' price annotation) of the live Machines; a
 /// MachinePool without MachinePool Machines counts each instance it lists.
 pub fn cost_per_hour(store: &Store) -> f64 {
@@ -198,6 +225,7 @@ pub fn sample(store: &Store, at_ms: u64) -> Sample {
         nodes: node_phases(store),
         claims: claim_phases(store),
         cost_per_hour: cost_per_hour(store),
+        pool_status: pool_status(store),
     }
 }
 

@@ -81,6 +81,13 @@ async fn consolidation_removes_nodes_and_cost_within_budgets() {
     );
     let peak = samples.iter().map(|s| s.cost_per_hour).fold(0.0, f64::max);
     assert!(peak >= d.cost_per_hour_before - 0.01, "{peak} {r}");
+    // Its passes held some nodes back, and the report counts them by blocker.
+    assert!(
+        d.blocked_nodes
+            .values()
+            .any(|c| c.max_nodes > 0 && c.seconds_held > 0),
+        "{r}"
+    );
 }
 
 #[actix::test]
@@ -99,6 +106,78 @@ async fn drift_replaces_every_claim_and_a_rollout_completes() {
     assert!(rollout.claims_before > 0, "{r}");
     assert_eq!(rollout.claims_replaced, rollout.claims_before, "{r}");
     assert_eq!(rollout.machines_up_to_date, rollout.machines, "{r}");
+    // The pool reported the rollout's end, after the change, within the drift phase.
+    let after = d
+        .nodes_up_to_date_after_ms
+        .expect("NodesUpToDate turned True");
+    assert!(after > 0 && after <= d.phase_ms, "{after} {r}");
+    let json: Value = serde_json::from_str(&r.to_json()).expect("JSON report");
+    assert!(json["disruption"]["nodes_up_to_date_after_ms"].is_u64());
+    // The timeline saw the pools' status climb back: up to date below all nodes after the
+    // change, equal when it ended.
+    let t = &r.pods.launch.timeline;
+    let marked = |label: &str| {
+        t.marks
+            .iter()
+            .find(|m| m.label == label)
+            .unwrap_or_else(|| panic!("{label} marked: {:?}", t.marks))
+            .at_ms
+    };
+    let (changed, up_to_date_at) = (marked("template changed"), marked("NodesUpToDate"));
+    let during: Vec<_> = t
+        .samples
+        .iter()
+        .filter(|s| s.at_ms > changed && s.at_ms < up_to_date_at)
+        .map(|s| s.pool_status)
+        .collect();
+    assert!(
+        during.iter().any(|p| p.up_to_date < p.nodes),
+        "some nodes out of date while it rolled out: {during:?}"
+    );
+    let last = t.samples.last().expect("samples").pool_status;
+    assert!(last.nodes > 0 && last.up_to_date == last.nodes, "{last:?}");
+    // Every claim drifts at once and the pool's budget (10 % of 10 nodes) lets one or two go
+    // at a time: the report counts the others as held by the budget.
+    let budget = d.blocked_nodes.get("budget").copied().unwrap_or_default();
+    assert!(budget.max_nodes > 0 && budget.seconds_held > 0, "{r}");
+    assert!(json["disruption"]["blocked_nodes"]["budget"]["max_nodes"].is_u64());
+}
+
+/// `--pause-disruption`: the NodePool's pause, set with the template change, holds every
+/// drifted claim until it is lifted, the report counting them under `paused`; then drift
+/// replaces them all.
+#[actix::test]
+async fn a_pause_holds_drift_until_it_is_lifted() {
+    let a = SimulateArgs {
+        pause_disruption: Duration::from_secs(5),
+        ..args(Scenario::Drift, 40, 4)
+    };
+    let r = disruption::run(&a).await.expect("the scenario runs");
+    common_checks(&r);
+    let d = &r.disruption;
+    let pause = d.pause.expect("the pause reported");
+    assert_eq!(
+        (pause.held_ms, pause.drifted_while_paused),
+        (5000, 0),
+        "{r}"
+    );
+    let paused = d.blocked_nodes.get("paused").copied().unwrap_or_default();
+    assert!(paused.max_nodes > 0 && paused.seconds_held >= 3, "{r}");
+    assert_eq!(paused.at_end, 0, "{r}");
+    assert_eq!(d.claims_replaced, d.claims_before, "{r}");
+    assert!(
+        d.nodes_up_to_date_after_ms.is_some_and(|ms| ms > 5000),
+        "{r}"
+    );
+    let marks: Vec<&str> = r
+        .pods
+        .launch
+        .timeline
+        .marks
+        .iter()
+        .map(|m| m.label.as_str())
+        .collect();
+    assert!(marks.contains(&"pause lifted"), "{marks:?}");
 }
 
 /// The drift scenario on MachinePools with MachinePool Machines: every drifted claim replaced,

@@ -337,7 +337,8 @@ async fn the_html_report_charts_the_run_and_holds_the_json_figures() {
 }
 
 /// The case: consolidation's summary opens the page with the nodes and cost before and
-/// after and no violations, and every chart marks provisioned -> scaled down -> settled.
+/// after and no violations, and every chart marks provisioned -> scaled down -> settled; the
+/// summary counts the nodes held back by blocker.
 #[actix::test]
 async fn the_consolidate_page_opens_with_its_summary_and_marks_its_phases() {
     let a = SimulateArgs {
@@ -390,6 +391,9 @@ async fn the_consolidate_page_opens_with_its_summary_and_marks_its_phases() {
         "0 budget, 0 PodDisruptionBudget, 0 do-not-disrupt, 0 Machines leaked, 0 Machines double-bound"
     );
     assert!(line("longest-pending").ends_with(" ms") || line("longest-pending").ends_with(" s"));
+    // The blockers the controller's passes reported, counted in the summary as in the JSON.
+    assert!(d["blocked_nodes"].is_object(), "{json}");
+    assert!(!line("blocked").is_empty(), "{summary:?}");
 }
 
 #[test]

@@ -6,11 +6,13 @@
 //! its store (nodes, Machines, prices) and the invariants. The controller runs disruption faster
 //! than in production (`fast_disruption`) so a scenario takes a minute or two.
 
+mod blockers;
 mod ranked;
 mod readings;
 mod rollout;
 mod time_split;
 
+pub use blockers::{BlockerCount, BlockerCounts};
 pub use readings::*;
 pub use time_split::TimeSplit;
 
@@ -26,7 +28,9 @@ use super::pods::{PodReport, SIZES, provision_with};
 use super::{BackgroundSim, Error, Kept};
 use crate::actors::Settings;
 use crate::api::resources::Resources;
-use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY};
+use crate::api::wellknown::{
+    DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY, DISRUPTION_PAUSED_ANNOTATION,
+};
 use crate::cli::{Scenario, SimulateArgs};
 use crate::sim::disruption_audit::Decisions;
 use crate::sim::drain_audit::Violation;
@@ -68,6 +72,15 @@ pub struct RolloutFigures {
     pub budget_excess_any: usize,
 }
 
+/// The drift scenario's pause (`--pause-disruption`): the NodePool's disruption paused from the
+/// template change for `held_ms`, then lifted.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PauseFigures {
+    pub held_ms: u64,
+    /// Claims the controller decided to drift while the pause held (the goal: 0).
+    pub drifted_while_paused: usize,
+}
+
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct DisruptionFigures {
     /// Claims deleted, by why (counted by the server's disruption audit).
@@ -96,6 +109,18 @@ pub struct DisruptionFigures {
     /// The drift scenario's rollout of a MachineDeployment or MachinePool.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutFigures>,
+    /// Drift only: from the template change until the NodePool's `NodesUpToDate` condition,
+    /// computed for the changed generation, turned True (the rollout's end as its users see it;
+    /// polled every 250 ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodes_up_to_date_after_ms: Option<u64>,
+    /// Drift with `--pause-disruption`: how the pause held the drifted claims.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause: Option<PauseFigures>,
+    /// Nodes the controller's disruption passes held back during the phase, by blocker (its
+    /// `karpenter_voluntary_disruption_blocked_nodes` gauge summed over the NodePools, sampled
+    /// every second: see `blockers`).
+    pub blocked_nodes: BlockerCounts,
     /// How long the disruption phase took, until stable.
     pub phase_ms: u64,
     /// From the controller's first disruption mark (its first Node taint of the phase, seen by
@@ -160,6 +185,22 @@ impl std::fmt::Display for DisruptionReport {
             d.pods_unbound_at_end,
         )?;
         write!(f, "\n{}", d.time)?;
+        if let Some(ms) = d.nodes_up_to_date_after_ms {
+            write!(
+                f,
+                "\n  NodesUpToDate True {:.1}s after the template change",
+                ms as f64 / 1000.0
+            )?;
+        }
+        if let Some(p) = &d.pause {
+            write!(
+                f,
+                "\n  paused:   {:.1}s from the template change; {} claims drifted meanwhile",
+                p.held_ms as f64 / 1000.0,
+                p.drifted_while_paused
+            )?;
+        }
+        write!(f, "\n  blocked:  {}", blocked_in_words(&d.blocked_nodes))?;
         if let Some(r) = &d.rollout {
             write!(
                 f,
@@ -305,6 +346,26 @@ fn decided(d: &crate::sim::disruption_audit::Decisions) -> String {
     }
 }
 
+/// The blockers seen, the most nodes first: `budget 4 (0 at the end), ...`; "none" before any.
+pub fn blocked_in_words(counts: &BlockerCounts) -> String {
+    let mut seen: Vec<(&String, &BlockerCount)> = counts.iter().collect();
+    seen.sort_by_key(|(_, c)| std::cmp::Reverse(c.max_nodes));
+    let words: Vec<String> = seen
+        .iter()
+        .map(|(b, c)| {
+            format!(
+                "{b} at most {} nodes for {} s ({} at the end)",
+                c.max_nodes, c.seconds_held, c.at_end
+            )
+        })
+        .collect();
+    if words.is_empty() {
+        "none".into()
+    } else {
+        words.join(", ")
+    }
+}
+
 async fn patch_nodepool(sim: &BackgroundSim, patch: Value) -> Result<(), Error> {
     sim.run(move |c| async move {
         let api: kube::Api<crate::api::nodepool::NodePool> = kube::Api::all(c.client());
@@ -358,8 +419,11 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     // The rollout's own audit, so a violation there names its moment too.
     let mut rollout_phase = None;
     let in_flight = InFlightSampler::start(&p.controller.shared.metrics);
+    let blockers = blockers::BlockerSampler::start(&p.controller.shared.metrics);
     let baseline = time_split::Baseline::take(&p.controller.shared.metrics);
     let mut disruption_end_ms = None;
+    let mut nodes_up_to_date_after_ms = None;
+    let mut pause = None;
     let mut scale_down = Duration::ZERO;
     let calm = match scenario {
         Scenario::Consolidate => CONSOLIDATE_CALM,
@@ -375,18 +439,36 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
                 "changing the NodePool template: every one of the {} claims drifts",
                 claims_before.len()
             );
-            patch_nodepool(
-                &p.sim,
-                json!({"spec": {"template": {"metadata": {"labels": {DRIFT_LABEL: "2"}}}}}),
-            )
-            .await?;
+            let mut change =
+                json!({"spec": {"template": {"metadata": {"labels": {DRIFT_LABEL: "2"}}}}});
+            if !args.pause_disruption.is_zero() {
+                // In the same write, so no pass sees the change unpaused.
+                change["metadata"] = json!({"annotations": {DISRUPTION_PAUSED_ANNOTATION: "true"}});
+            }
+            patch_nodepool(&p.sim, change).await?;
             p.sim.mark("template changed");
+            let changed_ms = p.sim.cluster().stats().now_ms();
+            pause = hold_paused(&p.sim, args.pause_disruption).await?;
             let originals = claims_before.clone();
+            // The phase ends only once the pool says so too: a rollout is over for its users
+            // when `NodesUpToDate` is True, not when the old claims are gone.
+            let up_to_date_ms = std::cell::Cell::new(None);
             wait_stable(&p.sim, "drift", deadline, DRIFT_CALM, |sim| {
+                if up_to_date_ms.get().is_none() && pool_up_to_date(sim) {
+                    up_to_date_ms.set(Some(sim.cluster().stats().now_ms()));
+                    sim.mark("NodesUpToDate");
+                }
                 let left = live_or_deleting(sim, &originals);
-                (left > 0).then(|| format!("{left} drifted claims left"))
+                if left > 0 {
+                    return Some(format!("{left} drifted claims left"));
+                }
+                up_to_date_ms
+                    .get()
+                    .is_none()
+                    .then(|| "the NodePool's NodesUpToDate not True yet".to_string())
             })
             .await?;
+            nodes_up_to_date_after_ms = up_to_date_ms.get().map(|t| t.saturating_sub(changed_ms));
             p.sim.mark("drifted claims replaced");
             disruption_end_ms = Some(p.sim.cluster().stats().now_ms());
             // The rollout is measured apart: Cluster API, not the controller, deletes its
@@ -435,6 +517,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     p.sim.mark("settled");
     let phase_ms = phase.elapsed().as_millis() as u64;
     let (commands_max_in_flight, paused) = in_flight.stop();
+    let blocked_nodes = blockers.stop();
     let end_ms = disruption_end_ms.unwrap_or_else(|| p.sim.cluster().stats().now_ms());
     let first_mark_ms = p
         .sim
@@ -504,6 +587,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         pdb_violations: count(Violation::PdbViolation),
         do_not_disrupt_violations: count(Violation::DoNotDisrupt),
         rollout,
+        nodes_up_to_date_after_ms,
+        pause,
+        blocked_nodes,
         phase_ms,
         duration_ms,
         commands_max_in_flight,
@@ -514,6 +600,12 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         problems.push(format!(
             "disruption budgets exceeded by {} (server's disruption audit: {:?}; during the rollout: {:?})",
             figures.budget_violations, audit.pools, rollout_phase
+        ));
+    }
+    if let Some(p) = figures.pause.filter(|p| p.drifted_while_paused > 0) {
+        problems.push(format!(
+            "{} claims drifted while the NodePool's disruption was paused",
+            p.drifted_while_paused
         ));
     }
     if figures.pdb_violations + figures.do_not_disrupt_violations > 0 {
@@ -532,6 +624,27 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
+}
+
+/// Keeps the NodePool's disruption paused (the caller set the annotation) for `held`, then
+/// lifts it; what the controller decided meanwhile. Nothing when `held` is zero.
+async fn hold_paused(sim: &BackgroundSim, held: Duration) -> Result<Option<PauseFigures>, Error> {
+    if held.is_zero() {
+        return Ok(None);
+    }
+    eprintln!("disruption paused on the NodePool for {held:?}");
+    tokio::time::sleep(held).await;
+    let drifted_while_paused = sim.cluster().disruption_audit().report().decisions.drifted;
+    patch_nodepool(
+        sim,
+        json!({"metadata": {"annotations": {DISRUPTION_PAUSED_ANNOTATION: null}}}),
+    )
+    .await?;
+    sim.mark("pause lifted");
+    Ok(Some(PauseFigures {
+        held_ms: held.as_millis() as u64,
+        drifted_while_paused,
+    }))
 }
 
 /// How many of `names` still exist (live or terminating).

@@ -28,6 +28,25 @@ pub(super) fn has_condition(v: &Value, ty: &str) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c["type"] == ty && c["status"] == "True"))
 }
 
+/// The scenario's NodePool says `NodesUpToDate=True` for its current generation: the rollout
+/// of its last change has ended, as `kubectl wait --for=condition=NodesUpToDate` reads it (a
+/// True left from before the change does not count).
+pub(super) fn pool_up_to_date(sim: &BackgroundSim) -> bool {
+    let Some(pool) = sim.cluster().store().get("nodepools", "", launch::NODEPOOL) else {
+        return false;
+    };
+    let generation = pool.pointer("/metadata/generation");
+    pool.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["type"] == "NodesUpToDate"
+                    && c["status"] == "True"
+                    && c.get("observedGeneration") == generation
+            })
+        })
+}
+
 /// Live (not deleting) claims.
 pub(super) fn live_claims(sim: &BackgroundSim) -> BTreeSet<String> {
     sim.cluster()

@@ -193,7 +193,7 @@ pub(super) fn total(exposition: &str, name: &str) -> f64 {
 }
 
 /// The series of `name` summed by the value of `label`.
-fn by_label(exposition: &str, name: &str, label: &str) -> BTreeMap<String, f64> {
+pub(super) fn by_label(exposition: &str, name: &str, label: &str) -> BTreeMap<String, f64> {
     let key = format!("{label}=\"");
     let mut out = BTreeMap::new();
     for (labels, v) in series(exposition, name) {

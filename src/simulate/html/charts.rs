@@ -14,8 +14,8 @@ use crate::simulate::timeline::{Mark, Timeline};
 
 /// One line of a chart: its legend and its points (seconds, value).
 pub(super) struct Series {
-    name: String,
-    points: Vec<(f64, f64)>,
+    pub(super) name: String,
+    pub(super) points: Vec<(f64, f64)>,
 }
 
 /// One chart: `counts` charts count things, so their axis has whole ticks only.
@@ -27,10 +27,11 @@ pub(super) struct Chart {
 }
 
 /// The charts' titles, in page order (tests look for them).
-pub const CHARTS: [&str; 5] = [
+pub const CHARTS: [&str; 6] = [
     "Pending pods",
     "Nodes by phase",
     "NodeClaims by phase",
+    "Up-to-date nodes (NodePool status)",
     "Replica writes per MachineDeployment",
     "Cost per hour",
 ];
@@ -100,8 +101,18 @@ pub(super) fn chart_data(t: &Timeline) -> Vec<Chart> {
                 line("terminating", &|i| n(s[i].claims.terminating)),
             ],
         ),
+        // The pools' own counts, so a rollout shows as a reader of `kubectl get nodepools` sees
+        // it: up to date dips below all nodes at a template change and climbs back.
         counts(
             CHARTS[3],
+            "nodes",
+            vec![
+                line("nodes", &|i| n(s[i].pool_status.nodes)),
+                line("up to date", &|i| n(s[i].pool_status.up_to_date)),
+            ],
+        ),
+        counts(
+            CHARTS[4],
             "writes (cumulative)",
             t.replica_writes
                 .iter()
@@ -109,7 +120,7 @@ pub(super) fn chart_data(t: &Timeline) -> Vec<Chart> {
                 .collect(),
         ),
         Chart {
-            title: CHARTS[4],
+            title: CHARTS[5],
             y_desc: "price units per hour",
             counts: false,
             series: vec![line("cost/h", &|i| s[i].cost_per_hour)],

@@ -179,6 +179,7 @@ mod tests {
     use super::*;
     use crate::simulate::timeline::Mark;
     use crate::simulate::timeline::Sample;
+    use crate::simulate::timeline::UpToDate;
 
     #[test]
     fn flatten_names_every_leaf() {
@@ -228,6 +229,31 @@ mod tests {
             html.contains("default/md-0"),
             "legend names the MachineDeployment"
         );
+    }
+
+    #[test]
+    fn the_up_to_date_chart_draws_the_pools_counts() {
+        let at = |at_ms, nodes, up_to_date| Sample {
+            at_ms,
+            pool_status: UpToDate { nodes, up_to_date },
+            ..Sample::default()
+        };
+        let t = Timeline {
+            samples: vec![at(0, 4, 4), at(1000, 4, 1), at(2000, 4, 4)],
+            ..Timeline::default()
+        };
+        let up = chart_data(&t)
+            .into_iter()
+            .find(|c| c.title == "Up-to-date nodes (NodePool status)")
+            .expect("the chart");
+        let points = |name: &str| {
+            up.series
+                .iter()
+                .find(|s| s.name == name)
+                .map(|s| s.points.iter().map(|p| p.1).collect::<Vec<_>>())
+        };
+        assert_eq!(points("nodes"), Some(vec![4.0, 4.0, 4.0]));
+        assert_eq!(points("up to date"), Some(vec![4.0, 1.0, 4.0]));
     }
 
     #[test]
@@ -352,6 +378,11 @@ mod tests {
                 "budget_excess_any": 0, "pods_max_pending_ms": 470, "phase_ms": 29_970,
                 "claims_before": 9, "claims_replaced": 7, "max_disrupting": 1,
                 "decisions": {"empty": 1, "underutilized": 6, "drifted": 0, "expired": 0, "other": 0},
+                "nodes_up_to_date_after_ms": 7300,
+                "blocked_nodes": {
+                    "not_cheaper": {"max_nodes": 2, "seconds_held": 9, "at_end": 2},
+                    "budget": {"max_nodes": 16, "seconds_held": 15, "at_end": 0},
+                },
             },
         });
         let lines = summary_lines(&report, &Timeline::default());
@@ -376,5 +407,14 @@ mod tests {
         assert_eq!(line("claim-to-launched"), "p50 33.3 ms, p99 104 ms");
         assert!(line("disruption").starts_with("claims disrupted: 1 empty, 6 underutilized"));
         assert_eq!(line("longest-pending"), "470 ms");
+        assert_eq!(
+            line("nodes-up-to-date"),
+            "True 7300 ms after the template change"
+        );
+        assert_eq!(
+            line("blocked"),
+            "budget: at most 16 nodes in a pass, for 15 s, 0 at the end; \
+             not_cheaper: at most 2 nodes in a pass, for 9 s, 2 at the end"
+        );
     }
 }

@@ -30,6 +30,28 @@ pub(super) fn durations_ms(ms: &[f64]) -> Vec<String> {
         .collect()
 }
 
+/// The report's `blocked_nodes` (blocker -> counts) the most nodes first: `budget: at most 4
+/// nodes in a pass, for 12 s, 0 at the end; ...`.
+fn blocked_words(blocked: &Value) -> String {
+    let Some(o) = blocked.as_object().filter(|o| !o.is_empty()) else {
+        return "none".into();
+    };
+    let n = |c: &Value, k: &str| c[k].as_f64().unwrap_or(0.0);
+    let mut seen: Vec<(&String, &Value)> = o.iter().collect();
+    seen.sort_by(|a, b| n(b.1, "max_nodes").total_cmp(&n(a.1, "max_nodes")));
+    seen.iter()
+        .map(|(blocker, c)| {
+            format!(
+                "{blocker}: at most {} nodes in a pass, for {} s, {} at the end",
+                figure(n(c, "max_nodes")),
+                figure(n(c, "seconds_held")),
+                figure(n(c, "at_end"))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// One line of the summary: its id (`summary-<id>`, for tests and links), what, and the value.
 pub(super) struct Line {
     pub(super) id: &'static str,
@@ -237,6 +259,35 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
                 c("machines"),
                 c("max_disrupting")
             ),
+            false,
+        );
+    }
+    if let Some(ms) = num(&d("nodes_up_to_date_after_ms")) {
+        add(
+            "nodes-up-to-date",
+            "NodesUpToDate",
+            format!("True {} after the template change", duration_ms(ms)),
+            false,
+        );
+    }
+    if let Some(held) = num(&d("pause/held_ms")) {
+        let drifted = num(&d("pause/drifted_while_paused")).unwrap_or(0.0);
+        add(
+            "pause",
+            "Disruption paused",
+            format!(
+                "{} from the template change; {} claims drifted meanwhile",
+                duration_ms(held),
+                figure(drifted)
+            ),
+            drifted > 0.0,
+        );
+    }
+    if let Some(blocked) = r.pointer("/disruption/blocked_nodes") {
+        add(
+            "blocked",
+            "Nodes held back, by blocker",
+            blocked_words(blocked),
             false,
         );
     }
