@@ -4,7 +4,7 @@
 //!
 //! Sampled rather than read once at the end: the gauge holds the last pass only (it is set whole
 //! each pass), so at the end it shows what holds the settled cluster (`not_consolidatable`,
-//! `no_feasible_schedule` on the nodes left), while a `budget` or `back_off` hold happens
+//! `no_feasible_schedule` on the nodes left), while a `budget` or `backoff` hold happens
 //! mid-phase and is gone by then. One sample a second is one per pass at the scenarios' pace
 //! (`fast_disruption`), and encoding the metrics that often costs little.
 
