@@ -8,7 +8,13 @@
 //! mid-phase and is gone by then. One sample a second is one per pass at the scenarios' pace
 //! (`fast_disruption`), and encoding the metrics that often costs little.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::time_split;
 
 /// The gauge's name.
 const BLOCKED_NODES: &str = "karpenter_voluntary_disruption_blocked_nodes";
