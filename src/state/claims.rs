@@ -221,6 +221,43 @@ impl Claims {
             self.apply(Arc::new(c));
         }
         self.synced = true;
+        // What the list left out was deleted meanwhile: late answers must not bring it back.
+        for k in old.keys() {
+            self.fresh.forget(k);
+        }
         old.into_values().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(name: &str, version: &str, md: &str) -> Arc<NodeClaim> {
+        let c: NodeClaim = serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "resourceVersion": version,
+                         "annotations": {MACHINE_DEPLOYMENT_ANNOTATION: md}},
+            "spec": {"requirements": [], "nodeClassRef": {"group": "g", "kind": "K", "name": "n"}}
+        }))
+        .expect("a NodeClaim");
+        Arc::new(c)
+    }
+
+    /// Karpenter #3176's race: the watch delivers a claim's deletion before the answer to a
+    /// write sent earlier is handled.
+    #[test]
+    fn an_answer_after_the_watched_deletion_does_not_bring_the_claim_back() {
+        let mut claims = Claims::default();
+        claims.apply(claim("c", "1", "ns/md"));
+        assert_eq!(claims.waiting_on("ns/md").len(), 1);
+        claims.remove("c");
+        claims.apply_response(claim("c", "2", "ns/md"));
+        claims.apply_own_response(claim("c", "2", "ns/md"));
+        assert!(!claims.contains("c"), "no ghost in the index");
+        assert!(
+            claims.waiting_on("ns/md").is_empty(),
+            "nor a claim the MachineDeployment owes"
+        );
     }
 }

@@ -225,6 +225,10 @@ impl Machines {
         self.synced = true;
         self.provider_id_seen
             .retain(|k, _| self.by_key.contains_key(k));
+        // What the list left out was deleted meanwhile: late answers must not bring it back.
+        for k in old.keys() {
+            self.fresh.forget(k);
+        }
         old.into_values().collect()
     }
 

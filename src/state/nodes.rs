@@ -124,6 +124,10 @@ impl Nodes {
             self.insert(n);
         }
         self.synced = true;
+        // What the list left out was deleted meanwhile: late answers must not bring it back.
+        for k in old.keys() {
+            self.fresh.forget(k);
+        }
         old.into_values().collect()
     }
 }

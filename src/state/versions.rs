@@ -10,6 +10,11 @@
 //! Two responses cannot be ordered either (a read sent after a write may be served before it),
 //! so while one response is waiting for the watch, another is not taken: the writer keeps its
 //! own record of what it wrote until the watch shows it (e.g. the Scaler's `binding`).
+//! A response that answers after the watch delivered the object's deletion is older than the
+//! deletion: taken, it would bring the object back into the index for good (no watch event
+//! ever comes for it again), so a deleted name refuses responses for a while. Karpenter core
+//! met the same race in its cluster state (#3176) and heals it after the fact; refusing the
+//! response keeps the ghost out in the first place.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -22,16 +27,27 @@ const RECENT: usize = 8;
 /// stops shadowing the watch after this long, so the index can never freeze.
 const PENDING_TTL: Duration = Duration::from_secs(10);
 
+/// How long a deleted name refuses responses: longer than any request may wait for its answer
+/// (the client's read timeout, 300 s), so no answer sent before the deletion outlives it.
+const GONE_TTL: Duration = Duration::from_secs(330);
+
 /// Per-object bookkeeping for one index (keys are the index's keys).
 #[derive(Debug, Default)]
 pub struct Freshness {
     pending: HashMap<String, (String, Instant)>,
     recent: HashMap<String, VecDeque<String>>,
+    /// Names whose deletion the watch delivered, and when (see the module's notes).
+    gone: HashMap<String, Instant>,
+    /// The same names in the order they went, to let them go after `GONE_TTL`.
+    gone_order: VecDeque<(String, Instant)>,
 }
 
 impl Freshness {
     /// A write or read response carries `version` for `key`: whether to take it.
     pub fn responded(&mut self, key: &str, version: &str) -> bool {
+        if self.is_gone(key) {
+            return false;
+        }
         if self
             .recent
             .get(key)
@@ -60,6 +76,9 @@ impl Freshness {
     /// until the watch reaches it and catches up from there (every guarded write stays safe).
     /// Not taken when the watch already delivered it (the index may hold something newer).
     pub fn superseded(&mut self, key: &str, version: &str) -> bool {
+        if self.is_gone(key) {
+            return false;
+        }
         if self
             .recent
             .get(key)
@@ -74,6 +93,8 @@ impl Freshness {
 
     /// The watch delivered `version` for `key`: whether to take it.
     pub fn watched(&mut self, key: &str, version: &str) -> bool {
+        // The watch shows the name again after its deletion: a new object of that name.
+        self.gone.remove(key);
         // Most objects never change after the list: room for one version until a second comes.
         let recent = self
             .recent
@@ -101,19 +122,45 @@ impl Freshness {
         }
     }
 
-    /// The object is gone (or the index was replaced by a list): forget it.
+    /// The watch delivered the object's deletion (or a re-list left it out): forget its
+    /// versions, and refuse responses for it until `GONE_TTL` has passed.
     pub fn forget(&mut self, key: &str) {
         self.pending.remove(key);
         self.recent.remove(key);
+        let now = Instant::now();
+        self.let_go_before(now);
+        self.gone.insert(key.to_string(), now);
+        self.gone_order.push_back((key.to_string(), now));
     }
 
-    /// A re-list replaced the index: the list is as new as anything we hold.
+    /// A re-list replaced the index: the list is as new as anything we hold. Deleted names
+    /// stay refused: a response older than the deletion is older than the list too.
     pub fn clear(&mut self) {
         self.pending.clear();
         self.recent.clear();
     }
 
-    /// Objects with bookkeeping (for the tests that check maps shrink).
+    fn is_gone(&mut self, key: &str) -> bool {
+        self.let_go_before(Instant::now());
+        self.gone.contains_key(key)
+    }
+
+    /// Drop the deleted names whose refusal has run out.
+    fn let_go_before(&mut self, now: Instant) {
+        while let Some((key, at)) = self.gone_order.front() {
+            if now.duration_since(*at) < GONE_TTL {
+                break;
+            }
+            // A name deleted twice is in the queue twice: only its last mark counts.
+            if self.gone.get(key) == Some(at) {
+                self.gone.remove(key);
+            }
+            self.gone_order.pop_front();
+        }
+    }
+
+    /// Objects with bookkeeping (for the tests that check maps shrink). Deleted names are not
+    /// counted: they go by themselves after `GONE_TTL`.
     pub fn len(&self) -> usize {
         let extra = self
             .pending
@@ -182,6 +229,33 @@ mod tests {
         assert!(!f.watched("m", "2"));
         assert!(f.watched("m", "3"));
         assert!(f.responded("m", "4"), "nothing pending any more");
+    }
+
+    #[test]
+    fn a_response_answering_after_the_deletion_is_not_taken() {
+        let mut f = Freshness::default();
+        assert!(f.watched("c", "1"));
+        // The watch delivered the deletion before the answer to a write sent before it.
+        f.forget("c");
+        assert!(!f.responded("c", "2"), "the object is gone");
+        assert!(!f.superseded("c", "2"), "the object is gone");
+        f.clear();
+        assert!(!f.responded("c", "2"), "a re-list does not bring it back");
+        // A new object of the same name, as the watch shows it.
+        assert!(f.watched("c", "5"));
+        assert!(f.responded("c", "6"));
+    }
+
+    #[test]
+    fn a_deleted_name_refuses_responses_only_for_a_while() {
+        let mut f = Freshness::default();
+        f.forget("a");
+        f.forget("b");
+        f.forget("a");
+        assert_eq!(f.gone_order.len(), 3);
+        f.let_go_before(Instant::now() + GONE_TTL);
+        assert!(f.gone.is_empty() && f.gone_order.is_empty());
+        assert!(f.responded("a", "1"), "its refusal ran out");
     }
 
     #[test]
