@@ -514,6 +514,42 @@ impl Metrics {
             .inc_by(waited.as_secs_f64());
     }
 
+    /// A claim of `nodepool` asked `md` for a Machine: from now its launch and registration can
+    /// time out or succeed, so the series the chart's alerts take `increase()` of start here, at
+    /// zero (Prometheus cannot count the step of a series that appears already at 1, and a
+    /// MachineDeployment's first timeouts are the ones an operator must hear about).
+    pub fn claim_awaits_machine(
+        &self,
+        nodepool: &str,
+        md: &str,
+        claim: &crate::api::nodeclaim::NodeClaim,
+    ) {
+        let pool = Self::pool(nodepool, md);
+        for family in [
+            &self.nodeclaims_launched,
+            &self.create_timeouts,
+            &self.nodeclaims_registered,
+            &self.registration_timeouts,
+        ] {
+            drop(family.get_or_create(&pool));
+        }
+        for reason in ["launch_timeout", "registration_timeout"] {
+            let labels = DisruptedLabels::of(reason, nodepool, claim, None);
+            drop(self.nodeclaims_disrupted.get_or_create(&labels));
+        }
+    }
+
+    /// A Scaler starts on `md`: its replica writes' series start at zero (see
+    /// [`Metrics::claim_awaits_machine`]).
+    pub fn scaler_started(&self, md: &str) {
+        for result in ["ok", "conflict", "error"] {
+            drop(self.replica_writes.get_or_create(&WriteLabels {
+                machine_deployment: md.to_string(),
+                result: result.to_string(),
+            }));
+        }
+    }
+
     pub fn api_error(&self, verb: &str, resource: &str) {
         self.api_errors
             .get_or_create(&ApiErrorLabels {

@@ -463,6 +463,35 @@ async fn every_metric_the_alerts_read_is_on_a_live_metrics() {
             "{metric} has samples after a launch:\n{text}"
         );
     }
+    // The counters the failure alerts take increase() of have their series at zero before the
+    // first failure, for the pool and MachineDeployment that launched: that first failure is
+    // counted.
+    for (metric, labels) in [
+        (
+            "karpenter_capi_nodeclaims_create_timeouts_total",
+            "machine_deployment=",
+        ),
+        (
+            "karpenter_capi_nodeclaims_registration_timeouts_total",
+            "machine_deployment=",
+        ),
+        (
+            "karpenter_nodeclaims_disrupted_total",
+            "reason=\"launch_timeout\"",
+        ),
+        (
+            "karpenter_nodeclaims_disrupted_total",
+            "reason=\"registration_timeout\"",
+        ),
+        ("karpenter_capi_replica_writes_total", "result=\"error\""),
+    ] {
+        assert!(
+            crate::common::exposition::samples(&text).any(|(name, rest)| name == metric
+                && rest.contains(labels)
+                && rest.ends_with(" 0")),
+            "{metric} {{{labels}}} is at zero before any failure:\n{text}"
+        );
+    }
     // Whatever has samples is a series the exported-labels table knows, so the label checks
     // above judged the alerts against the controller's real families.
     let unknown: Vec<&String> = samples

@@ -146,6 +146,14 @@ impl NodeClaimActor {
             self.claim = claim;
         }
         if let Some(md) = out.requested {
+            if self.requested.as_deref() != Some(md.as_str()) {
+                let pool = self.claim.labels().get(NODEPOOL_LABEL).cloned();
+                self.shared.metrics.claim_awaits_machine(
+                    pool.as_deref().unwrap_or_default(),
+                    &md,
+                    &self.claim,
+                );
+            }
             self.requested = Some(md);
         }
         if out.forget_request {

@@ -102,6 +102,7 @@ impl Actor for Scaler {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         tracing::debug!(machine_deployment = %self.md, "scaler started");
+        self.shared.metrics.scaler_started(&self.md);
         self.replan(ctx);
         // A resync from the indexes (no API call unless the plan needs one), as controllers
         // resync their caches: whatever a lost message or a failed write left undone is retried.
