@@ -2,7 +2,24 @@
 //! candidates' deletion and rollback; and the watch on a consolidation's aftermath (a launch the
 //! move made necessary pauses consolidation).
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use kube::ResourceExt;
+
+use crate::actors::Shared;
+use crate::actors::backoff::Backoff;
+use crate::actors::events::Events;
+use crate::api::conditions;
+use crate::api::wellknown::REPLACES_ANNOTATION;
+use crate::disruption::{self, Command};
+
+use super::{
+    AFTERMATH, Aftermath, Disruption, Executing, NOMINATION_WINDOW, Nomination, Progress,
+    budget_check, execute,
+};
 
 /// How a command's start ended.
 enum Started {

@@ -41,7 +41,7 @@ use super::Shared;
 use super::backoff::Backoff;
 use super::events::Events;
 use crate::api::conditions;
-use crate::api::wellknown::{NODEPOOL_LABEL, REPLACES_ANNOTATION};
+use crate::api::wellknown::NODEPOOL_LABEL;
 use crate::disruption::drift_backoff::DriftBackoff;
 use crate::disruption::validation::{self, Next, Pending, Stage};
 use crate::disruption::{self, Command};

@@ -7,16 +7,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, PostParams};
-use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::{Api, Client};
+use kube::Client;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
-use super::capi::{self, CapiConfig, CapiVersion, ProviderIdStyle, dynamic};
+use super::capi::{self, CapiConfig, CapiVersion, ProviderIdStyle};
 use super::disruption_audit::{self, DisruptionAudit};
 use super::kubelet::{self, KubeletConfig};
 use super::real::{self, RealBackend};
@@ -24,7 +19,6 @@ use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
 use super::standin::{Shutdown, ShutdownTrigger, shutdown_pair};
 use super::{CapiVersions, Faults, SimConfig, SimError, SimServer, Stats, Store};
 use super::{deployments, node_lease, pdb_status, pod_lifecycle};
-use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 mod seed;
 mod seed_pool;

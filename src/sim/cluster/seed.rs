@@ -1,9 +1,24 @@
 //! Seeding the simulated cluster: MachineDeployments with their infrastructure templates, pods
 //! and Deployments, written through the cluster's client as a user would.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use serde_json::{Value, json};
+
+use crate::api::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 use crate::capi::kind::ScalableKind;
 use crate::sim::capi::INFRA_POOL_KIND;
+use crate::sim::capi::{CapiVersion, dynamic};
+
+use super::{
+    BOOTSTRAP_GROUP, Backend, CLUSTER_NAME, Error, INFRA_GROUP, INFRA_TEMPLATE_KIND, INFRA_VERSION,
+    MachineDeploymentSeed, Served, SimCluster, kube_err,
+};
 
 impl SimCluster {
     /// A MachineDeployment of the configured version with `labels` on the MD, the given

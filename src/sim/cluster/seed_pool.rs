@@ -1,11 +1,21 @@
 //! Seeding MachinePools: the MachinePool and the infrastructure pool (`DevMachinePool`) it
 //! points at, with or without MachinePool Machines, written as a user would.
 
-use super::seed::{labelled_as_the_webhook_would, machine_pool, with_bootstrap_data_secret};
-use super::*;
+use std::collections::BTreeMap;
+
+use kube::Api;
+use kube::api::PostParams;
+use kube::core::DynamicObject;
+use serde_json::json;
+
+use crate::api::wellknown::CLUSTER_NAME_LABEL;
 use crate::api::wellknown::POOL_NAME_LABEL;
 use crate::capi::kind::ScalableKind;
+use crate::sim::capi::dynamic;
 use crate::sim::capi::{INFRA_POOL_KIND, POOL_MACHINES_ANNOTATION, infra_pool_resource};
+
+use super::seed::{labelled_as_the_webhook_would, machine_pool, with_bootstrap_data_secret};
+use super::{Backend, CLUSTER_NAME, Error, MachineDeploymentSeed, SimCluster, kube_err};
 
 impl SimCluster {
     /// A MachinePool of the configured version from `seed` (the fields a MachineDeployment seed

@@ -17,17 +17,13 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::discovery;
-use super::drain_audit::{self, Removal, Violation};
 use super::errors::ApiError;
 use super::event_versions::{self, stamp};
-use super::eviction;
 use super::faults::Faults;
-use super::managed_fields;
-use super::patch::{self, PatchError};
 use super::registry::{Registry, ResourceDef};
 use super::selectors::{FieldSelector, LabelSelector};
 use super::stats::Stats;
-use super::store::{DeleteOpts, Inner, Part, Store};
+use super::store::Store;
 use super::table;
 use super::watch::{self, WatchRequest};
 

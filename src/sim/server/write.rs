@@ -1,8 +1,20 @@
 //! The write verbs: create, update, patch (JSON, merge and strategic merge), delete and the
 //! scale subresource, with the admission, audit and violation records each write makes.
 
-use super::*;
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use crate::sim::drain_audit::{self, Removal, Violation};
+use crate::sim::errors::ApiError;
+use crate::sim::event_versions::{self};
+use crate::sim::eviction;
+use crate::sim::managed_fields;
+use crate::sim::patch::{self, PatchError};
 use crate::sim::pdb_expected::WorkloadDefs;
+use crate::sim::registry::ResourceDef;
+use crate::sim::store::{DeleteOpts, Inner, Part};
+
+use super::{Query, Shared, Target, current, rendered};
 
 /// Whether a create or update body is JSON (no Content-Type is read as JSON, as kube does).
 pub(super) fn is_json_body(content_type: &str) -> bool {
