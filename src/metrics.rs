@@ -386,7 +386,7 @@ metrics! {
     // Termination (Karpenter's names).
     nodes_drained: Family<NodePoolLabels, Counter>, "karpenter_nodes_drained", "Nodes drained by the controller before their Machine was released";
     pods_eviction_requests: Family<CodeLabels, Counter>, "karpenter_pods_eviction_requests", "Pod eviction requests made by the controller, by response code";
-    pods_drained: Family<ReasonLabels, Counter>, "karpenter_pods_drained", "Pods evicted during node termination, by reason (a deletion at the drain deadline is not counted, as upstream)";
+    pods_drained: Family<ReasonLabels, Counter>, "karpenter_pods_drained", "Pods drained during node termination, by reason: evicted, or deleted to meet the node's termination deadline";
     nodes_termination_duration: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(latency_histogram), "karpenter_nodes_termination_duration_seconds", "Time from a Node's deletion to the removal of the controller's finalizer";
     nodes_lifetime_duration: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(lifetime_histogram), "karpenter_nodes_lifetime_duration_seconds", "Lifetime of Nodes from creation to the removal of the controller's finalizer";
     nodeclaims_termination_duration: HistogramFamily<NodePoolLabels> = Family::new_with_constructor(latency_histogram), "karpenter_nodeclaims_termination_duration_seconds", "Time from a NodeClaim's deletion to the removal of its finalizer";

@@ -441,3 +441,55 @@ fn write(store: &Store, catalog: &mut Catalog) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::wellknown::INSTANCE_TYPE_LABEL;
+
+    const GPU: &str = "nvidia.com/gpu";
+
+    /// A type whose MachineDeployment already states one GPU, and one without any.
+    fn catalog() -> Catalog {
+        let mut gpu = crate::testing::instance_type("gpu", 4, 16).build();
+        gpu.capacity.set(GPU, Quantity::from_units(1));
+        Catalog {
+            instance_types: vec![gpu, crate::testing::instance_type("plain", 4, 16).build()],
+            ..Default::default()
+        }
+    }
+
+    /// Karpenter v1.15's #3151 made an override replace, key by key, what it names (its
+    /// offering capacity and overhead overrides had added to the base); a NodeOverlay's capacity
+    /// always did, and does here: a GPU count stated again is the new count, not one more.
+    #[test]
+    fn overlay_capacity_replaces_what_the_type_states_key_by_key() {
+        let mut c = catalog();
+        let o = crate::testing::node_overlay(
+            "gpus",
+            serde_json::json!({
+                "requirements": [{"key": INSTANCE_TYPE_LABEL, "operator": "In", "values": ["gpu", "plain"]}],
+                "capacity": {GPU: "4"},
+            }),
+        );
+        let labels = BTreeMap::new();
+        let pools = [Pool {
+            name: "default",
+            labels: &labels,
+            catalog: 0,
+        }];
+        let applied = apply(&[&o], &mut [&mut c], &pools);
+        assert_eq!(applied.verdicts.get("gpus"), Some(&Verdict::Applied));
+        for t in &c.instance_types {
+            assert_eq!(t.capacity.get(GPU), Quantity::from_units(4), "{}", t.name);
+            assert_eq!(
+                t.allocatable().get(GPU),
+                Quantity::from_units(4),
+                "{}",
+                t.name
+            );
+            // What the overlay does not name stays as the type states it.
+            assert_eq!(t.capacity.get("cpu"), Quantity::from_units(4), "{}", t.name);
+        }
+    }
+}

@@ -607,4 +607,6 @@ pub fn lifetime_remaining(
 #[cfg(test)]
 mod repair_tests;
 #[cfg(test)]
+mod savings_tests;
+#[cfg(test)]
 mod tests;

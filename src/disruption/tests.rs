@@ -106,6 +106,19 @@ pub(super) fn cluster(types: &[InstanceType], nodes: &[Node<'_>]) -> (Snapshot, 
     (snapshot, candidates)
 }
 
+/// One on-demand node `big` of type `large` (from `types`) with one pod of 1 CPU.
+pub(super) fn big_on_demand(types: &[InstanceType]) -> (Snapshot, Vec<Candidate>) {
+    cluster(
+        types,
+        &[Node {
+            name: "big",
+            ty: "large",
+            ct: "on-demand",
+            pods: &[("p", "1")],
+        }],
+    )
+}
+
 pub(super) fn allow(n: usize) -> Allowed {
     testing::allowed(n)
 }
@@ -249,15 +262,7 @@ fn a_pod_moves_only_where_its_volume_can_follow() {
 #[test]
 fn a_node_is_replaced_only_by_something_strictly_cheaper() {
     // One large node running one small pod: a small node is cheaper.
-    let (s, c) = cluster(
-        &types(),
-        &[Node {
-            name: "big",
-            ty: "large",
-            ct: "on-demand",
-            pods: &[("p", "1")],
-        }],
-    );
+    let (s, c) = big_on_demand(&types());
     let cmd = decide(&s, &c, &allow(1)).expect("a command");
     assert_eq!(cmd.method, Method::SingleNodeConsolidation);
     assert_eq!(cmd.decision(), "replace");
@@ -334,15 +339,7 @@ fn a_spot_node_is_not_replaced_by_spot() {
     );
     assert_eq!(decide(&s, &c, &allow(1)), None);
     // An on-demand node may be replaced by a cheaper spot or on-demand one.
-    let (s, c) = cluster(
-        &types,
-        &[Node {
-            name: "big",
-            ty: "large",
-            ct: "on-demand",
-            pods: &[("p", "1")],
-        }],
-    );
+    let (s, c) = big_on_demand(&types);
     assert_eq!(
         decide(&s, &c, &allow(1)).map(|c| c.decision()),
         Some("replace")
@@ -351,15 +348,7 @@ fn a_spot_node_is_not_replaced_by_spot() {
 
 #[test]
 fn when_empty_pools_only_delete_empty_nodes() {
-    let (s, mut c) = cluster(
-        &types(),
-        &[Node {
-            name: "big",
-            ty: "large",
-            ct: "on-demand",
-            pods: &[("p", "1")],
-        }],
-    );
+    let (s, mut c) = big_on_demand(&types());
     c[0].policy = ConsolidationPolicy::WhenEmpty;
     assert_eq!(decide(&s, &c, &allow(1)), None);
 }
@@ -891,15 +880,7 @@ fn an_on_demand_replacement_is_priced_at_its_worst_launch_and_pinned_to_spot() {
         it("small", 2, 5.0, &["spot", "on-demand"]),
         it("large", 8, 4.0, &["on-demand"]),
     ];
-    let (s, c) = cluster(
-        &types,
-        &[Node {
-            name: "big",
-            ty: "large",
-            ct: "on-demand",
-            pods: &[("p", "1")],
-        }],
-    );
+    let (s, c) = big_on_demand(&types);
     let cmd = decide(&s, &c, &allow(1)).expect("a command");
     assert_eq!(cmd.decision(), "replace");
     let ct = cmd.replacements[0]
@@ -1292,15 +1273,7 @@ fn a_replacement_meets_min_values_with_the_cheaper_types_alone() {
     ];
     // Four types hold the pod; two of them are cheaper than the large node it is on.
     for (min, replaced) in [(2, true), (3, false)] {
-        let (mut s, c) = cluster(
-            &types,
-            &[Node {
-                name: "big",
-                ty: "large",
-                ct: "on-demand",
-                pods: &[("p", "1")],
-            }],
-        );
+        let (mut s, c) = big_on_demand(&types);
         let mut req = crate::api::nodeclaim::NodeSelectorRequirementWithMinValues::new(
             INSTANCE_TYPE_LABEL,
             crate::api::nodeclaim::Operator::Exists,

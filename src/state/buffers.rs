@@ -81,3 +81,37 @@ impl BufferPods {
         self.hosts.values().any(|nodes| nodes.contains(node))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn placeholder(name: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.namespace = Some("ns".into());
+        p
+    }
+
+    /// Karpenter v1.15's #3137 caches each buffer's virtual pods, built when the buffer is
+    /// reconciled, not on every solve. Here they always were: the buffer actor sets them once per
+    /// resolution, every solve reads them as set, the same pods set again change nothing (no new
+    /// solve), and a buffer deleted or no longer ready clears its own alone.
+    #[test]
+    fn a_buffers_placeholders_are_kept_until_it_changes_or_goes() {
+        let mut b = BufferPods::default();
+        assert!(b.set("ns/a", vec![placeholder("a-1"), placeholder("a-2")]));
+        assert!(b.set("ns/b", vec![placeholder("b-1")]));
+        assert!(!b.set("ns/a", vec![placeholder("a-1"), placeholder("a-2")]));
+        assert_eq!(b.all().count(), 3);
+        assert_eq!(b.owner("ns/a-2"), Some("ns/a"));
+        b.set_hosts([("ns/a".to_string(), HashSet::from(["n1".to_string()]))].into());
+        assert!(b.hosts("n1"));
+        assert!(b.set("ns/a", Vec::new()));
+        assert_eq!(b.buffers().collect::<Vec<_>>(), ["ns/b"]);
+        assert_eq!(b.owner("ns/a-2"), None);
+        // Where its old pods were packed goes with them.
+        assert!(!b.hosts("n1"));
+        assert!(!b.is_empty());
+    }
+}

@@ -10,7 +10,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::json;
 
 use karpenter_capi::actors::buffers::resolve::{self, NotReady, Source, percentage_of};
-use karpenter_capi::api::capacity_buffer::CapacityBuffer;
+use karpenter_capi::api::capacity_buffer::{
+    BUFFER_NAME_ANNOTATION, BUFFER_NAMESPACE_ANNOTATION, CapacityBuffer,
+};
 
 fn requests(r: &[(&str, &str)]) -> Option<ResourceRequirements> {
     Some(ResourceRequirements {
@@ -304,6 +306,15 @@ fn virtual_pods_are_marked_named_and_lowest_priority() {
             Some("web")
         );
         assert_eq!(p.spec.as_ref().and_then(|s| s.priority), Some(i32::MIN));
+        // v1.15 (#3174): the template's labels are the pod's labels, and its buffer is named in
+        // annotations, so no selector of the workload's pods is crossed by a label of ours.
+        let annotations = p.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations.get(BUFFER_NAME_ANNOTATION).map(String::as_str),
+            Some("cb")
+        );
+        assert!(annotations.contains_key(BUFFER_NAMESPACE_ANNOTATION));
+        assert_eq!(p.metadata.labels.as_ref().map(BTreeMap::len), Some(1));
     }
 }
 

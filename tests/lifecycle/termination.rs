@@ -181,6 +181,13 @@ async fn do_not_disrupt_waits_for_the_deadline_then_the_pod_is_deleted_in_time()
     );
     assert!(!env.events("TerminationGracePeriodExpiring").is_empty());
     assert!(!env.events("Disrupted").is_empty());
+    // Both drained pods count, the evicted one and the one deleted at the deadline (Karpenter
+    // v1.15, #3063), with upstream's reason for a claim deleted without a disruption reason.
+    let text = env.metrics.encode();
+    assert!(
+        text.contains("karpenter_pods_drained_total{reason=\"Forceful Termination\"} 2"),
+        "{text}"
+    );
     env.assert_clean();
 }
 

@@ -317,16 +317,15 @@ impl Terminator {
         match result {
             Ok(how) => {
                 entry.removed = true;
-                // Upstream counts evictions only; a deletion at the deadline is not a drain.
-                if matches!(how, Removed::Evicted) {
-                    self.shared
-                        .metrics
-                        .pods_drained
-                        .get_or_create(&ReasonLabels {
-                            reason: reason.clone(),
-                        })
-                        .inc();
-                }
+                // Both ways a drain removes a pod count: since Karpenter v1.15 (#3063) upstream
+                // counts its deletions at the deadline too, with the same reason.
+                self.shared
+                    .metrics
+                    .pods_drained
+                    .get_or_create(&ReasonLabels {
+                        reason: reason.clone(),
+                    })
+                    .inc();
                 let note = match how {
                     Removed::Evicted => format!("Evicted pod: {reason}"),
                     Removed::Deleted { grace_seconds } => format!(

@@ -99,6 +99,28 @@ fn provisionable_follows_karpenter() {
     )));
 }
 
+/// Karpenter v1.15's #3120 stops counting a pod as undecided once it has a node or is finished,
+/// whatever its `PodScheduled` condition still says (a binding lands before the kubelet flips
+/// the condition; a pod can fail while pending). Here such a pod is no longer pending: no solve
+/// plans for it and `karpenter_scheduler_unschedulable_pods_count` cannot count it.
+#[test]
+fn a_bound_or_finished_pod_is_not_pending_whatever_its_condition_says() {
+    // The default pod below still reads `PodScheduled=False`, reason `Unschedulable`.
+    assert!(is_provisionable(&pod(json!({}))));
+    assert!(!is_provisionable(&pod(json!({"spec": {"nodeName": "n"}}))));
+    for phase in ["Failed", "Succeeded"] {
+        assert!(
+            !is_provisionable(&pod(json!({"status": {"phase": phase}}))),
+            "{phase}"
+        );
+    }
+    let mut pods = Pods::default();
+    pods.apply(pod(json!({})));
+    assert_eq!(pods.provisionable_count(), 1);
+    pods.apply(pod(json!({"status": {"phase": "Failed"}})));
+    assert_eq!(pods.provisionable_count(), 0);
+}
+
 #[test]
 fn index_tracks_binding() {
     let mut pods = Pods::default();
