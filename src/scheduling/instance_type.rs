@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Taint;
 
 use crate::api::requirements::Requirements;
-use crate::api::resources::Resources;
-use crate::api::wellknown::WELL_KNOWN_LABELS;
+use crate::api::resources::{Quantity, Resources};
+use crate::api::wellknown::{RESOURCE_MEMORY, WELL_KNOWN_LABELS};
 
 /// One place a node of an instance type can come from: one MachineDeployment.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,8 +47,21 @@ pub struct InstanceType {
 }
 
 impl InstanceType {
+    /// What pods may request on a node of this type: capacity less overhead, and less the
+    /// memory pre-allocated as huge pages (the kubelet takes `hugepages-*` out of allocatable
+    /// memory, and Karpenter's `computeAllocatable` does the same), never below zero.
     pub fn allocatable(&self) -> Resources {
-        self.capacity.sub(&self.overhead)
+        let mut allocatable = self.capacity.sub(&self.overhead);
+        let huge_pages = self
+            .capacity
+            .iter()
+            .filter(|(k, _)| k.starts_with(HUGE_PAGES_PREFIX))
+            .fold(Quantity::ZERO, |sum, (_, q)| sum.saturating_add(*q));
+        if !huge_pages.is_zero() {
+            let memory = allocatable.get(RESOURCE_MEMORY).saturating_sub(huge_pages);
+            allocatable.set(RESOURCE_MEMORY, memory.max(Quantity::ZERO));
+        }
+        allocatable
     }
 
     /// Whether some node of this type carries `key`: the type's requirements or one of its
@@ -167,9 +180,39 @@ pub fn for_declared_taints(types: Vec<InstanceType>, declared: &[Taint]) -> Vec<
         .collect()
 }
 
+/// Resource names of pre-allocated huge pages (`hugepages-2Mi`, `hugepages-1Gi`).
+const HUGE_PAGES_PREFIX: &str = "hugepages-";
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Karpenter's own two cases: huge pages come out of allocatable memory, down to zero.
+    #[test]
+    fn huge_pages_come_out_of_allocatable_memory() {
+        let q = |s: &str| {
+            Quantity::from_k8s(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                s.into(),
+            ))
+            .expect("a quantity")
+        };
+        let mut t = crate::testing::instance_type("huge", 5, 20).build();
+        t.capacity.set("hugepages-2Mi", q("5Gi"));
+        t.capacity.set("hugepages-1Gi", q("10Gi"));
+        t.overhead = Resources::new()
+            .with("cpu", q("125m"))
+            .with(RESOURCE_MEMORY, q("1Gi"));
+        let a = t.allocatable();
+        assert_eq!(a.get(RESOURCE_MEMORY), q("4Gi"));
+        assert_eq!(a.get("cpu"), q("4875m"));
+        assert_eq!(
+            a.get("hugepages-1Gi"),
+            q("10Gi"),
+            "huge pages stay requestable"
+        );
+        t.capacity.set("hugepages-2Mi", q("50Gi"));
+        assert_eq!(t.allocatable().get(RESOURCE_MEMORY), Quantity::ZERO);
+    }
 
     fn taint(key: &str, value: Option<&str>, effect: &str) -> Taint {
         Taint {

@@ -30,6 +30,7 @@ use crate::api::wellknown::{
     TAINTS_ANNOTATION, UNREGISTERED_TAINT_KEY, capi_propagates,
 };
 
+mod allocatable;
 mod pool;
 
 /// Marks Nodes this stand-in registered (so it never touches anybody else's Nodes).
@@ -324,7 +325,7 @@ impl Inner {
         }
         let status = json!({"status": {
             "capacity": registered,
-            "allocatable": registered,
+            "allocatable": allocatable::allocatable(&registered),
             "conditions": self.conditions(condition("False", "KubeletNotReady", "container runtime starting")),
             "nodeInfo": {
                 "architecture": shape.arch, "operatingSystem": shape.os,
