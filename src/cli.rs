@@ -13,8 +13,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod simulate;
 #[cfg(feature = "simulator")]
 pub use simulate::{
-    ClusterApiArg, ControlPlaneArg, DEFAULT_KUBECONFIG_OUT, FaultSpec, ReportFormat, ScalableArg,
-    Scenario, ServeArgs, SimulateArgs,
+    ClusterApiArg, ControlPlaneArg, DEFAULT_KUBECONFIG_OUT, FaultSpec, QuotaSpec, ReportFormat,
+    ScalableArg, Scenario, ServeArgs, SimulateArgs,
 };
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding

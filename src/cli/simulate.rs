@@ -119,6 +119,38 @@ fn faults_arg(s: &str) -> Result<Box<FaultSpec>, String> {
     Ok(Box::new(spec))
 }
 
+/// `--capacity-quota`: the limits of the quota scenario's CapacityQuota.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuotaSpec {
+    /// `cpu`: whole CPUs.
+    pub cpu: Option<u64>,
+    /// `nodes`: how many nodes.
+    pub nodes: Option<u64>,
+}
+
+/// `cpu=16,nodes=4`: whole numbers, at least one of the two.
+fn quota_arg(s: &str) -> Result<QuotaSpec, String> {
+    let mut spec = QuotaSpec::default();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((key, value)) = part.split_once('=') else {
+            return Err(format!("{part:?} is not key=value"));
+        };
+        let n: u64 = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("{value:?} is not a whole number"))?;
+        match key.trim() {
+            "cpu" => spec.cpu = Some(n),
+            "nodes" => spec.nodes = Some(n),
+            other => return Err(format!("unknown limit {other:?}: cpu, nodes")),
+        }
+    }
+    if spec == QuotaSpec::default() {
+        return Err("no limit: write cpu=N, nodes=M or both".into());
+    }
+    Ok(spec)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     /// Pending pods become NodeClaims, Machines and Nodes (the full product).
@@ -149,6 +181,10 @@ pub enum Scenario {
     /// A static NodePool (`spec.replicas` from --pods, at least 5) holds its count through a
     /// Node deletion and a template drift.
     Static,
+    /// The pods scenario under a CapacityQuota on the NodePool's nodes (--capacity-quota):
+    /// provisioning stops at its limit, the pods left stay pending held by it, then the quota
+    /// is deleted and they are bound.
+    Quota,
     /// Node repair on (toleration 2 s): a Node gone `Ready=False` is replaced; with two of the
     /// static pool's Nodes `Unknown` (over 20 %) nothing is.
     Repair,
@@ -296,6 +332,19 @@ pub struct SimulateArgs {
     /// the pause holding the drifted nodes (`disruption.pause`, blocker `paused`).
     #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
     pub pause_disruption: Duration,
+    /// The drift scenario only: from just before the template change, every MachineDeployment's
+    /// launches fail (the Cluster API stand-in's `sim.karpenter.cluster.x-k8s.io/fail-launches`)
+    /// for this long, then work again (e.g. 30s; 0s, the default: none), so the report shows
+    /// drift backing off against the failing offerings and finishing after the lift
+    /// (`disruption.backoff`). Without --create-timeout the run's create timeout is then 10s, so
+    /// a failed launch ends within the failing window. MachineDeployments only.
+    #[arg(long, default_value = "0s", value_parser = duration_in(Duration::ZERO, HOUR))]
+    pub fail_replacements: Duration,
+    /// The quota scenario only: the CapacityQuota's limits on the NodePool's nodes, `cpu=N`,
+    /// `nodes=M` or both (whole numbers; default: `cpu=` half the CPUs the pods request, rounded
+    /// down to an even number, at least 2).
+    #[arg(long, value_parser = quota_arg)]
+    pub capacity_quota: Option<QuotaSpec>,
     /// Seed for the simulated cluster's randomness (jitter, failures, names).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -445,6 +494,23 @@ mod tests {
                 SimulateArgs::from_words(&["--faults", bad]).is_err(),
                 "{bad}"
             );
+        }
+    }
+
+    #[test]
+    fn a_capacity_quota_takes_whole_cpus_and_nodes() {
+        let q =
+            |s: &str| SimulateArgs::from_words(&["--capacity-quota", s]).map(|a| a.capacity_quota);
+        assert_eq!(
+            q("cpu=16,nodes=4").unwrap(),
+            Some(QuotaSpec {
+                cpu: Some(16),
+                nodes: Some(4)
+            })
+        );
+        assert_eq!(q("nodes=3").unwrap().and_then(|s| s.cpu), None);
+        for bad in ["", "cpu=1.5", "memory=4", "cpu"] {
+            assert!(q(bad).is_err(), "{bad}");
         }
     }
 

@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod cpu;
 pub mod disruption;
 pub mod drain;
+pub mod events;
 pub mod from_cluster;
 pub mod html;
 pub mod invariants;
@@ -16,6 +17,7 @@ pub mod output;
 pub mod overlay;
 pub mod pods;
 mod progress;
+pub mod quota;
 pub mod report;
 pub mod serve;
 pub mod standup;
@@ -563,14 +565,17 @@ async fn run_scenario_unnamed(args: &SimulateArgs) -> Result<(output::Outcome, K
         }
         Scenario::Overlay => {
             let (r, kept) = overlay::run_kept(args).await?;
-            let ok = r.invariants_ok();
+            let text = r.to_string();
             (
-                outcome(
-                    r.to_string(),
-                    r.to_json(),
-                    ok,
-                    r.pods.launch.timeline.clone(),
-                ),
+                over_pods(text, r.to_json(), r.invariants_ok(), &r.pods),
+                kept,
+            )
+        }
+        Scenario::Quota => {
+            let (r, kept) = quota::run_kept(args).await?;
+            let text = r.to_string();
+            (
+                over_pods(text, r.to_json(), r.invariants_ok(), &r.pods),
                 kept,
             )
         }
@@ -588,4 +593,14 @@ async fn run_scenario_unnamed(args: &SimulateArgs) -> Result<(output::Outcome, K
             ));
         }
     })
+}
+
+/// The outcome of a report that adds a section to the pods report (its timeline is theirs).
+fn over_pods(text: String, json: String, ok: bool, pods: &pods::PodReport) -> output::Outcome {
+    output::Outcome {
+        text,
+        json,
+        invariants_ok: ok,
+        timeline: pods.launch.timeline.clone(),
+    }
 }

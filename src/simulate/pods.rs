@@ -183,7 +183,7 @@ fn all_bound(cluster: &SimCluster) -> bool {
 /// Wait for every pod to be bound and the launch path to be quiet; give up on pods that stay
 /// unbound when nothing else changes for `stall`. Woken by the store's writes
 /// (`launch::wait_until`), not by polling.
-async fn settle(
+pub(super) async fn settle(
     sim: &BackgroundSim,
     deadline: Duration,
     stall: Duration,

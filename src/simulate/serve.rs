@@ -50,6 +50,7 @@ fn phased(scenario: Scenario) -> bool {
             | Scenario::Static
             | Scenario::Repair
             | Scenario::FullPool
+            | Scenario::Quota
     )
 }
 

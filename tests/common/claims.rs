@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use karpenter_capi::actors::DisruptionSettings;
@@ -23,21 +23,9 @@ use super::{Env, NS, condition};
 /// Every `events.k8s.io/v1` Event, read through the API server, so on either backend (the real
 /// one's mirror keeps no Events).
 pub async fn served_events(client: &kube::Client) -> Vec<Value> {
-    let ar = ApiResource {
-        group: "events.k8s.io".into(),
-        version: "v1".into(),
-        api_version: "events.k8s.io/v1".into(),
-        kind: "Event".into(),
-        plural: "events".into(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
-    api.list(&Default::default())
+    karpenter_capi::simulate::events::all(client.clone())
         .await
         .expect("list Events")
-        .items
-        .into_iter()
-        .filter_map(|e| serde_json::to_value(e).ok())
-        .collect()
 }
 
 /// Disruption passes at test speed: every 200 ms, validation 300 ms.

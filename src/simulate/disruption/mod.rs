@@ -6,6 +6,7 @@
 //! its store (nodes, Machines, prices) and the invariants. The controller runs disruption faster
 //! than in production (`fast_disruption`) so a scenario takes a minute or two.
 
+mod backoff;
 mod blockers;
 mod ranked;
 mod readings;
@@ -13,6 +14,7 @@ mod report;
 mod rollout;
 mod time_split;
 
+pub use backoff::{BackoffFigures, FAILING_CREATE_TIMEOUT};
 pub use blockers::{BlockerCount, BlockerCounts};
 pub use readings::*;
 use report::decided;
@@ -182,6 +184,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let scenario = args.scenario;
     let expire = scenario == Scenario::Expire;
     let expire_after = expire_after_secs(args.pods);
+    backoff::check(args)?;
     let p = provision_with(
         args,
         move |pool| {
@@ -191,7 +194,10 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             }
         },
         |_, _| {},
-        fast_disruption,
+        |s| {
+            fast_disruption(s);
+            backoff::tune(s, args);
+        },
     )
     .await?;
     let deadline = args.deadline;
@@ -212,6 +218,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
     let mut disruption_end_ms = None;
     let mut nodes_up_to_date_after_ms = None;
     let mut pause = None;
+    let mut backoff = None;
     let mut scale_down = Duration::ZERO;
     let calm = match scenario {
         Scenario::Consolidate => CONSOLIDATE_CALM,
@@ -233,10 +240,17 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
                 // In the same write, so no pass sees the change unpaused.
                 change["metadata"] = json!({"annotations": {DISRUPTION_PAUSED_ANNOTATION: "true"}});
             }
+            // Failing before the change, so no replacement launches in between.
+            let failing =
+                backoff::Failing::start(&p.sim, args, &p.controller.shared.metrics).await?;
             patch_nodepool(&p.sim, change).await?;
             p.sim.mark("template changed");
             let changed_ms = p.sim.cluster().stats().now_ms();
             pause = hold_paused(&p.sim, args.pause_disruption).await?;
+            let lifted = match &failing {
+                Some(f) => Some(f.lift(&p.sim, args.fail_replacements).await?),
+                None => None,
+            };
             let originals = claims_before.clone();
             // The phase ends only once the pool says so too: a rollout is over for its users
             // when `NodesUpToDate` is True, not when the old claims are gone.
@@ -257,6 +271,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             })
             .await?;
             nodes_up_to_date_after_ms = up_to_date_ms.get().map(|t| t.saturating_sub(changed_ms));
+            if let (Some(f), Some(lifted)) = (&failing, lifted) {
+                backoff = Some(f.figures(&p, lifted, up_to_date_ms.get()).await?);
+            }
             p.sim.mark("drifted claims replaced");
             disruption_end_ms = Some(p.sim.cluster().stats().now_ms());
             // The rollout is measured apart: Cluster API, not the controller, deletes its
@@ -377,6 +394,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
         rollout,
         nodes_up_to_date_after_ms,
         pause,
+        backoff,
         blocked_nodes,
         phase_ms,
         duration_ms,
@@ -395,6 +413,9 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             "{} claims drifted while the NodePool's disruption was paused",
             p.drifted_while_paused
         ));
+    }
+    if let Some(b) = &figures.backoff {
+        problems.extend(backoff::problems(b));
     }
     if figures.pdb_violations + figures.do_not_disrupt_violations > 0 {
         problems.push(format!(

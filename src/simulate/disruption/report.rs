@@ -5,6 +5,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use super::backoff::BackoffFigures;
 use super::blockers::{BlockerCount, BlockerCounts};
 use super::time_split::TimeSplit;
 use crate::sim::disruption_audit::Decisions;
@@ -74,6 +75,10 @@ pub struct DisruptionFigures {
     /// Drift with `--pause-disruption`: how the pause held the drifted claims.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause: Option<PauseFigures>,
+    /// Drift with `--fail-replacements`: how drift backed off against the failing launches and
+    /// finished after the lift.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<BackoffFigures>,
     /// Nodes the controller's disruption passes held back during the phase, by blocker (its
     /// `karpenter_voluntary_disruption_blocked_nodes` gauge summed over the NodePools, sampled
     /// every second: see `blockers`).
@@ -155,6 +160,24 @@ impl std::fmt::Display for DisruptionReport {
                 "\n  paused:   {:.1}s from the template change; {} claims drifted meanwhile",
                 p.held_ms as f64 / 1000.0,
                 p.drifted_while_paused
+            )?;
+        }
+        if let Some(b) = &d.backoff {
+            write!(
+                f,
+                "\n  failing:  launches failed {:.1}s (create timeout {:.1}s): {} replacements timed out, {} drift back-offs ({} DisruptionBackoff Events, longest {:.0}s); {} claims drifted meanwhile, {} after the lift; NodesUpToDate True {}",
+                b.failing_ms as f64 / 1000.0,
+                b.create_timeout_ms as f64 / 1000.0,
+                b.failed_replacements,
+                b.backoffs,
+                b.backoff_events,
+                b.longest_backoff_ms as f64 / 1000.0,
+                b.drifted_while_failing,
+                b.drifted_after_lift,
+                b.up_to_date_after_lift_ms.map_or(
+                    "never after the lift".to_string(),
+                    |ms| format!("{:.1}s after the lift", ms as f64 / 1000.0)
+                ),
             )?;
         }
         write!(f, "\n  blocked:  {}", blocked_in_words(&d.blocked_nodes))?;

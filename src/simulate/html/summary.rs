@@ -283,6 +283,7 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             drifted > 0.0,
         );
     }
+    scenario_lines(r, &mut add);
     if let Some(blocked) = r.pointer("/disruption/blocked_nodes") {
         add(
             "blocked",
@@ -367,6 +368,53 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
         add("phases", "Phases", phases.join(" · "), false);
     }
     lines
+}
+
+/// The lines of one scenario or flag: drift's back-off against failing launches
+/// (`--fail-replacements`), the quota scenario's hold and release.
+fn scenario_lines(r: &Value, add: &mut impl FnMut(&'static str, &'static str, String, bool)) {
+    let num = |path: &str| r.pointer(path).and_then(Value::as_f64);
+    let n = |path: &str| figure(num(path).unwrap_or(0.0));
+    if r.pointer("/disruption/backoff").is_some() {
+        let b = |k: &str| format!("/disruption/backoff/{k}");
+        let finished = num(&b("up_to_date_after_lift_ms"));
+        add(
+            "backoff",
+            "Drift back-off (launches failing)",
+            format!(
+                "launches failed for {}: {} replacements timed out, {} back-offs, the longest {}; drift finished {}",
+                duration_ms(num(&b("failing_ms")).unwrap_or(0.0)),
+                n(&b("failed_replacements")),
+                n(&b("backoffs")),
+                duration_ms(num(&b("longest_backoff_ms")).unwrap_or(0.0)),
+                finished.map_or("never after the lift".to_string(), |ms| format!(
+                    "{} after the lift",
+                    duration_ms(ms)
+                ))
+            ),
+            num(&b("backoffs")).unwrap_or(0.0) == 0.0 || finished.is_none_or(|ms| ms == 0.0),
+        );
+    }
+    if r.pointer("/quota").is_some() {
+        let limit = |k: &str| num(&format!("/quota/limit_{k}")).map_or("-".into(), figure);
+        let held = num("/quota/pods_held_by_quota").unwrap_or(0.0);
+        add(
+            "quota",
+            "CapacityQuota",
+            format!(
+                "limits cpu {}, nodes {}; provisioned {} CPUs on {} nodes (at most {} CPUs at any sample); {} of {} pending pods held by it; all bound {} after its deletion",
+                limit("cpu"),
+                limit("nodes"),
+                n("/quota/provisioned_cpu"),
+                n("/quota/provisioned_nodes"),
+                n("/quota/max_provisioned_cpu"),
+                figure(held),
+                n("/quota/pods_pending"),
+                duration_ms(num("/quota/removal_to_all_bound_ms").unwrap_or(0.0))
+            ),
+            held < num("/quota/pods_pending").unwrap_or(0.0),
+        );
+    }
 }
 
 pub(super) fn summary_section(r: &Value, t: &Timeline) -> String {
