@@ -2,8 +2,15 @@
 //! command whose replacements fail to launch backs its pools off; one whose replacements
 //! initialized resets them; a pass leaves the drifted nodes of backed-off pools out of drift.
 
-use super::*;
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use kube::Resource;
+
+use crate::disruption;
 use crate::metrics::NodePoolLabels;
+
+use super::{Disruption, Executing};
 
 impl Disruption {
     /// Drifted nodes of a backed-off pool are no drift candidates this pass (they may still be

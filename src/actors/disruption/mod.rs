@@ -29,7 +29,7 @@ mod repair;
 pub use execute::{on_claim_and_node, reschedulable_pods};
 pub use repair::{announce_blocked, count_repaired};
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

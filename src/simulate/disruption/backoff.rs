@@ -10,11 +10,19 @@
 //! Events, read through the API) and from the server's (the claims that never launched, the
 //! pool's `NodesUpToDate`).
 
-use serde::Serialize;
+use std::time::{Duration, Instant};
 
-use super::*;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::actors::Settings;
 use crate::cli::ScalableArg;
+use crate::cli::SimulateArgs;
 use crate::sim::capi::FAIL_LAUNCHES_ANNOTATION;
+use crate::simulate::launch::{self};
+use crate::simulate::{BackgroundSim, Error};
+
+use super::time_split;
 
 /// Drift back-off in a simulation: 5 s doubling to 20 s (production: 1 min to 10 min), a
 /// twelfth of production's as the disruption pass is a tenth of it, so a run of a minute or

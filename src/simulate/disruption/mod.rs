@@ -21,7 +21,7 @@ use report::decided;
 pub use report::*;
 pub use time_split::TimeSplit;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,10 +31,7 @@ use super::launch::{self, progress_line};
 use super::pods::{SIZES, provision_with};
 use super::{BackgroundSim, Error, Kept};
 use crate::actors::Settings;
-use crate::api::resources::Resources;
-use crate::api::wellknown::{
-    DEPLOYMENT_NAME_LABEL, DISRUPTED_TAINT_KEY, DISRUPTION_PAUSED_ANNOTATION,
-};
+use crate::api::wellknown::DISRUPTION_PAUSED_ANNOTATION;
 use crate::cli::{Scenario, SimulateArgs};
 use crate::sim::drain_audit::Violation;
 

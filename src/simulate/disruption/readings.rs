@@ -2,7 +2,14 @@
 //! controller: live claims and nodes, cost, pods unbound or pending, disruption still under way,
 //! and the lower bound on nodes no packing beats. Read from the server, never from the controller.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+use crate::api::resources::Resources;
+use crate::api::wellknown::DISRUPTED_TAINT_KEY;
+use crate::simulate::BackgroundSim;
+use crate::simulate::launch::{self};
 
 pub(super) fn deleting(v: &Value) -> bool {
     v.pointer("/metadata/deletionTimestamp")

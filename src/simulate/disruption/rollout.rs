@@ -8,8 +8,19 @@
 //! `UpToDate=True` throughout, so "up to date" is read from the Machine's `spec.version`), and the
 //! controller drifts the claims bound under the old pool template and replaces them.
 
-use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::api::wellknown::DEPLOYMENT_NAME_LABEL;
 use crate::api::wellknown::{MACHINE_POOL_KIND, POOL_NAME_LABEL};
+use crate::simulate::launch::{self};
+use crate::simulate::{BackgroundSim, Error};
+
+use super::readings::*;
+use super::report::*;
+use super::{live_or_deleting, wait_stable};
 
 /// The version the rolled-out MachinePool moves to.
 const POOL_ROLLOUT_VERSION: &str = "v1.33.1";
