@@ -156,16 +156,18 @@ impl Controller {
     ) -> Result<ControllerHandle, StartError> {
         let capi_version = version::discover(&self.management, self.capi_version).await?;
         tracing::info!(cluster_api_version = %capi_version, "using Cluster API version");
+        let state = State::default();
         let shared = Arc::new(Shared {
             events: Events::new(self.workload.clone(), self.instance.clone()),
             workload: self.workload,
             management: self.management,
             capi_version,
-            state: State::default(),
+            // Offerings count the claims not in their group's replicas yet (`capi::room`).
+            catalog: CatalogView::counting(state.claims.clone()),
+            state,
             metrics: self.metrics,
             settings: self.settings,
             router: Router::default(),
-            catalog: CatalogView::default(),
             synced: Arc::new(tokio::sync::Notify::new()),
             deletion_gate: Default::default(),
         });

@@ -154,6 +154,8 @@ impl StaticCapacity {
             super::persist::name_suffix()
         );
         claim.metadata.name = Some(name.clone());
+        // Its MachineDeployment's room is taken from now, not from when the create answers.
+        self.shared.state.claims.write().expect_created(&claim);
         self.creating
             .entry(pool.clone())
             .or_default()
@@ -184,6 +186,7 @@ impl StaticCapacity {
                         }
                         Err(e) => {
                             tracing::warn!(nodeclaim = %name, nodepool = %pool, error = %e, "creating a static pool's nodeclaim failed");
+                            act.shared.state.claims.write().unexpect(&name);
                             act.retry_later(ctx);
                         }
                     }

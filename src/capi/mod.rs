@@ -14,6 +14,7 @@ pub mod overlay;
 pub mod patch;
 pub mod preflight;
 pub mod provider_id;
+pub mod room;
 pub mod scalable;
 mod selector;
 pub mod template;

@@ -15,6 +15,7 @@ use crate::api::resources::Resources;
 use crate::api::wellknown::*;
 use crate::capi::autoscaler;
 use crate::capi::model::{LabelSelector, MachineDeployment};
+use crate::capi::room;
 use crate::capi::template::{self, TemplateCapacity};
 use crate::scheduling::{InstanceType, Offering};
 
@@ -47,6 +48,9 @@ pub struct Catalog {
     /// ([`POOL_UNREAD`], [`TEMPLATE_UNREAD`]): a claim only they could serve waits for the
     /// read rather than be found unlaunchable.
     pub pending: Vec<String>,
+    /// What the room of each offered group with a max-size is counted from besides its
+    /// replicas (see `capi::room`): readers count the claims holding a replica of it in.
+    pub owned: room::OwnedByGroup,
     /// Keys of the selected groups whose template's first read has not answered yet (a subset
     /// of `pending`): the provisioner places no claim for the NodeClass until this is empty,
     /// so a start or failover never sends claims to a dearer group meanwhile.
@@ -145,6 +149,9 @@ pub fn build(
                     catalog.scale_up_only.push(o.machine_deployment.clone());
                 }
                 catalog.deployments.push(o.machine_deployment.clone());
+                if o.max_size.is_some() {
+                    catalog.owned.insert(md.key(), room::Owned::of(md));
+                }
                 // Parsed already by `offering`, which refused the MachineDeployment if bad.
                 let (csi, skipped) = match autoscaler::parse_scalable(md) {
                     Ok((sfz, drivers)) => {
@@ -221,8 +228,10 @@ pub fn offering(
     labels.insert(CAPACITY_TYPE_LABEL.to_string(), capacity_type.clone());
     let replicas = md.spec_replicas.unwrap_or(0);
     // A handed-back instance is taken again without a replica raise (see the Scaler's
-    // `instances`), so a pool at max-size that has one still offers it.
-    let below_max = sfz.max_size.is_none_or(|max| replicas < max) || !md.handed_back().is_empty();
+    // `instances`), so a pool at max-size that has one still offers it. Claims not in the
+    // replicas yet are counted in where the catalog is read (`capi::room`).
+    let owned = room::Owned::of(md);
+    let below_max = room::has_room(replicas, sfz.max_size, owned.handed_back, 0);
     let o = Offering {
         machine_deployment: key.clone(),
         zone: labels.get(ZONE_LABEL).cloned(),

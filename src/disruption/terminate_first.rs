@@ -38,11 +38,13 @@ pub(super) fn goes_first(
 /// Whether `c`'s drift or repair waits this pass, replace-first included, with the reason's
 /// gate on: its MachineDeployment is constrained (unavailable, or one Machine short of its
 /// max size) and a claim of its pool is still launching, or pods already pending need a new
-/// claim of its pool. The catalog counts a MachineDeployment's room from its replicas, which a
-/// claim just created has not raised yet: a replacement planned then takes a slot that is not
-/// there, fails to launch, and backs the pool's drift off; and between a node taken first and
-/// its refill's claim, a replacement would take the slot the refill's pods wait for (both seen
-/// in the flow test). So a constrained pool goes one node at a time.
+/// claim of its pool. The catalog counts a claim that recorded its MachineDeployment against
+/// that room before the replicas show it (`capi::room`), but a claim still launching may not
+/// have chosen its offering yet (a replacement before its launch decision): a replacement
+/// planned then could take the same slot, and one of them fail to launch and back the pool's
+/// drift off. And between a node taken first and its refill's claim, the refill's pods hold no
+/// claim at all: a replacement would take the slot they wait for (both seen in the flow test
+/// before this rule). So a constrained pool goes one node at a time.
 pub(super) fn waits(
     snapshot: &Snapshot,
     c: &Candidate,

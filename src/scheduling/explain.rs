@@ -349,9 +349,12 @@ fn offerings_miss(it: &InstanceType, reqs: &Requirements, whose: &str) -> Option
 /// MachineDeployment or a recent launch failure or timeout (the offering does not say which).
 pub fn unavailable_reason(o: &Offering) -> String {
     match o.max_size {
-        Some(max) if o.replicas >= max => {
-            format!("is at its max size ({} of {max} replicas)", o.replicas)
-        }
+        // The replicas as the catalog view counts them: claims whose replica is not written
+        // yet included (`capi::room`).
+        Some(max) if o.replicas >= max => format!(
+            "is at its max size ({} of {max} replicas, claims not written yet counted)",
+            o.replicas
+        ),
         _ => "is marked unavailable: its MachineDeployment is paused (cluster.x-k8s.io/paused), or a launch on it recently failed or timed out".into(),
     }
 }

@@ -1,12 +1,15 @@
-//! NodeClaims of the workload cluster: by name, by provider ID, and the claims that recorded a
-//! MachineDeployment but have no Machine yet (what each Scaler owes, rebuilt from the API).
+//! NodeClaims of the workload cluster: by name, by provider ID, the claims that recorded a
+//! MachineDeployment but have no Machine yet (what each Scaler owes, rebuilt from the API), and
+//! the claims holding a replica of each group (what its room is counted against, `capi::room`).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
 use super::versions::Freshness;
+use crate::api::conditions::{self, INSTANCE_TERMINATING};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::wellknown::{
     INSTANCE_ANNOTATION, MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION, NODECLASS_GROUP,
@@ -50,6 +53,25 @@ pub fn provider_id(c: &NodeClaim) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// Whether a claim that recorded a group holds or waits for a replica of it, as its Scaler
+/// counts: a live one, and a deleting one until its Machine or instance is let go
+/// (`InstanceTerminating` written), after which its replica is on its way out.
+fn holds_replica(c: &NodeClaim) -> bool {
+    if c.metadata.deletion_timestamp.is_none() {
+        return true;
+    }
+    let let_go = c
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .is_some_and(|cs| conditions::get(cs, INSTANCE_TERMINATING).is_some());
+    (recorded_machine(c).is_some() || recorded_instance(c).is_some()) && !let_go
+}
+
+/// How long a claim expected to record a group (its create or launch write in flight) counts
+/// without the index showing it: a write whose answer never came must not hold room for ever.
+const EXPECTED_FOR: Duration = Duration::from_secs(30);
+
 /// The claim as the index keeps it (`trim::meta`): the same `Arc` when there is nothing to
 /// drop (a watched claim: its decode dropped `managedFields` already), else a trimmed copy.
 pub fn trimmed(mut c: Arc<NodeClaim>) -> Arc<NodeClaim> {
@@ -63,6 +85,11 @@ pub fn trimmed(mut c: Arc<NodeClaim>) -> Arc<NodeClaim> {
 pub struct Claims {
     by_name: HashMap<String, Arc<NodeClaim>>,
     waiting_by_md: HashMap<String, BTreeSet<String>>,
+    /// Claims holding or waiting for a replica, by the group they recorded ([`holds_replica`]).
+    holding_by_md: HashMap<String, BTreeSet<String>>,
+    /// Claims whose write recording a group is in flight, with the group and since when
+    /// ([`Claims::expect`]).
+    expected: HashMap<String, (String, Instant)>,
     /// Pool instances (provider ID -> claim) bound to claims, by MachinePool key (pools without
     /// MachinePool Machines).
     instances_by_md: HashMap<String, HashMap<String, String>>,
@@ -99,6 +126,46 @@ impl Claims {
     /// Live claims that recorded this MachineDeployment and have no Machine yet.
     pub fn waiting_on(&self, md_key: &str) -> BTreeSet<String> {
         self.waiting_by_md.get(md_key).cloned().unwrap_or_default()
+    }
+
+    /// How many claims hold or wait for a replica of each group, the expected ones counted in:
+    /// what its room is counted against (`capi::room`).
+    pub fn holding(&self) -> HashMap<String, i32> {
+        let mut counts: HashMap<String, i32> = self
+            .holding_by_md
+            .iter()
+            .map(|(md, claims)| (md.clone(), claims.len() as i32))
+            .collect();
+        for (name, (md, since)) in &self.expected {
+            let indexed = self.holding_by_md.get(md).is_some_and(|c| c.contains(name));
+            if !indexed && since.elapsed() < EXPECTED_FOR {
+                *counts.entry(md.clone()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    /// A write that records group `md` on claim `name` (its create, or its launch decision) is
+    /// about to go: the claim holds room there from now, not from when the index sees it, so a
+    /// plan made meanwhile does not count the slot as free. Until the index holds a copy that
+    /// records that group, or [`Claims::unexpect`].
+    pub fn expect(&mut self, name: &str, md: &str) {
+        self.expected
+            .retain(|_, (_, since)| since.elapsed() < EXPECTED_FOR);
+        self.expected
+            .insert(name.to_string(), (md.to_string(), Instant::now()));
+    }
+
+    /// [`Claims::expect`] for a claim about to be created, if it is named and records a group.
+    pub fn expect_created(&mut self, c: &NodeClaim) {
+        if let (Some(name), Some(md)) = (c.metadata.name.as_deref(), recorded_deployment(c)) {
+            self.expect(name, md);
+        }
+    }
+
+    /// The write [`Claims::expect`] announced failed.
+    pub fn unexpect(&mut self, name: &str) {
+        self.expected.remove(name);
     }
 
     /// The instances (provider ID -> claim) claims of this pool recorded.
@@ -154,6 +221,19 @@ impl Claims {
     fn insert(&mut self, name: String, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
         let c = trimmed(c);
         let old = self.detach(&name);
+        if let Some(md) = recorded_deployment(&c) {
+            // Only the copy with the write expected ends the expectation: an older one may
+            // still name the group a turned-away claim had before.
+            if self.expected.get(&name).is_some_and(|(e, _)| e == md) {
+                self.expected.remove(&name);
+            }
+            if holds_replica(&c) {
+                self.holding_by_md
+                    .entry(md.to_string())
+                    .or_default()
+                    .insert(name.clone());
+            }
+        }
         if c.metadata.deletion_timestamp.is_none()
             && recorded_machine(&c).is_none()
             && recorded_instance(&c).is_none()
@@ -179,6 +259,7 @@ impl Claims {
 
     pub fn remove(&mut self, name: &str) -> Option<Arc<NodeClaim>> {
         self.fresh.forget(name);
+        self.expected.remove(name);
         self.detach(name)
     }
 
@@ -190,6 +271,14 @@ impl Claims {
             set.remove(name);
             if set.is_empty() {
                 self.waiting_by_md.remove(md);
+            }
+        }
+        if let Some(md) = recorded_deployment(&old)
+            && let Some(set) = self.holding_by_md.get_mut(md)
+        {
+            set.remove(name);
+            if set.is_empty() {
+                self.holding_by_md.remove(md);
             }
         }
         if let Some(pid) = provider_id(&old)
@@ -213,6 +302,7 @@ impl Claims {
     pub fn replace_all(&mut self, claims: Vec<NodeClaim>) -> Vec<Arc<NodeClaim>> {
         let mut old = std::mem::take(&mut self.by_name);
         self.waiting_by_md.clear();
+        self.holding_by_md.clear();
         self.instances_by_md.clear();
         self.by_provider_id.clear();
         self.fresh.clear();
@@ -233,7 +323,56 @@ impl Claims {
 mod tests {
     use super::*;
 
-    fn claim(name: &str, version: &str, md: &str) -> Arc<NodeClaim> {
+    fn claim(name: &str, md: &str, deleting: bool, let_go: bool) -> Arc<NodeClaim> {
+        let mut v = serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "resourceVersion": "1", "annotations": {
+                MACHINE_DEPLOYMENT_ANNOTATION: md, MACHINE_ANNOTATION: format!("ns/m-{name}")}},
+            "spec": {"nodeClassRef": {"group": NODECLASS_GROUP, "kind": NODECLASS_KIND,
+                                      "name": "nc"}, "requirements": []}
+        });
+        if deleting {
+            v["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+            v["metadata"]["finalizers"] = serde_json::json!(["karpenter.sh/termination"]);
+        }
+        if let_go {
+            v["status"] = serde_json::json!({"conditions": [{"type": INSTANCE_TERMINATING,
+                "status": "True", "reason": "InstanceTerminating", "message": "",
+                "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+        }
+        Arc::new(serde_json::from_value(v).expect("a NodeClaim"))
+    }
+
+    /// A deleting claim holds its replica until its Machine is let go; an expected write counts
+    /// until the copy recording that group arrives, and not twice.
+    #[test]
+    fn claims_hold_a_replica_until_their_machine_is_let_go() {
+        let mut idx = Claims::default();
+        idx.apply(claim("a", "ns/md", false, false));
+        idx.apply(claim("b", "ns/md", true, false));
+        idx.apply(claim("c", "ns/md", true, true));
+        assert_eq!(
+            idx.holding().get("ns/md"),
+            Some(&2),
+            "a, and b still draining"
+        );
+        idx.expect("d", "ns/md");
+        idx.expect("a", "ns/other");
+        assert_eq!(idx.holding().get("ns/md"), Some(&3));
+        assert_eq!(
+            idx.holding().get("ns/other"),
+            Some(&1),
+            "a turned away, re-launching"
+        );
+        idx.apply(claim("d", "ns/md", false, false));
+        assert_eq!(idx.holding().get("ns/md"), Some(&3), "d counted once");
+        idx.unexpect("a");
+        idx.remove("b");
+        assert_eq!(idx.holding().get("ns/md"), Some(&2));
+        assert_eq!(idx.holding().get("ns/other"), None);
+    }
+
+    fn claim_at(name: &str, version: &str, md: &str) -> Arc<NodeClaim> {
         let c: NodeClaim = serde_json::from_value(serde_json::json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
             "metadata": {"name": name, "resourceVersion": version,
@@ -249,11 +388,11 @@ mod tests {
     #[test]
     fn an_answer_after_the_watched_deletion_does_not_bring_the_claim_back() {
         let mut claims = Claims::default();
-        claims.apply(claim("c", "1", "ns/md"));
+        claims.apply(claim_at("c", "1", "ns/md"));
         assert_eq!(claims.waiting_on("ns/md").len(), 1);
         claims.remove("c");
-        claims.apply_response(claim("c", "2", "ns/md"));
-        claims.apply_own_response(claim("c", "2", "ns/md"));
+        claims.apply_response(claim_at("c", "2", "ns/md"));
+        claims.apply_own_response(claim_at("c", "2", "ns/md"));
         assert!(!claims.contains("c"), "no ghost in the index");
         assert!(
             claims.waiting_on("ns/md").is_empty(),

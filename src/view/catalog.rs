@@ -18,7 +18,9 @@ use crate::api::resources::Resources;
 use crate::capi::model::{LabelSelector, MachineDeployment};
 use crate::capi::offerings::{self, Context as OfferingContext};
 use crate::capi::overlay::{self, Verdict};
+use crate::capi::room;
 use crate::scheduling::InstanceType;
+use crate::state::Claims;
 use crate::state::machines::Unreadable;
 
 /// The offering a claim launches from, with what its node will look like.
@@ -123,9 +125,28 @@ impl Inner {
 #[derive(Clone, Default)]
 pub struct CatalogView {
     inner: Arc<RwLock<Inner>>,
+    /// The claim index, whose claims holding a replica of a group count against its room
+    /// (`capi::room`). None where no claims are made (tools, benchmarks): replicas alone.
+    claims: Option<Arc<RwLock<Claims>>>,
 }
 
 impl CatalogView {
+    /// A view whose offerings count the claims of `claims` holding a replica of their group.
+    pub fn counting(claims: Arc<RwLock<Claims>>) -> Self {
+        Self {
+            claims: Some(claims),
+            ..Self::default()
+        }
+    }
+
+    /// Claims holding a replica, by group (read before the catalog's own lock, never inside it).
+    fn holding(&self) -> room::Holding {
+        self.claims
+            .as_ref()
+            .map(|c| c.read().holding())
+            .unwrap_or_default()
+    }
+
     pub fn mark_unavailable(&self, md: &str, ttl: Duration) {
         self.inner
             .write()
@@ -155,8 +176,10 @@ impl CatalogView {
     }
 
     /// The instance types `pool` takes from `nodeclass`, NodeOverlays applied as that pool sees
-    /// them (its name and template labels), offerings recently marked unavailable so.
+    /// them (its name and template labels), offerings recently marked unavailable so, and the
+    /// claims not in a group's replicas yet counted in (`capi::room`).
     pub fn pool_instance_types(&self, nodeclass: &str, pool: Option<&str>) -> Vec<InstanceType> {
+        let holding = self.holding();
         let inner = self.inner.read();
         let Some(catalog) = inner.catalog(nodeclass, pool) else {
             return Vec::new();
@@ -171,6 +194,7 @@ impl CatalogView {
             {
                 o.available = false;
             }
+            room::count_claims_of(o, &catalog.owned, &holding);
         }
         types
     }
@@ -275,6 +299,7 @@ impl CatalogView {
         excluded: &HashSet<String>,
         declared_taints: &[Taint],
     ) -> Result<Choice, ResolveError> {
+        let holding = self.holding();
         let inner = self.inner.read();
         let Some(entry) = inner.by_nodeclass.get(nodeclass) else {
             return Err(ResolveError::NodeClassNotFound(nodeclass.to_string()));
@@ -288,15 +313,16 @@ impl CatalogView {
             });
         }
         let now = Instant::now();
+        let catalog = inner.catalog(nodeclass, pool).unwrap_or(&entry.catalog);
         let is_unavailable = |o: &crate::scheduling::Offering| {
             !o.available
+                || !room::fits_one_more_of(o, &catalog.owned, &holding)
                 || excluded.contains(&o.machine_deployment)
                 || inner
                     .unavailable
                     .get(&o.machine_deployment)
                     .is_some_and(|u| *u > now)
         };
-        let catalog = inner.catalog(nodeclass, pool).unwrap_or(&entry.catalog);
         let ranked = rank(
             &catalog.instance_types,
             reqs,

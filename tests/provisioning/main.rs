@@ -9,4 +9,5 @@ mod autoscaler;
 mod buffers;
 mod capi;
 mod provisioning;
+mod room;
 mod scheduling;

@@ -163,7 +163,19 @@ impl Step {
         for (k, v) in launch_labels(&c, &offering) {
             p.set_entry(has_labels, "/metadata/labels", &k, &v);
         }
-        let updated = self.patch_claim(p, false).await?;
+        // The MachineDeployment's room is taken from now, not from when the index sees the
+        // write: another claim resolving meanwhile must not count the slot as free.
+        let claims = &self.shared.state.claims;
+        claims
+            .write()
+            .expect(&self.name(), &offering.machine_deployment);
+        let updated = match self.patch_claim(p, false).await {
+            Ok(u) => u,
+            Err(e) => {
+                claims.write().unexpect(&self.name());
+                return Err(e);
+            }
+        };
         tracing::info!(nodeclaim = %self.name(), machine_deployment = %offering.machine_deployment, instance_type = %offering.instance_type, price = offering.price, "offering chosen");
         Ok(Next::Continue(updated))
     }

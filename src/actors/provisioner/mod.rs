@@ -361,6 +361,9 @@ impl Provisioner {
         if let Some(prefix) = claim.metadata.generate_name.take() {
             claim.metadata.name = Some(format!("{prefix}{}", persist::name_suffix()));
         }
+        // Its MachineDeployment's room is taken from now, not from when the create answers.
+        self.shared.state.claims.write().expect_created(&claim);
+        let name = claim.name_any();
         let id = self.next_create;
         self.next_create += 1;
         self.creating.insert(
@@ -400,6 +403,7 @@ impl Provisioner {
                         }
                         Err(e) => {
                             act.creating.remove(&id);
+                            act.shared.state.claims.write().unexpect(&name);
                             act.create_failed(&nodepool, &pods, &e, ctx);
                         }
                     }

@@ -13,7 +13,7 @@ use super::plan::MachineView;
 use super::take_back::InstanceSide;
 use super::{DELETE_MACHINE_VALUE, Scaler};
 use crate::actors::messages::{Rejection, RequestRejected};
-use crate::api::wellknown::{DELETE_MACHINE_ANNOTATION, MANAGED_REPLICAS_ANNOTATION};
+use crate::api::wellknown::DELETE_MACHINE_ANNOTATION;
 use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION, REPLACES_ANNOTATION};
 use crate::capi::annotations;
 use crate::capi::model::{Machine, MachineDeployment};
@@ -28,14 +28,8 @@ pub fn marked_by_us(m: &Machine) -> bool {
     }
 }
 
-/// The replicas this controller owns, from the MachineDeployment's annotation.
-pub fn managed_replicas(md: &MachineDeployment) -> i32 {
-    md.annotations
-        .get(MANAGED_REPLICAS_ANNOTATION)
-        .and_then(|v| v.trim().parse::<i32>().ok())
-        .unwrap_or(0)
-        .max(0)
-}
+// Read where the catalog counts a group's room too (`capi::room`).
+pub use crate::capi::room::managed_replicas;
 
 /// How a Machine left the planner's count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

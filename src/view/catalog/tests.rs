@@ -295,3 +295,89 @@ fn groups_the_catalog_cannot_read_stay_selected_and_unknown() {
     assert!(view.unknown("default/typo").is_some());
     assert_eq!(view.unread(["nc"]).len(), 2);
 }
+
+fn claim_on(name: &str, md: &str, machine: Option<&str>) -> Arc<crate::api::nodeclaim::NodeClaim> {
+    use crate::api::wellknown::{MACHINE_ANNOTATION, MACHINE_DEPLOYMENT_ANNOTATION};
+    let mut annotations = serde_json::json!({MACHINE_DEPLOYMENT_ANNOTATION: md});
+    if let Some(m) = machine {
+        annotations[MACHINE_ANNOTATION] = m.into();
+    }
+    Arc::new(
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+            "metadata": {"name": name, "resourceVersion": "1", "annotations": annotations},
+            "spec": {"nodeClassRef": {"group": "karpenter.cluster.x-k8s.io",
+                                      "kind": "ClusterAPINodeClass", "name": "nc"},
+                     "requirements": []}
+        }))
+        .expect("a NodeClaim"),
+    )
+}
+
+/// Issue 40, as every reader sees it: md-0 is one Machine short of its max size, and a claim
+/// chosen for it (its create in flight, then in the index) has no replica yet. Neither the
+/// solver's instance types nor the launch offer md-0 again; once the replicas count the claim
+/// it is not counted twice.
+#[test]
+fn the_view_counts_claims_the_replicas_do_not_show_yet() {
+    use crate::api::wellknown::{
+        CPU_ANNOTATION, MANAGED_REPLICAS_ANNOTATION, MAX_SIZE_ANNOTATION, MEMORY_ANNOTATION,
+    };
+    let md = |managed: &str| {
+        member(
+            "md-0",
+            serde_json::json!({CPU_ANNOTATION: "4", MEMORY_ANNOTATION: "16Gi",
+                MAX_SIZE_ANNOTATION: "2", MANAGED_REPLICAS_ANNOTATION: managed}),
+        )
+    };
+    let templates = HashMap::new();
+    let never = |_: &str| false;
+    let cx = OfferingContext {
+        templates: &templates,
+        unavailable: &never,
+    };
+    let claims = Arc::new(RwLock::new(Claims::default()));
+    let view = CatalogView::counting(claims.clone());
+    view.insert("nc", offerings::build(None, &[md("1")], &cx), None);
+    let available = || view.instance_types("nc")[0].offerings[0].available;
+    let launchable = || {
+        view.resolve(
+            "nc",
+            None,
+            &Requirements::default(),
+            &Resources::new(),
+            &HashSet::new(),
+            &[],
+        )
+        .is_ok()
+    };
+    claims
+        .write()
+        .apply(claim_on("a", "default/md-0", Some("default/m-a")));
+    assert!(
+        available() && launchable(),
+        "1 of 2 replicas, its claim bound"
+    );
+    claims.write().expect("b", "default/md-0");
+    assert!(
+        !available() && !launchable(),
+        "b's create holds the last slot"
+    );
+    assert_eq!(view.instance_types("nc")[0].offerings[0].replicas, 2);
+    claims.write().apply(claim_on("b", "default/md-0", None));
+    assert!(
+        !available() && !launchable(),
+        "b in the index, counted once"
+    );
+    assert_eq!(view.instance_types("nc")[0].offerings[0].replicas, 2);
+    claims.write().remove("b");
+    assert!(
+        available(),
+        "b deleted before the write: the slot is free again"
+    );
+    // Without the claim index (tools, benchmarks): the replicas alone.
+    let plain = CatalogView::default();
+    plain.insert("nc", offerings::build(None, &[md("1")], &cx), None);
+    claims.write().expect("c", "default/md-0");
+    assert!(plain.instance_types("nc")[0].offerings[0].available);
+}
