@@ -1,5 +1,5 @@
-//! The crate's import graph, checked: no circle between sibling modules at any depth, and the
-//! top-level modules in layers that only import downwards.
+//! The crate's import graph, checked: no circle between sibling modules at any depth, the
+//! top-level modules in layers that only import downwards, and one module file style.
 //!
 //! Reads every file under `src/` as text: `use` trees and inline `crate::`/`super::`/`self::`
 //! paths (comments, strings and `#[cfg(test)]` modules left out), each resolved to the deepest
@@ -470,6 +470,25 @@ fn no_circle_between_sibling_modules() {
     assert!(
         found.is_empty(),
         "import circles between sibling modules: {found:?}"
+    );
+}
+
+/// One module style: a module with children is `foo.rs` beside `foo/`, never `foo/mod.rs`, so
+/// a file's path names its module and a newcomer meets one convention.
+#[test]
+fn modules_with_children_are_named_files_not_mod_rs() {
+    let mut files = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    let mod_rs: Vec<_> = files
+        .iter()
+        .filter(|f| f.file_name().is_some_and(|n| n == "mod.rs"))
+        .collect();
+    assert!(
+        mod_rs.is_empty(),
+        "rename each to its directory's name plus .rs: {mod_rs:?}"
     );
 }
 
