@@ -56,6 +56,7 @@ pub enum Error {
 /// debug.
 pub fn init_logging(args: &LogArgs, default_level: &str) -> Result<(), Error> {
     use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::field::MakeExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{EnvFilter, Layer as _, filter::LevelFilter};
     let level = args.log_level.as_deref().unwrap_or(default_level);
@@ -72,6 +73,10 @@ pub fn init_logging(args: &LogArgs, default_level: &str) -> Result<(), Error> {
             .with_writer(std::io::stderr)
             .boxed(),
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .fmt_fields(
+                tracing_subscriber::fmt::format::debug_fn(crate::logging::write_field)
+                    .delimited(" "),
+            )
             .with_target(false)
             .with_ansi(colour(
                 std::io::IsTerminal::is_terminal(&std::io::stderr()),

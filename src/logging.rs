@@ -237,6 +237,70 @@ impl Visit for Fields {
 
 static GLOBAL: OnceLock<Quiet> = OnceLock::new();
 
+/// A field's text as the text format prints it, with the client's rendering of an API error's
+/// whole `Status` (`ApiError: message: Reason (Status { status: .., code: 503, .. })`, hundreds of
+/// characters that repeat the message) cut down to its HTTP code: `(HTTP 503)`. Everything
+/// else passes unchanged; the JSON format keeps the full text for machines.
+pub fn shorten(text: &str) -> std::borrow::Cow<'_, str> {
+    const START: &str = " (Status { ";
+    let Some(at) = text.find(START) else {
+        return text.into();
+    };
+    let Some(end) = closing_paren(text, at + 1) else {
+        return text.into();
+    };
+    let status = &text[at..end];
+    let code = status
+        .split_once("code: ")
+        .map(|(_, rest)| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .filter(|c| !c.is_empty());
+    let short = code.map_or_else(|| " (Status)".to_string(), |c| format!(" (HTTP {c})"));
+    let rest = shorten(&text[end + 1..]).into_owned();
+    format!("{}{short}{rest}", &text[..at]).into()
+}
+
+/// The index of the `)` that closes the `(` at `open`, skipping quoted strings.
+fn closing_paren(text: &str, open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            '(' | '{' | '[' if !quoted => depth += 1,
+            ')' | '}' | ']' if !quoted => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(open + i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The text format's field writer: as tracing's default (the message bare, other fields as
+/// `name=value`), each value through [`shorten`].
+pub fn write_field(
+    w: &mut tracing_subscriber::fmt::format::Writer<'_>,
+    field: &Field,
+    value: &dyn std::fmt::Debug,
+) -> std::fmt::Result {
+    let text = format!("{value:?}");
+    let text = shorten(&text);
+    match field.name() {
+        "message" => write!(w, "{text}"),
+        name => write!(w, "{name}={text}"),
+    }
+}
+
 /// Makes `quiet` the process's: a thread ends its window every [`WINDOW`], and [`flush`] ends
 /// it early (at exit, so the last counts are not lost).
 pub fn install(quiet: Quiet) {
@@ -309,6 +373,24 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(layer);
         tracing::subscriber::with_default(subscriber, || f(&quiet));
         out.lines()
+    }
+
+    #[test]
+    fn an_api_errors_status_is_cut_to_its_code() {
+        let long = "get machines m-1: ApiError: injected fault: unavailable: ServiceUnavailable \
+            (Status { status: Some(Failure), code: 503, message: \"injected fault: (a) {b}\", \
+            metadata: Some(ListMeta { continue_: None }), reason: \"ServiceUnavailable\", \
+            details: None }); retrying";
+        assert_eq!(
+            shorten(long),
+            "get machines m-1: ApiError: injected fault: unavailable: ServiceUnavailable \
+             (HTTP 503); retrying"
+        );
+        assert_eq!(shorten("no status here (x)"), "no status here (x)");
+        assert_eq!(
+            shorten("cut off (Status { code: 5"),
+            "cut off (Status { code: 5"
+        );
     }
 
     #[test]
