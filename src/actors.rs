@@ -1,10 +1,11 @@
 //! The behaviour, as actors (docs/architecture.md). Watches feed `state/` and route changes to the
 //! actor that waits; actors own in-flight state and side effects; decisions are pure functions
-//! (`scaler::plan`, `catalog::offerings`).
+//! (`scaler::plan`, `capi::offerings::build`).
 //!
 //! ```text
 //! Supervisor   --Start/ClaimChanged--> NodeClaimActor (one per claim)
-//! NodeClaimActor --Resolve--> Catalog, --RequestMachine/CancelRequest/ReleaseMachine--> Scaler(md)
+//! NodeClaimActor --RequestMachine/CancelRequest/ReleaseMachine--> Scaler(md) (its offering from
+//!                the Catalog's published CatalogView, read directly)
 //! Scaler       --MachineBound/RequestRejected--> NodeClaimActor
 //! CapiWatcher  --Poke--> Scaler(md), --Kick--> NodeClaimActor (Machine changed or gone)
 //! NodeWatcher  --Kick--> NodeClaimActor (Node changed)

@@ -55,8 +55,8 @@ pub enum Error {
 /// client's own errors are counted rather than printed (`logging`), unless the filter asks for
 /// debug.
 pub fn init_logging(args: &LogArgs, default_level: &str) -> Result<(), Error> {
-    use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::field::MakeExt as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
     use tracing_subscriber::{EnvFilter, Layer as _, filter::LevelFilter};
     let level = args.log_level.as_deref().unwrap_or(default_level);

@@ -2,8 +2,8 @@
 //! ClusterAPINodeClass's instance types when a MachineDeployment or NodeClass changes (never on
 //! a timer) and publishes them as an immutable snapshot in a `CatalogView` (the read layer's
 //! `view::catalog`); claims and the provisioner read that view directly, like any other index.
-//! NodeClasses and NodeOverlays come from their indexes (`state::named`, fed by `state::feed`
-//! like every other kind, so a re-list is swapped in whole and a rebuild never sees half of
+//! NodeClasses and NodeOverlays come from their indexes (`state::named`, fed by `state::feed`,
+//! so a re-list is swapped in whole and a rebuild never sees half of
 //! one); their feeds ask for a rebuild. Each rebuild applies the overlays to every NodeClass's
 //! catalog as each NodePool sees it before it is published (`capi::overlay`), so a new or
 //! changed overlay re-prices offerings at once, and writes each overlay's conditions; a NodePool
