@@ -12,6 +12,7 @@ pub mod budgets;
 pub mod consolidation;
 pub mod drift;
 pub mod drift_backoff;
+mod eligible;
 pub mod pass;
 pub mod pause;
 pub mod repair;
@@ -29,6 +30,7 @@ pub use allowed::Allowed;
 pub use blocker::{Blocked, Blocker, Hold};
 pub use consolidation::Outcome;
 pub use drift::Drift;
+pub use eligible::{REASONS, hold_underutilized};
 pub use repair::RepairVerdict;
 use revalidate::every_one_fresh;
 pub use revalidate::revalidate;
@@ -90,15 +92,6 @@ impl Candidate {
         } else {
             self.price
         }
-    }
-
-    /// Consolidation may take it: its pool consolidates underutilized nodes, and it is not empty
-    /// (an empty node is emptiness's, under the Empty budget, as upstream keeps it).
-    fn underutilized_allowed(&self) -> bool {
-        self.consolidatable
-            && !self.static_pool
-            && self.policy != ConsolidationPolicy::WhenEmpty
-            && !self.pods.is_empty()
     }
 }
 
@@ -359,7 +352,7 @@ fn emptiness(sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
     let empty = sorted
         .iter()
         .copied()
-        .filter(|c| c.consolidatable && !c.static_pool && c.pods.is_empty());
+        .filter(|c| c.eligible_for(DisruptionReason::Empty));
     let chosen = within_budget(empty, DisruptionReason::Empty, allowed);
     (!chosen.is_empty()).then(|| command(Method::Emptiness, chosen, Vec::new()))
 }
@@ -421,7 +414,7 @@ fn drift(
         .filter(|c| c.drift.is_some() && !c.static_pool)
         .collect();
     let empty = within_budget(
-        drifted.iter().copied().filter(|c| c.pods.is_empty()),
+        drifted.iter().copied().filter(|c| c.is_empty()),
         DisruptionReason::Drifted,
         allowed,
     );
@@ -482,7 +475,10 @@ fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim
 /// one larger node (two with one big pod each into a node twice their size) sit far apart in
 /// the savings order, behind large nodes with few pods, so no prefix of it pairs them.
 fn multi_node(snapshot: &Snapshot, sorted: &[&Candidate], allowed: &Allowed) -> Option<Command> {
-    let eligible = || sorted.iter().copied().filter(|c| c.underutilized_allowed());
+    let eligible = || {
+        let underutilized = |c: &&Candidate| c.eligible_for(DisruptionReason::Underutilized);
+        sorted.iter().copied().filter(underutilized)
+    };
     let mut cheapest_first: Vec<&Candidate> = eligible().collect();
     cheapest_first.sort_by(|a, b| a.price.total_cmp(&b.price));
     [eligible().collect(), cheapest_first]
@@ -533,7 +529,7 @@ fn single_node(
         .iter()
         .copied()
         .filter(|c| {
-            c.underutilized_allowed()
+            c.eligible_for(DisruptionReason::Underutilized)
                 && allowed.get(&c.nodepool, DisruptionReason::Underutilized) > 0
         })
         .collect();
@@ -604,6 +600,8 @@ pub fn lifetime_remaining(
     }
 }
 
+#[cfg(test)]
+mod eligible_tests;
 #[cfg(test)]
 mod repair_tests;
 #[cfg(test)]

@@ -323,9 +323,7 @@ impl Disruption {
         });
         if self.consolidation_paused() {
             let why = "consolidation pauses after a consolidation whose pods needed new nodes";
-            for c in candidates.iter_mut().filter(|c| !c.pods.is_empty()) {
-                blocker::hold_consolidation(c, Hold::new(Blocker::Backoff, why));
-            }
+            disruption::hold_underutilized(&mut candidates, &Hold::new(Blocker::Backoff, why));
         }
         self.hold_backed_off_drift(&mut candidates);
         (candidates, held)
@@ -429,20 +427,17 @@ impl Disruption {
 
     fn publish_metrics(&self, view: &view::View) {
         let m = &self.shared.metrics;
-        for reason in ["unhealthy", "empty", "drifted", "underutilized"] {
+        // Upstream counts the candidates each method's ShouldDisrupt accepts: the pass's own
+        // rule, so an empty node is eligible for `empty` only.
+        for reason in disruption::REASONS {
             let n = view
                 .candidates
                 .iter()
-                .filter(|c| match reason {
-                    "unhealthy" => c.repair.is_some(),
-                    "empty" => c.consolidatable && c.pods.is_empty(),
-                    "drifted" => c.drift.is_some(),
-                    _ => c.consolidatable,
-                })
+                .filter(|c| c.eligible_for(reason))
                 .count();
             m.disruption_eligible_nodes
                 .get_or_create(&ReasonLabels {
-                    reason: reason.into(),
+                    reason: reason.as_str().to_lowercase(),
                 })
                 .set(n as i64);
         }

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
+use crate::api::nodepool::DisruptionReason;
 
 use super::{Allowed, Candidate, Command};
 
@@ -165,7 +165,8 @@ pub struct Blocked {
 
 /// What stopped a candidate the pass did not take, in the order the methods look at it: what
 /// the methods it reached said (`refused`), then repair's and drift's budgets, then why
-/// consolidation may not take it, then its budget; a candidate nothing stopped was not reached.
+/// consolidation may not take it ([`Candidate::consolidation_reason`]), then the budget of the
+/// reason it would go for; a candidate nothing stopped was not reached.
 /// None for a candidate of the command.
 pub fn first_blocker(
     c: &Candidate,
@@ -212,50 +213,19 @@ pub fn first_blocker(
         return Some(hold);
     }
     if c.repair.is_none() && c.drift.is_none() {
-        if let Some(hold) = consolidation_hold(c) {
-            return Some(hold);
-        }
-        let reason = if c.pods.is_empty() {
-            DisruptionReason::Empty
-        } else {
-            DisruptionReason::Underutilized
-        };
-        if let Some(hold) = budget(reason) {
-            return Some(hold);
+        match c.consolidation_reason() {
+            Err(hold) => return Some(hold),
+            Ok(reason) => {
+                if let Some(hold) = budget(reason) {
+                    return Some(hold);
+                }
+            }
         }
     }
     Some(Hold::new(
         Blocker::NotReached,
         "nothing stopped it: the pass took another command first or did not reach it yet",
     ))
-}
-
-/// Why consolidation (and emptiness) may not take the candidate, if something holds it.
-fn consolidation_hold(c: &Candidate) -> Option<Hold> {
-    if c.static_pool {
-        let why = format!(
-            "NodePool {} is static: only drift replaces its nodes",
-            c.nodepool
-        );
-        return Some(Hold::new(Blocker::StaticPool, why));
-    }
-    if !c.consolidatable {
-        return Some(c.hold.clone().unwrap_or_else(|| {
-            Hold::new(
-                Blocker::NotConsolidatable,
-                "it is not consolidatable this pass",
-            )
-        }));
-    }
-    (c.policy == ConsolidationPolicy::WhenEmpty && !c.pods.is_empty()).then(|| {
-        Hold::new(
-            Blocker::ConsolidationDisabled,
-            format!(
-                "NodePool {} consolidates WhenEmpty and the node has pods",
-                c.nodepool
-            ),
-        )
-    })
 }
 
 /// Holds back the candidates `held` names for this pass (a back-off), returning them as blocked.
@@ -281,6 +251,16 @@ pub fn hold_back(
 /// Keeps consolidation off the candidate this pass, saying why (the first hold wins).
 pub fn hold_consolidation(c: &mut Candidate, hold: Hold) {
     if c.consolidatable {
+        c.consolidatable = false;
+        c.hold = Some(hold);
+    }
+}
+
+/// Takes drift off the candidate this pass (its NodePool's drift backs off). When no other
+/// method may take it, drift would have: the back-off is what stopped it first.
+pub fn hold_drift(c: &mut Candidate, hold: Hold) {
+    c.drift = None;
+    if c.consolidation_reason().is_err() {
         c.consolidatable = false;
         c.hold = Some(hold);
     }

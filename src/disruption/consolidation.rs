@@ -227,11 +227,7 @@ pub fn wait_for_pods_on_their_way(
         return (moving, 0);
     }
     let why = format!("consolidation waits for {moving} pod(s) on their way to other nodes");
-    let held = candidates
-        .iter_mut()
-        .filter(|c| c.consolidatable && !c.pods.is_empty())
-        .map(|c| super::blocker::hold_consolidation(c, Hold::new(Blocker::PodsOnTheirWay, &why)))
-        .count();
+    let held = super::hold_underutilized(candidates, &Hold::new(Blocker::PodsOnTheirWay, why));
     (moving, held)
 }
 

@@ -65,7 +65,7 @@ fn still_drifted(
             .ok_or_else(|| "no replacement for the static node".to_string()),
         // Terminate-first: still no room for a replacement beside it, and room once
         // it is gone.
-        [one] if !one.pods.is_empty() && pending.replacements.is_empty() => {
+        [one] if !one.is_empty() && pending.replacements.is_empty() => {
             held(
                 drift_replacements(snapshot, one).is_none(),
                 "there is room for a replacement beside it now",
@@ -76,12 +76,12 @@ fn still_drifted(
             )?;
             Ok(command(Method::Drift, fresh, Vec::new()))
         }
-        [one] if !one.pods.is_empty() => drift_replacements(snapshot, one)
+        [one] if !one.is_empty() => drift_replacements(snapshot, one)
             .map(|r| command(Method::Drift, fresh, r))
             .ok_or_else(|| "its pods no longer fit with replacements".to_string()),
         _ => {
             held(
-                fresh.iter().all(|c| c.pods.is_empty()),
+                fresh.iter().all(|c| c.is_empty()),
                 "a candidate of a batch is no longer empty",
             )?;
             Ok(command(Method::Drift, fresh, Vec::new()))
@@ -99,7 +99,9 @@ fn still_consolidates(
 ) -> Result<Command, String> {
     let fresh = every_one_fresh(candidates, allowed, pending)?;
     held(
-        fresh.iter().all(|c| c.underutilized_allowed()),
+        fresh
+            .iter()
+            .all(|c| c.eligible_for(DisruptionReason::Underutilized)),
         "a candidate is no longer consolidatable",
     )?;
     let now = match judged(&fresh, consolidation::evaluate(snapshot, &fresh)) {
@@ -173,13 +175,13 @@ fn still_empty(
             let now = candidates.iter().find(|c| c.claim == p.claim);
             match now {
                 None => why.push(format!("{} is no longer a candidate", p.claim)),
-                Some(c) if !c.pods.is_empty() => why.push(format!("{} has pods", p.claim)),
-                Some(c) if !c.consolidatable => {
+                Some(c) if !c.is_empty() => why.push(format!("{} has pods", p.claim)),
+                Some(c) if !c.eligible_for(DisruptionReason::Empty) => {
                     why.push(format!("{} is no longer consolidatable", p.claim))
                 }
                 Some(_) => {}
             }
-            now.filter(|c| c.consolidatable && c.pods.is_empty())
+            now.filter(|c| c.eligible_for(DisruptionReason::Empty))
         })
         .collect();
     let kept = within_budget(still.iter().copied(), DisruptionReason::Empty, allowed);

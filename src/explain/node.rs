@@ -293,7 +293,7 @@ fn stops(v: &View, c: &Candidate) -> Vec<Stop> {
     }
     let reason = if c.drift.is_some() {
         DisruptionReason::Drifted
-    } else if c.pods.is_empty() {
+    } else if c.is_empty() {
         DisruptionReason::Empty
     } else {
         DisruptionReason::Underutilized

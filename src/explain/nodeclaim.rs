@@ -15,8 +15,8 @@ use super::{Error, ts};
 use crate::actors::nodeclaim::registration_clock_start;
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::api::wellknown::{NODEPOOL_LABEL, TERMINATION_FINALIZER};
+use crate::disruption::{Allowed, Candidate};
 use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::view::disruption::{self as view, Memory};
 
@@ -234,6 +234,32 @@ fn deadline(kind: &str, timeout: Duration, source: &str, start: Timestamp) -> De
     }
 }
 
+/// What the pass makes of a candidate: the reasons it is eligible for whose budget allows none
+/// now, and, when no method may take it, the hold the pass's blocker names
+/// (`Candidate::eligible_for`, `Candidate::consolidation_reason`: the pass's own rule).
+pub(crate) fn of_candidate(cand: &Candidate, allowed: &Allowed) -> Disruption {
+    let mut out = Disruption {
+        candidate: true,
+        reason: None,
+        drift: cand
+            .drift
+            .map(|d| format!("{}: {}", d.reason(), d.message())),
+        consolidatable: Some(cand.consolidatable),
+        budget_blocked: cand
+            .eligible_reasons()
+            .filter(|r| allowed.get(&cand.nodepool, *r) == 0)
+            .map(|r| format!("{r:?}"))
+            .collect(),
+    };
+    if cand.drift.is_none() && cand.repair.is_none() {
+        out.reason = cand
+            .consolidation_reason()
+            .err()
+            .map(|hold| format!("a candidate, but no method may take it now: {}", hold.why));
+    }
+    out
+}
+
 /// What the disruption view (`view::disruption::gather`) makes of the claim.
 fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
     let name = c.name_any();
@@ -259,36 +285,7 @@ fn disruption(cluster: &Cluster, c: &NodeClaim) -> Disruption {
         budget_blocked: Vec::new(),
     };
     if let Some(cand) = v.candidates.iter().find(|k| k.claim == name) {
-        out.candidate = true;
-        out.drift = cand
-            .drift
-            .map(|d| format!("{}: {}", d.reason(), d.message()));
-        out.consolidatable = Some(cand.consolidatable);
-        let eligible = [
-            (
-                DisruptionReason::Empty,
-                cand.consolidatable && cand.pods.is_empty(),
-            ),
-            (DisruptionReason::Drifted, cand.drift.is_some()),
-            (DisruptionReason::Unhealthy, cand.repair.is_some()),
-            (
-                DisruptionReason::Underutilized,
-                cand.consolidatable && cand.policy != ConsolidationPolicy::WhenEmpty,
-            ),
-        ];
-        out.budget_blocked = eligible
-            .iter()
-            .filter(|(r, yes)| *yes && v.allowed.get(&cand.nodepool, *r) == 0)
-            .map(|(r, _)| format!("{r:?}"))
-            .collect();
-        if !cand.consolidatable && cand.drift.is_none() {
-            out.reason = Some(
-                "a candidate, but neither drifted nor consolidatable (consolidateAfter has not \
-                 passed since its last pod event, or consolidation is off)"
-                    .into(),
-            );
-        }
-        return out;
+        return of_candidate(cand, &v.allowed);
     }
     if let Some((_, hold)) = v.blocked.iter().find(|(k, _)| k.name_any() == name) {
         out.reason = Some(hold.why.clone());

@@ -55,15 +55,14 @@ pub(super) async fn decide(
         .due
         .as_ref()
         .map(|p| (p.method.consolidation_type(), p.candidates.len()));
-    // No candidate is due for repair, drifted or consolidatable and no decision waits for
-    // validation: every
+    // No candidate is eligible for any method and no decision waits for validation: every
     // method would pass, so the snapshot (every Node's labels and room, every bound pod) is
     // not built for nothing.
     let undecidable = q.due.is_none()
         && !q
             .candidates
             .iter()
-            .any(|c| c.drift.is_some() || c.consolidatable || c.repair.is_some());
+            .any(|c| c.eligible_reasons().next().is_some());
     let mut started = Instant::now();
     let mut held = std::mem::take(&mut q.held);
     let solved = if undecidable {

@@ -23,15 +23,12 @@ impl Disruption {
         let now = Instant::now();
         for c in candidates.iter_mut().filter(|c| c.drift.is_some()) {
             if self.drift_backoff.backed_off(&c.nodepool, now) {
-                c.drift = None;
-                // Drift would have taken it: the back-off is what stopped it first.
-                if !c.consolidatable {
-                    let why = format!(
-                        "NodePool {}'s drift backs off after failed launches",
-                        c.nodepool
-                    );
-                    c.hold = Some(disruption::Hold::new(disruption::Blocker::Backoff, why));
-                }
+                let why = format!(
+                    "NodePool {}'s drift backs off after failed launches",
+                    c.nodepool
+                );
+                let hold = disruption::Hold::new(disruption::Blocker::Backoff, why);
+                disruption::blocker::hold_drift(c, hold);
             }
         }
     }

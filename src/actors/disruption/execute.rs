@@ -296,9 +296,7 @@ pub async fn unmark(shared: &Shared, claim: &NodeClaim, node: &Node) -> Result<(
     .await
 }
 
-/// Create the replacement claims; their names. Each is named here rather than by the server
-/// (`generateName`), so a create whose answer was lost is found by reading that name back and
-/// never made twice.
+/// Create the replacement claims; their names.
 pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<String>, Error> {
     let mut names = Vec::new();
     for new in &cmd.replacements {
@@ -307,54 +305,66 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
                 what: format!("NodePool {}", new.nodepool),
             });
         };
-        let mut claim = crate::scheduling::with_default_termination_grace_period(
+        let claim = crate::scheduling::with_default_termination_grace_period(
             crate::scheduling::nodeclaim_for(new, &np),
             shared.settings.default_termination_grace_period,
         );
-        let name = format!(
-            "{}{}",
-            claim.metadata.generate_name.take().unwrap_or_default(),
-            name_suffix()
+        let reason = cmd.method.reason().as_str().to_lowercase();
+        names.push(
+            create_named(shared, claim, &new.nodepool, &reason)
+                .await?
+                .name_any(),
         );
-        claim.metadata.name = Some(name.clone());
-        let claim = &claim;
-        let what = format!("creating NodeClaim {name}");
-        let created = persist_counted(&shared.metrics, "create", &what, |fresh| {
-            let name = &name;
-            async move {
-                if fresh && let Some(found) = read_claim(shared, name).await? {
-                    return if same_claim(&found, claim) {
-                        Ok(found)
-                    } else {
-                        Err(Error::Gone {
-                            what: format!("the name {name}, taken by another NodeClaim,"),
-                        })
-                    };
-                }
-                claims(shared)
-                    .create(&PostParams::default(), claim)
-                    .await
-                    .map_err(api_err(&shared.metrics, "create", CLAIM.1, &new.nodepool))
-            }
-        })
-        .await?;
-        shared
-            .metrics
-            .nodeclaims_created
-            .get_or_create(&CreatedLabels::of(
-                cmd.method.reason().as_str().to_lowercase(),
-                new.nodepool.as_str(),
-                &created,
-            ))
-            .inc();
-        shared
-            .state
-            .claims
-            .write()
-            .apply_response(Arc::new(created));
-        names.push(name);
     }
     Ok(names)
+}
+
+/// Create `claim` for a disruption (a command's replacement, a rollout's): its name; counted in
+/// `nodeclaims_created` by `reason` and `pool`, and in the index at once. It is named here
+/// rather than by the server (`generateName`), so a create whose answer was lost is found by
+/// reading that name back and never made twice; the server's transient failures are retried
+/// (`persist_counted`), and a claim found under the name that is not this one fails it.
+async fn create_named(
+    shared: &Shared,
+    mut claim: NodeClaim,
+    pool: &str,
+    reason: &str,
+) -> Result<NodeClaim, Error> {
+    let name = format!(
+        "{}{}",
+        claim.metadata.generate_name.take().unwrap_or_default(),
+        name_suffix()
+    );
+    claim.metadata.name = Some(name.clone());
+    let claim = &claim;
+    let what = format!("creating NodeClaim {name}");
+    let created = persist_counted(&shared.metrics, "create", &what, |fresh| {
+        let name = &name;
+        async move {
+            if fresh && let Some(found) = read_claim(shared, name).await? {
+                return if same_claim(&found, claim) {
+                    Ok(found)
+                } else {
+                    Err(Error::Gone {
+                        what: format!("the name {name}, taken by another NodeClaim,"),
+                    })
+                };
+            }
+            claims(shared)
+                .create(&PostParams::default(), claim)
+                .await
+                .map_err(api_err(&shared.metrics, "create", CLAIM.1, pool))
+        }
+    })
+    .await?;
+    shared
+        .metrics
+        .nodeclaims_created
+        .get_or_create(&CreatedLabels::of(reason, pool, &created))
+        .inc();
+    let index = Arc::new(created.clone());
+    shared.state.claims.write().apply_response(index);
+    Ok(created)
 }
 
 /// The claim found under a replacement's name is the one this command sent: every label and
@@ -403,15 +413,7 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
         owner_references: old.metadata.owner_references.clone(),
         ..Default::default()
     };
-    let created = claims(shared)
-        .create(&PostParams::default(), &claim)
-        .await
-        .map_err(api_err(&shared.metrics, "create", CLAIM.1, &old_name))?;
-    shared
-        .metrics
-        .nodeclaims_created
-        .get_or_create(&CreatedLabels::of("rollout", pool, &created))
-        .inc();
+    let created = create_named(shared, claim, &pool, "rollout").await?;
     let name = created.name_any();
     tracing::info!(nodeclaim = %name, replaces = %old_name, "{}", shared.settings.say("a Cluster API rollout made a fresh Machine: replacing the outdated one's claim", "a Cluster API rollout made a fresh Machine: would replace the outdated one's claim"));
     shared.events.normal(
@@ -419,11 +421,6 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
         "RolloutReplacement",
         format!("NodeClaim {name} takes the rollout's fresh Machine; this claim ends when Cluster API deletes its outdated Machine"),
     );
-    shared
-        .state
-        .claims
-        .write()
-        .apply_response(Arc::new(created));
     Ok(name)
 }
 

@@ -9,7 +9,7 @@ use jiff::Timestamp;
 use super::claim::{expired, under_way};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason, NodePool};
+use crate::api::nodepool::{DisruptionReason, NodePool};
 use crate::disruption::{Allowed, Candidate, budgets};
 use crate::state::compact::CompactNode;
 
@@ -134,14 +134,8 @@ pub(super) fn blocked(
 ) -> Vec<(Arc<NodePool>, DisruptionReason)> {
     let mut blocked: HashSet<(String, DisruptionReason)> = HashSet::new();
     for c in candidates {
-        let eligible = [
-            c.consolidatable && c.pods.is_empty(),
-            c.drift.is_some(),
-            c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty,
-            c.repair.is_some(),
-        ];
-        for (reason, yes) in REASONS.into_iter().zip(eligible) {
-            if yes && allowed.get(&c.nodepool, reason) == 0 {
+        for reason in c.eligible_reasons() {
+            if allowed.get(&c.nodepool, reason) == 0 {
                 blocked.insert((c.nodepool.clone(), reason));
             }
         }

@@ -3,7 +3,6 @@
 use std::collections::HashSet;
 
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::ConsolidationPolicy;
 use crate::disruption::Candidate;
 use crate::scheduling::Snapshot;
 use crate::view::Inputs;
@@ -20,12 +19,8 @@ pub fn snapshot(
     let none: [(&u64, &NodeClaim); 0] = [];
     let moving: HashSet<String> = candidates
         .iter()
-        .filter(|c| !c.pods.is_empty())
-        .filter(|c| {
-            c.drift.is_some()
-                || c.repair.is_some()
-                || (c.consolidatable && c.policy != ConsolidationPolicy::WhenEmpty)
-        })
+        .filter(|c| !c.is_empty())
+        .filter(|c| c.eligible_reasons().next().is_some())
         .chain(leaving)
         .map(|c| c.node.clone())
         .collect();
