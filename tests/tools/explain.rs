@@ -179,6 +179,16 @@ async fn explain_pods_and_nodepools_against_the_live_cluster() {
     // Its claim: initialized, waiting for nothing, weighed by disruption (a candidate that
     // consolidateAfter: Never keeps from being consolidatable).
     let claim = placed["nodeclaim"].as_str().expect("claim name");
+    // The pod binds once the Node is Ready; the claim's Initialized follows on its own turn.
+    env.wait("the small pod's claim initialized", || {
+        env.get("nodeclaims", "", claim).filter(|c| {
+            c["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Initialized" && c["status"] == "True")
+            })
+        })
+    })
+    .await;
     let c = explain(&kubeconfig, &["nodeclaim", claim]);
     assert_eq!(c["phase"], "Initialized", "{c:#}");
     assert!(
