@@ -286,6 +286,8 @@ impl Terminator {
         None
     }
 
+    /// An eviction's (or deadline deletion's) answer: counted, then the pod's entry updated by
+    /// what it says (removed, already gone, or retried after a back-off).
     fn evicted(
         &mut self,
         node_name: &str,
@@ -317,26 +319,7 @@ impl Terminator {
         match result {
             Ok(how) => {
                 entry.removed = true;
-                // Both ways a drain removes a pod count: since Karpenter v1.15 (#3063) upstream
-                // counts its deletions at the deadline too, with the same reason.
-                self.shared
-                    .metrics
-                    .pods_drained
-                    .get_or_create(&ReasonLabels {
-                        reason: reason.clone(),
-                    })
-                    .inc();
-                let note = match how {
-                    Removed::Evicted => format!("Evicted pod: {reason}"),
-                    Removed::Deleted { grace_seconds } => format!(
-                        "Deleting the pod to meet the termination deadline of node {node_name}: it was granted {grace_seconds}s of grace; this bypasses its PodDisruptionBudget and karpenter.sh/do-not-disrupt"
-                    ),
-                };
-                let event_reason = match how {
-                    Removed::Evicted => "Evicted",
-                    Removed::Deleted { .. } => "Disrupted",
-                };
-                self.shared.events.normal(pod_ref(pod), event_reason, note);
+                self.removed(node_name, pod, &reason, how);
             }
             // Gone, or a different pod by that name now: nothing left to do for this one. The
             // entry stays, marked removed, so the pod is not asked again while the pod watch
@@ -360,27 +343,7 @@ impl Terminator {
                     })
                     .inc_by(wait.as_secs_f64());
                 if blocked {
-                    let why =
-                        format!("evicting pod {pod} violates its PodDisruptionBudget; retrying");
-                    self.shared.events.warning(
-                        pod_ref(pod),
-                        "FailedDraining",
-                        format!("Failed to drain node {node_name}, {why}"),
-                    );
-                    if let Some(node) = self.shared.state.nodes.read().get(node_name) {
-                        self.shared.events.warning(
-                            node.object_ref(&()),
-                            "FailedDraining",
-                            format!("Failed to drain node, {why}"),
-                        );
-                    }
-                    if let Some(c) = self.shared.state.claims.read().get(&claim) {
-                        self.shared.events.warning(
-                            c.object_ref(&()),
-                            "FailedDraining",
-                            format!("Failed to drain node {node_name}, {why}"),
-                        );
-                    }
+                    self.announce_blocked(node_name, pod, &claim);
                 } else {
                     tracing::warn!(pod = %pod, node = %node_name, error = %e, "evicting a pod failed; retrying");
                 }
@@ -389,6 +352,53 @@ impl Terminator {
         }
         if self.nodes.contains_key(node_name) {
             self.step(node_name, ctx);
+        }
+    }
+
+    /// A pod the drain removed: counted with the node's reason and told on the pod. Both ways
+    /// count: since Karpenter v1.15 (#3063) upstream counts its deletions at the deadline too.
+    fn removed(&self, node_name: &str, pod: &PodRef, reason: &str, how: Removed) {
+        self.shared
+            .metrics
+            .pods_drained
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+        let (event_reason, note) = match how {
+            Removed::Evicted => ("Evicted", format!("Evicted pod: {reason}")),
+            Removed::Deleted { grace_seconds } => (
+                "Disrupted",
+                format!(
+                    "Deleting the pod to meet the termination deadline of node {node_name}: it was granted {grace_seconds}s of grace; this bypasses its PodDisruptionBudget and karpenter.sh/do-not-disrupt"
+                ),
+            ),
+        };
+        self.shared.events.normal(pod_ref(pod), event_reason, note);
+    }
+
+    /// A PodDisruptionBudget refused an eviction: `FailedDraining` on the pod, its Node and its
+    /// claim, as upstream tells all three.
+    fn announce_blocked(&self, node_name: &str, pod: &PodRef, claim: &str) {
+        let why = format!("evicting pod {pod} violates its PodDisruptionBudget; retrying");
+        self.shared.events.warning(
+            pod_ref(pod),
+            "FailedDraining",
+            format!("Failed to drain node {node_name}, {why}"),
+        );
+        if let Some(node) = self.shared.state.nodes.read().get(node_name) {
+            self.shared.events.warning(
+                node.object_ref(&()),
+                "FailedDraining",
+                format!("Failed to drain node, {why}"),
+            );
+        }
+        if let Some(c) = self.shared.state.claims.read().get(claim) {
+            self.shared.events.warning(
+                c.object_ref(&()),
+                "FailedDraining",
+                format!("Failed to drain node {node_name}, {why}"),
+            );
         }
     }
 
