@@ -6,6 +6,7 @@
 pub mod annotations;
 pub mod autoscaler;
 pub mod deletion;
+pub mod generate;
 mod json;
 pub mod kind;
 pub mod model;

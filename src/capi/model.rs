@@ -486,6 +486,19 @@ pub struct MachineDeployment {
     /// A MachinePool's template hash (`capi::scalable::pool_template_hash`); None for a
     /// MachineDeployment, whose Machines report `UpToDate` themselves.
     pub template_hash: Option<String>,
+    /// A digest of the whole `spec.template` as read: a generated group's name carries it, so
+    /// a change of the source makes new groups (`capi::generate`).
+    pub spec_template_digest: String,
+}
+
+/// A stable digest of `spec.template` (serde_json's maps are sorted, so equal templates
+/// print equally).
+pub fn spec_template_digest(value: &Value) -> String {
+    let text = value
+        .pointer("/spec/template")
+        .map(Value::to_string)
+        .unwrap_or_default();
+    format!("{:016x}", crate::capi::generate::fnv1a(text.as_bytes()))
 }
 
 impl MachineDeployment {
@@ -552,6 +565,7 @@ impl MachineDeployment {
             kind: ScalableKind::MachineDeployment,
             provider_id_list: Vec::new(),
             template_hash: None,
+            spec_template_digest: spec_template_digest(value),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,

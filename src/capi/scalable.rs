@@ -163,6 +163,7 @@ impl MachineDeployment {
             kind: ScalableKind::MachinePool,
             provider_id_list,
             template_hash: Some(pool_template_hash(value)),
+            spec_template_digest: crate::capi::model::spec_template_digest(value),
             name: meta.name,
             namespace: meta.namespace,
             uid: meta.uid,
