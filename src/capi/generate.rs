@@ -636,7 +636,8 @@ impl GroupPlan {
     }
 }
 
-/// Metadata for a copy named `name`: the original's labels that carry over and the mark.
+/// Metadata for a copy named `name`: the original's labels that carry over, its annotations,
+/// and the mark.
 fn copied_metadata(
     original: &Value,
     name: &str,
@@ -654,7 +655,18 @@ fn copied_metadata(
         })
         .unwrap_or_default();
     labels.insert(GENERATED_LABEL.into(), json!(nodeclass));
-    let mut meta = json!({"name": name, "labels": labels});
+    // The annotations carry over too, and the map is always there: a patch may add one.
+    let annotations: BTreeMap<String, Value> = original
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .map(|a| {
+            a.iter()
+                .filter(|(k, _)| *k != "kubectl.kubernetes.io/last-applied-configuration")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut meta = json!({"name": name, "labels": labels, "annotations": annotations});
     if let Some(ns) = original.pointer("/metadata/namespace") {
         meta["namespace"] = ns.clone();
     }

@@ -248,8 +248,8 @@ fn the_template_copy_carries_the_patches_and_a_bad_one_is_refused_by_index() {
     let t = plan.template_object(&template).unwrap();
     assert_eq!(
         t["metadata"],
-        json!({"name": plan.name, "namespace": "capi",
-                                      "labels": {"keep": "me", GENERATED_LABEL: "nc"}})
+        json!({"name": plan.name, "namespace": "capi", "annotations": {},
+               "labels": {"keep": "me", GENERATED_LABEL: "nc"}})
     );
     assert_eq!(t["spec"]["template"]["spec"]["numCPUs"], 8);
     assert_eq!(t["spec"]["template"]["spec"]["memoryMiB"], 65536);
