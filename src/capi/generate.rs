@@ -21,7 +21,7 @@ use crate::api::wellknown::{
     GPU_COUNT_ANNOTATION, INSTANCE_TYPE_LABEL, LABELS_ANNOTATION, MAX_SIZE_ANNOTATION,
     MEMBER_LABEL, MEMORY_ANNOTATION, MIN_SIZE_ANNOTATION, PRICE_ANNOTATION, ZONE_LABEL,
 };
-use crate::capi::model::MachineDeployment;
+use crate::capi::model::{MachineDeployment, fnv1a};
 
 /// On a generated MachineDeployment and its template: the NodeClass that generated it. Only
 /// objects carrying it are ever deleted by the controller.
@@ -401,13 +401,6 @@ fn slug(s: &str) -> String {
         out.pop();
     }
     out
-}
-
-/// 64-bit FNV-1a: stable across builds and restarts (names are found again by it).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// Annotations of the source a generated group does not inherit: its size, price and bounds
