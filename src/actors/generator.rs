@@ -152,6 +152,7 @@ impl Generator {
     /// source): a patch that does not apply is refused on the status before any claim needs
     /// it, and nothing is created.
     fn check_patches(&mut self, ctx: &mut Context<Self>) {
+        self.forget_deleted_nodeclasses();
         let due: Vec<Check> = {
             let ncs = self.shared.state.nodeclasses.read();
             let deployments = self.shared.state.deployments.read();
@@ -196,6 +197,22 @@ impl Generator {
                     }
                 }),
             );
+        }
+    }
+
+    /// A NodeClass that is gone keeps no check and no refusal.
+    fn forget_deleted_nodeclasses(&mut self) {
+        let ncs = self.shared.state.nodeclasses.read();
+        let gone: Vec<String> = self
+            .checked
+            .keys()
+            .filter(|n| ncs.get(n).is_none())
+            .cloned()
+            .collect();
+        drop(ncs);
+        for name in gone {
+            self.checked.remove(&name);
+            self.shared.catalog.refuse_generation(&name, None);
         }
     }
 
