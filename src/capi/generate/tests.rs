@@ -104,9 +104,12 @@ fn a_table_price_wins_and_a_bad_price_names_its_field() {
     );
 }
 
+/// One edit of a good `spec.generate` and the field it breaks.
+type Case = (Box<dyn Fn(&mut Generate)>, &'static str);
+
 #[test]
 fn bad_fields_are_refused_by_name() {
-    let cases: Vec<(Box<dyn Fn(&mut Generate)>, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             Box::new(|g| g.shapes.memory[1] = "lots".into()),
             "shapes.memory[1]",
