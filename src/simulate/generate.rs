@@ -778,6 +778,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_thousand_pods_unless_told() {
+        let words = |w: &[&str]| SimulateArgs::from_words(w).expect("parses").pods;
+        assert_eq!(words(&["--scenario", "generate"]), 1000);
+        assert_eq!(words(&["--scenario", "generate", "--pods", "60"]), 60);
+        assert_eq!(words(&["--scenario", "pods"]), 100);
+    }
+
+    #[test]
     fn the_mix_is_the_seeds() {
         assert_eq!(pod_mix(1, 8), pod_mix(1, 8));
         assert_ne!(pod_mix(1, 8), pod_mix(2, 8));
