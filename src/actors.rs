@@ -21,6 +21,7 @@ pub mod deletion_cost;
 pub mod disruption;
 pub mod events;
 pub mod gate;
+pub mod generator;
 pub mod messages;
 pub mod node_watcher;
 pub mod nodeclaim;

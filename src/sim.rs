@@ -344,6 +344,7 @@ pub mod cluster;
 pub mod deployments;
 pub mod disruption_audit;
 pub mod kubelet;
+pub mod machine_size;
 mod node_lease;
 pub mod pdb_status;
 pub mod pod_lifecycle;

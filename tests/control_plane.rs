@@ -9,7 +9,8 @@
 //! (launch, drain, consolidation, drift), `provisioning`, `lifecycle` (expiry, rollouts, a
 //! restart mid-burst; a restart with template reads refused, real only), `failover` (leader
 //! election), `malformed` (the corpus), `capi_schema` (malformed MachineDeployments refused
-//! alike), `kubectl` and `init`.
+//! alike), `kubectl` and `init`. Module `machine_size`: a template's size annotations decide
+//! its Nodes and its published capacity, with the Cluster API stand-in and with the real one.
 //! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
 //! --control-plane real` exits. Module `cluster_api`: Cluster API's real manager (webhooks,
 //! conversion, nothing left after a drop) and whole flows on it (`--cluster-api real`).
@@ -35,6 +36,8 @@ mod init;
 mod kubectl;
 #[path = "control_plane/lifecycle.rs"]
 mod lifecycle;
+#[path = "control_plane/machine_size.rs"]
+mod machine_size;
 #[path = "control_plane/malformed.rs"]
 mod malformed;
 #[path = "control_plane/overlay.rs"]
@@ -68,6 +71,7 @@ fn main() -> std::process::ExitCode {
     tests.extend(lifecycle::tests());
     tests.extend(failover::tests());
     tests.extend(adoption::tests());
+    tests.extend(machine_size::tests());
     tests.extend(malformed::tests());
     tests.extend(capi_schema::tests());
     tests.extend(kubectl::tests());

@@ -1051,7 +1051,8 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
         }
     }
     let mut cluster_api = grants_of_rules(&stripped_template("_rules-cluster-api.tpl"));
-    // The infrastructure rules come from values, one `get` rule per entry.
+    // The infrastructure rules come from values, one `get` rule per entry, and with
+    // generate.enabled one more for its `*machinetemplates` kinds (create, delete, list).
     let values: Value =
         serde_saphyr::from_str(&read(&format!("{CHART}/values.yaml"))).expect("values.yaml");
     for t in values["rbac"]["clusterAPI"]["infrastructureTemplates"]
@@ -1060,6 +1061,11 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
     {
         for r in strings(&t["resources"]) {
             let group = t["group"].as_str().unwrap_or_default().to_string();
+            if r.ends_with("machinetemplates") {
+                for v in ["create", "delete", "list"] {
+                    cluster_api.insert((group.clone(), r.clone(), v.into(), false));
+                }
+            }
             cluster_api.insert((group, r, "get".into(), false));
         }
     }

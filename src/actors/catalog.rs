@@ -142,12 +142,14 @@ impl Catalog {
         };
         self.fetch_missing_templates(&mds, ctx);
         let reads = self.template_views(&mds);
+        let generation_refused = self.shared.catalog.generation_refused();
         let left_out = LeftOut {
             unreadable: &unreadable,
             missing_templates: &reads.missing,
             unread_templates: &reads.unread,
             failing_templates: &reads.failing,
             replicas_held: &replicas_held,
+            generation_refused: &generation_refused,
         };
         let view = self.shared.catalog.clone();
         let unavailable = |md: &str| view.is_unavailable(md) || cluster_paused.contains(md);
@@ -374,7 +376,7 @@ impl Catalog {
             .as_ref()
             .and_then(|s| s.conditions.clone())
             .unwrap_or_default();
-        let changed = conditions::set(
+        let mut changed = conditions::set(
             &mut conds,
             conditions::READY,
             status,
@@ -383,6 +385,7 @@ impl Catalog {
             nc.metadata.generation,
             Timestamp::now(),
         );
+        changed |= self.set_generation_ready(nc, catalog, &mut conds);
         if !changed {
             return;
         }
@@ -410,6 +413,55 @@ impl Catalog {
         );
     }
 }
+
+impl Catalog {
+    /// `GenerationReady` for a NodeClass with `spec.generate`: whether its groups can be
+    /// offered and created, or the field that stops them (also a Warning Event when it turns
+    /// False). Whether it changed.
+    fn set_generation_ready(
+        &self,
+        nc: &ClusterAPINodeClass,
+        catalog: &offerings::Catalog,
+        conds: &mut Vec<conditions::Condition>,
+    ) -> bool {
+        let Some(generation) = &catalog.generation else {
+            return false;
+        };
+        let (status, reason, message) = match generation {
+            Ok(()) => (
+                ConditionStatus::True,
+                "Ready",
+                format!(
+                    "{} generated MachineDeployments, {} shapes offered before their group exists",
+                    catalog.generated.len(),
+                    catalog.to_generate.len()
+                ),
+            ),
+            Err(why) => (ConditionStatus::False, "GenerationFailed", why.clone()),
+        };
+        let was_false = conditions::get(conds, GENERATION_READY)
+            .is_some_and(|c| c.status == ConditionStatus::False && c.message == message);
+        let changed = conditions::set(
+            conds,
+            GENERATION_READY,
+            status,
+            reason,
+            &message,
+            nc.metadata.generation,
+            Timestamp::now(),
+        );
+        if status == ConditionStatus::False && !was_false {
+            tracing::warn!(nodeclass = %nc.name_any(), %message, "generated node groups cannot be offered");
+            self.shared
+                .events
+                .warning(nc.object_ref(&()), reason, message);
+        }
+        changed
+    }
+}
+
+/// The condition of a NodeClass with `spec.generate` (docs/generate.md).
+pub const GENERATION_READY: &str = "GenerationReady";
 
 /// What a Ready NodeClass resolved to, and the selected MachineDeployments it left out (each
 /// also an Event), so the condition alone tells an operator that some are not offered.

@@ -122,6 +122,9 @@ impl Actors {
         if let Some(d) = router.take_deletion_cost() {
             d.do_send(super::messages::Stop);
         }
+        if let Some(g) = router.take_generator() {
+            g.do_send(super::messages::Stop);
+        }
     }
 }
 
@@ -280,6 +283,8 @@ async fn activate(actors: &Actors) {
     shared.router.set_terminator(terminator);
     let disruption = super::disruption::Disruption::new(shared.clone()).start();
     shared.router.set_disruption(disruption);
+    let generator = super::generator::Generator::new(shared.clone()).start();
+    shared.router.set_generator(generator);
     if shared.settings.static_capacity {
         let static_capacity = super::static_capacity::StaticCapacity::new(shared.clone()).start();
         shared.router.set_static_capacity(static_capacity);

@@ -58,6 +58,9 @@ pub enum Rejection {
     /// Cluster API's pause is on the MachineDeployment, or its Cluster's topology holds its
     /// replicas: no replica is written until that ends.
     Paused,
+    /// A generated group could not be created (its NodeClass's cap, a patch that does not
+    /// apply, an API error): the claim chooses another offering.
+    NotGenerated,
 }
 
 // --- to a Scaler -----------------------------------------------------------------------------

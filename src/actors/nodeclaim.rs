@@ -254,7 +254,7 @@ impl Handler<RequestRejected> for NodeClaimActor {
         tracing::info!(nodeclaim = %self.name, machine_deployment = %msg.machine_deployment, why = ?msg.why, "machine request rejected; choosing another offering");
         self.excluded.insert(msg.machine_deployment.clone());
         self.requested = None;
-        if msg.why == Rejection::AtMaxSize {
+        if matches!(msg.why, Rejection::AtMaxSize | Rejection::NotGenerated) {
             self.shared.catalog.mark_unavailable(
                 &msg.machine_deployment,
                 self.shared.settings.unavailable_offering_ttl,

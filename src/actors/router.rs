@@ -37,6 +37,7 @@ pub struct Router {
     static_capacity: Arc<RwLock<Option<Addr<StaticCapacity>>>>,
     repair: Arc<RwLock<Option<Addr<NodeRepair>>>>,
     deletion_cost: Arc<RwLock<Option<Addr<DeletionCost>>>>,
+    generator: Arc<RwLock<Option<Addr<super::generator::Generator>>>>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -129,6 +130,19 @@ impl Router {
 
     pub fn take_repair(&self) -> Option<Addr<NodeRepair>> {
         self.repair.write().take()
+    }
+
+    /// The Generator (leader only): creates and removes generated node groups.
+    pub fn set_generator(&self, g: Addr<super::generator::Generator>) {
+        *self.generator.write() = Some(g);
+    }
+
+    pub fn generator(&self) -> Option<Addr<super::generator::Generator>> {
+        self.generator.read().clone()
+    }
+
+    pub fn take_generator(&self) -> Option<Addr<super::generator::Generator>> {
+        self.generator.write().take()
     }
 
     /// The pod deletion cost actor (leader only, behind its feature gate); `take_deletion_cost`

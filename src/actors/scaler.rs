@@ -13,6 +13,7 @@ mod adopt;
 mod bookkeeping;
 mod coalesce;
 pub mod effect;
+mod generated;
 mod instances;
 mod patches;
 pub mod plan;
@@ -95,6 +96,8 @@ pub struct Scaler {
     /// The last write that changed `spec.replicas`, until a write in the other direction may
     /// follow it (see `effect`).
     last_write: Option<effect::LastWrite>,
+    /// When the Generator was last asked to create this (generated) MachineDeployment.
+    generating: Option<Instant>,
 }
 
 impl Actor for Scaler {
@@ -196,6 +199,7 @@ impl Scaler {
             backoff: Backoff::api(),
             gone_since: None,
             last_write: None,
+            generating: None,
         }
     }
 
@@ -224,6 +228,9 @@ impl Scaler {
 
     fn replan_now(&mut self, ctx: &mut Context<Self>) {
         let Some(mut inputs) = self.inputs() else {
+            if self.await_generated(ctx) {
+                return;
+            }
             self.reject_all(Rejection::DeploymentGone);
             self.stop_if_abandoned(ctx);
             return;

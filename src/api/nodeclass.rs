@@ -102,10 +102,18 @@ pub struct Shapes {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<i64>,
     /// The least memory per CPU a shape may have, e.g. "1Gi".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "minMemoryPerCPU",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub min_memory_per_cpu: Option<String>,
     /// The most memory per CPU a shape may have, e.g. "8Gi".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "maxMemoryPerCPU",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_memory_per_cpu: Option<String>,
 }
 
@@ -133,13 +141,25 @@ pub struct TemplatePatch {
 #[serde(rename_all = "camelCase")]
 pub struct ShapePrice {
     /// Per CPU-hour, a decimal string, e.g. "0.0316".
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "perCPUHour",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub per_cpu_hour: Option<String>,
     /// Per GiB of memory per hour.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "perGiBHour",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub per_gib_hour: Option<String>,
     /// Per GPU-hour.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "perGPUHour",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub per_gpu_hour: Option<String>,
     /// Prices of named shapes (`4c-16gi`, `8c-32gi-1gpu`), winning over the rates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

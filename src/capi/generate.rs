@@ -21,7 +21,7 @@ use crate::api::wellknown::{
     GPU_COUNT_ANNOTATION, INSTANCE_TYPE_LABEL, LABELS_ANNOTATION, MAX_SIZE_ANNOTATION,
     MEMBER_LABEL, MEMORY_ANNOTATION, MIN_SIZE_ANNOTATION, PRICE_ANNOTATION, ZONE_LABEL,
 };
-use crate::capi::model::MachineDeployment;
+use crate::capi::model::{MachineDeployment, fnv1a};
 
 /// On a generated MachineDeployment and its template: the NodeClass that generated it. Only
 /// objects carrying it are ever deleted by the controller.
@@ -403,13 +403,6 @@ fn slug(s: &str) -> String {
     out
 }
 
-/// 64-bit FNV-1a: stable across builds and restarts (names are found again by it).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 /// Annotations of the source a generated group does not inherit: its size, price and bounds
 /// are the shape's, and what Cluster API or a client wrote about the source is not about it.
 fn inherited_annotation(key: &str) -> bool {
@@ -636,7 +629,8 @@ impl GroupPlan {
     }
 }
 
-/// Metadata for a copy named `name`: the original's labels that carry over and the mark.
+/// Metadata for a copy named `name`: the original's labels that carry over, its annotations,
+/// and the mark.
 fn copied_metadata(
     original: &Value,
     name: &str,
@@ -654,7 +648,18 @@ fn copied_metadata(
         })
         .unwrap_or_default();
     labels.insert(GENERATED_LABEL.into(), json!(nodeclass));
-    let mut meta = json!({"name": name, "labels": labels});
+    // The annotations carry over too, and the map is always there: a patch may add one.
+    let annotations: BTreeMap<String, Value> = original
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .map(|a| {
+            a.iter()
+                .filter(|(k, _)| *k != "kubectl.kubernetes.io/last-applied-configuration")
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut meta = json!({"name": name, "labels": labels, "annotations": annotations});
     if let Some(ns) = original.pointer("/metadata/namespace") {
         meta["namespace"] = ns.clone();
     }

@@ -491,6 +491,13 @@ pub struct MachineDeployment {
     pub spec_template_digest: String,
 }
 
+/// 64-bit FNV-1a: stable across builds and restarts (names are found again by it).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// A stable digest of `spec.template` (serde_json's maps are sorted, so equal templates
 /// print equally).
 pub fn spec_template_digest(value: &Value) -> String {
@@ -498,7 +505,7 @@ pub fn spec_template_digest(value: &Value) -> String {
         .pointer("/spec/template")
         .map(Value::to_string)
         .unwrap_or_default();
-    format!("{:016x}", crate::capi::generate::fnv1a(text.as_bytes()))
+    format!("{:016x}", fnv1a(text.as_bytes()))
 }
 
 impl MachineDeployment {

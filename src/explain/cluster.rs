@@ -360,6 +360,7 @@ fn resolve_all(
         unread_templates: &unread_templates,
         failing_templates: &template_errors,
         replicas_held: &replicas_held,
+        generation_refused: &HashMap::new(),
     };
     let mut each: Vec<(ClusterAPINodeClass, offerings::Catalog, Result<(), String>)> = nodeclasses
         .into_iter()

@@ -2,8 +2,10 @@
 //! out by RollingUpdate or OnDelete as planned in `rollout.rs`) -> Machines, MachinePools (with
 //! or without MachinePool Machines, `machine_pool`), a provider that assigns
 //! provider IDs after a delay (with jitter and stuck Machines), MachineSet scale-down order and
-//! Machine deletion behind the `machine.cluster.x-k8s.io` finalizer. One file per Cluster API controller it stands in for: `machine_deployment`,
-//! `machine_set`, `machine_pool` and `machine` (with the infrastructure provider).
+//! Machine deletion behind the `machine.cluster.x-k8s.io` finalizer, and the provider's
+//! templates publishing their machine size (`sim::machine_size`). One file per Cluster API
+//! controller it stands in for: `machine_deployment`, `machine_set`, `machine_pool` and
+//! `machine` (with the infrastructure provider).
 //!
 //! One reconcile worker handles MachineDeployments and MachineSets one at a time, reading fresh
 //! state from the API server on every pass: a reconcile never acts on a stale cache, so it
@@ -263,6 +265,13 @@ pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> (Vec<JoinHa
     ));
 
     tasks.push(machine_pool::watch_infra_pools(inner.clone()));
+
+    // The infrastructure provider's template controller: a DevMachineTemplate with machine
+    // size annotations publishes that size in its `status.capacity`.
+    tasks.extend(crate::sim::machine_size::spawn_publisher(
+        inner.client.clone(),
+        inner.shutdown.clone(),
+    ));
 
     // Cluster API's MachineDeployment and MachineSet controllers watch Clusters and reconcile a
     // Cluster's objects when its pause changes, so the `Paused` condition follows it.

@@ -1,8 +1,10 @@
 //! Kubelet stand-in: every Machine with a provider ID gets a Node that registers the way a real
 //! kubelet plus Cluster API would make it look — provider ID, propagated Machine labels, the
-//! MachineDeployment's scale-from-zero capacity and labels, the `karpenter.sh/unregistered`
-//! taint, `Ready=False` and then `Ready=True` after a delay. The Machine gets its `nodeRef`.
-//! Instances of MachinePools without MachinePool Machines register the same way (`pool`).
+//! capacity of the machine its template makes (`sim::machine_size`; else the MachineDeployment's
+//! scale-from-zero capacity), the MachineDeployment's scale-from-zero labels, the
+//! `karpenter.sh/unregistered` taint, `Ready=False` and then `Ready=True` after a delay. The
+//! Machine gets its `nodeRef`. Instances of MachinePools without MachinePool Machines register
+//! the same way (`pool`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -18,6 +20,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::capi::{CapiVersion, string_map};
+use super::machine_size;
 use super::quantity::parse_milli;
 use super::standin::{
     Shutdown, WorkQueue, at, delete_quietly, log_retry, merge_patch, merge_status, retry,
@@ -480,7 +483,8 @@ impl Inner {
     }
 
     /// The MachineDeployment's infrastructure template (a MachinePool's infrastructure pool), for
-    /// `status.capacity` and `status.nodeInfo` when annotations leave gaps.
+    /// the machine size its annotations give (`sim::machine_size`), and `status.capacity` and
+    /// `status.nodeInfo` where the MachineDeployment's annotations leave gaps.
     async fn infrastructure_template(&self, md: &DynamicObject, ns: &str) -> Option<Value> {
         let r = at(&md.data, &["spec", "template", "spec", "infrastructureRef"])?;
         let kind = r.get("kind")?.as_str()?;
@@ -507,7 +511,8 @@ impl Inner {
             );
             let api = Api::<DynamicObject>::namespaced_with(self.client.clone(), ns, &ar);
             if let Ok(Some(t)) = api.get_opt(name).await {
-                return Some(t.data);
+                // The whole object: its own annotations may give the VM's size.
+                return serde_json::to_value(&t).ok();
             }
         }
         None
@@ -525,8 +530,12 @@ pub struct NodeShape {
 }
 
 impl NodeShape {
-    /// Scale-from-zero annotations win over the template's `status.capacity`/`status.nodeInfo`;
-    /// malformed values are skipped with a warning (bad input never panics).
+    /// The VM's size from the template's own annotations (`sim::machine_size`: what the machine
+    /// really is) wins for cpu, memory and `nvidia.com/gpu`; then the MachineDeployment's
+    /// scale-from-zero annotations (only the autoscaler's belief about the machine) win over
+    /// the template's `status.capacity`/`status.nodeInfo`. Malformed values are skipped with a
+    /// warning, falling back to the next source (bad input never panics). `template` is the
+    /// whole template object (metadata included).
     pub fn from_sources(annotations: &BTreeMap<String, String>, template: Option<&Value>) -> Self {
         let mut capacity = string_map(template.and_then(|t| at(t, &["status", "capacity"])));
         let mut set = |resource: &str, annotation: &str| {
@@ -543,6 +552,9 @@ impl NodeShape {
         set("ephemeral-storage", EPHEMERAL_DISK_ANNOTATION);
         set("pods", MAX_PODS_ANNOTATION);
         set("nvidia.com/gpu", GPU_COUNT_ANNOTATION);
+        if let Some(t) = template {
+            capacity.extend(machine_size::capacity_of(t));
+        }
         capacity
             .entry("pods".into())
             .or_insert_with(|| DEFAULT_MAX_PODS.to_string());
@@ -664,6 +676,54 @@ async fn lift_not_ready(nodes: &Api<Node>, name: &str) -> Result<(), kube::Error
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_templates_machine_size_wins_over_the_scale_from_zero_beliefs() {
+        let annotations = BTreeMap::from([
+            (CPU_ANNOTATION.to_string(), "2".to_string()),
+            (MEMORY_ANNOTATION.to_string(), "4Gi".to_string()),
+            (GPU_COUNT_ANNOTATION.to_string(), "0".to_string()),
+        ]);
+        let status =
+            json!({"capacity": {"cpu": "1", "memory": "2Gi", "ephemeral-storage": "20Gi"}});
+        let sized = json!({
+            "metadata": {"annotations": {
+                machine_size::CPU_ANNOTATION: "8",
+                machine_size::MEMORY_ANNOTATION: "32Gi",
+                machine_size::GPU_ANNOTATION: "1",
+            }},
+            "status": status,
+        });
+        let shape = NodeShape::from_sources(&annotations, Some(&sized));
+        assert_eq!(shape.capacity["cpu"], "8");
+        assert_eq!(shape.capacity["memory"], "32Gi");
+        assert_eq!(shape.capacity["nvidia.com/gpu"], "1");
+        // What the size leaves out still comes from the other sources.
+        assert_eq!(shape.capacity["ephemeral-storage"], "20Gi");
+        assert_eq!(shape.capacity["pods"], "110");
+
+        // A malformed size is ignored: the MachineDeployment's belief, then the status, stand.
+        let malformed = json!({
+            "metadata": {"annotations": {
+                machine_size::CPU_ANNOTATION: "eight",
+                machine_size::MEMORY_ANNOTATION: "-1Gi",
+            }},
+            "status": status,
+        });
+        let shape = NodeShape::from_sources(&annotations, Some(&malformed));
+        assert_eq!(shape.capacity["cpu"], "2");
+        assert_eq!(shape.capacity["memory"], "4Gi");
+        let shape = NodeShape::from_sources(&BTreeMap::new(), Some(&malformed));
+        assert_eq!(shape.capacity["cpu"], "1");
+        assert_eq!(shape.capacity["memory"], "2Gi");
+
+        // Without a size, exactly as before: annotations over status.
+        let unsized_ = json!({"metadata": {"annotations": {}}, "status": status});
+        let shape = NodeShape::from_sources(&annotations, Some(&unsized_));
+        assert_eq!(shape.capacity["cpu"], "2");
+        assert_eq!(shape.capacity["memory"], "4Gi");
+        assert_eq!(shape.capacity["nvidia.com/gpu"], "0");
+    }
 
     #[test]
     fn shape_prefers_annotations_over_template() {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Taint;
+use kube::ResourceExt;
 use parking_lot::RwLock;
 
 use crate::api::nodeclass::ClusterAPINodeClass;
@@ -108,6 +109,8 @@ struct Inner {
     unavailable: HashMap<String, Instant>,
     /// MachinePool key -> hash of its infrastructure pool's instance fields, as last read.
     instance_hashes: HashMap<String, String>,
+    /// NodeClass -> why its `spec.generate` patches cannot be used.
+    generation_refused: HashMap<String, String>,
 }
 
 impl Inner {
@@ -120,6 +123,13 @@ impl Inner {
         }
     }
 }
+
+/// A NodeClass with `spec.generate`: its name, its generated groups, whether it can be used.
+pub type GeneratedOf = (
+    String,
+    Vec<crate::api::nodeclass::GeneratedGroup>,
+    Option<Result<(), String>>,
+);
 
 /// Read side of the catalog, shared by every actor.
 #[derive(Clone, Default)]
@@ -245,6 +255,47 @@ impl CatalogView {
             .by_nodeclass
             .values()
             .any(|e| e.catalog.scale_up_only.iter().any(|k| k == md))
+    }
+
+    /// The group a NodeClass offers for a shape of `spec.generate` that does not exist yet
+    /// (created when a claim chooses it), by MachineDeployment key.
+    pub fn to_generate(&self, md: &str) -> Option<crate::capi::generate::GroupPlan> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .values()
+            .find_map(|e| e.catalog.to_generate.get(md).cloned())
+    }
+
+    /// Record (or clear) why a NodeClass's `spec.generate` patches cannot be used.
+    pub fn refuse_generation(&self, nodeclass: &str, why: Option<String>) {
+        let mut inner = self.inner.write();
+        match why {
+            Some(w) => inner.generation_refused.insert(nodeclass.to_string(), w),
+            None => inner.generation_refused.remove(nodeclass),
+        };
+    }
+
+    pub fn generation_refused(&self) -> HashMap<String, String> {
+        self.inner.read().generation_refused.clone()
+    }
+
+    /// Every NodeClass's `spec.generate` plans not created yet, and the generated groups that
+    /// exist, as the last rebuild saw them (the Generator's status and sweep read it).
+    pub fn generated(&self) -> Vec<GeneratedOf> {
+        self.inner
+            .read()
+            .by_nodeclass
+            .iter()
+            .filter(|(_, e)| e.catalog.generation.is_some())
+            .map(|(n, e)| {
+                (
+                    n.clone(),
+                    e.catalog.generated.clone(),
+                    e.catalog.generation.clone(),
+                )
+            })
+            .collect()
     }
 
     /// The offering backed by a MachineDeployment (any NodeClass), for a claim's status.
@@ -577,6 +628,9 @@ pub struct LeftOut<'a> {
     pub failing_templates: &'a HashMap<String, String>,
     /// Those whose replicas their Cluster's topology sets (`capi::topology`), with why.
     pub replicas_held: &'a HashMap<String, String>,
+    /// NodeClasses whose `spec.generate` patches do not apply to their source's template, with
+    /// why (the Generator's check).
+    pub generation_refused: &'a HashMap<String, String>,
 }
 
 impl LeftOut<'_> {
@@ -667,6 +721,11 @@ pub fn resolve_nodeclass(
             c.selected.insert(key.clone());
             c.unknown.insert(key.clone(), why);
         }
+    }
+    if let Some(g) = &nc.spec.generate {
+        let name = nc.name_any();
+        let refused = left_out.generation_refused.get(&name).map(String::as_str);
+        offerings::add_generated(&name, g, refused, mds, cx, &mut c);
     }
     c.unread = c
         .selected

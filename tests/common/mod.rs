@@ -36,6 +36,7 @@ pub mod claims;
 pub mod explain;
 pub mod exposition;
 pub mod go_provider;
+pub mod machine_size;
 pub mod repair;
 pub mod replicas;
 pub mod static_pools;

@@ -29,6 +29,7 @@ pub fn tests() -> Vec<assets::Test> {
         our_crds_carry_upstream_validation needs [Upstream],
         the_upstream_kubemark_example_parses needs [Upstream],
         the_repository_example_round_trips_and_validates,
+        the_generate_example_is_a_valid_generate_for_the_simulator,
         karpenter_v1_15_manifests_round_trip_and_validate,
         our_crds_default_and_enumerate_as_karpenter_v1_15,
         capacity_quota_crd_is_cluster_autoscalers needs [UpstreamCapacityQuota],
@@ -896,6 +897,91 @@ fn the_repository_example_round_trips_and_validates() {
         kinds.push(kind);
     }
     assert_eq!(kinds, ["ClusterAPINodeClass", "NodePool", "Deployment"]);
+}
+
+/// `examples/generate-nodeclass.yaml` is exact for our types, its `spec.generate` passes
+/// `capi::generate::validate`, and for every shape its patch applies to the simulator's source
+/// (`default/md-small` and its DevMachineTemplate, as `--scenario none` seeds them), giving a
+/// template the simulated infrastructure sizes the VM from, and a group marked as this
+/// NodeClass's that its selector picks.
+fn the_generate_example_is_a_valid_generate_for_the_simulator() {
+    use karpenter_capi::capi::generate::{self, GENERATED_LABEL};
+    use karpenter_capi::capi::model::MachineDeployment;
+    use karpenter_capi::capi::version::CapiVersion;
+    use karpenter_capi::sim::cluster::{infrastructure_template, machine_deployment};
+
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/generate-nodeclass.yaml");
+    let docs = yaml_docs(&read(&path));
+    let kinds: Vec<&str> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(kinds, ["ClusterAPINodeClass", "NodePool"]);
+    assert_round_trips::<ClusterAPINodeClass>(&docs[0], true);
+    assert_round_trips::<NodePool>(&docs[1], true);
+    let nodeclass: ClusterAPINodeClass = serde_json::from_value(docs[0].clone()).unwrap();
+    validate_nodeclass(&nodeclass).unwrap();
+    let nodepool: NodePool = serde_json::from_value(docs[1].clone()).unwrap();
+    validate_nodepool(&nodepool).unwrap();
+    assert_eq!(nodepool.spec.template.spec.node_class_ref.name, "generated");
+
+    let g = nodeclass.spec.generate.as_ref().expect("spec.generate");
+    let valid = generate::validate(g).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(valid.source, "default/md-small");
+    assert_eq!(valid.shapes.len(), 11, "{:?}", valid.shapes);
+    assert_eq!(valid.max_groups, 6);
+    assert_eq!(valid.idle_after, std::time::Duration::from_secs(300));
+    let priced: BTreeMap<String, f64> = valid.shapes.iter().map(|(s, p)| (s.name(), *p)).collect();
+    assert!((priced["2c-8gi"] - 0.098).abs() < 1e-9, "{priced:?}");
+
+    let v = CapiVersion::V1Beta2;
+    let seed = karpenter_capi::simulate::pods::seed_of(0, 10);
+    assert_eq!(
+        (seed.namespace.as_str(), seed.name.as_str()),
+        ("default", "md-small")
+    );
+    // As the API server returns it: with a uid and a resourceVersion.
+    let mut source_raw = serde_json::to_value(machine_deployment(v, &seed)).unwrap();
+    source_raw["metadata"]["uid"] = serde_json::json!("u-md-small");
+    source_raw["metadata"]["resourceVersion"] = serde_json::json!("1");
+    let source = MachineDeployment::from_value(&source_raw, v).unwrap();
+    let template = serde_json::to_value(infrastructure_template("default", "md-small")).unwrap();
+    let name = nodeclass.metadata.name.as_deref().unwrap_or_default();
+    let selector = nodeclass
+        .spec
+        .scalable_resource_selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .unwrap_or_default();
+    let plans = generate::plans(name, &valid, &source);
+    assert_eq!(plans.len(), 11);
+    for plan in &plans {
+        let t = plan
+            .template_object(&template)
+            .unwrap_or_else(|e| panic!("{}: {e}", plan.name));
+        let ann = &t["metadata"]["annotations"];
+        assert_eq!(
+            ann["sim.karpenter.cluster.x-k8s.io/cpu"],
+            plan.shape.cpu.to_string()
+        );
+        assert_eq!(
+            ann["sim.karpenter.cluster.x-k8s.io/memory"],
+            format!("{}Mi", plan.shape.memory_mib)
+        );
+        assert_eq!(ann["sim.karpenter.cluster.x-k8s.io/gpu"], "0");
+        assert_eq!(t["metadata"]["labels"][GENERATED_LABEL], name);
+        let group = plan.group_object(&source_raw, &source);
+        assert_eq!(group["spec"]["replicas"], 0);
+        for (k, want) in &selector {
+            assert_eq!(
+                group["metadata"]["labels"][k],
+                want.as_str(),
+                "{}",
+                plan.name
+            );
+        }
+    }
 }
 
 /// Manifests written for Karpenter v1.15's API (kubernetes-sigs/karpenter#3220: `consolidateAfter`

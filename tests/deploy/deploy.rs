@@ -24,6 +24,8 @@ pub fn tests() -> Vec<assets::Test> {
         manifests_rbac_grants_exactly_what_the_controller_calls,
         chart_rbac_grants_exactly_what_the_controller_calls,
         chart_grants_gated_rules_only_with_the_gate,
+        chart_grants_generation_rules_only_when_enabled,
+        manifests_grant_generation_only_in_the_opt_in_file,
         manifests_deployment_is_hardened_probed_and_spread,
         chart_deployment_is_hardened_probed_and_spread,
         deployment_env_values_are_valid_run_flags_and_agree,
@@ -36,6 +38,7 @@ pub fn tests() -> Vec<assets::Test> {
         helm_templates_use_existing_values_and_helpers,
         helm_lints_and_renders_the_chart needs [Helm],
         helm_refuses_management_values_that_cannot_work needs [Helm],
+        helm_renders_generation_rules_only_when_enabled_and_where_the_objects_are needs [Helm],
         @tokio kubectl_dry_run_applies_manifests_crds_and_the_rendered_chart needs [Kubectl, Helm],
         manifests_and_crds_use_only_fields_their_types_know,
     ]
@@ -74,14 +77,30 @@ enum Use {
     Code(#[allow(dead_code)] &'static str),
     /// Called from this code only with the feature gate on: granted then, and only then.
     Gated(&'static str, #[allow(dead_code)] &'static str),
+    /// Called only where a chart value switches the feature on (the plain manifests grant it in
+    /// an opt-in file of `deploy/manifests/optional`): granted then, and only then.
+    Switched(&'static str, #[allow(dead_code)] &'static str),
 }
 
 /// The gate a row needs, if any.
 fn gate_of(n: &Need) -> Option<&'static str> {
     match n.by {
-        Use::Code(_) => None,
+        Use::Code(_) | Use::Switched(..) => None,
         Use::Gated(gate, _) => Some(gate),
     }
+}
+
+/// The chart value a row needs, if any.
+fn switch_of(n: &Need) -> Option<&'static str> {
+    match n.by {
+        Use::Switched(value, _) => Some(value),
+        Use::Code(_) | Use::Gated(..) => None,
+    }
+}
+
+/// The gate or chart value a row needs, if any.
+fn condition_of(n: &Need) -> Option<&'static str> {
+    gate_of(n).or_else(|| switch_of(n))
 }
 
 /// The gates `FEATURE_GATES` turns on (`Name=true` pairs).
@@ -120,9 +139,15 @@ const fn need(
 }
 
 use Scope::{LeaderNamespace, Management, Workload};
-use Use::{Code, Gated};
+use Use::{Code, Gated, Switched};
 
 const DELETION_COST: &str = "PodDeletionCostManagement";
+/// The chart value that grants what generated node groups need (docs/generate.md).
+const GENERATE: &str = "generate.enabled";
+/// The plain manifests' opt-in file for the same (not applied by `kubectl apply -f deploy/manifests/`).
+const GENERATE_MANIFEST: &str = "deploy/manifests/optional/generate-rbac.yaml";
+/// The verbs generated node groups need on the `*machinetemplates` kinds.
+const GENERATE_TEMPLATE_VERBS: [&str; 3] = ["create", "delete", "list"];
 
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
@@ -176,6 +201,8 @@ const NEEDS: &[Need] = &[
     need(Management, "cluster.x-k8s.io", "machinepools", &["get", "patch"], Code("actors/scaler refresh_deployment, replica write of a MachinePool")),
     need(Management, "infrastructure.cluster.x-k8s.io", "*machinetemplates", &["get"], Code("actors/catalog.rs fetch_missing_templates")),
     need(Management, "infrastructure.cluster.x-k8s.io", "*machinepools", &["get"], Code("actors/catalog.rs fetch_missing_templates (a MachinePool's infrastructure pool)")),
+    need(Management, "cluster.x-k8s.io", "machinedeployments", &["create", "delete"], Switched(GENERATE, "the Generator (issue 44, being built): a generated group's create, an idle one's delete")),
+    need(Management, "infrastructure.cluster.x-k8s.io", "*machinetemplates", &GENERATE_TEMPLATE_VERBS, Switched(GENERATE, "the Generator (issue 44, being built): a group's template copy created and deleted, marked ones no group references listed")),
 ];
 
 /// Template kinds RBAC must list: the simulated cluster's and the Docker provider's.
@@ -284,12 +311,12 @@ fn resource_matches(need: &str, granted: &str) -> bool {
 }
 
 /// Checks `granted` against the table rows of `scope`: every needed (group, resource, verb) is
-/// granted, nothing else is, and no wildcard is used; a gated row counts only when `gates` has
-/// its gate. Returns the problems found.
+/// granted, nothing else is, and no wildcard is used; a gated or switched row counts only when
+/// `gates` has its gate or chart value. Returns the problems found.
 fn audit(scope: Scope, granted: &[Rule], gates: &[&str]) -> Vec<String> {
     let needs: Vec<&Need> = NEEDS
         .iter()
-        .filter(|n| n.scope == scope && gate_of(n).is_none_or(|g| gates.contains(&g)))
+        .filter(|n| n.scope == scope && condition_of(n).is_none_or(|g| gates.contains(&g)))
         .collect();
     let mut problems = Vec::new();
     for r in granted {
@@ -478,13 +505,24 @@ fn chart_rbac_grants_exactly_what_the_controller_calls() {
             verbs: vec!["get".into()],
             names: vec![],
         });
+        // With generate.enabled, the same entry's *machinetemplates kinds once more.
+        management.push(Rule {
+            groups: vec![t["group"].as_str().unwrap().to_string()],
+            resources: strings(&t["resources"])
+                .into_iter()
+                .filter(|r| r.ends_with("machinetemplates"))
+                .collect(),
+            verbs: GENERATE_TEMPLATE_VERBS.map(String::from).to_vec(),
+            names: vec![],
+        });
     }
-    // Stripped of its template lines the helper lists every rule, the gated ones too (that each
-    // sits inside its gate's `if` is checked by `chart_grants_gated_rules_only_with_the_gate`).
+    // Stripped of its template lines the helper lists every rule, the gated and switched ones
+    // too (that each sits inside its `if` is checked by `chart_grants_gated_rules_only_with_the_gate`
+    // and `chart_grants_generation_rules_only_when_enabled`).
     let gated: Vec<&str> = NEEDS.iter().filter_map(gate_of).collect();
     let mut problems = audit(Workload, &workload, &gated);
     problems.extend(audit(LeaderNamespace, &lease, &[]));
-    problems.extend(audit(Management, &management, &[]));
+    problems.extend(audit(Management, &management, &[GENERATE]));
     assert!(
         problems.is_empty(),
         "chart RBAC vs NEEDS:\n{}",
@@ -548,6 +586,144 @@ fn chart_grants_gated_rules_only_with_the_gate() {
             "{gate} is off by default"
         );
     }
+}
+
+/// The `{{- if .Values.generate.enabled }}` blocks of `_rules-cluster-api.tpl`, each up to its
+/// `end` (the template block nests a `range` and an `if`, whose ends are counted).
+fn generate_blocks(tpl: &str) -> Vec<&str> {
+    let open = "{{- if .Values.generate.enabled }}";
+    let mut out = Vec::new();
+    let mut rest = tpl;
+    while let Some(start) = rest.find(open) {
+        let block = &rest[start..];
+        let mut depth = 0;
+        let mut end = block.len();
+        let mut at = 0;
+        while let Some(i) = block[at..].find("{{") {
+            let action = actions(&block[at + i..])
+                .into_iter()
+                .next()
+                .unwrap_or_default();
+            let word = action.split_whitespace().next().unwrap_or_default();
+            match word {
+                "if" | "range" | "with" => depth += 1,
+                "end" => depth -= 1,
+                _ => {}
+            }
+            at += i + 2;
+            if depth == 0 {
+                end = at;
+                break;
+            }
+        }
+        out.push(&block[..end]);
+        rest = &block[end..];
+    }
+    out
+}
+
+/// Generated node groups' rules sit inside `if .Values.generate.enabled` (one block for the
+/// MachineDeployment rule, one for the templates', which keeps the `*machinetemplates` kinds of
+/// `rbac.clusterAPI.infrastructureTemplates` only), nowhere else, and the value is off by default.
+fn chart_grants_generation_rules_only_when_enabled() {
+    let tpl = read(&path(&format!("{CHART}/templates/_rules-cluster-api.tpl")));
+    let blocks = generate_blocks(&tpl);
+    assert_eq!(blocks.len(), 2, "two generate.enabled blocks:\n{blocks:#?}");
+    let md_rule = "- apiGroups: [cluster.x-k8s.io]\n  resources: [machinedeployments]\n  verbs: [create, delete]";
+    let template_rule = format!(
+        "- {{apiGroups: [{{{{ .group | quote }}}}], resources: {{{{ toJson $templates }}}}, verbs: [{}]}}",
+        GENERATE_TEMPLATE_VERBS.join(", ")
+    );
+    assert!(
+        blocks[0].contains(md_rule),
+        "{md_rule} inside the guard:\n{}",
+        blocks[0]
+    );
+    assert!(
+        blocks[1].contains(&template_rule),
+        "{template_rule} inside the guard:\n{}",
+        blocks[1]
+    );
+    assert!(
+        blocks[1].contains("hasSuffix \"machinetemplates\""),
+        "only the template kinds get create and delete:\n{}",
+        blocks[1]
+    );
+    let mut outside = tpl.clone();
+    for b in &blocks {
+        outside = outside.replace(b, "");
+    }
+    // Outside the guards, nothing is created, and only Machines are deleted.
+    assert!(
+        !outside.contains("create"),
+        "create outside generate.enabled:\n{outside}"
+    );
+    let deleting: Vec<&str> = outside
+        .lines()
+        .filter(|l| l.contains("verbs:") && l.contains("delete"))
+        .collect();
+    assert_eq!(
+        deleting,
+        ["  verbs: [get, list, watch, patch, delete]"],
+        "the Machines rule only"
+    );
+    assert_eq!(
+        values()["generate"]["enabled"],
+        Value::Bool(false),
+        "generate.enabled is off by default"
+    );
+}
+
+/// The plain manifests grant generated node groups' rules only in their opt-in file (outside
+/// what `kubectl apply -f deploy/manifests/` applies): a ClusterRole bound to the controller's
+/// account that, with management-rbac.yaml, grants exactly the switched rows, for the same
+/// template kinds.
+fn manifests_grant_generation_only_in_the_opt_in_file() {
+    let p = path(GENERATE_MANIFEST);
+    let docs: Vec<(String, Value)> = yaml_docs(&read(&p), GENERATE_MANIFEST)
+        .into_iter()
+        .map(|d| ("generate-rbac.yaml".to_string(), d))
+        .collect();
+    let roles = bound_roles(&docs, "ClusterRole");
+    assert_eq!(roles.len(), 1, "{GENERATE_MANIFEST}: one ClusterRole");
+    let extra = rules(roles[0].1);
+    let mut management: Vec<Rule> = manifest_docs()
+        .iter()
+        .filter(|(f, d)| f == "management-rbac.yaml" && kind(d) == "ClusterRole")
+        .flat_map(|(_, d)| rules(d))
+        .collect();
+    let templates = template_resources(&management)
+        .into_iter()
+        .filter(|r| r.ends_with("machinetemplates"))
+        .collect::<BTreeSet<_>>();
+    assert_eq!(
+        template_resources(&extra),
+        templates,
+        "{GENERATE_MANIFEST} lists management-rbac.yaml's template kinds"
+    );
+    // The opt-in file alone grants nothing but the switched rows.
+    let switched: Vec<&Need> = NEEDS.iter().filter(|n| switch_of(n).is_some()).collect();
+    for r in &extra {
+        for v in &r.verbs {
+            assert!(
+                switched
+                    .iter()
+                    .any(|n| r.groups.iter().any(|g| g == n.group)
+                        && r.resources
+                            .iter()
+                            .all(|res| resource_matches(n.resource, res))
+                        && n.verbs.contains(&v.as_str())),
+                "{GENERATE_MANIFEST}: {r:?} is not a generate.enabled row"
+            );
+        }
+    }
+    management.extend(extra);
+    let problems = audit(Management, &management, &[GENERATE]);
+    assert!(
+        problems.is_empty(),
+        "with {GENERATE_MANIFEST}:\n{}",
+        problems.join("\n")
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -950,6 +1126,7 @@ fn grafana_dashboard_is_optional_off_by_default_and_one_file() {
 fn every_yaml_file_parses() {
     let mut dirs = vec![
         MANIFESTS.to_string(),
+        format!("{MANIFESTS}/optional"),
         format!("{CHART}/crds"),
         "deploy/crds".into(),
     ];
@@ -1146,6 +1323,17 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "generated node groups on, management topology",
+        &[
+            "--set",
+            "topology=management",
+            "--set",
+            "clusterAPI.clusterName=c1",
+            "--set",
+            "generate.enabled=true",
+        ],
+    ),
+    (
         "Grafana dashboard on",
         &[
             "--set",
@@ -1188,7 +1376,7 @@ fn helm_lints_and_renders_the_chart() {
             .find(|d| kind(d) == "Deployment")
             .expect("Deployment");
         check_deployment(dep, &format!("helm template ({what})"));
-        let problems = rendered_rbac_problems(&docs);
+        let problems = rendered_rbac_problems(&docs, extra);
         assert!(
             problems.is_empty(),
             "helm template ({what}): RBAC vs NEEDS:\n{}",
@@ -1241,14 +1429,17 @@ fn helm_lints_and_renders_the_chart() {
 /// role (ClusterRole or Role), and the workload ClusterRole (installed, or rendered for the
 /// workload cluster). A part a value set leaves out is not audited; which parts each topology
 /// has is checked by the callers.
-fn rendered_rbac_problems(docs: &[Value]) -> Vec<String> {
+fn rendered_rbac_problems(docs: &[Value], extra: &[&str]) -> Vec<String> {
     let feature_gates = docs
         .iter()
         .find(|d| kind(d) == "Deployment")
         .and_then(|d| literal_env(container(d)).get("FEATURE_GATES").cloned())
         .unwrap_or_default();
     let on = gates_on(&feature_gates);
-    let gates: Vec<&str> = on.iter().map(String::as_str).collect();
+    let mut gates: Vec<&str> = on.iter().map(String::as_str).collect();
+    if extra.contains(&"generate.enabled=true") {
+        gates.push(GENERATE);
+    }
     let (mut workload, mut lease, mut capi) = (Vec::new(), Vec::new(), Vec::new());
     for d in docs
         .iter()
@@ -1387,6 +1578,115 @@ fn check_management_topology(docs: &[Value], what: &str, extra: &[&str]) {
     }
 }
 
+/// The (kind, namespace, group, resource, verb) grants of `docs` that only generated node groups
+/// use: create or delete on MachineDeployments and infrastructure objects, list on templates.
+fn generation_grants(docs: &[Value]) -> BTreeSet<(String, String, String, String, String)> {
+    let mut out = BTreeSet::new();
+    for d in docs
+        .iter()
+        .filter(|d| matches!(kind(d), "Role" | "ClusterRole"))
+    {
+        let ns = d["metadata"]["namespace"].as_str().unwrap_or_default();
+        for r in rules(d) {
+            for g in &r.groups {
+                for res in &r.resources {
+                    for v in &r.verbs {
+                        let md = g == "cluster.x-k8s.io" && res == "machinedeployments";
+                        let infra = g == "infrastructure.cluster.x-k8s.io";
+                        let generation = (md && matches!(v.as_str(), "create" | "delete"))
+                            || (infra && matches!(v.as_str(), "create" | "delete" | "list"));
+                        if generation {
+                            out.insert((
+                                kind(d).to_string(),
+                                ns.to_string(),
+                                g.clone(),
+                                res.clone(),
+                                v.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `generate.enabled`: off, no role grants create or delete on MachineDeployments or templates;
+/// on, the Cluster API role grants them where the objects are (the ClusterRole when joined, the
+/// Role in the release namespace in the management topology, nothing in the workload cluster
+/// with a separate management cluster), for every `*machinetemplates` kind of the values and no
+/// MachinePool kind, and its RBAC audits clean against NEEDS with the switched rows.
+fn helm_renders_generation_rules_only_when_enabled_and_where_the_objects_are() {
+    let helm = tool(Asset::Helm);
+    let management: &[&str] = &[
+        "--set",
+        "topology=management",
+        "--set",
+        "clusterAPI.clusterName=c1",
+        "--set",
+        "workloadCluster.rbac.render=true",
+    ];
+    let separate: &[&str] = &["--set", "clusterAPI.kubeconfigSecret.name=mgmt"];
+    let kinds: BTreeSet<String> = values()["rbac"]["clusterAPI"]["infrastructureTemplates"]
+        .as_array()
+        .expect("values.rbac.clusterAPI.infrastructureTemplates")
+        .iter()
+        .flat_map(|t| strings(&t["resources"]))
+        .filter(|r| r.ends_with("machinetemplates"))
+        .collect();
+    assert!(kinds.contains("devmachinetemplates"), "{kinds:?}");
+    for (what, topology, role_kind, ns) in [
+        ("joined", &[][..], Some("ClusterRole"), ""),
+        ("management topology", management, Some("Role"), NAMESPACE),
+        ("separate management cluster", separate, None, ""),
+    ] {
+        for enabled in [false, true] {
+            let mut extra = topology.to_vec();
+            let set = format!("generate.enabled={enabled}");
+            extra.extend(["--set", set.as_str()]);
+            let what = format!("{what}, {set}");
+            let docs = yaml_docs(&helm_template(&helm, &extra), &what);
+            let problems = rendered_rbac_problems(&docs, &extra);
+            assert!(
+                problems.is_empty(),
+                "{what}: RBAC vs NEEDS:\n{}",
+                problems.join("\n")
+            );
+            let found = generation_grants(&docs);
+            let Some(role_kind) = role_kind.filter(|_| enabled) else {
+                assert!(found.is_empty(), "{what}: {found:#?}");
+                continue;
+            };
+            let mut want = BTreeSet::new();
+            let at = |g: &str, r: &str, v: &str| {
+                (
+                    role_kind.to_string(),
+                    ns.to_string(),
+                    g.to_string(),
+                    r.to_string(),
+                    v.to_string(),
+                )
+            };
+            for v in ["create", "delete"] {
+                want.insert(at("cluster.x-k8s.io", "machinedeployments", v));
+            }
+            for k in &kinds {
+                for v in GENERATE_TEMPLATE_VERBS {
+                    want.insert(at("infrastructure.cluster.x-k8s.io", k, v));
+                }
+            }
+            assert_eq!(found, want, "{what}");
+            let role = find(&docs, role_kind, "-cluster-api", &what);
+            assert_eq!(
+                role["metadata"]["namespace"].as_str().unwrap_or_default(),
+                ns,
+                "{what}"
+            );
+        }
+    }
+}
+
 /// Management-topology values that cannot work fail the render with what to do instead.
 fn helm_refuses_management_values_that_cannot_work() {
     let helm = tool(Asset::Helm);
@@ -1463,7 +1763,7 @@ async fn kubectl_dry_run_applies_manifests_crds_and_the_rendered_chart() {
     let kubeconfig = sim.kubeconfig().to_string_lossy().into_owned();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut inputs: Vec<(String, PathBuf, usize)> = Vec::new();
-    for dir_rel in [MANIFESTS, "deploy/crds"] {
+    for dir_rel in [MANIFESTS, "deploy/manifests/optional", "deploy/crds"] {
         for p in files(dir_rel, &["yaml", "yml"]) {
             let n = yaml_docs(&read(&p), &p.display().to_string()).len();
             inputs.push((p.display().to_string(), p, n));

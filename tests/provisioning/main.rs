@@ -8,6 +8,7 @@ mod common;
 mod autoscaler;
 mod buffers;
 mod capi;
+mod generate;
 mod provisioning;
 mod room;
 mod scheduling;

@@ -10,6 +10,7 @@ mod held_back;
 mod measure_apart;
 mod report_html;
 mod sim_machine_pool;
+mod sim_machine_size;
 mod sim_pause;
 mod sim_rollout;
 mod sim_server;

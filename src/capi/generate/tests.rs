@@ -104,12 +104,12 @@ fn a_table_price_wins_and_a_bad_price_names_its_field() {
     );
 }
 
-/// One edit of a good `spec.generate` and the field it breaks.
-type Case = (Box<dyn Fn(&mut Generate)>, &'static str);
+/// One change to a valid `spec.generate`.
+type Edit = Box<dyn Fn(&mut Generate)>;
 
 #[test]
 fn bad_fields_are_refused_by_name() {
-    let cases: Vec<Case> = vec![
+    let cases: Vec<(Edit, &str)> = vec![
         (
             Box::new(|g| g.shapes.memory[1] = "lots".into()),
             "shapes.memory[1]",
@@ -251,8 +251,8 @@ fn the_template_copy_carries_the_patches_and_a_bad_one_is_refused_by_index() {
     let t = plan.template_object(&template).unwrap();
     assert_eq!(
         t["metadata"],
-        json!({"name": plan.name, "namespace": "capi",
-                                      "labels": {"keep": "me", GENERATED_LABEL: "nc"}})
+        json!({"name": plan.name, "namespace": "capi", "annotations": {},
+               "labels": {"keep": "me", GENERATED_LABEL: "nc"}})
     );
     assert_eq!(t["spec"]["template"]["spec"]["numCPUs"], 8);
     assert_eq!(t["spec"]["template"]["spec"]["memoryMiB"], 65536);

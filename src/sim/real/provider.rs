@@ -14,7 +14,9 @@
 //!   (or a DevMachinePool makes for an instance), after the scenario's provider delay sets
 //!   `spec.providerID` and the provisioned status (or, for `--fail-fraction` of them, never
 //!   does);
-//! - the infrastructure side of the MachinePool contract for DevMachinePools (module `pool`).
+//! - the infrastructure side of the MachinePool contract for DevMachinePools (module `pool`);
+//! - the template side of the scale-from-zero contract: a DevMachineTemplate carrying machine
+//!   size annotations publishes that size in its `status.capacity` (`sim::machine_size`).
 //!
 //! The kubelets registering Nodes under those provider IDs are the kubelet stand-in's
 //! (`sim::kubelet`, told Cluster API is real so it leaves nodeRef, label sync and Node deletion
@@ -451,6 +453,11 @@ pub fn spawn(client: Client, cfg: ProviderConfig, shutdown: Shutdown) -> Vec<Joi
                 me.on_dev_machine(m);
             }
         },
+    ));
+    // Templates publish the size of the machines they make, created when they may be.
+    tasks.extend(crate::sim::machine_size::spawn_publisher(
+        client.clone(),
+        shutdown.clone(),
     ));
     let me = inner.clone();
     tasks.push(spawn_watch(

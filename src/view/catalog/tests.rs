@@ -265,6 +265,7 @@ fn groups_the_catalog_cannot_read_stay_selected_and_unknown() {
         unread_templates: &unread,
         failing_templates: &failing,
         replicas_held: &HashMap::new(),
+        generation_refused: &HashMap::new(),
     };
     let nc = ClusterAPINodeClass::new("nc", ClusterAPINodeClassSpec::default());
     let (c, ready) = resolve_nodeclass(&nc, &mds, &left_out, &cx);

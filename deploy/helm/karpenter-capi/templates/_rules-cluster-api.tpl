@@ -10,6 +10,12 @@
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinedeployments]
   verbs: [get, list, watch, patch]
+{{- if .Values.generate.enabled }}
+# Generator (generate.enabled, docs/generate.md): create a generated group, delete an idle one.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinedeployments]
+  verbs: [create, delete]
+{{- end }}
 # Watcher: MachineSets, for a preflight check holding a scale-up (their conditions), read only.
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinesets]
@@ -25,5 +31,17 @@
 # Catalog: read each MachineDeployment's infrastructure template once (get only).
 {{- range .Values.rbac.clusterAPI.infrastructureTemplates }}
 - {apiGroups: [{{ .group | quote }}], resources: {{ toJson .resources }}, verbs: [get]}
+{{- end }}
+{{- if .Values.generate.enabled }}
+# Generator (generate.enabled): create a generated group's template copy, delete it with its group,
+# and list the marked ones no group references (a crash between the two creates). The
+# *machinetemplates kinds of the list above only: a MachinePool is never a source.
+{{- range .Values.rbac.clusterAPI.infrastructureTemplates }}
+{{- $templates := list }}
+{{- range .resources }}{{ if hasSuffix "machinetemplates" . }}{{ $templates = append $templates . }}{{ end }}{{ end }}
+{{- if $templates }}
+- {apiGroups: [{{ .group | quote }}], resources: {{ toJson $templates }}, verbs: [create, delete, list]}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
