@@ -42,8 +42,8 @@ pub const PER_GIB_HOUR: &str = "0.004";
 /// The most generated groups at once.
 pub const MAX_GROUPS: i32 = 8;
 /// The grid: CPU counts and memory sizes (GiB), with 1 to 8 GiB per CPU.
-pub const GRID_CPU: [i64; 4] = [2, 4, 8, 16];
-pub const GRID_GIB: [i64; 8] = [4, 8, 12, 16, 24, 32, 48, 64];
+pub const GRID_CPU: [i64; 6] = [2, 4, 6, 8, 12, 16];
+pub const GRID_GIB: [i64; 9] = [4, 8, 12, 16, 24, 32, 48, 64, 96];
 /// The baseline's three fixed sizes: (CPUs, GiB).
 pub const FIXED: [(i64, i64); 3] = [(4, 16), (8, 32), (16, 64)];
 /// Pod sizes the mix is drawn from (CPU, memory): between 4 and 8 GiB per CPU, so the fixed
@@ -612,7 +612,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
         );
         (nodes + claims > 0).then(|| format!("{nodes} nodes, {claims} claims"))
     })
-    .await;
+    .await
+    .map(|_| start.elapsed().as_millis() as u64);
     p.sim.mark("nodes removed");
     let groups_removed = wait_for(&cluster, args.deadline, "the idle groups to go", |c| {
         let (groups, templates) = (
@@ -622,13 +623,14 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
         (groups + templates > 0)
             .then(|| format!("{groups} generated groups, {templates} generated templates"))
     })
-    .await;
+    .await
+    .map(|_| start.elapsed().as_millis() as u64);
     p.sim.mark("generated groups removed");
     let (most, groups) = sampler.read();
     drop(sampler);
     let scale_down = ScaleDown {
-        nodes_removed_ms: nodes_removed.map(|_| start.elapsed().as_millis() as u64),
-        groups_removed_ms: groups_removed.map(|_| start.elapsed().as_millis() as u64),
+        nodes_removed_ms: nodes_removed,
+        groups_removed_ms: groups_removed,
         groups_left: marked_names(&cluster, "machinedeployments"),
         templates_left: marked_names(&cluster, "devmachinetemplates"),
     };
@@ -672,6 +674,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
         scale_down,
         untouched,
     };
+    // The charts run to the end, the scale-down's phases marked.
+    report.launch.timeline = p.sim.timeline();
     let inv = super::invariants::check(cluster.store(), cluster.capi_version());
     report.launch.problems.extend(inv.problems);
     report.launch.problems.extend(problems(&section, args.pods));
