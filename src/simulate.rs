@@ -8,6 +8,7 @@ pub mod disruption;
 pub mod drain;
 pub mod events;
 pub mod from_cluster;
+pub mod generate;
 pub mod html;
 pub mod invariants;
 pub mod launch;
@@ -573,6 +574,14 @@ async fn run_scenario_unnamed(args: &SimulateArgs) -> Result<(output::Outcome, K
         }
         Scenario::Quota => {
             let (r, kept) = quota::run_kept(args).await?;
+            let text = r.to_string();
+            (
+                over_pods(text, r.to_json(), r.invariants_ok(), &r.pods),
+                kept,
+            )
+        }
+        Scenario::Generate => {
+            let (r, kept) = generate::run_kept(args).await?;
             let text = r.to_string();
             (
                 over_pods(text, r.to_json(), r.invariants_ok(), &r.pods),

@@ -192,6 +192,11 @@ pub enum Scenario {
     /// replacement), then the controller restarted with `TerminateFirstDrift` rolls it one node
     /// at a time.
     FullPool,
+    /// Node groups generated on demand (issue 44): --pods (default 1,000) pods of a seeded mix
+    /// of sizes against one source MachineDeployment and a NodeClass's grid of shapes, then
+    /// scaled to zero until every generated group is gone (--idle-after); the same pods on three
+    /// fixed sizes first, for the cost and utilisation compared.
+    Generate,
     /// No workload: the seeded MachineDeployments only, for your own manifests (with --serve).
     None,
 }
@@ -275,8 +280,9 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub claims: usize,
     /// Pods to create, pending, in --deployments Deployments (every scenario but launch; with
-    /// `--scenario none --nodes N`, running pods bound to those nodes).
-    #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
+    /// `--scenario none --nodes N`, running pods bound to those nodes). Default 100, 1,000 for
+    /// `--scenario generate`.
+    #[arg(long, default_value_t = 100, default_value_if("scenario", "generate", "1000"), value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub pods: usize,
     /// With `--scenario none`: stand up this many Nodes (each a NodeClaim launched, registered
     /// and initialized on its Machine) before serving, and bind `--pods` running pods to them.
@@ -345,7 +351,13 @@ pub struct SimulateArgs {
     /// down to an even number, at least 2).
     #[arg(long, value_parser = quota_arg)]
     pub capacity_quota: Option<QuotaSpec>,
-    /// Seed for the simulated cluster's randomness (jitter, failures, names).
+    /// The generate scenario only: the NodeClass's `spec.generate.idleAfter`, how long a
+    /// generated MachineDeployment stays at zero replicas before it is removed (e.g. 20s; 1s to
+    /// 1h).
+    #[arg(long, default_value = "20s", value_parser = duration_in(Duration::from_secs(1), HOUR))]
+    pub idle_after: Duration,
+    /// Seed for the simulated cluster's randomness (jitter, failures, names) and the generate
+    /// scenario's mix of pod sizes.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Faults the simulated API server injects into the controller's own requests, e.g.

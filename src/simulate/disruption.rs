@@ -153,7 +153,7 @@ impl InFlightSampler {
     }
 }
 
-async fn patch_nodepool(sim: &BackgroundSim, patch: Value) -> Result<(), Error> {
+pub(super) async fn patch_nodepool(sim: &BackgroundSim, patch: Value) -> Result<(), Error> {
     sim.run(move |c| async move {
         let api: kube::Api<crate::api::nodepool::NodePool> = kube::Api::all(c.client());
         api.patch(

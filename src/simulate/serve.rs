@@ -51,6 +51,7 @@ fn phased(scenario: Scenario) -> bool {
             | Scenario::Repair
             | Scenario::FullPool
             | Scenario::Quota
+            | Scenario::Generate
     )
 }
 

@@ -5,6 +5,7 @@
 mod common;
 
 mod from_cluster;
+mod generated_groups;
 mod held_back;
 mod measure_apart;
 mod report_html;

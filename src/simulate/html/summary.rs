@@ -415,6 +415,33 @@ fn scenario_lines(r: &Value, add: &mut impl FnMut(&'static str, &'static str, St
             held < num("/quota/pods_pending").unwrap_or(0.0),
         );
     }
+    if r.pointer("/generate").is_some() {
+        let g = |k: &str| format!("/generate/{k}");
+        let pct = |path: &str| format!("{:.1}%", num(path).unwrap_or(0.0) * 100.0);
+        let left = ["groups_left", "templates_left"].iter().any(|k| {
+            r.pointer(&g(&format!("scale_down/{k}")))
+                .and_then(Value::as_array)
+                .is_none_or(|a| !a.is_empty())
+        });
+        let cost_ratio = num(&g("cost_ratio")).unwrap_or(0.0);
+        add(
+            "generate",
+            "Generated node groups",
+            format!(
+                "{} groups generated (at most {} at once, max {}); cost {:.3}/h against {:.3}/h on three fixed sizes (x{:.3}), CPU utilisation {} against {}; every group gone {} after the scale to zero",
+                n(&g("groups_generated")),
+                n(&g("max_groups_at_once")),
+                n(&g("max_machine_deployments")),
+                num(&g("generated/cost_per_hour")).unwrap_or(0.0),
+                num(&g("baseline/cost_per_hour")).unwrap_or(0.0),
+                cost_ratio,
+                pct(&g("generated/cpu_utilization")),
+                pct(&g("baseline/cpu_utilization")),
+                num(&g("scale_down/groups_removed_ms")).map_or("never".into(), duration_ms),
+            ),
+            left || cost_ratio >= 1.0,
+        );
+    }
 }
 
 pub(super) fn summary_section(r: &Value, t: &Timeline) -> String {
