@@ -498,14 +498,45 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A stable digest of `spec.template` (serde_json's maps are sorted, so equal templates
-/// print equally).
+/// The fields of a Machine's template whose change makes Cluster API roll a MachineDeployment's
+/// Machines out (the rest, such as drain timeouts, are propagated in place).
+pub const ROLLOUT_FIELDS: [&str; 4] =
+    ["version", "bootstrap", "infrastructureRef", "failureDomain"];
+
+/// A digest of what a MachineDeployment's Machines are made of: `spec.template.metadata` and
+/// the rollout fields of `spec.template.spec`, with each reference's API version or group left
+/// out, so that reading the same object at v1beta1 or v1beta2 (a Cluster API upgrade) gives the
+/// same digest. A generated group's name carries its source's (`capi::generate`): a new
+/// template, bootstrap, version or node labels make new groups, and nothing else does.
 pub fn spec_template_digest(value: &Value) -> String {
-    let text = value
-        .pointer("/spec/template")
-        .map(Value::to_string)
-        .unwrap_or_default();
+    let spec = value.pointer("/spec/template/spec");
+    let mut essence = serde_json::Map::new();
+    for f in ROLLOUT_FIELDS {
+        if let Some(v) = spec.and_then(|s| s.get(f)) {
+            essence.insert(f.to_string(), without_ref_versions(v));
+        }
+    }
+    if let Some(m) = value.pointer("/spec/template/metadata") {
+        essence.insert("metadata".into(), m.clone());
+    }
+    // serde_json's maps are sorted, so equal essences print equally.
+    let text = Value::Object(essence).to_string();
     format!("{:016x}", fnv1a(text.as_bytes()))
+}
+
+/// `v` without `apiVersion`/`apiGroup` in any object that names a kind (a reference).
+fn without_ref_versions(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .filter(|(k, _)| {
+                    !(o.contains_key("kind") && (*k == "apiVersion" || *k == "apiGroup"))
+                })
+                .map(|(k, v)| (k.clone(), without_ref_versions(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 impl MachineDeployment {

@@ -17,8 +17,8 @@ use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LAB
 use crate::capi::json::{ModelError, Reader};
 pub use crate::capi::kind::ScalableKind;
 use crate::capi::model::{
-    LabelSelector, Machine, MachineDeployment, dynamic_to_value, read_infrastructure_ref,
-    read_meta, read_template_taints,
+    LabelSelector, Machine, MachineDeployment, ROLLOUT_FIELDS, dynamic_to_value,
+    read_infrastructure_ref, read_meta, read_template_taints,
 };
 use crate::capi::version::CapiVersion;
 
@@ -184,10 +184,6 @@ impl MachineDeployment {
     }
 }
 
-/// The fields of a Machine's template whose change makes Cluster API roll a MachineDeployment's
-/// Machines out (the rest, such as drain timeouts, are propagated in place).
-const ROLLOUT_FIELDS: [&str; 4] = ["version", "bootstrap", "infrastructureRef", "failureDomain"];
-
 /// The hash of a MachinePool's template as a rollout sees it (`ROLLOUT_FIELDS` of
 /// `spec.template.spec`): FNV-1a over their JSON with keys sorted, so it is the same whatever
 /// order the API server wrote the fields in and across releases of this controller.
@@ -221,10 +217,7 @@ fn fields_hash(object: Option<&Value>, fields: &[&str]) -> String {
         .collect();
     let mut text = String::new();
     canonical(&Value::Object(fields), &mut text);
-    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{h:016x}")
+    format!("{:016x}", crate::capi::model::fnv1a(text.as_bytes()))
 }
 
 fn canonical(v: &Value, out: &mut String) {
