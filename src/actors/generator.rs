@@ -25,7 +25,7 @@ use super::messages::Stop;
 use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::capi::generate::{self, DEFAULT_IDLE_AFTER, GENERATED_LABEL, GroupPlan};
 use crate::capi::model::MachineDeployment;
-use crate::capi::version;
+use crate::capi::version::{self, CapiVersion};
 use crate::state::claims::recorded_deployment;
 
 /// How often idle groups, unreferenced templates, patch checks and statuses are looked at.
@@ -71,6 +71,8 @@ pub struct Generator {
     /// refusal if the patches do not apply to the source's template.
     checked: HashMap<String, (Stamp, Option<String>)>,
     checking: HashSet<String>,
+    /// Groups being rolled out to a new source (`onSourceChange: Rollout`).
+    rolling: HashSet<String>,
     last_template_sweep: Option<Instant>,
 }
 
@@ -83,6 +85,7 @@ impl Generator {
             deleting: HashSet::new(),
             checked: HashMap::new(),
             checking: HashSet::new(),
+            rolling: HashSet::new(),
             last_template_sweep: None,
         }
     }
@@ -93,6 +96,7 @@ impl Generator {
 
     fn sweep(&mut self, ctx: &mut Context<Self>) {
         self.check_patches(ctx);
+        self.roll_out(ctx);
         self.remove_idle(ctx);
         if self
             .last_template_sweep
@@ -196,6 +200,60 @@ impl Generator {
                         }
                     }
                 }),
+            );
+        }
+    }
+
+    /// `onSourceChange: Rollout`: a group made from an older source gets the new template copy
+    /// and the source's Machine template, so Cluster API rolls its Machines out (its name, and
+    /// so its claims' offering, stay).
+    fn roll_out(&mut self, ctx: &mut Context<Self>) {
+        let due: Vec<(GroupPlan, Arc<MachineDeployment>)> = {
+            let ncs = self.shared.state.nodeclasses.read();
+            let deployments = self.shared.state.deployments.read();
+            let mut due = Vec::new();
+            for (name, nc) in ncs.all() {
+                let Some(valid) = nc
+                    .spec
+                    .generate
+                    .as_ref()
+                    .and_then(|g| generate::validate(g).ok())
+                else {
+                    continue;
+                };
+                let Some(source) = deployments.get(&valid.source) else {
+                    continue;
+                };
+                if !valid.rollout || self.checked.get(name).is_some_and(|(_, r)| r.is_some()) {
+                    continue;
+                }
+                for plan in generate::plans(name, &valid, &source) {
+                    let outdated = deployments.get(&plan.key()).is_some_and(|md| {
+                        generate::generated_by(&md.labels) == Some(name.as_str())
+                            && md.deletion_timestamp.is_none()
+                            && md.annotations.get(generate::SOURCE_DIGEST_ANNOTATION)
+                                != Some(&plan.source_digest)
+                    });
+                    if outdated && !self.rolling.contains(&plan.key()) {
+                        due.push((plan, source.clone()));
+                    }
+                }
+            }
+            due
+        };
+        for (plan, source) in due {
+            let key = plan.key();
+            self.rolling.insert(key.clone());
+            tracing::info!(machine_deployment = %key, nodeclass = %plan.nodeclass, "rolling a generated node group out to its source's new Machines");
+            ctx.spawn(
+                roll_out_group(self.client(), plan, source)
+                    .into_actor(self)
+                    .map(move |r, act, _| {
+                        act.rolling.remove(&key);
+                        if let Err(e) = r {
+                            tracing::warn!(machine_deployment = %key, error = %e, "generated node group not rolled out; tried again at the next sweep");
+                        }
+                    }),
             );
         }
     }
@@ -418,13 +476,53 @@ async fn create_group(
     create_or_adopt(&client, &md_ar, &plan, plan.group_object(&raw, &source)).await
 }
 
+/// Create the new template copy, then point the group at it with the source's Machine
+/// template (one JSON patch, with the source digest it now follows).
+async fn roll_out_group(
+    client: Client,
+    plan: GroupPlan,
+    source: Arc<MachineDeployment>,
+) -> Result<(), String> {
+    let template = read_source_template(&client, &source).await?;
+    let copy = plan.template_object(&template).map_err(|e| e.to_string())?;
+    let r = &source.infrastructure_ref;
+    let ar = template_resource(&client, &r.api_group, r.version.clone(), &r.kind).await?;
+    create_or_adopt(&client, &ar, &plan, copy).await?;
+    let md_ar = source.kind.resource(source.version);
+    let mds: Api<DynamicObject> = Api::namespaced_with(client.clone(), &source.namespace, &md_ar);
+    let raw = mds
+        .get(&source.name)
+        .await
+        .map_err(|e| format!("get MachineDeployment {}: {e}", source.key()))?;
+    let raw = serde_json::to_value(raw).map_err(|e| e.to_string())?;
+    let group = plan.group_object(&raw, &source);
+    let digest_path = format!(
+        "/metadata/annotations/{}",
+        generate::SOURCE_DIGEST_ANNOTATION.replace('/', "~1")
+    );
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "replace", "path": "/spec/template", "value": group["spec"]["template"]},
+        {"op": "add", "path": digest_path, "value": plan.source_digest},
+    ]))
+    .map_err(|e| e.to_string())?;
+    mds.patch(&plan.name, &PatchParams::default(), &Patch::Json::<()>(ops))
+        .await
+        .map_err(|e| format!("patch MachineDeployment {}: {e}", plan.key()))?;
+    Ok(())
+}
+
 async fn create_or_adopt(
     client: &Client,
     ar: &ApiResource,
     plan: &GroupPlan,
     object: Value,
 ) -> Result<(), String> {
-    let what = format!("{} {}", ar.kind, plan.key());
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or(&plan.name)
+        .to_string();
+    let what = format!("{} {}/{name}", ar.kind, plan.namespace);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &plan.namespace, ar);
     let obj: DynamicObject = serde_json::from_value(object).map_err(|e| format!("{what}: {e}"))?;
     match api.create(&PostParams::default(), &obj).await {
@@ -434,7 +532,7 @@ async fn create_or_adopt(
         }
         Err(kube::Error::Api(s)) if s.code == 409 => {
             let existing = api
-                .get(&plan.name)
+                .get(&name)
                 .await
                 .map_err(|e| format!("get {what}: {e}"))?;
             if existing.labels().get(GENERATED_LABEL) == Some(&plan.nodeclass) {
@@ -520,6 +618,29 @@ async fn sweep_templates(
         .list(&ListParams::default().labels(GENERATED_LABEL))
         .await
         .map_err(|e| e.to_string())?;
+    // A MachineSet of an older revision still names its template until Cluster API scales it
+    // away (a rollout).
+    let mut referenced = referenced.clone();
+    for version in [CapiVersion::V1Beta1, CapiVersion::V1Beta2] {
+        let sets: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            &kind.namespace,
+            &version::machine_set_resource(version),
+        );
+        let Ok(sets) = sets.list(&ListParams::default()).await else {
+            continue;
+        };
+        for ms in sets.items {
+            if let Some(n) = ms
+                .data
+                .pointer("/spec/template/spec/infrastructureRef/name")
+                .and_then(Value::as_str)
+            {
+                referenced.insert(format!("{}/{}/{n}", kind.namespace, kind.kind));
+            }
+        }
+        break;
+    }
     let now = jiff::Timestamp::now();
     for t in list.items {
         let name = t.name_any();

@@ -76,6 +76,13 @@ pub struct Generate {
     /// with its template, e.g. "10m".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_after: Option<GoDuration>,
+    /// What a change to the source's Machines (template, bootstrap, version, Machine labels)
+    /// does to the generated groups: `Drift` (the default: new groups are made, the old ones'
+    /// claims drift and are replaced within the disruption budgets, the old groups go when
+    /// idle) or `Rollout` (each group keeps its name and gets the new template copy, so
+    /// Cluster API rolls its Machines out as for any MachineDeployment).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_source_change: Option<String>,
 }
 
 fn default_max_machine_deployments() -> i32 {

@@ -28,6 +28,9 @@ use crate::capi::model::{MachineDeployment, fnv1a};
 pub const GENERATED_LABEL: &str = "karpenter.cluster.x-k8s.io/generated-by";
 /// On a generated MachineDeployment: its shape's name.
 pub const SHAPE_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/shape";
+/// On a generated MachineDeployment: the digest of its source's Machines it was made (or last
+/// rolled out) from.
+pub const SOURCE_DIGEST_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/source-digest";
 /// How long a generated group may stay at zero replicas unless the NodeClass says.
 pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(600);
 const MIB: i128 = 1 << 20;
@@ -92,6 +95,8 @@ pub struct Valid {
     pub patches: Vec<TemplatePatch>,
     pub max_groups: usize,
     pub idle_after: Duration,
+    /// `onSourceChange: Rollout`: groups keep their names and roll out.
+    pub rollout: bool,
 }
 
 /// Check `spec.generate`, naming the first field that cannot be used.
@@ -125,7 +130,18 @@ pub fn validate(g: &Generate) -> Result<Valid, FieldError> {
     if idle_after.is_zero() {
         return Err(refuse("idleAfter", "must be greater than zero"));
     }
+    let rollout = match g.on_source_change.as_deref() {
+        None | Some("Drift") => false,
+        Some("Rollout") => true,
+        Some(other) => {
+            return Err(refuse(
+                "onSourceChange",
+                format!("{other:?} is not Drift or Rollout"),
+            ));
+        }
+    };
     Ok(Valid {
+        rollout,
         source: format!("{}/{}", g.source.namespace, g.source.name),
         shapes: priced,
         zones: g.zones.clone(),
@@ -336,6 +352,12 @@ pub struct GroupPlan {
     pub zone: Option<String>,
     pub price: f64,
     pub patches: Vec<TemplatePatch>,
+    /// The digest of the source's Machines (`MachineDeployment::spec_template_digest`).
+    pub source_digest: String,
+    /// The name of the group's template copy: the group's own with `Drift` (the name changes
+    /// with the source anyway), the group's and the source digest's with `Rollout` (a new copy
+    /// per source, the group's name staying).
+    pub template_name: String,
 }
 
 /// The groups that serve a NodeClass's shapes today, given its source.
@@ -348,10 +370,27 @@ pub fn plans(nodeclass: &str, v: &Valid, source: &MachineDeployment) -> Vec<Grou
     let mut out = Vec::new();
     for (shape, price) in &v.shapes {
         for zone in &zones {
+            let digest = (!v.rollout).then_some(source.spec_template_digest.as_str());
+            let name = group_name(
+                nodeclass,
+                source,
+                digest,
+                shape,
+                zone.as_deref(),
+                &v.patches,
+            );
+            let template_name = if v.rollout {
+                let short: String = source.spec_template_digest.chars().take(8).collect();
+                format!("{name}-{short}")
+            } else {
+                name.clone()
+            };
             out.push(GroupPlan {
+                source_digest: source.spec_template_digest.clone(),
+                template_name,
                 nodeclass: nodeclass.to_string(),
                 namespace: source.namespace.clone(),
-                name: group_name(nodeclass, source, shape, zone.as_deref(), &v.patches),
+                name,
                 source: source.key(),
                 shape: shape.clone(),
                 zone: zone.clone(),
@@ -363,18 +402,20 @@ pub fn plans(nodeclass: &str, v: &Valid, source: &MachineDeployment) -> Vec<Grou
     out
 }
 
-/// `<source>-<shape>[-<zone>]-<digest>`, at most 63 characters (a label value: Cluster API
+/// `<source>-<shape>[-<zone>]-<digest>` (the digest of the source's Machines in it with
+/// `Drift`, so a source change renames the group), at most 63 characters (a label value: Cluster API
 /// labels each Machine with its MachineDeployment's name).
 fn group_name(
     nodeclass: &str,
     source: &MachineDeployment,
+    source_digest: Option<&str>,
     shape: &Shape,
     zone: Option<&str>,
     patches: &[TemplatePatch],
 ) -> String {
     let fingerprint = format!(
         "{nodeclass}\n{}\n{}\n{}\n{}",
-        source.spec_template_digest,
+        source_digest.unwrap_or_default(),
         shape.name(),
         zone.unwrap_or_default(),
         serde_json::to_string(patches).unwrap_or_default()
@@ -481,6 +522,7 @@ impl GroupPlan {
         out.insert(PRICE_ANNOTATION.into(), format!("{}", self.price));
         out.insert(LABELS_ANNOTATION.into(), self.node_labels(source));
         out.insert(SHAPE_ANNOTATION.into(), self.shape.name());
+        out.insert(SOURCE_DIGEST_ANNOTATION.into(), self.source_digest.clone());
         out
     }
 
@@ -541,7 +583,7 @@ impl GroupPlan {
         md.status_selector = None;
         md.template_labels
             .insert(DEPLOYMENT_NAME_LABEL.into(), self.name.clone());
-        md.infrastructure_ref.name = self.name.clone();
+        md.infrastructure_ref.name = self.template_name.clone();
         md.paused = false;
         md
     }
@@ -551,7 +593,12 @@ impl GroupPlan {
     /// is refused naming it.
     pub fn template_object(&self, template: &Value) -> Result<Value, FieldError> {
         let mut t = template.clone();
-        let meta = copied_metadata(template, &self.name, &self.nodeclass, inherited_label);
+        let meta = copied_metadata(
+            template,
+            &self.template_name,
+            &self.nodeclass,
+            inherited_label,
+        );
         if let Some(o) = t.as_object_mut() {
             o.remove("status");
             o.insert("metadata".into(), meta);
@@ -621,7 +668,7 @@ impl GroupPlan {
         let template = &mut spec["template"];
         template["metadata"]["labels"][CLUSTER_NAME_LABEL] = json!(source.cluster_name);
         template["metadata"]["labels"][DEPLOYMENT_NAME_LABEL] = json!(self.name);
-        template["spec"]["infrastructureRef"]["name"] = json!(self.name);
+        template["spec"]["infrastructureRef"]["name"] = json!(self.template_name);
         if let Some(z) = &self.zone {
             template["spec"]["failureDomain"] = json!(z);
         }

@@ -240,14 +240,8 @@ pub fn generate_spec(idle_after: Duration) -> Generate {
         },
         zones: Vec::new(),
         // The simulated infrastructure's VM size: the copied DevMachineTemplate's own
-        // annotations (the copy has none, so the map is added first).
+        // annotations (the copy always has the map).
         patches: vec![
-            TemplatePatch {
-                op: "add".into(),
-                path: "/metadata/annotations".into(),
-                value: Some(json!({})),
-                value_type: None,
-            },
             annotation("sim.karpenter.cluster.x-k8s.io/cpu", "{{cpu}}"),
             annotation("sim.karpenter.cluster.x-k8s.io/memory", "{{memoryMiB}}Mi"),
         ],
@@ -257,6 +251,7 @@ pub fn generate_spec(idle_after: Duration) -> Generate {
             ..Default::default()
         },
         max_machine_deployments: MAX_GROUPS,
+        on_source_change: None,
         idle_after: Some(idle_after.into()),
     }
 }

@@ -283,7 +283,63 @@ async fn a_new_source_template_drifts_the_generated_groups() {
     env.deployment("one", 1, PodShape::new("1", "1Gi")).await;
     env.until("the pod bound", |e| e.bound_pods() == 1).await;
     let old = name(&generated(&env)[0]);
-    // A new template for the source (a new image, say), as Cluster API users roll one.
+    roll_source(&env).await;
+    env.until(
+        "the pod moved to a group of the new source, the old one gone",
+        |e| {
+            let groups = generated(e);
+            e.bound_pods() == 1 && groups.len() == 1 && name(&groups[0]) != old
+        },
+    )
+    .await;
+    let new = &generated(&env)[0];
+    assert_eq!(
+        new["metadata"]["annotations"][generate::SHAPE_ANNOTATION],
+        "2c-8gi"
+    );
+    assert!(env.get("devmachinetemplates", NS, &old).is_none());
+}
+
+#[actix::test]
+async fn with_rollout_a_new_source_template_rolls_the_same_group_out() {
+    let mut spec = generate_spec(SIZE_PATCH);
+    spec["onSourceChange"] = json!("Rollout");
+    let env = env_with_generate(spec).await;
+    env.deployment("one", 1, PodShape::new("1", "1Gi")).await;
+    env.until("the pod bound", |e| e.bound_pods() == 1).await;
+    let group = generated(&env)[0].clone();
+    let old_template = group["spec"]["template"]["spec"]["infrastructureRef"]["name"].clone();
+    let old_machines: Vec<String> = env.machines_of(&name(&group)).iter().map(name).collect();
+    assert!(!old_machines.is_empty());
+    roll_source(&env).await;
+    env.until("the group's Machines replaced under the same name", |e| {
+        let groups = generated(e);
+        let machines: Vec<String> = e.machines_of(&name(&group)).iter().map(name).collect();
+        e.bound_pods() == 1
+            && groups.len() == 1
+            && name(&groups[0]) == name(&group)
+            && groups[0]["spec"]["template"]["spec"]["infrastructureRef"]["name"] != old_template
+            && !machines.is_empty()
+            && machines.iter().all(|m| !old_machines.contains(m))
+    })
+    .await;
+    let now = &generated(&env)[0];
+    let template = now["spec"]["template"]["spec"]["infrastructureRef"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let t = env
+        .get("devmachinetemplates", NS, &template)
+        .expect("the new copy");
+    assert_eq!(t["metadata"]["labels"][GENERATED_LABEL], NODECLASS);
+    assert_eq!(
+        t["metadata"]["annotations"]["sim.karpenter.cluster.x-k8s.io/cpu"],
+        "2"
+    );
+}
+
+/// A new template for the source (a new image, say), as Cluster API users roll one.
+async fn roll_source(env: &Env) {
     let mut v2 = env.get("devmachinetemplates", NS, SOURCE).unwrap();
     v2["metadata"] = json!({"name": "src-v2", "namespace": NS});
     let client = env.client().await;
@@ -310,18 +366,4 @@ async fn a_new_source_template_drifts_the_generated_groups() {
     )
     .await
     .expect("source rolled");
-    env.until(
-        "the pod moved to a group of the new source, the old one gone",
-        |e| {
-            let groups = generated(e);
-            e.bound_pods() == 1 && groups.len() == 1 && name(&groups[0]) != old
-        },
-    )
-    .await;
-    let new = &generated(&env)[0];
-    assert_eq!(
-        new["metadata"]["annotations"][generate::SHAPE_ANNOTATION],
-        "2c-8gi"
-    );
-    assert!(env.get("devmachinetemplates", NS, &old).is_none());
 }

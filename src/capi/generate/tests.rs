@@ -289,3 +289,22 @@ fn string_placeholders_fill_inside_text() {
         .unwrap();
     assert_eq!(t["spec"]["template"]["spec"]["flavor"], "gen.2c4g");
 }
+
+#[test]
+fn with_rollout_a_group_keeps_its_name_and_gets_a_new_template_copy() {
+    let mut g = spec();
+    g.on_source_change = Some("Rollout".into());
+    let v = validate(&g).unwrap();
+    assert!(v.rollout);
+    let a = plans("nc", &v, &source("tmpl-a"));
+    let b = plans("nc", &v, &source("tmpl-b"));
+    for (a, b) in a.iter().zip(&b) {
+        assert_eq!(a.name, b.name);
+        assert_ne!(a.template_name, b.template_name);
+        assert!(a.template_name.starts_with(&a.name));
+        let md = a.model(&source("tmpl-a"));
+        assert_eq!(md.infrastructure_ref.name, a.template_name);
+    }
+    g.on_source_change = Some("Replace".into());
+    assert_eq!(validate(&g).unwrap_err().field, "onSourceChange");
+}
