@@ -147,9 +147,23 @@ impl Generator {
         self.valid(nodeclass).map(|v| v.max_groups)
     }
 
-    fn idle_after(&self, nodeclass: &str) -> Duration {
-        self.valid(nodeclass)
-            .map_or(DEFAULT_IDLE_AFTER, |v| v.idle_after)
+    /// How long a group of `nodeclass` may stay idle: its NodeClass's `idleAfter`; no time
+    /// when the NodeClass is gone (nothing will reuse the group); None until the NodeClass list
+    /// has synced (a NodeClass not seen yet is not gone).
+    fn idle_after(&self, nodeclass: &str) -> Option<Duration> {
+        {
+            let ncs = self.shared.state.nodeclasses.read();
+            if !ncs.synced() {
+                return None;
+            }
+            if ncs.get(nodeclass).is_none() {
+                return Some(Duration::ZERO);
+            }
+        }
+        Some(
+            self.valid(nodeclass)
+                .map_or(DEFAULT_IDLE_AFTER, |v| v.idle_after),
+        )
     }
 
     /// Check each NodeClass's patches against its source's template once per (generation,
@@ -298,9 +312,10 @@ impl Generator {
             }
             let since = *self.idle_since.entry(key.clone()).or_insert(now);
             let nodeclass = generate::generated_by(&md.labels).unwrap_or_default();
-            if now.duration_since(since) < self.idle_after(nodeclass)
-                || self.deleting.contains(&key)
-            {
+            let Some(idle_after) = self.idle_after(nodeclass) else {
+                continue;
+            };
+            if now.duration_since(since) < idle_after || self.deleting.contains(&key) {
                 continue;
             }
             self.deleting.insert(key.clone());

@@ -367,3 +367,31 @@ async fn roll_source(env: &Env) {
     .await
     .expect("source rolled");
 }
+
+#[actix::test]
+async fn a_deleted_nodeclass_leaves_its_running_nodes_until_their_claims_go() {
+    let env = env_with_generate(generate_spec(SIZE_PATCH)).await;
+    env.deployment("one", 1, PodShape::new("1", "1Gi")).await;
+    env.until("the pod bound", |e| e.bound_pods() == 1).await;
+    let group = name(&generated(&env)[0]);
+    let api: Api<ClusterAPINodeClass> = Api::all(env.client().await);
+    api.delete(NODECLASS, &Default::default())
+        .await
+        .expect("NodeClass deleted");
+    env.until("the NodeClass gone", |e| {
+        e.get("clusterapinodeclasses", "", NODECLASS).is_none()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(env.replicas(&group), 1, "its node stays");
+    assert_eq!(env.bound_pods(), 1);
+    for c in env.list("nodeclaims") {
+        env.delete_claim(&name(&c)).await;
+    }
+    env.until(
+        "the group removed once idle, under the deleted NodeClass's mark",
+        |e| generated(e).is_empty() && e.get("devmachinetemplates", NS, &group).is_none(),
+    )
+    .await;
+    assert!(env.get("machinedeployments", NS, SOURCE).is_some());
+}
