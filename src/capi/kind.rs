@@ -17,6 +17,9 @@ pub enum ScalableKind {
 }
 
 impl ScalableKind {
+    /// Every kind, in the order they are listed and watched.
+    pub const ALL: [ScalableKind; 2] = [ScalableKind::MachineDeployment, ScalableKind::MachinePool];
+
     pub fn as_str(self) -> &'static str {
         match self {
             ScalableKind::MachineDeployment => "MachineDeployment",
@@ -29,6 +32,14 @@ impl ScalableKind {
         match self {
             ScalableKind::MachineDeployment => "machinedeployments",
             ScalableKind::MachinePool => "machinepools",
+        }
+    }
+
+    /// The list under a Cluster's `spec.topology.workers` holding this kind's entries.
+    pub fn topology_workers(self) -> &'static str {
+        match self {
+            ScalableKind::MachineDeployment => "machineDeployments",
+            ScalableKind::MachinePool => "machinePools",
         }
     }
 

@@ -32,9 +32,9 @@ pub type Entry = (ScalableKind, String);
 /// A Cluster without a topology has none.
 pub fn entries_with_replicas(cluster: &DynamicObject) -> BTreeSet<Entry> {
     let workers = cluster.data.pointer("/spec/topology/workers");
-    let of = |kind: ScalableKind, list: &str| {
+    let of = |kind: ScalableKind| {
         workers
-            .and_then(|w| w.get(list))
+            .and_then(|w| w.get(kind.topology_workers()))
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
@@ -42,9 +42,7 @@ pub fn entries_with_replicas(cluster: &DynamicObject) -> BTreeSet<Entry> {
             .filter_map(|e| e.get("name").and_then(Value::as_str))
             .map(move |name| (kind, name.to_string()))
     };
-    of(ScalableKind::MachineDeployment, "machineDeployments")
-        .chain(of(ScalableKind::MachinePool, "machinePools"))
-        .collect()
+    ScalableKind::ALL.into_iter().flat_map(of).collect()
 }
 
 /// The topology entry `md` was made from, when the topology controller manages it.

@@ -257,20 +257,8 @@ impl ClusterApi {
     async fn start_once(plane: &ControlPlane, options: &Options) -> Result<Self, Error> {
         let began = Instant::now();
         let deadline = began + options.startup_timeout;
-        let tmp = tempfile::Builder::new()
-            .prefix("karpenter-capi-cluster-api-")
-            .tempdir()
-            .map_err(|source| Error::Io {
-                what: "making Cluster API's directory".into(),
-                source,
-            })?;
-        let dir = tmp.path().to_path_buf();
-        let processes = Arc::new(Mutex::new(Processes {
-            running: Vec::new(),
-            dir: Some(tmp),
-            stopped: false,
-        }));
-        process::register(&processes);
+        let (processes, dir) =
+            process::in_temp_dir("karpenter-capi-cluster-api-", "Cluster API's directory")?;
 
         let certs = dir.join("webhook-certs");
         std::fs::create_dir_all(&certs).map_err(|source| Error::Io {

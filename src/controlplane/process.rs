@@ -138,6 +138,27 @@ fn watch_signals() {
     });
 }
 
+/// A new temporary directory named `prefix…`, owned by a new (empty) process list registered
+/// for signals: from then on, dropping the list (an early return included) stops what started
+/// and removes the directory. `what` names the directory in the error.
+pub fn in_temp_dir(prefix: &str, what: &str) -> Result<(Arc<Mutex<Processes>>, PathBuf), Error> {
+    let tmp = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|source| Error::Io {
+            what: format!("making {what}"),
+            source,
+        })?;
+    let dir = tmp.path().to_path_buf();
+    let processes = Arc::new(Mutex::new(Processes {
+        running: Vec::new(),
+        dir: Some(tmp),
+        stopped: false,
+    }));
+    register(&processes);
+    Ok((processes, dir))
+}
+
 /// Starts `binary` from `assets` with `args`, in `dir`, its output appended to `<dir>/<binary>.log`.
 pub fn spawn(
     processes: &Mutex<Processes>,

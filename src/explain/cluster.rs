@@ -131,7 +131,7 @@ pub async fn read_capi(
     let lp = ListParams::default();
     let list_err = |what: &'static str| move |e: kube::Error| Error::List { what, source: e };
     let mut scalables = Vec::new();
-    for kind in [ScalableKind::MachineDeployment, ScalableKind::MachinePool] {
+    for kind in ScalableKind::ALL {
         match api(&kind.resource(v)).list(&lp).await {
             Ok(list) => scalables.extend(list.items.into_iter().map(|o| (kind, o))),
             // MachinePools are optional in Cluster API (a feature gate): not served is none.

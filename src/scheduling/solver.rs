@@ -447,6 +447,8 @@ impl<'a> Solver<'a> {
         result
     }
 
+    /// One attempt at placing `pod`: on an existing node, else (unless pinned to one node) on a
+    /// claim of this pass or a new one.
     fn try_place(
         &mut self,
         pod: &PodInfo,
@@ -454,38 +456,11 @@ impl<'a> Solver<'a> {
         attempt: &Attempt,
     ) -> Result<Option<String>, PodError> {
         let reqs = attempt_requirements(pod, attempt);
-        let active: Vec<usize> = prep
-            .terms
-            .iter()
-            .zip(&attempt.dropped)
-            .filter(|(_, dropped)| !**dropped)
-            .map(|((g, _, _), _)| *g)
-            .collect();
-        // Only required anti-affinity repels other pods; a preference binds its owner alone.
-        let owned: Vec<usize> = prep
-            .terms
-            .iter()
-            .filter(|(g, required, _)| {
-                *required && self.topology.kind(*g) == Some(TermKind::AntiAffinity)
-            })
-            .map(|(g, _, _)| *g)
-            .collect();
-        // Upstream's strict requirements: the required term being tried, without preferences.
-        // A spread's global minimum is counted over the domains they allow, so a preference
-        // being tried never hides a domain the spread must keep level.
+        let active = active_terms(prep, attempt);
+        let owned = self.repelling_terms(prep);
         let no_terms = Requirements::new();
-        let strict = pod
-            .node_terms
-            .get(attempt.node_term)
-            .or_else(|| pod.node_terms.first())
-            .unwrap_or(&no_terms);
-        // Upstream's volume requirements: each alternative narrows where the pod goes (tried in
-        // order at every node, claim and pool), while `strict` stays the pod's own.
-        let with_volumes: Vec<Requirements> = self
-            .volume_topology
-            .and_then(|t| t.get(&pod.key))
-            .map(|alts| alts.iter().map(|a| reqs.intersect(a)).collect())
-            .unwrap_or_default();
+        let strict = strict_requirements(pod, attempt, &no_terms);
+        let with_volumes = self.volume_alternatives(pod, &reqs);
         // The common case, no volume alternative, allocates nothing.
         let alone = [&*reqs];
         let many: Vec<&Requirements>;
@@ -514,34 +489,38 @@ impl<'a> Solver<'a> {
                 details: String::new(),
             });
         }
-        // A requirement naming hosts (the pod's, or a volume's) rules out every new node.
-        let open: Vec<&Requirements>;
-        let ctx = match choices {
-            [only] => match restricted_label(only) {
-                Some(e) => return Err(e),
-                None => ctx,
+        self.try_new_places(ctx)
+    }
+
+    /// Only required anti-affinity repels other pods; a preference binds its owner alone.
+    fn repelling_terms(&self, prep: &Prepared) -> Vec<usize> {
+        prep.terms
+            .iter()
+            .filter(|(g, required, _)| {
+                *required && self.topology.kind(*g) == Some(TermKind::AntiAffinity)
+            })
+            .map(|(g, _, _)| *g)
+            .collect()
+    }
+
+    /// Upstream's volume requirements: each alternative narrows where the pod goes (tried in
+    /// order at every node, claim and pool), while the strict requirements stay the pod's own.
+    fn volume_alternatives(&self, pod: &PodInfo, reqs: &Requirements) -> Vec<Requirements> {
+        self.volume_topology
+            .and_then(|t| t.get(&pod.key))
+            .map(|alts| alts.iter().map(|a| reqs.intersect(a)).collect())
+            .unwrap_or_default()
+    }
+
+    /// `ctx`'s pod on a claim of this pass or a new one, over the choices a new node can meet.
+    fn try_new_places(&mut self, ctx: Ctx) -> Result<Option<String>, PodError> {
+        let open = open_choices(ctx.choices)?;
+        let ctx = match &open {
+            Some(open) => Ctx {
+                choices: open,
+                ..ctx
             },
-            _ => {
-                let mut restricted = None;
-                open = choices
-                    .iter()
-                    .copied()
-                    .filter(|r| match restricted_label(r) {
-                        Some(e) => {
-                            restricted.get_or_insert(e);
-                            false
-                        }
-                        None => true,
-                    })
-                    .collect();
-                if let Some(e) = restricted.filter(|_| open.is_empty()) {
-                    return Err(e);
-                }
-                Ctx {
-                    choices: &open,
-                    ..ctx
-                }
-            }
+            None => ctx,
         };
         if self.try_claims(&ctx) {
             return Ok(None);
@@ -596,6 +575,57 @@ impl<'c> Ctx<'c> {
     /// The attempt once per volume alternative (upstream tries them in order at each place).
     fn alternatives(&self) -> impl Iterator<Item = Ctx<'c>> + '_ {
         self.choices.iter().map(|reqs| Ctx { reqs, ..*self })
+    }
+}
+
+/// The groups of the terms `attempt` keeps.
+fn active_terms(prep: &Prepared, attempt: &Attempt) -> Vec<usize> {
+    prep.terms
+        .iter()
+        .zip(&attempt.dropped)
+        .filter(|(_, dropped)| !**dropped)
+        .map(|((g, _, _), _)| *g)
+        .collect()
+}
+
+/// Upstream's strict requirements: the required term being tried, without preferences. A
+/// spread's global minimum is counted over the domains they allow, so a preference being tried
+/// never hides a domain the spread must keep level.
+fn strict_requirements<'r>(
+    pod: &'r PodInfo,
+    attempt: &Attempt,
+    no_terms: &'r Requirements,
+) -> &'r Requirements {
+    pod.node_terms
+        .get(attempt.node_term)
+        .or_else(|| pod.node_terms.first())
+        .unwrap_or(no_terms)
+}
+
+/// A requirement naming hosts (the pod's, or a volume's) rules out every new node: the choices
+/// left, None when they are `choices` unchanged (its one choice names none), the first such
+/// error when none is left.
+fn open_choices<'r>(
+    choices: &[&'r Requirements],
+) -> Result<Option<Vec<&'r Requirements>>, PodError> {
+    if let [only] = choices {
+        return restricted_label(only).map_or(Ok(None), Err);
+    }
+    let mut restricted = None;
+    let open: Vec<&Requirements> = choices
+        .iter()
+        .copied()
+        .filter(|r| match restricted_label(r) {
+            Some(e) => {
+                restricted.get_or_insert(e);
+                false
+            }
+            None => true,
+        })
+        .collect();
+    match restricted.filter(|_| open.is_empty()) {
+        Some(e) => Err(e),
+        None => Ok(Some(open)),
     }
 }
 

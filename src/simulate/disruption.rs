@@ -8,6 +8,7 @@
 
 mod backoff;
 mod blockers;
+mod drift;
 mod ranked;
 mod readings;
 mod report;
@@ -21,18 +22,18 @@ use report::decided;
 pub use report::*;
 pub use time_split::TimeSplit;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use super::launch::{self, progress_line};
-use super::pods::{SIZES, provision_with};
+use super::pods::{Provisioned, SIZES, provision_with};
 use super::{BackgroundSim, Error, Kept};
 use crate::actors::Settings;
-use crate::api::wellknown::DISRUPTION_PAUSED_ANNOTATION;
 use crate::cli::{Scenario, SimulateArgs};
+use crate::sim::disruption_audit::{DisruptionAuditReport, PoolAudit};
 use crate::sim::drain_audit::Violation;
 
 /// The claims' `expireAfter` in the expire scenario: 45 s, or a tenth of a second per pod when
@@ -178,11 +179,50 @@ pub async fn run(args: &SimulateArgs) -> Result<DisruptionReport, Error> {
 
 /// `run`, handing back the cluster and the controller (`simulate --serve` keeps them running).
 pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), Error> {
-    let scenario = args.scenario;
-    let expire = scenario == Scenario::Expire;
     let expire_after = expire_after_secs(args.pods);
     backoff::check(args)?;
-    let p = provision_with(
+    let p = provision(args, expire_after).await?;
+    let before = Before::take(&p.sim);
+    let phase = Instant::now();
+    let samplers = Samplers::start(&p.controller.shared.metrics);
+    let figures = match args.scenario {
+        Scenario::Consolidate => PhaseFigures {
+            scale_down: consolidate(args, &p.sim, &p.controller.shared.metrics, args.deadline)
+                .await?,
+            ..PhaseFigures::default()
+        },
+        Scenario::Drift => drift::run(args, &p, &before.claims).await?,
+        Scenario::Expire => {
+            expire(&p.sim, args.deadline, &before.claims, expire_after).await?;
+            PhaseFigures::default()
+        }
+        _ => unreachable!("not a disruption scenario"),
+    };
+    p.sim.mark("settled");
+    let phase_ms = phase.elapsed().as_millis() as u64;
+    let sampled = samplers.stop(&p, args.scenario, &before, &figures, phase_ms);
+    let mut pods = p.measure();
+    pods.launch.scenario = match args.scenario {
+        Scenario::Consolidate => "consolidate",
+        Scenario::Drift => "drift",
+        _ => "expire",
+    }
+    .into();
+    let unbound = unbound_pods(&p.sim);
+    pods.pods.unschedulable = unbound;
+    let (disruption, problems) =
+        disruption_figures(args, &p.sim, before, figures, sampled, unbound);
+    pods.launch.problems.extend(problems);
+    pods.launch.invariants_ok = pods.launch.problems.is_empty();
+    let report = DisruptionReport { pods, disruption };
+    Ok((report, p.kept()))
+}
+
+/// Provisions the scenario's pods, with the NodePool's `expireAfter` for the expire scenario and
+/// disruption timed for a simulation.
+async fn provision(args: &SimulateArgs, expire_after: u64) -> Result<Provisioned, Error> {
+    let expire = args.scenario == Scenario::Expire;
+    provision_with(
         args,
         move |pool| {
             if expire {
@@ -196,181 +236,183 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             backoff::tune(s, args);
         },
     )
-    .await?;
-    let deadline = args.deadline;
-    let since_ms = p.sim.cluster().stats().now_ms();
-    p.sim.cluster().disruption_audit().reset();
-    let violations_before = p.sim.cluster().stats().violations().len();
-    let claims_before = live_claims(&p.sim);
-    let nodes_before = live_nodes(&p.sim);
-    let cost_before = cost_per_hour(&p.sim);
-    let phase = Instant::now();
-    let mut rollout = None;
-    let mut drift_phase = None;
-    // The rollout's own audit, so a violation there names its moment too.
-    let mut rollout_phase = None;
-    let in_flight = InFlightSampler::start(&p.controller.shared.metrics);
-    let blockers = blockers::BlockerSampler::start(&p.controller.shared.metrics);
-    let baseline = time_split::Baseline::take(&p.controller.shared.metrics);
-    let mut disruption_end_ms = None;
-    let mut nodes_up_to_date_after_ms = None;
-    let mut pause = None;
-    let mut backoff = None;
-    let mut scale_down = Duration::ZERO;
-    let calm = match scenario {
-        Scenario::Consolidate => CONSOLIDATE_CALM,
-        Scenario::Drift => DRIFT_CALM,
-        _ => EXPIRE_CALM,
-    };
-    match scenario {
-        Scenario::Consolidate => {
-            scale_down = consolidate(args, &p.sim, &p.controller.shared.metrics, deadline).await?
+    .await
+}
+
+/// The cluster as the disruption phase begins (the server's disruption audit reset then).
+struct Before {
+    since_ms: u64,
+    violations: usize,
+    claims: BTreeSet<String>,
+    nodes: usize,
+    cost: f64,
+}
+
+impl Before {
+    fn take(sim: &BackgroundSim) -> Self {
+        let since_ms = sim.cluster().stats().now_ms();
+        sim.cluster().disruption_audit().reset();
+        Before {
+            since_ms,
+            violations: sim.cluster().stats().violations().len(),
+            claims: live_claims(sim),
+            nodes: live_nodes(sim),
+            cost: cost_per_hour(sim),
         }
-        Scenario::Drift => {
-            eprintln!(
-                "changing the NodePool template: every one of the {} claims drifts",
-                claims_before.len()
-            );
-            let mut change =
-                json!({"spec": {"template": {"metadata": {"labels": {DRIFT_LABEL: "2"}}}}});
-            if !args.pause_disruption.is_zero() {
-                // In the same write, so no pass sees the change unpaused.
-                change["metadata"] = json!({"annotations": {DISRUPTION_PAUSED_ANNOTATION: "true"}});
-            }
-            // Failing before the change, so no replacement launches in between.
-            let failing =
-                backoff::Failing::start(&p.sim, args, &p.controller.shared.metrics).await?;
-            patch_nodepool(&p.sim, change).await?;
-            p.sim.mark("template changed");
-            let changed_ms = p.sim.cluster().stats().now_ms();
-            pause = hold_paused(&p.sim, args.pause_disruption).await?;
-            let lifted = match &failing {
-                Some(f) => Some(f.lift(&p.sim, args.fail_replacements).await?),
-                None => None,
-            };
-            let originals = claims_before.clone();
-            // The phase ends only once the pool says so too: a rollout is over for its users
-            // when `NodesUpToDate` is True, not when the old claims are gone.
-            let up_to_date_ms = std::cell::Cell::new(None);
-            wait_stable(&p.sim, "drift", deadline, DRIFT_CALM, |sim| {
-                if up_to_date_ms.get().is_none() && pool_up_to_date(sim) {
-                    up_to_date_ms.set(Some(sim.cluster().stats().now_ms()));
-                    sim.mark("NodesUpToDate");
-                }
-                let left = live_or_deleting(sim, &originals);
-                if left > 0 {
-                    return Some(format!("{left} drifted claims left"));
-                }
-                up_to_date_ms
-                    .get()
-                    .is_none()
-                    .then(|| "the NodePool's NodesUpToDate not True yet".to_string())
-            })
-            .await?;
-            nodes_up_to_date_after_ms = up_to_date_ms.get().map(|t| t.saturating_sub(changed_ms));
-            if let (Some(f), Some(lifted)) = (&failing, lifted) {
-                backoff = Some(f.figures(&p, lifted, up_to_date_ms.get()).await?);
-            }
-            p.sim.mark("drifted claims replaced");
-            disruption_end_ms = Some(p.sim.cluster().stats().now_ms());
-            // The rollout is measured apart: Cluster API, not the controller, deletes its
-            // Machines.
-            drift_phase = Some(p.sim.cluster().disruption_audit().report());
-            p.sim.cluster().disruption_audit().reset_worst();
-            let mut r = rollout::roll_out(&p.sim, deadline).await?;
-            let during = p.sim.cluster().disruption_audit().report();
-            r.max_disrupting = during
-                .pools
-                .values()
-                .map(|p| p.max_disrupting)
-                .max()
-                .unwrap_or(0);
-            r.budget_violations = during.budget_violations;
-            r.budget_excess_any = during
-                .pools
-                .values()
-                .map(|p| p.max_excess_any.max(0) as usize)
-                .sum();
-            rollout_phase = Some(during.pools);
-            rollout = Some(r);
-        }
-        Scenario::Expire => {
-            eprintln!(
-                "waiting for the {} claims to expire (expireAfter {expire_after}s)",
-                claims_before.len()
-            );
-            let originals = claims_before.clone();
-            // Expiry starts on the claims' own clocks: the chart shows when the first went.
-            let expiring = std::cell::Cell::new(false);
-            wait_stable(&p.sim, "expire", deadline, EXPIRE_CALM, |sim| {
-                if !expiring.get()
-                    && live_claims(sim).intersection(&originals).count() < originals.len()
-                {
-                    expiring.set(true);
-                    sim.mark("first claim expired");
-                }
-                let left = live_or_deleting(sim, &originals);
-                (left > 0).then(|| format!("{left} original claims left"))
-            })
-            .await?;
-        }
-        _ => unreachable!("not a disruption scenario"),
     }
-    p.sim.mark("settled");
-    let phase_ms = phase.elapsed().as_millis() as u64;
-    let (commands_max_in_flight, paused) = in_flight.stop();
-    let blocked_nodes = blockers.stop();
-    let end_ms = disruption_end_ms.unwrap_or_else(|| p.sim.cluster().stats().now_ms());
-    let first_mark_ms = p
-        .sim
-        .cluster()
+}
+
+/// What a scenario's phase measured beyond the common figures: the consolidate scenario's
+/// scale-down, the drift scenario's the rest.
+#[derive(Default)]
+struct PhaseFigures {
+    scale_down: Duration,
+    /// When the controller's part of the phase ended, when before the cluster settled.
+    end_ms: Option<u64>,
+    nodes_up_to_date_after_ms: Option<u64>,
+    pause: Option<PauseFigures>,
+    backoff: Option<BackoffFigures>,
+    /// The drift phase's own audit (the rollout's is apart).
+    drift_audit: Option<DisruptionAuditReport>,
+    rollout: Option<RolloutFigures>,
+    /// The rollout's own audit, so a violation there names its moment too.
+    rollout_pools: Option<BTreeMap<String, PoolAudit>>,
+}
+
+/// Waits until every one of `originals` has expired and been replaced.
+async fn expire(
+    sim: &BackgroundSim,
+    deadline: Duration,
+    originals: &BTreeSet<String>,
+    expire_after: u64,
+) -> Result<(), Error> {
+    eprintln!(
+        "waiting for the {} claims to expire (expireAfter {expire_after}s)",
+        originals.len()
+    );
+    // Expiry starts on the claims' own clocks: the chart shows when the first went.
+    let expiring = std::cell::Cell::new(false);
+    wait_stable(sim, "expire", deadline, EXPIRE_CALM, |sim| {
+        if !expiring.get() && live_claims(sim).intersection(originals).count() < originals.len() {
+            expiring.set(true);
+            sim.mark("first claim expired");
+        }
+        let left = live_or_deleting(sim, originals);
+        (left > 0).then(|| format!("{left} original claims left"))
+    })
+    .await
+}
+
+/// What is sampled from the controller's metrics while the phase runs.
+struct Samplers {
+    in_flight: InFlightSampler,
+    blockers: blockers::BlockerSampler,
+    baseline: time_split::Baseline,
+}
+
+/// What the samplers saw, with the phase's timing.
+struct Sampled {
+    commands_max_in_flight: i64,
+    blocked_nodes: BlockerCounts,
+    phase_ms: u64,
+    duration_ms: u64,
+    time: TimeSplit,
+}
+
+impl Samplers {
+    fn start(metrics: &Arc<crate::metrics::Metrics>) -> Self {
+        Samplers {
+            in_flight: InFlightSampler::start(metrics),
+            blockers: blockers::BlockerSampler::start(metrics),
+            baseline: time_split::Baseline::take(metrics),
+        }
+    }
+
+    /// Stops sampling; the disruption's duration runs from the controller's first mark to the
+    /// phase's end.
+    fn stop(
+        self,
+        p: &Provisioned,
+        scenario: Scenario,
+        before: &Before,
+        phase: &PhaseFigures,
+        phase_ms: u64,
+    ) -> Sampled {
+        let (commands_max_in_flight, paused) = self.in_flight.stop();
+        let blocked_nodes = self.blockers.stop();
+        let end_ms = phase
+            .end_ms
+            .unwrap_or_else(|| p.sim.cluster().stats().now_ms());
+        let since_ms = before.since_ms;
+        let first_mark_ms = first_mark_ms(&p.sim, since_ms);
+        let calm = match scenario {
+            Scenario::Consolidate => CONSOLIDATE_CALM,
+            Scenario::Drift => DRIFT_CALM,
+            _ => EXPIRE_CALM,
+        };
+        let time = TimeSplit {
+            scale_down_ms: phase.scale_down.as_millis() as u64,
+            first_mark_ms: first_mark_ms.map_or(0, |t| t.saturating_sub(since_ms)),
+            calm_ms: calm.as_millis() as u64,
+            consolidation_paused_ms: paused.as_millis() as u64,
+            binds_before_taint: binds_before_taint(&p.sim, since_ms, 3000),
+            ..TimeSplit::of_metrics(&self.baseline, &p.controller.shared.metrics)
+        };
+        Sampled {
+            commands_max_in_flight,
+            blocked_nodes,
+            phase_ms,
+            duration_ms: first_mark_ms.map_or(0, |first| end_ms.saturating_sub(first)),
+            time,
+        }
+    }
+}
+
+/// When the controller first marked a node (patched it) since `since_ms`.
+fn first_mark_ms(sim: &BackgroundSim, since_ms: u64) -> Option<u64> {
+    sim.cluster()
         .stats()
         .writes()
         .iter()
         .filter(|w| w.at_ms >= since_ms && w.agent == crate::app::USER_AGENT)
         .filter(|w| w.resource == "nodes" && w.verb == "patch")
         .map(|w| w.at_ms)
-        .min();
-    let duration_ms = first_mark_ms.map_or(0, |first| end_ms.saturating_sub(first));
-    let time = TimeSplit {
-        scale_down_ms: scale_down.as_millis() as u64,
-        first_mark_ms: first_mark_ms.map_or(0, |t| t.saturating_sub(since_ms)),
-        calm_ms: calm.as_millis() as u64,
-        consolidation_paused_ms: paused.as_millis() as u64,
-        binds_before_taint: binds_before_taint(&p.sim, since_ms, 3000),
-        ..TimeSplit::of_metrics(&baseline, &p.controller.shared.metrics)
-    };
+        .min()
+}
 
-    let sim = &p.sim;
-    let mut pods = p.measure();
-    pods.launch.scenario = match scenario {
-        Scenario::Consolidate => "consolidate",
-        Scenario::Drift => "drift",
-        _ => "expire",
-    }
-    .into();
-    let unbound = unbound_pods(sim);
-    pods.pods.unschedulable = unbound;
-    // The drift scenario's budget figures are its drift phase's (the rollout's are apart);
-    // its violations are both phases'.
+/// The disruption figures from the server's audits and store, and the problems they show.
+/// The drift scenario's budget figures are its drift phase's (the rollout's are apart); its
+/// violations are both phases'.
+fn disruption_figures(
+    args: &SimulateArgs,
+    sim: &BackgroundSim,
+    before: Before,
+    phase: PhaseFigures,
+    sampled: Sampled,
+    unbound: usize,
+) -> (DisruptionFigures, Vec<String>) {
     let end = sim.cluster().disruption_audit().report();
-    let audit = drift_phase.clone().unwrap_or_else(|| end.clone());
+    let audit = phase.drift_audit.unwrap_or_else(|| end.clone());
     let all_violations = sim.cluster().stats().violations();
-    let new_violations = &all_violations[violations_before.min(all_violations.len())..];
+    let new_violations = &all_violations[before.violations.min(all_violations.len())..];
     let count = |v: Violation| new_violations.iter().filter(|r| r.violation == v).count();
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let (_, cpu, memory, _) = SIZES[mds - 1];
     let store = sim.cluster().store();
     let live = live_claims(sim);
     let figures = DisruptionFigures {
-        decisions: end.decisions.clone(),
-        nodes_before,
+        decisions: end.decisions,
+        nodes_before: before.nodes,
         nodes_after: live_nodes(sim),
         nodes_lower_bound: lower_bound(&store.list("pods", None), (cpu, memory, 110)),
-        cost_per_hour_before: round2(cost_before),
+        cost_per_hour_before: round2(before.cost),
         cost_per_hour_after: round2(cost_per_hour(sim)),
         budget_violations: audit.budget_violations
-            + rollout.as_ref().map(|r| r.budget_violations).unwrap_or(0),
+            + phase
+                .rollout
+                .as_ref()
+                .map(|r| r.budget_violations)
+                .unwrap_or(0),
         budget_excess_any: audit
             .pools
             .values()
@@ -382,27 +424,37 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             .map(|p| p.max_disrupting)
             .max()
             .unwrap_or(0),
-        pods_max_pending_ms: max_pending_ms(sim, since_ms),
-        claims_before: claims_before.len(),
-        claims_replaced: claims_before.iter().filter(|c| !live.contains(*c)).count(),
+        pods_max_pending_ms: max_pending_ms(sim, before.since_ms),
+        claims_before: before.claims.len(),
+        claims_replaced: before.claims.iter().filter(|c| !live.contains(*c)).count(),
         pods_unbound_at_end: unbound,
         pdb_violations: count(Violation::PdbViolation),
         do_not_disrupt_violations: count(Violation::DoNotDisrupt),
-        rollout,
-        nodes_up_to_date_after_ms,
-        pause,
-        backoff,
-        blocked_nodes,
-        phase_ms,
-        duration_ms,
-        commands_max_in_flight,
-        time,
+        rollout: phase.rollout,
+        nodes_up_to_date_after_ms: phase.nodes_up_to_date_after_ms,
+        pause: phase.pause,
+        backoff: phase.backoff,
+        blocked_nodes: sampled.blocked_nodes,
+        phase_ms: sampled.phase_ms,
+        duration_ms: sampled.duration_ms,
+        commands_max_in_flight: sampled.commands_max_in_flight,
+        time: sampled.time,
     };
-    let problems = &mut pods.launch.problems;
+    let problems = problems(&figures, &audit.pools, &phase.rollout_pools);
+    (figures, problems)
+}
+
+/// What the figures show went wrong.
+fn problems(
+    figures: &DisruptionFigures,
+    pools: &BTreeMap<String, PoolAudit>,
+    rollout_pools: &Option<BTreeMap<String, PoolAudit>>,
+) -> Vec<String> {
+    let mut problems = Vec::new();
     if figures.budget_violations > 0 {
         problems.push(format!(
             "disruption budgets exceeded by {} (server's disruption audit: {:?}; during the rollout: {:?})",
-            figures.budget_violations, audit.pools, rollout_phase
+            figures.budget_violations, pools, rollout_pools
         ));
     }
     if let Some(p) = figures.pause.filter(|p| p.drifted_while_paused > 0) {
@@ -420,37 +472,11 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DisruptionReport, Kept), E
             figures.pdb_violations, figures.do_not_disrupt_violations
         ));
     }
-    pods.launch.invariants_ok = pods.launch.problems.is_empty();
-    let report = DisruptionReport {
-        pods,
-        disruption: figures,
-    };
-    Ok((report, p.kept()))
+    problems
 }
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
-}
-
-/// Keeps the NodePool's disruption paused (the caller set the annotation) for `held`, then
-/// lifts it; what the controller decided meanwhile. Nothing when `held` is zero.
-async fn hold_paused(sim: &BackgroundSim, held: Duration) -> Result<Option<PauseFigures>, Error> {
-    if held.is_zero() {
-        return Ok(None);
-    }
-    eprintln!("disruption paused on the NodePool for {held:?}");
-    tokio::time::sleep(held).await;
-    let drifted_while_paused = sim.cluster().disruption_audit().report().decisions.drifted;
-    patch_nodepool(
-        sim,
-        json!({"metadata": {"annotations": {DISRUPTION_PAUSED_ANNOTATION: null}}}),
-    )
-    .await?;
-    sim.mark("pause lifted");
-    Ok(Some(PauseFigures {
-        held_ms: held.as_millis() as u64,
-        drifted_while_paused,
-    }))
 }
 
 /// How many of `names` still exist (live or terminating).
