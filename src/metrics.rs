@@ -377,6 +377,7 @@ metrics! {
     ignored_pods: Gauge, "karpenter_ignored_pod_count", "Pending pods ignored by the provisioner";
     extra_nodeclaims: Counter, "karpenter_capi_extra_nodeclaims", "NodeClaims created for pods an earlier solve planned onto another NodeClaim still in flight";
     replanned_nodeclaims: Counter, "karpenter_capi_replanned_nodeclaims", "NodeClaims created for pods an earlier solve planned onto a NodeClaim whose Node the scheduler filled with other pods";
+    nodeclaims_not_created: Counter, "karpenter_capi_nodeclaims_not_created", "NodeClaims a solve planned that were not created: no offering had room for them any more (their pods are told and placed again)";
     nodepools_usage: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_nodepools_usage", "Resources used by each NodePool's nodes";
     nodepools_limit: Family<UsageLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_nodepools_limit", "Resource limits of each NodePool";
     capacity_quota_usage: Family<QuotaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_capi_capacity_quota_usage", "What the nodes and in-flight claims a CapacityQuota selects use, per resource its limits name (as its status.used, of enforced quotas)";

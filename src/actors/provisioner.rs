@@ -26,6 +26,7 @@ use crate::metrics::CreatedLabels;
 use crate::scheduling::{self, PreferencePolicy, Results, Snapshot};
 use crate::state::feed::Staleness;
 use crate::state::pods;
+use crate::view::catalog::ResolveError;
 
 /// Something the provisioner packs against changed; pending pods (if any) get a new batch.
 #[derive(Message)]
@@ -269,10 +270,34 @@ impl Provisioner {
             .iter()
             .flat_map(|(id, c)| c.pods.iter().map(|p| (p.clone(), *id)))
             .collect();
+        let mut nowhere = 0;
         for new in results.new_claims {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
             };
+            let mut claim = scheduling::with_default_termination_grace_period(
+                scheduling::nodeclaim_for(&new, pool),
+                self.shared.settings.default_termination_grace_period,
+            );
+            match super::nodeclaim::prelaunch(
+                &self.shared.catalog,
+                &mut claim,
+                self.shared.settings.min_values_policy,
+            ) {
+                Ok(o) => {
+                    tracing::debug!(nodepool = %new.nodepool, machine_deployment = %o.machine_deployment, instance_type = %o.instance_type, price = o.price, "offering chosen at creation");
+                }
+                // Room the solve saw is gone (another claim of this plan, or one made since,
+                // took its group's last slot): the claim could only be created and deleted.
+                Err(e @ ResolveError::NoCompatibleOffering { .. }) => {
+                    nowhere += new.pods.len();
+                    self.nowhere(&new.nodepool, &new.pods, &e);
+                    continue;
+                }
+                // Anything else (a NodeClass not ready yet, pools not read yet) may pass: the
+                // claim is created and its actor waits, saying why.
+                Err(_) => {}
+            }
             match self.planned_elsewhere(&new.pods, &in_creates) {
                 Some(Elsewhere::InFlight { pod, claim }) => {
                     // Capacity made twice for the same pods: what the solver's nominated pass
@@ -288,18 +313,40 @@ impl Provisioner {
                 }
                 None => {}
             }
-            let mut claim = scheduling::with_default_termination_grace_period(
-                scheduling::nodeclaim_for(&new, pool),
-                self.shared.settings.default_termination_grace_period,
-            );
-            if let Some(o) = super::nodeclaim::prelaunch(
-                &self.shared.catalog,
-                &mut claim,
-                self.shared.settings.min_values_policy,
-            ) {
-                tracing::debug!(nodepool = %new.nodepool, machine_deployment = %o.machine_deployment, instance_type = %o.instance_type, price = o.price, "offering chosen at creation");
-            }
             self.create(claim, new.nodepool.clone(), new.pods, ctx);
+        }
+        if nowhere > 0 {
+            self.shared
+                .metrics
+                .unschedulable_pods
+                .set((results.failures.len() + nowhere) as i64);
+        }
+    }
+
+    /// A planned claim no offering has room for any more is not created (upstream's
+    /// provisioner creates no claim it knows cannot launch): its pods are told why, as pods the
+    /// solve could not place are, and placed again by the next solve, which room coming back
+    /// starts (a claim deleted, a MachineDeployment's replicas, annotations or max-size
+    /// changed, all of which poke the provisioner).
+    fn nowhere(&mut self, nodepool: &str, pods: &[String], e: &ResolveError) {
+        self.shared.metrics.nodeclaims_not_created.inc();
+        tracing::info!(nodepool = %nodepool, pods = pods.len(), error = %e, "not creating a planned nodeclaim: no offering has room for it any more");
+        let message = format!(
+            "Failed to schedule pod: the NodeClaim of NodePool {nodepool} planned for it was not created: {e}; the pod is placed again when capacity changes"
+        );
+        let index = self.shared.state.pods.read();
+        let buffers = self.shared.state.buffers.read();
+        for key in pods {
+            // A CapacityBuffer's placeholder is no pod to tell (its claim is simply not made).
+            if self.told.get(key) == Some(&message) || buffers.owner(key).is_some() {
+                continue;
+            }
+            if let Some(p) = index.get(key) {
+                self.shared
+                    .events
+                    .warning(p.object_ref(&()), "FailedScheduling", message.clone());
+            }
+            self.told.insert(key.clone(), message.clone());
         }
     }
 

@@ -143,7 +143,9 @@ impl StaticCapacity {
             crate::scheduling::nodeclaim_for(&new, np),
             self.shared.settings.default_termination_grace_period,
         );
-        super::nodeclaim::prelaunch(
+        // A claim no offering can launch is created all the same here (its actor says why
+        // and deletes it); only the provisioner's plans hold such a claim back.
+        let _ = super::nodeclaim::prelaunch(
             &self.shared.catalog,
             &mut claim,
             self.shared.settings.min_values_policy,

@@ -69,14 +69,16 @@ pub fn resolve(
 
 /// A new claim, launched at its creation: the offering chosen, recorded with the finalizer and
 /// the offering's labels in the object created, so its first write is its creation (invariant 4
-/// holds: the MachineDeployment is on the claim before any replica is asked for). A claim whose
-/// offering cannot be chosen yet is created as it is, and its actor decides (and says why).
+/// holds: the MachineDeployment is on the claim before any replica is asked for). When no
+/// offering can be chosen, the claim is left as it was and why is returned: the provisioner
+/// does not create a claim no offering has room for (`NoCompatibleOffering`), and creates any
+/// other as it is, for its actor to decide (and say why).
 pub fn prelaunch(
     catalog: &CatalogView,
     claim: &mut NodeClaim,
     policy: MinValuesPolicy,
-) -> Option<Choice> {
-    let choice = resolve(catalog, claim, &HashSet::new(), policy).ok()?;
+) -> Result<Choice, ResolveError> {
+    let choice = resolve(catalog, claim, &HashSet::new(), policy)?;
     let finalizers = claim.metadata.finalizers.get_or_insert_with(Vec::new);
     if !finalizers.iter().any(|f| f == TERMINATION_FINALIZER) {
         finalizers.push(TERMINATION_FINALIZER.to_string());
@@ -95,7 +97,7 @@ pub fn prelaunch(
         .labels
         .get_or_insert_with(Default::default)
         .extend(labels);
-    Some(choice)
+    Ok(choice)
 }
 
 /// The labels a launched claim carries that `claim` lacks or has otherwise: each single-valued
