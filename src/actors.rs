@@ -16,6 +16,7 @@ pub mod batch;
 pub mod buffers;
 pub mod capi_watcher;
 pub mod catalog;
+pub mod claim_factory;
 pub mod controller;
 pub mod deletion_cost;
 pub mod disruption;

@@ -1,6 +1,5 @@
 //! Writes carried through a failing API server: a disruption command's (a taint, a claim's
-//! mark, a replacement's create, a candidate's delete), and the read-back of the provisioner's
-//! creates. Each write is retried on transient errors with the write backoff
+//! mark, a candidate's delete) and every NodeClaim create (`claim_factory`). Each write is retried on transient errors with the write backoff
 //! (`Backoff::write`), the server's `Retry-After` as its floor. After any failure whose outcome
 //! is unknown (a 5xx, a timeout, a reset: the write may have landed) the object is read back
 //! from the API before the write is sent again, so it is never repeated blindly, as the Scaler
@@ -39,8 +38,11 @@ pub enum Failure {
 pub fn classify(e: &Error) -> Failure {
     match e {
         Error::Timeout { .. } => Failure::Transient,
-        Error::Api { source, .. } => match source {
+        Error::Api { verb, source, .. } => match source {
             kube::Error::Api(s) => match s.code {
+                // A create's 422 is an invalid object, which no retry changes; a patch's is a
+                // failed JSON patch `test`, a lost compare-and-swap.
+                422 if *verb == "create" => Failure::Final,
                 409 | 422 => Failure::Conflict,
                 429 | 500..=599 => Failure::Transient,
                 _ => Failure::Final,
@@ -206,6 +208,19 @@ mod tests {
         assert_eq!(classify(&api(422)), Failure::Conflict);
         assert_eq!(classify(&api(404)), Failure::Final);
         assert_eq!(classify(&api(400)), Failure::Final);
+        let create = |code| match api(code) {
+            Error::Api {
+                kind, name, source, ..
+            } => Error::Api {
+                verb: "create",
+                kind,
+                name,
+                source,
+            },
+            e => e,
+        };
+        assert_eq!(classify(&create(422)), Failure::Final, "an invalid object");
+        assert_eq!(classify(&create(409)), Failure::Conflict, "read back");
         let timeout = Error::Timeout {
             what: "w".into(),
             after: Duration::from_secs(1),

@@ -12,17 +12,16 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::Shared;
 use super::backoff::Backoff;
 use super::batch::Batch;
+use super::claim_factory::{self, Purpose};
 use super::nomination::{self, Nominations};
-use super::persist;
 use crate::api::nodeclaim::NodeClaim;
-use crate::metrics::CreatedLabels;
 use crate::scheduling::{self, PreferencePolicy, Results, Snapshot};
 use crate::state::feed::Staleness;
 use crate::state::pods;
@@ -275,28 +274,16 @@ impl Provisioner {
             let Some(pool) = pools.get(&new.nodepool) else {
                 continue;
             };
-            let mut claim = scheduling::with_default_termination_grace_period(
-                scheduling::nodeclaim_for(&new, pool),
-                self.shared.settings.default_termination_grace_period,
-            );
-            match super::nodeclaim::prelaunch(
-                &self.shared.catalog,
-                &mut claim,
-                self.shared.settings.min_values_policy,
-            ) {
-                Ok(o) => {
-                    tracing::debug!(nodepool = %new.nodepool, machine_deployment = %o.machine_deployment, instance_type = %o.instance_type, price = o.price, "offering chosen at creation");
-                }
-                // Room the solve saw is gone (another claim of this plan, or one made since,
-                // took its group's last slot): the claim could only be created and deleted.
-                Err(e @ ResolveError::NoCompatibleOffering { .. }) => {
-                    nowhere += new.pods.len();
-                    self.nowhere(&new.nodepool, &new.pods, &e);
-                    continue;
-                }
-                // Anything else (a NodeClass not ready yet, pools not read yet) may pass: the
-                // claim is created and its actor waits, saying why.
-                Err(_) => {}
+            let (claim, refused) =
+                claim_factory::build(&self.shared, &new, pool, &Purpose::Provisioning);
+            // Room the solve saw is gone (another claim of this plan, or one made since, took
+            // its group's last slot): the claim could only be created and deleted. Anything else
+            // (a NodeClass not ready yet, pools not read yet) may pass: the claim is created and
+            // its actor waits, saying why.
+            if let Some(e @ ResolveError::NoCompatibleOffering { .. }) = refused {
+                nowhere += new.pods.len();
+                self.nowhere(&new.nodepool, &new.pods, &e);
+                continue;
             }
             match self.planned_elsewhere(&new.pods, &in_creates) {
                 Some(Elsewhere::InFlight { pod, claim }) => {
@@ -393,24 +380,16 @@ impl Provisioner {
         results
     }
 
-    /// Create one claim. Until the API answers it counts as in-flight capacity (`creating`);
-    /// a failure is reported on its pods, and the pods are solved again after a backoff. The
-    /// claim is named here (as `generateName` would), so a create whose answer was lost is read
-    /// back under its name before its pods are solved again: a create that landed is never
-    /// made twice.
+    /// Create one claim (`claim_factory`: named, read back when its answer is lost, never made
+    /// twice). Until the API answers it counts as in-flight capacity (`creating`); a failure is
+    /// reported on its pods, and the pods are solved again after a backoff.
     fn create(
         &mut self,
-        mut claim: NodeClaim,
+        claim: NodeClaim,
         nodepool: String,
         pods: Vec<String>,
         ctx: &mut Context<Self>,
     ) {
-        if let Some(prefix) = claim.metadata.generate_name.take() {
-            claim.metadata.name = Some(format!("{prefix}{}", persist::name_suffix()));
-        }
-        // Its MachineDeployment's room is taken from now, not from when the create answers.
-        self.shared.state.claims.write().expect_created(&claim);
-        let name = claim.name_any();
         let id = self.next_create;
         self.next_create += 1;
         self.creating.insert(
@@ -420,42 +399,24 @@ impl Provisioner {
                 pods: pods.clone(),
             },
         );
-        let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
-        ctx.spawn(
-            async move { create_or_find(&api, &claim).await }
-                .into_actor(self)
-                .map(move |r, act, ctx| {
-                    match r {
-                        Ok(created) => {
-                            act.create_backoff.reset();
-                            act.shared
-                                .metrics
-                                .nodeclaims_created
-                                .get_or_create(&CreatedLabels::of(
-                                    "provisioning",
-                                    nodepool.as_str(),
-                                    &created,
-                                ))
-                                .inc();
-                            tracing::info!(nodeclaim = %created.name_any(), nodepool = %nodepool, pods = pods.len(), "{}", act.shared.settings.say("created nodeclaim", "would create NodeClaim"));
-                            tracing::debug!(nodeclaim = %created.name_any(), pods = ?pods, "the pods the new claim is for");
-                            // Into the index in the same turn it leaves `creating`, so no solve
-                            // ever misses it.
-                            let target = nomination::target(Some(&created.name_any()), None);
-                            act.shared.state.claims.write().apply_response(Arc::new(created));
-                            act.creating.remove(&id);
-                            for pod in &pods {
-                                act.nominate(pod, target.clone());
-                            }
-                        }
-                        Err(e) => {
-                            act.creating.remove(&id);
-                            act.shared.state.claims.write().unexpect(&name);
-                            act.create_failed(&nodepool, &pods, &e, ctx);
-                        }
+        // Its MachineDeployment's room is taken from now, not from when the create answers.
+        let created = claim_factory::create(self.shared.clone(), claim, Purpose::Provisioning);
+        ctx.spawn(created.into_actor(self).map(move |r, act, ctx| {
+            // It leaves `creating` in the turn the factory put it into the index, so no solve
+            // ever misses it.
+            act.creating.remove(&id);
+            match r {
+                Ok(created) => {
+                    act.create_backoff.reset();
+                    tracing::debug!(nodeclaim = %created.name_any(), pods = ?pods, "the pods the new claim is for");
+                    let target = nomination::target(Some(&created.name_any()), None);
+                    for pod in &pods {
+                        act.nominate(pod, target.clone());
                     }
-                }),
-        );
+                }
+                Err(e) => act.create_failed(&nodepool, &pods, &e, ctx),
+            }
+        }));
     }
 
     /// How a solve's existing node reads in a `Nominated` Event: an in-flight claim by its
@@ -501,13 +462,10 @@ impl Provisioner {
         &mut self,
         nodepool: &str,
         pods: &[String],
-        e: &kube::Error,
+        e: &super::Error,
         ctx: &mut Context<Self>,
     ) {
-        self.shared.metrics.api_error("create", "nodeclaims");
-        let retry_in = self
-            .create_backoff
-            .next_delay_after(crate::retry_after::retry_after(e));
+        let retry_in = self.create_backoff.next_delay_after(e.retry_after());
         tracing::warn!(nodepool = %nodepool, error = %e, retry_in = ?retry_in, "creating nodeclaim failed; solving its pods again");
         let message = format!(
             "Failed to create a NodeClaim of NodePool {nodepool} for this pod: {e}; retrying in {}",
@@ -676,40 +634,5 @@ impl Handler<Pending> for Provisioner {
     type Result = ();
     fn handle(&mut self, _: Pending, ctx: &mut Self::Context) {
         self.poke_batch(ctx);
-    }
-}
-
-/// Create `claim`; when the answer leaves it unknown whether the create landed, read the name
-/// back (through the server's transient failures) and take the claim found there as created.
-pub(super) async fn create_or_find(
-    api: &Api<NodeClaim>,
-    claim: &NodeClaim,
-) -> Result<NodeClaim, kube::Error> {
-    let e = match api.create(&PostParams::default(), claim).await {
-        Ok(created) => return Ok(created),
-        Err(e) => e,
-    };
-    let unknown = match &e {
-        kube::Error::Api(s) => s.code >= 500,
-        _ => true,
-    };
-    let name = claim.name_any();
-    if !unknown || name.is_empty() {
-        return Err(e);
-    }
-    let found = persist::persist(&format!("reading NodeClaim {name} back"), |_| async {
-        api.get_opt(&name)
-            .await
-            .map_err(|source| crate::actors::Error::Api {
-                verb: "get",
-                kind: "nodeclaims",
-                name: name.clone(),
-                source,
-            })
-    })
-    .await;
-    match found {
-        Ok(Some(found)) => Ok(found),
-        _ => Err(e),
     }
 }

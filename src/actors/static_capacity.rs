@@ -17,11 +17,11 @@ use kube::api::{Api, DeleteParams};
 use kube::{Resource, ResourceExt};
 
 use super::Shared;
+use super::claim_factory::{self, Purpose};
 use super::pass::{Coalesced, Pass};
 use crate::api::conditions;
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::NodePool;
-use crate::metrics::CreatedLabels;
 use crate::view::static_capacity::{self, Plan};
 
 /// NodePools, claims or Nodes changed: look at the static pools again (coalesced).
@@ -139,64 +139,27 @@ impl StaticCapacity {
             return;
         };
         let pool = np.name_any();
-        let mut claim = crate::scheduling::with_default_termination_grace_period(
-            crate::scheduling::nodeclaim_for(&new, np),
-            self.shared.settings.default_termination_grace_period,
-        );
         // A claim no offering can launch is created all the same here (its actor says why
         // and deletes it); only the provisioner's plans hold such a claim back.
-        let _ = super::nodeclaim::prelaunch(
-            &self.shared.catalog,
-            &mut claim,
-            self.shared.settings.min_values_policy,
-        );
-        let name = format!(
-            "{}{}",
-            claim.metadata.generate_name.take().unwrap_or_default(),
-            super::persist::name_suffix()
-        );
-        claim.metadata.name = Some(name.clone());
-        // Its MachineDeployment's room is taken from now, not from when the create answers.
-        self.shared.state.claims.write().expect_created(&claim);
+        let (claim, _) = claim_factory::build(&self.shared, &new, np, &Purpose::Static);
+        let name = claim.name_any();
         self.creating
             .entry(pool.clone())
             .or_default()
             .insert(name.clone());
-        let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
-        ctx.spawn(
-            async move { super::provisioner::create_or_find(&api, &claim).await }
-                .into_actor(self)
-                .map(move |r, act, ctx| {
-                    match r {
-                        Ok(created) => {
-                            act.pass.backoff.reset();
-                            act.shared
-                                .metrics
-                                .nodeclaims_created
-                                .get_or_create(&CreatedLabels::of(
-                                    "provisioning",
-                                    pool.as_str(),
-                                    &created,
-                                ))
-                                .inc();
-                            tracing::info!(nodeclaim = %name, nodepool = %pool, "{}", act.shared.settings.say("created nodeclaim to hold the static pool's replicas", "would create NodeClaim to hold the static pool's replicas"));
-                            act.shared
-                                .state
-                                .claims
-                                .write()
-                                .apply_response(Arc::new(created));
-                        }
-                        Err(e) => {
-                            tracing::warn!(nodeclaim = %name, nodepool = %pool, error = %e, "creating a static pool's nodeclaim failed");
-                            act.shared.state.claims.write().unexpect(&name);
-                            act.retry_later(ctx);
-                        }
-                    }
-                    if let Some(names) = act.creating.get_mut(&pool) {
-                        names.remove(&name);
-                    }
-                }),
-        );
+        let created = claim_factory::create(self.shared.clone(), claim, Purpose::Static);
+        ctx.spawn(created.into_actor(self).map(move |r, act, ctx| {
+            match r {
+                Ok(_) => act.pass.backoff.reset(),
+                Err(e) => {
+                    tracing::warn!(nodeclaim = %name, nodepool = %pool, error = %e, "creating a static pool's nodeclaim failed");
+                    act.retry_later(ctx);
+                }
+            }
+            if let Some(names) = act.creating.get_mut(&pool) {
+                names.remove(&name);
+            }
+        }));
     }
 
     fn delete(&mut self, pool: &str, claim: String, ctx: &mut Context<Self>) {

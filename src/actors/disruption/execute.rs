@@ -8,23 +8,23 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
+use crate::actors::claim_factory::{self, Purpose};
 use crate::actors::patch::{JsonPatch, send};
-use crate::actors::persist::{name_suffix, persist_counted};
+use crate::actors::persist::persist_counted;
 use crate::actors::{Error, Shared, api_err};
 use crate::api::conditions::{self, Condition, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
 use crate::api::nodepool::NodePool;
 use crate::api::wellknown::{
-    DISRUPTED_TAINT_KEY, INITIALIZED_LABEL, MACHINE_DEPLOYMENT_ANNOTATION,
-    NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
-    NODEPOOL_LABEL, REGISTERED_LABEL, REPLACES_ANNOTATION, TERMINATION_FINALIZER,
+    DISRUPTED_TAINT_KEY, NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION,
+    NODEPOOL_HASH_VERSION_ANNOTATION, NODEPOOL_LABEL,
 };
 use crate::disruption::{Candidate, Command};
-use crate::metrics::{CreatedLabels, DecisionLabels, DisruptedLabels, PoolDecisionLabels};
+use crate::metrics::{DecisionLabels, DisruptedLabels, PoolDecisionLabels};
 use crate::view::disruption::Stamp;
 
 pub use super::notes::{Publish, on_claim_and_node};
@@ -296,7 +296,7 @@ pub async fn unmark(shared: &Shared, claim: &NodeClaim, node: &Node) -> Result<(
     .await
 }
 
-/// Create the replacement claims; their names.
+/// Create the replacement claims (`claim_factory`); their names.
 pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<String>, Error> {
     let mut names = Vec::new();
     for new in &cmd.replacements {
@@ -305,115 +305,22 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
                 what: format!("NodePool {}", new.nodepool),
             });
         };
-        let claim = crate::scheduling::with_default_termination_grace_period(
-            crate::scheduling::nodeclaim_for(new, &np),
-            shared.settings.default_termination_grace_period,
-        );
-        let reason = cmd.method.reason().as_str().to_lowercase();
-        names.push(
-            create_named(shared, claim, &new.nodepool, &reason)
-                .await?
-                .name_any(),
-        );
+        let purpose = Purpose::Replacement {
+            reason: cmd.method.reason().as_str().to_lowercase(),
+        };
+        let (claim, _) = claim_factory::build(shared, new, &np, &purpose);
+        let created = claim_factory::create(shared, claim, purpose).await?;
+        names.push(created.name_any());
     }
     Ok(names)
 }
 
-/// Create `claim` for a disruption (a command's replacement, a rollout's): its name; counted in
-/// `nodeclaims_created` by `reason` and `pool`, and in the index at once. It is named here
-/// rather than by the server (`generateName`), so a create whose answer was lost is found by
-/// reading that name back and never made twice; the server's transient failures are retried
-/// (`persist_counted`), and a claim found under the name that is not this one fails it.
-async fn create_named(
-    shared: &Shared,
-    mut claim: NodeClaim,
-    pool: &str,
-    reason: &str,
-) -> Result<NodeClaim, Error> {
-    let name = format!(
-        "{}{}",
-        claim.metadata.generate_name.take().unwrap_or_default(),
-        name_suffix()
-    );
-    claim.metadata.name = Some(name.clone());
-    let claim = &claim;
-    let what = format!("creating NodeClaim {name}");
-    let created = persist_counted(&shared.metrics, "create", &what, |fresh| {
-        let name = &name;
-        async move {
-            if fresh && let Some(found) = read_claim(shared, name).await? {
-                return if same_claim(&found, claim) {
-                    Ok(found)
-                } else {
-                    Err(Error::Gone {
-                        what: format!("the name {name}, taken by another NodeClaim,"),
-                    })
-                };
-            }
-            claims(shared)
-                .create(&PostParams::default(), claim)
-                .await
-                .map_err(api_err(&shared.metrics, "create", CLAIM.1, pool))
-        }
-    })
-    .await?;
-    shared
-        .metrics
-        .nodeclaims_created
-        .get_or_create(&CreatedLabels::of(reason, pool, &created))
-        .inc();
-    let index = Arc::new(created.clone());
-    shared.state.claims.write().apply_response(index);
-    Ok(created)
-}
-
-/// The claim found under a replacement's name is the one this command sent: every label and
-/// annotation it was created with.
-fn same_claim(found: &NodeClaim, sent: &NodeClaim) -> bool {
-    let has = |have: &std::collections::BTreeMap<String, String>,
-               want: &std::collections::BTreeMap<String, String>| {
-        want.iter().all(|(k, v)| have.get(k) == Some(v))
-    };
-    has(found.labels(), sent.labels()) && has(found.annotations(), sent.annotations())
-}
-
 /// A claim for the fresh Machine of a RollingUpdate, replacing `old` (whose Machine the rollout
-/// outdated): the same spec, pool and offering, created already launched onto `old`'s
-/// MachineDeployment (offering recorded, finalizer set, as the launch step would write them),
-/// so the Scaler hands it a spare fresh Machine without a replica write.
+/// outdated; `claim_factory::rollout` builds it).
 pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<String, Error> {
     let old_name = old.name_any();
-    let pool = old
-        .labels()
-        .get(NODEPOOL_LABEL)
-        .cloned()
-        .unwrap_or_default();
-    let mut labels = old.labels().clone();
-    labels.retain(|k, _| k != REGISTERED_LABEL && k != INITIALIZED_LABEL);
-    let mut annotations: std::collections::BTreeMap<String, String> = old
-        .annotations()
-        .iter()
-        .filter(|(k, _)| {
-            [
-                NODEPOOL_HASH_ANNOTATION,
-                NODEPOOL_HASH_VERSION_ANNOTATION,
-                MACHINE_DEPLOYMENT_ANNOTATION,
-            ]
-            .contains(&k.as_str())
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    annotations.insert(REPLACES_ANNOTATION.to_string(), old_name.clone());
-    let mut claim = NodeClaim::new("", old.spec.clone());
-    claim.metadata = kube::api::ObjectMeta {
-        generate_name: Some(format!("{pool}-")),
-        labels: Some(labels),
-        annotations: Some(annotations),
-        finalizers: Some(vec![TERMINATION_FINALIZER.to_string()]),
-        owner_references: old.metadata.owner_references.clone(),
-        ..Default::default()
-    };
-    let created = create_named(shared, claim, &pool, "rollout").await?;
+    let claim = claim_factory::rollout(old);
+    let created = claim_factory::create(shared, claim, Purpose::Rollout).await?;
     let name = created.name_any();
     tracing::info!(nodeclaim = %name, replaces = %old_name, "{}", shared.settings.say("a Cluster API rollout made a fresh Machine: replacing the outdated one's claim", "a Cluster API rollout made a fresh Machine: would replace the outdated one's claim"));
     shared.events.normal(
