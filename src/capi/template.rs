@@ -203,6 +203,21 @@ pub enum ReadError {
     Other(String),
 }
 
+/// The resource an infrastructure template kind is read and written through: its version
+/// discovered unless the reference pins one.
+pub async fn template_resource(
+    client: &kube::Client,
+    group: &str,
+    pinned: Option<String>,
+    kind: &str,
+) -> Result<kube::core::ApiResource, version::Error> {
+    let ver = match pinned {
+        Some(v) => v,
+        None => version::infrastructure_version(client, group).await?,
+    };
+    Ok(version::infrastructure_template_resource(group, &ver, kind))
+}
+
 /// Read a MachineDeployment's infrastructure template's capacity (`group`, `kind`, `name` in
 /// namespace `ns`); the version is discovered unless the reference pins one.
 pub async fn read_template(
@@ -213,13 +228,9 @@ pub async fn read_template(
     ns: &str,
     name: &str,
 ) -> Result<TemplateCapacity, ReadError> {
-    let ver = match pinned {
-        Some(v) => v,
-        None => version::infrastructure_version(client, group)
-            .await
-            .map_err(|e| ReadError::Other(e.to_string()))?,
-    };
-    let ar = version::infrastructure_template_resource(group, &ver, kind);
+    let ar = template_resource(client, group, pinned, kind)
+        .await
+        .map_err(|e| ReadError::Other(e.to_string()))?;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
     let obj = api.get(name).await.map_err(|e| match e {
         kube::Error::Api(s) if s.code == 404 => ReadError::NotFound {

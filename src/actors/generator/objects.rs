@@ -35,13 +35,9 @@ async fn template_resource(
     pinned: Option<String>,
     kind: &str,
 ) -> Result<ApiResource, String> {
-    let ver = match pinned {
-        Some(v) => v,
-        None => version::infrastructure_version(client, group)
-            .await
-            .map_err(|e| e.to_string())?,
-    };
-    Ok(version::infrastructure_template_resource(group, &ver, kind))
+    crate::capi::template::template_resource(client, group, pinned, kind)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// The new template copy of `plan` created (or adopted), and the group as `plan` makes it from
