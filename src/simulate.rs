@@ -303,10 +303,18 @@ pub async fn start_controller_shadowed(
         crate::app::client_from_kubeconfig_with(sim.cluster.controller_kubeconfig_path(), &options)
             .await
             .map_err(Error::Client)?;
+    // With the management cluster apart, Cluster API's objects are reached there, as
+    // `--cluster-api-kubeconfig` does.
+    let management = match sim.cluster.management_kubeconfig_path() {
+        Some(path) => crate::app::client_from_kubeconfig_with(path, &options)
+            .await
+            .map_err(Error::Client)?,
+        None => client.clone(),
+    };
     let (_tx, rx) = watch::channel(true);
     let controller = Controller {
-        workload: client.clone(),
-        management: client,
+        workload: client,
+        management,
         capi_version: None,
         settings,
         metrics,

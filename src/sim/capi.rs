@@ -46,7 +46,7 @@ pub use machine_pool::{
 pub use preflight::{CONTROL_PLANE_KIND, CONTROL_PLANE_UPGRADING_ANNOTATION};
 
 use super::standin::{
-    Shutdown, SimRng, WorkQueue, at, is_not_found, log_retry, spawn_watch, str_at,
+    Clusters, Shutdown, SimRng, WorkQueue, at, is_not_found, log_retry, spawn_watch, str_at,
 };
 use crate::api::wellknown::{DEPLOYMENT_NAME_LABEL, POOL_NAME_LABEL, SET_NAME_LABEL};
 
@@ -129,7 +129,10 @@ enum Work {
 }
 
 struct Inner {
+    /// The management cluster's (Cluster API's objects).
     client: Client,
+    /// The workload cluster's (the Nodes Cluster API drains and deletes).
+    workload: Client,
     cfg: CapiConfig,
     rng: SimRng,
     queue: WorkQueue<Work>,
@@ -194,11 +197,15 @@ impl Caches {
 }
 
 /// Starts the Cluster API stand-in on the current runtime; every task stops on `shutdown`.
-pub fn spawn(client: Client, cfg: CapiConfig, shutdown: Shutdown) -> (Vec<JoinHandle<()>>, Caches) {
+pub fn spawn(
+    clusters: Clusters,
+    cfg: CapiConfig,
+    shutdown: Shutdown,
+) -> (Vec<JoinHandle<()>>, Caches) {
     let mut machine_cache = reflector::store::Writer::new(cfg.version.machine());
     let mut set_cache = reflector::store::Writer::new(cfg.version.machine_set());
     let inner = Arc::new(Inner::new(
-        client,
+        clusters,
         cfg,
         shutdown,
         machine_cache.as_reader(),
@@ -348,7 +355,7 @@ impl Inner {
     /// The stand-in's state over the informer caches `machines` and `sets` (fed by `spawn`'s
     /// watches, or by a test).
     fn new(
-        client: Client,
+        clusters: Clusters,
         cfg: CapiConfig,
         shutdown: Shutdown,
         machines: Store<DynamicObject>,
@@ -359,7 +366,8 @@ impl Inner {
             sets,
             cache_changed: Notify::new(),
             rng: SimRng::new(cfg.seed),
-            client,
+            client: clusters.management,
+            workload: clusters.workload,
             cfg,
             queue: WorkQueue::default(),
             provisioning: Mutex::new(HashSet::new()),

@@ -16,7 +16,7 @@ use super::disruption_audit::{self, DisruptionAudit};
 use super::kubelet::{self, KubeletConfig};
 use super::real::{self, RealBackend};
 use super::scheduler::{self, BindLog, BindRecord, SchedulerConfig};
-use super::standin::{Shutdown, ShutdownTrigger, shutdown_pair};
+use super::standin::{Clusters, Shutdown, ShutdownTrigger, shutdown_pair};
 use super::{CapiVersions, Faults, SimConfig, SimError, SimServer, Stats, Store};
 use super::{deployments, node_lease, pdb_status, pod_lifecycle};
 
@@ -154,6 +154,12 @@ pub struct SimClusterConfig {
     /// More kinds the simulated server serves (another cluster's infrastructure templates,
     /// `simulate --from-cluster`); those it serves already are kept as they are.
     pub extra_resources: Vec<super::ResourceDef>,
+    /// Run Cluster API's objects in a management cluster of their own, a second simulated
+    /// server, as Cluster API deploys them: Machines and MachineDeployments there, Nodes, Pods
+    /// and Karpenter's objects in the workload cluster (`client`). The management cluster
+    /// holds the Cluster and its `<cluster>-kubeconfig` Secret for the workload cluster, as
+    /// Cluster API writes them. Simulated backend only.
+    pub management_apart: bool,
 }
 
 impl Default for SimClusterConfig {
@@ -179,6 +185,7 @@ impl Default for SimClusterConfig {
             port: 0,
             kubeconfig_out: None,
             extra_resources: Vec::new(),
+            management_apart: false,
         }
     }
 }
@@ -212,7 +219,12 @@ enum Served {
 
 pub struct SimCluster {
     served: Served,
+    /// The workload cluster's client.
     client: Client,
+    /// With the management cluster apart, its server.
+    management_server: Option<SimServer>,
+    /// The management cluster's client (the workload cluster's when joined).
+    management: Client,
     cfg: SimClusterConfig,
     trigger: ShutdownTrigger,
     tasks: Vec<JoinHandle<()>>,
@@ -237,6 +249,11 @@ impl SimCluster {
         let (trigger, shutdown) = shutdown_pair();
         if cfg.cluster_api.is_real() && cfg.backend != Backend::Real {
             return Err(Error::RealClusterApiNeedsRealControlPlane);
+        }
+        if cfg.management_apart && (cfg.backend != Backend::Simulated || preload.is_some()) {
+            return Err(Error::NotOnRealBackend(
+                "a management cluster apart (simulated backend, nothing preloaded)",
+            ));
         }
         let (served, client, mut tasks) = match cfg.backend {
             Backend::Simulated => {
@@ -293,8 +310,18 @@ impl SimCluster {
             Served::Simulated(server) => server.stats(),
             Served::Real { backend, .. } => backend.stats(),
         };
+        let management_server = match cfg.management_apart {
+            true => Some(start_management(&cfg, &served).await?),
+            false => None,
+        };
+        let clusters = Clusters {
+            management: management_server
+                .as_ref()
+                .map_or_else(|| client.clone(), SimServer::client),
+            workload: client.clone(),
+        };
         let (binds, audit, capi) =
-            spawn_standins(&cfg, &client, milestones, shutdown.clone(), &mut tasks);
+            spawn_standins(&cfg, &clusters, milestones, shutdown.clone(), &mut tasks);
         if let Served::Real { backend, .. } = &served
             && cfg.cluster_api.is_real()
         {
@@ -308,6 +335,8 @@ impl SimCluster {
         Ok(Self {
             served,
             client,
+            management_server,
+            management: clusters.management,
             cfg,
             trigger,
             tasks,
@@ -322,9 +351,28 @@ impl SimCluster {
         &self.capi
     }
 
-    /// A client for this cluster, built on the current runtime.
+    /// A client for this cluster (the workload cluster, with the management cluster apart),
+    /// built on the current runtime.
     pub fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// A client for the cluster holding Cluster API's objects: the management cluster when
+    /// apart ([`SimClusterConfig::management_apart`]), else the same as [`SimCluster::client`].
+    pub fn management_client(&self) -> Client {
+        self.management.clone()
+    }
+
+    /// The management cluster's kubeconfig, when it is apart.
+    pub fn management_kubeconfig_path(&self) -> Option<&Path> {
+        self.management_server
+            .as_ref()
+            .map(SimServer::kubeconfig_path)
+    }
+
+    /// The management cluster's server, when it is apart.
+    pub fn management_server(&self) -> Option<&SimServer> {
+        self.management_server.as_ref()
     }
 
     /// A client built fresh on the caller's runtime (a Client dies with the runtime it was
@@ -380,6 +428,26 @@ impl SimCluster {
             Served::Simulated(server) => server.store(),
             Served::Real { backend, .. } => backend.store(),
         }
+    }
+
+    /// The objects of the cluster holding Cluster API's (the management cluster when apart,
+    /// else the same as [`SimCluster::store`]).
+    pub fn capi_store(&self) -> &Store {
+        self.management_server
+            .as_ref()
+            .map_or_else(|| self.store(), SimServer::store)
+    }
+
+    /// The objects of `resource`'s cluster: Cluster API's and its providers' kinds in the
+    /// management cluster when it is apart, every other kind (Karpenter's included) in the
+    /// workload cluster.
+    pub fn store_of(&self, resource: &str) -> &Store {
+        let store = self.store();
+        let capi = store
+            .registry()
+            .by_name(resource)
+            .is_some_and(|d| is_cluster_api_group(&d.group));
+        if capi { self.capi_store() } else { store }
     }
 
     /// The simulated server, for what exists only there (its fault injection, writing straight
@@ -487,7 +555,17 @@ impl SimCluster {
             Served::Simulated(server) => server.shutdown(),
             Served::Real { backend, .. } => backend.stop(),
         }
+        if let Some(server) = &mut self.management_server {
+            server.shutdown();
+        }
     }
+}
+
+/// Cluster API's group and its providers' (`infrastructure.cluster.x-k8s.io`, ...), not
+/// Karpenter's own `karpenter.cluster.x-k8s.io`, which lives with the NodePools.
+fn is_cluster_api_group(group: &str) -> bool {
+    const CAPI: &str = "cluster.x-k8s.io";
+    group == CAPI || (group.ends_with(&format!(".{CAPI}")) && group != "karpenter.cluster.x-k8s.io")
 }
 
 /// The simulated API server for `cfg`.
@@ -514,6 +592,30 @@ async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Error> {
     Ok(server)
 }
 
+/// The management cluster apart from the workload cluster `served`: a second simulated server
+/// holding Cluster `sim` and, as Cluster API writes it for every cluster it makes, the Secret
+/// `sim-kubeconfig` whose `value` is a kubeconfig for the workload cluster.
+async fn start_management(cfg: &SimClusterConfig, served: &Served) -> Result<SimServer, Error> {
+    let Served::Simulated(workload) = served else {
+        return Err(Error::NotOnRealBackend("a management cluster apart"));
+    };
+    let management = start_server(&SimClusterConfig {
+        port: 0,
+        kubeconfig_out: None,
+        ..cfg.clone()
+    })
+    .await?;
+    let client = management.client();
+    let kubeconfig = std::fs::read(workload.kubeconfig_path()).map_err(|source| {
+        Error::Server(SimError::Kubeconfig {
+            path: workload.kubeconfig_path().display().to_string(),
+            source,
+        })
+    })?;
+    seed::ensure_kubeconfig_secret(&client, "default", CLUSTER_NAME, &kubeconfig).await?;
+    Ok(management)
+}
+
 /// The stand-ins for what neither backend's API server does (Cluster API and its provider, the
 /// kubelet), and on the simulated backend for what kube-controller-manager and kube-scheduler
 /// do on a real one (Deployments, PodDisruptionBudget status, pod garbage collection, binding
@@ -521,13 +623,15 @@ async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Error> {
 /// audit runs on both: it measures, it models nothing.
 fn spawn_standins(
     cfg: &SimClusterConfig,
-    client: &Client,
+    clusters: &Clusters,
     milestones: Stats,
     shutdown: Shutdown,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> (BindLog, DisruptionAudit, capi::Caches) {
     let real = cfg.backend == Backend::Real;
     let real_capi = cfg.cluster_api.is_real();
+    // Pods, Nodes and the workload cluster's controllers.
+    let client = &clusters.workload;
     let capi = if real_capi {
         // Cluster API's own controllers run; the simulator plays only its providers: the
         // machines' and the scaling groups' behind MachinePools (whose DevMachines the first
@@ -554,7 +658,7 @@ fn spawn_standins(
         capi::Caches::empty(cfg.capi_version)
     } else {
         let (capi_tasks, capi) = capi::spawn(
-            client.clone(),
+            clusters.clone(),
             CapiConfig {
                 version: cfg.capi_version,
                 provider_delay: cfg.provider_delay,
@@ -571,7 +675,7 @@ fn spawn_standins(
         capi
     };
     tasks.extend(kubelet::spawn(
-        client.clone(),
+        clusters.clone(),
         KubeletConfig {
             version: cfg.capi_version,
             node_ready_delay: cfg.node_ready_delay,

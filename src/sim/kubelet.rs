@@ -23,7 +23,7 @@ use super::capi::{CapiVersion, string_map};
 use super::machine_size;
 use super::quantity::parse_milli;
 use super::standin::{
-    Shutdown, WorkQueue, at, delete_quietly, log_retry, merge_patch, merge_status, retry,
+    Clusters, Shutdown, WorkQueue, at, delete_quietly, log_retry, merge_patch, merge_status, retry,
     spawn_watch, str_at,
 };
 use crate::api::wellknown::{
@@ -94,7 +94,10 @@ impl Default for KubeletConfig {
 }
 
 struct Inner {
+    /// The management cluster's (Machines, MachineDeployments, templates).
     client: Client,
+    /// The workload cluster's (Nodes).
+    workload: Client,
     cfg: KubeletConfig,
     queue: WorkQueue<(String, String)>,
     /// Nodes whose "become Ready" timer is running.
@@ -106,9 +109,10 @@ struct Inner {
 const REGISTRATION_WORKERS: usize = 16;
 
 /// Starts the kubelet stand-in on the current runtime; every task stops on `shutdown`.
-pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
+pub fn spawn(clusters: Clusters, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
     let inner = Arc::new(Inner {
-        client,
+        client: clusters.management,
+        workload: clusters.workload,
         cfg,
         queue: WorkQueue::default(),
         readying: Mutex::new(HashSet::new()),
@@ -129,7 +133,7 @@ pub fn spawn(client: Client, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<Join
     let me = inner.clone();
     tasks.push(spawn_watch(
         "nodes (kubelet)",
-        Api::<Node>::all(inner.client.clone()),
+        Api::<Node>::all(inner.workload.clone()),
         inner.shutdown.clone(),
         move |event| {
             if let Event::Apply(node) | Event::InitApply(node) = event {
@@ -209,7 +213,7 @@ impl Inner {
         if machine.metadata.deletion_timestamp.is_some() {
             return Ok(());
         }
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.workload.clone());
         // A Machine that has a Node already names it (a cluster loaded from elsewhere names its
         // Nodes as its cloud does); a new one gets a Node named after it.
         let node_name = str_at(&machine.data, &["status", "nodeRef", "name"]).unwrap_or(name);
@@ -401,7 +405,7 @@ impl Inner {
 
     async fn become_ready(self: Arc<Self>, name: String) {
         if self.shutdown.sleep(self.cfg.node_ready_delay).await {
-            let nodes: Api<Node> = Api::all(self.client.clone());
+            let nodes: Api<Node> = Api::all(self.workload.clone());
             let patch = json!({"status": {
                 "conditions": self.conditions(condition("True", "KubeletReady", "kubelet is posting ready status")),
             }});
@@ -436,7 +440,7 @@ impl Inner {
         let name = str_at(&machine.data, &["status", "nodeRef", "name"])
             .map(str::to_string)
             .unwrap_or_else(|| machine.name_any());
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.workload.clone());
         let node = match retry("node get", &self.shutdown, || nodes.get(&name)).await {
             Ok(n) => n,
             Err(_) => return,

@@ -64,6 +64,26 @@ impl Shutdown {
     }
 }
 
+/// The clusters a stand-in reaches: Cluster API's objects (Machines, MachineDeployments, their
+/// templates) in the management cluster, Nodes and Pods in the workload cluster. One cluster
+/// plays both unless the simulated cluster was started with the management cluster apart, as
+/// Cluster API runs them: a Machine there, its Node here.
+#[derive(Clone)]
+pub struct Clusters {
+    pub management: kube::Client,
+    pub workload: kube::Client,
+}
+
+impl Clusters {
+    /// One cluster playing both.
+    pub fn joined(client: kube::Client) -> Self {
+        Self {
+            management: client.clone(),
+            workload: client,
+        }
+    }
+}
+
 pub fn shutdown_pair() -> (ShutdownTrigger, Shutdown) {
     let (tx, rx) = watch::channel(false);
     (ShutdownTrigger { tx }, Shutdown { rx })

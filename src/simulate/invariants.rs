@@ -169,9 +169,15 @@ fn is_deleting(obj: &Value) -> bool {
 
 /// `_version`: the fields read here are the same in every Cluster API version the simulated
 /// cluster serves.
-pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
+pub fn check(store: &Store, version: CapiVersion) -> Invariants {
+    check_apart(store, store, version)
+}
+
+/// [`check`] with Cluster API's objects in `capi`, a management cluster apart from the workload
+/// cluster `store` holding the claims.
+pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invariants {
     let mut inv = Invariants::default();
-    let machines: Vec<RawMachine> = store
+    let machines: Vec<RawMachine> = capi
         .list("machines", None)
         .iter()
         .filter_map(|v| {
@@ -184,7 +190,7 @@ pub fn check(store: &Store, _version: CapiVersion) -> Invariants {
         .collect();
     let scalables: Vec<(&str, &str, Value)> = SCALABLE_RESOURCES
         .iter()
-        .flat_map(|(r, kind)| store.list(r, None).into_iter().map(move |v| (*r, *kind, v)))
+        .flat_map(|(r, kind)| capi.list(r, None).into_iter().map(move |v| (*r, *kind, v)))
         .collect();
     let claims: BTreeMap<String, Value> = store
         .list("nodeclaims", None)

@@ -192,12 +192,15 @@ pub async fn create_claims(
 /// managed MachineDeployment's replicas equal to its Machines. Reads the store in place (no
 /// copies) and stops at the first thing in flight, so a look during a burst costs little.
 pub fn quiet(cluster: &SimCluster) -> bool {
-    let store = cluster.store();
     let mut calm = true;
-    store.visit("nodeclaims", |c| calm = calm && claim_settled(c));
+    cluster
+        .store()
+        .visit("nodeclaims", |c| calm = calm && claim_settled(c));
     if !calm {
         return false;
     }
+    // Cluster API's objects, in the management cluster when it is apart.
+    let store = cluster.capi_store();
     let mut machines_of: BTreeMap<(&str, String), i64> = BTreeMap::new();
     store.visit("machines", |m| {
         calm = calm && !is_deleting(m);
@@ -269,7 +272,7 @@ fn node_state(store: &crate::sim::Store, claim: &Value) -> String {
 }
 
 pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
-    let store = cluster.store();
+    let (store, capi) = (cluster.store(), cluster.capi_store());
     let mut why = Vec::new();
     for c in store.list("nodeclaims", None) {
         if c.pointer("/metadata/deletionTimestamp")
@@ -286,7 +289,7 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
             let machine = c["metadata"]["annotations"][MACHINE_ANNOTATION]
                 .as_str()
                 .and_then(|k| k.split_once('/'));
-            let machine_state = match machine.and_then(|(ns, n)| store.get("machines", ns, n)) {
+            let machine_state = match machine.and_then(|(ns, n)| capi.get("machines", ns, n)) {
                 None => "absent".to_string(),
                 Some(m) => format!(
                     "present, annotations {}, providerID {}, deleting {}",
@@ -306,7 +309,7 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
             ));
         }
     }
-    let machines = store.list("machines", None);
+    let machines = capi.list("machines", None);
     for m in machines.iter().filter(|m| {
         m.pointer("/metadata/deletionTimestamp")
             .is_some_and(|v| !v.is_null())
@@ -314,7 +317,7 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
         why.push(format!("Machine {} deleting", m["metadata"]["name"]));
     }
     for (resource, kind) in SCALABLE_RESOURCES {
-        for md in store.list(resource, None) {
+        for md in capi.list(resource, None) {
             let name = md
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
@@ -439,7 +442,9 @@ pub fn progress_line(cluster: &SimCluster) -> String {
         store.visit(resource, |_| n += 1);
         n
     };
-    let (machines, nodes) = (count("machines"), count("nodes"));
+    let mut machines = 0;
+    cluster.capi_store().visit("machines", |_| machines += 1);
+    let nodes = count("nodes");
     let mut pending = 0;
     store.visit("pods", |p| {
         pending += usize::from(p.pointer("/spec/nodeName").is_none_or(Value::is_null));

@@ -427,12 +427,17 @@ impl Env {
         );
     }
 
+    /// An object of the cluster that holds `resource` (Cluster API's kinds in the management
+    /// cluster when it is apart).
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
-        self.sim.cluster().store().get(resource, ns, name)
+        self.sim
+            .cluster()
+            .store_of(resource)
+            .get(resource, ns, name)
     }
 
     pub fn list(&self, resource: &str) -> Vec<Value> {
-        self.sim.cluster().store().list(resource, None)
+        self.sim.cluster().store_of(resource).list(resource, None)
     }
 
     pub async fn wait<T>(&self, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -549,9 +554,11 @@ impl Env {
     }
 
     pub fn invariants_hold(&self) -> invariants::Invariants {
-        let inv = invariants::check(
-            self.sim.cluster().store(),
-            self.sim.cluster().capi_version(),
+        let cluster = self.sim.cluster();
+        let inv = invariants::check_apart(
+            cluster.store(),
+            cluster.capi_store(),
+            cluster.capi_version(),
         );
         assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
         inv

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod apart;
 mod ha;
 mod hardening;
 mod launch;

@@ -140,8 +140,8 @@ impl Inner {
     /// the Node, and the drain runs until its timeout deletes the Node under them.
     async fn drain_node(&self, node: &str, timeout: Option<Duration>) {
         use k8s_openapi::api::core::v1::Pod;
-        let pods: Api<Pod> = Api::all(self.client.clone());
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let pods: Api<Pod> = Api::all(self.workload.clone());
+        let nodes: Api<Node> = Api::all(self.workload.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let until = tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(120));
         let mut cordoned = false;
@@ -191,7 +191,7 @@ impl Inner {
                     "metadata": {"name": p.name_any(), "namespace": ns},
                 });
                 // A budget's 429 is retried on the next round, as Cluster API does.
-                let _ = Api::<Pod>::namespaced(self.client.clone(), &ns)
+                let _ = Api::<Pod>::namespaced(self.workload.clone(), &ns)
                     .create_subresource::<Value, Value>(
                         "eviction",
                         &p.name_any(),
@@ -226,7 +226,7 @@ impl Inner {
         if !self.shutdown.sleep(self.cfg.node_delete_delay).await {
             return;
         }
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.workload.clone());
         let machine = match retry("machine get", &self.shutdown, || api.get(&name)).await {
             Ok(m) => m,
             Err(_) => return,

@@ -380,7 +380,7 @@ impl Inner {
         let (ns, name) = (mp.namespace().unwrap_or_default(), mp.name_any());
         let cloud = self.cloud(&ns);
         let mut list = instances(infra);
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.workload.clone());
         for gone in cloud.scale_in(&mut list, desired) {
             if gone.provider_id.is_some() {
                 tracing::info!(pool = %name, instance = %gone.instance_name, "scale-in: terminating instance");

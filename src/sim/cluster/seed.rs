@@ -54,7 +54,7 @@ impl SimCluster {
                 .await?;
         }
         let api: Api<DynamicObject> = Api::namespaced_with(
-            self.client.clone(),
+            self.management.clone(),
             &seed.namespace,
             &v.machine_deployment(),
         );
@@ -80,7 +80,7 @@ impl SimCluster {
     pub async fn ensure_cluster(&self, ns: &str) -> Result<(), Error> {
         match &self.served {
             Served::Real { backend, .. } => Ok(backend
-                .ensure_cluster(&self.client, ns, CLUSTER_NAME)
+                .ensure_cluster(&self.management, ns, CLUSTER_NAME)
                 .await?),
             Served::Simulated(_) => Ok(()),
         }
@@ -98,7 +98,7 @@ impl SimCluster {
     ) -> Result<(), Error> {
         match &self.served {
             Served::Real { backend, .. } => Ok(backend
-                .ensure_topology_cluster(&self.client, ns, name, workers)
+                .ensure_topology_cluster(&self.management, ns, name, workers)
                 .await?),
             Served::Simulated(_) => Err(Error::TopologyNeedsRealClusterApi),
         }
@@ -128,7 +128,7 @@ impl SimCluster {
             ScalableKind::MachineDeployment => v.machine_deployment(),
             ScalableKind::MachinePool => v.machine_pool(),
         };
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &resource);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.management.clone(), ns, &resource);
         crate::sim::standin::merge_patch(&api, name, &json!({"spec": {"replicas": replicas}}))
             .await
             .map_err(kube_err(format!("scale {} {ns}/{name}", kind.as_str())))
@@ -137,7 +137,7 @@ impl SimCluster {
     /// The DevMachineTemplate `ns/name` without a status, unless it exists already.
     async fn create_template_object(&self, ns: &str, name: &str) -> Result<(), Error> {
         let ar = infra_template_resource();
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.management.clone(), ns, &ar);
         match api
             .create(&PostParams::default(), &infrastructure_template(ns, name))
             .await
@@ -159,7 +159,7 @@ impl SimCluster {
         capacity: BTreeMap<String, String>,
     ) -> Result<(), Error> {
         let ar = infra_template_resource();
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &ar);
+        let api: Api<DynamicObject> = Api::namespaced_with(self.management.clone(), ns, &ar);
         let what = format!("create {INFRA_TEMPLATE_KIND} {ns}/{name}");
         self.create_template_object(ns, name).await?;
         crate::sim::standin::merge_status(&api, name, &capacity_status(&capacity))
@@ -249,8 +249,11 @@ impl SimCluster {
         label: &str,
         group: &str,
     ) -> Result<Vec<DynamicObject>, Error> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), ns, &self.cfg.capi_version.machine());
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.management.clone(),
+            ns,
+            &self.cfg.capi_version.machine(),
+        );
         Ok(api
             .list(&ListParams::default().labels(&format!("{label}={group}")))
             .await
@@ -434,4 +437,38 @@ pub fn infra_template_resource() -> ApiResource {
         &GroupVersionKind::gvk(INFRA_GROUP, INFRA_VERSION, INFRA_TEMPLATE_KIND),
         "devmachinetemplates",
     )
+}
+
+/// Cluster `name` in `ns` and its `<name>-kubeconfig` Secret (`value`: `kubeconfig`), as Cluster
+/// API's control plane provider writes it for each workload cluster it makes.
+pub(super) async fn ensure_kubeconfig_secret(
+    management: &kube::Client,
+    ns: &str,
+    name: &str,
+    kubeconfig: &[u8],
+) -> Result<(), Error> {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("{name}-kubeconfig")),
+            namespace: Some(ns.into()),
+            labels: Some(BTreeMap::from([(
+                CLUSTER_NAME_LABEL.to_string(),
+                name.to_string(),
+            )])),
+            ..Default::default()
+        },
+        type_: Some("cluster.x-k8s.io/secret".into()),
+        data: Some(BTreeMap::from([(
+            "value".to_string(),
+            ByteString(kubeconfig.to_vec()),
+        )])),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(management.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .map_err(kube_err(format!("create Secret {ns}/{name}-kubeconfig")))?;
+    Ok(())
 }

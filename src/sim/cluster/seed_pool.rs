@@ -34,7 +34,7 @@ impl SimCluster {
             .unwrap_or_else(|| seed.name.clone());
         let ar = infra_pool_resource();
         let infra_api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &seed.namespace, &ar);
+            Api::namespaced_with(self.management.clone(), &seed.namespace, &ar);
         let mut annotations = BTreeMap::new();
         if !pool_machines {
             annotations.insert(POOL_MACHINES_ANNOTATION.to_string(), "false".to_string());
@@ -62,7 +62,7 @@ impl SimCluster {
         }
         let v = self.cfg.capi_version;
         let api: Api<DynamicObject> =
-            Api::namespaced_with(self.client.clone(), &seed.namespace, &v.machine_pool());
+            Api::namespaced_with(self.management.clone(), &seed.namespace, &v.machine_pool());
         let mut mp = machine_pool(v, seed);
         if self.cfg.cluster_api.is_real() {
             // Cluster API's real manager: its Cluster must exist, and the pool bootstraps from

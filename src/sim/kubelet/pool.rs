@@ -77,7 +77,7 @@ impl Inner {
         if has_pool_machines(&infra) {
             return Ok(());
         }
-        let nodes: Api<Node> = Api::all(self.client.clone());
+        let nodes: Api<Node> = Api::all(self.workload.clone());
         for instance in instances(&infra) {
             let Some(pid) = instance.provider_id.as_deref() else {
                 continue;

@@ -19,7 +19,7 @@ use karpenter_capi::controlplane::{ControlPlane, Options};
 use karpenter_capi::sim::capi::CapiConfig;
 use karpenter_capi::sim::cluster::{CLUSTER_NAME, MachineDeploymentSeed};
 use karpenter_capi::sim::kubelet::KubeletConfig;
-use karpenter_capi::sim::standin::{ShutdownTrigger, shutdown_pair};
+use karpenter_capi::sim::standin::{Clusters, ShutdownTrigger, shutdown_pair};
 use karpenter_capi::simulate::launch::seed_of;
 
 use super::{NAMESPACE, RELEASE, Topology, UPSTREAM_CRDS};
@@ -200,7 +200,7 @@ impl StandIns {
         let (trigger, shutdown) = shutdown_pair();
         let version = CapiVersion::V1Beta2;
         karpenter_capi::sim::capi::spawn(
-            admin.clone(),
+            Clusters::joined(admin.clone()),
             CapiConfig {
                 version,
                 provider_delay: Duration::from_millis(200),
@@ -211,7 +211,7 @@ impl StandIns {
             shutdown.clone(),
         );
         karpenter_capi::sim::kubelet::spawn(
-            admin.clone(),
+            Clusters::joined(admin.clone()),
             KubeletConfig {
                 version,
                 node_ready_delay: Duration::from_millis(200),

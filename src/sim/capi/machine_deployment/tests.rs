@@ -75,7 +75,7 @@ async fn a_scale_from_a_stale_cache_is_refused_and_planned_again() {
     let machine_cache = reflector::store::Writer::<DynamicObject>::new(v.machine());
     set_cache.apply_watcher_event(&Event::Apply(stale.clone()));
     let inner = Arc::new(Inner::new(
-        client.clone(),
+        crate::sim::standin::Clusters::joined(client.clone()),
         crate::sim::capi::CapiConfig {
             version: v,
             ..Default::default()
