@@ -22,6 +22,7 @@ use crate::capi::template::read_templates;
 use crate::cli::{InitArgs, InitOutput};
 use crate::explain::RunError;
 use crate::explain::cluster::read_capi;
+use crate::scheduling::Offering;
 
 /// One MachineDeployment judged.
 #[derive(Debug, Serialize)]
@@ -49,6 +50,27 @@ pub struct Proposal {
     pub notes: Vec<String>,
 }
 
+/// What the proposed NodePool must declare so that the usable MachineDeployments can serve it.
+#[derive(Default)]
+struct Needs {
+    capacity_types: BTreeSet<String>,
+    taints: BTreeSet<(String, Option<String>, String)>,
+}
+
+impl Verdict {
+    fn new(machine_deployment: String) -> Self {
+        Verdict {
+            machine_deployment,
+            usable: false,
+            problems: Vec::new(),
+            warnings: Vec::new(),
+            fixes: Vec::new(),
+            instance_type: None,
+            capacity_type: None,
+        }
+    }
+}
+
 /// Judge the MachineDeployments and build the proposal (pure; `run` does the reading).
 pub fn propose(
     mds: &[Arc<MachineDeployment>],
@@ -58,89 +80,128 @@ pub fn propose(
     namespace: Option<&str>,
     excluded: Vec<(String, String)>,
 ) -> Proposal {
-    let mut verdicts = Vec::new();
-    let mut capacity_types = BTreeSet::new();
-    let mut taints = BTreeSet::new();
+    let mut needs = Needs::default();
+    // Sorted so that the report and its fixes read the same on every run.
     let mut sorted: Vec<&Arc<MachineDeployment>> = mds.iter().collect();
     sorted.sort_by_key(|md| md.key());
-    for md in sorted {
-        // `machinedeployment` or `machinepool`, as kubectl names the resource.
-        let target = format!(
-            "{} {} -n {}",
-            md.kind.as_str().to_lowercase(),
-            md.name,
-            md.namespace
-        );
-        let mut v = Verdict {
-            machine_deployment: md.key(),
-            usable: false,
-            problems: Vec::new(),
-            warnings: Vec::new(),
-            fixes: Vec::new(),
-            instance_type: None,
-            capacity_type: None,
-        };
-        if md.deletion_timestamp.is_some() {
-            v.problems.push("being deleted".into());
-            verdicts.push(v);
-            continue;
-        }
-        if !md.labels.contains_key(MEMBER_LABEL) {
-            v.problems.push(format!("no {MEMBER_LABEL} label"));
-            v.fixes
-                .push(format!("kubectl label {target} {MEMBER_LABEL}="));
-        }
-        match offering(md, cx) {
-            Ok((instance_type, _, o)) => {
-                if crate::capi::offerings::scale_up_only(md, cx.templates) {
-                    v.warnings.push(
-                        "no MachinePool Machines: offered for scale-up only (no instance can be removed by name; a deleted claim's instance is cordoned and handed back to the pool)".into(),
-                    );
-                }
-                if o.price == 0.0 {
-                    v.warnings.push(format!(
-                        "no {PRICE_ANNOTATION} annotation: priced 0, so it is always the cheapest"
-                    ));
-                }
-                if o.max_size.is_none() {
-                    v.warnings.push(format!(
-                        "no {MAX_SIZE_ANNOTATION} annotation: no upper bound on its replicas"
-                    ));
-                }
-                if !o.taints.is_empty() {
-                    for t in &o.taints {
-                        taints.insert((t.key.clone(), t.value.clone(), t.effect.clone()));
-                    }
-                    v.warnings.push(
-                        "its nodes carry taints: only a NodePool declaring them (as the proposed one does) may use it"
-                            .into(),
-                    );
-                }
-                v.usable = v.problems.is_empty();
-                if v.usable {
-                    capacity_types.insert(o.capacity_type.clone());
-                }
-                v.instance_type = Some(instance_type);
-                v.capacity_type = Some(o.capacity_type);
-            }
-            Err(problem) => {
-                if problem.starts_with("no ") {
-                    v.fixes.push(format!(
-                        "kubectl annotate {target} {CAPACITY_ANNOTATION_PREFIX}cpu=<CPUS> {CAPACITY_ANNOTATION_PREFIX}memory=<MEMORY> {MAX_SIZE_ANNOTATION}=<MAX> {PRICE_ANNOTATION}=<PRICE_PER_HOUR>"
-                    ));
-                } else if let Err(errors) = annotations::parse(&md.annotations) {
-                    for e in errors.iter() {
-                        v.fixes.push(format!(
-                            "kubectl annotate --overwrite {target} {}=<VALID VALUE>",
-                            e.key
-                        ));
-                    }
-                }
-                v.problems.push(problem);
-            }
-        }
-        verdicts.push(v);
+    let verdicts: Vec<Verdict> = sorted
+        .into_iter()
+        .map(|md| judge(md, cx, &mut needs))
+        .collect();
+    let notes = notes(&verdicts, &excluded, cluster_name, namespace);
+    Proposal {
+        objects: objects(name, cluster_name, &needs.capacity_types, &needs.taints),
+        verdicts,
+        excluded,
+        notes,
     }
+}
+
+/// One MachineDeployment judged by the catalog's own rules, so that what `init` calls usable is
+/// what the controller will offer.
+fn judge(md: &MachineDeployment, cx: &Context<'_>, needs: &mut Needs) -> Verdict {
+    let target = kubectl_target(md);
+    let mut v = Verdict::new(md.key());
+    if md.deletion_timestamp.is_some() {
+        // Nothing to fix: it is going away whatever labels it gets.
+        v.problems.push("being deleted".into());
+        return v;
+    }
+    if !md.labels.contains_key(MEMBER_LABEL) {
+        v.problems.push(format!("no {MEMBER_LABEL} label"));
+        v.fixes
+            .push(format!("kubectl label {target} {MEMBER_LABEL}="));
+    }
+    match offering(md, cx) {
+        Ok((instance_type, _, o)) => judge_offering(&mut v, md, cx, instance_type, o, needs),
+        Err(problem) => judge_problem(&mut v, md, &target, problem),
+    }
+    v
+}
+
+/// The resource as kubectl names it (`machinedeployment` or `machinepool`), for the fix commands.
+fn kubectl_target(md: &MachineDeployment) -> String {
+    format!(
+        "{} {} -n {}",
+        md.kind.as_str().to_lowercase(),
+        md.name,
+        md.namespace
+    )
+}
+
+/// A MachineDeployment the catalog can offer: warn about what works but surprises, and record
+/// what the NodePool must declare to use it.
+fn judge_offering(
+    v: &mut Verdict,
+    md: &MachineDeployment,
+    cx: &Context<'_>,
+    instance_type: String,
+    o: Offering,
+    needs: &mut Needs,
+) {
+    if crate::capi::offerings::scale_up_only(md, cx.templates) {
+        v.warnings.push(
+            "no MachinePool Machines: offered for scale-up only (no instance can be removed by name; a deleted claim's instance is cordoned and handed back to the pool)".into(),
+        );
+    }
+    if o.price == 0.0 {
+        v.warnings.push(format!(
+            "no {PRICE_ANNOTATION} annotation: priced 0, so it is always the cheapest"
+        ));
+    }
+    if o.max_size.is_none() {
+        v.warnings.push(format!(
+            "no {MAX_SIZE_ANNOTATION} annotation: no upper bound on its replicas"
+        ));
+    }
+    if !o.taints.is_empty() {
+        // Declared even when the label is still missing, so the NodePool needs no edit once it
+        // is added.
+        for t in &o.taints {
+            needs
+                .taints
+                .insert((t.key.clone(), t.value.clone(), t.effect.clone()));
+        }
+        v.warnings.push(
+            "its nodes carry taints: only a NodePool declaring them (as the proposed one does) may use it"
+                .into(),
+        );
+    }
+    v.usable = v.problems.is_empty();
+    if v.usable {
+        needs.capacity_types.insert(o.capacity_type.clone());
+    }
+    v.instance_type = Some(instance_type);
+    v.capacity_type = Some(o.capacity_type);
+}
+
+/// A MachineDeployment the catalog cannot offer: the commands that would make it offerable.
+fn judge_problem(v: &mut Verdict, md: &MachineDeployment, target: &str, problem: String) {
+    if problem.starts_with("no ") {
+        // Missing annotations: ask for all of them, with placeholders to fill in.
+        v.fixes.push(format!(
+            "kubectl annotate {target} {CAPACITY_ANNOTATION_PREFIX}cpu=<CPUS> {CAPACITY_ANNOTATION_PREFIX}memory=<MEMORY> {MAX_SIZE_ANNOTATION}=<MAX> {PRICE_ANNOTATION}=<PRICE_PER_HOUR>"
+        ));
+    } else if let Err(errors) = annotations::parse(&md.annotations) {
+        // Malformed annotations: name each one to overwrite.
+        for e in errors.iter() {
+            v.fixes.push(format!(
+                "kubectl annotate --overwrite {target} {}=<VALID VALUE>",
+                e.key
+            ));
+        }
+    }
+    v.problems.push(problem);
+}
+
+/// What the per-MachineDeployment verdicts cannot say: the scope's limits and why the proposal
+/// may be empty or not yet usable.
+fn notes(
+    verdicts: &[Verdict],
+    excluded: &[(String, String)],
+    cluster_name: Option<&str>,
+    namespace: Option<&str>,
+) -> Vec<String> {
     let mut notes = Vec::new();
     if namespace.is_some() {
         notes.push(
@@ -170,12 +231,7 @@ pub fn propose(
                 .to_string(),
         );
     }
-    Proposal {
-        objects: objects(name, cluster_name, &capacity_types, &taints),
-        verdicts,
-        excluded,
-        notes,
-    }
+    notes
 }
 
 fn objects(
@@ -318,15 +374,9 @@ pub async fn run(args: &InitArgs) -> Result<String, RunError> {
         capi.excluded,
     );
     for (md, why) in capi.unreadable {
-        p.verdicts.push(Verdict {
-            machine_deployment: md,
-            usable: false,
-            problems: vec![format!("cannot be read: {why}")],
-            warnings: Vec::new(),
-            fixes: Vec::new(),
-            instance_type: None,
-            capacity_type: None,
-        });
+        let mut v = Verdict::new(md);
+        v.problems.push(format!("cannot be read: {why}"));
+        p.verdicts.push(v);
     }
     match args.output {
         InitOutput::Yaml => render_yaml(&p, true).map_err(RunError::Render),

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration, TopologySpreadConstraint,
-    WeightedPodAffinityTerm,
+    Affinity, Container, NodeSelectorTerm, Pod, PodAffinityTerm, Toleration,
+    TopologySpreadConstraint, WeightedPodAffinityTerm,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
@@ -301,6 +301,8 @@ fn container_requests(c: &Container, what: &str) -> Result<Resources, String> {
     Ok(out)
 }
 
+/// The pod's placement terms: its spread constraints (the cluster's defaults in their place when
+/// given), then its pod affinity and anti-affinity.
 fn topology_terms(
     pod: &Pod,
     namespace: &str,
@@ -311,7 +313,6 @@ fn topology_terms(
         return Ok(Vec::new());
     };
     let labels = pod.metadata.labels.clone().unwrap_or_default();
-    let mut out = Vec::new();
     let (constraints, field) = match defaults {
         Some(d) => (d, "default topologySpreadConstraints"),
         None => (
@@ -321,52 +322,101 @@ fn topology_terms(
             "spec.topologySpreadConstraints",
         ),
     };
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+    let mut out = Vec::new();
     for (i, c) in constraints.iter().enumerate() {
         let what = format!("{field}[{i}]");
-        let policy =
-            |value: Option<&String>, field: &str, default: bool| match value.map(String::as_str) {
-                None => Ok(default),
-                Some("Honor") => Ok(true),
-                Some("Ignore") => Ok(false),
-                Some(other) => Err(format!("{what}.{field}: {other:?} is not Honor or Ignore")),
-            };
-        let honor_affinity = policy(c.node_affinity_policy.as_ref(), "nodeAffinityPolicy", true)?;
-        let honor_taints = policy(c.node_taints_policy.as_ref(), "nodeTaintsPolicy", false)?;
-        // minDomains applies only to DoNotSchedule (the API server rejects it otherwise).
-        let hard = c.when_unsatisfiable != "ScheduleAnyway";
-        let min_domains = if hard { c.min_domains.unwrap_or(1) } else { 1 };
-        let selector = with_label_keys(
-            c.label_selector.as_ref(),
+        out.push(spread_term(
+            c,
+            &what,
+            namespace,
             &labels,
-            c.match_label_keys.as_deref().unwrap_or_default(),
-            &[],
-        );
-        let mut node_filter = String::new();
-        if honor_affinity {
-            node_filter.push_str(&format!("{node_terms:?}"));
-        }
-        if honor_taints {
-            let tolerations = spec.tolerations.as_deref().unwrap_or_default();
-            node_filter.push_str(&format!("{tolerations:?}"));
-        }
-        out.push(Term {
-            group: GroupKey {
-                kind: TermKind::Spread {
-                    max_skew: c.max_skew.max(1),
-                    min_domains: min_domains.max(1),
-                    honor_affinity,
-                    honor_taints,
-                },
-                topology_key: c.topology_key.clone(),
-                namespaces: Namespaces::only(namespace),
-                selector: Selector::parse(selector.as_ref(), &what)?,
-                node_filter,
-            },
-            required: c.when_unsatisfiable != "ScheduleAnyway",
-            weight: 0,
-        });
+            node_terms,
+            tolerations,
+        )?);
     }
-    let affinity = spec.affinity.as_ref();
+    out.extend(affinity_terms(spec.affinity.as_ref(), namespace, &labels)?);
+    Ok(out)
+}
+
+/// One topology spread constraint as a term.
+fn spread_term(
+    c: &TopologySpreadConstraint,
+    what: &str,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    node_terms: &[Requirements],
+    tolerations: &[Toleration],
+) -> Result<Term, String> {
+    let honor_affinity = node_policy(
+        c.node_affinity_policy.as_ref(),
+        what,
+        "nodeAffinityPolicy",
+        true,
+    )?;
+    let honor_taints = node_policy(
+        c.node_taints_policy.as_ref(),
+        what,
+        "nodeTaintsPolicy",
+        false,
+    )?;
+    // minDomains applies only to DoNotSchedule (the API server rejects it otherwise).
+    let hard = c.when_unsatisfiable != "ScheduleAnyway";
+    let min_domains = if hard { c.min_domains.unwrap_or(1) } else { 1 };
+    let selector = with_label_keys(
+        c.label_selector.as_ref(),
+        labels,
+        c.match_label_keys.as_deref().unwrap_or_default(),
+        &[],
+    );
+    // Terms share a group only when they count the same domains: what decides which domains
+    // count (the honoured node requirements and tolerations) is part of the group's key.
+    let mut node_filter = String::new();
+    if honor_affinity {
+        node_filter.push_str(&format!("{node_terms:?}"));
+    }
+    if honor_taints {
+        node_filter.push_str(&format!("{tolerations:?}"));
+    }
+    Ok(Term {
+        group: GroupKey {
+            kind: TermKind::Spread {
+                max_skew: c.max_skew.max(1),
+                min_domains: min_domains.max(1),
+                honor_affinity,
+                honor_taints,
+            },
+            topology_key: c.topology_key.clone(),
+            namespaces: Namespaces::only(namespace),
+            selector: Selector::parse(selector.as_ref(), what)?,
+            node_filter,
+        },
+        required: c.when_unsatisfiable != "ScheduleAnyway",
+        weight: 0,
+    })
+}
+
+/// A spread constraint's nodeAffinityPolicy or nodeTaintsPolicy: whether it is honoured.
+fn node_policy(
+    value: Option<&String>,
+    what: &str,
+    field: &str,
+    default: bool,
+) -> Result<bool, String> {
+    match value.map(String::as_str) {
+        None => Ok(default),
+        Some("Honor") => Ok(true),
+        Some("Ignore") => Ok(false),
+        Some(other) => Err(format!("{what}.{field}: {other:?} is not Honor or Ignore")),
+    }
+}
+
+/// The pod affinity and anti-affinity terms, required then preferred of each.
+fn affinity_terms(
+    affinity: Option<&Affinity>,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<Vec<Term>, String> {
     let pod_affinity = affinity.and_then(|a| a.pod_affinity.as_ref());
     let anti = affinity.and_then(|a| a.pod_anti_affinity.as_ref());
     let sets = [
@@ -395,10 +445,11 @@ fn topology_terms(
             }),
         ),
     ];
+    let mut out = Vec::new();
     for (kind, base, required, preferred) in sets {
         for (i, t) in required.into_iter().flatten().enumerate() {
             let what = format!("{base}.requiredDuringSchedulingIgnoredDuringExecution[{i}]");
-            out.push(affinity_term(kind, t, namespace, &labels, &what, true, 0)?);
+            out.push(affinity_term(kind, t, namespace, labels, &what, true, 0)?);
         }
         let preferred: &[WeightedPodAffinityTerm] = preferred.map(Vec::as_slice).unwrap_or(&[]);
         for (i, w) in preferred.iter().enumerate() {
@@ -407,7 +458,7 @@ fn topology_terms(
                 kind,
                 &w.pod_affinity_term,
                 namespace,
-                &labels,
+                labels,
                 &what,
                 false,
                 w.weight,

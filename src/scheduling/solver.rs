@@ -21,6 +21,7 @@ use crate::api::requirements::Requirements;
 
 mod existing;
 mod new_claim;
+mod pool_miss;
 mod preferences;
 mod template;
 

@@ -358,7 +358,25 @@ fn version_priority(v: &str) -> (u8, u32, u32) {
     (level, major, minor_str.parse().unwrap_or(0))
 }
 
+/// The resources served whatever the Cluster API versions, Kubernetes' own and the project's,
+/// in the order they are registered.
 fn core_resources() -> Vec<ResourceDef> {
+    [
+        cluster_resources(),
+        workload_resources(),
+        storage_resources(),
+        install_resources(),
+        karpenter_resources(),
+        capacity_resources(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// The core of a cluster: namespaces, nodes, pods and what pods are configured and reported
+/// with.
+fn cluster_resources() -> Vec<ResourceDef> {
     let b = ResourceDef::builtin;
     vec![
         b("", "v1", "Namespace", "namespaces", false)
@@ -403,6 +421,13 @@ fn core_resources() -> Vec<ResourceDef> {
         b("", "v1", "Secret", "secrets", true),
         b("", "v1", "ServiceAccount", "serviceaccounts", true).with_short_names(&["sa"]),
         b("events.k8s.io", "v1", "Event", "events", true).with_short_names(&["ev"]),
+    ]
+}
+
+/// Workloads, their disruption budgets, and leases.
+fn workload_resources() -> Vec<ResourceDef> {
+    let b = ResourceDef::builtin;
+    vec![
         b("apps", "v1", "DaemonSet", "daemonsets", true)
             .with_status()
             .with_short_names(&["ds"]),
@@ -440,7 +465,13 @@ fn core_resources() -> Vec<ResourceDef> {
         .with_status()
         .with_short_names(&["pdb"]),
         b("coordination.k8s.io", "v1", "Lease", "leases", true),
-        // Storage: what a drain waits for (VolumeAttachments) and how a pod's volume maps to one.
+    ]
+}
+
+/// Storage: what a drain waits for (VolumeAttachments) and how a pod's volume maps to one.
+fn storage_resources() -> Vec<ResourceDef> {
+    let b = ResourceDef::builtin;
+    vec![
         b(
             "",
             "v1",
@@ -470,8 +501,14 @@ fn core_resources() -> Vec<ResourceDef> {
             false,
         )
         .with_status(),
-        // What a controller's own install needs, so `kubectl apply` of the deploy files works
-        // against the simulated cluster (stored and served; nothing acts on them).
+    ]
+}
+
+/// What a controller's own install needs, so `kubectl apply` of the deploy files works against
+/// the simulated cluster (stored and served; nothing acts on them).
+fn install_resources() -> Vec<ResourceDef> {
+    let b = ResourceDef::builtin;
+    vec![
         b("", "v1", "Service", "services", true)
             .with_status()
             .with_short_names(&["svc"]),
@@ -506,6 +543,12 @@ fn core_resources() -> Vec<ResourceDef> {
         )
         .with_status()
         .with_short_names(&["crd", "crds"]),
+    ]
+}
+
+/// The controller's own resources.
+fn karpenter_resources() -> Vec<ResourceDef> {
+    vec![
         ResourceDef::custom("karpenter.sh", &["v1"], "NodePool", "nodepools", false)
             .with_status()
             .with_scale(),
@@ -529,6 +572,13 @@ fn core_resources() -> Vec<ResourceDef> {
         )
         .with_status()
         .with_short_names(&["overlays"]),
+    ]
+}
+
+/// CapacityBuffers and CapacityQuotas, and the PodTemplates buffers name.
+fn capacity_resources() -> Vec<ResourceDef> {
+    let b = ResourceDef::builtin;
+    vec![
         // A buffer's chunk shape (`spec.podTemplateRef`): stored and served, nothing acts on it.
         b("", "v1", "PodTemplate", "podtemplates", true),
         ResourceDef::custom(

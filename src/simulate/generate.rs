@@ -16,8 +16,7 @@
 //! controller's writes to them are counted from the server's write log.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -33,6 +32,10 @@ use crate::api::wellknown::*;
 use crate::capi::generate::{GENERATED_LABEL, validate};
 use crate::cli::{ServeArgs, SimulateArgs};
 use crate::sim::cluster::{MachineDeploymentSeed, PodShape, SimCluster};
+
+mod scale_down;
+mod text;
+use scale_down::{GroupSampler, scale_to_zero};
 
 /// The source MachineDeployment every generated group is copied from.
 pub const SOURCE: &str = "source";
@@ -143,79 +146,6 @@ impl GenerateReport {
 
 fn money(v: f64) -> String {
     format!("{v:.3}")
-}
-
-fn shapes_line(m: &BTreeMap<String, usize>) -> String {
-    let mut v: Vec<(&String, &usize)> = m.iter().collect();
-    v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    v.iter()
-        .map(|(s, n)| format!("{n} {s}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-impl std::fmt::Display for GenerateReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "{}", self.pods)?;
-        let g = &self.generate;
-        let ms = |v: Option<u64>| {
-            v.map_or("never".to_string(), |ms| {
-                format!("{:.1}s", ms as f64 / 1000.0)
-            })
-        };
-        writeln!(
-            f,
-            "  generate: NodeClass {} from MachineDeployment {}: {} shapes offered, maxMachineDeployments {}, idleAfter {:.0}s",
-            g.nodeclass,
-            g.source,
-            g.shapes_offered,
-            g.max_machine_deployments,
-            g.idle_after_ms as f64 / 1000.0
-        )?;
-        writeln!(
-            f,
-            "            {} groups generated, at most {} at once: {}",
-            g.groups_generated,
-            g.max_groups_at_once,
-            g.groups.join(", ")
-        )?;
-        for (name, r) in [("generated", &g.generated), ("baseline ", &g.baseline)] {
-            writeln!(
-                f,
-                "            {name}: {} nodes ({}), {} pods bound; {}/h; requests use {:.1}% of CPU, {:.1}% of memory",
-                r.nodes,
-                shapes_line(&r.nodes_by_shape),
-                r.pods_bound,
-                money(r.cost_per_hour),
-                r.cpu_utilization * 100.0,
-                r.memory_utilization * 100.0
-            )?;
-        }
-        writeln!(
-            f,
-            "            generated / baseline ({}): cost {:.3}, CPU utilisation {:.3}",
-            g.baseline_sizes.join(", "),
-            g.cost_ratio,
-            g.cpu_utilization_ratio
-        )?;
-        let s = &g.scale_down;
-        writeln!(
-            f,
-            "            scaled to zero: nodes gone after {}, every generated group and template after {} ({} groups, {} templates left)",
-            ms(s.nodes_removed_ms),
-            ms(s.groups_removed_ms),
-            s.groups_left.len(),
-            s.templates_left.len()
-        )?;
-        let u = &g.untouched;
-        write!(
-            f,
-            "            without the mark: {} ({} changed or gone, {} controller writes)",
-            u.checked.join(", "),
-            u.changed.len(),
-            u.controller_writes
-        )
-    }
 }
 
 /// `spec.generate` of the scenario's NodeClass.
@@ -424,77 +354,6 @@ fn marked_names(cluster: &SimCluster, resource: &str) -> Vec<String> {
         .collect()
 }
 
-/// Samples the generated MachineDeployments every 250 ms until stopped: the most at once and
-/// every name seen.
-struct GroupSampler {
-    seen: Arc<parking_lot::Mutex<(usize, BTreeSet<String>)>>,
-    task: tokio::task::JoinHandle<()>,
-    cluster: Arc<SimCluster>,
-}
-
-impl GroupSampler {
-    fn start(cluster: Arc<SimCluster>) -> Self {
-        let seen = Arc::new(parking_lot::Mutex::new((0, BTreeSet::new())));
-        let (into, sampled) = (seen.clone(), cluster.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                Self::sample(&sampled, &into);
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        });
-        Self {
-            seen,
-            task,
-            cluster,
-        }
-    }
-
-    fn sample(cluster: &SimCluster, into: &parking_lot::Mutex<(usize, BTreeSet<String>)>) {
-        let now = marked_names(cluster, "machinedeployments");
-        let mut s = into.lock();
-        s.0 = s.0.max(now.len());
-        s.1.extend(now);
-    }
-
-    /// (most at once, every name), one last sample taken now.
-    fn read(&self) -> (usize, Vec<String>) {
-        Self::sample(&self.cluster, &self.seen);
-        let s = self.seen.lock();
-        (s.0, s.1.iter().cloned().collect())
-    }
-}
-
-impl Drop for GroupSampler {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Polls `done` on the store every 250 ms for at most `deadline`: how long it took.
-async fn wait_for(
-    cluster: &SimCluster,
-    deadline: Duration,
-    what: &str,
-    done: impl Fn(&SimCluster) -> Option<String>,
-) -> Option<Duration> {
-    let start = Instant::now();
-    let progress = super::progress::Progress::new();
-    loop {
-        let left = match done(cluster) {
-            None => return Some(start.elapsed()),
-            Some(left) => left,
-        };
-        if start.elapsed() > deadline {
-            eprintln!("gave up waiting for {what} after {deadline:?}: {left}");
-            return None;
-        }
-        if progress.due() {
-            progress.print(&format!("waiting for {what}: {left}"));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// The baseline: the same pods on the three fixed sizes, on a cluster of its own, stopped once
 /// measured.
 async fn baseline(
@@ -561,16 +420,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
     let generate = generate_spec(args.idle_after);
     let valid = validate(&generate).map_err(|e| Error::Usage(e.to_string()))?;
     let prices: BTreeMap<String, f64> = valid.shapes.iter().map(|(s, p)| (s.name(), *p)).collect();
-    let sim = super::start_sim(args).await?;
-    super::announce(
-        &sim,
-        args,
-        "machinedeployments,devmachinetemplates,pods,nodeclaims,nodes",
-    );
-    sim.run(|c| async move { c.create_machine_deployment_from(&source_seed()).await })
-        .await??;
-    pods::seed_nodepool(&sim, |_| {}).await?;
-    put_generate(&sim, &generate).await?;
+    let sim = start_generated(args, &generate).await?;
+    // Recorded before the controller generates anything: what it must leave untouched.
     let before = unmarked(sim.cluster());
     let sampler = GroupSampler::start(sim.cluster().clone());
     let p = pods::provision_on(sim, args, shape_of(mix.clone()), |s| {
@@ -581,46 +432,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
     report.launch.scenario = "generate".into();
     let generated = figures(p.sim.cluster(), &report, &prices);
 
-    // Scale to zero with consolidation on: the nodes go, then the idle groups.
     let cluster = p.sim.cluster().clone();
-    let start = Instant::now();
-    super::disruption::patch_nodepool(
-        &p.sim,
-        json!({"spec": {"disruption": {
-            "consolidationPolicy": "WhenEmptyOrUnderutilized", "consolidateAfter": "0s"}}}),
-    )
-    .await?;
-    p.sim
-        .run(move |c| async move {
-            for d in 0..k {
-                c.scale_deployment(NAMESPACE, &format!("app-{d}"), 0)
-                    .await?;
-            }
-            Ok::<_, crate::sim::cluster::Error>(())
-        })
-        .await??;
-    p.sim.mark("scaled to zero");
-    let nodes_removed = wait_for(&cluster, args.deadline, "the nodes to go", |c| {
-        let (nodes, claims) = (
-            c.store().list("nodes", None).len(),
-            c.store().list("nodeclaims", None).len(),
-        );
-        (nodes + claims > 0).then(|| format!("{nodes} nodes, {claims} claims"))
-    })
-    .await
-    .map(|_| start.elapsed().as_millis() as u64);
-    p.sim.mark("nodes removed");
-    let groups_removed = wait_for(&cluster, args.deadline, "the idle groups to go", |c| {
-        let (groups, templates) = (
-            marked_names(c, "machinedeployments").len(),
-            marked_names(c, "devmachinetemplates").len(),
-        );
-        (groups + templates > 0)
-            .then(|| format!("{groups} generated groups, {templates} generated templates"))
-    })
-    .await
-    .map(|_| start.elapsed().as_millis() as u64);
-    p.sim.mark("generated groups removed");
+    let (nodes_removed, groups_removed) = scale_to_zero(&p.sim, args, k).await?;
     let (most, groups) = sampler.read();
     drop(sampler);
     let scale_down = ScaleDown {
@@ -630,17 +443,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
         templates_left: marked_names(&cluster, "devmachinetemplates"),
     };
     let untouched = untouched(&cluster, &before);
-    let groups_generated = cluster
-        .stats()
-        .writes()
-        .iter()
-        .filter(|w| {
-            w.agent == crate::app::USER_AGENT
-                && w.resource == "machinedeployments"
-                && w.verb == "create"
-                && w.subresource.is_empty()
-        })
-        .count();
+    let groups_generated = groups_generated(&cluster);
     let ratio = |a: f64, b: f64| if b == 0.0 { 0.0 } else { a / b };
     let section = GenerateSection {
         nodeclass: NODECLASS.into(),
@@ -648,16 +451,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
         shapes_offered: valid.shapes.len(),
         max_machine_deployments: MAX_GROUPS,
         idle_after_ms: args.idle_after.as_millis() as u64,
-        pod_mix: (0..k)
-            .map(|d| {
-                let (cpu, memory) = mix[d];
-                (
-                    cpu.into(),
-                    memory.into(),
-                    args.pods / k + usize::from(d < args.pods % k),
-                )
-            })
-            .collect(),
+        pod_mix: pods_per_shape(&mix, args.pods, k),
         groups_generated,
         max_groups_at_once: most,
         groups,
@@ -682,6 +476,56 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
         },
         p.kept(),
     ))
+}
+
+/// The generated run's cluster: the source MachineDeployment, the NodePool and the NodeClass
+/// told to generate, before any pod.
+async fn start_generated(args: &SimulateArgs, generate: &Generate) -> Result<BackgroundSim, Error> {
+    let sim = super::start_sim(args).await?;
+    super::announce(
+        &sim,
+        args,
+        "machinedeployments,devmachinetemplates,pods,nodeclaims,nodes",
+    );
+    sim.run(|c| async move { c.create_machine_deployment_from(&source_seed()).await })
+        .await??;
+    pods::seed_nodepool(&sim, |_| {}).await?;
+    put_generate(&sim, generate).await?;
+    Ok(sim)
+}
+
+/// Each of the `k` Deployments' pod shape and pod count, the remainder of `pods` spread over
+/// the first ones.
+fn pods_per_shape(
+    mix: &[(&'static str, &'static str)],
+    pods: usize,
+    k: usize,
+) -> Vec<(String, String, usize)> {
+    (0..k)
+        .map(|d| {
+            let (cpu, memory) = mix[d];
+            (
+                cpu.into(),
+                memory.into(),
+                pods / k + usize::from(d < pods % k),
+            )
+        })
+        .collect()
+}
+
+/// The MachineDeployments the controller created: the groups it generated.
+fn groups_generated(cluster: &SimCluster) -> usize {
+    cluster
+        .stats()
+        .writes()
+        .iter()
+        .filter(|w| {
+            w.agent == crate::app::USER_AGENT
+                && w.resource == "machinedeployments"
+                && w.verb == "create"
+                && w.subresource.is_empty()
+        })
+        .count()
 }
 
 /// The objects recorded `before` the controller started, compared now; and the controller's

@@ -177,7 +177,31 @@ pub fn check(store: &Store, version: CapiVersion) -> Invariants {
 /// cluster `store` holding the claims.
 pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invariants {
     let mut inv = Invariants::default();
-    let machines: Vec<RawMachine> = capi
+    let mut machines = read_machines(capi, &mut inv);
+    let scalables: Vec<(&str, &str, Value)> = SCALABLE_RESOURCES
+        .iter()
+        .flat_map(|(r, kind)| capi.list(r, None).into_iter().map(move |v| (*r, *kind, v)))
+        .collect();
+    let claims = read_claims(store);
+    // A MachinePool without Machines has its instances stand in for them.
+    let instances = pool_instances(&scalables, &machines, &claims, &mut inv);
+    machines.extend(instances);
+    // Invariant 1: one-to-one, and both halves agree.
+    check_claims_named_once(&machines, &mut inv);
+    check_machines_named_once(&machines, &claims, &mut inv);
+    // Invariant 2: no leak, replicas equal live Machines.
+    for (resource, kind, md) in scalables
+        .iter()
+        .filter(|(_, _, md)| label(md, MEMBER_LABEL).is_some())
+    {
+        check_replicas(resource, kind, md, &machines, &claims, &mut inv);
+    }
+    inv
+}
+
+/// Every Machine, an unreadable one as a problem.
+fn read_machines(store: &Store, inv: &mut Invariants) -> Vec<RawMachine> {
+    store
         .list("machines", None)
         .iter()
         .filter_map(|v| {
@@ -187,12 +211,12 @@ pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invari
             }
             m
         })
-        .collect();
-    let scalables: Vec<(&str, &str, Value)> = SCALABLE_RESOURCES
-        .iter()
-        .flat_map(|(r, kind)| capi.list(r, None).into_iter().map(move |v| (*r, *kind, v)))
-        .collect();
-    let claims: BTreeMap<String, Value> = store
+        .collect()
+}
+
+/// Every NodeClaim by name.
+fn read_claims(store: &Store) -> BTreeMap<String, Value> {
+    store
         .list("nodeclaims", None)
         .into_iter()
         .filter_map(|c| {
@@ -201,14 +225,13 @@ pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invari
                 .map(str::to_string)
                 .map(|n| (n, c))
         })
-        .collect();
+        .collect()
+}
 
-    let mut machines = machines;
-    machines.extend(pool_instances(&scalables, &machines, &claims, &mut inv));
-
-    // Invariant 1: one-to-one, and both halves agree.
+/// No NodeClaim is named by two Machines.
+fn check_claims_named_once(machines: &[RawMachine], inv: &mut Invariants) {
     let mut by_claim: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for m in &machines {
+    for m in machines {
         if let Some(c) = &m.claim {
             by_claim.entry(c).or_default().push(m.key.clone());
         }
@@ -222,8 +245,16 @@ pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invari
             ));
         }
     }
+}
+
+/// No Machine is named by two NodeClaims, and the Machine a NodeClaim names names it back.
+fn check_machines_named_once(
+    machines: &[RawMachine],
+    claims: &BTreeMap<String, Value>,
+    inv: &mut Invariants,
+) {
     let mut named: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (name, c) in &claims {
+    for (name, c) in claims {
         if let Some(m) = annotation(c, MACHINE_ANNOTATION) {
             named.entry(m).or_default().push(name);
         }
@@ -248,58 +279,63 @@ pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invari
             ));
         }
     }
+}
 
-    // Invariant 2: no leak, replicas equal live Machines.
-    for (resource, kind, md) in scalables
+/// One member MachineDeployment or MachinePool: no more live Machines bound to no live claim
+/// than the replicas the controller does not own (a leak otherwise), and its replicas equal to
+/// its live Machines.
+fn check_replicas(
+    resource: &str,
+    kind: &str,
+    md: &Value,
+    machines: &[RawMachine],
+    claims: &BTreeMap<String, Value>,
+    inv: &mut Invariants,
+) {
+    let Some(key) = key_of(md) else {
+        return;
+    };
+    let live: Vec<&RawMachine> = machines
         .iter()
-        .filter(|(_, _, md)| label(md, MEMBER_LABEL).is_some())
-    {
-        let Some(key) = key_of(md) else {
-            continue;
-        };
-        let live: Vec<&RawMachine> = machines
-            .iter()
-            .filter(|m| {
-                m.deployment
-                    .as_ref()
-                    .is_some_and(|(r, k)| r == resource && *k == key)
-                    && !m.deleting
-            })
-            .collect();
-        let bound: BTreeSet<&str> = live
-            .iter()
-            .filter(|m| {
-                m.claim
-                    .as_deref()
-                    .is_some_and(|c| claims.get(c).is_some_and(|cv| !is_deleting(cv)))
-            })
-            .map(|m| m.name.as_str())
-            .collect();
-        inv.bound += bound.len();
-        // The replicas the controller says it owns; an absent or unreadable annotation is none.
-        let managed = annotation(md, MANAGED_REPLICAS_ANNOTATION)
-            .and_then(|v| v.trim().parse::<i64>().ok())
-            .unwrap_or(0)
-            .max(0);
-        let replicas = md
-            .pointer("/spec/replicas")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let baseline = (replicas - managed).max(0) as usize;
-        let unbound = live.len() - bound.len();
-        if unbound > baseline {
-            inv.leaked += unbound - baseline;
-            inv.problems.push(format!(
-                "{kind} {key}: {} live Machines bound to no live NodeClaim beyond a baseline of {baseline}",
-                unbound - baseline
-            ));
-        }
-        if replicas as usize != live.len() {
-            inv.problems.push(format!(
-                "{kind} {key}: spec.replicas {replicas} but {} live Machines",
-                live.len()
-            ));
-        }
+        .filter(|m| {
+            m.deployment
+                .as_ref()
+                .is_some_and(|(r, k)| *r == resource && *k == key)
+                && !m.deleting
+        })
+        .collect();
+    let bound: BTreeSet<&str> = live
+        .iter()
+        .filter(|m| {
+            m.claim
+                .as_deref()
+                .is_some_and(|c| claims.get(c).is_some_and(|cv| !is_deleting(cv)))
+        })
+        .map(|m| m.name.as_str())
+        .collect();
+    inv.bound += bound.len();
+    // The replicas the controller says it owns; an absent or unreadable annotation is none.
+    let managed = annotation(md, MANAGED_REPLICAS_ANNOTATION)
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .unwrap_or(0)
+        .max(0);
+    let replicas = md
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let baseline = (replicas - managed).max(0) as usize;
+    let unbound = live.len() - bound.len();
+    if unbound > baseline {
+        inv.leaked += unbound - baseline;
+        inv.problems.push(format!(
+            "{kind} {key}: {} live Machines bound to no live NodeClaim beyond a baseline of {baseline}",
+            unbound - baseline
+        ));
     }
-    inv
+    if replicas as usize != live.len() {
+        inv.problems.push(format!(
+            "{kind} {key}: spec.replicas {replicas} but {} live Machines",
+            live.len()
+        ));
+    }
 }

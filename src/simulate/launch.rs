@@ -11,10 +11,9 @@ use kube::ResourceExt;
 use kube::api::{Api, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 
-use super::invariants;
 use super::invariants::{SCALABLE_RESOURCES, scalable_of};
 use super::observer::Observer;
-use super::report::{ApiCounts, ClaimCounts, Latencies, MachineCounts, Percentiles, Report};
+use super::report::Report;
 use super::{BackgroundSim, Error, Kept, sim_settings, start_controller};
 use crate::api::nodeclaim::{
     NodeClaim, NodeClaimSpec, NodeClassReference, NodeSelectorRequirementWithMinValues, Operator,
@@ -23,11 +22,12 @@ use crate::api::nodeclaim::{
 use crate::api::nodeclass::{ClusterAPINodeClass, ClusterAPINodeClassSpec};
 use crate::api::nodepool::NodePool;
 use crate::api::wellknown::*;
-use crate::app::USER_AGENT;
 use crate::cli::SimulateArgs;
 use crate::metrics::Metrics;
-use crate::sim::capi::PROVIDER_ID_SET;
 use crate::sim::cluster::{MachineDeploymentSeed, SimCluster};
+
+mod measure;
+pub use measure::measure;
 
 pub const NAMESPACE: &str = "default";
 pub const NODEPOOL: &str = "default";
@@ -452,167 +452,6 @@ pub fn progress_line(cluster: &SimCluster) -> String {
     format!(
         "claims {claims} (launched {launched}, initialized {initialized}), machines {machines}, nodes {nodes}, pending pods {pending}"
     )
-}
-
-/// Everything the report needs, read from the simulated cluster after the scenario.
-pub fn measure(
-    sim: &BackgroundSim,
-    observer: &Observer,
-    requested: usize,
-    since_ms: u64,
-    scenario: &str,
-    metrics: &Metrics,
-) -> Report {
-    let cluster = sim.cluster();
-    let stats = cluster.stats();
-    let writes: Vec<_> = stats
-        .writes()
-        .into_iter()
-        .filter(|w| w.at_ms >= since_ms)
-        .collect();
-    let controller_writes = writes.iter().filter(|w| w.agent == USER_AGENT).count();
-    let mut writes_by_target = std::collections::BTreeMap::new();
-    for w in writes.iter().filter(|w| w.agent == USER_AGENT) {
-        *writes_by_target.entry(w.target()).or_insert(0) += 1;
-    }
-    let replica_writes = writes
-        .iter()
-        .filter(|w| {
-            w.agent == USER_AGENT
-                && SCALABLE_RESOURCES.iter().any(|(r, _)| w.resource == *r)
-                && matches!(w.verb.as_str(), "patch" | "update")
-        })
-        .count();
-    let machines_created = writes
-        .iter()
-        .filter(|w| w.resource == "machines" && w.verb == "create")
-        .count();
-    let created_at: BTreeMap<&str, u64> = writes
-        .iter()
-        .filter(|w| w.resource == "nodeclaims" && w.verb == "create" && w.subresource.is_empty())
-        .map(|w| (w.name.as_str(), w.at_ms))
-        .collect();
-    let provider_at: BTreeMap<String, u64> = stats
-        .milestones(PROVIDER_ID_SET)
-        .into_iter()
-        .map(|m| (format!("{}/{}", m.namespace, m.name), m.at_ms))
-        .collect();
-
-    // Both ends from the server's write log (the observer's times add its own watch's
-    // delivery): the provider ID landed with the Cluster API stand-in's last Machine write
-    // before its milestone (the milestone is taken when that write's answer is back, by which
-    // time the controller may already have written the claim), and the claim's first status
-    // write is its Launched write.
-    let mut status_writes: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    let mut standin_machine_writes: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for w in &writes {
-        if w.agent == USER_AGENT && w.resource == "nodeclaims" && w.subresource == "status" {
-            status_writes
-                .entry(w.name.as_str())
-                .or_default()
-                .push(w.at_ms);
-        } else if w.agent != USER_AGENT && w.resource == "machines" {
-            standin_machine_writes
-                .entry(format!("{}/{}", w.namespace, w.name))
-                .or_default()
-                .push(w.at_ms);
-        }
-    }
-    let provider_landed = |machine: &str, milestone: u64| {
-        standin_machine_writes
-            .get(machine)
-            .and_then(|ws| ws.iter().rev().find(|w| **w <= milestone).copied())
-    };
-    let mut pid_to_write = Vec::new();
-
-    let times = observer.snapshot();
-    let mut counts = ClaimCounts {
-        requested,
-        ..Default::default()
-    };
-    let (mut to_launched, mut to_initialized, mut pid_to_claim) =
-        (Vec::new(), Vec::new(), Vec::new());
-    for (name, t) in &times {
-        let created = created_at.get(name.as_str()).copied().or(t.created_ms);
-        counts.launched += usize::from(t.launched_ms.is_some());
-        counts.registered += usize::from(t.registered_ms.is_some());
-        counts.initialized += usize::from(t.initialized_ms.is_some());
-        counts.deleted += usize::from(t.deleted_ms.is_some());
-        counts.timed_out += usize::from(t.deleted_ms.is_some() && t.launched_ms.is_none());
-        if let (Some(c), Some(l)) = (created, t.launched_ms) {
-            to_launched.push(l.saturating_sub(c) as f64);
-        }
-        if let (Some(c), Some(i)) = (created, t.initialized_ms) {
-            to_initialized.push(i.saturating_sub(c) as f64);
-        }
-        let pid_at = t.machine.as_ref().and_then(|m| provider_at.get(m));
-        if let (Some(m), Some(l)) = (pid_at, t.launched_ms) {
-            pid_to_claim.push(l.saturating_sub(*m) as f64);
-        }
-        // The claim's first status write once the provider ID landed: its Launched write (a
-        // claim that waited, e.g. for its template to be read, wrote its status before).
-        if let (Some(machine), Some(m), Some(ws)) = (
-            t.machine.as_deref(),
-            pid_at,
-            status_writes.get(name.as_str()),
-        ) && let Some(landed) = provider_landed(machine, *m)
-            && let Some(w) = ws.iter().find(|w| **w >= landed)
-        {
-            pid_to_write.push(w.saturating_sub(landed) as f64);
-        }
-    }
-    let inv = invariants::check(cluster.store(), cluster.capi_version());
-    let mut problems = inv.problems;
-    problems.extend(refused_requests(&stats));
-    Report {
-        scenario: scenario.into(),
-        claims: counts,
-        machines: MachineCounts {
-            created: machines_created,
-            bound: inv.bound,
-            leaked: inv.leaked,
-            double_bound: inv.double_bound,
-        },
-        api: ApiCounts {
-            writes: controller_writes,
-            replica_writes,
-            writes_per_claim: if requested == 0 {
-                0.0
-            } else {
-                controller_writes as f64 / requested as f64
-            },
-            requests_by_verb: stats.requests_by_verb(USER_AGENT),
-            writes_by_target,
-        },
-        latency_ms: Latencies {
-            provider_id_to_claim: Percentiles::of(pid_to_claim),
-            provider_id_to_status_write: Percentiles::of(pid_to_write),
-            controller_provider_id_to_status_write: Percentiles::of_histogram(
-                &metrics.encode(),
-                "karpenter_capi_provider_id_to_claim_duration_seconds",
-            ),
-            claim_to_launched: Percentiles::of(to_launched),
-            claim_to_initialized: Percentiles::of(to_initialized),
-        },
-        cpu_ms: sim.cpu_ms(requested),
-        invariants_ok: problems.is_empty(),
-        problems,
-        elapsed_ms: stats.now_ms().saturating_sub(since_ms),
-        timeline: sim.timeline(),
-    }
-}
-
-/// The controller's requests the API server refused (on a real control plane, which authorizes
-/// them against the Helm chart's RBAC), as a problem: a permission the chart lacks fails the run.
-fn refused_requests(stats: &crate::sim::Stats) -> Option<String> {
-    let refused = stats.refused();
-    let total: u64 = refused.values().sum();
-    (total > 0).then(|| {
-        format!(
-            "the API server refused {total} of the controller's requests (permissions the Helm \
-             chart lacks): {refused:?}"
-        )
-    })
 }
 
 /// `simulate --scenario launch`.

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
+use super::pool_miss::{PoolMiss, pool_admits, summarise};
 use super::preferences::with_narrowing;
 use super::template::{
     Pool, STATIC_POOL, TypeInfo, exceeded_limit, meet_min_values, unknown_label,
@@ -410,15 +411,6 @@ fn claim_domains<'c>(claim: &'c Claim, pools: &'c [Pool], key: &str, all: bool) 
     }
 }
 
-/// Why one NodePool could not open a claim for a pod.
-enum PoolMiss {
-    Incompatible(String),
-    Limit(String),
-    /// A CapacityQuota (its name) has no room on a resource.
-    Quota(String, String),
-    NoFit(String),
-}
-
 impl<'a> Solver<'a> {
     pub(super) fn try_new_claim(&mut self, ctx: &Ctx) -> Result<(), PodError> {
         let mut misses: Vec<(&str, PoolMiss)> = Vec::new();
@@ -469,33 +461,47 @@ impl<'a> Solver<'a> {
         Err(summarise(misses))
     }
 
+    /// A new claim from pool `pi` for the pod, or why the pool cannot open one.
     fn open_claim(&self, pi: usize, ctx: &Ctx) -> Result<Claim, PoolMiss> {
         let pool = &self.pools[pi];
-        if let Some(why) = &pool.broken {
-            return Err(PoolMiss::Incompatible(why.clone()));
-        }
-        if let Some(t) = untolerated(&ctx.pod.tolerations, pool.taints, ctx.prefer_blocks) {
-            return Err(PoolMiss::Incompatible(format!(
-                "taint {}={}:{} is not tolerated",
-                t.key,
-                t.value.as_deref().unwrap_or(""),
-                t.effect
-            )));
-        }
-        if let Err(e) = pool.reqs.compatible(ctx.reqs) {
-            return Err(PoolMiss::Incompatible(format!(
-                "incompatible requirements, {e}"
-            )));
-        }
-        if let Some(key) = unknown_label(pool, ctx.reqs) {
-            return Err(PoolMiss::Incompatible(format!(
-                "label {key:?} is not provided by the NodePool or its instance types"
-            )));
-        }
-        if pool.nodes_remaining.is_some_and(|n| n < 1) {
-            return Err(PoolMiss::Limit("nodes".into()));
-        }
+        pool_admits(pool, ctx)?;
         let hostname = format!("{}-claim-{}", pool.name, self.claims.len());
+        let reqs = self.claim_requirements(pool, ctx, &hostname)?;
+        let quotas = self.claim_quotas(pool, &reqs)?;
+        let pod_volumes = self.pod_volumes(&ctx.pod.key);
+        let types = self.claim_types(pi, ctx, &reqs, &quotas, pod_volumes)?;
+        let relaxed = meet_min_values(pool, &types, &reqs, self.min_values_policy)
+            .map_err(PoolMiss::NoFit)?;
+        let min_values_relaxed = relaxed.is_some();
+        let reqs = relaxed.unwrap_or(reqs);
+        let zero = Amounts::zero(self.dims.len());
+        let mut used = zero.clone();
+        used.add_assign(&ctx.prep.amounts);
+        Ok(Claim {
+            pool: pi,
+            max_avail: max_avail(&pool.types, &types, self.dims.len()),
+            hostname,
+            reqs,
+            used,
+            types,
+            pods: self.order.get(&ctx.pod.key).copied().into_iter().collect(),
+            host_ports: ctx.pod.host_ports.clone(),
+            charge: zero,
+            quotas,
+            min_values_relaxed,
+            volumes: pod_volumes.cloned().unwrap_or_default(),
+        })
+    }
+
+    /// The new claim's requirements: the pool's narrowed by the pod's, then by where its
+    /// topology spread and affinity let this new hostname go (skipped when it has neither, as
+    /// admitting is the costly part of opening a claim).
+    fn claim_requirements(
+        &self,
+        pool: &Pool,
+        ctx: &Ctx,
+        hostname: &str,
+    ) -> Result<Requirements, PoolMiss> {
         let base = if ctx.reqs.is_empty() {
             Cow::Borrowed(&pool.reqs)
         } else {
@@ -505,16 +511,21 @@ impl<'a> Solver<'a> {
             Vec::new()
         } else {
             let place = Place::Claim {
-                hostname: &hostname,
+                hostname,
                 requirements: &base,
             };
             self.admit(ctx, &place)
                 .map_err(|r| PoolMiss::Incompatible(self.topology.explain(r)))?
         };
-        let reqs = with_narrowing(base.into_owned(), &narrowed);
+        Ok(with_narrowing(base.into_owned(), &narrowed))
+    }
+
+    /// The CapacityQuotas that may cover the new claim; one with no node left refuses it
+    /// whatever its instance type.
+    fn claim_quotas(&self, pool: &Pool, reqs: &Requirements) -> Result<Vec<usize>, PoolMiss> {
         let known = |k: &str| pool.known_keys.contains(k);
         let quotas: Vec<usize> = (self.quotas.iter().enumerate())
-            .filter(|(_, q)| q.may_cover(&reqs, &known))
+            .filter(|(_, q)| q.may_cover(reqs, &known))
             .map(|(i, _)| i)
             .collect();
         if let Some(q) =
@@ -522,9 +533,25 @@ impl<'a> Solver<'a> {
         {
             return Err(PoolMiss::Quota(q.name.clone(), "nodes".into()));
         }
-        let usable = (reqs != pool.reqs).then(|| self.usability(pi, &reqs));
+        Ok(quotas)
+    }
+
+    /// The pool's instance types the new claim may take. When there is none, a limit or quota
+    /// that ruled out a fitting type is the reason given: raising it would let the pod in,
+    /// which a bare "does not fit" would hide.
+    fn claim_types(
+        &self,
+        pi: usize,
+        ctx: &Ctx,
+        reqs: &Requirements,
+        quotas: &[usize],
+        pod_volumes: Option<&PodVolumes>,
+    ) -> Result<Vec<usize>, PoolMiss> {
+        let pool = &self.pools[pi];
+        // Every type of the pool meets the pool's own requirements: only narrower ones can rule
+        // some out.
+        let usable = (*reqs != pool.reqs).then(|| self.usability(pi, reqs));
         let zero = Amounts::zero(self.dims.len());
-        let pod_volumes = self.pod_volumes(&ctx.pod.key);
         let mut types = Vec::new();
         let (mut matching, mut fitting) = (0usize, 0usize);
         let mut limit_hit: Option<usize> = None;
@@ -550,129 +577,23 @@ impl<'a> Solver<'a> {
                 limit_hit.get_or_insert(d);
                 continue;
             }
-            if let Some(hit) = first_exceeded(&self.quotas, &quotas, &t.capacity, &zero, self.dims)
-            {
+            if let Some(hit) = first_exceeded(&self.quotas, quotas, &t.capacity, &zero, self.dims) {
                 quota_hit.get_or_insert(hit);
                 continue;
             }
             types.push(ti);
         }
-        if types.is_empty() {
-            if let Some(d) = limit_hit {
-                return Err(PoolMiss::Limit(self.dims.name(d).to_string()));
-            }
-            if let Some((name, resource)) = quota_hit {
-                return Err(PoolMiss::Quota(name.to_string(), resource));
-            }
-            return Err(PoolMiss::NoFit(
-                self.no_fit_details(pool, ctx, matching, fitting),
-            ));
+        if !types.is_empty() {
+            return Ok(types);
         }
-        let relaxed = meet_min_values(pool, &types, &reqs, self.min_values_policy)
-            .map_err(PoolMiss::NoFit)?;
-        let min_values_relaxed = relaxed.is_some();
-        let reqs = relaxed.unwrap_or(reqs);
-        let mut used = zero.clone();
-        used.add_assign(&ctx.prep.amounts);
-        Ok(Claim {
-            pool: pi,
-            max_avail: max_avail(&pool.types, &types, self.dims.len()),
-            hostname,
-            reqs,
-            used,
-            types,
-            pods: self.order.get(&ctx.pod.key).copied().into_iter().collect(),
-            host_ports: ctx.pod.host_ports.clone(),
-            charge: zero,
-            quotas,
-            min_values_relaxed,
-            volumes: pod_volumes.cloned().unwrap_or_default(),
-        })
-    }
-
-    fn no_fit_details(&self, pool: &Pool, ctx: &Ctx, matching: usize, fitting: usize) -> String {
-        if pool.types.is_empty() {
-            return "the NodePool has no instance type with an available offering".into();
+        if let Some(d) = limit_hit {
+            return Err(PoolMiss::Limit(self.dims.name(d).to_string()));
         }
-        if matching == 0 {
-            return format!(
-                "none of {} instance types matches the requirements {}",
-                pool.types.len(),
-                describe(ctx.reqs)
-            );
+        if let Some((name, resource)) = quota_hit {
+            return Err(PoolMiss::Quota(name.to_string(), resource));
         }
-        debug_assert_eq!(fitting, 0);
-        if !ctx.pod.host_ports.is_empty()
-            && pool
-                .types
-                .iter()
-                .all(|t| ports_conflict(&t.daemon_ports, &ctx.pod.host_ports))
-        {
-            return "its host ports are taken by DaemonSet pods on every instance type".into();
-        }
-        let requests: Vec<String> = ctx
-            .pod
-            .requests
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let short: Vec<&str> = (0..self.dims.len())
-            .filter(|&d| {
-                let want = ctx.prep.amounts.get(d);
-                want > 0 && pool.types.iter().all(|t| t.avail.get(d) < want)
-            })
-            .map(|d| self.dims.name(d))
-            .collect();
-        if short.is_empty() {
-            format!(
-                "requests {} (plus DaemonSet overhead) fit no single instance type",
-                requests.join(", ")
-            )
-        } else {
-            format!(
-                "requests {} (plus DaemonSet overhead) exceed every instance type on {}",
-                requests.join(", "),
-                short.join(", ")
-            )
-        }
-    }
-}
-
-fn describe(reqs: &Requirements) -> String {
-    let parts: Vec<String> = reqs.iter().map(|r| format!("{} {r}", r.key())).collect();
-    format!("[{}]", parts.join(", "))
-}
-
-/// One error for the pod from every pool's miss: a limit or a fit problem of the first pool
-/// that otherwise matched, else the list of why no pool matched.
-fn summarise(misses: Vec<(&str, PoolMiss)>) -> PodError {
-    if misses.is_empty() {
-        return PodError::NoNodePoolMatches {
-            details: "there are no NodePools".into(),
-        };
-    }
-    let mut reasons = Vec::new();
-    for (pool, miss) in misses {
-        match miss {
-            PoolMiss::Limit(resource) => {
-                return PodError::LimitReached {
-                    nodepool: pool.to_string(),
-                    resource,
-                };
-            }
-            PoolMiss::Quota(quota, resource) => {
-                return PodError::QuotaReached { quota, resource };
-            }
-            PoolMiss::NoFit(details) => {
-                return PodError::NoInstanceTypeFits {
-                    nodepool: pool.to_string(),
-                    details,
-                };
-            }
-            PoolMiss::Incompatible(why) => reasons.push(format!("NodePool {pool:?}: {why}")),
-        }
-    }
-    PodError::NoNodePoolMatches {
-        details: reasons.join("; "),
+        Err(PoolMiss::NoFit(
+            self.no_fit_details(pool, ctx, matching, fitting),
+        ))
     }
 }

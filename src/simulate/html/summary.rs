@@ -63,8 +63,6 @@ pub(super) struct Line {
 /// The summary: what the scenario ended with, in the words of its own report, each line only
 /// when the scenario has the figures.
 pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
-    let num = |path: &str| r.pointer(path).and_then(Value::as_f64);
-    let count = |path: &str| num(path).map(figure);
     let mut lines = Vec::new();
     let mut add = |id, what, value: String, bad| {
         lines.push(Line {
@@ -74,8 +72,59 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             bad,
         })
     };
+    // In the order a reader asks: did it hold, what did it cost, what happened, how fast.
+    headline_lines(r, &mut add);
+    capacity_lines(r, t, &mut add);
+    workload_lines(r, &mut add);
+    violations_line(r, &mut add);
+    disruption_lines(r, &mut add);
+    scenario_lines(r, &mut add);
+    if let Some(blocked) = r.pointer("/disruption/blocked_nodes") {
+        add(
+            "blocked",
+            "Nodes held back, by blocker",
+            blocked_words(blocked),
+            false,
+        );
+    }
+    drain_line(r, &mut add);
+    latency_lines(r, &mut add);
+    if !t.marks.is_empty() {
+        let phases: Vec<String> = t
+            .marks
+            .iter()
+            .map(|m| format!("{} at {}", m.label, at_secs(m.at_ms)))
+            .collect();
+        add("phases", "Phases", phases.join(" · "), false);
+    }
+    lines
+}
+
+/// A figure of the report by its JSON pointer.
+fn num(r: &Value, path: &str) -> Option<f64> {
+    r.pointer(path).and_then(Value::as_f64)
+}
+
+/// A count of the report by its JSON pointer, as it reads.
+fn count(r: &Value, path: &str) -> Option<String> {
+    num(r, path).map(figure)
+}
+
+/// A count of the report, 0 when the scenario has none: a line that lists several reads
+/// better with a 0 than with a gap.
+fn count_or_zero(r: &Value, path: &str) -> String {
+    count(r, path).unwrap_or_else(|| "0".into())
+}
+
+/// Where the disruption section keeps `k`.
+fn disruption(k: &str) -> String {
+    format!("/disruption/{k}")
+}
+
+/// What ran and whether the invariants held: the first thing a reader checks.
+fn headline_lines(r: &Value, add: &mut impl FnMut(&'static str, &'static str, String, bool)) {
     let scenario = r["scenario"].as_str().unwrap_or("simulation");
-    let ran = num("/elapsed_ms")
+    let ran = num(r, "/elapsed_ms")
         .map(|ms| {
             format!(
                 ", {} from the workload's start to the report",
@@ -93,11 +142,21 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
         (false, n) => format!("VIOLATED ({n} listed below)"),
     };
     add("invariants", "Invariants", verdict, !ok);
+}
 
+/// Nodes and cost: before and after a disruption when the scenario measured both, else the
+/// last sample of the timeline.
+fn capacity_lines(
+    r: &Value,
+    t: &Timeline,
+    add: &mut impl FnMut(&'static str, &'static str, String, bool),
+) {
     let last = t.samples.last();
-    let d = |k: &str| format!("/disruption/{k}");
-    if let (Some(before), Some(after)) = (count(&d("nodes_before")), count(&d("nodes_after"))) {
-        let bound = count(&d("nodes_lower_bound"))
+    if let (Some(before), Some(after)) = (
+        count(r, &disruption("nodes_before")),
+        count(r, &disruption("nodes_after")),
+    ) {
+        let bound = count(r, &disruption("nodes_lower_bound"))
             .map(|b| format!(" (the pods' requests need at least {b})"))
             .unwrap_or_default();
         add(
@@ -116,8 +175,8 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
         );
     }
     if let (Some(before), Some(after)) = (
-        num(&d("cost_per_hour_before")),
-        num(&d("cost_per_hour_after")),
+        num(r, &disruption("cost_per_hour_before")),
+        num(r, &disruption("cost_per_hour_after")),
     ) {
         add(
             "cost",
@@ -133,10 +192,13 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             false,
         );
     }
+}
 
-    if let Some(bound) = count("/pods/bound") {
-        let unbound = count("/pods/unschedulable").unwrap_or_else(|| "0".into());
-        let created = count("/pods/pending_at_start")
+/// Pods, NodeClaims and how much of the nodes the pods asked for.
+fn workload_lines(r: &Value, add: &mut impl FnMut(&'static str, &'static str, String, bool)) {
+    if let Some(bound) = count(r, "/pods/bound") {
+        let unbound = count_or_zero(r, "/pods/unschedulable");
+        let created = count(r, "/pods/pending_at_start")
             .map(|n| format!("{n} created pending; "))
             .unwrap_or_default();
         let bad = unbound != "0";
@@ -147,8 +209,8 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             bad,
         );
     }
-    if let Some(requested) = count("/claims/requested") {
-        let c = |k: &str| count(&format!("/claims/{k}")).unwrap_or_else(|| "0".into());
+    if let Some(requested) = count(r, "/claims/requested") {
+        let c = |k: &str| count_or_zero(r, &format!("/claims/{k}"));
         add(
             "claims",
             "NodeClaims",
@@ -163,8 +225,8 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
         );
     }
     if let (Some(cpu), Some(memory)) = (
-        num("/nodes/cpu_utilization"),
-        num("/nodes/memory_utilization"),
+        num(r, "/nodes/cpu_utilization"),
+        num(r, "/nodes/memory_utilization"),
     ) {
         add(
             "utilization",
@@ -177,8 +239,11 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             false,
         );
     }
+}
 
-    // Violations: the disruption or drain section's, and the Machines' invariants.
+/// Violations: the disruption or drain section's, and the Machines' invariants, on one line so
+/// that a clean run shows them all at 0.
+fn violations_line(r: &Value, add: &mut impl FnMut(&'static str, &'static str, String, bool)) {
     let section = ["/disruption", "/termination"]
         .into_iter()
         .find(|s| r.pointer(s).is_some());
@@ -191,78 +256,43 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
         }
     };
     if let Some(s) = section {
-        push(num(&format!("{s}/budget_violations")), "budget");
-        push(num(&format!("{s}/pdb_violations")), "PodDisruptionBudget");
+        push(num(r, &format!("{s}/budget_violations")), "budget");
         push(
-            num(&format!("{s}/do_not_disrupt_violations")),
+            num(r, &format!("{s}/pdb_violations")),
+            "PodDisruptionBudget",
+        );
+        push(
+            num(r, &format!("{s}/do_not_disrupt_violations")),
             "do-not-disrupt",
         );
     }
-    push(num("/machines/leaked"), "Machines leaked");
-    push(num("/machines/double_bound"), "Machines double-bound");
-    if !violations.is_empty() {
-        let mut value = violations.join(", ");
-        if let Some(excess) = num(&d("budget_excess_any")).filter(|e| *e > 0.0) {
-            let _ = write!(
-                value,
-                " (Cluster API's own deletions went {} over a budget: not the controller's)",
-                figure(excess)
-            );
-        }
-        add("violations", "Violations", value, any > 0.0);
+    push(num(r, "/machines/leaked"), "Machines leaked");
+    push(num(r, "/machines/double_bound"), "Machines double-bound");
+    if violations.is_empty() {
+        return;
     }
-
-    if r.pointer("/disruption").is_some() {
-        let decisions: Vec<String> = ["empty", "underutilized", "drifted", "expired", "other"]
-            .into_iter()
-            .filter_map(|k| {
-                num(&format!("/disruption/decisions/{k}"))
-                    .filter(|n| *n > 0.0)
-                    .map(|n| format!("{} {k}", figure(n)))
-            })
-            .collect();
-        let decided = if decisions.is_empty() {
-            "no claims disrupted".to_string()
-        } else {
-            format!("claims disrupted: {}", decisions.join(", "))
-        };
-        let c = |k: &str| count(&d(k)).unwrap_or_else(|| "0".into());
-        add(
-            "disruption",
-            "Disruption",
-            format!(
-                "{decided}; {} of the {} claims before it are gone; at most {} disrupted at once; took {}",
-                c("claims_replaced"),
-                c("claims_before"),
-                c("max_disrupting"),
-                duration_ms(num(&d("phase_ms")).unwrap_or(0.0))
-            ),
-            false,
+    let mut value = violations.join(", ");
+    // Cluster API deleting on its own is no fault of the controller's, but worth seeing.
+    if let Some(excess) = num(r, &disruption("budget_excess_any")).filter(|e| *e > 0.0) {
+        let _ = write!(
+            value,
+            " (Cluster API's own deletions went {} over a budget: not the controller's)",
+            figure(excess)
         );
+    }
+    add("violations", "Violations", value, any > 0.0);
+}
+
+/// What disruption decided and did, a rollout's progress, and how long a template change took
+/// to reach the nodes.
+fn disruption_lines(r: &Value, add: &mut impl FnMut(&'static str, &'static str, String, bool)) {
+    if r.pointer("/disruption").is_some() {
+        add("disruption", "Disruption", disruption_words(r), false);
     }
     if let Some(ro) = r.pointer("/disruption/rollout") {
-        let c = |k: &str| {
-            ro.get(k)
-                .and_then(Value::as_f64)
-                .map(figure)
-                .unwrap_or_else(|| "0".into())
-        };
-        add(
-            "rollout",
-            "Rollout",
-            format!(
-                "{}: {} of {} claims replaced, {} of {} Machines up to date, at most {} disrupted at once",
-                ro["machine_deployment"].as_str().unwrap_or("?"),
-                c("claims_replaced"),
-                c("claims_before"),
-                c("machines_up_to_date"),
-                c("machines"),
-                c("max_disrupting")
-            ),
-            false,
-        );
+        add("rollout", "Rollout", rollout_words(ro), false);
     }
-    if let Some(ms) = num(&d("nodes_up_to_date_after_ms")) {
+    if let Some(ms) = num(r, &disruption("nodes_up_to_date_after_ms")) {
         add(
             "nodes-up-to-date",
             "NodesUpToDate",
@@ -270,8 +300,8 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             false,
         );
     }
-    if let Some(held) = num(&d("pause/held_ms")) {
-        let drifted = num(&d("pause/drifted_while_paused")).unwrap_or(0.0);
+    if let Some(held) = num(r, &disruption("pause/held_ms")) {
+        let drifted = num(r, &disruption("pause/drifted_while_paused")).unwrap_or(0.0);
         add(
             "pause",
             "Disruption paused",
@@ -283,35 +313,78 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             drifted > 0.0,
         );
     }
-    scenario_lines(r, &mut add);
-    if let Some(blocked) = r.pointer("/disruption/blocked_nodes") {
-        add(
-            "blocked",
-            "Nodes held back, by blocker",
-            blocked_words(blocked),
-            false,
-        );
-    }
-    if r.pointer("/termination").is_some() {
-        let c = |k: &str| count(&format!("/termination/{k}")).unwrap_or_else(|| "0".into());
-        add(
-            "drain",
-            "Drain",
-            format!(
-                "{} claims deleted, {} drained, {} Machines released; {} evictions, {} refused by a budget and retried",
-                c("claims_deleted"),
-                c("drained"),
-                c("machines_released"),
-                c("evictions"),
-                c("eviction_retries_429")
-            ),
-            false,
-        );
-    }
+}
 
-    // Latencies, each where the scenario measured some.
+/// The disruption section's decisions by reason (only those taken) and its pace.
+fn disruption_words(r: &Value) -> String {
+    let decisions: Vec<String> = ["empty", "underutilized", "drifted", "expired", "other"]
+        .into_iter()
+        .filter_map(|k| {
+            num(r, &format!("/disruption/decisions/{k}"))
+                .filter(|n| *n > 0.0)
+                .map(|n| format!("{} {k}", figure(n)))
+        })
+        .collect();
+    let decided = if decisions.is_empty() {
+        "no claims disrupted".to_string()
+    } else {
+        format!("claims disrupted: {}", decisions.join(", "))
+    };
+    let c = |k: &str| count_or_zero(r, &disruption(k));
+    format!(
+        "{decided}; {} of the {} claims before it are gone; at most {} disrupted at once; took {}",
+        c("claims_replaced"),
+        c("claims_before"),
+        c("max_disrupting"),
+        duration_ms(num(r, &disruption("phase_ms")).unwrap_or(0.0))
+    )
+}
+
+/// A rollout's section: how far the replacement of its MachineDeployment's claims got.
+fn rollout_words(ro: &Value) -> String {
+    let c = |k: &str| {
+        ro.get(k)
+            .and_then(Value::as_f64)
+            .map(figure)
+            .unwrap_or_else(|| "0".into())
+    };
+    format!(
+        "{}: {} of {} claims replaced, {} of {} Machines up to date, at most {} disrupted at once",
+        ro["machine_deployment"].as_str().unwrap_or("?"),
+        c("claims_replaced"),
+        c("claims_before"),
+        c("machines_up_to_date"),
+        c("machines"),
+        c("max_disrupting")
+    )
+}
+
+/// The drain section's counts, when the scenario drained.
+fn drain_line(r: &Value, add: &mut impl FnMut(&'static str, &'static str, String, bool)) {
+    if r.pointer("/termination").is_none() {
+        return;
+    }
+    let c = |k: &str| count_or_zero(r, &format!("/termination/{k}"));
+    add(
+        "drain",
+        "Drain",
+        format!(
+            "{} claims deleted, {} drained, {} Machines released; {} evictions, {} refused by a budget and retried",
+            c("claims_deleted"),
+            c("drained"),
+            c("machines_released"),
+            c("evictions"),
+            c("eviction_retries_429")
+        ),
+        false,
+    );
+}
+
+/// Latencies, each only where the scenario measured some: percentiles of nothing would read
+/// as 0, a false good answer.
+fn latency_lines(r: &Value, add: &mut impl FnMut(&'static str, &'static str, String, bool)) {
     let percentiles = |path: &str| {
-        let p = |q: &str| num(&format!("{path}/{q}"));
+        let p = |q: &str| num(r, &format!("{path}/{q}"));
         match durations_ms(&[p("p50")?, p("p99")?]).as_slice() {
             [p50, p99] => Some(format!("p50 {p50}, p99 {p99}")),
             _ => None,
@@ -345,13 +418,13 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
         ),
     ];
     for (id, what, measured, path) in latencies {
-        if num(measured).is_some_and(|n| n > 0.0)
+        if num(r, measured).is_some_and(|n| n > 0.0)
             && let Some(v) = percentiles(path)
         {
             add(id, what, v, false);
         }
     }
-    if let Some(ms) = num(&d("pods_max_pending_ms")) {
+    if let Some(ms) = num(r, &disruption("pods_max_pending_ms")) {
         add(
             "longest-pending",
             "Longest a pod waited during disruption",
@@ -359,15 +432,6 @@ pub(super) fn summary_lines(r: &Value, t: &Timeline) -> Vec<Line> {
             false,
         );
     }
-    if !t.marks.is_empty() {
-        let phases: Vec<String> = t
-            .marks
-            .iter()
-            .map(|m| format!("{} at {}", m.label, at_secs(m.at_ms)))
-            .collect();
-        add("phases", "Phases", phases.join(" · "), false);
-    }
-    lines
 }
 
 /// The lines of one scenario or flag: drift's back-off against failing launches
