@@ -1,5 +1,5 @@
-//! The provisioner's watches of Pods and DaemonSets: the pod index and the DaemonSet overhead
-//! kept current, and a batch opened or extended for each pod that becomes provisionable.
+//! The provisioner's watch of Pods: the pod index kept current, and a batch opened or extended
+//! for each pod that becomes provisionable.
 
 use std::time::Instant;
 
@@ -15,7 +15,6 @@ impl StreamHandler<Watched> for Provisioner {
         let m = &self.shared.metrics;
         match &ev {
             Watched::Pod(ev) => self.pods_stale.saw(ev, m),
-            Watched::DaemonSet(ev) => self.daemonsets_stale.saw(ev, m),
         }
         match ev {
             Watched::Pod(Ok(ev)) => match ev {
@@ -111,22 +110,8 @@ impl StreamHandler<Watched> for Provisioner {
                     self.shared.state.nominated.write().remove(&key);
                 }
             },
-            Watched::DaemonSet(Ok(ev)) => match ev {
-                watcher::Event::Init => self.ds_buffer.clear(),
-                watcher::Event::InitApply(d) => self.ds_buffer.push(d),
-                watcher::Event::InitDone => {
-                    let fresh = std::mem::take(&mut self.ds_buffer);
-                    self.shared.state.daemonsets.write().replace_all(fresh);
-                }
-                watcher::Event::Apply(d) => {
-                    self.shared.state.daemonsets.write().apply(d);
-                }
-                watcher::Event::Delete(d) => {
-                    self.shared.state.daemonsets.write().remove(&d);
-                }
-            },
-            Watched::Pod(Err(e)) | Watched::DaemonSet(Err(e)) => {
-                tracing::warn!(error = %e, watch = "Pods, DaemonSets", "watch failed; it will re-list");
+            Watched::Pod(Err(e)) => {
+                tracing::warn!(error = %e, watch = "Pods", "watch failed; it will re-list");
             }
         }
     }
