@@ -8,7 +8,7 @@
 //!                the Catalog's published CatalogView, read directly)
 //! Scaler       --MachineBound/RequestRejected--> NodeClaimActor
 //! CapiWatcher  --Poke--> Scaler(md), --Kick--> NodeClaimActor (Machine changed or gone)
-//! NodeWatcher  --Kick--> NodeClaimActor (Node changed)
+//! Node feed    --Kick--> NodeClaimActor (Node changed; controller::start_feeds)
 //! ```
 
 pub mod backoff;
@@ -24,7 +24,6 @@ pub mod events;
 pub mod gate;
 pub mod generator;
 pub mod messages;
-pub mod node_watcher;
 pub mod nodeclaim;
 pub mod nodepools;
 pub mod nomination;
@@ -177,7 +176,6 @@ macro_rules! stoppable {
 stoppable!(
     supervisor::Supervisor,
     capi_watcher::CapiWatcher,
-    node_watcher::NodeWatcher,
     catalog::Catalog,
     nodepools::NodePools,
     provisioner::Provisioner,

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
+use kube::ResourceExt;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
 use super::capi_watcher::CapiWatcher;
 use super::catalog::{Catalog, Synced};
 use super::events::Events;
-use super::node_watcher::NodeWatcher;
 use super::nodepools::NodePools;
 use super::provisioner::Provisioner;
 use super::router::Router;
@@ -20,6 +20,7 @@ use crate::capi::version::{self, CapiVersion};
 use crate::metrics::Metrics;
 use crate::state::State;
 use crate::state::feed::{Index, feed};
+use crate::state::machines::bound_claim;
 use crate::view::CatalogView;
 
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +69,6 @@ pub struct Actors {
     pub shared: Arc<Shared>,
     pub supervisor: Addr<Supervisor>,
     pub capi_watcher: Addr<CapiWatcher>,
-    pub node_watcher: Addr<NodeWatcher>,
     pub nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
     /// The watch-to-index feeds (`state::feed`), aborted on stop.
@@ -92,7 +92,6 @@ impl Actors {
         }
         self.supervisor.do_send(super::messages::Stop);
         self.capi_watcher.do_send(super::messages::Stop);
-        self.node_watcher.do_send(super::messages::Stop);
         self.nodepools.do_send(super::messages::Stop);
         self.provisioner.do_send(super::messages::Stop);
         for f in self.feeds.iter() {
@@ -175,7 +174,6 @@ impl Controller {
             deletion_gate: Default::default(),
         });
         let capi_watcher = CapiWatcher::new(shared.clone()).start();
-        let node_watcher = NodeWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
         let watch_workloads = shared.settings.default_constraints.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
@@ -198,6 +196,7 @@ impl Controller {
                 && s.nodes.read().synced()
                 && s.claims.read().synced()
                 && s.pods.read().synced()
+                && s.daemonsets.read().synced()
                 && s.storage.read().synced()
                 && s.pdbs.read().synced()
                 && (!watch_workloads || s.workloads.read().synced())
@@ -212,7 +211,6 @@ impl Controller {
             shared: shared.clone(),
             supervisor,
             capi_watcher,
-            node_watcher,
             nodepools,
             provisioner,
             feeds,
@@ -316,9 +314,9 @@ async fn activate(actors: &Actors) {
 /// The indexes fed by a watch of the workload cluster (every replica, from the start); the
 /// workloads only with default topology spread constraints.
 fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
-    use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+    use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
     use k8s_openapi::api::core::v1::{
-        PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
+        Node, PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
     };
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
@@ -331,7 +329,21 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
     // missing, a deduced selector): the provisioner looks again.
     let poke: fn(&Shared, ()) = |s, ()| s.router.provisioner_poke();
     let storage = &shared.state.storage;
+    // Besides `Ready`, the conditions node repair's policies watch.
+    let kept: Vec<String> = (shared.settings.node_repair.iter())
+        .flat_map(|p| p.condition_types())
+        .collect();
     let mut feeds = vec![
+        spawn_trimmed_feed::<Node, _>(
+            shared,
+            &shared.state.nodes,
+            move |n| crate::state::trim::node_keeping(n, &kept),
+            nodes_changed,
+            "Nodes",
+        ),
+        // The solver counts DaemonSets' pods as each new node's overhead; a change waits for the
+        // next solve.
+        spawn_feed::<DaemonSet, _>(shared, &shared.state.daemonsets, |_, ()| {}, "DaemonSets"),
         spawn_feed::<PersistentVolumeClaim, _>(shared, storage, poke, "PersistentVolumeClaims"),
         spawn_feed::<PersistentVolume, _>(shared, storage, poke, "PersistentVolumes"),
         spawn_feed::<StorageClass, _>(shared, storage, poke, "StorageClasses"),
@@ -399,6 +411,44 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
     feeds
 }
 
+/// Nodes changed: each claim waiting on one of these provider IDs (registration,
+/// initialization, termination) looks again, and disruption does.
+fn nodes_changed(s: &Shared, provider_ids: Vec<Box<str>>) {
+    for pid in provider_ids {
+        let claim = (s.state.claims.read().by_provider_id(&pid))
+            .map(|c| c.name_any())
+            .or_else(|| {
+                let m = s.state.machines.read().by_provider_id(&pid);
+                m.and_then(|m| bound_claim(&m).map(str::to_string))
+            });
+        if let Some(c) = claim {
+            s.router.kick_claim(&c);
+        }
+    }
+    s.router.disruption_changed();
+}
+
+/// A kind a feed can watch.
+trait Watchable:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + 'static
+{
+}
+
+impl<K> Watchable for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static
+{
+}
+
 /// Feed `index` from a watch of every `K` of the workload cluster; `changed` after each change.
 fn spawn_feed<K, I>(
     shared: &Arc<Shared>,
@@ -407,16 +457,29 @@ fn spawn_feed<K, I>(
     what: &'static str,
 ) -> tokio::task::JoinHandle<()>
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
+    K: Watchable,
+    I: Index<K> + 'static,
+{
+    spawn_trimmed_feed(shared, index, |_| {}, changed, what)
+}
+
+/// [`spawn_feed`], each object cut by `trim` as it arrives, before the index keeps it (a cut
+/// that depends on the settings).
+fn spawn_trimmed_feed<K, I>(
+    shared: &Arc<Shared>,
+    index: &Arc<parking_lot::RwLock<I>>,
+    trim: impl FnMut(&mut K) + Send + 'static,
+    changed: fn(&Shared, I::Changed),
+    what: &'static str,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Watchable,
     I: Index<K> + 'static,
 {
     let api: kube::Api<K> = kube::Api::all(shared.workload.clone());
-    let events = watcher(api, watcher::Config::default()).default_backoff();
+    let events = watcher(api, watcher::Config::default())
+        .modify(trim)
+        .default_backoff();
     let s = shared.clone();
     actix::spawn(feed(
         events,

@@ -1,6 +1,6 @@
 //! The provisioner: pending pods become right-sized NodeClaims (Karpenter core v1's provisioning controller).
 //!
-//! It watches Pods and DaemonSets, batches provisionable pods (a batch ends after
+//! It watches Pods, batches provisionable pods (a batch ends after
 //! `BATCH_IDLE_DURATION` without a new pod, or `BATCH_MAX_DURATION` after it opened), takes a
 //! snapshot of the indexes, runs the pure solver on the blocking pool (a big solve never stalls
 //! the actors), then creates the claims it decided and tells each pod it could not place why.
@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -39,7 +38,6 @@ mod why;
 
 enum Watched {
     Pod(Result<watcher::Event<Pod>, watcher::Error>),
-    DaemonSet(Result<watcher::Event<DaemonSet>, watcher::Error>),
 }
 
 impl Message for Watched {
@@ -52,9 +50,7 @@ pub struct Provisioner {
     /// The re-list under way, indexed (and so packed) as it arrives: a buffer of whole pods
     /// would hold the whole cluster's pods at their full size until the list ends.
     pod_buffer: pods::Pods,
-    ds_buffer: Vec<DaemonSet>,
     pods_stale: Staleness,
-    daemonsets_stale: Staleness,
     batch: Batch,
     timer: Option<SpawnHandle>,
     /// Claims whose create has not answered yet, by a local id: the next solve counts them as
@@ -92,9 +88,7 @@ impl Provisioner {
             shared,
             preference,
             pod_buffer: pods::Pods::default(),
-            ds_buffer: Vec::new(),
             pods_stale: Staleness::new("Pods"),
-            daemonsets_stale: Staleness::new("DaemonSets"),
             batch: Batch::new(batching),
             timer: None,
             creating: HashMap::new(),
@@ -598,7 +592,6 @@ impl Actor for Provisioner {
     fn started(&mut self, ctx: &mut Self::Context) {
         use futures::StreamExt;
         let pods: Api<Pod> = Api::all(self.shared.workload.clone());
-        let ds: Api<DaemonSet> = Api::all(self.shared.workload.clone());
         // Trimmed as they arrive, so the initial list's buffer holds trimmed pods too. Pages of
         // 100, not 500: the pod list ends last, on top of every other index, and a page is held
         // twice (its body and its decoded pods) while it is cut down.
@@ -606,10 +599,7 @@ impl Actor for Provisioner {
             .modify(crate::state::trim::pod)
             .default_backoff()
             .map(Watched::Pod);
-        let ds = watcher(ds, watcher::Config::default())
-            .default_backoff()
-            .map(Watched::DaemonSet);
-        ctx.add_stream(futures::stream::select(pods, ds));
+        ctx.add_stream(pods);
     }
 }
 

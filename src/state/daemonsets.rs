@@ -7,9 +7,12 @@ use std::sync::Arc;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use kube::ResourceExt;
 
+use super::feed::Index;
+
 #[derive(Default)]
 pub struct DaemonSets {
     by_key: BTreeMap<String, Arc<DaemonSet>>,
+    listed: bool,
 }
 
 fn key(d: &DaemonSet) -> String {
@@ -40,5 +43,35 @@ impl DaemonSets {
     /// A fresh list replaces everything (DaemonSets deleted while the watch was down go too).
     pub fn replace_all(&mut self, list: Vec<DaemonSet>) {
         self.by_key = list.into_iter().map(|d| (key(&d), Arc::new(d))).collect();
+        self.listed = true;
+    }
+
+    pub fn synced(&self) -> bool {
+        self.listed
+    }
+}
+
+impl Index<DaemonSet> for DaemonSets {
+    type Kept = DaemonSet;
+    type Changed = ();
+
+    fn keep(d: DaemonSet) -> DaemonSet {
+        d
+    }
+
+    fn apply(&mut self, d: DaemonSet) {
+        DaemonSets::apply(self, d);
+    }
+
+    fn delete(&mut self, d: DaemonSet) {
+        self.remove(&d);
+    }
+
+    fn reset(&mut self, all: Vec<DaemonSet>) {
+        self.replace_all(all);
+    }
+
+    fn synced(&self) -> bool {
+        DaemonSets::synced(self)
     }
 }

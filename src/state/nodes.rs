@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::compact::CompactNode;
+use super::feed::Index;
 use super::versions::Freshness;
 
 pub fn provider_id(n: &Node) -> Option<&str> {
@@ -73,9 +74,13 @@ impl Nodes {
 
     /// Apply one watched Node unless a write response of ours is ahead of it.
     pub fn apply(&mut self, n: Node) {
-        let version = n.metadata.resource_version.clone().unwrap_or_default();
-        if self.fresh.watched(&n.name_any(), &version) {
-            self.insert(CompactNode::new(n));
+        let (version, n) = <Self as Index<Node>>::keep(n);
+        self.apply_watched(&version, n);
+    }
+
+    fn apply_watched(&mut self, version: &str, n: CompactNode) {
+        if self.fresh.watched(n.name(), version) {
+            self.insert(n);
         }
     }
 
@@ -132,6 +137,42 @@ impl Nodes {
     }
 }
 
+/// The Nodes watch. What changed is the provider IDs whose claims may be waiting on them: the
+/// Node's on a change; after a re-list, every gone Node's and then every present one's.
+impl Index<Node> for Nodes {
+    /// The Node compacted, with its resourceVersion (against our write responses, `fresh`).
+    type Kept = (String, CompactNode);
+    type Changed = Vec<Box<str>>;
+
+    fn keep(n: Node) -> Self::Kept {
+        let version = n.metadata.resource_version.clone().unwrap_or_default();
+        (version, CompactNode::new(n))
+    }
+
+    fn apply(&mut self, (version, n): Self::Kept) -> Self::Changed {
+        let pid = n.provider_id().map(Box::from);
+        self.apply_watched(&version, n);
+        pid.into_iter().collect()
+    }
+
+    fn delete(&mut self, (_, n): Self::Kept) -> Self::Changed {
+        self.remove(n.name());
+        n.provider_id().map(Box::from).into_iter().collect()
+    }
+
+    fn reset(&mut self, all: Vec<Self::Kept>) -> Self::Changed {
+        let gone = self.replace_all(all.into_iter().map(|(_, n)| n).collect());
+        (gone.iter().map(|n| &**n))
+            .chain(self.all())
+            .filter_map(|n| n.provider_id().map(Box::from))
+            .collect()
+    }
+
+    fn synced(&self) -> bool {
+        self.synced
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,5 +225,42 @@ mod tests {
         assert!(nodes.by_provider_id("kubemark://n").is_some());
         nodes.remove("n");
         assert!(nodes.get("n").is_none());
+    }
+
+    fn named(name: &str, pid: &str) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "resourceVersion": "1"},
+            "spec": {"providerID": pid},
+        }))
+        .expect("a Node")
+    }
+
+    fn sorted(mut pids: Vec<Box<str>>) -> Vec<Box<str>> {
+        pids.sort();
+        pids
+    }
+
+    /// A re-list swaps the set in whole and names every gone Node's provider ID and every
+    /// present one's; a change or a delete names its own.
+    #[test]
+    fn the_feed_swaps_a_relist_in_and_names_gone_and_present_provider_ids() {
+        let mut nodes = Nodes::default();
+        let said = Index::apply(&mut nodes, Nodes::keep(named("a", "p://a")));
+        assert_eq!(said, vec![Box::from("p://a")]);
+        Index::apply(&mut nodes, Nodes::keep(named("b", "p://b")));
+        assert!(!Index::synced(&nodes), "no list yet");
+        let fresh = ["b", "c"].map(|n| Nodes::keep(named(n, &format!("p://{n}"))));
+        let said = Index::reset(&mut nodes, fresh.into());
+        assert!(Index::synced(&nodes));
+        assert_eq!(
+            sorted(said),
+            ["p://a", "p://b", "p://c"].map(Box::from).to_vec(),
+            "a gone, b and c present"
+        );
+        assert!(nodes.get("a").is_none() && nodes.by_provider_id("p://a").is_none());
+        assert!(nodes.contains("b") && nodes.by_provider_id("p://c").is_some());
+        let said = Index::delete(&mut nodes, Nodes::keep(named("c", "p://c")));
+        assert_eq!(said, vec![Box::from("p://c")]);
+        assert_eq!(nodes.len(), 1);
     }
 }

@@ -151,7 +151,7 @@ const GENERATE_TEMPLATE_VERBS: [&str; 3] = ["create", "delete", "list"];
 
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
-    need(Workload, "", "nodes", &["list", "watch"], Code("actors/node_watcher.rs watcher")),
+    need(Workload, "", "nodes", &["list", "watch"], Code("actors/controller.rs start_feeds: Node feed (state::nodes)")),
     need(Workload, "", "nodes", &["patch", "delete"], Code("actors/nodeclaim/ register, initialize, delete_node")),
     need(Workload, "", "nodes", &["get"], Code("actors/nodeclaim/termination.rs node_not_indexed_yet")),
     need(Workload, "", "pods", &["list", "watch"], Code("actors/provisioner.rs pod watcher (also the terminator's pod index)")),
@@ -165,7 +165,7 @@ const NEEDS: &[Need] = &[
     need(Workload, "storage.k8s.io", "storageclasses", &["list", "watch"], Code("actors/controller.rs start_feeds: StorageClass feed (state::storage)")),
     need(Workload, "storage.k8s.io", "csinodes", &["list", "watch"], Code("actors/controller.rs start_feeds: CSINode feed (state::storage, volume limits)")),
     need(Workload, "policy", "poddisruptionbudgets", &["list", "watch"], Code("actors/controller.rs start_feeds: PodDisruptionBudget feed (state::pdbs)")),
-    need(Workload, "apps", "daemonsets", &["list", "watch"], Code("actors/provisioner.rs DaemonSet watcher")),
+    need(Workload, "apps", "daemonsets", &["list", "watch"], Code("actors/controller.rs start_feeds: DaemonSet feed (state::daemonsets)")),
     need(Workload, "", "services", &["list", "watch"], Code("actors/controller.rs start_feeds: Service feed (state::workloads, default topology spread)")),
     need(Workload, "", "replicationcontrollers", &["list", "watch"], Code("actors/controller.rs start_feeds: ReplicationController feed (state::workloads, default topology spread)")),
     need(Workload, "apps", "replicasets", &["list", "watch"], Code("actors/controller.rs start_feeds: ReplicaSet feed (state::workloads, default topology spread)")),

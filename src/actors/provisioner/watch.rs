@@ -1,11 +1,10 @@
-//! The provisioner's watches of Pods and DaemonSets: the pod index and the DaemonSet overhead
-//! kept current, and a batch opened or extended for each pod that becomes provisionable.
+//! The provisioner's watch of Pods: the pod index kept current, and a batch opened or extended
+//! for each pod that becomes provisionable.
 
 use std::time::Instant;
 
 use actix::prelude::*;
 use jiff::Timestamp;
-use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 
@@ -17,13 +16,11 @@ impl StreamHandler<Watched> for Provisioner {
         let m = &self.shared.metrics;
         match &ev {
             Watched::Pod(ev) => self.pods_stale.saw(ev, m),
-            Watched::DaemonSet(ev) => self.daemonsets_stale.saw(ev, m),
         }
         match ev {
             Watched::Pod(Ok(ev)) => self.pod_event(ev, ctx),
-            Watched::DaemonSet(Ok(ev)) => self.daemonset_event(ev),
-            Watched::Pod(Err(e)) | Watched::DaemonSet(Err(e)) => {
-                tracing::warn!(error = %e, watch = "Pods, DaemonSets", "watch failed; it will re-list");
+            Watched::Pod(Err(e)) => {
+                tracing::warn!(error = %e, watch = "Pods", "watch failed; it will re-list");
             }
         }
     }
@@ -139,24 +136,5 @@ impl Provisioner {
         self.waiting.remove(&key);
         self.nominations.forget(&key);
         self.shared.state.nominated.write().remove(&key);
-    }
-
-    /// DaemonSets only feed the overhead every new node must leave room for; a re-list is
-    /// buffered whole like the pods'.
-    fn daemonset_event(&mut self, ev: watcher::Event<DaemonSet>) {
-        match ev {
-            watcher::Event::Init => self.ds_buffer.clear(),
-            watcher::Event::InitApply(d) => self.ds_buffer.push(d),
-            watcher::Event::InitDone => {
-                let fresh = std::mem::take(&mut self.ds_buffer);
-                self.shared.state.daemonsets.write().replace_all(fresh);
-            }
-            watcher::Event::Apply(d) => {
-                self.shared.state.daemonsets.write().apply(d);
-            }
-            watcher::Event::Delete(d) => {
-                self.shared.state.daemonsets.write().remove(&d);
-            }
-        }
     }
 }

@@ -3,7 +3,7 @@
 # ClusterRole installed with the controller (workload topology) and the one rendered for the
 # workload cluster of the management topology (workload-cluster-rbac.yaml).
 {{- define "karpenter-capi.workloadRules" -}}
-# Node watcher: list/watch; registration, initialization, finalizer: patch; termination: get
+# Node feed: list/watch; registration, initialization, finalizer: patch; termination: get
 # (a Node the lagging watch does not show yet), delete.
 - apiGroups: [""]
   resources: [nodes]
@@ -39,7 +39,7 @@
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [list, watch]
-# Provisioner: DaemonSet overhead on new nodes (a watch).
+# DaemonSet feed: the provisioner counts DaemonSet overhead on new nodes.
 - apiGroups: [apps]
   resources: [daemonsets]
   verbs: [list, watch]
