@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 mod client;
+pub mod fleet;
 pub use client::{
     ClientOptions, Limits, Timeouts, USER_AGENT, WATCH_IDLE, build_client, build_client_with,
     client_from_kubeconfig, client_from_kubeconfig_with, clients, with_user_agent,
@@ -42,6 +43,8 @@ pub enum Error {
     Logging(String),
     #[error("start-up was stopped")]
     Stopped,
+    #[error("fleet mode: {0}")]
+    Fleet(#[source] fleet::Error),
     #[error("opening the decision log {path}: {source}")]
     DecisionLog {
         path: std::path::PathBuf,
@@ -414,6 +417,9 @@ async fn stop_reason(
 
 /// `karpenter-capi run`: returns when the process should exit.
 pub async fn run(args: RunArgs) -> Result<(), Error> {
+    if args.fleet {
+        return fleet::run_fleet(args).await;
+    }
     // Listen first: a signal during start-up must not kill the process before it can release.
     // The files' baseline is read before the clients are built from them, so a change in
     // between is not missed.

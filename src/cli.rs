@@ -537,6 +537,21 @@ pub struct RunArgs {
     /// as on SIGTERM, releasing its Lease, so its restart uses the new credentials. 0: never.
     #[arg(long, env = "KUBECONFIG_CHECK_INTERVAL", default_value = "10s", value_parser = duration_arg)]
     pub kubeconfig_check_interval: Duration,
+    /// Fleet mode: serve every Cluster API Cluster of the management cluster
+    /// (--cluster-api-in-cluster or --cluster-api-kubeconfig) that --fleet-selector chooses (in
+    /// --cluster-api-namespace, else all namespaces), each through its `<cluster>-kubeconfig`
+    /// Secret, with one Lease per Cluster in --leader-election-namespace shared by the replicas.
+    #[arg(
+        long,
+        env = "FLEET",
+        default_value_t = false,
+        conflicts_with_all = ["kubeconfig", "cluster_name", "dry_run", "disable_leader_election"]
+    )]
+    pub fleet: bool,
+    /// Fleet mode: the label selector Clusters must match (e.g. `karpenter=enabled`; default:
+    /// every Cluster).
+    #[arg(long, env = "FLEET_SELECTOR", requires = "fleet")]
+    pub fleet_selector: Option<String>,
 }
 
 /// How `explain` prints its report.

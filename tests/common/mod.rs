@@ -482,8 +482,19 @@ impl Env {
 
     /// Where the cluster stands, for a failed wait.
     fn explain(&self) -> String {
+        let groups: Vec<(Value, Value, Value)> = ["machinedeployments", "machinepools"]
+            .iter()
+            .flat_map(|r| self.list(r))
+            .map(|g| {
+                (
+                    g["metadata"]["name"].clone(),
+                    g["spec"]["replicas"].clone(),
+                    g["metadata"]["annotations"].clone(),
+                )
+            })
+            .collect();
         format!(
-            "{}\n{:#?}\nclaims: {:#?}",
+            "{}\n{:#?}\ngroups (name, replicas, annotations): {groups:#?}\nclaims: {:#?}",
             launch::progress_line(self.sim.cluster()),
             launch::unsettled(self.sim.cluster()),
             self.list("nodeclaims")

@@ -5,6 +5,7 @@
 mod common;
 
 mod apart;
+mod fleet;
 mod ha;
 mod hardening;
 mod launch;

@@ -441,14 +441,25 @@ pub fn infra_template_resource() -> ApiResource {
 
 /// Cluster `name` in `ns` and its `<name>-kubeconfig` Secret (`value`: `kubeconfig`), as Cluster
 /// API's control plane provider writes it for each workload cluster it makes.
-pub(super) async fn ensure_kubeconfig_secret(
+pub(super) async fn create_cluster_with_kubeconfig(
     management: &kube::Client,
+    v: CapiVersion,
     ns: &str,
     name: &str,
     kubeconfig: &[u8],
 ) -> Result<(), Error> {
     use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::Secret;
+    let cluster = dynamic(json!({
+        "apiVersion": v.cluster().api_version,
+        "kind": "Cluster",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {},
+    }));
+    Api::<DynamicObject>::namespaced_with(management.clone(), ns, &v.cluster())
+        .create(&PostParams::default(), &cluster)
+        .await
+        .map_err(kube_err(format!("create Cluster {ns}/{name}")))?;
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(format!("{name}-kubeconfig")),
@@ -471,4 +482,24 @@ pub(super) async fn ensure_kubeconfig_secret(
         .await
         .map_err(kube_err(format!("create Secret {ns}/{name}-kubeconfig")))?;
     Ok(())
+}
+
+impl SimCluster {
+    /// With the management cluster apart: one more Cluster `ns/name` there, whose kubeconfig
+    /// Secret holds `kubeconfig` (a workload cluster that is not this one, or none at all).
+    pub async fn create_workload_cluster(
+        &self,
+        ns: &str,
+        name: &str,
+        kubeconfig: &[u8],
+    ) -> Result<(), Error> {
+        create_cluster_with_kubeconfig(
+            &self.management,
+            self.cfg.capi_version,
+            ns,
+            name,
+            kubeconfig,
+        )
+        .await
+    }
 }

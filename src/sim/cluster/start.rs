@@ -67,7 +67,14 @@ pub(super) async fn start_management(
             source,
         })
     })?;
-    seed::ensure_kubeconfig_secret(&client, "default", CLUSTER_NAME, &kubeconfig).await?;
+    seed::create_cluster_with_kubeconfig(
+        &client,
+        cfg.capi_version,
+        "default",
+        CLUSTER_NAME,
+        &kubeconfig,
+    )
+    .await?;
     Ok(management)
 }
 

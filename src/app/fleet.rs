@@ -1,0 +1,471 @@
+//! Fleet mode (`run --fleet`): one process in the management cluster serves every Cluster API
+//! Cluster that matches a label selector, each with the same controller a single release runs
+//! (its own workload client, indexes and actors, scoped to its Cluster's name and namespace).
+//!
+//! Replicas share the Clusters through Kubernetes, not a protocol of ours: one
+//! `coordination.k8s.io` Lease per Cluster in the release's namespace. A replica starts a
+//! Cluster's controller only once it holds that Cluster's Lease (a cold standby: a replica that
+//! serves nothing of a Cluster spends nothing on it), and stops it when the Lease is lost or the
+//! Cluster leaves the selection. Each Cluster runs in a task of its own: a Cluster whose
+//! kubeconfig Secret is missing or wrong, or whose API server does not answer, waits and retries
+//! there and never delays the others.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DynamicObject};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::{WatchStreamExt, watcher};
+
+use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+
+use super::client::{ClientOptions, build_client_with};
+use crate::actors::controller::{Controller, ControllerHandle};
+use crate::capi::version::{self, CapiVersion};
+use crate::leader;
+use crate::metrics::Metrics;
+use crate::view::settings::Settings;
+use crate::write_gate::WriteGate;
+
+/// `run --fleet`: the management cluster's client configuration, the metrics and probes, and
+/// [`run`] until a signal.
+pub async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Error> {
+    let signal = super::shutdown_signal();
+    let management = management_config(&args.cluster_api).await?;
+    let metrics = Metrics::new();
+    let health = Arc::new(crate::http::Health::default());
+    let (metrics_addr, health_addr) = crate::http::serve(
+        std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port)),
+        std::net::SocketAddr::from(([0, 0, 0, 0], args.health_probe_port)),
+        metrics.clone(),
+        health.clone(),
+    )
+    .await?;
+    tracing::info!(%metrics_addr, %health_addr, "fleet mode: serving metrics and probes");
+    health.set_ready();
+    let fleet = Fleet {
+        management,
+        options: ClientOptions {
+            throttled: Some(metrics.api_throttled.clone()),
+            limits: super::client::Limits {
+                qps: args.kube_client_qps,
+                burst: args.kube_client_burst,
+            },
+            ..ClientOptions::default()
+        },
+        selector: args.fleet_selector.clone(),
+        namespace: args.cluster_api.cluster_api_namespace.clone(),
+        lease_namespace: args
+            .leader_election_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok())
+            .unwrap_or_else(|| "kube-system".to_string()),
+        identity: leader::default_identity(),
+        settings: super::settings(&args.controller, &args.cluster_api),
+        capi_version: super::capi_version(args.cluster_api.cluster_api_version),
+        retry: Duration::from_secs(30),
+        start_within: Duration::from_secs(120),
+    };
+    run(fleet, signal).await.map_err(super::Error::Fleet)
+}
+
+/// The management cluster's configuration: the pod's own (in-cluster) or a kubeconfig file.
+async fn management_config(
+    capi: &crate::cli::ClusterApiArgs,
+) -> Result<kube::Config, super::Error> {
+    if capi.cluster_api_in_cluster {
+        return kube::Config::incluster().map_err(|e| super::Error::ManagementConfig {
+            flag: "--cluster-api-in-cluster",
+            message: e.to_string(),
+        });
+    }
+    let err = |message: String| super::Error::ManagementConfig {
+        flag: "--cluster-api-kubeconfig",
+        message,
+    };
+    let Some(path) = &capi.cluster_api_kubeconfig else {
+        return Err(err(
+            "fleet mode reaches the management cluster with --cluster-api-in-cluster or --cluster-api-kubeconfig".into(),
+        ));
+    };
+    let kc = Kubeconfig::read_from(path).map_err(|e| err(format!("{}: {e}", path.display())))?;
+    kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| err(format!("{}: {e}", path.display())))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Cluster API on the management cluster: {0}")]
+    Version(#[from] version::Error),
+    #[error("the management cluster's client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// What every Cluster's controller shares, and how Clusters are chosen.
+#[derive(Clone)]
+pub struct Fleet {
+    /// The management cluster's configuration: each Cluster gets clients of its own from it,
+    /// behind its own write gate.
+    pub management: kube::Config,
+    /// Client limits and deadlines (the gate is made per Cluster).
+    pub options: ClientOptions,
+    /// Only Clusters with these labels (`key=value,...`; empty: every Cluster).
+    pub selector: Option<String>,
+    /// Only Clusters in this namespace (None: all namespaces).
+    pub namespace: Option<String>,
+    /// Where the Clusters' Leases are kept (the release's namespace).
+    pub lease_namespace: String,
+    pub identity: String,
+    /// The settings of every Cluster's controller; each is scoped to its Cluster.
+    pub settings: Settings,
+    pub capi_version: Option<CapiVersion>,
+    /// How long a Cluster that failed to start waits before the next try.
+    pub retry: Duration,
+    /// How long a Cluster's controller may take to start (its workload cluster answering and
+    /// every cache synced) before the start counts as failed.
+    pub start_within: Duration,
+}
+
+/// The Lease of Cluster `ns/name`: a name of at most 63 characters that no other Cluster
+/// shares (a long name is cut and a hash of the whole keeps it apart).
+pub fn lease_name(ns: &str, name: &str) -> String {
+    let full = format!("karpenter-capi-{ns}.{name}");
+    if full.len() <= 63 {
+        return full;
+    }
+    let hash = format!("{:08x}", crate::capi::model::fnv1a(full.as_bytes()) as u32);
+    let keep = full
+        .char_indices()
+        .take_while(|(i, _)| *i < 63 - hash.len() - 1)
+        .map(|(_, c)| c)
+        .collect::<String>();
+    format!("{}-{hash}", keep.trim_end_matches(['-', '.']))
+}
+
+/// Why a Cluster is not served now, in words for its log line.
+fn skip_reason(cluster: &DynamicObject) -> Option<&'static str> {
+    if cluster.metadata.deletion_timestamp.is_some() {
+        return Some("the Cluster is being deleted");
+    }
+    let paused = cluster.data["spec"]["paused"].as_bool() == Some(true)
+        || cluster
+            .annotations()
+            .contains_key("cluster.x-k8s.io/paused");
+    paused.then_some("the Cluster is paused")
+}
+
+/// Serve every selected Cluster until `stop` resolves; then every Cluster's controller stops
+/// and its Lease is released.
+pub async fn run(
+    fleet: Fleet,
+    stop: impl std::future::Future<Output = &'static str>,
+) -> Result<(), Error> {
+    let management = build_client_with(fleet.management.clone(), &fleet.options)?;
+    let v = version::discover(&management, fleet.capi_version).await?;
+    let api: Api<DynamicObject> = match &fleet.namespace {
+        Some(ns) => Api::namespaced_with(management.clone(), ns, &v.cluster()),
+        None => Api::all_with(management.clone(), &v.cluster()),
+    };
+    let config = match &fleet.selector {
+        Some(s) => watcher::Config::default().labels(s),
+        None => watcher::Config::default(),
+    };
+    let events = watcher(api, config).default_backoff();
+    tokio::pin!(events, stop);
+    let fleet = Arc::new(fleet);
+    let mut served: BTreeMap<(String, String), Served> = BTreeMap::new();
+    // The Clusters of a (re-)list in progress: once it completes, any served Cluster not in it
+    // is gone.
+    let mut listing: Vec<(String, String)> = Vec::new();
+    loop {
+        let event = tokio::select! {
+            reason = &mut stop => {
+                tracing::info!(reason, clusters = served.len(), "fleet stopping");
+                for (_, s) in served {
+                    s.stop().await;
+                }
+                return Ok(());
+            }
+            next = events.next() => match next {
+                Some(Ok(event)) => event,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "watching Clusters failed; it will re-list");
+                    continue;
+                }
+                None => return Ok(()),
+            },
+        };
+        match event {
+            watcher::Event::Init => listing.clear(),
+            watcher::Event::InitApply(c) => {
+                listing.push(key_of(&c));
+                follow(&fleet, &mut served, &management, c).await;
+            }
+            watcher::Event::InitDone => {
+                let gone: Vec<_> = (served.keys())
+                    .filter(|k| !listing.contains(k))
+                    .cloned()
+                    .collect();
+                for key in gone {
+                    leave(&mut served, &key, "the Cluster is gone").await;
+                }
+            }
+            watcher::Event::Apply(c) => follow(&fleet, &mut served, &management, c).await,
+            watcher::Event::Delete(c) => {
+                leave(&mut served, &key_of(&c), "the Cluster is gone").await
+            }
+        }
+    }
+}
+
+fn key_of(c: &DynamicObject) -> (String, String) {
+    (c.namespace().unwrap_or_default(), c.name_any())
+}
+
+/// Stop serving Cluster `key`, if served.
+async fn leave(served: &mut BTreeMap<(String, String), Served>, key: &(String, String), why: &str) {
+    if let Some(s) = served.remove(key) {
+        tracing::info!(cluster = %format!("{}/{}", key.0, key.1), why, "no longer serving the Cluster");
+        s.stop().await;
+    }
+}
+
+/// Start serving a Cluster that appeared, stop one that left (deleted, paused, no longer
+/// selected). A re-listed Cluster already served stays as it is.
+async fn follow(
+    fleet: &Arc<Fleet>,
+    served: &mut BTreeMap<(String, String), Served>,
+    management: &Client,
+    cluster: DynamicObject,
+) {
+    let key = key_of(&cluster);
+    match skip_reason(&cluster) {
+        Some(why) => leave(served, &key, why).await,
+        None if !served.contains_key(&key) => {
+            tracing::info!(cluster = %format!("{}/{}", key.0, key.1), "serving the Cluster when its Lease is ours");
+            let s = Served::start(fleet.clone(), management.clone(), key.clone());
+            served.insert(key, s);
+        }
+        None => {}
+    }
+}
+
+/// One Cluster's task and the means to stop it. Dropped without [`Served::stop`] (the fleet's
+/// own task aborted), it aborts the Cluster's task as a killed process would end it: the
+/// controller stops, the Lease is left to expire.
+struct Served {
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Served {
+    fn start(fleet: Arc<Fleet>, management: Client, key: (String, String)) -> Self {
+        let (stop, stopped) = watch::channel(false);
+        let task = actix::spawn(serve(fleet, management, key, stopped));
+        Self {
+            stop,
+            task: Some(task),
+        }
+    }
+
+    async fn stop(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// A Cluster's running controller: stopped, its writes refused, however its task ends (an
+/// aborted task included).
+struct Running {
+    handle: Option<ControllerHandle>,
+    gate: WriteGate,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.gate.close();
+        if let Some(handle) = self.handle.take() {
+            handle.deactivate();
+            handle.stop();
+        }
+    }
+}
+
+/// How long a stopping Cluster's Lease release may take.
+const RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+/// Campaign for the Cluster's Lease; while it is held, run the Cluster's controller. A start
+/// that fails (its Secret, its API server) gives the Lease up and tries again after
+/// `fleet.retry`, so another replica may serve it meanwhile.
+async fn serve(
+    fleet: Arc<Fleet>,
+    management: Client,
+    (ns, name): (String, String),
+    mut stopped: watch::Receiver<bool>,
+) {
+    let cluster = format!("{ns}/{name}");
+    while !*stopped.borrow() {
+        let lease = leader::Config::new(
+            fleet.lease_namespace.clone(),
+            lease_name(&ns, &name),
+            fleet.identity.clone(),
+        );
+        let mut election = leader::Election::spawn(management.clone(), lease);
+        let mut leading = election.status.clone();
+        tokio::select! {
+            r = leading.wait_for(|l| *l) => if r.is_err() { return; },
+            _ = stopped.wait_for(|s| *s) => {
+                election.release(RELEASE_BOUND).await;
+                return;
+            }
+        }
+        tracing::info!(cluster = %cluster, "holding the Cluster's Lease; starting its controller");
+        let gate = WriteGate::default();
+        let started = start_cluster(&fleet, &ns, &name, &gate, leading.clone());
+        let handle = tokio::select! {
+            h = started => h,
+            _ = stopped.wait_for(|s| *s) => {
+                gate.close();
+                election.release(RELEASE_BOUND).await;
+                return;
+            }
+        };
+        match handle {
+            Ok(handle) => {
+                let running = Running {
+                    handle: Some(handle),
+                    gate: gate.clone(),
+                };
+                let lost = tokio::select! {
+                    _ = election.finished() => true,
+                    _ = stopped.wait_for(|s| *s) => false,
+                };
+                drop(running);
+                if lost {
+                    tracing::warn!(cluster = %cluster, "lost the Cluster's Lease; its controller stopped");
+                    continue;
+                }
+                election.release(RELEASE_BOUND).await;
+                return;
+            }
+            Err(why) => {
+                tracing::warn!(cluster = %cluster, error = %why, retry_in = ?fleet.retry, "cannot serve the Cluster; giving its Lease up and trying again");
+                gate.close();
+                election.release(RELEASE_BOUND).await;
+                let _ = tokio::time::timeout(fleet.retry, stopped.wait_for(|s| *s)).await;
+            }
+        }
+    }
+}
+
+/// The Cluster's controller, its workload reached through Cluster API's `<name>-kubeconfig`
+/// Secret, both clients behind the Cluster's own write gate.
+async fn start_cluster(
+    fleet: &Fleet,
+    ns: &str,
+    name: &str,
+    gate: &WriteGate,
+    leading: watch::Receiver<bool>,
+) -> Result<ControllerHandle, String> {
+    let options = ClientOptions {
+        gate: gate.clone(),
+        ..fleet.options.clone()
+    };
+    let management = build_client_with(fleet.management.clone(), &options)
+        .map_err(|e| format!("management client: {e}"))?;
+    let workload = workload_config(&management, ns, name).await?;
+    let workload = build_client_with(workload, &options).map_err(|e| e.to_string())?;
+    let mut settings = fleet.settings.clone();
+    settings.cluster_name = Some(name.to_string());
+    settings.capi_namespace = Some(ns.to_string());
+    let controller = Controller {
+        workload,
+        management,
+        capi_version: fleet.capi_version,
+        settings,
+        metrics: Metrics::new(),
+        instance: fleet.identity.clone(),
+    };
+    let started = tokio::time::timeout(fleet.start_within, controller.start_synced(leading));
+    match started.await {
+        Ok(handle) => handle.map_err(|e| e.to_string()),
+        Err(_) => Err(format!(
+            "the workload cluster did not answer, or its caches did not sync, within {:?}",
+            fleet.start_within
+        )),
+    }
+}
+
+/// The workload cluster's client configuration from Secret `ns/<name>-kubeconfig`, key
+/// `value`, as Cluster API writes it.
+async fn workload_config(
+    management: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<kube::Config, String> {
+    let secret_name = format!("{name}-kubeconfig");
+    let what = format!("Secret {ns}/{secret_name}");
+    let secret = Api::<Secret>::namespaced(management.clone(), ns)
+        .get_opt(&secret_name)
+        .await
+        .map_err(|e| format!("{what}: {e}"))?
+        .ok_or_else(|| format!("{what} not found"))?;
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("value"))
+        .ok_or_else(|| format!("{what} has no key `value`"))?;
+    let text = std::str::from_utf8(&value.0).map_err(|e| format!("{what}: value: {e}"))?;
+    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| format!("{what}: value: {e}"))?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| format!("{what}: value: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_name_is_short_and_unique_per_cluster() {
+        assert_eq!(lease_name("default", "c1"), "karpenter-capi-default.c1");
+        let long = "x".repeat(60);
+        let a = lease_name("team-a", &long);
+        let b = lease_name("team-b", &long);
+        assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
+        assert_ne!(a, b, "two long names stay apart");
+        assert!(!a.ends_with('-') && a.starts_with("karpenter-capi-team-a."));
+    }
+
+    #[test]
+    fn a_deleting_or_paused_cluster_is_not_served() {
+        let mut c: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+            "metadata": {"name": "c1", "namespace": "default"},
+            "spec": {},
+        }))
+        .expect("a Cluster");
+        assert_eq!(skip_reason(&c), None);
+        c.data["spec"]["paused"] = serde_json::json!(true);
+        assert_eq!(skip_reason(&c), Some("the Cluster is paused"));
+        c.data["spec"]["paused"] = serde_json::json!(false);
+        c.annotations_mut()
+            .insert("cluster.x-k8s.io/paused".into(), String::new());
+        assert_eq!(skip_reason(&c), Some("the Cluster is paused"));
+    }
+}

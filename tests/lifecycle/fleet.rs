@@ -1,0 +1,171 @@
+//! Fleet mode (`run --fleet`) against a management cluster apart: it discovers the Clusters
+//! there, serves each through its `<cluster>-kubeconfig` Secret once it holds the Cluster's
+//! Lease, and a Cluster it cannot reach (a kubeconfig naming a dead API server, a Secret that
+//! holds no kubeconfig) neither stops nor delays the others.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use karpenter_capi::app::fleet::{self, Fleet, lease_name};
+use karpenter_capi::app::{ClientOptions, USER_AGENT};
+use karpenter_capi::sim::cluster::{CLUSTER_NAME, SimClusterConfig};
+use karpenter_capi::simulate::launch::seed_of;
+use karpenter_capi::simulate::sim_settings;
+
+use crate::common::{Env, condition, fast_cluster};
+
+/// A kubeconfig for an API server that is not there.
+const DEAD: &str = r#"apiVersion: v1
+kind: Config
+clusters: [{name: dead, cluster: {server: "http://127.0.0.1:9"}}]
+users: [{name: u, user: {}}]
+contexts: [{name: dead, context: {cluster: dead, user: u}}]
+current-context: dead
+"#;
+
+/// A management cluster apart, seeded, with no controller running: the fleet plays it.
+async fn fleet_env() -> Env {
+    let mut env = Env::builder()
+        .cluster(SimClusterConfig {
+            management_apart: true,
+            ..fast_cluster()
+        })
+        .seeds(vec![seed_of(0, 10)])
+        .start()
+        .await;
+    env.kill();
+    env
+}
+
+async fn fleet_of(env: &Env) -> Fleet {
+    let path = env
+        .sim
+        .cluster()
+        .management_kubeconfig_path()
+        .expect("the management cluster apart")
+        .to_path_buf();
+    let kc = Kubeconfig::read_from(&path).expect("the management kubeconfig");
+    let management = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("its configuration");
+    Fleet {
+        management,
+        options: ClientOptions::default(),
+        selector: None,
+        namespace: None,
+        lease_namespace: "default".into(),
+        identity: "fleet-a".into(),
+        settings: sim_settings(None),
+        capi_version: None,
+        retry: Duration::from_millis(500),
+        start_within: Duration::from_secs(3),
+    }
+}
+
+async fn holder(env: &Env, cluster: &str) -> Option<String> {
+    let lease = env
+        .sim
+        .run({
+            let name = lease_name("default", cluster);
+            move |c| async move {
+                Api::<Lease>::namespaced(c.management_client(), "default")
+                    .get_opt(&name)
+                    .await
+            }
+        })
+        .await
+        .expect("the simulated cluster")
+        .expect("a Lease read");
+    lease.and_then(|l| l.spec?.holder_identity)
+}
+
+/// One fleet process, three Clusters: `sim` (reachable), `dead` (its kubeconfig names an API
+/// server that is not there) and `lost` (its kubeconfig Secret holds no kubeconfig). The fleet serves `sim`: its
+/// claims launch, with their Machines in the management cluster, while the other two keep
+/// failing. Stopped, the fleet releases the Lease it held.
+#[actix::test]
+async fn a_fleet_serves_its_clusters_and_one_it_cannot_reach_delays_nothing() {
+    let env = fleet_env().await;
+    env.sim
+        .run(|c| async move {
+            c.create_workload_cluster("default", "dead", DEAD.as_bytes())
+                .await
+                .expect("Cluster dead");
+            c.create_workload_cluster("default", "lost", b"not: [a kubeconfig")
+                .await
+                .expect("Cluster lost");
+        })
+        .await
+        .expect("the simulated cluster");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let fleet = fleet_of(&env).await;
+    let running = actix::spawn(fleet::run(fleet, async move {
+        let _ = stopped.await;
+        "the test ends"
+    }));
+
+    let claims = env.claims(2, 1).await;
+    env.settle().await;
+    for name in &claims {
+        let c = env.get("nodeclaims", "", name).expect("the claim");
+        assert!(
+            condition(&c, "Initialized").is_some_and(|i| i["status"] == "True"),
+            "{c:#}"
+        );
+    }
+    assert_eq!(
+        env.list("machines").len(),
+        2,
+        "Machines in the management cluster"
+    );
+    assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-a"));
+    let writes = env.controller_writes("nodeclaims");
+    assert!(writes > 0, "the fleet's controller wrote as {USER_AGENT}");
+    env.invariants_hold();
+
+    let _ = stop.send(());
+    running
+        .await
+        .expect("the fleet task")
+        .expect("the fleet stopped cleanly");
+    let released = holder(&env, CLUSTER_NAME).await;
+    assert!(
+        released.as_deref().is_none_or(str::is_empty),
+        "the Lease is released: {released:?}"
+    );
+}
+
+/// Two fleet replicas: `fleet-a` takes the Cluster's Lease first; killed (its task aborted, the
+/// Lease left to expire, as SIGKILL leaves it), `fleet-b` takes the Cluster over within the
+/// Lease's duration and launches the claims made after the kill. No claim leaks or binds twice.
+#[actix::test]
+async fn a_killed_fleet_replicas_cluster_moves_to_another() {
+    let env = fleet_env().await;
+    let spawn =
+        |fleet: Fleet| actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let a = spawn(fleet_of(&env).await);
+    let before = env.claims(1, 1).await;
+    env.settle().await;
+    assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-a"));
+    let b = spawn(Fleet {
+        identity: "fleet-b".into(),
+        ..fleet_of(&env).await
+    });
+    a.abort();
+    let after = env.claims(2, 1).await;
+    env.settle().await;
+    assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-b"));
+    for name in before.iter().chain(&after) {
+        let c = env.get("nodeclaims", "", name).expect("the claim");
+        assert!(
+            condition(&c, "Initialized").is_some_and(|i| i["status"] == "True"),
+            "{c:#}"
+        );
+    }
+    assert_eq!(env.list("machines").len(), 3, "one Machine a claim");
+    env.invariants_hold();
+    b.abort();
+}
