@@ -186,9 +186,8 @@ pub async fn run(
         let event = tokio::select! {
             reason = &mut stop => {
                 tracing::info!(reason, clusters = served.len(), "fleet stopping");
-                for (_, s) in served {
-                    s.stop().await;
-                }
+                // Side by side: each releases its Lease within RELEASE_BOUND.
+                futures::future::join_all(served.into_values().map(Served::stop)).await;
                 return Ok(());
             }
             next = events.next() => match next {
