@@ -13,6 +13,7 @@ pub mod nodes;
 pub mod pdbs;
 pub mod pods;
 pub mod preflight;
+pub mod referents;
 pub mod registration_health;
 pub mod reschedulable;
 pub mod shared;
@@ -30,7 +31,7 @@ use parking_lot::RwLock;
 pub use claims::Claims;
 pub use daemonsets::DaemonSets;
 pub use machines::{MachineDeployments, Machines};
-pub use named::{NodeClassIndex, NodeOverlayIndex, NodePoolIndex};
+pub use named::{BufferIndex, NodeClassIndex, NodeOverlayIndex, NodePoolIndex, QuotaIndex};
 pub use nodes::Nodes;
 pub use pdbs::PodDisruptionBudgets;
 pub use pods::Pods;
@@ -72,8 +73,10 @@ pub struct State {
     pub nominated: Arc<RwLock<std::collections::HashMap<String, (String, std::time::Instant)>>>,
     /// CapacityBuffers' placeholder pods, and the nodes the last solve put them on.
     pub buffers: Arc<RwLock<buffers::BufferPods>>,
-    /// CapacityQuotas by name, as watched (`--feature-gates CapacityQuota=true`; empty without).
-    pub quotas: Arc<
-        RwLock<std::collections::BTreeMap<String, Arc<crate::api::capacity_quota::CapacityQuota>>>,
-    >,
+    /// CapacityQuotas by name, and the ones that do not decode (`--feature-gates
+    /// CapacityQuota=true`; empty without).
+    pub quotas: Arc<RwLock<QuotaIndex>>,
+    /// CapacityBuffers by `namespace/name`, and the ones that do not decode (`--feature-gates
+    /// CapacityBuffer=true`; empty without): the Buffers actor resolves them.
+    pub capacity_buffers: Arc<RwLock<BufferIndex>>,
 }

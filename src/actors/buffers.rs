@@ -5,11 +5,13 @@
 //! `ReadyForProvisioning`, and `Provisioning` from where the last solve put the placeholders.
 //!
 //! Event-driven: a buffer is resolved again when it changes and when an object it references
-//! changes (each kind is watched; only changes to referenced objects cost a read).
+//! changes. The buffers come from `state.capacity_buffers` and the referenced kinds' changes
+//! from `state::referents`, both fed in `controller::start_feeds`, whose callbacks send
+//! [`BuffersChanged`] and [`ReferentChanged`] (only changes to referenced objects cost a read).
 
 pub mod resolve;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -17,7 +19,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{PodTemplate, PodTemplateSpec};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -26,8 +27,8 @@ use crate::api::capacity_buffer::{
     ACTIVE_CAPACITY, CapacityBuffer, CapacityBufferStatus, PROVISIONING, READY_FOR_PROVISIONING,
 };
 use crate::api::conditions::{self, ConditionStatus};
-use crate::api::decode::Lenient;
 use crate::state::buffers::Placed;
+use crate::state::referents::Referent;
 use resolve::{NotReady, Source};
 
 /// `Provisioning` reasons (upstream Karpenter's).
@@ -41,17 +42,15 @@ pub const BUFFER_EMPTY: &str = "BufferEmpty";
 #[rtype(result = "()")]
 pub struct Provisioned(pub HashMap<String, Placed>);
 
-/// A watched object a buffer may reference: (kind, namespace, name).
-type Referent = (&'static str, String, String);
+/// The CapacityBuffer feed took a change (`Router::buffers_changed`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct BuffersChanged;
 
-enum Watched {
-    Buffer(Box<Result<watcher::Event<Lenient<CapacityBuffer>>, watcher::Error>>),
-    Referent(Option<Referent>),
-}
-
-impl Message for Watched {
-    type Result = ();
-}
+/// An object a buffer may reference changed (`Router::buffer_referent_changed`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ReferentChanged(pub Referent);
 
 /// A buffer's resolution, with the status it leads to.
 struct Resolution {
@@ -66,13 +65,12 @@ impl Message for Resolution {
 
 pub struct Buffers {
     shared: Arc<Shared>,
-    buffers: HashMap<String, CapacityBuffer>,
+    /// The buffers as this actor last took them from the index, by `namespace/name`.
+    buffers: HashMap<String, Arc<CapacityBuffer>>,
     /// Status as this actor last wrote or read it, per buffer.
     statuses: HashMap<String, CapacityBufferStatus>,
     /// The last problem reported in an Event, per buffer (one Event per new problem).
     reported: HashMap<String, String>,
-    /// The buffers a (re-)list has shown so far; at its end the others are gone.
-    listed: Option<std::collections::HashSet<String>>,
 }
 
 impl Buffers {
@@ -82,7 +80,6 @@ impl Buffers {
             buffers: HashMap::new(),
             statuses: HashMap::new(),
             reported: HashMap::new(),
-            listed: None,
         }
     }
 
@@ -321,14 +318,6 @@ impl Buffers {
     }
 }
 
-fn buffer_key(cb: &impl Resource) -> String {
-    format!(
-        "{}/{}",
-        cb.meta().namespace.as_deref().unwrap_or_default(),
-        cb.meta().name.as_deref().unwrap_or_default()
-    )
-}
-
 /// The chunk's pod template and the workload's replicas, read from the API.
 async fn read_source(client: kube::Client, cb: &CapacityBuffer) -> Result<Source, NotReady> {
     let namespace = cb.namespace().unwrap_or_default();
@@ -432,134 +421,79 @@ where
     Ok(api.get_opt(name).await?.and_then(template))
 }
 
-/// Changes to objects of kind `K`, reduced to which object changed.
-fn referents<K>(
-    client: kube::Client,
-    kind: &'static str,
-) -> impl futures::Stream<Item = Watched> + 'static
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
-{
-    use futures::StreamExt;
-    let api: Api<K> = Api::all(client);
-    watcher(api, watcher::Config::default())
-        .default_backoff()
-        .map(move |ev| {
-            let obj = match ev {
-                Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::Delete(o)) => Some(o),
-                // The initial list: every buffer is resolved when it is listed anyway.
-                _ => None,
-            };
-            Watched::Referent(obj.map(|o| {
-                (
-                    kind,
-                    o.meta().namespace.clone().unwrap_or_default(),
-                    o.meta().name.clone().unwrap_or_default(),
-                )
-            }))
-        })
-}
-
+/// The index is fed on every replica from the start-up (`controller::start_feeds`), so it may
+/// be full already when this replica comes to lead: catch up at once.
 impl Actor for Buffers {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        use futures::StreamExt;
-        let client = self.shared.workload.clone();
-        let buffers: Api<Lenient<CapacityBuffer>> = Api::all(client.clone());
-        let buffers = watcher(buffers, watcher::Config::default())
-            .default_backoff()
-            .map(|ev| Watched::Buffer(Box::new(ev)));
-        ctx.add_stream(futures::stream::select_all([
-            buffers.boxed(),
-            referents::<PodTemplate>(client.clone(), "PodTemplate").boxed(),
-            referents::<Deployment>(client.clone(), "Deployment").boxed(),
-            referents::<StatefulSet>(client.clone(), "StatefulSet").boxed(),
-            referents::<ReplicaSet>(client, "ReplicaSet").boxed(),
-        ]));
-    }
-}
-
-impl StreamHandler<Watched> for Buffers {
-    fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
-        match ev {
-            Watched::Buffer(ev) => self.buffer_event(*ev, ctx),
-            Watched::Referent(Some(referent)) => {
-                for key in self.referencing(&referent) {
-                    self.reconcile(&key, ctx);
-                }
-            }
-            Watched::Referent(None) => {}
-        }
+        self.catch_up(ctx);
     }
 }
 
 impl Buffers {
-    fn buffer_event(
-        &mut self,
-        ev: Result<watcher::Event<Lenient<CapacityBuffer>>, watcher::Error>,
-        ctx: &mut Context<Self>,
-    ) {
-        match ev {
-            Ok(watcher::Event::Apply(Lenient::Ok(cb)))
-            | Ok(watcher::Event::InitApply(Lenient::Ok(cb))) => {
-                let key = buffer_key(&cb);
-                if let Some(listed) = self.listed.as_mut() {
-                    listed.insert(key.clone());
-                }
-                let spec_changed = self.buffers.get(&key).is_none_or(|old| {
-                    old.spec != cb.spec || old.metadata.generation != cb.metadata.generation
-                });
-                self.statuses
-                    .insert(key.clone(), cb.status.clone().unwrap_or_default());
-                self.buffers.insert(key.clone(), cb);
-                if spec_changed {
-                    self.reconcile(&key, ctx);
-                }
+    /// Catch up with the index after a change: a buffer gone or that no longer decodes is
+    /// forgotten (its placeholder pods go); one that does not decode provisions nothing and is
+    /// named once per problem (the API server's schema keeps most of these out); a new version
+    /// of a buffer brings its status, and a new spec resolves it again.
+    fn catch_up(&mut self, ctx: &mut Context<Self>) {
+        let (now, bad) = {
+            let index = self.shared.state.capacity_buffers.read();
+            let bad: Vec<_> = (index.malformed().iter())
+                .map(|(key, m)| (key.clone(), m.message(), m.object_ref::<CapacityBuffer>()))
+                .collect();
+            (index.all().clone(), bad)
+        };
+        let gone: Vec<String> = (self.buffers.keys())
+            .filter(|key| !now.contains_key(*key))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.forget(&key);
+        }
+        let malformed: HashSet<&String> = bad.iter().map(|(key, _, _)| key).collect();
+        (self.reported).retain(|key, _| now.contains_key(key) || malformed.contains(key));
+        for (key, message, object) in bad {
+            if self.reported.get(&key) != Some(&message) {
+                self.shared.events.warning(
+                    object,
+                    resolve::RESOLUTION_FAILED,
+                    format!("CapacityBuffer {key}: {message}"),
+                );
             }
-            Ok(watcher::Event::Apply(Lenient::Bad(m)))
-            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
-                // The API server's schema keeps most of these out; one that slips through
-                // provisions nothing and is named once.
-                let key = buffer_key(&Lenient::<CapacityBuffer>::Bad(m.clone()));
-                if let Some(listed) = self.listed.as_mut() {
-                    listed.insert(key.clone());
-                }
-                let told = self.reported.get(&key).cloned();
-                self.forget(&key);
-                let message = m.message();
-                if told.as_ref() != Some(&message) {
-                    self.shared.events.warning(
-                        m.object_ref::<CapacityBuffer>(),
-                        resolve::RESOLUTION_FAILED,
-                        format!("CapacityBuffer {key}: {message}"),
-                    );
-                }
-                self.reported.insert(key, message);
+            self.reported.insert(key, message);
+        }
+        for (key, cb) in now {
+            let old = self.buffers.get(&key);
+            if old.is_some_and(|old| old.metadata.resource_version == cb.metadata.resource_version)
+            {
+                continue;
             }
-            Ok(watcher::Event::Delete(cb)) => self.forget(&buffer_key(&cb)),
-            Ok(watcher::Event::Init) => self.listed = Some(Default::default()),
-            Ok(watcher::Event::InitDone) => {
-                // Buffers deleted while the watch was down.
-                let listed = self.listed.take().unwrap_or_default();
-                let gone: Vec<String> = self
-                    .buffers
-                    .keys()
-                    .filter(|k| !listed.contains(*k))
-                    .cloned()
-                    .collect();
-                for key in gone {
-                    self.forget(&key);
-                }
+            let spec_changed = old.is_none_or(|old| {
+                old.spec != cb.spec || old.metadata.generation != cb.metadata.generation
+            });
+            self.statuses
+                .insert(key.clone(), cb.status.clone().unwrap_or_default());
+            self.buffers.insert(key.clone(), cb);
+            if spec_changed {
+                self.reconcile(&key, ctx);
             }
-            Err(e) => {
-                tracing::warn!(error = %e, watch = "CapacityBuffers", "watch failed; it will re-list");
-            }
+        }
+    }
+}
+
+impl Handler<BuffersChanged> for Buffers {
+    type Result = ();
+    fn handle(&mut self, _: BuffersChanged, ctx: &mut Self::Context) {
+        self.catch_up(ctx);
+    }
+}
+
+impl Handler<ReferentChanged> for Buffers {
+    type Result = ();
+    fn handle(&mut self, ReferentChanged(referent): ReferentChanged, ctx: &mut Self::Context) {
+        for key in self.referencing(&referent) {
+            self.reconcile(&key, ctx);
         }
     }
 }

@@ -201,6 +201,7 @@ impl Controller {
                 && s.pdbs.read().synced()
                 && (!watch_workloads || s.workloads.read().synced())
                 && s.nodepools.read().synced()
+                && (!shared.settings.capacity_quotas || s.quotas.read().synced())
         })
         .await;
         if let Some(cache) = cache {
@@ -406,6 +407,61 @@ fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
             spawn_feed::<ReplicaSet, _>(shared, w, poke, "ReplicaSets"),
             spawn_feed::<StatefulSet, _>(shared, w, poke, "StatefulSets"),
             spawn_feed::<ReplicationController, _>(shared, w, poke, "ReplicationControllers"),
+        ]);
+    }
+    feeds.extend(gated_feeds(shared));
+    feeds
+}
+
+/// The feeds behind a feature gate. They run on every replica like the others, though only the
+/// leader's Quotas and Buffers actors act on them (the Router drops the message elsewhere): so
+/// a replica's start-up waits for the quota list and its first solve as leader already caps by
+/// them, and an actor that starts on election finds its index full. Nothing clears them while
+/// the controller runs; they stop with it (`Actors::stop`).
+fn gated_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+    use k8s_openapi::api::core::v1::PodTemplate;
+
+    use crate::api::capacity_buffer::CapacityBuffer;
+    use crate::api::capacity_quota::CapacityQuota;
+    use crate::api::decode::Lenient;
+    use crate::state::referents::{Referent, Referents};
+    let mut feeds = Vec::new();
+    if shared.settings.capacity_quotas {
+        // Per-object decoding: a quota that does not decode caps nothing and is named by the
+        // Quotas actor. Only a new spec changes what a solve caps.
+        feeds.push(spawn_feed::<Lenient<CapacityQuota>, _>(
+            shared,
+            &shared.state.quotas,
+            |s, spec_changed| {
+                if spec_changed {
+                    s.router.provisioner_poke();
+                }
+                s.router.quotas_changed();
+            },
+            "CapacityQuotas",
+        ));
+    }
+    if shared.settings.capacity_buffers {
+        // The kinds a buffer may reference: a change resolves again the buffers that do. Their
+        // own watch names, apart from the workload feeds' ReplicaSets and StatefulSets.
+        let told: fn(&Shared, Option<Referent>) = |s, changed| {
+            if let Some(r) = changed {
+                s.router.buffer_referent_changed(r);
+            }
+        };
+        let r = &Arc::new(parking_lot::RwLock::new(Referents::default()));
+        feeds.extend([
+            spawn_feed::<Lenient<CapacityBuffer>, _>(
+                shared,
+                &shared.state.capacity_buffers,
+                |s, _| s.router.buffers_changed(),
+                "CapacityBuffers",
+            ),
+            spawn_feed::<PodTemplate, _>(shared, r, told, "CapacityBuffer PodTemplates"),
+            spawn_feed::<Deployment, _>(shared, r, told, "CapacityBuffer Deployments"),
+            spawn_feed::<StatefulSet, _>(shared, r, told, "CapacityBuffer StatefulSets"),
+            spawn_feed::<ReplicaSet, _>(shared, r, told, "CapacityBuffer ReplicaSets"),
         ]);
     }
     feeds

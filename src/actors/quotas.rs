@@ -1,5 +1,6 @@
-//! The CapacityQuota actor (leader only, with `--feature-gates CapacityQuota=true`): watches the
-//! quotas into `state.quotas`, where every solve reads them, and writes each quota's status as
+//! The CapacityQuota actor (leader only, with `--feature-gates CapacityQuota=true`): reads the
+//! quotas from `state.quotas` (fed in `controller::start_feeds`), where every solve reads them
+//! too, and writes each quota's status as
 //! upstream's controller does: `used` (what the nodes it selects use, for each resource its
 //! limits name), `observedGeneration` and the `Reconciled` condition. A quota that cannot be
 //! enforced (a limit that is not a whole non-negative quantity, a bad selector) is left out of
@@ -9,14 +10,13 @@
 //! Usage changes with every Node and claim, so the status is recomputed from the indexes on a
 //! short period (no API read) and written only when it changes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 
@@ -26,7 +26,6 @@ use crate::api::capacity_quota::{
     RECONCILIATION_SUCCEEDED,
 };
 use crate::api::conditions::{self, ConditionStatus};
-use crate::api::decode::Lenient;
 use crate::metrics::QuotaLabels;
 use crate::scheduling::quota::QuotaInput;
 use crate::view::quotas::count;
@@ -34,11 +33,10 @@ use crate::view::quotas::count;
 /// How often the status is recomputed from the indexes.
 const STATUS_PERIOD: Duration = Duration::from_secs(2);
 
-struct Watched(Result<watcher::Event<Lenient<CapacityQuota>>, watcher::Error>);
-
-impl Message for Watched {
-    type Result = ();
-}
+/// The quota feed took a change (`Router::quotas_changed`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct QuotasChanged;
 
 pub struct Quotas {
     shared: Arc<Shared>,
@@ -47,8 +45,6 @@ pub struct Quotas {
     written: HashMap<String, CapacityQuotaStatus>,
     /// The last problem told in an Event, per quota (one Event per new problem).
     reported: HashMap<String, String>,
-    /// The quotas a (re-)list has shown so far; at its end the others are gone.
-    listed: Option<HashSet<String>>,
     /// The resources whose gauges are published, per quota, so a resource a quota no longer
     /// limits, and a quota gone or no longer enforced, lose their series.
     series: HashMap<String, BTreeSet<String>>,
@@ -60,21 +56,8 @@ impl Quotas {
             shared,
             written: HashMap::new(),
             reported: HashMap::new(),
-            listed: None,
             series: HashMap::new(),
         }
-    }
-
-    fn changed(&self) {
-        self.shared.router.provisioner_poke();
-    }
-
-    fn forget(&mut self, name: &str) {
-        if self.shared.state.quotas.write().remove(name).is_some() {
-            self.changed();
-        }
-        self.written.remove(name);
-        self.publish(name, None);
     }
 
     /// Sets the usage and limit gauges of an enforced quota to `input`'s, or (None) removes
@@ -210,65 +193,37 @@ impl Quotas {
         );
     }
 
-    fn event(&mut self, ev: Result<watcher::Event<Lenient<CapacityQuota>>, watcher::Error>) {
-        match ev {
-            Ok(watcher::Event::Apply(Lenient::Ok(q)))
-            | Ok(watcher::Event::InitApply(Lenient::Ok(q))) => {
-                let name = q.name_any();
-                if let Some(listed) = self.listed.as_mut() {
-                    listed.insert(name.clone());
-                }
-                let spec_changed = self
-                    .shared
-                    .state
-                    .quotas
-                    .read()
-                    .get(&name)
-                    .is_none_or(|old| old.spec != q.spec);
-                self.shared.state.quotas.write().insert(name, Arc::new(q));
-                if spec_changed {
-                    self.changed();
-                }
-            }
-            Ok(watcher::Event::Apply(Lenient::Bad(m)))
-            | Ok(watcher::Event::InitApply(Lenient::Bad(m))) => {
-                // The API server's schema keeps most of these out; one that slips through
-                // caps nothing and is named once.
-                let bad = Lenient::<CapacityQuota>::Bad(m.clone());
-                let name = bad.meta().name.clone().unwrap_or_default();
-                if let Some(listed) = self.listed.as_mut() {
-                    listed.insert(name.clone());
-                }
-                self.forget(&name);
-                let message = m.message();
-                if self.reported.get(&name) != Some(&message) {
-                    self.shared.events.warning(
-                        m.object_ref::<CapacityQuota>(),
-                        RECONCILIATION_FAILED,
-                        format!("CapacityQuota {name}: {message}"),
-                    );
-                    self.reported.insert(name, message);
-                }
-            }
-            Ok(watcher::Event::Delete(q)) => {
-                let name = q.meta().name.clone().unwrap_or_default();
-                self.reported.remove(&name);
-                self.forget(&name);
-            }
-            Ok(watcher::Event::Init) => self.listed = Some(HashSet::new()),
-            Ok(watcher::Event::InitDone) => {
-                // Quotas deleted while the watch was down.
-                let listed = self.listed.take().unwrap_or_default();
-                let gone: Vec<String> = (self.shared.state.quotas.read().keys())
-                    .filter(|k| !listed.contains(*k))
-                    .cloned()
-                    .collect();
-                for name in gone {
-                    self.forget(&name);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, watch = "CapacityQuotas", "watch failed; it will re-list");
+    /// Catch up with the index after a change: a quota gone or that no longer decodes loses
+    /// its gauges and the status written for it; one that does not decode caps nothing (the
+    /// index keeps it apart) and is named once per problem (the API server's schema keeps
+    /// most of these out).
+    fn catch_up(&mut self) {
+        let (gone, bad) = {
+            let index = self.shared.state.quotas.read();
+            let gone: BTreeSet<String> = (self.written.keys().chain(self.series.keys()))
+                .filter(|name| index.get(name).is_none())
+                .cloned()
+                .collect();
+            self.reported.retain(|name, _| {
+                index.get(name).is_some() || index.malformed().contains_key(name)
+            });
+            let bad: Vec<_> = (index.malformed().iter())
+                .map(|(name, m)| (name.clone(), m.message(), m.object_ref::<CapacityQuota>()))
+                .collect();
+            (gone, bad)
+        };
+        for name in gone {
+            self.written.remove(&name);
+            self.publish(&name, None);
+        }
+        for (name, message, object) in bad {
+            if self.reported.get(&name) != Some(&message) {
+                self.shared.events.warning(
+                    object,
+                    RECONCILIATION_FAILED,
+                    format!("CapacityQuota {name}: {message}"),
+                );
+                self.reported.insert(name, message);
             }
         }
     }
@@ -277,26 +232,22 @@ impl Quotas {
 impl Actor for Quotas {
     type Context = Context<Self>;
 
+    /// The feed runs on every replica from the start-up (`controller::start_feeds`), so the
+    /// index is already full when this replica comes to lead: catch up at once. Nothing is
+    /// cleared when the actor stops: it stops only with the whole controller (`Actors::stop`),
+    /// whose feeds and provisioner stop with it, so no replica that no longer leads enforces
+    /// quotas it can no longer see change.
     fn started(&mut self, ctx: &mut Self::Context) {
-        use futures::StreamExt;
-        let api: Api<Lenient<CapacityQuota>> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(
-            watcher(api, watcher::Config::default())
-                .default_backoff()
-                .map(Watched),
-        );
+        self.catch_up();
+        self.refresh(ctx);
         ctx.run_interval(STATUS_PERIOD, |act, ctx| act.refresh(ctx));
-    }
-
-    fn stopped(&mut self, _: &mut Self::Context) {
-        // A replica that no longer leads enforces nothing it can no longer see change.
-        self.shared.state.quotas.write().clear();
     }
 }
 
-impl StreamHandler<Watched> for Quotas {
-    fn handle(&mut self, ev: Watched, ctx: &mut Self::Context) {
-        self.event(ev.0);
+impl Handler<QuotasChanged> for Quotas {
+    type Result = ();
+    fn handle(&mut self, _: QuotasChanged, ctx: &mut Self::Context) {
+        self.catch_up();
         self.refresh(ctx);
     }
 }

@@ -10,7 +10,7 @@ use parking_lot::RwLock;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::buffers::{Buffers, Provisioned};
+use super::buffers::{Buffers, BuffersChanged, Provisioned, ReferentChanged};
 use super::catalog::{NodePoolsChanged, Rebuild};
 use super::deletion_cost::DeletionCost;
 use super::disruption::{ClusterChanged, Disruption};
@@ -98,6 +98,27 @@ impl Router {
 
     pub fn take_quotas(&self) -> Option<Addr<super::quotas::Quotas>> {
         self.quotas.write().take()
+    }
+
+    /// The quota feed took a change: the Quotas actor catches up (when it runs here).
+    pub fn quotas_changed(&self) {
+        if let Some(q) = self.quotas.read().as_ref() {
+            q.do_send(super::quotas::QuotasChanged);
+        }
+    }
+
+    /// The CapacityBuffer feed took a change: the Buffers actor catches up (when it runs here).
+    pub fn buffers_changed(&self) {
+        if let Some(b) = self.buffers.read().as_ref() {
+            b.do_send(BuffersChanged);
+        }
+    }
+
+    /// An object a buffer may reference changed: the buffers that do are resolved again.
+    pub fn buffer_referent_changed(&self, referent: crate::state::referents::Referent) {
+        if let Some(b) = self.buffers.read().as_ref() {
+            b.do_send(ReferentChanged(referent));
+        }
     }
 
     /// A solve placed the buffers' placeholder pods: their `Provisioning` conditions follow.

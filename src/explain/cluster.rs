@@ -458,10 +458,8 @@ pub async fn read(
     let state = state_of(capi, claims, nodes, pods, daemonsets, pdbs, nodepools);
     if settings.capacity_quotas {
         let quotas = list_quotas(&workload, &mut malformed).await?;
-        *state.quotas.write() = quotas
-            .into_iter()
-            .map(|q| (q.name_any(), Arc::new(q)))
-            .collect();
+        let quotas = quotas.into_iter().map(Lenient::Ok).collect();
+        Index::reset(&mut *state.quotas.write(), quotas);
     }
     let deployments: Vec<Arc<MachineDeployment>> =
         state.deployments.read().all().cloned().collect();

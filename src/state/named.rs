@@ -1,15 +1,18 @@
-//! Cluster-scoped Karpenter objects by name (NodePools, ClusterAPINodeClasses, NodeOverlays),
-//! fed by a watch that decodes each one on its own: the ones that decode are what the
-//! controller reads; the ones that do not are kept apart (nothing is built from them) so the
-//! actor that owns the kind can say why on the object.
+//! Custom objects by name (NodePools, ClusterAPINodeClasses, NodeOverlays, CapacityQuotas;
+//! CapacityBuffers by `namespace/name`), fed by a watch that decodes each one on its own: the
+//! ones that decode are what the controller reads; the ones that do not are kept apart (nothing
+//! is built from them) so the actor that owns the kind can say why on the object.
 
 use std::collections::{BTreeMap, HashMap};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use kube::{Resource, ResourceExt};
+use kube::Resource;
+use kube::api::ObjectMeta;
 
 use super::feed::Index;
+use crate::api::capacity_buffer::CapacityBuffer;
+use crate::api::capacity_quota::CapacityQuota;
 use crate::api::decode::{Lenient, Malformed};
 use crate::api::nodeclass::ClusterAPINodeClass;
 use crate::api::nodeoverlay::NodeOverlay;
@@ -27,6 +30,11 @@ pub trait Acted: Resource<DynamicType = ()> + Send + Sync + 'static {
     fn acts_alike(_old: &Self, _new: &Self) -> bool {
         false
     }
+
+    /// The key an object is kept by: its name (a cluster-scoped kind).
+    fn key(meta: &ObjectMeta) -> String {
+        meta.name.clone().unwrap_or_default()
+    }
 }
 
 /// NodePool status changes matter too (the NodePools actor compares what it wrote).
@@ -38,6 +46,22 @@ impl Acted for NodeOverlay {
 
     fn acts_alike(old: &Self, new: &Self) -> bool {
         old.spec == new.spec
+    }
+}
+/// Only a new spec changes what a solve caps (the Quotas actor hears of every change anyway);
+/// the CRD is optional, so a quota watch that cannot list does not hold the start-up.
+impl Acted for CapacityQuota {
+    const OPTIONAL: bool = true;
+
+    fn acts_alike(old: &Self, new: &Self) -> bool {
+        old.spec == new.spec
+    }
+}
+/// Namespaced: kept by `namespace/name`; the Buffers actor compares what changed itself.
+impl Acted for CapacityBuffer {
+    fn key(meta: &ObjectMeta) -> String {
+        let namespace = meta.namespace.as_deref().unwrap_or_default();
+        format!("{namespace}/{}", meta.name.as_deref().unwrap_or_default())
     }
 }
 
@@ -52,6 +76,8 @@ pub struct Named<K> {
 pub type NodePoolIndex = Named<NodePool>;
 pub type NodeClassIndex = Named<ClusterAPINodeClass>;
 pub type NodeOverlayIndex = Named<NodeOverlay>;
+pub type QuotaIndex = Named<CapacityQuota>;
+pub type BufferIndex = Named<CapacityBuffer>;
 
 impl<K> Default for Named<K> {
     fn default() -> Self {
@@ -102,7 +128,7 @@ impl<K: Acted> Named<K> {
     fn keep_one(&mut self, obj: Lenient<K>) -> bool {
         match obj {
             Lenient::Ok(obj) => {
-                let name = obj.name_any();
+                let name = K::key(obj.meta());
                 self.malformed.remove(&name);
                 let alike = self
                     .ok
@@ -112,7 +138,7 @@ impl<K: Acted> Named<K> {
                 !alike
             }
             Lenient::Bad(m) => {
-                let name = m.metadata.name.clone().unwrap_or_default();
+                let name = K::key(&m.metadata);
                 tracing::warn!(
                     kind = %K::kind(&()),
                     name = %name,
@@ -143,7 +169,7 @@ impl<K: Acted> Index<Lenient<K>> for Named<K> {
     }
 
     fn delete(&mut self, obj: Self::Kept) -> bool {
-        let name = obj.name_any();
+        let name = K::key(obj.meta());
         self.malformed.remove(&name);
         self.ok.remove(&name);
         true
@@ -239,6 +265,21 @@ mod tests {
         assert!(index.malformed().contains_key("c"));
         index.delete(bad("c"));
         assert!(index.malformed().is_empty());
+    }
+
+    #[test]
+    fn buffers_are_kept_by_namespace_and_name() {
+        let buffer = |namespace: &str| -> Lenient<CapacityBuffer> {
+            let mut b = CapacityBuffer::new("spare", Default::default());
+            b.metadata.namespace = Some(namespace.into());
+            Lenient::Ok(b)
+        };
+        let mut index = BufferIndex::default();
+        index.apply(buffer("a"));
+        index.apply(buffer("b"));
+        assert!(index.get("a/spare").is_some() && index.get("b/spare").is_some());
+        index.delete(buffer("a"));
+        assert!(index.get("a/spare").is_none() && index.len() == 1);
     }
 
     #[test]

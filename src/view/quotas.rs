@@ -60,15 +60,18 @@ pub fn parse(q: &CapacityQuota) -> Result<QuotaInput, Malformed> {
 /// yet (counted as in-flight claims).
 pub fn count(view: Inputs<'_>, creating: &[&NodeClaim]) -> Vec<Counted> {
     let st = view.state;
-    let mut out: Vec<Counted> = st
-        .quotas
-        .read()
-        .values()
-        .map(|q| Counted {
-            quota: q.clone(),
-            input: parse(q),
-        })
-        .collect();
+    let mut out: Vec<Counted> = {
+        let index = st.quotas.read();
+        let mut quotas: Vec<&Arc<CapacityQuota>> = index.values().collect();
+        // By name, so that every solve sees the quotas in the same order.
+        quotas.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        (quotas.into_iter())
+            .map(|q| Counted {
+                quota: q.clone(),
+                input: parse(q),
+            })
+            .collect()
+    };
     if out.iter().all(|c| c.input.is_err()) {
         return out;
     }
@@ -163,6 +166,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::api::decode::Lenient;
+    use crate::state::feed::Index;
 
     fn quota(name: &str, team: &str) -> CapacityQuota {
         serde_json::from_value(json!({
@@ -201,7 +206,7 @@ mod tests {
     fn usage_counts_matching_nodes_and_claims_to_come() {
         let state = crate::state::State::default();
         for q in [quota("a", "a"), quota("b", "b")] {
-            state.quotas.write().insert(q.name_any(), Arc::new(q));
+            Index::apply(&mut *state.quotas.write(), Lenient::Ok(q));
         }
         {
             let mut nodes = state.nodes.write();
