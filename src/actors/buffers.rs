@@ -281,16 +281,22 @@ impl Buffers {
             "conditions": status.conditions,
             "provisioningStrategy": status.provisioning_strategy,
         }});
+        let key = key.to_string();
         ctx.spawn(
             async move {
-                if let Err(e) = api
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
+                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&body))
                     .await
-                {
-                    tracing::warn!(capacitybuffer = %name, error = %e, "writing capacity buffer status failed");
-                }
+                    .map_err(|e| {
+                        tracing::warn!(capacitybuffer = %name, error = %e, "writing capacity buffer status failed; written again at the buffer's next resolution");
+                    })
             }
-            .into_actor(self),
+            .into_actor(self)
+            .map(move |written, act, _| {
+                // Not what the buffer carries: the next resolution must write it again.
+                if written.is_err() {
+                    act.statuses.remove(&key);
+                }
+            }),
         );
     }
 
