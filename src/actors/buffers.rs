@@ -31,15 +31,15 @@ use crate::state::buffers::Placed;
 use resolve::{NotReady, Source};
 
 /// `Provisioning` reasons (upstream Karpenter's).
-pub const FITS_EXISTING_CAPACITY: &str = "FitsExistingCapacity";
-pub const REQUIRES_NEW_CAPACITY: &str = "RequiresNewCapacity";
-pub const NOT_READY_FOR_PROVISIONING: &str = "NotReadyForProvisioning";
-pub const BUFFER_EMPTY: &str = "BufferEmpty";
+pub(crate) const FITS_EXISTING_CAPACITY: &str = "FitsExistingCapacity";
+pub(crate) const REQUIRES_NEW_CAPACITY: &str = "RequiresNewCapacity";
+pub(crate) const NOT_READY_FOR_PROVISIONING: &str = "NotReadyForProvisioning";
+pub(crate) const BUFFER_EMPTY: &str = "BufferEmpty";
 
 /// Where the last solve put each buffer's placeholder pods (buffer key -> placements).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Provisioned(pub HashMap<String, Placed>);
+pub(crate) struct Provisioned(pub HashMap<String, Placed>);
 
 /// A watched object a buffer may reference: (kind, namespace, name).
 type Referent = (&'static str, String, String);
@@ -64,7 +64,7 @@ impl Message for Resolution {
     type Result = ();
 }
 
-pub struct Buffers {
+pub(crate) struct Buffers {
     shared: Arc<Shared>,
     buffers: HashMap<String, CapacityBuffer>,
     /// Status as this actor last wrote or read it, per buffer.
@@ -76,7 +76,7 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             buffers: HashMap::new(),

@@ -40,7 +40,7 @@ impl Message for Watched {
     type Result = ();
 }
 
-pub struct Quotas {
+pub(crate) struct Quotas {
     shared: Arc<Shared>,
     /// The status last written per quota, so an unchanged one is not written again before the
     /// watch shows it.
@@ -55,7 +55,7 @@ pub struct Quotas {
 }
 
 impl Quotas {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             written: HashMap::new(),
