@@ -11,33 +11,33 @@
 //! Node feed    --Kick--> NodeClaimActor (Node changed; controller::start_feeds)
 //! ```
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod batch;
 pub mod buffers;
-pub mod capi_watcher;
+pub(crate) mod capi_watcher;
 pub mod catalog;
-pub mod claim_factory;
-pub mod controller;
-pub mod deletion_cost;
-pub mod disruption;
-pub mod events;
+pub(crate) mod claim_factory;
+pub(crate) mod controller;
+pub(crate) mod deletion_cost;
+pub(crate) mod disruption;
+pub(crate) mod events;
 pub mod gate;
-pub mod generator;
-pub mod messages;
-pub mod nodeclaim;
-pub mod nodepools;
-pub mod nomination;
-pub mod pass;
+pub(crate) mod generator;
+pub(crate) mod messages;
+pub(crate) mod nodeclaim;
+pub(crate) mod nodepools;
+pub(crate) mod nomination;
+pub(crate) mod pass;
 pub mod patch;
-pub mod persist;
+pub(crate) mod persist;
 pub mod provisioner;
-pub mod quotas;
-pub mod repair;
-pub mod router;
+pub(crate) mod quotas;
+pub(crate) mod repair;
+pub(crate) mod router;
 pub mod scaler;
-pub mod static_capacity;
-pub mod supervisor;
-pub mod terminator;
+pub(crate) mod static_capacity;
+pub(crate) mod supervisor;
+pub(crate) mod terminator;
 pub mod tracked;
 
 use std::sync::Arc;
@@ -55,26 +55,26 @@ pub use crate::view::settings::{Deadlines, DisruptionSettings, Settings};
 /// Clients must be created on the System thread that runs the actors (a kube Client is bound to
 /// the runtime it was built on).
 pub struct Shared {
-    pub workload: kube::Client,
-    pub management: kube::Client,
-    pub capi_version: CapiVersion,
+    pub(crate) workload: kube::Client,
+    pub(crate) management: kube::Client,
+    pub(crate) capi_version: CapiVersion,
     pub state: State,
-    pub metrics: Arc<Metrics>,
-    pub settings: Settings,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) settings: Settings,
     pub router: router::Router,
-    pub events: events::Events,
+    pub(crate) events: events::Events,
     pub catalog: crate::view::CatalogView,
     /// Signalled whenever a watch finishes a (re-)list, so start-up can wait for warm caches
     /// without polling.
-    pub synced: Arc<tokio::sync::Notify>,
+    pub(crate) synced: Arc<tokio::sync::Notify>,
     /// Orders the controller's own claim deletions against a disruption command's budget
     /// check and mark (see `gate`).
-    pub deletion_gate: gate::DeletionGate,
+    pub(crate) deletion_gate: gate::DeletionGate,
 }
 
 impl Shared {
     /// The plain view the read layer's projections take.
-    pub fn view(&self) -> crate::view::Inputs<'_> {
+    pub(crate) fn view(&self) -> crate::view::Inputs<'_> {
         crate::view::Inputs {
             state: &self.state,
             catalog: &self.catalog,
@@ -85,7 +85,7 @@ impl Shared {
 
 /// Errors of the actors' API calls, with the object they were about.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("{verb} {kind} {name}: {source}")]
     Api {
         verb: &'static str,
@@ -114,21 +114,21 @@ pub enum Error {
 impl Error {
     /// A lost compare-and-swap: the object changed under us (409), or a JSON patch `test` failed
     /// (422 on kube-apiserver). Either way: re-read and re-plan, never overwrite.
-    pub fn is_conflict(&self) -> bool {
+    pub(crate) fn is_conflict(&self) -> bool {
         matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 409 || s.code == 422)
     }
 
     /// A lost compare-and-swap on a Node: our copy of it is behind the server's.
-    pub fn is_node_conflict(&self) -> bool {
+    pub(crate) fn is_node_conflict(&self) -> bool {
         self.is_conflict() && matches!(self, Error::Api { kind: "nodes", .. })
     }
 
-    pub fn is_not_found(&self) -> bool {
+    pub(crate) fn is_not_found(&self) -> bool {
         matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.code == 404)
     }
 
     /// The wait the server asked for when it refused the call (`Retry-After`).
-    pub fn retry_after(&self) -> Option<Duration> {
+    pub(crate) fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::Api { source, .. } => crate::retry_after::retry_after(source),
             _ => None,

@@ -100,11 +100,11 @@ pub fn init_logging(args: &LogArgs, default_level: &str) -> Result<(), Error> {
 }
 
 /// Colour on a terminal unless `NO_COLOR` is set to anything but the empty string.
-pub fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+pub(crate) fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
     terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
-pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
+pub(crate) fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
     Settings {
         create_timeout: c.create_timeout,
         registration_timeout: c.registration_timeout,
@@ -150,7 +150,7 @@ pub fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
     }
 }
 
-pub fn capi_version(arg: Option<CapiVersionArg>) -> Option<CapiVersion> {
+pub(crate) fn capi_version(arg: Option<CapiVersionArg>) -> Option<CapiVersion> {
     arg.map(|v| match v {
         CapiVersionArg::V1beta1 => CapiVersion::V1Beta1,
         CapiVersionArg::V1beta2 => CapiVersion::V1Beta2,
@@ -160,13 +160,13 @@ pub fn capi_version(arg: Option<CapiVersionArg>) -> Option<CapiVersion> {
 /// How long a graceful shutdown may take in all: well inside a pod's default 30 s grace period.
 pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
 /// How long writes already sent get to finish once the gate is closed.
-pub const WRITE_DRAIN: Duration = Duration::from_secs(2);
+pub(crate) const WRITE_DRAIN: Duration = Duration::from_secs(2);
 /// How long releasing the Lease may take.
-pub const RELEASE_BOUND: Duration = Duration::from_secs(3);
+pub(crate) const RELEASE_BOUND: Duration = Duration::from_secs(3);
 
 /// The cluster that holds the leader-election Lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeaseCluster {
+pub(crate) enum LeaseCluster {
     Workload,
     Management,
 }
@@ -176,7 +176,7 @@ pub enum LeaseCluster {
 /// `--cluster-api-in-cluster` do the pods run in the management cluster; everywhere else they
 /// run in the workload cluster, or outside both, where the Lease stays in the workload cluster
 /// as before.
-pub fn lease_cluster(capi: &ClusterApiArgs) -> LeaseCluster {
+pub(crate) fn lease_cluster(capi: &ClusterApiArgs) -> LeaseCluster {
     if capi.cluster_api_in_cluster {
         LeaseCluster::Management
     } else {
@@ -192,7 +192,7 @@ pub struct Campaign {
 }
 
 /// The kubeconfig files `run` builds its clients from, whose change restarts it.
-pub fn kubeconfig_files(args: &RunArgs) -> Vec<std::path::PathBuf> {
+pub(crate) fn kubeconfig_files(args: &RunArgs) -> Vec<std::path::PathBuf> {
     args.kubeconfig
         .iter()
         .chain(&args.cluster_api.cluster_api_kubeconfig)
@@ -202,7 +202,7 @@ pub fn kubeconfig_files(args: &RunArgs) -> Vec<std::path::PathBuf> {
 
 /// One replica: the controller, its election and its write gate.
 pub struct Replica {
-    pub handle: ControllerHandle,
+    pub(crate) handle: ControllerHandle,
     /// True while this replica leads.
     pub leading: watch::Receiver<bool>,
     gate: WriteGate,
@@ -317,7 +317,7 @@ async fn report_leadership(
 
 impl Replica {
     /// Resolves when the election ends on its own (leadership lost); never without election.
-    pub async fn lost(&mut self) -> Result<(), leader::Error> {
+    pub(crate) async fn lost(&mut self) -> Result<(), leader::Error> {
         match self.election.as_mut() {
             Some(e) => e.finished().await,
             None => std::future::pending().await,
@@ -370,7 +370,7 @@ impl Replica {
 /// Resolves on SIGTERM (what Kubernetes sends) or SIGINT; names the signal. The handlers are
 /// installed when this is called, not when the future is first polled, so a signal that arrives
 /// during start-up is not lost to the default action (which would skip the shutdown path).
-pub fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
+pub(crate) fn shutdown_signal() -> impl std::future::Future<Output = &'static str> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -5,7 +5,7 @@
 
 pub mod annotations;
 pub mod autoscaler;
-pub mod deletion;
+pub(crate) mod deletion;
 pub mod generate;
 mod json;
 pub mod kind;
@@ -13,10 +13,10 @@ pub mod model;
 pub mod offerings;
 pub mod overlay;
 pub mod patch;
-pub mod preflight;
+pub(crate) mod preflight;
 pub mod provider_id;
-pub mod room;
-pub mod scalable;
+pub(crate) mod room;
+pub(crate) mod scalable;
 mod selector;
 pub mod template;
 pub mod topology;
@@ -27,7 +27,5 @@ pub use model::{
     DeletionOrder, InfrastructureRef, LabelSelector, Machine, MachineDeployment, MachinePhase,
     MachineSet, ModelError,
 };
-pub use provider_id::ProviderId;
-pub use scalable::{ScalableKind, ScalableRef};
-pub use template::{NodeShape, TemplateCapacity};
+pub(crate) use scalable::ScalableKind;
 pub use version::CapiVersion;

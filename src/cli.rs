@@ -19,12 +19,12 @@ pub use simulate::{
 
 /// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
 /// them keeps every `Instant + duration` in the controller far from overflow (which panics).
-pub const MAX_FLAG_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_FLAG_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// Go-style duration ("90s", "5m", "1h30m") for flags, so values read like Karpenter's; at most
 /// [`MAX_FLAG_DURATION`]. Zero is allowed (see [`positive_duration_arg`] for waits that must not
 /// be zero).
-pub fn duration_arg(s: &str) -> Result<Duration, String> {
+pub(crate) fn duration_arg(s: &str) -> Result<Duration, String> {
     // A bare number is refused in every subcommand alike: "15" could mean seconds or minutes.
     if s != "0" && s.trim().parse::<f64>().is_ok() {
         return Err(format!(
@@ -44,7 +44,7 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 
 /// A Go-style duration that must be greater than zero (a zero timeout or batch window would make
 /// the controller give up, or spin, immediately).
-pub fn positive_duration_arg(s: &str) -> Result<Duration, String> {
+pub(crate) fn positive_duration_arg(s: &str) -> Result<Duration, String> {
     let d = duration_arg(s)?;
     if d.is_zero() {
         return Err(format!("{s:?} must be greater than zero"));
@@ -201,7 +201,7 @@ pub enum Command {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Text,
     Json,
 }
@@ -213,7 +213,7 @@ pub enum CapiVersionArg {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PreferencePolicy {
+pub(crate) enum PreferencePolicy {
     /// Try preferred node affinity as required first, then relax it.
     Respect,
     /// Ignore preferred node affinity entirely.
@@ -222,7 +222,7 @@ pub enum PreferencePolicy {
 
 /// Upstream's `--min-values-policy` values, spelled as upstream spells them (any case).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum MinValuesPolicy {
+pub(crate) enum MinValuesPolicy {
     /// A NodePool's minValues the instance types cannot meet leaves the pod unscheduled.
     #[value(name = "Strict")]
     Strict,
@@ -242,36 +242,36 @@ pub struct LogArgs {
     )]
     #[cfg_attr(not(feature = "simulator"), doc = "Default: info.")]
     #[arg(long, env = "LOG_LEVEL", value_parser = log_level_arg)]
-    pub log_level: Option<String>,
+    pub(crate) log_level: Option<String>,
     /// Log format: text for people, json for log pipelines.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
 }
 
 /// Controller tuning shared by `run` and `simulate`, so the simulation runs the same code paths
 /// with the same knobs.
 #[derive(Clone, Debug, Args)]
-pub struct ControllerArgs {
+pub(crate) struct ControllerArgs {
     /// How long a NodeClaim may wait, from creation, for its Machine's provider ID before it is
     /// deleted and its offering marked unavailable. Raise it for slow providers (vSphere, bare
     /// metal). A ClusterAPINodeClass's spec.createTimeout overrides it.
     #[arg(long, env = "CREATE_TIMEOUT", default_value = "5m", value_parser = positive_duration_arg)]
-    pub create_timeout: Duration,
+    pub(crate) create_timeout: Duration,
     /// How long a launched NodeClaim may wait for its Node to register.
     #[arg(long, env = "REGISTRATION_TIMEOUT", default_value = "15m", value_parser = positive_duration_arg)]
-    pub registration_timeout: Duration,
+    pub(crate) registration_timeout: Duration,
     /// How long an offering that failed or timed out stays unavailable to new NodeClaims.
     #[arg(long, env = "UNAVAILABLE_OFFERING_TTL", default_value = "3m", value_parser = duration_arg)]
-    pub unavailable_offering_ttl: Duration,
+    pub(crate) unavailable_offering_ttl: Duration,
     /// A provisioning batch ends after this long without a new pending pod.
     #[arg(long, env = "BATCH_IDLE_DURATION", default_value = "1s", value_parser = positive_duration_arg)]
-    pub batch_idle_duration: Duration,
+    pub(crate) batch_idle_duration: Duration,
     /// A provisioning batch never lasts longer than this.
     #[arg(long, env = "BATCH_MAX_DURATION", default_value = "10s", value_parser = positive_duration_arg)]
-    pub batch_max_duration: Duration,
+    pub(crate) batch_max_duration: Duration,
     /// Whether preferred node affinity is tried as required before being relaxed.
     #[arg(long, env = "PREFERENCE_POLICY", value_enum, default_value = "respect")]
-    pub preference_policy: PreferencePolicy,
+    pub(crate) preference_policy: PreferencePolicy,
     /// Whether a NodePool's minValues must be met (Strict) or may be lowered to what the
     /// instance types offer (BestEffort).
     #[arg(
@@ -281,24 +281,24 @@ pub struct ControllerArgs {
         ignore_case = true,
         default_value = "Strict"
     )]
-    pub min_values_policy: MinValuesPolicy,
+    pub(crate) min_values_policy: MinValuesPolicy,
     /// terminationGracePeriod of the NodeClaims whose NodePool sets none (default: none, so
     /// their nodes drain without a deadline).
     #[arg(long, env = "DEFAULT_TERMINATION_GRACE_PERIOD", value_parser = duration_arg)]
-    pub default_termination_grace_period: Option<Duration>,
+    pub(crate) default_termination_grace_period: Option<Duration>,
     /// The cluster's kube-scheduler settings the solve must mirror, as a YAML or JSON document:
     /// `podTopologySpread.defaultConstraints` (Karpenter's --scheduler-config), applied to pods
     /// without topologySpreadConstraints of their own, with a selector deduced from the
     /// Services and the ReplicaSet, StatefulSet or ReplicationController selecting each pod.
     /// Empty (the default): no default constraints.
     #[arg(long, env = "SCHEDULER_CONFIG", default_value = "", value_parser = scheduler_config_arg)]
-    pub scheduler_config: SchedulerConfigArg,
+    pub(crate) scheduler_config: SchedulerConfigArg,
     /// With `NodeRepair` on: the Node conditions that call for a repair, as a YAML or JSON
     /// document `policies: [{conditionType, conditionStatus, tolerationDuration, reasonRegex,
     /// priority, terminationGracePeriod, action}]` (docs/static-and-repair.md). Empty (the
     /// default): `Ready` False or Unknown for 30 minutes, replaced forcefully, as upstream.
     #[arg(long, env = "REPAIR_POLICIES", default_value = "", value_parser = repair_policies_arg)]
-    pub repair_policies: RepairPoliciesArg,
+    pub(crate) repair_policies: RepairPoliciesArg,
     /// Optional features, as Karpenter's `Name=true|false,...`: `CapacityBuffer` keeps
     /// autoscaling.x-k8s.io CapacityBuffers as spare capacity (off by default, as upstream);
     /// `CapacityQuota` caps provisioning by autoscaling.x-k8s.io CapacityQuotas and writes their
@@ -312,40 +312,40 @@ pub struct ControllerArgs {
     /// `SpotToSpotConsolidation`, ...) is accepted, so upstream's value can be copied as it is,
     /// and logged once at start as having no effect here.
     #[arg(long, env = "FEATURE_GATES", default_value = "CapacityBuffer=false,NodeRepair=false,StaticCapacity=true,NodeOverlay=true", value_parser = feature_gates_arg)]
-    pub feature_gates: FeatureGates,
+    pub(crate) feature_gates: FeatureGates,
     /// Pause all voluntary disruption: no repair, drift, emptiness or consolidation decision is
     /// made while set (commands already under way finish; expiry, legacy node repair and
     /// provisioning go on). One NodePool alone: the karpenter.cluster.x-k8s.io/disruption-paused: "true"
     /// annotation.
     #[arg(long, env = "DISRUPTION_PAUSED", default_value_t = false)]
-    pub disruption_paused: bool,
+    pub(crate) disruption_paused: bool,
     /// With `NodeRepair` on: repair as Karpenter v1.14 did, deleting an unhealthy node's claim
     /// at once, outside the disruption budgets and with no replacement launched first. Off (the
     /// default): repair is a disruption method as in v1.15, first in each pass, within the
     /// NodePool's `Unhealthy` budget, its replacement initialized before the node goes.
     #[arg(long, env = "LEGACY_NODE_REPAIR", default_value_t = false)]
-    pub legacy_node_repair: bool,
+    pub(crate) legacy_node_repair: bool,
 }
 
 /// The features `--feature-gates` turns on, and the upstream gates it was given that change
 /// nothing here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FeatureGates {
-    pub capacity_buffer: bool,
+    pub(crate) capacity_buffer: bool,
     /// CapacityQuotas cap provisioning (`CapacityQuota`, off by default).
-    pub capacity_quota: bool,
-    pub node_repair: bool,
-    pub static_capacity: bool,
-    pub node_overlay: bool,
-    pub pod_deletion_cost: bool,
+    pub(crate) capacity_quota: bool,
+    pub(crate) node_repair: bool,
+    pub(crate) static_capacity: bool,
+    pub(crate) node_overlay: bool,
+    pub(crate) pod_deletion_cost: bool,
     /// A static NodePool at its `limits.nodes`, or a dynamic one whose replacement can only
     /// launch in the node's own room, takes a drifted node before its replacement
     /// (`TerminateFirstDrift`, alpha and off, as upstream).
-    pub terminate_first_drift: bool,
+    pub(crate) terminate_first_drift: bool,
     /// The same for an unhealthy node node repair replaces (`TerminateFirstRepair`).
-    pub terminate_first_repair: bool,
+    pub(crate) terminate_first_repair: bool,
     /// Upstream gates named that have no effect here, with the value given and why.
-    pub no_effect: Vec<(String, bool, &'static str)>,
+    pub(crate) no_effect: Vec<(String, bool, &'static str)>,
 }
 
 impl Default for FeatureGates {
@@ -420,7 +420,7 @@ fn feature_gates_arg(s: &str) -> Result<FeatureGates, String> {
 
 /// A parsed `--scheduler-config`: the default constraints it sets, if any.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct SchedulerConfigArg(pub Option<DefaultConstraints>);
+pub(crate) struct SchedulerConfigArg(pub Option<DefaultConstraints>);
 
 fn scheduler_config_arg(s: &str) -> Result<SchedulerConfigArg, String> {
     DefaultConstraints::parse(s)
@@ -430,7 +430,7 @@ fn scheduler_config_arg(s: &str) -> Result<SchedulerConfigArg, String> {
 
 /// A parsed `--repair-policies`.
 #[derive(Clone, Debug)]
-pub struct RepairPoliciesArg(pub crate::api::repair_policy::RepairPolicies);
+pub(crate) struct RepairPoliciesArg(pub crate::api::repair_policy::RepairPolicies);
 
 fn repair_policies_arg(s: &str) -> Result<RepairPoliciesArg, String> {
     crate::api::repair_policy::RepairPolicies::parse(s)
@@ -444,7 +444,7 @@ fn repair_policies_arg(s: &str) -> Result<RepairPoliciesArg, String> {
 pub struct ClusterApiArgs {
     /// Kubeconfig file of the management cluster holding Machines and MachineDeployments.
     #[arg(long, env = "CLUSTER_API_KUBECONFIG", value_parser = existing_file_arg)]
-    pub cluster_api_kubeconfig: Option<PathBuf>,
+    pub(crate) cluster_api_kubeconfig: Option<PathBuf>,
     /// The management cluster is the one this pod runs in: reach it with the pod's own
     /// ServiceAccount (in-cluster config, projected token), while --kubeconfig names the workload
     /// cluster. The leader-election Lease is then kept in the management cluster too. For the
@@ -455,13 +455,13 @@ pub struct ClusterApiArgs {
         default_value_t = false,
         conflicts_with_all = ["cluster_api_kubeconfig", "cluster_api_url"]
     )]
-    pub cluster_api_in_cluster: bool,
+    pub(crate) cluster_api_in_cluster: bool,
     /// URL of the management cluster's API server (with --cluster-api-token).
     #[arg(long, env = "CLUSTER_API_URL", value_parser = url_arg)]
-    pub cluster_api_url: Option<String>,
+    pub(crate) cluster_api_url: Option<String>,
     /// Bearer token for the management cluster.
     #[arg(long, env = "CLUSTER_API_TOKEN", hide_env_values = true)]
-    pub cluster_api_token: Option<String>,
+    pub(crate) cluster_api_token: Option<String>,
     /// Base64 PEM CA bundle for the management cluster's API server.
     #[arg(
         long,
@@ -469,56 +469,56 @@ pub struct ClusterApiArgs {
         hide_env_values = true,
         value_parser = base64_arg
     )]
-    pub cluster_api_certificate_authority_data: Option<String>,
+    pub(crate) cluster_api_certificate_authority_data: Option<String>,
     /// Skip TLS verification of the management cluster (testing only).
     #[arg(long, env = "CLUSTER_API_SKIP_TLS_VERIFY", default_value_t = false)]
-    pub cluster_api_skip_tls_verify: bool,
+    pub(crate) cluster_api_skip_tls_verify: bool,
     /// Only consider Cluster API objects in this namespace (default: all namespaces).
     #[arg(long, env = "CLUSTER_API_NAMESPACE", value_parser = dns_label_arg)]
-    pub cluster_api_namespace: Option<String>,
+    pub(crate) cluster_api_namespace: Option<String>,
     /// Only consider MachineDeployments of this Cluster (cluster.x-k8s.io/cluster-name label).
     #[arg(long, env = "CLUSTER_NAME", value_parser = label_value_arg)]
-    pub cluster_name: Option<String>,
+    pub(crate) cluster_name: Option<String>,
     /// Force a Cluster API version instead of discovering it (v1beta2 is preferred when served).
     #[arg(long, env = "CLUSTER_API_VERSION", value_enum)]
-    pub cluster_api_version: Option<CapiVersionArg>,
+    pub(crate) cluster_api_version: Option<CapiVersionArg>,
 }
 
 #[derive(Clone, Debug, Args)]
 pub struct RunArgs {
     /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config).
     #[arg(long, value_parser = existing_file_arg)]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     #[command(flatten)]
-    pub cluster_api: ClusterApiArgs,
+    pub(crate) cluster_api: ClusterApiArgs,
     #[command(flatten)]
-    pub controller: ControllerArgs,
+    pub(crate) controller: ControllerArgs,
     #[command(flatten)]
     pub log: LogArgs,
     /// Port of the Prometheus /metrics endpoint (0: any free port, logged at start-up; for
     /// several replicas on one host).
     #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
-    pub metrics_port: u16,
+    pub(crate) metrics_port: u16,
     /// Port of the /healthz and /readyz endpoints (0: any free port, logged at start-up).
     #[arg(long, env = "HEALTH_PROBE_PORT", default_value_t = 8081)]
-    pub health_probe_port: u16,
+    pub(crate) health_probe_port: u16,
     /// Client-side limit on API requests per second to each cluster (0: no limit).
     #[arg(long, env = "KUBE_CLIENT_QPS", default_value_t = 200, value_parser = clap::value_parser!(u32).range(0..=100_000))]
-    pub kube_client_qps: u32,
+    pub(crate) kube_client_qps: u32,
     /// Burst allowed above the QPS limit.
     #[arg(long, env = "KUBE_CLIENT_BURST", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub kube_client_burst: u32,
+    pub(crate) kube_client_burst: u32,
     /// Run without leader election (only safe with a single replica).
     #[arg(long, env = "DISABLE_LEADER_ELECTION", default_value_t = false)]
-    pub disable_leader_election: bool,
+    pub(crate) disable_leader_election: bool,
     /// Shadow mode: run every watch and decision against the cluster but send no write (no
     /// object, status, Event or Lease); each write it would make goes to `--decision-log`.
     /// Skips leader election, so it may run beside another controller.
     #[arg(long, env = "DRY_RUN", default_value_t = false)]
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
     /// With `--dry-run`: the JSON-lines file of the writes it would have made.
     #[arg(long, env = "DECISION_LOG", requires = "dry_run")]
-    pub decision_log: Option<PathBuf>,
+    pub(crate) decision_log: Option<PathBuf>,
     /// Name of the leader-election Lease.
     #[arg(
         long,
@@ -526,17 +526,17 @@ pub struct RunArgs {
         default_value = "karpenter-capi-leader-election",
         value_parser = dns_subdomain_arg
     )]
-    pub leader_election_name: String,
+    pub(crate) leader_election_name: String,
     /// Namespace of the leader-election Lease (default: the pod's namespace, else kube-system).
     /// The Lease is in the workload cluster, or in the management cluster with
     /// --cluster-api-in-cluster (the cluster the pods run in).
     #[arg(long, env = "LEADER_ELECTION_NAMESPACE", value_parser = dns_label_arg)]
-    pub leader_election_namespace: Option<String>,
+    pub(crate) leader_election_namespace: Option<String>,
     /// How often the kubeconfig files (--kubeconfig, --cluster-api-kubeconfig) are read again.
     /// When one changes (a rotated Secret reaches its mounted file), the controller shuts down
     /// as on SIGTERM, releasing its Lease, so its restart uses the new credentials. 0: never.
     #[arg(long, env = "KUBECONFIG_CHECK_INTERVAL", default_value = "10s", value_parser = duration_arg)]
-    pub kubeconfig_check_interval: Duration,
+    pub(crate) kubeconfig_check_interval: Duration,
     /// Fleet mode: serve every Cluster API Cluster of the management cluster
     /// (--cluster-api-in-cluster or --cluster-api-kubeconfig) that --fleet-selector chooses (in
     /// --cluster-api-namespace, else all namespaces), each through its `<cluster>-kubeconfig`
@@ -547,16 +547,16 @@ pub struct RunArgs {
         default_value_t = false,
         conflicts_with_all = ["kubeconfig", "cluster_name", "dry_run", "disable_leader_election"]
     )]
-    pub fleet: bool,
+    pub(crate) fleet: bool,
     /// Fleet mode: the label selector Clusters must match (e.g. `karpenter=enabled`; default:
     /// every Cluster).
     #[arg(long, env = "FLEET_SELECTOR", requires = "fleet")]
-    pub fleet_selector: Option<String>,
+    pub(crate) fleet_selector: Option<String>,
 }
 
 /// How `explain` prints its report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ExplainOutput {
+pub(crate) enum ExplainOutput {
     Text,
     Json,
 }
@@ -567,14 +567,14 @@ pub enum ExplainOutput {
 pub struct ExplainArgs {
     /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config).
     #[arg(long, value_parser = existing_file_arg)]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     #[command(flatten)]
-    pub cluster_api: ClusterApiArgs,
+    pub(crate) cluster_api: ClusterApiArgs,
     #[command(flatten)]
-    pub controller: ControllerArgs,
+    pub(crate) controller: ControllerArgs,
     /// Text for people, JSON for tools.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
-    pub output: ExplainOutput,
+    pub(crate) output: ExplainOutput,
 }
 
 #[derive(Clone, Debug, Subcommand)]
@@ -616,7 +616,7 @@ pub enum ExplainCommand {
 
 /// How `init` prints its proposal.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum InitOutput {
+pub(crate) enum InitOutput {
     /// The report, the YAML and the commands, for people.
     Text,
     /// Only applyable YAML on stdout (the report as YAML comments).
@@ -628,18 +628,18 @@ pub struct InitArgs {
     /// Kubeconfig of the workload cluster (default: KUBECONFIG, then in-cluster config); also
     /// the management cluster unless the Cluster API flags say otherwise.
     #[arg(long, value_parser = existing_file_arg)]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     #[command(flatten)]
-    pub cluster_api: ClusterApiArgs,
+    pub(crate) cluster_api: ClusterApiArgs,
     /// Only MachineDeployments in this namespace (default: --cluster-api-namespace, else all).
     #[arg(long, value_parser = dns_label_arg)]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// Name of the ClusterAPINodeClass and NodePool to propose.
     #[arg(long, default_value = "default", value_parser = dns_subdomain_arg)]
-    pub name: String,
+    pub(crate) name: String,
     /// Text for people, or YAML only (applyable with `kubectl apply -f -`).
     #[arg(short = 'o', long, value_enum, default_value = "text")]
-    pub output: InitOutput,
+    pub(crate) output: InitOutput,
 }
 
 #[derive(Clone, Debug, Args)]

@@ -7,19 +7,19 @@
 //! budgets, so the actor applies it directly.
 
 mod allowed;
-pub mod blocker;
-pub mod budgets;
-pub mod consolidation;
-pub mod drift;
-pub mod drift_backoff;
+pub(crate) mod blocker;
+pub(crate) mod budgets;
+pub(crate) mod consolidation;
+pub(crate) mod drift;
+pub(crate) mod drift_backoff;
 mod eligible;
-pub mod pass;
-pub mod pause;
-pub mod repair;
+pub(crate) mod pass;
+pub(crate) mod pause;
+pub(crate) mod repair;
 mod revalidate;
-pub mod spread;
+pub(crate) mod spread;
 mod terminate_first;
-pub mod validation;
+pub(crate) mod validation;
 
 use std::collections::HashMap;
 
@@ -28,65 +28,65 @@ use crate::scheduling::{NewClaim, Snapshot};
 
 pub use allowed::Allowed;
 pub use blocker::{Blocked, Blocker, Hold};
-pub use consolidation::Outcome;
-pub use drift::Drift;
-pub use eligible::{REASONS, hold_underutilized};
-pub use repair::RepairVerdict;
+pub(crate) use consolidation::Outcome;
+pub(crate) use drift::Drift;
+pub(crate) use eligible::{REASONS, hold_underutilized};
+pub(crate) use repair::RepairVerdict;
 use revalidate::every_one_fresh;
-pub use revalidate::revalidate;
+pub(crate) use revalidate::revalidate;
 
 /// At most this many candidates go into one multi-node consolidation (upstream's cap).
-pub const MAX_MULTI_NODE_CANDIDATES: usize = 100;
+pub(crate) const MAX_MULTI_NODE_CANDIDATES: usize = 100;
 /// At most this many single-node simulations per pass; the rest wait for a later pass (bounds a
 /// pass's CPU on large clusters; upstream bounds it by time instead). The window moves on each
 /// pass ([`Allowed::rotation`]).
-pub const MAX_SINGLE_NODE_SIMULATIONS: usize = 50;
+pub(crate) const MAX_SINGLE_NODE_SIMULATIONS: usize = 50;
 
 /// A node disruption may act on: an initialized claim with a Node that nothing protects.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Candidate {
-    pub claim: String,
-    pub node: String,
-    pub nodepool: String,
+    pub(crate) claim: String,
+    pub(crate) node: String,
+    pub(crate) nodepool: String,
     /// The hourly price of its offering (the MachineDeployment's price annotation).
-    pub price: f64,
-    pub capacity_type: String,
+    pub(crate) price: f64,
+    pub(crate) capacity_type: String,
     /// Pods that must move when the node goes (`namespace/name`).
-    pub pods: Vec<String>,
+    pub(crate) pods: Vec<String>,
     /// Upstream's disruption cost: the pods' eviction costs times the lifetime left.
-    pub disruption_cost: f64,
+    pub(crate) disruption_cost: f64,
     /// Upstream's reschedule disruption cost: 1 for the node, plus each moving pod's eviction
     /// cost where positive. Savings per unit of it order the candidates.
-    pub reschedule_cost: f64,
+    pub(crate) reschedule_cost: f64,
     /// The claim's instance type (`node.kubernetes.io/instance-type`).
-    pub instance_type: String,
+    pub(crate) instance_type: String,
     /// `namespace/name` of the MachineDeployment its Machine belongs to: the offering whose
     /// slot (under max-size, or on a full inventory) the node holds.
-    pub machine_deployment: String,
-    pub drift: Option<Drift>,
+    pub(crate) machine_deployment: String,
+    pub(crate) drift: Option<Drift>,
     /// When the claim's `Drifted` condition turned true (Unix seconds; None: this pass): the
     /// oldest drift goes first.
-    pub drifted_since: Option<i64>,
+    pub(crate) drifted_since: Option<i64>,
     /// The pool's hourly cost and total reschedule disruption cost over all its nodes, which
     /// the `Balanced` policy weighs a move against.
-    pub pool_cost: f64,
-    pub pool_disruption: f64,
+    pub(crate) pool_cost: f64,
+    pub(crate) pool_disruption: f64,
     /// `consolidateAfter` has passed since the node's last pod event, and the pool consolidates.
-    pub consolidatable: bool,
-    pub policy: ConsolidationPolicy,
+    pub(crate) consolidatable: bool,
+    pub(crate) policy: ConsolidationPolicy,
     /// Its NodePool is static (`spec.replicas`): only drift and repair take it, and replace it
     /// by one claim of the pool's template whatever its pods need (upstream's static drift).
-    pub static_pool: bool,
+    pub(crate) static_pool: bool,
     /// Its Node is unhealthy past its toleration and nothing holds its repair back.
-    pub repair: Option<RepairVerdict>,
+    pub(crate) repair: Option<RepairVerdict>,
     /// Why it is not `consolidatable`, when something holds consolidation back (for the
     /// blockers a pass records; None when consolidatable).
-    pub hold: Option<Hold>,
+    pub(crate) hold: Option<Hold>,
 }
 
 impl Candidate {
     /// Upstream's savings ratio: price per unit of disruption (higher goes first).
-    pub fn savings_ratio(&self) -> f64 {
+    pub(crate) fn savings_ratio(&self) -> f64 {
         if self.reschedule_cost > 0.0 {
             self.price / self.reschedule_cost
         } else {
@@ -105,7 +105,7 @@ pub enum Method {
 }
 
 impl Method {
-    pub fn reason(self) -> DisruptionReason {
+    pub(crate) fn reason(self) -> DisruptionReason {
         match self {
             Method::Repair => DisruptionReason::Unhealthy,
             Method::Emptiness => DisruptionReason::Empty,
@@ -117,7 +117,7 @@ impl Method {
     }
 
     /// Upstream's `consolidation_type` label.
-    pub fn consolidation_type(self) -> &'static str {
+    pub(crate) fn consolidation_type(self) -> &'static str {
         match self {
             Method::Emptiness => "empty",
             Method::Repair | Method::Drift => "",
@@ -137,7 +137,7 @@ pub struct Command {
 
 impl Command {
     /// `delete` or `replace`, upstream's `decision` label.
-    pub fn decision(&self) -> &'static str {
+    pub(crate) fn decision(&self) -> &'static str {
         if self.replacements.is_empty() {
             "delete"
         } else {
@@ -146,7 +146,7 @@ impl Command {
     }
 
     /// The candidates' claim names, sorted (validation compares them).
-    pub fn claim_names(&self) -> Vec<String> {
+    pub(crate) fn claim_names(&self) -> Vec<String> {
         let mut names: Vec<String> = self.candidates.iter().map(|c| c.claim.clone()).collect();
         names.sort();
         names
@@ -161,17 +161,17 @@ pub fn decide(snapshot: &Snapshot, candidates: &[Candidate], allowed: &Allowed) 
 /// A decision, why the candidates single-node consolidation looked at could not go, and what
 /// stopped every other candidate.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Decision {
-    pub command: Option<Command>,
+pub(crate) struct Decision {
+    pub(crate) command: Option<Command>,
     /// (claim, why it cannot be consolidated), for `Unconsolidatable` Events.
-    pub unconsolidatable: Vec<(String, Hold)>,
+    pub(crate) unconsolidatable: Vec<(String, Hold)>,
     /// Every candidate not in the command, with the first thing that stopped it.
     pub blocked: Vec<Blocked>,
 }
 
 /// `decide`, keeping the reasons consolidation gave up on candidates and each other
 /// candidate's first blocker.
-pub fn decide_explained(
+pub(crate) fn decide_explained(
     snapshot: &Snapshot,
     candidates: &[Candidate],
     allowed: &Allowed,
@@ -554,7 +554,7 @@ fn single_node(
 
 /// What removing one candidate would take, as single-node consolidation judges it (and
 /// `explain node --remove` repeats it).
-pub fn removal(snapshot: &Snapshot, c: &Candidate) -> Outcome {
+pub(crate) fn removal(snapshot: &Snapshot, c: &Candidate) -> Outcome {
     judged(&[c], consolidation::evaluate(snapshot, &[c]))
 }
 
@@ -567,11 +567,12 @@ fn finish(method: Method, candidates: Vec<&Candidate>, outcome: Outcome) -> Comm
 }
 
 // A pod's eviction cost is kept in the pod index's summaries, so its rule lives there.
-pub use crate::state::pods::eviction_cost;
+#[cfg(test)]
+pub(crate) use crate::state::pods::eviction_cost;
 
 /// Upstream's disruption cost of a claim: the eviction costs of the pods that move, times the
 /// share of the node's lifetime left.
-pub fn claim_disruption_cost(
+pub(crate) fn claim_disruption_cost(
     c: &crate::api::nodeclaim::NodeClaim,
     moving: &[&crate::state::pods::PodSummary],
     now: jiff::Timestamp,
@@ -588,7 +589,7 @@ pub fn claim_disruption_cost(
 }
 
 /// The share of a node's lifetime left before it expires (1 when it never expires).
-pub fn lifetime_remaining(
+pub(crate) fn lifetime_remaining(
     age: std::time::Duration,
     expire_after: Option<std::time::Duration>,
 ) -> f64 {

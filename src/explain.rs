@@ -7,10 +7,10 @@
 //! the controller. Each report is serializable (`-o json`) and displays as text.
 
 pub mod cluster;
-pub mod node;
-pub mod nodeclaim;
-pub mod nodepool;
-pub mod pod;
+pub(crate) mod node;
+pub(crate) mod nodeclaim;
+pub(crate) mod nodepool;
+pub(crate) mod pod;
 
 use serde::Serialize;
 
@@ -33,31 +33,31 @@ pub enum Error {
 
 /// One offering as a report shows it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct OfferingView {
-    pub machine_deployment: String,
-    pub instance_type: String,
-    pub zone: Option<String>,
-    pub capacity_type: String,
-    pub price: f64,
-    pub available: bool,
+pub(crate) struct OfferingView {
+    pub(crate) machine_deployment: String,
+    pub(crate) instance_type: String,
+    pub(crate) zone: Option<String>,
+    pub(crate) capacity_type: String,
+    pub(crate) price: f64,
+    pub(crate) available: bool,
     /// Why it is unavailable, when it is.
-    pub unavailable_reason: Option<String>,
-    pub replicas: i32,
-    pub max_size: Option<i32>,
+    pub(crate) unavailable_reason: Option<String>,
+    pub(crate) replicas: i32,
+    pub(crate) max_size: Option<i32>,
     /// The NodeOverlay that set the price, and the price before it.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub price_overlay: Option<PriceOverlayView>,
+    pub(crate) price_overlay: Option<PriceOverlayView>,
 }
 
 /// Where an offering's price came from, when a NodeOverlay set it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PriceOverlayView {
-    pub overlay: String,
-    pub base_price: f64,
+pub(crate) struct PriceOverlayView {
+    pub(crate) overlay: String,
+    pub(crate) base_price: f64,
 }
 
 impl OfferingView {
-    pub fn new(instance_type: &str, o: &Offering) -> Self {
+    pub(crate) fn new(instance_type: &str, o: &Offering) -> Self {
         Self {
             machine_deployment: o.machine_deployment.clone(),
             instance_type: instance_type.to_string(),
@@ -74,7 +74,7 @@ impl OfferingView {
     }
 
     /// The same, saying which NodeOverlay set the price for `pool` (as the catalog records it).
-    pub fn overlaid(
+    pub(crate) fn overlaid(
         mut self,
         catalog: &crate::view::catalog::CatalogView,
         pool: Option<&str>,
@@ -89,7 +89,7 @@ impl OfferingView {
     }
 
     /// One line: `md  type  zone  capacity-type  $price/h  replicas/max  available`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!(
             "{} (type {}, zone {}, {}, ${:.4}/h, {} replicas{}){}",
             self.machine_deployment,
@@ -119,7 +119,7 @@ impl OfferingView {
 }
 
 /// `kube` timestamps as RFC 3339, for reports.
-pub fn ts(t: jiff::Timestamp) -> String {
+pub(crate) fn ts(t: jiff::Timestamp) -> String {
     t.to_string()
 }
 

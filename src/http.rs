@@ -32,12 +32,12 @@ pub enum Error {
 /// (`leader`, the `karpenter_capi_leader` gauge), shown in the /readyz body only.
 #[derive(Default)]
 pub struct Health {
-    pub ready: AtomicBool,
-    pub leader: AtomicBool,
+    pub(crate) ready: AtomicBool,
+    pub(crate) leader: AtomicBool,
 }
 
 impl Health {
-    pub fn set_ready(&self) {
+    pub(crate) fn set_ready(&self) {
         self.ready.store(true, Ordering::Release);
     }
 }

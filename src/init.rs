@@ -26,28 +26,28 @@ use crate::scheduling::Offering;
 
 /// One MachineDeployment judged.
 #[derive(Debug, Serialize)]
-pub struct Verdict {
-    pub machine_deployment: String,
-    pub usable: bool,
+pub(crate) struct Verdict {
+    pub(crate) machine_deployment: String,
+    pub(crate) usable: bool,
     /// Why it cannot serve as an offering now (empty when usable).
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
     /// Things that work but deserve attention (no price, no max size, taints).
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// Commands that would make it usable (placeholders in angle brackets to fill in).
-    pub fixes: Vec<String>,
+    pub(crate) fixes: Vec<String>,
     /// For usable ones: the instance type and capacity type it becomes.
-    pub instance_type: Option<String>,
-    pub capacity_type: Option<String>,
+    pub(crate) instance_type: Option<String>,
+    pub(crate) capacity_type: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Proposal {
-    pub verdicts: Vec<Verdict>,
+pub(crate) struct Proposal {
+    pub(crate) verdicts: Vec<Verdict>,
     /// The ClusterAPINodeClass and NodePool to apply.
-    pub objects: Vec<Value>,
+    pub(crate) objects: Vec<Value>,
     /// MachineDeployments `--cluster-name` left out: (`namespace/name`, why).
-    pub excluded: Vec<(String, String)>,
-    pub notes: Vec<String>,
+    pub(crate) excluded: Vec<(String, String)>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// What the proposed NodePool must declare so that the usable MachineDeployments can serve it.
@@ -72,7 +72,7 @@ impl Verdict {
 }
 
 /// Judge the MachineDeployments and build the proposal (pure; `run` does the reading).
-pub fn propose(
+pub(crate) fn propose(
     mds: &[Arc<MachineDeployment>],
     cx: &Context<'_>,
     name: &str,
@@ -285,7 +285,7 @@ fn objects(
 }
 
 /// The proposal as YAML documents; with `comments`, the report leads as YAML comments.
-pub fn render_yaml(p: &Proposal, comments: bool) -> Result<String, String> {
+pub(crate) fn render_yaml(p: &Proposal, comments: bool) -> Result<String, String> {
     let mut out = String::new();
     if comments {
         for line in report(p).lines() {
@@ -300,7 +300,7 @@ pub fn render_yaml(p: &Proposal, comments: bool) -> Result<String, String> {
 }
 
 /// The report for people: every MachineDeployment, what is wrong, how to fix it.
-pub fn report(p: &Proposal) -> String {
+pub(crate) fn report(p: &Proposal) -> String {
     let mut out = String::new();
     let usable = p.verdicts.iter().filter(|v| v.usable).count();
     let _ = writeln!(

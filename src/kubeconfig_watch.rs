@@ -20,7 +20,7 @@ struct Watched {
 
 /// The kubeconfig files of one process, read every `every`.
 #[derive(Debug)]
-pub struct KubeconfigWatch {
+pub(crate) struct KubeconfigWatch {
     files: Vec<Watched>,
     every: Duration,
 }
@@ -28,7 +28,7 @@ pub struct KubeconfigWatch {
 impl KubeconfigWatch {
     /// Takes each file's current content as its baseline. Call it before the clients are built
     /// from the files, so a change in between is seen as a change, not taken as the baseline.
-    pub fn new(paths: impl IntoIterator<Item = PathBuf>, every: Duration) -> Self {
+    pub(crate) fn new(paths: impl IntoIterator<Item = PathBuf>, every: Duration) -> Self {
         let files = paths
             .into_iter()
             .map(|path| {
@@ -43,7 +43,7 @@ impl KubeconfigWatch {
     /// cannot be read is not a change (the kubelet keeps the last content when a Secret is
     /// deleted; a read error is most likely transient): it is logged and looked at again next
     /// time. A file unreadable at the start takes its first readable content as its baseline.
-    pub fn check(&mut self) -> Option<&Path> {
+    pub(crate) fn check(&mut self) -> Option<&Path> {
         for f in &mut self.files {
             // A blocking read: a few kilobytes from a local volume, every few seconds.
             match std::fs::read(&f.path) {
@@ -62,7 +62,7 @@ impl KubeconfigWatch {
 
     /// Resolves with the path of the first file that changes; never when there is nothing to
     /// watch or the interval is zero (checking turned off).
-    pub async fn changed(mut self) -> PathBuf {
+    pub(crate) async fn changed(mut self) -> PathBuf {
         if self.files.is_empty() || self.every.is_zero() {
             return std::future::pending().await;
         }

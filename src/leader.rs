@@ -60,9 +60,9 @@ pub enum Error {
 
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub namespace: String,
-    pub name: String,
-    pub identity: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) identity: String,
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
     pub retry_period: Duration,
@@ -83,7 +83,7 @@ impl Config {
 
 /// Identity of this replica: the pod name when running in a cluster, plus a random suffix so two
 /// processes on one host never share it.
-pub fn default_identity() -> String {
+pub(crate) fn default_identity() -> String {
     let host = std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "karpenter-capi".to_string());

@@ -28,7 +28,7 @@ use tracing_subscriber::layer::{Context, Filter};
 /// How often the counts are logged, at most. A minute: the first line of each reason is printed
 /// at once, so the counts only need to say how bad it is, and an outage costs a few lines a
 /// minute rather than a few every half minute.
-pub const WINDOW: Duration = Duration::from_secs(60);
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 /// The summaries' own target: never counted, so a summary cannot hide the next one.
 const SUMMARY: &str = "karpenter_capi::logging";
 /// Objects named in a repeated warning's summary.
@@ -54,7 +54,7 @@ const LIBRARIES: &[&str] = &["kube", "hyper", "tower", "h2", "rustls"];
 
 /// The filter in front of the formatter. Clones share their counts.
 #[derive(Clone)]
-pub struct Quiet {
+pub(crate) struct Quiet {
     tally: Arc<Mutex<Tally>>,
     verbose: bool,
 }
@@ -81,7 +81,7 @@ struct Repeat {
 
 impl Quiet {
     /// `verbose`: print everything (the filter enables debug somewhere).
-    pub fn new(verbose: bool) -> Self {
+    pub(crate) fn new(verbose: bool) -> Self {
         Self {
             tally: Arc::new(Mutex::new(Tally {
                 since: Instant::now(),
@@ -132,7 +132,7 @@ impl Quiet {
 
     /// Ends the window: one warning for the client errors and one per repeated message and
     /// kind, each through the current subscriber.
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         let (secs, api, repeated) = {
             let mut tally = self.tally.lock();
             let secs = tally.since.elapsed().as_secs().max(1);
@@ -241,7 +241,7 @@ static GLOBAL: OnceLock<Quiet> = OnceLock::new();
 /// whole `Status` (`ApiError: message: Reason (Status { status: .., code: 503, .. })`, hundreds of
 /// characters that repeat the message) cut down to its HTTP code: `(HTTP 503)`. Everything
 /// else passes unchanged; the JSON format keeps the full text for machines.
-pub fn shorten(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn shorten(text: &str) -> std::borrow::Cow<'_, str> {
     const START: &str = " (Status { ";
     let Some(at) = text.find(START) else {
         return text.into();
@@ -288,7 +288,7 @@ fn closing_paren(text: &str, open: usize) -> Option<usize> {
 
 /// The text format's field writer: as tracing's default (the message bare, other fields as
 /// `name=value`), each value through [`shorten`].
-pub fn write_field(
+pub(crate) fn write_field(
     w: &mut tracing_subscriber::fmt::format::Writer<'_>,
     field: &Field,
     value: &dyn std::fmt::Debug,
@@ -303,7 +303,7 @@ pub fn write_field(
 
 /// Makes `quiet` the process's: a thread ends its window every [`WINDOW`], and [`flush`] ends
 /// it early (at exit, so the last counts are not lost).
-pub fn install(quiet: Quiet) {
+pub(crate) fn install(quiet: Quiet) {
     if GLOBAL.set(quiet.clone()).is_err() {
         return;
     }

@@ -16,27 +16,28 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 mod declared;
-pub use declared::DISRUPTION_METHOD_SERIES;
+#[cfg(test)]
+pub(crate) use declared::DISRUPTION_METHOD_SERIES;
 use declared::Registering;
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolLabels {
-    pub nodepool: String,
-    pub machine_deployment: String,
+    pub(crate) nodepool: String,
+    pub(crate) machine_deployment: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CreatedLabels {
-    pub reason: String,
-    pub nodepool: String,
+    pub(crate) reason: String,
+    pub(crate) nodepool: String,
     /// Upstream's label: the claim's `karpenter.sh/nodeclaim-min-values-relaxed` ("false"
     /// when it has none).
-    pub min_values_relaxed: String,
+    pub(crate) min_values_relaxed: String,
 }
 
 impl CreatedLabels {
     /// The labels of `claim`, created for `reason` in `nodepool`.
-    pub fn of(
+    pub(crate) fn of(
         reason: impl Into<String>,
         nodepool: impl Into<String>,
         claim: &crate::api::nodeclaim::NodeClaim,
@@ -56,104 +57,104 @@ impl CreatedLabels {
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MdLabels {
-    pub machine_deployment: String,
+    pub(crate) machine_deployment: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
-    pub machine_deployment: String,
-    pub result: String,
+    pub(crate) machine_deployment: String,
+    pub(crate) result: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MethodLabels {
-    pub method: String,
+    pub(crate) method: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    pub method: String,
-    pub error: String,
+    pub(crate) method: String,
+    pub(crate) error: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiErrorLabels {
-    pub verb: String,
-    pub resource: String,
+    pub(crate) verb: String,
+    pub(crate) resource: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodePoolLabels {
-    pub nodepool: String,
+    pub(crate) nodepool: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
-    pub result: String,
+    pub(crate) result: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CodeLabels {
-    pub code: String,
+    pub(crate) code: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
-    pub controller: String,
+    pub(crate) controller: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UsageLabels {
-    pub nodepool: String,
-    pub resource_type: String,
+    pub(crate) nodepool: String,
+    pub(crate) resource_type: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct QuotaLabels {
-    pub capacity_quota: String,
-    pub resource_type: String,
+    pub(crate) capacity_quota: String,
+    pub(crate) resource_type: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    pub decision: String,
-    pub reason: String,
-    pub consolidation_type: String,
+    pub(crate) decision: String,
+    pub(crate) reason: String,
+    pub(crate) consolidation_type: String,
 }
 
 /// Upstream's labels of `karpenter_nodeclaims_unhealthy_disrupted_total`.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct UnhealthyLabels {
-    pub condition: String,
-    pub nodepool: String,
-    pub capacity_type: String,
-    pub image_id: String,
+    pub(crate) condition: String,
+    pub(crate) nodepool: String,
+    pub(crate) capacity_type: String,
+    pub(crate) image_id: String,
 }
 
 /// Upstream's labels of `karpenter_nodeclaims_disrupted_total` and
 /// `karpenter_pods_disruption_initiated_total` (Karpenter v1.15 added the last two).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DisruptedLabels {
-    pub reason: String,
-    pub nodepool: String,
-    pub capacity_type: String,
+    pub(crate) reason: String,
+    pub(crate) nodepool: String,
+    pub(crate) capacity_type: String,
     /// The pool's policy in snake case (`when_empty`, `when_empty_or_underutilized`,
     /// `balanced`) when emptiness or consolidation disrupted the claim; empty for every other
     /// reason (drift, expiry, repair, timeouts), as upstream leaves it.
-    pub consolidation_policy: String,
+    pub(crate) consolidation_policy: String,
     /// How the claim's drain ends ([`termination_mode`]).
-    pub termination_mode: String,
+    pub(crate) termination_mode: String,
 }
 
 impl DisruptedLabels {
     /// The labels of `claim` disrupted for `reason` in `nodepool`; `policy` only for emptiness
     /// and consolidation.
-    pub fn of(
+    pub(crate) fn of(
         reason: impl Into<String>,
         nodepool: impl Into<String>,
         claim: &crate::api::nodeclaim::NodeClaim,
@@ -176,7 +177,9 @@ impl DisruptedLabels {
 }
 
 /// Upstream's `consolidation_policy` label value: the policy's name in snake case.
-pub fn consolidation_policy(policy: crate::api::nodepool::ConsolidationPolicy) -> &'static str {
+pub(crate) fn consolidation_policy(
+    policy: crate::api::nodepool::ConsolidationPolicy,
+) -> &'static str {
     use crate::api::nodepool::ConsolidationPolicy;
     match policy {
         ConsolidationPolicy::WhenEmpty => "when_empty",
@@ -189,7 +192,7 @@ pub fn consolidation_policy(policy: crate::api::nodepool::ConsolidationPolicy) -
 /// `spec.terminationGracePeriod`: none is `graceful` (the drain waits for every
 /// PodDisruptionBudget and do-not-disrupt pod), zero `forceful` (nothing is waited for), any
 /// other `eventual` (waited for until the grace period ends).
-pub fn termination_mode(claim: &crate::api::nodeclaim::NodeClaim) -> &'static str {
+pub(crate) fn termination_mode(claim: &crate::api::nodeclaim::NodeClaim) -> &'static str {
     match &claim.spec.termination_grace_period {
         None => "graceful",
         Some(d) if d.0.is_zero() => "forceful",
@@ -200,77 +203,77 @@ pub fn termination_mode(claim: &crate::api::nodeclaim::NodeClaim) -> &'static st
 /// Upstream's labels of `karpenter_nodeclaims_terminated_total`.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ClaimTerminatedLabels {
-    pub nodepool: String,
-    pub capacity_type: String,
-    pub zone: String,
+    pub(crate) nodepool: String,
+    pub(crate) capacity_type: String,
+    pub(crate) zone: String,
 }
 
 /// Upstream's labels of `karpenter_nodes_created_total` and `karpenter_nodes_terminated_total`.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeTerminatedLabels {
-    pub nodepool: String,
-    pub zone: String,
+    pub(crate) nodepool: String,
+    pub(crate) zone: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolDecisionLabels {
-    pub nodepool: String,
-    pub decision: String,
-    pub reason: String,
-    pub consolidation_type: String,
+    pub(crate) nodepool: String,
+    pub(crate) decision: String,
+    pub(crate) reason: String,
+    pub(crate) consolidation_type: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConsolidationTypeLabels {
-    pub consolidation_type: String,
+    pub(crate) consolidation_type: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EvaluationLabels {
-    pub reason: String,
-    pub consolidation_type: String,
+    pub(crate) reason: String,
+    pub(crate) consolidation_type: String,
 }
 
 /// A NodePool and the first thing that stopped a node's voluntary disruption
 /// (`disruption::Blocker`'s labels).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolBlockerLabels {
-    pub nodepool: String,
-    pub blocker: String,
+    pub(crate) nodepool: String,
+    pub(crate) blocker: String,
 }
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolReasonLabels {
-    pub nodepool: String,
-    pub reason: String,
+    pub(crate) nodepool: String,
+    pub(crate) reason: String,
 }
 
 /// Which write of a disruption command: taint, mark, create, delete.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteKindLabels {
-    pub write: String,
+    pub(crate) write: String,
 }
 
 /// A disruption command's stage: mark, launch, initialize, delete.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
-    pub stage: String,
+    pub(crate) stage: String,
 }
 
 /// Why an eviction is retried: budget (a PodDisruptionBudget refused it) or error.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
-    pub cause: String,
+    pub(crate) cause: String,
 }
 
 /// One watch of the controller's indexes (by the kind it lists).
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WatchLabels {
-    pub watch: String,
+    pub(crate) watch: String,
 }
 
 /// A counter of seconds.
-pub type Seconds = Counter<f64, std::sync::atomic::AtomicU64>;
+pub(crate) type Seconds = Counter<f64, std::sync::atomic::AtomicU64>;
 
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
@@ -461,24 +464,24 @@ impl Metrics {
         out
     }
 
-    pub fn md(md: &str) -> MdLabels {
+    pub(crate) fn md(md: &str) -> MdLabels {
         MdLabels {
             machine_deployment: md.to_string(),
         }
     }
 
-    pub fn pool(nodepool: &str, md: &str) -> PoolLabels {
+    pub(crate) fn pool(nodepool: &str, md: &str) -> PoolLabels {
         PoolLabels {
             nodepool: nodepool.to_string(),
             machine_deployment: md.to_string(),
         }
     }
 
-    pub fn observe(h: &HistogramFamily<MdLabels>, md: &str, d: Duration) {
+    pub(crate) fn observe(h: &HistogramFamily<MdLabels>, md: &str, d: Duration) {
         h.get_or_create(&Self::md(md)).observe(d.as_secs_f64());
     }
 
-    pub fn reconcile_timeout(&self, controller: &str) {
+    pub(crate) fn reconcile_timeout(&self, controller: &str) {
         self.reconcile_timeouts
             .get_or_create(&ControllerLabels {
                 controller: controller.to_string(),
@@ -487,7 +490,7 @@ impl Metrics {
     }
 
     /// Karpenter's cloud-provider latency for one method (Create, Delete).
-    pub fn cloudprovider(&self, method: &str, d: Duration) {
+    pub(crate) fn cloudprovider(&self, method: &str, d: Duration) {
         self.cloudprovider_duration
             .get_or_create(&MethodLabels {
                 method: method.to_string(),
@@ -496,7 +499,7 @@ impl Metrics {
     }
 
     /// One stage of a disruption command took `d`.
-    pub fn disruption_stage(&self, stage: &str, d: Duration) {
+    pub(crate) fn disruption_stage(&self, stage: &str, d: Duration) {
         self.disruption_stage_seconds
             .get_or_create(&StageLabels {
                 stage: stage.to_string(),
@@ -505,7 +508,7 @@ impl Metrics {
     }
 
     /// A disruption command's `write` is sent again after waiting `waited`.
-    pub fn disruption_write_retry(&self, write: &str, waited: Duration) {
+    pub(crate) fn disruption_write_retry(&self, write: &str, waited: Duration) {
         let labels = WriteKindLabels {
             write: write.to_string(),
         };
@@ -519,7 +522,7 @@ impl Metrics {
     /// time out or succeed, so the series the chart's alerts take `increase()` of start here, at
     /// zero (Prometheus cannot count the step of a series that appears already at 1, and a
     /// MachineDeployment's first timeouts are the ones an operator must hear about).
-    pub fn claim_awaits_machine(
+    pub(crate) fn claim_awaits_machine(
         &self,
         nodepool: &str,
         md: &str,
@@ -542,7 +545,7 @@ impl Metrics {
 
     /// A Scaler starts on `md`: its replica writes' series start at zero (see
     /// [`Metrics::claim_awaits_machine`]).
-    pub fn scaler_started(&self, md: &str) {
+    pub(crate) fn scaler_started(&self, md: &str) {
         for result in ["ok", "conflict", "error"] {
             drop(self.replica_writes.get_or_create(&WriteLabels {
                 machine_deployment: md.to_string(),
@@ -551,7 +554,7 @@ impl Metrics {
         }
     }
 
-    pub fn api_error(&self, verb: &str, resource: &str) {
+    pub(crate) fn api_error(&self, verb: &str, resource: &str) {
         self.api_errors
             .get_or_create(&ApiErrorLabels {
                 verb: verb.to_string(),

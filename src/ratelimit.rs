@@ -13,7 +13,7 @@ use tower::{Layer, Service};
 
 /// Tokens refill at `qps` per second up to `burst`.
 #[derive(Debug)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     qps: f64,
     burst: f64,
     tokens: f64,
@@ -21,7 +21,7 @@ pub struct Bucket {
 }
 
 impl Bucket {
-    pub fn new(qps: u32, burst: u32) -> Self {
+    pub(crate) fn new(qps: u32, burst: u32) -> Self {
         let burst = f64::from(burst.max(1));
         Self {
             qps: f64::from(qps),
@@ -32,7 +32,7 @@ impl Bucket {
     }
 
     /// Take a token now, or say how long until one is available.
-    pub fn take(&mut self, now: Instant) -> Result<(), Duration> {
+    pub(crate) fn take(&mut self, now: Instant) -> Result<(), Duration> {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
         self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
@@ -45,13 +45,13 @@ impl Bucket {
 }
 
 #[derive(Clone)]
-pub struct RateLimitLayer {
+pub(crate) struct RateLimitLayer {
     bucket: Option<Arc<Mutex<Bucket>>>,
 }
 
 impl RateLimitLayer {
     /// `qps` of 0 disables the limit.
-    pub fn new(qps: u32, burst: u32) -> Self {
+    pub(crate) fn new(qps: u32, burst: u32) -> Self {
         Self {
             bucket: (qps > 0).then(|| Arc::new(Mutex::new(Bucket::new(qps, burst)))),
         }
@@ -70,7 +70,7 @@ impl<S> Layer<S> for RateLimitLayer {
     }
 }
 
-pub struct RateLimit<S> {
+pub(crate) struct RateLimit<S> {
     inner: S,
     bucket: Option<Arc<Mutex<Bucket>>>,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,

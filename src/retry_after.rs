@@ -24,18 +24,18 @@ use tower::{BoxError, Layer, Service};
 use crate::metrics::ApiErrorLabels;
 
 /// The longest one `Retry-After` is waited for.
-pub const MAX_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(30);
 
 /// How many times one call is sent again on `Retry-After` (client-go's default is 10; our
 /// callers retry on their own, so fewer here keeps one call from blocking its caller for long).
-pub const MAX_RETRIES: u32 = 5;
+pub(crate) const MAX_RETRIES: u32 = 5;
 
 /// Throttled requests by verb and resource.
-pub type Throttled = Family<ApiErrorLabels, Counter>;
+pub(crate) type Throttled = Family<ApiErrorLabels, Counter>;
 
 /// The wait a response asks for: 429 or 503 with `Retry-After` in delta-seconds or an HTTP date,
 /// capped at `MAX_WAIT`. None for any other answer.
-pub fn wait_of<B>(response: &Response<B>) -> Option<Duration> {
+pub(crate) fn wait_of<B>(response: &Response<B>) -> Option<Duration> {
     if !matches!(
         response.status(),
         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
@@ -47,7 +47,7 @@ pub fn wait_of<B>(response: &Response<B>) -> Option<Duration> {
 }
 
 /// `Retry-After` as of `now`: delta-seconds, or an HTTP date (a date in the past is a wait of 0).
-pub fn parse(value: &str, now: jiff::Timestamp) -> Option<Duration> {
+pub(crate) fn parse(value: &str, now: jiff::Timestamp) -> Option<Duration> {
     let wait = match value.parse::<u64>() {
         Ok(secs) => Duration::from_secs(secs),
         Err(_) => {
@@ -62,7 +62,7 @@ pub fn parse(value: &str, now: jiff::Timestamp) -> Option<Duration> {
 
 /// The wait a refused call's Status asks for (`details.retryAfterSeconds`, which the API server
 /// sends along with the header), capped at `MAX_WAIT`.
-pub fn retry_after(error: &kube::Error) -> Option<Duration> {
+pub(crate) fn retry_after(error: &kube::Error) -> Option<Duration> {
     let kube::Error::Api(status) = error else {
         return None;
     };
@@ -72,7 +72,7 @@ pub fn retry_after(error: &kube::Error) -> Option<Duration> {
 
 /// The verb and resource of a request, as the API server's audit log and client-go's metrics
 /// name them (`pods/eviction` for a subresource).
-pub fn verb_and_resource<B>(req: &Request<B>) -> (&'static str, String) {
+pub(crate) fn verb_and_resource<B>(req: &Request<B>) -> (&'static str, String) {
     let segments: Vec<&str> = req
         .uri()
         .path()
@@ -120,13 +120,13 @@ pub fn verb_and_resource<B>(req: &Request<B>) -> (&'static str, String) {
 }
 
 #[derive(Clone, Default)]
-pub struct RetryAfterLayer {
+pub(crate) struct RetryAfterLayer {
     throttled: Option<Throttled>,
 }
 
 impl RetryAfterLayer {
     /// Counting throttled requests in `throttled` when given.
-    pub fn new(throttled: Option<Throttled>) -> Self {
+    pub(crate) fn new(throttled: Option<Throttled>) -> Self {
         Self { throttled }
     }
 }
@@ -143,7 +143,7 @@ impl<S> Layer<S> for RetryAfterLayer {
 
 /// The inner stack is shared by a call's attempts: each attempt waits for its readiness (the
 /// rate limit's token, the write gate) as a first attempt does.
-pub struct RetryAfter<S> {
+pub(crate) struct RetryAfter<S> {
     inner: Arc<tokio::sync::Mutex<S>>,
     throttled: Option<Throttled>,
 }

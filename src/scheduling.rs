@@ -16,19 +16,19 @@
 //! count it only once its zone is decided. A pod that carries zonal anti-affinity leaves its new
 //! claim open to every free zone, as upstream commits late (see [`topology`]).
 
-pub mod amounts;
+pub(crate) mod amounts;
 mod claim_index;
-pub mod csi_migration;
+pub(crate) mod csi_migration;
 pub mod default_spread;
-pub mod error;
-pub mod explain;
-pub mod instance_type;
-pub mod nodeclaim;
+pub(crate) mod error;
+pub(crate) mod explain;
+pub(crate) mod instance_type;
+pub(crate) mod nodeclaim;
 pub mod pod;
-pub mod quota;
-pub mod selector;
+pub(crate) mod quota;
+pub(crate) mod selector;
 mod solver;
-pub mod topology;
+pub(crate) mod topology;
 pub mod volumes;
 
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Taint};
@@ -40,7 +40,9 @@ pub use solver::{nodepool_requirements, solve, solve_with_volumes};
 
 use crate::api::nodepool::NodePool;
 use crate::api::requirements::Requirements;
-use crate::api::resources::{Quantity, Resources};
+#[cfg(test)]
+use crate::api::resources::Quantity;
+use crate::api::resources::Resources;
 use crate::api::wellknown::INITIALIZED_LABEL;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -141,7 +143,7 @@ pub struct ExistingNode {
 impl ExistingNode {
     /// Upstream's `StateNode.Initialized`: a Karpenter node (one of a NodePool) once it carries
     /// `karpenter.sh/initialized=true`, any other node always; an in-flight claim never.
-    pub fn initialized(&self) -> bool {
+    pub(crate) fn initialized(&self) -> bool {
         !self.in_flight
             && (self.nodepool.is_none()
                 || self
@@ -187,11 +189,12 @@ pub struct NewClaim {
     pub instance_types: Vec<String>,
     /// Whether a minValues of its NodePool was lowered to fit (only under
     /// [`MinValuesPolicy::BestEffort`]); `requirements` carry the lowered values.
-    pub min_values_relaxed: bool,
+    pub(crate) min_values_relaxed: bool,
 }
 
 /// What a NodePool uses: the sum of its nodes' (and in-flight claims') capacities plus `nodes`.
-pub fn nodepool_usage<'a>(capacities: impl IntoIterator<Item = &'a Resources>) -> Resources {
+#[cfg(test)]
+pub(crate) fn nodepool_usage<'a>(capacities: impl IntoIterator<Item = &'a Resources>) -> Resources {
     let mut total = Resources::new();
     let mut nodes = 0i64;
     for c in capacities {

@@ -39,7 +39,7 @@ pub struct Intended {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub subresource: String,
     #[serde(skip_serializing_if = "String::is_empty")]
-    pub namespace: String,
+    pub(crate) namespace: String,
     pub name: String,
     /// The request body (a created object, a patch), null for a delete.
     pub body: Value,
@@ -90,7 +90,8 @@ impl Shadow {
     }
 
     /// A dry run's shadow: no write is sent (a recording one sends them all).
-    pub fn refuses_writes(&self) -> bool {
+    #[cfg(feature = "simulator")]
+    pub(crate) fn refuses_writes(&self) -> bool {
         !self.inner.pass_through
     }
 
@@ -99,7 +100,7 @@ impl Shadow {
         self.inner.intended.lock().clone()
     }
 
-    pub fn layer(&self) -> ShadowLayer {
+    pub(crate) fn layer(&self) -> ShadowLayer {
         ShadowLayer(self.clone())
     }
 
@@ -121,7 +122,7 @@ impl Shadow {
 }
 
 #[derive(Clone)]
-pub struct ShadowLayer(Shadow);
+pub(crate) struct ShadowLayer(Shadow);
 
 impl<S> Layer<S> for ShadowLayer {
     type Service = Shadowed<S>;
@@ -134,7 +135,7 @@ impl<S> Layer<S> for ShadowLayer {
 }
 
 /// The inner stack is shared: a refused patch or delete reads its object through it.
-pub struct Shadowed<S> {
+pub(crate) struct Shadowed<S> {
     inner: Arc<tokio::sync::Mutex<S>>,
     shadow: Shadow,
 }

@@ -7,7 +7,7 @@
 
 /// Switch the calling thread's cache on or off; the setting it had, or None when jemalloc did
 /// not answer.
-pub fn set(enabled: bool) -> Option<bool> {
+pub(crate) fn set(enabled: bool) -> Option<bool> {
     let mut value = enabled;
     let mut old = false;
     let mut old_len = std::mem::size_of::<bool>();

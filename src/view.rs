@@ -17,17 +17,17 @@
 //! - [`settings`]: the controller's settings as plain values.
 
 pub mod catalog;
-pub mod deletion_cost;
-pub mod disruption;
-pub mod node;
-pub mod protection;
-pub mod quotas;
+pub(crate) mod deletion_cost;
+pub(crate) mod disruption;
+pub(crate) mod node;
+pub(crate) mod protection;
+pub(crate) mod quotas;
 pub mod repair;
-pub mod rollout;
-pub mod settings;
-pub mod snapshot;
+pub(crate) mod rollout;
+pub(crate) mod settings;
+pub(crate) mod snapshot;
 pub mod static_capacity;
-pub mod usage;
+pub(crate) mod usage;
 
 use crate::state::State;
 

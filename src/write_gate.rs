@@ -20,9 +20,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{method} {path} refused: this replica is shutting down or no longer leads")]
-pub struct Closed {
-    pub method: Method,
-    pub path: String,
+pub(crate) struct Closed {
+    pub(crate) method: Method,
+    pub(crate) path: String,
 }
 
 #[derive(Debug, Default)]
@@ -40,21 +40,21 @@ pub struct WriteGate {
 
 impl WriteGate {
     /// Refuse every write that has not started yet.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::Acquire)
     }
 
     /// Writes sent and not answered yet.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.inner.in_flight.load(Ordering::Acquire)
     }
 
     /// Wait until no write is in flight, at most `within`; true when drained.
-    pub async fn drained(&self, within: Duration) -> bool {
+    pub(crate) async fn drained(&self, within: Duration) -> bool {
         let wait = async {
             loop {
                 let idle = self.inner.idle.notified();
@@ -67,7 +67,7 @@ impl WriteGate {
         tokio::time::timeout(within, wait).await.is_ok()
     }
 
-    pub fn layer(&self) -> WriteGateLayer {
+    pub(crate) fn layer(&self) -> WriteGateLayer {
         WriteGateLayer(self.clone())
     }
 }
@@ -97,7 +97,7 @@ impl Drop for InFlight {
 }
 
 #[derive(Clone)]
-pub struct WriteGateLayer(WriteGate);
+pub(crate) struct WriteGateLayer(WriteGate);
 
 impl<S> Layer<S> for WriteGateLayer {
     type Service = Gated<S>;
@@ -109,7 +109,7 @@ impl<S> Layer<S> for WriteGateLayer {
     }
 }
 
-pub struct Gated<S> {
+pub(crate) struct Gated<S> {
     inner: S,
     gate: WriteGate,
 }

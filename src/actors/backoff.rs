@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 
 /// Retry delays for one kind of work; pure apart from the random source.
 #[derive(Clone, Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     base: Duration,
     cap: Duration,
     attempt: u32,
@@ -37,7 +37,7 @@ pub(crate) fn seed() -> u64 {
 
 impl Backoff {
     /// The policy for API calls that failed: 200 ms, doubling, at most 30 s.
-    pub fn api() -> Self {
+    pub(crate) fn api() -> Self {
         Self::new(Duration::from_millis(200), Duration::from_secs(30))
     }
 
@@ -46,11 +46,11 @@ impl Backoff {
     /// 30 s. A 5xx without `Retry-After` does not ask for time, and a command's writes are its
     /// critical path. A server that asks for time still gets it (`Retry-After` is the floor),
     /// and controller-runtime's per-item requeue starts lower still (5 ms).
-    pub fn write() -> Self {
+    pub(crate) fn write() -> Self {
         Self::new(Duration::from_millis(50), Duration::from_secs(30))
     }
 
-    pub fn new(base: Duration, cap: Duration) -> Self {
+    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
         Self {
             base,
             cap,
@@ -60,19 +60,19 @@ impl Backoff {
     }
 
     /// How many delays were handed out since the last reset.
-    pub fn attempts(&self) -> u32 {
+    pub(crate) fn attempts(&self) -> u32 {
         self.attempt
     }
 
     /// The upper bound of the next delay, before jitter.
-    pub fn ceiling(&self) -> Duration {
+    pub(crate) fn ceiling(&self) -> Duration {
         // 2^attempt overflows a u32 quickly; past 2^20 the cap has long won.
         let factor = 1u32 << self.attempt.min(20);
         self.base.saturating_mul(factor).min(self.cap)
     }
 
     /// The next delay, with jitter from the thread's random source.
-    pub fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let mut rng = self.rng.clone();
         let d = self.next_with(&mut rng);
         self.rng = rng;
@@ -81,12 +81,12 @@ impl Backoff {
 
     /// The next delay, but not shorter than the wait the server asked for (`Retry-After`, as
     /// `retry_after::retry_after` reads it from a refused call).
-    pub fn next_delay_after(&mut self, asked: Option<Duration>) -> Duration {
+    pub(crate) fn next_delay_after(&mut self, asked: Option<Duration>) -> Duration {
         self.next_delay().max(asked.unwrap_or_default())
     }
 
     /// The next delay, with jitter from `rng` (tests pass a seeded one).
-    pub fn next_with(&mut self, rng: &mut impl Rng) -> Duration {
+    pub(crate) fn next_with(&mut self, rng: &mut impl Rng) -> Duration {
         let ceiling = self.ceiling();
         self.attempt = self.attempt.saturating_add(1);
         let half = ceiling / 2;
@@ -100,7 +100,7 @@ impl Backoff {
     }
 
     /// The work succeeded: the next failure starts from `base` again.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.attempt = 0;
     }
 }

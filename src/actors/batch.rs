@@ -45,7 +45,7 @@ impl Batch {
     }
 
     /// Pods may have arrived unseen (a watch re-list): open or extend as a new pod would.
-    pub fn relisted(&mut self, now: Instant) -> Instant {
+    pub(crate) fn relisted(&mut self, now: Instant) -> Instant {
         self.extend(now)
     }
 
@@ -58,7 +58,7 @@ impl Batch {
 
     /// Something other than a pod changed at `now`: open a batch if none is open (returning when
     /// it fires); an open batch keeps its deadline (None: nothing to reschedule).
-    pub fn other(&mut self, now: Instant) -> Option<Instant> {
+    pub(crate) fn other(&mut self, now: Instant) -> Option<Instant> {
         if self.opened.is_some() {
             return None;
         }

@@ -32,15 +32,15 @@ use crate::state::referents::Referent;
 use resolve::{NotReady, Source};
 
 /// `Provisioning` reasons (upstream Karpenter's).
-pub const FITS_EXISTING_CAPACITY: &str = "FitsExistingCapacity";
-pub const REQUIRES_NEW_CAPACITY: &str = "RequiresNewCapacity";
-pub const NOT_READY_FOR_PROVISIONING: &str = "NotReadyForProvisioning";
-pub const BUFFER_EMPTY: &str = "BufferEmpty";
+pub(crate) const FITS_EXISTING_CAPACITY: &str = "FitsExistingCapacity";
+pub(crate) const REQUIRES_NEW_CAPACITY: &str = "RequiresNewCapacity";
+pub(crate) const NOT_READY_FOR_PROVISIONING: &str = "NotReadyForProvisioning";
+pub(crate) const BUFFER_EMPTY: &str = "BufferEmpty";
 
 /// Where the last solve put each buffer's placeholder pods (buffer key -> placements).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Provisioned(pub HashMap<String, Placed>);
+pub(crate) struct Provisioned(pub HashMap<String, Placed>);
 
 /// The CapacityBuffer feed took a change (`Router::buffers_changed`).
 #[derive(Message)]
@@ -63,7 +63,7 @@ impl Message for Resolution {
     type Result = ();
 }
 
-pub struct Buffers {
+pub(crate) struct Buffers {
     shared: Arc<Shared>,
     /// The buffers as this actor last took them from the index, by `namespace/name`.
     buffers: HashMap<String, Arc<CapacityBuffer>>,
@@ -74,7 +74,7 @@ pub struct Buffers {
 }
 
 impl Buffers {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             buffers: HashMap::new(),

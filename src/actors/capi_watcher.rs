@@ -22,7 +22,7 @@ use crate::capi::{autoscaler, version};
 use crate::state::feed::Staleness;
 use crate::state::machines::{Unreadable, bound_claim, deployment_key};
 
-pub enum CapiEvent {
+pub(crate) enum CapiEvent {
     Machine(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Deployment(Result<watcher::Event<DynamicObject>, watcher::Error>),
     Pool(Result<watcher::Event<DynamicObject>, watcher::Error>),
@@ -34,7 +34,7 @@ impl Message for CapiEvent {
     type Result = ();
 }
 
-pub struct CapiWatcher {
+pub(crate) struct CapiWatcher {
     shared: Arc<Shared>,
     machine_buffer: Vec<Machine>,
     md_buffer: Vec<MachineDeployment>,
@@ -73,7 +73,7 @@ impl ClusterView {
 }
 
 impl CapiWatcher {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             machine_buffer: Vec::new(),

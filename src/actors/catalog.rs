@@ -38,15 +38,15 @@ use templates::TemplateRead;
 /// MachineDeployments, NodeClasses or NodeOverlays changed: rebuild (coalesced).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Rebuild {
+pub(crate) struct Rebuild {
     /// A NodeOverlay's spec changed: consolidation looks again at the new prices.
-    pub overlays: bool,
+    pub(crate) overlays: bool,
 }
 
 /// NodePools changed: rebuild if overlays are applied and what they see of the pools changed.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct NodePoolsChanged;
+pub(crate) struct NodePoolsChanged;
 
 /// What overlays see of the NodePools: whether the list has synced, and each pool's name,
 /// NodeClass and template labels.
@@ -55,7 +55,7 @@ type PoolsSeen = (bool, Vec<(String, String, BTreeMap<String, String>)>);
 /// Wait until the first rebuild after the NodeClass list has synced.
 #[derive(Message)]
 #[rtype(result = "bool")]
-pub struct Synced;
+pub(crate) struct Synced;
 
 /// How long the first catalog waits for the first answer about each MachineDeployment's
 /// template. Published earlier, it would leave those MachineDeployments out, and the claims a
@@ -89,7 +89,7 @@ pub struct Catalog {
 }
 
 impl Catalog {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             templates: HashMap::new(),
@@ -461,7 +461,7 @@ impl Catalog {
 }
 
 /// The condition of a NodeClass with `spec.generate` (docs/generate.md).
-pub const GENERATION_READY: &str = "GenerationReady";
+pub(crate) const GENERATION_READY: &str = "GenerationReady";
 
 /// What a Ready NodeClass resolved to, and the selected MachineDeployments it left out (each
 /// also an Event), so the condition alone tells an operator that some are not offered.

@@ -41,7 +41,7 @@ use crate::scheduling::NewClaim;
 
 /// Why a claim is created: what differs between the sites, and nothing else.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Purpose {
+pub(crate) enum Purpose {
     /// The provisioner's, for pending pods.
     Provisioning,
     /// A static NodePool's, to hold `spec.replicas`.
@@ -89,7 +89,7 @@ impl Purpose {
 /// grace period, launched at creation when `purpose` allows and an offering can be chosen;
 /// with why none could be, when it was tried (the provisioner creates no claim that has no room
 /// left, `provisioner::nowhere`).
-pub fn build(
+pub(crate) fn build(
     shared: &Shared,
     new: &NewClaim,
     np: &NodePool,
@@ -119,7 +119,7 @@ pub fn build(
 /// outdated): the same spec, pool, owner and offering, created already launched onto `old`'s
 /// MachineDeployment (offering recorded, finalizer set, as the launch step would write them),
 /// so the Scaler hands it a spare fresh Machine without a replica write.
-pub fn rollout(old: &NodeClaim) -> NodeClaim {
+pub(crate) fn rollout(old: &NodeClaim) -> NodeClaim {
     let pool = old
         .labels()
         .get(NODEPOOL_LABEL)
@@ -165,7 +165,7 @@ fn named(mut claim: NodeClaim) -> NodeClaim {
 /// future first runs; the future carries the create through the server's failures (the module's
 /// strategy) and answers the claim created, already counted and in the index. `shared` is a
 /// `&Shared` in an async caller, an `Arc<Shared>` for an actor's `'static` spawn.
-pub fn create<S: Deref<Target = Shared>>(
+pub(crate) fn create<S: Deref<Target = Shared>>(
     shared: S,
     claim: NodeClaim,
     purpose: Purpose,

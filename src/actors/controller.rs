@@ -67,9 +67,9 @@ type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
 #[derive(Clone)]
 pub struct Actors {
     pub shared: Arc<Shared>,
-    pub supervisor: Addr<Supervisor>,
-    pub capi_watcher: Addr<CapiWatcher>,
-    pub nodepools: Addr<NodePools>,
+    pub(crate) supervisor: Addr<Supervisor>,
+    pub(crate) capi_watcher: Addr<CapiWatcher>,
+    pub(crate) nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
     /// The watch-to-index feeds (`state::feed`), aborted on stop.
     feeds: Feeds,
@@ -141,7 +141,7 @@ impl ControllerHandle {
     }
 
     /// Stop starting new work: the provisioner and NodePool writers check this before writing.
-    pub fn deactivate(&self) {
+    pub(crate) fn deactivate(&self) {
         self.shared.router.set_inactive();
     }
 }
@@ -152,7 +152,7 @@ impl Controller {
     /// Scalers) start when `leader` is or turns true, and stop for good when it turns false
     /// again (a replica that lost the Lease exits; it never leads twice). A closed `leader`
     /// channel keeps the last value.
-    pub async fn start_synced(
+    pub(crate) async fn start_synced(
         self,
         leader: watch::Receiver<bool>,
     ) -> Result<ControllerHandle, StartError> {
@@ -229,7 +229,8 @@ impl Controller {
 
     /// `start_synced`, and when `leader` is already true, also wait until the writers run (a
     /// single leading controller: the simulator and most tests).
-    pub async fn start(
+    #[cfg(any(test, feature = "simulator"))]
+    pub(crate) async fn start(
         self,
         leader: watch::Receiver<bool>,
     ) -> Result<ControllerHandle, StartError> {

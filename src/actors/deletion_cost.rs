@@ -30,9 +30,9 @@ use crate::view::disruption as view;
 const CONCURRENT_WRITES: usize = 8;
 const ANNOTATIONS: &str = "/metadata/annotations";
 /// Upstream's Event reason when a managed value was changed by someone else.
-pub const CONFLICT_REASON: &str = "PodDeletionCostThirdPartyConflict";
+pub(crate) const CONFLICT_REASON: &str = "PodDeletionCostThirdPartyConflict";
 
-pub struct DeletionCost {
+pub(crate) struct DeletionCost {
     shared: Arc<Shared>,
     period: Duration,
     /// Per pod key, the deletion cost this controller last wrote there.
@@ -42,7 +42,7 @@ pub struct DeletionCost {
 }
 
 impl DeletionCost {
-    pub fn new(shared: Arc<Shared>, period: Duration) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, period: Duration) -> Self {
         Self {
             shared,
             period,
@@ -181,7 +181,7 @@ async fn send(shared: &Shared, w: &Write) -> Result<(), super::Error> {
 
 /// The JSON patch of `action` on `pod`: the annotations it changes tested first at the values
 /// read (an absent one through the resourceVersion, as a patch cannot test for absence).
-pub fn guarded(pod: &Pod, action: &Action) -> JsonPatch {
+pub(crate) fn guarded(pod: &Pod, action: &Action) -> JsonPatch {
     let annotations = pod.annotations();
     let current = annotations.get(POD_DELETION_COST_ANNOTATION);
     let marked = annotations.contains_key(MANAGED_DELETION_COST_ANNOTATION);

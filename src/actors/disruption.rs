@@ -26,8 +26,8 @@ mod execute;
 mod notes;
 mod repair;
 
-pub use execute::{on_claim_and_node, reschedulable_pods};
-pub use repair::{announce_blocked, count_repaired};
+pub(crate) use execute::reschedulable_pods;
+pub(crate) use repair::{announce_blocked, count_repaired};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -52,8 +52,8 @@ use crate::view::disruption as view;
 /// start of the node's `consolidateAfter` countdown).
 #[derive(Message, Default)]
 #[rtype(result = "()")]
-pub struct ClusterChanged {
-    pub pod_event: Option<(String, Timestamp)>,
+pub(crate) struct ClusterChanged {
+    pub(crate) pod_event: Option<(String, Timestamp)>,
 }
 
 /// A command being carried out: its replacements launch, then its candidates go.
@@ -105,7 +105,7 @@ enum Progress {
     Failed(String),
 }
 
-pub struct Disruption {
+pub(crate) struct Disruption {
     shared: Arc<Shared>,
     pod_events: HashMap<String, Timestamp>,
     started: Timestamp,
@@ -140,7 +140,7 @@ pub struct Disruption {
 }
 
 impl Disruption {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         let timing = shared.settings.disruption;
         Self {
             shared,

@@ -13,15 +13,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 
 /// events.k8s.io/v1 `note` limit (kube-apiserver `NoteLengthLimit`), in bytes.
-pub const NOTE_LIMIT: usize = 1024;
+pub(crate) const NOTE_LIMIT: usize = 1024;
 /// events.k8s.io/v1 `reason` and `action` limit, in bytes.
-pub const REASON_LIMIT: usize = 128;
+pub(crate) const REASON_LIMIT: usize = 128;
 
 /// Appended to a cut message so a reader knows there was more.
 const CUT: &str = " …(truncated)";
 
 /// `text` cut to at most `limit` bytes on a character boundary, marked when it was cut.
-pub fn truncate(text: &str, limit: usize) -> String {
+pub(crate) fn truncate(text: &str, limit: usize) -> String {
     if text.len() <= limit {
         return text.to_string();
     }
@@ -40,7 +40,7 @@ pub fn truncate(text: &str, limit: usize) -> String {
 /// nothing: retry loops (a drain blocked by a PodDisruptionBudget, a reconcile that keeps timing
 /// out) would otherwise create one Event per attempt, as client-go avoids with its series.
 #[derive(Clone)]
-pub struct Events {
+pub(crate) struct Events {
     client: kube::Client,
     instance: String,
     recent: std::sync::Arc<parking_lot::Mutex<Recent>>,
@@ -88,7 +88,7 @@ impl Recent {
 const CONTROLLER: &str = "karpenter-capi";
 
 impl Events {
-    pub fn new(client: kube::Client, instance: String) -> Self {
+    pub(crate) fn new(client: kube::Client, instance: String) -> Self {
         Self {
             client,
             instance,
@@ -96,11 +96,11 @@ impl Events {
         }
     }
 
-    pub fn normal(&self, object: ObjectReference, reason: &str, note: String) {
+    pub(crate) fn normal(&self, object: ObjectReference, reason: &str, note: String) {
         self.publish(object, "Normal", reason, note);
     }
 
-    pub fn warning(&self, object: ObjectReference, reason: &str, note: String) {
+    pub(crate) fn warning(&self, object: ObjectReference, reason: &str, note: String) {
         self.publish(object, "Warning", reason, note);
     }
 

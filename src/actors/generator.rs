@@ -41,8 +41,8 @@ pub(super) const ORPHAN_GRACE: Duration = Duration::from_secs(120);
 /// MachineDeployment exists (or why it will not).
 #[derive(Message)]
 #[rtype(result = "Result<(), String>")]
-pub struct Ensure {
-    pub key: String,
+pub(crate) struct Ensure {
+    pub(crate) key: String,
 }
 
 /// One infrastructure template kind in one namespace, swept for unreferenced copies.
@@ -60,7 +60,7 @@ type Stamp = (Option<i64>, String);
 /// A patch check to make: the NodeClass, its stamp, one plan, the source.
 type Check = (String, Stamp, GroupPlan, Arc<MachineDeployment>);
 
-pub struct Generator {
+pub(crate) struct Generator {
     shared: Arc<Shared>,
     /// Groups being created, by key, with their NodeClass.
     creating: HashMap<String, String>,
@@ -78,7 +78,7 @@ pub struct Generator {
 }
 
 impl Generator {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             creating: HashMap::new(),

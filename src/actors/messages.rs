@@ -10,22 +10,22 @@ use crate::api::nodeclaim::NodeClaim;
 /// Stop this actor (the controller stops its writers on shutdown or lost leadership).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Stop;
+pub(crate) struct Stop;
 
 // --- to a NodeClaimActor ---------------------------------------------------------------------
 
 /// Something about this claim changed (the claim itself, its Machine or its Node): reconcile.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Kick;
+pub(crate) struct Kick;
 
 /// The claim as last seen by the NodeClaim watch.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ClaimChanged {
-    pub claim: Arc<NodeClaim>,
+pub(crate) struct ClaimChanged {
+    pub(crate) claim: Arc<NodeClaim>,
     /// From a (re-)list rather than a watch event: as new as anything we wrote.
-    pub listed: bool,
+    pub(crate) listed: bool,
 }
 
 /// The claim is gone from the API (last seen as this): stop. A claim whose finalizer removal
@@ -33,26 +33,26 @@ pub struct ClaimChanged {
 /// terminated here.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Gone(pub Arc<NodeClaim>);
+pub(crate) struct Gone(pub Arc<NodeClaim>);
 
 /// The Scaler bound a Machine to this claim.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct MachineBound {
-    pub machine: String,
+pub(crate) struct MachineBound {
+    pub(crate) machine: String,
 }
 
 /// The Scaler cannot give this claim a Machine from that MachineDeployment.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct RequestRejected {
-    pub machine_deployment: String,
-    pub why: Rejection,
+pub(crate) struct RequestRejected {
+    pub(crate) machine_deployment: String,
+    pub(crate) why: Rejection,
 }
 
 /// Why a request was turned down; the claim picks another offering.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     AtMaxSize,
     DeploymentGone,
     /// Cluster API's pause is on the MachineDeployment, or its Cluster's topology holds its
@@ -68,8 +68,8 @@ pub enum Rejection {
 /// A claim needs a Machine from this MachineDeployment (idempotent per claim).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct RequestMachine {
-    pub claim: String,
+pub(crate) struct RequestMachine {
+    pub(crate) claim: String,
 }
 
 /// A waiting claim gave up (deleted or timed out) before it got a Machine. Answers whether a
@@ -77,20 +77,20 @@ pub struct RequestMachine {
 /// then release the Machine), or the Machine would be orphaned.
 #[derive(Message)]
 #[rtype(result = "bool")]
-pub struct CancelRequest {
-    pub claim: String,
+pub(crate) struct CancelRequest {
+    pub(crate) claim: String,
 }
 
 /// A terminating claim gives its Machine back: annotate it, then decrement (invariant 3).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct ReleaseMachine {
-    pub machine: String,
+pub(crate) struct ReleaseMachine {
+    pub(crate) machine: String,
     /// The claim's Node was drained by the Terminator: Cluster API need not drain it again.
-    pub drained: bool,
+    pub(crate) drained: bool,
 }
 
 /// Something this MachineDeployment depends on changed (its Machines, itself, a claim): re-plan.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Poke;
+pub(crate) struct Poke;

@@ -32,17 +32,17 @@ use crate::state::versions::Freshness;
 
 pub(crate) mod initialization;
 mod launch;
-pub use launch::prelaunch;
+pub(crate) use launch::prelaunch;
 mod liveness;
 mod preflight;
 mod registration;
 mod status;
 mod termination;
 
-pub use liveness::registration_clock_start;
+pub(crate) use liveness::registration_clock_start;
 use registration::node_registered;
 
-pub struct NodeClaimActor {
+pub(crate) struct NodeClaimActor {
     name: String,
     shared: Arc<Shared>,
     claim: Arc<NodeClaim>,
@@ -63,7 +63,7 @@ pub struct NodeClaimActor {
 }
 
 impl NodeClaimActor {
-    pub fn new(shared: Arc<Shared>, claim: Arc<NodeClaim>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, claim: Arc<NodeClaim>) -> Self {
         Self {
             name: claim.name_any(),
             shared,
@@ -642,6 +642,6 @@ fn left_until(start: Timestamp, timeout: Duration) -> Option<Duration> {
     timeout.checked_sub(elapsed).filter(|d| !d.is_zero())
 }
 
-pub fn object_ref(c: &NodeClaim) -> k8s_openapi::api::core::v1::ObjectReference {
+pub(crate) fn object_ref(c: &NodeClaim) -> k8s_openapi::api::core::v1::ObjectReference {
     c.object_ref(&())
 }

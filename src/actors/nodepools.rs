@@ -33,13 +33,13 @@ use crate::view::usage::usage_by_pool;
 /// Claims or the catalog changed: recompute statuses (coalesced).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Refresh;
+pub(crate) struct Refresh;
 
 /// Claims change in bursts (a scale-up writes hundreds); one status write per pool covers a
 /// burst. This is a coalescing delay, not a retry: failed writes retry with `Backoff`.
 const COALESCE: Duration = Duration::from_millis(500);
 
-pub struct NodePools {
+pub(crate) struct NodePools {
     shared: Arc<Shared>,
     /// The last decode problem reported by Event per NodePool, so each is told once.
     told: BTreeMap<String, String>,
@@ -51,7 +51,7 @@ pub struct NodePools {
 }
 
 impl NodePools {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             told: BTreeMap::new(),

@@ -25,11 +25,11 @@ const QPS: u32 = 5;
 const BURST: u32 = 10;
 
 /// Upstream's nomination window: `max(2 × BATCH_MAX_DURATION, 10 s)`.
-pub fn window(batch_max: Duration) -> Duration {
+pub(crate) fn window(batch_max: Duration) -> Duration {
     (2 * batch_max).max(Duration::from_secs(10))
 }
 
-pub struct Nominations {
+pub(crate) struct Nominations {
     /// Where each pod was last planned, until it is bound or gone.
     planned: HashMap<String, Planned>,
     window: Duration,
@@ -47,7 +47,7 @@ struct Planned {
 }
 
 impl Nominations {
-    pub fn new(window: Duration) -> Self {
+    pub(crate) fn new(window: Duration) -> Self {
         Self {
             planned: HashMap::new(),
             window,
@@ -58,7 +58,7 @@ impl Nominations {
     /// A solve planned `pod` onto `target`: record it, and return the Event's note when the pod
     /// should be told now; None when it was already told it goes to the same place, or when the
     /// rate limit drops this one (it is told at a later solve).
-    pub fn nominate(&mut self, pod: &str, target: &Target, now: Instant) -> Option<String> {
+    pub(crate) fn nominate(&mut self, pod: &str, target: &Target, now: Instant) -> Option<String> {
         let until = now + self.window;
         if self.place_of(pod) != Some(target.place.as_str()) {
             self.planned.insert(
@@ -80,17 +80,17 @@ impl Nominations {
     }
 
     /// How long a plan holds.
-    pub fn window(&self) -> Duration {
+    pub(crate) fn window(&self) -> Duration {
         self.window
     }
 
     /// Where `pod` was last planned (the claim, or the Node without one), however long ago.
-    pub fn place_of(&self, pod: &str) -> Option<&str> {
+    pub(crate) fn place_of(&self, pod: &str) -> Option<&str> {
         self.planned.get(pod).map(|p| p.place.as_str())
     }
 
     /// Each pod whose plan still holds at `now`, with its place.
-    pub fn planned(&self, now: Instant) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn planned(&self, now: Instant) -> impl Iterator<Item = (&str, &str)> {
         self.planned
             .iter()
             .filter(move |(_, p)| p.until > now)
@@ -98,27 +98,28 @@ impl Nominations {
     }
 
     /// The pod is bound, not provisionable any more, or gone.
-    pub fn forget(&mut self, pod: &str) {
+    pub(crate) fn forget(&mut self, pod: &str) {
         self.planned.remove(pod);
     }
 
     /// Keeps the plans `keep(pod, place)` accepts.
-    pub fn retain(&mut self, keep: impl Fn(&str, &str) -> bool) {
+    pub(crate) fn retain(&mut self, keep: impl Fn(&str, &str) -> bool) {
         self.planned.retain(|k, p| keep(k, &p.place));
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.planned.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.planned.is_empty()
     }
 }
 
 /// Where a pod should go: the claim (or the Node, for one no claim of ours made).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Target {
+pub(crate) struct Target {
     place: String,
     /// Upstream's wording: the claim first, then the node.
     text: String,
@@ -126,12 +127,12 @@ pub struct Target {
 
 impl Target {
     /// The claim's name, or the Node's for one no claim of ours made.
-    pub fn place(&self) -> &str {
+    pub(crate) fn place(&self) -> &str {
         &self.place
     }
 }
 
-pub fn target(nodeclaim: Option<&str>, node: Option<&str>) -> Option<Target> {
+pub(crate) fn target(nodeclaim: Option<&str>, node: Option<&str>) -> Option<Target> {
     let place = nodeclaim.or(node)?.to_string();
     let text = nodeclaim
         .map(|c| format!("nodeclaim/{c}"))

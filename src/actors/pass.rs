@@ -10,17 +10,17 @@ use actix::prelude::*;
 use super::backoff::Backoff;
 
 /// When the next pass is due: the bookkeeping a [`Pass`] actor keeps.
-pub struct Coalesced {
+pub(crate) struct Coalesced {
     delay: Duration,
     scheduled: bool,
     retry_scheduled: bool,
     /// Retry delay after a failed write; reset by one that succeeds.
-    pub backoff: Backoff,
+    pub(crate) backoff: Backoff,
 }
 
 impl Coalesced {
     /// Passes `delay` after the first request, retries with the API backoff.
-    pub fn new(delay: Duration) -> Self {
+    pub(crate) fn new(delay: Duration) -> Self {
         Self {
             delay,
             scheduled: false,
@@ -31,7 +31,7 @@ impl Coalesced {
 }
 
 /// An actor whose work is one coalesced pass.
-pub trait Pass: Actor<Context = Context<Self>> {
+pub(crate) trait Pass: Actor<Context = Context<Self>> {
     fn coalesced(&mut self) -> &mut Coalesced;
 
     /// The pass itself.

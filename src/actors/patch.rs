@@ -5,22 +5,22 @@
 use serde_json::{Value, json};
 
 /// Escape a map key for a JSON pointer (`/` and `~` are special).
-pub fn escape(key: &str) -> String {
+pub(crate) fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct JsonPatch {
+pub(crate) struct JsonPatch {
     ops: Vec<Value>,
 }
 
 impl JsonPatch {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Guard the whole patch on the object's resourceVersion.
-    pub fn guarded(resource_version: Option<&str>) -> Self {
+    pub(crate) fn guarded(resource_version: Option<&str>) -> Self {
         let mut p = Self::new();
         if let Some(rv) = resource_version {
             p.test("/metadata/resourceVersion", json!(rv));
@@ -28,20 +28,20 @@ impl JsonPatch {
         p
     }
 
-    pub fn test(&mut self, path: &str, value: Value) -> &mut Self {
+    pub(crate) fn test(&mut self, path: &str, value: Value) -> &mut Self {
         self.ops
             .push(json!({"op": "test", "path": path, "value": value}));
         self
     }
 
     /// `add` replaces an existing member, so it doubles as "set".
-    pub fn set(&mut self, path: &str, value: Value) -> &mut Self {
+    pub(crate) fn set(&mut self, path: &str, value: Value) -> &mut Self {
         self.ops
             .push(json!({"op": "add", "path": path, "value": value}));
         self
     }
 
-    pub fn remove(&mut self, path: &str) -> &mut Self {
+    pub(crate) fn remove(&mut self, path: &str) -> &mut Self {
         self.ops.push(json!({"op": "remove", "path": path}));
         self
     }
@@ -49,7 +49,7 @@ impl JsonPatch {
     /// Set `key` in the string map at `map_path` (e.g. `/metadata/labels`), creating the map
     /// when the object has none (a JSON patch cannot add into a missing parent). `map_exists`
     /// says whether the object (as last read, which the guard pins) has a non-empty map there.
-    pub fn set_entry(
+    pub(crate) fn set_entry(
         &mut self,
         map_exists: bool,
         map_path: &str,
@@ -69,11 +69,7 @@ impl JsonPatch {
             .any(|op| op["op"] == "add" && op["path"] == map_path)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.ops.iter().all(|op| op["op"] == "test")
-    }
-
-    pub fn into_patch(self) -> Result<kube::api::Patch<()>, serde_json::Error> {
+    pub(crate) fn into_patch(self) -> Result<kube::api::Patch<()>, serde_json::Error> {
         let patch: json_patch::Patch = serde_json::from_value(Value::Array(self.ops))?;
         Ok(kube::api::Patch::Json(patch))
     }
@@ -81,7 +77,7 @@ impl JsonPatch {
 
 /// Send a guarded JSON patch to a cluster-scoped object of `kind` (API resource `resource`), to
 /// its status subresource when `status`, with the object named in both kinds of error.
-pub async fn send<K>(
+pub(crate) async fn send<K>(
     shared: &super::Shared,
     (kind, resource): (&'static str, &'static str),
     name: &str,
@@ -111,7 +107,7 @@ where
 
 /// Merge-patch `status.conditions` of a cluster-scoped object, best effort: a failure is logged
 /// and the caller's next refresh writes again (the conditions are recomputed from the state).
-pub async fn write_conditions<K>(client: kube::Client, name: String, conditions: Value)
+pub(crate) async fn write_conditions<K>(client: kube::Client, name: String, conditions: Value)
 where
     K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
         + Clone

@@ -19,14 +19,14 @@ use crate::metrics::Metrics;
 /// the last one comes 19-26 s after the first (the requests' own time aside), as the eighth did
 /// with the API backoff (200 ms doubling), and at a 30 % error rate all of them fail about once
 /// in 170,000 writes.
-pub const MAX_ATTEMPTS: u32 = 10;
+pub(crate) const MAX_ATTEMPTS: u32 = 10;
 
 /// Conflicts in a row that re-reading did not resolve: someone else keeps writing the object.
-pub const MAX_CONFLICTS: u32 = 3;
+pub(crate) const MAX_CONFLICTS: u32 = 3;
 
 /// What a failed write means for the next attempt.
 #[derive(Debug, PartialEq)]
-pub enum Failure {
+pub(crate) enum Failure {
     /// The outcome is unknown or the server asked for time: back off, read back, try again.
     Transient,
     /// A lost compare-and-swap: read the object again and recompute the write.
@@ -35,7 +35,7 @@ pub enum Failure {
     Final,
 }
 
-pub fn classify(e: &Error) -> Failure {
+pub(crate) fn classify(e: &Error) -> Failure {
     match e {
         Error::Timeout { .. } => Failure::Transient,
         Error::Api { verb, source, .. } => match source {
@@ -57,7 +57,10 @@ pub fn classify(e: &Error) -> Failure {
 /// Run `attempt` until it succeeds, retrying transient failures and conflicts. `attempt` gets
 /// `true` once an earlier attempt failed: it then reads the object from the API (not the
 /// indexes, which may lag) and returns at once when the earlier write already landed.
-pub async fn persist<T, Fut>(what: &str, mut attempt: impl FnMut(bool) -> Fut) -> Result<T, Error>
+pub(crate) async fn persist<T, Fut>(
+    what: &str,
+    mut attempt: impl FnMut(bool) -> Fut,
+) -> Result<T, Error>
 where
     Fut: Future<Output = Result<T, Error>>,
 {
@@ -66,7 +69,7 @@ where
 
 /// `persist` for one of a disruption command's writes (`write`: taint, mark, create, delete):
 /// each retry and its wait are counted, so a slow command shows where its time went.
-pub async fn persist_counted<T, Fut>(
+pub(crate) async fn persist_counted<T, Fut>(
     metrics: &Metrics,
     write: &str,
     what: &str,
@@ -121,7 +124,7 @@ where
 
 /// Five characters from the alphabet kube-apiserver's `generateName` uses (no vowels, no
 /// look-alikes): 14 million names per pool.
-pub fn name_suffix() -> String {
+pub(crate) fn name_suffix() -> String {
     use rand::{Rng, SeedableRng};
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
     let mut rng = rand::rngs::SmallRng::seed_from_u64(crate::actors::backoff::seed());

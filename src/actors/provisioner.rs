@@ -29,7 +29,7 @@ use crate::view::catalog::ResolveError;
 /// Something the provisioner packs against changed; pending pods (if any) get a new batch.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Pending;
+pub(crate) struct Pending;
 
 pub use crate::view::settings::Batching;
 
@@ -83,7 +83,11 @@ struct Creating {
 }
 
 impl Provisioner {
-    pub fn new(shared: Arc<Shared>, batching: Batching, preference: PreferencePolicy) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        batching: Batching,
+        preference: PreferencePolicy,
+    ) -> Self {
         Self {
             shared,
             preference,

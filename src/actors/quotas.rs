@@ -38,7 +38,7 @@ const STATUS_PERIOD: Duration = Duration::from_secs(2);
 #[rtype(result = "()")]
 pub struct QuotasChanged;
 
-pub struct Quotas {
+pub(crate) struct Quotas {
     shared: Arc<Shared>,
     /// The status last written per quota, so an unchanged one is not written again before the
     /// watch shows it.
@@ -51,7 +51,7 @@ pub struct Quotas {
 }
 
 impl Quotas {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             written: HashMap::new(),

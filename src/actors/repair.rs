@@ -27,11 +27,11 @@ use crate::view::repair::{self, Repair, RepairPolicies};
 /// Nodes, Machines or claims changed: look again (coalesced).
 #[derive(Message, Default)]
 #[rtype(result = "()")]
-pub struct Look;
+pub(crate) struct Look;
 
 const COALESCE: Duration = Duration::from_millis(200);
 
-pub struct NodeRepair {
+pub(crate) struct NodeRepair {
     shared: Arc<Shared>,
     policies: RepairPolicies,
     pass: Coalesced,
@@ -44,7 +44,7 @@ pub struct NodeRepair {
 }
 
 impl NodeRepair {
-    pub fn new(shared: Arc<Shared>, policies: RepairPolicies) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, policies: RepairPolicies) -> Self {
         Self {
             shared,
             policies,

@@ -43,7 +43,7 @@ pub struct Router {
 }
 
 impl Router {
-    pub fn claim(&self, name: &str) -> Option<Addr<NodeClaimActor>> {
+    pub(crate) fn claim(&self, name: &str) -> Option<Addr<NodeClaimActor>> {
         self.claims
             .read()
             .get(name)
@@ -52,51 +52,51 @@ impl Router {
     }
 
     /// Make a claim actor reconcile (something it waits for changed).
-    pub fn kick_claim(&self, name: &str) {
+    pub(crate) fn kick_claim(&self, name: &str) {
         if let Some(a) = self.claim(name) {
             a.do_send(super::messages::Kick);
         }
     }
 
     /// The Terminator (leader only); `take_terminator` hands it over to be stopped.
-    pub fn set_terminator(&self, t: Addr<Terminator>) {
+    pub(crate) fn set_terminator(&self, t: Addr<Terminator>) {
         *self.terminator.write() = Some(t);
     }
 
-    pub fn terminator(&self) -> Option<Addr<Terminator>> {
+    pub(crate) fn terminator(&self) -> Option<Addr<Terminator>> {
         self.terminator.read().clone()
     }
 
-    pub fn take_terminator(&self) -> Option<Addr<Terminator>> {
+    pub(crate) fn take_terminator(&self) -> Option<Addr<Terminator>> {
         self.terminator.write().take()
     }
 
     /// The Disruption actor (leader only); `take_disruption` hands it over to be stopped.
-    pub fn set_disruption(&self, d: Addr<Disruption>) {
+    pub(crate) fn set_disruption(&self, d: Addr<Disruption>) {
         *self.disruption.write() = Some(d);
     }
 
-    pub fn take_disruption(&self) -> Option<Addr<Disruption>> {
+    pub(crate) fn take_disruption(&self) -> Option<Addr<Disruption>> {
         self.disruption.write().take()
     }
 
     /// The CapacityBuffer actor (leader only, behind its feature gate); `take_buffers` hands it
     /// over to be stopped.
-    pub fn set_buffers(&self, b: Addr<Buffers>) {
+    pub(crate) fn set_buffers(&self, b: Addr<Buffers>) {
         *self.buffers.write() = Some(b);
     }
 
-    pub fn take_buffers(&self) -> Option<Addr<Buffers>> {
+    pub(crate) fn take_buffers(&self) -> Option<Addr<Buffers>> {
         self.buffers.write().take()
     }
 
     /// The CapacityQuota actor (leader only, behind its feature gate); `take_quotas` hands it
     /// over to be stopped.
-    pub fn set_quotas(&self, q: Addr<super::quotas::Quotas>) {
+    pub(crate) fn set_quotas(&self, q: Addr<super::quotas::Quotas>) {
         *self.quotas.write() = Some(q);
     }
 
-    pub fn take_quotas(&self) -> Option<Addr<super::quotas::Quotas>> {
+    pub(crate) fn take_quotas(&self) -> Option<Addr<super::quotas::Quotas>> {
         self.quotas.write().take()
     }
 
@@ -122,7 +122,7 @@ impl Router {
     }
 
     /// A solve placed the buffers' placeholder pods: their `Provisioning` conditions follow.
-    pub fn buffers_provisioned(
+    pub(crate) fn buffers_provisioned(
         &self,
         placed: std::collections::HashMap<String, crate::state::buffers::Placed>,
     ) {
@@ -133,7 +133,7 @@ impl Router {
 
     /// Claims, Nodes, Machines or pods changed: disruption looks again (debounced there), and so do
     /// the static pools (a disruption mark on a Node changes what they count) and node repair.
-    pub fn disruption_changed(&self) {
+    pub(crate) fn disruption_changed(&self) {
         if let Some(d) = self.disruption.read().as_ref() {
             d.do_send(ClusterChanged::default());
         }
@@ -145,49 +145,49 @@ impl Router {
 
     /// The NodeRepair actor (leader only, behind its feature gate); `take_repair` hands it
     /// over to be stopped.
-    pub fn set_repair(&self, r: Addr<NodeRepair>) {
+    pub(crate) fn set_repair(&self, r: Addr<NodeRepair>) {
         *self.repair.write() = Some(r);
     }
 
-    pub fn take_repair(&self) -> Option<Addr<NodeRepair>> {
+    pub(crate) fn take_repair(&self) -> Option<Addr<NodeRepair>> {
         self.repair.write().take()
     }
 
     /// The Generator (leader only): creates and removes generated node groups.
-    pub fn set_generator(&self, g: Addr<super::generator::Generator>) {
+    pub(crate) fn set_generator(&self, g: Addr<super::generator::Generator>) {
         *self.generator.write() = Some(g);
     }
 
-    pub fn generator(&self) -> Option<Addr<super::generator::Generator>> {
+    pub(crate) fn generator(&self) -> Option<Addr<super::generator::Generator>> {
         self.generator.read().clone()
     }
 
-    pub fn take_generator(&self) -> Option<Addr<super::generator::Generator>> {
+    pub(crate) fn take_generator(&self) -> Option<Addr<super::generator::Generator>> {
         self.generator.write().take()
     }
 
     /// The pod deletion cost actor (leader only, behind its feature gate); `take_deletion_cost`
     /// hands it over to be stopped.
-    pub fn set_deletion_cost(&self, d: Addr<DeletionCost>) {
+    pub(crate) fn set_deletion_cost(&self, d: Addr<DeletionCost>) {
         *self.deletion_cost.write() = Some(d);
     }
 
-    pub fn take_deletion_cost(&self) -> Option<Addr<DeletionCost>> {
+    pub(crate) fn take_deletion_cost(&self) -> Option<Addr<DeletionCost>> {
         self.deletion_cost.write().take()
     }
 
     /// The StaticCapacity actor (leader only); `take_static_capacity` hands it over to be
     /// stopped.
-    pub fn set_static_capacity(&self, s: Addr<StaticCapacity>) {
+    pub(crate) fn set_static_capacity(&self, s: Addr<StaticCapacity>) {
         *self.static_capacity.write() = Some(s);
     }
 
-    pub fn take_static_capacity(&self) -> Option<Addr<StaticCapacity>> {
+    pub(crate) fn take_static_capacity(&self) -> Option<Addr<StaticCapacity>> {
         self.static_capacity.write().take()
     }
 
     /// NodePools, claims or Nodes changed: static pools look at their counts again.
-    pub fn static_changed(&self) {
+    pub(crate) fn static_changed(&self) {
         if let Some(s) = self.static_capacity.read().as_ref() {
             s.do_send(Hold);
         }
@@ -195,7 +195,7 @@ impl Router {
 
     /// A pod on `node` changed; `at` is set when the change is a pod event (scheduled,
     /// terminating, terminal, gone), which restarts the node's `consolidateAfter` countdown.
-    pub fn pod_changed(&self, node: &str, at: Option<Timestamp>) {
+    pub(crate) fn pod_changed(&self, node: &str, at: Option<Timestamp>) {
         if let Some(d) = self.disruption.read().as_ref() {
             d.do_send(ClusterChanged {
                 pod_event: at.map(|at| (node.to_string(), at)),
@@ -204,21 +204,21 @@ impl Router {
     }
 
     /// Pods or volume attachments of `node` changed: a drain of it looks again.
-    pub fn drain_node_changed(&self, node: &str) {
+    pub(crate) fn drain_node_changed(&self, node: &str) {
         if let Some(t) = self.terminator.read().as_ref() {
             t.do_send(NodeChanged(node.to_string()));
         }
     }
 
-    pub fn add_claim(&self, name: String, addr: Addr<NodeClaimActor>) {
+    pub(crate) fn add_claim(&self, name: String, addr: Addr<NodeClaimActor>) {
         self.claims.write().insert(name, addr);
     }
 
-    pub fn remove_claim(&self, name: &str) -> Option<Addr<NodeClaimActor>> {
+    pub(crate) fn remove_claim(&self, name: &str) -> Option<Addr<NodeClaimActor>> {
         self.claims.write().remove(name)
     }
 
-    pub fn claim_names(&self) -> Vec<String> {
+    pub(crate) fn claim_names(&self) -> Vec<String> {
         self.claims.read().keys().cloned().collect()
     }
 
@@ -232,7 +232,7 @@ impl Router {
 
     /// The Scaler of a MachineDeployment, started on first use. Must be called from the actor
     /// System's thread (actors start on the current arbiter).
-    pub fn scaler_or_start(
+    pub(crate) fn scaler_or_start(
         &self,
         md_key: &str,
         start: impl FnOnce() -> Addr<Scaler>,
@@ -250,7 +250,7 @@ impl Router {
     }
 
     /// A Scaler stopped: forget it, unless a newer one already took its place.
-    pub fn remove_scaler(&self, md_key: &str, addr: &Addr<Scaler>) {
+    pub(crate) fn remove_scaler(&self, md_key: &str, addr: &Addr<Scaler>) {
         let mut scalers = self.scalers.write();
         if scalers.get(md_key).is_some_and(|a| a == addr) {
             scalers.remove(md_key);
@@ -265,33 +265,33 @@ impl Router {
             .collect()
     }
 
-    pub fn set_catalog(&self, r: Recipient<Rebuild>, pools: Recipient<NodePoolsChanged>) {
+    pub(crate) fn set_catalog(&self, r: Recipient<Rebuild>, pools: Recipient<NodePoolsChanged>) {
         *self.catalog.write() = Some(r);
         *self.catalog_pools.write() = Some(pools);
     }
 
     /// Tell the Catalog (if it runs here) that NodePools changed: overlays may see them anew.
-    pub fn catalog_pools_changed(&self) {
+    pub(crate) fn catalog_pools_changed(&self) {
         if let Some(r) = self.catalog_pools.read().as_ref() {
             r.do_send(NodePoolsChanged);
         }
     }
 
     /// Tell the Catalog (if it runs here) that MachineDeployments or NodeClasses changed.
-    pub fn catalog_changed(&self) {
+    pub(crate) fn catalog_changed(&self) {
         if let Some(r) = self.catalog.read().as_ref() {
             r.do_send(Rebuild { overlays: false });
         }
     }
 
     /// Tell the Catalog (if it runs here) that a NodeOverlay's spec changed.
-    pub fn catalog_overlays_changed(&self) {
+    pub(crate) fn catalog_overlays_changed(&self) {
         if let Some(r) = self.catalog.read().as_ref() {
             r.do_send(Rebuild { overlays: true });
         }
     }
 
-    pub fn set_provisioner(&self, r: Recipient<Pending>) {
+    pub(crate) fn set_provisioner(&self, r: Recipient<Pending>) {
         *self.provisioner.write() = Some(r);
     }
 
@@ -302,27 +302,27 @@ impl Router {
         }
     }
 
-    pub fn set_nodepools(&self, r: Recipient<Refresh>) {
+    pub(crate) fn set_nodepools(&self, r: Recipient<Refresh>) {
         *self.nodepools.write() = Some(r);
     }
 
     /// Claims or the catalog changed: NodePool statuses may too.
-    pub fn nodepools_changed(&self) {
+    pub(crate) fn nodepools_changed(&self) {
         if let Some(r) = self.nodepools.read().as_ref() {
             r.do_send(Refresh);
         }
         self.static_changed();
     }
 
-    pub fn set_active(&self) {
+    pub(crate) fn set_active(&self) {
         self.active.store(true, Ordering::Release);
     }
 
-    pub fn set_inactive(&self) {
+    pub(crate) fn set_inactive(&self) {
         self.active.store(false, Ordering::Release);
     }
 
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.active.load(Ordering::Acquire)
     }
 }

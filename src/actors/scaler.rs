@@ -12,7 +12,7 @@
 mod adopt;
 mod bookkeeping;
 mod coalesce;
-pub mod effect;
+pub(crate) mod effect;
 mod generated;
 mod instances;
 mod patches;
@@ -36,12 +36,12 @@ use crate::metrics::Metrics;
 use crate::state::machines::key;
 
 use bookkeeping::Removal;
-pub use bookkeeping::{managed_replicas, marked_by_us, size_bounds};
-pub use patches::handed_back;
+pub(crate) use bookkeeping::{managed_replicas, marked_by_us};
+pub(crate) use patches::handed_back;
 
 /// The value we put in `cluster.x-k8s.io/delete-machine`, so that a mark set by somebody else on a
 /// baseline Machine is never mistaken for one of ours.
-pub const DELETE_MACHINE_VALUE: &str = "karpenter-capi";
+pub(crate) const DELETE_MACHINE_VALUE: &str = "karpenter-capi";
 
 /// How often a Scaler re-plans from the indexes even when nothing told it to.
 const RESYNC: Duration = Duration::from_secs(10);
@@ -176,7 +176,7 @@ impl Handler<Poke> for Scaler {
 }
 
 impl Scaler {
-    pub fn new(md: String, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(md: String, shared: Arc<Shared>) -> Self {
         Self {
             md,
             shared,

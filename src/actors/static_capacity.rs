@@ -27,12 +27,12 @@ use crate::view::static_capacity::{self, Plan};
 /// NodePools, claims or Nodes changed: look at the static pools again (coalesced).
 #[derive(Message, Default)]
 #[rtype(result = "()")]
-pub struct Hold;
+pub(crate) struct Hold;
 
 /// A burst of claim changes (a pool scaled by hundreds) is looked at once.
 const COALESCE: Duration = Duration::from_millis(100);
 
-pub struct StaticCapacity {
+pub(crate) struct StaticCapacity {
     shared: Arc<Shared>,
     pass: Coalesced,
     /// Per pool: names of claims being created, not yet in the index.
@@ -44,7 +44,7 @@ pub struct StaticCapacity {
 }
 
 impl StaticCapacity {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             pass: Coalesced::new(COALESCE),

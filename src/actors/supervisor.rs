@@ -20,9 +20,9 @@ use crate::state::feed::Staleness;
 /// Start acting on claims (this replica became the leader and the caches are warm).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Activate;
+pub(crate) struct Activate;
 
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     shared: Arc<Shared>,
     buffer: Vec<NodeClaim>,
     bad_buffer: Vec<Malformed>,
@@ -34,7 +34,7 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    pub fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
             buffer: Vec::new(),

@@ -8,7 +8,7 @@
 //! claim when the Node is drained. Pod changes on a draining node (`NodeChanged`, from the pod
 //! watch) make it look again at once; nothing polls the API.
 
-pub mod drain;
+pub(crate) mod drain;
 mod volumes;
 
 use std::collections::{HashMap, HashSet};
@@ -38,18 +38,18 @@ const EVICTION_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Ask for `node` to be drained (idempotent; the answer is where the drain stands).
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "DrainState")]
-pub struct Drain {
-    pub claim: String,
-    pub node: String,
-    pub nodepool: String,
+pub(crate) struct Drain {
+    pub(crate) claim: String,
+    pub(crate) node: String,
+    pub(crate) nodepool: String,
     /// `karpenter.sh/nodeclaim-termination-timestamp`: every pod is gone by then.
-    pub deadline: Option<jiff::Timestamp>,
+    pub(crate) deadline: Option<jiff::Timestamp>,
     /// Why the claim goes (the `DisruptionReason` condition's reason), for Events and metrics.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DrainState {
+pub(crate) enum DrainState {
     /// Pods are still leaving: `evicting` are being evicted or deleted now, `waiting` are
     /// terminating, protected by do-not-disrupt, or in a later tier.
     Draining { evicting: usize, waiting: usize },
@@ -60,22 +60,17 @@ pub enum DrainState {
     Done { volumes_detached: bool },
 }
 
-impl DrainState {
-    /// The pods are gone.
-    pub fn drained(&self) -> bool {
-        !matches!(self, DrainState::Draining { .. })
-    }
-}
+impl DrainState {}
 
 /// Pods or volume attachments of `node` changed (the watches route this to the Terminator).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct NodeChanged(pub String);
+pub(crate) struct NodeChanged(pub String);
 
 /// Stop tracking `node` (its claim is gone).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct Forget(pub String);
+pub(crate) struct Forget(pub String);
 
 struct NodeDrain {
     claim: String,
@@ -108,7 +103,7 @@ struct PodEviction {
     backoff: Backoff,
 }
 
-pub struct Terminator {
+pub(crate) struct Terminator {
     shared: Arc<Shared>,
     /// A node counts as drained only this long after its drain began, so pods bound just before
     /// the taint landed are seen and evicted too (upstream's 5 s).
@@ -125,7 +120,7 @@ impl Actor for Terminator {
 }
 
 impl Terminator {
-    pub fn new(shared: Arc<Shared>, min_drain_time: Duration) -> Self {
+    pub(crate) fn new(shared: Arc<Shared>, min_drain_time: Duration) -> Self {
         Self {
             shared,
             min_drain_time,

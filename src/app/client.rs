@@ -29,8 +29,8 @@ fn with_agent(mut config: kube::Config, agent: &str) -> kube::Config {
 /// Client-side limits (`KUBE_CLIENT_QPS`, `KUBE_CLIENT_BURST`); qps 0 means unlimited.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    pub qps: u32,
-    pub burst: u32,
+    pub(crate) qps: u32,
+    pub(crate) burst: u32,
 }
 
 impl Limits {
@@ -95,7 +95,7 @@ impl Default for ClientOptions {
 }
 
 impl ClientOptions {
-    pub fn limited(limits: Limits) -> Self {
+    pub(crate) fn limited(limits: Limits) -> Self {
         Self {
             limits,
             ..Self::default()
@@ -103,7 +103,7 @@ impl ClientOptions {
     }
 
     /// The config a client is built from: our user agent and the deadlines.
-    pub fn apply(&self, config: kube::Config) -> kube::Config {
+    pub(crate) fn apply(&self, config: kube::Config) -> kube::Config {
         let mut config = with_agent(config, &self.agent);
         // kube's built-in retry is off: it retries 429/503/504 up to 15 times with a backoff
         // that grows to minutes, inside one call. Every caller here retries with its own capped

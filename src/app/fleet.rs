@@ -33,7 +33,7 @@ use crate::write_gate::WriteGate;
 
 /// `run --fleet`: the management cluster's client configuration, the metrics and probes, and
 /// [`run`] until a signal.
-pub async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Error> {
+pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Error> {
     let signal = super::shutdown_signal();
     let management = management_config(&args.cluster_api).await?;
     let metrics = Metrics::new();

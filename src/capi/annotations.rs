@@ -43,10 +43,11 @@ use crate::capi::model::TemplateTaint;
 
 /// The DRA driver that publishes the node's `gpu-count` GPUs as devices (Cluster Autoscaler's
 /// alternative to `gpu-type`; read in `capi::autoscaler`).
-pub const DRA_DRIVER_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/dra-driver";
+pub(crate) const DRA_DRIVER_ANNOTATION: &str =
+    "capacity.cluster-autoscaler.kubernetes.io/dra-driver";
 
 /// Where a scalable resource's own taints are: the `key` of a [`Skipped`] entry from them.
-pub const TEMPLATE_TAINTS_FIELD: &str = "spec.template.spec.taints";
+pub(crate) const TEMPLATE_TAINTS_FIELD: &str = "spec.template.spec.taints";
 
 /// What the annotations say about the nodes an object would make. Absent annotations are
 /// `None` or empty; defaults (110 pods, price 0) are the caller's business.
@@ -126,7 +127,7 @@ pub enum TaintEffect {
 }
 
 impl TaintEffect {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TaintEffect::NoSchedule => "NoSchedule",
             TaintEffect::PreferNoSchedule => "PreferNoSchedule",
@@ -134,7 +135,7 @@ impl TaintEffect {
         }
     }
 
-    pub fn parse(s: &str) -> Option<TaintEffect> {
+    pub(crate) fn parse(s: &str) -> Option<TaintEffect> {
         match s {
             "NoSchedule" => Some(TaintEffect::NoSchedule),
             "PreferNoSchedule" => Some(TaintEffect::PreferNoSchedule),
@@ -522,7 +523,7 @@ impl ScaleFromZero {
     /// of the annotation replaces the one with its key and effect, or is appended. A resource
     /// taint with no key, or an effect none of the three, is passed over and recorded (the API
     /// server's schema allows neither; the autoscaler would keep it, to no effect on scheduling).
-    pub fn with_template_taints(mut self, template: &[TemplateTaint]) -> ScaleFromZero {
+    pub(crate) fn with_template_taints(mut self, template: &[TemplateTaint]) -> ScaleFromZero {
         let mut merged = Vec::new();
         for t in template {
             let effect = TaintEffect::parse(&t.effect);
@@ -589,5 +590,5 @@ impl ScaleFromZero {
 mod tests;
 mod values;
 
+pub(crate) use values::validate_label_key;
 use values::*;
-pub use values::{validate_label_key, validate_label_value};

@@ -17,26 +17,26 @@ use crate::capi::model::{Machine, MachineDeployment};
 /// `driver=limit,driver2=limit2`: the CSI drivers installed on the nodes and how many volumes
 /// each may attach (0: installed, no limit stated).
 pub const CSI_DRIVER_ANNOTATION: &str = "capacity.cluster-autoscaler.kubernetes.io/csi-driver";
-pub use crate::capi::annotations::DRA_DRIVER_ANNOTATION;
+pub(crate) use crate::capi::annotations::DRA_DRIVER_ANNOTATION;
 /// Cluster API's pause: present (any value) on a scalable resource, its controllers leave it
 /// alone.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 
 /// What the driver annotations say about the nodes a MachineDeployment makes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Drivers {
+pub(crate) struct Drivers {
     /// CSI driver -> attach limit; drivers listed with 0 have none (the autoscaler sets no
     /// allocatable count for them).
-    pub csi: BTreeMap<String, Option<usize>>,
+    pub(crate) csi: BTreeMap<String, Option<usize>>,
     /// The DRA driver and how many GPU devices it publishes per node (`gpu-count`).
-    pub dra: Option<(String, i64)>,
+    pub(crate) dra: Option<(String, i64)>,
     /// What was passed over rather than refused, for the NodeClass status.
-    pub skipped: Vec<Skipped>,
+    pub(crate) skipped: Vec<Skipped>,
 }
 
 impl Drivers {
     /// The attach limits a node of this MachineDeployment will declare in its CSINode.
-    pub fn csi_limits(&self) -> BTreeMap<String, usize> {
+    pub(crate) fn csi_limits(&self) -> BTreeMap<String, usize> {
         self.csi
             .iter()
             .filter_map(|(d, l)| Some((d.clone(), (*l)?)))
@@ -46,7 +46,7 @@ impl Drivers {
 
 /// The scale-from-zero annotations and the driver annotations together, every problem of both
 /// reported at once. What each passed over is in its own `skipped`.
-pub fn parse_all(
+pub(crate) fn parse_all(
     annotations: &BTreeMap<String, String>,
 ) -> Result<(ScaleFromZero, Drivers), AnnotationErrors> {
     match (annotations::parse(annotations), parse(annotations)) {
@@ -64,7 +64,7 @@ pub fn parse_all(
 /// [`parse_all`] of a MachineDeployment's or MachinePool's annotations, with its own
 /// `spec.template.spec.taints` merged into the taints as Cluster Autoscaler 1.36 merges them
 /// ([`ScaleFromZero::with_template_taints`]).
-pub fn parse_scalable(
+pub(crate) fn parse_scalable(
     md: &MachineDeployment,
 ) -> Result<(ScaleFromZero, Drivers), AnnotationErrors> {
     let (sfz, drivers) = parse_all(&md.annotations)?;
@@ -73,7 +73,7 @@ pub fn parse_scalable(
 
 /// Reads the CSI and DRA driver annotations. Nothing in them is refused, as the autoscaler
 /// refuses nothing in them: a malformed `gpu-count` is the scale-from-zero parser's error.
-pub fn parse(annotations: &BTreeMap<String, String>) -> Result<Drivers, AnnotationErrors> {
+pub(crate) fn parse(annotations: &BTreeMap<String, String>) -> Result<Drivers, AnnotationErrors> {
     let mut out = Drivers::default();
     let mut skip = |key: &str, entry: &str, reason: String| {
         out.skipped.push(Skipped {
@@ -182,14 +182,14 @@ fn parse_csi(raw: &str) -> (CsiLimits, Vec<(String, String)>) {
 /// Cluster API's pause on the MachineDeployment: the `cluster.x-k8s.io/paused` annotation (any
 /// value, as Cluster API and the autoscaler read it) or `spec.paused`. Its controllers do not
 /// act on replica changes then, so nothing here writes them.
-pub fn paused(md: &MachineDeployment) -> bool {
+pub(crate) fn paused(md: &MachineDeployment) -> bool {
     md.paused || md.annotations.contains_key(PAUSED_ANNOTATION)
 }
 
 /// Cluster API's pause on a Cluster: `spec.paused` or the `cluster.x-k8s.io/paused` annotation.
 /// Every Cluster API controller leaves the Cluster's objects alone then (its MachineDeployments
 /// and MachineSets included), so a paused Cluster pauses each of its MachineDeployments.
-pub fn cluster_paused(cluster: &kube::api::DynamicObject) -> bool {
+pub(crate) fn cluster_paused(cluster: &kube::api::DynamicObject) -> bool {
     let spec_paused = cluster
         .data
         .pointer("/spec/paused")
@@ -207,7 +207,7 @@ pub fn cluster_paused(cluster: &kube::api::DynamicObject) -> bool {
 /// (Cluster API's `UpToDate` condition False), i.e. an older MachineSet still holds Machines,
 /// which is how the autoscaler recognises a rollout. OnDelete MachineDeployments never roll out
 /// on their own (their outdated Machines wait for a deletion), so they never count.
-pub fn mid_rollout(md: &MachineDeployment, machines: &[&Machine]) -> bool {
+pub(crate) fn mid_rollout(md: &MachineDeployment, machines: &[&Machine]) -> bool {
     !md.on_delete
         && machines
             .iter()

@@ -15,7 +15,7 @@ use crate::capi::model::{DeletionOrder, Machine};
 /// A Machine's turn in its MachineSet's scale-down under `order`: sorting by it ascending gives
 /// the order Cluster API removes them in.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Turn {
+pub(crate) struct Turn {
     priority: u8,
     age: Option<AgeKey>,
     name: String,
@@ -28,7 +28,7 @@ enum AgeKey {
     Newest(Reverse<Option<Timestamp>>),
 }
 
-pub fn turn(order: DeletionOrder, m: &Machine) -> Turn {
+pub(crate) fn turn(order: DeletionOrder, m: &Machine) -> Turn {
     let priority = if m.is_deleting() {
         0
     } else if m.annotations.contains_key(DELETE_MACHINE_ANNOTATION) {

@@ -30,17 +30,17 @@ pub const GENERATED_LABEL: &str = "karpenter.cluster.x-k8s.io/generated-by";
 pub const SHAPE_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/shape";
 /// On a generated MachineDeployment: the digest of its source's Machines it was made (or last
 /// rolled out) from.
-pub const SOURCE_DIGEST_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/source-digest";
+pub(crate) const SOURCE_DIGEST_ANNOTATION: &str = "karpenter.cluster.x-k8s.io/source-digest";
 /// How long a generated group may stay at zero replicas unless the NodeClass says.
-pub const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(600);
+pub(crate) const DEFAULT_IDLE_AFTER: Duration = Duration::from_secs(600);
 const MIB: i128 = 1 << 20;
 
 /// A field of `spec.generate` that cannot be used, and why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("spec.generate.{field}: {message}")]
 pub struct FieldError {
-    pub field: String,
-    pub message: String,
+    pub(crate) field: String,
+    pub(crate) message: String,
 }
 
 fn refuse(field: impl Into<String>, message: impl Into<String>) -> FieldError {
@@ -55,7 +55,7 @@ fn refuse(field: impl Into<String>, message: impl Into<String>) -> FieldError {
 pub struct Shape {
     pub cpu: i64,
     pub memory_mib: i64,
-    pub gpus: i64,
+    pub(crate) gpus: i64,
 }
 
 impl Shape {
@@ -91,12 +91,12 @@ pub struct Valid {
     pub source: String,
     /// Each allowed shape with its price per hour.
     pub shapes: Vec<(Shape, f64)>,
-    pub zones: Vec<String>,
-    pub patches: Vec<TemplatePatch>,
+    pub(crate) zones: Vec<String>,
+    pub(crate) patches: Vec<TemplatePatch>,
     pub max_groups: usize,
     pub idle_after: Duration,
     /// `onSourceChange: Rollout`: groups keep their names and roll out.
-    pub rollout: bool,
+    pub(crate) rollout: bool,
 }
 
 /// Check `spec.generate`, naming the first field that cannot be used.
@@ -343,21 +343,21 @@ fn placeholders_in(v: &Value) -> Vec<String> {
 /// One group to serve (shape, zone) for a NodeClass: offered whether or not it exists yet.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupPlan {
-    pub nodeclass: String,
-    pub namespace: String,
+    pub(crate) nodeclass: String,
+    pub(crate) namespace: String,
     pub name: String,
     /// `namespace/name` of the source MachineDeployment.
-    pub source: String,
+    pub(crate) source: String,
     pub shape: Shape,
-    pub zone: Option<String>,
-    pub price: f64,
-    pub patches: Vec<TemplatePatch>,
+    pub(crate) zone: Option<String>,
+    pub(crate) price: f64,
+    pub(crate) patches: Vec<TemplatePatch>,
     /// The digest of the source's Machines (`MachineDeployment::spec_template_digest`).
-    pub source_digest: String,
+    pub(crate) source_digest: String,
     /// The name of the group's template copy: the group's own with `Drift` (the name changes
     /// with the source anyway), the group's and the source digest's with `Rollout` (a new copy
     /// per source, the group's name staying).
-    pub template_name: String,
+    pub(crate) template_name: String,
 }
 
 /// The groups that serve a NodeClass's shapes today, given its source.
@@ -472,7 +472,7 @@ fn inherited_label(key: &str) -> bool {
 }
 
 impl GroupPlan {
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
     }
 
@@ -504,7 +504,7 @@ impl GroupPlan {
 
     /// The generated MachineDeployment's annotations: the source's that still apply, and the
     /// shape's size, price and node labels (so scale-from-zero reads it like any other group).
-    pub fn annotations(&self, source: &MachineDeployment) -> BTreeMap<String, String> {
+    pub(crate) fn annotations(&self, source: &MachineDeployment) -> BTreeMap<String, String> {
         let mut out: BTreeMap<String, String> = source
             .annotations
             .iter()
@@ -551,7 +551,7 @@ impl GroupPlan {
     }
 
     /// The group's labels: the source's, membership, and the mark of its NodeClass.
-    pub fn labels(&self, source: &MachineDeployment) -> BTreeMap<String, String> {
+    pub(crate) fn labels(&self, source: &MachineDeployment) -> BTreeMap<String, String> {
         let mut out: BTreeMap<String, String> = source
             .labels
             .iter()
@@ -565,7 +565,7 @@ impl GroupPlan {
 
     /// The group as the catalog sees it before it exists: the source at zero replicas with
     /// this group's name, labels and annotations.
-    pub fn model(&self, source: &MachineDeployment) -> MachineDeployment {
+    pub(crate) fn model(&self, source: &MachineDeployment) -> MachineDeployment {
         let mut md = source.clone();
         md.name = self.name.clone();
         md.uid = String::new();
@@ -590,7 +590,7 @@ impl GroupPlan {
 }
 
 /// The NodeClass that generated a MachineDeployment or template, from its mark.
-pub fn generated_by(labels: &BTreeMap<String, String>) -> Option<&str> {
+pub(crate) fn generated_by(labels: &BTreeMap<String, String>) -> Option<&str> {
     labels.get(GENERATED_LABEL).map(String::as_str)
 }
 

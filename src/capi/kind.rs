@@ -18,9 +18,10 @@ pub enum ScalableKind {
 
 impl ScalableKind {
     /// Every kind, in the order they are listed and watched.
-    pub const ALL: [ScalableKind; 2] = [ScalableKind::MachineDeployment, ScalableKind::MachinePool];
+    pub(crate) const ALL: [ScalableKind; 2] =
+        [ScalableKind::MachineDeployment, ScalableKind::MachinePool];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ScalableKind::MachineDeployment => "MachineDeployment",
             ScalableKind::MachinePool => MACHINE_POOL_KIND,
@@ -28,7 +29,7 @@ impl ScalableKind {
     }
 
     /// The resource's plural, as API paths and metrics name it.
-    pub fn plural(self) -> &'static str {
+    pub(crate) fn plural(self) -> &'static str {
         match self {
             ScalableKind::MachineDeployment => "machinedeployments",
             ScalableKind::MachinePool => "machinepools",
@@ -36,7 +37,7 @@ impl ScalableKind {
     }
 
     /// The list under a Cluster's `spec.topology.workers` holding this kind's entries.
-    pub fn topology_workers(self) -> &'static str {
+    pub(crate) fn topology_workers(self) -> &'static str {
         match self {
             ScalableKind::MachineDeployment => "machineDeployments",
             ScalableKind::MachinePool => "machinePools",

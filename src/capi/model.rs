@@ -23,8 +23,8 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::api::wellknown::{
-    CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_KIND, MACHINE_POOL_KIND,
-    MACHINE_SET_KIND, POOL_NAME_LABEL,
+    DEPLOYMENT_NAME_LABEL, MACHINE_DEPLOYMENT_KIND, MACHINE_POOL_KIND, MACHINE_SET_KIND,
+    POOL_NAME_LABEL,
 };
 pub use crate::capi::json::ModelError;
 use crate::capi::json::Reader;
@@ -64,7 +64,7 @@ impl MachinePhase {
         }
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MachinePhase::Pending => "Pending",
             MachinePhase::Provisioning => "Provisioning",
@@ -148,7 +148,7 @@ fn condition_status(
 }
 
 /// Cluster API's manual remediation request, acted on by a MachineHealthCheck.
-pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
+pub(crate) const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
 
 /// Whether a MachineHealthCheck watches over the Machine: the conditions only an MHC sets, in
 /// any of the condition lists either API version carries, or the remediation request.
@@ -178,7 +178,7 @@ fn health_checked(
 }
 
 /// The failure reason we report for a v1beta2 Machine whose infrastructure went away.
-pub const INFRASTRUCTURE_DELETED: &str = "InfrastructureDeleted";
+pub(crate) const INFRASTRUCTURE_DELETED: &str = "InfrastructureDeleted";
 
 /// Cluster API v1beta2 reports a terminal infrastructure failure as `InfrastructureReady=False`
 /// with reason `Deleted` (the infrastructure machine was deleted after it existed: the provider
@@ -291,7 +291,7 @@ pub struct Machine {
     pub generation: Option<i64>,
     /// Shared: the Machines of one MachineSet carry the same labels, and the index keeps one
     /// copy of them (`state::machines`).
-    pub labels: Arc<BTreeMap<String, String>>,
+    pub(crate) labels: Arc<BTreeMap<String, String>>,
     pub annotations: BTreeMap<String, String>,
     pub creation_timestamp: Option<Timestamp>,
     pub deletion_timestamp: Option<Timestamp>,
@@ -301,7 +301,7 @@ pub struct Machine {
     pub deployment_name: Option<String>,
     /// A MachinePool Machine's pool: its controller owner of kind MachinePool, else the
     /// `cluster.x-k8s.io/pool-name` label.
-    pub pool_name: Option<String>,
+    pub(crate) pool_name: Option<String>,
     pub cluster_name: String,
     /// `spec.providerID`; an empty string is `None`.
     pub provider_id: Option<String>,
@@ -312,11 +312,11 @@ pub struct Machine {
     pub failure_message: Option<String>,
     /// The `UpToDate` condition Cluster API's MachineDeployment controller sets (False: the
     /// Machine's MachineSet is outdated, a rollout would replace it); None when not reported.
-    pub up_to_date: Option<bool>,
+    pub(crate) up_to_date: Option<bool>,
     /// A MachineHealthCheck watches over it: its `HealthCheckSucceeded` or `OwnerRemediated`
     /// condition is reported (Cluster API sets them only on Machines an MHC targets), or the
     /// `cluster.x-k8s.io/remediate-machine` annotation asks an MHC to remediate it.
-    pub health_checked: bool,
+    pub(crate) health_checked: bool,
     pub infrastructure_ref: InfrastructureRef,
     pub version: CapiVersion,
 }
@@ -389,14 +389,6 @@ impl Machine {
     pub fn provider(&self) -> Option<ProviderId> {
         self.provider_id.as_deref().and_then(ProviderId::new)
     }
-
-    /// The cluster this Machine belongs to by label, falling back to `spec.clusterName`.
-    pub fn cluster_label(&self) -> &str {
-        self.labels
-            .get(CLUSTER_NAME_LABEL)
-            .map(String::as_str)
-            .unwrap_or(&self.cluster_name)
-    }
 }
 
 /// One entry of a scalable resource's `spec.template.spec.taints` (Cluster API >= 1.12, both
@@ -404,14 +396,14 @@ impl Machine {
 /// turning it into a node taint (and merging it with the taints annotation) is
 /// `ScaleFromZero::with_template_taints`'s business.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TemplateTaint {
-    pub key: String,
+pub(crate) struct TemplateTaint {
+    pub(crate) key: String,
     /// Absent and empty are the same (Go's `omitempty`).
-    pub value: Option<String>,
-    pub effect: String,
+    pub(crate) value: Option<String>,
+    pub(crate) effect: String,
     /// `Always` or `OnInitialization`. Either way the taint is on the node when it joins, which
     /// is all a scale-from-zero node shape describes, so nothing reads it to build one.
-    pub propagation: Option<String>,
+    pub(crate) propagation: Option<String>,
 }
 
 /// `spec.template.spec.taints`, read as Cluster Autoscaler 1.36 reads it (kubernetes/autoscaler
@@ -447,15 +439,15 @@ pub(super) fn read_template_taints(r: &Reader<'_>) -> Vec<TemplateTaint> {
 /// A Cluster API MachineDeployment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MachineDeployment {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-    pub resource_version: String,
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) uid: String,
+    pub(crate) resource_version: String,
     pub generation: Option<i64>,
     pub labels: BTreeMap<String, String>,
     pub annotations: BTreeMap<String, String>,
-    pub creation_timestamp: Option<Timestamp>,
-    pub deletion_timestamp: Option<Timestamp>,
+    pub(crate) creation_timestamp: Option<Timestamp>,
+    pub(crate) deletion_timestamp: Option<Timestamp>,
     /// `spec.replicas`; absent means the API server has not defaulted it (Cluster API defaults
     /// to 1, or to the min-size annotation when autoscaling).
     pub spec_replicas: Option<i32>,
@@ -469,30 +461,30 @@ pub struct MachineDeployment {
     pub template_labels: BTreeMap<String, String>,
     pub template_annotations: BTreeMap<String, String>,
     /// `spec.template.spec.taints` (see [`read_template_taints`]).
-    pub template_taints: Vec<TemplateTaint>,
+    pub(crate) template_taints: Vec<TemplateTaint>,
     pub infrastructure_ref: InfrastructureRef,
     pub cluster_name: String,
     pub deletion_order: Option<DeletionOrder>,
     /// `OnDelete`: Cluster API replaces an outdated Machine only once someone deletes it
     /// (v1beta1 `spec.strategy.type`, v1beta2 `spec.rollout.strategy.type`; default
     /// RollingUpdate, where Cluster API replaces them itself).
-    pub on_delete: bool,
+    pub(crate) on_delete: bool,
     pub paused: bool,
     pub version: CapiVersion,
     /// MachineDeployment, or MachinePool for a pool read by `MachineDeployment::from_pool_value`.
-    pub kind: ScalableKind,
+    pub(crate) kind: ScalableKind,
     /// A MachinePool's `spec.providerIDList` (empty for a MachineDeployment).
-    pub provider_id_list: Vec<String>,
+    pub(crate) provider_id_list: Vec<String>,
     /// A MachinePool's template hash (`capi::scalable::pool_template_hash`); None for a
     /// MachineDeployment, whose Machines report `UpToDate` themselves.
-    pub template_hash: Option<String>,
+    pub(crate) template_hash: Option<String>,
     /// A digest of the whole `spec.template` as read: a generated group's name carries it, so
     /// a change of the source makes new groups (`capi::generate`).
-    pub spec_template_digest: String,
+    pub(crate) spec_template_digest: String,
 }
 
 /// 64-bit FNV-1a: stable across builds and restarts (names are found again by it).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -500,7 +492,7 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// The fields of a Machine's template whose change makes Cluster API roll a MachineDeployment's
 /// Machines out (the rest, such as drain timeouts, are propagated in place).
-pub const ROLLOUT_FIELDS: [&str; 4] =
+pub(crate) const ROLLOUT_FIELDS: [&str; 4] =
     ["version", "bootstrap", "infrastructureRef", "failureDomain"];
 
 /// A digest of what a MachineDeployment's Machines are made of: `spec.template.metadata` and
@@ -508,7 +500,7 @@ pub const ROLLOUT_FIELDS: [&str; 4] =
 /// out, so that reading the same object at v1beta1 or v1beta2 (a Cluster API upgrade) gives the
 /// same digest. A generated group's name carries its source's (`capi::generate`): a new
 /// template, bootstrap, version or node labels make new groups, and nothing else does.
-pub fn spec_template_digest(value: &Value) -> String {
+pub(crate) fn spec_template_digest(value: &Value) -> String {
     let spec = value.pointer("/spec/template/spec");
     let mut essence = serde_json::Map::new();
     for f in ROLLOUT_FIELDS {
@@ -542,7 +534,7 @@ fn without_ref_versions(v: &Value) -> Value {
 impl MachineDeployment {
     /// The provider IDs a pool's handed-back annotation lists (instances a deleted claim gave
     /// back to a pool without MachinePool Machines; see the Scaler's `instances`).
-    pub fn handed_back(&self) -> std::collections::HashSet<String> {
+    pub(crate) fn handed_back(&self) -> std::collections::HashSet<String> {
         self.annotations
             .get(crate::api::wellknown::HANDED_BACK_ANNOTATION)
             .map(|v| {
@@ -638,22 +630,22 @@ impl MachineDeployment {
 /// scale-up.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MachineSet {
-    pub name: String,
-    pub namespace: String,
-    pub uid: String,
-    pub resource_version: String,
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) uid: String,
+    pub(crate) resource_version: String,
     /// The controller owner of kind MachineDeployment, else the deployment-name label.
     pub deployment_name: Option<String>,
     pub cluster_name: String,
     pub replicas: Option<i32>,
     pub status_replicas: Option<i32>,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
-    pub deletion_timestamp: Option<Timestamp>,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
+    pub(crate) deletion_timestamp: Option<Timestamp>,
     pub version: CapiVersion,
     /// The failing preflight checks' messages while they hold a scale-up
     /// (`preflight::failing_checks`).
-    pub preflight: Option<String>,
+    pub(crate) preflight: Option<String>,
 }
 
 impl MachineSet {

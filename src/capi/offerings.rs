@@ -70,7 +70,7 @@ pub struct Catalog {
 impl Catalog {
     /// Leaves a selected group out for a reason that says nothing of what it offers: it stays
     /// selected (no drift) and is reported on the NodeClass.
-    pub fn leave_out_unknown(&mut self, md: &MachineDeployment, why: String) {
+    pub(crate) fn leave_out_unknown(&mut self, md: &MachineDeployment, why: String) {
         self.selected.insert(md.key());
         self.problems.push(format!("{}: {why}", md.scalable()));
         self.unknown.insert(md.key(), why);
@@ -78,7 +78,7 @@ impl Catalog {
 }
 
 mod generated;
-pub use generated::add_generated;
+pub(crate) use generated::add_generated;
 
 /// The price a NodeOverlay set on one offering (kept so `explain` can say where a price came
 /// from).
@@ -86,13 +86,13 @@ pub use generated::add_generated;
 pub struct PriceOverlaid {
     pub overlay: String,
     pub base_price: f64,
-    pub change: crate::api::nodeoverlay::PriceChange,
+    pub(crate) change: crate::api::nodeoverlay::PriceChange,
 }
 
 /// Why a MachineDeployment whose capacity comes from its infrastructure template is left out
 /// until the template has been read once: after a start or a failover the first catalog must
 /// not offer it half-known, nor treat it as gone.
-pub const TEMPLATE_UNREAD: &str = "its infrastructure template has not been read yet; offered \
+pub(crate) const TEMPLATE_UNREAD: &str = "its infrastructure template has not been read yet; offered \
      once it is";
 
 /// Inputs for one MachineDeployment besides the object itself.
@@ -106,7 +106,7 @@ pub struct Context<'a> {
 /// Why a MachinePool is left out until its infrastructure pool has been read and either reports
 /// a machine kind or is provisioned without one: only then is it known whether its instances can
 /// be removed by name (MachinePool Machines) or not.
-pub const POOL_UNREAD: &str = "its infrastructure pool has not been read or provisioned yet, so \
+pub(crate) const POOL_UNREAD: &str = "its infrastructure pool has not been read or provisioned yet, so \
      whether it has MachinePool Machines is not known; offered once it is";
 
 /// True for a MachinePool whose infrastructure pool is provisioned and reports no
@@ -115,7 +115,7 @@ pub const POOL_UNREAD: &str = "its infrastructure pool has not been read or prov
 /// its claims bind to provider IDs that newly appear, are never chosen for consolidation or
 /// drift, and a deleted one hands its instance back to the pool rather than lower replicas
 /// blindly (the cloud would choose which instance goes).
-pub fn scale_up_only(
+pub(crate) fn scale_up_only(
     md: &MachineDeployment,
     templates: &HashMap<String, TemplateCapacity>,
 ) -> bool {
@@ -126,12 +126,15 @@ pub fn scale_up_only(
 }
 
 /// True when a MachineDeployment is a member and the NodeClass's selector picks it.
-pub fn selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> bool {
+pub(crate) fn selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> bool {
     not_selected(md, selector).is_none()
 }
 
 /// Why a NodeClass does not select a MachineDeployment, if it does not.
-pub fn not_selected(md: &MachineDeployment, selector: Option<&LabelSelector>) -> Option<String> {
+pub(crate) fn not_selected(
+    md: &MachineDeployment,
+    selector: Option<&LabelSelector>,
+) -> Option<String> {
     if !md.labels.contains_key(MEMBER_LABEL) {
         return Some(format!("no {MEMBER_LABEL} label"));
     }
@@ -164,7 +167,7 @@ pub fn build(
 }
 
 /// The catalog of node groups already chosen (in this order).
-pub fn build_selected(sorted: &[&MachineDeployment], cx: &Context<'_>) -> Catalog {
+pub(crate) fn build_selected(sorted: &[&MachineDeployment], cx: &Context<'_>) -> Catalog {
     let mut catalog = Catalog::default();
     let mut by_type: BTreeMap<String, Vec<(Resources, CsiLimits, Offering)>> = BTreeMap::new();
     for &md in sorted {
@@ -209,7 +212,7 @@ pub fn build_selected(sorted: &[&MachineDeployment], cx: &Context<'_>) -> Catalo
 
 /// One MachineDeployment as (instance type name, capacity, offering), or why it cannot be one
 /// (membership aside: see [`not_selected`]).
-pub fn offering(
+pub(crate) fn offering(
     md: &MachineDeployment,
     cx: &Context<'_>,
 ) -> Result<(String, Resources, Offering), String> {

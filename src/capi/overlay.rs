@@ -29,7 +29,7 @@ use crate::api::resources::{Quantity, Resources};
 use crate::api::validate_nodeoverlay;
 use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND, NODEPOOL_LABEL};
 use crate::capi::offerings::Catalog;
-pub use crate::capi::offerings::PriceOverlaid;
+pub(crate) use crate::capi::offerings::PriceOverlaid;
 use crate::scheduling::Offering;
 
 /// What became of one overlay.
@@ -73,7 +73,7 @@ pub struct Pool<'a> {
 /// The NodePools that take their instance types from one of `nodeclasses` (by name, in the
 /// order of the catalogs), as [`apply`] wants them. Upstream lists every NodePool; one whose
 /// NodeClass is not ours or not there has no instance types to overlay.
-pub fn pools_of<'a>(
+pub(crate) fn pools_of<'a>(
     nodepools: impl IntoIterator<Item = &'a NodePool>,
     nodeclasses: &[&str],
 ) -> Vec<Pool<'a>> {

@@ -27,7 +27,7 @@ pub fn replicas_patch(version: CapiVersion, expected: Option<i32>, new: i32) -> 
 }
 
 /// A JSON Patch operation that fails the patch unless the object is at `resource_version`.
-pub fn resource_version_test(resource_version: &str) -> Value {
+pub(crate) fn resource_version_test(resource_version: &str) -> Value {
     json!({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})
 }
 
@@ -41,7 +41,7 @@ pub fn with_resource_version(patch: Value, resource_version: &str) -> Value {
 }
 
 /// Escapes a map key for use in a JSON Pointer (`/` -> `~1`, `~` -> `~0`).
-pub fn json_pointer_escape(key: &str) -> String {
+pub(crate) fn json_pointer_escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 

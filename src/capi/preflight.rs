@@ -19,11 +19,12 @@ use serde_json::Value;
 
 /// The v1beta1 condition's reason for a failing preflight check (also the reason the claim's
 /// `Launched` condition carries while one holds its Machine).
-pub const PREFLIGHT_CHECK_FAILED: &str = "PreflightCheckFailed";
+pub(crate) const PREFLIGHT_CHECK_FAILED: &str = "PreflightCheckFailed";
 
 /// Cluster API's annotation listing the preflight checks a MachineSet skips (`All` or names,
 /// comma-separated).
-pub const SKIP_PREFLIGHT_CHECKS_ANNOTATION: &str =
+#[cfg(feature = "simulator")]
+pub(crate) const SKIP_PREFLIGHT_CHECKS_ANNOTATION: &str =
     "machineset.cluster.x-k8s.io/skip-preflight-checks";
 
 /// The words every failing check's message (and a failure to run the checks) contains.
@@ -37,11 +38,11 @@ const MACHINES_CREATED: &str = "MachinesCreated";
 
 /// A MachineSet whose scale-up a preflight check holds: which, and Cluster API's words.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PreflightHold {
+pub(crate) struct PreflightHold {
     /// `namespace/name` of the MachineSet.
-    pub machine_set: String,
+    pub(crate) machine_set: String,
     /// The failing checks' messages, joined by "; ".
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// What holds the MachineSet `object`'s scale-up, if a preflight check does. The v1beta2
@@ -49,7 +50,7 @@ pub struct PreflightHold {
 /// reconcile, while it leaves `MachinesCreated` False until the set has all its Machines (so
 /// it still says `PreflightCheckFailed` while the Machines the passed check let through are
 /// being made). The v1beta1 condition decides only where no `ScalingUp` is reported.
-pub fn failing_checks(object: &Value) -> Option<String> {
+pub(crate) fn failing_checks(object: &Value) -> Option<String> {
     let lists = [
         "/status/conditions",
         "/status/v1beta2/conditions",

@@ -20,23 +20,23 @@ use crate::capi::model::MachineDeployment;
 use crate::scheduling::Offering;
 
 /// Each group's [`Owned`] counts, by key (`offerings::Catalog::owned`).
-pub type OwnedByGroup = BTreeMap<String, Owned>;
+pub(crate) type OwnedByGroup = BTreeMap<String, Owned>;
 /// How many claims hold or wait for a replica of each group, by key (`state::Claims::holding`).
-pub type Holding = HashMap<String, i32>;
+pub(crate) type Holding = HashMap<String, i32>;
 
 /// What a group's room is counted from besides its offering's `replicas` and `max_size`, read
 /// from the same MachineDeployment (or MachinePool) object, so the counts agree with each other.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Owned {
     /// The replicas this controller owns (`managed-replicas`).
-    pub managed: i32,
+    pub(crate) managed: i32,
     /// Instances of a pool handed back to it (see `handed_back`): a claim takes one again
     /// without raising the replicas, so each is room under max-size too.
-    pub handed_back: i32,
+    pub(crate) handed_back: i32,
 }
 
 impl Owned {
-    pub fn of(md: &MachineDeployment) -> Self {
+    pub(crate) fn of(md: &MachineDeployment) -> Self {
         Self {
             managed: managed_replicas(md),
             handed_back: i32::try_from(md.handed_back().len()).unwrap_or(i32::MAX),
@@ -55,20 +55,25 @@ pub fn managed_replicas(md: &MachineDeployment) -> i32 {
 
 /// Replicas that `holding` claims (ours, holding or waiting for a replica of the group) need
 /// beyond the `managed` ones the group's replicas already count.
-pub fn unreflected(holding: i32, managed: i32) -> i32 {
+pub(crate) fn unreflected(holding: i32, managed: i32) -> i32 {
     (holding - managed).max(0)
 }
 
 /// Whether one more claim fits: `replicas` plus what claims hold beyond them below max-size, or
 /// a handed-back instance left to take.
-pub fn has_room(replicas: i32, max_size: Option<i32>, handed_back: i32, unreflected: i32) -> bool {
+pub(crate) fn has_room(
+    replicas: i32,
+    max_size: Option<i32>,
+    handed_back: i32,
+    unreflected: i32,
+) -> bool {
     max_size.is_none_or(|max| unreflected < (max - replicas).max(0) + handed_back)
 }
 
 /// Counts the claims holding a replica of `o`'s group into it: `replicas` grows by what they
 /// hold beyond the replicas, and the offering is unavailable once no claim more fits. A group
 /// without max-size never runs out, nor one whose `owned` counts are unknown.
-pub fn count_claims(o: &mut Offering, owned: Option<&Owned>, holding: i32) {
+pub(crate) fn count_claims(o: &mut Offering, owned: Option<&Owned>, holding: i32) {
     let (Some(owned), Some(_)) = (owned, o.max_size) else {
         return;
     };
@@ -79,20 +84,20 @@ pub fn count_claims(o: &mut Offering, owned: Option<&Owned>, holding: i32) {
 }
 
 /// [`count_claims`] for `o`, its group's counts looked up by its key.
-pub fn count_claims_of(o: &mut Offering, owned: &OwnedByGroup, holding: &Holding) {
+pub(crate) fn count_claims_of(o: &mut Offering, owned: &OwnedByGroup, holding: &Holding) {
     let held = holding.get(&o.machine_deployment).copied().unwrap_or(0);
     count_claims(o, owned.get(&o.machine_deployment), held);
 }
 
 /// [`fits_one_more`] for `o`, its group's counts looked up by its key.
-pub fn fits_one_more_of(o: &Offering, owned: &OwnedByGroup, holding: &Holding) -> bool {
+pub(crate) fn fits_one_more_of(o: &Offering, owned: &OwnedByGroup, holding: &Holding) -> bool {
     let held = holding.get(&o.machine_deployment).copied().unwrap_or(0);
     fits_one_more(o, owned.get(&o.machine_deployment), held)
 }
 
 /// Whether one more claim fits `o`'s group with `holding` claims counted in ([`count_claims`]
 /// without changing the offering).
-pub fn fits_one_more(o: &Offering, owned: Option<&Owned>, holding: i32) -> bool {
+pub(crate) fn fits_one_more(o: &Offering, owned: Option<&Owned>, holding: i32) -> bool {
     let (Some(owned), Some(_)) = (owned, o.max_size) else {
         return true;
     };

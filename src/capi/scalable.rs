@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::api::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LABEL};
 use crate::capi::json::{ModelError, Reader};
-pub use crate::capi::kind::ScalableKind;
+pub(crate) use crate::capi::kind::ScalableKind;
 use crate::capi::model::{
     LabelSelector, Machine, MachineDeployment, ROLLOUT_FIELDS, dynamic_to_value,
     read_infrastructure_ref, read_meta, read_template_taints,
@@ -24,7 +24,7 @@ use crate::capi::version::CapiVersion;
 
 impl ScalableKind {
     /// Reads an object of this kind into the scalable model.
-    pub fn parser(
+    pub(crate) fn parser(
         self,
     ) -> fn(&DynamicObject, CapiVersion) -> Result<MachineDeployment, ModelError> {
         match self {
@@ -36,14 +36,14 @@ impl ScalableKind {
 
 /// One scalable resource: kind, namespace and name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ScalableRef {
-    pub kind: ScalableKind,
-    pub namespace: String,
-    pub name: String,
+pub(crate) struct ScalableRef {
+    pub(crate) kind: ScalableKind,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl ScalableRef {
-    pub fn new(kind: ScalableKind, namespace: &str, name: &str) -> Self {
+    pub(crate) fn new(kind: ScalableKind, namespace: &str, name: &str) -> Self {
         Self {
             kind,
             namespace: namespace.to_string(),
@@ -52,7 +52,7 @@ impl ScalableRef {
     }
 
     /// The key the indexes, the Scalers and the claim's annotation use (see the module doc).
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         match self.kind {
             ScalableKind::MachineDeployment => format!("{}/{}", self.namespace, self.name),
             ScalableKind::MachinePool => {
@@ -62,7 +62,7 @@ impl ScalableRef {
     }
 
     /// The reference a [`key`](Self::key) names; None when it is not one.
-    pub fn parse(key: &str) -> Option<ScalableRef> {
+    pub(crate) fn parse(key: &str) -> Option<ScalableRef> {
         let parts: Vec<&str> = key.split('/').collect();
         let (kind, ns, name) = match parts.as_slice() {
             [ns, name] => (ScalableKind::MachineDeployment, *ns, *name),
@@ -84,7 +84,7 @@ impl fmt::Display for ScalableRef {
 
 impl Machine {
     /// The MachineDeployment or MachinePool this Machine belongs to, if any.
-    pub fn scalable(&self) -> Option<ScalableRef> {
+    pub(crate) fn scalable(&self) -> Option<ScalableRef> {
         match (&self.deployment_name, &self.pool_name) {
             (Some(md), _) => Some(ScalableRef::new(
                 ScalableKind::MachineDeployment,
@@ -102,11 +102,11 @@ impl Machine {
 }
 
 impl MachineDeployment {
-    pub fn scalable(&self) -> ScalableRef {
+    pub(crate) fn scalable(&self) -> ScalableRef {
         ScalableRef::new(self.kind, &self.namespace, &self.name)
     }
 
-    pub fn is_pool(&self) -> bool {
+    pub(crate) fn is_pool(&self) -> bool {
         self.kind == ScalableKind::MachinePool
     }
 
@@ -115,7 +115,7 @@ impl MachineDeployment {
     /// provider may publish capacity as a template does), `spec.providerIDList`, and the
     /// selector of its MachinePool Machines (pool and cluster name). A pool has no rollout
     /// strategy or deletion order of its own.
-    pub fn from_pool_value(value: &Value, version: CapiVersion) -> Result<Self, ModelError> {
+    pub(crate) fn from_pool_value(value: &Value, version: CapiVersion) -> Result<Self, ModelError> {
         let r = Reader::new(MACHINE_POOL_KIND, value);
         let meta = read_meta(&r)?;
         let cluster_name = r.req_str("spec.clusterName")?;
@@ -176,7 +176,7 @@ impl MachineDeployment {
         })
     }
 
-    pub fn from_pool_dynamic(
+    pub(crate) fn from_pool_dynamic(
         object: &DynamicObject,
         version: CapiVersion,
     ) -> Result<Self, ModelError> {
@@ -187,7 +187,7 @@ impl MachineDeployment {
 /// The hash of a MachinePool's template as a rollout sees it (`ROLLOUT_FIELDS` of
 /// `spec.template.spec`): FNV-1a over their JSON with keys sorted, so it is the same whatever
 /// order the API server wrote the fields in and across releases of this controller.
-pub fn pool_template_hash(pool: &Value) -> String {
+pub(crate) fn pool_template_hash(pool: &Value) -> String {
     fields_hash(pool.pointer("/spec/template/spec"), &ROLLOUT_FIELDS)
 }
 
@@ -201,7 +201,7 @@ const INSTANCE_FIELDS: [&str; 3] = ["template", "awsLaunchTemplate", "mixedInsta
 
 /// The hash of an infrastructure machine pool's instance fields (`INSTANCE_FIELDS` of `spec`),
 /// as [`pool_template_hash`] hashes; None when it has none of them (nothing to compare).
-pub fn infrastructure_pool_hash(infra_pool: &Value) -> Option<String> {
+pub(crate) fn infrastructure_pool_hash(infra_pool: &Value) -> Option<String> {
     let spec = infra_pool.get("spec")?;
     INSTANCE_FIELDS
         .iter()

@@ -19,9 +19,9 @@ pub enum SelectorOperator {
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SelectorRequirement {
-    pub key: String,
+    pub(crate) key: String,
     pub operator: SelectorOperator,
-    pub values: Vec<String>,
+    pub(crate) values: Vec<String>,
 }
 
 /// A Kubernetes label selector (`matchLabels` and `matchExpressions`, ANDed).

@@ -45,15 +45,15 @@ pub struct TemplateCapacity {
     pub operating_system: Option<String>,
     /// An infrastructure machine pool's `status.infrastructureMachineKind`: set when the
     /// provider surfaces each instance as a Machine (MachinePool Machines).
-    pub machine_kind: Option<String>,
+    pub(crate) machine_kind: Option<String>,
     /// The object reports itself provisioned (`status.ready`, or v1beta2's
     /// `status.initialization.provisioned`): an infrastructure pool that is and reports no
     /// machine kind has no MachinePool Machines (before that, it may simply not have said yet).
-    pub provisioned: bool,
+    pub(crate) provisioned: bool,
     /// An infrastructure machine pool's instance fields, hashed
     /// (`capi::scalable::infrastructure_pool_hash`): an edit in place that replaces its
     /// instances changes it.
-    pub instance_hash: Option<String>,
+    pub(crate) instance_hash: Option<String>,
 }
 
 /// The node a MachineDeployment would make, as the scheduler sees it before it exists.
@@ -205,7 +205,7 @@ pub enum ReadError {
 
 /// The resource an infrastructure template kind is read and written through: its version
 /// discovered unless the reference pins one.
-pub async fn template_resource(
+pub(crate) async fn template_resource(
     client: &kube::Client,
     group: &str,
     pinned: Option<String>,
@@ -247,7 +247,7 @@ pub async fn read_template(
 
 /// The template capacity of every MachineDeployment that has a readable one (one-off reads for
 /// tools; the Catalog actor caches and re-reads on its own schedule).
-pub async fn read_templates(
+pub(crate) async fn read_templates(
     client: &kube::Client,
     mds: &[Arc<MachineDeployment>],
 ) -> (

@@ -23,14 +23,14 @@ pub const OWNED_LABEL: &str = "topology.cluster.x-k8s.io/owned";
 /// The `spec.topology.workers.machineDeployments[].name` a MachineDeployment was made from.
 pub const DEPLOYMENT_NAME_LABEL: &str = "topology.cluster.x-k8s.io/deployment-name";
 /// The `spec.topology.workers.machinePools[].name` a MachinePool was made from.
-pub const POOL_NAME_LABEL: &str = "topology.cluster.x-k8s.io/pool-name";
+pub(crate) const POOL_NAME_LABEL: &str = "topology.cluster.x-k8s.io/pool-name";
 
 /// One topology entry of a Cluster: its kind of node group and its name.
-pub type Entry = (ScalableKind, String);
+pub(crate) type Entry = (ScalableKind, String);
 
 /// The entries of `cluster`'s topology that set `replicas` (same path in v1beta1 and v1beta2).
 /// A Cluster without a topology has none.
-pub fn entries_with_replicas(cluster: &DynamicObject) -> BTreeSet<Entry> {
+pub(crate) fn entries_with_replicas(cluster: &DynamicObject) -> BTreeSet<Entry> {
     let workers = cluster.data.pointer("/spec/topology/workers");
     let of = |kind: ScalableKind| {
         workers
@@ -46,7 +46,7 @@ pub fn entries_with_replicas(cluster: &DynamicObject) -> BTreeSet<Entry> {
 }
 
 /// The topology entry `md` was made from, when the topology controller manages it.
-pub fn entry_of(md: &MachineDeployment) -> Option<Entry> {
+pub(crate) fn entry_of(md: &MachineDeployment) -> Option<Entry> {
     if !md.labels.contains_key(OWNED_LABEL) {
         return None;
     }
@@ -59,7 +59,7 @@ pub fn entry_of(md: &MachineDeployment) -> Option<Entry> {
 
 /// Why `md`'s replicas are not ours to write, given the entries of its Cluster that set
 /// replicas; None when they are.
-pub fn replicas_held(md: &MachineDeployment, set: &BTreeSet<Entry>) -> Option<String> {
+pub(crate) fn replicas_held(md: &MachineDeployment, set: &BTreeSet<Entry>) -> Option<String> {
     let entry = entry_of(md)?;
     if !set.contains(&entry) {
         return None;

@@ -70,7 +70,7 @@ impl CapiVersion {
 
     pub const ALL: [CapiVersion; 2] = [CapiVersion::V1Beta2, CapiVersion::V1Beta1];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CapiVersion::V1Beta1 => "v1beta1",
             CapiVersion::V1Beta2 => "v1beta2",
@@ -118,7 +118,7 @@ pub async fn discover(
 }
 
 /// The preference rule of [`discover`] on a list of served versions.
-pub fn choose_version(served: &[String]) -> Result<CapiVersion, Error> {
+pub(crate) fn choose_version(served: &[String]) -> Result<CapiVersion, Error> {
     CapiVersion::ALL
         .into_iter()
         .find(|v| served.iter().any(|s| s == v.as_str()))
@@ -148,7 +148,7 @@ pub async fn infrastructure_version(client: &kube::Client, group: &str) -> Resul
 
 /// Whether the management cluster serves MachinePools at `version` (Cluster API's MachinePool
 /// feature may be off, or its CRD not installed), as the autoscaler asks before watching them.
-pub async fn serves_machine_pools(
+pub(crate) async fn serves_machine_pools(
     client: &kube::Client,
     version: CapiVersion,
 ) -> Result<bool, Error> {
@@ -157,7 +157,10 @@ pub async fn serves_machine_pools(
 
 /// Whether the management cluster serves Clusters at `version` (Cluster API always does; a
 /// cluster with only the scalable kinds' CRDs does not).
-pub async fn serves_clusters(client: &kube::Client, version: CapiVersion) -> Result<bool, Error> {
+pub(crate) async fn serves_clusters(
+    client: &kube::Client,
+    version: CapiVersion,
+) -> Result<bool, Error> {
     serves(client, version, "clusters").await
 }
 
@@ -196,7 +199,7 @@ pub fn machine_resource(version: CapiVersion) -> ApiResource {
     capi_resource(version, "Machine", "machines")
 }
 
-pub fn machine_set_resource(version: CapiVersion) -> ApiResource {
+pub(crate) fn machine_set_resource(version: CapiVersion) -> ApiResource {
     capi_resource(version, "MachineSet", "machinesets")
 }
 
@@ -204,13 +207,17 @@ pub fn machine_deployment_resource(version: CapiVersion) -> ApiResource {
     capi_resource(version, "MachineDeployment", "machinedeployments")
 }
 
-pub fn machine_pool_resource(version: CapiVersion) -> ApiResource {
+pub(crate) fn machine_pool_resource(version: CapiVersion) -> ApiResource {
     capi_resource(version, "MachinePool", "machinepools")
 }
 
 /// An infrastructure machine template kind (e.g. `DockerMachineTemplate`); the plural is the
 /// lowercased kind plus "s", which is how every Cluster API provider names template resources.
-pub fn infrastructure_template_resource(group: &str, version: &str, kind: &str) -> ApiResource {
+pub(crate) fn infrastructure_template_resource(
+    group: &str,
+    version: &str,
+    kind: &str,
+) -> ApiResource {
     let api_version = if group.is_empty() {
         version.to_string()
     } else {

@@ -48,26 +48,26 @@ fn fraction_arg(s: &str) -> Result<f64, String> {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct FaultSpec {
     /// `errors`: fraction of requests answered 500 or 503 before anything is applied.
-    pub errors: f64,
+    pub(crate) errors: f64,
     /// `ambiguous`: fraction of writes applied and answered 500 or 504 anyway.
-    pub ambiguous: f64,
+    pub(crate) ambiguous: f64,
     /// `throttle`: fraction of requests answered 429 with `Retry-After`.
-    pub throttle: f64,
+    pub(crate) throttle: f64,
     /// `retry-after`: the wait a 429 asks for (whole seconds, at least 1 s).
-    pub retry_after: Duration,
+    pub(crate) retry_after: Duration,
     /// `conflicts`: fraction of updates and patches answered 409 Conflict.
-    pub conflicts: f64,
+    pub(crate) conflicts: f64,
     /// `latency`: added to every request.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
     /// `watch-expire`: fraction of watches resumed from a resourceVersion answered 410.
-    pub watch_expire: f64,
+    pub(crate) watch_expire: f64,
     /// `watch-cuts`: every open watch is cut this often.
-    pub watch_cuts: Option<Duration>,
+    pub(crate) watch_cuts: Option<Duration>,
 }
 
 impl FaultSpec {
     /// No fault at all (`retry-after` alone injects nothing).
-    pub fn is_none(&self) -> bool {
+    pub(crate) fn is_none(&self) -> bool {
         *self
             == Self {
                 retry_after: self.retry_after,
@@ -123,9 +123,9 @@ fn faults_arg(s: &str) -> Result<Box<FaultSpec>, String> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QuotaSpec {
     /// `cpu`: whole CPUs.
-    pub cpu: Option<u64>,
+    pub(crate) cpu: Option<u64>,
     /// `nodes`: how many nodes.
-    pub nodes: Option<u64>,
+    pub(crate) nodes: Option<u64>,
 }
 
 /// `cpu=16,nodes=4`: whole numbers, at least one of the two.
@@ -382,15 +382,15 @@ pub struct FromClusterArgs {
     /// run the controller there for --duration and report what it would do. Replaces
     /// --scenario.
     #[arg(long, value_name = "KUBECONFIG", value_parser = non_empty_path_arg)]
-    pub from_cluster: Option<PathBuf>,
+    pub(crate) from_cluster: Option<PathBuf>,
     /// With --from-cluster: the management cluster's kubeconfig, where the Cluster API objects
     /// are, when it is not the cluster --from-cluster names.
     #[arg(long = "cluster-api-kubeconfig", value_name = "KUBECONFIG", requires = "from_cluster", value_parser = non_empty_path_arg)]
-    pub from_cluster_api: Option<PathBuf>,
+    pub(crate) from_cluster_api: Option<PathBuf>,
     /// With --from-cluster: how long the controller runs on the loaded copy (e.g. 2m; 1s to
     /// 24h).
     #[arg(long, default_value = "1m", value_parser = duration_in(Duration::from_secs(1), DAY))]
-    pub duration: Duration,
+    pub(crate) duration: Duration,
 }
 
 /// `simulate --serve`: keep the simulated cluster up for kubectl and a separate controller.
@@ -419,7 +419,7 @@ pub const DEFAULT_KUBECONFIG_OUT: &str = "simulated.kubeconfig";
 
 impl ServeArgs {
     /// Where the kubeconfig goes: the flag, else the default when serving, else nowhere extra.
-    pub fn kubeconfig_out(&self) -> Option<PathBuf> {
+    pub(crate) fn kubeconfig_out(&self) -> Option<PathBuf> {
         match (&self.kubeconfig_out, self.serve) {
             (Some(p), _) => Some(p.clone()),
             (None, true) => Some(PathBuf::from(DEFAULT_KUBECONFIG_OUT)),

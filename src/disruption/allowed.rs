@@ -10,32 +10,32 @@ use crate::api::nodepool::DisruptionReason;
 /// single-node search starts.
 #[derive(Clone, Debug, Default)]
 pub struct Allowed {
-    pub budgets: HashMap<(String, DisruptionReason), usize>,
+    pub(crate) budgets: HashMap<(String, DisruptionReason), usize>,
     /// The single-node search looks at [`super::MAX_SINGLE_NODE_SIMULATIONS`] candidates a pass,
     /// starting this far into its order (the actor moves it on each pass), so candidates past
     /// the first ones are reached too when those cannot move.
-    pub rotation: usize,
+    pub(crate) rotation: usize,
     /// Per static NodePool: how many drift replacements it may launch now. Its `limits.nodes`
     /// less its claims (running, deleting and under disruption), and none while it holds more
     /// than `spec.replicas` (a scale-down finishes first), as upstream reserves them.
-    pub static_room: HashMap<String, usize>,
+    pub(crate) static_room: HashMap<String, usize>,
     /// Static NodePools, and the reasons, whose nodes go before their replacement
     /// (`TerminateFirstDrift` for `Drifted`, `TerminateFirstRepair` for `Unhealthy`, and no
     /// room under `limits.nodes`: `view::static_capacity::terminate_first`).
-    pub terminate_first: HashSet<(String, DisruptionReason)>,
+    pub(crate) terminate_first: HashSet<(String, DisruptionReason)>,
     /// The reasons whose terminate-first gate is on. A dynamic pool's node disrupted for one
     /// of them goes before its replacement when that replacement can only launch in the room
     /// the node itself holds (`super::terminate_first`).
-    pub terminate_first_gates: HashSet<DisruptionReason>,
+    pub(crate) terminate_first_gates: HashSet<DisruptionReason>,
 }
 
 impl Allowed {
     /// Whether `pool`'s nodes disrupted for `reason` go before their replacement.
-    pub fn terminates_first(&self, pool: &str, reason: DisruptionReason) -> bool {
+    pub(crate) fn terminates_first(&self, pool: &str, reason: DisruptionReason) -> bool {
         self.terminate_first.contains(&(pool.to_string(), reason))
     }
 
-    pub fn get(&self, pool: &str, reason: DisruptionReason) -> usize {
+    pub(crate) fn get(&self, pool: &str, reason: DisruptionReason) -> usize {
         self.budgets
             .get(&(pool.to_string(), reason))
             .copied()

@@ -136,12 +136,12 @@ impl fmt::Display for Blocker {
 /// Events and `explain`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hold {
-    pub blocker: Blocker,
-    pub why: String,
+    pub(crate) blocker: Blocker,
+    pub(crate) why: String,
 }
 
 impl Hold {
-    pub fn new(blocker: Blocker, why: impl Into<String>) -> Self {
+    pub(crate) fn new(blocker: Blocker, why: impl Into<String>) -> Self {
         Self {
             blocker,
             why: why.into(),
@@ -158,9 +158,9 @@ impl fmt::Display for Hold {
 /// One node a pass did not disrupt, and what stopped it first.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Blocked {
-    pub claim: String,
-    pub nodepool: String,
-    pub hold: Hold,
+    pub(crate) claim: String,
+    pub(crate) nodepool: String,
+    pub(crate) hold: Hold,
 }
 
 /// What stopped a candidate the pass did not take, in the order the methods look at it: what
@@ -168,7 +168,7 @@ pub struct Blocked {
 /// consolidation may not take it ([`Candidate::consolidation_reason`]), then the budget of the
 /// reason it would go for; a candidate nothing stopped was not reached.
 /// None for a candidate of the command.
-pub fn first_blocker(
+pub(crate) fn first_blocker(
     c: &Candidate,
     allowed: &Allowed,
     command: Option<&Command>,
@@ -229,7 +229,7 @@ pub fn first_blocker(
 }
 
 /// Holds back the candidates `held` names for this pass (a back-off), returning them as blocked.
-pub fn hold_back(
+pub(crate) fn hold_back(
     candidates: &mut Vec<Candidate>,
     held: impl Fn(&Candidate) -> Option<Hold>,
 ) -> Vec<Blocked> {
@@ -249,7 +249,7 @@ pub fn hold_back(
 }
 
 /// Keeps consolidation off the candidate this pass, saying why (the first hold wins).
-pub fn hold_consolidation(c: &mut Candidate, hold: Hold) {
+pub(crate) fn hold_consolidation(c: &mut Candidate, hold: Hold) {
     if c.consolidatable {
         c.consolidatable = false;
         c.hold = Some(hold);
@@ -258,7 +258,7 @@ pub fn hold_consolidation(c: &mut Candidate, hold: Hold) {
 
 /// Takes drift off the candidate this pass (its NodePool's drift backs off). When no other
 /// method may take it, drift would have: the back-off is what stopped it first.
-pub fn hold_drift(c: &mut Candidate, hold: Hold) {
+pub(crate) fn hold_drift(c: &mut Candidate, hold: Hold) {
     c.drift = None;
     if c.consolidation_reason().is_err() {
         c.consolidatable = false;

@@ -13,10 +13,10 @@ use crate::api::nodepool::{Budget, DisruptionReason, NodePool};
 /// neither a count nor a percentage. Validation refuses both, but one that slips through (an
 /// object written before validation, a cron the CRD's pattern lets by) must not open the pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Malformed;
+pub(crate) struct Malformed;
 
 /// How many nodes a budget allows for a pool of `nodes`, or None when it is not active now.
-pub fn budget_value(
+pub(crate) fn budget_value(
     budget: &Budget,
     nodes: usize,
     now_unix: i64,
@@ -33,7 +33,7 @@ pub fn budget_value(
 }
 
 /// `"5"` is five nodes; `"10%"` is a tenth of `nodes`, rounded up.
-pub fn nodes_value(value: &str, nodes: usize) -> Result<usize, Malformed> {
+pub(crate) fn nodes_value(value: &str, nodes: usize) -> Result<usize, Malformed> {
     let value = value.trim();
     match value.strip_suffix('%') {
         Some(pct) => match pct.parse::<u64>() {
@@ -47,7 +47,7 @@ pub fn nodes_value(value: &str, nodes: usize) -> Result<usize, Malformed> {
 /// The most restrictive active budget for `reason` (None: no budget applies, unlimited). As
 /// upstream, one malformed budget of the pool, whatever its reasons, fails the pool closed: no
 /// disruption for any reason until it is fixed.
-pub fn limit(
+pub(crate) fn limit(
     np: &NodePool,
     reason: DisruptionReason,
     nodes: usize,
@@ -67,7 +67,7 @@ pub fn limit(
 }
 
 /// How many more of the pool's nodes may start being disrupted for `reason` now.
-pub fn allowed(
+pub(crate) fn allowed(
     np: &NodePool,
     reason: DisruptionReason,
     nodes: usize,

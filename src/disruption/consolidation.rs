@@ -15,7 +15,7 @@ use crate::state::pods;
 
 /// What removing a set of candidates would take.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Their pods fit on the other nodes: delete them.
     Delete,
     /// Their pods need this one new claim, cheaper than the candidates (instance types already
@@ -27,7 +27,7 @@ pub enum Outcome {
 
 /// The snapshot with the candidates' nodes gone and their pods pending again (DaemonSet,
 /// mirror and terminal pods stay behind: they go with their node).
-pub fn without(base: &Snapshot, candidates: &[&Candidate]) -> Snapshot {
+pub(crate) fn without(base: &Snapshot, candidates: &[&Candidate]) -> Snapshot {
     let gone: HashSet<&str> = candidates.iter().map(|c| c.node.as_str()).collect();
     let mut s = base.clone();
     s.nodes.retain(|n| !gone.contains(n.name.as_str()));
@@ -56,7 +56,7 @@ pub fn without(base: &Snapshot, candidates: &[&Candidate]) -> Snapshot {
 
 /// A pod that must find a new home when its node goes (upstream's `IsReschedulable`: a
 /// terminating pod does not, unless a StatefulSet owns it).
-pub fn reschedulable(p: &Pod) -> bool {
+pub(crate) fn reschedulable(p: &Pod) -> bool {
     pods::is_reschedulable(p)
 }
 
@@ -75,7 +75,10 @@ fn pending(bound: &Pod) -> Pod {
 /// startup taints) counts as not scheduled, with the reason. Upstream refuses such plans: the
 /// pods must have somewhere to go the moment their node is gone, and capacity still launching
 /// may never come (a launch or registration that times out would leave them pending).
-pub fn simulate(snapshot: &Snapshot, moved: &HashSet<&str>) -> (scheduling::Results, Vec<String>) {
+pub(crate) fn simulate(
+    snapshot: &Snapshot,
+    moved: &HashSet<&str>,
+) -> (scheduling::Results, Vec<String>) {
     let results = scheduling::solve(snapshot);
     let mut refused = Vec::new();
     for (pod, why) in &results.failures {
@@ -99,7 +102,7 @@ pub fn simulate(snapshot: &Snapshot, moved: &HashSet<&str>) -> (scheduling::Resu
 }
 
 /// Simulate removing `candidates` and judge the result by consolidation's rules.
-pub fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
+pub(crate) fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
     let moved: HashSet<&str> = candidates
         .iter()
         .flat_map(|c| c.pods.iter().map(String::as_str))
@@ -163,7 +166,7 @@ fn a_cheaper_type_holds(
 /// `snapshot` (the cluster without some candidates) with only the moved pods pending and no
 /// room on the existing nodes, which stay for their labels (topology domains): what the moved
 /// pods need on new claims of their own.
-pub fn own_room(snapshot: &Snapshot, moved: &HashSet<&str>) -> Snapshot {
+pub(crate) fn own_room(snapshot: &Snapshot, moved: &HashSet<&str>) -> Snapshot {
     let mut s = snapshot.clone();
     for n in &mut s.nodes {
         n.requested = n.allocatable.clone();
@@ -179,7 +182,7 @@ pub fn own_room(snapshot: &Snapshot, moved: &HashSet<&str>) -> Snapshot {
 /// scheduler bound them first and the candidates' pods found none when their drain came, and
 /// the provisioner launched for them. Pods that fit no existing node now are the provisioner's
 /// either way; pods of leaving nodes and CapacityBuffer placeholders are judged on their own.
-pub fn keep_room_of_pods_about_to_bind(snapshot: &mut Snapshot) {
+pub(crate) fn keep_room_of_pods_about_to_bind(snapshot: &mut Snapshot) {
     let pending: HashSet<String> = snapshot
         .pods
         .iter()
@@ -204,7 +207,7 @@ pub fn keep_room_of_pods_about_to_bind(snapshot: &mut Snapshot) {
 /// marks them). kube-scheduler puts them on the least allocated nodes, cutting up the gaps a
 /// decision made now would pack the moved pods into; its validation then solves the cluster as
 /// they left it and drops it.
-pub fn pods_on_their_way(snapshot: &Snapshot, not_draining_yet: &HashSet<String>) -> usize {
+pub(crate) fn pods_on_their_way(snapshot: &Snapshot, not_draining_yet: &HashSet<String>) -> usize {
     let draining = snapshot
         .displaced
         .iter()
@@ -216,7 +219,7 @@ pub fn pods_on_their_way(snapshot: &Snapshot, not_draining_yet: &HashSet<String>
 /// While pods are on their way ([`pods_on_their_way`]) and `may_wait`, the candidates with pods
 /// are not consolidated this pass: decided now, a move counts on gaps those pods are about to
 /// cut up. Empty nodes and drift go on. Returns the pods on their way and the candidates held.
-pub fn wait_for_pods_on_their_way(
+pub(crate) fn wait_for_pods_on_their_way(
     snapshot: &Snapshot,
     candidates: &mut [Candidate],
     not_draining_yet: &HashSet<String>,

@@ -28,8 +28,10 @@ use crate::api::wellknown::{
     WELL_KNOWN_LABELS,
 };
 
+// The variants are upstream's drift reasons, by name.
+#[allow(clippy::enum_variant_names)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drift {
+pub(crate) enum Drift {
     NodePoolDrifted,
     RequirementsDrifted,
     NodeClassDrifted,
@@ -38,7 +40,7 @@ pub enum Drift {
 
 impl Drift {
     /// The `Drifted` condition's reason, as upstream spells its own.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Drift::NodePoolDrifted => "NodePoolDrifted",
             Drift::RequirementsDrifted => "RequirementsDrifted",
@@ -47,7 +49,7 @@ impl Drift {
         }
     }
 
-    pub fn message(self) -> &'static str {
+    pub(crate) fn message(self) -> &'static str {
         match self {
             Drift::NodePoolDrifted => "the NodePool's template changed since the claim was created",
             Drift::RequirementsDrifted => {
@@ -65,18 +67,18 @@ impl Drift {
 
 /// What drift looks at besides the claim and its pool.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Provider {
+pub(crate) struct Provider {
     /// The claim's MachineDeployment still exists and is selected by the claim's NodeClass,
     /// whether or not the catalog could read what it offers. None when the catalog cannot tell
     /// yet (not built, NodeClass not ready): no verdict then.
-    pub selected: Option<bool>,
+    pub(crate) selected: Option<bool>,
     /// The Machine's `UpToDate` condition, or on a pool whether its template is the one the
     /// claim was bound under (None: not reported, not recorded).
-    pub machine_up_to_date: Option<bool>,
+    pub(crate) machine_up_to_date: Option<bool>,
 }
 
 /// Why the claim drifted, first reason first; None when it has not.
-pub fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> Option<Drift> {
+pub(crate) fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> Option<Drift> {
     if hash_drifted(claim, np) {
         return Some(Drift::NodePoolDrifted);
     }
@@ -95,7 +97,7 @@ pub fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> Option<D
 /// The claim's stamp is not today's and must be replaced (no drift): another hash version
 /// (upstream's rule when its hash function changes), or the hash earlier releases of this
 /// controller stamped under the same version while the NodePool has not changed since.
-pub fn needs_restamp(claim: &NodeClaim, np: &NodePool) -> bool {
+pub(crate) fn needs_restamp(claim: &NodeClaim, np: &NodePool) -> bool {
     let (hash, version) = stamp(claim);
     match (hash, version) {
         (_, Some(v)) if v != NODEPOOL_HASH_VERSION => true,

@@ -19,22 +19,22 @@ struct Entry {
 
 /// A window a failure armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Armed {
+pub(crate) struct Armed {
     /// Failed windows in a row, this one included (1 for the first).
-    pub level: u32,
-    pub window: Duration,
+    pub(crate) level: u32,
+    pub(crate) window: Duration,
 }
 
 /// Every pool's drift back-off.
 #[derive(Debug)]
-pub struct DriftBackoff {
+pub(crate) struct DriftBackoff {
     base: Duration,
     cap: Duration,
     pools: HashMap<String, Entry>,
 }
 
 impl DriftBackoff {
-    pub fn new(base: Duration, cap: Duration) -> Self {
+    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
         Self {
             base,
             cap,
@@ -46,21 +46,21 @@ impl DriftBackoff {
     /// Without jitter, unlike upstream's: one disruption loop decides for every pool, so pools
     /// coming back together make no burst of requests, and the window an operator reads in the
     /// Event is the one that holds.
-    pub fn window(&self, level: u32) -> Duration {
+    pub(crate) fn window(&self, level: u32) -> Duration {
         // Past 2^20 the cap has long won; the shift never overflows.
         let factor = 1u32 << level.saturating_sub(1).min(20);
         self.base.saturating_mul(factor).min(self.cap)
     }
 
     /// Whether the pool's drift waits now.
-    pub fn backed_off(&self, pool: &str, now: Instant) -> bool {
+    pub(crate) fn backed_off(&self, pool: &str, now: Instant) -> bool {
         self.pools.get(pool).is_some_and(|e| now < e.until)
     }
 
     /// A drift replacement of the pool failed. Within a window this changes nothing (the
     /// failures of one burst count once, so the level counts failed windows, not attempts);
     /// otherwise the next window starts and is returned.
-    pub fn fail(&mut self, pool: &str, now: Instant) -> Option<Armed> {
+    pub(crate) fn fail(&mut self, pool: &str, now: Instant) -> Option<Armed> {
         if self.backed_off(pool, now) {
             return None;
         }
@@ -80,12 +80,12 @@ impl DriftBackoff {
 
     /// A drift replacement of the pool initialized: it drifts as any other again. True when it
     /// had backed off.
-    pub fn reset(&mut self, pool: &str) -> bool {
+    pub(crate) fn reset(&mut self, pool: &str) -> bool {
         self.pools.remove(pool).is_some()
     }
 
     /// Pools that are gone keep no back-off.
-    pub fn retain(&mut self, exists: impl Fn(&str) -> bool) {
+    pub(crate) fn retain(&mut self, exists: impl Fn(&str) -> bool) {
         self.pools.retain(|pool, _| exists(pool));
     }
 

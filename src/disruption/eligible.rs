@@ -9,7 +9,7 @@ use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use super::{Blocker, Candidate, Hold};
 
 /// The voluntary reasons, in the order the pass's methods try them.
-pub const REASONS: [DisruptionReason; 4] = [
+pub(crate) const REASONS: [DisruptionReason; 4] = [
     DisruptionReason::Unhealthy,
     DisruptionReason::Empty,
     DisruptionReason::Drifted,
@@ -20,7 +20,7 @@ impl Candidate {
     /// No pod would move if it went: emptiness's node, not consolidation's. Upstream's
     /// `Candidate.IsEmpty`, counted here by the pods that must move (the view leaves out
     /// DaemonSet, mirror and terminal pods).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }
 
@@ -33,7 +33,7 @@ impl Candidate {
     /// under any policy and the `Empty` budget, never multi- or single-node consolidation's
     /// ("Empty nodes are handled by Emptiness for correct budget accounting"); a node with pods
     /// is consolidation's unless its pool consolidates `WhenEmpty`.
-    pub fn consolidation_reason(&self) -> Result<DisruptionReason, Hold> {
+    pub(crate) fn consolidation_reason(&self) -> Result<DisruptionReason, Hold> {
         if self.static_pool {
             let why = format!(
                 "NodePool {} is static: only drift replaces its nodes",
@@ -65,7 +65,7 @@ impl Candidate {
     /// Whether a method of the pass may take the candidate for `reason` (its budget aside):
     /// repair when it is due, drift when it drifted, emptiness and consolidation as
     /// [`Candidate::consolidation_reason`] says.
-    pub fn eligible_for(&self, reason: DisruptionReason) -> bool {
+    pub(crate) fn eligible_for(&self, reason: DisruptionReason) -> bool {
         match reason {
             DisruptionReason::Unhealthy => self.repair.is_some(),
             DisruptionReason::Drifted => self.drift.is_some(),
@@ -76,7 +76,7 @@ impl Candidate {
     }
 
     /// Every reason the candidate is eligible for, in the methods' order.
-    pub fn eligible_reasons(&self) -> impl Iterator<Item = DisruptionReason> + '_ {
+    pub(crate) fn eligible_reasons(&self) -> impl Iterator<Item = DisruptionReason> + '_ {
         REASONS.into_iter().filter(|r| self.eligible_for(*r))
     }
 }
@@ -84,7 +84,7 @@ impl Candidate {
 /// Keeps consolidation that moves pods off the candidates it would take this pass, saying why;
 /// empty nodes, drift and repair go on (a pause after an overshoot, pods on their way).
 /// Returns how many were held.
-pub fn hold_underutilized(candidates: &mut [Candidate], hold: &Hold) -> usize {
+pub(crate) fn hold_underutilized(candidates: &mut [Candidate], hold: &Hold) -> usize {
     candidates
         .iter_mut()
         .filter(|c| c.eligible_for(DisruptionReason::Underutilized))

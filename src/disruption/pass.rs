@@ -9,7 +9,7 @@ use crate::scheduling::Snapshot;
 
 /// The decision over `candidates`, after consolidation of nodes with pods has been held while
 /// pods are on their way (`may_settle`); also the number of those pods.
-pub fn settle_and_decide(
+pub(crate) fn settle_and_decide(
     snapshot: &Snapshot,
     mut candidates: Vec<Candidate>,
     allowed: &Allowed,
@@ -37,7 +37,7 @@ pub fn settle_and_decide(
 
 /// The blockers of the candidates when no decision ran this pass: nothing was decidable, or
 /// `command` (a validated one) goes on.
-pub fn blocked_besides(
+pub(crate) fn blocked_besides(
     candidates: &[Candidate],
     allowed: &Allowed,
     command: Option<&Command>,
@@ -56,7 +56,7 @@ pub fn blocked_besides(
 
 /// A pending command dropped at its validation: each of its candidates that the new decision
 /// did not take again is blocked by the change (`validation_churn`).
-pub fn churned(pending: &Command, why: &str, decision: &mut Decision) {
+pub(crate) fn churned(pending: &Command, why: &str, decision: &mut Decision) {
     let taken = |claim: &str| {
         decision
             .command

@@ -17,7 +17,7 @@ use crate::api::wellknown::DISRUPTION_PAUSED_ANNOTATION;
 
 /// What pauses a NodePool's voluntary disruption.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Pause {
+pub(crate) enum Pause {
     /// `--disruption-paused` (`DISRUPTION_PAUSED`): every NodePool.
     Setting,
     /// The NodePool's own annotation.
@@ -30,7 +30,7 @@ pub enum Pause {
 
 impl Pause {
     /// The condition's reason.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             Pause::Setting => "Setting",
             Pause::Annotation => "Annotation",
@@ -39,7 +39,7 @@ impl Pause {
     }
 
     /// Why, in words: the condition's message and the reason a held candidate gives.
-    pub fn message(&self) -> String {
+    pub(crate) fn message(&self) -> String {
         match self {
             Pause::Setting => {
                 "voluntary disruption is paused for every NodePool (--disruption-paused)".into()
@@ -56,7 +56,7 @@ impl Pause {
 
 /// Whether the NodePool carries the pause annotation, set to "true" (any case), as
 /// `karpenter.sh/do-not-disrupt` is read. Any other value pauses nothing.
-pub fn annotated(np: &NodePool) -> bool {
+pub(crate) fn annotated(np: &NodePool) -> bool {
     np.annotations()
         .get(DISRUPTION_PAUSED_ANNOTATION)
         .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
@@ -65,7 +65,7 @@ pub fn annotated(np: &NodePool) -> bool {
 /// What an operator's switch pauses for this pool, if anything: the setting first (it covers
 /// every pool), then the pool's annotation. Cluster API's pause is read per node group by the
 /// disruption pass, so it is not here.
-pub fn paused(setting: bool, np: &NodePool) -> Option<Pause> {
+pub(crate) fn paused(setting: bool, np: &NodePool) -> Option<Pause> {
     if setting {
         Some(Pause::Setting)
     } else if annotated(np) {
@@ -78,7 +78,7 @@ pub fn paused(setting: bool, np: &NodePool) -> Option<Pause> {
 /// The NodePool's `DisruptionPaused` condition: True with the pause's reason while one holds;
 /// False (`NotPaused`) once a pause ended. None for a pool that never was paused (`had` is
 /// false): every NodePool need not get a condition that says nothing.
-pub fn condition(
+pub(crate) fn condition(
     pause: Option<&Pause>,
     had: bool,
 ) -> Option<(ConditionStatus, &'static str, String)> {
@@ -95,13 +95,13 @@ pub fn condition(
 
 /// A pause starting or ending, for the Event and the log line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     Started,
     Ended,
 }
 
 /// Whether the condition's status moved between `was` (None: no condition) and `now`.
-pub fn transition(was: Option<bool>, now: bool) -> Option<Transition> {
+pub(crate) fn transition(was: Option<bool>, now: bool) -> Option<Transition> {
     match (was.unwrap_or(false), now) {
         (false, true) => Some(Transition::Started),
         (true, false) => Some(Transition::Ended),

@@ -15,26 +15,26 @@ use crate::api::nodepool::DisruptionReason;
 use crate::scheduling::Snapshot;
 
 /// Upstream's aging constant: a node this far past its toleration scores one more.
-pub const AGING: Duration = Duration::from_secs(30 * 60);
+pub(crate) const AGING: Duration = Duration::from_secs(30 * 60);
 
 /// Why a candidate is due for repair.
 #[derive(Clone, Debug, PartialEq)]
-pub struct RepairVerdict {
+pub(crate) struct RepairVerdict {
     /// The condition, as upstream's `condition` label writes it (`ready`).
-    pub condition: String,
+    pub(crate) condition: String,
     /// Upstream's score: the dense rank of its policy's priority plus the time past the
     /// toleration over [`AGING`]. The highest goes first.
-    pub score: f64,
+    pub(crate) score: f64,
     /// How long the drain may take (zero: forceful).
-    pub termination_grace_period: Duration,
+    pub(crate) termination_grace_period: Duration,
     /// `Node x has been Ready=False since …` (for the Event).
-    pub why: String,
+    pub(crate) why: String,
 }
 
 /// The score of a node `overdue` past the toleration of a policy of priority rank `rank`: a
 /// more urgent diagnosis goes first, and one waiting [`AGING`] longer climbs a rank, so a
 /// flood of low-priority repairs cannot starve a real fault for long, nor a fault the floods.
-pub fn score(rank: usize, overdue: Duration) -> f64 {
+pub(crate) fn score(rank: usize, overdue: Duration) -> f64 {
     rank as f64 + overdue.as_secs_f64() / AGING.as_secs_f64()
 }
 

@@ -13,7 +13,7 @@ use crate::scheduling::Snapshot;
 /// empty, as upstream's emptiness validator filters rather than refuses: a node a moved pod
 /// landed on meanwhile stays, the others go. Returns the command refreshed with today's
 /// candidates and replacements, or why it no longer holds.
-pub fn revalidate(
+pub(crate) fn revalidate(
     snapshot: &Snapshot,
     candidates: &[Candidate],
     allowed: &Allowed,

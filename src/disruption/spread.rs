@@ -82,7 +82,7 @@ impl Room<'_> {
 /// a moved pod could each count on the same gap, and the one that came back second found none.
 /// A leaving node's pod that finds no room even without the moved pods (its room is a
 /// replacement still launching) is not this move's doing.
-pub fn stranded(
+pub(crate) fn stranded(
     snapshot: &Snapshot,
     moved: &HashSet<&str>,
     replacement: Option<&NewClaim>,

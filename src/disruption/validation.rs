@@ -11,14 +11,14 @@ use super::{Command, Method};
 
 /// A decision waiting for its validation.
 #[derive(Clone, Debug)]
-pub struct Pending {
-    pub command: Command,
-    pub since: Instant,
+pub(crate) struct Pending {
+    pub(crate) command: Command,
+    pub(crate) since: Instant,
 }
 
 /// What a pass does about the pending decision.
 #[derive(Debug, PartialEq)]
-pub enum Stage {
+pub(crate) enum Stage {
     /// Nothing pending: decide.
     Decide,
     /// A decision waits this much longer: decide nothing.
@@ -27,7 +27,7 @@ pub enum Stage {
     Validate(Command),
 }
 
-pub fn stage(pending: Option<&Pending>, now: Instant, period: Duration) -> Stage {
+pub(crate) fn stage(pending: Option<&Pending>, now: Instant, period: Duration) -> Stage {
     match pending {
         None => Stage::Decide,
         Some(p) => match period.checked_sub(now.saturating_duration_since(p.since)) {
@@ -39,7 +39,7 @@ pub fn stage(pending: Option<&Pending>, now: Instant, period: Duration) -> Stage
 
 /// What follows from a pass's decision.
 #[derive(Debug, PartialEq)]
-pub enum Next {
+pub(crate) enum Next {
     Execute(Command),
     /// A decision waits for its validation, `left` from now; `new` when its clock just started.
     Validating {
@@ -51,7 +51,7 @@ pub enum Next {
 
 /// Fold a pass's decision (`validated` when it is the pending one that passed its validation)
 /// into the pending one.
-pub fn settle(
+pub(crate) fn settle(
     pending: &mut Option<Pending>,
     decided: Option<(Command, bool)>,
     now: Instant,

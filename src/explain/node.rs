@@ -23,64 +23,64 @@ use crate::disruption::{self, Blocker, Candidate, Decision, Hold, Outcome, conso
 use crate::view::disruption::{self as view, Memory, View};
 
 #[derive(Debug, Serialize)]
-pub struct NodeReport {
-    pub node: String,
-    pub nodeclaim: Option<String>,
-    pub nodepool: Option<String>,
-    pub instance_type: Option<String>,
+pub(crate) struct NodeReport {
+    pub(crate) node: String,
+    pub(crate) nodeclaim: Option<String>,
+    pub(crate) nodepool: Option<String>,
+    pub(crate) instance_type: Option<String>,
     /// Its hourly price, as its pool pays it.
-    pub price: Option<f64>,
+    pub(crate) price: Option<f64>,
     /// The pass would disrupt it now: the method and decision (`Drift (replace)`).
-    pub disrupted_by: Option<String>,
+    pub(crate) disrupted_by: Option<String>,
     /// The first thing that stops its disruption now (a `karpenter_voluntary_disruption_blocked_nodes` label).
-    pub blocker: Option<String>,
-    pub why: Option<String>,
+    pub(crate) blocker: Option<String>,
+    pub(crate) why: Option<String>,
     /// `--remove`: what if it went now.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub remove: Option<Removal>,
+    pub(crate) remove: Option<Removal>,
 }
 
 /// What removing the node now would take, as single-node consolidation simulates it.
 #[derive(Debug, Serialize)]
-pub struct Removal {
+pub(crate) struct Removal {
     /// `delete` (its pods fit elsewhere), `replace` (one cheaper claim) or `no`.
-    pub verdict: String,
+    pub(crate) verdict: String,
     /// Why not, when the verdict is `no`.
-    pub blocker: Option<String>,
-    pub why: Option<String>,
-    pub destinations: Vec<Destination>,
-    pub replacement: Option<Replacement>,
+    pub(crate) blocker: Option<String>,
+    pub(crate) why: Option<String>,
+    pub(crate) destinations: Vec<Destination>,
+    pub(crate) replacement: Option<Replacement>,
     /// Its price less the replacement's (0 when the verdict is `no`).
-    pub savings_per_hour: f64,
+    pub(crate) savings_per_hour: f64,
     /// What would stop it even so: its budget, a PodDisruptionBudget, do-not-disrupt, and
     /// anything else that holds it now.
-    pub stopped_by: Vec<Stop>,
+    pub(crate) stopped_by: Vec<Stop>,
 }
 
 /// Where one of its pods would go.
 #[derive(Debug, Serialize)]
-pub struct Destination {
-    pub pod: String,
+pub(crate) struct Destination {
+    pub(crate) pod: String,
     /// An existing node.
-    pub node: Option<String>,
+    pub(crate) node: Option<String>,
     /// A new claim of this NodePool.
-    pub new_claim: Option<String>,
+    pub(crate) new_claim: Option<String>,
     /// Why it would find no place.
-    pub unschedulable: Option<String>,
+    pub(crate) unschedulable: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Replacement {
-    pub nodepool: String,
+pub(crate) struct Replacement {
+    pub(crate) nodepool: String,
     /// The instance types it could launch (only the cheaper ones), cheapest first.
-    pub instance_types: Vec<String>,
-    pub price: f64,
+    pub(crate) instance_types: Vec<String>,
+    pub(crate) price: f64,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Stop {
-    pub blocker: String,
-    pub why: String,
+pub(crate) struct Stop {
+    pub(crate) blocker: String,
+    pub(crate) why: String,
 }
 
 impl Stop {
@@ -92,7 +92,7 @@ impl Stop {
     }
 }
 
-pub fn explain(cluster: &Cluster, name: &str, remove: bool) -> Result<NodeReport, Error> {
+pub(crate) fn explain(cluster: &Cluster, name: &str, remove: bool) -> Result<NodeReport, Error> {
     if cluster.state.nodes.read().compact(name).is_none() {
         return Err(Error::NotFound {
             kind: "Node",

@@ -21,51 +21,51 @@ use crate::state::claims::{provider_id, recorded_deployment, recorded_machine};
 use crate::view::disruption::{self as view, Memory};
 
 #[derive(Debug, Serialize)]
-pub struct NodeClaimReport {
-    pub nodeclaim: String,
-    pub nodepool: Option<String>,
-    pub nodeclass: String,
+pub(crate) struct NodeClaimReport {
+    pub(crate) nodeclaim: String,
+    pub(crate) nodepool: Option<String>,
+    pub(crate) nodeclass: String,
     /// `Deleting`, `Initialized`, `Registered`, `Launched` or `Launching`.
-    pub phase: String,
-    pub created: Option<String>,
-    pub machine_deployment: Option<String>,
-    pub machine: Option<String>,
-    pub provider_id: Option<String>,
-    pub node: Option<String>,
+    pub(crate) phase: String,
+    pub(crate) created: Option<String>,
+    pub(crate) machine_deployment: Option<String>,
+    pub(crate) machine: Option<String>,
+    pub(crate) provider_id: Option<String>,
+    pub(crate) node: Option<String>,
     /// What it waits for; `None` once initialized.
-    pub waiting_for: Option<String>,
+    pub(crate) waiting_for: Option<String>,
     /// Since when it has waited for that (RFC 3339).
-    pub since: Option<String>,
-    pub deadline: Option<Deadline>,
-    pub disruption: Disruption,
+    pub(crate) since: Option<String>,
+    pub(crate) deadline: Option<Deadline>,
+    pub(crate) disruption: Disruption,
 }
 
 /// The timeout that ends the current wait.
 #[derive(Debug, Serialize)]
-pub struct Deadline {
+pub(crate) struct Deadline {
     /// `create`, `registration` or `launch`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// The timeout, Go-style (`5m`).
-    pub timeout: String,
+    pub(crate) timeout: String,
     /// Where the timeout comes from (`--create-timeout`, `ClusterAPINodeClass x spec.createTimeout`).
-    pub source: String,
+    pub(crate) source: String,
     /// When it passes (RFC 3339).
-    pub at: String,
-    pub passed: bool,
+    pub(crate) at: String,
+    pub(crate) passed: bool,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Disruption {
-    pub candidate: bool,
+pub(crate) struct Disruption {
+    pub(crate) candidate: bool,
     /// Why not, when it is not.
-    pub reason: Option<String>,
-    pub drift: Option<String>,
-    pub consolidatable: Option<bool>,
+    pub(crate) reason: Option<String>,
+    pub(crate) drift: Option<String>,
+    pub(crate) consolidatable: Option<bool>,
     /// Disruption reasons it is eligible for whose NodePool budget allows none now.
-    pub budget_blocked: Vec<String>,
+    pub(crate) budget_blocked: Vec<String>,
 }
 
-pub fn explain(cluster: &Cluster, name: &str) -> Result<NodeClaimReport, Error> {
+pub(crate) fn explain(cluster: &Cluster, name: &str) -> Result<NodeClaimReport, Error> {
     let st = &cluster.state;
     let claim = st.claims.read().get(name).ok_or(Error::NotFound {
         kind: "NodeClaim",

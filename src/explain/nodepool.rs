@@ -20,49 +20,49 @@ use crate::view::catalog::declared_taints;
 use crate::view::usage::usage_by_pool;
 
 #[derive(Debug, Serialize)]
-pub struct NodePoolReport {
-    pub nodepool: String,
-    pub nodeclass: String,
+pub(crate) struct NodePoolReport {
+    pub(crate) nodepool: String,
+    pub(crate) nodeclass: String,
     /// Whether the NodeClass resolves to at least one offering.
-    pub nodeclass_ready: bool,
+    pub(crate) nodeclass_ready: bool,
     /// Why not, when it does not.
-    pub nodeclass_problem: Option<String>,
+    pub(crate) nodeclass_problem: Option<String>,
     /// Offerings the NodePool can launch from (unavailable ones included, marked).
-    pub offerings: Vec<OfferingView>,
+    pub(crate) offerings: Vec<OfferingView>,
     /// Instance types with at least one available usable offering.
-    pub instance_types: Vec<String>,
-    pub left_out: Vec<LeftOut>,
+    pub(crate) instance_types: Vec<String>,
+    pub(crate) left_out: Vec<LeftOut>,
     /// Per limited resource (and `nodes`): (used, limit).
-    pub usage: BTreeMap<String, Usage>,
+    pub(crate) usage: BTreeMap<String, Usage>,
     /// Instances deleted claims handed back to pools without MachinePool Machines, still
     /// running (paid for) until the next claim on the pool takes one or the pool shrinks.
-    pub handed_back: Vec<HandedBack>,
+    pub(crate) handed_back: Vec<HandedBack>,
     /// Things the read could not see or check.
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// A MachineDeployment or an offering the NodePool cannot use.
 #[derive(Debug, Serialize)]
-pub struct LeftOut {
-    pub machine_deployment: String,
-    pub reason: String,
+pub(crate) struct LeftOut {
+    pub(crate) machine_deployment: String,
+    pub(crate) reason: String,
 }
 
 /// A pool's handed-back instances, at the pool's price each.
 #[derive(Debug, Serialize)]
-pub struct HandedBack {
-    pub machine_deployment: String,
-    pub instances: Vec<String>,
-    pub price_each: f64,
+pub(crate) struct HandedBack {
+    pub(crate) machine_deployment: String,
+    pub(crate) instances: Vec<String>,
+    pub(crate) price_each: f64,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Usage {
-    pub used: String,
-    pub limit: Option<String>,
+pub(crate) struct Usage {
+    pub(crate) used: String,
+    pub(crate) limit: Option<String>,
 }
 
-pub fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
+pub(crate) fn explain(cluster: &Cluster, name: &str) -> Result<NodePoolReport, Error> {
     let np = cluster
         .state
         .nodepools

@@ -21,55 +21,55 @@ use crate::state::pods;
 use crate::view::catalog::{Fit, declared_taints, rank};
 
 #[derive(Debug, Serialize)]
-pub struct PodReport {
-    pub pod: String,
+pub(crate) struct PodReport {
+    pub(crate) pod: String,
     /// `Running`, `Pending`...
-    pub phase: String,
+    pub(crate) phase: String,
     /// Set when the pod is bound.
-    pub placed: Option<Placement>,
+    pub(crate) placed: Option<Placement>,
     /// Set when it is not.
-    pub pending: Option<Pending>,
+    pub(crate) pending: Option<Pending>,
 }
 
 /// A bound pod's node, claim and offering.
 #[derive(Debug, Serialize)]
-pub struct Placement {
-    pub node: String,
-    pub nodeclaim: Option<String>,
-    pub nodepool: Option<String>,
-    pub instance_type: Option<String>,
-    pub machine_deployment: Option<String>,
+pub(crate) struct Placement {
+    pub(crate) node: String,
+    pub(crate) nodeclaim: Option<String>,
+    pub(crate) nodepool: Option<String>,
+    pub(crate) instance_type: Option<String>,
+    pub(crate) machine_deployment: Option<String>,
     /// Why that offering: the rule the launch used.
-    pub reason: String,
+    pub(crate) reason: String,
     /// Every offering of its NodeClass as the launch judges it, eligible ones first in the
     /// launch's order of preference; `chosen` marks the one it launched from.
-    pub offerings: Vec<Considered>,
+    pub(crate) offerings: Vec<Considered>,
 }
 
 #[derive(Debug, Serialize)]
-pub struct Considered {
+pub(crate) struct Considered {
     #[serde(flatten)]
-    pub offering: OfferingView,
+    pub(crate) offering: OfferingView,
     /// How the launch's rule judges it now (`eligible`, `too-small`, `incompatible`,
     /// `unavailable`).
-    pub fit: Fit,
-    pub chosen: bool,
+    pub(crate) fit: Fit,
+    pub(crate) chosen: bool,
 }
 
 /// A pod with no node.
 #[derive(Debug, Serialize)]
-pub struct Pending {
+pub(crate) struct Pending {
     /// Karpenter only packs pods the kube-scheduler marked Unschedulable.
-    pub provisionable: bool,
-    pub note: Option<String>,
+    pub(crate) provisionable: bool,
+    pub(crate) note: Option<String>,
     /// What the next solve (all pending pods, as the provisioner batches them) does with it.
-    pub outcome: Outcome,
-    pub nodepools: Vec<PoolVerdict>,
+    pub(crate) outcome: Outcome,
+    pub(crate) nodepools: Vec<PoolVerdict>,
 }
 
 #[derive(Debug, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// It fits on an existing node or an in-flight claim.
     ExistingNode {
         node: String,
@@ -85,7 +85,7 @@ pub enum Outcome {
     },
 }
 
-pub fn explain(cluster: &Cluster, target: &str) -> Result<PodReport, Error> {
+pub(crate) fn explain(cluster: &Cluster, target: &str) -> Result<PodReport, Error> {
     let (ns, name) = target
         .split_once('/')
         .ok_or_else(|| Error::BadArgument(format!("{target:?} is not NAMESPACE/NAME")))?;

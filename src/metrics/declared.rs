@@ -14,7 +14,7 @@ use super::{
 /// The disruption methods' `reason` and `consolidation_type` labels with the decisions each can
 /// take: (reason, consolidation type, decisions). Kept in `metrics`, below `disruption` in the layers;
 /// `disruption::tests` checks it against the methods.
-pub const DISRUPTION_METHOD_SERIES: &[(&str, &str, &[&str])] = &[
+pub(crate) const DISRUPTION_METHOD_SERIES: &[(&str, &str, &[&str])] = &[
     ("unhealthy", "", &["delete", "replace"]),
     ("empty", "empty", &["delete"]),
     ("drifted", "", &["delete", "replace"]),

@@ -7,24 +7,26 @@
 
 use std::collections::HashMap;
 
-use crate::api::resources::{Quantity, Resources};
+#[cfg(test)]
+use crate::api::resources::Quantity;
+use crate::api::resources::Resources;
 
 /// The resource names of one solve, each with a fixed position.
 #[derive(Debug, Default, Clone)]
-pub struct Dims {
+pub(crate) struct Dims {
     names: Vec<String>,
     index: HashMap<String, usize>,
 }
 
 impl Dims {
     /// Interns every name of `list`.
-    pub fn learn(&mut self, list: &Resources) {
+    pub(crate) fn learn(&mut self, list: &Resources) {
         for (name, _) in list.iter() {
             self.intern(name);
         }
     }
 
-    pub fn intern(&mut self, name: &str) -> usize {
+    pub(crate) fn intern(&mut self, name: &str) -> usize {
         if let Some(i) = self.index.get(name) {
             return *i;
         }
@@ -34,24 +36,20 @@ impl Dims {
         i
     }
 
-    pub fn position(&self, name: &str) -> Option<usize> {
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
         self.index.get(name).copied()
     }
 
-    pub fn name(&self, i: usize) -> &str {
+    pub(crate) fn name(&self, i: usize) -> &str {
         self.names.get(i).map(String::as_str).unwrap_or("")
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.names.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.names.is_empty()
-    }
-
     /// The dense form of `list`; names not interned are dropped (learn them first).
-    pub fn amounts(&self, list: &Resources) -> Amounts {
+    pub(crate) fn amounts(&self, list: &Resources) -> Amounts {
         let mut out = Amounts::zero(self.len());
         for (name, q) in list.iter() {
             if let Some(i) = self.position(name) {
@@ -62,7 +60,8 @@ impl Dims {
     }
 
     /// Back to a resource list, without zero entries.
-    pub fn resources(&self, amounts: &Amounts) -> Resources {
+    #[cfg(test)]
+    pub(crate) fn resources(&self, amounts: &Amounts) -> Resources {
         amounts
             .0
             .iter()
@@ -75,40 +74,40 @@ impl Dims {
 
 /// One exact value (nano-units) per interned resource name.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Amounts(pub Vec<i128>);
+pub(crate) struct Amounts(pub Vec<i128>);
 
 impl Amounts {
-    pub fn zero(len: usize) -> Amounts {
+    pub(crate) fn zero(len: usize) -> Amounts {
         Amounts(vec![0; len])
     }
 
-    pub fn add_assign(&mut self, other: &Amounts) {
+    pub(crate) fn add_assign(&mut self, other: &Amounts) {
         for (a, b) in self.0.iter_mut().zip(&other.0) {
             *a = a.saturating_add(*b);
         }
     }
 
-    pub fn sub_assign(&mut self, other: &Amounts) {
+    pub(crate) fn sub_assign(&mut self, other: &Amounts) {
         for (a, b) in self.0.iter_mut().zip(&other.0) {
             *a = a.saturating_sub(*b);
         }
     }
 
-    pub fn sub(&self, other: &Amounts) -> Amounts {
+    pub(crate) fn sub(&self, other: &Amounts) -> Amounts {
         let mut out = self.clone();
         out.sub_assign(other);
         out
     }
 
     /// Element-wise maximum, in place.
-    pub fn max_assign(&mut self, other: &Amounts) {
+    pub(crate) fn max_assign(&mut self, other: &Amounts) {
         for (a, b) in self.0.iter_mut().zip(&other.0) {
             *a = (*a).max(*b);
         }
     }
 
     /// True when `self + extra <= limit` in every dimension.
-    pub fn fits_with(&self, extra: &Amounts, limit: &Amounts) -> bool {
+    pub(crate) fn fits_with(&self, extra: &Amounts, limit: &Amounts) -> bool {
         self.0
             .iter()
             .zip(&extra.0)
@@ -117,7 +116,8 @@ impl Amounts {
     }
 
     /// The first dimension where `self + extra > limit`.
-    pub fn first_exceeding(&self, extra: &Amounts, limit: &Amounts) -> Option<usize> {
+    #[cfg(test)]
+    pub(crate) fn first_exceeding(&self, extra: &Amounts, limit: &Amounts) -> Option<usize> {
         self.0
             .iter()
             .zip(&extra.0)
@@ -125,7 +125,7 @@ impl Amounts {
             .position(|((a, b), l)| a.saturating_add(*b) > *l)
     }
 
-    pub fn get(&self, i: usize) -> i128 {
+    pub(crate) fn get(&self, i: usize) -> i128 {
         self.0.get(i).copied().unwrap_or(0)
     }
 }

@@ -19,7 +19,7 @@ const MIGRATED: &[(&str, &str)] = &[
 
 /// The CSI driver a StorageClass provisioner stands for: the migrated driver of an in-tree
 /// plugin name, else the provisioner itself (already a CSI driver, or one no limit names).
-pub fn driver_of_provisioner(provisioner: &str) -> &str {
+pub(crate) fn driver_of_provisioner(provisioner: &str) -> &str {
     MIGRATED
         .iter()
         .find(|(in_tree, _)| *in_tree == provisioner)
@@ -28,7 +28,7 @@ pub fn driver_of_provisioner(provisioner: &str) -> &str {
 
 /// The CSI driver that attaches a PersistentVolume: `spec.csi.driver`, or the migrated driver
 /// of its in-tree source; None for volumes no CSI driver attaches (NFS, local, hostPath...).
-pub fn driver_of_volume(spec: &PersistentVolumeSpec) -> Option<String> {
+pub(crate) fn driver_of_volume(spec: &PersistentVolumeSpec) -> Option<String> {
     if let Some(csi) = &spec.csi {
         return Some(csi.driver.clone());
     }

@@ -76,7 +76,7 @@ impl DefaultConstraints {
         Ok((!constraints.is_empty()).then(|| DefaultConstraints(constraints.into())))
     }
 
-    pub fn constraints(&self) -> &[TopologySpreadConstraint] {
+    pub(crate) fn constraints(&self) -> &[TopologySpreadConstraint] {
         &self.0
     }
 }
@@ -133,9 +133,9 @@ fn validate(constraints: &[TopologySpreadConstraint]) -> Result<(), ConfigError>
 }
 
 /// The owner kinds a selector is deduced from, as (apiVersion, kind).
-pub const REPLICATION_CONTROLLER: (&str, &str) = ("v1", "ReplicationController");
-pub const REPLICA_SET: (&str, &str) = ("apps/v1", "ReplicaSet");
-pub const STATEFUL_SET: (&str, &str) = ("apps/v1", "StatefulSet");
+pub(crate) const REPLICATION_CONTROLLER: (&str, &str) = ("v1", "ReplicationController");
+pub(crate) const REPLICA_SET: (&str, &str) = ("apps/v1", "ReplicaSet");
+pub(crate) const STATEFUL_SET: (&str, &str) = ("apps/v1", "StatefulSet");
 
 /// What a controller adds to a deduced selector, split the way kube-scheduler folds it in: a
 /// ReplicationController's selector is merged into the Services' labels (overwriting a key they
@@ -202,7 +202,7 @@ impl Workloads {
         }
     }
 
-    pub fn remove_service(&mut self, namespace: &str, name: &str) {
+    pub(crate) fn remove_service(&mut self, namespace: &str, name: &str) {
         if let Some(by_name) = self.services.get_mut(namespace) {
             by_name.remove(name);
             if by_name.is_empty() {
@@ -215,16 +215,16 @@ impl Workloads {
         self.owners.insert(key, selector);
     }
 
-    pub fn remove_owner(&mut self, key: &WorkloadKey) {
+    pub(crate) fn remove_owner(&mut self, key: &WorkloadKey) {
         self.owners.remove(key);
     }
 
     /// Forget every Service (`services`) or every owner of `kind`, before a re-list.
-    pub fn clear_services(&mut self) {
+    pub(crate) fn clear_services(&mut self) {
         self.services.clear();
     }
 
-    pub fn clear_owners(&mut self, kind: &str) {
+    pub(crate) fn clear_owners(&mut self, kind: &str) {
         self.owners.retain(|k, _| k.kind != kind);
     }
 
@@ -289,7 +289,7 @@ pub struct DefaultSpread {
 impl DefaultSpread {
     /// The default constraints `pod` is scheduled under, each with the pod's deduced selector,
     /// or None when the pod declares constraints of its own or nothing selects it.
-    pub fn for_pod(&self, pod: &Pod) -> Option<Arc<[TopologySpreadConstraint]>> {
+    pub(crate) fn for_pod(&self, pod: &Pod) -> Option<Arc<[TopologySpreadConstraint]>> {
         if has_own_constraints(pod) {
             return None;
         }
@@ -299,7 +299,7 @@ impl DefaultSpread {
     /// [`DefaultSpread::for_pod`] of each of `pods`, in order, deduced once per pod shape (its
     /// namespace, controller and labels, all a deduction reads): a workload's pods share one
     /// answer, as upstream caches it.
-    pub fn for_pods(&self, pods: &[Pod]) -> Vec<Option<Arc<[TopologySpreadConstraint]>>> {
+    pub(crate) fn for_pods(&self, pods: &[Pod]) -> Vec<Option<Arc<[TopologySpreadConstraint]>>> {
         type Shape<'p> = (
             &'p str,
             Option<(&'p str, &'p str, &'p str)>,

@@ -25,7 +25,7 @@ use crate::api::resources::Quantity;
 /// The kinds of constraint that can rule a NodePool or an instance type out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Constraint {
+pub(crate) enum Constraint {
     /// The NodePool itself cannot launch (a bad requirement or limit in its spec).
     Nodepool,
     /// A NodePool taint the pod does not tolerate.
@@ -61,9 +61,9 @@ impl std::fmt::Display for Constraint {
 
 /// One constraint that rules something out, with the detail a person needs to change it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RuledOut {
-    pub constraint: Constraint,
-    pub message: String,
+pub(crate) struct RuledOut {
+    pub(crate) constraint: Constraint,
+    pub(crate) message: String,
 }
 
 impl RuledOut {
@@ -77,23 +77,23 @@ impl RuledOut {
 
 /// One instance type of a pool for the pod.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TypeVerdict {
-    pub instance_type: String,
+pub(crate) struct TypeVerdict {
+    pub(crate) instance_type: String,
     /// `None`: the pod could go to a new node of this type.
-    pub ruled_out: Option<RuledOut>,
+    pub(crate) ruled_out: Option<RuledOut>,
 }
 
 /// One NodePool for the pod: ruled out as a whole, or per instance type.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PoolVerdict {
-    pub nodepool: String,
-    pub ruled_out: Option<RuledOut>,
-    pub instance_types: Vec<TypeVerdict>,
+    pub(crate) nodepool: String,
+    pub(crate) ruled_out: Option<RuledOut>,
+    pub(crate) instance_types: Vec<TypeVerdict>,
 }
 
 impl PoolVerdict {
     /// Instance types nothing rules out.
-    pub fn eligible(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn eligible(&self) -> impl Iterator<Item = &str> {
         self.instance_types
             .iter()
             .filter(|t| t.ruled_out.is_none())
@@ -104,7 +104,7 @@ impl PoolVerdict {
 /// For each NodePool of `snapshot` (in the solver's order of weight, then name), why `pod` can
 /// or cannot get a new node from it. Errors when the pod's spec cannot be read (the same error
 /// the solver reports as `InvalidPod`).
-pub fn rule_out(pod: &Pod, snapshot: &Snapshot) -> Result<Vec<PoolVerdict>, String> {
+pub(crate) fn rule_out(pod: &Pod, snapshot: &Snapshot) -> Result<Vec<PoolVerdict>, String> {
     let defaults = snapshot
         .default_spread
         .as_ref()
@@ -347,7 +347,7 @@ fn offerings_miss(it: &InstanceType, reqs: &Requirements, whose: &str) -> Option
 
 /// Why an offering is unavailable: its max size, else Cluster API's pause on its
 /// MachineDeployment or a recent launch failure or timeout (the offering does not say which).
-pub fn unavailable_reason(o: &Offering) -> String {
+pub(crate) fn unavailable_reason(o: &Offering) -> String {
     match o.max_size {
         // The replicas as the catalog view counts them: claims whose replica is not written
         // yet included (`capi::room`).

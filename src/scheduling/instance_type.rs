@@ -66,7 +66,7 @@ impl InstanceType {
 
     /// Whether some node of this type carries `key`: the type's requirements or one of its
     /// offerings' labels name it.
-    pub fn carries(&self, key: &str) -> bool {
+    pub(crate) fn carries(&self, key: &str) -> bool {
         self.requirements.has(key) || self.offerings.iter().any(|o| o.labels.contains_key(key))
     }
 
@@ -81,7 +81,7 @@ impl InstanceType {
     /// Upstream's worst-case launch price: of the available offerings `reqs` allow, those of the
     /// capacity type a launch would use (reserved, then spot, then on-demand), the most
     /// expensive. None when no offering is allowed.
-    pub fn worst_launch_price(&self, reqs: &Requirements) -> Option<f64> {
+    pub(crate) fn worst_launch_price(&self, reqs: &Requirements) -> Option<f64> {
         use crate::api::wellknown::{
             CAPACITY_TYPE_ON_DEMAND, CAPACITY_TYPE_RESERVED, CAPACITY_TYPE_SPOT,
         };
@@ -107,7 +107,7 @@ impl InstanceType {
 /// known. A MachineDeployment's nodes carry only the labels it gives them, so such a key is
 /// absent there; upstream's instance types say the same with `DoesNotExist` on the provider
 /// labels they lack.
-pub fn absent_label<'r>(
+pub(crate) fn absent_label<'r>(
     reqs: &'r Requirements,
     pool_reqs: &Requirements,
     carried: impl Fn(&str) -> bool,
@@ -124,7 +124,7 @@ pub fn absent_label<'r>(
 
 /// True when an offering's labels satisfy `reqs` on the keys the offering defines (a key the
 /// offering does not define is for the node template to set, as in Karpenter).
-pub fn offering_allowed(o: &Offering, reqs: &Requirements) -> bool {
+pub(crate) fn offering_allowed(o: &Offering, reqs: &Requirements) -> bool {
     let mut own = Requirements::from_labels(&o.labels);
     // An offering in no zone makes nodes with no zone label: a claim that requires a zone is
     // not for it (as `capi::offerings` says of a type none of whose offerings has a zone).
@@ -138,7 +138,7 @@ pub fn offering_allowed(o: &Offering, reqs: &Requirements) -> bool {
 
 /// How many distinct values of `key` these instance types offer within `reqs`: what a
 /// `minValues` on `key` counts (the launch's check, and consolidation's after its price filter).
-pub fn distinct_values(types: &[&InstanceType], reqs: &Requirements, key: &str) -> usize {
+pub(crate) fn distinct_values(types: &[&InstanceType], reqs: &Requirements, key: &str) -> usize {
     let allowed = reqs.get(key);
     let mut values: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for t in types {
@@ -160,7 +160,7 @@ pub fn distinct_values(types: &[&InstanceType], reqs: &Requirements, key: &str) 
 /// those taints on the node whatever we ask, so only a pool that declares them (and whose pods
 /// therefore tolerate them) may use the offering; otherwise pods would wait on a node they
 /// cannot run on.
-pub fn taints_declared(o: &Offering, declared: &[Taint]) -> bool {
+pub(crate) fn taints_declared(o: &Offering, declared: &[Taint]) -> bool {
     o.taints.iter().all(|t| {
         declared
             .iter()
@@ -170,7 +170,10 @@ pub fn taints_declared(o: &Offering, declared: &[Taint]) -> bool {
 
 /// The instance types a pool may use: offerings whose taints the pool declares (types left with
 /// no offering are dropped).
-pub fn for_declared_taints(types: Vec<InstanceType>, declared: &[Taint]) -> Vec<InstanceType> {
+pub(crate) fn for_declared_taints(
+    types: Vec<InstanceType>,
+    declared: &[Taint],
+) -> Vec<InstanceType> {
     types
         .into_iter()
         .filter_map(|mut t| {

@@ -17,7 +17,7 @@ use crate::api::wellknown::{RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_PODS, normal
 
 /// How a topology term constrains a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum TermKind {
+pub(crate) enum TermKind {
     /// Topology spread: at most `max_skew` more matching pods in a domain than in the emptiest.
     /// `honor_affinity` (nodeAffinityPolicy Honor, the default): only domains the pod's node
     /// requirements allow count towards the emptiest; `honor_taints` (nodeTaintsPolicy Honor,
@@ -37,28 +37,28 @@ pub enum TermKind {
 /// Identity of a set of pods counted per topology domain. Pods sharing a term share the
 /// counts, so terms are interned by this key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupKey {
-    pub kind: TermKind,
-    pub topology_key: String,
-    pub namespaces: Namespaces,
-    pub selector: Selector,
+pub(crate) struct GroupKey {
+    pub(crate) kind: TermKind,
+    pub(crate) topology_key: String,
+    pub(crate) namespaces: Namespaces,
+    pub(crate) selector: Selector,
     /// For a spread: its node filter (the carrying pod's node-selector terms when it honours
     /// node affinity, its tolerations when it honours taints). Pods with different filters see
     /// different domains and count different nodes, so they do not share the group.
-    pub node_filter: String,
+    pub(crate) node_filter: String,
 }
 
 /// The namespaces an affinity term (or spread) counts pods in: the listed ones, plus those a
 /// `namespaceSelector` matches. With neither, the pod's own namespace.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Namespaces {
-    pub names: BTreeSet<String>,
+pub(crate) struct Namespaces {
+    pub(crate) names: BTreeSet<String>,
     /// Matched against the Namespace's labels (an empty selector matches every namespace).
-    pub selector: Option<Selector>,
+    pub(crate) selector: Option<Selector>,
 }
 
 impl Namespaces {
-    pub fn only(namespace: &str) -> Namespaces {
+    pub(crate) fn only(namespace: &str) -> Namespaces {
         Namespaces {
             names: BTreeSet::from([namespace.to_string()]),
             selector: None,
@@ -66,7 +66,7 @@ impl Namespaces {
     }
 
     /// Whether `namespace`, whose labels `labels` gives, is in scope.
-    pub fn contains<'l>(
+    pub(crate) fn contains<'l>(
         &self,
         namespace: &str,
         labels: impl FnOnce(&str) -> Option<&'l BTreeMap<String, String>>,
@@ -84,44 +84,44 @@ impl Namespaces {
 
 /// One topology term of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Term {
-    pub group: GroupKey,
+pub(crate) struct Term {
+    pub(crate) group: GroupKey,
     /// Hard (DoNotSchedule, required...) or a preference that relaxation may drop.
-    pub required: bool,
-    pub weight: i32,
+    pub(crate) required: bool,
+    pub(crate) weight: i32,
 }
 
 /// A pod as the solver sees it.
 #[derive(Clone, Debug)]
-pub struct PodInfo {
+pub(crate) struct PodInfo {
     /// `namespace/name`.
-    pub key: String,
-    pub namespace: String,
-    pub labels: BTreeMap<String, String>,
+    pub(crate) key: String,
+    pub(crate) namespace: String,
+    pub(crate) labels: BTreeMap<String, String>,
     /// Effective requests (init containers, sidecars and overhead included) plus `pods: 1`.
-    pub requests: Resources,
+    pub(crate) requests: Resources,
     /// nodeSelector intersected with each required node-affinity term (the terms are ORed);
     /// always at least one entry.
-    pub node_terms: Vec<Requirements>,
+    pub(crate) node_terms: Vec<Requirements>,
     /// Preferred node-affinity terms, heaviest first.
-    pub preferred_node: Vec<(i32, Requirements)>,
-    pub tolerations: Vec<Toleration>,
+    pub(crate) preferred_node: Vec<(i32, Requirements)>,
+    pub(crate) tolerations: Vec<Toleration>,
     /// (hostPort, protocol) pairs.
-    pub host_ports: Vec<(i32, String)>,
-    pub terms: Vec<Term>,
+    pub(crate) host_ports: Vec<(i32, String)>,
+    pub(crate) terms: Vec<Term>,
     /// A CapacityBuffer's placeholder: it holds room, so it yields to real pods of its size.
-    pub placeholder: bool,
+    pub(crate) placeholder: bool,
 }
 
 impl PodInfo {
     /// Reads `pod`; an error names the field that could not be read.
-    pub fn read(pod: &Pod) -> Result<PodInfo, String> {
+    pub(crate) fn read(pod: &Pod) -> Result<PodInfo, String> {
         PodInfo::read_with_defaults(pod, None)
     }
 
     /// Reads `pod`, spread by `defaults` (the cluster's default constraints with the pod's
     /// deduced selector, see [`super::default_spread`]) in place of its own constraints.
-    pub fn read_with_defaults(
+    pub(crate) fn read_with_defaults(
         pod: &Pod,
         defaults: Option<&[TopologySpreadConstraint]>,
     ) -> Result<PodInfo, String> {
@@ -215,11 +215,11 @@ impl PodInfo {
         })
     }
 
-    pub fn cpu(&self) -> Quantity {
+    pub(crate) fn cpu(&self) -> Quantity {
         self.requests.get(RESOURCE_CPU)
     }
 
-    pub fn memory(&self) -> Quantity {
+    pub(crate) fn memory(&self) -> Quantity {
         self.requests.get(RESOURCE_MEMORY)
     }
 }

@@ -16,15 +16,15 @@ use super::selector::{MaybeLabel, Selector};
 /// An enforced CapacityQuota: its node selector, limits, and what its nodes use now.
 #[derive(Clone, Debug)]
 pub struct QuotaInput {
-    pub name: String,
-    pub selector: Selector,
-    pub limits: Resources,
+    pub(crate) name: String,
+    pub(crate) selector: Selector,
+    pub(crate) limits: Resources,
     /// Summed capacity of the covered Nodes and claims, with `nodes` their count.
-    pub usage: Resources,
+    pub(crate) usage: Resources,
 }
 
 /// Adds one node of `capacity` to a quota's usage.
-pub fn count_node(usage: &mut Resources, capacity: &Resources) {
+pub(crate) fn count_node(usage: &mut Resources, capacity: &Resources) {
     usage.add_assign(capacity);
     let nodes = usage.get(NODES).saturating_add(Quantity::from_units(1));
     usage.set(NODES, nodes);
@@ -33,7 +33,7 @@ pub fn count_node(usage: &mut Resources, capacity: &Resources) {
 /// What a node launched under `reqs` may carry for `key`: the values its requirements leave
 /// (a claim's requirements are every label it is sure to get), any value for a key its pool's
 /// instance types or offerings may add, else nothing.
-pub fn claim_label<'r>(
+pub(crate) fn claim_label<'r>(
     reqs: &'r Requirements,
     known: &dyn Fn(&str) -> bool,
     key: &str,

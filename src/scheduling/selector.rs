@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 /// A parsed label selector. An absent selector matches nothing (as for affinity terms and
 /// topology spread); an empty one matches everything.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Selector {
+pub(crate) struct Selector {
     /// `None`: the selector was absent.
     rules: Option<Vec<Rule>>,
 }
@@ -23,7 +23,7 @@ enum Rule {
 
 impl Selector {
     /// Parses `selector`; `what` names it in the error (e.g. `spec.topologySpreadConstraints[0]`).
-    pub fn parse(selector: Option<&LabelSelector>, what: &str) -> Result<Selector, String> {
+    pub(crate) fn parse(selector: Option<&LabelSelector>, what: &str) -> Result<Selector, String> {
         let Some(sel) = selector else {
             return Ok(Selector { rules: None });
         };
@@ -51,7 +51,7 @@ impl Selector {
         Ok(Selector { rules: Some(rules) })
     }
 
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+    pub(crate) fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         let Some(rules) = &self.rules else {
             return false;
         };
@@ -66,7 +66,7 @@ impl Selector {
     /// Whether a node whose labels are known only as far as `label` says may match: a node
     /// yet to launch (a claim) whose zone or instance type is still one of several. Used where
     /// counting a node that turns out not to match is safe and missing one is not (quotas).
-    pub fn could_match<'v>(&self, label: impl Fn(&str) -> MaybeLabel<'v>) -> bool {
+    pub(crate) fn could_match<'v>(&self, label: impl Fn(&str) -> MaybeLabel<'v>) -> bool {
         let Some(rules) = &self.rules else {
             return false;
         };
@@ -87,7 +87,7 @@ impl Selector {
 }
 
 /// What a node to come may carry for one label key.
-pub enum MaybeLabel<'v> {
+pub(crate) enum MaybeLabel<'v> {
     /// It will not carry the key.
     Absent,
     /// It will carry the key, with one of these values.
@@ -97,7 +97,7 @@ pub enum MaybeLabel<'v> {
 }
 
 /// Whether `tolerations` tolerate `taint`.
-pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
+pub(crate) fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
     tolerations.iter().any(|t| {
         let effect_ok = t
             .effect
@@ -119,7 +119,7 @@ pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
 
 /// The first taint of `taints` that blocks scheduling and is not tolerated. PreferNoSchedule
 /// taints block only while `prefer_no_schedule_blocks` (they are preferences, relaxed last).
-pub fn untolerated<'t>(
+pub(crate) fn untolerated<'t>(
     tolerations: &[Toleration],
     taints: &'t [Taint],
     prefer_no_schedule_blocks: bool,

@@ -32,7 +32,7 @@ struct Group {
 }
 
 /// Where a pod is being tried.
-pub enum Place<'a> {
+pub(crate) enum Place<'a> {
     /// An existing or in-flight node: every domain is known.
     Node {
         labels: &'a BTreeMap<String, String>,
@@ -52,18 +52,18 @@ enum View<'p> {
 }
 
 /// An open claim's narrowing for one topology key: the values it may still take.
-pub type Narrowing = (String, Values);
+pub(crate) type Narrowing = (String, Values);
 
 /// The values a narrowing leaves: one (a spread or affinity picks its domain; kept apart so the
 /// common case allocates no list) or several (every free domain of an anti-affinity).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Values {
+pub(crate) enum Values {
     One(String),
     Many(Vec<String>),
 }
 
 impl Values {
-    pub fn as_slice(&self) -> &[String] {
+    pub(crate) fn as_slice(&self) -> &[String] {
         match self {
             Values::One(v) => std::slice::from_ref(v),
             Values::Many(vs) => vs,
@@ -99,7 +99,7 @@ fn free_of(
 /// Why a place was refused. Built in the solver's inner loop, where almost every refusal is
 /// discarded, so it holds only the group; [`Topology::explain`] words it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     SpreadViolated(usize),
     SpreadNoDomain(usize),
     AffinityHere(usize),
@@ -114,13 +114,13 @@ pub enum Rejection {
 /// claim narrowed to one value), or every value a claim still allows (empty when it allows any,
 /// or when the caller did not ask for them: only anti-affinity records an open claim).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Domains<'d> {
+pub(crate) enum Domains<'d> {
     One(&'d str),
     Open(Vec<&'d str>),
 }
 
 impl<'d> Domains<'d> {
-    pub fn from_one(d: Option<&'d str>) -> Self {
+    pub(crate) fn from_one(d: Option<&'d str>) -> Self {
         d.map_or(Domains::Open(Vec::new()), Domains::One)
     }
 
@@ -147,7 +147,7 @@ fn count_in(counts: &mut HashMap<String, u32>, total: &mut u32, domains: Domains
 /// existing node. A spread's node filter (nodeAffinityPolicy, nodeTaintsPolicy) decides which
 /// of them count.
 #[derive(Debug, Clone, Copy)]
-pub enum Source<'a> {
+pub(crate) enum Source<'a> {
     Pool {
         taints: &'a [Taint],
     },
@@ -215,7 +215,7 @@ impl Source<'_> {
 
 /// All topology groups of one solve.
 #[derive(Debug, Default)]
-pub struct Topology<'a> {
+pub(crate) struct Topology<'a> {
     groups: Vec<Group>,
     index: HashMap<GroupKey, usize>,
     /// Known domains per topology key (zones of offerings, labels of existing nodes), each
@@ -227,7 +227,7 @@ pub struct Topology<'a> {
 
 impl<'a> Topology<'a> {
     /// The group of a term `pod` carries.
-    pub fn intern(&mut self, key: &GroupKey, pod: &PodInfo) -> usize {
+    pub(crate) fn intern(&mut self, key: &GroupKey, pod: &PodInfo) -> usize {
         if let Some(i) = self.index.get(key) {
             return *i;
         }
@@ -255,7 +255,7 @@ impl<'a> Topology<'a> {
     }
 
     /// The topology keys in use (to collect their domains).
-    pub fn keys(&self) -> BTreeSet<String> {
+    pub(crate) fn keys(&self) -> BTreeSet<String> {
         self.groups
             .iter()
             .map(|g| g.key.topology_key.clone())
@@ -263,7 +263,7 @@ impl<'a> Topology<'a> {
     }
 
     /// Registers a domain offered by a node or NodePool.
-    pub fn add_domain(&mut self, key: &str, value: &str, source: Source<'a>) {
+    pub(crate) fn add_domain(&mut self, key: &str, value: &str, source: Source<'a>) {
         self.universe
             .entry(key.to_string())
             .or_default()
@@ -274,19 +274,25 @@ impl<'a> Topology<'a> {
 
     /// No groups yet; `namespace_labels` (Namespace name to labels) serve the
     /// `namespaceSelector`s of affinity terms.
-    pub fn with_namespaces(namespace_labels: BTreeMap<String, BTreeMap<String, String>>) -> Self {
+    pub(crate) fn with_namespaces(
+        namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Self {
         Topology {
             namespace_labels,
             ..Topology::default()
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }
 
     /// The groups whose selector matches a pod with these labels in this namespace.
-    pub fn matching(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Vec<usize> {
+    pub(crate) fn matching(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Vec<usize> {
         self.groups
             .iter()
             .enumerate()
@@ -303,7 +309,7 @@ impl<'a> Topology<'a> {
     /// Counts a pod placed at a place: in every group it matches (a spread only when the place
     /// passes its node filter), and as an owner of its anti-affinity groups. `domain(key)` gives
     /// the place's value for a key, if known; `place` is what the node filter checks.
-    pub fn record<'d>(
+    pub(crate) fn record<'d>(
         &mut self,
         matched: &[usize],
         owned: &[usize],
@@ -335,7 +341,7 @@ impl<'a> Topology<'a> {
         }
     }
 
-    pub fn kind(&self, group: usize) -> Option<TermKind> {
+    pub(crate) fn kind(&self, group: usize) -> Option<TermKind> {
         self.groups.get(group).map(|g| g.key.kind)
     }
 
@@ -343,7 +349,7 @@ impl<'a> Topology<'a> {
     /// (`matched`), its node requirements (`pod_reqs`, preferences being tried included) and its
     /// required ones alone (`strict`, which bound a spread's global minimum). On success, the
     /// narrowings an open claim must take (key and the values left); on failure, why not.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         active: &[usize],
         matched: &[usize],
@@ -459,7 +465,7 @@ impl<'a> Topology<'a> {
     }
 
     /// The words for a refusal (only the refusals that decide a pod's error are worded).
-    pub fn explain(&self, rejection: Rejection) -> String {
+    pub(crate) fn explain(&self, rejection: Rejection) -> String {
         use Rejection::*;
         let (AffinityHere(gi)
         | AffinityNoDomain(gi)
@@ -506,7 +512,7 @@ impl<'a> Topology<'a> {
     /// Whether a group is keyed by hostname in a way that can rule a place out for good: a
     /// hostname spread or anti-affinity. Counts per hostname only grow within a solve, so a
     /// claim such a group refuses stays refused (the solver indexes these).
-    pub fn host_keyed(&self, group: usize) -> bool {
+    pub(crate) fn host_keyed(&self, group: usize) -> bool {
         self.groups.get(group).is_some_and(|g| {
             g.key.topology_key == HOSTNAME_LABEL
                 && matches!(g.key.kind, TermKind::Spread { .. } | TermKind::AntiAffinity)
@@ -517,7 +523,7 @@ impl<'a> Topology<'a> {
     /// carrying the term, the place repels pods the term matches). Exactly the hostname checks
     /// of [`Self::admit`]: a spread at its skew (the global minimum of a hostname spread is
     /// always 0), a matching pod for anti-affinity, an owner of required anti-affinity.
-    pub fn host_blocks(&self, group: usize, hostname: &str) -> (bool, bool) {
+    pub(crate) fn host_blocks(&self, group: usize, hostname: &str) -> (bool, bool) {
         let Some(g) = self.groups.get(group) else {
             return (false, false);
         };

@@ -29,7 +29,7 @@ use crate::api::requirements::Requirements;
 
 /// `pv.kubernetes.io/bind-completed`: set by the PV controller once a claim is bound; a claim
 /// naming a volume without it is still being bound (upstream treats it as unbound).
-pub const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
+pub(crate) const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
 const HOSTNAME: &str = "kubernetes.io/hostname";
 /// The annotation marking a StorageClass as the default (and its deprecated beta form).
 pub const ANN_DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
@@ -37,55 +37,55 @@ const ANN_DEFAULT_CLASS_BETA: &str = "storageclass.beta.kubernetes.io/is-default
 
 /// What the solve reads of a PersistentVolumeClaim.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClaimInfo {
-    pub volume_name: Option<String>,
-    pub storage_class: Option<String>,
-    pub deleting: bool,
-    pub lost: bool,
-    pub bind_completed: bool,
+pub(crate) struct ClaimInfo {
+    pub(crate) volume_name: Option<String>,
+    pub(crate) storage_class: Option<String>,
+    pub(crate) deleting: bool,
+    pub(crate) lost: bool,
+    pub(crate) bind_completed: bool,
 }
 
 /// What the solve reads of a PersistentVolume.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct VolumeInfo {
+pub(crate) struct VolumeInfo {
     /// `spec.nodeAffinity.required.nodeSelectorTerms` (ORed).
-    pub node_terms: Vec<Vec<NodeSelectorRequirement>>,
+    pub(crate) node_terms: Vec<Vec<NodeSelectorRequirement>>,
     /// Local and hostPath volumes: their hostname affinity names a node that may be gone, so
     /// upstream ignores it.
-    pub node_local: bool,
-    pub deleting: bool,
+    pub(crate) node_local: bool,
+    pub(crate) deleting: bool,
     /// `spec.csi.driver`, or the migrated CSI driver of an in-tree source: whose attach limit
     /// the volume counts against (None: no CSI driver attaches it, e.g. NFS, which no limit
     /// applies to).
-    pub csi_driver: Option<String>,
+    pub(crate) csi_driver: Option<String>,
 }
 
 /// What the solve reads of a StorageClass.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct ClassInfo {
-    pub immediate: bool,
+pub(crate) struct ClassInfo {
+    pub(crate) immediate: bool,
     /// The CSI driver that will provision (and attach) its volumes: the provisioner, or the
     /// migrated CSI driver of an in-tree plugin name.
-    pub provisioner: String,
+    pub(crate) provisioner: String,
     /// Marked the cluster's default (`storageclass.kubernetes.io/is-default-class: "true"`).
-    pub default: bool,
+    pub(crate) default: bool,
     /// `metadata.creationTimestamp`: the newest default class wins.
-    pub created: Option<jiff::Timestamp>,
+    pub(crate) created: Option<jiff::Timestamp>,
     /// `allowedTopologies` terms as `In` requirements (ORed).
-    pub topologies: Vec<Vec<NodeSelectorRequirement>>,
+    pub(crate) topologies: Vec<Vec<NodeSelectorRequirement>>,
 }
 
 /// The claims, volumes and classes the provisioner's storage watch keeps.
 #[derive(Clone, Debug, Default)]
 pub struct VolumeCatalog {
     /// By `namespace/name`.
-    pub claims: HashMap<String, ClaimInfo>,
-    pub volumes: HashMap<String, VolumeInfo>,
-    pub classes: HashMap<String, ClassInfo>,
+    pub(crate) claims: HashMap<String, ClaimInfo>,
+    pub(crate) volumes: HashMap<String, VolumeInfo>,
+    pub(crate) classes: HashMap<String, ClassInfo>,
 }
 
 impl ClaimInfo {
-    pub fn of(pvc: &PersistentVolumeClaim) -> ClaimInfo {
+    pub(crate) fn of(pvc: &PersistentVolumeClaim) -> ClaimInfo {
         let spec = pvc.spec.as_ref();
         ClaimInfo {
             volume_name: spec
@@ -100,7 +100,7 @@ impl ClaimInfo {
 }
 
 impl VolumeInfo {
-    pub fn of(pv: &PersistentVolume) -> VolumeInfo {
+    pub(crate) fn of(pv: &PersistentVolume) -> VolumeInfo {
         let spec = pv.spec.as_ref();
         let node_terms = spec
             .and_then(|s| s.node_affinity.as_ref())
@@ -122,7 +122,7 @@ impl VolumeInfo {
 }
 
 impl ClassInfo {
-    pub fn of(sc: &StorageClass) -> ClassInfo {
+    pub(crate) fn of(sc: &StorageClass) -> ClassInfo {
         let topologies = sc
             .allowed_topologies
             .iter()
@@ -155,26 +155,26 @@ impl VolumeCatalog {
         let key = format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any());
         self.claims.insert(key, ClaimInfo::of(pvc));
     }
-    pub fn remove_claim(&mut self, pvc: &PersistentVolumeClaim) {
+    pub(crate) fn remove_claim(&mut self, pvc: &PersistentVolumeClaim) {
         let key = format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any());
         self.claims.remove(&key);
     }
     pub fn apply_volume(&mut self, pv: &PersistentVolume) {
         self.volumes.insert(pv.name_any(), VolumeInfo::of(pv));
     }
-    pub fn remove_volume(&mut self, pv: &PersistentVolume) {
+    pub(crate) fn remove_volume(&mut self, pv: &PersistentVolume) {
         self.volumes.remove(&pv.name_any());
     }
     pub fn apply_class(&mut self, sc: &StorageClass) {
         self.classes.insert(sc.name_any(), ClassInfo::of(sc));
     }
-    pub fn remove_class(&mut self, sc: &StorageClass) {
+    pub(crate) fn remove_class(&mut self, sc: &StorageClass) {
         self.classes.remove(&sc.name_any());
     }
 
     /// The cluster's default StorageClass: of the classes marked default, the newest, then the
     /// first by name (the apiserver's choice when several are marked).
-    pub fn default_class(&self) -> Option<&str> {
+    pub(crate) fn default_class(&self) -> Option<&str> {
         self.classes
             .iter()
             .filter(|(_, c)| c.default)
@@ -207,7 +207,7 @@ impl VolumeCatalog {
     /// The pod's volume topology as alternatives (each an AND of requirements), None when its
     /// volumes do not restrict it; an error when a claim cannot be used (upstream's
     /// `ValidatePersistentVolumeClaims`).
-    pub fn requirements(
+    pub(crate) fn requirements(
         &self,
         pod: &Pod,
     ) -> Result<Option<Vec<Vec<NodeSelectorRequirement>>>, String> {
@@ -300,20 +300,20 @@ fn volume_alternatives(volume: &VolumeInfo) -> Vec<Vec<NodeSelectorRequirement>>
 }
 
 /// A pod's claims by the CSI driver that attaches them: driver -> claim `namespace/name`.
-pub type PodVolumes = BTreeMap<String, BTreeSet<String>>;
+pub(crate) type PodVolumes = BTreeMap<String, BTreeSet<String>>;
 
 /// One existing node's CSI attach limits (CSINode `spec.drivers[].allocatable.count`) and the
 /// claims its pods already use, per driver (upstream's `VolumeUsage`). Pods sharing a claim
 /// count it once.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct VolumeUsage {
-    pub limits: BTreeMap<String, usize>,
-    pub in_use: PodVolumes,
+pub(crate) struct VolumeUsage {
+    pub(crate) limits: BTreeMap<String, usize>,
+    pub(crate) in_use: PodVolumes,
 }
 
 impl VolumeUsage {
     /// Whether the pod's claims, added to those in use, stay within every driver's limit.
-    pub fn fits(&self, pod: &PodVolumes) -> bool {
+    pub(crate) fn fits(&self, pod: &PodVolumes) -> bool {
         pod.iter().all(|(driver, claims)| {
             let Some(limit) = self.limits.get(driver) else {
                 return true;
@@ -327,7 +327,7 @@ impl VolumeUsage {
         })
     }
 
-    pub fn add(&mut self, pod: &PodVolumes) {
+    pub(crate) fn add(&mut self, pod: &PodVolumes) {
         for (driver, claims) in pod {
             self.in_use
                 .entry(driver.clone())
@@ -341,8 +341,8 @@ impl VolumeUsage {
 /// pending pods' volumes by pod `namespace/name`.
 #[derive(Clone, Debug, Default)]
 pub struct NodeVolumes {
-    pub by_node: HashMap<String, VolumeUsage>,
-    pub by_pod: HashMap<String, PodVolumes>,
+    pub(crate) by_node: HashMap<String, VolumeUsage>,
+    pub(crate) by_pod: HashMap<String, PodVolumes>,
 }
 
 impl VolumeCatalog {
@@ -350,7 +350,7 @@ impl VolumeCatalog {
     /// else its StorageClass's provisioner (the default class's when it names none), in-tree
     /// plugins counted as their migrated CSI driver. Claims that resolve to no driver are not
     /// counted (upstream's `GetVolumes`).
-    pub fn pod_volumes(&self, pod: &Pod) -> PodVolumes {
+    pub(crate) fn pod_volumes(&self, pod: &Pod) -> PodVolumes {
         let mut out = PodVolumes::new();
         let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
         for volume in volumes {
@@ -379,7 +379,9 @@ impl VolumeCatalog {
 pub type CsiLimits = HashMap<String, BTreeMap<String, usize>>;
 
 /// The limits a CSINode declares (drivers without an allocatable count have none).
-pub fn csinode_limits(node: &k8s_openapi::api::storage::v1::CSINode) -> BTreeMap<String, usize> {
+pub(crate) fn csinode_limits(
+    node: &k8s_openapi::api::storage::v1::CSINode,
+) -> BTreeMap<String, usize> {
     node.spec
         .drivers
         .iter()
@@ -469,7 +471,7 @@ fn compatible(a: &[NodeSelectorRequirement], b: &[NodeSelectorRequirement]) -> b
 /// Each pending pod's volume topology, by pod `namespace/name`: the alternatives its volumes
 /// allow (any one will do). Kept apart from the pod's own node affinity, as upstream keeps them:
 /// they narrow the node or claim a pod goes to, never the domains a topology spread counts.
-pub type VolumeTopology = HashMap<String, Vec<Requirements>>;
+pub(crate) type VolumeTopology = HashMap<String, Vec<Requirements>>;
 
 /// The volume inputs of a solve, prepared from the snapshot: each pending pod's volume topology
 /// (into `snapshot.volume_topology`), and existing nodes' CSI attach limits with what their pods
@@ -502,7 +504,7 @@ pub fn prepare(
 /// The volume topology of bound pods a simulation moves (consolidation's, drift's), by pod key.
 /// A pod whose claims cannot be resolved is left without one: its volume is broken wherever it
 /// goes, and the provisioner reports it once the pod is pending.
-pub fn topology_of<'p>(
+pub(crate) fn topology_of<'p>(
     pods: impl IntoIterator<Item = &'p Pod>,
     catalog: &VolumeCatalog,
 ) -> VolumeTopology {

@@ -12,15 +12,15 @@ use k8s_openapi::api::core::v1::Pod;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Placed {
     /// On a Node or a claim that exists.
-    pub existing: usize,
+    pub(crate) existing: usize,
     /// On claims the solve opened.
-    pub new_claims: usize,
+    pub(crate) new_claims: usize,
     /// Nowhere.
-    pub failed: usize,
+    pub(crate) failed: usize,
 }
 
 #[derive(Default)]
-pub struct BufferPods {
+pub(crate) struct BufferPods {
     /// Buffer key (`namespace/name`) -> its placeholder pods.
     pods: BTreeMap<String, Arc<Vec<Pod>>>,
     /// Placeholder pod key -> its buffer's key.
@@ -31,7 +31,7 @@ pub struct BufferPods {
 
 impl BufferPods {
     /// Sets (or with no pods, clears) a buffer's placeholder pods; true when they changed.
-    pub fn set(&mut self, buffer: &str, pods: Vec<Pod>) -> bool {
+    pub(crate) fn set(&mut self, buffer: &str, pods: Vec<Pod>) -> bool {
         let old = self.pods.get(buffer).map(|p| p.as_slice()).unwrap_or(&[]);
         if old == pods.as_slice() {
             return false;
@@ -52,32 +52,32 @@ impl BufferPods {
     }
 
     /// Every placeholder pod, buffer by buffer.
-    pub fn all(&self) -> impl Iterator<Item = &Pod> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Pod> {
         self.pods.values().flat_map(|p| p.iter())
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.pods.is_empty()
     }
 
     /// The buffer a pod key belongs to, when it is a placeholder.
-    pub fn owner(&self, pod: &str) -> Option<&str> {
+    pub(crate) fn owner(&self, pod: &str) -> Option<&str> {
         self.owner.get(pod).map(String::as_str)
     }
 
     /// The buffers that have placeholder pods.
-    pub fn buffers(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn buffers(&self) -> impl Iterator<Item = &str> {
         self.pods.keys().map(String::as_str)
     }
 
     /// Records the nodes the last solve put each buffer's placeholder pods on.
-    pub fn set_hosts(&mut self, hosts: HashMap<String, HashSet<String>>) {
+    pub(crate) fn set_hosts(&mut self, hosts: HashMap<String, HashSet<String>>) {
         self.hosts = hosts;
     }
 
     /// Whether the last solve put placeholder pods on `node`: it holds buffer room, so it is
     /// not empty.
-    pub fn hosts(&self, node: &str) -> bool {
+    pub(crate) fn hosts(&self, node: &str) -> bool {
         self.hosts.values().any(|nodes| nodes.contains(node))
     }
 }

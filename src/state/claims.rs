@@ -17,13 +17,13 @@ use crate::api::wellknown::{
 };
 
 /// True when the claim's NodeClass is ours (other providers' claims are left alone).
-pub fn is_ours(c: &NodeClaim) -> bool {
+pub(crate) fn is_ours(c: &NodeClaim) -> bool {
     let r = &c.spec.node_class_ref;
     r.group == NODECLASS_GROUP && r.kind == NODECLASS_KIND
 }
 
 /// The MachineDeployment (`ns/name`) a claim recorded before asking for a replica.
-pub fn recorded_deployment(c: &NodeClaim) -> Option<&str> {
+pub(crate) fn recorded_deployment(c: &NodeClaim) -> Option<&str> {
     c.annotations()
         .get(MACHINE_DEPLOYMENT_ANNOTATION)
         .map(String::as_str)
@@ -31,7 +31,7 @@ pub fn recorded_deployment(c: &NodeClaim) -> Option<&str> {
 }
 
 /// The Machine (`ns/name`) a claim says it is bound to.
-pub fn recorded_machine(c: &NodeClaim) -> Option<&str> {
+pub(crate) fn recorded_machine(c: &NodeClaim) -> Option<&str> {
     c.annotations()
         .get(MACHINE_ANNOTATION)
         .map(String::as_str)
@@ -39,14 +39,14 @@ pub fn recorded_machine(c: &NodeClaim) -> Option<&str> {
 }
 
 /// The pool instance (provider ID) bound to a claim of a pool without MachinePool Machines.
-pub fn recorded_instance(c: &NodeClaim) -> Option<&str> {
+pub(crate) fn recorded_instance(c: &NodeClaim) -> Option<&str> {
     c.annotations()
         .get(INSTANCE_ANNOTATION)
         .map(String::as_str)
         .filter(|s| !s.is_empty())
 }
 
-pub fn provider_id(c: &NodeClaim) -> Option<&str> {
+pub(crate) fn provider_id(c: &NodeClaim) -> Option<&str> {
     c.status
         .as_ref()
         .and_then(|s| s.provider_id.as_deref())
@@ -74,7 +74,7 @@ const EXPECTED_FOR: Duration = Duration::from_secs(30);
 
 /// The claim as the index keeps it (`trim::meta`): the same `Arc` when there is nothing to
 /// drop (a watched claim: its decode dropped `managedFields` already), else a trimmed copy.
-pub fn trimmed(mut c: Arc<NodeClaim>) -> Arc<NodeClaim> {
+pub(crate) fn trimmed(mut c: Arc<NodeClaim>) -> Arc<NodeClaim> {
     if c.metadata.managed_fields.is_some() {
         super::trim::meta(&mut Arc::make_mut(&mut c).metadata);
     }
@@ -99,38 +99,30 @@ pub struct Claims {
 }
 
 impl Claims {
-    pub fn get(&self, name: &str) -> Option<Arc<NodeClaim>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<NodeClaim>> {
         self.by_name.get(name).cloned()
     }
 
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
 
-    pub fn len(&self) -> usize {
-        self.by_name.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
-    }
-
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<NodeClaim>> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<NodeClaim>> {
         self.by_name.values()
     }
 
     /// Live claims that recorded this MachineDeployment and have no Machine yet.
-    pub fn waiting_on(&self, md_key: &str) -> BTreeSet<String> {
+    pub(crate) fn waiting_on(&self, md_key: &str) -> BTreeSet<String> {
         self.waiting_by_md.get(md_key).cloned().unwrap_or_default()
     }
 
     /// How many claims hold or wait for a replica of each group, the expected ones counted in:
     /// what its room is counted against (`capi::room`).
-    pub fn holding(&self) -> HashMap<String, i32> {
+    pub(crate) fn holding(&self) -> HashMap<String, i32> {
         let mut counts: HashMap<String, i32> = self
             .holding_by_md
             .iter()
@@ -149,7 +141,7 @@ impl Claims {
     /// about to go: the claim holds room there from now, not from when the index sees it, so a
     /// plan made meanwhile does not count the slot as free. Until the index holds a copy that
     /// records that group, or [`Claims::unexpect`].
-    pub fn expect(&mut self, name: &str, md: &str) {
+    pub(crate) fn expect(&mut self, name: &str, md: &str) {
         self.expected
             .retain(|_, (_, since)| since.elapsed() < EXPECTED_FOR);
         self.expected
@@ -157,23 +149,23 @@ impl Claims {
     }
 
     /// [`Claims::expect`] for a claim about to be created, if it is named and records a group.
-    pub fn expect_created(&mut self, c: &NodeClaim) {
+    pub(crate) fn expect_created(&mut self, c: &NodeClaim) {
         if let (Some(name), Some(md)) = (c.metadata.name.as_deref(), recorded_deployment(c)) {
             self.expect(name, md);
         }
     }
 
     /// The write [`Claims::expect`] announced failed.
-    pub fn unexpect(&mut self, name: &str) {
+    pub(crate) fn unexpect(&mut self, name: &str) {
         self.expected.remove(name);
     }
 
     /// The instances (provider ID -> claim) claims of this pool recorded.
-    pub fn instances_of(&self, md_key: &str) -> Option<&HashMap<String, String>> {
+    pub(crate) fn instances_of(&self, md_key: &str) -> Option<&HashMap<String, String>> {
         self.instances_by_md.get(md_key)
     }
 
-    pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<NodeClaim>> {
+    pub(crate) fn by_provider_id(&self, provider_id: &str) -> Option<Arc<NodeClaim>> {
         self.by_provider_id
             .get(provider_id)
             .and_then(|n| self.by_name.get(n).cloned())
@@ -194,7 +186,7 @@ impl Claims {
     }
 
     /// Apply the answer of our own write, unless the watch already delivered it.
-    pub fn apply_response(&mut self, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
+    pub(crate) fn apply_response(&mut self, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
         let name = c.name_any();
         if !self
             .fresh
@@ -207,7 +199,7 @@ impl Claims {
 
     /// Apply the answer of the claim's own reconcile, whose writes are sent one after another
     /// (see `Freshness::superseded`), unless the watch already delivered it.
-    pub fn apply_own_response(&mut self, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
+    pub(crate) fn apply_own_response(&mut self, c: Arc<NodeClaim>) -> Option<Arc<NodeClaim>> {
         let name = c.name_any();
         if !self
             .fresh
@@ -257,7 +249,7 @@ impl Claims {
         old
     }
 
-    pub fn remove(&mut self, name: &str) -> Option<Arc<NodeClaim>> {
+    pub(crate) fn remove(&mut self, name: &str) -> Option<Arc<NodeClaim>> {
         self.fresh.forget(name);
         self.expected.remove(name);
         self.detach(name)
@@ -299,7 +291,7 @@ impl Claims {
         Some(old)
     }
 
-    pub fn replace_all(&mut self, claims: Vec<NodeClaim>) -> Vec<Arc<NodeClaim>> {
+    pub(crate) fn replace_all(&mut self, claims: Vec<NodeClaim>) -> Vec<Arc<NodeClaim>> {
         let mut old = std::mem::take(&mut self.by_name);
         self.waiting_by_md.clear();
         self.holding_by_md.clear();

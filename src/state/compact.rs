@@ -35,7 +35,7 @@ static STRINGS: LazyLock<Mutex<Strings>> = LazyLock::new(|| {
 });
 
 /// The one shared copy of `s`.
-pub fn intern(s: &str) -> Arc<str> {
+pub(crate) fn intern(s: &str) -> Arc<str> {
     let mut strings = STRINGS.lock();
     if let Some(shared) = strings.set.get(s) {
         return shared.clone();
@@ -52,10 +52,10 @@ pub fn intern(s: &str) -> Arc<str> {
 /// A string map (labels, annotations, resource lists) with shared keys and values, sorted by
 /// key as the `BTreeMap` it came from.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StrMap(Box<[(Arc<str>, Arc<str>)]>);
+pub(crate) struct StrMap(Box<[(Arc<str>, Arc<str>)]>);
 
 impl StrMap {
-    pub fn new(map: &BTreeMap<String, String>) -> StrMap {
+    pub(crate) fn new(map: &BTreeMap<String, String>) -> StrMap {
         StrMap(map.iter().map(|(k, v)| (intern(k), intern(v))).collect())
     }
 
@@ -63,30 +63,23 @@ impl StrMap {
         StrMap(map.iter().map(|(k, v)| (intern(k), intern(&v.0))).collect())
     }
 
-    pub fn get(&self, key: &str) -> Option<&str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
         self.0
             .binary_search_by(|(k, _)| (**k).cmp(key))
             .ok()
             .map(|i| &*self.0[i].1)
     }
 
-    pub fn contains_key(&self, key: &str) -> bool {
-        self.get(key).is_some()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(k, v)| (&**k, &**v))
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.0.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    pub fn to_map(&self) -> BTreeMap<String, String> {
+    pub(crate) fn to_map(&self) -> BTreeMap<String, String> {
         self.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
@@ -149,7 +142,7 @@ pub struct CompactNode {
 impl CompactNode {
     /// Compacts a Node (trimmed first: the index keeps nothing `trim::node_body` drops; which
     /// conditions it keeps is the watch's choice, `trim::node_keeping`).
-    pub fn new(mut n: Node) -> CompactNode {
+    pub(crate) fn new(mut n: Node) -> CompactNode {
         super::trim::node_body(&mut n);
         let meta = &mut n.metadata;
         let name = intern_or_new(meta.name.take().unwrap_or_default());
@@ -198,7 +191,7 @@ impl CompactNode {
     }
 
     /// The trimmed Node that went in.
-    pub fn node(&self) -> Node {
+    pub(crate) fn node(&self) -> Node {
         let mut n: Node = unpack(self.rest.as_deref(), "Node");
         let meta = &mut n.metadata;
         meta.name = Some(self.name.to_string());
@@ -217,7 +210,7 @@ impl CompactNode {
         n
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -226,46 +219,46 @@ impl CompactNode {
         &self.name
     }
 
-    pub fn labels(&self) -> &StrMap {
+    pub(crate) fn labels(&self) -> &StrMap {
         self.labels.as_ref().unwrap_or(&NO_STRINGS)
     }
 
-    pub fn annotations(&self) -> &StrMap {
+    pub(crate) fn annotations(&self) -> &StrMap {
         self.annotations.as_ref().unwrap_or(&NO_STRINGS)
     }
 
     /// `spec.providerID`, unless empty.
-    pub fn provider_id(&self) -> Option<&str> {
+    pub(crate) fn provider_id(&self) -> Option<&str> {
         self.provider_id.as_deref().filter(|p| !p.is_empty())
     }
 
-    pub fn taints(&self) -> &[Taint] {
+    pub(crate) fn taints(&self) -> &[Taint] {
         self.taints.as_deref().unwrap_or_default()
     }
 
-    pub fn unschedulable(&self) -> bool {
+    pub(crate) fn unschedulable(&self) -> bool {
         self.unschedulable.unwrap_or(false)
     }
 
-    pub fn deleting(&self) -> bool {
+    pub(crate) fn deleting(&self) -> bool {
         self.deletion_timestamp.is_some()
     }
 
     /// The `Ready` condition is True.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         self.ready
     }
 
-    pub fn has_finalizer(&self, finalizer: &str) -> bool {
+    pub(crate) fn has_finalizer(&self, finalizer: &str) -> bool {
         self.finalizers.iter().any(|f| **f == *finalizer)
     }
 
-    pub fn owned_by(&self, uid: &str) -> bool {
+    pub(crate) fn owned_by(&self, uid: &str) -> bool {
         self.owner_uids.iter().any(|u| **u == *uid)
     }
 
     /// `status.allocatable`; empty when absent or unreadable, as the solver took it before.
-    pub fn allocatable(&self) -> Resources {
+    pub(crate) fn allocatable(&self) -> Resources {
         self.allocatable
             .as_ref()
             .and_then(|a| Resources::from_k8s(&a.to_quantities()).ok())
@@ -277,7 +270,7 @@ impl CompactNode {
 /// the pods of one ReplicaSet (or of one set of labels) differ in a few fields (name, uid,
 /// node, times), so each keeps only those, about a quarter of its JSON.
 #[derive(Debug)]
-pub struct Patched {
+pub(crate) struct Patched {
     proto: Arc<serde_json::Value>,
     patch: Box<[u8]>,
 }
@@ -285,7 +278,10 @@ pub struct Patched {
 impl Patched {
     /// `value` against `proto`; None when a merge patch cannot say it (a `null` in the object:
     /// a merge patch reads it as "remove"), checked by applying the patch.
-    pub fn new(proto: &Arc<serde_json::Value>, value: &serde_json::Value) -> Option<Patched> {
+    pub(crate) fn new(
+        proto: &Arc<serde_json::Value>,
+        value: &serde_json::Value,
+    ) -> Option<Patched> {
         let patch = merge_diff(proto, value).unwrap_or_else(|| serde_json::json!({}));
         let mut back = (**proto).clone();
         json_patch::merge(&mut back, &patch);
@@ -299,7 +295,7 @@ impl Patched {
     }
 
     /// The object that went in.
-    pub fn value(&self) -> Result<serde_json::Value, serde_json::Error> {
+    pub(crate) fn value(&self) -> Result<serde_json::Value, serde_json::Error> {
         let patch: serde_json::Value = serde_json::from_slice(&self.patch)?;
         let mut v = (*self.proto).clone();
         json_patch::merge(&mut v, &patch);

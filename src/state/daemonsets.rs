@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use super::feed::Index;
 
 #[derive(Default)]
-pub struct DaemonSets {
+pub(crate) struct DaemonSets {
     by_key: BTreeMap<String, Arc<DaemonSet>>,
     listed: bool,
 }
@@ -20,33 +20,29 @@ fn key(d: &DaemonSet) -> String {
 }
 
 impl DaemonSets {
-    pub fn all(&self) -> impl Iterator<Item = &Arc<DaemonSet>> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Arc<DaemonSet>> {
         self.by_key.values()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_key.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
-
-    pub fn apply(&mut self, d: DaemonSet) {
+    pub(crate) fn apply(&mut self, d: DaemonSet) {
         self.by_key.insert(key(&d), Arc::new(d));
     }
 
-    pub fn remove(&mut self, d: &DaemonSet) {
+    pub(crate) fn remove(&mut self, d: &DaemonSet) {
         self.by_key.remove(&key(d));
     }
 
     /// A fresh list replaces everything (DaemonSets deleted while the watch was down go too).
-    pub fn replace_all(&mut self, list: Vec<DaemonSet>) {
+    pub(crate) fn replace_all(&mut self, list: Vec<DaemonSet>) {
         self.by_key = list.into_iter().map(|d| (key(&d), Arc::new(d))).collect();
         self.listed = true;
     }
 
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.listed
     }
 }

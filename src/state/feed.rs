@@ -44,7 +44,7 @@ pub trait Index<K> {
 /// Feeds `index` from a watch's `events` until the stream ends. `synced` is notified after
 /// every completed list; `changed` runs after every change the index took, with what the index
 /// said of it (a re-list counts once, when it is swapped in). A watch error only logs: the watcher re-lists by itself.
-pub async fn feed<K, I, S>(
+pub(crate) async fn feed<K, I, S>(
     events: S,
     index: Arc<RwLock<I>>,
     synced: Arc<Notify>,
@@ -95,14 +95,14 @@ pub async fn feed<K, I, S>(
 /// `karpenter_capi_watch_stale_seconds_total`; a failure the watch recovers from without a
 /// list (it resumes from its resourceVersion) is not counted.
 #[derive(Debug)]
-pub struct Staleness {
+pub(crate) struct Staleness {
     watch: &'static str,
     since: Option<Instant>,
     listed: bool,
 }
 
 impl Staleness {
-    pub fn new(watch: &'static str) -> Self {
+    pub(crate) fn new(watch: &'static str) -> Self {
         Self {
             watch,
             since: None,
@@ -111,7 +111,11 @@ impl Staleness {
     }
 
     /// Note one event of the watch.
-    pub fn saw<K>(&mut self, ev: &Result<watcher::Event<K>, watcher::Error>, metrics: &Metrics) {
+    pub(crate) fn saw<K>(
+        &mut self,
+        ev: &Result<watcher::Event<K>, watcher::Error>,
+        metrics: &Metrics,
+    ) {
         match ev {
             Err(_) => {
                 self.since.get_or_insert_with(Instant::now);

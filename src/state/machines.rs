@@ -12,12 +12,12 @@ use crate::capi::model::{Machine, MachineDeployment};
 use crate::capi::scalable::{ScalableKind, ScalableRef};
 
 /// `namespace/name`, the one way this crate names a namespaced Cluster API object.
-pub fn key(namespace: &str, name: &str) -> String {
+pub(crate) fn key(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}")
 }
 
 /// The NodeClaim a Machine is bound to, from the durable annotation (invariant 1).
-pub fn bound_claim(m: &Machine) -> Option<&str> {
+pub(crate) fn bound_claim(m: &Machine) -> Option<&str> {
     m.annotations
         .get(NODECLAIM_ANNOTATION)
         .map(String::as_str)
@@ -26,14 +26,14 @@ pub fn bound_claim(m: &Machine) -> Option<&str> {
 
 /// Carries the member label but no binding of ours: claimed by another provisioner (the Go
 /// Cluster API provider labels the Machines it binds and names them on the claim).
-pub fn claimed_elsewhere(m: &Machine) -> bool {
+pub(crate) fn claimed_elsewhere(m: &Machine) -> bool {
     m.labels.contains_key(crate::api::wellknown::MEMBER_LABEL) && bound_claim(m).is_none()
 }
 
 /// Claimed by another provisioner that has marked it `cluster.x-k8s.io/delete-machine`: the
 /// Go provider marks, then decrements, so its replica is already gone (or about to go) and the
 /// Machine is Cluster API's to remove; counting or marking it again would remove a second one.
-pub fn released_elsewhere(m: &Machine) -> bool {
+pub(crate) fn released_elsewhere(m: &Machine) -> bool {
     claimed_elsewhere(m)
         && m.annotations
             .contains_key(crate::api::wellknown::DELETE_MACHINE_ANNOTATION)
@@ -41,12 +41,12 @@ pub fn released_elsewhere(m: &Machine) -> bool {
 
 /// The key of a Machine's MachineDeployment or MachinePool (`ScalableRef::key`), when it
 /// belongs to one.
-pub fn deployment_key(m: &Machine) -> Option<String> {
+pub(crate) fn deployment_key(m: &Machine) -> Option<String> {
     m.scalable().map(|s| s.key())
 }
 
 #[derive(Default)]
-pub struct Machines {
+pub(crate) struct Machines {
     by_key: HashMap<String, Arc<Machine>>,
     /// The Machines of each MachineDeployment (or MachinePool) in [`Turn`] order, kept so on
     /// every change: the Scaler and the disruption pass read them on every replan and pass,
@@ -68,32 +68,25 @@ pub struct Machines {
 const PROVIDER_ID_SEEN_SLACK: usize = 64;
 
 impl Machines {
-    pub fn provider_id_seen(&self, key: &str) -> Option<Instant> {
+    pub(crate) fn provider_id_seen(&self, key: &str) -> Option<Instant> {
         self.provider_id_seen.get(key).copied()
     }
 
-    pub fn get(&self, key: &str) -> Option<Arc<Machine>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Machine>> {
         self.by_key.get(key).cloned()
     }
 
-    pub fn len(&self) -> usize {
-        self.by_key.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }
 
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced
     }
 
-    pub fn all(&self) -> impl Iterator<Item = &Arc<Machine>> {
-        self.by_key.values()
-    }
-
     /// Machines of one MachineDeployment, oldest first (ties by name), so FIFO binding is stable.
-    pub fn of_deployment(&self, md_key: &str) -> Vec<&Machine> {
+    pub(crate) fn of_deployment(&self, md_key: &str) -> Vec<&Machine> {
         self.by_md
             .get(md_key)
             .into_iter()
@@ -103,7 +96,7 @@ impl Machines {
     }
 
     /// The Machine bound to a claim, if exactly one is; `Err` lists them when several are.
-    pub fn bound_to(&self, claim: &str) -> Result<Option<Arc<Machine>>, Vec<String>> {
+    pub(crate) fn bound_to(&self, claim: &str) -> Result<Option<Arc<Machine>>, Vec<String>> {
         let Some(keys) = self.by_claim.get(claim) else {
             return Ok(None);
         };
@@ -114,7 +107,7 @@ impl Machines {
         }
     }
 
-    pub fn by_provider_id(&self, provider_id: &str) -> Option<Arc<Machine>> {
+    pub(crate) fn by_provider_id(&self, provider_id: &str) -> Option<Arc<Machine>> {
         self.by_provider_id
             .get(provider_id)
             .and_then(|k| self.by_key.get(k).cloned())
@@ -122,7 +115,7 @@ impl Machines {
 
     /// Apply one watched object unless a write response of ours is ahead of it (see
     /// `versions`); returns the previous version.
-    pub fn apply(&mut self, m: Machine) -> Option<Arc<Machine>> {
+    pub(crate) fn apply(&mut self, m: Machine) -> Option<Arc<Machine>> {
         let k = key(&m.namespace, &m.name);
         if !self.fresh.watched(&k, &m.resource_version) {
             return self.by_key.get(&k).cloned();
@@ -132,7 +125,7 @@ impl Machines {
 
     /// Apply the answer of our own write or read, unless the watch already delivered it (then
     /// the index may hold something newer).
-    pub fn apply_response(&mut self, m: Machine) -> Option<Arc<Machine>> {
+    pub(crate) fn apply_response(&mut self, m: Machine) -> Option<Arc<Machine>> {
         let k = key(&m.namespace, &m.name);
         if !self.fresh.responded(&k, &m.resource_version) {
             return self.by_key.get(&k).cloned();
@@ -169,14 +162,14 @@ impl Machines {
     }
 
     /// The index's copy of `labels`, kept from now on if it has none (see [`Shared`]).
-    pub fn share_labels(
+    pub(crate) fn share_labels(
         &mut self,
         labels: Arc<BTreeMap<String, String>>,
     ) -> Arc<BTreeMap<String, String>> {
         self.labels.share(labels)
     }
 
-    pub fn remove(&mut self, k: &str) -> Option<Arc<Machine>> {
+    pub(crate) fn remove(&mut self, k: &str) -> Option<Arc<Machine>> {
         self.fresh.forget(k);
         self.detach(k)
     }
@@ -212,7 +205,7 @@ impl Machines {
     }
 
     /// Replace everything after a (re-)list; returns the keys that disappeared.
-    pub fn replace_all(&mut self, machines: Vec<Machine>) -> Vec<Arc<Machine>> {
+    pub(crate) fn replace_all(&mut self, machines: Vec<Machine>) -> Vec<Arc<Machine>> {
         let mut old = std::mem::take(&mut self.by_key);
         self.by_md.clear();
         self.by_claim.clear();
@@ -233,17 +226,9 @@ impl Machines {
     }
 
     /// Objects the freshness bookkeeping tracks (tests check it shrinks with the index).
-    pub fn tracked(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn tracked(&self) -> usize {
         self.fresh.len()
-    }
-
-    /// Machines named by two claims or claims naming two Machines (invariant 1 violations).
-    pub fn double_bound(&self) -> BTreeMap<String, Vec<String>> {
-        self.by_claim
-            .iter()
-            .filter(|(_, ms)| ms.len() > 1)
-            .map(|(c, ms)| (c.clone(), ms.iter().cloned().collect()))
-            .collect()
     }
 }
 
@@ -297,18 +282,18 @@ pub struct MachineDeployments {
 /// A MachineDeployment the model could not read: its labels (what a NodeClass selects by) and
 /// why.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Unreadable {
-    pub labels: BTreeMap<String, String>,
-    pub error: String,
+pub(crate) struct Unreadable {
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) error: String,
 }
 
 impl MachineDeployments {
-    pub fn get(&self, key: &str) -> Option<Arc<MachineDeployment>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<MachineDeployment>> {
         self.by_key.get(key).cloned()
     }
 
     /// Whether Cluster API leaves `md` alone: its own pause, or its Cluster's.
-    pub fn paused(&self, md: &MachineDeployment) -> bool {
+    pub(crate) fn paused(&self, md: &MachineDeployment) -> bool {
         crate::capi::autoscaler::paused(md) || self.cluster_paused(md)
     }
 
@@ -321,7 +306,7 @@ impl MachineDeployments {
     }
 
     /// The paused Clusters become exactly `paused`; true when that changed anything.
-    pub fn set_paused_clusters(&mut self, paused: BTreeSet<String>) -> bool {
+    pub(crate) fn set_paused_clusters(&mut self, paused: BTreeSet<String>) -> bool {
         let changed = self.paused_clusters != paused;
         self.paused_clusters = paused;
         changed
@@ -338,13 +323,13 @@ impl MachineDeployments {
 
     /// Whether Cluster API leaves `md`'s replicas to the controller: not paused, and not held
     /// by a topology. The one rule every replica write asks.
-    pub fn writable(&self, md: &MachineDeployment) -> bool {
+    pub(crate) fn writable(&self, md: &MachineDeployment) -> bool {
         !self.paused(md) && self.replicas_held(md).is_none()
     }
 
     /// The topologies' entries that set replicas become exactly `entries` (Clusters without
     /// any left out); true when that changed anything.
-    pub fn set_topology_replicas(
+    pub(crate) fn set_topology_replicas(
         &mut self,
         entries: BTreeMap<String, BTreeSet<crate::capi::topology::Entry>>,
     ) -> bool {
@@ -357,33 +342,26 @@ impl MachineDeployments {
         self.by_key.values()
     }
 
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced
     }
 
     /// The objects of `kind` have been listed at least once: one missing from the index is
     /// gone, not merely not listed yet.
-    pub fn listed(&self, kind: ScalableKind) -> bool {
+    pub(crate) fn listed(&self, kind: ScalableKind) -> bool {
         self.listed.contains(&kind)
     }
 
     /// Apply a watched object unless a write response of ours is ahead of it.
-    pub fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
+    pub(crate) fn apply(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
         let k = md.key();
         let take = self.fresh.watched(&k, &md.resource_version);
         self.take_if(take, k, md)
     }
 
-    /// Apply the answer of our own write or read, unless the watch already delivered it.
-    pub fn apply_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
-        let k = md.key();
-        let take = self.fresh.responded(&k, &md.resource_version);
-        self.take_if(take, k, md)
-    }
-
     /// Apply the answer of the Scaler's own write or read: it sends one at a time, so each
     /// answer is newer than its last (see `Freshness::superseded`).
-    pub fn apply_own_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
+    pub(crate) fn apply_own_response(&mut self, md: MachineDeployment) -> Arc<MachineDeployment> {
         let k = md.key();
         let take = self.fresh.superseded(&k, &md.resource_version);
         self.take_if(take, k, md)
@@ -399,7 +377,7 @@ impl MachineDeployments {
         md
     }
 
-    pub fn remove(&mut self, k: &str) -> Option<Arc<MachineDeployment>> {
+    pub(crate) fn remove(&mut self, k: &str) -> Option<Arc<MachineDeployment>> {
         self.fresh.forget(k);
         self.unreadable.remove(k);
         self.by_key.remove(k)
@@ -407,7 +385,11 @@ impl MachineDeployments {
 
     /// The watch delivered a version of `k` the model cannot read: what was read of it before
     /// no longer stands.
-    pub fn mark_unreadable(&mut self, k: String, u: Unreadable) -> Option<Arc<MachineDeployment>> {
+    pub(crate) fn mark_unreadable(
+        &mut self,
+        k: String,
+        u: Unreadable,
+    ) -> Option<Arc<MachineDeployment>> {
         self.fresh.forget(&k);
         let old = self.by_key.remove(&k);
         self.unreadable.insert(k, u);
@@ -415,12 +397,16 @@ impl MachineDeployments {
     }
 
     /// The MachineDeployments the model cannot read, by key.
-    pub fn unreadable(&self) -> &BTreeMap<String, Unreadable> {
+    pub(crate) fn unreadable(&self) -> &BTreeMap<String, Unreadable> {
         &self.unreadable
     }
 
     /// After a re-list of `kind`: these are its unreadable ones now (the other kind's stand).
-    pub fn replace_unreadable(&mut self, kind: ScalableKind, all: BTreeMap<String, Unreadable>) {
+    pub(crate) fn replace_unreadable(
+        &mut self,
+        kind: ScalableKind,
+        all: BTreeMap<String, Unreadable>,
+    ) {
         self.unreadable
             .retain(|k, _| ScalableRef::parse(k).is_some_and(|r| r.kind != kind));
         self.unreadable.extend(all);
@@ -428,7 +414,7 @@ impl MachineDeployments {
 
     /// Replaces every object of `kind` (MachineDeployments and MachinePools are listed by
     /// separate watches); returns the ones that went.
-    pub fn replace_all(
+    pub(crate) fn replace_all(
         &mut self,
         kind: ScalableKind,
         mds: Vec<MachineDeployment>,

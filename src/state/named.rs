@@ -73,11 +73,11 @@ pub struct Named<K> {
     kind: PhantomData<K>,
 }
 
-pub type NodePoolIndex = Named<NodePool>;
-pub type NodeClassIndex = Named<ClusterAPINodeClass>;
-pub type NodeOverlayIndex = Named<NodeOverlay>;
-pub type QuotaIndex = Named<CapacityQuota>;
-pub type BufferIndex = Named<CapacityBuffer>;
+pub(crate) type NodePoolIndex = Named<NodePool>;
+pub(crate) type NodeClassIndex = Named<ClusterAPINodeClass>;
+pub(crate) type NodeOverlayIndex = Named<NodeOverlay>;
+pub(crate) type QuotaIndex = Named<CapacityQuota>;
+pub(crate) type BufferIndex = Named<CapacityBuffer>;
 
 impl<K> Default for Named<K> {
     fn default() -> Self {
@@ -91,34 +91,34 @@ impl<K> Default for Named<K> {
 }
 
 impl<K> Named<K> {
-    pub fn get(&self, name: &str) -> Option<&Arc<K>> {
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<K>> {
         self.ok.get(name)
     }
 
     /// Every object that decodes, by name.
-    pub fn all(&self) -> &HashMap<String, Arc<K>> {
+    pub(crate) fn all(&self) -> &HashMap<String, Arc<K>> {
         &self.ok
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &Arc<K>> {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Arc<K>> {
         self.ok.values()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.ok.len() + self.malformed.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The objects the types cannot decode, by name.
-    pub fn malformed(&self) -> &BTreeMap<String, Malformed> {
+    pub(crate) fn malformed(&self) -> &BTreeMap<String, Malformed> {
         &self.malformed
     }
 
     /// The first list has completed.
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.listed
     }
 }

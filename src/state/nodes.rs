@@ -13,7 +13,8 @@ use super::compact::CompactNode;
 use super::feed::Index;
 use super::versions::Freshness;
 
-pub fn provider_id(n: &Node) -> Option<&str> {
+#[cfg(test)]
+pub(crate) fn provider_id(n: &Node) -> Option<&str> {
     n.spec
         .as_ref()
         .and_then(|s| s.provider_id.as_deref())
@@ -33,42 +34,39 @@ pub struct Nodes {
 }
 
 impl Nodes {
-    pub fn get(&self, name: &str) -> Option<Arc<Node>> {
+    pub(crate) fn get(&self, name: &str) -> Option<Arc<Node>> {
         self.by_name.get(name).map(|n| Arc::new(n.node()))
     }
 
     /// The compact form (nothing rebuilt).
-    pub fn compact(&self, name: &str) -> Option<&Arc<CompactNode>> {
+    pub(crate) fn compact(&self, name: &str) -> Option<&Arc<CompactNode>> {
         self.by_name.get(name)
     }
 
     /// The compact form (nothing rebuilt).
-    pub fn compact_by_provider_id(&self, pid: &str) -> Option<&Arc<CompactNode>> {
+    pub(crate) fn compact_by_provider_id(&self, pid: &str) -> Option<&Arc<CompactNode>> {
         self.by_provider_id.get(pid).and_then(|n| self.compact(n))
     }
 
-    pub fn contains(&self, name: &str) -> bool {
+    pub(crate) fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
 
-    pub fn by_provider_id(&self, pid: &str) -> Option<Arc<Node>> {
+    pub(crate) fn by_provider_id(&self, pid: &str) -> Option<Arc<Node>> {
         self.by_provider_id.get(pid).and_then(|n| self.get(n))
     }
 
     /// Every Node in its compact form (nothing rebuilt).
-    pub fn all(&self) -> impl Iterator<Item = &CompactNode> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &CompactNode> {
         self.by_name.values().map(|n| &**n)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_name.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
-    }
-
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced
     }
 
@@ -86,7 +84,7 @@ impl Nodes {
 
     /// Apply the answer of our own write, unless the watch already delivered it (then the
     /// index may hold something newer).
-    pub fn apply_response(&mut self, n: Node) {
+    pub(crate) fn apply_response(&mut self, n: Node) {
         let version = n.metadata.resource_version.clone().unwrap_or_default();
         if self.fresh.responded(&n.name_any(), &version) {
             self.insert(CompactNode::new(n));
@@ -103,7 +101,7 @@ impl Nodes {
     }
 
     /// The Node is gone (a watch delete).
-    pub fn remove(&mut self, name: &str) -> Option<Arc<CompactNode>> {
+    pub(crate) fn remove(&mut self, name: &str) -> Option<Arc<CompactNode>> {
         self.fresh.forget(name);
         self.take_out(name)
     }
@@ -120,7 +118,7 @@ impl Nodes {
 
     /// Replace everything after a (re-)list (compacted as it arrived); returns the Nodes that
     /// disappeared.
-    pub fn replace_all(&mut self, nodes: Vec<CompactNode>) -> Vec<Arc<CompactNode>> {
+    pub(crate) fn replace_all(&mut self, nodes: Vec<CompactNode>) -> Vec<Arc<CompactNode>> {
         let mut old = std::mem::take(&mut self.by_name);
         self.by_provider_id.clear();
         self.fresh.clear();

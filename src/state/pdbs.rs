@@ -11,19 +11,19 @@ use super::feed::Index;
 use super::reschedulable::Pdbs;
 
 #[derive(Default)]
-pub struct PodDisruptionBudgets {
+pub(crate) struct PodDisruptionBudgets {
     by_key: Pdbs,
     listed: bool,
 }
 
 impl PodDisruptionBudgets {
     /// Every budget, by `namespace/name`.
-    pub fn all(&self) -> &Pdbs {
+    pub(crate) fn all(&self) -> &Pdbs {
         &self.by_key
     }
 
     /// The first list has completed.
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.listed
     }
 }

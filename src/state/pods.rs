@@ -13,11 +13,11 @@ use super::shared::Shared;
 use crate::api::resources::{Quantity, Resources};
 
 mod summary;
-pub use summary::PodSummary;
+pub(crate) use summary::PodSummary;
 
 mod rules;
 use rules::daemonset_of;
-pub use rules::*;
+pub(crate) use rules::*;
 
 /// One pod as the index keeps it. Provisionable pods stay whole (every solve reads them, and
 /// there are few); every other pod is kept as the difference of its trimmed JSON from the first
@@ -143,7 +143,7 @@ impl Sums {
 }
 
 #[derive(Default)]
-pub struct Pods {
+pub(crate) struct Pods {
     /// Keys are shared by `by_key`, `provisionable` and `by_node` (one copy per pod).
     by_key: HashMap<Arc<str>, Entry>,
     provisionable: BTreeSet<Arc<str>>,
@@ -166,31 +166,31 @@ pub struct Pods {
 }
 
 impl Pods {
-    pub fn get(&self, key: &str) -> Option<Arc<Pod>> {
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Pod>> {
         self.by_key.get(key).and_then(Entry::pod)
     }
 
-    pub fn contains(&self, key: &str) -> bool {
+    pub(crate) fn contains(&self, key: &str) -> bool {
         self.by_key.contains_key(key)
     }
 
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced
     }
 
-    pub fn provisionable(&self) -> Vec<Arc<Pod>> {
+    pub(crate) fn provisionable(&self) -> Vec<Arc<Pod>> {
         self.provisionable
             .iter()
             .filter_map(|k| self.get(k))
             .collect()
     }
 
-    pub fn provisionable_count(&self) -> usize {
+    pub(crate) fn provisionable_count(&self) -> usize {
         self.provisionable.len()
     }
 
     /// Pods bound to a node and still running there.
-    pub fn on_node(&self, node: &str) -> Vec<Arc<Pod>> {
+    pub(crate) fn on_node(&self, node: &str) -> Vec<Arc<Pod>> {
         self.by_node
             .get(node)
             .into_iter()
@@ -200,7 +200,7 @@ impl Pods {
     }
 
     /// What [`Pods::on_node`] returns, as summaries (nothing decoded).
-    pub fn summaries_on(&self, node: &str) -> Vec<&PodSummary> {
+    pub(crate) fn summaries_on(&self, node: &str) -> Vec<&PodSummary> {
         self.by_node
             .get(node)
             .into_iter()
@@ -212,7 +212,7 @@ impl Pods {
 
     /// How many pods on a node need a new home if it goes ([`is_reschedulable`]): what
     /// `karpenter_pods_disruption_initiated_total` adds when the node's claim is disrupted.
-    pub fn reschedulable_on_node(&self, node: &str) -> usize {
+    pub(crate) fn reschedulable_on_node(&self, node: &str) -> usize {
         self.summaries_on(node)
             .iter()
             .filter(|p| p.is_reschedulable())
@@ -221,21 +221,21 @@ impl Pods {
 
     /// The requests of the pods on a node (DaemonSet pods included), one `pods` each: what
     /// [`Pods::on_node`] would sum to, without decoding them.
-    pub fn requested_on(&self, node: &str) -> Resources {
+    pub(crate) fn requested_on(&self, node: &str) -> Resources {
         self.requested.get(node)
     }
 
     /// The part of [`Pods::requested_on`] that is DaemonSet pods'.
-    pub fn daemon_requested_on(&self, node: &str) -> Resources {
+    pub(crate) fn daemon_requested_on(&self, node: &str) -> Resources {
         self.daemon_requested.get(node)
     }
 
-    pub fn bound(&self) -> Vec<Arc<Pod>> {
+    pub(crate) fn bound(&self) -> Vec<Arc<Pod>> {
         self.bound_where(|_| true)
     }
 
     /// Bound pods holding host ports (decoding only those).
-    pub fn bound_with_host_ports(&self) -> Vec<Arc<Pod>> {
+    pub(crate) fn bound_with_host_ports(&self) -> Vec<Arc<Pod>> {
         self.bound_where(|e| e.host_ports)
     }
 
@@ -251,7 +251,7 @@ impl Pods {
 
     /// The newest pod of the DaemonSet with this uid: what a new node will really run (a
     /// mutating webhook or LimitRange may have changed the template's requests).
-    pub fn daemonset_pod(&self, uid: &str) -> Option<Arc<Pod>> {
+    pub(crate) fn daemonset_pod(&self, uid: &str) -> Option<Arc<Pod>> {
         self.daemon_pods.get(uid).and_then(|k| self.get(k))
     }
 
@@ -273,12 +273,12 @@ impl Pods {
     }
 
     /// Whether any pod has inter-pod constraints (then every bound pod matters to a solve).
-    pub fn any_with_pod_terms(&self) -> bool {
+    pub(crate) fn any_with_pod_terms(&self) -> bool {
         self.with_terms > 0
     }
 
     /// Apply one watched pod; true when it is (newly or still) provisionable.
-    pub fn apply(&mut self, mut p: Pod) -> bool {
+    pub(crate) fn apply(&mut self, mut p: Pod) -> bool {
         super::trim::pod(&mut p);
         let k: Arc<str> = Arc::from(key(&p));
         let old = self.forget(&k).and_then(|e| e.daemonset);
@@ -374,7 +374,7 @@ impl Pods {
     }
 
     /// Forget a pod; true when the index held it.
-    pub fn remove(&mut self, k: &str) -> bool {
+    pub(crate) fn remove(&mut self, k: &str) -> bool {
         let Some(old) = self.forget(k) else {
             return false;
         };
@@ -415,7 +415,7 @@ impl Pods {
     }
 
     /// Every pod that names a node (terminal ones too), decoded one at a time, through `f`.
-    pub fn each_on_a_node<T>(&self, mut f: impl FnMut(&Pod) -> Option<T>) -> Vec<T> {
+    pub(crate) fn each_on_a_node<T>(&self, mut f: impl FnMut(&Pod) -> Option<T>) -> Vec<T> {
         self.by_key
             .values()
             .filter(|e| match &e.stored {
@@ -430,14 +430,14 @@ impl Pods {
     }
 
     /// Take the contents of an index built from a fresh list (it is then synced).
-    pub fn replace_with(&mut self, fresh: Pods) {
+    pub(crate) fn replace_with(&mut self, fresh: Pods) {
         *self = Pods {
             synced: true,
             ..fresh
         };
     }
 
-    pub fn replace_all(&mut self, pods: Vec<Pod>) {
+    pub(crate) fn replace_all(&mut self, pods: Vec<Pod>) {
         self.by_key.clear();
         self.provisionable.clear();
         self.by_node.clear();

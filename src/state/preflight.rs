@@ -4,19 +4,19 @@
 
 use std::collections::BTreeMap;
 
-pub use crate::capi::preflight::PreflightHold;
+pub(crate) use crate::capi::preflight::PreflightHold;
 
 /// MachineSets reporting a failing preflight check, by MachineSet key (`namespace/name`), each
 /// with its MachineDeployment's key. Only holding sets are kept: the rest need no memory.
 #[derive(Default)]
-pub struct PreflightHolds {
+pub(crate) struct PreflightHolds {
     by_set: BTreeMap<String, (String, PreflightHold)>,
 }
 
 impl PreflightHolds {
     /// The hold on `md_key`'s scale-up, if one of its MachineSets reports one (the first by
     /// name when several do, as during a rollout).
-    pub fn of_deployment(&self, md_key: &str) -> Option<&PreflightHold> {
+    pub(crate) fn of_deployment(&self, md_key: &str) -> Option<&PreflightHold> {
         self.by_set
             .values()
             .find(|(md, _)| md == md_key)
@@ -25,7 +25,7 @@ impl PreflightHolds {
 
     /// MachineSet `set` (of MachineDeployment `md_key`) now holds `hold` (None: nothing). Returns
     /// whether what `md_key`'s claims see changed.
-    pub fn set(&mut self, set: &str, md_key: &str, hold: Option<PreflightHold>) -> bool {
+    pub(crate) fn set(&mut self, set: &str, md_key: &str, hold: Option<PreflightHold>) -> bool {
         let before = self.of_deployment(md_key).cloned();
         match hold {
             Some(h) => self.by_set.insert(set.to_string(), (md_key.to_string(), h)),
@@ -35,7 +35,10 @@ impl PreflightHolds {
     }
 
     /// After a re-list: exactly `all` hold. Returns the MachineDeployments whose hold changed.
-    pub fn replace_all(&mut self, all: BTreeMap<String, (String, PreflightHold)>) -> Vec<String> {
+    pub(crate) fn replace_all(
+        &mut self,
+        all: BTreeMap<String, (String, PreflightHold)>,
+    ) -> Vec<String> {
         let old = std::mem::replace(&mut self.by_set, all);
         let mut touched: Vec<String> = old
             .values()
@@ -51,11 +54,13 @@ impl PreflightHolds {
             .collect()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.by_set.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_set.is_empty()
     }
 }

@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 const WINDOW: usize = 4;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Health {
+pub(crate) enum Health {
     Unknown,
     Healthy,
     Unhealthy,
@@ -19,10 +19,10 @@ pub enum Health {
 
 /// What the condition should say after the last outcome that moved it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    pub healthy: bool,
-    pub reason: String,
-    pub message: String,
+pub(crate) struct Verdict {
+    pub(crate) healthy: bool,
+    pub(crate) reason: String,
+    pub(crate) message: String,
 }
 
 #[derive(Default)]
@@ -55,13 +55,13 @@ fn push(outcomes: &mut VecDeque<bool>, ok: bool) {
 }
 
 #[derive(Default)]
-pub struct RegistrationHealth {
+pub(crate) struct RegistrationHealth {
     pools: HashMap<String, Pool>,
 }
 
 impl RegistrationHealth {
     /// A claim of `pool` registered (`Ok`) or timed out (`Err((reason, message))`).
-    pub fn record(&mut self, pool: &str, outcome: Result<(), (String, String)>) {
+    pub(crate) fn record(&mut self, pool: &str, outcome: Result<(), (String, String)>) {
         let p = self.pools.entry(pool.to_string()).or_default();
         let ok = outcome.is_ok();
         let mut after = p.outcomes.clone();
@@ -90,7 +90,8 @@ impl RegistrationHealth {
         p.outcomes = after;
     }
 
-    pub fn health(&self, pool: &str) -> Health {
+    #[cfg(test)]
+    pub(crate) fn health(&self, pool: &str) -> Health {
         self.pools
             .get(pool)
             .map_or(Health::Unknown, |p| health(&p.outcomes))
@@ -100,7 +101,7 @@ impl RegistrationHealth {
     /// status and observed generation, `generation` the pool's. Returns the condition to write:
     /// `None` to leave it, `Some(None)` for Unknown (a changed spec starts afresh), or the
     /// verdict.
-    pub fn desired(
+    pub(crate) fn desired(
         &mut self,
         pool: &str,
         generation: Option<i64>,
@@ -136,7 +137,7 @@ impl RegistrationHealth {
     }
 
     /// Keep only the pools that still exist.
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.pools.retain(|pool, _| keep(pool));
     }
 }

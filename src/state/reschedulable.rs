@@ -28,13 +28,13 @@ pub fn currently_reschedulable(p: &Pod, pdbs: &Pdbs, now: jiff::Timestamp) -> bo
 
 /// The budgets that block every eviction, their selectors parsed once (a snapshot asks for
 /// every pod of every deleting node).
-pub struct Budgets {
+pub(crate) struct Budgets {
     /// (namespace, selector) of each fully blocking budget.
     blocking: Vec<(String, Selector)>,
 }
 
 impl Budgets {
-    pub fn new(pdbs: &Pdbs) -> Self {
+    pub(crate) fn new(pdbs: &Pdbs) -> Self {
         let blocking = pdbs
             .values()
             .filter_map(|b| {
@@ -56,7 +56,7 @@ impl Budgets {
     }
 
     /// [`currently_reschedulable`] against these budgets.
-    pub fn reschedulable(&self, p: &Pod, now: jiff::Timestamp) -> bool {
+    pub(crate) fn reschedulable(&self, p: &Pod, now: jiff::Timestamp) -> bool {
         pods::is_reschedulable(p) && !pods::do_not_disrupt(p, now) && !self.fully_blocked(p)
     }
 

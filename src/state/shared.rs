@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::hash::Hash;
 use std::sync::Arc;
 
-pub struct Shared<T> {
+pub(crate) struct Shared<T> {
     known: HashSet<Arc<T>>,
     /// How many values were left by the last sweep of unused ones.
     swept: usize,
@@ -23,7 +23,7 @@ impl<T> Default for Shared<T> {
 
 impl<T: Hash + Eq> Shared<T> {
     /// The kept copy of `value`, kept from now on if there is none.
-    pub fn share(&mut self, value: Arc<T>) -> Arc<T> {
+    pub(crate) fn share(&mut self, value: Arc<T>) -> Arc<T> {
         if let Some(known) = self.known.get(&value) {
             return known.clone();
         }
@@ -31,7 +31,7 @@ impl<T: Hash + Eq> Shared<T> {
     }
 
     /// [`Shared::share`] for a borrowed value: it is copied only when no copy is kept yet.
-    pub fn share_ref(&mut self, value: &T) -> Arc<T>
+    pub(crate) fn share_ref(&mut self, value: &T) -> Arc<T>
     where
         T: Clone,
     {
@@ -52,15 +52,12 @@ impl<T: Hash + Eq> Shared<T> {
         value
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.known.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.known.is_empty()
-    }
-
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.known.clear();
         self.swept = 0;
     }

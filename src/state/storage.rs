@@ -11,17 +11,17 @@ use crate::scheduling::volumes::{CsiLimits, VolumeCatalog, csinode_limits};
 
 /// The catalog and whether each of its three watches has listed once.
 #[derive(Default)]
-pub struct Storage {
-    pub catalog: VolumeCatalog,
+pub(crate) struct Storage {
+    pub(crate) catalog: VolumeCatalog,
     /// CSINodes' attach limits by node.
-    pub csi_limits: CsiLimits,
+    pub(crate) csi_limits: CsiLimits,
     /// Claims, volumes, classes, CSINodes.
     listed: [bool; 4],
 }
 
 /// Which watch a re-list came from.
 #[derive(Clone, Copy, Debug)]
-pub enum Kind {
+pub(crate) enum Kind {
     Claims = 0,
     Volumes = 1,
     Classes = 2,
@@ -29,11 +29,11 @@ pub enum Kind {
 }
 
 impl Storage {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.listed.iter().all(|l| *l)
     }
 
-    pub fn mark_listed(&mut self, kind: Kind) {
+    pub(crate) fn mark_listed(&mut self, kind: Kind) {
         self.listed[kind as usize] = true;
     }
 }

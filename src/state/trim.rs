@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Drop `managedFields`: server-side apply bookkeeping, never read here.
-pub fn meta(m: &mut ObjectMeta) {
+pub(crate) fn meta(m: &mut ObjectMeta) {
     m.managed_fields = None;
 }
 
@@ -23,7 +23,7 @@ pub fn meta(m: &mut ObjectMeta) {
 /// `unhealthyPodEvictionPolicy: AlwaysAllow` lets a pod that is not Ready go). Dropped: images,
 /// commands, environment, probes, mounts, security contexts, container statuses, addresses and
 /// the other conditions.
-pub fn pod(p: &mut Pod) {
+pub(crate) fn pod(p: &mut Pod) {
     meta(&mut p.metadata);
     if let Some(spec) = p.spec.as_mut() {
         spec.containers.iter_mut().for_each(container);
@@ -79,7 +79,7 @@ fn container(c: &mut Container) {
 /// the other conditions (the pressure conditions a real kubelet posts), the conditions'
 /// heartbeats and messages, node info, addresses, daemon endpoints, volumes in use or attached
 /// (VolumeAttachments are watched instead), config and features.
-pub fn node_keeping(n: &mut Node, kept: &[String]) {
+pub(crate) fn node_keeping(n: &mut Node, kept: &[String]) {
     if let Some(cs) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
         cs.retain(|c| c.type_ == "Ready" || kept.contains(&c.type_));
     }
@@ -87,13 +87,14 @@ pub fn node_keeping(n: &mut Node, kept: &[String]) {
 }
 
 /// [`node_keeping`] with no condition but `Ready`.
-pub fn node(n: &mut Node) {
+#[cfg(test)]
+pub(crate) fn node(n: &mut Node) {
     node_keeping(n, &[]);
 }
 
 /// Everything [`node_keeping`] drops but the conditions it leaves out: the Node index's own
 /// trim, after the watch's (which knows the policies) chose the conditions.
-pub fn node_body(n: &mut Node) {
+pub(crate) fn node_body(n: &mut Node) {
     meta(&mut n.metadata);
     if let Some(status) = n.status.as_mut() {
         status.capacity = None;

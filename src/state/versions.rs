@@ -33,7 +33,7 @@ const GONE_TTL: Duration = Duration::from_secs(330);
 
 /// Per-object bookkeeping for one index (keys are the index's keys).
 #[derive(Debug, Default)]
-pub struct Freshness {
+pub(crate) struct Freshness {
     pending: HashMap<String, (String, Instant)>,
     recent: HashMap<String, VecDeque<String>>,
     /// Names whose deletion the watch delivered, and when (see the module's notes).
@@ -44,7 +44,7 @@ pub struct Freshness {
 
 impl Freshness {
     /// A write or read response carries `version` for `key`: whether to take it.
-    pub fn responded(&mut self, key: &str, version: &str) -> bool {
+    pub(crate) fn responded(&mut self, key: &str, version: &str) -> bool {
         if self.is_gone(key) {
             return false;
         }
@@ -75,7 +75,7 @@ impl Freshness {
     /// response of another writer may be shadowed early; the index then shows this version
     /// until the watch reaches it and catches up from there (every guarded write stays safe).
     /// Not taken when the watch already delivered it (the index may hold something newer).
-    pub fn superseded(&mut self, key: &str, version: &str) -> bool {
+    pub(crate) fn superseded(&mut self, key: &str, version: &str) -> bool {
         if self.is_gone(key) {
             return false;
         }
@@ -92,7 +92,7 @@ impl Freshness {
     }
 
     /// The watch delivered `version` for `key`: whether to take it.
-    pub fn watched(&mut self, key: &str, version: &str) -> bool {
+    pub(crate) fn watched(&mut self, key: &str, version: &str) -> bool {
         // The watch shows the name again after its deletion: a new object of that name.
         self.gone.remove(key);
         // Most objects never change after the list: room for one version until a second comes.
@@ -124,7 +124,7 @@ impl Freshness {
 
     /// The watch delivered the object's deletion (or a re-list left it out): forget its
     /// versions, and refuse responses for it until `GONE_TTL` has passed.
-    pub fn forget(&mut self, key: &str) {
+    pub(crate) fn forget(&mut self, key: &str) {
         self.pending.remove(key);
         self.recent.remove(key);
         let now = Instant::now();
@@ -135,7 +135,7 @@ impl Freshness {
 
     /// A re-list replaced the index: the list is as new as anything we hold. Deleted names
     /// stay refused: a response older than the deletion is older than the list too.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.pending.clear();
         self.recent.clear();
     }
@@ -161,7 +161,8 @@ impl Freshness {
 
     /// Objects with bookkeeping (for the tests that check maps shrink). Deleted names are not
     /// counted: they go by themselves after `GONE_TTL`.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         let extra = self
             .pending
             .keys()
@@ -170,7 +171,8 @@ impl Freshness {
         self.recent.len() + extra
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

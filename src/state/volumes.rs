@@ -10,13 +10,13 @@ use super::feed::Index;
 
 /// One attachment: its name and the PersistentVolume it attaches (None for inline volumes).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Attachment {
-    pub name: String,
-    pub persistent_volume: Option<String>,
+pub(crate) struct Attachment {
+    pub(crate) name: String,
+    pub(crate) persistent_volume: Option<String>,
 }
 
 #[derive(Default)]
-pub struct VolumeAttachments {
+pub(crate) struct VolumeAttachments {
     /// node -> attachment name -> PersistentVolume name.
     by_node: HashMap<String, BTreeMap<String, Option<String>>>,
     /// attachment name -> node (to move or drop an attachment on change).
@@ -25,11 +25,11 @@ pub struct VolumeAttachments {
 }
 
 impl VolumeAttachments {
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.synced
     }
 
-    pub fn on_node(&self, node: &str) -> Vec<Attachment> {
+    pub(crate) fn on_node(&self, node: &str) -> Vec<Attachment> {
         self.by_node
             .get(node)
             .into_iter()
@@ -42,7 +42,7 @@ impl VolumeAttachments {
     }
 
     /// Apply one watched attachment; returns the nodes whose attachments changed.
-    pub fn apply(&mut self, va: &VolumeAttachment) -> Vec<String> {
+    pub(crate) fn apply(&mut self, va: &VolumeAttachment) -> Vec<String> {
         let name = va.name_any();
         let mut changed = self.remove(&name);
         let node = va.spec.node_name.clone();
@@ -61,7 +61,7 @@ impl VolumeAttachments {
     }
 
     /// Forget an attachment; returns the node it was on.
-    pub fn remove(&mut self, name: &str) -> Vec<String> {
+    pub(crate) fn remove(&mut self, name: &str) -> Vec<String> {
         let Some(node) = self.node_of.remove(name) else {
             return Vec::new();
         };
@@ -75,7 +75,7 @@ impl VolumeAttachments {
     }
 
     /// A full re-list; returns every node whose attachments may have changed.
-    pub fn replace_all(&mut self, all: &[VolumeAttachment]) -> Vec<String> {
+    pub(crate) fn replace_all(&mut self, all: &[VolumeAttachment]) -> Vec<String> {
         let mut touched: Vec<String> = self.by_node.keys().cloned().collect();
         self.by_node.clear();
         self.node_of.clear();

@@ -10,7 +10,7 @@ use crate::scheduling::default_spread::Workloads;
 
 /// Which watch a re-list came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Services = 0,
     ReplicaSets = 1,
     StatefulSets = 2,
@@ -29,20 +29,20 @@ impl WorkloadIndex {
         self.selectors.clone()
     }
 
-    pub fn edit(&mut self) -> &mut Workloads {
+    pub(crate) fn edit(&mut self) -> &mut Workloads {
         Arc::make_mut(&mut self.selectors)
     }
 
-    pub fn synced(&self) -> bool {
+    pub(crate) fn synced(&self) -> bool {
         self.listed.iter().all(|l| *l)
     }
 
     /// Whether this kind has been listed once.
-    pub fn listed(&self, kind: Kind) -> bool {
+    pub(crate) fn listed(&self, kind: Kind) -> bool {
         self.listed[kind as usize]
     }
 
-    pub fn mark_listed(&mut self, kind: Kind) {
+    pub(crate) fn mark_listed(&mut self, kind: Kind) {
         self.listed[kind as usize] = true;
     }
 }

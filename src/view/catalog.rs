@@ -27,19 +27,19 @@ use crate::state::machines::Unreadable;
 /// The offering a claim launches from, with what its node will look like.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
-    pub machine_deployment: String,
-    pub instance_type: String,
-    pub zone: Option<String>,
-    pub capacity_type: String,
+    pub(crate) machine_deployment: String,
+    pub(crate) instance_type: String,
+    pub(crate) zone: Option<String>,
+    pub(crate) capacity_type: String,
     pub price: f64,
-    pub capacity: Resources,
-    pub allocatable: Resources,
-    pub labels: std::collections::BTreeMap<String, String>,
+    pub(crate) capacity: Resources,
+    pub(crate) allocatable: Resources,
+    pub(crate) labels: std::collections::BTreeMap<String, String>,
 }
 
 impl Choice {
     /// The labels Karpenter writes on a claim at launch: the well-known ones of the offering.
-    pub fn node_labels(&self) -> Vec<(String, String)> {
+    pub(crate) fn node_labels(&self) -> Vec<(String, String)> {
         use crate::api::wellknown::*;
         [
             INSTANCE_TYPE_LABEL,
@@ -80,7 +80,7 @@ pub enum ResolveError {
 
 impl ResolveError {
     /// Event reason.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             ResolveError::NodeClassNotFound(_) => "NodeClassNotFound",
             ResolveError::NodeClassNotReady { .. } => "NodeClassNotReady",
@@ -125,7 +125,7 @@ impl Inner {
 }
 
 /// A NodeClass with `spec.generate`: its name, its generated groups, whether it can be used.
-pub type GeneratedOf = (
+pub(crate) type GeneratedOf = (
     String,
     Vec<crate::api::nodeclass::GeneratedGroup>,
     Option<Result<(), String>>,
@@ -142,7 +142,7 @@ pub struct CatalogView {
 
 impl CatalogView {
     /// A view whose offerings count the claims of `claims` holding a replica of their group.
-    pub fn counting(claims: Arc<RwLock<Claims>>) -> Self {
+    pub(crate) fn counting(claims: Arc<RwLock<Claims>>) -> Self {
         Self {
             claims: Some(claims),
             ..Self::default()
@@ -157,14 +157,14 @@ impl CatalogView {
             .unwrap_or_default()
     }
 
-    pub fn mark_unavailable(&self, md: &str, ttl: Duration) {
+    pub(crate) fn mark_unavailable(&self, md: &str, ttl: Duration) {
         self.inner
             .write()
             .unavailable
             .insert(md.to_string(), Instant::now() + ttl);
     }
 
-    pub fn is_unavailable(&self, md: &str) -> bool {
+    pub(crate) fn is_unavailable(&self, md: &str) -> bool {
         self.inner
             .read()
             .unavailable
@@ -172,7 +172,7 @@ impl CatalogView {
             .is_some_and(|until| *until > Instant::now())
     }
 
-    pub fn create_timeout(&self, nodeclass: &str) -> Option<Duration> {
+    pub(crate) fn create_timeout(&self, nodeclass: &str) -> Option<Duration> {
         self.inner
             .read()
             .by_nodeclass
@@ -209,7 +209,7 @@ impl CatalogView {
         types
     }
 
-    pub fn nodeclass_ready(&self, nodeclass: &str) -> Option<Result<(), String>> {
+    pub(crate) fn nodeclass_ready(&self, nodeclass: &str) -> Option<Result<(), String>> {
         self.inner
             .read()
             .by_nodeclass
@@ -219,7 +219,7 @@ impl CatalogView {
 
     /// Every group the NodeClass selects, offered or not (None: no catalog published for it).
     /// A claim drifts for its group only when the group is not in here.
-    pub fn selected(&self, nodeclass: &str) -> Option<HashSet<String>> {
+    pub(crate) fn selected(&self, nodeclass: &str) -> Option<HashSet<String>> {
         self.inner
             .read()
             .by_nodeclass
@@ -238,7 +238,7 @@ impl CatalogView {
 
     /// The selected groups of these NodeClasses whose template's first read has not answered
     /// yet: while there are any, the provisioner places nothing for them.
-    pub fn unread<'n>(&self, nodeclasses: impl IntoIterator<Item = &'n str>) -> Vec<String> {
+    pub(crate) fn unread<'n>(&self, nodeclasses: impl IntoIterator<Item = &'n str>) -> Vec<String> {
         let inner = self.inner.read();
         nodeclasses
             .into_iter()
@@ -249,7 +249,7 @@ impl CatalogView {
 
     /// True for a MachinePool offered for scale-up only (`capi::offerings::scale_up_only`): no
     /// instance of it can be removed by name.
-    pub fn scale_up_only(&self, md: &str) -> bool {
+    pub(crate) fn scale_up_only(&self, md: &str) -> bool {
         self.inner
             .read()
             .by_nodeclass
@@ -259,7 +259,7 @@ impl CatalogView {
 
     /// The group a NodeClass offers for a shape of `spec.generate` that does not exist yet
     /// (created when a claim chooses it), by MachineDeployment key.
-    pub fn to_generate(&self, md: &str) -> Option<crate::capi::generate::GroupPlan> {
+    pub(crate) fn to_generate(&self, md: &str) -> Option<crate::capi::generate::GroupPlan> {
         self.inner
             .read()
             .by_nodeclass
@@ -268,7 +268,7 @@ impl CatalogView {
     }
 
     /// Record (or clear) why a NodeClass's `spec.generate` patches cannot be used.
-    pub fn refuse_generation(&self, nodeclass: &str, why: Option<String>) {
+    pub(crate) fn refuse_generation(&self, nodeclass: &str, why: Option<String>) {
         let mut inner = self.inner.write();
         match why {
             Some(w) => inner.generation_refused.insert(nodeclass.to_string(), w),
@@ -276,13 +276,13 @@ impl CatalogView {
         };
     }
 
-    pub fn generation_refused(&self) -> HashMap<String, String> {
+    pub(crate) fn generation_refused(&self) -> HashMap<String, String> {
         self.inner.read().generation_refused.clone()
     }
 
     /// Every NodeClass's `spec.generate` plans not created yet, and the generated groups that
     /// exist, as the last rebuild saw them (the Generator's status and sweep read it).
-    pub fn generated(&self) -> Vec<GeneratedOf> {
+    pub(crate) fn generated(&self) -> Vec<GeneratedOf> {
         self.inner
             .read()
             .by_nodeclass
@@ -305,7 +305,7 @@ impl CatalogView {
 
     /// The offering backed by a MachineDeployment as `pool` sees it (its price and capacity
     /// after the NodeOverlays that select it for that pool).
-    pub fn pool_offering(&self, md: &str, pool: Option<&str>) -> Option<Choice> {
+    pub(crate) fn pool_offering(&self, md: &str, pool: Option<&str>) -> Option<Choice> {
         let inner = self.inner.read();
         let find = |c: &offerings::Catalog| {
             c.instance_types.iter().find_map(|t| {
@@ -322,7 +322,7 @@ impl CatalogView {
 
     /// The NodeOverlay that set a MachineDeployment's price for `pool` (None: as a pool without
     /// labels an overlay names sees it), with the price before it.
-    pub fn price_overlay(
+    pub(crate) fn price_overlay(
         &self,
         md: &str,
         pool: Option<&str>,
@@ -431,12 +431,12 @@ impl CatalogView {
     }
 
     /// Publish the MachinePools' infrastructure pool hashes (`TemplateCapacity::instance_hash`).
-    pub fn publish_instance_hashes(&self, hashes: HashMap<String, String>) {
+    pub(crate) fn publish_instance_hashes(&self, hashes: HashMap<String, String>) {
         self.inner.write().instance_hashes = hashes;
     }
 
     /// The hash of MachinePool `md`'s infrastructure pool instance fields, as last read.
-    pub fn instance_hash(&self, md: &str) -> Option<String> {
+    pub(crate) fn instance_hash(&self, md: &str) -> Option<String> {
         self.inner.read().instance_hashes.get(md).cloned()
     }
 
@@ -470,7 +470,7 @@ impl CatalogView {
 
 /// The catalogs NodePools see where NodeOverlays make them differ from their NodeClass's: pool
 /// name -> (NodeClass, catalog), as [`CatalogView::publish_pools`] takes them.
-pub type PoolCatalogs = HashMap<String, (String, Arc<offerings::Catalog>)>;
+pub(crate) type PoolCatalogs = HashMap<String, (String, Arc<offerings::Catalog>)>;
 
 /// Applies the NodeOverlays to the NodeClass catalogs about to be published (by NodeClass name)
 /// as `nodepools` see them: each catalog changed in place as a pool without labels an overlay
@@ -496,7 +496,10 @@ pub fn apply_overlays(
 }
 
 /// A pool's (or claim's) taints and startup taints together.
-pub fn declared_taints(taints: &Option<Vec<Taint>>, startup: &Option<Vec<Taint>>) -> Vec<Taint> {
+pub(crate) fn declared_taints(
+    taints: &Option<Vec<Taint>>,
+    startup: &Option<Vec<Taint>>,
+) -> Vec<Taint> {
     taints
         .iter()
         .chain(startup.iter())
@@ -521,19 +524,19 @@ pub enum Fit {
 }
 
 /// One offering judged for a launch.
-pub struct Ranked<'a> {
-    pub instance_type: &'a InstanceType,
-    pub offering: &'a crate::scheduling::Offering,
-    pub fit: Fit,
+pub(crate) struct Ranked<'a> {
+    pub(crate) instance_type: &'a InstanceType,
+    pub(crate) offering: &'a crate::scheduling::Offering,
+    pub(crate) fit: Fit,
     /// Replicas over max size (or replicas, without one): ties on price go to the least loaded.
-    pub load: f64,
+    pub(crate) load: f64,
 }
 
 /// Every offering of `types` judged for a claim with `reqs`, `requests` and declared taints,
 /// eligible ones first in the launch's order of preference (price, then load, then
 /// MachineDeployment name): the first is what a launch takes. Pure: `resolve` and `explain` use
 /// it alike.
-pub fn rank<'a>(
+pub(crate) fn rank<'a>(
     types: &'a [InstanceType],
     reqs: &Requirements,
     requests: &Resources,
@@ -586,7 +589,10 @@ pub fn rank<'a>(
 /// The claim's minValues against the instance types a launch may use (those with an eligible
 /// offering), as upstream's cloud provider checks them before it creates an instance: a key
 /// counts the distinct values those types offer within the requirements.
-pub fn min_values_met(ranked: &[Ranked<'_>], reqs: &Requirements) -> Result<(), MinValuesError> {
+pub(crate) fn min_values_met(
+    ranked: &[Ranked<'_>],
+    reqs: &Requirements,
+) -> Result<(), MinValuesError> {
     if !reqs.iter().any(|r| r.min_values().is_some()) {
         return Ok(());
     }
@@ -616,21 +622,21 @@ fn choice(t: &InstanceType, o: &crate::scheduling::Offering) -> Choice {
 
 /// What the catalog knows of each group's infrastructure template and object beyond the
 /// groups themselves, by key: the groups it cannot offer whatever their annotations say.
-pub struct LeftOut<'a> {
+pub(crate) struct LeftOut<'a> {
     /// Those the model cannot read.
-    pub unreadable: &'a BTreeMap<String, Unreadable>,
+    pub(crate) unreadable: &'a BTreeMap<String, Unreadable>,
     /// Those whose infrastructure template does not exist (`Kind namespace/name not found`).
-    pub missing_templates: &'a HashMap<String, String>,
+    pub(crate) missing_templates: &'a HashMap<String, String>,
     /// Those whose template's first read has not answered yet.
-    pub unread_templates: &'a HashSet<String>,
+    pub(crate) unread_templates: &'a HashSet<String>,
     /// Those whose template reads fail (other than not found) and never succeeded, with the
     /// last error.
-    pub failing_templates: &'a HashMap<String, String>,
+    pub(crate) failing_templates: &'a HashMap<String, String>,
     /// Those whose replicas their Cluster's topology sets (`capi::topology`), with why.
-    pub replicas_held: &'a HashMap<String, String>,
+    pub(crate) replicas_held: &'a HashMap<String, String>,
     /// NodeClasses whose `spec.generate` patches do not apply to their source's template, with
     /// why (the Generator's check).
-    pub generation_refused: &'a HashMap<String, String>,
+    pub(crate) generation_refused: &'a HashMap<String, String>,
 }
 
 impl LeftOut<'_> {
@@ -672,7 +678,7 @@ impl LeftOut<'_> {
 /// refuses (objects stored before the CRD refused them) resolves to nothing; MachineDeployments
 /// it selects that cannot be read are problems like malformed annotations, and stay selected
 /// (`offerings::Catalog::unknown`): what cannot be read is never taken for gone.
-pub fn resolve_nodeclass(
+pub(crate) fn resolve_nodeclass(
     nc: &ClusterAPINodeClass,
     mds: &[Arc<MachineDeployment>],
     left_out: &LeftOut<'_>,

@@ -26,7 +26,7 @@ use crate::state::pods::{
 
 /// Upstream's bound: at most this many nodes carry deletion costs, so a large cluster's ranking
 /// costs a bounded number of pod writes a period.
-pub const MAX_RANKED_NODES: usize = 50;
+pub(crate) const MAX_RANKED_NODES: usize = 50;
 
 /// The nodes a scale-in should empty first, first first, at most [`MAX_RANKED_NODES`]: the nodes
 /// being disrupted already (their pods are evicted anyway), then the drift candidates (oldest
@@ -34,12 +34,12 @@ pub const MAX_RANKED_NODES: usize = 50;
 /// disruption first). Nodes the view holds back (do-not-disrupt, a PodDisruptionBudget, a paused
 /// MachineDeployment or one at its minimum size, a static pool) are not about to be removed and
 /// are left out, so their pods lose any managed cost.
-pub fn rank(inputs: Inputs<'_>, view: &View) -> Vec<String> {
+pub(crate) fn rank(inputs: Inputs<'_>, view: &View) -> Vec<String> {
     ranking(disrupting(inputs), &view.candidates)
 }
 
 /// [`rank`] over its inputs: the nodes being disrupted and the candidates.
-pub fn ranking(mut disrupting: Vec<String>, candidates: &[Candidate]) -> Vec<String> {
+pub(crate) fn ranking(mut disrupting: Vec<String>, candidates: &[Candidate]) -> Vec<String> {
     disrupting.sort();
     let mut drifted: Vec<&Candidate> = candidates.iter().filter(|c| c.drift.is_some()).collect();
     drifted.sort_by(|a, b| {
@@ -84,7 +84,7 @@ fn disrupting(inputs: Inputs<'_>) -> Vec<String> {
 /// The deletion cost of the pods on the node ranked `position` (0 first): the lowest values
 /// first, all below Kubernetes' default of 0, so an unranked node's pods go after every ranked
 /// one's. Set by position alone, so a node added at the end changes no other node's value.
-pub fn cost_at(position: usize) -> i32 {
+pub(crate) fn cost_at(position: usize) -> i32 {
     let position = i32::try_from(position).unwrap_or(i32::MAX);
     position.saturating_sub(MAX_RANKED_NODES as i32)
 }
@@ -102,16 +102,20 @@ pub enum Action {
 }
 
 #[derive(Clone, Debug)]
-pub struct Write {
-    pub pod: Arc<Pod>,
-    pub action: Action,
+pub(crate) struct Write {
+    pub(crate) pod: Arc<Pod>,
+    pub(crate) action: Action,
 }
 
 /// The writes that bring every pod a scale-in may choose to the ranking. `written` holds, per pod key, the
 /// value this controller last wrote there (a managed value that differs was changed by someone
 /// else). Nothing is written for a pod already as it should be, so an unchanged ranking writes
 /// nothing.
-pub fn plan(ranking: &[String], pods: &Pods, written: &HashMap<String, String>) -> Vec<Write> {
+pub(crate) fn plan(
+    ranking: &[String],
+    pods: &Pods,
+    written: &HashMap<String, String>,
+) -> Vec<Write> {
     let position: HashMap<&str, usize> = ranking
         .iter()
         .enumerate()

@@ -33,86 +33,87 @@ mod repair;
 mod rollout;
 mod snapshot;
 use budget::BudgetCount;
-pub use budget::{BudgetStanding, budget_standing};
-pub use claim::POD_EVENT_WRITE_STEP;
+#[cfg(test)]
+pub(crate) use budget::BudgetStanding;
+pub(crate) use budget::budget_standing;
 pub(in crate::view) use claim::under_way;
 use claim::{
     consolidatable, consolidate_after_hold, expired, pod_event_behind, pool_up_to_date,
     stamp_needed,
 };
 use rollout::{Hold, Rollout, at_min_size, deployment_hold};
-pub use snapshot::snapshot;
+pub(crate) use snapshot::snapshot;
 
 /// A claim whose `Drifted` or `Consolidatable` condition should change.
 #[derive(Clone, Debug)]
-pub struct Stamp {
-    pub claim: Arc<NodeClaim>,
-    pub drift: Option<Drift>,
-    pub consolidatable: bool,
+pub(crate) struct Stamp {
+    pub(crate) claim: Arc<NodeClaim>,
+    pub(crate) drift: Option<Drift>,
+    pub(crate) consolidatable: bool,
 }
 
 #[derive(Default)]
-pub struct View {
-    pub candidates: Vec<Candidate>,
+pub(crate) struct View {
+    pub(crate) candidates: Vec<Candidate>,
     /// Claims that would be candidates but for this (do-not-disrupt, a PodDisruptionBudget).
-    pub blocked: Vec<(Arc<NodeClaim>, disruption::Hold)>,
+    pub(crate) blocked: Vec<(Arc<NodeClaim>, disruption::Hold)>,
     /// With `Memory::keep_held`: the candidates the blocked claims would make.
-    pub held_candidates: Vec<Candidate>,
+    pub(crate) held_candidates: Vec<Candidate>,
     /// Claims due for repair that are held back: (claim, node, why), for `NodeRepairBlocked`.
-    pub repair_blocked: Vec<(Arc<NodeClaim>, String, String)>,
+    pub(crate) repair_blocked: Vec<(Arc<NodeClaim>, String, String)>,
     /// NodePools node repair's unhealthy-fraction guard holds, with why.
-    pub repair_held_pools: BTreeMap<String, String>,
-    pub allowed: Allowed,
+    pub(crate) repair_held_pools: BTreeMap<String, String>,
+    pub(crate) allowed: Allowed,
     /// Per pool and reason: the budget's allowance before nodes under way are subtracted, and
     /// those nodes (upstream's allowed_disruptions and nodes_consuming_budgets gauges).
-    pub budget_use: Vec<(String, DisruptionReason, usize, usize)>,
-    pub expired: Vec<Arc<NodeClaim>>,
-    pub stamps: Vec<Stamp>,
+    pub(crate) budget_use: Vec<(String, DisruptionReason, usize, usize)>,
+    pub(crate) expired: Vec<Arc<NodeClaim>>,
+    pub(crate) stamps: Vec<Stamp>,
     /// Claims carrying a NodePool hash of another hash version.
-    pub restamp: Vec<(Arc<NodeClaim>, Arc<NodePool>)>,
+    pub(crate) restamp: Vec<(Arc<NodeClaim>, Arc<NodePool>)>,
     /// Claims whose Node carries `karpenter.sh/disrupted` from a command that is no longer
     /// running (this controller, or the one before it, stopped mid-way): roll back.
-    pub stale: Vec<(Arc<Node>, Arc<NodeClaim>)>,
+    pub(crate) stale: Vec<(Arc<Node>, Arc<NodeClaim>)>,
     /// Claims on a Machine a RollingUpdate has outdated, for which the rollout already made a
     /// fresh Machine nobody holds: each gets a replacement claim that takes it, so the pods
     /// Cluster API drains off the old Machine find a registered node waiting.
-    pub rollout: Vec<Arc<NodeClaim>>,
+    pub(crate) rollout: Vec<Arc<NodeClaim>>,
     /// Claims whose `status.lastPodEventTime` is behind the pod events seen on their node.
-    pub pod_event_times: Vec<(Arc<NodeClaim>, Timestamp)>,
+    pub(crate) pod_event_times: Vec<(Arc<NodeClaim>, Timestamp)>,
     /// Pools with candidates for a reason whose budget allows no disruption now.
-    pub budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
+    pub(crate) budget_blocked: Vec<(Arc<NodePool>, DisruptionReason)>,
     /// Claims this pass does not weigh at all, and why (for `explain`; the pass ignores them),
     /// with the blocker of those not already going.
-    pub skipped: Vec<(String, &'static str, Option<Blocker>)>,
+    pub(crate) skipped: Vec<(String, &'static str, Option<Blocker>)>,
     /// Nodes whose pool's `consolidateAfter` has not passed since their last pod event: a
     /// consolidation moves no pod onto them.
-    pub under_consolidate_after: HashSet<String>,
+    pub(crate) under_consolidate_after: HashSet<String>,
     /// Claims whose group the catalog cannot read (malformed, template not read or failing):
     /// drift is not decided for them until it can, and each says why.
-    pub unknown_group: Vec<(Arc<NodeClaim>, String)>,
+    pub(crate) unknown_group: Vec<(Arc<NodeClaim>, String)>,
 }
 
 /// What the pass knows that the indexes do not.
-pub struct Memory<'a> {
-    pub pdbs: &'a BTreeMap<String, Arc<PodDisruptionBudget>>,
+pub(crate) struct Memory<'a> {
+    pub(crate) pdbs: &'a BTreeMap<String, Arc<PodDisruptionBudget>>,
     /// Last pod event per node, since this actor started.
-    pub pod_events: &'a HashMap<String, Timestamp>,
+    pub(crate) pod_events: &'a HashMap<String, Timestamp>,
     /// When this actor started: the earliest a pod event may be assumed (it never consolidates
     /// early after a restart; at worst it waits `consolidateAfter` once more).
-    pub started: Timestamp,
+    pub(crate) started: Timestamp,
     /// Claims of the command being carried out (their taints are ours).
-    pub executing: &'a HashSet<String>,
+    pub(crate) executing: &'a HashSet<String>,
     /// Claims pods are heading for (upstream's nomination): a command's replacements while the
     /// moved pods arrive, and the places the provisioner just planned pending pods onto. Not
     /// candidates: still empty a moment before their pods arrive, they would go as empty.
-    pub nominated: &'a HashSet<String>,
-    pub now: Timestamp,
+    pub(crate) nominated: &'a HashSet<String>,
+    pub(crate) now: Timestamp,
     /// Keep the candidate a blocked claim would make too (`View::held_candidates`): `explain
     /// node --remove` simulates removing a node whatever holds it; the pass does not need them.
-    pub keep_held: bool,
+    pub(crate) keep_held: bool,
 }
 
-pub fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
+pub(crate) fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
     // Before the indexes below are locked for the pass (counting reads them too).
     let (static_room, terminate_first) = static_room(inputs, mem);
     let mut due = repair::due(inputs, mem.now);

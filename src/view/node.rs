@@ -9,7 +9,7 @@ use crate::api::resources::Quantity;
 use crate::api::wellknown::EPHEMERAL_TAINT_KEYS;
 
 /// The Node's `Ready` condition is True.
-pub fn node_ready(node: &Node) -> bool {
+pub(crate) fn node_ready(node: &Node) -> bool {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -20,9 +20,9 @@ pub fn node_ready(node: &Node) -> bool {
 /// Why a registered Node is not initialized yet: the `Initialized=Unknown` reason upstream
 /// writes, and a message for people.
 #[derive(Debug, PartialEq, Eq)]
-pub struct NotInitialized {
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct NotInitialized {
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 fn not_initialized(reason: &'static str, message: String) -> Result<(), NotInitialized> {
@@ -38,7 +38,7 @@ fn taint_text(t: &Taint) -> String {
 
 /// Why a registered Node is not initialized yet, or Ok. Checked in upstream's order, so the
 /// reason shown is the one upstream would show.
-pub fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), NotInitialized> {
+pub(crate) fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), NotInitialized> {
     if !node_ready(node) {
         return not_initialized("NodeNotReady", "the Node is not Ready yet".into());
     }
@@ -95,7 +95,7 @@ pub fn node_initialized(node: &Node, c: &NodeClaim) -> Result<(), NotInitialized
 }
 
 /// The same taint for registration and initialization: key and effect (the value may differ).
-pub fn same_taint(a: &Taint, b: &Taint) -> bool {
+pub(crate) fn same_taint(a: &Taint, b: &Taint) -> bool {
     a.key == b.key && a.effect == b.effect
 }
 

@@ -23,13 +23,13 @@ use crate::scheduling::quota::{QuotaInput, claim_label, count_node};
 use crate::scheduling::selector::Selector;
 
 /// One watched quota: the object, and it parsed with its usage, or why it is not enforced.
-pub struct Counted {
-    pub quota: Arc<CapacityQuota>,
-    pub input: Result<QuotaInput, Malformed>,
+pub(crate) struct Counted {
+    pub(crate) quota: Arc<CapacityQuota>,
+    pub(crate) input: Result<QuotaInput, Malformed>,
 }
 
 /// A quota's limits and selector, checked.
-pub fn parse(q: &CapacityQuota) -> Result<QuotaInput, Malformed> {
+pub(crate) fn parse(q: &CapacityQuota) -> Result<QuotaInput, Malformed> {
     let limits = q.limits()?;
     let empty = Default::default();
     // The selector parser names its fields as an affinity term's; a quota's has no
@@ -58,7 +58,7 @@ pub fn parse(q: &CapacityQuota) -> Result<QuotaInput, Malformed> {
 
 /// Every watched quota with its usage; `creating` are claims whose create has not answered
 /// yet (counted as in-flight claims).
-pub fn count(view: Inputs<'_>, creating: &[&NodeClaim]) -> Vec<Counted> {
+pub(crate) fn count(view: Inputs<'_>, creating: &[&NodeClaim]) -> Vec<Counted> {
     let st = view.state;
     let mut out: Vec<Counted> = {
         let index = st.quotas.read();

@@ -29,24 +29,24 @@ use crate::api::repair_policy as policy;
 pub use crate::api::repair_policy::RepairPolicies;
 
 /// Upstream's threshold: at most this share of a NodePool's Nodes may be unhealthy for a repair.
-pub const ALLOWED_UNHEALTHY_PERCENT: usize = 20;
+pub(crate) const ALLOWED_UNHEALTHY_PERCENT: usize = 20;
 
 /// One claim to replace.
 #[derive(Clone, Debug)]
 pub struct Repair {
     pub claim: Arc<NodeClaim>,
-    pub node: String,
-    pub nodepool: String,
+    pub(crate) node: String,
+    pub(crate) nodepool: String,
     /// The condition, as upstream's `condition` label writes it (`ready`).
-    pub condition: String,
+    pub(crate) condition: String,
     /// `Node x has been Ready=Unknown (NodeStatusUnknown) since 2026-…` (for the Event).
-    pub why: String,
+    pub(crate) why: String,
     /// How long past its toleration it is, and the dense rank of its policy's priority (which
     /// order repairs as a disruption method).
-    pub overdue: Duration,
-    pub rank: usize,
+    pub(crate) overdue: Duration,
+    pub(crate) rank: usize,
     /// How long its drain may take (zero: forceful).
-    pub termination_grace_period: Duration,
+    pub(crate) termination_grace_period: Duration,
 }
 
 /// What one look at the cluster decides.
@@ -57,7 +57,7 @@ pub struct Decision {
     pub blocked: Vec<(Arc<NodeClaim>, String, String)>,
     /// NodePools the unhealthy-fraction guard holds, with why (upstream tells the NodePool
     /// too).
-    pub held_pools: BTreeMap<String, String>,
+    pub(crate) held_pools: BTreeMap<String, String>,
     /// The next time a toleration ends (look again then).
     pub next: Option<Timestamp>,
 }
@@ -103,7 +103,7 @@ pub fn threshold(total: usize) -> usize {
 /// Upstream's guard: why repair is held back where `sick` of `total` Nodes are unhealthy, if
 /// that is more than a fifth (rounded up). A mass failure is an outage, not sick nodes:
 /// replacing them all at once would only add load.
-pub fn guard(scope: &str, sick: usize, total: usize) -> Option<String> {
+pub(crate) fn guard(scope: &str, sick: usize, total: usize) -> Option<String> {
     (sick > threshold(total)).then(|| {
         format!(
             "more than {ALLOWED_UNHEALTHY_PERCENT}% nodes are unhealthy in the {scope} ({sick} of {total})"
@@ -223,7 +223,7 @@ pub fn termination_stamp(c: &NodeClaim, now: Timestamp, grace: Duration) -> Opti
 }
 
 /// The capacity type label of a claim (upstream's metric label).
-pub fn capacity_type(c: &NodeClaim) -> String {
+pub(crate) fn capacity_type(c: &NodeClaim) -> String {
     c.labels()
         .get(CAPACITY_TYPE_LABEL)
         .cloned()

@@ -23,20 +23,20 @@ use crate::state::State;
 /// One parent's counts. `nodes` counts live claims (as `status.nodes` always has); `terminating`
 /// the claims being deleted, which count against the rollout until they are gone.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Rollout {
-    pub nodes: i64,
-    pub up_to_date: i64,
-    pub ready: i64,
-    pub up_to_date_and_ready: i64,
-    pub terminating: i64,
+pub(crate) struct Rollout {
+    pub(crate) nodes: i64,
+    pub(crate) up_to_date: i64,
+    pub(crate) ready: i64,
+    pub(crate) up_to_date_and_ready: i64,
+    pub(crate) terminating: i64,
 }
 
 /// The `NodesUpToDate` condition a parent with these counts carries.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    pub status: ConditionStatus,
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct Verdict {
+    pub(crate) status: ConditionStatus,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 impl Rollout {
@@ -54,7 +54,7 @@ impl Rollout {
 
     /// True once every node is up to date and Ready and no replaced node is left; False with
     /// the first thing still in the way while a rollout runs.
-    pub fn verdict(&self) -> Verdict {
+    pub(crate) fn verdict(&self) -> Verdict {
         let of = format!("{} of {} nodes up to date", self.up_to_date, self.nodes);
         let (status, reason, message) = if self.up_to_date < self.nodes {
             (ConditionStatus::False, "RollingOut", of)
@@ -86,7 +86,7 @@ impl Rollout {
 
 /// Whether `claim` matches what `np` would launch today: not drifted by drift's own function,
 /// and not left drifted by the Disruption actor's last pass.
-pub fn up_to_date(claim: &NodeClaim, np: &NodePool) -> bool {
+pub(crate) fn up_to_date(claim: &NodeClaim, np: &NodePool) -> bool {
     drift::drifted(claim, np, Provider::default()).is_none()
         && !conditions::is_true(claim.conditions(), conditions::DRIFTED)
 }
@@ -94,7 +94,7 @@ pub fn up_to_date(claim: &NodeClaim, np: &NodePool) -> bool {
 /// Rollout counts per NodePool and per ClusterAPINodeClass (by the claim's `nodeClassRef`),
 /// over `claims` and the `pools` they belong to. A claim whose NodePool is not known is counted
 /// by neither: there is no spec to be up to date with.
-pub fn rollouts<'a>(
+pub(crate) fn rollouts<'a>(
     claims: impl IntoIterator<Item = &'a NodeClaim>,
     pools: &BTreeMap<String, &NodePool>,
 ) -> (BTreeMap<String, Rollout>, BTreeMap<String, Rollout>) {
@@ -117,7 +117,7 @@ pub fn rollouts<'a>(
 }
 
 /// [`rollouts`] over the indexes.
-pub fn rollouts_of(state: &State) -> (BTreeMap<String, Rollout>, BTreeMap<String, Rollout>) {
+pub(crate) fn rollouts_of(state: &State) -> (BTreeMap<String, Rollout>, BTreeMap<String, Rollout>) {
     let nodepools = state.nodepools.read();
     let pools: BTreeMap<String, &NodePool> = nodepools
         .values()

@@ -70,14 +70,14 @@ pub struct Settings {
 
 impl Settings {
     /// The policies of node repair run as a budgeted disruption (v1.15), when it is on.
-    pub fn voluntary_repair(&self) -> Option<&RepairPolicies> {
+    pub(crate) fn voluntary_repair(&self) -> Option<&RepairPolicies> {
         self.node_repair
             .as_ref()
             .filter(|_| !self.legacy_node_repair)
     }
 
     /// The policies of node repair run as v1.14 did (`--legacy-node-repair`), when it is on.
-    pub fn legacy_repair(&self) -> Option<&RepairPolicies> {
+    pub(crate) fn legacy_repair(&self) -> Option<&RepairPolicies> {
         self.node_repair
             .as_ref()
             .filter(|_| self.legacy_node_repair)
@@ -85,13 +85,13 @@ impl Settings {
 
     /// A decision's log message: `done` when the controller writes, `would` in a dry run,
     /// where the same decision is made and the write never sent.
-    pub fn say(&self, done: &'static str, would: &'static str) -> &'static str {
+    pub(crate) fn say(&self, done: &'static str, would: &'static str) -> &'static str {
         if self.dry_run { would } else { done }
     }
 }
 
 /// Upstream's pod deletion cost period: one ranking a minute at most.
-pub const DELETION_COST_PERIOD: Duration = Duration::from_secs(60);
+pub(crate) const DELETION_COST_PERIOD: Duration = Duration::from_secs(60);
 
 /// How often and how carefully disruption acts (Karpenter core's constants; tests shorten them).
 #[derive(Clone, Copy, Debug)]

@@ -30,7 +30,7 @@ use crate::state::{State, pods};
 /// host ports they hold on their node, and the topology counts of inter-pod constraints
 /// (affinity, anti-affinity, spread). Requests are summed per node here either way.
 #[derive(Clone, Copy)]
-pub enum BoundPods<'a> {
+pub(crate) enum BoundPods<'a> {
     /// Every bound pod (`explain` solves a pod the index may not hold).
     All,
     /// What the solve can tell apart: every bound pod when any pod in the index has
@@ -41,7 +41,7 @@ pub enum BoundPods<'a> {
 
 /// The snapshot of the whole cluster. `creating` are claims whose create has not answered yet
 /// (by a local id): they are room too, and count against their pools' limits.
-pub fn build<'a>(
+pub(crate) fn build<'a>(
     view: Inputs<'_>,
     creating: impl IntoIterator<Item = (&'a u64, &'a NodeClaim)>,
     preference: PreferencePolicy,
@@ -364,7 +364,7 @@ fn claims_by_node(claims: &[Arc<NodeClaim>]) -> HashMap<String, Arc<NodeClaim>> 
 /// Whether some pod of a deleting node is to be planned for: the provisioner has work even
 /// with no pod pending. Asked on every batch trigger without pending pods, so it reads the
 /// indexes in place rather than copying them as a snapshot does.
-pub fn has_reschedulable_pods(st: &State) -> bool {
+pub(crate) fn has_reschedulable_pods(st: &State) -> bool {
     let of_claims = nodes_of_deleting_claims(st.claims.read().all());
     let deleting = deleting_nodes(st.nodes.read().all(), &of_claims);
     if deleting.is_empty() {
@@ -474,7 +474,7 @@ fn fill_zeroed(node: &mut Resources, launched: &Resources) {
 /// claim counts at that allocatable from the start, as upstream's does once launched. Its
 /// requests (the pods it was made for, with no slack) stand in only while no offering is
 /// chosen, as upstream's unlaunched claim would offer nothing at all.
-pub fn in_flight(c: &NodeClaim, catalog: &CatalogView) -> ExistingNode {
+pub(crate) fn in_flight(c: &NodeClaim, catalog: &CatalogView) -> ExistingNode {
     let mut labels: BTreeMap<String, String> = c.labels().clone();
     if let Ok(reqs) = Requirements::from_node_selector_requirements(&c.spec.requirements) {
         for key in reqs.keys().map(str::to_string).collect::<Vec<_>>() {

@@ -49,7 +49,7 @@ pub struct Count {
 
 impl Count {
     /// Every claim that counts against `limits.nodes`.
-    pub fn total(&self) -> usize {
+    pub(crate) fn total(&self) -> usize {
         self.running.len() + self.disrupting + self.deleting
     }
 }
@@ -143,7 +143,7 @@ fn member(c: &NodeClaim, on_node: &[&PodSummary], now: Timestamp) -> Member {
 }
 
 /// `limits.nodes`, when set (None: unlimited). Err when it cannot be read.
-pub fn node_limit(np: &NodePool) -> Result<Option<i64>, String> {
+pub(crate) fn node_limit(np: &NodePool) -> Result<Option<i64>, String> {
     let Some(q) = np.spec.limits.as_ref().and_then(|l| l.get("nodes")) else {
         return Ok(None);
     };
@@ -195,7 +195,7 @@ pub fn plan(np: &NodePool, count: &Count, creating: usize) -> Plan {
 /// reservation a claim gone (a terminate-first drift, a deleted Node) left room that drift and
 /// the pool's scale-up both took, one claim over the limit each time (seen: 33 live claims
 /// under `limits.nodes: 30` while `simulate --scenario full-pool --pods 30` rolled).
-pub fn drift_room(np: &NodePool, count: &Count) -> usize {
+pub(crate) fn drift_room(np: &NodePool, count: &Count) -> usize {
     let replicas = usize::try_from(np.spec.replicas.unwrap_or(0)).unwrap_or(0);
     let held = count.running.len() + count.disrupting;
     if held > replicas {
@@ -216,7 +216,7 @@ pub fn drift_room(np: &NodePool, count: &Count) -> usize {
 /// no claim disrupting or deleting and every one initialized, so one node at a time is out
 /// (a refill still launching does not count against the budget, which alone would let the next
 /// go at once).
-pub fn terminate_first(np: &NodePool, count: &Count) -> bool {
+pub(crate) fn terminate_first(np: &NodePool, count: &Count) -> bool {
     let replicas = usize::try_from(np.spec.replicas.unwrap_or(0)).unwrap_or(0);
     let settled = count.disrupting == 0
         && count.deleting == 0

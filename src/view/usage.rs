@@ -14,7 +14,7 @@ use crate::scheduling;
 use crate::state::State;
 
 /// Per NodePool: the summed capacity of its live claims and how many there are.
-pub fn usage_by_pool(state: &State) -> BTreeMap<String, (Resources, i64)> {
+pub(crate) fn usage_by_pool(state: &State) -> BTreeMap<String, (Resources, i64)> {
     let mut out: BTreeMap<String, (Resources, i64)> = BTreeMap::new();
     for c in state.claims.read().all() {
         if c.metadata.deletion_timestamp.is_some() {
@@ -42,7 +42,7 @@ pub fn usage_by_pool(state: &State) -> BTreeMap<String, (Resources, i64)> {
 /// largest of them, key by key, as upstream's scheduler subtracts a new claim's largest instance
 /// type from the remaining limits. Otherwise a second solve while the first one's claims are
 /// launching could overshoot a pool's limits.
-pub fn launch_headroom(
+pub(crate) fn launch_headroom(
     allowed: Option<&Requirement>,
     counted: &Resources,
     types: &[scheduling::InstanceType],
@@ -61,7 +61,7 @@ pub fn launch_headroom(
 }
 
 /// What a claim asks for (`spec.resources.requests`): what counts for it before it launches.
-pub fn claim_requests(c: &NodeClaim) -> Resources {
+pub(crate) fn claim_requests(c: &NodeClaim) -> Resources {
     c.spec
         .resources
         .as_ref()

@@ -20,10 +20,10 @@ use crate::api::capacity_buffer::{
 use crate::api::resources::{Quantity, Resources};
 
 /// `ReadyForProvisioning` reasons (upstream Karpenter's).
-pub const RESOLVED: &str = "Resolved";
-pub const POD_TEMPLATE_NOT_FOUND: &str = "PodTemplateNotFound";
-pub const SCALABLE_REF_NOT_FOUND: &str = "ScalableRefNotFound";
-pub const RESOLUTION_FAILED: &str = "ResolutionFailed";
+pub(crate) const RESOLVED: &str = "Resolved";
+pub(crate) const POD_TEMPLATE_NOT_FOUND: &str = "PodTemplateNotFound";
+pub(crate) const SCALABLE_REF_NOT_FOUND: &str = "ScalableRefNotFound";
+pub(crate) const RESOLUTION_FAILED: &str = "ResolutionFailed";
 
 /// The object a buffer's chunk comes from, as read.
 #[derive(Clone, Debug)]
@@ -40,12 +40,12 @@ pub struct Source {
 /// field.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NotReady {
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
     pub message: String,
 }
 
 impl NotReady {
-    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn new(reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             reason,
             message: message.into(),
@@ -57,8 +57,8 @@ impl NotReady {
 #[derive(Clone, Debug)]
 pub struct Resolved {
     pub replicas: i32,
-    pub template: PodTemplateSpec,
-    pub pod_template: Option<LocalObjectRef>,
+    pub(crate) template: PodTemplateSpec,
+    pub(crate) pod_template: Option<LocalObjectRef>,
     pub pod_template_generation: Option<i64>,
 }
 
@@ -146,7 +146,7 @@ fn chunks_within(
 }
 
 /// One chunk's requests, as kube-scheduler sums them.
-pub fn requests_of(template: &PodTemplateSpec) -> Result<Resources, NotReady> {
+pub(crate) fn requests_of(template: &PodTemplateSpec) -> Result<Resources, NotReady> {
     let Some(spec) = &template.spec else {
         return Ok(Resources::new());
     };

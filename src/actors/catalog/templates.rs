@@ -43,11 +43,11 @@ pub(super) struct TemplateRead {
 
 /// What the catalog's build needs of the template reads, by MachineDeployment key.
 pub(super) struct TemplateViews {
-    pub capacity: HashMap<String, TemplateCapacity>,
-    pub missing: HashMap<String, String>,
+    pub(crate) capacity: HashMap<String, TemplateCapacity>,
+    pub(crate) missing: HashMap<String, String>,
     /// Groups whose template has no answer yet: unknown, never taken for gone.
-    pub unread: HashSet<String>,
-    pub failing: HashMap<String, String>,
+    pub(crate) unread: HashSet<String>,
+    pub(crate) failing: HashMap<String, String>,
 }
 
 /// One read that was started: what it was about, so its answer can be recorded.

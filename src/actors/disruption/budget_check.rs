@@ -12,15 +12,15 @@ use crate::disruption::Command;
 
 /// What a command may take of one pool's budget, as the indexes saw it right before it starts.
 #[derive(Clone, Debug)]
-pub struct PoolRoom {
-    pub pool: String,
-    pub reason: crate::api::nodepool::DisruptionReason,
+pub(crate) struct PoolRoom {
+    pub(crate) pool: String,
+    pub(crate) reason: crate::api::nodepool::DisruptionReason,
     /// How many more nodes the pool may start disrupting for `reason`.
-    pub allowed: usize,
+    pub(crate) allowed: usize,
     /// The pool's nodes the indexes count as disrupting already.
-    pub busy: usize,
+    pub(crate) busy: usize,
     /// How many of the command's candidates are in the pool.
-    pub needed: usize,
+    pub(crate) needed: usize,
 }
 
 /// The server's own view of each pool the command touches, read right before its first write:
@@ -28,7 +28,7 @@ pub struct PoolRoom {
 /// deleting a rollout's Machines in a burst, under load) take budget the indexes do not see.
 /// One LIST of the pool's claims each (by label). Why the command no longer fits, if it does
 /// not; a failed read says nothing (the indexes' check stands).
-pub async fn over_budget_on_server(
+pub(crate) async fn over_budget_on_server(
     shared: &Shared,
     cmd: &Command,
     rooms: &[PoolRoom],

@@ -27,7 +27,7 @@ use crate::disruption::{Candidate, Command};
 use crate::metrics::{DecisionLabels, DisruptedLabels, PoolDecisionLabels};
 use crate::view::disruption::Stamp;
 
-pub use super::notes::{Publish, on_claim_and_node};
+pub(crate) use super::notes::{Publish, on_claim_and_node};
 
 const CLAIM: (&str, &str) = ("NodeClaim", "nodeclaims");
 
@@ -64,7 +64,7 @@ async fn edit_conditions(
 
 /// Record the claim's last pod event. A merge patch of the one field: it creates `status` when
 /// there is none and races with no other writer's fields (only the leader writes this one).
-pub async fn record_pod_event(
+pub(crate) async fn record_pod_event(
     shared: &Shared,
     claim: &NodeClaim,
     at: Timestamp,
@@ -84,7 +84,7 @@ pub async fn record_pod_event(
 }
 
 /// `Drifted` and `Consolidatable` as the pass computed them.
-pub async fn stamp(shared: &Shared, s: &Stamp) -> Result<(), Error> {
+pub(crate) async fn stamp(shared: &Shared, s: &Stamp) -> Result<(), Error> {
     let generation = s.claim.metadata.generation;
     let now = Timestamp::now();
     edit_conditions(shared, &s.claim, |conds| {
@@ -122,7 +122,11 @@ pub async fn stamp(shared: &Shared, s: &Stamp) -> Result<(), Error> {
 }
 
 /// Stamp today's NodePool hash on a claim written with another hash version (no drift).
-pub async fn restamp(shared: &Shared, claim: &NodeClaim, np: &NodePool) -> Result<(), Error> {
+pub(crate) async fn restamp(
+    shared: &Shared,
+    claim: &NodeClaim,
+    np: &NodePool,
+) -> Result<(), Error> {
     let name = claim.name_any();
     let mut p = JsonPatch::guarded(claim.resource_version().as_deref());
     p.set_entry(
@@ -231,7 +235,7 @@ async fn read_claim(shared: &Shared, name: &str) -> Result<Option<NodeClaim>, Er
 /// first, so a controller that dies in between leaves a taint the next one rolls back. Each
 /// write goes through the server's transient failures (`persist`). The candidates are marked
 /// side by side: one whose writes keep failing must not hold the others back.
-pub async fn mark(shared: &Shared, cmd: &Command) -> Result<(), Error> {
+pub(crate) async fn mark(shared: &Shared, cmd: &Command) -> Result<(), Error> {
     let reason = cmd.method.reason().as_str();
     let message = format!("{reason} ({})", cmd.decision());
     let marks = cmd
@@ -288,7 +292,7 @@ async fn mark_one(
 }
 
 /// Undo `mark` on a claim and its Node (a failed replacement, or a command that no longer runs).
-pub async fn unmark(shared: &Shared, claim: &NodeClaim, node: &Node) -> Result<(), Error> {
+pub(crate) async fn unmark(shared: &Shared, claim: &NodeClaim, node: &Node) -> Result<(), Error> {
     set_taint(shared, node, false).await?;
     edit_conditions(shared, claim, |conds| {
         conditions::remove(conds, conditions::DISRUPTION_REASON);
@@ -297,7 +301,10 @@ pub async fn unmark(shared: &Shared, claim: &NodeClaim, node: &Node) -> Result<(
 }
 
 /// Create the replacement claims (`claim_factory`); their names.
-pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<String>, Error> {
+pub(crate) async fn launch_replacements(
+    shared: &Shared,
+    cmd: &Command,
+) -> Result<Vec<String>, Error> {
     let mut names = Vec::new();
     for new in &cmd.replacements {
         let Some(np) = shared.state.nodepools.read().get(&new.nodepool).cloned() else {
@@ -317,7 +324,7 @@ pub async fn launch_replacements(shared: &Shared, cmd: &Command) -> Result<Vec<S
 
 /// A claim for the fresh Machine of a RollingUpdate, replacing `old` (whose Machine the rollout
 /// outdated; `claim_factory::rollout` builds it).
-pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<String, Error> {
+pub(crate) async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<String, Error> {
     let old_name = old.name_any();
     let claim = claim_factory::rollout(old);
     let created = claim_factory::create(shared, claim, Purpose::Rollout).await?;
@@ -335,7 +342,7 @@ pub async fn replace_for_rollout(shared: &Shared, old: &NodeClaim) -> Result<Str
 /// Machines. Counted as upstream counts disruption. A delete whose answer was lost is read
 /// back: a claim already deleting (or gone) is done. The candidates are deleted side by side,
 /// so one whose delete keeps failing does not hold back the others' drains.
-pub async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Error> {
+pub(crate) async fn delete_candidates(shared: &Shared, cmd: &Command) -> Result<(), Error> {
     let deletes = cmd
         .candidates
         .iter()
@@ -405,7 +412,7 @@ async fn delete_candidate(shared: &Shared, cmd: &Command, c: &Candidate) -> Resu
 }
 
 /// `on_claim_and_node` for each of a command's candidates the index still holds.
-pub fn on_candidates(
+pub(crate) fn on_candidates(
     shared: &Shared,
     cmd: &Command,
     publish: Publish,
@@ -422,7 +429,7 @@ pub fn on_candidates(
 
 /// A replacement of a running command that is not Initialized yet: launching, and the command
 /// waits for its readiness (upstream's two Events, on the replacement claim only).
-pub fn replacement_waiting(shared: &Shared, replacement: &NodeClaim, cmd: &Command) {
+pub(crate) fn replacement_waiting(shared: &Shared, replacement: &NodeClaim, cmd: &Command) {
     let name = replacement.name_any();
     let candidates = cmd.claim_names().join(", ");
     shared.events.normal(
@@ -442,7 +449,7 @@ pub fn replacement_waiting(shared: &Shared, replacement: &NodeClaim, cmd: &Comma
 }
 
 /// Upstream's labels for a command's decision counters.
-pub fn decision_labels(cmd: &Command) -> DecisionLabels {
+pub(crate) fn decision_labels(cmd: &Command) -> DecisionLabels {
     DecisionLabels {
         decision: cmd.decision().into(),
         reason: cmd.method.reason().as_str().to_lowercase(),
@@ -452,7 +459,7 @@ pub fn decision_labels(cmd: &Command) -> DecisionLabels {
 
 /// Count a command as decided once it is under way (candidates marked, replacements created),
 /// as upstream does: a command rolled back later still counts.
-pub fn count_started(shared: &Shared, cmd: &Command) {
+pub(crate) fn count_started(shared: &Shared, cmd: &Command) {
     let labels = decision_labels(cmd);
     let m = &shared.metrics;
     m.disruption_decisions.get_or_create(&labels).inc();
@@ -492,7 +499,7 @@ fn disrupted_labels(cmd: &Command, c: &Candidate, claim: Option<&NodeClaim>) -> 
     }
 }
 
-pub fn method_name(cmd: &Command) -> &'static str {
+pub(crate) fn method_name(cmd: &Command) -> &'static str {
     match cmd.method {
         crate::disruption::Method::Repair => "repair",
         crate::disruption::Method::Emptiness => "emptiness",
@@ -504,7 +511,7 @@ pub fn method_name(cmd: &Command) -> &'static str {
 
 /// The reschedulable pods on the claim's Node as the indexes hold them now, before its drain
 /// starts (upstream lists them at the same moment); 0 without a Node.
-pub fn reschedulable_pods(shared: &Shared, claim: &NodeClaim) -> u64 {
+pub(crate) fn reschedulable_pods(shared: &Shared, claim: &NodeClaim) -> u64 {
     claim
         .status
         .as_ref()
@@ -516,7 +523,7 @@ pub fn reschedulable_pods(shared: &Shared, claim: &NodeClaim) -> u64 {
 
 /// Expiration is forceful: the claim goes whatever the budgets say (its drain still honours
 /// PodDisruptionBudgets and do-not-disrupt until its terminationGracePeriod).
-pub async fn expire(shared: &Shared, claim: &NodeClaim) -> Result<(), Error> {
+pub(crate) async fn expire(shared: &Shared, claim: &NodeClaim) -> Result<(), Error> {
     let name = claim.name_any();
     match claims(shared).delete(&name, &DeleteParams::default()).await {
         Ok(_) => {}

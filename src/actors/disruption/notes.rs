@@ -8,13 +8,13 @@ use crate::actors::Shared;
 use crate::api::nodeclaim::NodeClaim;
 
 /// `Events::normal` or `Events::warning`.
-pub type Publish = fn(&crate::actors::events::Events, ObjectReference, &str, String);
+pub(crate) type Publish = fn(&crate::actors::events::Events, ObjectReference, &str, String);
 
 /// Publish a disruption Event on a claim and on its Node when it has one (`status.nodeName`, as
 /// the index holds it), as upstream does, so `kubectl describe node` shows it too. `note` gets
 /// the object it is for ("NodeClaim x" or "Node y"). The writer keys its repeat suppression on
 /// the object, so the two Events never fold into one.
-pub fn on_claim_and_node(
+pub(crate) fn on_claim_and_node(
     shared: &Shared,
     claim: &NodeClaim,
     publish: Publish,

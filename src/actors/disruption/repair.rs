@@ -67,7 +67,7 @@ pub(super) fn count_command(shared: &Shared, cmd: &Command, c: &Candidate, claim
 /// unhealthy-fraction guard holds (`held_pools`, as upstream tells it), and the per-pool gauge
 /// of them; `pools` remembers the pools the gauge is set for, so it is cleared when none is
 /// left.
-pub fn announce_blocked(
+pub(crate) fn announce_blocked(
     shared: &Shared,
     blocked: &[(Arc<NodeClaim>, String, String)],
     held_pools: &BTreeMap<String, String>,
@@ -112,7 +112,7 @@ pub fn announce_blocked(
 
 /// Upstream's `karpenter_nodeclaims_unhealthy_disrupted_total`, counted once the repaired claim
 /// is deleted, and the `NodeRepair` Event saying why it went.
-pub fn count_repaired(shared: &Shared, claim: &NodeClaim, condition: &str, why: &str) {
+pub(crate) fn count_repaired(shared: &Shared, claim: &NodeClaim, condition: &str, why: &str) {
     let nodepool = claim
         .labels()
         .get(NODEPOOL_LABEL)

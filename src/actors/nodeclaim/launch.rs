@@ -32,7 +32,7 @@ const LAUNCH_RETRY: Duration = Duration::from_secs(10);
 /// The offering a claim launches on: the cheapest available one its requirements, requests and
 /// taints allow, but those in `excluded`. Its minValues must be met by the types that can launch
 /// it, unless `policy` is BestEffort (upstream's cloud providers skip that check then).
-pub fn resolve(
+pub(crate) fn resolve(
     catalog: &CatalogView,
     claim: &NodeClaim,
     excluded: &HashSet<String>,
@@ -73,7 +73,7 @@ pub fn resolve(
 /// offering can be chosen, the claim is left as it was and why is returned: the provisioner
 /// does not create a claim no offering has room for (`NoCompatibleOffering`), and creates any
 /// other as it is, for its actor to decide (and say why).
-pub fn prelaunch(
+pub(crate) fn prelaunch(
     catalog: &CatalogView,
     claim: &mut NodeClaim,
     policy: MinValuesPolicy,
@@ -105,7 +105,7 @@ pub fn prelaunch(
 /// PopulateNodeClaimDetails). A claim another provisioner created (the Go provider writes only
 /// its creation labels) thus ends with the labels one of ours has, and never drifts for labels
 /// this controller did not write.
-pub fn launch_labels(claim: &NodeClaim, offering: &Choice) -> Vec<(String, String)> {
+pub(crate) fn launch_labels(claim: &NodeClaim, offering: &Choice) -> Vec<(String, String)> {
     let mut wanted: std::collections::BTreeMap<String, String> = Default::default();
     if let Ok(reqs) = Requirements::from_node_selector_requirements(&claim.spec.requirements) {
         for r in reqs.iter() {

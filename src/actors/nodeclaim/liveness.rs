@@ -284,7 +284,7 @@ impl Step {
 
 /// When the registration clock started: the `Registered` condition's last transition while it
 /// is not True, else the launch, else the claim's creation.
-pub fn registration_clock_start(c: &NodeClaim) -> Timestamp {
+pub(crate) fn registration_clock_start(c: &NodeClaim) -> Timestamp {
     let conds = c.conditions();
     conditions::get(conds, conditions::REGISTERED)
         .filter(|r| !r.is_true())

@@ -14,12 +14,12 @@ use crate::api::nodeclaim::NodeClaim;
 use crate::capi::preflight::{PREFLIGHT_CHECK_FAILED, PreflightHold};
 
 /// `Launched`'s reason once a preflight hold has lifted and the Machine is on its way.
-pub const WAITING_FOR_MACHINE: &str = "WaitingForMachine";
+pub(crate) const WAITING_FOR_MACHINE: &str = "WaitingForMachine";
 
 /// What the claim's `Launched` condition must say while it waits for a Machine of `md`, when
 /// that differs from what it says: the hold, or (a hold having lifted) the plain wait. None when
 /// nothing is to be written (a claim never held writes nothing while it waits).
-pub fn waiting_condition(
+pub(crate) fn waiting_condition(
     claim: &NodeClaim,
     md: &str,
     hold: Option<&PreflightHold>,
@@ -40,7 +40,7 @@ pub fn waiting_condition(
 }
 
 /// The claim's words for a hold: which MachineSet, and Cluster API's own message.
-pub fn held_message(md: &str, hold: &PreflightHold) -> String {
+pub(crate) fn held_message(md: &str, hold: &PreflightHold) -> String {
     format!(
         "MachineSet {} of MachineDeployment {md} creates no Machine while a preflight check fails: {}",
         hold.machine_set, hold.message

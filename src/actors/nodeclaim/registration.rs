@@ -31,7 +31,7 @@ use crate::view::node::{node_initialized, same_taint};
 
 /// How long registration waits for a new Node to turn Ready so that it can initialize it in the
 /// same writes (measured from the Node's creationTimestamp, whole seconds: 1-2 s in effect).
-pub const READY_WAIT: Duration = Duration::from_secs(2);
+pub(crate) const READY_WAIT: Duration = Duration::from_secs(2);
 
 impl Step {
     /// Registration (Karpenter core v1's NodeClaim lifecycle): sync the claim onto the Node, take the

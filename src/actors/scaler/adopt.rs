@@ -18,7 +18,7 @@ use crate::state::machines::{bound_claim, claimed_elsewhere, key, released_elsew
 
 /// The live Machines among `machines` that a claim names with `cluster.x-k8s.io/machine` while
 /// no binding of ours does: machine key to claim name.
-pub fn adopted(machines: &[&Machine], claims: &Claims) -> BTreeMap<String, String> {
+pub(crate) fn adopted(machines: &[&Machine], claims: &Claims) -> BTreeMap<String, String> {
     let wanted: HashSet<String> = machines
         .iter()
         .filter(|m| m.deletion_timestamp.is_none() && !released_elsewhere(m))
@@ -50,7 +50,7 @@ pub(super) fn unplaced(c: &NodeClaim) -> bool {
 /// wrote its managed count already, or no Machine of it was claimed by another provisioner):
 /// every Machine bound to a claim, ours or adopted, and the free Machines a claim still being
 /// placed was raised for (at most one per such claim).
-pub fn managed_at_adoption(
+pub(crate) fn managed_at_adoption(
     md: &MachineDeployment,
     md_key: &str,
     machines: &[&Machine],

@@ -21,7 +21,7 @@ use crate::state::claims::{is_ours, recorded_deployment, recorded_instance};
 use crate::state::machines::{Machines, bound_claim, key, released_elsewhere};
 
 /// True when the Machine carries our release mark (or any mark while bound to one of our claims).
-pub fn marked_by_us(m: &Machine) -> bool {
+pub(crate) fn marked_by_us(m: &Machine) -> bool {
     match m.annotations.get(DELETE_MACHINE_ANNOTATION) {
         Some(v) => v == DELETE_MACHINE_VALUE || bound_claim(m).is_some(),
         None => false,
@@ -29,7 +29,7 @@ pub fn marked_by_us(m: &Machine) -> bool {
 }
 
 // Read where the catalog counts a group's room too (`capi::room`).
-pub use crate::capi::room::managed_replicas;
+pub(crate) use crate::capi::room::managed_replicas;
 
 /// How a Machine left the planner's count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub(super) enum Removal {
 
 /// min-size and max-size from their own annotations only (a malformed capacity annotation must
 /// not switch the bounds off); a malformed size annotation keeps `last` (the last good bounds).
-pub fn size_bounds(
+pub(crate) fn size_bounds(
     annotations: &std::collections::BTreeMap<String, String>,
     last: Option<(i32, Option<i32>)>,
 ) -> (i32, Option<i32>) {

@@ -13,11 +13,11 @@
 use std::time::{Duration, Instant};
 
 /// Requests closer than this (on average) are a burst.
-pub const BURST_GAP: Duration = Duration::from_millis(250);
+pub(crate) const BURST_GAP: Duration = Duration::from_millis(250);
 /// The first hold of a burst.
-pub const FIRST_HOLD: Duration = Duration::from_millis(100);
+pub(crate) const FIRST_HOLD: Duration = Duration::from_millis(100);
 /// No scale-up is held longer than this.
-pub const MAX_HOLD: Duration = Duration::from_secs(1);
+pub(crate) const MAX_HOLD: Duration = Duration::from_secs(1);
 /// A pause this long ends a hold early (at least; more when requests are spaced wider). Claims
 /// of a burst reach the Scaler in clumps (each as its actor gets a turn on a busy runtime), with
 /// gaps of tens of milliseconds between clumps that are no end of the burst: a shorter floor
@@ -25,7 +25,7 @@ pub const MAX_HOLD: Duration = Duration::from_secs(1);
 const MIN_IDLE: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Default)]
-pub struct Coalescer {
+pub(crate) struct Coalescer {
     last_request: Option<Instant>,
     /// Moving average of the spacing between requests.
     spacing: Option<Duration>,
@@ -37,7 +37,7 @@ pub struct Coalescer {
 
 impl Coalescer {
     /// A claim asked for a Machine at `now`.
-    pub fn requested(&mut self, now: Instant) {
+    pub(crate) fn requested(&mut self, now: Instant) {
         if let Some(last) = self.last_request {
             let gap = now.saturating_duration_since(last);
             self.spacing = Some(match self.spacing {
@@ -54,7 +54,7 @@ impl Coalescer {
     }
 
     /// How much longer to hold the scale-up that is due at `now`; `None`: write it now.
-    pub fn hold(&mut self, now: Instant) -> Option<Duration> {
+    pub(crate) fn hold(&mut self, now: Instant) -> Option<Duration> {
         let (Some(last), Some(spacing)) = (self.last_request, self.spacing) else {
             return self.release();
         };

@@ -18,35 +18,35 @@
 use std::time::{Duration, Instant};
 
 /// The longest a write waits for Cluster API to act on the opposite one before it.
-pub const ACT_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const ACT_WAIT: Duration = Duration::from_secs(30);
 
 /// The Scaler's last replica write that changed `spec.replicas`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LastWrite {
-    pub raised: bool,
-    pub to: i32,
+pub(crate) struct LastWrite {
+    pub(crate) raised: bool,
+    pub(crate) to: i32,
     /// The MachineDeployment generation the write produced.
-    pub generation: Option<i64>,
+    pub(crate) generation: Option<i64>,
     /// The Machines a decrement removed.
-    pub decrements: Vec<String>,
-    pub at: Instant,
+    pub(crate) decrements: Vec<String>,
+    pub(crate) at: Instant,
 }
 
 /// What the Scaler sees of Cluster API's side when it is about to write.
 #[derive(Clone)]
-pub struct Seen<'a> {
-    pub spec_replicas: i32,
-    pub observed_generation: Option<i64>,
-    pub status_replicas: Option<i32>,
+pub(crate) struct Seen<'a> {
+    pub(crate) spec_replicas: i32,
+    pub(crate) observed_generation: Option<i64>,
+    pub(crate) status_replicas: Option<i32>,
     /// Its Machines that are not being deleted (`None`: a pool without MachinePool Machines,
     /// whose instances only its status counts).
-    pub live_machines: Option<i32>,
+    pub(crate) live_machines: Option<i32>,
     /// Whether a Machine (by key) is deleting or gone.
-    pub leaving: &'a dyn Fn(&str) -> bool,
+    pub(crate) leaving: &'a dyn Fn(&str) -> bool,
 }
 
 /// Whether Cluster API has acted on `last` (or it no longer matters).
-pub fn acted(last: &LastWrite, seen: &Seen<'_>, now: Instant) -> bool {
+pub(crate) fn acted(last: &LastWrite, seen: &Seen<'_>, now: Instant) -> bool {
     if now.saturating_duration_since(last.at) >= ACT_WAIT || seen.spec_replicas != last.to {
         // Waited long enough, or someone else has written replicas since.
         return true;
@@ -66,7 +66,12 @@ pub fn acted(last: &LastWrite, seen: &Seen<'_>, now: Instant) -> bool {
 
 /// Whether a write of `delta` must wait for Cluster API to act on `last` first: only a write
 /// in the opposite direction can undo it.
-pub fn must_wait(last: Option<&LastWrite>, delta: i32, seen: &Seen<'_>, now: Instant) -> bool {
+pub(crate) fn must_wait(
+    last: Option<&LastWrite>,
+    delta: i32,
+    seen: &Seen<'_>,
+    now: Instant,
+) -> bool {
     let Some(last) = last else { return false };
     let opposite = if last.raised { delta < 0 } else { delta > 0 };
     opposite && !acted(last, seen, now)

@@ -99,7 +99,7 @@ pub(super) fn replicas(md: &MachineDeployment, w: &ReplicaWrite) -> JsonPatch {
 }
 
 /// The provider IDs a pool's handed-back annotation lists.
-pub fn handed_back(md: &MachineDeployment) -> HashSet<String> {
+pub(crate) fn handed_back(md: &MachineDeployment) -> HashSet<String> {
     md.handed_back()
 }
 

@@ -8,6 +8,7 @@
 //! - what we should own is every Machine bound to a claim, every Machine we marked for release
 //!   but have not yet decremented, and one pending replica per waiting claim.
 
+#[cfg(test)]
 use std::collections::BTreeSet;
 
 /// One live Machine of the MachineDeployment, as the planner needs it.
@@ -51,36 +52,36 @@ pub struct Snapshot<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// (claim, machine key): bind these now.
-    pub bind: Vec<(String, String)>,
+    pub(crate) bind: Vec<(String, String)>,
     /// Raise or lower replicas (at most one write at a time).
-    pub write: Option<ReplicaWrite>,
+    pub(crate) write: Option<ReplicaWrite>,
     /// Waiting claims that cannot fit under max-size: they should choose another offering.
-    pub reject: Vec<String>,
+    pub(crate) reject: Vec<String>,
     /// Unbound Machines of ours that no claim wants: annotate them for deletion.
-    pub release: Vec<String>,
+    pub(crate) release: Vec<String>,
     /// Marked Machines that cannot be decremented because of min-size: delete them directly
     /// (their MachineSet replaces them as baseline capacity).
-    pub delete_directly: Vec<String>,
+    pub(crate) delete_directly: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReplicaWrite {
-    pub from: i32,
-    pub to: i32,
-    pub managed_from: i32,
-    pub managed_to: i32,
+pub(crate) struct ReplicaWrite {
+    pub(crate) from: i32,
+    pub(crate) to: i32,
+    pub(crate) managed_from: i32,
+    pub(crate) managed_to: i32,
     /// Marked Machines this write removes (empty for a scale-up).
-    pub decrements: Vec<String>,
+    pub(crate) decrements: Vec<String>,
     /// Instances of a pool without MachinePool Machines handed back to the pool by this write
     /// (their replicas kept, no longer ours).
-    pub handed_back: Vec<String>,
+    pub(crate) handed_back: Vec<String>,
     /// Handed-back instances of such a pool that claims took again: ours once more (counted in
     /// `managed_to`), struck from the handed-back list by this write.
-    pub reclaimed: Vec<String>,
+    pub(crate) reclaimed: Vec<String>,
 }
 
 impl ReplicaWrite {
-    pub fn delta(&self) -> i32 {
+    pub(crate) fn delta(&self) -> i32 {
         self.to - self.from
     }
 }
@@ -186,7 +187,8 @@ pub fn plan(s: &Snapshot<'_>) -> Plan {
 }
 
 /// Claims named by more than one Machine in a snapshot (never expected; reported, not fixed).
-pub fn claims_bound_twice(machines: &[MachineView]) -> BTreeSet<String> {
+#[cfg(test)]
+pub(crate) fn claims_bound_twice(machines: &[MachineView]) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();
     let mut twice = BTreeSet::new();
     for c in machines.iter().filter_map(|m| m.bound_to.as_ref()) {

@@ -28,10 +28,10 @@ const DEFAULT_POD_GRACE_SECS: i64 = 30;
 
 /// A pod the drain acts on or waits for.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct PodRef {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 impl PodRef {
@@ -51,7 +51,7 @@ impl std::fmt::Display for PodRef {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// POST pods/eviction (PodDisruptionBudgets apply).
     Evict(PodRef),
     /// DELETE with this grace period, because the node's deadline is near.
@@ -60,7 +60,7 @@ pub enum Action {
 
 /// Why a pod still on the node is not acted on now.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Waiting {
+pub(crate) enum Waiting {
     /// Already terminating; its kubelet removes it.
     Terminating(PodRef),
     /// `karpenter.sh/do-not-disrupt`: left alone until the deadline.
@@ -71,20 +71,21 @@ pub enum Waiting {
 
 /// One drain step.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Plan {
-    pub actions: Vec<Action>,
-    pub waiting: Vec<Waiting>,
+pub(crate) struct Plan {
+    pub(crate) actions: Vec<Action>,
+    pub(crate) waiting: Vec<Waiting>,
 }
 
 impl Plan {
     /// Nothing left to evict or wait for: the node is drained.
-    pub fn drained(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn drained(&self) -> bool {
         self.actions.is_empty() && self.waiting.is_empty()
     }
 }
 
 /// The next drain step for `pods` (the pods bound to the node).
-pub fn plan(pods: &[Pod], deadline: Option<jiff::Timestamp>, now: jiff::Timestamp) -> Plan {
+pub(crate) fn plan(pods: &[Pod], deadline: Option<jiff::Timestamp>, now: jiff::Timestamp) -> Plan {
     let mut plan = Plan::default();
     let mut tiers: [Vec<&Pod>; 4] = Default::default();
     for pod in pods.iter().filter(|p| must_leave(p, now)) {
@@ -118,7 +119,7 @@ pub fn plan(pods: &[Pod], deadline: Option<jiff::Timestamp>, now: jiff::Timestam
 }
 
 /// Whether the drain waits for this pod to be gone (upstream's "waiting eviction").
-pub fn must_leave(pod: &Pod, now: jiff::Timestamp) -> bool {
+pub(crate) fn must_leave(pod: &Pod, now: jiff::Timestamp) -> bool {
     !is_terminal(pod)
         && !is_mirror_pod(pod)
         && !pods::tolerates_disrupted(pod)

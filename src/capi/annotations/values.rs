@@ -222,7 +222,7 @@ pub(super) fn upsert_taint(taints: &mut Vec<Taint>, taint: Taint) -> Option<Tain
 
 /// A Kubernetes qualified name: optional DNS-subdomain prefix (<= 253) and `/`, then a name of
 /// 1..=63 alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric.
-pub fn validate_label_key(key: &str) -> Result<(), String> {
+pub(crate) fn validate_label_key(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -237,7 +237,7 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
 }
 
 /// Empty, or 1..=63 characters of the name-part alphabet.
-pub fn validate_label_value(value: &str) -> Result<(), String> {
+pub(crate) fn validate_label_value(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Ok(());
     }

@@ -13,7 +13,7 @@ use crate::capi::model::MachineDeployment;
 
 /// Add `spec.generate`'s offerings of NodeClass `nodeclass` to `c`; `refused`: why its
 /// patches do not apply to the source's template, when they do not.
-pub fn add_generated(
+pub(crate) fn add_generated(
     nodeclass: &str,
     spec: &Generate,
     refused: Option<&str>,

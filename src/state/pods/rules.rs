@@ -13,18 +13,18 @@ use crate::api::wellknown::{
 };
 use crate::scheduling::selector::tolerates;
 
-pub fn key(p: &Pod) -> String {
+pub(crate) fn key(p: &Pod) -> String {
     format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any())
 }
 
-pub fn node_name(p: &Pod) -> Option<&str> {
+pub(crate) fn node_name(p: &Pod) -> Option<&str> {
     p.spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .filter(|n| !n.is_empty())
 }
 
-pub fn is_daemonset_pod(p: &Pod) -> bool {
+pub(crate) fn is_daemonset_pod(p: &Pod) -> bool {
     daemonset_of(p).is_some()
 }
 
@@ -36,11 +36,11 @@ pub(super) fn daemonset_of(p: &Pod) -> Option<&str> {
         .map(|o| o.uid.as_str())
 }
 
-pub fn is_mirror_pod(p: &Pod) -> bool {
+pub(crate) fn is_mirror_pod(p: &Pod) -> bool {
     p.annotations().contains_key("kubernetes.io/config.mirror")
 }
 
-pub fn is_terminal(p: &Pod) -> bool {
+pub(crate) fn is_terminal(p: &Pod) -> bool {
     matches!(
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
@@ -48,7 +48,7 @@ pub fn is_terminal(p: &Pod) -> bool {
 }
 
 /// Not terminal and not terminating: upstream's `IsActive`.
-pub fn is_active(p: &Pod) -> bool {
+pub(crate) fn is_active(p: &Pod) -> bool {
     !is_terminal(p) && p.metadata.deletion_timestamp.is_none()
 }
 
@@ -59,7 +59,7 @@ fn owned_by(p: &Pod, kind: &str) -> bool {
 /// Upstream's `IsReschedulable`: a pod that needs a new home when its node goes. Active pods, and
 /// terminating StatefulSet pods (recreated only once gone, so their room is needed again); not
 /// DaemonSet pods (they come with every node) nor static ones.
-pub fn is_reschedulable(p: &Pod) -> bool {
+pub(crate) fn is_reschedulable(p: &Pod) -> bool {
     let terminating = p.metadata.deletion_timestamp.is_some();
     (is_active(p) || (terminating && owned_by(p, "StatefulSet")))
         && !is_daemonset_pod(p)
@@ -70,25 +70,26 @@ pub fn is_reschedulable(p: &Pod) -> bool {
 /// Upstream's `IsEvictable`: a pod a drain would evict, so a PodDisruptionBudget selecting it
 /// matters: active, not tolerating the disrupted taint, not static, and not `do-not-disrupt` now
 /// (those are waited for, not evicted).
-pub fn is_evictable(p: &Pod, now: Timestamp) -> bool {
+#[cfg(test)]
+pub(crate) fn is_evictable(p: &Pod, now: Timestamp) -> bool {
     evictable_unless_protected(p) && !do_not_disrupt(p, now)
 }
 
 /// [`is_evictable`] but for `do-not-disrupt`, the one part that changes with time alone.
-pub fn evictable_unless_protected(p: &Pod) -> bool {
+pub(crate) fn evictable_unless_protected(p: &Pod) -> bool {
     is_active(p) && !tolerates_disrupted(p) && !is_mirror_pod(p) && !owned_by(p, "Node")
 }
 
 /// `karpenter.sh/do-not-disrupt`: "true", or a duration ("30m") still running since the pod
 /// started. An invalid value protects nothing (as upstream treats it); see `invalid_do_not_disrupt`.
-pub fn do_not_disrupt(pod: &Pod, now: Timestamp) -> bool {
+pub(crate) fn do_not_disrupt(pod: &Pod, now: Timestamp) -> bool {
     do_not_disrupt_protection(pod).is_some_and(|p| p.holds_at(now))
 }
 
 /// How long `karpenter.sh/do-not-disrupt` protects a pod: read from the pod alone, so the
 /// index can keep it (see [`PodSummary`]) and only `now` is asked later.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Protection {
+pub(crate) enum Protection {
     /// "true"; or a duration on a pod not started yet (protected until it has run for the
     /// duration), or one too long to add to its start time.
     Always,
@@ -97,7 +98,7 @@ pub enum Protection {
 }
 
 impl Protection {
-    pub fn holds_at(self, now: Timestamp) -> bool {
+    pub(crate) fn holds_at(self, now: Timestamp) -> bool {
         match self {
             Protection::Always => true,
             Protection::Until(until) => now < until,
@@ -106,7 +107,7 @@ impl Protection {
 }
 
 /// The pod's [`Protection`], None when it has none (no annotation, or an invalid value).
-pub fn do_not_disrupt_protection(pod: &Pod) -> Option<Protection> {
+pub(crate) fn do_not_disrupt_protection(pod: &Pod) -> Option<Protection> {
     let v = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION)?;
     if v == "true" {
         return Some(Protection::Always);
@@ -122,7 +123,7 @@ pub fn do_not_disrupt_protection(pod: &Pod) -> Option<Protection> {
 }
 
 /// Upstream's eviction cost of one pod: 1, moved by its deletion cost and priority, clamped.
-pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 {
+pub(crate) fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 {
     let mut cost = 1.0;
     if let Some(d) = deletion_cost.and_then(|d| d.trim().parse::<f64>().ok())
         && d.is_finite()
@@ -136,7 +137,7 @@ pub fn eviction_cost(deletion_cost: Option<&str>, priority: Option<i32>) -> f64 
 }
 
 /// Upstream's eviction cost of `p`, from its [`steering_cost`] and priority.
-pub fn pod_eviction_cost(p: &Pod) -> f64 {
+pub(crate) fn pod_eviction_cost(p: &Pod) -> f64 {
     eviction_cost(steering_cost(p), p.spec.as_ref().and_then(|s| s.priority))
 }
 
@@ -144,7 +145,7 @@ pub fn pod_eviction_cost(p: &Pod) -> f64 {
 /// when set; else `controller.kubernetes.io/pod-deletion-cost`, unless that value is the
 /// controller's own ranking ([`deletion_cost_managed`]), which says nothing of the pod's worth
 /// and would otherwise feed the ranking back into the consolidation it follows.
-pub fn steering_cost(p: &Pod) -> Option<&str> {
+pub(crate) fn steering_cost(p: &Pod) -> Option<&str> {
     let a = p.annotations();
     if let Some(v) = a.get(DISRUPTION_COST_ANNOTATION) {
         return Some(v);
@@ -156,14 +157,14 @@ pub fn steering_cost(p: &Pod) -> Option<&str> {
 }
 
 /// The pod's deletion cost is the controller's (its sentinel says so), not its owner's.
-pub fn deletion_cost_managed(p: &Pod) -> bool {
+pub(crate) fn deletion_cost_managed(p: &Pod) -> bool {
     p.annotations()
         .get(MANAGED_DELETION_COST_ANNOTATION)
         .is_some_and(|v| v == "true")
 }
 
 /// The pod's `Ready` condition is False (upstream's test for an unhealthy pod; Unknown is not).
-pub fn not_ready(p: &Pod) -> bool {
+pub(crate) fn not_ready(p: &Pod) -> bool {
     p.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -171,7 +172,8 @@ pub fn not_ready(p: &Pod) -> bool {
 }
 
 /// A do-not-disrupt value that is neither "true" nor a duration: the reason to report on the pod.
-pub fn invalid_do_not_disrupt(pod: &Pod) -> Option<String> {
+#[cfg(test)]
+pub(crate) fn invalid_do_not_disrupt(pod: &Pod) -> Option<String> {
     let v = pod.annotations().get(DO_NOT_DISRUPT_ANNOTATION)?;
     if v == "true" {
         return None;
@@ -183,7 +185,7 @@ pub fn invalid_do_not_disrupt(pod: &Pod) -> Option<String> {
 
 /// The pod tolerates `karpenter.sh/disrupted:NoSchedule`: a drain leaves it (it would only be
 /// scheduled back).
-pub fn tolerates_disrupted(pod: &Pod) -> bool {
+pub(crate) fn tolerates_disrupted(pod: &Pod) -> bool {
     let taint = Taint {
         key: DISRUPTED_TAINT_KEY.into(),
         effect: "NoSchedule".into(),
@@ -201,7 +203,7 @@ pub fn tolerates_disrupted(pod: &Pod) -> bool {
 /// for `status.lastPodEventTime` (the start of `consolidateAfter`): the pod was scheduled (the
 /// time of its `PodScheduled=True` transition), or it became terminal or terminating (`now`).
 /// DaemonSet pods are not events: they come and go with every node.
-pub fn pod_event_time(old: Option<&Pod>, new: &Pod, now: Timestamp) -> Option<Timestamp> {
+pub(crate) fn pod_event_time(old: Option<&Pod>, new: &Pod, now: Timestamp) -> Option<Timestamp> {
     if node_name(new).is_none() || is_daemonset_pod(new) {
         return None;
     }
@@ -229,7 +231,7 @@ pub fn pod_event_time(old: Option<&Pod>, new: &Pod, now: Timestamp) -> Option<Ti
 
 /// The pod has inter-pod constraints (pod affinity or anti-affinity, topology spread): the
 /// solver then counts the bound pods its selectors match, so it needs them all.
-pub fn has_pod_terms(p: &Pod) -> bool {
+pub(crate) fn has_pod_terms(p: &Pod) -> bool {
     let Some(spec) = p.spec.as_ref() else {
         return false;
     };
@@ -255,7 +257,7 @@ fn any<T>(terms: &Option<Vec<T>>) -> bool {
 }
 
 /// The pod asks for a host port: it takes that port on its node from every other pod.
-pub fn has_host_ports(p: &Pod) -> bool {
+pub(crate) fn has_host_ports(p: &Pod) -> bool {
     p.spec.as_ref().is_some_and(|s| {
         s.containers
             .iter()
@@ -267,7 +269,7 @@ pub fn has_host_ports(p: &Pod) -> bool {
 
 /// Karpenter's definition: `PodScheduled=False` with reason `Unschedulable`, no node, not
 /// nominated, not a DaemonSet or mirror pod, not terminating.
-pub fn is_provisionable(p: &Pod) -> bool {
+pub(crate) fn is_provisionable(p: &Pod) -> bool {
     let status = p.status.as_ref();
     let unschedulable = status
         .and_then(|s| s.conditions.as_ref())

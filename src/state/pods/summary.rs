@@ -10,14 +10,15 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+#[cfg(test)]
 use kube::ResourceExt;
 
 use super::{
     Protection, do_not_disrupt_protection, evictable_unless_protected, is_active, is_daemonset_pod,
-    is_reschedulable, key, not_ready, pod_eviction_cost,
+    is_reschedulable, not_ready, pod_eviction_cost,
 };
 
-pub struct PodSummary {
+pub(crate) struct PodSummary {
     /// `namespace/name` (shared with the index's key).
     key: Arc<str>,
     /// Shared by the pods of one template (see `state::shared`): PodDisruptionBudgets select
@@ -36,8 +37,9 @@ pub struct PodSummary {
 
 impl PodSummary {
     /// The summary of `p`, its key and labels not shared with anything.
-    pub fn of(p: &Pod) -> Self {
-        Self::new(Arc::from(key(p)), p, Arc::new(p.labels().clone()))
+    #[cfg(test)]
+    pub(crate) fn of(p: &Pod) -> Self {
+        Self::new(Arc::from(super::key(p)), p, Arc::new(p.labels().clone()))
     }
 
     /// The summary of `p`, whose key and (shared) labels the caller has already.
@@ -56,50 +58,50 @@ impl PodSummary {
     }
 
     /// `namespace/name`, as [`super::key`] names a pod.
-    pub fn key(&self) -> &str {
+    pub(crate) fn key(&self) -> &str {
         &self.key
     }
 
-    pub fn namespace(&self) -> &str {
+    pub(crate) fn namespace(&self) -> &str {
         self.key.split_once('/').map_or("", |(ns, _)| ns)
     }
 
-    pub fn labels(&self) -> &BTreeMap<String, String> {
+    pub(crate) fn labels(&self) -> &BTreeMap<String, String> {
         &self.labels
     }
 
     /// [`super::is_active`].
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.active
     }
 
     /// [`super::is_reschedulable`].
-    pub fn is_reschedulable(&self) -> bool {
+    pub(crate) fn is_reschedulable(&self) -> bool {
         self.reschedulable
     }
 
     /// [`super::is_daemonset_pod`].
-    pub fn is_daemonset(&self) -> bool {
+    pub(crate) fn is_daemonset(&self) -> bool {
         self.daemonset
     }
 
     /// [`super::do_not_disrupt`].
-    pub fn do_not_disrupt(&self, now: Timestamp) -> bool {
+    pub(crate) fn do_not_disrupt(&self, now: Timestamp) -> bool {
         self.protection.is_some_and(|p| p.holds_at(now))
     }
 
     /// [`super::is_evictable`].
-    pub fn is_evictable(&self, now: Timestamp) -> bool {
+    pub(crate) fn is_evictable(&self, now: Timestamp) -> bool {
         self.evictable_unless_protected && !self.do_not_disrupt(now)
     }
 
     /// [`super::not_ready`].
-    pub fn not_ready(&self) -> bool {
+    pub(crate) fn not_ready(&self) -> bool {
         self.not_ready
     }
 
     /// [`super::pod_eviction_cost`].
-    pub fn eviction_cost(&self) -> f64 {
+    pub(crate) fn eviction_cost(&self) -> f64 {
         self.eviction_cost
     }
 }

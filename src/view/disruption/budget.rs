@@ -22,14 +22,14 @@ const REASONS: [DisruptionReason; 4] = [
 
 /// Where a claim stands in its pool's disruption budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BudgetStanding {
+pub(crate) struct BudgetStanding {
     /// It is one of the pool's nodes the budget's percentage is of.
-    pub counted: bool,
+    pub(crate) counted: bool,
     /// It uses up a disruption of the budget now.
-    pub disrupting: bool,
+    pub(crate) disrupting: bool,
     /// It is disrupting only because its Node is not Ready: down, but nothing is taking it
     /// down. Repair's own budget does not count it (see [`allow`]).
-    pub down: bool,
+    pub(crate) down: bool,
 }
 
 /// Upstream's budget accounting: only initialized claims count, less those whose instance is
@@ -42,7 +42,7 @@ pub struct BudgetStanding {
 /// Node is already gone still counts while it is deleted (upstream keeps its state node for the
 /// claim alone). A launch that never initialized uses no budget when it is deleted, and during an
 /// outage (Nodes NotReady) nothing more is disrupted voluntarily.
-pub fn budget_standing(
+pub(crate) fn budget_standing(
     c: &NodeClaim,
     node: Option<&CompactNode>,
     executing: bool,

@@ -34,7 +34,7 @@ fn since(t: Timestamp, now: Timestamp) -> Duration {
 /// Pod events move `status.lastPodEventTime` in steps of at least this (Karpenter v1.0's dedupe):
 /// a node filling up writes its claim a few times, not once per pod. The countdown itself uses
 /// the exact time held in memory.
-pub const POD_EVENT_WRITE_STEP: Duration = Duration::from_secs(10);
+pub(crate) const POD_EVENT_WRITE_STEP: Duration = Duration::from_secs(10);
 
 /// The time to record as the claim's last pod event, if the record is that far behind.
 pub(super) fn pod_event_behind(c: &NodeClaim, seen: Option<&Timestamp>) -> Option<Timestamp> {

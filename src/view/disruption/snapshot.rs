@@ -10,7 +10,7 @@ use crate::view::Inputs;
 /// The solver's view of the cluster, as the provisioner sees it, with every pod of the nodes a
 /// decision may simulate removing: candidates with pods that are due for repair, drifted, or
 /// consolidatable under a policy that moves pods (empty ones go without a solve).
-pub fn snapshot(
+pub(crate) fn snapshot(
     view: Inputs<'_>,
     candidates: &[Candidate],
     leaving: &[Candidate],
