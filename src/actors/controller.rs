@@ -229,7 +229,7 @@ impl Controller {
 
     /// `start_synced`, and when `leader` is already true, also wait until the writers run (a
     /// single leading controller: the simulator and most tests).
-    #[cfg(any(test, feature = "simulator"))]
+    #[cfg(feature = "simulator")]
     pub(crate) async fn start(
         self,
         leader: watch::Receiver<bool>,

@@ -449,6 +449,12 @@ impl Step {
         };
         let Some(machine) = machine else {
             if let Some(pid) = recorded_instance(&c) {
+                if self.handed_back_still(&md, pid) {
+                    // Taken back, and the pool's write that counts it as ours again has not
+                    // landed (a restart between the two): only the pool's Scaler writes it,
+                    // and with every claim bound nothing else would start it.
+                    self.scaler(&md).do_send(Poke);
+                }
                 return self.on_instance(&md, pid).await;
             }
             if let Some(recorded) = recorded_machine(&c)
@@ -579,6 +585,12 @@ impl Step {
             &md,
         );
         Ok(Some(Next::Continue(self.patch_claim(p, false).await?)))
+    }
+
+    /// Whether pool `md` still lists instance `pid` as handed back.
+    fn handed_back_still(&self, md: &str, pid: &str) -> bool {
+        (self.shared.state.deployments.read().get(md))
+            .is_some_and(|d| d.handed_back().contains(pid))
     }
 
     fn scaler(&self, md: &str) -> Addr<Scaler> {
