@@ -345,12 +345,9 @@ async fn deleting_a_claim_of_such_a_pool_hands_its_instance_back_for_the_next_cl
     env.invariants_hold();
 }
 
-/// Two handed-back instances taken back by two claims, the controller killed as soon as the
-/// first take-back bind shows: the new controller finishes both take-backs, counts each instance
-/// once (no replica raised, the managed count back to four), and binds no instance twice.
-#[actix::test]
-async fn a_restart_mid_take_back_counts_each_instance_once() {
-    let mut env = instance_pool_env().await;
+/// A pool of four instances, two of them handed back by their deleted claims.
+async fn two_handed_back() -> Env {
+    let env = instance_pool_env().await;
     let names = env.claims(4, 1).await;
     env.settle().await;
     let api = Api::<NodeClaim>::all(env.client().await);
@@ -365,6 +362,15 @@ async fn a_restart_mid_take_back_counts_each_instance_once() {
     })
     .await;
     env.settle().await;
+    env
+}
+
+/// Two handed-back instances taken back by two claims, the controller killed as soon as the
+/// first take-back bind shows: the new controller finishes both take-backs, counts each instance
+/// once (no replica raised, the managed count back to four), and binds no instance twice.
+#[actix::test]
+async fn a_restart_mid_take_back_counts_each_instance_once() {
+    let mut env = two_handed_back().await;
     let before: BTreeSet<String> = listed(&env);
     let next = env.claims(2, 1).await;
     env.wait("a take-back bind shows", || {
@@ -416,21 +422,7 @@ fn four_ours_none_handed_back(env: &Env) -> Option<Value> {
 async fn take_backs_bound_but_not_counted_are_counted_after_a_restart() {
     use karpenter_capi::app::USER_AGENT;
     use karpenter_capi::sim::FaultRule;
-    let mut env = instance_pool_env().await;
-    let names = env.claims(4, 1).await;
-    env.settle().await;
-    let api = Api::<NodeClaim>::all(env.client().await);
-    for victim in &names[..2] {
-        api.delete(victim, &DeleteParams::default()).await.unwrap();
-    }
-    env.wait("both instances handed back", || {
-        let back = pool(&env)["metadata"]["annotations"][HANDED_BACK_ANNOTATION]
-            .as_str()
-            .map(|v| v.split(',').count());
-        (back == Some(2) && instances(&env).len() == 2).then_some(())
-    })
-    .await;
-    env.settle().await;
+    let mut env = two_handed_back().await;
     fn faults(env: &Env) -> &karpenter_capi::sim::Faults {
         env.sim.cluster().faults().expect("the simulated server")
     }
