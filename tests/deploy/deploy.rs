@@ -1032,8 +1032,10 @@ fn deployment_env_values_are_valid_run_flags_and_agree() {
 
 fn chart_sets_every_run_env_twin() {
     let template = read(&path(&format!("{CHART}/templates/deployment.yaml")));
-    // The Lease namespace is the release namespace (POD_NAMESPACE): the Role lives there.
-    let exempt = ["LEADER_ELECTION_NAMESPACE"];
+    // The Lease namespace is the release namespace (POD_NAMESPACE): the Role lives there. Fleet
+    // mode has no chart topology yet (its RBAC and per-cluster credentials are still to come),
+    // so the chart cannot turn it on.
+    let exempt = ["LEADER_ELECTION_NAMESPACE", "FLEET", "FLEET_SELECTOR"];
     for var in env_twins().keys() {
         if exempt.contains(&var.as_str()) {
             continue;
