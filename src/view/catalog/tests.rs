@@ -3,6 +3,8 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::api::resources::Quantity;
+use crate::capi::model::MachineDeployment;
+use crate::capi::offerings::Context as OfferingContext;
 use crate::scheduling::Offering;
 
 fn offering(md: &str, price: f64, replicas: i32, zone: &str) -> Offering {
