@@ -138,7 +138,10 @@ pub fn lease_name(ns: &str, name: &str) -> String {
     if full.len() <= 63 {
         return full;
     }
-    let hash = format!("{:08x}", crate::capi::model::fnv1a(full.as_bytes()) as u32);
+    let hash = format!(
+        "{:08x}",
+        crate::api::nodepool::fnv1a64(full.as_bytes()) as u32
+    );
     let keep = full
         .char_indices()
         .take_while(|(i, _)| *i < 63 - hash.len() - 1)

@@ -15,13 +15,14 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::api::nodeclass::{Generate, TemplatePatch};
+use crate::api::nodepool::fnv1a64;
 use crate::api::resources::Quantity;
 use crate::api::wellknown::{
     CA_PRICE_ANNOTATION, CPU_ANNOTATION, DEPLOYMENT_NAME_LABEL, GPU_COUNT_ANNOTATION,
     INSTANCE_TYPE_LABEL, LABELS_ANNOTATION, MAX_SIZE_ANNOTATION, MEMBER_LABEL, MEMORY_ANNOTATION,
     MIN_SIZE_ANNOTATION, PRICE_ANNOTATION, ZONE_LABEL,
 };
-use crate::capi::model::{MachineDeployment, fnv1a};
+use crate::capi::model::MachineDeployment;
 
 /// On a generated MachineDeployment and its template: the NodeClass that generated it. Only
 /// objects carrying it are ever deleted by the controller.
@@ -420,7 +421,7 @@ fn group_name(
         zone.unwrap_or_default(),
         serde_json::to_string(patches).unwrap_or_default()
     );
-    let digest = format!("{:08x}", fnv1a(fingerprint.as_bytes()) as u32);
+    let digest = format!("{:08x}", fnv1a64(fingerprint.as_bytes()) as u32);
     let zone_part = zone.map(|z| format!("-{}", slug(z))).unwrap_or_default();
     let rest = format!("-{}{zone_part}-{digest}", shape.name());
     let room = 63usize.saturating_sub(rest.len()).max(1);

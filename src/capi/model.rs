@@ -483,13 +483,6 @@ pub struct MachineDeployment {
     pub(crate) spec_template_digest: String,
 }
 
-/// 64-bit FNV-1a: stable across builds and restarts (names are found again by it).
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 /// The fields of a Machine's template whose change makes Cluster API roll a MachineDeployment's
 /// Machines out (the rest, such as drain timeouts, are propagated in place).
 pub(crate) const ROLLOUT_FIELDS: [&str; 4] =
@@ -513,7 +506,7 @@ pub(crate) fn spec_template_digest(value: &Value) -> String {
     }
     // serde_json's maps are sorted, so equal essences print equally.
     let text = Value::Object(essence).to_string();
-    format!("{:016x}", fnv1a(text.as_bytes()))
+    format!("{:016x}", crate::api::nodepool::fnv1a64(text.as_bytes()))
 }
 
 /// `v` without `apiVersion`/`apiGroup` in any object that names a kind (a reference).

@@ -217,7 +217,7 @@ fn fields_hash(object: Option<&Value>, fields: &[&str]) -> String {
         .collect();
     let mut text = String::new();
     canonical(&Value::Object(fields), &mut text);
-    format!("{:016x}", crate::capi::model::fnv1a(text.as_bytes()))
+    format!("{:016x}", crate::api::nodepool::fnv1a64(text.as_bytes()))
 }
 
 fn canonical(v: &Value, out: &mut String) {
