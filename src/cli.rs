@@ -552,6 +552,15 @@ pub struct RunArgs {
     /// every Cluster).
     #[arg(long, env = "FLEET_SELECTOR", requires = "fleet")]
     pub(crate) fleet_selector: Option<String>,
+    /// Fleet mode: the Secret, in each Cluster's namespace, holding its workload kubeconfig;
+    /// `{cluster}` stands for the Cluster's name. The default is Cluster API's own (an admin
+    /// credential it rotates); name a least-privilege one per Cluster instead, e.g.
+    /// `{cluster}-karpenter-capi` (docs/deploy.md).
+    #[arg(long, env = "FLEET_KUBECONFIG_SECRET", default_value = crate::app::fleet::KubeconfigSecret::CLUSTER_API_NAME, value_parser = crate::app::fleet::KubeconfigSecret::name_template)]
+    pub(crate) fleet_kubeconfig_secret: String,
+    /// Fleet mode: the key of that Secret holding the kubeconfig.
+    #[arg(long, env = "FLEET_KUBECONFIG_SECRET_KEY", default_value = "value")]
+    pub(crate) fleet_kubeconfig_secret_key: String,
 }
 
 /// How `explain` prints its report.

@@ -11,7 +11,7 @@
 //!   tool in [`OTHER_TOOLS`], or of `scripts/build-image`; where a command line runs
 //!   `karpenter-capi SUBCOMMAND` or `cargo run -- SUBCOMMAND`, its flags are that subcommand's;
 //!   the README's configuration table names `run` flags with their environment twins;
-//! - RBAC: docs/deploy.md's three RBAC tables list exactly the rules the chart grants;
+//! - RBAC: docs/deploy.md's four RBAC tables list exactly the rules the chart grants;
 //! - no absolute path of a developer's machine (`/work/`, `/home/`, `/tmp/`, ...) in the docs,
 //!   except on a line that says `example path`;
 //! - the version: CHANGELOG.md has a section for Cargo.toml's version, which is also the chart's
@@ -714,6 +714,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--reset-then-reuse-values",
             "--reuse-values",
             "--set",
+            "--set-json",
             "--show-only",
             "--skip-crds",
             "--strict",
@@ -1024,6 +1025,7 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
         "_rules-workload.tpl",
         "_rules-cluster-api.tpl",
         "role-leader-election.yaml",
+        "fleet-rbac.yaml",
     ];
     let includes = [
         "clusterrole.yaml",
@@ -1077,6 +1079,14 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
         .chain(std::iter::once(&lease))
         .find(|d| d["kind"] == "Role")
         .expect("role-leader-election.yaml has a Role");
+    // The role's kind is a template expression (stripped): the document with rules.
+    let fleet = stripped_template("fleet-rbac.yaml")
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d.get("rules").is_some())
+        .map(|d| grants_of_rules(&d["rules"]))
+        .expect("fleet-rbac.yaml has a role with rules");
     BTreeMap::from([
         (
             "Workload cluster",
@@ -1084,6 +1094,7 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
         ),
         ("Leader election", grants_of_rules(&role["rules"])),
         ("Cluster API objects", cluster_api),
+        ("Fleet topology", fleet),
     ])
 }
 

@@ -67,6 +67,10 @@ pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Er
         identity: leader::default_identity(),
         settings: super::settings(&args.controller, &args.cluster_api),
         capi_version: super::capi_version(args.cluster_api.cluster_api_version),
+        kubeconfig_secret: KubeconfigSecret {
+            name: args.fleet_kubeconfig_secret.clone(),
+            key: args.fleet_kubeconfig_secret_key.clone(),
+        },
         retry: Duration::from_secs(30),
         start_within: Duration::from_secs(120),
     };
@@ -124,11 +128,66 @@ pub struct Fleet {
     /// The settings of every Cluster's controller; each is scoped to its Cluster.
     pub settings: Settings,
     pub capi_version: Option<CapiVersion>,
+    /// Where each Cluster's workload kubeconfig is read.
+    pub kubeconfig_secret: KubeconfigSecret,
     /// How long a Cluster that failed to start waits before the next try.
     pub retry: Duration,
     /// How long a Cluster's controller may take to start (its workload cluster answering and
     /// every cache synced) before the start counts as failed.
     pub start_within: Duration,
+}
+
+/// Where a Cluster's workload kubeconfig is read: the Secret of the Cluster's namespace named by
+/// `name` with `{cluster}` replaced by the Cluster's name, at `key`. By default Cluster API's own
+/// `<cluster>-kubeconfig`, key `value`; an operator who provisions a least-privilege kubeconfig
+/// per Cluster names it here, and the fleet never needs Cluster API's admin credential.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeconfigSecret {
+    pub name: String,
+    pub key: String,
+}
+
+impl Default for KubeconfigSecret {
+    fn default() -> Self {
+        KubeconfigSecret {
+            name: Self::CLUSTER_API_NAME.to_string(),
+            key: "value".to_string(),
+        }
+    }
+}
+
+impl KubeconfigSecret {
+    /// Cluster API's own kubeconfig Secret.
+    pub const CLUSTER_API_NAME: &'static str = "{cluster}-kubeconfig";
+    const PLACEHOLDER: &'static str = "{cluster}";
+
+    /// A name template as the command line gives it: it must name the Cluster, or every Cluster
+    /// would read one workload cluster's credentials.
+    pub fn name_template(s: &str) -> Result<String, String> {
+        if !s.contains(Self::PLACEHOLDER) {
+            return Err(format!(
+                "{s:?} does not contain {{cluster}}: each Cluster needs a Secret of its own (e.g. {{cluster}}-karpenter-capi)"
+            ));
+        }
+        let sample = s.replace(Self::PLACEHOLDER, "c");
+        let valid = sample.len() <= 253
+            && sample
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+            && sample.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && sample.ends_with(|c: char| c.is_ascii_alphanumeric());
+        if !valid {
+            return Err(format!(
+                "{s:?} does not make a Secret name: lower-case letters, digits, '-' and '.', beginning and ending with a letter or digit"
+            ));
+        }
+        Ok(s.to_string())
+    }
+
+    /// The Secret of Cluster `cluster`.
+    pub fn name_for(&self, cluster: &str) -> String {
+        self.name.replace(Self::PLACEHOLDER, cluster)
+    }
 }
 
 /// The Lease of Cluster `ns/name`: a name of at most 63 characters that no other Cluster
@@ -375,8 +434,8 @@ async fn serve(
     }
 }
 
-/// The Cluster's controller, its workload reached through Cluster API's `<name>-kubeconfig`
-/// Secret, both clients behind the Cluster's own write gate.
+/// The Cluster's controller, its workload reached through the Cluster's kubeconfig Secret, both
+/// clients behind the Cluster's own write gate.
 async fn start_cluster(
     fleet: &Fleet,
     ns: &str,
@@ -390,7 +449,7 @@ async fn start_cluster(
     };
     let management = build_client_with(fleet.management.clone(), &options)
         .map_err(|e| format!("management client: {e}"))?;
-    let workload = workload_config(&management, ns, name).await?;
+    let workload = workload_config(&management, &fleet.kubeconfig_secret, ns, name).await?;
     let workload = build_client_with(workload, &options).map_err(|e| e.to_string())?;
     let mut settings = fleet.settings.clone();
     settings.cluster_name = Some(name.to_string());
@@ -413,30 +472,32 @@ async fn start_cluster(
     }
 }
 
-/// The workload cluster's client configuration from Secret `ns/<name>-kubeconfig`, key
-/// `value`, as Cluster API writes it.
+/// The workload cluster's client configuration from the Cluster's kubeconfig Secret
+/// ([`KubeconfigSecret`]).
 async fn workload_config(
     management: &Client,
+    secret: &KubeconfigSecret,
     ns: &str,
     name: &str,
 ) -> Result<kube::Config, String> {
-    let secret_name = format!("{name}-kubeconfig");
+    let secret_name = secret.name_for(name);
     let what = format!("Secret {ns}/{secret_name}");
-    let secret = Api::<Secret>::namespaced(management.clone(), ns)
+    let found = Api::<Secret>::namespaced(management.clone(), ns)
         .get_opt(&secret_name)
         .await
         .map_err(|e| format!("{what}: {e}"))?
         .ok_or_else(|| format!("{what} not found"))?;
-    let value = secret
+    let key = &secret.key;
+    let value = found
         .data
         .as_ref()
-        .and_then(|d| d.get("value"))
-        .ok_or_else(|| format!("{what} has no key `value`"))?;
-    let text = std::str::from_utf8(&value.0).map_err(|e| format!("{what}: value: {e}"))?;
-    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| format!("{what}: value: {e}"))?;
+        .and_then(|d| d.get(key))
+        .ok_or_else(|| format!("{what} has no key `{key}`"))?;
+    let text = std::str::from_utf8(&value.0).map_err(|e| format!("{what}: {key}: {e}"))?;
+    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| format!("{what}: {key}: {e}"))?;
     kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| format!("{what}: value: {e}"))
+        .map_err(|e| format!("{what}: {key}: {e}"))
 }
 
 #[cfg(test)]
@@ -452,6 +513,26 @@ mod tests {
         assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
         assert_ne!(a, b, "two long names stay apart");
         assert!(!a.ends_with('-') && a.starts_with("karpenter-capi-team-a."));
+    }
+
+    #[test]
+    fn a_kubeconfig_secret_template_names_each_cluster() {
+        let default = KubeconfigSecret::default();
+        assert_eq!(default.name_for("c1"), "c1-kubeconfig");
+        let own = KubeconfigSecret {
+            name: KubeconfigSecret::name_template("{cluster}-karpenter-capi").expect("valid"),
+            key: "kubeconfig".into(),
+        };
+        assert_eq!(own.name_for("prod-eu"), "prod-eu-karpenter-capi");
+        for bad in [
+            "karpenter-kubeconfig",
+            "{cluster}_kc",
+            "-{cluster}",
+            "{cluster}/x",
+        ] {
+            let err = KubeconfigSecret::name_template(bad).expect_err(bad);
+            assert!(err.contains(bad), "{err}");
+        }
     }
 
     #[test]

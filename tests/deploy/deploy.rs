@@ -69,6 +69,9 @@ enum Scope {
     /// The cluster holding the Cluster API objects (management-rbac.yaml; the chart's ClusterRole
     /// when joined, its Role in the Cluster's namespace in the management topology).
     Management,
+    /// The management cluster in the fleet topology, beyond Cluster API and the Leases: each
+    /// Cluster's workload kubeconfig Secret (the chart's `-fleet` role; no plain manifest).
+    Fleet,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -138,7 +141,7 @@ const fn need(
     }
 }
 
-use Scope::{LeaderNamespace, Management, Workload};
+use Scope::{Fleet, LeaderNamespace, Management, Workload};
 use Use::{Code, Gated, Switched};
 
 const DELETION_COST: &str = "PodDeletionCostManagement";
@@ -191,6 +194,7 @@ const NEEDS: &[Need] = &[
     need(Workload, "events.k8s.io", "events", &["create", "patch"], Code("actors/events.rs kube Recorder")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["get", "create", "update"], Code("leader.rs get_opt, create, replace")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["list", "watch"], Code("leader.rs watch of the one Lease (metadata.name field selector)")),
+    need(Fleet, "", "secrets", &["get"], Code("app/fleet.rs workload_config: each Cluster's kubeconfig Secret")),
     need(Management, "cluster.x-k8s.io", "machines", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
     need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
@@ -520,9 +524,16 @@ fn chart_rbac_grants_exactly_what_the_controller_calls() {
     // too (that each sits inside its `if` is checked by `chart_grants_gated_rules_only_with_the_gate`
     // and `chart_grants_generation_rules_only_when_enabled`).
     let gated: Vec<&str> = NEEDS.iter().filter_map(gate_of).collect();
+    // Its kind is a template expression (Role or ClusterRole), stripped: the document with rules.
+    let fleet: Vec<Rule> = chart_template("fleet-rbac.yaml")
+        .iter()
+        .filter(|d| d.get("rules").is_some())
+        .flat_map(rules)
+        .collect();
     let mut problems = audit(Workload, &workload, &gated);
     problems.extend(audit(LeaderNamespace, &lease, &[]));
     problems.extend(audit(Management, &management, &[GENERATE]));
+    problems.extend(audit(Fleet, &fleet, &[]));
     assert!(
         problems.is_empty(),
         "chart RBAC vs NEEDS:\n{}",
@@ -1032,10 +1043,8 @@ fn deployment_env_values_are_valid_run_flags_and_agree() {
 
 fn chart_sets_every_run_env_twin() {
     let template = read(&path(&format!("{CHART}/templates/deployment.yaml")));
-    // The Lease namespace is the release namespace (POD_NAMESPACE): the Role lives there. Fleet
-    // mode has no chart topology yet (its RBAC and per-cluster credentials are still to come),
-    // so the chart cannot turn it on.
-    let exempt = ["LEADER_ELECTION_NAMESPACE", "FLEET", "FLEET_SELECTOR"];
+    // The Lease namespace is the release namespace (POD_NAMESPACE): the Role lives there.
+    let exempt = ["LEADER_ELECTION_NAMESPACE"];
     for var in env_twins().keys() {
         if exempt.contains(&var.as_str()) {
             continue;
@@ -1336,6 +1345,31 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "fleet topology",
+        &[
+            "--set",
+            "topology=fleet",
+            "--set",
+            "fleet.selector=karpenter=enabled",
+        ],
+    ),
+    (
+        "fleet topology in one namespace, least-privilege kubeconfig Secrets, workload RBAC rendered",
+        &[
+            "--set",
+            "topology=fleet",
+            "--set",
+            "clusterAPI.namespace=clusters",
+            // --set would read the braces as a list.
+            "--set-json",
+            r#"fleet.kubeconfigSecret.name="{cluster}-karpenter-capi""#,
+            "--set",
+            "fleet.kubeconfigSecret.key=kubeconfig",
+            "--set",
+            "workloadCluster.rbac.render=true",
+        ],
+    ),
+    (
         "Grafana dashboard on",
         &[
             "--set",
@@ -1393,6 +1427,8 @@ fn helm_lints_and_renders_the_chart() {
         env.remove("CLUSTER_API_KUBECONFIG");
         if management {
             check_management_topology(&docs, what, extra);
+        } else if extra.contains(&"topology=fleet") {
+            check_fleet_topology(&docs, what, extra);
         } else {
             assert_eq!(env["CLUSTER_API_IN_CLUSTER"], "false", "{what}");
             let capi_role = docs
@@ -1442,7 +1478,8 @@ fn rendered_rbac_problems(docs: &[Value], extra: &[&str]) -> Vec<String> {
     if extra.contains(&"generate.enabled=true") {
         gates.push(GENERATE);
     }
-    let (mut workload, mut lease, mut capi) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut workload, mut lease, mut capi, mut fleet) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for d in docs
         .iter()
         .filter(|d| matches!(kind(d), "Role" | "ClusterRole"))
@@ -1451,13 +1488,15 @@ fn rendered_rbac_problems(docs: &[Value], extra: &[&str]) -> Vec<String> {
             &mut lease
         } else if name(d).ends_with("-cluster-api") {
             &mut capi
+        } else if name(d).ends_with("-fleet") {
+            &mut fleet
         } else {
             &mut workload
         };
         part.extend(rules(d));
     }
     let mut problems = audit(LeaderNamespace, &lease, &gates);
-    for (scope, part) in [(Workload, &workload), (Management, &capi)] {
+    for (scope, part) in [(Workload, &workload), (Management, &capi), (Fleet, &fleet)] {
         if !part.is_empty() {
             problems.extend(audit(scope, part, &gates));
         }
@@ -1580,6 +1619,86 @@ fn check_management_topology(docs: &[Value], what: &str, extra: &[&str]) {
     }
 }
 
+/// The fleet topology as rendered: the pods run in the management cluster (no workload
+/// ClusterRole installed there), reach Cluster API in-cluster, serve the selected Clusters
+/// through the named kubeconfig Secrets, and share them through Leases the Role cannot name;
+/// Cluster API and Secret rules are cluster-wide, or confined to clusterAPI.namespace.
+fn check_fleet_topology(docs: &[Value], what: &str, extra: &[&str]) {
+    let confined = extra
+        .iter()
+        .find_map(|a| a.strip_prefix("clusterAPI.namespace="));
+    let workload_rbac = extra.contains(&"workloadCluster.rbac.render=true");
+    let dep = find(docs, "Deployment", "karpenter-capi", what);
+    let c = container(dep);
+    assert_eq!(
+        strings(&c["args"]),
+        ["run"],
+        "{what}: no --kubeconfig in a fleet"
+    );
+    assert!(c.get("volumeMounts").is_none(), "{what}: nothing mounted");
+    let env = literal_env(c);
+    assert_eq!(env["FLEET"], "true", "{what}");
+    assert_eq!(env["CLUSTER_API_IN_CLUSTER"], "true", "{what}");
+    for var in [
+        "CLUSTER_NAME",
+        "DRY_RUN",
+        "DISABLE_LEADER_ELECTION",
+        "CLUSTER_API_KUBECONFIG",
+    ] {
+        assert!(!env.contains_key(var), "{what}: {var} set in a fleet");
+    }
+    let secret = extra
+        .iter()
+        .find_map(|a| a.strip_prefix("fleet.kubeconfigSecret.name="))
+        .map_or("{cluster}-kubeconfig", |v| v.trim_matches('"'));
+    assert_eq!(env["FLEET_KUBECONFIG_SECRET"], secret, "{what}");
+    assert_eq!(
+        env.get("CLUSTER_API_NAMESPACE").map(String::as_str),
+        confined,
+        "{what}"
+    );
+    for part in ["-cluster-api", "-fleet"] {
+        let (role_kind, ns) = match confined {
+            Some(ns) => ("Role", ns),
+            None => ("ClusterRole", ""),
+        };
+        let role = find(docs, role_kind, part, what);
+        assert_eq!(
+            role["metadata"]["namespace"].as_str().unwrap_or_default(),
+            ns,
+            "{what}: {}",
+            name(role)
+        );
+        let binding = find(docs, &format!("{role_kind}Binding"), part, what);
+        assert_eq!(binding["roleRef"]["name"], name(role), "{what}");
+        assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE, "{what}");
+    }
+    let lease = find(docs, "Role", "-leader-election", what);
+    assert_eq!(lease["metadata"]["namespace"], NAMESPACE, "{what}");
+    assert!(
+        rules(lease).iter().all(|r| r.names.is_empty()),
+        "{what}: one Lease per Cluster, named after it: the Role cannot name them"
+    );
+    let workload_roles: Vec<&str> = docs
+        .iter()
+        .filter(|d| {
+            kind(d) == "ClusterRole"
+                && !name(d).ends_with("-cluster-api")
+                && !name(d).ends_with("-fleet")
+        })
+        .map(name)
+        .collect();
+    let expected: &[&str] = if workload_rbac {
+        &["karpenter-capi"]
+    } else {
+        &[]
+    };
+    assert_eq!(
+        workload_roles, expected,
+        "{what}: the workload ClusterRole only when rendered for the workload clusters"
+    );
+}
+
 /// The (kind, namespace, group, resource, verb) grants of `docs` that only generated node groups
 /// use: create or delete on MachineDeployments and infrastructure objects, list on templates.
 fn generation_grants(docs: &[Value]) -> BTreeSet<(String, String, String, String, String)> {
@@ -1697,7 +1816,30 @@ fn helm_refuses_management_values_that_cannot_work() {
         (&["topology=management"][..], "needs clusterAPI.clusterName"),
         (
             &["topology=joined"][..],
-            "topology must be workload or management",
+            "topology must be workload, management or fleet",
+        ),
+        (
+            &["topology=fleet", "clusterAPI.clusterName=c1"][..],
+            "leave clusterAPI.clusterName empty",
+        ),
+        (
+            &["topology=fleet", "clusterAPI.url=https://m.example:6443"][..],
+            "reaches Cluster API in-cluster",
+        ),
+        (
+            &["topology=fleet", "leaderElection.enabled=false"][..],
+            "one Lease per Cluster",
+        ),
+        (
+            &["topology=fleet", "controller.dryRun=true"][..],
+            "has no shadow mode",
+        ),
+        (
+            &[
+                "topology=fleet",
+                "fleet.kubeconfigSecret.name=shared-kubeconfig",
+            ][..],
+            "does not contain {cluster}",
         ),
         (
             &[

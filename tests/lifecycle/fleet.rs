@@ -60,6 +60,7 @@ async fn fleet_of(env: &Env) -> Fleet {
         identity: "fleet-a".into(),
         settings: sim_settings(None),
         capi_version: None,
+        kubeconfig_secret: Default::default(),
         retry: Duration::from_millis(500),
         start_within: Duration::from_secs(3),
     }
@@ -168,4 +169,59 @@ async fn a_killed_fleet_replicas_cluster_moves_to_another() {
     assert_eq!(env.list("machines").len(), 3, "one Machine a claim");
     env.invariants_hold();
     b.abort();
+}
+
+/// Per-Cluster credentials: with `--fleet-kubeconfig-secret {cluster}-karpenter-capi` and key
+/// `kubeconfig`, the fleet reaches the workload cluster through that Secret alone. Cluster API's
+/// own `sim-kubeconfig` is made to name a dead API server, so a fleet reading it serves nothing.
+#[actix::test]
+async fn a_fleet_reads_the_kubeconfig_secret_its_template_names() {
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Patch, PatchParams, PostParams};
+
+    let env = fleet_env().await;
+    env.sim
+        .run(|c| async move {
+            let secrets = Api::<Secret>::namespaced(c.management_client(), "default");
+            let admin = secrets.get("sim-kubeconfig").await?;
+            let value = admin.data.as_ref().and_then(|d| d.get("value")).cloned();
+            let own: Secret = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "sim-karpenter-capi"},
+                "data": {"kubeconfig": value},
+            }))
+            .expect("a Secret");
+            secrets.create(&PostParams::default(), &own).await?;
+            let dead = k8s_openapi::ByteString(DEAD.as_bytes().to_vec());
+            let dead = serde_json::json!({"data": {"value": dead}});
+            secrets
+                .patch(
+                    "sim-kubeconfig",
+                    &PatchParams::default(),
+                    &Patch::Merge(&dead),
+                )
+                .await
+                .map(drop)
+        })
+        .await
+        .expect("the simulated cluster")
+        .expect("the Secrets written");
+    let secret = fleet::KubeconfigSecret {
+        name: "{cluster}-karpenter-capi".into(),
+        key: "kubeconfig".into(),
+    };
+    let fleet = Fleet {
+        kubeconfig_secret: secret,
+        ..fleet_of(&env).await
+    };
+    let running = actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let claims = env.claims(1, 1).await;
+    env.settle().await;
+    let c = env.get("nodeclaims", "", &claims[0]).expect("the claim");
+    assert!(
+        condition(&c, "Initialized").is_some_and(|i| i["status"] == "True"),
+        "{c:#}"
+    );
+    assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-a"));
+    env.invariants_hold();
+    running.abort();
 }

@@ -39,18 +39,35 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{/* True (non-empty) when the controller runs in the workload cluster and the Cluster API
 objects live in another cluster. */}}
 {{- define "karpenter-capi.separateManagementCluster" -}}
-{{- if and (not (include "karpenter-capi.managementTopology" .)) (or .Values.clusterAPI.kubeconfigSecret.name .Values.clusterAPI.url) }}true{{ end }}
+{{- if and (not (include "karpenter-capi.inManagementCluster" .)) (or .Values.clusterAPI.kubeconfigSecret.name .Values.clusterAPI.url) }}true{{ end }}
+{{- end }}
+
+{{/* The topology: workload (also when unset, as after an upgrade with --reuse-values from a chart
+without it), management or fleet; any other value fails the render. */}}
+{{- define "karpenter-capi.topology" -}}
+{{- $topology := .Values.topology | default "workload" }}
+{{- if has $topology (list "workload" "management" "fleet") }}{{ $topology }}
+{{- else }}
+{{- fail (printf "topology must be workload, management or fleet, not %q" $topology) }}
+{{- end }}
 {{- end }}
 
 {{/* "true" in the management topology (next to Cluster API, one release per workload
-cluster), empty in the workload topology (also when topology is unset, as after an upgrade with
---reuse-values from a chart without it); any other value fails the render. */}}
+cluster), empty otherwise. */}}
 {{- define "karpenter-capi.managementTopology" -}}
-{{- $topology := .Values.topology | default "workload" }}
-{{- if eq $topology "management" }}true
-{{- else if ne $topology "workload" }}
-{{- fail (printf "topology must be workload or management, not %q" $topology) }}
+{{- if eq (include "karpenter-capi.topology" .) "management" }}true{{ end }}
 {{- end }}
+
+{{/* "true" in the fleet topology (next to Cluster API, one release for every selected Cluster),
+empty otherwise. */}}
+{{- define "karpenter-capi.fleetTopology" -}}
+{{- if eq (include "karpenter-capi.topology" .) "fleet" }}true{{ end }}
+{{- end }}
+
+{{/* "true" where the pods run in the management cluster (management and fleet): this cluster is
+not a workload cluster, so no workload ClusterRole is installed here. */}}
+{{- define "karpenter-capi.inManagementCluster" -}}
+{{- if or (include "karpenter-capi.managementTopology" .) (include "karpenter-capi.fleetTopology" .) }}true{{ end }}
 {{- end }}
 
 {{/* The management topology's settings that cannot work together fail the render, each with
@@ -65,6 +82,23 @@ what to do instead. */}}
 {{- end }}
 {{- if and .Values.clusterAPI.namespace (ne .Values.clusterAPI.namespace .Release.Namespace) }}
 {{- fail (printf "topology=management reads Cluster API objects in the release namespace %q only: install the release in the Cluster's namespace %q instead of setting clusterAPI.namespace" .Release.Namespace .Values.clusterAPI.namespace) }}
+{{- end }}
+{{- end }}
+{{- if include "karpenter-capi.fleetTopology" . }}
+{{- if .Values.clusterAPI.clusterName }}
+{{- fail "topology=fleet serves every Cluster fleet.selector chooses: leave clusterAPI.clusterName empty (or use topology=management for one Cluster)" }}
+{{- end }}
+{{- if or .Values.clusterAPI.kubeconfigSecret.name .Values.clusterAPI.url }}
+{{- fail "topology=fleet reaches Cluster API in-cluster with the release's ServiceAccount: leave clusterAPI.kubeconfigSecret.name and clusterAPI.url empty (fleet.kubeconfigSecret names each Cluster's workload kubeconfig)" }}
+{{- end }}
+{{- if not .Values.leaderElection.enabled }}
+{{- fail "topology=fleet shares the Clusters between replicas through one Lease per Cluster: leaderElection.enabled=false is not possible" }}
+{{- end }}
+{{- if .Values.controller.dryRun }}
+{{- fail "topology=fleet has no shadow mode: controller.dryRun needs the workload or management topology" }}
+{{- end }}
+{{- if not (contains "{cluster}" .Values.fleet.kubeconfigSecret.name) }}
+{{- fail (printf "fleet.kubeconfigSecret.name %q does not contain {cluster}: each Cluster needs a Secret of its own" .Values.fleet.kubeconfigSecret.name) }}
 {{- end }}
 {{- end }}
 {{- end }}
