@@ -44,17 +44,17 @@ impl Health {
 
 /// Bind both listeners now (so a port conflict fails start-up loudly), then serve on the current
 /// runtime. Returns the bound addresses (useful when a port of 0 was asked for).
-pub async fn serve(
+pub async fn serve<E: Exposition>(
     metrics_addr: SocketAddr,
     health_addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    metrics: Arc<E>,
     health: Arc<Health>,
 ) -> Result<(SocketAddr, SocketAddr), Error> {
     let m = bind(metrics_addr).await?;
     let h = bind(health_addr).await?;
     let bound = (local(&m, metrics_addr), local(&h, health_addr));
     tokio::spawn(accept_loop(m, Some(metrics), health.clone()));
-    tokio::spawn(accept_loop(h, None, health));
+    tokio::spawn(accept_loop::<E>(h, None, health));
     Ok(bound)
 }
 
@@ -68,7 +68,23 @@ fn local(l: &TcpListener, fallback: SocketAddr) -> SocketAddr {
     l.local_addr().unwrap_or(fallback)
 }
 
-async fn accept_loop(listener: TcpListener, metrics: Option<Arc<Metrics>>, health: Arc<Health>) {
+/// What /metrics serves: one controller's metrics, or (fleet mode) several merged.
+pub trait Exposition: Send + Sync + 'static {
+    /// The OpenMetrics text exposition.
+    fn encode(&self) -> String;
+}
+
+impl Exposition for Metrics {
+    fn encode(&self) -> String {
+        Metrics::encode(self)
+    }
+}
+
+async fn accept_loop<E: Exposition>(
+    listener: TcpListener,
+    metrics: Option<Arc<E>>,
+    health: Arc<Health>,
+) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(conn) => conn,
@@ -93,9 +109,9 @@ async fn accept_loop(listener: TcpListener, metrics: Option<Arc<Metrics>>, healt
     }
 }
 
-fn route(
+fn route<E: Exposition>(
     req: &Request<Incoming>,
-    metrics: Option<&Metrics>,
+    metrics: Option<&E>,
     health: &Health,
 ) -> Response<Full<Bytes>> {
     match (req.uri().path(), metrics) {

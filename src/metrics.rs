@@ -16,6 +16,7 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 mod declared;
+pub mod labelled;
 #[cfg(test)]
 pub(crate) use declared::DISRUPTION_METHOD_SERIES;
 use declared::Registering;

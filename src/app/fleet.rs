@@ -37,11 +37,15 @@ pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Er
     let signal = super::shutdown_signal();
     let management = management_config(&args.cluster_api).await?;
     let metrics = Metrics::new();
+    let clusters = ClusterMetrics::default();
     let health = Arc::new(crate::http::Health::default());
     let (metrics_addr, health_addr) = crate::http::serve(
         std::net::SocketAddr::from(([0, 0, 0, 0], args.metrics_port)),
         std::net::SocketAddr::from(([0, 0, 0, 0], args.health_probe_port)),
-        metrics.clone(),
+        Arc::new(FleetExposition {
+            own: metrics.clone(),
+            clusters: clusters.clone(),
+        }),
         health.clone(),
     )
     .await?;
@@ -71,6 +75,7 @@ pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Er
             name: args.fleet_kubeconfig_secret.clone(),
             key: args.fleet_kubeconfig_secret_key.clone(),
         },
+        metrics: clusters,
         retry: Duration::from_secs(30),
         start_within: Duration::from_secs(120),
     };
@@ -130,11 +135,60 @@ pub struct Fleet {
     pub capi_version: Option<CapiVersion>,
     /// Where each Cluster's workload kubeconfig is read.
     pub kubeconfig_secret: KubeconfigSecret,
+    /// The metrics of the Clusters served now, which /metrics exports.
+    pub metrics: ClusterMetrics,
     /// How long a Cluster that failed to start waits before the next try.
     pub retry: Duration,
     /// How long a Cluster's controller may take to start (its workload cluster answering and
     /// every cache synced) before the start counts as failed.
     pub start_within: Duration,
+}
+
+/// The metrics of each Cluster this replica serves, by `namespace/name`: a Cluster's controller
+/// has a registry of its own, entered when it starts and removed when it stops, so a Cluster
+/// that moves to another replica takes its series there and the label stays bounded by the
+/// Clusters served.
+#[derive(Clone, Default)]
+pub struct ClusterMetrics(Arc<parking_lot::RwLock<BTreeMap<String, Arc<Metrics>>>>);
+
+impl ClusterMetrics {
+    fn enter(&self, cluster: &str, metrics: Arc<Metrics>) {
+        self.0.write().insert(cluster.to_string(), metrics);
+    }
+
+    fn remove(&self, cluster: &str) {
+        self.0.write().remove(cluster);
+    }
+
+    /// Every served Cluster's exposition, by Cluster.
+    pub fn encoded(&self) -> Vec<(String, String)> {
+        self.0
+            .read()
+            .iter()
+            .map(|(cluster, m)| (cluster.clone(), m.encode()))
+            .collect()
+    }
+}
+
+/// The fleet's /metrics: its own metrics as they are, and every served Cluster's with a
+/// `cluster="namespace/name"` label on each series, each family once.
+pub struct FleetExposition {
+    pub own: Arc<Metrics>,
+    pub clusters: ClusterMetrics,
+}
+
+impl crate::http::Exposition for FleetExposition {
+    fn encode(&self) -> String {
+        let own = self.own.encode();
+        let clusters = self.clusters.encoded();
+        let mut parts: Vec<(Option<&str>, &str)> = vec![(None, own.as_str())];
+        parts.extend(
+            clusters
+                .iter()
+                .map(|(c, text)| (Some(c.as_str()), text.as_str())),
+        );
+        crate::metrics::labelled::merge("cluster", &parts)
+    }
 }
 
 /// Where a Cluster's workload kubeconfig is read: the Secret of the Cluster's namespace named by
@@ -355,10 +409,13 @@ impl Drop for Served {
 struct Running {
     handle: Option<ControllerHandle>,
     gate: WriteGate,
+    /// Where its metrics are exported, and under which Cluster.
+    exported: (ClusterMetrics, String),
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
+        self.exported.0.remove(&self.exported.1);
         self.gate.close();
         if let Some(handle) = self.handle.take() {
             handle.deactivate();
@@ -397,7 +454,14 @@ async fn serve(
         }
         tracing::info!(cluster = %cluster, "holding the Cluster's Lease; starting its controller");
         let gate = WriteGate::default();
-        let started = start_cluster(&fleet, &ns, &name, &gate, leading.clone());
+        let metrics = Metrics::new();
+        let started = start_cluster(
+            &fleet,
+            (&ns, &name),
+            &gate,
+            metrics.clone(),
+            leading.clone(),
+        );
         let handle = tokio::select! {
             h = started => h,
             _ = stopped.wait_for(|s| *s) => {
@@ -408,9 +472,11 @@ async fn serve(
         };
         match handle {
             Ok(handle) => {
+                fleet.metrics.enter(&cluster, metrics);
                 let running = Running {
                     handle: Some(handle),
                     gate: gate.clone(),
+                    exported: (fleet.metrics.clone(), cluster.clone()),
                 };
                 let lost = tokio::select! {
                     _ = election.finished() => true,
@@ -438,9 +504,9 @@ async fn serve(
 /// clients behind the Cluster's own write gate.
 async fn start_cluster(
     fleet: &Fleet,
-    ns: &str,
-    name: &str,
+    (ns, name): (&str, &str),
     gate: &WriteGate,
+    metrics: Arc<Metrics>,
     leading: watch::Receiver<bool>,
 ) -> Result<ControllerHandle, String> {
     let options = ClientOptions {
@@ -459,7 +525,7 @@ async fn start_cluster(
         management,
         capi_version: fleet.capi_version,
         settings,
-        metrics: Metrics::new(),
+        metrics,
         instance: fleet.identity.clone(),
     };
     let started = tokio::time::timeout(fleet.start_within, controller.start_synced(leading));

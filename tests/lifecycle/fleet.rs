@@ -11,6 +11,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use karpenter_capi::app::fleet::{self, Fleet, lease_name};
 use karpenter_capi::app::{ClientOptions, USER_AGENT};
+use karpenter_capi::http::Exposition;
 use karpenter_capi::sim::cluster::{CLUSTER_NAME, SimClusterConfig};
 use karpenter_capi::simulate::launch::seed_of;
 use karpenter_capi::simulate::sim_settings;
@@ -61,6 +62,7 @@ async fn fleet_of(env: &Env) -> Fleet {
         settings: sim_settings(None),
         capi_version: None,
         kubeconfig_secret: Default::default(),
+        metrics: Default::default(),
         retry: Duration::from_millis(500),
         start_within: Duration::from_secs(3),
     }
@@ -103,6 +105,10 @@ async fn a_fleet_serves_its_clusters_and_one_it_cannot_reach_delays_nothing() {
         .expect("the simulated cluster");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let fleet = fleet_of(&env).await;
+    let exposition = fleet::FleetExposition {
+        own: karpenter_capi::metrics::Metrics::new(),
+        clusters: fleet.metrics.clone(),
+    };
     let running = actix::spawn(fleet::run(fleet, async move {
         let _ = stopped.await;
         "the test ends"
@@ -126,12 +132,30 @@ async fn a_fleet_serves_its_clusters_and_one_it_cannot_reach_delays_nothing() {
     let writes = env.controller_writes("nodeclaims");
     assert!(writes > 0, "the fleet's controller wrote as {USER_AGENT}");
     env.invariants_hold();
+    // The served Cluster's series, labelled with it, each family declared once.
+    let text = exposition.encode();
+    assert!(
+        text.lines().any(|l| l
+            .starts_with("karpenter_nodeclaims_launched_total{cluster=\"default/sim\",")
+            && !l.ends_with(" 0")),
+        "{text}"
+    );
+    let created_type = "# TYPE karpenter_nodeclaims_launched counter";
+    assert_eq!(text.matches(created_type).count(), 1, "{text}");
+    assert!(
+        !text.contains("cluster=\"default/dead\""),
+        "a Cluster not served has no series"
+    );
 
     let _ = stop.send(());
     running
         .await
         .expect("the fleet task")
         .expect("the fleet stopped cleanly");
+    assert!(
+        !exposition.encode().contains("cluster=\"default/sim\""),
+        "a Cluster no longer served takes its series with it"
+    );
     let released = holder(&env, CLUSTER_NAME).await;
     assert!(
         released.as_deref().is_none_or(str::is_empty),
