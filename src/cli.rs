@@ -24,6 +24,34 @@ pub(crate) const MAX_FLAG_DURATION: Duration = Duration::from_secs(365 * 24 * 36
 /// Go-style duration ("90s", "5m", "1h30m") for flags, so values read like Karpenter's; at most
 /// [`MAX_FLAG_DURATION`]. Zero is allowed (see [`positive_duration_arg`] for waits that must not
 /// be zero).
+/// What a `--fleet-kubeconfig-secret` template puts the Cluster's name in place of.
+pub(crate) const CLUSTER_PLACEHOLDER: &str = "{cluster}";
+/// Cluster API's own kubeconfig Secret of a Cluster, as a `--fleet-kubeconfig-secret` template.
+pub(crate) const CLUSTER_API_KUBECONFIG_SECRET: &str = "{cluster}-kubeconfig";
+
+/// A `--fleet-kubeconfig-secret` template: it must name the Cluster, or every Cluster would
+/// read one workload cluster's credentials, and make a Secret name.
+pub(crate) fn kubeconfig_secret_template(s: &str) -> Result<String, String> {
+    if !s.contains(CLUSTER_PLACEHOLDER) {
+        return Err(format!(
+            "{s:?} does not contain {{cluster}}: each Cluster needs a Secret of its own (e.g. {{cluster}}-karpenter-capi)"
+        ));
+    }
+    let sample = s.replace(CLUSTER_PLACEHOLDER, "c");
+    let valid = sample.len() <= 253
+        && sample
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+        && sample.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && sample.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !valid {
+        return Err(format!(
+            "{s:?} does not make a Secret name: lower-case letters, digits, '-' and '.', beginning and ending with a letter or digit"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 pub(crate) fn duration_arg(s: &str) -> Result<Duration, String> {
     // A bare number is refused in every subcommand alike: "15" could mean seconds or minutes.
     if s != "0" && s.trim().parse::<f64>().is_ok() {
@@ -556,7 +584,7 @@ pub struct RunArgs {
     /// `{cluster}` stands for the Cluster's name. The default is Cluster API's own (an admin
     /// credential it rotates); name a least-privilege one per Cluster instead, e.g.
     /// `{cluster}-karpenter-capi` (docs/deploy.md).
-    #[arg(long, env = "FLEET_KUBECONFIG_SECRET", default_value = crate::app::fleet::KubeconfigSecret::CLUSTER_API_NAME, value_parser = crate::app::fleet::KubeconfigSecret::name_template)]
+    #[arg(long, env = "FLEET_KUBECONFIG_SECRET", default_value = CLUSTER_API_KUBECONFIG_SECRET, value_parser = kubeconfig_secret_template)]
     pub(crate) fleet_kubeconfig_secret: String,
     /// Fleet mode: the key of that Secret holding the kubeconfig.
     #[arg(long, env = "FLEET_KUBECONFIG_SECRET_KEY", default_value = "value")]

@@ -212,35 +212,11 @@ impl Default for KubeconfigSecret {
 
 impl KubeconfigSecret {
     /// Cluster API's own kubeconfig Secret.
-    pub const CLUSTER_API_NAME: &'static str = "{cluster}-kubeconfig";
-    const PLACEHOLDER: &'static str = "{cluster}";
-
-    /// A name template as the command line gives it: it must name the Cluster, or every Cluster
-    /// would read one workload cluster's credentials.
-    pub fn name_template(s: &str) -> Result<String, String> {
-        if !s.contains(Self::PLACEHOLDER) {
-            return Err(format!(
-                "{s:?} does not contain {{cluster}}: each Cluster needs a Secret of its own (e.g. {{cluster}}-karpenter-capi)"
-            ));
-        }
-        let sample = s.replace(Self::PLACEHOLDER, "c");
-        let valid = sample.len() <= 253
-            && sample
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-            && sample.starts_with(|c: char| c.is_ascii_alphanumeric())
-            && sample.ends_with(|c: char| c.is_ascii_alphanumeric());
-        if !valid {
-            return Err(format!(
-                "{s:?} does not make a Secret name: lower-case letters, digits, '-' and '.', beginning and ending with a letter or digit"
-            ));
-        }
-        Ok(s.to_string())
-    }
+    pub const CLUSTER_API_NAME: &'static str = crate::cli::CLUSTER_API_KUBECONFIG_SECRET;
 
     /// The Secret of Cluster `cluster`.
     pub fn name_for(&self, cluster: &str) -> String {
-        self.name.replace(Self::PLACEHOLDER, cluster)
+        self.name.replace(crate::cli::CLUSTER_PLACEHOLDER, cluster)
     }
 }
 
@@ -586,19 +562,10 @@ mod tests {
         let default = KubeconfigSecret::default();
         assert_eq!(default.name_for("c1"), "c1-kubeconfig");
         let own = KubeconfigSecret {
-            name: KubeconfigSecret::name_template("{cluster}-karpenter-capi").expect("valid"),
+            name: "{cluster}-karpenter-capi".into(),
             key: "kubeconfig".into(),
         };
         assert_eq!(own.name_for("prod-eu"), "prod-eu-karpenter-capi");
-        for bad in [
-            "karpenter-kubeconfig",
-            "{cluster}_kc",
-            "-{cluster}",
-            "{cluster}/x",
-        ] {
-            let err = KubeconfigSecret::name_template(bad).expect_err(bad);
-            assert!(err.contains(bad), "{err}");
-        }
     }
 
     #[test]
