@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, DynamicObject};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -25,6 +25,7 @@ use tokio::sync::watch;
 
 use super::client::{ClientOptions, build_client_with};
 use crate::actors::controller::{Controller, ControllerHandle};
+use crate::actors::events::Events;
 use crate::capi::version::{self, CapiVersion};
 use crate::leader;
 use crate::metrics::Metrics;
@@ -269,6 +270,7 @@ pub async fn run(
     };
     let events = watcher(api, config).default_backoff();
     tokio::pin!(events, stop);
+    let told = Events::new(management.clone(), fleet.identity.clone());
     let fleet = Arc::new(fleet);
     let mut served: BTreeMap<(String, String), Served> = BTreeMap::new();
     // The Clusters of a (re-)list in progress: once it completes, any served Cluster not in it
@@ -295,7 +297,7 @@ pub async fn run(
             watcher::Event::Init => listing.clear(),
             watcher::Event::InitApply(c) => {
                 listing.push(key_of(&c));
-                follow(&fleet, &mut served, &management, c).await;
+                follow(&fleet, &mut served, (&management, &told), c).await;
             }
             watcher::Event::InitDone => {
                 let gone: Vec<_> = (served.keys())
@@ -306,7 +308,7 @@ pub async fn run(
                     leave(&mut served, &key, "the Cluster is gone").await;
                 }
             }
-            watcher::Event::Apply(c) => follow(&fleet, &mut served, &management, c).await,
+            watcher::Event::Apply(c) => follow(&fleet, &mut served, (&management, &told), c).await,
             watcher::Event::Delete(c) => {
                 leave(&mut served, &key_of(&c), "the Cluster is gone").await
             }
@@ -331,7 +333,7 @@ async fn leave(served: &mut BTreeMap<(String, String), Served>, key: &(String, S
 async fn follow(
     fleet: &Arc<Fleet>,
     served: &mut BTreeMap<(String, String), Served>,
-    management: &Client,
+    (management, told): (&Client, &Events),
     cluster: DynamicObject,
 ) {
     let key = key_of(&cluster);
@@ -339,10 +341,35 @@ async fn follow(
         Some(why) => leave(served, &key, why).await,
         None if !served.contains_key(&key) => {
             tracing::info!(cluster = %format!("{}/{}", key.0, key.1), "serving the Cluster when its Lease is ours");
-            let s = Served::start(fleet.clone(), management.clone(), key.clone());
+            let to = Telling {
+                events: told.clone(),
+                cluster: reference_of(&cluster),
+            };
+            let s = Served::start(fleet.clone(), management.clone(), key.clone(), to);
             served.insert(key, s);
         }
         None => {}
+    }
+}
+
+/// Where a Cluster's task tells the operator how serving it goes: Events on the Cluster in the
+/// management cluster, so `kubectl describe cluster` says why a Cluster is not served.
+struct Telling {
+    events: Events,
+    cluster: ObjectReference,
+}
+
+/// A reference to the Cluster, as its watch delivered it.
+fn reference_of(cluster: &DynamicObject) -> ObjectReference {
+    let types = cluster.types.clone().unwrap_or_default();
+    ObjectReference {
+        api_version: Some(types.api_version),
+        kind: Some("Cluster".to_string()),
+        name: cluster.metadata.name.clone(),
+        namespace: cluster.metadata.namespace.clone(),
+        uid: cluster.metadata.uid.clone(),
+        resource_version: None,
+        ..ObjectReference::default()
     }
 }
 
@@ -355,9 +382,9 @@ struct Served {
 }
 
 impl Served {
-    fn start(fleet: Arc<Fleet>, management: Client, key: (String, String)) -> Self {
+    fn start(fleet: Arc<Fleet>, management: Client, key: (String, String), to: Telling) -> Self {
         let (stop, stopped) = watch::channel(false);
-        let task = actix::spawn(serve(fleet, management, key, stopped));
+        let task = actix::spawn(serve(fleet, management, key, to, stopped));
         Self {
             stop,
             task: Some(task),
@@ -410,6 +437,7 @@ async fn serve(
     fleet: Arc<Fleet>,
     management: Client,
     (ns, name): (String, String),
+    to: Telling,
     mut stopped: watch::Receiver<bool>,
 ) {
     let cluster = format!("{ns}/{name}");
@@ -448,6 +476,8 @@ async fn serve(
         };
         match handle {
             Ok(handle) => {
+                let note = format!("served by fleet replica {}", fleet.identity);
+                to.events.normal(to.cluster.clone(), "ClusterServed", note);
                 fleet.metrics.enter(&cluster, metrics);
                 let running = Running {
                     handle: Some(handle),
@@ -461,6 +491,12 @@ async fn serve(
                 drop(running);
                 if lost {
                     tracing::warn!(cluster = %cluster, "lost the Cluster's Lease; its controller stopped");
+                    let note = format!(
+                        "fleet replica {} lost the Cluster's Lease; its controller stopped",
+                        fleet.identity
+                    );
+                    to.events
+                        .warning(to.cluster.clone(), "ClusterLeaseLost", note);
                     continue;
                 }
                 election.release(RELEASE_BOUND).await;
@@ -468,6 +504,12 @@ async fn serve(
             }
             Err(why) => {
                 tracing::warn!(cluster = %cluster, error = %why, retry_in = ?fleet.retry, "cannot serve the Cluster; giving its Lease up and trying again");
+                let note = format!(
+                    "cannot serve the Cluster: {why}; trying again in {:?}",
+                    fleet.retry
+                );
+                to.events
+                    .warning(to.cluster.clone(), "ClusterNotServed", note);
                 gate.close();
                 election.release(RELEASE_BOUND).await;
                 let _ = tokio::time::timeout(fleet.retry, stopped.wait_for(|s| *s)).await;

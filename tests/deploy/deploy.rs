@@ -70,7 +70,8 @@ enum Scope {
     /// when joined, its Role in the Cluster's namespace in the management topology).
     Management,
     /// The management cluster in the fleet topology, beyond Cluster API and the Leases: each
-    /// Cluster's workload kubeconfig Secret (the chart's `-fleet` role; no plain manifest).
+    /// Cluster's workload kubeconfig Secret and its Events (the chart's `-fleet` role; no plain
+    /// manifest).
     Fleet,
 }
 
@@ -195,6 +196,7 @@ const NEEDS: &[Need] = &[
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["get", "create", "update"], Code("leader.rs get_opt, create, replace")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["list", "watch"], Code("leader.rs watch of the one Lease (metadata.name field selector)")),
     need(Fleet, "", "secrets", &["get"], Code("app/fleet.rs workload_config: each Cluster's kubeconfig Secret")),
+    need(Fleet, "events.k8s.io", "events", &["create"], Code("app/fleet.rs serve: ClusterServed, ClusterNotServed, ClusterLeaseLost Events on the Cluster")),
     need(Management, "cluster.x-k8s.io", "machines", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),
     need(Management, "cluster.x-k8s.io", "machines", &["get", "patch", "delete"], Code("actors/scaler refresh_machine, patch_machine, delete_machine")),
     need(Management, "cluster.x-k8s.io", "machinedeployments", &["list", "watch"], Code("actors/capi_watcher.rs watcher")),

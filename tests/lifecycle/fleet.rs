@@ -85,6 +85,42 @@ async fn holder(env: &Env, cluster: &str) -> Option<String> {
     lease.and_then(|l| l.spec?.holder_identity)
 }
 
+/// Waits (up to 30 s) for an Event of `type_` and `reason` on Cluster `default/cluster` in the
+/// management cluster whose note contains `says`.
+async fn assert_told(env: &Env, cluster: &str, type_: &str, reason: &str, says: &str) {
+    use k8s_openapi::api::events::v1::Event;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = env
+            .sim
+            .run(|c| async move {
+                Api::<Event>::namespaced(c.management_client(), "default")
+                    .list(&Default::default())
+                    .await
+            })
+            .await
+            .expect("the simulated cluster")
+            .expect("Events listed");
+        let found = events.items.iter().any(|e| {
+            let on = e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Cluster") && r.name.as_deref() == Some(cluster)
+            });
+            on && e.type_.as_deref() == Some(type_)
+                && e.reason.as_deref() == Some(reason)
+                && e.note.as_deref().is_some_and(|n| n.contains(says))
+        });
+        if found {
+            return;
+        }
+        let notes: Vec<_> = events.items.iter().map(|e| (&e.reason, &e.note)).collect();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no {type_} {reason} Event on Cluster {cluster} saying {says:?}: {notes:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// One fleet process, three Clusters: `sim` (reachable), `dead` (its kubeconfig names an API
 /// server that is not there) and `lost` (its kubeconfig Secret holds no kubeconfig). The fleet serves `sim`: its
 /// claims launch, with their Machines in the management cluster, while the other two keep
@@ -142,6 +178,31 @@ async fn a_fleet_serves_its_clusters_and_one_it_cannot_reach_delays_nothing() {
     );
     let created_type = "# TYPE karpenter_nodeclaims_launched counter";
     assert_eq!(text.matches(created_type).count(), 1, "{text}");
+    // Each Cluster's state is told on it, in the management cluster.
+    assert_told(
+        &env,
+        "sim",
+        "Normal",
+        "ClusterServed",
+        "served by fleet replica fleet-a",
+    )
+    .await;
+    assert_told(
+        &env,
+        "lost",
+        "Warning",
+        "ClusterNotServed",
+        "Secret default/lost-kubeconfig",
+    )
+    .await;
+    assert_told(
+        &env,
+        "dead",
+        "Warning",
+        "ClusterNotServed",
+        "cannot serve the Cluster",
+    )
+    .await;
     assert!(
         !text.contains("cluster=\"default/dead\""),
         "a Cluster not served has no series"
