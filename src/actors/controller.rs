@@ -314,8 +314,8 @@ async fn wait_for(shared: &Shared, ready: impl Fn(&State) -> bool) {
         if ready(&shared.state) {
             return;
         }
-        // Every index says when a list completes (the feeds, and the watching actors); a
-        // `Notified` created before the check sees a notification sent after it.
+        // Every feed says when a list completes; a `Notified` created before the check sees a
+        // notification sent after it.
         notified.await;
     }
 }

@@ -1,9 +1,10 @@
 //! The provisioner: pending pods become right-sized NodeClaims (Karpenter core v1's provisioning controller).
 //!
-//! It watches Pods, batches provisionable pods (a batch ends after
-//! `BATCH_IDLE_DURATION` without a new pod, or `BATCH_MAX_DURATION` after it opened), takes a
-//! snapshot of the indexes, runs the pure solver on the blocking pool (a big solve never stalls
-//! the actors), then creates the claims it decided and tells each pod it could not place why.
+//! It hears of each pod change from the Pod feed (`watch.rs`), batches provisionable pods (a
+//! batch ends after `BATCH_IDLE_DURATION` without a new pod, or `BATCH_MAX_DURATION` after it
+//! opened), takes a snapshot of the indexes, runs the pure solver on the blocking pool (a big
+//! solve never stalls the actors), then creates the claims it decided and tells each pod it
+//! could not place why.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

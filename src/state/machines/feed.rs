@@ -363,3 +363,36 @@ impl Index<WatchedSet> for PreflightHolds {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unreadable() -> Unreadable {
+        Unreadable {
+            labels: BTreeMap::new(),
+            error: "broken".into(),
+        }
+    }
+
+    /// Each scalable kind's re-list replaces that kind alone, and says it was listed, even
+    /// empty.
+    #[test]
+    fn a_kinds_relist_replaces_only_that_kind() {
+        let index = Arc::new(RwLock::new(MachineDeployments::default()));
+        let md = ScalableRef::new(ScalableKind::MachineDeployment, "ns", "md").key();
+        let mp = ScalableRef::new(ScalableKind::MachinePool, "ns", "mp").key();
+        index.write().mark_unreadable(md.clone(), unreadable());
+        index.write().mark_unreadable(mp.clone(), unreadable());
+        let mut pools = ScalableFeed::new(ScalableKind::MachinePool, index.clone());
+        assert!(!Index::synced(&pools));
+        assert_eq!(Index::reset(&mut pools, Vec::new()), None);
+        assert!(Index::synced(&pools));
+        assert!(index.read().unreadable().contains_key(&md));
+        assert!(!index.read().unreadable().contains_key(&mp));
+        let mut deployments = ScalableFeed::new(ScalableKind::MachineDeployment, index.clone());
+        Index::reset(&mut deployments, Vec::new());
+        assert!(index.read().unreadable().is_empty());
+        assert!(index.read().synced());
+    }
+}
