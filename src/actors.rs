@@ -3,18 +3,19 @@
 //! (`scaler::plan`, `capi::offerings::build`).
 //!
 //! ```text
-//! Supervisor   --Start/ClaimChanged--> NodeClaimActor (one per claim)
+//! Claim feed   --ClaimsChanged--> Supervisor --Start/ClaimChanged--> NodeClaimActor (one per claim)
 //! NodeClaimActor --RequestMachine/CancelRequest/ReleaseMachine--> Scaler(md) (its offering from
 //!                the Catalog's published CatalogView, read directly)
 //! Scaler       --MachineBound/RequestRejected--> NodeClaimActor
-//! CapiWatcher  --Poke--> Scaler(md), --Kick--> NodeClaimActor (Machine changed or gone)
-//! Node feed    --Kick--> NodeClaimActor (Node changed; controller::start_feeds)
+//! Machine feed --Poke--> Scaler(md), --Kick--> NodeClaimActor (Machine changed or gone)
+//! Node feed    --Kick--> NodeClaimActor (Node changed)
+//! Pod feed     --PodsChanged--> Provisioner
+//! (every feed starts in `watches`, one line per kind)
 //! ```
 
 pub(crate) mod backoff;
 pub mod batch;
 pub mod buffers;
-pub(crate) mod capi_watcher;
 pub mod catalog;
 pub(crate) mod claim_factory;
 pub(crate) mod controller;
@@ -39,6 +40,7 @@ pub(crate) mod static_capacity;
 pub(crate) mod supervisor;
 pub(crate) mod terminator;
 pub mod tracked;
+mod watches;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -175,7 +177,6 @@ macro_rules! stoppable {
 }
 stoppable!(
     supervisor::Supervisor,
-    capi_watcher::CapiWatcher,
     catalog::Catalog,
     nodepools::NodePools,
     provisioner::Provisioner,

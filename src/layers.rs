@@ -526,3 +526,48 @@ fn reads_use_trees_and_inline_paths() {
         ["super::a::B", "super::a::c", "super::d", "crate::f::g"]
     );
 }
+
+/// The words of a watch stream (`kube::runtime::watcher`, a `StreamHandler` over its events)
+/// that `code` uses as whole words (`capi_watcher` is not `watcher`).
+fn watch_words(code: &str) -> Vec<&'static str> {
+    const WATCH_WORDS: &[&str] = &["watcher", "StreamHandler", "WatchStreamExt", "add_stream"];
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    (WATCH_WORDS.iter().copied())
+        .filter(|word| {
+            code.match_indices(word).any(|(at, _)| {
+                let before = code[..at].chars().next_back();
+                let after = code[at + word.len()..].chars().next();
+                !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+            })
+        })
+        .collect()
+}
+
+/// No actor holds a watch stream: every watch starts through `state::watch` and feeds its index
+/// through `state::feed` (one re-list semantics and one set of metrics for all), and the actors
+/// hear of changes from the feeds' callbacks. Test code is left out.
+#[test]
+fn no_actor_holds_a_watch_stream() {
+    let found: Vec<String> = crate_modules()
+        .iter()
+        .filter(|(m, _)| m.first().is_some_and(|top| top == "actors"))
+        .flat_map(|(m, code)| {
+            watch_words(code)
+                .into_iter()
+                .map(move |w| format!("{} uses {w}", name(m)))
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "feed the index through state::watch and state::feed instead: {found:?}"
+    );
+}
+
+#[test]
+fn finds_the_words_of_a_watch_stream() {
+    let code = code_only(
+        "use kube::runtime::{WatchStreamExt, watcher};\n// StreamHandler in a comment\nuse super::capi_watcher::X;\n",
+    );
+    assert_eq!(watch_words(&code), ["watcher", "WatchStreamExt"]);
+    assert!(watch_words(&code_only("use super::capi_watcher::X;")).is_empty());
+}

@@ -21,6 +21,7 @@ pub(crate) mod storage;
 pub(crate) mod trim;
 pub(crate) mod versions;
 pub(crate) mod volumes;
+pub(crate) mod watch;
 pub(crate) mod workload_feed;
 pub(crate) mod workloads;
 

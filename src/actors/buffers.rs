@@ -6,7 +6,7 @@
 //!
 //! Event-driven: a buffer is resolved again when it changes and when an object it references
 //! changes. The buffers come from `state.capacity_buffers` and the referenced kinds' changes
-//! from `state::referents`, both fed in `controller::start_feeds`, whose callbacks send
+//! from `state::referents`, both fed in `watches::start`, whose callbacks send
 //! [`BuffersChanged`] and [`ReferentChanged`] (only changes to referenced objects cost a read).
 
 pub mod resolve;
@@ -427,7 +427,7 @@ where
     Ok(api.get_opt(name).await?.and_then(template))
 }
 
-/// The index is fed on every replica from the start-up (`controller::start_feeds`), so it may
+/// The index is fed on every replica from the start-up (`watches::start`), so it may
 /// be full already when this replica comes to lead: catch up at once.
 impl Actor for Buffers {
     type Context = Context<Self>;

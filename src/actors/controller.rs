@@ -4,11 +4,8 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use kube::ResourceExt;
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 
-use super::capi_watcher::CapiWatcher;
 use super::catalog::{Catalog, Synced};
 use super::events::Events;
 use super::nodepools::NodePools;
@@ -19,8 +16,6 @@ use super::{Settings, Shared};
 use crate::capi::version::{self, CapiVersion};
 use crate::metrics::Metrics;
 use crate::state::State;
-use crate::state::feed::{Index, feed};
-use crate::state::machines::bound_claim;
 use crate::view::CatalogView;
 
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +63,6 @@ type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
 pub struct Actors {
     pub shared: Arc<Shared>,
     pub(crate) supervisor: Addr<Supervisor>,
-    pub(crate) capi_watcher: Addr<CapiWatcher>,
     pub(crate) nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
     /// The watch-to-index feeds (`state::feed`), aborted on stop.
@@ -91,7 +85,6 @@ impl Actors {
             s.do_send(super::messages::Stop);
         }
         self.supervisor.do_send(super::messages::Stop);
-        self.capi_watcher.do_send(super::messages::Stop);
         self.nodepools.do_send(super::messages::Stop);
         self.provisioner.do_send(super::messages::Stop);
         for f in self.feeds.iter() {
@@ -173,7 +166,6 @@ impl Controller {
             synced: Arc::new(tokio::sync::Notify::new()),
             deletion_gate: Default::default(),
         });
-        let capi_watcher = CapiWatcher::new(shared.clone()).start();
         let supervisor = Supervisor::new(shared.clone()).start();
         let watch_workloads = shared.settings.default_constraints.is_some();
         let nodepools = NodePools::new(shared.clone()).start();
@@ -189,7 +181,11 @@ impl Controller {
             .set_provisioner(provisioner.clone().recipient());
         // The feeds run on this thread: the indexes pack tighter built without the thread cache.
         let cache = crate::thread_cache::set(false);
-        let feeds = Feeds::new(start_feeds(&shared));
+        let feeds = Feeds::new(super::watches::start(
+            &shared,
+            supervisor.clone(),
+            provisioner.clone(),
+        ));
         wait_for(&shared, |s| {
             s.machines.read().synced()
                 && s.deployments.read().synced()
@@ -211,7 +207,6 @@ impl Controller {
         let actors = Actors {
             shared: shared.clone(),
             supervisor,
-            capi_watcher,
             nodepools,
             provisioner,
             feeds,
@@ -313,249 +308,14 @@ async fn activate(actors: &Actors) {
     tracing::info!("controller active");
 }
 
-/// The indexes fed by a watch of the workload cluster (every replica, from the start); the
-/// workloads only with default topology spread constraints.
-fn start_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
-    use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
-    use k8s_openapi::api::core::v1::{
-        Node, PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
-    };
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
-
-    use crate::api::decode::Lenient;
-    use crate::api::nodeclass::ClusterAPINodeClass;
-    use crate::api::nodeoverlay::NodeOverlay;
-    use crate::api::nodepool::NodePool;
-    // A storage or workload change may change what a pending pod needs (a claim that was
-    // missing, a deduced selector): the provisioner looks again.
-    let poke: fn(&Shared, ()) = |s, ()| s.router.provisioner_poke();
-    let storage = &shared.state.storage;
-    // Besides `Ready`, the conditions node repair's policies watch.
-    let kept: Vec<String> = (shared.settings.node_repair.iter())
-        .flat_map(|p| p.condition_types())
-        .collect();
-    let mut feeds = vec![
-        spawn_trimmed_feed::<Node, _>(
-            shared,
-            &shared.state.nodes,
-            move |n| crate::state::trim::node_keeping(n, &kept),
-            nodes_changed,
-            "Nodes",
-        ),
-        // The solver counts DaemonSets' pods as each new node's overhead; a change waits for the
-        // next solve.
-        spawn_feed::<DaemonSet, _>(shared, &shared.state.daemonsets, |_, ()| {}, "DaemonSets"),
-        spawn_feed::<PersistentVolumeClaim, _>(shared, storage, poke, "PersistentVolumeClaims"),
-        spawn_feed::<PersistentVolume, _>(shared, storage, poke, "PersistentVolumes"),
-        spawn_feed::<StorageClass, _>(shared, storage, poke, "StorageClasses"),
-        spawn_feed::<CSINode, _>(shared, storage, poke, "CSINodes"),
-        // Per-object decoding: one NodePool the types cannot read must not stop the watch.
-        spawn_feed::<Lenient<NodePool>, _>(
-            shared,
-            &shared.state.nodepools,
-            |s, _| {
-                s.router.provisioner_poke();
-                s.router.nodepools_changed();
-                s.router.catalog_pools_changed();
-            },
-            "NodePools",
-        ),
-        spawn_feed::<Lenient<ClusterAPINodeClass>, _>(
-            shared,
-            &shared.state.nodeclasses,
-            |s, _| s.router.catalog_changed(),
-            "ClusterAPINodeClasses",
-        ),
-        // Only a new spec changes what the catalog applies (our status writes come back too).
-        spawn_feed::<Lenient<NodeOverlay>, _>(
-            shared,
-            &shared.state.overlays,
-            |s, spec_changed| {
-                if spec_changed {
-                    s.router.catalog_overlays_changed();
-                }
-            },
-            "NodeOverlays",
-        ),
-        spawn_feed::<PodDisruptionBudget, _>(
-            shared,
-            &shared.state.pdbs,
-            |s, ()| s.router.disruption_changed(),
-            "PodDisruptionBudgets",
-        ),
-        // A drained node waits for its volumes to detach: the Terminator looks again.
-        spawn_feed::<VolumeAttachment, _>(
-            shared,
-            &shared.state.volume_attachments,
-            |s, nodes| {
-                for node in nodes {
-                    s.router.drain_node_changed(&node);
-                }
-            },
-            "VolumeAttachments",
-        ),
-    ];
-    // Default topology spread constraints deduce selectors from the workloads' own.
-    if let Some(d) = &shared.settings.default_constraints {
-        tracing::info!(
-            constraints = ?d.constraints(),
-            "scheduler config sets default topology spread constraints: pods without their own are spread by them"
-        );
-        let w = &shared.state.workloads;
-        feeds.extend([
-            spawn_feed::<Service, _>(shared, w, poke, "Services"),
-            spawn_feed::<ReplicaSet, _>(shared, w, poke, "ReplicaSets"),
-            spawn_feed::<StatefulSet, _>(shared, w, poke, "StatefulSets"),
-            spawn_feed::<ReplicationController, _>(shared, w, poke, "ReplicationControllers"),
-        ]);
-    }
-    feeds.extend(gated_feeds(shared));
-    feeds
-}
-
-/// The feeds behind a feature gate. They run on every replica like the others, though only the
-/// leader's Quotas and Buffers actors act on them (the Router drops the message elsewhere): so
-/// a replica's start-up waits for the quota list and its first solve as leader already caps by
-/// them, and an actor that starts on election finds its index full. Nothing clears them while
-/// the controller runs; they stop with it (`Actors::stop`).
-fn gated_feeds(shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
-    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-    use k8s_openapi::api::core::v1::PodTemplate;
-
-    use crate::api::capacity_buffer::CapacityBuffer;
-    use crate::api::capacity_quota::CapacityQuota;
-    use crate::api::decode::Lenient;
-    use crate::state::referents::{Referent, Referents};
-    let mut feeds = Vec::new();
-    if shared.settings.capacity_quotas {
-        // Per-object decoding: a quota that does not decode caps nothing and is named by the
-        // Quotas actor. Only a new spec changes what a solve caps.
-        feeds.push(spawn_feed::<Lenient<CapacityQuota>, _>(
-            shared,
-            &shared.state.quotas,
-            |s, spec_changed| {
-                if spec_changed {
-                    s.router.provisioner_poke();
-                }
-                s.router.quotas_changed();
-            },
-            "CapacityQuotas",
-        ));
-    }
-    if shared.settings.capacity_buffers {
-        // The kinds a buffer may reference: a change resolves again the buffers that do. Their
-        // own watch names, apart from the workload feeds' ReplicaSets and StatefulSets.
-        let told: fn(&Shared, Option<Referent>) = |s, changed| {
-            if let Some(r) = changed {
-                s.router.buffer_referent_changed(r);
-            }
-        };
-        let r = &Arc::new(parking_lot::RwLock::new(Referents::default()));
-        feeds.extend([
-            spawn_feed::<Lenient<CapacityBuffer>, _>(
-                shared,
-                &shared.state.capacity_buffers,
-                |s, _| s.router.buffers_changed(),
-                "CapacityBuffers",
-            ),
-            spawn_feed::<PodTemplate, _>(shared, r, told, "CapacityBuffer PodTemplates"),
-            spawn_feed::<Deployment, _>(shared, r, told, "CapacityBuffer Deployments"),
-            spawn_feed::<StatefulSet, _>(shared, r, told, "CapacityBuffer StatefulSets"),
-            spawn_feed::<ReplicaSet, _>(shared, r, told, "CapacityBuffer ReplicaSets"),
-        ]);
-    }
-    feeds
-}
-
-/// Nodes changed: each claim waiting on one of these provider IDs (registration,
-/// initialization, termination) looks again, and disruption does.
-fn nodes_changed(s: &Shared, provider_ids: Vec<Box<str>>) {
-    for pid in provider_ids {
-        let claim = (s.state.claims.read().by_provider_id(&pid))
-            .map(|c| c.name_any())
-            .or_else(|| {
-                let m = s.state.machines.read().by_provider_id(&pid);
-                m.and_then(|m| bound_claim(&m).map(str::to_string))
-            });
-        if let Some(c) = claim {
-            s.router.kick_claim(&c);
-        }
-    }
-    s.router.disruption_changed();
-}
-
-/// A kind a feed can watch.
-trait Watchable:
-    kube::Resource<DynamicType = ()>
-    + Clone
-    + serde::de::DeserializeOwned
-    + std::fmt::Debug
-    + Send
-    + 'static
-{
-}
-
-impl<K> Watchable for K where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static
-{
-}
-
-/// Feed `index` from a watch of every `K` of the workload cluster; `changed` after each change.
-fn spawn_feed<K, I>(
-    shared: &Arc<Shared>,
-    index: &Arc<parking_lot::RwLock<I>>,
-    changed: fn(&Shared, I::Changed),
-    what: &'static str,
-) -> tokio::task::JoinHandle<()>
-where
-    K: Watchable,
-    I: Index<K> + 'static,
-{
-    spawn_trimmed_feed(shared, index, |_| {}, changed, what)
-}
-
-/// [`spawn_feed`], each object cut by `trim` as it arrives, before the index keeps it (a cut
-/// that depends on the settings).
-fn spawn_trimmed_feed<K, I>(
-    shared: &Arc<Shared>,
-    index: &Arc<parking_lot::RwLock<I>>,
-    trim: impl FnMut(&mut K) + Send + 'static,
-    changed: fn(&Shared, I::Changed),
-    what: &'static str,
-) -> tokio::task::JoinHandle<()>
-where
-    K: Watchable,
-    I: Index<K> + 'static,
-{
-    let api: kube::Api<K> = kube::Api::all(shared.workload.clone());
-    let events = watcher(api, watcher::Config::default())
-        .modify(trim)
-        .default_backoff();
-    let s = shared.clone();
-    actix::spawn(feed(
-        events,
-        index.clone(),
-        shared.synced.clone(),
-        move |said| changed(&s, said),
-        what,
-        shared.metrics.clone(),
-    ))
-}
-
 async fn wait_for(shared: &Shared, ready: impl Fn(&State) -> bool) {
     loop {
         let notified = shared.synced.notified();
         if ready(&shared.state) {
             return;
         }
-        // Every index says when a list completes (the feeds, and the watching actors); a
-        // `Notified` created before the check sees a notification sent after it.
+        // Every feed says when a list completes; a `Notified` created before the check sees a
+        // notification sent after it.
         notified.await;
     }
 }

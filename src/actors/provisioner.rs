@@ -1,18 +1,16 @@
 //! The provisioner: pending pods become right-sized NodeClaims (Karpenter core v1's provisioning controller).
 //!
-//! It watches Pods, batches provisionable pods (a batch ends after
-//! `BATCH_IDLE_DURATION` without a new pod, or `BATCH_MAX_DURATION` after it opened), takes a
-//! snapshot of the indexes, runs the pure solver on the blocking pool (a big solve never stalls
-//! the actors), then creates the claims it decided and tells each pod it could not place why.
+//! It hears of each pod change from the Pod feed (`watch.rs`), batches provisionable pods (a
+//! batch ends after `BATCH_IDLE_DURATION` without a new pod, or `BATCH_MAX_DURATION` after it
+//! opened), takes a snapshot of the indexes, runs the pure solver on the blocking pool (a big
+//! solve never stalls the actors), then creates the claims it decided and tells each pod it
+//! could not place why.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 
 use super::Shared;
@@ -22,8 +20,6 @@ use super::claim_factory::{self, Purpose};
 use super::nomination::{self, Nominations};
 use crate::api::nodeclaim::NodeClaim;
 use crate::scheduling::{self, PreferencePolicy, Results, Snapshot};
-use crate::state::feed::Staleness;
-use crate::state::pods;
 use crate::view::catalog::ResolveError;
 
 /// Something the provisioner packs against changed; pending pods (if any) get a new batch.
@@ -36,21 +32,11 @@ pub use crate::view::settings::Batching;
 mod watch;
 mod why;
 
-enum Watched {
-    Pod(Result<watcher::Event<Pod>, watcher::Error>),
-}
-
-impl Message for Watched {
-    type Result = ();
-}
+pub(crate) use watch::PodsChanged;
 
 pub struct Provisioner {
     shared: Arc<Shared>,
     preference: PreferencePolicy,
-    /// The re-list under way, indexed (and so packed) as it arrives: a buffer of whole pods
-    /// would hold the whole cluster's pods at their full size until the list ends.
-    pod_buffer: pods::Pods,
-    pods_stale: Staleness,
     batch: Batch,
     timer: Option<SpawnHandle>,
     /// Claims whose create has not answered yet, by a local id: the next solve counts them as
@@ -91,8 +77,6 @@ impl Provisioner {
         Self {
             shared,
             preference,
-            pod_buffer: pods::Pods::default(),
-            pods_stale: Staleness::new("Pods"),
             batch: Batch::new(batching),
             timer: None,
             creating: HashMap::new(),
@@ -484,16 +468,6 @@ impl Provisioner {
         ctx.run_later(retry_in, |act, ctx| act.poke_batch(ctx));
     }
 
-    /// A pod we provisioned for got a node: Karpenter's pod startup duration, from the pod's
-    /// creation to its binding.
-    fn observe_startup(&mut self, key: &str, p: &Pod) {
-        if pods::node_name(p).is_none() {
-            return;
-        }
-        let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
-        self.started(key, created);
-    }
-
     /// `key`, one of the pods we provisioned for, is bound: observe its startup once, from its
     /// creation (or, without one, from when we first saw it pending).
     pub(super) fn started(&mut self, key: &str, created: Option<jiff::Timestamp>) {
@@ -592,19 +566,6 @@ impl Provisioner {
 
 impl Actor for Provisioner {
     type Context = Context<Self>;
-
-    fn started(&mut self, ctx: &mut Self::Context) {
-        use futures::StreamExt;
-        let pods: Api<Pod> = Api::all(self.shared.workload.clone());
-        // Trimmed as they arrive, so the initial list's buffer holds trimmed pods too. Pages of
-        // 100, not 500: the pod list ends last, on top of every other index, and a page is held
-        // twice (its body and its decoded pods) while it is cut down.
-        let pods = watcher(pods, watcher::Config::default().page_size(100))
-            .modify(crate::state::trim::pod)
-            .default_backoff()
-            .map(Watched::Pod);
-        ctx.add_stream(pods);
-    }
 }
 
 impl Handler<super::tracked::Tracked> for Provisioner {

@@ -1,5 +1,5 @@
 //! The CapacityQuota actor (leader only, with `--feature-gates CapacityQuota=true`): reads the
-//! quotas from `state.quotas` (fed in `controller::start_feeds`), where every solve reads them
+//! quotas from `state.quotas` (fed in `watches::start`), where every solve reads them
 //! too, and writes each quota's status as
 //! upstream's controller does: `used` (what the nodes it selects use, for each resource its
 //! limits name), `observedGeneration` and the `Reconciled` condition. A quota that cannot be
@@ -232,7 +232,7 @@ impl Quotas {
 impl Actor for Quotas {
     type Context = Context<Self>;
 
-    /// The feed runs on every replica from the start-up (`controller::start_feeds`), so the
+    /// The feed runs on every replica from the start-up (`watches::start`), so the
     /// index is already full when this replica comes to lead: catch up at once. Nothing is
     /// cleared when the actor stops: it stops only with the whole controller (`Actors::stop`),
     /// whose feeds and provisioner stop with it, so no replica that no longer leads enforces

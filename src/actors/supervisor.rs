@@ -1,47 +1,43 @@
-//! Watches NodeClaims, keeps the claim index, and gives every claim of ours its own
-//! NodeClaimActor (started when this replica leads, stopped when the claim is gone).
+//! Hears of each change of the claim index (`state::claims`, fed by the NodeClaim watch) and
+//! gives every claim of ours its own NodeClaimActor (started when this replica leads, stopped
+//! when the claim is gone).
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use kube::ResourceExt;
-use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 
 use super::Shared;
 use super::messages::{CancelRequest, ClaimChanged, Gone, Poke};
 use super::nodeclaim::NodeClaimActor;
-use crate::api::decode::{Lenient, Malformed};
+use crate::api::decode::Malformed;
 use crate::api::nodeclaim::NodeClaim;
-use crate::state::claims::is_ours;
-use crate::state::claims::recorded_deployment;
-use crate::state::feed::Staleness;
+use crate::state::claims::{ClaimChange, is_ours, recorded_deployment};
 
 /// Start acting on claims (this replica became the leader and the caches are warm).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Activate;
 
+/// The claim index took a change (sent by the NodeClaim feed right after it applied it).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct ClaimsChanged(pub(crate) ClaimChange);
+
 pub(crate) struct Supervisor {
     shared: Arc<Shared>,
-    buffer: Vec<NodeClaim>,
-    bad_buffer: Vec<Malformed>,
     /// Claims whose latest version the types cannot decode, with the problem last reported by
     /// Event (each distinct problem is told once, by the leader).
     malformed: std::collections::BTreeMap<String, (Malformed, bool)>,
     active: bool,
-    stale: Staleness,
 }
 
 impl Supervisor {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self {
             shared,
-            buffer: Vec::new(),
-            bad_buffer: Vec::new(),
             malformed: std::collections::BTreeMap::new(),
             active: false,
-            stale: Staleness::new("NodeClaims"),
         }
     }
 
@@ -122,102 +118,68 @@ impl Supervisor {
 
 impl Actor for Supervisor {
     type Context = Context<Self>;
+}
 
-    fn started(&mut self, ctx: &mut Self::Context) {
-        // Per-object decoding: one claim the types cannot read must not stop the watch.
-        let api: Api<Lenient<NodeClaim>> = Api::all(self.shared.workload.clone());
-        ctx.add_stream(watcher(api, watcher::Config::default()).default_backoff());
+impl Handler<ClaimsChanged> for Supervisor {
+    type Result = ();
+    fn handle(&mut self, ClaimsChanged(change): ClaimsChanged, _: &mut Self::Context) {
+        match change {
+            ClaimChange::Applied { old, new } => self.applied(old, new),
+            ClaimChange::Malformed(m) => self.malformed(*m),
+            ClaimChange::Deleted { name, last } => self.deleted(&name, last),
+            ClaimChange::Relisted { gone, malformed } => self.relisted(gone, malformed),
+        }
     }
 }
 
-impl StreamHandler<Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>> for Supervisor {
-    fn handle(
-        &mut self,
-        ev: Result<watcher::Event<Lenient<NodeClaim>>, watcher::Error>,
-        _: &mut Self::Context,
-    ) {
-        self.stale.saw(&ev, &self.shared.metrics);
-        match ev {
-            Ok(watcher::Event::Init) => {
-                self.buffer.clear();
-                self.bad_buffer.clear();
-            }
-            Ok(watcher::Event::InitApply(Lenient::Ok(c))) => self.buffer.push(c),
-            Ok(watcher::Event::InitApply(Lenient::Bad(m))) => self.bad_buffer.push(*m),
-            Ok(watcher::Event::InitDone) => {
-                let mut fresh = std::mem::take(&mut self.buffer);
-                let bad = std::mem::take(&mut self.bad_buffer);
-                // A claim that exists but no longer decodes is not gone: keep its last good
-                // version so its actor and its Machine stay.
-                {
-                    let index = self.shared.state.claims.read();
-                    fresh.extend(bad.iter().filter_map(|m| {
-                        m.metadata
-                            .name
-                            .as_deref()
-                            .and_then(|n| index.get(n))
-                            .map(|c| (*c).clone())
-                    }));
-                }
-                let names: std::collections::BTreeSet<String> =
-                    bad.iter().filter_map(|m| m.metadata.name.clone()).collect();
-                self.malformed.retain(|n, _| names.contains(n));
-                for m in bad {
-                    self.malformed(m);
-                }
-                let gone = self.shared.state.claims.write().replace_all(fresh);
-                for c in gone {
-                    self.gone(&c);
-                }
-                let all: Vec<_> = self.shared.state.claims.read().all().cloned().collect();
-                for c in all {
-                    self.deliver(c, true);
-                }
-                for (_, s) in self.shared.router.scalers() {
-                    s.do_send(Poke);
-                }
-                self.shared.synced.notify_waiters();
-            }
-            Ok(watcher::Event::Apply(Lenient::Bad(m))) => self.malformed(*m),
-            Ok(watcher::Event::Apply(Lenient::Ok(c))) => {
-                self.malformed.remove(&c.name_any());
-                let c = Arc::new(c);
-                let old = self.shared.state.claims.write().apply(c.clone());
-                if let Some(old) = &old
-                    && recorded_deployment(old) != recorded_deployment(&c)
-                {
-                    self.poke_scaler_of(old);
-                }
-                // Deletion began: the provisioner plans for the pods its node will give up.
-                if c.metadata.deletion_timestamp.is_some()
-                    && old.is_none_or(|o| o.metadata.deletion_timestamp.is_none())
-                {
-                    self.shared.router.provisioner_poke();
-                }
-                self.poke_scaler_of(&c);
-                self.deliver(c, false);
-                self.shared.router.nodepools_changed();
-                self.shared.router.disruption_changed();
-            }
-            Ok(watcher::Event::Delete(c)) => {
-                let name = c.name_any();
-                self.malformed.remove(&name);
-                let last = self.shared.state.claims.write().remove(&name);
-                // The deleted object itself may not decode; its last good version says which
-                // Scaler held a request for it.
-                match (c, last) {
-                    (Lenient::Ok(c), _) => self.gone(&c),
-                    (Lenient::Bad(_), Some(last)) => self.gone(&last),
-                    (Lenient::Bad(_), None) => {}
-                }
-                self.shared.router.nodepools_changed();
-                self.shared.router.disruption_changed();
-                // Pods that waited for this claim may need another.
-                self.shared.router.provisioner_poke();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, watch = "NodeClaims", "watch failed; it will re-list")
-            }
+impl Supervisor {
+    fn applied(&mut self, old: Option<Arc<NodeClaim>>, c: Arc<NodeClaim>) {
+        self.malformed.remove(&c.name_any());
+        if let Some(old) = &old
+            && recorded_deployment(old) != recorded_deployment(&c)
+        {
+            self.poke_scaler_of(old);
+        }
+        // Deletion began: the provisioner plans for the pods its node will give up.
+        if c.metadata.deletion_timestamp.is_some()
+            && old.is_none_or(|o| o.metadata.deletion_timestamp.is_none())
+        {
+            self.shared.router.provisioner_poke();
+        }
+        self.poke_scaler_of(&c);
+        self.deliver(c, false);
+        self.shared.router.nodepools_changed();
+        self.shared.router.disruption_changed();
+    }
+
+    fn deleted(&mut self, name: &str, last: Option<Arc<NodeClaim>>) {
+        self.malformed.remove(name);
+        if let Some(c) = last {
+            self.gone(&c);
+        }
+        self.shared.router.nodepools_changed();
+        self.shared.router.disruption_changed();
+        // Pods that waited for this claim may need another.
+        self.shared.router.provisioner_poke();
+    }
+
+    /// A re-list was swapped in: every claim's actor reconciles from it, and every Scaler.
+    fn relisted(&mut self, gone: Vec<Arc<NodeClaim>>, bad: Vec<Malformed>) {
+        let names: std::collections::BTreeSet<String> =
+            bad.iter().filter_map(|m| m.metadata.name.clone()).collect();
+        self.malformed.retain(|n, _| names.contains(n));
+        for m in bad {
+            self.malformed(m);
+        }
+        for c in gone {
+            self.gone(&c);
+        }
+        let all: Vec<_> = self.shared.state.claims.read().all().cloned().collect();
+        for c in all {
+            self.deliver(c, true);
+        }
+        for (_, s) in self.shared.router.scalers() {
+            s.do_send(Poke);
         }
     }
 }

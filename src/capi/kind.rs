@@ -28,6 +28,24 @@ impl ScalableKind {
         }
     }
 
+    /// The kind's objects, as watches and messages name them ("MachineDeployments").
+    pub(crate) fn watch_name(self) -> &'static str {
+        match self {
+            ScalableKind::MachineDeployment => "MachineDeployments",
+            ScalableKind::MachinePool => "MachinePools",
+        }
+    }
+
+    /// Whether a management cluster may not serve the kind (MachinePools are behind a Cluster
+    /// API feature gate): then it is watched only once discovery says it is served, and a
+    /// listing that finds it missing finds none.
+    pub(crate) fn optional(self) -> bool {
+        match self {
+            ScalableKind::MachineDeployment => false,
+            ScalableKind::MachinePool => true,
+        }
+    }
+
     /// The resource's plural, as API paths and metrics name it.
     pub(crate) fn plural(self) -> &'static str {
         match self {

@@ -146,13 +146,15 @@ pub async fn infrastructure_version(client: &kube::Client, group: &str) -> Resul
         })
 }
 
-/// Whether the management cluster serves MachinePools at `version` (Cluster API's MachinePool
-/// feature may be off, or its CRD not installed), as the autoscaler asks before watching them.
-pub(crate) async fn serves_machine_pools(
+/// Whether the management cluster serves objects of `kind` at `version` (Cluster API's
+/// MachinePool feature may be off, or its CRD not installed), as the autoscaler asks before
+/// watching MachinePools.
+pub(crate) async fn serves_scalable(
     client: &kube::Client,
     version: CapiVersion,
+    kind: crate::capi::ScalableKind,
 ) -> Result<bool, Error> {
-    serves(client, version, "machinepools").await
+    serves(client, version, kind.plural()).await
 }
 
 /// Whether the management cluster serves Clusters at `version` (Cluster API always does; a

@@ -134,15 +134,11 @@ pub async fn read_capi(
     for kind in ScalableKind::ALL {
         match api(&kind.resource(v)).list(&lp).await {
             Ok(list) => scalables.extend(list.items.into_iter().map(|o| (kind, o))),
-            // MachinePools are optional in Cluster API (a feature gate): not served is none.
-            Err(kube::Error::Api(s)) if s.code == 404 && kind == ScalableKind::MachinePool => {}
+            // An optional kind (MachinePools: a feature gate) not served is none.
+            Err(kube::Error::Api(s)) if s.code == 404 && kind.optional() => {}
             Err(e) => {
                 return Err(Error::List {
-                    what: if kind == ScalableKind::MachinePool {
-                        "MachinePools"
-                    } else {
-                        "MachineDeployments"
-                    },
+                    what: kind.watch_name(),
                     source: e,
                 });
             }

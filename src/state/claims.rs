@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 
+mod feed;
+pub(crate) use feed::ClaimChange;
+
 use super::versions::Freshness;
 use crate::api::conditions::{self, INSTANCE_TERMINATING};
 use crate::api::nodeclaim::NodeClaim;

@@ -49,6 +49,7 @@ impl DaemonSets {
 
 impl Index<DaemonSet> for DaemonSets {
     type Kept = DaemonSet;
+    type Listing = Vec<Self::Kept>;
     type Changed = ();
 
     fn keep(d: DaemonSet) -> DaemonSet {

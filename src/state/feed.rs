@@ -20,6 +20,10 @@ pub trait Index<K> {
     /// What the index keeps of one object: cut down as it arrives, so that a re-list in
     /// progress buffers only that, never the whole objects.
     type Kept: Send + 'static;
+    /// A (re-)list in progress, filled as it arrives: a `Vec` of what is kept, or, for an
+    /// index that packs what it keeps, a fresh index of its own (so a list never holds every
+    /// object unpacked).
+    type Listing: Listing<Self::Kept>;
     /// What a change tells whoever waits on it (`()` when the index has nothing to say; the
     /// nodes whose volume attachments changed, for instance).
     type Changed;
@@ -30,7 +34,7 @@ pub trait Index<K> {
     /// An object is gone.
     fn delete(&mut self, kept: Self::Kept) -> Self::Changed;
     /// A (re-)list completed: the objects of this kind become exactly `all`.
-    fn reset(&mut self, all: Vec<Self::Kept>) -> Self::Changed;
+    fn reset(&mut self, all: Self::Listing) -> Self::Changed;
     /// A whole list of this kind has been seen at least once.
     fn synced(&self) -> bool;
     /// The watch failed (it will list again by itself). An index whose kind may not exist at
@@ -38,6 +42,17 @@ pub trait Index<K> {
     /// nothing changes.
     fn failed(&mut self) -> Option<Self::Changed> {
         None
+    }
+}
+
+/// A (re-)list being gathered before an index swaps it in.
+pub trait Listing<T>: Default + Send + 'static {
+    fn push(&mut self, kept: T);
+}
+
+impl<T: Send + 'static> Listing<T> for Vec<T> {
+    fn push(&mut self, kept: T) {
+        Vec::push(self, kept);
     }
 }
 
@@ -55,14 +70,14 @@ pub(crate) async fn feed<K, I, S>(
     I: Index<K>,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
-    let mut buffer: Vec<I::Kept> = Vec::new();
+    let mut buffer = I::Listing::default();
     let mut events = std::pin::pin!(events);
     let mut stale = Staleness::new(what);
     while let Some(ev) = events.next().await {
         stale.saw(&ev, &metrics);
         let said = match ev {
             Ok(watcher::Event::Init) => {
-                buffer.clear();
+                buffer = I::Listing::default();
                 continue;
             }
             Ok(watcher::Event::InitApply(o)) => {
@@ -159,6 +174,7 @@ mod tests {
 
     impl Index<String> for Lengths {
         type Kept = (String, usize);
+        type Listing = Vec<(String, usize)>;
         type Changed = ();
         fn keep(obj: String) -> (String, usize) {
             let n = obj.len();

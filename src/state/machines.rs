@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
+pub(crate) mod feed;
+
 use super::shared::Shared;
 use super::versions::Freshness;
 use crate::api::wellknown::NODECLAIM_ANNOTATION;

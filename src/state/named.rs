@@ -158,6 +158,7 @@ impl<K: Acted> Named<K> {
 /// an overlay coming back, for instance).
 impl<K: Acted> Index<Lenient<K>> for Named<K> {
     type Kept = Lenient<K>;
+    type Listing = Vec<Self::Kept>;
     type Changed = bool;
 
     fn keep(obj: Lenient<K>) -> Self::Kept {

@@ -140,6 +140,7 @@ impl Nodes {
 impl Index<Node> for Nodes {
     /// The Node compacted, with its resourceVersion (against our write responses, `fresh`).
     type Kept = (String, CompactNode);
+    type Listing = Vec<Self::Kept>;
     type Changed = Vec<Box<str>>;
 
     fn keep(n: Node) -> Self::Kept {

@@ -34,6 +34,7 @@ fn key(p: &PodDisruptionBudget) -> String {
 
 impl Index<PodDisruptionBudget> for PodDisruptionBudgets {
     type Kept = Arc<PodDisruptionBudget>;
+    type Listing = Vec<Self::Kept>;
     type Changed = ();
 
     fn keep(obj: PodDisruptionBudget) -> Self::Kept {

@@ -15,6 +15,9 @@ use crate::api::resources::{Quantity, Resources};
 mod summary;
 pub(crate) use summary::PodSummary;
 
+mod feed;
+pub(crate) use feed::PodChange;
+
 mod rules;
 use rules::daemonset_of;
 pub(crate) use rules::*;

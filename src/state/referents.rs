@@ -24,6 +24,7 @@ where
     K: k8s_openapi::Resource + kube::Resource,
 {
     type Kept = Referent;
+    type Listing = Vec<Self::Kept>;
     type Changed = Option<Referent>;
 
     fn keep(obj: K) -> Referent {

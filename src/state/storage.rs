@@ -43,6 +43,7 @@ macro_rules! storage_index {
     ($k:ty, $kind:expr, |$s:ident, $o:ident| apply $apply:block delete $delete:block clear $clear:block) => {
         impl Index<$k> for Storage {
             type Kept = $k;
+            type Listing = Vec<Self::Kept>;
             type Changed = ();
             fn keep(obj: $k) -> $k {
                 obj

@@ -93,6 +93,7 @@ impl VolumeAttachments {
 /// nodes' attachments changed.
 impl Index<VolumeAttachment> for VolumeAttachments {
     type Kept = VolumeAttachment;
+    type Listing = Vec<Self::Kept>;
     type Changed = Vec<String>;
 
     fn keep(obj: VolumeAttachment) -> VolumeAttachment {

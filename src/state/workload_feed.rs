@@ -100,6 +100,7 @@ macro_rules! workload_index {
     ($k:ty, $kind:expr, $cut:ident, |$w:ident| $clear:expr) => {
         impl Index<$k> for WorkloadIndex {
             type Kept = Entry;
+            type Listing = Vec<Self::Kept>;
             type Changed = ();
             fn keep(obj: $k) -> Entry {
                 $cut(&obj)

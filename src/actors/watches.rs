@@ -1,0 +1,277 @@
+//! Where every watch starts, one line per kind: each feeds its index through `state::feed`
+//! (the same re-list semantics and metrics for all), and what its changes tell the actors is
+//! said here, in the feed's callback, right after the index applied the change. No actor holds
+//! a watch stream.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::ResourceExt;
+use tokio::task::JoinHandle;
+
+use super::Shared;
+use super::provisioner::{PodsChanged, Provisioner};
+use super::supervisor::{ClaimsChanged, Supervisor};
+use crate::api::decode::Lenient;
+use crate::api::nodeclaim::NodeClaim;
+use crate::state::feed::Index;
+use crate::state::machines::bound_claim;
+use crate::state::watch::{Reports, Watch, Watchable};
+
+mod capi;
+
+/// Every watch, each feeding its index (every replica, from the start): the workload
+/// cluster's kinds (the workloads only with default topology spread constraints), then the
+/// Cluster API's. The Supervisor and the Provisioner hear of the claims' and pods' changes.
+pub(super) fn start(
+    shared: &Arc<Shared>,
+    supervisor: Addr<Supervisor>,
+    provisioner: Addr<Provisioner>,
+) -> Vec<JoinHandle<()>> {
+    use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
+    use k8s_openapi::api::core::v1::{
+        Node, PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
+    };
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+
+    use crate::api::nodeclass::ClusterAPINodeClass;
+    use crate::api::nodeoverlay::NodeOverlay;
+    use crate::api::nodepool::NodePool;
+    // A storage or workload change may change what a pending pod needs (a claim that was
+    // missing, a deduced selector): the provisioner looks again.
+    let poke: fn(&Shared, ()) = |s, ()| s.router.provisioner_poke();
+    let storage = &shared.state.storage;
+    // Besides `Ready`, the conditions node repair's policies watch.
+    let kept: Vec<String> = (shared.settings.node_repair.iter())
+        .flat_map(|p| p.condition_types())
+        .collect();
+    let mut feeds = vec![
+        // Per-object decoding: one claim the types cannot read must not stop the watch.
+        spawn(
+            Watch::new(Api::all(shared.workload.clone()), "NodeClaims").feed(
+                |c: Lenient<NodeClaim>| c,
+                &shared.state.claims,
+                reports(shared),
+                move |c| supervisor.do_send(ClaimsChanged(c)),
+            ),
+        ),
+        // Trimmed as they arrive. Pages of 100, not 500: the pod list ends last, on top of
+        // every other index, and a page is held twice (its body and its decoded pods) while it
+        // is cut down.
+        spawn(
+            Watch::new(Api::all(shared.workload.clone()), "Pods")
+                .page_size(100)
+                .feed(
+                    |mut p: Pod| {
+                        crate::state::trim::pod(&mut p);
+                        p
+                    },
+                    &shared.state.pods,
+                    reports(shared),
+                    move |c| provisioner.do_send(PodsChanged(c)),
+                ),
+        ),
+        spawn_trimmed_feed::<Node, _>(
+            shared,
+            &shared.state.nodes,
+            move |n| crate::state::trim::node_keeping(n, &kept),
+            nodes_changed,
+            "Nodes",
+        ),
+        // The solver counts DaemonSets' pods as each new node's overhead; a change waits for the
+        // next solve.
+        spawn_feed::<DaemonSet, _>(shared, &shared.state.daemonsets, |_, ()| {}, "DaemonSets"),
+        spawn_feed::<PersistentVolumeClaim, _>(shared, storage, poke, "PersistentVolumeClaims"),
+        spawn_feed::<PersistentVolume, _>(shared, storage, poke, "PersistentVolumes"),
+        spawn_feed::<StorageClass, _>(shared, storage, poke, "StorageClasses"),
+        spawn_feed::<CSINode, _>(shared, storage, poke, "CSINodes"),
+        // Per-object decoding: one NodePool the types cannot read must not stop the watch.
+        spawn_feed::<Lenient<NodePool>, _>(
+            shared,
+            &shared.state.nodepools,
+            |s, _| {
+                s.router.provisioner_poke();
+                s.router.nodepools_changed();
+                s.router.catalog_pools_changed();
+            },
+            "NodePools",
+        ),
+        spawn_feed::<Lenient<ClusterAPINodeClass>, _>(
+            shared,
+            &shared.state.nodeclasses,
+            |s, _| s.router.catalog_changed(),
+            "ClusterAPINodeClasses",
+        ),
+        // Only a new spec changes what the catalog applies (our status writes come back too).
+        spawn_feed::<Lenient<NodeOverlay>, _>(
+            shared,
+            &shared.state.overlays,
+            |s, spec_changed| {
+                if spec_changed {
+                    s.router.catalog_overlays_changed();
+                }
+            },
+            "NodeOverlays",
+        ),
+        spawn_feed::<PodDisruptionBudget, _>(
+            shared,
+            &shared.state.pdbs,
+            |s, ()| s.router.disruption_changed(),
+            "PodDisruptionBudgets",
+        ),
+        // A drained node waits for its volumes to detach: the Terminator looks again.
+        spawn_feed::<VolumeAttachment, _>(
+            shared,
+            &shared.state.volume_attachments,
+            |s, nodes| {
+                for node in nodes {
+                    s.router.drain_node_changed(&node);
+                }
+            },
+            "VolumeAttachments",
+        ),
+    ];
+    // Default topology spread constraints deduce selectors from the workloads' own.
+    if let Some(d) = &shared.settings.default_constraints {
+        tracing::info!(
+            constraints = ?d.constraints(),
+            "scheduler config sets default topology spread constraints: pods without their own are spread by them"
+        );
+        let w = &shared.state.workloads;
+        feeds.extend([
+            spawn_feed::<Service, _>(shared, w, poke, "Services"),
+            spawn_feed::<ReplicaSet, _>(shared, w, poke, "ReplicaSets"),
+            spawn_feed::<StatefulSet, _>(shared, w, poke, "StatefulSets"),
+            spawn_feed::<ReplicationController, _>(shared, w, poke, "ReplicationControllers"),
+        ]);
+    }
+    feeds.extend(gated_feeds(shared));
+    feeds.extend(capi::start(shared));
+    feeds
+}
+
+/// The feeds behind a feature gate. They run on every replica like the others, though only the
+/// leader's Quotas and Buffers actors act on them (the Router drops the message elsewhere): so
+/// a replica's start-up waits for the quota list and its first solve as leader already caps by
+/// them, and an actor that starts on election finds its index full. Nothing clears them while
+/// the controller runs; they stop with it (`Actors::stop`).
+fn gated_feeds(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+    use k8s_openapi::api::core::v1::PodTemplate;
+
+    use crate::api::capacity_buffer::CapacityBuffer;
+    use crate::api::capacity_quota::CapacityQuota;
+    use crate::state::referents::{Referent, Referents};
+    let mut feeds = Vec::new();
+    if shared.settings.capacity_quotas {
+        // Per-object decoding: a quota that does not decode caps nothing and is named by the
+        // Quotas actor. Only a new spec changes what a solve caps.
+        feeds.push(spawn_feed::<Lenient<CapacityQuota>, _>(
+            shared,
+            &shared.state.quotas,
+            |s, spec_changed| {
+                if spec_changed {
+                    s.router.provisioner_poke();
+                }
+                s.router.quotas_changed();
+            },
+            "CapacityQuotas",
+        ));
+    }
+    if shared.settings.capacity_buffers {
+        // The kinds a buffer may reference: a change resolves again the buffers that do. Their
+        // own watch names, apart from the workload feeds' ReplicaSets and StatefulSets.
+        let told: fn(&Shared, Option<Referent>) = |s, changed| {
+            if let Some(r) = changed {
+                s.router.buffer_referent_changed(r);
+            }
+        };
+        let r = &Arc::new(parking_lot::RwLock::new(Referents::default()));
+        feeds.extend([
+            spawn_feed::<Lenient<CapacityBuffer>, _>(
+                shared,
+                &shared.state.capacity_buffers,
+                |s, _| s.router.buffers_changed(),
+                "CapacityBuffers",
+            ),
+            spawn_feed::<PodTemplate, _>(shared, r, told, "CapacityBuffer PodTemplates"),
+            spawn_feed::<Deployment, _>(shared, r, told, "CapacityBuffer Deployments"),
+            spawn_feed::<StatefulSet, _>(shared, r, told, "CapacityBuffer StatefulSets"),
+            spawn_feed::<ReplicaSet, _>(shared, r, told, "CapacityBuffer ReplicaSets"),
+        ]);
+    }
+    feeds
+}
+
+/// Nodes changed: each claim waiting on one of these provider IDs (registration,
+/// initialization, termination) looks again, and disruption does.
+fn nodes_changed(s: &Shared, provider_ids: Vec<Box<str>>) {
+    for pid in provider_ids {
+        let claim = (s.state.claims.read().by_provider_id(&pid))
+            .map(|c| c.name_any())
+            .or_else(|| {
+                let m = s.state.machines.read().by_provider_id(&pid);
+                m.and_then(|m| bound_claim(&m).map(str::to_string))
+            });
+        if let Some(c) = claim {
+            s.router.kick_claim(&c);
+        }
+    }
+    s.router.disruption_changed();
+}
+
+/// Where a feed reports: the shared `synced` notification, the metrics.
+fn reports(shared: &Shared) -> Reports<'_> {
+    Reports {
+        synced: &shared.synced,
+        metrics: &shared.metrics,
+    }
+}
+
+/// Runs a feed on the actors' arbiter (its callbacks send to actors of this thread).
+fn spawn(feed: impl std::future::Future<Output = ()> + 'static) -> JoinHandle<()> {
+    actix::spawn(feed)
+}
+
+/// Feed `index` from a watch of every `K` of the workload cluster; `changed` after each change.
+fn spawn_feed<K, I>(
+    shared: &Arc<Shared>,
+    index: &Arc<parking_lot::RwLock<I>>,
+    changed: fn(&Shared, I::Changed),
+    what: &'static str,
+) -> JoinHandle<()>
+where
+    K: Watchable<DynamicType = ()>,
+    I: Index<K> + 'static,
+{
+    spawn_trimmed_feed(shared, index, |_| {}, changed, what)
+}
+
+/// [`spawn_feed`], each object cut by `trim` as it arrives, before the index keeps it (a cut
+/// that depends on the settings).
+fn spawn_trimmed_feed<K, I>(
+    shared: &Arc<Shared>,
+    index: &Arc<parking_lot::RwLock<I>>,
+    mut trim: impl FnMut(&mut K) + Send + 'static,
+    changed: fn(&Shared, I::Changed),
+    what: &'static str,
+) -> JoinHandle<()>
+where
+    K: Watchable<DynamicType = ()>,
+    I: Index<K> + 'static,
+{
+    let s = shared.clone();
+    let read = move |mut o: K| {
+        trim(&mut o);
+        o
+    };
+    spawn(Watch::new(Api::all(shared.workload.clone()), what).feed(
+        read,
+        index,
+        reports(shared),
+        move |said| changed(&s, said),
+    ))
+}
