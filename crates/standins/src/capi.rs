@@ -36,7 +36,6 @@ mod machine_pool;
 mod machine_set;
 mod paused;
 pub mod preflight;
-mod version;
 
 pub use machine::{PROVIDER_ID_SET, provider_id, provider_id_for};
 pub use machine_deployment::up_to_date;
@@ -61,8 +60,7 @@ pub const TEMPLATE_HASH_LABEL: &str = "machine-template-hash";
 /// cluster runs. A test's offering whose launches fail.
 pub const FAIL_LAUNCHES_ANNOTATION: &str = "sim.karpenter.cluster.x-k8s.io/fail-launches";
 
-pub use version::CapiVersion;
-pub(crate) use version::ScalableKind;
+pub use crate::capi_version::CapiVersion;
 
 /// How the simulated infrastructure provider spells provider IDs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

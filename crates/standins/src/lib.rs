@@ -10,6 +10,7 @@
 //! files it ships (`project_crds`).
 
 mod capi_defaults;
+pub mod capi_version;
 mod clock;
 pub mod controlplane;
 mod discovery;

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use crate::capi::CapiVersion;
+use crate::capi_version::CapiVersion;
 
 /// Set on old MachineSets of an OnDelete MachineDeployment: they must not replace deleted Machines.
 pub const DISABLE_MACHINE_CREATE_ANNOTATION: &str = "cluster.x-k8s.io/disable-machine-create";

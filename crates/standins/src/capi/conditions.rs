@@ -4,7 +4,7 @@
 use kube::core::DynamicObject;
 use serde_json::{Value, json};
 
-use crate::capi::CapiVersion;
+use crate::capi_version::CapiVersion;
 
 /// Where an object's v1beta2-style conditions live: `status.conditions` in v1beta2,
 /// `status.v1beta2.conditions` on v1beta1 objects (Cluster API 1.9 and later).

@@ -6,7 +6,7 @@ use super::Inner;
 use super::MACHINE_FINALIZER;
 use super::ProviderIdStyle;
 use super::ns_of;
-use crate::capi::CapiVersion;
+use crate::capi_version::CapiVersion;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -18,7 +18,7 @@ use super::selector_string;
 use super::set_annotation;
 use super::set_replicas;
 use super::string_map;
-use crate::capi::CapiVersion;
+use crate::capi_version::CapiVersion;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;

@@ -46,7 +46,7 @@ use super::{
     Inner, Work, applied_or_deleted, controller_uid, dynamic, ignore_not_found, is_available,
     owner_ref,
 };
-use crate::capi::CapiVersion;
+use crate::capi_version::CapiVersion;
 use crate::standin::{at, delete_quietly, spawn_watch, str_at};
 use crate::wellknown::{CLUSTER_NAME_LABEL, MACHINE_POOL_KIND, POOL_NAME_LABEL};
 

@@ -16,7 +16,7 @@ use super::preflight;
 use super::selector_string;
 use super::set_replicas;
 use super::string_map;
-use crate::capi::CapiVersion;
+use crate::capi_version::CapiVersion;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -11,8 +11,8 @@ use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::capi::INFRA_POOL_KIND;
-use crate::capi::ScalableKind;
 use crate::capi::{CapiVersion, dynamic};
+use crate::capi_version::ScalableKind;
 use crate::wellknown::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 
 use super::{

@@ -8,9 +8,9 @@ use kube::api::PostParams;
 use kube::core::DynamicObject;
 use serde_json::json;
 
-use crate::capi::ScalableKind;
 use crate::capi::dynamic;
 use crate::capi::{INFRA_POOL_KIND, POOL_MACHINES_ANNOTATION, infra_pool_resource};
+use crate::capi_version::ScalableKind;
 use crate::wellknown::CLUSTER_NAME_LABEL;
 use crate::wellknown::POOL_NAME_LABEL;
 

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 use super::provider::{
     CONTROL_PLANE_GROUP, CONTROL_PLANE_KIND, CONTROL_PLANE_VERSION, INFRA_GROUP, INFRA_VERSION, crd,
 };
-use crate::capi::CapiVersion;
+use crate::capi_version::CapiVersion;
 use crate::controlplane::cluster_api::established;
 use crate::standin::{Shutdown, log_retry, retry, spawn_watch, str_at};
 

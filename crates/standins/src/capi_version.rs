@@ -1,12 +1,13 @@
 //! The Cluster API versions the stand-ins serve and speak, and the resources of Cluster API's
-//! kinds at each: the stand-in's own statement of upstream's API, not the controller's.
+//! kinds at each: the stand-in's own statement of upstream's API, not the controller's. A
+//! module of its own (re-exported as `capi::CapiVersion`), as every stand-in speaks it.
 
 use std::fmt;
 
 use kube::discovery::ApiResource;
 
 /// Cluster API's API group.
-pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
+const CAPI_GROUP: &str = "cluster.x-k8s.io";
 
 /// A version of `cluster.x-k8s.io` the stand-ins serve.
 #[derive(
