@@ -58,7 +58,7 @@ fn bench_plan(c: &mut Criterion) {
 fn deployments(n: usize) -> Vec<Arc<MachineDeployment>> {
     (0..n)
         .map(|i| {
-            let obj = machine_deployment(CapiVersion::V1Beta2, &seed_of(i, 1000));
+            let obj = machine_deployment(CapiVersion::V1Beta2.into(), &seed_of(i, 1000));
             let mut v = serde_json::to_value(&obj).expect("serialisable");
             // What the API server adds on create.
             v["metadata"]["uid"] = serde_json::json!(format!("uid-{i}"));

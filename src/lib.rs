@@ -3,8 +3,9 @@
 //! The map of this crate is docs/architecture.md: `api` (Karpenter-facing types), `capi` (the
 //! Cluster API model), `scheduling` (pure bin-packing), `disruption` (pure disruption decisions),
 //! `state` (indexes fed by watches), `view` (the read-side projections actors and tools share),
-//! `actors` (behaviour), `sim` (the embedded simulated cluster), `controlplane` (a real
+//! `actors` (behaviour), `sim` (the embedded simulated cluster) and `controlplane` (a real
 //! kube-apiserver, etcd, kube-scheduler and kube-controller-manager for tests, docs/fidelity.md),
+//! both re-exported from the stand-ins' own crate (crates/standins),
 //! `explain` and `init` (read-only tools that answer with the controller's own code,
 //! docs/tools.md).
 //!
@@ -17,8 +18,10 @@ pub mod api;
 pub mod app;
 pub mod capi;
 pub mod cli;
+// The stand-ins live in their own crate (crates/standins), which cannot import this one; they
+// keep their paths here for the simulator, its tests and benches.
 #[cfg(feature = "simulator")]
-pub mod controlplane;
+pub use karpenter_capi_standins::controlplane;
 pub mod disruption;
 pub mod explain;
 pub mod http;
@@ -34,7 +37,7 @@ pub mod retry_after;
 pub mod scheduling;
 pub mod shadow;
 #[cfg(feature = "simulator")]
-pub mod sim;
+pub use karpenter_capi_standins as sim;
 #[cfg(feature = "simulator")]
 pub mod simulate;
 pub mod state;

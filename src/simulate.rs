@@ -21,6 +21,7 @@ mod progress;
 pub mod quota;
 pub mod report;
 pub mod serve;
+mod standins;
 pub mod standup;
 pub mod static_pool;
 pub mod timeline;
@@ -431,7 +432,7 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
                 release: cluster_api_release(args.cluster_api_version).to_string(),
             },
         },
-        capi_version: version,
+        capi_version: version.into(),
         served: match version {
             CapiVersion::V1Beta1 => ServedVersions::V1beta1,
             CapiVersion::V1Beta2 => ServedVersions::V1beta2,

@@ -21,12 +21,6 @@ use serde_json::Value;
 /// `Launched` condition carries while one holds its Machine).
 pub(crate) const PREFLIGHT_CHECK_FAILED: &str = "PreflightCheckFailed";
 
-/// Cluster API's annotation listing the preflight checks a MachineSet skips (`All` or names,
-/// comma-separated).
-#[cfg(feature = "simulator")]
-pub(crate) const SKIP_PREFLIGHT_CHECKS_ANNOTATION: &str =
-    "machineset.cluster.x-k8s.io/skip-preflight-checks";
-
 /// The words every failing check's message (and a failure to run the checks) contains.
 const PREFLIGHT_MARK: &str = "preflight check";
 
@@ -173,6 +167,66 @@ mod tests {
                 failing_checks(&json!({ "status": status })),
                 None,
                 "{status}"
+            );
+        }
+    }
+}
+
+/// The Cluster API stand-in's preflight conditions (crates/standins) read back as real Cluster
+/// API's are, in both shapes: held, then (switched off) not. Here, where both crates are seen.
+#[cfg(all(test, feature = "simulator"))]
+mod against_the_stand_in {
+    use kube::core::DynamicObject;
+    use serde_json::{Value, json};
+
+    use super::failing_checks;
+    use crate::sim::capi::CapiVersion;
+    use crate::sim::capi::preflight::{
+        CONTROL_PLANE_UPGRADING_ANNOTATION, failure, status_conditions,
+    };
+
+    fn set(annotations: Value, status: Value) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineSet",
+            "metadata": {"name": "md-0-a", "namespace": "ns", "annotations": annotations},
+            "spec": {"clusterName": "sim"},
+            "status": status,
+        }))
+        .expect("a MachineSet")
+    }
+
+    fn status(version: CapiVersion, ms: &DynamicObject, held: Option<&str>) -> Value {
+        let fields: serde_json::Map<String, Value> = status_conditions(version, ms, 0, 1, held)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        json!({ "status": fields })
+    }
+
+    #[test]
+    fn the_stand_ins_conditions_read_as_cluster_apis() {
+        for version in CapiVersion::ALL {
+            let held = set(
+                json!({CONTROL_PLANE_UPGRADING_ANNOTATION: "true"}),
+                json!({}),
+            );
+            let why = failure(&held).expect("the check fails");
+            let object = status(version, &held, Some(&why));
+            assert_eq!(
+                failing_checks(&object).as_deref(),
+                Some(why.as_str()),
+                "{version:?}: {object:#}"
+            );
+            // Lifted while the Machine is on its way: no hold, though MachinesCreated lags.
+            let lifted = set(
+                json!({CONTROL_PLANE_UPGRADING_ANNOTATION: "false"}),
+                object["status"].clone(),
+            );
+            assert_eq!(failure(&lifted), None);
+            assert_eq!(
+                failing_checks(&status(version, &lifted, None)),
+                None,
+                "{version:?}"
             );
         }
     }

@@ -465,7 +465,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
     };
     // The charts run to the end, the scale-down's phases marked.
     report.launch.timeline = p.sim.timeline();
-    let inv = super::invariants::check(cluster.store(), cluster.capi_version());
+    let inv = super::invariants::check(cluster.store(), cluster.capi_version().into());
     report.launch.problems.extend(inv.problems);
     report.launch.problems.extend(problems(&section, args.pods));
     report.launch.invariants_ok = report.launch.problems.is_empty();

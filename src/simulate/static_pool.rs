@@ -326,7 +326,10 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(StaticReport, Kept), Error
         static_phases(&mut run).await?;
         controller
     };
-    let inv = invariants::check(run.sim.cluster().store(), run.sim.cluster().capi_version());
+    let inv = invariants::check(
+        run.sim.cluster().store(),
+        run.sim.cluster().capi_version().into(),
+    );
     let encoded = metrics.encode();
     let metric = |name: &str| -> usize {
         encoded

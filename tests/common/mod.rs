@@ -19,9 +19,9 @@ use karpenter_capi::actors::{ControllerHandle, Settings};
 use karpenter_capi::api::duration::GoDuration;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
-use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::cli::{Scenario, SimulateArgs};
 use karpenter_capi::metrics::Metrics;
+use karpenter_capi::sim::capi::CapiVersion as StandinVersion;
 use karpenter_capi::sim::cluster::{Backend, MachineDeploymentSeed, SimClusterConfig};
 use karpenter_capi::simulate::launch::{
     self, claim_for, create_claims, seed_nodeclass_and_pool, seed_of, settle,
@@ -126,10 +126,11 @@ pub fn scenario(kind: Scenario) -> SimulateArgs {
     args
 }
 
-/// The simulated cluster with short provider and kubelet delays, its scheduler stand-in on.
-pub fn standin_cluster(version: CapiVersion) -> SimClusterConfig {
+/// The simulated cluster with short provider and kubelet delays, its scheduler stand-in on; at
+/// the controller's or the stand-ins' spelling of a Cluster API version.
+pub fn standin_cluster(version: impl Into<StandinVersion>) -> SimClusterConfig {
     SimClusterConfig {
-        capi_version: version,
+        capi_version: version.into(),
         provider_delay: Duration::from_millis(30),
         jitter: Duration::from_millis(20),
         node_ready_delay: Duration::from_millis(30),
@@ -186,7 +187,7 @@ pub fn md_seed(name: &str, replicas: i64) -> MachineDeploymentSeed {
 /// The cluster of termination and disruption tests: fast, pods placed by the test.
 pub fn fast_cluster() -> SimClusterConfig {
     SimClusterConfig {
-        capi_version: CapiVersion::V1Beta2,
+        capi_version: StandinVersion::V1Beta2,
         provider_delay: Duration::from_millis(30),
         jitter: Duration::from_millis(20),
         node_ready_delay: Duration::from_millis(30),
@@ -569,7 +570,7 @@ impl Env {
         let inv = invariants::check_apart(
             cluster.store(),
             cluster.capi_store(),
-            cluster.capi_version(),
+            cluster.capi_version().into(),
         );
         assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
         inv

@@ -37,7 +37,7 @@ fn within(backend: Backend, took_ms: u64, bound: Duration, what: &str) {
 /// Every claim launched and initialized, and no Machine bound to two claims or leaked.
 async fn nothing_bound_twice(sim: &BackgroundSim) {
     settle(sim, SETTLE).await.expect("the cluster settles");
-    let inv = invariants::check(sim.cluster().store(), sim.cluster().capi_version());
+    let inv = invariants::check(sim.cluster().store(), sim.cluster().capi_version().into());
     assert!(inv.ok(), "invariants violated: {:#?}", inv.problems);
     assert_eq!(inv.bound, 2, "both claims bound: {inv:?}");
 }

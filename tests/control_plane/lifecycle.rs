@@ -175,7 +175,7 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn(backend: Backen
 /// The burst tests' cluster: Cluster API v1beta2 only, short provider and kubelet delays.
 fn burst_cluster() -> SimClusterConfig {
     SimClusterConfig {
-        capi_version: CapiVersion::V1Beta2,
+        capi_version: CapiVersion::V1Beta2.into(),
         served: ServedVersions::V1beta2,
         provider_delay: Duration::from_millis(50),
         jitter: Duration::from_millis(50),

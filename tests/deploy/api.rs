@@ -942,7 +942,7 @@ fn the_generate_example_is_a_valid_generate_for_the_simulator() {
         ("default", "md-small")
     );
     // As the API server returns it: with a uid and a resourceVersion.
-    let mut source_raw = serde_json::to_value(machine_deployment(v, &seed)).unwrap();
+    let mut source_raw = serde_json::to_value(machine_deployment(v.into(), &seed)).unwrap();
     source_raw["metadata"]["uid"] = serde_json::json!("u-md-small");
     source_raw["metadata"]["resourceVersion"] = serde_json::json!("1");
     let source = MachineDeployment::from_value(&source_raw, v).unwrap();

@@ -35,7 +35,7 @@ async fn env_of(
 ) -> Env {
     Env::builder()
         .cluster(karpenter_capi::sim::cluster::SimClusterConfig {
-            capi_version: version,
+            capi_version: version.into(),
             served: match version {
                 CapiVersion::V1Beta1 => karpenter_capi::sim::cluster::ServedVersions::V1beta1,
                 CapiVersion::V1Beta2 => karpenter_capi::sim::cluster::ServedVersions::V1beta2,

@@ -68,7 +68,7 @@ impl Env {
         Api::namespaced_with(
             client,
             NAMESPACE,
-            &karpenter_capi::capi::version::machine_resource(v),
+            &karpenter_capi::capi::version::machine_resource(v.into()),
         )
     }
 
@@ -78,7 +78,7 @@ impl Env {
         Api::namespaced_with(
             self.sim.cluster().new_client().expect("a client"),
             NAMESPACE,
-            &karpenter_capi::capi::version::machine_deployment_resource(v),
+            &karpenter_capi::capi::version::machine_deployment_resource(v.into()),
         )
     }
 
@@ -272,7 +272,7 @@ async fn a_decrement_cluster_api_spent_on_another_machine_is_made_again() {
     let env = env(vec![seed_of(0, 20)], |_| {}).await;
     // Cluster API's default order takes equal Machines by name; Oldest makes its choice of the
     // unmarked Machine (its cache lacks the mark) the old one, for certain.
-    env.patch_md(match env.sim.cluster().capi_version() {
+    env.patch_md(match CapiVersion::from(env.sim.cluster().capi_version()) {
         CapiVersion::V1Beta1 => {
             json!({"spec": {"strategy": {"rollingUpdate": {"deletePolicy": "Oldest"}}}})
         }

@@ -23,7 +23,7 @@ use crate::common::{DEADLINE, Env};
 /// Both Cluster API versions' cluster with short stand-in delays (the MachinePool tests too).
 pub(crate) fn cluster(version: CapiVersion) -> SimClusterConfig {
     SimClusterConfig {
-        capi_version: version,
+        capi_version: version.into(),
         served: match version {
             CapiVersion::V1Beta1 => ServedVersions::V1beta1,
             CapiVersion::V1Beta2 => ServedVersions::V1beta2,

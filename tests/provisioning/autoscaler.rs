@@ -215,7 +215,7 @@ async fn a_preflight_check_holding_the_scale_up_is_named_on_the_claim_until_it_p
         );
         let env = Env::builder()
             .cluster(SimClusterConfig {
-                capi_version: version,
+                capi_version: version.into(),
                 served: match version {
                     CapiVersion::V1Beta1 => ServedVersions::V1beta1,
                     CapiVersion::V1Beta2 => ServedVersions::V1beta2,

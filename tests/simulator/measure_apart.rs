@@ -137,7 +137,7 @@ async fn a_stood_up_cluster_is_settled_for_a_new_controller() {
     let store = sim.cluster().server().store();
     assert_eq!(store.list("nodeclaims", None).len(), 50);
     assert_eq!(replicas(store), replicas_before);
-    let inv = invariants::check(store, sim.cluster().capi_version());
+    let inv = invariants::check(store, sim.cluster().capi_version().into());
     assert!(inv.ok(), "{:?}", inv.problems);
     controller.stop();
 }

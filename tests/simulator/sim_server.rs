@@ -1170,3 +1170,22 @@ async fn consolidate_after_is_defaulted_as_karpenter_v1_15_defaults_it() {
         assert_eq!(typed.disruption().consolidate_after(), want, "{name}");
     }
 }
+
+/// What the API server stores of a claim the controller would create still reads back as the
+/// controller's NodeClaim (the stand-in serves the shipped CRD; the controller reads its types).
+#[tokio::test]
+async fn a_stored_claim_reads_back() {
+    use karpenter_capi::api::nodeclaim::NodeClaim;
+    let s = sim().await;
+    let pool = karpenter_capi::testing::nodepool("default");
+    let claim = karpenter_capi::simulate::launch::claim_for(&pool, "sim-0");
+    let claims: Api<NodeClaim> = Api::all(s.client());
+    let created = claims.create(&PostParams::default(), &claim).await;
+    let name = match created {
+        Ok(c) => c.name_any(),
+        Err(e) => panic!("the stand-in refused or garbled the claim: {e}"),
+    };
+    let raw = nodeclaims(&s).get(&name).await.unwrap();
+    let back: Result<NodeClaim, _> = serde_json::from_value(serde_json::to_value(&raw).unwrap());
+    assert!(back.is_ok(), "{back:?}\n{raw:?}");
+}

@@ -14,7 +14,7 @@ use crate::sim::{ResourceDef, Store};
 pub fn cluster_config(snap: &Snapshot) -> SimClusterConfig {
     let v = snap.capi_version;
     SimClusterConfig {
-        capi_version: v,
+        capi_version: v.into(),
         served: match v {
             CapiVersion::V1Beta1 => ServedVersions::V1beta1,
             CapiVersion::V1Beta2 => ServedVersions::V1beta2,

@@ -44,7 +44,7 @@ pub fn measure(
         &WriteTimes::of(&writes, &stats),
         &mut counts,
     );
-    let inv = invariants::check(cluster.store(), cluster.capi_version());
+    let inv = invariants::check(cluster.store(), cluster.capi_version().into());
     let mut problems = inv.problems;
     problems.extend(refused_requests(&stats));
     Report {

@@ -198,7 +198,7 @@ pub(super) struct StandIns {
 impl StandIns {
     pub(super) fn start(admin: &Client) -> Self {
         let (trigger, shutdown) = shutdown_pair();
-        let version = CapiVersion::V1Beta2;
+        let version = CapiVersion::V1Beta2.into();
         karpenter_capi::sim::capi::spawn(
             Clusters::joined(admin.clone()),
             CapiConfig {
@@ -253,7 +253,8 @@ pub(super) async fn seed(admin: &Client, t: &Topology) {
             )
             .await
             .unwrap_or_else(|e| panic!("creating the template of md-{i}: {e}"));
-        let md = karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2, &seed);
+        let md =
+            karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2.into(), &seed);
         let api: Api<DynamicObject> = Api::namespaced_with(
             admin.clone(),
             t.machines,
