@@ -6,21 +6,32 @@
 //! Cluster API stand-in creates the Machines, the provider their IDs, the kubelet the Nodes) and
 //! the cluster settles (250 claims at a time); with `--no-controller` that controller then stops. The pods go straight
 //! into the store, bound and Running (one event each, nothing left for the stand-ins or the
-//! scheduler to do), spread round-robin over the Nodes.
+//! scheduler to do), spread round-robin over the Nodes. On a real control plane there is no
+//! store to write into: the pods are created through the API already bound (`spec.nodeName`,
+//! as kube-scheduler's binding leaves them), many at a time, and the kubelet stand-in starts
+//! them as it starts any pod bound to its Nodes.
 
 use std::time::Duration;
 
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
 use super::{BackgroundSim, Error, launch, sim_settings, start_controller};
 use crate::cli::SimulateArgs;
 use crate::metrics::Metrics;
+use crate::sim::cluster::{Backend, SimCluster};
 
 /// Claims launched at a time.
 const CLAIM_BATCH: usize = 250;
 
 /// Pods written per store lock, with a pause between so watchers keep up.
 const POD_CHUNK: usize = 500;
+
+/// Pod creates in flight at once on a real control plane: one at a time, 50,000 pods take
+/// most of an hour on a loaded machine.
+const POD_CREATES: usize = 16;
 
 /// Stand up `--nodes` Nodes and `--pods` pods bound to them. `controller_running`: an
 /// in-process controller already runs (it launches the claims); otherwise one is started for
@@ -59,13 +70,75 @@ pub async fn stand_up(
     }
     eprintln!("binding {} running pods to them", args.pods);
     let pods = args.pods;
-    sim.run(move |c| async move { bind_pods(&c, pods).await })
-        .await??;
+    sim.run(move |c| async move {
+        match c.backend() {
+            Backend::Simulated => bind_pods(&c, pods).await,
+            Backend::Real => create_bound_pods(&c, pods).await,
+        }
+    })
+    .await??;
     Ok(())
 }
 
+/// Create `n` pods through a real API server, bound round-robin to every Node.
+async fn create_bound_pods(cluster: &SimCluster, n: usize) -> Result<(), Error> {
+    if n == 0 {
+        return Ok(());
+    }
+    let client = cluster.client();
+    let nodes: Vec<String> = Api::<Node>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+        .map_err(|source| Error::Kube {
+            what: "listing the Nodes to bind the pods to".into(),
+            source,
+        })?
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    if nodes.is_empty() {
+        return Err(Error::Usage("no Nodes to bind the pods to".into()));
+    }
+    let pods: Api<Pod> = Api::namespaced(client, launch::NAMESPACE);
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
+    let mut created = stream::iter(0..n)
+        .map(|i| {
+            let pods = pods.clone();
+            let pod = running_pod(i, &nodes[i % nodes.len()], &now);
+            async move { create_pod(&pods, i, pod).await }
+        })
+        .buffer_unordered(POD_CREATES);
+    let mut done = 0;
+    while let Some(r) = created.next().await {
+        r?;
+        done += 1;
+        if done % 5000 == 0 {
+            eprintln!("  {done} of {n} pods created");
+        }
+    }
+    Ok(())
+}
+
+/// Create one pod (its status is the server's to reset and the kubelet's to write).
+async fn create_pod(pods: &Api<Pod>, i: usize, pod: Value) -> Result<(), Error> {
+    let pod: Pod = serde_json::from_value(pod)
+        .map_err(|e| Error::Usage(format!("the standup pod {i}: {e}")))?;
+    match pods.create(&PostParams::default(), &pod).await {
+        Ok(_) => Ok(()),
+        // Already there: a retried create whose first answer was lost.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(source) => Err(Error::Kube {
+            what: format!("creating the standup pod {i}"),
+            source,
+        }),
+    }
+}
+
 /// Write `n` Running pods into the store, spread over every Node.
-async fn bind_pods(cluster: &crate::sim::cluster::SimCluster, n: usize) -> Result<(), Error> {
+async fn bind_pods(cluster: &SimCluster, n: usize) -> Result<(), Error> {
     // Written straight into the simulated server's store: on a real control plane there is no
     // such shortcut (and writing into the mirror would report pods the API server never had).
     let store = cluster.try_server()?.store();

@@ -5,7 +5,7 @@
 //! whole, because the guarded JSON patches of registration decide `add` versus `replace` by
 //! whether the map is empty.
 
-use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, Pod, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Drop `managedFields`: server-side apply bookkeeping, never read here.
@@ -16,7 +16,7 @@ pub(crate) fn meta(m: &mut ObjectMeta) {
 /// A Pod as the controller reads it. Kept: metadata (labels, annotations such as
 /// `karpenter.sh/do-not-disrupt` and the pod deletion cost, owner references, uid, timestamps),
 /// the scheduling constraints (node name and selector, affinity, tolerations, topology spread,
-/// priority, overhead, volumes, scheduler name), each container's name, resources, restart
+/// priority, overhead, claim-backed volumes, scheduler name), each container's name, resources, restart
 /// policy and ports (requests, sidecars, host ports), the grace period and priority class
 /// (drain), and from the status the phase, start time (a do-not-disrupt duration runs from it),
 /// nominated node, the `PodScheduled` condition and the `Ready` one (a PodDisruptionBudget with
@@ -31,6 +31,7 @@ pub(crate) fn pod(p: &mut Pod) {
             .iter_mut()
             .flatten()
             .for_each(container);
+        volumes(&mut spec.volumes);
         // Ephemeral containers take no resources and are never scheduled.
         spec.ephemeral_containers = None;
         spec.readiness_gates = None;
@@ -55,6 +56,20 @@ pub(crate) fn pod(p: &mut Pod) {
             for c in cs.iter_mut() {
                 c.last_probe_time = None;
             }
+        }
+    }
+}
+
+/// Only the volumes backed by a PersistentVolumeClaim (named, or an ephemeral volume's) tie a
+/// pod to storage: its topology, the attach limits and the terminator's wait for detaches read
+/// those alone. The rest go: every pod a real API server admits carries a projected
+/// service-account token volume under a name of its own (`kube-api-access-<random>`), which
+/// no two pods share, so the pod index kept it in every pod's compact form.
+fn volumes(volumes: &mut Option<Vec<Volume>>) {
+    if let Some(vs) = volumes.as_mut() {
+        vs.retain(|v| v.persistent_volume_claim.is_some() || v.ephemeral.is_some());
+        if vs.is_empty() {
+            *volumes = None;
         }
     }
 }
@@ -148,7 +163,17 @@ mod tests {
                      "labelSelector": {"matchLabels": {"app": "a"}}}]}},
                 "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone",
                     "whenUnsatisfiable": "DoNotSchedule"}],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "c"}},
+                    {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": "1Gi"}}}}}},
+                    {"name": "kube-api-access-x7k2p", "projected": {"sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt",
+                                       "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+                    {"name": "config", "configMap": {"name": "app"}},
+                    {"name": "tmp", "emptyDir": {}}],
                 "initContainers": [{"name": "side", "image": "i", "restartPolicy": "Always",
                     "resources": {"requests": {"cpu": "50m"}}, "env": [{"name": "E", "value": "v"}]}],
                 "containers": [{
@@ -201,6 +226,17 @@ mod tests {
         ] {
             assert!(spec.get(kept).is_some(), "spec.{kept} dropped");
         }
+        let volumes: Vec<&str> = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            volumes,
+            ["data", "scratch"],
+            "only claim-backed volumes are kept"
+        );
         let c = &spec["containers"][0];
         assert_eq!(c["name"], "app");
         assert_eq!(c["resources"]["requests"]["memory"], "256Mi");
