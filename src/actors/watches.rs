@@ -30,25 +30,27 @@ pub(super) fn start(
     supervisor: Addr<Supervisor>,
     provisioner: Addr<Provisioner>,
 ) -> Vec<JoinHandle<()>> {
-    use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet, StatefulSet};
-    use k8s_openapi::api::core::v1::{
-        Node, PersistentVolume, PersistentVolumeClaim, ReplicationController, Service,
-    };
-    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-    use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+    let mut feeds = claims_and_pods(shared, supervisor, provisioner);
+    feeds.extend(workload_cluster_feeds(shared));
+    feeds.extend(workload_feeds(shared));
+    feeds.extend(gated_feeds(shared));
+    feeds.extend(capi::start(shared));
+    feeds
+}
 
-    use crate::api::nodeclass::ClusterAPINodeClass;
-    use crate::api::nodeoverlay::NodeOverlay;
-    use crate::api::nodepool::NodePool;
-    // A storage or workload change may change what a pending pod needs (a claim that was
-    // missing, a deduced selector): the provisioner looks again.
-    let poke: fn(&Shared, ()) = |s, ()| s.router.provisioner_poke();
-    let storage = &shared.state.storage;
-    // Besides `Ready`, the conditions node repair's policies watch.
-    let kept: Vec<String> = (shared.settings.node_repair.iter())
-        .flat_map(|p| p.condition_types())
-        .collect();
-    let mut feeds = vec![
+/// A storage or workload change may change what a pending pod needs (a claim that was missing,
+/// a deduced selector): the provisioner looks again.
+fn poke(s: &Shared, (): ()) {
+    s.router.provisioner_poke();
+}
+
+/// The NodeClaims and the Pods, whose actors hear of every change.
+fn claims_and_pods(
+    shared: &Arc<Shared>,
+    supervisor: Addr<Supervisor>,
+    provisioner: Addr<Provisioner>,
+) -> Vec<JoinHandle<()>> {
+    vec![
         // Per-object decoding: one claim the types cannot read must not stop the watch.
         spawn(
             Watch::new(Api::all(shared.workload.clone()), "NodeClaims").feed(
@@ -74,6 +76,26 @@ pub(super) fn start(
                     move |c| provisioner.do_send(PodsChanged(c)),
                 ),
         ),
+    ]
+}
+
+/// The workload cluster's other kinds: Nodes, DaemonSets, storage, Karpenter's objects,
+/// PodDisruptionBudgets and VolumeAttachments, each telling whoever acts on its changes.
+fn workload_cluster_feeds(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    use k8s_openapi::api::apps::v1::DaemonSet;
+    use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+
+    use crate::api::nodeclass::ClusterAPINodeClass;
+    use crate::api::nodeoverlay::NodeOverlay;
+    use crate::api::nodepool::NodePool;
+    let storage = &shared.state.storage;
+    // Besides `Ready`, the conditions node repair's policies watch.
+    let kept: Vec<String> = (shared.settings.node_repair.iter())
+        .flat_map(|p| p.condition_types())
+        .collect();
+    vec![
         spawn_trimmed_feed::<Node, _>(
             shared,
             &shared.state.nodes,
@@ -133,24 +155,28 @@ pub(super) fn start(
             },
             "VolumeAttachments",
         ),
-    ];
-    // Default topology spread constraints deduce selectors from the workloads' own.
-    if let Some(d) = &shared.settings.default_constraints {
-        tracing::info!(
-            constraints = ?d.constraints(),
-            "scheduler config sets default topology spread constraints: pods without their own are spread by them"
-        );
-        let w = &shared.state.workloads;
-        feeds.extend([
-            spawn_feed::<Service, _>(shared, w, poke, "Services"),
-            spawn_feed::<ReplicaSet, _>(shared, w, poke, "ReplicaSets"),
-            spawn_feed::<StatefulSet, _>(shared, w, poke, "StatefulSets"),
-            spawn_feed::<ReplicationController, _>(shared, w, poke, "ReplicationControllers"),
-        ]);
-    }
-    feeds.extend(gated_feeds(shared));
-    feeds.extend(capi::start(shared));
-    feeds
+    ]
+}
+
+/// The workloads whose selectors default topology spread constraints deduce: watched only when
+/// the scheduler configuration sets such constraints.
+fn workload_feeds(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
+    use k8s_openapi::api::apps::v1::{ReplicaSet, StatefulSet};
+    use k8s_openapi::api::core::v1::{ReplicationController, Service};
+    let Some(d) = &shared.settings.default_constraints else {
+        return Vec::new();
+    };
+    tracing::info!(
+        constraints = ?d.constraints(),
+        "scheduler config sets default topology spread constraints: pods without their own are spread by them"
+    );
+    let w = &shared.state.workloads;
+    vec![
+        spawn_feed::<Service, _>(shared, w, poke, "Services"),
+        spawn_feed::<ReplicaSet, _>(shared, w, poke, "ReplicaSets"),
+        spawn_feed::<StatefulSet, _>(shared, w, poke, "StatefulSets"),
+        spawn_feed::<ReplicationController, _>(shared, w, poke, "ReplicationControllers"),
+    ]
 }
 
 /// The feeds behind a feature gate. They run on every replica like the others, though only the
