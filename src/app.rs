@@ -45,6 +45,10 @@ pub enum Error {
     Stopped,
     #[error("fleet mode: {0}")]
     Fleet(#[source] fleet::Error),
+    #[error(
+        "--fleet serves every selected Cluster: {0} names one cluster or turns off what the fleet relies on, and cannot be used with it"
+    )]
+    FleetWith(&'static str),
     #[error("opening the decision log {path}: {source}")]
     DecisionLog {
         path: std::path::PathBuf,

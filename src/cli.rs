@@ -569,12 +569,10 @@ pub struct RunArgs {
     /// (--cluster-api-in-cluster or --cluster-api-kubeconfig) that --fleet-selector chooses (in
     /// --cluster-api-namespace, else all namespaces), each through its `<cluster>-kubeconfig`
     /// Secret, with one Lease per Cluster in --leader-election-namespace shared by the replicas.
-    #[arg(
-        long,
-        env = "FLEET",
-        default_value_t = false,
-        conflicts_with_all = ["kubeconfig", "cluster_name", "dry_run", "disable_leader_election"]
-    )]
+    /// Refuses --kubeconfig, --cluster-name, --dry-run and --disable-leader-election (checked
+    /// when the fleet starts, not by clap, for which FLEET=false from the environment would
+    /// conflict with them too).
+    #[arg(long, env = "FLEET", default_value_t = false)]
     pub(crate) fleet: bool,
     /// Fleet mode: the label selector Clusters must match (e.g. `karpenter=enabled`; default:
     /// every Cluster).

@@ -35,6 +35,7 @@ use crate::write_gate::WriteGate;
 /// `run --fleet`: the management cluster's client configuration, the metrics and probes, and
 /// [`run`] until a signal.
 pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Error> {
+    refuse_single_cluster_flags(&args)?;
     let signal = super::shutdown_signal();
     let management = management_config(&args.cluster_api).await?;
     let metrics = Metrics::new();
@@ -81,6 +82,21 @@ pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Er
         start_within: Duration::from_secs(120),
     };
     run(fleet, signal).await.map_err(super::Error::Fleet)
+}
+
+/// Fleet mode serves many Clusters: a flag that names one workload cluster, or turns off what the
+/// fleet relies on (its Leases, its writes), is refused with its name.
+fn refuse_single_cluster_flags(args: &crate::cli::RunArgs) -> Result<(), super::Error> {
+    let set = [
+        ("--kubeconfig", args.kubeconfig.is_some()),
+        ("--cluster-name", args.cluster_api.cluster_name.is_some()),
+        ("--dry-run", args.dry_run),
+        ("--disable-leader-election", args.disable_leader_election),
+    ];
+    match set.into_iter().find(|(_, on)| *on) {
+        Some((flag, _)) => Err(super::Error::FleetWith(flag)),
+        None => Ok(()),
+    }
 }
 
 /// The management cluster's configuration: the pod's own (in-cluster) or a kubeconfig file.
@@ -608,6 +624,39 @@ mod tests {
             key: "kubeconfig".into(),
         };
         assert_eq!(own.name_for("prod-eu"), "prod-eu-karpenter-capi");
+    }
+
+    #[test]
+    fn a_fleet_refuses_the_flags_of_one_cluster_by_name() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let args = |extra: &[&str]| {
+            let mut argv = vec!["karpenter-capi", "run"];
+            argv.extend_from_slice(extra);
+            match Cli::try_parse_from(argv).expect("parses").command {
+                Command::Run(run) => run,
+                _ => panic!("expected run"),
+            }
+        };
+        // Parsed without a clap conflict (a chart sets FLEET=false beside them).
+        let run = args(&["--kubeconfig", "Cargo.toml"]);
+        assert!(!run.fleet);
+        for (flags, named) in [
+            (
+                &["--fleet", "--kubeconfig", "Cargo.toml"][..],
+                "--kubeconfig",
+            ),
+            (&["--fleet", "--cluster-name", "c1"][..], "--cluster-name"),
+            (&["--fleet", "--dry-run"][..], "--dry-run"),
+            (
+                &["--fleet", "--disable-leader-election"][..],
+                "--disable-leader-election",
+            ),
+        ] {
+            let err = refuse_single_cluster_flags(&args(flags)).expect_err(named);
+            assert!(err.to_string().contains(named), "{err}");
+        }
+        assert!(refuse_single_cluster_flags(&args(&["--fleet"])).is_ok());
     }
 
     #[test]
