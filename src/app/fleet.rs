@@ -32,6 +32,9 @@ use crate::metrics::Metrics;
 use crate::view::settings::Settings;
 use crate::write_gate::WriteGate;
 
+mod share;
+pub use share::{Share, fair_share, member_lease_name};
+
 /// `run --fleet`: the management cluster's client configuration, the metrics and probes, and
 /// [`run`] until a signal.
 pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Error> {
@@ -78,6 +81,7 @@ pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Er
             key: args.fleet_kubeconfig_secret_key.clone(),
         },
         metrics: clusters,
+        share_period: Duration::from_secs(5),
         retry: Duration::from_secs(30),
         start_within: Duration::from_secs(120),
     };
@@ -154,6 +158,8 @@ pub struct Fleet {
     pub kubeconfig_secret: KubeconfigSecret,
     /// The metrics of the Clusters served now, which /metrics exports.
     pub metrics: ClusterMetrics,
+    /// How often the replicas are counted for each one's fair share.
+    pub share_period: Duration,
     /// How long a Cluster that failed to start waits before the next try.
     pub retry: Duration,
     /// How long a Cluster's controller may take to start (its workload cluster answering and
@@ -287,6 +293,16 @@ pub async fn run(
     let events = watcher(api, config).default_backoff();
     tokio::pin!(events, stop);
     let told = Events::new(management.clone(), fleet.identity.clone());
+    let share = Share::new();
+    let counting = tokio::spawn(share.clone().count(
+        management.clone(),
+        fleet.lease_namespace.clone(),
+        fleet.identity.clone(),
+        fleet.share_period,
+    ));
+    // The membership Lease is left to expire however the fleet ends: a replica that stops
+    // serving stops counting as a member within the Lease's duration.
+    let _counting = AbortOnDrop(counting);
     let fleet = Arc::new(fleet);
     let mut served: BTreeMap<(String, String), Served> = BTreeMap::new();
     // The Clusters of a (re-)list in progress: once it completes, any served Cluster not in it
@@ -313,7 +329,7 @@ pub async fn run(
             watcher::Event::Init => listing.clear(),
             watcher::Event::InitApply(c) => {
                 listing.push(key_of(&c));
-                follow(&fleet, &mut served, (&management, &told), c).await;
+                follow(&fleet, &mut served, (&management, &told, &share), c).await;
             }
             watcher::Event::InitDone => {
                 let gone: Vec<_> = (served.keys())
@@ -324,11 +340,14 @@ pub async fn run(
                     leave(&mut served, &key, "the Cluster is gone").await;
                 }
             }
-            watcher::Event::Apply(c) => follow(&fleet, &mut served, (&management, &told), c).await,
+            watcher::Event::Apply(c) => {
+                follow(&fleet, &mut served, (&management, &told, &share), c).await
+            }
             watcher::Event::Delete(c) => {
                 leave(&mut served, &key_of(&c), "the Cluster is gone").await
             }
         }
+        share.set_selected(served.len());
     }
 }
 
@@ -349,7 +368,7 @@ async fn leave(served: &mut BTreeMap<(String, String), Served>, key: &(String, S
 async fn follow(
     fleet: &Arc<Fleet>,
     served: &mut BTreeMap<(String, String), Served>,
-    (management, told): (&Client, &Events),
+    (management, told, share): (&Client, &Events, &Arc<Share>),
     cluster: DynamicObject,
 ) {
     let key = key_of(&cluster);
@@ -360,6 +379,7 @@ async fn follow(
             let to = Telling {
                 events: told.clone(),
                 cluster: reference_of(&cluster),
+                share: share.clone(),
             };
             let s = Served::start(fleet.clone(), management.clone(), key.clone(), to);
             served.insert(key, s);
@@ -373,6 +393,17 @@ async fn follow(
 struct Telling {
     events: Events,
     cluster: ObjectReference,
+    /// This replica's share of the Clusters.
+    share: Arc<Share>,
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A reference to the Cluster, as its watch delivered it.
@@ -446,9 +477,10 @@ impl Drop for Running {
 /// How long a stopping Cluster's Lease release may take.
 const RELEASE_BOUND: Duration = Duration::from_secs(5);
 
-/// Campaign for the Cluster's Lease; while it is held, run the Cluster's controller. A start
-/// that fails (its Secret, its API server) gives the Lease up and tries again after
-/// `fleet.retry`, so another replica may serve it meanwhile.
+/// Campaign for the Cluster's Lease while this replica holds less than its share; while the
+/// Lease is held, run the Cluster's controller ([`turn`]). A start that fails (its Secret, its
+/// API server), or a Cluster let go because this replica holds more than its share, gives the
+/// Lease up and tries again after `fleet.retry`, so another replica may serve it meanwhile.
 async fn serve(
     fleet: Arc<Fleet>,
     management: Client,
@@ -456,8 +488,11 @@ async fn serve(
     to: Telling,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let cluster = format!("{ns}/{name}");
     while !*stopped.borrow() {
+        tokio::select! {
+            _ = to.share.room() => {}
+            _ = stopped.wait_for(|s| *s) => return,
+        }
         let lease = leader::Config::new(
             fleet.lease_namespace.clone(),
             lease_name(&ns, &name),
@@ -467,70 +502,129 @@ async fn serve(
         let mut leading = election.status.clone();
         tokio::select! {
             r = leading.wait_for(|l| *l) => if r.is_err() { return; },
+            // Another Cluster's win filled this replica's share: stop campaigning for this one.
+            _ = to.share.full() => {
+                election.release(RELEASE_BOUND).await;
+                continue;
+            }
             _ = stopped.wait_for(|s| *s) => {
                 election.release(RELEASE_BOUND).await;
                 return;
             }
         }
-        tracing::info!(cluster = %cluster, "holding the Cluster's Lease; starting its controller");
-        let gate = WriteGate::default();
-        let metrics = Metrics::new();
-        let started = start_cluster(
+        let ended = turn(
             &fleet,
             (&ns, &name),
-            &gate,
-            metrics.clone(),
-            leading.clone(),
+            &to,
+            &mut election,
+            leading,
+            &mut stopped,
         );
-        let handle = tokio::select! {
-            h = started => h,
-            _ = stopped.wait_for(|s| *s) => {
-                gate.close();
+        match ended.await {
+            Turn::Lost => {}
+            Turn::Stopped => {
                 election.release(RELEASE_BOUND).await;
                 return;
             }
-        };
-        match handle {
-            Ok(handle) => {
-                let note = format!("served by fleet replica {}", fleet.identity);
-                to.events.normal(to.cluster.clone(), "ClusterServed", note);
-                fleet.metrics.enter(&cluster, metrics);
-                let running = Running {
-                    handle: Some(handle),
-                    gate: gate.clone(),
-                    exported: (fleet.metrics.clone(), cluster.clone()),
-                };
-                let lost = tokio::select! {
-                    _ = election.finished() => true,
-                    _ = stopped.wait_for(|s| *s) => false,
-                };
-                drop(running);
-                if lost {
-                    tracing::warn!(cluster = %cluster, "lost the Cluster's Lease; its controller stopped");
-                    let note = format!(
-                        "fleet replica {} lost the Cluster's Lease; its controller stopped",
-                        fleet.identity
-                    );
-                    to.events
-                        .warning(to.cluster.clone(), "ClusterLeaseLost", note);
-                    continue;
-                }
-                election.release(RELEASE_BOUND).await;
-                return;
-            }
-            Err(why) => {
-                tracing::warn!(cluster = %cluster, error = %why, retry_in = ?fleet.retry, "cannot serve the Cluster; giving its Lease up and trying again");
-                let note = format!(
-                    "cannot serve the Cluster: {why}; trying again in {:?}",
-                    fleet.retry
-                );
-                to.events
-                    .warning(to.cluster.clone(), "ClusterNotServed", note);
-                gate.close();
+            Turn::Failed | Turn::LetGo => {
                 election.release(RELEASE_BOUND).await;
                 let _ = tokio::time::timeout(fleet.retry, stopped.wait_for(|s| *s)).await;
             }
         }
+    }
+}
+
+/// How holding a Cluster's Lease ended.
+enum Turn {
+    /// The Lease was lost (another replica may hold it now).
+    Lost,
+    /// The fleet stops.
+    Stopped,
+    /// The Cluster's controller could not start.
+    Failed,
+    /// This replica held more than its share and let the Cluster go.
+    LetGo,
+}
+
+/// Holding the Cluster's Lease: start its controller and run it until the Lease is lost, the
+/// fleet stops or this replica lets the Cluster go; the controller is stopped whichever comes.
+async fn turn(
+    fleet: &Fleet,
+    (ns, name): (&str, &str),
+    to: &Telling,
+    election: &mut leader::Election,
+    leading: watch::Receiver<bool>,
+    stopped: &mut watch::Receiver<bool>,
+) -> Turn {
+    let cluster = format!("{ns}/{name}");
+    tracing::info!(cluster = %cluster, "holding the Cluster's Lease; starting its controller");
+    let mut holding = to.share.hold();
+    let gate = WriteGate::default();
+    let metrics = Metrics::new();
+    let started = start_cluster(fleet, (ns, name), &gate, metrics.clone(), leading);
+    let started = tokio::select! {
+        h = started => h,
+        _ = stopped.wait_for(|s| *s) => {
+            gate.close();
+            return Turn::Stopped;
+        }
+    };
+    let handle = match started {
+        Ok(handle) => handle,
+        Err(why) => {
+            tracing::warn!(cluster = %cluster, error = %why, retry_in = ?fleet.retry, "cannot serve the Cluster; giving its Lease up and trying again");
+            let note = format!(
+                "cannot serve the Cluster: {why}; trying again in {:?}",
+                fleet.retry
+            );
+            to.events
+                .warning(to.cluster.clone(), "ClusterNotServed", note);
+            gate.close();
+            return Turn::Failed;
+        }
+    };
+    let note = format!("served by fleet replica {}", fleet.identity);
+    to.events.normal(to.cluster.clone(), "ClusterServed", note);
+    fleet.metrics.enter(&cluster, metrics);
+    let running = Running {
+        handle: Some(handle),
+        gate,
+        exported: (fleet.metrics.clone(), cluster.clone()),
+    };
+    let ended = tokio::select! {
+        _ = election.finished() => Turn::Lost,
+        _ = stopped.wait_for(|s| *s) => Turn::Stopped,
+        _ = to.share.over(&mut holding) => Turn::LetGo,
+    };
+    drop(running);
+    tell_end(fleet, to, &cluster, &ended);
+    ended
+}
+
+/// Says how a turn ended where the operator looks, when it is news.
+fn tell_end(fleet: &Fleet, to: &Telling, cluster: &str, ended: &Turn) {
+    let me = &fleet.identity;
+    match ended {
+        Turn::Lost => {
+            tracing::warn!(cluster, "lost the Cluster's Lease; its controller stopped");
+            let note =
+                format!("fleet replica {me} lost the Cluster's Lease; its controller stopped");
+            to.events
+                .warning(to.cluster.clone(), "ClusterLeaseLost", note);
+        }
+        Turn::LetGo => {
+            tracing::info!(
+                cluster,
+                held = to.share.held(),
+                "holding more than this replica's share; letting the Cluster go to another replica"
+            );
+            let note = format!(
+                "fleet replica {me} holds more than its share of the Clusters; letting this one go to another replica"
+            );
+            to.events
+                .normal(to.cluster.clone(), "ClusterHandedOver", note);
+        }
+        Turn::Stopped | Turn::Failed => {}
     }
 }
 

@@ -63,6 +63,7 @@ async fn fleet_of(env: &Env) -> Fleet {
         capi_version: None,
         kubeconfig_secret: Default::default(),
         metrics: Default::default(),
+        share_period: Duration::from_millis(300),
         retry: Duration::from_millis(500),
         start_within: Duration::from_secs(3),
     }
@@ -309,4 +310,69 @@ async fn a_fleet_reads_the_kubeconfig_secret_its_template_names() {
     assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-a"));
     env.invariants_hold();
     running.abort();
+}
+
+/// Fair share: four Clusters, one replica takes them all; a second replica joins and each ends
+/// up holding two (the first lets two go, each after its controller stopped, and the second
+/// takes them); the second killed, the first takes all four back.
+#[actix::test]
+async fn replicas_share_the_clusters_fairly() {
+    let env = fleet_env().await;
+    let extra = ["c2", "c3", "c4"];
+    env.sim
+        .run(move |c| async move {
+            let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                c.management_client(),
+                "default",
+            );
+            let kubeconfig = secrets
+                .get("sim-kubeconfig")
+                .await
+                .expect("Cluster API's Secret of sim")
+                .data
+                .and_then(|d| d.get("value").cloned())
+                .expect("its kubeconfig");
+            for name in extra {
+                c.create_workload_cluster("default", name, &kubeconfig.0)
+                    .await
+                    .expect("a Cluster");
+            }
+        })
+        .await
+        .expect("the simulated cluster");
+    let clusters = [CLUSTER_NAME, "c2", "c3", "c4"];
+    let spawn =
+        |fleet: Fleet| actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let a = spawn(fleet_of(&env).await);
+    held_by(&env, &clusters, &[("fleet-a", 4)]).await;
+    let b = spawn(Fleet {
+        identity: "fleet-b".into(),
+        ..fleet_of(&env).await
+    });
+    held_by(&env, &clusters, &[("fleet-a", 2), ("fleet-b", 2)]).await;
+    b.abort();
+    held_by(&env, &clusters, &[("fleet-a", 4)]).await;
+    a.abort();
+}
+
+/// Waits (up to 90 s) until the Clusters' Leases are held as `want` says (holder, count).
+async fn held_by(env: &Env, clusters: &[&str], want: &[(&str, usize)]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let mut holders = Vec::new();
+        for c in clusters {
+            holders.push(holder(env, c).await.unwrap_or_default());
+        }
+        let ok = want
+            .iter()
+            .all(|(who, n)| holders.iter().filter(|h| h.as_str() == *who).count() == *n);
+        if ok {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Leases held as {holders:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
