@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DynamicObject};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -32,7 +32,12 @@ use crate::metrics::Metrics;
 use crate::view::settings::Settings;
 use crate::write_gate::WriteGate;
 
+mod exported;
+mod secret;
 mod share;
+pub use exported::{ClusterMetrics, FleetExposition};
+pub use secret::KubeconfigSecret;
+use secret::workload_config;
 pub use share::{Share, fair_share, member_lease_name};
 
 /// `run --fleet`: the management cluster's client configuration, the metrics and probes, and
@@ -165,82 +170,6 @@ pub struct Fleet {
     /// How long a Cluster's controller may take to start (its workload cluster answering and
     /// every cache synced) before the start counts as failed.
     pub start_within: Duration,
-}
-
-/// The metrics of each Cluster this replica serves, by `namespace/name`: a Cluster's controller
-/// has a registry of its own, entered when it starts and removed when it stops, so a Cluster
-/// that moves to another replica takes its series there and the label stays bounded by the
-/// Clusters served.
-#[derive(Clone, Default)]
-pub struct ClusterMetrics(Arc<parking_lot::RwLock<BTreeMap<String, Arc<Metrics>>>>);
-
-impl ClusterMetrics {
-    fn enter(&self, cluster: &str, metrics: Arc<Metrics>) {
-        self.0.write().insert(cluster.to_string(), metrics);
-    }
-
-    fn remove(&self, cluster: &str) {
-        self.0.write().remove(cluster);
-    }
-
-    /// Every served Cluster's exposition, by Cluster.
-    pub fn encoded(&self) -> Vec<(String, String)> {
-        self.0
-            .read()
-            .iter()
-            .map(|(cluster, m)| (cluster.clone(), m.encode()))
-            .collect()
-    }
-}
-
-/// The fleet's /metrics: its own metrics as they are, and every served Cluster's with a
-/// `cluster="namespace/name"` label on each series, each family once.
-pub struct FleetExposition {
-    pub own: Arc<Metrics>,
-    pub clusters: ClusterMetrics,
-}
-
-impl crate::http::Exposition for FleetExposition {
-    fn encode(&self) -> String {
-        let own = self.own.encode();
-        let clusters = self.clusters.encoded();
-        let mut parts: Vec<(Option<&str>, &str)> = vec![(None, own.as_str())];
-        parts.extend(
-            clusters
-                .iter()
-                .map(|(c, text)| (Some(c.as_str()), text.as_str())),
-        );
-        crate::metrics::labelled::merge("cluster", &parts)
-    }
-}
-
-/// Where a Cluster's workload kubeconfig is read: the Secret of the Cluster's namespace named by
-/// `name` with `{cluster}` replaced by the Cluster's name, at `key`. By default Cluster API's own
-/// `<cluster>-kubeconfig`, key `value`; an operator who provisions a least-privilege kubeconfig
-/// per Cluster names it here, and the fleet never needs Cluster API's admin credential.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KubeconfigSecret {
-    pub name: String,
-    pub key: String,
-}
-
-impl Default for KubeconfigSecret {
-    fn default() -> Self {
-        KubeconfigSecret {
-            name: Self::CLUSTER_API_NAME.to_string(),
-            key: "value".to_string(),
-        }
-    }
-}
-
-impl KubeconfigSecret {
-    /// Cluster API's own kubeconfig Secret.
-    pub const CLUSTER_API_NAME: &'static str = crate::cli::CLUSTER_API_KUBECONFIG_SECRET;
-
-    /// The Secret of Cluster `cluster`.
-    pub fn name_for(&self, cluster: &str) -> String {
-        self.name.replace(crate::cli::CLUSTER_PLACEHOLDER, cluster)
-    }
 }
 
 /// The Lease of Cluster `ns/name`: a name of at most 63 characters that no other Cluster
@@ -666,107 +595,5 @@ async fn start_cluster(
     }
 }
 
-/// The workload cluster's client configuration from the Cluster's kubeconfig Secret
-/// ([`KubeconfigSecret`]).
-async fn workload_config(
-    management: &Client,
-    secret: &KubeconfigSecret,
-    ns: &str,
-    name: &str,
-) -> Result<kube::Config, String> {
-    let secret_name = secret.name_for(name);
-    let what = format!("Secret {ns}/{secret_name}");
-    let found = Api::<Secret>::namespaced(management.clone(), ns)
-        .get_opt(&secret_name)
-        .await
-        .map_err(|e| format!("{what}: {e}"))?
-        .ok_or_else(|| format!("{what} not found"))?;
-    let key = &secret.key;
-    let value = found
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .ok_or_else(|| format!("{what} has no key `{key}`"))?;
-    let text = std::str::from_utf8(&value.0).map_err(|e| format!("{what}: {key}: {e}"))?;
-    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| format!("{what}: {key}: {e}"))?;
-    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| format!("{what}: {key}: {e}"))
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lease_name_is_short_and_unique_per_cluster() {
-        assert_eq!(lease_name("default", "c1"), "karpenter-capi-default.c1");
-        let long = "x".repeat(60);
-        let a = lease_name("team-a", &long);
-        let b = lease_name("team-b", &long);
-        assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
-        assert_ne!(a, b, "two long names stay apart");
-        assert!(!a.ends_with('-') && a.starts_with("karpenter-capi-team-a."));
-    }
-
-    #[test]
-    fn a_kubeconfig_secret_template_names_each_cluster() {
-        let default = KubeconfigSecret::default();
-        assert_eq!(default.name_for("c1"), "c1-kubeconfig");
-        let own = KubeconfigSecret {
-            name: "{cluster}-karpenter-capi".into(),
-            key: "kubeconfig".into(),
-        };
-        assert_eq!(own.name_for("prod-eu"), "prod-eu-karpenter-capi");
-    }
-
-    #[test]
-    fn a_fleet_refuses_the_flags_of_one_cluster_by_name() {
-        use crate::cli::{Cli, Command};
-        use clap::Parser;
-        let args = |extra: &[&str]| {
-            let mut argv = vec!["karpenter-capi", "run"];
-            argv.extend_from_slice(extra);
-            match Cli::try_parse_from(argv).expect("parses").command {
-                Command::Run(run) => run,
-                _ => panic!("expected run"),
-            }
-        };
-        // Parsed without a clap conflict (a chart sets FLEET=false beside them).
-        let run = args(&["--kubeconfig", "Cargo.toml"]);
-        assert!(!run.fleet);
-        for (flags, named) in [
-            (
-                &["--fleet", "--kubeconfig", "Cargo.toml"][..],
-                "--kubeconfig",
-            ),
-            (&["--fleet", "--cluster-name", "c1"][..], "--cluster-name"),
-            (&["--fleet", "--dry-run"][..], "--dry-run"),
-            (
-                &["--fleet", "--disable-leader-election"][..],
-                "--disable-leader-election",
-            ),
-        ] {
-            let err = refuse_single_cluster_flags(&args(flags)).expect_err(named);
-            assert!(err.to_string().contains(named), "{err}");
-        }
-        assert!(refuse_single_cluster_flags(&args(&["--fleet"])).is_ok());
-    }
-
-    #[test]
-    fn a_deleting_or_paused_cluster_is_not_served() {
-        let mut c: DynamicObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
-            "metadata": {"name": "c1", "namespace": "default"},
-            "spec": {},
-        }))
-        .expect("a Cluster");
-        assert_eq!(skip_reason(&c), None);
-        c.data["spec"]["paused"] = serde_json::json!(true);
-        assert_eq!(skip_reason(&c), Some("the Cluster is paused"));
-        c.data["spec"]["paused"] = serde_json::json!(false);
-        c.annotations_mut()
-            .insert("cluster.x-k8s.io/paused".into(), String::new());
-        assert_eq!(skip_reason(&c), Some("the Cluster is paused"));
-    }
-}
+mod tests;
