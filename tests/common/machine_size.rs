@@ -83,7 +83,7 @@ pub async fn a_sized_template_decides_the_node(cluster: &SimCluster) {
     let machines: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &v.machine());
     let nodes: Api<Node> = Api::all(client.clone());
     let node = eventually(
-        "a MachineSet, a Machine with a provider ID and its Node",
+        "a MachineSet, a Machine with a provider ID and its Node with its capacity reported",
         || async {
             if sets.list(&by_md).await.ok()?.items.is_empty() {
                 return None;
@@ -100,6 +100,8 @@ pub async fn a_sized_template_decides_the_node(cluster: &SimCluster) {
                 .items
                 .into_iter()
                 .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(pid))
+                // A kubelet registers its Node, then reports its status: wait for the report.
+                .filter(|n| n.status.as_ref().is_some_and(|s| s.capacity.is_some()))
         },
     )
     .await;
