@@ -8,7 +8,7 @@
 //!   of tests binary NAME registers, counted from its sources (see [`registered_tests`]), and the
 //!   README's list of what `cargo test` runs names every test binary;
 //! - flags: every `--flag` the docs write is a flag of the CLI (clap's definition), or of another
-//!   tool in [`OTHER_TOOLS`], or of `scripts/build-image`; where a command line runs
+//!   tool in [`OTHER_TOOLS`], or of `scripts/build-image` or `scripts/image-rootfs`; where a command line runs
 //!   `karpenter-capi SUBCOMMAND` or `cargo run -- SUBCOMMAND`, its flags are that subcommand's;
 //!   the README's configuration table names `run` flags with their environment twins;
 //! - RBAC: docs/deploy.md's four RBAC tables list exactly the rules the chart grants;
@@ -662,6 +662,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--no-default-features",
             "--no-run",
             "--release",
+            "--target",
             "--test",
         ],
     ),
@@ -786,10 +787,11 @@ fn clap_flags() -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
-/// The options scripts/build-image takes (its `case` arms).
+/// The options scripts/build-image and scripts/image-rootfs take (their `case` arms).
 fn build_image_flags() -> BTreeSet<String> {
-    read("scripts/build-image")
-        .lines()
+    ["scripts/build-image", "scripts/image-rootfs"]
+        .into_iter()
+        .flat_map(|script| read(script).lines().map(str::to_string).collect::<Vec<_>>())
         .filter_map(|l| {
             let l = l.trim_start();
             let flag = l.strip_prefix("--")?.split(')').next()?;
