@@ -103,7 +103,7 @@ async fn start() -> ControlPlane {
     let cp = ControlPlane::start(options)
         .await
         .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
-    eprintln!("control plane ready in {:?}", cp.startup());
+    say!("control plane ready in {:?}", cp.startup());
     cp
 }
 
@@ -242,7 +242,7 @@ async fn a_deployment_is_scheduled_onto_nodes_by_the_real_scheduler() {
             .map(|o| o.kind);
         assert_eq!(owner.as_deref(), Some("ReplicaSet"), "{pod}'s owner");
     }
-    eprintln!("placement: {placed:?}");
+    say!("placement: {placed:?}");
 }
 
 /// Waits until CRD `name` is Established (its resource served).
@@ -595,7 +595,7 @@ async fn the_pods_scenario_provisions_pods_that_kube_scheduler_binds() {
             break;
         }
         if started.elapsed() < Duration::from_millis(250) {
-            eprintln!("waiting for the node lifecycle controller: {tainted:?}");
+            say!("waiting for the node lifecycle controller: {tainted:?}");
         }
         assert!(
             started.elapsed() < DEADLINE,

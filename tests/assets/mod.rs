@@ -259,10 +259,31 @@ macro_rules! trials {
     };
 }
 
+/// Whether the run shows what passing tests narrate: with `--nocapture`, as libtest would.
+/// libtest-mimic captures no output, so without this every passing test's lines would reach the
+/// log.
+static NARRATE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn narrating() -> bool {
+    NARRATE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// What a test says of its progress: printed with `--nocapture` only. A failure's message, and
+/// the logs a test dumps as it fails, are printed always.
+#[allow(unused_macros, reason = "the deploy binary shares the harness and narrates nothing")]
+macro_rules! say {
+    ($($t:tt)*) => {
+        if $crate::assets::narrating() {
+            eprintln!($($t)*);
+        }
+    };
+}
+
 /// The harness: runs `tests` as libtest does (same flags, same output), with a test whose asset is
 /// missing ignored and its reason printed, or failed where [`REQUIRE`] is set.
 pub fn main(tests: Vec<Test>) -> ExitCode {
     let args = Arguments::from_args();
+    NARRATE.store(args.nocapture, std::sync::atomic::Ordering::Relaxed);
     let mut missing: Vec<Asset> = Vec::new();
     let trials = tests
         .into_iter()

@@ -227,9 +227,13 @@ fn assert_untouched_and_go_readable(env: &Env, left: &Left) {
         .filter(|w| by_controller(w, left.since_ms))
         .collect();
     for w in &ours {
-        println!(
+        say!(
             "{} {} {}/{} {}",
-            w.verb, w.resource, w.subresource, w.name, w.at_ms
+            w.verb,
+            w.resource,
+            w.subresource,
+            w.name,
+            w.at_ms
         );
     }
     let forbidden: Vec<_> = ours

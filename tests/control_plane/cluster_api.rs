@@ -122,7 +122,7 @@ async fn the_manager_starts_its_webhooks_default_and_validate_and_nothing_is_lef
     let capi = ClusterApi::start(&cp, options)
         .await
         .unwrap_or_else(|e| panic!("starting Cluster API's manager: {e}"));
-    eprintln!(
+    say!(
         "Cluster API {} ready in {:?}",
         capi.version(),
         capi.startup()
@@ -238,7 +238,7 @@ where
         match op().await {
             Ok(v) => return v,
             Err(e) if began.elapsed() < Duration::from_secs(30) => {
-                eprintln!("{what}: {e}; again");
+                say!("{what}: {e}; again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Err(e) => panic!("{what}: {e}"),

@@ -63,7 +63,7 @@ async fn held_then_launched(version_args: &[&str], release: &str) {
     let to = begin_control_plane_upgrade(&env.client().await, NS, CLUSTER_NAME)
         .await
         .expect("begin the control plane's upgrade");
-    eprintln!("control plane upgrading to {to}");
+    say!("control plane upgrading to {to}");
     env.deployment(APP, PODS, PodShape::new("100m", "128Mi"))
         .await;
 
@@ -106,7 +106,7 @@ async fn held_then_launched(version_args: &[&str], release: &str) {
     assert_eq!(env.bound_pods(), 0, "a pod bound while held");
     let sets = env.list("machinesets");
     let said = serde_json::to_string(&sets[0]["status"]).unwrap_or_default();
-    eprintln!("the MachineSet's status while held: {said}");
+    say!("the MachineSet's status while held: {said}");
     assert!(
         said.contains("PreflightCheckFailed") || said.contains("is blocked because"),
         "the MachineSet does not report the hold: {said}"

@@ -484,7 +484,7 @@ impl Run {
         std::thread::spawn(move || {
             let mut text = String::new();
             for line in BufReader::new(err).lines().map_while(Result::ok) {
-                eprintln!("{line}");
+                say!("{line}");
                 if line.starts_with("serving the simulated cluster") {
                     let _ = up.send(());
                 }

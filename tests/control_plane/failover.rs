@@ -52,7 +52,7 @@ async fn standby_is_ready_and_takes_over_after_the_leader_is_killed(backend: Bac
     l.replica.abort();
     let second = claim(&sim, &pool).await;
     let takeover = first_write_after(&sim, s.name, stopped).await;
-    println!("takeover after kill: {takeover} ms (bound: lease {LEASE:?} + 2 s)");
+    say!("takeover after kill: {takeover} ms (bound: lease {LEASE:?} + 2 s)");
     within(
         backend,
         takeover,
@@ -79,7 +79,7 @@ async fn graceful_stop_hands_over_within_two_seconds(backend: Backend) {
     let shutdown = began.elapsed();
     let done = sim.cluster().stats().now_ms();
     let takeover = first_write_after(&sim, s.name, stopped).await;
-    println!("graceful shutdown took {shutdown:?}; takeover: {takeover} ms (bound: 2 s)");
+    say!("graceful shutdown took {shutdown:?}; takeover: {takeover} ms (bound: 2 s)");
     within(
         backend,
         u64::try_from(shutdown.as_millis()).unwrap_or(u64::MAX),

@@ -156,7 +156,7 @@ async fn rolling_update_fresh_machines_are_adopted_without_churn(backend: Backen
     .await;
     settle(&env.sim, DEADLINE).await.expect("settles");
     let writes = env.controller_replica_writes_since(since);
-    eprintln!("replica writes during the rollout: {writes:?}");
+    say!("replica writes during the rollout: {writes:?}");
     if exact {
         assert_eq!(
             writes,

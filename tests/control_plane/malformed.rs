@@ -212,7 +212,7 @@ async fn the_corpus_is_reported_and_the_controller_keeps_serving(backend: Backen
     // ... and arrive while it runs (watch events).
     refused.extend(create_all(&sim, after.to_vec()).await);
     for (name, why) in &refused {
-        eprintln!("refused: {name}: {why}");
+        say!("refused: {name}: {why}");
     }
     let refused: BTreeSet<String> = refused.into_keys().collect();
     let want: BTreeSet<String> = REFUSED_BY_THE_API_SERVER

@@ -128,7 +128,7 @@ async fn a_pod_too_large_for_every_offering_stays_pending_and_is_told_why(backen
         (!notes.is_empty()).then_some(notes)
     })
     .await;
-    eprintln!("the huge pod's notes: {notes:?}");
+    say!("the huge pod's notes: {notes:?}");
 
     let pods = env.list("pods");
     let huge: Vec<&Value> = pods_of(&pods, "huge-").collect();
@@ -168,7 +168,7 @@ async fn a_limit_stops_provisioning_and_says_why(backend: Backend) {
         notes.iter().any(|n| n.contains("limit")).then_some(notes)
     })
     .await;
-    eprintln!("notes: {notes:?}");
+    say!("notes: {notes:?}");
     // Settle: no more claims appear.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let claims = env.list("nodeclaims");
@@ -326,7 +326,7 @@ async fn a_capacity_quota_caps_provisioning_at_its_limit(backend: Backend) {
             .then_some(notes)
     })
     .await;
-    eprintln!("notes: {notes:?}");
+    say!("notes: {notes:?}");
     // Settle: no more claims appear.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(

@@ -257,7 +257,7 @@ async fn flow(t: &Topology) {
 
     let (a, b) = tokio::join!(replica(&access, "a", t), replica(&access, "b", t));
     let (leader, standby) = one_leader(&cp, a, b).await;
-    eprintln!("{} leads, {} stands by", leader.name, standby.name);
+    say!("{} leads, {} stands by", leader.name, standby.name);
 
     launch(&cp, &admin, t).await;
     buffer(&cp, &admin).await;
@@ -310,7 +310,7 @@ async fn prepare(t: &Topology) -> (ControlPlane, Client, ServiceAccountAccess, S
     let admin = cp.client();
     install_crds(&cp, &admin).await;
     let access = install_chart(&cp, t).await;
-    eprintln!(
+    say!(
         "chart RBAC applied; {} permissions granted to {}",
         access.granted().len(),
         access.username()
@@ -324,7 +324,7 @@ async fn prepare(t: &Topology) -> (ControlPlane, Client, ServiceAccountAccess, S
 fn nothing_refused(cp: &ControlPlane, access: &ServiceAccountAccess) -> rbac::Audited {
     let audited = rbac::audited(cp, &access.username())
         .unwrap_or_else(|e| panic!("reading the audit log: {e}"));
-    eprintln!(
+    say!(
         "{} requests by the ServiceAccount audited",
         audited.requests
     );
@@ -483,7 +483,7 @@ async fn launch(cp: &ControlPlane, admin: &Client, t: &Topology) {
         .expect("listing NodeClaims")
         .items;
     let nodes: BTreeSet<String> = bound.iter().map(|(_, n)| n.clone()).collect();
-    eprintln!(
+    say!(
         "launched: {} claims, pods on {} nodes: {bound:?}",
         claims.len(),
         nodes.len()
@@ -567,7 +567,7 @@ async fn fail_over(
         .writes;
     for (agent, permissions) in &writes {
         let listed: Vec<String> = permissions.iter().map(ToString::to_string).collect();
-        eprintln!("writes by {agent}: {}", listed.join(", "));
+        say!("writes by {agent}: {}", listed.join(", "));
     }
     let by_standby: Vec<String> = writes
         .get(&agent(standby.name))
@@ -593,7 +593,7 @@ async fn fail_over(
     })
     .await;
     assert_holds_lease(cp, &standby).await;
-    eprintln!("{dead} killed; {} leads", standby.name);
+    say!("{dead} killed; {} leads", standby.name);
     standby
 }
 
@@ -638,7 +638,7 @@ async fn drain(cp: &ControlPlane, admin: &Client, access: &ServiceAccountAccess)
         used.contains(&Permission::new("", "pods/eviction", "create")),
         "the node's pods were not evicted through the Eviction API"
     );
-    eprintln!("drained {node} ({claim}); pods now on {placed:?}");
+    say!("drained {node} ({claim}); pods now on {placed:?}");
 }
 
 /// Whether the claim, its Node and its Machine are all gone.
@@ -699,7 +699,7 @@ async fn consolidate(cp: &ControlPlane, admin: &Client, t: &Topology) {
         (claims.items.len() == 1 && nodes.len() == 1 && replicas == 1).then_some(pods)
     })
     .await;
-    eprintln!("consolidated to one node: {left:?}");
+    say!("consolidated to one node: {left:?}");
 }
 
 /// The names of the Nodes the controller launched (labelled with their NodePool).
@@ -768,7 +768,7 @@ fn assert_granted_is_used(access: &ServiceAccountAccess, used: &BTreeSet<Permiss
     let listed = |ps: &mut dyn Iterator<Item = &Permission>| -> Vec<String> {
         ps.map(ToString::to_string).collect()
     };
-    eprintln!(
+    say!(
         "{} of {} granted permissions used",
         used.intersection(&granted).count(),
         granted.len()

@@ -61,7 +61,7 @@ fn nothing_is_left_after_simulate_serve_is_stopped() {
     let (tx, serving) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("{line}");
+            say!("{line}");
             if line.starts_with("serving the simulated cluster") {
                 let _ = tx.send(());
             }

@@ -129,7 +129,7 @@ pub(super) async fn start_audited() -> ControlPlane {
     let cp = ControlPlane::start(options)
         .await
         .unwrap_or_else(|e| panic!("starting the control plane: {e}"));
-    eprintln!("control plane ready in {:?}", cp.startup());
+    say!("control plane ready in {:?}", cp.startup());
     cp
 }
 
