@@ -21,6 +21,11 @@ impl ClusterMetrics {
         self.0.write().remove(cluster);
     }
 
+    /// The metrics of Cluster `cluster` (`namespace/name`) while it is served.
+    pub fn of(&self, cluster: &str) -> Option<Arc<Metrics>> {
+        self.0.read().get(cluster).cloned()
+    }
+
     /// Every served Cluster's exposition, by Cluster.
     pub fn encoded(&self) -> Vec<(String, String)> {
         self.0
