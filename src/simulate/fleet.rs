@@ -412,3 +412,75 @@ async fn served(metrics: &ClusterMetrics, cluster: &str, deadline: Duration) -> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(words: &[&str]) -> SimulateArgs {
+        SimulateArgs::from_words(words).expect("simulate's arguments")
+    }
+
+    /// What a fleet does not run is refused before anything starts, naming the flag (and the
+    /// scenarios it does run).
+    #[test]
+    fn a_fleet_refuses_what_it_does_not_run() {
+        assert!(check(&args(&["--clusters", "1", "--scenario", "drain"])).is_ok());
+        assert!(check(&args(&["--clusters", "2", "--scenario", "pods"])).is_ok());
+        assert!(
+            check(&args(&["--clusters", "2"])).is_ok(),
+            "the default scenario"
+        );
+        let refused = |words: &[&str]| match check(&args(words)) {
+            Err(Error::Usage(m)) => m,
+            other => panic!("{words:?}: {other:?}"),
+        };
+        let m = refused(&["--clusters", "2", "--scenario", "drain"]);
+        assert!(
+            m.contains("--scenario default or pods") && m.contains("drain"),
+            "{m}"
+        );
+        let m = refused(&["--clusters", "2", "--control-plane", "real"]);
+        assert!(m.starts_with("--control-plane real"), "{m}");
+        let m = refused(&["--clusters", "3", "--serve"]);
+        assert!(m.starts_with("--serve"), "{m}");
+        let m = refused(&["--clusters", "3", "--report", "html"]);
+        assert!(m.starts_with("--report html"), "{m}");
+    }
+
+    /// A cluster whose scenario failed is counted as failed and fails the fleet; the others'
+    /// figures still add up.
+    #[test]
+    fn a_failed_cluster_fails_the_fleet_and_the_others_still_count() {
+        let mut ran = PodReport::default();
+        ran.launch.invariants_ok = true;
+        ran.pods.bound = 7;
+        ran.pod_latency_ms.pod_pending_to_bound = Percentiles {
+            p50: 10.0,
+            p99: 20.0,
+        };
+        let cluster = |name: &str, result| FleetCluster {
+            cluster: name.into(),
+            result,
+            cost_per_hour: 1.5,
+            backend: Value::Null,
+        };
+        let report = FleetReport {
+            clusters: vec![
+                cluster("fleet-0/sim", Ok(ran)),
+                cluster("fleet-1/sim", Err("its Secret holds no kubeconfig".into())),
+            ],
+            elapsed_ms: 1,
+        };
+        let s = report.summary();
+        assert_eq!((s.clusters, s.clusters_failed, s.pods_bound), (2, 1, 7));
+        assert!(!s.invariants_ok && !report.invariants_ok());
+        assert_eq!(s.pod_pending_to_bound_p99_ms.max, 20.0);
+        let json: Value = serde_json::from_str(&report.to_json()).expect("JSON");
+        assert_eq!(
+            json["clusters"][1]["error"],
+            "its Secret holds no kubeconfig"
+        );
+        assert_eq!(json["summary"]["clusters_failed"], 1);
+    }
+}
