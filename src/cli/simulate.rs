@@ -568,4 +568,18 @@ mod tests {
         assert!(none.no_controller);
         assert_eq!(none.port, 6443);
     }
+
+    /// `simulate --clusters N`: one cluster unless told, at least one, and read as given.
+    #[test]
+    fn simulate_takes_a_number_of_clusters() {
+        let parsed = |words: &[&str]| SimulateArgs::from_words(words).map(|a| a.clusters);
+        assert_eq!(parsed(&[]).ok(), Some(1));
+        assert_eq!(
+            parsed(&["--clusters", "20", "--scenario", "pods", "--pods", "200"]).ok(),
+            Some(20)
+        );
+        for bad in ["0", "-1", "many"] {
+            assert!(parsed(&["--clusters", bad]).is_err(), "--clusters {bad}");
+        }
+    }
 }
