@@ -78,6 +78,9 @@ pub struct FleetCluster {
     pub cost_per_hour: f64,
     /// Its report's `backend` section.
     pub backend: Value,
+    /// How many times the fleet started its controller: above 1, it lost the Cluster's Lease
+    /// (not renewed in time) and took it back.
+    pub controller_starts: u64,
 }
 
 impl FleetCluster {
@@ -93,6 +96,7 @@ impl FleetCluster {
         if let Some(o) = v.as_object_mut() {
             o.insert("cluster".into(), self.cluster.clone().into());
             o.insert("cost_per_hour".into(), round2(self.cost_per_hour).into());
+            o.insert("controller_starts".into(), self.controller_starts.into());
             o.insert("backend".into(), self.backend.clone());
         }
         v
@@ -146,6 +150,8 @@ pub struct Summary {
     pub cost_per_hour: f64,
     pub invariant_violations: usize,
     pub invariants_ok: bool,
+    /// Controller starts beyond the first, over the clusters: Leases lost and taken back.
+    pub controller_restarts: u64,
     /// Each cluster's pending -> bound p50 and p99, spread over the clusters.
     pub pod_pending_to_bound_p50_ms: Spread,
     pub pod_pending_to_bound_p99_ms: Spread,
@@ -185,6 +191,9 @@ impl FleetReport {
             cost_per_hour: round2(cost),
             invariant_violations: sum(|r| r.launch.problems.len()),
             invariants_ok: self.invariants_ok(),
+            controller_restarts: (self.clusters.iter())
+                .map(|c| c.controller_starts.saturating_sub(1))
+                .sum(),
             pod_pending_to_bound_p50_ms: latency(|p| p.p50),
             pod_pending_to_bound_p99_ms: latency(|p| p.p99),
             elapsed_ms: self.elapsed_ms,
@@ -243,13 +252,14 @@ impl std::fmt::Display for FleetReport {
         )?;
         write!(
             f,
-            "  invariants: {} ({} violations)",
+            "  invariants: {} ({} violations); {} controller restarts (Leases lost and taken back)",
             if s.invariants_ok {
                 "held in every cluster"
             } else {
                 "VIOLATED or a cluster failed"
             },
-            s.invariant_violations
+            s.invariant_violations,
+            s.controller_restarts
         )
     }
 }
@@ -368,6 +378,7 @@ async fn run_cluster(
     FleetCluster {
         cost_per_hour: super::timeline::cost_per_hour_in(c.capi_store(), c.capi_namespace()),
         backend: super::backend_json(c),
+        controller_starts: metrics.starts(&cluster),
         result: result.map_err(|e| e.to_string()),
         cluster,
     }
@@ -464,6 +475,7 @@ mod tests {
             result,
             cost_per_hour: 1.5,
             backend: Value::Null,
+            controller_starts: 2,
         };
         let report = FleetReport {
             clusters: vec![
@@ -476,6 +488,7 @@ mod tests {
         assert_eq!((s.clusters, s.clusters_failed, s.pods_bound), (2, 1, 7));
         assert!(!s.invariants_ok && !report.invariants_ok());
         assert_eq!(s.pod_pending_to_bound_p99_ms.max, 20.0);
+        assert_eq!(s.controller_restarts, 2, "one restart per cluster");
         let json: Value = serde_json::from_str(&report.to_json()).expect("JSON");
         assert_eq!(
             json["clusters"][1]["error"],
