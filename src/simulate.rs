@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod disruption;
 pub mod drain;
 pub mod events;
+pub mod fleet;
 pub mod from_cluster;
 pub mod generate;
 pub mod html;
@@ -455,6 +456,11 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
+        if args.clusters > 1 {
+            let outcome = fleet::run(&args).await?.outcome();
+            outcome.emit(args.report, args.report_out.as_deref())?;
+            return Ok(outcome.invariants_ok);
+        }
         if let Some(source) = &args.from.from_cluster {
             return what_if(source, &args).await;
         }

@@ -276,6 +276,13 @@ pub struct SimulateArgs {
     /// another gate from its default is refused rather than silently ignored.
     #[arg(long, default_value = "", value_parser = simulation_gates_arg)]
     pub feature_gates: FeatureGates,
+    /// Simulated workload clusters, a fleet (1: one cluster, as without the flag). Above 1, one
+    /// management API server holds a Cluster per workload cluster (each in a namespace of its
+    /// own), one controller in this process serves them all as `run --fleet` does, the scenario
+    /// runs in every cluster at once, and the report has each cluster's report and a fleet
+    /// summary. Scenarios `pods` and `default` only, on the simulated control plane.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=500))]
+    pub clusters: usize,
     /// NodeClaims to create directly, without pods (launch scenario only).
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub claims: usize,
@@ -560,5 +567,19 @@ mod tests {
         .unwrap();
         assert!(none.no_controller);
         assert_eq!(none.port, 6443);
+    }
+
+    /// `simulate --clusters N`: one cluster unless told, at least one, and read as given.
+    #[test]
+    fn simulate_takes_a_number_of_clusters() {
+        let parsed = |words: &[&str]| SimulateArgs::from_words(words).map(|a| a.clusters);
+        assert_eq!(parsed(&[]).ok(), Some(1));
+        assert_eq!(
+            parsed(&["--clusters", "20", "--scenario", "pods", "--pods", "200"]).ok(),
+            Some(20)
+        );
+        for bad in ["0", "-1", "many"] {
+            assert!(parsed(&["--clusters", bad]).is_err(), "--clusters {bad}");
+        }
     }
 }

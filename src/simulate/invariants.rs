@@ -176,11 +176,18 @@ pub fn check(store: &Store, version: CapiVersion) -> Invariants {
 /// [`check`] with Cluster API's objects in `capi`, a management cluster apart from the workload
 /// cluster `store` holding the claims.
 pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invariants {
+    check_in(store, capi, None)
+}
+
+/// [`check_apart`] over the Cluster API objects of namespace `scope` alone (every namespace
+/// when None): a management cluster shared by a fleet holds each cluster's in a namespace of
+/// its own.
+pub fn check_in(store: &Store, capi: &Store, scope: Option<&str>) -> Invariants {
     let mut inv = Invariants::default();
-    let mut machines = read_machines(capi, &mut inv);
+    let mut machines = read_machines(capi, scope, &mut inv);
     let scalables: Vec<(&str, &str, Value)> = SCALABLE_RESOURCES
         .iter()
-        .flat_map(|(r, kind)| capi.list(r, None).into_iter().map(move |v| (*r, *kind, v)))
+        .flat_map(|(r, kind)| capi.list(r, scope).into_iter().map(move |v| (*r, *kind, v)))
         .collect();
     let claims = read_claims(store);
     // A MachinePool without Machines has its instances stand in for them.
@@ -200,9 +207,9 @@ pub fn check_apart(store: &Store, capi: &Store, _version: CapiVersion) -> Invari
 }
 
 /// Every Machine, an unreadable one as a problem.
-fn read_machines(store: &Store, inv: &mut Invariants) -> Vec<RawMachine> {
+fn read_machines(store: &Store, scope: Option<&str>, inv: &mut Invariants) -> Vec<RawMachine> {
     store
-        .list("machines", None)
+        .list("machines", scope)
         .iter()
         .filter_map(|v| {
             let m = RawMachine::of(v);

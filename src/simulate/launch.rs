@@ -199,10 +199,15 @@ pub fn quiet(cluster: &SimCluster) -> bool {
     if !calm {
         return false;
     }
-    // Cluster API's objects, in the management cluster when it is apart.
+    // Cluster API's objects, in the management cluster when it is apart (this cluster's
+    // namespace of it when a fleet shares it).
     let store = cluster.capi_store();
+    let mine = |obj: &Value| in_scope(cluster, obj);
     let mut machines_of: BTreeMap<(&str, String), i64> = BTreeMap::new();
     store.visit("machines", |m| {
+        if !mine(m) {
+            return;
+        }
         calm = calm && !is_deleting(m);
         if let Some((resource, md)) = scalable_of(m) {
             *machines_of.entry((resource, md.to_string())).or_default() += 1;
@@ -210,6 +215,9 @@ pub fn quiet(cluster: &SimCluster) -> bool {
     });
     for (resource, _) in SCALABLE_RESOURCES {
         store.visit(resource, |md| {
+            if !mine(md) {
+                return;
+            }
             let name = md["metadata"]["name"].as_str().unwrap_or_default();
             let replicas = md["spec"]["replicas"].as_i64().unwrap_or(0);
             let live = machines_of.get(&(resource, name.to_string())).copied();
@@ -224,6 +232,14 @@ pub fn quiet(cluster: &SimCluster) -> bool {
         });
     }
     calm
+}
+
+/// Whether a Cluster API object is `cluster`'s: always, unless the management cluster is shared
+/// by a fleet and the object is in another cluster's namespace.
+fn in_scope(cluster: &SimCluster, obj: &Value) -> bool {
+    cluster
+        .capi_namespace()
+        .is_none_or(|ns| obj["metadata"]["namespace"].as_str() == Some(ns))
 }
 
 fn is_deleting(obj: &Value) -> bool {
@@ -309,7 +325,8 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
             ));
         }
     }
-    let machines = capi.list("machines", None);
+    let scope = cluster.capi_namespace();
+    let machines = capi.list("machines", scope);
     for m in machines.iter().filter(|m| {
         m.pointer("/metadata/deletionTimestamp")
             .is_some_and(|v| !v.is_null())
@@ -317,7 +334,7 @@ pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
         why.push(format!("Machine {} deleting", m["metadata"]["name"]));
     }
     for (resource, kind) in SCALABLE_RESOURCES {
-        for md in capi.list(resource, None) {
+        for md in capi.list(resource, scope) {
             let name = md
                 .pointer("/metadata/name")
                 .and_then(Value::as_str)
@@ -443,7 +460,9 @@ pub fn progress_line(cluster: &SimCluster) -> String {
         n
     };
     let mut machines = 0;
-    cluster.capi_store().visit("machines", |_| machines += 1);
+    cluster.capi_store().visit("machines", |m| {
+        machines += usize::from(in_scope(cluster, m))
+    });
     let nodes = count("nodes");
     let mut pending = 0;
     store.visit("pods", |p| {

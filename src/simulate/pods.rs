@@ -225,7 +225,7 @@ pub(super) async fn settle(
     }
 }
 
-fn measure(
+pub(super) fn measure(
     sim: &BackgroundSim,
     observer: &Observer,
     pods_created: usize,
@@ -452,13 +452,7 @@ pub async fn provision_on(
         let o = observer.clone();
         sim.spawn(move |c| o.run(c.client(), c.stats()));
     }
-    let mut settings = sim_settings(args.create_timeout);
-    settings.batching.idle = Duration::from_millis(300);
-    settings.batching.max = Duration::from_secs(3);
-    settings.pod_deletion_cost = args
-        .feature_gates
-        .pod_deletion_cost
-        .then_some(SIM_DELETION_COST_PERIOD);
+    let mut settings = provisioning_settings(args);
     tweak(&mut settings);
     let controller = start_controller(&sim, settings, Metrics::new()).await?;
     let since_ms = sim.cluster().stats().now_ms();
@@ -478,6 +472,18 @@ pub async fn provision_on(
     })
 }
 
+/// The controller's settings for the scenarios that provision pods.
+pub(super) fn provisioning_settings(args: &SimulateArgs) -> crate::actors::Settings {
+    let mut settings = sim_settings(args.create_timeout);
+    settings.batching.idle = Duration::from_millis(300);
+    settings.batching.max = Duration::from_secs(3);
+    settings.pod_deletion_cost = args
+        .feature_gates
+        .pod_deletion_cost
+        .then_some(SIM_DELETION_COST_PERIOD);
+    settings
+}
+
 /// The scenario's MachineDeployments: `--machine-deployments` of the sizes in [`SIZES`], every
 /// one a karpenter member, none with replicas yet.
 pub async fn seed_machine_deployments(
@@ -489,7 +495,12 @@ pub async fn seed_machine_deployments(
     let scalable = args.scalable;
     sim.run(move |c| async move {
         for i in 0..mds {
-            super::node_groups::create(&c, scalable, i, seed_of(i, max_size)).await?;
+            let mut seed = seed_of(i, max_size);
+            // A fleet's clusters share one management cluster, each in a namespace of its own.
+            if let Some(ns) = c.capi_namespace() {
+                seed.namespace = ns.to_string();
+            }
+            super::node_groups::create(&c, scalable, i, seed).await?;
         }
         Ok::<_, crate::sim::cluster::Error>(())
     })

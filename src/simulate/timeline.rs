@@ -163,6 +163,13 @@ fn pool_status(store: &Store) -> UpToDate {
 /// The sum of the prices (the node groups' price annotation) of the live Machines; a
 /// MachinePool without MachinePool Machines counts each instance it lists.
 pub fn cost_per_hour(store: &Store) -> f64 {
+    cost_per_hour_in(store, None)
+}
+
+/// [`cost_per_hour`] of the Machines in namespace `scope` alone (every namespace when None).
+pub fn cost_per_hour_in(store: &Store, scope: Option<&str>) -> f64 {
+    let outside =
+        |obj: &Value| scope.is_some_and(|ns| str_at(obj, &["metadata", "namespace"]) != ns);
     // (kind's Machine label, namespace, name) -> price
     let mut prices: BTreeMap<(&str, String, String), f64> = BTreeMap::new();
     let mut listed: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -171,6 +178,9 @@ pub fn cost_per_hour(store: &Store) -> f64 {
         ("machinepools", POOL_NAME_LABEL),
     ] {
         store.visit(resource, |g| {
+            if outside(g) {
+                return;
+            }
             let price = str_at(g, &["metadata", "annotations", PRICE_ANNOTATION])
                 .parse()
                 .unwrap_or(0.0);
@@ -188,7 +198,7 @@ pub fn cost_per_hour(store: &Store) -> f64 {
     }
     let mut total = 0.0;
     store.visit("machines", |m| {
-        if deleting(m) {
+        if deleting(m) || outside(m) {
             return;
         }
         let ns = str_at(m, &["metadata", "namespace"]).to_string();

@@ -4,6 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod fleet;
 mod from_cluster;
 mod generated_groups;
 mod held_back;

@@ -47,6 +47,7 @@ pub use preflight::{CONTROL_PLANE_KIND, CONTROL_PLANE_UPGRADING_ANNOTATION};
 
 use super::standin::{
     Clusters, Shutdown, SimRng, WorkQueue, at, is_not_found, log_retry, spawn_watch, str_at,
+    watched,
 };
 use crate::wellknown::{DEPLOYMENT_NAME_LABEL, POOL_NAME_LABEL, SET_NAME_LABEL};
 
@@ -133,6 +134,8 @@ struct Inner {
     client: Client,
     /// The workload cluster's (the Nodes Cluster API drains and deletes).
     workload: Client,
+    /// The only namespace watched in the management cluster, when it is shared.
+    scope: Option<String>,
     cfg: CapiConfig,
     rng: SimRng,
     queue: WorkQueue<Work>,
@@ -220,7 +223,11 @@ pub fn spawn(
     let me = inner.clone();
     tasks.push(spawn_watch(
         "machinedeployments",
-        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine_deployment()),
+        watched(
+            &inner.client,
+            inner.scope.as_deref(),
+            &v.machine_deployment(),
+        ),
         inner.shutdown.clone(),
         move |event| {
             if let Some(md) = applied_or_deleted(event) {
@@ -235,7 +242,7 @@ pub fn spawn(
     let me = inner.clone();
     tasks.push(spawn_watch(
         "machinesets",
-        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine_set()),
+        watched(&inner.client, inner.scope.as_deref(), &v.machine_set()),
         inner.shutdown.clone(),
         move |event| {
             set_cache.apply_watcher_event(&event);
@@ -259,7 +266,7 @@ pub fn spawn(
     let me = inner.clone();
     tasks.push(spawn_watch(
         "machinepools",
-        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine_pool()),
+        watched(&inner.client, inner.scope.as_deref(), &v.machine_pool()),
         inner.shutdown.clone(),
         move |event| {
             if let Some(mp) = applied_or_deleted(event) {
@@ -277,6 +284,7 @@ pub fn spawn(
     // size annotations publishes that size in its `status.capacity`.
     tasks.extend(crate::machine_size::spawn_publisher(
         inner.client.clone(),
+        inner.scope.clone(),
         inner.shutdown.clone(),
     ));
 
@@ -287,7 +295,7 @@ pub fn spawn(
         if !me.serves_clusters().await {
             return;
         }
-        let api = Api::<DynamicObject>::all_with(me.client.clone(), &me.cfg.version.cluster());
+        let api = watched(&me.client, me.scope.as_deref(), &me.cfg.version.cluster());
         let mut last: HashMap<(String, String), bool> = HashMap::new();
         let on = me.clone();
         let watch = spawn_watch("clusters", api, me.shutdown.clone(), move |event| {
@@ -314,7 +322,7 @@ pub fn spawn(
     let me = inner.clone();
     tasks.push(spawn_watch(
         "machines",
-        Api::<DynamicObject>::all_with(inner.client.clone(), &v.machine()),
+        watched(&inner.client, inner.scope.as_deref(), &v.machine()),
         inner.shutdown.clone(),
         move |event| {
             machine_cache.apply_watcher_event(&event);
@@ -368,6 +376,7 @@ impl Inner {
             rng: SimRng::new(cfg.seed),
             client: clusters.management,
             workload: clusters.workload,
+            scope: clusters.scope,
             cfg,
             queue: WorkQueue::default(),
             provisioning: Mutex::new(HashSet::new()),

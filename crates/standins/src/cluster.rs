@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
@@ -25,7 +26,9 @@ mod start;
 pub use seed::{
     PodShape, infra_template_resource, infrastructure_template, machine_deployment, machine_pool,
 };
-use start::{is_cluster_api_group, spawn_standins, start_management, start_server};
+use start::{
+    is_cluster_api_group, join_management, spawn_standins, start_management, start_server,
+};
 
 /// Cluster name every seeded Cluster API object belongs to.
 pub const CLUSTER_NAME: &str = "sim";
@@ -161,6 +164,49 @@ pub struct SimClusterConfig {
     /// holds the Cluster and its `<cluster>-kubeconfig` Secret for the workload cluster, as
     /// Cluster API writes them. Simulated backend only.
     pub management_apart: bool,
+    /// A management cluster shared with other workload clusters (a fleet), instead of one of
+    /// its own: this cluster's Cluster `sim`, its kubeconfig Secret and Cluster API's objects
+    /// go in the namespace given, and its stand-ins watch only there. Simulated backend only.
+    pub shared_management: Option<SharedManagement>,
+}
+
+/// A management cluster several workload clusters share, each in a namespace of its own
+/// ([`SimClusterConfig::shared_management`]).
+#[derive(Clone)]
+pub struct SharedManagement {
+    pub server: Arc<SimServer>,
+    pub namespace: String,
+}
+
+impl SharedManagement {
+    /// The management cluster for workload clusters to share: a simulated server serving the
+    /// Cluster API versions `cfg` says, holding nothing yet (each workload cluster adds its
+    /// Cluster when it starts). It serves on a thread of its own, so any runtime may start it.
+    pub async fn start_server(cfg: &SimClusterConfig) -> Result<Arc<SimServer>, Error> {
+        let cfg = SimClusterConfig {
+            port: 0,
+            kubeconfig_out: None,
+            ..cfg.clone()
+        };
+        Ok(Arc::new(start_server(&cfg).await?))
+    }
+
+    /// Workload cluster `namespace`'s part of the shared management cluster `server`.
+    pub fn new(server: &Arc<SimServer>, namespace: &str) -> Self {
+        Self {
+            server: server.clone(),
+            namespace: namespace.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SharedManagement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedManagement")
+            .field("url", &self.server.url())
+            .field("namespace", &self.namespace)
+            .finish()
+    }
 }
 
 impl Default for SimClusterConfig {
@@ -187,6 +233,7 @@ impl Default for SimClusterConfig {
             kubeconfig_out: None,
             extra_resources: Vec::new(),
             management_apart: false,
+            shared_management: None,
         }
     }
 }
@@ -222,8 +269,9 @@ pub struct SimCluster {
     served: Served,
     /// The workload cluster's client.
     client: Client,
-    /// With the management cluster apart, its server.
-    management_server: Option<SimServer>,
+    /// With the management cluster apart, its server (shared with other workload clusters
+    /// when [`SimClusterConfig::shared_management`] says).
+    management_server: Option<Arc<SimServer>>,
     /// The management cluster's client (the workload cluster's when joined).
     management: Client,
     cfg: SimClusterConfig,
@@ -251,7 +299,8 @@ impl SimCluster {
         if cfg.cluster_api.is_real() && cfg.backend != Backend::Real {
             return Err(Error::RealClusterApiNeedsRealControlPlane);
         }
-        if cfg.management_apart && (cfg.backend != Backend::Simulated || preload.is_some()) {
+        let apart = cfg.management_apart || cfg.shared_management.is_some();
+        if apart && (cfg.backend != Backend::Simulated || preload.is_some()) {
             return Err(Error::NotOnRealBackend(
                 "a management cluster apart (simulated backend, nothing preloaded)",
             ));
@@ -311,15 +360,17 @@ impl SimCluster {
             Served::Simulated(server) => server.stats(),
             Served::Real { backend, .. } => backend.stats(),
         };
-        let management_server = match cfg.management_apart {
-            true => Some(start_management(&cfg, &served).await?),
-            false => None,
+        let management_server = match (&cfg.shared_management, cfg.management_apart) {
+            (Some(shared), _) => Some(join_management(&cfg, shared, &served).await?),
+            (None, true) => Some(Arc::new(start_management(&cfg, &served).await?)),
+            (None, false) => None,
         };
         let clusters = Clusters {
             management: management_server
-                .as_ref()
+                .as_deref()
                 .map_or_else(|| client.clone(), SimServer::client),
             workload: client.clone(),
+            scope: cfg.shared_management.as_ref().map(|s| s.namespace.clone()),
         };
         let (binds, audit, capi) =
             spawn_standins(&cfg, &clusters, milestones, shutdown.clone(), &mut tasks);
@@ -367,13 +418,23 @@ impl SimCluster {
     /// The management cluster's kubeconfig, when it is apart.
     pub fn management_kubeconfig_path(&self) -> Option<&Path> {
         self.management_server
-            .as_ref()
+            .as_deref()
             .map(SimServer::kubeconfig_path)
     }
 
     /// The management cluster's server, when it is apart.
     pub fn management_server(&self) -> Option<&SimServer> {
-        self.management_server.as_ref()
+        self.management_server.as_deref()
+    }
+
+    /// The management cluster's namespace holding this cluster's Cluster API objects when the
+    /// management cluster is shared ([`SimClusterConfig::shared_management`]); None when
+    /// every namespace there is this cluster's.
+    pub fn capi_namespace(&self) -> Option<&str> {
+        self.cfg
+            .shared_management
+            .as_ref()
+            .map(|s| s.namespace.as_str())
     }
 
     /// A client built fresh on the caller's runtime (a Client dies with the runtime it was
@@ -435,7 +496,7 @@ impl SimCluster {
     /// else the same as [`SimCluster::store`]).
     pub fn capi_store(&self) -> &Store {
         self.management_server
-            .as_ref()
+            .as_deref()
             .map_or_else(|| self.store(), SimServer::store)
     }
 
@@ -556,7 +617,8 @@ impl SimCluster {
             Served::Simulated(server) => server.shutdown(),
             Served::Real { backend, .. } => backend.stop(),
         }
-        if let Some(server) = &mut self.management_server {
+        // A shared management cluster stops with its last workload cluster.
+        if let Some(mut server) = self.management_server.take().and_then(Arc::into_inner) {
             server.shutdown();
         }
     }

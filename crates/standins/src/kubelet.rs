@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 use super::capi::CapiVersion;
 use super::standin::{
     Clusters, Shutdown, WorkQueue, delete_quietly, log_retry, merge_patch, merge_status, retry,
-    spawn_watch, str_at,
+    spawn_watch, str_at, watched,
 };
 use crate::wellknown::{
     ARCH_LABEL, CLUSTER_NAME_LABEL, HOSTNAME_LABEL, NOT_READY_TAINT_KEY, OS_LABEL,
@@ -96,6 +96,8 @@ struct Inner {
     client: Client,
     /// The workload cluster's (Nodes).
     workload: Client,
+    /// The only namespace watched in the management cluster, when it is shared.
+    scope: Option<String>,
     cfg: KubeletConfig,
     queue: WorkQueue<(String, String)>,
     /// Nodes whose "become Ready" timer is running.
@@ -111,6 +113,7 @@ pub fn spawn(clusters: Clusters, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<
     let inner = Arc::new(Inner {
         client: clusters.management,
         workload: clusters.workload,
+        scope: clusters.scope,
         cfg,
         queue: WorkQueue::default(),
         readying: Mutex::new(HashSet::new()),
@@ -121,7 +124,11 @@ pub fn spawn(clusters: Clusters, cfg: KubeletConfig, shutdown: Shutdown) -> Vec<
     let me = inner.clone();
     tasks.push(spawn_watch(
         "machines (kubelet)",
-        Api::<DynamicObject>::all_with(inner.client.clone(), &inner.cfg.version.machine()),
+        watched(
+            &inner.client,
+            inner.scope.as_deref(),
+            &inner.cfg.version.machine(),
+        ),
         inner.shutdown.clone(),
         move |event| me.on_machine_event(event),
     ));

@@ -122,13 +122,17 @@ pub fn dev_machine_template_resource() -> ApiResource {
 
 /// The provider's template controller: every DevMachineTemplate with size annotations, whenever
 /// it is created or changed, gets them in `status.capacity` (written only when different).
-pub fn spawn_publisher(client: Client, shutdown: Shutdown) -> Vec<JoinHandle<()>> {
+pub fn spawn_publisher(
+    client: Client,
+    scope: Option<String>,
+    shutdown: Shutdown,
+) -> Vec<JoinHandle<()>> {
     let queue = std::sync::Arc::new(WorkQueue::<(String, String)>::default());
     let ar = dev_machine_template_resource();
     let on = queue.clone();
     let watch = super::standin::spawn_watch(
         "devmachinetemplates (machine sizes)",
-        Api::<DynamicObject>::all_with(client.clone(), &ar),
+        super::standin::watched(&client, scope.as_deref(), &ar),
         shutdown.clone(),
         move |event| {
             if let Event::Apply(t) | Event::InitApply(t) = event

@@ -72,6 +72,11 @@ impl Shutdown {
 pub struct Clusters {
     pub management: kube::Client,
     pub workload: kube::Client,
+    /// The management cluster's namespace holding this workload cluster's objects, when the
+    /// management cluster is shared by several workload clusters (each Cluster in a namespace of
+    /// its own): the stand-ins then watch only there, as each cluster's provider would act only
+    /// on its own Machines. None: every namespace.
+    pub scope: Option<String>,
 }
 
 impl Clusters {
@@ -80,7 +85,21 @@ impl Clusters {
         Self {
             management: client.clone(),
             workload: client,
+            scope: None,
         }
+    }
+}
+
+/// The objects of `ar` a stand-in watches: in every namespace, or only in `scope`
+/// ([`Clusters::scope`]).
+pub fn watched(
+    client: &kube::Client,
+    scope: Option<&str>,
+    ar: &kube::api::ApiResource,
+) -> Api<kube::api::DynamicObject> {
+    match scope {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, ar),
+        None => Api::all_with(client.clone(), ar),
     }
 }
 

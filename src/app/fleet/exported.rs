@@ -10,15 +10,33 @@ use crate::metrics::Metrics;
 /// that moves to another replica takes its series there and the label stays bounded by the
 /// Clusters served.
 #[derive(Clone, Default)]
-pub struct ClusterMetrics(Arc<parking_lot::RwLock<BTreeMap<String, Arc<Metrics>>>>);
+pub struct ClusterMetrics(
+    Arc<parking_lot::RwLock<BTreeMap<String, Arc<Metrics>>>>,
+    Starts,
+);
+
+/// How many times each Cluster's controller started in this replica: more than once means it
+/// lost its Lease (or was let go) and took it back, which `simulate --clusters` reports.
+type Starts = Arc<parking_lot::Mutex<BTreeMap<String, u64>>>;
 
 impl ClusterMetrics {
     pub(super) fn enter(&self, cluster: &str, metrics: Arc<Metrics>) {
         self.0.write().insert(cluster.to_string(), metrics);
+        *self.1.lock().entry(cluster.to_string()).or_default() += 1;
+    }
+
+    /// How many times Cluster `cluster`'s controller started here.
+    pub fn starts(&self, cluster: &str) -> u64 {
+        self.1.lock().get(cluster).copied().unwrap_or_default()
     }
 
     pub(super) fn remove(&self, cluster: &str) {
         self.0.write().remove(cluster);
+    }
+
+    /// The metrics of Cluster `cluster` (`namespace/name`) while it is served.
+    pub fn of(&self, cluster: &str) -> Option<Arc<Metrics>> {
+        self.0.read().get(cluster).cloned()
     }
 
     /// Every served Cluster's exposition, by Cluster.

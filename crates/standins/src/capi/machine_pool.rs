@@ -105,7 +105,11 @@ fn instance_spec(mp: &DynamicObject, infra: &DynamicObject) -> Value {
 /// simulated provider's CRD has no infrastructure pools to watch.
 pub(super) fn watch_infra_pools(inner: Arc<Inner>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<DynamicObject> = Api::all_with(inner.client.clone(), &infra_pool_resource());
+        let api: Api<DynamicObject> = crate::standin::watched(
+            &inner.client,
+            inner.scope.as_deref(),
+            &infra_pool_resource(),
+        );
         if let Err(kube::Error::Api(s)) = api.list(&ListParams::default().limit(1)).await
             && s.code == 404
         {

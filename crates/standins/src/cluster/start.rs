@@ -3,7 +3,11 @@
 
 use tokio::task::JoinHandle;
 
-use super::{Backend, CLUSTER_NAME, Error, Served, ServedVersions, SimClusterConfig, seed};
+use std::sync::Arc;
+
+use super::{
+    Backend, CLUSTER_NAME, Error, Served, ServedVersions, SharedManagement, SimClusterConfig, seed,
+};
 use crate::capi::{self, CapiConfig};
 use crate::disruption_audit::{self, DisruptionAudit};
 use crate::kubelet::{self, KubeletConfig};
@@ -76,6 +80,48 @@ pub(super) async fn start_management(
     )
     .await?;
     Ok(management)
+}
+
+/// Joins the management cluster `shared` as one more workload cluster: Cluster `sim` in the
+/// namespace given and its `sim-kubeconfig` Secret for the workload cluster `served`.
+pub(super) async fn join_management(
+    cfg: &SimClusterConfig,
+    shared: &SharedManagement,
+    served: &Served,
+) -> Result<Arc<SimServer>, Error> {
+    let Served::Simulated(workload) = served else {
+        return Err(Error::NotOnRealBackend("a shared management cluster"));
+    };
+    let kubeconfig = std::fs::read(workload.kubeconfig_path()).map_err(|source| {
+        Error::Server(SimError::Kubeconfig {
+            path: workload.kubeconfig_path().display().to_string(),
+            source,
+        })
+    })?;
+    let client = shared.server.client();
+    let namespace = k8s_openapi::api::core::v1::Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(shared.namespace.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    kube::Api::all(client.clone())
+        .create(&Default::default(), &namespace)
+        .await
+        .map_err(|source| Error::Kube {
+            what: format!("create Namespace {}", shared.namespace),
+            source,
+        })?;
+    seed::create_cluster_with_kubeconfig(
+        &client,
+        cfg.capi_version,
+        &shared.namespace,
+        CLUSTER_NAME,
+        &kubeconfig,
+    )
+    .await?;
+    Ok(shared.server.clone())
 }
 
 /// The stand-ins for what neither backend's API server does (Cluster API and its provider, the

@@ -27,7 +27,11 @@ pub(super) fn spawn(inner: &Arc<Inner>) -> Vec<JoinHandle<()>> {
     let q = queue.clone();
     let watch = spawn_watch(
         "machinepools (kubelet)",
-        Api::<DynamicObject>::all_with(inner.client.clone(), &inner.cfg.version.machine_pool()),
+        crate::standin::watched(
+            &inner.client,
+            inner.scope.as_deref(),
+            &inner.cfg.version.machine_pool(),
+        ),
         inner.shutdown.clone(),
         move |event| {
             if let Event::Apply(mp) | Event::InitApply(mp) = event {

@@ -457,6 +457,7 @@ pub fn spawn(client: Client, cfg: ProviderConfig, shutdown: Shutdown) -> Vec<Joi
     // Templates publish the size of the machines they make, created when they may be.
     tasks.extend(crate::machine_size::spawn_publisher(
         client.clone(),
+        None,
         shutdown.clone(),
     ));
     let me = inner.clone();
