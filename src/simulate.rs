@@ -2,6 +2,16 @@
 //! an actix System, a scenario that drives both, and a report measured by the simulated server.
 //! Tests use the same pieces (`Harness`), so what the README shows is what the tests check.
 
+/// A line of `simulate`'s narration on stderr, unless it is turned off
+/// ([`progress::set_narrating`]). Results, warnings and errors use `eprintln!`.
+macro_rules! say {
+    ($($t:tt)*) => {
+        if $crate::simulate::progress::narrating() {
+            eprintln!($($t)*);
+        }
+    };
+}
+
 pub mod buffer;
 pub mod cpu;
 pub mod disruption;
@@ -19,6 +29,7 @@ pub mod output;
 pub mod overlay;
 pub mod pods;
 mod progress;
+pub use progress::set_narrating;
 pub mod quota;
 pub mod report;
 pub mod serve;
@@ -244,12 +255,12 @@ impl Drop for Kept {
 /// (`--serve`, `--kubeconfig-out`); otherwise it is a temporary file deleted at exit.
 pub fn announce(sim: &BackgroundSim, args: &SimulateArgs, kinds: &str) {
     if args.serve.kubeconfig_out().is_some() {
-        eprintln!(
+        say!(
             "simulated cluster up; watch it with: kubectl --kubeconfig {} get {kinds}",
             sim.kubeconfig().display()
         );
     } else {
-        eprintln!(
+        say!(
             "simulated cluster up at {} until the scenario ends (--serve keeps it up for kubectl)",
             sim.cluster().url()
         );

@@ -286,7 +286,7 @@ async fn expire(
     originals: &BTreeSet<String>,
     expire_after: u64,
 ) -> Result<(), Error> {
-    eprintln!(
+    say!(
         "waiting for the {} claims to expire (expireAfter {expire_after}s)",
         originals.len()
     );
@@ -526,7 +526,7 @@ async fn consolidate(
             false => count(d),
         })
         .sum();
-    eprintln!(
+    say!(
         "consolidation on (WhenEmptyOrUnderutilized, consolidateAfter 0s); scaling {} of {k} Deployments to 20 % of their replicas",
         scaled.len()
     );

@@ -148,7 +148,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DrainReport, Kept), Error>
         .collect();
     victims.sort();
     let victims: Vec<(String, Option<String>)> = victims.into_iter().step_by(3).collect();
-    eprintln!(
+    say!(
         "deleting {} of the NodeClaims at once (PDBs maxUnavailable 1, every fifth Deployment do-not-disrupt, claims' terminationGracePeriod {CLAIM_GRACE_SECS}s)",
         victims.len()
     );

@@ -275,7 +275,7 @@ pub async fn run(args: &SimulateArgs) -> Result<FleetReport, Error> {
         (0..args.clusters).map(|i| start_cluster(args, &base, &server, i)),
     )
     .await?;
-    eprintln!(
+    say!(
         "{} simulated workload clusters up, their Clusters in one management API server at {}",
         sims.len(),
         server.url()

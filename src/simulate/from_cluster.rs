@@ -232,7 +232,7 @@ impl Running {
 
 fn say(progress: bool, line: String) {
     if progress {
-        eprintln!("{line}");
+        say!("{line}");
     }
 }
 

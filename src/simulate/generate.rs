@@ -365,7 +365,7 @@ async fn baseline(
         serve: ServeArgs::default(),
         ..args.clone()
     };
-    eprintln!("baseline: the pods on three fixed sizes");
+    say!("baseline: the pods on three fixed sizes");
     let sim = super::start_sim(&args).await?;
     let max_size = args.pods.max(10);
     sim.run(move |c| async move {
@@ -414,9 +414,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(GenerateReport, Kept), Err
     let mix = pod_mix(args.seed, k);
     let base = baseline(args, mix.clone()).await?;
 
-    eprintln!(
-        "generated: the pods on groups generated from MachineDeployment {NAMESPACE}/{SOURCE}"
-    );
+    say!("generated: the pods on groups generated from MachineDeployment {NAMESPACE}/{SOURCE}");
     let generate = generate_spec(args.idle_after);
     let valid = validate(&generate).map_err(|e| Error::Usage(e.to_string()))?;
     let prices: BTreeMap<String, f64> = valid.shapes.iter().map(|(s, p)| (s.name(), *p)).collect();

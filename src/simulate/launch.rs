@@ -521,13 +521,13 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
     let controller = start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?;
     let since = sim.cluster().stats().now_ms();
     let n = args.claims;
-    eprintln!(
+    say!(
         "creating {n} NodeClaims over {}",
         super::node_groups::named(args.scalable, mds)
     );
     create_claims_on(&sim, pool, n, mds).await?;
     sim.mark("claims created");
-    eprintln!("waiting for the cluster to settle");
+    say!("waiting for the cluster to settle");
     settle_with_progress(&sim, args.deadline, true).await?;
     sim.mark("settled");
     let report = measure(

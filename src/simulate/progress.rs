@@ -4,7 +4,22 @@
 
 use std::cell::Cell;
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+/// Whether `simulate` narrates on stderr: what it creates and waits for, and its progress line.
+/// On unless turned off; the report, warnings and errors print either way.
+static NARRATING: AtomicBool = AtomicBool::new(true);
+
+/// Turns `simulate`'s narration on or off for the whole process. For a test harness that
+/// cannot capture what a passing test prints (libtest-mimic), so that it prints nothing.
+pub fn set_narrating(on: bool) {
+    NARRATING.store(on, Ordering::Relaxed);
+}
+
+pub(crate) fn narrating() -> bool {
+    NARRATING.load(Ordering::Relaxed)
+}
 
 pub struct Progress {
     start: Instant,
@@ -37,7 +52,7 @@ impl Progress {
     /// Prints `line` with the time since the start.
     pub fn print(&self, line: &str) {
         self.last.set(Some(Instant::now()));
-        eprintln!("  {:>5.1}s  {line}", self.start.elapsed().as_secs_f64());
+        say!("  {:>5.1}s  {line}", self.start.elapsed().as_secs_f64());
     }
 }
 

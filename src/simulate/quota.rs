@@ -125,9 +125,10 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(QuotaReport, Kept), Error>
     pods::seed_machine_deployments(&sim, args).await?;
     pods::seed_nodepool(&sim, |_| {}).await?;
     let spec = limits(args);
-    eprintln!(
+    say!(
         "CapacityQuota {QUOTA} on the NodePool's nodes: cpu {:?}, nodes {:?}",
-        spec.cpu, spec.nodes
+        spec.cpu,
+        spec.nodes
     );
     put_quota(&sim, spec).await?;
     let sampler = Sampler::start(sim.cluster().clone());

@@ -51,7 +51,7 @@ pub async fn stand_up(
         true => None,
         false => Some(start_controller(sim, sim_settings(None), Metrics::new()).await?),
     };
-    eprintln!(
+    say!(
         "standing up {} Nodes over {}",
         args.nodes,
         super::node_groups::named(args.scalable, mds)
@@ -68,7 +68,7 @@ pub async fn stand_up(
     if let Some(c) = launcher {
         c.stop();
     }
-    eprintln!("binding {} running pods to them", args.pods);
+    say!("binding {} running pods to them", args.pods);
     let pods = args.pods;
     sim.run(move |c| async move {
         match c.backend() {
@@ -116,7 +116,7 @@ async fn create_bound_pods(cluster: &SimCluster, n: usize) -> Result<(), Error> 
         r?;
         done += 1;
         if done % 5000 == 0 {
-            eprintln!("  {done} of {n} pods created");
+            say!("  {done} of {n} pods created");
         }
     }
     Ok(())

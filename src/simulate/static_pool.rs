@@ -199,7 +199,7 @@ impl Run {
             most_live: most,
             created: self.created,
         });
-        eprintln!("{name}: {} live claims", live.len());
+        say!("{name}: {} live claims", live.len());
         self.sim.mark(name);
         Ok(())
     }

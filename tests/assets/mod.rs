@@ -270,7 +270,10 @@ pub fn narrating() -> bool {
 
 /// What a test says of its progress: printed with `--nocapture` only. A failure's message, and
 /// the logs a test dumps as it fails, are printed always.
-#[allow(unused_macros, reason = "the deploy binary shares the harness and narrates nothing")]
+#[allow(
+    unused_macros,
+    reason = "the deploy binary shares the harness and narrates nothing"
+)]
 macro_rules! say {
     ($($t:tt)*) => {
         if $crate::assets::narrating() {
@@ -284,6 +287,7 @@ macro_rules! say {
 pub fn main(tests: Vec<Test>) -> ExitCode {
     let args = Arguments::from_args();
     NARRATE.store(args.nocapture, std::sync::atomic::Ordering::Relaxed);
+    karpenter_capi::simulate::set_narrating(args.nocapture);
     let mut missing: Vec<Asset> = Vec::new();
     let trials = tests
         .into_iter()

@@ -100,7 +100,7 @@ impl Failing {
         if args.fail_replacements.is_zero() {
             return Ok(None);
         }
-        eprintln!(
+        say!(
             "launches fail on every MachineDeployment for {:?}",
             args.fail_replacements
         );

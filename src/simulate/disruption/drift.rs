@@ -23,7 +23,7 @@ pub(super) async fn run(
     p: &Provisioned,
     originals: &BTreeSet<String>,
 ) -> Result<PhaseFigures, Error> {
-    eprintln!(
+    say!(
         "changing the NodePool template: every one of the {} claims drifts",
         originals.len()
     );
@@ -102,7 +102,7 @@ async fn hold_paused(sim: &BackgroundSim, held: Duration) -> Result<Option<Pause
     if held.is_zero() {
         return Ok(None);
     }
-    eprintln!("disruption paused on the NodePool for {held:?}");
+    say!("disruption paused on the NodePool for {held:?}");
     tokio::time::sleep(held).await;
     let drifted_while_paused = sim.cluster().disruption_audit().report().decisions.drifted;
     patch_nodepool(

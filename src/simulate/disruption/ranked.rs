@@ -32,7 +32,7 @@ pub(super) async fn wait_ranked(sim: &BackgroundSim, deadline: Duration) -> Resu
         if now != last {
             (last, since) = (now, Instant::now());
         } else if last > 0 && since.elapsed() >= still {
-            eprintln!("pod deletion cost: {last} pods ranked before the scale-down");
+            say!("pod deletion cost: {last} pods ranked before the scale-down");
             return Ok(());
         }
         if start.elapsed() >= deadline {

@@ -97,7 +97,7 @@ pub(super) async fn roll_out(
         Group::Deployment(_) => "new infrastructure template".to_string(),
         Group::Pool(_) => format!("Kubernetes {POOL_ROLLOUT_VERSION}"),
     };
-    eprintln!(
+    say!(
         "rolling out {} ({} claims on it): {how}",
         group.report_name(),
         claims_on_group.len()
