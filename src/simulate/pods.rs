@@ -391,7 +391,7 @@ pub fn live_pods(cluster: &SimCluster) -> usize {
 pub struct Provisioned {
     pub sim: BackgroundSim,
     pub observer: Observer,
-    pub controller: crate::actors::ControllerHandle,
+    pub controller: crate::actors::controller::ControllerHandle,
     /// The server's clock when the pods were created.
     pub since_ms: u64,
     pub pods: usize,
