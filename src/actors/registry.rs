@@ -1,7 +1,8 @@
 //! The running actors of which a controller has one each (the Provisioner, the Catalog, the
 //! Terminator, ...), looked up by their type. The Router reaches them and the controller stops
-//! them through it, so neither holds a field per actor: an actor registers itself when it starts
-//! (`Registry::start`, called from the actor's own file) and handles `Stop` in its own file.
+//! them through it, so neither holds a field per actor: an actor is registered as it starts
+//! (`Registry::start`; a leader's actor calls it from a `start` in its own file) and handles
+//! `Stop` in its own file.
 
 use std::any::{Any, TypeId};
 

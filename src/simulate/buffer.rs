@@ -91,7 +91,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
 
     create_buffer(sim, n, cpu, memory).await?;
     eprintln!("a CapacityBuffer of {n} chunks created; waiting for its nodes");
-    wait_provisioned(sim, args.deadline, printer).await?;
+    wait_provisioned(sim, None, args.deadline, printer).await?;
     sim.mark("buffer provisioned");
     let nodes_for_buffer = sim
         .cluster()
@@ -122,31 +122,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
     Ok((report, p.kept()))
 }
 
-/// Wait until the cluster is quiet and the buffer says `Provisioning=True`.
-async fn wait_provisioned(
-    sim: &BackgroundSim,
-    deadline: Duration,
-    printer: &super::progress::Progress,
-) -> Result<(), Error> {
-    let provisioned = launch::wait_until(sim, deadline, || async {
-        print_progress(sim, printer).await?;
-        sim.run(|c| async move {
-            Ok(launch::quiet(&c)
-                && provisioning(&c.store().get("capacitybuffers", launch::NAMESPACE, BUFFER))
-                    == "True")
-        })
-        .await?
-    })
-    .await?;
-    if provisioned {
-        Ok(())
-    } else {
-        Err(Error::Deadline(deadline))
-    }
-}
-
 /// A second burst of `n` pods of the buffer's shape; wait until they are bound and the buffer
-/// is refilled (`Provisioning=True` again, the cluster quiet).
+/// is refilled.
 async fn burst(
     sim: &BackgroundSim,
     n: usize,
@@ -164,25 +141,38 @@ async fn burst(
     eprintln!(
         "a second burst of {n} pods created within the buffer; waiting for them to be bound and the buffer refilled"
     );
-    let settled = launch::wait_until(sim, deadline, || async {
+    wait_provisioned(sim, Some(n), deadline, printer).await
+}
+
+/// Wait until the cluster is quiet, the buffer says `Provisioning=True` and, when `burst` is
+/// given, that many pods of the burst are bound.
+async fn wait_provisioned(
+    sim: &BackgroundSim,
+    burst: Option<usize>,
+    deadline: Duration,
+    printer: &super::progress::Progress,
+) -> Result<(), Error> {
+    let done = launch::wait_until(sim, deadline, || async {
         print_progress(sim, printer).await?;
-        sim.run(|c| async move {
+        sim.run(move |c| async move {
             let store = c.store();
-            let bound = store
-                .list("pods", None)
-                .iter()
-                .filter(|p| {
-                    is_burst(p) && p.pointer("/spec/nodeName").is_some_and(|n| !n.is_null())
-                })
-                .count();
+            let burst_bound = || {
+                store
+                    .list("pods", None)
+                    .iter()
+                    .filter(|p| {
+                        is_burst(p) && p.pointer("/spec/nodeName").is_some_and(|n| !n.is_null())
+                    })
+                    .count()
+            };
             Ok(launch::quiet(&c)
-                && bound == n
+                && burst.is_none_or(|n| burst_bound() == n)
                 && provisioning(&store.get("capacitybuffers", launch::NAMESPACE, BUFFER)) == "True")
         })
         .await?
     })
     .await?;
-    if settled {
+    if done {
         Ok(())
     } else {
         Err(Error::Deadline(deadline))
