@@ -18,7 +18,7 @@ pub mod batch;
 pub mod buffers;
 pub mod catalog;
 pub(crate) mod claim_factory;
-pub(crate) mod controller;
+pub mod controller;
 pub(crate) mod deletion_cost;
 pub(crate) mod disruption;
 pub(crate) mod events;
@@ -33,6 +33,7 @@ pub mod patch;
 pub(crate) mod persist;
 pub mod provisioner;
 pub(crate) mod quotas;
+pub(crate) mod registry;
 pub(crate) mod repair;
 pub(crate) mod router;
 pub mod scaler;
@@ -48,8 +49,6 @@ use std::time::Duration;
 use crate::capi::version::CapiVersion;
 use crate::metrics::Metrics;
 use crate::state::State;
-
-pub use controller::{Controller, ControllerHandle};
 
 pub use crate::view::settings::{Deadlines, DisruptionSettings, Settings};
 
@@ -162,30 +161,3 @@ pub(crate) fn api_err<'a>(
         }
     }
 }
-
-/// Every actor stops on the one `messages::Stop` (the Scaler handles it in its own module).
-macro_rules! stoppable {
-    ($($t:ty),*) => {$(
-        impl actix::Handler<messages::Stop> for $t {
-            type Result = ();
-            fn handle(&mut self, _: messages::Stop, ctx: &mut Self::Context) {
-                use actix::ActorContext;
-                ctx.stop();
-            }
-        }
-    )*};
-}
-stoppable!(
-    supervisor::Supervisor,
-    catalog::Catalog,
-    nodepools::NodePools,
-    provisioner::Provisioner,
-    terminator::Terminator,
-    disruption::Disruption,
-    buffers::Buffers,
-    quotas::Quotas,
-    static_capacity::StaticCapacity,
-    repair::NodeRepair,
-    deletion_cost::DeletionCost,
-    nodeclaim::NodeClaimActor
-);

@@ -17,7 +17,8 @@ pub use client::{
 };
 use client::{client_options, management_client, workload_client};
 
-use crate::actors::{Controller, ControllerHandle, Settings};
+use crate::actors::Settings;
+use crate::actors::controller::{Controller, ControllerHandle};
 use crate::capi::version::CapiVersion;
 use crate::cli::{CapiVersionArg, ClusterApiArgs, ControllerArgs, LogArgs, LogFormat, RunArgs};
 use crate::http::{self, Health};

@@ -45,7 +45,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::actors::{Controller, ControllerHandle, Settings};
+use crate::actors::Settings;
+use crate::actors::controller::{Controller, ControllerHandle};
 use crate::capi::version::CapiVersion;
 use crate::cli::{CapiVersionArg, ClusterApiArg, ControlPlaneArg, Scenario, SimulateArgs};
 use crate::controlplane::cluster_api;

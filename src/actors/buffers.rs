@@ -429,6 +429,15 @@ where
 
 /// The index is fed on every replica from the start-up (`watches::start`), so it may
 /// be full already when this replica comes to lead: catch up at once.
+/// Start the CapacityBuffer actor (on the leader, behind its feature gate) and register it.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    if shared.settings.capacity_buffers {
+        shared.router.actors().start(Buffers::new(shared.clone()));
+    }
+}
+
+super::registry::stoppable!(Buffers);
+
 impl Actor for Buffers {
     type Context = Context<Self>;
 

@@ -497,6 +497,8 @@ fn not_ready_reason(c: &offerings::Catalog) -> &'static str {
     }
 }
 
+super::registry::stoppable!(Catalog);
+
 impl Actor for Catalog {
     type Context = Context<Self>;
 }

@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use super::catalog::{Catalog, Synced};
 use super::events::Events;
+use super::messages::Stop;
 use super::nodepools::NodePools;
 use super::provisioner::Provisioner;
 use super::router::Router;
@@ -54,20 +55,16 @@ impl std::ops::Deref for ControllerHandle {
 /// The feeds' tasks (cheap to clone with the actors' addresses).
 type Feeds = Arc<Vec<tokio::task::JoinHandle<()>>>;
 
-/// The Catalog starts only on the leader, after the handle was returned.
-type CatalogSlot = Arc<parking_lot::Mutex<Option<Addr<Catalog>>>>;
-
-/// Every long-lived actor and feed of one controller, listed once (cheap clones of the
-/// addresses). The Terminator and Disruption are the router's, the claim actors and Scalers too.
+/// The every-replica actors and the feeds of one controller (cheap clones of the addresses).
+/// Every actor of which one runs is in the router's `Registry` too; the claim actors and
+/// Scalers are the router's.
 #[derive(Clone)]
 pub struct Actors {
     pub shared: Arc<Shared>,
     pub(crate) supervisor: Addr<Supervisor>,
-    pub(crate) nodepools: Addr<NodePools>,
     pub provisioner: Addr<Provisioner>,
     /// The watch-to-index feeds (`state::feed`), aborted on stop.
     feeds: Feeds,
-    catalog: CatalogSlot,
 }
 
 impl Actors {
@@ -78,52 +75,23 @@ impl Actors {
         router.set_inactive();
         for name in router.claim_names() {
             if let Some(a) = router.remove_claim(&name) {
-                a.do_send(super::messages::Stop);
+                a.do_send(Stop);
             }
         }
         for (_, s) in router.scalers() {
-            s.do_send(super::messages::Stop);
+            s.do_send(Stop);
         }
-        self.supervisor.do_send(super::messages::Stop);
-        self.nodepools.do_send(super::messages::Stop);
-        self.provisioner.do_send(super::messages::Stop);
         for f in self.feeds.iter() {
             f.abort();
         }
-        if let Some(c) = self.catalog.lock().take() {
-            c.do_send(super::messages::Stop);
-        }
-        if let Some(t) = router.take_terminator() {
-            t.do_send(super::messages::Stop);
-        }
-        if let Some(d) = router.take_disruption() {
-            d.do_send(super::messages::Stop);
-        }
-        if let Some(b) = router.take_buffers() {
-            b.do_send(super::messages::Stop);
-        }
-        if let Some(q) = router.take_quotas() {
-            q.do_send(super::messages::Stop);
-        }
-        if let Some(s) = router.take_static_capacity() {
-            s.do_send(super::messages::Stop);
-        }
-        if let Some(r) = router.take_repair() {
-            r.do_send(super::messages::Stop);
-        }
-        if let Some(d) = router.take_deletion_cost() {
-            d.do_send(super::messages::Stop);
-        }
-        if let Some(g) = router.take_generator() {
-            g.do_send(super::messages::Stop);
-        }
+        router.actors().stop_all();
     }
 }
 
 impl ControllerHandle {
     /// The Catalog, when this replica leads.
     pub fn catalog(&self) -> Option<Addr<Catalog>> {
-        self.catalog.lock().clone()
+        self.shared.router.actors().get::<Catalog>()
     }
 
     /// Stop every actor (a controller "crash" in tests, and the end of a graceful shutdown once
@@ -166,19 +134,15 @@ impl Controller {
             synced: Arc::new(tokio::sync::Notify::new()),
             deletion_gate: Default::default(),
         });
-        let supervisor = Supervisor::new(shared.clone()).start();
+        let running = shared.router.actors();
+        let supervisor = running.start(Supervisor::new(shared.clone()));
         let watch_workloads = shared.settings.default_constraints.is_some();
-        let nodepools = NodePools::new(shared.clone()).start();
-        shared.router.set_nodepools(nodepools.clone().recipient());
-        let provisioner = Provisioner::new(
+        running.start(NodePools::new(shared.clone()));
+        let provisioner = running.start(Provisioner::new(
             shared.clone(),
             shared.settings.batching,
             shared.settings.preference,
-        )
-        .start();
-        shared
-            .router
-            .set_provisioner(provisioner.clone().recipient());
+        ));
         // The feeds run on this thread: the indexes pack tighter built without the thread cache.
         let cache = crate::thread_cache::set(false);
         let feeds = Feeds::new(super::watches::start(
@@ -207,10 +171,8 @@ impl Controller {
         let actors = Actors {
             shared: shared.clone(),
             supervisor,
-            nodepools,
             provisioner,
             feeds,
-            catalog: CatalogSlot::default(),
         };
         let (active_tx, active) = watch::channel(false);
         // On the actix arbiter: the Catalog must start there.
@@ -257,13 +219,12 @@ async fn follow(actors: Actors, mut leader: watch::Receiver<bool>, active: watch
     active.send_replace(false);
 }
 
+/// Start the writers, in this order: the Catalog (synced before anything resolves against it),
+/// the leader's actors, then the claim actors (through the Supervisor) and a first look by the
+/// Provisioner and NodePools. An actor's `start` checks its own feature gate.
 async fn activate(actors: &Actors) {
     let shared = &actors.shared;
-    let catalog = Catalog::new(shared.clone()).start();
-    shared
-        .router
-        .set_catalog(catalog.clone().recipient(), catalog.clone().recipient());
-    *actors.catalog.lock() = Some(catalog.clone());
+    let catalog = shared.router.actors().start(Catalog::new(shared.clone()));
     // Claims must not resolve against an empty catalog: wait for the NodeClass list (the
     // Catalog notifies once its first catalog after the list is published).
     loop {
@@ -273,35 +234,15 @@ async fn activate(actors: &Actors) {
         }
         notified.await;
     }
-    let terminator =
-        super::terminator::Terminator::new(shared.clone(), shared.settings.min_drain_time).start();
-    shared.router.set_terminator(terminator);
-    let disruption = super::disruption::Disruption::new(shared.clone()).start();
-    shared.router.set_disruption(disruption);
-    let generator = super::generator::Generator::new(shared.clone()).start();
-    shared.router.set_generator(generator);
-    if shared.settings.static_capacity {
-        let static_capacity = super::static_capacity::StaticCapacity::new(shared.clone()).start();
-        shared.router.set_static_capacity(static_capacity);
-    }
-    // In v1.15's mode repair is a method of the Disruption actor; only the legacy one runs apart.
-    if let Some(policies) = shared.settings.legacy_repair() {
-        let repair = super::repair::NodeRepair::new(shared.clone(), policies.clone()).start();
-        shared.router.set_repair(repair);
-    }
-    if let Some(period) = shared.settings.pod_deletion_cost {
-        let deletion_cost = super::deletion_cost::DeletionCost::new(shared.clone(), period).start();
-        shared.router.set_deletion_cost(deletion_cost);
-    }
+    super::terminator::start(shared);
+    super::disruption::start(shared);
+    super::generator::start(shared);
+    super::static_capacity::start(shared);
+    super::repair::start(shared);
+    super::deletion_cost::start(shared);
     shared.router.set_active();
-    if shared.settings.capacity_buffers {
-        let buffers = super::buffers::Buffers::new(shared.clone()).start();
-        shared.router.set_buffers(buffers);
-    }
-    if shared.settings.capacity_quotas {
-        let quotas = super::quotas::Quotas::new(shared.clone()).start();
-        shared.router.set_quotas(quotas);
-    }
+    super::buffers::start(shared);
+    super::quotas::start(shared);
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();
     shared.router.nodepools_changed();

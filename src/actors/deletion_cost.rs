@@ -227,6 +227,18 @@ pub(crate) fn guarded(pod: &Pod, action: &Action) -> JsonPatch {
     p
 }
 
+/// Start the pod deletion cost actor (on the leader, behind its feature gate) and register it.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    if let Some(period) = shared.settings.pod_deletion_cost {
+        shared
+            .router
+            .actors()
+            .start(DeletionCost::new(shared.clone(), period));
+    }
+}
+
+super::registry::stoppable!(DeletionCost);
+
 impl Actor for DeletionCost {
     type Context = Context<Self>;
 

@@ -672,6 +672,16 @@ async fn housekeeping(shared: &Shared, view: view::View) {
     }
 }
 
+/// Start the Disruption actor (on the leader) and register it.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    shared
+        .router
+        .actors()
+        .start(Disruption::new(shared.clone()));
+}
+
+super::registry::stoppable!(Disruption);
+
 impl Actor for Disruption {
     type Context = Context<Self>;
 

@@ -440,6 +440,11 @@ impl Generator {
     }
 }
 
+/// Start the Generator (on the leader) and register it.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    shared.router.actors().start(Generator::new(shared.clone()));
+}
+
 impl Actor for Generator {
     type Context = Context<Self>;
 

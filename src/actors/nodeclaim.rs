@@ -203,6 +203,8 @@ impl NodeClaimActor {
     }
 }
 
+super::registry::stoppable!(NodeClaimActor);
+
 impl Actor for NodeClaimActor {
     type Context = Context<Self>;
 

@@ -588,6 +588,8 @@ impl Pass for NodePools {
     }
 }
 
+super::registry::stoppable!(NodePools);
+
 impl Actor for NodePools {
     type Context = Context<Self>;
 }

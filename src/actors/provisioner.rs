@@ -564,6 +564,8 @@ impl Provisioner {
     }
 }
 
+super::registry::stoppable!(Provisioner);
+
 impl Actor for Provisioner {
     type Context = Context<Self>;
 }

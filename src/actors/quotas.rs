@@ -229,6 +229,15 @@ impl Quotas {
     }
 }
 
+/// Start the CapacityQuota actor (on the leader, behind its feature gate) and register it.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    if shared.settings.capacity_quotas {
+        shared.router.actors().start(Quotas::new(shared.clone()));
+    }
+}
+
+super::registry::stoppable!(Quotas);
+
 impl Actor for Quotas {
     type Context = Context<Self>;
 

@@ -163,6 +163,17 @@ impl Pass for NodeRepair {
     }
 }
 
+/// Start the NodeRepair actor (on the leader) and register it: only in legacy mode, since in
+/// v1.15's mode repair is a method of the Disruption actor.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    if let Some(policies) = shared.settings.legacy_repair() {
+        let repair = NodeRepair::new(shared.clone(), policies.clone());
+        shared.router.actors().start(repair);
+    }
+}
+
+super::registry::stoppable!(NodeRepair);
+
 impl Actor for NodeRepair {
     type Context = Context<Self>;
 

@@ -1,22 +1,25 @@
-//! Who waits for what: the addresses of the per-claim and per-MachineDeployment actors, so that
-//! watches can deliver a change straight to the one actor that cares.
+//! Who waits for what: the addresses of the per-claim and per-MachineDeployment actors, and the
+//! `Registry` of the others, so that watches can deliver a change straight to the one actor that
+//! cares (dropped when it does not run here).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use actix::{Addr, Recipient};
+use actix::Addr;
 use jiff::Timestamp;
 use parking_lot::RwLock;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::buffers::{Buffers, BuffersChanged, Provisioned, ReferentChanged};
-use super::catalog::{NodePoolsChanged, Rebuild};
-use super::deletion_cost::DeletionCost;
+use super::catalog::{Catalog, NodePoolsChanged, Rebuild};
 use super::disruption::{ClusterChanged, Disruption};
+use super::generator::Generator;
 use super::nodeclaim::NodeClaimActor;
-use super::nodepools::Refresh;
-use super::provisioner::Pending;
+use super::nodepools::{NodePools, Refresh};
+use super::provisioner::{Pending, Provisioner};
+use super::quotas::{Quotas, QuotasChanged};
+use super::registry::Registry;
 use super::repair::{Look, NodeRepair};
 use super::scaler::Scaler;
 use super::static_capacity::{Hold, StaticCapacity};
@@ -26,18 +29,8 @@ use super::terminator::{NodeChanged, Terminator};
 pub struct Router {
     claims: Arc<RwLock<HashMap<String, Addr<NodeClaimActor>>>>,
     scalers: Arc<RwLock<HashMap<String, Addr<Scaler>>>>,
-    catalog: Arc<RwLock<Option<Recipient<Rebuild>>>>,
-    catalog_pools: Arc<RwLock<Option<Recipient<NodePoolsChanged>>>>,
-    provisioner: Arc<RwLock<Option<Recipient<Pending>>>>,
-    nodepools: Arc<RwLock<Option<Recipient<Refresh>>>>,
-    terminator: Arc<RwLock<Option<Addr<Terminator>>>>,
-    disruption: Arc<RwLock<Option<Addr<Disruption>>>>,
-    buffers: Arc<RwLock<Option<Addr<Buffers>>>>,
-    quotas: Arc<RwLock<Option<Addr<super::quotas::Quotas>>>>,
-    static_capacity: Arc<RwLock<Option<Addr<StaticCapacity>>>>,
-    repair: Arc<RwLock<Option<Addr<NodeRepair>>>>,
-    deletion_cost: Arc<RwLock<Option<Addr<DeletionCost>>>>,
-    generator: Arc<RwLock<Option<Addr<super::generator::Generator>>>>,
+    /// Every other actor, one of each type.
+    actors: Arc<Registry>,
     /// This replica leads and its writers run.
     active: Arc<AtomicBool>,
 }
@@ -58,67 +51,29 @@ impl Router {
         }
     }
 
-    /// The Terminator (leader only); `take_terminator` hands it over to be stopped.
-    pub(crate) fn set_terminator(&self, t: Addr<Terminator>) {
-        *self.terminator.write() = Some(t);
+    /// The actors of which one runs each (the leader's writers among them), by type.
+    pub(crate) fn actors(&self) -> &Registry {
+        &self.actors
     }
 
+    /// The Terminator (leader only).
     pub(crate) fn terminator(&self) -> Option<Addr<Terminator>> {
-        self.terminator.read().clone()
-    }
-
-    pub(crate) fn take_terminator(&self) -> Option<Addr<Terminator>> {
-        self.terminator.write().take()
-    }
-
-    /// The Disruption actor (leader only); `take_disruption` hands it over to be stopped.
-    pub(crate) fn set_disruption(&self, d: Addr<Disruption>) {
-        *self.disruption.write() = Some(d);
-    }
-
-    pub(crate) fn take_disruption(&self) -> Option<Addr<Disruption>> {
-        self.disruption.write().take()
-    }
-
-    /// The CapacityBuffer actor (leader only, behind its feature gate); `take_buffers` hands it
-    /// over to be stopped.
-    pub(crate) fn set_buffers(&self, b: Addr<Buffers>) {
-        *self.buffers.write() = Some(b);
-    }
-
-    pub(crate) fn take_buffers(&self) -> Option<Addr<Buffers>> {
-        self.buffers.write().take()
-    }
-
-    /// The CapacityQuota actor (leader only, behind its feature gate); `take_quotas` hands it
-    /// over to be stopped.
-    pub(crate) fn set_quotas(&self, q: Addr<super::quotas::Quotas>) {
-        *self.quotas.write() = Some(q);
-    }
-
-    pub(crate) fn take_quotas(&self) -> Option<Addr<super::quotas::Quotas>> {
-        self.quotas.write().take()
+        self.actors.get::<Terminator>()
     }
 
     /// The quota feed took a change: the Quotas actor catches up (when it runs here).
     pub fn quotas_changed(&self) {
-        if let Some(q) = self.quotas.read().as_ref() {
-            q.do_send(super::quotas::QuotasChanged);
-        }
+        self.actors.send::<Quotas, _>(QuotasChanged);
     }
 
     /// The CapacityBuffer feed took a change: the Buffers actor catches up (when it runs here).
     pub fn buffers_changed(&self) {
-        if let Some(b) = self.buffers.read().as_ref() {
-            b.do_send(BuffersChanged);
-        }
+        self.actors.send::<Buffers, _>(BuffersChanged);
     }
 
     /// An object a buffer may reference changed: the buffers that do are resolved again.
     pub fn buffer_referent_changed(&self, referent: crate::state::referents::Referent) {
-        if let Some(b) = self.buffers.read().as_ref() {
-            b.do_send(ReferentChanged(referent));
-        }
+        self.actors.send::<Buffers, _>(ReferentChanged(referent));
     }
 
     /// A solve placed the buffers' placeholder pods: their `Provisioning` conditions follow.
@@ -126,88 +81,39 @@ impl Router {
         &self,
         placed: std::collections::HashMap<String, crate::state::buffers::Placed>,
     ) {
-        if let Some(b) = self.buffers.read().as_ref() {
-            b.do_send(Provisioned(placed));
-        }
+        self.actors.send::<Buffers, _>(Provisioned(placed));
     }
 
     /// Claims, Nodes, Machines or pods changed: disruption looks again (debounced there), and so do
     /// the static pools (a disruption mark on a Node changes what they count) and node repair.
     pub(crate) fn disruption_changed(&self) {
-        if let Some(d) = self.disruption.read().as_ref() {
-            d.do_send(ClusterChanged::default());
-        }
+        self.actors.send::<Disruption, _>(ClusterChanged::default());
         self.static_changed();
-        if let Some(r) = self.repair.read().as_ref() {
-            r.do_send(Look);
-        }
-    }
-
-    /// The NodeRepair actor (leader only, behind its feature gate); `take_repair` hands it
-    /// over to be stopped.
-    pub(crate) fn set_repair(&self, r: Addr<NodeRepair>) {
-        *self.repair.write() = Some(r);
-    }
-
-    pub(crate) fn take_repair(&self) -> Option<Addr<NodeRepair>> {
-        self.repair.write().take()
+        self.actors.send::<NodeRepair, _>(Look);
     }
 
     /// The Generator (leader only): creates and removes generated node groups.
-    pub(crate) fn set_generator(&self, g: Addr<super::generator::Generator>) {
-        *self.generator.write() = Some(g);
-    }
-
-    pub(crate) fn generator(&self) -> Option<Addr<super::generator::Generator>> {
-        self.generator.read().clone()
-    }
-
-    pub(crate) fn take_generator(&self) -> Option<Addr<super::generator::Generator>> {
-        self.generator.write().take()
-    }
-
-    /// The pod deletion cost actor (leader only, behind its feature gate); `take_deletion_cost`
-    /// hands it over to be stopped.
-    pub(crate) fn set_deletion_cost(&self, d: Addr<DeletionCost>) {
-        *self.deletion_cost.write() = Some(d);
-    }
-
-    pub(crate) fn take_deletion_cost(&self) -> Option<Addr<DeletionCost>> {
-        self.deletion_cost.write().take()
-    }
-
-    /// The StaticCapacity actor (leader only); `take_static_capacity` hands it over to be
-    /// stopped.
-    pub(crate) fn set_static_capacity(&self, s: Addr<StaticCapacity>) {
-        *self.static_capacity.write() = Some(s);
-    }
-
-    pub(crate) fn take_static_capacity(&self) -> Option<Addr<StaticCapacity>> {
-        self.static_capacity.write().take()
+    pub(crate) fn generator(&self) -> Option<Addr<Generator>> {
+        self.actors.get::<Generator>()
     }
 
     /// NodePools, claims or Nodes changed: static pools look at their counts again.
     pub(crate) fn static_changed(&self) {
-        if let Some(s) = self.static_capacity.read().as_ref() {
-            s.do_send(Hold);
-        }
+        self.actors.send::<StaticCapacity, _>(Hold);
     }
 
     /// A pod on `node` changed; `at` is set when the change is a pod event (scheduled,
     /// terminating, terminal, gone), which restarts the node's `consolidateAfter` countdown.
     pub(crate) fn pod_changed(&self, node: &str, at: Option<Timestamp>) {
-        if let Some(d) = self.disruption.read().as_ref() {
-            d.do_send(ClusterChanged {
-                pod_event: at.map(|at| (node.to_string(), at)),
-            });
-        }
+        self.actors.send::<Disruption, _>(ClusterChanged {
+            pod_event: at.map(|at| (node.to_string(), at)),
+        });
     }
 
     /// Pods or volume attachments of `node` changed: a drain of it looks again.
     pub(crate) fn drain_node_changed(&self, node: &str) {
-        if let Some(t) = self.terminator.read().as_ref() {
-            t.do_send(NodeChanged(node.to_string()));
-        }
+        self.actors
+            .send::<Terminator, _>(NodeChanged(node.to_string()));
     }
 
     pub(crate) fn add_claim(&self, name: String, addr: Addr<NodeClaimActor>) {
@@ -265,52 +171,29 @@ impl Router {
             .collect()
     }
 
-    pub(crate) fn set_catalog(&self, r: Recipient<Rebuild>, pools: Recipient<NodePoolsChanged>) {
-        *self.catalog.write() = Some(r);
-        *self.catalog_pools.write() = Some(pools);
-    }
-
     /// Tell the Catalog (if it runs here) that NodePools changed: overlays may see them anew.
     pub(crate) fn catalog_pools_changed(&self) {
-        if let Some(r) = self.catalog_pools.read().as_ref() {
-            r.do_send(NodePoolsChanged);
-        }
+        self.actors.send::<Catalog, _>(NodePoolsChanged);
     }
 
     /// Tell the Catalog (if it runs here) that MachineDeployments or NodeClasses changed.
     pub(crate) fn catalog_changed(&self) {
-        if let Some(r) = self.catalog.read().as_ref() {
-            r.do_send(Rebuild { overlays: false });
-        }
+        self.actors.send::<Catalog, _>(Rebuild { overlays: false });
     }
 
     /// Tell the Catalog (if it runs here) that a NodeOverlay's spec changed.
     pub(crate) fn catalog_overlays_changed(&self) {
-        if let Some(r) = self.catalog.read().as_ref() {
-            r.do_send(Rebuild { overlays: true });
-        }
-    }
-
-    pub(crate) fn set_provisioner(&self, r: Recipient<Pending>) {
-        *self.provisioner.write() = Some(r);
+        self.actors.send::<Catalog, _>(Rebuild { overlays: true });
     }
 
     /// Something the provisioner packs against changed (pods, nodes, NodePools, the catalog).
     pub fn provisioner_poke(&self) {
-        if let Some(r) = self.provisioner.read().as_ref() {
-            r.do_send(Pending);
-        }
-    }
-
-    pub(crate) fn set_nodepools(&self, r: Recipient<Refresh>) {
-        *self.nodepools.write() = Some(r);
+        self.actors.send::<Provisioner, _>(Pending);
     }
 
     /// Claims or the catalog changed: NodePool statuses may too.
     pub(crate) fn nodepools_changed(&self) {
-        if let Some(r) = self.nodepools.read().as_ref() {
-            r.do_send(Refresh);
-        }
+        self.actors.send::<NodePools, _>(Refresh);
         self.static_changed();
     }
 

@@ -201,6 +201,18 @@ impl Pass for StaticCapacity {
     }
 }
 
+/// Start the StaticCapacity actor (on the leader, behind its feature gate) and register it.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    if shared.settings.static_capacity {
+        shared
+            .router
+            .actors()
+            .start(StaticCapacity::new(shared.clone()));
+    }
+}
+
+super::registry::stoppable!(StaticCapacity);
+
 impl Actor for StaticCapacity {
     type Context = Context<Self>;
 

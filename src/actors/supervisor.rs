@@ -116,6 +116,8 @@ impl Supervisor {
     }
 }
 
+super::registry::stoppable!(Supervisor);
+
 impl Actor for Supervisor {
     type Context = Context<Self>;
 }

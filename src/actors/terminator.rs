@@ -115,6 +115,14 @@ pub(crate) struct Terminator {
     retry: Backoff,
 }
 
+/// Start the Terminator (on the leader) and register it.
+pub(crate) fn start(shared: &Arc<Shared>) {
+    let terminator = Terminator::new(shared.clone(), shared.settings.min_drain_time);
+    shared.router.actors().start(terminator);
+}
+
+super::registry::stoppable!(Terminator);
+
 impl Actor for Terminator {
     type Context = Context<Self>;
 }

@@ -5,6 +5,7 @@
 //! them. The report gives pending -> bound for both bursts.
 
 use std::fmt;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -84,30 +85,13 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
     let p = pods::provision_with(args, |_| {}, one_shape, |s| s.capacity_buffers = true).await?;
     let n = args.pods;
     let sim = &p.sim;
+    let printer = &super::progress::Progress::new();
     let without = latencies(sim, "app-");
     let nodes_before = sim.cluster().store().list("nodes", None).len();
 
     create_buffer(sim, n, cpu, memory).await?;
     eprintln!("a CapacityBuffer of {n} chunks created; waiting for its nodes");
-    let printer = &super::progress::Progress::new();
-    let provisioned = launch::wait_until(sim, args.deadline, || async {
-        if printer.due() {
-            let line = sim
-                .run(|c| async move { launch::progress_line(&c) })
-                .await?;
-            printer.print(&line);
-        }
-        sim.run(|c| async move {
-            Ok(launch::quiet(&c)
-                && provisioning(&c.store().get("capacitybuffers", launch::NAMESPACE, BUFFER))
-                    == "True")
-        })
-        .await?
-    })
-    .await?;
-    if !provisioned {
-        return Err(Error::Deadline(args.deadline));
-    }
+    wait_provisioned(sim, None, args.deadline, printer).await?;
     sim.mark("buffer provisioned");
     let nodes_for_buffer = sim
         .cluster()
@@ -118,6 +102,36 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
     let claims_before: usize = sim.cluster().store().list("nodeclaims", None).len();
     let burst_at = sim.cluster().stats().now_ms();
 
+    burst(sim, n, cpu, memory, args.deadline, printer).await?;
+    sim.mark("burst bound, buffer refilled");
+    let burst = measure_burst(sim, claims_before, burst_at);
+    let mut pods = p.measure();
+    pods.launch.scenario = "buffer".into();
+    let report = BufferReport {
+        pods,
+        buffer: BufferSection {
+            replicas: n,
+            nodes_for_buffer,
+            without_buffer_ms: without,
+            with_buffer_ms: burst.with_buffer_ms,
+            bound_before_a_launch: burst.bound_before_a_launch,
+            refill_claims: burst.refill_claims,
+            provisioning_at_end: burst.provisioning_at_end,
+        },
+    };
+    Ok((report, p.kept()))
+}
+
+/// A second burst of `n` pods of the buffer's shape; wait until they are bound and the buffer
+/// is refilled.
+async fn burst(
+    sim: &BackgroundSim,
+    n: usize,
+    cpu: &'static str,
+    memory: &'static str,
+    deadline: Duration,
+    printer: &super::progress::Progress,
+) -> Result<(), Error> {
     sim.run(move |c| async move {
         c.create_deployment(launch::NAMESPACE, BURST, n, &PodShape::new(cpu, memory))
             .await
@@ -127,34 +141,68 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
     eprintln!(
         "a second burst of {n} pods created within the buffer; waiting for them to be bound and the buffer refilled"
     );
-    let settled = launch::wait_until(sim, args.deadline, || async {
-        if printer.due() {
-            let line = sim
-                .run(|c| async move { launch::progress_line(&c) })
-                .await?;
-            printer.print(&line);
-        }
-        sim.run(|c| async move {
+    wait_provisioned(sim, Some(n), deadline, printer).await
+}
+
+/// Wait until the cluster is quiet, the buffer says `Provisioning=True` and, when `burst` is
+/// given, that many pods of the burst are bound.
+async fn wait_provisioned(
+    sim: &BackgroundSim,
+    burst: Option<usize>,
+    deadline: Duration,
+    printer: &super::progress::Progress,
+) -> Result<(), Error> {
+    let done = launch::wait_until(sim, deadline, || async {
+        print_progress(sim, printer).await?;
+        sim.run(move |c| async move {
             let store = c.store();
-            let bound = store
-                .list("pods", None)
-                .iter()
-                .filter(|p| {
-                    is_burst(p) && p.pointer("/spec/nodeName").is_some_and(|n| !n.is_null())
-                })
-                .count();
+            let burst_bound = || {
+                store
+                    .list("pods", None)
+                    .iter()
+                    .filter(|p| {
+                        is_burst(p) && p.pointer("/spec/nodeName").is_some_and(|n| !n.is_null())
+                    })
+                    .count()
+            };
             Ok(launch::quiet(&c)
-                && bound == n
+                && burst.is_none_or(|n| burst_bound() == n)
                 && provisioning(&store.get("capacitybuffers", launch::NAMESPACE, BUFFER)) == "True")
         })
         .await?
     })
     .await?;
-    if !settled {
-        return Err(Error::Deadline(args.deadline));
+    if done {
+        Ok(())
+    } else {
+        Err(Error::Deadline(deadline))
     }
-    sim.mark("burst bound, buffer refilled");
-    let with = latencies(sim, &format!("{BURST}-"));
+}
+
+/// The progress line, when one is due.
+async fn print_progress(
+    sim: &BackgroundSim,
+    printer: &super::progress::Progress,
+) -> Result<(), Error> {
+    if printer.due() {
+        let line = sim
+            .run(|c| async move { launch::progress_line(&c) })
+            .await?;
+        printer.print(&line);
+    }
+    Ok(())
+}
+
+/// What the second burst found (the fields of `BufferSection` of the same names).
+struct Burst {
+    with_buffer_ms: Percentiles,
+    bound_before_a_launch: usize,
+    refill_claims: usize,
+    provisioning_at_end: String,
+}
+
+fn measure_burst(sim: &BackgroundSim, claims_before: usize, burst_at: u64) -> Burst {
+    let with_buffer_ms = latencies(sim, &format!("{BURST}-"));
     let store = sim.cluster().store();
     let refill_claims = store
         .list("nodeclaims", None)
@@ -165,23 +213,12 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
         .iter()
         .filter(|t| first_launch.is_none_or(|l| **t < l))
         .count();
-    let provisioning_at_end =
-        provisioning(&store.get("capacitybuffers", launch::NAMESPACE, BUFFER));
-    let mut pods = p.measure();
-    pods.launch.scenario = "buffer".into();
-    let report = BufferReport {
-        pods,
-        buffer: BufferSection {
-            replicas: n,
-            nodes_for_buffer,
-            without_buffer_ms: without,
-            with_buffer_ms: with,
-            bound_before_a_launch,
-            refill_claims,
-            provisioning_at_end,
-        },
-    };
-    Ok((report, p.kept()))
+    Burst {
+        with_buffer_ms,
+        bound_before_a_launch,
+        refill_claims,
+        provisioning_at_end: provisioning(&store.get("capacitybuffers", launch::NAMESPACE, BUFFER)),
+    }
 }
 
 /// A PodTemplate of the pods' shape and a buffer of `n` chunks of it.

@@ -43,7 +43,7 @@ impl From<super::Error> for Error {
 /// The copy with its controller running, from [`start`] until [`Running::finish`].
 pub struct Running {
     sim: BackgroundSim,
-    controller: crate::actors::ControllerHandle,
+    controller: crate::actors::controller::ControllerHandle,
     snap: read::Snapshot,
     before: Figures,
     started: Instant,

@@ -240,71 +240,8 @@ pub(super) fn measure(
     let pods = store.list("pods", None);
     let bound = pods.iter().filter(|p| pod_bound(p)).count();
     let nodes = store.list("nodes", None);
-    let with_pods: std::collections::HashSet<&str> = pods
-        .iter()
-        .filter_map(|p| p.pointer("/spec/nodeName").and_then(Value::as_str))
-        .collect();
-    let nodes_without_pods = nodes
-        .iter()
-        .filter(|n| {
-            n.pointer("/metadata/name")
-                .and_then(Value::as_str)
-                .is_none_or(|name| !with_pods.contains(name))
-        })
-        .count();
-
-    // Utilisation: the bound pods' requests over the allocatable of the nodes they run on.
-    let mut used = Resources::new();
-    for p in pods.iter().filter(|p| pod_bound(p)) {
-        if let Ok(pod) = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(p.clone())
-            && let Some(r) = pod
-                .spec
-                .as_ref()
-                .and_then(|s| crate::scheduling::pod::pod_requests(s).ok())
-        {
-            used.add_assign(&r);
-        }
-    }
-    let mut total = Resources::new();
-    for n in &nodes {
-        if let Some(a) = n.pointer("/status/allocatable").and_then(|a| {
-            serde_json::from_value::<
-                std::collections::BTreeMap<
-                    String,
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-                >,
-            >(a.clone())
-            .ok()
-        }) && let Ok(r) = Resources::from_k8s(&a)
-        {
-            total.add_assign(&r);
-        }
-    }
-    let ratio = |k: &str| {
-        let t = total.get(k);
-        if t.is_zero() {
-            0.0
-        } else {
-            used.get(k).as_f64() / t.as_f64()
-        }
-    };
-
-    let stats = cluster.stats();
-    let writes = stats.writes();
-    let created: BTreeMap<String, u64> = writes
-        .iter()
-        .filter(|w| w.resource == "pods" && w.verb == "create" && w.subresource.is_empty())
-        .map(|w| (format!("{}/{}", w.namespace, w.name), w.at_ms))
-        .collect();
-    let latencies: Vec<f64> = writes
-        .iter()
-        .filter(|w| w.resource == "pods" && w.subresource == "binding")
-        .filter_map(|w| {
-            created
-                .get(&format!("{}/{}", w.namespace, w.name))
-                .map(|c| w.at_ms.saturating_sub(*c) as f64)
-        })
-        .collect();
+    let utilization = Utilization::of(&pods, &nodes);
+    let writes = cluster.stats().writes();
     PodReport {
         launch,
         pods: PodCounts {
@@ -318,18 +255,98 @@ pub(super) fn measure(
                 .filter(|w| w.resource == "nodes" && w.verb == "create")
                 .count(),
             remaining: nodes.len(),
-            cpu_utilization: ratio("cpu"),
-            memory_utilization: ratio("memory"),
+            cpu_utilization: utilization.ratio("cpu"),
+            memory_utilization: utilization.ratio("memory"),
         },
         provisioning: ProvisioningCounts {
             extra_claims: metrics.extra_nodeclaims.get(),
             replanned_claims: metrics.replanned_nodeclaims.get(),
-            nodes_without_pods,
+            nodes_without_pods: nodes_without_pods(&pods, &nodes),
         },
         pod_latency_ms: PodLatency {
-            pod_pending_to_bound: Percentiles::of(latencies),
+            pod_pending_to_bound: Percentiles::of(pending_to_bound(&writes)),
         },
     }
+}
+
+/// Nodes no pod names in its `spec.nodeName`.
+fn nodes_without_pods(pods: &[Value], nodes: &[Value]) -> usize {
+    let with_pods: std::collections::HashSet<&str> = pods
+        .iter()
+        .filter_map(|p| p.pointer("/spec/nodeName").and_then(Value::as_str))
+        .collect();
+    nodes
+        .iter()
+        .filter(|n| {
+            n.pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .is_none_or(|name| !with_pods.contains(name))
+        })
+        .count()
+}
+
+/// Utilisation: the bound pods' requests over the allocatable of the nodes they run on.
+struct Utilization {
+    used: Resources,
+    total: Resources,
+}
+
+impl Utilization {
+    fn of(pods: &[Value], nodes: &[Value]) -> Self {
+        let mut used = Resources::new();
+        for r in pods.iter().filter(|p| pod_bound(p)).filter_map(requests) {
+            used.add_assign(&r);
+        }
+        let mut total = Resources::new();
+        for r in nodes.iter().filter_map(allocatable) {
+            total.add_assign(&r);
+        }
+        Utilization { used, total }
+    }
+
+    /// Used over allocatable of resource `k`; 0 without any allocatable.
+    fn ratio(&self, k: &str) -> f64 {
+        let t = self.total.get(k);
+        if t.is_zero() {
+            0.0
+        } else {
+            self.used.get(k).as_f64() / t.as_f64()
+        }
+    }
+}
+
+/// A pod's requests, as the scheduler counts them (None when it does not read).
+fn requests(p: &Value) -> Option<Resources> {
+    let pod = serde_json::from_value::<k8s_openapi::api::core::v1::Pod>(p.clone()).ok()?;
+    crate::scheduling::pod::pod_requests(pod.spec.as_ref()?).ok()
+}
+
+/// A Node's `status.allocatable` (None when missing or unreadable).
+fn allocatable(n: &Value) -> Option<Resources> {
+    let a = n.pointer("/status/allocatable")?;
+    let quantities = serde_json::from_value::<
+        BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >(a.clone())
+    .ok()?;
+    Resources::from_k8s(&quantities).ok()
+}
+
+/// Each bound pod's wait from its create to its binding, in milliseconds.
+fn pending_to_bound(writes: &[crate::sim::WriteRecord]) -> Vec<f64> {
+    let created: BTreeMap<String, u64> = writes
+        .iter()
+        .filter(|w| w.resource == "pods" && w.verb == "create" && w.subresource.is_empty())
+        .map(|w| (format!("{}/{}", w.namespace, w.name), w.at_ms))
+        .collect();
+    writes
+        .iter()
+        .filter(|w| w.resource == "pods" && w.subresource == "binding")
+        .filter_map(|w| {
+            created
+                .get(&format!("{}/{}", w.namespace, w.name))
+                .map(|c| w.at_ms.saturating_sub(*c) as f64)
+        })
+        .collect()
 }
 
 /// Wait until the Deployment stand-in has created `n` pods (not being deleted).
@@ -374,7 +391,7 @@ pub fn live_pods(cluster: &SimCluster) -> usize {
 pub struct Provisioned {
     pub sim: BackgroundSim,
     pub observer: Observer,
-    pub controller: crate::actors::ControllerHandle,
+    pub controller: crate::actors::controller::ControllerHandle,
     /// The server's clock when the pods were created.
     pub since_ms: u64,
     pub pods: usize,

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use karpenter_capi::actors::ControllerHandle;
+use karpenter_capi::actors::controller::ControllerHandle;
 use karpenter_capi::http::{self, Health};
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::sim::capi::CapiVersion;

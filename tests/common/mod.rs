@@ -15,7 +15,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use karpenter_capi::actors::{ControllerHandle, Settings};
+use karpenter_capi::actors::Settings;
+use karpenter_capi::actors::controller::ControllerHandle;
 use karpenter_capi::api::duration::GoDuration;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;

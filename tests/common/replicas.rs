@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use karpenter_capi::actors::Controller;
+use karpenter_capi::actors::controller::Controller;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::app::{self, Campaign, ClientOptions, Replica};
 use karpenter_capi::http::{self, Health};

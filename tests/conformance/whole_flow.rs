@@ -30,7 +30,10 @@ use crate::common::wait_for;
 
 /// Four MachineDeployments (zones sim-zone-0, -1, -2, -0), the default NodeClass and NodePool,
 /// and the controller.
-async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
+async fn cluster() -> (
+    BackgroundSim,
+    karpenter_capi::actors::controller::ControllerHandle,
+) {
     cluster_with(|_| {}, Metrics::new()).await
 }
 
@@ -38,7 +41,10 @@ async fn cluster() -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) 
 async fn cluster_with(
     edit: impl FnOnce(&mut Settings),
     metrics: Arc<Metrics>,
-) -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
+) -> (
+    BackgroundSim,
+    karpenter_capi::actors::controller::ControllerHandle,
+) {
     let seeds = (0..4).map(|i| seed_of(i, 50)).collect();
     cluster_of(SimClusterConfig::default(), seeds, edit, metrics).await
 }
@@ -50,7 +56,10 @@ async fn cluster_of(
     seeds: Vec<MachineDeploymentSeed>,
     edit: impl FnOnce(&mut Settings),
     metrics: Arc<Metrics>,
-) -> (BackgroundSim, karpenter_capi::actors::ControllerHandle) {
+) -> (
+    BackgroundSim,
+    karpenter_capi::actors::controller::ControllerHandle,
+) {
     crate::common::logs();
     let sim = BackgroundSim::start(SimClusterConfig {
         provider_delay: Duration::from_millis(30),

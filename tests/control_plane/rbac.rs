@@ -17,8 +17,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use karpenter_capi::actors::Controller;
 use karpenter_capi::actors::Settings;
+use karpenter_capi::actors::controller::Controller;
 use karpenter_capi::api::capacity_buffer::CapacityBuffer;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::wellknown::{NODECLAIM_ANNOTATION, NODEPOOL_LABEL};

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use serde_json::Value;
 
-use karpenter_capi::actors::Controller;
+use karpenter_capi::actors::controller::Controller;
 use karpenter_capi::app::{self, Campaign, ClientOptions, Timeouts};
 use karpenter_capi::http::Health;
 use karpenter_capi::leader;

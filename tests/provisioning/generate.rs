@@ -297,7 +297,12 @@ async fn a_new_source_template_drifts_the_generated_groups() {
         new["metadata"]["annotations"][generate::SHAPE_ANNOTATION],
         "2c-8gi"
     );
-    assert!(env.get("devmachinetemplates", NS, &old).is_none());
+    // The Generator deletes a group's MachineDeployment, then its template: the template may
+    // still be there when the group is seen gone.
+    env.until("the old group's template deleted", |e| {
+        e.get("devmachinetemplates", NS, &old).is_none()
+    })
+    .await;
 }
 
 #[actix::test]
