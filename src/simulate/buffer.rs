@@ -90,7 +90,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(BufferReport, Kept), Error
     let nodes_before = sim.cluster().store().list("nodes", None).len();
 
     create_buffer(sim, n, cpu, memory).await?;
-    eprintln!("a CapacityBuffer of {n} chunks created; waiting for its nodes");
+    say!("a CapacityBuffer of {n} chunks created; waiting for its nodes");
     wait_provisioned(sim, None, args.deadline, printer).await?;
     sim.mark("buffer provisioned");
     let nodes_for_buffer = sim
@@ -138,7 +138,7 @@ async fn burst(
     })
     .await??;
     sim.mark("burst created");
-    eprintln!(
+    say!(
         "a second burst of {n} pods created within the buffer; waiting for them to be bound and the buffer refilled"
     );
     wait_provisioned(sim, Some(n), deadline, printer).await

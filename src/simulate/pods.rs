@@ -477,7 +477,7 @@ pub async fn provision_on(
     create_deployments(&sim, args, shape).await?;
     sim.mark("Deployments created");
     wait_for_pods(&sim, n, args.deadline).await?;
-    eprintln!("waiting for every pod to be bound");
+    say!("waiting for every pod to be bound");
     settle(&sim, args.deadline, Duration::from_secs(15), true).await?;
     sim.mark("provisioned");
     Ok(Provisioned {
@@ -561,7 +561,7 @@ pub async fn create_deployments(
 ) -> Result<(), Error> {
     let mds = args.machine_deployments.clamp(1, SIZES.len());
     let (n, k) = (args.pods, args.deployments.max(1));
-    eprintln!(
+    say!(
         "creating {n} pending pods in {k} Deployments over {} (one size each)",
         super::node_groups::named(args.scalable, mds)
     );
