@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use actix::prelude::*;
-use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::ResourceExt;
 use tokio::task::JoinHandle;
@@ -18,6 +17,7 @@ use crate::api::decode::Lenient;
 use crate::api::nodeclaim::NodeClaim;
 use crate::state::feed::Index;
 use crate::state::machines::bound_claim;
+use crate::state::pods::WatchedPod;
 use crate::state::watch::{Reports, Watch, Watchable};
 
 mod capi;
@@ -60,14 +60,15 @@ fn claims_and_pods(
                 move |c| supervisor.do_send(ClaimsChanged(c)),
             ),
         ),
-        // Trimmed as they arrive. Pages of 100, not 500: the pod list ends last, on top of
-        // every other index, and a page is held twice (its body and its decoded pods) while it
-        // is cut down.
+        // Decoded without managedFields and trimmed as they arrive. Pages of 100, not 500: the
+        // pod list ends last, on top of every other index, and a page is held twice (its body
+        // and its decoded pods) while it is cut down.
         spawn(
             Watch::new(Api::all(shared.workload.clone()), "Pods")
                 .page_size(100)
                 .feed(
-                    |mut p: Pod| {
+                    |p: WatchedPod| {
+                        let mut p = p.into_pod();
                         crate::state::trim::pod(&mut p);
                         p
                     },

@@ -18,6 +18,9 @@ pub(crate) use summary::PodSummary;
 mod feed;
 pub(crate) use feed::PodChange;
 
+mod watched;
+pub(crate) use watched::WatchedPod;
+
 mod rules;
 use rules::daemonset_of;
 pub(crate) use rules::*;
@@ -31,9 +34,14 @@ struct Entry {
     stored: Stored,
     /// What a disruption pass reads of it.
     summary: PodSummary,
-    /// The node it counts on (bound and not terminal): its requests are in `requested`. The
-    /// name is shared with `by_node`'s key (one copy per node, not per pod).
+    /// The node it names. Unless it is terminal, it counts there: its requests are in
+    /// `requested`. The name is shared with `by_node`'s key (one copy per node, not per pod).
     node: Option<Arc<str>>,
+    /// What its next version's pod event is decided by (so a change never decodes this one).
+    events: EventFacts,
+    /// What it adds to its node's requests while it counts there (`adds`), taken off again
+    /// when it changes or goes without decoding it. Shared by the pods of one template.
+    added: Option<Arc<Resources>>,
     host_ports: bool,
     pod_terms: bool,
     /// The controlling DaemonSet's uid and the pod's creation time, for DaemonSet pods (boxed:
@@ -49,6 +57,11 @@ enum Stored {
 }
 
 impl Entry {
+    /// The node it counts on (bound and not terminal).
+    fn counted_node(&self) -> Option<&Arc<str>> {
+        self.node.as_ref().filter(|_| !self.events.terminal())
+    }
+
     fn pod(&self) -> Option<Arc<Pod>> {
         match &self.stored {
             Stored::Whole(p) => Some(p.clone()),
@@ -165,6 +178,8 @@ pub(crate) struct Pods {
     prototypes_swept: usize,
     /// The label sets of the summaries, one copy each.
     labels: Shared<BTreeMap<String, String>>,
+    /// The `added` requests of the entries, one copy each.
+    requests: Shared<Resources>,
     synced: bool,
 }
 
@@ -289,20 +304,22 @@ impl Pods {
         if provisionable {
             self.provisionable.insert(k.clone());
         }
-        let node = node_name(&p)
-            .filter(|_| !is_terminal(&p))
-            .map(|n| self.node_key(n));
+        let events = EventFacts::of(&p);
+        let named = node_name(&p).map(|n| self.node_key(n));
+        let node = named.clone().filter(|_| !events.terminal());
         let daemonset = daemonset_of(&p).map(|uid| {
             let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
             Box::new((Box::from(uid), created))
         });
+        let added = node.as_ref().and_then(|_| adds(&p));
+        let added = added.map(|a| self.requests.share(Arc::new(a)));
         if let Some(n) = &node {
             self.by_node.entry(n.clone()).or_default().insert(k.clone());
-            if let Some(a) = adds(&p) {
+            if let Some(a) = &added {
                 if daemonset.is_some() {
-                    self.daemon_requested.add(n, &a);
+                    self.daemon_requested.add(n, a);
                 }
-                self.requested.add(n, &a);
+                self.requested.add(n, a);
             }
         }
         let pod_terms = has_pod_terms(&p);
@@ -334,7 +351,9 @@ impl Pods {
             Entry {
                 stored,
                 summary,
-                node,
+                node: named,
+                events,
+                added,
                 host_ports,
                 pod_terms,
                 daemonset,
@@ -394,7 +413,7 @@ impl Pods {
         let old = self.by_key.remove(k)?;
         self.with_terms -= usize::from(old.pod_terms);
         self.provisionable.remove(k);
-        if let Some(n) = &old.node {
+        if let Some(n) = old.counted_node() {
             if let Some(set) = self.by_node.get_mut(n) {
                 set.remove(k);
                 if set.is_empty() {
@@ -402,11 +421,10 @@ impl Pods {
                 }
             }
             if self.by_node.contains_key(n) {
-                // Read back what it added (one decode per change of a bound pod).
-                if let Some(a) = old.pod().as_deref().and_then(adds) {
-                    self.requested.take(n, &a);
+                if let Some(a) = old.added.as_deref() {
+                    self.requested.take(n, a);
                     if old.daemonset.is_some() {
-                        self.daemon_requested.take(n, &a);
+                        self.daemon_requested.take(n, a);
                     }
                 }
             } else {
@@ -417,18 +435,20 @@ impl Pods {
         Some(old)
     }
 
-    /// Every pod that names a node (terminal ones too), decoded one at a time, through `f`.
-    pub(crate) fn each_on_a_node<T>(&self, mut f: impl FnMut(&Pod) -> Option<T>) -> Vec<T> {
+    /// What decides the pod events of the pod under `key` (nothing decoded).
+    pub(crate) fn events_of(&self, key: &str) -> Option<&EventFacts> {
+        self.by_key.get(key).map(|e| &e.events)
+    }
+
+    /// Every pod that names a node (terminal ones too), through `f` with its key, its node and
+    /// what decides its pod events (nothing decoded).
+    pub(crate) fn each_on_a_node<T>(
+        &self,
+        mut f: impl FnMut(&str, &str, &EventFacts) -> Option<T>,
+    ) -> Vec<T> {
         self.by_key
-            .values()
-            .filter(|e| match &e.stored {
-                Stored::Whole(p) => node_name(p).is_some(),
-                // A bound pod is never provisionable, so never whole; `node` misses only
-                // terminal ones, which are events too.
-                Stored::Patched(_) | Stored::Packed(_) => true,
-            })
-            .filter_map(Entry::pod)
-            .filter_map(|p| f(&p))
+            .iter()
+            .filter_map(|(k, e)| f(k, e.node.as_deref()?, &e.events))
             .collect()
     }
 
@@ -451,6 +471,7 @@ impl Pods {
         self.prototypes.clear();
         self.prototypes_swept = 0;
         self.labels.clear();
+        self.requests.clear();
         for p in pods {
             self.apply(p);
         }

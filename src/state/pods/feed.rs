@@ -1,10 +1,11 @@
 //! The Pod watch's side of the index: what each change tells the provisioner, read off the
-//! index as the change is applied (the pod's previous version is gone after).
+//! index as the change is applied (the pod's previous version is gone after), from
+//! what the index keeps beside each pod: neither a change nor a re-list decodes a kept pod.
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{Pods, is_daemonset_pod, is_terminal, key, node_name, pod_event_time};
+use super::{EventFacts, Pods, is_daemonset_pod, is_terminal, key, node_name};
 use crate::state::feed::{Index, Listing};
 
 /// A pod change, as the provisioner and the nodes' actors hear of it.
@@ -49,12 +50,13 @@ impl Index<Pod> for Pods {
 
     fn apply(&mut self, p: Pod) -> PodChange {
         let key = key(&p);
-        let old = self.get(&key);
+        // The previous version as the index summed it up: a change decodes nothing kept.
+        let old = self.events_of(&key).copied();
         let node = node_name(&p).map(|n| {
-            let at = pod_event_time(old.as_deref(), &p, Timestamp::now());
+            let at = EventFacts::of(&p).event_time(old.as_ref(), Timestamp::now());
             (n.to_string(), at)
         });
-        let newly_bound = node.is_some() && old.is_none_or(|old| node_name(&old).is_none());
+        let newly_bound = node.is_some() && old.is_none_or(|old| !old.bound);
         let created = p.metadata.creation_timestamp.as_ref().map(|t| t.0);
         let provisionable = Pods::apply(self, p);
         PodChange::Applied {
@@ -79,10 +81,9 @@ impl Index<Pod> for Pods {
     fn reset(&mut self, fresh: Pods) -> PodChange {
         // Pod events missed while the watch was down (scheduled, terminating).
         let now = Timestamp::now();
-        let events = fresh.each_on_a_node(|p| {
-            let old = self.get(&key(p));
-            let at = pod_event_time(old.as_deref(), p, now)?;
-            Some((node_name(p)?.to_string(), at))
+        let events = fresh.each_on_a_node(|key, node, facts| {
+            let at = facts.event_time(self.events_of(key), now)?;
+            Some((node.to_string(), at))
         });
         self.replace_with(fresh);
         PodChange::Relisted { events }

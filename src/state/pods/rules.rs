@@ -199,33 +199,65 @@ pub(crate) fn tolerates_disrupted(pod: &Pod) -> bool {
     tolerates(tolerations, &taint)
 }
 
-/// When a change from `old` to `new` is a pod event on its node, as Karpenter core counts them
-/// for `status.lastPodEventTime` (the start of `consolidateAfter`): the pod was scheduled (the
-/// time of its `PodScheduled=True` transition), or it became terminal or terminating (`now`).
-/// DaemonSet pods are not events: they come and go with every node.
+/// [`EventFacts::event_time`] of a change from `old` to `new`.
+#[cfg(test)]
 pub(crate) fn pod_event_time(old: Option<&Pod>, new: &Pod, now: Timestamp) -> Option<Timestamp> {
-    if node_name(new).is_none() || is_daemonset_pod(new) {
-        return None;
-    }
-    let terminating = |p: &Pod| p.metadata.deletion_timestamp.is_some();
-    if (is_terminal(new) && !old.is_some_and(is_terminal))
-        || (terminating(new) && !old.is_some_and(terminating))
-    {
-        return Some(now);
-    }
-    let scheduled = |p: &Pod| {
-        p.status
-            .as_ref()
+    let old = old.map(EventFacts::of);
+    EventFacts::of(new).event_time(old.as_ref(), now)
+}
+
+/// What [`EventFacts::event_time`] reads of a pod: kept beside each indexed pod, so that a
+/// change (or a re-list) compares with the previous version without decoding it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct EventFacts {
+    /// It names a node.
+    pub(crate) bound: bool,
+    daemonset: bool,
+    terminal: bool,
+    terminating: bool,
+    /// Its `PodScheduled=True` condition, if any, and that condition's transition time.
+    scheduled: Option<Option<Timestamp>>,
+}
+
+impl EventFacts {
+    pub(crate) fn of(p: &Pod) -> Self {
+        let scheduled = (p.status.as_ref())
             .and_then(|s| s.conditions.as_ref())
             .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
             .filter(|c| c.status == "True")
-            .map(|c| c.last_transition_time.as_ref().map(|t| t.0))
-    };
-    match (old.and_then(scheduled), scheduled(new)) {
-        (_, None) => None,
-        (before, Some(at)) if before == Some(at) => None,
-        // A condition without a transition time: the event is now.
-        (_, Some(at)) => Some(at.unwrap_or(now)),
+            .map(|c| c.last_transition_time.as_ref().map(|t| t.0));
+        Self {
+            bound: node_name(p).is_some(),
+            daemonset: is_daemonset_pod(p),
+            terminal: is_terminal(p),
+            terminating: p.metadata.deletion_timestamp.is_some(),
+            scheduled,
+        }
+    }
+
+    pub(crate) fn terminal(&self) -> bool {
+        self.terminal
+    }
+
+    /// When a change from `old` to this pod is a pod event on its node, as Karpenter core counts
+    /// them for `status.lastPodEventTime` (the start of `consolidateAfter`): the pod was
+    /// scheduled (the time of its `PodScheduled=True` transition), or it became terminal or
+    /// terminating (`now`). DaemonSet pods are not events: they come and go with every node.
+    pub(crate) fn event_time(&self, old: Option<&Self>, now: Timestamp) -> Option<Timestamp> {
+        if !self.bound || self.daemonset {
+            return None;
+        }
+        if (self.terminal && !old.is_some_and(|o| o.terminal))
+            || (self.terminating && !old.is_some_and(|o| o.terminating))
+        {
+            return Some(now);
+        }
+        match (old.and_then(|o| o.scheduled), self.scheduled) {
+            (_, None) => None,
+            (before, Some(at)) if before == Some(at) => None,
+            // A condition without a transition time: the event is now.
+            (_, Some(at)) => Some(at.unwrap_or(now)),
+        }
     }
 }
 
