@@ -461,7 +461,12 @@ fn spawn_child(mode: &str) -> (std::process::Child, Footprint) {
         .env(CHILD, mode)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        // Its panic is on purpose: shown only with --nocapture.
+        .stderr(if assets::narrating() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
         .spawn()
         .expect("re-running this test binary");
     let stdout = child.stdout.take().expect("the child's stdout");

@@ -198,11 +198,7 @@ pub async fn wait_launched(sim: &BackgroundSim, name: &str) {
 pub async fn first_write_after(sim: &BackgroundSim, name: &str, since_ms: u64) -> u64 {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        if let Some((at, what)) = writes_by(sim, name, since_ms).first() {
-            println!(
-                "replica {name}: first write {what} {} ms after the leader stopped",
-                at - since_ms
-            );
+        if let Some((at, _)) = writes_by(sim, name, since_ms).first() {
             return at - since_ms;
         }
         assert!(Instant::now() < deadline, "{name} never wrote");

@@ -266,7 +266,7 @@ pub async fn template_reads_failing_after_a_restart_drift_and_launch_nothing(bac
     settle(&env.sim, DEADLINE).await.expect("settles");
 
     let denied = deny_template_reads(&env).await;
-    let failing = eventually("the controller's template reads failing", || async {
+    eventually("the controller's template reads failing", || async {
         match controller_reads_template(&env).await {
             Ok(()) => None,
             Err(ReadError::NotFound { .. }) => panic!("the template reads as missing, not failing"),
@@ -274,7 +274,6 @@ pub async fn template_reads_failing_after_a_restart_drift_and_launch_nothing(bac
         }
     })
     .await;
-    eprintln!("the controller's template read now fails: {failing}");
     let since = env.sim.cluster().stats().now_ms();
     env.restart_with(settings()).await;
     env.wait("the restarted controller offers md-1", || {

@@ -101,10 +101,13 @@ fn spawn(extra: &[&str]) -> Child {
         .env("KARPENTER_CAPI_UPSTREAM", assets::upstream(""))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(if extra.is_empty() {
+        // A run to its end is shown only with --nocapture (a failure says how it exited).
+        .stderr(if !extra.is_empty() {
+            Stdio::piped()
+        } else if assets::narrating() {
             Stdio::inherit()
         } else {
-            Stdio::piped()
+            Stdio::null()
         })
         .spawn()
         .expect("starting karpenter-capi simulate")
