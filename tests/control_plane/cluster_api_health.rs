@@ -468,7 +468,7 @@ async fn machine_health_check_replaces_once(at: At) {
     );
     one_machine_per_claim(&env);
     let evictions = evictions_since(&cluster, before);
-    eprintln!("evictions since the Node went Ready=False: {evictions:?}");
+    say!("evictions since the Node went Ready=False: {evictions:?}");
     let twice: Vec<_> = evictions.iter().filter(|(_, who)| who.len() > 1).collect();
     assert!(twice.is_empty(), "pods evicted more than once: {twice:?}");
     env.invariants_hold();
@@ -627,7 +627,7 @@ async fn machine_deleted_first(at: At) {
     pods_bound_elsewhere(&env, &node).await;
 
     let evictions = evictions_since(&cluster, before);
-    eprintln!("evictions since the Machine was deleted: {evictions:?}");
+    say!("evictions since the Machine was deleted: {evictions:?}");
     let twice: Vec<_> = evictions.iter().filter(|(_, who)| who.len() > 1).collect();
     assert!(twice.is_empty(), "pods evicted more than once: {twice:?}");
     assert_eq!(
