@@ -427,3 +427,19 @@ pub fn allowed(nodes: usize) -> Allowed {
     }
     allowed
 }
+
+/// A pod's JSON decoded as the pod watch decodes it (`state::pods::WatchedPod`) and trimmed as
+/// the index keeps it, for the decode bench.
+pub fn watched_pod(json: &[u8]) -> serde_json::Result<Pod> {
+    let mut p = serde_json::from_slice::<crate::state::pods::WatchedPod>(json)?.into_pod();
+    crate::state::trim::pod(&mut p);
+    Ok(p)
+}
+
+/// The same JSON decoded as a whole k8s-openapi `Pod`, then trimmed: what the watch did before
+/// it skipped fields while parsing.
+pub fn whole_pod(json: &[u8]) -> serde_json::Result<Pod> {
+    let mut p = serde_json::from_slice::<Pod>(json)?;
+    crate::state::trim::pod(&mut p);
+    Ok(p)
+}

@@ -661,6 +661,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--locked",
             "--no-default-features",
             "--no-run",
+            "--profile",
             "--release",
             "--target",
             "--test",
@@ -672,8 +673,10 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--ignored",
             "--include-ignored",
             "--list",
+            "--measurement-time",
             "--nocapture",
             "--quick",
+            "--warm-up-time",
         ],
     ),
     (

@@ -22,7 +22,8 @@ pub(crate) fn meta(m: &mut ObjectMeta) {
 /// nominated node, the `PodScheduled` condition and the `Ready` one (a PodDisruptionBudget with
 /// `unhealthyPodEvictionPolicy: AlwaysAllow` lets a pod that is not Ready go). Dropped: images,
 /// commands, environment, probes, mounts, security contexts, container statuses, addresses and
-/// the other conditions.
+/// the other conditions. The pod watch skips the same while it parses (`pods::watched::slim`
+/// mirrors the rules below; its tests check a watched pod trimmed is the whole pod trimmed).
 pub(crate) fn pod(p: &mut Pod) {
     meta(&mut p.metadata);
     if let Some(spec) = p.spec.as_mut() {

@@ -1,9 +1,10 @@
-//! The Pod as the watch decodes it: a `Pod` whose `metadata.managedFields` is skipped while the
-//! JSON is parsed, never built. On a real API server every pod carries managedFields, whose
+//! The Pod as the watch decodes it: a `Pod` whose `metadata.managedFields`, and whatever of its
+//! spec and status `state::trim` drops ([`slim`]), are skipped while the JSON is parsed, never
+//! built. On a real API server every pod carries managedFields, whose
 //! `fieldsV1` decodes into a `serde_json::Value` tree only for the index to drop it
 //! (`state::trim`): a quarter of the controller's CPU on a real control plane went to decoding
 //! pods, most of it that tree. Everything else decodes as `Pod` does, so the index keeps what it
-//! kept before.
+//! kept before: a watched pod, trimmed, is the whole pod trimmed.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -95,8 +96,22 @@ impl Fields for WatchedPod {
                     .map(|m| m.0)
                     .unwrap_or_default();
             }
-            1 => pod.spec = map.next_value().map_err(|e| named(pod, "spec", e))?,
-            _ => pod.status = map.next_value().map_err(|e| named(pod, "status", e))?,
+            1 => {
+                pod.spec = map
+                    .next_value_seed(slim::Seed {
+                        seed: PhantomData,
+                        keep: slim::SPEC,
+                    })
+                    .map_err(|e| named(pod, "spec", e))?
+            }
+            _ => {
+                pod.status = map
+                    .next_value_seed(slim::Seed {
+                        seed: PhantomData,
+                        keep: slim::STATUS,
+                    })
+                    .map_err(|e| named(pod, "status", e))?
+            }
         }
         Ok(())
     }
@@ -190,6 +205,8 @@ impl kube::Resource for WatchedPod {
         &mut self.0.metadata
     }
 }
+
+mod slim;
 
 #[cfg(test)]
 mod tests;

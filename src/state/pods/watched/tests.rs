@@ -4,8 +4,8 @@ use serde_json::json;
 use super::*;
 use crate::state::pods::Pods;
 
-/// A pod as a real API server sends it: managedFields with a `fieldsV1` tree, a token volume,
-/// container statuses.
+/// A pod as a real API server sends it: managedFields with a `fieldsV1` tree, a token volume
+/// and its mounts, probes, container statuses, and one of each field the index drops.
 fn served() -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -27,12 +27,38 @@ fn served() -> serde_json::Value {
             "nodeName": "n1",
             "containers": [{"name": "c", "image": "nginx", "env": [{"name": "A", "value": "b"}],
                 "resources": {"requests": {"cpu": "500m", "memory": "64Mi"}},
-                "ports": [{"containerPort": 80, "hostPort": 8080}]}],
-            "volumes": [{"name": "kube-api-access-x", "projected": {"sources": []}},
-                        {"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]
+                "ports": [{"containerPort": 80, "hostPort": 8080}],
+                "volumeMounts": [{"name": "kube-api-access-x", "readOnly": true,
+                    "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                "readinessProbe": {"httpGet": {"path": "/", "port": 80}, "periodSeconds": 5},
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File", "imagePullPolicy": "Always"}],
+            "initContainers": [{"name": "sidecar", "image": "envoy", "restartPolicy": "Always",
+                "command": ["envoy", "-c", "/etc/envoy.yaml"],
+                "resources": {"requests": {"cpu": "100m"}}}],
+            "ephemeralContainers": [{"name": "debug", "image": "busybox"}],
+            "volumes": [{"name": "kube-api-access-x", "projected": {"defaultMode": 420, "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt",
+                                "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}},
+                        {"name": "data", "persistentVolumeClaim": {"claimName": "d"}},
+                        {"name": "scratch", "ephemeral": {"volumeClaimTemplate": {"spec": {
+                            "accessModes": ["ReadWriteOnce"],
+                            "resources": {"requests": {"storage": "1Gi"}}}}}}],
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                             "effect": "NoExecute", "tolerationSeconds": 300}],
+            "securityContext": {"runAsUser": 1000}, "dnsPolicy": "ClusterFirst",
+            "dnsConfig": {"nameservers": ["1.1.1.1"]},
+            "hostAliases": [{"ip": "10.0.0.9", "hostnames": ["db"]}],
+            "imagePullSecrets": [{"name": "registry"}],
+            "readinessGates": [{"conditionType": "example.com/ready"}],
+            "priority": 0, "schedulerName": "default-scheduler",
+            "serviceAccountName": "default", "terminationGracePeriodSeconds": 30
         },
         "status": {
             "phase": "Running", "startTime": "2026-01-01T00:00:02Z", "podIP": "10.0.0.1",
+            "hostIP": "192.168.0.4", "qosClass": "Burstable", "message": "m",
+            "podIPs": [{"ip": "10.0.0.1"}], "hostIPs": [{"ip": "192.168.0.4"}],
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z"},
                 {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:03Z"},
@@ -44,13 +70,47 @@ fn served() -> serde_json::Value {
 }
 
 #[test]
-fn decodes_to_the_pod_without_managed_fields() {
+fn decodes_to_the_pod_the_trim_keeps() {
     let body = serde_json::to_vec(&served()).unwrap();
     let watched: WatchedPod = serde_json::from_slice(&body).unwrap();
     let mut whole: Pod = serde_json::from_slice(&body).unwrap();
     assert!(whole.metadata.managed_fields.is_some());
-    whole.metadata.managed_fields = None;
-    assert_eq!(watched.into_pod(), whole);
+    let mut watched = watched.into_pod();
+    assert!(watched.metadata.managed_fields.is_none());
+    crate::state::trim::pod(&mut watched);
+    crate::state::trim::pod(&mut whole);
+    assert_eq!(watched, whole);
+    // What the solver and the terminator read survived.
+    let spec = watched.spec.as_ref().unwrap();
+    let volumes: Vec<_> = spec.volumes.iter().flatten().map(|v| &*v.name).collect();
+    assert_eq!(volumes, ["data", "scratch"]);
+    let sidecar = &spec.init_containers.as_ref().unwrap()[0];
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    assert_eq!(spec.tolerations.as_ref().unwrap().len(), 1);
+}
+
+/// The fields skipped unread, as the watch decodes them: what the trim would have dropped.
+#[test]
+fn skips_what_the_trim_drops_while_parsing() {
+    let watched: WatchedPod = serde_json::from_value(served()).unwrap();
+    let pod = watched.into_pod();
+    let spec = pod.spec.as_ref().unwrap();
+    let c = &spec.containers[0];
+    assert!(c.image.is_none() && c.env.is_none() && c.volume_mounts.is_none());
+    assert!(c.readiness_probe.is_none() && c.termination_message_path.is_none());
+    assert_eq!(c.ports.as_ref().unwrap()[0].host_port, Some(8080));
+    let token = &spec.volumes.as_ref().unwrap()[0];
+    assert!(
+        token.projected.is_none(),
+        "the token volume's sources are never built"
+    );
+    assert!(spec.ephemeral_containers.is_none() && spec.security_context.is_none());
+    assert!(spec.dns_config.is_none() && spec.host_aliases.is_none());
+    assert!(spec.image_pull_secrets.is_none() && spec.readiness_gates.is_none());
+    let status = pod.status.as_ref().unwrap();
+    assert!(status.container_statuses.is_none() && status.pod_ip.is_none());
+    assert!(status.host_ips.is_none() && status.qos_class.is_none());
+    assert_eq!(status.phase.as_deref(), Some("Running"));
 }
 
 #[test]
@@ -108,4 +168,53 @@ fn a_malformed_field_is_an_error_naming_the_pod() {
     let e = error_with("metadata", "labels", json!(5));
     assert!(e.contains("metadata: "), "{e}");
     assert!(serde_json::from_value::<WatchedPod>(json!([1])).is_err());
+}
+
+/// The field names `T`'s `Deserialize` reads, as it hands them to `deserialize_struct`.
+fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+    struct Capture<'a>(&'a mut &'static [&'static str]);
+    impl<'de> Deserializer<'de> for Capture<'_> {
+        type Error = serde::de::value::Error;
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("captured"))
+        }
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let mut fields: &'static [&'static str] = &[];
+    let _ = T::deserialize(Capture(&mut fields));
+    fields
+}
+
+/// A misspelt name in a rule would silently read (or skip) nothing: every name is the type's.
+#[test]
+fn every_name_a_rule_gives_is_a_field_of_its_type() {
+    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus, Volume};
+    let rules = [
+        (&slim::SPEC, fields_of::<PodSpec>()),
+        (&slim::STATUS, fields_of::<PodStatus>()),
+        (&slim::CONTAINER, fields_of::<Container>()),
+        (&slim::VOLUME, fields_of::<Volume>()),
+    ];
+    for (rule, fields) in rules {
+        let slim::Keep::Object(rule) = rule else {
+            panic!("an object's rule")
+        };
+        assert!(!fields.is_empty());
+        for name in rule.names() {
+            assert!(fields.contains(&name), "{name} is not one of {fields:?}");
+        }
+    }
 }

@@ -1,0 +1,136 @@
+//! Decoding one watched pod as a real API server serves it (managedFields from three
+//! managers, a projected token volume and its mount, environment, probes, the kubelet's
+//! statuses): the pod watch's decode (`state::pods::WatchedPod`, which skips what the index
+//! drops while parsing) against a whole k8s-openapi `Pod` decoded then trimmed. Both give the
+//! same trimmed pod (checked before timing). Compare the two as a ratio in one run.
+
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::json;
+
+use karpenter_capi::testing;
+
+/// One container as a Deployment's pod carries it once the API server has defaulted it.
+fn container(name: &str) -> serde_json::Value {
+    let env: Vec<_> = (0..12)
+        .map(|i| json!({"name": format!("SETTING_{i}"), "value": format!("value-{i}")}))
+        .collect();
+    json!({
+        "name": name, "image": "registry.example.com/team/app:1.42.7",
+        "command": ["/app"], "args": ["--port=8080", "--log-level=info"],
+        "env": env,
+        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                      "limits": {"memory": "512Mi"}},
+        "volumeMounts": [{"name": "kube-api-access-7x2kq", "readOnly": true,
+            "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP"},
+            "timeoutSeconds": 1, "periodSeconds": 10, "successThreshold": 1, "failureThreshold": 3},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080, "scheme": "HTTP"},
+            "timeoutSeconds": 1, "periodSeconds": 5, "successThreshold": 1, "failureThreshold": 3},
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent",
+        "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true}
+    })
+}
+
+/// A managedFields entry of `manager` with a `fieldsV1` tree of `width` fields.
+fn managed(manager: &str, width: usize) -> serde_json::Value {
+    let fields: serde_json::Map<_, _> = (0..width)
+        .map(|i| (format!("f:field{i}"), json!({".": {}, "f:value": {}})))
+        .collect();
+    json!({"manager": manager, "operation": "Update", "apiVersion": "v1",
+           "time": "2026-12-01T00:00:00Z", "fieldsType": "FieldsV1",
+           "fieldsV1": {"f:metadata": fields}})
+}
+
+fn served_pod() -> Vec<u8> {
+    let statuses: Vec<_> = ["app", "proxy"]
+        .iter()
+        .map(|c| {
+            json!({"name": c, "image": "registry.example.com/team/app:1.42.7",
+            "imageID": "registry.example.com/team/app@sha256:0123456789abcdef0123456789abcdef",
+            "containerID": "containerd://0123456789abcdef0123456789abcdef0123456789abcdef",
+            "ready": true, "started": true, "restartCount": 0,
+            "state": {"running": {"startedAt": "2026-12-01T00:00:05Z"}}})
+        })
+        .collect();
+    let conditions: Vec<_> = [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "Ready",
+        "ContainersReady",
+        "PodScheduled",
+    ]
+    .iter()
+    .map(|t| {
+        json!({"type": t, "status": "True", "lastProbeTime": null,
+                        "lastTransitionTime": "2026-12-01T00:00:05Z"})
+    })
+    .collect();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "web-7d9f8b6c5d-x2kq7", "generateName": "web-7d9f8b6c5d-",
+            "namespace": "shop", "uid": "5f0c1e2a-9b8d-4c7e-a6f5-0e1d2c3b4a59",
+            "resourceVersion": "1234567", "creationTimestamp": "2026-12-01T00:00:00Z",
+            "labels": {"app": "web", "pod-template-hash": "7d9f8b6c5d", "tier": "frontend"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-30T12:00:00Z"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "name": "web-7d9f8b6c5d", "uid": "0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d",
+                "controller": true, "blockOwnerDeletion": true}],
+            "managedFields": [managed("kube-controller-manager", 24), managed("kubelet", 30),
+                              managed("kube-scheduler", 4)]
+        },
+        "spec": {
+            "containers": [container("app"), container("proxy")],
+            "volumes": [{"name": "kube-api-access-7x2kq", "projected": {"defaultMode": 420,
+                "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt",
+                        "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace",
+                        "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}}],
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst", "serviceAccountName": "default",
+            "serviceAccount": "default", "nodeName": "node-17", "securityContext": {},
+            "schedulerName": "default-scheduler", "enableServiceLinks": true,
+            "preemptionPolicy": "PreemptLowerPriority", "priority": 0,
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                 "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists",
+                 "effect": "NoExecute", "tolerationSeconds": 300}]
+        },
+        "status": {
+            "phase": "Running", "conditions": conditions, "containerStatuses": statuses,
+            "hostIP": "10.0.3.17", "hostIPs": [{"ip": "10.0.3.17"}],
+            "podIP": "192.168.17.42", "podIPs": [{"ip": "192.168.17.42"}],
+            "startTime": "2026-12-01T00:00:01Z", "qosClass": "Burstable"
+        }
+    });
+    serde_json::to_vec(&pod).unwrap_or_default()
+}
+
+fn bench(c: &mut Criterion) {
+    let body = served_pod();
+    let watched = testing::watched_pod(&body).ok();
+    assert!(watched.is_some(), "the served pod decodes");
+    assert_eq!(
+        watched,
+        testing::whole_pod(&body).ok(),
+        "both keep the same pod"
+    );
+    let mut g = c.benchmark_group("decode one served pod");
+    g.bench_function("as the pod watch does", |b| {
+        b.iter(|| testing::watched_pod(black_box(&body)))
+    });
+    g.bench_function("whole, then trimmed", |b| {
+        b.iter(|| testing::whole_pod(black_box(&body)))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
