@@ -443,3 +443,14 @@ pub fn whole_pod(json: &[u8]) -> serde_json::Result<Pod> {
     crate::state::trim::pod(&mut p);
     Ok(p)
 }
+
+/// The controller's pod index (`state::pods::Pods`), for benches that time a pod change.
+#[derive(Default)]
+pub struct PodIndex(crate::state::pods::Pods);
+
+impl PodIndex {
+    /// Index one watched (and trimmed) pod, as the pod watch's feed does on each event.
+    pub fn apply(&mut self, p: Pod) -> bool {
+        self.0.apply(p)
+    }
+}

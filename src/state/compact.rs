@@ -276,18 +276,19 @@ pub(crate) struct Patched {
 }
 
 impl Patched {
-    /// `value` against `proto`; None when a merge patch cannot say it (a `null` in the object:
-    /// a merge patch reads it as "remove"), checked by applying the patch.
+    /// `value` against `proto`; None when a merge patch cannot say it: a `null` anywhere in
+    /// the object, which a merge patch reads as "remove". Any other object is said exactly
+    /// ([`merge_diff`] replaces what is not an object on either side and removes what `value`
+    /// lacks), so the patch is not applied to check it: that cost a clone of the prototype on
+    /// every pod change.
     pub(crate) fn new(
         proto: &Arc<serde_json::Value>,
         value: &serde_json::Value,
     ) -> Option<Patched> {
-        let patch = merge_diff(proto, value).unwrap_or_else(|| serde_json::json!({}));
-        let mut back = (**proto).clone();
-        json_patch::merge(&mut back, &patch);
-        if back != *value {
+        if has_null(value) {
             return None;
         }
+        let patch = merge_diff(proto, value).unwrap_or_else(|| serde_json::json!({}));
         Some(Patched {
             proto: proto.clone(),
             patch: serde_json::to_vec(&patch).ok()?.into_boxed_slice(),
@@ -300,6 +301,17 @@ impl Patched {
         let mut v = (*self.proto).clone();
         json_patch::merge(&mut v, &patch);
         Ok(v)
+    }
+}
+
+/// Whether a `null` is anywhere in `v`.
+fn has_null(v: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match v {
+        Value::Null => true,
+        Value::Array(items) => items.iter().any(has_null),
+        Value::Object(map) => map.values().any(has_null),
+        _ => false,
     }
 }
 
@@ -423,5 +435,28 @@ mod tests {
         assert!(p.patch.len() < serde_json::to_vec(&other).unwrap().len());
         // A null cannot be said by a merge patch: the caller keeps such an object whole.
         assert!(Patched::new(&proto, &json!({"metadata": {"name": null}})).is_none());
+        assert!(Patched::new(&proto, &json!({"spec": {"containers": [null]}})).is_none());
+    }
+
+    /// Without applying its patch to check it, every object without a null comes back as it
+    /// went in: kinds changing both ways, fields added and removed at every depth, arrays.
+    #[test]
+    fn every_object_without_a_null_is_said_exactly() {
+        let proto = Arc::new(json!({"a": {"b": 1, "c": {"d": [1, {"e": 2}]}}, "f": "x",
+            "g": {"h": true}, "i": [1, 2]}));
+        let targets = [
+            json!({}),
+            json!({"a": 5}),
+            json!({"a": {"c": 3}, "f": {"x": {"y": 1}}}),
+            json!({"a": {"b": 1, "c": {"d": [2]}, "new": {"deep": {"er": []}}}, "g": {}}),
+            json!({"g": {"h": {"now": "an object"}}, "i": {"was": "an array"}}),
+            json!({"a": {"b": 1, "c": {"d": [1, {"e": 2}]}}, "f": "x", "g": {"h": true},
+                   "i": [1, 2]}),
+            json!({"f": [{"k": {}}], "i": [[], {}], "z": 0.5}),
+        ];
+        for target in targets {
+            let p = Patched::new(&proto, &target).expect("no null");
+            assert_eq!(p.value().unwrap(), target);
+        }
     }
 }
