@@ -30,6 +30,8 @@ mod capi_schema;
 mod cluster_api;
 #[path = "control_plane/failover.rs"]
 mod failover;
+#[path = "control_plane/fleet.rs"]
+mod fleet;
 #[path = "control_plane/init.rs"]
 mod init;
 #[path = "control_plane/kubectl.rs"]
@@ -70,6 +72,7 @@ fn main() -> std::process::ExitCode {
     tests.extend(provisioning::tests());
     tests.extend(lifecycle::tests());
     tests.extend(failover::tests());
+    tests.extend(fleet::tests());
     tests.extend(adoption::tests());
     tests.extend(machine_size::tests());
     tests.extend(malformed::tests());
