@@ -11,6 +11,9 @@
 //! election), `malformed` (the corpus), `capi_schema` (malformed MachineDeployments refused
 //! alike), `kubectl` and `init`. Module `machine_size`: a template's size annotations decide
 //! its Nodes and its published capacity, with the Cluster API stand-in and with the real one.
+//! Module `fleet`: three `run --fleet` processes on kube-apiserver as the management cluster,
+//! under the chart's fleet RBAC; one killed or stopped mid-burst, its Clusters move, no claim
+//! leaks or binds twice, and the audit log shows nothing refused and nothing granted unused.
 //! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
 //! --control-plane real` exits. Module `cluster_api`: Cluster API's real manager (webhooks,
 //! conversion, nothing left after a drop) and whole flows on it (`--cluster-api real`).
