@@ -71,8 +71,9 @@ const AFTER: usize = 2;
 
 /// How long the survivors may take to hold a stopped replica's Clusters: not the Leases' 15 s
 /// alone, since the survivors hold their fair share until its membership Lease lapses (20 s
-/// unrenewed, recounted every 5 s), and then campaign; the rest is margin for a loaded
-/// two-core machine (docs/benchmarks.md has the times seen).
+/// unrenewed, recounted every 5 s), and a campaign started then waits a full Lease duration
+/// from its first read of a killed holder's Lease; the rest is margin for a loaded two-core
+/// machine (docs/benchmarks.md has the times seen).
 const TAKEOVER: Duration = Duration::from_secs(90);
 /// Guards hangs in the setup and the settle.
 const DEADLINE: Duration = Duration::from_secs(120);
