@@ -11,6 +11,9 @@
 //! election), `malformed` (the corpus), `capi_schema` (malformed MachineDeployments refused
 //! alike), `kubectl` and `init`. Module `machine_size`: a template's size annotations decide
 //! its Nodes and its published capacity, with the Cluster API stand-in and with the real one.
+//! Module `fleet`: three `run --fleet` processes on kube-apiserver as the management cluster,
+//! under the chart's fleet RBAC; one killed or stopped mid-burst, its Clusters move, no claim
+//! leaks or binds twice, and the audit log shows nothing refused and nothing granted unused.
 //! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
 //! --control-plane real` exits. Module `cluster_api`: Cluster API's real manager (webhooks,
 //! conversion, nothing left after a drop) and whole flows on it (`--cluster-api real`).
@@ -30,6 +33,8 @@ mod capi_schema;
 mod cluster_api;
 #[path = "control_plane/failover.rs"]
 mod failover;
+#[path = "control_plane/fleet.rs"]
+mod fleet;
 #[path = "control_plane/init.rs"]
 mod init;
 #[path = "control_plane/kubectl.rs"]
@@ -70,6 +75,7 @@ fn main() -> std::process::ExitCode {
     tests.extend(provisioning::tests());
     tests.extend(lifecycle::tests());
     tests.extend(failover::tests());
+    tests.extend(fleet::tests());
     tests.extend(adoption::tests());
     tests.extend(machine_size::tests());
     tests.extend(malformed::tests());

@@ -37,7 +37,7 @@ use crate::assets;
 use crate::eventually;
 
 #[path = "rbac/setup.rs"]
-mod setup;
+pub(crate) mod setup;
 use setup::{
     ControllerProcess, StandIns, chart_environment, install_chart, install_crds, seed,
     start_audited,
@@ -55,15 +55,15 @@ pub fn tests() -> Vec<assets::Test> {
 }
 
 /// How the chart is installed, and where the Cluster API objects are.
-struct Topology {
+pub(crate) struct Topology {
     /// `helm template`'s arguments beyond the release and namespace.
-    helm_args: &'static [&'static str],
+    pub(crate) helm_args: &'static [&'static str],
     /// The MachineDeployments' namespace.
-    machines: &'static str,
+    pub(crate) machines: &'static str,
     /// Whether the controller reads only that namespace and that Cluster's MachineDeployments
     /// (`CLUSTER_API_NAMESPACE`, `CLUSTER_NAME`), as the chart sets them in the management
     /// topology.
-    scoped: bool,
+    pub(crate) scoped: bool,
 }
 
 /// The chart's default values: the workload topology with Cluster API in the same cluster
@@ -108,7 +108,7 @@ async fn the_management_topology_runs_under_the_charts_rbac_only() {
 
 /// The release as the chart's docs install it.
 const RELEASE: &str = "karpenter-capi";
-const NAMESPACE: &str = "karpenter-capi";
+pub(crate) const NAMESPACE: &str = "karpenter-capi";
 /// The chart's default `leaderElection.name`.
 const LEASE: &str = "karpenter-capi-leader-election";
 /// Where the workload is.
@@ -126,11 +126,14 @@ const UPSTREAM_CRDS: [&str; 5] = [
     "crds/infrastructure.cluster.x-k8s.io_devmachinetemplates.yaml",
 ];
 
+/// A permission granted and not used: (group, resource, verb, the path that needs it).
+pub(crate) type Unreached = (&'static str, &'static str, &'static str, &'static str);
+
 /// Permissions the chart grants that this flow does not exercise: (group, resource, verb, the
 /// path that needs it). A resource `*suffix` stands for every granted resource with that suffix.
 /// Anything else granted and unused fails the test: remove it from the chart, the manifests and
 /// tests/deploy/deploy.rs's table.
-const NOT_REACHED: &[(&str, &str, &str, &str)] = &[
+const NOT_REACHED: &[Unreached] = &[
     (
         "cluster.x-k8s.io",
         "clusters",
@@ -268,7 +271,7 @@ async fn flow(t: &Topology) {
     leader.replica.shutdown().await;
     standins.stop();
     let audited = nothing_refused(&cp, &access);
-    assert_granted_is_used(&access, &audited.used);
+    assert_granted_is_used(&access, &audited.used, NOT_REACHED);
 }
 
 /// The controller binary as the chart's Deployment runs it: `run` with the container's
@@ -308,7 +311,7 @@ async fn the_controller_binary_runs_with_the_charts_environment_and_token() {
 async fn prepare(t: &Topology) -> (ControlPlane, Client, ServiceAccountAccess, StandIns) {
     let cp = start_audited().await;
     let admin = cp.client();
-    install_crds(&cp, &admin).await;
+    install_crds(&cp, &admin, &[]).await;
     let access = install_chart(&cp, t).await;
     say!(
         "chart RBAC applied; {} permissions granted to {}",
@@ -321,7 +324,7 @@ async fn prepare(t: &Topology) -> (ControlPlane, Client, ServiceAccountAccess, S
 }
 
 /// The ServiceAccount's requests in the audit log, none of them refused.
-fn nothing_refused(cp: &ControlPlane, access: &ServiceAccountAccess) -> rbac::Audited {
+pub(crate) fn nothing_refused(cp: &ControlPlane, access: &ServiceAccountAccess) -> rbac::Audited {
     let audited = rbac::audited(cp, &access.username())
         .unwrap_or_else(|e| panic!("reading the audit log: {e}"));
     say!(
@@ -752,7 +755,7 @@ async fn machine_deployment_replicas(admin: &Client, t: &Topology) -> Vec<i64> {
 }
 
 /// Whether a [`NOT_REACHED`] entry covers `p`.
-fn covers((group, resource, verb, _): &(&str, &str, &str, &str), p: &Permission) -> bool {
+fn covers((group, resource, verb, _): &Unreached, p: &Permission) -> bool {
     p.group == *group
         && p.verb == *verb
         && match resource.strip_prefix('*') {
@@ -761,9 +764,14 @@ fn covers((group, resource, verb, _): &(&str, &str, &str, &str), p: &Permission)
         }
 }
 
-/// Every permission the chart grants is used by the flow or explained in [`NOT_REACHED`], every
-/// entry there is still granted, and nothing the controller used came from outside the chart.
-fn assert_granted_is_used(access: &ServiceAccountAccess, used: &BTreeSet<Permission>) {
+/// Every permission the chart grants is used by the flow or explained in `not_reached` (this
+/// flow's: [`NOT_REACHED`]), every entry there is still granted, and nothing the controller used
+/// came from outside the chart.
+pub(crate) fn assert_granted_is_used(
+    access: &ServiceAccountAccess,
+    used: &BTreeSet<Permission>,
+    not_reached: &[Unreached],
+) {
     let granted = access.granted();
     let listed = |ps: &mut dyn Iterator<Item = &Permission>| -> Vec<String> {
         ps.map(ToString::to_string).collect()
@@ -776,14 +784,14 @@ fn assert_granted_is_used(access: &ServiceAccountAccess, used: &BTreeSet<Permiss
     let unused = listed(
         &mut granted
             .difference(used)
-            .filter(|p| !NOT_REACHED.iter().any(|e| covers(e, p))),
+            .filter(|p| !not_reached.iter().any(|e| covers(e, p))),
     );
     assert!(
         unused.is_empty(),
         "the chart grants permissions the controller did not use (remove them, or add the path \
          that needs them to NOT_REACHED): {unused:#?}"
     );
-    let stale: Vec<String> = NOT_REACHED
+    let stale: Vec<String> = not_reached
         .iter()
         .filter(|entry| !granted.iter().any(|p| covers(entry, p)))
         .map(|(group, resource, verb, _)| format!("{verb} {group}/{resource}"))

@@ -3,10 +3,12 @@
 //! and kubelet stand-ins, the seeded MachineDeployments, NodeClass and NodePool, and the
 //! controller binary as the chart's Deployment runs it.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::{Client, ResourceExt};
@@ -27,7 +29,7 @@ use crate::assets::{self, Asset};
 use crate::established;
 
 /// The controller container's environment as the chart renders it (literal values only).
-pub(super) fn chart_environment(t: &Topology) -> Vec<(String, String)> {
+pub(crate) fn chart_environment(t: &Topology) -> Vec<(String, String)> {
     let chart = Chart::new();
     let docs =
         rbac::render(&chart.install(t)).unwrap_or_else(|e| panic!("rendering the chart: {e}"));
@@ -51,8 +53,10 @@ pub(super) fn chart_environment(t: &Topology) -> Vec<(String, String)> {
 }
 
 /// `karpenter-capi run` in a child process, killed if the test ends without stopping it.
-pub(super) struct ControllerProcess {
+pub(crate) struct ControllerProcess {
     child: std::process::Child,
+    /// Its pod's name, which is its leader-election identity.
+    pub(crate) name: String,
     log: PathBuf,
 }
 
@@ -62,17 +66,27 @@ impl ControllerProcess {
         access: &ServiceAccountAccess,
         env: &[(String, String)],
     ) -> Self {
-        let log = cp.dir().join("karpenter-capi.log");
+        let args = [OsStr::new("--kubeconfig"), access.kubeconfig.as_os_str()];
+        Self::spawn_as(cp, "karpenter-capi-0", &args, env)
+    }
+
+    /// `run` with `args` and the environment `env`, as pod `name` of the release.
+    pub(crate) fn spawn_as(
+        cp: &ControlPlane,
+        name: &str,
+        args: &[&OsStr],
+        env: &[(String, String)],
+    ) -> Self {
+        let log = cp.dir().join(format!("{name}.log"));
         let out = std::fs::File::create(&log).expect("the controller's log");
         let err = out.try_clone().expect("the controller's log");
         let child = Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
             .arg("run")
-            .arg("--kubeconfig")
-            .arg(&access.kubeconfig)
+            .args(args)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             // The downward API's values in a pod.
-            .env("POD_NAME", "karpenter-capi-0")
+            .env("POD_NAME", name)
             .env("POD_NAMESPACE", NAMESPACE)
             // Free ports: other processes on this machine may hold the chart's.
             .env("METRICS_PORT", "0")
@@ -82,11 +96,26 @@ impl ControllerProcess {
             .stderr(err)
             .spawn()
             .expect("starting karpenter-capi run");
-        ControllerProcess { child, log }
+        ControllerProcess {
+            child,
+            name: name.to_string(),
+            log,
+        }
+    }
+
+    /// SIGKILL, as a node's loss or the OOM killer ends a pod: nothing released.
+    pub(crate) fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL to the controller");
+        self.child.wait().expect("the killed controller reaped");
+    }
+
+    /// What it logged so far.
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGTERM, as the kubelet stops a pod; the controller must exit 0 within its grace.
-    pub(super) fn terminate(&mut self) {
+    pub(crate) fn terminate(&mut self) {
         let sent = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
@@ -113,7 +142,8 @@ impl Drop for ControllerProcess {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             eprintln!(
-                "--- karpenter-capi run:\n{}",
+                "--- karpenter-capi run ({}):\n{}",
+                self.name,
                 lines[lines.len().saturating_sub(40)..].join("\n")
             );
         }
@@ -124,7 +154,7 @@ impl Drop for ControllerProcess {
 }
 
 /// A control plane (its API server keeps an audit log).
-pub(super) async fn start_audited() -> ControlPlane {
+pub(crate) async fn start_audited() -> ControlPlane {
     let options = Options::from_env().expect("KUBEBUILDER_ASSETS (checked by the harness)");
     let cp = ControlPlane::start(options)
         .await
@@ -133,11 +163,11 @@ pub(super) async fn start_audited() -> ControlPlane {
     cp
 }
 
-/// The project's CRDs and Cluster API's, each Established.
-pub(super) async fn install_crds(cp: &ControlPlane, admin: &Client) {
+/// The project's CRDs and Cluster API's, and those at the paths `more` names, each Established.
+pub(crate) async fn install_crds(cp: &ControlPlane, admin: &Client, more: &[PathBuf]) {
     let mut crds = karpenter_capi::api::crds::all();
-    for rel in UPSTREAM_CRDS {
-        let path = assets::upstream(rel);
+    let upstream = UPSTREAM_CRDS.iter().map(|rel| assets::upstream(rel));
+    for path in upstream.chain(more.iter().cloned()) {
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
         let crd: CustomResourceDefinition = serde_saphyr::from_str(&text)
@@ -183,7 +213,7 @@ impl Chart {
     }
 }
 
-pub(super) async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
+pub(crate) async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
     rbac::install(cp, &Chart::new().install(t))
         .await
         .unwrap_or_else(|e| panic!("installing the chart's RBAC: {e}"))
@@ -231,47 +261,9 @@ impl StandIns {
 /// NodeOverlay and a NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
 pub(super) async fn seed(admin: &Client, t: &Topology) {
     for i in 0..2 {
-        let mut seed = MachineDeploymentSeed {
-            namespace: t.machines.into(),
-            ..seed_of(i, 10)
-        };
-        // Cluster API's defaulting webhook labels a MachineDeployment with its Cluster; no
-        // webhook runs here, so the label is written as the webhook would.
-        seed.labels
-            .insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
-        // The template it names: without one Cluster API could not create its Machines, and
-        // the controller does not offer it.
-        let templates: Api<DynamicObject> = Api::namespaced_with(
-            admin.clone(),
-            t.machines,
-            &karpenter_capi::sim::cluster::infra_template_resource(),
-        );
-        templates
-            .create(
-                &PostParams::default(),
-                &karpenter_capi::sim::cluster::infrastructure_template(t.machines, &seed.name),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("creating the template of md-{i}: {e}"));
-        let md =
-            karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2.into(), &seed);
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            admin.clone(),
-            t.machines,
-            &CapiVersion::V1Beta2.machine_deployment(),
-        );
-        api.create(&PostParams::default(), &md)
-            .await
-            .unwrap_or_else(|e| panic!("creating MachineDeployment md-{i}: {e}"));
+        seed_machine_deployment(admin, t.machines, i).await;
     }
-    create(
-        admin,
-        json!({
-            "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
-            "metadata": {"name": "default"}, "spec": {},
-        }),
-    )
-    .await;
+    seed_pool(admin).await;
     // A NodeOverlay that changes nothing (+0%), so the catalog's overlay watch and status
     // write run under the chart's RBAC too.
     create(
@@ -280,6 +272,85 @@ pub(super) async fn seed(admin: &Client, t: &Topology) {
             "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
             "metadata": {"name": "unchanged"},
             "spec": {"requirements": [], "priceAdjustment": "+0%"},
+        }),
+    )
+    .await;
+}
+
+/// Member MachineDeployment `md-<i>` of Cluster `sim` in `namespace` (4 CPUs, 16 GiB, 10 at
+/// most, none running) and the template it names.
+pub(crate) async fn seed_machine_deployment(admin: &Client, namespace: &str, i: usize) {
+    let mut seed = MachineDeploymentSeed {
+        namespace: namespace.into(),
+        ..seed_of(i, 10)
+    };
+    // Cluster API's defaulting webhook labels a MachineDeployment with its Cluster; no
+    // webhook runs here, so the label is written as the webhook would.
+    seed.labels
+        .insert(CLUSTER_NAME_LABEL.into(), CLUSTER_NAME.into());
+    // The template it names: without one Cluster API could not create its Machines, and
+    // the controller does not offer it.
+    let templates: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        namespace,
+        &karpenter_capi::sim::cluster::infra_template_resource(),
+    );
+    templates
+        .create(
+            &PostParams::default(),
+            &karpenter_capi::sim::cluster::infrastructure_template(namespace, &seed.name),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating the template of md-{i}: {e}"));
+    let md = karpenter_capi::sim::cluster::machine_deployment(CapiVersion::V1Beta2.into(), &seed);
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        admin.clone(),
+        namespace,
+        &CapiVersion::V1Beta2.machine_deployment(),
+    );
+    api.create(&PostParams::default(), &md)
+        .await
+        .unwrap_or_else(|e| panic!("creating MachineDeployment md-{i}: {e}"));
+}
+
+/// Cluster `namespace/name` and its `<name>-kubeconfig` Secret holding `kubeconfig` under
+/// `value`, as Cluster API's control plane provider writes them for each workload cluster.
+pub(crate) async fn create_cluster(admin: &Client, namespace: &str, name: &str, kubeconfig: &[u8]) {
+    let v = CapiVersion::V1Beta2;
+    let cluster: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": v.cluster().api_version, "kind": "Cluster",
+        "metadata": {"name": name, "namespace": namespace},
+        // Cluster API's schema wants a spec with something in it.
+        "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}}},
+    }))
+    .expect("a Cluster");
+    Api::<DynamicObject>::namespaced_with(admin.clone(), namespace, &v.cluster())
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap_or_else(|e| panic!("creating Cluster {namespace}/{name}: {e}"));
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{name}-kubeconfig"), "namespace": namespace,
+            "labels": {CLUSTER_NAME_LABEL: name},
+        },
+        "type": "cluster.x-k8s.io/secret",
+        "data": {"value": k8s_openapi::ByteString(kubeconfig.to_vec())},
+    }))
+    .expect("a Secret");
+    Api::<Secret>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap_or_else(|e| panic!("creating Secret {namespace}/{name}-kubeconfig: {e}"));
+}
+
+/// The ClusterAPINodeClass `default` and a NodePool `default` that consolidates empty and
+/// underutilized nodes at once (once its consolidateAfter is lowered), a whole node at a time.
+pub(crate) async fn seed_pool(admin: &Client) {
+    create(
+        admin,
+        json!({
+            "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
+            "metadata": {"name": "default"}, "spec": {},
         }),
     )
     .await;
@@ -311,7 +382,7 @@ pub(super) async fn seed(admin: &Client, t: &Topology) {
 }
 
 /// Creates a cluster-scoped object of any kind as the administrator.
-async fn create(admin: &Client, doc: Value) {
+pub(crate) async fn create(admin: &Client, doc: Value) {
     let kind = doc["kind"].as_str().unwrap_or_default().to_string();
     let (group, version) = doc["apiVersion"]
         .as_str()
