@@ -322,12 +322,16 @@ fn crd_schemas() -> Result<&'static Arc<Schemas>, String> {
 /// Cluster API's CRDs from the upstream directory: kube-apiserver checks Cluster API's kinds
 /// against them, so the simulated server does too. A file that is not there is skipped (the
 /// repository does not carry them, and a build without the directory must still run); one that
-/// is there but unreadable fails.
+/// is there but unreadable fails. The upstream directory holds no Cluster CRD; the one of the
+/// Cluster API release `.ci/install-cluster-api` built is read when it is there.
 fn capi_crds() -> Result<Vec<CustomResourceDefinition>, String> {
     let dir = super::upstream::crds_dir();
+    let cluster = crate::controlplane::cluster_api::root_from_env()
+        .join(crate::controlplane::cluster_api::RELEASE_V1BETA2)
+        .join("crds/cluster.x-k8s.io_clusters.yaml");
+    let files = super::upstream::CAPI_CRDS.iter().map(|name| dir.join(name));
     let mut crds = Vec::new();
-    for name in super::upstream::CAPI_CRDS {
-        let file = dir.join(name);
+    for file in files.chain([cluster]) {
         let text = match std::fs::read_to_string(&file) {
             Ok(text) => text,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
@@ -615,6 +619,34 @@ mod tests {
         let a = r.lookup(CAPI, "v1beta1", "machines").unwrap();
         let b = r.lookup(CAPI, "v1beta2", "machines").unwrap();
         assert_eq!(a.storage_key(), b.storage_key());
+    }
+
+    /// With the Cluster API release built, its Cluster schema is checked as kube-apiserver
+    /// checks it: a v1beta2 Cluster needs a `spec` with one property at least.
+    #[test]
+    fn a_cluster_is_checked_against_cluster_apis_schema_when_built() {
+        let crd = crate::controlplane::cluster_api::root_from_env()
+            .join(crate::controlplane::cluster_api::RELEASE_V1BETA2)
+            .join("crds/cluster.x-k8s.io_clusters.yaml");
+        if !crd.exists() {
+            eprintln!(
+                "skipped: no {} (.ci/install-cluster-api builds it)",
+                crd.display()
+            );
+            return;
+        }
+        let r = Registry::new(CapiVersions::Both, vec![]).unwrap();
+        let def = r.lookup(CAPI, "v1beta2", "clusters").unwrap();
+        let cluster = |spec: serde_json::Value| {
+            serde_json::json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster",
+                "metadata": {"name": "c", "namespace": "ns"}, "spec": spec})
+        };
+        let mut empty = cluster(serde_json::json!({}));
+        assert!(crate::validate::admit_custom(&r, def, &mut empty, None).is_err());
+        let mut network = cluster(serde_json::json!({"clusterNetwork":
+            {"pods": {"cidrBlocks": ["192.168.0.0/16"]}}}));
+        let admitted = crate::validate::admit_custom(&r, def, &mut network, None);
+        assert!(admitted.is_ok(), "{admitted:?}");
     }
 
     #[test]

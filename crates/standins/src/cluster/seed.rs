@@ -454,7 +454,9 @@ pub(super) async fn create_cluster_with_kubeconfig(
         "apiVersion": v.cluster().api_version,
         "kind": "Cluster",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {},
+        // Cluster API's v1beta2 schema wants one property of `spec` at least (kube-apiserver
+        // refuses an empty one; this server has no Cluster schema to say so).
+        "spec": {"clusterNetwork": {"pods": {"cidrBlocks": ["192.168.0.0/16"]}}},
     }));
     Api::<DynamicObject>::namespaced_with(management.clone(), ns, &v.cluster())
         .create(&PostParams::default(), &cluster)
