@@ -194,6 +194,16 @@ impl BackgroundSim {
         client_on_this_runtime(self.cluster.kubeconfig_path(), None).await
     }
 
+    /// A client for the cluster holding Karpenter's objects (the management cluster's with
+    /// `SimClusterConfig::karpenter_in_management`), built on the caller's runtime.
+    pub async fn karpenter_client_here(&self) -> Result<kube::Client, Error> {
+        let path = match self.cluster.karpenter_binding() {
+            Some(_) => self.cluster.management_kubeconfig_path(),
+            None => None,
+        };
+        client_on_this_runtime(path.unwrap_or(self.cluster.kubeconfig_path()), None).await
+    }
+
     /// The controller's client, built on the caller's runtime, counting the requests the server
     /// throttled in `throttled`: on a real control plane it authenticates as the controller's
     /// own user (see `SimCluster::controller_kubeconfig_path`).
@@ -302,12 +312,20 @@ pub async fn start_controller_shadowed(
     metrics: Arc<Metrics>,
     shadow: Option<crate::shadow::Shadow>,
 ) -> Result<ControllerHandle, Error> {
-    let settings = Settings {
+    let mut settings = Settings {
         dry_run: shadow
             .as_ref()
             .is_some_and(crate::shadow::Shadow::refuses_writes),
         ..settings
     };
+    // Karpenter's objects in the management cluster: the controller is bound to the Cluster
+    // they name, as `--karpenter-objects management` with its --cluster-name would bind it.
+    if let Some((cluster, namespace)) = sim.cluster.karpenter_binding() {
+        settings.karpenter_objects = Some(crate::view::binding::Binding {
+            cluster: cluster.to_string(),
+            namespace: namespace.to_string(),
+        });
+    }
     let options = crate::app::ClientOptions {
         throttled: Some(metrics.api_throttled.clone()),
         shadow,

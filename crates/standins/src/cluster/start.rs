@@ -24,6 +24,11 @@ pub(super) fn is_cluster_api_group(group: &str) -> bool {
     group == CAPI || (group.ends_with(&format!(".{CAPI}")) && group != "karpenter.cluster.x-k8s.io")
 }
 
+/// Karpenter's API groups (NodePools, NodeClaims, NodeOverlays; NodeClasses).
+pub(super) fn is_karpenter_group(group: &str) -> bool {
+    group == "karpenter.sh" || group == "karpenter.cluster.x-k8s.io"
+}
+
 /// The simulated API server for `cfg`.
 pub(super) async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Error> {
     let served = match cfg.served {
@@ -198,7 +203,12 @@ pub(super) fn spawn_standins(
         // simulated server has none, so there the writes would only be load).
         tasks.extend(node_lease::spawn(client.clone(), shutdown.clone()));
     }
-    let (audit, t) = disruption_audit::spawn(client.clone(), shutdown.clone());
+    // The audit reads Karpenter's objects, where they live.
+    let karpenter = match cfg.karpenter_in_management {
+        true => &clusters.management,
+        false => client,
+    };
+    let (audit, t) = disruption_audit::spawn(karpenter.clone(), shutdown.clone());
     tasks.extend(t);
     tasks.extend(pod_lifecycle::spawn(
         client.clone(),
