@@ -15,6 +15,7 @@
 
 pub(crate) mod backoff;
 pub mod batch;
+pub(crate) mod bindings;
 pub mod buffers;
 pub mod catalog;
 pub(crate) mod claim_factory;

@@ -250,6 +250,7 @@ async fn activate(actors: &Actors) {
     shared.router.set_active();
     super::buffers::start(shared);
     super::quotas::start(shared);
+    super::bindings::start(shared);
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();
     shared.router.nodepools_changed();

@@ -206,6 +206,75 @@ async fn objects_bound_to_another_cluster_are_not_this_controllers() {
     );
 }
 
+/// NodePools that name Cluster `sim` but whose namespace label is missing or no namespace name
+/// bind to no Cluster: a Warning Event in the management cluster names each, and the field.
+#[actix::test]
+async fn a_pool_naming_the_cluster_with_a_broken_binding_is_named_in_an_event() {
+    let builder = Env::builder().cluster(layout()).seeds(vec![seed_of(0, 10)]);
+    let (sim, pool) = builder.seeded().await;
+    let client = sim.karpenter_client_here().await.expect("client");
+    for (name, labels) in [
+        ("unbound", json!({CLUSTER_NAME_LABEL: "sim"})),
+        (
+            "malformed",
+            json!({CLUSTER_NAME_LABEL: "sim", CLUSTER_NAMESPACE_LABEL: "Team_A"}),
+        ),
+    ] {
+        let mut np = pool.clone();
+        np.metadata =
+            serde_json::from_value(json!({"name": name, "labels": labels})).expect("metadata");
+        Api::<NodePool>::all(client.clone())
+            .create(&PostParams::default(), &np)
+            .await
+            .expect("a misbound NodePool");
+    }
+    let metrics = karpenter_capi::metrics::Metrics::new();
+    let controller =
+        karpenter_capi::simulate::start_controller(&sim, sim_settings(None), metrics.clone())
+            .await
+            .expect("controller");
+    let env = Env {
+        sim,
+        pool,
+        metrics,
+        controller: Some(controller),
+    };
+    let field = format!("metadata.labels[\"{CLUSTER_NAMESPACE_LABEL}\"]");
+    for (name, problem) in [
+        ("unbound", "is missing"),
+        ("malformed", "is \"Team_A\", not a namespace name"),
+    ] {
+        let note = env
+            .wait(&format!("an Event naming NodePool {name}"), || {
+                let events = env
+                    .sim
+                    .cluster()
+                    .capi_store()
+                    .list("events.events.k8s.io", None);
+                events
+                    .into_iter()
+                    .find(|e| {
+                        e["reason"] == "InvalidClusterBinding" && e["regarding"]["name"] == name
+                    })
+                    .and_then(|e| e["note"].as_str().map(String::from))
+            })
+            .await;
+        assert!(
+            note.starts_with(&format!("NodePool {name}: {field} {problem}")),
+            "{note}"
+        );
+    }
+    assert!(
+        env.sim
+            .cluster()
+            .store()
+            .list("events.events.k8s.io", None)
+            .iter()
+            .all(|e| e["reason"] != "InvalidClusterBinding"),
+        "the Events are where the NodePools are"
+    );
+}
+
 fn binding(cluster: &str, namespace: &str) -> std::collections::BTreeMap<String, String> {
     [
         (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
