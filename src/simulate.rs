@@ -407,6 +407,7 @@ pub fn cluster_api_release(arg: CapiVersionArg) -> &'static str {
 /// `--cluster-api real` needs the real control plane and the installed release: said before
 /// anything starts, naming the variable and the script that installs it.
 pub fn check_cluster_api(args: &SimulateArgs) -> Result<(), Error> {
+    check_karpenter_objects(args)?;
     if args.cluster_api != ClusterApiArg::Real {
         return Ok(());
     }
@@ -420,6 +421,26 @@ pub fn check_cluster_api(args: &SimulateArgs) -> Result<(), Error> {
     cluster_api::Options::from_env(cluster_api_release(args.cluster_api_version))
         .check()
         .map_err(|e| Error::Usage(e.to_string()))
+}
+
+/// `--karpenter-objects management` puts a second simulated server beside the workload cluster:
+/// one cluster on the simulated control plane, in the scenarios whose readings follow it.
+fn check_karpenter_objects(args: &SimulateArgs) -> Result<(), Error> {
+    if args.karpenter_objects == crate::cli::KarpenterObjects::Workload {
+        return Ok(());
+    }
+    let supported = matches!(
+        args.scenario,
+        Scenario::Launch | Scenario::Pods | Scenario::Drain | Scenario::Consolidate
+    );
+    if args.control_plane != ControlPlaneArg::Simulated || args.clusters > 1 || !supported {
+        return Err(Error::Usage(
+            "--karpenter-objects management runs on the simulated control plane, one cluster, \
+             scenarios launch, pods, drain and consolidate"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The report's `backend`: what served the API and who played Cluster API.
@@ -476,6 +497,7 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
         seed: args.seed,
         port: args.serve.port,
         kubeconfig_out: args.serve.kubeconfig_out(),
+        karpenter_in_management: args.karpenter_objects == crate::cli::KarpenterObjects::Management,
         ..SimClusterConfig::default()
     }
 }

@@ -552,7 +552,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
     let observer = Observer::default();
     {
         let o = observer.clone();
-        sim.spawn(move |c| o.run(c.client(), c.stats()));
+        sim.spawn(move |c| o.run(c.karpenter_client(), c.stats()));
     }
     let create_timeout = args.create_timeout;
     let controller = start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?;
