@@ -275,6 +275,77 @@ async fn a_pool_naming_the_cluster_with_a_broken_binding_is_named_in_an_event() 
     );
 }
 
+/// `explain` and `init` with `--karpenter-objects management` read and propose Karpenter's
+/// objects in the management cluster, bound to the Cluster; without --cluster-name they refuse,
+/// naming the flag.
+#[actix::test]
+async fn explain_and_init_read_and_propose_in_the_management_cluster() {
+    let env = env().await;
+    let (claim, node) = env.claim_in_layout().await;
+    let cluster = env.sim.cluster();
+    let management = cluster.management_kubeconfig_path().expect("apart");
+    let layout = [
+        "--cluster-api-kubeconfig",
+        management.to_str().expect("a UTF-8 path"),
+        "--karpenter-objects",
+        "management",
+        "--cluster-api-namespace",
+        "default",
+    ];
+    let with_cluster = |args: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        a.extend(layout.iter().map(|s| s.to_string()));
+        a.extend(["--cluster-name".to_string(), "sim".to_string()]);
+        a
+    };
+    let kubeconfig = env.sim.kubeconfig();
+    let args = with_cluster(&["nodeclaim", &claim]);
+    let c = crate::common::explain::explain_json(&kubeconfig, &strs(&args));
+    assert_eq!(c["phase"], "Initialized", "{c:#}");
+    let args = with_cluster(&["nodepool", "default"]);
+    let np = crate::common::explain::explain_json(&kubeconfig, &strs(&args));
+    assert_eq!(np["instance_types"], json!(["sim-0"]), "{np:#}");
+
+    let run = |args: Vec<String>| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_karpenter-capi"))
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .output()
+            .expect("running karpenter-capi")
+    };
+    let init = run(with_cluster(&["init", "-o", "yaml"]));
+    let yaml = String::from_utf8_lossy(&init.stdout);
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    assert_eq!(
+        yaml.matches(&format!("{CLUSTER_NAMESPACE_LABEL}: default"))
+            .count(),
+        2,
+        "{yaml}"
+    );
+    // Both objects' binding, and the NodeClass's selector of the Cluster's MachineDeployments.
+    assert_eq!(
+        yaml.matches(&format!("{CLUSTER_NAME_LABEL}: sim")).count(),
+        3,
+        "{yaml}"
+    );
+
+    let mut unnamed = with_cluster(&["explain", "node", &node]);
+    unnamed.truncate(unnamed.len() - 2);
+    let refused = run(unnamed);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--cluster-name"), "{stderr}");
+}
+
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
+}
+
 fn binding(cluster: &str, namespace: &str) -> std::collections::BTreeMap<String, String> {
     [
         (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
