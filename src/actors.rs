@@ -15,6 +15,7 @@
 
 pub(crate) mod backoff;
 pub mod batch;
+pub(crate) mod bindings;
 pub mod buffers;
 pub mod catalog;
 pub(crate) mod claim_factory;
@@ -52,12 +53,15 @@ use crate::state::State;
 
 pub use crate::view::settings::{Deadlines, DisruptionSettings, Settings};
 
-/// What every actor shares: the two clients, the indexes, metrics, settings and the router.
+/// What every actor shares: the clients, the indexes, metrics, settings and the router.
 /// Clients must be created on the System thread that runs the actors (a kube Client is bound to
 /// the runtime it was built on).
 pub struct Shared {
     pub(crate) workload: kube::Client,
     pub(crate) management: kube::Client,
+    /// Karpenter's objects' cluster (`--karpenter-objects`): the workload cluster's client, or
+    /// the management cluster's; only [`Shared::client_for`] picks it.
+    karpenter: kube::Client,
     pub(crate) capi_version: CapiVersion,
     pub state: State,
     pub(crate) metrics: Arc<Metrics>,
@@ -74,6 +78,32 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The client of the cluster that holds objects of kind `K`: Karpenter's kinds where
+    /// `--karpenter-objects` says (`view::binding`), every other kind the workload cluster's.
+    /// Cluster API's kinds are read as dynamic objects, through `management` directly.
+    pub(crate) fn client_for<K: kube::Resource<DynamicType = ()>>(&self) -> kube::Client {
+        if crate::view::binding::is_karpenter_group(&K::group(&())) {
+            self.karpenter.clone()
+        } else {
+            self.workload.clone()
+        }
+    }
+
+    /// Every `K` of the cluster that holds them (cluster-scoped kinds).
+    pub(crate) fn api<K>(&self) -> kube::Api<K>
+    where
+        K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>,
+    {
+        kube::Api::all(self.client_for::<K>())
+    }
+
+    /// The label selector a list or watch of `K` needs: this Cluster's binding for Karpenter's
+    /// kinds in the management cluster, none otherwise.
+    pub(crate) fn selector_for<K: kube::Resource<DynamicType = ()>>(&self) -> Option<String> {
+        let binding = self.settings.karpenter_objects.as_ref()?;
+        crate::view::binding::is_karpenter_group(&K::group(&())).then(|| binding.selector())
+    }
+
     /// The plain view the read layer's projections take.
     pub(crate) fn view(&self) -> crate::view::Inputs<'_> {
         crate::view::Inputs {

@@ -42,6 +42,10 @@ pub enum Error {
     Leader(#[from] leader::Error),
     #[error("invalid logging configuration: {0}")]
     Logging(String),
+    #[error(
+        "--karpenter-objects management binds Karpenter's objects to one Cluster: {0} must name it (or use --fleet)"
+    )]
+    KarpenterObjects(&'static str),
     #[error("start-up was stopped")]
     Stopped,
     #[error("fleet mode: {0}")]
@@ -116,6 +120,7 @@ pub(crate) fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
         unavailable_offering_ttl: c.unavailable_offering_ttl,
         capi_namespace: capi.cluster_api_namespace.clone(),
         cluster_name: capi.cluster_name.clone(),
+        karpenter_objects: binding(capi),
         batching: crate::actors::provisioner::Batching {
             idle: c.batch_idle_duration,
             max: c.batch_max_duration,
@@ -152,6 +157,37 @@ pub(crate) fn settings(c: &ControllerArgs, capi: &ClusterApiArgs) -> Settings {
             ..Default::default()
         },
         ..Settings::default()
+    }
+}
+
+/// The binding `--karpenter-objects management` asks for: this Cluster's name and namespace,
+/// empty until known (fleet mode fills them in per Cluster; `run` refuses them empty,
+/// [`check_binding`]).
+pub(crate) fn binding(capi: &ClusterApiArgs) -> Option<crate::view::binding::Binding> {
+    (capi.karpenter_objects == crate::cli::KarpenterObjects::Management).then(|| {
+        crate::view::binding::Binding {
+            cluster: capi.cluster_name.clone().unwrap_or_default(),
+            namespace: capi.cluster_api_namespace.clone().unwrap_or_default(),
+        }
+    })
+}
+
+/// A controller for one Cluster with its objects in the management cluster must know which
+/// Cluster they are bound to.
+pub(crate) fn check_binding(capi: &ClusterApiArgs) -> Result<(), Error> {
+    let Some(b) = binding(capi) else {
+        return Ok(());
+    };
+    let missing = [
+        ("--cluster-name (CLUSTER_NAME)", b.cluster.is_empty()),
+        (
+            "--cluster-api-namespace (CLUSTER_API_NAMESPACE)",
+            b.namespace.is_empty(),
+        ),
+    ];
+    match missing.iter().find(|(_, m)| *m) {
+        Some((flag, _)) => Err(Error::KarpenterObjects(flag)),
+        None => Ok(()),
     }
 }
 
@@ -425,6 +461,7 @@ pub async fn run(args: RunArgs) -> Result<(), Error> {
     if args.fleet {
         return fleet::run_fleet(args).await;
     }
+    check_binding(&args.cluster_api)?;
     // Listen first: a signal during start-up must not kill the process before it can release.
     // The files' baseline is read before the clients are built from them, so a change in
     // between is not missed.

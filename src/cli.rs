@@ -90,13 +90,7 @@ fn log_level_arg(s: &str) -> Result<String, String> {
 
 /// A DNS-1123 label (namespaces).
 fn dns_label_arg(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-');
-    if ok {
+    if crate::api::validation::dns_label(s) {
         Ok(s.to_string())
     } else {
         Err(format!(
@@ -232,6 +226,16 @@ pub enum Command {
 pub(crate) enum LogFormat {
     Text,
     Json,
+}
+
+/// Where Karpenter's objects (NodePools, NodeClaims, NodeClasses, NodeOverlays) live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum KarpenterObjects {
+    /// In the workload cluster, beside its Nodes and Pods.
+    #[default]
+    Workload,
+    /// In the management cluster, beside the Cluster's Machines, bound to it by labels.
+    Management,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -507,6 +511,17 @@ pub struct ClusterApiArgs {
     /// Only consider MachineDeployments of this Cluster (cluster.x-k8s.io/cluster-name label).
     #[arg(long, env = "CLUSTER_NAME", value_parser = label_value_arg)]
     pub(crate) cluster_name: Option<String>,
+    /// Where Karpenter's objects live: `workload` (beside the Nodes and Pods), or `management`
+    /// (beside the Cluster's Machines, each bound to its Cluster by the labels
+    /// `cluster.x-k8s.io/cluster-name` and `karpenter.cluster.x-k8s.io/cluster-namespace`;
+    /// needs --cluster-name and --cluster-api-namespace, or --fleet).
+    #[arg(
+        long,
+        env = "KARPENTER_OBJECTS",
+        value_enum,
+        default_value = "workload"
+    )]
+    pub(crate) karpenter_objects: KarpenterObjects,
     /// Force a Cluster API version instead of discovering it (v1beta2 is preferred when served).
     #[arg(long, env = "CLUSTER_API_VERSION", value_enum)]
     pub(crate) cluster_api_version: Option<CapiVersionArg>,

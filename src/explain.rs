@@ -132,6 +132,7 @@ pub async fn run(cmd: crate::cli::ExplainCommand) -> Result<String, RunError> {
         | ExplainCommand::Nodepool { args, .. }
         | ExplainCommand::Node { args, .. } => args,
     };
+    crate::app::check_binding(&args.cluster_api)?;
     let (workload, management) =
         crate::app::clients(args.kubeconfig.as_deref(), &args.cluster_api).await?;
     let settings = crate::app::settings(&args.controller, &args.cluster_api);

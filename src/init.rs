@@ -284,6 +284,20 @@ fn objects(
     vec![nodeclass, nodepool]
 }
 
+/// With `--karpenter-objects management`, the proposed objects go to the management cluster,
+/// bound to the Cluster the controller serves.
+fn bind(p: &mut Proposal, b: &crate::view::binding::Binding) {
+    for o in &mut p.objects {
+        let mut labels = std::collections::BTreeMap::new();
+        b.label(&mut labels);
+        o["metadata"]["labels"] = json!(labels);
+    }
+    p.notes.push(format!(
+        "--karpenter-objects management: apply these to the management cluster; they are bound to Cluster {}/{} by their labels",
+        b.namespace, b.cluster
+    ));
+}
+
 /// The proposal as YAML documents; with `comments`, the report leads as YAML comments.
 pub(crate) fn render_yaml(p: &Proposal, comments: bool) -> Result<String, String> {
     let mut out = String::new();
@@ -344,6 +358,7 @@ pub(crate) fn report(p: &Proposal) -> String {
 /// `karpenter-capi init`: read, judge, print (text: report then YAML; yaml: YAML only with the
 /// report as comments).
 pub async fn run(args: &InitArgs) -> Result<String, RunError> {
+    crate::app::check_binding(&args.cluster_api)?;
     let (_, management) =
         crate::app::clients(args.kubeconfig.as_deref(), &args.cluster_api).await?;
     let namespace = args
@@ -377,6 +392,9 @@ pub async fn run(args: &InitArgs) -> Result<String, RunError> {
         let mut v = Verdict::new(md);
         v.problems.push(format!("cannot be read: {why}"));
         p.verdicts.push(v);
+    }
+    if let Some(b) = crate::app::binding(&args.cluster_api) {
+        bind(&mut p, &b);
     }
     match args.output {
         InitOutput::Yaml => render_yaml(&p, true).map_err(RunError::Render),

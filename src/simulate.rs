@@ -194,6 +194,16 @@ impl BackgroundSim {
         client_on_this_runtime(self.cluster.kubeconfig_path(), None).await
     }
 
+    /// A client for the cluster holding Karpenter's objects (the management cluster's with
+    /// `SimClusterConfig::karpenter_in_management`), built on the caller's runtime.
+    pub async fn karpenter_client_here(&self) -> Result<kube::Client, Error> {
+        let path = match self.cluster.karpenter_binding() {
+            Some(_) => self.cluster.management_kubeconfig_path(),
+            None => None,
+        };
+        client_on_this_runtime(path.unwrap_or(self.cluster.kubeconfig_path()), None).await
+    }
+
     /// The controller's client, built on the caller's runtime, counting the requests the server
     /// throttled in `throttled`: on a real control plane it authenticates as the controller's
     /// own user (see `SimCluster::controller_kubeconfig_path`).
@@ -302,12 +312,20 @@ pub async fn start_controller_shadowed(
     metrics: Arc<Metrics>,
     shadow: Option<crate::shadow::Shadow>,
 ) -> Result<ControllerHandle, Error> {
-    let settings = Settings {
+    let mut settings = Settings {
         dry_run: shadow
             .as_ref()
             .is_some_and(crate::shadow::Shadow::refuses_writes),
         ..settings
     };
+    // Karpenter's objects in the management cluster: the controller is bound to the Cluster
+    // they name, as `--karpenter-objects management` with its --cluster-name would bind it.
+    if let Some((cluster, namespace)) = sim.cluster.karpenter_binding() {
+        settings.karpenter_objects = Some(crate::view::binding::Binding {
+            cluster: cluster.to_string(),
+            namespace: namespace.to_string(),
+        });
+    }
     let options = crate::app::ClientOptions {
         throttled: Some(metrics.api_throttled.clone()),
         shadow,
@@ -389,6 +407,7 @@ pub fn cluster_api_release(arg: CapiVersionArg) -> &'static str {
 /// `--cluster-api real` needs the real control plane and the installed release: said before
 /// anything starts, naming the variable and the script that installs it.
 pub fn check_cluster_api(args: &SimulateArgs) -> Result<(), Error> {
+    check_karpenter_objects(args)?;
     if args.cluster_api != ClusterApiArg::Real {
         return Ok(());
     }
@@ -402,6 +421,26 @@ pub fn check_cluster_api(args: &SimulateArgs) -> Result<(), Error> {
     cluster_api::Options::from_env(cluster_api_release(args.cluster_api_version))
         .check()
         .map_err(|e| Error::Usage(e.to_string()))
+}
+
+/// `--karpenter-objects management` puts a second simulated server beside the workload cluster:
+/// one cluster on the simulated control plane, in the scenarios whose readings follow it.
+fn check_karpenter_objects(args: &SimulateArgs) -> Result<(), Error> {
+    if args.karpenter_objects == crate::cli::KarpenterObjects::Workload {
+        return Ok(());
+    }
+    let supported = matches!(
+        args.scenario,
+        Scenario::Launch | Scenario::Pods | Scenario::Drain | Scenario::Consolidate
+    );
+    if args.control_plane != ControlPlaneArg::Simulated || args.clusters > 1 || !supported {
+        return Err(Error::Usage(
+            "--karpenter-objects management runs on the simulated control plane, one cluster, \
+             scenarios launch, pods, drain and consolidate"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The report's `backend`: what served the API and who played Cluster API.
@@ -458,6 +497,7 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
         seed: args.seed,
         port: args.serve.port,
         kubeconfig_out: args.serve.kubeconfig_out(),
+        karpenter_in_management: args.karpenter_objects == crate::cli::KarpenterObjects::Management,
         ..SimClusterConfig::default()
     }
 }

@@ -16,6 +16,7 @@
 //! - [`static_capacity`]: what each static NodePool holds and needs.
 //! - [`settings`]: the controller's settings as plain values.
 
+pub mod binding;
 pub mod catalog;
 pub(crate) mod deletion_cost;
 pub(crate) mod disruption;

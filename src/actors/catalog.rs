@@ -351,7 +351,7 @@ impl Catalog {
         }
         ctx.spawn(
             write_conditions::<ClusterAPINodeClass>(
-                self.shared.workload.clone(),
+                self.shared.client_for::<ClusterAPINodeClass>(),
                 name,
                 json!(conds),
             )
@@ -399,7 +399,7 @@ impl Catalog {
         // the newer one.
         ctx.spawn(
             write_conditions_guarded::<ClusterAPINodeClass>(
-                self.shared.workload.clone(),
+                self.shared.client_for::<ClusterAPINodeClass>(),
                 nc.name_any(),
                 nc.metadata.resource_version.clone(),
                 json!(conds),

@@ -167,9 +167,13 @@ fn named(mut claim: NodeClaim) -> NodeClaim {
 /// `&Shared` in an async caller, an `Arc<Shared>` for an actor's `'static` spawn.
 pub(crate) fn create<S: Deref<Target = Shared>>(
     shared: S,
-    claim: NodeClaim,
+    mut claim: NodeClaim,
     purpose: Purpose,
 ) -> impl Future<Output = Result<NodeClaim, Error>> {
+    // In the management cluster, every claim is bound to the Cluster it is for.
+    if let Some(binding) = &shared.settings.karpenter_objects {
+        binding.label(claim.metadata.labels.get_or_insert_default());
+    }
     shared.state.claims.write().expect_created(&claim);
     async move {
         let r = send(&shared, &claim, &purpose).await;
@@ -196,7 +200,7 @@ pub(crate) fn create<S: Deref<Target = Shared>>(
 /// The create, retried as the module says.
 async fn send(shared: &Shared, claim: &NodeClaim, purpose: &Purpose) -> Result<NodeClaim, Error> {
     let name = claim.name_any();
-    let api: Api<NodeClaim> = Api::all(shared.workload.clone());
+    let api: Api<NodeClaim> = shared.api();
     let what = format!("creating NodeClaim {name}");
     let attempt = |fresh: bool| {
         let (api, name) = (&api, &name);

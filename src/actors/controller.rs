@@ -120,10 +120,17 @@ impl Controller {
         let capi_version = version::discover(&self.management, self.capi_version).await?;
         tracing::info!(cluster_api_version = %capi_version, "using Cluster API version");
         let state = State::default();
+        let karpenter = match &self.settings.karpenter_objects {
+            Some(_) => self.management.clone(),
+            None => self.workload.clone(),
+        };
+        let events = Events::new(self.workload.clone(), self.instance.clone())
+            .with_karpenter(karpenter.clone(), self.settings.karpenter_objects.as_ref());
         let shared = Arc::new(Shared {
-            events: Events::new(self.workload.clone(), self.instance.clone()),
+            events,
             workload: self.workload,
             management: self.management,
+            karpenter,
             capi_version,
             // Offerings count the claims not in their group's replicas yet (`capi::room`).
             catalog: CatalogView::counting(state.claims.clone()),
@@ -243,6 +250,7 @@ async fn activate(actors: &Actors) {
     shared.router.set_active();
     super::buffers::start(shared);
     super::quotas::start(shared);
+    super::bindings::start(shared);
     actors.supervisor.do_send(Activate);
     shared.router.provisioner_poke();
     shared.router.nodepools_changed();

@@ -42,6 +42,9 @@ pub(crate) fn truncate(text: &str, limit: usize) -> String {
 #[derive(Clone)]
 pub(crate) struct Events {
     client: kube::Client,
+    /// With `--karpenter-objects management`: the management cluster's client and the Cluster's
+    /// namespace, where the Events about Karpenter's objects go (they live there).
+    karpenter: Option<(kube::Client, String)>,
     instance: String,
     recent: std::sync::Arc<parking_lot::Mutex<Recent>>,
 }
@@ -91,9 +94,40 @@ impl Events {
     pub(crate) fn new(client: kube::Client, instance: String) -> Self {
         Self {
             client,
+            karpenter: None,
             instance,
             recent: Default::default(),
         }
+    }
+
+    /// Events about Karpenter's objects go to `client`, in the Cluster's namespace, when they
+    /// live in the management cluster (`binding`); those about Nodes and Pods stay.
+    pub(crate) fn with_karpenter(
+        mut self,
+        client: kube::Client,
+        binding: Option<&crate::view::binding::Binding>,
+    ) -> Self {
+        self.karpenter = binding.map(|b| (client, b.namespace.clone()));
+        self
+    }
+
+    /// The client and namespace of an Event about `object`: where the object lives.
+    fn target(&self, object: &ObjectReference) -> (kube::Client, String) {
+        let group = (object.api_version.as_deref().unwrap_or_default())
+            .split_once('/')
+            .map(|(g, _)| g)
+            .unwrap_or_default();
+        if let Some((client, namespace)) = &self.karpenter
+            && crate::view::binding::is_karpenter_group(group)
+        {
+            return (client.clone(), namespace.clone());
+        }
+        // Cluster-scoped objects (NodePools, NodeClasses) get their Events in "default", as
+        // kubectl and client-go do.
+        let namespace = (object.namespace.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".to_string());
+        (self.client.clone(), namespace)
     }
 
     pub(crate) fn normal(&self, object: ObjectReference, reason: &str, note: String) {
@@ -117,13 +151,7 @@ impl Events {
         }
         let now = jiff::Timestamp::now();
         let reason = truncate(reason, REASON_LIMIT);
-        // Cluster-scoped objects (NodePools, NodeClasses) get their Events in "default", as
-        // kubectl and client-go do.
-        let namespace = object
-            .namespace
-            .clone()
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| "default".to_string());
+        let (client, namespace) = self.target(&object);
         // `<object>.<nanoseconds, hex>` like client-go; the object part is cut so the name stays
         // within the 253 characters of a DNS subdomain.
         let base: String = object
@@ -154,7 +182,7 @@ impl Events {
             reporting_instance: Some(truncate(&self.instance, REASON_LIMIT)),
             ..Event::default()
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let api: Api<Event> = Api::namespaced(client, &namespace);
         actix::spawn(async move {
             if let Err(e) = api.create(&PostParams::default(), &ev).await {
                 tracing::debug!(error = %e, object = ?ev.regarding.as_ref().and_then(|r| r.name.as_deref()), reason = ?ev.reason, "could not publish event");

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use super::Shared;
@@ -422,10 +422,9 @@ impl Generator {
             if written.unwrap_or_default() == groups {
                 continue;
             }
-            let client = self.shared.workload.clone();
+            let api = self.shared.api::<ClusterAPINodeClass>();
             ctx.spawn(
                 async move {
-                    let api: Api<ClusterAPINodeClass> = Api::all(client);
                     let patch = json!({"status": {"generated": groups}});
                     if let Err(e) = api
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -394,8 +394,13 @@ impl Step {
         self.claim.name_any()
     }
 
+    /// This Cluster's binding when its claims are in the management cluster.
+    fn binding(&self) -> Option<&crate::view::binding::Binding> {
+        self.shared.settings.karpenter_objects.as_ref()
+    }
+
     fn api(&self) -> Api<NodeClaim> {
-        Api::all(self.shared.workload.clone())
+        self.shared.api()
     }
 
     async fn reread(&self) -> Result<Option<Arc<NodeClaim>>, Error> {
@@ -539,7 +544,7 @@ impl Step {
                 None => self.registration_timeout(&md).await,
             };
         };
-        if !is_true(&c, conditions::REGISTERED) || !node_registered(&node, &c) {
+        if !is_true(&c, conditions::REGISTERED) || !node_registered(&node, &c, self.binding()) {
             return self.register(&node).await;
         }
         if !is_true(&c, conditions::INITIALIZED) {

@@ -113,7 +113,7 @@ impl NodePools {
             if np.status.as_ref() == Some(&status) {
                 continue;
             }
-            let api: Api<NodePool> = Api::all(self.shared.workload.clone());
+            let api: Api<NodePool> = self.shared.api();
             let name = np.name_any();
             let body = status_patch(np.status.as_ref(), &status);
             let was_ready = np
@@ -221,7 +221,7 @@ impl NodePools {
             // The Catalog writes this conditions list too (`Ready`): the write is guarded by
             // the resourceVersion it was computed from, and a conflict retries the refresh
             // once the index has the Catalog's write.
-            let api: Api<ClusterAPINodeClass> = Api::all(self.shared.workload.clone());
+            let api: Api<ClusterAPINodeClass> = self.shared.api();
             let body = json!({
                 "metadata": {"resourceVersion": nc.metadata.resource_version},
                 "status": desired,
@@ -276,8 +276,12 @@ impl NodePools {
                 continue;
             }
             ctx.spawn(
-                write_conditions::<NodePool>(self.shared.workload.clone(), name, json!(conds))
-                    .into_actor(self),
+                write_conditions::<NodePool>(
+                    self.shared.client_for::<NodePool>(),
+                    name,
+                    json!(conds),
+                )
+                .into_actor(self),
             );
         }
     }

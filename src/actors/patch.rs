@@ -95,7 +95,7 @@ where
         name: name.to_string(),
         source,
     })?;
-    let api: kube::Api<K> = kube::Api::all(shared.workload.clone());
+    let api: kube::Api<K> = kube::Api::all(shared.client_for::<K>());
     let params = kube::api::PatchParams::default();
     let sent = if status {
         api.patch_status(name, &params, &patch).await

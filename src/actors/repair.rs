@@ -107,7 +107,7 @@ impl NodeRepair {
     fn repair(&mut self, r: Repair, ctx: &mut Context<Self>) {
         let name = r.claim.name_any();
         tracing::info!(nodeclaim = %name, node = %r.node, reason = %r.why, "{}", self.shared.settings.say("deleting unhealthy node", "would delete unhealthy node"));
-        let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
+        let api: Api<NodeClaim> = self.shared.api();
         let stamp =
             repair::termination_stamp(&r.claim, jiff::Timestamp::now(), r.termination_grace_period);
         let target = name.clone();

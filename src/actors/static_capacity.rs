@@ -167,7 +167,7 @@ impl StaticCapacity {
             return;
         }
         tracing::info!(nodeclaim = %claim, nodepool = %pool, "{}", self.shared.settings.say("deleting nodeclaim: the static pool holds more than spec.replicas", "would delete NodeClaim: the static pool holds more than spec.replicas"));
-        let api: Api<NodeClaim> = Api::all(self.shared.workload.clone());
+        let api: Api<NodeClaim> = self.shared.api();
         let gate = self.shared.deletion_gate.clone();
         ctx.spawn(
             async move {

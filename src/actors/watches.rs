@@ -53,7 +53,11 @@ fn claims_and_pods(
     vec![
         // Per-object decoding: one claim the types cannot read must not stop the watch.
         spawn(
-            Watch::new(Api::all(shared.workload.clone()), "NodeClaims").feed(
+            bound(
+                shared,
+                Watch::new(shared.api::<Lenient<NodeClaim>>(), "NodeClaims"),
+            )
+            .feed(
                 |c: Lenient<NodeClaim>| c,
                 &shared.state.claims,
                 reports(shared),
@@ -80,8 +84,9 @@ fn claims_and_pods(
     ]
 }
 
-/// The workload cluster's other kinds: Nodes, DaemonSets, storage, Karpenter's objects,
-/// PodDisruptionBudgets and VolumeAttachments, each telling whoever acts on its changes.
+/// The workload cluster's other kinds: Nodes, DaemonSets, storage, Karpenter's objects (in the
+/// management cluster with `--karpenter-objects management`), PodDisruptionBudgets and
+/// VolumeAttachments, each telling whoever acts on its changes.
 fn workload_cluster_feeds(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
     use k8s_openapi::api::apps::v1::DaemonSet;
     use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
@@ -263,7 +268,17 @@ fn spawn(feed: impl std::future::Future<Output = ()> + 'static) -> JoinHandle<()
     actix::spawn(feed)
 }
 
-/// Feed `index` from a watch of every `K` of the workload cluster; `changed` after each change.
+/// A watch of Karpenter's objects sees only this Cluster's when they are in the management
+/// cluster (`view::binding`).
+fn bound<K: Watchable<DynamicType = ()>>(shared: &Shared, watch: Watch<K>) -> Watch<K> {
+    match shared.selector_for::<K>() {
+        Some(selector) => watch.labels(&selector),
+        None => watch,
+    }
+}
+
+/// Feed `index` from a watch of every `K` of the cluster that holds them; `changed` after each
+/// change.
 fn spawn_feed<K, I>(
     shared: &Arc<Shared>,
     index: &Arc<parking_lot::RwLock<I>>,
@@ -295,10 +310,6 @@ where
         trim(&mut o);
         o
     };
-    spawn(Watch::new(Api::all(shared.workload.clone()), what).feed(
-        read,
-        index,
-        reports(shared),
-        move |said| changed(&s, said),
-    ))
+    let watch = Watch::new(Api::all(shared.client_for::<K>()), what);
+    spawn(bound(shared, watch).feed(read, index, reports(shared), move |said| changed(&s, said)))
 }

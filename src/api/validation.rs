@@ -579,6 +579,16 @@ pub fn qualified_name(key: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `s` is a DNS label (RFC 1123), as namespace names are.
+pub fn dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
 /// A label value: empty, or at most 63 characters of [A-Za-z0-9-_.] starting and ending
 /// alphanumeric.
 pub fn label_value(value: &str) -> Result<(), String> {

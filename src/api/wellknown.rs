@@ -69,6 +69,9 @@ pub const NODECLASS_KIND: &str = "ClusterAPINodeClass";
 // ---- Cluster API ----
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// With `--karpenter-objects management`, the namespace of the Cluster a Karpenter object is
+/// bound to (beside `cluster-name`: two Clusters of one name in two namespaces stay apart).
+pub const CLUSTER_NAMESPACE_LABEL: &str = "karpenter.cluster.x-k8s.io/cluster-namespace";
 pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
 pub const SET_NAME_LABEL: &str = "cluster.x-k8s.io/set-name";
 /// On every MachinePool Machine: the MachinePool it belongs to.

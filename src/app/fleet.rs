@@ -577,6 +577,9 @@ async fn start_cluster(
     let mut settings = fleet.settings.clone();
     settings.cluster_name = Some(name.to_string());
     settings.capi_namespace = Some(ns.to_string());
+    if let Some(b) = &mut settings.karpenter_objects {
+        (b.cluster, b.namespace) = (name.to_string(), ns.to_string());
+    }
     let controller = Controller {
         workload,
         management,

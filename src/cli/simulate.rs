@@ -283,6 +283,13 @@ pub struct SimulateArgs {
     /// summary. Scenarios `pods` and `default` only, on the simulated control plane.
     #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=500))]
     pub clusters: usize,
+    /// Where Karpenter's objects live, as `run --karpenter-objects` says: `management` keeps the
+    /// NodePools, NodeClasses and NodeClaims in a simulated management cluster apart (beside
+    /// Cluster API's objects, bound to Cluster `sim` by labels) and only Nodes and Pods in the
+    /// workload cluster. Simulated control plane, one cluster; scenarios launch, pods, drain
+    /// and consolidate.
+    #[arg(long, value_enum, default_value = "workload")]
+    pub karpenter_objects: crate::cli::KarpenterObjects,
     /// NodeClaims to create directly, without pods (launch scenario only).
     #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=MAX_SIM_OBJECTS))]
     pub claims: usize,

@@ -235,10 +235,27 @@ where
         .items)
 }
 
+/// Where a kind is listed: the client of its cluster, and the label selector of this Cluster's
+/// objects when they are in the management cluster.
+type KarpenterSource = (kube::Client, Option<String>);
+
+/// Karpenter's objects' source: the management cluster's client and this Cluster's binding with
+/// `--karpenter-objects management`, the workload cluster's otherwise.
+fn karpenter_source(
+    workload: &kube::Client,
+    management: &kube::Client,
+    settings: &crate::actors::Settings,
+) -> KarpenterSource {
+    match &settings.karpenter_objects {
+        Some(b) => (management.clone(), Some(b.selector())),
+        None => (workload.clone(), None),
+    }
+}
+
 /// Lists the Karpenter objects one by one leniently: an object the types cannot decode is
 /// reported, not fatal (the controller serves the rest too).
 async fn list_lenient<K>(
-    client: &kube::Client,
+    (client, selector): &KarpenterSource,
     what: &'static str,
     malformed: &mut Vec<(String, String, String)>,
 ) -> Result<Vec<K>, Error>
@@ -250,7 +267,11 @@ where
 {
     let items: Vec<Lenient<K>> = {
         let api: Api<Lenient<K>> = Api::all(client.clone());
-        api.list(&ListParams::default())
+        let params = match selector {
+            Some(s) => ListParams::default().labels(s),
+            None => ListParams::default(),
+        };
+        api.list(&params)
             .await
             .map_err(|source| Error::List { what, source })?
             .items
@@ -393,7 +414,7 @@ fn resolve_all(
 
 /// The NodeOverlays, or none where the API does not serve them (a cluster without the CRD).
 async fn list_overlays(
-    client: &kube::Client,
+    client: &KarpenterSource,
     malformed: &mut Vec<(String, String, String)>,
 ) -> Result<Vec<NodeOverlay>, Error> {
     match list_lenient(client, "NodeOverlays", malformed).await {
@@ -408,7 +429,7 @@ async fn list_overlays(
 /// The CapacityQuotas (with the gate on), or none where the API does not serve them (no CRD)
 /// or this reader may not list them: a pod is then explained without them.
 async fn list_quotas(
-    client: &kube::Client,
+    client: &KarpenterSource,
     malformed: &mut Vec<(String, String, String)>,
 ) -> Result<Vec<crate::api::capacity_quota::CapacityQuota>, Error> {
     match list_lenient(client, "CapacityQuotas", malformed).await {
@@ -442,10 +463,12 @@ pub async fn read(
         malformed.push(("MachineDeployment".into(), md.clone(), why.clone()));
     }
     let excluded = std::mem::take(&mut capi.excluded);
-    let nodepools: Vec<NodePool> = list_lenient(&workload, "NodePools", &mut malformed).await?;
-    let claims: Vec<NodeClaim> = list_lenient(&workload, "NodeClaims", &mut malformed).await?;
+    // Karpenter's objects where the controller reads them (`view::binding`).
+    let k = &karpenter_source(&workload, &management, &settings);
+    let nodepools: Vec<NodePool> = list_lenient(k, "NodePools", &mut malformed).await?;
+    let claims: Vec<NodeClaim> = list_lenient(k, "NodeClaims", &mut malformed).await?;
     let nodeclasses: Vec<ClusterAPINodeClass> =
-        list_lenient(&workload, "ClusterAPINodeClasses", &mut malformed).await?;
+        list_lenient(k, "ClusterAPINodeClasses", &mut malformed).await?;
     let nodes: Vec<Node> = list_all(&workload, "Nodes").await?;
     let pods: Vec<Pod> = list_all(&workload, "Pods").await?;
     let daemonsets: Vec<DaemonSet> = list_all(&workload, "DaemonSets").await?;
@@ -453,7 +476,7 @@ pub async fn read(
 
     let state = state_of(capi, claims, nodes, pods, daemonsets, pdbs, nodepools);
     if settings.capacity_quotas {
-        let quotas = list_quotas(&workload, &mut malformed).await?;
+        let quotas = list_quotas(&(workload.clone(), None), &mut malformed).await?;
         let quotas = quotas.into_iter().map(Lenient::Ok).collect();
         Index::reset(&mut *state.quotas.write(), quotas);
     }
@@ -461,7 +484,7 @@ pub async fn read(
         state.deployments.read().all().cloned().collect();
     let (templates, template_errors) = read_templates(&management, &deployments).await;
     // The prices and capacity the Catalog actor publishes are after the NodeOverlays.
-    let overlays = list_overlays(&workload, &mut malformed).await?;
+    let overlays = list_overlays(k, &mut malformed).await?;
     let (catalog, resolved, template_errors) = resolve_all(
         &state,
         nodeclasses,

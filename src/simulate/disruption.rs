@@ -156,7 +156,7 @@ impl InFlightSampler {
 
 pub(super) async fn patch_nodepool(sim: &BackgroundSim, patch: Value) -> Result<(), Error> {
     sim.run(move |c| async move {
-        let api: kube::Api<crate::api::nodepool::NodePool> = kube::Api::all(c.client());
+        let api: kube::Api<crate::api::nodepool::NodePool> = kube::Api::all(c.karpenter_client());
         api.patch(
             launch::NODEPOOL,
             &kube::api::PatchParams::default(),
@@ -481,7 +481,7 @@ fn round2(x: f64) -> f64 {
 
 /// How many of `names` still exist (live or terminating).
 fn live_or_deleting(sim: &BackgroundSim, names: &BTreeSet<String>) -> usize {
-    let store = sim.cluster().store();
+    let store = sim.cluster().karpenter_store();
     names
         .iter()
         .filter(|n| store.get("nodeclaims", "", n).is_some())

@@ -155,7 +155,8 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(DrainReport, Kept), Error>
     let names: Vec<String> = victims.iter().map(|(n, _)| n.clone()).collect();
     p.sim
         .run(move |c| async move {
-            let api: kube::Api<crate::api::nodeclaim::NodeClaim> = kube::Api::all(c.client());
+            let api: kube::Api<crate::api::nodeclaim::NodeClaim> =
+                kube::Api::all(c.karpenter_client());
             for n in names {
                 match api.delete(&n, &kube::api::DeleteParams::default()).await {
                     Ok(_) => {}
@@ -199,7 +200,7 @@ async fn wait_gone(
     let start = Instant::now();
     let printer = super::progress::Progress::new();
     loop {
-        let store = sim.cluster().store();
+        let store = sim.cluster().karpenter_store();
         let left = victims
             .iter()
             .filter(|(n, _)| store.get("nodeclaims", "", n).is_some())
@@ -226,7 +227,7 @@ fn termination_counts(
     victims: &[(String, Option<String>)],
 ) -> TerminationCounts {
     let stats = sim.cluster().stats();
-    let store = sim.cluster().store();
+    let store = sim.cluster().capi_store();
     let writes = stats.writes();
     let controller = |agent: &str| agent.starts_with("karpenter-capi");
     let deleted_at: BTreeMap<String, u64> = writes

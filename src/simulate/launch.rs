@@ -73,19 +73,34 @@ pub fn seed_of(i: usize, max_size: usize) -> MachineDeploymentSeed {
 /// A NodeClass selecting every member MachineDeployment, and a NodePool using it (with
 /// consolidation off).
 pub async fn seed_nodeclass_and_pool(client: kube::Client) -> Result<NodePool, Error> {
+    seed_labelled(client, BTreeMap::new()).await
+}
+
+/// [`seed_nodeclass_and_pool`] on the cluster that holds Karpenter's objects, bound to the
+/// simulated Cluster there when that is the management cluster.
+pub async fn seed_karpenter_objects(c: &SimCluster) -> Result<NodePool, Error> {
+    seed_labelled(c.karpenter_client(), c.karpenter_labels()).await
+}
+
+/// The NodeClass and NodePool, both carrying `labels`.
+async fn seed_labelled(
+    client: kube::Client,
+    labels: BTreeMap<String, String>,
+) -> Result<NodePool, Error> {
     let kube = |what: &str| {
         let what = what.to_string();
         move |source| Error::Kube { what, source }
     };
     let ncs: Api<ClusterAPINodeClass> = Api::all(client.clone());
-    let nc = ClusterAPINodeClass::new(NODECLASS, ClusterAPINodeClassSpec::default());
+    let mut nc = ClusterAPINodeClass::new(NODECLASS, ClusterAPINodeClassSpec::default());
+    nc.metadata.labels = Some(labels.clone());
     ncs.create(&PostParams::default(), &nc)
         .await
         .map_err(kube("creating the ClusterAPINodeClass"))?;
     let pools: Api<NodePool> = Api::all(client);
     let np: NodePool = serde_json::from_value(json!({
         "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-        "metadata": {"name": NODEPOOL},
+        "metadata": {"name": NODEPOOL, "labels": labels},
         "spec": {
             "template": {"spec": {
                 "requirements": [{"key": CAPACITY_TYPE_LABEL, "operator": "In", "values": ["on-demand"]}],
@@ -166,12 +181,36 @@ pub async fn create_claims(
     n: usize,
     mds: usize,
 ) -> Result<Vec<String>, Error> {
+    create_labelled_claims(client, pool, n, mds, &BTreeMap::new()).await
+}
+
+/// [`create_claims`] on the cluster that holds Karpenter's objects, bound to the simulated
+/// Cluster there when that is the management cluster.
+pub async fn create_claims_in(
+    c: &SimCluster,
+    pool: &NodePool,
+    n: usize,
+    mds: usize,
+) -> Result<Vec<String>, Error> {
+    create_labelled_claims(c.karpenter_client(), pool, n, mds, &c.karpenter_labels()).await
+}
+
+/// [`create_claims`], each claim carrying `labels` too.
+async fn create_labelled_claims(
+    client: kube::Client,
+    pool: &NodePool,
+    n: usize,
+    mds: usize,
+    labels: &BTreeMap<String, String>,
+) -> Result<Vec<String>, Error> {
     let api: Api<NodeClaim> = Api::all(client);
     let mds = mds.max(1);
     let results: Vec<Result<NodeClaim, kube::Error>> = stream::iter(0..n)
         .map(|i| {
             let api = api.clone();
-            let claim = claim_for(pool, &instance_type(i % mds));
+            let mut claim = claim_for(pool, &instance_type(i % mds));
+            let own = claim.metadata.labels.get_or_insert_default();
+            own.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
             async move { api.create(&PostParams::default(), &claim).await }
         })
         .buffer_unordered(32)
@@ -193,9 +232,7 @@ pub async fn create_claims(
 /// copies) and stops at the first thing in flight, so a look during a burst costs little.
 pub fn quiet(cluster: &SimCluster) -> bool {
     let mut calm = true;
-    cluster
-        .store()
-        .visit("nodeclaims", |c| calm = calm && claim_settled(c));
+    (cluster.karpenter_store()).visit("nodeclaims", |c| calm = calm && claim_settled(c));
     if !calm {
         return false;
     }
@@ -290,7 +327,7 @@ fn node_state(store: &crate::sim::Store, claim: &Value) -> String {
 pub fn unsettled(cluster: &SimCluster) -> Vec<String> {
     let (store, capi) = (cluster.store(), cluster.capi_store());
     let mut why = Vec::new();
-    for c in store.list("nodeclaims", None) {
+    for c in cluster.karpenter_store().list("nodeclaims", None) {
         if c.pointer("/metadata/deletionTimestamp")
             .is_some_and(|v| !v.is_null())
         {
@@ -449,7 +486,7 @@ where
 pub fn progress_line(cluster: &SimCluster) -> String {
     let store = cluster.store();
     let (mut claims, mut launched, mut initialized) = (0, 0, 0);
-    store.visit("nodeclaims", |c| {
+    cluster.karpenter_store().visit("nodeclaims", |c| {
         claims += 1;
         launched += usize::from(has_condition(c, "Launched"));
         initialized += usize::from(has_condition(c, "Initialized"));
@@ -488,7 +525,7 @@ pub async fn seed(sim: &BackgroundSim, args: &SimulateArgs) -> Result<NodePool, 
         for i in 0..mds {
             super::node_groups::create(&c, scalable, i, seed_of(i, max_size)).await?;
         }
-        seed_nodeclass_and_pool(c.client()).await
+        seed_karpenter_objects(&c).await
     })
     .await?
 }
@@ -501,7 +538,7 @@ pub async fn create_claims_on(
     mds: usize,
 ) -> Result<(), Error> {
     let pool = Arc::new(pool);
-    sim.run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
+    sim.run(move |c| async move { create_claims_in(&c, &pool, n, mds).await })
         .await?
         .map(|_| ())
 }
@@ -515,7 +552,7 @@ pub async fn run_kept(args: &SimulateArgs) -> Result<(Report, Kept), Error> {
     let observer = Observer::default();
     {
         let o = observer.clone();
-        sim.spawn(move |c| o.run(c.client(), c.stats()));
+        sim.spawn(move |c| o.run(c.karpenter_client(), c.stats()));
     }
     let create_timeout = args.create_timeout;
     let controller = start_controller(&sim, sim_settings(create_timeout), Metrics::new()).await?;

@@ -467,7 +467,7 @@ pub async fn provision_on(
     let observer = Observer::default();
     {
         let o = observer.clone();
-        sim.spawn(move |c| o.run(c.client(), c.stats()));
+        sim.spawn(move |c| o.run(c.karpenter_client(), c.stats()));
     }
     let mut settings = provisioning_settings(args);
     tweak(&mut settings);
@@ -531,11 +531,12 @@ pub async fn seed_nodepool(
     pool: impl FnOnce(&mut serde_json::Value) + Send + 'static,
 ) -> Result<(), Error> {
     sim.run(move |c| async move {
-        let created = launch::seed_nodeclass_and_pool(c.client()).await?;
+        let created = launch::seed_karpenter_objects(&c).await?;
         let mut edit = serde_json::json!({});
         pool(&mut edit);
         if edit.as_object().is_some_and(|o| !o.is_empty()) {
-            let api: kube::Api<crate::api::nodepool::NodePool> = kube::Api::all(c.client());
+            let api: kube::Api<crate::api::nodepool::NodePool> =
+                kube::Api::all(c.karpenter_client());
             api.patch(
                 &kube::ResourceExt::name_any(&created),
                 &kube::api::PatchParams::default(),

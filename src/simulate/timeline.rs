@@ -225,17 +225,19 @@ pub fn cost_per_hour_in(store: &Store, scope: Option<&str>) -> f64 {
     total
 }
 
-/// Count the cluster now.
-pub fn sample(store: &Store, at_ms: u64) -> Sample {
+/// Count the cluster now, each kind where it lives (Machines in the management cluster when it
+/// is apart, Karpenter's objects there too with `--karpenter-objects management`).
+pub fn sample(cluster: &SimCluster, at_ms: u64) -> Sample {
+    let (store, karpenter) = (cluster.store(), cluster.karpenter_store());
     let mut pending_pods = 0;
     store.visit("pods", |p| pending_pods += usize::from(pending(p)));
     Sample {
         at_ms,
         pending_pods,
         nodes: node_phases(store),
-        claims: claim_phases(store),
-        cost_per_hour: cost_per_hour(store),
-        pool_status: pool_status(store),
+        claims: claim_phases(karpenter),
+        cost_per_hour: cost_per_hour(cluster.capi_store()),
+        pool_status: pool_status(karpenter),
     }
 }
 
@@ -286,7 +288,7 @@ impl Sampler {
                 return;
             };
             let took = Instant::now();
-            let s = sample(c.store(), c.stats().now_ms());
+            let s = sample(&c, c.stats().now_ms());
             drop(c);
             self.record(s);
             let mut held = self.held.lock();
@@ -323,7 +325,7 @@ impl Sampler {
     /// The timeline so far, with one last sample taken now.
     pub fn timeline(&self, cluster: &SimCluster) -> Timeline {
         let stats = cluster.stats();
-        self.record(sample(cluster.store(), stats.now_ms()));
+        self.record(sample(cluster, stats.now_ms()));
         let (samples, marks) = {
             let held = self.held.lock();
             (held.samples.clone(), held.marks.clone())

@@ -21,6 +21,9 @@ pub struct Settings {
     pub capi_namespace: Option<String>,
     /// Only MachineDeployments of this cluster (label cluster.x-k8s.io/cluster-name).
     pub cluster_name: Option<String>,
+    /// `--karpenter-objects management`: Karpenter's objects are in the management cluster,
+    /// bound to this Cluster (None: in the workload cluster).
+    pub karpenter_objects: Option<super::binding::Binding>,
     /// Provisioning batch windows.
     pub batching: Batching,
     /// Preferred affinities: tried as required first, or ignored.
@@ -167,6 +170,7 @@ impl Default for Settings {
             unavailable_offering_ttl: Duration::from_secs(180),
             capi_namespace: None,
             cluster_name: None,
+            karpenter_objects: None,
             batching: Batching::default(),
             preference: crate::scheduling::PreferencePolicy::Respect,
             min_values_policy: crate::scheduling::MinValuesPolicy::Strict,

@@ -42,7 +42,7 @@ pub fn fast_disruption() -> DisruptionSettings {
 impl Env {
     /// Merges `patch` into the NodePool.
     pub async fn patch_pool(&self, patch: Value) {
-        let api: Api<NodePool> = Api::all(self.client().await);
+        let api: Api<NodePool> = Api::all(self.karpenter_client().await);
         api.patch(
             &self.pool.name_any(),
             &PatchParams::default(),

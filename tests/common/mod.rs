@@ -25,7 +25,7 @@ use karpenter_capi::metrics::Metrics;
 use karpenter_capi::sim::capi::CapiVersion as StandinVersion;
 use karpenter_capi::sim::cluster::{Backend, MachineDeploymentSeed, SimClusterConfig};
 use karpenter_capi::simulate::launch::{
-    self, claim_for, create_claims, seed_nodeclass_and_pool, seed_of, settle,
+    self, claim_for, create_claims_in, seed_karpenter_objects, seed_of, settle,
 };
 use karpenter_capi::simulate::{BackgroundSim, invariants, sim_settings, start_controller};
 
@@ -294,13 +294,13 @@ impl EnvBuilder {
                         .await
                         .expect("seed MachinePool");
                 }
-                let pool = seed_nodeclass_and_pool(c.client())
+                let pool = seed_karpenter_objects(&c)
                     .await
                     .expect("seed NodeClass and NodePool");
                 let Some(limits) = limits else {
                     return pool;
                 };
-                let api: Api<NodePool> = Api::all(c.client());
+                let api: Api<NodePool> = Api::all(c.karpenter_client());
                 api.patch(
                     &pool.name_any(),
                     &PatchParams::default(),
@@ -388,6 +388,11 @@ impl Env {
 
     pub async fn client(&self) -> kube::Client {
         self.sim.client_here().await.expect("client")
+    }
+
+    /// A client for the cluster holding Karpenter's objects.
+    pub async fn karpenter_client(&self) -> kube::Client {
+        (self.sim.karpenter_client_here().await).expect("client")
     }
 
     /// One initialized claim (with this termination grace period); returns (claim, node).
@@ -517,7 +522,7 @@ impl Env {
     pub async fn claims(&self, n: usize, mds: usize) -> Vec<String> {
         let pool = self.pool.clone();
         self.sim
-            .run(move |c| async move { create_claims(c.client(), &pool, n, mds).await })
+            .run(move |c| async move { create_claims_in(&c, &pool, n, mds).await })
             .await
             .expect("run")
             .expect("claims")
@@ -569,7 +574,7 @@ impl Env {
     pub fn invariants_hold(&self) -> invariants::Invariants {
         let cluster = self.sim.cluster();
         let inv = invariants::check_apart(
-            cluster.store(),
+            cluster.karpenter_store(),
             cluster.capi_store(),
             cluster.capi_version().into(),
         );

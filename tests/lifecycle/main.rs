@@ -8,6 +8,7 @@ mod apart;
 mod fleet;
 mod ha;
 mod hardening;
+mod karpenter_apart;
 mod launch;
 mod machine_pool;
 mod shadow;

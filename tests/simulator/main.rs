@@ -8,6 +8,7 @@ mod fleet;
 mod from_cluster;
 mod generated_groups;
 mod held_back;
+mod karpenter_objects;
 mod measure_apart;
 mod report_html;
 mod sim_machine_pool;

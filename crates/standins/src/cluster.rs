@@ -18,7 +18,7 @@ use super::kubelet::KubeletConfig;
 use super::real::{self, RealBackend};
 use super::scheduler::{BindLog, BindRecord, SchedulerConfig};
 use super::standin::{Clusters, ShutdownTrigger, shutdown_pair};
-use super::{Faults, SimError, SimServer, Stats, Store};
+use super::{Faults, SimError, SimServer, Stats, Store, wellknown};
 
 mod seed;
 mod seed_pool;
@@ -27,7 +27,8 @@ pub use seed::{
     PodShape, infra_template_resource, infrastructure_template, machine_deployment, machine_pool,
 };
 use start::{
-    is_cluster_api_group, join_management, spawn_standins, start_management, start_server,
+    is_cluster_api_group, is_karpenter_group, join_management, spawn_standins, start_management,
+    start_server,
 };
 
 /// Cluster name every seeded Cluster API object belongs to.
@@ -164,6 +165,11 @@ pub struct SimClusterConfig {
     /// holds the Cluster and its `<cluster>-kubeconfig` Secret for the workload cluster, as
     /// Cluster API writes them. Simulated backend only.
     pub management_apart: bool,
+    /// Karpenter's objects (NodePools, NodeClaims, NodeClasses, NodeOverlays) in the management
+    /// cluster too, each bound to Cluster `sim` by its labels, as `--karpenter-objects
+    /// management` keeps them; the workload cluster holds only Nodes, Pods and the like.
+    /// Implies [`SimClusterConfig::management_apart`] unless the management cluster is shared.
+    pub karpenter_in_management: bool,
     /// A management cluster shared with other workload clusters (a fleet), instead of one of
     /// its own: this cluster's Cluster `sim`, its kubeconfig Secret and Cluster API's objects
     /// go in the namespace given, and its stand-ins watch only there. Simulated backend only.
@@ -233,6 +239,7 @@ impl Default for SimClusterConfig {
             kubeconfig_out: None,
             extra_resources: Vec::new(),
             management_apart: false,
+            karpenter_in_management: false,
             shared_management: None,
         }
     }
@@ -299,7 +306,8 @@ impl SimCluster {
         if cfg.cluster_api.is_real() && cfg.backend != Backend::Real {
             return Err(Error::RealClusterApiNeedsRealControlPlane);
         }
-        let apart = cfg.management_apart || cfg.shared_management.is_some();
+        let apart =
+            cfg.management_apart || cfg.shared_management.is_some() || cfg.karpenter_in_management;
         if apart && (cfg.backend != Backend::Simulated || preload.is_some()) {
             return Err(Error::NotOnRealBackend(
                 "a management cluster apart (simulated backend, nothing preloaded)",
@@ -360,7 +368,8 @@ impl SimCluster {
             Served::Simulated(server) => server.stats(),
             Served::Real { backend, .. } => backend.stats(),
         };
-        let management_server = match (&cfg.shared_management, cfg.management_apart) {
+        let own_management = cfg.management_apart || cfg.karpenter_in_management;
+        let management_server = match (&cfg.shared_management, own_management) {
             (Some(shared), _) => Some(join_management(&cfg, shared, &served).await?),
             (None, true) => Some(Arc::new(start_management(&cfg, &served).await?)),
             (None, false) => None,
@@ -413,6 +422,40 @@ impl SimCluster {
     /// apart ([`SimClusterConfig::management_apart`]), else the same as [`SimCluster::client`].
     pub fn management_client(&self) -> Client {
         self.management.clone()
+    }
+
+    /// A client for the cluster holding Karpenter's objects: the management cluster's with
+    /// [`SimClusterConfig::karpenter_in_management`], else the workload cluster's.
+    pub fn karpenter_client(&self) -> Client {
+        if self.cfg.karpenter_in_management {
+            self.management_client()
+        } else {
+            self.client()
+        }
+    }
+
+    /// The labels binding a Karpenter object to Cluster `sim` in the management cluster (none
+    /// when Karpenter's objects are in the workload cluster).
+    pub fn karpenter_labels(&self) -> BTreeMap<String, String> {
+        let Some((cluster, namespace)) = self.karpenter_binding() else {
+            return BTreeMap::new();
+        };
+        [
+            (wellknown::CLUSTER_NAME_LABEL, cluster),
+            (wellknown::CLUSTER_NAMESPACE_LABEL, namespace),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+    }
+
+    /// The Cluster (name, namespace) Karpenter's objects are bound to in the management
+    /// cluster, when they are there.
+    pub fn karpenter_binding(&self) -> Option<(&str, &str)> {
+        let namespace = self.capi_namespace().unwrap_or("default");
+        self.cfg
+            .karpenter_in_management
+            .then_some((CLUSTER_NAME, namespace))
     }
 
     /// The management cluster's kubeconfig, when it is apart.
@@ -501,15 +544,24 @@ impl SimCluster {
     }
 
     /// The objects of `resource`'s cluster: Cluster API's and its providers' kinds in the
-    /// management cluster when it is apart, every other kind (Karpenter's included) in the
-    /// workload cluster.
+    /// management cluster when it is apart, Karpenter's there too with
+    /// [`SimClusterConfig::karpenter_in_management`], every other kind in the workload cluster.
     pub fn store_of(&self, resource: &str) -> &Store {
         let store = self.store();
-        let capi = store
-            .registry()
-            .by_name(resource)
-            .is_some_and(|d| is_cluster_api_group(&d.group));
-        if capi { self.capi_store() } else { store }
+        let apart = store.registry().by_name(resource).is_some_and(|d| {
+            is_cluster_api_group(&d.group)
+                || (self.cfg.karpenter_in_management && is_karpenter_group(&d.group))
+        });
+        if apart { self.capi_store() } else { store }
+    }
+
+    /// The objects of the cluster holding Karpenter's.
+    pub fn karpenter_store(&self) -> &Store {
+        if self.cfg.karpenter_in_management {
+            self.capi_store()
+        } else {
+            self.store()
+        }
     }
 
     /// The simulated server, for what exists only there (its fault injection, writing straight

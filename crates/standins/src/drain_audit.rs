@@ -38,12 +38,20 @@ pub(crate) fn audit(
     ns: &str,
     name: &str,
     how: Removal,
-    now: jiff::Timestamp,
+    asked: Asked<'_>,
 ) -> Vec<Violation> {
     let Some(pod) = inner.get(pods, ns, name) else {
         return Vec::new();
     };
-    audit_pod(inner, registry, pods, ns, pod, how, now)
+    audit_pod(inner, registry, pods, ns, pod, how, asked)
+}
+
+/// When a removal was asked, and the store holding the NodeClaims when another server does
+/// (Karpenter's objects in a management cluster apart): their termination deadlines decide
+/// what a forced removal may break.
+pub(crate) struct Asked<'a> {
+    pub(crate) at: jiff::Timestamp,
+    pub(crate) claims_elsewhere: Option<&'a super::store::Store>,
 }
 
 /// [`audit`] of a pod another API server removed (the real backend), against the mirror of
@@ -60,7 +68,11 @@ pub(crate) fn audit_removed_pod(
         return Vec::new();
     };
     let inner = store.lock();
-    audit_pod(&inner, registry, pods, ns, pod, how, now)
+    let asked = Asked {
+        at: now,
+        claims_elsewhere: None,
+    };
+    audit_pod(&inner, registry, pods, ns, pod, how, asked)
 }
 
 fn audit_pod(
@@ -70,10 +82,12 @@ fn audit_pod(
     ns: &str,
     pod: &Value,
     how: Removal,
-    now: jiff::Timestamp,
+    asked: Asked<'_>,
 ) -> Vec<Violation> {
+    let now = asked.at;
     let phase = pod.pointer("/status/phase").and_then(Value::as_str);
-    if matches!(phase, Some("Succeeded" | "Failed")) || past_deadline(inner, registry, pod, now) {
+    if matches!(phase, Some("Succeeded" | "Failed")) || past_deadline(inner, registry, pod, &asked)
+    {
         return Vec::new();
     }
     let mut found = Vec::new();
@@ -120,7 +134,8 @@ fn do_not_disrupt_active(pod: &Value, now: jiff::Timestamp) -> bool {
 
 /// Upstream's rule for forced deletion: the node has a termination deadline and the pod's grace
 /// period would run past it (one second of slack: timestamps have second precision).
-fn past_deadline(inner: &Inner, registry: &Registry, pod: &Value, now: jiff::Timestamp) -> bool {
+fn past_deadline(inner: &Inner, registry: &Registry, pod: &Value, asked: &Asked<'_>) -> bool {
+    let now = asked.at;
     let Some(node) = pod
         .pointer("/spec/nodeName")
         .and_then(Value::as_str)
@@ -128,20 +143,15 @@ fn past_deadline(inner: &Inner, registry: &Registry, pod: &Value, now: jiff::Tim
     else {
         return false;
     };
-    let Some(claims) = registry.lookup("karpenter.sh", "v1", "nodeclaims") else {
-        return false;
+    let deadline = match asked.claims_elsewhere {
+        Some(store) => node_deadline(store.list("nodeclaims", None).iter(), node),
+        None => {
+            let Some(claims) = registry.lookup("karpenter.sh", "v1", "nodeclaims") else {
+                return false;
+            };
+            node_deadline(inner.iter(claims, None).map(|(_, c)| c), node)
+        }
     };
-    let deadline = inner
-        .iter(claims, None)
-        .map(|(_, c)| c)
-        .filter(|c| c.pointer("/status/nodeName").and_then(Value::as_str) == Some(node))
-        .filter_map(|c| {
-            c.pointer("/metadata/annotations")
-                .and_then(|a| a.get(TERMINATION_TIMESTAMP_ANNOTATION))
-                .and_then(Value::as_str)
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-        })
-        .min();
     let Some(deadline) = deadline else {
         return false;
     };
@@ -152,6 +162,22 @@ fn past_deadline(inner: &Inner, registry: &Registry, pod: &Value, now: jiff::Tim
     deadline
         .checked_sub(jiff::SignedDuration::from_secs(grace.saturating_add(1)))
         .is_ok_and(|from| now >= from)
+}
+
+/// The earliest termination deadline of the claims on `node`.
+fn node_deadline<'c>(
+    claims: impl Iterator<Item = &'c Value>,
+    node: &str,
+) -> Option<jiff::Timestamp> {
+    claims
+        .filter(|c| c.pointer("/status/nodeName").and_then(Value::as_str) == Some(node))
+        .filter_map(|c| {
+            c.pointer("/metadata/annotations")
+                .and_then(|a| a.get(TERMINATION_TIMESTAMP_ANNOTATION))
+                .and_then(Value::as_str)
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        })
+        .min()
 }
 
 #[cfg(test)]

@@ -82,6 +82,9 @@ pub struct SimConfig {
     pub bookmark_interval: Duration,
     /// Port to listen on (0 = any free port).
     pub port: u16,
+    /// Record requests and writes in this log instead of one of its own: a management cluster
+    /// whose writes a report reads beside the workload cluster's, on one clock.
+    pub stats: Option<Stats>,
 }
 
 impl Default for SimConfig {
@@ -94,6 +97,7 @@ impl Default for SimConfig {
             extra_resources: Vec::new(),
             bookmark_interval: Duration::from_secs(5),
             port: 0,
+            stats: None,
         }
     }
 }
@@ -150,6 +154,8 @@ pub struct SimServer {
     url: String,
     store: Arc<Store>,
     stats: Stats,
+    /// See [`SimServer::read_claims_from`].
+    claims_elsewhere: Arc<std::sync::OnceLock<Arc<Store>>>,
     faults: Arc<Faults>,
     kubeconfig: PathBuf,
     dir: PathBuf,
@@ -176,7 +182,8 @@ impl SimServer {
             config.watch_buffer,
             config.seed,
         ));
-        let stats = Stats::new();
+        let stats = config.stats.clone().unwrap_or_else(Stats::new);
+        let claims_elsewhere = Arc::new(std::sync::OnceLock::new());
         let faults = Arc::new(Faults::new(config.seed));
         let shared = Arc::new(server::Shared {
             store: store.clone(),
@@ -185,6 +192,7 @@ impl SimServer {
             faults: faults.clone(),
             address: addr.to_string(),
             bookmark_interval: config.bookmark_interval,
+            claims_elsewhere: claims_elsewhere.clone(),
         });
         let dir = std::env::temp_dir().join(format!(
             "karpenter-capi-sim-{}-{}",
@@ -204,6 +212,7 @@ impl SimServer {
             url,
             store,
             stats,
+            claims_elsewhere,
             faults,
             kubeconfig,
             dir,
@@ -255,6 +264,12 @@ impl SimServer {
 
     pub fn faults(&self) -> &Faults {
         &self.faults
+    }
+
+    /// The NodeClaims are in `other` (Karpenter's objects in a management cluster apart): the
+    /// drain audit reads their termination deadlines there. Set once; later calls are ignored.
+    pub fn read_claims_from(&self, other: &SimServer) {
+        let _ = self.claims_elsewhere.set(other.store.clone());
     }
 
     /// Direct access to stored objects, bypassing HTTP.

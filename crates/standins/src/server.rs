@@ -37,6 +37,9 @@ pub struct Shared {
     pub faults: Arc<Faults>,
     pub address: String,
     pub bookmark_interval: Duration,
+    /// The store holding the NodeClaims when another server does (Karpenter's objects in a
+    /// management cluster apart), for the drain audit's termination deadlines.
+    pub claims_elsewhere: Arc<std::sync::OnceLock<Arc<Store>>>,
 }
 
 fn json_response(code: u16, body: &Value) -> Response<Body> {

@@ -25,6 +25,9 @@ pub const UNREGISTERED_TAINT_KEY: &str = "karpenter.sh/unregistered";
 
 // ---- Cluster API ----
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// Beside `cluster-name`, the namespace of the Cluster a Karpenter object in the management
+/// cluster is bound to.
+pub const CLUSTER_NAMESPACE_LABEL: &str = "karpenter.cluster.x-k8s.io/cluster-namespace";
 pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
 pub const SET_NAME_LABEL: &str = "cluster.x-k8s.io/set-name";
 /// On every MachinePool Machine: the MachinePool it belongs to.

@@ -139,7 +139,7 @@ impl Catalog {
         }
         ctx.spawn(
             write_conditions::<NodeOverlay>(
-                self.shared.workload.clone(),
+                self.shared.client_for::<NodeOverlay>(),
                 name.to_string(),
                 json!(conds),
             )

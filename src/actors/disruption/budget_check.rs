@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use kube::api::{Api, ListParams};
+use kube::api::ListParams;
 
 use crate::actors::Shared;
 use crate::api::conditions;
@@ -35,15 +35,12 @@ pub(crate) async fn over_budget_on_server(
 ) -> Option<String> {
     let ours: HashSet<&str> = cmd.candidates.iter().map(|c| c.claim.as_str()).collect();
     for room in rooms {
-        let params = ListParams::default().labels(&format!(
-            "{}={}",
-            crate::api::wellknown::NODEPOOL_LABEL,
-            room.pool
-        ));
-        let listed = match Api::<NodeClaim>::all(shared.workload.clone())
-            .list(&params)
-            .await
-        {
+        let mut selector = format!("{}={}", crate::api::wellknown::NODEPOOL_LABEL, room.pool);
+        if let Some(binding) = shared.selector_for::<NodeClaim>() {
+            selector = format!("{selector},{binding}");
+        }
+        let params = ListParams::default().labels(&selector);
+        let listed = match shared.api::<NodeClaim>().list(&params).await {
             Ok(l) => l,
             Err(e) => {
                 tracing::debug!(nodepool = %room.pool, error = %e, "reading the pool's claims before a disruption failed; going by the indexes");

@@ -32,7 +32,7 @@ pub(crate) use super::notes::{Publish, on_claim_and_node};
 const CLAIM: (&str, &str) = ("NodeClaim", "nodeclaims");
 
 fn claims(shared: &Shared) -> Api<NodeClaim> {
-    Api::all(shared.workload.clone())
+    shared.api()
 }
 
 /// Rewrite a claim's conditions with `edit`, guarded by the version they were read from.

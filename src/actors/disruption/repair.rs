@@ -41,7 +41,7 @@ pub(super) async fn stamp_deadline(
     else {
         return Ok(());
     };
-    let api: Api<NodeClaim> = Api::all(shared.workload.clone());
+    let api: Api<NodeClaim> = shared.api();
     let patch = json!({"metadata": {"annotations": {TERMINATION_TIMESTAMP_ANNOTATION: stamp}}});
     let what = format!("stamping NodeClaim {}'s termination deadline", c.claim);
     persist_counted(&shared.metrics, "stamp", &what, |_| {

@@ -27,6 +27,7 @@ use crate::api::wellknown::*;
 use crate::metrics::{Metrics, NodeTerminatedLabels};
 use crate::state::claims::recorded_deployment;
 use crate::state::compact::CompactNode;
+use crate::view::binding::Binding;
 use crate::view::node::{node_initialized, same_taint};
 
 /// How long registration waits for a new Node to turn Ready so that it can initialize it in the
@@ -43,7 +44,7 @@ impl Step {
         let initialize = !is_true(&c, conditions::INITIALIZED)
             && node_initialized(&registered_node(node, &c), &c).is_ok();
         if !initialize
-            && !node_registered(compact, &c)
+            && !node_registered(compact, &c, self.binding())
             && !compact.ready()
             && let Some(created) = node.metadata.creation_timestamp.as_ref()
             && let Some(left) = left_until(created.0, READY_WAIT)
@@ -53,9 +54,9 @@ impl Step {
         }
         let label_missing =
             node.labels().get(INITIALIZED_LABEL).map(String::as_str) != Some("true");
-        if !node_registered(compact, &c) {
-            self.patch_node(&node_name, registration_patch(node, &c, initialize))
-                .await?;
+        if !node_registered(compact, &c, self.binding()) {
+            let patch = registration_patch(node, &c, initialize, self.binding());
+            self.patch_node(&node_name, patch).await?;
         } else if initialize && label_missing {
             self.patch_node(&node_name, initialized_label_patch(node))
                 .await?;
@@ -108,10 +109,18 @@ impl Step {
     }
 }
 
-/// Labels Karpenter puts on the Node at registration: the claim's labels plus `registered`
-/// (and `initialized` when registration initializes it too).
-fn registration_labels(c: &NodeClaim, initialized: bool) -> BTreeMap<String, String> {
+/// Labels Karpenter puts on the Node at registration: the claim's labels (but its binding to a
+/// Cluster in the management cluster) plus `registered` (and `initialized` when registration
+/// initializes it too).
+fn registration_labels(
+    c: &NodeClaim,
+    initialized: bool,
+    binding: Option<&Binding>,
+) -> BTreeMap<String, String> {
     let mut labels = c.labels().clone();
+    if let Some(b) = binding {
+        b.unlabel(&mut labels);
+    }
     labels.insert(REGISTERED_LABEL.to_string(), "true".to_string());
     if initialized {
         labels.insert(INITIALIZED_LABEL.to_string(), "true".to_string());
@@ -166,24 +175,35 @@ fn registration_taints(node: &Node, c: &NodeClaim) -> Vec<Taint> {
 }
 
 /// True when the Node already carries everything registration writes (read in place: every
-/// reconcile of a settled claim asks).
-pub(super) fn node_registered(node: &CompactNode, c: &NodeClaim) -> bool {
+/// reconcile of a settled claim asks). `binding`: the claim is in the management cluster, so
+/// the Node has no owner reference to it.
+pub(super) fn node_registered(
+    node: &CompactNode,
+    c: &NodeClaim,
+    binding: Option<&Binding>,
+) -> bool {
     node.labels().get(REGISTERED_LABEL) == Some("true")
         && !node
             .taints()
             .iter()
             .any(|t| t.key == UNREGISTERED_TAINT_KEY)
         && node.has_finalizer(TERMINATION_FINALIZER)
-        && c.metadata
-            .uid
-            .as_deref()
-            .is_some_and(|uid| node.owned_by(uid))
+        && (binding.is_some() || (c.metadata.uid.as_deref()).is_some_and(|uid| node.owned_by(uid)))
 }
 
-pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) -> JsonPatch {
+/// The registration patch of `node`. Its owner reference to the claim only when both live in
+/// the workload cluster: with the claim in the management cluster (`binding`), the workload
+/// cluster's garbage collector would find no owner and delete the Node; there the claim's
+/// termination finalizer on the Node and the claim actor's own Node deletion stand in for it.
+pub(super) fn registration_patch(
+    node: &Node,
+    c: &NodeClaim,
+    initialized: bool,
+    binding: Option<&Binding>,
+) -> JsonPatch {
     let mut p = JsonPatch::guarded(node.resource_version().as_deref());
     let has_labels = !node.labels().is_empty();
-    for (k, v) in registration_labels(c, initialized) {
+    for (k, v) in registration_labels(c, initialized, binding) {
         if node.labels().get(&k) != Some(&v) {
             p.set_entry(has_labels, "/metadata/labels", &k, &v);
         }
@@ -212,6 +232,17 @@ pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) 
         finalizers.push(TERMINATION_FINALIZER.to_string());
     }
     p.set("/metadata/finalizers", json!(finalizers));
+    if binding.is_none() {
+        p.set("/metadata/ownerReferences", json!(owners_with(node, c)));
+    }
+    p
+}
+
+/// The Node's owner references with one to its claim.
+fn owners_with(
+    node: &Node,
+    c: &NodeClaim,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
     let mut owners = node.owner_references().to_vec();
     if let Some(uid) = &c.metadata.uid
         && !owners.iter().any(|o| &o.uid == uid)
@@ -227,8 +258,7 @@ pub(super) fn registration_patch(node: &Node, c: &NodeClaim, initialized: bool) 
             },
         );
     }
-    p.set("/metadata/ownerReferences", json!(owners));
-    p
+    owners
 }
 
 /// The Node of a handed-back instance a claim took again (see the Scaler's `instances`).

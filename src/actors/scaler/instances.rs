@@ -232,7 +232,8 @@ impl Scaler {
                 name: name.clone(),
                 source,
             })?;
-            Api::<NodeClaim>::all(shared.workload.clone())
+            shared
+                .api::<NodeClaim>()
                 .patch(&name, &PatchParams::default(), &patch)
                 .await
                 .map_err(api_err(&shared.metrics, "patch", "nodeclaims", &name))
@@ -277,7 +278,8 @@ impl Scaler {
         let shared = self.shared.clone();
         let name = claim.clone();
         let read = async move {
-            Api::<NodeClaim>::all(shared.workload.clone())
+            shared
+                .api::<NodeClaim>()
                 .get_opt(&name)
                 .await
                 .map_err(api_err(&shared.metrics, "get", "nodeclaims", &name))

@@ -39,7 +39,8 @@ pub(super) fn has_condition(v: &Value, ty: &str) -> bool {
 /// of its last change has ended, as `kubectl wait --for=condition=NodesUpToDate` reads it (a
 /// True left from before the change does not count).
 pub(super) fn pool_up_to_date(sim: &BackgroundSim) -> bool {
-    let Some(pool) = sim.cluster().store().get("nodepools", "", launch::NODEPOOL) else {
+    let Some(pool) = (sim.cluster().karpenter_store()).get("nodepools", "", launch::NODEPOOL)
+    else {
         return false;
     };
     let generation = pool.pointer("/metadata/generation");
@@ -57,7 +58,7 @@ pub(super) fn pool_up_to_date(sim: &BackgroundSim) -> bool {
 /// Live (not deleting) claims.
 pub(super) fn live_claims(sim: &BackgroundSim) -> BTreeSet<String> {
     sim.cluster()
-        .store()
+        .karpenter_store()
         .list("nodeclaims", None)
         .iter()
         .filter(|c| !deleting(c))
@@ -67,7 +68,7 @@ pub(super) fn live_claims(sim: &BackgroundSim) -> BTreeSet<String> {
 
 /// The sum of the prices of the MachineDeployments of the live Machines.
 pub fn cost_per_hour(sim: &BackgroundSim) -> f64 {
-    crate::simulate::timeline::cost_per_hour(sim.cluster().store())
+    crate::simulate::timeline::cost_per_hour(sim.cluster().capi_store())
 }
 
 pub(super) fn live_nodes(sim: &BackgroundSim) -> usize {
@@ -154,7 +155,7 @@ pub fn max_pending_ms(sim: &BackgroundSim, since_ms: u64) -> u64 {
 /// disrupted.
 pub(super) fn disruption_in_flight(sim: &BackgroundSim) -> Option<String> {
     let store = sim.cluster().store();
-    for c in store.list("nodeclaims", None) {
+    for c in sim.cluster().karpenter_store().list("nodeclaims", None) {
         if deleting(&c) {
             return Some(format!("NodeClaim {} terminating", name_of(&c)));
         }

@@ -57,7 +57,7 @@ pub fn measure(
     // Cluster API's objects where they are: in the management cluster when apart (this
     // cluster's namespace of it when a fleet shares it).
     let inv = invariants::check_in(
-        cluster.store(),
+        cluster.karpenter_store(),
         cluster.capi_store(),
         cluster.capi_namespace(),
     );

@@ -24,8 +24,21 @@ pub(super) fn is_cluster_api_group(group: &str) -> bool {
     group == CAPI || (group.ends_with(&format!(".{CAPI}")) && group != "karpenter.cluster.x-k8s.io")
 }
 
+/// Karpenter's API groups (NodePools, NodeClaims, NodeOverlays; NodeClasses).
+pub(super) fn is_karpenter_group(group: &str) -> bool {
+    group == "karpenter.sh" || group == "karpenter.cluster.x-k8s.io"
+}
+
 /// The simulated API server for `cfg`.
 pub(super) async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Error> {
+    start_server_logging(cfg, None).await
+}
+
+/// [`start_server`], recording in `stats` when given.
+async fn start_server_logging(
+    cfg: &SimClusterConfig,
+    stats: Option<Stats>,
+) -> Result<SimServer, Error> {
     let served = match cfg.served {
         ServedVersions::V1beta1 => CapiVersions::V1Beta1,
         ServedVersions::V1beta2 => CapiVersions::V1Beta2,
@@ -35,6 +48,7 @@ pub(super) async fn start_server(cfg: &SimClusterConfig) -> Result<SimServer, Er
         served_capi_versions: served,
         seed: cfg.seed,
         port: cfg.port,
+        stats,
         ..SimConfig::default()
     }
     .with_infrastructure_templates();
@@ -58,12 +72,18 @@ pub(super) async fn start_management(
     let Served::Simulated(workload) = served else {
         return Err(Error::NotOnRealBackend("a management cluster apart"));
     };
-    let management = start_server(&SimClusterConfig {
+    // With Karpenter's objects here, the claims' writes are logged with the workload cluster's
+    // (one clock), where a report reads them.
+    let stats = cfg.karpenter_in_management.then(|| workload.stats());
+    let config = SimClusterConfig {
         port: 0,
         kubeconfig_out: None,
         ..cfg.clone()
-    })
-    .await?;
+    };
+    let management = start_server_logging(&config, stats).await?;
+    if cfg.karpenter_in_management {
+        workload.read_claims_from(&management);
+    }
     let client = management.client();
     let kubeconfig = std::fs::read(workload.kubeconfig_path()).map_err(|source| {
         Error::Server(SimError::Kubeconfig {
@@ -198,7 +218,12 @@ pub(super) fn spawn_standins(
         // simulated server has none, so there the writes would only be load).
         tasks.extend(node_lease::spawn(client.clone(), shutdown.clone()));
     }
-    let (audit, t) = disruption_audit::spawn(client.clone(), shutdown.clone());
+    // The audit reads Karpenter's objects, where they live.
+    let karpenter = match cfg.karpenter_in_management {
+        true => &clusters.management,
+        false => client,
+    };
+    let (audit, t) = disruption_audit::spawn(karpenter.clone(), shutdown.clone());
     tasks.extend(t);
     tasks.extend(pod_lifecycle::spawn(
         client.clone(),

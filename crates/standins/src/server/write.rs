@@ -174,7 +174,10 @@ pub(super) fn audit_removal(
         target.ns(),
         name,
         how,
-        jiff::Timestamp::now(),
+        drain_audit::Asked {
+            at: jiff::Timestamp::now(),
+            claims_elsewhere: shared.claims_elsewhere.get().map(std::sync::Arc::as_ref),
+        },
     )
 }
 
