@@ -16,7 +16,7 @@ use super::observer::Observer;
 use super::pods::{self, PodReport};
 use super::report::Percentiles;
 use super::{BackgroundSim, Error};
-use crate::app::fleet::{ClusterMetrics, Fleet};
+use crate::app::fleet::{ClusterMetrics, Fleet, Turns};
 use crate::cli::{ControlPlaneArg, ReportFormat, Scenario, SimulateArgs};
 use crate::metrics::Metrics;
 use crate::sim::SimServer;
@@ -78,9 +78,9 @@ pub struct FleetCluster {
     pub cost_per_hour: f64,
     /// Its report's `backend` section.
     pub backend: Value,
-    /// How many times the fleet started its controller: above 1, it lost the Cluster's Lease
-    /// (not renewed in time) and took it back.
-    pub controller_starts: u64,
+    /// How many times the fleet started its controller (above 1: it stopped and was started
+    /// again), and how many times it lost the Cluster's Lease while the controller ran.
+    pub turns: Turns,
 }
 
 impl FleetCluster {
@@ -96,7 +96,10 @@ impl FleetCluster {
         if let Some(o) = v.as_object_mut() {
             o.insert("cluster".into(), self.cluster.clone().into());
             o.insert("cost_per_hour".into(), round2(self.cost_per_hour).into());
-            o.insert("controller_starts".into(), self.controller_starts.into());
+            o.insert("controller_starts".into(), self.turns.starts.into());
+            let restarts = self.turns.starts.saturating_sub(1);
+            o.insert("controller_restarts".into(), restarts.into());
+            o.insert("leases_lost".into(), self.turns.leases_lost.into());
             o.insert("backend".into(), self.backend.clone());
         }
         v
@@ -150,8 +153,14 @@ pub struct Summary {
     pub cost_per_hour: f64,
     pub invariant_violations: usize,
     pub invariants_ok: bool,
-    /// Controller starts beyond the first, over the clusters: Leases lost and taken back.
+    /// Controller starts beyond the first, over the clusters (a Lease lost and taken back, or a
+    /// start that failed and was tried again).
     pub controller_restarts: u64,
+    /// Leases lost while their Cluster's controller ran, over the clusters; 0 in a run where
+    /// every renewal kept its deadline.
+    pub leases_lost: u64,
+    /// Clusters that lost their Lease at least once.
+    pub clusters_that_lost_leases: usize,
     /// Each cluster's pending -> bound p50 and p99, spread over the clusters.
     pub pod_pending_to_bound_p50_ms: Spread,
     pub pod_pending_to_bound_p99_ms: Spread,
@@ -192,8 +201,12 @@ impl FleetReport {
             invariant_violations: sum(|r| r.launch.problems.len()),
             invariants_ok: self.invariants_ok(),
             controller_restarts: (self.clusters.iter())
-                .map(|c| c.controller_starts.saturating_sub(1))
+                .map(|c| c.turns.starts.saturating_sub(1))
                 .sum(),
+            leases_lost: self.clusters.iter().map(|c| c.turns.leases_lost).sum(),
+            clusters_that_lost_leases: (self.clusters.iter())
+                .filter(|c| c.turns.leases_lost > 0)
+                .count(),
             pod_pending_to_bound_p50_ms: latency(|p| p.p50),
             pod_pending_to_bound_p99_ms: latency(|p| p.p99),
             elapsed_ms: self.elapsed_ms,
@@ -250,16 +263,20 @@ impl std::fmt::Display for FleetReport {
             "  latency:  pending -> bound p50 {:.0}/{:.0}/{:.0} ms, p99 {:.0}/{:.0}/{:.0} ms (min/median/max over the clusters)",
             p50.min, p50.median, p50.max, p99.min, p99.median, p99.max
         )?;
-        write!(
+        writeln!(
             f,
-            "  invariants: {} ({} violations); {} controller restarts (Leases lost and taken back)",
+            "  invariants: {} ({} violations)",
             if s.invariants_ok {
                 "held in every cluster"
             } else {
                 "VIOLATED or a cluster failed"
             },
             s.invariant_violations,
-            s.controller_restarts
+        )?;
+        write!(
+            f,
+            "  leases:   {} lost in {} clusters; {} controller restarts",
+            s.leases_lost, s.clusters_that_lost_leases, s.controller_restarts
         )
     }
 }
@@ -378,7 +395,7 @@ async fn run_cluster(
     FleetCluster {
         cost_per_hour: super::timeline::cost_per_hour_in(c.capi_store(), c.capi_namespace()),
         backend: super::backend_json(c),
-        controller_starts: metrics.starts(&cluster),
+        turns: metrics.turns(&cluster),
         result: result.map_err(|e| e.to_string()),
         cluster,
     }
@@ -475,7 +492,10 @@ mod tests {
             result,
             cost_per_hour: 1.5,
             backend: Value::Null,
-            controller_starts: 2,
+            turns: Turns {
+                starts: 2,
+                leases_lost: 1,
+            },
         };
         let report = FleetReport {
             clusters: vec![
@@ -489,11 +509,20 @@ mod tests {
         assert!(!s.invariants_ok && !report.invariants_ok());
         assert_eq!(s.pod_pending_to_bound_p99_ms.max, 20.0);
         assert_eq!(s.controller_restarts, 2, "one restart per cluster");
+        assert_eq!((s.leases_lost, s.clusters_that_lost_leases), (2, 2));
         let json: Value = serde_json::from_str(&report.to_json()).expect("JSON");
         assert_eq!(
             json["clusters"][1]["error"],
             "its Secret holds no kubeconfig"
         );
         assert_eq!(json["summary"]["clusters_failed"], 1);
+        assert_eq!(json["summary"]["leases_lost"], 2);
+        assert_eq!(json["clusters"][0]["leases_lost"], 1);
+        assert_eq!(json["clusters"][0]["controller_restarts"], 1);
+        let text = report.to_string();
+        assert!(
+            text.contains("leases:   2 lost in 2 clusters; 2 controller restarts"),
+            "{text}"
+        );
     }
 }
