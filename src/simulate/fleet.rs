@@ -36,6 +36,9 @@ pub fn check(args: &SimulateArgs) -> Result<(), Error> {
     if n <= 1 {
         return Ok(());
     }
+    if args.serve.serve {
+        return check_serve(args);
+    }
     if !SCENARIOS.contains(&args.scenario) {
         let names: Vec<String> = SCENARIOS.iter().map(scenario_name).collect();
         return Err(Error::Usage(format!(
@@ -50,15 +53,51 @@ pub fn check(args: &SimulateArgs) -> Result<(), Error> {
             args.control_plane == ControlPlaneArg::Real,
         ),
         ("--from-cluster", args.from.from_cluster.is_some()),
-        ("--serve", args.serve.serve),
         ("--kubeconfig-out", args.serve.kubeconfig_out.is_some()),
         ("--port", args.serve.port != 0),
         ("--report html", args.report == ReportFormat::Html),
     ];
     match refused.into_iter().find(|(_, on)| *on) {
         Some((flag, _)) => Err(Error::Usage(format!(
-            "{flag} is not supported with --clusters above 1 (a fleet runs on simulated API servers, reports in text or JSON and does not serve after the report)"
+            "{flag} is not supported with --clusters above 1 (a fleet runs on simulated API servers, reports in text or JSON and does not serve after the report; --serve --no-controller serves one for controllers run apart)"
         ))),
+        None => Ok(()),
+    }
+}
+
+/// `--clusters N --serve`: only the simulated fleet, for controllers run apart.
+fn check_serve(args: &SimulateArgs) -> Result<(), Error> {
+    let n = args.clusters;
+    let usage = |m: String| Err(Error::Usage(m));
+    if !args.serve.no_controller {
+        return usage(format!(
+            "--clusters {n} --serve serves the simulated fleet for controllers run apart: add --no-controller"
+        ));
+    }
+    if args.serve.kubeconfig_out.is_none() {
+        return usage(format!(
+            "--clusters {n} --serve writes its kubeconfigs into a directory: give it with --kubeconfig-out DIR"
+        ));
+    }
+    if args.scenario != Scenario::None && !SCENARIOS.contains(&args.scenario) {
+        return usage(format!(
+            "--clusters {n} --serve seeds --scenario none (idle clusters), default or pods (pending pods in each); not --scenario {}",
+            scenario_name(&args.scenario)
+        ));
+    }
+    let refused = [
+        (
+            "--control-plane real",
+            args.control_plane == ControlPlaneArg::Real,
+        ),
+        ("--from-cluster", args.from.from_cluster.is_some()),
+        ("--port", args.serve.port != 0),
+        ("--nodes", args.nodes != 0),
+    ];
+    match refused.into_iter().find(|(_, on)| *on) {
+        Some((flag, _)) => usage(format!(
+            "{flag} is not supported with --clusters {n} --serve"
+        )),
         None => Ok(()),
     }
 }
@@ -339,6 +378,9 @@ async fn start_cluster(
 ) -> Result<BackgroundSim, Error> {
     let cfg = SimClusterConfig {
         shared_management: Some(SharedManagement::new(server, &namespace_of(i))),
+        // `--kubeconfig-out` is the fleet's directory (served fleets only).
+        kubeconfig_out: (base.kubeconfig_out.as_ref())
+            .map(|dir| dir.join(format!("{}.kubeconfig", namespace_of(i)))),
         // Clusters apart from each other: their randomness too.
         seed: base.seed.wrapping_add(i as u64),
         ..base.clone()
@@ -348,6 +390,48 @@ async fn start_cluster(
     pods::seed_machine_deployments(&sim, args).await?;
     pods::seed_nodepool(&sim, |_| {}).await?;
     Ok(sim)
+}
+
+/// `simulate --clusters N --serve --no-controller --kubeconfig-out DIR`: the simulated fleet
+/// served until SIGINT or SIGTERM for controllers run apart (one `run --fleet` or N `run`s,
+/// as `scripts/fleet-cost.sh` runs them): DIR holds `management.kubeconfig` and each workload
+/// cluster's `fleet-<i>.kubeconfig`. Every cluster is seeded as the scenario seeds it, and with
+/// `--scenario pods` its pending pods are created; nothing is reported.
+pub async fn serve(args: &SimulateArgs) -> Result<(), Error> {
+    check(args)?;
+    let signal = crate::app::shutdown_signal();
+    let Some(dir) = args.serve.kubeconfig_out.clone() else {
+        return Err(Error::Usage("--kubeconfig-out DIR is needed".into()));
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::Usage(format!("--kubeconfig-out {}: {e}", dir.display())))?;
+    let base = super::cluster_config(args);
+    let server = SharedManagement::start_server(&base).await?;
+    let management = dir.join("management.kubeconfig");
+    std::fs::copy(server.kubeconfig_path(), &management)
+        .map_err(|e| Error::Usage(format!("{}: {e}", management.display())))?;
+    let sims = futures::future::try_join_all(
+        (0..args.clusters).map(|i| start_cluster(args, &base, &server, i)),
+    )
+    .await?;
+    if args.scenario != Scenario::None {
+        futures::future::try_join_all(
+            sims.iter()
+                .map(|sim| pods::create_deployments(sim, args, |_, _| {})),
+        )
+        .await?;
+    }
+    eprintln!(
+        "serving the simulated fleet ({} clusters) until SIGINT or SIGTERM\n  \
+         management: {}\n  \
+         karpenter-capi run --fleet --cluster-api-kubeconfig {}",
+        sims.len(),
+        management.display(),
+        management.display()
+    );
+    let name = signal.await;
+    eprintln!("{name}: stopping the simulated fleet");
+    Ok(())
 }
 
 /// The fleet as `run --fleet` runs it, on the shared management cluster, with the settings of
@@ -471,7 +555,22 @@ mod tests {
         let m = refused(&["--clusters", "2", "--control-plane", "real"]);
         assert!(m.starts_with("--control-plane real"), "{m}");
         let m = refused(&["--clusters", "3", "--serve"]);
-        assert!(m.starts_with("--serve"), "{m}");
+        assert!(m.contains("add --no-controller"), "{m}");
+        let m = refused(&["--clusters", "3", "--serve", "--no-controller"]);
+        assert!(m.contains("--kubeconfig-out DIR"), "{m}");
+        let served = [
+            "--clusters",
+            "3",
+            "--serve",
+            "--no-controller",
+            "--kubeconfig-out",
+            "d",
+        ];
+        assert!(check(&args(&served)).is_ok());
+        let m = refused(&[&served[..], &["--scenario", "drain"]].concat());
+        assert!(m.contains("not --scenario drain"), "{m}");
+        let m = refused(&[&served[..], &["--port", "6443"]].concat());
+        assert!(m.starts_with("--port"), "{m}");
         let m = refused(&["--clusters", "3", "--report", "html"]);
         assert!(m.starts_with("--report html"), "{m}");
     }
