@@ -240,7 +240,9 @@ pub async fn run(
     let _counting = AbortOnDrop(counting);
     // Released when the fleet stops gracefully, so the other replicas' shares grow at their
     // next count; left to expire if this task is aborted (as a killed process leaves it).
-    let membership = elections.campaign(member);
+    let (release_membership, released) = tokio::sync::oneshot::channel();
+    let mut membership =
+        AbortOnDrop(elections.spawn(keep_membership(elections.clone(), member, released)));
     let fleet = Arc::new(fleet);
     let mut served: BTreeMap<(String, String), Served> = BTreeMap::new();
     // The Clusters of a (re-)list in progress: once it completes, any served Cluster not in it
@@ -253,7 +255,8 @@ pub async fn run(
                 // Side by side: each releases its Lease within RELEASE_BOUND; then this
                 // replica stops counting as a member.
                 futures::future::join_all(served.into_values().map(Served::stop)).await;
-                membership.release(RELEASE_BOUND).await;
+                let _ = release_membership.send(());
+                let _ = (&mut membership.0).await;
                 return Ok(());
             }
             next = events.next() => match next {
@@ -372,6 +375,31 @@ impl Elections {
         task: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
         self.thread.handle().spawn(task)
+    }
+}
+
+/// Keeps this replica's membership Lease until `release` (then gives it up): an election that
+/// ended (the Lease not renewed in time, as under a heavy load) is started again, or the other
+/// replicas would stop counting this one while it still serves its Clusters.
+async fn keep_membership(
+    elections: Elections,
+    member: leader::Config,
+    mut release: tokio::sync::oneshot::Receiver<()>,
+) {
+    loop {
+        let mut election = elections.campaign(member.clone());
+        let released = tokio::select! {
+            ended = election.finished() => {
+                let error = ended.err().map(|e| e.to_string());
+                tracing::warn!(?error, "this replica's membership Lease was lost; campaigning for it again");
+                false
+            }
+            _ = &mut release => true,
+        };
+        if released {
+            election.release(RELEASE_BOUND).await;
+            return;
+        }
     }
 }
 

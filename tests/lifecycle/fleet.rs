@@ -464,3 +464,55 @@ async fn a_busy_fleet_thread_costs_no_lease() {
     assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-a"));
     running.abort();
 }
+
+/// A membership Lease lost while the replica runs (here another holder written over it, as a
+/// renewal that missed its deadline under load would leave it) is campaigned for again: the
+/// replica counts as a member again once the other holder's Lease expires, so the other replicas
+/// do not count it gone while it still serves its Clusters.
+#[actix::test]
+async fn a_lost_membership_lease_is_taken_back() {
+    let env = fleet_env().await;
+    let running = actix::spawn(fleet::run(
+        fleet_of(&env).await,
+        std::future::pending::<&'static str>(),
+    ));
+    let member = fleet::member_lease_name("fleet-a");
+    wait_for_holder(&env, &member, "fleet-a").await;
+    env.sim
+        .run({
+            let member = member.clone();
+            move |c| async move {
+                let leases = Api::<Lease>::namespaced(c.management_client(), "default");
+                let mut lease = leases.get(&member).await?;
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.holder_identity = Some("someone-else".into());
+                }
+                leases
+                    .replace(&member, &Default::default(), &lease)
+                    .await
+                    .map(drop)
+            }
+        })
+        .await
+        .expect("the simulated cluster")
+        .expect("the membership Lease taken");
+    wait_for_holder(&env, &member, "someone-else").await;
+    wait_for_holder(&env, &member, "fleet-a").await;
+    running.abort();
+}
+
+/// Waits (up to 60 s) until Lease `default/name` is held by `who`.
+async fn wait_for_holder(env: &Env, name: &str, who: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = lease_holder(env, name).await;
+        if held.as_deref() == Some(who) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Lease {name} held by {held:?}, not {who}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
