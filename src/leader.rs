@@ -152,6 +152,12 @@ pub struct Election {
 impl Election {
     /// Start campaigning on the current runtime.
     pub fn spawn(client: kube::Client, cfg: Config) -> Self {
+        Self::spawn_on(&tokio::runtime::Handle::current(), client, cfg)
+    }
+
+    /// Start campaigning on the runtime of `handle` (an [`ElectionThread`]'s, say): its
+    /// renewals then wait for nothing that runs elsewhere.
+    pub fn spawn_on(handle: &tokio::runtime::Handle, client: kube::Client, cfg: Config) -> Self {
         let (status_tx, status) = watch::channel(false);
         let (release, release_rx) = oneshot::channel();
         let elector = Elector {
@@ -160,7 +166,7 @@ impl Election {
             observer: Observer::default(),
             held: None,
         };
-        let task = tokio::spawn(elector.run(status_tx, release_rx));
+        let task = handle.spawn(elector.run(status_tx, release_rx));
         Self {
             status,
             release: Some(release),
@@ -213,6 +219,41 @@ impl Drop for Election {
         if let Some(task) = self.task.take() {
             task.abort();
         }
+    }
+}
+
+/// A thread with a runtime of its own for elections: a Lease renewal waits behind nothing that
+/// the process's other threads are busy with (a controller's solve on a single-threaded actix
+/// runtime takes longer than a renew deadline under load). Dropped, the thread ends and the
+/// tasks still on it stop as an aborted task does.
+pub struct ElectionThread {
+    handle: tokio::runtime::Handle,
+    /// Dropped with the thread's owner: the thread's runtime then returns and is dropped there.
+    _stop: oneshot::Sender<()>,
+}
+
+impl ElectionThread {
+    /// Start the thread, named `name`.
+    pub fn start(name: &str) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let (stop, stopped) = oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                let _ = runtime.block_on(stopped);
+            })?;
+        Ok(Self {
+            handle,
+            _stop: stop,
+        })
+    }
+
+    /// Where elections (and anything else that must keep time) are spawned.
+    pub fn handle(&self) -> &tokio::runtime::Handle {
+        &self.handle
     }
 }
 

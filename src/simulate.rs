@@ -508,6 +508,9 @@ pub fn cluster_config(args: &SimulateArgs) -> SimClusterConfig {
 pub fn run(args: SimulateArgs) -> Result<bool, Error> {
     let system = actix::System::new();
     system.block_on(async move {
+        if args.clusters > 1 && args.serve.serve {
+            return fleet::serve(&args).await.map(|()| true);
+        }
         if args.clusters > 1 {
             let outcome = fleet::run(&args).await?.outcome();
             outcome.emit(args.report, args.report_out.as_deref())?;

@@ -35,7 +35,7 @@ use crate::write_gate::WriteGate;
 mod exported;
 mod secret;
 mod share;
-pub use exported::{ClusterMetrics, FleetExposition};
+pub use exported::{ClusterMetrics, FleetExposition, Turns};
 pub use secret::KubeconfigSecret;
 use secret::workload_config;
 pub use share::{Share, fair_share, member_lease_name};
@@ -139,6 +139,8 @@ pub enum Error {
     Version(#[from] version::Error),
     #[error("the management cluster's client: {0}")]
     Client(#[from] kube::Error),
+    #[error("the thread of the fleet's Lease elections: {0}")]
+    ElectionThread(std::io::Error),
 }
 
 /// What every Cluster's controller shares, and how Clusters are chosen.
@@ -222,16 +224,25 @@ pub async fn run(
     let events = watcher(api, config).default_backoff();
     tokio::pin!(events, stop);
     let told = Events::new(management.clone(), fleet.identity.clone());
-    let share = Share::new();
-    let counting = tokio::spawn(share.clone().count(
-        management.clone(),
+    let elections = Elections::start(&fleet)?;
+    let member = leader::Config::new(
         fleet.lease_namespace.clone(),
+        member_lease_name(&fleet.identity),
         fleet.identity.clone(),
+    );
+    let share = Share::new();
+    let counting = elections.spawn(share.clone().count(
+        elections.client.clone(),
+        fleet.lease_namespace.clone(),
+        member.lease_duration,
         fleet.share_period,
     ));
-    // The membership Lease is left to expire however the fleet ends: a replica that stops
-    // serving stops counting as a member within the Lease's duration.
     let _counting = AbortOnDrop(counting);
+    // Released when the fleet stops gracefully, so the other replicas' shares grow at their
+    // next count; left to expire if this task is aborted (as a killed process leaves it).
+    let (release_membership, released) = tokio::sync::oneshot::channel();
+    let mut membership =
+        AbortOnDrop(elections.spawn(keep_membership(elections.clone(), member, released)));
     let fleet = Arc::new(fleet);
     let mut served: BTreeMap<(String, String), Served> = BTreeMap::new();
     // The Clusters of a (re-)list in progress: once it completes, any served Cluster not in it
@@ -241,8 +252,11 @@ pub async fn run(
         let event = tokio::select! {
             reason = &mut stop => {
                 tracing::info!(reason, clusters = served.len(), "fleet stopping");
-                // Side by side: each releases its Lease within RELEASE_BOUND.
+                // Side by side: each releases its Lease within RELEASE_BOUND; then this
+                // replica stops counting as a member.
                 futures::future::join_all(served.into_values().map(Served::stop)).await;
+                let _ = release_membership.send(());
+                let _ = (&mut membership.0).await;
                 return Ok(());
             }
             next = events.next() => match next {
@@ -258,7 +272,7 @@ pub async fn run(
             watcher::Event::Init => listing.clear(),
             watcher::Event::InitApply(c) => {
                 listing.push(key_of(&c));
-                follow(&fleet, &mut served, (&management, &told, &share), c).await;
+                follow(&fleet, &mut served, (&elections, &told, &share), c).await;
             }
             watcher::Event::InitDone => {
                 let gone: Vec<_> = (served.keys())
@@ -270,7 +284,7 @@ pub async fn run(
                 }
             }
             watcher::Event::Apply(c) => {
-                follow(&fleet, &mut served, (&management, &told, &share), c).await
+                follow(&fleet, &mut served, (&elections, &told, &share), c).await
             }
             watcher::Event::Delete(c) => {
                 leave(&mut served, &key_of(&c), "the Cluster is gone").await
@@ -297,7 +311,7 @@ async fn leave(served: &mut BTreeMap<(String, String), Served>, key: &(String, S
 async fn follow(
     fleet: &Arc<Fleet>,
     served: &mut BTreeMap<(String, String), Served>,
-    (management, told, share): (&Client, &Events, &Arc<Share>),
+    (elections, told, share): (&Elections, &Events, &Arc<Share>),
     cluster: DynamicObject,
 ) {
     let key = key_of(&cluster);
@@ -310,7 +324,7 @@ async fn follow(
                 cluster: reference_of(&cluster),
                 share: share.clone(),
             };
-            let s = Served::start(fleet.clone(), management.clone(), key.clone(), to);
+            let s = Served::start(fleet.clone(), elections.clone(), key.clone(), to);
             served.insert(key, s);
         }
         None => {}
@@ -324,6 +338,69 @@ struct Telling {
     cluster: ObjectReference,
     /// This replica's share of the Clusters.
     share: Arc<Share>,
+}
+
+/// Where the fleet's Lease elections run: a thread and runtime of their own, and a management
+/// client of their own built there, so that no Cluster's controller, however busy, delays a
+/// renewal past its deadline (and its own client's rate limit is spent on Leases alone).
+#[derive(Clone)]
+struct Elections {
+    thread: Arc<leader::ElectionThread>,
+    client: Client,
+}
+
+impl Elections {
+    fn start(fleet: &Fleet) -> Result<Self, Error> {
+        let thread =
+            leader::ElectionThread::start("fleet-elections").map_err(Error::ElectionThread)?;
+        // Built on the thread's runtime: the client's own tasks (its buffer, its connections)
+        // run there.
+        let client = {
+            let _on = thread.handle().enter();
+            build_client_with(fleet.management.clone(), &fleet.options)?
+        };
+        Ok(Self {
+            thread: Arc::new(thread),
+            client,
+        })
+    }
+
+    /// Campaign for `lease` on the elections' thread.
+    fn campaign(&self, lease: leader::Config) -> leader::Election {
+        leader::Election::spawn_on(self.thread.handle(), self.client.clone(), lease)
+    }
+
+    fn spawn(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        self.thread.handle().spawn(task)
+    }
+}
+
+/// Keeps this replica's membership Lease until `release` (then gives it up): an election that
+/// ended (the Lease not renewed in time, as under a heavy load) is started again, or the other
+/// replicas would stop counting this one while it still serves its Clusters.
+async fn keep_membership(
+    elections: Elections,
+    member: leader::Config,
+    mut release: tokio::sync::oneshot::Receiver<()>,
+) {
+    loop {
+        let mut election = elections.campaign(member.clone());
+        let released = tokio::select! {
+            ended = election.finished() => {
+                let error = ended.err().map(|e| e.to_string());
+                tracing::warn!(?error, "this replica's membership Lease was lost; campaigning for it again");
+                false
+            }
+            _ = &mut release => true,
+        };
+        if released {
+            election.release(RELEASE_BOUND).await;
+            return;
+        }
+    }
 }
 
 /// Aborts a task when dropped.
@@ -358,9 +435,9 @@ struct Served {
 }
 
 impl Served {
-    fn start(fleet: Arc<Fleet>, management: Client, key: (String, String), to: Telling) -> Self {
+    fn start(fleet: Arc<Fleet>, elections: Elections, key: (String, String), to: Telling) -> Self {
         let (stop, stopped) = watch::channel(false);
-        let task = actix::spawn(serve(fleet, management, key, to, stopped));
+        let task = actix::spawn(serve(fleet, elections, key, to, stopped));
         Self {
             stop,
             task: Some(task),
@@ -412,7 +489,7 @@ const RELEASE_BOUND: Duration = Duration::from_secs(5);
 /// Lease up and tries again after `fleet.retry`, so another replica may serve it meanwhile.
 async fn serve(
     fleet: Arc<Fleet>,
-    management: Client,
+    elections: Elections,
     (ns, name): (String, String),
     to: Telling,
     mut stopped: watch::Receiver<bool>,
@@ -427,7 +504,7 @@ async fn serve(
             lease_name(&ns, &name),
             fleet.identity.clone(),
         );
-        let mut election = leader::Election::spawn(management.clone(), lease);
+        let mut election = elections.campaign(lease);
         let mut leading = election.status.clone();
         tokio::select! {
             r = leading.wait_for(|l| *l) => if r.is_err() { return; },
@@ -535,6 +612,7 @@ fn tell_end(fleet: &Fleet, to: &Telling, cluster: &str, ended: &Turn) {
     let me = &fleet.identity;
     match ended {
         Turn::Lost => {
+            fleet.metrics.lease_lost(cluster);
             tracing::warn!(cluster, "lost the Cluster's Lease; its controller stopped");
             let note =
                 format!("fleet replica {me} lost the Cluster's Lease; its controller stopped");

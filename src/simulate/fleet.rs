@@ -16,7 +16,7 @@ use super::observer::Observer;
 use super::pods::{self, PodReport};
 use super::report::Percentiles;
 use super::{BackgroundSim, Error};
-use crate::app::fleet::{ClusterMetrics, Fleet};
+use crate::app::fleet::{ClusterMetrics, Fleet, Turns};
 use crate::cli::{ControlPlaneArg, ReportFormat, Scenario, SimulateArgs};
 use crate::metrics::Metrics;
 use crate::sim::SimServer;
@@ -36,6 +36,9 @@ pub fn check(args: &SimulateArgs) -> Result<(), Error> {
     if n <= 1 {
         return Ok(());
     }
+    if args.serve.serve {
+        return check_serve(args);
+    }
     if !SCENARIOS.contains(&args.scenario) {
         let names: Vec<String> = SCENARIOS.iter().map(scenario_name).collect();
         return Err(Error::Usage(format!(
@@ -50,15 +53,51 @@ pub fn check(args: &SimulateArgs) -> Result<(), Error> {
             args.control_plane == ControlPlaneArg::Real,
         ),
         ("--from-cluster", args.from.from_cluster.is_some()),
-        ("--serve", args.serve.serve),
         ("--kubeconfig-out", args.serve.kubeconfig_out.is_some()),
         ("--port", args.serve.port != 0),
         ("--report html", args.report == ReportFormat::Html),
     ];
     match refused.into_iter().find(|(_, on)| *on) {
         Some((flag, _)) => Err(Error::Usage(format!(
-            "{flag} is not supported with --clusters above 1 (a fleet runs on simulated API servers, reports in text or JSON and does not serve after the report)"
+            "{flag} is not supported with --clusters above 1 (a fleet runs on simulated API servers, reports in text or JSON and does not serve after the report; --serve --no-controller serves one for controllers run apart)"
         ))),
+        None => Ok(()),
+    }
+}
+
+/// `--clusters N --serve`: only the simulated fleet, for controllers run apart.
+fn check_serve(args: &SimulateArgs) -> Result<(), Error> {
+    let n = args.clusters;
+    let usage = |m: String| Err(Error::Usage(m));
+    if !args.serve.no_controller {
+        return usage(format!(
+            "--clusters {n} --serve serves the simulated fleet for controllers run apart: add --no-controller"
+        ));
+    }
+    if args.serve.kubeconfig_out.is_none() {
+        return usage(format!(
+            "--clusters {n} --serve writes its kubeconfigs into a directory: give it with --kubeconfig-out DIR"
+        ));
+    }
+    if args.scenario != Scenario::None && !SCENARIOS.contains(&args.scenario) {
+        return usage(format!(
+            "--clusters {n} --serve seeds --scenario none (idle clusters), default or pods (pending pods in each); not --scenario {}",
+            scenario_name(&args.scenario)
+        ));
+    }
+    let refused = [
+        (
+            "--control-plane real",
+            args.control_plane == ControlPlaneArg::Real,
+        ),
+        ("--from-cluster", args.from.from_cluster.is_some()),
+        ("--port", args.serve.port != 0),
+        ("--nodes", args.nodes != 0),
+    ];
+    match refused.into_iter().find(|(_, on)| *on) {
+        Some((flag, _)) => usage(format!(
+            "{flag} is not supported with --clusters {n} --serve"
+        )),
         None => Ok(()),
     }
 }
@@ -78,9 +117,9 @@ pub struct FleetCluster {
     pub cost_per_hour: f64,
     /// Its report's `backend` section.
     pub backend: Value,
-    /// How many times the fleet started its controller: above 1, it lost the Cluster's Lease
-    /// (not renewed in time) and took it back.
-    pub controller_starts: u64,
+    /// How many times the fleet started its controller (above 1: it stopped and was started
+    /// again), and how many times it lost the Cluster's Lease while the controller ran.
+    pub turns: Turns,
 }
 
 impl FleetCluster {
@@ -96,7 +135,10 @@ impl FleetCluster {
         if let Some(o) = v.as_object_mut() {
             o.insert("cluster".into(), self.cluster.clone().into());
             o.insert("cost_per_hour".into(), round2(self.cost_per_hour).into());
-            o.insert("controller_starts".into(), self.controller_starts.into());
+            o.insert("controller_starts".into(), self.turns.starts.into());
+            let restarts = self.turns.starts.saturating_sub(1);
+            o.insert("controller_restarts".into(), restarts.into());
+            o.insert("leases_lost".into(), self.turns.leases_lost.into());
             o.insert("backend".into(), self.backend.clone());
         }
         v
@@ -150,8 +192,14 @@ pub struct Summary {
     pub cost_per_hour: f64,
     pub invariant_violations: usize,
     pub invariants_ok: bool,
-    /// Controller starts beyond the first, over the clusters: Leases lost and taken back.
+    /// Controller starts beyond the first, over the clusters (a Lease lost and taken back, or a
+    /// start that failed and was tried again).
     pub controller_restarts: u64,
+    /// Leases lost while their Cluster's controller ran, over the clusters; 0 in a run where
+    /// every renewal kept its deadline.
+    pub leases_lost: u64,
+    /// Clusters that lost their Lease at least once.
+    pub clusters_that_lost_leases: usize,
     /// Each cluster's pending -> bound p50 and p99, spread over the clusters.
     pub pod_pending_to_bound_p50_ms: Spread,
     pub pod_pending_to_bound_p99_ms: Spread,
@@ -192,8 +240,12 @@ impl FleetReport {
             invariant_violations: sum(|r| r.launch.problems.len()),
             invariants_ok: self.invariants_ok(),
             controller_restarts: (self.clusters.iter())
-                .map(|c| c.controller_starts.saturating_sub(1))
+                .map(|c| c.turns.starts.saturating_sub(1))
                 .sum(),
+            leases_lost: self.clusters.iter().map(|c| c.turns.leases_lost).sum(),
+            clusters_that_lost_leases: (self.clusters.iter())
+                .filter(|c| c.turns.leases_lost > 0)
+                .count(),
             pod_pending_to_bound_p50_ms: latency(|p| p.p50),
             pod_pending_to_bound_p99_ms: latency(|p| p.p99),
             elapsed_ms: self.elapsed_ms,
@@ -250,16 +302,20 @@ impl std::fmt::Display for FleetReport {
             "  latency:  pending -> bound p50 {:.0}/{:.0}/{:.0} ms, p99 {:.0}/{:.0}/{:.0} ms (min/median/max over the clusters)",
             p50.min, p50.median, p50.max, p99.min, p99.median, p99.max
         )?;
-        write!(
+        writeln!(
             f,
-            "  invariants: {} ({} violations); {} controller restarts (Leases lost and taken back)",
+            "  invariants: {} ({} violations)",
             if s.invariants_ok {
                 "held in every cluster"
             } else {
                 "VIOLATED or a cluster failed"
             },
             s.invariant_violations,
-            s.controller_restarts
+        )?;
+        write!(
+            f,
+            "  leases:   {} lost in {} clusters; {} controller restarts",
+            s.leases_lost, s.clusters_that_lost_leases, s.controller_restarts
         )
     }
 }
@@ -322,6 +378,9 @@ async fn start_cluster(
 ) -> Result<BackgroundSim, Error> {
     let cfg = SimClusterConfig {
         shared_management: Some(SharedManagement::new(server, &namespace_of(i))),
+        // `--kubeconfig-out` is the fleet's directory (served fleets only).
+        kubeconfig_out: (base.kubeconfig_out.as_ref())
+            .map(|dir| dir.join(format!("{}.kubeconfig", namespace_of(i)))),
         // Clusters apart from each other: their randomness too.
         seed: base.seed.wrapping_add(i as u64),
         ..base.clone()
@@ -331,6 +390,48 @@ async fn start_cluster(
     pods::seed_machine_deployments(&sim, args).await?;
     pods::seed_nodepool(&sim, |_| {}).await?;
     Ok(sim)
+}
+
+/// `simulate --clusters N --serve --no-controller --kubeconfig-out DIR`: the simulated fleet
+/// served until SIGINT or SIGTERM for controllers run apart (one `run --fleet` or N `run`s,
+/// as `scripts/fleet-cost.sh` runs them): DIR holds `management.kubeconfig` and each workload
+/// cluster's `fleet-<i>.kubeconfig`. Every cluster is seeded as the scenario seeds it, and with
+/// `--scenario pods` its pending pods are created; nothing is reported.
+pub async fn serve(args: &SimulateArgs) -> Result<(), Error> {
+    check(args)?;
+    let signal = crate::app::shutdown_signal();
+    let Some(dir) = args.serve.kubeconfig_out.clone() else {
+        return Err(Error::Usage("--kubeconfig-out DIR is needed".into()));
+    };
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| Error::Usage(format!("--kubeconfig-out {}: {e}", dir.display())))?;
+    let base = super::cluster_config(args);
+    let server = SharedManagement::start_server(&base).await?;
+    let management = dir.join("management.kubeconfig");
+    std::fs::copy(server.kubeconfig_path(), &management)
+        .map_err(|e| Error::Usage(format!("{}: {e}", management.display())))?;
+    let sims = futures::future::try_join_all(
+        (0..args.clusters).map(|i| start_cluster(args, &base, &server, i)),
+    )
+    .await?;
+    if args.scenario != Scenario::None {
+        futures::future::try_join_all(
+            sims.iter()
+                .map(|sim| pods::create_deployments(sim, args, |_, _| {})),
+        )
+        .await?;
+    }
+    eprintln!(
+        "serving the simulated fleet ({} clusters) until SIGINT or SIGTERM\n  \
+         management: {}\n  \
+         karpenter-capi run --fleet --cluster-api-kubeconfig {}",
+        sims.len(),
+        management.display(),
+        management.display()
+    );
+    let name = signal.await;
+    eprintln!("{name}: stopping the simulated fleet");
+    Ok(())
 }
 
 /// The fleet as `run --fleet` runs it, on the shared management cluster, with the settings of
@@ -378,7 +479,7 @@ async fn run_cluster(
     FleetCluster {
         cost_per_hour: super::timeline::cost_per_hour_in(c.capi_store(), c.capi_namespace()),
         backend: super::backend_json(c),
-        controller_starts: metrics.starts(&cluster),
+        turns: metrics.turns(&cluster),
         result: result.map_err(|e| e.to_string()),
         cluster,
     }
@@ -454,7 +555,22 @@ mod tests {
         let m = refused(&["--clusters", "2", "--control-plane", "real"]);
         assert!(m.starts_with("--control-plane real"), "{m}");
         let m = refused(&["--clusters", "3", "--serve"]);
-        assert!(m.starts_with("--serve"), "{m}");
+        assert!(m.contains("add --no-controller"), "{m}");
+        let m = refused(&["--clusters", "3", "--serve", "--no-controller"]);
+        assert!(m.contains("--kubeconfig-out DIR"), "{m}");
+        let served = [
+            "--clusters",
+            "3",
+            "--serve",
+            "--no-controller",
+            "--kubeconfig-out",
+            "d",
+        ];
+        assert!(check(&args(&served)).is_ok());
+        let m = refused(&[&served[..], &["--scenario", "drain"]].concat());
+        assert!(m.contains("not --scenario drain"), "{m}");
+        let m = refused(&[&served[..], &["--port", "6443"]].concat());
+        assert!(m.starts_with("--port"), "{m}");
         let m = refused(&["--clusters", "3", "--report", "html"]);
         assert!(m.starts_with("--report html"), "{m}");
     }
@@ -475,7 +591,10 @@ mod tests {
             result,
             cost_per_hour: 1.5,
             backend: Value::Null,
-            controller_starts: 2,
+            turns: Turns {
+                starts: 2,
+                leases_lost: 1,
+            },
         };
         let report = FleetReport {
             clusters: vec![
@@ -489,11 +608,20 @@ mod tests {
         assert!(!s.invariants_ok && !report.invariants_ok());
         assert_eq!(s.pod_pending_to_bound_p99_ms.max, 20.0);
         assert_eq!(s.controller_restarts, 2, "one restart per cluster");
+        assert_eq!((s.leases_lost, s.clusters_that_lost_leases), (2, 2));
         let json: Value = serde_json::from_str(&report.to_json()).expect("JSON");
         assert_eq!(
             json["clusters"][1]["error"],
             "its Secret holds no kubeconfig"
         );
         assert_eq!(json["summary"]["clusters_failed"], 1);
+        assert_eq!(json["summary"]["leases_lost"], 2);
+        assert_eq!(json["clusters"][0]["leases_lost"], 1);
+        assert_eq!(json["clusters"][0]["controller_restarts"], 1);
+        let text = report.to_string();
+        assert!(
+            text.contains("leases:   2 lost in 2 clusters; 2 controller restarts"),
+            "{text}"
+        );
     }
 }

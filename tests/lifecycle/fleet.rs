@@ -70,10 +70,15 @@ async fn fleet_of(env: &Env) -> Fleet {
 }
 
 async fn holder(env: &Env, cluster: &str) -> Option<String> {
+    lease_holder(env, &lease_name("default", cluster)).await
+}
+
+/// The holder of Lease `default/name`, if any.
+async fn lease_holder(env: &Env, name: &str) -> Option<String> {
     let lease = env
         .sim
         .run({
-            let name = lease_name("default", cluster);
+            let name = name.to_string();
             move |c| async move {
                 Api::<Lease>::namespaced(c.management_client(), "default")
                     .get_opt(&name)
@@ -318,29 +323,7 @@ async fn a_fleet_reads_the_kubeconfig_secret_its_template_names() {
 #[actix::test]
 async fn replicas_share_the_clusters_fairly() {
     let env = fleet_env().await;
-    let extra = ["c2", "c3", "c4"];
-    env.sim
-        .run(move |c| async move {
-            let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
-                c.management_client(),
-                "default",
-            );
-            let kubeconfig = secrets
-                .get("sim-kubeconfig")
-                .await
-                .expect("Cluster API's Secret of sim")
-                .data
-                .and_then(|d| d.get("value").cloned())
-                .expect("its kubeconfig");
-            for name in extra {
-                c.create_workload_cluster("default", name, &kubeconfig.0)
-                    .await
-                    .expect("a Cluster");
-            }
-        })
-        .await
-        .expect("the simulated cluster");
-    let clusters = [CLUSTER_NAME, "c2", "c3", "c4"];
+    let clusters = with_extra_clusters(&env).await;
     let spawn =
         |fleet: Fleet| actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
     let a = spawn(fleet_of(&env).await);
@@ -374,5 +357,162 @@ async fn held_by(env: &Env, clusters: &[&str], want: &[(&str, usize)]) {
             "Leases held as {holders:?}, not {want:?}"
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// A graceful stop gives up the membership Lease too, not only the Clusters' Leases: two
+/// replicas share four Clusters; `fleet-b` stopped (SIGTERM's path), its membership Lease has no
+/// holder and `fleet-a`'s share grows at its next count, so it takes all four without waiting
+/// for `fleet-b`'s membership to expire.
+#[actix::test]
+async fn a_gracefully_stopped_replica_gives_up_its_membership() {
+    let env = fleet_env().await;
+    let clusters = with_extra_clusters(&env).await;
+    let spawn =
+        |fleet: Fleet| actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let a = spawn(fleet_of(&env).await);
+    held_by(&env, &clusters, &[("fleet-a", 4)]).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let b = actix::spawn(fleet::run(
+        Fleet {
+            identity: "fleet-b".into(),
+            ..fleet_of(&env).await
+        },
+        async move {
+            let _ = stopped.await;
+            "the test stops fleet-b"
+        },
+    ));
+    held_by(&env, &clusters, &[("fleet-a", 2), ("fleet-b", 2)]).await;
+    let member = fleet::member_lease_name("fleet-b");
+    assert_eq!(
+        lease_holder(&env, &member).await.as_deref(),
+        Some("fleet-b"),
+        "fleet-b counts as a member while it runs"
+    );
+
+    let _ = stop.send(());
+    b.await
+        .expect("fleet-b's task")
+        .expect("fleet-b stopped cleanly");
+    let left = lease_holder(&env, &member).await;
+    assert!(
+        left.as_deref().is_none_or(str::is_empty),
+        "fleet-b's membership Lease is released: {left:?}"
+    );
+    held_by(&env, &clusters, &[("fleet-a", 4)]).await;
+    a.abort();
+}
+
+/// Three more Clusters beside `sim`, reached through `sim`'s kubeconfig: the four names.
+async fn with_extra_clusters(env: &Env) -> [&'static str; 4] {
+    let extra = ["c2", "c3", "c4"];
+    env.sim
+        .run(move |c| async move {
+            let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                c.management_client(),
+                "default",
+            );
+            let kubeconfig = secrets
+                .get("sim-kubeconfig")
+                .await
+                .expect("Cluster API's Secret of sim")
+                .data
+                .and_then(|d| d.get("value").cloned())
+                .expect("its kubeconfig");
+            for name in extra {
+                c.create_workload_cluster("default", name, &kubeconfig.0)
+                    .await
+                    .expect("a Cluster");
+            }
+        })
+        .await
+        .expect("the simulated cluster");
+    [CLUSTER_NAME, "c2", "c3", "c4"]
+}
+
+/// The Clusters' Leases are renewed on a thread of their own: the fleet's own thread (where every
+/// Cluster's controller runs) blocked for longer than the renew deadline, as a long solve under
+/// load blocks it, costs no Lease and restarts no controller.
+#[actix::test]
+async fn a_busy_fleet_thread_costs_no_lease() {
+    let env = fleet_env().await;
+    let fleet = fleet_of(&env).await;
+    let turns = fleet.metrics.clone();
+    let running = actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let cluster = format!("default/{CLUSTER_NAME}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while turns.turns(&cluster).starts == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the fleet never served {cluster}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // This test's thread is the fleet's: nothing on it runs for 12 s (the renew deadline is 10).
+    std::thread::sleep(Duration::from_secs(12));
+    // Time for the fleet to notice a loss, had there been one.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        turns.turns(&cluster),
+        fleet::Turns {
+            starts: 1,
+            leases_lost: 0
+        },
+        "the Lease was kept and the controller ran on"
+    );
+    assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-a"));
+    running.abort();
+}
+
+/// A membership Lease lost while the replica runs (here another holder written over it, as a
+/// renewal that missed its deadline under load would leave it) is campaigned for again: the
+/// replica counts as a member again once the other holder's Lease expires, so the other replicas
+/// do not count it gone while it still serves its Clusters.
+#[actix::test]
+async fn a_lost_membership_lease_is_taken_back() {
+    let env = fleet_env().await;
+    let running = actix::spawn(fleet::run(
+        fleet_of(&env).await,
+        std::future::pending::<&'static str>(),
+    ));
+    let member = fleet::member_lease_name("fleet-a");
+    wait_for_holder(&env, &member, "fleet-a").await;
+    env.sim
+        .run({
+            let member = member.clone();
+            move |c| async move {
+                let leases = Api::<Lease>::namespaced(c.management_client(), "default");
+                let mut lease = leases.get(&member).await?;
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.holder_identity = Some("someone-else".into());
+                }
+                leases
+                    .replace(&member, &Default::default(), &lease)
+                    .await
+                    .map(drop)
+            }
+        })
+        .await
+        .expect("the simulated cluster")
+        .expect("the membership Lease taken");
+    wait_for_holder(&env, &member, "someone-else").await;
+    wait_for_holder(&env, &member, "fleet-a").await;
+    running.abort();
+}
+
+/// Waits (up to 60 s) until Lease `default/name` is held by `who`.
+async fn wait_for_holder(env: &Env, name: &str, who: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = lease_holder(env, name).await;
+        if held.as_deref() == Some(who) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Lease {name} held by {held:?}, not {who}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -39,7 +39,7 @@ async fn a_simulated_fleet_binds_every_pod_in_every_cluster() {
         assert!(r.launch.claims.initialized > 0, "{}: {r}", c.cluster);
         assert_eq!(r.launch.machines.created, r.launch.machines.bound, "{r}");
         assert!(c.cost_per_hour > 0.0, "{}", c.cluster);
-        assert!(c.controller_starts >= 1, "the fleet served {}", c.cluster);
+        assert!(c.turns.starts >= 1, "the fleet served {}", c.cluster);
     }
 
     let s = report.summary();

@@ -15,18 +15,36 @@ pub struct ClusterMetrics(
     Starts,
 );
 
-/// How many times each Cluster's controller started in this replica: more than once means it
-/// lost its Lease (or was let go) and took it back, which `simulate --clusters` reports.
-type Starts = Arc<parking_lot::Mutex<BTreeMap<String, u64>>>;
+/// How each Cluster's turns went in this replica, which `simulate --clusters` reports.
+type Starts = Arc<parking_lot::Mutex<BTreeMap<String, Turns>>>;
+
+/// A Cluster's controller starts here, and the Leases lost under it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Turns {
+    /// Its controller started: more than once means it lost its Lease, failed to start or was
+    /// let go, and took the Cluster back.
+    pub starts: u64,
+    /// Its Lease was lost while its controller ran (not renewed within the renew deadline, or
+    /// taken by another replica).
+    pub leases_lost: u64,
+}
 
 impl ClusterMetrics {
     pub(super) fn enter(&self, cluster: &str, metrics: Arc<Metrics>) {
         self.0.write().insert(cluster.to_string(), metrics);
-        *self.1.lock().entry(cluster.to_string()).or_default() += 1;
+        self.1.lock().entry(cluster.to_string()).or_default().starts += 1;
     }
 
-    /// How many times Cluster `cluster`'s controller started here.
-    pub fn starts(&self, cluster: &str) -> u64 {
+    pub(super) fn lease_lost(&self, cluster: &str) {
+        self.1
+            .lock()
+            .entry(cluster.to_string())
+            .or_default()
+            .leases_lost += 1;
+    }
+
+    /// How Cluster `cluster`'s turns went here.
+    pub fn turns(&self, cluster: &str) -> Turns {
         self.1.lock().get(cluster).copied().unwrap_or_default()
     }
 

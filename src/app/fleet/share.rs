@@ -16,7 +16,6 @@ use kube::api::{Api, ListParams};
 use tokio::sync::watch;
 
 use crate::api::nodepool::fnv1a64;
-use crate::leader;
 
 /// The names of the membership Leases.
 const MEMBER_PREFIX: &str = "karpenter-capi-member-";
@@ -132,18 +131,16 @@ impl Share {
         }
     }
 
-    /// Keeps this replica's membership Lease and counts the members every `period`, publishing
-    /// the share; runs until dropped. A failed count keeps the last share.
+    /// Counts the members (live membership Leases of `lease_duration`, this replica's kept by
+    /// its own election) every `period`, publishing the share; runs until dropped. A failed
+    /// count keeps the last share.
     pub async fn count(
         self: Arc<Self>,
         management: kube::Client,
         namespace: String,
-        identity: String,
+        lease_duration: Duration,
         period: Duration,
     ) {
-        let lease = leader::Config::new(namespace.clone(), member_lease_name(&identity), identity);
-        let lease_duration = lease.lease_duration;
-        let _membership = leader::Election::spawn(management.clone(), lease);
         let api: Api<Lease> = Api::namespaced(management, &namespace);
         let mut selected = self.selected.subscribe();
         loop {
