@@ -673,6 +673,7 @@ fn guarded_blocks<'a>(tpl: &'a str, open: &str) -> Vec<&'a str> {
 /// Generated node groups' rules sit inside `if .Values.generate.enabled` (one block for the
 /// MachineDeployment rule, one for the templates', which keeps the `*machinetemplates` kinds of
 /// `rbac.clusterAPI.infrastructureTemplates` only), nowhere else, and the value is off by default.
+/// The only other create, on Events, sits inside the karpenterObjects=management guard.
 fn chart_grants_generation_rules_only_when_enabled() {
     let tpl = read(&path(&format!("{CHART}/templates/_rules-cluster-api.tpl")));
     let blocks = guarded_blocks(&tpl, "{{- if .Values.generate.enabled }}");
