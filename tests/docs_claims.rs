@@ -11,7 +11,7 @@
 //!   tool in [`OTHER_TOOLS`], or of `scripts/build-image` or `scripts/image-rootfs`; where a command line runs
 //!   `karpenter-capi SUBCOMMAND` or `cargo run -- SUBCOMMAND`, its flags are that subcommand's;
 //!   the README's configuration table names `run` flags with their environment twins;
-//! - RBAC: docs/deploy.md's four RBAC tables list exactly the rules the chart grants;
+//! - RBAC: docs/deploy.md's five RBAC tables list exactly the rules the chart grants;
 //! - no absolute path of a developer's machine (`/work/`, `/home/`, `/tmp/`, ...) in the docs,
 //!   except on a line that says `example path`;
 //! - the version: CHANGELOG.md has a section for Cargo.toml's version, which is also the chart's
@@ -1028,6 +1028,7 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
     // Every template with rules is one of these (a new one must be added here and to the docs).
     let known = [
         "_rules-workload.tpl",
+        "_rules-karpenter.tpl",
         "_rules-cluster-api.tpl",
         "role-leader-election.yaml",
         "fleet-rbac.yaml",
@@ -1092,11 +1093,14 @@ fn chart_grants() -> BTreeMap<&'static str, BTreeSet<Grant>> {
         .find(|d| d.get("rules").is_some())
         .map(|d| grants_of_rules(&d["rules"]))
         .expect("fleet-rbac.yaml has a role with rules");
+    // Karpenter's kinds: in the workload rules by default (the workload table lists them), in
+    // their own management-cluster ClusterRole with karpenterObjects=management.
+    let karpenter = grants_of_rules(&stripped_template("_rules-karpenter.tpl"));
+    let mut workload = grants_of_rules(&stripped_template("_rules-workload.tpl"));
+    workload.extend(karpenter.iter().cloned());
     BTreeMap::from([
-        (
-            "Workload cluster",
-            grants_of_rules(&stripped_template("_rules-workload.tpl")),
-        ),
+        ("Workload cluster", workload),
+        ("Karpenter's objects in the management layout", karpenter),
         ("Leader election", grants_of_rules(&role["rules"])),
         ("Cluster API objects", cluster_api),
         ("Fleet topology", fleet),

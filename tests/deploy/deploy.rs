@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use clap::CommandFactory;
 use karpenter_capi::cli::Cli;
+use karpenter_capi::view::binding::is_karpenter_group;
 use serde_json::Value;
 
 use crate::assets;
@@ -73,6 +74,10 @@ enum Scope {
     /// Cluster's workload kubeconfig Secret and its Events (the chart's `-fleet` role; no plain
     /// manifest).
     Fleet,
+    /// The management cluster's ClusterRole for Karpenter's own kinds (the chart's
+    /// `-karpenter-objects` one) with `karpenterObjects=management`. No row names it: the
+    /// workload rows of Karpenter's kinds move here ([`placed`]).
+    KarpenterObjects,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -105,6 +110,15 @@ fn switch_of(n: &Need) -> Option<&'static str> {
 /// The gate or chart value a row needs, if any.
 fn condition_of(n: &Need) -> Option<&'static str> {
     gate_of(n).or_else(|| switch_of(n))
+}
+
+/// Where a row is granted: its scope, except that with `karpenterObjects=management` in
+/// `switches` the workload rows of Karpenter's kinds move to the management cluster, by API
+/// group as the code picks their client (`view::binding::is_karpenter_group`).
+fn placed(n: &Need, switches: &[&str]) -> Scope {
+    let moved =
+        n.scope == Workload && is_karpenter_group(n.group) && switches.contains(&KARPENTER_OBJECTS);
+    if moved { KarpenterObjects } else { n.scope }
 }
 
 /// The gates `FEATURE_GATES` turns on (`Name=true` pairs).
@@ -142,7 +156,7 @@ const fn need(
     }
 }
 
-use Scope::{Fleet, LeaderNamespace, Management, Workload};
+use Scope::{Fleet, KarpenterObjects, LeaderNamespace, Management, Workload};
 use Use::{Code, Gated, Switched};
 
 const DELETION_COST: &str = "PodDeletionCostManagement";
@@ -152,6 +166,8 @@ const GENERATE: &str = "generate.enabled";
 const GENERATE_MANIFEST: &str = "deploy/manifests/optional/generate-rbac.yaml";
 /// The verbs generated node groups need on the `*machinetemplates` kinds.
 const GENERATE_TEMPLATE_VERBS: [&str; 3] = ["create", "delete", "list"];
+/// The chart value that puts Karpenter's objects in the management cluster (docs/deploy.md).
+const KARPENTER_OBJECTS: &str = "karpenterObjects=management";
 
 #[rustfmt::skip]
 const NEEDS: &[Need] = &[
@@ -195,6 +211,7 @@ const NEEDS: &[Need] = &[
     need(Workload, "events.k8s.io", "events", &["create", "patch"], Code("actors/events.rs kube Recorder")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["get", "create", "update"], Code("leader.rs get_opt, create, replace")),
     need(LeaderNamespace, "coordination.k8s.io", "leases", &["list", "watch"], Code("leader.rs watch of the one Lease (metadata.name field selector)")),
+    need(Management, "events.k8s.io", "events", &["create", "patch"], Switched(KARPENTER_OBJECTS, "actors/events.rs target: Events about Karpenter's objects, in the Cluster's namespace")),
     need(Fleet, "", "secrets", &["get"], Code("app/fleet.rs workload_config: each Cluster's kubeconfig Secret")),
     need(Fleet, "events.k8s.io", "events", &["create"], Code("app/fleet.rs serve: ClusterServed, ClusterNotServed, ClusterLeaseLost Events on the Cluster")),
     need(Management, "cluster.x-k8s.io", "machines", &["list", "watch"], Code("actors/watches/capi.rs start")),
@@ -316,13 +333,14 @@ fn resource_matches(need: &str, granted: &str) -> bool {
     }
 }
 
-/// Checks `granted` against the table rows of `scope`: every needed (group, resource, verb) is
-/// granted, nothing else is, and no wildcard is used; a gated or switched row counts only when
-/// `gates` has its gate or chart value. Returns the problems found.
+/// Checks `granted` against the table rows placed in `scope`: every needed (group, resource,
+/// verb) is granted, nothing else is, and no wildcard is used; a gated or switched row counts
+/// only when `gates` has its gate or chart value, and is placed by them ([`placed`]). Returns
+/// the problems found.
 fn audit(scope: Scope, granted: &[Rule], gates: &[&str]) -> Vec<String> {
     let needs: Vec<&Need> = NEEDS
         .iter()
-        .filter(|n| n.scope == scope && condition_of(n).is_none_or(|g| gates.contains(&g)))
+        .filter(|n| placed(n, gates) == scope && condition_of(n).is_none_or(|g| gates.contains(&g)))
         .collect();
     let mut problems = Vec::new();
     for r in granted {
@@ -483,11 +501,25 @@ fn chart_rules(helper_file: &str, helper: &str, used_by: &[&str]) -> Vec<Rule> {
 }
 
 fn chart_rbac_grants_exactly_what_the_controller_calls() {
-    let workload = chart_rules(
+    let mut workload = chart_rules(
         "_rules-workload.tpl",
         "karpenter-capi.workloadRules",
         &["clusterrole.yaml", "workload-cluster-rbac.yaml"],
     );
+    // Karpenter's kinds: in the workload rules by default, in the management cluster's
+    // `-karpenter-objects` ClusterRole with karpenterObjects=management.
+    let text = read(&path(&format!("{CHART}/templates/_rules-workload.tpl")));
+    assert!(
+        text.contains("{{- if not (include \"karpenter-capi.karpenterObjectsInManagement\" .) }}\n{{ include \"karpenter-capi.karpenterRules\" . }}\n{{- end }}"),
+        "_rules-workload.tpl includes Karpenter's rules unless they are in the management cluster"
+    );
+    let karpenter = chart_rules(
+        "_rules-karpenter.tpl",
+        "karpenter-capi.karpenterRules",
+        &["clusterrole-cluster-api.yaml"],
+    );
+    let mut problems = audit(KarpenterObjects, &karpenter, &[KARPENTER_OBJECTS]);
+    workload.extend(karpenter);
     let lease: Vec<Rule> = chart_template("role-leader-election.yaml")
         .iter()
         .filter(|d| kind(d) == "Role")
@@ -532,9 +564,13 @@ fn chart_rbac_grants_exactly_what_the_controller_calls() {
         .filter(|d| d.get("rules").is_some())
         .flat_map(rules)
         .collect();
-    let mut problems = audit(Workload, &workload, &gated);
+    problems.extend(audit(Workload, &workload, &gated));
     problems.extend(audit(LeaderNamespace, &lease, &[]));
-    problems.extend(audit(Management, &management, &[GENERATE]));
+    problems.extend(audit(
+        Management,
+        &management,
+        &[GENERATE, KARPENTER_OBJECTS],
+    ));
     problems.extend(audit(Fleet, &fleet, &[]));
     assert!(
         problems.is_empty(),
@@ -601,10 +637,9 @@ fn chart_grants_gated_rules_only_with_the_gate() {
     }
 }
 
-/// The `{{- if .Values.generate.enabled }}` blocks of `_rules-cluster-api.tpl`, each up to its
-/// `end` (the template block nests a `range` and an `if`, whose ends are counted).
-fn generate_blocks(tpl: &str) -> Vec<&str> {
-    let open = "{{- if .Values.generate.enabled }}";
+/// The blocks of `tpl` that `open` (an `if` action) starts, each up to its `end` (the
+/// generate.enabled template block nests a `range` and an `if`, whose ends are counted).
+fn guarded_blocks<'a>(tpl: &'a str, open: &str) -> Vec<&'a str> {
     let mut out = Vec::new();
     let mut rest = tpl;
     while let Some(start) = rest.find(open) {
@@ -638,9 +673,10 @@ fn generate_blocks(tpl: &str) -> Vec<&str> {
 /// Generated node groups' rules sit inside `if .Values.generate.enabled` (one block for the
 /// MachineDeployment rule, one for the templates', which keeps the `*machinetemplates` kinds of
 /// `rbac.clusterAPI.infrastructureTemplates` only), nowhere else, and the value is off by default.
+/// The only other create, on Events, sits inside the karpenterObjects=management guard.
 fn chart_grants_generation_rules_only_when_enabled() {
     let tpl = read(&path(&format!("{CHART}/templates/_rules-cluster-api.tpl")));
-    let blocks = generate_blocks(&tpl);
+    let blocks = guarded_blocks(&tpl, "{{- if .Values.generate.enabled }}");
     assert_eq!(blocks.len(), 2, "two generate.enabled blocks:\n{blocks:#?}");
     let md_rule = "- apiGroups: [cluster.x-k8s.io]\n  resources: [machinedeployments]\n  verbs: [create, delete]";
     let template_rule = format!(
@@ -662,8 +698,19 @@ fn chart_grants_generation_rules_only_when_enabled() {
         "only the template kinds get create and delete:\n{}",
         blocks[1]
     );
+    // The Events of Karpenter's objects are created only where they live.
+    let events = guarded_blocks(
+        &tpl,
+        "{{- if include \"karpenter-capi.karpenterObjectsInManagement\" . }}",
+    );
+    assert_eq!(events.len(), 1, "one karpenterObjects block:\n{events:#?}");
+    assert!(
+        events[0].contains("resources: [events]\n  verbs: [create, patch]"),
+        "the Events rule inside the karpenterObjects guard:\n{}",
+        events[0]
+    );
     let mut outside = tpl.clone();
-    for b in &blocks {
+    for b in blocks.iter().chain(&events) {
         outside = outside.replace(b, "");
     }
     // Outside the guards, nothing is created, and only Machines are deleted.
@@ -1320,8 +1367,9 @@ const CLUSTER: &str = "c1";
 
 /// The chart's value sets users install with: the workload topology (joined, a separate
 /// management cluster by kubeconfig Secret or URL), the management topology (Cluster API's
-/// kubeconfig Secret, or a least-privilege one with its workload RBAC rendered), and the
-/// optional extras switched on.
+/// kubeconfig Secret, or a least-privilege one with its workload RBAC rendered), the fleet
+/// topology, Karpenter's objects in the management cluster in each topology, and the optional
+/// extras switched on.
 const VALUE_SETS: &[(&str, &[&str])] = &[
     ("default values", &[]),
     (
@@ -1403,6 +1451,56 @@ const VALUE_SETS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "Karpenter's objects in the management cluster, management topology, workload RBAC rendered",
+        &[
+            "--set",
+            "topology=management",
+            "--set",
+            "clusterAPI.clusterName=c1",
+            "--set",
+            KARPENTER_OBJECTS,
+            "--set",
+            "workloadCluster.kubeconfigSecret.name=c1-karpenter-capi",
+            "--set",
+            "workloadCluster.rbac.render=true",
+        ],
+    ),
+    (
+        "Karpenter's objects in the management cluster, fleet topology, workload RBAC rendered",
+        &[
+            "--set",
+            "topology=fleet",
+            "--set",
+            KARPENTER_OBJECTS,
+            "--set",
+            "workloadCluster.rbac.render=true",
+        ],
+    ),
+    (
+        "Karpenter's objects in the management cluster, joined workload topology",
+        &[
+            "--set",
+            KARPENTER_OBJECTS,
+            "--set",
+            "clusterAPI.clusterName=c1",
+            "--set",
+            "clusterAPI.namespace=clusters",
+        ],
+    ),
+    (
+        "Karpenter's objects in the management cluster, separate management cluster",
+        &[
+            "--set",
+            KARPENTER_OBJECTS,
+            "--set",
+            "clusterAPI.kubeconfigSecret.name=mgmt",
+            "--set",
+            "clusterAPI.clusterName=c1",
+            "--set",
+            "clusterAPI.namespace=clusters",
+        ],
+    ),
+    (
         "Grafana dashboard on",
         &[
             "--set",
@@ -1445,6 +1543,7 @@ fn helm_lints_and_renders_the_chart() {
             .find(|d| kind(d) == "Deployment")
             .expect("Deployment");
         check_deployment(dep, &format!("helm template ({what})"));
+        check_karpenter_objects(&docs, what, extra);
         let problems = rendered_rbac_problems(&docs, extra);
         assert!(
             problems.is_empty(),
@@ -1512,8 +1611,11 @@ fn rendered_rbac_problems(docs: &[Value], extra: &[&str]) -> Vec<String> {
     if extra.contains(&"generate.enabled=true") {
         gates.push(GENERATE);
     }
-    let (mut workload, mut lease, mut capi, mut fleet) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    if extra.contains(&KARPENTER_OBJECTS) {
+        gates.push(KARPENTER_OBJECTS);
+    }
+    let (mut workload, mut lease, mut capi, mut fleet, mut karpenter) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for d in docs
         .iter()
         .filter(|d| matches!(kind(d), "Role" | "ClusterRole"))
@@ -1524,18 +1626,57 @@ fn rendered_rbac_problems(docs: &[Value], extra: &[&str]) -> Vec<String> {
             &mut capi
         } else if name(d).ends_with("-fleet") {
             &mut fleet
+        } else if name(d).ends_with("-karpenter-objects") {
+            &mut karpenter
         } else {
             &mut workload
         };
         part.extend(rules(d));
     }
     let mut problems = audit(LeaderNamespace, &lease, &gates);
-    for (scope, part) in [(Workload, &workload), (Management, &capi), (Fleet, &fleet)] {
+    let parts = [
+        (Workload, &workload),
+        (Management, &capi),
+        (Fleet, &fleet),
+        (KarpenterObjects, &karpenter),
+    ];
+    for (scope, part) in parts {
         if !part.is_empty() {
             problems.extend(audit(scope, part, &gates));
         }
     }
     problems
+}
+
+/// Where Karpenter's objects live as rendered: `KARPENTER_OBJECTS` says the layout, and their
+/// management-cluster ClusterRole, bound to the controller's account, is rendered exactly when
+/// they live there and the chart grants the Cluster API rules (a separate management cluster
+/// is granted by hand, docs/deploy.md).
+fn check_karpenter_objects(docs: &[Value], what: &str, extra: &[&str]) {
+    let management = extra.contains(&KARPENTER_OBJECTS);
+    let dep = find(docs, "Deployment", "karpenter-capi", what);
+    let layout = if management { "management" } else { "workload" };
+    let env = literal_env(container(dep));
+    assert_eq!(
+        env.get("KARPENTER_OBJECTS").map(String::as_str),
+        Some(layout),
+        "{what}"
+    );
+    let capi = docs.iter().any(|d| name(d).ends_with("-cluster-api"));
+    let role = docs
+        .iter()
+        .find(|d| kind(d) == "ClusterRole" && name(d).ends_with("-karpenter-objects"));
+    assert_eq!(
+        role.is_some(),
+        management && capi,
+        "{what}: Karpenter's ClusterRole where the Cluster API rules are, in that layout only"
+    );
+    if let Some(role) = role {
+        let b = find(docs, "ClusterRoleBinding", "-karpenter-objects", what);
+        assert_eq!(b["roleRef"]["name"], name(role), "{what}");
+        assert_eq!(b["subjects"][0]["kind"], "ServiceAccount", "{what}");
+        assert_eq!(b["subjects"][0]["namespace"], NAMESPACE, "{what}");
+    }
 }
 
 fn find<'a>(docs: &'a [Value], k: &str, suffix: &str, what: &str) -> &'a Value {
@@ -1561,10 +1702,12 @@ fn check_management_topology(docs: &[Value], what: &str, extra: &[&str]) {
         }
     }
     let workload_rbac = extra.contains(&"workloadCluster.rbac.render=true");
+    // Karpenter's own ClusterRole, in their management layout: check_karpenter_objects.
     let cluster_wide: Vec<&str> = docs
         .iter()
         .filter(|d| matches!(kind(d), "ClusterRole" | "ClusterRoleBinding"))
         .map(name)
+        .filter(|n| !n.ends_with("-karpenter-objects"))
         .collect();
     if workload_rbac {
         assert_eq!(
@@ -1719,6 +1862,7 @@ fn check_fleet_topology(docs: &[Value], what: &str, extra: &[&str]) {
             kind(d) == "ClusterRole"
                 && !name(d).ends_with("-cluster-api")
                 && !name(d).ends_with("-fleet")
+                && !name(d).ends_with("-karpenter-objects")
         })
         .map(name)
         .collect();
@@ -1890,6 +2034,18 @@ fn helm_refuses_management_values_that_cannot_work() {
                 "clusterAPI.namespace=elsewhere",
             ][..],
             "install the release in the Cluster's namespace",
+        ),
+        (
+            &["karpenterObjects=elsewhere"][..],
+            "karpenterObjects must be workload or management",
+        ),
+        (
+            &[KARPENTER_OBJECTS, "clusterAPI.namespace=clusters"][..],
+            "set clusterAPI.clusterName",
+        ),
+        (
+            &[KARPENTER_OBJECTS, "clusterAPI.clusterName=c1"][..],
+            "set clusterAPI.namespace",
         ),
     ] {
         let mut args = vec!["template", "k", "--namespace", NAMESPACE, chart.as_str()];

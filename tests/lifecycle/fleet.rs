@@ -41,7 +41,7 @@ async fn fleet_env() -> Env {
     env
 }
 
-async fn fleet_of(env: &Env) -> Fleet {
+pub(crate) async fn fleet_of(env: &Env) -> Fleet {
     let path = env
         .sim
         .cluster()

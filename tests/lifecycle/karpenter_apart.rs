@@ -2,7 +2,7 @@
 //! NodeClasses and NodeClaims beside the Cluster's Machines, each bound to Cluster `sim` by its
 //! labels, and the workload cluster holding only Nodes and Pods. Claims launch, drain and
 //! consolidate across the two clusters; no Node is owned by a claim it cannot see; objects
-//! bound to another Cluster are not this controller's.
+//! bound to another Cluster are not this controller's, nor a fleet's serving `sim`.
 
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
@@ -12,9 +12,11 @@ use karpenter_capi::actors::Settings;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::{CLUSTER_NAME_LABEL, CLUSTER_NAMESPACE_LABEL};
+use karpenter_capi::app::fleet::{self, Fleet};
 use karpenter_capi::sim::cluster::{PodShape, SimClusterConfig};
 use karpenter_capi::simulate::launch::{claim_for, seed_of};
 use karpenter_capi::simulate::sim_settings;
+use karpenter_capi::view::binding::Binding;
 
 use crate::common::claims::fast_disruption;
 use crate::common::{Env, condition, fast_cluster};
@@ -163,30 +165,18 @@ async fn pending_pods_get_bound_claims_and_empty_nodes_are_consolidated() {
 #[actix::test]
 async fn objects_bound_to_another_cluster_are_not_this_controllers() {
     let env = env().await;
-    let client = env.karpenter_client().await;
     let mut pool = env.pool.clone();
     pool.metadata = kube::api::ObjectMeta {
         name: Some("other-default".into()),
         labels: Some(binding("other", "default")),
         ..Default::default()
     };
-    Api::<NodePool>::all(client.clone())
+    Api::<NodePool>::all(env.karpenter_client().await)
         .create(&PostParams::default(), &pool)
         .await
         .expect("another Cluster's NodePool");
-    let claims: Api<NodeClaim> = Api::all(client);
     for (name, (cluster, ns)) in [("other-1", ("other", "default")), ("sim-b", ("sim", "b"))] {
-        let mut c = claim_for(&env.pool, "sim-0");
-        c.metadata.generate_name = None;
-        c.metadata.name = Some(name.into());
-        c.metadata
-            .labels
-            .get_or_insert_default()
-            .extend(binding(cluster, ns));
-        claims
-            .create(&PostParams::default(), &c)
-            .await
-            .expect("a foreign claim");
+        env.foreign_claim(name, cluster, ns).await;
     }
     let (ours, _) = env.claim_in_layout().await;
     env.settle_ours(&ours).await;
@@ -204,6 +194,45 @@ async fn objects_bound_to_another_cluster_are_not_this_controllers() {
         other["status"].is_null(),
         "no status on another Cluster's pool: {other:#}"
     );
+}
+
+/// A fleet (`run --fleet`) serves Cluster `sim` with Karpenter's objects in the management
+/// cluster: the Cluster's controller is bound to it, so the claims bound to `sim` launch while
+/// a claim bound to Cluster `other`, in the same management cluster, is left untouched.
+#[actix::test]
+async fn a_fleet_serves_a_cluster_whose_objects_are_in_the_management_cluster() {
+    let mut env = env().await;
+    env.kill();
+    // As `run --fleet --karpenter-objects management`: the binding filled in per Cluster.
+    let unbound = Binding {
+        cluster: String::new(),
+        namespace: String::new(),
+    };
+    let fleet = Fleet {
+        settings: Settings {
+            karpenter_objects: Some(unbound),
+            ..sim_settings(None)
+        },
+        ..crate::fleet::fleet_of(&env).await
+    };
+    let running = actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    env.foreign_claim("other-1", "other", "default").await;
+    for name in env.claims(2, 1).await {
+        env.settle_ours(&name).await;
+    }
+    assert_eq!(env.list("machines").len(), 2, "a Machine for each of ours");
+    let foreign = env.get("nodeclaims", "", "other-1").expect("still there");
+    assert!(
+        foreign["status"].is_null(),
+        "other-1 untouched: {foreign:#}"
+    );
+    Api::<NodeClaim>::all(env.karpenter_client().await)
+        .delete("other-1", &DeleteParams::default())
+        .await
+        .expect("delete the foreign claim");
+    each_kind_in_its_cluster(&env);
+    env.invariants_hold();
+    running.abort();
 }
 
 /// NodePools that name Cluster `sim` but whose namespace label is missing or no namespace name
@@ -364,6 +393,21 @@ impl Env {
             .and_then(|c| c["status"]["nodeName"].as_str().map(String::from))
             .expect("the claim's node");
         (name, node)
+    }
+
+    /// A claim named `name` in the management cluster, bound to Cluster `namespace/cluster`.
+    async fn foreign_claim(&self, name: &str, cluster: &str, namespace: &str) {
+        let mut c = claim_for(&self.pool, "sim-0");
+        c.metadata.generate_name = None;
+        c.metadata.name = Some(name.into());
+        c.metadata
+            .labels
+            .get_or_insert_default()
+            .extend(binding(cluster, namespace));
+        Api::<NodeClaim>::all(self.karpenter_client().await)
+            .create(&PostParams::default(), &c)
+            .await
+            .expect("a foreign claim");
     }
 
     /// Until claim `name` is initialized.

@@ -70,6 +70,23 @@ not a workload cluster, so no workload ClusterRole is installed here. */}}
 {{- if or (include "karpenter-capi.managementTopology" .) (include "karpenter-capi.fleetTopology" .) }}true{{ end }}
 {{- end }}
 
+{{/* Where NodePools, NodeClaims, ClusterAPINodeClasses and NodeOverlays live: workload (also when
+unset, as after an upgrade with --reuse-values from a chart without it) or management; any other
+value fails the render. */}}
+{{- define "karpenter-capi.karpenterObjects" -}}
+{{- $where := .Values.karpenterObjects | default "workload" }}
+{{- if has $where (list "workload" "management") }}{{ $where }}
+{{- else }}
+{{- fail (printf "karpenterObjects must be workload or management, not %q" $where) }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when Karpenter's objects live in the management cluster (karpenterObjects=management),
+empty otherwise. */}}
+{{- define "karpenter-capi.karpenterObjectsInManagement" -}}
+{{- if eq (include "karpenter-capi.karpenterObjects" .) "management" }}true{{ end }}
+{{- end }}
+
 {{/* The management topology's settings that cannot work together fail the render, each with
 what to do instead. */}}
 {{- define "karpenter-capi.validateTopology" -}}
@@ -82,6 +99,14 @@ what to do instead. */}}
 {{- end }}
 {{- if and .Values.clusterAPI.namespace (ne .Values.clusterAPI.namespace .Release.Namespace) }}
 {{- fail (printf "topology=management reads Cluster API objects in the release namespace %q only: install the release in the Cluster's namespace %q instead of setting clusterAPI.namespace" .Release.Namespace .Values.clusterAPI.namespace) }}
+{{- end }}
+{{- end }}
+{{- if and (include "karpenter-capi.karpenterObjectsInManagement" .) (not (include "karpenter-capi.inManagementCluster" .)) }}
+{{- if not .Values.clusterAPI.clusterName }}
+{{- fail "karpenterObjects=management binds Karpenter's objects to one Cluster: set clusterAPI.clusterName to its name" }}
+{{- end }}
+{{- if not .Values.clusterAPI.namespace }}
+{{- fail "karpenterObjects=management binds Karpenter's objects to one Cluster: set clusterAPI.namespace to its namespace" }}
 {{- end }}
 {{- end }}
 {{- if include "karpenter-capi.fleetTopology" . }}

@@ -28,6 +28,13 @@
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinepools]
   verbs: [get, list, watch, patch]
+{{- if include "karpenter-capi.karpenterObjectsInManagement" . }}
+# Event recorder (karpenterObjects=management): Events about Karpenter's objects, in the
+# Cluster's namespace (events.k8s.io/v1): create, and patch when an event repeats.
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
 # Catalog: read each MachineDeployment's infrastructure template once (get only).
 {{- range .Values.rbac.clusterAPI.infrastructureTemplates }}
 - {apiGroups: [{{ .group | quote }}], resources: {{ toJson .resources }}, verbs: [get]}

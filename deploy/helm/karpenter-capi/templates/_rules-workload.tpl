@@ -1,7 +1,8 @@
 # Workload-cluster rules: only the verbs the controller calls. The reason for each rule is in
 # deploy/manifests/20-rbac.yaml; tests/deploy.rs checks both against one table. One list for the
 # ClusterRole installed with the controller (workload topology) and the one rendered for the
-# workload cluster of the management topology (workload-cluster-rbac.yaml).
+# workload cluster of the management topology (workload-cluster-rbac.yaml). Karpenter's own kinds
+# (_rules-karpenter.tpl) are here only where they live in the workload cluster (karpenterObjects).
 {{- define "karpenter-capi.workloadRules" -}}
 # Node feed: list/watch; registration, initialization, finalizer: patch; termination: get
 # (a Node the lagging watch does not show yet), delete.
@@ -50,34 +51,9 @@
 - apiGroups: [apps]
   resources: [replicasets, statefulsets]
   verbs: [list, watch]
-# Supervisor watch; claims re-read, patch and delete themselves; create is the provisioner's.
-- apiGroups: [karpenter.sh]
-  resources: [nodeclaims]
-  verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [karpenter.sh]
-  resources: [nodeclaims/status]
-  verbs: [patch]
-# NodePool watch (provisioner, disruption); their status: usage and conditions.
-- apiGroups: [karpenter.sh]
-  resources: [nodepools]
-  verbs: [list, watch]
-- apiGroups: [karpenter.sh]
-  resources: [nodepools/status]
-  verbs: [patch]
-# Catalog: watch node classes, patch their Ready condition.
-- apiGroups: [karpenter.cluster.x-k8s.io]
-  resources: [clusterapinodeclasses]
-  verbs: [list, watch]
-- apiGroups: [karpenter.cluster.x-k8s.io]
-  resources: [clusterapinodeclasses/status]
-  verbs: [patch]
-# Catalog: watch node overlays, patch their conditions.
-- apiGroups: [karpenter.sh]
-  resources: [nodeoverlays]
-  verbs: [list, watch]
-- apiGroups: [karpenter.sh]
-  resources: [nodeoverlays/status]
-  verbs: [patch]
+{{- if not (include "karpenter-capi.karpenterObjectsInManagement" .) }}
+{{ include "karpenter-capi.karpenterRules" . }}
+{{- end }}
 # CapacityBuffers (--feature-gates CapacityBuffer=true): watch buffers, write their status;
 # resolve their chunk's pod template (PodTemplates and the apps workloads a scalableRef names:
 # read once, then followed by a watch).
