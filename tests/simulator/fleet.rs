@@ -36,6 +36,15 @@ async fn a_simulated_fleet_binds_every_pod_in_every_cluster() {
         // The fleet's controller did the work in this cluster: its claims launched Machines
         // in this cluster's namespace of the management cluster, each bound to a claim.
         assert!(r.launch.api.writes > 0, "{}: {r}", c.cluster);
+        // Its writes to the shared management cluster (the replicas it asked for, the Machines
+        // it bound) are this cluster's cost too.
+        let by_target = &r.launch.api.writes_by_target;
+        assert!(
+            r.launch.api.replica_writes > 0,
+            "{}: {by_target:?}",
+            c.cluster
+        );
+        assert!(by_target.contains_key("patch machines"), "{by_target:?}");
         assert!(r.launch.claims.initialized > 0, "{}: {r}", c.cluster);
         assert_eq!(r.launch.machines.created, r.launch.machines.bound, "{r}");
         assert!(c.cost_per_hour > 0.0, "{}", c.cluster);
