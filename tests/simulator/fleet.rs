@@ -4,9 +4,10 @@
 //! them up. No timing assertions; the scenario's deadline only guards hangs.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use karpenter_capi::cli::SimulateArgs;
-use karpenter_capi::simulate::fleet;
+use karpenter_capi::simulate::{self, Error, fleet, pods};
 use serde_json::Value;
 
 #[actix::test]
@@ -36,6 +37,15 @@ async fn a_simulated_fleet_binds_every_pod_in_every_cluster() {
         // The fleet's controller did the work in this cluster: its claims launched Machines
         // in this cluster's namespace of the management cluster, each bound to a claim.
         assert!(r.launch.api.writes > 0, "{}: {r}", c.cluster);
+        // Its writes to the shared management cluster (the replicas it asked for, the Machines
+        // it bound) are this cluster's cost too.
+        let by_target = &r.launch.api.writes_by_target;
+        assert!(
+            r.launch.api.replica_writes > 0,
+            "{}: {by_target:?}",
+            c.cluster
+        );
+        assert!(by_target.contains_key("patch machines"), "{by_target:?}");
         assert!(r.launch.claims.initialized > 0, "{}: {r}", c.cluster);
         assert_eq!(r.launch.machines.created, r.launch.machines.bound, "{r}");
         assert!(c.cost_per_hour > 0.0, "{}", c.cluster);
@@ -75,4 +85,29 @@ async fn a_simulated_fleet_binds_every_pod_in_every_cluster() {
     }
     assert_eq!(json["summary"]["pods_bound"], 90, "{json}");
     assert_eq!(json["summary"]["clusters"], 3, "{json}");
+}
+
+/// A fleet's cluster is done when every pod is bound: pods that no controller acted on for a
+/// while (here none runs) are not given up on, as the single-cluster scenario gives up on pods
+/// that fit nowhere after 15 s without a change; the cluster fails at its deadline instead.
+#[actix::test]
+async fn a_fleet_cluster_does_not_give_up_on_pending_pods_before_its_deadline() {
+    let args = SimulateArgs::from_words(&["--scenario", "pods", "--pods", "5"])
+        .expect("simulate's arguments");
+    let sim = simulate::start_sim(&args)
+        .await
+        .expect("a simulated cluster");
+    pods::create_deployments(&sim, &args, |_, _| {})
+        .await
+        .expect("the Deployments");
+    pods::wait_for_pods(&sim, 5, Duration::from_secs(30))
+        .await
+        .expect("their pods");
+    let started = Instant::now();
+    let settled = fleet::settle_every_pod(&sim, Duration::from_secs(20)).await;
+    assert!(
+        matches!(settled, Err(Error::Deadline(_))),
+        "{settled:?} after {:?}",
+        started.elapsed()
+    );
 }

@@ -31,20 +31,19 @@ pub fn measure(
         .into_iter()
         .filter(|w| w.at_ms >= since_ms)
         .collect();
-    let machines_created = match (cluster.management_server(), cluster.capi_namespace()) {
-        // A fleet's shared management cluster logs the Machines' creates, on a clock of its
-        // own: this cluster's are those in its namespace, none made before its scenario.
-        (Some(management), Some(ns)) => management
-            .stats()
-            .writes()
-            .iter()
-            .filter(|w| w.resource == "machines" && w.verb == "create" && w.namespace == ns)
-            .count(),
-        _ => writes
-            .iter()
-            .filter(|w| w.resource == "machines" && w.verb == "create")
-            .count(),
-    };
+    // A fleet's shared management cluster logs its writes on a clock of its own: this
+    // cluster's are those in its namespace (the controller writes none there before its
+    // scenario), and they are its cost as much as the workload cluster's are.
+    let management_writes: Vec<WriteRecord> =
+        match (cluster.management_server(), cluster.capi_namespace()) {
+            (Some(management), Some(ns)) => (management.stats().writes().into_iter())
+                .filter(|w| w.namespace == ns)
+                .collect(),
+            _ => Vec::new(),
+        };
+    let machines_created = (writes.iter().chain(&management_writes))
+        .filter(|w| w.resource == "machines" && w.verb == "create")
+        .count();
     let mut counts = ClaimCounts {
         requested,
         ..Default::default()
@@ -72,7 +71,7 @@ pub fn measure(
             leaked: inv.leaked,
             double_bound: inv.double_bound,
         },
-        api: api_counts(&writes, requested, &stats),
+        api: api_counts(&[writes, management_writes].concat(), requested, &stats),
         latency_ms: Latencies {
             provider_id_to_claim: Percentiles::of(samples.pid_to_claim),
             provider_id_to_status_write: Percentiles::of(samples.pid_to_write),
