@@ -367,6 +367,7 @@ metrics! {
     handed_back_instances: Family<MdLabels, Gauge>, "karpenter_capi_handed_back_instances", "Running instances of a MachinePool without MachinePool Machines that deleted claims handed back to it (the next claim on the pool takes one back)";
     handed_back_price: Family<MdLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_capi_handed_back_instances_price", "Summed price (the pool's price annotation per instance) of the handed-back instances still running";
     scaler_spent_decrements: Family<MdLabels, Counter>, "karpenter_capi_scaler_spent_decrements", "Replica decrements Cluster API spent on another Machine than the one we marked (made again)";
+    machine_index_behind: Counter, "karpenter_capi_machine_index_behind", "Times a claim found its bound Machine unbound in the Machine index and read the Machine from the API server (the index showed a version older than our bind)";
     api_errors: Family<ApiErrorLabels, Counter>, "karpenter_capi_api_errors", "Kubernetes API errors by verb and resource";
     api_throttled: Family<ApiErrorLabels, Counter>, "karpenter_capi_api_throttled_requests", "Kubernetes API requests the server answered 429 or 503 with Retry-After, by verb and resource";
     reconcile_timeouts: Family<ControllerLabels, Counter>, "karpenter_capi_reconcile_timeouts", "Reconciles or writes abandoned after their deadline, by controller (nodeclaim, scaler)";

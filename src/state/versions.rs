@@ -15,6 +15,12 @@
 //! ever comes for it again), so a deleted name refuses responses for a while. Karpenter core
 //! met the same race in its cluster state (#3176) and heals it after the fact; refusing the
 //! response keeps the ghost out in the first place.
+//!
+//! A pending version the watch never confirms would shadow its object for good, so it lapses,
+//! but only on evidence that the watch is past it: the watch confirmed another of our responses
+//! that came later (a later write was committed later, and the watch delivers in commit order).
+//! A lapse on time alone let a watch lagging more than that time behind (a loaded fleet's shared
+//! management server) take its versions from before our bind, and show a bound Machine unbound.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -23,9 +29,19 @@ use std::time::{Duration, Instant};
 /// the race with the watch.
 const RECENT: usize = 8;
 
-/// A pending version the watch never confirms (the object was re-listed, or the watch is stuck)
-/// stops shadowing the watch after this long, so the index can never freeze.
+/// The least time a pending version shadows the watch: a watch confirms within this on a
+/// healthy cluster, and a response the watch delivered long before it was answered (more than
+/// [`RECENT`] versions ago) lapses no sooner.
 const PENDING_TTL: Duration = Duration::from_secs(10);
+
+/// How much later another response must have come for its confirmation to prove the watch past
+/// ours: answers are taken in about the order their writes were committed, within this.
+const ORDER_MARGIN: Duration = Duration::from_secs(1);
+
+/// A pending version lapses after this long even without such proof (no other response of ours
+/// confirmed), so an object nobody else of ours writes can never freeze: longer than a watch
+/// that is moving at all takes to show a write.
+const PENDING_CAP: Duration = Duration::from_secs(120);
 
 /// How long a deleted name refuses responses: longer than any request may wait for its answer
 /// (the client's read timeout, 300 s), so no answer sent before the deletion outlives it.
@@ -40,6 +56,9 @@ pub(crate) struct Freshness {
     gone: HashMap<String, Instant>,
     /// The same names in the order they went, to let them go after `GONE_TTL`.
     gone_order: VecDeque<(String, Instant)>,
+    /// When the latest response the watch confirmed was taken: the watch is past everything
+    /// committed before it (see [`Freshness::lapsed`]).
+    confirmed_through: Option<Instant>,
 }
 
 impl Freshness {
@@ -58,7 +77,7 @@ impl Freshness {
         if self
             .pending
             .get(key)
-            .is_some_and(|(_, at)| at.elapsed() < PENDING_TTL)
+            .is_some_and(|(_, at)| !self.lapsed(*at))
         {
             return false;
         }
@@ -106,11 +125,12 @@ impl Freshness {
         recent.push_back(version.to_string());
         match self.pending.get(key) {
             None => true,
-            Some((v, _)) if v == version => {
+            Some((v, at)) if v == version => {
+                self.confirmed_through = self.confirmed_through.max(Some(*at));
                 self.pending.remove(key);
                 true
             }
-            Some((_, at)) if at.elapsed() < PENDING_TTL => false,
+            Some((_, at)) if !self.lapsed(*at) => false,
             Some(_) => {
                 tracing::debug!(
                     key,
@@ -138,6 +158,18 @@ impl Freshness {
     pub(crate) fn clear(&mut self) {
         self.pending.clear();
         self.recent.clear();
+    }
+
+    /// Whether a response taken at `at` and still unconfirmed stops shadowing the watch: the
+    /// watch confirmed a response taken well after it, so had ours been coming, the watch would
+    /// have shown it first; or no proof came in `PENDING_CAP`. A watch that is only behind
+    /// confirms nothing taken after ours, so ours keeps shadowing its older versions.
+    fn lapsed(&self, at: Instant) -> bool {
+        let age = at.elapsed();
+        let watch_past = self
+            .confirmed_through
+            .is_some_and(|c| c >= at + ORDER_MARGIN);
+        age >= PENDING_TTL && (watch_past || age >= PENDING_CAP)
     }
 
     fn is_gone(&mut self, key: &str) -> bool {
@@ -207,6 +239,73 @@ mod tests {
         );
         assert!(f.watched("m", "a3"), "the watch reached our write");
         assert!(f.watched("m", "c1"), "and newer events apply again");
+    }
+
+    /// Make `key`'s pending response look `by` older.
+    fn backdate(f: &mut Freshness, key: &str, by: Duration) {
+        let (_, at) = f.pending.get_mut(key).expect("a pending response");
+        *at = at.checked_sub(by).expect("the clock reaches that far back");
+    }
+
+    #[test]
+    fn a_watch_that_is_only_behind_never_outlasts_our_response() {
+        let mut f = Freshness::default();
+        assert!(f.watched("m", "unbound"));
+        assert!(f.responded("m", "bound"));
+        // The watch is 3 x PENDING_TTL behind, and confirmed nothing taken after our bind.
+        backdate(&mut f, "m", PENDING_TTL * 3);
+        assert!(
+            !f.watched("m", "unbound-touched"),
+            "a version from before the bind, however late it comes"
+        );
+        assert!(!f.responded("m", "read"), "still waiting for the watch");
+        assert!(f.watched("m", "bound"), "the watch reached our write");
+        assert!(f.pending.is_empty());
+    }
+
+    #[test]
+    fn our_response_lapses_once_the_watch_confirms_a_later_one() {
+        let mut f = Freshness::default();
+        assert!(f.watched("a", "1"));
+        assert!(f.watched("b", "1"));
+        // The watch delivered this version before we took the answer, more than RECENT
+        // versions ago: it will never come again.
+        assert!(f.responded("a", "lost"));
+        backdate(&mut f, "a", PENDING_TTL + ORDER_MARGIN * 2);
+        assert!(
+            !f.watched("a", "2"),
+            "no proof yet that the watch is past it"
+        );
+        assert!(f.responded("b", "2"));
+        assert!(f.watched("b", "2"), "a response taken later, confirmed");
+        assert!(f.watched("a", "3"), "so the watch is past ours: it lapsed");
+        assert!(f.pending.is_empty());
+    }
+
+    #[test]
+    fn a_response_confirmed_before_ours_proves_nothing() {
+        let mut f = Freshness::default();
+        assert!(f.watched("a", "1"));
+        assert!(f.watched("b", "1"));
+        assert!(f.responded("b", "2"));
+        assert!(f.responded("a", "2"));
+        // b's answer came well before ours.
+        backdate(&mut f, "b", PENDING_TTL * 2 + ORDER_MARGIN * 2);
+        backdate(&mut f, "a", PENDING_TTL * 2);
+        assert!(f.watched("b", "2"), "confirms a response taken before ours");
+        assert!(
+            !f.watched("a", "1b"),
+            "older than our write: still shadowed"
+        );
+    }
+
+    #[test]
+    fn without_proof_our_response_lapses_at_the_cap() {
+        let mut f = Freshness::default();
+        assert!(f.watched("a", "1"));
+        assert!(f.responded("a", "lost"));
+        backdate(&mut f, "a", PENDING_CAP);
+        assert!(f.watched("a", "2"), "the index cannot freeze");
     }
 
     #[test]

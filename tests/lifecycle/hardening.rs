@@ -313,10 +313,9 @@ async fn a_decrement_cluster_api_spent_on_another_machine_is_made_again() {
 }
 
 /// The controller's Machine watch lags 15 s behind the API server while the Machines keep being
-/// written (as Cluster API's status writes do), as on a loaded machine. The index holds a bind's
-/// answer only until the watch should have confirmed it (10 s); after that, the watch's versions
-/// from before the bind land and the index shows the Machine unbound for a while. A claim must
-/// not take that for its Machine being gone. Before: every such claim was deleted
+/// written (as Cluster API's status writes do), as on a loaded machine. Should the index show
+/// the Machine unbound (it did while a bind's answer shadowed the watch for a flat 10 s), a claim
+/// must not take that for its Machine being gone. Before: every such claim was deleted
 /// (`MachineDeleted`) and its Machine released, which in a 1,000-claim burst on a loaded machine
 /// deleted hundreds of claims.
 #[actix::test]
@@ -364,6 +363,68 @@ async fn a_lagging_machine_watch_never_ends_a_bound_claim() {
     assert_eq!(env.machines_of("md-0").len(), 2);
     env.faults().clear();
     env.settle().await;
+    env.invariants_hold();
+}
+
+/// A burst while the controller's Machine, MachineDeployment and NodeClaim watches lag 15 s
+/// behind the API server and the Machines keep being written, as a loaded fleet's watches did.
+/// Every claim gets one Machine and the replicas never run past the claims. Before: our writes'
+/// answers stopped shadowing the watches after a flat 10 s, both indexes went back to versions
+/// from before the bind, the Scaler bound a launched claim to a second Machine, and a cluster
+/// ended with 18 Machines for 17 claims.
+#[actix::test]
+async fn a_burst_under_lagging_cluster_api_watches_makes_one_machine_per_claim() {
+    const CLAIMS: usize = 17;
+    let env = env(vec![seed_of(0, 40)], |_| {}).await;
+    for resource in ["machines", "machinedeployments", "nodeclaims"] {
+        env.faults()
+            .set_watch_delay(resource, Duration::from_secs(25));
+    }
+    let touched = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    tokio::spawn(touch_machines(
+        env.machine_api(),
+        touched.clone(),
+        stop.clone(),
+    ));
+    env.claims(4, 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    env.claims(CLAIMS - 4, 1).await;
+    let most = AtomicI64::new(0);
+    env.until("every claim initialized", |e| {
+        most.fetch_max(e.replicas("md-0"), Ordering::Relaxed);
+        e.initialized() == CLAIMS
+    })
+    .await;
+    // Long enough for the lagging watches to show everything, and a spare replica to be made.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < deadline {
+        most.fetch_max(env.replicas("md-0"), Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(
+        most.load(Ordering::Relaxed),
+        CLAIMS as i64,
+        "spec.replicas went past one per claim"
+    );
+    assert_eq!(env.machines_of("md-0").len(), CLAIMS);
+    assert!(
+        env.events("MachineDeleted").is_empty(),
+        "a claim was deleted for a Machine that was there: {:#?}",
+        env.events("MachineDeleted")
+    );
+    assert_eq!(
+        metric(
+            &env.metrics.encode(),
+            "karpenter_capi_machine_index_behind_total"
+        ),
+        0.0,
+        "the Machine index showed a bound Machine unbound (a version older than the bind)"
+    );
+    env.faults().clear();
+    env.settle().await;
+    assert_eq!(env.initialized(), CLAIMS);
     env.invariants_hold();
 }
 

@@ -232,6 +232,7 @@ impl Step {
         match live {
             Some(m) if m.deletion_timestamp.is_none() && bound_claim(&m) == Some(name.as_str()) => {
                 tracing::info!(nodeclaim = %name, machine = %mk, "the Machine index is behind the API server (it lost the binding); waiting for the watch");
+                self.shared.metrics.machine_index_behind.inc();
                 self.shared.state.machines.write().apply_response(m);
                 Ok(Next::Wait(Some(INDEX_BEHIND_RECHECK)))
             }
