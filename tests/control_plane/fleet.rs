@@ -60,6 +60,7 @@ const FLEET: Topology = Topology {
     helm_args: &["--set", "topology=fleet"],
     machines: "",
     scoped: false,
+    karpenter_objects: false,
 };
 
 /// Clusters in the management cluster, `fleet-<i>/sim`: two for each replica.
@@ -451,7 +452,7 @@ impl Workload {
             .unwrap_or_else(|e| panic!("the workload cluster's kubeconfig: {e}"));
         create_cluster(admin, namespace, CLUSTER_NAME, &kubeconfig).await;
         seed_machine_deployment(admin, namespace, 0).await;
-        seed_pool(&server.client()).await;
+        seed_pool(&server.client(), None).await;
         let pool = Api::<NodePool>::all(server.client())
             .get("default")
             .await

@@ -31,6 +31,7 @@ use karpenter_capi::leader;
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::scheduling::default_spread::DefaultConstraints;
 use karpenter_capi::sim::cluster::CLUSTER_NAME;
+use karpenter_capi::view::binding::Binding;
 use karpenter_capi::write_gate::WriteGate;
 
 use crate::assets;
@@ -49,6 +50,8 @@ pub fn tests() -> Vec<assets::Test> {
             needs [ControlPlane, Helm, Kubectl, Upstream],
         @actix the_management_topology_runs_under_the_charts_rbac_only
             needs [ControlPlane, Helm, Kubectl, Upstream],
+        @actix karpenters_objects_in_the_management_cluster_run_under_the_charts_rbac_only
+            needs [ControlPlane, Helm, Kubectl, Upstream],
         @actix the_controller_binary_runs_with_the_charts_environment_and_token
             needs [ControlPlane, Helm, Kubectl, Upstream],
     ]
@@ -64,6 +67,20 @@ pub(crate) struct Topology {
     /// (`CLUSTER_API_NAMESPACE`, `CLUSTER_NAME`), as the chart sets them in the management
     /// topology.
     pub(crate) scoped: bool,
+    /// Whether Karpenter's objects live beside the Machines (`karpenterObjects=management`),
+    /// bound to the Cluster `sim` of `machines`: the chart grants them in its
+    /// `<release>-karpenter-objects` ClusterRole instead of the workload cluster's.
+    pub(crate) karpenter_objects: bool,
+}
+
+impl Topology {
+    /// The Cluster Karpenter's objects are bound to, with `karpenter_objects`.
+    pub(crate) fn binding(&self) -> Option<Binding> {
+        self.karpenter_objects.then(|| Binding {
+            cluster: CLUSTER_NAME.into(),
+            namespace: self.machines.into(),
+        })
+    }
 }
 
 /// The chart's default values: the workload topology with Cluster API in the same cluster
@@ -72,6 +89,7 @@ const JOINED: Topology = Topology {
     helm_args: &[],
     machines: "default",
     scoped: false,
+    karpenter_objects: false,
 };
 
 /// The management topology: the release in its Cluster's namespace, Cluster API reached with a
@@ -96,6 +114,15 @@ const MANAGEMENT: Topology = Topology {
     ],
     machines: NAMESPACE,
     scoped: true,
+    karpenter_objects: false,
+};
+
+/// The management topology with Karpenter's objects beside the Machines
+/// (`karpenterObjects=management`): NodePools, NodeClaims, NodeClasses and NodeOverlays bound to
+/// Cluster `sim` of the release namespace, and the workload cluster's ClusterRole without them.
+const MANAGEMENT_OBJECTS: Topology = Topology {
+    karpenter_objects: true,
+    ..MANAGEMENT
 };
 
 async fn the_controller_runs_under_the_charts_rbac_only() {
@@ -104,6 +131,10 @@ async fn the_controller_runs_under_the_charts_rbac_only() {
 
 async fn the_management_topology_runs_under_the_charts_rbac_only() {
     flow(&MANAGEMENT).await;
+}
+
+async fn karpenters_objects_in_the_management_cluster_run_under_the_charts_rbac_only() {
+    flow(&MANAGEMENT_OBJECTS).await;
 }
 
 /// The release as the chart's docs install it.
@@ -359,6 +390,7 @@ fn settings(t: &Topology) -> Settings {
         s.capi_namespace = Some(t.machines.into());
         s.cluster_name = Some(CLUSTER_NAME.into());
     }
+    s.karpenter_objects = t.binding();
     s.batching.idle = Duration::from_millis(300);
     s.batching.max = Duration::from_secs(3);
     s.min_drain_time = Duration::from_secs(1);

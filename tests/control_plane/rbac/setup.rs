@@ -3,6 +3,7 @@
 //! and kubelet stand-ins, the seeded MachineDeployments, NodeClass and NodePool, and the
 //! controller binary as the chart's Deployment runs it.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,6 +24,7 @@ use karpenter_capi::sim::cluster::{CLUSTER_NAME, MachineDeploymentSeed};
 use karpenter_capi::sim::kubelet::KubeletConfig;
 use karpenter_capi::sim::standin::{Clusters, ShutdownTrigger, shutdown_pair};
 use karpenter_capi::simulate::launch::seed_of;
+use karpenter_capi::view::binding::Binding;
 
 use super::{NAMESPACE, RELEASE, Topology, UPSTREAM_CRDS};
 use crate::assets::{self, Asset};
@@ -30,9 +32,9 @@ use crate::established;
 
 /// The controller container's environment as the chart renders it (literal values only).
 pub(crate) fn chart_environment(t: &Topology) -> Vec<(String, String)> {
-    let chart = Chart::new();
+    let chart = Chart::new(t);
     let docs =
-        rbac::render(&chart.install(t)).unwrap_or_else(|e| panic!("rendering the chart: {e}"));
+        rbac::render(&chart.install()).unwrap_or_else(|e| panic!("rendering the chart: {e}"));
     let deployment = docs
         .iter()
         .find(|d| d["kind"] == "Deployment")
@@ -185,36 +187,43 @@ pub(crate) async fn install_crds(cp: &ControlPlane, admin: &Client, more: &[Path
     }
 }
 
-/// The repository's chart, installed as `t` says, with the real helm and kubectl.
+/// The repository's chart, installed as a topology says, with the real helm and kubectl.
 struct Chart {
     helm: PathBuf,
     kubectl: PathBuf,
     chart: PathBuf,
+    /// `helm template`'s arguments beyond the release and namespace.
+    args: Vec<&'static str>,
 }
 
 impl Chart {
-    fn new() -> Self {
+    fn new(t: &Topology) -> Self {
+        let mut args = t.helm_args.to_vec();
+        if t.karpenter_objects {
+            args.extend(["--set", "karpenterObjects=management"]);
+        }
         Chart {
             helm: assets::tool(Asset::Helm),
             kubectl: assets::tool(Asset::Kubectl),
             chart: Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/karpenter-capi"),
+            args,
         }
     }
 
-    fn install<'a>(&'a self, t: &'a Topology) -> rbac::Install<'a> {
+    fn install(&self) -> rbac::Install<'_> {
         rbac::Install {
             helm: &self.helm,
             kubectl: &self.kubectl,
             chart: &self.chart,
             release: RELEASE,
             namespace: NAMESPACE,
-            helm_args: t.helm_args,
+            helm_args: &self.args,
         }
     }
 }
 
 pub(crate) async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
-    rbac::install(cp, &Chart::new().install(t))
+    rbac::install(cp, &Chart::new(t).install())
         .await
         .unwrap_or_else(|e| panic!("installing the chart's RBAC: {e}"))
 }
@@ -259,22 +268,34 @@ impl StandIns {
 
 /// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass, a
 /// NodeOverlay and a NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
+/// With Karpenter's objects in the management cluster, each is bound to the Cluster.
 pub(super) async fn seed(admin: &Client, t: &Topology) {
     for i in 0..2 {
         seed_machine_deployment(admin, t.machines, i).await;
     }
-    seed_pool(admin).await;
+    let binding = t.binding();
+    seed_pool(admin, binding.as_ref()).await;
     // A NodeOverlay that changes nothing (+0%), so the catalog's overlay watch and status
     // write run under the chart's RBAC too.
     create(
         admin,
         json!({
             "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
-            "metadata": {"name": "unchanged"},
+            "metadata": {"name": "unchanged", "labels": labels(binding.as_ref())},
             "spec": {"requirements": [], "priceAdjustment": "+0%"},
         }),
     )
     .await;
+}
+
+/// The labels that bind an object to the Cluster `binding` names (none without one): the
+/// controller lists and watches only the objects that carry them.
+fn labels(binding: Option<&Binding>) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    if let Some(b) = binding {
+        b.label(&mut labels);
+    }
+    labels
 }
 
 /// Member MachineDeployment `md-<i>` of Cluster `sim` in `namespace` (4 CPUs, 16 GiB, 10 at
@@ -344,13 +365,15 @@ pub(crate) async fn create_cluster(admin: &Client, namespace: &str, name: &str, 
 }
 
 /// The ClusterAPINodeClass `default` and a NodePool `default` that consolidates empty and
-/// underutilized nodes at once (once its consolidateAfter is lowered), a whole node at a time.
-pub(crate) async fn seed_pool(admin: &Client) {
+/// underutilized nodes at once (once its consolidateAfter is lowered), a whole node at a time;
+/// both bound to the Cluster `binding` names, if any.
+pub(crate) async fn seed_pool(admin: &Client, binding: Option<&Binding>) {
+    let labels = labels(binding);
     create(
         admin,
         json!({
             "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
-            "metadata": {"name": "default"}, "spec": {},
+            "metadata": {"name": "default", "labels": labels}, "spec": {},
         }),
     )
     .await;
@@ -358,7 +381,7 @@ pub(crate) async fn seed_pool(admin: &Client) {
         admin,
         json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-            "metadata": {"name": "default"},
+            "metadata": {"name": "default", "labels": labels},
             "spec": {
                 "template": {"spec": {
                     "requirements": [{
