@@ -31,17 +31,15 @@ use karpenter_capi::app::fleet::lease_name;
 use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::controlplane::ControlPlane;
 use karpenter_capi::controlplane::rbac::ServiceAccountAccess;
-use karpenter_capi::sim::capi::CapiConfig;
 use karpenter_capi::sim::cluster::CLUSTER_NAME;
-use karpenter_capi::sim::kubelet::KubeletConfig;
 use karpenter_capi::sim::standin::{Clusters, ShutdownTrigger, shutdown_pair};
 use karpenter_capi::sim::{SimConfig, SimServer};
 use karpenter_capi::simulate::launch::create_claims;
 
 use crate::assets::{self, Asset};
 use crate::rbac::setup::{
-    ControllerProcess, chart_environment, create_cluster, install_chart, install_crds,
-    seed_machine_deployment, seed_pool, start_audited,
+    ControllerProcess, chart_environment, create_cluster, install_chart, install_crds, not_reached,
+    seed_machine_deployment, seed_pool, spawn_standins, start_audited,
 };
 use crate::rbac::{NAMESPACE, Topology, Unreached, assert_granted_is_used, nothing_refused};
 
@@ -80,26 +78,14 @@ const TAKEOVER: Duration = Duration::from_secs(90);
 const DEADLINE: Duration = Duration::from_secs(120);
 
 /// Permissions of the fleet topology this flow does not exercise, each with the path that needs
-/// it.
+/// it, beside those of every flow here (`setup::not_reached`).
 const NOT_REACHED: &[Unreached] = &[
-    (
-        "cluster.x-k8s.io",
-        "machines",
-        "get",
-        "a Machine is read back after a conflicting or unanswered bind or deletion mark",
-    ),
     (
         "cluster.x-k8s.io",
         "machines",
         "delete",
         "a Machine whose replica cannot be removed because its MachineDeployment is at min-size; \
       nothing is removed here",
-    ),
-    (
-        "cluster.x-k8s.io",
-        "machinedeployments",
-        "get",
-        "a MachineDeployment is read back after a conflicting or unanswered replica write",
     ),
     (
         "cluster.x-k8s.io",
@@ -112,19 +98,6 @@ const NOT_REACHED: &[Unreached] = &[
         "machinepools",
         "patch",
         "a MachinePool's replica write; this flow has no MachinePools",
-    ),
-    (
-        "infrastructure.cluster.x-k8s.io",
-        "*machinetemplates",
-        "get",
-        "other providers' templates: the catalog reads the kind its MachineDeployments name \
-      (DevMachineTemplate here), and RBAC cannot match a suffix, so the chart lists each",
-    ),
-    (
-        "infrastructure.cluster.x-k8s.io",
-        "*machinepools",
-        "get",
-        "a MachinePool's infrastructure pool, read by the catalog; this flow has no MachinePools",
     ),
 ];
 
@@ -258,7 +231,7 @@ impl Management {
                 workload: workload.server.client(),
                 scope: Some(workload.namespace.clone()),
             };
-            standins_for(clusters, shutdown.clone());
+            spawn_standins(clusters, shutdown.clone());
             workloads.push(workload);
         }
         say!("{CLUSTERS} Clusters, each with a workload cluster and its stand-ins");
@@ -410,7 +383,7 @@ impl Management {
             .map(ToString::to_string)
             .collect();
         say!("granted and not used (templates aside): {unused:?}");
-        assert_granted_is_used(&self.access, &audited.used, NOT_REACHED);
+        assert_granted_is_used(&self.access, &audited.used, &not_reached(NOT_REACHED));
     }
 
     /// Polls `check` every 250 ms until it returns `Some`, panicking with `what` after `bound`.
@@ -580,30 +553,4 @@ impl State {
             }
         }
     }
-}
-
-/// The Cluster API and kubelet stand-ins of one Cluster: Machines in its namespace of the
-/// management cluster, Nodes in its workload cluster.
-fn standins_for(clusters: Clusters, shutdown: karpenter_capi::sim::standin::Shutdown) {
-    let version = CapiVersion::V1Beta2.into();
-    karpenter_capi::sim::capi::spawn(
-        clusters.clone(),
-        CapiConfig {
-            version,
-            provider_delay: Duration::from_millis(200),
-            jitter: Duration::from_millis(100),
-            node_delete_delay: Duration::from_millis(100),
-            ..CapiConfig::default()
-        },
-        shutdown.clone(),
-    );
-    karpenter_capi::sim::kubelet::spawn(
-        clusters,
-        KubeletConfig {
-            version,
-            node_ready_delay: Duration::from_millis(200),
-            ..KubeletConfig::default()
-        },
-        shutdown,
-    );
 }

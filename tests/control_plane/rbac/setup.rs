@@ -22,11 +22,11 @@ use karpenter_capi::controlplane::{ControlPlane, Options};
 use karpenter_capi::sim::capi::CapiConfig;
 use karpenter_capi::sim::cluster::{CLUSTER_NAME, MachineDeploymentSeed};
 use karpenter_capi::sim::kubelet::KubeletConfig;
-use karpenter_capi::sim::standin::{Clusters, ShutdownTrigger, shutdown_pair};
+use karpenter_capi::sim::standin::{Clusters, Shutdown, ShutdownTrigger, shutdown_pair};
 use karpenter_capi::simulate::launch::seed_of;
 use karpenter_capi::view::binding::Binding;
 
-use super::{NAMESPACE, RELEASE, Topology, UPSTREAM_CRDS};
+use super::{NAMESPACE, RELEASE, Topology, UPSTREAM_CRDS, Unreached};
 use crate::assets::{self, Asset};
 use crate::established;
 
@@ -237,33 +237,75 @@ pub(super) struct StandIns {
 impl StandIns {
     pub(super) fn start(admin: &Client) -> Self {
         let (trigger, shutdown) = shutdown_pair();
-        let version = CapiVersion::V1Beta2.into();
-        karpenter_capi::sim::capi::spawn(
-            Clusters::joined(admin.clone()),
-            CapiConfig {
-                version,
-                provider_delay: Duration::from_millis(200),
-                jitter: Duration::from_millis(100),
-                node_delete_delay: Duration::from_millis(100),
-                ..CapiConfig::default()
-            },
-            shutdown.clone(),
-        );
-        karpenter_capi::sim::kubelet::spawn(
-            Clusters::joined(admin.clone()),
-            KubeletConfig {
-                version,
-                node_ready_delay: Duration::from_millis(200),
-                ..KubeletConfig::default()
-            },
-            shutdown,
-        );
+        spawn_standins(Clusters::joined(admin.clone()), shutdown);
         StandIns { trigger }
     }
 
     pub(super) fn stop(&self) {
         self.trigger.trigger();
     }
+}
+
+/// The Cluster API and kubelet stand-ins of `clusters` (Machines in its management cluster,
+/// Nodes in its workload cluster), quick enough for a flow of a few minutes, until `shutdown`.
+pub(crate) fn spawn_standins(clusters: Clusters, shutdown: Shutdown) {
+    let version = CapiVersion::V1Beta2.into();
+    karpenter_capi::sim::capi::spawn(
+        clusters.clone(),
+        CapiConfig {
+            version,
+            provider_delay: Duration::from_millis(200),
+            jitter: Duration::from_millis(100),
+            node_delete_delay: Duration::from_millis(100),
+            ..CapiConfig::default()
+        },
+        shutdown.clone(),
+    );
+    karpenter_capi::sim::kubelet::spawn(
+        clusters,
+        KubeletConfig {
+            version,
+            node_ready_delay: Duration::from_millis(200),
+            ..KubeletConfig::default()
+        },
+        shutdown,
+    );
+}
+
+/// Permissions no flow here exercises, added to each flow's own list by [`not_reached`]: the
+/// read-backs after a conflict (only a run that meets one makes them), and the kinds of the
+/// providers the stand-ins are not (one provider, no MachinePools).
+const EVERY_FLOW: [Unreached; 4] = [
+    (
+        "cluster.x-k8s.io",
+        "machines",
+        "get",
+        "a Machine is read back after a conflicting or unanswered bind or deletion mark",
+    ),
+    (
+        "cluster.x-k8s.io",
+        "machinedeployments",
+        "get",
+        "a MachineDeployment is read back after a conflicting or unanswered replica write",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        "*machinetemplates",
+        "get",
+        "other providers' templates: the catalog reads the kind its MachineDeployments name \
+      (DevMachineTemplate here), and RBAC cannot match a suffix, so the chart lists each",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        "*machinepools",
+        "get",
+        "a MachinePool's infrastructure pool, read by the catalog; this flow has no MachinePools",
+    ),
+];
+
+/// A flow's permissions not reached: its own (`flow`) and [`EVERY_FLOW`].
+pub(crate) fn not_reached(flow: &[Unreached]) -> Vec<Unreached> {
+    flow.iter().chain(&EVERY_FLOW).copied().collect()
 }
 
 /// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass, a
