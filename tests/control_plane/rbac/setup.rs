@@ -316,14 +316,14 @@ pub(super) async fn seed(admin: &Client, t: &Topology) {
         seed_machine_deployment(admin, t.machines, i).await;
     }
     let binding = t.binding();
-    seed_pool(admin, binding.as_ref()).await;
+    seed_pool(admin, "default", binding.as_ref()).await;
     // A NodeOverlay that changes nothing (+0%), so the catalog's overlay watch and status
     // write run under the chart's RBAC too.
     create(
         admin,
         json!({
             "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
-            "metadata": {"name": "unchanged", "labels": labels(binding.as_ref())},
+            "metadata": {"name": "unchanged", "labels": binding_labels(binding.as_ref())},
             "spec": {"requirements": [], "priceAdjustment": "+0%"},
         }),
     )
@@ -332,7 +332,7 @@ pub(super) async fn seed(admin: &Client, t: &Topology) {
 
 /// The labels that bind an object to the Cluster `binding` names (none without one): the
 /// controller lists and watches only the objects that carry them.
-fn labels(binding: Option<&Binding>) -> BTreeMap<String, String> {
+pub(crate) fn binding_labels(binding: Option<&Binding>) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     if let Some(b) = binding {
         b.label(&mut labels);
@@ -406,16 +406,16 @@ pub(crate) async fn create_cluster(admin: &Client, namespace: &str, name: &str, 
         .unwrap_or_else(|e| panic!("creating Secret {namespace}/{name}-kubeconfig: {e}"));
 }
 
-/// The ClusterAPINodeClass `default` and a NodePool `default` that consolidates empty and
+/// The ClusterAPINodeClass `name` and a NodePool `name` that consolidates empty and
 /// underutilized nodes at once (once its consolidateAfter is lowered), a whole node at a time;
 /// both bound to the Cluster `binding` names, if any.
-pub(crate) async fn seed_pool(admin: &Client, binding: Option<&Binding>) {
-    let labels = labels(binding);
+pub(crate) async fn seed_pool(admin: &Client, name: &str, binding: Option<&Binding>) {
+    let labels = binding_labels(binding);
     create(
         admin,
         json!({
             "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
-            "metadata": {"name": "default", "labels": labels}, "spec": {},
+            "metadata": {"name": name, "labels": labels}, "spec": {},
         }),
     )
     .await;
@@ -423,7 +423,7 @@ pub(crate) async fn seed_pool(admin: &Client, binding: Option<&Binding>) {
         admin,
         json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-            "metadata": {"name": "default", "labels": labels},
+            "metadata": {"name": name, "labels": labels},
             "spec": {
                 "template": {"spec": {
                     "requirements": [{
@@ -432,7 +432,7 @@ pub(crate) async fn seed_pool(admin: &Client, binding: Option<&Binding>) {
                     }],
                     "nodeClassRef": {
                         "group": "karpenter.cluster.x-k8s.io",
-                        "kind": "ClusterAPINodeClass", "name": "default",
+                        "kind": "ClusterAPINodeClass", "name": name,
                     },
                 }},
                 "disruption": {
