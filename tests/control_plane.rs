@@ -4,7 +4,8 @@
 //! kube-apiserver, and after a drop, a Ctrl-C (SIGINT) or a panic nothing it started is alive
 //! or listening and its directory is gone. The simulated cluster on this backend (`simulate
 //! --control-plane real`) provisions pending pods end to end, kube-scheduler binding them.
-//! Module `rbac`: the controller on it under the Helm chart's RBAC only. Whole flows written
+//! Module `rbac`: the controller on it under the Helm chart's RBAC only (joined, management,
+//! and management with Karpenter's objects beside the Machines). Whole flows written
 //! once and run on both backends (`<module>::simulated::*` and `<module>::real::*`): `flows`
 //! (launch, drain, consolidation, drift), `provisioning`, `lifecycle` (expiry, rollouts, a
 //! restart mid-burst; a restart with template reads refused, real only), `failover` (leader
@@ -13,7 +14,8 @@
 //! its Nodes and its published capacity, with the Cluster API stand-in and with the real one.
 //! Module `fleet`: three `run --fleet` processes on kube-apiserver as the management cluster,
 //! under the chart's fleet RBAC; one killed or stopped mid-burst, its Clusters move, no claim
-//! leaks or binds twice, and the audit log shows nothing refused and nothing granted unused.
+//! leaks or binds twice, and the audit log shows nothing refused and nothing granted unused
+//! (also with Karpenter's objects on kube-apiserver, `karpenterObjects=management`).
 //! Module `simulate`: nothing left running or listening after `karpenter-capi simulate
 //! --control-plane real` exits. Module `cluster_api`: Cluster API's real manager (webhooks,
 //! conversion, nothing left after a drop) and whole flows on it (`--cluster-api real`).

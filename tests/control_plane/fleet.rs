@@ -20,28 +20,27 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
-use karpenter_capi::api::wellknown::NODECLAIM_ANNOTATION;
+use karpenter_capi::api::wellknown::{NODECLAIM_ANNOTATION, NODEPOOL_LABEL};
 use karpenter_capi::app::fleet::lease_name;
 use karpenter_capi::capi::version::CapiVersion;
 use karpenter_capi::controlplane::ControlPlane;
 use karpenter_capi::controlplane::rbac::ServiceAccountAccess;
-use karpenter_capi::sim::capi::CapiConfig;
 use karpenter_capi::sim::cluster::CLUSTER_NAME;
-use karpenter_capi::sim::kubelet::KubeletConfig;
 use karpenter_capi::sim::standin::{Clusters, ShutdownTrigger, shutdown_pair};
 use karpenter_capi::sim::{SimConfig, SimServer};
-use karpenter_capi::simulate::launch::create_claims;
+use karpenter_capi::simulate::launch::{claim_for, instance_type};
+use karpenter_capi::view::binding::Binding;
 
 use crate::assets::{self, Asset};
 use crate::rbac::setup::{
-    ControllerProcess, chart_environment, create_cluster, install_chart, install_crds,
-    seed_machine_deployment, seed_pool, start_audited,
+    ControllerProcess, binding_labels, chart_environment, create_cluster, install_chart,
+    install_crds, not_reached, seed_machine_deployment, seed_pool, spawn_standins, start_audited,
 };
 use crate::rbac::{NAMESPACE, Topology, Unreached, assert_granted_is_used, nothing_refused};
 
@@ -50,6 +49,8 @@ pub fn tests() -> Vec<assets::Test> {
         @actix a_killed_replicas_clusters_move_with_no_claim_leaked_or_bound_twice
             needs [ControlPlane, Helm, Kubectl, Upstream, ClusterApi],
         @actix a_stopped_replica_releases_its_leases_and_its_clusters_move
+            needs [ControlPlane, Helm, Kubectl, Upstream, ClusterApi],
+        @actix karpenters_objects_in_the_management_cluster_move_with_a_killed_replicas_clusters
             needs [ControlPlane, Helm, Kubectl, Upstream, ClusterApi],
     ]
 }
@@ -60,6 +61,15 @@ const FLEET: Topology = Topology {
     helm_args: &["--set", "topology=fleet"],
     machines: "",
     scoped: false,
+    karpenter_objects: false,
+};
+
+/// The fleet topology with Karpenter's objects beside the Machines (`karpenterObjects=management`):
+/// each Cluster's NodeClass, NodePool and NodeClaims on kube-apiserver, bound to it by its
+/// labels, under the chart's `<release>-karpenter-objects` ClusterRole.
+const FLEET_OBJECTS: Topology = Topology {
+    karpenter_objects: true,
+    ..FLEET
 };
 
 /// Clusters in the management cluster, `fleet-<i>/sim`: two for each replica.
@@ -79,26 +89,14 @@ const TAKEOVER: Duration = Duration::from_secs(90);
 const DEADLINE: Duration = Duration::from_secs(120);
 
 /// Permissions of the fleet topology this flow does not exercise, each with the path that needs
-/// it.
+/// it, beside those of every flow here (`setup::not_reached`).
 const NOT_REACHED: &[Unreached] = &[
-    (
-        "cluster.x-k8s.io",
-        "machines",
-        "get",
-        "a Machine is read back after a conflicting or unanswered bind or deletion mark",
-    ),
     (
         "cluster.x-k8s.io",
         "machines",
         "delete",
         "a Machine whose replica cannot be removed because its MachineDeployment is at min-size; \
       nothing is removed here",
-    ),
-    (
-        "cluster.x-k8s.io",
-        "machinedeployments",
-        "get",
-        "a MachineDeployment is read back after a conflicting or unanswered replica write",
     ),
     (
         "cluster.x-k8s.io",
@@ -112,18 +110,42 @@ const NOT_REACHED: &[Unreached] = &[
         "patch",
         "a MachinePool's replica write; this flow has no MachinePools",
     ),
+];
+
+/// With Karpenter's objects in the management cluster ([`FLEET_OBJECTS`]), the permissions on
+/// them this flow does not exercise, beside [`NOT_REACHED`].
+const OBJECTS_NOT_REACHED: &[Unreached] = &[
     (
-        "infrastructure.cluster.x-k8s.io",
-        "*machinetemplates",
-        "get",
-        "other providers' templates: the catalog reads the kind its MachineDeployments name \
-      (DevMachineTemplate here), and RBAC cannot match a suffix, so the chart lists each",
+        "karpenter.sh",
+        "nodeclaims",
+        "create",
+        "the provisioner's claims for pending pods; this flow's claims are the test's (the \
+      workload clusters have no pods)",
     ),
     (
-        "infrastructure.cluster.x-k8s.io",
-        "*machinepools",
+        "karpenter.sh",
+        "nodeclaims",
+        "delete",
+        "a claim disruption or expiry removes; this flow removes none",
+    ),
+    (
+        "karpenter.sh",
+        "nodeclaims",
         "get",
-        "a MachinePool's infrastructure pool, read by the catalog; this flow has no MachinePools",
+        "a claim re-reads itself after a conflicting write",
+    ),
+    (
+        "karpenter.sh",
+        "nodeoverlays/status",
+        "patch",
+        "a NodeOverlay's conditions; this flow has no NodeOverlays (their watch runs)",
+    ),
+    (
+        "events.k8s.io",
+        "events",
+        "patch",
+        "an Event about Karpenter's objects told again while the recorder still holds it (a \
+      series); each of this flow's is told once",
     ),
 ];
 
@@ -137,18 +159,23 @@ enum Stop {
 }
 
 async fn a_killed_replicas_clusters_move_with_no_claim_leaked_or_bound_twice() {
-    fail_over(Stop::Kill).await;
+    fail_over(Stop::Kill, &FLEET).await;
 }
 
 async fn a_stopped_replica_releases_its_leases_and_its_clusters_move() {
-    fail_over(Stop::Terminate).await;
+    fail_over(Stop::Terminate, &FLEET).await;
 }
 
-/// The flow both tests run: the fleet up and sharing the Clusters, a burst in every Cluster, one
-/// replica stopped as `stop` says mid-burst, its Clusters taken by the others, every claim
-/// launched once, and the audit log's account of the replicas' requests.
-async fn fail_over(stop: Stop) {
-    let mut fleet = Management::start().await;
+async fn karpenters_objects_in_the_management_cluster_move_with_a_killed_replicas_clusters() {
+    fail_over(Stop::Kill, &FLEET_OBJECTS).await;
+}
+
+/// The flow every test runs, with the chart installed as `layout` says: the fleet up and sharing
+/// the Clusters, a burst in every Cluster, one replica stopped as `stop` says mid-burst, its
+/// Clusters taken by the others, every claim launched once, and the audit log's account of the
+/// replicas' requests.
+async fn fail_over(stop: Stop, layout: &'static Topology) {
+    let mut fleet = Management::start(layout).await;
     fleet.spawn_replicas();
     let holders = fleet.shared_fairly().await;
 
@@ -215,6 +242,8 @@ struct Management {
     /// First, so they are killed (and, when the test fails, their logs shown) before the control
     /// plane and its directory go.
     replicas: Vec<ControllerProcess>,
+    /// How the chart is installed.
+    layout: &'static Topology,
     cp: ControlPlane,
     admin: Client,
     access: ServiceAccountAccess,
@@ -223,12 +252,17 @@ struct Management {
     standins: ShutdownTrigger,
 }
 
-/// One Cluster's workload cluster: a simulated API server, and its NodePool there.
+/// One Cluster's workload cluster, a simulated API server, and its NodePool: there, or in the
+/// management cluster bound to the Cluster.
 struct Workload {
     /// The Cluster's namespace in the management cluster.
     namespace: String,
     server: SimServer,
     pool: NodePool,
+    /// Where its NodePool and NodeClaims are.
+    karpenter: Client,
+    /// The labels that bind its claims to it, in the management cluster.
+    labels: BTreeMap<String, String>,
 }
 
 impl Drop for Management {
@@ -240,29 +274,30 @@ impl Drop for Management {
 impl Management {
     /// The control plane with Cluster API's CRDs (the Cluster's from Cluster API's release), the
     /// chart's fleet RBAC, and the Clusters with their workload clusters and stand-ins.
-    async fn start() -> Self {
+    async fn start(layout: &'static Topology) -> Self {
         let cp = start_audited().await;
         let admin = cp.client();
         let clusters_crd: PathBuf = Asset::ClusterApi
             .location()
             .join("crds/cluster.x-k8s.io_clusters.yaml");
         install_crds(&cp, &admin, &[clusters_crd]).await;
-        let access = install_chart(&cp, &FLEET).await;
+        let access = install_chart(&cp, layout).await;
         let (standins, shutdown) = shutdown_pair();
         let mut workloads = Vec::new();
         for i in 0..CLUSTERS {
-            let workload = Workload::start(&admin, &format!("fleet-{i}")).await;
+            let workload = Workload::start(&admin, &format!("fleet-{i}"), layout).await;
             let clusters = Clusters {
                 management: admin.clone(),
                 workload: workload.server.client(),
                 scope: Some(workload.namespace.clone()),
             };
-            standins_for(clusters, shutdown.clone());
+            spawn_standins(clusters, shutdown.clone());
             workloads.push(workload);
         }
         say!("{CLUSTERS} Clusters, each with a workload cluster and its stand-ins");
         Management {
             replicas: Vec::new(),
+            layout,
             cp,
             admin,
             access,
@@ -274,7 +309,7 @@ impl Management {
     /// The replicas, each `run` with the chart's environment, Cluster API reached with the
     /// ServiceAccount's kubeconfig (the chart's pods use their projected token in-cluster).
     fn spawn_replicas(&mut self) {
-        let env: Vec<(String, String)> = chart_environment(&FLEET)
+        let env: Vec<(String, String)> = chart_environment(self.layout)
             .into_iter()
             .filter(|(k, _)| k != "CLUSTER_API_IN_CLUSTER")
             .collect();
@@ -322,15 +357,10 @@ impl Management {
         holders
     }
 
-    /// `n` NodeClaims in every workload cluster at once.
+    /// `n` NodeClaims for every Cluster at once.
     async fn claims(&self, n: usize) {
-        let made = self.workloads.iter().map(|w| {
-            let client = w.server.client();
-            async move { create_claims(client, &w.pool, n, 1).await }
-        });
-        for made in futures::future::join_all(made).await {
-            made.unwrap_or_else(|e| panic!("creating NodeClaims: {e}"));
-        }
+        let made = self.workloads.iter().map(|w| w.claims(n));
+        futures::future::join_all(made).await;
     }
 
     /// Stops replica `name` as `stop` says; a terminated one must exit 0 (its grace).
@@ -409,7 +439,11 @@ impl Management {
             .map(ToString::to_string)
             .collect();
         say!("granted and not used (templates aside): {unused:?}");
-        assert_granted_is_used(&self.access, &audited.used, NOT_REACHED);
+        let mut own = NOT_REACHED.to_vec();
+        if self.layout.karpenter_objects {
+            own.extend(OBJECTS_NOT_REACHED);
+        }
+        assert_granted_is_used(&self.access, &audited.used, &not_reached(&own));
     }
 
     /// Polls `check` every 250 ms until it returns `Some`, panicking with `what` after `bound`.
@@ -436,8 +470,9 @@ impl Management {
 impl Workload {
     /// Cluster `namespace/sim` in the management cluster, with its MachineDeployment there, and
     /// its workload cluster (a simulated API server) named in its `sim-kubeconfig` Secret and
-    /// seeded with the NodeClass and NodePool.
-    async fn start(admin: &Client, namespace: &str) -> Self {
+    /// seeded with the NodeClass and NodePool, or those in the management cluster bound to the
+    /// Cluster, as `layout` says.
+    async fn start(admin: &Client, namespace: &str, layout: &Topology) -> Self {
         let ns: Namespace =
             serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("a Namespace");
         Api::<Namespace>::all(admin.clone())
@@ -451,28 +486,55 @@ impl Workload {
             .unwrap_or_else(|e| panic!("the workload cluster's kubeconfig: {e}"));
         create_cluster(admin, namespace, CLUSTER_NAME, &kubeconfig).await;
         seed_machine_deployment(admin, namespace, 0).await;
-        seed_pool(&server.client()).await;
-        let pool = Api::<NodePool>::all(server.client())
-            .get("default")
+        let binding = layout.karpenter_objects.then(|| Binding {
+            cluster: CLUSTER_NAME.into(),
+            namespace: namespace.into(),
+        });
+        let karpenter = match binding {
+            Some(_) => admin.clone(),
+            None => server.client(),
+        };
+        // Cluster-scoped: in the management cluster each Cluster's pool needs a name of its own.
+        seed_pool(&karpenter, namespace, binding.as_ref()).await;
+        let pool = Api::<NodePool>::all(karpenter.clone())
+            .get(namespace)
             .await
-            .unwrap_or_else(|e| panic!("NodePool default of {namespace}: {e}"));
+            .unwrap_or_else(|e| panic!("NodePool {namespace}: {e}"));
         Workload {
             namespace: namespace.to_string(),
             server,
             pool,
+            karpenter,
+            labels: binding_labels(binding.as_ref()),
         }
     }
 
-    /// Its claims and Nodes (workload cluster) and its Machines and MachineDeployment replicas
+    /// `n` NodeClaims of its NodePool, as the provisioner makes them: its NodeClass, and its
+    /// binding labels in the management cluster.
+    async fn claims(&self, n: usize) {
+        let api = Api::<NodeClaim>::all(self.karpenter.clone());
+        let mut claim = claim_for(&self.pool, &instance_type(0));
+        claim.spec.node_class_ref = self.pool.spec.template.spec.node_class_ref.clone();
+        let labels = claim.metadata.labels.get_or_insert_default();
+        labels.extend(self.labels.clone());
+        // At once, as a burst of the provisioner's.
+        let params = PostParams::default();
+        let made = (0..n).map(|_| api.create(&params, &claim));
+        for made in futures::future::join_all(made).await {
+            made.unwrap_or_else(|e| panic!("creating a NodeClaim of {}: {e}", self.namespace));
+        }
+    }
+
+    /// Its claims, its Nodes (workload cluster) and its Machines and MachineDeployment replicas
     /// (management cluster); None when a read fails.
     async fn state(&self, admin: &Client) -> Option<State> {
-        let client = self.server.client();
-        let claims = Api::<NodeClaim>::all(client.clone())
-            .list(&Default::default())
+        let pool = format!("{NODEPOOL_LABEL}={}", self.pool.name_any());
+        let claims = Api::<NodeClaim>::all(self.karpenter.clone())
+            .list(&ListParams::default().labels(&pool))
             .await
             .ok()?
             .items;
-        let nodes = Api::<Node>::all(client)
+        let nodes = Api::<Node>::all(self.server.client())
             .list(&Default::default())
             .await
             .ok()?;
@@ -579,30 +641,4 @@ impl State {
             }
         }
     }
-}
-
-/// The Cluster API and kubelet stand-ins of one Cluster: Machines in its namespace of the
-/// management cluster, Nodes in its workload cluster.
-fn standins_for(clusters: Clusters, shutdown: karpenter_capi::sim::standin::Shutdown) {
-    let version = CapiVersion::V1Beta2.into();
-    karpenter_capi::sim::capi::spawn(
-        clusters.clone(),
-        CapiConfig {
-            version,
-            provider_delay: Duration::from_millis(200),
-            jitter: Duration::from_millis(100),
-            node_delete_delay: Duration::from_millis(100),
-            ..CapiConfig::default()
-        },
-        shutdown.clone(),
-    );
-    karpenter_capi::sim::kubelet::spawn(
-        clusters,
-        KubeletConfig {
-            version,
-            node_ready_delay: Duration::from_millis(200),
-            ..KubeletConfig::default()
-        },
-        shutdown,
-    );
 }

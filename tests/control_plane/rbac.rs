@@ -31,6 +31,7 @@ use karpenter_capi::leader;
 use karpenter_capi::metrics::Metrics;
 use karpenter_capi::scheduling::default_spread::DefaultConstraints;
 use karpenter_capi::sim::cluster::CLUSTER_NAME;
+use karpenter_capi::view::binding::Binding;
 use karpenter_capi::write_gate::WriteGate;
 
 use crate::assets;
@@ -39,7 +40,7 @@ use crate::eventually;
 #[path = "rbac/setup.rs"]
 pub(crate) mod setup;
 use setup::{
-    ControllerProcess, StandIns, chart_environment, install_chart, install_crds, seed,
+    ControllerProcess, StandIns, chart_environment, install_chart, install_crds, not_reached, seed,
     start_audited,
 };
 
@@ -48,6 +49,8 @@ pub fn tests() -> Vec<assets::Test> {
         @actix the_controller_runs_under_the_charts_rbac_only
             needs [ControlPlane, Helm, Kubectl, Upstream],
         @actix the_management_topology_runs_under_the_charts_rbac_only
+            needs [ControlPlane, Helm, Kubectl, Upstream],
+        @actix karpenters_objects_in_the_management_cluster_run_under_the_charts_rbac_only
             needs [ControlPlane, Helm, Kubectl, Upstream],
         @actix the_controller_binary_runs_with_the_charts_environment_and_token
             needs [ControlPlane, Helm, Kubectl, Upstream],
@@ -64,6 +67,20 @@ pub(crate) struct Topology {
     /// (`CLUSTER_API_NAMESPACE`, `CLUSTER_NAME`), as the chart sets them in the management
     /// topology.
     pub(crate) scoped: bool,
+    /// Whether Karpenter's objects live beside the Machines (`karpenterObjects=management`),
+    /// bound to the Cluster `sim` of `machines`: the chart grants them in its
+    /// `<release>-karpenter-objects` ClusterRole instead of the workload cluster's.
+    pub(crate) karpenter_objects: bool,
+}
+
+impl Topology {
+    /// The Cluster Karpenter's objects are bound to, with `karpenter_objects`.
+    pub(crate) fn binding(&self) -> Option<Binding> {
+        self.karpenter_objects.then(|| Binding {
+            cluster: CLUSTER_NAME.into(),
+            namespace: self.machines.into(),
+        })
+    }
 }
 
 /// The chart's default values: the workload topology with Cluster API in the same cluster
@@ -72,6 +89,7 @@ const JOINED: Topology = Topology {
     helm_args: &[],
     machines: "default",
     scoped: false,
+    karpenter_objects: false,
 };
 
 /// The management topology: the release in its Cluster's namespace, Cluster API reached with a
@@ -96,6 +114,15 @@ const MANAGEMENT: Topology = Topology {
     ],
     machines: NAMESPACE,
     scoped: true,
+    karpenter_objects: false,
+};
+
+/// The management topology with Karpenter's objects beside the Machines
+/// (`karpenterObjects=management`): NodePools, NodeClaims, NodeClasses and NodeOverlays bound to
+/// Cluster `sim` of the release namespace, and the workload cluster's ClusterRole without them.
+const MANAGEMENT_OBJECTS: Topology = Topology {
+    karpenter_objects: true,
+    ..MANAGEMENT
 };
 
 async fn the_controller_runs_under_the_charts_rbac_only() {
@@ -104,6 +131,10 @@ async fn the_controller_runs_under_the_charts_rbac_only() {
 
 async fn the_management_topology_runs_under_the_charts_rbac_only() {
     flow(&MANAGEMENT).await;
+}
+
+async fn karpenters_objects_in_the_management_cluster_run_under_the_charts_rbac_only() {
+    flow(&MANAGEMENT_OBJECTS).await;
 }
 
 /// The release as the chart's docs install it.
@@ -130,7 +161,8 @@ const UPSTREAM_CRDS: [&str; 5] = [
 pub(crate) type Unreached = (&'static str, &'static str, &'static str, &'static str);
 
 /// Permissions the chart grants that this flow does not exercise: (group, resource, verb, the
-/// path that needs it). A resource `*suffix` stands for every granted resource with that suffix.
+/// path that needs it), beside those of every flow here (`setup::not_reached`). A resource
+/// `*suffix` stands for every granted resource with that suffix.
 /// Anything else granted and unused fails the test: remove it from the chart, the manifests and
 /// tests/deploy/deploy.rs's table.
 const NOT_REACHED: &[Unreached] = &[
@@ -183,18 +215,6 @@ const NOT_REACHED: &[Unreached] = &[
     ),
     (
         "cluster.x-k8s.io",
-        "machines",
-        "get",
-        "a Machine is read back after a conflicting or unanswered bind or deletion mark",
-    ),
-    (
-        "cluster.x-k8s.io",
-        "machinedeployments",
-        "get",
-        "a MachineDeployment is read back after a conflicting or unanswered replica write",
-    ),
-    (
-        "cluster.x-k8s.io",
         "machinepools",
         "get",
         "a MachinePool is read back after a replica write; this flow scales MachineDeployments \
@@ -221,13 +241,6 @@ const NOT_REACHED: &[Unreached] = &[
       events is told once",
     ),
     (
-        "infrastructure.cluster.x-k8s.io",
-        "*machinetemplates",
-        "get",
-        "other providers' templates: the catalog reads the kind its MachineDeployments name \
-      (DevMachineTemplate here), and RBAC cannot match a suffix, so the chart lists each",
-    ),
-    (
         "",
         "podtemplates",
         "get",
@@ -244,12 +257,6 @@ const NOT_REACHED: &[Unreached] = &[
         "statefulsets",
         "get",
         "a CapacityBuffer whose scalableRef is a StatefulSet; this flow's names a Deployment",
-    ),
-    (
-        "infrastructure.cluster.x-k8s.io",
-        "*machinepools",
-        "get",
-        "a MachinePool's infrastructure pool, read by the catalog; this flow has no MachinePools",
     ),
 ];
 
@@ -271,7 +278,7 @@ async fn flow(t: &Topology) {
     leader.replica.shutdown().await;
     standins.stop();
     let audited = nothing_refused(&cp, &access);
-    assert_granted_is_used(&access, &audited.used, NOT_REACHED);
+    assert_granted_is_used(&access, &audited.used, &not_reached(NOT_REACHED));
 }
 
 /// The controller binary as the chart's Deployment runs it: `run` with the container's
@@ -359,6 +366,7 @@ fn settings(t: &Topology) -> Settings {
         s.capi_namespace = Some(t.machines.into());
         s.cluster_name = Some(CLUSTER_NAME.into());
     }
+    s.karpenter_objects = t.binding();
     s.batching.idle = Duration::from_millis(300);
     s.batching.max = Duration::from_secs(3);
     s.min_drain_time = Duration::from_secs(1);

@@ -110,14 +110,7 @@ async fn claims_launch_and_terminate_across_the_two_clusters() {
 #[actix::test]
 async fn pending_pods_get_nodes_from_the_management_clusters_machines() {
     let env = env().await;
-    env.sim
-        .run(|c| async move {
-            c.create_deployment("default", "web", 6, &PodShape::new("1", "1Gi"))
-                .await
-                .expect("a Deployment")
-        })
-        .await
-        .expect("the simulated cluster");
+    env.deployment("web", 6, PodShape::new("1", "1Gi")).await;
     env.until_launched(6).await;
     assert!(!env.list("machines").is_empty());
     assert_eq!(

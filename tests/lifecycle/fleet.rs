@@ -236,13 +236,11 @@ async fn a_fleet_serves_its_clusters_and_one_it_cannot_reach_delays_nothing() {
 #[actix::test]
 async fn a_killed_fleet_replicas_cluster_moves_to_another() {
     let env = fleet_env().await;
-    let spawn =
-        |fleet: Fleet| actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
-    let a = spawn(fleet_of(&env).await);
+    let a = spawn_until_pending(fleet_of(&env).await);
     let before = env.claims(1, 1).await;
     env.settle().await;
     assert_eq!(holder(&env, CLUSTER_NAME).await.as_deref(), Some("fleet-a"));
-    let b = spawn(Fleet {
+    let b = spawn_until_pending(Fleet {
         identity: "fleet-b".into(),
         ..fleet_of(&env).await
     });
@@ -304,7 +302,7 @@ async fn a_fleet_reads_the_kubeconfig_secret_its_template_names() {
         kubeconfig_secret: secret,
         ..fleet_of(&env).await
     };
-    let running = actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let running = spawn_until_pending(fleet);
     let claims = env.claims(1, 1).await;
     env.settle().await;
     let c = env.get("nodeclaims", "", &claims[0]).expect("the claim");
@@ -322,13 +320,8 @@ async fn a_fleet_reads_the_kubeconfig_secret_its_template_names() {
 /// takes them); the second killed, the first takes all four back.
 #[actix::test]
 async fn replicas_share_the_clusters_fairly() {
-    let env = fleet_env().await;
-    let clusters = with_extra_clusters(&env).await;
-    let spawn =
-        |fleet: Fleet| actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
-    let a = spawn(fleet_of(&env).await);
-    held_by(&env, &clusters, &[("fleet-a", 4)]).await;
-    let b = spawn(Fleet {
+    let (env, clusters, a) = fleet_a_holding_four().await;
+    let b = spawn_until_pending(Fleet {
         identity: "fleet-b".into(),
         ..fleet_of(&env).await
     });
@@ -336,6 +329,27 @@ async fn replicas_share_the_clusters_fairly() {
     b.abort();
     held_by(&env, &clusters, &[("fleet-a", 4)]).await;
     a.abort();
+}
+
+/// The start of the fair-share tests: four Clusters, and `fleet-a` running until aborted and
+/// holding all four.
+async fn fleet_a_holding_four() -> (
+    Env,
+    [&'static str; 4],
+    tokio::task::JoinHandle<Result<(), fleet::Error>>,
+) {
+    let env = fleet_env().await;
+    let clusters = with_extra_clusters(&env).await;
+    let a = spawn_until_pending(fleet_of(&env).await);
+    held_by(&env, &clusters, &[("fleet-a", 4)]).await;
+    (env, clusters, a)
+}
+
+/// `fleet` running until its task is aborted.
+pub(crate) fn spawn_until_pending(
+    fleet: Fleet,
+) -> tokio::task::JoinHandle<Result<(), fleet::Error>> {
+    actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()))
 }
 
 /// Waits (up to 90 s) until the Clusters' Leases are held as `want` says (holder, count).
@@ -366,12 +380,7 @@ async fn held_by(env: &Env, clusters: &[&str], want: &[(&str, usize)]) {
 /// for `fleet-b`'s membership to expire.
 #[actix::test]
 async fn a_gracefully_stopped_replica_gives_up_its_membership() {
-    let env = fleet_env().await;
-    let clusters = with_extra_clusters(&env).await;
-    let spawn =
-        |fleet: Fleet| actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
-    let a = spawn(fleet_of(&env).await);
-    held_by(&env, &clusters, &[("fleet-a", 4)]).await;
+    let (env, clusters, a) = fleet_a_holding_four().await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let b = actix::spawn(fleet::run(
         Fleet {
@@ -439,7 +448,7 @@ async fn a_busy_fleet_thread_costs_no_lease() {
     let env = fleet_env().await;
     let fleet = fleet_of(&env).await;
     let turns = fleet.metrics.clone();
-    let running = actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let running = spawn_until_pending(fleet);
     let cluster = format!("default/{CLUSTER_NAME}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while turns.turns(&cluster).starts == 0 {
@@ -472,10 +481,7 @@ async fn a_busy_fleet_thread_costs_no_lease() {
 #[actix::test]
 async fn a_lost_membership_lease_is_taken_back() {
     let env = fleet_env().await;
-    let running = actix::spawn(fleet::run(
-        fleet_of(&env).await,
-        std::future::pending::<&'static str>(),
-    ));
+    let running = spawn_until_pending(fleet_of(&env).await);
     let member = fleet::member_lease_name("fleet-a");
     wait_for_holder(&env, &member, "fleet-a").await;
     env.sim

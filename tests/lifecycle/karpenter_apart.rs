@@ -12,7 +12,7 @@ use karpenter_capi::actors::Settings;
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::nodepool::NodePool;
 use karpenter_capi::api::wellknown::{CLUSTER_NAME_LABEL, CLUSTER_NAMESPACE_LABEL};
-use karpenter_capi::app::fleet::{self, Fleet};
+use karpenter_capi::app::fleet::Fleet;
 use karpenter_capi::sim::cluster::{PodShape, SimClusterConfig};
 use karpenter_capi::simulate::launch::{claim_for, seed_of};
 use karpenter_capi::simulate::sim_settings;
@@ -128,14 +128,7 @@ async fn a_deleted_claim_drains_its_node_in_the_workload_cluster() {
 #[actix::test]
 async fn pending_pods_get_bound_claims_and_empty_nodes_are_consolidated() {
     let env = env().await;
-    env.sim
-        .run(|c| async move {
-            c.create_deployment("default", "web", 4, &PodShape::new("1", "1Gi"))
-                .await
-                .expect("a Deployment")
-        })
-        .await
-        .expect("the simulated cluster");
+    env.deployment("web", 4, PodShape::new("1", "1Gi")).await;
     env.until_launched(4).await;
     assert!(!env.list("nodeclaims").is_empty());
     each_kind_in_its_cluster(&env);
@@ -215,7 +208,7 @@ async fn a_fleet_serves_a_cluster_whose_objects_are_in_the_management_cluster() 
         },
         ..crate::fleet::fleet_of(&env).await
     };
-    let running = actix::spawn(fleet::run(fleet, std::future::pending::<&'static str>()));
+    let running = crate::fleet::spawn_until_pending(fleet);
     env.foreign_claim("other-1", "other", "default").await;
     for name in env.claims(2, 1).await {
         env.settle_ours(&name).await;

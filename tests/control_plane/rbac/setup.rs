@@ -3,6 +3,7 @@
 //! and kubelet stand-ins, the seeded MachineDeployments, NodeClass and NodePool, and the
 //! controller binary as the chart's Deployment runs it.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,18 +22,19 @@ use karpenter_capi::controlplane::{ControlPlane, Options};
 use karpenter_capi::sim::capi::CapiConfig;
 use karpenter_capi::sim::cluster::{CLUSTER_NAME, MachineDeploymentSeed};
 use karpenter_capi::sim::kubelet::KubeletConfig;
-use karpenter_capi::sim::standin::{Clusters, ShutdownTrigger, shutdown_pair};
+use karpenter_capi::sim::standin::{Clusters, Shutdown, ShutdownTrigger, shutdown_pair};
 use karpenter_capi::simulate::launch::seed_of;
+use karpenter_capi::view::binding::Binding;
 
-use super::{NAMESPACE, RELEASE, Topology, UPSTREAM_CRDS};
+use super::{NAMESPACE, RELEASE, Topology, UPSTREAM_CRDS, Unreached};
 use crate::assets::{self, Asset};
 use crate::established;
 
 /// The controller container's environment as the chart renders it (literal values only).
 pub(crate) fn chart_environment(t: &Topology) -> Vec<(String, String)> {
-    let chart = Chart::new();
+    let chart = Chart::new(t);
     let docs =
-        rbac::render(&chart.install(t)).unwrap_or_else(|e| panic!("rendering the chart: {e}"));
+        rbac::render(&chart.install()).unwrap_or_else(|e| panic!("rendering the chart: {e}"));
     let deployment = docs
         .iter()
         .find(|d| d["kind"] == "Deployment")
@@ -185,36 +187,43 @@ pub(crate) async fn install_crds(cp: &ControlPlane, admin: &Client, more: &[Path
     }
 }
 
-/// The repository's chart, installed as `t` says, with the real helm and kubectl.
+/// The repository's chart, installed as a topology says, with the real helm and kubectl.
 struct Chart {
     helm: PathBuf,
     kubectl: PathBuf,
     chart: PathBuf,
+    /// `helm template`'s arguments beyond the release and namespace.
+    args: Vec<&'static str>,
 }
 
 impl Chart {
-    fn new() -> Self {
+    fn new(t: &Topology) -> Self {
+        let mut args = t.helm_args.to_vec();
+        if t.karpenter_objects {
+            args.extend(["--set", "karpenterObjects=management"]);
+        }
         Chart {
             helm: assets::tool(Asset::Helm),
             kubectl: assets::tool(Asset::Kubectl),
             chart: Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/karpenter-capi"),
+            args,
         }
     }
 
-    fn install<'a>(&'a self, t: &'a Topology) -> rbac::Install<'a> {
+    fn install(&self) -> rbac::Install<'_> {
         rbac::Install {
             helm: &self.helm,
             kubectl: &self.kubectl,
             chart: &self.chart,
             release: RELEASE,
             namespace: NAMESPACE,
-            helm_args: t.helm_args,
+            helm_args: &self.args,
         }
     }
 }
 
 pub(crate) async fn install_chart(cp: &ControlPlane, t: &Topology) -> ServiceAccountAccess {
-    rbac::install(cp, &Chart::new().install(t))
+    rbac::install(cp, &Chart::new(t).install())
         .await
         .unwrap_or_else(|e| panic!("installing the chart's RBAC: {e}"))
 }
@@ -228,27 +237,7 @@ pub(super) struct StandIns {
 impl StandIns {
     pub(super) fn start(admin: &Client) -> Self {
         let (trigger, shutdown) = shutdown_pair();
-        let version = CapiVersion::V1Beta2.into();
-        karpenter_capi::sim::capi::spawn(
-            Clusters::joined(admin.clone()),
-            CapiConfig {
-                version,
-                provider_delay: Duration::from_millis(200),
-                jitter: Duration::from_millis(100),
-                node_delete_delay: Duration::from_millis(100),
-                ..CapiConfig::default()
-            },
-            shutdown.clone(),
-        );
-        karpenter_capi::sim::kubelet::spawn(
-            Clusters::joined(admin.clone()),
-            KubeletConfig {
-                version,
-                node_ready_delay: Duration::from_millis(200),
-                ..KubeletConfig::default()
-            },
-            shutdown,
-        );
+        spawn_standins(Clusters::joined(admin.clone()), shutdown);
         StandIns { trigger }
     }
 
@@ -257,24 +246,98 @@ impl StandIns {
     }
 }
 
+/// The Cluster API and kubelet stand-ins of `clusters` (Machines in its management cluster,
+/// Nodes in its workload cluster), quick enough for a flow of a few minutes, until `shutdown`.
+pub(crate) fn spawn_standins(clusters: Clusters, shutdown: Shutdown) {
+    let version = CapiVersion::V1Beta2.into();
+    karpenter_capi::sim::capi::spawn(
+        clusters.clone(),
+        CapiConfig {
+            version,
+            provider_delay: Duration::from_millis(200),
+            jitter: Duration::from_millis(100),
+            node_delete_delay: Duration::from_millis(100),
+            ..CapiConfig::default()
+        },
+        shutdown.clone(),
+    );
+    karpenter_capi::sim::kubelet::spawn(
+        clusters,
+        KubeletConfig {
+            version,
+            node_ready_delay: Duration::from_millis(200),
+            ..KubeletConfig::default()
+        },
+        shutdown,
+    );
+}
+
+/// Permissions no flow here exercises, added to each flow's own list by [`not_reached`]: the
+/// read-backs after a conflict (only a run that meets one makes them), and the kinds of the
+/// providers the stand-ins are not (one provider, no MachinePools).
+const EVERY_FLOW: [Unreached; 4] = [
+    (
+        "cluster.x-k8s.io",
+        "machines",
+        "get",
+        "a Machine is read back after a conflicting or unanswered bind or deletion mark",
+    ),
+    (
+        "cluster.x-k8s.io",
+        "machinedeployments",
+        "get",
+        "a MachineDeployment is read back after a conflicting or unanswered replica write",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        "*machinetemplates",
+        "get",
+        "other providers' templates: the catalog reads the kind its MachineDeployments name \
+      (DevMachineTemplate here), and RBAC cannot match a suffix, so the chart lists each",
+    ),
+    (
+        "infrastructure.cluster.x-k8s.io",
+        "*machinepools",
+        "get",
+        "a MachinePool's infrastructure pool, read by the catalog; this flow has no MachinePools",
+    ),
+];
+
+/// A flow's permissions not reached: its own (`flow`) and [`EVERY_FLOW`].
+pub(crate) fn not_reached(flow: &[Unreached]) -> Vec<Unreached> {
+    flow.iter().chain(&EVERY_FLOW).copied().collect()
+}
+
 /// Two member MachineDeployments (4 CPUs, 16 GiB, none running), the ClusterAPINodeClass, a
 /// NodeOverlay and a NodePool that consolidates empty and underutilized nodes at once, a whole node at a time.
+/// With Karpenter's objects in the management cluster, each is bound to the Cluster.
 pub(super) async fn seed(admin: &Client, t: &Topology) {
     for i in 0..2 {
         seed_machine_deployment(admin, t.machines, i).await;
     }
-    seed_pool(admin).await;
+    let binding = t.binding();
+    seed_pool(admin, "default", binding.as_ref()).await;
     // A NodeOverlay that changes nothing (+0%), so the catalog's overlay watch and status
     // write run under the chart's RBAC too.
     create(
         admin,
         json!({
             "apiVersion": "karpenter.sh/v1alpha1", "kind": "NodeOverlay",
-            "metadata": {"name": "unchanged"},
+            "metadata": {"name": "unchanged", "labels": binding_labels(binding.as_ref())},
             "spec": {"requirements": [], "priceAdjustment": "+0%"},
         }),
     )
     .await;
+}
+
+/// The labels that bind an object to the Cluster `binding` names (none without one): the
+/// controller lists and watches only the objects that carry them.
+pub(crate) fn binding_labels(binding: Option<&Binding>) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    if let Some(b) = binding {
+        b.label(&mut labels);
+    }
+    labels
 }
 
 /// Member MachineDeployment `md-<i>` of Cluster `sim` in `namespace` (4 CPUs, 16 GiB, 10 at
@@ -343,14 +406,16 @@ pub(crate) async fn create_cluster(admin: &Client, namespace: &str, name: &str, 
         .unwrap_or_else(|e| panic!("creating Secret {namespace}/{name}-kubeconfig: {e}"));
 }
 
-/// The ClusterAPINodeClass `default` and a NodePool `default` that consolidates empty and
-/// underutilized nodes at once (once its consolidateAfter is lowered), a whole node at a time.
-pub(crate) async fn seed_pool(admin: &Client) {
+/// The ClusterAPINodeClass `name` and a NodePool `name` that consolidates empty and
+/// underutilized nodes at once (once its consolidateAfter is lowered), a whole node at a time;
+/// both bound to the Cluster `binding` names, if any.
+pub(crate) async fn seed_pool(admin: &Client, name: &str, binding: Option<&Binding>) {
+    let labels = binding_labels(binding);
     create(
         admin,
         json!({
             "apiVersion": "karpenter.cluster.x-k8s.io/v1alpha1", "kind": "ClusterAPINodeClass",
-            "metadata": {"name": "default"}, "spec": {},
+            "metadata": {"name": name, "labels": labels}, "spec": {},
         }),
     )
     .await;
@@ -358,7 +423,7 @@ pub(crate) async fn seed_pool(admin: &Client) {
         admin,
         json!({
             "apiVersion": "karpenter.sh/v1", "kind": "NodePool",
-            "metadata": {"name": "default"},
+            "metadata": {"name": name, "labels": labels},
             "spec": {
                 "template": {"spec": {
                     "requirements": [{
@@ -367,7 +432,7 @@ pub(crate) async fn seed_pool(admin: &Client) {
                     }],
                     "nodeClassRef": {
                         "group": "karpenter.cluster.x-k8s.io",
-                        "kind": "ClusterAPINodeClass", "name": "default",
+                        "kind": "ClusterAPINodeClass", "name": name,
                     },
                 }},
                 "disruption": {
