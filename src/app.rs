@@ -458,7 +458,7 @@ async fn stop_reason(
 
 /// `karpenter-capi run`: returns when the process should exit.
 pub async fn run(args: RunArgs) -> Result<(), Error> {
-    if args.fleet {
+    if args.fleet.enabled {
         return fleet::run_fleet(args).await;
     }
     check_binding(&args.cluster_api)?;

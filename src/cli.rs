@@ -9,169 +9,18 @@ use std::time::Duration;
 use crate::scheduling::default_spread::DefaultConstraints;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod fleet;
 #[cfg(feature = "simulator")]
 mod simulate;
+mod values;
+
+pub(crate) use fleet::{CLUSTER_API_KUBECONFIG_SECRET, CLUSTER_PLACEHOLDER, FleetArgs};
 #[cfg(feature = "simulator")]
 pub use simulate::{
     ClusterApiArg, ControlPlaneArg, DEFAULT_KUBECONFIG_OUT, FaultSpec, QuotaSpec, ReportFormat,
     ScalableArg, Scenario, ServeArgs, SimulateArgs,
 };
-
-/// The longest wait any duration flag accepts. Longer values are certainly typos, and bounding
-/// them keeps every `Instant + duration` in the controller far from overflow (which panics).
-pub(crate) const MAX_FLAG_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// Go-style duration ("90s", "5m", "1h30m") for flags, so values read like Karpenter's; at most
-/// [`MAX_FLAG_DURATION`]. Zero is allowed (see [`positive_duration_arg`] for waits that must not
-/// be zero).
-/// What a `--fleet-kubeconfig-secret` template puts the Cluster's name in place of.
-pub(crate) const CLUSTER_PLACEHOLDER: &str = "{cluster}";
-/// Cluster API's own kubeconfig Secret of a Cluster, as a `--fleet-kubeconfig-secret` template.
-pub(crate) const CLUSTER_API_KUBECONFIG_SECRET: &str = "{cluster}-kubeconfig";
-
-/// A `--fleet-kubeconfig-secret` template: it must name the Cluster, or every Cluster would
-/// read one workload cluster's credentials, and make a Secret name.
-pub(crate) fn kubeconfig_secret_template(s: &str) -> Result<String, String> {
-    if !s.contains(CLUSTER_PLACEHOLDER) {
-        return Err(format!(
-            "{s:?} does not contain {{cluster}}: each Cluster needs a Secret of its own (e.g. {{cluster}}-karpenter-capi)"
-        ));
-    }
-    let sample = s.replace(CLUSTER_PLACEHOLDER, "c");
-    let valid = sample.len() <= 253
-        && sample
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
-        && sample.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && sample.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if !valid {
-        return Err(format!(
-            "{s:?} does not make a Secret name: lower-case letters, digits, '-' and '.', beginning and ending with a letter or digit"
-        ));
-    }
-    Ok(s.to_string())
-}
-
-pub(crate) fn duration_arg(s: &str) -> Result<Duration, String> {
-    // A bare number is refused in every subcommand alike: "15" could mean seconds or minutes.
-    if s != "0" && s.trim().parse::<f64>().is_ok() {
-        return Err(format!(
-            "{s:?} has no unit: write it with one, e.g. {0}s or {0}m",
-            s.trim()
-        ));
-    }
-    let d = crate::api::duration::parse(s).map_err(|e| e.to_string())?;
-    if d > MAX_FLAG_DURATION {
-        return Err(format!(
-            "{s:?} is longer than the maximum of {}",
-            crate::api::duration::format(MAX_FLAG_DURATION)
-        ));
-    }
-    Ok(d)
-}
-
-/// A Go-style duration that must be greater than zero (a zero timeout or batch window would make
-/// the controller give up, or spin, immediately).
-pub(crate) fn positive_duration_arg(s: &str) -> Result<Duration, String> {
-    let d = duration_arg(s)?;
-    if d.is_zero() {
-        return Err(format!("{s:?} must be greater than zero"));
-    }
-    Ok(d)
-}
-
-/// A tracing filter (`info`, `karpenter_capi=debug,kube=warn`), checked when the flag is parsed so
-/// a typo is a usage error, not a start-up failure.
-fn log_level_arg(s: &str) -> Result<String, String> {
-    tracing_subscriber::EnvFilter::try_new(s)
-        .map(|_| s.to_string())
-        .map_err(|e| format!("{s:?} is not a log level or tracing filter: {e}"))
-}
-
-/// A DNS-1123 label (namespaces).
-fn dns_label_arg(s: &str) -> Result<String, String> {
-    if crate::api::validation::dns_label(s) {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{s:?} is not a valid namespace name (lower-case letters, digits and '-', at most 63, starting and ending alphanumeric)"
-        ))
-    }
-}
-
-/// A DNS-1123 subdomain (object names such as the Lease's).
-fn dns_subdomain_arg(s: &str) -> Result<String, String> {
-    let ok = !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        });
-    if ok {
-        Ok(s.to_string())
-    } else {
-        Err(format!(
-            "{s:?} is not a valid object name (lower-case DNS subdomain, at most 253 characters)"
-        ))
-    }
-}
-
-/// A label value (the Cluster's name is matched against the `cluster.x-k8s.io/cluster-name` label).
-fn label_value_arg(s: &str) -> Result<String, String> {
-    crate::api::validation::label_value(s).map(|()| s.to_string())
-}
-
-/// An http(s) URL of an API server.
-fn url_arg(s: &str) -> Result<String, String> {
-    let rest = s
-        .strip_prefix("https://")
-        .or_else(|| s.strip_prefix("http://"))
-        .ok_or_else(|| format!("{s:?} is not an http:// or https:// URL"))?;
-    let host = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    if host.is_empty() || host.chars().any(char::is_whitespace) {
-        return Err(format!("{s:?} has no valid host"));
-    }
-    Ok(s.to_string())
-}
-
-/// A file that exists (a kubeconfig): a missing file is a usage error, named with its flag.
-fn existing_file_arg(s: &str) -> Result<PathBuf, String> {
-    let p = PathBuf::from(s);
-    if p.is_file() {
-        Ok(p)
-    } else {
-        Err(format!("{s:?} is not a readable file"))
-    }
-}
-
-/// A path that is not empty (an empty one would only fail later, less clearly).
-fn non_empty_path_arg(s: &str) -> Result<PathBuf, String> {
-    if s.trim().is_empty() {
-        Err("the path is empty".to_string())
-    } else {
-        Ok(PathBuf::from(s))
-    }
-}
-
-/// Base64 as in a kubeconfig's certificate-authority-data (standard alphabet, padded).
-fn base64_arg(s: &str) -> Result<String, String> {
-    let t = s.trim();
-    let ok = !t.is_empty()
-        && t.len().is_multiple_of(4)
-        && t.trim_end_matches('=')
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
-        && t.len() - t.trim_end_matches('=').len() <= 2;
-    if ok {
-        Ok(t.to_string())
-    } else {
-        Err("the value is not base64 (a PEM bundle encoded as in a kubeconfig's certificate-authority-data)".to_string())
-    }
-}
+pub(crate) use values::*;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -580,28 +429,9 @@ pub struct RunArgs {
     /// as on SIGTERM, releasing its Lease, so its restart uses the new credentials. 0: never.
     #[arg(long, env = "KUBECONFIG_CHECK_INTERVAL", default_value = "10s", value_parser = duration_arg)]
     pub(crate) kubeconfig_check_interval: Duration,
-    /// Fleet mode: serve every Cluster API Cluster of the management cluster
-    /// (--cluster-api-in-cluster or --cluster-api-kubeconfig) that --fleet-selector chooses (in
-    /// --cluster-api-namespace, else all namespaces), each through its `<cluster>-kubeconfig`
-    /// Secret, with one Lease per Cluster in --leader-election-namespace shared by the replicas.
-    /// Refuses --kubeconfig, --cluster-name, --dry-run and --disable-leader-election (checked
-    /// when the fleet starts, not by clap, for which FLEET=false from the environment would
-    /// conflict with them too).
-    #[arg(long, env = "FLEET", default_value_t = false)]
-    pub(crate) fleet: bool,
-    /// Fleet mode: the label selector Clusters must match (e.g. `karpenter=enabled`; default:
-    /// every Cluster).
-    #[arg(long, env = "FLEET_SELECTOR", requires = "fleet")]
-    pub(crate) fleet_selector: Option<String>,
-    /// Fleet mode: the Secret, in each Cluster's namespace, holding its workload kubeconfig;
-    /// `{cluster}` stands for the Cluster's name. The default is Cluster API's own (an admin
-    /// credential it rotates); name a least-privilege one per Cluster instead, e.g.
-    /// `{cluster}-karpenter-capi` (docs/deploy.md).
-    #[arg(long, env = "FLEET_KUBECONFIG_SECRET", default_value = CLUSTER_API_KUBECONFIG_SECRET, value_parser = kubeconfig_secret_template)]
-    pub(crate) fleet_kubeconfig_secret: String,
-    /// Fleet mode: the key of that Secret holding the kubeconfig.
-    #[arg(long, env = "FLEET_KUBECONFIG_SECRET_KEY", default_value = "value")]
-    pub(crate) fleet_kubeconfig_secret_key: String,
+    /// Fleet mode (--fleet and its flags).
+    #[command(flatten)]
+    pub(crate) fleet: FleetArgs,
 }
 
 /// How `explain` prints its report.

@@ -71,7 +71,7 @@ pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Er
             },
             ..ClientOptions::default()
         },
-        selector: args.fleet_selector.clone(),
+        selector: args.fleet.selector.clone(),
         namespace: args.cluster_api.cluster_api_namespace.clone(),
         lease_namespace: args
             .leader_election_namespace
@@ -82,8 +82,8 @@ pub(crate) async fn run_fleet(args: crate::cli::RunArgs) -> Result<(), super::Er
         settings: super::settings(&args.controller, &args.cluster_api),
         capi_version: super::capi_version(args.cluster_api.cluster_api_version),
         kubeconfig_secret: KubeconfigSecret {
-            name: args.fleet_kubeconfig_secret.clone(),
-            key: args.fleet_kubeconfig_secret_key.clone(),
+            name: args.fleet.kubeconfig_secret.clone(),
+            key: args.fleet.kubeconfig_secret_key.clone(),
         },
         metrics: clusters,
         share_period: Duration::from_secs(5),

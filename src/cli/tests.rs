@@ -297,18 +297,3 @@ fn legacy_node_repair_is_off_by_default() {
     let legacy = run_args(&[gates[0], gates[1], "--legacy-node-repair"]).unwrap();
     assert!(legacy.controller.legacy_node_repair);
 }
-
-#[test]
-fn a_fleet_kubeconfig_secret_template_names_the_cluster_and_makes_a_secret_name() {
-    assert!(kubeconfig_secret_template("{cluster}-karpenter-capi").is_ok());
-    assert!(kubeconfig_secret_template(CLUSTER_API_KUBECONFIG_SECRET).is_ok());
-    for bad in [
-        "karpenter-kubeconfig",
-        "{cluster}_kc",
-        "-{cluster}",
-        "{cluster}/x",
-    ] {
-        let err = kubeconfig_secret_template(bad).expect_err(bad);
-        assert!(err.contains(bad), "{err}");
-    }
-}

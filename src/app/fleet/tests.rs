@@ -36,7 +36,7 @@ fn a_fleet_refuses_the_flags_of_one_cluster_by_name() {
     };
     // Parsed without a clap conflict (a chart sets FLEET=false beside them).
     let run = args(&["--kubeconfig", "Cargo.toml"]);
-    assert!(!run.fleet);
+    assert!(!run.fleet.enabled);
     for (flags, named) in [
         (
             &["--fleet", "--kubeconfig", "Cargo.toml"][..],
