@@ -44,7 +44,8 @@ echo "serving $N simulated clusters (${scenario[*]}; log: $WORK/sim.log), load $
 "$SIM_BIN" simulate --clusters "$N" "${scenario[@]}" --serve --no-controller \
   --kubeconfig-out "$KC" --deadline 2h >"$WORK/sim.log" 2>&1 &
 SIM=$!
-until grep -q "serving the simulated fleet" "$WORK/sim.log"; do
+# -s: the log is created by the background shell, maybe after this first looks.
+until grep -qs "serving the simulated fleet" "$WORK/sim.log"; do
   kill -0 "$SIM" 2>/dev/null || { cat "$WORK/sim.log" >&2; exit 1; }
   sleep 1
 done

@@ -2,8 +2,8 @@
 //! `/proc/self/task/*/stat` (see docs/benchmarks.md, "Controller apart from the simulator").
 //!
 //! Threads are told apart by name: the simulated cluster's runtime names every thread it starts
-//! (workers and blocking pool) `sim`, and the thread that builds it `sim-start`; this meter's own
-//! thread is `cpu-meter` and counted nowhere; every other thread of the process (the actix
+//! (workers and blocking pool) `sim`, and the thread that builds it `sim-start`; the meters' one
+//! sampler thread (shared by every meter of the process) is `cpu-meter` and counted nowhere; every other thread of the process (the actix
 //! System thread, its blocking pool, tokio's `tokio-runtime-worker`s) is the controller's. A
 //! thread's CPU is only readable while it lives, so the meter samples every thread every
 //! [`INTERVAL`] and keeps each one's latest figure: a thread that ends loses at most its last
@@ -11,8 +11,7 @@
 //! beside, so what went unattributed shows as the difference.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -79,64 +78,59 @@ fn side_of(name: &str) -> Side {
     }
 }
 
-#[derive(Default)]
-struct Samples {
-    /// Ticks each thread had used when first seen at start (threads started later: 0).
-    baseline: HashMap<u32, u64>,
-    /// Each thread's side and latest ticks.
-    latest: HashMap<u32, (Side, u64)>,
-    process_start: u64,
-}
+/// Each thread's side and the highest ticks it was seen with.
+type Latest = HashMap<u32, (Side, u64)>;
 
-/// Samples this process's threads on a thread of its own until dropped.
+/// The process's one sampler thread, shared by every meter alive. A fleet starts a meter per
+/// simulated cluster, and a thread per meter, each reading every thread's `stat` 10 times a
+/// second, costs clusters x threads reads: 100 clusters (~500 threads) kept ~1.6 cores busy
+/// and the load average near 100 with every cluster idle. The thread holds this weakly and ends
+/// once the last meter is dropped.
+static SAMPLER: Mutex<Weak<Mutex<Latest>>> = Mutex::new(Weak::new());
+
+/// Measures from its start, reading the shared sampler's figures.
 pub struct CpuMeter {
-    samples: Arc<Mutex<Samples>>,
-    stop: Arc<AtomicBool>,
+    latest: Arc<Mutex<Latest>>,
+    /// Ticks each thread known at start had used by then (threads started later: 0).
+    baseline: HashMap<u32, u64>,
+    process_start: u64,
 }
 
 impl CpuMeter {
     /// Start measuring now. Without /proc (not Linux) every figure stays 0.
     pub fn start() -> Self {
-        let mut first = Samples {
-            process_start: process_ticks().unwrap_or(0),
-            ..Samples::default()
-        };
-        for (tid, name, ticks) in threads() {
-            first.baseline.insert(tid, ticks);
-            first.latest.insert(tid, (side_of(&name), ticks));
+        let process_start = process_ticks().unwrap_or(0);
+        let latest = shared_sampler();
+        sample(&latest);
+        // Threads that ended before now are in the baseline too, at their last figure, so
+        // they count 0 here.
+        let baseline = latest
+            .lock()
+            .iter()
+            .map(|(tid, (_, ticks))| (*tid, *ticks))
+            .collect();
+        Self {
+            latest,
+            baseline,
+            process_start,
         }
-        let samples = Arc::new(Mutex::new(first));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (s, st) = (samples.clone(), stop.clone());
-        let spawned = std::thread::Builder::new()
-            .name(METER_THREAD.into())
-            .spawn(move || {
-                while !st.load(Ordering::Relaxed) {
-                    std::thread::sleep(INTERVAL);
-                    sample(&s);
-                }
-            });
-        if let Err(e) = spawned {
-            // Without the thread, ended threads are lost but the end sample still counts.
-            eprintln!("cpu meter: cannot start its thread ({e}); sampling at the end only");
-        }
-        Self { samples, stop }
     }
 
     /// CPU so far, with a fresh sample; `claims` for the per-claim figure.
     pub fn read(&self, claims: usize) -> CpuMs {
-        sample(&self.samples);
-        let s = self.samples.lock();
+        sample(&self.latest);
         let (mut controller, mut sim) = (0u64, 0u64);
-        for (tid, (side, ticks)) in &s.latest {
-            let spent = ticks.saturating_sub(s.baseline.get(tid).copied().unwrap_or(0));
+        for (tid, (side, ticks)) in self.latest.lock().iter() {
+            let spent = ticks.saturating_sub(self.baseline.get(tid).copied().unwrap_or(0));
             match side {
                 Side::Controller => controller += spent,
                 Side::Sim => sim += spent,
                 Side::Meter => {}
             }
         }
-        let process = process_ticks().unwrap_or(0).saturating_sub(s.process_start);
+        let process = process_ticks()
+            .unwrap_or(0)
+            .saturating_sub(self.process_start);
         let ms = |ticks: u64| ticks as f64 * 1000.0 / TICKS_PER_SECOND as f64;
         let per_claim = |ms: f64| if claims == 0 { 0.0 } else { ms / claims as f64 };
         CpuMs {
@@ -150,19 +144,38 @@ impl CpuMeter {
     }
 }
 
-impl Drop for CpuMeter {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+/// The sampler alive, or a new one (its thread started) when no meter is.
+fn shared_sampler() -> Arc<Mutex<Latest>> {
+    let mut global = SAMPLER.lock();
+    if let Some(latest) = global.upgrade() {
+        return latest;
     }
+    let latest = Arc::new(Mutex::new(Latest::new()));
+    *global = Arc::downgrade(&latest);
+    let weak = Arc::downgrade(&latest);
+    let spawned = std::thread::Builder::new()
+        .name(METER_THREAD.into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(INTERVAL);
+                let Some(latest) = weak.upgrade() else { break };
+                sample(&latest);
+            }
+        });
+    if let Err(e) = spawned {
+        // Without the thread, ended threads are lost but the end sample still counts.
+        eprintln!("cpu meter: cannot start its thread ({e}); sampling at the end only");
+    }
+    latest
 }
 
-fn sample(samples: &Mutex<Samples>) {
+fn sample(latest: &Mutex<Latest>) {
     let now = threads();
-    let mut s = samples.lock();
+    let mut latest = latest.lock();
     for (tid, name, ticks) in now {
         // A thread keeps the side it was first seen with (a runtime names its threads before
         // they run any task, so the first sample already has the final name).
-        let entry = s.latest.entry(tid).or_insert((side_of(&name), 0));
+        let entry = latest.entry(tid).or_insert((side_of(&name), 0));
         entry.1 = entry.1.max(ticks);
     }
 }
@@ -234,5 +247,23 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(meter.read(1).process > 0.0);
+    }
+
+    #[test]
+    fn meters_share_one_sampler_thread() {
+        // A fleet starts a meter per cluster: ten meters must not mean ten sampler threads.
+        let meters: Vec<CpuMeter> = (0..10).map(|_| CpuMeter::start()).collect();
+        // A sampler whose meters (other tests') were all dropped ends within its interval.
+        std::thread::sleep(INTERVAL * 3);
+        let samplers = threads()
+            .iter()
+            .filter(|(_, name, _)| name == METER_THREAD)
+            .count();
+        assert_eq!(samplers, 1);
+        assert!(
+            meters
+                .iter()
+                .all(|m| Arc::ptr_eq(&m.latest, &meters[0].latest))
+        );
     }
 }

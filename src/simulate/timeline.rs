@@ -168,8 +168,6 @@ pub fn cost_per_hour(store: &Store) -> f64 {
 
 /// [`cost_per_hour`] of the Machines in namespace `scope` alone (every namespace when None).
 pub fn cost_per_hour_in(store: &Store, scope: Option<&str>) -> f64 {
-    let outside =
-        |obj: &Value| scope.is_some_and(|ns| str_at(obj, &["metadata", "namespace"]) != ns);
     // (kind's Machine label, namespace, name) -> price
     let mut prices: BTreeMap<(&str, String, String), f64> = BTreeMap::new();
     let mut listed: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -177,10 +175,7 @@ pub fn cost_per_hour_in(store: &Store, scope: Option<&str>) -> f64 {
         ("machinedeployments", DEPLOYMENT_NAME_LABEL),
         ("machinepools", POOL_NAME_LABEL),
     ] {
-        store.visit(resource, |g| {
-            if outside(g) {
-                return;
-            }
+        store.visit_in(resource, scope, |g| {
             let price = str_at(g, &["metadata", "annotations", PRICE_ANNOTATION])
                 .parse()
                 .unwrap_or(0.0);
@@ -197,8 +192,8 @@ pub fn cost_per_hour_in(store: &Store, scope: Option<&str>) -> f64 {
         });
     }
     let mut total = 0.0;
-    store.visit("machines", |m| {
-        if deleting(m) || outside(m) {
+    store.visit_in("machines", scope, |m| {
+        if deleting(m) {
             return;
         }
         let ns = str_at(m, &["metadata", "namespace"]).to_string();
@@ -236,7 +231,8 @@ pub fn sample(cluster: &SimCluster, at_ms: u64) -> Sample {
         pending_pods,
         nodes: node_phases(store),
         claims: claim_phases(karpenter),
-        cost_per_hour: cost_per_hour(cluster.capi_store()),
+        // In a fleet the management store holds every Cluster's Machines: this cluster's only.
+        cost_per_hour: cost_per_hour_in(cluster.capi_store(), cluster.capi_namespace()),
         pool_status: pool_status(karpenter),
     }
 }

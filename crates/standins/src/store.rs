@@ -6,6 +6,7 @@
 use admission::omit_empty_meta;
 use gc::finalizers;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
@@ -312,12 +313,18 @@ impl Store {
 
     /// Look at every object of a resource without copying it: for samplers that only count, so
     /// they cost the server next to nothing.
-    pub fn visit(&self, resource: &str, mut f: impl FnMut(&Value)) {
+    pub fn visit(&self, resource: &str, f: impl FnMut(&Value)) {
+        self.visit_in(resource, None, f);
+    }
+
+    /// [`Store::visit`] in one namespace or (None) all: a fleet's management server holds every
+    /// Cluster's objects, and one Cluster's sampler walks its own namespace only.
+    pub fn visit_in(&self, resource: &str, namespace: Option<&str>, mut f: impl FnMut(&Value)) {
         let Some(def) = self.registry.by_name(resource) else {
             return;
         };
         let inner = self.lock();
-        inner.iter(def, None).for_each(|(_, v)| f(v));
+        inner.iter(def, namespace).for_each(|(_, v)| f(v));
     }
 
     /// Whether `f` holds for every object of `resource`, stopping at the first that fails.
@@ -376,11 +383,18 @@ impl Inner {
         def: &ResourceDef,
         ns: Option<&'a str>,
     ) -> impl Iterator<Item = (&'a ObjKey, &'a Arc<Value>)> + 'a {
+        // Keys sort by namespace first, so one namespace is a range: a fleet's management
+        // server holds every Cluster's objects, and each Cluster asks for its namespace's.
+        let from = match ns {
+            Some(n) => Bound::Included((n.to_string(), String::new())),
+            None => Bound::Unbounded,
+        };
         self.objects
             .get(&def.storage_key())
+            .map(|m| m.range((from, Bound::Unbounded)))
             .into_iter()
-            .flat_map(|m| m.iter())
-            .filter(move |((n, _), _)| ns.is_none_or(|want| want == n))
+            .flatten()
+            .take_while(move |((n, _), _)| ns.is_none_or(|want| want == n))
     }
 
     /// A page of a filtered list: items, and the key to continue after when more remain.
@@ -671,5 +685,39 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code, 404);
         assert_eq!(err.message, "namespaces \"nope\" not found");
+    }
+
+    #[test]
+    fn one_namespace_is_its_objects_only_beside_a_longer_namesake() {
+        // "fleet-1" sorts right before "fleet-10": a namespace's range must stop at its end.
+        let (s, reg) = store();
+        let (ns, cm) = (
+            reg.by_name("namespaces").unwrap(),
+            reg.by_name("configmaps").unwrap(),
+        );
+        for n in ["fleet-0", "fleet-1", "fleet-10", "fleet-2"] {
+            let mut inner = s.lock();
+            inner
+                .create(ns, "", json!({"metadata": {"name": n}}))
+                .unwrap();
+            for name in ["a", "b"] {
+                inner
+                    .create(cm, n, json!({"metadata": {"name": name}}))
+                    .unwrap();
+            }
+        }
+        let mut seen = Vec::new();
+        s.visit_in("configmaps", Some("fleet-1"), |v| {
+            let meta = &v["metadata"];
+            seen.push(format!(
+                "{}/{}",
+                meta["namespace"].as_str().unwrap(),
+                meta["name"].as_str().unwrap()
+            ));
+        });
+        assert_eq!(seen, ["fleet-1/a", "fleet-1/b"]);
+        assert_eq!(s.list("configmaps", Some("fleet-10")).len(), 2);
+        assert!(s.list("configmaps", Some("fleet-")).is_empty());
+        assert_eq!(s.list("configmaps", None).len(), 8);
     }
 }
