@@ -22,6 +22,7 @@ mod terminate_first;
 pub(crate) mod validation;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::api::nodepool::{ConsolidationPolicy, DisruptionReason};
 use crate::scheduling::{NewClaim, Snapshot};
@@ -51,8 +52,9 @@ pub struct Candidate {
     /// The hourly price of its offering (the MachineDeployment's price annotation).
     pub(crate) price: f64,
     pub(crate) capacity_type: String,
-    /// Pods that must move when the node goes (`namespace/name`).
-    pub(crate) pods: Vec<String>,
+    /// Pods that must move when the node goes (`namespace/name`): the pod index's own keys,
+    /// shared, since every pass makes a candidate of every node and so names every pod.
+    pub(crate) pods: Vec<Arc<str>>,
     /// Upstream's disruption cost: the pods' eviction costs times the lifetime left.
     pub(crate) disruption_cost: f64,
     /// Upstream's reschedule disruption cost: 1 for the node, plus each moving pod's eviction
@@ -454,7 +456,7 @@ fn drift(
 /// leave no such pod. When that cannot be solved (a topology or affinity rule needs the existing
 /// nodes), the plain simulation decides.
 fn drift_replacements(snapshot: &Snapshot, c: &Candidate) -> Option<Vec<NewClaim>> {
-    let moved: std::collections::HashSet<&str> = c.pods.iter().map(String::as_str).collect();
+    let moved: std::collections::HashSet<&str> = c.pods.iter().map(|p| &**p).collect();
     let without = consolidation::without(snapshot, &[c]);
     let own_room = consolidation::own_room(&without, &moved);
     [own_room, without].iter().find_map(|s| {

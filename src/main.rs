@@ -8,6 +8,8 @@ use karpenter_capi::{api, app, explain, init};
 
 /// jemalloc instead of glibc's malloc: the indexes are millions of small allocations, which its
 /// size classes hold without a header each, and it returns freed pages instead of keeping them.
+/// The `system-allocator` feature leaves the system's malloc in place, for heap profilers.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -16,6 +18,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// the controller switches it off on its own thread while its indexes fill, `thread_cache`);
 /// freed pages are returned at once rather than after ten seconds, so a burst of decoding
 /// leaves no standing peak. A C string: the address of its first byte.
+#[cfg(not(feature = "system-allocator"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &u8 = &b"tcache:true,dirty_decay_ms:0,muzzy_decay_ms:0\0"[0];
 

@@ -401,7 +401,7 @@ pub fn candidate(
         instance_type: instance_type.into(),
         // As `instance_type(..).zones(&["z"])` names its offerings' MachineDeployments.
         machine_deployment: format!("ns/{instance_type}-z-{capacity_type}"),
-        pods,
+        pods: pods.into_iter().map(std::sync::Arc::from).collect(),
         drift: None,
         drifted_since: None,
         consolidatable: true,

@@ -7,6 +7,7 @@
 
 /// Switch the calling thread's cache on or off; the setting it had, or None when jemalloc did
 /// not answer.
+#[cfg(not(feature = "system-allocator"))]
 pub(crate) fn set(enabled: bool) -> Option<bool> {
     let mut value = enabled;
     let mut old = false;
@@ -25,14 +26,29 @@ pub(crate) fn set(enabled: bool) -> Option<bool> {
     (rc == 0).then_some(old)
 }
 
+/// Built for a heap profiler (`system-allocator`): jemalloc allocates nothing, so there is no
+/// cache to switch and nothing to report.
+#[cfg(feature = "system-allocator")]
+pub(crate) fn set(_enabled: bool) -> Option<bool> {
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::set;
 
+    #[cfg(not(feature = "system-allocator"))]
     #[test]
     fn switches_the_calling_threads_cache_and_reports_what_it_was() {
         let before = set(false).expect("jemalloc answers mallctl");
         assert_eq!(set(true), Some(false));
         assert_eq!(set(before), Some(true));
+    }
+
+    #[cfg(feature = "system-allocator")]
+    #[test]
+    fn switches_nothing_without_jemalloc() {
+        assert_eq!(set(false), None);
+        assert_eq!(set(true), None);
     }
 }

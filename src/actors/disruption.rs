@@ -372,7 +372,7 @@ impl Disruption {
                 e.command
                     .candidates
                     .iter()
-                    .flat_map(|c| c.pods.iter().cloned())
+                    .flat_map(|c| c.pods.iter().map(|p| p.to_string()))
             })
             .collect()
     }

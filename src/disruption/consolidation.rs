@@ -105,7 +105,7 @@ pub(crate) fn simulate(
 pub(crate) fn evaluate(base: &Snapshot, candidates: &[&Candidate]) -> Outcome {
     let moved: HashSet<&str> = candidates
         .iter()
-        .flat_map(|c| c.pods.iter().map(String::as_str))
+        .flat_map(|c| c.pods.iter().map(|p| &**p))
         .collect();
     let snapshot = without(base, candidates);
     let planned = plan(&snapshot, &moved, candidates);

@@ -1024,7 +1024,7 @@ fn moved_pods_must_find_room_where_the_scheduler_spreads_them() {
     let (s, c) = nodes(&[("big", "1500m"), ("s1", "500m"), ("s2", "500m")]);
     let only_c = &c[..1];
     let plan = consolidation::without(&s, &[&c[0]]);
-    let moved = c[0].pods.iter().map(String::as_str).collect();
+    let moved = c[0].pods.iter().map(|p| &**p).collect();
     assert!(
         spread::stranded(&plan, &moved, None).is_some(),
         "the spread strands the big pod"
@@ -1177,7 +1177,7 @@ fn a_moved_pod_and_a_leaving_nodes_pod_do_not_count_on_the_same_gap() {
     );
     s.displaced.insert("ns/leaving".to_string());
     let plan = consolidation::without(&s, &[&c[0]]);
-    let moved = c[0].pods.iter().map(String::as_str).collect();
+    let moved = c[0].pods.iter().map(|p| &**p).collect();
     let why = spread::stranded(&plan, &moved, None);
     assert!(
         why.as_deref()

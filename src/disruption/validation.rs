@@ -100,7 +100,7 @@ mod tests {
                 nodepool: "default".into(),
                 price: 1.0,
                 capacity_type: "on-demand".into(),
-                pods: vec![format!("default/{c}-pod")],
+                pods: vec![format!("default/{c}-pod").into()],
                 disruption_cost: 1.0,
                 reschedule_cost: 2.0,
                 instance_type: "m".into(),

@@ -253,27 +253,27 @@ fn removal(cluster: &Cluster, v: &View, c: &Candidate) -> Removal {
 
 /// Where the solver puts each of the node's pods once the node is gone.
 fn destinations(snapshot: &crate::scheduling::Snapshot, c: &Candidate) -> Vec<Destination> {
-    let moved: HashSet<&str> = c.pods.iter().map(String::as_str).collect();
+    let moved: HashSet<&str> = c.pods.iter().map(|p| &**p).collect();
     let without = consolidation::without(snapshot, &[c]);
     let (results, _) = consolidation::simulate(&without, &moved);
     c.pods
         .iter()
         .map(|pod| Destination {
-            pod: pod.clone(),
+            pod: pod.to_string(),
             node: results
                 .placed_on_existing
                 .iter()
-                .find(|(p, _)| p == pod)
+                .find(|(p, _)| **p == **pod)
                 .map(|(_, n)| n.clone()),
             new_claim: results
                 .new_claims
                 .iter()
-                .find(|n| n.pods.contains(pod))
+                .find(|n| n.pods.iter().any(|p| **p == **pod))
                 .map(|n| n.nodepool.clone()),
             unschedulable: results
                 .failures
                 .iter()
-                .find(|(p, _)| p == pod)
+                .find(|(p, _)| **p == **pod)
                 .map(|(_, why)| why.to_string()),
         })
         .collect()

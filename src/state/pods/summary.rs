@@ -62,6 +62,11 @@ impl PodSummary {
         &self.key
     }
 
+    /// The key as the index holds it, to share instead of copying.
+    pub(crate) fn shared_key(&self) -> &Arc<str> {
+        &self.key
+    }
+
     pub(crate) fn namespace(&self) -> &str {
         self.key.split_once('/').map_or("", |(ns, _)| ns)
     }

@@ -182,6 +182,51 @@ fn bound_pods_read_back_whole_and_sum_per_node() {
     assert!(pods.get("ns/c").is_some());
 }
 
+/// What the index stores of a packed pod, as JSON (the prototype with the patch applied).
+fn stored_json(pods: &Pods, key: &str) -> serde_json::Value {
+    match &pods.by_key[key].stored {
+        Stored::Patched(p) => p.value().unwrap(),
+        Stored::Packed(bytes) => serde_json::from_slice(bytes).unwrap(),
+        Stored::Whole(_) => panic!("{key} is kept whole"),
+    }
+}
+
+/// The name and node name are the entry's already (its key, its node): the stored JSON holds
+/// neither, and every pod still reads back exactly as it went in, trimmed, whether it had a
+/// node, an empty node name, or no name at all (a key from `generateName`).
+#[test]
+fn packed_pods_store_no_second_name_and_read_back_whole() {
+    let mut pods = Pods::default();
+    let running = |extra: serde_json::Value| {
+        let mut p = pod(json!({"status": {"phase": "Running", "conditions": []}}));
+        let mut v = serde_json::to_value(&p).unwrap();
+        json_patch_merge(&mut v, extra);
+        p = serde_json::from_value(v).unwrap();
+        p
+    };
+    let bound = running(json!({"metadata": {"name": "a"}, "spec": {"nodeName": "n1"}}));
+    let unbound = running(json!({"metadata": {"name": "b"}, "spec": {"nodeName": ""}}));
+    let mut unnamed =
+        running(json!({"metadata": {"generateName": "g-"}, "spec": {"nodeName": "n2"}}));
+    unnamed.metadata.name = None;
+    for p in [&bound, &unbound, &unnamed] {
+        pods.apply(p.clone());
+    }
+    let a = stored_json(&pods, "ns/a");
+    assert_eq!(a["metadata"].get("name"), None);
+    assert_eq!(a["spec"].get("nodeName"), None);
+    // An empty node name is not the entry's node: it stays in the JSON.
+    assert_eq!(stored_json(&pods, "ns/b")["spec"]["nodeName"], "");
+    // Without a name the key is not the name: nothing is taken out.
+    assert_eq!(stored_json(&pods, "ns/g-")["spec"]["nodeName"], "n2");
+    for (key, mut p) in [("ns/a", bound), ("ns/b", unbound), ("ns/g-", unnamed)] {
+        crate::state::trim::pod(&mut p);
+        assert_eq!(pods.get(key).as_deref(), Some(&p), "{key}");
+    }
+    assert_eq!(pods.on_node("n1").len(), 1);
+    assert_eq!(pods.on_node("n1")[0].metadata.name.as_deref(), Some("a"));
+}
+
 #[test]
 fn counts_pods_with_inter_pod_constraints_and_host_ports() {
     let mut pods = Pods::default();

@@ -44,7 +44,11 @@ pub(super) fn candidate(
             .get(CAPACITY_TYPE_LABEL)
             .cloned()
             .unwrap_or_else(|| CAPACITY_TYPE_ON_DEMAND.to_string()),
-        pods: worth.moving.iter().map(|p| p.key().to_string()).collect(),
+        pods: worth
+            .moving
+            .iter()
+            .map(|p| p.shared_key().clone())
+            .collect(),
         disruption_cost: disruption::claim_disruption_cost(c, &worth.moving, now),
         drift: worth.drift,
         consolidatable: hold.is_none(),
