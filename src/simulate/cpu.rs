@@ -2,9 +2,10 @@
 //! `/proc/self/task/*/stat` (see docs/benchmarks.md, "Controller apart from the simulator").
 //!
 //! Threads are told apart by name: the simulated cluster's runtime names every thread it starts
-//! (workers and blocking pool) `sim`, and the thread that builds it `sim-start`; the meters' one
-//! sampler thread (shared by every meter of the process) is `cpu-meter` and counted nowhere; every other thread of the process (the actix
-//! System thread, its blocking pool, tokio's `tokio-runtime-worker`s) is the controller's. A
+//! (workers and blocking pool) `sim`, and the thread that builds it `sim-start`; the one sampler
+//! thread every meter of the process shares is `cpu-meter` and counted nowhere; every other
+//! thread of the process (the actix System thread, its blocking pool, tokio's
+//! `tokio-runtime-worker`s) is the controller's. A
 //! thread's CPU is only readable while it lives, so the meter samples every thread every
 //! [`INTERVAL`] and keeps each one's latest figure: a thread that ends loses at most its last
 //! interval. The process's own total (which the kernel keeps for ended threads too) is reported

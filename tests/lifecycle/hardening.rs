@@ -323,14 +323,8 @@ async fn a_lagging_machine_watch_never_ends_a_bound_claim() {
     let env = env(vec![seed_of(0, 20)], |_| {}).await;
     env.faults()
         .set_watch_delay("machines", Duration::from_secs(15));
-    let touched = Arc::new(AtomicI64::new(0));
+    let (touched, stop) = touching(env.machine_api());
     let seen = Arc::new(AtomicI64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    tokio::spawn(touch_machines(
-        env.machine_api(),
-        touched.clone(),
-        stop.clone(),
-    ));
     // A watch of our own under the controller's User-Agent lags as the controller's does: once
     // it shows a write, the controller's watch has shown everything before it.
     let lagging = karpenter_capi::app::client_from_kubeconfig_with(
@@ -380,13 +374,7 @@ async fn a_burst_under_lagging_cluster_api_watches_makes_one_machine_per_claim()
         env.faults()
             .set_watch_delay(resource, Duration::from_secs(25));
     }
-    let touched = Arc::new(AtomicI64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    tokio::spawn(touch_machines(
-        env.machine_api(),
-        touched.clone(),
-        stop.clone(),
-    ));
+    let (_, stop) = touching(env.machine_api());
     env.claims(4, 1).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     env.claims(CLAIMS - 4, 1).await;
@@ -462,6 +450,14 @@ async fn a_lagging_node_watch_never_skips_a_drain() {
     env.faults().clear();
     env.settle().await;
     env.invariants_hold();
+}
+
+/// Starts [`touch_machines`]: how many rounds it has made, and the flag that stops it.
+fn touching(api: Api<DynamicObject>) -> (Arc<AtomicI64>, Arc<AtomicBool>) {
+    let touched = Arc::new(AtomicI64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    tokio::spawn(touch_machines(api, touched.clone(), stop.clone()));
+    (touched, stop)
 }
 
 /// Writes a counter into a label of every Machine, twice a second, until `stop`.
