@@ -21,6 +21,7 @@ pub mod catalog;
 pub(crate) mod deletion_cost;
 pub(crate) mod disruption;
 pub(crate) mod node;
+pub(crate) mod pool_counts;
 pub(crate) mod protection;
 pub(crate) mod quotas;
 pub mod repair;

@@ -27,8 +27,8 @@ use crate::api::wellknown::{NODECLASS_GROUP, NODECLASS_KIND};
 use crate::capi::autoscaler;
 use crate::disruption::pause;
 use crate::metrics::UsageLabels;
-use crate::view::rollout::{Rollout, rollouts_of};
-use crate::view::usage::usage_by_pool;
+use crate::view::pool_counts::Tally;
+use crate::view::rollout::Rollout;
 
 /// Claims or the catalog changed: recompute statuses (coalesced).
 #[derive(Message)]
@@ -48,6 +48,8 @@ pub(crate) struct NodePools {
     /// go away (a resource back to zero, a deleted pool) are removed, not exported for ever.
     usage_series: HashMap<String, BTreeSet<String>>,
     limit_series: HashMap<String, BTreeSet<String>>,
+    /// Each claim's part in the counts, kept between refreshes.
+    tally: Tally,
 }
 
 impl NodePools {
@@ -58,6 +60,7 @@ impl NodePools {
             pass: Coalesced::new(COALESCE),
             usage_series: HashMap::new(),
             limit_series: HashMap::new(),
+            tally: Tally::default(),
         }
     }
 
@@ -100,21 +103,20 @@ impl NodePools {
             .values()
             .cloned()
             .collect();
-        let usage = usage_by_pool(&self.shared.state);
-        let (rollouts, class_rollouts) = rollouts_of(&self.shared.state);
+        let counts = self.tally.count_state(&self.shared.state);
         let present: BTreeSet<String> = pools.iter().map(|np| np.name_any()).collect();
         self.forget_missing(&present);
         self.refresh_malformed(ctx);
         for np in pools {
-            let (resources, nodes) = usage.get(&np.name_any()).cloned().unwrap_or_default();
-            let rollout = rollouts.get(&np.name_any()).copied().unwrap_or_default();
+            let name = np.name_any();
+            let (resources, nodes) = counts.usage.get(name.as_str()).cloned().unwrap_or_default();
+            let rollout = counts.pools.get(name.as_str()).copied().unwrap_or_default();
             let status = desired_status(&self.shared, &np, &resources, nodes, &rollout);
             self.publish_metrics(&np, &resources);
             if np.status.as_ref() == Some(&status) {
                 continue;
             }
             let api: Api<NodePool> = self.shared.api();
-            let name = np.name_any();
             let body = status_patch(np.status.as_ref(), &status);
             let was_ready = np
                 .status
@@ -140,7 +142,7 @@ impl NodePools {
             }
             self.write_status(ctx, api, name, body, true);
         }
-        self.refresh_nodeclasses(ctx, &class_rollouts);
+        self.refresh_nodeclasses(ctx, &counts.classes);
     }
 
     /// Merge-patches `name`'s status with `body`; a failure retries the whole refresh later,
@@ -187,7 +189,7 @@ impl NodePools {
     fn refresh_nodeclasses(
         &mut self,
         ctx: &mut Context<Self>,
-        rollouts: &BTreeMap<String, Rollout>,
+        rollouts: &BTreeMap<Arc<str>, Rollout>,
     ) {
         let classes: Vec<Arc<ClusterAPINodeClass>> = self
             .shared
@@ -199,7 +201,7 @@ impl NodePools {
             .collect();
         for nc in classes {
             let name = nc.name_any();
-            let rollout = rollouts.get(&name).copied().unwrap_or_default();
+            let rollout = rollouts.get(name.as_str()).copied().unwrap_or_default();
             let current = nc.status.clone().unwrap_or_default();
             let mut desired = current.clone();
             let mut conds = desired.conditions.take().unwrap_or_default();

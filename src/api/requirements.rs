@@ -510,6 +510,17 @@ impl Requirements {
         Ok(())
     }
 
+    /// Whether `labels`, each read as `key In (value)`, are compatible with these requirements:
+    /// the verdict of `Requirements::from_labels(labels).compatible(self)`, without building a
+    /// requirement per label (drift asks it of every claim on every pass). A label is
+    /// compatible exactly when the requirement on its key, if any, allows its value; a
+    /// requirement on a key with no label is not checked here.
+    pub fn compatible_with_labels(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.by_key
+            .values()
+            .all(|r| labels.get(&r.key).is_none_or(|v| r.has(v)))
+    }
+
     /// Whether a node with these labels satisfies every requirement. A missing label satisfies
     /// only requirements that allow absence (NotIn, DoesNotExist).
     pub fn matches_labels(&self, labels: &BTreeMap<String, String>) -> bool {

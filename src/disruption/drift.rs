@@ -18,6 +18,7 @@
 //!   since the claim's Machine was bound.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use crate::api::drift_hash::nodepool_hash;
 use crate::api::nodeclaim::NodeClaim;
@@ -77,12 +78,42 @@ pub(crate) struct Provider {
     pub(crate) machine_up_to_date: Option<bool>,
 }
 
+/// The NodePool side of drift, worked out once per pool: its hash, the hash earlier releases
+/// stamped (made on first use: only a stamp that is not today's needs it) and its requirements.
+/// A pass reads every claim against these instead of hashing and parsing the pool per claim,
+/// which a pass over thousands of claims every half second cannot afford.
+pub(crate) struct PoolSpec<'a> {
+    np: &'a NodePool,
+    hash: String,
+    legacy: OnceLock<String>,
+    /// None when the pool's requirements do not parse: reported on the pool, drifts nothing.
+    requirements: Option<Requirements>,
+}
+
+impl<'a> PoolSpec<'a> {
+    pub(crate) fn of(np: &'a NodePool) -> Self {
+        PoolSpec {
+            np,
+            hash: nodepool_hash(np),
+            legacy: OnceLock::new(),
+            requirements: Requirements::from_node_selector_requirements(
+                &np.spec.template.spec.requirements,
+            )
+            .ok(),
+        }
+    }
+
+    fn legacy(&self) -> &str {
+        self.legacy.get_or_init(|| legacy_hash(self.np))
+    }
+}
+
 /// Why the claim drifted, first reason first; None when it has not.
-pub(crate) fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> Option<Drift> {
-    if hash_drifted(claim, np) {
+pub(crate) fn drifted(claim: &NodeClaim, pool: &PoolSpec, provider: Provider) -> Option<Drift> {
+    if hash_drifted(claim, pool) {
         return Some(Drift::NodePoolDrifted);
     }
-    if requirements_drifted(claim.metadata.labels.as_ref(), np) {
+    if requirements_drifted(claim.metadata.labels.as_ref(), pool) {
         return Some(Drift::RequirementsDrifted);
     }
     if provider.selected == Some(false) {
@@ -97,12 +128,12 @@ pub(crate) fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> O
 /// The claim's stamp is not today's and must be replaced (no drift): another hash version
 /// (upstream's rule when its hash function changes), or the hash earlier releases of this
 /// controller stamped under the same version while the NodePool has not changed since.
-pub(crate) fn needs_restamp(claim: &NodeClaim, np: &NodePool) -> bool {
+pub(crate) fn needs_restamp(claim: &NodeClaim, pool: &PoolSpec) -> bool {
     let (hash, version) = stamp(claim);
     match (hash, version) {
         (_, Some(v)) if v != NODEPOOL_HASH_VERSION => true,
         (Some(_), None) => true,
-        (Some(h), Some(_)) => *h != nodepool_hash(np) && *h == legacy_hash(np),
+        (Some(h), Some(_)) => *h != pool.hash && h == pool.legacy(),
         _ => false,
     }
 }
@@ -117,26 +148,23 @@ fn stamp(claim: &NodeClaim) -> (Option<&String>, Option<&String>) {
 
 /// Upstream's rule: a claim drifts when its hash differs from the NodePool's under the same hash
 /// version; an unstamped claim or another version never drifts here.
-fn hash_drifted(claim: &NodeClaim, np: &NodePool) -> bool {
+fn hash_drifted(claim: &NodeClaim, pool: &PoolSpec) -> bool {
     let (Some(hash), Some(version)) = stamp(claim) else {
         return false;
     };
-    version == NODEPOOL_HASH_VERSION && *hash != nodepool_hash(np) && *hash != legacy_hash(np)
+    version == NODEPOOL_HASH_VERSION && *hash != pool.hash && hash != pool.legacy()
 }
 
 /// Upstream's rule: the claim's labels, read as requirements, must be compatible with the
 /// pool's; a key the claim has no label for drifts it only when it is not a well-known label and
 /// the pool's requirement needs the label to exist.
-fn requirements_drifted(labels: Option<&BTreeMap<String, String>>, np: &NodePool) -> bool {
-    let Ok(pool) =
-        Requirements::from_node_selector_requirements(&np.spec.template.spec.requirements)
-    else {
-        // An invalid pool is reported on the pool; it drifts nothing.
+fn requirements_drifted(labels: Option<&BTreeMap<String, String>>, pool: &PoolSpec) -> bool {
+    let Some(pool) = &pool.requirements else {
         return false;
     };
     let empty = BTreeMap::new();
     let labels = labels.unwrap_or(&empty);
-    if Requirements::from_labels(labels).compatible(&pool).is_err() {
+    if !pool.compatible_with_labels(labels) {
         return true;
     }
     pool.iter().any(|r| {
@@ -149,6 +177,14 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn drifted(claim: &NodeClaim, np: &NodePool, provider: Provider) -> Option<Drift> {
+        super::drifted(claim, &PoolSpec::of(np), provider)
+    }
+
+    fn needs_restamp(claim: &NodeClaim, np: &NodePool) -> bool {
+        super::needs_restamp(claim, &PoolSpec::of(np))
+    }
 
     fn pool(requirements: serde_json::Value, labels: serde_json::Value) -> NodePool {
         serde_json::from_value(json!({

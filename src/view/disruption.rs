@@ -128,6 +128,10 @@ pub(crate) fn gather(inputs: Inputs<'_>, mem: &Memory<'_>) -> View {
         inputs,
         mem,
         pools: &pools,
+        specs: pools
+            .iter()
+            .map(|(name, np)| (name.as_str(), drift::PoolSpec::of(np)))
+            .collect(),
         nodes: &nodes,
         pods: &pods,
         machines: &machines,
@@ -194,6 +198,8 @@ struct Pass<'a> {
     inputs: Inputs<'a>,
     mem: &'a Memory<'a>,
     pools: &'a HashMap<String, Arc<NodePool>>,
+    /// Each pool's side of drift, worked out once a pass rather than once a claim.
+    specs: HashMap<&'a str, drift::PoolSpec<'a>>,
     nodes: &'a Nodes,
     pods: &'a Pods,
     machines: &'a Machines,
@@ -406,7 +412,7 @@ impl<'a> Pass<'a> {
         node: Option<&CompactNode>,
         view: &mut View,
     ) {
-        if drift::needs_restamp(c, np) {
+        if self.with_spec(np, |spec| drift::needs_restamp(c, spec)) {
             view.restamp.push((c.clone(), np.clone()));
         }
         if let Some(at) = node.and_then(|n| pod_event_behind(c, self.mem.pod_events.get(n.name())))
@@ -516,7 +522,15 @@ impl<'a> Pass<'a> {
                     .filter(|_| on_delete),
             },
         };
-        drift::drifted(w.claim, w.np, provider)
+        self.with_spec(w.np, |spec| drift::drifted(w.claim, spec, provider))
+    }
+
+    /// `f` of the pool's drift side: the pass's own, or (for a pool it has not seen) made now.
+    fn with_spec<T>(&self, np: &NodePool, f: impl FnOnce(&drift::PoolSpec) -> T) -> T {
+        match np.metadata.name.as_deref().and_then(|n| self.specs.get(n)) {
+            Some(spec) => f(spec),
+            None => f(&drift::PoolSpec::of(np)),
+        }
     }
 
     /// What holds every disruption of the claim now (`Err`); when nothing does, what holds its

@@ -9,16 +9,9 @@
 //! condition, written by the same function with the Cluster API side filled in). A claim being
 //! deleted is counted apart: its node is still there, so the rollout has not ended.
 
-use std::collections::BTreeMap;
-
-use kube::ResourceExt;
-
 use crate::api::conditions::{self, ConditionStatus};
 use crate::api::nodeclaim::NodeClaim;
-use crate::api::nodepool::NodePool;
-use crate::api::wellknown::NODEPOOL_LABEL;
-use crate::disruption::drift::{self, Provider};
-use crate::state::State;
+use crate::disruption::drift::{self, PoolSpec, Provider};
 
 /// One parent's counts. `nodes` counts live claims (as `status.nodes` always has); `terminating`
 /// the claims being deleted, which count against the rollout until they are gone.
@@ -39,13 +32,33 @@ pub(crate) struct Verdict {
     pub(crate) message: String,
 }
 
+/// What one claim of a known NodePool counts for in its parents' rollouts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Standing {
+    deleting: bool,
+    ready: bool,
+    up_to_date: bool,
+}
+
+impl Standing {
+    pub(crate) fn of(claim: &NodeClaim, pool: &PoolSpec) -> Self {
+        Standing {
+            deleting: claim.metadata.deletion_timestamp.is_some(),
+            ready: conditions::is_true(claim.conditions(), conditions::READY),
+            up_to_date: up_to_date(claim, pool),
+        }
+    }
+}
+
 impl Rollout {
-    fn count(&mut self, claim: &NodeClaim, up_to_date: bool) {
-        if claim.metadata.deletion_timestamp.is_some() {
+    pub(crate) fn count(&mut self, claim: Standing) {
+        if claim.deleting {
             self.terminating += 1;
             return;
         }
-        let ready = conditions::is_true(claim.conditions(), conditions::READY);
+        let Standing {
+            ready, up_to_date, ..
+        } = claim;
         self.nodes += 1;
         self.up_to_date += i64::from(up_to_date);
         self.ready += i64::from(ready);
@@ -84,58 +97,28 @@ impl Rollout {
     }
 }
 
-/// Whether `claim` matches what `np` would launch today: not drifted by drift's own function,
-/// and not left drifted by the Disruption actor's last pass.
-pub(crate) fn up_to_date(claim: &NodeClaim, np: &NodePool) -> bool {
-    drift::drifted(claim, np, Provider::default()).is_none()
+/// Whether `claim` matches what its pool would launch today: not drifted by drift's own
+/// function, and not left drifted by the Disruption actor's last pass.
+pub(crate) fn up_to_date(claim: &NodeClaim, pool: &PoolSpec) -> bool {
+    drift::drifted(claim, pool, Provider::default()).is_none()
         && !conditions::is_true(claim.conditions(), conditions::DRIFTED)
-}
-
-/// Rollout counts per NodePool and per ClusterAPINodeClass (by the claim's `nodeClassRef`),
-/// over `claims` and the `pools` they belong to. A claim whose NodePool is not known is counted
-/// by neither: there is no spec to be up to date with.
-pub(crate) fn rollouts<'a>(
-    claims: impl IntoIterator<Item = &'a NodeClaim>,
-    pools: &BTreeMap<String, &NodePool>,
-) -> (BTreeMap<String, Rollout>, BTreeMap<String, Rollout>) {
-    let (mut by_pool, mut by_class) = (BTreeMap::new(), BTreeMap::new());
-    for c in claims {
-        let Some(np) = c.labels().get(NODEPOOL_LABEL).and_then(|p| pools.get(p)) else {
-            continue;
-        };
-        let fresh = up_to_date(c, np);
-        by_pool
-            .entry(np.name_any())
-            .or_insert_with(Rollout::default)
-            .count(c, fresh);
-        by_class
-            .entry(c.spec.node_class_ref.name.clone())
-            .or_insert_with(Rollout::default)
-            .count(c, fresh);
-    }
-    (by_pool, by_class)
-}
-
-/// [`rollouts`] over the indexes.
-pub(crate) fn rollouts_of(state: &State) -> (BTreeMap<String, Rollout>, BTreeMap<String, Rollout>) {
-    let nodepools = state.nodepools.read();
-    let pools: BTreeMap<String, &NodePool> = nodepools
-        .values()
-        .map(|np| (np.name_any(), np.as_ref()))
-        .collect();
-    let claims = state.claims.read();
-    rollouts(claims.all().map(|c| c.as_ref()), &pools)
 }
 
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
 
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
     use super::*;
     use crate::api::drift_hash::nodepool_hash;
+    use crate::api::nodepool::NodePool;
+    use crate::api::wellknown::NODEPOOL_LABEL;
     use crate::api::wellknown::{
         NODEPOOL_HASH_ANNOTATION, NODEPOOL_HASH_VERSION, NODEPOOL_HASH_VERSION_ANNOTATION,
     };
+    use crate::view::pool_counts::Tally;
 
     fn pool(team: &str) -> NodePool {
         serde_json::from_value(json!({
@@ -176,11 +159,11 @@ mod tests {
     }
 
     fn counts(claims: &[NodeClaim], np: &NodePool) -> (Rollout, Rollout) {
-        let pools = BTreeMap::from([("default".to_string(), np)]);
-        let (p, c) = rollouts(claims, &pools);
+        let pools = HashMap::from([("default".to_string(), Arc::new(np.clone()))]);
+        let counts = Tally::default().count(claims, &pools);
         (
-            p.get("default").copied().unwrap_or_default(),
-            c.get("nc").copied().unwrap_or_default(),
+            counts.pools.get("default").copied().unwrap_or_default(),
+            counts.classes.get("nc").copied().unwrap_or_default(),
         )
     }
 
@@ -274,15 +257,17 @@ mod tests {
             (claim("a", &red, true, json!({})), &blue),
             (claim("a", &blue, true, json!({})), &blue),
         ] {
+            let spec = PoolSpec::of(np);
             assert_eq!(
-                up_to_date(&c, np),
-                drift::drifted(&c, np, Provider::default()).is_none(),
+                up_to_date(&c, &spec),
+                drift::drifted(&c, &spec, Provider::default()).is_none(),
                 "{np:?}"
             );
         }
         // The Cluster API side only the Disruption actor sees (here: an outdated Machine)
         // reaches the count through the `Drifted` condition it wrote.
         let c = claim("a", &blue, true, json!({"drifted": true}));
+        let blue = PoolSpec::of(&blue);
         assert!(!up_to_date(&c, &blue));
         assert!(
             drift::drifted(

@@ -25,16 +25,22 @@ pub(crate) fn usage_by_pool(state: &State) -> BTreeMap<String, (Resources, i64)>
         };
         let entry = out.entry(pool.clone()).or_default();
         entry.1 += 1;
-        let capacity = c
-            .status
-            .as_ref()
-            .and_then(|s| s.capacity.as_ref())
-            .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()));
-        if let Some(Ok(r)) = capacity.map(Resources::from_k8s) {
+        if let Some(r) = capacity(c) {
             entry.0.add_assign(&r);
         }
     }
     out
+}
+
+/// What a claim counts for in its pool's usage: its capacity once launched, its requests
+/// before; None when neither parses.
+pub(crate) fn capacity(c: &NodeClaim) -> Option<Resources> {
+    let capacity = c
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .or_else(|| c.spec.resources.as_ref().and_then(|r| r.requests.as_ref()))?;
+    Resources::from_k8s(capacity).ok()
 }
 
 /// What a claim not launched yet may still add to its pool's usage beyond `counted` (its

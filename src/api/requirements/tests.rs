@@ -311,3 +311,48 @@ fn pod_node_selector_operators() {
         .to_string();
     assert!(err.contains("Near") && err.contains("arch"), "{err}");
 }
+
+/// Drift's label check without building a requirement per label gives the verdict of the
+/// requirement sets it stands for, for every operator and for labels inside, outside and beside
+/// the constrained keys (an intersection of bounds and a complement included).
+#[test]
+fn compatible_with_labels_agrees_with_requirements_built_from_the_labels() {
+    let set = |reqs: Vec<Requirement>| {
+        let mut out = Requirements::new();
+        for r in reqs {
+            out.add(r);
+        }
+        out
+    };
+    let pools: Vec<Requirements> = vec![
+        Requirements::new(),
+        set(vec![k(In, &["a", "b"])]),
+        set(vec![k(NotIn, &["a"])]),
+        set(vec![k(Exists, &[])]),
+        set(vec![k(DoesNotExist, &[])]),
+        set(vec![k(Gt, &["3"]), req("j", Lt, &["10"])]),
+        set(vec![k(Gte, &["3"]), k(NotIn, &["4"]), req("j", In, &["x"])]),
+        set(vec![k(Lte, &["5"]), k(Gte, &["2"])]),
+    ];
+    let values = ["a", "b", "c", "1", "2", "3", "4", "5", "9", " 4", "x", "-1"];
+    let mut label_sets: Vec<BTreeMap<String, String>> = vec![BTreeMap::new()];
+    for v in values {
+        label_sets.push(BTreeMap::from([("k".to_string(), v.to_string())]));
+        label_sets.push(BTreeMap::from([("j".to_string(), v.to_string())]));
+        label_sets.push(BTreeMap::from([
+            ("k".to_string(), v.to_string()),
+            ("j".to_string(), "x".to_string()),
+            ("other".to_string(), "y".to_string()),
+        ]));
+    }
+    for pool in &pools {
+        for labels in &label_sets {
+            let built = Requirements::from_labels(labels).compatible(pool).is_ok();
+            assert_eq!(
+                pool.compatible_with_labels(labels),
+                built,
+                "pool {pool:?}, labels {labels:?}"
+            );
+        }
+    }
+}
