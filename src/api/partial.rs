@@ -3,8 +3,8 @@
 //! the type's own `Deserialize` impl every other field, so what is kept decodes (and fails)
 //! exactly as it would whole, and what is skipped is never built. A real API server's objects
 //! carry `metadata.managedFields` (often the larger part of an object), which the controller
-//! never reads: [`METADATA`] skips it; the pod watch also skips what its index drops
-//! (`state::pods::watched`).
+//! never reads: the watches skip it with [`OBJECT`]; the pod watch also skips what its index
+//! drops (`state::pods::watched`).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -61,6 +61,14 @@ pub(crate) const METADATA: Keep = Keep::Object(&Fields {
     only: None,
     skip: &["managedFields"],
     nested: &[],
+});
+
+/// A Kubernetes object as the controller reads it: everything but its metadata's
+/// `managedFields`.
+pub(crate) const OBJECT: Keep = Keep::Object(&Fields {
+    only: None,
+    skip: &[],
+    nested: &[("metadata", METADATA)],
 });
 
 /// `seed`'s value read under `keep`.
