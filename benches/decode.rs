@@ -4,12 +4,20 @@
 //! drops while parsing) against a whole k8s-openapi `Pod` decoded then trimmed. Both give the
 //! same trimmed pod (checked before timing). Compare the two as a ratio in one run. Then the
 //! index's share of a change: the same pod applied again to the pod index that holds it.
+//!
+//! Then one NodeClaim as kube-apiserver serves a launched claim (managedFields from three
+//! managers, labels, annotations, status with its conditions): the watches' `Lenient` decode
+//! (one pass from the text, managedFields skipped) against what it did before, a whole
+//! `serde_json::Value` with managedFields removed, then the typed decode from it through
+//! `serde_path_to_error`. Both give the same claim (checked before timing).
 
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 
+use karpenter_capi::api::NodeClaim;
+use karpenter_capi::api::decode::{self, Lenient};
 use karpenter_capi::testing;
 
 /// One container as a Deployment's pod carries it once the API server has defaulted it.
@@ -114,6 +122,101 @@ fn served_pod() -> Vec<u8> {
     serde_json::to_vec(&pod).unwrap_or_default()
 }
 
+/// A launched NodeClaim as kube-apiserver serves it to a watch.
+fn served_claim() -> String {
+    let conditions: Vec<_> = [
+        "Launched",
+        "Registered",
+        "Initialized",
+        "Ready",
+        "Consolidatable",
+        "Drifted",
+    ]
+    .iter()
+    .map(|t| {
+        let status = if *t == "Drifted" { "False" } else { "True" };
+        json!({"type": t, "status": status, "reason": t, "message": "",
+               "observedGeneration": 1, "lastTransitionTime": "2026-12-01T00:01:00Z"})
+    })
+    .collect();
+    let claim = json!({
+        "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+        "metadata": {
+            "name": "general-x7k2p", "generateName": "general-",
+            "uid": "0b7e4f5a-2c1d-4e8f-9a6b-3c2d1e0f9a8b", "resourceVersion": "2345678",
+            "generation": 1, "creationTimestamp": "2026-12-01T00:00:00Z",
+            "labels": {"karpenter.sh/nodepool": "general", "karpenter.sh/capacity-type": "on-demand",
+                "node.kubernetes.io/instance-type": "m5.2xlarge", "kubernetes.io/arch": "amd64",
+                "kubernetes.io/os": "linux", "topology.kubernetes.io/zone": "zone-b",
+                "karpenter.sh/initialized": "true", "karpenter.sh/registered": "true"},
+            "annotations": {"karpenter.sh/nodepool-hash": "6821555240594823858",
+                "karpenter.sh/nodepool-hash-version": "v3",
+                "karpenter.k8s.capi/nodeclass-hash": "1234567890123456789",
+                "karpenter.k8s.capi/machine": "capi-system/general-x7k2p"},
+            "finalizers": ["karpenter.sh/termination"],
+            "ownerReferences": [{"apiVersion": "karpenter.sh/v1", "kind": "NodePool",
+                "name": "general", "uid": "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d",
+                "blockOwnerDeletion": true}],
+            "managedFields": [managed("karpenter-capi", 20), managed("karpenter-capi-status", 16),
+                              managed("kube-controller-manager", 3)]
+        },
+        "spec": {
+            "nodeClassRef": {"group": "infrastructure.cluster.x-k8s.io",
+                "kind": "ClusterAPINodeClass", "name": "default"},
+            "requirements": [
+                {"key": "karpenter.sh/nodepool", "operator": "In", "values": ["general"]},
+                {"key": "node.kubernetes.io/instance-type", "operator": "In",
+                 "values": ["m5.2xlarge", "m5.4xlarge", "c5.2xlarge"]},
+                {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]},
+                {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-b"]}],
+            "resources": {"requests": {"cpu": "3500m", "memory": "12Gi", "pods": "14"}},
+            "expireAfter": "720h", "terminationGracePeriod": "48h"
+        },
+        "status": {
+            "providerID": "capi://capi-system/general-x7k2p", "nodeName": "general-x7k2p",
+            "imageID": "ubuntu-2404-kube-v1.33.1",
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "ephemeral-storage": "100Gi"},
+            "allocatable": {"cpu": "7910m", "memory": "31Gi", "pods": "110",
+                            "ephemeral-storage": "95Gi"},
+            "conditions": conditions,
+            "lastPodEventTime": "2026-12-01T00:02:00Z"
+        }
+    });
+    claim.to_string()
+}
+
+/// What the NodeClaim watch did before it decoded in one pass.
+fn claim_in_two_passes(body: &str) -> Option<NodeClaim> {
+    let mut value: serde_json::Value = serde_json::from_str(body).ok()?;
+    if let Some(meta) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("managedFields");
+    }
+    decode::decode::<NodeClaim>(&value).ok()
+}
+
+fn claim_as_the_watch_does(body: &str) -> Option<NodeClaim> {
+    serde_json::from_str::<Lenient<NodeClaim>>(body).ok()?.ok()
+}
+
+fn bench_claim(c: &mut Criterion) {
+    let body = served_claim();
+    let watched = claim_as_the_watch_does(&body);
+    assert!(watched.is_some(), "the served claim decodes");
+    assert_eq!(
+        watched,
+        claim_in_two_passes(&body),
+        "both keep the same claim"
+    );
+    let mut g = c.benchmark_group("decode one served NodeClaim");
+    g.bench_function("in one pass, as the watch does", |b| {
+        b.iter(|| claim_as_the_watch_does(black_box(&body)))
+    });
+    g.bench_function("a Value, then the claim from it", |b| {
+        b.iter(|| claim_in_two_passes(black_box(&body)))
+    });
+    g.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let body = served_pod();
     let watched = testing::watched_pod(&body).ok();
@@ -144,5 +247,5 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, bench_claim);
 criterion_main!(benches);

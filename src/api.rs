@@ -13,6 +13,7 @@ pub mod nodeclaim;
 pub mod nodeclass;
 pub mod nodeoverlay;
 pub mod nodepool;
+pub(crate) mod partial;
 pub mod repair_policy;
 pub mod requirements;
 pub mod resource_list;

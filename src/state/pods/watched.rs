@@ -15,6 +15,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
+use crate::api::partial;
+
 /// A watched Pod (see the module doc): the same resource as `Pod` for `Api` and the watcher.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct WatchedPod(pub(crate) Pod);
@@ -91,14 +93,17 @@ impl Fields for WatchedPod {
         let pod = &mut self.0;
         match i {
             0 => {
-                pod.metadata = (map.next_value::<Option<SlimMeta>>())
+                pod.metadata = map
+                    .next_value_seed(partial::Seed {
+                        seed: PhantomData::<Option<ObjectMeta>>,
+                        keep: partial::METADATA,
+                    })
                     .map_err(|e| named(pod, "metadata", e))?
-                    .map(|m| m.0)
                     .unwrap_or_default();
             }
             1 => {
                 pod.spec = map
-                    .next_value_seed(slim::Seed {
+                    .next_value_seed(partial::Seed {
                         seed: PhantomData,
                         keep: slim::SPEC,
                     })
@@ -106,7 +111,7 @@ impl Fields for WatchedPod {
             }
             _ => {
                 pod.status = map
-                    .next_value_seed(slim::Seed {
+                    .next_value_seed(partial::Seed {
                         seed: PhantomData,
                         keep: slim::STATUS,
                     })
@@ -126,58 +131,6 @@ fn named<E: de::Error>(pod: &Pod, part: &str, e: E) -> E {
         _ => Cow::Borrowed("a pod whose metadata was not read yet"),
     };
     E::custom(format_args!("{who}: {part}: {e}"))
-}
-
-/// `ObjectMeta` without `managedFields` (skipped as it is parsed).
-#[derive(Default)]
-struct SlimMeta(ObjectMeta);
-
-impl<'de> Deserialize<'de> for SlimMeta {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(FieldsVisitor(PhantomData))
-    }
-}
-
-/// Every field of `ObjectMeta` but `managedFields` (skipped, as is any field this version
-/// does not know).
-impl Fields for SlimMeta {
-    const NAMES: &'static [&'static str] = &[
-        "annotations",
-        "creationTimestamp",
-        "deletionGracePeriodSeconds",
-        "deletionTimestamp",
-        "finalizers",
-        "generateName",
-        "generation",
-        "labels",
-        "name",
-        "namespace",
-        "ownerReferences",
-        "resourceVersion",
-        "selfLink",
-        "uid",
-    ];
-    const WHAT: &'static str = "an ObjectMeta";
-    fn field<'de, A: MapAccess<'de>>(&mut self, i: usize, map: &mut A) -> Result<(), A::Error> {
-        let m = &mut self.0;
-        match i {
-            0 => m.annotations = map.next_value()?,
-            1 => m.creation_timestamp = map.next_value()?,
-            2 => m.deletion_grace_period_seconds = map.next_value()?,
-            3 => m.deletion_timestamp = map.next_value()?,
-            4 => m.finalizers = map.next_value()?,
-            5 => m.generate_name = map.next_value()?,
-            6 => m.generation = map.next_value()?,
-            7 => m.labels = map.next_value()?,
-            8 => m.name = map.next_value()?,
-            9 => m.namespace = map.next_value()?,
-            10 => m.owner_references = map.next_value()?,
-            11 => m.resource_version = map.next_value()?,
-            12 => m.self_link = map.next_value()?,
-            _ => m.uid = map.next_value()?,
-        }
-        Ok(())
-    }
 }
 
 /// The same resource as `Pod` (URL, group, version, kind), so `Api<WatchedPod>` lists and

@@ -207,6 +207,7 @@ fn every_name_a_rule_gives_is_a_field_of_its_type() {
         (&slim::STATUS, fields_of::<PodStatus>()),
         (&slim::CONTAINER, fields_of::<Container>()),
         (&slim::VOLUME, fields_of::<Volume>()),
+        (&crate::api::partial::METADATA, fields_of::<ObjectMeta>()),
     ];
     for (rule, fields) in rules {
         let slim::Keep::Object(rule) = rule else {
