@@ -332,9 +332,8 @@ impl Scaler {
         };
         let live_machines = (!self.instances_only()).then(|| {
             machines
-                .of_deployment(&self.md)
-                .iter()
-                .filter(|m| m.deletion_timestamp.is_none())
+                .keyed_of_deployment(&self.md)
+                .filter(|(_, m)| m.deletion_timestamp.is_none())
                 .count() as i32
         });
         let seen = effect::Seen {

@@ -206,7 +206,7 @@ fn everyone_reconciles(s: &Shared) {
 /// The claims waiting for a Machine of `md` look again (their `Launched` condition names a
 /// preflight hold, or no longer does).
 fn kick_waiting(s: &Shared, md: &str) {
-    let waiting = s.state.claims.read().waiting_on(md);
+    let waiting = s.state.claims.read().waiting_on(md).clone();
     tracing::info!(machine_deployment = %md, hold = ?s.state.preflight.read().of_deployment(md), claims = waiting.len(), "MachineSet preflight hold changed");
     for claim in waiting {
         s.router.kick_claim(&claim);
