@@ -364,6 +364,7 @@ metrics! {
     replica_write_batch: HistogramFamily<MdLabels> = Family::new_with_constructor(batch_histogram), "karpenter_capi_replica_write_batch_size", "Machine requests covered by one replica write";
     replica_writes: Family<WriteLabels, Counter>, "karpenter_capi_replica_writes", "Replica writes by result (ok, conflict, error)";
     scaler_queue_depth: Family<MdLabels, Gauge>, "karpenter_capi_scaler_queue_depth", "Machine requests waiting in a MachineDeployment's scaler";
+    scaler_replans: Family<MdLabels, Counter>, "karpenter_capi_scaler_replans", "Plans a MachineDeployment's scaler made from the indexes (for a request, a change that can alter its plan, an answer to its own write, or its resync)";
     handed_back_instances: Family<MdLabels, Gauge>, "karpenter_capi_handed_back_instances", "Running instances of a MachinePool without MachinePool Machines that deleted claims handed back to it (the next claim on the pool takes one back)";
     handed_back_price: Family<MdLabels, Gauge<f64, std::sync::atomic::AtomicU64>>, "karpenter_capi_handed_back_instances_price", "Summed price (the pool's price annotation per instance) of the handed-back instances still running";
     scaler_spent_decrements: Family<MdLabels, Counter>, "karpenter_capi_scaler_spent_decrements", "Replica decrements Cluster API spent on another Machine than the one we marked (made again)";

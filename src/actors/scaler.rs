@@ -17,6 +17,7 @@ mod generated;
 mod instances;
 mod patches;
 pub mod plan;
+mod relevance;
 mod take_back;
 mod writes;
 
@@ -38,6 +39,7 @@ use crate::state::machines::key;
 use bookkeeping::Removal;
 pub(crate) use bookkeeping::{managed_replicas, marked_by_us};
 pub(crate) use patches::handed_back;
+pub(crate) use relevance::{claim_matters, machine_matters};
 
 /// The value we put in `cluster.x-k8s.io/delete-machine`, so that a mark set by somebody else on a
 /// baseline Machine is never mistaken for one of ours.
@@ -227,6 +229,10 @@ impl Scaler {
     }
 
     fn replan_now(&mut self, ctx: &mut Context<Self>) {
+        self.metrics()
+            .scaler_replans
+            .get_or_create(&Metrics::md(&self.md))
+            .inc();
         let Some(mut inputs) = self.inputs() else {
             if self.await_generated(ctx) {
                 return;
@@ -326,9 +332,8 @@ impl Scaler {
         };
         let live_machines = (!self.instances_only()).then(|| {
             machines
-                .of_deployment(&self.md)
-                .iter()
-                .filter(|m| m.deletion_timestamp.is_none())
+                .keyed_of_deployment(&self.md)
+                .filter(|(_, m)| m.deletion_timestamp.is_none())
                 .count() as i32
         });
         let seen = effect::Seen {

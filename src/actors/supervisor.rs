@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use super::Shared;
 use super::messages::{CancelRequest, ClaimChanged, Gone, Poke};
 use super::nodeclaim::NodeClaimActor;
+use super::scaler::claim_matters;
 use crate::api::decode::Malformed;
 use crate::api::nodeclaim::NodeClaim;
 use crate::state::claims::{ClaimChange, is_ours, recorded_deployment};
@@ -137,6 +138,7 @@ impl Handler<ClaimsChanged> for Supervisor {
 impl Supervisor {
     fn applied(&mut self, old: Option<Arc<NodeClaim>>, c: Arc<NodeClaim>) {
         self.malformed.remove(&c.name_any());
+        let replan = claim_matters(old.as_deref(), &c);
         if let Some(old) = &old
             && recorded_deployment(old) != recorded_deployment(&c)
         {
@@ -148,7 +150,9 @@ impl Supervisor {
         {
             self.shared.router.provisioner_poke();
         }
-        self.poke_scaler_of(&c);
+        if replan {
+            self.poke_scaler_of(&c);
+        }
         self.deliver(c, false);
         self.shared.router.nodepools_changed();
         self.shared.router.disruption_changed();

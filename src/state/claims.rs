@@ -119,8 +119,9 @@ impl Claims {
     }
 
     /// Live claims that recorded this MachineDeployment and have no Machine yet.
-    pub(crate) fn waiting_on(&self, md_key: &str) -> BTreeSet<String> {
-        self.waiting_by_md.get(md_key).cloned().unwrap_or_default()
+    pub(crate) fn waiting_on(&self, md_key: &str) -> &BTreeSet<String> {
+        static NONE: BTreeSet<String> = BTreeSet::new();
+        self.waiting_by_md.get(md_key).unwrap_or(&NONE)
     }
 
     /// How many claims hold or wait for a replica of each group, the expected ones counted in:

@@ -89,12 +89,21 @@ impl Machines {
 
     /// Machines of one MachineDeployment, oldest first (ties by name), so FIFO binding is stable.
     pub(crate) fn of_deployment(&self, md_key: &str) -> Vec<&Machine> {
+        self.keyed_of_deployment(md_key).map(|(_, m)| m).collect()
+    }
+
+    /// [`Machines::of_deployment`] with each Machine's key, borrowed from the index: the
+    /// Scaler's plan reads them on every change, and formatting each key again was a good part
+    /// of a burst's re-plans.
+    pub(crate) fn keyed_of_deployment(
+        &self,
+        md_key: &str,
+    ) -> impl Iterator<Item = (&str, &Machine)> {
         self.by_md
             .get(md_key)
             .into_iter()
-            .flat_map(BTreeMap::values)
-            .map(|m| &**m)
-            .collect()
+            .flat_map(BTreeMap::iter)
+            .map(|(turn, m)| (turn.key.as_str(), &**m))
     }
 
     /// The Machine bound to a claim, if exactly one is; `Err` lists them when several are.
@@ -148,7 +157,7 @@ impl Machines {
             self.by_md
                 .entry(md)
                 .or_default()
-                .insert(Turn::of(&m), m.clone());
+                .insert(Turn::of(&m, &k), m.clone());
         }
         if let Some(claim) = bound_claim(&m) {
             self.by_claim
@@ -190,7 +199,7 @@ impl Machines {
         if let Some(md) = deployment_key(&old)
             && let Some(of_md) = self.by_md.get_mut(&md)
         {
-            of_md.remove(&Turn::of(&old));
+            of_md.remove(&Turn::of(&old, k));
             if of_md.is_empty() {
                 self.by_md.remove(&md);
             }
@@ -234,21 +243,20 @@ impl Machines {
     }
 }
 
-/// A Machine's place among its MachineDeployment's: oldest first, then by name (the namespace
-/// only makes the order total: a MachineDeployment's Machines share its namespace).
+/// A Machine's place among its MachineDeployment's: oldest first, then by name. Its key
+/// (`namespace/name`) orders as its name does, since a MachineDeployment's Machines share its
+/// namespace, and is kept here for readers that need it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Turn {
     created: Option<jiff::Timestamp>,
-    name: String,
-    namespace: String,
+    key: String,
 }
 
 impl Turn {
-    fn of(m: &Machine) -> Self {
+    fn of(m: &Machine, key: &str) -> Self {
         Self {
             created: m.creation_timestamp,
-            name: m.name.clone(),
-            namespace: m.namespace.clone(),
+            key: key.to_string(),
         }
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
-use serde_json::Value;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
 
 use karpenter_capi::api::nodeclaim::NodeClaim;
 use karpenter_capi::api::wellknown::*;
@@ -389,6 +389,78 @@ async fn deleting_a_claim_removes_only_its_machine() {
         marked >= 2,
         "bound, then annotated for deletion ({marked} writes)"
     );
+    env.invariants_hold();
+}
+
+/// Most of a Machine's and a claim's updates on a slow API server are status (phase, nodeRef,
+/// conditions) or metadata a plan does not read: their MachineDeployment's Scaler does not plan
+/// again for them, only for a change it reads (issue 40: every event cost a full re-plan).
+#[actix::test]
+async fn status_and_unread_metadata_changes_cost_no_replan() {
+    let env = env(cluster(CapiVersion::V1Beta2), vec![seed_of(0, 10)], None).await;
+    let claims = env.claims(2, 1).await;
+    env.settle().await;
+    let machine = env.machines_of("md-0")[0]["metadata"]["name"]
+        .as_str()
+        .map(str::to_string)
+        .expect("a Machine of md-0");
+    let client = env.sim.client_here().await.expect("a client");
+    let machines: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &env.sim.cluster().capi_version().machine(),
+    );
+    let nodeclaims: Api<NodeClaim> = Api::all(client);
+    let replans = || {
+        env.metrics
+            .encode()
+            .lines()
+            .find(|l| {
+                l.starts_with(
+                    "karpenter_capi_scaler_replans_total{machine_deployment=\"default/md-0\"}",
+                )
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = replans();
+    let merge = |v: Value| Patch::Merge(v);
+    for i in 0..5 {
+        machines
+            .patch_status(
+                &machine,
+                &PatchParams::default(),
+                &merge(json!({"status": {"lastUpdated": format!("2026-01-01T00:00:0{i}Z")}})),
+            )
+            .await
+            .expect("a Machine status update");
+        nodeclaims
+            .patch(
+                &claims[0],
+                &PatchParams::default(),
+                &merge(json!({"metadata": {"labels": {"touched": i.to_string()}}})),
+            )
+            .await
+            .expect("a claim label update");
+        // Apart, so that each reaches the Scaler on its own (as on a slow server), not coalesced.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A change a plan reads: once its re-plan is counted, the updates before it were handled.
+    machines
+        .patch(
+            &machine,
+            &PatchParams::default(),
+            &merge(json!({"metadata": {"annotations": {"touched": "1"}}})),
+        )
+        .await
+        .expect("a Machine annotation update");
+    env.until("the annotation's re-plan", |_| replans() > before)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The annotation's re-plan, and at most one resync.
+    let made = replans() - before;
+    assert!(made <= 2, "{made} re-plans for 10 updates no plan reads");
     env.invariants_hold();
 }
 

@@ -19,10 +19,11 @@ use crate::state::machines::{bound_claim, claimed_elsewhere, key, released_elsew
 /// The live Machines among `machines` that a claim names with `cluster.x-k8s.io/machine` while
 /// no binding of ours does: machine key to claim name.
 pub(crate) fn adopted(machines: &[&Machine], claims: &Claims) -> BTreeMap<String, String> {
+    // Claimed elsewhere first: the one label lookup that rules out almost every Machine.
     let wanted: HashSet<String> = machines
         .iter()
-        .filter(|m| m.deletion_timestamp.is_none() && !released_elsewhere(m))
         .filter(|m| claimed_elsewhere(m))
+        .filter(|m| m.deletion_timestamp.is_none() && !released_elsewhere(m))
         .map(|m| key(&m.namespace, &m.name))
         .collect();
     if wanted.is_empty() {

@@ -2,10 +2,11 @@
 //! Machines bound to claims that are gone, decrements Cluster API did not carry out, and the
 //! MachineDeployment's size bounds.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::adopt;
@@ -17,8 +18,8 @@ use crate::api::wellknown::DELETE_MACHINE_ANNOTATION;
 use crate::api::wellknown::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION, REPLACES_ANNOTATION};
 use crate::capi::annotations;
 use crate::capi::model::{Machine, MachineDeployment};
-use crate::state::claims::{is_ours, recorded_deployment, recorded_instance};
-use crate::state::machines::{Machines, bound_claim, key, released_elsewhere};
+use crate::state::claims::{Claims, is_ours, recorded_deployment, recorded_instance};
+use crate::state::machines::{Machines, bound_claim, deployment_key, released_elsewhere};
 
 /// True when the Machine carries our release mark (or any mark while bound to one of our claims).
 pub(crate) fn marked_by_us(m: &Machine) -> bool {
@@ -94,13 +95,17 @@ impl Scaler {
     pub(super) fn orphans(&mut self, machines: &[MachineView]) -> Vec<String> {
         const GRACE: Duration = Duration::from_secs(30);
         let claims = self.shared.state.claims.read();
-        // Only claims whose Machine is still here can need the grace period.
-        self.bound_at.retain(|c, t| {
-            t.elapsed() < GRACE * 2
-                && machines
-                    .iter()
-                    .any(|m| m.bound_to.as_deref() == Some(c.as_str()))
-        });
+        // Only claims whose Machine is still here can need the grace period. A set, not a
+        // search of the Machines per claim: in a burst both are the MachineDeployment's size,
+        // and the search was a quarter of each re-plan.
+        if !self.bound_at.is_empty() {
+            let bound: HashSet<&str> = machines
+                .iter()
+                .filter_map(|m| m.bound_to.as_deref())
+                .collect();
+            self.bound_at
+                .retain(|c, t| t.elapsed() < GRACE * 2 && bound.contains(c.as_str()));
+        }
         if !claims.synced() {
             return Vec::new();
         }
@@ -149,7 +154,6 @@ impl Scaler {
             // A turned-down claim that is gone will never ask again.
             self.rejected.retain(|c| claims.contains(c));
         }
-        let mut waiting: BTreeSet<String> = claims.waiting_on(&self.md);
         self.asked.retain(|(c, at)| match claims.get(c) {
             // Not in the index yet (its write is newer than our watch): keep asking for a
             // while; a claim the index never shows is gone, and must not hold a replica.
@@ -160,27 +164,7 @@ impl Scaler {
                     && recorded_deployment(&cl).is_none_or(|md| md == self.md)
             }
         });
-        waiting.extend(self.asked.iter().map(|(c, _)| c.clone()));
-        let bound_now: HashSet<&str> = views.iter().filter_map(|v| v.bound_to.as_deref()).collect();
-        let machines = self.shared.state.machines.read();
-        let mut waiting: Vec<String> = waiting
-            .into_iter()
-            .filter(|c| !self.rejected.contains(c) && !bound_now.contains(c.as_str()))
-            .filter(|c| matches!(machines.bound_to(c), Ok(None)))
-            .filter(|c| {
-                claims
-                    .get(c)
-                    .is_none_or(|cl| recorded_instance(&cl).is_none())
-            })
-            .collect();
-        waiting.sort_by_cached_key(|c| {
-            (
-                claims
-                    .get(c)
-                    .and_then(|cl| cl.metadata.creation_timestamp.clone()),
-                c.clone(),
-            )
-        });
+        let waiting = self.waiting(&claims, &views);
         Some(Inputs {
             md,
             spent,
@@ -195,18 +179,47 @@ impl Scaler {
         })
     }
 
+    /// Claims waiting for a Machine of this MachineDeployment, oldest first (ties by name):
+    /// those the claim index says recorded it and those that asked, less those turned down,
+    /// bound (in `views`, in the Machine index) or holding a pool instance. Borrowed until the
+    /// end: only the claims that wait are copied.
+    fn waiting(&self, claims: &Claims, views: &[MachineView]) -> Vec<String> {
+        let bound_now: HashSet<&str> = views.iter().filter_map(|v| v.bound_to.as_deref()).collect();
+        let machines = self.shared.state.machines.read();
+        let mut waiting: Vec<(Option<Time>, &str)> = claims
+            .waiting_on(&self.md)
+            .iter()
+            .chain(self.asked.iter().map(|(c, _)| c))
+            .map(String::as_str)
+            .filter(|c| !self.rejected.contains(*c) && !bound_now.contains(c))
+            .filter(|c| matches!(machines.bound_to(c), Ok(None)))
+            .filter_map(|c| match claims.get(c) {
+                Some(cl) if recorded_instance(&cl).is_some() => None,
+                cl => Some((cl.and_then(|cl| cl.metadata.creation_timestamp.clone()), c)),
+            })
+            .collect();
+        // A claim that asked is usually in the index's set too: once sorted, its copies are
+        // side by side.
+        waiting.sort_unstable();
+        waiting.dedup_by(|a, b| a.1 == b.1);
+        waiting.into_iter().map(|(_, c)| c.to_string()).collect()
+    }
+
     /// The MachineDeployment's (or pool's) Machines as the planner sees them, the decrements
     /// Cluster API spent elsewhere, whether a rollout is under way, and the Machines another
     /// provisioner bound that are to be adopted.
     fn machine_views(&mut self, md: &MachineDeployment) -> MachineSide {
         let machines = self.shared.state.machines.read();
-        let all = machines.of_deployment(&self.md);
-        let live_keys: HashSet<String> = all
-            .iter()
-            .filter(|m| m.deletion_timestamp.is_none())
-            .map(|m| key(&m.namespace, &m.name))
-            .collect();
-        self.decremented.retain(|k, _| live_keys.contains(k));
+        let keyed: Vec<(&str, &Machine)> = machines.keyed_of_deployment(&self.md).collect();
+        let all: Vec<&Machine> = keyed.iter().map(|(_, m)| *m).collect();
+        // Decremented Machines stay until they are deleting, gone or no longer this one's: a
+        // lookup each (they are few), not a set of every Machine's key.
+        let md_key = self.md.as_str();
+        self.decremented.retain(|k, _| {
+            machines.get(k).is_some_and(|m| {
+                m.deletion_timestamp.is_none() && deployment_key(&m).as_deref() == Some(md_key)
+            })
+        });
         let spent = self.spent_decrements(md, &machines);
         self.binding.retain(|mk, _| {
             machines
@@ -230,20 +243,22 @@ impl Scaler {
                 adopt::managed_at_adoption(md, &self.md, &all, &claims),
             )
         };
-        let views: Vec<MachineView> = all
+        let views: Vec<MachineView> = keyed
             .iter()
-            .filter(|m| m.deletion_timestamp.is_none() && !released_elsewhere(m))
-            .map(|m| (key(&m.namespace, &m.name), m))
-            .filter(|(k, _)| !self.decremented.contains_key(k))
-            .map(|(k, m)| MachineView {
+            .filter(|(k, m)| {
+                m.deletion_timestamp.is_none()
+                    && !released_elsewhere(m)
+                    && !self.decremented.contains_key(*k)
+            })
+            .map(|&(k, m)| MachineView {
                 bound_to: bound_claim(m)
                     .map(str::to_string)
-                    .or_else(|| self.binding.get(&k).cloned())
-                    .or_else(|| adopted.get(&k).cloned()),
+                    .or_else(|| self.binding.get(k).cloned())
+                    .or_else(|| adopted.get(k).cloned()),
                 marked: marked_by_us(m),
                 replaced: m.up_to_date == Some(false)
                     && bound_claim(m).is_some_and(|c| replaced.contains(c)),
-                key: k,
+                key: k.to_string(),
             })
             .collect();
 

@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 use super::{reports, spawn};
 use crate::actors::Shared;
 use crate::actors::messages::{Kick, Poke};
+use crate::actors::scaler::machine_matters;
 use crate::capi::model::Machine;
 use crate::capi::scalable::ScalableKind;
 use crate::capi::version;
@@ -149,23 +150,26 @@ fn machines_changed(s: &Shared, change: MachineChange) {
             let rollout_changed = old.as_ref().is_none_or(|o| {
                 o.up_to_date != new.up_to_date || o.is_deleting() != new.is_deleting()
             });
+            let replan = machine_matters(old.as_deref(), &new);
             if let Some(old) = old.filter(|o| bound_claim(o) != bound_claim(&new)) {
-                route_machine(s, &old);
+                route_machine(s, &old, replan);
             }
-            route_machine(s, &new);
+            route_machine(s, &new, replan);
             if rollout_changed {
                 s.router.disruption_changed();
             }
         }
-        MachineChange::Deleted(Some(old)) => route_machine(s, &old),
+        MachineChange::Deleted(Some(old)) => route_machine(s, &old, true),
         MachineChange::Deleted(None) | MachineChange::Unread => {}
         MachineChange::Relisted => everyone_reconciles(s),
     }
 }
 
-/// A Machine changed: its Scaler and the claim bound to it look again.
-fn route_machine(s: &Shared, m: &Machine) {
-    if let Some(md) = deployment_key(m)
+/// A Machine changed: the claim bound to it looks again, and its Scaler when `replan` (the
+/// change can alter its plan, see `scaler::machine_matters`).
+fn route_machine(s: &Shared, m: &Machine, replan: bool) {
+    if replan
+        && let Some(md) = deployment_key(m)
         && let Some(sc) = s.router.scaler(&md)
     {
         sc.do_send(Poke);
@@ -202,7 +206,7 @@ fn everyone_reconciles(s: &Shared) {
 /// The claims waiting for a Machine of `md` look again (their `Launched` condition names a
 /// preflight hold, or no longer does).
 fn kick_waiting(s: &Shared, md: &str) {
-    let waiting = s.state.claims.read().waiting_on(md);
+    let waiting = s.state.claims.read().waiting_on(md).clone();
     tracing::info!(machine_deployment = %md, hold = ?s.state.preflight.read().of_deployment(md), claims = waiting.len(), "MachineSet preflight hold changed");
     for claim in waiting {
         s.router.kick_claim(&claim);
