@@ -431,7 +431,7 @@ pub fn allowed(nodes: usize) -> Allowed {
 /// A pod's JSON decoded as the pod watch decodes it (`state::pods::WatchedPod`) and trimmed as
 /// the index keeps it, for the decode bench.
 pub fn watched_pod(json: &[u8]) -> serde_json::Result<Pod> {
-    let mut p = serde_json::from_slice::<crate::state::pods::WatchedPod>(json)?.into_pod();
+    let mut p = serde_json::from_slice::<crate::state::pods::WatchedPod>(json)?.into_inner();
     crate::state::trim::pod(&mut p);
     Ok(p)
 }

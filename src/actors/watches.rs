@@ -72,7 +72,7 @@ fn claims_and_pods(
                 .page_size(100)
                 .feed(
                     |p: WatchedPod| {
-                        let mut p = p.into_pod();
+                        let mut p = p.into_inner();
                         crate::state::trim::pod(&mut p);
                         p
                     },
