@@ -269,23 +269,32 @@ fn served_node() -> Vec<u8> {
     serde_json::to_vec(&node).unwrap_or_default()
 }
 
+/// A watch's decode of one served object (and its index's trim).
+type Decode<T> = fn(&[u8]) -> serde_json::Result<T>;
+
+/// The watch's decode of `body` against the whole object's then trimmed, in the group `what`,
+/// after checking both keep the same object; that object.
+fn watched_against_whole<T: PartialEq + std::fmt::Debug>(
+    c: &mut Criterion,
+    what: &str,
+    body: &[u8],
+    watched: (&str, Decode<T>),
+    whole: Decode<T>,
+) -> Option<T> {
+    let kept = watched.1(body).ok();
+    assert!(kept.is_some(), "the served object decodes");
+    assert_eq!(kept, whole(body).ok(), "both keep the same object");
+    let mut g = c.benchmark_group(format!("decode one served {what}"));
+    g.bench_function(watched.0, |b| b.iter(|| watched.1(black_box(body))));
+    g.bench_function("whole, then trimmed", |b| b.iter(|| whole(black_box(body))));
+    g.finish();
+    kept
+}
+
 fn bench_node(c: &mut Criterion) {
     let body = served_node();
-    let watched = testing::watched_node(&body).ok();
-    assert!(watched.is_some(), "the served Node decodes");
-    assert_eq!(
-        watched,
-        testing::whole_node(&body).ok(),
-        "both keep the same Node"
-    );
-    let mut g = c.benchmark_group("decode one served Node");
-    g.bench_function("as the Node watch does", |b| {
-        b.iter(|| testing::watched_node(black_box(&body)))
-    });
-    g.bench_function("whole, then trimmed", |b| {
-        b.iter(|| testing::whole_node(black_box(&body)))
-    });
-    g.finish();
+    let watched = ("as the Node watch does", testing::watched_node as Decode<_>);
+    watched_against_whole(c, "Node", &body, watched, testing::whole_node);
 }
 
 /// What the NodeClaim watch did before it decoded in one pass.
@@ -322,21 +331,8 @@ fn bench_claim(c: &mut Criterion) {
 
 fn bench(c: &mut Criterion) {
     let body = served_pod();
-    let watched = testing::watched_pod(&body).ok();
-    assert!(watched.is_some(), "the served pod decodes");
-    assert_eq!(
-        watched,
-        testing::whole_pod(&body).ok(),
-        "both keep the same pod"
-    );
-    let mut g = c.benchmark_group("decode one served pod");
-    g.bench_function("as the pod watch does", |b| {
-        b.iter(|| testing::watched_pod(black_box(&body)))
-    });
-    g.bench_function("whole, then trimmed", |b| {
-        b.iter(|| testing::whole_pod(black_box(&body)))
-    });
-    g.finish();
+    let watched = ("as the pod watch does", testing::watched_pod as Decode<_>);
+    let watched = watched_against_whole(c, "pod", &body, watched, testing::whole_pod);
 
     // A change of a bound pod the index already holds: the old entry forgotten, the new one
     // packed against its ReplicaSet's prototype (the first pod indexed).

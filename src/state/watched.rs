@@ -8,7 +8,6 @@
 //! k8s-openapi's own `Deserialize`, so it decodes (and fails) as it does in the whole object:
 //! a watched object, trimmed, is the whole object trimmed (each kind's tests check it).
 
-use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -157,19 +156,7 @@ fn named<K: Slimmed, E: de::Error>(meta: &ObjectMeta, part: &str, e: E) -> E {
 impl<K: Slimmed> kube::Resource for Watched<K> {
     type DynamicType = ();
     type Scope = K::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
+    crate::api::decode::resource_names_of!(K);
     fn meta(&self) -> &ObjectMeta {
         self.0.meta()
     }
