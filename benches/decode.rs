@@ -10,6 +10,13 @@
 //! (one pass from the text, managedFields skipped) against what it did before, a whole
 //! `serde_json::Value` with managedFields removed, then the typed decode from it through
 //! `serde_path_to_error`. Both give the same claim (checked before timing).
+//!
+//! Then one Node as kube-apiserver serves a kubelet's (managedFields from the kubelet, the
+//! node-lifecycle controller and kube-controller-manager, thirty images with digests, node
+//! info, addresses, conditions with heartbeats): the Node watch's decode
+//! (`state::nodes::WatchedNode`, which skips what the index drops while parsing) against a
+//! whole k8s-openapi `Node` decoded then trimmed. Both give the same trimmed Node (checked
+//! before timing).
 
 use std::hint::black_box;
 
@@ -185,6 +192,111 @@ fn served_claim() -> String {
     claim.to_string()
 }
 
+/// A kubelet's Node as kube-apiserver serves it to a watch.
+fn served_node() -> Vec<u8> {
+    let images: Vec<_> = (0..30)
+        .map(|i| {
+            let repo = format!("registry.example.com/platform/service-{i}");
+            json!({"names": [format!("{repo}@sha256:{i:02}{}", "0123456789abcdef".repeat(4)),
+                             format!("{repo}:v1.{i}.3")],
+                   "sizeBytes": 25_000_000 + i * 1_000_003})
+        })
+        .collect();
+    let conditions: Vec<_> = [
+        ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+        ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+        ("PIDPressure", "False", "KubeletHasSufficientPID"),
+        ("Ready", "True", "KubeletReady"),
+    ]
+    .iter()
+    .map(|(t, status, reason)| {
+        json!({"type": t, "status": status, "reason": reason,
+               "message": format!("kubelet reports {reason}"),
+               "lastHeartbeatTime": "2026-12-01T00:05:00Z",
+               "lastTransitionTime": "2026-12-01T00:01:00Z"})
+    })
+    .collect();
+    let node = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": "general-x7k2p", "uid": "3c2d1e0f-9a8b-4c7e-a6f5-0e1d2c3b4a59",
+            "resourceVersion": "3456789", "creationTimestamp": "2026-12-01T00:00:30Z",
+            "labels": {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": "general-x7k2p",
+                "kubernetes.io/os": "linux", "node.kubernetes.io/instance-type": "m5.2xlarge",
+                "topology.kubernetes.io/region": "region-1",
+                "topology.kubernetes.io/zone": "zone-b", "karpenter.sh/nodepool": "general",
+                "karpenter.sh/capacity-type": "on-demand", "karpenter.sh/registered": "true",
+                "karpenter.sh/initialized": "true"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                "csi.volume.kubernetes.io/nodeid": "{\"ebs.csi.aws.com\":\"i-0123456789abcdef0\"}",
+                "karpenter.sh/nodepool-hash": "6821555240594823858",
+                "karpenter.sh/nodepool-hash-version": "v3"},
+            "finalizers": ["karpenter.sh/termination"],
+            "ownerReferences": [{"apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+                "name": "general-x7k2p", "uid": "0b7e4f5a-2c1d-4e8f-9a6b-3c2d1e0f9a8b",
+                "blockOwnerDeletion": true}],
+            "managedFields": [managed("kubelet", 60), managed("node-lifecycle-controller", 6),
+                              managed("kube-controller-manager", 8)]
+        },
+        "spec": {"providerID": "capi://capi-system/general-x7k2p",
+                 "podCIDR": "192.168.17.0/24", "podCIDRs": ["192.168.17.0/24"]},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110",
+                         "ephemeral-storage": "100Gi", "hugepages-1Gi": "0", "hugepages-2Mi": "0"},
+            "allocatable": {"cpu": "7910m", "memory": "31Gi", "pods": "110",
+                            "ephemeral-storage": "95Gi", "hugepages-1Gi": "0", "hugepages-2Mi": "0"},
+            "conditions": conditions,
+            "addresses": [{"type": "InternalIP", "address": "10.0.3.17"},
+                          {"type": "InternalDNS", "address": "ip-10-0-3-17.region-1.internal"},
+                          {"type": "Hostname", "address": "general-x7k2p"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": "ec2a0123456789abcdef0123456789ab",
+                "systemUUID": "ec2a0123-4567-89ab-cdef-0123456789ab",
+                "bootID": "0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d",
+                "kernelVersion": "6.8.0-1021-aws", "osImage": "Ubuntu 24.04.1 LTS",
+                "containerRuntimeVersion": "containerd://1.7.24", "kubeletVersion": "v1.33.1",
+                "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64"},
+            "images": images,
+            "runtimeHandlers": [{"name": "runc", "features": {"recursiveReadOnlyMounts": true,
+                                                              "userNamespaces": true}},
+                                {"name": "", "features": {"recursiveReadOnlyMounts": true,
+                                                          "userNamespaces": true}}],
+            "features": {"supplementalGroupsPolicy": true}
+        }
+    });
+    serde_json::to_vec(&node).unwrap_or_default()
+}
+
+/// A watch's decode of one served object (and its index's trim).
+type Decode<T> = fn(&[u8]) -> serde_json::Result<T>;
+
+/// The watch's decode of `body` against the whole object's then trimmed, in the group `what`,
+/// after checking both keep the same object; that object.
+fn watched_against_whole<T: PartialEq + std::fmt::Debug>(
+    c: &mut Criterion,
+    what: &str,
+    body: &[u8],
+    watched: (&str, Decode<T>),
+    whole: Decode<T>,
+) -> Option<T> {
+    let kept = watched.1(body).ok();
+    assert!(kept.is_some(), "the served object decodes");
+    assert_eq!(kept, whole(body).ok(), "both keep the same object");
+    let mut g = c.benchmark_group(format!("decode one served {what}"));
+    g.bench_function(watched.0, |b| b.iter(|| watched.1(black_box(body))));
+    g.bench_function("whole, then trimmed", |b| b.iter(|| whole(black_box(body))));
+    g.finish();
+    kept
+}
+
+fn bench_node(c: &mut Criterion) {
+    let body = served_node();
+    let watched = ("as the Node watch does", testing::watched_node as Decode<_>);
+    watched_against_whole(c, "Node", &body, watched, testing::whole_node);
+}
+
 /// What the NodeClaim watch did before it decoded in one pass.
 fn claim_in_two_passes(body: &str) -> Option<NodeClaim> {
     let mut value: serde_json::Value = serde_json::from_str(body).ok()?;
@@ -219,21 +331,8 @@ fn bench_claim(c: &mut Criterion) {
 
 fn bench(c: &mut Criterion) {
     let body = served_pod();
-    let watched = testing::watched_pod(&body).ok();
-    assert!(watched.is_some(), "the served pod decodes");
-    assert_eq!(
-        watched,
-        testing::whole_pod(&body).ok(),
-        "both keep the same pod"
-    );
-    let mut g = c.benchmark_group("decode one served pod");
-    g.bench_function("as the pod watch does", |b| {
-        b.iter(|| testing::watched_pod(black_box(&body)))
-    });
-    g.bench_function("whole, then trimmed", |b| {
-        b.iter(|| testing::whole_pod(black_box(&body)))
-    });
-    g.finish();
+    let watched = ("as the pod watch does", testing::watched_pod as Decode<_>);
+    let watched = watched_against_whole(c, "pod", &body, watched, testing::whole_pod);
 
     // A change of a bound pod the index already holds: the old entry forgotten, the new one
     // packed against its ReplicaSet's prototype (the first pod indexed).
@@ -247,5 +346,5 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench, bench_claim);
+criterion_group!(benches, bench, bench_claim, bench_node);
 criterion_main!(benches);

@@ -22,6 +22,7 @@ pub(crate) mod trim;
 pub(crate) mod versions;
 pub(crate) mod volumes;
 pub(crate) mod watch;
+pub(crate) mod watched;
 pub(crate) mod workload_feed;
 pub(crate) mod workloads;
 

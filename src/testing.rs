@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec,
+    Affinity, Container, Node, Pod, PodAffinity, PodAffinityTerm, PodAntiAffinity, PodSpec,
     ResourceRequirements, TopologySpreadConstraint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
@@ -431,7 +431,7 @@ pub fn allowed(nodes: usize) -> Allowed {
 /// A pod's JSON decoded as the pod watch decodes it (`state::pods::WatchedPod`) and trimmed as
 /// the index keeps it, for the decode bench.
 pub fn watched_pod(json: &[u8]) -> serde_json::Result<Pod> {
-    let mut p = serde_json::from_slice::<crate::state::pods::WatchedPod>(json)?.into_pod();
+    let mut p = serde_json::from_slice::<crate::state::pods::WatchedPod>(json)?.into_inner();
     crate::state::trim::pod(&mut p);
     Ok(p)
 }
@@ -442,6 +442,22 @@ pub fn whole_pod(json: &[u8]) -> serde_json::Result<Pod> {
     let mut p = serde_json::from_slice::<Pod>(json)?;
     crate::state::trim::pod(&mut p);
     Ok(p)
+}
+
+/// A Node's JSON decoded as the Node watch decodes it (`state::nodes::WatchedNode`) and
+/// trimmed as the index keeps it (no condition but `Ready`), for the decode bench.
+pub fn watched_node(json: &[u8]) -> serde_json::Result<Node> {
+    let mut n = serde_json::from_slice::<crate::state::nodes::WatchedNode>(json)?.into_inner();
+    crate::state::trim::node_keeping(&mut n, &[]);
+    Ok(n)
+}
+
+/// The same JSON decoded as a whole k8s-openapi `Node`, then trimmed: what the watch did before
+/// it skipped fields while parsing.
+pub fn whole_node(json: &[u8]) -> serde_json::Result<Node> {
+    let mut n = serde_json::from_slice::<Node>(json)?;
+    crate::state::trim::node_keeping(&mut n, &[]);
+    Ok(n)
 }
 
 /// The controller's pod index (`state::pods::Pods`), for benches that time a pod change.

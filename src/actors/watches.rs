@@ -17,6 +17,7 @@ use crate::api::decode::Lenient;
 use crate::api::nodeclaim::NodeClaim;
 use crate::state::feed::Index;
 use crate::state::machines::bound_claim;
+use crate::state::nodes::WatchedNode;
 use crate::state::pods::WatchedPod;
 use crate::state::watch::{Reports, Watch, Watchable};
 
@@ -72,7 +73,7 @@ fn claims_and_pods(
                 .page_size(100)
                 .feed(
                     |p: WatchedPod| {
-                        let mut p = p.into_pod();
+                        let mut p = p.into_inner();
                         crate::state::trim::pod(&mut p);
                         p
                     },
@@ -102,10 +103,15 @@ fn workload_cluster_feeds(shared: &Arc<Shared>) -> Vec<JoinHandle<()>> {
         .flat_map(|p| p.condition_types())
         .collect();
     vec![
-        spawn_trimmed_feed::<Node, _>(
+        // Decoded without what the index drops, and trimmed to the conditions it keeps.
+        spawn_read_feed(
             shared,
             &shared.state.nodes,
-            move |n| crate::state::trim::node_keeping(n, &kept),
+            move |n: WatchedNode| {
+                let mut n: Node = n.into_inner();
+                crate::state::trim::node_keeping(&mut n, &kept);
+                n
+            },
             nodes_changed,
             "Nodes",
         ),
@@ -289,27 +295,24 @@ where
     K: Watchable<DynamicType = ()>,
     I: Index<K> + 'static,
 {
-    spawn_trimmed_feed(shared, index, |_| {}, changed, what)
+    spawn_read_feed(shared, index, |o: K| o, changed, what)
 }
 
-/// [`spawn_feed`], each object cut by `trim` as it arrives, before the index keeps it (a cut
-/// that depends on the settings).
-fn spawn_trimmed_feed<K, I>(
+/// [`spawn_feed`], each object read by `read` as it arrives, before the index keeps it (a
+/// watched type decoded without what the index drops, or a cut that depends on the settings).
+fn spawn_read_feed<K, T, I>(
     shared: &Arc<Shared>,
     index: &Arc<parking_lot::RwLock<I>>,
-    mut trim: impl FnMut(&mut K) + Send + 'static,
+    read: impl FnMut(K) -> T + Send + 'static,
     changed: fn(&Shared, I::Changed),
     what: &'static str,
 ) -> JoinHandle<()>
 where
     K: Watchable<DynamicType = ()>,
-    I: Index<K> + 'static,
+    T: 'static,
+    I: Index<T> + 'static,
 {
     let s = shared.clone();
-    let read = move |mut o: K| {
-        trim(&mut o);
-        o
-    };
     let watch = Watch::new(Api::all(shared.client_for::<K>()), what);
     spawn(bound(shared, watch).feed(read, index, reports(shared), move |said| changed(&s, said)))
 }

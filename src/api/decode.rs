@@ -14,7 +14,6 @@
 //! `serde_json::from_str`, and an event's `object` after its `type`, as API servers write it
 //! (serde would buffer an `object` that came first, and the event would fail).
 
-use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
@@ -173,6 +172,26 @@ fn explained<K: DeserializeOwned>(json: &str) -> Lenient<K> {
     }
 }
 
+/// A wrapper's `kube::Resource` names (kind, group, version, plural): the wrapped `$k`'s, so
+/// `Api` reads the same URL for both (`Lenient` here, `state::watched::Watched`).
+macro_rules! resource_names_of {
+    ($k:ident) => {
+        fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::kind(dt)
+        }
+        fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::group(dt)
+        }
+        fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::version(dt)
+        }
+        fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+            <$k as kube::Resource>::plural(dt)
+        }
+    };
+}
+pub(crate) use resource_names_of;
+
 /// The wrapper is the same resource as `K` (same URL, group, version, kind), so `Api<Lenient<K>>`
 /// lists and watches exactly what `Api<K>` does.
 impl<K> Resource for Lenient<K>
@@ -181,19 +200,7 @@ where
 {
     type DynamicType = ();
     type Scope = K::Scope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        K::kind(dt)
-    }
-    fn group(dt: &()) -> Cow<'_, str> {
-        K::group(dt)
-    }
-    fn version(dt: &()) -> Cow<'_, str> {
-        K::version(dt)
-    }
-    fn plural(dt: &()) -> Cow<'_, str> {
-        K::plural(dt)
-    }
+    resource_names_of!(K);
     fn meta(&self) -> &ObjectMeta {
         match self {
             Lenient::Ok(k) => k.meta(),

@@ -3,8 +3,8 @@
 //! the type's own `Deserialize` impl every other field, so what is kept decodes (and fails)
 //! exactly as it would whole, and what is skipped is never built. A real API server's objects
 //! carry `metadata.managedFields` (often the larger part of an object), which the controller
-//! never reads: the watches skip it with [`OBJECT`]; the pod watch also skips what its index
-//! drops (`state::pods::watched`).
+//! never reads: the watches skip it with [`OBJECT`]; the pod and Node watches also skip what
+//! their indexes drop (`state::watched`).
 
 use std::borrow::Cow;
 use std::fmt;

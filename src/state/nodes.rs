@@ -13,6 +13,9 @@ use super::compact::CompactNode;
 use super::feed::Index;
 use super::versions::Freshness;
 
+mod watched;
+pub(crate) use watched::WatchedNode;
+
 #[cfg(test)]
 pub(crate) fn provider_id(n: &Node) -> Option<&str> {
     n.spec

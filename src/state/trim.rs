@@ -109,7 +109,9 @@ pub(crate) fn node(n: &mut Node) {
 }
 
 /// Everything [`node_keeping`] drops but the conditions it leaves out: the Node index's own
-/// trim, after the watch's (which knows the policies) chose the conditions.
+/// trim, after the watch's (which knows the policies) chose the conditions. The Node watch skips
+/// the same while it parses (`nodes::watched` mirrors the rules below; its tests check a watched
+/// Node is the whole Node trimmed); our write responses come whole and are cut here.
 pub(crate) fn node_body(n: &mut Node) {
     meta(&mut n.metadata);
     if let Some(status) = n.status.as_mut() {

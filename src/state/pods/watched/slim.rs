@@ -10,7 +10,7 @@ use crate::api::partial::Fields;
 pub(super) use crate::api::partial::Keep;
 
 /// A container as the solver reads it (`state::trim`'s `container`).
-pub(super) static CONTAINER: Keep = Keep::Object(&Fields {
+pub(super) const CONTAINER: Keep = Keep::Object(&Fields {
     only: Some(&["name", "resources", "restartPolicy", "ports"]),
     skip: &[],
     nested: &[],
@@ -18,14 +18,14 @@ pub(super) static CONTAINER: Keep = Keep::Object(&Fields {
 
 /// A volume that can tie a pod to storage (`state::trim`'s `volumes`); the others decode to a
 /// name alone and are dropped by the trim.
-pub(super) static VOLUME: Keep = Keep::Object(&Fields {
+pub(super) const VOLUME: Keep = Keep::Object(&Fields {
     only: Some(&["name", "persistentVolumeClaim", "ephemeral"]),
     skip: &[],
     nested: &[],
 });
 
 /// A pod's spec: what the trim empties is skipped.
-pub(super) static SPEC: Keep = Keep::Object(&Fields {
+pub(super) const SPEC: Keep = Keep::Object(&Fields {
     only: None,
     skip: &[
         "ephemeralContainers",
@@ -43,7 +43,7 @@ pub(super) static SPEC: Keep = Keep::Object(&Fields {
 });
 
 /// A pod's status: what the trim empties is skipped.
-pub(super) static STATUS: Keep = Keep::Object(&Fields {
+pub(super) const STATUS: Keep = Keep::Object(&Fields {
     only: None,
     skip: &[
         "containerStatuses",

@@ -75,7 +75,7 @@ fn decodes_to_the_pod_the_trim_keeps() {
     let watched: WatchedPod = serde_json::from_slice(&body).unwrap();
     let mut whole: Pod = serde_json::from_slice(&body).unwrap();
     assert!(whole.metadata.managed_fields.is_some());
-    let mut watched = watched.into_pod();
+    let mut watched = watched.into_inner();
     assert!(watched.metadata.managed_fields.is_none());
     crate::state::trim::pod(&mut watched);
     crate::state::trim::pod(&mut whole);
@@ -93,7 +93,7 @@ fn decodes_to_the_pod_the_trim_keeps() {
 #[test]
 fn skips_what_the_trim_drops_while_parsing() {
     let watched: WatchedPod = serde_json::from_value(served()).unwrap();
-    let pod = watched.into_pod();
+    let pod = watched.into_inner();
     let spec = pod.spec.as_ref().unwrap();
     let c = &spec.containers[0];
     assert!(c.image.is_none() && c.env.is_none() && c.volume_mounts.is_none());
@@ -122,7 +122,7 @@ fn a_pod_with_managed_fields_is_indexed_as_before() {
     after.apply(
         serde_json::from_slice::<WatchedPod>(&body)
             .unwrap()
-            .into_pod(),
+            .into_inner(),
     );
     let kept = after.get("ns/p").unwrap();
     assert_eq!(kept, before.get("ns/p").unwrap());
@@ -162,60 +162,24 @@ fn error_with(part: &str, field: &str, value: serde_json::Value) -> String {
 #[test]
 fn a_malformed_field_is_an_error_naming_the_pod() {
     let e = error_with("spec", "containers", json!("not a list"));
-    assert!(e.contains("pod ns/p: spec: "), "{e}");
+    assert!(e.contains("Pod ns/p: spec: "), "{e}");
     let e = error_with("status", "startTime", json!("yesterday"));
-    assert!(e.contains("pod ns/p: status: "), "{e}");
+    assert!(e.contains("Pod ns/p: status: "), "{e}");
     let e = error_with("metadata", "labels", json!(5));
     assert!(e.contains("metadata: "), "{e}");
     assert!(serde_json::from_value::<WatchedPod>(json!([1])).is_err());
-}
-
-/// The field names `T`'s `Deserialize` reads, as it hands them to `deserialize_struct`.
-fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
-    struct Capture<'a>(&'a mut &'static [&'static str]);
-    impl<'de> Deserializer<'de> for Capture<'_> {
-        type Error = serde::de::value::Error;
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Self::Error> {
-            *self.0 = fields;
-            Err(de::Error::custom("captured"))
-        }
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-            Err(de::Error::custom("not a struct"))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
-            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
-            identifier ignored_any
-        }
-    }
-    let mut fields: &'static [&'static str] = &[];
-    let _ = T::deserialize(Capture(&mut fields));
-    fields
 }
 
 /// A misspelt name in a rule would silently read (or skip) nothing: every name is the type's.
 #[test]
 fn every_name_a_rule_gives_is_a_field_of_its_type() {
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus, Volume};
-    let rules = [
-        (&slim::SPEC, fields_of::<PodSpec>()),
-        (&slim::STATUS, fields_of::<PodStatus>()),
-        (&slim::CONTAINER, fields_of::<Container>()),
-        (&slim::VOLUME, fields_of::<Volume>()),
-        (&crate::api::partial::METADATA, fields_of::<ObjectMeta>()),
-    ];
-    for (rule, fields) in rules {
-        let slim::Keep::Object(rule) = rule else {
-            panic!("an object's rule")
-        };
-        assert!(!fields.is_empty());
-        for name in rule.names() {
-            assert!(fields.contains(&name), "{name} is not one of {fields:?}");
-        }
-    }
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use crate::state::watched::assert_names_fields_of;
+    assert_names_fields_of::<PodSpec>(&slim::SPEC);
+    assert_names_fields_of::<PodStatus>(&slim::STATUS);
+    assert_names_fields_of::<Container>(&slim::CONTAINER);
+    assert_names_fields_of::<Volume>(&slim::VOLUME);
+    assert_names_fields_of::<ObjectMeta>(&crate::api::partial::METADATA);
 }
