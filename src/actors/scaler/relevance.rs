@@ -9,8 +9,8 @@
 use kube::ResourceExt;
 
 use crate::api::nodeclaim::NodeClaim;
-use crate::state::claims::provider_id;
 use crate::capi::model::Machine;
+use crate::state::claims::provider_id;
 
 /// Whether a Machine's change from `old` (`None`: it is new to the index) to `new` can change
 /// its Scaler's plan.
