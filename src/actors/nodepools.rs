@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use jiff::Timestamp;
@@ -39,6 +39,13 @@ pub(crate) struct Refresh;
 /// burst. This is a coalescing delay, not a retry: failed writes retry with `Backoff`.
 const COALESCE: Duration = Duration::from_millis(500);
 
+/// The counts alone (`nodes`, `resources`, the rollout counts and the condition messages that
+/// quote them) move with every claim of a burst, and on a slow API server a burst lasts
+/// minutes: written at most this often per object, they cost a few writes a pool, not two a
+/// second (nothing in the controller reads them back; its metrics are published every
+/// refresh). A condition whose status or reason changes is written at once.
+const COUNTS_EVERY: Duration = Duration::from_secs(5);
+
 pub(crate) struct NodePools {
     shared: Arc<Shared>,
     /// The last decode problem reported by Event per NodePool, so each is told once.
@@ -50,6 +57,10 @@ pub(crate) struct NodePools {
     limit_series: HashMap<String, BTreeSet<String>>,
     /// Each claim's part in the counts, kept between refreshes.
     tally: Tally,
+    /// When each status (by kind and name) was last written, and whether a refresh is due
+    /// for the counts held back meanwhile (`COUNTS_EVERY`).
+    written: Paced,
+    counts_held: bool,
 }
 
 impl NodePools {
@@ -61,11 +72,17 @@ impl NodePools {
             usage_series: HashMap::new(),
             limit_series: HashMap::new(),
             tally: Tally::default(),
+            written: Paced::default(),
+            counts_held: false,
         }
     }
 
-    /// Pools that are gone keep no metric series.
+    /// Pools that are gone keep no metric series and no write times.
     fn forget_missing(&mut self, present: &BTreeSet<String>) {
+        self.written.0.retain(|key, _| {
+            key.strip_prefix("NodePool/")
+                .is_none_or(|pool| present.contains(pool))
+        });
         self.shared
             .state
             .registration_health
@@ -116,6 +133,13 @@ impl NodePools {
             if np.status.as_ref() == Some(&status) {
                 continue;
             }
+            let before = np.status.as_ref().and_then(|s| s.conditions.as_deref());
+            let moved = np.status.as_ref().and_then(|s| s.observed_generation)
+                != status.observed_generation;
+            let key = format!("NodePool/{name}");
+            if !self.due(key, moved, before, &status.conditions, ctx) {
+                continue;
+            }
             let api: Api<NodePool> = self.shared.api();
             let body = status_patch(np.status.as_ref(), &status);
             let was_ready = np
@@ -143,6 +167,40 @@ impl NodePools {
             self.write_status(ctx, api, name, body, true);
         }
         self.refresh_nodeclasses(ctx, &counts.classes);
+    }
+
+    /// Whether the status `key` should be written now: at once when a condition's status or
+    /// reason changes, a new generation is observed (tools wait for `observedGeneration`) or it
+    /// was not written lately; else once `COUNTS_EVERY` has passed since its last write, with
+    /// a refresh set for then.
+    fn due(
+        &mut self,
+        key: String,
+        generation_moved: bool,
+        before: Option<&[conditions::Condition]>,
+        after: &Option<Vec<conditions::Condition>>,
+        ctx: &mut Context<Self>,
+    ) -> bool {
+        let urgent = generation_moved || verdicts(before) != verdicts(after.as_deref());
+        match self.written.write(key, urgent, Instant::now()) {
+            Ok(()) => true,
+            Err(wait) => {
+                self.hold_counts(wait, ctx);
+                false
+            }
+        }
+    }
+
+    /// Refresh again in `after`, once however many statuses were held back.
+    fn hold_counts(&mut self, after: Duration, ctx: &mut Context<Self>) {
+        if self.counts_held {
+            return;
+        }
+        self.counts_held = true;
+        ctx.run_later(after, |act, ctx| {
+            act.counts_held = false;
+            act.schedule(ctx);
+        });
     }
 
     /// Merge-patches `name`'s status with `body`; a failure retries the whole refresh later,
@@ -199,6 +257,11 @@ impl NodePools {
             .values()
             .cloned()
             .collect();
+        let present: BTreeSet<String> = classes.iter().map(|nc| nc.name_any()).collect();
+        self.written.0.retain(|key, _| {
+            key.strip_prefix("NodeClass/")
+                .is_none_or(|class| present.contains(class))
+        });
         for nc in classes {
             let name = nc.name_any();
             let rollout = rollouts.get(name.as_str()).copied().unwrap_or_default();
@@ -218,6 +281,12 @@ impl NodePools {
             desired.ready_nodes = Some(rollout.ready);
             desired.up_to_date_and_ready_nodes = Some(rollout.up_to_date_and_ready);
             if desired == current {
+                continue;
+            }
+            let before = current.conditions.as_deref();
+            let moved = current.observed_generation != desired.observed_generation;
+            let key = format!("NodeClass/{name}");
+            if !self.due(key, moved, before, &desired.conditions, ctx) {
                 continue;
             }
             // The Catalog writes this conditions list too (`Ready`): the write is guarded by
@@ -318,6 +387,37 @@ impl NodePools {
             }
         }
     }
+}
+
+/// When each status (by kind and name) was last written.
+#[derive(Default)]
+struct Paced(HashMap<String, Instant>);
+
+impl Paced {
+    /// A write of `key` at `now`: Ok (and remembered) when `urgent` or `COUNTS_EVERY` has
+    /// passed since its last one; else Err with how long is left.
+    fn write(&mut self, key: String, urgent: bool, now: Instant) -> Result<(), Duration> {
+        let since = self
+            .0
+            .get(&key)
+            .map(|at| now.saturating_duration_since(*at));
+        match since {
+            Some(since) if !urgent && since < COUNTS_EVERY => Err(COUNTS_EVERY - since),
+            _ => {
+                self.0.insert(key, now);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// What a condition list says, without the messages and times that follow the counts.
+fn verdicts(conds: Option<&[conditions::Condition]>) -> Vec<(&str, &ConditionStatus, &str)> {
+    conds
+        .unwrap_or_default()
+        .iter()
+        .map(|c| (c.type_.as_str(), &c.status, c.reason.as_str()))
+        .collect()
 }
 
 /// The merge patch that makes the status `desired`. A merge patch never removes a key it does
@@ -625,6 +725,63 @@ impl Handler<Refresh> for NodePools {
 mod tests {
     use super::*;
     use crate::api::resources::Quantity;
+
+    /// Counts alone are written at most every `COUNTS_EVERY` per object; an urgent change
+    /// (a condition's status or reason, a new generation) and the first write go at once.
+    #[test]
+    fn counts_alone_are_paced_per_object() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut paced = Paced::default();
+        assert_eq!(paced.write("NodePool/a".into(), false, at(0)), Ok(()));
+        assert_eq!(
+            paced.write("NodePool/a".into(), false, at(1_000)),
+            Err(COUNTS_EVERY - Duration::from_millis(1_000))
+        );
+        assert_eq!(paced.write("NodePool/b".into(), false, at(1_000)), Ok(()));
+        assert_eq!(paced.write("NodePool/a".into(), true, at(2_000)), Ok(()));
+        assert!(paced.write("NodePool/a".into(), false, at(6_999)).is_err());
+        assert_eq!(paced.write("NodePool/a".into(), false, at(7_000)), Ok(()));
+    }
+
+    /// A condition's message and times follow the counts; its status and reason do not.
+    #[test]
+    fn only_a_conditions_status_or_reason_makes_a_write_urgent() {
+        let t = Timestamp::now();
+        let mut conds = Vec::new();
+        conditions::set(
+            &mut conds,
+            "NodesUpToDate",
+            ConditionStatus::False,
+            "RollingOut",
+            "1 of 3",
+            Some(1),
+            t,
+        );
+        let mut counted = conds.clone();
+        conditions::set(
+            &mut counted,
+            "NodesUpToDate",
+            ConditionStatus::False,
+            "RollingOut",
+            "2 of 3",
+            Some(1),
+            t,
+        );
+        assert_eq!(verdicts(Some(&conds)), verdicts(Some(&counted)));
+        let mut waiting = conds.clone();
+        conditions::set(
+            &mut waiting,
+            "NodesUpToDate",
+            ConditionStatus::False,
+            "WaitingForReady",
+            "3 of 3",
+            Some(1),
+            t,
+        );
+        assert_ne!(verdicts(Some(&conds)), verdicts(Some(&waiting)));
+        assert_ne!(verdicts(None), verdicts(Some(&conds)));
+    }
 
     fn status(pairs: &[(&str, i64)]) -> NodePoolStatus {
         let mut r = Resources::new();
