@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, BodyStream, StreamBody};
 use hyper::body::Frame;
 use kube::client::DynBody;
 use parking_lot::Mutex;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::broadcast;
 use tower::BoxError;
 
@@ -74,8 +74,11 @@ impl Overlay {
             (false, false) => ("MODIFIED", Some(object.clone())),
         };
         self.objects.lock().insert(key, stored);
-        let mut line =
-            serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+        let mut line = serde_json::to_vec(&WatchLine {
+            kind,
+            object: &object,
+        })
+        .unwrap_or_default();
         line.push(b'\n');
         // No watch open is fine: a later LIST merges the object in.
         let _ = self.events.send(Arc::new(Event {
@@ -173,4 +176,14 @@ impl Overlay {
         });
         Box::new(StreamBody::new(merged.boxed()).map_err(BoxError::from))
     }
+}
+
+/// One watch event line as kube-apiserver writes it: `type` before `object` (a `json!` map
+/// would sort `object` first). The watches of Karpenter's own kinds keep each object's text as
+/// it arrives (`api::decode`), which needs the event's type read first.
+#[derive(serde::Serialize)]
+struct WatchLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    object: &'a Value,
 }
