@@ -243,6 +243,10 @@ impl Catalog {
         let each: Vec<&str> = nodeclasses.iter().map(|(n, _)| n.as_str()).collect();
         let by_pool = self.apply_overlays(&each, &mut resolved, ctx);
         for ((name, nc), (catalog, ready)) in nodeclasses.iter().zip(resolved) {
+            let was_ready = matches!(self.shared.catalog.nodeclass_ready(name), Some(Ok(())));
+            if ready.is_ok() && !was_ready {
+                self.kick_unlaunched(name);
+            }
             self.update_status(nc, &catalog, &ready, ctx);
             // A template not read yet is a moment of every start, not a problem to tell.
             let reported: Vec<String> = catalog
@@ -258,6 +262,25 @@ impl Catalog {
                 .publish(name.clone(), catalog, nc.create_timeout(), ready);
         }
         self.shared.catalog.publish_pools(by_pool);
+    }
+
+    /// `nodeclass` turned ready: the claims of it that could not launch while it was not look
+    /// again now, not at their launch retry (10 s; every claim of a start or a restart met
+    /// it while the templates were read).
+    fn kick_unlaunched(&self, nodeclass: &str) {
+        let waiting: Vec<String> = self
+            .shared
+            .state
+            .claims
+            .read()
+            .all()
+            .filter(|c| c.spec.node_class_ref.name == nodeclass)
+            .filter(|c| !conditions::is_true(c.conditions(), conditions::LAUNCHED))
+            .map(|c| c.name_any())
+            .collect();
+        for claim in waiting {
+            self.shared.router.kick_claim(&claim);
+        }
     }
 
     /// The instance hash each MachinePool's infrastructure pool was last read with (pool drift
