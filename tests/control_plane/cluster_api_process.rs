@@ -261,9 +261,22 @@ fn user_session(kubeconfig: &Path) {
     let nodes: std::collections::BTreeSet<&str> = pods.iter().map(|(_, n)| n.as_str()).collect();
     assert!(nodes.len() >= 2, "3 pods of 1 CPU on 2-CPU nodes: {pods:?}");
 
-    let machines = get_json(
+    // Cluster API's Machine controller sets `status.nodeRef` on its own schedule (it requeues
+    // while the Node is not in its cache yet), so a pod can run on a Node before its Machine
+    // names it.
+    let machines = poll(
         kubeconfig,
-        &["machines.cluster.x-k8s.io", "-A", "--show-managed-fields"],
+        "every pod's Node named by a Machine's nodeRef",
+        |k| {
+            let machines = get_json(
+                k,
+                &["machines.cluster.x-k8s.io", "-A", "--show-managed-fields"],
+            );
+            nodes
+                .iter()
+                .all(|node| items(&machines).any(|m| m["status"]["nodeRef"]["name"] == *node))
+                .then_some(machines)
+        },
     );
     let sets = get_json(
         kubeconfig,
