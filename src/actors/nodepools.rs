@@ -29,6 +29,9 @@ use crate::disruption::pause;
 use crate::metrics::UsageLabels;
 use crate::view::pool_counts::Tally;
 use crate::view::rollout::Rollout;
+use pacing::{Paced, verdicts};
+
+mod pacing;
 
 /// Claims or the catalog changed: recompute statuses (coalesced).
 #[derive(Message)]
@@ -38,13 +41,6 @@ pub(crate) struct Refresh;
 /// Claims change in bursts (a scale-up writes hundreds); one status write per pool covers a
 /// burst. This is a coalescing delay, not a retry: failed writes retry with `Backoff`.
 const COALESCE: Duration = Duration::from_millis(500);
-
-/// The counts alone (`nodes`, `resources`, the rollout counts and the condition messages that
-/// quote them) move with every claim of a burst, and on a slow API server a burst lasts
-/// minutes: written at most this often per object, they cost a few writes a pool, not two a
-/// second (nothing in the controller reads them back; its metrics are published every
-/// refresh). A condition whose status or reason changes is written at once.
-const COUNTS_EVERY: Duration = Duration::from_secs(5);
 
 pub(crate) struct NodePools {
     shared: Arc<Shared>,
@@ -79,7 +75,7 @@ impl NodePools {
 
     /// Pools that are gone keep no metric series and no write times.
     fn forget_missing(&mut self, present: &BTreeSet<String>) {
-        self.written.0.retain(|key, _| {
+        self.written.retain(|key| {
             key.strip_prefix("NodePool/")
                 .is_none_or(|pool| present.contains(pool))
         });
@@ -258,7 +254,7 @@ impl NodePools {
             .cloned()
             .collect();
         let present: BTreeSet<String> = classes.iter().map(|nc| nc.name_any()).collect();
-        self.written.0.retain(|key, _| {
+        self.written.retain(|key| {
             key.strip_prefix("NodeClass/")
                 .is_none_or(|class| present.contains(class))
         });
@@ -387,37 +383,6 @@ impl NodePools {
             }
         }
     }
-}
-
-/// When each status (by kind and name) was last written.
-#[derive(Default)]
-struct Paced(HashMap<String, Instant>);
-
-impl Paced {
-    /// A write of `key` at `now`: Ok (and remembered) when `urgent` or `COUNTS_EVERY` has
-    /// passed since its last one; else Err with how long is left.
-    fn write(&mut self, key: String, urgent: bool, now: Instant) -> Result<(), Duration> {
-        let since = self
-            .0
-            .get(&key)
-            .map(|at| now.saturating_duration_since(*at));
-        match since {
-            Some(since) if !urgent && since < COUNTS_EVERY => Err(COUNTS_EVERY - since),
-            _ => {
-                self.0.insert(key, now);
-                Ok(())
-            }
-        }
-    }
-}
-
-/// What a condition list says, without the messages and times that follow the counts.
-fn verdicts(conds: Option<&[conditions::Condition]>) -> Vec<(&str, &ConditionStatus, &str)> {
-    conds
-        .unwrap_or_default()
-        .iter()
-        .map(|c| (c.type_.as_str(), &c.status, c.reason.as_str()))
-        .collect()
 }
 
 /// The merge patch that makes the status `desired`. A merge patch never removes a key it does
@@ -725,63 +690,6 @@ impl Handler<Refresh> for NodePools {
 mod tests {
     use super::*;
     use crate::api::resources::Quantity;
-
-    /// Counts alone are written at most every `COUNTS_EVERY` per object; an urgent change
-    /// (a condition's status or reason, a new generation) and the first write go at once.
-    #[test]
-    fn counts_alone_are_paced_per_object() {
-        let t0 = Instant::now();
-        let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let mut paced = Paced::default();
-        assert_eq!(paced.write("NodePool/a".into(), false, at(0)), Ok(()));
-        assert_eq!(
-            paced.write("NodePool/a".into(), false, at(1_000)),
-            Err(COUNTS_EVERY - Duration::from_millis(1_000))
-        );
-        assert_eq!(paced.write("NodePool/b".into(), false, at(1_000)), Ok(()));
-        assert_eq!(paced.write("NodePool/a".into(), true, at(2_000)), Ok(()));
-        assert!(paced.write("NodePool/a".into(), false, at(6_999)).is_err());
-        assert_eq!(paced.write("NodePool/a".into(), false, at(7_000)), Ok(()));
-    }
-
-    /// A condition's message and times follow the counts; its status and reason do not.
-    #[test]
-    fn only_a_conditions_status_or_reason_makes_a_write_urgent() {
-        let t = Timestamp::now();
-        let mut conds = Vec::new();
-        conditions::set(
-            &mut conds,
-            "NodesUpToDate",
-            ConditionStatus::False,
-            "RollingOut",
-            "1 of 3",
-            Some(1),
-            t,
-        );
-        let mut counted = conds.clone();
-        conditions::set(
-            &mut counted,
-            "NodesUpToDate",
-            ConditionStatus::False,
-            "RollingOut",
-            "2 of 3",
-            Some(1),
-            t,
-        );
-        assert_eq!(verdicts(Some(&conds)), verdicts(Some(&counted)));
-        let mut waiting = conds.clone();
-        conditions::set(
-            &mut waiting,
-            "NodesUpToDate",
-            ConditionStatus::False,
-            "WaitingForReady",
-            "3 of 3",
-            Some(1),
-            t,
-        );
-        assert_ne!(verdicts(Some(&conds)), verdicts(Some(&waiting)));
-        assert_ne!(verdicts(None), verdicts(Some(&conds)));
-    }
 
     fn status(pairs: &[(&str, i64)]) -> NodePoolStatus {
         let mut r = Resources::new();
